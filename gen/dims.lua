@@ -1,0 +1,131 @@
+-- Stage 2: ParallelDims, as torchtitan/hyper_parallel's parallel_dims.py
+-- defines it: degree validation, dp_shard = -1 inference, model checks, the
+-- canonical mesh (dp_replicate > dp_shard > ep > cp > tp > pp, only dims > 1)
+-- and the flattened aliases fsdp / dp / loss. Messages follow the Python.
+local util = require("gen.util")
+
+local dims = {}
+
+dims.ORDER = { "dp_replicate", "dp_shard", "ep", "cp", "tp", "pp" }
+
+local function fail(ctx, field, msg) util.field_error(ctx, field, msg) end
+
+-- plan.parallel + world_size -> { degrees..., world_size }
+function dims.infer(ctx, parallel, world_size)
+  local d = {
+    dp_replicate = parallel.dp_replicate or 1,
+    dp_shard = parallel.dp_shard,
+    cp = parallel.cp or 1, tp = parallel.tp or 1, pp = parallel.pp or 1, ep = parallel.ep or 1,
+    ulysses_degree = parallel.ulysses_degree, world_size = world_size,
+  }
+  d.etp = parallel.etp or d.tp
+  -- Legacy single `dp` maps to dp_shard when dp_shard is not given.
+  if d.dp_shard == nil then d.dp_shard = parallel.dp or 1 end
+  local f = "parallel."
+  for _, name in ipairs({ "dp_replicate", "cp", "tp", "pp", "ep", "etp" }) do
+    if d[name] < 1 then
+      fail(ctx, f .. name, string.format("Parallel degree %s=%d must be >= 1", name, d[name]))
+    end
+  end
+  if d.dp_shard < -1 or d.dp_shard == 0 then
+    fail(ctx, f .. "dp_shard", string.format("dp_shard=%d must be -1 (auto) or a positive int", d.dp_shard))
+  end
+  if d.dp_shard == -1 then
+    local non_dp = d.dp_replicate * d.cp * d.tp * d.pp * d.ep
+    if world_size % non_dp ~= 0 then
+      fail(ctx, f .. "dp_shard", string.format(
+        "Cannot auto-infer dp_shard: world_size=%d is not divisible by dp_replicate*cp*tp*pp*ep=%d",
+        world_size, non_dp))
+    end
+    d.dp_shard = math.max(world_size // non_dp, 1)
+    d.dp_shard_inferred = true
+  end
+  local product = d.dp_replicate * d.dp_shard * d.cp * d.tp * d.pp * d.ep
+  if product ~= world_size then
+    fail(ctx, f .. "dp_shard", string.format(
+      "Invalid parallel dims: dp_replicate(%d) * dp_shard(%d) * cp(%d) * tp(%d) * pp(%d) * ep(%d) = %d "
+      .. "!= world_size(%d). Set dp_shard=-1 to auto-infer.",
+      d.dp_replicate, d.dp_shard, d.cp, d.tp, d.pp, d.ep, product, world_size))
+  end
+  if d.ep > 1 and d.etp ~= d.tp and d.etp ~= 1 then
+    fail(ctx, f .. "etp", string.format(
+      "etp=%d must equal tp=%d or 1 (expert tensor-parallel must align with TP or be inactive)", d.etp, d.tp))
+  end
+  if d.pp > 1 then
+    fail(ctx, f .. "pp", string.format(
+      "Pipeline parallel (pp=%d>1) is not yet implemented for any model. Set pp=1 or add a per-model PP path "
+      .. "in models/<name>/parallelize.py before enabling.", d.pp))
+  end
+  if d.ulysses_degree ~= nil and d.cp > 1 then
+    if d.ulysses_degree > d.cp then
+      fail(ctx, f .. "ulysses_degree", string.format("ulysses_degree=%d must be <= cp=%d", d.ulysses_degree, d.cp))
+    end
+    if d.cp % d.ulysses_degree ~= 0 then
+      fail(ctx, f .. "ulysses_degree", string.format("cp=%d must be divisible by ulysses_degree=%d", d.cp, d.ulysses_degree))
+    end
+  end
+  return d
+end
+
+-- validate_against_model: runs for every number the model gives.
+function dims.validate_model(ctx, d, model)
+  local heads, kv, experts, seq = model.n_heads, model.n_kv_heads, model.num_experts, model.seq_len
+  if heads and d.tp > 1 and heads % d.tp ~= 0 then
+    fail(ctx, "parallel.tp", string.format(
+      "num_attention_heads=%d not divisible by tp=%d. Pick tp from the divisors of %d.", heads, d.tp, heads))
+  end
+  if kv and d.tp > 1 and kv % d.tp ~= 0 then
+    fail(ctx, "parallel.tp", string.format(
+      "num_key_value_heads=%d not divisible by tp=%d (GQA constraint). Pick tp from the divisors of %d.", kv, d.tp, kv))
+  end
+  if experts and d.ep > 1 and experts % d.ep ~= 0 then
+    fail(ctx, "parallel.ep", string.format(
+      "num_experts=%d not divisible by ep=%d. Pick ep from the divisors of %d.", experts, d.ep, experts))
+  end
+  if seq and d.cp * d.tp > 1 and seq % (d.cp * d.tp) ~= 0 then
+    local div = d.cp * d.tp
+    fail(ctx, "model.seq_len", string.format(
+      "max_seq_len=%d not divisible by cp*tp=%d. Increase seq_len to a multiple of %d or reduce cp/tp.", seq, div, div))
+  end
+end
+
+-- The device mesh: materialized dims (size > 1) in canonical order, strides
+-- for row-major rank numbering, and the flattened aliases.
+function dims.mesh(d)
+  local names, sizes = {}, {}
+  for _, name in ipairs(dims.ORDER) do
+    if d[name] > 1 then names[#names + 1] = name; sizes[#sizes + 1] = d[name] end
+  end
+  if #names == 0 then names, sizes = { "dp_shard" }, { d.world_size } end
+  local strides = {}
+  local s = 1
+  for i = #sizes, 1, -1 do strides[i] = s; s = s * sizes[i] end
+  local index = {}
+  for i, n in ipairs(names) do index[n] = i end
+  local has = function(n) return index[n] ~= nil end
+  -- Alias -> list of base dim names, registered as _register_flatten_aliases does.
+  local aliases, alias_order = {}, {}
+  local function add(alias, src) aliases[alias] = src; alias_order[#alias_order + 1] = alias end
+  if has("dp_shard") then add("fsdp", { "dp_shard" }) end
+  if has("dp_replicate") and has("dp_shard") then add("dp", { "dp_replicate", "dp_shard" })
+  elseif has("dp_replicate") then add("dp", { "dp_replicate" })
+  elseif has("dp_shard") then add("dp", { "dp_shard" }) end
+  if has("cp") then
+    local src = {}
+    for _, n in ipairs({ "dp_replicate", "dp_shard" }) do if has(n) then src[#src + 1] = n end end
+    src[#src + 1] = "cp"
+    add("loss", src)
+  elseif aliases.dp then
+    add("loss", aliases.dp)
+  end
+  return { names = names, sizes = sizes, strides = strides, index = index,
+           aliases = aliases, alias_order = alias_order, world_size = d.world_size }
+end
+
+function dims.coords(mesh, rank)
+  local c = {}
+  for i = 1, #mesh.sizes do c[i] = (rank // mesh.strides[i]) % mesh.sizes[i] end
+  return c
+end
+
+return dims

@@ -1,0 +1,102 @@
+-- Stage 4: FSDP2 buffer layouts per unit. Dim-k torch.chunk sharding with
+-- padding, the fused all-gather slot (every parameter's padded shard in
+-- order), the copy-out and reduce-scatter (chunk_cat) geometry, and the
+-- reduction ops. Everything is rank-generic: per-rank valid lengths follow
+-- from (numel, run, rank) in closed form.
+local util = require("gen.util")
+
+local layout = {}
+
+layout.DTYPE_BYTES = { fp32 = 4, bf16 = 2, fp16 = 2 }
+
+-- One parameter's geometry on a shard group of size W.
+-- Shard(k): the tensor is viewed as (outer, size_k * rest); rank r owns the
+-- column block [r*c*rest, (r+1)*c*rest) of every row, c = ceil(size_k / W).
+-- run = c*rest is that block's width; padded = outer*run is what every rank
+-- stores and sends (FSDP's padded local numel).
+function layout.param(ctx, p, W, path)
+  local k = p.shard_dim + 1
+  local size_k = p.shape[k]
+  if k > 1 and size_k % W ~= 0 then
+    util.field_error(ctx, path .. ".shard_dim", string.format(
+      "FSDP does not support uneven sharding on dim %d: %s has size %d there, not divisible by dp_shard=%d; "
+      .. "use shard_dim=0 or a size divisible by %d", p.shard_dim, p.name, size_k, W, W))
+  end
+  local outer = util.product(p.shape, 1, k - 1)
+  local rest = util.product(p.shape, k + 1, #p.shape)
+  local chunk = util.ceil_div(size_k, W)
+  local numel = util.product(p.shape)
+  return {
+    name = p.name, shape = p.shape, dtype = p.dtype, shard_dim = p.shard_dim, numel = numel,
+    chunk = chunk, outer = outer, run = chunk * rest, padded = outer * chunk * rest,
+    row_numel = rest,
+  }
+end
+
+-- Elements of a parameter's shard that hold real data on shard rank r.
+-- Shard(0): clamp(numel - r*run, 0, run); Shard(k>0) shards are always full.
+function layout.valid(param, r)
+  if param.shard_dim > 0 then return param.padded end
+  return math.max(0, math.min(param.run, param.numel - r * param.run))
+end
+
+-- Rows of dim shard_dim held by rank r (the local DTensor's dim size).
+function layout.local_rows(param, r)
+  if param.shard_dim > 0 then return param.chunk end
+  return layout.valid(param, r) // param.row_numel
+end
+
+-- FSDP2's _get_gradient_divide_factors (newest): AVG in the collective for
+-- fp32/bf16, SUM with a power-of-two pre-divide and a post-divide for fp16.
+function layout.reduction(reduce_op, reduce_dtype, W, R)
+  local dp = W * R
+  if reduce_op == "sum" or dp == 1 then
+    return { rs_op = "sum", ar_op = "sum", pre_divide = 1, post_divide = 1 }
+  end
+  if reduce_dtype ~= "fp16" then
+    return { rs_op = "avg", ar_op = "avg", pre_divide = 1, post_divide = 1 }
+  end
+  local pre = 1
+  while dp % pre == 0 and dp / pre > pre do pre = pre * 2 end
+  return { rs_op = "sum", ar_op = "sum", pre_divide = pre, post_divide = dp / pre }
+end
+
+-- units (wrap order, root last) -> layout units in forward order (root first).
+function layout.build(ctx, units, d, fsdp)
+  local W, R = d.dp_shard, d.dp_replicate
+  local out = {}
+  local order = { #units }
+  for i = 1, #units - 1 do order[#order + 1] = i end
+  for fwd, ui in ipairs(order) do
+    local u = units[ui]
+    local upath = string.format("model.units[%d]", ui)
+    local orig = u.params[1].dtype
+    for j, p in ipairs(u.params) do
+      if p.dtype ~= orig then
+        util.field_error(ctx, string.format("%s.params[%d].dtype", upath, j), string.format(
+          "unit %q mixes dtypes (%s is %s, %s is %s); FSDP2 needs one dtype per unit: set the same dtype",
+          u.name, u.params[1].name, orig, p.name, p.dtype))
+      end
+    end
+    local ag_dtype = fsdp.param_dtype or orig
+    local reduce_dtype = fsdp.reduce_dtype or ag_dtype
+    local params, offset = {}, 0
+    for j, p in ipairs(u.params) do
+      local q = layout.param(ctx, p, W, string.format("%s.params[%d]", upath, j))
+      q.offset = offset
+      q.index_in_unit = j - 1
+      offset = offset + q.padded
+      params[j] = q
+    end
+    local red = layout.reduction(fsdp.reduce_op, reduce_dtype, W, R)
+    out[fwd] = {
+      name = u.name, index = fwd - 1, is_root = (ui == #units), params = params, total = offset,
+      orig_dtype = orig, ag_dtype = ag_dtype, reduce_dtype = reduce_dtype,
+      reshard_after_forward = (ui ~= #units) and fsdp.reshard_after_forward,
+      rs_op = red.rs_op, ar_op = red.ar_op, pre_divide = red.pre_divide, post_divide = red.post_divide,
+    }
+  end
+  return { units = out, W = W, R = R }
+end
+
+return layout

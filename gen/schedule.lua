@@ -1,0 +1,122 @@
+-- Stage 5: one training step in FSDP2's issue order, as a flat op list.
+-- Forward: unshard root then each layer (implicit prefetch = issue order),
+-- reshard layers after forward. Backward: reverse post-forward order with
+-- one unit of prefetch; post-backward reshards and reduces each unit (RS,
+-- then the HSDP all-reduce), root last. Micro-steps reduce only on the last.
+local schedule = {}
+
+-- Op kinds, in the order the C enum declares them.
+schedule.KINDS = { "copy_in", "all_gather", "copy_out", "forward", "backward", "reshard",
+                   "pack", "reduce_scatter", "all_reduce", "view_out" }
+schedule.COLLECTIVES = { all_gather = true, reduce_scatter = true, all_reduce = true }
+
+function schedule.build(lay, fams, fsdp)
+  local ops = {}
+  local shard = fams.by_name.fsdp and fams.by_name.fsdp.size > 1 and fams.by_name.fsdp or nil
+  local replicate = fams.by_name.dp_replicate
+  local micro_steps = fsdp.micro_steps
+  local function op(kind, unit, micro, phase, extra)
+    local o = { kind = kind, unit = unit.index, micro_step = micro, phase = phase }
+    for k, v in pairs(extra or {}) do o[k] = v end
+    ops[#ops + 1] = o
+    return o
+  end
+  local function all_gather(u, m, phase)
+    op("copy_in", u, m, phase)
+    -- A shard group of one rank issues no collective (FSDP2's world-size-1
+    -- path); the executor copies the slot locally.
+    op("all_gather", u, m, phase, { group = shard and "fsdp" or nil, dtype = u.ag_dtype, count = u.total })
+  end
+  local units = lay.units
+  local root = units[1]
+  local layers = {}
+  for i = 2, #units do layers[#layers + 1] = units[i] end
+  for m = 0, micro_steps - 1 do
+    local last = (m == micro_steps - 1)
+    local unsharded = {}
+    -- Forward: root's pre-forward first (it wraps the whole model).
+    for _, u in ipairs(units) do
+      all_gather(u, m, "forward")
+      op("copy_out", u, m, "forward")
+      unsharded[u.index] = true
+      op("forward", u, m, "forward")
+      if u.reshard_after_forward then
+        op("reshard", u, m, "forward")
+        unsharded[u.index] = false
+      end
+    end
+    -- Backward. post_forward_order = layers in order, then root.
+    local pfo = {}
+    for _, u in ipairs(layers) do pfo[#pfo + 1] = u end
+    pfo[#pfo + 1] = root
+    local gathering = {}
+    local function unshard(u, phase)
+      if not unsharded[u.index] and not gathering[u.index] then
+        all_gather(u, m, phase)
+        gathering[u.index] = true
+      end
+    end
+    local function wait(u)
+      if gathering[u.index] then
+        op("copy_out", u, m, "backward")
+        gathering[u.index] = false
+        unsharded[u.index] = true
+      end
+    end
+    for i = #pfo, 1, -1 do
+      local u = pfo[i]
+      -- pre-backward: unshard self, then prefetch the previous unit.
+      unshard(u, "backward")
+      wait(u)
+      if i > 1 then unshard(pfo[i - 1], "backward") end
+      if u ~= root then
+        op("backward", u, m, "backward")
+      end
+    end
+    -- post-backward fires for layers in reverse order, root last (its
+    -- backward finishes with the embeddings).
+    local post = {}
+    for i = #layers, 1, -1 do post[#post + 1] = layers[i] end
+    post[#post + 1] = root
+    -- Interleave: FSDP2 runs unit i's post-backward right after its own
+    -- backward, before the next unit's pre-backward. Rebuild the op list in
+    -- that order below.
+    ops = schedule.interleave_post_backward(ops, post, root, m, last, shard, replicate, fsdp)
+  end
+  for i, o in ipairs(ops) do o.seq = i - 1 end
+  return ops
+end
+
+-- The backward part above emitted pre-backward work unit by unit; insert
+-- each unit's post-backward (reshard, and on the last micro-step pack, RS,
+-- AR, view-out) right after its backward compute.
+function schedule.interleave_post_backward(ops, post, root, m, last, shard, replicate, _)
+  local by_index = {}
+  for _, u in ipairs(post) do by_index[u.index] = u end
+  local out = {}
+  local function post_backward(u)
+    out[#out + 1] = { kind = "reshard", unit = u.index, micro_step = m, phase = "backward" }
+    if last then
+      out[#out + 1] = { kind = "pack", unit = u.index, micro_step = m, phase = "backward" }
+      out[#out + 1] = { kind = "reduce_scatter", unit = u.index, micro_step = m, phase = "backward",
+                        group = shard and "fsdp" or nil, dtype = u.reduce_dtype, count = u.total,
+                        reduce_op = u.rs_op }
+      if replicate then
+        out[#out + 1] = { kind = "all_reduce", unit = u.index, micro_step = m, phase = "backward",
+                          group = "dp_replicate", dtype = u.reduce_dtype, count = u.total,
+                          reduce_op = u.ar_op }
+      end
+      out[#out + 1] = { kind = "view_out", unit = u.index, micro_step = m, phase = "backward" }
+    end
+  end
+  for _, o in ipairs(ops) do
+    out[#out + 1] = o
+    if o.kind == "backward" and o.micro_step == m then post_backward(by_index[o.unit]) end
+  end
+  -- Root: its backward compute closes the step, then its post-backward.
+  out[#out + 1] = { kind = "backward", unit = root.index, micro_step = m, phase = "backward" }
+  post_backward(root)
+  return out
+end
+
+return schedule

@@ -1,0 +1,173 @@
+/* commplan runtime: the table types every generated plan.c fills in, and
+ * the executor that walks them for one rank over a communication backend.
+ * Tables are rank-generic: per-rank values (shard index, group instance,
+ * valid lengths) follow from the rank's mesh coordinates. */
+#ifndef COMMPLAN_H
+#define COMMPLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CP_MAX_DIMS 8      /* tensor dims per parameter */
+#define CP_MAX_MESH_DIMS 6 /* dp_replicate, dp_shard, ep, cp, tp, pp */
+
+typedef enum { CP_FP32 = 0, CP_BF16 = 1, CP_FP16 = 2 } cp_dtype;
+typedef enum { CP_SUM = 0, CP_AVG = 1 } cp_reduce_op;
+
+typedef enum {
+    CP_OP_COPY_IN = 0,     /* sharded params -> this rank's all-gather slot (cast) */
+    CP_OP_ALL_GATHER,      /* fused all-gather over the shard group */
+    CP_OP_COPY_OUT,        /* all-gather buffer -> per-parameter unsharded storage */
+    CP_OP_FORWARD,         /* compute placeholder: params must be unsharded */
+    CP_OP_BACKWARD,        /* compute placeholder: params unsharded, grads produced */
+    CP_OP_RESHARD,         /* free unsharded storage */
+    CP_OP_PACK,            /* unsharded grads -> reduce-scatter input (chunk_cat) */
+    CP_OP_REDUCE_SCATTER,  /* over the shard group */
+    CP_OP_ALL_REDUCE,      /* HSDP: over the replicate group */
+    CP_OP_VIEW_OUT,        /* reduce-scatter output -> sharded grads (cast) */
+    CP_OP_KIND_COUNT
+} cp_op_kind;
+
+typedef struct {
+    const char *name;
+    int ndim;
+    int64_t shape[CP_MAX_DIMS];
+    int shard_dim;
+    int64_t numel;  /* real elements of the full parameter */
+    int64_t chunk;  /* ceil(shape[shard_dim] / W) */
+    int64_t outer;  /* product of dims before shard_dim */
+    int64_t run;    /* chunk * product of dims after shard_dim */
+    int64_t padded; /* outer * run: what every rank stores and sends */
+    int64_t offset; /* in the unit's all-gather slot / reduce-scatter row */
+} cp_param;
+
+typedef struct {
+    const char *name;
+    int first_param, nparams;
+    int64_t total; /* slot numel: sum of padded */
+    int64_t numel; /* sum of real numel */
+    cp_dtype orig_dtype, ag_dtype, reduce_dtype;
+    int is_root;
+    int reshard_after_forward;
+    cp_reduce_op rs_op, ar_op;
+    double pre_divide, post_divide;
+} cp_unit;
+
+typedef struct {
+    const char *name;
+    uint32_t axis_mask; /* bit i set: mesh dim i belongs to the family */
+    int size;
+} cp_group_family;
+
+typedef struct {
+    cp_op_kind kind;
+    int unit;
+    int family; /* group family for collectives, -1 for local ops */
+    cp_dtype dtype;
+    int64_t count; /* per-rank elements: AG input, RS output, AR buffer */
+    cp_reduce_op reduce_op;
+    int micro_step;
+} cp_op;
+
+typedef struct {
+    const char *name;
+    const char *fingerprint;
+    int world_size;
+    int mesh_ndim;
+    const char *mesh_names[CP_MAX_MESH_DIMS];
+    int mesh_sizes[CP_MAX_MESH_DIMS];
+    int shard_size, replicate_size;
+    int shard_family, replicate_family; /* -1 when the dim is 1 */
+    int micro_steps;
+    int nunits;
+    const cp_unit *units;
+    int nparams;
+    const cp_param *params;
+    int nfamilies;
+    const cp_group_family *families;
+    int nops;
+    const cp_op *ops;
+} cp_plan;
+
+/* ---- dtype helpers (dtype.c) ---- */
+size_t cp_dtype_size(cp_dtype t);
+const char *cp_dtype_name(cp_dtype t);
+float cp_load(cp_dtype t, const void *base, int64_t i);
+void cp_store(cp_dtype t, void *base, int64_t i, float v);
+uint16_t cp_float_to_bf16(float f);
+float cp_bf16_to_float(uint16_t h);
+uint16_t cp_float_to_fp16(float f);
+float cp_fp16_to_float(uint16_t h);
+/* Reduce n values the way every backend here does: fp32 accumulation in
+ * member order, AVG divides once at the end, the result rounded to t. */
+float cp_reduce_values(cp_dtype t, cp_reduce_op op, const float *v, int n);
+const char *cp_op_kind_name(cp_op_kind k);
+
+/* ---- rank geometry (topology.c) ---- */
+typedef struct {
+    int rank;
+    int coords[CP_MAX_MESH_DIMS];
+} cp_rank_coords;
+
+void cp_rank_coords_of(const cp_plan *p, int rank, cp_rank_coords *out);
+/* Group instance (color) and rank inside it (key) for a family. */
+void cp_group_of(const cp_plan *p, int family, int rank, int *color, int *key);
+/* Global rank of member `key` of group `color` of the family. */
+int cp_group_member(const cp_plan *p, int family, int color, int key);
+int cp_shard_rank(const cp_plan *p, int rank);
+int cp_replicate_rank(const cp_plan *p, int rank);
+/* Real elements of parameter prm on shard rank r (Shard(0): trailing ranks
+ * may hold fewer, possibly zero). */
+int64_t cp_param_valid(const cp_param *prm, int shard_rank);
+/* Global element index of local element j of rank r's shard. */
+int64_t cp_param_global_index(const cp_param *prm, int W, int shard_rank, int64_t j);
+
+/* ---- backend interface (one instance per rank) ---- */
+typedef struct cp_backend cp_backend;
+struct cp_backend {
+    void *ctx;
+    /* in may alias out's own slot (in-place all-gather). */
+    int (*all_gather)(cp_backend *b, const cp_op *op, const void *in, void *out);
+    int (*reduce_scatter)(cp_backend *b, const cp_op *op, const void *in, void *out);
+    int (*all_reduce)(cp_backend *b, const cp_op *op, void *buf);
+};
+
+/* ---- executor (executor.c) ---- */
+typedef struct cp_rank_buffers {
+    void **sharded;        /* per unit: total elems, orig dtype */
+    void **sharded_grads;  /* per unit: total elems, orig dtype */
+    void **ag;             /* per unit: W*total, ag dtype */
+    void **unsharded;      /* per unit: W*total, ag dtype; param p at W*offset */
+    void **grads;          /* per unit: numel, ag dtype; param p at its real prefix sum */
+    void **rs_in;          /* per unit: W*total, reduce dtype */
+    void **rs_out;         /* per unit: total, reduce dtype */
+    int64_t *grad_offset;  /* per param: start in its unit's grads buffer */
+} cp_rank_buffers;
+
+typedef struct cp_executor cp_executor;
+typedef int (*cp_compute_fn)(void *user, cp_executor *ex, const cp_op *op);
+typedef void (*cp_collective_fn)(void *user, cp_executor *ex, const cp_op *op, const void *in, int64_t in_numel,
+                                 const void *out, int64_t out_numel);
+
+struct cp_executor {
+    const cp_plan *plan;
+    int rank, shard_rank, replicate_rank;
+    cp_backend *backend;
+    cp_rank_buffers buf;
+    cp_compute_fn on_compute;       /* FORWARD / BACKWARD placeholders */
+    cp_collective_fn on_collective; /* after each collective (tracing, dumps) */
+    void *user;
+    unsigned char *unsharded_live;  /* per unit: 1 between copy-out and reshard */
+};
+
+int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b);
+void cp_executor_free(cp_executor *ex);
+/* Runs every op of one step; returns 0 or -1 (message on stderr). */
+int cp_executor_step(cp_executor *ex);
+int cp_executor_run_op(cp_executor *ex, const cp_op *op);
+
+/* Poison byte written into freed transient buffers so a read of resharded
+ * data shows up as NaN / garbage in the checks. */
+#define CP_POISON_BYTE 0xA5
+
+#endif
