@@ -1,0 +1,117 @@
+/* The plan binary's CLI. Built once per plan: CP_PLAN names the generated
+ * table (e.g. -DCP_PLAN=llama70b_plan). */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commplan.h"
+#include "simulate.h"
+
+#ifndef CP_PLAN
+#error "compile with -DCP_PLAN=<name>_plan"
+#endif
+extern const cp_plan CP_PLAN;
+
+static void usage(FILE *f, const cp_plan *p)
+{
+    fprintf(f,
+            "usage: %s [--simulate [--steps N] [--pattern unique|oracle] [--dump DIR]] [--dry-run]\n"
+            "          [--world-size N] [--rank R] [--quiet] [--help]\n"
+            "\n"
+            "Plan %s (fingerprint %s): %d ranks, %d units, %d parameters, %d ops per step.\n"
+            "\n"
+            "  --simulate        run every rank as a thread on the host backend and check exactly that\n"
+            "                    unshard rebuilds every parameter and reduction yields the exact average\n"
+            "  --steps N         steps to simulate (default 1); each step uses fresh values\n"
+            "  --pattern P       unique (default): element-unique values; oracle: the FSDP2 recordings' values\n"
+            "  --dump DIR        write each rank's step-0 shards, collectives and grads as JSON into DIR\n"
+            "  --dry-run         print the step's ops in issue order and exit\n"
+            "  --world-size N    refuse to run unless N equals the plan's world size (also $WORLD_SIZE)\n"
+            "  --rank R          refuse to run unless 0 <= R < world size (also $RANK)\n"
+            "  --quiet           no progress output\n",
+            "commplan", p->name, p->fingerprint, p->world_size, p->nunits, p->nparams, p->nops);
+}
+
+static int parse_int(const char *flag, const char *s, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || errno || *end || end == s || v < min || v > max) {
+        fprintf(stderr, "commplan: %s needs an integer in [%ld, %ld], got '%s'\n", flag, min, max, s ? s : "");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static void dry_run(const cp_plan *p)
+{
+    printf("# plan %s, fingerprint %s, %d ranks, shard group %d, replicate group %d\n", p->name, p->fingerprint,
+           p->world_size, p->shard_size, p->replicate_size);
+    printf("# %-5s %-5s %-15s %-24s %-14s %-5s %12s %s\n", "op", "micro", "kind", "unit", "group", "dtype", "count",
+           "reduce");
+    for (int i = 0; i < p->nops; i++) {
+        const cp_op *o = &p->ops[i];
+        int coll = o->kind == CP_OP_ALL_GATHER || o->kind == CP_OP_REDUCE_SCATTER || o->kind == CP_OP_ALL_REDUCE;
+        printf("  %-5d %-5d %-15s %-24s %-14s %-5s %12ld %s\n", i, o->micro_step, cp_op_kind_name(o->kind),
+               p->units[o->unit].name, coll ? (o->family >= 0 ? p->families[o->family].name : "local") : "-",
+               coll ? cp_dtype_name(o->dtype) : "-", coll ? (long)o->count : 0L,
+               coll && o->kind != CP_OP_ALL_GATHER ? (o->reduce_op == CP_AVG ? "avg" : "sum") : "-");
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const cp_plan *p = &CP_PLAN;
+    int simulate = 0, dry = 0, quiet = 0;
+    long steps = 1, world = -1, rank = -1;
+    cp_sim_options opt = { .steps = 1, .pattern = CP_PATTERN_UNIQUE };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout, p); return 0; }
+        else if (!strcmp(a, "--simulate")) simulate = 1;
+        else if (!strcmp(a, "--dry-run")) dry = 1;
+        else if (!strcmp(a, "--quiet")) quiet = 1;
+        else if (!strcmp(a, "--steps")) { if (parse_int(a, next, 1, 1000000, &steps)) return 2; i++; }
+        else if (!strcmp(a, "--world-size")) { if (parse_int(a, next, 1, 1L << 30, &world)) return 2; i++; }
+        else if (!strcmp(a, "--rank")) { if (parse_int(a, next, 0, 1L << 30, &rank)) return 2; i++; }
+        else if (!strcmp(a, "--dump")) { if (!next) { fprintf(stderr, "commplan: --dump needs a directory\n"); return 2; } opt.dump_dir = next; i++; }
+        else if (!strcmp(a, "--pattern")) {
+            if (next && !strcmp(next, "unique")) opt.pattern = CP_PATTERN_UNIQUE;
+            else if (next && !strcmp(next, "oracle")) opt.pattern = CP_PATTERN_ORACLE;
+            else { fprintf(stderr, "commplan: --pattern takes unique or oracle, got '%s'\n", next ? next : ""); return 2; }
+            i++;
+        } else {
+            fprintf(stderr, "commplan: unknown option '%s'; see --help\n", a);
+            return 2;
+        }
+    }
+    /* A launcher's world must be the plan's. */
+    const char *env_world = getenv("WORLD_SIZE"), *env_rank = getenv("RANK");
+    if (world < 0 && env_world && parse_int("$WORLD_SIZE", env_world, 1, 1L << 30, &world)) return 2;
+    if (rank < 0 && env_rank && parse_int("$RANK", env_rank, 0, 1L << 30, &rank)) return 2;
+    if (world >= 0 && world != p->world_size) {
+        fprintf(stderr, "commplan: world size %ld does not match plan %s (generated for %d ranks); "
+                        "launch %d ranks or regenerate the plan with world_size = %ld\n",
+                world, p->name, p->world_size, p->world_size, world);
+        return 2;
+    }
+    if (rank >= 0 && rank >= p->world_size) {
+        fprintf(stderr, "commplan: rank %ld is outside plan %s's %d ranks (valid: 0..%d)\n", rank, p->name,
+                p->world_size, p->world_size - 1);
+        return 2;
+    }
+    if (dry) { dry_run(p); return 0; }
+    if (!simulate) {
+        fprintf(stderr, "commplan: nothing to do: this build runs --simulate (host backend) or --dry-run; "
+                        "see --help\n");
+        return 2;
+    }
+    opt.steps = (int)steps;
+    opt.log = quiet ? NULL : stdout;
+    return cp_simulate(p, &opt);
+}

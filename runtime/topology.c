@@ -1,0 +1,70 @@
+/* Rank geometry from the mesh: coordinates (row-major, last dim fastest),
+ * group color/key per family, and per-rank shard lengths. Closed forms, so
+ * the tables never hold per-rank data. */
+#include "commplan.h"
+
+void cp_rank_coords_of(const cp_plan *p, int rank, cp_rank_coords *out)
+{
+    out->rank = rank;
+    int r = rank;
+    for (int d = p->mesh_ndim - 1; d >= 0; d--) {
+        out->coords[d] = r % p->mesh_sizes[d];
+        r /= p->mesh_sizes[d];
+    }
+}
+
+void cp_group_of(const cp_plan *p, int family, int rank, int *color, int *key)
+{
+    cp_rank_coords c;
+    cp_rank_coords_of(p, rank, &c);
+    uint32_t mask = p->families[family].axis_mask;
+    int col = 0, k = 0;
+    for (int d = 0; d < p->mesh_ndim; d++) {
+        if (mask & (1u << d)) k = k * p->mesh_sizes[d] + c.coords[d];
+        else col = col * p->mesh_sizes[d] + c.coords[d];
+    }
+    *color = col;
+    *key = k;
+}
+
+int cp_group_member(const cp_plan *p, int family, int color, int key)
+{
+    uint32_t mask = p->families[family].axis_mask;
+    int coords[CP_MAX_MESH_DIMS];
+    for (int d = p->mesh_ndim - 1; d >= 0; d--) {
+        if (mask & (1u << d)) { coords[d] = key % p->mesh_sizes[d]; key /= p->mesh_sizes[d]; }
+        else { coords[d] = color % p->mesh_sizes[d]; color /= p->mesh_sizes[d]; }
+    }
+    int rank = 0;
+    for (int d = 0; d < p->mesh_ndim; d++) rank = rank * p->mesh_sizes[d] + coords[d];
+    return rank;
+}
+
+int cp_shard_rank(const cp_plan *p, int rank)
+{
+    if (p->shard_family < 0) return 0;
+    int color, key;
+    cp_group_of(p, p->shard_family, rank, &color, &key);
+    return key;
+}
+
+int cp_replicate_rank(const cp_plan *p, int rank)
+{
+    if (p->replicate_family < 0) return 0;
+    int color, key;
+    cp_group_of(p, p->replicate_family, rank, &color, &key);
+    return key;
+}
+
+int64_t cp_param_valid(const cp_param *prm, int shard_rank)
+{
+    if (prm->shard_dim > 0) return prm->padded;
+    int64_t v = prm->numel - (int64_t)shard_rank * prm->run;
+    return v < 0 ? 0 : (v > prm->run ? prm->run : v);
+}
+
+int64_t cp_param_global_index(const cp_param *prm, int W, int shard_rank, int64_t j)
+{
+    int64_t o = j / prm->run, t = j % prm->run;
+    return o * (int64_t)W * prm->run + (int64_t)shard_rank * prm->run + t;
+}
