@@ -1,0 +1,48 @@
+-- Assertions shared by the Lua test suites.
+local util = require("gen.util")
+local plan = require("gen.plan")
+
+local H = {}
+
+function H.eq(got, want, what)
+  if got ~= want then
+    error(string.format("%s: got %s, want %s", what or "value", tostring(got), tostring(want)), 2)
+  end
+end
+
+function H.list_eq(got, want, what)
+  H.eq(#got, #want, (what or "list") .. " length")
+  for i = 1, #want do H.eq(got[i], want[i], string.format("%s[%d]", what or "list", i)) end
+end
+
+-- Generating `source` must fail with a plan error containing every pattern.
+function H.plan_fails(source, ...)
+  local ok, err = pcall(plan.from_source, source, "plans/t.lua")
+  if ok then error("expected a plan error, generation succeeded", 2) end
+  if not util.is_plan_error(err) then error("expected a plan error, got: " .. tostring(err), 2) end
+  local msg = tostring(err)
+  if msg:find("\n") then error("error message is not one line: " .. msg, 2) end
+  for _, pat in ipairs({ ... }) do
+    if not msg:find(pat, 1, true) then error(string.format("message %q lacks %q", msg, pat), 2) end
+  end
+  return msg
+end
+
+function H.generic(world, parallel, units, fsdp)
+  local lines = { "return {", "  world_size = " .. world .. ",", "  parallel = " .. parallel .. ",",
+                  "  model = { family = 'generic', units = {" }
+  for _, u in ipairs(units) do
+    local ps = {}
+    for _, p in ipairs(u[2]) do
+      ps[#ps + 1] = string.format("{ name = %q, shape = { %s }%s }", p[1], table.concat(p[2], ", "),
+        p[3] and (", shard_dim = " .. p[3]) or "")
+    end
+    lines[#lines + 1] = string.format("    { name = %q, params = { %s } },", u[1], table.concat(ps, ", "))
+  end
+  lines[#lines + 1] = "  } },"
+  lines[#lines + 1] = "  fsdp = " .. (fsdp or "{}") .. ","
+  lines[#lines + 1] = "}"
+  return table.concat(lines, "\n")
+end
+
+return H

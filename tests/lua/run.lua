@@ -1,0 +1,22 @@
+-- Lua unit tests for the generator stages. Run from the repo root:
+--   lua5.4 tests/lua/run.lua
+package.path = "./?.lua;./tests/lua/?.lua;" .. package.path
+
+local suites = { "test_load", "test_dims", "test_layout", "test_schedule", "test_generate" }
+local passed, failed = 0, 0
+for _, s in ipairs(suites) do
+  local cases = require(s)
+  local names = {}
+  for name in pairs(cases) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local ok, err = pcall(cases[name])
+    if ok then passed = passed + 1
+    else
+      failed = failed + 1
+      io.stderr:write(string.format("FAIL %s.%s: %s\n", s, name, tostring(err)))
+    end
+  end
+end
+print(string.format("lua: %d passed, %d failed", passed, failed))
+os.exit(failed == 0 and 0 or 1)

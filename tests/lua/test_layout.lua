@@ -1,0 +1,97 @@
+local H = require("helpers")
+local layout = require("gen.layout")
+local plan = require("gen.plan")
+local llama = require("gen.models.llama")
+local T = {}
+
+local function P(shape, shard_dim) return { name = "p", shape = shape, dtype = "fp32", shard_dim = shard_dim or 0 } end
+
+-- fsdp_semantics.md worked example A: (5,3) on W = 4.
+function T.example_a_5x3_w4()
+  local q = layout.param(nil, P({ 5, 3 }), 4, "x")
+  H.eq(q.chunk, 2, "chunk"); H.eq(q.padded, 6, "padded"); H.eq(q.run, 6, "run")
+  local lens = {}
+  for r = 0, 3 do lens[#lens + 1] = layout.valid(q, r) end
+  H.list_eq(lens, { 6, 6, 3, 0 }, "valid elements per rank")
+  H.eq(layout.local_rows(q, 2), 1, "rank 2 holds one row")
+end
+
+-- Example B: (10,) on W = 4 -> 3,3,3,1 (not balanced).
+function T.example_b_10_w4()
+  local q = layout.param(nil, P({ 10 }), 4, "x")
+  local lens = {}
+  for r = 0, 3 do lens[#lens + 1] = layout.valid(q, r) end
+  H.list_eq(lens, { 3, 3, 3, 1 }, "valid")
+end
+
+function T.six_on_four_leaves_last_rank_empty()
+  local q = layout.param(nil, P({ 6 }), 4, "x")
+  H.eq(layout.valid(q, 3), 0, "rank 3 empty although d >= W")
+end
+
+function T.shard_dim_1_even()
+  local q = layout.param(nil, P({ 8, 6 }, 1), 3, "x")
+  H.eq(q.outer, 8, "outer"); H.eq(q.run, 2, "run"); H.eq(q.padded, 16, "padded")
+end
+
+function T.shard_dim_1_uneven_rejected()
+  H.plan_fails(H.generic(4, "{ dp_shard = 4 }", { { "root", { { "w", { 8, 6 }, 1 } } } }),
+    "FSDP does not support uneven sharding on dim 1", "dp_shard=4")
+end
+
+-- Group example 2.6: A (5,3) then B (10,), W = 4 -> offsets 0, 6; total 9.
+function T.group_offsets()
+  local p = plan.from_source(H.generic(4, "{ dp_shard = 4 }", { { "root", { { "A", { 5, 3 } }, { "B", { 10 } } } } }), "t.lua")
+  local u = p.layout.units[1]
+  H.eq(u.params[1].offset, 0); H.eq(u.params[2].offset, 6); H.eq(u.total, 9, "slot numel")
+end
+
+function T.forward_order_root_first()
+  local p = plan.from_source(H.generic(2, "{ dp_shard = 2 }",
+    { { "l0", { { "a", { 4 } } } }, { "l1", { { "b", { 4 } } } }, { "root", { { "c", { 4 } } } } }), "t.lua")
+  H.eq(p.layout.units[1].name, "root"); H.eq(p.layout.units[2].name, "l0"); H.eq(p.layout.units[3].name, "l1")
+  H.eq(p.layout.units[1].reshard_after_forward, false, "root never reshards after forward")
+end
+
+function T.reduction_factors()
+  local r = layout.reduction("avg", "fp32", 4, 2)
+  H.eq(r.rs_op, "avg"); H.eq(r.ar_op, "avg")
+  H.eq(layout.reduction("avg", "fp32", 1, 1).rs_op, "sum", "dp == 1 uses SUM")
+  local pre_post = { [8] = { 4, 2 }, [16] = { 4, 4 }, [32] = { 8, 4 }, [64] = { 8, 8 }, [128] = { 16, 8 } }
+  for dp, want in pairs(pre_post) do
+    local f = layout.reduction("avg", "fp16", dp, 1)
+    H.eq(f.rs_op, "sum", "fp16 uses SUM")
+    H.eq(f.pre_divide, want[1], "pre for " .. dp); H.eq(f.post_divide, want[2], "post for " .. dp)
+  end
+  local six = layout.reduction("avg", "fp16", 6, 1)
+  H.eq(six.pre_divide, 4, "pre for 6 overshoots"); H.eq(six.post_divide, 1.5, "post for 6")
+end
+
+function T.mixed_dtype_unit_rejected()
+  local src = [[return { world_size = 2, parallel = { dp_shard = 2 }, model = { family = "generic", units = {
+    { name = "root", params = { { name = "a", shape = { 4 } }, { name = "b", shape = { 4 }, dtype = "bf16" } } } } } }]]
+  H.plan_fails(src, "mixes dtypes", "one dtype per unit")
+end
+
+function T.llama_shapes()
+  H.eq(llama.ffn_hidden(4096, 1.3, 1024), 14336, "8B hidden")
+  H.eq(llama.ffn_hidden(8192, 1.3, 4096), 28672, "70B hidden")
+  H.eq(llama.ffn_hidden(16384, 1.2, 4096), 53248, "405B hidden")
+  local p = plan.from_file("plans/llama70b.lua")
+  local n = 0
+  for _, u in ipairs(p.layout.units) do for _, q in ipairs(u.params) do n = n + q.numel end end
+  H.eq(n, 70553706496, "Llama 3 70B parameter count")
+  H.eq(#p.layout.units, 81, "80 layers + root")
+  local l0 = p.layout.units[2]
+  H.eq(l0.params[1].name, "layers.0.attention.wq.weight")
+  H.eq(l0.params[9].name, "layers.0.ffn_norm.weight")
+  H.list_eq(l0.params[2].shape, { 1024, 8192 }, "wk shape (8 kv heads x 128)")
+  H.eq(p.layout.units[1].params[1].name, "tok_embeddings.weight")
+end
+
+function T.llama_unknown_size()
+  H.plan_fails("return { world_size = 8, parallel = { dp_shard = -1 }, model = { family = 'llama', size = '7b' } }",
+    "unknown Llama 3 size", "8b")
+end
+
+return T

@@ -1,0 +1,76 @@
+local H = require("helpers")
+local plan = require("gen.plan")
+local T = {}
+
+local function collectives(p)
+  local out = {}
+  for _, o in ipairs(p.ops) do
+    if o.group then out[#out + 1] = o.kind .. ":" .. p.layout.units[o.unit + 1].name .. ":" .. o.group end
+  end
+  return out
+end
+
+-- The recording's order (shared/oracle hsdp2x2): backward prefetches one
+-- unit ahead, HSDP all-reduce right after each reduce-scatter, root last.
+function T.hsdp_order_matches_fsdp2()
+  local p = plan.from_file("plans/hsdp2x2.lua")
+  H.list_eq(collectives(p), {
+    "all_gather:root:fsdp", "all_gather:layers.0:fsdp", "all_gather:layers.1:fsdp", "all_gather:layers.2:fsdp",
+    "all_gather:layers.2:fsdp", "all_gather:layers.1:fsdp",
+    "reduce_scatter:layers.2:fsdp", "all_reduce:layers.2:dp_replicate",
+    "all_gather:layers.0:fsdp",
+    "reduce_scatter:layers.1:fsdp", "all_reduce:layers.1:dp_replicate",
+    "reduce_scatter:layers.0:fsdp", "all_reduce:layers.0:dp_replicate",
+    "reduce_scatter:root:fsdp", "all_reduce:root:dp_replicate",
+  }, "collective order")
+end
+
+function T.no_reshard_after_forward_means_no_backward_gathers()
+  local p = plan.from_source(H.generic(2, "{ dp_shard = 2 }",
+    { { "l0", { { "a", { 4 } } } }, { "root", { { "c", { 4 } } } } }, "{ reshard_after_forward = false }"), "t.lua")
+  H.list_eq(collectives(p), { "all_gather:root:fsdp", "all_gather:l0:fsdp", "reduce_scatter:l0:fsdp",
+    "reduce_scatter:root:fsdp" }, "order")
+end
+
+function T.micro_steps_reduce_once()
+  local p = plan.from_source(H.generic(2, "{ dp_shard = 2 }",
+    { { "l0", { { "a", { 4 } } } }, { "root", { { "c", { 4 } } } } }, "{ micro_steps = 3 }"), "t.lua")
+  local ag, rs = 0, 0
+  for _, o in ipairs(p.ops) do
+    if o.kind == "all_gather" then ag = ag + 1 end
+    if o.kind == "reduce_scatter" then rs = rs + 1; H.eq(o.micro_step, 2, "reduce on the last micro-step") end
+  end
+  H.eq(ag, 3 * 3, "3 gathers per micro-step (root, l0 forward, l0 backward)")
+  H.eq(rs, 2, "one reduce-scatter per unit per step")
+end
+
+function T.single_rank_issues_no_collective_group()
+  local p = plan.from_file("plans/single.lua")
+  for _, o in ipairs(p.ops) do H.eq(o.group, nil, "op " .. o.seq .. " group") end
+end
+
+function T.verify_rejects_broken_schedule()
+  local verify = require("gen.verify")
+  local p = plan.from_file("plans/fsdp4.lua")
+  -- Drop the first backward re-gather (copy_in + all_gather + copy_out of
+  -- layers.2): its backward would then run on resharded parameters.
+  local ops, skip, done = {}, 0, false
+  for _, o in ipairs(p.ops) do
+    if not done and o.phase == "backward" and o.kind == "copy_in" then skip, done = 3, true end
+    if skip > 0 then skip = skip - 1 else ops[#ops + 1] = o end
+  end
+  H.eq(#ops, #p.ops - 3, "three ops dropped")
+  local ok, err = pcall(verify.schedule, p.layout, ops, 1)
+  H.eq(ok, false, "verification must fail")
+  assert(tostring(err):find("backward of layers.2 on sharded params", 1, true), tostring(err))
+end
+
+function T.verify_rejects_bad_offsets()
+  local verify = require("gen.verify")
+  local p = plan.from_file("plans/fsdp4.lua")
+  p.layout.units[2].params[3].offset = p.layout.units[2].params[3].offset + 1
+  local ok = pcall(verify.coverage, p.layout)
+  H.eq(ok, false, "overlapping offsets must fail")
+end
+
+return T
