@@ -275,9 +275,20 @@ static int open_dump(sim_rank *sr)
 {
     const char *dir = sr->sw->opt->dump_dir;
     if (!dir) return 0;
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-        fprintf(stderr, "commplan: --dump %s: cannot create directory: %s\n", dir, strerror(errno));
-        return -1;
+    /* mkdir -p: every rank may race here, so EEXIST is fine. */
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    for (char *s = tmp + 1;; s++) {
+        int end = *s == '\0';
+        if (*s == '/' || end) {
+            *s = '\0';
+            if (mkdir(tmp, 0777) != 0 && errno != EEXIST) {
+                fprintf(stderr, "commplan: --dump %s: cannot create directory %s: %s\n", dir, tmp, strerror(errno));
+                return -1;
+            }
+            if (end) break;
+            *s = '/';
+        }
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/%s.rank%d.json", dir, sr->sw->plan->name, sr->rank);

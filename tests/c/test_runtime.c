@@ -1,0 +1,207 @@
+/* cmocka tests for the fixed runtime: dtype conversions, rank geometry,
+ * the executor over the host backend on generated plans, and mutations of
+ * a plan's op list that the simulation checks must catch. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "commplan.h"
+#include "simulate.h"
+
+extern const cp_plan fsdp8_uneven_plan;
+extern const cp_plan hsdp2x3_bf16_plan;
+extern const cp_plan hsdp4x2_fp16_plan;
+
+static void test_bf16_rounding(void **state)
+{
+    (void)state;
+    assert_int_equal(cp_float_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(cp_float_to_bf16(-2.0f), 0xc000);
+    /* 1 + 2^-8 is a tie: rounds to even (1.0); 1 + 3*2^-8 rounds up. */
+    assert_int_equal(cp_float_to_bf16(1.00390625f), 0x3f80);
+    assert_int_equal(cp_float_to_bf16(1.01171875f), 0x3f82);
+    float nan = cp_bf16_to_float(cp_float_to_bf16(__builtin_nanf("")));
+    assert_true(nan != nan);
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        if ((h & 0x7f80u) == 0x7f80u && (h & 0x7fu)) continue; /* NaNs */
+        assert_int_equal(cp_float_to_bf16(cp_bf16_to_float((uint16_t)h)), h);
+    }
+}
+
+static void test_fp16_rounding(void **state)
+{
+    (void)state;
+    assert_int_equal(cp_float_to_fp16(1.0f), 0x3c00);
+    assert_int_equal(cp_float_to_fp16(65504.0f), 0x7bff);
+    assert_int_equal(cp_float_to_fp16(65520.0f), 0x7c00);   /* rounds to inf */
+    assert_int_equal(cp_float_to_fp16(0x1p-24f), 0x0001);   /* smallest subnormal */
+    assert_int_equal(cp_float_to_fp16(0x1p-25f), 0x0000);   /* tie to even */
+    assert_int_equal(cp_float_to_fp16(0x3p-25f), 0x0002);   /* tie to even, up */
+    assert_int_equal(cp_float_to_fp16(-0x1p-14f), 0x8400);  /* smallest normal */
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) continue;
+        assert_int_equal(cp_float_to_fp16(cp_fp16_to_float((uint16_t)h)), h);
+    }
+}
+
+static void test_reduce_values(void **state)
+{
+    (void)state;
+    float v[4] = { 1, 2, 3, 4 };
+    assert_true(cp_reduce_values(CP_FP32, CP_SUM, v, 4) == 10.0f);
+    assert_true(cp_reduce_values(CP_FP32, CP_AVG, v, 4) == 2.5f);
+    float w[2] = { 257, 0 };
+    assert_true(cp_reduce_values(CP_BF16, CP_SUM, w, 2) == 256.0f); /* rounded to bf16 */
+}
+
+static void test_group_geometry(void **state)
+{
+    (void)state;
+    const cp_plan *p = &hsdp2x3_bf16_plan;
+    assert_int_equal(p->shard_size, 3);
+    assert_int_equal(p->replicate_size, 2);
+    for (int f = 0; f < p->nfamilies; f++)
+        for (int r = 0; r < p->world_size; r++) {
+            int color, key;
+            cp_group_of(p, f, r, &color, &key);
+            assert_true(key < p->families[f].size);
+            assert_int_equal(cp_group_member(p, f, color, key), r);
+        }
+    /* Mesh (dp_replicate=2, dp_shard=3): rank 4 is replica 1, shard 1. */
+    assert_int_equal(cp_shard_rank(p, 4), 1);
+    assert_int_equal(cp_replicate_rank(p, 4), 1);
+    assert_int_equal(cp_group_member(p, p->replicate_family, 2, 1), 5);
+}
+
+static const cp_param *find_param(const cp_plan *p, const char *name)
+{
+    for (int i = 0; i < p->nparams; i++)
+        if (!strcmp(p->params[i].name, name)) return &p->params[i];
+    fail_msg("no parameter %s", name);
+    return NULL;
+}
+
+static void test_shard_lengths(void **state)
+{
+    (void)state;
+    const cp_plan *p = &fsdp8_uneven_plan;
+    const cp_param *small = find_param(p, "blocks.0.small"); /* (3,5) over 8 */
+    assert_int_equal(small->padded, 5);
+    assert_int_equal(cp_param_valid(small, 2), 5);
+    assert_int_equal(cp_param_valid(small, 3), 0);
+    const cp_param *odd = find_param(p, "blocks.0.odd"); /* (17,3): chunk 3 rows */
+    int64_t want[8] = { 9, 9, 9, 9, 9, 6, 0, 0 };
+    for (int r = 0; r < 8; r++) assert_int_equal(cp_param_valid(odd, r), want[r]);
+    const cp_param *cols = find_param(p, "blocks.0.cols"); /* (4,16) Shard(1): 2 columns each */
+    assert_int_equal(cols->outer, 4);
+    assert_int_equal(cols->run, 2);
+    /* rank 3's local (row 1, col 1) is global (1, 7) = 23 */
+    assert_int_equal(cp_param_global_index(cols, 8, 3, 3), 23);
+}
+
+static cp_sim_options quiet_opts(void)
+{
+    cp_sim_options o = { .steps = 2, .pattern = CP_PATTERN_UNIQUE, .dump_dir = NULL, .log = NULL };
+    return o;
+}
+
+static void test_simulate_generated_plans(void **state)
+{
+    (void)state;
+    cp_sim_options o = quiet_opts();
+    assert_int_equal(cp_simulate(&fsdp8_uneven_plan, &o), 0);
+    assert_int_equal(cp_simulate(&hsdp2x3_bf16_plan, &o), 0);
+    assert_int_equal(cp_simulate(&hsdp4x2_fp16_plan, &o), 0);
+}
+
+/* A mutable copy of a plan whose op list a test may edit. */
+typedef struct {
+    cp_plan plan;
+    cp_op *ops;
+} plan_copy;
+
+static plan_copy copy_plan(const cp_plan *src)
+{
+    plan_copy c = { .plan = *src };
+    c.ops = malloc((size_t)src->nops * sizeof *c.ops);
+    assert_non_null(c.ops);
+    memcpy(c.ops, src->ops, (size_t)src->nops * sizeof *c.ops);
+    c.plan.ops = c.ops;
+    return c;
+}
+
+static void drop_op(plan_copy *c, int i)
+{
+    memmove(&c->ops[i], &c->ops[i + 1], (size_t)(c->plan.nops - i - 1) * sizeof *c->ops);
+    c->plan.nops--;
+}
+
+static int find_op(const plan_copy *c, cp_op_kind kind, int nth)
+{
+    for (int i = 0; i < c->plan.nops; i++)
+        if (c->ops[i].kind == kind && nth-- == 0) return i;
+    fail_msg("op not found");
+    return -1;
+}
+
+static void test_missing_all_gather_is_caught(void **state)
+{
+    (void)state;
+    plan_copy c = copy_plan(&hsdp2x3_bf16_plan);
+    drop_op(&c, find_op(&c, CP_OP_ALL_GATHER, 1)); /* peers' slots stay poisoned */
+    cp_sim_options o = quiet_opts();
+    assert_int_equal(cp_simulate(&c.plan, &o), 1);
+    free(c.ops);
+}
+
+static void test_wrong_reduce_op_is_caught(void **state)
+{
+    (void)state;
+    plan_copy c = copy_plan(&fsdp8_uneven_plan);
+    c.ops[find_op(&c, CP_OP_REDUCE_SCATTER, 0)].reduce_op = CP_SUM;
+    cp_sim_options o = quiet_opts();
+    assert_int_equal(cp_simulate(&c.plan, &o), 1);
+    free(c.ops);
+}
+
+static void test_missing_all_reduce_is_caught(void **state)
+{
+    (void)state;
+    plan_copy c = copy_plan(&hsdp2x3_bf16_plan);
+    drop_op(&c, find_op(&c, CP_OP_ALL_REDUCE, 2));
+    cp_sim_options o = quiet_opts();
+    assert_int_equal(cp_simulate(&c.plan, &o), 1);
+    free(c.ops);
+}
+
+static void test_compute_on_resharded_params_fails(void **state)
+{
+    (void)state;
+    plan_copy c = copy_plan(&fsdp8_uneven_plan);
+    drop_op(&c, find_op(&c, CP_OP_COPY_OUT, 1)); /* forward of blocks.0 without its copy-out */
+    cp_sim_options o = quiet_opts();
+    assert_int_equal(cp_simulate(&c.plan, &o), 2);
+    free(c.ops);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bf16_rounding),
+        cmocka_unit_test(test_fp16_rounding),
+        cmocka_unit_test(test_reduce_values),
+        cmocka_unit_test(test_group_geometry),
+        cmocka_unit_test(test_shard_lengths),
+        cmocka_unit_test(test_simulate_generated_plans),
+        cmocka_unit_test(test_missing_all_gather_is_caught),
+        cmocka_unit_test(test_wrong_reduce_op_is_caught),
+        cmocka_unit_test(test_missing_all_reduce_is_caught),
+        cmocka_unit_test(test_compute_on_resharded_params_fails),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
