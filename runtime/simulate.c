@@ -297,11 +297,16 @@ static int open_dump(sim_rank *sr)
         fprintf(stderr, "commplan: --dump: cannot write %s: %s\n", path, strerror(errno));
         return -1;
     }
+    return 0;
+}
+
+/* Step 0's header and local shards, written once its shards are filled. */
+static void dump_begin(sim_rank *sr)
+{
     fprintf(sr->dump, "{\"rank\":%d,\"world\":%d,\n", sr->rank, sr->sw->plan->world_size);
     dump_locals(sr, 0);
     fputs(",\n\"log\":[\n", sr->dump);
     sr->dump_first_log = 1;
-    return 0;
 }
 
 static void *rank_main(void *arg)
@@ -311,7 +316,7 @@ static void *rank_main(void *arg)
     for (int s = 0; s < opt->steps && !sr->error; s++) {
         sr->step = s;
         init_step(sr);
-        if (s == 0 && open_dump(sr) != 0) { sr->error = 1; break; }
+        if (s == 0 && sr->dump) dump_begin(sr);
         if (cp_executor_step(&sr->ex) != 0) { sr->error = 1; break; }
         check_grads(sr);
         if (s == 0 && sr->dump) {
@@ -347,6 +352,9 @@ int cp_simulate(const cp_plan *p, const cp_sim_options *opt)
         sr->ex.on_compute = on_compute;
         sr->ex.on_collective = on_collective;
         sr->ex.user = sr;
+        /* Opened before any thread starts: a rank failing alone would
+         * leave its peers waiting in a collective. */
+        if (open_dump(sr) != 0) goto join;
     }
     for (; started < p->world_size; started++) {
         if (pthread_create(&sw.ranks[started].thread, NULL, rank_main, &sw.ranks[started]) != 0) {
