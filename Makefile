@@ -88,19 +88,18 @@ regen-all:
 clean:
 	rm -rf build
 
-# cmocka runtime tests against committed generated plans; VARIANT=asan
-# builds them with AddressSanitizer + UBSan.
+# cmocka runtime tests against committed generated plans, built plain
+# (build/tests) and with AddressSanitizer + UBSan (build/tests-asan).
 TEST_PLANS := fsdp8_uneven hsdp2x3_bf16 hsdp4x2_fp16
-test-c-bin = build/tests$(1)/test_runtime
-build/tests/test_runtime: tests/c/test_runtime.c $(RUNTIME_SRC) $(RUNTIME_HDR) $(foreach p,$(TEST_PLANS),plans/$(p)/plan.c)
-	@mkdir -p $(dir $@)
-	@for p in $(TEST_PLANS); do $(CC) $(CSTD) -O1 -g -Iruntime -Iplans/$$p -c plans/$$p/plan.c -o $(dir $@)$$p.o || exit 1; done
-	$(CC) $(CSTD) -O1 -g -Iruntime -o $@ tests/c/test_runtime.c $(RUNTIME_SRC) $(foreach p,$(TEST_PLANS),$(dir $@)$(p).o) -lcmocka -lm
-
-build/tests-asan/test_runtime: tests/c/test_runtime.c $(RUNTIME_SRC) $(RUNTIME_HDR) $(foreach p,$(TEST_PLANS),plans/$(p)/plan.c)
-	@mkdir -p $(dir $@)
-	@for p in $(TEST_PLANS); do $(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -Iplans/$$p -c plans/$$p/plan.c -o $(dir $@)$$p.o || exit 1; done
-	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -o $@ tests/c/test_runtime.c $(RUNTIME_SRC) $(foreach p,$(TEST_PLANS),$(dir $@)$(p).o) -lcmocka -lm
+TEST_DEPS  := tests/c/test_runtime.c $(RUNTIME_SRC) $(RUNTIME_HDR) $(foreach p,$(TEST_PLANS),plans/$(p)/plan.c)
+define cmocka_test
+$(1)/test_runtime: $(TEST_DEPS)
+	@mkdir -p $(1)
+	@for p in $(TEST_PLANS); do $$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -Iplans/$$$$p -c plans/$$$$p/plan.c -o $(1)/$$$$p.o || exit 1; done
+	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ tests/c/test_runtime.c $$(RUNTIME_SRC) $(foreach p,$(TEST_PLANS),$(1)/$(p).o) -lcmocka -lm
+endef
+$(eval $(call cmocka_test,build/tests,))
+$(eval $(call cmocka_test,build/tests-asan,$(SAN)))
 
 test-c: build/tests/test_runtime build/tests-asan/test_runtime
 	build/tests/test_runtime
