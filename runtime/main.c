@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "commplan.h"
+#include "launch.h"
 #include "simulate.h"
 
 #ifndef CP_PLAN
@@ -28,8 +29,9 @@ static void usage(FILE *f, const cp_plan *p)
             "  --pattern P       unique (default): element-unique values; oracle: the FSDP2 recordings' values\n"
             "  --dump DIR        write each rank's step-0 shards, collectives and grads as JSON into DIR\n"
             "  --dry-run         print the step's ops in issue order and exit\n"
-            "  --world-size N    refuse to run unless N equals the plan's world size (also $WORLD_SIZE)\n"
-            "  --rank R          refuse to run unless 0 <= R < world size (also $RANK)\n"
+            "  --world-size N    refuse to run unless N equals the plan's world size (default: the launcher's,\n"
+            "                    from torchrun $WORLD_SIZE, Open MPI $OMPI_COMM_WORLD_SIZE or Slurm $SLURM_NTASKS)\n"
+            "  --rank R          refuse to run unless 0 <= R < world size (default: the launcher's rank)\n"
             "  --quiet           no progress output\n",
             "commplan", p->name, p->fingerprint, p->world_size, p->nunits, p->nparams, p->nops);
 }
@@ -90,10 +92,17 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    /* A launcher's world must be the plan's. */
-    const char *env_world = getenv("WORLD_SIZE"), *env_rank = getenv("RANK");
-    if (world < 0 && env_world && parse_int("$WORLD_SIZE", env_world, 1, 1L << 30, &world)) return 2;
-    if (rank < 0 && env_rank && parse_int("$RANK", env_rank, 0, 1L << 30, &rank)) return 2;
+    /* A launcher's world must be the plan's (torchrun, Open MPI or Slurm variables). */
+    cp_launch_env env;
+    char err[512];
+    if (cp_launch_from_env(&env, getenv, err, sizeof err) != 0) {
+        fprintf(stderr, "commplan: %s\n", err);
+        return 2;
+    }
+    if (strcmp(env.source, "none") != 0) {
+        if (world < 0) world = env.world_size;
+        if (rank < 0) rank = env.rank;
+    }
     if (world >= 0 && world != p->world_size) {
         fprintf(stderr, "commplan: world size %ld does not match plan %s (generated for %d ranks); "
                         "launch %d ranks or regenerate the plan with world_size = %ld\n",

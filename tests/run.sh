@@ -94,8 +94,22 @@ bad_plan zero 'return { world_size = 2, parallel = { dp_shard = 2 }, model = { u
 bad_plan nofactor 'return { world_size = 10, parallel = { dp_replicate = 4, dp_shard = -1 }, model = { family = "llama", size = "8b" } }' \
   'Cannot auto-infer dp_shard: world_size=10 is not divisible by dp_replicate*cp*tp*pp*ep=4'
 expect_rc "binary: --world-size mismatch exits 2" 2 build/fsdp4/fsdp4 --simulate --world-size 8
-expect_rc "binary: WORLD_SIZE mismatch exits 2" 2 env WORLD_SIZE=2 build/fsdp4/fsdp4 --simulate
-expect_rc "binary: RANK outside the world exits 2" 2 env RANK=4 build/fsdp4/fsdp4 --simulate
+# launcher_rc NAME RC MESSAGE ENV...: the binary under a launcher's environment.
+launcher_rc() {
+  local name=$1 want=$2 msg=$3; shift 3
+  run "$name" bash -c 'out=$(env "${@:3}" build/fsdp4/fsdp4 --simulate --quiet 2>&1); rc=$?; echo "$out"
+    [ "$rc" = "$1" ] && { [ -z "$2" ] || printf "%s" "$out" | grep -qF -- "$2"; }' _ "$want" "$msg" "$@"
+}
+M="MASTER_ADDR=10.0.0.1 MASTER_PORT=29500"
+launcher_rc "binary: torchrun WORLD_SIZE mismatch exits 2" 2 "world size 8 does not match plan fsdp4" \
+  RANK=0 WORLD_SIZE=8 LOCAL_RANK=0 $M
+launcher_rc "binary: RANK outside WORLD_SIZE exits 2" 2 'RANK=4 is outside $WORLD_SIZE=4' RANK=4 WORLD_SIZE=4 LOCAL_RANK=0 $M
+launcher_rc "binary: torchrun without LOCAL_RANK exits 2" 2 'LOCAL_RANK is unset' RANK=0 WORLD_SIZE=4 $M
+launcher_rc "binary: no rendezvous address exits 2" 2 "set MASTER_ADDR and MASTER_PORT" RANK=0 WORLD_SIZE=4 LOCAL_RANK=0
+launcher_rc "binary: Slurm world mismatch exits 2" 2 "world size 2 does not match" \
+  SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 NCCL_COMM_ID=h:1
+launcher_rc "binary: Open MPI rank of the plan's world runs" 0 "" \
+  OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=3 $M
 expect_rc "binary: unknown option exits 2" 2 build/fsdp4/fsdp4 --simulat
 expect_rc "binary: bad --steps exits 2" 2 build/fsdp4/fsdp4 --simulate --steps 0
 

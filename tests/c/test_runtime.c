@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "commplan.h"
+#include "launch.h"
 #include "simulate.h"
 
 extern const cp_plan fsdp8_uneven_plan;
@@ -189,6 +190,76 @@ static void test_compute_on_resharded_params_fails(void **state)
     free(c.ops);
 }
 
+/* A fake environment for the launcher tests: NULL-terminated name=value pairs. */
+static const char *const *fake_env;
+static char *fake_getenv(const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *const *e = fake_env; e && *e; e++)
+        if (!strncmp(*e, name, n) && (*e)[n] == '=') return (char *)(*e + n + 1);
+    return NULL;
+}
+
+static int launch(const char *const *env, cp_launch_env *out, char *err)
+{
+    fake_env = env;
+    err[0] = '\0';
+    return cp_launch_from_env(out, fake_getenv, err, 256);
+}
+
+static void test_launch_env(void **state)
+{
+    (void)state;
+    cp_launch_env L;
+    char err[256];
+    const char *none[] = { NULL };
+    assert_int_equal(launch(none, &L, err), 0);
+    assert_string_equal(L.source, "none");
+    assert_int_equal(L.world_size, 1);
+    assert_string_equal(L.comm_id, "");
+
+    const char *torchrun[] = { "RANK=5", "WORLD_SIZE=16", "LOCAL_RANK=1", "MASTER_ADDR=node7", "MASTER_PORT=29500",
+                               "SLURM_PROCID=9", "SLURM_NTASKS=99", "SLURM_LOCALID=3", NULL };
+    assert_int_equal(launch(torchrun, &L, err), 0);
+    assert_string_equal(L.source, "torchrun"); /* wins over srun's variables */
+    assert_int_equal(L.rank, 5);
+    assert_int_equal(L.world_size, 16);
+    assert_int_equal(L.local_rank, 1);
+    assert_string_equal(L.comm_id, "node7:29500");
+
+    const char *slurm[] = { "SLURM_PROCID=3", "SLURM_NTASKS=8", "SLURM_LOCALID=3", "MASTER_ADDR=fe80::1",
+                            "MASTER_PORT=1234", NULL };
+    assert_int_equal(launch(slurm, &L, err), 0);
+    assert_string_equal(L.source, "slurm");
+    assert_string_equal(L.comm_id, "[fe80::1]:1234");
+
+    const char *ompi[] = { "OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=4", "OMPI_COMM_WORLD_LOCAL_RANK=0",
+                           "NCCL_COMM_ID=10.1.1.1:5000", "MASTER_ADDR=ignored", "MASTER_PORT=1", NULL };
+    assert_int_equal(launch(ompi, &L, err), 0);
+    assert_string_equal(L.source, "openmpi");
+    assert_string_equal(L.comm_id, "10.1.1.1:5000");
+
+    const char *partial[] = { "RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=a", "MASTER_PORT=1", NULL };
+    assert_int_equal(launch(partial, &L, err), -1);
+    assert_non_null(strstr(err, "$LOCAL_RANK is unset"));
+
+    const char *outside[] = { "RANK=2", "WORLD_SIZE=2", "LOCAL_RANK=0", "NCCL_COMM_ID=a:1", NULL };
+    assert_int_equal(launch(outside, &L, err), -1);
+    assert_non_null(strstr(err, "outside"));
+
+    const char *junk[] = { "RANK=x", "WORLD_SIZE=2", "LOCAL_RANK=0", NULL };
+    assert_int_equal(launch(junk, &L, err), -1);
+    assert_non_null(strstr(err, "$RANK=x is not an integer"));
+
+    const char *no_addr[] = { "RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", NULL };
+    assert_int_equal(launch(no_addr, &L, err), -1);
+    assert_non_null(strstr(err, "MASTER_ADDR"));
+
+    const char *bad_port[] = { "RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "MASTER_ADDR=a", "MASTER_PORT=70000", NULL };
+    assert_int_equal(launch(bad_port, &L, err), -1);
+    assert_non_null(strstr(err, "not a TCP port"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -202,6 +273,7 @@ int main(void)
         cmocka_unit_test(test_wrong_reduce_op_is_caught),
         cmocka_unit_test(test_missing_all_reduce_is_caught),
         cmocka_unit_test(test_compute_on_resharded_params_fails),
+        cmocka_unit_test(test_launch_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
