@@ -104,3 +104,23 @@ $(eval $(call cmocka_test,build/tests-asan,$(SAN)))
 test-c: build/tests/test_runtime build/tests-asan/test_runtime
 	build/tests/test_runtime
 	build/tests-asan/test_runtime
+
+# ---- CUDA: generated copy kernels (nvcc) ----
+CUDA_HOME  ?= /usr/local/cuda
+NVCCFLAGS  ?= -O3 -std=c++17 -arch=sm_90 -Xcompiler -Wall,-Wextra,-Werror
+CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Xlinker -rpath,$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib
+KERNEL_TEST_PLANS := fsdp8_uneven hsdp2x3_bf16 hsdp4x2_fp16 llama_tiny
+
+build/kernels/%/plan_kernels.o: plans/%/plan_kernels.cu runtime/cp_kernels.cuh runtime/cp_gpu_kernels.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Iruntime -c $< -o $@
+
+build/kernels/%/plan.o: plans/%/plan.c $(RUNTIME_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) -O1 -g -Iruntime -Iplans/$* -c $< -o $@
+
+build/tests/test_kernels: tests/c/test_kernels.cu $(RUNTIME_SRC) $(RUNTIME_HDR) \
+    $(foreach p,$(KERNEL_TEST_PLANS),build/kernels/$(p)/plan_kernels.o build/kernels/$(p)/plan.o)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Iruntime -o $@ tests/c/test_kernels.cu $(RUNTIME_SRC) \
+	  $(foreach p,$(KERNEL_TEST_PLANS),build/kernels/$(p)/plan_kernels.o build/kernels/$(p)/plan.o) $(CUDA_LIBS) -lm

@@ -32,7 +32,7 @@ local function generate(plan_path)
   local p = plan_mod.from_source(src, display_path(plan_path))
   local fp = audit.fingerprint(p)
   local templates = {}
-  for _, t in ipairs({ "plan.h.in", "plan.c.in" }) do
+  for _, t in ipairs({ "plan.h.in", "plan.c.in", "plan_kernels.cu.in" }) do
     templates[t] = assert(read(script_dir .. "/templates/" .. t), "missing template " .. t)
   end
   local files = emit.render(p, fp, templates)

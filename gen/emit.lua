@@ -38,15 +38,16 @@ function emit.vars(p, fp)
       local shape = {}
       for i, d in ipairs(q.shape) do shape[i] = tostring(d) end
       pl[#pl + 1] = string.format(
-        "    { %s, %d, { %s }, %d, %d, %d, %d, %d, %d, %d },", cstr(q.name), #q.shape, table.concat(shape, ", "),
-        q.shard_dim, q.numel, q.chunk, q.outer, q.run, q.padded, q.offset)
+        "    { %s, %d, { %s }, %d, %d, %d, %d, %d, %d, %d, %d },", cstr(q.name), #q.shape, table.concat(shape, ", "),
+        q.shard_dim, q.numel, q.chunk, q.outer, q.run, q.padded, q.offset, q.grad_offset)
       numel = numel + q.numel
       pidx = pidx + 1
     end
     ul[#ul + 1] = string.format(
-      "    { %s, %d, %d, %d, %d, %s, %s, %s, %d, %d, %s, %s, %s, %s },", cstr(u.name), pidx - #u.params, #u.params,
-      u.total, numel, DT[u.orig_dtype], DT[u.ag_dtype], DT[u.reduce_dtype], u.is_root and 1 or 0,
-      u.reshard_after_forward and 1 or 0, RED[u.rs_op], RED[u.ar_op], num(u.pre_divide * 1.0), num(u.post_divide * 1.0))
+      "    { %s, %d, %d, %d, %d, %d, %s, %s, %s, %d, %d, %s, %s, %s, %s, %d },", cstr(u.name), pidx - #u.params,
+      #u.params, u.total, numel, u.grads_numel, DT[u.orig_dtype], DT[u.ag_dtype], DT[u.reduce_dtype],
+      u.is_root and 1 or 0, u.reshard_after_forward and 1 or 0, RED[u.rs_op], RED[u.ar_op], num(u.pre_divide * 1.0),
+      num(u.post_divide * 1.0), u.vec_ok and 1 or 0)
   end
   local ge, fl = {}, {}
   for _, f in ipairs(p.groups.list) do
@@ -73,11 +74,35 @@ function emit.vars(p, fp)
   return v
 end
 
+-- Kernel tables: the same facts as plan.c, in the shapes cp_kernels.cuh reads.
+function emit.kernel_vars(p, v)
+  local DTI = { fp32 = 0, bf16 = 1, fp16 = 2 }
+  local kp, ku, kd = {}, {}, {}
+  local first = 0
+  for _, u in ipairs(p.layout.units) do
+    for _, q in ipairs(u.params) do
+      kp[#kp + 1] = string.format("    { %d, %d, %d, %d, %d, %d }, \\", q.offset, q.outer, q.run, q.padded, q.numel,
+        q.grad_offset)
+    end
+    local function cfloat(x)
+      local t = string.format("%.9g", x)
+      return (t:find("[.e]") and t or (t .. ".0")) .. "f"
+    end
+    ku[#ku + 1] = string.format("    { %d, %d, %d, %s, %s, %d },", first, #u.params, u.total,
+      cfloat(u.pre_divide), cfloat(u.post_divide), u.vec_ok and 1 or 0)
+    kd[#kd + 1] = string.format("    { %d, %d, %d },", DTI[u.orig_dtype], DTI[u.ag_dtype], DTI[u.reduce_dtype])
+    first = first + #u.params
+  end
+  v.kparams, v.kunits, v.kdtypes = table.concat(kp, "\n"), table.concat(ku, "\n"), table.concat(kd, "\n")
+  return v
+end
+
 function emit.render(p, fp, templates)
-  local v = emit.vars(p, fp)
+  local v = emit.kernel_vars(p, emit.vars(p, fp))
   return {
     ["plan.h"] = emit.fill(templates["plan.h.in"], v, "plan.h.in"),
     ["plan.c"] = emit.fill(templates["plan.c.in"], v, "plan.c.in"),
+    ["plan_kernels.cu"] = emit.fill(templates["plan_kernels.cu.in"], v, "plan_kernels.cu.in"),
   }
 end
 

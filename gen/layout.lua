@@ -8,6 +8,10 @@ local util = require("gen.util")
 local layout = {}
 
 layout.DTYPE_BYTES = { fp32 = 4, bf16 = 2, fp16 = 2 }
+-- Copy kernels move 16 bytes per thread step (8 elements of 2 bytes, 4 of
+-- 4): a unit whose offsets, runs and slot are multiples of VEC takes that path.
+layout.VEC = 8
+layout.GRAD_ALIGN = 8
 
 -- One parameter's geometry on a shard group of size W.
 -- Shard(k): the tensor is viewed as (outer, size_k * rest); rank r owns the
@@ -80,17 +84,23 @@ function layout.build(ctx, units, d, fsdp)
     end
     local ag_dtype = fsdp.param_dtype or orig
     local reduce_dtype = fsdp.reduce_dtype or ag_dtype
-    local params, offset = {}, 0
+    local params, offset, grad_offset, vec_ok = {}, 0, 0, true
     for j, p in ipairs(u.params) do
       local q = layout.param(ctx, p, W, string.format("%s.params[%d]", upath, j))
       q.offset = offset
       q.index_in_unit = j - 1
+      -- Unsharded grads are compact per parameter, each start rounded up to
+      -- 8 elements so the packing kernel's 16-byte loads stay aligned.
+      q.grad_offset = grad_offset
+      grad_offset = grad_offset + util.ceil_div(q.numel, layout.GRAD_ALIGN) * layout.GRAD_ALIGN
+      vec_ok = vec_ok and q.offset % layout.VEC == 0 and q.run % layout.VEC == 0
       offset = offset + q.padded
       params[j] = q
     end
     local red = layout.reduction(fsdp.reduce_op, reduce_dtype, W, R)
     out[fwd] = {
       name = u.name, index = fwd - 1, is_root = (ui == #units), params = params, total = offset,
+      grads_numel = grad_offset, vec_ok = vec_ok and offset % layout.VEC == 0,
       orig_dtype = orig, ag_dtype = ag_dtype, reduce_dtype = reduce_dtype,
       reshard_after_forward = (ui ~= #units) and fsdp.reshard_after_forward,
       rs_op = red.rs_op, ar_op = red.ar_op, pre_divide = red.pre_divide, post_divide = red.post_divide,

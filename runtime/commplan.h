@@ -39,6 +39,7 @@ typedef struct {
     int64_t run;    /* chunk * product of dims after shard_dim */
     int64_t padded; /* outer * run: what every rank stores and sends */
     int64_t offset; /* in the unit's all-gather slot / reduce-scatter row */
+    int64_t grad_offset; /* start in the unit's compact unsharded-grads buffer (8-element aligned) */
 } cp_param;
 
 typedef struct {
@@ -46,11 +47,13 @@ typedef struct {
     int first_param, nparams;
     int64_t total; /* slot numel: sum of padded */
     int64_t numel; /* sum of real numel */
+    int64_t grads_numel; /* unsharded-grads buffer: numel with each param start aligned */
     cp_dtype orig_dtype, ag_dtype, reduce_dtype;
     int is_root;
     int reshard_after_forward;
     cp_reduce_op rs_op, ar_op;
     double pre_divide, post_divide;
+    int vec_ok; /* offsets, runs and total are multiples of 8 elements: 16-byte copies */
 } cp_unit;
 
 typedef struct {
@@ -138,10 +141,9 @@ typedef struct cp_rank_buffers {
     void **sharded_grads;  /* per unit: total elems, orig dtype */
     void **ag;             /* per unit: W*total, ag dtype */
     void **unsharded;      /* per unit: W*total, ag dtype; param p at W*offset */
-    void **grads;          /* per unit: numel, ag dtype; param p at its real prefix sum */
+    void **grads;          /* per unit: grads_numel, ag dtype; param p at its grad_offset */
     void **rs_in;          /* per unit: W*total, reduce dtype */
     void **rs_out;         /* per unit: total, reduce dtype */
-    int64_t *grad_offset;  /* per param: start in its unit's grads buffer */
 } cp_rank_buffers;
 
 typedef struct cp_executor cp_executor;

@@ -40,7 +40,6 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
     B->grads = xcalloc(n, sizeof(void *));
     B->rs_in = xcalloc(n, sizeof(void *));
     B->rs_out = xcalloc(n, sizeof(void *));
-    B->grad_offset = xcalloc((size_t)p->nparams, sizeof(int64_t));
     ex->unsharded_live = xcalloc(n, 1);
     size_t W = (size_t)p->shard_size;
     for (int u = 0; u < p->nunits; u++) {
@@ -50,14 +49,9 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
         B->sharded_grads[u] = xcalloc(total, cp_dtype_size(U->orig_dtype));
         B->ag[u] = xcalloc(W * total, cp_dtype_size(U->ag_dtype));
         B->unsharded[u] = xcalloc(W * total, cp_dtype_size(U->ag_dtype));
-        B->grads[u] = xcalloc((size_t)U->numel, cp_dtype_size(U->ag_dtype));
+        B->grads[u] = xcalloc((size_t)U->grads_numel, cp_dtype_size(U->ag_dtype));
         B->rs_in[u] = xcalloc(W * total, cp_dtype_size(U->reduce_dtype));
         B->rs_out[u] = xcalloc(total, cp_dtype_size(U->reduce_dtype));
-        int64_t g = 0;
-        for (int j = 0; j < U->nparams; j++) {
-            B->grad_offset[U->first_param + j] = g;
-            g += p->params[U->first_param + j].numel;
-        }
         memset(B->unsharded[u], CP_POISON_BYTE, W * total * cp_dtype_size(U->ag_dtype));
     }
     return 0;
@@ -72,7 +66,7 @@ void cp_executor_free(cp_executor *ex)
         free(B->grads[u]); free(B->rs_in[u]); free(B->rs_out[u]);
     }
     free(B->sharded); free(B->sharded_grads); free(B->ag); free(B->unsharded);
-    free(B->grads); free(B->rs_in); free(B->rs_out); free(B->grad_offset);
+    free(B->grads); free(B->rs_in); free(B->rs_out);
     free(ex->unsharded_live);
     memset(ex, 0, sizeof *ex);
 }
@@ -114,7 +108,7 @@ static void pack(cp_executor *ex, const cp_unit *U, int u)
     int64_t W = p->shard_size;
     for (int j = 0; j < U->nparams; j++) {
         const cp_param *prm = &p->params[U->first_param + j];
-        const char *g = at(ex->buf.grads[u], ex->buf.grad_offset[U->first_param + j], U->ag_dtype);
+        const char *g = at(ex->buf.grads[u], prm->grad_offset, U->ag_dtype);
         for (int64_t r = 0; r < W; r++)
             for (int64_t o = 0; o < prm->outer; o++) {
                 int64_t src = o * W * prm->run + r * prm->run;
@@ -127,7 +121,7 @@ static void pack(cp_executor *ex, const cp_unit *U, int u)
             }
     }
     /* The unsharded grads are released after packing; the next backward starts from zero. */
-    memset(ex->buf.grads[u], 0, (size_t)U->numel * cp_dtype_size(U->ag_dtype));
+    memset(ex->buf.grads[u], 0, (size_t)U->grads_numel * cp_dtype_size(U->ag_dtype));
 }
 
 static void view_out(cp_executor *ex, const cp_unit *U, int u)

@@ -126,7 +126,7 @@ static int on_compute(void *user, cp_executor *ex, const cp_op *op)
         }
         if (op->kind == CP_OP_BACKWARD) {
             void *g = (char *)ex->buf.grads[op->unit] +
-                      (size_t)ex->buf.grad_offset[param] * cp_dtype_size(U->ag_dtype);
+                      (size_t)prm->grad_offset * cp_dtype_size(U->ag_dtype);
             int64_t k = cp_pattern_param_id(p, param);
             for (int64_t e = 0; e < prm->numel; e++) {
                 float gv = round_to(U->ag_dtype, cp_pattern_grad(sr->sw->opt->pattern, U->ag_dtype, k, e, ex->rank,

@@ -9,19 +9,20 @@ pass=0 fail=0 skip=0
 log=build/test-logs
 mkdir -p "$log"
 
+logname() { printf '%s/%s.log' "$log" "$(printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_')"; }
 ok()   { pass=$((pass + 1)); printf '  ok    %s\n' "$1"; }
 bad()  { fail=$((fail + 1)); printf '  FAIL  %s (log: %s)\n' "$1" "$2"; sed 's/^/        | /' "$2" | tail -n 15; }
 skipped() { skip=$((skip + 1)); printf '  SKIP  %s: %s\n' "$1" "$2"; }
 # run NAME CMD...: passes when CMD exits 0.
 run() {
   local name=$1; shift
-  local f="$log/$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_').log"
+  local f; f=$(logname "$name")
   if "$@" >"$f" 2>&1; then ok "$name"; else bad "$name" "$f"; fi
 }
 # expect_rc NAME RC CMD...: passes when CMD exits with RC.
 expect_rc() {
   local name=$1 want=$2; shift 2
-  local f="$log/$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_').log"
+  local f; f=$(logname "$name")
   "$@" >"$f" 2>&1
   local rc=$?
   if [ "$rc" = "$want" ]; then ok "$name"; else echo "exit status $rc, expected $want" >>"$f"; bad "$name" "$f"; fi
@@ -45,6 +46,20 @@ echo "== runtime unit tests (cmocka, plain and ASan+UBSan)"
 run "build cmocka tests" $MAKE build/tests/test_runtime build/tests-asan/test_runtime
 run "cmocka runtime tests" build/tests/test_runtime
 run "cmocka runtime tests under ASan+UBSan" build/tests-asan/test_runtime
+
+echo "== CUDA: generated copy kernels (nvcc), checked against the host reference"
+NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
+if [ -x "$NVCC" ]; then
+  run "nvcc compiles every plan's kernels" $MAKE -j2 $(for f in plans/*.lua; do echo build/kernels/$(basename "$f" .lua)/plan_kernels.o; done)
+  run "build kernel tests" $MAKE build/tests/test_kernels
+  run "kernels (CPU run of the device code) equal the host executor" build/tests/test_kernels
+  klog=$(logname "kernels (CPU run of the device code) equal the host executor")
+  if grep -q '^SKIP' "$klog"; then
+    skipped "device kernel launches (make test-gpu)" "$(sed -n 's/^SKIP device kernel launches: //p' "$klog")"
+  fi
+else
+  skipped "CUDA kernels" "nvcc not found at $NVCC"
+fi
 
 echo "== end to end: every small plan generated, built and simulated on all ranks"
 for f in plans/*.lua; do

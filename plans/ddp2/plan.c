@@ -5,13 +5,13 @@
 #include "plan.h"
 
 static const cp_param params[2] = {
-    { "r.w", 1, { 3 }, 0, 3, 3, 1, 3, 3, 0 },
-    { "a.w", 2, { 6, 2 }, 0, 12, 6, 1, 12, 12, 0 },
+    { "r.w", 1, { 3 }, 0, 3, 3, 1, 3, 3, 0, 0 },
+    { "a.w", 2, { 6, 2 }, 0, 12, 6, 1, 12, 12, 0, 0 },
 };
 
 static const cp_unit units[2] = {
-    { "root", 0, 1, 3, 3, CP_BF16, CP_BF16, CP_BF16, 1, 0, CP_AVG, CP_AVG, 1, 1 },
-    { "a", 1, 1, 12, 12, CP_BF16, CP_BF16, CP_BF16, 0, 1, CP_AVG, CP_AVG, 1, 1 },
+    { "root", 0, 1, 3, 3, 8, CP_BF16, CP_BF16, CP_BF16, 1, 0, CP_AVG, CP_AVG, 1, 1, 0 },
+    { "a", 1, 1, 12, 12, 16, CP_BF16, CP_BF16, CP_BF16, 0, 1, CP_AVG, CP_AVG, 1, 1, 0 },
 };
 
 static const cp_group_family families[4] = {

@@ -5,19 +5,19 @@
 #include "plan.h"
 
 static const cp_param params[7] = {
-    { "head", 2, { 10, 7 }, 0, 70, 2, 1, 14, 14, 0 },
-    { "blocks.0.small", 2, { 3, 5 }, 0, 15, 1, 1, 5, 5, 0 },
-    { "blocks.0.one", 1, { 1 }, 0, 1, 1, 1, 1, 1, 5 },
-    { "blocks.0.odd", 2, { 17, 3 }, 0, 51, 3, 1, 9, 9, 6 },
-    { "blocks.0.cols", 2, { 4, 16 }, 1, 64, 2, 4, 2, 8, 15 },
-    { "blocks.1.vec", 1, { 9 }, 0, 9, 2, 1, 2, 2, 0 },
-    { "blocks.1.cube", 3, { 5, 2, 3 }, 0, 30, 1, 1, 6, 6, 2 },
+    { "head", 2, { 10, 7 }, 0, 70, 2, 1, 14, 14, 0, 0 },
+    { "blocks.0.small", 2, { 3, 5 }, 0, 15, 1, 1, 5, 5, 0, 0 },
+    { "blocks.0.one", 1, { 1 }, 0, 1, 1, 1, 1, 1, 5, 16 },
+    { "blocks.0.odd", 2, { 17, 3 }, 0, 51, 3, 1, 9, 9, 6, 24 },
+    { "blocks.0.cols", 2, { 4, 16 }, 1, 64, 2, 4, 2, 8, 15, 80 },
+    { "blocks.1.vec", 1, { 9 }, 0, 9, 2, 1, 2, 2, 0, 0 },
+    { "blocks.1.cube", 3, { 5, 2, 3 }, 0, 30, 1, 1, 6, 6, 2, 16 },
 };
 
 static const cp_unit units[3] = {
-    { "root", 0, 1, 14, 70, CP_FP32, CP_FP32, CP_FP32, 1, 0, CP_AVG, CP_AVG, 1, 1 },
-    { "blocks.0", 1, 4, 23, 131, CP_FP32, CP_FP32, CP_FP32, 0, 0, CP_AVG, CP_AVG, 1, 1 },
-    { "blocks.1", 5, 2, 8, 39, CP_FP32, CP_FP32, CP_FP32, 0, 0, CP_AVG, CP_AVG, 1, 1 },
+    { "root", 0, 1, 14, 70, 72, CP_FP32, CP_FP32, CP_FP32, 1, 0, CP_AVG, CP_AVG, 1, 1, 0 },
+    { "blocks.0", 1, 4, 23, 131, 144, CP_FP32, CP_FP32, CP_FP32, 0, 0, CP_AVG, CP_AVG, 1, 1, 0 },
+    { "blocks.1", 5, 2, 8, 39, 48, CP_FP32, CP_FP32, CP_FP32, 0, 0, CP_AVG, CP_AVG, 1, 1, 0 },
 };
 
 static const cp_group_family families[5] = {

@@ -5,18 +5,18 @@
 #include "plan.h"
 
 static const cp_param params[6] = {
-    { "embed", 2, { 13, 4 }, 0, 52, 5, 1, 20, 20, 0 },
-    { "out", 2, { 13, 4 }, 0, 52, 5, 1, 20, 20, 20 },
-    { "layers.0.w", 2, { 10, 4 }, 0, 40, 4, 1, 16, 16, 0 },
-    { "layers.0.norm", 1, { 4 }, 0, 4, 2, 1, 2, 2, 16 },
-    { "layers.1.w", 2, { 2, 9 }, 0, 18, 1, 1, 9, 9, 0 },
-    { "layers.1.norm", 1, { 5 }, 0, 5, 2, 1, 2, 2, 9 },
+    { "embed", 2, { 13, 4 }, 0, 52, 5, 1, 20, 20, 0, 0 },
+    { "out", 2, { 13, 4 }, 0, 52, 5, 1, 20, 20, 20, 56 },
+    { "layers.0.w", 2, { 10, 4 }, 0, 40, 4, 1, 16, 16, 0, 0 },
+    { "layers.0.norm", 1, { 4 }, 0, 4, 2, 1, 2, 2, 16, 40 },
+    { "layers.1.w", 2, { 2, 9 }, 0, 18, 1, 1, 9, 9, 0, 0 },
+    { "layers.1.norm", 1, { 5 }, 0, 5, 2, 1, 2, 2, 9, 24 },
 };
 
 static const cp_unit units[3] = {
-    { "root", 0, 2, 40, 104, CP_FP32, CP_BF16, CP_FP32, 1, 0, CP_AVG, CP_AVG, 1, 1 },
-    { "layers.0", 2, 2, 18, 44, CP_FP32, CP_BF16, CP_FP32, 0, 1, CP_AVG, CP_AVG, 1, 1 },
-    { "layers.1", 4, 2, 11, 23, CP_FP32, CP_BF16, CP_FP32, 0, 1, CP_AVG, CP_AVG, 1, 1 },
+    { "root", 0, 2, 40, 104, 112, CP_FP32, CP_BF16, CP_FP32, 1, 0, CP_AVG, CP_AVG, 1, 1, 0 },
+    { "layers.0", 2, 2, 18, 44, 48, CP_FP32, CP_BF16, CP_FP32, 0, 1, CP_AVG, CP_AVG, 1, 1, 0 },
+    { "layers.1", 4, 2, 11, 23, 32, CP_FP32, CP_BF16, CP_FP32, 0, 1, CP_AVG, CP_AVG, 1, 1, 0 },
 };
 
 static const cp_group_family families[6] = {

@@ -5,14 +5,14 @@
 #include "plan.h"
 
 static const cp_param params[3] = {
-    { "proj", 2, { 5, 5 }, 0, 25, 3, 1, 15, 15, 0 },
-    { "enc.w", 2, { 7, 3 }, 0, 21, 4, 1, 12, 12, 0 },
-    { "enc.b", 1, { 3 }, 0, 3, 2, 1, 2, 2, 12 },
+    { "proj", 2, { 5, 5 }, 0, 25, 3, 1, 15, 15, 0, 0 },
+    { "enc.w", 2, { 7, 3 }, 0, 21, 4, 1, 12, 12, 0, 0 },
+    { "enc.b", 1, { 3 }, 0, 3, 2, 1, 2, 2, 12, 24 },
 };
 
 static const cp_unit units[2] = {
-    { "root", 0, 1, 15, 25, CP_FP16, CP_FP16, CP_FP16, 1, 0, CP_SUM, CP_SUM, 4, 2 },
-    { "enc", 1, 2, 14, 24, CP_FP16, CP_FP16, CP_FP16, 0, 1, CP_SUM, CP_SUM, 4, 2 },
+    { "root", 0, 1, 15, 25, 32, CP_FP16, CP_FP16, CP_FP16, 1, 0, CP_SUM, CP_SUM, 4, 2, 0 },
+    { "enc", 1, 2, 14, 24, 32, CP_FP16, CP_FP16, CP_FP16, 0, 1, CP_SUM, CP_SUM, 4, 2, 0 },
 };
 
 static const cp_group_family families[6] = {

@@ -5,14 +5,14 @@
 #include "plan.h"
 
 static const cp_param params[3] = {
-    { "embed", 2, { 11, 3 }, 0, 33, 11, 1, 33, 33, 0 },
-    { "block.w", 2, { 3, 5 }, 0, 15, 3, 1, 15, 15, 0 },
-    { "block.b", 1, { 7 }, 0, 7, 7, 1, 7, 7, 15 },
+    { "embed", 2, { 11, 3 }, 0, 33, 11, 1, 33, 33, 0, 0 },
+    { "block.w", 2, { 3, 5 }, 0, 15, 3, 1, 15, 15, 0, 0 },
+    { "block.b", 1, { 7 }, 0, 7, 7, 1, 7, 7, 15, 16 },
 };
 
 static const cp_unit units[2] = {
-    { "root", 0, 1, 33, 33, CP_FP32, CP_FP32, CP_FP32, 1, 0, CP_SUM, CP_SUM, 1, 1 },
-    { "block", 1, 2, 22, 22, CP_FP32, CP_FP32, CP_FP32, 0, 1, CP_SUM, CP_SUM, 1, 1 },
+    { "root", 0, 1, 33, 33, 40, CP_FP32, CP_FP32, CP_FP32, 1, 0, CP_SUM, CP_SUM, 1, 1, 0 },
+    { "block", 1, 2, 22, 22, 24, CP_FP32, CP_FP32, CP_FP32, 0, 1, CP_SUM, CP_SUM, 1, 1, 0 },
 };
 
 static const cp_group_family families[5] = {

@@ -15,7 +15,8 @@ end
 local function render(path)
   local p = plan.from_file(path)
   local fp = audit.fingerprint(p)
-  local files = emit.render(p, fp, { ["plan.h.in"] = read("templates/plan.h.in"), ["plan.c.in"] = read("templates/plan.c.in") })
+  local files = emit.render(p, fp, { ["plan.h.in"] = read("templates/plan.h.in"), ["plan.c.in"] = read("templates/plan.c.in"),
+    ["plan_kernels.cu.in"] = read("templates/plan_kernels.cu.in") })
   files["plan.json"] = audit.json(p, fp)
   files["SCHEDULE.md"] = audit.schedule_md(p, fp)
   return files, fp

@@ -1,0 +1,21 @@
+/* The C face of a plan's generated copy kernels (plan_kernels.cu). */
+#ifndef COMMPLAN_GPU_KERNELS_H
+#define COMMPLAN_GPU_KERNELS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum cp_kernel_op { CP_KERNEL_COPY_IN = 0, CP_KERNEL_COPY_OUT = 1, CP_KERNEL_PACK = 2, CP_KERNEL_VIEW_OUT = 3 };
+
+typedef struct {
+    /* Enqueue one unit's copy on a cudaStream_t; returns a cudaError_t. */
+    int (*launch)(int op, int unit, int shard_rank, const void *in, void *out, void *stream);
+    /* The same group bodies run on the CPU over host buffers (tests). */
+    int (*emulate)(int op, int unit, int shard_rank, const void *in, void *out);
+} cp_gpu_kernels;
+
+#ifdef __cplusplus
+}
+#endif
+#endif
