@@ -14,56 +14,6 @@
 #include "host.h"
 #include "simulate.h"
 
-static uint32_t mix32(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return (uint32_t)x;
-}
-
-static float round_to(cp_dtype t, float v)
-{
-    float out;
-    cp_store(t, &out, 0, v);
-    return cp_load(t, &out, 0);
-}
-
-float cp_pattern_param(cp_pattern pat, cp_dtype t, int64_t k, int64_t base, int64_t e, int step)
-{
-    if (pat == CP_PATTERN_ORACLE) return (float)(k * 1000 + e + step);
-    if (t == CP_FP32) /* < 2^22 plus quarter steps: exact in fp32, distinct per element */
-        return (float)((base + e + 1) % 4000000) + 0.25f * (float)(step % 4);
-    /* 16-bit types: a hashed bit pattern, exponent kept finite. */
-    uint16_t h = (uint16_t)mix32(((uint64_t)k << 40) ^ ((uint64_t)e << 8) ^ (uint64_t)step);
-    if (t == CP_BF16) {
-        if ((h & 0x7f80u) == 0x7f80u) h &= (uint16_t)~0x4000u;
-        return cp_bf16_to_float(h);
-    }
-    if ((h & 0x7c00u) == 0x7c00u) h &= (uint16_t)~0x4000u;
-    return cp_fp16_to_float(h);
-}
-
-float cp_pattern_grad(cp_pattern pat, cp_dtype t, int64_t k, int64_t e, int rank, int micro, int step)
-{
-    if (pat == CP_PATTERN_ORACLE) return (float)(((e + k) % 5 + 1) * (rank + 1) * (micro + 1));
-    uint32_t span = t == CP_FP32 ? 1024u : 8u;
-    uint32_t g = 1u + mix32(((uint64_t)k << 32) ^ (uint64_t)e ^ ((uint64_t)step << 56)) % span;
-    return (float)g * (float)(rank + 1) * (float)(micro + 1);
-}
-
-int64_t cp_pattern_param_id(const cp_plan *p, int param)
-{
-    for (int u = 0; u < p->nunits; u++) {
-        const cp_unit *U = &p->units[u];
-        if (param >= U->first_param && param < U->first_param + U->nparams)
-            return 100 * (int64_t)u + (param - U->first_param);
-    }
-    return -1;
-}
-
 typedef struct sim_world sim_world;
 
 typedef struct {
@@ -73,7 +23,7 @@ typedef struct {
     cp_executor ex;
     FILE *dump;
     int dump_first_log;
-    long mismatches;
+    cp_checker check;
     int error;
     pthread_t thread;
 } sim_rank;
@@ -82,135 +32,32 @@ struct sim_world {
     const cp_plan *plan;
     const cp_sim_options *opt;
     cp_host_world *host;
-    int64_t *param_base; /* prefix sums of numel, for unique values */
     sim_rank *ranks;
 };
-
-static void report(sim_rank *sr, const char *what, int u, int param, int64_t e, float want, float got)
-{
-    if (sr->mismatches++ == 0)
-        fprintf(stderr,
-                "commplan: mismatch: rank %d step %d unit %s param %s element %ld (%s): expected %.9g, got %.9g\n",
-                sr->rank, sr->step, sr->sw->plan->units[u].name, sr->sw->plan->params[param].name, (long)e, what,
-                (double)want, (double)got);
-}
-
-static int same(float a, float b) { return memcmp(&a, &b, sizeof a) == 0 || a == b; }
-
-static float expected_param(const sim_world *sw, int u, int param, int64_t e, int step)
-{
-    const cp_unit *U = &sw->plan->units[u];
-    float v = round_to(U->orig_dtype, cp_pattern_param(sw->opt->pattern, U->orig_dtype,
-                                                       cp_pattern_param_id(sw->plan, param), sw->param_base[param],
-                                                       e, step));
-    return round_to(U->ag_dtype, v);
-}
 
 static int on_compute(void *user, cp_executor *ex, const cp_op *op)
 {
     sim_rank *sr = user;
-    const cp_plan *p = ex->plan;
-    const cp_unit *U = &p->units[op->unit];
-    int64_t W = p->shard_size;
-    for (int j = 0; j < U->nparams; j++) {
-        int param = U->first_param + j;
-        const cp_param *prm = &p->params[param];
-        const void *full = (const char *)ex->buf.unsharded[op->unit] +
-                           (size_t)(W * prm->offset) * cp_dtype_size(U->ag_dtype);
-        for (int64_t e = 0; e < prm->numel; e++) {
-            float want = expected_param(sr->sw, op->unit, param, e, sr->step);
-            float got = cp_load(U->ag_dtype, full, e);
-            if (!same(want, got))
-                report(sr, op->kind == CP_OP_FORWARD ? "unsharded param in forward" : "unsharded param in backward",
-                       op->unit, param, e, want, got);
-        }
-        if (op->kind == CP_OP_BACKWARD) {
-            void *g = (char *)ex->buf.grads[op->unit] +
-                      (size_t)prm->grad_offset * cp_dtype_size(U->ag_dtype);
-            int64_t k = cp_pattern_param_id(p, param);
-            for (int64_t e = 0; e < prm->numel; e++) {
-                float gv = round_to(U->ag_dtype, cp_pattern_grad(sr->sw->opt->pattern, U->ag_dtype, k, e, ex->rank,
-                                                                 op->micro_step, sr->step));
-                cp_store(U->ag_dtype, g, e, cp_load(U->ag_dtype, g, e) + gv);
-            }
-        }
-    }
+    cp_checker_check_unsharded(&sr->check, op->unit, ex->buf.unsharded[op->unit],
+                               op->kind == CP_OP_FORWARD ? "unsharded param in forward" : "unsharded param in backward");
+    if (op->kind == CP_OP_BACKWARD) cp_checker_add_grads(&sr->check, op->unit, op->micro_step, ex->buf.grads[op->unit]);
     return 0;
-}
-
-/* The reduced gradient element e of a parameter, as rank `rank` must hold it. */
-static float expected_grad(const sim_world *sw, int u, int param, int64_t e, int rank)
-{
-    const cp_plan *p = sw->plan;
-    const cp_unit *U = &p->units[u];
-    int64_t k = cp_pattern_param_id(p, param);
-    int W = p->shard_size, R = p->replicate_size;
-    float rs[R > 0 ? R : 1];
-    float vals[W > 0 ? W : 1];
-    int rep_color = 0, rep_key = 0;
-    if (p->replicate_family >= 0) cp_group_of(p, p->replicate_family, rank, &rep_color, &rep_key);
-    for (int q = 0; q < R; q++) {
-        int rq = p->replicate_family >= 0 ? cp_group_member(p, p->replicate_family, rep_color, q) : rank;
-        int sh_color = 0, sh_key = 0;
-        if (p->shard_family >= 0) cp_group_of(p, p->shard_family, rq, &sh_color, &sh_key);
-        for (int s = 0; s < W; s++) {
-            int g = p->shard_family >= 0 ? cp_group_member(p, p->shard_family, sh_color, s) : rq;
-            float acc = 0.0f;
-            for (int m = 0; m < p->micro_steps; m++)
-                acc = round_to(U->ag_dtype,
-                               acc + round_to(U->ag_dtype, cp_pattern_grad(sw->opt->pattern, U->ag_dtype, k, e, g,
-                                                                           m, sw->ranks[rank].step)));
-            vals[s] = round_to(U->reduce_dtype, (float)(acc / U->pre_divide));
-        }
-        rs[q] = W > 1 ? cp_reduce_values(U->reduce_dtype, U->rs_op, vals, W) : vals[0];
-    }
-    float v = R > 1 ? cp_reduce_values(U->reduce_dtype, U->ar_op, rs, R) : rs[0];
-    return round_to(U->orig_dtype, (float)(v / U->post_divide));
 }
 
 static void init_step(sim_rank *sr)
 {
     const cp_plan *p = sr->sw->plan;
-    cp_executor *ex = &sr->ex;
+    sr->check.step = sr->step;
     for (int u = 0; u < p->nunits; u++) {
-        const cp_unit *U = &p->units[u];
-        size_t es = cp_dtype_size(U->orig_dtype);
-        memset(ex->buf.sharded[u], 0, (size_t)U->total * es);
-        memset(ex->buf.sharded_grads[u], CP_POISON_BYTE, (size_t)U->total * es);
-        for (int j = 0; j < U->nparams; j++) {
-            int param = U->first_param + j;
-            const cp_param *prm = &p->params[param];
-            int64_t valid = cp_param_valid(prm, ex->shard_rank);
-            for (int64_t i = 0; i < valid; i++) {
-                int64_t e = cp_param_global_index(prm, p->shard_size, ex->shard_rank, i);
-                cp_store(U->orig_dtype, ex->buf.sharded[u], prm->offset + i,
-                         cp_pattern_param(sr->sw->opt->pattern, U->orig_dtype, cp_pattern_param_id(p, param),
-                                          sr->sw->param_base[param], e, sr->step));
-            }
-        }
+        cp_checker_fill_shards(&sr->check, u, sr->ex.buf.sharded[u]);
+        memset(sr->ex.buf.sharded_grads[u], CP_POISON_BYTE,
+               (size_t)p->units[u].total * cp_dtype_size(p->units[u].orig_dtype));
     }
 }
 
 static void check_grads(sim_rank *sr)
 {
-    const cp_plan *p = sr->sw->plan;
-    cp_executor *ex = &sr->ex;
-    for (int u = 0; u < p->nunits; u++) {
-        const cp_unit *U = &p->units[u];
-        for (int j = 0; j < U->nparams; j++) {
-            int param = U->first_param + j;
-            const cp_param *prm = &p->params[param];
-            int64_t valid = cp_param_valid(prm, ex->shard_rank);
-            for (int64_t i = 0; i < prm->padded; i++) {
-                float got = cp_load(U->orig_dtype, ex->buf.sharded_grads[u], prm->offset + i);
-                int64_t e = cp_param_global_index(prm, p->shard_size, ex->shard_rank, i);
-                float want = i < valid ? expected_grad(sr->sw, u, param, e, ex->rank) : 0.0f;
-                if (!same(want, got))
-                    report(sr, i < valid ? "reduced sharded grad" : "grad padding", u, param, i < valid ? e : -1,
-                           want, got);
-            }
-        }
-    }
+    for (int u = 0; u < sr->sw->plan->nunits; u++) cp_checker_check_grads(&sr->check, u, sr->ex.buf.sharded_grads[u]);
 }
 
 /* ---- dump in the recordings' format (step 0 only) ---- */
@@ -335,13 +182,11 @@ int cp_simulate(const cp_plan *p, const cp_sim_options *opt)
     sim_world sw = { .plan = p, .opt = opt };
     int rc = 2;
     sw.host = cp_host_world_create(p);
-    sw.param_base = calloc((size_t)p->nparams, sizeof(int64_t));
     sw.ranks = calloc((size_t)p->world_size, sizeof(sim_rank));
-    if (!sw.host || !sw.param_base || !sw.ranks) {
+    if (!sw.host || !sw.ranks) {
         fprintf(stderr, "commplan: out of host memory setting up %d simulated ranks\n", p->world_size);
         goto out;
     }
-    for (int i = 1; i < p->nparams; i++) sw.param_base[i] = sw.param_base[i - 1] + p->params[i - 1].numel;
     int started = 0;
     for (int r = 0; r < p->world_size; r++) {
         sim_rank *sr = &sw.ranks[r];
@@ -349,6 +194,10 @@ int cp_simulate(const cp_plan *p, const cp_sim_options *opt)
         sr->rank = r;
         cp_host_backend_init(&sr->backend, sw.host, r);
         if (cp_executor_init(&sr->ex, p, r, &sr->backend) != 0) goto join;
+        if (cp_checker_init(&sr->check, p, opt->pattern, r) != 0) {
+            fprintf(stderr, "commplan: out of host memory for rank %d's checks\n", r);
+            goto join;
+        }
         sr->ex.on_compute = on_compute;
         sr->ex.on_collective = on_collective;
         sr->ex.user = sr;
@@ -368,7 +217,8 @@ join:
     long bad = 0;
     int err = started < p->world_size;
     for (int r = 0; r < p->world_size; r++) {
-        bad += sw.ranks[r].mismatches;
+        bad += sw.ranks[r].check.mismatches;
+        cp_checker_free(&sw.ranks[r].check);
         err |= sw.ranks[r].error;
         if (sw.ranks[r].dump) fclose(sw.ranks[r].dump);
         cp_executor_free(&sw.ranks[r].ex);
@@ -385,7 +235,6 @@ join:
     }
 out:
     cp_host_world_destroy(sw.host);
-    free(sw.param_base);
     free(sw.ranks);
     return rc;
 }

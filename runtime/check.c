@@ -1,0 +1,188 @@
+/* Patterns and exact checks; see check.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+static uint32_t mix32(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return (uint32_t)x;
+}
+
+static float round_to(cp_dtype t, float v)
+{
+    float out;
+    cp_store(t, &out, 0, v);
+    return cp_load(t, &out, 0);
+}
+
+float cp_pattern_param(cp_pattern pat, cp_dtype t, int64_t k, int64_t base, int64_t e, int step)
+{
+    if (pat == CP_PATTERN_ORACLE) return (float)(k * 1000 + e + step);
+    if (t == CP_FP32) /* < 2^22 plus quarter steps: exact in fp32, distinct per element */
+        return (float)((base + e + 1) % 4000000) + 0.25f * (float)(step % 4);
+    /* 16-bit types: a hashed bit pattern, exponent kept finite. */
+    uint16_t h = (uint16_t)mix32(((uint64_t)k << 40) ^ ((uint64_t)e << 8) ^ (uint64_t)step);
+    if (t == CP_BF16) {
+        if ((h & 0x7f80u) == 0x7f80u) h &= (uint16_t)~0x4000u;
+        return cp_bf16_to_float(h);
+    }
+    if ((h & 0x7c00u) == 0x7c00u) h &= (uint16_t)~0x4000u;
+    return cp_fp16_to_float(h);
+}
+
+float cp_pattern_grad(cp_pattern pat, cp_dtype t, int64_t k, int64_t e, int rank, int micro, int step)
+{
+    if (pat == CP_PATTERN_ORACLE) return (float)(((e + k) % 5 + 1) * (rank + 1) * (micro + 1));
+    uint32_t span = t == CP_FP32 ? 1024u : 8u;
+    uint32_t g = 1u + mix32(((uint64_t)k << 32) ^ (uint64_t)e ^ ((uint64_t)step << 56)) % span;
+    return (float)g * (float)(rank + 1) * (float)(micro + 1);
+}
+
+int64_t cp_pattern_param_id(const cp_plan *p, int param)
+{
+    for (int u = 0; u < p->nunits; u++) {
+        const cp_unit *U = &p->units[u];
+        if (param >= U->first_param && param < U->first_param + U->nparams)
+            return 100 * (int64_t)u + (param - U->first_param);
+    }
+    return -1;
+}
+
+static int same(float a, float b) { return memcmp(&a, &b, sizeof a) == 0 || a == b; }
+
+int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int rank)
+{
+    memset(c, 0, sizeof *c);
+    c->plan = p;
+    c->pattern = pattern;
+    c->rank = rank;
+    c->shard_rank = cp_shard_rank(p, rank);
+    c->param_base = calloc((size_t)p->nparams + 1, sizeof(int64_t));
+    if (!c->param_base) return -1;
+    for (int i = 1; i < p->nparams; i++) c->param_base[i] = c->param_base[i - 1] + p->params[i - 1].numel;
+    return 0;
+}
+
+void cp_checker_free(cp_checker *c)
+{
+    free(c->param_base);
+    c->param_base = NULL;
+}
+
+static void report(cp_checker *c, const char *what, int u, int param, int64_t e, float want, float got)
+{
+    if (c->mismatches++ == 0)
+        fprintf(stderr,
+                "commplan: mismatch: rank %d step %d unit %s param %s element %ld (%s): expected %.9g, got %.9g\n",
+                c->rank, c->step, c->plan->units[u].name, c->plan->params[param].name, (long)e, what, (double)want,
+                (double)got);
+}
+
+void cp_checker_fill_shards(cp_checker *c, int u, void *sharded)
+{
+    const cp_plan *p = c->plan;
+    const cp_unit *U = &p->units[u];
+    memset(sharded, 0, (size_t)U->total * cp_dtype_size(U->orig_dtype));
+    for (int j = 0; j < U->nparams; j++) {
+        int param = U->first_param + j;
+        const cp_param *prm = &p->params[param];
+        int64_t valid = cp_param_valid(prm, c->shard_rank);
+        for (int64_t i = 0; i < valid; i++) {
+            int64_t e = cp_param_global_index(prm, p->shard_size, c->shard_rank, i);
+            cp_store(U->orig_dtype, sharded, prm->offset + i,
+                     cp_pattern_param(c->pattern, U->orig_dtype, cp_pattern_param_id(p, param), c->param_base[param],
+                                      e, c->step));
+        }
+    }
+}
+
+void cp_checker_check_unsharded(cp_checker *c, int u, const void *unsharded, const char *when)
+{
+    const cp_plan *p = c->plan;
+    const cp_unit *U = &p->units[u];
+    for (int j = 0; j < U->nparams; j++) {
+        int param = U->first_param + j;
+        const cp_param *prm = &p->params[param];
+        const void *full = (const char *)unsharded + (size_t)(p->shard_size * prm->offset) * cp_dtype_size(U->ag_dtype);
+        int64_t k = cp_pattern_param_id(p, param);
+        for (int64_t e = 0; e < prm->numel; e++) {
+            float v = round_to(U->orig_dtype, cp_pattern_param(c->pattern, U->orig_dtype, k, c->param_base[param], e,
+                                                               c->step));
+            float want = round_to(U->ag_dtype, v);
+            float got = cp_load(U->ag_dtype, full, e);
+            if (!same(want, got)) report(c, when, u, param, e, want, got);
+        }
+    }
+}
+
+void cp_checker_add_grads(cp_checker *c, int u, int micro, void *grads)
+{
+    const cp_plan *p = c->plan;
+    const cp_unit *U = &p->units[u];
+    for (int j = 0; j < U->nparams; j++) {
+        int param = U->first_param + j;
+        const cp_param *prm = &p->params[param];
+        void *g = (char *)grads + (size_t)prm->grad_offset * cp_dtype_size(U->ag_dtype);
+        int64_t k = cp_pattern_param_id(p, param);
+        for (int64_t e = 0; e < prm->numel; e++) {
+            float gv = round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, c->rank, micro, c->step));
+            cp_store(U->ag_dtype, g, e, cp_load(U->ag_dtype, g, e) + gv);
+        }
+    }
+}
+
+/* The reduced gradient element e of a parameter as rank c->rank must hold
+ * it: every member's accumulated grad, summed over the shard group and then
+ * the replicate group in member order, as the collectives define it. */
+static float expected_grad(const cp_checker *c, int u, int param, int64_t e)
+{
+    const cp_plan *p = c->plan;
+    const cp_unit *U = &p->units[u];
+    int64_t k = cp_pattern_param_id(p, param);
+    int W = p->shard_size, R = p->replicate_size;
+    float rs[R > 0 ? R : 1];
+    float vals[W > 0 ? W : 1];
+    int rep_color = 0, rep_key = 0;
+    if (p->replicate_family >= 0) cp_group_of(p, p->replicate_family, c->rank, &rep_color, &rep_key);
+    for (int q = 0; q < R; q++) {
+        int rq = p->replicate_family >= 0 ? cp_group_member(p, p->replicate_family, rep_color, q) : c->rank;
+        int sh_color = 0, sh_key = 0;
+        if (p->shard_family >= 0) cp_group_of(p, p->shard_family, rq, &sh_color, &sh_key);
+        for (int s = 0; s < W; s++) {
+            int g = p->shard_family >= 0 ? cp_group_member(p, p->shard_family, sh_color, s) : rq;
+            float acc = 0.0f;
+            for (int m = 0; m < p->micro_steps; m++)
+                acc = round_to(U->ag_dtype,
+                               acc + round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, g, m, c->step)));
+            vals[s] = round_to(U->reduce_dtype, (float)(acc / U->pre_divide));
+        }
+        rs[q] = W > 1 ? cp_reduce_values(U->reduce_dtype, U->rs_op, vals, W) : vals[0];
+    }
+    float v = R > 1 ? cp_reduce_values(U->reduce_dtype, U->ar_op, rs, R) : rs[0];
+    return round_to(U->orig_dtype, (float)(v / U->post_divide));
+}
+
+void cp_checker_check_grads(cp_checker *c, int u, const void *sharded_grads)
+{
+    const cp_plan *p = c->plan;
+    const cp_unit *U = &p->units[u];
+    for (int j = 0; j < U->nparams; j++) {
+        int param = U->first_param + j;
+        const cp_param *prm = &p->params[param];
+        int64_t valid = cp_param_valid(prm, c->shard_rank);
+        for (int64_t i = 0; i < prm->padded; i++) {
+            float got = cp_load(U->orig_dtype, sharded_grads, prm->offset + i);
+            int64_t e = cp_param_global_index(prm, p->shard_size, c->shard_rank, i);
+            float want = i < valid ? expected_grad(c, u, param, e) : 0.0f;
+            if (!same(want, got))
+                report(c, i < valid ? "reduced sharded grad" : "grad padding", u, param, i < valid ? e : -1, want, got);
+        }
+    }
+}

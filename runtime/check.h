@@ -1,0 +1,35 @@
+/* Data checks shared by --simulate (all ranks, host backend) and --check
+ * (this rank, GPU): element-unique patterns, expected unsharded values and
+ * an independent emulation of the two-stage gradient reduction. */
+#ifndef COMMPLAN_CHECK_H
+#define COMMPLAN_CHECK_H
+
+#include "commplan.h"
+
+typedef enum {
+    CP_PATTERN_UNIQUE = 0, /* element-unique values per parameter and step */
+    CP_PATTERN_ORACLE = 1  /* shared/oracle's: param k holds k*1000+i, grad ((i+k)%5+1)*(rank+1) */
+} cp_pattern;
+
+float cp_pattern_param(cp_pattern pat, cp_dtype t, int64_t k, int64_t base, int64_t e, int step);
+float cp_pattern_grad(cp_pattern pat, cp_dtype t, int64_t k, int64_t e, int rank, int micro, int step);
+/* 100 * unit + index in unit (the recordings' numbering: root 0, layer b is b+1). */
+int64_t cp_pattern_param_id(const cp_plan *p, int param);
+
+typedef struct {
+    const cp_plan *plan;
+    cp_pattern pattern;
+    int rank, shard_rank, step;
+    int64_t *param_base; /* prefix sums of numel: unique fp32 values across the plan */
+    long mismatches;
+} cp_checker;
+
+int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int rank);
+void cp_checker_free(cp_checker *c);
+/* Per-unit host buffers in the executor's layouts (see cp_rank_buffers). */
+void cp_checker_fill_shards(cp_checker *c, int unit, void *sharded);
+void cp_checker_check_unsharded(cp_checker *c, int unit, const void *unsharded, const char *when);
+void cp_checker_add_grads(cp_checker *c, int unit, int micro_step, void *grads);
+void cp_checker_check_grads(cp_checker *c, int unit, const void *sharded_grads);
+
+#endif
