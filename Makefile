@@ -22,8 +22,8 @@ ALL_PLANS   := $(wildcard plans/*.lua)
 
 .PHONY: all deps test test-lua test-c test-e2e test-oracle test-cli check-generated lint clean regen-all
 
-all: deps $(BUILD)/$(NAME) $(BUILD)/lib$(NAME).a
-	@echo "built $(BUILD)/$(NAME) and $(BUILD)/lib$(NAME).a from $(PLAN_FILE) (tables in $(OUT)/)"
+all: deps $(BUILD)/$(NAME) $(BUILD)/lib$(NAME).a $(BUILD)/lib$(NAME).so
+	@echo "built $(BUILD)/$(NAME), lib$(NAME).a and lib$(NAME).so from $(PLAN_FILE) (tables in $(OUT)/)$(if $(HAVE_NVCC),, without the GPU backend: nvcc not found)"
 
 # Debian packages the build and tests need: installed when running as root,
 # otherwise named in one command.
@@ -48,22 +48,48 @@ $(BUILD)/.generated: $(PLAN_FILE) $(GEN_SRC)
 	$(LUA) gen/commplan.lua $(PLAN_FILE) $(OUT)
 	@touch $@
 
+# CUDA toolkit and NCCL: the GPU backend and kernels are built when nvcc is
+# there; without it the binary runs --simulate and --dry-run only.
+CUDA_HOME  ?= /usr/local/cuda
+HAVE_NVCC  := $(shell [ -x "$(NVCC)" ] && echo 1)
+NVCCFLAGS  ?= -O3 -std=c++17 -arch=sm_90 -Xcompiler -Wall,-Wextra,-Werror
+CUDA_INC   := -I$(CUDA_HOME)/include
+CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Xlinker -rpath,$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib
+GPU_SRC    := runtime/gpu.c runtime/gpu_run.c
+GPU_OBJ    := $(patsubst runtime/%.c,build/runtime/%.o,$(GPU_SRC))
+LIB_OBJ    := $(BUILD)/plan.o $(RUNTIME_OBJ)
+ifeq ($(HAVE_NVCC),1)
+LIB_OBJ    += $(BUILD)/plan_kernels.o $(GPU_OBJ)
+MAIN_DEFS  := -DCP_WITH_GPU -DCP_KERNELS=$(NAME)_kernels
+LINK       = $(NVCC) -o $@ $^ -lnccl -lm $(CUDA_LIBS)
+SHARED     = $(NVCC) -shared -o $@ $^ -lnccl $(CUDA_LIBS)
+else
+LINK       = $(CC) $(CSTD) $(CFLAGS) -o $@ $^ -lm
+SHARED     = $(CC) -shared -o $@ $^ -lm -pthread
+endif
+
 build/runtime/%.o: runtime/%.c $(RUNTIME_HDR)
 	@mkdir -p $(dir $@)
-	$(CC) $(CSTD) $(CFLAGS) -Iruntime -c $< -o $@
+	$(CC) $(CSTD) $(CFLAGS) -fPIC -Iruntime $(if $(filter $(GPU_SRC),$<),$(CUDA_INC)) -c $< -o $@
 
 $(BUILD)/plan.o: $(BUILD)/.generated
-	$(CC) $(CSTD) $(CFLAGS) -Iruntime -I$(OUT) -c $(OUT)/plan.c -o $@
+	$(CC) $(CSTD) $(CFLAGS) -fPIC -Iruntime -I$(OUT) -c $(OUT)/plan.c -o $@
 
-$(BUILD)/lib$(NAME).a: $(BUILD)/plan.o $(RUNTIME_OBJ)
+$(BUILD)/plan_kernels.o: $(BUILD)/.generated runtime/cp_kernels.cuh runtime/cp_gpu_kernels.h
+	$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC -Iruntime -c $(OUT)/plan_kernels.cu -o $@
+
+$(BUILD)/lib$(NAME).a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+$(BUILD)/lib$(NAME).so: $(LIB_OBJ)
+	$(SHARED)
+
 $(BUILD)/main.o: runtime/main.c $(RUNTIME_HDR) $(BUILD)/.generated
-	$(CC) $(CSTD) $(CFLAGS) -Iruntime -DCP_PLAN=$(NAME)_plan -c $< -o $@
+	$(CC) $(CSTD) $(CFLAGS) -Iruntime $(CUDA_INC) -DCP_PLAN=$(NAME)_plan $(MAIN_DEFS) -c $< -o $@
 
 $(BUILD)/$(NAME): $(BUILD)/main.o $(BUILD)/lib$(NAME).a
-	$(CC) $(CSTD) $(CFLAGS) -o $@ $^ -lm
+	$(LINK)
 
 # ---- tests ----
 
@@ -105,22 +131,25 @@ test-c: build/tests/test_runtime build/tests-asan/test_runtime
 	build/tests/test_runtime
 	build/tests-asan/test_runtime
 
-# ---- CUDA: generated copy kernels (nvcc) ----
-CUDA_HOME  ?= /usr/local/cuda
-NVCCFLAGS  ?= -O3 -std=c++17 -arch=sm_90 -Xcompiler -Wall,-Wextra,-Werror
-CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Xlinker -rpath,$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib
+# ---- CUDA: the generated kernels against the host executor; GPU tests ----
 KERNEL_TEST_PLANS := fsdp8_uneven hsdp2x3_bf16 hsdp4x2_fp16 llama_tiny
+KERNEL_TEST_OBJ   := $(foreach p,$(KERNEL_TEST_PLANS),build/$(p)/plan_kernels.o build/$(p)/plan.o)
 
-build/kernels/%/plan_kernels.o: plans/%/plan_kernels.cu runtime/cp_kernels.cuh runtime/cp_gpu_kernels.h
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -Iruntime -c $< -o $@
+# The plans' own builds make the objects; a sub-make per plan keeps each
+# plan's variables (PLAN, OUT, BUILD) its own.
+.PHONY: kernel-test-plans
+kernel-test-plans:
+	@for p in $(KERNEL_TEST_PLANS); do $(MAKE) --no-print-directory -s PLAN=$$p.lua >/dev/null || exit 1; done
 
-build/kernels/%/plan.o: plans/%/plan.c $(RUNTIME_HDR)
+build/tests/test_kernels: tests/c/test_kernels.cu $(RUNTIME_SRC) $(RUNTIME_HDR) runtime/cp_kernels.cuh kernel-test-plans
 	@mkdir -p $(dir $@)
-	$(CC) $(CSTD) -O1 -g -Iruntime -Iplans/$* -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -Iruntime -o $@ tests/c/test_kernels.cu $(RUNTIME_SRC) $(KERNEL_TEST_OBJ) $(CUDA_LIBS) -lm
 
-build/tests/test_kernels: tests/c/test_kernels.cu $(RUNTIME_SRC) $(RUNTIME_HDR) \
-    $(foreach p,$(KERNEL_TEST_PLANS),build/kernels/$(p)/plan_kernels.o build/kernels/$(p)/plan.o)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -Iruntime -o $@ tests/c/test_kernels.cu $(RUNTIME_SRC) \
-	  $(foreach p,$(KERNEL_TEST_PLANS),build/kernels/$(p)/plan_kernels.o build/kernels/$(p)/plan.o) $(CUDA_LIBS) -lm
+# On a machine with an NVIDIA GPU: kernels on the device against the host
+# reference, and a real one-rank NCCL run of plans/single.lua with --check,
+# eager and as a CUDA graph.
+test-gpu: build/tests/test_kernels
+	@$(MAKE) --no-print-directory -s PLAN=single.lua >/dev/null
+	build/tests/test_kernels
+	build/single/single --check --steps 3
+	build/single/single --warmup 3 --iters 20 --graph

@@ -9,6 +9,13 @@
 #include "commplan.h"
 #include "launch.h"
 #include "simulate.h"
+#ifdef CP_WITH_GPU
+#include "gpu_run.h"
+#ifndef CP_KERNELS
+#error "GPU builds need -DCP_KERNELS=<name>_kernels"
+#endif
+extern const cp_gpu_kernels CP_KERNELS;
+#endif
 
 #ifndef CP_PLAN
 #error "compile with -DCP_PLAN=<name>_plan"
@@ -19,6 +26,7 @@ static void usage(FILE *f, const cp_plan *p)
 {
     fprintf(f,
             "usage: %s [--simulate [--steps N] [--pattern unique|oracle] [--dump DIR]] [--dry-run]\n"
+            "          [--check [--steps N]] [--warmup N] [--iters N] [--graph] [--timeout S]\n"
             "          [--world-size N] [--rank R] [--quiet] [--help]\n"
             "\n"
             "Plan %s (fingerprint %s): %d ranks, %d units, %d parameters, %d ops per step.\n"
@@ -29,6 +37,12 @@ static void usage(FILE *f, const cp_plan *p)
             "  --pattern P       unique (default): element-unique values; oracle: the FSDP2 recordings' values\n"
             "  --dump DIR        write each rank's step-0 shards, collectives and grads as JSON into DIR\n"
             "  --dry-run         print the step's ops in issue order and exit\n"
+            "GPU (one process per rank under torchrun, srun or mpirun; no mode flag: time the step):\n"
+            "  --check           run the step on this rank's GPU with the same patterns and exact checks\n"
+            "  --warmup N        untimed steps before timing (default 5)\n"
+            "  --iters N         timed steps and per-op repetitions (default 20)\n"
+            "  --graph           also capture the step as one CUDA graph and time its replay\n"
+            "  --timeout S       fail instead of hanging when a step takes longer than S seconds (default 300)\n"
             "  --world-size N    refuse to run unless N equals the plan's world size (default: the launcher's,\n"
             "                    from torchrun $WORLD_SIZE, Open MPI $OMPI_COMM_WORLD_SIZE or Slurm $SLURM_NTASKS)\n"
             "  --rank R          refuse to run unless 0 <= R < world size (default: the launcher's rank)\n"
@@ -68,8 +82,8 @@ static void dry_run(const cp_plan *p)
 int main(int argc, char **argv)
 {
     const cp_plan *p = &CP_PLAN;
-    int simulate = 0, dry = 0, quiet = 0;
-    long steps = 1, world = -1, rank = -1;
+    int simulate = 0, dry = 0, quiet = 0, check = 0, graph = 0;
+    long steps = 1, world = -1, rank = -1, warmup = 5, iters = 20, timeout = 300;
     cp_sim_options opt = { .steps = 1, .pattern = CP_PATTERN_UNIQUE };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -78,6 +92,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--simulate")) simulate = 1;
         else if (!strcmp(a, "--dry-run")) dry = 1;
         else if (!strcmp(a, "--quiet")) quiet = 1;
+        else if (!strcmp(a, "--check")) check = 1;
+        else if (!strcmp(a, "--graph")) graph = 1;
+        else if (!strcmp(a, "--warmup")) { if (parse_int(a, next, 0, 1000000, &warmup)) return 2; i++; }
+        else if (!strcmp(a, "--iters")) { if (parse_int(a, next, 1, 1000000, &iters)) return 2; i++; }
+        else if (!strcmp(a, "--timeout")) { if (parse_int(a, next, 1, 86400, &timeout)) return 2; i++; }
         else if (!strcmp(a, "--steps")) { if (parse_int(a, next, 1, 1000000, &steps)) return 2; i++; }
         else if (!strcmp(a, "--world-size")) { if (parse_int(a, next, 1, 1L << 30, &world)) return 2; i++; }
         else if (!strcmp(a, "--rank")) { if (parse_int(a, next, 0, 1L << 30, &rank)) return 2; i++; }
@@ -116,9 +135,17 @@ int main(int argc, char **argv)
     }
     if (dry) { dry_run(p); return 0; }
     if (!simulate) {
-        fprintf(stderr, "commplan: nothing to do: this build runs --simulate (host backend) or --dry-run; "
-                        "see --help\n");
+#ifdef CP_WITH_GPU
+        cp_gpu_run_options go = { .check = check, .graph = graph, .steps = (int)steps, .warmup = (int)warmup,
+                                  .iters = (int)iters, .timeout_s = (double)timeout, .pattern = opt.pattern,
+                                  .quiet = quiet };
+        return cp_gpu_run(p, &CP_KERNELS, &env, &go);
+#else
+        (void)check; (void)graph; (void)warmup; (void)iters; (void)timeout;
+        fprintf(stderr, "commplan: this build has no GPU backend (nvcc was not found at build time); "
+                        "use --simulate or --dry-run, or rebuild where CUDA is installed\n");
         return 2;
+#endif
     }
     opt.steps = (int)steps;
     opt.log = quiet ? NULL : stdout;

@@ -54,3 +54,9 @@ static int emulate(int op, int unit, int shard_rank, const void *in, void *out)
 }
 
 extern "C" const cp_gpu_kernels hsdp4x2_fp16_kernels = { launch, emulate };
+
+/* Plain entry point for foreign callers (ctypes in bench/). */
+extern "C" int hsdp4x2_fp16_kernel_launch(int op, int unit, int shard_rank, const void *in, void *out, void *stream)
+{
+    return launch(op, unit, shard_rank, in, out, stream);
+}

@@ -932,3 +932,9 @@ static int emulate(int op, int unit, int shard_rank, const void *in, void *out)
 }
 
 extern "C" const cp_gpu_kernels llama70b_kernels = { launch, emulate };
+
+/* Plain entry point for foreign callers (ctypes in bench/). */
+extern "C" int llama70b_kernel_launch(int op, int unit, int shard_rank, const void *in, void *out, void *stream)
+{
+    return launch(op, unit, shard_rank, in, out, stream);
+}

@@ -1,0 +1,67 @@
+/* commplan on NVIDIA GPUs: one rank of a plan over NCCL, its copy kernels
+ * and CUDA streams arranged as FSDP2's (copy-in, all-gather, reduce-scatter,
+ * all-reduce, plus the caller's compute stream), ordered by events. Every
+ * call takes the caller's stream as a void * (a cudaStream_t). */
+#ifndef COMMPLAN_GPU_H
+#define COMMPLAN_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "commplan.h"
+#include "cp_gpu_kernels.h"
+#include "launch.h"
+
+typedef struct cp_gpu cp_gpu;
+
+/* Called at each FORWARD/BACKWARD op of cp_gpu_step with the compute stream. */
+typedef int (*cp_gpu_compute_fn)(void *user, cp_gpu *g, const cp_op *op, void *stream);
+
+/* Bootstraps from the launcher's environment (see launch.h): sets the device
+ * to LOCAL_RANK, creates the world communicator through NCCL_COMM_ID,
+ * compares every rank's plan fingerprint, splits one communicator per group
+ * family the plan uses, and allocates this rank's buffers. Returns 0, or -1
+ * with a one-line message naming the failing call, rank and a hint. */
+int cp_gpu_init(cp_gpu **out, const cp_plan *plan, const cp_gpu_kernels *kernels, const cp_launch_env *env,
+                char *err, size_t errlen);
+void cp_gpu_destroy(cp_gpu *g);
+const char *cp_gpu_last_error(const cp_gpu *g);
+int cp_gpu_rank(const cp_gpu *g);
+int cp_gpu_shard_rank(const cp_gpu *g);
+
+/* Device storage of parameter `param` (index into plan->params):
+ * sharded: this rank's padded shard (orig dtype), its first cp_param_valid() elements real;
+ * unsharded: the full parameter (all-gather dtype), valid between unshard and reshard;
+ * grad: the unsharded gradient the caller's backward accumulates into (all-gather dtype);
+ * sharded_grad: this rank's reduced gradient shard (orig dtype) after reduce_grads. */
+void *cp_gpu_sharded(cp_gpu *g, int param);
+void *cp_gpu_unsharded(cp_gpu *g, int param);
+void *cp_gpu_grad(cp_gpu *g, int param);
+void *cp_gpu_sharded_grad(cp_gpu *g, int param);
+
+/* The pieces of a step, for training loops that drive FSDP themselves. */
+int cp_gpu_unshard(cp_gpu *g, int unit, void *stream);      /* copy-in + all-gather on side streams, copy-out on stream */
+int cp_gpu_reshard(cp_gpu *g, int unit, void *stream);
+int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream); /* pack on stream, RS (+HSDP AR), view-out; stream waits */
+
+/* The plan's whole op list for one step; compute placeholders call fn. */
+void cp_gpu_set_compute(cp_gpu *g, cp_gpu_compute_fn fn, void *user);
+int cp_gpu_step(cp_gpu *g, void *stream);
+/* Capture one step as a CUDA graph (on stream), then replay it. */
+int cp_gpu_graph_capture(cp_gpu *g, void *stream);
+int cp_gpu_graph_launch(cp_gpu *g, void *stream);
+/* Waits for stream while polling NCCL for asynchronous errors; after
+ * timeout_s seconds aborts the communicators and fails instead of hanging. */
+int cp_gpu_synchronize(cp_gpu *g, void *stream, double timeout_s);
+/* Prints one nccl-tests-style row per distinct collective of the step and
+ * per copy kernel of the largest unit (size, time, algbw, busbw). */
+int cp_gpu_bench_ops(cp_gpu *g, void *stream, int warmup, int iters, FILE *out);
+
+/* Host copies of one unit's buffers (tests and --check). kind: 0 sharded,
+ * 1 unsharded, 2 grads, 3 sharded grads. */
+int cp_gpu_download(cp_gpu *g, int unit, int kind, void *host);
+int cp_gpu_upload(cp_gpu *g, int unit, int kind, const void *host);
+size_t cp_gpu_buffer_bytes(const cp_gpu *g, int unit, int kind);
+
+#endif
