@@ -153,3 +153,10 @@ test-gpu: build/tests/test_kernels
 	build/tests/test_kernels
 	build/single/single --check --steps 3
 	build/single/single --warmup 3 --iters 20 --graph
+
+# docs/example.c must keep building against the library it documents.
+build/example/example: docs/example.c $(RUNTIME_HDR)
+	@$(MAKE) --no-print-directory -s PLAN=single.lua >/dev/null
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) $(CFLAGS) -Iruntime -Iplans/single $(CUDA_INC) -c docs/example.c -o build/example/example.o
+	$(NVCC) -o $@ build/example/example.o build/single/libsingle.a -lnccl -lm $(CUDA_LIBS)

@@ -17,7 +17,6 @@ typedef struct {
     void *buf[BUF_COUNT];
     cudaEvent_t ev[EV_COUNT];
     int copy_out_this_step; /* ev[EV_COPY_OUT] was recorded in the current step */
-    int reduce_this_step;   /* ev[EV_VIEW] was recorded in the current step */
 } unit_state;
 
 struct cp_gpu {
@@ -29,6 +28,7 @@ struct cp_gpu {
     ncclComm_t *comms; /* per family; NULL where the plan issues nothing */
     cudaStream_t copy_in, all_gather, reduce_scatter, all_reduce;
     cudaEvent_t start;
+    cudaEvent_t side_done[4]; /* joins each side stream back into the caller's */
     unit_state *units;
     cp_gpu_compute_fn compute;
     void *compute_user;
@@ -166,7 +166,11 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
         cudaStreamCreateWithPriority(&g->all_gather, cudaStreamNonBlocking, greatest) != cudaSuccess ||
         cudaStreamCreateWithPriority(&g->reduce_scatter, cudaStreamNonBlocking, greatest) != cudaSuccess ||
         cudaStreamCreateWithPriority(&g->all_reduce, cudaStreamNonBlocking, least) != cudaSuccess ||
-        cudaEventCreateWithFlags(&g->start, cudaEventDisableTiming) != cudaSuccess) {
+        cudaEventCreateWithFlags(&g->start, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&g->side_done[0], cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&g->side_done[1], cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&g->side_done[2], cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&g->side_done[3], cudaEventDisableTiming) != cudaSuccess) {
         fail(g, "creating CUDA streams and events failed");
         goto out;
     }
@@ -217,6 +221,7 @@ void cp_gpu_destroy(cp_gpu *g)
     free(g->comms);
     if (g->world) ncclCommDestroy(g->world);
     if (g->start) cudaEventDestroy(g->start);
+    for (int i = 0; i < 4; i++) if (g->side_done[i]) cudaEventDestroy(g->side_done[i]);
     cudaStream_t streams[4] = { g->copy_in, g->all_gather, g->reduce_scatter, g->all_reduce };
     for (int i = 0; i < 4; i++) if (streams[i]) cudaStreamDestroy(streams[i]);
     free(g);
@@ -331,7 +336,6 @@ static int run_op(cp_gpu *g, const cp_op *op, cudaStream_t S)
         cudaStream_t post = p->replicate_family >= 0 ? g->all_reduce : g->reduce_scatter;
         if (kernel(g, CP_KERNEL_VIEW_OUT, u, s->buf[BUF_RS_OUT], s->buf[BUF_SHARDED_GRADS], post)) return -1;
         CUDA(cudaEventRecord(s->ev[EV_VIEW], post));
-        s->reduce_this_step = 1;
         return 0;
     }
     default:
@@ -347,12 +351,17 @@ static int begin(cp_gpu *g, cudaStream_t S)
     return 0;
 }
 
-/* Join: the caller's stream waits for every reduction issued since begin. */
+/* Join: the caller's stream waits for all side-stream work issued since
+ * begin (which includes every reduction), so the next step, the optimizer
+ * and a graph capture's end see it finished. */
 static int finish(cp_gpu *g, cudaStream_t S)
 {
+    cudaStream_t side[4] = { g->copy_in, g->all_gather, g->reduce_scatter, g->all_reduce };
+    for (int i = 0; i < 4; i++) {
+        CUDA(cudaEventRecord(g->side_done[i], side[i]));
+        CUDA(cudaStreamWaitEvent(S, g->side_done[i], 0));
+    }
     for (int u = 0; u < g->plan->nunits; u++) {
-        if (g->units[u].reduce_this_step) CUDA(cudaStreamWaitEvent(S, g->units[u].ev[EV_VIEW], 0));
-        g->units[u].reduce_this_step = 0;
         g->units[u].copy_out_this_step = 0;
     }
     return 0;

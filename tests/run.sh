@@ -66,8 +66,15 @@ if [ -x "$NVCC" ]; then
   if grep -q '^SKIP' "$klog"; then
     skipped "device kernel launches (make test-gpu)" "$(sed -n 's/^SKIP device kernel launches: //p' "$klog")"
   fi
+  run "docs/example.c builds against build/single/libsingle.a" $MAKE build/example/example
+  if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    run "GPU binary without a device: one-line error, exit 2" bash -c '
+      out=$(build/single/single --check 2>&1); rc=$?; echo "$out"
+      [ "$rc" = 2 ] && printf "%s" "$out" | grep -qF "no CUDA device" && [ "$(printf "%s\n" "$out" | wc -l)" = 1 ]'
+    skipped "make test-gpu (NCCL --check run, graph replay, device kernels)" "no NVIDIA GPU on this machine"
+  fi
 else
-  skipped "CUDA kernels" "nvcc not found at $NVCC"
+  skipped "CUDA kernels and the GPU backend" "nvcc not found at $NVCC"
 fi
 
 if command -v valgrind >/dev/null 2>&1; then
