@@ -20,11 +20,12 @@ local function facts(p)
     for _, q in ipairs(u.params) do
       params[#params + 1] = O({ "name", q.name, "shape", q.shape, "dtype", q.dtype, "numel", q.numel,
         "shard_dim", q.shard_dim, "chunk", q.chunk, "padded_numel", q.padded, "offset", q.offset,
-        "outer", q.outer, "run", q.run })
+        "outer", q.outer, "run", q.run, "grad_offset", q.grad_offset })
     end
     units[#units + 1] = O({ "name", u.name, "index", u.index, "root", u.is_root,
       "reshard_after_forward", u.reshard_after_forward, "orig_dtype", u.orig_dtype, "ag_dtype", u.ag_dtype,
-      "reduce_dtype", u.reduce_dtype, "slot_numel", u.total, "rs_op", u.rs_op, "ar_op", u.ar_op,
+      "reduce_dtype", u.reduce_dtype, "slot_numel", u.total, "grads_numel", u.grads_numel, "vec_ok", u.vec_ok,
+      "rs_op", u.rs_op, "ar_op", u.ar_op,
       "pre_divide", u.pre_divide, "post_divide", u.post_divide, "params", params })
   end
   local ops = {}
