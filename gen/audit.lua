@@ -120,13 +120,16 @@ function audit.schedule_md(p, fp)
   w("Shard(0) is torch.chunk sharding: chunk = ceil(dim / %d) rows, every rank sends the padded chunk;", d.dp_shard)
   w("a parameter's slot offset is its place in the fused all-gather input.")
   w("")
-  w("| unit | params | slot numel | all-gather | reduce | sharded | all-gather buffer |")
-  w("|---|---|---|---|---|---|---|")
+  w("| unit | params | slot numel | all-gather | reduce | sharded | all-gather buffer | copy kernels |")
+  w("|---|---|---|---|---|---|---|---|")
   for _, u in ipairs(p.layout.units) do
-    w("| %s%s | %d | %d | %s | %s %s | %s | %s |", u.name, u.is_root and " (root)" or "", #u.params, u.total,
+    w("| %s%s | %d | %d | %s | %s %s | %s | %s | %s |", u.name, u.is_root and " (root)" or "", #u.params, u.total,
       u.ag_dtype, u.reduce_dtype, u.rs_op, human(u.total * layout.DTYPE_BYTES[u.orig_dtype]),
-      human(p.layout.W * u.total * layout.DTYPE_BYTES[u.ag_dtype]))
+      human(p.layout.W * u.total * layout.DTYPE_BYTES[u.ag_dtype]), u.vec_ok and "16-byte" or "scalar")
   end
+  w("")
+  w("Copy kernels move 16 bytes per thread where every slot offset and run is a multiple of 8 elements;")
+  w("otherwise they copy element by element. Offsets are never padded for alignment: the layout stays FSDP2's.")
   -- Full per-parameter tables for the first unit of each distinct shape.
   local shown = {}
   for _, u in ipairs(p.layout.units) do

@@ -2,13 +2,46 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cp_gpu.h"
+
+/* NCCL's bootstrap blocks until every rank has connected; a rank that was
+ * never started would leave the others waiting forever. The watchdog ends
+ * the process with a clear message instead. */
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t done_cv;
+    int done, rank, world;
+    double timeout_s;
+    const char *comm_id;
+} watchdog;
+
+static void *watchdog_main(void *arg)
+{
+    watchdog *w = arg;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)w->timeout_s;
+    pthread_mutex_lock(&w->lock);
+    while (!w->done)
+        if (pthread_cond_timedwait(&w->done_cv, &w->lock, &until) != 0 && !w->done) {
+            fprintf(stderr,
+                    "commplan: rank %d: NCCL bootstrap of %d ranks through %s did not finish within %.0f s: start every "
+                    "rank and check that MASTER_ADDR:MASTER_PORT is reachable (COMMPLAN_INIT_TIMEOUT sets the limit)\n",
+                    w->rank, w->world, w->comm_id[0] ? w->comm_id : "NCCL's default interface", w->timeout_s);
+            fflush(stderr);
+            _exit(2);
+        }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
 
 enum { BUF_SHARDED, BUF_UNSHARDED, BUF_GRADS, BUF_SHARDED_GRADS, BUF_AG, BUF_RS_IN, BUF_RS_OUT, BUF_COUNT };
 enum { EV_COPY_IN, EV_AG, EV_COPY_OUT, EV_PACK, EV_RS, EV_AR, EV_VIEW, EV_COUNT };
@@ -174,7 +207,23 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
         fail(g, "creating CUDA streams and events failed");
         goto out;
     }
-    if (init_comms(g) != 0) goto out;
+    {
+        const char *t = getenv("COMMPLAN_INIT_TIMEOUT");
+        watchdog w = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, env->rank, env->world_size,
+                       t ? atof(t) : 300.0, env->comm_id };
+        if (w.timeout_s <= 0) w.timeout_s = 300.0;
+        pthread_t th;
+        int have_watchdog = pthread_create(&th, NULL, watchdog_main, &w) == 0;
+        int crc = init_comms(g);
+        if (have_watchdog) {
+            pthread_mutex_lock(&w.lock);
+            w.done = 1;
+            pthread_cond_signal(&w.done_cv);
+            pthread_mutex_unlock(&w.lock);
+            pthread_join(th, NULL);
+        }
+        if (crc != 0) goto out;
+    }
     g->units = calloc((size_t)p->nunits, sizeof *g->units);
     if (!g->units) { fail(g, "out of host memory"); goto out; }
     for (int u = 0; u < p->nunits; u++) {
