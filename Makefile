@@ -20,26 +20,30 @@ GEN_SRC     := $(wildcard gen/*.lua gen/models/*.lua) $(wildcard templates/*.in)
 SMALL_PLANS := $(filter-out plans/llama%.lua,$(wildcard plans/*.lua))
 ALL_PLANS   := $(wildcard plans/*.lua)
 
-.PHONY: all deps test test-lua test-c test-e2e test-oracle test-cli check-generated lint clean regen-all
+.PHONY: all deps deps-test test test-lua test-c test-e2e test-oracle test-cli check-generated lint clean regen-all
 
 all: deps $(BUILD)/$(NAME) $(BUILD)/lib$(NAME).a $(BUILD)/lib$(NAME).so
 	@echo "built $(BUILD)/$(NAME), lib$(NAME).a and lib$(NAME).so from $(PLAN_FILE) (tables in $(OUT)/)$(if $(HAVE_NVCC),, without the GPU backend: nvcc not found)"
 
-# Debian packages the build and tests need: installed when running as root,
-# otherwise named in one command.
-DEPS_PKGS := lua5.4 libcmocka-dev lua-check
-deps:
+# Debian packages: the build needs lua5.4 only; the tests also need cmocka
+# and luacheck. Installed when running as root, otherwise named in one command.
+define need_pkgs
 	@missing=""; \
 	command -v $(LUA) >/dev/null 2>&1 || missing="$$missing lua5.4"; \
-	[ -f /usr/include/cmocka.h ] || missing="$$missing libcmocka-dev"; \
-	command -v luacheck >/dev/null 2>&1 || missing="$$missing lua-check"; \
+	$(if $(1),[ -f /usr/include/cmocka.h ] || missing="$$missing libcmocka-dev"; \
+	command -v luacheck >/dev/null 2>&1 || missing="$$missing lua-check";) \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing) >/dev/null || \
-	      { echo "apt-get install$$missing failed" >&2; exit 1; }; \
+	      { echo "apt-get install$$missing failed: install them by hand (or set LUA=/path/to/lua5.4)" >&2; exit 1; }; \
 	  else echo "missing packages; run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
 	fi
+endef
+deps:
+	$(call need_pkgs,)
+deps-test:
+	$(call need_pkgs,test)
 
 # Generation is all-or-nothing (the generator renames temporaries); the
 # stamp keeps make from re-running it when nothing changed.
@@ -53,8 +57,13 @@ $(BUILD)/.generated: $(PLAN_FILE) $(GEN_SRC)
 CUDA_HOME  ?= /usr/local/cuda
 HAVE_NVCC  := $(shell [ -x "$(NVCC)" ] && echo 1)
 NVCCFLAGS  ?= -O3 -std=c++17 -arch=sm_90 -Xcompiler -Wall,-Wextra,-Werror
-CUDA_INC   := -I$(CUDA_HOME)/include
-CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Xlinker -rpath,$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib
+comma := ,
+# NCCL: beside CUDA (as here), in /usr, or wherever NCCL_HOME says (a tree
+# with include/nccl.h and lib/libnccl.so, e.g. pip's nvidia/nccl).
+NCCL_HOME  ?= $(firstword $(patsubst %/include/nccl.h,%,$(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h)) $(CUDA_HOME))
+CUDA_INC   := -I$(CUDA_HOME)/include $(if $(filter-out $(CUDA_HOME),$(NCCL_HOME)),-I$(NCCL_HOME)/include)
+CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Xlinker -rpath,$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib \
+              $(if $(filter-out $(CUDA_HOME),$(NCCL_HOME)),-L$(NCCL_HOME)/lib -Xlinker -rpath$(comma)$(NCCL_HOME)/lib)
 GPU_SRC    := runtime/gpu.c runtime/gpu_run.c
 GPU_OBJ    := $(patsubst runtime/%.c,build/runtime/%.o,$(GPU_SRC))
 LIB_OBJ    := $(BUILD)/plan.o $(RUNTIME_OBJ)
@@ -93,7 +102,7 @@ $(BUILD)/$(NAME): $(BUILD)/main.o $(BUILD)/lib$(NAME).a
 
 # ---- tests ----
 
-test: deps
+test: deps-test
 	@tests/run.sh
 
 test-lua:
@@ -133,13 +142,18 @@ test-c: build/tests/test_runtime build/tests-asan/test_runtime
 
 # ---- CUDA: the generated kernels against the host executor; GPU tests ----
 KERNEL_TEST_PLANS := fsdp8_uneven hsdp2x3_bf16 hsdp4x2_fp16 llama_tiny
-KERNEL_TEST_OBJ   := $(foreach p,$(KERNEL_TEST_PLANS),build/$(p)/plan_kernels.o build/$(p)/plan.o)
+# tests/plans/: plans that exist to exercise the kernels (multi-tile
+# pieces, padding inside full tiles), generated into build/gen/.
+KERNEL_TEST_EXTRA := kernels_big
+KERNEL_TEST_OBJ   := $(foreach p,$(KERNEL_TEST_PLANS) $(KERNEL_TEST_EXTRA),build/$(p)/plan_kernels.o build/$(p)/plan.o)
 
 # The plans' own builds make the objects; a sub-make per plan keeps each
 # plan's variables (PLAN, OUT, BUILD) its own.
 .PHONY: kernel-test-plans
 kernel-test-plans:
 	@for p in $(KERNEL_TEST_PLANS); do $(MAKE) --no-print-directory -s PLAN=$$p.lua >/dev/null || exit 1; done
+	@for p in $(KERNEL_TEST_EXTRA); do \
+	  $(MAKE) --no-print-directory -s PLAN=tests/plans/$$p.lua OUT=build/gen/$$p >/dev/null || exit 1; done
 
 build/tests/test_kernels: tests/c/test_kernels.cu $(RUNTIME_SRC) $(RUNTIME_HDR) runtime/cp_kernels.cuh kernel-test-plans
 	@mkdir -p $(dir $@)

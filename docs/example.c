@@ -40,7 +40,7 @@ int main(void)
         /* ... forward of unit u reads cp_gpu_unsharded(g, param) on s ... */
     }
     for (int u = SINGLE_UNIT_COUNT - 1; u >= 0; u--) {
-        /* ... backward of unit u accumulates into cp_gpu_grad(g, param) on s ... */
+        /* ... backward of unit u writes cp_gpu_grad(g, param) on s (accumulates on later micro-steps) ... */
         if (cp_gpu_reduce_grads(g, u, s) != 0) goto fail;
         if (cp_gpu_reshard(g, u, s) != 0) goto fail;
     }

@@ -133,7 +133,8 @@ void cp_checker_add_grads(cp_checker *c, int u, int micro, void *grads)
         int64_t k = cp_pattern_param_id(p, param);
         for (int64_t e = 0; e < prm->numel; e++) {
             float gv = round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, c->rank, micro, c->step));
-            cp_store(U->ag_dtype, g, e, cp_load(U->ag_dtype, g, e) + gv);
+            /* Autograd's .grad: assigned on the first micro-step, accumulated after. */
+            cp_store(U->ag_dtype, g, e, micro == 0 ? gv : cp_load(U->ag_dtype, g, e) + gv);
         }
     }
 }

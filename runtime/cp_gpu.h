@@ -29,11 +29,13 @@ void cp_gpu_destroy(cp_gpu *g);
 const char *cp_gpu_last_error(const cp_gpu *g);
 int cp_gpu_rank(const cp_gpu *g);
 int cp_gpu_shard_rank(const cp_gpu *g);
+int cp_gpu_is_standin(const cp_gpu *g); /* launched with cp_launch_env.standin */
 
 /* Device storage of parameter `param` (index into plan->params):
  * sharded: this rank's padded shard (orig dtype), its first cp_param_valid() elements real;
  * unsharded: the full parameter (all-gather dtype), valid between unshard and reshard;
- * grad: the unsharded gradient the caller's backward accumulates into (all-gather dtype);
+ * grad: the unsharded gradient (all-gather dtype) the caller's backward writes on the first
+ *       micro-step after reduce_grads and accumulates into on later ones, as autograd treats .grad;
  * sharded_grad: this rank's reduced gradient shard (orig dtype) after reduce_grads. */
 void *cp_gpu_sharded(cp_gpu *g, int param);
 void *cp_gpu_unsharded(cp_gpu *g, int param);
@@ -48,6 +50,9 @@ int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream); /* pack on stream, R
 /* The plan's whole op list for one step; compute placeholders call fn. */
 void cp_gpu_set_compute(cp_gpu *g, cp_gpu_compute_fn fn, void *user);
 int cp_gpu_step(cp_gpu *g, void *stream);
+/* cp_gpu_step, adding each op kind's host issue time to host_us[kind] (µs);
+ * host_us[CP_OP_KIND_COUNT] gets the stream fork and join. */
+int cp_gpu_step_profiled(cp_gpu *g, void *stream, double host_us[CP_OP_KIND_COUNT + 1]);
 /* Capture one step as a CUDA graph (on stream), then replay it. */
 int cp_gpu_graph_capture(cp_gpu *g, void *stream);
 int cp_gpu_graph_launch(cp_gpu *g, void *stream);

@@ -12,8 +12,21 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Work split: every kernel runs one block of CP_KTHREADS threads per tile
+ * of consecutive elements of one piece, each thread moving CP_KNV vectors of
+ * V elements (16 bytes of the wider dtype where the unit is aligned, else
+ * 1): CP_KTILE_OF(V) elements per tile. A piece is contiguous on both sides
+ * of the copy: (rank slot r, parameter p) for copy-out and packing, the
+ * whole unit for copy-in and view-out. The generator numbers each
+ * parameter's tiles (tile_out, tile_pack) so a block finds its piece with
+ * one division and a short search instead of dividing per element. */
+#define CP_KTHREADS 256
+#define CP_KNV 4
+#define CP_KTILE_OF(V) ((long long)CP_KTHREADS * CP_KNV * (V))
+
 struct cp_kparam {
     long long offset, outer, run, padded, numel, grad_offset;
+    int tile_out, tile_pack; /* first copy-out / packing tile of this parameter within one rank's pieces */
 };
 
 struct cp_kunit {
@@ -21,6 +34,7 @@ struct cp_kunit {
     long long total;
     float pre_divide, post_divide;
     int vec_ok; /* every offset, run and the total are multiples of 16 bytes' worth of elements */
+    int tiles_out, tiles_pack; /* tiles of one rank's pieces: sum over parameters of ceil(padded / tile) */
 };
 
 struct cp_kview {
@@ -38,13 +52,13 @@ template <> __host__ __device__ inline float cp_from_float<float>(float v) { ret
 template <> __host__ __device__ inline __nv_bfloat16 cp_from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __host__ __device__ inline __half cp_from_float<__half>(float v) { return __float2half_rn(v); }
 
-/* Parameter whose slot range [offset, offset + padded) holds slot index i. */
-__host__ __device__ inline int cp_kfind(const cp_kview &v, long long i)
+/* Parameter owning tile k of a rank's pieces (the last whose first tile is <= k). */
+__host__ __device__ inline int cp_kfind_tile(const cp_kview &v, int k, bool pack)
 {
     int lo = 0, hi = v.unit.nparams - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (v.params[mid].offset <= i) lo = mid; else hi = mid - 1;
+        if ((pack ? v.params[mid].tile_pack : v.params[mid].tile_out) <= k) lo = mid; else hi = mid - 1;
     }
     return lo;
 }
@@ -52,114 +66,211 @@ __host__ __device__ inline int cp_kfind(const cp_kview &v, long long i)
 template <typename A, typename B> struct cp_same { static const bool value = false; };
 template <typename A> struct cp_same<A, A> { static const bool value = true; };
 
-/* 16-byte moves: one vector instruction on the device; memcpy on the host
- * (no aliasing games in the CPU build the tests run). */
-__host__ __device__ inline void cp_move16(void *dst, const void *src)
+/* V elements as one load of V * sizeof(T) bytes where that is 16 (or 8, 4)
+ * bytes on the device; memcpy on the host (no aliasing games in the CPU
+ * build the tests run). */
+template <typename T, int V> struct alignas(sizeof(T) * V) cp_kvec { T e[V]; };
+
+template <int N> struct cp_kword;
+template <> struct cp_kword<16> { typedef uint4 type; };
+template <> struct cp_kword<8> { typedef uint2 type; };
+template <> struct cp_kword<4> { typedef unsigned int type; };
+template <> struct cp_kword<2> { typedef unsigned short type; };
+
+template <typename T, int V> __host__ __device__ inline void cp_kload(cp_kvec<T, V> &d, const T *src)
 {
 #ifdef __CUDA_ARCH__
-    *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+    typedef typename cp_kword<sizeof(T) * V>::type word;
+    *reinterpret_cast<word *>(d.e) = *reinterpret_cast<const word *>(src);
 #else
-    memcpy(dst, src, 16);
+    memcpy(d.e, src, sizeof(T) * V);
 #endif
 }
 
-/* V consecutive elements from src to dst with a cast and a divide; V is
- * 16 bytes of the wider type when the unit is aligned, else 1. */
+template <typename T, int V> __host__ __device__ inline void cp_kstore(T *dst, const cp_kvec<T, V> &d)
+{
+#ifdef __CUDA_ARCH__
+    typedef typename cp_kword<sizeof(T) * V>::type word;
+    *reinterpret_cast<word *>(dst) = *reinterpret_cast<const word *>(d.e);
+#else
+    memcpy(dst, d.e, sizeof(T) * V);
+#endif
+}
+
+/* Cast and divide V loaded elements, then store them. */
 template <typename TI, typename TO, int V>
-__host__ __device__ inline void cp_kcopy(const TI *src, TO *dst, float scale)
+__host__ __device__ inline void cp_kput(TO *dst, const cp_kvec<TI, V> &in, float scale)
 {
     if (cp_same<TI, TO>::value && scale == 1.0f) { /* plain move, bits untouched */
-        if (sizeof(TI) * V == 16) cp_move16(dst, src);
-        else for (int k = 0; k < V; k++) dst[k] = reinterpret_cast<const TO *>(src)[k];
+        cp_kstore<TO, V>(dst, reinterpret_cast<const cp_kvec<TO, V> &>(in));
         return;
     }
-    TI in[V];
-    if (sizeof(TI) * V == 16) cp_move16(in, src);
-    else for (int k = 0; k < V; k++) in[k] = src[k];
-    TO out[V];
+    cp_kvec<TO, V> out;
     for (int k = 0; k < V; k++) {
-        float f = cp_to_float<TI>(in[k]);
-        out[k] = cp_from_float<TO>(scale == 1.0f ? f : f / scale);
+        float f = cp_to_float<TI>(in.e[k]);
+        out.e[k] = cp_from_float<TO>(scale == 1.0f ? f : f / scale);
     }
-    if (sizeof(TO) * V == 16) cp_move16(dst, out);
-    else for (int k = 0; k < V; k++) dst[k] = out[k];
+    cp_kstore<TO, V>(dst, out);
 }
 
-/* Group q covers elements [q*V, q*V + V) of the operation's output. */
+/* One tile of one piece: elements [j0, end) of a piece whose source and
+ * destination addresses come from Map (src(j), dst(j) for a V-aligned j).
+ * Each thread first loads all its vectors, then stores them: NV loads in
+ * flight per thread keep HBM busy. A full tile with a contiguous map takes
+ * the batched path; the rest goes element group by element group. */
+template <typename TI, typename TO, int V, typename Map>
+__host__ __device__ inline void cp_ktile(const Map &m, long long j0, long long end, int lane, float scale)
+{
+    const int NV = CP_KNV;
+    if (m.contiguous(j0, end, CP_KTILE_OF(V))) {
+        const TI *src = m.src(j0);
+        TO *dst = m.dst(j0);
+        cp_kvec<TI, V> in[NV];
+        for (int u = 0; u < NV; u++) cp_kload<TI, V>(in[u], src + (u * CP_KTHREADS + lane) * V);
+        for (int u = 0; u < NV; u++) cp_kput<TI, TO, V>(dst + (u * CP_KTHREADS + lane) * V, in[u], scale);
+        return;
+    }
+    for (long long j = j0 + (long long)lane * V; j < end; j += (long long)CP_KTHREADS * V) {
+        cp_kvec<TI, V> in;
+        if (m.readable(j, V)) cp_kload<TI, V>(in, m.src(j));
+        else
+            for (int k = 0; k < V; k++) in.e[k] = m.readable(j + k, 1) ? m.src(j + k)[0] : cp_from_float<TI>(0.0f);
+        cp_kput<TI, TO, V>(m.dst(j), in, scale);
+    }
+}
+
+/* copy-in: sharded (total) -> this rank's slot of the all-gather buffer. */
+template <typename TI, typename TO> struct cp_map_flat {
+    const TI *in;
+    TO *out;
+    long long n;
+    __host__ __device__ bool contiguous(long long j0, long long end, long long tile) const { return end - j0 == tile; }
+    __host__ __device__ bool readable(long long, int) const { return true; }
+    __host__ __device__ const TI *src(long long j) const { return in + j; }
+    __host__ __device__ TO *dst(long long j) const { return out + j; }
+};
+
+/* copy-out piece (r, p): ag[r][offset + j] -> unsharded param p viewed as
+ * (outer, W * run): row j / run, column r * run + j % run. */
+template <typename T> struct cp_map_copy_out {
+    const T *in;
+    T *out;
+    long long run, wrun, outer;
+    __host__ __device__ bool contiguous(long long j0, long long end, long long tile) const
+    {
+        return outer == 1 && end - j0 == tile;
+    }
+    __host__ __device__ bool readable(long long, int) const { return true; }
+    __host__ __device__ const T *src(long long j) const { return in + j; }
+    __host__ __device__ T *dst(long long j) const
+    {
+        if (outer == 1) return out + j;
+        long long o = j / run;
+        return out + o * wrun + (j - o * run);
+    }
+};
+
+/* packing piece (r, p): rs_in[r][offset + j] <- grads of p at element
+ * o * W * run + r * run + t (o, t = j / run, j % run); zero past numel
+ * (torch.chunk padding). */
+template <typename T> struct cp_map_pack {
+    const T *in; /* the parameter's grads, element 0 */
+    long long run, wrun, outer, numel, rrun;
+    __host__ __device__ long long elem(long long j) const
+    {
+        if (outer == 1) return rrun + j;
+        long long o = j / run;
+        return o * wrun + rrun + (j - o * run);
+    }
+    __host__ __device__ bool contiguous(long long j0, long long end, long long tile) const
+    {
+        return outer == 1 && end - j0 == tile && rrun + end <= numel;
+    }
+    __host__ __device__ bool readable(long long j, int n) const { return elem(j) + n <= numel; }
+    __host__ __device__ const T *src(long long j) const { return in + elem(j); }
+};
+template <typename TI, typename TO> struct cp_map_pack_to : cp_map_pack<TI> {
+    TO *out; /* rs_in + r * total + offset */
+    __host__ __device__ TO *dst(long long j) const { return out + j; }
+};
+
+/* Block b's tile, run by one lane (thread) of CP_KTHREADS. */
+template <typename TI, typename TO, int V>
+__host__ __device__ inline void cp_copy_in_tile(const cp_kview &v, int shard_rank, const TI *sharded, TO *ag, long long b,
+                                                int lane)
+{
+    cp_map_flat<TI, TO> m = { sharded, ag + (long long)shard_rank * v.unit.total, v.unit.total };
+    long long j0 = b * CP_KTILE_OF(V), end = j0 + CP_KTILE_OF(V) < m.n ? j0 + CP_KTILE_OF(V) : m.n;
+    cp_ktile<TI, TO, V>(m, j0, end, lane, 1.0f);
+}
 
 template <typename TI, typename TO, int V>
-__host__ __device__ inline void cp_copy_in_group(const cp_kview &v, int shard_rank, const TI *sharded, TO *ag,
-                                                 long long q)
+__host__ __device__ inline void cp_view_out_tile(const cp_kview &v, const TI *rs_out, TO *sharded_grads, long long b,
+                                                 int lane)
 {
-    long long i = q * V;
-    cp_kcopy<TI, TO, V>(sharded + i, ag + (long long)shard_rank * v.unit.total + i, 1.0f);
+    cp_map_flat<TI, TO> m = { rs_out, sharded_grads, v.unit.total };
+    long long j0 = b * CP_KTILE_OF(V), end = j0 + CP_KTILE_OF(V) < m.n ? j0 + CP_KTILE_OF(V) : m.n;
+    cp_ktile<TI, TO, V>(m, j0, end, lane, v.unit.post_divide);
 }
 
-/* ag (W, total) -> unsharded, each parameter as (outer, W*run). */
 template <typename T, int V>
-__host__ __device__ inline void cp_copy_out_group(const cp_kview &v, const T *ag, T *unsharded, long long q)
+__host__ __device__ inline void cp_copy_out_tile(const cp_kview &v, const T *ag, T *unsharded, long long b, int lane)
 {
-    long long g = q * V;
-    const cp_kparam &p = v.params[cp_kfind(v, g / v.W)];
-    long long local = g - (long long)v.W * p.offset;
-    long long row = (long long)v.W * p.run;
-    long long o = local / row, rem = local - o * row;
-    long long r = rem / p.run, t = rem - r * p.run;
-    cp_kcopy<T, T, V>(ag + r * v.unit.total + p.offset + o * p.run + t, unsharded + g, 1.0f);
-}
-
-/* unsharded grads (compact, real numel per parameter) -> (W, total) with
- * zero padding, cast to the reduce dtype, divided by pre_divide. */
-template <typename TI, typename TO, int V>
-__host__ __device__ inline void cp_pack_group(const cp_kview &v, const TI *grads, TO *rs_in, long long q)
-{
-    long long g = q * V;
-    long long r = g / v.unit.total, i = g - r * v.unit.total;
-    const cp_kparam &p = v.params[cp_kfind(v, i)];
-    long long j = i - p.offset, o = j / p.run, t = j - o * p.run;
-    long long e = o * (long long)v.W * p.run + r * p.run + t;
-    if (e + V <= p.numel) {
-        cp_kcopy<TI, TO, V>(grads + p.grad_offset + e, rs_in + g, v.unit.pre_divide);
-        return;
-    }
-    for (int k = 0; k < V; k++) {
-        float f = e + k < p.numel ? cp_to_float<TI>(grads[p.grad_offset + e + k]) : 0.0f;
-        rs_in[g + k] = cp_from_float<TO>(v.unit.pre_divide == 1.0f ? f : f / v.unit.pre_divide);
-    }
+    int r = (int)(b / v.unit.tiles_out), k = (int)(b - (long long)r * v.unit.tiles_out);
+    const cp_kparam &p = v.params[cp_kfind_tile(v, k, false)];
+    long long j0 = (long long)(k - p.tile_out) * CP_KTILE_OF(V);
+    long long end = j0 + CP_KTILE_OF(V) < p.padded ? j0 + CP_KTILE_OF(V) : p.padded;
+    cp_map_copy_out<T> m = { ag + (long long)r * v.unit.total + p.offset,
+                             unsharded + (long long)v.W * p.offset + (long long)r * p.run, p.run,
+                             (long long)v.W * p.run, p.outer };
+    cp_ktile<T, T, V>(m, j0, end, lane, 1.0f);
 }
 
 template <typename TI, typename TO, int V>
-__host__ __device__ inline void cp_view_out_group(const cp_kview &v, const TI *rs_out, TO *sharded_grads, long long q)
+__host__ __device__ inline void cp_pack_tile(const cp_kview &v, const TI *grads, TO *rs_in, long long b, int lane)
 {
-    long long i = q * V;
-    cp_kcopy<TI, TO, V>(rs_out + i, sharded_grads + i, v.unit.post_divide);
+    int r = (int)(b / v.unit.tiles_pack), k = (int)(b - (long long)r * v.unit.tiles_pack);
+    const cp_kparam &p = v.params[cp_kfind_tile(v, k, true)];
+    long long j0 = (long long)(k - p.tile_pack) * CP_KTILE_OF(V);
+    long long end = j0 + CP_KTILE_OF(V) < p.padded ? j0 + CP_KTILE_OF(V) : p.padded;
+    cp_map_pack_to<TI, TO> m;
+    m.in = grads + p.grad_offset;
+    m.run = p.run;
+    m.wrun = (long long)v.W * p.run;
+    m.outer = p.outer;
+    m.numel = p.numel;
+    m.rrun = (long long)r * p.run;
+    m.out = rs_in + (long long)r * v.unit.total + p.offset;
+    cp_ktile<TI, TO, V>(m, j0, end, lane, v.unit.pre_divide);
+}
+
+/* Blocks of each op: one per tile. */
+template <int V> __host__ __device__ inline long long cp_kblocks(int op, const cp_kview &v)
+{
+    if (op == 0 || op == 3) return (v.unit.total + CP_KTILE_OF(V) - 1) / CP_KTILE_OF(V);
+    return (long long)v.W * (op == 1 ? v.unit.tiles_out : v.unit.tiles_pack);
 }
 
 #ifdef __CUDACC__
-/* Grid-stride kernels over vector groups. */
 template <typename TI, typename TO, int V>
-__global__ void cp_copy_in_kernel(cp_kview v, int shard_rank, const TI *in, TO *out, long long groups)
+__global__ void __launch_bounds__(CP_KTHREADS) cp_copy_in_kernel(cp_kview v, int shard_rank, const TI *in, TO *out)
 {
-    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < groups; q += (long long)gridDim.x * blockDim.x)
-        cp_copy_in_group<TI, TO, V>(v, shard_rank, in, out, q);
+    cp_copy_in_tile<TI, TO, V>(v, shard_rank, in, out, blockIdx.x, threadIdx.x);
 }
 template <typename T, int V>
-__global__ void cp_copy_out_kernel(cp_kview v, const T *in, T *out, long long groups)
+__global__ void __launch_bounds__(CP_KTHREADS) cp_copy_out_kernel(cp_kview v, const T *in, T *out)
 {
-    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < groups; q += (long long)gridDim.x * blockDim.x)
-        cp_copy_out_group<T, V>(v, in, out, q);
+    cp_copy_out_tile<T, V>(v, in, out, blockIdx.x, threadIdx.x);
 }
 template <typename TI, typename TO, int V>
-__global__ void cp_pack_kernel(cp_kview v, const TI *in, TO *out, long long groups)
+__global__ void __launch_bounds__(CP_KTHREADS) cp_pack_kernel(cp_kview v, const TI *in, TO *out)
 {
-    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < groups; q += (long long)gridDim.x * blockDim.x)
-        cp_pack_group<TI, TO, V>(v, in, out, q);
+    cp_pack_tile<TI, TO, V>(v, in, out, blockIdx.x, threadIdx.x);
 }
 template <typename TI, typename TO, int V>
-__global__ void cp_view_out_kernel(cp_kview v, const TI *in, TO *out, long long groups)
+__global__ void __launch_bounds__(CP_KTHREADS) cp_view_out_kernel(cp_kview v, const TI *in, TO *out)
 {
-    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < groups; q += (long long)gridDim.x * blockDim.x)
-        cp_view_out_group<TI, TO, V>(v, in, out, q);
+    cp_view_out_tile<TI, TO, V>(v, in, out, blockIdx.x, threadIdx.x);
 }
 #endif
 
@@ -175,34 +286,30 @@ template <typename TI, typename TO, int V>
 static cudaError_t cp_krun(int op, const cp_kview &v, int shard_rank, const void *in, void *out, cudaStream_t s,
                            int host)
 {
-    long long n = (op == CP_K_COPY_IN || op == CP_K_VIEW_OUT) ? v.unit.total : (long long)v.W * v.unit.total;
-    long long groups = n / V;
+    long long blocks = cp_kblocks<V>(op, v);
     const TI *src = static_cast<const TI *>(in);
     TO *dst = static_cast<TO *>(out);
-    if (host) {
-        for (long long q = 0; q < groups; q++) {
-            switch (op) {
-            case CP_K_COPY_IN: cp_copy_in_group<TI, TO, V>(v, shard_rank, src, dst, q); break;
-            case CP_K_COPY_OUT: cp_copy_out_group<TO, V>(v, reinterpret_cast<const TO *>(src), dst, q); break;
-            case CP_K_PACK: cp_pack_group<TI, TO, V>(v, src, dst, q); break;
-            default: cp_view_out_group<TI, TO, V>(v, src, dst, q); break;
-            }
-        }
+    if (host) { /* every lane of every block, in order: the device's work, one thread at a time */
+        for (long long b = 0; b < blocks; b++)
+            for (int lane = 0; lane < CP_KTHREADS; lane++) switch (op) {
+                case CP_K_COPY_IN: cp_copy_in_tile<TI, TO, V>(v, shard_rank, src, dst, b, lane); break;
+                case CP_K_COPY_OUT: cp_copy_out_tile<TO, V>(v, reinterpret_cast<const TO *>(src), dst, b, lane); break;
+                case CP_K_PACK: cp_pack_tile<TI, TO, V>(v, src, dst, b, lane); break;
+                default: cp_view_out_tile<TI, TO, V>(v, src, dst, b, lane); break;
+                }
         return cudaSuccess;
     }
 #ifdef __CUDACC__
-    if (groups == 0) return cudaSuccess;
-    const int threads = 256;
-    /* Enough blocks to fill an H100 (132 SMs x 8 resident blocks); grid-stride beyond that. */
-    long long blocks = (groups + threads - 1) / threads;
-    if (blocks > 132 * 8) blocks = 132 * 8;
+    if (blocks == 0) return cudaSuccess;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+    const unsigned grid = (unsigned)blocks;
     switch (op) {
-    case CP_K_COPY_IN: cp_copy_in_kernel<TI, TO, V><<<(unsigned)blocks, threads, 0, s>>>(v, shard_rank, src, dst, groups); break;
+    case CP_K_COPY_IN: cp_copy_in_kernel<TI, TO, V><<<grid, CP_KTHREADS, 0, s>>>(v, shard_rank, src, dst); break;
     case CP_K_COPY_OUT:
-        cp_copy_out_kernel<TO, V><<<(unsigned)blocks, threads, 0, s>>>(v, reinterpret_cast<const TO *>(src), dst, groups);
+        cp_copy_out_kernel<TO, V><<<grid, CP_KTHREADS, 0, s>>>(v, reinterpret_cast<const TO *>(src), dst);
         break;
-    case CP_K_PACK: cp_pack_kernel<TI, TO, V><<<(unsigned)blocks, threads, 0, s>>>(v, src, dst, groups); break;
-    default: cp_view_out_kernel<TI, TO, V><<<(unsigned)blocks, threads, 0, s>>>(v, src, dst, groups); break;
+    case CP_K_PACK: cp_pack_kernel<TI, TO, V><<<grid, CP_KTHREADS, 0, s>>>(v, src, dst); break;
+    default: cp_view_out_kernel<TI, TO, V><<<grid, CP_KTHREADS, 0, s>>>(v, src, dst); break;
     }
     return cudaGetLastError();
 #else
@@ -212,7 +319,7 @@ static cudaError_t cp_krun(int op, const cp_kview &v, int shard_rank, const void
 }
 
 template <typename TI, typename TO>
-static cudaError_t cp_kvec(int op, const cp_kview &v, int shard_rank, const void *in, void *out, cudaStream_t s, int host)
+static cudaError_t cp_kwidth(int op, const cp_kview &v, int shard_rank, const void *in, void *out, cudaStream_t s, int host)
 {
     const int V = 16 / (sizeof(TI) > sizeof(TO) ? sizeof(TI) : sizeof(TO));
     if (v.unit.vec_ok) return cp_krun<TI, TO, V>(op, v, shard_rank, in, out, s, host);
@@ -224,9 +331,9 @@ static cudaError_t cp_kto(int op, int to, const cp_kview &v, int shard_rank, con
                           int host)
 {
     switch (to) {
-    case 0: return cp_kvec<TI, float>(op, v, shard_rank, in, out, s, host);
-    case 1: return cp_kvec<TI, __nv_bfloat16>(op, v, shard_rank, in, out, s, host);
-    default: return cp_kvec<TI, __half>(op, v, shard_rank, in, out, s, host);
+    case 0: return cp_kwidth<TI, float>(op, v, shard_rank, in, out, s, host);
+    case 1: return cp_kwidth<TI, __nv_bfloat16>(op, v, shard_rank, in, out, s, host);
+    default: return cp_kwidth<TI, __half>(op, v, shard_rank, in, out, s, host);
     }
 }
 

@@ -50,6 +50,8 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
         B->ag[u] = xcalloc(W * total, cp_dtype_size(U->ag_dtype));
         B->unsharded[u] = xcalloc(W * total, cp_dtype_size(U->ag_dtype));
         B->grads[u] = xcalloc((size_t)U->grads_numel, cp_dtype_size(U->ag_dtype));
+        /* Nothing may read grads before the first backward writes them. */
+        if (B->grads[u]) memset(B->grads[u], CP_POISON_BYTE, (size_t)U->grads_numel * cp_dtype_size(U->ag_dtype));
         B->rs_in[u] = xcalloc(W * total, cp_dtype_size(U->reduce_dtype));
         B->rs_out[u] = xcalloc(total, cp_dtype_size(U->reduce_dtype));
         memset(B->unsharded[u], CP_POISON_BYTE, W * total * cp_dtype_size(U->ag_dtype));
@@ -120,8 +122,10 @@ static void pack(cp_executor *ex, const cp_unit *U, int u)
                 }
             }
     }
-    /* The unsharded grads are released after packing; the next backward starts from zero. */
-    memset(ex->buf.grads[u], 0, (size_t)U->grads_numel * cp_dtype_size(U->ag_dtype));
+    /* FSDP2 frees the unsharded grads after packing; the next backward
+     * writes them afresh (autograd assigns on the first micro-step and
+     * accumulates on later ones). Poison shows any read before that write. */
+    memset(ex->buf.grads[u], CP_POISON_BYTE, (size_t)U->grads_numel * cp_dtype_size(U->ag_dtype));
 }
 
 static void view_out(cp_executor *ex, const cp_unit *U, int u)

@@ -44,7 +44,7 @@ static void *watchdog_main(void *arg)
 }
 
 enum { BUF_SHARDED, BUF_UNSHARDED, BUF_GRADS, BUF_SHARDED_GRADS, BUF_AG, BUF_RS_IN, BUF_RS_OUT, BUF_COUNT };
-enum { EV_COPY_IN, EV_AG, EV_COPY_OUT, EV_PACK, EV_RS, EV_AR, EV_VIEW, EV_COUNT };
+enum { EV_COPY_IN, EV_AG, EV_COPY_OUT, EV_PACK, EV_RS, EV_COUNT };
 
 typedef struct {
     void *buf[BUF_COUNT];
@@ -122,29 +122,32 @@ static int uses_family(const cp_plan *p, int f)
 static int init_comms(cp_gpu *g)
 {
     const cp_plan *p = g->plan;
-    if (g->env.comm_id[0] && setenv("NCCL_COMM_ID", g->env.comm_id, 1) != 0)
+    /* Stand-in: one-rank communicators everywhere, bootstrapped locally. */
+    int nranks = g->env.standin ? 1 : g->env.world_size, me = g->env.standin ? 0 : g->env.rank;
+    if (g->env.standin) unsetenv("NCCL_COMM_ID");
+    else if (g->env.comm_id[0] && setenv("NCCL_COMM_ID", g->env.comm_id, 1) != 0)
         return fail(g, "setenv(NCCL_COMM_ID) failed");
     ncclUniqueId id;
     /* With NCCL_COMM_ID set every rank derives the same id and rank 0
      * listens on that address: no MPI and no side channel needed. */
     NCCL(ncclGetUniqueId(&id));
-    NCCL(ncclCommInitRank(&g->world, g->env.world_size, id, g->env.rank));
+    NCCL(ncclCommInitRank(&g->world, nranks, id, me));
     /* Every rank must run the same plan: compare fingerprints first. */
     char *mine, *all;
     CUDA(cudaMalloc((void **)&mine, 32));
-    CUDA(cudaMalloc((void **)&all, 32 * (size_t)g->env.world_size));
+    CUDA(cudaMalloc((void **)&all, 32 * (size_t)nranks));
     char fp[32] = { 0 };
     snprintf(fp, sizeof fp, "%s", p->fingerprint);
     CUDA(cudaMemcpy(mine, fp, 32, cudaMemcpyHostToDevice));
     NCCL(ncclAllGather(mine, all, 32, ncclChar, g->world, g->copy_in));
     CUDA(cudaStreamSynchronize(g->copy_in));
-    char *host = malloc(32 * (size_t)g->env.world_size);
+    char *host = malloc(32 * (size_t)nranks);
     if (!host) return fail(g, "out of host memory");
-    cudaError_t e = cudaMemcpy(host, all, 32 * (size_t)g->env.world_size, cudaMemcpyDeviceToHost);
+    cudaError_t e = cudaMemcpy(host, all, 32 * (size_t)nranks, cudaMemcpyDeviceToHost);
     cudaFree(mine);
     cudaFree(all);
     if (e != cudaSuccess) { free(host); return fail(g, "cudaMemcpy of fingerprints failed: %s", cudaGetErrorString(e)); }
-    for (int r = 0; r < g->env.world_size; r++)
+    for (int r = 0; r < nranks; r++)
         if (strncmp(host + 32 * (size_t)r, fp, 32) != 0) {
             int rc = fail(g, "rank %d runs plan fingerprint %.16s, this rank %s (%s); deploy the same build everywhere",
                           r, host + 32 * (size_t)r, fp, p->name);
@@ -158,6 +161,7 @@ static int init_comms(cp_gpu *g)
         if (!uses_family(p, f) || p->families[f].size < 2) continue;
         int color, key;
         cp_group_of(p, f, g->env.rank, &color, &key);
+        if (g->env.standin) color = key = 0;
         NCCL(ncclCommSplit(g->world, color, key, &g->comms[f], NULL));
     }
     return 0;
@@ -173,6 +177,10 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
     g->k = k;
     g->env = *env;
     int rc = -1;
+    if (env->standin && env->world_size != p->world_size) {
+        fail(g, "stand-in run of plan %s needs world_size %d (got %d)", p->name, p->world_size, env->world_size);
+        goto out;
+    }
     if (env->world_size != p->world_size) {
         fail(g, "the launcher started %d ranks but plan %s is for %d; launch %d or regenerate with world_size = %d",
              env->world_size, p->name, p->world_size, p->world_size, env->world_size);
@@ -279,6 +287,7 @@ void cp_gpu_destroy(cp_gpu *g)
 const char *cp_gpu_last_error(const cp_gpu *g) { return g->err; }
 int cp_gpu_rank(const cp_gpu *g) { return g->env.rank; }
 int cp_gpu_shard_rank(const cp_gpu *g) { return g->shard_rank; }
+int cp_gpu_is_standin(const cp_gpu *g) { return g->env.standin; }
 
 static int unit_of(const cp_plan *p, int param)
 {
@@ -359,8 +368,9 @@ static int run_op(cp_gpu *g, const cp_op *op, cudaStream_t S)
         return 0;
     case CP_OP_PACK:
         if (kernel(g, CP_KERNEL_PACK, u, s->buf[BUF_GRADS], s->buf[BUF_RS_IN], S)) return -1;
-        /* FSDP2 frees the unsharded grads here; the next backward accumulates from zero. */
-        CUDA(cudaMemsetAsync(s->buf[BUF_GRADS], 0, cp_gpu_buffer_bytes(g, u, BUF_GRADS), S));
+        /* FSDP2 frees the unsharded grads here: the next backward writes
+         * them afresh (first micro-step) rather than accumulating, so no
+         * memset is needed. */
         CUDA(cudaEventRecord(s->ev[EV_PACK], S));
         return 0;
     case CP_OP_REDUCE_SCATTER:
@@ -378,14 +388,13 @@ static int run_op(cp_gpu *g, const cp_op *op, cudaStream_t S)
         CUDA(cudaStreamWaitEvent(g->all_reduce, s->ev[EV_RS], 0));
         NCCL(ncclAllReduce(s->buf[BUF_RS_OUT], s->buf[BUF_RS_OUT], (size_t)op->count, nccl_type(op->dtype),
                            nccl_op(op->reduce_op), g->comms[op->family], g->all_reduce));
-        CUDA(cudaEventRecord(s->ev[EV_AR], g->all_reduce));
+        /* Nothing waits on the all-reduce alone: view-out follows on its stream. */
         return 0;
     case CP_OP_VIEW_OUT: {
         /* On the post-reduce stream: all-reduce's with HSDP, else reduce-scatter's. */
         cudaStream_t post = p->replicate_family >= 0 ? g->all_reduce : g->reduce_scatter;
-        if (kernel(g, CP_KERNEL_VIEW_OUT, u, s->buf[BUF_RS_OUT], s->buf[BUF_SHARDED_GRADS], post)) return -1;
-        CUDA(cudaEventRecord(s->ev[EV_VIEW], post));
-        return 0;
+        /* The step's end joins this stream into the caller's (finish). */
+        return kernel(g, CP_KERNEL_VIEW_OUT, u, s->buf[BUF_RS_OUT], s->buf[BUF_SHARDED_GRADS], post);
     }
     default:
         return fail(g, "unknown op kind %d", (int)op->kind);
@@ -471,6 +480,30 @@ int cp_gpu_step(cp_gpu *g, void *stream)
     return finish(g, S);
 }
 
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
+}
+
+int cp_gpu_step_profiled(cp_gpu *g, void *stream, double host_us[CP_OP_KIND_COUNT + 1])
+{
+    cudaStream_t S = (cudaStream_t)stream;
+    double t = now_us();
+    if (begin(g, S)) return -1;
+    host_us[CP_OP_KIND_COUNT] += now_us() - t;
+    for (int i = 0; i < g->plan->nops; i++) {
+        t = now_us();
+        if (run_op(g, &g->plan->ops[i], S)) return -1;
+        host_us[g->plan->ops[i].kind] += now_us() - t;
+    }
+    t = now_us();
+    int rc = finish(g, S);
+    host_us[CP_OP_KIND_COUNT] += now_us() - t;
+    return rc;
+}
+
 int cp_gpu_graph_capture(cp_gpu *g, void *stream)
 {
     cudaStream_t S = (cudaStream_t)stream;
@@ -484,6 +517,8 @@ int cp_gpu_graph_capture(cp_gpu *g, void *stream)
     e = cudaGraphInstantiate(&g->graph, graph, 0);
     cudaGraphDestroy(graph);
     if (e != cudaSuccess) return fail(g, "cudaGraphInstantiate failed: %s", cudaGetErrorString(e));
+    /* Upload now so the first replay does not pay for it. */
+    CUDA(cudaGraphUpload(g->graph, S));
     return 0;
 }
 
@@ -561,7 +596,8 @@ int cp_gpu_bench_ops(cp_gpu *g, void *stream, int warmup, int iters, FILE *out)
     CUDA(cudaEventCreate(&t1));
     fprintf(out, "# %-15s %-12s %6s %14s %12s %10s %10s %10s\n", "op", "group", "type", "size (B)", "count", "time (us)",
             "algbw GB/s", "busbw GB/s");
-    for (int i = 0; i < p->nops; i++) {
+    if (g->env.standin) fprintf(out, "  (collectives not timed: stand-in communicators have one rank)\n");
+    for (int i = 0; i < p->nops && !g->env.standin; i++) {
         const cp_op *op = &p->ops[i];
         if (op->family < 0 || (op->kind != CP_OP_ALL_GATHER && op->kind != CP_OP_REDUCE_SCATTER &&
                                op->kind != CP_OP_ALL_REDUCE))

@@ -79,55 +79,99 @@ static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, c
     return rc;
 }
 
-static int run_timing(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, cudaStream_t S)
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Host time to issue one step (fn) from an idle GPU: the median over
+ * iters, each started after a synchronize so the launch queue never fills
+ * and the figure is the host's own cost, not the GPU's pace. */
+static int host_us(cp_gpu *g, int (*fn)(cp_gpu *, void *), cudaStream_t S, int iters, double timeout_s, double *out)
+{
+    double *t = malloc((size_t)iters * sizeof *t);
+    if (!t) return -1;
+    for (int i = 0; i < iters; i++) {
+        if (cp_gpu_synchronize(g, S, timeout_s)) { free(t); return -1; }
+        double h0 = now_us();
+        if (fn(g, S)) { free(t); return -1; }
+        t[i] = now_us() - h0;
+    }
+    qsort(t, (size_t)iters, sizeof *t, cmp_double);
+    *out = t[iters / 2];
+    free(t);
+    return cp_gpu_synchronize(g, S, timeout_s);
+}
+
+/* GPU time per step, steps issued back to back. */
+static int gpu_ms(cp_gpu *g, int (*fn)(cp_gpu *, void *), cudaStream_t S, int iters, double timeout_s, double *out)
 {
     cudaEvent_t t0, t1;
-    if (cudaEventCreate(&t0) != cudaSuccess || cudaEventCreate(&t1) != cudaSuccess) {
-        fprintf(stderr, "commplan: cudaEventCreate failed\n");
-        return 2;
-    }
+    if (cudaEventCreate(&t0) != cudaSuccess) return -1;
+    if (cudaEventCreate(&t1) != cudaSuccess) { cudaEventDestroy(t0); return -1; }
+    int rc = -1;
+    float ms = 0.0f;
+    if (cudaEventRecord(t0, S) != cudaSuccess) goto out;
+    for (int i = 0; i < iters; i++)
+        if (fn(g, S)) goto out;
+    if (cudaEventRecord(t1, S) != cudaSuccess || cp_gpu_synchronize(g, S, timeout_s) ||
+        cudaEventElapsedTime(&ms, t0, t1) != cudaSuccess)
+        goto out;
+    *out = ms / iters;
+    rc = 0;
+out:
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+    return rc;
+}
+
+static int step_fn(cp_gpu *g, void *s) { return cp_gpu_step(g, s); }
+static int graph_fn(cp_gpu *g, void *s) { return cp_gpu_graph_launch(g, s); }
+
+static int run_timing(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, cudaStream_t S)
+{
     int iters = o->iters > 0 ? o->iters : 1;
+    double ms, us;
     for (int i = 0; i < o->warmup; i++)
         if (cp_gpu_step(g, S)) goto fail;
     if (cp_gpu_synchronize(g, S, o->timeout_s)) goto fail;
-    double host = 0.0;
-    cudaEventRecord(t0, S);
-    for (int i = 0; i < iters; i++) {
-        double h0 = now_us();
-        if (cp_gpu_step(g, S)) goto fail;
-        host += now_us() - h0;
+    printf("# %s rank %d: %d ops per step, %d units%s\n", p->name, cp_gpu_rank(g), p->nops, p->nunits,
+           cp_gpu_is_standin(g) ? "; stand-in: one-rank communicators, GPU times are not the plan's" : "");
+    printf("# host: median time to issue one step from an idle GPU; GPU: steps back to back\n");
+    if (gpu_ms(g, step_fn, S, iters, o->timeout_s, &ms) || host_us(g, step_fn, S, iters, o->timeout_s, &us)) goto fail;
+    printf("step (eager):  %10.3f ms on the GPU, %10.1f us host enqueue\n", ms, us);
+    {
+        /* Where the eager host time goes: per op kind, mean over iters. */
+        double by_kind[CP_OP_KIND_COUNT + 1] = { 0 };
+        int n_kind[CP_OP_KIND_COUNT] = { 0 };
+        for (int i = 0; i < p->nops; i++) n_kind[p->ops[i].kind]++;
+        for (int i = 0; i < iters; i++) {
+            if (cp_gpu_synchronize(g, S, o->timeout_s) || cp_gpu_step_profiled(g, S, by_kind)) goto fail;
+        }
+        if (cp_gpu_synchronize(g, S, o->timeout_s)) goto fail;
+        printf("# host issue time by op kind (eager, mean per step)\n#   %-15s %6s %10s %10s\n", "kind", "ops",
+               "us/step", "us/op");
+        for (int k = 0; k <= CP_OP_KIND_COUNT; k++) {
+            if (k < CP_OP_KIND_COUNT && n_kind[k] == 0) continue;
+            double per = by_kind[k] / iters;
+            printf("    %-15s %6d %10.1f %10.2f\n", k < CP_OP_KIND_COUNT ? cp_op_kind_name((cp_op_kind)k) : "fork/join",
+                   k < CP_OP_KIND_COUNT ? n_kind[k] : 1, per, per / (k < CP_OP_KIND_COUNT ? n_kind[k] : 1));
+        }
     }
-    cudaEventRecord(t1, S);
-    if (cp_gpu_synchronize(g, S, o->timeout_s)) goto fail;
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, t0, t1);
-    printf("# %s rank %d: %d ops per step\n", p->name, cp_gpu_rank(g), p->nops);
-    printf("step (eager):  %10.3f ms on the GPU, %10.1f us host enqueue\n", ms / iters, host / iters);
     if (o->graph) {
         if (cp_gpu_graph_capture(g, S)) goto fail;
         for (int i = 0; i < o->warmup; i++)
             if (cp_gpu_graph_launch(g, S)) goto fail;
         if (cp_gpu_synchronize(g, S, o->timeout_s)) goto fail;
-        host = 0.0;
-        cudaEventRecord(t0, S);
-        for (int i = 0; i < iters; i++) {
-            double h0 = now_us();
-            if (cp_gpu_graph_launch(g, S)) goto fail;
-            host += now_us() - h0;
-        }
-        cudaEventRecord(t1, S);
-        if (cp_gpu_synchronize(g, S, o->timeout_s)) goto fail;
-        cudaEventElapsedTime(&ms, t0, t1);
-        printf("step (graph):  %10.3f ms on the GPU, %10.1f us host launch\n", ms / iters, host / iters);
+        if (gpu_ms(g, graph_fn, S, iters, o->timeout_s, &ms) || host_us(g, graph_fn, S, iters, o->timeout_s, &us))
+            goto fail;
+        printf("step (graph):  %10.3f ms on the GPU, %10.1f us host launch\n", ms, us);
     }
     if (cp_gpu_bench_ops(g, S, o->warmup, iters, stdout)) goto fail;
-    cudaEventDestroy(t0);
-    cudaEventDestroy(t1);
     return 0;
 fail:
-    fprintf(stderr, "commplan: %s\n", cp_gpu_last_error(g));
-    cudaEventDestroy(t0);
-    cudaEventDestroy(t1);
+    fprintf(stderr, "commplan: %s\n", cp_gpu_last_error(g)[0] ? cp_gpu_last_error(g) : "CUDA event or host memory failure");
     return 2;
 }
 

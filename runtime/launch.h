@@ -11,6 +11,9 @@ typedef struct {
     int rank, world_size, local_rank;
     const char *source;  /* "torchrun", "openmpi", "slurm" or "none" (one process) */
     char comm_id[300];   /* NCCL_COMM_ID value ("host:port", "[v6]:port"), "" if none */
+    int standin;         /* 1: this process plays `rank` of the plan alone on one GPU; every group's
+                            communicator has one rank, so each collective is issued with the plan's
+                            counts but moves only this rank's own slot (host-cost measurement) */
 } cp_launch_env;
 
 /* Returns 0, or -1 with a one-line message naming the variable and the fix

@@ -27,7 +27,7 @@ static void usage(FILE *f, const cp_plan *p)
     fprintf(f,
             "usage: %s [--simulate [--steps N] [--pattern unique|oracle] [--dump DIR]] [--dry-run]\n"
             "          [--check [--steps N]] [--warmup N] [--iters N] [--graph] [--timeout S]\n"
-            "          [--world-size N] [--rank R] [--quiet] [--help]\n"
+            "          [--standin [--rank R]] [--world-size N] [--rank R] [--quiet] [--help]\n"
             "\n"
             "Plan %s (fingerprint %s): %d ranks, %d units, %d parameters, %d ops per step.\n"
             "\n"
@@ -42,6 +42,9 @@ static void usage(FILE *f, const cp_plan *p)
             "  --warmup N        untimed steps before timing (default 5)\n"
             "  --iters N         timed steps and per-op repetitions (default 20)\n"
             "  --graph           also capture the step as one CUDA graph and time its replay\n"
+            "  --standin         time rank R (default 0) of the plan alone on this GPU: every group is a one-rank\n"
+            "                    communicator, so each collective is issued with the plan's counts but moves only\n"
+            "                    this rank's slot; host enqueue and graph-launch times are the plan's\n"
             "  --timeout S       fail instead of hanging when a step takes longer than S seconds (default 300)\n"
             "  --world-size N    refuse to run unless N equals the plan's world size (default: the launcher's,\n"
             "                    from torchrun $WORLD_SIZE, Open MPI $OMPI_COMM_WORLD_SIZE or Slurm $SLURM_NTASKS)\n"
@@ -82,7 +85,7 @@ static void dry_run(const cp_plan *p)
 int main(int argc, char **argv)
 {
     const cp_plan *p = &CP_PLAN;
-    int simulate = 0, dry = 0, quiet = 0, check = 0, graph = 0;
+    int simulate = 0, dry = 0, quiet = 0, check = 0, graph = 0, standin = 0;
     long steps = 1, world = -1, rank = -1, warmup = 5, iters = 20, timeout = 300;
     cp_sim_options opt = { .steps = 1, .pattern = CP_PATTERN_UNIQUE };
     for (int i = 1; i < argc; i++) {
@@ -94,6 +97,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "--check")) check = 1;
         else if (!strcmp(a, "--graph")) graph = 1;
+        else if (!strcmp(a, "--standin")) standin = 1;
         else if (!strcmp(a, "--warmup")) { if (parse_int(a, next, 0, 1000000, &warmup)) return 2; i++; }
         else if (!strcmp(a, "--iters")) { if (parse_int(a, next, 1, 1000000, &iters)) return 2; i++; }
         else if (!strcmp(a, "--timeout")) { if (parse_int(a, next, 1, 86400, &timeout)) return 2; i++; }
@@ -134,6 +138,18 @@ int main(int argc, char **argv)
         return 2;
     }
     if (dry) { dry_run(p); return 0; }
+    if (standin) {
+        if (simulate || check) {
+            fprintf(stderr, "commplan: --standin times one rank with one-rank communicators and cannot be checked; "
+                            "drop --check/--simulate or launch all %d ranks\n", p->world_size);
+            return 2;
+        }
+        env.standin = 1;
+        env.world_size = p->world_size;
+        env.rank = rank >= 0 ? (int)rank : 0;
+        if (strcmp(env.source, "none") == 0) env.local_rank = 0;
+        env.comm_id[0] = '\0';
+    }
     if (!simulate) {
 #ifdef CP_WITH_GPU
         cp_gpu_run_options go = { .check = check, .graph = graph, .steps = (int)steps, .warmup = (int)warmup,

@@ -6,18 +6,21 @@
 #include "cp_kernels.cuh"
 #include "cp_gpu_kernels.h"
 
-/* offset, outer, run, padded, numel, grad_offset */
+static_assert(CP_KTHREADS == 256 && CP_KNV == 4,
+              "plan generated for another runtime/cp_kernels.cuh: regenerate it");
+
+/* offset, outer, run, padded, numel, grad_offset, tile_out, tile_pack */
 #define DDP2_PARAMS \
-    { 0, 1, 3, 3, 3, 0 }, \
-    { 0, 1, 12, 12, 12, 0 }, \
+    { 0, 1, 3, 3, 3, 0, 0, 0 }, \
+    { 0, 1, 12, 12, 12, 0, 0, 0 }, \
 
 static const cp_kparam host_params[2] = { DDP2_PARAMS };
 static __device__ const cp_kparam device_params[2] = { DDP2_PARAMS };
 
-/* first_param, nparams, total, pre_divide, post_divide, vec_ok */
+/* first_param, nparams, total, pre_divide, post_divide, vec_ok, tiles_out, tiles_pack */
 static const cp_kunit units[2] = {
-    { 0, 1, 3, 1.0f, 1.0f, 0 },
-    { 1, 1, 12, 1.0f, 1.0f, 0 },
+    { 0, 1, 3, 1.0f, 1.0f, 0, 1, 1 },
+    { 1, 1, 12, 1.0f, 1.0f, 0, 1, 1 },
 };
 
 /* orig, ag, reduce dtype per unit */

@@ -6,24 +6,27 @@
 #include "cp_kernels.cuh"
 #include "cp_gpu_kernels.h"
 
-/* offset, outer, run, padded, numel, grad_offset */
+static_assert(CP_KTHREADS == 256 && CP_KNV == 4,
+              "plan generated for another runtime/cp_kernels.cuh: regenerate it");
+
+/* offset, outer, run, padded, numel, grad_offset, tile_out, tile_pack */
 #define FSDP8_UNEVEN_PARAMS \
-    { 0, 1, 14, 14, 70, 0 }, \
-    { 0, 1, 5, 5, 15, 0 }, \
-    { 5, 1, 1, 1, 1, 16 }, \
-    { 6, 1, 9, 9, 51, 24 }, \
-    { 15, 4, 2, 8, 64, 80 }, \
-    { 0, 1, 2, 2, 9, 0 }, \
-    { 2, 1, 6, 6, 30, 16 }, \
+    { 0, 1, 14, 14, 70, 0, 0, 0 }, \
+    { 0, 1, 5, 5, 15, 0, 0, 0 }, \
+    { 5, 1, 1, 1, 1, 16, 1, 1 }, \
+    { 6, 1, 9, 9, 51, 24, 2, 2 }, \
+    { 15, 4, 2, 8, 64, 80, 3, 3 }, \
+    { 0, 1, 2, 2, 9, 0, 0, 0 }, \
+    { 2, 1, 6, 6, 30, 16, 1, 1 }, \
 
 static const cp_kparam host_params[7] = { FSDP8_UNEVEN_PARAMS };
 static __device__ const cp_kparam device_params[7] = { FSDP8_UNEVEN_PARAMS };
 
-/* first_param, nparams, total, pre_divide, post_divide, vec_ok */
+/* first_param, nparams, total, pre_divide, post_divide, vec_ok, tiles_out, tiles_pack */
 static const cp_kunit units[3] = {
-    { 0, 1, 14, 1.0f, 1.0f, 0 },
-    { 1, 4, 23, 1.0f, 1.0f, 0 },
-    { 5, 2, 8, 1.0f, 1.0f, 0 },
+    { 0, 1, 14, 1.0f, 1.0f, 0, 1, 1 },
+    { 1, 4, 23, 1.0f, 1.0f, 0, 4, 4 },
+    { 5, 2, 8, 1.0f, 1.0f, 0, 2, 2 },
 };
 
 /* orig, ag, reduce dtype per unit */

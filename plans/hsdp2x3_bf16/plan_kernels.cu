@@ -6,23 +6,26 @@
 #include "cp_kernels.cuh"
 #include "cp_gpu_kernels.h"
 
-/* offset, outer, run, padded, numel, grad_offset */
+static_assert(CP_KTHREADS == 256 && CP_KNV == 4,
+              "plan generated for another runtime/cp_kernels.cuh: regenerate it");
+
+/* offset, outer, run, padded, numel, grad_offset, tile_out, tile_pack */
 #define HSDP2X3_BF16_PARAMS \
-    { 0, 1, 20, 20, 52, 0 }, \
-    { 20, 1, 20, 20, 52, 56 }, \
-    { 0, 1, 16, 16, 40, 0 }, \
-    { 16, 1, 2, 2, 4, 40 }, \
-    { 0, 1, 9, 9, 18, 0 }, \
-    { 9, 1, 2, 2, 5, 24 }, \
+    { 0, 1, 20, 20, 52, 0, 0, 0 }, \
+    { 20, 1, 20, 20, 52, 56, 1, 1 }, \
+    { 0, 1, 16, 16, 40, 0, 0, 0 }, \
+    { 16, 1, 2, 2, 4, 40, 1, 1 }, \
+    { 0, 1, 9, 9, 18, 0, 0, 0 }, \
+    { 9, 1, 2, 2, 5, 24, 1, 1 }, \
 
 static const cp_kparam host_params[6] = { HSDP2X3_BF16_PARAMS };
 static __device__ const cp_kparam device_params[6] = { HSDP2X3_BF16_PARAMS };
 
-/* first_param, nparams, total, pre_divide, post_divide, vec_ok */
+/* first_param, nparams, total, pre_divide, post_divide, vec_ok, tiles_out, tiles_pack */
 static const cp_kunit units[3] = {
-    { 0, 2, 40, 1.0f, 1.0f, 0 },
-    { 2, 2, 18, 1.0f, 1.0f, 0 },
-    { 4, 2, 11, 1.0f, 1.0f, 0 },
+    { 0, 2, 40, 1.0f, 1.0f, 0, 2, 2 },
+    { 2, 2, 18, 1.0f, 1.0f, 0, 2, 2 },
+    { 4, 2, 11, 1.0f, 1.0f, 0, 2, 2 },
 };
 
 /* orig, ag, reduce dtype per unit */

@@ -6,19 +6,22 @@
 #include "cp_kernels.cuh"
 #include "cp_gpu_kernels.h"
 
-/* offset, outer, run, padded, numel, grad_offset */
+static_assert(CP_KTHREADS == 256 && CP_KNV == 4,
+              "plan generated for another runtime/cp_kernels.cuh: regenerate it");
+
+/* offset, outer, run, padded, numel, grad_offset, tile_out, tile_pack */
 #define HSDP4X2_FP16_PARAMS \
-    { 0, 1, 15, 15, 25, 0 }, \
-    { 0, 1, 12, 12, 21, 0 }, \
-    { 12, 1, 2, 2, 3, 24 }, \
+    { 0, 1, 15, 15, 25, 0, 0, 0 }, \
+    { 0, 1, 12, 12, 21, 0, 0, 0 }, \
+    { 12, 1, 2, 2, 3, 24, 1, 1 }, \
 
 static const cp_kparam host_params[3] = { HSDP4X2_FP16_PARAMS };
 static __device__ const cp_kparam device_params[3] = { HSDP4X2_FP16_PARAMS };
 
-/* first_param, nparams, total, pre_divide, post_divide, vec_ok */
+/* first_param, nparams, total, pre_divide, post_divide, vec_ok, tiles_out, tiles_pack */
 static const cp_kunit units[2] = {
-    { 0, 1, 15, 4.0f, 2.0f, 0 },
-    { 1, 2, 14, 4.0f, 2.0f, 0 },
+    { 0, 1, 15, 4.0f, 2.0f, 0, 1, 1 },
+    { 1, 2, 14, 4.0f, 2.0f, 0, 2, 2 },
 };
 
 /* orig, ag, reduce dtype per unit */

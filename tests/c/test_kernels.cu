@@ -15,8 +15,9 @@ extern "C" {
 }
 #include "cp_gpu_kernels.h"
 
-extern "C" const cp_plan fsdp8_uneven_plan, hsdp2x3_bf16_plan, hsdp4x2_fp16_plan, llama_tiny_plan;
-extern "C" const cp_gpu_kernels fsdp8_uneven_kernels, hsdp2x3_bf16_kernels, hsdp4x2_fp16_kernels, llama_tiny_kernels;
+extern "C" const cp_plan fsdp8_uneven_plan, hsdp2x3_bf16_plan, hsdp4x2_fp16_plan, llama_tiny_plan, kernels_big_plan;
+extern "C" const cp_gpu_kernels fsdp8_uneven_kernels, hsdp2x3_bf16_kernels, hsdp4x2_fp16_kernels, llama_tiny_kernels,
+    kernels_big_kernels;
 
 static int failures, checks, device_checks;
 static int have_device = -1;
@@ -152,6 +153,7 @@ int main(void)
     check_plan(&hsdp2x3_bf16_plan, &hsdp2x3_bf16_kernels);
     check_plan(&hsdp4x2_fp16_plan, &hsdp4x2_fp16_kernels);
     check_plan(&llama_tiny_plan, &llama_tiny_kernels);
+    check_plan(&kernels_big_plan, &kernels_big_kernels);
     printf("kernels vs host reference: %d checks on the CPU, %d on the device, %d failed\n", checks, device_checks,
            failures);
     if (!device_available()) printf("SKIP device kernel launches: no CUDA device here (%s)\n", no_device_reason);

@@ -1,0 +1,39 @@
+#!/bin/sh
+# Everything that needs the GPU, in one call on the lent machine (or any
+# NVIDIA node): make test-gpu, the copy kernels against PyTorch's FSDP2 ops,
+# and host enqueue time of a Llama-3-70B-structured step (--standin).
+# Logs go to $OUT (default build/gpu-session); the summary is printed last.
+#   sh bench/gpu_session.sh
+set -u
+OUT=${OUT:-build/gpu-session}
+mkdir -p "$OUT"
+# A lua5.4 carried in .tools/ where the machine has none (generation only).
+[ -x .tools/lua5.4 ] && PATH=$PWD/.tools:$PATH && export PATH
+# NCCL: CUDA's own, else the one PyTorch's wheels bring.
+if [ -z "${NCCL_HOME:-}" ] && [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; then
+  d=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
+  if [ -n "$d" ] && [ -f "$d/include/nccl.h" ]; then
+    mkdir -p /tmp/nccl/lib && ln -sfn "$d/include" /tmp/nccl/include
+    ln -sf "$d/lib/libnccl.so.2" /tmp/nccl/lib/libnccl.so.2 && ln -sf "$d/lib/libnccl.so.2" /tmp/nccl/lib/libnccl.so
+    NCCL_HOME=/tmp/nccl && export NCCL_HOME
+  fi
+fi
+echo "NCCL_HOME=${NCCL_HOME:-(beside CUDA)}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+rc=0
+echo "== make test-gpu"
+make -s -j16 test-gpu >"$OUT/test-gpu.log" 2>&1 || rc=1
+tail -n 25 "$OUT/test-gpu.log"
+echo "== copy kernels vs PyTorch"
+PYTHONUNBUFFERED=1 python3 bench/bench_kernels.py >"$OUT/bench_kernels.log" 2>&1 || rc=1
+echo "== host enqueue, Llama-3-70B structure (one rank, stand-in communicators)"
+for plan in ${ENQUEUE_PLANS:-bench/llama70b_structure.lua}; do
+  n=$(basename "$plan" .lua)
+  out=plans/$n; case $plan in plans/*) ;; *) out=build/bench/$n ;; esac
+  make -s PLAN="$plan" OUT="$out" >"$OUT/enqueue-$n.log" 2>&1 &&
+    "build/$n/$n" --standin --warmup 3 --iters 20 --graph >>"$OUT/enqueue-$n.log" 2>&1 || rc=1
+  grep -E "^#|step" "$OUT/enqueue-$n.log" | head -5
+done
+echo "== kernels vs PyTorch"
+cat "$OUT/bench_kernels.log"
+exit $rc
