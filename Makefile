@@ -109,7 +109,7 @@ test-lua:
 	@$(LUA) tests/lua/run.lua
 
 lint:
-	luacheck -q gen tests/lua plans
+	luacheck -q gen tests/lua tests/plans tests/oracle_check.lua plans bench
 
 check-generated:
 	@rc=0; for f in $(ALL_PLANS); do \
@@ -167,6 +167,11 @@ test-gpu: build/tests/test_kernels
 	build/tests/test_kernels
 	build/single/single --check --steps 3
 	build/single/single --warmup 3 --iters 20 --graph
+	@$(MAKE) --no-print-directory -s build/example/example
+	build/example/example
+	@$(MAKE) --no-print-directory -s PLAN=llama70b.lua >/dev/null
+	@$(MAKE) --no-print-directory -s PLAN=fsdp4.lua >/dev/null
+	tests/gpu_faults.sh
 
 # docs/example.c must keep building against the library it documents.
 build/example/example: docs/example.c $(RUNTIME_HDR)

@@ -24,6 +24,12 @@ rc=0
 echo "== make test-gpu"
 make -s -j16 test-gpu >"$OUT/test-gpu.log" 2>&1 || rc=1
 tail -n 25 "$OUT/test-gpu.log"
+if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null 2>&1; then
+  echo "== compute-sanitizer memcheck of the device kernels"
+  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_kernels >"$OUT/memcheck.log" 2>&1 || rc=1
+  tail -n 3 "$OUT/memcheck.log"
+fi
+[ -n "${ONLY_TESTS:-}" ] && exit $rc
 echo "== copy kernels vs PyTorch"
 PYTHONUNBUFFERED=1 python3 bench/bench_kernels.py >"$OUT/bench_kernels.log" 2>&1 || rc=1
 echo "== host enqueue, Llama-3-70B structure (one rank, stand-in communicators)"

@@ -29,7 +29,7 @@ expect_rc() {
 }
 
 echo "== lint and generator unit tests"
-if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans" luacheck -q gen tests/lua tests/oracle_check.lua plans
+if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua plans bench
 else skipped "luacheck" "not installed (apt-get install lua-check)"; fi
 run "lua unit tests" $LUA tests/lua/run.lua
 
@@ -133,6 +133,15 @@ launcher_rc "binary: Open MPI rank of the plan's world runs" 0 "" \
   OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=3 $M
 expect_rc "binary: unknown option exits 2" 2 build/fsdp4/fsdp4 --simulat
 expect_rc "binary: bad --steps exits 2" 2 build/fsdp4/fsdp4 --simulate --steps 0
+run "binary: --standin refuses --check (one-rank communicators hold no peers' data)" bash -c '
+  out=$(build/fsdp4/fsdp4 --standin --check 2>&1); rc=$?; echo "$out"
+  [ "$rc" = 2 ] && printf "%s" "$out" | grep -qF "cannot be checked"'
+if nvidia-smi -L >/dev/null 2>&1; then skipped "binary: --standin without a GPU" "this machine has one"
+else
+  run "binary: --standin without a GPU exits 2 and says why" bash -c '
+    out=$(build/fsdp4/fsdp4 --standin --rank 3 2>&1); rc=$?; echo "$out"
+    [ "$rc" = 2 ] && printf "%s" "$out" | grep -qE "no CUDA device|no GPU backend"'
+fi
 
 echo
 printf 'tests: %d passed, %d failed, %d skipped\n' "$pass" "$fail" "$skip"
