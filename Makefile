@@ -169,7 +169,7 @@ test-gpu: build/tests/test_kernels
 	build/single/single --warmup 3 --iters 20 --graph
 	@$(MAKE) --no-print-directory -s build/example/example
 	build/example/example
-	@$(MAKE) --no-print-directory -s PLAN=llama70b.lua >/dev/null
+	@$(MAKE) --no-print-directory -s PLAN=tests/plans/too_big.lua OUT=build/gen/too_big >/dev/null
 	@$(MAKE) --no-print-directory -s PLAN=fsdp4.lua >/dev/null
 	tests/gpu_faults.sh
 

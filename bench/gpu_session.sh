@@ -32,8 +32,8 @@ fi
 [ -n "${ONLY_TESTS:-}" ] && exit $rc
 echo "== copy kernels vs PyTorch"
 PYTHONUNBUFFERED=1 python3 bench/bench_kernels.py >"$OUT/bench_kernels.log" 2>&1 || rc=1
-echo "== host enqueue, Llama-3-70B structure (one rank, stand-in communicators)"
-for plan in ${ENQUEUE_PLANS:-bench/llama70b_structure.lua}; do
+echo "== host enqueue, Llama-3-70B (one rank, stand-in communicators)"
+for plan in ${ENQUEUE_PLANS:-plans/llama70b.lua bench/llama70b_structure.lua}; do
   n=$(basename "$plan" .lua)
   out=plans/$n; case $plan in plans/*) ;; *) out=build/bench/$n ;; esac
   make -s PLAN="$plan" OUT="$out" >"$OUT/enqueue-$n.log" 2>&1 &&

@@ -35,11 +35,16 @@ int main(void)
     float *w = cp_gpu_sharded(g, SINGLE_PARAM_BLOCK_W);
     if (cudaMemsetAsync(w, 0, 15 * sizeof(float), s) != cudaSuccess) return 2;
 
+    /* FSDP2's order, which the plan's memory arena assumes (SCHEDULE.md
+     * lists it): each unit resharded after its forward unless the plan
+     * keeps it (the root), unsharded again for its backward. */
     for (int u = 0; u < SINGLE_UNIT_COUNT; u++) {
         if (cp_gpu_unshard(g, u, s) != 0) goto fail;
         /* ... forward of unit u reads cp_gpu_unsharded(g, param) on s ... */
+        if (single_plan.units[u].reshard_after_forward && cp_gpu_reshard(g, u, s) != 0) goto fail;
     }
     for (int u = SINGLE_UNIT_COUNT - 1; u >= 0; u--) {
+        if (single_plan.units[u].reshard_after_forward && cp_gpu_unshard(g, u, s) != 0) goto fail;
         /* ... backward of unit u writes cp_gpu_grad(g, param) on s (accumulates on later micro-steps) ... */
         if (cp_gpu_reduce_grads(g, u, s) != 0) goto fail;
         if (cp_gpu_reshard(g, u, s) != 0) goto fail;

@@ -2,6 +2,7 @@
 local json = require("gen.json")
 local layout = require("gen.layout")
 local plan_mod = require("gen.plan")
+local memplan = require("gen.memplan")
 
 local audit = {}
 
@@ -22,18 +23,27 @@ local function facts(p)
         "shard_dim", q.shard_dim, "chunk", q.chunk, "padded_numel", q.padded, "offset", q.offset,
         "outer", q.outer, "run", q.run, "grad_offset", q.grad_offset })
     end
+    local arena = {}
+    for _, kind in ipairs(memplan.KINDS) do
+      local b = p.arena.by_unit[u.index][kind]
+      local lives = {}
+      for _, iv in ipairs(b.lives) do lives[#lives + 1] = { iv.first, iv.last } end
+      arena[#arena + 1] = kind
+      arena[#arena + 1] = O({ "offset", b.offset, "bytes", b.bytes, "live_ops", lives })
+    end
     units[#units + 1] = O({ "name", u.name, "index", u.index, "root", u.is_root,
       "reshard_after_forward", u.reshard_after_forward, "orig_dtype", u.orig_dtype, "ag_dtype", u.ag_dtype,
       "reduce_dtype", u.reduce_dtype, "slot_numel", u.total, "grads_numel", u.grads_numel, "vec_ok", u.vec_ok,
       "rs_op", u.rs_op, "ar_op", u.ar_op,
-      "pre_divide", u.pre_divide, "post_divide", u.post_divide, "params", params })
+      "pre_divide", u.pre_divide, "post_divide", u.post_divide, "arena", O(arena), "params", params })
   end
   local ops = {}
   for _, o in ipairs(p.ops) do
     ops[#ops + 1] = O({ "seq", o.seq, "kind", o.kind, "unit", p.layout.units[o.unit + 1].name,
       "phase", o.phase, "micro_step", o.micro_step, "group", o.group, "dtype", o.dtype, "count", o.count,
       "reduce_op", o.reduce_op, "size_bytes", o.size_bytes, "wire_bytes", o.wire_bytes,
-      "predicted_us", o.predicted_us and tonumber(string.format("%.3f", o.predicted_us)) })
+      "predicted_us", o.predicted_us and tonumber(string.format("%.3f", o.predicted_us)),
+      "waits_for", p.arena.waits[o.seq] })
   end
   local per_family = {}
   for _, f in ipairs(p.groups.list) do
@@ -57,7 +67,9 @@ local function facts(p)
     "per_rank_per_step", O({ "by_group", per_family,
       "predicted_comm_us", tonumber(string.format("%.3f", p.predicted.total_us)) }),
     "memory", O({ "persistent_bytes", p.memory.persistent_bytes, "peak_transient_bytes", p.memory.peak_transient_bytes,
-                  "peak_bytes", p.memory.peak_bytes, "peak_at_op", p.memory.peak_at_op }),
+                  "peak_bytes", p.memory.peak_bytes, "peak_at_op", p.memory.peak_at_op,
+                  "arena_bytes", p.memory.arena_bytes, "unplanned_bytes", p.memory.unplanned_bytes,
+                  "allocated_bytes", p.memory.allocated_bytes }),
   })
 end
 
@@ -74,6 +86,12 @@ function audit.json(p, fp)
   table.insert(doc.kv, 3, "fingerprint")
   table.insert(doc.kv, 4, fp)
   return json.encode(doc, " ") .. "\n"
+end
+
+local function nwaits(p)
+  local n = 0
+  for _, list in pairs(p.arena.waits) do n = n + #list end
+  return n
 end
 
 local function human(bytes)
@@ -187,6 +205,11 @@ function audit.schedule_md(p, fp)
   w("- peak transient (all-gather buffers, unsharded params and grads, reduce-scatter buffers): %s at op %s",
     human(p.memory.peak_transient_bytes), tostring(p.memory.peak_at_op))
   w("- peak: %s", human(p.memory.peak_bytes))
+  w("- allocated: %s = persistent + an arena of %s holding every transient buffer at a generated offset",
+    human(p.memory.allocated_bytes), human(p.memory.arena_bytes))
+  w("  (%s if each had its own memory); %d reuse edges make a buffer's first op wait for the op",
+    human(p.memory.unplanned_bytes), nwaits(p))
+  w("  that last used its bytes, across streams (plan.json: units[].arena, ops[].waits_for).")
   w("")
   w("## Assumptions")
   w("")
@@ -196,8 +219,9 @@ function audit.schedule_md(p, fp)
   w("- Time: latency %.1f us x ceil(log2 n) + size x nccl-tests busbw factor / link bandwidth;", p.topology.latency_us)
   w("  intra-node %.0f GB/s when a group fits in one node of %d GPUs, else inter-node %.0f GB/s.",
     p.topology.intra_node_GBps, p.topology.gpus_per_node, p.topology.inter_node_GBps)
-  w("- Memory counts communication buffers only (no activations, no optimizer state); a unit's all-gather")
-  w("  buffer is freed after its copy-out and its reduce-scatter input after the collective.")
+  w("- Memory counts communication buffers only (no activations, no optimizer state). Lifetimes: all-gather")
+  w("  buffer copy-in..copy-out, unsharded params copy-out..reshard, unsharded grads from the unshard before")
+  w("  backward to packing, reduce-scatter input packing..reduce-scatter, output reduce-scatter..view-out.")
   return table.concat(L, "\n") .. "\n"
 end
 

@@ -54,46 +54,27 @@ end
 
 -- Peak bytes per rank: persistent sharded params + sharded grads, plus the
 -- largest set of transient buffers live at any point of the step.
-function cost.memory(lay, ops)
-  local W = lay.W
+-- Per-rank memory from the arena plan's lifetimes: the peak of bytes live
+-- at any one op (a lower bound for any allocator) and the arena the plan
+-- actually reserves.
+function cost.memory(lay, ops, arena)
   local persistent = 0
-  local sizes = {}
-  for _, u in ipairs(lay.units) do
-    local numel = 0
-    for _, p in ipairs(u.params) do numel = numel + p.numel end
-    persistent = persistent + 2 * u.total * ES[u.orig_dtype]
-    sizes[u.index] = {
-      ag = W * u.total * ES[u.ag_dtype], unsharded = W * u.total * ES[u.ag_dtype],
-      grads = numel * ES[u.ag_dtype], rs_in = W * u.total * ES[u.reduce_dtype],
-      rs_out = u.total * ES[u.reduce_dtype],
-    }
-  end
-  local live, cur, peak, peak_at = {}, 0, 0, nil
-  local function alloc(u, what)
-    local key = u .. what
-    if not live[key] then live[key] = true; cur = cur + sizes[u][what] end
-  end
-  local function free(u, what)
-    local key = u .. what
-    if live[key] then live[key] = nil; cur = cur - sizes[u][what] end
-  end
-  for _, o in ipairs(ops) do
-    local u, k = o.unit, o.kind
-    if k == "copy_in" then alloc(u, "ag")
-    elseif k == "copy_out" then alloc(u, "unsharded")
-    elseif k == "backward" then alloc(u, "grads")
-    elseif k == "reshard" then free(u, "unsharded")
-    elseif k == "pack" then alloc(u, "rs_in"); alloc(u, "rs_out")
+  for _, u in ipairs(lay.units) do persistent = persistent + 2 * u.total * ES[u.orig_dtype] end
+  local delta = {}
+  for _, b in ipairs(arena.buffers) do
+    for _, iv in ipairs(b.lives) do
+      delta[iv.first] = (delta[iv.first] or 0) + b.bytes
+      delta[iv.last + 1] = (delta[iv.last + 1] or 0) - b.bytes
     end
+  end
+  local cur, peak, peak_at = 0, 0, nil
+  for _, o in ipairs(ops) do
+    cur = cur + (delta[o.seq] or 0)
     if cur > peak then peak, peak_at = cur, o.seq end
-    -- Released once the op that consumed them is done.
-    if k == "copy_out" then free(u, "ag")
-    elseif k == "pack" then free(u, "grads")
-    elseif k == "reduce_scatter" then free(u, "rs_in")
-    elseif k == "view_out" then free(u, "rs_out") end
   end
   return { persistent_bytes = persistent, peak_transient_bytes = peak, peak_bytes = persistent + peak,
-           peak_at_op = peak_at }
+           peak_at_op = peak_at, arena_bytes = arena.arena_bytes, unplanned_bytes = arena.unplanned_bytes,
+           allocated_bytes = persistent + arena.arena_bytes }
 end
 
 return cost

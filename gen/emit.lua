@@ -1,6 +1,7 @@
 -- Renders plan.h and plan.c from templates/ with the plan's tables.
 local util = require("gen.util")
 local layout = require("gen.layout")
+local memplan = require("gen.memplan")
 
 local emit = {}
 
@@ -35,6 +36,14 @@ local function num(v)
   return string.format("%.17g", v)
 end
 
+-- The unit's five transient buffers' offsets in the rank's arena, in
+-- cp_arena_buffer order.
+local function arena_offsets(arena, u)
+  local t = {}
+  for i, kind in ipairs(memplan.KINDS) do t[i] = tostring(arena.by_unit[u.index][kind].offset) end
+  return table.concat(t, ", ")
+end
+
 function emit.vars(p, fp)
   local NAME = p.name:upper()
   local lay = p.layout
@@ -57,10 +66,10 @@ function emit.vars(p, fp)
       pidx = pidx + 1
     end
     ul[#ul + 1] = string.format(
-      "    { %s, %d, %d, %d, %d, %d, %s, %s, %s, %d, %d, %s, %s, %s, %s, %d },", cstr(u.name), pidx - #u.params,
-      #u.params, u.total, numel, u.grads_numel, DT[u.orig_dtype], DT[u.ag_dtype], DT[u.reduce_dtype],
-      u.is_root and 1 or 0, u.reshard_after_forward and 1 or 0, RED[u.rs_op], RED[u.ar_op], num(u.pre_divide * 1.0),
-      num(u.post_divide * 1.0), u.vec_ok and 1 or 0)
+      "    { %s, %d, %d, %d, %d, %d, %s, %s, %s, %d, %d, %s, %s, %s, %s, %d, { %s } },", cstr(u.name),
+      pidx - #u.params, #u.params, u.total, numel, u.grads_numel, DT[u.orig_dtype], DT[u.ag_dtype],
+      DT[u.reduce_dtype], u.is_root and 1 or 0, u.reshard_after_forward and 1 or 0, RED[u.rs_op], RED[u.ar_op],
+      num(u.pre_divide * 1.0), num(u.post_divide * 1.0), u.vec_ok and 1 or 0, arena_offsets(p.arena, u))
   end
   local ge, fl = {}, {}
   for _, f in ipairs(p.groups.list) do
@@ -70,11 +79,21 @@ function emit.vars(p, fp)
     fl[#fl + 1] = string.format("    { %s, 0x%xu, %d },", cstr(f.name), mask, f.size)
   end
   local ol = {}
+  -- Arena reuse edges: ops whose completion is waited on get an event
+  -- slot; an op's waits are a run of slots in the waits table.
+  local slot, wl = {}, {}
+  for i, seq in ipairs(p.arena.events) do slot[seq] = i - 1 end
   for _, o in ipairs(p.ops) do
     local fam = o.group and p.groups.by_name[o.group].id or -1
-    ol[#ol + 1] = string.format("    { CP_OP_%s, %d, %d, %s, %d, %s, %d },", o.kind:upper(), o.unit, fam,
-      DT[o.dtype or "fp32"], o.count or 0, RED[o.reduce_op or "sum"], o.micro_step)
+    local waits = p.arena.waits[o.seq] or {}
+    ol[#ol + 1] = string.format("    { CP_OP_%s, %d, %d, %s, %d, %s, %d, %d, %d, %d },", o.kind:upper(), o.unit, fam,
+      DT[o.dtype or "fp32"], o.count or 0, RED[o.reduce_op or "sum"], o.micro_step, slot[o.seq] or -1,
+      #waits > 0 and #wl or 0, #waits)
+    for _, w in ipairs(waits) do wl[#wl + 1] = tostring(slot[w]) end
   end
+  v.nevents, v.arena_bytes = #p.arena.events, p.arena.arena_bytes
+  v.nwaits, v.nwaits_storage = #wl, math.max(#wl, 1)
+  v.waits = #wl > 0 and table.concat(wl, ", ") or "-1 /* none */"
   local mn, ms = {}, {}
   for i, n in ipairs(p.mesh.names) do mn[i] = cstr(n); ms[i] = tostring(p.mesh.sizes[i]) end
   local shard = p.groups.by_name.fsdp

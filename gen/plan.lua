@@ -6,6 +6,7 @@ local groups = require("gen.groups")
 local schedule = require("gen.schedule")
 local verify = require("gen.verify")
 local cost = require("gen.cost")
+local memplan = require("gen.memplan")
 local util = require("gen.util")
 
 local plan = {}
@@ -35,11 +36,12 @@ function plan.from_loaded(p)
   local ops = schedule.build(lay, fams, p.fsdp)
   verify.all(lay, fams, ops, p.fsdp)
   local predicted = cost.predict(ops, fams, p.topology)
-  local memory = cost.memory(lay, ops)
+  local arena = memplan.build(lay, ops)
+  local memory = cost.memory(lay, ops, arena)
   return {
     name = p.name, source_file = p.source_file, world_size = p.world_size, dims = d, mesh = mesh,
     model = p.model, model_config = model_numbers.config, fsdp = p.fsdp, topology = p.topology,
-    layout = lay, groups = fams, ops = ops, predicted = predicted, memory = memory,
+    layout = lay, groups = fams, ops = ops, predicted = predicted, memory = memory, arena = arena,
   }
 end
 

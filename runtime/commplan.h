@@ -42,6 +42,17 @@ typedef struct {
     int64_t grad_offset; /* start in the unit's compact unsharded-grads buffer (8-element aligned) */
 } cp_param;
 
+/* A unit's transient buffers, placed in one arena per rank by the
+ * generator's memory plan (gen/memplan.lua). */
+typedef enum {
+    CP_BUF_AG = 0,    /* W*total, ag dtype: the fused all-gather buffer */
+    CP_BUF_UNSHARDED, /* W*total, ag dtype; param p at W*offset */
+    CP_BUF_GRADS,     /* grads_numel, ag dtype; param p at its grad_offset */
+    CP_BUF_RS_IN,     /* W*total, reduce dtype */
+    CP_BUF_RS_OUT,    /* total, reduce dtype */
+    CP_ARENA_BUFFERS
+} cp_arena_buffer;
+
 typedef struct {
     const char *name;
     int first_param, nparams;
@@ -54,6 +65,7 @@ typedef struct {
     cp_reduce_op rs_op, ar_op;
     double pre_divide, post_divide;
     int vec_ok; /* offsets, runs and total are multiples of 8 elements: 16-byte copies */
+    int64_t arena_offset[CP_ARENA_BUFFERS]; /* bytes into the rank's arena */
 } cp_unit;
 
 typedef struct {
@@ -70,6 +82,8 @@ typedef struct {
     int64_t count; /* per-rank elements: AG input, RS output, AR buffer */
     cp_reduce_op reduce_op;
     int micro_step;
+    int event;                  /* >= 0: record this event slot when the op is done (others reuse its bytes) */
+    int wait_first, wait_count; /* before running, wait for these slots of plan->waits */
 } cp_op;
 
 typedef struct {
@@ -90,6 +104,10 @@ typedef struct {
     const cp_group_family *families;
     int nops;
     const cp_op *ops;
+    int64_t arena_bytes; /* one rank's transient buffers with lifetime-based reuse */
+    int nevents;         /* event slots */
+    int nwaits;
+    const int *waits;    /* event slots, indexed by cp_op.wait_first */
 } cp_plan;
 
 /* ---- dtype helpers (dtype.c) ---- */
@@ -139,6 +157,7 @@ struct cp_backend {
 typedef struct cp_rank_buffers {
     void **sharded;        /* per unit: total elems, orig dtype */
     void **sharded_grads;  /* per unit: total elems, orig dtype */
+    /* The rest point into the executor's arena (cp_unit.arena_offset). */
     void **ag;             /* per unit: W*total, ag dtype */
     void **unsharded;      /* per unit: W*total, ag dtype; param p at W*offset */
     void **grads;          /* per unit: grads_numel, ag dtype; param p at its grad_offset */
@@ -160,6 +179,7 @@ struct cp_executor {
     cp_collective_fn on_collective; /* after each collective (tracing, dumps) */
     void *user;
     unsigned char *unsharded_live;  /* per unit: 1 between copy-out and reshard */
+    char *arena;                    /* plan->arena_bytes: every unit's transient buffers */
 };
 
 int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b);

@@ -41,20 +41,19 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
     B->rs_in = xcalloc(n, sizeof(void *));
     B->rs_out = xcalloc(n, sizeof(void *));
     ex->unsharded_live = xcalloc(n, 1);
-    size_t W = (size_t)p->shard_size;
+    /* Transient buffers live in one arena at the generator's offsets, as on
+     * the GPU: a wrong memory plan corrupts live data here and the exact
+     * checks of --simulate see it. Poisoned: nothing may read a buffer
+     * before its first writer (grads included: backward writes them). */
+    ex->arena = xcalloc((size_t)p->arena_bytes, 1);
+    memset(ex->arena, CP_POISON_BYTE, (size_t)(p->arena_bytes ? p->arena_bytes : 1));
+    void **slots[CP_ARENA_BUFFERS] = { B->ag, B->unsharded, B->grads, B->rs_in, B->rs_out };
     for (int u = 0; u < p->nunits; u++) {
         const cp_unit *U = &p->units[u];
         size_t total = (size_t)U->total;
         B->sharded[u] = xcalloc(total, cp_dtype_size(U->orig_dtype));
         B->sharded_grads[u] = xcalloc(total, cp_dtype_size(U->orig_dtype));
-        B->ag[u] = xcalloc(W * total, cp_dtype_size(U->ag_dtype));
-        B->unsharded[u] = xcalloc(W * total, cp_dtype_size(U->ag_dtype));
-        B->grads[u] = xcalloc((size_t)U->grads_numel, cp_dtype_size(U->ag_dtype));
-        /* Nothing may read grads before the first backward writes them. */
-        if (B->grads[u]) memset(B->grads[u], CP_POISON_BYTE, (size_t)U->grads_numel * cp_dtype_size(U->ag_dtype));
-        B->rs_in[u] = xcalloc(W * total, cp_dtype_size(U->reduce_dtype));
-        B->rs_out[u] = xcalloc(total, cp_dtype_size(U->reduce_dtype));
-        memset(B->unsharded[u], CP_POISON_BYTE, W * total * cp_dtype_size(U->ag_dtype));
+        for (int k = 0; k < CP_ARENA_BUFFERS; k++) slots[k][u] = ex->arena + U->arena_offset[k];
     }
     return 0;
 }
@@ -64,9 +63,10 @@ void cp_executor_free(cp_executor *ex)
     if (!ex->plan) return;
     cp_rank_buffers *B = &ex->buf;
     for (int u = 0; u < ex->plan->nunits; u++) {
-        free(B->sharded[u]); free(B->sharded_grads[u]); free(B->ag[u]); free(B->unsharded[u]);
-        free(B->grads[u]); free(B->rs_in[u]); free(B->rs_out[u]);
+        free(B->sharded[u]);
+        free(B->sharded_grads[u]);
     }
+    free(ex->arena);
     free(B->sharded); free(B->sharded_grads); free(B->ag); free(B->unsharded);
     free(B->grads); free(B->rs_in); free(B->rs_out);
     free(ex->unsharded_live);

@@ -46,10 +46,15 @@ static void *watchdog_main(void *arg)
 enum { BUF_SHARDED, BUF_UNSHARDED, BUF_GRADS, BUF_SHARDED_GRADS, BUF_AG, BUF_RS_IN, BUF_RS_OUT, BUF_COUNT };
 enum { EV_COPY_IN, EV_AG, EV_COPY_OUT, EV_PACK, EV_RS, EV_COUNT };
 
+/* gpu.c's buffer kinds that live in the arena, in cp_arena_buffer order. */
+static const int ARENA_BUF[CP_ARENA_BUFFERS] = { BUF_AG, BUF_UNSHARDED, BUF_GRADS, BUF_RS_IN, BUF_RS_OUT };
+
 typedef struct {
-    void *buf[BUF_COUNT];
+    void *buf[BUF_COUNT]; /* sharded ones owned; the rest point into the arena */
     cudaEvent_t ev[EV_COUNT];
     int copy_out_this_step; /* ev[EV_COPY_OUT] was recorded in the current step */
+    int cursor[3];          /* library calls: next op to scan from for unshard, reshard, reduce */
+    int live;               /* library calls: unsharded between cp_gpu_unshard and cp_gpu_reshard */
 } unit_state;
 
 struct cp_gpu {
@@ -63,6 +68,8 @@ struct cp_gpu {
     cudaEvent_t start;
     cudaEvent_t side_done[4]; /* joins each side stream back into the caller's */
     unit_state *units;
+    void *arena;          /* plan->arena_bytes of transient buffers */
+    cudaEvent_t *events;  /* plan->nevents: arena reuse across streams */
     cp_gpu_compute_fn compute;
     void *compute_user;
     cudaGraphExec_t graph;
@@ -233,10 +240,29 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
         if (crc != 0) goto out;
     }
     g->units = calloc((size_t)p->nunits, sizeof *g->units);
-    if (!g->units) { fail(g, "out of host memory"); goto out; }
+    g->events = calloc((size_t)(p->nevents > 0 ? p->nevents : 1), sizeof *g->events);
+    if (!g->units || !g->events) { fail(g, "out of host memory"); goto out; }
+    {
+        size_t bytes = (size_t)p->arena_bytes;
+        cudaError_t e = cudaMalloc(&g->arena, bytes ? bytes : 16);
+        if (e != cudaSuccess) {
+            fail(g, "cudaMalloc of the %zu-byte buffer arena failed: %s (plan %s needs more memory than this GPU has; "
+                 "SCHEDULE.md's memory section says how much; use more ranks)", bytes, cudaGetErrorString(e), p->name);
+            goto out;
+        }
+        if (cudaMemset(g->arena, 0, bytes ? bytes : 16) != cudaSuccess) { fail(g, "cudaMemset failed"); goto out; }
+    }
+    for (int i = 0; i < p->nevents; i++)
+        if (cudaEventCreateWithFlags(&g->events[i], cudaEventDisableTiming) != cudaSuccess) {
+            fail(g, "cudaEventCreate failed");
+            goto out;
+        }
     for (int u = 0; u < p->nunits; u++) {
         unit_state *s = &g->units[u];
+        for (int k = 0; k < CP_ARENA_BUFFERS; k++)
+            s->buf[ARENA_BUF[k]] = (char *)g->arena + p->units[u].arena_offset[k];
         for (int b = 0; b < BUF_COUNT; b++) {
+            if (b != BUF_SHARDED && b != BUF_SHARDED_GRADS) continue;
             size_t bytes = cp_gpu_buffer_bytes(g, u, b);
             cudaError_t e = cudaMalloc(&s->buf[b], bytes ? bytes : 16);
             if (e != cudaSuccess) {
@@ -269,10 +295,15 @@ void cp_gpu_destroy(cp_gpu *g)
     if (g->graph) cudaGraphExecDestroy(g->graph);
     if (g->units)
         for (int u = 0; u < g->plan->nunits; u++) {
-            for (int b = 0; b < BUF_COUNT; b++) if (g->units[u].buf[b]) cudaFree(g->units[u].buf[b]);
+            if (g->units[u].buf[BUF_SHARDED]) cudaFree(g->units[u].buf[BUF_SHARDED]);
+            if (g->units[u].buf[BUF_SHARDED_GRADS]) cudaFree(g->units[u].buf[BUF_SHARDED_GRADS]);
             for (int e = 0; e < EV_COUNT; e++) if (g->units[u].ev[e]) cudaEventDestroy(g->units[u].ev[e]);
         }
     free(g->units);
+    if (g->events)
+        for (int i = 0; i < g->plan->nevents; i++) if (g->events[i]) cudaEventDestroy(g->events[i]);
+    free(g->events);
+    if (g->arena) cudaFree(g->arena);
     if (g->comms)
         for (int f = 0; f < g->plan->nfamilies; f++) if (g->comms[f]) ncclCommDestroy(g->comms[f]);
     free(g->comms);
@@ -327,8 +358,38 @@ static int kernel(cp_gpu *g, int op, int u, const void *in, void *out, cudaStrea
     return 0;
 }
 
-/* One op of the plan on the caller's stream S and the side streams. */
+/* The stream an op's GPU work runs on (gen/memplan.lua models the same). */
+static cudaStream_t op_stream(cp_gpu *g, const cp_op *op, cudaStream_t S)
+{
+    switch (op->kind) {
+    case CP_OP_COPY_IN: return g->copy_in;
+    case CP_OP_ALL_GATHER: return op->family >= 0 ? g->all_gather : g->copy_in;
+    case CP_OP_REDUCE_SCATTER: return g->reduce_scatter;
+    case CP_OP_ALL_REDUCE: return g->all_reduce;
+    case CP_OP_VIEW_OUT: return g->plan->replicate_family >= 0 ? g->all_reduce : g->reduce_scatter;
+    default: return S;
+    }
+}
+
+static int run_op_body(cp_gpu *g, const cp_op *op, cudaStream_t S);
+
+/* One op: first the arena waits (its buffer's bytes were last used by
+ * another op, maybe on another stream), then its work, then its event if
+ * a later op reuses bytes it used. */
 static int run_op(cp_gpu *g, const cp_op *op, cudaStream_t S)
+{
+    const cp_plan *p = g->plan;
+    if (op->wait_count > 0 || op->event >= 0) {
+        cudaStream_t s = op_stream(g, op, S);
+        for (int i = 0; i < op->wait_count; i++) CUDA(cudaStreamWaitEvent(s, g->events[p->waits[op->wait_first + i]], 0));
+        if (run_op_body(g, op, S)) return -1;
+        if (op->event >= 0) CUDA(cudaEventRecord(g->events[op->event], s));
+        return 0;
+    }
+    return run_op_body(g, op, S);
+}
+
+static int run_op_body(cp_gpu *g, const cp_op *op, cudaStream_t S)
 {
     const cp_plan *p = g->plan;
     int u = op->unit;
@@ -425,34 +486,68 @@ static int finish(cp_gpu *g, cudaStream_t S)
     return 0;
 }
 
-static int run_unit_ops(cp_gpu *g, int unit, const cp_op_kind *kinds, int nkinds, cudaStream_t S)
+/* Library calls run the unit's next instance of an op group (the plan may
+ * unshard a unit twice per step, each instance with its own arena waits):
+ * from the unit's cursor for that call to the group's last kind, wrapping
+ * to the step's start after the last instance. */
+static int run_unit_ops(cp_gpu *g, int unit, int call, const cp_op_kind *kinds, int nkinds, cudaStream_t S)
 {
-    if (unit < 0 || unit >= g->plan->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, g->plan->nunits);
+    const cp_plan *p = g->plan;
+    if (unit < 0 || unit >= p->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, p->nunits);
+    unit_state *us = &g->units[unit];
+    int first = -1;
+    for (int pass = 0; pass < 2 && first < 0; pass++)
+        for (int i = pass ? 0 : us->cursor[call]; i < p->nops && first < 0; i++)
+            if (p->ops[i].unit == unit && p->ops[i].kind == kinds[0]) first = i;
+    if (first < 0) return 0; /* the plan has no such op for this unit (e.g. nothing to reshard) */
     if (begin(g, S)) return -1;
-    for (int i = 0; i < g->plan->nops; i++) {
-        const cp_op *op = &g->plan->ops[i];
+    int i = first;
+    for (; i < p->nops; i++) {
+        const cp_op *op = &p->ops[i];
         if (op->unit != unit) continue;
         for (int k = 0; k < nkinds; k++)
             if (op->kind == kinds[k]) {
                 if (run_op(g, op, S)) return -1;
                 break;
             }
-        /* One instance of each: the first matching op per kind. */
         if (op->kind == kinds[nkinds - 1]) break;
     }
+    us->cursor[call] = i + 1 < p->nops ? i + 1 : 0;
     return finish(g, S);
+}
+
+static int arena_overlap(cp_gpu *g, int u, int ku, int v, int kv)
+{
+    const char *a = g->units[u].buf[ku], *b = g->units[v].buf[kv];
+    size_t na = cp_gpu_buffer_bytes(g, u, ku), nb = cp_gpu_buffer_bytes(g, v, kv);
+    return na && nb && a < b + nb && b < a + na;
 }
 
 int cp_gpu_unshard(cp_gpu *g, int unit, void *stream)
 {
     static const cp_op_kind kinds[] = { CP_OP_COPY_IN, CP_OP_ALL_GATHER, CP_OP_COPY_OUT };
-    return run_unit_ops(g, unit, kinds, 3, (cudaStream_t)stream);
+    const cp_plan *p = g->plan;
+    if (unit < 0 || unit >= p->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, p->nunits);
+    /* The arena holds units in the plan's order only: refuse an unshard
+     * whose bytes another still-unsharded unit is using. */
+    for (int v = 0; v < p->nunits; v++)
+        if (v != unit && g->units[v].live &&
+            (arena_overlap(g, unit, BUF_AG, v, BUF_UNSHARDED) || arena_overlap(g, unit, BUF_UNSHARDED, v, BUF_UNSHARDED)))
+            return fail(g, "cp_gpu_unshard(%s) would overwrite unit %s, still unsharded: the plan's arena reuses "
+                        "those bytes; call cp_gpu_reshard(%s) first, in the order of plans/%s/SCHEDULE.md",
+                        p->units[unit].name, p->units[v].name, p->units[v].name, p->name);
+    if (run_unit_ops(g, unit, 0, kinds, 3, (cudaStream_t)stream)) return -1;
+    g->units[unit].live = 1;
+    return 0;
 }
 
+/* Frees nothing (the arena is fixed) but marks, on the stream, the point
+ * after which other units may reuse this unit's unsharded bytes. */
 int cp_gpu_reshard(cp_gpu *g, int unit, void *stream)
 {
-    (void)stream;
-    if (unit < 0 || unit >= g->plan->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, g->plan->nunits);
+    static const cp_op_kind kinds[] = { CP_OP_RESHARD };
+    if (run_unit_ops(g, unit, 1, kinds, 1, (cudaStream_t)stream)) return -1;
+    g->units[unit].live = 0;
     return 0;
 }
 
@@ -461,8 +556,8 @@ int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream)
     int hsdp = g->plan->replicate_family >= 0;
     static const cp_op_kind with_ar[] = { CP_OP_PACK, CP_OP_REDUCE_SCATTER, CP_OP_ALL_REDUCE, CP_OP_VIEW_OUT };
     static const cp_op_kind without_ar[] = { CP_OP_PACK, CP_OP_REDUCE_SCATTER, CP_OP_VIEW_OUT };
-    return hsdp ? run_unit_ops(g, unit, with_ar, 4, (cudaStream_t)stream)
-                : run_unit_ops(g, unit, without_ar, 3, (cudaStream_t)stream);
+    return hsdp ? run_unit_ops(g, unit, 2, with_ar, 4, (cudaStream_t)stream)
+                : run_unit_ops(g, unit, 2, without_ar, 3, (cudaStream_t)stream);
 }
 
 void cp_gpu_set_compute(cp_gpu *g, cp_gpu_compute_fn fn, void *user)

@@ -2,7 +2,7 @@
 --   lua5.4 tests/lua/run.lua
 package.path = "./?.lua;./tests/lua/?.lua;" .. package.path
 
-local suites = { "test_load", "test_dims", "test_layout", "test_schedule", "test_generate" }
+local suites = { "test_load", "test_dims", "test_layout", "test_schedule", "test_memplan", "test_generate" }
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -1,0 +1,257 @@
+-- Memory plan: every transient buffer of one rank (per unit: all-gather
+-- buffer, unsharded params, unsharded grads, reduce-scatter input and
+-- output) gets a fixed offset in one arena, so buffers whose lifetimes in
+-- the step do not overlap share memory, as PyTorch's caching allocator
+-- reuses FSDP2's freed blocks at run time. A rank of Llama-3-70B then needs
+-- a few units' worth of buffers, not all 81 at once.
+--
+-- Lifetimes are op-index intervals of the schedule (inclusive):
+--   ag         copy_in .. copy_out            (every unshard)
+--   unsharded  copy_out .. reshard            (every unshard)
+--   grads      the copy_out before the unit's first backward .. pack
+--              (from the unshard that precedes backward, so the library's
+--              cp_gpu_unshard can order the grads' memory as well)
+--   rs_in      pack .. reduce_scatter
+--   rs_out     reduce_scatter .. view_out
+-- Offsets come from greedy placement by size (largest first, lowest free
+-- offset), the usual arena planner. Where a buffer reuses bytes another
+-- buffer held earlier in the step, the op that opens the later lifetime
+-- must wait on the GPU for the op that closed the earlier one, whatever
+-- streams they run on: those edges are emitted as event waits.
+local util = require("gen.util")
+
+local memplan = {}
+
+memplan.ALIGN = 256 -- bytes: cudaMalloc's alignment, and 16-byte vector access
+memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out" }
+
+local ES = { fp32 = 4, bf16 = 2, fp16 = 2 }
+
+local function sizes_of(lay, u)
+  local W = lay.W
+  return {
+    ag = W * u.total * ES[u.ag_dtype], unsharded = W * u.total * ES[u.ag_dtype],
+    grads = u.grads_numel * ES[u.ag_dtype], rs_in = W * u.total * ES[u.reduce_dtype],
+    rs_out = u.total * ES[u.reduce_dtype],
+  }
+end
+
+-- unit index -> kind -> list of { first = op seq, last = op seq }.
+local function lifetimes(lay, ops)
+  local life, open = {}, {}
+  for _, u in ipairs(lay.units) do
+    life[u.index] = { ag = {}, unsharded = {}, grads = {}, rs_in = {}, rs_out = {} }
+    open[u.index] = {}
+  end
+  local function start(u, kind, seq)
+    if open[u][kind] then return end
+    local iv = { first = seq }
+    open[u][kind] = iv
+    table.insert(life[u][kind], iv)
+  end
+  local function stop(u, kind, seq)
+    local iv = open[u][kind]
+    if iv then iv.last = seq; open[u][kind] = nil end
+  end
+  local last_copy_out = {}
+  for _, o in ipairs(ops) do
+    local u, k, s = o.unit, o.kind, o.seq
+    if k == "copy_in" then start(u, "ag", s)
+    elseif k == "copy_out" then
+      stop(u, "ag", s); start(u, "unsharded", s); last_copy_out[u] = s
+    elseif k == "reshard" then stop(u, "unsharded", s)
+    elseif k == "backward" then
+      if not open[u].grads and #life[u].grads == 0 then start(u, "grads", last_copy_out[u] or s) end
+    elseif k == "pack" then stop(u, "grads", s); start(u, "rs_in", s)
+    elseif k == "reduce_scatter" then stop(u, "rs_in", s); start(u, "rs_out", s)
+    elseif k == "view_out" then stop(u, "rs_out", s)
+    end
+  end
+  for _, u in ipairs(lay.units) do
+    for _, kind in ipairs(memplan.KINDS) do
+      if open[u.index][kind] then
+        error(string.format("internal: %s of unit %s is still live at the end of the step", kind, u.name), 0)
+      end
+    end
+  end
+  return life
+end
+
+local function overlap_in_time(a, b)
+  for _, x in ipairs(a.lives) do
+    for _, y in ipairs(b.lives) do
+      if x.first <= y.last and y.first <= x.last then return true end
+    end
+  end
+  return false
+end
+
+local function overlap_in_space(a, b)
+  return a.offset < b.offset + b.size and b.offset < a.offset + a.size
+end
+
+-- The GPU executor's streams and the event waits it issues by itself
+-- (runtime/gpu.c, run_op, begin): which stream each op runs on, and which
+-- earlier op it already waits for. Keep in step with gpu.c.
+local function stream_of(o, hsdp)
+  local k = o.kind
+  if k == "copy_in" then return "copy_in"
+  elseif k == "all_gather" then return o.group and "all_gather" or "copy_in"
+  elseif k == "reduce_scatter" then return "reduce_scatter"
+  elseif k == "all_reduce" then return "all_reduce"
+  elseif k == "view_out" then return hsdp and "all_reduce" or "reduce_scatter"
+  end
+  return "compute"
+end
+local STREAMS = { "compute", "copy_in", "all_gather", "reduce_scatter", "all_reduce" }
+
+-- Keeps only the reuse waits the GPU does not already imply: a vector
+-- clock per stream follows the executor's own ordering (stream order, its
+-- structural event waits, the step's fork from the compute stream), and a
+-- wait for op j is dropped when the waiting stream has already seen j's
+-- stream at or past j; of several ops on one stream only the latest stays.
+function memplan.prune(ops, wait_set)
+  local hsdp = false
+  for _, o in ipairs(ops) do if o.kind == "all_reduce" then hsdp = true end end
+  local clock = {}
+  for _, s in ipairs(STREAMS) do
+    clock[s] = {}
+    for _, t in ipairs(STREAMS) do clock[s][t] = 0 end
+  end
+  local done = {} -- op seq -> { stream = s, at = clock value of s after it }
+  local function merge(into, from)
+    for _, t in ipairs(STREAMS) do if from[t] > into[t] then into[t] = from[t] end end
+  end
+  local function snapshot(s)
+    local c = {}
+    for _, t in ipairs(STREAMS) do c[t] = clock[s][t] end
+    return c
+  end
+  local last = {} -- unit -> kind -> seq of its latest op of that kind
+  local copied_out = {}
+  local waits = {}
+  for _, o in ipairs(ops) do
+    local s = stream_of(o, hsdp)
+    local u = o.unit
+    last[u] = last[u] or {}
+    local function wait_for(seq)
+      local d = seq and done[seq]
+      if d then merge(clock[s], d.clock) end
+    end
+    -- The executor's own waits.
+    if o.kind == "copy_in" and copied_out[u] then wait_for(last[u].copy_out)
+    elseif o.kind == "all_gather" and o.group then wait_for(last[u].copy_in)
+    elseif o.kind == "copy_out" then wait_for(last[u].all_gather)
+    elseif o.kind == "reduce_scatter" then wait_for(last[u].pack)
+    elseif o.kind == "all_reduce" then wait_for(last[u].reduce_scatter)
+    end
+    -- Reuse waits not already implied; the latest per stream.
+    local need = {}
+    for j in pairs(wait_set[o.seq] or {}) do
+      local d = done[j]
+      if clock[s][d.stream] < d.clock[d.stream] then
+        if not need[d.stream] or j > need[d.stream] then need[d.stream] = j end
+      end
+    end
+    local list = {}
+    for _, j in pairs(need) do list[#list + 1] = j end
+    table.sort(list)
+    for _, j in ipairs(list) do wait_for(j) end
+    if #list > 0 then waits[o.seq] = list end
+    clock[s][s] = clock[s][s] + 1
+    done[o.seq] = { stream = s, clock = snapshot(s) }
+    last[u][o.kind] = o.seq
+    if o.kind == "copy_out" then copied_out[u] = true end
+  end
+  return waits
+end
+
+-- lay, ops -> { arena_bytes, buffers = list, by_unit = unit index -> kind -> buffer,
+--               waits = op seq -> sorted list of op seqs it must wait for,
+--               events = sorted list of op seqs whose completion others wait on }
+function memplan.build(lay, ops)
+  local life = lifetimes(lay, ops)
+  local buffers, by_unit = {}, {}
+  for _, u in ipairs(lay.units) do
+    local sz = sizes_of(lay, u)
+    by_unit[u.index] = {}
+    for ki, kind in ipairs(memplan.KINDS) do
+      local b = { unit = u.index, unit_name = u.name, kind = kind, kind_index = ki,
+                  size = util.ceil_div(sz[kind], memplan.ALIGN) * memplan.ALIGN, bytes = sz[kind],
+                  lives = life[u.index][kind] }
+      buffers[#buffers + 1] = b
+      by_unit[u.index][kind] = b
+    end
+  end
+  -- Largest first; ties in unit then kind order, so the plan is deterministic.
+  local order = {}
+  for i, b in ipairs(buffers) do order[i] = b end
+  table.sort(order, function(a, b)
+    if a.size ~= b.size then return a.size > b.size end
+    if a.unit ~= b.unit then return a.unit < b.unit end
+    return a.kind_index < b.kind_index
+  end)
+  local placed, arena = {}, 0
+  for _, b in ipairs(order) do
+    if #b.lives == 0 or b.size == 0 then
+      b.offset = 0 -- never live (e.g. no backward): takes no room
+    else
+      local busy = {}
+      for _, q in ipairs(placed) do
+        if overlap_in_time(b, q) then busy[#busy + 1] = q end
+      end
+      table.sort(busy, function(x, y) return x.offset < y.offset end)
+      local off = 0
+      for _, q in ipairs(busy) do
+        if off + b.size <= q.offset then break end
+        off = math.max(off, q.offset + q.size)
+      end
+      b.offset = off
+      arena = math.max(arena, off + b.size)
+      placed[#placed + 1] = b
+    end
+  end
+  -- The proof: no two buffers live at the same op share a byte.
+  for i = 1, #placed do
+    for j = i + 1, #placed do
+      local a, c = placed[i], placed[j]
+      if overlap_in_time(a, c) and overlap_in_space(a, c) then
+        error(string.format("internal: arena plan overlaps %s of %s and %s of %s", a.kind, a.unit_name,
+          c.kind, c.unit_name), 0)
+      end
+    end
+  end
+  -- Reuse edges: a lifetime that opens on bytes an earlier lifetime (of
+  -- another buffer) held waits for the op that closed the latest such one.
+  local wait_set = {}
+  for _, b in ipairs(placed) do
+    for _, iv in ipairs(b.lives) do
+      for _, q in ipairs(placed) do
+        if q ~= b and overlap_in_space(b, q) then
+          local latest
+          for _, jv in ipairs(q.lives) do
+            if jv.last < iv.first and (not latest or jv.last > latest) then latest = jv.last end
+          end
+          if latest then
+            wait_set[iv.first] = wait_set[iv.first] or {}
+            wait_set[iv.first][latest] = true
+          end
+        end
+      end
+    end
+  end
+  local waits = memplan.prune(ops, wait_set)
+  local event_set = {}
+  for _, list in pairs(waits) do
+    for _, j in ipairs(list) do event_set[j] = true end
+  end
+  local events = {}
+  for seq in pairs(event_set) do events[#events + 1] = seq end
+  table.sort(events)
+  local sum = 0
+  for _, b in ipairs(buffers) do sum = sum + b.size end
+  return { arena_bytes = arena, unplanned_bytes = sum, buffers = buffers, by_unit = by_unit, waits = waits,
+           events = events }
+end
+
+return memplan
