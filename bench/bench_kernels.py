@@ -87,6 +87,9 @@ def ceiling():
 
 
 def layer_plan(W, dtype):
+    if dtype == "mixed":  # FSDP2's usual MixedPrecisionPolicy: fp32 shards, bf16 all-gather, fp32 reduce
+        return ("return { world_size = %d, parallel = { dp_shard = -1 }, model = { family = 'llama', size = '70b', "
+                "n_layers = 1, dtype = 'fp32' }, fsdp = { param_dtype = 'bf16', reduce_dtype = 'fp32' } }" % W)
     return ("return { world_size = %d, parallel = { dp_shard = -1 }, model = { family = 'llama', size = '70b', "
             "n_layers = 1, dtype = '%s' } }" % (W, dtype))
 
@@ -95,7 +98,11 @@ def bench_layer(W, dtype, ceil_gbs, rows):
     name = "bench_l70b_w%d_%s" % (W, dtype)
     fn, plan = build(name, layer_plan(W, dtype))
     unit = next(u for u in plan["units"] if u["name"] == "layers.0")
-    ui, total, t = unit["index"], unit["slot_numel"], DT[dtype]
+    ui, total = unit["index"], unit["slot_numel"]
+    mixed = dtype == "mixed"
+    t = torch.bfloat16 if mixed else DT[dtype]        # all-gather / unsharded dtype
+    t_red = torch.float32 if mixed else t             # reduce-scatter dtype
+    t_orig = torch.float32 if mixed else t            # sharded dtype
     params = unit["params"]
     padded = [p["padded_numel"] for p in params]
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -110,22 +117,32 @@ def bench_layer(W, dtype, ceil_gbs, rows):
     torch_f(); ours_f(); torch.cuda.synchronize()
     for p, o in zip(params, outs):
         assert torch.equal(ours[W * p["offset"]: W * (p["offset"] + p["padded_numel"])], o), "copy-out differs"
-    rows.append(("copy-out", W, dtype, 2 * W * total * ag.element_size(), time_us(torch_f), time_us(ours_f)))
+    if not mixed:  # mixed precision's copy-out is the bf16 row
+        rows.append(("copy-out", W, dtype, 2 * W * total * ag.element_size(), time_us(torch_f), time_us(ours_f)))
+    del ag, outs, ours
 
     # packing: grads -> (W, total) with zero padding
     gbuf = torch.randn(unit["grads_numel"], device="cuda", generator=g).to(t)
     grads = [gbuf[p["grad_offset"]: p["grad_offset"] + p["numel"]].view(p["shape"]) for p in params]
-    rs_t = torch.empty(W * total, device="cuda", dtype=t)
-    rs_o = torch.empty(W * total, device="cuda", dtype=t)
+    rs_t = torch.empty(W * total, device="cuda", dtype=t_red)
+    rs_o = torch.empty(W * total, device="cuda", dtype=t_red)
     torch_f = lambda: torch._chunk_cat(grads, dim=0, num_chunks=W, out=rs_t.view(W, total))
     ours_f = launcher(fn, PACK, ui, gbuf, rs_o)
-    torch_f(); ours_f(); torch.cuda.synchronize()
+    try:
+        torch_f()
+    except RuntimeError:  # no cast inside _chunk_cat: cast each grad first, as a caller would
+        torch_f = lambda: torch._chunk_cat([x.to(t_red) for x in grads], dim=0, num_chunks=W,
+                                           out=rs_t.view(W, total))
+        torch_f()
+    ours_f(); torch.cuda.synchronize()
     assert torch.equal(rs_t, rs_o), "packing differs"
     numel = sum(p["numel"] for p in params)
-    rows.append(("pack", W, dtype, (numel + W * total) * gbuf.element_size(), time_us(torch_f), time_us(ours_f)))
+    rows.append(("pack", W, "bf16>fp32" if mixed else dtype,
+                 numel * gbuf.element_size() + W * total * rs_o.element_size(), time_us(torch_f), time_us(ours_f)))
+    del gbuf, grads, rs_t, rs_o
 
     # copy-in: padded shards -> this rank's slot
-    shard = torch.randn(total, device="cuda", generator=g).to(t)
+    shard = torch.randn(total, device="cuda", generator=g).to(t_orig)
     shards = list(torch.split(shard, padded))
     ag_t = torch.empty(W * total, device="cuda", dtype=t)
     ag_o = torch.empty(W * total, device="cuda", dtype=t)
@@ -134,7 +151,8 @@ def bench_layer(W, dtype, ceil_gbs, rows):
     ours_f = launcher(fn, COPY_IN, ui, shard, ag_o)
     torch_f(); ours_f(); torch.cuda.synchronize()
     assert torch.equal(ag_t[:total], ag_o[:total]), "copy-in differs"
-    rows.append(("copy-in", W, dtype, 2 * total * shard.element_size(), time_us(torch_f), time_us(ours_f)))
+    rows.append(("copy-in", W, "fp32>bf16" if mixed else dtype,
+                 total * (shard.element_size() + ag_o.element_size()), time_us(torch_f), time_us(ours_f)))
 
 
 def main():
@@ -144,11 +162,11 @@ def main():
     ceil_gbs = ceiling()
     rows = []
     for W in (8, 64):
-        for dtype in ("bf16", "fp32"):
+        for dtype in ("bf16", "fp32", "mixed"):
             bench_layer(W, dtype, ceil_gbs, rows)
     print("# %s, torch %s; ceiling %.0f GB/s (best device-to-device copy, read + write)"
           % (torch.cuda.get_device_name(), torch.__version__, ceil_gbs))
-    print("| op | W | dtype | MB moved | PyTorch us | commplan us | PyTorch GB/s | commplan GB/s | "
+    print("| op | W | dtype (in>out) | MB moved | PyTorch us | commplan us | PyTorch GB/s | commplan GB/s | "
           "commplan % of ceiling | speed-up |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for op, W, dtype, nbytes, t_us, o_us in rows:

@@ -10,11 +10,11 @@ local emit = {}
 emit.KERNEL_THREADS, emit.KERNEL_VECTORS = 256, 4
 
 -- Elements per tile of a unit's copy-out or packing: a vector is 16 bytes
--- of the wider dtype when the unit is aligned, one element otherwise.
+-- of the narrower dtype when the unit is aligned, one element otherwise.
 local function tile_elems(u, dtypes)
-  local widest = 1
-  for _, d in ipairs(dtypes) do widest = math.max(widest, layout.DTYPE_BYTES[d]) end
-  return emit.KERNEL_THREADS * emit.KERNEL_VECTORS * (u.vec_ok and 16 // widest or 1)
+  local narrowest = math.huge
+  for _, d in ipairs(dtypes) do narrowest = math.min(narrowest, layout.DTYPE_BYTES[d]) end
+  return emit.KERNEL_THREADS * emit.KERNEL_VECTORS * (u.vec_ok and 16 // narrowest or 1)
 end
 
 local DT = { fp32 = "CP_FP32", bf16 = "CP_BF16", fp16 = "CP_FP16" }

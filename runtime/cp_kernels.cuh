@@ -14,8 +14,8 @@
 
 /* Work split: every kernel runs one block of CP_KTHREADS threads per tile
  * of consecutive elements of one piece, each thread moving CP_KNV vectors of
- * V elements (16 bytes of the wider dtype where the unit is aligned, else
- * 1): CP_KTILE_OF(V) elements per tile. A piece is contiguous on both sides
+ * V elements (16 bytes of the narrower dtype where the unit is aligned,
+ * else 1): CP_KTILE_OF(V) elements per tile. A piece is contiguous on both sides
  * of the copy: (rank slot r, parameter p) for copy-out and packing, the
  * whole unit for copy-in and view-out. The generator numbers each
  * parameter's tiles (tile_out, tile_pack) so a block finds its piece with
@@ -72,6 +72,8 @@ template <typename A> struct cp_same<A, A> { static const bool value = true; };
 template <typename T, int V> struct alignas(sizeof(T) * V) cp_kvec { T e[V]; };
 
 template <int N> struct cp_kword;
+struct alignas(16) cp_kword32 { uint4 lo, hi; }; /* two 16-byte accesses */
+template <> struct cp_kword<32> { typedef cp_kword32 type; };
 template <> struct cp_kword<16> { typedef uint4 type; };
 template <> struct cp_kword<8> { typedef uint2 type; };
 template <> struct cp_kword<4> { typedef unsigned int type; };
@@ -321,7 +323,8 @@ static cudaError_t cp_krun(int op, const cp_kview &v, int shard_rank, const void
 template <typename TI, typename TO>
 static cudaError_t cp_kwidth(int op, const cp_kview &v, int shard_rank, const void *in, void *out, cudaStream_t s, int host)
 {
-    const int V = 16 / (sizeof(TI) > sizeof(TO) ? sizeof(TI) : sizeof(TO));
+    /* 16 bytes of the narrower dtype: a cast's wider side moves 32 bytes. */
+    const int V = 16 / (sizeof(TI) < sizeof(TO) ? sizeof(TI) : sizeof(TO));
     if (v.unit.vec_ok) return cp_krun<TI, TO, V>(op, v, shard_rank, in, out, s, host);
     return cp_krun<TI, TO, 1>(op, v, shard_rank, in, out, s, host);
 }
