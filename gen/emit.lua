@@ -10,11 +10,9 @@ local emit = {}
 emit.KERNEL_THREADS, emit.KERNEL_VECTORS = 256, 4
 
 -- Elements per tile of a unit's copy-out or packing: a vector is 16 bytes
--- of the narrower dtype when the unit is aligned, one element otherwise.
-local function tile_elems(u, dtypes)
-  local narrowest = math.huge
-  for _, d in ipairs(dtypes) do narrowest = math.min(narrowest, layout.DTYPE_BYTES[d]) end
-  return emit.KERNEL_THREADS * emit.KERNEL_VECTORS * (u.vec_ok and 16 // narrowest or 1)
+-- of the output dtype when the unit is aligned, one element otherwise.
+local function tile_elems(u, out_dtype)
+  return emit.KERNEL_THREADS * emit.KERNEL_VECTORS * (u.vec_ok and 16 // layout.DTYPE_BYTES[out_dtype] or 1)
 end
 
 local DT = { fp32 = "CP_FP32", bf16 = "CP_BF16", fp16 = "CP_FP16" }
@@ -112,7 +110,7 @@ function emit.kernel_vars(p, v)
   local kp, ku, kd = {}, {}, {}
   local first = 0
   for _, u in ipairs(p.layout.units) do
-    local tile_out, tile_pack = tile_elems(u, { u.ag_dtype }), tile_elems(u, { u.ag_dtype, u.reduce_dtype })
+    local tile_out, tile_pack = tile_elems(u, u.ag_dtype), tile_elems(u, u.reduce_dtype)
     local tiles_out, tiles_pack = 0, 0 -- one rank's pieces
     for _, q in ipairs(u.params) do
       kp[#kp + 1] = string.format("    { %d, %d, %d, %d, %d, %d, %d, %d }, \\", q.offset, q.outer, q.run, q.padded,

@@ -14,8 +14,8 @@
 
 /* Work split: every kernel runs one block of CP_KTHREADS threads per tile
  * of consecutive elements of one piece, each thread moving CP_KNV vectors of
- * V elements (16 bytes of the narrower dtype where the unit is aligned,
- * else 1): CP_KTILE_OF(V) elements per tile. A piece is contiguous on both sides
+ * V elements (16 bytes of the output dtype where the unit is aligned, else
+ * 1): CP_KTILE_OF(V) elements per tile. A piece is contiguous on both sides
  * of the copy: (rank slot r, parameter p) for copy-out and packing, the
  * whole unit for copy-in and view-out. The generator numbers each
  * parameter's tiles (tile_out, tile_pack) so a block finds its piece with
@@ -323,8 +323,10 @@ static cudaError_t cp_krun(int op, const cp_kview &v, int shard_rank, const void
 template <typename TI, typename TO>
 static cudaError_t cp_kwidth(int op, const cp_kview &v, int shard_rank, const void *in, void *out, cudaStream_t s, int host)
 {
-    /* 16 bytes of the narrower dtype: a cast's wider side moves 32 bytes. */
-    const int V = 16 / (sizeof(TI) < sizeof(TO) ? sizeof(TI) : sizeof(TO));
+    /* 16-byte stores: 16 bytes of the output dtype. On the H100, fp32 ->
+     * bf16 copy-in with 32-byte loads ran at 92% of the copy ceiling, while
+     * bf16 -> fp32 packing with 32-byte stores fell to 33% (bench/RESULTS.md). */
+    const int V = 16 / sizeof(TO);
     if (v.unit.vec_ok) return cp_krun<TI, TO, V>(op, v, shard_rank, in, out, s, host);
     return cp_krun<TI, TO, 1>(op, v, shard_rank, in, out, s, host);
 }
