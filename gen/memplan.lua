@@ -111,6 +111,21 @@ local STREAMS = { "compute", "copy_in", "all_gather", "reduce_scatter", "all_red
 -- wait for op j is dropped when the waiting stream has already seen j's
 -- stream at or past j; of several ops on one stream only the latest stays.
 function memplan.prune(ops, wait_set)
+  return (memplan.simulate(ops, wait_set, nil))
+end
+
+-- The proof: with only the emitted waits, every reuse edge (an op opening
+-- a lifetime on bytes another op last used) is ordered on the GPU. Returns
+-- nil or the first unordered edge as (closing seq, opening seq).
+function memplan.unordered(ops, wait_set, waits)
+  local _, bad_j, bad_i = memplan.simulate(ops, wait_set, waits)
+  return bad_j, bad_i
+end
+
+-- Follows the executor's ordering op by op. With fixed = nil it chooses the
+-- reuse waits (see prune); with fixed = { seq -> list } it applies exactly
+-- those and reports the first needed edge they leave unordered.
+function memplan.simulate(ops, wait_set, fixed)
   local hsdp = false
   for _, o in ipairs(ops) do if o.kind == "all_reduce" then hsdp = true end end
   local clock = {}
@@ -145,19 +160,34 @@ function memplan.prune(ops, wait_set)
     elseif o.kind == "reduce_scatter" then wait_for(last[u].pack)
     elseif o.kind == "all_reduce" then wait_for(last[u].reduce_scatter)
     end
-    -- Reuse waits not already implied; the latest per stream.
-    local need = {}
-    for j in pairs(wait_set[o.seq] or {}) do
-      local d = done[j]
-      if clock[s][d.stream] < d.clock[d.stream] then
-        if not need[d.stream] or j > need[d.stream] then need[d.stream] = j end
+    if fixed then
+      for _, j in ipairs(fixed[o.seq] or {}) do wait_for(j) end
+      for j in pairs(wait_set[o.seq] or {}) do
+        local d = done[j]
+        if clock[s][d.stream] < d.clock[d.stream] then return waits, j, o.seq end
       end
+    else
+      -- Reuse waits not already implied; the latest per stream.
+      local need = {}
+      for j in pairs(wait_set[o.seq] or {}) do
+        local d = done[j]
+        if clock[s][d.stream] < d.clock[d.stream] then
+          if not need[d.stream] or j > need[d.stream] then need[d.stream] = j end
+        end
+      end
+      -- Drop one another op's wait already covers (it follows j on the GPU).
+      local list = {}
+      for _, j in pairs(need) do
+        local dj, covered = done[j], false
+        for _, k in pairs(need) do
+          if k ~= j and done[k].clock[dj.stream] >= dj.clock[dj.stream] then covered = true end
+        end
+        if not covered then list[#list + 1] = j end
+      end
+      table.sort(list)
+      for _, j in ipairs(list) do wait_for(j) end
+      if #list > 0 then waits[o.seq] = list end
     end
-    local list = {}
-    for _, j in pairs(need) do list[#list + 1] = j end
-    table.sort(list)
-    for _, j in ipairs(list) do wait_for(j) end
-    if #list > 0 then waits[o.seq] = list end
     clock[s][s] = clock[s][s] + 1
     done[o.seq] = { stream = s, clock = snapshot(s) }
     last[u][o.kind] = o.seq
@@ -241,6 +271,10 @@ function memplan.build(lay, ops)
     end
   end
   local waits = memplan.prune(ops, wait_set)
+  local bad_j, bad_i = memplan.unordered(ops, wait_set, waits)
+  if bad_j then
+    error(string.format("internal: op %d reuses bytes of op %d without a GPU ordering", bad_i, bad_j), 0)
+  end
   local event_set = {}
   for _, list in pairs(waits) do
     for _, j in ipairs(list) do event_set[j] = true end
@@ -251,7 +285,7 @@ function memplan.build(lay, ops)
   local sum = 0
   for _, b in ipairs(buffers) do sum = sum + b.size end
   return { arena_bytes = arena, unplanned_bytes = sum, buffers = buffers, by_unit = by_unit, waits = waits,
-           events = events }
+           events = events, reuse = wait_set }
 end
 
 return memplan
