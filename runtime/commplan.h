@@ -143,6 +143,13 @@ int64_t cp_param_valid(const cp_param *prm, int shard_rank);
 /* Global element index of local element j of rank r's shard. */
 int64_t cp_param_global_index(const cp_param *prm, int W, int shard_rank, int64_t j);
 
+/* ---- the buffer arena (arena.c) ---- */
+int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_arena_buffer k);
+/* Library order check: a unit v with live[v] set (still unsharded) whose
+ * unsharded params share arena bytes with `unit`'s all-gather buffer or
+ * unsharded params, or -1. The plan's own order never conflicts. */
+int cp_unshard_conflict(const cp_plan *p, int unit, const unsigned char *live);
+
 /* ---- backend interface (one instance per rank) ---- */
 typedef struct cp_backend cp_backend;
 struct cp_backend {

@@ -54,7 +54,6 @@ typedef struct {
     cudaEvent_t ev[EV_COUNT];
     int copy_out_this_step; /* ev[EV_COPY_OUT] was recorded in the current step */
     int cursor[3];          /* library calls: next op to scan from for unshard, reshard, reduce */
-    int live;               /* library calls: unsharded between cp_gpu_unshard and cp_gpu_reshard */
 } unit_state;
 
 struct cp_gpu {
@@ -69,6 +68,7 @@ struct cp_gpu {
     cudaEvent_t side_done[4]; /* joins each side stream back into the caller's */
     unit_state *units;
     void *arena;          /* plan->arena_bytes of transient buffers */
+    unsigned char *live;  /* per unit, library calls: unsharded between cp_gpu_unshard and cp_gpu_reshard */
     cudaEvent_t *events;  /* plan->nevents: arena reuse across streams */
     cp_gpu_compute_fn compute;
     void *compute_user;
@@ -241,7 +241,8 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
     }
     g->units = calloc((size_t)p->nunits, sizeof *g->units);
     g->events = calloc((size_t)(p->nevents > 0 ? p->nevents : 1), sizeof *g->events);
-    if (!g->units || !g->events) { fail(g, "out of host memory"); goto out; }
+    g->live = calloc((size_t)p->nunits, 1);
+    if (!g->units || !g->events || !g->live) { fail(g, "out of host memory"); goto out; }
     {
         size_t bytes = (size_t)p->arena_bytes;
         cudaError_t e = cudaMalloc(&g->arena, bytes ? bytes : 16);
@@ -303,6 +304,7 @@ void cp_gpu_destroy(cp_gpu *g)
     if (g->events)
         for (int i = 0; i < g->plan->nevents; i++) if (g->events[i]) cudaEventDestroy(g->events[i]);
     free(g->events);
+    free(g->live);
     if (g->arena) cudaFree(g->arena);
     if (g->comms)
         for (int f = 0; f < g->plan->nfamilies; f++) if (g->comms[f]) ncclCommDestroy(g->comms[f]);
@@ -516,13 +518,6 @@ static int run_unit_ops(cp_gpu *g, int unit, int call, const cp_op_kind *kinds, 
     return finish(g, S);
 }
 
-static int arena_overlap(cp_gpu *g, int u, int ku, int v, int kv)
-{
-    const char *a = g->units[u].buf[ku], *b = g->units[v].buf[kv];
-    size_t na = cp_gpu_buffer_bytes(g, u, ku), nb = cp_gpu_buffer_bytes(g, v, kv);
-    return na && nb && a < b + nb && b < a + na;
-}
-
 int cp_gpu_unshard(cp_gpu *g, int unit, void *stream)
 {
     static const cp_op_kind kinds[] = { CP_OP_COPY_IN, CP_OP_ALL_GATHER, CP_OP_COPY_OUT };
@@ -530,14 +525,13 @@ int cp_gpu_unshard(cp_gpu *g, int unit, void *stream)
     if (unit < 0 || unit >= p->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, p->nunits);
     /* The arena holds units in the plan's order only: refuse an unshard
      * whose bytes another still-unsharded unit is using. */
-    for (int v = 0; v < p->nunits; v++)
-        if (v != unit && g->units[v].live &&
-            (arena_overlap(g, unit, BUF_AG, v, BUF_UNSHARDED) || arena_overlap(g, unit, BUF_UNSHARDED, v, BUF_UNSHARDED)))
-            return fail(g, "cp_gpu_unshard(%s) would overwrite unit %s, still unsharded: the plan's arena reuses "
-                        "those bytes; call cp_gpu_reshard(%s) first, in the order of plans/%s/SCHEDULE.md",
-                        p->units[unit].name, p->units[v].name, p->units[v].name, p->name);
+    int v = cp_unshard_conflict(p, unit, g->live);
+    if (v >= 0)
+        return fail(g, "cp_gpu_unshard(%s) would overwrite unit %s, still unsharded: the plan's arena reuses "
+                    "those bytes; call cp_gpu_reshard(%s) first, in the order of plans/%s/SCHEDULE.md",
+                    p->units[unit].name, p->units[v].name, p->units[v].name, p->name);
     if (run_unit_ops(g, unit, 0, kinds, 3, (cudaStream_t)stream)) return -1;
-    g->units[unit].live = 1;
+    g->live[unit] = 1;
     return 0;
 }
 
@@ -547,7 +541,7 @@ int cp_gpu_reshard(cp_gpu *g, int unit, void *stream)
 {
     static const cp_op_kind kinds[] = { CP_OP_RESHARD };
     if (run_unit_ops(g, unit, 1, kinds, 1, (cudaStream_t)stream)) return -1;
-    g->units[unit].live = 0;
+    g->live[unit] = 0;
     return 0;
 }
 

@@ -207,6 +207,55 @@ static int launch(const char *const *env, cp_launch_env *out, char *err)
     return cp_launch_from_env(out, fake_getenv, err, 256);
 }
 
+/* Walking a plan's own op list, every unshard is accepted by the library's
+ * order check (a library unshard does copy-in, all-gather and copy-out at
+ * once, where the plan's copy-out is); unsharding a unit whose bytes a live unit holds is
+ * refused, and such pairs exist once units are resharded after forward. */
+static int arena_order_conflicts(const cp_plan *p)
+{
+    unsigned char live[64] = { 0 };
+    assert_true(p->nunits <= 64);
+    for (int i = 0; i < p->nops; i++) {
+        const cp_op *o = &p->ops[i];
+        if (o->kind == CP_OP_COPY_OUT) {
+            assert_int_equal(cp_unshard_conflict(p, o->unit, live), -1);
+            live[o->unit] = 1;
+        }
+        if (o->kind == CP_OP_RESHARD) live[o->unit] = 0;
+    }
+    int refused = 0;
+    for (int u = 0; u < p->nunits; u++)
+        for (int v = 0; v < p->nunits; v++) {
+            if (u == v) continue;
+            memset(live, 0, sizeof live);
+            live[v] = 1;
+            int c = cp_unshard_conflict(p, u, live);
+            assert_true(c == -1 || c == v);
+            if (c == v) {
+                /* A refusal means real shared bytes. */
+                int64_t a = p->units[u].arena_offset[CP_BUF_UNSHARDED], b = p->units[v].arena_offset[CP_BUF_UNSHARDED];
+                int64_t g = p->units[u].arena_offset[CP_BUF_AG];
+                int64_t nb = cp_arena_buffer_bytes(p, v, CP_BUF_UNSHARDED);
+                int64_t na = cp_arena_buffer_bytes(p, u, CP_BUF_UNSHARDED);
+                assert_true((a < b + nb && b < a + na) || (g < b + nb && b < g + cp_arena_buffer_bytes(p, u, CP_BUF_AG)));
+                refused++;
+            }
+        }
+    return refused;
+}
+
+static void test_arena_library_order(void **state)
+{
+    (void)state;
+    int refused = arena_order_conflicts(&hsdp2x3_bf16_plan) + arena_order_conflicts(&hsdp4x2_fp16_plan);
+    arena_order_conflicts(&fsdp8_uneven_plan);
+    assert_true(refused > 0);
+    /* Arena buffer sizes are the executor's. */
+    const cp_unit *U = &hsdp2x3_bf16_plan.units[0];
+    assert_int_equal(cp_arena_buffer_bytes(&hsdp2x3_bf16_plan, 0, CP_BUF_RS_OUT),
+                     U->total * (int64_t)cp_dtype_size(U->reduce_dtype));
+}
+
 static void test_launch_env(void **state)
 {
     (void)state;
@@ -273,6 +322,7 @@ int main(void)
         cmocka_unit_test(test_wrong_reduce_op_is_caught),
         cmocka_unit_test(test_missing_all_reduce_is_caught),
         cmocka_unit_test(test_compute_on_resharded_params_fails),
+        cmocka_unit_test(test_arena_library_order),
         cmocka_unit_test(test_launch_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
