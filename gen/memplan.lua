@@ -19,13 +19,14 @@
 -- must wait on the GPU for the op that closed the earlier one, whatever
 -- streams they run on: those edges are emitted as event waits.
 local util = require("gen.util")
+local layout = require("gen.layout")
 
 local memplan = {}
 
 memplan.ALIGN = 256 -- bytes: cudaMalloc's alignment, and 16-byte vector access
 memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out" }
 
-local ES = { fp32 = 4, bf16 = 2, fp16 = 2 }
+local ES = layout.DTYPE_BYTES
 
 local function sizes_of(lay, u)
   local W = lay.W

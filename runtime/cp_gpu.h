@@ -50,8 +50,8 @@ int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream); /* pack on stream, R
 /* The plan's whole op list for one step; compute placeholders call fn. */
 void cp_gpu_set_compute(cp_gpu *g, cp_gpu_compute_fn fn, void *user);
 int cp_gpu_step(cp_gpu *g, void *stream);
-/* cp_gpu_step, adding each op kind's host issue time to host_us[kind] (µs);
- * host_us[CP_OP_KIND_COUNT] gets the stream fork and join. */
+/* cp_gpu_step, adding each op kind's host issue time to host_us[kind] (µs)
+ * when host_us is not NULL; host_us[CP_OP_KIND_COUNT] gets the stream fork and join. */
 int cp_gpu_step_profiled(cp_gpu *g, void *stream, double host_us[CP_OP_KIND_COUNT + 1]);
 /* Capture one step as a CUDA graph (on stream), then replay it. */
 int cp_gpu_graph_capture(cp_gpu *g, void *stream);

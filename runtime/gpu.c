@@ -107,16 +107,10 @@ static ncclRedOp_t nccl_op(cp_reduce_op op) { return op == CP_AVG ? ncclAvg : nc
 size_t cp_gpu_buffer_bytes(const cp_gpu *g, int u, int kind)
 {
     const cp_unit *U = &g->plan->units[u];
-    size_t W = (size_t)g->plan->shard_size, total = (size_t)U->total;
-    switch (kind) {
-    case BUF_SHARDED:
-    case BUF_SHARDED_GRADS: return total * cp_dtype_size(U->orig_dtype);
-    case BUF_UNSHARDED:
-    case BUF_AG: return W * total * cp_dtype_size(U->ag_dtype);
-    case BUF_GRADS: return (size_t)U->grads_numel * cp_dtype_size(U->ag_dtype);
-    case BUF_RS_IN: return W * total * cp_dtype_size(U->reduce_dtype);
-    default: return total * cp_dtype_size(U->reduce_dtype);
-    }
+    if (kind == BUF_SHARDED || kind == BUF_SHARDED_GRADS) return (size_t)U->total * cp_dtype_size(U->orig_dtype);
+    for (int k = 0; k < CP_ARENA_BUFFERS; k++)
+        if (ARENA_BUF[k] == kind) return (size_t)cp_arena_buffer_bytes(g->plan, u, (cp_arena_buffer)k);
+    return 0;
 }
 
 static int uses_family(const cp_plan *p, int f)
@@ -560,15 +554,6 @@ void cp_gpu_set_compute(cp_gpu *g, cp_gpu_compute_fn fn, void *user)
     g->compute_user = user;
 }
 
-int cp_gpu_step(cp_gpu *g, void *stream)
-{
-    cudaStream_t S = (cudaStream_t)stream;
-    if (begin(g, S)) return -1;
-    for (int i = 0; i < g->plan->nops; i++)
-        if (run_op(g, &g->plan->ops[i], S)) return -1;
-    return finish(g, S);
-}
-
 static double now_us(void)
 {
     struct timespec ts;
@@ -576,22 +561,27 @@ static double now_us(void)
     return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
 }
 
+/* The step; with host_us, each op kind's host issue time is added to it
+ * (the clock is read only then, off the normal path). */
 int cp_gpu_step_profiled(cp_gpu *g, void *stream, double host_us[CP_OP_KIND_COUNT + 1])
 {
     cudaStream_t S = (cudaStream_t)stream;
-    double t = now_us();
+    double t = host_us ? now_us() : 0.0;
     if (begin(g, S)) return -1;
-    host_us[CP_OP_KIND_COUNT] += now_us() - t;
+    if (host_us) host_us[CP_OP_KIND_COUNT] += now_us() - t;
     for (int i = 0; i < g->plan->nops; i++) {
-        t = now_us();
-        if (run_op(g, &g->plan->ops[i], S)) return -1;
-        host_us[g->plan->ops[i].kind] += now_us() - t;
+        const cp_op *op = &g->plan->ops[i];
+        if (host_us) t = now_us();
+        if (run_op(g, op, S)) return -1;
+        if (host_us) host_us[op->kind] += now_us() - t;
     }
-    t = now_us();
+    if (host_us) t = now_us();
     int rc = finish(g, S);
-    host_us[CP_OP_KIND_COUNT] += now_us() - t;
+    if (host_us) host_us[CP_OP_KIND_COUNT] += now_us() - t;
     return rc;
 }
+
+int cp_gpu_step(cp_gpu *g, void *stream) { return cp_gpu_step_profiled(g, stream, NULL); }
 
 int cp_gpu_graph_capture(cp_gpu *g, void *stream)
 {
