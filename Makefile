@@ -13,7 +13,7 @@ NAME     := $(basename $(notdir $(PLAN_FILE)))
 OUT      := plans/$(NAME)
 BUILD    := build/$(NAME)
 
-RUNTIME_SRC := runtime/arena.c runtime/launch.c runtime/check.c runtime/dtype.c runtime/topology.c runtime/executor.c runtime/backend_host.c runtime/simulate.c
+RUNTIME_SRC := runtime/harness.c runtime/arena.c runtime/launch.c runtime/check.c runtime/dtype.c runtime/topology.c runtime/executor.c runtime/backend_host.c runtime/simulate.c
 RUNTIME_HDR := $(wildcard runtime/*.h)
 RUNTIME_OBJ := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRC))
 GEN_SRC     := $(wildcard gen/*.lua gen/models/*.lua) $(wildcard templates/*.in)

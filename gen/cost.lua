@@ -10,11 +10,7 @@ local ES = layout.DTYPE_BYTES
 
 -- nccl-tests: busbw = algbw * factor; size is the larger buffer (AG out,
 -- RS in, AR buffer).
-function cost.bus_factor(kind, n)
-  if n <= 1 then return 0 end
-  if kind == "all_reduce" then return 2 * (n - 1) / n end
-  return (n - 1) / n
-end
+cost.bus_factor = require("gen.opkinds").bus_factor
 
 function cost.op_size_bytes(o, fams)
   local es = ES[o.dtype]

@@ -20,6 +20,7 @@
 -- streams they run on: those edges are emitted as event waits.
 local util = require("gen.util")
 local layout = require("gen.layout")
+local opkinds = require("gen.opkinds")
 
 local memplan = {}
 
@@ -27,6 +28,7 @@ memplan.ALIGN = 256 -- bytes: cudaMalloc's alignment, and 16-byte vector access
 memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out" }
 
 local ES = layout.DTYPE_BYTES
+local STREAMS = opkinds.STREAMS
 
 local function sizes_of(lay, u)
   local W = lay.W
@@ -91,50 +93,52 @@ local function overlap_in_space(a, b)
   return a.offset < b.offset + b.size and b.offset < a.offset + a.size
 end
 
--- The GPU executor's streams and the event waits it issues by itself
--- (runtime/gpu.c, run_op, begin): which stream each op runs on, and which
--- earlier op it already waits for. Keep in step with gpu.c.
-local function stream_of(o, hsdp)
-  local k = o.kind
-  if k == "copy_in" then return "copy_in"
-  elseif k == "all_gather" then return o.group and "all_gather" or "copy_in"
-  elseif k == "reduce_scatter" then return "reduce_scatter"
-  elseif k == "all_reduce" then return "all_reduce"
-  elseif k == "view_out" then return hsdp and "all_reduce" or "reduce_scatter"
+-- Data dependencies inside each unit, from the op kinds' buffer accesses
+-- (gen/opkinds.lua): a reader waits for the buffer's last writer, and a
+-- writer for the readers since that write. The persistent shards are
+-- written by the caller before the step (the step's fork orders them).
+local function data_edges(ops, add)
+  local last_writer, readers = {}, {}
+  for _, o in ipairs(ops) do
+    local d = opkinds.BY_NAME[o.kind]
+    last_writer[o.unit] = last_writer[o.unit] or {}
+    readers[o.unit] = readers[o.unit] or {}
+    local lw, rd = last_writer[o.unit], readers[o.unit]
+    for _, b in ipairs(d.reads) do
+      if lw[b] then add(o.seq, lw[b]) end
+    end
+    for _, b in ipairs(d.writes) do
+      if lw[b] then add(o.seq, lw[b]) end
+      for _, r in ipairs(rd[b] or {}) do if r ~= o.seq then add(o.seq, r) end end
+    end
+    for _, b in ipairs(d.reads) do
+      rd[b] = rd[b] or {}
+      table.insert(rd[b], o.seq)
+    end
+    for _, b in ipairs(d.writes) do
+      lw[b] = o.seq
+      rd[b] = {}
+    end
   end
-  return "compute"
-end
-local STREAMS = { "compute", "copy_in", "all_gather", "reduce_scatter", "all_reduce" }
-
--- Keeps only the reuse waits the GPU does not already imply: a vector
--- clock per stream follows the executor's own ordering (stream order, its
--- structural event waits, the step's fork from the compute stream), and a
--- wait for op j is dropped when the waiting stream has already seen j's
--- stream at or past j; of several ops on one stream only the latest stays.
-function memplan.prune(ops, wait_set)
-  return (memplan.simulate(ops, wait_set, nil))
 end
 
--- The proof: with only the emitted waits, every reuse edge (an op opening
--- a lifetime on bytes another op last used) is ordered on the GPU. Returns
--- nil or the first unordered edge as (closing seq, opening seq).
-function memplan.unordered(ops, wait_set, waits)
-  local _, bad_j, bad_i = memplan.simulate(ops, wait_set, waits)
-  return bad_j, bad_i
-end
-
--- Follows the executor's ordering op by op. With fixed = nil it chooses the
--- reuse waits (see prune); with fixed = { seq -> list } it applies exactly
--- those and reports the first needed edge they leave unordered.
-function memplan.simulate(ops, wait_set, fixed)
-  local hsdp = false
-  for _, o in ipairs(ops) do if o.kind == "all_reduce" then hsdp = true end end
+-- The GPU's ordering, followed op by op with a vector clock per stream:
+-- each stream runs its ops in issue order, every side stream starts the
+-- step after the compute stream's fork, and an op that waits for op j
+-- sees everything j's stream had done by then. Nothing else orders work:
+-- the executor issues exactly the emitted waits (op.stream, waits).
+--
+-- With fixed = nil it chooses the waits: for every needed edge (an op must
+-- follow op j) not already implied, the latest j per stream, dropping one
+-- that another chosen wait covers. With fixed = { seq -> list } it applies
+-- exactly those and reports the first needed edge they leave unordered.
+function memplan.simulate(ops, needs, fixed)
   local clock = {}
   for _, s in ipairs(STREAMS) do
     clock[s] = {}
     for _, t in ipairs(STREAMS) do clock[s][t] = 0 end
   end
-  local done = {} -- op seq -> { stream = s, at = clock value of s after it }
+  local done = {} -- op seq -> { stream = s, clock = vector clock of s after it }
   local function merge(into, from)
     for _, t in ipairs(STREAMS) do if from[t] > into[t] then into[t] = from[t] end end
   end
@@ -143,40 +147,27 @@ function memplan.simulate(ops, wait_set, fixed)
     for _, t in ipairs(STREAMS) do c[t] = clock[s][t] end
     return c
   end
-  local last = {} -- unit -> kind -> seq of its latest op of that kind
-  local copied_out = {}
   local waits = {}
   for _, o in ipairs(ops) do
-    local s = stream_of(o, hsdp)
-    local u = o.unit
-    last[u] = last[u] or {}
+    local s = o.stream
     local function wait_for(seq)
       local d = seq and done[seq]
       if d then merge(clock[s], d.clock) end
     end
-    -- The executor's own waits.
-    if o.kind == "copy_in" and copied_out[u] then wait_for(last[u].copy_out)
-    elseif o.kind == "all_gather" and o.group then wait_for(last[u].copy_in)
-    elseif o.kind == "copy_out" then wait_for(last[u].all_gather)
-    elseif o.kind == "reduce_scatter" then wait_for(last[u].pack)
-    elseif o.kind == "all_reduce" then wait_for(last[u].reduce_scatter)
-    end
     if fixed then
       for _, j in ipairs(fixed[o.seq] or {}) do wait_for(j) end
-      for j in pairs(wait_set[o.seq] or {}) do
+      for j in pairs(needs[o.seq] or {}) do
         local d = done[j]
         if clock[s][d.stream] < d.clock[d.stream] then return waits, j, o.seq end
       end
     else
-      -- Reuse waits not already implied; the latest per stream.
       local need = {}
-      for j in pairs(wait_set[o.seq] or {}) do
+      for j in pairs(needs[o.seq] or {}) do
         local d = done[j]
         if clock[s][d.stream] < d.clock[d.stream] then
           if not need[d.stream] or j > need[d.stream] then need[d.stream] = j end
         end
       end
-      -- Drop one another op's wait already covers (it follows j on the GPU).
       local list = {}
       for _, j in pairs(need) do
         local dj, covered = done[j], false
@@ -191,10 +182,21 @@ function memplan.simulate(ops, wait_set, fixed)
     end
     clock[s][s] = clock[s][s] + 1
     done[o.seq] = { stream = s, clock = snapshot(s) }
-    last[u][o.kind] = o.seq
-    if o.kind == "copy_out" then copied_out[u] = true end
   end
   return waits
+end
+
+-- The fewest waits that order every needed edge.
+function memplan.prune(ops, needs)
+  return (memplan.simulate(ops, needs, nil))
+end
+
+-- The proof: with only the emitted waits (and stream order), every needed
+-- edge is ordered on the GPU. Returns nil or the first unordered edge as
+-- (earlier seq, later seq).
+function memplan.unordered(ops, needs, waits)
+  local _, bad_j, bad_i = memplan.simulate(ops, needs, waits)
+  return bad_j, bad_i
 end
 
 -- lay, ops -> { arena_bytes, buffers = list, by_unit = unit index -> kind -> buffer,
@@ -252,29 +254,33 @@ function memplan.build(lay, ops)
       end
     end
   end
-  -- Reuse edges: a lifetime that opens on bytes an earlier lifetime (of
-  -- another buffer) held waits for the op that closed the latest such one.
-  local wait_set = {}
+  -- Needed edges (op seq -> set of earlier op seqs it must follow on the
+  -- GPU): the data dependencies, and reuse: a lifetime that opens on bytes
+  -- an earlier lifetime held (of another buffer, or of the same buffer in
+  -- an earlier unshard) follows the op that closed the latest such one.
+  local needs = {}
+  local function add(i, j)
+    needs[i] = needs[i] or {}
+    needs[i][j] = true
+  end
+  data_edges(ops, add)
   for _, b in ipairs(placed) do
     for _, iv in ipairs(b.lives) do
       for _, q in ipairs(placed) do
-        if q ~= b and overlap_in_space(b, q) then
+        if overlap_in_space(b, q) then
           local latest
           for _, jv in ipairs(q.lives) do
             if jv.last < iv.first and (not latest or jv.last > latest) then latest = jv.last end
           end
-          if latest then
-            wait_set[iv.first] = wait_set[iv.first] or {}
-            wait_set[iv.first][latest] = true
-          end
+          if latest then add(iv.first, latest) end
         end
       end
     end
   end
-  local waits = memplan.prune(ops, wait_set)
-  local bad_j, bad_i = memplan.unordered(ops, wait_set, waits)
+  local waits = memplan.prune(ops, needs)
+  local bad_j, bad_i = memplan.unordered(ops, needs, waits)
   if bad_j then
-    error(string.format("internal: op %d reuses bytes of op %d without a GPU ordering", bad_i, bad_j), 0)
+    error(string.format("internal: op %d must follow op %d but no emitted wait orders them", bad_i, bad_j), 0)
   end
   local event_set = {}
   for _, list in pairs(waits) do
@@ -286,7 +292,7 @@ function memplan.build(lay, ops)
   local sum = 0
   for _, b in ipairs(buffers) do sum = sum + b.size end
   return { arena_bytes = arena, unplanned_bytes = sum, buffers = buffers, by_unit = by_unit, waits = waits,
-           events = events, reuse = wait_set }
+           events = events, needs = needs }
 end
 
 return memplan

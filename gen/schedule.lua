@@ -5,10 +5,8 @@
 -- then the HSDP all-reduce), root last. Micro-steps reduce only on the last.
 local schedule = {}
 
--- Op kinds, in the order the C enum declares them.
-schedule.KINDS = { "copy_in", "all_gather", "copy_out", "forward", "backward", "reshard",
-                   "pack", "reduce_scatter", "all_reduce", "view_out" }
-schedule.COLLECTIVES = { all_gather = true, reduce_scatter = true, all_reduce = true }
+local opkinds = require("gen.opkinds")
+
 
 function schedule.build(lay, fams, fsdp)
   local ops = {}
@@ -83,7 +81,10 @@ function schedule.build(lay, fams, fsdp)
     -- that order below.
     ops = schedule.interleave_post_backward(ops, post, root, m, last, shard, replicate, fsdp)
   end
-  for i, o in ipairs(ops) do o.seq = i - 1 end
+  for i, o in ipairs(ops) do
+    o.seq = i - 1
+    o.stream = opkinds.stream_of(o, replicate ~= nil)
+  end
   return ops
 end
 

@@ -2,11 +2,13 @@
  * sizes and the order check for library-driven unshards. */
 #include "commplan.h"
 
-int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_arena_buffer k)
+int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_buffer k)
 {
     const cp_unit *U = &p->units[unit];
     int64_t W = p->shard_size;
     switch (k) {
+    case CP_BUF_SHARDED:
+    case CP_BUF_SHARDED_GRADS: return U->total * (int64_t)cp_dtype_size(U->orig_dtype);
     case CP_BUF_AG:
     case CP_BUF_UNSHARDED: return W * U->total * (int64_t)cp_dtype_size(U->ag_dtype);
     case CP_BUF_GRADS: return U->grads_numel * (int64_t)cp_dtype_size(U->ag_dtype);

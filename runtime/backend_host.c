@@ -23,7 +23,13 @@ typedef struct {
 
 typedef struct {
     cp_host_world *world;
-    int rank;
+    int rank, shard_rank;
+    /* Event slots: the step (fork count) in which each was last recorded.
+     * Host work is synchronous, so a wait can only be wrong in one way:
+     * waiting for a slot no earlier op of this step recorded, which on a
+     * GPU silently orders nothing. The host refuses it. */
+    long generation;
+    long *recorded;
 } rank_ctx;
 
 struct cp_host_world {
@@ -58,7 +64,17 @@ cp_host_world *cp_host_world_create(const cp_plan *p)
             fs->ninstances = i + 1;
         }
     }
-    for (int r = 0; r < p->world_size; r++) { w->ranks[r].world = w; w->ranks[r].rank = r; }
+    for (int r = 0; r < p->world_size; r++) {
+        rank_ctx *rc = &w->ranks[r];
+        rc->world = w;
+        rc->rank = r;
+        rc->shard_rank = cp_shard_rank(p, r);
+        rc->generation = 1;
+        if (!(rc->recorded = calloc((size_t)(p->nevents > 0 ? p->nevents : 1), sizeof *rc->recorded))) {
+            cp_host_world_destroy(w);
+            return NULL;
+        }
+    }
     return w;
 }
 
@@ -77,6 +93,8 @@ void cp_host_world_destroy(cp_host_world *w)
         }
     }
     free(w->fam);
+    if (w->ranks)
+        for (int r = 0; r < w->plan->world_size; r++) free(w->ranks[r].recorded);
     free(w->ranks);
     free(w);
 }
@@ -109,8 +127,9 @@ static group_instance *rendezvous(cp_backend *b, const cp_op *op, const void *pt
     return g;
 }
 
-static int host_all_gather(cp_backend *b, const cp_op *op, const void *in, void *out)
+static int host_all_gather(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)
 {
+    (void)s;
     int key, size, bad;
     group_instance *g = rendezvous(b, op, in, &key, &size, &bad);
     size_t bytes = (size_t)op->count * cp_dtype_size(op->dtype);
@@ -123,8 +142,9 @@ static int host_all_gather(cp_backend *b, const cp_op *op, const void *in, void 
     return bad ? -1 : 0;
 }
 
-static int host_reduce_scatter(cp_backend *b, const cp_op *op, const void *in, void *out)
+static int host_reduce_scatter(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)
 {
+    (void)s;
     int key, size, bad;
     group_instance *g = rendezvous(b, op, in, &key, &size, &bad);
     if (!bad) {
@@ -138,8 +158,10 @@ static int host_reduce_scatter(cp_backend *b, const cp_op *op, const void *in, v
     return bad ? -1 : 0;
 }
 
-static int host_all_reduce(cp_backend *b, const cp_op *op, void *buf)
+static int host_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *buf)
 {
+    (void)s;
+    (void)in; /* in place: in == buf */
     int key, size, bad;
     group_instance *g = rendezvous(b, op, buf, &key, &size, &bad);
     size_t bytes = (size_t)op->count * cp_dtype_size(op->dtype);
@@ -161,10 +183,189 @@ static int host_all_reduce(cp_backend *b, const cp_op *op, void *buf)
     return bad ? -1 : 0;
 }
 
+/* ---- copies: the C reference of the generated copy kernels ---- */
+
+static char *at(void *base, int64_t i, cp_dtype t) { return (char *)base + (size_t)i * cp_dtype_size(t); }
+
+/* sharded (total, orig dtype) -> this rank's slot of the all-gather buffer, cast. */
+static void copy_in(const cp_plan *p, int u, int shard_rank, const void *sharded, void *ag)
+{
+    const cp_unit *U = &p->units[u];
+    void *slot = at(ag, (int64_t)shard_rank * U->total, U->ag_dtype);
+    if (U->orig_dtype == U->ag_dtype) {
+        memcpy(slot, sharded, (size_t)U->total * cp_dtype_size(U->ag_dtype));
+        return;
+    }
+    for (int64_t i = 0; i < U->total; i++) cp_store(U->ag_dtype, slot, i, cp_load(U->orig_dtype, sharded, i));
+}
+
+/* (W, total) all-gather output -> each parameter's (outer, W*run) buffer. */
+static void copy_out(const cp_plan *p, int u, int shard_rank, const void *ag, void *unsharded)
+{
+    const cp_unit *U = &p->units[u];
+    int64_t W = p->shard_size;
+    size_t es = cp_dtype_size(U->ag_dtype);
+    (void)shard_rank;
+    for (int j = 0; j < U->nparams; j++) {
+        const cp_param *prm = &p->params[U->first_param + j];
+        char *dst = at(unsharded, W * prm->offset, U->ag_dtype);
+        for (int64_t r = 0; r < W; r++)
+            for (int64_t o = 0; o < prm->outer; o++)
+                memcpy(dst + (size_t)(o * W * prm->run + r * prm->run) * es,
+                       (const char *)ag + (size_t)(r * U->total + prm->offset + o * prm->run) * es,
+                       (size_t)prm->run * es);
+    }
+}
+
+/* chunk_cat: unsharded grads -> (W, total) reduce-scatter input, zero padding, pre-divide. */
+static void pack(const cp_plan *p, int u, int shard_rank, const void *grads, void *rs_in)
+{
+    const cp_unit *U = &p->units[u];
+    int64_t W = p->shard_size;
+    (void)shard_rank;
+    for (int j = 0; j < U->nparams; j++) {
+        const cp_param *prm = &p->params[U->first_param + j];
+        const char *g = (const char *)grads + (size_t)prm->grad_offset * cp_dtype_size(U->ag_dtype);
+        for (int64_t r = 0; r < W; r++)
+            for (int64_t o = 0; o < prm->outer; o++) {
+                int64_t src = o * W * prm->run + r * prm->run;
+                int64_t dst = r * U->total + prm->offset + o * prm->run;
+                for (int64_t t = 0; t < prm->run; t++) {
+                    float v = src + t < prm->numel ? cp_load(U->ag_dtype, g, src + t) : 0.0f;
+                    if (U->pre_divide != 1.0) v = (float)(v / U->pre_divide);
+                    cp_store(U->reduce_dtype, rs_in, dst + t, v);
+                }
+            }
+    }
+}
+
+/* reduce-scatter output (reduce dtype) -> sharded grads (orig dtype), post-divide. */
+static void view_out(const cp_plan *p, int u, int shard_rank, const void *rs_out, void *sharded_grads)
+{
+    const cp_unit *U = &p->units[u];
+    (void)shard_rank;
+    for (int64_t i = 0; i < U->total; i++) {
+        float v = cp_load(U->reduce_dtype, rs_out, i);
+        if (U->post_divide != 1.0) v = (float)(v / U->post_divide);
+        cp_store(U->orig_dtype, sharded_grads, i, v);
+    }
+}
+
+/* Indexed by kernel number (cp_gpu_kernels.h: copy-in, copy-out, pack, view-out). */
+static void (*const HOST_COPIES[4])(const cp_plan *, int, int, const void *, void *) = { copy_in, copy_out, pack,
+                                                                                          view_out };
+
+static int host_copy(cp_backend *b, int kernel, int unit, cp_stream s, const void *in, void *out)
+{
+    rank_ctx *rc = b->ctx;
+    (void)s;
+    if (kernel < 0 || kernel > 3) return -1;
+    HOST_COPIES[kernel](rc->world->plan, unit, rc->shard_rank, in, out);
+    return 0;
+}
+
+static int host_copy_bytes(cp_backend *b, cp_stream s, const void *in, void *out, size_t bytes)
+{
+    (void)b;
+    (void)s;
+    memmove(out, in, bytes);
+    return 0;
+}
+
+/* ---- memory, events, streams: host work is synchronous ---- */
+
+static void *host_alloc(cp_backend *b, size_t bytes)
+{
+    (void)b;
+    /* Poisoned, not zeroed: nothing may read a buffer before its first writer. */
+    void *p = malloc(bytes ? bytes : 1);
+    if (p) memset(p, CP_POISON_BYTE, bytes);
+    return p;
+}
+
+static void host_free(cp_backend *b, void *p)
+{
+    (void)b;
+    free(p);
+}
+
+static int host_record(cp_backend *b, cp_stream s, int event)
+{
+    rank_ctx *rc = b->ctx;
+    (void)s;
+    if (event < 0 || event >= rc->world->plan->nevents) {
+        fprintf(stderr, "commplan: rank %d: event slot %d is outside the plan's %d\n", rc->rank, event,
+                rc->world->plan->nevents);
+        return -1;
+    }
+    rc->recorded[event] = rc->generation;
+    return 0;
+}
+
+static int host_wait(cp_backend *b, cp_stream s, int event)
+{
+    rank_ctx *rc = b->ctx;
+    if (event < 0 || event >= rc->world->plan->nevents || rc->recorded[event] != rc->generation) {
+        fprintf(stderr, "commplan: rank %d: the %s stream waits for event slot %d, which no earlier op of this step "
+                "recorded (on a GPU that wait orders nothing): regenerate the plan\n", rc->rank, cp_stream_name(s),
+                event);
+        return -1;
+    }
+    return 0;
+}
+
+static int host_fork(cp_backend *b)
+{
+    rank_ctx *rc = b->ctx;
+    rc->generation++;
+    return 0;
+}
+
+static int host_join(cp_backend *b)
+{
+    (void)b;
+    return 0;
+}
+
+static int host_release(cp_backend *b, void *p, size_t bytes)
+{
+    (void)b;
+    memset(p, CP_POISON_BYTE, bytes);
+    return 0;
+}
+
+static int host_read(cp_backend *b, cp_stream s, const void *src, void *host, size_t bytes)
+{
+    (void)b;
+    (void)s;
+    memcpy(host, src, bytes);
+    return 0;
+}
+
+static int host_write(cp_backend *b, cp_stream s, void *dst, const void *host, size_t bytes)
+{
+    (void)b;
+    (void)s;
+    memcpy(dst, host, bytes);
+    return 0;
+}
+
 void cp_host_backend_init(cp_backend *b, cp_host_world *w, int rank)
 {
+    memset(b, 0, sizeof *b);
     b->ctx = &w->ranks[rank];
-    b->all_gather = host_all_gather;
-    b->reduce_scatter = host_reduce_scatter;
-    b->all_reduce = host_all_reduce;
+    b->alloc = host_alloc;
+    b->free = host_free;
+    b->copy = host_copy;
+    b->copy_bytes = host_copy_bytes;
+    b->collective[CP_COLL_ALL_GATHER] = host_all_gather;
+    b->collective[CP_COLL_REDUCE_SCATTER] = host_reduce_scatter;
+    b->collective[CP_COLL_ALL_REDUCE] = host_all_reduce;
+    b->record = host_record;
+    b->wait = host_wait;
+    b->fork = host_fork;
+    b->join = host_join;
+    b->release = host_release;
+    b->read = host_read;
+    b->write = host_write;
 }

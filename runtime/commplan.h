@@ -8,12 +8,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The layout of the tables below. A generated plan.c refuses to compile
+ * against a runtime whose tables differ (nanopb's PB_PROTO_HEADER_VERSION
+ * idea): bump it with every change to a table type or an enum. */
+#define CP_TABLES_VERSION 2
+
 #define CP_MAX_DIMS 8      /* tensor dims per parameter */
 #define CP_MAX_MESH_DIMS 6 /* dp_replicate, dp_shard, ep, cp, tp, pp */
 
 typedef enum { CP_FP32 = 0, CP_BF16 = 1, CP_FP16 = 2 } cp_dtype;
 typedef enum { CP_SUM = 0, CP_AVG = 1 } cp_reduce_op;
 
+/* An op kind's facts live in one descriptor (cp_op_descs, executor.c; the
+ * generator's twin is gen/opkinds.lua): nothing else switches on the kind. */
 typedef enum {
     CP_OP_COPY_IN = 0,     /* sharded params -> this rank's all-gather slot (cast) */
     CP_OP_ALL_GATHER,      /* fused all-gather over the shard group */
@@ -42,16 +53,33 @@ typedef struct {
     int64_t grad_offset; /* start in the unit's compact unsharded-grads buffer (8-element aligned) */
 } cp_param;
 
-/* A unit's transient buffers, placed in one arena per rank by the
- * generator's memory plan (gen/memplan.lua). */
+/* A unit's buffers. The first five are transient, placed in one arena per
+ * rank by the generator's memory plan (gen/memplan.lua); the shards and
+ * sharded grads persist (the optimizer owns them). */
 typedef enum {
     CP_BUF_AG = 0,    /* W*total, ag dtype: the fused all-gather buffer */
     CP_BUF_UNSHARDED, /* W*total, ag dtype; param p at W*offset */
     CP_BUF_GRADS,     /* grads_numel, ag dtype; param p at its grad_offset */
     CP_BUF_RS_IN,     /* W*total, reduce dtype */
     CP_BUF_RS_OUT,    /* total, reduce dtype */
-    CP_ARENA_BUFFERS
-} cp_arena_buffer;
+    CP_ARENA_BUFFERS,
+    CP_BUF_SHARDED = CP_ARENA_BUFFERS, /* total, orig dtype: this rank's shards */
+    CP_BUF_SHARDED_GRADS,              /* total, orig dtype: this rank's reduced grads */
+    CP_BUFFERS,
+    CP_BUF_NONE = -1
+} cp_buffer;
+typedef cp_buffer cp_arena_buffer;
+
+/* The CUDA streams ops run on: the caller's and FSDP2's four side streams.
+ * The generator assigns every op its stream (cp_op.stream). */
+typedef enum {
+    CP_STREAM_COMPUTE = 0,
+    CP_STREAM_COPY_IN,
+    CP_STREAM_ALL_GATHER,
+    CP_STREAM_REDUCE_SCATTER,
+    CP_STREAM_ALL_REDUCE,
+    CP_STREAM_COUNT
+} cp_stream;
 
 typedef struct {
     const char *name;
@@ -78,12 +106,14 @@ typedef struct {
     cp_op_kind kind;
     int unit;
     int family; /* group family for collectives, -1 for local ops */
+    cp_stream stream; /* where its GPU work runs; ordered only by stream order and the waits below */
     cp_dtype dtype;
     int64_t count; /* per-rank elements: AG input, RS output, AR buffer */
     cp_reduce_op reduce_op;
     int micro_step;
-    int event;                  /* >= 0: record this event slot when the op is done (others reuse its bytes) */
-    int wait_first, wait_count; /* before running, wait for these slots of plan->waits */
+    int event;                  /* >= 0: record this event slot when the op is done (a later op waits on it) */
+    int wait_first, wait_count; /* before running, wait for these slots of plan->waits (data across
+                                   streams, arena reuse): the generator's proof covers exactly these */
 } cp_op;
 
 typedef struct {
@@ -123,6 +153,30 @@ float cp_fp16_to_float(uint16_t h);
  * member order, AVG divides once at the end, the result rounded to t. */
 float cp_reduce_values(cp_dtype t, cp_reduce_op op, const float *v, int n);
 const char *cp_op_kind_name(cp_op_kind k);
+const char *cp_stream_name(cp_stream s);
+
+/* ---- op kind descriptors (executor.c) ---- */
+typedef enum {
+    CP_ACT_COPY = 0,   /* a copy kernel (host: its C reference) from `in` to `out` */
+    CP_ACT_COLLECTIVE, /* a collective over the op's group; identity on a one-rank group */
+    CP_ACT_COMPUTE,    /* the caller's forward / backward */
+    CP_ACT_NONE        /* bookkeeping only (reshard: the arena keeps the bytes) */
+} cp_op_action;
+
+typedef enum { CP_COLL_ALL_GATHER = 0, CP_COLL_REDUCE_SCATTER, CP_COLL_ALL_REDUCE, CP_COLLECTIVES } cp_collective;
+
+typedef struct {
+    const char *name;
+    cp_op_action action;
+    int kernel;            /* CP_ACT_COPY: the copy (CP_KERNEL_*: 0 copy-in, 1 copy-out, 2 pack, 3 view-out) */
+    cp_collective collective; /* CP_ACT_COLLECTIVE */
+    cp_buffer in, out;     /* the unit's buffers it reads and writes */
+    int in_is_slot;        /* reads only this rank's slot of `in` (the all-gather input) */
+    cp_buffer frees;       /* contents dead after the op (the host backend poisons them) */
+    int ring_passes;       /* nccl-tests' busbw factor: ring_passes * (n - 1) / n */
+} cp_op_desc;
+
+extern const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT];
 
 /* ---- rank geometry (topology.c) ---- */
 typedef struct {
@@ -144,36 +198,43 @@ int64_t cp_param_valid(const cp_param *prm, int shard_rank);
 int64_t cp_param_global_index(const cp_param *prm, int W, int shard_rank, int64_t j);
 
 /* ---- the buffer arena (arena.c) ---- */
-int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_arena_buffer k);
+/* Bytes of any of a unit's buffers (cp_buffer), arena or persistent. */
+int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_buffer k);
 /* Library order check: a unit v with live[v] set (still unsharded) whose
  * unsharded params share arena bytes with `unit`'s all-gather buffer or
  * unsharded params, or -1. The plan's own order never conflicts. */
 int cp_unshard_conflict(const cp_plan *p, int unit, const unsigned char *live);
 
-/* ---- backend interface (one instance per rank) ---- */
+/* ---- backend interface (one instance per rank) ----
+ * Everything an executor does to memory and streams goes through these:
+ * the host backend (threads over host memory, backend_host.c) and the
+ * NCCL backend (gpu.c) implement the same calls, so the host simulation
+ * runs the very sequence of copies, collectives and event waits the GPU
+ * runs. Returns 0 or -1 (message on stderr or in the backend's error). */
 typedef struct cp_backend cp_backend;
 struct cp_backend {
     void *ctx;
-    /* in may alias out's own slot (in-place all-gather). */
-    int (*all_gather)(cp_backend *b, const cp_op *op, const void *in, void *out);
-    int (*reduce_scatter)(cp_backend *b, const cp_op *op, const void *in, void *out);
-    int (*all_reduce)(cp_backend *b, const cp_op *op, void *buf);
+    void *(*alloc)(cp_backend *b, size_t bytes);           /* zeroed; NULL on failure */
+    void (*free)(cp_backend *b, void *p);
+    /* A copy kernel of `unit` on stream s (cp_op_desc.kernel). */
+    int (*copy)(cp_backend *b, int kernel, int unit, cp_stream s, const void *in, void *out);
+    int (*copy_bytes)(cp_backend *b, cp_stream s, const void *in, void *out, size_t bytes);
+    /* The op's collective over its group instance; in may alias out's own slot (in-place all-gather). */
+    int (*collective[CP_COLLECTIVES])(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out);
+    int (*record)(cp_backend *b, cp_stream s, int event); /* event slot done when s reaches this point */
+    int (*wait)(cp_backend *b, cp_stream s, int event);   /* s waits for the slot's last record */
+    int (*fork)(cp_backend *b);                           /* side streams wait for the compute stream */
+    int (*join)(cp_backend *b);                           /* the compute stream waits for every side stream */
+    int (*release)(cp_backend *b, void *p, size_t bytes); /* contents dead: the host poisons them */
+    /* Host copies of device bytes, ordered on stream s and finished on return. */
+    int (*read)(cp_backend *b, cp_stream s, const void *src, void *host, size_t bytes);
+    int (*write)(cp_backend *b, cp_stream s, void *dst, const void *host, size_t bytes);
 };
 
-/* ---- executor (executor.c) ---- */
-typedef struct cp_rank_buffers {
-    void **sharded;        /* per unit: total elems, orig dtype */
-    void **sharded_grads;  /* per unit: total elems, orig dtype */
-    /* The rest point into the executor's arena (cp_unit.arena_offset). */
-    void **ag;             /* per unit: W*total, ag dtype */
-    void **unsharded;      /* per unit: W*total, ag dtype; param p at W*offset */
-    void **grads;          /* per unit: grads_numel, ag dtype; param p at its grad_offset */
-    void **rs_in;          /* per unit: W*total, reduce dtype */
-    void **rs_out;         /* per unit: total, reduce dtype */
-} cp_rank_buffers;
-
+/* ---- executor (executor.c): the one op walker every backend runs ---- */
 typedef struct cp_executor cp_executor;
 typedef int (*cp_compute_fn)(void *user, cp_executor *ex, const cp_op *op);
+/* After each collective, with host copies of its input and output. */
 typedef void (*cp_collective_fn)(void *user, cp_executor *ex, const cp_op *op, const void *in, int64_t in_numel,
                                  const void *out, int64_t out_numel);
 
@@ -181,7 +242,7 @@ struct cp_executor {
     const cp_plan *plan;
     int rank, shard_rank, replicate_rank;
     cp_backend *backend;
-    cp_rank_buffers buf;
+    void **buf[CP_BUFFERS];         /* per buffer kind, per unit: the backend's memory */
     cp_compute_fn on_compute;       /* FORWARD / BACKWARD placeholders */
     cp_collective_fn on_collective; /* after each collective (tracing, dumps) */
     void *user;
@@ -189,14 +250,25 @@ struct cp_executor {
     char *arena;                    /* plan->arena_bytes: every unit's transient buffers */
 };
 
+/* Allocates this rank's shards and arena through the backend. */
 int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b);
 void cp_executor_free(cp_executor *ex);
-/* Runs every op of one step; returns 0 or -1 (message on stderr). */
+/* Runs every op of one step between a fork and a join; returns 0 or -1. */
 int cp_executor_step(cp_executor *ex);
+/* One op: its waits, its work on its stream, its event. */
 int cp_executor_run_op(cp_executor *ex, const cp_op *op);
+/* Start address of buffer k of unit u (this rank's slot of it with slot != 0). */
+void *cp_executor_buffer(const cp_executor *ex, int u, cp_buffer k);
+/* Host copies of a unit's whole buffer (checks, dumps), ordered on stream s. */
+int cp_executor_read(cp_executor *ex, cp_stream s, int u, cp_buffer k, void *host);
+int cp_executor_write(cp_executor *ex, cp_stream s, int u, cp_buffer k, const void *host);
 
 /* Poison byte written into freed transient buffers so a read of resharded
  * data shows up as NaN / garbage in the checks. */
 #define CP_POISON_BYTE 0xA5
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

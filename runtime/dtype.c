@@ -17,15 +17,6 @@ const char *cp_dtype_name(cp_dtype t)
     return "?";
 }
 
-const char *cp_op_kind_name(cp_op_kind k)
-{
-    static const char *const names[CP_OP_KIND_COUNT] = {
-        "copy_in", "all_gather", "copy_out", "forward", "backward",
-        "reshard", "pack", "reduce_scatter", "all_reduce", "view_out",
-    };
-    return (unsigned)k < CP_OP_KIND_COUNT ? names[k] : "?";
-}
-
 static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 

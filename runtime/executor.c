@@ -1,23 +1,56 @@
-/* The executor: walks a plan's op list for one rank. All geometry comes
- * from the tables (offsets, runs) and the rank's shard index; nothing about
- * the schedule is decided here. */
+/* The executor: the one op walker. For one rank it runs a plan's ops in
+ * table order over a backend (host threads or NCCL): each op's event
+ * waits, its work on the stream the generator chose, its event record.
+ * Every fact about an op kind is in its descriptor below; nothing about
+ * the schedule (streams, ordering, buffer placement) is decided here. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "commplan.h"
 
-static void *xcalloc(size_t n, size_t size)
+/* Kernel numbers as cp_gpu_kernels.h declares them (that header is the
+ * CUDA-side face; this file stays plain C). */
+enum { K_COPY_IN = 0, K_COPY_OUT = 1, K_PACK = 2, K_VIEW_OUT = 3 };
+
+const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
+    [CP_OP_COPY_IN] = { .name = "copy_in", .action = CP_ACT_COPY, .kernel = K_COPY_IN,
+                        .in = CP_BUF_SHARDED, .out = CP_BUF_AG, .frees = CP_BUF_NONE },
+    [CP_OP_ALL_GATHER] = { .name = "all_gather", .action = CP_ACT_COLLECTIVE, .collective = CP_COLL_ALL_GATHER,
+                           .in = CP_BUF_AG, .in_is_slot = 1, .out = CP_BUF_AG, .frees = CP_BUF_NONE,
+                           .ring_passes = 1 },
+    [CP_OP_COPY_OUT] = { .name = "copy_out", .action = CP_ACT_COPY, .kernel = K_COPY_OUT,
+                         .in = CP_BUF_AG, .out = CP_BUF_UNSHARDED, .frees = CP_BUF_AG },
+    [CP_OP_FORWARD] = { .name = "forward", .action = CP_ACT_COMPUTE, .in = CP_BUF_UNSHARDED, .out = CP_BUF_NONE,
+                        .frees = CP_BUF_NONE },
+    [CP_OP_BACKWARD] = { .name = "backward", .action = CP_ACT_COMPUTE, .in = CP_BUF_UNSHARDED, .out = CP_BUF_GRADS,
+                         .frees = CP_BUF_NONE },
+    [CP_OP_RESHARD] = { .name = "reshard", .action = CP_ACT_NONE, .in = CP_BUF_NONE, .out = CP_BUF_NONE,
+                        .frees = CP_BUF_UNSHARDED },
+    /* FSDP2 frees the unsharded grads after packing; the next backward
+     * writes them afresh (autograd assigns on the first micro-step). */
+    [CP_OP_PACK] = { .name = "pack", .action = CP_ACT_COPY, .kernel = K_PACK, .in = CP_BUF_GRADS,
+                     .out = CP_BUF_RS_IN, .frees = CP_BUF_GRADS },
+    [CP_OP_REDUCE_SCATTER] = { .name = "reduce_scatter", .action = CP_ACT_COLLECTIVE,
+                               .collective = CP_COLL_REDUCE_SCATTER, .in = CP_BUF_RS_IN, .out = CP_BUF_RS_OUT,
+                               .frees = CP_BUF_RS_IN, .ring_passes = 1 },
+    [CP_OP_ALL_REDUCE] = { .name = "all_reduce", .action = CP_ACT_COLLECTIVE, .collective = CP_COLL_ALL_REDUCE,
+                           .in = CP_BUF_RS_OUT, .out = CP_BUF_RS_OUT, .frees = CP_BUF_NONE, .ring_passes = 2 },
+    [CP_OP_VIEW_OUT] = { .name = "view_out", .action = CP_ACT_COPY, .kernel = K_VIEW_OUT, .in = CP_BUF_RS_OUT,
+                         .out = CP_BUF_SHARDED_GRADS, .frees = CP_BUF_RS_OUT },
+};
+
+const char *cp_op_kind_name(cp_op_kind k)
 {
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) {
-        fprintf(stderr, "commplan: out of host memory allocating %zu x %zu bytes\n", n, size);
-        exit(1);
-    }
-    return p;
+    return (unsigned)k < CP_OP_KIND_COUNT ? cp_op_descs[k].name : "?";
 }
 
-static char *at(void *base, int64_t i, cp_dtype t) { return (char *)base + (size_t)i * cp_dtype_size(t); }
+const char *cp_stream_name(cp_stream s)
+{
+    static const char *const names[CP_STREAM_COUNT] = { "compute", "copy_in", "all_gather", "reduce_scatter",
+                                                        "all_reduce" };
+    return (unsigned)s < CP_STREAM_COUNT ? names[s] : "?";
+}
 
 int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
 {
@@ -31,190 +64,175 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
     ex->shard_rank = cp_shard_rank(p, rank);
     ex->replicate_rank = cp_replicate_rank(p, rank);
     ex->backend = b;
-    size_t n = (size_t)p->nunits;
-    cp_rank_buffers *B = &ex->buf;
-    B->sharded = xcalloc(n, sizeof(void *));
-    B->sharded_grads = xcalloc(n, sizeof(void *));
-    B->ag = xcalloc(n, sizeof(void *));
-    B->unsharded = xcalloc(n, sizeof(void *));
-    B->grads = xcalloc(n, sizeof(void *));
-    B->rs_in = xcalloc(n, sizeof(void *));
-    B->rs_out = xcalloc(n, sizeof(void *));
-    ex->unsharded_live = xcalloc(n, 1);
-    /* Transient buffers live in one arena at the generator's offsets, as on
-     * the GPU: a wrong memory plan corrupts live data here and the exact
-     * checks of --simulate see it. Poisoned: nothing may read a buffer
-     * before its first writer (grads included: backward writes them). */
-    ex->arena = xcalloc((size_t)p->arena_bytes, 1);
-    memset(ex->arena, CP_POISON_BYTE, (size_t)(p->arena_bytes ? p->arena_bytes : 1));
-    void **slots[CP_ARENA_BUFFERS] = { B->ag, B->unsharded, B->grads, B->rs_in, B->rs_out };
+    size_t n = (size_t)(p->nunits > 0 ? p->nunits : 1);
+    for (int k = 0; k < CP_BUFFERS; k++)
+        if (!(ex->buf[k] = calloc(n, sizeof(void *)))) goto oom;
+    if (!(ex->unsharded_live = calloc(n, 1))) goto oom;
+    /* Transient buffers live in one arena at the generator's offsets: a
+     * wrong memory plan corrupts live data and the exact checks see it. */
+    ex->arena = b->alloc(b, (size_t)(p->arena_bytes > 0 ? p->arena_bytes : 1));
+    if (!ex->arena) {
+        fprintf(stderr, "commplan: rank %d: allocating the %lld-byte buffer arena of plan %s failed (SCHEDULE.md's "
+                "memory section says how much a rank needs; use more ranks)\n", rank, (long long)p->arena_bytes,
+                p->name);
+        cp_executor_free(ex);
+        return -1;
+    }
     for (int u = 0; u < p->nunits; u++) {
         const cp_unit *U = &p->units[u];
-        size_t total = (size_t)U->total;
-        B->sharded[u] = xcalloc(total, cp_dtype_size(U->orig_dtype));
-        B->sharded_grads[u] = xcalloc(total, cp_dtype_size(U->orig_dtype));
-        for (int k = 0; k < CP_ARENA_BUFFERS; k++) slots[k][u] = ex->arena + U->arena_offset[k];
+        for (int k = 0; k < CP_ARENA_BUFFERS; k++) ex->buf[k][u] = ex->arena + U->arena_offset[k];
+        for (int k = CP_BUF_SHARDED; k < CP_BUFFERS; k++) {
+            size_t bytes = (size_t)cp_arena_buffer_bytes(p, u, (cp_buffer)k);
+            if (!(ex->buf[k][u] = b->alloc(b, bytes ? bytes : 16))) {
+                fprintf(stderr, "commplan: rank %d: allocating %zu bytes for unit %s of plan %s failed (use more "
+                        "ranks)\n", rank, bytes, U->name, p->name);
+                cp_executor_free(ex);
+                return -1;
+            }
+        }
     }
     return 0;
+oom:
+    fprintf(stderr, "commplan: out of host memory for rank %d's executor\n", rank);
+    cp_executor_free(ex);
+    return -1;
 }
 
 void cp_executor_free(cp_executor *ex)
 {
     if (!ex->plan) return;
-    cp_rank_buffers *B = &ex->buf;
-    for (int u = 0; u < ex->plan->nunits; u++) {
-        free(B->sharded[u]);
-        free(B->sharded_grads[u]);
-    }
-    free(ex->arena);
-    free(B->sharded); free(B->sharded_grads); free(B->ag); free(B->unsharded);
-    free(B->grads); free(B->rs_in); free(B->rs_out);
+    cp_backend *b = ex->backend;
+    for (int k = CP_BUF_SHARDED; k < CP_BUFFERS; k++)
+        if (ex->buf[k])
+            for (int u = 0; u < ex->plan->nunits; u++)
+                if (ex->buf[k][u]) b->free(b, ex->buf[k][u]);
+    if (ex->arena) b->free(b, ex->arena);
+    for (int k = 0; k < CP_BUFFERS; k++) free(ex->buf[k]);
     free(ex->unsharded_live);
     memset(ex, 0, sizeof *ex);
 }
 
-static void copy_in(cp_executor *ex, const cp_unit *U, int u)
+void *cp_executor_buffer(const cp_executor *ex, int u, cp_buffer k)
 {
-    void *slot = at(ex->buf.ag[u], (int64_t)ex->shard_rank * U->total, U->ag_dtype);
-    if (U->orig_dtype == U->ag_dtype) {
-        memcpy(slot, ex->buf.sharded[u], (size_t)U->total * cp_dtype_size(U->ag_dtype));
-        return;
-    }
-    for (int64_t i = 0; i < U->total; i++)
-        cp_store(U->ag_dtype, slot, i, cp_load(U->orig_dtype, ex->buf.sharded[u], i));
+    return ex->buf[k][u];
 }
 
-/* (W, total) all-gather output -> each parameter's (outer, W*run) buffer. */
-static void copy_out(cp_executor *ex, const cp_unit *U, int u)
+int cp_executor_read(cp_executor *ex, cp_stream s, int u, cp_buffer k, void *host)
+{
+    return ex->backend->read(ex->backend, s, ex->buf[k][u], host, (size_t)cp_arena_buffer_bytes(ex->plan, u, k));
+}
+
+int cp_executor_write(cp_executor *ex, cp_stream s, int u, cp_buffer k, const void *host)
+{
+    return ex->backend->write(ex->backend, s, ex->buf[k][u], host, (size_t)cp_arena_buffer_bytes(ex->plan, u, k));
+}
+
+static int failed(cp_executor *ex, const cp_op *op, const char *what)
+{
+    fprintf(stderr, "commplan: rank %d: %s of %s of unit %s (op %ld) failed\n", ex->rank, what,
+            cp_op_kind_name(op->kind), ex->plan->units[op->unit].name, (long)(op - ex->plan->ops));
+    return -1;
+}
+
+/* Host copies of a collective's input and output for the observer. An
+ * in-place collective's input is read before it runs (into *before). */
+static int observe(cp_executor *ex, const cp_op *op, const void *in, int64_t in_n, void *before, const void *out,
+                   int64_t out_n)
+{
+    cp_backend *b = ex->backend;
+    size_t es = cp_dtype_size(op->dtype);
+    void *in_host = before, *out_host = malloc((size_t)out_n * es + 1);
+    int rc = -1;
+    if (!out_host) goto done;
+    if (!before) {
+        if (!(in_host = malloc((size_t)in_n * es + 1)) || b->read(b, op->stream, in, in_host, (size_t)in_n * es))
+            goto done;
+    }
+    if (b->read(b, op->stream, out, out_host, (size_t)out_n * es)) goto done;
+    ex->on_collective(ex->user, ex, op, in_host, in_n, out_host, out_n);
+    rc = 0;
+done:
+    if (in_host != before) free(in_host);
+    free(out_host);
+    return rc;
+}
+
+static int run_collective(cp_executor *ex, const cp_op *op, const cp_op_desc *d, void *in, void *out)
 {
     const cp_plan *p = ex->plan;
+    const cp_unit *U = &p->units[op->unit];
+    cp_backend *b = ex->backend;
     int64_t W = p->shard_size;
-    size_t es = cp_dtype_size(U->ag_dtype);
-    for (int j = 0; j < U->nparams; j++) {
-        const cp_param *prm = &p->params[U->first_param + j];
-        char *dst = at(ex->buf.unsharded[u], W * prm->offset, U->ag_dtype);
-        for (int64_t r = 0; r < W; r++)
-            for (int64_t o = 0; o < prm->outer; o++)
-                memcpy(dst + (size_t)(o * W * prm->run + r * prm->run) * es,
-                       at(ex->buf.ag[u], r * U->total + prm->offset + o * prm->run, U->ag_dtype),
-                       (size_t)prm->run * es);
+    /* Elements per rank in and out, the recordings' in_numel / out_numel. */
+    int64_t in_n = d->collective == CP_COLL_REDUCE_SCATTER ? W * U->total : U->total;
+    int64_t out_n = d->collective == CP_COLL_ALL_GATHER ? W * U->total : U->total;
+    size_t es = cp_dtype_size(op->dtype);
+    void *before = NULL;
+    if (ex->on_collective && in == out) {
+        if (!(before = malloc((size_t)in_n * es + 1))) return failed(ex, op, "host copy for the observer");
+        if (b->read(b, op->stream, in, before, (size_t)in_n * es)) { free(before); return failed(ex, op, "read"); }
     }
-    memset(ex->buf.ag[u], CP_POISON_BYTE, (size_t)(W * U->total) * es);
-    ex->unsharded_live[u] = 1;
-}
-
-/* chunk_cat: unsharded grads -> (W, total) reduce-scatter input, zero padding. */
-static void pack(cp_executor *ex, const cp_unit *U, int u)
-{
-    const cp_plan *p = ex->plan;
-    int64_t W = p->shard_size;
-    for (int j = 0; j < U->nparams; j++) {
-        const cp_param *prm = &p->params[U->first_param + j];
-        const char *g = at(ex->buf.grads[u], prm->grad_offset, U->ag_dtype);
-        for (int64_t r = 0; r < W; r++)
-            for (int64_t o = 0; o < prm->outer; o++) {
-                int64_t src = o * W * prm->run + r * prm->run;
-                int64_t dst = r * U->total + prm->offset + o * prm->run;
-                for (int64_t t = 0; t < prm->run; t++) {
-                    float v = src + t < prm->numel ? cp_load(U->ag_dtype, g, src + t) : 0.0f;
-                    if (U->pre_divide != 1.0) v = (float)(v / U->pre_divide);
-                    cp_store(U->reduce_dtype, ex->buf.rs_in[u], dst + t, v);
-                }
-            }
-    }
-    /* FSDP2 frees the unsharded grads after packing; the next backward
-     * writes them afresh (autograd assigns on the first micro-step and
-     * accumulates on later ones). Poison shows any read before that write. */
-    memset(ex->buf.grads[u], CP_POISON_BYTE, (size_t)U->grads_numel * cp_dtype_size(U->ag_dtype));
-}
-
-static void view_out(cp_executor *ex, const cp_unit *U, int u)
-{
-    for (int64_t i = 0; i < U->total; i++) {
-        float v = cp_load(U->reduce_dtype, ex->buf.rs_out[u], i);
-        if (U->post_divide != 1.0) v = (float)(v / U->post_divide);
-        cp_store(U->orig_dtype, ex->buf.sharded_grads[u], i, v);
-    }
-    memset(ex->buf.rs_out[u], CP_POISON_BYTE, (size_t)U->total * cp_dtype_size(U->reduce_dtype));
-}
-
-static int collective_done(cp_executor *ex, const cp_op *op, int rc, const void *in, int64_t in_n, const void *out,
-                           int64_t out_n)
-{
-    if (rc != 0) {
-        fprintf(stderr, "commplan: rank %d: %s of unit %s failed (op %ld)\n", ex->rank, cp_op_kind_name(op->kind),
-                ex->plan->units[op->unit].name, (long)(op - ex->plan->ops));
-        return -1;
-    }
-    if (ex->on_collective) ex->on_collective(ex->user, ex, op, in, in_n, out, out_n);
-    return 0;
+    int rc;
+    if (op->family < 0) /* a one-rank group: the collective is the identity */
+        rc = in == out ? 0 : b->copy_bytes(b, op->stream, in, out, (size_t)op->count * es);
+    else
+        rc = b->collective[d->collective](b, op, op->stream, in, out);
+    if (rc == 0 && ex->on_collective && observe(ex, op, in, in_n, before, out, out_n)) rc = -1;
+    free(before);
+    return rc ? failed(ex, op, "the collective") : 0;
 }
 
 int cp_executor_run_op(cp_executor *ex, const cp_op *op)
 {
     const cp_plan *p = ex->plan;
-    const cp_unit *U = &p->units[op->unit];
-    int u = op->unit;
-    int64_t W = p->shard_size;
-    switch (op->kind) {
-    case CP_OP_COPY_IN:
-        copy_in(ex, U, u);
-        return 0;
-    case CP_OP_ALL_GATHER: {
-        void *slot = at(ex->buf.ag[u], ex->shard_rank * U->total, U->ag_dtype);
-        int rc = op->family < 0 ? 0 : ex->backend->all_gather(ex->backend, op, slot, ex->buf.ag[u]);
-        return collective_done(ex, op, rc, slot, U->total, ex->buf.ag[u], W * U->total);
-    }
-    case CP_OP_COPY_OUT:
-        copy_out(ex, U, u);
-        return 0;
-    case CP_OP_FORWARD:
-    case CP_OP_BACKWARD:
-        if (!ex->unsharded_live[u]) {
-            fprintf(stderr, "commplan: rank %d: %s of unit %s runs on resharded parameters\n", ex->rank,
-                    cp_op_kind_name(op->kind), U->name);
-            return -1;
-        }
-        return ex->on_compute ? ex->on_compute(ex->user, ex, op) : 0;
-    case CP_OP_RESHARD:
-        memset(ex->buf.unsharded[u], CP_POISON_BYTE, (size_t)(W * U->total) * cp_dtype_size(U->ag_dtype));
-        ex->unsharded_live[u] = 0;
-        return 0;
-    case CP_OP_PACK:
-        pack(ex, U, u);
-        return 0;
-    case CP_OP_REDUCE_SCATTER: {
-        int rc = 0;
-        if (op->family < 0)
-            memcpy(ex->buf.rs_out[u], ex->buf.rs_in[u], (size_t)U->total * cp_dtype_size(U->reduce_dtype));
-        else
-            rc = ex->backend->reduce_scatter(ex->backend, op, ex->buf.rs_in[u], ex->buf.rs_out[u]);
-        rc = collective_done(ex, op, rc, ex->buf.rs_in[u], W * U->total, ex->buf.rs_out[u], U->total);
-        memset(ex->buf.rs_in[u], CP_POISON_BYTE, (size_t)(W * U->total) * cp_dtype_size(U->reduce_dtype));
-        return rc;
-    }
-    case CP_OP_ALL_REDUCE: {
-        /* In place: observers get a copy of the input taken before the call. */
-        size_t bytes = (size_t)U->total * cp_dtype_size(U->reduce_dtype);
-        void *before = ex->on_collective ? xcalloc(bytes, 1) : NULL;
-        if (before) memcpy(before, ex->buf.rs_out[u], bytes);
-        int rc = ex->backend->all_reduce(ex->backend, op, ex->buf.rs_out[u]);
-        rc = collective_done(ex, op, rc, before, U->total, ex->buf.rs_out[u], U->total);
-        free(before);
-        return rc;
-    }
-    case CP_OP_VIEW_OUT:
-        view_out(ex, U, u);
-        return 0;
-    default:
-        fprintf(stderr, "commplan: rank %d: unknown op kind %d\n", ex->rank, (int)op->kind);
+    if ((unsigned)op->kind >= CP_OP_KIND_COUNT || op->unit < 0 || op->unit >= p->nunits ||
+        (unsigned)op->stream >= CP_STREAM_COUNT) {
+        fprintf(stderr, "commplan: rank %d: op %ld of plan %s is malformed (kind %d, unit %d, stream %d): "
+                "regenerate the plan\n", ex->rank, (long)(op - p->ops), p->name, (int)op->kind, op->unit,
+                (int)op->stream);
         return -1;
     }
+    const cp_op_desc *d = &cp_op_descs[op->kind];
+    cp_backend *b = ex->backend;
+    int u = op->unit;
+    for (int i = 0; i < op->wait_count; i++)
+        if (b->wait(b, op->stream, p->waits[op->wait_first + i])) return failed(ex, op, "an event wait");
+    void *in = d->in != CP_BUF_NONE ? ex->buf[d->in][u] : NULL;
+    void *out = d->out != CP_BUF_NONE ? ex->buf[d->out][u] : NULL;
+    if (d->in_is_slot)
+        in = (char *)in + (size_t)ex->shard_rank * (size_t)p->units[u].total * cp_dtype_size(op->dtype);
+    switch (d->action) {
+    case CP_ACT_COPY:
+        if (b->copy(b, d->kernel, u, op->stream, in, out)) return failed(ex, op, "the copy kernel");
+        if (d->out == CP_BUF_UNSHARDED) ex->unsharded_live[u] = 1;
+        break;
+    case CP_ACT_COLLECTIVE:
+        if (run_collective(ex, op, d, in, out)) return -1;
+        break;
+    case CP_ACT_COMPUTE:
+        if (!ex->unsharded_live[u]) {
+            fprintf(stderr, "commplan: rank %d: %s of unit %s runs on resharded parameters\n", ex->rank, d->name,
+                    p->units[u].name);
+            return -1;
+        }
+        if (ex->on_compute && ex->on_compute(ex->user, ex, op)) return -1;
+        break;
+    case CP_ACT_NONE: break;
+    }
+    if (d->frees != CP_BUF_NONE) {
+        if (b->release(b, ex->buf[d->frees][u], (size_t)cp_arena_buffer_bytes(p, u, d->frees)))
+            return failed(ex, op, "releasing a buffer");
+        if (d->frees == CP_BUF_UNSHARDED) ex->unsharded_live[u] = 0;
+    }
+    if (op->event >= 0 && b->record(b, op->stream, op->event)) return failed(ex, op, "the event record");
+    return 0;
 }
 
 int cp_executor_step(cp_executor *ex)
 {
+    cp_backend *b = ex->backend;
+    if (b->fork(b)) return -1;
     for (int i = 0; i < ex->plan->nops; i++)
         if (cp_executor_run_op(ex, &ex->plan->ops[i]) != 0) return -1;
-    return 0;
+    return b->join(b);
 }

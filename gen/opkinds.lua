@@ -1,0 +1,57 @@
+-- The op kinds of a step, one descriptor each, in the order the C enum
+-- cp_op_kind declares them (runtime/commplan.h holds the C side of the
+-- same table: cp_op_descs). Every stage that needs a fact about a kind
+-- reads it here instead of switching on the kind's name:
+--   reads, writes  the unit's buffers the op accesses (the memory plan
+--                  derives its data dependencies from them)
+--   ring_passes    nccl-tests' busbw factor is ring_passes * (n - 1) / n
+--   collective     issues a collective over the op's group
+local opkinds = {}
+
+opkinds.LIST = {
+  { name = "copy_in", reads = { "sharded" }, writes = { "ag" } },
+  { name = "all_gather", reads = { "ag" }, writes = { "ag" }, collective = true, ring_passes = 1 },
+  { name = "copy_out", reads = { "ag" }, writes = { "unsharded" } },
+  { name = "forward", reads = { "unsharded" }, writes = {} },
+  { name = "backward", reads = { "unsharded" }, writes = { "grads" } },
+  { name = "reshard", reads = {}, writes = {} },
+  { name = "pack", reads = { "grads" }, writes = { "rs_in" } },
+  { name = "reduce_scatter", reads = { "rs_in" }, writes = { "rs_out" }, collective = true, ring_passes = 1 },
+  { name = "all_reduce", reads = { "rs_out" }, writes = { "rs_out" }, collective = true, ring_passes = 2 },
+  { name = "view_out", reads = { "rs_out" }, writes = { "sharded_grads" } },
+}
+
+opkinds.BY_NAME = {}
+for i, d in ipairs(opkinds.LIST) do
+  d.index = i - 1
+  opkinds.BY_NAME[d.name] = d
+end
+
+-- CUDA streams, in the order the C enum cp_stream declares them: the
+-- caller's compute stream and FSDP2's four side streams.
+opkinds.STREAMS = { "compute", "copy_in", "all_gather", "reduce_scatter", "all_reduce" }
+
+-- The stream each op runs on, as FSDP2 places them: copy-in and the
+-- all-gather on their own high-priority streams (a one-rank shard group's
+-- all-gather is a no-op on the copy-in stream), copy-out, compute, packing
+-- and resharding on the caller's stream, the reduce-scatter and the HSDP
+-- all-reduce on theirs, and the view-out on whichever ran the last
+-- reduction. The generator decides it here; the executor only obeys.
+function opkinds.stream_of(o, hsdp)
+  local k = o.kind
+  if k == "copy_in" then return "copy_in"
+  elseif k == "all_gather" then return o.group and "all_gather" or "copy_in"
+  elseif k == "reduce_scatter" then return "reduce_scatter"
+  elseif k == "all_reduce" then return "all_reduce"
+  elseif k == "view_out" then return hsdp and "all_reduce" or "reduce_scatter"
+  end
+  return "compute"
+end
+
+-- nccl-tests: busbw = algbw * factor.
+function opkinds.bus_factor(kind, n)
+  if n <= 1 then return 0 end
+  return (opkinds.BY_NAME[kind].ring_passes or 0) * (n - 1) / n
+end
+
+return opkinds

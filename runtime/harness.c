@@ -1,0 +1,210 @@
+/* Checks and dumps around one rank's executor; see harness.h. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "harness.h"
+
+static int on_compute(void *user, cp_executor *ex, const cp_op *op)
+{
+    cp_harness *h = user;
+    int u = op->unit;
+    if (cp_executor_read(ex, op->stream, u, CP_BUF_UNSHARDED, h->scratch)) { h->error = 1; return -1; }
+    cp_checker_check_unsharded(&h->check, u, h->scratch,
+                               op->kind == CP_OP_FORWARD ? "unsharded param in forward" : "unsharded param in backward");
+    if (op->kind != CP_OP_BACKWARD) return 0;
+    /* Autograd's .grad: written on the first micro-step, accumulated after
+     * (the checker reads the buffer back for that). */
+    if (op->micro_step > 0 && cp_executor_read(ex, op->stream, u, CP_BUF_GRADS, h->scratch)) {
+        h->error = 1;
+        return -1;
+    }
+    cp_checker_add_grads(&h->check, u, op->micro_step, h->scratch);
+    if (cp_executor_write(ex, op->stream, u, CP_BUF_GRADS, h->scratch)) { h->error = 1; return -1; }
+    return 0;
+}
+
+/* ---- dump in the recordings' format (step 0 only) ---- */
+
+static void dump_values(FILE *f, cp_dtype t, const void *base, int64_t off, int64_t n)
+{
+    fputc('[', f);
+    for (int64_t i = 0; i < n; i++) fprintf(f, "%s%.9g", i ? "," : "", (double)cp_load(t, base, off + i));
+    fputc(']', f);
+}
+
+static const char *torch_dtype(cp_dtype t)
+{
+    return t == CP_FP32 ? "torch.float32" : t == CP_BF16 ? "torch.bfloat16" : "torch.float16";
+}
+
+/* JSON string of a name: the plan's names are printable ASCII, but any
+ * byte that JSON cannot hold raw is escaped. */
+static void dump_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
+        else if (*c < 0x20 || *c >= 0x7f) fprintf(f, "\\u%04x", *c);
+        else fputc(*c, f);
+    }
+    fputc('"', f);
+}
+
+static int dump_locals(cp_harness *h, cp_buffer k)
+{
+    cp_executor *ex = h->ex;
+    const cp_plan *p = ex->plan;
+    FILE *f = h->dump;
+    fprintf(f, "\"%s\":{", k == CP_BUF_SHARDED_GRADS ? "grads_local" : "params_local");
+    for (int u = 0, first = 1; u < p->nunits; u++) {
+        const cp_unit *U = &p->units[u];
+        if (cp_executor_read(ex, CP_STREAM_COMPUTE, u, k, h->scratch)) return -1;
+        for (int j = 0; j < U->nparams; j++) {
+            const cp_param *prm = &p->params[U->first_param + j];
+            fputs(first ? "" : ",", f);
+            first = 0;
+            dump_string(f, prm->name);
+            fputs(":{\"values\":", f);
+            dump_values(f, U->orig_dtype, h->scratch, prm->offset, cp_param_valid(prm, ex->shard_rank));
+            fputc('}', f);
+        }
+    }
+    fputc('}', f);
+    return 0;
+}
+
+static void on_collective(void *user, cp_executor *ex, const cp_op *op, const void *in, int64_t in_n,
+                          const void *out, int64_t out_n)
+{
+    cp_harness *h = user;
+    if (!h->dump || h->check.step != 0) return;
+    const cp_plan *p = ex->plan;
+    FILE *f = h->dump;
+    int color, key;
+    cp_group_of(p, op->family, ex->rank, &color, &key);
+    fprintf(f, "%s{\"op\":\"%s\",\"unit\":", h->dump_first_log ? "" : ",\n", cp_op_kind_name(op->kind));
+    dump_string(f, p->units[op->unit].name);
+    fputs(",\"ranks\":[", f);
+    h->dump_first_log = 0;
+    for (int m = 0; m < p->families[op->family].size; m++)
+        fprintf(f, "%s%d", m ? "," : "", cp_group_member(p, op->family, color, m));
+    fprintf(f, "],\"dtype\":\"%s\"", torch_dtype(op->dtype));
+    if (op->kind != CP_OP_ALL_GATHER) fprintf(f, ",\"reduce_op\":\"RedOpType.%s\"", op->reduce_op == CP_AVG ? "AVG" : "SUM");
+    fprintf(f, ",\"in_numel\":%ld,\"out_numel\":%ld,\"in\":", (long)in_n, (long)out_n);
+    dump_values(f, op->dtype, in, 0, in_n);
+    fputs(",\"out\":", f);
+    dump_values(f, op->dtype, out, 0, out_n);
+    fputc('}', f);
+}
+
+int cp_harness_init(cp_harness *h, cp_executor *ex, cp_pattern pattern)
+{
+    memset(h, 0, sizeof *h);
+    const cp_plan *p = ex->plan;
+    size_t biggest = 0;
+    for (int u = 0; u < p->nunits; u++)
+        for (int k = 0; k < CP_BUFFERS; k++) {
+            size_t n = (size_t)cp_arena_buffer_bytes(p, u, (cp_buffer)k);
+            if (n > biggest) biggest = n;
+        }
+    h->ex = ex;
+    h->scratch = calloc(1, biggest ? biggest : 1);
+    if (!h->scratch || cp_checker_init(&h->check, p, pattern, ex->rank) != 0) {
+        fprintf(stderr, "commplan: out of host memory for rank %d's checks\n", ex->rank);
+        free(h->scratch);
+        h->scratch = NULL;
+        return -1;
+    }
+    ex->on_compute = on_compute;
+    ex->on_collective = on_collective;
+    ex->user = h;
+    return 0;
+}
+
+void cp_harness_free(cp_harness *h)
+{
+    if (h->dump) fclose(h->dump);
+    if (h->ex && h->ex->user == h) {
+        h->ex->on_compute = NULL;
+        h->ex->on_collective = NULL;
+        h->ex->user = NULL;
+    }
+    cp_checker_free(&h->check);
+    free(h->scratch);
+    memset(h, 0, sizeof *h);
+}
+
+int cp_harness_open_dump(cp_harness *h, const char *dir)
+{
+    /* mkdir -p: every rank may race here, so EEXIST is fine. */
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp) {
+        fprintf(stderr, "commplan: --dump %s: path too long\n", dir);
+        return -1;
+    }
+    for (char *s = tmp + 1;; s++) {
+        int end = *s == '\0';
+        if (*s == '/' || end) {
+            *s = '\0';
+            if (tmp[0] && mkdir(tmp, 0777) != 0 && errno != EEXIST) {
+                fprintf(stderr, "commplan: --dump %s: cannot create directory %s: %s\n", dir, tmp, strerror(errno));
+                return -1;
+            }
+            if (end) break;
+            *s = '/';
+        }
+    }
+    char path[4352];
+    snprintf(path, sizeof path, "%s/%s.rank%d.json", dir, h->ex->plan->name, h->ex->rank);
+    h->dump = fopen(path, "w");
+    if (!h->dump) {
+        fprintf(stderr, "commplan: --dump: cannot write %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int cp_harness_begin_step(cp_harness *h, int step)
+{
+    cp_executor *ex = h->ex;
+    const cp_plan *p = ex->plan;
+    h->check.step = step;
+    for (int u = 0; u < p->nunits; u++) {
+        cp_checker_fill_shards(&h->check, u, h->scratch);
+        if (cp_executor_write(ex, CP_STREAM_COMPUTE, u, CP_BUF_SHARDED, h->scratch)) return -1;
+        /* Poisoned: a view-out that skips an element shows up in the check. */
+        memset(h->scratch, CP_POISON_BYTE, (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_SHARDED_GRADS));
+        if (cp_executor_write(ex, CP_STREAM_COMPUTE, u, CP_BUF_SHARDED_GRADS, h->scratch)) return -1;
+    }
+    if (step == 0 && h->dump) {
+        fprintf(h->dump, "{\"rank\":%d,\"world\":%d,\n", ex->rank, p->world_size);
+        if (dump_locals(h, CP_BUF_SHARDED)) return -1;
+        fputs(",\n\"log\":[\n", h->dump);
+        h->dump_first_log = 1;
+    }
+    return 0;
+}
+
+int cp_harness_end_step(cp_harness *h)
+{
+    cp_executor *ex = h->ex;
+    for (int u = 0; u < ex->plan->nunits; u++) {
+        if (cp_executor_read(ex, CP_STREAM_COMPUTE, u, CP_BUF_SHARDED_GRADS, h->scratch)) return -1;
+        cp_checker_check_grads(&h->check, u, h->scratch);
+    }
+    if (h->check.step == 0 && h->dump) {
+        fputs("],\n", h->dump);
+        if (dump_locals(h, CP_BUF_SHARDED_GRADS)) return -1;
+        fputs("}\n", h->dump);
+        int bad = fclose(h->dump) != 0;
+        h->dump = NULL;
+        if (bad) {
+            fprintf(stderr, "commplan: --dump: writing rank %d's file failed\n", ex->rank);
+            return -1;
+        }
+    }
+    return h->error ? -1 : 0;
+}

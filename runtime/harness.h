@@ -1,0 +1,35 @@
+/* One rank's data checks and dumps around the executor, the same for the
+ * host simulation (every rank a thread) and the GPU --check (this rank):
+ * the step's shards are written with the pattern, the compute
+ * placeholders check every unsharded parameter exactly and write the
+ * gradients, the reduced gradients are checked after the step, and step 0
+ * can be dumped in the FSDP2 recordings' format. Every access goes through
+ * the executor's backend (cp_executor_read / cp_executor_write). */
+#ifndef COMMPLAN_HARNESS_H
+#define COMMPLAN_HARNESS_H
+
+#include <stdio.h>
+
+#include "check.h"
+#include "commplan.h"
+
+typedef struct {
+    cp_executor *ex;
+    cp_checker check;
+    void *scratch; /* host copy of one buffer: as large as the largest */
+    FILE *dump;    /* step 0 in the recordings' format, or NULL */
+    int dump_first_log;
+    int error;     /* a backend read or write failed */
+} cp_harness;
+
+/* Installs the compute and collective hooks on ex. Returns 0 or -1. */
+int cp_harness_init(cp_harness *h, cp_executor *ex, cp_pattern pattern);
+void cp_harness_free(cp_harness *h);
+/* Opens DIR/<plan>.rank<R>.json (creating DIR) for step 0's dump. */
+int cp_harness_open_dump(cp_harness *h, const char *dir);
+/* Before step s: pattern shards in, sharded grads poisoned. 0 or -1. */
+int cp_harness_begin_step(cp_harness *h, int step);
+/* After the step: reduced grads checked (mismatches counted). 0 or -1. */
+int cp_harness_end_step(cp_harness *h);
+
+#endif
