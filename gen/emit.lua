@@ -1,19 +1,8 @@
 -- Renders plan.h and plan.c from templates/ with the plan's tables.
 local util = require("gen.util")
-local layout = require("gen.layout")
 local memplan = require("gen.memplan")
 
 local emit = {}
-
--- Copy-kernel blocks: CP_KTHREADS threads moving CP_KNV vectors each
--- (runtime/cp_kernels.cuh; the generated file asserts that both agree).
-emit.KERNEL_THREADS, emit.KERNEL_VECTORS = 256, 4
-
--- Elements per tile of a unit's copy-out or packing: a vector is 16 bytes
--- of the output dtype when the unit is aligned, one element otherwise.
-local function tile_elems(u, out_dtype)
-  return emit.KERNEL_THREADS * emit.KERNEL_VECTORS * (u.vec_ok and 16 // layout.DTYPE_BYTES[out_dtype] or 1)
-end
 
 local DT = { fp32 = "CP_FP32", bf16 = "CP_BF16", fp16 = "CP_FP16" }
 local RED = { sum = "CP_SUM", avg = "CP_AVG" }
@@ -132,36 +121,8 @@ function emit.vars(p, fp)
   return v
 end
 
--- Kernel tables: the same facts as plan.c, in the shapes cp_kernels.cuh reads.
-function emit.kernel_vars(p, v)
-  local DTI = { fp32 = 0, bf16 = 1, fp16 = 2 }
-  local kp, ku, kd = {}, {}, {}
-  local first = 0
-  for _, u in ipairs(p.layout.units) do
-    local tile_out, tile_pack = tile_elems(u, u.ag_dtype), tile_elems(u, u.reduce_dtype)
-    local tiles_out, tiles_pack = 0, 0 -- one rank's pieces
-    for _, q in ipairs(u.params) do
-      kp[#kp + 1] = string.format("    { %d, %d, %d, %d, %d, %d, %d, %d }, \\", q.offset, q.outer, q.run, q.padded,
-        q.numel, q.grad_offset, tiles_out, tiles_pack)
-      tiles_out = tiles_out + util.ceil_div(q.padded, tile_out)
-      tiles_pack = tiles_pack + util.ceil_div(q.padded, tile_pack)
-    end
-    local function cfloat(x)
-      local t = string.format("%.9g", x)
-      return (t:find("[.e]") and t or (t .. ".0")) .. "f"
-    end
-    ku[#ku + 1] = string.format("    { %d, %d, %d, %s, %s, %d, %d, %d },", first, #u.params, u.total,
-      cfloat(u.pre_divide), cfloat(u.post_divide), u.vec_ok and 1 or 0, tiles_out, tiles_pack)
-    kd[#kd + 1] = string.format("    { %d, %d, %d },", DTI[u.orig_dtype], DTI[u.ag_dtype], DTI[u.reduce_dtype])
-    first = first + #u.params
-  end
-  v.kparams, v.kunits, v.kdtypes = table.concat(kp, "\n"), table.concat(ku, "\n"), table.concat(kd, "\n")
-  v.kthreads, v.kvectors = emit.KERNEL_THREADS, emit.KERNEL_VECTORS
-  return v
-end
-
 function emit.render(p, fp, templates)
-  local v = emit.kernel_vars(p, emit.vars(p, fp))
+  local v = emit.vars(p, fp)
   return {
     ["plan.h"] = emit.fill(templates["plan.h.in"], v, "plan.h.in"),
     ["plan.c"] = emit.fill(templates["plan.c.in"], v, "plan.c.in"),

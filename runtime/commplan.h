@@ -229,6 +229,7 @@ struct cp_backend {
     /* Host copies of device bytes, ordered on stream s and finished on return. */
     int (*read)(cp_backend *b, cp_stream s, const void *src, void *host, size_t bytes);
     int (*write)(cp_backend *b, cp_stream s, void *dst, const void *host, size_t bytes);
+    const char *(*last_error)(cp_backend *b); /* detail of the last failure, or NULL (may be unset) */
 };
 
 /* ---- executor (executor.c): the one op walker every backend runs ---- */
@@ -248,6 +249,8 @@ struct cp_executor {
     void *user;
     unsigned char *unsharded_live;  /* per unit: 1 between copy-out and reshard */
     char *arena;                    /* plan->arena_bytes: every unit's transient buffers */
+    int quiet;                      /* failures only into err (a library), not also on stderr */
+    char err[512];                  /* the last failure: one line naming rank, op, unit and why */
 };
 
 /* Allocates this rank's shards and arena through the backend. */

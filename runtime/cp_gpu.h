@@ -15,7 +15,7 @@
 
 typedef struct cp_gpu cp_gpu;
 
-/* Called at each FORWARD/BACKWARD op of cp_gpu_step with the compute stream. */
+/* Called at each FORWARD/BACKWARD op of cp_gpu_step with the op's stream (the caller's). */
 typedef int (*cp_gpu_compute_fn)(void *user, cp_gpu *g, const cp_op *op, void *stream);
 
 /* Bootstraps from the launcher's environment (see launch.h): sets the device
@@ -30,6 +30,12 @@ const char *cp_gpu_last_error(const cp_gpu *g);
 int cp_gpu_rank(const cp_gpu *g);
 int cp_gpu_shard_rank(const cp_gpu *g);
 int cp_gpu_is_standin(const cp_gpu *g); /* launched with cp_launch_env.standin */
+/* The executor this rank runs (runtime/executor.c), for harnesses that
+ * hook its compute and collective callbacks (gpu_run.c's --check and --dump). */
+cp_executor *cp_gpu_executor(cp_gpu *g);
+/* Makes stream the compute stream for executor calls made outside cp_gpu_*
+ * (cp_executor_read / cp_executor_write from a harness). */
+void cp_gpu_use_stream(cp_gpu *g, void *stream);
 
 /* Device storage of parameter `param` (index into plan->params):
  * sharded: this rank's padded shard (orig dtype), its first cp_param_valid() elements real;
@@ -63,10 +69,10 @@ int cp_gpu_synchronize(cp_gpu *g, void *stream, double timeout_s);
  * per copy kernel of the largest unit (size, time, algbw, busbw). */
 int cp_gpu_bench_ops(cp_gpu *g, void *stream, int warmup, int iters, FILE *out);
 
-/* Host copies of one unit's buffers (tests and --check). kind: 0 sharded,
- * 1 unsharded, 2 grads, 3 sharded grads. */
-int cp_gpu_download(cp_gpu *g, int unit, int kind, void *host);
-int cp_gpu_upload(cp_gpu *g, int unit, int kind, const void *host);
-size_t cp_gpu_buffer_bytes(const cp_gpu *g, int unit, int kind);
+/* Host copies of one of a unit's buffers (cp_buffer), ordered on stream
+ * and finished on return. */
+int cp_gpu_download(cp_gpu *g, int unit, cp_buffer kind, void *host, void *stream);
+int cp_gpu_upload(cp_gpu *g, int unit, cp_buffer kind, const void *host, void *stream);
+size_t cp_gpu_buffer_bytes(const cp_gpu *g, int unit, cp_buffer kind);
 
 #endif

@@ -13,6 +13,9 @@ typedef struct {
     int (*launch)(int op, int unit, int shard_rank, const void *in, void *out, void *stream);
     /* The same group bodies run on the CPU over host buffers (tests). */
     int (*emulate)(int op, int unit, int shard_rank, const void *in, void *out);
+    /* Builds the device copy of the kernels' tables; called once before the
+     * first launch (cp_gpu_init does), never during a graph capture. 0 or a cudaError_t. */
+    int (*prepare)(void);
 } cp_gpu_kernels;
 
 #ifdef __cplusplus

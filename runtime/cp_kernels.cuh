@@ -280,6 +280,9 @@ __global__ void __launch_bounds__(CP_KTHREADS) cp_view_out_kernel(cp_kview v, co
 
 #ifndef COMMPLAN_KERNELS_DISPATCH
 #define COMMPLAN_KERNELS_DISPATCH
+#include <stdlib.h>
+
+#include "commplan.h"
 /* Dispatch from run-time dtypes (cp_dtype codes: 0 fp32, 1 bf16, 2 fp16)
  * to the typed kernels; host = 1 runs the same group bodies on the CPU. */
 enum { CP_K_COPY_IN = 0, CP_K_COPY_OUT = 1, CP_K_PACK = 2, CP_K_VIEW_OUT = 3 };
@@ -343,7 +346,7 @@ static cudaError_t cp_kto(int op, int to, const cp_kview &v, int shard_rank, con
 }
 
 /* dtypes = { orig, ag, reduce } of the unit. */
-static inline cudaError_t cp_kdispatch(int op, const cp_kview &v, const int dtypes[3], int shard_rank, const void *in,
+static inline cudaError_t cp_kdispatch_dtypes(int op, const cp_kview &v, const int dtypes[3], int shard_rank, const void *in,
                                        void *out, cudaStream_t s, int host)
 {
     int ti, to;
@@ -359,4 +362,102 @@ static inline cudaError_t cp_kdispatch(int op, const cp_kview &v, const int dtyp
     default: return cp_kto<__half>(op, to, v, shard_rank, in, out, s, host);
     }
 }
+/* ---- a plan's kernel tables, derived once from its cp_plan ----
+ * The layout is emitted once, in plan.c; the kernels' per-parameter view
+ * of it (and the tile numbering: each parameter's first copy-out and
+ * packing tile within one rank's pieces) is computed from those tables
+ * when the plan is first used, on the host, and copied to the device by
+ * cp_ktables_prepare (never during a graph capture). */
+struct cp_ktables {
+    cp_kparam *host;   /* plan->nparams */
+    cp_kparam *device; /* the same on the device */
+    cp_kunit *units;   /* plan->nunits */
+    int (*dtypes)[3];  /* orig, ag, reduce per unit (cp_dtype codes) */
+};
+
+static inline long long cp_ktile_elems(const cp_unit &u, int out_dtype)
+{
+    return CP_KTILE_OF(u.vec_ok ? 16 / (out_dtype == 0 ? 4 : 2) : 1);
+}
+
+static inline cudaError_t cp_ktables_build_host(cp_ktables *t, const cp_plan *p)
+{
+    if (t->host) return cudaSuccess;
+    size_t np = (size_t)(p->nparams > 0 ? p->nparams : 1), nu = (size_t)(p->nunits > 0 ? p->nunits : 1);
+    cp_kparam *params = (cp_kparam *)calloc(np, sizeof *params);
+    cp_kunit *units = (cp_kunit *)calloc(nu, sizeof *units);
+    int (*dtypes)[3] = (int (*)[3])calloc(nu, sizeof *dtypes);
+    if (!params || !units || !dtypes) {
+        free(params);
+        free(units);
+        free(dtypes);
+        return cudaErrorMemoryAllocation;
+    }
+    for (int u = 0; u < p->nunits; u++) {
+        const cp_unit &U = p->units[u];
+        long long tile_out = cp_ktile_elems(U, (int)U.ag_dtype), tile_pack = cp_ktile_elems(U, (int)U.reduce_dtype);
+        long long tiles_out = 0, tiles_pack = 0;
+        for (int j = 0; j < U.nparams; j++) {
+            const cp_param &q = p->params[U.first_param + j];
+            cp_kparam &k = params[U.first_param + j];
+            k.offset = q.offset;
+            k.outer = q.outer;
+            k.run = q.run;
+            k.padded = q.padded;
+            k.numel = q.numel;
+            k.grad_offset = q.grad_offset;
+            k.tile_out = (int)tiles_out;
+            k.tile_pack = (int)tiles_pack;
+            tiles_out += (q.padded + tile_out - 1) / tile_out;
+            tiles_pack += (q.padded + tile_pack - 1) / tile_pack;
+        }
+        units[u].first_param = U.first_param;
+        units[u].nparams = U.nparams;
+        units[u].total = U.total;
+        units[u].pre_divide = (float)U.pre_divide;
+        units[u].post_divide = (float)U.post_divide;
+        units[u].vec_ok = U.vec_ok;
+        units[u].tiles_out = (int)tiles_out;
+        units[u].tiles_pack = (int)tiles_pack;
+        dtypes[u][0] = (int)U.orig_dtype;
+        dtypes[u][1] = (int)U.ag_dtype;
+        dtypes[u][2] = (int)U.reduce_dtype;
+    }
+    t->units = units;
+    t->dtypes = dtypes;
+    t->host = params;
+    return cudaSuccess;
+}
+
+static inline cudaError_t cp_ktables_prepare(cp_ktables *t, const cp_plan *p)
+{
+    cudaError_t e = cp_ktables_build_host(t, p);
+    if (e != cudaSuccess || t->device) return e;
+#ifdef __CUDACC__
+    size_t bytes = (size_t)(p->nparams > 0 ? p->nparams : 1) * sizeof(cp_kparam);
+    cp_kparam *d = nullptr;
+    if ((e = cudaMalloc((void **)&d, bytes)) != cudaSuccess) return e;
+    if ((e = cudaMemcpy(d, t->host, bytes, cudaMemcpyHostToDevice)) != cudaSuccess) {
+        cudaFree(d);
+        return e;
+    }
+    t->device = d;
+    return cudaSuccess;
+#else
+    return cudaErrorNotSupported;
 #endif
+}
+
+/* One unit's copy: on the device (host = 0; prepared on first use) or its
+ * group bodies on the CPU (host = 1). */
+static inline cudaError_t cp_ktables_run(cp_ktables *t, const cp_plan *p, int op, int unit, int shard_rank,
+                                         const void *in, void *out, cudaStream_t s, int host)
+{
+    if (unit < 0 || unit >= p->nunits || op < 0 || op > CP_K_VIEW_OUT) return cudaErrorInvalidValue;
+    cudaError_t e = host ? cp_ktables_build_host(t, p) : cp_ktables_prepare(t, p);
+    if (e != cudaSuccess) return e;
+    cp_kview v = { (host ? t->host : t->device) + t->units[unit].first_param, t->units[unit], p->shard_size };
+    return cp_kdispatch_dtypes(op, v, t->dtypes[unit], shard_rank, in, out, s, host);
+}
+#endif
+

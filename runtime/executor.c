@@ -3,6 +3,7 @@
  * waits, its work on the stream the generator chose, its event record.
  * Every fact about an op kind is in its descriptor below; nothing about
  * the schedule (streams, ordering, buffer placement) is decided here. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,18 +53,34 @@ const char *cp_stream_name(cp_stream s)
     return (unsigned)s < CP_STREAM_COUNT ? names[s] : "?";
 }
 
+/* One line into ex->err (and stderr unless quiet), with the backend's detail. */
+static int ex_error(cp_executor *ex, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(ex->err, sizeof ex->err, fmt, ap);
+    va_end(ap);
+    const char *detail = ex->backend && ex->backend->last_error ? ex->backend->last_error(ex->backend) : NULL;
+    if (detail && detail[0] && n > 0 && (size_t)n < sizeof ex->err)
+        snprintf(ex->err + n, sizeof ex->err - (size_t)n, ": %s", detail);
+    if (!ex->quiet) fprintf(stderr, "commplan: %s\n", ex->err);
+    return -1;
+}
+
+static int fail_init(cp_executor *ex);
+
 int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
 {
+    int quiet = ex->quiet;
     memset(ex, 0, sizeof *ex);
-    if (rank < 0 || rank >= p->world_size) {
-        fprintf(stderr, "commplan: rank %d is outside plan %s's world of %d ranks\n", rank, p->name, p->world_size);
-        return -1;
-    }
+    ex->quiet = quiet;
+    ex->backend = b;
+    if (rank < 0 || rank >= p->world_size)
+        return ex_error(ex, "rank %d is outside plan %s's world of %d ranks", rank, p->name, p->world_size);
     ex->plan = p;
     ex->rank = rank;
     ex->shard_rank = cp_shard_rank(p, rank);
     ex->replicate_rank = cp_replicate_rank(p, rank);
-    ex->backend = b;
     size_t n = (size_t)(p->nunits > 0 ? p->nunits : 1);
     for (int k = 0; k < CP_BUFFERS; k++)
         if (!(ex->buf[k] = calloc(n, sizeof(void *)))) goto oom;
@@ -72,11 +89,9 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
      * wrong memory plan corrupts live data and the exact checks see it. */
     ex->arena = b->alloc(b, (size_t)(p->arena_bytes > 0 ? p->arena_bytes : 1));
     if (!ex->arena) {
-        fprintf(stderr, "commplan: rank %d: allocating the %lld-byte buffer arena of plan %s failed (SCHEDULE.md's "
-                "memory section says how much a rank needs; use more ranks)\n", rank, (long long)p->arena_bytes,
-                p->name);
-        cp_executor_free(ex);
-        return -1;
+        ex_error(ex, "rank %d: allocating the %lld-byte buffer arena of plan %s failed (SCHEDULE.md's memory section "
+                 "says how much a rank needs; use more ranks)", rank, (long long)p->arena_bytes, p->name);
+        return fail_init(ex);
     }
     for (int u = 0; u < p->nunits; u++) {
         const cp_unit *U = &p->units[u];
@@ -84,17 +99,27 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
         for (int k = CP_BUF_SHARDED; k < CP_BUFFERS; k++) {
             size_t bytes = (size_t)cp_arena_buffer_bytes(p, u, (cp_buffer)k);
             if (!(ex->buf[k][u] = b->alloc(b, bytes ? bytes : 16))) {
-                fprintf(stderr, "commplan: rank %d: allocating %zu bytes for unit %s of plan %s failed (use more "
-                        "ranks)\n", rank, bytes, U->name, p->name);
-                cp_executor_free(ex);
-                return -1;
+                ex_error(ex, "rank %d: allocating %zu bytes for unit %s of plan %s failed (use more ranks)", rank,
+                         bytes, U->name, p->name);
+                return fail_init(ex);
             }
         }
     }
     return 0;
 oom:
-    fprintf(stderr, "commplan: out of host memory for rank %d's executor\n", rank);
+    ex_error(ex, "out of host memory for rank %d's executor", rank);
+    return fail_init(ex);
+}
+
+/* Frees what init allocated, keeping the message. */
+static int fail_init(cp_executor *ex)
+{
+    char err[sizeof ex->err];
+    int quiet = ex->quiet;
+    memcpy(err, ex->err, sizeof err);
     cp_executor_free(ex);
+    memcpy(ex->err, err, sizeof err);
+    ex->quiet = quiet;
     return -1;
 }
 
@@ -129,9 +154,8 @@ int cp_executor_write(cp_executor *ex, cp_stream s, int u, cp_buffer k, const vo
 
 static int failed(cp_executor *ex, const cp_op *op, const char *what)
 {
-    fprintf(stderr, "commplan: rank %d: %s of %s of unit %s (op %ld) failed\n", ex->rank, what,
-            cp_op_kind_name(op->kind), ex->plan->units[op->unit].name, (long)(op - ex->plan->ops));
-    return -1;
+    return ex_error(ex, "rank %d: %s of %s of unit %s (op %ld) failed", ex->rank, what, cp_op_kind_name(op->kind),
+                    ex->plan->units[op->unit].name, (long)(op - ex->plan->ops));
 }
 
 /* Host copies of a collective's input and output for the observer. An
@@ -187,10 +211,8 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op)
     const cp_plan *p = ex->plan;
     if ((unsigned)op->kind >= CP_OP_KIND_COUNT || op->unit < 0 || op->unit >= p->nunits ||
         (unsigned)op->stream >= CP_STREAM_COUNT) {
-        fprintf(stderr, "commplan: rank %d: op %ld of plan %s is malformed (kind %d, unit %d, stream %d): "
-                "regenerate the plan\n", ex->rank, (long)(op - p->ops), p->name, (int)op->kind, op->unit,
-                (int)op->stream);
-        return -1;
+        return ex_error(ex, "rank %d: op %ld of plan %s is malformed (kind %d, unit %d, stream %d): regenerate the plan",
+                        ex->rank, (long)(op - p->ops), p->name, (int)op->kind, op->unit, (int)op->stream);
     }
     const cp_op_desc *d = &cp_op_descs[op->kind];
     cp_backend *b = ex->backend;
@@ -210,11 +232,9 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op)
         if (run_collective(ex, op, d, in, out)) return -1;
         break;
     case CP_ACT_COMPUTE:
-        if (!ex->unsharded_live[u]) {
-            fprintf(stderr, "commplan: rank %d: %s of unit %s runs on resharded parameters\n", ex->rank, d->name,
-                    p->units[u].name);
-            return -1;
-        }
+        if (!ex->unsharded_live[u])
+            return ex_error(ex, "rank %d: %s of unit %s runs on resharded parameters", ex->rank, d->name,
+                            p->units[u].name);
         if (ex->on_compute && ex->on_compute(ex->user, ex, op)) return -1;
         break;
     case CP_ACT_NONE: break;
@@ -231,8 +251,9 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op)
 int cp_executor_step(cp_executor *ex)
 {
     cp_backend *b = ex->backend;
-    if (b->fork(b)) return -1;
+    if (b->fork(b)) return ex_error(ex, "rank %d: forking the side streams failed", ex->rank);
     for (int i = 0; i < ex->plan->nops; i++)
         if (cp_executor_run_op(ex, &ex->plan->ops[i]) != 0) return -1;
-    return b->join(b);
+    if (b->join(b)) return ex_error(ex, "rank %d: joining the side streams failed", ex->rank);
+    return 0;
 }

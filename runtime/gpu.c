@@ -1,4 +1,8 @@
-/* GPU executor: one rank of a plan over NCCL with FSDP2's streams. */
+/* The NCCL backend: one rank of a plan on its GPU. It implements the
+ * executor's backend interface (memory, copy kernels, collectives, event
+ * waits and records on the streams the generator chose) and the library
+ * API around the one op walker (runtime/executor.c). Nothing here decides
+ * a stream, an order or a wait: the tables do. */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -43,18 +47,8 @@ static void *watchdog_main(void *arg)
     return NULL;
 }
 
-enum { BUF_SHARDED, BUF_UNSHARDED, BUF_GRADS, BUF_SHARDED_GRADS, BUF_AG, BUF_RS_IN, BUF_RS_OUT, BUF_COUNT };
-enum { EV_COPY_IN, EV_AG, EV_COPY_OUT, EV_PACK, EV_RS, EV_COUNT };
-
-/* gpu.c's buffer kinds that live in the arena, in cp_arena_buffer order. */
-static const int ARENA_BUF[CP_ARENA_BUFFERS] = { BUF_AG, BUF_UNSHARDED, BUF_GRADS, BUF_RS_IN, BUF_RS_OUT };
-
-typedef struct {
-    void *buf[BUF_COUNT]; /* sharded ones owned; the rest point into the arena */
-    cudaEvent_t ev[EV_COUNT];
-    int copy_out_this_step; /* ev[EV_COPY_OUT] was recorded in the current step */
-    int cursor[3];          /* library calls: next op to scan from for unshard, reshard, reduce */
-} unit_state;
+/* Library calls run one unit's next instance of an op group. */
+enum { CALL_UNSHARD, CALL_RESHARD, CALL_REDUCE, CALLS };
 
 struct cp_gpu {
     const cp_plan *plan;
@@ -62,16 +56,19 @@ struct cp_gpu {
     cp_launch_env env;
     int shard_rank, device;
     ncclComm_t world;
-    ncclComm_t *comms; /* per family; NULL where the plan issues nothing */
-    cudaStream_t copy_in, all_gather, reduce_scatter, all_reduce;
-    cudaEvent_t start;
-    cudaEvent_t side_done[4]; /* joins each side stream back into the caller's */
-    unit_state *units;
-    void *arena;          /* plan->arena_bytes of transient buffers */
+    ncclComm_t *comms;                       /* per family; NULL where the plan issues nothing */
+    cudaStream_t streams[CP_STREAM_COUNT];   /* [CP_STREAM_COMPUTE]: the caller's, set by each call */
+    cudaEvent_t fork_event;                  /* side streams start after the caller's stream */
+    cudaEvent_t side_done[CP_STREAM_COUNT];  /* joins each side stream back into the caller's */
+    cudaEvent_t *events;                     /* plan->nevents slots of the tables' waits */
+    cp_backend backend;
+    cp_executor ex;
+    int have_ex;
     unsigned char *live;  /* per unit, library calls: unsharded between cp_gpu_unshard and cp_gpu_reshard */
-    cudaEvent_t *events;  /* plan->nevents: arena reuse across streams */
+    int (*cursor)[CALLS]; /* per unit and call: next op to scan from */
     cp_gpu_compute_fn compute;
     void *compute_user;
+    double *profile;      /* cp_gpu_step_profiled's per-kind host time, or NULL */
     cudaGraphExec_t graph;
     char err[512];
 };
@@ -104,15 +101,6 @@ static int fail(cp_gpu *g, const char *fmt, ...)
 static ncclDataType_t nccl_type(cp_dtype t) { return t == CP_FP32 ? ncclFloat32 : t == CP_BF16 ? ncclBfloat16 : ncclFloat16; }
 static ncclRedOp_t nccl_op(cp_reduce_op op) { return op == CP_AVG ? ncclAvg : ncclSum; }
 
-size_t cp_gpu_buffer_bytes(const cp_gpu *g, int u, int kind)
-{
-    const cp_unit *U = &g->plan->units[u];
-    if (kind == BUF_SHARDED || kind == BUF_SHARDED_GRADS) return (size_t)U->total * cp_dtype_size(U->orig_dtype);
-    for (int k = 0; k < CP_ARENA_BUFFERS; k++)
-        if (ARENA_BUF[k] == kind) return (size_t)cp_arena_buffer_bytes(g->plan, u, (cp_arena_buffer)k);
-    return 0;
-}
-
 static int uses_family(const cp_plan *p, int f)
 {
     for (int i = 0; i < p->nops; i++)
@@ -140,8 +128,8 @@ static int init_comms(cp_gpu *g)
     char fp[32] = { 0 };
     snprintf(fp, sizeof fp, "%s", p->fingerprint);
     CUDA(cudaMemcpy(mine, fp, 32, cudaMemcpyHostToDevice));
-    NCCL(ncclAllGather(mine, all, 32, ncclChar, g->world, g->copy_in));
-    CUDA(cudaStreamSynchronize(g->copy_in));
+    NCCL(ncclAllGather(mine, all, 32, ncclChar, g->world, g->streams[CP_STREAM_COPY_IN]));
+    CUDA(cudaStreamSynchronize(g->streams[CP_STREAM_COPY_IN]));
     char *host = malloc(32 * (size_t)nranks);
     if (!host) return fail(g, "out of host memory");
     cudaError_t e = cudaMemcpy(host, all, 32 * (size_t)nranks, cudaMemcpyDeviceToHost);
@@ -166,6 +154,179 @@ static int init_comms(cp_gpu *g)
         NCCL(ncclCommSplit(g->world, color, key, &g->comms[f], NULL));
     }
     return 0;
+}
+
+
+/* ---- the backend interface over CUDA and NCCL ---- */
+
+static void *gpu_alloc(cp_backend *b, size_t bytes)
+{
+    cp_gpu *g = b->ctx;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        fail(g, "cudaMalloc of %zu bytes failed: %s (plan %s needs more memory than this GPU has; SCHEDULE.md's "
+             "memory section says how much; use more ranks)", bytes, cudaGetErrorString(e), g->plan->name);
+        return NULL;
+    }
+    if ((e = cudaMemset(p, 0, bytes ? bytes : 16)) != cudaSuccess) {
+        fail(g, "cudaMemset failed: %s", cudaGetErrorString(e));
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void gpu_free(cp_backend *b, void *p)
+{
+    (void)b;
+    cudaFree(p);
+}
+
+static int gpu_copy(cp_backend *b, int kernel, int unit, cp_stream s, const void *in, void *out)
+{
+    cp_gpu *g = b->ctx;
+    int e = g->k->launch(kernel, unit, g->shard_rank, in, out, g->streams[s]);
+    if (e != 0) {
+        static const char *const names[] = { "copy-in", "copy-out", "pack", "view-out" };
+        return fail(g, "%s kernel of unit %s failed: %s", kernel >= 0 && kernel < 4 ? names[kernel] : "?",
+                    g->plan->units[unit].name, cudaGetErrorString((cudaError_t)e));
+    }
+    return 0;
+}
+
+static int gpu_copy_bytes(cp_backend *b, cp_stream s, const void *in, void *out, size_t bytes)
+{
+    cp_gpu *g = b->ctx;
+    CUDA(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, g->streams[s]));
+    return 0;
+}
+
+static int gpu_all_gather(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)
+{
+    cp_gpu *g = b->ctx;
+    NCCL(ncclAllGather(in, out, (size_t)op->count, nccl_type(op->dtype), g->comms[op->family], g->streams[s]));
+    return 0;
+}
+
+static int gpu_reduce_scatter(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)
+{
+    cp_gpu *g = b->ctx;
+    NCCL(ncclReduceScatter(in, out, (size_t)op->count, nccl_type(op->dtype), nccl_op(op->reduce_op),
+                           g->comms[op->family], g->streams[s]));
+    return 0;
+}
+
+static int gpu_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)
+{
+    cp_gpu *g = b->ctx;
+    NCCL(ncclAllReduce(in, out, (size_t)op->count, nccl_type(op->dtype), nccl_op(op->reduce_op),
+                       g->comms[op->family], g->streams[s]));
+    return 0;
+}
+
+static int gpu_record(cp_backend *b, cp_stream s, int event)
+{
+    cp_gpu *g = b->ctx;
+    if (event < 0 || event >= g->plan->nevents) return fail(g, "event slot %d outside the plan's %d", event, g->plan->nevents);
+    CUDA(cudaEventRecord(g->events[event], g->streams[s]));
+    return 0;
+}
+
+static int gpu_wait(cp_backend *b, cp_stream s, int event)
+{
+    cp_gpu *g = b->ctx;
+    if (event < 0 || event >= g->plan->nevents) return fail(g, "event slot %d outside the plan's %d", event, g->plan->nevents);
+    CUDA(cudaStreamWaitEvent(g->streams[s], g->events[event], 0));
+    return 0;
+}
+
+static int gpu_fork(cp_backend *b)
+{
+    cp_gpu *g = b->ctx;
+    CUDA(cudaEventRecord(g->fork_event, g->streams[CP_STREAM_COMPUTE]));
+    for (int s = CP_STREAM_COMPUTE + 1; s < CP_STREAM_COUNT; s++) CUDA(cudaStreamWaitEvent(g->streams[s], g->fork_event, 0));
+    return 0;
+}
+
+/* The caller's stream waits for all side-stream work issued since the
+ * fork (every reduction included), so the optimizer, the next step and a
+ * graph capture's end see it finished. */
+static int gpu_join(cp_backend *b)
+{
+    cp_gpu *g = b->ctx;
+    for (int s = CP_STREAM_COMPUTE + 1; s < CP_STREAM_COUNT; s++) {
+        CUDA(cudaEventRecord(g->side_done[s], g->streams[s]));
+        CUDA(cudaStreamWaitEvent(g->streams[CP_STREAM_COMPUTE], g->side_done[s], 0));
+    }
+    return 0;
+}
+
+/* The arena keeps its bytes (no allocator churn, graph-capturable); the
+ * tables order every later use of them. */
+static int gpu_release(cp_backend *b, void *p, size_t bytes)
+{
+    (void)b;
+    (void)p;
+    (void)bytes;
+    return 0;
+}
+
+/* Host copies, stream-ordered and finished on return. A plain cudaMemcpy
+ * runs on the legacy default stream, which the side streams (created
+ * non-blocking) do not order against, and from pageable memory it may
+ * return before the bytes land: a kernel on a side stream could then read
+ * the buffer half written. (This was llama_tiny's wrong gradients.) */
+static int gpu_read(cp_backend *b, cp_stream s, const void *src, void *host, size_t bytes)
+{
+    cp_gpu *g = b->ctx;
+    CUDA(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, g->streams[s]));
+    CUDA(cudaStreamSynchronize(g->streams[s]));
+    return 0;
+}
+
+static int gpu_write(cp_backend *b, cp_stream s, void *dst, const void *host, size_t bytes)
+{
+    cp_gpu *g = b->ctx;
+    CUDA(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, g->streams[s]));
+    CUDA(cudaStreamSynchronize(g->streams[s]));
+    return 0;
+}
+
+static const char *gpu_last_error(cp_backend *b)
+{
+    cp_gpu *g = b->ctx;
+    return g->err;
+}
+
+static void backend_init(cp_gpu *g)
+{
+    cp_backend *b = &g->backend;
+    memset(b, 0, sizeof *b);
+    b->ctx = g;
+    b->alloc = gpu_alloc;
+    b->free = gpu_free;
+    b->copy = gpu_copy;
+    b->copy_bytes = gpu_copy_bytes;
+    b->collective[CP_COLL_ALL_GATHER] = gpu_all_gather;
+    b->collective[CP_COLL_REDUCE_SCATTER] = gpu_reduce_scatter;
+    b->collective[CP_COLL_ALL_REDUCE] = gpu_all_reduce;
+    b->record = gpu_record;
+    b->wait = gpu_wait;
+    b->fork = gpu_fork;
+    b->join = gpu_join;
+    b->release = gpu_release;
+    b->read = gpu_read;
+    b->write = gpu_write;
+    b->last_error = gpu_last_error;
+}
+
+/* Compute placeholders: the library caller's callback on its stream. */
+static int on_compute(void *user, cp_executor *ex, const cp_op *op)
+{
+    cp_gpu *g = user;
+    (void)ex;
+    return g->compute ? g->compute(g->compute_user, g, op, g->streams[op->stream]) : 0;
 }
 
 int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const cp_launch_env *env, char *err,
@@ -202,19 +363,22 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
     g->device = env->local_rank;
     g->shard_rank = cp_shard_rank(p, env->rank);
     if (cudaSetDevice(g->device) != cudaSuccess) { fail(g, "cudaSetDevice(%d) failed", g->device); goto out; }
-    int least, greatest;
-    if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess ||
-        cudaStreamCreateWithPriority(&g->copy_in, cudaStreamNonBlocking, greatest) != cudaSuccess ||
-        cudaStreamCreateWithPriority(&g->all_gather, cudaStreamNonBlocking, greatest) != cudaSuccess ||
-        cudaStreamCreateWithPriority(&g->reduce_scatter, cudaStreamNonBlocking, greatest) != cudaSuccess ||
-        cudaStreamCreateWithPriority(&g->all_reduce, cudaStreamNonBlocking, least) != cudaSuccess ||
-        cudaEventCreateWithFlags(&g->start, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&g->side_done[0], cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&g->side_done[1], cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&g->side_done[2], cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&g->side_done[3], cudaEventDisableTiming) != cudaSuccess) {
-        fail(g, "creating CUDA streams and events failed");
-        goto out;
+    {
+        /* FSDP2's priorities: copy-in, all-gather and reduce-scatter high
+         * (they gate compute), the replicate all-reduce low. */
+        int least, greatest;
+        if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess ||
+            cudaEventCreateWithFlags(&g->fork_event, cudaEventDisableTiming) != cudaSuccess) {
+            fail(g, "creating CUDA streams and events failed");
+            goto out;
+        }
+        for (int s = CP_STREAM_COMPUTE + 1; s < CP_STREAM_COUNT; s++)
+            if (cudaStreamCreateWithPriority(&g->streams[s], cudaStreamNonBlocking,
+                                             s == CP_STREAM_ALL_REDUCE ? least : greatest) != cudaSuccess ||
+                cudaEventCreateWithFlags(&g->side_done[s], cudaEventDisableTiming) != cudaSuccess) {
+                fail(g, "creating CUDA streams and events failed");
+                goto out;
+            }
     }
     {
         const char *t = getenv("COMMPLAN_INIT_TIMEOUT");
@@ -233,46 +397,26 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
         }
         if (crc != 0) goto out;
     }
-    g->units = calloc((size_t)p->nunits, sizeof *g->units);
     g->events = calloc((size_t)(p->nevents > 0 ? p->nevents : 1), sizeof *g->events);
-    g->live = calloc((size_t)p->nunits, 1);
-    if (!g->units || !g->events || !g->live) { fail(g, "out of host memory"); goto out; }
-    {
-        size_t bytes = (size_t)p->arena_bytes;
-        cudaError_t e = cudaMalloc(&g->arena, bytes ? bytes : 16);
-        if (e != cudaSuccess) {
-            fail(g, "cudaMalloc of the %zu-byte buffer arena failed: %s (plan %s needs more memory than this GPU has; "
-                 "SCHEDULE.md's memory section says how much; use more ranks)", bytes, cudaGetErrorString(e), p->name);
-            goto out;
-        }
-        if (cudaMemset(g->arena, 0, bytes ? bytes : 16) != cudaSuccess) { fail(g, "cudaMemset failed"); goto out; }
-    }
+    g->live = calloc((size_t)(p->nunits > 0 ? p->nunits : 1), 1);
+    g->cursor = calloc((size_t)(p->nunits > 0 ? p->nunits : 1), sizeof *g->cursor);
+    if (!g->events || !g->live || !g->cursor) { fail(g, "out of host memory"); goto out; }
     for (int i = 0; i < p->nevents; i++)
         if (cudaEventCreateWithFlags(&g->events[i], cudaEventDisableTiming) != cudaSuccess) {
             fail(g, "cudaEventCreate failed");
             goto out;
         }
-    for (int u = 0; u < p->nunits; u++) {
-        unit_state *s = &g->units[u];
-        for (int k = 0; k < CP_ARENA_BUFFERS; k++)
-            s->buf[ARENA_BUF[k]] = (char *)g->arena + p->units[u].arena_offset[k];
-        for (int b = 0; b < BUF_COUNT; b++) {
-            if (b != BUF_SHARDED && b != BUF_SHARDED_GRADS) continue;
-            size_t bytes = cp_gpu_buffer_bytes(g, u, b);
-            cudaError_t e = cudaMalloc(&s->buf[b], bytes ? bytes : 16);
-            if (e != cudaSuccess) {
-                fail(g, "cudaMalloc of %zu bytes for unit %s failed: %s (plan %s needs more memory than this GPU has; "
-                     "use more ranks)", bytes, p->units[u].name, cudaGetErrorString(e), p->name);
-                goto out;
-            }
-            if (cudaMemset(s->buf[b], 0, bytes ? bytes : 16) != cudaSuccess) { fail(g, "cudaMemset failed"); goto out; }
-        }
-        for (int e = 0; e < EV_COUNT; e++)
-            if (cudaEventCreateWithFlags(&s->ev[e], cudaEventDisableTiming) != cudaSuccess) {
-                fail(g, "cudaEventCreate failed");
-                goto out;
-            }
+    if (k->prepare && k->prepare() != 0) { fail(g, "preparing the copy kernels' tables failed"); goto out; }
+    backend_init(g);
+    g->ex.quiet = 1; /* errors land in g->err, for cp_gpu_last_error */
+    if (cp_executor_init(&g->ex, p, env->rank, &g->backend) != 0) {
+        if (!g->err[0]) fail(g, "%s", g->ex.err);
+        goto out;
     }
+    g->have_ex = 1;
+    g->ex.quiet = 1;
+    g->ex.on_compute = on_compute;
+    g->ex.user = g;
     rc = 0;
 out:
     if (rc != 0) {
@@ -288,26 +432,21 @@ void cp_gpu_destroy(cp_gpu *g)
 {
     if (!g) return;
     if (g->graph) cudaGraphExecDestroy(g->graph);
-    if (g->units)
-        for (int u = 0; u < g->plan->nunits; u++) {
-            if (g->units[u].buf[BUF_SHARDED]) cudaFree(g->units[u].buf[BUF_SHARDED]);
-            if (g->units[u].buf[BUF_SHARDED_GRADS]) cudaFree(g->units[u].buf[BUF_SHARDED_GRADS]);
-            for (int e = 0; e < EV_COUNT; e++) if (g->units[u].ev[e]) cudaEventDestroy(g->units[u].ev[e]);
-        }
-    free(g->units);
+    if (g->have_ex) cp_executor_free(&g->ex);
     if (g->events)
         for (int i = 0; i < g->plan->nevents; i++) if (g->events[i]) cudaEventDestroy(g->events[i]);
     free(g->events);
     free(g->live);
-    if (g->arena) cudaFree(g->arena);
+    free(g->cursor);
     if (g->comms)
         for (int f = 0; f < g->plan->nfamilies; f++) if (g->comms[f]) ncclCommDestroy(g->comms[f]);
     free(g->comms);
     if (g->world) ncclCommDestroy(g->world);
-    if (g->start) cudaEventDestroy(g->start);
-    for (int i = 0; i < 4; i++) if (g->side_done[i]) cudaEventDestroy(g->side_done[i]);
-    cudaStream_t streams[4] = { g->copy_in, g->all_gather, g->reduce_scatter, g->all_reduce };
-    for (int i = 0; i < 4; i++) if (streams[i]) cudaStreamDestroy(streams[i]);
+    if (g->fork_event) cudaEventDestroy(g->fork_event);
+    for (int s = CP_STREAM_COMPUTE + 1; s < CP_STREAM_COUNT; s++) {
+        if (g->side_done[s]) cudaEventDestroy(g->side_done[s]);
+        if (g->streams[s]) cudaStreamDestroy(g->streams[s]);
+    }
     free(g);
 }
 
@@ -315,6 +454,9 @@ const char *cp_gpu_last_error(const cp_gpu *g) { return g->err; }
 int cp_gpu_rank(const cp_gpu *g) { return g->env.rank; }
 int cp_gpu_shard_rank(const cp_gpu *g) { return g->shard_rank; }
 int cp_gpu_is_standin(const cp_gpu *g) { return g->env.standin; }
+cp_executor *cp_gpu_executor(cp_gpu *g) { return &g->ex; }
+
+void cp_gpu_use_stream(cp_gpu *g, void *stream) { g->streams[CP_STREAM_COMPUTE] = (cudaStream_t)stream; }
 
 static int unit_of(const cp_plan *p, int param)
 {
@@ -323,193 +465,85 @@ static int unit_of(const cp_plan *p, int param)
     return -1;
 }
 
-static void *param_ptr(cp_gpu *g, int param, int kind)
+static void *param_ptr(cp_gpu *g, int param, cp_buffer kind)
 {
+    if (param < 0 || param >= g->plan->nparams) return NULL;
     int u = unit_of(g->plan, param);
-    if (u < 0) return NULL;
     const cp_unit *U = &g->plan->units[u];
     const cp_param *prm = &g->plan->params[param];
-    char *base = g->units[u].buf[kind];
+    char *base = g->ex.buf[kind][u];
     switch (kind) {
-    case BUF_SHARDED:
-    case BUF_SHARDED_GRADS: return base + (size_t)prm->offset * cp_dtype_size(U->orig_dtype);
-    case BUF_UNSHARDED: return base + (size_t)(g->plan->shard_size * prm->offset) * cp_dtype_size(U->ag_dtype);
-    default: return base + (size_t)prm->grad_offset * cp_dtype_size(U->ag_dtype);
+    case CP_BUF_UNSHARDED: return base + (size_t)(g->plan->shard_size * prm->offset) * cp_dtype_size(U->ag_dtype);
+    case CP_BUF_GRADS: return base + (size_t)prm->grad_offset * cp_dtype_size(U->ag_dtype);
+    default: return base + (size_t)prm->offset * cp_dtype_size(U->orig_dtype);
     }
 }
 
-void *cp_gpu_sharded(cp_gpu *g, int param) { return param_ptr(g, param, BUF_SHARDED); }
-void *cp_gpu_unsharded(cp_gpu *g, int param) { return param_ptr(g, param, BUF_UNSHARDED); }
-void *cp_gpu_grad(cp_gpu *g, int param) { return param_ptr(g, param, BUF_GRADS); }
-void *cp_gpu_sharded_grad(cp_gpu *g, int param) { return param_ptr(g, param, BUF_SHARDED_GRADS); }
+void *cp_gpu_sharded(cp_gpu *g, int param) { return param_ptr(g, param, CP_BUF_SHARDED); }
+void *cp_gpu_unsharded(cp_gpu *g, int param) { return param_ptr(g, param, CP_BUF_UNSHARDED); }
+void *cp_gpu_grad(cp_gpu *g, int param) { return param_ptr(g, param, CP_BUF_GRADS); }
+void *cp_gpu_sharded_grad(cp_gpu *g, int param) { return param_ptr(g, param, CP_BUF_SHARDED_GRADS); }
 
-static int kernel(cp_gpu *g, int op, int u, const void *in, void *out, cudaStream_t s)
+/* An executor failure: its message (which includes ours) for cp_gpu_last_error. */
+static int ex_failed(cp_gpu *g)
 {
-    int e = g->k->launch(op, u, g->shard_rank, in, out, s);
-    if (e != 0) {
-        static const char *const names[] = { "copy-in", "copy-out", "pack", "view-out" };
-        return fail(g, "%s kernel of unit %s failed: %s", names[op], g->plan->units[u].name,
-                    cudaGetErrorString((cudaError_t)e));
-    }
+    if (g->ex.err[0]) snprintf(g->err, sizeof g->err, "%s", g->ex.err);
+    return -1;
+}
+
+/* One op through the walker; with profiling on, its host issue time. */
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
+}
+
+static int run_op(cp_gpu *g, const cp_op *op)
+{
+    double t = g->profile ? now_us() : 0.0;
+    if (cp_executor_run_op(&g->ex, op)) return ex_failed(g);
+    if (g->profile) g->profile[op->kind] += now_us() - t;
     return 0;
 }
 
-/* The stream an op's GPU work runs on (gen/memplan.lua models the same). */
-static cudaStream_t op_stream(cp_gpu *g, const cp_op *op, cudaStream_t S)
+static int fork_join(cp_gpu *g, int join)
 {
-    switch (op->kind) {
-    case CP_OP_COPY_IN: return g->copy_in;
-    case CP_OP_ALL_GATHER: return op->family >= 0 ? g->all_gather : g->copy_in;
-    case CP_OP_REDUCE_SCATTER: return g->reduce_scatter;
-    case CP_OP_ALL_REDUCE: return g->all_reduce;
-    case CP_OP_VIEW_OUT: return g->plan->replicate_family >= 0 ? g->all_reduce : g->reduce_scatter;
-    default: return S;
-    }
-}
-
-static int run_op_body(cp_gpu *g, const cp_op *op, cudaStream_t S);
-
-/* One op: first the arena waits (its buffer's bytes were last used by
- * another op, maybe on another stream), then its work, then its event if
- * a later op reuses bytes it used. */
-static int run_op(cp_gpu *g, const cp_op *op, cudaStream_t S)
-{
-    const cp_plan *p = g->plan;
-    if (op->wait_count > 0 || op->event >= 0) {
-        cudaStream_t s = op_stream(g, op, S);
-        for (int i = 0; i < op->wait_count; i++) CUDA(cudaStreamWaitEvent(s, g->events[p->waits[op->wait_first + i]], 0));
-        if (run_op_body(g, op, S)) return -1;
-        if (op->event >= 0) CUDA(cudaEventRecord(g->events[op->event], s));
-        return 0;
-    }
-    return run_op_body(g, op, S);
-}
-
-static int run_op_body(cp_gpu *g, const cp_op *op, cudaStream_t S)
-{
-    const cp_plan *p = g->plan;
-    int u = op->unit;
-    unit_state *s = &g->units[u];
-    const cp_unit *U = &p->units[u];
-    size_t W = (size_t)p->shard_size;
-    switch (op->kind) {
-    case CP_OP_COPY_IN:
-        /* The all-gather buffer may still feed this unit's earlier copy-out. */
-        if (s->copy_out_this_step) CUDA(cudaStreamWaitEvent(g->copy_in, s->ev[EV_COPY_OUT], 0));
-        if (kernel(g, CP_KERNEL_COPY_IN, u, s->buf[BUF_SHARDED], s->buf[BUF_AG], g->copy_in)) return -1;
-        CUDA(cudaEventRecord(s->ev[EV_COPY_IN], g->copy_in));
-        return 0;
-    case CP_OP_ALL_GATHER:
-        if (op->family < 0) { /* one-rank shard group: the slot is the whole buffer */
-            CUDA(cudaEventRecord(s->ev[EV_AG], g->copy_in));
-            return 0;
-        }
-        CUDA(cudaStreamWaitEvent(g->all_gather, s->ev[EV_COPY_IN], 0));
-        NCCL(ncclAllGather((char *)s->buf[BUF_AG] + (size_t)g->shard_rank * (size_t)U->total * cp_dtype_size(U->ag_dtype),
-                           s->buf[BUF_AG], (size_t)op->count, nccl_type(op->dtype), g->comms[op->family],
-                           g->all_gather));
-        CUDA(cudaEventRecord(s->ev[EV_AG], g->all_gather));
-        return 0;
-    case CP_OP_COPY_OUT:
-        CUDA(cudaStreamWaitEvent(S, s->ev[EV_AG], 0));
-        if (kernel(g, CP_KERNEL_COPY_OUT, u, s->buf[BUF_AG], s->buf[BUF_UNSHARDED], S)) return -1;
-        CUDA(cudaEventRecord(s->ev[EV_COPY_OUT], S));
-        s->copy_out_this_step = 1;
-        return 0;
-    case CP_OP_FORWARD:
-    case CP_OP_BACKWARD:
-        return g->compute ? g->compute(g->compute_user, g, op, S) : 0;
-    case CP_OP_RESHARD:
-        /* Buffers persist (no allocator churn, graph-capturable); the
-         * schedule guarantees no reader until the next copy-out. */
-        return 0;
-    case CP_OP_PACK:
-        if (kernel(g, CP_KERNEL_PACK, u, s->buf[BUF_GRADS], s->buf[BUF_RS_IN], S)) return -1;
-        /* FSDP2 frees the unsharded grads here: the next backward writes
-         * them afresh (first micro-step) rather than accumulating, so no
-         * memset is needed. */
-        CUDA(cudaEventRecord(s->ev[EV_PACK], S));
-        return 0;
-    case CP_OP_REDUCE_SCATTER:
-        CUDA(cudaStreamWaitEvent(g->reduce_scatter, s->ev[EV_PACK], 0));
-        if (op->family < 0)
-            CUDA(cudaMemcpyAsync(s->buf[BUF_RS_OUT], s->buf[BUF_RS_IN], cp_gpu_buffer_bytes(g, u, BUF_RS_OUT),
-                                 cudaMemcpyDeviceToDevice, g->reduce_scatter));
-        else
-            NCCL(ncclReduceScatter(s->buf[BUF_RS_IN], s->buf[BUF_RS_OUT], (size_t)op->count, nccl_type(op->dtype),
-                                   nccl_op(op->reduce_op), g->comms[op->family], g->reduce_scatter));
-        CUDA(cudaEventRecord(s->ev[EV_RS], g->reduce_scatter));
-        (void)W;
-        return 0;
-    case CP_OP_ALL_REDUCE:
-        CUDA(cudaStreamWaitEvent(g->all_reduce, s->ev[EV_RS], 0));
-        NCCL(ncclAllReduce(s->buf[BUF_RS_OUT], s->buf[BUF_RS_OUT], (size_t)op->count, nccl_type(op->dtype),
-                           nccl_op(op->reduce_op), g->comms[op->family], g->all_reduce));
-        /* Nothing waits on the all-reduce alone: view-out follows on its stream. */
-        return 0;
-    case CP_OP_VIEW_OUT: {
-        /* On the post-reduce stream: all-reduce's with HSDP, else reduce-scatter's. */
-        cudaStream_t post = p->replicate_family >= 0 ? g->all_reduce : g->reduce_scatter;
-        /* The step's end joins this stream into the caller's (finish). */
-        return kernel(g, CP_KERNEL_VIEW_OUT, u, s->buf[BUF_RS_OUT], s->buf[BUF_SHARDED_GRADS], post);
-    }
-    default:
-        return fail(g, "unknown op kind %d", (int)op->kind);
-    }
-}
-
-static int begin(cp_gpu *g, cudaStream_t S)
-{
-    CUDA(cudaEventRecord(g->start, S));
-    cudaStream_t side[4] = { g->copy_in, g->all_gather, g->reduce_scatter, g->all_reduce };
-    for (int i = 0; i < 4; i++) CUDA(cudaStreamWaitEvent(side[i], g->start, 0));
-    return 0;
-}
-
-/* Join: the caller's stream waits for all side-stream work issued since
- * begin (which includes every reduction), so the next step, the optimizer
- * and a graph capture's end see it finished. */
-static int finish(cp_gpu *g, cudaStream_t S)
-{
-    cudaStream_t side[4] = { g->copy_in, g->all_gather, g->reduce_scatter, g->all_reduce };
-    for (int i = 0; i < 4; i++) {
-        CUDA(cudaEventRecord(g->side_done[i], side[i]));
-        CUDA(cudaStreamWaitEvent(S, g->side_done[i], 0));
-    }
-    for (int u = 0; u < g->plan->nunits; u++) {
-        g->units[u].copy_out_this_step = 0;
-    }
+    double t = g->profile ? now_us() : 0.0;
+    if ((join ? g->backend.join : g->backend.fork)(&g->backend)) return -1;
+    if (g->profile) g->profile[CP_OP_KIND_COUNT] += now_us() - t;
     return 0;
 }
 
 /* Library calls run the unit's next instance of an op group (the plan may
- * unshard a unit twice per step, each instance with its own arena waits):
- * from the unit's cursor for that call to the group's last kind, wrapping
- * to the step's start after the last instance. */
+ * unshard a unit twice per step, each instance with its own waits): from
+ * the unit's cursor for that call to the group's last kind present,
+ * wrapping to the step's start after the last instance. */
 static int run_unit_ops(cp_gpu *g, int unit, int call, const cp_op_kind *kinds, int nkinds, cudaStream_t S)
 {
     const cp_plan *p = g->plan;
     if (unit < 0 || unit >= p->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, p->nunits);
-    unit_state *us = &g->units[unit];
     int first = -1;
     for (int pass = 0; pass < 2 && first < 0; pass++)
-        for (int i = pass ? 0 : us->cursor[call]; i < p->nops && first < 0; i++)
+        for (int i = pass ? 0 : g->cursor[unit][call]; i < p->nops && first < 0; i++)
             if (p->ops[i].unit == unit && p->ops[i].kind == kinds[0]) first = i;
     if (first < 0) return 0; /* the plan has no such op for this unit (e.g. nothing to reshard) */
-    if (begin(g, S)) return -1;
-    int i = first;
+    g->streams[CP_STREAM_COMPUTE] = S;
+    if (fork_join(g, 0)) return -1;
+    int i = first, last_kind = 0;
     for (; i < p->nops; i++) {
         const cp_op *op = &p->ops[i];
         if (op->unit != unit) continue;
-        for (int k = 0; k < nkinds; k++)
-            if (op->kind == kinds[k]) {
-                if (run_op(g, op, S)) return -1;
-                break;
-            }
-        if (op->kind == kinds[nkinds - 1]) break;
+        int k = 0;
+        while (k < nkinds && op->kind != kinds[k]) k++;
+        if (k == nkinds) continue;
+        if (k < last_kind) break; /* the group's next instance starts */
+        if (run_op(g, op)) return -1;
+        last_kind = k;
+        if (k == nkinds - 1) { i++; break; }
     }
-    us->cursor[call] = i + 1 < p->nops ? i + 1 : 0;
-    return finish(g, S);
+    g->cursor[unit][call] = i < p->nops ? i : 0;
+    return fork_join(g, 1);
 }
 
 int cp_gpu_unshard(cp_gpu *g, int unit, void *stream)
@@ -524,7 +558,7 @@ int cp_gpu_unshard(cp_gpu *g, int unit, void *stream)
         return fail(g, "cp_gpu_unshard(%s) would overwrite unit %s, still unsharded: the plan's arena reuses "
                     "those bytes; call cp_gpu_reshard(%s) first, in the order of plans/%s/SCHEDULE.md",
                     p->units[unit].name, p->units[v].name, p->units[v].name, p->name);
-    if (run_unit_ops(g, unit, 0, kinds, 3, (cudaStream_t)stream)) return -1;
+    if (run_unit_ops(g, unit, CALL_UNSHARD, kinds, 3, (cudaStream_t)stream)) return -1;
     g->live[unit] = 1;
     return 0;
 }
@@ -534,50 +568,36 @@ int cp_gpu_unshard(cp_gpu *g, int unit, void *stream)
 int cp_gpu_reshard(cp_gpu *g, int unit, void *stream)
 {
     static const cp_op_kind kinds[] = { CP_OP_RESHARD };
-    if (run_unit_ops(g, unit, 1, kinds, 1, (cudaStream_t)stream)) return -1;
+    if (run_unit_ops(g, unit, CALL_RESHARD, kinds, 1, (cudaStream_t)stream)) return -1;
     g->live[unit] = 0;
     return 0;
 }
 
+/* Pack, reduce-scatter, the HSDP all-reduce where the plan has one, view-out. */
 int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream)
 {
-    int hsdp = g->plan->replicate_family >= 0;
-    static const cp_op_kind with_ar[] = { CP_OP_PACK, CP_OP_REDUCE_SCATTER, CP_OP_ALL_REDUCE, CP_OP_VIEW_OUT };
-    static const cp_op_kind without_ar[] = { CP_OP_PACK, CP_OP_REDUCE_SCATTER, CP_OP_VIEW_OUT };
-    return hsdp ? run_unit_ops(g, unit, 2, with_ar, 4, (cudaStream_t)stream)
-                : run_unit_ops(g, unit, 2, without_ar, 3, (cudaStream_t)stream);
+    static const cp_op_kind kinds[] = { CP_OP_PACK, CP_OP_REDUCE_SCATTER, CP_OP_ALL_REDUCE, CP_OP_VIEW_OUT };
+    return run_unit_ops(g, unit, CALL_REDUCE, kinds, 4, (cudaStream_t)stream);
 }
 
 void cp_gpu_set_compute(cp_gpu *g, cp_gpu_compute_fn fn, void *user)
 {
     g->compute = fn;
     g->compute_user = user;
+    g->ex.on_compute = on_compute;
+    g->ex.user = g;
 }
 
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
-}
-
-/* The step; with host_us, each op kind's host issue time is added to it
- * (the clock is read only then, off the normal path). */
+/* The step through the walker; with host_us, each op kind's host issue
+ * time is added to it (the clock is read only then, off the normal path). */
 int cp_gpu_step_profiled(cp_gpu *g, void *stream, double host_us[CP_OP_KIND_COUNT + 1])
 {
-    cudaStream_t S = (cudaStream_t)stream;
-    double t = host_us ? now_us() : 0.0;
-    if (begin(g, S)) return -1;
-    if (host_us) host_us[CP_OP_KIND_COUNT] += now_us() - t;
-    for (int i = 0; i < g->plan->nops; i++) {
-        const cp_op *op = &g->plan->ops[i];
-        if (host_us) t = now_us();
-        if (run_op(g, op, S)) return -1;
-        if (host_us) host_us[op->kind] += now_us() - t;
-    }
-    if (host_us) t = now_us();
-    int rc = finish(g, S);
-    if (host_us) host_us[CP_OP_KIND_COUNT] += now_us() - t;
+    g->streams[CP_STREAM_COMPUTE] = (cudaStream_t)stream;
+    g->profile = host_us;
+    int rc = fork_join(g, 0);
+    for (int i = 0; rc == 0 && i < g->plan->nops; i++) rc = run_op(g, &g->plan->ops[i]);
+    if (rc == 0) rc = fork_join(g, 1);
+    g->profile = NULL;
     return rc;
 }
 
@@ -644,33 +664,36 @@ int cp_gpu_synchronize(cp_gpu *g, void *stream, double timeout_s)
     }
 }
 
-int cp_gpu_download(cp_gpu *g, int u, int kind, void *host)
+size_t cp_gpu_buffer_bytes(const cp_gpu *g, int u, cp_buffer kind)
 {
-    CUDA(cudaDeviceSynchronize());
-    CUDA(cudaMemcpy(host, g->units[u].buf[kind], cp_gpu_buffer_bytes(g, u, kind), cudaMemcpyDeviceToHost));
-    return 0;
+    return (size_t)cp_arena_buffer_bytes(g->plan, u, kind);
 }
 
-int cp_gpu_upload(cp_gpu *g, int u, int kind, const void *host)
+int cp_gpu_download(cp_gpu *g, int u, cp_buffer kind, void *host, void *stream)
 {
-    CUDA(cudaMemcpy(g->units[u].buf[kind], host, cp_gpu_buffer_bytes(g, u, kind), cudaMemcpyHostToDevice));
-    return 0;
+    if (u < 0 || u >= g->plan->nunits || (unsigned)kind >= CP_BUFFERS) return fail(g, "no buffer %d of unit %d", (int)kind, u);
+    g->streams[CP_STREAM_COMPUTE] = (cudaStream_t)stream;
+    return cp_executor_read(&g->ex, CP_STREAM_COMPUTE, u, kind, host);
+}
+
+int cp_gpu_upload(cp_gpu *g, int u, cp_buffer kind, const void *host, void *stream)
+{
+    if (u < 0 || u >= g->plan->nunits || (unsigned)kind >= CP_BUFFERS) return fail(g, "no buffer %d of unit %d", (int)kind, u);
+    g->streams[CP_STREAM_COMPUTE] = (cudaStream_t)stream;
+    return cp_executor_write(&g->ex, CP_STREAM_COMPUTE, u, kind, host);
 }
 
 /* ---- nccl-tests-style table: every distinct collective of the step and
- * every copy kernel of the largest unit, timed alone on the caller's stream. */
-
-static double bus_factor(cp_op_kind k, int n)
-{
-    if (n <= 1) return 0.0;
-    return k == CP_OP_ALL_REDUCE ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
-}
+ * every copy kernel of the largest unit, timed alone on the caller's
+ * stream through the same backend calls the step makes. */
 
 int cp_gpu_bench_ops(cp_gpu *g, void *stream, int warmup, int iters, FILE *out)
 {
     const cp_plan *p = g->plan;
     cudaStream_t S = (cudaStream_t)stream;
+    cp_backend *b = &g->backend;
     cudaEvent_t t0, t1;
+    g->streams[CP_STREAM_COMPUTE] = S;
     CUDA(cudaEventCreate(&t0));
     CUDA(cudaEventCreate(&t1));
     fprintf(out, "# %-15s %-12s %6s %14s %12s %10s %10s %10s\n", "op", "group", "type", "size (B)", "count", "time (us)",
@@ -678,61 +701,53 @@ int cp_gpu_bench_ops(cp_gpu *g, void *stream, int warmup, int iters, FILE *out)
     if (g->env.standin) fprintf(out, "  (collectives not timed: stand-in communicators have one rank)\n");
     for (int i = 0; i < p->nops && !g->env.standin; i++) {
         const cp_op *op = &p->ops[i];
-        if (op->family < 0 || (op->kind != CP_OP_ALL_GATHER && op->kind != CP_OP_REDUCE_SCATTER &&
-                               op->kind != CP_OP_ALL_REDUCE))
-            continue;
+        const cp_op_desc *d = &cp_op_descs[op->kind];
+        if (op->family < 0 || d->action != CP_ACT_COLLECTIVE) continue;
         int dup = 0; /* one row per (kind, group, count, dtype) */
         for (int j = 0; j < i && !dup; j++) {
             const cp_op *o = &p->ops[j];
             dup = o->kind == op->kind && o->family == op->family && o->count == op->count && o->dtype == op->dtype;
         }
         if (dup) continue;
-        unit_state *s = &g->units[op->unit];
         int n = p->families[op->family].size;
         size_t es = cp_dtype_size(op->dtype);
-        size_t size = op->kind == CP_OP_ALL_REDUCE ? (size_t)op->count * es : (size_t)op->count * (size_t)n * es;
+        /* nccl-tests' size: the larger buffer (all-gather out, reduce-scatter in, all-reduce). */
+        size_t size = d->collective == CP_COLL_ALL_REDUCE ? (size_t)op->count * es : (size_t)op->count * (size_t)n * es;
+        char *in = g->ex.buf[d->in][op->unit], *outb = g->ex.buf[d->out][op->unit];
+        if (d->in_is_slot) in += (size_t)g->shard_rank * (size_t)op->count * es;
         float ms = 0.0f;
         for (int it = -warmup; it < iters; it++) {
             if (it == 0) CUDA(cudaEventRecord(t0, S));
-            if (op->kind == CP_OP_ALL_GATHER)
-                NCCL(ncclAllGather((char *)s->buf[BUF_AG] + (size_t)g->shard_rank * (size_t)op->count * es, s->buf[BUF_AG],
-                                   (size_t)op->count, nccl_type(op->dtype), g->comms[op->family], S));
-            else if (op->kind == CP_OP_REDUCE_SCATTER)
-                NCCL(ncclReduceScatter(s->buf[BUF_RS_IN], s->buf[BUF_RS_OUT], (size_t)op->count, nccl_type(op->dtype),
-                                       nccl_op(op->reduce_op), g->comms[op->family], S));
-            else
-                NCCL(ncclAllReduce(s->buf[BUF_RS_OUT], s->buf[BUF_RS_OUT], (size_t)op->count, nccl_type(op->dtype),
-                                   nccl_op(op->reduce_op), g->comms[op->family], S));
+            if (b->collective[d->collective](b, op, CP_STREAM_COMPUTE, in, outb)) return -1;
         }
         CUDA(cudaEventRecord(t1, S));
         CUDA(cudaEventSynchronize(t1));
         CUDA(cudaEventElapsedTime(&ms, t0, t1));
         double us = 1000.0 * ms / (iters > 0 ? iters : 1);
         double algbw = (double)size / (us * 1e3);
-        fprintf(out, "  %-15s %-12s %6s %14zu %12ld %10.1f %10.2f %10.2f\n", cp_op_kind_name(op->kind),
-                p->families[op->family].name, cp_dtype_name(op->dtype), size, (long)op->count, us, algbw,
-                algbw * bus_factor(op->kind, n));
+        fprintf(out, "  %-15s %-12s %6s %14zu %12ld %10.1f %10.2f %10.2f\n", d->name, p->families[op->family].name,
+                cp_dtype_name(op->dtype), size, (long)op->count, us, algbw,
+                algbw * d->ring_passes * (double)(n - 1) / n);
     }
     /* Copy kernels of the largest unit: bytes read + written per launch. */
     int big = 0;
     for (int u = 1; u < p->nunits; u++) if (p->units[u].total > p->units[big].total) big = u;
-    unit_state *s = &g->units[big];
-    static const char *const names[] = { "copy_in", "copy_out", "pack", "view_out" };
-    const int in_buf[] = { BUF_SHARDED, BUF_AG, BUF_GRADS, BUF_RS_OUT };
-    const int out_buf[] = { BUF_AG, BUF_UNSHARDED, BUF_RS_IN, BUF_SHARDED_GRADS };
-    for (int k = 0; k < 4; k++) {
-        size_t bytes = cp_gpu_buffer_bytes(g, big, in_buf[k]) + cp_gpu_buffer_bytes(g, big, out_buf[k]);
-        if (k == 0) bytes = cp_gpu_buffer_bytes(g, big, BUF_SHARDED) + cp_gpu_buffer_bytes(g, big, BUF_AG) / (size_t)p->shard_size;
+    for (int kind = 0; kind < CP_OP_KIND_COUNT; kind++) {
+        const cp_op_desc *d = &cp_op_descs[kind];
+        if (d->action != CP_ACT_COPY) continue;
+        size_t bytes = cp_gpu_buffer_bytes(g, big, d->in) + cp_gpu_buffer_bytes(g, big, d->out);
+        if (d->out == CP_BUF_AG) /* copy-in writes only this rank's slot */
+            bytes = cp_gpu_buffer_bytes(g, big, d->in) + cp_gpu_buffer_bytes(g, big, d->out) / (size_t)p->shard_size;
         float ms = 0.0f;
         for (int it = -warmup; it < iters; it++) {
             if (it == 0) CUDA(cudaEventRecord(t0, S));
-            if (kernel(g, k, big, s->buf[in_buf[k]], s->buf[out_buf[k]], S)) return -1;
+            if (b->copy(b, d->kernel, big, CP_STREAM_COMPUTE, g->ex.buf[d->in][big], g->ex.buf[d->out][big])) return -1;
         }
         CUDA(cudaEventRecord(t1, S));
         CUDA(cudaEventSynchronize(t1));
         CUDA(cudaEventElapsedTime(&ms, t0, t1));
         double us = 1000.0 * ms / (iters > 0 ? iters : 1);
-        fprintf(out, "  %-15s %-12s %6s %14zu %12s %10.1f %10.2f %10s\n", names[k], p->units[big].name, "-", bytes, "-",
+        fprintf(out, "  %-15s %-12s %6s %14zu %12s %10.1f %10.2f %10s\n", d->name, p->units[big].name, "-", bytes, "-",
                 us, (double)bytes / (us * 1e3), "-");
     }
     cudaEventDestroy(t0);

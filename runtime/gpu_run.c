@@ -7,27 +7,60 @@
 #include <time.h>
 
 #include "gpu_run.h"
+#include "harness.h"
+
+/* --check's compute placeholders on the GPU, the same for eager steps and
+ * a captured graph: the unsharded parameters are copied into pinned host
+ * memory on the op's stream, a host function node checks them and writes
+ * the pattern gradients (accumulated on later micro-steps), and those are
+ * copied back, all in stream order: no synchronize, so the whole step can
+ * be captured and replayed with every check still running. */
+typedef struct {
+    cp_harness *h;
+    const cp_op *op;
+    void *pinned; /* scratch as large as the largest unit buffer */
+} compute_call;
 
 typedef struct {
-    cp_checker check;
-    void *host; /* scratch as large as the largest unit buffer */
-    int error;
+    cp_harness harness; /* first: the harness's collective hook gets this struct as its cp_harness */
+    cudaStream_t stream;
+    void *pinned;
+    compute_call *calls; /* one per op: host functions read their op from here */
 } check_state;
 
-enum { K_SHARDED = 0, K_UNSHARDED = 1, K_GRADS = 2, K_SHARDED_GRADS = 3 };
+static void CUDART_CB check_on_host(void *arg)
+{
+    compute_call *c = arg;
+    cp_checker *chk = &c->h->check;
+    int u = c->op->unit;
+    const cp_plan *p = chk->plan;
+    /* Unsharded params first (copied at the front of the scratch), then grads. */
+    size_t unsharded = (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_UNSHARDED);
+    char *grads = (char *)c->pinned + ((unsharded + 255) / 256) * 256;
+    cp_checker_check_unsharded(chk, u, c->pinned,
+                               c->op->kind == CP_OP_FORWARD ? "unsharded param in forward" : "unsharded param in backward");
+    if (c->op->kind == CP_OP_BACKWARD) cp_checker_add_grads(chk, u, c->op->micro_step, grads);
+}
 
-static int check_compute(void *user, cp_gpu *g, const cp_op *op, void *stream)
+static int gpu_check_compute(void *user, cp_executor *ex, const cp_op *op)
 {
     check_state *cs = user;
-    (void)stream;
-    if (cp_gpu_download(g, op->unit, K_UNSHARDED, cs->host)) { cs->error = 1; return -1; }
-    cp_checker_check_unsharded(&cs->check, op->unit, cs->host,
-                               op->kind == CP_OP_FORWARD ? "unsharded param in forward" : "unsharded param in backward");
-    if (op->kind == CP_OP_BACKWARD) {
-        if (cp_gpu_download(g, op->unit, K_GRADS, cs->host)) { cs->error = 1; return -1; }
-        cp_checker_add_grads(&cs->check, op->unit, op->micro_step, cs->host);
-        if (cp_gpu_upload(g, op->unit, K_GRADS, cs->host)) { cs->error = 1; return -1; }
-    }
+    compute_call *c = &cs->calls[op - ex->plan->ops];
+    const cp_plan *p = ex->plan;
+    int u = op->unit;
+    cudaStream_t s = cs->stream;
+    size_t unsharded = (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_UNSHARDED);
+    size_t grads_bytes = (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_GRADS);
+    char *grads = (char *)c->pinned + ((unsharded + 255) / 256) * 256;
+    if (cudaMemcpyAsync(c->pinned, ex->buf[CP_BUF_UNSHARDED][u], unsharded, cudaMemcpyDeviceToHost, s) != cudaSuccess)
+        return -1;
+    if (op->kind == CP_OP_BACKWARD && op->micro_step > 0 &&
+        cudaMemcpyAsync(grads, ex->buf[CP_BUF_GRADS][u], grads_bytes, cudaMemcpyDeviceToHost, s) != cudaSuccess)
+        return -1;
+    if (cudaLaunchHostFunc(s, check_on_host, c) != cudaSuccess) return -1;
+    if (op->kind == CP_OP_BACKWARD &&
+        cudaMemcpyAsync(ex->buf[CP_BUF_GRADS][u], grads, grads_bytes, cudaMemcpyHostToDevice, s) != cudaSuccess)
+        return -1;
     return 0;
 }
 
@@ -42,41 +75,69 @@ static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, c
 {
     check_state cs;
     memset(&cs, 0, sizeof cs);
+    cp_executor *ex = cp_gpu_executor(g);
+    cp_gpu_use_stream(g, S);
     size_t biggest = 0;
-    for (int u = 0; u < p->nunits; u++)
-        for (int kind = 0; kind < 4; kind++)
-            if (cp_gpu_buffer_bytes(g, u, kind) > biggest) biggest = cp_gpu_buffer_bytes(g, u, kind);
-    cs.host = malloc(biggest ? biggest : 1);
-    if (!cs.host || cp_checker_init(&cs.check, p, o->pattern, cp_gpu_rank(g)) != 0) {
-        fprintf(stderr, "commplan: out of host memory for --check\n");
-        free(cs.host);
+    for (int u = 0; u < p->nunits; u++) {
+        size_t n = ((size_t)cp_arena_buffer_bytes(p, u, CP_BUF_UNSHARDED) + 255) / 256 * 256 +
+                   (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_GRADS);
+        if (n > biggest) biggest = n;
+    }
+    if (cudaMallocHost(&cs.pinned, biggest ? biggest : 1) != cudaSuccess) {
+        fprintf(stderr, "commplan: rank %d: cudaMallocHost of %zu bytes for --check failed\n", cp_gpu_rank(g), biggest);
         return 2;
     }
-    int rc = 0;
-    cp_gpu_set_compute(g, check_compute, &cs);
-    for (int s = 0; s < o->steps && rc == 0; s++) {
-        cs.check.step = s;
-        for (int u = 0; u < p->nunits && rc == 0; u++) {
-            cp_checker_fill_shards(&cs.check, u, cs.host);
-            if (cp_gpu_upload(g, u, K_SHARDED, cs.host)) rc = 2;
-        }
-        if (rc == 0 && (cp_gpu_step(g, S) || cp_gpu_synchronize(g, S, o->timeout_s) || cs.error)) rc = 2;
-        for (int u = 0; u < p->nunits && rc == 0; u++) {
-            if (cp_gpu_download(g, u, K_SHARDED_GRADS, cs.host)) rc = 2;
-            else cp_checker_check_grads(&cs.check, u, cs.host);
-        }
+    cs.calls = calloc((size_t)(p->nops > 0 ? p->nops : 1), sizeof *cs.calls);
+    if (!cs.calls || cp_harness_init(&cs.harness, ex, o->pattern) != 0) {
+        fprintf(stderr, "commplan: out of host memory for --check\n");
+        free(cs.calls);
+        cudaFreeHost(cs.pinned);
+        return 2;
     }
-    if (rc == 2) fprintf(stderr, "commplan: %s\n", cp_gpu_last_error(g));
-    else if (cs.check.mismatches) {
-        fprintf(stderr, "commplan: %s rank %d: %ld mismatching elements\n", p->name, cp_gpu_rank(g), cs.check.mismatches);
+    cs.stream = S;
+    for (int i = 0; i < p->nops; i++) cs.calls[i] = (compute_call){ &cs.harness, &p->ops[i], cs.pinned };
+    /* The harness writes shards, reads grads and dumps; the compute
+     * placeholders are the stream-ordered ones above. */
+    ex->on_compute = gpu_check_compute;
+    ex->user = &cs;
+    ex->on_collective = NULL;
+    if (o->dump_dir) {
+        if (o->graph) {
+            fprintf(stderr, "commplan: --dump reads every collective's buffers as it runs: use it without --graph\n");
+            goto out_err;
+        }
+        if (cp_harness_open_dump(&cs.harness, o->dump_dir)) goto out_err;
+        ex->on_collective = cp_harness_on_collective;
+    }
+    int rc = 0;
+    for (int s = 0; s < o->steps && rc == 0; s++) {
+        /* The dump's collective hook finds the harness through ex->user. */
+        if (cp_harness_begin_step(&cs.harness, s)) { rc = 2; break; }
+        ex->user = &cs;
+        int run;
+        if (o->graph) run = (s == 0 && cp_gpu_graph_capture(g, S)) || cp_gpu_graph_launch(g, S);
+        else run = cp_gpu_step(g, S);
+        if (run || cp_gpu_synchronize(g, S, o->timeout_s) || cp_harness_end_step(&cs.harness)) rc = 2;
+    }
+    if (rc == 2) fprintf(stderr, "commplan: %s\n", cp_gpu_last_error(g)[0] ? cp_gpu_last_error(g) : ex->err);
+    else if (cs.harness.check.mismatches) {
+        fprintf(stderr, "commplan: %s rank %d: %ld mismatching elements\n", p->name, cp_gpu_rank(g),
+                cs.harness.check.mismatches);
         rc = 1;
     } else if (!o->quiet)
-        printf("%s rank %d: --check passed for %d step(s): unsharded params and reduced grads exact\n", p->name,
-               cp_gpu_rank(g), o->steps);
+        printf("%s rank %d: --check passed for %d step(s)%s: unsharded params and reduced grads exact\n", p->name,
+               cp_gpu_rank(g), o->steps, o->graph ? " replayed as one CUDA graph" : "");
+    cp_harness_free(&cs.harness);
     cp_gpu_set_compute(g, NULL, NULL);
-    cp_checker_free(&cs.check);
-    free(cs.host);
+    free(cs.calls);
+    cudaFreeHost(cs.pinned);
     return rc;
+out_err:
+    cp_harness_free(&cs.harness);
+    cp_gpu_set_compute(g, NULL, NULL);
+    free(cs.calls);
+    cudaFreeHost(cs.pinned);
+    return 2;
 }
 
 static int cmp_double(const void *a, const void *b)

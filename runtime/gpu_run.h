@@ -12,6 +12,7 @@ typedef struct {
     int warmup, iters;
     double timeout_s; /* per synchronize */
     cp_pattern pattern;
+    const char *dump_dir; /* --check --dump: step 0 in the recordings' format */
     int quiet;
 } cp_gpu_run_options;
 

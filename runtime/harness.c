@@ -76,8 +76,8 @@ static int dump_locals(cp_harness *h, cp_buffer k)
     return 0;
 }
 
-static void on_collective(void *user, cp_executor *ex, const cp_op *op, const void *in, int64_t in_n,
-                          const void *out, int64_t out_n)
+void cp_harness_on_collective(void *user, cp_executor *ex, const cp_op *op, const void *in, int64_t in_n,
+                              const void *out, int64_t out_n)
 {
     cp_harness *h = user;
     if (!h->dump || h->check.step != 0) return;
@@ -119,7 +119,7 @@ int cp_harness_init(cp_harness *h, cp_executor *ex, cp_pattern pattern)
         return -1;
     }
     ex->on_compute = on_compute;
-    ex->on_collective = on_collective;
+    ex->on_collective = cp_harness_on_collective;
     ex->user = h;
     return 0;
 }

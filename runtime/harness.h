@@ -31,5 +31,9 @@ int cp_harness_open_dump(cp_harness *h, const char *dir);
 int cp_harness_begin_step(cp_harness *h, int step);
 /* After the step: reduced grads checked (mismatches counted). 0 or -1. */
 int cp_harness_end_step(cp_harness *h);
+/* The collective hook cp_harness_init installs (user: the cp_harness),
+ * for callers that install their own compute hook. */
+void cp_harness_on_collective(void *user, cp_executor *ex, const cp_op *op, const void *in, int64_t in_n,
+                              const void *out, int64_t out_n);
 
 #endif

@@ -5,11 +5,19 @@
 
 #include "commplan.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct cp_host_world cp_host_world;
 
 cp_host_world *cp_host_world_create(const cp_plan *p);
 void cp_host_world_destroy(cp_host_world *w);
 /* b->ctx is owned by the world; valid until cp_host_world_destroy. */
 void cp_host_backend_init(cp_backend *b, cp_host_world *w, int rank);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

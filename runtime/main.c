@@ -20,6 +20,9 @@ extern const cp_gpu_kernels CP_KERNELS;
 #ifndef CP_PLAN
 #error "compile with -DCP_PLAN=<name>_plan"
 #endif
+#ifndef CP_VERSION /* the Makefile passes the VERSION file's */
+#define CP_VERSION "unknown"
+#endif
 extern const cp_plan CP_PLAN;
 
 static void usage(FILE *f, const cp_plan *p)
@@ -27,7 +30,7 @@ static void usage(FILE *f, const cp_plan *p)
     fprintf(f,
             "usage: %s [--simulate [--steps N] [--pattern unique|oracle] [--dump DIR]] [--dry-run]\n"
             "          [--check [--steps N]] [--warmup N] [--iters N] [--graph] [--timeout S]\n"
-            "          [--standin [--rank R]] [--world-size N] [--rank R] [--quiet] [--help]\n"
+            "          [--standin [--rank R]] [--world-size N] [--rank R] [--quiet] [--version] [--help]\n"
             "\n"
             "Plan %s (fingerprint %s): %d ranks, %d units, %d parameters, %d ops per step.\n"
             "\n"
@@ -38,7 +41,9 @@ static void usage(FILE *f, const cp_plan *p)
             "  --dump DIR        write each rank's step-0 shards, collectives and grads as JSON into DIR\n"
             "  --dry-run         print the step's ops in issue order and exit\n"
             "GPU (one process per rank under torchrun, srun or mpirun; no mode flag: time the step):\n"
-            "  --check           run the step on this rank's GPU with the same patterns and exact checks\n"
+            "  --check           run the step on this rank's GPU with the same patterns and exact checks (with\n"
+            "                    --graph: captured once as a CUDA graph and replayed every step, checks included;\n"
+            "                    with --dump DIR: this rank's step 0 in the recordings' format)\n"
             "  --warmup N        untimed steps before timing (default 5)\n"
             "  --iters N         timed steps and per-op repetitions (default 20)\n"
             "  --graph           also capture the step as one CUDA graph and time its replay\n"
@@ -49,7 +54,8 @@ static void usage(FILE *f, const cp_plan *p)
             "  --world-size N    refuse to run unless N equals the plan's world size (default: the launcher's,\n"
             "                    from torchrun $WORLD_SIZE, Open MPI $OMPI_COMM_WORLD_SIZE or Slurm $SLURM_NTASKS)\n"
             "  --rank R          refuse to run unless 0 <= R < world size (default: the launcher's rank)\n"
-            "  --quiet           no progress output\n",
+            "  --quiet           no progress output\n"
+            "  --version         print commplan's version and the plan's name and fingerprint\n",
             "commplan", p->name, p->fingerprint, p->world_size, p->nunits, p->nparams, p->nops);
 }
 
@@ -92,6 +98,10 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         const char *next = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout, p); return 0; }
+        else if (!strcmp(a, "--version")) {
+            printf("commplan %s, plan %s (fingerprint %s)\n", CP_VERSION, p->name, p->fingerprint);
+            return 0;
+        }
         else if (!strcmp(a, "--simulate")) simulate = 1;
         else if (!strcmp(a, "--dry-run")) dry = 1;
         else if (!strcmp(a, "--quiet")) quiet = 1;
@@ -154,7 +164,7 @@ int main(int argc, char **argv)
 #ifdef CP_WITH_GPU
         cp_gpu_run_options go = { .check = check, .graph = graph, .steps = (int)steps, .warmup = (int)warmup,
                                   .iters = (int)iters, .timeout_s = (double)timeout, .pattern = opt.pattern,
-                                  .quiet = quiet };
+                                  .dump_dir = opt.dump_dir, .quiet = quiet };
         return cp_gpu_run(p, &CP_KERNELS, &env, &go);
 #else
         (void)check; (void)graph; (void)warmup; (void)iters; (void)timeout;

@@ -1,8 +1,8 @@
-/* The generated copy kernels against the C executor (the host reference):
- * random inputs, poisoned outputs, every unit of plans with odd sizes,
- * empty shards, Shard(1), casts and pre/post divides, for the first and
- * last shard rank. The kernels' group bodies run on the CPU here; with a
- * CUDA device present the same launches run on it and are compared too. */
+/* The generated copy kernels against the host backend's C copies (the
+ * reference): random inputs, poisoned outputs, every unit of plans with
+ * odd sizes, empty shards, Shard(1), casts and pre/post divides, for every
+ * shard rank. The kernels' group bodies run on the CPU here; with a CUDA
+ * device present the same launches run on it and are compared too. */
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -10,10 +10,9 @@
 
 #include <cuda_runtime.h>
 
-extern "C" {
 #include "commplan.h"
-}
 #include "cp_gpu_kernels.h"
+#include "host.h"
 
 extern "C" const cp_plan fsdp8_uneven_plan, hsdp2x3_bf16_plan, hsdp4x2_fp16_plan, llama_tiny_plan, kernels_big_plan;
 extern "C" const cp_gpu_kernels fsdp8_uneven_kernels, hsdp2x3_bf16_kernels, hsdp4x2_fp16_kernels, llama_tiny_kernels,
@@ -88,63 +87,43 @@ static void compare(const char *plan, const char *what, int unit, int rank, cons
     }
 }
 
-static int no_collective(cp_backend *, const cp_op *, const void *, void *) { return -1; }
+/* One unit's copy `kernel` by the host reference (the host backend's copy)
+ * and by the kernels, on the CPU and the device, from the same input and
+ * the same poisoned output. */
+static void check_copy(const cp_plan *p, cp_backend *ref, const cp_gpu_kernels *k, const char *what, int kernel,
+                       int u, int rank, int shard_rank, cp_buffer in_kind, cp_buffer out_kind, unsigned *seed)
+{
+    const cp_unit *U = &p->units[u];
+    cp_dtype in_t = kernel == CP_KERNEL_COPY_IN ? U->orig_dtype : kernel == CP_KERNEL_VIEW_OUT ? U->reduce_dtype
+                                                                                              : U->ag_dtype;
+    size_t in_bytes = (size_t)cp_arena_buffer_bytes(p, u, in_kind);
+    size_t out_bytes = (size_t)cp_arena_buffer_bytes(p, u, out_kind);
+    std::vector<unsigned char> in(in_bytes + 1), want(out_bytes + 1, CP_POISON_BYTE), out0(out_bytes + 1, CP_POISON_BYTE);
+    fill_random(in.data(), in_t, (int64_t)(in_bytes / cp_dtype_size(in_t)), seed);
+    if (ref->copy(ref, kernel, u, CP_STREAM_COMPUTE, in.data(), want.data()) != 0) exit(1);
+    compare(p->name, what, u, rank, k, kernel, shard_rank, in.data(), in_bytes, out0.data(), want.data(), out_bytes);
+}
 
 static void check_plan(const cp_plan *p, const cp_gpu_kernels *k)
 {
     unsigned seed = 12345;
-    int64_t W = p->shard_size;
-    int ranks[2] = { 0, p->world_size - 1 };
-    for (int ri = 0; ri < 2; ri++) {
-        cp_backend b = { nullptr, no_collective, no_collective, nullptr };
-        cp_executor ex;
-        if (cp_executor_init(&ex, p, ranks[ri], &b) != 0) exit(1);
+    cp_host_world *w = cp_host_world_create(p);
+    if (!w) exit(1);
+    /* The first rank of every shard rank: the kernels' only per-rank input. */
+    std::vector<int> seen(p->shard_size, 0);
+    for (int rank = 0; rank < p->world_size; rank++) {
+        int sr = cp_shard_rank(p, rank);
+        if (seen[sr]++) continue;
+        cp_backend b;
+        cp_host_backend_init(&b, w, rank);
         for (int u = 0; u < p->nunits; u++) {
-            const cp_unit *U = &p->units[u];
-            size_t es_o = cp_dtype_size(U->orig_dtype), es_a = cp_dtype_size(U->ag_dtype);
-            size_t es_r = cp_dtype_size(U->reduce_dtype);
-            size_t ag_bytes = (size_t)(W * U->total) * es_a, rs_bytes = (size_t)(W * U->total) * es_r;
-            std::vector<unsigned char> poison_ag(ag_bytes, CP_POISON_BYTE), poison_rs(rs_bytes, CP_POISON_BYTE);
-            std::vector<unsigned char> poison_sg((size_t)U->total * es_o, CP_POISON_BYTE);
-            cp_op op = {};
-            op.unit = u;
-            op.family = -1;
-
-            fill_random(ex.buf.sharded[u], U->orig_dtype, U->total, &seed);
-            memset(ex.buf.ag[u], CP_POISON_BYTE, ag_bytes);
-            op.kind = CP_OP_COPY_IN;
-            cp_executor_run_op(&ex, &op);
-            compare(p->name, "copy_in", u, ranks[ri], k, CP_KERNEL_COPY_IN, ex.shard_rank, ex.buf.sharded[u],
-                    (size_t)U->total * es_o, poison_ag.data(), ex.buf.ag[u], ag_bytes);
-
-            fill_random(ex.buf.ag[u], U->ag_dtype, W * U->total, &seed);
-            std::vector<unsigned char> ag_in((unsigned char *)ex.buf.ag[u], (unsigned char *)ex.buf.ag[u] + ag_bytes);
-            memset(ex.buf.unsharded[u], CP_POISON_BYTE, ag_bytes);
-            op.kind = CP_OP_COPY_OUT;
-            cp_executor_run_op(&ex, &op);
-            compare(p->name, "copy_out", u, ranks[ri], k, CP_KERNEL_COPY_OUT, ex.shard_rank, ag_in.data(), ag_bytes,
-                    poison_ag.data(), ex.buf.unsharded[u], ag_bytes);
-
-            size_t g_bytes = (size_t)U->grads_numel * es_a;
-            fill_random(ex.buf.grads[u], U->ag_dtype, U->grads_numel, &seed);
-            std::vector<unsigned char> g_in((unsigned char *)ex.buf.grads[u], (unsigned char *)ex.buf.grads[u] + g_bytes);
-            memset(ex.buf.rs_in[u], CP_POISON_BYTE, rs_bytes);
-            op.kind = CP_OP_PACK;
-            cp_executor_run_op(&ex, &op);
-            compare(p->name, "pack", u, ranks[ri], k, CP_KERNEL_PACK, ex.shard_rank, g_in.data(), g_bytes,
-                    poison_rs.data(), ex.buf.rs_in[u], rs_bytes);
-
-            size_t ro_bytes = (size_t)U->total * es_r;
-            fill_random(ex.buf.rs_out[u], U->reduce_dtype, U->total, &seed);
-            std::vector<unsigned char> ro_in((unsigned char *)ex.buf.rs_out[u], (unsigned char *)ex.buf.rs_out[u] + ro_bytes);
-            memset(ex.buf.sharded_grads[u], CP_POISON_BYTE, poison_sg.size());
-            op.kind = CP_OP_VIEW_OUT;
-            cp_executor_run_op(&ex, &op);
-            compare(p->name, "view_out", u, ranks[ri], k, CP_KERNEL_VIEW_OUT, ex.shard_rank, ro_in.data(), ro_bytes,
-                    poison_sg.data(), ex.buf.sharded_grads[u], poison_sg.size());
+            check_copy(p, &b, k, "copy_in", CP_KERNEL_COPY_IN, u, rank, sr, CP_BUF_SHARDED, CP_BUF_AG, &seed);
+            check_copy(p, &b, k, "copy_out", CP_KERNEL_COPY_OUT, u, rank, sr, CP_BUF_AG, CP_BUF_UNSHARDED, &seed);
+            check_copy(p, &b, k, "pack", CP_KERNEL_PACK, u, rank, sr, CP_BUF_GRADS, CP_BUF_RS_IN, &seed);
+            check_copy(p, &b, k, "view_out", CP_KERNEL_VIEW_OUT, u, rank, sr, CP_BUF_RS_OUT, CP_BUF_SHARDED_GRADS, &seed);
         }
-        cp_executor_free(&ex);
     }
+    cp_host_world_destroy(w);
 }
 
 int main(void)

@@ -153,10 +153,33 @@ static int find_op(const plan_copy *c, cp_op_kind kind, int nth)
 static void test_missing_all_gather_is_caught(void **state)
 {
     (void)state;
+    /* Dropped with its event: the copy-out's wait names a slot no op of
+     * the step recorded, which the host backend refuses (on a GPU that
+     * wait would order nothing). */
     plan_copy c = copy_plan(&hsdp2x3_bf16_plan);
-    drop_op(&c, find_op(&c, CP_OP_ALL_GATHER, 1)); /* peers' slots stay poisoned */
+    drop_op(&c, find_op(&c, CP_OP_ALL_GATHER, 1));
     cp_sim_options o = quiet_opts();
+    assert_int_equal(cp_simulate(&c.plan, &o), 2);
+    free(c.ops);
+    /* Issued locally instead (its events kept): peers' slots hold stale
+     * data, which the exact checks of the unsharded params catch. */
+    c = copy_plan(&hsdp2x3_bf16_plan);
+    c.ops[find_op(&c, CP_OP_ALL_GATHER, 1)].family = -1;
     assert_int_equal(cp_simulate(&c.plan, &o), 1);
+    free(c.ops);
+}
+
+static void test_wait_on_unrecorded_event_is_refused(void **state)
+{
+    (void)state;
+    /* An op that records an event stops recording it: its waiter's wait is refused. */
+    plan_copy c = copy_plan(&fsdp8_uneven_plan);
+    int i = 0;
+    while (i < c.plan.nops && c.ops[i].event < 0) i++;
+    assert_true(i < c.plan.nops);
+    c.ops[i].event = -1;
+    cp_sim_options o = quiet_opts();
+    assert_int_equal(cp_simulate(&c.plan, &o), 2);
     free(c.ops);
 }
 
@@ -319,6 +342,7 @@ int main(void)
         cmocka_unit_test(test_shard_lengths),
         cmocka_unit_test(test_simulate_generated_plans),
         cmocka_unit_test(test_missing_all_gather_is_caught),
+        cmocka_unit_test(test_wait_on_unrecorded_event_is_refused),
         cmocka_unit_test(test_wrong_reduce_op_is_caught),
         cmocka_unit_test(test_missing_all_reduce_is_caught),
         cmocka_unit_test(test_compute_on_resharded_params_fails),
