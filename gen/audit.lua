@@ -40,7 +40,7 @@ local function facts(p)
   local ops = {}
   for _, o in ipairs(p.ops) do
     ops[#ops + 1] = O({ "seq", o.seq, "kind", o.kind, "unit", p.layout.units[o.unit + 1].name,
-      "phase", o.phase, "micro_step", o.micro_step, "group", o.group, "dtype", o.dtype, "count", o.count,
+      "phase", o.phase, "micro_step", o.micro_step, "stream", o.stream, "group", o.group, "dtype", o.dtype, "count", o.count,
       "reduce_op", o.reduce_op, "size_bytes", o.size_bytes, "wire_bytes", o.wire_bytes,
       "predicted_us", o.predicted_us and tonumber(string.format("%.3f", o.predicted_us)),
       "waits_for", p.arena.waits[o.seq] })
@@ -174,13 +174,18 @@ function audit.schedule_md(p, fp)
   w("")
   w("## Ops in issue order")
   w("")
-  w("Collectives with group `-` have one rank and run as local copies.")
+  w("Collectives with group `-` have one rank and run as local copies. Each op runs on its stream and,")
+  w("before it, waits for the ops under \"waits for\" (a data dependency or a reuse of arena bytes")
+  w("across streams); nothing else orders it.")
   w("")
-  w("| # | micro | phase | op | unit | group | dtype | count | reduce | size | predicted |")
-  w("|---|---|---|---|---|---|---|---|---|---|---|")
+  w("| # | micro | phase | op | unit | stream | waits for | group | dtype | count | reduce | size | predicted |")
+  w("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
   for _, o in ipairs(p.ops) do
     local u = p.layout.units[o.unit + 1]
-    w("| %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |", o.seq, o.micro_step, o.phase, o.kind, u.name,
+    local waits = {}
+    for i, j in ipairs(p.arena.waits[o.seq] or {}) do waits[i] = tostring(j) end
+    w("| %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", o.seq, o.micro_step, o.phase, o.kind,
+      u.name, o.stream, table.concat(waits, " "),
       o.group or "-", o.dtype or "", o.count or "", o.reduce_op or "", o.size_bytes and human(o.size_bytes) or "",
       o.predicted_us and string.format("%.1f us", o.predicted_us) or "")
   end
@@ -207,9 +212,9 @@ function audit.schedule_md(p, fp)
   w("- peak: %s", human(p.memory.peak_bytes))
   w("- allocated: %s = persistent + an arena of %s holding every transient buffer at a generated offset",
     human(p.memory.allocated_bytes), human(p.memory.arena_bytes))
-  w("  (%s if each had its own memory); %d reuse edges make a buffer's first op wait for the op",
+  w("  (%s if each had its own memory); %d event waits order every data dependency and every",
     human(p.memory.unplanned_bytes), nwaits(p))
-  w("  that last used its bytes, across streams (plan.json: units[].arena, ops[].waits_for).")
+  w("  reuse of arena bytes across streams (plan.json: units[].arena, ops[].stream, ops[].waits_for).")
   w("")
   w("## Assumptions")
   w("")

@@ -133,4 +133,29 @@ function T.dropping_a_wait_breaks_the_proof()
   end
 end
 
+-- The generator decides every op's stream, and the proof covers the data
+-- dependencies across streams as well as arena reuse: each collective
+-- follows the op that produced its input, each copy-out its all-gather.
+function T.streams_and_data_dependencies_are_emitted()
+  local opkinds = require("gen.opkinds")
+  for _, f in ipairs({ "plans/hsdp2x2.lua", "plans/llama_tiny.lua", "plans/single.lua" }) do
+    local p = plan.from_file(f)
+    local hsdp = p.groups.by_name.dp_replicate ~= nil
+    local last = {}
+    for _, o in ipairs(p.ops) do
+      H.eq(o.stream, opkinds.stream_of(o, hsdp), f .. " stream of op " .. o.seq)
+      last[o.unit] = last[o.unit] or {}
+      local need = p.arena.needs[o.seq] or {}
+      local producer = ({ all_gather = "copy_in", copy_out = "all_gather", reduce_scatter = "pack",
+                          all_reduce = "reduce_scatter" })[o.kind]
+      if producer then
+        local j = last[o.unit][producer]
+        if not need[j] then error(string.format("%s: op %d (%s) does not need op %s (%s)", f, o.seq, o.kind,
+          tostring(j), producer)) end
+      end
+      last[o.unit][o.kind] = o.seq
+    end
+  end
+end
+
 return T
