@@ -80,13 +80,30 @@ local function lifetimes(lay, ops)
   return life
 end
 
+-- A buffer's lives come in op order and never overlap each other, so two
+-- buffers' lists merge in one pass (the planner runs this for every pair
+-- of buffers: keep it linear).
 local function overlap_in_time(a, b)
-  for _, x in ipairs(a.lives) do
-    for _, y in ipairs(b.lives) do
-      if x.first <= y.last and y.first <= x.last then return true end
-    end
+  local la, lb = a.lives, b.lives
+  if #la == 0 or #lb == 0 or la[#la].last < lb[1].first or lb[#lb].last < la[1].first then return false end
+  local i, j = 1, 1
+  while i <= #la and j <= #lb do
+    local x, y = la[i], lb[j]
+    if x.first <= y.last and y.first <= x.last then return true end
+    if x.last < y.last then i = i + 1 else j = j + 1 end
   end
   return false
+end
+
+-- The last of q's lives that ends before op seq, by binary search (lives
+-- are in op order, so their ends are too), or nil.
+local function latest_end_before(q, seq)
+  local lo, hi, found = 1, #q.lives, nil
+  while lo <= hi do
+    local mid = (lo + hi) // 2
+    if q.lives[mid].last < seq then found = q.lives[mid].last; lo = mid + 1 else hi = mid - 1 end
+  end
+  return found
 end
 
 local function overlap_in_space(a, b)
@@ -248,7 +265,7 @@ function memplan.build(lay, ops)
   for i = 1, #placed do
     for j = i + 1, #placed do
       local a, c = placed[i], placed[j]
-      if overlap_in_time(a, c) and overlap_in_space(a, c) then
+      if overlap_in_space(a, c) and overlap_in_time(a, c) then
         error(string.format("internal: arena plan overlaps %s of %s and %s of %s", a.kind, a.unit_name,
           c.kind, c.unit_name), 0)
       end
@@ -265,15 +282,14 @@ function memplan.build(lay, ops)
   end
   data_edges(ops, add)
   for _, b in ipairs(placed) do
+    local sharing = {}
+    for _, q in ipairs(placed) do
+      if overlap_in_space(b, q) then sharing[#sharing + 1] = q end
+    end
     for _, iv in ipairs(b.lives) do
-      for _, q in ipairs(placed) do
-        if overlap_in_space(b, q) then
-          local latest
-          for _, jv in ipairs(q.lives) do
-            if jv.last < iv.first and (not latest or jv.last > latest) then latest = jv.last end
-          end
-          if latest then add(iv.first, latest) end
-        end
+      for _, q in ipairs(sharing) do
+        local latest = latest_end_before(q, iv.first)
+        if latest then add(iv.first, latest) end
       end
     end
   end
