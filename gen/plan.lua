@@ -7,21 +7,51 @@ local schedule = require("gen.schedule")
 local verify = require("gen.verify")
 local cost = require("gen.cost")
 local memplan = require("gen.memplan")
+local tp = require("gen.tp")
 local util = require("gen.util")
 
 local plan = {}
 
 plan.MODELS = { llama = require("gen.models.llama"), generic = require("gen.models.generic") }
 
--- FSDP/HSDP only for now: TP/CP/EP placements are not generated.
+-- FSDP, HSDP and TP: CP/EP placements are not generated yet.
 local function check_supported(ctx, d)
-  for _, name in ipairs({ "tp", "cp", "ep" }) do
+  for _, name in ipairs({ "cp", "ep" }) do
     if d[name] > 1 then
       util.field_error(ctx, "parallel." .. name, string.format(
-        "%s=%d: commplan generates FSDP/HSDP plans (dp_shard, dp_replicate) only so far; set %s=1",
+        "%s=%d: commplan generates FSDP/HSDP/TP plans (dp_shard, dp_replicate, tp) only so far; set %s=1",
         name, d[name], name))
     end
   end
+end
+
+-- The TP facts of each TP-local parameter, carried onto its layout entry.
+local function attach_tp(lay, local_units)
+  local by_name = {}
+  for _, u in ipairs(local_units) do
+    for _, q in ipairs(u.params) do by_name[q.name] = q end
+  end
+  for _, u in ipairs(lay.units) do
+    for _, q in ipairs(u.params) do
+      local src = by_name[q.name]
+      q.tp = src.tp
+      q.tp_dim, q.tp_chunk, q.full_shape = src.tp_dim, src.tp_chunk, src.full_shape
+      q.full_numel = util.product(src.full_shape)
+    end
+  end
+end
+
+-- One TP class: layout, schedule, proofs, cost and memory plan of its
+-- TP-local shapes (the whole plan without TP).
+local function build_class(ctx, cls, d, fams, p)
+  local lay = layout.build(ctx, cls.units, d, p.fsdp)
+  attach_tp(lay, cls.units)
+  local ops = schedule.build(lay, fams, p.fsdp)
+  verify.all(lay, fams, ops, p.fsdp)
+  local predicted = cost.predict(ops, fams, p.topology)
+  local arena = memplan.build(lay, ops)
+  local memory = cost.memory(lay, ops, arena)
+  return { coords = cls.coords, layout = lay, ops = ops, predicted = predicted, arena = arena, memory = memory }
 end
 
 function plan.from_loaded(p)
@@ -31,17 +61,18 @@ function plan.from_loaded(p)
   dims.validate_model(ctx, d, model_numbers)
   check_supported(ctx, d)
   local mesh = dims.mesh(d)
-  local lay = layout.build(ctx, units, d, p.fsdp)
   local fams = groups.build(mesh)
-  local ops = schedule.build(lay, fams, p.fsdp)
-  verify.all(lay, fams, ops, p.fsdp)
-  local predicted = cost.predict(ops, fams, p.topology)
-  local arena = memplan.build(lay, ops)
-  local memory = cost.memory(lay, ops, arena)
+  if p.model.family == "llama" then tp.llama_placements(units) end
+  local split = tp.classes(units, d.tp)
+  local classes = {}
+  for c, cls in ipairs(split.classes) do classes[c] = build_class(ctx, cls, d, fams, p) end
+  -- Class 0 (TP rank 0's) is the plan's face for the audit; every class is in the tables.
+  local first = classes[1]
   return {
     name = p.name, source_file = p.source_file, world_size = p.world_size, dims = d, mesh = mesh,
     model = p.model, model_config = model_numbers.config, fsdp = p.fsdp, topology = p.topology,
-    layout = lay, groups = fams, ops = ops, predicted = predicted, memory = memory, arena = arena,
+    layout = first.layout, groups = fams, ops = first.ops, predicted = first.predicted, memory = first.memory,
+    arena = first.arena, tp_classes = classes, class_of_tp = split.class_of,
   }
 end
 

@@ -23,6 +23,7 @@ typedef struct {
 
 typedef struct {
     cp_host_world *world;
+    cp_plan view; /* the rank's view (its TP class's tables) */
     int rank, shard_rank;
     /* Event slots: the step (fork count) in which each was last recorded.
      * Host work is synchronous, so a wait can only be wrong in one way:
@@ -67,10 +68,11 @@ cp_host_world *cp_host_world_create(const cp_plan *p)
     for (int r = 0; r < p->world_size; r++) {
         rank_ctx *rc = &w->ranks[r];
         rc->world = w;
+        cp_plan_view(p, r, &rc->view);
         rc->rank = r;
         rc->shard_rank = cp_shard_rank(p, r);
         rc->generation = 1;
-        if (!(rc->recorded = calloc((size_t)(p->nevents > 0 ? p->nevents : 1), sizeof *rc->recorded))) {
+        if (!(rc->recorded = calloc((size_t)(rc->view.nevents > 0 ? rc->view.nevents : 1), sizeof *rc->recorded))) {
             cp_host_world_destroy(w);
             return NULL;
         }
@@ -260,7 +262,7 @@ static int host_copy(cp_backend *b, int kernel, int unit, cp_stream s, const voi
     rank_ctx *rc = b->ctx;
     (void)s;
     if (kernel < 0 || kernel > 3) return -1;
-    HOST_COPIES[kernel](rc->world->plan, unit, rc->shard_rank, in, out);
+    HOST_COPIES[kernel](&rc->view, unit, rc->shard_rank, in, out);
     return 0;
 }
 
@@ -293,9 +295,9 @@ static int host_record(cp_backend *b, cp_stream s, int event)
 {
     rank_ctx *rc = b->ctx;
     (void)s;
-    if (event < 0 || event >= rc->world->plan->nevents) {
+    if (event < 0 || event >= rc->view.nevents) {
         fprintf(stderr, "commplan: rank %d: event slot %d is outside the plan's %d\n", rc->rank, event,
-                rc->world->plan->nevents);
+                rc->view.nevents);
         return -1;
     }
     rc->recorded[event] = rc->generation;
@@ -305,7 +307,7 @@ static int host_record(cp_backend *b, cp_stream s, int event)
 static int host_wait(cp_backend *b, cp_stream s, int event)
 {
     rank_ctx *rc = b->ctx;
-    if (event < 0 || event >= rc->world->plan->nevents || rc->recorded[event] != rc->generation) {
+    if (event < 0 || event >= rc->view.nevents || rc->recorded[event] != rc->generation) {
         fprintf(stderr, "commplan: rank %d: the %s stream waits for event slot %d, which no earlier op of this step "
                 "recorded (on a GPU that wait orders nothing): regenerate the plan\n", rc->rank, cp_stream_name(s),
                 event);

@@ -64,9 +64,12 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
     c->pattern = pattern;
     c->rank = rank;
     c->shard_rank = cp_shard_rank(p, rank);
+    c->tp_rank = cp_tp_rank(p, rank);
     c->param_base = calloc((size_t)p->nparams + 1, sizeof(int64_t));
     if (!c->param_base) return -1;
-    for (int i = 1; i < p->nparams; i++) c->param_base[i] = c->param_base[i - 1] + p->params[i - 1].numel;
+    /* Patterns are functions of the full parameter's element index, so TP
+     * ranks agree on every element they share. */
+    for (int i = 1; i < p->nparams; i++) c->param_base[i] = c->param_base[i - 1] + cp_param_full_numel(&p->params[i - 1]);
     return 0;
 }
 
@@ -95,7 +98,7 @@ void cp_checker_fill_shards(cp_checker *c, int u, void *sharded)
         const cp_param *prm = &p->params[param];
         int64_t valid = cp_param_valid(prm, c->shard_rank);
         for (int64_t i = 0; i < valid; i++) {
-            int64_t e = cp_param_global_index(prm, p->shard_size, c->shard_rank, i);
+            int64_t e = cp_param_full_index(prm, c->tp_rank, cp_param_global_index(prm, p->shard_size, c->shard_rank, i));
             cp_store(U->orig_dtype, sharded, prm->offset + i,
                      cp_pattern_param(c->pattern, U->orig_dtype, cp_pattern_param_id(p, param), c->param_base[param],
                                       e, c->step));
@@ -112,11 +115,12 @@ void cp_checker_check_unsharded(cp_checker *c, int u, const void *unsharded, con
         const cp_param *prm = &p->params[param];
         const void *full = (const char *)unsharded + (size_t)(p->shard_size * prm->offset) * cp_dtype_size(U->ag_dtype);
         int64_t k = cp_pattern_param_id(p, param);
-        for (int64_t e = 0; e < prm->numel; e++) {
+        for (int64_t i = 0; i < prm->numel; i++) {
+            int64_t e = cp_param_full_index(prm, c->tp_rank, i);
             float v = round_to(U->orig_dtype, cp_pattern_param(c->pattern, U->orig_dtype, k, c->param_base[param], e,
                                                                c->step));
             float want = round_to(U->ag_dtype, v);
-            float got = cp_load(U->ag_dtype, full, e);
+            float got = cp_load(U->ag_dtype, full, i);
             if (!same(want, got)) report(c, when, u, param, e, want, got);
         }
     }
@@ -131,10 +135,11 @@ void cp_checker_add_grads(cp_checker *c, int u, int micro, void *grads)
         const cp_param *prm = &p->params[param];
         void *g = (char *)grads + (size_t)prm->grad_offset * cp_dtype_size(U->ag_dtype);
         int64_t k = cp_pattern_param_id(p, param);
-        for (int64_t e = 0; e < prm->numel; e++) {
+        for (int64_t i = 0; i < prm->numel; i++) {
+            int64_t e = cp_param_full_index(prm, c->tp_rank, i);
             float gv = round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, c->rank, micro, c->step));
             /* Autograd's .grad: assigned on the first micro-step, accumulated after. */
-            cp_store(U->ag_dtype, g, e, micro == 0 ? gv : cp_load(U->ag_dtype, g, e) + gv);
+            cp_store(U->ag_dtype, g, i, micro == 0 ? gv : cp_load(U->ag_dtype, g, i) + gv);
         }
     }
 }
@@ -180,7 +185,7 @@ void cp_checker_check_grads(cp_checker *c, int u, const void *sharded_grads)
         int64_t valid = cp_param_valid(prm, c->shard_rank);
         for (int64_t i = 0; i < prm->padded; i++) {
             float got = cp_load(U->orig_dtype, sharded_grads, prm->offset + i);
-            int64_t e = cp_param_global_index(prm, p->shard_size, c->shard_rank, i);
+            int64_t e = cp_param_full_index(prm, c->tp_rank, cp_param_global_index(prm, p->shard_size, c->shard_rank, i));
             float want = i < valid ? expected_grad(c, u, param, e) : 0.0f;
             if (!same(want, got))
                 report(c, i < valid ? "reduced sharded grad" : "grad padding", u, param, i < valid ? e : -1, want, got);

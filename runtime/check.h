@@ -19,7 +19,7 @@ int64_t cp_pattern_param_id(const cp_plan *p, int param);
 typedef struct {
     const cp_plan *plan;
     cp_pattern pattern;
-    int rank, shard_rank, step;
+    int rank, shard_rank, tp_rank, step;
     int64_t *param_base; /* prefix sums of numel: unique fp32 values across the plan */
     long mismatches;
 } cp_checker;

@@ -51,6 +51,12 @@ typedef struct {
     int64_t padded; /* outer * run: what every rank stores and sends */
     int64_t offset; /* in the unit's all-gather slot / reduce-scatter row */
     int64_t grad_offset; /* start in the unit's compact unsharded-grads buffer (8-element aligned) */
+    /* Tensor parallelism: shape, numel and the geometry above are the
+     * TP-local tensor's (what FSDP shards). With tp_sharded, TP split the
+     * full parameter's dim tp_dim (tp_full rows) into tp_chunk rows per TP
+     * rank; full_numel is the full parameter's. */
+    int tp_sharded, tp_dim;
+    int64_t tp_full, tp_chunk, full_numel;
 } cp_param;
 
 /* A unit's buffers. The first five are transient, placed in one arena per
@@ -116,6 +122,17 @@ typedef struct {
                                    streams, arena reuse): the generator's proof covers exactly these */
 } cp_op;
 
+/* One TP class: the TP ranks whose TP-local shapes agree for every
+ * parameter share these tables (layout, schedule counts, memory plan). */
+typedef struct {
+    const cp_unit *units;
+    const cp_param *params;
+    const cp_op *ops;
+    const int *waits;
+    int nwaits, nevents;
+    int64_t arena_bytes;
+} cp_tp_class;
+
 typedef struct {
     const char *name;
     const char *fingerprint;
@@ -138,6 +155,14 @@ typedef struct {
     int nevents;         /* event slots */
     int nwaits;
     const int *waits;    /* event slots, indexed by cp_op.wait_first */
+    /* Tensor parallelism: the fields above are class 0's; a rank runs its
+     * own class's tables (cp_plan_view). Without TP: tp_size 1, one class. */
+    int tp_size;
+    int tp_mesh_dim;          /* index of "tp" in the mesh, -1 without TP */
+    int nclasses;
+    const cp_tp_class *classes;
+    const int *class_of_tp;   /* tp_size entries */
+    int view_class;           /* in a rank's view (cp_plan_view): its class */
 } cp_plan;
 
 /* ---- dtype helpers (dtype.c) ---- */
@@ -190,12 +215,20 @@ void cp_group_of(const cp_plan *p, int family, int rank, int *color, int *key);
 /* Global rank of member `key` of group `color` of the family. */
 int cp_group_member(const cp_plan *p, int family, int color, int key);
 int cp_shard_rank(const cp_plan *p, int rank);
+int cp_tp_rank(const cp_plan *p, int rank);
+/* The plan as `rank` runs it: units, params, ops, waits and arena of the
+ * rank's TP class (the plan itself without TP). */
+void cp_plan_view(const cp_plan *p, int rank, cp_plan *out);
 int cp_replicate_rank(const cp_plan *p, int rank);
 /* Real elements of parameter prm on shard rank r (Shard(0): trailing ranks
  * may hold fewer, possibly zero). */
 int64_t cp_param_valid(const cp_param *prm, int shard_rank);
-/* Global element index of local element j of rank r's shard. */
+/* Element index in the (TP-local) parameter of local element j of rank r's shard. */
 int64_t cp_param_global_index(const cp_param *prm, int W, int shard_rank, int64_t j);
+/* Element index in the full parameter of element i of TP rank t's local tensor. */
+int64_t cp_param_full_index(const cp_param *prm, int tp_rank, int64_t i);
+/* Elements of the full parameter (numel without TP). */
+int64_t cp_param_full_numel(const cp_param *prm);
 
 /* ---- the buffer arena (arena.c) ---- */
 /* Bytes of any of a unit's buffers (cp_buffer), arena or persistent. */
@@ -240,7 +273,8 @@ typedef void (*cp_collective_fn)(void *user, cp_executor *ex, const cp_op *op, c
                                  const void *out, int64_t out_numel);
 
 struct cp_executor {
-    const cp_plan *plan;
+    const cp_plan *plan;            /* &view */
+    cp_plan view;                   /* the rank's view of the plan (its TP class) */
     int rank, shard_rank, replicate_rank;
     cp_backend *backend;
     void **buf[CP_BUFFERS];         /* per buffer kind, per unit: the backend's memory */

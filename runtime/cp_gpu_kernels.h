@@ -9,13 +9,14 @@ extern "C" {
 enum cp_kernel_op { CP_KERNEL_COPY_IN = 0, CP_KERNEL_COPY_OUT = 1, CP_KERNEL_PACK = 2, CP_KERNEL_VIEW_OUT = 3 };
 
 typedef struct {
-    /* Enqueue one unit's copy on a cudaStream_t; returns a cudaError_t. */
-    int (*launch)(int op, int unit, int shard_rank, const void *in, void *out, void *stream);
+    /* Enqueue one unit's copy, with the tables of TP class tp_class (0
+     * without TP), on a cudaStream_t; returns a cudaError_t. */
+    int (*launch)(int tp_class, int op, int unit, int shard_rank, const void *in, void *out, void *stream);
     /* The same group bodies run on the CPU over host buffers (tests). */
-    int (*emulate)(int op, int unit, int shard_rank, const void *in, void *out);
-    /* Builds the device copy of the kernels' tables; called once before the
+    int (*emulate)(int tp_class, int op, int unit, int shard_rank, const void *in, void *out);
+    /* Builds the device copy of a class's tables; called once before the
      * first launch (cp_gpu_init does), never during a graph capture. 0 or a cudaError_t. */
-    int (*prepare)(void);
+    int (*prepare)(int tp_class);
 } cp_gpu_kernels;
 
 #ifdef __cplusplus

@@ -380,9 +380,21 @@ static inline long long cp_ktile_elems(const cp_unit &u, int out_dtype)
     return CP_KTILE_OF(u.vec_ok ? 16 / (out_dtype == 0 ? 4 : 2) : 1);
 }
 
-static inline cudaError_t cp_ktables_build_host(cp_ktables *t, const cp_plan *p)
+/* Class c's units and params (the plan's own without TP classes). */
+static inline const cp_unit *cp_kclass_units(const cp_plan *p, int c)
+{
+    return p->classes && c < p->nclasses ? p->classes[c].units : p->units;
+}
+static inline const cp_param *cp_kclass_params(const cp_plan *p, int c)
+{
+    return p->classes && c < p->nclasses ? p->classes[c].params : p->params;
+}
+
+static inline cudaError_t cp_ktables_build_host(cp_ktables *t, const cp_plan *p, int c)
 {
     if (t->host) return cudaSuccess;
+    const cp_unit *punits = cp_kclass_units(p, c);
+    const cp_param *pparams = cp_kclass_params(p, c);
     size_t np = (size_t)(p->nparams > 0 ? p->nparams : 1), nu = (size_t)(p->nunits > 0 ? p->nunits : 1);
     cp_kparam *params = (cp_kparam *)calloc(np, sizeof *params);
     cp_kunit *units = (cp_kunit *)calloc(nu, sizeof *units);
@@ -394,11 +406,11 @@ static inline cudaError_t cp_ktables_build_host(cp_ktables *t, const cp_plan *p)
         return cudaErrorMemoryAllocation;
     }
     for (int u = 0; u < p->nunits; u++) {
-        const cp_unit &U = p->units[u];
+        const cp_unit &U = punits[u];
         long long tile_out = cp_ktile_elems(U, (int)U.ag_dtype), tile_pack = cp_ktile_elems(U, (int)U.reduce_dtype);
         long long tiles_out = 0, tiles_pack = 0;
         for (int j = 0; j < U.nparams; j++) {
-            const cp_param &q = p->params[U.first_param + j];
+            const cp_param &q = pparams[U.first_param + j];
             cp_kparam &k = params[U.first_param + j];
             k.offset = q.offset;
             k.outer = q.outer;
@@ -429,9 +441,9 @@ static inline cudaError_t cp_ktables_build_host(cp_ktables *t, const cp_plan *p)
     return cudaSuccess;
 }
 
-static inline cudaError_t cp_ktables_prepare(cp_ktables *t, const cp_plan *p)
+static inline cudaError_t cp_ktables_prepare(cp_ktables *t, const cp_plan *p, int c)
 {
-    cudaError_t e = cp_ktables_build_host(t, p);
+    cudaError_t e = cp_ktables_build_host(t, p, c);
     if (e != cudaSuccess || t->device) return e;
 #ifdef __CUDACC__
     size_t bytes = (size_t)(p->nparams > 0 ? p->nparams : 1) * sizeof(cp_kparam);
@@ -448,13 +460,17 @@ static inline cudaError_t cp_ktables_prepare(cp_ktables *t, const cp_plan *p)
 #endif
 }
 
-/* One unit's copy: on the device (host = 0; prepared on first use) or its
- * group bodies on the CPU (host = 1). */
-static inline cudaError_t cp_ktables_run(cp_ktables *t, const cp_plan *p, int op, int unit, int shard_rank,
-                                         const void *in, void *out, cudaStream_t s, int host)
+/* One unit's copy for TP class c: on the device (host = 0; prepared on
+ * first use) or its group bodies on the CPU (host = 1). t: one cp_ktables
+ * per class. */
+static inline cudaError_t cp_ktables_run(cp_ktables *tables, const cp_plan *p, int c, int op, int unit,
+                                         int shard_rank, const void *in, void *out, cudaStream_t s, int host)
 {
-    if (unit < 0 || unit >= p->nunits || op < 0 || op > CP_K_VIEW_OUT) return cudaErrorInvalidValue;
-    cudaError_t e = host ? cp_ktables_build_host(t, p) : cp_ktables_prepare(t, p);
+    int nclasses = p->nclasses > 0 ? p->nclasses : 1;
+    if (c < 0 || c >= nclasses || unit < 0 || unit >= p->nunits || op < 0 || op > CP_K_VIEW_OUT)
+        return cudaErrorInvalidValue;
+    cp_ktables *t = &tables[c];
+    cudaError_t e = host ? cp_ktables_build_host(t, p, c) : cp_ktables_prepare(t, p, c);
     if (e != cudaSuccess) return e;
     cp_kview v = { (host ? t->host : t->device) + t->units[unit].first_param, t->units[unit], p->shard_size };
     return cp_kdispatch_dtypes(op, v, t->dtypes[unit], shard_rank, in, out, s, host);

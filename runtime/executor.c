@@ -77,7 +77,8 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
     ex->backend = b;
     if (rank < 0 || rank >= p->world_size)
         return ex_error(ex, "rank %d is outside plan %s's world of %d ranks", rank, p->name, p->world_size);
-    ex->plan = p;
+    cp_plan_view(p, rank, &ex->view);
+    ex->plan = p = &ex->view;
     ex->rank = rank;
     ex->shard_rank = cp_shard_rank(p, rank);
     ex->replicate_rank = cp_replicate_rank(p, rank);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cp_gpu.h"
+#include "rendezvous.h"
 
 /* NCCL's bootstrap blocks until every rank has connected; a rank that was
  * never started would leave the others waiting forever. The watchdog ends
@@ -113,13 +114,29 @@ static int init_comms(cp_gpu *g)
     const cp_plan *p = g->plan;
     /* Stand-in: one-rank communicators everywhere, bootstrapped locally. */
     int nranks = g->env.standin ? 1 : g->env.world_size, me = g->env.standin ? 0 : g->env.rank;
-    if (g->env.standin) unsetenv("NCCL_COMM_ID");
-    else if (g->env.comm_id[0] && setenv("NCCL_COMM_ID", g->env.comm_id, 1) != 0)
+    /* NCCL_COMM_ID only where NCCL bootstraps itself (the user's value, or
+     * MASTER_ADDR:MASTER_PORT with nothing listening there). Otherwise rank 0
+     * makes the id on a port of NCCL's choosing and rendezvous.c carries it
+     * (shared file, torchrun's store): nothing binds the launcher's port. */
+    if (g->env.standin || !g->env.comm_id[0]) {
+        if (unsetenv("NCCL_COMM_ID") != 0) return fail(g, "unsetenv(NCCL_COMM_ID) failed");
+    } else if (setenv("NCCL_COMM_ID", g->env.comm_id, 1) != 0)
         return fail(g, "setenv(NCCL_COMM_ID) failed");
     ncclUniqueId id;
-    /* With NCCL_COMM_ID set every rank derives the same id and rank 0
-     * listens on that address: no MPI and no side channel needed. */
-    NCCL(ncclGetUniqueId(&id));
+    memset(&id, 0, sizeof id);
+    if (me == 0) NCCL(ncclGetUniqueId(&id));
+    if (!g->env.standin) {
+        /* A second under the watchdog's limit, so a timeout names the channel. */
+        double t = g->env.init_timeout_s, limit = t > 2 ? t - 1 : t / 2;
+        char rerr[sizeof g->err];
+        int how = cp_rendezvous_share(&g->env, p->fingerprint, &id, sizeof id, limit, rerr, sizeof rerr);
+        if (how == CP_RDZV_ERROR) {
+            snprintf(g->err, sizeof g->err, "%s", rerr); /* already names the rank */
+            return -1;
+        }
+        /* With NCCL_COMM_ID set every rank derives the same id itself. */
+        if (how == CP_RDZV_NCCL_OWN && me != 0) NCCL(ncclGetUniqueId(&id));
+    }
     NCCL(ncclCommInitRank(&g->world, nranks, id, me));
     /* Every rank must run the same plan: compare fingerprints first. */
     char *mine, *all;
@@ -186,7 +203,7 @@ static void gpu_free(cp_backend *b, void *p)
 static int gpu_copy(cp_backend *b, int kernel, int unit, cp_stream s, const void *in, void *out)
 {
     cp_gpu *g = b->ctx;
-    int e = g->k->launch(kernel, unit, g->shard_rank, in, out, g->streams[s]);
+    int e = g->k->launch(g->plan->view_class, kernel, unit, g->shard_rank, in, out, g->streams[s]);
     if (e != 0) {
         static const char *const names[] = { "copy-in", "copy-out", "pack", "view-out" };
         return fail(g, "%s kernel of unit %s failed: %s", kernel >= 0 && kernel < 4 ? names[kernel] : "?",
@@ -397,16 +414,9 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
         }
         if (crc != 0) goto out;
     }
-    g->events = calloc((size_t)(p->nevents > 0 ? p->nevents : 1), sizeof *g->events);
     g->live = calloc((size_t)(p->nunits > 0 ? p->nunits : 1), 1);
     g->cursor = calloc((size_t)(p->nunits > 0 ? p->nunits : 1), sizeof *g->cursor);
-    if (!g->events || !g->live || !g->cursor) { fail(g, "out of host memory"); goto out; }
-    for (int i = 0; i < p->nevents; i++)
-        if (cudaEventCreateWithFlags(&g->events[i], cudaEventDisableTiming) != cudaSuccess) {
-            fail(g, "cudaEventCreate failed");
-            goto out;
-        }
-    if (k->prepare && k->prepare() != 0) { fail(g, "preparing the copy kernels' tables failed"); goto out; }
+    if (!g->live || !g->cursor) { fail(g, "out of host memory"); goto out; }
     backend_init(g);
     g->ex.quiet = 1; /* errors land in g->err, for cp_gpu_last_error */
     if (cp_executor_init(&g->ex, p, env->rank, &g->backend) != 0) {
@@ -414,7 +424,18 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
         goto out;
     }
     g->have_ex = 1;
-    g->ex.quiet = 1;
+    /* From here on the rank's view: its TP class's units, params and ops. */
+    g->plan = p = g->ex.plan;
+    if (k->prepare && k->prepare(p->view_class) != 0) { fail(g, "preparing the copy kernels' tables failed"); goto out; }
+    if (!(g->events = calloc((size_t)(p->nevents > 0 ? p->nevents : 1), sizeof *g->events))) {
+        fail(g, "out of host memory");
+        goto out;
+    }
+    for (int i = 0; i < p->nevents; i++)
+        if (cudaEventCreateWithFlags(&g->events[i], cudaEventDisableTiming) != cudaSuccess) {
+            fail(g, "cudaEventCreate failed");
+            goto out;
+        }
     g->ex.on_compute = on_compute;
     g->ex.user = g;
     rc = 0;

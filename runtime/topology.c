@@ -48,6 +48,31 @@ int cp_shard_rank(const cp_plan *p, int rank)
     return key;
 }
 
+int cp_tp_rank(const cp_plan *p, int rank)
+{
+    if (p->tp_size <= 1 || p->tp_mesh_dim < 0) return 0;
+    cp_rank_coords c;
+    cp_rank_coords_of(p, rank, &c);
+    return c.coords[p->tp_mesh_dim];
+}
+
+void cp_plan_view(const cp_plan *p, int rank, cp_plan *out)
+{
+    *out = *p;
+    out->view_class = 0;
+    if (p->nclasses <= 0 || !p->classes) return;
+    int c = p->class_of_tp ? p->class_of_tp[cp_tp_rank(p, rank)] : 0;
+    const cp_tp_class *k = &p->classes[c];
+    out->units = k->units;
+    out->params = k->params;
+    out->ops = k->ops;
+    out->waits = k->waits;
+    out->nwaits = k->nwaits;
+    out->nevents = k->nevents;
+    out->arena_bytes = k->arena_bytes;
+    out->view_class = c;
+}
+
 int cp_replicate_rank(const cp_plan *p, int rank)
 {
     if (p->replicate_family < 0) return 0;
@@ -67,4 +92,21 @@ int64_t cp_param_global_index(const cp_param *prm, int W, int shard_rank, int64_
 {
     int64_t o = j / prm->run, t = j % prm->run;
     return o * (int64_t)W * prm->run + (int64_t)shard_rank * prm->run + t;
+}
+
+/* The local tensor is (outer, rows, inner) around tp_dim; the full one
+ * (outer, tp_full, inner), and TP rank t's rows start at t * tp_chunk. */
+int64_t cp_param_full_index(const cp_param *prm, int tp_rank, int64_t i)
+{
+    if (!prm->tp_sharded) return i;
+    int64_t inner = 1;
+    for (int d = prm->tp_dim + 1; d < prm->ndim; d++) inner *= prm->shape[d];
+    int64_t rows = prm->shape[prm->tp_dim];
+    int64_t o = i / (rows * inner), rem = i % (rows * inner);
+    return (o * prm->tp_full + (int64_t)tp_rank * prm->tp_chunk + rem / inner) * inner + rem % inner;
+}
+
+int64_t cp_param_full_numel(const cp_param *prm)
+{
+    return prm->full_numel > 0 ? prm->full_numel : prm->numel;
 }

@@ -170,6 +170,15 @@ static const cp_op ops[48] = {
 /* Event slots waited on, in runs indexed by cp_op.wait_first. */
 static const int waits[27] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17, 16, 18, 19, 20, 22, 21, 23, 24, 25, 26 };
 
+/* Tensor parallelism: TP ranks whose TP-local shapes agree for every
+ * parameter form a class with its own tables (the tables above are class
+ * 0's); class_of_tp maps a rank's TP coordinate to its class. O(params x
+ * classes), never O(world). */
+static const cp_tp_class classes[1] = {
+    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 27, .nevents = 27, .arena_bytes = 21760 },
+};
+static const int class_of_tp[1] = { 0 };
+
 const cp_plan fsdp4_plan = {
     .name = "fsdp4",
     .fingerprint = FSDP4_FINGERPRINT,
@@ -194,4 +203,9 @@ const cp_plan fsdp4_plan = {
     .nevents = 27,
     .nwaits = 27,
     .waits = waits,
+    .tp_size = 1,
+    .tp_mesh_dim = -1,
+    .nclasses = 1,
+    .classes = classes,
+    .class_of_tp = class_of_tp,
 };

@@ -175,6 +175,15 @@ static const cp_op ops[52] = {
 /* Event slots waited on, in runs indexed by cp_op.wait_first. */
 static const int waits[32] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17, 18, 16, 19, 20, 21, 23, 24, 22, 25, 26, 27, 27, 28, 29, 30 };
 
+/* Tensor parallelism: TP ranks whose TP-local shapes agree for every
+ * parameter form a class with its own tables (the tables above are class
+ * 0's); class_of_tp maps a rank's TP coordinate to its class. O(params x
+ * classes), never O(world). */
+static const cp_tp_class classes[1] = {
+    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 32, .nevents = 31, .arena_bytes = 21504 },
+};
+static const int class_of_tp[1] = { 0 };
+
 const cp_plan hsdp2x2_plan = {
     .name = "hsdp2x2",
     .fingerprint = HSDP2X2_FINGERPRINT,
@@ -199,4 +208,9 @@ const cp_plan hsdp2x2_plan = {
     .nevents = 31,
     .nwaits = 32,
     .waits = waits,
+    .tp_size = 1,
+    .tp_mesh_dim = -1,
+    .nclasses = 1,
+    .classes = classes,
+    .class_of_tp = class_of_tp,
 };

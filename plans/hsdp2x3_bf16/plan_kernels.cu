@@ -8,27 +8,29 @@
 #include "cp_kernels.cuh"
 #include "plan.h"
 
-static cp_ktables tables;
+static cp_ktables tables[1]; /* one per TP class */
 
-static int prepare(void)
+static int prepare(int tp_class)
 {
-    return (int)cp_ktables_prepare(&tables, &hsdp2x3_bf16_plan);
+    if (tp_class < 0 || tp_class >= 1) return (int)cudaErrorInvalidValue;
+    return (int)cp_ktables_prepare(&tables[tp_class], &hsdp2x3_bf16_plan, tp_class);
 }
 
-static int launch(int op, int unit, int shard_rank, const void *in, void *out, void *stream)
+static int launch(int tp_class, int op, int unit, int shard_rank, const void *in, void *out, void *stream)
 {
-    return (int)cp_ktables_run(&tables, &hsdp2x3_bf16_plan, op, unit, shard_rank, in, out, (cudaStream_t)stream, 0);
+    return (int)cp_ktables_run(tables, &hsdp2x3_bf16_plan, tp_class, op, unit, shard_rank, in, out, (cudaStream_t)stream,
+                               0);
 }
 
-static int emulate(int op, int unit, int shard_rank, const void *in, void *out)
+static int emulate(int tp_class, int op, int unit, int shard_rank, const void *in, void *out)
 {
-    return (int)cp_ktables_run(&tables, &hsdp2x3_bf16_plan, op, unit, shard_rank, in, out, 0, 1);
+    return (int)cp_ktables_run(tables, &hsdp2x3_bf16_plan, tp_class, op, unit, shard_rank, in, out, 0, 1);
 }
 
 extern "C" const cp_gpu_kernels hsdp2x3_bf16_kernels = { launch, emulate, prepare };
 
-/* Plain entry point for foreign callers (ctypes in bench/). */
+/* Plain entry point for foreign callers (ctypes in bench/): TP class 0. */
 extern "C" int hsdp2x3_bf16_kernel_launch(int op, int unit, int shard_rank, const void *in, void *out, void *stream)
 {
-    return launch(op, unit, shard_rank, in, out, stream);
+    return launch(0, op, unit, shard_rank, in, out, stream);
 }

@@ -134,6 +134,15 @@ static const cp_op ops[56] = {
 /* Event slots waited on, in runs indexed by cp_op.wait_first. */
 static const int waits[31] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 27, 28, 29 };
 
+/* Tensor parallelism: TP ranks whose TP-local shapes agree for every
+ * parameter form a class with its own tables (the tables above are class
+ * 0's); class_of_tp maps a rank's TP coordinate to its class. O(params x
+ * classes), never O(world). */
+static const cp_tp_class classes[1] = {
+    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 31, .nevents = 30, .arena_bytes = 1280 },
+};
+static const int class_of_tp[1] = { 0 };
+
 const cp_plan hsdp4x2_fp16_plan = {
     .name = "hsdp4x2_fp16",
     .fingerprint = HSDP4X2_FP16_FINGERPRINT,
@@ -158,4 +167,9 @@ const cp_plan hsdp4x2_fp16_plan = {
     .nevents = 30,
     .nwaits = 31,
     .waits = waits,
+    .tp_size = 1,
+    .tp_mesh_dim = -1,
+    .nclasses = 1,
+    .classes = classes,
+    .class_of_tp = class_of_tp,
 };

@@ -976,6 +976,15 @@ static const cp_op ops[425] = {
 /* Event slots waited on, in runs indexed by cp_op.wait_first. */
 static const int waits[258] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 103, 102, 104, 105, 106, 108, 107, 109, 110, 111, 113, 112, 114, 115, 116, 118, 117, 119, 120, 121, 123, 122, 124, 125, 126, 128, 127, 129, 130, 131, 133, 132, 134, 135, 136, 138, 137, 139, 140, 141, 143, 142, 144, 145, 146, 148, 147, 149, 150, 151, 153, 152, 154, 155, 156, 158, 157, 159, 160, 161, 163, 162, 164, 165, 166, 168, 167, 169, 170, 171, 173, 172, 174, 175, 176, 178, 177, 179, 180, 181, 183, 182, 184, 185, 186, 188, 187, 189, 190, 191, 193, 192, 194, 195, 196, 198, 197, 199, 200, 201, 203, 202, 204, 205, 206, 208, 207, 209, 210, 211, 213, 212, 214, 215, 216, 218, 217, 219, 220, 221, 223, 222, 224, 225, 226, 228, 227, 229, 230, 231, 233, 232, 234, 235, 236, 238, 237, 239, 240, 241, 243, 242, 244, 245, 246, 248, 247, 249, 250, 251, 253, 252, 254, 255, 256, 257 };
 
+/* Tensor parallelism: TP ranks whose TP-local shapes agree for every
+ * parameter form a class with its own tables (the tables above are class
+ * 0's); class_of_tp maps a rank's TP coordinate to its class. O(params x
+ * classes), never O(world). */
+static const cp_tp_class classes[1] = {
+    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 258, .nevents = 258, .arena_bytes = 6304063488 },
+};
+static const int class_of_tp[1] = { 0 };
+
 const cp_plan llama8b_plan = {
     .name = "llama8b",
     .fingerprint = LLAMA8B_FINGERPRINT,
@@ -1000,4 +1009,9 @@ const cp_plan llama8b_plan = {
     .nevents = 258,
     .nwaits = 258,
     .waits = waits,
+    .tp_size = 1,
+    .tp_mesh_dim = -1,
+    .nclasses = 1,
+    .classes = classes,
+    .class_of_tp = class_of_tp,
 };

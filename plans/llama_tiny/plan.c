@@ -136,6 +136,15 @@ static const cp_op ops[35] = {
 /* Event slots waited on, in runs indexed by cp_op.wait_first. */
 static const int waits[17] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 11, 13, 14, 15, 16 };
 
+/* Tensor parallelism: TP ranks whose TP-local shapes agree for every
+ * parameter form a class with its own tables (the tables above are class
+ * 0's); class_of_tp maps a rank's TP coordinate to its class. O(params x
+ * classes), never O(world). */
+static const cp_tp_class classes[1] = {
+    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 17, .nevents = 17, .arena_bytes = 572416 },
+};
+static const int class_of_tp[1] = { 0 };
+
 const cp_plan llama_tiny_plan = {
     .name = "llama_tiny",
     .fingerprint = LLAMA_TINY_FINGERPRINT,
@@ -160,4 +169,9 @@ const cp_plan llama_tiny_plan = {
     .nevents = 17,
     .nwaits = 17,
     .waits = waits,
+    .tp_size = 1,
+    .tp_mesh_dim = -1,
+    .nclasses = 1,
+    .classes = classes,
+    .class_of_tp = class_of_tp,
 };

@@ -99,6 +99,15 @@ static const cp_op ops[22] = {
 /* Event slots waited on, in runs indexed by cp_op.wait_first. */
 static const int waits[8] = { 0, 1, 2, 3, 4, 5, 6, 7 };
 
+/* Tensor parallelism: TP ranks whose TP-local shapes agree for every
+ * parameter form a class with its own tables (the tables above are class
+ * 0's); class_of_tp maps a rank's TP coordinate to its class. O(params x
+ * classes), never O(world). */
+static const cp_tp_class classes[1] = {
+    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 8, .nevents = 8, .arena_bytes = 1280 },
+};
+static const int class_of_tp[1] = { 0 };
+
 const cp_plan single_plan = {
     .name = "single",
     .fingerprint = SINGLE_FINGERPRINT,
@@ -123,4 +132,9 @@ const cp_plan single_plan = {
     .nevents = 8,
     .nwaits = 8,
     .waits = waits,
+    .tp_size = 1,
+    .tp_mesh_dim = -1,
+    .nclasses = 1,
+    .classes = classes,
+    .class_of_tp = class_of_tp,
 };

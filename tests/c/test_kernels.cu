@@ -54,14 +54,14 @@ static int device_available(void)
 
 /* Runs kernel op on a copy of `in` and compares its output with `want`
  * (the executor's), starting from the same poisoned `out0`. */
-static void compare(const char *plan, const char *what, int unit, int rank, const cp_gpu_kernels *k, int op,
+static void compare(const char *plan, const char *what, int unit, int rank, const cp_gpu_kernels *k, int tp_class, int op,
                     int shard_rank, const void *in, size_t in_bytes, const void *out0, const void *want,
                     size_t out_bytes)
 {
     std::vector<unsigned char> got(out0 == nullptr ? 0 : out_bytes);
     memcpy(got.data(), out0, out_bytes);
     checks++;
-    int rc = k->emulate(op, unit, shard_rank, in, got.data());
+    int rc = k->emulate(tp_class, op, unit, shard_rank, in, got.data());
     if (rc != 0 || memcmp(got.data(), want, out_bytes) != 0) {
         size_t i = 0;
         while (i < out_bytes && got[i] == ((const unsigned char *)want)[i]) i++;
@@ -75,7 +75,7 @@ static void compare(const char *plan, const char *what, int unit, int rank, cons
     CUDA_OK(cudaMalloc(&dout, out_bytes ? out_bytes : 1));
     CUDA_OK(cudaMemcpy(din, in, in_bytes, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dout, out0, out_bytes, cudaMemcpyHostToDevice));
-    CUDA_OK((cudaError_t)k->launch(op, unit, shard_rank, din, dout, nullptr));
+    CUDA_OK((cudaError_t)k->launch(tp_class, op, unit, shard_rank, din, dout, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(got.data(), dout, out_bytes, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaFree(din));
@@ -93,6 +93,7 @@ static void compare(const char *plan, const char *what, int unit, int rank, cons
 static void check_copy(const cp_plan *p, cp_backend *ref, const cp_gpu_kernels *k, const char *what, int kernel,
                        int u, int rank, int shard_rank, cp_buffer in_kind, cp_buffer out_kind, unsigned *seed)
 {
+    /* p is the rank's view: its TP class's layout. */
     const cp_unit *U = &p->units[u];
     cp_dtype in_t = kernel == CP_KERNEL_COPY_IN ? U->orig_dtype : kernel == CP_KERNEL_VIEW_OUT ? U->reduce_dtype
                                                                                               : U->ag_dtype;
@@ -101,19 +102,24 @@ static void check_copy(const cp_plan *p, cp_backend *ref, const cp_gpu_kernels *
     std::vector<unsigned char> in(in_bytes + 1), want(out_bytes + 1, CP_POISON_BYTE), out0(out_bytes + 1, CP_POISON_BYTE);
     fill_random(in.data(), in_t, (int64_t)(in_bytes / cp_dtype_size(in_t)), seed);
     if (ref->copy(ref, kernel, u, CP_STREAM_COMPUTE, in.data(), want.data()) != 0) exit(1);
-    compare(p->name, what, u, rank, k, kernel, shard_rank, in.data(), in_bytes, out0.data(), want.data(), out_bytes);
+    compare(p->name, what, u, rank, k, p->view_class, kernel, shard_rank, in.data(), in_bytes, out0.data(), want.data(),
+            out_bytes);
 }
 
-static void check_plan(const cp_plan *p, const cp_gpu_kernels *k)
+static void check_plan(const cp_plan *plan, const cp_gpu_kernels *k)
 {
     unsigned seed = 12345;
-    cp_host_world *w = cp_host_world_create(p);
+    cp_host_world *w = cp_host_world_create(plan);
     if (!w) exit(1);
-    /* The first rank of every shard rank: the kernels' only per-rank input. */
-    std::vector<int> seen(p->shard_size, 0);
-    for (int rank = 0; rank < p->world_size; rank++) {
+    /* The first rank of every (TP class, shard rank): the kernels' only per-rank inputs. */
+    int nclasses = plan->nclasses > 0 ? plan->nclasses : 1;
+    std::vector<int> seen((size_t)(plan->shard_size * nclasses), 0);
+    for (int rank = 0; rank < plan->world_size; rank++) {
+        cp_plan view;
+        cp_plan_view(plan, rank, &view);
+        const cp_plan *p = &view;
         int sr = cp_shard_rank(p, rank);
-        if (seen[sr]++) continue;
+        if (seen[(size_t)(view.view_class * plan->shard_size + sr)]++) continue;
         cp_backend b;
         cp_host_backend_init(&b, w, rank);
         for (int u = 0; u < p->nunits; u++) {

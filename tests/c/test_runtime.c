@@ -133,6 +133,9 @@ static plan_copy copy_plan(const cp_plan *src)
     assert_non_null(c.ops);
     memcpy(c.ops, src->ops, (size_t)src->nops * sizeof *c.ops);
     c.plan.ops = c.ops;
+    /* One TP class, the copy's own (ranks view classes[c] otherwise). */
+    c.plan.classes = NULL;
+    c.plan.nclasses = 0;
     return c;
 }
 

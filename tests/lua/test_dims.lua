@@ -44,8 +44,8 @@ function T.model_checks()
   fails("{ dp_shard = 1, cp = 8 }", 8, "max_seq_len=100 not divisible by cp*tp=8")
 end
 
-function T.tp_not_generated_yet()
-  fails("{ dp_shard = 2, tp = 2 }", 4, "tp=2", "FSDP/HSDP", "set tp=1")
+function T.cp_not_generated_yet()
+  fails("{ dp_shard = 2, cp = 2 }", 4, "cp=2", "FSDP/HSDP/TP", "set cp=1")
 end
 
 function T.mesh_order_and_aliases()

@@ -1,0 +1,112 @@
+-- Tensor parallelism, parameter side: each parameter's TP placement, its
+-- TP-local shape on every TP rank (DTensor's torch.chunk split: ranks get
+-- ceil(n / tp) rows, trailing ranks fewer or none), and the TP classes: TP
+-- ranks whose local shapes agree for every parameter share one FSDP layout.
+-- FSDP2 then shards the TP-local tensor (gen/layout.lua), so when TP splits
+-- a dim unevenly the fused slot sizes depend on the TP coordinate; the
+-- tables hold one layout per class, never one per rank.
+local util = require("gen.util")
+
+local tp = {}
+
+-- Placement name -> the weight dim TP shards (nil: replicated over TP).
+-- torchtitan's ColwiseParallel shards a Linear's weight on dim 0 (its
+-- output features) and RowwiseParallel on dim 1 (its input features).
+tp.PLACEMENTS = { colwise = 0, rowwise = 1, replicate = false }
+
+function tp.dim_of(placement)
+  placement = placement or "replicate"
+  local explicit = placement:match("^shard%((%d)%)$")
+  if explicit then return tonumber(explicit) end
+  local d = tp.PLACEMENTS[placement]
+  return d ~= false and d or nil
+end
+
+-- Rows of an n-row dim that TP rank t holds, and the chunk size.
+function tp.local_rows(n, T, t)
+  local c = util.ceil_div(n, T)
+  return math.max(0, math.min(c, n - t * c)), c
+end
+
+-- The TP-local copy of a parameter on TP rank t: shape with the TP dim
+-- replaced by t's rows; full_shape, tp_dim (0-based) and tp_chunk record
+-- how local elements map back to the full parameter.
+function tp.local_param(p, T, t)
+  local q = {}
+  for k, v in pairs(p) do q[k] = v end
+  q.full_shape = p.shape
+  local d = T > 1 and tp.dim_of(p.tp) or nil
+  if d == nil then
+    q.tp_dim, q.tp_chunk = nil, nil
+    return q
+  end
+  local shape = {}
+  for i, n in ipairs(p.shape) do shape[i] = n end
+  local rows, chunk = tp.local_rows(p.shape[d + 1], T, t)
+  shape[d + 1] = rows
+  q.shape, q.tp_dim, q.tp_chunk = shape, d, chunk
+  return q
+end
+
+-- units (each param with .tp) -> { classes = { { coords = {t...}, units = TP-local units } ... },
+--                                  class_of = { [t] = class index (1-based) } }
+-- Classes are numbered in order of their first TP coordinate.
+function tp.classes(units, T)
+  local classes, class_of, by_key = {}, {}, {}
+  for t = 0, T - 1 do
+    local local_units, key = {}, {}
+    for i, u in ipairs(units) do
+      local params = {}
+      for j, p in ipairs(u.params) do
+        local q = tp.local_param(p, T, t)
+        params[j] = q
+        key[#key + 1] = table.concat(q.shape, "x")
+      end
+      local lu = {}
+      for k, v in pairs(u) do lu[k] = v end
+      lu.params = params
+      local_units[i] = lu
+    end
+    local k = table.concat(key, ",")
+    local c = by_key[k]
+    if not c then
+      classes[#classes + 1] = { coords = {}, units = local_units }
+      c = #classes
+      by_key[k] = c
+    end
+    table.insert(classes[c].coords, t)
+    class_of[t] = c
+  end
+  return { classes = classes, class_of = class_of }
+end
+
+-- torchtitan's Llama plan: attention wq/wk/wv and feed-forward w1/w3
+-- column-wise, wo and w2 row-wise, the embedding row-wise (nn.Embedding:
+-- its vocab rows, dim 0), the output column-wise, norms replicated.
+local LLAMA = {
+  ["attention.wq.weight"] = "colwise", ["attention.wk.weight"] = "colwise", ["attention.wv.weight"] = "colwise",
+  ["attention.wo.weight"] = "rowwise", ["feed_forward.w1.weight"] = "colwise",
+  ["feed_forward.w2.weight"] = "rowwise", ["feed_forward.w3.weight"] = "colwise",
+  ["tok_embeddings.weight"] = "shard(0)", ["output.weight"] = "colwise",
+}
+function tp.llama_placements(units)
+  for _, u in ipairs(units) do
+    for _, q in ipairs(u.params) do
+      local suffix = q.name:gsub("^layers%.%d+%.", "")
+      q.tp = q.tp or LLAMA[suffix] or "replicate"
+    end
+  end
+end
+
+-- The placement string PyTorch records for a parameter under FSDP on
+-- (dp_shard) and TP on (tp): _StridedShard(dim=0, sf=tp) where both shard
+-- dim 0, Shard(d) for each otherwise, Replicate() where TP does not shard.
+function tp.placements(q, T)
+  local fsdp = string.format("Shard(dim=%d)", q.shard_dim)
+  if T <= 1 then return { fsdp } end
+  if q.tp_dim == nil then return { fsdp, "Replicate()" } end
+  if q.tp_dim == q.shard_dim then fsdp = string.format("_StridedShard(dim=%d, sf=%d)", q.shard_dim, T) end
+  return { fsdp, string.format("Shard(dim=%d)", q.tp_dim) }
+end
+
+return tp
