@@ -8,9 +8,29 @@ CSTD     := -std=c11 -Wall -Wextra -Werror -pthread
 CFLAGS   ?= -O2 -g
 SAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 PLAN     ?= llama70b.lua
-PLAN_FILE := $(if $(findstring /,$(PLAN)),$(PLAN),plans/$(PLAN))
+# PLAN is checked as text ($(value): nothing in it is expanded) before any
+# use: the name must be [A-Za-z0-9_]+.lua (it becomes a C identifier) and a
+# directory may hold only [A-Za-z0-9_./+-], so no plan path reaches a shell
+# command or make's own syntax as anything but a plain word.
+PLAN_RAW := $(value PLAN)
+PLAN_FILE := $(if $(findstring /,$(PLAN_RAW)),$(PLAN_RAW),plans/$(PLAN_RAW))
 NAME     := $(basename $(notdir $(PLAN_FILE)))
+cp_word  := a b c d e f g h i j k l m n o p q r s t u v w x y z A B C D E F G H I J K L M N O P Q R S T U V W X Y Z 0 1 2 3 4 5 6 7 8 9 _
+cp_strip = $(if $(2),$(call cp_strip,$(subst $(firstword $(2)),,$(1)),$(wordlist 2,999,$(2))),$(1))
+cp_bad_path = $(if $(filter-out 1,$(words $(1))),bad)$(call cp_strip,$(1),$(cp_word) / . - +)
+ifneq ($(if $(filter-out 1,$(words $(PLAN_RAW))),bad)$(if $(NAME),,bad)$(if $(filter %.lua,$(PLAN_FILE)),,bad)$(call cp_strip,$(NAME),$(cp_word))$(call cp_bad_path,$(PLAN_FILE)),)
+$(error PLAN=$(PLAN_RAW): a plan file is <name>.lua with <name> made of A-Z a-z 0-9 _ (it becomes a C identifier), in a directory named with A-Z a-z 0-9 _ . / + - only; rename or move the file)
+endif
+# A plan under plans/ generates into plans/<name>/ (committed); any other
+# plan file into build/<name>/gen/, never over a committed plan.
+ifeq ($(abspath $(PLAN_FILE)),$(abspath plans/$(NAME).lua))
 OUT      := plans/$(NAME)
+else
+OUT      := build/$(NAME)/gen
+endif
+ifneq ($(call cp_bad_path,$(value OUT)),)
+$(error OUT=$(value OUT): an output directory is named with A-Z a-z 0-9 _ . / + - only)
+endif
 BUILD    := build/$(NAME)
 
 RUNTIME_SRC := runtime/harness.c runtime/arena.c runtime/launch.c runtime/check.c runtime/dtype.c runtime/topology.c runtime/executor.c runtime/backend_host.c runtime/simulate.c
@@ -45,12 +65,22 @@ deps:
 deps-test:
 	$(call need_pkgs,test)
 
-# Generation is all-or-nothing (the generator renames temporaries); the
-# stamp keeps make from re-running it when nothing changed.
-$(BUILD)/.generated: $(PLAN_FILE) $(GEN_SRC)
-	@mkdir -p $(BUILD)
-	$(LUA) gen/commplan.lua $(PLAN_FILE) $(OUT)
-	@touch $@
+# Generation is all-or-nothing (the generator publishes OUT as a whole
+# directory); the stamp keeps make from re-running it when nothing changed.
+# .source names what the tables come from (the plan's path, its bytes, OUT)
+# and changes only when that does, so a plan file swapped for another of
+# the same name, or replaced by an older copy, regenerates and rebuilds
+# instead of leaving a stale binary.
+.PHONY: FORCE
+$(BUILD)/.source: FORCE
+	@mkdir -p '$(BUILD)'
+	@{ printf '%s\n' '$(abspath $(PLAN_FILE))' '$(OUT)'; cksum <'$(PLAN_FILE)'; } >'$@.new' 2>/dev/null; \
+	if cmp -s '$@.new' '$@'; then rm -f '$@.new'; else mv -f '$@.new' '$@'; fi
+
+$(BUILD)/.generated: $(PLAN_FILE) $(GEN_SRC) $(BUILD)/.source
+	@mkdir -p '$(BUILD)'
+	$(LUA) gen/commplan.lua '$(PLAN_FILE)' '$(OUT)'
+	@touch '$@'
 
 # CUDA toolkit and NCCL: the GPU backend and kernels are built when nvcc is
 # there; without it the binary runs --simulate and --dry-run only.
@@ -94,8 +124,10 @@ $(BUILD)/lib$(NAME).a: $(LIB_OBJ)
 $(BUILD)/lib$(NAME).so: $(LIB_OBJ)
 	$(SHARED)
 
-$(BUILD)/main.o: runtime/main.c $(RUNTIME_HDR) $(BUILD)/.generated
-	$(CC) $(CSTD) $(CFLAGS) -Iruntime $(CUDA_INC) -DCP_PLAN=$(NAME)_plan $(MAIN_DEFS) -c $< -o $@
+# One version, in VERSION: gen/commplan.lua --version reads it, the binary gets it here.
+CP_VERSION := $(or $(shell tr -cd 'A-Za-z0-9.+-' <VERSION 2>/dev/null),unknown)
+$(BUILD)/main.o: runtime/main.c $(RUNTIME_HDR) $(BUILD)/.generated VERSION
+	$(CC) $(CSTD) $(CFLAGS) -Iruntime $(CUDA_INC) -DCP_PLAN=$(NAME)_plan -DCP_VERSION='"$(CP_VERSION)"' $(MAIN_DEFS) -c $< -o $@
 
 $(BUILD)/$(NAME): $(BUILD)/main.o $(BUILD)/lib$(NAME).a
 	$(LINK)
@@ -111,14 +143,28 @@ test-lua:
 lint:
 	luacheck -q gen tests/lua tests/plans tests/oracle_check.lua plans bench
 
+# Every plans/*.lua, each name taken by the shell's own glob and always
+# quoted: a file name holding spaces, $$(...), backticks or quotes is
+# refused with one line, never run. CP_EACH_PLAN runs $$1 for each good one.
+define CP_EACH_PLAN
+rc=0 n=0 bad=0; for f in plans/*.lua; do \
+  [ -e "$$f" ] || continue; \
+  b=$${f#plans/}; b=$${b%.lua}; \
+  case $$b in ''|*[!A-Za-z0-9_]*) \
+    printf '%s: plan file names are [A-Za-z0-9_]+.lua (the name becomes a C identifier); rename the file\n' \
+      "$$(printf '%s' "$$f" | tr -c '[:print:]' '?')" >&2; rc=1; bad=$$((bad + 1)); continue;; esac; \
+  if $(1); then n=$$((n + 1)); else rc=1; bad=$$((bad + 1)); fi; \
+done; \
+if [ $$bad != 0 ]; then fails=", $$bad failed"; else fails=""; fi
+endef
+
 check-generated:
-	@rc=0; for f in $(ALL_PLANS); do \
-	  n=$$(basename $$f .lua); \
-	  $(LUA) gen/commplan.lua --check $$f plans/$$n || rc=1; \
-	done; exit $$rc
+	@$(call CP_EACH_PLAN,$(LUA) gen/commplan.lua --check "$$f" "plans/$$b"); \
+	echo "check-generated: $$n plans up to date$$fails"; exit $$rc
 
 regen-all:
-	@for f in $(ALL_PLANS); do $(LUA) gen/commplan.lua $$f plans/$$(basename $$f .lua) || exit 1; done
+	@$(call CP_EACH_PLAN,$(LUA) gen/commplan.lua "$$f" "plans/$$b"); \
+	echo "regen-all: $$n plans regenerated$$fails"; exit $$rc
 
 clean:
 	rm -rf build

@@ -5,9 +5,12 @@
  * rank's sharded gradients are compared with an independent emulation of
  * the reduction (sum over the shard group, then the replicate group). */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* sysconf(_SC_AVPHYS_PAGES) */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "host.h"
@@ -32,6 +35,105 @@ struct sim_world {
     sim_rank *ranks;
 };
 
+/* ---- memory needed up front, progress on long runs ---- */
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+int64_t cp_simulate_bytes(const cp_plan *p, int64_t *per_rank)
+{
+    int64_t shards = 0, largest = 0;
+    for (int u = 0; u < p->nunits; u++) {
+        shards += cp_arena_buffer_bytes(p, u, CP_BUF_SHARDED) + cp_arena_buffer_bytes(p, u, CP_BUF_SHARDED_GRADS);
+        for (int k = 0; k < CP_BUFFERS; k++) largest = max64(largest, cp_arena_buffer_bytes(p, u, (cp_buffer)k));
+    }
+    /* The checks' scratch (a host copy of the largest buffer), the host
+     * copies of a collective's input and output for the observer (the same
+     * bound), the checker's per-param table, thread stack and bookkeeping. */
+    int64_t rank = p->arena_bytes + shards + 2 * largest + 8 * ((int64_t)p->nparams + 1) +
+                   64 * ((int64_t)p->nunits + 1) + (256 << 10);
+    if (per_rank) *per_rank = rank;
+    return rank * p->world_size;
+}
+
+int64_t cp_host_available_bytes(void)
+{
+    int64_t avail = -1;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) { avail = (int64_t)kb * 1024; break; }
+        fclose(f);
+    }
+#ifdef _SC_AVPHYS_PAGES
+    if (avail < 0) {
+        long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+        if (pages > 0 && size > 0) avail = (int64_t)pages * size;
+    }
+#endif
+    /* A container's cgroup limit (v2, then v1) can be far below the host's. */
+    static const char *const limits[][2] = {
+        { "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current" },
+        { "/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes" },
+    };
+    for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+        long long lim = -1, used = 0;
+        FILE *l = fopen(limits[i][0], "r"), *c = fopen(limits[i][1], "r");
+        if (l && fscanf(l, "%lld", &lim) == 1 && c && fscanf(c, "%lld", &used) == 1 && lim > 0 && used >= 0 &&
+            lim < (1LL << 60)) {
+            int64_t room = lim > used ? (int64_t)(lim - used) : 0;
+            if (avail < 0 || room < avail) avail = room;
+        }
+        if (l) fclose(l);
+        if (c) fclose(c);
+    }
+    return avail;
+}
+
+static double gib(int64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+
+int cp_simulate_check_memory(const cp_plan *p)
+{
+    int64_t per_rank, need = cp_simulate_bytes(p, &per_rank), avail = cp_host_available_bytes();
+    if (avail < 0 || need <= avail) return 0;
+    fprintf(stderr,
+            "commplan: simulating plan %s needs %.1f GiB of host memory (%d ranks x %.2f GiB: arena %.2f GiB, "
+            "shards, grads and checks %.2f GiB); this machine has %.1f GiB available: simulate a smaller plan "
+            "or fewer ranks\n",
+            p->name, gib(need), p->world_size, gib(per_rank), gib(p->arena_bytes), gib(per_rank - p->arena_bytes),
+            gib(avail));
+    return -1;
+}
+
+static struct {
+    struct timespec t0;
+    int shown;
+} progress;
+
+static double since_start(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - progress.t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - progress.t0.tv_nsec);
+}
+
+/* Rank 0 after each step (ranks move in lockstep through the collectives):
+ * one line on stderr per step once the run has taken a second. */
+static void sim_progress(const sim_world *sw, int done)
+{
+    if (!sw->opt->log) return;
+    double t = since_start();
+    if (t < 1.0 && !progress.shown) return;
+    progress.shown = 1;
+    if (done < sw->opt->steps)
+        fprintf(stderr, "%s: step %d/%d simulated on %d ranks (%.1f s, about %.0f s left)\n", sw->plan->name, done,
+                sw->opt->steps, sw->plan->world_size, t, t / done * (sw->opt->steps - done));
+    else
+        fprintf(stderr, "%s: step %d/%d simulated on %d ranks (%.1f s)\n", sw->plan->name, done, sw->opt->steps,
+                sw->plan->world_size, t);
+}
+
 static void *rank_main(void *arg)
 {
     sim_rank *sr = arg;
@@ -42,6 +144,7 @@ static void *rank_main(void *arg)
             sr->error = 1;
             break;
         }
+        if (sr->rank == 0) sim_progress(sr->sw, s + 1);
     }
     return NULL;
 }
@@ -50,6 +153,9 @@ int cp_simulate(const cp_plan *p, const cp_sim_options *opt)
 {
     sim_world sw = { .plan = p, .opt = opt };
     int rc = 2;
+    if (cp_simulate_check_memory(p) != 0) return 2;
+    clock_gettime(CLOCK_MONOTONIC, &progress.t0);
+    progress.shown = 0;
     sw.host = cp_host_world_create(p);
     sw.ranks = calloc((size_t)p->world_size, sizeof(sim_rank));
     if (!sw.host || !sw.ranks) {

@@ -15,7 +15,17 @@ typedef struct {
     FILE *log;            /* progress lines; NULL for quiet */
 } cp_sim_options;
 
-/* Returns 0 when every check passed, 1 on a data mismatch, 2 on a runtime error. */
+/* Returns 0 when every check passed, 1 on a data mismatch, 2 on a runtime
+ * error or a plan too large for this machine's memory (refused up front). */
 int cp_simulate(const cp_plan *p, const cp_sim_options *opt);
+
+/* Host bytes --simulate needs, from the plan's tables: per rank the arena,
+ * shards and sharded grads and the checks' scratch; times the world. */
+int64_t cp_simulate_bytes(const cp_plan *p, int64_t *per_rank);
+/* Bytes this machine can give: MemAvailable (/proc/meminfo), lowered by a
+ * cgroup limit; sysconf's available pages as the fallback; -1 if unknown. */
+int64_t cp_host_available_bytes(void);
+/* 0 when the simulation fits; else one line on stderr and -1. */
+int cp_simulate_check_memory(const cp_plan *p);
 
 #endif

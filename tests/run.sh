@@ -28,15 +28,38 @@ expect_rc() {
   if [ "$rc" = "$want" ]; then ok "$name"; else echo "exit status $rc, expected $want" >>"$f"; bad "$name" "$f"; fi
 }
 
+# Plan names as every loop here takes them: the shell's own glob, each name
+# quoted, and only [A-Za-z0-9_]+ (the name becomes a C identifier): a file
+# name holding $(...), backticks, quotes or spaces never reaches a command.
+plan_names() {
+  local f n
+  for f in plans/*.lua; do
+    [ -e "$f" ] || continue
+    n=${f#plans/}; n=${n%.lua}
+    case $n in ''|*[!A-Za-z0-9_]*) continue ;; esac
+    printf '%s\n' "$n"
+  done
+}
+# Fails naming every plans/*.lua whose name plan_names leaves out.
+check_plan_names() {
+  local f n rc=0
+  for f in plans/*.lua; do
+    [ -e "$f" ] || continue
+    n=${f#plans/}; n=${n%.lua}
+    case $n in ''|*[!A-Za-z0-9_]*) printf '%s: not [A-Za-z0-9_]+.lua; rename the file\n' "$f" | tr -c '[:print:]\n' '?'; rc=1 ;; esac
+  done
+  return $rc
+}
+
 echo "== lint and generator unit tests"
 if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua plans bench
 else skipped "luacheck" "not installed (apt-get install lua-check)"; fi
 run "lua unit tests" $LUA tests/lua/run.lua
 
 echo "== golden: committed plans/*/ equal a fresh generation"
-for f in plans/*.lua; do
-  n=$(basename "$f" .lua)
-  run "golden $n" $LUA gen/commplan.lua --check "$f" "plans/$n"
+run "plan file names in plans/ are [A-Za-z0-9_]+.lua" check_plan_names
+for n in $(plan_names); do
+  run "golden $n" $LUA gen/commplan.lua --check "plans/$n.lua" "plans/$n"
 done
 run "generation is deterministic (llama405b twice)" bash -c "
   rm -rf build/det && $LUA gen/commplan.lua plans/llama405b.lua build/det/a &&
@@ -48,8 +71,7 @@ run "cmocka runtime tests" build/tests/test_runtime
 run "cmocka runtime tests under ASan+UBSan" build/tests-asan/test_runtime
 
 echo "== end to end: every small plan generated, built and simulated on all ranks"
-for f in plans/*.lua; do
-  n=$(basename "$f" .lua)
+for n in $(plan_names); do
   case $n in llama8b|llama70b|llama405b) continue ;; esac
   run "build $n" $MAKE PLAN="$n.lua"
   run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2
@@ -142,6 +164,181 @@ else
     out=$(build/fsdp4/fsdp4 --standin --rank 3 2>&1); rc=$?; echo "$out"
     [ "$rc" = 2 ] && printf "%s" "$out" | grep -qE "no CUDA device|no GPU backend"'
 fi
+
+echo "== generator CLI and make: whole-directory publication, plans outside plans/, hostile file names, versions"
+G=build/cli
+gen() { $LUA gen/commplan.lua "$@"; }
+fp_of() { grep -o -m1 'fingerprint [0-9a-f]\{16\}' "$1/plan.h" | cut -d' ' -f2; }
+# one_line RC WANT OUT: OUT (a command's stderr) is one line holding WANT, and RC is 2.
+one_line() { echo "$3"; [ "$1" = 2 ] && [ "$(printf '%s\n' "$3" | wc -l)" = 1 ] && printf '%s' "$3" | grep -qF -- "$2"; }
+# Two generations of fsdp4 that differ (reshard_after_forward): "old", "new".
+pub_refs() {
+  rm -rf "$G" && mkdir -p "$G/ref" &&
+    sed 's/reshard_after_forward = true/reshard_after_forward = false/' plans/fsdp4.lua >"$G/ref/fsdp4.lua" &&
+    gen plans/fsdp4.lua "$G/ref/old" && gen "$G/ref/fsdp4.lua" "$G/ref/new" && ! diff -rq "$G/ref/old" "$G/ref/new"
+}
+run "publication: two different generations of fsdp4" pub_refs
+# A generator killed (SIGKILL) at each stage of publication leaves the
+# complete old or the complete new directory, never a mix; the next run
+# finishes the new one and removes every temporary.
+crash_at() (
+  stage=$1 w=$G/crash-$1
+  rm -rf "$w" && mkdir -p "$w" && cp -r "$G/ref/old" "$w/fsdp4" || exit 2
+  COMMPLAN_TEST_CRASH=$stage $LUA gen/commplan.lua "$G/ref/fsdp4.lua" "$w/fsdp4"
+  rc=$?; [ "$rc" = 137 ] || { echo "exit status $rc: not killed at $stage"; exit 1; }
+  ls -A "$w"
+  if [ "$stage" = old-aside ]; then
+    # Between its two renames: the complete old and new lie beside OUTDIR.
+    # A run killed right after its recovery shows what recovery put back.
+    COMMPLAN_TEST_CRASH=recovered $LUA gen/commplan.lua plans/fsdp4.lua "$w/fsdp4"
+    diff -r "$G/ref/new" "$w/fsdp4" || { echo "recovery did not put the complete new directory in place"; exit 1; }
+  elif ! diff -rq "$G/ref/old" "$w/fsdp4" && ! diff -rq "$G/ref/new" "$w/fsdp4"; then
+    echo "killed at $stage: $w/fsdp4 is neither the old nor the new directory"; exit 1
+  fi
+  gen "$G/ref/fsdp4.lua" "$w/fsdp4" && diff -r "$G/ref/new" "$w/fsdp4" || exit 1
+  [ "$(ls -A "$w")" = fsdp4 ] || { echo "left behind:"; ls -A "$w"; exit 1; }
+)
+for stage in locked new-written old-aside new-in; do
+  run "publication: generator killed at $stage leaves a complete directory" crash_at "$stage"
+done
+# A live generator's lock: the second gets one line and exit 2, nothing
+# written; once the owner is gone the lock is stale and taken over.
+lock_held() (
+  w=$G/lock; rm -rf "$w" && mkdir -p "$w" && cp -r "$G/ref/old" "$w/fsdp4" || exit 2
+  bash -c 'exec -a commplan.lua sleep 60' & holder=$!
+  mkdir "$w/.fsdp4.lock.tmp" && echo "$holder" >"$w/.fsdp4.lock.tmp/pid"
+  msg=$(gen "$G/ref/fsdp4.lua" "$w/fsdp4" 2>&1 >/dev/null); rc=$?
+  kill "$holder"; wait "$holder" 2>/dev/null
+  one_line "$rc" "another commplan (pid $holder) is writing this plan directory" "$msg" &&
+    diff -r "$G/ref/old" "$w/fsdp4" && gen "$G/ref/fsdp4.lua" "$w/fsdp4" && diff -r "$G/ref/new" "$w/fsdp4" &&
+    [ "$(ls -A "$w")" = fsdp4 ]
+)
+run "publication: a second generator on a locked OUTDIR exits 2 with one line; a dead owner's lock is taken over" lock_held
+# Two generators of different plans racing on one OUTDIR, 8 times: each
+# exits 0 silently or 2 with one line, and one complete generation remains.
+racing() (
+  w=$G/race
+  for i in 1 2 3 4 5 6 7 8; do
+    rm -rf "$w" && mkdir -p "$w" || exit 2
+    gen plans/fsdp4.lua "$w/x" 2>"$G/race.1" & a=$!
+    gen "$G/ref/fsdp4.lua" "$w/x" 2>"$G/race.2" & b=$!
+    wait "$a"; ra=$?; wait "$b"; rb=$?
+    echo "round $i: exit $ra, $rb"; cat "$G/race.1" "$G/race.2"
+    for r in "$ra:$G/race.1" "$rb:$G/race.2"; do
+      if [ "${r%%:*}" = 0 ]; then [ ! -s "${r#*:}" ] || exit 1
+      else one_line "${r%%:*}" "another commplan" "$(cat "${r#*:}")" >/dev/null || exit 1; fi
+    done
+    diff -rq "$G/ref/old" "$w/x" >/dev/null || diff -rq "$G/ref/new" "$w/x" || exit 1
+    [ "$(ls -A "$w")" = x ] || { ls -A "$w"; exit 1; }
+  done
+)
+run "publication: two generators racing on one OUTDIR: no traceback, one complete plan" racing
+# OUTDIR must hold nothing commplan did not write: a careless OUTDIR (a
+# directory with other files) is refused, not replaced.
+foreign() (
+  w=$G/foreign; rm -rf "$w" && mkdir -p "$w" && cp -r "$G/ref/old" "$w/fsdp4" && echo keep >"$w/fsdp4/notes.txt" || exit 2
+  msg=$(gen "$G/ref/fsdp4.lua" "$w/fsdp4" 2>&1 >/dev/null)
+  one_line $? "holds notes.txt, which commplan did not generate" "$msg" && [ "$(cat "$w/fsdp4/notes.txt")" = keep ] &&
+    cmp "$G/ref/old/plan.c" "$w/fsdp4/plan.c" && [ "$(ls -A "$w")" = fsdp4 ]
+)
+run "publication: an OUTDIR holding other files is refused (one line, exit 2) and left alone" foreign
+check_ro() (
+  w=$G/check; rm -rf "$w" && mkdir -p "$w" && cp -r "$G/ref/old" "$w/fsdp4" || exit 2
+  gen --check "$G/ref/fsdp4.lua" "$w/fsdp4"; rc=$?
+  [ "$rc" = 1 ] && diff -r "$G/ref/old" "$w/fsdp4" && [ "$(ls -A "$w")" = fsdp4 ] && gen --check plans/fsdp4.lua "$w/fsdp4"
+)
+run "--check compares without writing (exit 1 when stale, 0 when equal)" check_ro
+# Headers name the source relative to the repository, from any directory.
+rel_source() (
+  rm -rf "$G/rel" && mkdir -p "$G/rel" && root=$(pwd) || exit 2
+  (cd "$G/rel" && $LUA "$root/gen/commplan.lua" "$root/tests/plans/kernels_big.lua" out) || exit 1
+  head -n 1 "$G/rel/out/plan.h"
+  head -n 1 "$G/rel/out/plan.h" | grep -qF "generated by commplan from tests/plans/kernels_big.lua;" &&
+    ! grep -rqF "$root" "$G/rel/out"
+)
+run "generated headers name the plan relative to the repository, no absolute path" rel_source
+versions() {
+  local v a b; v=$(cat VERSION); a=$(gen --version); b=$(build/fsdp4/fsdp4 --version); echo "$a"; echo "$b"
+  [ "$a" = "commplan $v" ] && [ "$b" = "commplan $v, plan fsdp4 (fingerprint $(fp_of plans/fsdp4))" ]
+}
+run "--version: the generator and the binary print VERSION (the binary: and its plan's fingerprint)" versions
+
+# make in a scratch copy of the tree (committed plans stay untouched),
+# without nvcc (the GPU backend plays no part here).
+S=$G/tree
+scratch_tree() {
+  rm -rf "$S" && mkdir -p "$S/build" &&
+    tar -cf - --exclude=./build --exclude=./.git --exclude=./.whl --exclude=./.gl . | tar -xf - -C "$S" &&
+    { [ ! -d build/runtime ] || cp -rp build/runtime "$S/build/"; }
+}
+run "scratch copy of the tree for the make tests" scratch_tree
+# make PLAN=/elsewhere/fsdp4.lua: generated into build/fsdp4/gen/, the
+# committed plans/fsdp4/ untouched, no absolute path in the output, errors
+# naming that file, and a changed file rebuilt even when it is older than
+# the build; back to PLAN=fsdp4.lua, the binary is the committed plan's.
+external_plan() (
+  cd "$S" || exit 2
+  ext=$(mktemp -d /tmp/commplan-ext.XXXXXX) || exit 2
+  trap 'rm -rf "$ext"' EXIT
+  cp plans/fsdp4.lua "$ext/fsdp4.lua" && cp -rp plans/fsdp4 "$ext/committed" || exit 2
+  $MAKE NVCC=/nonexistent PLAN="$ext/fsdp4.lua" || exit 1
+  diff -r "$ext/committed" plans/fsdp4 && [ -z "$(find plans/fsdp4 -newer "$ext/committed/plan.c")" ] ||
+    { echo "plans/fsdp4 was written"; exit 1; }
+  head -n 1 build/fsdp4/gen/plan.h
+  head -n 1 build/fsdp4/gen/plan.h | grep -qF "from fsdp4.lua (outside the commplan repository)" || exit 1
+  ! grep -rqF "$ext" build/fsdp4/gen || { echo "absolute path in the generated files"; exit 1; }
+  sed -i 's/reshard_after_forward = true/reshard_after_forward = false/' "$ext/fsdp4.lua" && touch -d 2000-01-01 "$ext/fsdp4.lua"
+  $MAKE NVCC=/nonexistent PLAN="$ext/fsdp4.lua" || exit 1
+  fp=$(fp_of build/fsdp4/gen); build/fsdp4/fsdp4 --version
+  build/fsdp4/fsdp4 --version | grep -qF "(fingerprint $fp)" && [ "$fp" != "$(fp_of "$ext/committed")" ] ||
+    { echo "stale binary after the external plan changed"; exit 1; }
+  echo 'return {' >"$ext/fsdp4.lua"
+  msg=$($MAKE NVCC=/nonexistent PLAN="$ext/fsdp4.lua" 2>&1 >/dev/null); echo "$msg"
+  case $msg in "$ext/fsdp4.lua:"*) ;; *) echo "the error does not name $ext/fsdp4.lua"; exit 1 ;; esac
+  $MAKE NVCC=/nonexistent PLAN=fsdp4.lua >/dev/null && build/fsdp4/fsdp4 --version | grep -qF "(fingerprint $(fp_of plans/fsdp4))" &&
+    diff -r "$ext/committed" plans/fsdp4
+)
+run "make PLAN=/elsewhere/fsdp4.lua builds from build/fsdp4/gen/, never plans/fsdp4/, and never a stale binary" external_plan
+# Plan files named to attack the shell: neither make's loops nor this
+# script's run them or break; each is refused with one line.
+hostile_names() (
+  cd "$S" || exit 2
+  good=$(plan_names | wc -l)
+  for n in '$(touch PWNED)' '`touch PWNED`' "a b'c" 'x"y;touch PWNED' '--check'; do cp plans/single.lua "plans/$n.lua" || exit 2; done
+  out=$($MAKE check-generated 2>&1); rc=$?; echo "$out"
+  [ "$rc" != 0 ] && [ "$(printf '%s\n' "$out" | grep -c 'plan file names are \[A-Za-z0-9_\]+.lua')" = 5 ] &&
+    printf '%s\n' "$out" | grep -qx "check-generated: $good plans up to date, 5 failed" || exit 1
+  out=$($MAKE regen-all 2>&1); rc=$?; echo "$out"
+  [ "$rc" != 0 ] && printf '%s\n' "$out" | grep -qx "regen-all: $good plans regenerated, 5 failed" || exit 1
+  [ "$(plan_names | wc -l)" = "$good" ] && ! check_plan_names >/dev/null || exit 1
+  for p in '$(shell touch PWNED).lua' '`touch PWNED`.lua' 'a b.lua' "x'y.lua"; do
+    msg=$(make --no-print-directory PLAN="$p" 2>&1 >/dev/null)
+    one_line $? "a plan file is <name>.lua with <name> made of A-Z a-z 0-9 _" "$msg" || exit 1
+  done
+  rm -f plans/*[!A-Za-z0-9_.]*.lua
+  [ -z "$(find . -name '*PWNED*' ! -name '*.lua')" ] || { echo "a file name ran as a command"; exit 1; }
+  out=$($MAKE check-generated 2>&1) && [ "$out" = "check-generated: $good plans up to date" ] &&
+    out=$($MAKE regen-all 2>&1) && [ "$out" = "regen-all: $good plans regenerated" ] || { echo "$out"; exit 1; }
+)
+run "hostile plan file names: make check-generated, regen-all, PLAN= and the test loops refuse, never run them" hostile_names
+
+echo "== --simulate: refused up front when it will not fit, progress on long runs"
+# sim_refuses NAME RANKS: one line with the figure and this machine's
+# memory, exit 2, before any allocation (under a 4 GiB address-space limit).
+sim_refuses() {
+  local out rc
+  out=$(ulimit -v 4194304; "build/$1/$1" --simulate 2>&1); rc=$?
+  one_line "$rc" "commplan: simulating plan $1 needs " "$out" &&
+    printf '%s' "$out" | grep -qE "needs [0-9.]+ GiB of host memory \($2 ranks x [0-9.]+ GiB.*\); this machine has [0-9.]+ GiB available: simulate a smaller plan or fewer ranks$"
+}
+run "simulate llama70b: refused with the figure and this machine's memory, exit 2" sim_refuses llama70b 1024
+if [ "$(awk '/^MemAvailable:/ { print ($2 < 900 * 1024 * 1024) }' /proc/meminfo 2>/dev/null)" = 1 ]; then
+  run "simulate llama8b: refused with the figure and this machine's memory, exit 2" sim_refuses llama8b 64
+else skipped "simulate llama8b refused" "this machine has 900 GiB or more available"; fi
+run "simulate: a long run shows a progress line per step on stderr (none with --quiet)" bash -c '
+  err=$(build/llama_tiny/llama_tiny --simulate --steps 40 2>&1 >/dev/null) || exit 1; echo "$err"
+  printf "%s\n" "$err" | grep -qE "^llama_tiny: step 40/40 simulated on [0-9]+ ranks" &&
+    [ -z "$(build/llama_tiny/llama_tiny --simulate --steps 2 --quiet 2>&1)" ]'
 
 echo
 printf 'tests: %d passed, %d failed, %d skipped\n' "$pass" "$fail" "$skip"
