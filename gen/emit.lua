@@ -6,11 +6,11 @@ local emit = {}
 
 local DT = { fp32 = "CP_FP32", bf16 = "CP_BF16", fp16 = "CP_FP16" }
 local RED = { sum = "CP_SUM", avg = "CP_AVG" }
-local BUF = { "CP_BUF_AG", "CP_BUF_UNSHARDED", "CP_BUF_GRADS", "CP_BUF_RS_IN", "CP_BUF_RS_OUT" } -- memplan.KINDS order
+local BUF = { "CP_BUF_AG", "CP_BUF_UNSHARDED", "CP_BUF_GRADS", "CP_BUF_RS_IN", "CP_BUF_RS_OUT", "CP_BUF_ACT" } -- memplan.KINDS order
 
 -- The runtime table layout these tables are written for (runtime/commplan.h
 -- CP_TABLES_VERSION); plan.c refuses to compile against any other.
-emit.TABLES_VERSION = 2
+emit.TABLES_VERSION = 3
 
 -- Replace every {{key}}; a key the template names but vars lacks is a bug.
 function emit.fill(template, vars, template_name)
@@ -76,7 +76,8 @@ local function class_tables(p, cls, NAME)
       fields({ "orig_dtype", DT[u.orig_dtype], "ag_dtype", DT[u.ag_dtype], "reduce_dtype", DT[u.reduce_dtype],
                "is_root", u.is_root and 1 or 0, "reshard_after_forward", u.reshard_after_forward and 1 or 0 }),
       fields({ "rs_op", RED[u.rs_op], "ar_op", RED[u.ar_op], "pre_divide", num(u.pre_divide * 1.0),
-               "post_divide", num(u.post_divide * 1.0), "vec_ok", u.vec_ok and 1 or 0 }),
+               "post_divide", num(u.post_divide * 1.0), "vec_ok", u.vec_ok and 1 or 0,
+               "act_numel", u.act_numel or 0 }),
       fields({ "arena_offset", "{ " .. arena_offsets(arena, u) .. " }" }))
   end
   -- Ops whose completion a later op waits on get an event slot; an op's

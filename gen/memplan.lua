@@ -13,6 +13,8 @@
 --              cp_gpu_unshard can order the grads' memory as well)
 --   rs_in      pack .. reduce_scatter
 --   rs_out     reduce_scatter .. view_out
+--   act        each TP activation collective alone (the compute around it
+--              owns its activations; this buffer is the collective's)
 -- Offsets come from greedy placement by size (largest first, lowest free
 -- offset), the usual arena planner. Where a buffer reuses bytes another
 -- buffer held earlier in the step, the op that opens the later lifetime
@@ -25,7 +27,7 @@ local opkinds = require("gen.opkinds")
 local memplan = {}
 
 memplan.ALIGN = 256 -- bytes: cudaMalloc's alignment, and 16-byte vector access
-memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out" }
+memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act" }
 
 local ES = layout.DTYPE_BYTES
 local STREAMS = opkinds.STREAMS
@@ -35,7 +37,7 @@ local function sizes_of(lay, u)
   return {
     ag = W * u.total * ES[u.ag_dtype], unsharded = W * u.total * ES[u.ag_dtype],
     grads = u.grads_numel * ES[u.ag_dtype], rs_in = W * u.total * ES[u.reduce_dtype],
-    rs_out = u.total * ES[u.reduce_dtype],
+    rs_out = u.total * ES[u.reduce_dtype], act = (u.act_numel or 0) * ES[u.ag_dtype],
   }
 end
 
@@ -43,7 +45,7 @@ end
 local function lifetimes(lay, ops)
   local life, open = {}, {}
   for _, u in ipairs(lay.units) do
-    life[u.index] = { ag = {}, unsharded = {}, grads = {}, rs_in = {}, rs_out = {} }
+    life[u.index] = { ag = {}, unsharded = {}, grads = {}, rs_in = {}, rs_out = {}, act = {} }
     open[u.index] = {}
   end
   local function start(u, kind, seq)
@@ -68,6 +70,7 @@ local function lifetimes(lay, ops)
     elseif k == "pack" then stop(u, "grads", s); start(u, "rs_in", s)
     elseif k == "reduce_scatter" then stop(u, "rs_in", s); start(u, "rs_out", s)
     elseif k == "view_out" then stop(u, "rs_out", s)
+    elseif k:sub(1, 3) == "tp_" then start(u, "act", s); stop(u, "act", s) -- one collective's worth
     end
   end
   for _, u in ipairs(lay.units) do

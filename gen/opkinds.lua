@@ -19,6 +19,11 @@ opkinds.LIST = {
   { name = "reduce_scatter", reads = { "rs_in" }, writes = { "rs_out" }, collective = true, ring_passes = 1 },
   { name = "all_reduce", reads = { "rs_out" }, writes = { "rs_out" }, collective = true, ring_passes = 2 },
   { name = "view_out", reads = { "rs_out" }, writes = { "sharded_grads" } },
+  -- TP activation collectives inside a unit's forward and backward, in
+  -- place on its activation buffer (gen/tp_acts.lua).
+  { name = "tp_all_gather", reads = { "act" }, writes = { "act" }, collective = true, ring_passes = 1, tp = true },
+  { name = "tp_reduce_scatter", reads = { "act" }, writes = { "act" }, collective = true, ring_passes = 1, tp = true },
+  { name = "tp_all_reduce", reads = { "act" }, writes = { "act" }, collective = true, ring_passes = 2, tp = true },
 }
 
 opkinds.BY_NAME = {}
@@ -46,6 +51,13 @@ function opkinds.stream_of(o, hsdp)
   elseif k == "view_out" then return hsdp and "all_reduce" or "reduce_scatter"
   end
   return "compute"
+end
+
+-- nccl-tests' size of a collective: the larger buffer (all-gather output,
+-- reduce-scatter input, the all-reduce buffer), count being per rank.
+function opkinds.size_elems(kind, count, n)
+  if opkinds.BY_NAME[kind].ring_passes == 2 then return count end
+  return count * n
 end
 
 -- nccl-tests: busbw = algbw * factor.

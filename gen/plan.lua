@@ -8,6 +8,7 @@ local verify = require("gen.verify")
 local cost = require("gen.cost")
 local memplan = require("gen.memplan")
 local tp = require("gen.tp")
+local tp_acts = require("gen.tp_acts")
 local util = require("gen.util")
 
 local plan = {}
@@ -43,9 +44,13 @@ end
 
 -- One TP class: layout, schedule, proofs, cost and memory plan of its
 -- TP-local shapes (the whole plan without TP).
-local function build_class(ctx, cls, d, fams, p)
+local function build_class(ctx, cls, d, fams, p, cfg)
   local lay = layout.build(ctx, cls.units, d, p.fsdp)
   attach_tp(lay, cls.units)
+  if p.model.family == "llama" then
+    tp_acts.llama(ctx, lay, cfg, d.tp, { batch = p.model.batch, seq_len = p.model.seq_len,
+                                        sequence_parallel = p.model.sequence_parallel })
+  end
   local ops = schedule.build(lay, fams, p.fsdp)
   verify.all(lay, fams, ops, p.fsdp)
   local predicted = cost.predict(ops, fams, p.topology)
@@ -65,12 +70,13 @@ function plan.from_loaded(p)
   if p.model.family == "llama" then tp.llama_placements(units) end
   local split = tp.classes(units, d.tp)
   local classes = {}
-  for c, cls in ipairs(split.classes) do classes[c] = build_class(ctx, cls, d, fams, p) end
+  for c, cls in ipairs(split.classes) do classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config) end
+  tp.check_same_tp_sequence(classes)
   -- Class 0 (TP rank 0's) is the plan's face for the audit; every class is in the tables.
   local first = classes[1]
   return {
     name = p.name, source_file = p.source_file, world_size = p.world_size, dims = d, mesh = mesh,
-    model = p.model, model_config = model_numbers.config, fsdp = p.fsdp, topology = p.topology,
+    model = p.model, model_config = model_numbers.config, fsdp = p.fsdp, topology = p.topology, training = p.training,
     layout = first.layout, groups = fams, ops = first.ops, predicted = first.predicted, memory = first.memory,
     arena = first.arena, tp_classes = classes, class_of_tp = split.class_of,
   }

@@ -19,6 +19,17 @@ function schedule.build(lay, fams, fsdp)
     ops[#ops + 1] = o
     return o
   end
+  -- A unit's TP activation collectives (gen/tp_acts.lua) run inside its
+  -- forward and backward compute, on the compute stream, over the TP group.
+  local function tp_ops(u, m, phase, into)
+    for _, a in ipairs(u.tp_acts or {}) do
+      if a.phase == phase then
+        local o = { kind = a.kind, unit = u.index, micro_step = m, phase = phase, group = "tp", dtype = a.dtype,
+                    count = a.count, reduce_op = a.kind ~= "tp_all_gather" and "sum" or nil, what = a.what }
+        if into then into[#into + 1] = o else ops[#ops + 1] = o end
+      end
+    end
+  end
   local function all_gather(u, m, phase)
     op("copy_in", u, m, phase)
     -- A shard group of one rank issues no collective (FSDP2's world-size-1
@@ -38,6 +49,7 @@ function schedule.build(lay, fams, fsdp)
       op("copy_out", u, m, "forward")
       unsharded[u.index] = true
       op("forward", u, m, "forward")
+      tp_ops(u, m, "forward")
       if u.reshard_after_forward then
         op("reshard", u, m, "forward")
         unsharded[u.index] = false
@@ -79,7 +91,7 @@ function schedule.build(lay, fams, fsdp)
     -- Interleave: FSDP2 runs unit i's post-backward right after its own
     -- backward, before the next unit's pre-backward. Rebuild the op list in
     -- that order below.
-    ops = schedule.interleave_post_backward(ops, post, root, m, last, shard, replicate, fsdp)
+    ops = schedule.interleave_post_backward(ops, post, root, m, last, shard, replicate, tp_ops)
   end
   for i, o in ipairs(ops) do
     o.seq = i - 1
@@ -91,11 +103,13 @@ end
 -- The backward part above emitted pre-backward work unit by unit; insert
 -- each unit's post-backward (reshard, and on the last micro-step pack, RS,
 -- AR, view-out) right after its backward compute.
-function schedule.interleave_post_backward(ops, post, root, m, last, shard, replicate, _)
+function schedule.interleave_post_backward(ops, post, root, m, last, shard, replicate, tp_ops)
   local by_index = {}
   for _, u in ipairs(post) do by_index[u.index] = u end
   local out = {}
   local function post_backward(u)
+    -- The backward's TP collectives finish before its post-backward hook.
+    tp_ops(u, m, "backward", out)
     out[#out + 1] = { kind = "reshard", unit = u.index, micro_step = m, phase = "backward" }
     if last then
       out[#out + 1] = { kind = "pack", unit = u.index, micro_step = m, phase = "backward" }

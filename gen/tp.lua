@@ -98,6 +98,32 @@ function tp.llama_placements(units)
   end
 end
 
+-- The proof that TP classes cannot hang each other: the members of a TP
+-- group sit in different classes, so every class must issue the identical
+-- sequence of TP collectives (kind, dtype, count, reduce op). FSDP and
+-- replicate groups never span classes (their members share a TP coordinate).
+function tp.check_same_tp_sequence(classes)
+  local function seq(cls)
+    local t = {}
+    for _, o in ipairs(cls.ops) do
+      if o.group == "tp" then
+        t[#t + 1] = string.format("%s/%s/%d/%s", o.kind, o.dtype, o.count, o.reduce_op or "-")
+      end
+    end
+    return t
+  end
+  local want = seq(classes[1])
+  for c = 2, #classes do
+    local got = seq(classes[c])
+    for i = 1, math.max(#want, #got) do
+      if want[i] ~= got[i] then
+        error(string.format("internal: TP class %d issues %s as its TP collective %d, class 1 %s", c,
+          tostring(got[i]), i, tostring(want[i])), 0)
+      end
+    end
+  end
+end
+
 -- The placement string PyTorch records for a parameter under FSDP on
 -- (dp_shard) and TP on (tp): _StridedShard(dim=0, sf=tp) where both shard
 -- dim 0, Shard(d) for each otherwise, Replicate() where TP does not shard.

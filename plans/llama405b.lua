@@ -6,4 +6,5 @@ return {
   model = { family = "llama", size = "405b", seq_len = 8192 },
   fsdp = { param_dtype = "bf16", reduce_dtype = "fp32" },
   topology = { gpus_per_node = 8 },
+  training = { activation_checkpointing = "full" }, -- as torchtitan's llama3_405b.toml
 }

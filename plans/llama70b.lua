@@ -7,4 +7,5 @@ return {
   model = { family = "llama", size = "70b", seq_len = 8192 },
   fsdp = { param_dtype = "bf16", reduce_dtype = "fp32" },
   topology = { gpus_per_node = 8 },
+  training = { activation_checkpointing = "full" }, -- as torchtitan's llama3_70b.toml
 }

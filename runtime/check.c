@@ -192,3 +192,58 @@ void cp_checker_check_grads(cp_checker *c, int u, const void *sharded_grads)
         }
     }
 }
+
+/* ---- TP activation collectives ----
+ * The compute around them is a placeholder too: before each one, every TP
+ * rank writes its input from a pattern; after it, the output is checked
+ * exactly. Gathers carry hashed values (any bits the dtype holds); sums
+ * carry small integers, 1..4 per rank, so a TP group of up to 64 sums
+ * exactly even in bf16 (<= 256), and every element depends on its position
+ * and the op, so a wrong offset or a stale buffer shows. */
+static float act_gathered(cp_dtype t, int64_t op_index, int64_t pos, int step)
+{
+    uint32_t h = mix32(((uint64_t)op_index << 40) ^ ((uint64_t)pos << 4) ^ (uint64_t)step);
+    if (t == CP_FP32) return (float)(h % 2000000u) - 1000000.0f;
+    uint16_t bits = (uint16_t)h;
+    if (t == CP_BF16 && (bits & 0x7f80u) == 0x7f80u) bits &= (uint16_t)~0x4000u;
+    if (t == CP_FP16 && (bits & 0x7c00u) == 0x7c00u) bits &= (uint16_t)~0x4000u;
+    return t == CP_BF16 ? cp_bf16_to_float(bits) : cp_fp16_to_float(bits);
+}
+
+static float act_summand(int64_t op_index, int64_t pos, int step, int tp_rank)
+{
+    return (float)(mix32(((uint64_t)op_index << 40) ^ ((uint64_t)pos << 4) ^ (uint64_t)step) % 3u + 1u) +
+           (float)(tp_rank % 2);
+}
+
+void cp_checker_act_input(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, void *in)
+{
+    int64_t seq = op - c->plan->ops;
+    int64_t n = op->count;
+    if (op->kind == CP_OP_TP_ALL_GATHER) {
+        for (int64_t i = 0; i < n; i++)
+            cp_store(op->dtype, in, i, act_gathered(op->dtype, seq, (int64_t)tp_rank * n + i, c->step));
+        return;
+    }
+    int64_t len = op->kind == CP_OP_TP_REDUCE_SCATTER ? n * tp_size : n;
+    for (int64_t i = 0; i < len; i++) cp_store(op->dtype, in, i, act_summand(seq, i, c->step, tp_rank));
+}
+
+void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, const void *out)
+{
+    int64_t seq = op - c->plan->ops;
+    int64_t n = op->count;
+    int gather = op->kind == CP_OP_TP_ALL_GATHER;
+    int64_t len = gather ? n * tp_size : n, base = op->kind == CP_OP_TP_REDUCE_SCATTER ? (int64_t)tp_rank * n : 0;
+    for (int64_t i = 0; i < len; i++) {
+        float want = 0.0f;
+        if (gather) want = act_gathered(op->dtype, seq, i, c->step);
+        else
+            for (int r = 0; r < tp_size; r++) want += act_summand(seq, base + i, c->step, r);
+        float got = cp_load(op->dtype, out, i);
+        if (!same(want, got) && c->mismatches++ == 0)
+            fprintf(stderr, "commplan: mismatch: rank %d step %d unit %s op %ld (%s) element %ld: expected %.9g, got "
+                    "%.9g\n", c->rank, c->step, c->plan->units[op->unit].name, (long)seq, cp_op_kind_name(op->kind),
+                    (long)i, (double)want, (double)got);
+    }
+}

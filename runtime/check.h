@@ -31,5 +31,10 @@ void cp_checker_fill_shards(cp_checker *c, int unit, void *sharded);
 void cp_checker_check_unsharded(cp_checker *c, int unit, const void *unsharded, const char *when);
 void cp_checker_add_grads(cp_checker *c, int unit, int micro_step, void *grads);
 void cp_checker_check_grads(cp_checker *c, int unit, const void *sharded_grads);
+/* TP activation collective op (this rank's TP index, the TP group's size):
+ * write its input (the slot for a gather, the whole for a reduce-scatter,
+ * the buffer for an all-reduce) and check its output exactly. */
+void cp_checker_act_input(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, void *in);
+void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, const void *out);
 
 #endif

@@ -15,7 +15,7 @@ extern "C" {
 /* The layout of the tables below. A generated plan.c refuses to compile
  * against a runtime whose tables differ (nanopb's PB_PROTO_HEADER_VERSION
  * idea): bump it with every change to a table type or an enum. */
-#define CP_TABLES_VERSION 2
+#define CP_TABLES_VERSION 3
 
 #define CP_MAX_DIMS 8      /* tensor dims per parameter */
 #define CP_MAX_MESH_DIMS 6 /* dp_replicate, dp_shard, ep, cp, tp, pp */
@@ -36,6 +36,12 @@ typedef enum {
     CP_OP_REDUCE_SCATTER,  /* over the shard group */
     CP_OP_ALL_REDUCE,      /* HSDP: over the replicate group */
     CP_OP_VIEW_OUT,        /* reduce-scatter output -> sharded grads (cast) */
+    /* Tensor parallelism's activation collectives, inside a unit's forward
+     * and backward, over the TP group, in place on the unit's activation
+     * buffer (its length: the op's count, times the TP size for a gather). */
+    CP_OP_TP_ALL_GATHER,     /* sequence-parallel gather (this rank's slot -> whole) */
+    CP_OP_TP_REDUCE_SCATTER, /* sequence-parallel reduce-scatter (whole -> this rank's slot, summed) */
+    CP_OP_TP_ALL_REDUCE,     /* TP without sequence parallelism, loss-parallel statistics (summed) */
     CP_OP_KIND_COUNT
 } cp_op_kind;
 
@@ -68,6 +74,7 @@ typedef enum {
     CP_BUF_GRADS,     /* grads_numel, ag dtype; param p at its grad_offset */
     CP_BUF_RS_IN,     /* W*total, reduce dtype */
     CP_BUF_RS_OUT,    /* total, reduce dtype */
+    CP_BUF_ACT,       /* act_numel, ag dtype: the unit's TP activation collectives */
     CP_ARENA_BUFFERS,
     CP_BUF_SHARDED = CP_ARENA_BUFFERS, /* total, orig dtype: this rank's shards */
     CP_BUF_SHARDED_GRADS,              /* total, orig dtype: this rank's reduced grads */
@@ -99,6 +106,7 @@ typedef struct {
     cp_reduce_op rs_op, ar_op;
     double pre_divide, post_divide;
     int vec_ok; /* offsets, runs and total are multiples of 8 elements: 16-byte copies */
+    int64_t act_numel; /* largest activation any of its TP collectives moves (0 without TP) */
     int64_t arena_offset[CP_ARENA_BUFFERS]; /* bytes into the rank's arena */
 } cp_unit;
 
@@ -190,15 +198,19 @@ typedef enum {
 
 typedef enum { CP_COLL_ALL_GATHER = 0, CP_COLL_REDUCE_SCATTER, CP_COLL_ALL_REDUCE, CP_COLLECTIVES } cp_collective;
 
+/* Which rank's slot (op->count elements) of a buffer an op touches. */
+typedef enum { CP_SLOT_NONE = 0, CP_SLOT_SHARD, CP_SLOT_TP } cp_slot;
+
 typedef struct {
     const char *name;
     cp_op_action action;
     int kernel;            /* CP_ACT_COPY: the copy (CP_KERNEL_*: 0 copy-in, 1 copy-out, 2 pack, 3 view-out) */
     cp_collective collective; /* CP_ACT_COLLECTIVE */
     cp_buffer in, out;     /* the unit's buffers it reads and writes */
-    int in_is_slot;        /* reads only this rank's slot of `in` (the all-gather input) */
+    cp_slot in_slot, out_slot; /* only this rank's slot of in / out (all-gather input, reduce-scatter output) */
     cp_buffer frees;       /* contents dead after the op (the host backend poisons them) */
     int ring_passes;       /* nccl-tests' busbw factor: ring_passes * (n - 1) / n */
+    int activation;        /* a TP activation collective: the caller fills its input, reads its output */
 } cp_op_desc;
 
 extern const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT];
@@ -271,15 +283,19 @@ typedef int (*cp_compute_fn)(void *user, cp_executor *ex, const cp_op *op);
 /* After each collective, with host copies of its input and output. */
 typedef void (*cp_collective_fn)(void *user, cp_executor *ex, const cp_op *op, const void *in, int64_t in_numel,
                                  const void *out, int64_t out_numel);
+/* Around a TP activation collective (the compute that feeds and consumes
+ * it): after = 0 before it runs, 1 after. */
+typedef int (*cp_activation_fn)(void *user, cp_executor *ex, const cp_op *op, int after);
 
 struct cp_executor {
     const cp_plan *plan;            /* &view */
     cp_plan view;                   /* the rank's view of the plan (its TP class) */
-    int rank, shard_rank, replicate_rank;
+    int rank, shard_rank, replicate_rank, tp_rank;
     cp_backend *backend;
     void **buf[CP_BUFFERS];         /* per buffer kind, per unit: the backend's memory */
     cp_compute_fn on_compute;       /* FORWARD / BACKWARD placeholders */
     cp_collective_fn on_collective; /* after each collective (tracing, dumps) */
+    cp_activation_fn on_activation; /* around each TP activation collective */
     void *user;
     unsigned char *unsharded_live;  /* per unit: 1 between copy-out and reshard */
     char *arena;                    /* plan->arena_bytes: every unit's transient buffers */
@@ -294,8 +310,10 @@ void cp_executor_free(cp_executor *ex);
 int cp_executor_step(cp_executor *ex);
 /* One op: its waits, its work on its stream, its event. */
 int cp_executor_run_op(cp_executor *ex, const cp_op *op);
-/* Start address of buffer k of unit u (this rank's slot of it with slot != 0). */
+/* Start address of buffer k of unit u. */
 void *cp_executor_buffer(const cp_executor *ex, int u, cp_buffer k);
+/* Where op reads or writes buffer k: the whole, or this rank's slot of op->count elements. */
+void *cp_executor_op_buffer(const cp_executor *ex, const cp_op *op, cp_buffer k, cp_slot slot);
 /* Host copies of a unit's whole buffer (checks, dumps), ordered on stream s. */
 int cp_executor_read(cp_executor *ex, cp_stream s, int u, cp_buffer k, void *host);
 int cp_executor_write(cp_executor *ex, cp_stream s, int u, cp_buffer k, const void *host);

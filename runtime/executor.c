@@ -18,7 +18,7 @@ const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
     [CP_OP_COPY_IN] = { .name = "copy_in", .action = CP_ACT_COPY, .kernel = K_COPY_IN,
                         .in = CP_BUF_SHARDED, .out = CP_BUF_AG, .frees = CP_BUF_NONE },
     [CP_OP_ALL_GATHER] = { .name = "all_gather", .action = CP_ACT_COLLECTIVE, .collective = CP_COLL_ALL_GATHER,
-                           .in = CP_BUF_AG, .in_is_slot = 1, .out = CP_BUF_AG, .frees = CP_BUF_NONE,
+                           .in = CP_BUF_AG, .in_slot = CP_SLOT_SHARD, .out = CP_BUF_AG, .frees = CP_BUF_NONE,
                            .ring_passes = 1 },
     [CP_OP_COPY_OUT] = { .name = "copy_out", .action = CP_ACT_COPY, .kernel = K_COPY_OUT,
                          .in = CP_BUF_AG, .out = CP_BUF_UNSHARDED, .frees = CP_BUF_AG },
@@ -39,6 +39,15 @@ const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
                            .in = CP_BUF_RS_OUT, .out = CP_BUF_RS_OUT, .frees = CP_BUF_NONE, .ring_passes = 2 },
     [CP_OP_VIEW_OUT] = { .name = "view_out", .action = CP_ACT_COPY, .kernel = K_VIEW_OUT, .in = CP_BUF_RS_OUT,
                          .out = CP_BUF_SHARDED_GRADS, .frees = CP_BUF_RS_OUT },
+    [CP_OP_TP_ALL_GATHER] = { .name = "tp_all_gather", .action = CP_ACT_COLLECTIVE,
+                              .collective = CP_COLL_ALL_GATHER, .in = CP_BUF_ACT, .in_slot = CP_SLOT_TP,
+                              .out = CP_BUF_ACT, .frees = CP_BUF_NONE, .ring_passes = 1, .activation = 1 },
+    [CP_OP_TP_REDUCE_SCATTER] = { .name = "tp_reduce_scatter", .action = CP_ACT_COLLECTIVE,
+                                  .collective = CP_COLL_REDUCE_SCATTER, .in = CP_BUF_ACT, .out = CP_BUF_ACT,
+                                  .out_slot = CP_SLOT_TP, .frees = CP_BUF_NONE, .ring_passes = 1, .activation = 1 },
+    [CP_OP_TP_ALL_REDUCE] = { .name = "tp_all_reduce", .action = CP_ACT_COLLECTIVE,
+                              .collective = CP_COLL_ALL_REDUCE, .in = CP_BUF_ACT, .out = CP_BUF_ACT,
+                              .frees = CP_BUF_NONE, .ring_passes = 2, .activation = 1 },
 };
 
 const char *cp_op_kind_name(cp_op_kind k)
@@ -82,6 +91,7 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
     ex->rank = rank;
     ex->shard_rank = cp_shard_rank(p, rank);
     ex->replicate_rank = cp_replicate_rank(p, rank);
+    ex->tp_rank = cp_tp_rank(p, rank);
     size_t n = (size_t)(p->nunits > 0 ? p->nunits : 1);
     for (int k = 0; k < CP_BUFFERS; k++)
         if (!(ex->buf[k] = calloc(n, sizeof(void *)))) goto oom;
@@ -143,6 +153,14 @@ void *cp_executor_buffer(const cp_executor *ex, int u, cp_buffer k)
     return ex->buf[k][u];
 }
 
+void *cp_executor_op_buffer(const cp_executor *ex, const cp_op *op, cp_buffer k, cp_slot slot)
+{
+    if (k == CP_BUF_NONE) return NULL;
+    char *base = ex->buf[k][op->unit];
+    int r = slot == CP_SLOT_SHARD ? ex->shard_rank : slot == CP_SLOT_TP ? ex->tp_rank : 0;
+    return base + (size_t)r * (size_t)op->count * cp_dtype_size(op->dtype);
+}
+
 int cp_executor_read(cp_executor *ex, cp_stream s, int u, cp_buffer k, void *host)
 {
     return ex->backend->read(ex->backend, s, ex->buf[k][u], host, (size_t)cp_arena_buffer_bytes(ex->plan, u, k));
@@ -185,13 +203,14 @@ done:
 static int run_collective(cp_executor *ex, const cp_op *op, const cp_op_desc *d, void *in, void *out)
 {
     const cp_plan *p = ex->plan;
-    const cp_unit *U = &p->units[op->unit];
     cp_backend *b = ex->backend;
-    int64_t W = p->shard_size;
-    /* Elements per rank in and out, the recordings' in_numel / out_numel. */
-    int64_t in_n = d->collective == CP_COLL_REDUCE_SCATTER ? W * U->total : U->total;
-    int64_t out_n = d->collective == CP_COLL_ALL_GATHER ? W * U->total : U->total;
+    /* Elements in and out, the recordings' in_numel / out_numel. */
+    int64_t n = op->family >= 0 ? p->families[op->family].size : 1;
+    int64_t in_n = d->collective == CP_COLL_REDUCE_SCATTER ? n * op->count : op->count;
+    int64_t out_n = d->collective == CP_COLL_ALL_GATHER ? n * op->count : op->count;
     size_t es = cp_dtype_size(op->dtype);
+    if (d->activation && ex->on_activation && ex->on_activation(ex->user, ex, op, 0))
+        return failed(ex, op, "preparing the activation");
     void *before = NULL;
     if (ex->on_collective && in == out) {
         if (!(before = malloc((size_t)in_n * es + 1))) return failed(ex, op, "host copy for the observer");
@@ -204,7 +223,10 @@ static int run_collective(cp_executor *ex, const cp_op *op, const cp_op_desc *d,
         rc = b->collective[d->collective](b, op, op->stream, in, out);
     if (rc == 0 && ex->on_collective && observe(ex, op, in, in_n, before, out, out_n)) rc = -1;
     free(before);
-    return rc ? failed(ex, op, "the collective") : 0;
+    if (rc) return failed(ex, op, "the collective");
+    if (d->activation && ex->on_activation && ex->on_activation(ex->user, ex, op, 1))
+        return failed(ex, op, "checking the activation");
+    return 0;
 }
 
 int cp_executor_run_op(cp_executor *ex, const cp_op *op)
@@ -220,10 +242,8 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op)
     int u = op->unit;
     for (int i = 0; i < op->wait_count; i++)
         if (b->wait(b, op->stream, p->waits[op->wait_first + i])) return failed(ex, op, "an event wait");
-    void *in = d->in != CP_BUF_NONE ? ex->buf[d->in][u] : NULL;
-    void *out = d->out != CP_BUF_NONE ? ex->buf[d->out][u] : NULL;
-    if (d->in_is_slot)
-        in = (char *)in + (size_t)ex->shard_rank * (size_t)p->units[u].total * cp_dtype_size(op->dtype);
+    void *in = cp_executor_op_buffer(ex, op, d->in, d->in_slot);
+    void *out = cp_executor_op_buffer(ex, op, d->out, d->out_slot);
     switch (d->action) {
     case CP_ACT_COPY:
         if (b->copy(b, d->kernel, u, op->stream, in, out)) return failed(ex, op, "the copy kernel");

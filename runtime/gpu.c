@@ -734,8 +734,8 @@ int cp_gpu_bench_ops(cp_gpu *g, void *stream, int warmup, int iters, FILE *out)
         size_t es = cp_dtype_size(op->dtype);
         /* nccl-tests' size: the larger buffer (all-gather out, reduce-scatter in, all-reduce). */
         size_t size = d->collective == CP_COLL_ALL_REDUCE ? (size_t)op->count * es : (size_t)op->count * (size_t)n * es;
-        char *in = g->ex.buf[d->in][op->unit], *outb = g->ex.buf[d->out][op->unit];
-        if (d->in_is_slot) in += (size_t)g->shard_rank * (size_t)op->count * es;
+        void *in = cp_executor_op_buffer(&g->ex, op, d->in, d->in_slot);
+        void *outb = cp_executor_op_buffer(&g->ex, op, d->out, d->out_slot);
         float ms = 0.0f;
         for (int it = -warmup; it < iters; it++) {
             if (it == 0) CUDA(cudaEventRecord(t0, S));

@@ -71,6 +71,43 @@ static double now_us(void)
     return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
 }
 
+/* TP activation collectives, the same way: a host function writes the
+ * pattern into pinned memory, copied into the op's input on the stream;
+ * after the op its output is copied back and a host function checks it. */
+static void CUDART_CB act_fill_on_host(void *arg)
+{
+    compute_call *c = arg;
+    cp_checker_act_input(&c->h->check, c->op, c->h->ex->tp_rank, c->h->ex->plan->families[c->op->family].size,
+                         c->pinned);
+}
+
+static void CUDART_CB act_check_on_host(void *arg)
+{
+    compute_call *c = arg;
+    cp_checker_act_output(&c->h->check, c->op, c->h->ex->tp_rank, c->h->ex->plan->families[c->op->family].size,
+                          c->pinned);
+}
+
+static int gpu_check_activation(void *user, cp_executor *ex, const cp_op *op, int after)
+{
+    check_state *cs = user;
+    compute_call *c = &cs->calls[op - ex->plan->ops];
+    const cp_op_desc *d = &cp_op_descs[op->kind];
+    size_t n = (size_t)ex->plan->families[op->family].size, es = cp_dtype_size(op->dtype);
+    if (op->stream != CP_STREAM_COMPUTE) return -1; /* the generator puts them on the compute stream */
+    if (!after) {
+        size_t len = (size_t)op->count * (op->kind == CP_OP_TP_REDUCE_SCATTER ? n : 1);
+        if (cudaLaunchHostFunc(cs->stream, act_fill_on_host, c) != cudaSuccess) return -1;
+        return cudaMemcpyAsync(cp_executor_op_buffer(ex, op, d->in, d->in_slot), c->pinned, len * es,
+                               cudaMemcpyHostToDevice, cs->stream) == cudaSuccess ? 0 : -1;
+    }
+    size_t len = (size_t)op->count * (op->kind == CP_OP_TP_ALL_GATHER ? n : 1);
+    if (cudaMemcpyAsync(c->pinned, cp_executor_op_buffer(ex, op, d->out, d->out_slot), len * es,
+                        cudaMemcpyDeviceToHost, cs->stream) != cudaSuccess)
+        return -1;
+    return cudaLaunchHostFunc(cs->stream, act_check_on_host, c) == cudaSuccess ? 0 : -1;
+}
+
 static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, cudaStream_t S)
 {
     check_state cs;
@@ -82,6 +119,7 @@ static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, c
         size_t n = ((size_t)cp_arena_buffer_bytes(p, u, CP_BUF_UNSHARDED) + 255) / 256 * 256 +
                    (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_GRADS);
         if (n > biggest) biggest = n;
+        if ((size_t)cp_arena_buffer_bytes(p, u, CP_BUF_ACT) > biggest) biggest = (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_ACT);
     }
     if (cudaMallocHost(&cs.pinned, biggest ? biggest : 1) != cudaSuccess) {
         fprintf(stderr, "commplan: rank %d: cudaMallocHost of %zu bytes for --check failed\n", cp_gpu_rank(g), biggest);
@@ -99,6 +137,7 @@ static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, c
     /* The harness writes shards, reads grads and dumps; the compute
      * placeholders are the stream-ordered ones above. */
     ex->on_compute = gpu_check_compute;
+    ex->on_activation = gpu_check_activation;
     ex->user = &cs;
     ex->on_collective = NULL;
     if (o->dump_dir) {
@@ -250,6 +289,7 @@ int cp_gpu_run(const cp_plan *p, const cp_gpu_kernels *k, const cp_launch_env *e
         cp_gpu_destroy(g);
         return 2;
     }
+    p = cp_gpu_executor(g)->plan; /* this rank's view: its TP class's tables */
     int rc = o->check ? run_check(g, p, o, S) : run_timing(g, p, o, S);
     cudaStreamDestroy(S);
     cp_gpu_destroy(g);

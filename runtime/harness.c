@@ -26,6 +26,28 @@ static int on_compute(void *user, cp_executor *ex, const cp_op *op)
     return 0;
 }
 
+/* Around a TP activation collective: the input written from the pattern,
+ * the output checked exactly, each through the backend on the op's stream. */
+static int on_activation(void *user, cp_executor *ex, const cp_op *op, int after)
+{
+    cp_harness *h = user;
+    const cp_op_desc *d = &cp_op_descs[op->kind];
+    int n = ex->plan->families[op->family].size;
+    size_t es = cp_dtype_size(op->dtype);
+    cp_backend *b = ex->backend;
+    if (!after) {
+        void *in = cp_executor_op_buffer(ex, op, d->in, d->in_slot);
+        size_t len = (size_t)op->count * (op->kind == CP_OP_TP_REDUCE_SCATTER ? (size_t)n : 1);
+        cp_checker_act_input(&h->check, op, ex->tp_rank, n, h->scratch);
+        return b->write(b, op->stream, in, h->scratch, len * es);
+    }
+    const void *out = cp_executor_op_buffer(ex, op, d->out, d->out_slot);
+    size_t len = (size_t)op->count * (op->kind == CP_OP_TP_ALL_GATHER ? (size_t)n : 1);
+    if (b->read(b, op->stream, out, h->scratch, len * es)) return -1;
+    cp_checker_act_output(&h->check, op, ex->tp_rank, n, h->scratch);
+    return 0;
+}
+
 /* ---- dump in the recordings' format (step 0 only) ---- */
 
 static void dump_values(FILE *f, cp_dtype t, const void *base, int64_t off, int64_t n)
@@ -119,7 +141,7 @@ int cp_harness_init(cp_harness *h, cp_executor *ex, cp_pattern pattern)
         return -1;
     }
     ex->on_compute = on_compute;
-    ex->on_collective = cp_harness_on_collective;
+    ex->on_activation = on_activation;
     ex->user = h;
     return 0;
 }
@@ -130,6 +152,7 @@ void cp_harness_free(cp_harness *h)
     if (h->ex && h->ex->user == h) {
         h->ex->on_compute = NULL;
         h->ex->on_collective = NULL;
+        h->ex->on_activation = NULL;
         h->ex->user = NULL;
     }
     cp_checker_free(&h->check);
@@ -164,6 +187,8 @@ int cp_harness_open_dump(cp_harness *h, const char *dir)
         fprintf(stderr, "commplan: --dump: cannot write %s: %s\n", path, strerror(errno));
         return -1;
     }
+    /* Only a dump observes collectives (each observation copies buffers). */
+    h->ex->on_collective = cp_harness_on_collective;
     return 0;
 }
 

@@ -1,0 +1,94 @@
+-- Tensor parallelism, activation side: the collectives torchtitan's Llama
+-- TP plan issues inside each unit's forward and backward, sized from the
+-- plan's local batch, seq_len and the model dims (elements per rank).
+--
+-- With sequence parallelism (torchtitan's default with TP) activations
+-- between blocks are sharded on the sequence: a block gathers them before
+-- attention and before the feed-forward (PrepareModuleInput: Shard(1) ->
+-- Replicate) and reduce-scatters after wo and w2 (RowwiseParallel with
+-- output Shard(1)); backward mirrors each (a gather's gradient is a
+-- reduce-scatter and the reverse), in reverse order. The embedding
+-- (RowwiseParallel, output Shard(1)) reduce-scatters its partial sums; the
+-- output (ColwiseParallel, input Shard(1)) gathers the normed sequence.
+-- Without sequence parallelism, wo and w2 all-reduce their outputs in
+-- forward and the block inputs' gradients are all-reduced in backward;
+-- the embedding all-reduces its output.
+--
+-- Not emitted (stated in SCHEDULE.md): loss_parallel's small all-reduces
+-- of per-token max, sum of exponentials and target logit (batch x seq
+-- fp32 each), which run outside every fully_shard unit.
+local util = require("gen.util")
+
+local tp_acts = {}
+
+local function has(u, suffix)
+  for _, q in ipairs(u.params) do
+    if q.name:sub(-#suffix) == suffix then return true end
+  end
+  return false
+end
+
+-- layout units (llama family), model config, tp, opts = { batch, seq_len,
+-- sequence_parallel } -> sets u.tp_acts = list of { kind, phase, count,
+-- dtype, what } and u.act_numel on every unit that has any.
+function tp_acts.llama(ctx, lay, cfg, T, opts)
+  if T <= 1 then return end
+  local seq = opts.seq_len
+  if not seq then
+    util.field_error(ctx, "model.seq_len", "tp > 1: seq_len is needed to size the TP activation collectives; "
+      .. "set model.seq_len (and model.batch, the local batch, default 1)")
+  end
+  local b, sp = opts.batch or 1, opts.sequence_parallel ~= false
+  local full = b * seq * cfg.dim          -- one activation, every token
+  local shard = full // T                 -- one sequence shard (seq % tp == 0: gen/dims checks)
+  for _, u in ipairs(lay.units) do
+    local acts = {}
+    local function add(kind, phase, count, what)
+      acts[#acts + 1] = { kind = kind, phase = phase, count = count, dtype = u.ag_dtype, what = what }
+    end
+    if has(u, "tok_embeddings.weight") then
+      if sp then
+        add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards")
+        add("tp_all_gather", "backward", shard, "embedding output gradient")
+      else
+        add("tp_all_reduce", "forward", full, "embedding output partial sums")
+      end
+    end
+    if has(u, "attention.wq.weight") then
+      if sp then
+        add("tp_all_gather", "forward", shard, "attention input sequence")
+        add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards")
+        add("tp_all_gather", "forward", shard, "feed-forward input sequence")
+        add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards")
+        add("tp_all_gather", "backward", shard, "w2 output gradient")
+        add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient")
+        add("tp_all_gather", "backward", shard, "wo output gradient")
+        add("tp_reduce_scatter", "backward", shard, "attention input gradient")
+      else
+        add("tp_all_reduce", "forward", full, "wo output partial sums")
+        add("tp_all_reduce", "forward", full, "w2 output partial sums")
+        add("tp_all_reduce", "backward", full, "feed-forward input gradient")
+        add("tp_all_reduce", "backward", full, "attention input gradient")
+      end
+    end
+    if has(u, "output.weight") then
+      if sp then
+        add("tp_all_gather", "forward", shard, "output input sequence")
+        add("tp_reduce_scatter", "backward", shard, "output input gradient")
+      else
+        add("tp_all_reduce", "backward", full, "output input gradient")
+      end
+    end
+    if #acts > 0 then
+      local most = 0
+      for _, a in ipairs(acts) do
+        local elems = a.kind == "tp_all_gather" and a.count * T or (a.kind == "tp_reduce_scatter" and a.count * T)
+          or a.count
+        most = math.max(most, elems)
+      end
+      u.tp_acts, u.act_numel = acts, most
+    end
+  end
+end
+
+return tp_acts
