@@ -33,7 +33,7 @@ $(error OUT=$(value OUT): an output directory is named with A-Z a-z 0-9 _ . / + 
 endif
 BUILD    := build/$(NAME)
 
-RUNTIME_SRC := runtime/harness.c runtime/arena.c runtime/launch.c runtime/check.c runtime/dtype.c runtime/topology.c runtime/executor.c runtime/backend_host.c runtime/simulate.c
+RUNTIME_SRC := runtime/harness.c runtime/arena.c runtime/launch.c runtime/rendezvous.c runtime/check.c runtime/dtype.c runtime/topology.c runtime/executor.c runtime/backend_host.c runtime/simulate.c
 RUNTIME_HDR := $(wildcard runtime/*.h)
 RUNTIME_OBJ := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRC))
 GEN_SRC     := $(wildcard gen/*.lua gen/models/*.lua) $(wildcard templates/*.in)
@@ -182,9 +182,22 @@ endef
 $(eval $(call cmocka_test,build/tests,))
 $(eval $(call cmocka_test,build/tests-asan,$(SAN)))
 
-test-c: build/tests/test_runtime build/tests-asan/test_runtime
+# The NCCL id channels (launch.c, rendezvous.c) alone, plain and under
+# ASan+UBSan; the TCPStore tests start tests/fake_tcpstore.py (python3).
+RDZV_SRC := tests/c/test_rendezvous.c runtime/rendezvous.c runtime/launch.c
+define rendezvous_test
+$(1)/test_rendezvous: $(RDZV_SRC) runtime/rendezvous.h runtime/launch.h
+	@mkdir -p $(1)
+	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ $(RDZV_SRC) -lcmocka
+endef
+$(eval $(call rendezvous_test,build/tests,))
+$(eval $(call rendezvous_test,build/tests-asan,$(SAN)))
+
+test-c: build/tests/test_runtime build/tests-asan/test_runtime build/tests/test_rendezvous build/tests-asan/test_rendezvous
 	build/tests/test_runtime
 	build/tests-asan/test_runtime
+	build/tests/test_rendezvous
+	build/tests-asan/test_rendezvous
 
 # ---- CUDA: the generated kernels against the host executor; GPU tests ----
 KERNEL_TEST_PLANS := fsdp8_uneven hsdp2x3_bf16 hsdp4x2_fp16 llama_tiny

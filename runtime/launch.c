@@ -1,12 +1,17 @@
 /* Launcher environment. torchrun's variables win over Open MPI's, which win
  * over Slurm's (srun may wrap either). A launcher whose variables are only
- * partly set is an error, not a silent single-process run. */
+ * partly set is an error, not a silent single-process run. Then the channel
+ * for NCCL's unique id: the user's NCCL_COMM_ID, a shared file, torchrun's
+ * own store, or MASTER_ADDR:MASTER_PORT (see launch.h). */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "launch.h"
 
@@ -32,6 +37,148 @@ static int parse(cp_getenv_fn get, const char *name, int min, int *out, char *er
         return -1;
     }
     *out = (int)v;
+    return 0;
+}
+
+static int parse_port(cp_getenv_fn get, int *port, char *err, size_t errlen)
+{
+    if (parse(get, "MASTER_PORT", 1, port, err, errlen)) return -1;
+    if (*port > 65535) {
+        snprintf(err, errlen, "$MASTER_PORT=%d is not a TCP port (1..65535)", *port);
+        return -1;
+    }
+    return 0;
+}
+
+static const char *nonempty(cp_getenv_fn get, const char *name)
+{
+    const char *s = get(name);
+    return s && *s ? s : NULL;
+}
+
+/* Tags go into a file's header lines and the store's key: printable, no spaces. */
+static int printable(const char *s)
+{
+    for (; *s; s++)
+        if (*s < 0x21 || *s > 0x7e) return 0;
+    return 1;
+}
+
+/* Appends one part to a comma-separated tag; -1 when it no longer fits. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static int tag_append(char *out, size_t n, const char *fmt, ...)
+{
+    size_t used = strlen(out);
+    if (used && used + 1 < n) out[used++] = ',', out[used] = '\0';
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(out + used, n - used, fmt, ap);
+    va_end(ap);
+    return w < 0 || (size_t)w >= n - used ? -1 : 0;
+}
+
+/* The id file must name the launch it belongs to, or rank 1 could read the
+ * id a crashed earlier job left at the same path: every job id the launchers
+ * set goes into the tag (a requeued Slurm job keeps its id but counts
+ * restarts; torchrun's restarts keep the run id). torchrun's default run id
+ * "none" is the same for every launch, so it alone does not count. */
+static int file_job_tag(cp_getenv_fn get, char *out, size_t n, char *err, size_t errlen)
+{
+    const char *gen = nonempty(get, "COMMPLAN_ID_GENERATION"), *slurm = nonempty(get, "SLURM_JOB_ID");
+    const char *step = nonempty(get, "SLURM_STEP_ID"), *requeue = nonempty(get, "SLURM_RESTART_COUNT");
+    const char *run = nonempty(get, "TORCHELASTIC_RUN_ID"), *restart = nonempty(get, "TORCHELASTIC_RESTART_COUNT");
+    const char *ompi = nonempty(get, "OMPI_MCA_ess_base_jobid"), *pmix = nonempty(get, "PMIX_NAMESPACE");
+    if (!gen && !slurm && !(run && strcmp(run, "none") != 0) && !ompi && !pmix) {
+        snprintf(err, errlen, "COMMPLAN_ID_FILE is set but no job id tells this launch from an earlier one (no "
+                 "SLURM_JOB_ID, TORCHELASTIC_RUN_ID, OMPI_MCA_ess_base_jobid or PMIX_NAMESPACE); set "
+                 "COMMPLAN_ID_GENERATION to a value unique to this launch on every rank");
+        return -1;
+    }
+    out[0] = '\0';
+    int fits = (!gen || !tag_append(out, n, "gen:%s", gen)) &&
+               (!slurm || !tag_append(out, n, "slurm:%s.%s%s%s", slurm, step ? step : "-", requeue ? ".r" : "",
+                                      requeue ? requeue : "")) &&
+               (!run || !tag_append(out, n, "torchrun:%s/%s", run, restart ? restart : "0")) &&
+               (!ompi || !tag_append(out, n, "openmpi:%s", ompi)) && (!pmix || !tag_append(out, n, "pmix:%s", pmix));
+    if (!fits || !printable(out)) {
+        snprintf(err, errlen, "the job ids for COMMPLAN_ID_FILE (%.60s...) are longer than %zu characters or hold "
+                 "spaces; set COMMPLAN_ID_GENERATION to a short unique word and unset the others", out, n - 1);
+        return -1;
+    }
+    return 0;
+}
+
+static int is_true(const char *s) { return s && (!strcasecmp(s, "true") || !strcmp(s, "1")); }
+
+static int choose_id_channel(cp_launch_env *out, cp_getenv_fn get, char *err, size_t errlen)
+{
+    const char *id = nonempty(get, "NCCL_COMM_ID"), *file = get("COMMPLAN_ID_FILE");
+    const char *addr = nonempty(get, "MASTER_ADDR"), *port = nonempty(get, "MASTER_PORT");
+    const char *agent_store = get("TORCHELASTIC_USE_AGENT_STORE");
+    if (id) {
+        if (strlen(id) >= sizeof out->comm_id) {
+            snprintf(err, errlen, "$NCCL_COMM_ID is longer than %zu characters; use host:port", sizeof out->comm_id - 1);
+            return -1;
+        }
+        snprintf(out->comm_id, sizeof out->comm_id, "%s", id);
+        out->id_channel = CP_ID_NCCL_COMM_ID;
+        return 0;
+    }
+    if (file) {
+        if (!*file || strlen(file) >= sizeof out->id_file) {
+            snprintf(err, errlen, "$COMMPLAN_ID_FILE must be a path of 1..%zu characters on a filesystem every rank "
+                     "shares", sizeof out->id_file - 1);
+            return -1;
+        }
+        snprintf(out->id_file, sizeof out->id_file, "%s", file);
+        out->id_channel = CP_ID_FILE;
+        return file_job_tag(get, out->job_tag, sizeof out->job_tag, err, errlen);
+    }
+    if (is_true(agent_store)) {
+        /* torchrun's agent already listens on MASTER_PORT: talk to it as a
+         * store client instead of letting NCCL's rank 0 bind that port. */
+        if (!addr || !port) {
+            snprintf(err, errlen, "TORCHELASTIC_USE_AGENT_STORE=%s but MASTER_ADDR or MASTER_PORT is unset; launch "
+                     "with torchrun, or set COMMPLAN_ID_FILE=/shared/path", agent_store);
+            return -1;
+        }
+        if (strlen(addr) >= sizeof out->store_host) {
+            snprintf(err, errlen, "$MASTER_ADDR is longer than %zu characters", sizeof out->store_host - 1);
+            return -1;
+        }
+        if (parse_port(get, &out->store_port, err, errlen)) return -1;
+        snprintf(out->store_host, sizeof out->store_host, "%s", addr);
+        const char *run = nonempty(get, "TORCHELASTIC_RUN_ID"), *restart = nonempty(get, "TORCHELASTIC_RESTART_COUNT");
+        int w = snprintf(out->job_tag, sizeof out->job_tag, "%s/%s", run ? run : "none", restart ? restart : "0");
+        if (w < 0 || (size_t)w >= sizeof out->job_tag || !printable(out->job_tag)) {
+            snprintf(err, errlen, "$TORCHELASTIC_RUN_ID is longer than %zu characters or holds spaces; pass torchrun "
+                     "a shorter --rdzv-id", sizeof out->job_tag - 24);
+            return -1;
+        }
+        out->id_channel = CP_ID_TCPSTORE;
+        return 0;
+    }
+    if (addr && port) {
+        int p;
+        if (parse_port(get, &p, err, errlen)) return -1;
+        /* An IPv6 literal needs brackets before the port. */
+        int v6 = strchr(addr, ':') != NULL && addr[0] != '[';
+        int w = snprintf(out->comm_id, sizeof out->comm_id, v6 ? "[%s]:%d" : "%s:%d", addr, p);
+        if (w < 0 || (size_t)w >= sizeof out->comm_id) {
+            snprintf(err, errlen, "$MASTER_ADDR is longer than %zu characters", sizeof out->comm_id - 10);
+            return -1;
+        }
+        out->id_channel = CP_ID_MASTER_ADDR;
+        return 0;
+    }
+    if (out->world_size > 1) {
+        snprintf(err, errlen, "%d ranks but no rendezvous address: set MASTER_ADDR and MASTER_PORT (torchrun sets "
+                 "them), COMMPLAN_ID_FILE=/shared/path or NCCL_COMM_ID=host:port", out->world_size);
+        return -1;
+    }
+    out->id_channel = CP_ID_ALONE;
     return 0;
 }
 
@@ -65,23 +212,17 @@ int cp_launch_from_env(cp_launch_env *out, cp_getenv_fn get, char *err, size_t e
         out->source = l->source;
         break;
     }
-    const char *id = get("NCCL_COMM_ID"), *addr = get("MASTER_ADDR"), *port = get("MASTER_PORT");
-    if (id && *id) {
-        snprintf(out->comm_id, sizeof out->comm_id, "%s", id);
-    } else if (addr && *addr && port && *port) {
-        int p;
-        if (parse(get, "MASTER_PORT", 1, &p, err, errlen)) return -1;
-        if (p > 65535) {
-            snprintf(err, errlen, "$MASTER_PORT=%d is not a TCP port (1..65535)", p);
+    out->init_timeout_s = 300.0;
+    const char *t = get("COMMPLAN_INIT_TIMEOUT");
+    if (t) {
+        char *end;
+        errno = 0;
+        double v = strtod(t, &end);
+        if (errno || end == t || *end || !isfinite(v) || v <= 0) {
+            snprintf(err, errlen, "$COMMPLAN_INIT_TIMEOUT=%s is not a positive number of seconds", t);
             return -1;
         }
-        /* An IPv6 literal needs brackets before the port. */
-        int v6 = strchr(addr, ':') != NULL && addr[0] != '[';
-        snprintf(out->comm_id, sizeof out->comm_id, v6 ? "[%s]:%d" : "%s:%d", addr, p);
-    } else if (out->world_size > 1) {
-        snprintf(err, errlen, "%d ranks but no rendezvous address: set MASTER_ADDR and MASTER_PORT (torchrun sets "
-                 "them) or NCCL_COMM_ID=host:port", out->world_size);
-        return -1;
+        out->init_timeout_s = v;
     }
-    return 0;
+    return choose_id_channel(out, get, err, errlen);
 }

@@ -1,5 +1,6 @@
 /* Rank, world and local rank from the launcher's environment (torchrun,
- * Slurm, Open MPI), and NCCL's bootstrap address, without MPI. */
+ * Slurm, Open MPI), and the channel that carries NCCL's unique id from
+ * rank 0 to the other ranks (runtime/rendezvous.h), without MPI. */
 #ifndef COMMPLAN_LAUNCH_H
 #define COMMPLAN_LAUNCH_H
 
@@ -7,13 +8,30 @@
 
 typedef char *(*cp_getenv_fn)(const char *name); /* getenv's type */
 
+/* How the 128-byte ncclUniqueId reaches every rank, chosen in this order. */
+typedef enum {
+    CP_ID_ALONE = 0,     /* one rank: nothing to share */
+    CP_ID_NCCL_COMM_ID,  /* NCCL_COMM_ID set by the user: every rank calls ncclGetUniqueId itself */
+    CP_ID_FILE,          /* COMMPLAN_ID_FILE: rank 0 writes the id to a file on a shared filesystem */
+    CP_ID_TCPSTORE,      /* torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True) at MASTER_ADDR:MASTER_PORT */
+    CP_ID_MASTER_ADDR,   /* NCCL_COMM_ID=MASTER_ADDR:MASTER_PORT: NCCL's rank 0 listens there itself */
+} cp_id_channel;
+
 typedef struct {
     int rank, world_size, local_rank;
     const char *source;  /* "torchrun", "openmpi", "slurm" or "none" (one process) */
-    char comm_id[300];   /* NCCL_COMM_ID value ("host:port", "[v6]:port"), "" if none */
+    char comm_id[300];   /* NCCL_COMM_ID to set before ncclGetUniqueId ("host:port", "[v6]:port"); "" for the
+                            file and store channels, whose rank 0 must not bind a fixed address */
     int standin;         /* 1: this process plays `rank` of the plan alone on one GPU; every group's
                             communicator has one rank, so each collective is issued with the plan's
                             counts but moves only this rank's own slot (host-cost measurement) */
+    int id_channel;         /* cp_id_channel */
+    char store_host[256];   /* CP_ID_TCPSTORE: MASTER_ADDR */
+    int store_port;         /* CP_ID_TCPSTORE: MASTER_PORT */
+    char id_file[4096];     /* CP_ID_FILE: COMMPLAN_ID_FILE */
+    char job_tag[256];      /* which launch this is: for CP_ID_FILE the job id written into and checked in the
+                               file; for CP_ID_TCPSTORE "<TORCHELASTIC_RUN_ID>/<TORCHELASTIC_RESTART_COUNT>" */
+    double init_timeout_s;  /* COMMPLAN_INIT_TIMEOUT, default 300: bootstrap limit */
 } cp_launch_env;
 
 /* Returns 0, or -1 with a one-line message naming the variable and the fix

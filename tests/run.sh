@@ -69,6 +69,9 @@ echo "== runtime unit tests (cmocka, plain and ASan+UBSan)"
 run "build cmocka tests" $MAKE build/tests/test_runtime build/tests-asan/test_runtime
 run "cmocka runtime tests" build/tests/test_runtime
 run "cmocka runtime tests under ASan+UBSan" build/tests-asan/test_runtime
+run "build rendezvous tests" $MAKE build/tests/test_rendezvous build/tests-asan/test_rendezvous
+run "NCCL id channels: launcher env, shared id file (4 ranks), TCPStore client vs tests/fake_tcpstore.py" build/tests/test_rendezvous
+run "NCCL id channels under ASan+UBSan" build/tests-asan/test_rendezvous
 
 echo "== end to end: every small plan generated, built and simulated on all ranks"
 for n in $(plan_names); do

@@ -1,0 +1,528 @@
+/* NCCL's unique id from rank 0 to every rank, through a shared file or
+ * torchrun's own TCPStore (see rendezvous.h). Plain C11 + POSIX sockets: no
+ * CUDA, so the host tests exercise every line. Every wait is bounded by a
+ * deadline; every failure is one line naming the channel, the rank and a fix. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rendezvous.h"
+
+enum { MAX_SHARED_BYTES = 4096, MAX_KEY_SUFFIX = 200 };
+
+static double now_s(void)
+{
+    struct timespec t;
+    /* The wall clock as a fallback keeps every deadline finite. */
+    if (clock_gettime(CLOCK_MONOTONIC, &t) != 0) return (double)time(NULL);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s)
+{
+    if (s <= 0) return;
+    struct timespec t = { (time_t)s, (long)((s - (double)(time_t)s) * 1e9) };
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {}
+}
+
+/* strerror is not thread-safe and ranks may be threads (tests). */
+static const char *errstr(int e, char *buf, size_t n)
+{
+    if (strerror_r(e, buf, n) != 0) snprintf(buf, n, "errno %d", e);
+    return buf;
+}
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return CP_RDZV_ERROR;
+}
+
+static int printable_word(const char *s)
+{
+    if (!*s) return 0;
+    for (; *s; s++)
+        if (*s < 0x21 || *s > 0x7e) return 0;
+    return 1;
+}
+
+/* ---- COMMPLAN_ID_FILE ------------------------------------------------------------------------------------------ */
+
+/* The file is text, so `cat` shows whose it is:
+ *   commplan-nccl-id 1
+ *   job <job tag>        (SLURM_JOB_ID.step, TORCHELASTIC_RUN_ID, ...: launch.c)
+ *   key <key suffix>     (the plan fingerprint)
+ *   bytes <n>
+ *   <2n hex digits>
+ * A file whose job or key differ is another launch's or another plan's and is
+ * never read; rank 0 of this launch replaces it. */
+#define ID_FILE_HEADER "commplan-nccl-id 1"
+
+static int write_all_fd(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int file_publish(const cp_launch_env *env, const char *key, const unsigned char *bytes, size_t len, char *err,
+                        size_t errlen)
+{
+    char tmp[sizeof env->id_file + 32], eb[128];
+    snprintf(tmp, sizeof tmp, "%s.tmp%ld", env->id_file, (long)getpid());
+    size_t cap = 512 + strlen(env->job_tag) + strlen(key) + 2 * len;
+    char *text = malloc(cap);
+    if (!text) return fail(err, errlen, "rank 0: COMMPLAN_ID_FILE: out of host memory");
+    int n = snprintf(text, cap, ID_FILE_HEADER "\njob %s\nkey %s\nbytes %zu\n", env->job_tag, key, len);
+    for (size_t i = 0; i < len; i++) n += snprintf(text + n, cap - (size_t)n, "%02x", bytes[i]);
+    text[n++] = '\n';
+    /* A temporary name in the same directory, then rename: readers see the
+     * old file or the whole new one, never half of it. 0600: the id lets a
+     * process join the communicator. */
+    const char *step = "open";
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), e = 0;
+    if (fd < 0) e = errno;
+    else {
+        if (write_all_fd(fd, text, (size_t)n) != 0) step = "write", e = errno;
+        else if (fsync(fd) != 0) step = "fsync", e = errno;
+        if (close(fd) != 0 && !e) step = "close", e = errno;
+        if (!e && rename(tmp, env->id_file) != 0) step = "rename", e = errno;
+        if (e) unlink(tmp); /* best effort: the error below is what matters */
+    }
+    free(text);
+    if (e)
+        return fail(err, errlen, "rank 0: COMMPLAN_ID_FILE=%s: %s of %s failed: %s; point COMMPLAN_ID_FILE into a "
+                    "directory every rank can write and read (a shared filesystem across nodes)", env->id_file, step,
+                    tmp, errstr(e, eb, sizeof eb));
+    return CP_RDZV_SHARED;
+}
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+/* Parses one id file. Returns 1 when it is this launch's and this plan's
+ * (bytes filled), 0 when it is someone else's or malformed (why says which). */
+static int file_parse(const char *text, size_t n, const char *job, const char *key, unsigned char *bytes, size_t len,
+                      char *why, size_t whylen)
+{
+    char fjob[256], fkey[MAX_KEY_SUFFIX + 1];
+    size_t flen = 0;
+    int used = 0;
+    if (memchr(text, '\0', n) ||
+        sscanf(text, ID_FILE_HEADER "\njob %255s\nkey %200s\nbytes %zu\n%n", fjob, fkey, &flen, &used) != 3 ||
+        used == 0) {
+        snprintf(why, whylen, "the file there is not a commplan id file");
+        return 0;
+    }
+    if (strcmp(fjob, job) != 0 || strcmp(fkey, key) != 0) {
+        snprintf(why, whylen, "the file there is job %s, plan %s: stale or another plan's", fjob, fkey);
+        return 0;
+    }
+    if (flen != len || n - (size_t)used < 2 * len + 1 || text[used + 2 * len] != '\n') {
+        snprintf(why, whylen, "the file there holds %zu bytes, expected %zu", flen, len);
+        return 0;
+    }
+    for (size_t i = 0; i < len; i++) {
+        int hi = hex_digit(text[used + 2 * i]), lo = hex_digit(text[used + 2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            snprintf(why, whylen, "the file there has a bad hex digit");
+            return 0;
+        }
+        bytes[i] = (unsigned char)(hi * 16 + lo);
+    }
+    return 1;
+}
+
+static int file_receive(const cp_launch_env *env, const char *key, unsigned char *bytes, size_t len, double timeout_s,
+                        char *err, size_t errlen)
+{
+    enum { MAX_FILE = 64 * 1024 };
+    char *text = malloc(MAX_FILE + 1), why[600] = "no file there yet", eb[128];
+    if (!text) return fail(err, errlen, "rank %d: COMMPLAN_ID_FILE: out of host memory", env->rank);
+    double start = now_s(), deadline = start + timeout_s, pause = 0.005;
+    int rc = CP_RDZV_ERROR;
+    for (;;) {
+        int fd = open(env->id_file, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 && errno != ENOENT) {
+            fail(err, errlen, "rank %d: COMMPLAN_ID_FILE=%s: open failed: %s; every rank must be able to read it",
+                 env->rank, env->id_file, errstr(errno, eb, sizeof eb));
+            break;
+        }
+        if (fd >= 0) {
+            size_t n = 0;
+            int e = 0;
+            for (;;) {
+                ssize_t r = read(fd, text + n, MAX_FILE + 1 - n);
+                if (r < 0 && errno == EINTR) continue;
+                if (r < 0) { e = errno; break; }
+                if (r == 0 || (n += (size_t)r) > MAX_FILE) break;
+            }
+            if (close(fd) != 0 && !e) e = errno;
+            if (e) {
+                fail(err, errlen, "rank %d: COMMPLAN_ID_FILE=%s: read failed: %s", env->rank, env->id_file,
+                     errstr(e, eb, sizeof eb));
+                break;
+            }
+            if (n > MAX_FILE) snprintf(why, sizeof why, "the file there is over %d bytes", MAX_FILE);
+            else {
+                text[n] = '\0';
+                if (file_parse(text, n, env->job_tag, key, bytes, len, why, sizeof why)) {
+                    rc = CP_RDZV_SHARED;
+                    break;
+                }
+            }
+        }
+        double left = deadline - now_s();
+        if (left <= 0) {
+            fail(err, errlen, "rank %d: COMMPLAN_ID_FILE=%s: no NCCL id from rank 0 of job %s, plan %s within %.1f s "
+                 "(%s); start rank 0 of this launch, use a filesystem every node shares, or raise "
+                 "COMMPLAN_INIT_TIMEOUT", env->rank, env->id_file, env->job_tag, key, timeout_s, why);
+            break;
+        }
+        /* Poll quickly at first (rank 0 is usually just behind), then back
+         * off so a thousand ranks do not hammer a network filesystem. */
+        sleep_s(pause < left ? pause : left);
+        pause = pause * 2 < 0.25 ? pause * 2 : 0.25;
+    }
+    free(text);
+    return rc;
+}
+
+/* ---- torchrun's TCPStore ---------------------------------------------------------------------------------------
+ * The wire protocol of PyTorch's TCPStore, client side. Read from PyTorch's
+ * main branch after 2.10 (a mirror at commit a9a89d9c; no 2.11 tag could be
+ * fetched), where the libuv server is the only one and torchrun's agent store
+ * is that server; the earlier libuv server at c10d/TCPStoreLibUvBackend.cpp
+ * (read at commit 01afc5c9: QUEUE_* but no LIST_KEYS/BARRIER yet) handles
+ * these queries identically:
+ *   torch/csrc/distributed/c10d/store/TCPStoreBackend.hpp (was ../TCPStoreBackend.hpp), lines 13-40:
+ *     validationMagicNumber = 0x3C85F7CE; enum class QueryType : uint8_t { VALIDATE=0, SET=1, COMPARE_SET=2,
+ *     GET=3, ADD=4, CHECK=5, WAIT=6, GETNUMKEYS=7, DELETE_KEY=8, APPEND=9, MULTI_GET=10, MULTI_SET=11,
+ *     CANCEL_WAIT=12, PING=13, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN, LIST_KEYS, BARRIER } (only appended to);
+ *     WaitResponseType : uint8_t { STOP_WAITING=0, WAIT_CANCELED=1 }.
+ *   TCPStore.cpp, class SendBuffer: a query is one QueryType byte, then its arguments; appendString and
+ *     appendBytes send a uint64_t length (host byte order) and the bytes; appendValue<T> sends T's bytes.
+ *   TCPStore.cpp, TCPStore::TCPStore: after connect the client sends validate() (VALIDATE + uint32 magic, no
+ *     reply) and ping() (PING + uint32 nonce = getpid(); the server echoes the uint32), retrying connect +
+ *     validate + ping with backoff until the timeout.
+ *   TCPStore.cpp, TCPStore::set / get / doWait: keys carry keyPrefix_ = "/" (TCPStore.hpp); SET = key, value,
+ *     no reply; WAIT = uint64 key count, keys, reply one byte STOP_WAITING once all are set; GET = key, reply
+ *     uint64 length + bytes (recvVector, Utils.hpp: SizeType = uint64_t).
+ *   store/TCPStoreLibUvBackend.cpp, UvClient::processBuf: a new client's first query must be VALIDATE with the
+ *     magic (isMiscellaneousClient) or it is ignored; queries on one connection are handled in order, so a
+ *     PING answered after SET means the SET is stored. parse_get_command answers an unset key with zero bytes,
+ *     hence WAIT before GET. onClose -> unregisterClient -> clearClientWaitState: closing the socket is how a
+ *     timed-out WAIT is given up. MAX_STRING_LEN 8 KiB per key, MAX_PAYLOAD_LEN 8 MiB per value. */
+enum { Q_VALIDATE = 0, Q_SET = 1, Q_GET = 3, Q_WAIT = 6, Q_PING = 13 };
+enum { W_STOP_WAITING = 0 };
+static const uint32_t TCPSTORE_MAGIC = 0x3C85F7CEu;
+
+typedef struct {
+    unsigned char *p;
+    size_t n, cap;
+} buf;
+
+static int buf_put(buf *b, const void *p, size_t n)
+{
+    if (b->n + n > b->cap) {
+        size_t cap = (b->n + n) * 2;
+        unsigned char *q = realloc(b->p, cap);
+        if (!q) return -1;
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, p, n);
+    b->n += n;
+    return 0;
+}
+static int buf_u8(buf *b, uint8_t v) { return buf_put(b, &v, 1); }
+static int buf_u32(buf *b, uint32_t v) { return buf_put(b, &v, 4); }
+static int buf_bytes(buf *b, const void *p, size_t n)
+{
+    uint64_t size = n;
+    return buf_put(b, &size, 8) || buf_put(b, p, n);
+}
+
+/* Waits until fd is ready for events or the deadline: 1 ready, 0 timed out, -1 error (errno). */
+static int wait_fd(int fd, short events, double deadline)
+{
+    for (;;) {
+        double left = deadline - now_s();
+        if (left <= 0) return 0;
+        struct pollfd p = { fd, events, 0 };
+        int ms = left > 1e6 ? 1000000000 : (int)(left * 1000) + 1;
+        int r = poll(&p, 1, ms);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r > 0) return 1;
+    }
+}
+
+/* I/O with a deadline on a non-blocking socket. Return 0, or -1 (IO_TIMEOUT
+ * when the deadline passed) with why. */
+enum { IO_TIMEOUT = -2 };
+static int send_all(int fd, const void *p, size_t n, double deadline, char *why, size_t whylen)
+{
+    char eb[128];
+    const char *c = p;
+    while (n > 0) {
+        ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+        if (w >= 0) { c += w; n -= (size_t)w; continue; }
+        if (errno == EINTR) continue;
+        if (errno == EPIPE || errno == ECONNRESET) {
+            snprintf(why, whylen, "the store closed the connection");
+            return -1;
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            snprintf(why, whylen, "send failed: %s", errstr(errno, eb, sizeof eb));
+            return -1;
+        }
+        int r = wait_fd(fd, POLLOUT, deadline);
+        if (r == 0) {
+            snprintf(why, whylen, "the store took no data");
+            return IO_TIMEOUT;
+        }
+        if (r < 0) {
+            snprintf(why, whylen, "poll failed: %s", errstr(errno, eb, sizeof eb));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int recv_all(int fd, void *p, size_t n, double deadline, const char *what, char *why, size_t whylen)
+{
+    char eb[128];
+    char *c = p;
+    while (n > 0) {
+        ssize_t r = recv(fd, c, n, 0);
+        if (r > 0) { c += r; n -= (size_t)r; continue; }
+        if (r == 0 || (r < 0 && errno == ECONNRESET)) {
+            /* A reset is a close with our query still unread. */
+            snprintf(why, whylen, "the store closed the connection instead of answering %s", what);
+            return -1;
+        }
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            snprintf(why, whylen, "recv of the answer to %s failed: %s", what, errstr(errno, eb, sizeof eb));
+            return -1;
+        }
+        int w = wait_fd(fd, POLLIN, deadline);
+        if (w == 0) {
+            snprintf(why, whylen, "no answer to %s", what);
+            return IO_TIMEOUT;
+        }
+        if (w < 0) {
+            snprintf(why, whylen, "poll failed: %s", errstr(errno, eb, sizeof eb));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* One TCP connection to host:port before the deadline; -1 with why, and
+ * *timed_out set when the deadline cut the attempt short. */
+static int connect_once(const char *host, int port, double deadline, int *fatal, int *timed_out, char *why,
+                        size_t whylen)
+{
+    char service[16], eb[128];
+    snprintf(service, sizeof service, "%d", port);
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    int g = getaddrinfo(host, service, &hints, &res);
+    if (g != 0) {
+        snprintf(why, whylen, "MASTER_ADDR=%s does not resolve: %s", host,
+                 g == EAI_SYSTEM ? errstr(errno, eb, sizeof eb) : gai_strerror(g));
+        *fatal = g != EAI_AGAIN && g != EAI_SYSTEM; /* a name that does not exist will not appear */
+        return -1;
+    }
+    int fd = -1;
+    snprintf(why, whylen, "no address for %s", host);
+    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
+        *timed_out = 0;
+        fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd < 0) {
+            snprintf(why, whylen, "socket failed: %s", errstr(errno, eb, sizeof eb));
+            continue;
+        }
+        int flags = fcntl(fd, F_GETFL), one = 1, e = 0;
+        if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) < 0 ||
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
+            e = errno;
+        else if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+            e = errno;
+            if (e == EINPROGRESS || e == EINTR) {
+                int r = wait_fd(fd, POLLOUT, deadline);
+                socklen_t sl = sizeof e;
+                if (r < 0) e = errno;
+                else if (r == 0) e = ETIMEDOUT, *timed_out = 1;
+                else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) != 0) e = errno;
+            }
+        }
+        if (e) {
+            snprintf(why, whylen, "connect failed: %s", errstr(e, eb, sizeof eb));
+            close(fd); /* a failed socket: nothing left to lose */
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+/* Connect, VALIDATE and PING as TCPStore's constructor does, retrying with
+ * backoff until the deadline (the agent may not accept yet, or its backlog
+ * is full). Returns the socket, or -1 with why. */
+static int store_open(const cp_launch_env *env, double deadline, char *why, size_t whylen)
+{
+    double pause = 0.05;
+    /* The last attempt may be cut short by the deadline; an earlier one's
+     * reason ("refused", "closed the connection") says more than "timed out". */
+    char earlier[800] = "";
+    for (;;) {
+        int fatal = 0, timed_out = 0;
+        int fd = connect_once(env->store_host, env->store_port, deadline, &fatal, &timed_out, why, whylen);
+        if (fd >= 0) {
+            uint32_t nonce = (uint32_t)getpid() ^ ((uint32_t)env->rank << 16), echo = 0;
+            buf q = { 0 };
+            int ok = !buf_u8(&q, Q_VALIDATE) && !buf_u32(&q, TCPSTORE_MAGIC) && !buf_u8(&q, Q_PING) &&
+                     !buf_u32(&q, nonce);
+            if (!ok) snprintf(why, whylen, "out of host memory");
+            int io = ok ? send_all(fd, q.p, q.n, deadline, why, whylen) : -1;
+            if (io == 0) io = recv_all(fd, &echo, sizeof echo, deadline, "PING", why, whylen);
+            timed_out = io == IO_TIMEOUT;
+            ok = io == 0;
+            free(q.p);
+            if (ok && echo == nonce) return fd;
+            if (ok) snprintf(why, whylen, "PING answered %u instead of %u: not a PyTorch TCPStore", echo, nonce);
+            close(fd); /* giving up this connection; its error is in why */
+        }
+        if (!timed_out) snprintf(earlier, sizeof earlier, "%s", why);
+        double left = deadline - now_s();
+        if (fatal || left <= 0) {
+            if (timed_out && earlier[0]) snprintf(why, whylen, "%s", earlier);
+            return -1;
+        }
+        sleep_s(pause < left ? pause : left);
+        pause = pause * 2 < 1.0 ? pause * 2 : 1.0;
+    }
+}
+
+static int store_share(const cp_launch_env *env, const char *key_suffix, unsigned char *bytes, size_t len,
+                       double timeout_s, char *err, size_t errlen)
+{
+    char key[sizeof env->job_tag + MAX_KEY_SUFFIX + 32], why[800] = "";
+    /* "/" is what PyTorch's own client puts before every key, so Python's
+     * store.get("commplan/...") on the same store finds the id too. */
+    snprintf(key, sizeof key, "/commplan/%s/%s/nccl_id", env->job_tag, key_suffix);
+    double start = now_s(), deadline = start + timeout_s;
+    const char *where = "MASTER_ADDR:MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True";
+    int fd = store_open(env, deadline, why, sizeof why);
+    if (fd < 0)
+        return fail(err, errlen, "rank %d: torchrun's store %s:%d (%s): %s (gave up after %.1f s); check that "
+                    "torchrun's agent is alive and reachable from this node, or set COMMPLAN_ID_FILE=/shared/path",
+                    env->rank, env->store_host, env->store_port, where, why, now_s() - start);
+    buf q = { 0 };
+    int rc = CP_RDZV_ERROR, timed_out = 0;
+    uint64_t klen = strlen(key);
+    if (env->rank == 0) {
+        /* SET, then a PING: its echo means the SET before it is stored. */
+        uint32_t nonce = (uint32_t)getpid(), echo = 0;
+        if (buf_u8(&q, Q_SET) || buf_bytes(&q, key, klen) || buf_bytes(&q, bytes, len) || buf_u8(&q, Q_PING) ||
+            buf_u32(&q, nonce))
+            snprintf(why, sizeof why, "out of host memory");
+        else if (!send_all(fd, q.p, q.n, deadline, why, sizeof why) &&
+                 !recv_all(fd, &echo, sizeof echo, deadline, "PING after SET", why, sizeof why)) {
+            if (echo == nonce) rc = CP_RDZV_SHARED;
+            else snprintf(why, sizeof why, "PING after SET answered %u instead of %u", echo, nonce);
+        }
+    } else {
+        uint8_t answer = 0xff;
+        uint64_t one = 1, got = 0;
+        int io = 0;
+        if (buf_u8(&q, Q_WAIT) || buf_put(&q, &one, 8) || buf_bytes(&q, key, klen))
+            snprintf(why, sizeof why, "out of host memory");
+        else if ((io = send_all(fd, q.p, q.n, deadline, why, sizeof why)) != 0 ||
+                 (io = recv_all(fd, &answer, 1, deadline, "WAIT", why, sizeof why)) != 0)
+            timed_out = io == IO_TIMEOUT;
+        else if (answer != W_STOP_WAITING)
+            snprintf(why, sizeof why, "WAIT answered %u instead of STOP_WAITING (0)", answer);
+        else {
+            q.n = 0;
+            if (buf_u8(&q, Q_GET) || buf_bytes(&q, key, klen)) snprintf(why, sizeof why, "out of host memory");
+            else if (!send_all(fd, q.p, q.n, deadline, why, sizeof why) &&
+                     !recv_all(fd, &got, 8, deadline, "GET", why, sizeof why)) {
+                if (got != len)
+                    snprintf(why, sizeof why, "key %s holds %llu bytes, expected %zu (rank 0 runs another build?)",
+                             key, (unsigned long long)got, len);
+                else if (!recv_all(fd, bytes, len, deadline, "GET", why, sizeof why))
+                    rc = CP_RDZV_SHARED;
+            }
+        }
+    }
+    free(q.p);
+    /* Closing ends a pending WAIT on the server (clearClientWaitState). */
+    if (close(fd) != 0 && rc == CP_RDZV_SHARED) {
+        char eb[128];
+        snprintf(why, sizeof why, "close failed: %s", errstr(errno, eb, sizeof eb));
+        rc = CP_RDZV_ERROR;
+    }
+    if (rc == CP_RDZV_SHARED) return rc;
+    if (timed_out)
+        return fail(err, errlen, "rank %d: torchrun's store %s:%d (%s): rank 0 did not publish the NCCL id under %s "
+                    "within %.1f s; start every rank of the same build (rank 0 too), or raise COMMPLAN_INIT_TIMEOUT",
+                    env->rank, env->store_host, env->store_port, where, key, timeout_s);
+    return fail(err, errlen, "rank %d: torchrun's store %s:%d (%s): %s; MASTER_PORT must be torchrun's own store, "
+                "or set COMMPLAN_ID_FILE=/shared/path to bypass it", env->rank, env->store_host,
+                env->store_port, where, why);
+}
+
+/* ---- dispatch -------------------------------------------------------------------------------------------------- */
+
+int cp_rendezvous_share(const cp_launch_env *env, const char *key_suffix, void *bytes, size_t len, double timeout_s,
+                        char *err, size_t errlen)
+{
+    if (env->id_channel == CP_ID_NCCL_COMM_ID || env->id_channel == CP_ID_MASTER_ADDR) return CP_RDZV_NCCL_OWN;
+    if (env->id_channel == CP_ID_ALONE || env->world_size <= 1) return CP_RDZV_SHARED;
+    if (!key_suffix || !printable_word(key_suffix) || strlen(key_suffix) > MAX_KEY_SUFFIX)
+        return fail(err, errlen, "rank %d: rendezvous key '%s' must be 1..%d printable characters without spaces",
+                    env->rank, key_suffix ? key_suffix : "(null)", MAX_KEY_SUFFIX);
+    if (len == 0 || len > MAX_SHARED_BYTES)
+        return fail(err, errlen, "rank %d: rendezvous of %zu bytes (1..%d allowed)", env->rank, len, MAX_SHARED_BYTES);
+    if (timeout_s <= 0) timeout_s = env->init_timeout_s > 0 ? env->init_timeout_s : 300.0;
+    if (env->id_channel == CP_ID_FILE)
+        return env->rank == 0 ? file_publish(env, key_suffix, bytes, len, err, errlen)
+                              : file_receive(env, key_suffix, bytes, len, timeout_s, err, errlen);
+    if (env->id_channel == CP_ID_TCPSTORE) return store_share(env, key_suffix, bytes, len, timeout_s, err, errlen);
+    return fail(err, errlen, "rank %d: unknown NCCL id channel %d", env->rank, env->id_channel);
+}

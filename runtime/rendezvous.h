@@ -1,0 +1,32 @@
+/* Carries a few bytes (NCCL's 128-byte unique id) from rank 0 to every other
+ * rank through the channel launch.c chose, without MPI and without CUDA:
+ *   CP_ID_FILE      rank 0 writes COMMPLAN_ID_FILE (temporary name, then
+ *                   rename); the others poll for it. The file names the job
+ *                   and the key, so a stale file is never read.
+ *   CP_ID_TCPSTORE  a client of torchrun's agent store (PyTorch's TCPStore
+ *                   wire protocol) at MASTER_ADDR:MASTER_PORT: rank 0 SETs
+ *                   "commplan/<run id>/<restart>/<key>/nccl_id", the others
+ *                   WAIT for it and GET it.
+ *   CP_ID_NCCL_COMM_ID, CP_ID_MASTER_ADDR, CP_ID_ALONE: nothing travels;
+ *                   every rank derives the id itself (NCCL_COMM_ID). */
+#ifndef COMMPLAN_RENDEZVOUS_H
+#define COMMPLAN_RENDEZVOUS_H
+
+#include <stddef.h>
+
+#include "launch.h"
+
+enum {
+    CP_RDZV_ERROR = -1,    /* err holds one line: channel, variable, rank, fix */
+    CP_RDZV_SHARED = 0,    /* bytes now hold rank 0's bytes on every rank */
+    CP_RDZV_NCCL_OWN = 1,  /* this channel shares nothing: every rank calls ncclGetUniqueId with NCCL_COMM_ID */
+};
+
+/* Rank 0 has filled bytes[0..len) and publishes them; every other rank
+ * receives them into bytes. key_suffix (the plan fingerprint) keeps two
+ * plans from reading each other's bytes; printable, no spaces. timeout_s <= 0
+ * means env->init_timeout_s. Waits at most timeout_s, never forever. */
+int cp_rendezvous_share(const cp_launch_env *env, const char *key_suffix, void *bytes, size_t len, double timeout_s,
+                        char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,499 @@
+/* cmocka tests for the NCCL id channels (runtime/launch.c, runtime/rendezvous.c):
+ * which channel each launcher's environment selects, the shared-file channel
+ * with 4 ranks as threads (a stale file from another job ignored, the timeout
+ * message), and the TCPStore client against tests/fake_tcpstore.py, a Python
+ * server of PyTorch's store protocol on a free loopback port. Run from the
+ * repository root. */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "launch.h"
+#include "rendezvous.h"
+
+extern char **environ;
+
+#define FAKE_STORE "tests/fake_tcpstore.py"
+enum { ID_BYTES = 128, RANKS = 4 };
+
+/* ---- fake environments ---- */
+
+static const char *const *fake_env;
+
+static char *fake_getenv(const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *const *e = fake_env; e && *e; e++)
+        if (!strncmp(*e, name, n) && (*e)[n] == '=') return (char *)(*e + n + 1);
+    return NULL;
+}
+
+static int launch(const char *const *env, cp_launch_env *out, char *err)
+{
+    fake_env = env;
+    err[0] = '\0';
+    return cp_launch_from_env(out, fake_getenv, err, 1024);
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    assert_int_equal(clock_gettime(CLOCK_MONOTONIC, &t), 0);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void test_channel_selection(void **state)
+{
+    (void)state;
+    cp_launch_env L;
+    char err[1024];
+
+    /* (a) the user's NCCL_COMM_ID wins over everything else. */
+    const char *user_id[] = { "RANK=1", "WORLD_SIZE=4", "LOCAL_RANK=1", "NCCL_COMM_ID=10.0.0.9:7000",
+                              "COMMPLAN_ID_FILE=/shared/id", "SLURM_JOB_ID=5", "MASTER_ADDR=m", "MASTER_PORT=29500",
+                              "TORCHELASTIC_USE_AGENT_STORE=True", NULL };
+    assert_int_equal(launch(user_id, &L, err), 0);
+    assert_int_equal(L.id_channel, CP_ID_NCCL_COMM_ID);
+    assert_string_equal(L.comm_id, "10.0.0.9:7000");
+    assert_int_equal(cp_rendezvous_share(&L, "fp", (char[ID_BYTES]){ 0 }, ID_BYTES, 1, err, sizeof err),
+                     CP_RDZV_NCCL_OWN);
+
+    /* (b) a shared file under Slurm: the job and step name the launch; NCCL_COMM_ID stays unset. */
+    const char *slurm_file[] = { "SLURM_PROCID=3", "SLURM_NTASKS=8", "SLURM_LOCALID=3", "SLURM_JOB_ID=4242",
+                                 "SLURM_STEP_ID=1", "COMMPLAN_ID_FILE=/shared/run/id", "MASTER_ADDR=m",
+                                 "MASTER_PORT=29500", NULL };
+    assert_int_equal(launch(slurm_file, &L, err), 0);
+    assert_string_equal(L.source, "slurm");
+    assert_int_equal(L.id_channel, CP_ID_FILE);
+    assert_string_equal(L.id_file, "/shared/run/id");
+    assert_string_equal(L.job_tag, "slurm:4242.1");
+    assert_string_equal(L.comm_id, "");
+    const char *generation[] = { "SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_LOCALID=0", "SLURM_JOB_ID=4242",
+                                 "COMMPLAN_ID_FILE=/shared/id", "COMMPLAN_ID_GENERATION=try3", NULL };
+    assert_int_equal(launch(generation, &L, err), 0);
+    assert_string_equal(L.job_tag, "gen:try3,slurm:4242.-"); /* every job id there is */
+    const char *mpi_file[] = { "OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_LOCAL_RANK=1",
+                               "COMMPLAN_ID_FILE=/shared/id", "OMPI_MCA_ess_base_jobid=123456", NULL };
+    assert_int_equal(launch(mpi_file, &L, err), 0);
+    assert_string_equal(L.job_tag, "openmpi:123456");
+    /* No job id (torchrun's default run id "none" is the same every time): refused. */
+    const char *no_job[] = { "RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=0", "COMMPLAN_ID_FILE=/shared/id",
+                             "TORCHELASTIC_RUN_ID=none", NULL };
+    assert_int_equal(launch(no_job, &L, err), -1);
+    assert_non_null(strstr(err, "COMMPLAN_ID_FILE"));
+    assert_non_null(strstr(err, "COMMPLAN_ID_GENERATION"));
+    const char *spaced[] = { "RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=0", "COMMPLAN_ID_FILE=/shared/id",
+                             "COMMPLAN_ID_GENERATION=two words", NULL };
+    assert_int_equal(launch(spaced, &L, err), -1);
+    assert_non_null(strstr(err, "hold spaces"));
+    /* A requeued Slurm job keeps its id: the restart count tells it apart; so do torchrun's restarts. */
+    const char *requeued[] = { "RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=0", "COMMPLAN_ID_FILE=/shared/id",
+                               "SLURM_JOB_ID=9", "SLURM_STEP_ID=0", "SLURM_RESTART_COUNT=2", "TORCHELASTIC_RUN_ID=none",
+                               "TORCHELASTIC_RESTART_COUNT=1", NULL };
+    assert_int_equal(launch(requeued, &L, err), 0);
+    assert_string_equal(L.job_tag, "slurm:9.0.r2,torchrun:none/1");
+
+    /* (c) torchrun with its agent store on MASTER_PORT. */
+    const char *torchrun[] = { "RANK=2", "WORLD_SIZE=4", "LOCAL_RANK=2", "MASTER_ADDR=node1", "MASTER_PORT=29400",
+                               "TORCHELASTIC_USE_AGENT_STORE=True", "TORCHELASTIC_RUN_ID=abc-1",
+                               "TORCHELASTIC_RESTART_COUNT=2", NULL };
+    assert_int_equal(launch(torchrun, &L, err), 0);
+    assert_int_equal(L.id_channel, CP_ID_TCPSTORE);
+    assert_string_equal(L.store_host, "node1");
+    assert_int_equal(L.store_port, 29400);
+    assert_string_equal(L.job_tag, "abc-1/2");
+    assert_string_equal(L.comm_id, "");
+    const char *store_no_port[] = { "RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=0", "MASTER_ADDR=node1",
+                                    "TORCHELASTIC_USE_AGENT_STORE=True", NULL };
+    assert_int_equal(launch(store_no_port, &L, err), -1);
+    assert_non_null(strstr(err, "TORCHELASTIC_USE_AGENT_STORE"));
+
+    /* (d) srun/mpirun with MASTER_ADDR/MASTER_PORT exported and no store there. */
+    const char *exported[] = { "RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=0", "MASTER_ADDR=fe80::1", "MASTER_PORT=1234",
+                               "TORCHELASTIC_USE_AGENT_STORE=False", NULL };
+    assert_int_equal(launch(exported, &L, err), 0);
+    assert_int_equal(L.id_channel, CP_ID_MASTER_ADDR);
+    assert_string_equal(L.comm_id, "[fe80::1]:1234");
+    assert_int_equal(cp_rendezvous_share(&L, "fp", (char[ID_BYTES]){ 0 }, ID_BYTES, 1, err, sizeof err),
+                     CP_RDZV_NCCL_OWN);
+
+    /* One process: nothing to share. */
+    const char *alone[] = { NULL };
+    assert_int_equal(launch(alone, &L, err), 0);
+    assert_int_equal(L.id_channel, CP_ID_ALONE);
+    assert_true(L.init_timeout_s == 300.0);
+    assert_int_equal(cp_rendezvous_share(&L, "fp", (char[ID_BYTES]){ 0 }, ID_BYTES, 1, err, sizeof err),
+                     CP_RDZV_SHARED);
+    const char *none[] = { "RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", NULL };
+    assert_int_equal(launch(none, &L, err), -1);
+    assert_non_null(strstr(err, "COMMPLAN_ID_FILE"));
+    assert_non_null(strstr(err, "set MASTER_ADDR and MASTER_PORT"));
+
+    /* COMMPLAN_INIT_TIMEOUT bounds every wait. */
+    const char *timeout[] = { "COMMPLAN_INIT_TIMEOUT=2.5", NULL };
+    assert_int_equal(launch(timeout, &L, err), 0);
+    assert_true(L.init_timeout_s == 2.5);
+    const char *bad_timeout[] = { "COMMPLAN_INIT_TIMEOUT=soon", NULL };
+    assert_int_equal(launch(bad_timeout, &L, err), -1);
+    assert_non_null(strstr(err, "$COMMPLAN_INIT_TIMEOUT=soon"));
+
+    /* A key with a space could not be told apart in the file or the store. */
+    assert_int_equal(launch(slurm_file, &L, err), 0);
+    assert_int_equal(cp_rendezvous_share(&L, "two words", (char[ID_BYTES]){ 0 }, ID_BYTES, 1, err, sizeof err),
+                     CP_RDZV_ERROR);
+    assert_non_null(strstr(err, "rank 3"));
+}
+
+/* ---- ranks as threads ---- */
+
+typedef struct {
+    cp_launch_env env;
+    const char *key;
+    double timeout_s, start_delay_s;
+    unsigned char bytes[ID_BYTES];
+    int rc;
+    double seconds;
+    char err[1024];
+} rank_job;
+
+static void *rank_main(void *arg)
+{
+    rank_job *j = arg;
+    if (j->start_delay_s > 0) {
+        struct timespec t = { 0, (long)(j->start_delay_s * 1e9) };
+        nanosleep(&t, NULL);
+    }
+    double t0 = now_s();
+    j->rc = cp_rendezvous_share(&j->env, j->key, j->bytes, sizeof j->bytes, j->timeout_s, j->err, sizeof j->err);
+    j->seconds = now_s() - t0;
+    return NULL;
+}
+
+static void fill_id(unsigned char *b, int seed)
+{
+    for (int i = 0; i < ID_BYTES; i++) b[i] = (unsigned char)(seed * 31 + i * 7);
+}
+
+/* Ranks 1..3 start first and wait; rank 0 publishes a moment later. */
+static void run_ranks(rank_job *jobs, const char *const *base_env, const char *key)
+{
+    pthread_t th[RANKS];
+    for (int r = 0; r < RANKS; r++) {
+        char rank_var[32], err[1024];
+        snprintf(rank_var, sizeof rank_var, "RANK=%d", r);
+        const char *env[32];
+        int n = 0;
+        env[n++] = rank_var;
+        for (const char *const *e = base_env; *e && n < 31; e++) env[n++] = *e;
+        env[n] = NULL;
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        assert_int_equal(launch(env, &jobs[r].env, err), 0);
+        jobs[r].key = key;
+        jobs[r].timeout_s = 20;
+        jobs[r].start_delay_s = r == 0 ? 0.2 : 0;
+        if (r == 0) fill_id(jobs[r].bytes, 5);
+        else memset(jobs[r].bytes, 0xee, ID_BYTES);
+    }
+    for (int r = RANKS - 1; r >= 0; r--) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &jobs[r]), 0);
+    for (int r = 0; r < RANKS; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
+    unsigned char want[ID_BYTES];
+    fill_id(want, 5);
+    for (int r = 0; r < RANKS; r++) {
+        if (jobs[r].rc != CP_RDZV_SHARED) fail_msg("rank %d: %s", r, jobs[r].err);
+        assert_memory_equal(jobs[r].bytes, want, ID_BYTES);
+    }
+}
+
+/* ---- COMMPLAN_ID_FILE ---- */
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_true(fputs(text, f) >= 0);
+    assert_int_equal(fclose(f), 0);
+}
+
+static char *read_text(const char *path)
+{
+    static char text[8192];
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    assert_int_equal(fclose(f), 0);
+    text[n] = '\0';
+    return text;
+}
+
+/* A stale file of an earlier job with the same plan sits at the path; a
+ * well-formed one, so only the job tag tells it apart. */
+static const char STALE[] = "commplan-nccl-id 1\njob gen:old-job\nkey fp1234\nbytes 128\n"
+                            "0000000000000000000000000000000000000000000000000000000000000000"
+                            "0000000000000000000000000000000000000000000000000000000000000000"
+                            "0000000000000000000000000000000000000000000000000000000000000000"
+                            "0000000000000000000000000000000000000000000000000000000000000000\n";
+
+static void test_id_file_four_ranks(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/commplan-rdzv-XXXXXX", path[256], file_var[300];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/nccl.id", dir);
+    snprintf(file_var, sizeof file_var, "COMMPLAN_ID_FILE=%s", path);
+    write_text(path, STALE);
+    const char *env[] = { "WORLD_SIZE=4", "LOCAL_RANK=0", file_var, "COMMPLAN_ID_GENERATION=new-job", NULL };
+    rank_job jobs[RANKS];
+    run_ranks(jobs, env, "fp1234");
+    const char *text = read_text(path);
+    assert_non_null(strstr(text, "job gen:new-job\nkey fp1234\nbytes 128\n"));
+    /* Only the file itself is left: the temporary name was renamed over it. */
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "test \"$(ls %s | wc -l)\" = 1", dir);
+    assert_int_equal(system(cmd), 0);
+
+    /* A later launch of another plan at the same path does not take this id. */
+    const char *other_plan[] = { "RANK=1", "WORLD_SIZE=4", "LOCAL_RANK=0", file_var, "COMMPLAN_ID_GENERATION=new-job",
+                                 NULL };
+    rank_job j;
+    memset(&j, 0, sizeof j);
+    char err[1024];
+    assert_int_equal(launch(other_plan, &j.env, err), 0);
+    j.key = "fp9999";
+    j.timeout_s = 0.3;
+    rank_main(&j);
+    assert_int_equal(j.rc, CP_RDZV_ERROR);
+    assert_non_null(strstr(j.err, "plan fp1234: stale"));
+
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
+static void test_id_file_timeout(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/commplan-rdzv-XXXXXX", path[256], file_var[300], err[1024];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/nccl.id", dir);
+    snprintf(file_var, sizeof file_var, "COMMPLAN_ID_FILE=%s", path);
+    const char *env[] = { "SLURM_PROCID=2", "SLURM_NTASKS=4", "SLURM_LOCALID=2", "SLURM_JOB_ID=77", file_var, NULL };
+    rank_job j;
+    memset(&j, 0, sizeof j);
+    assert_int_equal(launch(env, &j.env, err), 0);
+    j.key = "fp1234";
+    j.timeout_s = 0.4;
+
+    /* Nothing there: one line naming the variable, the rank and the fix, on time. */
+    rank_main(&j);
+    assert_int_equal(j.rc, CP_RDZV_ERROR);
+    assert_true(j.seconds >= 0.35 && j.seconds < 3.0);
+    assert_null(strchr(j.err, '\n'));
+    assert_non_null(strstr(j.err, "rank 2: COMMPLAN_ID_FILE="));
+    assert_non_null(strstr(j.err, "job slurm:77.-, plan fp1234 within 0.4 s (no file there yet)"));
+    assert_non_null(strstr(j.err, "start rank 0 of this launch"));
+
+    /* Only a stale file of another job: never read, and the message says so. */
+    write_text(path, STALE);
+    rank_main(&j);
+    assert_int_equal(j.rc, CP_RDZV_ERROR);
+    assert_non_null(strstr(j.err, "the file there is job gen:old-job, plan fp1234: stale"));
+
+    /* Rank 0 cannot write into a missing directory: it says where and why. */
+    const char *env0[] = { "SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_LOCALID=0", "SLURM_JOB_ID=77",
+                           "COMMPLAN_ID_FILE=/nonexistent-commplan-dir/id", NULL };
+    assert_int_equal(launch(env0, &j.env, err), 0);
+    fill_id(j.bytes, 1);
+    rank_main(&j);
+    assert_int_equal(j.rc, CP_RDZV_ERROR);
+    assert_non_null(strstr(j.err, "rank 0: COMMPLAN_ID_FILE=/nonexistent-commplan-dir/id: open of"));
+    assert_non_null(strstr(j.err, "No such file or directory"));
+
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
+/* ---- torchrun's store, played by tests/fake_tcpstore.py ---- */
+
+typedef struct {
+    pid_t pid;
+    int port;
+    char dir[64], log[128];
+} fake_store;
+
+static int have_python(void) { return system("command -v python3 >/dev/null 2>&1") == 0; }
+
+static void store_start(fake_store *s, const char *mode)
+{
+    if (!have_python()) skip(); /* printed as a visible SKIP by cmocka */
+    assert_int_equal(access(FAKE_STORE, R_OK), 0); /* run from the repository root */
+    snprintf(s->dir, sizeof s->dir, "/tmp/commplan-store-XXXXXX");
+    assert_non_null(mkdtemp(s->dir));
+    char port_file[128];
+    snprintf(port_file, sizeof port_file, "%s/port", s->dir);
+    snprintf(s->log, sizeof s->log, "%s/log", s->dir);
+    char *argv[] = { "python3", FAKE_STORE, "--port-file", port_file, "--mode", (char *)mode, "--log", s->log,
+                     "--max-seconds", "60", NULL };
+    assert_int_equal(posix_spawnp(&s->pid, "python3", NULL, NULL, argv, environ), 0);
+    s->port = 0;
+    for (int i = 0; i < 1000 && s->port == 0; i++) {
+        FILE *f = fopen(port_file, "r");
+        if (f) {
+            assert_int_equal(fscanf(f, "%d", &s->port), 1);
+            assert_int_equal(fclose(f), 0);
+        } else {
+            struct timespec t = { 0, 10 * 1000 * 1000 };
+            nanosleep(&t, NULL);
+        }
+    }
+    assert_true(s->port > 0);
+}
+
+static void store_stop(fake_store *s)
+{
+    int status;
+    assert_int_equal(kill(s->pid, SIGTERM), 0);
+    assert_int_equal(waitpid(s->pid, &status, 0), s->pid);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", s->dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void store_env(const fake_store *s, char *port_var, size_t n, const char **env)
+{
+    snprintf(port_var, n, "MASTER_PORT=%d", s->port);
+    const char *base[] = { "WORLD_SIZE=4", "LOCAL_RANK=0", "MASTER_ADDR=127.0.0.1", port_var,
+                           "TORCHELASTIC_USE_AGENT_STORE=True", "TORCHELASTIC_RUN_ID=run7",
+                           "TORCHELASTIC_RESTART_COUNT=1", NULL };
+    memcpy(env, base, sizeof base);
+}
+
+static void test_tcpstore_four_ranks(void **state)
+{
+    (void)state;
+    fake_store s;
+    store_start(&s, "serve");
+    char port_var[32];
+    const char *env[8];
+    store_env(&s, port_var, sizeof port_var, env);
+    rank_job jobs[RANKS];
+    run_ranks(jobs, env, "fp1234");
+    /* The queries PyTorch's client would send, key prefixed with "/". */
+    const char *log = read_text(s.log);
+    assert_non_null(strstr(log, "SET /commplan/run7/1/fp1234/nccl_id 128\n"));
+    assert_non_null(strstr(log, "WAIT /commplan/run7/1/fp1234/nccl_id\n"));
+    assert_non_null(strstr(log, "GET /commplan/run7/1/fp1234/nccl_id 128\n"));
+    assert_null(strstr(log, "not validated"));
+    int validated = 0;
+    for (const char *p = log; (p = strstr(p, "VALIDATE ok")) != NULL; p++) validated++;
+    assert_int_equal(validated, RANKS);
+    store_stop(&s);
+}
+
+/* rank 2 of a run whose rank 0 never comes: the WAIT times out. */
+static void test_tcpstore_wait_timeout(void **state)
+{
+    (void)state;
+    fake_store s;
+    store_start(&s, "serve");
+    char port_var[32], err[1024], rank_var[] = "RANK=2";
+    const char *env[9];
+    store_env(&s, port_var, sizeof port_var, env + 1);
+    env[0] = rank_var;
+    rank_job j;
+    memset(&j, 0, sizeof j);
+    assert_int_equal(launch(env, &j.env, err), 0);
+    j.key = "fp1234";
+    j.timeout_s = 0.5;
+    rank_main(&j);
+    assert_int_equal(j.rc, CP_RDZV_ERROR);
+    assert_true(j.seconds >= 0.45 && j.seconds < 3.0);
+    assert_null(strchr(j.err, '\n'));
+    assert_non_null(strstr(j.err, "rank 2: torchrun's store 127.0.0.1:"));
+    assert_non_null(strstr(j.err, "rank 0 did not publish the NCCL id under /commplan/run7/1/fp1234/nccl_id"));
+    store_stop(&s);
+}
+
+/* A server that hangs up, or never answers, or nothing listening: the
+ * one-line error within the timeout, not a hang. */
+static void broken_store(const char *mode, const char *expect)
+{
+    fake_store s = { 0 };
+    char port_var[32], err[1024], rank_var[] = "RANK=1";
+    const char *env[9];
+    if (mode) store_start(&s, mode);
+    else {
+        /* A port nobody listens on: bind one, note it, close it. */
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        socklen_t al = sizeof a;
+        assert_true(fd >= 0);
+        assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+        assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &al), 0);
+        s.port = ntohs(a.sin_port);
+        assert_int_equal(close(fd), 0);
+    }
+    store_env(&s, port_var, sizeof port_var, env + 1);
+    env[0] = rank_var;
+    rank_job j;
+    memset(&j, 0, sizeof j);
+    assert_int_equal(launch(env, &j.env, err), 0);
+    j.key = "fp1234";
+    j.timeout_s = 0.8;
+    rank_main(&j);
+    assert_int_equal(j.rc, CP_RDZV_ERROR);
+    assert_true(j.seconds < 3.0);
+    assert_null(strchr(j.err, '\n'));
+    assert_non_null(strstr(j.err, "rank 1: torchrun's store 127.0.0.1:"));
+    assert_non_null(strstr(j.err, "TORCHELASTIC_USE_AGENT_STORE=True"));
+    if (!strstr(j.err, expect)) fail_msg("expected '%s' in: %s", expect, j.err);
+    assert_non_null(strstr(j.err, "COMMPLAN_ID_FILE=/shared/path"));
+    if (mode) store_stop(&s);
+}
+
+static void test_tcpstore_hangs_up(void **state)
+{
+    (void)state;
+    broken_store("close", "the store closed the connection instead of answering PING");
+}
+
+static void test_tcpstore_never_answers(void **state)
+{
+    (void)state;
+    broken_store("silent", "no answer to PING");
+}
+
+static void test_tcpstore_nobody_listens(void **state)
+{
+    (void)state;
+    broken_store(NULL, "connect failed: Connection refused");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_channel_selection),   cmocka_unit_test(test_id_file_four_ranks),
+        cmocka_unit_test(test_id_file_timeout),     cmocka_unit_test(test_tcpstore_four_ranks),
+        cmocka_unit_test(test_tcpstore_wait_timeout), cmocka_unit_test(test_tcpstore_hangs_up),
+        cmocka_unit_test(test_tcpstore_never_answers), cmocka_unit_test(test_tcpstore_nobody_listens),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

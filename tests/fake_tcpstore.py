@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""A small stand-in for torchrun's agent store: the server side of PyTorch's
+TCPStore wire protocol, stdlib only, for tests/c/test_rendezvous.c.
+
+It follows PyTorch's own source: main after 2.10, read from a mirror at
+commit a9a89d9c (the 2.11 tag itself was not available); the earlier libuv
+server at c10d/TCPStoreLibUvBackend.cpp (commit 01afc5c9) handles the same
+queries the same way, and QueryType is only ever appended to:
+  torch/csrc/distributed/c10d/store/TCPStoreBackend.hpp:13-40 (before the move:
+    c10d/TCPStoreBackend.hpp): validationMagicNumber = 0x3C85F7CE; QueryType
+    (uint8) VALIDATE=0 SET=1 COMPARE_SET=2 GET=3 ADD=4 CHECK=5 WAIT=6
+    GETNUMKEYS=7 DELETE_KEY=8 APPEND=9 MULTI_GET=10 MULTI_SET=11 CANCEL_WAIT=12
+    PING=13 QUEUE_PUSH=14 QUEUE_POP=15 QUEUE_LEN=16 LIST_KEYS=17 BARRIER=18;
+    CheckResponseType READY=0 NOT_READY=1; WaitResponseType STOP_WAITING=0
+    WAIT_CANCELED=1.
+  store/TCPStoreLibUvBackend.cpp, UvClient::processBuf and parse_*_command:
+    a new client is "miscellaneous" until its first query, which must be
+    VALIDATE + uint32 magic (no reply); PING + uint32 nonce -> the nonce; SET
+    key value -> no reply; GET key -> uint64 length + bytes (zero bytes for a
+    missing key); ADD key int64 -> int64; CHECK uint64 n, n keys -> one byte;
+    WAIT uint64 n, n keys -> one byte STOP_WAITING once all are set;
+    CANCEL_WAIT -> one byte WAIT_CANCELED; DELETE_KEY key -> int64;
+    GETNUMKEYS -> int64; unknown query -> connection closed. Keys are read
+    by ChunkedStream::read_key (uint64 length, at most MAX_STRING_LEN = 8 KiB),
+    values by read_payload (uint64 length, at most MAX_PAYLOAD_LEN = 8 MiB);
+    all integers in the host's byte order.
+  store/TCPStoreLibUvBackend.cpp, LibUVStoreDaemon::unregisterClient: a
+    closed connection's pending WAIT is dropped.
+Differences, on purpose: a client whose first query is not a valid VALIDATE
+is disconnected (libuv ignores it), so a test sees a client that forgets the
+handshake; QUEUE_*, LIST_KEYS, BARRIER, APPEND, COMPARE_SET and MULTI_* are
+not served (commplan sends none of them).
+
+  fake_tcpstore.py --port-file F [--mode serve|close|silent] [--log L]
+                   [--max-seconds S]
+Listens on a free loopback port, writes it to F (whole, by rename), and
+stops by itself after S seconds (default 60). --mode close accepts and
+closes at once; --mode silent reads and never answers. --log records each
+query as one line: "VALIDATE ok", "PING", "SET <key> <n>", "WAIT <key>",
+"GET <key> <n>".
+"""
+import argparse
+import os
+import select
+import socket
+import struct
+import sys
+import threading
+import time
+
+MAGIC = 0x3C85F7CE
+VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY = range(9)
+CANCEL_WAIT, PING = 12, 13
+READY, NOT_READY = 0, 1
+STOP_WAITING, WAIT_CANCELED = 0, 1
+MAX_STRING_LEN = 8 * 1024
+MAX_PAYLOAD_LEN = 8 * 1024 * 1024
+
+
+class Closed(Exception):
+    pass
+
+
+class Store:
+    def __init__(self, log_path):
+        self.data = {}
+        self.cond = threading.Condition()
+        self.log_lock = threading.Lock()
+        self.log_path = log_path
+
+    def log(self, line):
+        if not self.log_path:
+            return
+        with self.log_lock, open(self.log_path, "a") as f:
+            f.write(line + "\n")
+
+
+def recv_exact(conn, n):
+    out = b""
+    while len(out) < n:
+        chunk = conn.recv(n - len(out))
+        if not chunk:
+            raise Closed()
+        out += chunk
+    return out
+
+
+def recv_u64(conn):
+    return struct.unpack("=Q", recv_exact(conn, 8))[0]
+
+
+def recv_key(conn):
+    n = recv_u64(conn)
+    if n > MAX_STRING_LEN:
+        raise Closed()  # libuv: TORCH_CHECK fails, the client is closed
+    return recv_exact(conn, n).decode("latin-1")
+
+
+def recv_payload(conn):
+    n = recv_u64(conn)
+    if n > MAX_PAYLOAD_LEN:
+        raise Closed()
+    return recv_exact(conn, n)
+
+
+def wait_for(conn, store, keys):
+    """WAIT: answer STOP_WAITING once every key is set; meanwhile a
+    CANCEL_WAIT from the client is answered WAIT_CANCELED, and a closed
+    connection drops the wait (as unregisterClient does)."""
+    while True:
+        with store.cond:
+            if all(k in store.data for k in keys):
+                conn.sendall(bytes([STOP_WAITING]))
+                return
+            store.cond.wait(0.05)
+        readable, _, _ = select.select([conn], [], [], 0)
+        if readable:
+            cmd = conn.recv(1)
+            if not cmd:
+                raise Closed()
+            if cmd[0] != CANCEL_WAIT:
+                raise Closed()  # a pipelined query during WAIT: not something PyTorch's client sends
+            store.log("CANCEL_WAIT")
+            conn.sendall(bytes([WAIT_CANCELED]))
+            return
+
+
+def serve_client(conn, store):
+    first = recv_exact(conn, 1)[0]
+    if first != VALIDATE or struct.unpack("=I", recv_exact(conn, 4))[0] != MAGIC:
+        store.log("not validated: first query %d" % first)
+        return
+    store.log("VALIDATE ok")
+    while True:
+        cmd = recv_exact(conn, 1)[0]
+        if cmd == PING:
+            nonce = recv_exact(conn, 4)
+            store.log("PING")
+            conn.sendall(nonce)
+        elif cmd == SET:
+            key, value = recv_key(conn), recv_payload(conn)
+            store.log("SET %s %d" % (key, len(value)))
+            with store.cond:
+                store.data[key] = value
+                store.cond.notify_all()
+        elif cmd == GET:
+            key = recv_key(conn)
+            with store.cond:
+                value = store.data.get(key, b"")
+            store.log("GET %s %d" % (key, len(value)))
+            conn.sendall(struct.pack("=Q", len(value)) + value)
+        elif cmd == ADD:
+            key = recv_key(conn)
+            delta = struct.unpack("=q", recv_exact(conn, 8))[0]
+            with store.cond:
+                total = int(store.data.get(key, b"0")) + delta
+                store.data[key] = str(total).encode()
+                store.cond.notify_all()
+            store.log("ADD %s %d" % (key, delta))
+            conn.sendall(struct.pack("=q", total))
+        elif cmd in (CHECK, WAIT):
+            keys = [recv_key(conn) for _ in range(recv_u64(conn))]
+            store.log("%s %s" % ("CHECK" if cmd == CHECK else "WAIT", " ".join(keys)))
+            if cmd == CHECK:
+                with store.cond:
+                    ready = all(k in store.data for k in keys)
+                conn.sendall(bytes([READY if ready else NOT_READY]))
+            else:
+                wait_for(conn, store, keys)
+        elif cmd == CANCEL_WAIT:
+            store.log("CANCEL_WAIT")
+            conn.sendall(bytes([WAIT_CANCELED]))
+        elif cmd == DELETE_KEY:
+            key = recv_key(conn)
+            with store.cond:
+                deleted = 1 if store.data.pop(key, None) is not None else 0
+            conn.sendall(struct.pack("=q", deleted))
+        elif cmd == GETNUMKEYS:
+            with store.cond:
+                conn.sendall(struct.pack("=q", len(store.data)))
+        else:
+            store.log("unknown query %d: closing" % cmd)
+            return
+
+
+def handle(conn, store, mode):
+    with conn:
+        try:
+            if mode == "close":
+                return
+            if mode == "silent":
+                while conn.recv(4096):
+                    pass
+                return
+            serve_client(conn, store)
+        except (Closed, OSError):
+            pass
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port-file", required=True)
+    ap.add_argument("--mode", choices=("serve", "close", "silent"), default="serve")
+    ap.add_argument("--log")
+    ap.add_argument("--max-seconds", type=float, default=60.0)
+    args = ap.parse_args()
+    store = Store(args.log)
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    tmp = args.port_file + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("%d\n" % server.getsockname()[1])
+    os.rename(tmp, args.port_file)
+    stop_at = time.monotonic() + args.max_seconds
+    while time.monotonic() < stop_at:
+        readable, _, _ = select.select([server], [], [], 0.1)
+        if readable:
+            conn, _ = server.accept()
+            threading.Thread(target=handle, args=(conn, store, args.mode), daemon=True).start()
+    server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
