@@ -10,7 +10,19 @@ dims.ORDER = { "dp_replicate", "dp_shard", "ep", "cp", "tp", "pp" }
 
 local function fail(ctx, field, msg) util.field_error(ctx, field, msg) end
 
--- plan.parallel + world_size -> { degrees..., world_size }
+-- Product of the named degrees, or nil when it passes `limit` (checked
+-- before each multiplication: no wrap).
+local function degrees_product(d, names, limit)
+  local p = 1
+  for _, n in ipairs(names) do
+    p = util.mul_within(p, d[n], limit)
+    if not p then return nil end
+  end
+  return p
+end
+
+-- plan.parallel + world_size -> { degrees..., world_size }. load has
+-- bounded every degree to [-2^18, 2^18] and world_size to [1, 2^18].
 function dims.infer(ctx, parallel, world_size)
   local d = {
     dp_replicate = parallel.dp_replicate or 1,
@@ -19,9 +31,13 @@ function dims.infer(ctx, parallel, world_size)
     ulysses_degree = parallel.ulysses_degree, world_size = world_size,
   }
   d.etp = parallel.etp or d.tp
+  local f = "parallel."
+  -- Settings that would be accepted and ignored are refused.
+  if parallel.dp ~= nil and parallel.dp_shard ~= nil then
+    fail(ctx, f .. "dp", "dp is the legacy name of dp_shard and is ignored when dp_shard is given: remove one")
+  end
   -- Legacy single `dp` maps to dp_shard when dp_shard is not given.
   if d.dp_shard == nil then d.dp_shard = parallel.dp or 1 end
-  local f = "parallel."
   for _, name in ipairs({ "dp_replicate", "cp", "tp", "pp", "ep", "etp" }) do
     if d[name] < 1 then
       fail(ctx, f .. name, string.format("Parallel degree %s=%d must be >= 1", name, d[name]))
@@ -30,22 +46,34 @@ function dims.infer(ctx, parallel, world_size)
   if d.dp_shard < -1 or d.dp_shard == 0 then
     fail(ctx, f .. "dp_shard", string.format("dp_shard=%d must be -1 (auto) or a positive int", d.dp_shard))
   end
+  if parallel.etp ~= nil and d.ep == 1 then
+    fail(ctx, f .. "etp", string.format("etp (expert tensor parallel) applies only with ep > 1; with ep=1 "
+      .. "etp=%d changes nothing: remove it", d.etp))
+  end
+  if d.ulysses_degree ~= nil and d.cp == 1 then
+    fail(ctx, f .. "ulysses_degree", string.format("ulysses_degree splits context parallel (cp); with cp=1 "
+      .. "ulysses_degree=%d changes nothing: remove it or set cp", d.ulysses_degree))
+  end
+  if d.ulysses_degree ~= nil and d.ulysses_degree < 1 then
+    fail(ctx, f .. "ulysses_degree", string.format("ulysses_degree=%d must be >= 1", d.ulysses_degree))
+  end
   if d.dp_shard == -1 then
-    local non_dp = d.dp_replicate * d.cp * d.tp * d.pp * d.ep
-    if world_size % non_dp ~= 0 then
+    local non_dp = degrees_product(d, { "dp_replicate", "cp", "tp", "pp", "ep" }, world_size)
+    if not non_dp or world_size % non_dp ~= 0 then
       fail(ctx, f .. "dp_shard", string.format(
-        "Cannot auto-infer dp_shard: world_size=%d is not divisible by dp_replicate*cp*tp*pp*ep=%d",
-        world_size, non_dp))
+        "Cannot auto-infer dp_shard: world_size=%d is not divisible by dp_replicate*cp*tp*pp*ep=%s",
+        world_size, non_dp and tostring(non_dp) or ("more than " .. world_size)))
     end
     d.dp_shard = math.max(world_size // non_dp, 1)
     d.dp_shard_inferred = true
   end
-  local product = d.dp_replicate * d.dp_shard * d.cp * d.tp * d.pp * d.ep
+  local product = degrees_product(d, { "dp_replicate", "dp_shard", "cp", "tp", "pp", "ep" }, world_size)
   if product ~= world_size then
     fail(ctx, f .. "dp_shard", string.format(
-      "Invalid parallel dims: dp_replicate(%d) * dp_shard(%d) * cp(%d) * tp(%d) * pp(%d) * ep(%d) = %d "
+      "Invalid parallel dims: dp_replicate(%d) * dp_shard(%d) * cp(%d) * tp(%d) * pp(%d) * ep(%d) = %s "
       .. "!= world_size(%d). Set dp_shard=-1 to auto-infer.",
-      d.dp_replicate, d.dp_shard, d.cp, d.tp, d.pp, d.ep, product, world_size))
+      d.dp_replicate, d.dp_shard, d.cp, d.tp, d.pp, d.ep,
+      product and tostring(product) or ("more than " .. world_size), world_size))
   end
   if d.ep > 1 and d.etp ~= d.tp and d.etp ~= 1 then
     fail(ctx, f .. "etp", string.format(
@@ -82,6 +110,7 @@ function dims.validate_model(ctx, d, model)
     fail(ctx, "parallel.ep", string.format(
       "num_experts=%d not divisible by ep=%d. Pick ep from the divisors of %d.", experts, d.ep, experts))
   end
+  -- cp and tp divide world_size (<= 2^18), so cp*tp cannot wrap.
   if seq and d.cp * d.tp > 1 and seq % (d.cp * d.tp) ~= 0 then
     local div = d.cp * d.tp
     fail(ctx, "model.seq_len", string.format(

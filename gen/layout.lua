@@ -21,6 +21,7 @@ layout.GRAD_ALIGN = 8
 function layout.param(ctx, p, W, path)
   local k = p.shard_dim + 1
   local size_k = p.shape[k]
+  -- gen/load bounded the numel by 2^53 (so every factor below is smaller).
   if k > 1 and size_k % W ~= 0 then
     util.field_error(ctx, path .. ".shard_dim", string.format(
       "FSDP does not support uneven sharding on dim %d: %s has size %d there, not divisible by dp_shard=%d; "
@@ -65,9 +66,47 @@ function layout.reduction(reduce_op, reduce_dtype, W, R)
   return { rs_op = "sum", ar_op = "sum", pre_divide = pre, post_divide = dp / pre }
 end
 
+local LIM = util.LIMITS
+
+-- Bounds before the arithmetic that depends on them: the unit count and
+-- units x micro-steps (generation time), and per unit the slot (the copy
+-- kernels number its tiles in int) and every buffer's bytes (exact in a
+-- double and in int64, with room for the arena's sum over all units).
+local function check_counts(ctx, units, fsdp)
+  if #units > LIM.units then
+    util.field_error(ctx, "model.units", string.format("%d units; at most %d (the memory planner's time grows "
+      .. "with the square of the unit count): wrap more modules per unit", #units, LIM.units))
+  end
+  if not util.mul_within(#units, fsdp.micro_steps, LIM.unit_steps) then
+    util.field_error(ctx, "fsdp.micro_steps", string.format("%d units x %d micro-steps is more than %d; the "
+      .. "schedule and its memory plan grow with that product squared: use fewer micro-steps or units",
+      #units, fsdp.micro_steps, LIM.unit_steps))
+  end
+end
+
+-- Upper bound of one rank's arena (every buffer at once, aligned); nil
+-- when any term passes LIM.bytes.
+local function arena_bound(u, W, running)
+  local es_ag, es_red = layout.DTYPE_BYTES[u.ag_dtype], layout.DTYPE_BYTES[u.reduce_dtype]
+  local full = util.mul_within(W, u.total, LIM.bytes)
+  local terms = {
+    full and util.mul_within(full, 2 * es_ag, LIM.bytes),
+    full and util.mul_within(full, es_red, LIM.bytes),
+    util.mul_within(u.grads_numel, es_ag, LIM.bytes),
+    util.mul_within(u.total, es_red, LIM.bytes),
+    5 * 256,
+  }
+  for i = 1, 5 do
+    running = terms[i] and running and util.add_within(running, terms[i], LIM.bytes)
+  end
+  return running
+end
+
 -- units (wrap order, root last) -> layout units in forward order (root first).
 function layout.build(ctx, units, d, fsdp)
+  check_counts(ctx, units, fsdp)
   local W, R = d.dp_shard, d.dp_replicate
+  local arena = 0
   local out = {}
   local order = { #units }
   for i = 1, #units - 1 do order[#order + 1] = i end
@@ -94,7 +133,12 @@ function layout.build(ctx, units, d, fsdp)
       q.grad_offset = grad_offset
       grad_offset = grad_offset + util.ceil_div(q.numel, layout.GRAD_ALIGN) * layout.GRAD_ALIGN
       vec_ok = vec_ok and q.offset % layout.VEC == 0 and q.run % layout.VEC == 0
-      offset = offset + q.padded
+      offset = util.add_within(offset, q.padded, LIM.unit_slot)
+      if not offset then
+        util.field_error(ctx, string.format("%s.params[%d]", upath, j), string.format(
+          "unit %q holds more than %s elements per rank (its slot; the copy kernels number its tiles in int): "
+          .. "split the unit or raise dp_shard", u.name, util.pow2_text(LIM.unit_slot)))
+      end
       params[j] = q
     end
     local red = layout.reduction(fsdp.reduce_op, reduce_dtype, W, R)
@@ -105,6 +149,12 @@ function layout.build(ctx, units, d, fsdp)
       reshard_after_forward = (ui ~= #units) and fsdp.reshard_after_forward,
       rs_op = red.rs_op, ar_op = red.ar_op, pre_divide = red.pre_divide, post_divide = red.post_divide,
     }
+    arena = arena_bound(out[fwd], W, arena)
+    if not arena then
+      util.field_error(ctx, upath, string.format("one rank's buffers reach more than %s bytes by unit %q "
+        .. "(all-gather buffer: %d ranks x %d elements); shrink the model or the shard group",
+        util.pow2_text(LIM.bytes), u.name, W, offset))
+    end
   end
   return { units = out, W = W, R = R }
 end

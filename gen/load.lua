@@ -1,70 +1,184 @@
 -- Stage 1: load a plan file in a sandbox and check its shape against the
--- schema (known keys, types, ranges). Returns a normalized plan table with
--- defaults filled in; semantic checks belong to later stages.
+-- schema (known keys, types, ranges, list holes, names). Returns a
+-- normalized plan table with defaults filled in; semantic checks belong to
+-- later stages. Every refusal is one plan error naming file, line and field.
 local util = require("gen.util")
 
 local load_plan = {}
 
+local LIM = util.LIMITS
 local DTYPES = { "fp32", "bf16", "fp16" }
 
--- Schema: key -> { kind, extra }. kind is one of int, num, string, bool,
--- enum, table, list. "min" bounds ints; "enum" lists allowed strings.
+local WORLD_WHY = "commplan plans at most " .. util.pow2_text(LIM.world) .. " ranks (the largest world its "
+  .. "generator and runtime are tested for)"
+
+-- Schema: key -> { kind, extra }. kind is one of int, num, string, name,
+-- bool, enum, table, list. int and num take min/max (num: gt = exclusive
+-- minimum); list takes max (entries); every number is bounded.
 local SCHEMA = {
   top = {
-    name = { "string" }, world_size = { "int", min = 1 },
+    name = { "string" }, world_size = { "int", min = 1, max = LIM.world, why = WORLD_WHY },
     parallel = { "table" }, model = { "table" }, fsdp = { "table" },
-    topology = { "table" },
+    topology = { "table" }, training = { "table" },
   },
   parallel = {
     dp_replicate = { "int" }, dp_shard = { "int" }, cp = { "int" }, tp = { "int" },
     pp = { "int" }, ep = { "int" }, etp = { "int" }, ulysses_degree = { "int" },
     dp = { "int" },
+    -- with tp > 1: activations between blocks sharded on the sequence (torchtitan's default)
+    sequence_parallel = { "bool" },
   },
   fsdp = {
-    reshard_after_forward = { "bool" }, micro_steps = { "int", min = 1 },
+    reshard_after_forward = { "bool" },
+    micro_steps = { "int", min = 1, max = LIM.micro_steps,
+                    why = "the schedule and its memory plan grow with micro-steps x units" },
     reduce_op = { "enum", enum = { "avg", "sum" } },
     param_dtype = { "enum", enum = DTYPES }, reduce_dtype = { "enum", enum = DTYPES },
   },
   topology = {
-    gpus_per_node = { "int", min = 1 }, intra_node_GBps = { "num", min = 0 },
-    inter_node_GBps = { "num", min = 0 }, latency_us = { "num", min = 0 },
+    gpus_per_node = { "int", min = 1, max = LIM.world },
+    intra_node_GBps = { "num", gt = 0, max = 1e6 }, inter_node_GBps = { "num", gt = 0, max = 1e6 },
+    latency_us = { "num", min = 0, max = 1e6 },
+    -- audit only (gen/compute.lua): the GPU's memory, peak dense rate, MFU and HBM rate
+    gpu_memory_GB = { "num", gt = 0, max = 1e6 }, gpu_TFLOPS = { "num", gt = 0, max = 1e6 },
+    mfu = { "num", gt = 0, max = 1 }, hbm_GBps = { "num", gt = 0, max = 1e6 },
+  },
+  -- audit only (gen/compute.lua, gen/memory.lua): activation checkpointing, optimizer state
+  training = {
+    activation_checkpointing = { "enum", enum = { "none", "full", "selective" } },
+    optimizer = { "enum", enum = { "adamw", "sgd", "none" } }, fp32_master = { "bool" },
+    -- sequences per rank per micro-step (torchtitan's training.local_batch_size): sizes the TP activations
+    local_batch_size = { "int", min = 1, max = 1 << 20 },
   },
   model = {
     family = { "enum", enum = { "llama", "generic" } }, size = { "string" },
-    dtype = { "enum", enum = DTYPES }, seq_len = { "int", min = 1 },
-    dim = { "int", min = 1 }, n_layers = { "int", min = 1 }, n_heads = { "int", min = 1 },
-    n_kv_heads = { "int", min = 1 }, vocab_size = { "int", min = 1 },
-    ffn_dim_multiplier = { "num", min = 0 }, multiple_of = { "int", min = 1 },
-    num_experts = { "int", min = 1 }, units = { "list" },
+    dtype = { "enum", enum = DTYPES }, seq_len = { "int", min = 1, max = LIM.model_int },
+    dim = { "int", min = 1, max = LIM.model_int },
+    n_layers = { "int", min = 1, max = LIM.units - 3,
+                 why = "one unit per layer and up to three more (embedding, norm and output, root), at most "
+                   .. LIM.units .. " units" },
+    n_heads = { "int", min = 1, max = LIM.model_int },
+    n_kv_heads = { "int", min = 1, max = LIM.model_int }, vocab_size = { "int", min = 1, max = LIM.model_int },
+    ffn_dim_multiplier = { "num", gt = 0, max = 64 }, multiple_of = { "int", min = 1, max = LIM.model_int },
+    num_experts = { "int", min = 1, max = LIM.model_int },
+    units = { "list", max = LIM.units,
+              why = "the memory planner's time grows with the square of the unit count" },
   },
-  unit = { name = { "string" }, params = { "list" } },
-  param = { name = { "string" }, shape = { "list" }, dtype = { "enum", enum = DTYPES },
-            shard_dim = { "int", min = 0 } },
+  unit = { name = { "name" }, params = { "list", max = LIM.params },
+           -- overrides fsdp.reshard_after_forward for this unit (the root never reshards after forward)
+           reshard_after_forward = { "bool" } },
+  param = { name = { "name" }, shape = { "list", max = LIM.dims, why = "runtime/commplan.h CP_MAX_DIMS is 8" },
+            dtype = { "enum", enum = DTYPES }, shard_dim = { "int", min = 0, max = LIM.dims - 1 },
+            -- tensor-parallel placement (gen/tp.lua): colwise = Shard(0), rowwise = Shard(1)
+            tp = { "enum", enum = { "colwise", "rowwise", "replicate", "shard(0)", "shard(1)", "shard(2)", "shard(3)",
+                                    "shard(4)", "shard(5)", "shard(6)", "shard(7)" } } },
 }
+-- Parallel degrees: -1 (dp_shard only) .. world limit; dims.infer gives
+-- torchtitan's messages for the values below 1.
+for _, spec in pairs(SCHEMA.parallel) do
+  spec.min, spec.max, spec.why = -LIM.world, LIM.world, WORLD_WHY
+end
 load_plan.SCHEMA = SCHEMA
 load_plan.DTYPES = DTYPES
+
+-- Model keys that only one family reads; the other refuses them (a key
+-- accepted and ignored would be a silent lie).
+local LLAMA_ONLY = { size = true, dim = true, n_layers = true, vocab_size = true, ffn_dim_multiplier = true,
+                     multiple_of = true }
 
 local function type_name(v)
   if math.type(v) then return math.type(v) == "integer" and "integer" or "number" end
   return type(v)
 end
 
+local function range_text(spec)
+  if spec.gt then return string.format("> %s", util.show(spec.gt)) end
+  return string.format("%s..%s", util.show(spec.min), util.show(spec.max))
+end
+
+-- A number within the spec's bounds; integers from exactly-integral floats
+-- (2^10 is the float 1024.0 in Lua 5.4).
+local function check_number(ctx, path, spec, v)
+  local function bad(msg) util.field_error(ctx, path, msg) end
+  if type(v) ~= "number" then return nil end
+  if v ~= v then bad("NaN is not a value; fix the arithmetic that made it") end
+  if v == math.huge or v == -math.huge then bad(util.show(v) .. " is not a value; give a finite number") end
+  if spec[1] == "int" then
+    local i = math.tointeger(v)
+    if not i then
+      bad(string.format("expected an integer, got %s; give a whole number in %s", util.show(v), range_text(spec)))
+    end
+    v = i
+  end
+  if spec.min and v < spec.min then
+    bad(string.format("%s must be >= %s; fix the value", util.show(v), util.show(spec.min)))
+  end
+  if spec.gt and v <= spec.gt then
+    bad(string.format("%s must be > %s; fix the value", util.show(v), util.show(spec.gt)))
+  end
+  if spec.max and v > spec.max then
+    bad(string.format("%s is above the limit %s%s; fix the value", util.show(v),
+      math.type(spec.max) == "integer" and util.pow2_text(spec.max) or util.show(spec.max),
+      spec.why and (": " .. spec.why) or ""))
+  end
+  return v
+end
+
+-- A list's length, refusing named keys, holes and too many entries.
+local function check_list(ctx, path, spec, v)
+  local n, maxk = 0, 0
+  for k in pairs(v) do
+    if math.type(k) ~= "integer" or k < 1 then
+      util.field_error(ctx, path, "expected a list { ... } with no named keys; found key " .. util.show(k)
+        .. "; remove it or move it out of the list", type(k) == "string" and k or nil)
+    end
+    n = n + 1
+    if k > maxk then maxk = k end
+    if spec.max and n > spec.max then
+      util.field_error(ctx, path, string.format("more than %d entries%s; shorten the list", spec.max,
+        spec.why and (": " .. spec.why) or ""))
+    end
+  end
+  if maxk ~= n then
+    local hole = 1
+    while v[hole] ~= nil do hole = hole + 1 end
+    util.field_error(ctx, string.format("%s[%d]", path, hole), string.format(
+      "entry %d is nil but the list has entries up to %d: a hole, usually an undefined variable or a "
+      .. "misspelled field inside { ... }; fix or remove it", hole, maxk))
+  end
+  return n
+end
+
+local function check_name(ctx, path, v)
+  if #v == 0 then util.field_error(ctx, path, "empty name; give a non-empty name") end
+  if #v > LIM.name_len then
+    util.field_error(ctx, path, string.format("name of %d bytes; at most %d: shorten it", #v, LIM.name_len))
+  end
+  local bad = v:find("[^ -~]")
+  if bad then
+    util.field_error(ctx, path, string.format("name %s holds byte %d at %d; names are printable ASCII "
+      .. "(no control characters, no UTF-8): rename it", util.show(v), v:byte(bad), bad))
+  end
+end
+
 local function check_value(ctx, path, spec, v)
   local kind = spec[1]
   local bad = function(want)
-    util.field_error(ctx, path, string.format("expected %s, got %s %s; fix the value",
-      want, type_name(v), type(v) == "string" and string.format("%q", v) or tostring(v)))
+    util.field_error(ctx, path, string.format("expected %s, got %s %s; fix the value", want, type_name(v),
+      util.show(v)))
   end
   if kind == "int" then
-    if math.type(v) ~= "integer" then
-      if type(v) == "number" and v == math.floor(v) and v >= math.mininteger and v <= math.maxinteger then
-        v = math.tointeger(v)
-      else bad("an integer") end
-    end
+    if type(v) ~= "number" then bad("an integer") end
+    v = check_number(ctx, path, spec, v)
   elseif kind == "num" then
     if type(v) ~= "number" then bad("a number") end
-  elseif kind == "string" then
+    v = check_number(ctx, path, spec, v)
+  elseif kind == "string" or kind == "name" then
     if type(v) ~= "string" then bad("a string") end
+    if kind == "name" then check_name(ctx, path, v)
+    elseif #v > LIM.name_len then
+      util.field_error(ctx, path, string.format("string of %d bytes; at most %d", #v, LIM.name_len))
+    end
   elseif kind == "bool" then
     if type(v) ~= "boolean" then bad("true or false") end
   elseif kind == "enum" then
@@ -73,21 +187,12 @@ local function check_value(ctx, path, spec, v)
     for _, e in ipairs(spec.enum) do ok = ok or e == v end
     if not ok then
       local hint = util.did_you_mean(v, spec.enum)
-      util.field_error(ctx, path, string.format("%q is not one of %s%s", v,
-        table.concat(spec.enum, ", "), hint and ("; did you mean " .. string.format("%q", hint) .. "?") or ""))
+      util.field_error(ctx, path, string.format("%s is not one of %s%s", util.show(v),
+        table.concat(spec.enum, ", "), hint and ("; did you mean \"" .. hint .. "\"?") or ""))
     end
   elseif kind == "table" or kind == "list" then
     if type(v) ~= "table" then bad("a table") end
-    if kind == "list" then
-      for k in pairs(v) do
-        if math.type(k) ~= "integer" or k < 1 or k > #v then
-          util.field_error(ctx, path, "expected a list { ... } with no named keys; found key " .. tostring(k))
-        end
-      end
-    end
-  end
-  if spec.min and v < spec.min then
-    util.field_error(ctx, path, string.format("%s must be >= %s; fix the value", tostring(v), tostring(spec.min)))
+    if kind == "list" then check_list(ctx, path, spec, v) end
   end
   return v
 end
@@ -99,91 +204,191 @@ local function check_table(ctx, path, section, tbl)
   local known = util.sorted_keys(schema)
   local out = {}
   for _, k in ipairs(util.sorted_keys(tbl)) do
-    local field = path == "" and tostring(k) or (path .. "." .. tostring(k))
+    local field = util.join_field(path, k)
     if type(k) ~= "string" then
-      util.field_error(ctx, path == "" and "plan" or path, "unexpected list entry " .. tostring(k) ..
+      util.field_error(ctx, path == "" and "plan" or path, "unexpected list entry " .. util.show(k) ..
         "; use named fields (" .. table.concat(known, ", ") .. ")")
     end
     local spec = schema[k]
     if not spec then
       local hint = util.did_you_mean(k, known)
       util.field_error(ctx, field, "unknown key" .. (hint and ("; did you mean '" .. hint .. "'?")
-        or ("; known keys: " .. table.concat(known, ", "))))
+        or ("; known keys: " .. table.concat(known, ", "))), k)
     end
     out[k] = check_value(ctx, field, spec, tbl[k])
   end
   return out
 end
 
-local function check_params(ctx, upath, params, default_dtype)
+-- The shape's numel, each dim and the product bounded (no wrap).
+function load_plan.check_shape(ctx, path, name, shape)
+  local numel = 1
+  for i, d in ipairs(shape) do
+    numel = util.mul_within(numel, d, LIM.numel)
+    if not numel then
+      util.field_error(ctx, path, string.format("%s has more than %s elements (shape %s); "
+        .. "shrink the shape", util.show(name), util.pow2_text(LIM.numel), table.concat(shape, " x ", 1, i)))
+    end
+  end
+  return numel
+end
+
+local function check_params(ctx, upath, params, n, default_dtype, budget)
   local out = {}
-  for j, p in ipairs(params) do
+  for j = 1, n do
+    local p = params[j]
     local ppath = string.format("%s.params[%d]", upath, j)
+    budget.params = budget.params + 1
+    if budget.params > LIM.params then
+      util.field_error(ctx, ppath, string.format("more than %d parameters in the model; the generator's "
+        .. "time and the C tables grow with the count: merge parameters or split the plan", LIM.params))
+    end
     check_value(ctx, ppath, { "table" }, p)
     local q = check_table(ctx, ppath, "param", p)
     if not q.name then util.field_error(ctx, ppath, "missing name; add name = \"...\"") end
     if not q.shape then util.field_error(ctx, ppath .. ".shape", "missing shape; add shape = { d0, d1, ... }") end
-    if #q.shape == 0 then
+    local ndim = check_list(ctx, ppath .. ".shape", SCHEMA.param.shape, q.shape)
+    if ndim == 0 then
       util.field_error(ctx, ppath .. ".shape", "scalar (0-dim) parameters cannot be sharded by FSDP; use shape = { 1 }")
     end
     local shape = {}
-    for i, d in ipairs(q.shape) do
-      d = check_value(ctx, string.format("%s.shape[%d]", ppath, i), { "int" }, d)
+    for i = 1, ndim do
+      local dpath = string.format("%s.shape[%d]", ppath, i)
+      local d = check_value(ctx, dpath, { "int", max = LIM.numel }, q.shape[i])
       if d <= 0 then
-        util.field_error(ctx, string.format("%s.shape[%d]", ppath, i),
-          string.format("size %d of %s must be positive; fix the shape", d, q.name))
+        util.field_error(ctx, dpath, string.format("size %d of %s must be positive; fix the shape", d, q.name))
       end
       shape[i] = d
     end
+    local numel = load_plan.check_shape(ctx, ppath .. ".shape", q.name, shape)
+    budget.numel = util.add_within(budget.numel, numel, LIM.numel)
+    if not budget.numel then
+      util.field_error(ctx, ppath .. ".shape", string.format("the model has more than %s elements in all; "
+        .. "shrink the shapes", util.pow2_text(LIM.numel)))
+    end
     q.shape = shape
+    if q.dtype then budget.own_dtype = budget.own_dtype + 1 end
     q.dtype = q.dtype or default_dtype
     q.shard_dim = q.shard_dim or 0
     if q.shard_dim >= #shape then
       util.field_error(ctx, ppath .. ".shard_dim", string.format("shard_dim=%d but %s has %d dims; use 0..%d",
         q.shard_dim, q.name, #shape, #shape - 1))
     end
+    if q.tp then
+      if budget.tp_degree == 1 then
+        util.field_error(ctx, ppath .. ".tp", string.format("tp = %q places %s over tensor parallel, but "
+          .. "parallel.tp is 1, so it changes nothing: remove it or set parallel.tp", q.tp, util.show(q.name)))
+      end
+      local tdim = q.tp == "colwise" and 0 or q.tp == "rowwise" and 1 or tonumber(q.tp:match("^shard%((%d)%)$"))
+      if tdim and tdim >= #shape then
+        util.field_error(ctx, ppath .. ".tp", string.format("tp = %q shards dim %d, but %s has %d dim%s; "
+          .. "use a placement on dims 0..%d or replicate", q.tp, tdim, util.show(q.name), #shape,
+          #shape == 1 and "" or "s", #shape - 1))
+      end
+    end
     out[j] = q
   end
   return out
 end
 
+-- The plan's name is its file stem (the Makefile, the output directory and
+-- the C prefix all use it): a C identifier that cannot collide with the
+-- runtime's cp_* / CP_* names or reserved identifiers.
+local function check_plan_name(ctx, given)
+  local stem = ctx.stem
+  local field = "name"
+  local function bad(msg) util.field_error(ctx, field, msg) end
+  if given ~= nil and given ~= stem then
+    bad(string.format("name = %s differs from the file stem %s; the name is the file's: remove name = "
+      .. "or rename the file to %s.lua", util.show(given), util.show(stem), util.show(given, 40)))
+  end
+  local what = given and "name" or string.format("the plan's name (its file stem %s)", util.show(stem))
+  if not stem:match("^[%a][%w_]*$") then
+    bad(string.format("%s is not a C identifier; use a letter, then letters, digits and _ (rename the file)", what))
+  end
+  if #stem > LIM.plan_name_len then
+    bad(string.format("%s has %d bytes; at most %d (it prefixes every C name); rename the file", what, #stem,
+      LIM.plan_name_len))
+  end
+  if stem:find("__", 1, true) then
+    bad(string.format("%s holds \"__\", reserved in C++ identifiers (the CUDA kernels file); rename the file", what))
+  end
+  local low = stem:lower()
+  if low == "cp" or low:sub(1, 3) == "cp_" or low:sub(1, 8) == "commplan" then
+    bad(string.format("%s would make C names like %s_plan that collide with the runtime's cp_*/CP_*/commplan "
+      .. "names; rename the file", what, stem))
+  end
+end
+
 function load_plan.normalize(ctx, raw)
   if type(raw) ~= "table" then
-    util.plan_error(ctx.file .. ": the plan file must return a table (return { world_size = ..., ... })")
+    util.plan_error(string.format("%s:%d: plan: the plan file must return a table, got %s; end it with "
+      .. "return { world_size = ..., model = ... }", ctx.file, util.return_line(ctx.source), util.show(raw)))
   end
   local plan = check_table(ctx, "", "top", raw)
   if not plan.world_size then util.field_error(ctx, "world_size", "missing; add world_size = <number of GPUs>") end
   if not plan.model then util.field_error(ctx, "model", "missing; add model = { family = \"llama\", size = \"8b\" } or a generic units list") end
-  plan.name = plan.name or ctx.stem
-  if not plan.name:match("^[%a_][%w_]*$") then
-    util.field_error(ctx, "name", string.format("%q is not a C identifier; use letters, digits and _", plan.name))
-  end
+  check_plan_name(ctx, plan.name)
+  plan.name = ctx.stem
   plan.parallel = check_table(ctx, "parallel", "parallel", plan.parallel or {})
   plan.fsdp = check_table(ctx, "fsdp", "fsdp", plan.fsdp or {})
   plan.topology = check_table(ctx, "topology", "topology", plan.topology or {})
+  plan.training = check_table(ctx, "training", "training", plan.training or {})
   local model = check_table(ctx, "model", "model", plan.model)
   model.family = model.family or (model.units and "generic" or nil)
   if not model.family then util.field_error(ctx, "model.family", "missing; set family = \"llama\" or give units = { ... }") end
+  local dtype_given = model.dtype ~= nil
   model.dtype = model.dtype or "fp32"
   if model.family == "generic" then
-    if not model.units or #model.units == 0 then
+    for _, k in ipairs(util.sorted_keys(LLAMA_ONLY)) do
+      if model[k] ~= nil then
+        util.field_error(ctx, "model." .. k, string.format("a generic model takes its shapes from units; "
+          .. "%s is a llama setting it would ignore: remove it", k))
+      end
+    end
+    local n = model.units and #model.units or 0
+    if n == 0 then
       util.field_error(ctx, "model.units", "a generic model needs a non-empty units list (root last)")
     end
     local units = {}
-    for i, u in ipairs(model.units) do
+    local tp_degree = plan.parallel.tp or 1
+    local budget = { params = 0, numel = 0, own_dtype = 0, tp_degree = tp_degree }
+    for i = 1, n do
+      local u = model.units[i]
       local upath = string.format("model.units[%d]", i)
       check_value(ctx, upath, { "table" }, u)
       local q = check_table(ctx, upath, "unit", u)
       if not q.name then util.field_error(ctx, upath, "missing name; add name = \"layers.0\"") end
-      if not q.params or #q.params == 0 then
-        util.field_error(ctx, upath .. ".params", "unit " .. q.name .. " has no parameters; give at least one")
+      local np = q.params and #q.params or 0
+      -- Only the root (last) may own none, as torchtitan's does: it then issues nothing.
+      if np == 0 and (i < n or n == 1) then
+        util.field_error(ctx, upath .. ".params", "unit " .. util.show(q.name) .. " has no parameters; give at least "
+          .. "one (only the root, the last unit of several, may have none)")
       end
-      q.params = check_params(ctx, upath, q.params, model.dtype)
+      if i == n and q.reshard_after_forward ~= nil then
+        util.field_error(ctx, upath .. ".reshard_after_forward", "the root (last unit) never reshards after "
+          .. "forward (FSDP2), so this setting changes nothing: remove it")
+      end
+      q.params = check_params(ctx, upath, q.params, np, model.dtype, budget)
       units[i] = q
     end
+    if dtype_given and budget.own_dtype == budget.params then
+      util.field_error(ctx, "model.dtype", "every parameter sets its own dtype, so model.dtype (the default "
+        .. "for parameters without one) is unused: remove it")
+    end
+    if n == 1 and plan.fsdp.reshard_after_forward ~= nil then
+      util.field_error(ctx, "fsdp.reshard_after_forward", "the model has only the root unit, which never "
+        .. "reshards after forward (FSDP2), so this setting changes nothing: remove it or add units")
+    end
     model.units = units
-  elseif model.units then
-    util.field_error(ctx, "model.units", "units are only for family = \"generic\"; remove them or change the family")
+  else
+    if model.units then
+      util.field_error(ctx, "model.units", "units are only for family = \"generic\"; remove them or change the family")
+    end
+    if model.num_experts ~= nil then
+      util.field_error(ctx, "model.num_experts", "Llama 3 is a dense model (no experts), so num_experts would "
+        .. "be ignored: remove it, or describe an MoE model as family = \"generic\"")
+    end
   end
   plan.model = model
   local f = plan.fsdp
@@ -198,36 +403,259 @@ function load_plan.normalize(ctx, raw)
   return plan
 end
 
--- Names a plan file may use: pure functions only, no io/os/require/load.
-local function sandbox_env()
+-- ---- the sandbox -----------------------------------------------------------
+-- A plan file sees only pure functions: no io, os, require, load, debug,
+-- collectgarbage, setmetatable/getmetatable, rawset/rawget, coroutines or
+-- string patterns (find/gsub/match can backtrack for a long time inside one
+-- C call). Strings' methods ("x"):rep(...) reach the same safe table while
+-- the plan runs. Functions whose C work grows with their arguments are
+-- wrapped: their results are capped and their work counted. Reading an
+-- undefined global is an error naming it (a strict _ENV), which catches
+-- typos such as shape = { 8, dimm } at the source.
+
+local LimitError = {} -- metatable of the error that stops a runaway plan
+local Undefined = {}  -- metatable of the strict _ENV's error
+
+local function run_error(msg) error(msg, 0) end
+
+-- Library tables whose missing names are errors that say why.
+local function strict_library(lib, name, why)
+  return setmetatable(lib, { __index = function(_, k)
+    error(string.format("%s.%s is not available in plan files%s", name, tostring(k), why), 2)
+  end })
+end
+
+local PLAIN = { string = true, number = true, boolean = true, ["nil"] = true }
+
+local function sandbox_env(budget)
+  local function charge(n)
+    budget.work = budget.work + n
+  end
+  local function strlen_ok(len, what)
+    if len > LIM.plan_string then
+      run_error(string.format("%s would make a string of %.0f bytes; plan files build strings of at most %d bytes",
+        what, len, LIM.plan_string))
+    end
+  end
+  local function no_address(v, what)
+    local t = type(v)
+    if t == "table" or t == "function" or t == "thread" or t == "userdata" then
+      run_error(string.format("%s of a %s gives its address, which changes from run to run; use a string or number",
+        what, t))
+    end
+  end
   local env = {}
-  for _, k in ipairs({ "ipairs", "pairs", "tostring", "tonumber", "type", "select", "error",
-                       "assert", "next", "pcall", "unpack" }) do env[k] = _G[k] end
+  for _, k in ipairs({ "ipairs", "pairs", "tonumber", "type", "select", "error", "assert", "next" }) do
+    env[k] = _G[k]
+  end
+  env.tostring = function(v)
+    no_address(v, "tostring")
+    return tostring(v)
+  end
+  -- A plan's pcall cannot swallow the limit errors.
+  env.pcall = function(f, ...)
+    local r = table.pack(pcall(f, ...))
+    if not r[1] and getmetatable(r[2]) == LimitError then error(r[2], 0) end
+    return table.unpack(r, 1, r.n)
+  end
   env.math = { floor = math.floor, ceil = math.ceil, max = math.max, min = math.min,
-               abs = math.abs, tointeger = math.tointeger, huge = math.huge }
-  env.string = { format = string.format, rep = string.rep, sub = string.sub,
-                 upper = string.upper, lower = string.lower }
-  env.table = { insert = table.insert, concat = table.concat, unpack = table.unpack }
+               abs = math.abs, tointeger = math.tointeger, huge = math.huge,
+               maxinteger = math.maxinteger, mininteger = math.mininteger, type = math.type }
+  local S = string
+  env.string = {
+    format = function(fmt, ...)
+      local n = select("#", ...)
+      if type(fmt) ~= "string" then run_error("string.format: the format must be a string") end
+      if S.find(fmt, "%p", 1, true) then run_error("string.format: %p prints an address, which changes from run to run") end
+      local len = #fmt + 64 * n
+      if n > 0 then
+        local args = { ... }
+        for i = 1, n do
+          local a = args[i]
+          if type(a) == "string" then len = len + #a elseif not PLAIN[type(a)] then no_address(a, "string.format") end
+        end
+      end
+      strlen_ok(len, "string.format")
+      budget.work = budget.work + len // 64
+      return S.format(fmt, ...)
+    end,
+    rep = function(s, n, sep)
+      if type(s) ~= "string" and type(s) ~= "number" then run_error("string.rep: expected a string") end
+      if math.type(n) ~= "integer" then
+        n = math.tointeger(n) or run_error("string.rep: the count must be an integer")
+      end
+      sep = sep or ""
+      if type(sep) ~= "string" and type(sep) ~= "number" then run_error("string.rep: the separator must be a string") end
+      if n <= 0 then return "" end
+      -- In floats: the byte count of a huge n must not wrap.
+      local len = #tostring(s) * (n + 0.0) + #tostring(sep) * (n - 1.0)
+      strlen_ok(len, "string.rep")
+      charge(math.floor(len / 64))
+      return S.rep(s, n, sep)
+    end,
+    sub = function(s, i, j)
+      if type(s) == "string" then charge(#s // 64) end
+      return S.sub(s, i, j)
+    end,
+    upper = function(s)
+      if type(s) == "string" then charge(#s // 64) end
+      return S.upper(s)
+    end,
+    lower = function(s)
+      if type(s) == "string" then charge(#s // 64) end
+      return S.lower(s)
+    end,
+    len = function(s) return S.len(s) end,
+  }
+  strict_library(env.string, "string", " (only format, rep, sub, upper, lower and len are: "
+    .. "patterns can run for minutes inside one call)")
+  strict_library(env.math, "math", "")
+  env.table = {
+    insert = function(t, ...)
+      if type(t) == "table" and select("#", ...) == 2 then
+        local pos = ...
+        local n = #t
+        if math.type(pos) == "integer" and pos >= 1 and pos <= n + 1 then charge(n - pos + 1) end
+      end
+      return table.insert(t, ...)
+    end,
+    concat = function(t, sep, i, j)
+      if type(t) ~= "table" then run_error("table.concat: expected a table") end
+      i, j = i or 1, j or #t
+      if math.type(i) ~= "integer" or math.type(j) ~= "integer" then
+        run_error("table.concat: indices must be integers")
+      end
+      if j >= i and (j - i >= 1000000 or j - i < 0) then run_error("table.concat: more than 1000000 entries") end
+      local len = 0
+      for k = i, j do
+        local v = t[k]
+        len = len + (type(v) == "string" and #v or 24) + (sep and #tostring(sep) or 0)
+      end
+      strlen_ok(len, "table.concat")
+      charge(j - i + 1 + len // 64)
+      return table.concat(t, sep, i, j)
+    end,
+    unpack = function(t, i, j)
+      if type(t) ~= "table" then run_error("table.unpack: expected a table") end
+      i, j = i or 1, j or #t
+      if math.type(i) ~= "integer" or math.type(j) ~= "integer" then
+        run_error("table.unpack: indices must be integers")
+      end
+      if j >= i and (j - i >= 100000 or j - i < 0) then run_error("table.unpack: more than 100000 values") end
+      charge(math.max(0, j - i + 1))
+      return table.unpack(t, i, j)
+    end,
+  }
+  strict_library(env.table, "table", " (only insert, concat and unpack are)")
+  -- Strict globals: defining one is fine; reading one never defined is an error.
+  setmetatable(env, { __index = function(_, k) error(setmetatable({ name = k }, Undefined), 2) end })
   return env
+end
+
+-- Runs chunk with the hook and the string metatable swapped; restores both.
+-- Returns ok, value-or-error, line of the error in the plan (or nil).
+local function run_limited(chunk, env, budget)
+  local string_mt = getmetatable("")
+  local saved_index = string_mt.__index
+  local saved_hook = table.pack(debug.gethook())
+  local count, stopped = 0, nil
+  collectgarbage("collect")
+  local base_kib = collectgarbage("count")
+  local t0 = os.clock()
+  local function stop(msg)
+    stopped = stopped or setmetatable({ msg = msg }, LimitError)
+    error(stopped, 0)
+  end
+  local function hook()
+    if stopped then error(stopped, 0) end
+    count = count + 1
+    if count + budget.work > LIM.plan_instructions then
+      stop(string.format("the plan file ran more than %d Lua instructions (an endless loop?); plan files "
+        .. "describe the model and must finish quickly", LIM.plan_instructions))
+    end
+    if collectgarbage("count") - base_kib > LIM.plan_memory_kib then
+      collectgarbage("collect")
+      if collectgarbage("count") - base_kib > LIM.plan_memory_kib then
+        stop(string.format("the plan file uses more than %d MiB of memory (unbounded tables or strings?)",
+          LIM.plan_memory_kib // 1024))
+      end
+    end
+    if count & 63 == 0 and os.clock() - t0 > LIM.plan_seconds then
+      stop(string.format("the plan file ran for more than %d s of CPU time", LIM.plan_seconds))
+    end
+  end
+  local err_line
+  local function restore()
+    debug.sethook(table.unpack(saved_hook, 1, saved_hook.n))
+    string_mt.__index = saved_index
+  end
+  local function handler(e)
+    debug.sethook()
+    string_mt.__index = saved_index
+    -- The innermost frame of the plan chunk holds the failing line.
+    for level = 2, 200 do
+      local info = debug.getinfo(level, "Sl")
+      if not info then break end
+      if info.source == "=plan" and info.currentline and info.currentline > 0 then
+        err_line = info.currentline
+        break
+      end
+    end
+    return e
+  end
+  string_mt.__index = env.string
+  debug.sethook(hook, "", 1)
+  local ok, res = xpcall(chunk, handler)
+  restore()
+  return ok, res, err_line
+end
+
+local function run_message(res)
+  local mt = getmetatable(res)
+  if mt == LimitError then return "plan", res.msg end
+  if mt == Undefined then
+    local name = type(res.name) == "string" and res.name:match("^[%a_][%w_]*$") and res.name or "plan"
+    return name, string.format("undefined variable %s in the plan file: define it first (local %s = ...), "
+      .. "fix its spelling, or quote it if a string was meant", util.show(res.name), util.key_text(res.name))
+  end
+  if type(res) == "string" then
+    -- The line comes from the stack; drop Lua's "where:" prefix.
+    return "plan", (res:gsub("^[^%s]-:%d+: ", "", 1)) .. " (error while running the plan file)"
+  end
+  if type(res) == "number" then return "plan", tostring(res) .. " (error while running the plan file)" end
+  return "plan", string.format("the plan file raised an error object (%s) instead of a message", util.show(res))
 end
 
 -- Load and normalize a plan file. `path` is shown in messages as given.
 function load_plan.file(path)
   local fh, err = io.open(path, "rb")
   if not fh then util.plan_error(path .. ": cannot read plan file (" .. tostring(err) .. "); check the path") end
-  local source = fh:read("a")
+  local source = fh:read(LIM.plan_source + 1)
   fh:close()
-  return load_plan.source(source, path)
+  return load_plan.source(source or "", path)
 end
 
 function load_plan.source(source, path)
-  local stem = path:match("([^/]+)%.lua$") or path:match("([^/]+)$")
+  local stem = path:match("([^/]+)%.lua$") or path:match("([^/]+)$") or path
   local ctx = { file = path, source = source, stem = stem }
-  local chunk, err = load(source, "=" .. path, "t", sandbox_env())
-  if not chunk then util.plan_error(err .. " (Lua syntax error; fix the plan file)") end
-  local ok, raw = pcall(chunk)
+  if #source > LIM.plan_source then
+    util.plan_error(string.format("%s:1: plan: the file has more than %d MiB; plan files are small Lua programs",
+      path, LIM.plan_source >> 20))
+  end
+  local budget = { work = 0 }
+  local env = sandbox_env(budget)
+  -- The chunk is named "plan" so Lua's messages never cut a long path.
+  local chunk, err = load(source, "=plan", "t", env)
+  if not chunk then
+    local line, msg = tostring(err):match("^plan:(%d+): (.*)$")
+    util.plan_error(string.format("%s:%s: plan: syntax error: %s; fix the plan file", path, line or "1",
+      msg or tostring(err)))
+  end
+  local ok, raw, line = run_limited(chunk, env, budget)
   if not ok then
-    util.plan_error(tostring(raw) .. " (error while running the plan file)")
+    local field, msg = run_message(raw)
+    if not line and type(raw) == "string" then line = tonumber(raw:match("^plan:(%d+): ")) end
+    util.plan_error(string.format("%s:%d: %s: %s", path, line or util.return_line(source), field, msg))
   end
   local plan = load_plan.normalize(ctx, raw)
   plan.source_file = path

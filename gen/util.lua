@@ -1,48 +1,253 @@
--- Shared helpers for the generator stages: plan errors, sorted iteration,
--- did-you-mean suggestions. No stage keeps state between calls.
+-- Shared helpers for the generator stages: plan errors, the generator's
+-- limits, checked arithmetic, sorted iteration, did-you-mean suggestions,
+-- C identifiers, string literals and comments. No stage keeps state
+-- between calls.
 local util = {}
+
+-- ---- limits ----------------------------------------------------------------
+-- Every number a plan gives is bounded before any arithmetic uses it, so no
+-- product wraps, no value outside C's int reaches an int field, and
+-- generation time stays bounded (docs/plan-files.md, "Limits", says why
+-- each one is what it is).
+util.LIMITS = {
+  world = 1 << 20,           -- ranks: generation is O(1) in the world (closed-form groups); 1M ranks tested
+  units = 512,               -- fully_shard units: the memory planner is quadratic in buffers
+  micro_steps = 1024,        -- gradient-accumulation micro-steps
+  unit_steps = 1024,         -- units x micro_steps: lifetimes per buffer grow with micro-steps
+  params = 32768,            -- parameters in the whole model
+  dims = 8,                  -- tensor dims: runtime/commplan.h CP_MAX_DIMS
+  name_len = 200,            -- bytes in a unit or parameter name
+  plan_name_len = 64,        -- bytes in a plan name (a C prefix)
+  model_int = (1 << 31) - 1, -- llama dims, heads, vocab, seq_len
+  numel = 1 << 53,           -- elements of one parameter, and of the whole model
+  unit_slot = 1 << 40,       -- one rank's slot of one unit (the copy kernels number tiles in int)
+  bytes = 1 << 53,           -- any derived byte count or offset (exact in a double, fits int64)
+  -- Running the plan file itself (gen/load.lua's sandbox):
+  plan_instructions = 10000000, -- Lua VM instructions, the sandbox's wrappers included (~2 s
+                                -- with the counting hook; the largest plan the limits allow
+                                -- takes ~3,000,000)
+  plan_memory_kib = 32 * 1024,  -- live memory the plan body may add (the largest plan: ~10 MiB)
+  plan_seconds = 10,            -- CPU seconds, a backstop for slow single instructions
+  plan_string = 1 << 20,        -- bytes of one string.rep / string.format / table.concat result
+  plan_source = 16 << 20,       -- bytes of plan file source
+}
+
+-- a * b when it is at most limit (both non-negative integers), else nil.
+function util.mul_within(a, b, limit)
+  if a == 0 or b == 0 then return 0 end
+  if a > limit // b then return nil end
+  local p = a * b
+  if p > limit then return nil end
+  return p
+end
+
+-- a + b when it is at most limit (both non-negative integers), else nil.
+function util.add_within(a, b, limit)
+  if a > limit - b then return nil end
+  return a + b
+end
+
+-- Product of list[first..last] when it is at most limit, else nil.
+function util.product_within(list, limit, first, last)
+  local p = 1
+  for i = first or 1, last or #list do
+    p = util.mul_within(p, list[i], limit)
+    if not p then return nil end
+  end
+  return p
+end
+
+-- "2^53" for powers of two, else the decimal number: limits in messages.
+function util.pow2_text(n)
+  if n > 0 and n & (n - 1) == 0 then
+    local k = 0
+    while (1 << k) ~= n do k = k + 1 end
+    if k >= 10 then return string.format("%d (2^%d)", n, k) end
+  end
+  return tostring(n)
+end
+
+-- ---- plan errors -----------------------------------------------------------
 
 -- A plan error carries one line for the user; the driver prints it and exits 2.
 local PlanError = {}
 PlanError.__index = PlanError
 PlanError.__tostring = function(e) return e.msg end
 
+local MAX_MESSAGE = 2000
+
+-- One printable line: control and non-ASCII bytes become \ddd, and very long
+-- messages are cut. Every plan error passes through here, so no plan
+-- content can split the message or reach the terminal as control bytes.
+function util.one_line(msg)
+  msg = tostring(msg):gsub("[%c\127-\255]", function(c) return string.format("\\%03d", c:byte()) end)
+  if #msg > MAX_MESSAGE then msg = msg:sub(1, MAX_MESSAGE) .. "...(cut)" end
+  return msg
+end
+
 function util.plan_error(msg)
-  error(setmetatable({ msg = msg }, PlanError), 0)
+  error(setmetatable({ msg = util.one_line(msg) }, PlanError), 0)
 end
 
 function util.is_plan_error(e)
   return getmetatable(e) == PlanError
 end
 
--- Error tied to a field of the plan file: "<file>:<line>: <field>: <msg>".
--- ctx = { file = ..., source = ... } from gen/load; the line is found by
--- looking for the field's key in the source text (first occurrence).
-function util.field_error(ctx, field, msg)
-  local file = ctx and ctx.file or "plan"
-  local line = ctx and util.find_line(ctx.source, field)
-  local where = line and (file .. ":" .. line) or file
-  util.plan_error(string.format("%s: %s: %s", where, field, msg))
+-- Any value as a short one-line text for messages: strings quoted with
+-- escapes and cut at `max` bytes, numbers exactly, other types by name.
+function util.show(v, max)
+  max = max or 60
+  local t = type(v)
+  if t == "string" then
+    local s = v
+    local cut = #s > max
+    if cut then s = s:sub(1, max) end
+    s = s:gsub('[\\"]', "\\%0"):gsub("[%c\127-\255]", function(c) return string.format("\\%03d", c:byte()) end)
+    return '"' .. s .. '"' .. (cut and string.format("...(%d bytes)", #v) or "")
+  elseif t == "number" then
+    if math.type(v) == "integer" then return tostring(v) end
+    if v ~= v then return "nan" end
+    if v == math.huge then return "inf" elseif v == -math.huge then return "-inf" end
+    return string.format("%.17g", v)
+  elseif t == "boolean" or t == "nil" then
+    return tostring(v)
+  end
+  return "a " .. t
 end
 
-function util.find_line(source, field)
-  if not source or not field then return nil end
-  local key = field:match("([%w_]+)$") or field
-  local n = 0
-  for line in (source .. "\n"):gmatch("([^\n]*)\n") do
-    n = n + 1
-    local code = line:gsub("%-%-.*$", "")
-    if code:find("%f[%w_]" .. key .. "%s*=") or code:find("[\"']" .. key .. "[\"']") then
-      return n
+-- A table key as it appears in a field path: identifiers bare, anything
+-- else in brackets (escaped, cut).
+function util.key_text(k)
+  if type(k) == "string" and #k <= 60 and k:match("^[%a_][%w_]*$") then return k end
+  if math.type(k) == "integer" then return "[" .. k .. "]" end
+  return "[" .. util.show(k, 40) .. "]"
+end
+
+function util.join_field(path, k)
+  local kt = util.key_text(k)
+  if path == "" then return kt end
+  if kt:sub(1, 1) == "[" then return path .. kt end
+  return path .. "." .. kt
+end
+
+-- Error tied to a field of the plan file: "<file>:<line>: <field>: <msg>".
+-- ctx = { file = ..., source = ... } from gen/load; the line is found by
+-- looking for the field's key in the source text (first occurrence), then
+-- its parents', then the plan's return statement. `key` (optional) is the
+-- raw key to look for when the field's last part is not an identifier.
+function util.field_error(ctx, field, msg, key)
+  local file = ctx and ctx.file or "plan"
+  local line = ctx and util.find_line(ctx.source, field, key) or 1
+  util.plan_error(string.format("%s:%d: %s: %s", file, line, field, msg))
+end
+
+-- The line of a key in the source: the first place where `key = ` (not
+-- `==`) stands as a whole word outside a -- comment, or "key" / 'key' is
+-- quoted. The key is plain text, never a Lua pattern; one pass over the
+-- source per form, so a long key or a long file costs linear time.
+local MAX_KEY = 256
+
+local function line_at(source, pos, from, line)
+  -- Lines from position `from` (on line `line`) to pos.
+  local _, n = source:sub(from, pos - 1):gsub("\n", "")
+  return line + n
+end
+
+-- Is pos after a "--" on its line? Looks back at most 4096 bytes (a longer
+-- line counts as code), so every check costs bounded time.
+local function in_comment(source, pos)
+  local from = math.max(1, pos - 4096)
+  local back = source:sub(from, pos - 1)
+  local bol = back:match("^.*\n()") or 1
+  return back:find("--", bol, true) ~= nil
+end
+
+-- Occurrences examined per search: enough for any real plan, bounded for
+-- a hostile one.
+local MAX_TRIES = 2000
+
+local function first_assignment(source, key)
+  local init = 1
+  for _ = 1, MAX_TRIES do
+    local i, j = source:find(key, init, true)
+    if not i then return nil end
+    local before = i > 1 and source:sub(i - 1, i - 1) or ""
+    local after = source:sub(j + 1, j + 1)
+    if not before:match("[%w_]") and not after:match("[%w_]") then
+      local rest = source:match("^[ \t]*(=?=?)", j + 1)
+      if rest == "=" and not in_comment(source, i) then return i end
     end
+    init = i + 1
   end
   return nil
 end
 
+local function first_quoted(source, key)
+  local best
+  for _, q in ipairs({ '"', "'" }) do
+    local init = 1
+    for _ = 1, MAX_TRIES do
+      local i = source:find(q .. key .. q, init, true)
+      if not i then break end
+      if not in_comment(source, i) then
+        if not best or i < best then best = i end
+        break
+      end
+      init = i + 1
+    end
+  end
+  return best
+end
+
+local function line_of_key(source, key)
+  if key == "" or #key > MAX_KEY then return nil end
+  local a, b = first_assignment(source, key), first_quoted(source, key)
+  local pos = a and b and math.min(a, b) or a or b
+  return pos and line_at(source, pos, 1, 1) or nil
+end
+
+-- The line of the last `return` at the start of a line, or 1.
+function util.return_line(source)
+  if not source then return 1 end
+  local found, n = 1, 0
+  for line in (source .. "\n"):gmatch("([^\n]*)\n") do
+    n = n + 1
+    if line:match("^%s*return[%s{]") or line:match("^%s*return$") then found = n end
+  end
+  return found
+end
+
+function util.find_line(source, field, key)
+  if not source or not field then return nil end
+  if key and type(key) == "string" then
+    local n = line_of_key(source, key)
+    if n then return n end
+  end
+  -- The field's identifier parts, innermost first: "model.units[2].name" ->
+  -- name, units, model.
+  local parts = {}
+  for part in field:gmatch("[%a_][%w_]*") do table.insert(parts, 1, part) end
+  for _, part in ipairs(parts) do
+    local n = line_of_key(source, part)
+    if n then return n end
+  end
+  return util.return_line(source)
+end
+
+-- ---- tables and words ------------------------------------------------------
+
+-- Keys sorted by type then value (plain order, no tostring of addresses).
 function util.sorted_keys(t)
   local keys = {}
   for k in pairs(t) do keys[#keys + 1] = k end
-  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  local rank = { number = 1, string = 2, boolean = 3 }
+  table.sort(keys, function(a, b)
+    local ta, tb = type(a), type(b)
+    if ta ~= tb then return (rank[ta] or 4) < (rank[tb] or 4) or ((rank[ta] or 4) == (rank[tb] or 4) and ta < tb) end
+    if ta == "number" or ta == "string" then return a < b end
+    if ta == "boolean" then return (not a) and b end
+    return false
+  end)
   return keys
 end
 
@@ -60,8 +265,10 @@ local function levenshtein(a, b)
   return prev[#b]
 end
 
--- Closest candidate within edit distance 3, or nil.
+-- Closest candidate within edit distance 3, or nil (words longer than 64
+-- bytes get no suggestion: the distance is quadratic).
 function util.did_you_mean(word, candidates)
+  if type(word) ~= "string" or #word > 64 then return nil end
   local best, best_d
   for _, c in ipairs(candidates) do
     local d = levenshtein(word, c)
@@ -82,11 +289,42 @@ function util.product(list, first, last)
   return p
 end
 
+-- ---- C text ----------------------------------------------------------------
+
 -- C identifier from a dotted name: "layers.0.attention.wq.weight" -> "LAYERS_0_ATTENTION_WQ_WEIGHT".
 function util.c_ident(name)
   local id = name:gsub("[^%w]", "_"):upper()
   if id:match("^%d") then id = "_" .. id end
   return id
+end
+
+-- A C string literal holding exactly the bytes of s, for any byte string,
+-- under plain `cc -std=c11` (trigraphs on): printable ASCII stays except
+-- \ " and ? (escaped, so no trigraph forms); every other byte is a
+-- three-digit octal escape (a following digit cannot extend it).
+function util.c_string(s)
+  return '"' .. s:gsub(".", function(c)
+    local b = c:byte()
+    if c == "\\" then return "\\\\" elseif c == '"' then return '\\"' elseif c == "?" then return "\\?" end
+    if b >= 32 and b <= 126 then return c end
+    return string.format("\\%03o", b)
+  end) .. '"'
+end
+
+-- Any text made safe inside a /* ... */ comment: control and non-ASCII
+-- bytes become \ooo text, "*/" and "/*" are broken with a space, "??"
+-- (trigraph starts: ??/ would be a backslash) become "? ?", and a trailing
+-- backslash is followed by a dot so no line splice can follow.
+function util.c_comment(s)
+  s = s:gsub("[%c\127-\255]", function(c) return string.format("\\%03o", c:byte()) end)
+  repeat
+    local n1, n2, n3
+    s, n1 = s:gsub("%*/", "* /")
+    s, n2 = s:gsub("/%*", "/ *")
+    s, n3 = s:gsub("%?%?", "? ?")
+  until n1 + n2 + n3 == 0
+  if s:match("\\ *$") then s = s .. "." end
+  return s
 end
 
 return util

@@ -5,7 +5,8 @@
 --  * schedule: a state machine per unit shows every compute sees unsharded
 --    parameters, every collective's input is ready, every unit is reduced
 --    exactly once per step and ends resharded;
---  * order: every communicator's members issue the same op sequence.
+--  * order: every communicator's members issue the same op sequence;
+--  * bounds: every number the C tables hold fits its C field.
 local layout = require("gen.layout")
 
 local verify = {}
@@ -57,6 +58,7 @@ function verify.schedule(lay, ops, micro_steps)
       reduced[u] = reduced[u] + 1
     elseif k == "reduce_scatter" or k == "all_reduce" or k == "view_out" then
       check(reduced[u] == 1, "%s of %s before its pack", k, name(u))
+    elseif k:sub(1, 3) == "tp_" then check(s == "unsharded", "%s of %s on %s params", k, name(u), s)
     else check(false, "unknown op kind %s", tostring(k)) end
   end
   for _, uu in ipairs(lay.units) do
@@ -75,14 +77,70 @@ function verify.order(lay, fams, ops)
       local f = fams.by_name[o.group]
       check(f ~= nil, "op %d names unknown group %s", o.seq, o.group)
       local u = lay.units[o.unit + 1]
-      check(o.count == u.total, "op %d count %d != slot %d", o.seq, o.count, u.total)
-      local want = o.kind == "all_gather" and u.ag_dtype or u.reduce_dtype
-      check(o.dtype == want, "op %d dtype %s != %s", o.seq, o.dtype, want)
+      if o.kind:sub(1, 3) == "tp_" then
+        -- TP activation collectives: on the TP group, inside the unit's activation buffer.
+        check(o.group == "tp", "op %d: %s on group %s", o.seq, o.kind, o.group)
+        local elems = o.kind == "tp_all_reduce" and o.count or o.count * f.size
+        check(elems <= (u.act_numel or 0), "op %d: %d elements beyond the activation buffer", o.seq, elems)
+        check(o.dtype == u.ag_dtype, "op %d dtype %s != %s", o.seq, o.dtype, u.ag_dtype)
+      else
+        check(o.count == u.total, "op %d count %d != slot %d", o.seq, o.count, u.total)
+        local want = o.kind == "all_gather" and u.ag_dtype or u.reduce_dtype
+        check(o.dtype == want, "op %d dtype %s != %s", o.seq, o.dtype, want)
+      end
     end
   end
 end
 
+-- Every number the C tables hold fits its field: int fields (counts,
+-- indices, sizes) in [0, INT_MAX], int64 ones (numels, offsets) in
+-- [0, 2^53] so they are exact in a double too, and dims within
+-- CP_MAX_DIMS. gen/load and gen/layout refuse plans beyond these; this
+-- proves nothing slipped through.
+local INT_MAX = (1 << 31) - 1
+local EXACT = 1 << 53
+local MAX_DIMS = 8
+
+local function int_field(v, what, ...)
+  check(math.type(v) == "integer" and v >= 0 and v <= INT_MAX, "%s = %s does not fit a C int", string.format(what, ...),
+    tostring(v))
+end
+
+local function int64_field(v, what, ...)
+  check(math.type(v) == "integer" and v >= 0 and v <= EXACT, "%s = %s is outside [0, 2^53]", string.format(what, ...),
+    tostring(v))
+end
+
+function verify.bounds(lay, fams, ops, fsdp)
+  int_field(#lay.units, "units")
+  int_field(lay.W, "shard size")
+  int_field(lay.R, "replicate size")
+  int_field(fsdp.micro_steps, "micro_steps")
+  int_field(#ops, "ops")
+  local nparams = 0
+  for _, u in ipairs(lay.units) do
+    int64_field(u.total, "%s total", u.name)
+    int64_field(u.grads_numel, "%s grads_numel", u.name)
+    for _, p in ipairs(u.params) do
+      nparams = nparams + 1
+      check(#p.shape >= 1 and #p.shape <= MAX_DIMS, "%s has %d dims", p.name, #p.shape)
+      int_field(p.shard_dim, "%s shard_dim", p.name)
+      for i, d in ipairs(p.shape) do int64_field(d, "%s shape[%d]", p.name, i) end
+      for _, k in ipairs({ "numel", "chunk", "outer", "run", "padded", "offset", "grad_offset" }) do
+        int64_field(p[k], "%s %s", p.name, k)
+      end
+    end
+  end
+  int_field(nparams, "params")
+  for _, f in ipairs(fams.list) do int_field(f.size, "group %s size", f.name) end
+  for _, o in ipairs(ops) do
+    int_field(o.micro_step, "op %d micro_step", o.seq)
+    if o.count then int64_field(o.count, "op %d count", o.seq) end
+  end
+end
+
 function verify.all(lay, fams, ops, fsdp)
+  verify.bounds(lay, fams, ops, fsdp)
   verify.coverage(lay)
   verify.schedule(lay, ops, fsdp.micro_steps)
   verify.order(lay, fams, ops)

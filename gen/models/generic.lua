@@ -1,11 +1,36 @@
 -- Generic model: the plan lists its units in fully_shard (wrapping) order,
--- root last, each with its parameters in registration order.
+-- root last, each with its parameters in registration order. gen/load has
+-- checked every name (printable ASCII, length) and every shape.
 local util = require("gen.util")
 
 local generic = {}
 
+-- C names the generated header reserves next to <NAME>_UNIT_<unit> and
+-- <NAME>_PARAM_<param> (templates/plan.h.in): the counts.
+generic.RESERVED = { COUNT = "the generated count enumerator" }
+
+-- Names that map to one C identifier (util.c_ident: "a.b" and "a_b", "W"
+-- and "w") would declare one enumerator twice: refused, naming both.
+-- seen: identifier -> { name, path } of its first holder.
+local function check_c_name(ctx, seen, kind, enum, name, path)
+  local id = util.c_ident(name)
+  local reserved = generic.RESERVED[id]
+  if reserved then
+    util.field_error(ctx, path, string.format("%s %q becomes the C name <NAME>_%s_%s, %s in plan.h; rename it",
+      kind, name, enum, id, reserved))
+  end
+  local first = seen[id]
+  if first then
+    util.field_error(ctx, path, string.format("%s %q and %s %q (%s) both become the C name <NAME>_%s_%s "
+      .. "(every character but letters and digits maps to _, case is folded); rename one", kind, name, kind,
+      first.name, first.path, enum, id))
+  end
+  seen[id] = { name = name, path = path }
+end
+
 function generic.units(ctx, model)
   local seen_unit, seen_param = {}, {}
+  local unit_ids, param_ids = {}, {}
   local units = {}
   for i, u in ipairs(model.units) do
     local path = string.format("model.units[%d]", i)
@@ -14,15 +39,18 @@ function generic.units(ctx, model)
         u.name, seen_unit[u.name], i))
     end
     seen_unit[u.name] = i
+    check_c_name(ctx, unit_ids, "unit", "UNIT", u.name, path .. ".name")
     local params = {}
     for j, p in ipairs(u.params) do
+      local ppath = string.format("%s.params[%d].name", path, j)
       if seen_param[p.name] then
-        util.field_error(ctx, string.format("%s.params[%d].name", path, j), string.format(
+        util.field_error(ctx, ppath, string.format(
           "parameter %q is already in unit %q; FSDP2 gives a parameter to one unit only (wrap both modules in one unit)",
           p.name, seen_param[p.name]))
       end
       seen_param[p.name] = u.name
-      params[j] = { name = p.name, shape = p.shape, dtype = p.dtype, shard_dim = p.shard_dim }
+      check_c_name(ctx, param_ids, "parameter", "PARAM", p.name, ppath)
+      params[j] = { name = p.name, shape = p.shape, dtype = p.dtype, shard_dim = p.shard_dim, tp = p.tp }
     end
     units[i] = { name = u.name, params = params }
   end

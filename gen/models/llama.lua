@@ -4,6 +4,7 @@
 local util = require("gen.util")
 
 local llama = {}
+local LIM = util.LIMITS
 
 -- Published Llama 3 / 3.1 configs (torchtitan llama3 model registry).
 llama.CONFIGS = {
@@ -31,7 +32,7 @@ function llama.config(ctx, model)
     if not base then
       local known = util.sorted_keys(llama.CONFIGS)
       local hint = util.did_you_mean(model.size:lower(), known)
-      util.field_error(ctx, "model.size", string.format("unknown Llama 3 size %q; use one of %s%s", model.size,
+      util.field_error(ctx, "model.size", string.format("unknown Llama 3 size %s; use one of %s%s", util.show(model.size),
         table.concat(known, ", "), hint and ("; did you mean '" .. hint .. "'?") or ""))
     end
   end
@@ -83,6 +84,20 @@ function llama.units(ctx, model)
     p("norm.weight", { cfg.dim }),
     p("output.weight", { cfg.vocab_size, cfg.dim }),
   } }
+  -- gen/load bounds every config number by 2^31 - 1 and n_layers by the
+  -- unit limit; shapes multiply two of them, so their numels are checked.
+  local total = 0
+  for _, u in ipairs(units) do
+    for _, q in ipairs(u.params) do
+      local numel = util.product_within(q.shape, LIM.numel)
+      total = numel and util.add_within(total, numel, LIM.numel)
+      if not total then
+        util.field_error(ctx, "model.dim", string.format("%s (shape %s) makes the model hold more than %s "
+          .. "elements; reduce dim, vocab_size or the FFN size", q.name, table.concat(q.shape, " x "),
+          util.pow2_text(LIM.numel)))
+      end
+    end
+  end
   return units, { n_heads = cfg.n_heads, n_kv_heads = cfg.n_kv_heads, seq_len = model.seq_len, config = cfg }
 end
 

@@ -3,6 +3,8 @@
 package.path = "./?.lua;./tests/lua/?.lua;" .. package.path
 
 local suites = { "test_load", "test_dims", "test_layout", "test_schedule", "test_memplan", "test_generate" }
+-- Issue 8: hostile input (the sandbox, limits, C escaping).
+for _, s in ipairs({ "test_sandbox", "test_cstring" }) do suites[#suites + 1] = s end
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)
