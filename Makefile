@@ -193,11 +193,23 @@ endef
 $(eval $(call rendezvous_test,build/tests,))
 $(eval $(call rendezvous_test,build/tests-asan,$(SAN)))
 
-test-c: build/tests/test_runtime build/tests-asan/test_runtime build/tests/test_rendezvous build/tests-asan/test_rendezvous
+# NCCL's reduction arithmetic (runtime/dtype.c) against independently
+# worked-out values, plain and with the sanitizers.
+build/tests/test_arith: tests/c/test_arith.c runtime/dtype.c $(RUNTIME_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) -O1 -g -Iruntime -o $@ tests/c/test_arith.c runtime/dtype.c -lcmocka -lm
+build/tests-asan/test_arith: tests/c/test_arith.c runtime/dtype.c $(RUNTIME_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -o $@ tests/c/test_arith.c runtime/dtype.c -lcmocka -lm
+
+test-c: build/tests/test_runtime build/tests-asan/test_runtime build/tests/test_rendezvous build/tests-asan/test_rendezvous \
+        build/tests/test_arith build/tests-asan/test_arith
 	build/tests/test_runtime
 	build/tests-asan/test_runtime
 	build/tests/test_rendezvous
 	build/tests-asan/test_rendezvous
+	build/tests/test_arith
+	build/tests-asan/test_arith
 
 # ---- CUDA: the generated kernels against the host executor; GPU tests ----
 KERNEL_TEST_PLANS := fsdp8_uneven hsdp2x3_bf16 hsdp4x2_fp16 llama_tiny
@@ -220,7 +232,8 @@ build/tests/test_kernels: tests/c/test_kernels.cu $(RUNTIME_SRC) $(RUNTIME_HDR) 
 
 # On a machine with an NVIDIA GPU: kernels on the device against the host
 # reference, and a real one-rank NCCL run of plans/single.lua with --check,
-# eager and as a CUDA graph.
+# eager and as a CUDA graph; then every plan with all its ranks on the GPU
+# (test-gpu-ranks).
 test-gpu: build/tests/test_kernels
 	@$(MAKE) --no-print-directory -s PLAN=single.lua >/dev/null
 	build/tests/test_kernels
@@ -231,6 +244,54 @@ test-gpu: build/tests/test_kernels
 	@$(MAKE) --no-print-directory -s PLAN=tests/plans/too_big.lua OUT=build/gen/too_big >/dev/null
 	@$(MAKE) --no-print-directory -s PLAN=fsdp4.lua >/dev/null
 	tests/gpu_faults.sh
+	@$(MAKE) --no-print-directory -s test-gpu-ranks
+
+# Every small plan and every tests/plans kernel-coverage plan with all its
+# ranks as processes on the one GPU (tests/gpu_ranks.sh: an NCCL_HOSTID per
+# rank), --check eager and with --graph, GPU_RUNS times in a row; the
+# FSDP2-on-NCCL recording of fsdp3 against the GPU's --dump of all 3 ranks;
+# torchrun (tests/gpu_torchrun.sh). Without a GPU every check prints SKIP.
+# Closes with "gpu ranks: N passed, N failed" (bench/gpu_session.sh reads it).
+GPU_RUNS     ?= 3
+GPU_PLANS    := $(filter-out llama8b llama70b llama405b,$(basename $(notdir $(ALL_PLANS))))
+KERNEL_PLANS := $(basename $(notdir $(wildcard tests/plans/kernels_*_*.lua)))
+.PHONY: test-gpu-ranks
+test-gpu-ranks:
+	@pass=0; fail=0; \
+	ok()   { pass=$$((pass + 1)); echo "  ok    $$1"; }; \
+	bad()  { fail=$$((fail + 1)); echo "  FAIL  $$1"; sed 's/^/        | /' build/gpu-ranks.log | tail -n 12; }; \
+	skip() { echo "SKIP $$1: no NVIDIA GPU on this machine"; }; \
+	if ! nvidia-smi -L >/dev/null 2>&1; then \
+	  skip "every small and kernel plan with all ranks, --check eager and --graph, $(GPU_RUNS) runs"; \
+	  skip "fsdp3 GPU --dump (3 ranks) vs the FSDP2-on-NCCL recording"; \
+	  skip "torchrun --no-python launch"; \
+	  echo "gpu ranks: 0 passed, 0 failed"; exit 0; \
+	fi; \
+	for p in $(GPU_PLANS); do $(MAKE) --no-print-directory -s PLAN=$$p.lua >/dev/null || exit 1; done; \
+	for p in $(KERNEL_PLANS) fsdp3; do \
+	  $(MAKE) --no-print-directory -s PLAN=tests/plans/$$p.lua OUT=build/gen/$$p >/dev/null || exit 1; done; \
+	for run in $$(seq $(GPU_RUNS)); do \
+	  for p in $(GPU_PLANS) $(KERNEL_PLANS); do \
+	    f=plans/$$p.lua; [ -f $$f ] || f=tests/plans/$$p.lua; \
+	    n=$$($(LUA) -e "print(dofile('$$f').world_size)"); \
+	    for mode in "" --graph; do \
+	      what="$$p: $$n ranks, --check --steps 2 $${mode:-eager}, run $$run"; \
+	      if TMPDIR=build tests/gpu_ranks.sh $$n build/$$p/$$p --check --steps 2 $$mode >build/gpu-ranks.log 2>&1; \
+	      then ok "$$what"; else bad "$$what"; fi; \
+	    done; \
+	  done; \
+	done; \
+	what="fsdp3: GPU --check --pattern oracle --dump, 3 ranks, vs tests/oracle/nccl byte for byte"; \
+	rm -rf build/gpu-oracle/fsdp3; \
+	if TMPDIR=build tests/gpu_ranks.sh 3 build/fsdp3/fsdp3 --check --pattern oracle --dump build/gpu-oracle/fsdp3 >build/gpu-ranks.log 2>&1 && \
+	   $(LUA) tests/oracle_check.lua tests/oracle/nccl build/gpu-oracle/fsdp3 fsdp3 >>build/gpu-ranks.log 2>&1; \
+	then ok "$$what"; else bad "$$what"; fi; \
+	if [ -x tests/gpu_torchrun.sh ]; then \
+	  if tests/gpu_torchrun.sh >build/gpu-ranks.log 2>&1; then \
+	    if grep -q '^SKIP' build/gpu-ranks.log; then grep '^SKIP' build/gpu-ranks.log; else ok "tests/gpu_torchrun.sh"; fi; \
+	  else bad "tests/gpu_torchrun.sh"; fi; \
+	else echo "SKIP torchrun launch: tests/gpu_torchrun.sh is not there"; fi; \
+	echo "gpu ranks: $$pass passed, $$fail failed"; [ $$fail = 0 ]
 
 # docs/example.c must keep building against the library it documents.
 build/example/example: docs/example.c $(RUNTIME_HDR)

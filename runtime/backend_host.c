@@ -35,6 +35,7 @@ typedef struct {
 
 struct cp_host_world {
     const cp_plan *plan;
+    cp_arith arith; /* whose reduction arithmetic to emulate (gloo by default) */
     family_state *fam;
     rank_ctx *ranks;
 };
@@ -101,6 +102,10 @@ void cp_host_world_destroy(cp_host_world *w)
     free(w);
 }
 
+static cp_arith rc_arith(cp_backend *b) { return ((rank_ctx *)b->ctx)->world->arith; }
+
+void cp_host_world_set_arith(cp_host_world *w, cp_arith a) { w->arith = a; }
+
 /* Post, wait, check signatures. Returns the instance and this rank's key. */
 static group_instance *rendezvous(cp_backend *b, const cp_op *op, const void *ptr, int *key_out, int *size_out,
                                   int *bad)
@@ -153,7 +158,7 @@ static int host_reduce_scatter(cp_backend *b, const cp_op *op, cp_stream s, cons
         float vals[size];
         for (int64_t i = 0; i < op->count; i++) {
             for (int m = 0; m < size; m++) vals[m] = cp_load(op->dtype, g->ptrs[m], (int64_t)key * op->count + i);
-            cp_store(op->dtype, out, i, cp_reduce_values(op->dtype, op->reduce_op, vals, size));
+            cp_store(op->dtype, out, i, cp_reduce_arith(rc_arith(b), op->dtype, op->reduce_op, vals, size, key));
         }
     }
     pthread_barrier_wait(&g->barrier);
@@ -176,7 +181,8 @@ static int host_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const vo
         float vals[size];
         for (int64_t i = 0; i < op->count; i++) {
             for (int m = 0; m < size; m++) vals[m] = cp_load(op->dtype, g->ptrs[m], i);
-            cp_store(op->dtype, tmp, i, cp_reduce_values(op->dtype, op->reduce_op, vals, size));
+            cp_store(op->dtype, tmp, i, cp_reduce_arith(rc_arith(b), op->dtype, op->reduce_op, vals, size,
+                                                        cp_nccl_all_reduce_key(i, op->count, size)));
         }
     }
     /* Everyone has read every input before anyone overwrites its own. */

@@ -16,11 +16,24 @@ float cp_pattern_grad(cp_pattern pat, cp_dtype t, int64_t k, int64_t e, int rank
 /* 100 * unit + index in unit (the recordings' numbering: root 0, layer b is b+1). */
 int64_t cp_pattern_param_id(const cp_plan *p, int param);
 
+/* Expected reduced grads shared by the ranks of one process (--simulate):
+ * the members of a replicate group hold the same shard and expect the same
+ * values, so each (unit, replicate group) is computed once per step and the
+ * whole check costs O(world x params), not O(world x replicas x params). */
+typedef struct cp_expect_cache cp_expect_cache;
+cp_expect_cache *cp_expect_cache_create(const cp_plan *p);
+void cp_expect_cache_destroy(cp_expect_cache *x);
+
 typedef struct {
     const cp_plan *plan;
     cp_pattern pattern;
+    cp_arith arith; /* the backend's reduction arithmetic; CP_ARITH_NCCL after init (the GPU --check) */
     int rank, shard_rank, tp_rank, step;
     int64_t *param_base; /* prefix sums of numel: unique fp32 values across the plan */
+    int *members;        /* [q * W + s]: global rank of shard member s of replicate member q */
+    int replica_set;     /* this rank's replicate group instance: who shares its expected grads */
+    cp_expect_cache *cache; /* NULL: compute this rank's values alone */
+    float *expect;          /* scratch: one unit's expected shard without a cache */
     long mismatches;
 } cp_checker;
 

@@ -185,6 +185,18 @@ float cp_fp16_to_float(uint16_t h);
 /* Reduce n values the way every backend here does: fp32 accumulation in
  * member order, AVG divides once at the end, the result rounded to t. */
 float cp_reduce_values(cp_dtype t, cp_reduce_op op, const float *v, int n);
+/* The arithmetic of a backend's reductions: gloo's (cp_reduce_values, what
+ * the host backend and FSDP2 on gloo do) or NCCL's. */
+typedef enum { CP_ARITH_GLOO = 0, CP_ARITH_NCCL = 1 } cp_arith;
+/* NCCL's ring reduction of n members' values as member `key` receives it:
+ * ncclAvg premultiplies each input by float(1/n) in t and sums in t, the
+ * chain starting at member key+1 and ending with key's own (dtype.c says
+ * where this model holds). */
+float cp_reduce_values_nccl(cp_dtype t, cp_reduce_op op, const float *v, int n, int key);
+/* The member whose ring step finishes element i of an n-member NCCL
+ * all-reduce of count elements, for one channel (NCCL's real split varies). */
+int cp_nccl_all_reduce_key(int64_t i, int64_t count, int n);
+float cp_reduce_arith(cp_arith a, cp_dtype t, cp_reduce_op op, const float *v, int n, int key);
 const char *cp_op_kind_name(cp_op_kind k);
 const char *cp_stream_name(cp_stream s);
 

@@ -1,5 +1,6 @@
 /* Element types: fp32, bf16 and fp16 conversions with round-to-nearest-even,
- * and the one reduction rule every backend and check shares. */
+ * and the reduction rules the backends and checks share: gloo's (sum in
+ * member order, then divide) and NCCL's (ncclAvg premultiplies). */
 #include <math.h>
 #include <string.h>
 
@@ -89,4 +90,85 @@ float cp_reduce_values(cp_dtype t, cp_reduce_op op, const float *v, int n)
     for (int i = 0; i < n; i++) acc += v[i];
     if (op == CP_AVG) acc /= (float)n;
     return round_to(t, acc);
+}
+
+/* ---- NCCL's arithmetic (NVIDIA/nccl, master as of 2.28/2.29) ----
+ *
+ * ncclAvg on floating types is ncclDevPreMulSum (src/enqueue.cc,
+ * hostToDevRedOp): the scalar is float(1.0 / nRanks), converted with
+ * __float2half / __float2bfloat16 for the 16-bit types. Every input is
+ * multiplied by it (Apply_PreOp<FuncPreMulSum>, src/device/reduce_kernel.h:
+ * a * scalar in fp32, __hmul / __hmul2 in half and bfloat16 on sm_80+) and
+ * the products are summed with FuncSum (fp32 +, __hadd / __hadd2), all in
+ * the reduction dtype. The preOp is applied to the rank's own input as it
+ * is loaded (reduceCopyPacks in src/device/common_kernel.h, LLGenericOp in
+ * prims_ll.h: acc = preOp(local); acc = acc + recv), so nvcc contracts the
+ * multiply and the add into one fma.rn.f32 (checked: nvcc 13 -O3 sm_90
+ * emits fma.rn.f32 for that sequence; __hmul is documented as contractible,
+ * unlike __hmul_rn). Only the rank that starts a chain rounds its product
+ * alone.
+ *
+ * The order is the ring's (src/device/reduce_scatter.h runRing,
+ * all_reduce.h runRing): the chunk that ends on ring position d starts on
+ * d+1, which sends its premultiplied input; d+2 .. d-1 each add theirs
+ * (recvReduceSend) and d adds its own last (recvReduceCopy). NCCL orders
+ * the ring by communicator rank when every rank is its own node (one GPU
+ * per host, as in the recordings: tests/oracle/nccl/fsdp3.*), so member
+ * key+1 starts the chunk that member key receives.
+ *
+ * Where it does not hold: tree all-reduce, NVLS / CollNet and PAT (SUM
+ * reduce-scatter with one GPU per node; AVG is never PAT), rings whose
+ * intra-node order is not the rank order, and ring all-reduce, whose
+ * finishing rank for an element depends on NCCL's channel and chunk split
+ * (see cp_nccl_all_reduce_key). With 2 ranks, or any power-of-two group on
+ * exact data, every order gives the same bits. */
+
+/* float(1.0 / n) in t, as hostToDevRedOp computes ncclAvg's scalar. */
+static float nccl_avg_scalar(cp_dtype t, int n) { return round_to(t, (float)(1.0 / n)); }
+
+/* a*s + c rounded once to t: the contracted preOp + FuncSum. */
+static float fma_to(cp_dtype t, float a, float s, float c)
+{
+    if (t == CP_FP32) return fmaf(a, s, c);
+    /* 16-bit a and s: a*s has at most 22 significant bits, exact in a
+     * double; TwoSum gives the exact sum as d + e. Rounding d + e to float
+     * with round-to-odd (24 bits >= 11 + 2) makes the final round to t a
+     * correct rounding of the exact value. */
+    double p = (double)a * (double)s;
+    double d = p + (double)c;
+    double bp = d - p;
+    double e = (p - (d - bp)) + ((double)c - bp);
+    float f = (float)d;
+    if ((double)f != d || e != 0.0) {
+        double dir = (double)f != d ? d - (double)f : e; /* where the exact value lies from f */
+        if (!(f2u(f) & 1u)) f = nextafterf(f, dir > 0 ? INFINITY : -INFINITY);
+    }
+    return round_to(t, f);
+}
+
+float cp_reduce_values_nccl(cp_dtype t, cp_reduce_op op, const float *v, int n, int key)
+{
+    if (n == 1) return round_to(t, v[0]); /* ncclLaunchOneRank: a copy (scalar 1.0) */
+    float s = op == CP_AVG ? nccl_avg_scalar(t, n) : 1.0f;
+    int m = (key + 1) % n;
+    float first = op == CP_AVG ? v[m] * s : v[m]; /* the chain's start: a plain, rounded product */
+    float acc = round_to(t, first);
+    for (int j = 2; j <= n; j++) {
+        m = (key + j) % n;
+        acc = op == CP_AVG ? fma_to(t, v[m], s, acc) : round_to(t, acc + v[m]);
+    }
+    return acc;
+}
+
+int cp_nccl_all_reduce_key(int64_t i, int64_t count, int n)
+{
+    /* One channel, one loop: the buffer in n equal chunks, chunk c ending
+     * on ring position c (runRing's step k-1). */
+    int64_t chunk = (count + n - 1) / n;
+    return chunk > 0 ? (int)(i / chunk) : 0;
+}
+
+float cp_reduce_arith(cp_arith a, cp_dtype t, cp_reduce_op op, const float *v, int n, int key)
+{
+    return a == CP_ARITH_NCCL ? cp_reduce_values_nccl(t, op, v, n, key) : cp_reduce_values(t, op, v, n);
 }

@@ -28,7 +28,7 @@ extern const cp_plan CP_PLAN;
 static void usage(FILE *f, const cp_plan *p)
 {
     fprintf(f,
-            "usage: %s [--simulate [--steps N] [--pattern unique|oracle] [--dump DIR]] [--dry-run]\n"
+            "usage: %s [--simulate [--steps N] [--pattern unique|oracle] [--dump DIR] [--arith gloo|nccl]] [--dry-run]\n"
             "          [--check [--steps N]] [--warmup N] [--iters N] [--graph] [--timeout S]\n"
             "          [--standin [--rank R]] [--world-size N] [--rank R] [--quiet] [--version] [--help]\n"
             "\n"
@@ -39,6 +39,9 @@ static void usage(FILE *f, const cp_plan *p)
             "  --steps N         steps to simulate (default 1); each step uses fresh values\n"
             "  --pattern P       unique (default): element-unique values; oracle: the FSDP2 recordings' values\n"
             "  --dump DIR        write each rank's step-0 shards, collectives and grads as JSON into DIR\n"
+            "  --arith A         reductions of --simulate with gloo's arithmetic (default: sum, then divide) or\n"
+            "                    nccl's (ncclAvg premultiplies by 1/n, ring order), as FSDP2 on that backend does;\n"
+            "                    the GPU --check always expects NCCL's\n"
             "  --dry-run         print the step's ops in issue order and exit\n"
             "GPU (one process per rank under torchrun, srun or mpirun; no mode flag: time the step):\n"
             "  --check           run the step on this rank's GPU with the same patterns and exact checks (with\n"
@@ -115,7 +118,12 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--world-size")) { if (parse_int(a, next, 1, 1L << 30, &world)) return 2; i++; }
         else if (!strcmp(a, "--rank")) { if (parse_int(a, next, 0, 1L << 30, &rank)) return 2; i++; }
         else if (!strcmp(a, "--dump")) { if (!next) { fprintf(stderr, "commplan: --dump needs a directory\n"); return 2; } opt.dump_dir = next; i++; }
-        else if (!strcmp(a, "--pattern")) {
+        else if (!strcmp(a, "--arith")) {
+            if (next && !strcmp(next, "gloo")) opt.arith = CP_ARITH_GLOO;
+            else if (next && !strcmp(next, "nccl")) opt.arith = CP_ARITH_NCCL;
+            else { fprintf(stderr, "commplan: --arith takes gloo or nccl, got '%s'\n", next ? next : ""); return 2; }
+            i++;
+        } else if (!strcmp(a, "--pattern")) {
             if (next && !strcmp(next, "unique")) opt.pattern = CP_PATTERN_UNIQUE;
             else if (next && !strcmp(next, "oracle")) opt.pattern = CP_PATTERN_ORACLE;
             else { fprintf(stderr, "commplan: --pattern takes unique or oracle, got '%s'\n", next ? next : ""); return 2; }

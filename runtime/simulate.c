@@ -32,6 +32,7 @@ struct sim_world {
     const cp_plan *plan;
     const cp_sim_options *opt;
     cp_host_world *host;
+    cp_expect_cache *expect; /* expected grads, once per replicate group for all its members */
     sim_rank *ranks;
 };
 
@@ -157,12 +158,14 @@ int cp_simulate(const cp_plan *p, const cp_sim_options *opt)
     clock_gettime(CLOCK_MONOTONIC, &progress.t0);
     progress.shown = 0;
     sw.host = cp_host_world_create(p);
+    sw.expect = cp_expect_cache_create(p);
     sw.ranks = calloc((size_t)p->world_size, sizeof(sim_rank));
-    if (!sw.host || !sw.ranks) {
+    if (!sw.host || !sw.expect || !sw.ranks) {
         fprintf(stderr, "commplan: out of host memory setting up %d simulated ranks\n", p->world_size);
         goto out;
     }
     int started = 0;
+    cp_host_world_set_arith(sw.host, opt->arith);
     for (int r = 0; r < p->world_size; r++) {
         sim_rank *sr = &sw.ranks[r];
         sr->sw = &sw;
@@ -170,6 +173,8 @@ int cp_simulate(const cp_plan *p, const cp_sim_options *opt)
         cp_host_backend_init(&sr->backend, sw.host, r);
         if (cp_executor_init(&sr->ex, p, r, &sr->backend) != 0) goto join;
         if (cp_harness_init(&sr->harness, &sr->ex, opt->pattern) != 0) goto join;
+        sr->harness.check.arith = opt->arith;
+        sr->harness.check.cache = sw.expect;
         /* Opened before any thread starts: a rank failing alone would
          * leave its peers waiting in a collective. */
         if (opt->dump_dir && cp_harness_open_dump(&sr->harness, opt->dump_dir) != 0) goto join;
@@ -203,6 +208,7 @@ join:
     }
 out:
     cp_host_world_destroy(sw.host);
+    cp_expect_cache_destroy(sw.expect);
     free(sw.ranks);
     return rc;
 }

@@ -11,6 +11,7 @@
 typedef struct {
     int steps;
     cp_pattern pattern;
+    cp_arith arith;       /* reduction arithmetic: gloo (default, the gloo recordings) or nccl */
     const char *dump_dir; /* NULL: no dump; else <dir>/<plan>.rank<R>.json for step 0 */
     FILE *log;            /* progress lines; NULL for quiet */
 } cp_sim_options;

@@ -21,11 +21,22 @@ local function fail(fmt, ...)
   if failures <= 20 then io.stderr:write("oracle mismatch: " .. string.format(fmt, ...) .. "\n") end
 end
 
+-- Values are float32 (or narrower) on both sides, printed differently: the
+-- dump as %.9g, the recording as the double of the float. Compare the
+-- float32 each one names, bit for bit (so 10.0 vs 10.000000953674316, one
+-- ulp apart, is a mismatch).
+local function f32(x)
+  if type(x) ~= "number" then return x end
+  return string.unpack("<f", string.pack("<f", x))
+end
+
 local function same_list(what, a, b)
   checks = checks + 1
   if #a ~= #b then return fail("%s: %d elements, recording has %d", what, #a, #b) end
   for i = 1, #a do
-    if a[i] ~= b[i] then return fail("%s: element %d is %s, recording has %s", what, i - 1, tostring(a[i]), tostring(b[i])) end
+    if f32(a[i]) ~= f32(b[i]) then
+      return fail("%s: element %d is %.17g, recording has %.17g", what, i - 1, a[i], b[i])
+    end
   end
 end
 

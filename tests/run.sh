@@ -73,6 +73,9 @@ run "cmocka runtime tests under ASan+UBSan" build/tests-asan/test_runtime
 run "build rendezvous tests" $MAKE build/tests/test_rendezvous build/tests-asan/test_rendezvous
 run "NCCL id channels: launcher env, shared id file (4 ranks), TCPStore client vs tests/fake_tcpstore.py" build/tests/test_rendezvous
 run "NCCL id channels under ASan+UBSan" build/tests-asan/test_rendezvous
+run "build NCCL arithmetic tests" $MAKE build/tests/test_arith build/tests-asan/test_arith
+run "NCCL arithmetic (ncclAvg premultiply, ring order) against worked values" build/tests/test_arith
+run "NCCL arithmetic tests under ASan+UBSan" build/tests-asan/test_arith
 
 echo "== end to end: every small plan generated, built and simulated on all ranks"
 for n in $(plan_names); do
@@ -80,6 +83,48 @@ for n in $(plan_names); do
   run "build $n" $MAKE PLAN="$n.lua"
   run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2
 done
+# The same plans with NCCL's arithmetic (ncclAvg premultiplies; ring order):
+# the host backend and the checks' independent emulation must agree on it too.
+for n in $(plan_names); do
+  case $n in llama8b|llama70b|llama405b) continue ;; esac
+  run "simulate $n with NCCL's arithmetic (--arith nccl)" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
+done
+# tests/plans/kernels_<param>_<reduce>.lua: every (orig, param, reduce) dtype
+# triple on the vector and scalar copy paths, HSDP 2 x 3, micro-steps (the
+# plans make test-gpu runs with all ranks). Generated under build/gen/, never plans/.
+for f in tests/plans/kernels_*_*.lua; do
+  n=$(basename "$f" .lua)
+  run "build $n (tests/plans, into build/gen/$n)" $MAKE PLAN="$f" OUT="build/gen/$n"
+  run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2 --quiet
+  run "simulate $n with NCCL's arithmetic" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
+done
+run "kernel plans: all 27 (orig, param, reduce) triples, each on a vector and a scalar unit" $LUA -e '
+  package.path = "./?.lua;" .. package.path
+  local json, seen, D = require("gen.json"), 0, { "fp32", "bf16", "fp16" }
+  for _, P in ipairs(D) do for _, R in ipairs(D) do
+    local fh = assert(io.open("build/gen/kernels_" .. P .. "_" .. R .. "/plan.json"))
+    local plan = json.decode(fh:read("a")); fh:close()
+    for _, u in ipairs(plan.units) do
+      local o = u.name:match("^[vs]_(%w+)$")
+      if o then
+        assert(u.orig_dtype == o and u.ag_dtype == P and u.reduce_dtype == R, u.name .. " in " .. P .. "_" .. R)
+        assert(u.vec_ok == (u.name:sub(1, 1) == "v"), u.name .. ": wrong copy path in " .. P .. "_" .. R)
+        seen = seen + 1
+      end
+    end
+  end end
+  assert(seen == 54, seen .. " units, want 27 triples x vector and scalar")'
+# tests/gpu_ranks.sh (make test-gpu's launcher): per-rank environment, each
+# rank's last line, and a failing rank fails the run. A stand-in command here.
+run "gpu_ranks.sh gives each rank its own NCCL_HOSTID and torchrun variables" bash -c '
+  out=$(tests/gpu_ranks.sh 3 sh -c "echo x; echo \$RANK/\$WORLD_SIZE/\$LOCAL_RANK \$NCCL_HOSTID \$MASTER_ADDR \$NCCL_SOCKET_IFNAME \$NCCL_IB_DISABLE") || exit 1
+  echo "$out"
+  [ "$out" = "rank 0: 0/3/0 commplan-rank0 127.0.0.1 lo 1
+rank 1: 1/3/0 commplan-rank1 127.0.0.1 lo 1
+rank 2: 2/3/0 commplan-rank2 127.0.0.1 lo 1" ]'
+run "gpu_ranks.sh fails when one rank fails and names it" bash -c '
+  out=$(TMPDIR=build tests/gpu_ranks.sh 3 sh -c "echo done \$RANK; [ \$RANK != 2 ] || exit 7"); rc=$?; echo "$out"
+  [ "$rc" = 1 ] && printf "%s" "$out" | grep -qF "failed ranks: 2(exit 7)" && printf "%s" "$out" | grep -qxF "rank 2: done 2"'
 for n in llama8b llama70b llama405b; do
   run "build $n and print its schedule" bash -c "$MAKE PLAN=$n.lua >/dev/null && build/$n/$n --dry-run >/dev/null"
 done
@@ -98,6 +143,9 @@ if [ -x "$NVCC" ]; then
       out=$(build/single/single --check 2>&1); rc=$?; echo "$out"
       [ "$rc" = 2 ] && printf "%s" "$out" | grep -qF "no CUDA device" && [ "$(printf "%s\n" "$out" | wc -l)" = 1 ]'
     skipped "make test-gpu (NCCL --check run, graph replay, device kernels)" "no NVIDIA GPU on this machine"
+    skipped "make test-gpu: every small and kernel plan with all ranks on one GPU, --check eager and graph, 3 runs" \
+      "no NVIDIA GPU on this machine"
+    skipped "make test-gpu: GPU fsdp3 (all 3 ranks, --dump) vs the FSDP2-on-NCCL recording" "no NVIDIA GPU on this machine"
   fi
 else
   skipped "CUDA kernels and the GPU backend" "nvcc not found at $NVCC"
@@ -119,6 +167,19 @@ run "oracle check catches one altered element" bash -c '
   sed -i "0,/100108/s//100109/" build/oracle/bad/fsdp4.rank3.json || exit 2
   out=$("$1" tests/oracle_check.lua tests/oracle build/oracle/bad fsdp4 2>&1); rc=$?; echo "$out"
   [ "$rc" = 1 ] && printf "%s" "$out" | grep -qF "fsdp4 rank 3 params_local layers.0.p.wq: element 0 is 100109"' _ "$LUA"
+
+# FSDP2 on NCCL (tests/oracle/nccl, recorded on an H100): ncclAvg over 3
+# ranks differs from gloo by an ulp in 309 grads; --arith nccl must give the
+# recording's bits for every collective and grad, and gloo's must not.
+run "build fsdp3 (tests/plans, into build/gen/fsdp3)" $MAKE PLAN=tests/plans/fsdp3.lua OUT=build/gen/fsdp3
+run "oracle fsdp3 on NCCL: --arith nccl matches the FSDP2-on-NCCL recording bit for bit" bash -c "
+  rm -rf build/oracle/fsdp3-nccl && build/fsdp3/fsdp3 --simulate --pattern oracle --arith nccl --dump build/oracle/fsdp3-nccl --quiet &&
+  $LUA tests/oracle_check.lua tests/oracle/nccl build/oracle/fsdp3-nccl fsdp3"
+run "oracle fsdp3 on NCCL: gloo's arithmetic does not (10 where NCCL gives 10.000000953674316)" bash -c '
+  rm -rf build/oracle/fsdp3-gloo && build/fsdp3/fsdp3 --simulate --pattern oracle --dump build/oracle/fsdp3-gloo --quiet || exit 2
+  out=$("$1" tests/oracle_check.lua tests/oracle/nccl build/oracle/fsdp3-gloo fsdp3 2>&1); rc=$?; echo "$out"
+  [ "$rc" = 1 ] && printf "%s" "$out" | grep -q "grads_local .*: element [0-9]* is 10, recording has 10.000000953674316" &&
+    printf "%s" "$out" | grep -q "^oracle fsdp3: 3 ranks, [0-9]* checks, [1-9][0-9]* mismatches"' _ "$LUA"
 
 echo "== bad input: one line, exit 2, nothing written"
 bad_plan() {  # name, plan text, expected substring
