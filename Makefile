@@ -40,7 +40,7 @@ GEN_SRC     := $(wildcard gen/*.lua gen/models/*.lua) $(wildcard templates/*.in)
 SMALL_PLANS := $(filter-out plans/llama%.lua,$(wildcard plans/*.lua))
 ALL_PLANS   := $(wildcard plans/*.lua)
 
-.PHONY: all deps deps-test test test-lua test-c test-e2e test-oracle test-cli check-generated lint clean regen-all
+.PHONY: all deps deps-test test test-lua test-c test-e2e test-oracle test-cli check-generated lint clean regen-all diff-plan advise
 
 all: deps $(BUILD)/$(NAME) $(BUILD)/lib$(NAME).a $(BUILD)/lib$(NAME).so
 	@echo "built $(BUILD)/$(NAME), lib$(NAME).a and lib$(NAME).so from $(PLAN_FILE) (tables in $(OUT)/)$(if $(HAVE_NVCC),, without the GPU backend: nvcc not found)"
@@ -165,6 +165,21 @@ check-generated:
 regen-all:
 	@$(call CP_EACH_PLAN,$(LUA) gen/commplan.lua "$$f" "plans/$$b"); \
 	echo "regen-all: $$n plans regenerated$$fails"; exit $$rc
+
+# Audit verbs (gen/verbs.lua). diff-plan: A and B are plan files, plan.json
+# files or REV:path (git show); REV=<rev> B=plans/<name>.lua compares the
+# plan with its generated output committed at <rev>. advise: rank the
+# meshes for PLAN's model on WORLD GPUs (default: the plan's world).
+# Operands are checked as text, like PLAN, before they reach the shell.
+cp_bad_arg = $(if $(1),$(if $(filter-out 1,$(words $(1))),bad)$(call cp_strip,$(1),$(cp_word) / . - + : ~ ^ @))
+.PHONY: diff-plan advise
+diff-plan:
+	$(if $(value B),,$(error diff-plan: give B=<plan.lua|plan.json|REV:path> and A=... or REV=<git revision>))
+	$(if $(call cp_bad_arg,$(value A))$(call cp_bad_arg,$(value B))$(call cp_bad_arg,$(value REV)),$(error diff-plan: A, B and REV take A-Z a-z 0-9 _ / . - + : ~ ^ @ only))
+	@$(LUA) gen/verbs.lua diff $(if $(value REV),--rev '$(value REV)' '$(value B)','$(value A)' '$(value B)')
+advise: deps
+	$(if $(call cp_bad_arg,$(value WORLD)),$(error advise: WORLD is a number of GPUs))
+	@$(LUA) gen/verbs.lua advise '$(PLAN_FILE)' $(if $(value WORLD),--world-size '$(value WORLD)')
 
 clean:
 	rm -rf build

@@ -1,19 +1,61 @@
--- Renders the plan for tools (plan.json) and reviewers (SCHEDULE.md).
+-- Renders the plan for tools (plan.json, trace.json) and reviewers
+-- (SCHEDULE.md: a one-screen summary with every warning first, then the
+-- details with runs of identical units and ops folded).
 local json = require("gen.json")
 local layout = require("gen.layout")
 local plan_mod = require("gen.plan")
 local memplan = require("gen.memplan")
+local groups_mod = require("gen.groups")
+local timeline = require("gen.timeline")
+local trace = require("gen.trace")
+local fold = require("gen.fold")
+local opkinds = require("gen.opkinds")
 
 local audit = {}
 
 local O = json.object
+local ES = layout.DTYPE_BYTES
+
+audit.SCHEMA_VERSION = 2
+
+local function r3(x) return x and tonumber(string.format("%.3f", x)) end
+
+-- The audit's derived numbers (compute, whole-rank memory, timeline,
+-- warnings), computed once per plan.
+function audit.analysis(p)
+  if not p._audit then
+    local a = timeline.audit(p)
+    a.warnings = audit.warnings(p, a)
+    p._audit = a
+  end
+  return p._audit
+end
+
+-- Families that carry collectives, or would (tp), with their link facts.
+local function family_facts(p, f)
+  local g = p.topology.gpus_per_node
+  return groups_mod.intra_node(f, g), groups_mod.nodes_spanned(f, g)
+end
+
+local function example_ranks(f)
+  local n = math.min(f.size, 4)
+  local first, last = {}, {}
+  for k = 0, n - 1 do
+    first[#first + 1] = groups_mod.rank(f, 0, k)
+    last[#last + 1] = groups_mod.rank(f, f.count - 1, k)
+  end
+  return O({ "first_group", first, "last_group", last })
+end
 
 local function facts(p)
   local d = p.dims
   local fam_list = {}
   for _, f in ipairs(p.groups.list) do
+    local intra, nodes = family_facts(p, f)
     fam_list[#fam_list + 1] = O({ "name", f.name, "id", f.id, "axes", f.axis_names, "size", f.size,
-                                  "count", #f.instances, "ranks", f.instances })
+      "count", f.count, "members", O({ "sizes", f.member_sizes, "strides", f.member_strides }),
+      "colors", O({ "sizes", f.color_sizes, "strides", f.color_strides }),
+      "intra_node", intra, "nodes_per_group", nodes, "example_ranks", example_ranks(f) })
   end
   local units = {}
   for _, u in ipairs(p.layout.units) do
@@ -21,7 +63,8 @@ local function facts(p)
     for _, q in ipairs(u.params) do
       params[#params + 1] = O({ "name", q.name, "shape", q.shape, "dtype", q.dtype, "numel", q.numel,
         "shard_dim", q.shard_dim, "chunk", q.chunk, "padded_numel", q.padded, "offset", q.offset,
-        "outer", q.outer, "run", q.run, "grad_offset", q.grad_offset })
+        "outer", q.outer, "run", q.run, "grad_offset", q.grad_offset,
+        "tp_dim", q.tp_dim, "tp_chunk", q.tp_chunk, "full_shape", q.tp_dim and q.full_shape or nil })
     end
     local arena = {}
     for _, kind in ipairs(memplan.KINDS) do
@@ -32,7 +75,7 @@ local function facts(p)
       arena[#arena + 1] = O({ "offset", b.offset, "bytes", b.bytes, "live_ops", lives })
     end
     units[#units + 1] = O({ "name", u.name, "index", u.index, "root", u.is_root,
-      "reshard_after_forward", u.reshard_after_forward, "orig_dtype", u.orig_dtype, "ag_dtype", u.ag_dtype,
+      "reshard_after_forward", u.reshard_after_forward and true or false, "orig_dtype", u.orig_dtype, "ag_dtype", u.ag_dtype,
       "reduce_dtype", u.reduce_dtype, "slot_numel", u.total, "grads_numel", u.grads_numel, "vec_ok", u.vec_ok,
       "rs_op", u.rs_op, "ar_op", u.ar_op,
       "pre_divide", u.pre_divide, "post_divide", u.post_divide, "arena", O(arena), "params", params })
@@ -42,34 +85,98 @@ local function facts(p)
     ops[#ops + 1] = O({ "seq", o.seq, "kind", o.kind, "unit", p.layout.units[o.unit + 1].name,
       "phase", o.phase, "micro_step", o.micro_step, "stream", o.stream, "group", o.group, "dtype", o.dtype, "count", o.count,
       "reduce_op", o.reduce_op, "size_bytes", o.size_bytes, "wire_bytes", o.wire_bytes,
-      "predicted_us", o.predicted_us and tonumber(string.format("%.3f", o.predicted_us)),
-      "waits_for", p.arena.waits[o.seq] })
+      "predicted_us", r3(o.predicted_us), "waits_for", p.arena.waits[o.seq] })
   end
   local per_family = {}
   for _, f in ipairs(p.groups.list) do
     local a = p.predicted.per_family[f.name]
     if a then
       per_family[#per_family + 1] = O({ "group", f.name, "ops", a.ops, "size_bytes", a.size_bytes,
-        "wire_bytes", a.wire_bytes, "intra_node", p.predicted.intra[f.name],
-        "predicted_us", tonumber(string.format("%.3f", a.us)) })
+        "wire_bytes", a.wire_bytes, "intra_node", p.predicted.intra[f.name], "predicted_us", r3(a.us) })
     end
   end
   return O({
-    "schema", 1, "plan", p.name, "source", p.source_file, "world_size", p.world_size,
+    "schema", audit.SCHEMA_VERSION, "plan", p.name, "source", p.source_file, "world_size", p.world_size,
     "parallel", O({ "dp_replicate", d.dp_replicate, "dp_shard", d.dp_shard, "cp", d.cp, "tp", d.tp,
                     "pp", d.pp, "ep", d.ep }),
-    "mesh", O({ "names", p.mesh.names, "sizes", p.mesh.sizes }),
+    "mesh", O({ "names", p.mesh.names, "sizes", p.mesh.sizes, "strides", p.mesh.strides }),
     "fsdp", O({ "reshard_after_forward", p.fsdp.reshard_after_forward, "micro_steps", p.fsdp.micro_steps,
                 "reduce_op", p.fsdp.reduce_op, "param_dtype", p.fsdp.param_dtype, "reduce_dtype", p.fsdp.reduce_dtype }),
     "topology", O({ "gpus_per_node", p.topology.gpus_per_node, "intra_node_GBps", p.topology.intra_node_GBps,
                     "inter_node_GBps", p.topology.inter_node_GBps, "latency_us", p.topology.latency_us }),
     "groups", fam_list, "units", units, "ops", ops,
     "per_rank_per_step", O({ "by_group", per_family,
-      "predicted_comm_us", tonumber(string.format("%.3f", p.predicted.total_us)) }),
+      "predicted_comm_us", r3(p.predicted.total_us) }),
     "memory", O({ "persistent_bytes", p.memory.persistent_bytes, "peak_transient_bytes", p.memory.peak_transient_bytes,
                   "peak_bytes", p.memory.peak_bytes, "peak_at_op", p.memory.peak_at_op,
                   "arena_bytes", p.memory.arena_bytes, "unplanned_bytes", p.memory.unplanned_bytes,
                   "allocated_bytes", p.memory.allocated_bytes }),
+  })
+end
+
+-- Bytes and time per link class (intra-node, inter-node).
+local function by_link(p)
+  local t = { intra = { ops = 0, size_bytes = 0, wire_bytes = 0, us = 0 },
+              inter = { ops = 0, size_bytes = 0, wire_bytes = 0, us = 0 } }
+  for _, f in ipairs(p.groups.list) do
+    local a = p.predicted.per_family[f.name]
+    if a then
+      local c = t[p.predicted.intra[f.name] and "intra" or "inter"]
+      c.ops = c.ops + a.ops
+      c.size_bytes = c.size_bytes + a.size_bytes
+      c.wire_bytes = c.wire_bytes + a.wire_bytes
+      c.us = c.us + a.us
+    end
+  end
+  return t
+end
+
+-- Exposed time per family.
+local function exposed_by_family(p, tl)
+  local t = {}
+  for seq, us in pairs(tl.exposed_by) do
+    local o = seq >= 0 and p.ops[seq + 1] or nil
+    local k = o and o.group or "other"
+    t[k] = (t[k] or 0) + us
+  end
+  return t
+end
+
+-- The audit section of plan.json (outside the fingerprint: it depends on
+-- audit-only inputs such as training settings and the GPU's rate).
+local function audit_facts(p)
+  local a = audit.analysis(p)
+  local s, m, tl = a.settings, a.memory, a.timeline
+  local links = by_link(p)
+  local path = {}
+  for _, seg in ipairs(audit.critical_segments(p, tl)) do
+    path[#path + 1] = O({ "stream", seg.stream, "first_op", seg.first, "last_op", seg.last, "ops", seg.n,
+                          "us", r3(seg.us) })
+  end
+  local exposed = {}
+  local eb = exposed_by_family(p, tl)
+  for _, k in ipairs(require("gen.util").sorted_keys(eb)) do
+    exposed[#exposed + 1] = O({ "group", k, "us", r3(eb[k]) })
+  end
+  return O({
+    "settings", O({ "local_batch_size", s.local_batch_size, "seq_len", s.seq_len,
+      "activation_checkpointing", s.activation_checkpointing, "optimizer", s.optimizer,
+      "fp32_master", s.fp32_master, "gpu_memory_GB", s.gpu_memory_GB, "gpu_TFLOPS", s.gpu_TFLOPS, "mfu", s.mfu,
+      "hbm_GBps", s.hbm_GBps }),
+    "compute", O({ "tokens_per_micro_step", s.tokens, "flops_per_step", a.step_flops,
+      "compute_us", r3(tl.compute_busy_us) }),
+    "memory", O({ "params_bytes", m.params_bytes, "grads_bytes", m.grads_bytes, "optimizer_bytes", m.optimizer_bytes,
+      "comm_bytes", m.comm_bytes, "activation_bytes", math.floor(m.activation_bytes + 0.5),
+      "activations_modeled", m.activations_modeled, "total_bytes", math.floor(m.total_bytes + 0.5),
+      "gpu_bytes", math.floor(m.gpu_bytes + 0.5), "fits", m.fits }),
+    "by_link", O({ "intra_node", O({ "ops", links.intra.ops, "size_bytes", links.intra.size_bytes,
+                                     "wire_bytes", links.intra.wire_bytes, "predicted_us", r3(links.intra.us) }),
+                   "inter_node", O({ "ops", links.inter.ops, "size_bytes", links.inter.size_bytes,
+                                     "wire_bytes", links.inter.wire_bytes, "predicted_us", r3(links.inter.us) }) }),
+    "timeline", O({ "step_us", r3(tl.step_us), "compute_us", r3(tl.compute_busy_us),
+      "comm_serial_us", r3(tl.comm_serial_us), "exposed_comm_us", r3(tl.exposed_us),
+      "exposed_by_group", exposed, "critical_path", path }),
+    "warnings", a.warnings,
   })
 end
 
@@ -85,149 +192,628 @@ function audit.json(p, fp)
   table.insert(doc.kv, 1, "_comment")
   table.insert(doc.kv, 3, "fingerprint")
   table.insert(doc.kv, 4, fp)
+  doc.kv[#doc.kv + 1] = "audit"
+  doc.kv[#doc.kv + 1] = audit_facts(p)
   return json.encode(doc, " ") .. "\n"
 end
 
-local function nwaits(p)
-  local n = 0
-  for _, list in pairs(p.arena.waits) do n = n + #list end
-  return n
+function audit.trace_json(p, fp)
+  return trace.render(p, audit.analysis(p).timeline, fp)
 end
 
+-- Every file audit renders, by name (gen/commplan.lua writes them beside
+-- the C tables).
+function audit.files(p, fp)
+  return { ["plan.json"] = audit.json(p, fp), ["SCHEDULE.md"] = audit.schedule_md(p, fp),
+           ["trace.json"] = audit.trace_json(p, fp) }
+end
+
+-- ---- text helpers ----
+
 local function human(bytes)
-  local units = { "B", "KiB", "MiB", "GiB", "TiB" }
+  local units = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" }
   local v, i = bytes, 1
   while v >= 1024 and i < #units do v = v / 1024; i = i + 1 end
-  return i == 1 and string.format("%d B", bytes) or string.format("%.2f %s", v, units[i])
+  return i == 1 and string.format("%d B", math.floor(bytes + 0.5)) or string.format("%.2f %s", v, units[i])
 end
 audit.human = human
 
-local function ranks_preview(inst)
-  if #inst <= 8 then return table.concat(inst, ", ") end
-  return string.format("%d, %d, %d, ..., %d (%d ranks)", inst[1], inst[2], inst[3], inst[#inst], #inst)
+local function us_text(us)
+  if us < 1000 then return string.format("%.1f us", us) end
+  if us < 1e6 then return string.format("%.2f ms", us / 1e3) end
+  return string.format("%.2f s", us / 1e6)
+end
+audit.us_text = us_text
+
+local function commas(n)
+  local s = tostring(math.floor(n))
+  local out = s:reverse():gsub("(%d%d%d)", "%1,"):reverse()
+  return (out:gsub("^,", ""))
+end
+
+local function count_text(n)
+  local v = n
+  for _, u in ipairs({ { 1e12, "T" }, { 1e9, "B" }, { 1e6, "M" } }) do
+    if v >= u[1] then return string.format("%.2f %s", v / u[1], u[2]) end
+  end
+  return commas(n)
+end
+
+local function unit_name(p, index) return p.layout.units[index + 1].name end
+
+-- A unit's layout signature: units with equal signatures are folded.
+local function unit_sig(u)
+  local t = { #u.params, u.total, u.grads_numel, u.orig_dtype, u.ag_dtype, u.reduce_dtype, u.rs_op, u.ar_op,
+              tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide }
+  for _, q in ipairs(u.params) do t[#t + 1] = table.concat(q.shape, "x") .. "/" .. q.shard_dim end
+  return table.concat(t, "|")
+end
+
+local function padding_of(u, W)
+  local numel = 0
+  for _, q in ipairs(u.params) do numel = numel + q.numel end
+  return W * u.total - numel, numel
+end
+
+-- Ranks of the shard group that hold no data of a Shard(0) parameter.
+local function empty_ranks(q, W)
+  if q.shard_dim > 0 or q.run == 0 then return 0 end
+  local with_data = (q.numel + q.run - 1) // q.run
+  return math.max(0, W - with_data)
+end
+
+-- ---- warnings ----
+
+-- Runs of units, each given as a list of unit indices in the order met.
+local function unit_runs(p, indices)
+  local items = {}
+  for i, ix in ipairs(indices) do items[i] = { sig = unit_sig(p.layout.units[ix + 1]), unit = ix } end
+  local out = {}
+  for _, run in ipairs(fold.runs(items, 1)) do
+    local names = {}
+    for j = run.first, run.first + run.reps - 1 do names[#names + 1] = unit_name(p, items[j].unit) end
+    out[#out + 1] = { first = run.first, n = run.reps, text = fold.unit_range(names) }
+  end
+  return out
+end
+
+local function family_label(f)
+  if f.name == "fsdp" then return "fsdp (dp_shard)" end
+  return f.name
+end
+
+-- Why a compute op waited for a collective: a data dependency when it
+-- reads a buffer of the same unit that the collective (or the op it
+-- waited on directly) writes, else a reuse of that op's arena bytes.
+local function wait_reason(p, waiting, via)
+  local wo, vo = p.ops[waiting + 1], p.ops[via + 1]
+  if wo.unit == vo.unit then
+    local writes = {}
+    for _, b in ipairs(opkinds.BY_NAME[vo.kind].writes or {}) do writes[b] = true end
+    for _, b in ipairs(opkinds.BY_NAME[wo.kind].reads or {}) do
+      if writes[b] then return "data" end
+    end
+  end
+  return "reuse"
+end
+
+function audit.warnings(p, a)
+  local w = {}
+  local topo = p.topology
+  local g = topo.gpus_per_node
+  local tl = a.timeline
+  -- Groups that carry collectives (or TP) crossing nodes, in one line.
+  local crossing = {}
+  for _, f in ipairs(p.groups.list) do
+    local a_f = p.predicted.per_family[f.name]
+    if (a_f or f.name == "tp") and not groups_mod.intra_node(f, g) then
+      crossing[#crossing + 1] = family_label(f)
+      if f.name == "tp" then
+        w[#w + 1] = string.format("tp groups cross nodes: tensor parallelism's per-layer activation collectives "
+          .. "run over the network (%g GB/s); keep tp within a node of %d GPUs", topo.inter_node_GBps, g)
+      end
+    end
+  end
+  if #crossing > 0 then
+    w[#w + 1] = string.format("groups crossing nodes run at the inter-node %g GB/s, not NVLink's %g GB/s: %s "
+      .. "(ranks and nodes in the table above)", topo.inter_node_GBps, topo.intra_node_GBps, table.concat(crossing, ", "))
+  end
+  -- Padding-heavy sharding and empty shards.
+  local W = p.layout.W
+  local heavy, worst = {}, {}
+  for _, u in ipairs(p.layout.units) do
+    local pad = padding_of(u, W)
+    if W > 1 and pad * 20 >= W * u.total and pad > 0 then
+      heavy[#heavy + 1] = u.index
+      worst[u.index] = pad / (W * u.total)
+    end
+  end
+  for _, run in ipairs(unit_runs(p, heavy)) do
+    local ix = heavy[run.first]
+    local u = p.layout.units[ix + 1]
+    local empties = 0
+    for _, q in ipairs(u.params) do if empty_ranks(q, W) > 0 then empties = empties + 1 end end
+    w[#w + 1] = string.format("padding-heavy sharding: %s: %.0f%% of each all-gather and reduce-scatter is "
+      .. "padding (%d-way dim chunks%s)", run.text, 100 * worst[ix], W,
+      empties > 0 and string.format("; %d of %d parameters leave ranks with no data", empties, #u.params) or "")
+  end
+  -- Exposed collectives (each kind and phase at least 1% of the step),
+  -- by what waited for them.
+  local seen, order = {}, {}
+  for _, o in ipairs(p.ops) do
+    local us = tl.exposed_by[o.seq]
+    if o.group and us and us > 0 then
+      local wt = tl.waiter[o.seq]
+      local first = o.kind == "all_gather" and o.seq <= 1
+      local reason = first and "first" or (o.stream == "compute" and "inline")
+        or (wt and (p.ops[wt.op + 1].kind .. "|" .. wait_reason(p, wt.op, wt.via))) or "tail"
+      local key = o.kind .. "|" .. o.phase .. "|" .. reason
+      if not seen[key] then
+        seen[key] = { kind = o.kind, phase = o.phase, reason = reason, units = {}, total = 0, max = 0 }
+        order[#order + 1] = key
+      end
+      local gr = seen[key]
+      if gr.units[#gr.units] ~= o.unit then gr.units[#gr.units + 1] = o.unit end
+      gr.ops = (gr.ops or 0) + 1
+      gr.total = gr.total + us
+      gr.max = math.max(gr.max, us)
+    end
+  end
+  -- The largest exposure first.
+  table.sort(order, function(x, y)
+    if seen[x].total ~= seen[y].total then return seen[x].total > seen[y].total end
+    return x < y
+  end)
+  for _, key in ipairs(order) do
+    local gr = seen[key]
+    if gr.total >= 0.01 * tl.step_us then
+      local runs = unit_runs(p, gr.units)
+      local names = {}
+      for i, r in ipairs(runs) do
+        if i <= 3 then names[#names + 1] = r.text end
+      end
+      if #runs > 3 then names[#names + 1] = string.format("and %d more", #runs - 3) end
+      local why
+      if gr.reason == "first" then why = "the step's first all-gather: no compute to hide behind"
+      elseif gr.reason == "inline" then why = "it runs on the compute stream"
+      elseif gr.reason == "tail" then why = "the step ends with it"
+      else
+        local wk, kind = gr.reason:match("^(.-)|(.*)$")
+        why = string.format("the compute stream's %s waits for it (%s)", wk,
+          kind == "data" and "its data" or "it reuses the arena bytes the collective's buffer held")
+        if gr.kind == "all_gather" then why = why .. ": it cannot hide behind its neighbour's compute" end
+      end
+      w[#w + 1] = string.format("exposed %s (%s) of %s: %s over %d op%s (up to %s each); %s", gr.kind, gr.phase,
+        table.concat(names, ", "), us_text(gr.total), gr.ops, gr.ops == 1 and "" or "s", us_text(gr.max), why)
+    end
+  end
+  local m = a.memory
+  if not m.fits then
+    table.insert(w, 1, string.format("memory: a rank needs %s, more than the GPU's %g GB (%s): reduce activations "
+      .. "(activation checkpointing, smaller batch), or shard wider", human(m.total_bytes), a.settings.gpu_memory_GB,
+      human(m.gpu_bytes)))
+  end
+  return w
+end
+
+-- ---- critical path ----
+
+-- The critical path as segments of consecutive ops on one stream.
+function audit.critical_segments(p, tl)
+  local segs = {}
+  for _, seq in ipairs(tl.critical) do
+    local o = p.ops[seq + 1]
+    local r = tl.ops[seq]
+    local last = segs[#segs]
+    if last and last.stream == o.stream then
+      last.last, last.n = seq, last.n + 1
+      last.us = r.finish - last.start
+      last.last_kind, last.last_unit = o.kind, o.unit
+    else
+      segs[#segs + 1] = { stream = o.stream, first = seq, last = seq, n = 1, start = r.start, us = r.finish - r.start,
+                          first_kind = o.kind, first_unit = o.unit, last_kind = o.kind, last_unit = o.unit }
+    end
+  end
+  return segs
+end
+
+-- One line: the step's critical path time by stream.
+function audit.critical_text(p, tl)
+  local by, order = {}, {}
+  for _, sg in ipairs(audit.critical_segments(p, tl)) do
+    if not by[sg.stream] then by[sg.stream] = 0; order[#order + 1] = sg.stream end
+    by[sg.stream] = by[sg.stream] + sg.us
+  end
+  table.sort(order, function(x, y) return by[x] > by[y] or (by[x] == by[y] and x < y) end)
+  local t = {}
+  for _, st in ipairs(order) do t[#t + 1] = string.format("%s %s", st, us_text(by[st])) end
+  return table.concat(t, ", ")
+end
+
+-- ---- SCHEDULE.md ----
+
+local function mesh_text(p)
+  local parts = {}
+  for i, n in ipairs(p.mesh.names) do parts[#parts + 1] = n .. "=" .. p.mesh.sizes[i] end
+  local d = p.dims
+  local kind = d.tp > 1 and "FSDP + TP" or (d.dp_replicate > 1 and d.dp_shard > 1 and "HSDP")
+    or (d.dp_shard > 1 and "FSDP") or (d.dp_replicate > 1 and "replicate only") or "one rank"
+  return table.concat(parts, " x ") .. " (" .. kind .. ")"
+end
+
+local function model_text(p)
+  local params = require("gen.compute").model_params(p)
+  local what = p.model.family == "llama" and ("llama " .. (p.model.size or "custom")) or "generic"
+  local u1 = p.layout.units[1]
+  local layers = p.model_config and p.model_config.n_layers
+  return string.format("%s: %s%d units, %s params; %s params, %s all-gather, %s reduce", what,
+    layers and (layers .. " layers in ") or "", #p.layout.units, count_text(params), u1.orig_dtype, u1.ag_dtype,
+    u1.reduce_dtype)
+end
+
+local COLL_NAME = { all_gather = "all-gather", reduce_scatter = "reduce-scatter", all_reduce = "all-reduce",
+                    tp_all_gather = "TP all-gather", tp_reduce_scatter = "TP reduce-scatter",
+                    tp_all_reduce = "TP all-reduce" }
+
+local function collectives_text(p, fname)
+  local counts, order = {}, {}
+  for _, o in ipairs(p.ops) do
+    if o.group == fname then
+      if not counts[o.kind] then counts[o.kind] = 0; order[#order + 1] = o.kind end
+      counts[o.kind] = counts[o.kind] + 1
+    end
+  end
+  local t = {}
+  for _, k in ipairs(order) do t[#t + 1] = counts[k] .. " " .. (COLL_NAME[k] or k) end
+  return table.concat(t, ", ")
+end
+
+local function settings_lines(p, s)
+  local ac = { none = "no activation checkpointing", full = "full activation checkpointing",
+               selective = "selective (op) activation checkpointing" }
+  local opt = s.optimizer == "adamw" and ("AdamW" .. (s.fp32_master and " with an fp32 master copy" or ""))
+    or (s.optimizer == "sgd" and "SGD (no momentum)" or "no optimizer state")
+  return string.format("%s tokens per data-parallel rank (TP group) and micro-step (local batch %d x seq_len %d%s), "
+    .. "%d micro-step(s); %s; %s",
+    commas(s.tokens), s.local_batch_size, s.seq_len, s.defaulted.seq_len and ", assumed" or "", p.fsdp.micro_steps,
+    ac[s.activation_checkpointing], opt)
 end
 
 function audit.schedule_md(p, fp)
   local L = {}
   local function w(fmt, ...) L[#L + 1] = select("#", ...) > 0 and string.format(fmt, ...) or fmt end
-  local d = p.dims
+  local a = audit.analysis(p)
+  local s, m, tl = a.settings, a.memory, a.timeline
+  local topo = p.topology
   w("<!-- generated by commplan from %s; do not edit. fingerprint %s -->", p.source_file, fp)
   w("# Communication schedule: %s", p.name)
   w("")
-  w("World size %d; dp_replicate=%d, dp_shard=%d%s. One training step, %d micro-step(s); reduce op %s;",
-    p.world_size, d.dp_replicate, d.dp_shard, d.dp_shard_inferred and " (inferred from dp_shard=-1)" or "",
-    p.fsdp.micro_steps, p.fsdp.reduce_op)
-  w("reshard_after_forward=%s for non-root units (the root never reshards after forward).",
-    tostring(p.fsdp.reshard_after_forward))
+  w("## Summary")
   w("")
-  w("## Mesh and groups")
+  w("| | |")
+  w("|---|---|")
+  w("| model | %s |", model_text(p))
+  w("| tokens | %s |", settings_lines(p, s))
+  w("| GPU | %g GB, %g TFLOPS dense at %.0f%% MFU; HBM %g GB/s; NVLink %g GB/s within %d GPUs per node, network %g GB/s |",
+    s.gpu_memory_GB, s.gpu_TFLOPS, 100 * s.mfu, s.hbm_GBps, topo.intra_node_GBps, topo.gpus_per_node,
+    topo.inter_node_GBps)
+  local nodes = (p.world_size + topo.gpus_per_node - 1) // topo.gpus_per_node
+  w("| world | %s ranks on %s node(s); mesh %s; reduce %s |", commas(p.world_size), commas(nodes), mesh_text(p),
+    p.fsdp.reduce_op)
+  w("| memory | %s of %s (%g GB) per rank: %s |", human(m.total_bytes), human(m.gpu_bytes), s.gpu_memory_GB,
+    m.fits and string.format("fits, %s free", human(m.gpu_bytes - m.total_bytes))
+      or string.format("**does not fit**, %s over", human(m.total_bytes - m.gpu_bytes)))
+  w("| step | %s predicted: compute %s; communication %s serialized, %s exposed (%.0f%% of the step); critical "
+    .. "path %s |", us_text(tl.step_us), us_text(tl.compute_busy_us), us_text(tl.comm_serial_us), us_text(tl.exposed_us),
+    tl.step_us > 0 and 100 * tl.exposed_us / tl.step_us or 0, audit.critical_text(p, tl))
   w("")
-  local mesh = {}
-  for i, n in ipairs(p.mesh.names) do mesh[#mesh + 1] = n .. "=" .. p.mesh.sizes[i] end
-  w("Mesh (outer to inner, ranks row-major): %s.", table.concat(mesh, " x "))
+  w("### Communication per rank per step")
   w("")
-  w("| group | axes | size | groups | intra-node | rank 0's group |")
-  w("|---|---|---|---|---|---|")
-  for _, f in ipairs(p.groups.list) do
-    w("| %s | %s | %d | %d | %s | %s |", f.name, table.concat(f.axis_names, " x "), f.size, #f.instances,
-      p.predicted.intra[f.name] and "yes" or "no", ranks_preview(f.instances[1]))
-  end
-  w("")
-  w("## Units and buffer layout (per rank)")
-  w("")
-  w("Shard(0) is torch.chunk sharding: chunk = ceil(dim / %d) rows, every rank sends the padded chunk;", d.dp_shard)
-  w("a parameter's slot offset is its place in the fused all-gather input.")
-  w("")
-  w("| unit | params | slot numel | all-gather | reduce | sharded | all-gather buffer | copy kernels |")
+  w("| group | ranks | link | collectives | buffer bytes | wire bytes | predicted | exposed |")
   w("|---|---|---|---|---|---|---|---|")
-  for _, u in ipairs(p.layout.units) do
-    w("| %s%s | %d | %d | %s | %s %s | %s | %s | %s |", u.name, u.is_root and " (root)" or "", #u.params, u.total,
-      u.ag_dtype, u.reduce_dtype, u.rs_op, human(u.total * layout.DTYPE_BYTES[u.orig_dtype]),
-      human(p.layout.W * u.total * layout.DTYPE_BYTES[u.ag_dtype]), u.vec_ok and "16-byte" or "scalar")
-  end
-  w("")
-  w("Copy kernels move 16 bytes per thread where every slot offset and run is a multiple of 8 elements;")
-  w("otherwise they copy element by element. Offsets are never padded for alignment: the layout stays FSDP2's.")
-  -- Full per-parameter tables for the first unit of each distinct shape.
-  local shown = {}
-  for _, u in ipairs(p.layout.units) do
-    local sig = {}
-    for _, q in ipairs(u.params) do sig[#sig + 1] = table.concat(q.shape, "x") end
-    sig = table.concat(sig, ",")
-    if not shown[sig] then
-      shown[sig] = u.name
-      w("")
-      w("### %s", u.name)
-      w("")
-      w("| param | shape | dtype | shard | chunk | padded numel | slot offset | rank with last data |")
-      w("|---|---|---|---|---|---|---|---|")
-      for _, q in ipairs(u.params) do
-        local last = q.shard_dim > 0 and (p.layout.W - 1) or ((q.numel - 1) // q.run)
-        w("| %s | (%s) | %s | Shard(%d) | %d | %d | %d | %d |", q.name, table.concat(q.shape, ", "), q.dtype,
-          q.shard_dim, q.chunk, q.padded, q.offset, last)
+  local eb = exposed_by_family(p, tl)
+  local fams = {}
+  for _, f in ipairs(p.groups.list) do if p.predicted.per_family[f.name] then fams[#fams + 1] = f end end
+  table.sort(fams, function(x, y)
+    local ix, iy = p.predicted.intra[x.name] and 1 or 0, p.predicted.intra[y.name] and 1 or 0
+    if ix ~= iy then return ix < iy end
+    return x.id < y.id
+  end)
+  -- Inter-node families and their total, then intra-node ones and theirs.
+  local links = by_link(p)
+  for _, k in ipairs({ "inter", "intra" }) do
+    for _, f in ipairs(fams) do
+      local af = p.predicted.per_family[f.name]
+      local intra, nspan = family_facts(p, f)
+      if (k == "intra") == (p.predicted.intra[f.name] and true or false) then
+        w("| %s | %d | %s | %s | %s | %s | %s | %s |", family_label(f), f.size,
+          intra and "intra-node" or string.format("inter-node, %d nodes", nspan), collectives_text(p, f.name),
+          human(af.size_bytes), human(af.wire_bytes), us_text(af.us), us_text(eb[f.name] or 0))
       end
-    else
-      w("")
-      w("%s: same layout as %s.", u.name, shown[sig])
     end
+    local c = links[k]
+    w("| **%s-node** | | | %d | %s | %s | %s | |", k, c.ops, human(c.size_bytes), human(c.wire_bytes), us_text(c.us))
   end
   w("")
-  w("## Ops in issue order")
+  w("### Memory per rank")
   w("")
-  w("Collectives with group `-` have one rank and run as local copies. Each op runs on its stream and,")
-  w("before it, waits for the ops under \"waits for\" (a data dependency or a reuse of arena bytes")
-  w("across streams); nothing else orders it.")
-  w("")
-  w("| # | micro | phase | op | unit | stream | waits for | group | dtype | count | reduce | size | predicted |")
-  w("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-  for _, o in ipairs(p.ops) do
-    local u = p.layout.units[o.unit + 1]
-    local waits = {}
-    for i, j in ipairs(p.arena.waits[o.seq] or {}) do waits[i] = tostring(j) end
-    w("| %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", o.seq, o.micro_step, o.phase, o.kind,
-      u.name, o.stream, table.concat(waits, " "),
-      o.group or "-", o.dtype or "", o.count or "", o.reduce_op or "", o.size_bytes and human(o.size_bytes) or "",
-      o.predicted_us and string.format("%.1f us", o.predicted_us) or "")
+  w("| | |")
+  w("|---|---|")
+  local u1 = p.layout.units[1]
+  local opt = s.optimizer == "adamw" and ("AdamW: 2 moments in " .. u1.orig_dtype
+    .. (s.fp32_master and " + fp32 master" or "")) or (s.optimizer == "sgd" and "SGD: none" or "no optimizer")
+  w("| sharded state: parameters %s + gradients %s + optimizer %s (%s) | %s |", human(m.params_bytes),
+    human(m.grads_bytes), human(m.optimizer_bytes), opt, human(m.params_bytes + m.grads_bytes + m.optimizer_bytes))
+  local nwaits = 0
+  for _, list in pairs(p.arena.waits) do nwaits = nwaits + #list end
+  w("| communication buffers: the memory plan's arena (%s without reuse; at most %s live at once, op %s; %d event "
+    .. "waits order its reuse) | %s |", human(p.memory.unplanned_bytes), human(p.memory.peak_transient_bytes),
+    tostring(p.memory.peak_at_op), nwaits, human(m.comm_bytes))
+  if m.activations_modeled then
+    w("| activations (%s; saved %s + one layer's recompute %s) | %s |", s.activation_checkpointing == "none"
+      and "no checkpointing" or (s.activation_checkpointing .. " checkpointing"),
+      human(m.activation_saved_bytes), human(m.activation_transient_bytes), human(m.activation_bytes))
+  else
+    w("| activations | not modeled for generic units (no model dims) |")
   end
   w("")
-  w("## Bytes per rank per step")
+  w("### Warnings")
   w("")
-  w("| group | collectives | buffer bytes | wire bytes (busbw) | link | predicted |")
-  w("|---|---|---|---|---|---|")
-  for _, f in ipairs(p.groups.list) do
-    local a = p.predicted.per_family[f.name]
-    if a then
-      w("| %s | %d | %s | %s | %s | %.1f ms |", f.name, a.ops, human(a.size_bytes), human(a.wire_bytes),
-        p.predicted.intra[f.name] and "intra-node" or "inter-node", a.us / 1000)
-    end
-  end
+  if #a.warnings == 0 then w("None.") end
+  for _, text in ipairs(a.warnings) do w("- %s", text) end
   w("")
-  w("Predicted communication time per step, serialized: %.1f ms.", p.predicted.total_us / 1000)
+  w("## Details")
   w("")
-  w("## Memory per rank")
-  w("")
-  w("- persistent (sharded params + sharded grads): %s", human(p.memory.persistent_bytes))
-  w("- peak transient (all-gather buffers, unsharded params and grads, reduce-scatter buffers): %s at op %s",
-    human(p.memory.peak_transient_bytes), tostring(p.memory.peak_at_op))
-  w("- peak: %s", human(p.memory.peak_bytes))
-  w("- allocated: %s = persistent + an arena of %s holding every transient buffer at a generated offset",
-    human(p.memory.allocated_bytes), human(p.memory.arena_bytes))
-  w("  (%s if each had its own memory); %d event waits order every data dependency and every",
-    human(p.memory.unplanned_bytes), nwaits(p))
-  w("  reuse of arena bytes across streams (plan.json: units[].arena, ops[].stream, ops[].waits_for).")
-  w("")
+  audit.md_groups(p, w)
+  audit.md_units(p, w)
+  audit.md_ops(p, w)
+  audit.md_timeline(p, a, w)
+  audit.md_memory_plan(p, w)
   w("## Assumptions")
   w("")
   w("- Layouts and op order are PyTorch FSDP2's (fully_shard, torch 2.11): dim-k torch.chunk sharding with")
   w("  zero padding, one fused all-gather per unit, chunk_cat reduce-scatter, HSDP all-reduce after it.")
   w("- Backward prefetches one unit in reverse post-forward order; the root is never resharded after forward.")
-  w("- Time: latency %.1f us x ceil(log2 n) + size x nccl-tests busbw factor / link bandwidth;", p.topology.latency_us)
-  w("  intra-node %.0f GB/s when a group fits in one node of %d GPUs, else inter-node %.0f GB/s.",
-    p.topology.intra_node_GBps, p.topology.gpus_per_node, p.topology.inter_node_GBps)
-  w("- Memory counts communication buffers only (no activations, no optimizer state). Lifetimes: all-gather")
-  w("  buffer copy-in..copy-out, unsharded params copy-out..reshard, unsharded grads from the unshard before")
-  w("  backward to packing, reduce-scatter input packing..reduce-scatter, output reduce-scatter..view-out.")
+  w("- Collective time: latency %g us x ceil(log2 n) + size x nccl-tests busbw factor / link bandwidth;", topo.latency_us)
+  w("  intra-node %g GB/s when a group fits in one node of %d GPUs, else inter-node %g GB/s. Collectives",
+    topo.intra_node_GBps, topo.gpus_per_node, topo.inter_node_GBps)
+  w("  running at once on the same link class share its bandwidth equally.")
+  w("- Compute: FLOPs as torchtitan counts them (6 x params x tokens, attention 12 x layers x heads x head_dim x")
+  w("  seq_len per token for Llama, a third forward; generic units 6 x params x tokens) at GPU TFLOPS x MFU;")
+  w("  checkpointing adds its recompute to backward. Copies move bytes read plus written at the HBM rate.")
+  w("  The host issues ahead of the GPU (a CUDA graph); streams wait only as plan.json ops[].waits_for says.")
+  w("- Memory: the GPU's %g GB are decimal (%s); the CUDA context, NCCL's own buffers and fragmentation",
+    s.gpu_memory_GB, human(m.gpu_bytes))
+  w("  are not counted. Optimizer moments take the parameters' dtype (torch.optim.AdamW). Activations: see")
+  w("  gen/compute.lua (Llama: norms, q/k/v, attention output and logsumexp, the SwiGLU intermediates, logits).")
+  local defaults = {}
+  for _, k in ipairs(require("gen.util").sorted_keys(s.defaulted)) do
+    defaults[#defaults + 1] = k .. "=" .. tostring(s[k])
+  end
+  if #defaults > 0 then
+    w("- Defaults used (the plan does not set them): %s.", table.concat(defaults, ", "))
+  end
   return table.concat(L, "\n") .. "\n"
 end
+
+function audit.md_groups(p, w)
+  w("### Mesh and groups")
+  w("")
+  w("Ranks are row-major over the mesh (outer to inner, as in the summary). A family's groups vary its axes")
+  w("and fix the others: rank = sum(color digit x color stride) + sum(key digit x member stride), the sizes")
+  w("and strides in plan.json `groups[]`; color and key are ncclCommSplit's.")
+  w("")
+  w("| group | axes | size | groups | nodes per group | rank 0's group |")
+  w("|---|---|---|---|---|---|")
+  -- Families over the same axes (an alias and its dims) share one row.
+  local rows, by_axes = {}, {}
+  for _, f in ipairs(p.groups.list) do
+    local key = table.concat(f.axes, ",")
+    if by_axes[key] then
+      table.insert(by_axes[key].names, f.name)
+    else
+      by_axes[key] = { f = f, names = { f.name } }
+      rows[#rows + 1] = by_axes[key]
+    end
+  end
+  for _, row in ipairs(rows) do
+    local f = row.f
+    local _, nspan = family_facts(p, f)
+    local preview = {}
+    local n = math.min(f.size, 4)
+    for k = 0, n - 1 do preview[#preview + 1] = tostring(groups_mod.rank(f, 0, k)) end
+    local tail = f.size > n and string.format(", ..., %d", groups_mod.rank(f, 0, f.size - 1)) or ""
+    w("| %s | %s | %d | %d | %d | %s%s |", table.concat(row.names, " = "), table.concat(f.axis_names, " x "), f.size,
+      f.count, nspan, table.concat(preview, ", "), tail)
+  end
+  w("")
+end
+
+function audit.md_units(p, w)
+  local W = p.layout.W
+  w("### Units and buffer layout (per rank)")
+  w("")
+  w("Shard(0) is torch.chunk sharding over the shard group: every rank stores and sends the padded")
+  w("chunk; a parameter's slot offset (plan.json) is its place in the fused all-gather input.")
+  w("")
+  w("| unit | params | numel | sharded slot | all-gather buffer | dtypes (gather, reduce) | reduce | padding | copy kernels |")
+  w("|---|---|---|---|---|---|---|---|---|")
+  local items = {}
+  for i, u in ipairs(p.layout.units) do items[i] = { sig = unit_sig(u), unit = u.index } end
+  local shown = {}
+  for _, run in ipairs(fold.runs(items, 1)) do
+    local u = p.layout.units[items[run.first].unit + 1]
+    local names = {}
+    for j = run.first, run.first + run.reps - 1 do names[#names + 1] = p.layout.units[j].name end
+    local pad, numel = padding_of(u, W)
+    w("| %s%s | %d | %s | %s | %s | %s, %s | %s%s | %s | %s |", fold.unit_range(names),
+      (u.is_root and u.name ~= "root") and " (root)" or "",
+      #u.params, commas(numel), human(u.total * ES[u.orig_dtype]), human(W * u.total * ES[u.ag_dtype]),
+      u.ag_dtype, u.reduce_dtype, u.rs_op, u.pre_divide ~= 1 and string.format(" (/%g, /%g)", u.pre_divide, u.post_divide) or "",
+      pad > 0 and string.format("%.1f%%", 100 * pad / (W * u.total)) or "0",
+      u.vec_ok and "16-byte" or "scalar")
+    shown[#shown + 1] = { u = u, names = names }
+  end
+  w("")
+  w("Copy kernels move 16 bytes per thread where every slot offset and run is a multiple of 8 elements;")
+  w("otherwise they copy element by element. Offsets are never padded for alignment: the layout stays FSDP2's.")
+  local seen = {}
+  for _, sh in ipairs(shown) do
+    local u = sh.u
+    if #u.params == 0 then goto next_unit end
+    local sig = {}
+    for _, q in ipairs(u.params) do sig[#sig + 1] = table.concat(q.shape, "x") .. "/" .. q.shard_dim end
+    sig = table.concat(sig, ",")
+    w("")
+    if seen[sig] then
+      w("%s: parameters as in %s.", fold.unit_range(sh.names), seen[sig])
+    else
+      seen[sig] = fold.unit_range(sh.names)
+      w("#### Parameters of %s", seen[sig])
+      w("")
+      w("| param | %s | dtype | placement | padding | ranks with no data |",
+        p.dims.tp > 1 and "shape on TP rank 0" or "shape")
+      w("|---|---|---|---|---|---|")
+      for _, q in ipairs(u.params) do
+        local pad = W * q.padded - q.numel
+        -- Numbered units (layers.N) show names relative to the unit.
+        local name = u.name:find("%d") and q.name:gsub("^" .. u.name:gsub("%p", "%%%0") .. "%.", "") or q.name
+        w("| %s | (%s) | %s | Shard(%d)%s | %s | %s |", name, table.concat(q.shape, ", "), q.dtype, q.shard_dim,
+          q.tp_dim and string.format(", TP Shard(%d)", q.tp_dim) or "",
+          pad > 0 and string.format("%s (%.1f%%)", commas(pad), 100 * pad / (W * q.padded)) or "0",
+          empty_ranks(q, W) > 0 and tostring(empty_ranks(q, W)) or "-")
+      end
+    end
+    ::next_unit::
+  end
+  w("")
+end
+
+function audit.md_ops(p, w)
+  w("### Ops in issue order")
+  w("")
+  w("Collectives with group `-` have one rank and run as local copies. Each op runs on its stream and,")
+  w("before it, waits for the ops under \"waits for\" (a data dependency or a reuse of arena bytes")
+  w("across streams); nothing else orders it. Folded rows stand for a run of ops, one per unit:")
+  w("`#` reads first-last/step, and their waits are given relative to the op (-3: three ops earlier).")
+  w("Sizes and counts per op are in plan.json.")
+  w("")
+  w("| # | micro | phase | op | unit | stream | waits for | group |")
+  w("|---|---|---|---|---|---|---|---|")
+  local items = {}
+  for i, o in ipairs(p.ops) do
+    local rel = {}
+    for j, s in ipairs(p.arena.waits[o.seq] or {}) do rel[j] = tostring(s - o.seq) end
+    local tpl = fold.template(unit_name(p, o.unit))
+    items[i] = { sig = table.concat({ o.kind, o.phase, o.micro_step, o.stream, o.group or "-", table.concat(rel, " "),
+      tpl, unit_sig(p.layout.units[o.unit + 1]) }, "|"), unit = o.unit, rel = rel }
+  end
+  for _, run in ipairs(fold.runs(items, 16)) do
+    for j = 0, run.period - 1 do
+      local first = run.first + j
+      local o = p.ops[first]
+      if run.reps == 1 then
+        local waits = {}
+        for k, s in ipairs(p.arena.waits[o.seq] or {}) do waits[k] = tostring(s) end
+        w("| %d | %d | %s | %s | %s | %s | %s | %s |", o.seq, o.micro_step, o.phase, o.kind, unit_name(p, o.unit),
+          o.stream, table.concat(waits, " "), o.group or "-")
+      else
+        local last = first + (run.reps - 1) * run.period
+        local names = {}
+        for r = 0, run.reps - 1 do names[#names + 1] = unit_name(p, p.ops[first + r * run.period].unit) end
+        w("| %d-%d/%d | %d | %s | %s | %s | %s | %s | %s |", o.seq, p.ops[last].seq, run.period, o.micro_step,
+          o.phase, o.kind, fold.unit_range(names), o.stream, table.concat(items[first].rel, " "), o.group or "-")
+      end
+    end
+  end
+  w("")
+end
+
+function audit.md_timeline(p, a, w)
+  local tl = a.timeline
+  w("### Predicted timeline")
+  w("")
+  w("trace.json holds every op's predicted start and duration (Chrome trace events, a track per stream: open")
+  w("it in Perfetto). Compute per unit and micro-step, and the critical path (consecutive ops on one stream")
+  w("folded; runs of identical segments folded again):")
+  w("")
+  w("| unit | forward | backward (with recompute) | activations saved |")
+  w("|---|---|---|---|")
+  local items = {}
+  for i, u in ipairs(p.layout.units) do items[i] = { sig = unit_sig(u), unit = u.index } end
+  for _, run in ipairs(fold.runs(items, 1)) do
+    local u = p.layout.units[items[run.first].unit + 1]
+    local names = {}
+    for j = run.first, run.first + run.reps - 1 do names[#names + 1] = p.layout.units[j].name end
+    local r = a.per_unit[u.index]
+    w("| %s | %s | %s | %s |", fold.unit_range(names), us_text(r.fwd / a.settings.flops_per_us),
+      us_text((r.bwd + r.recompute) / a.settings.flops_per_us),
+      a.memory.activations_modeled and human(r.saved) or "not modeled")
+  end
+  w("")
+  w("Critical path: runs of ops on one stream, in order; a run of identical cycles (one per unit) is one row.")
+  w("Times are in trace.json.")
+  w("")
+  w("| cycles | units (phase) | critical path |")
+  w("|---|---|---|")
+  local segs = audit.critical_segments(p, tl)
+  local sitems = {}
+  for i, sg in ipairs(segs) do
+    local fo, lo = p.ops[sg.first + 1], p.ops[sg.last + 1]
+    sitems[i] = { sig = table.concat({ sg.stream, fo.kind, fo.phase, lo.kind, sg.n, lo.unit - fo.unit }, "|"),
+                  unit = fo.unit }
+  end
+  -- Consecutive unfolded segments make one row; a folded run its own.
+  local pending
+  local function flush()
+    if not pending then return end
+    local phases = pending.phase_a == pending.phase_b and pending.phase_a or (pending.phase_a .. " to " .. pending.phase_b)
+    w("| | %s (%s) | %s |", pending.unit_a == pending.unit_b and pending.unit_a or (pending.unit_a .. " .. " .. pending.unit_b),
+      phases, table.concat(pending.parts, " -> "))
+    pending = nil
+  end
+  local function seg_text(sg)
+    local fo, lo = p.ops[sg.first + 1], p.ops[sg.last + 1]
+    return sg.n == 1 and string.format("%s: %s", sg.stream, fo.kind)
+      or string.format("%s: %s .. %s (%d ops)", sg.stream, fo.kind, lo.kind, sg.n)
+  end
+  for _, run in ipairs(fold.runs(sitems, 8)) do
+    if run.reps == 1 then
+      for j = 0, run.period - 1 do
+        local sg = segs[run.first + j]
+        local fo, lo = p.ops[sg.first + 1], p.ops[sg.last + 1]
+        if not pending then
+          pending = { parts = {}, unit_a = unit_name(p, fo.unit), phase_a = fo.phase }
+        end
+        pending.parts[#pending.parts + 1] = seg_text(sg)
+        pending.unit_b, pending.phase_b = unit_name(p, lo.unit), lo.phase
+      end
+    else
+      flush()
+      local parts, names = {}, {}
+      for j = 0, run.period - 1 do parts[#parts + 1] = seg_text(segs[run.first + j]) end
+      for r = 0, run.reps - 1 do
+        names[#names + 1] = unit_name(p, p.ops[segs[run.first + r * run.period].first + 1].unit)
+      end
+      w("| %d x | %s (%s) | %s |", run.reps, fold.unit_range(names), p.ops[segs[run.first].first + 1].phase,
+        table.concat(parts, " -> "))
+    end
+  end
+  flush()
+  w("")
+end
+
+function audit.md_memory_plan(_, w)
+  w("### Memory plan")
+  w("")
+  w("The arena holds every transient buffer at a generated offset (sizes in the memory table above). Event")
+  w("waits order every data dependency and every reuse of arena bytes across streams (plan.json:")
+  w("units[].arena, ops[].stream, ops[].waits_for). Lifetimes: all-gather buffer copy-in..copy-out,")
+  w("unsharded params copy-out..reshard, unsharded grads from the unshard before backward to packing,")
+  w("reduce-scatter input packing..reduce-scatter, output reduce-scatter..view-out.")
+  w("")
+end
+
+audit.STREAMS = opkinds.STREAMS
 
 return audit

@@ -14,9 +14,8 @@ cost.bus_factor = require("gen.opkinds").bus_factor
 
 function cost.op_size_bytes(o, fams)
   local es = ES[o.dtype]
-  if o.kind == "all_reduce" then return o.count * es end
   local n = o.group and fams.by_name[o.group].size or 1
-  return o.count * n * es
+  return require("gen.opkinds").size_elems(o.kind, o.count, n) * es
 end
 
 -- Predicted microseconds: latency * ceil(log2 n) (tree/PAT-like start-up)

@@ -3,9 +3,53 @@
 -- color (index among the family's groups) is the row-major index over the
 -- other axes and the key (rank inside the group) the row-major index over
 -- the family's axes — the same numbers ncclCommSplit takes.
-local dims = require("gen.dims")
-
+--
+-- Everything here is closed form: a family is described by its member axes
+-- (sizes and rank strides, key = row-major over them) and its color axes
+-- (sizes and strides, color = row-major over them), so
+--   rank(color, key) = sum(color digit * color stride) + sum(key digit * member stride)
+-- and nothing is O(world). f.instances (every group's rank list) is still
+-- there for small worlds and tests, built on first use.
 local groups = {}
+
+-- Row-major digits of `index` over `sizes`, dotted with `strides`.
+local function place(index, sizes, strides)
+  local r = 0
+  for i = #sizes, 1, -1 do
+    r = r + (index % sizes[i]) * strides[i]
+    index = index // sizes[i]
+  end
+  return r
+end
+
+-- Global rank of the member with key `key` of the group with color `color`.
+function groups.rank(f, color, key)
+  return place(color, f.color_sizes, f.color_strides) + place(key, f.member_sizes, f.member_strides)
+end
+
+-- One group's ranks (O(group size)).
+function groups.members(f, color)
+  local base, out = place(color, f.color_sizes, f.color_strides), {}
+  for k = 0, f.size - 1 do out[k + 1] = base + place(k, f.member_sizes, f.member_strides) end
+  return out
+end
+
+-- Every group's rank list: O(world). Only for small worlds (tests, tools).
+local function all_instances(f)
+  local t = {}
+  for c = 0, f.count - 1 do t[c + 1] = groups.members(f, c) end
+  return t
+end
+
+local Family = {}
+Family.__index = function(f, k)
+  if k == "instances" then
+    local t = all_instances(f)
+    rawset(f, "instances", t)
+    return t
+  end
+  return nil
+end
 
 local function family(mesh, name, axis_names)
   local axes, in_family, size = {}, {}, 1
@@ -16,18 +60,17 @@ local function family(mesh, name, axis_names)
     size = size * mesh.sizes[i]
   end
   table.sort(axes)
-  local instances = {}
-  for rank = 0, mesh.world_size - 1 do
-    local c = dims.coords(mesh, rank)
-    local color, key = 0, 0
-    for i = 1, #mesh.sizes do
-      if in_family[i] then key = key * mesh.sizes[i] + c[i] else color = color * mesh.sizes[i] + c[i] end
+  local member_sizes, member_strides, color_sizes, color_strides = {}, {}, {}, {}
+  for i = 1, #mesh.sizes do
+    if in_family[i] then
+      member_sizes[#member_sizes + 1] = mesh.sizes[i]; member_strides[#member_strides + 1] = mesh.strides[i]
+    else
+      color_sizes[#color_sizes + 1] = mesh.sizes[i]; color_strides[#color_strides + 1] = mesh.strides[i]
     end
-    local inst = instances[color + 1]
-    if not inst then inst = {}; instances[color + 1] = inst end
-    inst[key + 1] = rank
   end
-  return { name = name, axes = axes, axis_names = axis_names, size = size, instances = instances }
+  return setmetatable({ name = name, axes = axes, axis_names = axis_names, size = size,
+    count = mesh.world_size // size, member_sizes = member_sizes, member_strides = member_strides,
+    color_sizes = color_sizes, color_strides = color_strides }, Family)
 end
 
 -- mesh -> { list = {families in a fixed order}, by_name = {...} }
@@ -40,13 +83,51 @@ function groups.build(mesh)
   return { list = list, by_name = by_name }
 end
 
+-- Span of one group: its last rank minus its first (every stride is
+-- positive, so key 0 is the lowest rank and the last key the highest).
+function groups.span(f)
+  local s = 0
+  for i, n in ipairs(f.member_sizes) do s = s + (n - 1) * f.member_strides[i] end
+  return s
+end
+
+-- The residues mod m of every group's first rank (its base), as a set;
+-- at most m entries, built axis by axis in O(axes * m * min(size, m)).
+local function base_residues(f, m)
+  local set = { [0] = true }
+  for i, n in ipairs(f.color_sizes) do
+    local step, next_set = f.color_strides[i] % m, {}
+    -- c * step mod m repeats with period m / gcd(step, m) <= m.
+    local distinct = math.min(n, m)
+    for r in pairs(set) do
+      for c = 0, distinct - 1 do next_set[(r + c * step) % m] = true end
+    end
+    set = next_set
+  end
+  return set
+end
+
 -- Does every group of the family sit inside one node of gpus_per_node
--- consecutive ranks?
+-- consecutive ranks? Closed form: group c spans [base(c), base(c) + span],
+-- inside one node iff base(c) mod g + span < g for every color.
 function groups.intra_node(f, gpus_per_node)
-  for _, inst in ipairs(f.instances) do
-    if inst[1] // gpus_per_node ~= inst[#inst] // gpus_per_node then return false end
+  local g, span = gpus_per_node, groups.span(f)
+  if span >= g then return false end
+  for r in pairs(base_residues(f, g)) do
+    if r + span >= g then return false end
   end
   return true
+end
+
+-- Nodes one group touches (the most over all groups): its ranks lie in
+-- [base, base + span], so at most (base mod g + span) // g + 1 nodes, and
+-- at most one node per member (exact for the mesh's groups: contiguous or
+-- node-strided ranks).
+function groups.nodes_spanned(f, gpus_per_node)
+  local g, span = gpus_per_node, groups.span(f)
+  local worst = 0
+  for r in pairs(base_residues(f, g)) do worst = math.max(worst, (r + span) // g + 1) end
+  return math.min(f.size, worst)
 end
 
 return groups

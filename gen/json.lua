@@ -19,6 +19,11 @@ local function num(v)
   if math.type(v) == "integer" then return tostring(v) end
   if v ~= v or v == math.huge or v == -math.huge then error("json: non-finite number") end
   if v == math.floor(v) and math.abs(v) < 2^53 then return string.format("%d", v) end
+  -- The shortest of 15, 16 or 17 digits that reads back as the same double.
+  for _, digits in ipairs({ "%.15g", "%.16g" }) do
+    local s = string.format(digits, v)
+    if tonumber(s) == v then return s end
+  end
   return string.format("%.17g", v)
 end
 

@@ -59,6 +59,10 @@ int cp_gpu_step(cp_gpu *g, void *stream);
 /* cp_gpu_step, adding each op kind's host issue time to host_us[kind] (µs)
  * when host_us is not NULL; host_us[CP_OP_KIND_COUNT] gets the stream fork and join. */
 int cp_gpu_step_profiled(cp_gpu *g, void *stream, double host_us[CP_OP_KIND_COUNT + 1]);
+/* --trace: with events (2 x plan->nops cudaEvent_t, created by the caller),
+ * each later cp_gpu_step records events[2i] on op i's stream when it can
+ * start (after its waits) and events[2i + 1] when it is done; NULL: off. */
+void cp_gpu_set_trace(cp_gpu *g, void *events);
 /* Capture one step as a CUDA graph (on stream), then replay it. */
 int cp_gpu_graph_capture(cp_gpu *g, void *stream);
 int cp_gpu_graph_launch(cp_gpu *g, void *stream);

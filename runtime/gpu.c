@@ -70,6 +70,7 @@ struct cp_gpu {
     cp_gpu_compute_fn compute;
     void *compute_user;
     double *profile;      /* cp_gpu_step_profiled's per-kind host time, or NULL */
+    cudaEvent_t *trace;   /* cp_gpu_set_trace: a start and an end event per op, or NULL */
     cudaGraphExec_t graph;
     char err[512];
 };
@@ -522,11 +523,22 @@ static double now_us(void)
 
 static int run_op(cp_gpu *g, const cp_op *op)
 {
+    if (g->trace) {
+        /* --trace: the op's waits first (the executor repeats them, a no-op),
+         * so the start event marks when the op can run on its stream. */
+        cudaStream_t s = g->streams[op->stream];
+        for (int i = 0; i < op->wait_count; i++)
+            CUDA(cudaStreamWaitEvent(s, g->events[g->plan->waits[op->wait_first + i]], 0));
+        CUDA(cudaEventRecord(g->trace[2 * (op - g->plan->ops)], s));
+    }
     double t = g->profile ? now_us() : 0.0;
     if (cp_executor_run_op(&g->ex, op)) return ex_failed(g);
     if (g->profile) g->profile[op->kind] += now_us() - t;
+    if (g->trace) CUDA(cudaEventRecord(g->trace[2 * (op - g->plan->ops) + 1], g->streams[op->stream]));
     return 0;
 }
+
+void cp_gpu_set_trace(cp_gpu *g, void *events) { g->trace = events; }
 
 static int fork_join(cp_gpu *g, int join)
 {

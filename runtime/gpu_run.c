@@ -226,6 +226,90 @@ out:
     return rc;
 }
 
+/* --trace FILE: one eager step with a start and an end event around every
+ * op on its stream (cp_gpu_set_trace; off the timed steps), written as
+ * Chrome trace events in the shape of the plan's predicted trace.json: a
+ * track per stream (tid = stream + 1), ts and dur in microseconds from the
+ * step's start; pid 2 (the prediction is pid 1), so the two files' event
+ * lists can be concatenated and laid side by side in Perfetto. */
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static int write_trace(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, cudaStream_t S)
+{
+    int n = p->nops, made = 0, rc = 2;
+    cudaEvent_t *ev = calloc((size_t)2 * n + 1, sizeof *ev);
+    FILE *f = NULL;
+    if (!ev) { fprintf(stderr, "commplan: --trace: out of host memory\n"); return 2; }
+    for (; made < 2 * n + 1; made++)
+        if (cudaEventCreate(&ev[made]) != cudaSuccess) { fprintf(stderr, "commplan: --trace: cudaEventCreate failed\n"); goto out; }
+    if (cp_gpu_synchronize(g, S, o->timeout_s) || cudaEventRecord(ev[2 * n], S) != cudaSuccess) goto gpu_fail;
+    cp_gpu_set_trace(g, ev);
+    int step_rc = cp_gpu_step(g, S);
+    cp_gpu_set_trace(g, NULL);
+    if (step_rc || cp_gpu_synchronize(g, S, o->timeout_s)) goto gpu_fail;
+    f = fopen(o->trace_file, "w");
+    if (!f) { fprintf(stderr, "commplan: --trace: cannot write %s\n", o->trace_file); goto out; }
+    float end_ms = 0;
+    for (int i = 0; i < n; i++) {
+        float t1;
+        if (cudaEventElapsedTime(&t1, ev[2 * n], ev[2 * i + 1]) != cudaSuccess) goto gpu_fail;
+        if (t1 > end_ms) end_ms = t1;
+    }
+    fprintf(f, "{\"otherData\": {\"generator\":\"commplan --trace (measured on the GPU)\",\"fingerprint\":");
+    json_string(f, p->fingerprint);
+    fprintf(f, ",\"plan\":");
+    json_string(f, p->name);
+    fprintf(f, ",\"kind\":\"measured\",\"rank\":%d,\"standin\":%s,\"step_us\":%.3f},\n\"displayTimeUnit\": \"ms\",\n"
+               "\"traceEvents\": [\n", cp_gpu_rank(g), cp_gpu_is_standin(g) ? "true" : "false", 1e3 * end_ms);
+    fprintf(f, "{\"ph\":\"M\",\"pid\":2,\"tid\":0,\"ts\":0,\"name\":\"process_name\",\"args\":{\"name\":"
+               "\"commplan measured step: %s rank %d\"}}", p->name, cp_gpu_rank(g));
+    for (int s = 0; s < CP_STREAM_COUNT; s++) {
+        fprintf(f, ",\n{\"ph\":\"M\",\"pid\":2,\"tid\":%d,\"ts\":0,\"name\":\"thread_name\",\"args\":{\"name\":"
+                   "\"stream %s\"}}", s + 1, cp_stream_name((cp_stream)s));
+        fprintf(f, ",\n{\"ph\":\"M\",\"pid\":2,\"tid\":%d,\"ts\":0,\"name\":\"thread_sort_index\",\"args\":"
+                   "{\"sort_index\":%d}}", s + 1, s + 1);
+    }
+    for (int i = 0; i < n; i++) {
+        const cp_op *op = &p->ops[i];
+        float t0, t1;
+        if (cudaEventElapsedTime(&t0, ev[2 * n], ev[2 * i]) != cudaSuccess ||
+            cudaEventElapsedTime(&t1, ev[2 * n], ev[2 * i + 1]) != cudaSuccess) goto gpu_fail;
+        double ts = 1e3 * (double)t0, te = 1e3 * (double)t1;
+        if (te < ts) te = ts;
+        char name[320];
+        snprintf(name, sizeof name, "%s %s", cp_op_kind_name(op->kind), p->units[op->unit].name);
+        fprintf(f, ",\n{\"name\":");
+        json_string(f, name);
+        fprintf(f, ",\"cat\":\"measured\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":2,\"tid\":%d,"
+                   "\"args\":{\"seq\":%d,\"unit\":", ts, te - ts, (int)op->stream + 1, i);
+        json_string(f, p->units[op->unit].name);
+        fprintf(f, "}}");
+    }
+    fprintf(f, "\n]}\n");
+    if (fclose(f) != 0) { f = NULL; fprintf(stderr, "commplan: --trace: cannot write %s\n", o->trace_file); goto out; }
+    f = NULL;
+    if (!o->quiet) printf("# --trace: one measured step written to %s\n", o->trace_file);
+    rc = 0;
+    goto out;
+gpu_fail:
+    fprintf(stderr, "commplan: --trace: %s\n", cp_gpu_last_error(g)[0] ? cp_gpu_last_error(g) : "CUDA event failure");
+out:
+    if (f) fclose(f);
+    for (int i = 0; i < made; i++) cudaEventDestroy(ev[i]);
+    free(ev);
+    return rc;
+}
+
 static int step_fn(cp_gpu *g, void *s) { return cp_gpu_step(g, s); }
 static int graph_fn(cp_gpu *g, void *s) { return cp_gpu_graph_launch(g, s); }
 
@@ -236,6 +320,10 @@ static int run_timing(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, 
     for (int i = 0; i < o->warmup; i++)
         if (cp_gpu_step(g, S)) goto fail;
     if (cp_gpu_synchronize(g, S, o->timeout_s)) goto fail;
+    if (o->trace_file) {
+        int t = write_trace(g, p, o, S);
+        if (t) return t;
+    }
     printf("# %s rank %d: %d ops per step, %d units%s\n", p->name, cp_gpu_rank(g), p->nops, p->nunits,
            cp_gpu_is_standin(g) ? "; stand-in: one-rank communicators, GPU times are not the plan's" : "");
     printf("# host: median time to issue one step from an idle GPU; GPU: steps back to back\n");

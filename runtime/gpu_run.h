@@ -14,6 +14,7 @@ typedef struct {
     cp_pattern pattern;
     const char *dump_dir; /* --check --dump: step 0 in the recordings' format */
     int quiet;
+    const char *trace_file; /* --trace: one measured step as Chrome trace events (trace.json's format) */
 } cp_gpu_run_options;
 
 /* Returns 0 on success, 1 on a data mismatch, 2 on an error (message on stderr). */

@@ -29,7 +29,7 @@ static void usage(FILE *f, const cp_plan *p)
 {
     fprintf(f,
             "usage: %s [--simulate [--steps N] [--pattern unique|oracle] [--dump DIR] [--arith gloo|nccl]] [--dry-run]\n"
-            "          [--check [--steps N]] [--warmup N] [--iters N] [--graph] [--timeout S]\n"
+            "          [--check [--steps N]] [--warmup N] [--iters N] [--graph] [--timeout S] [--trace FILE]\n"
             "          [--standin [--rank R]] [--world-size N] [--rank R] [--quiet] [--version] [--help]\n"
             "\n"
             "Plan %s (fingerprint %s): %d ranks, %d units, %d parameters, %d ops per step.\n"
@@ -54,6 +54,8 @@ static void usage(FILE *f, const cp_plan *p)
             "                    communicator, so each collective is issued with the plan's counts but moves only\n"
             "                    this rank's slot; host enqueue and graph-launch times are the plan's\n"
             "  --timeout S       fail instead of hanging when a step takes longer than S seconds (default 300)\n"
+            "  --trace FILE      also write one measured step (after the warmup) as Chrome trace events, a track\n"
+            "                    per stream, in the format of the plan's predicted trace.json (open in Perfetto)\n"
             "  --world-size N    refuse to run unless N equals the plan's world size (default: the launcher's,\n"
             "                    from torchrun $WORLD_SIZE, Open MPI $OMPI_COMM_WORLD_SIZE or Slurm $SLURM_NTASKS)\n"
             "  --rank R          refuse to run unless 0 <= R < world size (default: the launcher's rank)\n"
@@ -95,6 +97,7 @@ int main(int argc, char **argv)
 {
     const cp_plan *p = &CP_PLAN;
     int simulate = 0, dry = 0, quiet = 0, check = 0, graph = 0, standin = 0;
+    const char *trace = NULL;
     long steps = 1, world = -1, rank = -1, warmup = 5, iters = 20, timeout = 300;
     cp_sim_options opt = { .steps = 1, .pattern = CP_PATTERN_UNIQUE };
     for (int i = 1; i < argc; i++) {
@@ -117,6 +120,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--steps")) { if (parse_int(a, next, 1, 1000000, &steps)) return 2; i++; }
         else if (!strcmp(a, "--world-size")) { if (parse_int(a, next, 1, 1L << 30, &world)) return 2; i++; }
         else if (!strcmp(a, "--rank")) { if (parse_int(a, next, 0, 1L << 30, &rank)) return 2; i++; }
+        else if (!strcmp(a, "--trace")) { if (!next) { fprintf(stderr, "commplan: --trace needs a file name\n"); return 2; } trace = next; i++; }
         else if (!strcmp(a, "--dump")) { if (!next) { fprintf(stderr, "commplan: --dump needs a directory\n"); return 2; } opt.dump_dir = next; i++; }
         else if (!strcmp(a, "--arith")) {
             if (next && !strcmp(next, "gloo")) opt.arith = CP_ARITH_GLOO;
@@ -132,6 +136,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "commplan: unknown option '%s'; see --help\n", a);
             return 2;
         }
+    }
+    if (trace && (simulate || dry || check)) {
+        fprintf(stderr, "commplan: --trace records a timed step on the GPU; drop --simulate, --dry-run or --check\n");
+        return 2;
     }
     /* A launcher's world must be the plan's (torchrun, Open MPI or Slurm variables). */
     cp_launch_env env;
@@ -172,10 +180,10 @@ int main(int argc, char **argv)
 #ifdef CP_WITH_GPU
         cp_gpu_run_options go = { .check = check, .graph = graph, .steps = (int)steps, .warmup = (int)warmup,
                                   .iters = (int)iters, .timeout_s = (double)timeout, .pattern = opt.pattern,
-                                  .dump_dir = opt.dump_dir, .quiet = quiet };
+                                  .dump_dir = opt.dump_dir, .quiet = quiet, .trace_file = trace };
         return cp_gpu_run(p, &CP_KERNELS, &env, &go);
 #else
-        (void)check; (void)graph; (void)warmup; (void)iters; (void)timeout;
+        (void)check; (void)graph; (void)warmup; (void)iters; (void)timeout; (void)trace;
         fprintf(stderr, "commplan: this build has no GPU backend (nvcc was not found at build time); "
                         "use --simulate or --dry-run, or rebuild where CUDA is installed\n");
         return 2;

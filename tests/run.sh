@@ -66,6 +66,16 @@ run "generation is deterministic (llama405b twice)" bash -c "
   rm -rf build/det && $LUA gen/commplan.lua plans/llama405b.lua build/det/a &&
   $LUA gen/commplan.lua plans/llama405b.lua build/det/b && diff -r build/det/a build/det/b"
 
+echo "== audit verbs: plan diff and mesh advisor (the Lua suite covers trace.json, the schema and 1M ranks)"
+run "make diff-plan: llama70b against itself with dp_replicate halved" bash -c '
+  mkdir -p build/audit && sed "s/dp_replicate = 16/dp_replicate = 8/" plans/llama70b.lua >build/audit/llama70b.lua &&
+  out=$($1 diff-plan A=plans/llama70b.lua B=build/audit/llama70b.lua) && echo "$out" &&
+  printf "%s" "$out" | grep -qF "dp_replicate: size 16 -> 8"' _ "$MAKE"
+run "make diff-plan REV=HEAD B=plans/fsdp4.lua: the plan against its committed plan.json" $MAKE diff-plan REV=HEAD B=plans/fsdp4.lua
+expect_rc "diff-plan: a revision name with shell syntax exits 2" 2 $LUA gen/verbs.lua diff 'HEAD$(id):plans/x/plan.json' plans/fsdp4.lua
+run "make advise PLAN=llama8b.lua: a ranked table whose top choice is explained" bash -c '
+  out=$($1 advise PLAN=llama8b.lua) && echo "$out" && printf "%s" "$out" | grep -qF "Top choice:"' _ "$MAKE"
+
 echo "== runtime unit tests (cmocka, plain and ASan+UBSan)"
 run "build cmocka tests" $MAKE build/tests/test_runtime build/tests-asan/test_runtime
 run "cmocka runtime tests" build/tests/test_runtime

@@ -49,11 +49,14 @@ end
 function T.plan_json_schema()
   local files = render("plans/hsdp2x2.lua")
   local doc = json.decode(files["plan.json"])
-  H.eq(doc.schema, 1); H.eq(doc.world_size, 4)
+  H.eq(doc.schema, 2); H.eq(doc.world_size, 4)
   H.list_eq(doc.mesh.names, { "dp_replicate", "dp_shard" }, "mesh")
   local fsdp
   for _, g in ipairs(doc.groups) do if g.name == "fsdp" then fsdp = g end end
-  H.list_eq(fsdp.ranks[2], { 2, 3 }, "second fsdp group")
+  -- Closed form: rank = color digits . color strides + key digits . member strides.
+  H.list_eq(fsdp.members.sizes, { 2 }, "fsdp member sizes"); H.list_eq(fsdp.members.strides, { 1 }, "member strides")
+  H.list_eq(fsdp.colors.sizes, { 2 }, "fsdp color sizes"); H.list_eq(fsdp.colors.strides, { 2 }, "color strides")
+  H.list_eq(fsdp.example_ranks.last_group, { 2, 3 }, "second fsdp group")
   local wq = doc.units[2].params[1]
   H.eq(wq.name, "layers.0.p.wq"); H.eq(wq.chunk, 6); H.eq(wq.padded_numel, 72); H.eq(wq.offset, 0)
   H.eq(doc.units[2].slot_numel, 570, "recording's in_numel for a layer on 2 shards")

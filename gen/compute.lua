@@ -1,0 +1,181 @@
+-- The compute side of the audit: the settings the plan gives for it (with
+-- stated defaults), FLOPs per unit and per op, and activation bytes per
+-- unit. Everything is per rank and per micro-step unless named otherwise.
+--
+-- FLOPs (torchtitan's get_num_flop_per_token): a matmul over T tokens with
+-- P weights is 2*P*T forward and 4*P*T backward; Llama's attention adds
+-- 4*s*hd per head and token forward (QK^T and AV), twice that backward.
+-- The root's embedding is a lookup (no FLOPs); its output projection is a
+-- matmul. Generic units: 6*params*tokens, a third forward.
+-- With tensor parallelism the layout is TP-local, so params are already
+-- divided by tp; attention heads are divided here.
+--
+-- Activations (bytes a unit's forward keeps for its backward), Llama layer
+-- with T tokens, dim d, kv = n_kv_heads*head_dim, FFN hidden f, h heads,
+-- e bytes per element of the compute dtype:
+--   none       e*T*(6d + 2kv + 4f) + 4*T*(h + 2)
+--              (norm inputs and outputs, q k v, attention output and its
+--               fp32 logsumexp, w1, silu, w3 and their product; rstd)
+--   selective  torchtitan's op-level SAC: the layer input, every other
+--              matmul's output (wq, wv, w1, w2) and attention's outputs:
+--              e*T*(3d + kv + f) + 4*T*h; backward recomputes wk, wo, w3
+--   full       the layer input e*T*d; backward recomputes the forward
+-- The checkpointed policies also hold one layer's recomputed activations
+-- during its backward. The unit holding the output projection keeps the
+-- final norm's input and output and the logits (e bytes, and fp32 for the
+-- loss): T*(2*e*d + (e + 4)*V); checkpointing wraps the layers only.
+-- With tp > 1 (sequence parallel) every term is divided by tp.
+-- Generic units: activations are not modeled (no dims to derive them).
+local layout = require("gen.layout")
+
+local compute = {}
+
+local ES = layout.DTYPE_BYTES
+
+-- Defaults, each stated in SCHEDULE.md when used.
+compute.DEFAULTS = {
+  local_batch_size = 1, seq_len = 2048, activation_checkpointing = "none", optimizer = "adamw",
+  fp32_master = false, gpu_memory_GB = 80, gpu_TFLOPS = 989, mfu = 0.4, hbm_GBps = 3000,
+}
+
+-- The audit's inputs: plan.training and plan.topology with defaults.
+-- s.defaulted[key] is true where the plan did not set it.
+function compute.settings(p)
+  local tr, topo = p.training or {}, p.topology or {}
+  local s, defaulted = {}, {}
+  local function pick(key, v)
+    if v == nil then v = compute.DEFAULTS[key]; defaulted[key] = true end
+    s[key] = v
+  end
+  pick("local_batch_size", tr.local_batch_size)
+  pick("seq_len", p.model and p.model.seq_len)
+  pick("activation_checkpointing", tr.activation_checkpointing)
+  pick("optimizer", tr.optimizer)
+  pick("fp32_master", tr.fp32_master)
+  pick("gpu_memory_GB", topo.gpu_memory_GB)
+  pick("gpu_TFLOPS", topo.gpu_TFLOPS)
+  pick("mfu", topo.mfu)
+  pick("hbm_GBps", topo.hbm_GBps)
+  s.defaulted = defaulted
+  s.tokens = s.local_batch_size * s.seq_len
+  s.flops_per_us = s.gpu_TFLOPS * 1e6 * s.mfu
+  s.gpu_memory_bytes = s.gpu_memory_GB * 1e9
+  return s
+end
+
+local function numel_of(u, pred)
+  local n = 0
+  for _, q in ipairs(u.params) do
+    if not pred or pred(q) then n = n + q.numel end
+  end
+  return n
+end
+
+local function suffix(name) return (name:gsub("^layers%.%d+%.", "")) end
+
+-- unit index -> { fwd, bwd, recompute } FLOPs per micro-step, and the
+-- activation bytes { saved, transient } the unit holds.
+function compute.units(p, s)
+  local tp = (p.dims and p.dims.tp) or 1
+  local T, seq = s.tokens, s.seq_len
+  local ac = s.activation_checkpointing
+  local cfg = p.model and p.model.family == "llama" and p.model_config or nil
+  local out = {}
+  for _, u in ipairs(p.layout.units) do
+    local e = ES[u.ag_dtype]
+    local r = { fwd = 0, bwd = 0, recompute = 0, saved = 0, transient = 0 }
+    local is_layer = cfg and numel_of(u, function(q) return suffix(q.name) == "attention.wq.weight" end) > 0
+    if is_layer then
+      local heads = cfg.n_heads // tp
+      local P = numel_of(u, function(q) return #q.shape == 2 end)
+      local attn = 4 * T * seq * heads * cfg.head_dim
+      r.fwd = 2 * P * T + attn
+      r.bwd = 2 * r.fwd
+      local d, kv, f = cfg.dim, cfg.n_kv_heads * cfg.head_dim, cfg.hidden
+      local all = (e * T * (6 * d + 2 * kv + 4 * f) + 4 * T * (cfg.n_heads + 2)) / tp
+      if ac == "full" then
+        r.recompute = r.fwd
+        r.saved, r.transient = e * T * d / tp, all
+      elseif ac == "selective" then
+        local again = numel_of(u, function(q)
+          local n = suffix(q.name)
+          return n == "attention.wk.weight" or n == "attention.wo.weight" or n == "feed_forward.w3.weight"
+        end)
+        r.recompute = 2 * again * T
+        r.saved = (e * T * (3 * d + kv + f) + 4 * T * cfg.n_heads) / tp
+        r.transient = all - r.saved
+      else
+        r.saved = all
+      end
+    elseif cfg then
+      -- The embedding (a lookup) and the empty root: no FLOPs; the unit
+      -- holding the output projection: its matmul, the final norm and logits.
+      local P = numel_of(u, function(q) return suffix(q.name) == "output.weight" end)
+      r.fwd = 2 * P * T
+      r.bwd = 2 * r.fwd
+      if P > 0 then r.saved = T * (2 * e * cfg.dim + (e + 4) * cfg.vocab_size) / tp end
+    else
+      local P = numel_of(u)
+      r.fwd = 2 * P * T
+      r.bwd = 2 * r.fwd
+      if ac == "full" and not u.is_root then r.recompute = r.fwd
+      elseif ac == "selective" and not u.is_root then r.recompute = r.fwd / 2 end
+    end
+    out[u.index] = r
+  end
+  return out
+end
+
+-- Peak activation bytes of a micro-step: everything saved by the forward
+-- (the backward frees it unit by unit) plus the largest transient.
+function compute.activation_peak(per_unit)
+  local saved, transient = 0, 0
+  for _, r in pairs(per_unit) do
+    saved = saved + r.saved
+    transient = math.max(transient, r.transient)
+  end
+  return saved + transient, saved, transient
+end
+
+-- Modeled microseconds of each op of the step (collectives excluded: the
+-- timeline takes theirs from gen/cost.lua). Copies move bytes read plus
+-- written at hbm_GBps; compute runs at gpu_TFLOPS * mfu. extra_us (optional,
+-- op seq -> us) adds time to an op: the advisor's TP collectives.
+function compute.op_us(p, s, per_unit, o, extra_us)
+  local u = p.layout.units[o.unit + 1]
+  local W = p.layout.W
+  local k = o.kind
+  local bytes_per_us = s.hbm_GBps * 1e3
+  local us = 0
+  if k == "forward" then us = per_unit[u.index].fwd / s.flops_per_us
+  elseif k == "backward" then
+    local r = per_unit[u.index]
+    us = (r.bwd + r.recompute) / s.flops_per_us
+  elseif k == "copy_in" then us = u.total * (ES[u.orig_dtype] + ES[u.ag_dtype]) / bytes_per_us
+  elseif k == "copy_out" then us = 2 * W * u.total * ES[u.ag_dtype] / bytes_per_us
+  elseif k == "pack" then
+    us = (u.grads_numel * ES[u.ag_dtype] + W * u.total * ES[u.reduce_dtype]) / bytes_per_us
+  elseif k == "view_out" then us = u.total * (ES[u.reduce_dtype] + ES[u.orig_dtype]) / bytes_per_us
+  elseif (k == "all_gather" or k == "reduce_scatter") and not o.group then
+    us = 2 * u.total * ES[o.dtype] / bytes_per_us -- a one-rank group: a local copy
+  end
+  return us + (extra_us and extra_us[o.seq] or 0)
+end
+
+-- FLOPs of one whole step on one rank.
+function compute.step_flops(p, per_unit)
+  local f = 0
+  for _, r in pairs(per_unit) do f = f + r.fwd + r.bwd + r.recompute end
+  return f * p.fsdp.micro_steps
+end
+
+-- Parameters of the model (TP-local numel x tp for a TP plan's face).
+function compute.model_params(p)
+  local n = 0
+  for _, u in ipairs(p.layout.units) do
+    for _, q in ipairs(u.params) do n = n + (q.full_numel or q.numel) end
+  end
+  return n
+end
+
+return compute

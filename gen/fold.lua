@@ -1,0 +1,69 @@
+-- Folding runs of identical rows for SCHEDULE.md: a block of k rows that
+-- repeats for the next unit (unit index +1 or -1 in every row of the
+-- block) is shown once, with its unit ranges (`layers.0-79`).
+local fold = {}
+
+-- items[i] = { sig = string (everything shown but the unit), unit = index }.
+-- Returns runs { first = i, period = k, reps = r } covering items in order;
+-- greedy: at each position the period that covers the most rows.
+function fold.runs(items, max_period)
+  max_period = max_period or 16
+  local out, i, n = {}, 1, #items
+  while i <= n do
+    local best_k, best_r = 1, 1
+    for k = 1, max_period do
+      if i + 2 * k - 1 > n then break end
+      local r, delta = 1, nil
+      while i + (r + 1) * k - 1 <= n do
+        local a, b = i + (r - 1) * k, i + r * k
+        local ok, d0 = true, nil
+        for j = 0, k - 1 do
+          local x, y = items[a + j], items[b + j]
+          if x.sig ~= y.sig or not x.unit or not y.unit then ok = false; break end
+          local d = y.unit - x.unit
+          if d0 == nil then d0 = d elseif d ~= d0 then ok = false; break end
+        end
+        if ok and (d0 == 1 or d0 == -1) and (delta == nil or delta == d0) then
+          delta = d0
+          r = r + 1
+        else
+          break
+        end
+      end
+      if r >= 2 and r * k > best_r * best_k then best_k, best_r = k, r end
+    end
+    out[#out + 1] = { first = i, period = best_k, reps = best_r }
+    i = i + best_k * best_r
+  end
+  return out
+end
+
+-- A unit name's template: its last run of digits replaced by '#'.
+function fold.template(name)
+  local pre, num, post = name:match("^(.-)(%d+)([^%d]*)$")
+  if not pre then return name, nil end
+  return pre .. "#" .. post, tonumber(num)
+end
+
+-- Names of a run of units (in the order met): `layers.0-79` when they
+-- number consecutively under one template, else `first .. last (n units)`.
+function fold.unit_range(names)
+  if #names == 1 then return names[1] end
+  local tpl, a = fold.template(names[1])
+  local _, b = fold.template(names[#names])
+  if a and b and math.abs(b - a) == #names - 1 then
+    local ok = true
+    for i, n in ipairs(names) do
+      local t, v = fold.template(n)
+      if t ~= tpl or v ~= a + (i - 1) * (b >= a and 1 or -1) then ok = false; break end
+    end
+    if ok then
+      local lo, hi = math.min(a, b), math.max(a, b)
+      local range = b >= a and (lo .. "-" .. hi) or (hi .. "-" .. lo)
+      return (tpl:gsub("#", range, 1))
+    end
+  end
+  return string.format("%s .. %s (%d units)", names[1], names[#names], #names)
+end
+
+return fold

@@ -1,0 +1,43 @@
+-- Whole-rank memory: what one GPU holds at the step's peak, and the
+-- verdict against the plan's GPU memory.
+--   params      the sharded parameters (padded chunks, orig dtype: FSDP2
+--               keeps them as the optimizer's weights)
+--   grads       the sharded gradients (orig dtype)
+--   optimizer   AdamW: exp_avg and exp_avg_sq in the parameter's dtype
+--               (torch.optim.AdamW), plus an fp32 master copy when
+--               training.fp32_master is set; SGD (no momentum) and none: 0
+--   comm        the memory plan's arena (every all-gather, unsharded and
+--               reduce-scatter buffer at its generated offset)
+--   activations gen/compute.lua's peak of one micro-step
+local layout = require("gen.layout")
+local compute = require("gen.compute")
+
+local memory = {}
+
+local ES = layout.DTYPE_BYTES
+
+function memory.whole_rank(p, s, per_unit)
+  local params = 0
+  local sharded_numel = 0
+  for _, u in ipairs(p.layout.units) do
+    params = params + u.total * ES[u.orig_dtype]
+    sharded_numel = sharded_numel + u.total
+  end
+  local optimizer = 0
+  if s.optimizer == "adamw" then
+    optimizer = 2 * params
+    if s.fp32_master then optimizer = optimizer + 4 * sharded_numel end
+  end
+  local act, saved, transient = compute.activation_peak(per_unit)
+  local r = {
+    params_bytes = params, grads_bytes = params, optimizer_bytes = optimizer,
+    comm_bytes = p.memory.arena_bytes, activation_bytes = act, activation_saved_bytes = saved,
+    activation_transient_bytes = transient, gpu_bytes = s.gpu_memory_bytes,
+  }
+  r.total_bytes = params + params + optimizer + r.comm_bytes + act
+  r.fits = r.total_bytes <= r.gpu_bytes
+  r.activations_modeled = p.model.family == "llama"
+  return r
+end
+
+return memory

@@ -1,0 +1,376 @@
+-- Plan diff: what a reviewer must know when a plan changes, from two
+-- plan.json documents (a plan file is generated in memory first; a
+-- committed plan at a git revision is read with `git show REV:path`):
+-- world and mesh, groups, bytes per family, memory, predicted and exposed
+-- time, warnings, and the ops and unit layouts added, removed or changed,
+-- with runs of units folded (`layers.0-79`).
+local json = require("gen.json")
+local util = require("gen.util")
+
+local plandiff = {}
+
+local function human(bytes)
+  return require("gen.audit").human(bytes)
+end
+local function us_text(us) return require("gen.audit").us_text(us) end
+
+local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+local function read_file(path)
+  local fh = io.open(path, "rb")
+  if not fh then return nil end
+  local s = fh:read("a")
+  fh:close()
+  return s
+end
+
+local function fail(msg) util.plan_error(msg) end
+
+-- `git show REV:PATH` (REV and PATH checked as text, then quoted).
+local function git_show(rev, path)
+  if not rev:match("^[%w%._/~^@{}%-]+$") or rev:sub(1, 1) == "-" then
+    fail(rev .. ": not a git revision name (letters, digits and . _ / ~ ^ @ { } - only)")
+  end
+  if not path:match("^[%w%._/%+%-]+$") or path:sub(1, 1) == "-" then
+    fail(path .. ": a path in the repository is made of letters, digits and . _ / + - only")
+  end
+  local ph = io.popen("git show " .. sh_quote(rev .. ":" .. path) .. " 2>/dev/null")
+  local out = ph and ph:read("a")
+  local ok = ph and ph:close()
+  if not ok or not out or out == "" then
+    fail(string.format("%s:%s: git show found nothing; commit the plan's generated output or name another revision",
+      rev, path))
+  end
+  return out
+end
+
+-- A plan.json document from a plan file's source (generated in memory).
+function plandiff.doc_from_source(src, path)
+  local plan = require("gen.plan")
+  local audit = require("gen.audit")
+  local p = plan.from_source(src, path)
+  p.source_file = path
+  return json.decode(audit.json(p, audit.fingerprint(p)))
+end
+
+-- spec: PLAN.lua, plan.json, or REV:path (either kind) -> doc, label.
+function plandiff.load(spec)
+  local src = read_file(spec)
+  local path = spec
+  if not src then
+    local rev
+    rev, path = spec:match("^([^:]+):(.+)$")
+    if not rev then fail(spec .. ": no such file; give a plan file, a plan.json or REV:plans/<name>/plan.json") end
+    src = git_show(rev, path)
+  end
+  if path:match("%.lua$") then return plandiff.doc_from_source(src, path), spec end
+  local ok, doc = pcall(json.decode, src)
+  if not ok or type(doc) ~= "table" or not doc.ops then fail(spec .. ": not a commplan plan.json") end
+  if doc.schema ~= 2 then
+    fail(string.format("%s: plan.json schema %s; this diff reads schema 2 (regenerate it: make regen-all)",
+      spec, tostring(doc.schema)))
+  end
+  return doc, spec
+end
+
+-- ---- text helpers ----
+
+local function pct(a, b)
+  if a == b then return "" end
+  if a == 0 then return " (new)" end
+  return string.format(" (%+.1f%%)", 100 * (b - a) / a)
+end
+
+local function arrow(a, b, fmt)
+  fmt = fmt or tostring
+  if a == b then return fmt(a) end
+  return fmt(a) .. " -> " .. fmt(b)
+end
+
+-- Unit names folded: `layers.0-3, 5, root`.
+function plandiff.names_text(names)
+  local by_tpl, order, plain = {}, {}, {}
+  for _, n in ipairs(names) do
+    local pre, num, post = n:match("^(.-)(%d+)([^%d]*)$")
+    if pre then
+      local tpl = pre .. "#" .. post
+      if not by_tpl[tpl] then by_tpl[tpl] = {}; order[#order + 1] = tpl end
+      table.insert(by_tpl[tpl], tonumber(num))
+    else
+      plain[#plain + 1] = n
+    end
+  end
+  local out = {}
+  for _, tpl in ipairs(order) do
+    local nums = by_tpl[tpl]
+    table.sort(nums)
+    local parts, i = {}, 1
+    while i <= #nums do
+      local j = i
+      while j < #nums and nums[j + 1] == nums[j] + 1 do j = j + 1 end
+      parts[#parts + 1] = i == j and tostring(nums[i]) or (nums[i] .. "-" .. nums[j])
+      i = j + 1
+    end
+    out[#out + 1] = (tpl:gsub("#", table.concat(parts, ","), 1))
+  end
+  for _, n in ipairs(plain) do out[#out + 1] = n end
+  return table.concat(out, ", ")
+end
+
+local function mesh_text(doc)
+  local t = {}
+  for i, n in ipairs(doc.mesh.names) do t[#t + 1] = n .. "=" .. doc.mesh.sizes[i] end
+  return table.concat(t, " x ")
+end
+
+local function by_key(list, key)
+  local t = {}
+  for _, x in ipairs(list or {}) do t[x[key]] = x end
+  return t
+end
+
+local function keys_union(a, b, order_a, order_b)
+  local seen, out = {}, {}
+  for _, list in ipairs({ order_a, order_b }) do
+    for _, k in ipairs(list) do
+      if not seen[k] and (a[k] or b[k]) then seen[k] = true; out[#out + 1] = k end
+    end
+  end
+  return out
+end
+
+local function names_of(list, key)
+  local t = {}
+  for _, x in ipairs(list or {}) do t[#t + 1] = x[key] end
+  return t
+end
+
+local function scalar_diffs(a, b, keys)
+  local out = {}
+  for _, k in ipairs(keys) do
+    local x, y = a and a[k], b and b[k]
+    if x == json.null then x = nil end
+    if y == json.null then y = nil end
+    if x ~= y then out[#out + 1] = string.format("%s %s -> %s", k, tostring(x), tostring(y)) end
+  end
+  return out
+end
+
+local function sorted_keys_of(...)
+  local seen, out = {}, {}
+  for i = 1, select("#", ...) do
+    local t = select(i, ...)
+    for k in pairs(t or {}) do if not seen[k] then seen[k] = true; out[#out + 1] = k end end
+  end
+  table.sort(out)
+  return out
+end
+
+-- ---- the comparison ----
+
+function plandiff.compare(a, b, la, lb)
+  local L = {}
+  local function w(fmt, ...) L[#L + 1] = select("#", ...) > 0 and string.format(fmt, ...) or fmt end
+  w("plan diff: %s -> %s", la or a.plan, lb or b.plan)
+  if a.fingerprint == b.fingerprint then
+    w("fingerprint %s: the same tables (audit figures may differ)", a.fingerprint)
+  else
+    w("fingerprint %s -> %s: every rank must run the new tables", a.fingerprint, b.fingerprint)
+  end
+  w("world %s; mesh %s", arrow(a.world_size, b.world_size), arrow(mesh_text(a), mesh_text(b)))
+  -- Settings that changed.
+  local changed = {}
+  for _, sec in ipairs({ "parallel", "fsdp", "topology" }) do
+    for _, d in ipairs(scalar_diffs(a[sec], b[sec], sorted_keys_of(a[sec], b[sec]))) do
+      changed[#changed + 1] = sec .. "." .. d
+    end
+  end
+  local sa, sb = a.audit and a.audit.settings, b.audit and b.audit.settings
+  for _, d in ipairs(scalar_diffs(sa, sb, sorted_keys_of(sa, sb))) do changed[#changed + 1] = d end
+  if #changed > 0 then w("settings: %s", table.concat(changed, "; ")) end
+  -- Groups.
+  w("")
+  w("groups:")
+  local ga, gb = by_key(a.groups, "name"), by_key(b.groups, "name")
+  local ng = 0
+  for _, name in ipairs(keys_union(ga, gb, names_of(a.groups, "name"), names_of(b.groups, "name"))) do
+    local x, y = ga[name], gb[name]
+    if not x then
+      w("  + %s: %d ranks x %d groups, %s", name, y.size, y.count, y.intra_node and "intra-node" or
+        (y.nodes_per_group .. " nodes per group")); ng = ng + 1
+    elseif not y then
+      w("  - %s (was %d ranks x %d groups)", name, x.size, x.count); ng = ng + 1
+    elseif x.size ~= y.size or x.count ~= y.count or x.nodes_per_group ~= y.nodes_per_group
+        or x.intra_node ~= y.intra_node then
+      w("  %s: size %s, groups %s, nodes per group %s%s", name, arrow(x.size, y.size), arrow(x.count, y.count),
+        arrow(x.nodes_per_group, y.nodes_per_group),
+        x.intra_node ~= y.intra_node and (y.intra_node and "; now intra-node" or "; now crosses nodes") or "")
+      ng = ng + 1
+    end
+  end
+  if ng == 0 then w("  unchanged") end
+  -- Bytes per family.
+  w("")
+  w("per rank per step (buffer bytes, wire bytes, predicted serialized):")
+  local fa, fb = by_key(a.per_rank_per_step.by_group, "group"), by_key(b.per_rank_per_step.by_group, "group")
+  for _, name in ipairs(keys_union(fa, fb, names_of(a.per_rank_per_step.by_group, "group"),
+                                   names_of(b.per_rank_per_step.by_group, "group"))) do
+    local x = fa[name] or { ops = 0, size_bytes = 0, wire_bytes = 0, predicted_us = 0 }
+    local y = fb[name] or { ops = 0, size_bytes = 0, wire_bytes = 0, predicted_us = 0 }
+    w("  %s: %s ops; %s -> %s%s; wire %s -> %s; %s -> %s%s", name, arrow(x.ops, y.ops), human(x.size_bytes),
+      human(y.size_bytes), pct(x.size_bytes, y.size_bytes), human(x.wire_bytes), human(y.wire_bytes),
+      us_text(x.predicted_us), us_text(y.predicted_us), pct(x.predicted_us, y.predicted_us))
+  end
+  -- Memory and time.
+  local ma, mb = a.audit and a.audit.memory, b.audit and b.audit.memory
+  if ma and mb then
+    w("")
+    w("memory per rank:")
+    for _, k in ipairs({ "params_bytes", "grads_bytes", "optimizer_bytes", "comm_bytes", "activation_bytes" }) do
+      if ma[k] ~= mb[k] then
+        w("  %s: %s -> %s%s", k:gsub("_bytes$", ""), human(ma[k]), human(mb[k]), pct(ma[k], mb[k]))
+      end
+    end
+    w("  total: %s -> %s%s of %s; %s", human(ma.total_bytes), human(mb.total_bytes), pct(ma.total_bytes, mb.total_bytes),
+      human(mb.gpu_bytes), arrow(ma.fits and "fits" or "DOES NOT FIT", mb.fits and "fits" or "DOES NOT FIT"))
+  end
+  local ta, tb = a.audit and a.audit.timeline, b.audit and b.audit.timeline
+  if ta and tb then
+    w("")
+    w("time per step:")
+    for _, k in ipairs({ { "step_us", "step" }, { "compute_us", "compute" }, { "comm_serial_us", "communication serialized" },
+                         { "exposed_comm_us", "communication exposed" } }) do
+      w("  %s: %s -> %s%s", k[2], us_text(ta[k[1]]), us_text(tb[k[1]]), pct(ta[k[1]], tb[k[1]]))
+    end
+  end
+  -- Ops.
+  w("")
+  plandiff.ops_diff(a, b, w)
+  plandiff.units_diff(a, b, w)
+  -- Warnings.
+  local wa, wb = {}, {}
+  for _, s in ipairs(a.audit and a.audit.warnings or {}) do wa[s] = true end
+  for _, s in ipairs(b.audit and b.audit.warnings or {}) do wb[s] = true end
+  local nw = 0
+  for _, s in ipairs(a.audit and a.audit.warnings or {}) do
+    if not wb[s] then
+      if nw == 0 then w(""); w("warnings:") end
+      w("  - %s", s); nw = nw + 1
+    end
+  end
+  for _, s in ipairs(b.audit and b.audit.warnings or {}) do
+    if not wa[s] then
+      if nw == 0 then w(""); w("warnings:") end
+      w("  + %s", s); nw = nw + 1
+    end
+  end
+  return table.concat(L, "\n") .. "\n"
+end
+
+-- Ops matched by (kind, unit, phase, micro_step, group): added, removed,
+-- and matched ops whose size, stream or group changed, folded by units.
+function plandiff.ops_diff(a, b, w)
+  local function key(o) return table.concat({ o.kind, o.phase, o.micro_step, o.unit }, "|") end
+  local ia = {}
+  for _, o in ipairs(a.ops) do
+    local k = key(o)
+    ia[k] = ia[k] or {}
+    table.insert(ia[k], o)
+  end
+  local added, changes, order = {}, {}, {}
+  local used = {}
+  for _, o in ipairs(b.ops) do
+    local k = key(o)
+    local list = ia[k]
+    local x = list and table.remove(list, 1)
+    if not x then
+      local g = o.kind .. " (" .. o.phase .. ")"
+      if not added[g] then added[g] = {}; order[#order + 1] = "+" .. g end
+      table.insert(added[g], o.unit)
+    else
+      used[x] = true
+      local diffs = {}
+      local function cmp(field, fmt)
+        local p, q = x[field], o[field]
+        if p == json.null then p = nil end
+        if q == json.null then q = nil end
+        if p ~= q then diffs[#diffs + 1] = field .. " " .. (fmt and p and fmt(p) or tostring(p)) .. " -> "
+          .. (fmt and q and fmt(q) or tostring(q)) end
+      end
+      cmp("group"); cmp("stream"); cmp("dtype"); cmp("count"); cmp("size_bytes", human)
+      if #diffs > 0 then
+        local g = o.kind .. " (" .. o.phase .. "): " .. table.concat(diffs, ", ")
+        if not changes[g] then changes[g] = {}; order[#order + 1] = "~" .. g end
+        table.insert(changes[g], o.unit)
+      end
+    end
+  end
+  local removed = {}
+  for _, o in ipairs(a.ops) do
+    if not used[o] then
+      local g = o.kind .. " (" .. o.phase .. ")"
+      if not removed[g] then removed[g] = {}; order[#order + 1] = "-" .. g end
+      table.insert(removed[g], o.unit)
+    end
+  end
+  -- Matched ops present in both but reordered or re-waited are counted.
+  local wa, wb = 0, 0
+  for _, o in ipairs(a.ops) do wa = wa + #(o.waits_for or {}) end
+  for _, o in ipairs(b.ops) do wb = wb + #(o.waits_for or {}) end
+  w("ops: %s; event waits %s", arrow(#a.ops, #b.ops), arrow(wa, wb))
+  if #order == 0 then w("  no op added, removed or resized") end
+  for _, g in ipairs(order) do
+    local sign, name = g:sub(1, 1), g:sub(2)
+    local units = sign == "+" and added[name] or sign == "-" and removed[name] or changes[name]
+    w("  %s %s x%d: %s", sign == "~" and "changed" or (sign == "+" and "added" or "removed"), name, #units,
+      plandiff.names_text(units))
+  end
+end
+
+-- Units: added or removed, and layout changes (slot numel, params'
+-- shapes, padding), folded by units that change alike.
+function plandiff.units_diff(a, b, w)
+  local ua, ub = by_key(a.units, "name"), by_key(b.units, "name")
+  local groups, order = {}, {}
+  local function note(text, unit)
+    if not groups[text] then groups[text] = {}; order[#order + 1] = text end
+    table.insert(groups[text], unit)
+  end
+  for _, name in ipairs(keys_union(ua, ub, names_of(a.units, "name"), names_of(b.units, "name"))) do
+    local x, y = ua[name], ub[name]
+    if not x then note("added", name)
+    elseif not y then note("removed", name)
+    else
+      local parts = {}
+      if x.slot_numel ~= y.slot_numel then
+        parts[#parts + 1] = string.format("slot %d -> %d elements per rank", x.slot_numel, y.slot_numel)
+      end
+      for _, f in ipairs({ "ag_dtype", "reduce_dtype", "rs_op", "ar_op", "reshard_after_forward", "vec_ok" }) do
+        if x[f] ~= y[f] then parts[#parts + 1] = string.format("%s %s -> %s", f, tostring(x[f]), tostring(y[f])) end
+      end
+      local pa, pb = by_key(x.params, "name"), by_key(y.params, "name")
+      local shape_changes = 0
+      for pname, q in pairs(pb) do
+        local r = pa[pname]
+        if not r or table.concat(r.shape, "x") ~= table.concat(q.shape, "x") then shape_changes = shape_changes + 1 end
+      end
+      for pname in pairs(pa) do if not pb[pname] then shape_changes = shape_changes + 1 end end
+      if shape_changes > 0 then parts[#parts + 1] = shape_changes .. " parameter(s) added, removed or reshaped" end
+      local pad_a, pad_b = 0, 0
+      local Wa = a.parallel.dp_shard
+      local Wb = b.parallel.dp_shard
+      for _, q in ipairs(x.params) do pad_a = pad_a + Wa * q.padded_numel - q.numel end
+      for _, q in ipairs(y.params) do pad_b = pad_b + Wb * q.padded_numel - q.numel end
+      if pad_a ~= pad_b then parts[#parts + 1] = string.format("padding %d -> %d elements", pad_a, pad_b) end
+      if #parts > 0 then note(table.concat(parts, "; "), name) end
+    end
+  end
+  if #order == 0 then
+    w("units: layouts unchanged")
+    return
+  end
+  w("units:")
+  for _, text in ipairs(order) do w("  %s: %s", plandiff.names_text(groups[text]), text) end
+end
+
+return plandiff

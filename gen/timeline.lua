@@ -1,0 +1,226 @@
+-- The predicted step timeline: every op of the schedule on its stream, in
+-- stream order, starting when its stream is free and every op it waits for
+-- (plan.json ops[].waits_for: data dependencies and arena reuse) has
+-- finished: the executor's own ordering, nothing else. Durations: compute
+-- and copies from gen/compute.lua, collectives from gen/cost.lua's
+-- alpha-beta prediction. Collectives that run at the same time on the same
+-- link class (intra-node or inter-node) share its bandwidth equally (each
+-- progresses at 1/n of its rate while n run): FSDP's all-gathers and
+-- reduce-scatters and HSDP's all-reduce contend for the same NICs.
+--
+-- Results: each op's start and finish, the step time, the compute stream's
+-- busy time, exposed communication (step time minus the compute stream's
+-- busy time: the compute stream idles waiting for communication, or the
+-- step ends with communication after the last compute), which collective
+-- each idle interval waited for, and the critical path.
+local opkinds = require("gen.opkinds")
+local compute = require("gen.compute")
+
+local timeline = {}
+
+local EPS = 1e-9
+
+-- p: the plan; s: compute.settings; per_unit: compute.units;
+-- opts.extra_us: op seq -> added microseconds (optional).
+function timeline.build(p, s, per_unit, opts)
+  opts = opts or {}
+  local ops, waits = p.ops, p.arena.waits
+  local by_seq, lists = {}, {}
+  for _, name in ipairs(opkinds.STREAMS) do lists[name] = {} end
+  for _, o in ipairs(ops) do
+    by_seq[o.seq] = o
+    local l = lists[o.stream]
+    l[#l + 1] = o.seq
+  end
+  -- Full checkpointing re-runs each layer's forward in its backward, TP's
+  -- activation collectives (on the compute stream) included.
+  local recompute_tp = {}
+  if s.activation_checkpointing == "full" then
+    for _, o in ipairs(ops) do
+      if o.group and o.stream == "compute" and o.phase == "forward" then
+        local k = o.unit .. "/" .. o.micro_step
+        local acc = recompute_tp[k] or { us = 0, seq = o.seq }
+        acc.us = acc.us + (o.predicted_us or 0)
+        recompute_tp[k] = acc
+      end
+    end
+  end
+  local info = {}
+  for _, o in ipairs(ops) do
+    local r = { seq = o.seq, stream = o.stream }
+    if o.group then
+      r.work = o.predicted_us or 0
+      r.link = o.intra_node and "intra" or "inter"
+    else
+      r.fixed = compute.op_us(p, s, per_unit, o, opts.extra_us)
+      local again = o.kind == "backward" and recompute_tp[o.unit .. "/" .. o.micro_step]
+      if again then
+        r.fixed = r.fixed + again.us
+        r.extra_comm, r.extra_key = again.us, again.seq
+      end
+    end
+    r.nominal = r.work or r.fixed
+    info[o.seq] = r
+  end
+  local pos, busy, prev = {}, {}, {}
+  for _, name in ipairs(opkinds.STREAMS) do pos[name] = 1 end
+  local active, t, finished = {}, 0, 0
+  local function deps_of(seq)
+    local d = {}
+    if prev[seq] then d[#d + 1] = prev[seq] end
+    for _, w in ipairs(waits[seq] or {}) do d[#d + 1] = w end
+    return d
+  end
+  local function finish(r)
+    r.finish = t
+    r.dur = t - r.start
+    busy[r.stream] = nil
+    finished = finished + 1
+  end
+  local function start_ready()
+    local progress = true
+    while progress do
+      progress = false
+      for _, name in ipairs(opkinds.STREAMS) do
+        local l = lists[name]
+        if not busy[name] and pos[name] <= #l then
+          local seq = l[pos[name]]
+          if pos[name] > 1 then prev[seq] = l[pos[name] - 1] end
+          local ok, bind, bind_end = true, nil, -1
+          for _, dseq in ipairs(deps_of(seq)) do
+            local dr = info[dseq]
+            if not dr.finish then ok = false; break end
+            if dr.finish > bind_end + EPS or (math.abs(dr.finish - bind_end) <= EPS and dseq > bind) then
+              bind, bind_end = dseq, dr.finish
+            end
+          end
+          if ok then
+            local r = info[seq]
+            r.start, r.bind = t, bind
+            pos[name] = pos[name] + 1
+            busy[name] = r
+            if r.fixed then
+              r.finish_at = t + r.fixed
+              if r.fixed <= EPS then finish(r) end
+            else
+              r.remaining = r.work
+              if r.work <= EPS then finish(r) end
+            end
+            if not r.finish then active[#active + 1] = r end
+            progress = true
+          end
+        end
+      end
+    end
+  end
+  while true do
+    start_ready()
+    if #active == 0 then break end
+    local sharing = { intra = 0, inter = 0 }
+    for _, r in ipairs(active) do
+      if r.link then sharing[r.link] = sharing[r.link] + 1 end
+    end
+    local tf = math.huge
+    for _, r in ipairs(active) do
+      local f = r.fixed and r.finish_at or (t + r.remaining * sharing[r.link])
+      if f < tf then tf = f end
+    end
+    local dt = tf - t
+    for _, r in ipairs(active) do
+      if r.link then r.remaining = r.remaining - dt / sharing[r.link] end
+    end
+    t = tf
+    local still = {}
+    for _, r in ipairs(active) do
+      if (r.fixed and r.finish_at <= t + EPS) or (r.link and r.remaining <= EPS * math.max(1, r.work)) then
+        finish(r)
+      else
+        still[#still + 1] = r
+      end
+    end
+    active = still
+  end
+  if finished ~= #ops then
+    error(string.format("internal: the predicted timeline stalls after %d of %d ops", finished, #ops), 0)
+  end
+  return timeline.summarize(p, info, by_seq)
+end
+
+function timeline.summarize(p, info, by_seq)
+  local ops = p.ops
+  local step, last = 0, nil
+  for _, o in ipairs(ops) do
+    local r = info[o.seq]
+    if r.finish > step + EPS or (last and math.abs(r.finish - step) <= EPS and o.seq > last) then
+      step, last = r.finish, o.seq
+    end
+  end
+  -- Compute stream: busy time, idle intervals and who they waited for.
+  local busy, comm_serial = 0, 0
+  local exposed_by, waiter = {}, {}
+  local function blame(seq, us, waiting)
+    -- Walk the binding dependencies back to the collective that held it.
+    local cur = seq
+    while cur do
+      local o = by_seq[cur]
+      if o.group or o.stream == "compute" then break end
+      cur = info[cur].bind
+    end
+    local key = (cur and by_seq[cur].group) and cur or -1
+    exposed_by[key] = (exposed_by[key] or 0) + us
+    if key >= 0 and not waiter[key] then waiter[key] = { op = waiting, via = seq } end
+  end
+  local cend = 0
+  for _, o in ipairs(ops) do
+    local r = info[o.seq]
+    if o.group then comm_serial = comm_serial + r.nominal end
+    if o.stream == "compute" then
+      -- A collective on the compute stream (TP's) is exposed by nature.
+      if o.group then exposed_by[o.seq] = (exposed_by[o.seq] or 0) + r.dur else busy = busy + r.dur end
+      if r.extra_comm then
+        busy = busy - r.extra_comm
+        exposed_by[r.extra_key] = (exposed_by[r.extra_key] or 0) + r.extra_comm
+      end
+      if r.start > cend + EPS then blame(r.bind, r.start - cend, o.seq) end
+      cend = math.max(cend, r.finish)
+    end
+  end
+  -- Critical path: from the last op back along binding dependencies.
+  local path = {}
+  local cur = last
+  while cur do
+    table.insert(path, 1, cur)
+    cur = info[cur].bind
+  end
+  -- The tail after the compute stream's last op belongs to the path's
+  -- collectives that run after it.
+  if step > cend + EPS then
+    for _, seq in ipairs(path) do
+      local r = info[seq]
+      if by_seq[seq].group and r.finish > cend then
+        local part = r.finish - math.max(r.start, cend)
+        exposed_by[seq] = (exposed_by[seq] or 0) + part
+      end
+    end
+    -- Non-collective ops in the tail (a view-out): their own time.
+    local covered = 0
+    for _, us in pairs(exposed_by) do covered = covered + us end
+    local rest = (step - busy) - covered
+    if rest > EPS then exposed_by[-1] = (exposed_by[-1] or 0) + rest end
+  end
+  return { ops = info, step_us = step, compute_busy_us = busy, exposed_us = step - busy,
+           comm_serial_us = comm_serial, exposed_by = exposed_by, waiter = waiter, critical = path, compute_end_us = cend }
+end
+
+-- Everything the audit shows, from the plan: settings, per-unit compute,
+-- memory and the timeline.
+function timeline.audit(p, opts)
+  local s = compute.settings(p)
+  local per_unit = compute.units(p, s)
+  local tl = timeline.build(p, s, per_unit, opts)
+  local mem = require("gen.memory").whole_rank(p, s, per_unit)
+  return { settings = s, per_unit = per_unit, timeline = tl, memory = mem,
+           step_flops = compute.step_flops(p, per_unit) }
+end
+
+return timeline

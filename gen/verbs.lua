@@ -1,0 +1,83 @@
+-- commplan's audit verbs, beside the generator CLI:
+--   lua5.4 gen/verbs.lua diff A B
+--       A and B: a plan file (generated in memory), a plan.json, or
+--       REV:path (git show), e.g. HEAD:plans/llama70b/plan.json
+--   lua5.4 gen/verbs.lua diff --rev REV plans/<name>.lua
+--       the plan file against its plan.json committed at REV
+--   lua5.4 gen/verbs.lua advise PLAN.lua [--world-size N] [--gpus-per-node G] [--global-batch B] [--top K]
+--       rank the meshes ParallelDims accepts for PLAN's model on N GPUs
+-- gen/commplan.lua dispatches `diff` and `advise` here when it knows them
+-- (verbs.main(argv)). Errors: one line on stderr, exit 2.
+local script_dir = arg and arg[0] and arg[0]:match("^(.*)/gen/[^/]*$") or "."
+package.path = script_dir .. "/?.lua;" .. package.path
+
+local util = require("gen.util")
+
+local verbs = {}
+
+verbs.USAGE = "usage: lua5.4 gen/verbs.lua diff A B | diff --rev REV PLAN.lua\n"
+  .. "       lua5.4 gen/verbs.lua advise PLAN.lua [--world-size N] [--gpus-per-node G] [--global-batch B] [--top K]\n"
+
+local function int_arg(v, name)
+  local n = v and v:match("^%d+$") and tonumber(v)
+  if not n or n < 1 or n > (1 << 30) then
+    util.plan_error(string.format("%s: expects a positive integer, got %s", name, tostring(v)))
+  end
+  return n
+end
+
+function verbs.main(argv)
+  local verb = argv[1]
+  if verb == "diff" then
+    local sa, sb = argv[2], argv[3]
+    if sa == "--rev" and #argv == 4 then
+      -- The plan against its generated output committed at a revision.
+      local name = argv[4]:match("([%w_]+)%.lua$")
+      if not name then util.plan_error(argv[4] .. ": --rev compares a plan file (plans/<name>.lua)") end
+      sa, sb = argv[3] .. ":plans/" .. name .. "/plan.json", argv[4]
+    elseif #argv ~= 3 then
+      io.stderr:write(verbs.USAGE)
+      return 2
+    end
+    local plandiff = require("gen.plandiff")
+    local a, la = plandiff.load(sa)
+    local b, lb = plandiff.load(sb)
+    io.stdout:write(plandiff.compare(a, b, la, lb))
+    return 0
+  elseif verb == "advise" then
+    local opts, path = {}, nil
+    local i = 2
+    while i <= #argv do
+      local x = argv[i]
+      if x == "--world-size" then opts.world_size = int_arg(argv[i + 1], x); i = i + 2
+      elseif x == "--gpus-per-node" then opts.gpus_per_node = int_arg(argv[i + 1], x); i = i + 2
+      elseif x == "--top" then opts.top = int_arg(argv[i + 1], x); i = i + 2
+      elseif x == "--global-batch" then opts.global_batch = int_arg(argv[i + 1], x); i = i + 2
+      elseif x:sub(1, 2) == "--" or path then io.stderr:write(verbs.USAGE); return 2
+      else path = x; i = i + 1 end
+    end
+    if not path then io.stderr:write(verbs.USAGE); return 2 end
+    local fh = io.open(path, "rb")
+    if not fh then util.plan_error(path .. ": cannot read plan file; check the path (plans/<name>.lua)") end
+    local src = fh:read("a")
+    fh:close()
+    io.stdout:write(require("gen.advisor").report(src, path, opts))
+    return 0
+  end
+  io.stderr:write(verbs.USAGE)
+  return 2
+end
+
+-- Run as a script (not when required by gen/commplan.lua).
+if arg and arg[0] and arg[0]:match("verbs%.lua$") then
+  local ok, rc = pcall(verbs.main, arg)
+  if not ok then
+    local msg = util.is_plan_error(rc) and tostring(rc.msg or rc)
+      or ("commplan: internal error: " .. tostring(rc):gsub("\n.*", ""))
+    io.stderr:write(msg .. "\n")
+    rc = 2
+  end
+  os.exit(rc)
+end
+
+return verbs

@@ -1,0 +1,367 @@
+-- The audit: closed-form groups, plan.json against its JSON Schema and
+-- independent of the world's size, SCHEDULE.md summary first and folded
+-- (a mesh change reads as a short diff), the predicted timeline and its
+-- Chrome trace, whole-rank memory, FLOPs, the plan diff and the advisor.
+local H = require("helpers")
+local plan = require("gen.plan")
+local audit = require("gen.audit")
+local json = require("gen.json")
+local dims = require("gen.dims")
+local groups = require("gen.groups")
+local jsonschema = require("gen.jsonschema")
+local trace = require("gen.trace")
+local compute = require("gen.compute")
+local fold = require("gen.fold")
+local plandiff = require("gen.plandiff")
+local T = {}
+
+local function read(path)
+  local fh = assert(io.open(path, "rb"))
+  local s = fh:read("a")
+  fh:close()
+  return s
+end
+
+local function write(path, s)
+  local fh = assert(io.open(path, "wb"))
+  fh:write(s)
+  fh:close()
+end
+
+local function plan_files()
+  local ph = io.popen("ls plans/*.lua")
+  local out = {}
+  for line in ph:lines() do out[#out + 1] = line end
+  ph:close()
+  return out
+end
+
+local function gen(src, path)
+  local p = plan.from_source(src, path)
+  local fp = audit.fingerprint(p)
+  return p, fp
+end
+
+-- The enumeration the closed form replaced: every rank's coordinates.
+local function brute_groups(mesh, axis_names)
+  local in_family = {}
+  for _, n in ipairs(axis_names) do in_family[mesh.index[n]] = true end
+  local inst = {}
+  for rank = 0, mesh.world_size - 1 do
+    local c = dims.coords(mesh, rank)
+    local color, key = 0, 0
+    for i = 1, #mesh.sizes do
+      if in_family[i] then key = key * mesh.sizes[i] + c[i] else color = color * mesh.sizes[i] + c[i] end
+    end
+    inst[color + 1] = inst[color + 1] or {}
+    inst[color + 1][key + 1] = rank
+  end
+  return inst
+end
+
+local MESHES = {
+  { { dp_replicate = 2, dp_shard = 3, cp = 2, tp = 2 }, 24 },
+  { { dp_replicate = 4, dp_shard = 2, tp = 2 }, 16 },
+  { { dp_shard = 6, tp = 4 }, 24 },
+  { { dp_replicate = 3, dp_shard = 5 }, 15 },
+  { { dp_shard = 1 }, 1 },
+}
+
+function T.closed_form_groups_match_enumeration()
+  for _, m in ipairs(MESHES) do
+    local mesh = dims.mesh(dims.infer(nil, m[1], m[2]))
+    local fams = groups.build(mesh)
+    for _, f in ipairs(fams.list) do
+      local want = brute_groups(mesh, f.axis_names)
+      H.eq(f.count, #want, f.name .. " count")
+      for c = 0, f.count - 1 do
+        H.list_eq(groups.members(f, c), want[c + 1], f.name .. " group " .. c)
+        for k = 0, f.size - 1 do H.eq(groups.rank(f, c, k), want[c + 1][k + 1], f.name .. " rank") end
+      end
+      H.list_eq(f.instances[f.count], want[f.count], f.name .. " instances (lazy)")
+    end
+  end
+end
+
+function T.intra_node_and_nodes_in_closed_form()
+  for _, m in ipairs(MESHES) do
+    local mesh = dims.mesh(dims.infer(nil, m[1], m[2]))
+    for _, f in ipairs(groups.build(mesh).list) do
+      local want = brute_groups(mesh, f.axis_names)
+      for _, g in ipairs({ 1, 2, 3, 4, 5, 6, 8, 12, 16 }) do
+        local intra, nodes = true, 0
+        for _, inst in ipairs(want) do
+          local seen, n = {}, 0
+          for _, r in ipairs(inst) do
+            if not seen[r // g] then seen[r // g] = true; n = n + 1 end
+          end
+          if n > 1 then intra = false end
+          nodes = math.max(nodes, n)
+        end
+        H.eq(groups.intra_node(f, g), intra, string.format("%s intra_node(%d)", f.name, g))
+        local got = groups.nodes_spanned(f, g)
+        assert(got >= nodes and got <= f.size, string.format("%s nodes_spanned(%d) = %d, groups span %d",
+          f.name, g, got, nodes))
+      end
+    end
+  end
+end
+
+local SCHEMA
+local function schema()
+  SCHEMA = SCHEMA or json.decode(read("docs/plan-json.schema.json"))
+  return SCHEMA
+end
+
+function T.every_plan_json_matches_the_schema()
+  for _, path in ipairs(plan_files()) do
+    local p, fp = gen(read(path), path)
+    local doc = json.decode(audit.json(p, fp))
+    local err = jsonschema.validate(doc, schema())
+    if err then error(path .. ": " .. err) end
+  end
+end
+
+function T.schema_refuses_what_it_must()
+  local p, fp = gen(read("plans/hsdp2x2.lua"), "plans/hsdp2x2.lua")
+  local text = audit.json(p, fp)
+  H.eq(jsonschema.validate(json.decode(text), schema()), nil, "good doc")
+  local cases = {
+    { function(d) d.ops = nil end, "required property \"ops\"" },
+    { function(d) d.schema = 1 end, "constant" },
+    { function(d) d.extra = 1 end, "not in the schema" },
+    { function(d) d.world_size = "4" end, "not of type integer" },
+    { function(d) d.groups[1].example_ranks.first_group = { 0, 1, 2, 3, 4 } end, "maxItems" },
+    { function(d) d.ops[1].kind = "broadcast" end, "enum" },
+    { function(d) d.units[1].arena.ag.offset = -1 end, "minimum" },
+    { function(d) d.audit.memory.fits = nil end, "fits" },
+  }
+  for i, c in ipairs(cases) do
+    local d = json.decode(text)
+    c[1](d)
+    local err = jsonschema.validate(d, schema())
+    assert(err and err:find(c[2], 1, true), string.format("case %d: want %q, got %s", i, c[2], tostring(err)))
+  end
+end
+
+-- llama70b with the world (and dp_replicate) scaled by `factor`.
+local function scaled_70b(factor)
+  local src = read("plans/llama70b.lua")
+  local rep = tonumber(src:match("dp_replicate = (%d+)"))
+  local world = tonumber(src:match("world_size = (%d+)"))
+  src = src:gsub("world_size = %d+", "world_size = " .. world * factor, 1)
+  src = src:gsub("dp_replicate = %d+", "dp_replicate = " .. rep * factor, 1)
+  return src, world * factor
+end
+
+function T.plan_json_does_not_grow_with_the_world()
+  local small_src = scaled_70b(1)
+  local big_src, world = scaled_70b(1024)
+  assert(world >= 1 << 20, "a 1M-rank plan")
+  local t0 = os.clock()
+  local pb, fpb = gen(big_src, "plans/llama70b.lua")
+  local big = audit.json(pb, fpb)
+  local secs = os.clock() - t0
+  local ps, fps = gen(small_src, "plans/llama70b.lua")
+  local small = audit.json(ps, fps)
+  assert(math.abs(#big - #small) <= 0.01 * #small, string.format("plan.json %d bytes at %d ranks vs %d", #big,
+    world, #small))
+  assert(secs < 20, string.format("1M-rank generation took %.1f s", secs))
+  local doc = json.decode(big)
+  H.eq(doc.world_size, world, "world")
+  for _, g in ipairs(doc.groups) do assert(#g.example_ranks.first_group <= 4, "a handful of example ranks") end
+end
+
+function T.schedule_md_summary_first_and_folded()
+  local p, fp = gen(read("plans/llama70b.lua"), "plans/llama70b.lua")
+  local md = audit.schedule_md(p, fp)
+  local summary = md:find("## Summary", 1, true)
+  local details = md:find("## Details", 1, true)
+  assert(summary and details and summary < details, "summary before details")
+  local head = md:sub(1, details)
+  for _, want in ipairs({ "| world |", "| memory |", "| step |", "exposed", "### Communication per rank",
+                          "inter-node", "### Memory per rank", "### Warnings" }) do
+    assert(head:find(want, 1, true), "summary lacks " .. want)
+  end
+  local _, summary_lines = head:gsub("\n", "")
+  assert(summary_lines <= 60, "summary fits one screen: " .. summary_lines .. " lines")
+  assert(md:find("layers.0-79", 1, true), "identical units folded")
+  local _, n = md:gsub("\n", "")
+  assert(n < #p.ops / 4, string.format("SCHEDULE.md has %d lines for %d ops", n, #p.ops))
+end
+
+local function sh(cmd)
+  local ph = io.popen(cmd)
+  local out = ph:read("a")
+  ph:close()
+  return out
+end
+
+function T.mesh_change_is_a_short_diff()
+  local src = read("plans/llama70b.lua")
+  local a_src = src
+  local rep = tonumber(src:match("dp_replicate = (%d+)"))
+  local b_src = src:gsub("dp_replicate = %d+", "dp_replicate = " .. rep // 2, 1)
+  os.execute("mkdir -p build/test_audit/a build/test_audit/b")
+  local pa, fa = gen(a_src, "plans/llama70b.lua")
+  local pb, fb = gen(b_src, "plans/llama70b.lua")
+  write("build/test_audit/a/SCHEDULE.md", audit.schedule_md(pa, fa))
+  write("build/test_audit/b/SCHEDULE.md", audit.schedule_md(pb, fb))
+  local n = tonumber(sh("diff build/test_audit/a/SCHEDULE.md build/test_audit/b/SCHEDULE.md | wc -l"))
+  assert(n > 0 and n < 60, "SCHEDULE.md diff of " .. n .. " lines")
+  local text = plandiff.compare(json.decode(audit.json(pa, fa)), json.decode(audit.json(pb, fb)), "a", "b")
+  for _, want in ipairs({ string.format("dp_replicate: size %d -> %d", rep, rep // 2), "memory per rank:",
+                          "total:", "communication exposed:", "ops:" }) do
+    assert(text:find(want, 1, true), "plan diff lacks " .. want .. "\n" .. text)
+  end
+  local _, lines = text:gsub("\n", "")
+  assert(lines < 60, "plan diff of " .. lines .. " lines")
+end
+
+function T.plan_diff_loads_files_and_json()
+  local a = plandiff.load("plans/fsdp4.lua")
+  local p, fp = gen(read("plans/hsdp2x2.lua"), "plans/hsdp2x2.lua")
+  os.execute("mkdir -p build/test_audit")
+  write("build/test_audit/hsdp2x2.json", audit.json(p, fp))
+  local b = plandiff.load("build/test_audit/hsdp2x2.json")
+  local text = plandiff.compare(a, b)
+  assert(text:find("+ dp_replicate", 1, true), text)
+  local same = plandiff.compare(a, a)
+  assert(same:find("no op added, removed or resized", 1, true), same)
+  local ok, err = pcall(plandiff.load, "no-such-rev:plans/x/plan.json")
+  assert(not ok and tostring(err.msg or err):find("git show", 1, true), tostring(err))
+  ok, err = pcall(plandiff.load, "HEAD;rm -rf /:plans/x")
+  assert(not ok and tostring(err.msg or err):find("revision", 1, true), tostring(err))
+  H.eq(plandiff.names_text({ "layers.0", "layers.1", "layers.2", "layers.5", "root" }), "layers.0-2,5, root", "names")
+end
+
+local function check_timeline(p, tl)
+  local last_on = {}
+  for _, o in ipairs(p.ops) do
+    local r = tl.ops[o.seq]
+    assert(r.start >= -1e-9 and r.finish >= r.start - 1e-9, "op " .. o.seq .. " times")
+    for _, w in ipairs(p.arena.waits[o.seq] or {}) do
+      assert(r.start >= tl.ops[w].finish - 1e-6, string.format("op %d starts before op %d it waits for", o.seq, w))
+    end
+    local prev = last_on[o.stream]
+    if prev then assert(r.start >= tl.ops[prev].finish - 1e-6, "stream order " .. o.stream) end
+    last_on[o.stream] = o.seq
+  end
+  assert(tl.step_us >= tl.compute_busy_us - 1e-6, "step >= compute")
+  assert(math.abs(tl.exposed_us - (tl.step_us - tl.compute_busy_us)) < 1e-6, "exposed = step - compute busy")
+  local sum = 0
+  for _, us in pairs(tl.exposed_by) do sum = sum + us end
+  assert(math.abs(sum - tl.exposed_us) <= 1e-6 * math.max(1, tl.step_us), string.format(
+    "exposed attributed %.3f of %.3f us", sum, tl.exposed_us))
+end
+
+function T.timeline_obeys_streams_and_waits()
+  for _, path in ipairs({ "plans/fsdp4.lua", "plans/hsdp4x2_fp16.lua", "plans/fsdp8_uneven.lua",
+                          "plans/llama70b.lua", "plans/llama_tiny_tp.lua" }) do
+    local p = plan.from_source(read(path), path)
+    check_timeline(p, audit.analysis(p).timeline)
+  end
+end
+
+function T.trace_is_valid_chrome_trace_events()
+  for _, path in ipairs({ "plans/fsdp4.lua", "plans/hsdp2x2.lua", "plans/llama70b.lua", "plans/llama_tiny_tp.lua" }) do
+    local p, fp = gen(read(path), path)
+    local text = audit.trace_json(p, fp)
+    H.eq(text, audit.trace_json(plan.from_source(read(path), path), fp), path .. " deterministic")
+    local doc = json.decode(text)
+    local err = trace.validate(doc)
+    if err then error(path .. ": " .. err) end
+    assert(doc.otherData.generator:find("do not edit", 1, true), "generated, do not edit")
+    H.eq(doc.otherData.fingerprint, fp, "fingerprint")
+    local x, names = 0, {}
+    for _, e in ipairs(doc.traceEvents) do
+      if e.ph == "X" then
+        x = x + 1
+        assert(e.tid >= 1 and e.tid <= 5, "a track per stream")
+      elseif e.name == "thread_name" then names[e.tid] = e.args.name end
+    end
+    H.eq(x, #p.ops, path .. " one event per op")
+    H.eq(names[1], "stream compute", "track names")
+  end
+  -- The validator catches overlap on a track and a missing field.
+  local bad = { traceEvents = {
+    { ph = "X", ts = 0, dur = 5, pid = 1, tid = 1, name = "a" },
+    { ph = "X", ts = 3, dur = 1, pid = 1, tid = 1, name = "b" } } }
+  assert(trace.validate(bad):find("before the previous", 1, true), "overlap caught")
+  assert(trace.validate({ traceEvents = { { ph = "X", ts = 0, pid = 1, tid = 1, name = "a" } } }), "dur required")
+end
+
+function T.whole_rank_memory_and_checkpointing()
+  local src = read("plans/llama70b.lua")
+  local p = plan.from_source(src, "plans/llama70b.lua")
+  local bytes = 0
+  for _, u in ipairs(p.layout.units) do bytes = bytes + u.total * 4 end
+  local last
+  for _, ac in ipairs({ "none", "selective", "full" }) do
+    p.training = { activation_checkpointing = ac, optimizer = "adamw" }
+    p._audit = nil
+    local a = audit.analysis(p)
+    local m = a.memory
+    H.eq(m.params_bytes, bytes, "sharded params (fp32)")
+    H.eq(m.grads_bytes, bytes, "sharded grads")
+    H.eq(m.optimizer_bytes, 2 * bytes, "AdamW moments")
+    H.eq(m.comm_bytes, p.memory.arena_bytes, "arena")
+    H.eq(m.total_bytes, 4 * bytes + m.comm_bytes + m.activation_bytes, "total")
+    if last then assert(m.activation_bytes < last, ac .. " keeps fewer activations") end
+    last = m.activation_bytes
+  end
+  p.training = { fp32_master = true }
+  p._audit = nil
+  H.eq(audit.analysis(p).memory.optimizer_bytes, 3 * bytes, "moments + fp32 master")
+  p.topology.gpu_memory_GB = 1
+  p._audit = nil
+  local a = audit.analysis(p)
+  H.eq(a.memory.fits, false, "verdict against 1 GB")
+  local warned = false
+  for _, w in ipairs(a.warnings) do if w:find("memory:", 1, true) then warned = true end end
+  assert(warned, "a rank that does not fit is a warning")
+end
+
+function T.flops_follow_torchtitan()
+  local src = read("plans/llama8b.lua"):gsub("training = {[^}]*},", "")
+  local p = plan.from_source(src, "plans/llama8b.lua")
+  local s = compute.settings(p)
+  local cfg = p.model_config
+  local n = 0
+  for _, u in ipairs(p.layout.units) do
+    for _, q in ipairs(u.params) do
+      if not q.name:find("tok_embeddings", 1, true) and #q.shape == 2 then n = n + q.numel end
+    end
+  end
+  local per_token = 6 * n + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * s.seq_len
+  local got = compute.step_flops(p, compute.units(p, s))
+  H.eq(s.activation_checkpointing, "none", "default checkpointing")
+  assert(math.abs(got - per_token * s.tokens) <= 1e-9 * got, string.format("%g vs %g", got, per_token * s.tokens))
+end
+
+function T.advisor_ranks_llama70b_on_1024()
+  local text = require("gen.advisor").report(read("plans/llama70b.lua"), "plans/llama70b.lua", { world_size = 1024 })
+  assert(text:find("Top choice:", 1, true), text)
+  local rows = 0
+  for line in text:gmatch("[^\n]+") do
+    if line:match("^| %d+ |") then rows = rows + 1 end
+  end
+  assert(rows >= 5, "at least 5 ranked meshes")
+  assert(text:find("38 meshes accepted", 1, true), text)
+end
+
+function T.fold_runs_and_names()
+  H.eq(fold.unit_range({ "layers.0", "layers.1", "layers.2" }), "layers.0-2", "ascending")
+  H.eq(fold.unit_range({ "layers.9", "layers.8" }), "layers.9-8", "descending")
+  H.eq(fold.unit_range({ "a", "b" }), "a .. b (2 units)", "unnumbered")
+  local items = {}
+  for i = 1, 4 do
+    items[#items + 1] = { sig = "x", unit = i }
+    items[#items + 1] = { sig = "y", unit = i }
+  end
+  local runs = fold.runs(items, 4)
+  H.eq(#runs, 1, "one run"); H.eq(runs[1].period, 2, "period"); H.eq(runs[1].reps, 4, "reps")
+  H.eq(json.encode(219.993), "219.993", "shortest round-trip number")
+end
+
+return T
