@@ -299,9 +299,17 @@ function plandiff.ops_diff(a, b, w)
       end
       cmp("group"); cmp("stream"); cmp("dtype"); cmp("count"); cmp("size_bytes", human)
       if #diffs > 0 then
-        local g = o.kind .. " (" .. o.phase .. "): " .. table.concat(diffs, ", ")
-        if not changes[g] then changes[g] = {}; order[#order + 1] = "~" .. g end
-        table.insert(changes[g], o.unit)
+        -- One line per change, listing the op kinds and units it touches.
+        local g = table.concat(diffs, ", ")
+        if not changes[g] then
+          changes[g] = { kinds = {}, kind_order = {}, units = {}, seen = {}, n = 0 }
+          order[#order + 1] = "~" .. g
+        end
+        local c = changes[g]
+        local kp = o.kind .. " (" .. o.phase .. ")"
+        if not c.kinds[kp] then c.kinds[kp] = true; c.kind_order[#c.kind_order + 1] = kp end
+        if not c.seen[o.unit] then c.seen[o.unit] = true; c.units[#c.units + 1] = o.unit end
+        c.n = c.n + 1
       end
     end
   end
@@ -321,9 +329,13 @@ function plandiff.ops_diff(a, b, w)
   if #order == 0 then w("  no op added, removed or resized") end
   for _, g in ipairs(order) do
     local sign, name = g:sub(1, 1), g:sub(2)
-    local units = sign == "+" and added[name] or sign == "-" and removed[name] or changes[name]
-    w("  %s %s x%d: %s", sign == "~" and "changed" or (sign == "+" and "added" or "removed"), name, #units,
-      plandiff.names_text(units))
+    if sign == "~" then
+      local c = changes[name]
+      w("  changed %s: %s x%d: %s", name, table.concat(c.kind_order, ", "), c.n, plandiff.names_text(c.units))
+    else
+      local units = sign == "+" and added[name] or removed[name]
+      w("  %s %s x%d: %s", sign == "+" and "added" or "removed", name, #units, plandiff.names_text(units))
+    end
   end
 end
 
