@@ -186,7 +186,7 @@ clean:
 
 # cmocka runtime tests against committed generated plans, built plain
 # (build/tests) and with AddressSanitizer + UBSan (build/tests-asan).
-TEST_PLANS := fsdp8_uneven hsdp2x3_bf16 hsdp4x2_fp16
+TEST_PLANS := fsdp8_uneven hsdp2x3_bf16 hsdp4x2_fp16 llama_tiny_tp
 TEST_DEPS  := tests/c/test_runtime.c $(RUNTIME_SRC) $(RUNTIME_HDR) $(foreach p,$(TEST_PLANS),plans/$(p)/plan.c)
 define cmocka_test
 $(1)/test_runtime: $(TEST_DEPS)

@@ -79,9 +79,26 @@ end
 
 -- ---- generation (in memory) ----
 
+-- A plan file: a regular file of at most 16 MiB (a FIFO or /dev/zero would
+-- block or never end), read with a bound.
+local PLAN_MAX_BYTES = 16 << 20
+local function read_plan(plan_path)
+  if not sh("test -f " .. sh_quote(plan_path)) then
+    util.plan_error(plan_path .. ": not a regular file; give the path of a plan file (plans/<name>.lua)")
+  end
+  local fh = io.open(plan_path, "rb")
+  if not fh then util.plan_error(plan_path .. ": cannot read plan file; check the path (plans/<name>.lua)") end
+  local src = fh:read(PLAN_MAX_BYTES + 1) or ""
+  fh:close()
+  if #src > PLAN_MAX_BYTES then
+    util.plan_error(string.format("%s:1: plan: the file has more than %d MiB; plan files are small Lua programs",
+      plan_path, PLAN_MAX_BYTES >> 20))
+  end
+  return src
+end
+
 local function generate(plan_path)
-  local src = read(plan_path)
-  if not src then util.plan_error(plan_path .. ": cannot read plan file; check the path (plans/<name>.lua)") end
+  local src = read_plan(plan_path)
   -- Errors name the file as given; generated files name display_path.
   local p = plan_mod.from_source(src, plan_path)
   p.source_file = display_path(plan_path)

@@ -113,7 +113,9 @@ function layout.build(ctx, units, d, fsdp)
   for fwd, ui in ipairs(order) do
     local u = units[ui]
     local upath = string.format("model.units[%d]", ui)
-    local orig = u.params[1].dtype
+    -- A unit without parameters (torchtitan's root) has no FSDP param group:
+    -- an empty slot, and the schedule issues nothing for it.
+    local orig = u.params[1] and u.params[1].dtype or fsdp.model_dtype or "fp32"
     for j, p in ipairs(u.params) do
       if p.dtype ~= orig then
         util.field_error(ctx, string.format("%s.params[%d].dtype", upath, j), string.format(
@@ -146,7 +148,9 @@ function layout.build(ctx, units, d, fsdp)
       name = u.name, index = fwd - 1, is_root = (ui == #units), params = params, total = offset,
       grads_numel = grad_offset, vec_ok = vec_ok and offset % layout.VEC == 0,
       orig_dtype = orig, ag_dtype = ag_dtype, reduce_dtype = reduce_dtype,
-      reshard_after_forward = (ui ~= #units) and fsdp.reshard_after_forward,
+      -- The root never reshards after forward (FSDP2); a unit may override the plan's default.
+      reshard_after_forward = (ui ~= #units) and (u.reshard_after_forward == nil and fsdp.reshard_after_forward
+                                                  or u.reshard_after_forward),
       rs_op = red.rs_op, ar_op = red.ar_op, pre_divide = red.pre_divide, post_divide = red.post_divide,
     }
     arena = arena_bound(out[fwd], W, arena)

@@ -48,8 +48,9 @@ local function build_class(ctx, cls, d, fams, p, cfg)
   local lay = layout.build(ctx, cls.units, d, p.fsdp)
   attach_tp(lay, cls.units)
   if p.model.family == "llama" then
-    tp_acts.llama(ctx, lay, cfg, d.tp, { batch = p.model.batch, seq_len = p.model.seq_len,
-                                        sequence_parallel = p.model.sequence_parallel })
+    tp_acts.llama(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
+                                        seq_len = p.model.seq_len,
+                                        sequence_parallel = p.parallel.sequence_parallel })
   end
   local ops = schedule.build(lay, fams, p.fsdp)
   verify.all(lay, fams, ops, p.fsdp)
@@ -67,6 +68,11 @@ function plan.from_loaded(p)
   check_supported(ctx, d)
   local mesh = dims.mesh(d)
   local fams = groups.build(mesh)
+  if p.parallel.sequence_parallel ~= nil and (d.tp == 1 or p.model.family ~= "llama") then
+    util.field_error(ctx, "parallel.sequence_parallel", d.tp == 1
+      and "tp=1: there is no TP group to shard the sequence over; remove sequence_parallel or set tp"
+      or "a generic model declares no activations (only the llama family's TP collectives are modelled); remove it")
+  end
   if p.model.family == "llama" then tp.llama_placements(units) end
   local split = tp.classes(units, d.tp)
   local classes = {}

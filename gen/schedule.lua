@@ -37,9 +37,16 @@ function schedule.build(lay, fams, fsdp)
     op("all_gather", u, m, phase, { group = shard and "fsdp" or nil, dtype = u.ag_dtype, count = u.total })
   end
   local units = lay.units
-  local root = units[1]
+  -- A unit without parameters (torchtitan's Llama root) has no FSDP param
+  -- group: FSDP2 issues nothing for it, so neither does the schedule.
+  local active = {}
+  for _, u in ipairs(units) do
+    if #u.params > 0 then active[#active + 1] = u end
+  end
+  units = active
+  local root = units[1] and units[1].is_root and units[1] or nil
   local layers = {}
-  for i = 2, #units do layers[#layers + 1] = units[i] end
+  for i = root and 2 or 1, #units do layers[#layers + 1] = units[i] end
   for m = 0, micro_steps - 1 do
     local last = (m == micro_steps - 1)
     local unsharded = {}
@@ -58,7 +65,7 @@ function schedule.build(lay, fams, fsdp)
     -- Backward. post_forward_order = layers in order, then root.
     local pfo = {}
     for _, u in ipairs(layers) do pfo[#pfo + 1] = u end
-    pfo[#pfo + 1] = root
+    pfo[#pfo + 1] = root -- nil (no entry) without a root param group
     local gathering = {}
     local function unshard(u, phase)
       if not unsharded[u.index] and not gathering[u.index] then
@@ -87,7 +94,7 @@ function schedule.build(lay, fams, fsdp)
     -- backward finishes with the embeddings).
     local post = {}
     for i = #layers, 1, -1 do post[#post + 1] = layers[i] end
-    post[#post + 1] = root
+    post[#post + 1] = root -- nil (no entry) without a root param group
     -- Interleave: FSDP2 runs unit i's post-backward right after its own
     -- backward, before the next unit's pre-backward. Rebuild the op list in
     -- that order below.
@@ -129,8 +136,10 @@ function schedule.interleave_post_backward(ops, post, root, m, last, shard, repl
     if o.kind == "backward" and o.micro_step == m then post_backward(by_index[o.unit]) end
   end
   -- Root: its backward compute closes the step, then its post-backward.
-  out[#out + 1] = { kind = "backward", unit = root.index, micro_step = m, phase = "backward" }
-  post_backward(root)
+  if root then
+    out[#out + 1] = { kind = "backward", unit = root.index, micro_step = m, phase = "backward" }
+    post_backward(root)
+  end
   return out
 end
 

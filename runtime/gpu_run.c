@@ -77,14 +77,14 @@ static double now_us(void)
 static void CUDART_CB act_fill_on_host(void *arg)
 {
     compute_call *c = arg;
-    cp_checker_act_input(&c->h->check, c->op, c->h->ex->tp_rank, c->h->ex->plan->families[c->op->family].size,
+    cp_checker_act_input(&c->h->check, c->op, c->h->ex->tp_rank, c->h->ex->plan->tp_size,
                          c->pinned);
 }
 
 static void CUDART_CB act_check_on_host(void *arg)
 {
     compute_call *c = arg;
-    cp_checker_act_output(&c->h->check, c->op, c->h->ex->tp_rank, c->h->ex->plan->families[c->op->family].size,
+    cp_checker_act_output(&c->h->check, c->op, c->h->ex->tp_rank, c->h->ex->plan->tp_size,
                           c->pinned);
 }
 
@@ -93,7 +93,7 @@ static int gpu_check_activation(void *user, cp_executor *ex, const cp_op *op, in
     check_state *cs = user;
     compute_call *c = &cs->calls[op - ex->plan->ops];
     const cp_op_desc *d = &cp_op_descs[op->kind];
-    size_t n = (size_t)ex->plan->families[op->family].size, es = cp_dtype_size(op->dtype);
+    size_t n = (size_t)ex->plan->tp_size, es = cp_dtype_size(op->dtype); /* the plan's TP group */
     if (op->stream != CP_STREAM_COMPUTE) return -1; /* the generator puts them on the compute stream */
     if (!after) {
         size_t len = (size_t)op->count * (op->kind == CP_OP_TP_REDUCE_SCATTER ? n : 1);

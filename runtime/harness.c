@@ -32,7 +32,7 @@ static int on_activation(void *user, cp_executor *ex, const cp_op *op, int after
 {
     cp_harness *h = user;
     const cp_op_desc *d = &cp_op_descs[op->kind];
-    int n = ex->plan->families[op->family].size;
+    int n = ex->plan->tp_size; /* the plan's TP group, whatever the op claims */
     size_t es = cp_dtype_size(op->dtype);
     cp_backend *b = ex->backend;
     if (!after) {
@@ -102,7 +102,8 @@ void cp_harness_on_collective(void *user, cp_executor *ex, const cp_op *op, cons
                               const void *out, int64_t out_n)
 {
     cp_harness *h = user;
-    if (!h->dump || h->check.step != 0) return;
+    /* A one-rank group issues no collective (FSDP2 records none either). */
+    if (!h->dump || h->check.step != 0 || op->family < 0) return;
     const cp_plan *p = ex->plan;
     FILE *f = h->dump;
     int color, key;

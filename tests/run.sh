@@ -171,6 +171,13 @@ for c in fsdp4 hsdp2x2; do
   run "oracle $c" bash -c "rm -rf build/oracle/$c && build/$c/$c --simulate --pattern oracle --dump build/oracle/$c --quiet &&
     $LUA tests/oracle_check.lua tests/oracle build/oracle/$c $c"
 done
+# FSDP + TP (2D): two TP classes (the root's slot is 246 elements on TP
+# rank 0, 222 on TP rank 1), _StridedShard layouts, TP-chunked grads.
+run "build tests/plans/fsdp2_tp2 (dp_shard 2 x tp 2)" $MAKE PLAN=tests/plans/fsdp2_tp2.lua
+run "simulate fsdp2_tp2 (2 steps, every rank)" build/fsdp2_tp2/fsdp2_tp2 --simulate --steps 2
+run "oracle fsdp2_tp2" bash -c "rm -rf build/oracle/fsdp2_tp2 &&
+  build/fsdp2_tp2/fsdp2_tp2 --simulate --pattern oracle --dump build/oracle/fsdp2_tp2 --quiet &&
+  $LUA tests/oracle_check.lua tests/oracle build/oracle/fsdp2_tp2 fsdp2_tp2"
 # The comparison must be able to fail: one altered element in one buffer.
 run "oracle check catches one altered element" bash -c '
   rm -rf build/oracle/bad && cp -r build/oracle/fsdp4 build/oracle/bad &&

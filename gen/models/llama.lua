@@ -1,6 +1,6 @@
--- Llama 3 family with torchtitan's parameter names and order: one unit per
--- decoder layer (wrapped first) and the root unit (embeddings, final norm,
--- output) wrapped last, as torchtitan's parallelize applies fully_shard.
+-- Llama 3 family with torchtitan's parameter names, order and wrapping:
+-- the embedding, one unit per decoder layer, [norm, output], and a root
+-- without parameters, as torchtitan's parallelize applies fully_shard.
 local util = require("gen.util")
 
 local llama = {}
@@ -64,7 +64,11 @@ function llama.units(ctx, model)
   local dt = model.dtype
   local function p(name, shape) return { name = name, shape = shape, dtype = dt, shard_dim = 0 } end
   local kv = cfg.n_kv_heads * cfg.head_dim
-  local units = {}
+  -- torchtitan's apply_fsdp, in wrapping order: the embedding alone, one
+  -- unit per block, [norm, output] together without reshard after forward
+  -- (FSDP would all-gather them again at once for backward), and the root,
+  -- which then owns no parameters and issues no collectives.
+  local units = { { name = "tok_embeddings", params = { p("tok_embeddings.weight", { cfg.vocab_size, cfg.dim }) } } }
   for i = 0, cfg.n_layers - 1 do
     local pre = "layers." .. i .. "."
     units[#units + 1] = { name = "layers." .. i, params = {
@@ -79,11 +83,11 @@ function llama.units(ctx, model)
       p(pre .. "ffn_norm.weight", { cfg.dim }),
     } }
   end
-  units[#units + 1] = { name = "root", params = {
-    p("tok_embeddings.weight", { cfg.vocab_size, cfg.dim }),
+  units[#units + 1] = { name = "norm_output", reshard_after_forward = false, params = {
     p("norm.weight", { cfg.dim }),
     p("output.weight", { cfg.vocab_size, cfg.dim }),
   } }
+  units[#units + 1] = { name = "root", params = {} }
   -- gen/load bounds every config number by 2^31 - 1 and n_layers by the
   -- unit limit; shapes multiply two of them, so their numels are checked.
   local total = 0

@@ -17,6 +17,7 @@
 extern const cp_plan fsdp8_uneven_plan;
 extern const cp_plan hsdp2x3_bf16_plan;
 extern const cp_plan hsdp4x2_fp16_plan;
+extern const cp_plan llama_tiny_tp_plan;
 
 static void test_bf16_rounding(void **state)
 {
@@ -118,6 +119,7 @@ static void test_simulate_generated_plans(void **state)
     assert_int_equal(cp_simulate(&fsdp8_uneven_plan, &o), 0);
     assert_int_equal(cp_simulate(&hsdp2x3_bf16_plan, &o), 0);
     assert_int_equal(cp_simulate(&hsdp4x2_fp16_plan, &o), 0);
+    assert_int_equal(cp_simulate(&llama_tiny_tp_plan, &o), 0);
 }
 
 /* A mutable copy of a plan whose op list a test may edit. */
@@ -170,6 +172,41 @@ static void test_missing_all_gather_is_caught(void **state)
     c.ops[find_op(&c, CP_OP_ALL_GATHER, 1)].family = -1;
     assert_int_equal(cp_simulate(&c.plan, &o), 1);
     free(c.ops);
+}
+
+/* A plan whose ranks all run one TP class's tables (mutations edit them). */
+static plan_copy copy_class(const cp_plan *src, int c)
+{
+    cp_plan view = *src;
+    view.units = src->classes[c].units;
+    view.params = src->classes[c].params;
+    view.ops = src->classes[c].ops;
+    view.waits = src->classes[c].waits;
+    view.nwaits = src->classes[c].nwaits;
+    view.nevents = src->classes[c].nevents;
+    view.arena_bytes = src->classes[c].arena_bytes;
+    return copy_plan(&view);
+}
+
+static void test_tp_activation_collectives_are_checked(void **state)
+{
+    (void)state;
+    cp_sim_options o = quiet_opts();
+    /* The tiny Llama on HSDP + TP has two TP classes; its TP ranks run different tables. */
+    assert_int_equal(llama_tiny_tp_plan.nclasses, 2);
+    assert_int_equal(llama_tiny_tp_plan.tp_size, 2);
+    const cp_tp_class *k0 = &llama_tiny_tp_plan.classes[0], *k1 = &llama_tiny_tp_plan.classes[1];
+    int differ = 0;
+    for (int u = 0; u < llama_tiny_tp_plan.nunits; u++) differ |= k0->units[u].numel != k1->units[u].numel;
+    assert_true(differ);
+    /* A TP gather issued locally instead: peers' sequence shards stay stale. */
+    const cp_op_kind kinds[] = { CP_OP_TP_ALL_GATHER, CP_OP_TP_REDUCE_SCATTER };
+    for (int k = 0; k < 2; k++) {
+        plan_copy c = copy_class(&llama_tiny_tp_plan, 0);
+        c.ops[find_op(&c, kinds[k], 1)].family = -1;
+        assert_int_equal(cp_simulate(&c.plan, &o), 1);
+        free(c.ops);
+    }
 }
 
 static void test_wait_on_unrecorded_event_is_refused(void **state)
@@ -346,6 +383,7 @@ int main(void)
         cmocka_unit_test(test_simulate_generated_plans),
         cmocka_unit_test(test_missing_all_gather_is_caught),
         cmocka_unit_test(test_wait_on_unrecorded_event_is_refused),
+        cmocka_unit_test(test_tp_activation_collectives_are_checked),
         cmocka_unit_test(test_wrong_reduce_op_is_caught),
         cmocka_unit_test(test_missing_all_reduce_is_caught),
         cmocka_unit_test(test_compute_on_resharded_params_fails),

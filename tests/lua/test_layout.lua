@@ -79,14 +79,24 @@ function T.llama_shapes()
   H.eq(llama.ffn_hidden(16384, 1.2, 4096), 53248, "405B hidden")
   local p = plan.from_file("plans/llama70b.lua")
   local n = 0
-  for _, u in ipairs(p.layout.units) do for _, q in ipairs(u.params) do n = n + q.numel end end
+  for _, u in ipairs(p.layout.units) do for _, q in ipairs(u.params) do n = n + q.full_numel end end
   H.eq(n, 70553706496, "Llama 3 70B parameter count")
-  H.eq(#p.layout.units, 81, "80 layers + root")
-  local l0 = p.layout.units[2]
+  -- torchtitan's wrapping, in forward order: the root (no parameters), the
+  -- embedding, 80 blocks, [norm, output] kept unsharded after forward.
+  H.eq(#p.layout.units, 83, "root + embedding + 80 layers + [norm, output]")
+  H.eq(#p.layout.units[1].params, 0, "the root owns no parameters")
+  H.eq(p.layout.units[2].params[1].name, "tok_embeddings.weight")
+  local l0 = p.layout.units[3]
   H.eq(l0.params[1].name, "layers.0.attention.wq.weight")
   H.eq(l0.params[9].name, "layers.0.ffn_norm.weight")
-  H.list_eq(l0.params[2].shape, { 1024, 8192 }, "wk shape (8 kv heads x 128)")
-  H.eq(p.layout.units[1].params[1].name, "tok_embeddings.weight")
+  H.list_eq(l0.params[2].full_shape, { 1024, 8192 }, "wk shape (8 kv heads x 128)")
+  H.list_eq(l0.params[2].shape, { 128, 8192 }, "wk TP-local shape (column-wise over tp = 8)")
+  local last = p.layout.units[83]
+  H.eq(last.name, "norm_output", "last unit")
+  H.eq(last.params[2].name, "output.weight")
+  H.eq(last.reshard_after_forward, false, "[norm, output] not resharded after forward")
+  -- The root issues nothing: no op names it.
+  for _, o in ipairs(p.ops) do H.eq(o.unit ~= 0, true, "op " .. o.seq .. " of the empty root") end
 end
 
 function T.llama_unknown_size()

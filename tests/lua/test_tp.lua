@@ -1,0 +1,96 @@
+-- Tensor parallelism: placements, TP-local shapes and TP classes.
+local H = require("helpers")
+local plan = require("gen.plan")
+local tp = require("gen.tp")
+local T = {}
+
+-- DTensor's torch.chunk split: ceil(n / tp) rows, trailing ranks fewer or none.
+function T.local_rows_follow_torch_chunk()
+  local want = { { 19, 18 }, { 2, 2, 1, 0 } }
+  for t = 0, 1 do H.eq((tp.local_rows(37, 2, t)), want[1][t + 1], "37 over 2, rank " .. t) end
+  for t = 0, 3 do H.eq((tp.local_rows(5, 4, t)), want[2][t + 1], "5 over 4, rank " .. t) end
+end
+
+-- The recording fsdp2_tp2: two TP classes; the root's slot is 246 elements
+-- on TP rank 0 and 222 on TP rank 1; layers are even (294 on both).
+function T.fsdp2_tp2_classes_and_slots()
+  local p = plan.from_file("tests/plans/fsdp2_tp2.lua")
+  H.eq(#p.tp_classes, 2, "TP classes")
+  H.eq(p.class_of_tp[0], 1, "TP rank 0's class")
+  H.eq(p.class_of_tp[1], 2, "TP rank 1's class")
+  local root = { 246, 222 }
+  for c, cls in ipairs(p.tp_classes) do
+    for _, u in ipairs(cls.layout.units) do
+      H.eq(u.total, u.is_root and root[c] or 294, string.format("class %d unit %s slot", c, u.name))
+    end
+  end
+  -- wo is row-wise: its TP-local shape is (12, 6), FSDP shards that on dim 0.
+  local wo = p.tp_classes[1].layout.units[2].params[4]
+  H.eq(wo.name, "layers.0.p.wo", "param order")
+  H.list_eq(wo.shape, { 12, 6 }, "wo TP-local shape")
+  H.eq(wo.tp_dim, 1, "wo TP dim")
+  H.list_eq(tp.placements(wo, 2), { "Shard(dim=0)", "Shard(dim=1)" }, "wo placements")
+  local wq = p.tp_classes[1].layout.units[2].params[1]
+  H.list_eq(tp.placements(wq, 2), { "_StridedShard(dim=0, sf=2)", "Shard(dim=0)" }, "wq placements")
+  local norm = p.tp_classes[1].layout.units[1].params[2]
+  H.list_eq(tp.placements(norm, 2), { "Shard(dim=0)", "Replicate()" }, "norm placements")
+end
+
+-- Even TP splits give one class: tables stay O(params), not O(tp).
+function T.even_split_is_one_class()
+  local p = plan.from_source(H.generic(8, "{ dp_shard = -1, tp = 4 }",
+    { { "l0", { { "a", { 64, 16 } } } }, { "root", { { "b", { 32 } } } } }), "plans/t.lua")
+  H.eq(#p.tp_classes, 1, "classes")
+  for t = 0, 3 do H.eq(p.class_of_tp[t], 1, "class of TP rank " .. t) end
+end
+
+-- Llama under TP: torchtitan's placements; heads must divide by tp.
+function T.llama_placements()
+  local p = plan.from_source("return { world_size = 16, parallel = { dp_shard = -1, tp = 8 }, "
+    .. "model = { family = 'llama', size = '8b', seq_len = 64 } }", "plans/t.lua")
+  local want = { ["layers.0.attention.wq.weight"] = 0, ["layers.0.attention.wo.weight"] = 1,
+                 ["layers.0.feed_forward.w2.weight"] = 1, ["layers.0.attention_norm.weight"] = false,
+                 ["tok_embeddings.weight"] = 0, ["output.weight"] = 0, ["norm.weight"] = false }
+  local seen = 0
+  for _, u in ipairs(p.layout.units) do
+    for _, q in ipairs(u.params) do
+      if want[q.name] ~= nil then
+        H.eq(q.tp_dim or false, want[q.name], q.name .. " TP dim")
+        seen = seen + 1
+      end
+    end
+  end
+  H.eq(seen, 7, "params checked")
+  H.plan_fails("return { world_size = 12, parallel = { dp_shard = -1, tp = 3 }, "
+    .. "model = { family = 'llama', size = '8b' } }", "num_attention_heads=32 not divisible by tp=3")
+end
+
+-- Every dp_replicate x dp_shard x tp mesh ParallelDims accepts for a tiny
+-- Llama on 8 and 12 ranks generates and proves (layout coverage, order,
+-- memory plan, the TP classes' identical TP sequences); the ones it refuses
+-- say why in the seeds' words.
+function T.every_accepted_mesh_generates()
+  local generated, refused = 0, 0
+  for _, world in ipairs({ 8, 12 }) do
+    for r = 1, world do
+      for t = 1, world // r do
+        if world % (r * t) == 0 then
+          local src = string.format("return { world_size = %d, parallel = { dp_replicate = %d, dp_shard = -1, tp = %d }, "
+            .. "model = { family = 'llama', dim = 48, n_layers = 2, n_heads = 6, n_kv_heads = 2, vocab_size = 97, "
+            .. "multiple_of = 16, seq_len = 24 } }", world, r, t)
+          if 6 % t == 0 and 2 % t == 0 and 24 % t == 0 then
+            local p = plan.from_source(src, "plans/t.lua")
+            H.eq(p.world_size, world, "world")
+            generated = generated + 1
+          else
+            H.plan_fails(src, "not divisible by tp=" .. t)
+            refused = refused + 1
+          end
+        end
+      end
+    end
+  end
+  H.eq(generated > 10 and refused > 5, true, string.format("meshes: %d generated, %d refused", generated, refused))
+end
+
+return T
