@@ -249,6 +249,14 @@ build/tests/test_kernels: tests/c/test_kernels.cu $(RUNTIME_SRC) $(RUNTIME_HDR) 
 # reference, and a real one-rank NCCL run of plans/single.lua with --check,
 # eager and as a CUDA graph; then every plan with all its ranks on the GPU
 # (test-gpu-ranks).
+# 20 AdamW steps of a Llama-shaped model on 4 ranks (all on one GPU): the plan's library driven by
+# python/commplan's hooks against PyTorch's FSDP2, losses, parameters and grads bit for bit, and
+# host time per step of both (tests/python/train_compare.py; a SKIP line without torch 2.x + GPU).
+PYTHON ?= python3
+.PHONY: test-train
+test-train:
+	PYTHONPATH=python $(PYTHON) tests/python/train_compare.py
+
 test-gpu: build/tests/test_kernels
 	@$(MAKE) --no-print-directory -s PLAN=single.lua >/dev/null
 	build/tests/test_kernels

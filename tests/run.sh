@@ -423,5 +423,22 @@ run "simulate: a long run shows a progress line per step on stderr (none with --
     [ -z "$(build/llama_tiny/llama_tiny --simulate --steps 2 --quiet 2>&1)" ]'
 
 echo
+echo "== Python package (python/commplan): plans from models, hf_config, names, model/plan check"
+if command -v python3 >/dev/null 2>&1; then
+  run "python: plans written from named parameters and config.json reproduce the committed tables; names; model/plan check (tests/python/test_plan_writer.py)" python3 tests/python/test_plan_writer.py
+  py_torch=""
+  for py in python3 /usr/bin/python3; do
+    if "$py" -c 'import torch' >/dev/null 2>&1; then py_torch=$py; break; fi
+  done
+  if [ -n "$py_torch" ]; then
+    run "python: runtime hooks on one-rank plans vs plain AdamW training, bit for bit (host stand-in library, $py_torch)" "$py_torch" tests/python/test_runtime_host.py
+  else skipped "python: runtime hooks vs plain training (tests/python/test_runtime_host.py)" "torch is not installed (apt-get install python3-torch)"; fi
+  tc=$(python3 tests/python/train_compare.py --preflight 2>&1 | head -n 1)
+  case $tc in
+    SKIP*) skipped "python: 20 AdamW steps vs FSDP2 on 4 ranks (make test-train)" "${tc#*: }" ;;
+    *) skipped "python: 20 AdamW steps vs FSDP2 on 4 ranks" "torch 2.x and a GPU are here: run make test-train" ;;
+  esac
+else skipped "python package tests" "python3 not found"; fi
+
 printf 'tests: %d passed, %d failed, %d skipped\n' "$pass" "$fail" "$skip"
 [ "$fail" = 0 ]

@@ -1,0 +1,31 @@
+"""commplan's Python package: plan files from PyTorch models, and a generated plan's library
+driving a model's FSDP2 communication.
+
+Writing plans needs only the standard library (no torch import):
+
+    plan_from_named_parameters  units as lists of (name, shape, dtype[, shard_dim])
+    plan_from_module            a torch.nn.Module and its fully_shard wrapping (torchtitan_units)
+    hf_config                   a Hugging Face config.json (Llama, Mistral, Qwen2) as a model table
+    plan_text / write_plan      any model table (llama or generic) as plan file text / a file
+    check_units_match_plan      a model's units against a generated plan.json, first difference
+
+Running a plan (torch 2.x, CUDA, a plan built with nvcc): ``from commplan.runtime import
+CommplanFSDP`` (commplan.runtime imports torch; nothing else here does).
+"""
+
+from .planfile import (PlanError, c_ident, check_names, check_plan_name, dtype_name, ffn_hidden, lua_string,
+                       normalize_units, plan_from_named_parameters, plan_text, write_plan)
+from .modules import Unit, named_units, plan_from_module, resolve_units, torchtitan_units, units_from_module
+from .hf import hf_config
+from .match import PlanMismatch, check_units_match_plan, find_plan_json, load_plan_json, plan_units
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PlanError", "PlanMismatch", "Unit",
+    "c_ident", "check_names", "check_plan_name", "dtype_name", "ffn_hidden", "lua_string", "normalize_units",
+    "plan_from_named_parameters", "plan_text", "write_plan",
+    "named_units", "plan_from_module", "resolve_units", "torchtitan_units", "units_from_module",
+    "hf_config",
+    "check_units_match_plan", "find_plan_json", "load_plan_json", "plan_units",
+]

@@ -1,0 +1,89 @@
+"""Does a model (its fully_shard units and named parameters) match a generated plan?
+
+Pure Python over plan.json (docs/plan-json.md) and the units the plan writer takes, so it runs
+and is tested without torch. A mismatch is one line naming the first difference.
+"""
+
+import json
+import os
+
+from .planfile import PlanError, normalize_units
+
+__all__ = ["PlanMismatch", "load_plan_json", "find_plan_json", "plan_units", "check_units_match_plan"]
+
+
+class PlanMismatch(PlanError):
+    """The model's parameters differ from the plan's (name, shape, dtype, order or units)."""
+
+
+def find_plan_json(name, root="."):
+    """plans/<name>/plan.json for a committed plan, else build/<name>/gen/plan.json (make PLAN=path)."""
+    for d in (os.path.join(root, "plans", name), os.path.join(root, "build", name, "gen")):
+        path = os.path.join(d, "plan.json")
+        if os.path.isfile(path):
+            return path
+    raise PlanError("no plan.json for plan %s under %s/plans/%s/ or %s/build/%s/gen/; run make PLAN=%s.lua first"
+                    % (name, root, name, root, name, name))
+
+
+def load_plan_json(path_or_dict):
+    if isinstance(path_or_dict, dict):
+        return path_or_dict
+    with open(path_or_dict, "r", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def plan_units(plan):
+    """The plan's units in its table order (the root first, then wrapping order), each
+    {name, index, reshard_after_forward, params: [{name, shape, dtype, shard_dim, ...}]}."""
+    units = sorted(plan["units"], key=lambda u: u["index"])
+    if [u["index"] for u in units] != list(range(len(units))):
+        raise PlanError("plan.json's unit indices are not 0..%d; regenerate the plan" % (len(units) - 1))
+    return units
+
+
+def _fmt(p):
+    shard = "" if not p.get("shard_dim") else " shard_dim %d" % p["shard_dim"]
+    return "%s %s %s%s" % (p["name"], "(" + ", ".join(str(d) for d in p["shape"]) + ")", p["dtype"], shard)
+
+
+def check_units_match_plan(units, plan):
+    """Raises PlanMismatch naming the first difference between the model's units (wrapping order,
+    the root last; as plan_from_named_parameters takes them) and the plan (plan.json's dict or
+    path). Compares unit order and names, then each parameter's name, shape, dtype and shard dim
+    in order, then the units' reshard_after_forward where the model sets it."""
+    plan = load_plan_json(plan)
+    name = plan.get("plan", "?")
+    model_units = normalize_units(units)
+    model_units = [model_units[-1]] + model_units[:-1]  # table order: the root runs first
+    punits = plan_units(plan)
+    if plan.get("parallel", {}).get("tp", 1) != 1:
+        raise PlanMismatch("plan %s shards over tensor parallelism (tp = %d): the PyTorch runtime drives "
+                           "FSDP/HSDP plans only" % (name, plan["parallel"]["tp"]))
+    if len(model_units) != len(punits):
+        raise PlanMismatch("model does not match plan %s: the model has %d units (%s), the plan %d (%s)"
+                           % (name, len(model_units), ", ".join(u["name"] for u in model_units), len(punits),
+                              ", ".join(u["name"] for u in punits)))
+    for i in range(min(len(model_units), len(punits))):
+        mu, pu = model_units[i], punits[i]
+        if mu["name"] != pu["name"]:
+            raise PlanMismatch("model does not match plan %s: unit %d (in forward order, the root first) is %s "
+                               "in the model and %s in the plan" % (name, i, mu["name"], pu["name"]))
+    for mu, pu in zip(model_units, punits):
+        mps, pps = mu["params"], pu["params"]
+        for j in range(min(len(mps), len(pps))):
+            mp, pp = mps[j], pps[j]
+            if (mp["name"], list(mp["shape"]), mp["dtype"], mp.get("shard_dim", 0)) != \
+                    (pp["name"], list(pp["shape"]), pp["dtype"], pp.get("shard_dim", 0)):
+                raise PlanMismatch("model does not match plan %s: unit %s parameter %d: the model has %s, the "
+                                   "plan %s" % (name, mu["name"], j, _fmt(mp), _fmt(pp)))
+        if len(mps) != len(pps):
+            who, p = ("model", mps[len(pps)]) if len(mps) > len(pps) else ("plan", pps[len(mps)])
+            raise PlanMismatch("model does not match plan %s: unit %s has %d parameters in the model and %d in the "
+                               "plan; the %s's parameter %d is %s" % (name, mu["name"], len(mps), len(pps), who,
+                                                                    min(len(mps), len(pps)), _fmt(p)))
+    for i, (mu, pu) in enumerate(zip(model_units, punits)):
+        raf = mu["reshard_after_forward"]
+        if i > 0 and raf is not None and bool(raf) != bool(pu["reshard_after_forward"]):
+            raise PlanMismatch("model does not match plan %s: unit %s has reshard_after_forward=%s in the model "
+                               "and %s in the plan" % (name, mu["name"], raf, pu["reshard_after_forward"]))

@@ -1,0 +1,157 @@
+"""Units from a torch.nn.Module and its fully_shard wrapping, as FSDP2 assigns parameters.
+
+Duck-typed over nn.Module's API (named_parameters, named_children, named_modules): nothing here
+imports torch, so the unit tests run it on stand-in modules where torch is absent.
+"""
+
+from .planfile import PlanError, dtype_name, plan_from_named_parameters
+
+__all__ = ["Unit", "resolve_units", "units_from_module", "torchtitan_units", "plan_from_module"]
+
+
+class Unit:
+    """One fully_shard call: a module or a list of modules (torchtitan's [norm, output]), an
+    optional name (default: the modules' names joined by "_", "root" for the model itself) and
+    reshard_after_forward (None: the plan's default; the root never reshards after forward)."""
+
+    def __init__(self, modules, name=None, reshard_after_forward=None):
+        self.modules = list(modules) if isinstance(modules, (list, tuple)) else [modules]
+        if not self.modules:
+            raise PlanError("a unit needs at least one module")
+        self.name = name
+        self.reshard_after_forward = reshard_after_forward
+
+    def __repr__(self):
+        return "Unit(%r, reshard_after_forward=%r)" % (self.name, self.reshard_after_forward)
+
+
+def _module_names(model):
+    return {id(m): n for n, m in model.named_modules()}
+
+
+def _param_names(model):
+    names = {}
+    for n, p in model.named_parameters():  # dedups shared parameters: the first name wins, as in FSDP2
+        names.setdefault(id(p), n)
+    return names
+
+
+def resolve_units(model, units):
+    """units (modules, lists of modules, Unit objects) -> Units in wrapping order with the root
+    (model itself) last, names filled in. The root is appended when the list does not end with it."""
+    out = [u if isinstance(u, Unit) else Unit(u) for u in units]
+    if not out or out[-1].modules != [model]:
+        out.append(Unit(model))
+    mod_names = _module_names(model)
+    for u in out[:-1]:
+        if any(m is model for m in u.modules):
+            raise PlanError("the model itself must be the last unit (the root), not a unit in the middle")
+    for u in out:
+        for m in u.modules:
+            if id(m) not in mod_names:
+                raise PlanError("unit %s holds a module that is not a submodule of the model" % (u.name or "?"))
+        if u.name is None:
+            if u.modules == [model]:
+                u.name = "root"
+            else:
+                u.name = "_".join(mod_names[id(m)] or "root" for m in u.modules)
+    return out
+
+
+def _own_params(module):
+    """A module's directly registered parameters, in registration order."""
+    try:
+        return list(module.named_parameters(recurse=False))
+    except TypeError:  # a stand-in without the keyword
+        return list(getattr(module, "_parameters", {}).items())
+
+
+def units_from_module(model, units, shard_dim=None):
+    """[(unit, [(fqn, param), ...])] for resolved units: FSDP2's assignment -- each fully_shard call
+    manages the parameters of its modules' subtrees (pre-order, registration order) except the
+    subtrees that an earlier call already wrapped."""
+    units = resolve_units(model, units)
+    names = _param_names(model)
+    wrapped = set()
+    owner = {}
+    result = []
+    for u in units:
+        roots = {id(m) for m in u.modules}
+        managed = []
+        seen_mod = set()
+        for root in u.modules:
+            stack = [root]
+            while stack:
+                m = stack.pop()
+                if id(m) in seen_mod:
+                    continue
+                seen_mod.add(id(m))
+                if id(m) in wrapped and id(m) not in roots:
+                    continue
+                managed.append(m)
+                kids = [c for _, c in m.named_children()]
+                stack.extend(reversed(kids))
+        params = []
+        seen = set()
+        for m in managed:
+            for _, p in _own_params(m):
+                if p is None or id(p) in seen:
+                    continue
+                seen.add(id(p))
+                fqn = names[id(p)]
+                if id(p) in owner:
+                    raise PlanError("parameter %s is in unit %s and unit %s (a shared parameter): wrap the modules "
+                                    "that share it in one unit" % (fqn, owner[id(p)], u.name))
+                owner[id(p)] = u.name
+                params.append((fqn, p))
+        wrapped |= roots
+        result.append((u, params))
+    return result
+
+
+def _shard_dim_of(shard_dim, fqn, p):
+    if shard_dim is None:
+        return 0
+    if callable(shard_dim):
+        return int(shard_dim(fqn, p))
+    return int(shard_dim.get(fqn, 0))
+
+
+def named_units(model, units, shard_dim=None):
+    """The plan writer's units: [{name, params: [(fqn, shape, dtype, shard_dim)], reshard_after_forward}]."""
+    out = []
+    for u, params in units_from_module(model, units):
+        ps = [(fqn, tuple(int(d) for d in p.shape), dtype_name(p.dtype, fqn), _shard_dim_of(shard_dim, fqn, p))
+              for fqn, p in params]
+        out.append({"name": u.name, "params": ps, "reshard_after_forward": u.reshard_after_forward})
+    return out
+
+
+def torchtitan_units(model):
+    """torchtitan's apply_fsdp wrapping of its Llama: tok_embeddings, every block of model.layers,
+    [norm, output] without reshard after forward, and the root. With tied embeddings (output's
+    weight is tok_embeddings'), [tok_embeddings, norm, output] is one unit kept unsharded through
+    forward (the parameter is used at both ends)."""
+    layers = model.layers
+    blocks = list(layers.values()) if hasattr(layers, "values") else list(layers)
+    tied = getattr(getattr(model, "output", None), "weight", None) is not None and \
+        model.output.weight is getattr(model.tok_embeddings, "weight", None)
+    if tied:
+        return [Unit([model.tok_embeddings, model.norm, model.output], reshard_after_forward=False)] + \
+            [Unit(b) for b in blocks] + [Unit(model)]
+    return [Unit(model.tok_embeddings)] + [Unit(b) for b in blocks] + \
+        [Unit([model.norm, model.output], reshard_after_forward=False), Unit(model)]
+
+
+def plan_from_module(model, units, name, world_size, parallel=None, fsdp=None, model_numbers=None,
+                     topology=None, training=None, family="auto", shard_dim=None, out=None):
+    """The plan file (Lua text) for model under the given fully_shard wrapping.
+
+    units: in the order fully_shard is called (inner first), each a module, a list of modules (one
+    call), or Unit(modules, name=, reshard_after_forward=); the model itself last (appended if left
+    out). torchtitan_units(model) gives torchtitan's. model_numbers: n_heads, seq_len, ... as for
+    plan_from_named_parameters. shard_dim: a dict fqn -> dim or a callable (fqn, param) -> dim
+    (FSDP2's shard_placement_fn), default 0."""
+    return plan_from_named_parameters(name, named_units(model, units, shard_dim), world_size, parallel=parallel,
+                                      fsdp=fsdp, model=model_numbers, topology=topology, training=training,
+                                      family=family, out=out)

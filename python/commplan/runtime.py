@@ -1,0 +1,550 @@
+"""Run a PyTorch model's FSDP2 communication from its generated plan.
+
+    fsdp = CommplanFSDP("llama_tiny", model, torchtitan_units(model))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)     # the plan's sharded parameters
+    loss = loss_fn(model(x)); loss.backward(); opt.step(); opt.zero_grad()
+
+What it does, as FSDP2's fully_shard does it:
+
+* checks the model against plans/<name>/plan.json (or build/<name>/gen/plan.json): unit order,
+  every parameter's name, shape, dtype and shard dim; the first difference is one line;
+* loads build/<name>/lib<name>.so (ctypes), bootstraps it from the launcher's environment
+  (cp_launch_from_env: torchrun's store, COMMPLAN_ID_FILE, NCCL_COMM_ID or MASTER_ADDR; its own
+  NCCL communicators, never torch's) and initializes this rank (cp_gpu_init);
+* makes every parameter of the model an nn.Parameter viewing this rank's shard in the plan's
+  sharded storage (torch.as_tensor over __cuda_array_interface__: zero copy), filled with the
+  model's current values chunked as torch.chunk does (FSDP2's dim-0 sharding with padding);
+* keeps one unsharded nn.Parameter per parameter viewing the plan's unsharded storage (the
+  all-gather's copy-out target, in param_dtype) and swaps it into the module for forward and
+  backward, as FSDP2 swaps its unsharded parameters;
+* drives cp_gpu_unshard / cp_gpu_reshard / cp_gpu_reduce_grads from module hooks on torch's
+  current stream: unshard in the unit's forward pre-hook and in its pre-backward hook (a grad
+  hook on the unit's outputs), reshard after forward where the plan reshards, and after the
+  unit's last parameter gradient arrives: copy the gradients into the plan's unsharded-grads
+  buffer (first micro-batch) or add them (later ones, for plans with micro_steps > 1), reshard,
+  and reduce where the plan reduces;
+* sets each sharded parameter's .grad to this rank's reduced shard (a view of the plan's
+  sharded-grads storage, zero copy); a later reduce before the optimizer consumed it (gradient
+  accumulation as torchtitan does it: reduce-scatter every micro-batch) first moves the
+  accumulated gradient out of the plan's storage and then adds the new shard to it, which is
+  FSDP2's `sharded_param.grad += new_sharded_grad`.
+
+The library calls must come in the plan's order (their event waits are the plan's): every call
+is checked against the order derived from plan.json's ops, and a model that runs its units in
+another order (a unit called twice, activation-checkpoint recompute, forward under no_grad) is
+refused with one line instead of racing.
+
+Needs torch with CUDA and a plan built where nvcc was found (make PLAN=...). Tensor parallel
+plans (tp > 1) are refused.
+"""
+
+import ctypes
+import os
+
+import torch
+import torch.nn as nn
+
+from .match import PlanMismatch, check_units_match_plan, find_plan_json, load_plan_json, plan_units
+from .modules import named_units, units_from_module
+from .planfile import PlanError
+
+__all__ = ["CommplanFSDP", "GpuLibrary", "library_calls", "PlanOrderError"]
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<i2"}  # bf16 travels as int16 bits, then .view()
+
+# One library call is a group of the plan's ops for one unit (runtime/gpu.c run_unit_ops).
+CALL_KINDS = {
+    "unshard": ("copy_in", "all_gather", "copy_out"),
+    "reshard": ("reshard",),
+    "reduce": ("pack", "reduce_scatter", "all_reduce", "view_out"),
+}
+
+
+class PlanOrderError(RuntimeError):
+    """A library call out of the plan's order."""
+
+
+def library_calls(plan):
+    """The plan's step as library calls, in the order they must be made: [(call, unit_name,
+    micro_step, phase)]. Each call runs its unit's next instance of an op group; it may be made
+    once the ops its last op waits for have been issued, so calls are ordered by their last op."""
+    insts = []
+    open_ = {}
+    for op in plan["ops"]:
+        for call, kinds in CALL_KINDS.items():
+            if op["kind"] not in kinds:
+                continue
+            k = kinds.index(op["kind"])
+            key = (op["unit"], call)
+            cur = open_.get(key)
+            if k == 0 or cur is None or k < cur["k"]:
+                if cur is not None:
+                    insts.append(cur)
+                cur = open_[key] = {"call": call, "unit": op["unit"], "k": k, "last": op["seq"],
+                                    "micro": op.get("micro_step", 0), "phase": op.get("phase")}
+            else:
+                cur["k"], cur["last"] = k, op["seq"]
+            if k == len(kinds) - 1:
+                insts.append(open_.pop(key))
+    insts += open_.values()
+    insts.sort(key=lambda c: c["last"])
+    return [(c["call"], c["unit"], c["micro"], c["phase"]) for c in insts]
+
+
+# ---- the generated library through ctypes -------------------------------------------------
+
+class _LaunchEnv(ctypes.Structure):
+    """runtime/launch.h cp_launch_env."""
+    _fields_ = [("rank", ctypes.c_int), ("world_size", ctypes.c_int), ("local_rank", ctypes.c_int),
+                ("source", ctypes.c_char_p), ("comm_id", ctypes.c_char * 300), ("standin", ctypes.c_int),
+                ("id_channel", ctypes.c_int), ("store_host", ctypes.c_char * 256), ("store_port", ctypes.c_int),
+                ("id_file", ctypes.c_char * 4096), ("job_tag", ctypes.c_char * 256),
+                ("init_timeout_s", ctypes.c_double)]
+
+
+class _PlanHead(ctypes.Structure):
+    """The first fields of runtime/commplan.h cp_plan."""
+    _fields_ = [("name", ctypes.c_char_p), ("fingerprint", ctypes.c_char_p), ("world_size", ctypes.c_int)]
+
+
+class _CudaArray:
+    def __init__(self, ptr, numel, typestr):
+        self.__cuda_array_interface__ = {"shape": (numel,), "typestr": typestr, "data": (ptr, False),
+                                         "version": 2}
+
+
+class GpuLibrary:
+    """build/<name>/lib<name>.so: cp_launch_from_env, cp_gpu_init and the per-unit calls."""
+
+    REQUIRED = ("cp_launch_from_env", "cp_gpu_init", "cp_gpu_destroy", "cp_gpu_last_error", "cp_gpu_rank",
+                "cp_gpu_shard_rank", "cp_gpu_sharded", "cp_gpu_unsharded", "cp_gpu_grad", "cp_gpu_sharded_grad",
+                "cp_gpu_unshard", "cp_gpu_reshard", "cp_gpu_reduce_grads", "cp_gpu_synchronize")
+
+    def __init__(self, so_path, plan_name):
+        if not os.path.isfile(so_path):
+            raise PlanError("%s is missing; build it with make PLAN=%s.lua (on a machine with nvcc and NCCL)"
+                            % (so_path, plan_name))
+        lib = ctypes.CDLL(os.path.abspath(so_path))
+        missing = [f for f in self.REQUIRED if not hasattr(lib, f)]
+        if missing:
+            raise PlanError("%s has no GPU backend (%s missing): it was built where nvcc was not found; rebuild "
+                            "with make PLAN=%s.lua where /usr/local/cuda has nvcc and NCCL"
+                            % (so_path, missing[0], plan_name))
+        vp, ci, cs = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+        lib.cp_launch_from_env.argtypes = [vp, vp, ctypes.c_char_p, cs]
+        lib.cp_launch_from_env.restype = ci
+        lib.cp_gpu_init.argtypes = [ctypes.POINTER(vp), vp, vp, vp, ctypes.c_char_p, cs]
+        lib.cp_gpu_init.restype = ci
+        lib.cp_gpu_destroy.argtypes = [vp]
+        lib.cp_gpu_destroy.restype = None
+        lib.cp_gpu_last_error.argtypes = [vp]
+        lib.cp_gpu_last_error.restype = ctypes.c_char_p
+        for f in ("cp_gpu_rank", "cp_gpu_shard_rank"):
+            getattr(lib, f).argtypes = [vp]
+            getattr(lib, f).restype = ci
+        for f in ("cp_gpu_sharded", "cp_gpu_unsharded", "cp_gpu_grad", "cp_gpu_sharded_grad"):
+            getattr(lib, f).argtypes = [vp, ci]
+            getattr(lib, f).restype = vp
+        for f in ("cp_gpu_unshard", "cp_gpu_reshard", "cp_gpu_reduce_grads"):
+            getattr(lib, f).argtypes = [vp, ci, vp]
+            getattr(lib, f).restype = ci
+        lib.cp_gpu_synchronize.argtypes = [vp, vp, ctypes.c_double]
+        lib.cp_gpu_synchronize.restype = ci
+        try:
+            self._plan = ctypes.addressof(ctypes.c_char.in_dll(lib, plan_name + "_plan"))
+            self._kernels = ctypes.addressof(ctypes.c_char.in_dll(lib, plan_name + "_kernels"))
+        except ValueError:
+            raise PlanError("%s does not hold plan %s (%s_plan / %s_kernels)" % (so_path, plan_name, plan_name,
+                                                                              plan_name)) from None
+        head = _PlanHead.from_address(self._plan)
+        self.fingerprint = head.fingerprint.decode()
+        self.lib, self.path, self.name, self.g = lib, so_path, plan_name, None
+        self.device = None
+
+    def init(self):
+        err = ctypes.create_string_buffer(4096)
+        env = _LaunchEnv()
+        getenv = ctypes.cast(ctypes.CDLL(None).getenv, ctypes.c_void_p)
+        if self.lib.cp_launch_from_env(ctypes.byref(env), getenv, err, len(err)) != 0:
+            raise RuntimeError("commplan: " + err.value.decode(errors="replace"))
+        # The library sets its device to LOCAL_RANK; torch must allocate and run on the same one.
+        self.device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(self.device)
+        g = ctypes.c_void_p()
+        if self.lib.cp_gpu_init(ctypes.byref(g), self._plan, self._kernels, ctypes.byref(env), err, len(err)) != 0:
+            raise RuntimeError("commplan: " + err.value.decode(errors="replace"))
+        self.g = g
+        self.rank = self.lib.cp_gpu_rank(g)
+        self.shard_rank = self.lib.cp_gpu_shard_rank(g)
+
+    def tensor(self, kind, param, numel, dtype):
+        """A 1-D torch view of `numel` elements of param's storage: kind is sharded, unsharded, grad
+        or sharded_grad (runtime/cp_gpu.h)."""
+        if numel == 0:
+            return torch.empty(0, dtype=TORCH_DTYPES[dtype], device=self.device)
+        ptr = getattr(self.lib, "cp_gpu_" + kind)(self.g, param)
+        if not ptr:
+            raise RuntimeError("commplan: cp_gpu_%s(%d) returned NULL" % (kind, param))
+        t = torch.as_tensor(_CudaArray(ptr, numel, _TYPESTR[dtype]), device=self.device)
+        return t.view(torch.bfloat16) if dtype == "bf16" else t
+
+    def stream(self):
+        return torch.cuda.current_stream(self.device).cuda_stream
+
+    def call(self, call, unit):
+        fn = {"unshard": self.lib.cp_gpu_unshard, "reshard": self.lib.cp_gpu_reshard,
+              "reduce": self.lib.cp_gpu_reduce_grads}[call]
+        if fn(self.g, unit, ctypes.c_void_p(self.stream())) != 0:
+            raise RuntimeError("commplan: " + self.last_error())
+
+    def last_error(self):
+        msg = self.lib.cp_gpu_last_error(self.g)
+        return msg.decode(errors="replace") if msg else "(no message)"
+
+    def synchronize(self, timeout_s):
+        if self.lib.cp_gpu_synchronize(self.g, ctypes.c_void_p(self.stream()), float(timeout_s)) != 0:
+            raise RuntimeError("commplan: " + self.last_error())
+
+    def close(self):
+        if self.g is not None:
+            self.lib.cp_gpu_destroy(self.g)
+            self.g = None
+
+
+# ---- FSDP from a plan ---------------------------------------------------------------------
+
+def _shard_of(full, W, r, k, valid_shape):
+    chunks = torch.chunk(full, W, dim=k)
+    if r < len(chunks):
+        return chunks[r]
+    return full.new_empty(valid_shape)
+
+
+def _tensors_in(obj, out):
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _tensors_in(x, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _tensors_in(x, out)
+    return out
+
+
+def _cast_floats(obj, dtype):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() and obj.dtype != dtype else obj
+    if isinstance(obj, tuple):
+        return tuple(_cast_floats(x, dtype) for x in obj)
+    if isinstance(obj, list):
+        return [_cast_floats(x, dtype) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _cast_floats(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+class _Param:
+    __slots__ = ("index", "fqn", "unit", "owners", "sharded", "unsharded", "grad_buf", "shard_grad", "alias",
+                 "accumulated", "arrived", "requires_grad")
+
+
+class CommplanFSDP:
+    """FSDP2 for `model` under `units` (its fully_shard calls in order, as plan_from_module takes
+    them), driven by the generated plan `plan` (a name under plans/ or built by make PLAN=path).
+
+    root: the commplan checkout (plans/, build/). library: a loaded library object (tests pass a
+    host stand-in). shard_dim: as plan_from_module's. check_order: refuse library calls out of
+    the plan's order (leave on). Call close() when done (frees the plan's GPU memory)."""
+
+    def __init__(self, plan, model, units, root=".", plan_json=None, library=None, shard_dim=None,
+                 check_order=True):
+        self.name = plan
+        self.plan = load_plan_json(plan_json or find_plan_json(plan, root))
+        self.model = model
+        wrapped = units_from_module(model, units)
+        check_units_match_plan(named_units(model, units, shard_dim), self.plan)
+        if self.plan.get("parallel", {}).get("tp", 1) != 1:
+            raise PlanMismatch("plan %s uses tensor parallelism; the PyTorch runtime drives FSDP/HSDP plans only"
+                               % plan)
+        frozen = [fqn for _, ps in wrapped for fqn, p in ps if not p.requires_grad]
+        if frozen:
+            raise PlanError("parameter %s does not require grad; the plan reduces every parameter it shards "
+                            "(leave frozen parameters out of the wrapped modules)" % frozen[0])
+        self.lib = library if library is not None else GpuLibrary(
+            os.path.join(root, "build", plan, "lib%s.so" % plan), plan)
+        if getattr(self.lib, "fingerprint", self.plan["fingerprint"]) != self.plan["fingerprint"]:
+            raise PlanError("lib%s.so (fingerprint %s) and plan.json (%s) come from different generations of plan "
+                            "%s; rebuild with make PLAN=%s.lua" % (plan, self.lib.fingerprint,
+                                                                   self.plan["fingerprint"], plan, plan))
+        if getattr(self.lib, "g", None) is None:
+            self.lib.init()
+        self.check_order = check_order
+        self._build(model, wrapped)
+        calls = library_calls(self.plan)
+        self._calls = [(c, self._unit_index[u], m) for c, u, m, _ in calls]
+        self._micro_steps = self.plan["fsdp"].get("micro_steps", 1)
+        self._micro_end = [sum(1 for c in self._calls if c[2] <= m) for m in range(self._micro_steps)]
+        self._plan_calls = {(c, self._unit_index[u], m, ph) for c, u, m, ph in calls}
+        self._pos = 0
+        self._micro = 0
+        self._reset_pass()
+        self._install_hooks()
+
+    # -- setup --
+
+    def _build(self, model, wrapped):
+        punits = plan_units(self.plan)
+        self._unit_index = {u["name"]: u["index"] for u in punits}
+        self.units = []  # in plan table order (root first)
+        # Wrapping order (root last) -> table order (root first): the plan's unit index.
+        order = [wrapped[-1]] + wrapped[:-1]
+        owners = {}
+        for mod in model.modules():
+            for attr, p in mod._parameters.items():
+                if p is not None:
+                    owners.setdefault(id(p), []).append((mod, attr))
+        W = self.plan["parallel"]["dp_shard"]
+        r = self.lib.shard_rank
+        pindex = 0
+        self.params = []
+        for (u, params), pu in zip(order, punits):
+            ag, orig = pu["ag_dtype"], pu["orig_dtype"]
+            unit = {"name": pu["name"], "index": pu["index"], "modules": u.modules, "params": [],
+                    "reshard_after_forward": pu["reshard_after_forward"], "root": pu.get("root", False),
+                    "ag_dtype": TORCH_DTYPES[ag], "cast": ag != orig}
+            for (fqn, p), meta in zip(params, pu["params"]):
+                k, shape, chunk = meta.get("shard_dim", 0), list(meta["shape"]), meta["chunk"]
+                valid = max(0, min(chunk, shape[k] - r * chunk))
+                local = shape[:k] + [valid] + shape[k + 1:]
+                nvalid = 1
+                for d in local:
+                    nvalid *= d
+                numel = meta["numel"]
+                P = _Param()
+                P.index, P.fqn, P.unit, P.owners = pindex, fqn, pu["index"], owners[id(p)]
+                P.requires_grad = p.requires_grad
+                flat = self.lib.tensor("sharded", pindex, meta["padded_numel"], meta["dtype"])
+                with torch.no_grad():
+                    flat.zero_()
+                    if not p.is_meta:
+                        flat[:nvalid].view(local).copy_(_shard_of(p.detach(), W, r, k, local))
+                P.sharded = nn.Parameter(flat[:nvalid].view(local), requires_grad=p.requires_grad)
+                P.unsharded = nn.Parameter(self.lib.tensor("unsharded", pindex, numel, ag).view(shape),
+                                           requires_grad=p.requires_grad)
+                P.grad_buf = self.lib.tensor("grad", pindex, numel, ag).view(shape)
+                P.shard_grad = self.lib.tensor("sharded_grad", pindex, meta["padded_numel"],
+                                               meta["dtype"])[:nvalid].view(local)
+                P.alias = None
+                P.accumulated = False
+                P.arrived = False
+                for mod, attr in P.owners:
+                    mod._parameters[attr] = P.sharded
+                unit["params"].append(P)
+                self.params.append(P)
+                pindex += 1
+            self.units.append(unit)
+        self.live = [False] * len(self.units)
+
+    def _install_hooks(self):
+        self._handles = []
+        for unit in self.units:
+            u = unit["index"]
+            for mod in unit["modules"]:
+                try:
+                    h = mod.register_forward_pre_hook(self._pre_forward_hook(u), with_kwargs=True)
+                except TypeError:  # torch < 2.0: positional arguments only
+                    h = mod.register_forward_pre_hook(self._pre_forward_hook(u, False))
+                self._handles.append(h)
+                self._handles.append(mod.register_forward_hook(self._post_forward_hook(u)))
+            for P in unit["params"]:
+                if not P.requires_grad:
+                    continue
+                if hasattr(P.unsharded, "register_post_accumulate_grad_hook"):
+                    self._handles.append(P.unsharded.register_post_accumulate_grad_hook(self._grad_hook(P, True)))
+                else:
+                    self._handles.append(P.unsharded.register_hook(self._grad_hook(P, False)))
+
+    # -- state --
+
+    def _reset_pass(self):
+        self._in_backward = False
+        self._callback_queued = False
+        self._fwd_started = [0] * len(getattr(self, "units", []))
+        self._fwd_done = [0] * len(getattr(self, "units", []))
+        self._pre_bwd_done = [False] * len(getattr(self, "units", []))
+        self._post_bwd_done = [False] * len(getattr(self, "units", []))
+        self._arrived = [0] * len(getattr(self, "units", []))
+
+    def _call(self, call, u):
+        if self.check_order:
+            exp = self._calls[self._pos] if self._pos < len(self._calls) else None
+            if exp is None or exp[0] != call or exp[1] != u:
+                want = "nothing more this micro-step" if exp is None else "%s(%s)" % (exp[0], self.units[exp[1]]["name"])
+                raise PlanOrderError(
+                    "commplan: %s(%s) called, but plan %s expects %s next (micro-step %d; the op order of its "
+                    "SCHEDULE.md): the model runs its units in another order than the plan (a unit called twice, "
+                    "activation-checkpoint recompute, a forward under no_grad)"
+                    % (call, self.units[u]["name"], self.name, want, self._micro))
+        self._pos += 1
+        self.lib.call(call, u)
+
+    def _use(self, unit, unsharded):
+        for P in unit["params"]:
+            t = P.unsharded if unsharded else P.sharded
+            for mod, attr in P.owners:
+                mod._parameters[attr] = t
+
+    def _unshard(self, u):
+        unit = self.units[u]
+        if not self.live[u]:
+            if unit["params"]:
+                self._call("unshard", u)
+            self.live[u] = True
+        self._use(unit, True)
+
+    def _reshard(self, u, phase):
+        unit = self.units[u]
+        if unit["params"] and ("reshard", u, self._micro, phase) in self._plan_calls:
+            self._call("reshard", u)
+        self.live[u] = False
+        self._use(unit, False)
+
+    # -- forward --
+
+    def _pre_forward_hook(self, u, with_kwargs=True):
+        def hook(module, args, kwargs=None):
+            if not torch.is_grad_enabled():
+                raise PlanOrderError("commplan: forward of %s under no_grad: the plan's step is forward then "
+                                     "backward; run evaluation on another copy of the model"
+                                     % self.units[u]["name"])
+            if self._in_backward:
+                raise PlanOrderError("commplan: forward of %s during backward (activation-checkpoint recompute) "
+                                     "is not in the plan's order" % self.units[u]["name"])
+            unit = self.units[u]
+            if self._fwd_done[u] >= len(unit["modules"]):
+                raise PlanOrderError("commplan: a second forward of %s before backward: the plan's micro-step is "
+                                     "one forward and one backward" % unit["name"])
+            if self._fwd_started[u] == 0:
+                if u == 0:
+                    for P in self.params:  # torch < 2.1 left the last backward's grads on the unsharded params
+                        P.unsharded.grad = None
+                self._unshard(u)
+            self._fwd_started[u] += 1
+            if unit["cast"]:
+                args = _cast_floats(args, unit["ag_dtype"])
+                if with_kwargs:
+                    kwargs = _cast_floats(kwargs, unit["ag_dtype"])
+            return (args, kwargs) if with_kwargs else args
+        return hook
+
+    def _post_forward_hook(self, u):
+        def hook(module, args, output):
+            unit = self.units[u]
+            for t in _tensors_in(output, []):
+                if t.requires_grad:
+                    t.register_hook(self._pre_backward_hook(u))
+            self._fwd_done[u] += 1
+            if self._fwd_done[u] == len(unit["modules"]) and u != 0 and unit["reshard_after_forward"]:
+                self._reshard(u, "forward")
+            return None
+        return hook
+
+    # -- backward --
+
+    def _enter_backward(self):
+        if not self._callback_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+            self._callback_queued = True
+            self._in_backward = True
+
+    def _pre_backward_hook(self, u):
+        def hook(grad):
+            self._enter_backward()
+            if not self._pre_bwd_done[u]:
+                self._pre_bwd_done[u] = True
+                self._unshard(u)
+            return None
+        return hook
+
+    def _grad_hook(self, P, post_accumulate):
+        def hook(arg):
+            self._enter_backward()
+            g = arg.grad if post_accumulate else arg
+            with torch.no_grad():
+                if P.accumulated:
+                    P.grad_buf.add_(g)
+                else:
+                    P.grad_buf.copy_(g)
+            P.accumulated = True
+            if post_accumulate:
+                arg.grad = None
+            if not P.arrived:
+                P.arrived = True
+                self._arrived[P.unit] += 1
+                unit = self.units[P.unit]
+                if self._arrived[P.unit] == sum(1 for q in unit["params"] if q.requires_grad):
+                    self._post_backward(P.unit)
+            return None
+        return hook
+
+    def _post_backward(self, u):
+        unit = self.units[u]
+        self._post_bwd_done[u] = True
+        self._reshard(u, "backward")
+        if not unit["params"] or ("reduce", u, self._micro, "backward") not in self._plan_calls:
+            return
+        with torch.no_grad():
+            for P in unit["params"]:
+                if P.alias is not None and P.sharded.grad is P.alias:
+                    # an earlier micro-batch's reduced shard not yet consumed: move it out of the
+                    # plan's storage before this reduce overwrites it (stream-ordered before the pack)
+                    P.sharded.grad = P.alias.clone()
+            self._call("reduce", u)
+            for P in unit["params"]:
+                P.accumulated = False
+                if P.sharded.grad is None:
+                    P.alias = P.shard_grad
+                    P.sharded.grad = P.alias
+                else:
+                    P.sharded.grad.add_(P.shard_grad)
+
+    def _finish_backward(self):
+        try:
+            for unit in self.units:
+                u = unit["index"]
+                if self._post_bwd_done[u] or not any(P.requires_grad for P in unit["params"]):
+                    if not unit["params"] and self.live[u]:
+                        self._reshard(u, "backward")  # the parameter-less root: nothing to issue
+                    continue
+                missing = [P.fqn for P in unit["params"] if P.requires_grad and not P.arrived]
+                raise PlanOrderError("commplan: parameter %s of unit %s got no gradient in this backward; the plan "
+                                     "reduces every parameter of the unit (use it in the loss, or leave it out of "
+                                     "the wrapped modules)" % (missing[0], unit["name"]))
+            end = self._micro_end[self._micro]
+            if self.check_order and self._pos != end:
+                c, u, _ = self._calls[self._pos]
+                raise PlanOrderError("commplan: backward ended before %s(%s), which plan %s issues in micro-step %d"
+                                     % (c, self.units[u]["name"], self.name, self._micro))
+        finally:
+            for P in self.params:
+                P.arrived = False
+            self._reset_pass()
+        self._micro += 1
+        if self._micro == self._micro_steps:
+            self._micro = 0
+            self._pos = 0
+
+    # -- the caller's --
+
+    def synchronize(self, timeout_s=300.0):
+        """Waits for this rank's communication on the current stream (polling NCCL for errors;
+        aborts instead of hanging after timeout_s)."""
+        self.lib.synchronize(timeout_s)
+
+    def close(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self.lib.close()
