@@ -182,8 +182,39 @@ end
 
 -- The fingerprint hashes every fact the tables hold; it is what ranks
 -- compare before their first collective.
+-- The tables of TP classes beyond the first (plan.c holds every class;
+-- plan.json describes class 0): every number a rank of another class runs.
+local function class_facts(p)
+  local out = {}
+  for c = 2, #(p.tp_classes or {}) do
+    local cls = p.tp_classes[c]
+    local t = { "class", c - 1, "tp_ranks", cls.coords }
+    for _, u in ipairs(cls.layout.units) do
+      local q = {}
+      for _, x in ipairs(u.params) do
+        q[#q + 1] = { x.shape, x.chunk, x.run, x.padded, x.offset, x.grad_offset, x.numel }
+      end
+      t[#t + 1] = u.name
+      t[#t + 1] = { u.total, u.grads_numel, u.act_numel or 0, q }
+    end
+    local ops = {}
+    for _, o in ipairs(cls.ops) do ops[#ops + 1] = { o.kind, o.count or 0, o.stream, cls.arena.waits[o.seq] or {} } end
+    t[#t + 1] = "ops"
+    t[#t + 1] = ops
+    t[#t + 1] = "arena"
+    local offs = {}
+    for _, b in ipairs(cls.arena.buffers) do offs[#offs + 1] = b.offset end
+    t[#t + 1] = { cls.arena.arena_bytes, offs }
+    out[#out + 1] = O(t)
+  end
+  return out
+end
+
 function audit.fingerprint(p)
-  return plan_mod.fnv1a64(json.encode(facts(p)))
+  local s = json.encode(facts(p))
+  local extra = class_facts(p)
+  if #extra > 0 then s = s .. json.encode(extra) end
+  return plan_mod.fnv1a64(s)
 end
 
 function audit.json(p, fp)

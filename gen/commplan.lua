@@ -359,6 +359,8 @@ local function check_mode(files, names, plan_path, outdir)
 end
 
 local function main(argv)
+  -- Audit verbs: lua5.4 gen/commplan.lua diff A B | advise PLAN [--world-size N]
+  if argv[1] == "diff" or argv[1] == "advise" then return require("gen.verbs").main(argv) end
   local check = false
   local args = {}
   for _, a in ipairs(argv) do

@@ -29,6 +29,14 @@ local memplan = {}
 memplan.ALIGN = 256 -- bytes: cudaMalloc's alignment, and 16-byte vector access
 memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act" }
 
+-- The stream whose allocations a buffer belongs to: the one running the op
+-- that opens its lifetimes. As in PyTorch's caching allocator (a pool per
+-- stream), bytes are reused only within a pool: were the all-reduce
+-- stream's rs_out handed to the next unit's copy-out on the compute stream,
+-- that copy-out would wait for the all-reduce, and compute behind it.
+memplan.POOL = { ag = "copy_in", unsharded = "compute", grads = "compute", rs_in = "reduce_scatter",
+                 rs_out = "reduce_scatter", act = "compute" }
+
 local ES = layout.DTYPE_BYTES
 local STREAMS = opkinds.STREAMS
 
@@ -229,7 +237,7 @@ function memplan.build(lay, ops)
     local sz = sizes_of(lay, u)
     by_unit[u.index] = {}
     for ki, kind in ipairs(memplan.KINDS) do
-      local b = { unit = u.index, unit_name = u.name, kind = kind, kind_index = ki,
+      local b = { unit = u.index, unit_name = u.name, kind = kind, kind_index = ki, pool = memplan.POOL[kind],
                   size = util.ceil_div(sz[kind], memplan.ALIGN) * memplan.ALIGN, bytes = sz[kind],
                   lives = life[u.index][kind] }
       buffers[#buffers + 1] = b
@@ -251,7 +259,8 @@ function memplan.build(lay, ops)
     else
       local busy = {}
       for _, q in ipairs(placed) do
-        if overlap_in_time(b, q) then busy[#busy + 1] = q end
+        -- Bytes are shared only within a stream's pool (see POOL).
+        if q.pool ~= b.pool or overlap_in_time(b, q) then busy[#busy + 1] = q end
       end
       table.sort(busy, function(x, y) return x.offset < y.offset end)
       local off = 0
