@@ -95,7 +95,9 @@ CUDA_INC   := -I$(CUDA_HOME)/include $(if $(filter-out $(CUDA_HOME),$(NCCL_HOME)
 CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Xlinker -rpath,$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib \
               $(if $(filter-out $(CUDA_HOME),$(NCCL_HOME)),-L$(NCCL_HOME)/lib -Xlinker -rpath$(comma)$(NCCL_HOME)/lib)
 GPU_SRC    := runtime/gpu.c runtime/gpu_run.c
-GPU_OBJ    := $(patsubst runtime/%.c,build/runtime/%.o,$(GPU_SRC))
+# The copy kernels are plan-independent: nvcc compiles them once, and each
+# plan's plan_kernels.cu only binds its name to them.
+GPU_OBJ    := $(patsubst runtime/%.c,build/runtime/%.o,$(GPU_SRC)) build/runtime/cp_kernels.o
 LIB_OBJ    := $(BUILD)/plan.o $(RUNTIME_OBJ)
 ifeq ($(HAVE_NVCC),1)
 LIB_OBJ    += $(BUILD)/plan_kernels.o $(GPU_OBJ)
@@ -114,8 +116,12 @@ build/runtime/%.o: runtime/%.c $(RUNTIME_HDR)
 $(BUILD)/plan.o: $(BUILD)/.generated
 	$(CC) $(CSTD) $(CFLAGS) -fPIC -Iruntime -I$(OUT) -c $(OUT)/plan.c -o $@
 
-$(BUILD)/plan_kernels.o: $(BUILD)/.generated runtime/cp_kernels.cuh runtime/cp_gpu_kernels.h
+$(BUILD)/plan_kernels.o: $(BUILD)/.generated runtime/cp_gpu_kernels.h $(RUNTIME_HDR)
 	$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC -Iruntime -c $(OUT)/plan_kernels.cu -o $@
+
+build/runtime/cp_kernels.o: runtime/cp_kernels.cu runtime/cp_kernels.cuh runtime/cp_gpu_kernels.h $(RUNTIME_HDR)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC -Iruntime -c $< -o $@
 
 $(BUILD)/lib$(NAME).a: $(LIB_OBJ)
 	@rm -f $@
@@ -241,9 +247,9 @@ kernel-test-plans:
 	@for p in $(KERNEL_TEST_EXTRA); do \
 	  $(MAKE) --no-print-directory -s PLAN=tests/plans/$$p.lua OUT=build/gen/$$p >/dev/null || exit 1; done
 
-build/tests/test_kernels: tests/c/test_kernels.cu $(RUNTIME_SRC) $(RUNTIME_HDR) runtime/cp_kernels.cuh kernel-test-plans
+build/tests/test_kernels: tests/c/test_kernels.cu $(RUNTIME_SRC) $(RUNTIME_HDR) runtime/cp_kernels.cuh kernel-test-plans build/runtime/cp_kernels.o
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -Iruntime -o $@ tests/c/test_kernels.cu $(RUNTIME_SRC) $(KERNEL_TEST_OBJ) $(CUDA_LIBS) -lm
+	$(NVCC) $(NVCCFLAGS) -Iruntime -o $@ tests/c/test_kernels.cu $(RUNTIME_SRC) $(KERNEL_TEST_OBJ) build/runtime/cp_kernels.o $(CUDA_LIBS) -lm
 
 # On a machine with an NVIDIA GPU: kernels on the device against the host
 # reference, and a real one-rank NCCL run of plans/single.lua with --check,

@@ -2,6 +2,8 @@
 #ifndef COMMPLAN_GPU_KERNELS_H
 #define COMMPLAN_GPU_KERNELS_H
 
+#include "commplan.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -18,6 +20,13 @@ typedef struct {
      * first launch (cp_gpu_init does), never during a graph capture. 0 or a cudaError_t. */
     int (*prepare)(int tp_class);
 } cp_gpu_kernels;
+
+/* The kernels themselves (runtime/cp_kernels.cu, compiled once), for any
+ * plan's tables; a plan's generated plan_kernels.cu binds them to its name. */
+int cp_kernels_prepare(const cp_plan *plan, int tp_class);
+int cp_kernels_launch(const cp_plan *plan, int tp_class, int op, int unit, int shard_rank, const void *in, void *out,
+                      void *stream);
+int cp_kernels_emulate(const cp_plan *plan, int tp_class, int op, int unit, int shard_rank, const void *in, void *out);
 
 #ifdef __cplusplus
 }

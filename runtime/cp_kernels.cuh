@@ -460,16 +460,15 @@ static inline cudaError_t cp_ktables_prepare(cp_ktables *t, const cp_plan *p, in
 #endif
 }
 
-/* One unit's copy for TP class c: on the device (host = 0; prepared on
- * first use) or its group bodies on the CPU (host = 1). t: one cp_ktables
- * per class. */
-static inline cudaError_t cp_ktables_run(cp_ktables *tables, const cp_plan *p, int c, int op, int unit,
-                                         int shard_rank, const void *in, void *out, cudaStream_t s, int host)
+/* One unit's copy for TP class c with that class's tables t: on the
+ * device (host = 0; prepared on first use) or its group bodies on the CPU
+ * (host = 1). */
+static inline cudaError_t cp_ktables_run(cp_ktables *t, const cp_plan *p, int c, int op, int unit, int shard_rank,
+                                         const void *in, void *out, cudaStream_t s, int host)
 {
     int nclasses = p->nclasses > 0 ? p->nclasses : 1;
     if (c < 0 || c >= nclasses || unit < 0 || unit >= p->nunits || op < 0 || op > CP_K_VIEW_OUT)
         return cudaErrorInvalidValue;
-    cp_ktables *t = &tables[c];
     cudaError_t e = host ? cp_ktables_build_host(t, p, c) : cp_ktables_prepare(t, p, c);
     if (e != cudaSuccess) return e;
     cp_kview v = { (host ? t->host : t->device) + t->units[unit].first_param, t->units[unit], p->shard_size };

@@ -1,0 +1,62 @@
+/* The copy kernels, compiled once for every plan: the kernel bodies are
+ * plan-independent (cp_kernels.cuh) and read each plan's layout from its
+ * generated tables (plan.c) through per-(plan, TP class) tables built on
+ * first use. A plan's plan_kernels.cu only binds its name to these. */
+#include <mutex>
+
+#include "cp_gpu_kernels.h"
+#include "cp_kernels.cuh"
+
+namespace {
+
+/* One entry per (plan, TP class) a process uses: a process runs one plan
+ * (one class on the GPU); tests emulate a few. */
+struct entry {
+    const cp_plan *plan;
+    int tp_class;
+    cp_ktables tables;
+    entry *next;
+};
+entry *entries;
+std::mutex lock;
+
+cp_ktables *tables_of(const cp_plan *p, int tp_class)
+{
+    std::lock_guard<std::mutex> guard(lock);
+    for (entry *e = entries; e; e = e->next)
+        if (e->plan == p && e->tp_class == tp_class) return &e->tables;
+    entry *e = new (std::nothrow) entry{ p, tp_class, cp_ktables{}, entries };
+    if (!e) return nullptr;
+    entries = e;
+    return &e->tables;
+}
+
+cudaError_t run(const cp_plan *p, int tp_class, int op, int unit, int shard_rank, const void *in, void *out,
+                cudaStream_t s, int host)
+{
+    int nclasses = p->nclasses > 0 ? p->nclasses : 1;
+    if (tp_class < 0 || tp_class >= nclasses) return cudaErrorInvalidValue;
+    cp_ktables *t = tables_of(p, tp_class);
+    if (!t) return cudaErrorMemoryAllocation;
+    return cp_ktables_run(t, p, tp_class, op, unit, shard_rank, in, out, s, host);
+}
+
+} // namespace
+
+extern "C" int cp_kernels_prepare(const cp_plan *p, int tp_class)
+{
+    cp_ktables *t = tables_of(p, tp_class);
+    return t ? (int)cp_ktables_prepare(t, p, tp_class) : (int)cudaErrorMemoryAllocation;
+}
+
+extern "C" int cp_kernels_launch(const cp_plan *p, int tp_class, int op, int unit, int shard_rank, const void *in,
+                                 void *out, void *stream)
+{
+    return (int)run(p, tp_class, op, unit, shard_rank, in, out, (cudaStream_t)stream, 0);
+}
+
+extern "C" int cp_kernels_emulate(const cp_plan *p, int tp_class, int op, int unit, int shard_rank, const void *in,
+                                  void *out)
+{
+    return (int)run(p, tp_class, op, unit, shard_rank, in, out, 0, 1);
+}
