@@ -159,6 +159,14 @@ local function check_name(ctx, path, v)
     util.field_error(ctx, path, string.format("name %s holds byte %d at %d; names are printable ASCII "
       .. "(no control characters, no UTF-8): rename it", util.show(v), v:byte(bad), bad))
   end
+  -- SCHEDULE.md shows names in Markdown tables and text: characters that
+  -- would end a cell or open HTML or code are refused.
+  local md = v:find("[|<>`]")
+  if md then
+    util.field_error(ctx, path, string.format("name %s holds %q at %d, which SCHEDULE.md's Markdown would read "
+      .. "as markup; names use letters, digits and . _ - / : and the like: rename it", util.show(v),
+      v:sub(md, md), md))
+  end
 end
 
 local function check_value(ctx, path, spec, v)

@@ -272,6 +272,15 @@ function T.names_are_validated()
   fails(names_plan("'a'", "'root'", "42", "'y'"), "params[1].name", "expected a string")
 end
 
+-- Names reach SCHEDULE.md's Markdown tables: a cell separator, HTML or
+-- code span would break the review surface.
+function T.names_with_markdown_markup_refused()
+  for _, bad in ipairs({ "a|b", "<!--x", "w`1`", "a>b" }) do
+    H.plan_fails(string.format("return { world_size = 2, parallel = { dp_shard = 2 }, model = { units = { "
+      .. "{ name = %q, params = { { name = 'w', shape = { 4 } } } } } } }", bad), "Markdown", "rename it")
+  end
+end
+
 function T.names_unique_as_c_identifiers()
   fails(names_plan("'a'", "'root'", "'a.b'", "'a_b'"), "model.units[2].params[1].name", "\"a_b\"", "\"a.b\"",
     "<NAME>_PARAM_A_B")
