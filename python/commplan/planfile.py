@@ -171,6 +171,9 @@ def _check_name(kind, name, where):
         if not 0x20 <= c <= 0x7E:
             raise PlanError("%s: %s name %s holds byte %d at %d; names are printable ASCII (no control "
                             "characters, no UTF-8): rename it" % (where, kind, lua_string(raw), c, i + 1))
+        if chr(c) in "|<>`":
+            raise PlanError("%s: %s name %s holds %r at %d, which SCHEDULE.md's Markdown would read as markup "
+                            "(the generator refuses it): rename it" % (where, kind, lua_string(raw), chr(c), i + 1))
 
 
 def check_names(units):
