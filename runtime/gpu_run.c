@@ -158,6 +158,7 @@ static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, c
         else run = cp_gpu_step(g, S);
         if (run || cp_gpu_synchronize(g, S, o->timeout_s) || cp_harness_end_step(&cs.harness)) rc = 2;
     }
+    if (rc == 0 && cp_harness_finish(&cs.harness)) rc = 2;
     if (rc == 2) fprintf(stderr, "commplan: %s\n", cp_gpu_last_error(g)[0] ? cp_gpu_last_error(g) : ex->err);
     else if (cs.harness.check.mismatches) {
         fprintf(stderr, "commplan: %s rank %d: %ld mismatching elements\n", p->name, cp_gpu_rank(g),

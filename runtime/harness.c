@@ -7,10 +7,28 @@
 
 #include "harness.h"
 
+static void dump_mark(cp_harness *h, const char *phase)
+{
+    fprintf(h->dump, "%s{\"op\":\"mark\",\"what\":\"step%d_%s\"}", h->dump_first_log ? "" : ",\n", h->check.step,
+            phase);
+    h->dump_first_log = 0;
+}
+
+/* The recorder marks the backward when loss.backward() starts: before the
+ * first op after the first micro-step's forwards (its prefetching
+ * all-gathers included). */
+static void mark_backward(cp_harness *h, const cp_executor *ex, const cp_op *op)
+{
+    if (!h->dump || h->marked_backward || op - ex->plan->ops < h->backward_from) return;
+    dump_mark(h, "backward");
+    h->marked_backward = 1;
+}
+
 static int on_compute(void *user, cp_executor *ex, const cp_op *op)
 {
     cp_harness *h = user;
     int u = op->unit;
+    mark_backward(h, ex, op);
     if (cp_executor_read(ex, op->stream, u, CP_BUF_UNSHARDED, h->scratch)) { h->error = 1; return -1; }
     cp_checker_check_unsharded(&h->check, u, h->scratch,
                                op->kind == CP_OP_FORWARD ? "unsharded param in forward" : "unsharded param in backward");
@@ -48,7 +66,9 @@ static int on_activation(void *user, cp_executor *ex, const cp_op *op, int after
     return 0;
 }
 
-/* ---- dump in the recordings' format (step 0 only) ---- */
+/* ---- dump in the recordings' format: step 0's shards, every step's
+ * collectives between "stepN_forward" / "stepN_backward" marks (as the
+ * recorder writes them), the last step's grads ---- */
 
 static void dump_values(FILE *f, cp_dtype t, const void *base, int64_t off, int64_t n)
 {
@@ -103,7 +123,8 @@ void cp_harness_on_collective(void *user, cp_executor *ex, const cp_op *op, cons
 {
     cp_harness *h = user;
     /* A one-rank group issues no collective (FSDP2 records none either). */
-    if (!h->dump || h->check.step != 0 || op->family < 0) return;
+    if (!h->dump || op->family < 0) return;
+    mark_backward(h, ex, op);
     const cp_plan *p = ex->plan;
     FILE *f = h->dump;
     int color, key;
@@ -190,6 +211,9 @@ int cp_harness_open_dump(cp_harness *h, const char *dir)
     }
     /* Only a dump observes collectives (each observation copies buffers). */
     h->ex->on_collective = cp_harness_on_collective;
+    const cp_plan *p = h->ex->plan;
+    for (int i = 0; i < p->nops; i++)
+        if (p->ops[i].kind == CP_OP_FORWARD && p->ops[i].micro_step == 0) h->backward_from = i + 1;
     return 0;
 }
 
@@ -211,6 +235,10 @@ int cp_harness_begin_step(cp_harness *h, int step)
         fputs(",\n\"log\":[\n", h->dump);
         h->dump_first_log = 1;
     }
+    if (h->dump) {
+        dump_mark(h, "forward");
+        h->marked_backward = 0;
+    }
     return 0;
 }
 
@@ -221,16 +249,20 @@ int cp_harness_end_step(cp_harness *h)
         if (cp_executor_read(ex, CP_STREAM_COMPUTE, u, CP_BUF_SHARDED_GRADS, h->scratch)) return -1;
         cp_checker_check_grads(&h->check, u, h->scratch);
     }
-    if (h->check.step == 0 && h->dump) {
-        fputs("],\n", h->dump);
-        if (dump_locals(h, CP_BUF_SHARDED_GRADS)) return -1;
-        fputs("}\n", h->dump);
-        int bad = fclose(h->dump) != 0;
-        h->dump = NULL;
-        if (bad) {
-            fprintf(stderr, "commplan: --dump: writing rank %d's file failed\n", ex->rank);
-            return -1;
-        }
-    }
     return h->error ? -1 : 0;
+}
+
+int cp_harness_finish(cp_harness *h)
+{
+    if (!h->dump) return 0;
+    fputs("],\n", h->dump);
+    if (dump_locals(h, CP_BUF_SHARDED_GRADS)) return -1;
+    fputs("}\n", h->dump);
+    int bad = fclose(h->dump) != 0;
+    h->dump = NULL;
+    if (bad) {
+        fprintf(stderr, "commplan: --dump: writing rank %d's file failed\n", h->ex->rank);
+        return -1;
+    }
+    return 0;
 }

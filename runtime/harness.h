@@ -17,20 +17,24 @@ typedef struct {
     cp_executor *ex;
     cp_checker check;
     void *scratch; /* host copy of one buffer: as large as the largest */
-    FILE *dump;    /* step 0 in the recordings' format, or NULL */
-    int dump_first_log;
+    FILE *dump;    /* the recordings' format, or NULL */
+    int dump_first_log, marked_backward;
+    long backward_from; /* first op index after micro-step 0's forwards */
     int error;     /* a backend read or write failed */
 } cp_harness;
 
 /* Installs the compute and collective hooks on ex. Returns 0 or -1. */
 int cp_harness_init(cp_harness *h, cp_executor *ex, cp_pattern pattern);
 void cp_harness_free(cp_harness *h);
-/* Opens DIR/<plan>.rank<R>.json (creating DIR) for step 0's dump. */
+/* Opens DIR/<plan>.rank<R>.json (creating DIR) for the dump: step 0's
+ * shards, every step's collectives, the last step's grads. */
 int cp_harness_open_dump(cp_harness *h, const char *dir);
 /* Before step s: pattern shards in, sharded grads poisoned. 0 or -1. */
 int cp_harness_begin_step(cp_harness *h, int step);
 /* After the step: reduced grads checked (mismatches counted). 0 or -1. */
 int cp_harness_end_step(cp_harness *h);
+/* After the last step: the dump's grads and its end. 0 or -1. */
+int cp_harness_finish(cp_harness *h);
 /* The collective hook cp_harness_init installs (user: the cp_harness),
  * for callers that install their own compute hook. */
 void cp_harness_on_collective(void *user, cp_executor *ex, const cp_op *op, const void *in, int64_t in_n,

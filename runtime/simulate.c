@@ -147,6 +147,7 @@ static void *rank_main(void *arg)
         }
         if (sr->rank == 0) sim_progress(sr->sw, s + 1);
     }
+    if (!sr->error && cp_harness_finish(&sr->harness)) sr->error = 1;
     return NULL;
 }
 
