@@ -14,6 +14,7 @@ typedef struct {
     pthread_barrier_t barrier;
     const void **ptrs;      /* per member */
     const cp_op **sigs;     /* per member */
+    void **slices;          /* per member: its share of an all-reduce's result */
 } group_instance;
 
 typedef struct {
@@ -57,9 +58,10 @@ cp_host_world *cp_host_world_create(const cp_plan *p)
             group_instance *g = &fs->inst[i];
             g->ptrs = calloc((size_t)size, sizeof *g->ptrs);
             g->sigs = calloc((size_t)size, sizeof *g->sigs);
-            if (!g->ptrs || !g->sigs || pthread_barrier_init(&g->barrier, NULL, (unsigned)size) != 0) {
-                free(g->ptrs); free(g->sigs);
-                g->ptrs = NULL; g->sigs = NULL;
+            g->slices = calloc((size_t)size, sizeof *g->slices);
+            if (!g->ptrs || !g->sigs || !g->slices || pthread_barrier_init(&g->barrier, NULL, (unsigned)size) != 0) {
+                free(g->ptrs); free(g->sigs); free(g->slices);
+                g->ptrs = NULL; g->sigs = NULL; g->slices = NULL;
                 cp_host_world_destroy(w);
                 return NULL;
             }
@@ -91,6 +93,7 @@ void cp_host_world_destroy(cp_host_world *w)
                 pthread_barrier_destroy(&fs->inst[i].barrier);
                 free(fs->inst[i].ptrs);
                 free(fs->inst[i].sigs);
+                free(fs->inst[i].slices);
             }
             free(fs->inst);
         }
@@ -165,29 +168,45 @@ static int host_reduce_scatter(cp_backend *b, const cp_op *op, cp_stream s, cons
     return bad ? -1 : 0;
 }
 
+/* Each member reduces only its 1/size share of the elements (for all
+ * members), then copies every member's share: O(size x count) work in all
+ * rather than every member reducing everything (O(size^2 x count)). */
 static int host_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *buf)
 {
     (void)s;
     (void)in; /* in place: in == buf */
     int key, size, bad;
     group_instance *g = rendezvous(b, op, buf, &key, &size, &bad);
-    size_t bytes = (size_t)op->count * cp_dtype_size(op->dtype);
-    void *tmp = bad ? NULL : malloc(bytes ? bytes : 1);
-    if (!bad && !tmp) {
+    size_t es = cp_dtype_size(op->dtype);
+    int64_t share = (op->count + size - 1) / size;
+    int64_t lo = (int64_t)key * share < op->count ? (int64_t)key * share : op->count;
+    int64_t hi = lo + share < op->count ? lo + share : op->count;
+    void *mine = bad ? NULL : malloc((size_t)(hi - lo) * es + 1);
+    if (!bad && !mine) {
         fprintf(stderr, "commplan: out of host memory in all_reduce\n");
         bad = 1;
     }
     if (!bad) {
         float vals[size];
-        for (int64_t i = 0; i < op->count; i++) {
+        for (int64_t i = lo; i < hi; i++) {
             for (int m = 0; m < size; m++) vals[m] = cp_load(op->dtype, g->ptrs[m], i);
-            cp_store(op->dtype, tmp, i, cp_reduce_arith(rc_arith(b), op->dtype, op->reduce_op, vals, size,
-                                                        cp_nccl_all_reduce_key(i, op->count, size)));
+            cp_store(op->dtype, mine, i - lo, cp_reduce_arith(rc_arith(b), op->dtype, op->reduce_op, vals, size,
+                                                              cp_nccl_all_reduce_key(i, op->count, size)));
         }
     }
-    /* Everyone has read every input before anyone overwrites its own. */
+    g->slices[key] = mine;
+    /* Everyone has read every input (and posted its share) before anyone overwrites its own. */
     pthread_barrier_wait(&g->barrier);
-    if (tmp) { memcpy(buf, tmp, bytes); free(tmp); }
+    for (int m = 0; m < size && !bad; m++) {
+        int64_t mlo = (int64_t)m * share < op->count ? (int64_t)m * share : op->count;
+        int64_t mhi = mlo + share < op->count ? mlo + share : op->count;
+        if (!g->slices[m]) { bad = 1; break; } /* that member failed: its signature said why */
+        memcpy((char *)buf + (size_t)mlo * es, g->slices[m], (size_t)(mhi - mlo) * es);
+    }
+    /* No share is freed while a peer still copies it. */
+    pthread_barrier_wait(&g->barrier);
+    g->slices[key] = NULL;
+    free(mine);
     return bad ? -1 : 0;
 }
 
