@@ -43,6 +43,9 @@ if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null 2>&1;
   timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 build/tests/test_kernels >"$OUT/memcheck.log" 2>&1 || rc=1
   tail -n 3 "$OUT/memcheck.log"
 fi
+echo "== TP + sequence parallelism: the collectives PyTorch issues vs the plan's (tests/tp_record.py)"
+python3 tests/tp_record.py >"$OUT/tp_record.log" 2>&1 || rc=1
+tail -n 8 "$OUT/tp_record.log"
 [ -n "${ONLY_TESTS:-}" ] && exit $rc
 echo "== copy kernels vs PyTorch"
 PYTHONUNBUFFERED=1 python3 bench/bench_kernels.py >"$OUT/bench_kernels.log" 2>&1 || rc=1

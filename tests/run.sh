@@ -438,6 +438,14 @@ if command -v python3 >/dev/null 2>&1; then
     SKIP*) skipped "python: 20 AdamW steps vs FSDP2 on 4 ranks (make test-train)" "${tc#*: }" ;;
     *) skipped "python: 20 AdamW steps vs FSDP2 on 4 ranks" "torch 2.x and a GPU are here: run make test-train" ;;
   esac
+  # TP + sequence parallelism against what PyTorch issues (torch >= 2.4, gloo on CPU).
+  tr=$(python3 tests/tp_record.py 2>&1); trc=$?
+  case $tr in
+    SKIP*) skipped "TP+SP activation collectives vs PyTorch's (tests/tp_record.py)" "${tr#SKIP tp_record: }" ;;
+    *) f=$(logname "TP+SP activation collectives vs PyTorch's"); printf '%s\n' "$tr" >"$f"
+       if [ "$trc" = 0 ]; then ok "TP+SP activation collectives vs PyTorch's (tests/tp_record.py)"
+       else bad "TP+SP activation collectives vs PyTorch's (tests/tp_record.py)" "$f"; fi ;;
+  esac
 else skipped "python package tests" "python3 not found"; fi
 
 printf 'tests: %d passed, %d failed, %d skipped\n' "$pass" "$fail" "$skip"
