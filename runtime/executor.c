@@ -212,7 +212,11 @@ static int run_collective(cp_executor *ex, const cp_op *op, const cp_op_desc *d,
     if (d->activation && ex->on_activation && ex->on_activation(ex->user, ex, op, 0))
         return failed(ex, op, "preparing the activation");
     void *before = NULL;
-    if (ex->on_collective && in == out) {
+    /* In place whenever input and output overlap, not only when they start
+     * together: a TP reduce-scatter's output is its rank's slot inside the
+     * input, which the collective overwrites. Read the input first. */
+    uintptr_t ib = (uintptr_t)in, ob = (uintptr_t)out;
+    if (ex->on_collective && ib < ob + (size_t)out_n * es && ob < ib + (size_t)in_n * es) {
         if (!(before = malloc((size_t)in_n * es + 1))) return failed(ex, op, "host copy for the observer");
         if (b->read(b, op->stream, in, before, (size_t)in_n * es)) { free(before); return failed(ex, op, "read"); }
     }
@@ -256,7 +260,7 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op)
         if (!ex->unsharded_live[u])
             return ex_error(ex, "rank %d: %s of unit %s runs on resharded parameters", ex->rank, d->name,
                             p->units[u].name);
-        if (ex->on_compute && ex->on_compute(ex->user, ex, op)) return -1;
+        if (ex->on_compute && ex->on_compute(ex->user, ex, op)) return failed(ex, op, "the compute callback");
         break;
     case CP_ACT_NONE: break;
     }

@@ -145,7 +145,10 @@ static int init_comms(cp_gpu *g)
     CUDA(cudaMalloc((void **)&all, 32 * (size_t)nranks));
     char fp[32] = { 0 };
     snprintf(fp, sizeof fp, "%s", p->fingerprint);
-    CUDA(cudaMemcpy(mine, fp, 32, cudaMemcpyHostToDevice));
+    /* On the stream the all-gather runs on: a plain cudaMemcpy from pageable
+     * memory may return before its bytes land, and the legacy stream does
+     * not order the non-blocking COPY_IN stream. */
+    CUDA(cudaMemcpyAsync(mine, fp, 32, cudaMemcpyHostToDevice, g->streams[CP_STREAM_COPY_IN]));
     NCCL(ncclAllGather(mine, all, 32, ncclChar, g->world, g->streams[CP_STREAM_COPY_IN]));
     CUDA(cudaStreamSynchronize(g->streams[CP_STREAM_COPY_IN]));
     char *host = malloc(32 * (size_t)nranks);
@@ -439,6 +442,13 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
         }
     g->ex.on_compute = on_compute;
     g->ex.user = g;
+    /* gpu_alloc's cudaMemsets and the kernel tables' cudaMemcpy ran on the
+     * legacy stream, which the non-blocking streams do not wait for: let
+     * them land before any step or upload touches those bytes. */
+    if ((ce = cudaDeviceSynchronize()) != cudaSuccess) {
+        fail(g, "cudaDeviceSynchronize after allocating the buffers failed: %s", cudaGetErrorString(ce));
+        goto out;
+    }
     rc = 0;
 out:
     if (rc != 0) {
@@ -454,7 +464,8 @@ void cp_gpu_destroy(cp_gpu *g)
 {
     if (!g) return;
     if (g->graph) cudaGraphExecDestroy(g->graph);
-    if (g->have_ex) cp_executor_free(&g->ex);
+    /* g->plan may be the executor's view (&g->ex.view): read it before
+     * cp_executor_free clears the executor. */
     if (g->events)
         for (int i = 0; i < g->plan->nevents; i++) if (g->events[i]) cudaEventDestroy(g->events[i]);
     free(g->events);
@@ -463,6 +474,7 @@ void cp_gpu_destroy(cp_gpu *g)
     if (g->comms)
         for (int f = 0; f < g->plan->nfamilies; f++) if (g->comms[f]) ncclCommDestroy(g->comms[f]);
     free(g->comms);
+    if (g->have_ex) cp_executor_free(&g->ex);
     if (g->world) ncclCommDestroy(g->world);
     if (g->fork_event) cudaEventDestroy(g->fork_event);
     for (int s = CP_STREAM_COMPUTE + 1; s < CP_STREAM_COUNT; s++) {
@@ -644,7 +656,10 @@ int cp_gpu_graph_capture(cp_gpu *g, void *stream)
     CUDA(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
     int rc = cp_gpu_step(g, stream);
     cudaError_t e = cudaStreamEndCapture(S, &graph);
-    if (rc) return -1;
+    if (rc) {
+        if (e == cudaSuccess) cudaGraphDestroy(graph);
+        return -1;
+    }
     if (e != cudaSuccess) return fail(g, "cudaStreamEndCapture failed: %s", cudaGetErrorString(e));
     e = cudaGraphInstantiate(&g->graph, graph, 0);
     cudaGraphDestroy(graph);

@@ -42,6 +42,13 @@ static void CUDART_CB check_on_host(void *arg)
     if (c->op->kind == CP_OP_BACKWARD) cp_checker_add_grads(chk, u, c->op->micro_step, grads);
 }
 
+/* A placeholder's CUDA call failed: say which (the executor adds rank, op and unit). */
+static int cuda_failed(const cp_executor *ex, const char *what, cudaError_t e)
+{
+    fprintf(stderr, "commplan: rank %d: --check: %s failed: %s\n", ex->rank, what, cudaGetErrorString(e));
+    return -1;
+}
+
 static int gpu_check_compute(void *user, cp_executor *ex, const cp_op *op)
 {
     check_state *cs = user;
@@ -52,15 +59,17 @@ static int gpu_check_compute(void *user, cp_executor *ex, const cp_op *op)
     size_t unsharded = (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_UNSHARDED);
     size_t grads_bytes = (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_GRADS);
     char *grads = (char *)c->pinned + ((unsharded + 255) / 256) * 256;
-    if (cudaMemcpyAsync(c->pinned, ex->buf[CP_BUF_UNSHARDED][u], unsharded, cudaMemcpyDeviceToHost, s) != cudaSuccess)
-        return -1;
+    cudaError_t e;
+    if (op->stream != CP_STREAM_COMPUTE) return cuda_failed(ex, "a compute op off the compute stream", cudaErrorInvalidValue);
+    if ((e = cudaMemcpyAsync(c->pinned, ex->buf[CP_BUF_UNSHARDED][u], unsharded, cudaMemcpyDeviceToHost, s)))
+        return cuda_failed(ex, "copying the unsharded params to pinned memory", e);
     if (op->kind == CP_OP_BACKWARD && op->micro_step > 0 &&
-        cudaMemcpyAsync(grads, ex->buf[CP_BUF_GRADS][u], grads_bytes, cudaMemcpyDeviceToHost, s) != cudaSuccess)
-        return -1;
-    if (cudaLaunchHostFunc(s, check_on_host, c) != cudaSuccess) return -1;
+        (e = cudaMemcpyAsync(grads, ex->buf[CP_BUF_GRADS][u], grads_bytes, cudaMemcpyDeviceToHost, s)))
+        return cuda_failed(ex, "copying the grads to pinned memory", e);
+    if ((e = cudaLaunchHostFunc(s, check_on_host, c))) return cuda_failed(ex, "cudaLaunchHostFunc", e);
     if (op->kind == CP_OP_BACKWARD &&
-        cudaMemcpyAsync(ex->buf[CP_BUF_GRADS][u], grads, grads_bytes, cudaMemcpyHostToDevice, s) != cudaSuccess)
-        return -1;
+        (e = cudaMemcpyAsync(ex->buf[CP_BUF_GRADS][u], grads, grads_bytes, cudaMemcpyHostToDevice, s)))
+        return cuda_failed(ex, "copying the grads back", e);
     return 0;
 }
 
@@ -94,18 +103,23 @@ static int gpu_check_activation(void *user, cp_executor *ex, const cp_op *op, in
     compute_call *c = &cs->calls[op - ex->plan->ops];
     const cp_op_desc *d = &cp_op_descs[op->kind];
     size_t n = (size_t)ex->plan->tp_size, es = cp_dtype_size(op->dtype); /* the plan's TP group */
-    if (op->stream != CP_STREAM_COMPUTE) return -1; /* the generator puts them on the compute stream */
+    cudaError_t e;
+    /* The generator puts them on the compute stream, which the pinned scratch's uses are ordered on. */
+    if (op->stream != CP_STREAM_COMPUTE) return cuda_failed(ex, "a TP activation off the compute stream", cudaErrorInvalidValue);
     if (!after) {
         size_t len = (size_t)op->count * (op->kind == CP_OP_TP_REDUCE_SCATTER ? n : 1);
-        if (cudaLaunchHostFunc(cs->stream, act_fill_on_host, c) != cudaSuccess) return -1;
-        return cudaMemcpyAsync(cp_executor_op_buffer(ex, op, d->in, d->in_slot), c->pinned, len * es,
-                               cudaMemcpyHostToDevice, cs->stream) == cudaSuccess ? 0 : -1;
+        if ((e = cudaLaunchHostFunc(cs->stream, act_fill_on_host, c))) return cuda_failed(ex, "cudaLaunchHostFunc", e);
+        if ((e = cudaMemcpyAsync(cp_executor_op_buffer(ex, op, d->in, d->in_slot), c->pinned, len * es,
+                                 cudaMemcpyHostToDevice, cs->stream)))
+            return cuda_failed(ex, "copying the activation input", e);
+        return 0;
     }
     size_t len = (size_t)op->count * (op->kind == CP_OP_TP_ALL_GATHER ? n : 1);
-    if (cudaMemcpyAsync(c->pinned, cp_executor_op_buffer(ex, op, d->out, d->out_slot), len * es,
-                        cudaMemcpyDeviceToHost, cs->stream) != cudaSuccess)
-        return -1;
-    return cudaLaunchHostFunc(cs->stream, act_check_on_host, c) == cudaSuccess ? 0 : -1;
+    if ((e = cudaMemcpyAsync(c->pinned, cp_executor_op_buffer(ex, op, d->out, d->out_slot), len * es,
+                             cudaMemcpyDeviceToHost, cs->stream)))
+        return cuda_failed(ex, "copying the activation output", e);
+    if ((e = cudaLaunchHostFunc(cs->stream, act_check_on_host, c))) return cuda_failed(ex, "cudaLaunchHostFunc", e);
+    return 0;
 }
 
 static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, cudaStream_t S)

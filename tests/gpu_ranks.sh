@@ -15,6 +15,10 @@
 # PAT algorithm for a SUM reduce-scatter, whose summation order is not the
 # ring's that --check models (runtime/dtype.c); a node of several GPUs, the
 # setting this emulates, uses the ring. ncclAvg is never PAT.
+# NCCL_ALGO=Ring (unless set): with several one-GPU "nodes" NCCL may also
+# pick its tree for a small all-reduce, whose order is not a ring's either
+# (dtype.c): hsdp4x2_fp16's 4-replica fp16 SUM all-reduce could then differ
+# from what the checker expects in the last bit.
 set -u
 usage() { echo "usage: $0 N BINARY [ARGS...]  (N ranks of BINARY on GPU 0)" >&2; exit 2; }
 [ $# -ge 2 ] || usage
@@ -32,7 +36,7 @@ while [ "$r" -lt "$n" ]; do
   # A rank whose peers died must not wait for them the default 300 s.
   RANK=$r WORLD_SIZE=$n LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
   NCCL_HOSTID=commplan-rank$r NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 \
-  NCCL_PAT_ENABLE=${NCCL_PAT_ENABLE:-0} COMMPLAN_INIT_TIMEOUT=${COMMPLAN_INIT_TIMEOUT:-120} \
+  NCCL_PAT_ENABLE=${NCCL_PAT_ENABLE:-0} NCCL_ALGO=${NCCL_ALGO:-Ring} COMMPLAN_INIT_TIMEOUT=${COMMPLAN_INIT_TIMEOUT:-120} \
     timeout -k 10 "$limit" "$@" >"$dir/rank$r.log" 2>&1 &
   pids="$pids $!"
   r=$((r + 1))
