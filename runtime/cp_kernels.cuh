@@ -2,7 +2,7 @@
  * param_dtype cast), copy-out, reduce-scatter packing (chunk_cat) and the
  * view-out into sharded grads. The per-vector-group bodies are
  * __host__ __device__ so tests run the exact index math on the host
- * against the C executor. Included by each generated plan_kernels.cu. */
+ * against the C executor. Included once, by runtime/cp_kernels.cu. */
 #ifndef COMMPLAN_KERNELS_CUH
 #define COMMPLAN_KERNELS_CUH
 
@@ -308,6 +308,9 @@ static cudaError_t cp_krun(int op, const cp_kview &v, int shard_rank, const void
     if (blocks == 0) return cudaSuccess;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     const unsigned grid = (unsigned)blocks;
+    /* The launch's own error is read below: clear any non-sticky state an
+     * earlier call left (a sticky fault persists and is reported anyway). */
+    (void)cudaGetLastError();
     switch (op) {
     case CP_K_COPY_IN: cp_copy_in_kernel<TI, TO, V><<<grid, CP_KTHREADS, 0, s>>>(v, shard_rank, src, dst); break;
     case CP_K_COPY_OUT:

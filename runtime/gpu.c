@@ -690,7 +690,7 @@ int cp_gpu_synchronize(cp_gpu *g, void *stream, double timeout_s)
         cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
         if (e == cudaSuccess) return 0;
         if (e != cudaErrorNotReady) return fail(g, "step failed on the GPU: %s", cudaGetErrorString(e));
-        ncclResult_t async;
+        ncclResult_t async = ncclSuccess;
         ncclComm_t comms[1 + 64];
         int n = 0;
         comms[n++] = g->world;

@@ -177,6 +177,10 @@ int main(int argc, char **argv)
         if (strcmp(env.source, "none") == 0) env.local_rank = 0;
         env.comm_id[0] = '\0';
     }
+    if (!simulate && !check && opt.dump_dir) {
+        fprintf(stderr, "commplan: --dump records a checked run: use it with --simulate or --check\n");
+        return 2;
+    }
     if (!simulate) {
 #ifdef CP_WITH_GPU
         cp_gpu_run_options go = { .check = check, .graph = graph, .steps = (int)steps, .warmup = (int)warmup,
