@@ -103,10 +103,10 @@ ifeq ($(HAVE_NVCC),1)
 LIB_OBJ    += $(BUILD)/plan_kernels.o $(GPU_OBJ)
 MAIN_DEFS  := -DCP_WITH_GPU -DCP_KERNELS=$(NAME)_kernels
 LINK       = $(NVCC) -o $@ $^ -lnccl -lm $(CUDA_LIBS)
-SHARED     = $(NVCC) -shared -o $@ $^ -lnccl $(CUDA_LIBS)
+SHARED     = $(NVCC) -shared -o $@ $(LIB_OBJ) -lnccl $(CUDA_LIBS)
 else
 LINK       = $(CC) $(CSTD) $(CFLAGS) -o $@ $^ -lm
-SHARED     = $(CC) -shared -o $@ $^ -lm -pthread
+SHARED     = $(CC) -shared -o $@ $(LIB_OBJ) -lm -pthread
 endif
 
 build/runtime/%.o: runtime/%.c $(RUNTIME_HDR)
@@ -123,16 +123,23 @@ build/runtime/cp_kernels.o: runtime/cp_kernels.cu runtime/cp_kernels.cuh runtime
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC -Iruntime -c $< -o $@
 
-$(BUILD)/lib$(NAME).a: $(LIB_OBJ)
+$(BUILD)/lib$(NAME).a: $(LIB_OBJ) $(BUILD)/.backend
 	@rm -f $@
-	ar rcs $@ $^
+	ar rcs $@ $(LIB_OBJ)
 
-$(BUILD)/lib$(NAME).so: $(LIB_OBJ)
+$(BUILD)/lib$(NAME).so: $(LIB_OBJ) $(BUILD)/.backend
 	$(SHARED)
 
 # One version, in VERSION: gen/commplan.lua --version reads it, the binary gets it here.
 CP_VERSION := $(or $(shell tr -cd 'A-Za-z0-9.+-' <VERSION 2>/dev/null),unknown)
-$(BUILD)/main.o: runtime/main.c $(RUNTIME_HDR) $(BUILD)/.generated VERSION
+# .backend says whether this build has the GPU backend; it changes when nvcc
+# appears or goes (a login node without CUDA, then a GPU node), so the
+# binary and libraries are rebuilt with or without it instead of going stale.
+$(BUILD)/.backend: FORCE
+	@mkdir -p '$(BUILD)'
+	@printf '%s\n' 'gpu=$(HAVE_NVCC)' >'$@.new'; if cmp -s '$@.new' '$@'; then rm -f '$@.new'; else mv -f '$@.new' '$@'; fi
+
+$(BUILD)/main.o: runtime/main.c $(RUNTIME_HDR) $(BUILD)/.generated VERSION $(BUILD)/.backend
 	$(CC) $(CSTD) $(CFLAGS) -Iruntime $(CUDA_INC) -DCP_PLAN=$(NAME)_plan -DCP_VERSION='"$(CP_VERSION)"' $(MAIN_DEFS) -c $< -o $@
 
 $(BUILD)/$(NAME): $(BUILD)/main.o $(BUILD)/lib$(NAME).a

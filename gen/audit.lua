@@ -47,7 +47,9 @@ local function example_ranks(f)
   return O({ "first_group", first, "last_group", last })
 end
 
-local function facts(p)
+-- The plan's facts; for the fingerprint (tables = true) without where the
+-- plan file lies: moving a plan must not change what ranks compare.
+local function facts(p, tables)
   local d = p.dims
   local fam_list = {}
   for _, f in ipairs(p.groups.list) do
@@ -96,7 +98,8 @@ local function facts(p)
     end
   end
   return O({
-    "schema", audit.SCHEMA_VERSION, "plan", p.name, "source", p.source_file, "world_size", p.world_size,
+    "schema", audit.SCHEMA_VERSION, "plan", p.name, "source", (not tables) and p.source_file or nil,
+    "world_size", p.world_size,
     "parallel", O({ "dp_replicate", d.dp_replicate, "dp_shard", d.dp_shard, "cp", d.cp, "tp", d.tp,
                     "pp", d.pp, "ep", d.ep }),
     "mesh", O({ "names", p.mesh.names, "sizes", p.mesh.sizes, "strides", p.mesh.strides }),
@@ -211,7 +214,7 @@ local function class_facts(p)
 end
 
 function audit.fingerprint(p)
-  local s = json.encode(facts(p))
+  local s = json.encode(facts(p, true))
   local extra = class_facts(p)
   if #extra > 0 then s = s .. json.encode(extra) end
   return plan_mod.fnv1a64(s)

@@ -346,13 +346,18 @@ end
 -- ---- main ----
 
 local function check_mode(files, names, plan_path, outdir)
-  local stale = {}
+  local stale, missing = {}, {}
   for _, n in ipairs(names) do
-    if read(outdir .. "/" .. n) ~= files[n] then stale[#stale + 1] = outdir .. "/" .. n end
+    local have = read(outdir .. "/" .. n)
+    if have == nil then missing[#missing + 1] = outdir .. "/" .. n
+    elseif have ~= files[n] then stale[#stale + 1] = outdir .. "/" .. n end
   end
-  if #stale > 0 then
-    io.stderr:write(string.format("%s: stale generated files: %s; run make PLAN=%s and commit\n",
-      plan_path, table.concat(stale, ", "), plan_path:match("([^/]+)$")))
+  if #stale + #missing > 0 then
+    local what = {}
+    if #stale > 0 then what[#what + 1] = "stale generated files: " .. table.concat(stale, ", ") end
+    if #missing > 0 then what[#what + 1] = "never generated: " .. table.concat(missing, ", ") end
+    io.stderr:write(string.format("%s: %s; run make PLAN=%s and commit\n",
+      plan_path, table.concat(what, "; "), plan_path:match("([^/]+)$")))
     return 1
   end
   return 0

@@ -37,7 +37,8 @@ function dims.infer(ctx, parallel, world_size)
     fail(ctx, f .. "dp", "dp is the legacy name of dp_shard and is ignored when dp_shard is given: remove one")
   end
   -- Legacy single `dp` maps to dp_shard when dp_shard is not given.
-  if d.dp_shard == nil then d.dp_shard = parallel.dp or 1 end
+  -- torchtitan's default data_parallel_shard_degree is -1 (inferred).
+  if d.dp_shard == nil then d.dp_shard = parallel.dp or -1 end
   for _, name in ipairs({ "dp_replicate", "cp", "tp", "pp", "ep", "etp" }) do
     if d[name] < 1 then
       fail(ctx, f .. name, string.format("Parallel degree %s=%d must be >= 1", name, d[name]))

@@ -115,7 +115,11 @@ function layout.build(ctx, units, d, fsdp)
     local upath = string.format("model.units[%d]", ui)
     -- A unit without parameters (torchtitan's root) has no FSDP param group:
     -- an empty slot, and the schedule issues nothing for it.
-    local orig = u.params[1] and u.params[1].dtype or fsdp.model_dtype or "fp32"
+    local orig = u.params[1] and u.params[1].dtype
+    if not orig then -- the model's dtype: another unit's (they agree per unit, not across, but any is honest)
+      for _, v in ipairs(units) do orig = orig or (v.params[1] and v.params[1].dtype) end
+    end
+    orig = orig or "fp32"
     for j, p in ipairs(u.params) do
       if p.dtype ~= orig then
         util.field_error(ctx, string.format("%s.params[%d].dtype", upath, j), string.format(

@@ -74,6 +74,17 @@ function plan.from_loaded(p)
       or "a generic model declares no activations (only the llama family's TP collectives are modelled); remove it")
   end
   if p.model.family == "llama" then tp.llama_placements(units) end
+  if d.tp > 1 then
+    local split = 0
+    for _, u in ipairs(units) do
+      for _, q in ipairs(u.params) do if tp.dim_of(q.tp) then split = split + 1 end end
+    end
+    if split == 0 then
+      util.field_error(ctx, "parallel.tp", string.format("tp=%d but no parameter has a TP placement, so every "
+        .. "parameter would be replicated over TP and the TP group would do nothing: give parameters "
+        .. "tp = \"colwise\" | \"rowwise\" | \"shard(k)\", or set tp=1", d.tp))
+    end
+  end
   local split = tp.classes(units, d.tp)
   local classes = {}
   for c, cls in ipairs(split.classes) do classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config) end

@@ -14,9 +14,12 @@
 -- forward and the block inputs' gradients are all-reduced in backward;
 -- the embedding all-reduces its output.
 --
--- Not emitted (stated in SCHEDULE.md): loss_parallel's small all-reduces
--- of per-token max, sum of exponentials and target logit (batch x seq
--- fp32 each), which run outside every fully_shard unit.
+-- Not emitted (stated in docs/plan-files.md; tests/tp_record.py records
+-- what PyTorch issues, to settle them on the GPU machine): loss_parallel's
+-- small all-reduces of per-token max, sum of exponentials and target logit
+-- (batch x seq fp32 each), which run outside every fully_shard unit, and
+-- the all-reduce over TP of the replicated norm weights' partial gradients
+-- under sequence parallelism (dim elements each).
 local util = require("gen.util")
 
 local tp_acts = {}
@@ -36,7 +39,7 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
   local seq = opts.seq_len
   if not seq then
     util.field_error(ctx, "model.seq_len", "tp > 1: seq_len is needed to size the TP activation collectives; "
-      .. "set model.seq_len (and model.batch, the local batch, default 1)")
+      .. "set model.seq_len (and training.local_batch_size, sequences per rank, default 1)")
   end
   local b, sp = opts.batch or 1, opts.sequence_parallel ~= false
   local full = b * seq * cfg.dim          -- one activation, every token

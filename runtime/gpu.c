@@ -364,6 +364,12 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
         fail(g, "stand-in run of plan %s needs world_size %d (got %d)", p->name, p->world_size, env->world_size);
         goto out;
     }
+    if (env->world_size != p->world_size && strcmp(env->source, "none") == 0) {
+        fail(g, "not started by a launcher, but plan %s has %d ranks: start %d processes under torchrun, srun or "
+             "mpirun (README, On GPUs), or use --simulate to run them all on this host", p->name, p->world_size,
+             p->world_size);
+        goto out;
+    }
     if (env->world_size != p->world_size) {
         fail(g, "the launcher started %d ranks but plan %s is for %d; launch %d or regenerate with world_size = %d",
              env->world_size, p->name, p->world_size, p->world_size, env->world_size);

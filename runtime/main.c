@@ -80,17 +80,19 @@ static int parse_int(const char *flag, const char *s, long min, long max, long *
 
 static void dry_run(const cp_plan *p)
 {
-    printf("# plan %s, fingerprint %s, %d ranks, shard group %d, replicate group %d\n", p->name, p->fingerprint,
-           p->world_size, p->shard_size, p->replicate_size);
-    printf("# %-5s %-5s %-15s %-24s %-14s %-5s %12s %s\n", "op", "micro", "kind", "unit", "group", "dtype", "count",
+    printf("# plan %s, fingerprint %s, %d ranks, shard group %d, replicate group %d, tp %d (%d TP class%s; TP "
+           "rank 0's ops below)\n", p->name, p->fingerprint, p->world_size, p->shard_size, p->replicate_size, p->tp_size,
+           p->nclasses, p->nclasses == 1 ? "" : "es");
+    printf("# %-5s %-5s %-17s %-24s %-14s %-5s %12s %s\n", "op", "micro", "kind", "unit", "group", "dtype", "count",
            "reduce");
     for (int i = 0; i < p->nops; i++) {
         const cp_op *o = &p->ops[i];
-        int coll = o->kind == CP_OP_ALL_GATHER || o->kind == CP_OP_REDUCE_SCATTER || o->kind == CP_OP_ALL_REDUCE;
-        printf("  %-5d %-5d %-15s %-24s %-14s %-5s %12ld %s\n", i, o->micro_step, cp_op_kind_name(o->kind),
+        int coll = cp_op_descs[o->kind].action == CP_ACT_COLLECTIVE;
+        printf("  %-5d %-5d %-17s %-24s %-14s %-5s %12ld %s\n", i, o->micro_step, cp_op_kind_name(o->kind),
                p->units[o->unit].name, coll ? (o->family >= 0 ? p->families[o->family].name : "local") : "-",
                coll ? cp_dtype_name(o->dtype) : "-", coll ? (long)o->count : 0L,
-               coll && o->kind != CP_OP_ALL_GATHER ? (o->reduce_op == CP_AVG ? "avg" : "sum") : "-");
+               coll && cp_op_descs[o->kind].collective != CP_COLL_ALL_GATHER ? (o->reduce_op == CP_AVG ? "avg" : "sum")
+                                                                              : "-");
     }
 }
 
@@ -137,6 +139,14 @@ int main(int argc, char **argv)
             fprintf(stderr, "commplan: unknown option '%s'; see --help\n", a);
             return 2;
         }
+    }
+    if (simulate + dry + check > 1) {
+        fprintf(stderr, "commplan: --simulate, --dry-run and --check are different runs: give one\n");
+        return 2;
+    }
+    if (opt.dump_dir && !opt.dump_dir[0]) {
+        fprintf(stderr, "commplan: --dump needs a directory, got ''\n");
+        return 2;
     }
     if (trace && (simulate || dry || check)) {
         fprintf(stderr, "commplan: --trace records a timed step on the GPU; drop --simulate, --dry-run or --check\n");

@@ -110,6 +110,7 @@ int cp_simulate_check_memory(const cp_plan *p)
 static struct {
     struct timespec t0;
     int shown;
+    double last; /* seconds at the last line */
 } progress;
 
 static double since_start(void)
@@ -126,7 +127,10 @@ static void sim_progress(const sim_world *sw, int done)
     if (!sw->opt->log) return;
     double t = since_start();
     if (t < 1.0 && !progress.shown) return;
+    /* At most a line a second (and the last step's). */
+    if (done < sw->opt->steps && progress.shown && t < progress.last + 1.0) return;
     progress.shown = 1;
+    progress.last = t;
     if (done < sw->opt->steps)
         fprintf(stderr, "%s: step %d/%d simulated on %d ranks (%.1f s, about %.0f s left)\n", sw->plan->name, done,
                 sw->opt->steps, sw->plan->world_size, t, t / done * (sw->opt->steps - done));

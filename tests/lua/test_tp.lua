@@ -38,8 +38,9 @@ end
 
 -- Even TP splits give one class: tables stay O(params), not O(tp).
 function T.even_split_is_one_class()
-  local p = plan.from_source(H.generic(8, "{ dp_shard = -1, tp = 4 }",
-    { { "l0", { { "a", { 64, 16 } } } }, { "root", { { "b", { 32 } } } } }), "plans/t.lua")
+  local p = plan.from_source("return { world_size = 8, parallel = { dp_shard = -1, tp = 4 }, model = { units = { "
+    .. "{ name = 'l0', params = { { name = 'a', shape = { 64, 16 }, tp = 'colwise' } } }, "
+    .. "{ name = 'root', params = { { name = 'b', shape = { 32 } } } } } } }", "plans/t.lua")
   H.eq(#p.tp_classes, 1, "classes")
   for t = 0, 3 do H.eq(p.class_of_tp[t], 1, "class of TP rank " .. t) end
 end
@@ -91,6 +92,12 @@ function T.every_accepted_mesh_generates()
     end
   end
   H.eq(generated > 10 and refused > 5, true, string.format("meshes: %d generated, %d refused", generated, refused))
+end
+
+-- TP over a model none of whose parameters TP splits would do nothing.
+function T.tp_without_placements_refused()
+  H.plan_fails("return { world_size = 4, parallel = { tp = 2 }, model = { units = { { name = 'root', params = { "
+    .. "{ name = 'w', shape = { 4, 4 } } } } } } }", "parallel.tp", "no parameter has a TP placement")
 end
 
 return T
