@@ -27,21 +27,17 @@ local function divisors(n)
   return t
 end
 
-local function gcd(a, b)
-  while b ~= 0 do a, b = b, a % b end
-  return a
-end
-
 local function copy(t)
   local c = {}
   for k, v in pairs(t or {}) do c[k] = v end
   return c
 end
 
--- One mesh under each policy: the fastest that fits, else the smallest.
-local function audit_policies(p)
+-- One mesh under each policy (or the given ones): the fastest that fits,
+-- else the smallest.
+local function audit_policies(p, policies)
   local best, smallest
-  for _, ac in ipairs(POLICIES) do
+  for _, ac in ipairs(policies or POLICIES) do
     p.training = copy(p.training)
     p.training.activation_checkpointing = ac
     local s = compute.settings(p)
@@ -70,13 +66,13 @@ function advisor.rank(loaded, opts)
   local topo = copy(loaded.topology)
   if opts.gpus_per_node then topo.gpus_per_node = opts.gpus_per_node end
   local g = topo.gpus_per_node
-  -- The global batch: the plan's (local batch x data-parallel degree),
-  -- rounded up to a multiple of the world so that every mesh's
-  -- data-parallel degree (world / tp) divides it; or opts.global_batch.
+  -- The global batch: the plan's (local batch x data-parallel degree), or
+  -- opts.global_batch; a mesh whose data-parallel degree (world / tp) does
+  -- not divide it is listed as refused, never given another batch.
   local base_tp = loaded.parallel.tp or 1
   local base_batch = (loaded.training and loaded.training.local_batch_size) or 1
   local plan_global = base_batch * (loaded.world_size // base_tp)
-  local global = opts.global_batch or (plan_global * world // gcd(plan_global, world))
+  local global = opts.global_batch or plan_global
   local results, rejected = {}, {}
   for _, t in ipairs(divisors(g)) do
     if world % t == 0 then
@@ -85,7 +81,8 @@ function advisor.rank(loaded, opts)
         local mesh = string.format("dp_replicate=%d x dp_shard=%d x tp=%d", r, s, t)
         local dp = world // t
         if global % dp ~= 0 then
-          rejected[#rejected + 1] = { mesh = mesh, why = "the global batch does not split over its data-parallel ranks" }
+          rejected[#rejected + 1] = { mesh = mesh, why = string.format("its %d data-parallel ranks do not divide "
+            .. "the global batch of %d sequences", dp, global) }
         else
           local cand = copy(loaded)
           cand.world_size = world
@@ -101,14 +98,25 @@ function advisor.rank(loaded, opts)
             local msg = util.is_plan_error(p) and tostring(p.msg or p) or tostring(p)
             rejected[#rejected + 1] = { mesh = mesh, why = (msg:gsub("^[^:]*:%d*:?%s*", "")) }
           else
-            local best = audit_policies(p)
+            local plan_mesh = (r == loaded.parallel.dp_replicate or (r == 1 and not loaded.parallel.dp_replicate))
+              and t == base_tp and world == loaded.world_size and global == plan_global
+            -- The plan's own mesh ranks as the plan is written (its own
+            -- checkpointing: SCHEDULE.md's step); the fastest policy that
+            -- fits is noted beside it.
+            local best, alt
+            if plan_mesh then
+              best = audit_policies(p, { (loaded.training and loaded.training.activation_checkpointing) or "none" })
+              alt = audit_policies(p)
+              if alt.ac == best.ac or not alt.fits or (best.fits and alt.step_us >= best.step_us) then alt = nil end
+            else
+              best = audit_policies(p)
+            end
             best.r, best.s, best.t, best.mesh = r, s, t, mesh
             best.local_batch = global // dp
             best.family_us = family_us(p)
             best.shard_nodes = p.groups.by_name.fsdp and groups.nodes_spanned(p.groups.by_name.fsdp, g) or 1
             best.tp_intra = not p.groups.by_name.tp or groups.intra_node(p.groups.by_name.tp, g)
-            best.plan_mesh = (r == loaded.parallel.dp_replicate or (r == 1 and not loaded.parallel.dp_replicate))
-              and t == base_tp and world == loaded.world_size
+            best.plan_mesh, best.alt = plan_mesh, alt
             results[#results + 1] = best
           end
         end
@@ -205,9 +213,11 @@ local function explain(top, res, out)
       us_text(top.family_us.tp or 0))
   end
   for i, x in ipairs(res.results) do
-    if x.plan_mesh and x ~= top then
-      w("- The plan's own mesh, %s, ranks #%d at %s (%s checkpointing%s).", x.mesh, i, us_text(x.step_us), x.ac,
-        x.fits and "" or ", does not fit")
+    if x.plan_mesh then
+      w("- The plan's own mesh, %s, ranks #%d at %s (%s checkpointing as the plan sets, SCHEDULE.md's step%s)%s.",
+        x.mesh, i, us_text(x.step_us), x.ac, x.fits and "" or ", does not fit", x.alt and string.format(
+        "; with %s checkpointing it would predict %s in %s per rank", x.alt.ac, us_text(x.alt.step_us),
+        human(x.alt.memory.total_bytes)) or "")
     end
   end
 end
@@ -231,9 +241,16 @@ function advisor.report(src, path, opts)
       res.global_batch == res.plan_global and " (the plan's)" or string.format(" (the plan's %d rounded up to a "
       .. "multiple of the world)", res.plan_global), s0.gpu_memory_GB, s0.gpu_TFLOPS, 100 * s0.mfu)
   end
-  w("%d meshes accepted by ParallelDims with tp inside a node (tp divides %d); %d refused by the model checks.",
-    #res.results, res.topology.gpus_per_node, #res.rejected)
+  w("%d meshes accepted by ParallelDims with tp inside a node (tp divides %d); %d refused (the model checks, or "
+    .. "a data-parallel size that does not divide the global batch of %d).",
+    #res.results, res.topology.gpus_per_node, #res.rejected, res.global_batch)
   w("")
+  if #res.results == 0 then
+    w("No mesh on %s GPUs takes the global batch of %d sequences%s: give another world (WORLD=) or a global "
+      .. "batch (--global-batch) that its data-parallel sizes divide.", tostring(res.world), res.global_batch,
+      res.global_batch == res.plan_global and " (the plan's)" or "")
+  end
+  if #res.results > 0 then
   w("| # | dp_replicate | dp_shard | tp | checkpointing | step | compute | exposed comm | memory per rank | fits |")
   w("|---|---|---|---|---|---|---|---|---|---|")
   for i, x in ipairs(res.results) do
@@ -243,6 +260,7 @@ function advisor.report(src, path, opts)
   end
   if #res.results > top_n then w("| ... | %d more | | | | | | | | |", #res.results - top_n) end
   w("")
+  end
   if res.results[1] then explain(res.results[1], res, out) end
   if #res.rejected > 0 then
     w("")

@@ -347,7 +347,40 @@ function T.advisor_ranks_llama70b_on_1024()
     if line:match("^| %d+ |") then rows = rows + 1 end
   end
   assert(rows >= 5, "at least 5 ranked meshes")
-  assert(text:find("38 meshes accepted", 1, true), text)
+  assert(text:find("8 meshes accepted", 1, true), text)
+end
+
+-- The advisor keeps the plan's global batch (local batch x data-parallel
+-- size): the plan's own mesh ranks at SCHEDULE.md's step, and a mesh whose
+-- data-parallel size does not divide the batch is refused, never re-batched.
+function T.advisor_keeps_the_plans_global_batch()
+  local advisor = require("gen.advisor")
+  local src = read("plans/llama70b.lua")
+  local res = advisor.rank(require("gen.load").source(src, "plans/llama70b.lua"), {})
+  H.eq(res.global_batch, 128, "the plan's 1 x 128 data-parallel ranks")
+  local p = plan.from_source(src, "plans/llama70b.lua")
+  local want = require("gen.timeline").audit(p).timeline.step_us
+  local own
+  for _, x in ipairs(res.results) do
+    if x.plan_mesh then own = x end
+    H.eq(x.r * x.s * x.local_batch, 128, x.mesh .. " keeps the batch")
+  end
+  assert(own, "the plan's own mesh is ranked")
+  H.eq(own.mesh, "dp_replicate=16 x dp_shard=8 x tp=8", "own mesh")
+  assert(math.abs(own.step_us - want) <= 1e-6 * want, string.format("%g vs SCHEDULE's %g", own.step_us, want))
+  H.eq(own.ac, "full", "ranked as the plan sets it")
+  local refused = 0
+  for _, x in ipairs(res.rejected) do
+    if x.mesh:match("x tp=1$") then
+      refused = refused + 1
+      assert(x.why:find("1024 data-parallel ranks do not divide the global batch of 128", 1, true), x.why)
+    end
+  end
+  assert(refused > 0, "tp=1 meshes refused")
+  local text = advisor.report(src, "plans/llama70b.lua", { world_size = 7 })
+  assert(text:find("No mesh on 7 GPUs takes the global batch of 128", 1, true), text)
+  assert(text:find("its 7 data-parallel ranks do not divide the global batch of 128 sequences", 1, true), text)
+  assert(not text:find("1024 sequences", 1, true), text)
 end
 
 function T.fold_runs_and_names()
