@@ -237,9 +237,9 @@ function advisor.report(src, path, opts)
   if s0 then
     w("Global batch: %d sequences of %d tokens per step%s, the same for every mesh: each data-parallel rank "
       .. "(a TP group of t GPUs) takes global / (world / t). GPU: %g GB, %g TFLOPS at %.0f%% MFU. Each mesh takes "
-      .. "the fastest activation checkpointing (none, selective, full) that fits.", res.global_batch, s0.seq_len,
-      res.global_batch == res.plan_global and " (the plan's)" or string.format(" (the plan's %d rounded up to a "
-      .. "multiple of the world)", res.plan_global), s0.gpu_memory_GB, s0.gpu_TFLOPS, 100 * s0.mfu)
+      .. "the fastest activation checkpointing (none, selective, full) that fits; the plan's own mesh, the plan's.", res.global_batch, s0.seq_len,
+      res.global_batch == res.plan_global and " (the plan's)" or string.format(" (given; the plan's is %d)",
+      res.plan_global), s0.gpu_memory_GB, s0.gpu_TFLOPS, 100 * s0.mfu)
   end
   w("%d meshes accepted by ParallelDims with tp inside a node (tp divides %d); %d refused (the model checks, or "
     .. "a data-parallel size that does not divide the global batch of %d).",
