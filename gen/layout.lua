@@ -127,8 +127,9 @@ function layout.build(ctx, units, d, fsdp)
           u.name, u.params[1].name, orig, p.name, p.dtype))
       end
     end
-    local ag_dtype = fsdp.param_dtype or orig
-    local reduce_dtype = fsdp.reduce_dtype or ag_dtype
+    -- MixedPrecisionPolicy: the unit's own (fully_shard(mp_policy=...)) or the plan's.
+    local ag_dtype = u.param_dtype or fsdp.param_dtype or orig
+    local reduce_dtype = u.reduce_dtype or fsdp.reduce_dtype or ag_dtype
     local params, offset, grad_offset, vec_ok = {}, 0, 0, true
     for j, p in ipairs(u.params) do
       local q = layout.param(ctx, p, W, string.format("%s.params[%d]", upath, j))

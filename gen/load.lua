@@ -66,7 +66,9 @@ local SCHEMA = {
   },
   unit = { name = { "name" }, params = { "list", max = LIM.params },
            -- overrides fsdp.reshard_after_forward for this unit (the root never reshards after forward)
-           reshard_after_forward = { "bool" } },
+           reshard_after_forward = { "bool" },
+           -- this unit's MixedPrecisionPolicy (fully_shard's mp_policy), overriding fsdp's
+           param_dtype = { "enum", enum = DTYPES }, reduce_dtype = { "enum", enum = DTYPES } },
   param = { name = { "name" }, shape = { "list", max = LIM.dims, why = "runtime/commplan.h CP_MAX_DIMS is 8" },
             dtype = { "enum", enum = DTYPES }, shard_dim = { "int", min = 0, max = LIM.dims - 1 },
             -- tensor-parallel placement (gen/tp.lua): colwise = Shard(0), rowwise = Shard(1)

@@ -99,30 +99,33 @@ for n in $(plan_names); do
   case $n in llama8b|llama70b|llama405b) continue ;; esac
   run "simulate $n with NCCL's arithmetic (--arith nccl)" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
 done
-# tests/plans/kernels_<param>_<reduce>.lua: every (orig, param, reduce) dtype
-# triple on the vector and scalar copy paths, HSDP 2 x 3, micro-steps (the
-# plans make test-gpu runs with all ranks). Generated under build/gen/, never plans/.
+# tests/plans/kernels_all_dtypes.lua: every (orig, param, reduce) dtype
+# triple (per-unit MixedPrecisionPolicy) on the vector and scalar copy paths,
+# HSDP 2 x 3, micro-steps (make test-gpu runs it with all ranks). Generated
+# under build/gen/, never plans/.
 for f in tests/plans/kernels_*_*.lua; do
   n=$(basename "$f" .lua)
   run "build $n (tests/plans, into build/gen/$n)" $MAKE PLAN="$f" OUT="build/gen/$n"
   run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2 --quiet
   run "simulate $n with NCCL's arithmetic" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
 done
-run "kernel plans: all 27 (orig, param, reduce) triples, each on a vector and a scalar unit" $LUA -e '
+run "kernel plan: all 27 (orig, param, reduce) triples, each on a vector and a scalar unit" $LUA -e '
   package.path = "./?.lua;" .. package.path
-  local json, seen, D = require("gen.json"), 0, { "fp32", "bf16", "fp16" }
-  for _, P in ipairs(D) do for _, R in ipairs(D) do
-    local fh = assert(io.open("build/gen/kernels_" .. P .. "_" .. R .. "/plan.json"))
-    local plan = json.decode(fh:read("a")); fh:close()
-    for _, u in ipairs(plan.units) do
-      local o = u.name:match("^[vs]_(%w+)$")
-      if o then
-        assert(u.orig_dtype == o and u.ag_dtype == P and u.reduce_dtype == R, u.name .. " in " .. P .. "_" .. R)
-        assert(u.vec_ok == (u.name:sub(1, 1) == "v"), u.name .. ": wrong copy path in " .. P .. "_" .. R)
-        seen = seen + 1
-      end
+  local json, seen, triples = require("gen.json"), 0, {}
+  local fh = assert(io.open("build/gen/kernels_all_dtypes/plan.json"))
+  local plan = json.decode(fh:read("a")); fh:close()
+  for _, u in ipairs(plan.units) do
+    local path, o, P, R = u.name:match("^([vs])_(%w+)_(%w+)_(%w+)$")
+    if path then
+      assert(u.orig_dtype == o and u.ag_dtype == P and u.reduce_dtype == R, u.name .. ": dtypes")
+      assert(u.vec_ok == (path == "v"), u.name .. ": wrong copy path")
+      triples[o .. P .. R] = true
+      seen = seen + 1
     end
-  end end
+  end
+  local n = 0
+  for _ in pairs(triples) do n = n + 1 end
+  assert(n == 27, n .. " triples, want 27")
   assert(seen == 54, seen .. " units, want 27 triples x vector and scalar")'
 # tests/gpu_ranks.sh (make test-gpu's launcher): per-rank environment, each
 # rank's last line, and a failing rank fails the run. A stand-in command here.

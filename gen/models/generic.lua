@@ -52,7 +52,8 @@ function generic.units(ctx, model)
       check_c_name(ctx, param_ids, "parameter", "PARAM", p.name, ppath)
       params[j] = { name = p.name, shape = p.shape, dtype = p.dtype, shard_dim = p.shard_dim, tp = p.tp }
     end
-    units[i] = { name = u.name, params = params, reshard_after_forward = u.reshard_after_forward }
+    units[i] = { name = u.name, params = params, reshard_after_forward = u.reshard_after_forward,
+                 param_dtype = u.param_dtype, reduce_dtype = u.reduce_dtype }
   end
   return units, { n_heads = model.n_heads, n_kv_heads = model.n_kv_heads, num_experts = model.num_experts,
                   seq_len = model.seq_len }
