@@ -167,6 +167,9 @@ fi
 if command -v valgrind >/dev/null 2>&1; then
   run "valgrind: hsdp2x2 simulation has no leaks or errors" \
     valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/hsdp2x2/hsdp2x2 --simulate --quiet
+  run "valgrind: llama_tiny_tp (TP classes, activation collectives, --dump) has no leaks or errors" \
+    valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/llama_tiny_tp/llama_tiny_tp \
+    --simulate --quiet --dump build/valgrind-dump
 else skipped "valgrind" "not installed"; fi
 
 echo "== FSDP2 recordings (tests/oracle): layouts, collectives, shards and grads byte for byte"
