@@ -82,6 +82,30 @@ local function facts(p, tables)
       "rs_op", u.rs_op, "ar_op", u.ar_op,
       "pre_divide", u.pre_divide, "post_divide", u.post_divide, "arena", O(arena), "params", params })
   end
+  -- TP classes beyond class 0 (TP ranks whose TP-local shapes, and so
+  -- FSDP slots, differ from TP rank 0's): their layouts; with TP always
+  -- (empty when every TP rank holds class 0's). Outside the fingerprint's
+  -- facts (class_facts below hashes every number of them).
+  local tp_classes
+  if not tables and p.dims.tp > 1 then
+    tp_classes = {}
+    for c = 2, #p.tp_classes do
+      local cls = p.tp_classes[c]
+      local cu = {}
+      for _, u in ipairs(cls.layout.units) do
+        local params = {}
+        for _, q in ipairs(u.params) do
+          params[#params + 1] = O({ "name", q.name, "shape", q.shape, "numel", q.numel, "chunk", q.chunk,
+            "padded_numel", q.padded, "offset", q.offset, "outer", q.outer, "run", q.run,
+            "grad_offset", q.grad_offset })
+        end
+        cu[#cu + 1] = O({ "name", u.name, "slot_numel", u.total, "grads_numel", u.grads_numel, "vec_ok", u.vec_ok,
+          "params", params })
+      end
+      tp_classes[#tp_classes + 1] = O({ "class", c - 1, "tp_ranks", cls.coords,
+        "arena_bytes", cls.memory.arena_bytes, "units", cu })
+    end
+  end
   local ops = {}
   for _, o in ipairs(p.ops) do
     ops[#ops + 1] = O({ "seq", o.seq, "kind", o.kind, "unit", p.layout.units[o.unit + 1].name,
@@ -107,7 +131,7 @@ local function facts(p, tables)
                 "reduce_op", p.fsdp.reduce_op, "param_dtype", p.fsdp.param_dtype, "reduce_dtype", p.fsdp.reduce_dtype }),
     "topology", O({ "gpus_per_node", p.topology.gpus_per_node, "intra_node_GBps", p.topology.intra_node_GBps,
                     "inter_node_GBps", p.topology.inter_node_GBps, "latency_us", p.topology.latency_us }),
-    "groups", fam_list, "units", units, "ops", ops,
+    "groups", fam_list, "units", units, "tp_classes", tp_classes, "ops", ops,
     "per_rank_per_step", O({ "by_group", per_family,
       "predicted_comm_us", r3(p.predicted.total_us) }),
     "memory", O({ "persistent_bytes", p.memory.persistent_bytes, "peak_transient_bytes", p.memory.peak_transient_bytes,
@@ -689,6 +713,7 @@ function audit.md_units(p, w)
     shown[#shown + 1] = { u = u, names = names }
   end
   w("")
+  audit.md_tp_classes(p, w)
   w("Copy kernels move 16 bytes per thread where every slot offset and run is a multiple of 8 elements;")
   w("otherwise they copy element by element. Offsets are never padded for alignment: the layout stays FSDP2's.")
   local seen = {}
@@ -719,6 +744,58 @@ function audit.md_units(p, w)
       end
     end
     ::next_unit::
+  end
+  w("")
+end
+
+-- A parameter's name relative to its numbered unit (layers.N).
+local function short_name(u, q)
+  return u.name:find("%d") and (q.name:gsub("^" .. u.name:gsub("%p", "%%%0") .. "%.", "")) or q.name
+end
+
+-- One line per TP class beyond class 0: the units whose slot or
+-- parameter shapes differ from TP rank 0's (runs of units folded).
+function audit.md_tp_classes(p, w)
+  if #(p.tp_classes or {}) < 2 then return end
+  local W = p.layout.W
+  local function ranks_text(coords)
+    local t = {}
+    for i, c in ipairs(coords) do t[i] = tostring(c) end
+    return (#t == 1 and "TP rank " or "TP ranks ") .. table.concat(t, ", ")
+  end
+  w("TP classes: %s (class 0) %s the layout above; TP ranks whose TP-local shapes differ (torch.chunk's uneven",
+    ranks_text(p.tp_classes[1].coords), #p.tp_classes[1].coords == 1 and "holds" or "hold")
+  w("splits) hold their own (plan.json `tp_classes`), per unit where it differs:")
+  w("")
+  for c = 2, #p.tp_classes do
+    local cls = p.tp_classes[c]
+    local items = {}
+    for i, u in ipairs(cls.layout.units) do
+      local u0 = p.layout.units[i]
+      local shapes, same = {}, u.total == u0.total
+      for j, q in ipairs(u.params) do
+        local sh = table.concat(q.shape, ", ")
+        if sh ~= table.concat(u0.params[j].shape, ", ") then
+          same = false
+          shapes[#shapes + 1] = string.format("%s (%s)", short_name(u, q), sh)
+        end
+      end
+      if not same then
+        local slot = u.total == u0.total and string.format("slot %s as TP rank 0's", human(u.total * ES[u.orig_dtype]))
+          or string.format("slot %s, all-gather buffer %s (TP rank 0: %s, %s)", human(u.total * ES[u.orig_dtype]),
+            human(W * u.total * ES[u.ag_dtype]), human(u0.total * ES[u0.orig_dtype]), human(W * u0.total * ES[u0.ag_dtype]))
+        items[#items + 1] = { unit = u.index, name = u.name,
+                              sig = slot .. (#shapes > 0 and ("; " .. table.concat(shapes, ", ")) or "") }
+      end
+    end
+    local parts = {}
+    for _, run in ipairs(fold.runs(items, 1)) do
+      local names = {}
+      for j = run.first, run.first + run.reps - 1 do names[#names + 1] = items[j].name end
+      parts[#parts + 1] = fold.unit_range(names) .. ": " .. items[run.first].sig
+    end
+    w("- %s (class %d; arena %s): %s", ranks_text(cls.coords), c - 1, human(cls.memory.arena_bytes),
+      #parts > 0 and table.concat(parts, "; ") or "slots as TP rank 0's")
   end
   w("")
 end

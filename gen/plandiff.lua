@@ -339,16 +339,17 @@ function plandiff.ops_diff(a, b, w)
   end
 end
 
--- Units: added or removed, and layout changes (slot numel, params'
--- shapes, padding), folded by units that change alike.
-function plandiff.units_diff(a, b, w)
-  local ua, ub = by_key(a.units, "name"), by_key(b.units, "name")
+-- Units of one layout (a list of units in forward order) against
+-- another's: added or removed, and layout changes (slot numel, params'
+-- shapes, padding) -> texts in order, the units of each.
+local function unit_changes(a, b, list_a, list_b)
+  local ua, ub = by_key(list_a, "name"), by_key(list_b, "name")
   local groups, order = {}, {}
   local function note(text, unit)
     if not groups[text] then groups[text] = {}; order[#order + 1] = text end
     table.insert(groups[text], unit)
   end
-  for _, name in ipairs(keys_union(ua, ub, names_of(a.units, "name"), names_of(b.units, "name"))) do
+  for _, name in ipairs(keys_union(ua, ub, names_of(list_a, "name"), names_of(list_b, "name"))) do
     local x, y = ua[name], ub[name]
     if not x then note("added", name)
     elseif not y then note("removed", name)
@@ -377,12 +378,79 @@ function plandiff.units_diff(a, b, w)
       if #parts > 0 then note(table.concat(parts, "; "), name) end
     end
   end
-  if #order == 0 then
-    w("units: layouts unchanged")
+  return order, groups
+end
+
+-- The units a TP rank's layout holds: its TP class's (plan.json
+-- tp_classes[]), else class 0's (units[]); and the class's number.
+local function units_of_tp_rank(doc, t)
+  for _, c in ipairs(doc.tp_classes or {}) do
+    for _, r in ipairs(c.tp_ranks) do
+      if r == t then return c.units, c.class end
+    end
+  end
+  return doc.units, 0
+end
+
+-- Units: class 0's layout (TP rank 0's), then every other TP class's:
+-- TP ranks are grouped by the classes they hold in A and in B, and each
+-- group's layouts compared, so a change to another TP rank's split shows.
+function plandiff.units_diff(a, b, w)
+  local with_classes = #(a.tp_classes or {}) > 0 or #(b.tp_classes or {}) > 0
+  local sections = {}
+  local order, groups = unit_changes(a, b, a.units, b.units)
+  sections[1] = { label = with_classes and "units on TP rank 0 (class 0)" or "units", order = order, groups = groups }
+  local old_doc
+  for _, d in ipairs({ a, b }) do
+    if d.parallel.tp > 1 and not d.tp_classes then old_doc = d end
+  end
+  if with_classes and old_doc then
+    w("(%s's plan.json predates tp_classes: only TP rank 0's layouts are compared; regenerate it)",
+      old_doc == a and "A" or "B")
+    with_classes = false
+    sections[1].label = "units"
+  end
+  if with_classes then
+    local tp = math.min(a.parallel.tp, b.parallel.tp)
+    local pairs_seen, pair_order, zero = {}, {}, {}
+    for t = 0, tp - 1 do
+      local la, ca = units_of_tp_rank(a, t)
+      local lb, cb = units_of_tp_rank(b, t)
+      if ca == 0 and cb == 0 then zero[#zero + 1] = tostring(t) end
+      if ca ~= 0 or cb ~= 0 then
+        local k = ca .. "/" .. cb
+        if not pairs_seen[k] then
+          pairs_seen[k] = { la = la, lb = lb, ca = ca, cb = cb, ranks = {} }
+          pair_order[#pair_order + 1] = k
+        end
+        table.insert(pairs_seen[k].ranks, tostring(t))
+      end
+    end
+    for _, k in ipairs(pair_order) do
+      local pr = pairs_seen[k]
+      local o, g = unit_changes(a, b, pr.la, pr.lb)
+      sections[#sections + 1] = { order = o, groups = g, label = string.format("units on TP rank%s %s (class %s)",
+        #pr.ranks == 1 and "" or "s", table.concat(pr.ranks, ", "), arrow(pr.ca, pr.cb)) }
+    end
+    if #zero > 0 then
+      sections[1].label = string.format("units on TP rank%s %s (class 0)", #zero == 1 and "" or "s",
+        table.concat(zero, ", "))
+    end
+  end
+  local changed = false
+  for _, sec in ipairs(sections) do if #sec.order > 0 then changed = true end end
+  if not changed then
+    w("units: layouts unchanged%s", with_classes and " on every TP rank" or "")
     return
   end
-  w("units:")
-  for _, text in ipairs(order) do w("  %s: %s", plandiff.names_text(groups[text]), text) end
+  for _, sec in ipairs(sections) do
+    if #sec.order == 0 then
+      w("%s: layouts unchanged", sec.label)
+    else
+      w("%s:", sec.label)
+      for _, text in ipairs(sec.order) do w("  %s: %s", plandiff.names_text(sec.groups[text]), text) end
+    end
+  end
 end
 
 return plandiff

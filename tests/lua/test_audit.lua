@@ -235,6 +235,45 @@ function T.plan_diff_loads_files_and_json()
   H.eq(plandiff.names_text({ "layers.0", "layers.1", "layers.2", "layers.5", "root" }), "layers.0-2,5, root", "names")
 end
 
+-- Every TP class is visible: plan.json tp_classes[] (schema-checked),
+-- a line per extra class in SCHEDULE.md, and the diff of a change that
+-- alters only TP rank 2's split (block.up 10 -> 11 rows: 4/4/2 -> 4/4/3).
+function T.tp_classes_in_plan_json_schedule_and_diff()
+  local src = read("plans/tp3_uneven.lua")
+  local p, fp = gen(src, "plans/tp3_uneven.lua")
+  local doc = json.decode(audit.json(p, fp))
+  H.eq(jsonschema.validate(doc, schema()), nil, "schema")
+  H.eq(#doc.tp_classes, 1, "one class beyond class 0")
+  local c = doc.tp_classes[1]
+  H.eq(c.class, 1, "class number"); H.eq(table.concat(c.tp_ranks, ","), "2", "TP rank 2")
+  local block
+  for _, u in ipairs(c.units) do if u.name == "block" then block = u end end
+  H.eq(block.slot_numel, 17, "block slot on TP rank 2: (2x8 + 2 + 8x1 + 8) / 2")
+  H.eq(table.concat(block.params[1].shape, "x"), "2x8", "block.up on TP rank 2")
+  local md = audit.schedule_md(p, fp)
+  assert(md:find("TP ranks 0, 1 (class 0) hold the layout above", 1, true), md)
+  assert(md:find("\n%- TP rank 2 %(class 1; arena [^)]*%): root: slot 128 B as TP rank 0's; embed %(3, 8%), "
+    .. "head %(3, 8%); block: slot 68 B, all%-gather buffer 136 B %(TP rank 0: 136 B, 272 B%); block.up %(2, 8%)"), md)
+  local l70 = json.decode(audit.json(gen(read("plans/llama70b.lua"), "plans/llama70b.lua")))
+  H.eq(#l70.tp_classes, 0, "llama70b: every TP rank holds class 0's layout")
+  H.eq(json.decode(audit.json(gen(read("plans/fsdp4.lua"), "plans/fsdp4.lua"))).tp_classes, nil, "no TP, no key")
+  local b_src = src:gsub("shape = { 10, 8 }, tp = \"colwise\"", "shape = { 11, 8 }, tp = \"colwise\"", 1)
+  assert(b_src ~= src, "the edit applies")
+  local pb, fb = gen(b_src, "plans/tp3_uneven.lua")
+  local text = plandiff.compare(doc, json.decode(audit.json(pb, fb)), "a", "b")
+  assert(not text:find("layouts unchanged on every TP rank", 1, true), text)
+  assert(text:find("units on TP ranks 0, 1 (class 0): layouts unchanged", 1, true), text)
+  assert(text:find("units on TP rank 2 (class 1):\n  block: slot 17 -> 25 elements per rank; 1 parameter(s) added, "
+    .. "removed or reshaped; padding 0 -> 8 elements", 1, true), text)
+  local same = plandiff.compare(doc, doc, "a", "a")
+  assert(same:find("units: layouts unchanged on every TP rank", 1, true), same)
+  -- A plan.json from before tp_classes says so instead of a false change.
+  local old = json.decode(audit.json(p, fp))
+  old.tp_classes = nil
+  text = plandiff.compare(old, doc, "a", "b")
+  assert(text:find("A's plan.json predates tp_classes", 1, true), text)
+end
+
 local function check_timeline(p, tl)
   local last_on = {}
   for _, o in ipairs(p.ops) do
