@@ -52,10 +52,12 @@ local function audit_policies(p, policies)
   return best or smallest
 end
 
--- Per-family serialized time of the mesh's collectives.
-local function family_us(p)
+-- Per-family serialized time of the mesh's collectives, full
+-- checkpointing's recompute of the forward's TP collectives included.
+local function family_us(p, s)
   local t = {}
   for name, a in pairs(p.predicted.per_family) do t[name] = a.us end
+  for name, r in pairs(timeline.recompute_per_family(p, s)) do t[name] = (t[name] or 0) + r.us end
   return t
 end
 
@@ -113,7 +115,7 @@ function advisor.rank(loaded, opts)
             end
             best.r, best.s, best.t, best.mesh = r, s, t, mesh
             best.local_batch = global // dp
-            best.family_us = family_us(p)
+            best.family_us = family_us(p, best.settings)
             best.shard_nodes = p.groups.by_name.fsdp and groups.nodes_spanned(p.groups.by_name.fsdp, g) or 1
             best.tp_intra = not p.groups.by_name.tp or groups.intra_node(p.groups.by_name.tp, g)
             best.plan_mesh, best.alt = plan_mesh, alt

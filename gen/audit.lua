@@ -25,6 +25,9 @@ local function r3(x) return x and tonumber(string.format("%.3f", x)) end
 function audit.analysis(p)
   if not p._audit then
     local a = timeline.audit(p)
+    -- Full checkpointing's recompute of the forward's TP collectives, per
+    -- family: counted with the family's collectives, bytes and time.
+    a.recompute = timeline.recompute_per_family(p, a.settings)
     a.warnings = audit.warnings(p, a)
     p._audit = a
   end
@@ -141,8 +144,9 @@ local function facts(p, tables)
   })
 end
 
--- Bytes and time per link class (intra-node, inter-node).
-local function by_link(p)
+-- Bytes and time per link class (intra-node, inter-node), the recompute's
+-- collectives (rec: timeline.recompute_per_family) included.
+local function by_link(p, rec)
   local t = { intra = { ops = 0, size_bytes = 0, wire_bytes = 0, us = 0 },
               inter = { ops = 0, size_bytes = 0, wire_bytes = 0, us = 0 } }
   for _, f in ipairs(p.groups.list) do
@@ -153,18 +157,27 @@ local function by_link(p)
       c.size_bytes = c.size_bytes + a.size_bytes
       c.wire_bytes = c.wire_bytes + a.wire_bytes
       c.us = c.us + a.us
+      local r = rec[f.name]
+      if r then
+        c.ops = c.ops + r.ops
+        c.size_bytes = c.size_bytes + r.size_bytes
+        c.wire_bytes = c.wire_bytes + r.wire_bytes
+        c.us = c.us + r.us
+      end
     end
   end
   return t
 end
 
--- Exposed time per family.
+-- Exposed time per family (the recompute's collectives with their family).
 local function exposed_by_family(p, tl)
   local t = {}
-  for seq, us in pairs(tl.exposed_by) do
-    local o = seq >= 0 and p.ops[seq + 1] or nil
-    local k = o and o.group or "other"
-    t[k] = (t[k] or 0) + us
+  for _, by in ipairs({ tl.exposed_by, tl.recompute_by }) do
+    for seq, us in pairs(by) do
+      local o = seq >= 0 and p.ops[seq + 1] or nil
+      local k = o and o.group or "other"
+      t[k] = (t[k] or 0) + us
+    end
   end
   return t
 end
@@ -174,7 +187,15 @@ end
 local function audit_facts(p)
   local a = audit.analysis(p)
   local s, m, tl = a.settings, a.memory, a.timeline
-  local links = by_link(p)
+  local links = by_link(p, a.recompute)
+  local recompute = {}
+  for _, f in ipairs(p.groups.list) do
+    local r = a.recompute[f.name]
+    if r then
+      recompute[#recompute + 1] = O({ "group", f.name, "ops", r.ops, "size_bytes", r.size_bytes,
+        "wire_bytes", r.wire_bytes, "predicted_us", r3(r.us) })
+    end
+  end
   local path = {}
   for _, seg in ipairs(audit.critical_segments(p, tl)) do
     path[#path + 1] = O({ "stream", seg.stream, "first_op", seg.first, "last_op", seg.last, "ops", seg.n,
@@ -200,6 +221,7 @@ local function audit_facts(p)
                                      "wire_bytes", links.intra.wire_bytes, "predicted_us", r3(links.intra.us) }),
                    "inter_node", O({ "ops", links.inter.ops, "size_bytes", links.inter.size_bytes,
                                      "wire_bytes", links.inter.wire_bytes, "predicted_us", r3(links.inter.us) }) }),
+    "recompute_by_group", recompute,
     "timeline", O({ "step_us", r3(tl.step_us), "compute_us", r3(tl.compute_busy_us),
       "comm_serial_us", r3(tl.comm_serial_us), "exposed_comm_us", r3(tl.exposed_us),
       "exposed_by_group", exposed, "critical_path", path }),
@@ -397,7 +419,21 @@ function audit.warnings(p, a)
   end
   -- Exposed collectives (each kind and phase at least 1% of the step),
   -- by what waited for them.
+  -- Full checkpointing's recompute of a forward TP collective is its own
+  -- row: the backward runs it again (phase "backward recompute").
   local seen, order = {}, {}
+  local function add(o, us, phase, reason)
+    local key = o.kind .. "|" .. phase .. "|" .. reason
+    if not seen[key] then
+      seen[key] = { kind = o.kind, phase = phase, reason = reason, units = {}, total = 0, max = 0 }
+      order[#order + 1] = key
+    end
+    local gr = seen[key]
+    if gr.units[#gr.units] ~= o.unit then gr.units[#gr.units + 1] = o.unit end
+    gr.ops = (gr.ops or 0) + 1
+    gr.total = gr.total + us
+    gr.max = math.max(gr.max, us)
+  end
   for _, o in ipairs(p.ops) do
     local us = tl.exposed_by[o.seq]
     if o.group and us and us > 0 then
@@ -405,17 +441,14 @@ function audit.warnings(p, a)
       local first = o.kind == "all_gather" and o.seq <= 1
       local reason = first and "first" or (o.stream == "compute" and "inline")
         or (wt and (p.ops[wt.op + 1].kind .. "|" .. wait_reason(p, wt.op, wt.via))) or "tail"
-      local key = o.kind .. "|" .. o.phase .. "|" .. reason
-      if not seen[key] then
-        seen[key] = { kind = o.kind, phase = o.phase, reason = reason, units = {}, total = 0, max = 0 }
-        order[#order + 1] = key
-      end
-      local gr = seen[key]
-      if gr.units[#gr.units] ~= o.unit then gr.units[#gr.units + 1] = o.unit end
-      gr.ops = (gr.ops or 0) + 1
-      gr.total = gr.total + us
-      gr.max = math.max(gr.max, us)
+      add(o, us, o.phase, reason)
     end
+  end
+  -- Recomputed in backward: units in backward order, as they run.
+  for i = #p.ops, 1, -1 do
+    local o = p.ops[i]
+    local us = tl.recompute_by[o.seq]
+    if us and us > 0 then add(o, us, "backward recompute", "recompute") end
   end
   -- The largest exposure first.
   table.sort(order, function(x, y)
@@ -434,6 +467,9 @@ function audit.warnings(p, a)
       local why
       if gr.reason == "first" then why = "the step's first all-gather: no compute to hide behind"
       elseif gr.reason == "inline" then why = "it runs on the compute stream"
+      elseif gr.reason == "recompute" then
+        why = "full checkpointing reruns the forward, its TP collectives included, in the unit's backward "
+          .. "on the compute stream"
       elseif gr.reason == "tail" then why = "the step ends with it"
       else
         local wk, kind = gr.reason:match("^(.-)|(.*)$")
@@ -513,7 +549,7 @@ local COLL_NAME = { all_gather = "all-gather", reduce_scatter = "reduce-scatter"
                     tp_all_gather = "TP all-gather", tp_reduce_scatter = "TP reduce-scatter",
                     tp_all_reduce = "TP all-reduce" }
 
-local function collectives_text(p, fname)
+local function collectives_text(p, fname, rec)
   local counts, order = {}, {}
   for _, o in ipairs(p.ops) do
     if o.group == fname then
@@ -523,7 +559,13 @@ local function collectives_text(p, fname)
   end
   local t = {}
   for _, k in ipairs(order) do t[#t + 1] = counts[k] .. " " .. (COLL_NAME[k] or k) end
-  return table.concat(t, ", ")
+  local text = table.concat(t, ", ")
+  if rec then
+    local r = {}
+    for _, k in ipairs(rec.kind_order) do r[#r + 1] = rec.kinds[k] .. " " .. (COLL_NAME[k] or k) end
+    text = text .. " + " .. table.concat(r, ", ") .. " recomputed in backward (full checkpointing)"
+  end
+  return text
 end
 
 local function settings_lines(p, s)
@@ -578,14 +620,19 @@ function audit.schedule_md(p, fp)
     return x.id < y.id
   end)
   -- Inter-node families and their total, then intra-node ones and theirs.
-  local links = by_link(p)
+  local links = by_link(p, a.recompute)
   for _, k in ipairs({ "inter", "intra" }) do
     for _, f in ipairs(fams) do
       local af = p.predicted.per_family[f.name]
+      local rec = a.recompute[f.name]
+      if rec then
+        af = { size_bytes = af.size_bytes + rec.size_bytes, wire_bytes = af.wire_bytes + rec.wire_bytes,
+               us = af.us + rec.us }
+      end
       local intra, nspan = family_facts(p, f)
       if (k == "intra") == (p.predicted.intra[f.name] and true or false) then
         w("| %s | %d | %s | %s | %s | %s | %s | %s |", family_label(f), f.size,
-          intra and "intra-node" or string.format("inter-node, %d nodes", nspan), collectives_text(p, f.name),
+          intra and "intra-node" or string.format("inter-node, %d nodes", nspan), collectives_text(p, f.name, rec),
           human(af.size_bytes), human(af.wire_bytes), us_text(af.us), us_text(eb[f.name] or 0))
       end
     end

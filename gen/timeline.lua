@@ -33,17 +33,15 @@ function timeline.build(p, s, per_unit, opts)
     l[#l + 1] = o.seq
   end
   -- Full checkpointing re-runs each layer's forward in its backward, TP's
-  -- activation collectives (on the compute stream) included.
+  -- activation collectives (on the compute stream) included: each runs
+  -- again inside its unit's backward op, at its forward op's cost.
   local recompute_tp = {}
-  if s.activation_checkpointing == "full" then
-    for _, o in ipairs(ops) do
-      if o.group and o.stream == "compute" and o.phase == "forward" then
-        local k = o.unit .. "/" .. o.micro_step
-        local acc = recompute_tp[k] or { us = 0, seq = o.seq }
-        acc.us = acc.us + (o.predicted_us or 0)
-        recompute_tp[k] = acc
-      end
-    end
+  for _, o in ipairs(timeline.recomputed(p, s)) do
+    local k = o.unit .. "/" .. o.micro_step
+    local acc = recompute_tp[k] or { us = 0, list = {} }
+    acc.us = acc.us + (o.predicted_us or 0)
+    acc.list[#acc.list + 1] = o
+    recompute_tp[k] = acc
   end
   local info = {}
   for _, o in ipairs(ops) do
@@ -56,7 +54,7 @@ function timeline.build(p, s, per_unit, opts)
       local again = o.kind == "backward" and recompute_tp[o.unit .. "/" .. o.micro_step]
       if again then
         r.fixed = r.fixed + again.us
-        r.extra_comm, r.extra_key = again.us, again.seq
+        r.extra_comm, r.extra_ops = again.us, again.list
       end
     end
     r.nominal = r.work or r.fixed
@@ -157,7 +155,7 @@ function timeline.summarize(p, info, by_seq)
   end
   -- Compute stream: busy time, idle intervals and who they waited for.
   local busy, comm_serial = 0, 0
-  local exposed_by, waiter = {}, {}
+  local exposed_by, recompute_by, waiter = {}, {}, {}
   local function blame(seq, us, waiting)
     -- Walk the binding dependencies back to the collective that held it.
     local cur = seq
@@ -178,8 +176,13 @@ function timeline.summarize(p, info, by_seq)
       -- A collective on the compute stream (TP's) is exposed by nature.
       if o.group then exposed_by[o.seq] = (exposed_by[o.seq] or 0) + r.dur else busy = busy + r.dur end
       if r.extra_comm then
+        -- The backward's recompute of forward TP collectives: exposed,
+        -- each by its forward op (recompute_by, apart from exposed_by).
         busy = busy - r.extra_comm
-        exposed_by[r.extra_key] = (exposed_by[r.extra_key] or 0) + r.extra_comm
+        comm_serial = comm_serial + r.extra_comm
+        for _, fo in ipairs(r.extra_ops) do
+          recompute_by[fo.seq] = (recompute_by[fo.seq] or 0) + (fo.predicted_us or 0)
+        end
       end
       if r.start > cend + EPS then blame(r.bind, r.start - cend, o.seq) end
       cend = math.max(cend, r.finish)
@@ -205,11 +208,41 @@ function timeline.summarize(p, info, by_seq)
     -- Non-collective ops in the tail (a view-out): their own time.
     local covered = 0
     for _, us in pairs(exposed_by) do covered = covered + us end
+    for _, us in pairs(recompute_by) do covered = covered + us end
     local rest = (step - busy) - covered
     if rest > EPS then exposed_by[-1] = (exposed_by[-1] or 0) + rest end
   end
   return { ops = info, step_us = step, compute_busy_us = busy, exposed_us = step - busy,
-           comm_serial_us = comm_serial, exposed_by = exposed_by, waiter = waiter, critical = path, compute_end_us = cend }
+           comm_serial_us = comm_serial, exposed_by = exposed_by, recompute_by = recompute_by, waiter = waiter,
+           critical = path, compute_end_us = cend }
+end
+
+-- The forward ops whose collectives full activation checkpointing runs
+-- again in backward: TP's, on the compute stream (FSDP's all-gathers are
+-- not repeated: the backward's own unshard serves the recompute).
+function timeline.recomputed(p, s)
+  local out = {}
+  if s.activation_checkpointing ~= "full" then return out end
+  for _, o in ipairs(p.ops) do
+    if o.group and o.stream == "compute" and o.phase == "forward" then out[#out + 1] = o end
+  end
+  return out
+end
+
+-- Per family: the recompute's collectives (ops, size_bytes, wire_bytes, us).
+function timeline.recompute_per_family(p, s)
+  local t = {}
+  for _, o in ipairs(timeline.recomputed(p, s)) do
+    local a = t[o.group] or { ops = 0, size_bytes = 0, wire_bytes = 0, us = 0, kinds = {}, kind_order = {} }
+    a.ops = a.ops + 1
+    a.size_bytes = a.size_bytes + o.size_bytes
+    a.wire_bytes = a.wire_bytes + o.wire_bytes
+    a.us = a.us + (o.predicted_us or 0)
+    if not a.kinds[o.kind] then a.kinds[o.kind] = 0; a.kind_order[#a.kind_order + 1] = o.kind end
+    a.kinds[o.kind] = a.kinds[o.kind] + 1
+    t[o.group] = a
+  end
+  return t
 end
 
 -- Everything the audit shows, from the plan: settings, per-unit compute,

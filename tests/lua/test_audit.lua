@@ -290,8 +290,63 @@ local function check_timeline(p, tl)
   assert(math.abs(tl.exposed_us - (tl.step_us - tl.compute_busy_us)) < 1e-6, "exposed = step - compute busy")
   local sum = 0
   for _, us in pairs(tl.exposed_by) do sum = sum + us end
+  for _, us in pairs(tl.recompute_by) do sum = sum + us end
   assert(math.abs(sum - tl.exposed_us) <= 1e-6 * math.max(1, tl.step_us), string.format(
     "exposed attributed %.3f of %.3f us", sum, tl.exposed_us))
+end
+
+-- Full checkpointing reruns the forward's TP collectives in backward
+-- (torchtitan's full AC recomputes the whole forward): the tp row counts
+-- them (collectives, bytes, predicted), so exposed never exceeds
+-- predicted, and the warnings name the recompute, not tp_all_gather.
+function T.recompute_tp_collectives_counted_and_attributed()
+  local p, fp = gen(read("plans/llama70b.lua"), "plans/llama70b.lua")
+  local a = audit.analysis(p)
+  H.eq(a.settings.activation_checkpointing, "full", "llama70b checkpoints fully")
+  local rec = a.recompute.tp
+  local fwd = { ops = 0, us = 0, size = 0 }
+  for _, o in ipairs(p.ops) do
+    if o.group == "tp" and o.phase == "forward" then
+      fwd.ops, fwd.us, fwd.size = fwd.ops + 1, fwd.us + o.predicted_us, fwd.size + o.size_bytes
+    end
+  end
+  H.eq(rec.ops, fwd.ops, "every forward TP collective recomputed once")
+  H.eq(rec.size_bytes, fwd.size, "recompute bytes")
+  local doc = json.decode(audit.json(p, fp))
+  local exposed_tp
+  for _, e in ipairs(doc.audit.timeline.exposed_by_group) do if e.group == "tp" then exposed_tp = e.us end end
+  local predicted_tp = p.predicted.per_family.tp.us + rec.us
+  assert(exposed_tp <= predicted_tp * (1 + 1e-6) + 1e-3, string.format("tp exposed %g > predicted %g",
+    exposed_tp, predicted_tp))
+  H.eq(doc.audit.recompute_by_group[1].group, "tp", "plan.json recompute row")
+  H.eq(doc.audit.recompute_by_group[1].ops, fwd.ops, "plan.json recompute ops")
+  local md = audit.schedule_md(p, fp)
+  local row = md:match("\n(| tp | [^\n]*)")
+  assert(row:find("322 TP reduce-scatter, 322 TP all-gather + 161 TP reduce-scatter, 161 TP all-gather recomputed "
+    .. "in backward (full checkpointing)", 1, true), row)
+  local cells = {}
+  for c in row:gmatch("| ([^|]*) ") do cells[#cells + 1] = c end
+  H.eq(cells[7], cells[8], "tp predicted = exposed (all on the compute stream)")
+  H.eq(cells[7], audit.us_text(predicted_tp), "tp predicted with the recompute")
+  -- Each warning's total is its own ops': forward tp_all_gather is the
+  -- forward's, the recompute has rows of its own.
+  local fwd_ag = 0
+  for _, o in ipairs(p.ops) do
+    if o.kind == "tp_all_gather" and o.phase == "forward" then fwd_ag = fwd_ag + o.predicted_us end
+  end
+  local want = string.format("exposed tp_all_gather (forward) of layers.0-79, norm_output: %s over",
+    audit.us_text(fwd_ag))
+  local found, rs_rec = false, false
+  for _, text in ipairs(a.warnings) do
+    if text:find(want, 1, true) then found = true end
+    if text:find("exposed tp_reduce_scatter (backward recompute)", 1, true) then rs_rec = true end
+  end
+  assert(found, want .. "\n" .. table.concat(a.warnings, "\n"))
+  assert(rs_rec, "recomputed reduce-scatters named as such")
+  -- Without checkpointing nothing is recomputed.
+  local pn = gen(read("plans/llama70b.lua"):gsub('activation_checkpointing = "full"', 'activation_checkpointing = "none"'),
+    "plans/llama70b.lua")
+  H.eq(next(audit.analysis(pn).recompute), nil, "no recompute")
 end
 
 function T.timeline_obeys_streams_and_waits()
