@@ -511,16 +511,32 @@ function audit.critical_segments(p, tl)
   return segs
 end
 
--- One line: the step's critical path time by stream.
+-- One line: the step's critical path time by stream. The compute
+-- stream's share names its TP collectives (and full checkpointing's rerun
+-- of them inside backward ops) apart from its compute.
 function audit.critical_text(p, tl)
   local by, order = {}, {}
   for _, sg in ipairs(audit.critical_segments(p, tl)) do
     if not by[sg.stream] then by[sg.stream] = 0; order[#order + 1] = sg.stream end
     by[sg.stream] = by[sg.stream] + sg.us
   end
+  local tp_us = 0
+  for _, seq in ipairs(tl.critical) do
+    local o, r = p.ops[seq + 1], tl.ops[seq]
+    if o.stream == "compute" then
+      tp_us = tp_us + (o.group and r.dur or (r.extra_comm or 0))
+    end
+  end
   table.sort(order, function(x, y) return by[x] > by[y] or (by[x] == by[y] and x < y) end)
   local t = {}
-  for _, st in ipairs(order) do t[#t + 1] = string.format("%s %s", st, us_text(by[st])) end
+  for _, st in ipairs(order) do
+    if st == "compute" and tp_us > 0 then
+      t[#t + 1] = string.format("compute stream %s: %s compute + %s TP collectives", us_text(by[st]),
+        us_text(math.max(0, by[st] - tp_us)), us_text(tp_us))
+    else
+      t[#t + 1] = string.format("%s %s", st, us_text(by[st]))
+    end
+  end
   return table.concat(t, ", ")
 end
 

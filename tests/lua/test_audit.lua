@@ -349,6 +349,27 @@ function T.recompute_tp_collectives_counted_and_attributed()
   H.eq(next(audit.analysis(pn).recompute), nil, "no recompute")
 end
 
+-- The critical path line names the compute stream's TP collectives apart
+-- from its compute (they are not compute: "compute 0.2 us" beside a
+-- compute stream of 291 us read as a contradiction).
+function T.critical_path_names_tp_collectives_apart()
+  local p = gen(read("plans/llama_tiny_tp.lua"), "plans/llama_tiny_tp.lua")
+  local a = audit.analysis(p)
+  local text = audit.critical_text(p, a.timeline)
+  local whole, comp, tpc = text:match("compute stream ([%d.]+ %a+): ([%d.]+ %a+) compute %+ ([%d.]+ %a+) TP collectives")
+  assert(whole, text)
+  local function us(x)
+    local v, u = x:match("([%d.]+) (%a+)")
+    return tonumber(v) * ({ us = 1, ms = 1e3, s = 1e6 })[u]
+  end
+  assert(us(comp) <= a.timeline.compute_busy_us + 0.05, text .. " vs compute " .. a.timeline.compute_busy_us)
+  assert(math.abs(us(comp) + us(tpc) - us(whole)) <= 0.15, text)
+  assert(us(tpc) > 100 * us(comp), "the TP collectives dominate: " .. text)
+  local pf = gen(read("plans/fsdp4.lua"), "plans/fsdp4.lua")
+  local tf = audit.critical_text(pf, audit.analysis(pf).timeline)
+  assert(not tf:find("TP collectives", 1, true) and tf:find("compute 0.0 us", 1, true), tf)
+end
+
 function T.timeline_obeys_streams_and_waits()
   for _, path in ipairs({ "plans/fsdp4.lua", "plans/hsdp4x2_fp16.lua", "plans/fsdp8_uneven.lua",
                           "plans/llama70b.lua", "plans/llama_tiny_tp.lua" }) do
