@@ -21,6 +21,9 @@ cp_bad_path = $(if $(filter-out 1,$(words $(1))),bad)$(call cp_strip,$(1),$(cp_w
 ifneq ($(if $(filter-out 1,$(words $(PLAN_RAW))),bad)$(if $(NAME),,bad)$(if $(filter %.lua,$(PLAN_FILE)),,bad)$(call cp_strip,$(NAME),$(cp_word))$(call cp_bad_path,$(PLAN_FILE)),)
 $(error PLAN=$(PLAN_RAW): a plan file is <name>.lua with <name> made of A-Z a-z 0-9 _ (it becomes a C identifier), in a directory named with A-Z a-z 0-9 _ . / + - only; rename or move the file)
 endif
+ifeq ($(wildcard $(PLAN_FILE)),)
+$(error PLAN=$(PLAN_RAW): there is no plan file $(PLAN_FILE); shipped plans: $(notdir $(wildcard plans/*.lua)); or give a path to a plan file)
+endif
 # A plan under plans/ generates into plans/<name>/ (committed); any other
 # plan file into build/<name>/gen/, never over a committed plan.
 ifeq ($(abspath $(PLAN_FILE)),$(abspath plans/$(NAME).lua))

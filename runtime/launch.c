@@ -92,8 +92,9 @@ static int file_job_tag(cp_getenv_fn get, char *out, size_t n, char *err, size_t
     const char *ompi = nonempty(get, "OMPI_MCA_ess_base_jobid"), *pmix = nonempty(get, "PMIX_NAMESPACE");
     if (!gen && !slurm && !(run && strcmp(run, "none") != 0) && !ompi && !pmix) {
         snprintf(err, errlen, "COMMPLAN_ID_FILE is set but no job id tells this launch from an earlier one (no "
-                 "SLURM_JOB_ID, TORCHELASTIC_RUN_ID, OMPI_MCA_ess_base_jobid or PMIX_NAMESPACE); set "
-                 "COMMPLAN_ID_GENERATION to a value unique to this launch on every rank");
+                 "SLURM_JOB_ID, OMPI_MCA_ess_base_jobid or PMIX_NAMESPACE, and TORCHELASTIC_RUN_ID is %s); set "
+                 "COMMPLAN_ID_GENERATION to a value unique to this launch on every rank (or torchrun --rdzv-id)",
+                 run ? "torchrun's default 'none', the same for every launch" : "unset");
         return -1;
     }
     out[0] = '\0';

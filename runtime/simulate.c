@@ -101,7 +101,7 @@ int cp_simulate_check_memory(const cp_plan *p)
     fprintf(stderr,
             "commplan: simulating plan %s needs %.1f GiB of host memory (%d ranks x %.2f GiB: arena %.2f GiB, "
             "shards, grads and checks %.2f GiB); this machine has %.1f GiB available: simulate a smaller plan "
-            "or fewer ranks\n",
+            "(the same model with fewer layers or a smaller world), or run it on GPUs with --check\n",
             p->name, gib(need), p->world_size, gib(per_rank), gib(p->arena_bytes), gib(per_rank - p->arena_bytes),
             gib(avail));
     return -1;

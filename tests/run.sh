@@ -417,7 +417,7 @@ sim_refuses() {
   local out rc
   out=$(ulimit -v 4194304; "build/$1/$1" --simulate 2>&1); rc=$?
   one_line "$rc" "commplan: simulating plan $1 needs " "$out" &&
-    printf '%s' "$out" | grep -qE "needs [0-9.]+ GiB of host memory \($2 ranks x [0-9.]+ GiB.*\); this machine has [0-9.]+ GiB available: simulate a smaller plan or fewer ranks$"
+    printf '%s' "$out" | grep -qE "needs [0-9.]+ GiB of host memory \($2 ranks x [0-9.]+ GiB.*\); this machine has [0-9.]+ GiB available: simulate a smaller plan \(the same model with fewer layers or a smaller world\), or run it on GPUs with --check$"
 }
 run "simulate llama70b: refused with the figure and this machine's memory, exit 2" sim_refuses llama70b 1024
 if [ "$(awk '/^MemAvailable:/ { print ($2 < 900 * 1024 * 1024) }' /proc/meminfo 2>/dev/null)" = 1 ]; then
