@@ -190,6 +190,9 @@ def check_names(units):
         _check_ident("unit", "UNIT", u["name"], unit_ids)
         for p in u["params"]:
             _check_name("parameter", p["name"], "%s (%s)" % (where, u["name"]))
+            if p["name"] in seen_param and seen_param[p["name"]] == u["name"]:
+                raise PlanError("parameter %s appears twice in unit %s; list each parameter once"
+                                % (lua_string(p["name"]), lua_string(u["name"])))
             if p["name"] in seen_param:
                 raise PlanError("parameter %s is in unit %s and unit %s; FSDP2 gives a parameter to one unit only "
                                 "(wrap both modules in one unit)" % (lua_string(p["name"]),
@@ -248,7 +251,9 @@ def _param(entry, where):
         raise PlanError("%s: %d dims; commplan plans at most %d" % (where, len(shape), MAX_DIMS))
     dims = []
     for d in shape:
-        if isinstance(d, bool) or not isinstance(d, int):
+        if isinstance(d, bool):
+            raise PlanError("%s: shape %r holds a bool; sizes are integers" % (where, shape))
+        if not isinstance(d, int):
             try:
                 d = int(d.__index__())
             except (AttributeError, TypeError):

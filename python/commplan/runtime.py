@@ -41,8 +41,13 @@ plans (tp > 1) are refused.
 import ctypes
 import os
 
-import torch
-import torch.nn as nn
+try:
+    import torch
+    import torch.nn as nn
+except ImportError as e:  # the plan writer needs no torch; this module does
+    raise ImportError("commplan.runtime drives a plan's library from PyTorch module hooks and needs torch "
+                      "(2.x with CUDA); the plan writer (commplan.plan_text, plan_from_named_parameters) does "
+                      "not: %s" % e) from None
 
 from .match import PlanMismatch, check_units_match_plan, find_plan_json, load_plan_json, plan_units
 from .modules import named_units, units_from_module
