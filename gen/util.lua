@@ -166,8 +166,8 @@ end
 -- a hostile one.
 local MAX_TRIES = 2000
 
-local function first_assignment(source, key)
-  local init = 1
+local function first_assignment(source, key, from)
+  local init = from or 1
   for _ = 1, MAX_TRIES do
     local i, j = source:find(key, init, true)
     if not i then return nil end
@@ -223,8 +223,25 @@ function util.find_line(source, field, key)
     local n = line_of_key(source, key)
     if n then return n end
   end
-  -- The field's identifier parts, innermost first: "model.units[2].name" ->
-  -- name, units, model.
+  -- Follow the field's path through the text: each part's assignment after
+  -- the previous part's, the n-th one after a part indexed [n]
+  -- ("model.units[2].params[1].name": model, then units, then the 2nd
+  -- params after it, then the 1st name after that).
+  local pos, found = 1, nil
+  local skip = 1
+  for name, index in field:gmatch("([%a_][%w_]*)(%[?%d*%]?)") do
+    local at
+    for _ = 1, skip do
+      at = first_assignment(source, name, at and at + 1 or pos)
+      if not at then break end
+    end
+    if not at then break end
+    pos, found = at, at
+    skip = tonumber(index:match("%d+")) or 1
+  end
+  if found and not in_comment(source, found) then return line_at(source, found, 1, 1) end
+  -- Else the field's identifier parts, innermost first: "model.units[2].name"
+  -- -> name, units, model.
   local parts = {}
   for part in field:gmatch("[%a_][%w_]*") do table.insert(parts, 1, part) end
   for _, part in ipairs(parts) do
