@@ -281,6 +281,26 @@ function T.names_with_markdown_markup_refused()
   end
 end
 
+-- An error names the line of the field it is about, following the path:
+-- parallel's tp, not a parameter's tp placement above or below it.
+function T.error_line_follows_the_field_path()
+  local src = table.concat({
+    "return {",
+    "  world_size = 4,",
+    "  model = { family = 'generic', dtype = 'fp32', n_heads = 7, units = {",
+    "    { name = 'a', params = { { name = 'a.w', shape = { 4, 4 }, tp = 'colwise' } } },",
+    "    { name = 'root', params = { { name = 'x', shape = { 4 } }, { name = 'y', shape = { 4 } } } } } },",
+    "  parallel = { dp_shard = -1, tp = 2 },",
+    "}" }, "\n")
+  H.plan_fails(src, "plans/t.lua:6: parallel.tp")
+  local names = table.concat({
+    "return { world_size = 2, parallel = { dp_shard = 2 }, model = { units = {",
+    "  { name = 'root', params = {",
+    "    { name = 'x', shape = { 4 } },",
+    "    { name = 'y|', shape = { 4 } } } } } } }" }, "\n")
+  H.plan_fails(names, "plans/t.lua:4: model.units[1].params[2].name")
+end
+
 function T.names_unique_as_c_identifiers()
   fails(names_plan("'a'", "'root'", "'a.b'", "'a_b'"), "model.units[2].params[1].name", "\"a_b\"", "\"a.b\"",
     "<NAME>_PARAM_A_B")
