@@ -226,13 +226,16 @@ def dtype_name(dtype, what="dtype"):
 
 
 def _param(entry, where):
-    """(name, shape, dtype[, shard_dim]) or a dict with those keys -> normalized dict."""
+    """(name, shape, dtype[, shard_dim]) or a dict with those keys (and an optional tensor-parallel
+    placement "tp": colwise | rowwise | replicate | shard(k)) -> normalized dict."""
+    tp = None
     if isinstance(entry, dict):
         name, shape, dtype, shard_dim = entry.get("name"), entry.get("shape"), entry.get("dtype"), \
             entry.get("shard_dim", 0)
-        unknown = sorted(set(entry) - {"name", "shape", "dtype", "shard_dim"})
+        tp = entry.get("tp")
+        unknown = sorted(set(entry) - {"name", "shape", "dtype", "shard_dim", "tp"})
         if unknown:
-            raise PlanError("%s: unknown parameter keys %s; use name, shape, dtype, shard_dim" % (where, unknown))
+            raise PlanError("%s: unknown parameter keys %s; use name, shape, dtype, shard_dim, tp" % (where, unknown))
     else:
         if not isinstance(entry, (list, tuple)) or len(entry) not in (3, 4):
             raise PlanError("%s: a parameter is (name, shape, dtype) or (name, shape, dtype, shard_dim), got %r"
@@ -263,7 +266,14 @@ def _param(entry, where):
         dims.append(d)
     if isinstance(shard_dim, bool) or not isinstance(shard_dim, int) or not 0 <= shard_dim < len(dims):
         raise PlanError("%s: shard_dim %r is not a dim of shape %r" % (where, shard_dim, tuple(dims)))
-    return {"name": name, "shape": dims, "dtype": dtype_name(dtype, where), "shard_dim": shard_dim}
+    if tp is not None:
+        import re
+        if not isinstance(tp, str) or not re.fullmatch(r"colwise|rowwise|replicate|shard\([0-7]\)", tp):
+            raise PlanError("%s: tp %r; a TP placement is colwise, rowwise, replicate or shard(k)" % (where, tp))
+        k = {"colwise": 0, "rowwise": 1}.get(tp, int(tp[6]) if tp.startswith("shard(") else None)
+        if k is not None and k >= len(dims):
+            raise PlanError("%s: tp %s splits dim %d but shape %r has %d dims" % (where, tp, k, tuple(dims), len(dims)))
+    return {"name": name, "shape": dims, "dtype": dtype_name(dtype, where), "shard_dim": shard_dim, "tp": tp}
 
 
 def normalize_units(units):
@@ -356,6 +366,8 @@ def llama_config_from_units(units, model, default_raf):
     dtypes = {p["dtype"] for p in params}
     if len(dtypes) != 1 or any(p["shard_dim"] != 0 for p in params):
         return None, "parameters differ in dtype or shard on a dim other than 0"
+    if any(p.get("tp") for p in params):
+        return None, "parameters carry their own TP placements (the Llama family uses torchtitan's)"
     if units[-1]["params"]:
         return None, "the root owns parameters"
     emb = units[0]["params"]
@@ -433,6 +445,8 @@ def _unit_text(u, default_raf, is_root, dtype_default):
             fields.append("dtype = %s" % lua_string(p["dtype"]))
         if p["shard_dim"]:
             fields.append("shard_dim = %d" % p["shard_dim"])
+        if p.get("tp"):
+            fields.append("tp = %s" % lua_string(p["tp"]))
         lines.append("        { %s }," % ", ".join(fields))
     lines.append("      } },")
     return lines
@@ -536,7 +550,8 @@ def plan_from_named_parameters(name, units, world_size, parallel=None, fsdp=None
     """The plan file (Lua text) for a model given as its fully_shard units.
 
     units: in wrapping order, the root last; each {"name", "params", "reshard_after_forward"} or
-    (name, params[, reshard_after_forward]), params as (name, shape, dtype[, shard_dim]) -- what
+    (name, params[, reshard_after_forward]), params as (name, shape, dtype[, shard_dim]) or dicts
+    that may add a tensor-parallel placement "tp" (colwise | rowwise | replicate | shard(k)) -- what
     ``[(n, tuple(p.shape), p.dtype) for n, p in module.named_parameters()]`` gives.
     model: extra model numbers (n_heads, n_kv_heads, seq_len, num_experts; for the Llama family
     also multiple_of, ffn_dim_multiplier). family: "auto" writes a llama-family plan when the units

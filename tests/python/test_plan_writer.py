@@ -92,6 +92,24 @@ class FromNamedParameters(Tmp):
         # deterministic: the same input writes the same bytes
         self.assertEqual(text, commplan.plan_from_named_parameters("llama_tiny", units, **kw))
 
+    def test_tp3_uneven_with_tp_placements_reproduces_committed_plan(self):
+        # A generic model under TP: placements travel with the parameters.
+        units = [
+            ("block", [{"name": "block.up", "shape": (10, 8), "dtype": "torch.float32", "tp": "colwise"},
+                       {"name": "block.up_bias", "shape": (10,), "dtype": "torch.float32", "tp": "shard(0)"},
+                       {"name": "block.down", "shape": (8, 7), "dtype": "torch.float32", "tp": "rowwise"},
+                       ("block.norm", (8,), "torch.float32")]),
+            ("root", [{"name": "embed", "shape": (11, 8), "dtype": "torch.float32", "tp": "shard(0)"},
+                      {"name": "head", "shape": (11, 8), "dtype": "torch.float32", "tp": "colwise"}]),
+        ]
+        text = commplan.plan_from_named_parameters("tp3_uneven", units, world_size=6,
+                                                   parallel={"dp_shard": -1, "tp": 3})
+        self.assertIn('tp = "rowwise"', text)
+        self.assert_same_tables(text, os.path.join(REPO, "plans", "tp3_uneven.lua"), "tp3_uneven")
+        with self.assertRaises(commplan.PlanError):
+            commplan.plan_from_named_parameters("x", [("root", [{"name": "w", "shape": (4,), "dtype": "fp32",
+                                                                  "tp": "rowwise"}])], world_size=2)
+
     def test_llama_tiny_as_generic_has_the_same_c_tables(self):
         units = fixture("llama_tiny_named_params.json")["units"]
         text = commplan.plan_from_named_parameters(
