@@ -34,7 +34,7 @@ memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act" }
 -- stream), bytes are reused only within a pool: were the all-reduce
 -- stream's rs_out handed to the next unit's copy-out on the compute stream,
 -- that copy-out would wait for the all-reduce, and compute behind it.
-memplan.POOL = { ag = "copy_in", unsharded = "compute", grads = "compute", rs_in = "reduce_scatter",
+memplan.POOL = { ag = "copy_in", unsharded = "compute", grads = "compute", rs_in = "compute",
                  rs_out = "reduce_scatter", act = "compute" }
 
 local ES = layout.DTYPE_BYTES
@@ -293,6 +293,14 @@ function memplan.build(lay, ops)
     needs[i][j] = true
   end
   data_edges(ops, add)
+  -- FSDP2's post_backward makes the current stream wait for the previous
+  -- reduce-scatter (comm_ctx.reduce_scatter_state.event) before it packs the
+  -- next unit's gradients, so the packing never runs ahead of it.
+  local prev_rs
+  for _, o in ipairs(ops) do
+    if o.kind == "pack" and prev_rs then add(o.seq, prev_rs) end
+    if o.kind == "reduce_scatter" then prev_rs = o.seq end
+  end
   for _, b in ipairs(placed) do
     local sharing = {}
     for _, q in ipairs(placed) do

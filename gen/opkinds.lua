@@ -39,15 +39,17 @@ opkinds.STREAMS = { "compute", "copy_in", "all_gather", "reduce_scatter", "all_r
 -- The stream each op runs on, as FSDP2 places them: copy-in and the
 -- all-gather on their own high-priority streams (a one-rank shard group's
 -- all-gather is a no-op on the copy-in stream), copy-out, compute and
--- resharding on the caller's stream, the chunk_cat packing and the
--- reduce-scatter on the reduce-scatter stream (foreach_reduce runs both
--- there), the HSDP all-reduce on its own, and the view-out on whichever ran
--- the last reduction. The generator decides it here; the executor obeys.
+-- resharding on the caller's stream, the chunk_cat packing too (foreach_reduce
+-- runs foreach_reduce_scatter_copy_in on the current stream, into a buffer
+-- allocated there, then makes the reduce-scatter stream wait for it), the
+-- reduce-scatter on its own stream, the HSDP all-reduce on its own, and the
+-- view-out on whichever ran the last reduction. The generator decides it
+-- here; the executor obeys.
 function opkinds.stream_of(o, hsdp)
   local k = o.kind
   if k == "copy_in" then return "copy_in"
   elseif k == "all_gather" then return o.group and "all_gather" or "copy_in"
-  elseif k == "pack" or k == "reduce_scatter" then return "reduce_scatter"
+  elseif k == "reduce_scatter" then return "reduce_scatter"
   elseif k == "all_reduce" then return "all_reduce"
   elseif k == "view_out" then return hsdp and "all_reduce" or "reduce_scatter"
   end
