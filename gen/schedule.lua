@@ -21,9 +21,10 @@ function schedule.build(lay, fams, fsdp)
   end
   -- A unit's TP activation collectives (gen/tp_acts.lua) run inside its
   -- forward and backward compute, on the compute stream, over the TP group.
-  local function tp_ops(u, m, phase, into)
+  local function tp_ops(u, m, phase, into, last)
     for _, a in ipairs(u.tp_acts or {}) do
-      if a.phase == phase then
+      -- reducing_only: issued in the post-backward of a reducing micro-step only
+      if a.phase == phase and (not a.reducing_only or last) then
         local o = { kind = a.kind, unit = u.index, micro_step = m, phase = phase, group = "tp", dtype = a.dtype,
                     count = a.count, reduce_op = a.kind ~= "tp_all_gather" and "sum" or nil, what = a.what }
         if into then into[#into + 1] = o else ops[#ops + 1] = o end
@@ -116,7 +117,7 @@ function schedule.interleave_post_backward(ops, post, root, m, last, shard, repl
   local out = {}
   local function post_backward(u)
     -- The backward's TP collectives finish before its post-backward hook.
-    tp_ops(u, m, "backward", out)
+    tp_ops(u, m, "backward", out, last)
     out[#out + 1] = { kind = "reshard", unit = u.index, micro_step = m, phase = "backward" }
     if last then
       out[#out + 1] = { kind = "pack", unit = u.index, micro_step = m, phase = "backward" }

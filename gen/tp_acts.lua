@@ -15,11 +15,10 @@
 -- the embedding all-reduces its output.
 --
 -- Not emitted (stated in docs/plan-files.md; tests/tp_record.py records
--- what PyTorch issues, to settle them on the GPU machine): loss_parallel's
--- small all-reduces of per-token max, sum of exponentials and target logit
--- (batch x seq fp32 each), which run outside every fully_shard unit, and
--- the all-reduce over TP of the replicated norm weights' partial gradients
--- under sequence parallelism (dim elements each).
+-- what PyTorch issues, to settle it on the GPU machine): loss_parallel's
+-- small all-reduces of per-token max (a MAX), sum of exponentials and
+-- target logit (batch x seq fp32 each), which run outside every
+-- fully_shard unit, after the output's forward all-gather.
 local util = require("gen.util")
 
 local tp_acts = {}
@@ -80,6 +79,20 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
         add("tp_reduce_scatter", "backward", shard, "output input gradient")
       else
         add("tp_all_reduce", "backward", full, "output input gradient")
+      end
+    end
+    -- Under sequence parallelism the replicated norm weights' gradients come
+    -- out Partial over TP; FSDP2's post-backward redistributes them to
+    -- Replicate (FSDPParam._get_grad_inner_tensor): an all-reduce of each,
+    -- in parameter order, after the unit's backward collectives and before
+    -- its packing, on a reducing micro-step only (accumulation keeps them
+    -- Partial).
+    if sp then
+      for _, q in ipairs(u.params) do
+        if q.tp_dim == nil and q.name:match("norm%.weight$") then
+          add("tp_all_reduce", "backward", q.numel, q.name .. " gradient (Partial over TP)")
+          acts[#acts].reducing_only = true
+        end
       end
     end
     if #acts > 0 then
