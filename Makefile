@@ -203,7 +203,7 @@ clean:
 # cmocka runtime tests against committed generated plans, built plain
 # (build/tests) and with AddressSanitizer + UBSan (build/tests-asan).
 TEST_PLANS := fsdp8_uneven hsdp2x3_bf16 hsdp4x2_fp16 llama_tiny_tp
-TEST_DEPS  := tests/c/test_runtime.c $(RUNTIME_SRC) $(RUNTIME_HDR) $(foreach p,$(TEST_PLANS),plans/$(p)/plan.c)
+TEST_DEPS  := tests/c/test_runtime.c tests/c/fake_env.h $(RUNTIME_SRC) $(RUNTIME_HDR) $(foreach p,$(TEST_PLANS),plans/$(p)/plan.c)
 define cmocka_test
 $(1)/test_runtime: $(TEST_DEPS)
 	@mkdir -p $(1)
@@ -217,7 +217,7 @@ $(eval $(call cmocka_test,build/tests-asan,$(SAN)))
 # ASan+UBSan; the TCPStore tests start tests/fake_tcpstore.py (python3).
 RDZV_SRC := tests/c/test_rendezvous.c runtime/rendezvous.c runtime/launch.c
 define rendezvous_test
-$(1)/test_rendezvous: $(RDZV_SRC) runtime/rendezvous.h runtime/launch.h
+$(1)/test_rendezvous: $(RDZV_SRC) runtime/rendezvous.h runtime/launch.h tests/c/fake_env.h
 	@mkdir -p $(1)
 	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ $(RDZV_SRC) -lcmocka
 endef

@@ -30,6 +30,7 @@
 
 #include "launch.h"
 #include "rendezvous.h"
+#include "fake_env.h"
 
 extern char **environ;
 
@@ -38,22 +39,6 @@ enum { ID_BYTES = 128, RANKS = 4 };
 
 /* ---- fake environments ---- */
 
-static const char *const *fake_env;
-
-static char *fake_getenv(const char *name)
-{
-    size_t n = strlen(name);
-    for (const char *const *e = fake_env; e && *e; e++)
-        if (!strncmp(*e, name, n) && (*e)[n] == '=') return (char *)(*e + n + 1);
-    return NULL;
-}
-
-static int launch(const char *const *env, cp_launch_env *out, char *err)
-{
-    fake_env = env;
-    err[0] = '\0';
-    return cp_launch_from_env(out, fake_getenv, err, 1024);
-}
 
 static double now_s(void)
 {

@@ -13,6 +13,7 @@
 #include "commplan.h"
 #include "launch.h"
 #include "simulate.h"
+#include "fake_env.h"
 
 extern const cp_plan fsdp8_uneven_plan;
 extern const cp_plan hsdp2x3_bf16_plan;
@@ -253,22 +254,6 @@ static void test_compute_on_resharded_params_fails(void **state)
     free(c.ops);
 }
 
-/* A fake environment for the launcher tests: NULL-terminated name=value pairs. */
-static const char *const *fake_env;
-static char *fake_getenv(const char *name)
-{
-    size_t n = strlen(name);
-    for (const char *const *e = fake_env; e && *e; e++)
-        if (!strncmp(*e, name, n) && (*e)[n] == '=') return (char *)(*e + n + 1);
-    return NULL;
-}
-
-static int launch(const char *const *env, cp_launch_env *out, char *err)
-{
-    fake_env = env;
-    err[0] = '\0';
-    return cp_launch_from_env(out, fake_getenv, err, 256);
-}
 
 /* Walking a plan's own op list, every unshard is accepted by the library's
  * order check (a library unshard does copy-in, all-gather and copy-out at
