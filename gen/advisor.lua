@@ -68,6 +68,10 @@ function advisor.rank(loaded, opts)
   local topo = copy(loaded.topology)
   if opts.gpus_per_node then topo.gpus_per_node = opts.gpus_per_node end
   local g = topo.gpus_per_node
+  if world > g and world % g ~= 0 then
+    util.plan_error(string.format("advise: %d GPUs are not a whole number of nodes of %d GPUs; "
+      .. "give --world-size a multiple of --gpus-per-node (or the plan's topology.gpus_per_node)", world, g))
+  end
   -- The global batch: the plan's (local batch x data-parallel degree), or
   -- opts.global_batch; a mesh whose data-parallel degree (world / tp) does
   -- not divide it is listed as refused, never given another batch.

@@ -382,6 +382,13 @@ function audit.warnings(p, a)
   local topo = p.topology
   local g = topo.gpus_per_node
   local tl = a.timeline
+  -- A world inside one node that leaves part of it idle (the loader
+  -- refuses a multi-node world that is not whole nodes).
+  if p.world_size < g then
+    w[#w + 1] = string.format("the world of %d ranks uses %d of one node's %d GPUs (topology.gpus_per_node): "
+      .. "every group is priced at NVLink's %g GB/s; set gpus_per_node if the job spans nodes",
+      p.world_size, p.world_size, g, topo.intra_node_GBps)
+  end
   -- Groups that carry collectives (or TP) crossing nodes, in one line.
   local crossing = {}
   for _, f in ipairs(p.groups.list) do

@@ -16,6 +16,7 @@ local util = require("gen.util")
 local plan_mod = require("gen.plan")
 local emit = require("gen.emit")
 local audit = require("gen.audit")
+local fsio = require("gen.fsio")
 
 local USAGE = "usage: lua5.4 gen/commplan.lua [--check] PLAN.lua OUTDIR | --version | --help\n"
 
@@ -80,19 +81,13 @@ end
 -- ---- generation (in memory) ----
 
 -- A plan file: a regular file of at most 16 MiB (a FIFO or /dev/zero would
--- block or never end), read with a bound.
+-- block or never end), read with a bound (gen/fsio.lua).
 local PLAN_MAX_BYTES = 16 << 20
 local function read_plan(plan_path)
-  if not sh("test -f " .. sh_quote(plan_path)) then
-    util.plan_error(plan_path .. ": not a regular file; give the path of a plan file (plans/<name>.lua)")
-  end
-  local fh = io.open(plan_path, "rb")
-  if not fh then util.plan_error(plan_path .. ": cannot read plan file; check the path (plans/<name>.lua)") end
-  local src = fh:read(PLAN_MAX_BYTES + 1) or ""
-  fh:close()
-  if #src > PLAN_MAX_BYTES then
-    util.plan_error(string.format("%s:1: plan: the file has more than %d MiB; plan files are small Lua programs",
-      plan_path, PLAN_MAX_BYTES >> 20))
+  local src, why = fsio.read_regular(plan_path, PLAN_MAX_BYTES)
+  if not src then
+    util.plan_error(string.format("%s: the plan file %s; give the path of a plan file (plans/<name>.lua)",
+      fsio.shown(plan_path), why))
   end
   return src
 end
@@ -305,7 +300,7 @@ function Publisher:check_existing(files)
         self.outdir, (n:gsub("[%c]", "?"))))
     end
     if files[n] then seen = seen + 1 else same = false end
-    if files[n] and read(self.outdir .. "/" .. n) ~= files[n] then same = false end
+    if files[n] and fsio.read_regular(self.outdir .. "/" .. n, #files[n] + 1) ~= files[n] then same = false end
   end
   return same and seen == #util.sorted_keys(files)
 end
@@ -348,8 +343,9 @@ end
 local function check_mode(files, names, plan_path, outdir)
   local stale, missing = {}, {}
   for _, n in ipairs(names) do
-    local have = read(outdir .. "/" .. n)
-    if have == nil then missing[#missing + 1] = outdir .. "/" .. n
+    local kind = fsio.stat(outdir .. "/" .. n)
+    local have = kind and fsio.read_regular(outdir .. "/" .. n, #files[n] + 1)
+    if kind == nil then missing[#missing + 1] = outdir .. "/" .. n
     elseif have ~= files[n] then stale[#stale + 1] = outdir .. "/" .. n end
   end
   if #stale + #missing > 0 then
@@ -410,6 +406,11 @@ if not ok then
   elseif getmetatable(e) == Fail then msg = e.msg
   else msg = "commplan: internal error: " .. tostring(e):gsub("\n.*", "") end
   io.stderr:write(msg .. "\n")
+  rc = 2
+end
+local flushed, why = fsio.flush_stdout()
+if not flushed then
+  io.stderr:write("commplan: " .. why .. "; check the disk or pipe it writes to\n")
   rc = 2
 end
 os.exit(rc)

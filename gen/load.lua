@@ -406,11 +406,26 @@ function load_plan.normalize(ctx, raw)
   f.micro_steps = f.micro_steps or 1
   f.reduce_op = f.reduce_op or "avg"
   local t = plan.topology
+  local nodes_given = t.gpus_per_node ~= nil
   t.gpus_per_node = t.gpus_per_node or 8
   t.intra_node_GBps = t.intra_node_GBps or 360   -- NVLink4 busbw seen by nccl-tests on H100 SXM
   t.inter_node_GBps = t.inter_node_GBps or 45    -- 400 Gb/s NIC per GPU, ~90% efficiency
   t.latency_us = t.latency_us or 10
+  load_plan.check_nodes(ctx, plan.world_size, t.gpus_per_node, nodes_given)
   return plan
+end
+
+-- Ranks fill nodes in order (rank // gpus_per_node is the node, as torchrun
+-- with one --nproc-per-node lays them out), so a world of several nodes is
+-- whole nodes. A world inside one node may use part of it (a 4-GPU job on
+-- an 8-GPU node): SCHEDULE.md says so among its warnings.
+function load_plan.check_nodes(ctx, world, gpus_per_node, given)
+  if world > gpus_per_node and world % gpus_per_node ~= 0 then
+    util.field_error(ctx, given and "topology.gpus_per_node" or "world_size", string.format(
+      "world_size %d is not a whole number of nodes of %d GPUs (topology.gpus_per_node%s); "
+      .. "set gpus_per_node to the GPUs each node runs, or world_size to a multiple of it",
+      world, gpus_per_node, given and "" or ", the default"), given and "gpus_per_node" or nil)
+  end
 end
 
 -- ---- the sandbox -----------------------------------------------------------
@@ -638,11 +653,12 @@ end
 
 -- Load and normalize a plan file. `path` is shown in messages as given.
 function load_plan.file(path)
-  local fh, err = io.open(path, "rb")
-  if not fh then util.plan_error(path .. ": cannot read plan file (" .. tostring(err) .. "); check the path") end
-  local source = fh:read(LIM.plan_source + 1)
-  fh:close()
-  return load_plan.source(source or "", path)
+  local source, why = require("gen.fsio").read_regular(path, LIM.plan_source + 1)
+  if not source then
+    util.plan_error(string.format("%s: the plan file %s; give the path of a plan file (plans/<name>.lua)",
+      (path:gsub("[%c]", "?")), why))
+  end
+  return load_plan.source(source, path)
 end
 
 function load_plan.source(source, path)

@@ -6,6 +6,7 @@
 -- with runs of units folded (`layers.0-79`).
 local json = require("gen.json")
 local util = require("gen.util")
+local fsio = require("gen.fsio")
 
 local plandiff = {}
 
@@ -16,15 +17,21 @@ local function us_text(us) return require("gen.audit").us_text(us) end
 
 local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
-local function read_file(path)
-  local fh = io.open(path, "rb")
-  if not fh then return nil end
-  local s = fh:read("a")
-  fh:close()
-  return s
-end
-
 local function fail(msg) util.plan_error(msg) end
+
+-- An operand: a plan file (16 MiB at most, as the generator takes) or a
+-- plan.json (256 MiB); nil when there is no such file (REV:path then).
+local MAX_BYTES = 256 << 20
+local function read_operand(path)
+  if not fsio.stat(path) then return nil end
+  local limit = path:match("%.lua$") and (16 << 20) or MAX_BYTES
+  local src, why = fsio.read_regular(path, limit)
+  if not src then
+    fail(string.format("%s: the operand %s; give a plan file, a plan.json or REV:plans/<name>/plan.json",
+      fsio.shown(path), why))
+  end
+  return src
+end
 
 -- `git show REV:PATH` (REV and PATH checked as text, then quoted).
 local function git_show(rev, path)
@@ -35,8 +42,9 @@ local function git_show(rev, path)
     fail(path .. ": a path in the repository is made of letters, digits and . _ / + - only")
   end
   local ph = io.popen("git show " .. sh_quote(rev .. ":" .. path) .. " 2>/dev/null")
-  local out = ph and ph:read("a")
+  local out = ph and ph:read(MAX_BYTES + 1)
   local ok = ph and ph:close()
+  if out and #out > MAX_BYTES then fail(string.format("%s:%s: more than %s; not a plan.json", rev, path, fsio.human(MAX_BYTES))) end
   if not ok or not out or out == "" then
     fail(string.format("%s:%s: git show found nothing; commit the plan's generated output or name another revision",
       rev, path))
@@ -55,7 +63,7 @@ end
 
 -- spec: PLAN.lua, plan.json, or REV:path (either kind) -> doc, label.
 function plandiff.load(spec)
-  local src = read_file(spec)
+  local src = read_operand(spec)
   local path = spec
   if not src then
     local rev

@@ -12,8 +12,14 @@ local script_dir = arg and arg[0] and arg[0]:match("^(.*)/gen/[^/]*$") or "."
 package.path = script_dir .. "/?.lua;" .. package.path
 
 local util = require("gen.util")
+local fsio = require("gen.fsio")
 
 local verbs = {}
+
+-- Operands are plan files (16 MiB, as the generator takes) or plan.json
+-- documents (llama405b's is 1.3 MB; 256 MiB leaves room for any world).
+verbs.PLAN_MAX_BYTES = 16 << 20
+verbs.JSON_MAX_BYTES = 256 << 20
 
 verbs.USAGE = "usage: lua5.4 gen/verbs.lua diff A B | diff --rev REV PLAN.lua\n"
   .. "       lua5.4 gen/verbs.lua advise PLAN.lua [--world-size N] [--gpus-per-node G] [--global-batch B] [--top K]\n"
@@ -57,10 +63,11 @@ function verbs.main(argv)
       else path = x; i = i + 1 end
     end
     if not path then io.stderr:write(verbs.USAGE); return 2 end
-    local fh = io.open(path, "rb")
-    if not fh then util.plan_error(path .. ": cannot read plan file; check the path (plans/<name>.lua)") end
-    local src = fh:read("a")
-    fh:close()
+    local src, why = fsio.read_regular(path, verbs.PLAN_MAX_BYTES)
+    if not src then
+      util.plan_error(string.format("%s: the plan file %s; give the path of a plan file (plans/<name>.lua)",
+        fsio.shown(path), why))
+    end
     io.stdout:write(require("gen.advisor").report(src, path, opts))
     return 0
   end
@@ -75,6 +82,11 @@ if arg and arg[0] and arg[0]:match("verbs%.lua$") then
     local msg = util.is_plan_error(rc) and tostring(rc.msg or rc)
       or ("commplan: internal error: " .. tostring(rc):gsub("\n.*", ""))
     io.stderr:write(msg .. "\n")
+    rc = 2
+  end
+  local flushed, why = fsio.flush_stdout()
+  if not flushed then
+    io.stderr:write("commplan: " .. why .. "; check the disk or pipe it writes to\n")
     rc = 2
   end
   os.exit(rc)

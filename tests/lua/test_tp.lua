@@ -62,7 +62,7 @@ function T.llama_placements()
     end
   end
   H.eq(seen, 7, "params checked")
-  H.plan_fails("return { world_size = 12, parallel = { dp_shard = -1, tp = 3 }, "
+  H.plan_fails("return { world_size = 12, topology = { gpus_per_node = 4 }, parallel = { dp_shard = -1, tp = 3 }, "
     .. "model = { family = 'llama', size = '8b' } }", "num_attention_heads=32 not divisible by tp=3")
 end
 
@@ -76,7 +76,8 @@ function T.every_accepted_mesh_generates()
     for r = 1, world do
       for t = 1, world // r do
         if world % (r * t) == 0 then
-          local src = string.format("return { world_size = %d, parallel = { dp_replicate = %d, dp_shard = -1, tp = %d }, "
+          local src = string.format("return { world_size = %d, topology = { gpus_per_node = 4 }, "
+            .. "parallel = { dp_replicate = %d, dp_shard = -1, tp = %d }, "
             .. "model = { family = 'llama', dim = 48, n_layers = 2, n_heads = 6, n_kv_heads = 2, vocab_size = 97, "
             .. "multiple_of = 16, seq_len = 24 } }", world, r, t)
           if 6 % t == 0 and 2 % t == 0 and 24 % t == 0 then

@@ -1,0 +1,63 @@
+-- The files a user names, read by one rule: a regular file only (a FIFO
+-- would block in open() and /dev/zero never end), of bounded size, else one
+-- line naming the path and what it is instead. Lua's io.open cannot open
+-- without blocking or fstat what it opened, so the kind is taken with
+-- stat(1) first; the bounded read still stops a file that grows after it.
+-- And stdout: a failed write or flush (a full disk, a closed pipe) is an
+-- error, never a silent exit 0.
+local fsio = {}
+
+local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+-- stat's %F names, as the messages say them.
+local KIND_TEXT = {
+  ["regular file"] = false, ["regular empty file"] = false,
+  ["fifo"] = "a FIFO (named pipe)", ["directory"] = "a directory",
+  ["character special file"] = "a character device", ["block special file"] = "a block device",
+  ["socket"] = "a socket",
+}
+
+-- The file's kind and size, following symlinks: "regular file", n | nil, why.
+function fsio.stat(path)
+  if path == "" or path:find("%z") then return nil, "is not a path" end
+  local ph = io.popen("LC_ALL=C stat -L -c '%F|%s' -- " .. sh_quote(path) .. " 2>/dev/null")
+  local out = ph and ph:read(200) or ""
+  if ph then ph:close() end
+  local kind, size = out:match("^([^|\n]+)|(%d+)")
+  if not kind then return nil, "does not exist (or cannot be read)" end
+  return kind, tonumber(size)
+end
+
+-- The contents of a regular file of at most max_bytes, or nil and why
+-- ("is a FIFO (named pipe)", "has more than 16 MiB", ...).
+function fsio.read_regular(path, max_bytes)
+  local kind, size = fsio.stat(path)
+  if not kind then return nil, size end
+  local what = KIND_TEXT[kind]
+  if what ~= false then return nil, "is " .. (what or ("a " .. kind)) .. ", not a regular file" end
+  if size > max_bytes then return nil, string.format("has %d bytes, more than the %s allowed", size, fsio.human(max_bytes)) end
+  local fh, err = io.open(path, "rb")
+  if not fh then return nil, "cannot be opened (" .. tostring(err):gsub("^[^:]*: ", "") .. ")" end
+  local data = fh:read(max_bytes + 1) or ""
+  fh:close()
+  if #data > max_bytes then return nil, string.format("has more than the %s allowed", fsio.human(max_bytes)) end
+  return data
+end
+
+function fsio.human(bytes)
+  if bytes >= 1 << 20 and bytes % (1 << 20) == 0 then return (bytes >> 20) .. " MiB" end
+  if bytes >= 1 << 10 and bytes % (1 << 10) == 0 then return (bytes >> 10) .. " KiB" end
+  return bytes .. " bytes"
+end
+
+-- A path as a message may show it: control characters as '?'.
+function fsio.shown(path) return (path:gsub("[%c]", "?")) end
+
+-- Flushes stdout; nil and why when the bytes did not all get out.
+function fsio.flush_stdout()
+  local ok, err = io.stdout:flush()
+  if not ok then return nil, "cannot write standard output (" .. tostring(err) .. ")" end
+  return true
+end
+
+return fsio
