@@ -77,6 +77,8 @@ deps-test:
 .PHONY: FORCE
 $(BUILD)/.source: FORCE
 	@mkdir -p '$(BUILD)'
+	@if [ ! -f '$(PLAN_FILE)' ]; then \
+	  echo '$(PLAN_FILE): the plan file is '"$$(LC_ALL=C stat -L -c %F -- '$(PLAN_FILE)' 2>/dev/null || echo unreadable)"', not a regular file; give the path of a plan file (plans/<name>.lua)' >&2; exit 2; fi
 	@{ printf '%s\n' '$(abspath $(PLAN_FILE))' '$(OUT)'; cksum <'$(PLAN_FILE)'; } >'$@.new' 2>/dev/null; \
 	if cmp -s '$@.new' '$@'; then rm -f '$@.new'; else mv -f '$@.new' '$@'; fi
 
