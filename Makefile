@@ -36,7 +36,7 @@ $(error OUT=$(value OUT): an output directory is named with A-Z a-z 0-9 _ . / + 
 endif
 BUILD    := build/$(NAME)
 
-RUNTIME_SRC := runtime/harness.c runtime/arena.c runtime/launch.c runtime/rendezvous.c runtime/check.c runtime/dtype.c runtime/topology.c runtime/executor.c runtime/backend_host.c runtime/simulate.c
+RUNTIME_SRC := runtime/harness.c runtime/arena.c runtime/launch.c runtime/rendezvous.c runtime/check.c runtime/dtype.c runtime/topology.c runtime/executor.c runtime/backend_host.c runtime/simulate.c runtime/safeio.c
 RUNTIME_HDR := $(wildcard runtime/*.h)
 RUNTIME_OBJ := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRC))
 GEN_SRC     := $(wildcard gen/*.lua gen/models/*.lua) $(wildcard templates/*.in)
@@ -217,9 +217,9 @@ $(eval $(call cmocka_test,build/tests-asan,$(SAN)))
 
 # The NCCL id channels (launch.c, rendezvous.c) alone, plain and under
 # ASan+UBSan; the TCPStore tests start tests/fake_tcpstore.py (python3).
-RDZV_SRC := tests/c/test_rendezvous.c runtime/rendezvous.c runtime/launch.c
+RDZV_SRC := tests/c/test_rendezvous.c runtime/rendezvous.c runtime/launch.c runtime/safeio.c
 define rendezvous_test
-$(1)/test_rendezvous: $(RDZV_SRC) runtime/rendezvous.h runtime/launch.h tests/c/fake_env.h
+$(1)/test_rendezvous: $(RDZV_SRC) runtime/rendezvous.h runtime/launch.h runtime/safeio.h tests/c/fake_env.h
 	@mkdir -p $(1)
 	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ $(RDZV_SRC) -lcmocka
 endef
@@ -235,14 +235,33 @@ build/tests-asan/test_arith: tests/c/test_arith.c runtime/dtype.c $(RUNTIME_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -o $@ tests/c/test_arith.c runtime/dtype.c -lcmocka -lm
 
+# The one rule for every file the runtime reads or writes (runtime/safeio.c),
+# plain and with the sanitizers; and fsdp4's binary built with them for
+# tests/fuzz_cli.py (argv and environment fuzzing).
+SAFEIO_SRC := tests/c/test_safeio.c runtime/safeio.c
+define safeio_test
+$(1)/test_safeio: $(SAFEIO_SRC) runtime/safeio.h
+	@mkdir -p $(1)
+	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ $(SAFEIO_SRC) -lcmocka
+endef
+$(eval $(call safeio_test,build/tests,))
+$(eval $(call safeio_test,build/tests-asan,$(SAN)))
+build/tests-asan/fsdp4_cli: runtime/main.c $(RUNTIME_SRC) $(RUNTIME_HDR) plans/fsdp4/plan.c VERSION
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -Iplans/fsdp4 -DCP_PLAN=fsdp4_plan -DCP_VERSION='"$(CP_VERSION)"' -o $@ \
+	  runtime/main.c $(RUNTIME_SRC) plans/fsdp4/plan.c -lm
+
 test-c: build/tests/test_runtime build/tests-asan/test_runtime build/tests/test_rendezvous build/tests-asan/test_rendezvous \
-        build/tests/test_arith build/tests-asan/test_arith
+        build/tests/test_arith build/tests-asan/test_arith \
+        build/tests/test_safeio build/tests-asan/test_safeio
 	build/tests/test_runtime
 	build/tests-asan/test_runtime
 	build/tests/test_rendezvous
 	build/tests-asan/test_rendezvous
 	build/tests/test_arith
 	build/tests-asan/test_arith
+	build/tests/test_safeio
+	build/tests-asan/test_safeio
 
 # ---- CUDA: the generated kernels against the host executor; GPU tests ----
 KERNEL_TEST_PLANS := fsdp8_uneven hsdp2x3_bf16 hsdp4x2_fp16 llama_tiny
