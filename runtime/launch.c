@@ -12,8 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "launch.h"
+#include "safeio.h"
 
 typedef struct {
     const char *source, *rank, *world, *local_rank;
@@ -135,6 +137,15 @@ static int choose_id_channel(cp_launch_env *out, cp_getenv_fn get, char *err, si
         }
         snprintf(out->id_file, sizeof out->id_file, "%s", file);
         out->id_channel = CP_ID_FILE;
+        /* A FIFO there would hang a reader's open(), a device never ends, a
+         * directory cannot be replaced: named now, before any rank waits (the
+         * rendezvous refuses them too, should one appear later). */
+        struct stat st;
+        if (stat(file, &st) == 0 && !S_ISREG(st.st_mode)) {
+            snprintf(err, errlen, "$COMMPLAN_ID_FILE=%s is %s, not a regular file; point it at a file's path on a "
+                     "filesystem every rank shares (rank 0 writes the file there)", file, cp_file_kind(st.st_mode));
+            return -1;
+        }
         return file_job_tag(get, out->job_tag, sizeof out->job_tag, err, errlen);
     }
     if (is_true(agent_store)) {
@@ -183,7 +194,7 @@ static int choose_id_channel(cp_launch_env *out, cp_getenv_fn get, char *err, si
     return 0;
 }
 
-int cp_launch_from_env(cp_launch_env *out, cp_getenv_fn get, char *err, size_t errlen)
+int cp_launch_ranks_from_env(cp_launch_env *out, cp_getenv_fn get, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     out->world_size = 1;
@@ -225,5 +236,37 @@ int cp_launch_from_env(cp_launch_env *out, cp_getenv_fn get, char *err, size_t e
         }
         out->init_timeout_s = v;
     }
+    return 0;
+}
+
+int cp_launch_channel_from_env(cp_launch_env *out, cp_getenv_fn get, char *err, size_t errlen)
+{
     return choose_id_channel(out, get, err, errlen);
+}
+
+int cp_launch_from_env(cp_launch_env *out, cp_getenv_fn get, char *err, size_t errlen)
+{
+    if (cp_launch_ranks_from_env(out, get, err, errlen) != 0) return -1;
+    return cp_launch_channel_from_env(out, get, err, errlen);
+}
+
+int cp_launch_check_plan(const cp_launch_env *env, const char *plan_name, int plan_world, char *err, size_t errlen)
+{
+    const launcher *l = NULL;
+    for (size_t i = 0; i < sizeof LAUNCHERS / sizeof LAUNCHERS[0]; i++)
+        if (!strcmp(env->source, LAUNCHERS[i].source)) l = &LAUNCHERS[i];
+    if (!l) return 0; /* one process, no launcher: nothing to compare */
+    if (env->world_size != plan_world) {
+        char how[96]; /* how this launcher is told the number of ranks */
+        if (!strcmp(l->source, "torchrun"))
+            snprintf(how, sizeof how, "torchrun --nnodes N --nproc-per-node M with N x M = %d", plan_world);
+        else if (!strcmp(l->source, "openmpi")) snprintf(how, sizeof how, "mpirun -np %d", plan_world);
+        else snprintf(how, sizeof how, "srun --ntasks %d", plan_world);
+        snprintf(err, errlen, "world size %d does not match plan %s (generated for %d ranks): %s set $%s=%d; launch "
+                 "%d ranks (%s, so that %s=%d), or regenerate the plan with world_size = %d", env->world_size,
+                 plan_name, plan_world, l->source, l->world, env->world_size, plan_world, how, l->world, plan_world,
+                 env->world_size);
+        return -1;
+    }
+    return 0; /* the rank was checked against the launcher's world (cp_launch_ranks_from_env) */
 }

@@ -37,5 +37,14 @@ typedef struct {
 /* Returns 0, or -1 with a one-line message naming the variable and the fix
  * in err. getenv_fn is getenv in programs, a table lookup in tests. */
 int cp_launch_from_env(cp_launch_env *out, cp_getenv_fn getenv_fn, char *err, size_t errlen);
+/* cp_launch_from_env in two steps, so a program can compare the launch
+ * with its plan (cp_launch_check_plan) before the channel is chosen: first
+ * rank, world, local rank and COMMPLAN_INIT_TIMEOUT, then the NCCL id
+ * channel. Same returns. */
+int cp_launch_ranks_from_env(cp_launch_env *out, cp_getenv_fn getenv_fn, char *err, size_t errlen);
+int cp_launch_channel_from_env(cp_launch_env *out, cp_getenv_fn getenv_fn, char *err, size_t errlen);
+/* 0 when the launcher's world is the plan's (or there is no launcher); else
+ * -1 with one line naming the launcher's variable, both numbers and the fix. */
+int cp_launch_check_plan(const cp_launch_env *env, const char *plan_name, int plan_world, char *err, size_t errlen);
 
 #endif

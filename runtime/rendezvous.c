@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "rendezvous.h"
+#include "safeio.h"
 
 enum { MAX_SHARED_BYTES = 4096, MAX_KEY_SUFFIX = 200 };
 
@@ -75,49 +76,32 @@ static int printable_word(const char *s)
  * never read; rank 0 of this launch replaces it. */
 #define ID_FILE_HEADER "commplan-nccl-id 1"
 
-static int write_all_fd(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 static int file_publish(const cp_launch_env *env, const char *key, const unsigned char *bytes, size_t len, char *err,
                         size_t errlen)
 {
-    char tmp[sizeof env->id_file + 32], eb[128];
-    snprintf(tmp, sizeof tmp, "%s.tmp%ld", env->id_file, (long)getpid());
+    char why[600];
+    struct stat st;
+    /* Whatever is at the path is replaced, never written through (a symlink
+     * included); but a FIFO, a device or a directory there is not an
+     * earlier id file: refuse rather than rename over it. */
+    if (lstat(env->id_file, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode))
+        return fail(err, errlen, "rank 0: COMMPLAN_ID_FILE: %s is %s, not a regular file; point COMMPLAN_ID_FILE at a "
+                    "file's path on a filesystem every rank shares (rank 0 writes it)", env->id_file,
+                    cp_file_kind(st.st_mode));
     size_t cap = 512 + strlen(env->job_tag) + strlen(key) + 2 * len;
     char *text = malloc(cap);
     if (!text) return fail(err, errlen, "rank 0: COMMPLAN_ID_FILE: out of host memory");
     int n = snprintf(text, cap, ID_FILE_HEADER "\njob %s\nkey %s\nbytes %zu\n", env->job_tag, key, len);
     for (size_t i = 0; i < len; i++) n += snprintf(text + n, cap - (size_t)n, "%02x", bytes[i]);
     text[n++] = '\n';
-    /* A temporary name in the same directory, then rename: readers see the
-     * old file or the whole new one, never half of it. 0600: the id lets a
-     * process join the communicator. */
-    const char *step = "open";
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), e = 0;
-    if (fd < 0) e = errno;
-    else {
-        if (write_all_fd(fd, text, (size_t)n) != 0) step = "write", e = errno;
-        else if (fsync(fd) != 0) step = "fsync", e = errno;
-        if (close(fd) != 0 && !e) step = "close", e = errno;
-        if (!e && rename(tmp, env->id_file) != 0) step = "rename", e = errno;
-        if (e) unlink(tmp); /* best effort: the error below is what matters */
-    }
+    /* An exclusive temporary in the same directory, then rename (safeio.c):
+     * readers see the old file or the whole new one, never half of it. 0600:
+     * the id lets a process join the communicator. */
+    int rc = cp_write_file(env->id_file, text, (size_t)n, 0600, why, sizeof why);
     free(text);
-    if (e)
-        return fail(err, errlen, "rank 0: COMMPLAN_ID_FILE=%s: %s of %s failed: %s; point COMMPLAN_ID_FILE into a "
-                    "directory every rank can write and read (a shared filesystem across nodes)", env->id_file, step,
-                    tmp, errstr(e, eb, sizeof eb));
+    if (rc != 0)
+        return fail(err, errlen, "rank 0: COMMPLAN_ID_FILE=%s: %s; point COMMPLAN_ID_FILE into a directory every rank "
+                    "can write and read (a shared filesystem across nodes)", env->id_file, why);
     return CP_RDZV_SHARED;
 }
 
@@ -165,40 +149,25 @@ static int file_receive(const cp_launch_env *env, const char *key, unsigned char
                         char *err, size_t errlen)
 {
     enum { MAX_FILE = 64 * 1024 };
-    char *text = malloc(MAX_FILE + 1), why[600] = "no file there yet", eb[128];
+    char *text = malloc(MAX_FILE + 1), why[600] = "no file there yet";
     if (!text) return fail(err, errlen, "rank %d: COMMPLAN_ID_FILE: out of host memory", env->rank);
     double start = now_s(), deadline = start + timeout_s, pause = 0.005;
     int rc = CP_RDZV_ERROR;
     for (;;) {
-        int fd = open(env->id_file, O_RDONLY | O_CLOEXEC);
-        if (fd < 0 && errno != ENOENT) {
-            fail(err, errlen, "rank %d: COMMPLAN_ID_FILE=%s: open failed: %s; every rank must be able to read it",
-                 env->rank, env->id_file, errstr(errno, eb, sizeof eb));
+        /* Opened without blocking and refused unless a regular file
+         * (safeio.c): a FIFO at the path would otherwise hang open(). */
+        size_t n = 0;
+        char rerr[600];
+        int r = cp_read_file(env->id_file, text, MAX_FILE, &n, rerr, sizeof rerr);
+        if (r == CP_READ_ERROR) {
+            fail(err, errlen, "rank %d: COMMPLAN_ID_FILE: %s; COMMPLAN_ID_FILE must be a regular file every rank can "
+                 "read, on a filesystem every node shares", env->rank, rerr);
             break;
         }
-        if (fd >= 0) {
-            size_t n = 0;
-            int e = 0;
-            for (;;) {
-                ssize_t r = read(fd, text + n, MAX_FILE + 1 - n);
-                if (r < 0 && errno == EINTR) continue;
-                if (r < 0) { e = errno; break; }
-                if (r == 0 || (n += (size_t)r) > MAX_FILE) break;
-            }
-            if (close(fd) != 0 && !e) e = errno;
-            if (e) {
-                fail(err, errlen, "rank %d: COMMPLAN_ID_FILE=%s: read failed: %s", env->rank, env->id_file,
-                     errstr(e, eb, sizeof eb));
-                break;
-            }
-            if (n > MAX_FILE) snprintf(why, sizeof why, "the file there is over %d bytes", MAX_FILE);
-            else {
-                text[n] = '\0';
-                if (file_parse(text, n, env->job_tag, key, bytes, len, why, sizeof why)) {
-                    rc = CP_RDZV_SHARED;
-                    break;
-                }
-            }
+        if (r == CP_READ_TOO_BIG) snprintf(why, sizeof why, "the file there is over %d bytes", MAX_FILE);
+        else if (r == CP_READ_OK && file_parse(text, n, env->job_tag, key, bytes, len, why, sizeof why)) {
+            rc = CP_RDZV_SHARED;
+            break;
         }
         double left = deadline - now_s();
         if (left <= 0) {
@@ -424,7 +393,11 @@ static int store_open(const cp_launch_env *env, double deadline, char *why, size
             ok = io == 0;
             free(q.p);
             if (ok && echo == nonce) return fd;
-            if (ok) snprintf(why, whylen, "PING answered %u instead of %u: not a PyTorch TCPStore", echo, nonce);
+            /* A wrong echo is not a store that is still starting: no retry. */
+            if (ok) {
+                snprintf(why, whylen, "PING answered %u instead of %u: not a PyTorch TCPStore", echo, nonce);
+                fatal = 1;
+            }
             close(fd); /* giving up this connection; its error is in why */
         }
         if (!timed_out) snprintf(earlier, sizeof earlier, "%s", why);

@@ -31,13 +31,23 @@ is disconnected (libuv ignores it), so a test sees a client that forgets the
 handshake; QUEUE_*, LIST_KEYS, BARRIER, APPEND, COMPARE_SET and MULTI_* are
 not served (commplan sends none of them).
 
-  fake_tcpstore.py --port-file F [--mode serve|close|silent] [--log L]
-                   [--max-seconds S]
+  fake_tcpstore.py --port-file F [--mode MODE] [--log L] [--max-seconds S]
 Listens on a free loopback port, writes it to F (whole, by rename), and
 stops by itself after S seconds (default 60). --mode close accepts and
 closes at once; --mode silent reads and never answers. --log records each
 query as one line: "VALIDATE ok", "PING", "SET <key> <n>", "WAIT <key>",
 "GET <key> <n>".
+
+Hostile modes, for the client's error paths (each after a valid handshake
+unless said otherwise):
+  garbage         answers the first query with bytes no store sends
+                  (0xdeadbeef..., never a PING's nonce), then only reads
+  truncated-ping  half of the PING echo, then closes
+  bad-wait        WAIT answered 127 (neither STOP_WAITING nor WAIT_CANCELED)
+  bad-set-ping    the PING after a SET echoed with the wrong nonce
+  truncated-get   GET: length 128, then 10 bytes, then closes
+  stall-get       GET: length 128, then 10 bytes, then silence
+  huge-get        GET: length 2**64 - 1, then silence
 """
 import argparse
 import os
@@ -183,14 +193,74 @@ def serve_client(conn, store):
             return
 
 
+HOSTILE = ("garbage", "truncated-ping", "bad-wait", "bad-set-ping", "truncated-get", "stall-get", "huge-get")
+
+
+def drain(conn):
+    """Silence: read until the client closes."""
+    while conn.recv(4096):
+        pass
+
+
+def hostile_client(conn, store, mode):
+    if mode == "garbage":
+        recv_exact(conn, 1)
+        conn.sendall(b"\xde\xad\xbe\xef" * 16)
+        drain(conn)
+        return
+    if recv_exact(conn, 1)[0] != VALIDATE or struct.unpack("=I", recv_exact(conn, 4))[0] != MAGIC:
+        store.log("not validated")
+        return
+    store.log("VALIDATE ok")
+    if recv_exact(conn, 1)[0] != PING:
+        return
+    nonce = recv_exact(conn, 4)
+    if mode == "truncated-ping":
+        conn.sendall(nonce[:2])
+        return
+    conn.sendall(nonce)
+    cmd = recv_exact(conn, 1)[0]
+    if cmd == SET:
+        key, value = recv_key(conn), recv_payload(conn)
+        store.log("SET %s %d" % (key, len(value)))
+        if recv_exact(conn, 1)[0] != PING:
+            return
+        nonce = recv_exact(conn, 4)
+        conn.sendall(bytes(b ^ 0xff for b in nonce) if mode == "bad-set-ping" else nonce)
+        drain(conn)
+        return
+    if cmd != WAIT:
+        return
+    keys = [recv_key(conn) for _ in range(recv_u64(conn))]
+    store.log("WAIT %s" % " ".join(keys))
+    if mode == "bad-wait":
+        conn.sendall(bytes([127]))
+        drain(conn)
+        return
+    conn.sendall(bytes([STOP_WAITING]))
+    if recv_exact(conn, 1)[0] != GET:
+        return
+    key = recv_key(conn)
+    store.log("GET %s" % key)
+    if mode == "huge-get":
+        conn.sendall(struct.pack("=Q", 2**64 - 1))
+        drain(conn)
+        return
+    conn.sendall(struct.pack("=Q", 128) + b"\x01" * 10)
+    if mode == "stall-get":
+        drain(conn)
+
+
 def handle(conn, store, mode):
     with conn:
         try:
             if mode == "close":
                 return
             if mode == "silent":
-                while conn.recv(4096):
-                    pass
+                drain(conn)
+                return
+            if mode in HOSTILE:
+                hostile_client(conn, store, mode)
                 return
             serve_client(conn, store)
         except (Closed, OSError):
@@ -200,7 +270,7 @@ def handle(conn, store, mode):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port-file", required=True)
-    ap.add_argument("--mode", choices=("serve", "close", "silent"), default="serve")
+    ap.add_argument("--mode", choices=("serve", "close", "silent") + HOSTILE, default="serve")
     ap.add_argument("--log")
     ap.add_argument("--max-seconds", type=float, default=60.0)
     args = ap.parse_args()

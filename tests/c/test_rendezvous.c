@@ -316,6 +316,96 @@ static void test_id_file_timeout(void **state)
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* COMMPLAN_ID_FILE that is not a regular file: a FIFO (a plain open()
+ * waits for a writer forever), a device that never ends, a directory. Every
+ * rank says what the path is, at once, in one line; rank 0 leaves it alone.
+ * launch.c refuses them up front; these ranks get the path past it, as if
+ * it were swapped after launch. */
+static void test_id_file_not_regular(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/commplan-rdzv-XXXXXX", fifo[256], err[1024];
+    assert_non_null(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/nccl.id", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    const char *paths[] = { fifo, "/dev/zero", dir };
+    const char *kinds[] = { "is a FIFO, not a regular file", "is a character device, not a regular file",
+                            "is a directory, not a regular file" };
+    for (int i = 0; i < 3; i++)
+        for (int rank = 1; rank >= 0; rank--) {
+            if (i == 1 && rank == 0) continue; /* rank 0 never gets to rename anything over a device */
+            const char *env[] = { rank ? "RANK=1" : "RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0",
+                                  "COMMPLAN_ID_FILE=/nonexistent-commplan-dir/id", "COMMPLAN_ID_GENERATION=g1",
+                                  NULL };
+            rank_job j;
+            memset(&j, 0, sizeof j);
+            assert_int_equal(launch(env, &j.env, err), 0);
+            snprintf(j.env.id_file, sizeof j.env.id_file, "%s", paths[i]);
+            j.key = "fp1234";
+            j.timeout_s = 10;
+            fill_id(j.bytes, 2);
+            rank_main(&j);
+            assert_int_equal(j.rc, CP_RDZV_ERROR);
+            if (j.seconds > 2.0) fail_msg("rank %d took %.1f s on %s", rank, j.seconds, paths[i]);
+            assert_null(strchr(j.err, '\n'));
+            if (!strstr(j.err, kinds[i]) || !strstr(j.err, rank ? "rank 1: COMMPLAN_ID_FILE" : "rank 0: COMMPLAN_ID_FILE"))
+                fail_msg("%s: %s", paths[i], j.err);
+        }
+    struct stat st;
+    assert_int_equal(lstat(fifo, &st), 0);
+    assert_true(S_ISFIFO(st.st_mode)); /* rank 0 did not rename over it */
+
+    /* launch.c names them before any rank waits. */
+    for (int i = 0; i < 3; i++) {
+        char var[300];
+        snprintf(var, sizeof var, "COMMPLAN_ID_FILE=%s", paths[i]);
+        const char *env[] = { "RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=0", var, "COMMPLAN_ID_GENERATION=g1", NULL };
+        cp_launch_env L;
+        assert_int_equal(launch(env, &L, err), -1);
+        assert_null(strchr(err, '\n'));
+        if (!strstr(err, kinds[i]) || !strstr(err, "$COMMPLAN_ID_FILE=")) fail_msg("%s: %s", paths[i], err);
+    }
+    assert_int_equal(unlink(fifo), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
+/* Rank 0 writes through no symlink: one planted at COMMPLAN_ID_FILE is
+ * replaced, ones planted at temporary names (the old name <file>.tmp<pid>
+ * and the new .<name>.<pid>.0.tmp) are skipped; their target stays as it was. */
+static void test_id_file_symlinks_not_followed(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/commplan-rdzv-XXXXXX", path[256], victim[256], link[300], file_var[300], err[1024];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/nccl.id", dir);
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    snprintf(file_var, sizeof file_var, "COMMPLAN_ID_FILE=%s", path);
+    write_text(victim, "precious\n");
+    assert_int_equal(symlink("victim", path), 0);
+    snprintf(link, sizeof link, "%s.tmp%ld", path, (long)getpid());
+    assert_int_equal(symlink("victim", link), 0);
+    snprintf(link, sizeof link, "%s/.nccl.id.%ld.0.tmp", dir, (long)getpid());
+    assert_int_equal(symlink("victim", link), 0);
+    const char *env[] = { "RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", file_var, "COMMPLAN_ID_GENERATION=g2", NULL };
+    rank_job j;
+    memset(&j, 0, sizeof j);
+    assert_int_equal(launch(env, &j.env, err), 0);
+    j.key = "fp1234";
+    j.timeout_s = 5;
+    fill_id(j.bytes, 3);
+    rank_main(&j);
+    if (j.rc != CP_RDZV_SHARED) fail_msg("%s", j.err);
+    assert_string_equal(read_text(victim), "precious\n");
+    struct stat st;
+    assert_int_equal(lstat(path, &st), 0);
+    assert_true(S_ISREG(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0600);
+    assert_non_null(strstr(read_text(path), "job gen:g2\nkey fp1234\n"));
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* ---- torchrun's store, played by tests/fake_tcpstore.py ---- */
 
 typedef struct {
@@ -419,10 +509,11 @@ static void test_tcpstore_wait_timeout(void **state)
 
 /* A server that hangs up, or never answers, or nothing listening: the
  * one-line error within the timeout, not a hang. */
-static void broken_store(const char *mode, const char *expect)
+static void hostile_store(const char *mode, int rank, double timeout_s, double max_s, const char *expect)
 {
     fake_store s = { 0 };
     char port_var[32], err[1024], rank_var[] = "RANK=1";
+    rank_var[5] = (char)('0' + rank);
     const char *env[9];
     if (mode) store_start(&s, mode);
     else {
@@ -442,17 +533,22 @@ static void broken_store(const char *mode, const char *expect)
     memset(&j, 0, sizeof j);
     assert_int_equal(launch(env, &j.env, err), 0);
     j.key = "fp1234";
-    j.timeout_s = 0.8;
+    j.timeout_s = timeout_s;
+    if (rank == 0) fill_id(j.bytes, 4);
     rank_main(&j);
     assert_int_equal(j.rc, CP_RDZV_ERROR);
-    assert_true(j.seconds < 3.0);
+    if (j.seconds > max_s) fail_msg("%s: %.2f s, more than %.1f s: %s", mode ? mode : "nobody", j.seconds, max_s, j.err);
     assert_null(strchr(j.err, '\n'));
-    assert_non_null(strstr(j.err, "rank 1: torchrun's store 127.0.0.1:"));
+    char who[64];
+    snprintf(who, sizeof who, "rank %d: torchrun's store 127.0.0.1:", rank);
+    assert_non_null(strstr(j.err, who));
     assert_non_null(strstr(j.err, "TORCHELASTIC_USE_AGENT_STORE=True"));
     if (!strstr(j.err, expect)) fail_msg("expected '%s' in: %s", expect, j.err);
     assert_non_null(strstr(j.err, "COMMPLAN_ID_FILE=/shared/path"));
     if (mode) store_stop(&s);
 }
+
+static void broken_store(const char *mode, const char *expect) { hostile_store(mode, 1, 0.8, 3.0, expect); }
 
 static void test_tcpstore_hangs_up(void **state)
 {
@@ -472,6 +568,35 @@ static void test_tcpstore_nobody_listens(void **state)
     broken_store(NULL, "connect failed: Connection refused");
 }
 
+/* A server that answers with garbage, truncated or huge replies, or stalls
+ * mid-reply (tests/fake_tcpstore.py's hostile modes): one line, within the
+ * bound; what can never become a store's answer fails at once rather than at
+ * the timeout. Under ASan: no read past a buffer, no allocation of a length
+ * the server chose. */
+static void test_tcpstore_garbage(void **state)
+{
+    (void)state;
+    hostile_store("garbage", 1, 5.0, 2.0, "not a PyTorch TCPStore");
+    hostile_store("garbage", 0, 5.0, 2.0, "not a PyTorch TCPStore");
+}
+
+static void test_tcpstore_truncated(void **state)
+{
+    (void)state;
+    /* Half a PING echo, then a close: an agent restarting looks the same, so retried until the bound. */
+    hostile_store("truncated-ping", 1, 0.8, 3.0, "the store closed the connection instead of answering PING");
+    hostile_store("truncated-get", 1, 5.0, 2.0, "the store closed the connection instead of answering GET");
+    hostile_store("stall-get", 1, 0.8, 3.0, "no answer to GET");
+    hostile_store("bad-wait", 1, 5.0, 2.0, "WAIT answered 127 instead of STOP_WAITING (0)");
+    hostile_store("bad-set-ping", 0, 5.0, 2.0, "PING after SET answered");
+}
+
+static void test_tcpstore_huge_length(void **state)
+{
+    (void)state;
+    hostile_store("huge-get", 1, 5.0, 2.0, "holds 18446744073709551615 bytes, expected 128");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -479,6 +604,11 @@ int main(void)
         cmocka_unit_test(test_id_file_timeout),     cmocka_unit_test(test_tcpstore_four_ranks),
         cmocka_unit_test(test_tcpstore_wait_timeout), cmocka_unit_test(test_tcpstore_hangs_up),
         cmocka_unit_test(test_tcpstore_never_answers), cmocka_unit_test(test_tcpstore_nobody_listens),
+        cmocka_unit_test(test_id_file_not_regular),  cmocka_unit_test(test_id_file_symlinks_not_followed),
+        cmocka_unit_test(test_tcpstore_garbage),     cmocka_unit_test(test_tcpstore_truncated),
+        cmocka_unit_test(test_tcpstore_huge_length),
     };
+    /* A wait that is not bounded (a FIFO's open) fails the run instead of hanging it. */
+    alarm(120);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
