@@ -9,10 +9,19 @@ Writing plans needs only the standard library (no torch import):
     plan_text / write_plan      any model table (llama or generic) as plan file text / a file
     check_units_match_plan      a model's units against a generated plan.json, first difference
 
+From the shell: ``python3 -m commplan hf CONFIG --name NAME --world-size N [-o OUT.lua]`` or
+``python3 -m commplan units UNITS.json ...`` (commplan/cli.py; --help).
+
+Every input is checked for type and shape in one place (commplan/validate.py: config.json, the
+writer's options, plan.json), every file read and written through one module (commplan/safeio.py:
+regular files only, bounded; writes through an exclusive temporary file and a rename, never
+through a symlink); every refusal is one PlanError line naming the file or option and the field.
+
 Running a plan (torch 2.x, CUDA, a plan built with nvcc): ``from commplan.runtime import
 CommplanFSDP`` (commplan.runtime imports torch; nothing else here does).
 """
 
+from .errors import OutputError
 from .planfile import (PlanError, c_ident, check_names, check_plan_name, dtype_name, ffn_hidden, lua_string,
                        normalize_units, plan_from_named_parameters, plan_text, write_plan)
 from .modules import Unit, named_units, plan_from_module, resolve_units, torchtitan_units, units_from_module
@@ -22,7 +31,7 @@ from .match import PlanMismatch, check_units_match_plan, find_plan_json, load_pl
 __version__ = "0.1.0"
 
 __all__ = [
-    "PlanError", "PlanMismatch", "Unit",
+    "PlanError", "OutputError", "PlanMismatch", "Unit",
     "c_ident", "check_names", "check_plan_name", "dtype_name", "ffn_hidden", "lua_string", "normalize_units",
     "plan_from_named_parameters", "plan_text", "write_plan",
     "named_units", "plan_from_module", "resolve_units", "torchtitan_units", "units_from_module",

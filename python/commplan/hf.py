@@ -9,10 +9,12 @@ shapes the Hugging Face model has (q/k/v biases for Qwen2, attention_bias and ml
 Llama, tied embeddings as one unit that holds the embedding, the final norm and the output).
 """
 
-import json
 import os
 
-from .planfile import PlanError, _ffn_settings, dtype_name, llama_table
+from . import safeio
+from .errors import PlanError
+from .planfile import _ffn_settings, dtype_name, llama_table
+from .validate import MODEL_INT, check_family, check_hf_config, check_optional_int, describe
 
 __all__ = ["hf_config", "hf_units"]
 
@@ -20,55 +22,48 @@ SUPPORTED = ("llama", "mistral", "qwen2")
 
 
 def _load(path_or_dict):
-    if isinstance(path_or_dict, dict):
-        return dict(path_or_dict), "the config"
-    path = os.fspath(path_or_dict)
+    """(parsed config, its name in messages): a dict as given, else the regular file at the path
+    (a directory: its config.json), read bounded and parsed strictly (safeio)."""
+    if isinstance(path_or_dict, (dict, list)):  # parsed JSON: check_hf_config refuses all but an object
+        return path_or_dict, "the config"
+    if not isinstance(path_or_dict, (str, bytes, os.PathLike)):
+        raise PlanError("hf_config takes the path of a config.json, a directory holding one, or the parsed dict; "
+                        "got %s" % describe(path_or_dict, False))
+    path = safeio.fspath(path_or_dict, "config.json")
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
-    with open(path, "r", encoding="utf-8") as f:
-        return json.load(f), path
-
-
-def _int(cfg, key, src, default=None):
-    v = cfg.get(key, default)
-    if v is None:
-        raise PlanError("%s: %s is missing; a %s config.json has it" % (src, key, cfg.get("model_type")))
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise PlanError("%s: %s = %r is not a positive integer" % (src, key, v))
-    return v
+    return safeio.read_json(path, "config.json", safeio.CONFIG_JSON_MAX)
 
 
 def _shapes(cfg, src):
-    mt = cfg.get("model_type")
-    if mt not in SUPPORTED:
-        raise PlanError("%s: model_type %r; hf_config reads %s (write other models' units with "
-                        "plan_from_module)" % (src, mt, ", ".join(SUPPORTED)))
+    c = check_hf_config(cfg, src, SUPPORTED)
+    mt = c["model_type"]
     s = {
         "model_type": mt,
-        "dim": _int(cfg, "hidden_size", src),
-        "hidden": _int(cfg, "intermediate_size", src),
-        "n_heads": _int(cfg, "num_attention_heads", src),
-        "n_layers": _int(cfg, "num_hidden_layers", src),
-        "vocab": _int(cfg, "vocab_size", src),
+        "dim": c["hidden_size"],
+        "hidden": c["intermediate_size"],
+        "n_heads": c["num_attention_heads"],
+        "n_layers": c["num_hidden_layers"],
+        "vocab": c["vocab_size"],
     }
-    s["n_kv_heads"] = _int(cfg, "num_key_value_heads", src, s["n_heads"])
-    hd = cfg.get("head_dim")
+    s["n_kv_heads"] = c["num_key_value_heads"] if c["num_key_value_heads"] is not None else s["n_heads"]
+    hd = c["head_dim"]
     if hd is None:
         if s["dim"] % s["n_heads"]:
             raise PlanError("%s: hidden_size %d is not divisible by num_attention_heads %d and head_dim is not "
                             "given" % (src, s["dim"], s["n_heads"]))
         hd = s["dim"] // s["n_heads"]
-    s["head_dim"] = _int({"head_dim": hd}, "head_dim", src)
+    s["head_dim"] = hd
     if s["n_heads"] % s["n_kv_heads"]:
         raise PlanError("%s: num_attention_heads %d is not divisible by num_key_value_heads %d"
                         % (src, s["n_heads"], s["n_kv_heads"]))
-    s["tied"] = bool(cfg.get("tie_word_embeddings", False))
+    s["tied"] = c["tie_word_embeddings"]
     if mt == "qwen2":
         s["attn_bias"] = ("q", "k", "v")  # Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False
         s["mlp_bias"] = False
     elif mt == "llama":
-        s["attn_bias"] = ("q", "k", "v", "o") if cfg.get("attention_bias", False) else ()
-        s["mlp_bias"] = bool(cfg.get("mlp_bias", False))
+        s["attn_bias"] = ("q", "k", "v", "o") if c["attention_bias"] else ()
+        s["mlp_bias"] = c["mlp_bias"]
     else:  # mistral: no biases
         s["attn_bias"] = ()
         s["mlp_bias"] = False
@@ -120,9 +115,11 @@ def hf_config(path_or_dict, dtype="fp32", seq_len=None, family="auto"):
     the parsed dict): {"family": "llama", ...} where the Llama family expresses it exactly, else
     {"family": "generic", "units": [...], "n_heads": ..., "n_kv_heads": ...}. dtype: the
     parameters' (training) dtype, not the checkpoint's torch_dtype; seq_len: for the audit."""
+    family = check_family(family, ("auto", "llama", "generic"))
+    seq_len = check_optional_int(seq_len, "seq_len", hi=MODEL_INT)
+    dtype = dtype_name(dtype, "dtype")
     cfg, src = _load(path_or_dict)
     s = _shapes(cfg, src)
-    dtype = dtype_name(dtype, "dtype")
     why = None
     ffn = _ffn_settings(s["dim"], s["hidden"], {})
     if s["attn_bias"] or s["mlp_bias"]:
@@ -135,8 +132,6 @@ def hf_config(path_or_dict, dtype="fp32", seq_len=None, family="auto"):
         why = "intermediate_size %d" % s["hidden"]
     if family == "llama" and why:
         raise PlanError("%s: the llama family cannot express %s; use family=\"generic\"" % (src, why))
-    if family not in ("auto", "llama", "generic"):
-        raise PlanError("family must be \"auto\", \"llama\" or \"generic\", got %r" % (family,))
     if why is None and family != "generic":
         table = llama_table(s["dim"], s["n_layers"], s["n_heads"], s["n_kv_heads"], s["vocab"], ffn, dtype)
     else:

@@ -4,10 +4,12 @@ Pure Python over plan.json (docs/plan-json.md) and the units the plan writer tak
 and is tested without torch. A mismatch is one line naming the first difference.
 """
 
-import json
 import os
 
-from .planfile import PlanError, normalize_units
+from . import safeio
+from .errors import PlanError
+from .planfile import normalize_units
+from .validate import check_plan_json, describe
 
 __all__ = ["PlanMismatch", "load_plan_json", "find_plan_json", "plan_units", "check_units_match_plan"]
 
@@ -27,10 +29,14 @@ def find_plan_json(name, root="."):
 
 
 def load_plan_json(path_or_dict):
-    if isinstance(path_or_dict, dict):
-        return path_or_dict
-    with open(path_or_dict, "r", encoding="utf-8") as f:
-        return json.load(f)
+    """A generated plan.json (a path, or the parsed dict) with the fields read here and by the
+    runtime checked for type: a regular file, bounded, strict JSON (safeio)."""
+    if isinstance(path_or_dict, (dict, list)):
+        return check_plan_json(path_or_dict, "plan.json")
+    if not isinstance(path_or_dict, (str, bytes, os.PathLike)):
+        raise PlanError("plan.json: expected its path or the parsed dict, got %s" % describe(path_or_dict, False))
+    plan, src = safeio.read_json(path_or_dict, "plan.json", safeio.PLAN_JSON_MAX)
+    return check_plan_json(plan, src)
 
 
 def plan_units(plan):

@@ -4,7 +4,9 @@ Duck-typed over nn.Module's API (named_parameters, named_children, named_modules
 imports torch, so the unit tests run it on stand-in modules where torch is absent.
 """
 
-from .planfile import PlanError, dtype_name, plan_from_named_parameters
+from . import validate
+from .errors import PlanError
+from .planfile import dtype_name, plan_from_named_parameters
 
 __all__ = ["Unit", "resolve_units", "units_from_module", "torchtitan_units", "plan_from_module"]
 
@@ -18,6 +20,9 @@ class Unit:
         self.modules = list(modules) if isinstance(modules, (list, tuple)) else [modules]
         if not self.modules:
             raise PlanError("a unit needs at least one module")
+        if name is not None and not isinstance(name, str):
+            raise PlanError("Unit: name: expected a str or None, got %s" % validate.describe(name, False))
+        validate.check_bool_or_none(reshard_after_forward, "reshard_after_forward", src="Unit")
         self.name = name
         self.reshard_after_forward = reshard_after_forward
 
@@ -39,6 +44,9 @@ def _param_names(model):
 def resolve_units(model, units):
     """units (modules, lists of modules, Unit objects) -> Units in wrapping order with the root
     (model itself) last, names filled in. The root is appended when the list does not end with it."""
+    if isinstance(units, (str, bytes, dict)) or not hasattr(units, "__iter__"):
+        raise PlanError("units: expected a list of modules, lists of modules or Units in fully_shard order, got %s"
+                        % validate.describe(units, False))
     out = [u if isinstance(u, Unit) else Unit(u) for u in units]
     if not out or out[-1].modules != [model]:
         out.append(Unit(model))
@@ -113,8 +121,21 @@ def _shard_dim_of(shard_dim, fqn, p):
     if shard_dim is None:
         return 0
     if callable(shard_dim):
-        return int(shard_dim(fqn, p))
-    return int(shard_dim.get(fqn, 0))
+        d = shard_dim(fqn, p)
+    elif isinstance(shard_dim, dict):
+        d = shard_dim.get(fqn, 0)
+    else:
+        raise PlanError("shard_dim: expected a dict fqn -> dim or a callable (fqn, param) -> dim, got %s"
+                        % validate.describe(shard_dim, False))
+    if not isinstance(d, int):
+        if isinstance(getattr(d, "dim", None), int):  # a Shard(k) placement, as shard_placement_fn returns
+            d = d.dim
+        elif hasattr(d, "__index__") and not isinstance(d, bool):  # numpy / one-element torch integers
+            try:
+                d = d.__index__()
+            except (TypeError, ValueError):
+                pass
+    return validate.check_value(d, validate.Spec("int", lo=0), "shard_dim", fqn)
 
 
 def named_units(model, units, shard_dim=None):
