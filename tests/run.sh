@@ -432,6 +432,9 @@ echo
 echo "== Python package (python/commplan): plans from models, hf_config, names, model/plan check"
 if command -v python3 >/dev/null 2>&1; then
   run "python: plans written from named parameters and config.json reproduce the committed tables; names; model/plan check (tests/python/test_plan_writer.py)" python3 tests/python/test_plan_writer.py
+  run "python: bad config.json/options, FIFO/dir/device inputs, symlinked outputs, write errors, CLI (tests/python/test_input_validation.py)" timeout 300 python3 tests/python/test_input_validation.py
+  fzn="python: fuzz the writer's JSON input, fixed seed, at most 15 s (tests/python/fuzz_writer.py)"
+  run "$fzn" timeout 120 python3 tests/python/fuzz_writer.py --cases 4000 --seconds 15 --cli-every 200; grep -h "^fuzz_writer: [0-9]" "$(logname "$fzn")" | sed "s/^/        /"
   py_torch=""
   for py in python3 /usr/bin/python3; do
     if "$py" -c 'import torch' >/dev/null 2>&1; then py_torch=$py; break; fi
