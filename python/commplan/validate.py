@@ -252,7 +252,10 @@ def check_value(v, spec, src, path, js=False):
     if kind in ("enum", "string"):
         if spec.enum == DTYPES and not isinstance(v, (bool, int, float, list, tuple, dict)) and v is not None:
             from .planfile import _DTYPE_ALIASES
-            key = v if isinstance(v, str) else str(v)
+            try:
+                key = v if isinstance(v, str) else str(v)  # torch.bfloat16 -> "torch.bfloat16"
+            except Exception:
+                key = None
             if key in _DTYPE_ALIASES:
                 return _DTYPE_ALIASES[key]
         if not isinstance(v, str):
