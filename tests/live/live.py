@@ -1,0 +1,587 @@
+"""The live FSDP2 oracle: PyTorch's fully_shard on gloo, one process per
+rank (tests/live/record.py), against the binary's
+--simulate --pattern oracle --dump, element for element.
+
+  live.py plans [NAME...]        every small plan in plans/ and tests/plans/ (or the named ones)
+  live.py seeds A-B              property test: seeded random generic plans A..B
+  live.py seeds A-B --budget S   ... as many of them as fit S seconds
+  live.py seed N                 rerun one seed, verbose, keeping its files
+
+Run it with the torch-env python (make torch-env); make test-live and
+make test call it. Each seed writes build/live/plans/lp<N>.lua, generates
+and builds it (make), simulates it, runs the live peer and compares; a
+failing seed prints the one command that reruns it. The closing line
+counts configurations run and matched.
+
+Exit status: 0 every configuration matched, 1 a mismatch or an error.
+"""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue
+import random
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+LUA = os.environ.get("LUA", "lua5.4")
+POOL_RANKS = 8
+MAX_PLAN_NUMEL = 400_000  # the full parameters' elements: the JSON lists stay small
+BUILD = os.path.join(ROOT, "build", "live")
+
+
+# --------------------------------------------------------------- the pool
+
+class Pool:
+    """POOL_RANKS rank processes over one gloo process group, reused by
+    every configuration; restarted after any error (a rank that raised
+    leaves its peers waiting in a collective until the group's timeout)."""
+
+    def __init__(self, timeout_s=60):
+        self.timeout_s = timeout_s
+        self.procs = []
+        self.next_id = 0
+        self.starts = 0
+        self.torch_version = None
+
+    def start(self):
+        import record  # noqa: F401 - the workers import it
+        ctx = mp.get_context("spawn")
+        fd, init = tempfile.mkstemp(prefix="commplan-live-pg.")
+        os.close(fd)
+        os.unlink(init)
+        self.results = ctx.Queue()
+        self.jobs = [ctx.Queue() for _ in range(POOL_RANKS)]
+        self.procs = [ctx.Process(target=_worker, args=(r, POOL_RANKS, init, self.jobs[r], self.results, self.timeout_s),
+                                  daemon=True) for r in range(POOL_RANKS)]
+        for p in self.procs:
+            p.start()
+        ready = 0
+        deadline = time.time() + 300
+        while ready < POOL_RANKS:
+            kind, rank, _, info = self.results.get(timeout=max(1, deadline - time.time()))
+            if kind == "ready":
+                ready += 1
+                self.torch_version = info
+        self.starts += 1
+
+    def stop(self):
+        for q in getattr(self, "jobs", []):
+            try:
+                q.put(None)
+            except Exception:  # noqa: BLE001
+                pass
+        for p in self.procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        self.procs = []
+
+    def run(self, job, limit_s=300):
+        """Runs job on every rank; returns None or the first error text."""
+        if not self.procs:
+            self.start()
+        self.next_id += 1
+        job = dict(job, id=self.next_id)
+        for q in self.jobs:
+            q.put(job)
+        done, errors = set(), []
+        deadline = time.time() + limit_s
+        while len(done) < POOL_RANKS:
+            try:
+                kind, rank, jid, info = self.results.get(timeout=max(0.1, deadline - time.time()))
+            except queue.Empty:
+                errors.append(f"no answer from ranks {sorted(set(range(POOL_RANKS)) - done)} in {limit_s} s")
+                break
+            if jid != job["id"]:
+                continue
+            if kind == "error":
+                errors.append(f"rank {rank}: {info.strip()}")
+                break
+            done.add(rank)
+        if errors:
+            self.stop()
+            return errors[0]
+        return None
+
+
+def _worker(rank, nranks, init, jobs, results, timeout_s):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import record
+    record.worker_main(rank, nranks, init, jobs, results, timeout_s)
+
+
+# ---------------------------------------------------------- binary side
+
+TREE = ROOT  # whose generator and runtime build the binaries (--tree)
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, cwd=TREE, capture_output=True, text=True, **kw)
+
+
+def build_plan(plan_file, name, out=None):
+    """make the plan's binary only (no libraries), generated into
+    build/live/gen/<name> and built in build/live/bin/<name>: never into
+    plans/<name>/ or build/<name>/, which make test and other builds use at
+    the same time. Returns (binary, plan.json) or raises BuildError."""
+    out = out or f"build/live/gen/{name}"
+    bdir = f"build/live/bin/{name}"
+    r = sh(["make", "--no-print-directory", "-s", f"PLAN={plan_file}", f"OUT={out}", f"BUILD={bdir}",
+            f"{bdir}/{name}"])
+    if r.returncode != 0:
+        raise BuildError((r.stderr or r.stdout).strip(), r.returncode)
+    return os.path.join(TREE, bdir, name), os.path.join(TREE, out, "plan.json")
+
+
+class BuildError(Exception):
+    def __init__(self, msg, rc):
+        super().__init__(msg)
+        self.rc = rc
+
+
+def simulate(binary, steps, dump):
+    shutil.rmtree(dump, ignore_errors=True)
+    r = subprocess.run([binary, "--simulate", "--pattern", "oracle", "--steps", str(steps), "--dump", dump, "--quiet"],
+                       capture_output=True, text=True)
+    return r.returncode, (r.stderr or r.stdout).strip()
+
+
+# ------------------------------------------------------------- compare
+
+def f32(x):
+    if x is None:
+        return None
+    return struct.unpack("<f", struct.pack("<f", x))[0] if abs(x) < 3.5e38 or x != x else x
+
+
+def load_dump(path):
+    """The binary's dump prints non-finite values as C's inf / nan, which
+    JSON has no word for; read them as Python's json does its own."""
+    with open(path) as f:
+        text = f.read()
+    text = re.sub(r"(?<=[\[,:])(-?)inf(?=[\],}])", r"\1Infinity", text)
+    text = re.sub(r"(?<=[\[,:])-?nan(?=[\],}])", "NaN", text)
+    return json.loads(text)
+
+
+def compare(name, world, live_dir, bin_dir, max_report=12):
+    """The checks of tests/oracle_check.lua: shards, grads, marks, every
+    collective (op, dtype, reduce op, sizes, ranks, full in and out, float32
+    bit for bit) and per-communicator sequences. The binary's TP activation
+    collectives (tp_*: placeholder data around placeholder compute) are left
+    out and counted. Returns (checks, mismatches[list], skipped_tp)."""
+    bad, checks, skipped = [], 0, 0
+
+    def fail(msg):
+        bad.append(msg)
+
+    def same_list(what, a, b):
+        nonlocal checks
+        checks += 1
+        if len(a) != len(b):
+            return fail(f"{what}: binary has {len(a)} elements, FSDP2 {len(b)}")
+        for i, (x, y) in enumerate(zip(a, b)):
+            fx, fy = f32(x), f32(y)
+            if fx != fy and not (fx != fx and fy != fy):
+                return fail(f"{what}: element {i} is {x!r} in the binary, {y!r} in FSDP2")
+
+    for r in range(world):
+        tag = f"{name} rank {r}"
+        try:
+            o = load_dump(os.path.join(live_dir, f"{name}.rank{r}.json"))
+            d = load_dump(os.path.join(bin_dir, f"{name}.rank{r}.json"))
+        except OSError as e:
+            fail(f"{tag}: {e}")
+            continue
+        for key in ("params_local", "grads_local"):
+            for pname, v in o[key].items():
+                if pname not in d[key]:
+                    fail(f"{tag}: no {key} for {pname} in the binary's dump")
+                else:
+                    same_list(f"{tag} {key} {pname}", d[key][pname]["values"], v["values"])
+        dlog = []
+        for e in d["log"]:
+            if e["op"].startswith("tp_"):
+                skipped += 1
+            else:
+                dlog.append(e)
+
+        def marks(log):
+            t, n = [], 0
+            for e in log:
+                if e["op"] == "mark":
+                    t.append(f"{e['what']}@{n}")
+                else:
+                    n += 1
+            return " ".join(t)
+
+        checks += 1
+        if marks(o["log"]) != marks(dlog):
+            fail(f"{tag}: marks {marks(dlog)} in the binary, {marks(o['log'])} in FSDP2")
+        ol = [e for e in o["log"] if e["op"] != "mark"]
+        dl = [e for e in dlog if e["op"] != "mark"]
+        checks += 1
+        if len(ol) != len(dl):
+            fail(f"{tag}: {len(dl)} collectives in the binary, {len(ol)} in FSDP2: binary "
+                 f"{[(e['op'], e.get('unit'), e['in_numel']) for e in dl]}, FSDP2 {[(e['op'], e['in_numel']) for e in ol]}")
+        per_o, per_d = {}, {}
+        for i, (a, b) in enumerate(zip(dl, ol)):
+            what = f"{tag} collective {i} ({a['op']} of {a.get('unit')})"
+            checks += 1
+            ka = (a["op"], a["dtype"], a.get("reduce_op", ""), a["in_numel"], a["out_numel"])
+            kb = (b["op"], b["dtype"], b.get("reduce_op", ""), b["in_numel"], b["out_numel"])
+            if ka != kb:
+                fail(f"{what}: binary {ka}, FSDP2 {kb}")
+            same_list(what + " ranks", a["ranks"], b["ranks"])
+            same_list(what + " in", a["in"], b["in"])
+            same_list(what + " out", a["out"], b["out"])
+        for e in ol:
+            per_o.setdefault(tuple(e["ranks"]), []).append((e["op"], e["in_numel"]))
+        for e in dl:
+            per_d.setdefault(tuple(e["ranks"]), []).append((e["op"], e["in_numel"]))
+        for key, seq in per_o.items():
+            checks += 1
+            if per_d.get(key) != seq:
+                fail(f"{tag}: communicator {list(key)}: binary {per_d.get(key)}, FSDP2 {seq}")
+    return checks, bad[:max_report] + ([f"... {len(bad) - max_report} more"] if len(bad) > max_report else []), skipped
+
+
+# ----------------------------------------------------------- accumulation
+
+def accumulation_of(plan):
+    """The gradient-accumulation mode the plan declares. No plan option
+    exists yet (issue 16 item 3): a plan reduces on its last micro-step
+    only, which is FSDP2 under set_requires_gradient_sync(False) on the
+    others. When plan.json's fsdp gains `grad_accumulation` (values
+    "fsdp2_default" | "sync_last" | "all_reduce_last", or the names below)
+    it is read here."""
+    v = plan.get("fsdp", {}).get("grad_accumulation")
+    alias = {None: "sync_last", "every": "fsdp2_default", "reduce_every_micro_step": "fsdp2_default",
+             "no_sync": "sync_last", "defer_reduce": "sync_last", "defer_all_reduce": "all_reduce_last"}
+    return alias.get(v, v)
+
+
+# ---------------------------------------------------------------- plans
+
+SKIP_PLANS = {"llama8b", "llama70b", "llama405b"}
+
+
+def small_plans(names=None):
+    """(name, plan file, OUT) for every plan small enough to run here."""
+    out = []
+    for d in ("plans", "tests/plans"):
+        for f in sorted(os.listdir(os.path.join(TREE, d))):
+            if not f.endswith(".lua"):
+                continue
+            n = f[:-4]
+            if names and n not in names:
+                continue
+            if n in SKIP_PLANS:
+                continue
+            out.append((n, f"{d}/{f}", None))
+    return out
+
+
+def plan_size(plan_json):
+    plan = json.load(open(plan_json))
+    numel = 0
+    for u in plan["units"]:
+        for q in u["params"]:
+            n = 1
+            for x in q.get("full_shape", q["shape"]):
+                n *= x
+            numel += n
+    return plan, numel
+
+
+# ------------------------------------------------------- property plans
+
+def gen_seed(seed, attempt=0):
+    """A random generic plan for this seed (attempt > 0: the generator
+    refused the earlier draws). Returns (lua text, steps, description)."""
+    rng = random.Random(seed * 1000 + attempt)
+    kind = rng.choice(["fsdp", "fsdp", "hsdp", "hsdp", "fsdp_tp", "hsdp_tp", "ddp", "fsdp_odd", "hsdp_odd"])
+    R = S = T = 1
+    if kind == "fsdp":
+        S = rng.choice([1, 2, 3, 4, 5, 6, 7, 8])
+    elif kind == "fsdp_odd":  # shard groups that are not powers of two: fp16's post-divide 1.5, 2.5, 3.5
+        S = rng.choice([3, 5, 6, 7])
+    elif kind == "hsdp":
+        R, S = rng.choice([(2, 2), (2, 3), (2, 4), (4, 2), (3, 2)])
+    elif kind == "hsdp_odd":
+        R, S = rng.choice([(3, 2), (2, 3), (3, 1), (5, 1), (7, 1)])
+    elif kind == "fsdp_tp":
+        S, T = rng.choice([(2, 2), (2, 3), (3, 2), (4, 2), (2, 4), (1, 2)])
+    elif kind == "hsdp_tp":
+        R, S, T = 2, 2, 2
+    elif kind == "ddp":
+        R = rng.choice([2, 3, 4])
+    world = R * S * T
+    dts = ["fp32", "bf16", "fp16"]
+    n_units = rng.randint(1, 5)
+    micro = rng.randint(1, 4) if rng.random() < 0.8 else rng.randint(5, 8)
+    steps = rng.randint(1, 3)
+    reduce_op = "sum" if rng.random() < 0.15 else "avg"
+    plan_mp = {}
+    if rng.random() < 0.3:
+        plan_mp["param_dtype"] = rng.choice(dts)
+        if rng.random() < 0.7:
+            plan_mp["reduce_dtype"] = rng.choice(dts)
+    dims_pool = [1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 16]
+    any_tp = False
+    units = []
+    for ui in range(n_units + 1):
+        is_root = ui == n_units
+        uname = "root" if is_root else f"u{ui}"
+        n_params = 0 if (is_root and rng.random() < 0.6) else rng.randint(1, 3)
+        dtype = rng.choice(dts)
+        params = []
+        for j in range(n_params):
+            nd = rng.choice([1, 1, 2, 2, 2, 3])
+            shape = [rng.choice(dims_pool) for _ in range(nd)]
+            p = {"name": f"{uname}.w{j}", "shape": shape, "dtype": dtype}
+            tp = None
+            if T > 1 and rng.random() < 0.7:
+                opts = ["colwise", "replicate"] + (["rowwise"] if nd >= 2 else []) + [f"shard({k})" for k in range(nd)]
+                tp = rng.choice(opts)
+            if nd >= 2 and rng.random() < 0.3:
+                k = rng.randint(1, nd - 1)
+                tp_dim = {"colwise": 0, "rowwise": 1}.get(tp, int(tp[6:-1]) if tp and tp.startswith("shard(") else None)
+                if tp_dim != k:
+                    shape[k] = S * rng.choice([1, 1, 2, 3])
+                    p["shard_dim"] = k
+            if tp:
+                p["tp"] = tp
+                any_tp = any_tp or tp != "replicate"
+            params.append(p)
+        u = {"name": uname, "params": params}
+        if not is_root and rng.random() < 0.5:
+            u["reshard_after_forward"] = rng.random() < 0.6
+        if rng.random() < 0.6:
+            u["param_dtype"] = rng.choice(dts)
+            if rng.random() < 0.8:
+                u["reduce_dtype"] = rng.choice(dts)
+        units.append(u)
+    if T > 1 and not any_tp:  # TP over a model with no TP placement is refused
+        for u in units:
+            for p in u["params"]:
+                if "shard_dim" not in p:
+                    p["tp"] = "colwise"
+                    any_tp = True
+                    break
+            if any_tp:
+                break
+    par = {}
+    if R > 1:
+        par["dp_replicate"] = R
+    par["dp_shard"] = S
+    if T > 1:
+        par["tp"] = T
+
+    def lua(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return str(v)
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "{ " + ", ".join(lua(x) for x in v) + " }"
+        return "{ " + ", ".join(f"{k} = {lua(x)}" for k, x in v.items()) + " }"
+
+    fsdp = {"micro_steps": micro, "reduce_op": reduce_op}
+    fsdp.update(plan_mp)
+    lines = [f"-- live property test seed {seed} (attempt {attempt}): tests/live/live.py seed {seed}",
+             "return {", f"  world_size = {world},", f"  parallel = {lua(par)},",
+             "  model = { family = \"generic\", units = {"]
+    for u in units:
+        lines.append(f"    {lua(u)},")
+    lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
+    desc = (f"{kind} {'x'.join(str(x) for x in (R, S, T))}, {n_units}+root units, micro {micro}, steps {steps}, "
+            f"{reduce_op}")
+    return "\n".join(lines) + "\n", steps, desc
+
+
+def prepare_seed(seed, keep=False):
+    """Writes, generates and builds seed's plan; returns a dict with the
+    binary and plan.json, or the reason it could not."""
+    name = f"lp{seed}"
+    pdir = os.path.join(BUILD, "plans")
+    os.makedirs(pdir, exist_ok=True)
+    t0 = time.time()
+    refused = []
+    for attempt in range(30):
+        text, steps, desc = gen_seed(seed, attempt)
+        pf = os.path.join(pdir, name + ".lua")
+        with open(pf, "w") as f:
+            f.write(text)
+        rel = os.path.relpath(pf, ROOT)
+        try:
+            binary, pj = build_plan(rel if TREE == ROOT else pf, name)
+            return {"name": name, "seed": seed, "binary": binary, "plan_json": pj, "steps": steps, "desc": desc,
+                    "plan_file": rel, "build_s": time.time() - t0, "refused": refused}
+        except BuildError as e:
+            if "error" in str(e).lower() and e.rc == 2 and ".lua:" in str(e):
+                refused.append(str(e).splitlines()[-1][:200])
+                continue
+            return {"name": name, "seed": seed, "error": f"build failed: {e}", "desc": desc, "plan_file": rel}
+    return {"name": name, "seed": seed, "error": "the generator refused 30 draws: " + "; ".join(refused[-3:]),
+            "desc": "", "plan_file": ""}
+
+
+def cleanup_seed(name):
+    shutil.rmtree(os.path.join(TREE, "build", "live", "bin", name), ignore_errors=True)
+    shutil.rmtree(os.path.join(TREE, "build", "live", "gen", name), ignore_errors=True)
+    shutil.rmtree(os.path.join(BUILD, "dump", name), ignore_errors=True)
+    shutil.rmtree(os.path.join(BUILD, "rec", name), ignore_errors=True)
+
+
+# ------------------------------------------------------------------ run
+
+def check_one(pool, name, binary, plan_json, steps, accumulation=None, verbose=False):
+    """Simulate, record live, compare. Returns (ok, summary, details)."""
+    plan, numel = plan_size(plan_json)
+    world = plan["world_size"]
+    dump = os.path.join(BUILD, "dump", name)
+    rec = os.path.join(BUILD, "rec", name)
+    rc, err = simulate(binary, steps, dump)
+    if rc != 0:
+        return False, f"the binary's --simulate exited {rc}", [err]
+    shutil.rmtree(rec, ignore_errors=True)
+    acc = accumulation or accumulation_of(plan)
+    t0 = time.time()
+    e = pool.run({"name": name, "plan_json": plan_json, "out_dir": rec, "steps": steps, "accumulation": acc})
+    t_live = time.time() - t0
+    if e:
+        return False, "the live FSDP2 peer failed", e.splitlines()[-25:]
+    checks, bad, skipped = compare(name, world, rec, dump)
+    note = f", {skipped} TP activation collectives not compared" if skipped else ""
+    summary = f"{world} ranks, {checks} checks, {len(bad)} mismatches{note} (live {t_live:.1f} s, accumulation {acc})"
+    return not bad, summary, bad
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["plans", "seeds", "seed"])
+    ap.add_argument("args", nargs="*")
+    ap.add_argument("--budget", type=float, default=0, help="seconds: stop starting seeds after this")
+    ap.add_argument("--accumulation", choices=["fsdp2_default", "sync_last", "all_reduce_last"],
+                    help="override the plan's gradient-accumulation mode on the FSDP2 side")
+    ap.add_argument("--steps", type=int, default=2, help="plans mode: training steps per plan (default 2)")
+    ap.add_argument("--keep", action="store_true", help="keep each seed's build, dump and recording")
+    ap.add_argument("--tree", help="build the binaries from this checkout's generator and runtime "
+                    "(e.g. a git worktree of an older commit); plans mode takes its plans too")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    a = ap.parse_args()
+    global TREE
+    if a.tree:
+        TREE = os.path.abspath(a.tree)
+    t_start = time.time()
+    pool = Pool()
+    pool.start()
+    print(f"live: torch {pool.torch_version}, {POOL_RANKS} gloo rank processes started in {time.time() - t_start:.1f} s",
+          flush=True)
+    ran = matched = 0
+    failed = []
+    try:
+        if a.what == "plans":
+            for name, pf, out in small_plans(set(a.args) or None):
+                try:
+                    binary, pj = build_plan(pf, name, out)
+                except BuildError as e:
+                    print(f"  FAIL  {name}: build: {e}")
+                    failed.append(name)
+                    ran += 1
+                    continue
+                plan, numel = plan_size(pj)
+                if plan["world_size"] > POOL_RANKS or numel > MAX_PLAN_NUMEL:
+                    print(f"  SKIP  {name}: world {plan['world_size']}, {numel} elements (too big for the live peer)")
+                    continue
+                steps = a.steps
+                ok, summary, bad = check_one(pool, name, binary, pj, steps, a.accumulation, a.verbose)
+                ran += 1
+                print(f"  {'ok  ' if ok else 'FAIL'}  {name} ({pf}, {steps} steps): {summary}", flush=True)
+                if ok:
+                    matched += 1
+                else:
+                    failed.append(name)
+                    for b in bad:
+                        print("        | " + b)
+                    print(f"        rerun: make test-live PLANS={name}")
+            print(f"live plans: {ran} configs run, {matched} matched FSDP2 (torch {pool.torch_version}), "
+                  f"{ran - matched} differ{': ' + ' '.join(failed) if failed else ''}")
+        else:
+            if a.what == "seed":
+                seeds = [int(a.args[0])]
+            else:
+                lo, _, hi = (a.args[0] if a.args else "1-20").partition("-")
+                seeds = list(range(int(lo), int(hi or lo) + 1))
+            prep_q = {}
+            t_build = t_live_total = 0.0
+
+            def prep(s):
+                prep_q[s] = prepare_seed(s)
+
+            nxt = None
+            for i, s in enumerate(seeds):
+                if a.budget and time.time() - t_start > a.budget:
+                    print(f"live seeds: budget of {a.budget:.0f} s spent after {ran} seeds; "
+                          f"the rest (from {s}) left for make test-live SEEDS=...")
+                    break
+                if nxt is None:
+                    prep(s)
+                else:
+                    nxt.join()
+                # build the next seed while this one runs
+                nxt = None
+                if i + 1 < len(seeds):
+                    nxt = threading.Thread(target=prep, args=(seeds[i + 1],))
+                    nxt.start()
+                info = prep_q.pop(s)
+                ran += 1
+                if "error" in info:
+                    print(f"  FAIL  seed {s} [{info['desc']}]: {info['error']}")
+                    failed.append(s)
+                    continue
+                t_build += info["build_s"]
+                t0 = time.time()
+                ok, summary, bad = check_one(pool, info["name"], info["binary"], info["plan_json"], info["steps"],
+                                             a.accumulation, a.verbose)
+                t_live_total += time.time() - t0
+                if ok:
+                    matched += 1
+                    if a.verbose or a.what == "seed":
+                        print(f"  ok    seed {s} [{info['desc']}]: {summary}", flush=True)
+                    if not (a.keep or a.what == "seed"):
+                        cleanup_seed(info["name"])
+                else:
+                    failed.append(s)
+                    print(f"  FAIL  seed {s} [{info['desc']}]: {summary}", flush=True)
+                    for b in bad:
+                        print("        | " + b)
+                    print(f"        plan: {info['plan_file']}; rerun: make test-live SEEDS={s}")
+            if nxt is not None:
+                nxt.join()
+            per = (time.time() - t_start) / max(ran, 1)
+            print(f"live seeds: {ran} configs run ({seeds[0]}-{seeds[0] + ran - 1 if ran else seeds[0]}), {matched} matched "
+                  f"FSDP2 (torch {pool.torch_version}), {ran - matched} differ"
+                  f"{': seeds ' + ' '.join(map(str, failed[:40])) if failed else ''}; "
+                  f"{per:.2f} s a seed (build {t_build / max(ran, 1):.2f} s overlapped, simulate+live+compare "
+                  f"{t_live_total / max(ran, 1):.2f} s)")
+    finally:
+        pool.stop()
+    return 0 if ran and matched == ran else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,472 @@
+"""The live FSDP2 peer: one process per rank, torch imported once, many
+plans run in the same processes over one gloo process group.
+
+A plan's model is rebuilt in PyTorch from its plan.json alone: the units
+in wrapping order (fully_shard on every unit, then on the root, which owns
+the root unit's parameters and may own none), each parameter with its full
+shape, dtype, FSDP shard dim and TP placement (DTensor on the tp mesh dim),
+the unit's MixedPrecisionPolicy (ag_dtype / reduce_dtype) and
+reshard_after_forward, the mesh (dp_replicate x dp_shard x tp, ranks
+row-major) built with DeviceMesh.from_group from process groups that are
+created once and reused by every later plan.
+
+Values are the binary's --pattern oracle (runtime/check.c): parameter k
+(k = 100 * unit index in plan.json, root 0, + index in the unit) holds at
+full flat index e the value k*1000 + e + step, rewritten into the local
+shards before every step (as an optimizer would); the gradient FSDP2 sees
+for the unsharded parameter on global rank r in micro-step m is
+((e + k) % 5 + 1) * (r + 1) * (m + 1) in the compute dtype, injected by an
+autograd Function (the forward carries a dummy activation through every
+unit in order, so every unit's pre- and post-backward hooks fire as in a
+layered model).
+
+Every collective FSDP2 issues (all_gather_single, reduce_scatter_single,
+all_gather_into_tensor, reduce_scatter_tensor, all_reduce and the
+older _base forms; funcol's all_reduce for TP Partial gradients) is
+recorded per rank in issue order with its group, dtype, reduce op and full
+input and output, in the format of ../shared/oracle (README there).
+
+Gradient accumulation modes (job["accumulation"]):
+  fsdp2_default      reduce-scatter (and all-reduce) on every micro-batch,
+                     adding into the sharded grads (FSDP2's and torchtitan's default)
+  sync_last          set_requires_gradient_sync(False) on every micro-batch but the
+                     last (unsharded grads accumulate; FSDP2 keeps them in
+                     reduce_dtype when it differs)
+  all_reduce_last    HSDP: set_requires_all_reduce(False) on every micro-batch
+                     but the last (reduce-scatter each time, all-reduce once)
+Sharded grads are set to None before every step (optimizer.zero_grad()).
+"""
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+ACCUMULATION = ("fsdp2_default", "sync_last", "all_reduce_last")
+
+# ---------------------------------------------------------------- recording
+
+_rec = threading.local()
+
+
+class Recorder:
+    def __init__(self):
+        self.log = None  # a list while recording
+        self.depth = 0
+
+    def mark(self, what):
+        if self.log is not None:
+            self.log.append({"op": "mark", "what": what})
+
+
+REC = Recorder()
+
+
+def _ranks(group):
+    if group is None:
+        group = c10d._get_default_group()
+    return [int(r) for r in dist.get_process_group_ranks(group)]
+
+
+def _op_name(op):
+    if op is None:
+        return "RedOpType.SUM"
+    if isinstance(op, dist.ReduceOp.RedOpType):
+        return str(op)
+    return "RedOpType." + str(getattr(op, "op", op)).split(".")[-1]
+
+
+def _values(t):
+    return t.detach().reshape(-1).to(torch.float64).tolist()
+
+
+def _wrap(fn, kind):
+    """kind: all_gather (out, in), reduce_scatter (out, in), all_reduce (tensor)."""
+
+    def hooked(*args, **kwargs):
+        if REC.log is None or REC.depth > 0:
+            return fn(*args, **kwargs)
+        REC.depth += 1
+        try:
+            if kind == "all_reduce":
+                t = kwargs.get("tensor", args[0] if args else None)
+                group = kwargs.get("group", args[2] if len(args) > 2 else None)
+                op = kwargs.get("op", args[1] if len(args) > 1 else dist.ReduceOp.SUM)
+                before = _values(t)
+                work = fn(*args, **kwargs)
+                if work is not None and kwargs.get("async_op", False):
+                    work.wait()
+                entry = {"op": "all_reduce", "ranks": _ranks(group), "dtype": str(t.dtype), "reduce_op": _op_name(op),
+                         "in_numel": t.numel(), "out_numel": t.numel(), "in": before, "out": _values(t)}
+            else:
+                out = kwargs.get("output_tensor", kwargs.get("output", args[0] if args else None))
+                inp = kwargs.get("input_tensor", kwargs.get("input", args[1] if len(args) > 1 else None))
+                group = kwargs.get("group", args[3] if kind == "reduce_scatter" and len(args) > 3 else
+                                   (args[2] if kind == "all_gather" and len(args) > 2 else None))
+                before = _values(inp)
+                work = fn(*args, **kwargs)
+                if work is not None and kwargs.get("async_op", False):
+                    work.wait()
+                entry = {"op": kind, "ranks": _ranks(group), "dtype": str(inp.dtype)}
+                if kind == "reduce_scatter":
+                    op = kwargs.get("op", args[2] if len(args) > 2 else dist.ReduceOp.SUM)
+                    entry["reduce_op"] = _op_name(op)
+                entry.update({"in_numel": inp.numel(), "out_numel": out.numel(), "in": before, "out": _values(out)})
+            REC.log.append(entry)
+            return work
+        finally:
+            REC.depth -= 1
+
+    hooked._commplan_hook = fn
+    return hooked
+
+
+def install_hooks():
+    """Every path FSDP2 (torch 2.15: _fsdp_collectives.py calls
+    dist.all_gather_single / dist.reduce_scatter_single / dist.all_reduce)
+    or an older torch takes, in both namespaces it may be looked up in."""
+    names = {"all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",
+             "_all_gather_base": "all_gather", "reduce_scatter_single": "reduce_scatter",
+             "reduce_scatter_tensor": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+             "all_reduce": "all_reduce"}
+    for name, kind in names.items():
+        for mod in (dist, c10d):
+            fn = getattr(mod, name, None)
+            if fn is not None and not hasattr(fn, "_commplan_hook"):
+                setattr(mod, name, _wrap(fn, kind))
+    # DTensor's redistribution (a TP Partial gradient -> Replicate in FSDP2's
+    # post-backward) goes through functional collectives: record them too.
+    try:
+        import torch.distributed._functional_collectives as funcol
+        orig = funcol.all_reduce
+
+        def all_reduce_funcol(self, reduceOp, group, tag=""):
+            res = orig(self, reduceOp, group, tag)
+            if REC.log is not None and REC.depth == 0:
+                out = res.wait() if hasattr(res, "wait") else res
+                pg = funcol._resolve_group_name(group, tag) if hasattr(funcol, "_resolve_group_name") else None
+                try:
+                    ranks = _ranks(c10d._resolve_process_group(pg)) if isinstance(pg, str) else []
+                except Exception:  # noqa: BLE001 - the ranks are informative only
+                    ranks = []
+                REC.log.append({"op": "all_reduce", "ranks": ranks, "dtype": str(self.dtype),
+                                "reduce_op": "RedOpType." + str(reduceOp).upper(), "in_numel": self.numel(),
+                                "out_numel": self.numel(), "in": _values(self), "out": _values(out), "funcol": True})
+            return res
+
+        all_reduce_funcol._commplan_hook = orig
+        if not hasattr(funcol.all_reduce, "_commplan_hook"):
+            funcol.all_reduce = all_reduce_funcol
+    except Exception:  # noqa: BLE001
+        pass
+
+
+# ------------------------------------------------------------------- groups
+
+_groups = {}
+
+
+def get_group(ranks):
+    """One gloo process group per rank list, created once: every rank of
+    the pool calls this for every list, in the same order."""
+    key = tuple(ranks)
+    if key not in _groups:
+        _groups[key] = dist.new_group(list(ranks), backend="gloo")
+    return _groups[key]
+
+
+def mesh_groups(R, S, T):
+    """The rank lists of the three mesh dims (ranks row-major over R x S x T)."""
+    fam = {"dp_replicate": [], "dp_shard": [], "tp": []}
+    for s in range(S):
+        for t in range(T):
+            fam["dp_replicate"].append([r * S * T + s * T + t for r in range(R)])
+    for r in range(R):
+        for t in range(T):
+            fam["dp_shard"].append([r * S * T + s * T + t for s in range(S)])
+    for r in range(R):
+        for s in range(S):
+            fam["tp"].append([r * S * T + s * T + t for t in range(T)])
+    return fam
+
+
+# -------------------------------------------------------------------- model
+
+
+class Tap(torch.autograd.Function):
+    """Carries x through unchanged; the parameter's gradient is coef."""
+
+    @staticmethod
+    def forward(ctx, x, p, coef):
+        ctx.coef = coef
+        ctx.pshape = p.shape
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, ctx.coef.view(ctx.pshape).clone(), None
+
+
+class Unit(nn.Module):
+    def __init__(self, params):
+        super().__init__()
+        for j, p in enumerate(params):
+            self.register_parameter(f"p{j}", p)
+        self.coefs = None  # per micro-step: one gradient per parameter (the unsharded TP-local shape)
+        self.micro = 0
+
+    def own_params(self):
+        return [p for _, p in self.named_parameters(recurse=False)]
+
+    def taps(self, x):
+        for p, c in zip(self.own_params(), self.coefs[self.micro]):
+            local = p.to_local(grad_placements=c[1]) if isinstance(p, DTensor) else p
+            x = Tap.apply(x, local, c[0])
+        return x
+
+    def forward(self, x):
+        return self.taps(x)
+
+
+class Root(Unit):
+    def __init__(self, params, units):
+        super().__init__(params)
+        self.units = nn.ModuleList(units)
+
+    def forward(self, x):
+        x = self.taps(x)
+        for u in self.units:
+            x = u(x)
+        return x
+
+
+def chunk_of(t, n, dim, i):
+    """torch.chunk's i-th of n pieces along dim, or an empty piece."""
+    parts = torch.chunk(t, n, dim=dim)
+    if i < len(parts):
+        return parts[i]
+    shape = list(t.shape)
+    shape[dim] = 0
+    return t.new_empty(shape)
+
+
+# ---------------------------------------------------------------------- job
+
+
+def run_job(rank, job):
+    """Runs one plan on this rank; every rank of the pool calls it. Returns
+    this rank's record (None for ranks outside the plan's world)."""
+    plan = json.load(open(job["plan_json"]))
+    par = plan["parallel"]
+    R, S, T = par["dp_replicate"], par["dp_shard"], par["tp"]
+    world = plan["world_size"]
+    for k in ("cp", "pp", "ep"):
+        if par.get(k, 1) != 1:
+            raise NotImplementedError(f"{k} = {par[k]}: the live peer builds dp_replicate x dp_shard x tp meshes only")
+    if R * S * T != world:
+        raise ValueError(f"mesh {R} x {S} x {T} is not world {world}")
+    if world > dist.get_world_size():
+        raise ValueError(f"world {world} exceeds the pool's {dist.get_world_size()} ranks")
+    fam = mesh_groups(R, S, T)
+    # Every rank creates every group (new_group is collective over the pool).
+    for name in ("dp_replicate", "dp_shard", "tp"):
+        for ranks in fam[name]:
+            get_group(ranks)
+    if rank >= world:
+        return None
+
+    rr, ss, tt = rank // (S * T), (rank // T) % S, rank % T
+    mine = {name: next(g for g in fam[name] if rank in g) for name in fam}
+    mesh = DeviceMesh.from_group([get_group(mine["dp_replicate"]), get_group(mine["dp_shard"]), get_group(mine["tp"])],
+                                 "cpu", mesh=torch.arange(world).view(R, S, T),
+                                 mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    dp_mesh = mesh["dp_replicate", "dp_shard"] if R > 1 else mesh["dp_shard"]
+    tp_mesh = mesh["tp"]
+    micro_steps = int(plan["fsdp"].get("micro_steps", 1))
+    steps = int(job.get("steps", 1))
+    accumulation = job.get("accumulation") or "sync_last"
+    if accumulation not in ACCUMULATION:
+        raise ValueError(f"accumulation {accumulation!r}: one of {', '.join(ACCUMULATION)}")
+    reduce_sum = plan["fsdp"].get("reduce_op", "avg") == "sum"
+    tp_partial = set(job.get("tp_partial") or [])  # parameters whose TP gradient is Partial (SP norms)
+
+    units = sorted(plan["units"], key=lambda u: u["index"])
+    infos = []  # (unit json, [(param json, k, full_shape, tp_dim)])
+    modules = []
+    for u in units:
+        plist, ps = [], []
+        for j, q in enumerate(u["params"]):
+            k = 100 * u["index"] + j
+            full_shape = q.get("full_shape", q["shape"])
+            tp_dim = q.get("tp_dim")
+            numel = 1
+            for d in full_shape:
+                numel *= d
+            dt = DTYPES[q.get("dtype", u["orig_dtype"])]
+            full = (torch.arange(numel, dtype=torch.float64) + k * 1000).to(torch.float32).to(dt).view(full_shape)
+            if T > 1:
+                pl = [Shard(tp_dim)] if tp_dim is not None else [Replicate()]
+                p = nn.Parameter(distribute_tensor(full, tp_mesh, pl, src_data_rank=None))
+            else:
+                p = nn.Parameter(full)
+            plist.append((q, k, full_shape, tp_dim))
+            ps.append(p)
+        infos.append((u, plist))
+        modules.append(ps)
+    layer_units = [Unit(ps) for ps in modules[1:]]
+    root = Root(modules[0], layer_units)
+
+    def mp_of(u):
+        return MixedPrecisionPolicy(param_dtype=DTYPES[u["ag_dtype"]], reduce_dtype=DTYPES[u["reduce_dtype"]])
+
+    for u, m in zip(units[1:], layer_units):
+        raf = u["reshard_after_forward"]
+        fully_shard(m, mesh=dp_mesh, reshard_after_forward=raf, mp_policy=mp_of(u),
+                    shard_placement_fn=_placement_fn(m, u))
+    fully_shard(root, mesh=dp_mesh, mp_policy=mp_of(units[0]), shard_placement_fn=_placement_fn(root, units[0]))
+    if reduce_sum:
+        # commplan's reduce_op = "sum": divide factor 1. FSDP2 would reduce
+        # fp32/bf16 with PREMUL_SUM(1.0), which gloo lacks; forcing SUM is the
+        # same arithmetic (and what FSDP2 does for fp16 at factor 1).
+        for m in [root] + layer_units:
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+
+    # Index maps: local shard element -> full flat index (torch.chunk over
+    # TP, then over FSDP's shard dim), checked against what fully_shard made.
+    all_mods = [root] + layer_units
+    maps = []
+    for (u, plist), m in zip(infos, all_mods):
+        um = []
+        for (q, k, full_shape, tp_dim), p in zip(plist, m.own_params()):
+            numel = 1
+            for d in full_shape:
+                numel *= d
+            idx = torch.arange(numel).view(full_shape)
+            tp_local = chunk_of(idx, T, tp_dim, tt) if (T > 1 and tp_dim is not None) else idx
+            local = chunk_of(tp_local, S, q["shard_dim"], ss).contiguous()
+            loc = p.to_local() if isinstance(p, DTensor) else p
+            if tuple(loc.shape) != tuple(local.shape):
+                raise AssertionError(f"{q['name']}: local shard {tuple(loc.shape)}, expected {tuple(local.shape)}")
+            want = (local.to(torch.float64) + k * 1000).to(torch.float32).to(loc.dtype)
+            if not torch.equal(loc.detach(), want):
+                raise AssertionError(f"{q['name']}: fully_shard's local shard is not the torch.chunk of its TP-local tensor")
+            ag = DTYPES[u["ag_dtype"]]
+            coefs = []
+            for micro in range(micro_steps):
+                e = tp_local.reshape(-1)
+                c = (((e + k) % 5 + 1) * (rank + 1) * (micro + 1)).to(torch.float32).to(ag)
+                gp = [Partial()] if q["name"] in tp_partial else None
+                coefs.append((c.view(tp_local.shape), gp))
+            um.append((q, k, local, coefs))
+        maps.append(um)
+        m.coefs = [[c[3][micro] for c in um] for micro in range(micro_steps)]
+
+    params_local = {}
+    for um, m in zip(maps, all_mods):
+        for (q, k, local, _), p in zip(um, m.own_params()):
+            loc = p.to_local() if isinstance(p, DTensor) else p
+            params_local[q["name"]] = {"shape": list(loc.shape), "stride": list(loc.stride()),
+                                       "placements": str(getattr(p, "placements", "")), "values": _values(loc)}
+
+    log = []
+    REC.log = log
+    try:
+        for step in range(steps):
+            with torch.no_grad():
+                for um, m in zip(maps, all_mods):
+                    for (q, k, local, _), p in zip(um, m.own_params()):
+                        loc = p.to_local() if isinstance(p, DTensor) else p
+                        loc.copy_((local.to(torch.float64) + k * 1000 + step).to(torch.float32).to(loc.dtype))
+                        p.grad = None
+            REC.mark(f"step{step}_forward")
+            for micro in range(micro_steps):
+                last = micro == micro_steps - 1
+                if accumulation == "sync_last":
+                    root.set_requires_gradient_sync(last)
+                elif accumulation == "all_reduce_last":
+                    root.set_requires_gradient_sync(True)
+                    root.set_requires_all_reduce(last)
+                for m in all_mods:
+                    m.micro = micro
+                x = torch.zeros(1, requires_grad=True)
+                out = root(x)
+                if micro == 0:
+                    REC.mark(f"step{step}_backward")
+                out.float().sum().backward()
+    finally:
+        REC.log = None
+
+    grads_local = {}
+    for um, m in zip(maps, all_mods):
+        for (q, k, local, _), p in zip(um, m.own_params()):
+            g = p.grad
+            if g is None:
+                grads_local[q["name"]] = {"shape": None, "values": []}
+                continue
+            g = g.to_local() if isinstance(g, DTensor) else g
+            grads_local[q["name"]] = {"shape": list(g.shape), "dtype": str(g.dtype), "values": _values(g)}
+    return {"config": {"name": job["name"], "mesh": plan["mesh"]["sizes"], "mesh_names": plan["mesh"]["names"],
+                       "torch": torch.__version__, "accumulation": accumulation, "steps": steps},
+            "rank": rank, "world": world, "params_local": params_local, "grads_local": grads_local, "log": log}
+
+
+def _placement_fn(module, u):
+    dims = {id(p): q["shard_dim"] for p, q in zip(module.own_params(), u["params"])}
+
+    def fn(p):
+        d = dims.get(id(p), 0)
+        return Shard(d) if d else None
+
+    return fn
+
+
+# ------------------------------------------------------------------- worker
+
+
+def worker_main(rank, nranks, init_file, jobs, results, timeout_s):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    import warnings
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=nranks,
+                            timeout=timedelta(seconds=timeout_s))
+    install_hooks()
+    results.put(("ready", rank, None, torch.__version__))
+    while True:
+        job = jobs.get()
+        if job is None:
+            break
+        t0 = time.time()
+        try:
+            rec = run_job(rank, job)
+            if rec is not None:
+                os.makedirs(job["out_dir"], exist_ok=True)
+                path = os.path.join(job["out_dir"], f"{job['name']}.rank{rank}.json")
+                with open(path + ".tmp", "w") as f:
+                    json.dump(rec, f, separators=(",", ":"))
+                os.replace(path + ".tmp", path)
+            dist.barrier()
+            results.put(("done", rank, job["id"], time.time() - t0))
+        except Exception:  # noqa: BLE001 - reported to the driver, which restarts the pool
+            results.put(("error", rank, job["id"], traceback.format_exc()))
+            break
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit("tests/live/record.py is the rank worker; run tests/live/live.py")
