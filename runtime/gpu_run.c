@@ -8,6 +8,7 @@
 
 #include "gpu_run.h"
 #include "harness.h"
+#include "safeio.h"
 
 /* --check's compute placeholders on the GPU, the same for eager steps and
  * a captured graph: the unsharded parameters are copied into pinned host
@@ -264,6 +265,8 @@ static int write_trace(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o,
     int n = p->nops, made = 0, rc = 2;
     cudaEvent_t *ev = calloc((size_t)2 * n + 1, sizeof *ev);
     FILE *f = NULL;
+    cp_out out = { 0 }; /* a temporary beside the file, renamed over it when complete (safeio.h) */
+    char err[8192];
     if (!ev) { fprintf(stderr, "commplan: --trace: out of host memory\n"); return 2; }
     for (; made < 2 * n + 1; made++)
         if (cudaEventCreate(&ev[made]) != cudaSuccess) { fprintf(stderr, "commplan: --trace: cudaEventCreate failed\n"); goto out; }
@@ -272,8 +275,11 @@ static int write_trace(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o,
     int step_rc = cp_gpu_step(g, S);
     cp_gpu_set_trace(g, NULL);
     if (step_rc || cp_gpu_synchronize(g, S, o->timeout_s)) goto gpu_fail;
-    f = fopen(o->trace_file, "w");
-    if (!f) { fprintf(stderr, "commplan: --trace: cannot write %s\n", o->trace_file); goto out; }
+    if (cp_out_open_path(&out, o->trace_file, 0666, err, sizeof err) != 0) {
+        cp_error("--trace %s: %s", o->trace_file, err);
+        goto out;
+    }
+    f = out.f;
     float end_ms = 0;
     for (int i = 0; i < n; i++) {
         float t1;
@@ -311,15 +317,15 @@ static int write_trace(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o,
         fprintf(f, "}}");
     }
     fprintf(f, "\n]}\n");
-    if (fclose(f) != 0) { f = NULL; fprintf(stderr, "commplan: --trace: cannot write %s\n", o->trace_file); goto out; }
     f = NULL;
+    if (cp_out_commit(&out, err, sizeof err) != 0) { cp_error("--trace %s: %s", o->trace_file, err); goto out; }
     if (!o->quiet) printf("# --trace: one measured step written to %s\n", o->trace_file);
     rc = 0;
     goto out;
 gpu_fail:
     fprintf(stderr, "commplan: --trace: %s\n", cp_gpu_last_error(g)[0] ? cp_gpu_last_error(g) : "CUDA event failure");
 out:
-    if (f) fclose(f);
+    if (f) cp_out_abort(&out); /* an incomplete trace is not left behind */
     for (int i = 0; i < made; i++) cudaEventDestroy(ev[i]);
     free(ev);
     return rc;
@@ -383,7 +389,7 @@ int cp_gpu_run(const cp_plan *p, const cp_gpu_kernels *k, const cp_launch_env *e
     cp_gpu *g;
     char err[512];
     if (cp_gpu_init(&g, p, k, env, err, sizeof err) != 0) {
-        fprintf(stderr, "commplan: %s\n", err);
+        cp_error("%s", err); /* one line, whatever bytes the environment held */
         return 2;
     }
     cudaStream_t S;

@@ -170,7 +170,7 @@ int cp_harness_init(cp_harness *h, cp_executor *ex, cp_pattern pattern)
 
 void cp_harness_free(cp_harness *h)
 {
-    if (h->dump) fclose(h->dump);
+    if (h->dump) cp_out_abort(&h->dump_out); /* a run that did not finish writes no dump */
     if (h->ex && h->ex->user == h) {
         h->ex->on_compute = NULL;
         h->ex->on_collective = NULL;
@@ -185,9 +185,10 @@ void cp_harness_free(cp_harness *h)
 int cp_harness_open_dump(cp_harness *h, const char *dir)
 {
     /* mkdir -p: every rank may race here, so EEXIST is fine. */
-    char tmp[4096];
+    char tmp[4096], err[8192];
+    struct stat st;
     if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp) {
-        fprintf(stderr, "commplan: --dump %s: path too long\n", dir);
+        cp_error("--dump %s: path too long", dir);
         return -1;
     }
     for (char *s = tmp + 1;; s++) {
@@ -195,20 +196,30 @@ int cp_harness_open_dump(cp_harness *h, const char *dir)
         if (*s == '/' || end) {
             *s = '\0';
             if (tmp[0] && mkdir(tmp, 0777) != 0 && errno != EEXIST) {
-                fprintf(stderr, "commplan: --dump %s: cannot create directory %s: %s\n", dir, tmp, strerror(errno));
+                /* strerror: every rank opens its dump before any rank thread starts */
+                cp_error("--dump %s: cannot create directory %s: %s", dir, tmp, strerror(errno));
                 return -1;
             }
             if (end) break;
             *s = '/';
         }
     }
-    char path[4352];
-    snprintf(path, sizeof path, "%s/%s.rank%d.json", dir, h->ex->plan->name, h->ex->rank);
-    h->dump = fopen(path, "w");
-    if (!h->dump) {
-        fprintf(stderr, "commplan: --dump: cannot write %s: %s\n", path, strerror(errno));
+    if (stat(dir, &st) != 0) {
+        cp_error("--dump %s: %s; give a directory (created if missing)", dir, strerror(errno));
         return -1;
     }
+    if (!S_ISDIR(st.st_mode)) {
+        cp_error("--dump %s is %s, not a directory; give a directory (created if missing)", dir,
+                 cp_file_kind(st.st_mode));
+        return -1;
+    }
+    char name[512];
+    snprintf(name, sizeof name, "%s.rank%d.json", h->ex->plan->name, h->ex->rank);
+    if (cp_out_open(&h->dump_out, dir, name, 0666, err, sizeof err) != 0) {
+        cp_error("--dump %s: rank %d: %s; give a directory this process can write", dir, h->ex->rank, err);
+        return -1;
+    }
+    h->dump = h->dump_out.f;
     /* Only a dump observes collectives (each observation copies buffers). */
     h->ex->on_collective = cp_harness_on_collective;
     const cp_plan *p = h->ex->plan;
@@ -258,10 +269,11 @@ int cp_harness_finish(cp_harness *h)
     fputs("],\n", h->dump);
     if (dump_locals(h, CP_BUF_SHARDED_GRADS)) return -1;
     fputs("}\n", h->dump);
-    int bad = fclose(h->dump) != 0;
+    /* Every write checked (a full disk shows here), then renamed into place. */
+    char err[8192];
     h->dump = NULL;
-    if (bad) {
-        fprintf(stderr, "commplan: --dump: writing rank %d's file failed\n", h->ex->rank);
+    if (cp_out_commit(&h->dump_out, err, sizeof err) != 0) {
+        cp_error("--dump: rank %d: %s; free space there or dump elsewhere", h->ex->rank, err);
         return -1;
     }
     return 0;

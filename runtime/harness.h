@@ -12,12 +12,14 @@
 
 #include "check.h"
 #include "commplan.h"
+#include "safeio.h"
 
 typedef struct {
     cp_executor *ex;
     cp_checker check;
     void *scratch; /* host copy of one buffer: as large as the largest */
-    FILE *dump;    /* the recordings' format, or NULL */
+    FILE *dump;    /* the recordings' format, or NULL: dump_out.f, renamed into place by cp_harness_finish */
+    cp_out dump_out;
     int dump_first_log, marked_backward;
     long backward_from; /* first op index after micro-step 0's forwards */
     int error;     /* a backend read or write failed */
@@ -27,7 +29,10 @@ typedef struct {
 int cp_harness_init(cp_harness *h, cp_executor *ex, cp_pattern pattern);
 void cp_harness_free(cp_harness *h);
 /* Opens DIR/<plan>.rank<R>.json (creating DIR) for the dump: step 0's
- * shards, every step's collectives, the last step's grads. */
+ * shards, every step's collectives, the last step's grads. Written to a
+ * temporary file beside it (runtime/safeio.h) and renamed over it by
+ * cp_harness_finish, never through a symlink; cp_harness_free without a
+ * finish leaves no file. */
 int cp_harness_open_dump(cp_harness *h, const char *dir);
 /* Before step s: pattern shards in, sharded grads poisoned. 0 or -1. */
 int cp_harness_begin_step(cp_harness *h, int step);

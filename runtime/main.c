@@ -8,6 +8,7 @@
 
 #include "commplan.h"
 #include "launch.h"
+#include "safeio.h"
 #include "simulate.h"
 #ifdef CP_WITH_GPU
 #include "gpu_run.h"
@@ -71,12 +72,34 @@ static int parse_int(const char *flag, const char *s, long min, long max, long *
     errno = 0;
     long v = s ? strtol(s, &end, 10) : 0;
     if (!s || errno || *end || end == s || v < min || v > max) {
-        fprintf(stderr, "commplan: %s needs an integer in [%ld, %ld], got '%s'\n", flag, min, max, s ? s : "");
+        cp_error("%s needs an integer in [%ld, %ld], got '%s'", flag, min, max, s ? s : "");
         return -1;
     }
     *out = v;
     return 0;
 }
+
+/* The runs a flag is for. A flag the chosen run would ignore is refused:
+ * a user who gives it expects it to change something. */
+enum { RUN_SIM = 1, RUN_DRY = 2, RUN_CHECK = 4, RUN_TIME = 8 /* no mode flag, or --standin */ };
+enum { F_STEPS, F_PATTERN, F_DUMP, F_ARITH, F_WARMUP, F_ITERS, F_GRAPH, F_TIMEOUT, F_TRACE, F_STANDIN, F_QUIET, F_COUNT };
+static const struct {
+    const char *flag;
+    unsigned runs;
+    const char *what;
+} FLAG_RUNS[F_COUNT] = {
+    [F_STEPS] = { "--steps", RUN_SIM | RUN_CHECK, "counts the steps of --simulate and --check" },
+    [F_PATTERN] = { "--pattern", RUN_SIM | RUN_CHECK, "chooses the values of --simulate and --check" },
+    [F_DUMP] = { "--dump", RUN_SIM | RUN_CHECK, "records a checked run (--simulate or --check)" },
+    [F_ARITH] = { "--arith", RUN_SIM, "chooses --simulate's reduction arithmetic (--check always expects NCCL's)" },
+    [F_WARMUP] = { "--warmup", RUN_TIME, "counts the untimed steps of a timing run on the GPU (no mode flag)" },
+    [F_ITERS] = { "--iters", RUN_TIME, "counts the timed steps of a timing run on the GPU (no mode flag)" },
+    [F_GRAPH] = { "--graph", RUN_TIME | RUN_CHECK, "replays the step as a CUDA graph (a timing run or --check)" },
+    [F_TIMEOUT] = { "--timeout", RUN_TIME | RUN_CHECK, "bounds a step on the GPU (a timing run or --check)" },
+    [F_TRACE] = { "--trace", RUN_TIME, "records a timed step on the GPU (no mode flag)" },
+    [F_STANDIN] = { "--standin", RUN_TIME, "times one rank of the plan alone on a GPU (no mode flag)" },
+    [F_QUIET] = { "--quiet", RUN_SIM | RUN_CHECK | RUN_TIME, "silences progress output" },
+};
 
 static void dry_run(const cp_plan *p)
 {
@@ -96,10 +119,10 @@ static void dry_run(const cp_plan *p)
     }
 }
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv)
 {
     const cp_plan *p = &CP_PLAN;
-    int simulate = 0, dry = 0, quiet = 0, check = 0, graph = 0, standin = 0;
+    int simulate = 0, dry = 0, quiet = 0, check = 0, graph = 0, standin = 0, given[F_COUNT] = { 0 };
     const char *trace = NULL;
     long steps = 1, world = -1, rank = -1, warmup = 5, iters = 20, timeout = 300;
     cp_sim_options opt = { .steps = 1, .pattern = CP_PATTERN_UNIQUE };
@@ -113,98 +136,138 @@ int main(int argc, char **argv)
         }
         else if (!strcmp(a, "--simulate")) simulate = 1;
         else if (!strcmp(a, "--dry-run")) dry = 1;
-        else if (!strcmp(a, "--quiet")) quiet = 1;
+        else if (!strcmp(a, "--quiet")) quiet = given[F_QUIET] = 1;
         else if (!strcmp(a, "--check")) check = 1;
-        else if (!strcmp(a, "--graph")) graph = 1;
-        else if (!strcmp(a, "--standin")) standin = 1;
-        else if (!strcmp(a, "--warmup")) { if (parse_int(a, next, 0, 1000000, &warmup)) return 2; i++; }
-        else if (!strcmp(a, "--iters")) { if (parse_int(a, next, 1, 1000000, &iters)) return 2; i++; }
-        else if (!strcmp(a, "--timeout")) { if (parse_int(a, next, 1, 86400, &timeout)) return 2; i++; }
-        else if (!strcmp(a, "--steps")) { if (parse_int(a, next, 1, 1000000, &steps)) return 2; i++; }
+        else if (!strcmp(a, "--graph")) graph = given[F_GRAPH] = 1;
+        else if (!strcmp(a, "--standin")) standin = given[F_STANDIN] = 1;
+        else if (!strcmp(a, "--warmup")) { if (parse_int(a, next, 0, 1000000, &warmup)) return 2; i++; given[F_WARMUP] = 1; }
+        else if (!strcmp(a, "--iters")) { if (parse_int(a, next, 1, 1000000, &iters)) return 2; i++; given[F_ITERS] = 1; }
+        else if (!strcmp(a, "--timeout")) { if (parse_int(a, next, 1, 86400, &timeout)) return 2; i++; given[F_TIMEOUT] = 1; }
+        else if (!strcmp(a, "--steps")) { if (parse_int(a, next, 1, 1000000, &steps)) return 2; i++; given[F_STEPS] = 1; }
         else if (!strcmp(a, "--world-size")) { if (parse_int(a, next, 1, 1L << 30, &world)) return 2; i++; }
         else if (!strcmp(a, "--rank")) { if (parse_int(a, next, 0, 1L << 30, &rank)) return 2; i++; }
-        else if (!strcmp(a, "--trace")) { if (!next) { fprintf(stderr, "commplan: --trace needs a file name\n"); return 2; } trace = next; i++; }
-        else if (!strcmp(a, "--dump")) { if (!next) { fprintf(stderr, "commplan: --dump needs a directory\n"); return 2; } opt.dump_dir = next; i++; }
-        else if (!strcmp(a, "--arith")) {
+        else if (!strcmp(a, "--trace")) {
+            if (!next) { cp_error("--trace needs a file name"); return 2; }
+            trace = next; i++; given[F_TRACE] = 1;
+        } else if (!strcmp(a, "--dump")) {
+            if (!next) { cp_error("--dump needs a directory"); return 2; }
+            opt.dump_dir = next; i++; given[F_DUMP] = 1;
+        } else if (!strcmp(a, "--arith")) {
             if (next && !strcmp(next, "gloo")) opt.arith = CP_ARITH_GLOO;
             else if (next && !strcmp(next, "nccl")) opt.arith = CP_ARITH_NCCL;
-            else { fprintf(stderr, "commplan: --arith takes gloo or nccl, got '%s'\n", next ? next : ""); return 2; }
-            i++;
+            else { cp_error("--arith takes gloo or nccl, got '%s'", next ? next : ""); return 2; }
+            i++; given[F_ARITH] = 1;
         } else if (!strcmp(a, "--pattern")) {
             if (next && !strcmp(next, "unique")) opt.pattern = CP_PATTERN_UNIQUE;
             else if (next && !strcmp(next, "oracle")) opt.pattern = CP_PATTERN_ORACLE;
-            else { fprintf(stderr, "commplan: --pattern takes unique or oracle, got '%s'\n", next ? next : ""); return 2; }
-            i++;
+            else { cp_error("--pattern takes unique or oracle, got '%s'", next ? next : ""); return 2; }
+            i++; given[F_PATTERN] = 1;
         } else {
-            fprintf(stderr, "commplan: unknown option '%s'; see --help\n", a);
+            cp_error("unknown option '%s'; see --help", a);
             return 2;
         }
     }
     if (simulate + dry + check > 1) {
-        fprintf(stderr, "commplan: --simulate, --dry-run and --check are different runs: give one\n");
+        cp_error("--simulate, --dry-run and --check are different runs: give one");
         return 2;
     }
     if (opt.dump_dir && !opt.dump_dir[0]) {
-        fprintf(stderr, "commplan: --dump needs a directory, got ''\n");
+        cp_error("--dump needs a directory, got ''");
         return 2;
     }
-    if (trace && (simulate || dry || check)) {
-        fprintf(stderr, "commplan: --trace records a timed step on the GPU; drop --simulate, --dry-run or --check\n");
+    if (trace && !trace[0]) {
+        cp_error("--trace needs a file name, got ''");
         return 2;
     }
-    /* A launcher's world must be the plan's (torchrun, Open MPI or Slurm variables). */
+    if (standin && (simulate || check)) {
+        cp_error("--standin times one rank with one-rank communicators and cannot be checked; drop "
+                 "--check/--simulate or launch all %d ranks", p->world_size);
+        return 2;
+    }
+    unsigned run = simulate ? RUN_SIM : dry ? RUN_DRY : check ? RUN_CHECK : RUN_TIME;
+    const char *run_name = simulate ? "--simulate" : dry ? "--dry-run" : check ? "--check" : standin ? "--standin"
+                                                                                              : "a timing run (no --simulate, --dry-run or --check)";
+    for (int f = 0; f < F_COUNT; f++)
+        if (given[f] && !(FLAG_RUNS[f].runs & run)) {
+            cp_error("%s %s; %s would ignore it: drop %s", FLAG_RUNS[f].flag, FLAG_RUNS[f].what, run_name,
+                     FLAG_RUNS[f].flag);
+            return 2;
+        }
+    /* The launch against the plan first (torchrun, Open MPI or Slurm
+     * variables, --world-size, --rank), then the NCCL id channel: a launch
+     * of the wrong size is named as such, not as a missing address. */
     cp_launch_env env;
-    char err[512];
-    if (cp_launch_from_env(&env, getenv, err, sizeof err) != 0) {
-        fprintf(stderr, "commplan: %s\n", err);
+    char err[1024];
+    if (cp_launch_ranks_from_env(&env, getenv, err, sizeof err) != 0) {
+        cp_error("%s", err);
         return 2;
     }
-    if (strcmp(env.source, "none") != 0) {
-        if (world < 0) world = env.world_size;
-        if (rank < 0) rank = env.rank;
-    }
+    int launched = strcmp(env.source, "none") != 0;
     if (world >= 0 && world != p->world_size) {
-        fprintf(stderr, "commplan: world size %ld does not match plan %s (generated for %d ranks); "
-                        "launch %d ranks or regenerate the plan with world_size = %ld\n",
-                world, p->name, p->world_size, p->world_size, world);
+        cp_error("world size %ld does not match plan %s (generated for %d ranks): --world-size %ld; launch %d ranks "
+                 "(and pass --world-size %d), or regenerate the plan with world_size = %ld",
+                 world, p->name, p->world_size, world, p->world_size, p->world_size, world);
+        return 2;
+    }
+    if (cp_launch_check_plan(&env, p->name, p->world_size, err, sizeof err) != 0) {
+        cp_error("%s", err);
         return 2;
     }
     if (rank >= 0 && rank >= p->world_size) {
-        fprintf(stderr, "commplan: rank %ld is outside plan %s's %d ranks (valid: 0..%d)\n", rank, p->name,
-                p->world_size, p->world_size - 1);
+        cp_error("rank %ld is outside plan %s's %d ranks (valid: 0..%d): --rank %ld; pass --rank 0..%d", rank,
+                 p->name, p->world_size, p->world_size - 1, rank, p->world_size - 1);
         return 2;
     }
+    if (rank >= 0 && launched && !standin && rank != env.rank) {
+        cp_error("--rank %ld but %s started this process as rank %d; drop --rank (the launcher's rank is used)", rank,
+                 env.source, env.rank);
+        return 2;
+    }
+    if (cp_launch_channel_from_env(&env, getenv, err, sizeof err) != 0) {
+        cp_error("%s", err);
+        return 2;
+    }
+    if (launched && rank < 0) rank = env.rank;
     if (dry) { dry_run(p); return 0; }
     if (standin) {
-        if (simulate || check) {
-            fprintf(stderr, "commplan: --standin times one rank with one-rank communicators and cannot be checked; "
-                            "drop --check/--simulate or launch all %d ranks\n", p->world_size);
-            return 2;
-        }
         env.standin = 1;
         env.world_size = p->world_size;
         env.rank = rank >= 0 ? (int)rank : 0;
-        if (strcmp(env.source, "none") == 0) env.local_rank = 0;
+        if (!launched) env.local_rank = 0;
         env.comm_id[0] = '\0';
     }
-    if (!simulate && !check && opt.dump_dir) {
-        fprintf(stderr, "commplan: --dump records a checked run: use it with --simulate or --check\n");
-        return 2;
-    }
     if (!simulate) {
+        /* A trace that cannot be written is named before the GPU run, not after it. */
+        if (trace && cp_out_check_path(trace, err, sizeof err) != 0) {
+            cp_error("--trace %s; give a file in an existing directory", err);
+            return 2;
+        }
 #ifdef CP_WITH_GPU
         cp_gpu_run_options go = { .check = check, .graph = graph, .steps = (int)steps, .warmup = (int)warmup,
                                   .iters = (int)iters, .timeout_s = (double)timeout, .pattern = opt.pattern,
                                   .dump_dir = opt.dump_dir, .quiet = quiet, .trace_file = trace };
         return cp_gpu_run(p, &CP_KERNELS, &env, &go);
 #else
-        (void)check; (void)graph; (void)warmup; (void)iters; (void)timeout; (void)trace;
-        fprintf(stderr, "commplan: this build has no GPU backend (nvcc was not found at build time); "
-                        "use --simulate or --dry-run, or rebuild where CUDA is installed\n");
+        (void)check; (void)graph; (void)warmup; (void)iters; (void)timeout;
+        cp_error("this build has no GPU backend (nvcc was not found at build time); use --simulate or --dry-run, or "
+                 "rebuild where CUDA is installed");
         return 2;
 #endif
     }
     opt.steps = (int)steps;
     opt.log = quiet ? NULL : stdout;
     return cp_simulate(p, &opt);
+}
+
+int main(int argc, char **argv)
+{
+    int rc = run(argc, argv);
+    /* Every line this program printed must have reached its reader: a full
+     * disk or a closed pipe is an error, as coreutils' close_stdout. */
+    char err[256];
+    if (cp_close_stream(stdout, err, sizeof err) != 0) {
+        cp_error("cannot write standard output: %s; free space where it goes, or redirect it elsewhere", err);
+        if (rc == 0) rc = 2;
+    }
+    return rc;
 }

@@ -14,6 +14,7 @@
 
 #include "harness.h"
 #include "host.h"
+#include "safeio.h"
 #include "simulate.h"
 
 typedef struct sim_world sim_world;
@@ -56,16 +57,23 @@ int64_t cp_simulate_bytes(const cp_plan *p, int64_t *per_rank)
     return rank * p->world_size;
 }
 
+/* A small system file (regular, bounded: safeio.c) as text; NULL if unreadable. */
+static const char *read_small(const char *path, char *buf, size_t max)
+{
+    size_t n;
+    char err[512];
+    return cp_read_file(path, buf, max, &n, err, sizeof err) == CP_READ_OK ? buf : NULL;
+}
+
 int64_t cp_host_available_bytes(void)
 {
+    enum { MAX_TEXT = 64 * 1024 };
     int64_t avail = -1;
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (f) {
-        char line[256];
+    char *text = malloc(MAX_TEXT + 1), *lim_text = malloc(64 + 1);
+    if (text && lim_text && read_small("/proc/meminfo", text, MAX_TEXT)) {
+        const char *line = strstr(text, "MemAvailable:");
         long long kb;
-        while (fgets(line, sizeof line, f))
-            if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) { avail = (int64_t)kb * 1024; break; }
-        fclose(f);
+        if (line && sscanf(line, "MemAvailable: %lld kB", &kb) == 1) avail = (int64_t)kb * 1024;
     }
 #ifdef _SC_AVPHYS_PAGES
     if (avail < 0) {
@@ -78,17 +86,17 @@ int64_t cp_host_available_bytes(void)
         { "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current" },
         { "/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes" },
     };
-    for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+    for (size_t i = 0; text && lim_text && i < sizeof limits / sizeof limits[0]; i++) {
         long long lim = -1, used = 0;
-        FILE *l = fopen(limits[i][0], "r"), *c = fopen(limits[i][1], "r");
-        if (l && fscanf(l, "%lld", &lim) == 1 && c && fscanf(c, "%lld", &used) == 1 && lim > 0 && used >= 0 &&
+        if (read_small(limits[i][0], lim_text, 64) && sscanf(lim_text, "%lld", &lim) == 1 &&
+            read_small(limits[i][1], text, 64) && sscanf(text, "%lld", &used) == 1 && lim > 0 && used >= 0 &&
             lim < (1LL << 60)) {
             int64_t room = lim > used ? (int64_t)(lim - used) : 0;
             if (avail < 0 || room < avail) avail = room;
         }
-        if (l) fclose(l);
-        if (c) fclose(c);
     }
+    free(text);
+    free(lim_text);
     return avail;
 }
 
