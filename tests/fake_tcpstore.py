@@ -48,9 +48,14 @@ unless said otherwise):
   truncated-get   GET: length 128, then 10 bytes, then closes
   stall-get       GET: length 128, then 10 bytes, then silence
   huge-get        GET: length 2**64 - 1, then silence
+  random          each query answered with a random mix (seeded by --seed
+                  and the connection's number) of the right echo, a WAIT
+                  answer, a length prefix (0, 128, 2**63, 2**64 - 1, ...),
+                  random bytes, cut short; or a close, or silence
 """
 import argparse
 import os
+import random
 import select
 import socket
 import struct
@@ -251,7 +256,41 @@ def hostile_client(conn, store, mode):
         drain(conn)
 
 
-def handle(conn, store, mode):
+def random_client(conn, rng):
+    """Half the time the right answer to each query, else a mangled one."""
+    while True:
+        query = conn.recv(4096)
+        if not query:
+            return
+        if len(query) >= 5 and query[-5] == PING:
+            right = query[-4:]  # the echo (after VALIDATE, or after SET)
+        elif query[0] == WAIT:
+            right = bytes([STOP_WAITING])
+        elif query[0] == GET:
+            right = struct.pack("=Q", 128) + bytes(rng.randrange(256) for _ in range(128))
+        else:
+            right = b""
+        r = rng.random()
+        if r < 0.5:
+            out = right
+        elif r < 0.6:
+            return  # close
+        elif r < 0.65:
+            drain(conn)  # silence
+            return
+        elif r < 0.8:
+            out = right[:rng.randrange(len(right) + 1)]  # cut short
+        else:
+            out = rng.choice([
+                bytes([rng.choice([1, 127, 255])]),
+                struct.pack("=Q", rng.choice([0, 1, 127, 129, 2**32, 2**63, 2**64 - 1])),
+                bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))),
+                right + b"\xff" * rng.randrange(1, 9),
+            ])
+        conn.sendall(out)
+
+
+def handle(conn, store, mode, rng=None):
     with conn:
         try:
             if mode == "close":
@@ -262,6 +301,9 @@ def handle(conn, store, mode):
             if mode in HOSTILE:
                 hostile_client(conn, store, mode)
                 return
+            if mode == "random":
+                random_client(conn, rng)
+                return
             serve_client(conn, store)
         except (Closed, OSError):
             pass
@@ -270,7 +312,8 @@ def handle(conn, store, mode):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port-file", required=True)
-    ap.add_argument("--mode", choices=("serve", "close", "silent") + HOSTILE, default="serve")
+    ap.add_argument("--mode", choices=("serve", "close", "silent", "random") + HOSTILE, default="serve")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log")
     ap.add_argument("--max-seconds", type=float, default=60.0)
     args = ap.parse_args()
@@ -284,11 +327,14 @@ def main():
         f.write("%d\n" % server.getsockname()[1])
     os.rename(tmp, args.port_file)
     stop_at = time.monotonic() + args.max_seconds
+    accepted = 0
     while time.monotonic() < stop_at:
         readable, _, _ = select.select([server], [], [], 0.1)
         if readable:
             conn, _ = server.accept()
-            threading.Thread(target=handle, args=(conn, store, args.mode), daemon=True).start()
+            accepted += 1
+            rng = random.Random(args.seed * 100003 + accepted)
+            threading.Thread(target=handle, args=(conn, store, args.mode, rng), daemon=True).start()
     server.close()
     return 0
 

@@ -87,6 +87,27 @@ run "build NCCL arithmetic tests" $MAKE build/tests/test_arith build/tests-asan/
 run "NCCL arithmetic (ncclAvg premultiply, ring order) against worked values" build/tests/test_arith
 run "NCCL arithmetic tests under ASan+UBSan" build/tests-asan/test_arith
 
+# ---- issue 20: every input bounded, every output safe (runtime side) ----
+# The one rule for the runtime's files (runtime/safeio.c), then fsdp4's
+# binary against special files, symlinked outputs, a full stdout, launches
+# that do not match the plan and flags the run would ignore
+# (tests/cli_checks.sh), then its argv and environment fuzzed under
+# ASan+UBSan (tests/fuzz_cli.py, fixed seed, bounded time). The hostile
+# TCPStore modes run in the rendezvous tests above.
+run "build safe-io tests" $MAKE build/tests/test_safeio build/tests-asan/test_safeio
+run "safe io: FIFO, device, directory, socket and oversized reads refused; writes via an exclusive temporary, never through a symlink, every write checked" build/tests/test_safeio
+run "safe io tests under ASan+UBSan" build/tests-asan/test_safeio
+run "build fsdp4 and its ASan+UBSan binary (build/tests-asan/fsdp4_cli)" bash -c "$MAKE PLAN=fsdp4.lua && $MAKE build/tests-asan/fsdp4_cli"
+for c in $(tests/cli_checks.sh --list); do
+  run "binary hardening: $c (tests/cli_checks.sh)" timeout 120 tests/cli_checks.sh build/fsdp4/fsdp4 "$c"
+done
+if command -v python3 >/dev/null 2>&1; then
+  run "fuzz: the binary's argv and environment for 15 s under ASan+UBSan (tests/fuzz_cli.py, fixed seed)" \
+    timeout 300 python3 tests/fuzz_cli.py build/tests-asan/fsdp4_cli --seconds 15 --seed 20
+  grep -h "^fuzz-cli: " "$(logname "fuzz: the binary's argv and environment for 15 s under ASan+UBSan (tests/fuzz_cli.py, fixed seed)")" | sed "s/^/        /"
+else skipped "fuzz: the binary's argv and environment (tests/fuzz_cli.py)" "python3 not found"; fi
+# ---- end of issue 20's runtime block ----
+
 echo "== end to end: every small plan generated, built and simulated on all ranks"
 for n in $(plan_names); do
   case $n in llama8b|llama70b|llama405b) continue ;; esac
@@ -141,6 +162,22 @@ run "gpu_ranks.sh fails when one rank fails and names it" bash -c '
 for n in llama8b llama70b llama405b; do
   run "build $n and print its schedule" bash -c "$MAKE PLAN=$n.lua >/dev/null && build/$n/$n --dry-run >/dev/null"
 done
+# ---- host-built copy kernels (issue 18, item 1) ----
+# runtime/cp_kernels.cu and every small plan's plan_kernels.cu built with g++
+# (tests/c/kernel_standin: a stand-in for the CUDA names they use), every
+# copy op x rank on the real arena layout against the host reference
+# (tests/c/test_kernels_host.cc): plain, and under ASan+UBSan taking the
+# kernels' device load/store branch. Needs no nvcc and no GPU.
+echo "== copy kernels built with g++: every copy op of every small plan, every rank, byte for byte vs the host reference"
+run "build host-built kernel tests (plain and ASan+UBSan)" $MAKE build/tests/test_kernels_host build/tests-asan/test_kernels_host
+khost_run() {  # NAME BINARY: the ok line carries the test's count
+  local f; f=$(logname "$1")
+  if "$2" >"$f" 2>&1; then ok "$1: $(sed -n 's/^kernels host summary: //p' "$f")"; else bad "$1" "$f"; fi
+}
+khost_run "host-built copy kernels (host loads/stores)" build/tests/test_kernels_host
+khost_run "host-built copy kernels under ASan+UBSan (device loads/stores)" build/tests-asan/test_kernels_host
+# ---- end of host-built copy kernels ----
+
 echo "== CUDA: generated copy kernels (built with every plan above), checked against the host reference"
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 if [ -x "$NVCC" ]; then

@@ -597,6 +597,43 @@ static void test_tcpstore_huge_length(void **state)
     hostile_store("huge-get", 1, 5.0, 2.0, "holds 18446744073709551615 bytes, expected 128");
 }
 
+/* A store that answers every query with a random mix of right and wrong
+ * replies, cut short, or closes, or goes silent (fake_tcpstore.py --mode
+ * random): rank 0 and rank 1 each finish within the bound, with the id or
+ * with one line, 12 times. */
+static void test_tcpstore_random_replies(void **state)
+{
+    (void)state;
+    fake_store s;
+    store_start(&s, "random");
+    char port_var[32], err[1024];
+    const char *env[9];
+    store_env(&s, port_var, sizeof port_var, env + 1);
+    int shared = 0, failed = 0;
+    for (int round = 0; round < 12; round++) {
+        env[0] = round % 2 ? "RANK=1" : "RANK=0";
+        rank_job j;
+        memset(&j, 0, sizeof j);
+        assert_int_equal(launch(env, &j.env, err), 0);
+        j.key = "fp1234";
+        j.timeout_s = 0.3;
+        fill_id(j.bytes, 6);
+        rank_main(&j);
+        if (j.seconds > 2.0) fail_msg("round %d: %.2f s: %s", round, j.seconds, j.err);
+        if (j.rc == CP_RDZV_SHARED) {
+            shared++;
+            continue;
+        }
+        failed++;
+        assert_int_equal(j.rc, CP_RDZV_ERROR);
+        assert_null(strchr(j.err, '\n'));
+        if (!strstr(j.err, round % 2 ? "rank 1: torchrun's store 127.0.0.1:" : "rank 0: torchrun's store 127.0.0.1:"))
+            fail_msg("round %d: %s", round, j.err);
+    }
+    assert_int_equal(shared + failed, 12);
+    store_stop(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -606,7 +643,7 @@ int main(void)
         cmocka_unit_test(test_tcpstore_never_answers), cmocka_unit_test(test_tcpstore_nobody_listens),
         cmocka_unit_test(test_id_file_not_regular),  cmocka_unit_test(test_id_file_symlinks_not_followed),
         cmocka_unit_test(test_tcpstore_garbage),     cmocka_unit_test(test_tcpstore_truncated),
-        cmocka_unit_test(test_tcpstore_huge_length),
+        cmocka_unit_test(test_tcpstore_huge_length),  cmocka_unit_test(test_tcpstore_random_replies),
     };
     /* A wait that is not bounded (a FIFO's open) fails the run instead of hanging it. */
     alarm(120);
