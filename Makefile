@@ -359,3 +359,55 @@ build/example/example: docs/example.c $(RUNTIME_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(CFLAGS) -Iruntime -Iplans/single $(CUDA_INC) -c docs/example.c -o build/example/example.o
 	$(NVCC) -o $@ build/example/example.o build/single/libsingle.a -lnccl -lm $(CUDA_LIBS)
+
+# ---- host-built copy kernels (issue 18, item 1): g++ only, no nvcc, no GPU ----
+# tests/c/test_kernels_host.cc runs the copy kernels (runtime/cp_kernels.cu
+# and each plan's generated plan_kernels.cu, compiled by g++ against
+# tests/c/kernel_standin/, a test double for the few CUDA names they use)
+# on the host: every copy op of every small plan and of the tests/plans
+# kernel plans, every rank, on the real arena layout, byte for byte against
+# the host backend's copies. Built plain (the kernels' host loads and
+# stores) and with ASan+UBSan taking the kernels' device load/store branch
+# (-D__CUDA_ARCH__: every 8- and 16-byte word's alignment checked as it is
+# made; UBSan's own alignment check is off in the kernels' object only,
+# where the negative test makes misaligned words on purpose).
+KHOST_PLANS := $(filter-out llama8b llama70b llama405b,$(basename $(notdir $(ALL_PLANS))))
+KHOST_EXTRA := kernels_all_dtypes kernels_big
+KHOST_ALL   := $(KHOST_PLANS) $(KHOST_EXTRA)
+KHOST_DIR    = $(if $(filter $(1),$(KHOST_EXTRA)),build/gen/$(1),plans/$(1))
+KHOST_RT    := runtime/backend_host.c runtime/topology.c runtime/arena.c runtime/dtype.c runtime/executor.c
+KHOST_STANDIN := $(wildcard tests/c/kernel_standin/*.h)
+KHOST_CXX   := $(CXX) -std=c++17 -Wall -Wextra -Werror -pthread -Itests/c/kernel_standin -Iruntime
+
+# tests/plans kernel plans, generated into build/gen/<name> by their own sub-make.
+build/gen/%/plan.c: tests/plans/%.lua $(GEN_SRC)
+	@$(MAKE) --no-print-directory -s PLAN=tests/plans/$*.lua OUT=build/gen/$* build/$*/.generated >/dev/null
+build/gen/%/plan_kernels.cu: build/gen/%/plan.c ;
+
+# $(1): build directory; $(2): flags for every file; $(3): for the C++ files
+# (the test and the kernels); $(4): for the kernels' object alone
+define khost_test
+$(1)/khost/khost_plans.def: FORCE
+	@mkdir -p $(1)/khost
+	@printf 'CP_KHOST_PLAN(%s)\n' $(KHOST_ALL) >$$@.new; if cmp -s $$@.new $$@; then rm -f $$@.new; else mv -f $$@.new $$@; fi
+$(1)/khost/cp_kernels.o: runtime/cp_kernels.cu runtime/cp_kernels.cuh runtime/cp_gpu_kernels.h $(RUNTIME_HDR) $(KHOST_STANDIN)
+	@mkdir -p $(1)/khost
+	$(KHOST_CXX) $(2) $(3) $(4) -x c++ -c $$< -o $$@
+$(1)/khost/rt_%.o: runtime/%.c $(RUNTIME_HDR)
+	@mkdir -p $(1)/khost
+	$$(CC) $$(CSTD) $(2) -Iruntime -c $$< -o $$@
+$(foreach p,$(KHOST_ALL),
+$(1)/khost/$(p).plan.o: $(call KHOST_DIR,$(p))/plan.c $(RUNTIME_HDR)
+	@mkdir -p $(1)/khost
+	$$(CC) $$(CSTD) $(2) -Iruntime -I$(call KHOST_DIR,$(p)) -c $$< -o $$@
+$(1)/khost/$(p).kernels.o: $(call KHOST_DIR,$(p))/plan_kernels.cu $(call KHOST_DIR,$(p))/plan.c runtime/cp_gpu_kernels.h $(RUNTIME_HDR) $(KHOST_STANDIN)
+	@mkdir -p $(1)/khost
+	$(KHOST_CXX) $(2) $(3) -I$(call KHOST_DIR,$(p)) -x c++ -c $$< -o $$@
+)
+$(1)/test_kernels_host: tests/c/test_kernels_host.cc $(1)/khost/khost_plans.def $(1)/khost/cp_kernels.o \
+    $(patsubst runtime/%.c,$(1)/khost/rt_%.o,$(KHOST_RT)) $(foreach p,$(KHOST_ALL),$(1)/khost/$(p).plan.o $(1)/khost/$(p).kernels.o)
+	$(KHOST_CXX) $(2) $(3) -I$(1)/khost -o $$@ $$< $$(filter %.o,$$^) -lm
+endef
+KHOST_DEVICE_WORDS := -D__CUDA_ARCH__=900 -DCP_KHOST_DEVICE_WORDS -fno-strict-aliasing
+$(eval $(call khost_test,build/tests,-O2 -g,,))
+$(eval $(call khost_test,build/tests-asan,$(SAN) -O1 -g,$(KHOST_DEVICE_WORDS),-fno-sanitize=alignment))
