@@ -62,7 +62,10 @@ static void usage(FILE *f, const cp_plan *p)
             "                    from torchrun $WORLD_SIZE, Open MPI $OMPI_COMM_WORLD_SIZE or Slurm $SLURM_NTASKS)\n"
             "  --rank R          refuse to run unless 0 <= R < world size (default: the launcher's rank)\n"
             "  --quiet           no progress output\n"
-            "  --version         print commplan's version and the plan's name and fingerprint\n",
+            "  --version         print commplan's version and the plan's name and fingerprint\n"
+            "\n"
+            "A flag the chosen run would ignore is refused. Outputs (--dump, --trace) are written to a temporary\n"
+            "file beside them and renamed into place; a symlink under an output's name is replaced, not followed.\n",
             "commplan", p->name, p->fingerprint, p->world_size, p->nunits, p->nparams, p->nops);
 }
 
@@ -193,6 +196,11 @@ static int run(int argc, char **argv)
                      FLAG_RUNS[f].flag);
             return 2;
         }
+    if (check && graph && opt.dump_dir) {
+        cp_error("--dump reads every collective's buffers as it runs, which a replayed CUDA graph does not: drop "
+                 "--graph or --dump");
+        return 2;
+    }
     /* The launch against the plan first (torchrun, Open MPI or Slurm
      * variables, --world-size, --rank), then the NCCL id channel: a launch
      * of the wrong size is named as such, not as a missing address. */

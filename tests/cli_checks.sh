@@ -116,6 +116,8 @@ ignored-flags)
 --arith|--standin --arith nccl
 --steps|--standin --steps 2
 EOF
+  out=$("$B" --check --graph --dump DIR 2>&1 >/dev/null); rc=$?
+  one_line "$rc" 2 "$out" "--dump reads every collective's buffers as it runs" "drop --graph or --dump" || exit 1
   [ ! -e DIR ] && [ ! -e t.json ] || { echo "a refused run wrote DIR or t.json"; exit 1; } ;;
 valid-flags)
   # Every combination the README documents still runs.
