@@ -178,22 +178,6 @@ khost_run "host-built copy kernels (host loads/stores)" build/tests/test_kernels
 khost_run "host-built copy kernels under ASan+UBSan (device loads/stores)" build/tests-asan/test_kernels_host
 # ---- end of host-built copy kernels ----
 
-# ---- host-built copy kernels (issue 18, item 1) ----
-# runtime/cp_kernels.cu and every small plan's plan_kernels.cu built with g++
-# (tests/c/kernel_standin: a stand-in for the CUDA names they use), every
-# copy op x rank on the real arena layout against the host reference
-# (tests/c/test_kernels_host.cc): plain, and under ASan+UBSan taking the
-# kernels' device load/store branch. Needs no nvcc and no GPU.
-echo "== copy kernels built with g++: every copy op of every small plan, every rank, byte for byte vs the host reference"
-run "build host-built kernel tests (plain and ASan+UBSan)" $MAKE build/tests/test_kernels_host build/tests-asan/test_kernels_host
-khost_run() {  # NAME BINARY: the ok line carries the test's count
-  local f; f=$(logname "$1")
-  if "$2" >"$f" 2>&1; then ok "$1: $(sed -n 's/^kernels host summary: //p' "$f")"; else bad "$1" "$f"; fi
-}
-khost_run "host-built copy kernels (host loads/stores)" build/tests/test_kernels_host
-khost_run "host-built copy kernels under ASan+UBSan (device loads/stores)" build/tests-asan/test_kernels_host
-# ---- end of host-built copy kernels ----
-
 echo "== CUDA: generated copy kernels (built with every plan above), checked against the host reference"
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 if [ -x "$NVCC" ]; then
