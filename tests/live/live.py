@@ -53,8 +53,14 @@ class Pool:
         self.torch_version = None
 
     def start(self):
-        import record  # noqa: F401 - the workers import it
-        ctx = mp.get_context("spawn")
+        # torch is imported once, here, and the ranks are forked from this
+        # process (before it starts any thread), so each rank starts in
+        # milliseconds instead of importing torch again (seconds each on a
+        # 2-core machine). LIVE_START=spawn imports it in each rank instead.
+        import record  # noqa: F401
+        # A restart after an error may come while the next seed's build
+        # thread runs: forking a threaded process is unsafe, so restarts spawn.
+        ctx = mp.get_context(os.environ.get("LIVE_START", "fork" if self.starts == 0 else "spawn"))
         fd, init = tempfile.mkstemp(prefix="commplan-live-pg.")
         os.close(fd)
         os.unlink(init)
@@ -149,9 +155,9 @@ class BuildError(Exception):
         self.rc = rc
 
 
-def simulate(binary, steps, dump):
+def simulate(binary, steps, dump, pattern="oracle"):
     shutil.rmtree(dump, ignore_errors=True)
-    r = subprocess.run([binary, "--simulate", "--pattern", "oracle", "--steps", str(steps), "--dump", dump, "--quiet"],
+    r = subprocess.run([binary, "--simulate", "--pattern", pattern, "--steps", str(steps), "--dump", dump, "--quiet"],
                        capture_output=True, text=True)
     return r.returncode, (r.stderr or r.stdout).strip()
 
@@ -174,13 +180,16 @@ def load_dump(path):
     return json.loads(text)
 
 
-def compare(name, world, live_dir, bin_dir, max_report=12):
+def compare(name, world, live_dir, bin_dir, max_report=12, unit_of=None):
     """The checks of tests/oracle_check.lua: shards, grads, marks, every
     collective (op, dtype, reduce op, sizes, ranks, full in and out, float32
     bit for bit) and per-communicator sequences. The binary's TP activation
     collectives (tp_*: placeholder data around placeholder compute) are left
-    out and counted. Returns (checks, mismatches[list], skipped_tp)."""
+    out and counted. Returns (checks, mismatches[list], skipped_tp, causes):
+    causes names where the two first part ways, in causal order (see CAUSES)."""
     bad, checks, skipped = [], 0, 0
+    unit_of = unit_of or {}
+    diverged = {}  # unit -> {"first": (index, kind, op)} | "params_local" | "grads_local" | "sequence"
 
     def fail(msg):
         bad.append(msg)
@@ -189,11 +198,14 @@ def compare(name, world, live_dir, bin_dir, max_report=12):
         nonlocal checks
         checks += 1
         if len(a) != len(b):
-            return fail(f"{what}: binary has {len(a)} elements, FSDP2 {len(b)}")
+            fail(f"{what}: binary has {len(a)} elements, FSDP2 {len(b)}")
+            return False
         for i, (x, y) in enumerate(zip(a, b)):
             fx, fy = f32(x), f32(y)
             if fx != fy and not (fx != fx and fy != fy):
-                return fail(f"{what}: element {i} is {x!r} in the binary, {y!r} in FSDP2")
+                fail(f"{what}: element {i} is {x!r} in the binary, {y!r} in FSDP2")
+                return False
+        return True
 
     for r in range(world):
         tag = f"{name} rank {r}"
@@ -207,8 +219,8 @@ def compare(name, world, live_dir, bin_dir, max_report=12):
             for pname, v in o[key].items():
                 if pname not in d[key]:
                     fail(f"{tag}: no {key} for {pname} in the binary's dump")
-                else:
-                    same_list(f"{tag} {key} {pname}", d[key][pname]["values"], v["values"])
+                elif not same_list(f"{tag} {key} {pname}", d[key][pname]["values"], v["values"]):
+                    diverged.setdefault(unit_of.get(pname, "?"), {})[key] = True
         dlog = []
         for e in d["log"]:
             if e["op"].startswith("tp_"):
@@ -232,6 +244,7 @@ def compare(name, world, live_dir, bin_dir, max_report=12):
         dl = [e for e in dlog if e["op"] != "mark"]
         checks += 1
         if len(ol) != len(dl):
+            diverged.setdefault("(all units)", {})["sequence"] = True
             fail(f"{tag}: {len(dl)} collectives in the binary, {len(ol)} in FSDP2: binary "
                  f"{[(e['op'], e.get('unit'), e['in_numel']) for e in dl]}, FSDP2 {[(e['op'], e['in_numel']) for e in ol]}")
         per_o, per_d = {}, {}
@@ -242,9 +255,14 @@ def compare(name, world, live_dir, bin_dir, max_report=12):
             kb = (b["op"], b["dtype"], b.get("reduce_op", ""), b["in_numel"], b["out_numel"])
             if ka != kb:
                 fail(f"{what}: binary {ka}, FSDP2 {kb}")
+                diverged.setdefault(a.get("unit"), {})["sequence"] = True
             same_list(what + " ranks", a["ranks"], b["ranks"])
-            same_list(what + " in", a["in"], b["in"])
-            same_list(what + " out", a["out"], b["out"])
+            for part in ("in", "out"):
+                if not same_list(f"{what} {part}", a[part], b[part]):
+                    first = diverged.setdefault(a.get("unit"), {}).get("first")
+                    here = (i, 0 if part == "in" else 1, a["op"])
+                    if first is None or here < first:
+                        diverged[a.get("unit")]["first"] = here
         for e in ol:
             per_o.setdefault(tuple(e["ranks"]), []).append((e["op"], e["in_numel"]))
         for e in dl:
@@ -253,7 +271,93 @@ def compare(name, world, live_dir, bin_dir, max_report=12):
             checks += 1
             if per_d.get(key) != seq:
                 fail(f"{tag}: communicator {list(key)}: binary {per_d.get(key)}, FSDP2 {seq}")
-    return checks, bad[:max_report] + ([f"... {len(bad) - max_report} more"] if len(bad) > max_report else []), skipped
+    return (checks, bad[:max_report] + ([f"... {len(bad) - max_report} more"] if len(bad) > max_report else []), skipped,
+            causes_of(diverged))
+
+
+def viewout_stage(plan, world, bin_dir, rec_dir=None):
+    """FSDP2's view-out (post-divide in the reduce dtype with div_, then the
+    cast to the parameter's dtype: _fsdp_collectives.foreach_reduce) applied
+    by torch to the binary's own last reduce output of each unit, against
+    the binary's sharded grads: a view-out difference shows here even where
+    the reductions before it already differ. Returns the units that differ."""
+    import torch
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    T = plan["parallel"]["tp"]
+    offsets = {}
+    for u in plan["units"]:
+        offsets[(0, u["name"])] = {q["name"]: q["offset"] for q in u["params"]}
+    tp_class = {}
+    for c in plan.get("tp_classes") or []:
+        for t in c["tp_ranks"]:
+            tp_class[t] = c["class"]
+        for u in c["units"]:
+            offsets[(c["class"], u["name"])] = {q["name"]: q["offset"] for q in u["params"]}
+    units = {u["name"]: u for u in plan["units"]}
+    bad = set()
+    for r in range(world):
+        d = load_dump(os.path.join(bin_dir, f"{plan['plan']}.rank{r}.json"))
+        last = {}
+        for e in d["log"]:
+            if e["op"] in ("reduce_scatter", "all_reduce"):
+                last[e["unit"]] = e
+        cls = tp_class.get(r % T, 0)
+        for name, u in units.items():
+            if u["root"] is not None and not u["params"]:
+                continue
+            e = last.get(name)
+            red = dt[u["reduce_dtype"]]
+            for q in u["params"]:
+                got = d["grads_local"][q["name"]]["values"]
+                n = len(got)
+                if n == 0:
+                    continue
+                if e is None:  # a one-rank group: no collective to start from
+                    break
+                off = offsets[(cls, name)][q["name"]]
+                v = torch.tensor(e["out"][off:off + n], dtype=torch.float64).to(red)
+                if u["post_divide"] != 1:
+                    v.div_(u["post_divide"])
+                want = v.to(dt[u["orig_dtype"]]).to(torch.float64).tolist()
+                if [f32(x) for x in got] != [f32(x) for x in want]:
+                    bad.add(name)
+    return sorted(bad)
+
+
+CAUSES = {
+    "viewout_stage": "view-out stage (FSDP2's post-divide and cast applied to the binary's own reduce output "
+                     "differ from its grads)",
+    "simulate": "the binary's simulation",
+    "peer": "the live peer (FSDP2 raised or a rank hung)",
+    "sequence": "collective sequence (ops, sizes, order or marks)",
+    "shards": "local parameter shards",
+    "ag_input": "all-gather input (the parameter shard's cast)",
+    "rs_input": "reduce-scatter input (packing: micro-step accumulation dtype, the reduce cast, the pre-divide)",
+    "ar_input": "all-reduce input",
+    "arith": "collective arithmetic (same inputs, different sums: the host backend's reduction vs gloo's)",
+    "viewout": "sharded grads with every collective equal (view-out: the post-divide and the cast back)",
+}
+
+
+def causes_of(diverged):
+    """Per unit, the first place the binary and FSDP2 part ways: the
+    sequence, a shard, the earliest collective of the unit whose input
+    differs (what fed it) or whose output alone differs (the reduction:
+    same inputs on this rank), else the final grads (view-out). Returns
+    {cause: [units]}."""
+    out = {}
+    for unit, d in diverged.items():
+        if d.get("sequence"):
+            c = "sequence"
+        elif d.get("params_local"):
+            c = "shards"
+        elif d.get("first"):
+            i, part, op = d["first"]
+            c = "arith" if part == 1 else {"all_gather": "ag_input", "reduce_scatter": "rs_input"}.get(op, "ar_input")
+        else:
+            c = "viewout"
+        out.setdefault(c, []).append(str(unit))
+    return out
 
 
 # ----------------------------------------------------------- accumulation
@@ -407,9 +511,10 @@ def gen_seed(seed, attempt=0):
     for u in units:
         lines.append(f"    {lua(u)},")
     lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
+    pattern = "unique" if rng.random() < 0.5 else "oracle"
     desc = (f"{kind} {'x'.join(str(x) for x in (R, S, T))}, {n_units}+root units, micro {micro}, steps {steps}, "
-            f"{reduce_op}")
-    return "\n".join(lines) + "\n", steps, desc
+            f"{reduce_op}, pattern {pattern}")
+    return "\n".join(lines) + "\n", steps, desc, pattern
 
 
 def prepare_seed(seed, keep=False):
@@ -421,7 +526,7 @@ def prepare_seed(seed, keep=False):
     t0 = time.time()
     refused = []
     for attempt in range(30):
-        text, steps, desc = gen_seed(seed, attempt)
+        text, steps, desc, pattern = gen_seed(seed, attempt)
         pf = os.path.join(pdir, name + ".lua")
         with open(pf, "w") as f:
             f.write(text)
@@ -429,6 +534,7 @@ def prepare_seed(seed, keep=False):
         try:
             binary, pj = build_plan(rel if TREE == ROOT else pf, name)
             return {"name": name, "seed": seed, "binary": binary, "plan_json": pj, "steps": steps, "desc": desc,
+                    "pattern": pattern,
                     "plan_file": rel, "build_s": time.time() - t0, "refused": refused}
         except BuildError as e:
             if "error" in str(e).lower() and e.rc == 2 and ".lua:" in str(e):
@@ -448,26 +554,49 @@ def cleanup_seed(name):
 
 # ------------------------------------------------------------------ run
 
-def check_one(pool, name, binary, plan_json, steps, accumulation=None, verbose=False):
-    """Simulate, record live, compare. Returns (ok, summary, details)."""
+def unique_scaled():
+    """Whether the binary's unique pattern scales odd micro-steps' 16-bit
+    grads by 2^-6 (runtime/check.c of the tree the binaries come from)."""
+    try:
+        return "0x1p-6f" in open(os.path.join(TREE, "runtime", "check.c")).read()
+    except OSError:
+        return False
+
+
+def check_one(pool, name, binary, plan_json, steps, accumulation=None, verbose=False, pattern="oracle"):
+    """Simulate, record live, compare. Returns (ok, summary, details, causes)."""
     plan, numel = plan_size(plan_json)
     world = plan["world_size"]
     dump = os.path.join(BUILD, "dump", name)
     rec = os.path.join(BUILD, "rec", name)
-    rc, err = simulate(binary, steps, dump)
+    rc, err = simulate(binary, steps, dump, pattern)
     if rc != 0:
-        return False, f"the binary's --simulate exited {rc}", [err]
+        return False, f"the binary's --simulate exited {rc}", [err], {"simulate": []}
     shutil.rmtree(rec, ignore_errors=True)
     acc = accumulation or accumulation_of(plan)
     t0 = time.time()
-    e = pool.run({"name": name, "plan_json": plan_json, "out_dir": rec, "steps": steps, "accumulation": acc})
+    e = pool.run({"name": name, "plan_json": plan_json, "out_dir": rec, "steps": steps, "accumulation": acc,
+                  "pattern": pattern, "unique_scaled": unique_scaled()})
     t_live = time.time() - t0
     if e:
-        return False, "the live FSDP2 peer failed", e.splitlines()[-25:]
-    checks, bad, skipped = compare(name, world, rec, dump)
+        return False, "the live FSDP2 peer failed", e.splitlines()[-25:], {"peer": []}
+    unit_of = {q["name"]: u["name"] for u in plan["units"] for q in u["params"]}
+    checks, bad, skipped, causes = compare(name, world, rec, dump, unit_of=unit_of)
+    if acc == "sync_last" and plan["fsdp"].get("micro_steps", 1) >= 1:
+        try:
+            vo = viewout_stage(plan, world, dump)
+        except Exception as ex:  # noqa: BLE001 - a diagnostic: say so, do not hide the run
+            vo = [f"(stage check failed: {ex})"]
+        if vo:
+            causes["viewout_stage"] = vo
+            bad = bad + [f"view-out stage: units {' '.join(vo)}: FSDP2's post-divide in the reduce dtype and cast "
+                         f"back, applied to the binary's own reduce output, differ from the binary's grads"]
     note = f", {skipped} TP activation collectives not compared" if skipped else ""
-    summary = f"{world} ranks, {checks} checks, {len(bad)} mismatches{note} (live {t_live:.1f} s, accumulation {acc})"
-    return not bad, summary, bad
+    why = ("; first difference: " + "; ".join(f"{CAUSES[c]} [units {' '.join(us)}]" for c, us in sorted(causes.items()))
+           if causes else "")
+    summary = (f"{world} ranks, {checks} checks, {len(bad)} mismatches{note} (live {t_live:.1f} s, pattern {pattern}, "
+               f"accumulation {acc}){why}")
+    return not bad, summary, bad, causes
 
 
 def main():
@@ -477,6 +606,8 @@ def main():
     ap.add_argument("--budget", type=float, default=0, help="seconds: stop starting seeds after this")
     ap.add_argument("--accumulation", choices=["fsdp2_default", "sync_last", "all_reduce_last"],
                     help="override the plan's gradient-accumulation mode on the FSDP2 side")
+    ap.add_argument("--pattern", choices=["oracle", "unique"],
+                    help="the binary's value pattern (plans: oracle; seeds: each seed draws one)")
     ap.add_argument("--steps", type=int, default=2, help="plans mode: training steps per plan (default 2)")
     ap.add_argument("--keep", action="store_true", help="keep each seed's build, dump and recording")
     ap.add_argument("--tree", help="build the binaries from this checkout's generator and runtime "
@@ -508,7 +639,8 @@ def main():
                     print(f"  SKIP  {name}: world {plan['world_size']}, {numel} elements (too big for the live peer)")
                     continue
                 steps = a.steps
-                ok, summary, bad = check_one(pool, name, binary, pj, steps, a.accumulation, a.verbose)
+                a.pattern = a.pattern or "oracle"
+                ok, summary, bad, _ = check_one(pool, name, binary, pj, steps, a.accumulation, a.verbose, a.pattern)
                 ran += 1
                 print(f"  {'ok  ' if ok else 'FAIL'}  {name} ({pf}, {steps} steps): {summary}", flush=True)
                 if ok:
@@ -527,6 +659,7 @@ def main():
                 lo, _, hi = (a.args[0] if a.args else "1-20").partition("-")
                 seeds = list(range(int(lo), int(hi or lo) + 1))
             prep_q = {}
+            by_cause = {}
             t_build = t_live_total = 0.0
 
             def prep(s):
@@ -535,8 +668,8 @@ def main():
             nxt = None
             for i, s in enumerate(seeds):
                 if a.budget and time.time() - t_start > a.budget:
-                    print(f"live seeds: budget of {a.budget:.0f} s spent after {ran} seeds; "
-                          f"the rest (from {s}) left for make test-live SEEDS=...")
+                    print(f"  (budget of {a.budget:.0f} s spent after {ran} seeds; seeds from {s} on: "
+                          f"make test-live SEEDS={s}-{seeds[-1]})")
                     break
                 if nxt is None:
                     prep(s)
@@ -555,8 +688,11 @@ def main():
                     continue
                 t_build += info["build_s"]
                 t0 = time.time()
-                ok, summary, bad = check_one(pool, info["name"], info["binary"], info["plan_json"], info["steps"],
-                                             a.accumulation, a.verbose)
+                ok, summary, bad, causes = check_one(pool, info["name"], info["binary"], info["plan_json"],
+                                                     info["steps"], a.accumulation, a.verbose,
+                                                     a.pattern or info["pattern"])
+                for c in causes:
+                    by_cause.setdefault(c, []).append(s)
                 t_live_total += time.time() - t0
                 if ok:
                     matched += 1
@@ -578,6 +714,9 @@ def main():
                   f"{': seeds ' + ' '.join(map(str, failed[:40])) if failed else ''}; "
                   f"{per:.2f} s a seed (build {t_build / max(ran, 1):.2f} s overlapped, simulate+live+compare "
                   f"{t_live_total / max(ran, 1):.2f} s)")
+            for c, ss in sorted(by_cause.items()):
+                print(f"  first difference at the {CAUSES.get(c, c)}: seeds {' '.join(map(str, ss[:30]))}"
+                      f"{' ...' if len(ss) > 30 else ''}")
     finally:
         pool.stop()
     return 0 if ran and matched == ran else 1

@@ -55,6 +55,68 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ACCUMULATION = ("fsdp2_default", "sync_last", "all_reduce_last")
 
+# ----------------------------------------------------------------- patterns
+# The binary's --pattern values (runtime/check.c cp_pattern_param and
+# cp_pattern_grad), computed for whole index tensors. "oracle": the
+# recordings' integers (every reduction exact by design); "unique": hashed
+# values (16-bit parameters any finite bits; grads 1..1024 x (rank+1) in
+# fp32, 1..8 x (rank+1) in 16 bits). job["unique_scaled"]: the 16-bit grads
+# of odd micro-steps are 2^-6 smaller (the binary's check.c from issue 16's
+# accumulation fix on; older binaries do not scale).
+
+M64 = (1 << 64) - 1
+
+
+def mix32(x):
+    """runtime/check.c's mix32 over a numpy uint64 array."""
+    import numpy as np
+    x = x.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(33)
+        x *= np.uint64(0xff51afd7ed558ccd)
+        x ^= x >> np.uint64(33)
+        x *= np.uint64(0xc4ceb9fe1a85ec53)
+        x ^= x >> np.uint64(33)
+    return x & np.uint64(0xffffffff)
+
+
+def _bits16(h, dtype):
+    import numpy as np
+    h = h.astype(np.uint16)
+    if dtype == torch.bfloat16:
+        h = np.where((h & 0x7f80) == 0x7f80, h & ~np.uint16(0x4000), h).astype(np.uint16)
+    else:
+        h = np.where((h & 0x7c00) == 0x7c00, h & ~np.uint16(0x4000), h).astype(np.uint16)
+    return torch.from_numpy(h.view(np.int16).copy()).view(dtype)
+
+
+def param_values(pattern, dtype, k, base, idx, step):
+    """Parameter k's values at full indices idx (int64 tensor), in dtype."""
+    import numpy as np
+    if pattern == "oracle":
+        return (idx.to(torch.float64) + (k * 1000 + step)).to(torch.float32).to(dtype)
+    if dtype == torch.float32:
+        return ((idx + base + 1) % 4000000).to(torch.float32) + 0.25 * (step % 4)
+    e = idx.reshape(-1).numpy().astype(np.uint64)
+    h = mix32((np.uint64(k) << np.uint64(40)) ^ (e << np.uint64(8)) ^ np.uint64(step))
+    return _bits16(h & np.uint64(0xffff), dtype).view(idx.shape)
+
+
+def grad_values(pattern, dtype, k, idx, rank, micro, step, scaled=False):
+    """The gradient of parameter k at full indices idx on rank in a
+    micro-step, in dtype (the compute dtype)."""
+    import numpy as np
+    if pattern == "oracle":
+        return (((idx + k) % 5 + 1) * (rank + 1) * (micro + 1)).to(torch.float32).to(dtype)
+    span = 1024 if dtype == torch.float32 else 8
+    e = idx.reshape(-1).numpy().astype(np.uint64)
+    salt = np.uint64(((k << 32) & M64)) ^ np.uint64((step << 56) & M64) ^ np.uint64((micro * 0x9e3779b97f4a7c15) & M64)
+    g = (np.uint64(1) + mix32(salt ^ e) % np.uint64(span)).astype(np.float32) * np.float32(rank + 1)
+    if scaled and dtype != torch.float32 and micro & 1:
+        g = g * np.float32(2.0 ** -6)
+    return torch.from_numpy(g).view(idx.shape).to(dtype)
+
+
 # ---------------------------------------------------------------- recording
 
 _rec = threading.local()
@@ -301,9 +363,12 @@ def run_job(rank, job):
     reduce_sum = plan["fsdp"].get("reduce_op", "avg") == "sum"
     tp_partial = set(job.get("tp_partial") or [])  # parameters whose TP gradient is Partial (SP norms)
 
+    pattern = job.get("pattern", "oracle")
+    scaled = bool(job.get("unique_scaled"))
     units = sorted(plan["units"], key=lambda u: u["index"])
-    infos = []  # (unit json, [(param json, k, full_shape, tp_dim)])
+    infos = []  # (unit json, [(param json, k, full_shape, tp_dim, base)])
     modules = []
+    base = 0  # the unique pattern's offset: full elements of every earlier parameter
     for u in units:
         plist, ps = [], []
         for j, q in enumerate(u["params"]):
@@ -314,14 +379,15 @@ def run_job(rank, job):
             for d in full_shape:
                 numel *= d
             dt = DTYPES[q.get("dtype", u["orig_dtype"])]
-            full = (torch.arange(numel, dtype=torch.float64) + k * 1000).to(torch.float32).to(dt).view(full_shape)
+            full = param_values(pattern, dt, k, base, torch.arange(numel).view(full_shape), 0)
             if T > 1:
                 pl = [Shard(tp_dim)] if tp_dim is not None else [Replicate()]
                 p = nn.Parameter(distribute_tensor(full, tp_mesh, pl, src_data_rank=None))
             else:
                 p = nn.Parameter(full)
-            plist.append((q, k, full_shape, tp_dim))
+            plist.append((q, k, full_shape, tp_dim, base))
             ps.append(p)
+            base += numel
         infos.append((u, plist))
         modules.append(ps)
     layer_units = [Unit(ps) for ps in modules[1:]]
@@ -349,7 +415,7 @@ def run_job(rank, job):
     maps = []
     for (u, plist), m in zip(infos, all_mods):
         um = []
-        for (q, k, full_shape, tp_dim), p in zip(plist, m.own_params()):
+        for (q, k, full_shape, tp_dim, pbase), p in zip(plist, m.own_params()):
             numel = 1
             for d in full_shape:
                 numel *= d
@@ -359,23 +425,23 @@ def run_job(rank, job):
             loc = p.to_local() if isinstance(p, DTensor) else p
             if tuple(loc.shape) != tuple(local.shape):
                 raise AssertionError(f"{q['name']}: local shard {tuple(loc.shape)}, expected {tuple(local.shape)}")
-            want = (local.to(torch.float64) + k * 1000).to(torch.float32).to(loc.dtype)
-            if not torch.equal(loc.detach(), want):
+            want = param_values(pattern, loc.dtype, k, pbase, local, 0)
+            if not torch.equal(loc.detach().view(torch.int8) if loc.dtype != torch.float32 else loc.detach(),
+                               want.view(torch.int8) if want.dtype != torch.float32 else want):
                 raise AssertionError(f"{q['name']}: fully_shard's local shard is not the torch.chunk of its TP-local tensor")
-            ag = DTYPES[u["ag_dtype"]]
-            coefs = []
-            for micro in range(micro_steps):
-                e = tp_local.reshape(-1)
-                c = (((e + k) % 5 + 1) * (rank + 1) * (micro + 1)).to(torch.float32).to(ag)
-                gp = [Partial()] if q["name"] in tp_partial else None
-                coefs.append((c.view(tp_local.shape), gp))
-            um.append((q, k, local, coefs))
+            um.append((q, k, local, tp_local.contiguous(), pbase, DTYPES[u["ag_dtype"]]))
         maps.append(um)
-        m.coefs = [[c[3][micro] for c in um] for micro in range(micro_steps)]
+
+    def set_grads(step, micro):
+        for um, m in zip(maps, all_mods):
+            m.coefs = {micro: [(grad_values(pattern, ag, k, tpl, rank, micro, step, scaled).view(tpl.shape),
+                                [Partial()] if q["name"] in tp_partial else None)
+                               for (q, k, local, tpl, pbase, ag) in um]}
+            m.micro = micro
 
     params_local = {}
     for um, m in zip(maps, all_mods):
-        for (q, k, local, _), p in zip(um, m.own_params()):
+        for (q, *_), p in zip(um, m.own_params()):
             loc = p.to_local() if isinstance(p, DTensor) else p
             params_local[q["name"]] = {"shape": list(loc.shape), "stride": list(loc.stride()),
                                        "placements": str(getattr(p, "placements", "")), "values": _values(loc)}
@@ -386,9 +452,9 @@ def run_job(rank, job):
         for step in range(steps):
             with torch.no_grad():
                 for um, m in zip(maps, all_mods):
-                    for (q, k, local, _), p in zip(um, m.own_params()):
+                    for (q, k, local, tpl, pbase, ag), p in zip(um, m.own_params()):
                         loc = p.to_local() if isinstance(p, DTensor) else p
-                        loc.copy_((local.to(torch.float64) + k * 1000 + step).to(torch.float32).to(loc.dtype))
+                        loc.copy_(param_values(pattern, loc.dtype, k, pbase, local, step))
                         p.grad = None
             REC.mark(f"step{step}_forward")
             for micro in range(micro_steps):
@@ -398,8 +464,7 @@ def run_job(rank, job):
                 elif accumulation == "all_reduce_last":
                     root.set_requires_gradient_sync(True)
                     root.set_requires_all_reduce(last)
-                for m in all_mods:
-                    m.micro = micro
+                set_grads(step, micro)
                 x = torch.zeros(1, requires_grad=True)
                 out = root(x)
                 if micro == 0:
@@ -410,7 +475,7 @@ def run_job(rank, job):
 
     grads_local = {}
     for um, m in zip(maps, all_mods):
-        for (q, k, local, _), p in zip(um, m.own_params()):
+        for (q, *_), p in zip(um, m.own_params()):
             g = p.grad
             if g is None:
                 grads_local[q["name"]] = {"shape": None, "values": []}
@@ -418,7 +483,8 @@ def run_job(rank, job):
             g = g.to_local() if isinstance(g, DTensor) else g
             grads_local[q["name"]] = {"shape": list(g.shape), "dtype": str(g.dtype), "values": _values(g)}
     return {"config": {"name": job["name"], "mesh": plan["mesh"]["sizes"], "mesh_names": plan["mesh"]["names"],
-                       "torch": torch.__version__, "accumulation": accumulation, "steps": steps},
+                       "torch": torch.__version__, "accumulation": accumulation, "steps": steps,
+                       "pattern": pattern},
             "rank": rank, "world": world, "params_local": params_local, "grads_local": grads_local, "log": log}
 
 
