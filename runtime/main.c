@@ -143,10 +143,22 @@ static int run(int argc, char **argv)
         else if (!strcmp(a, "--check")) check = 1;
         else if (!strcmp(a, "--graph")) graph = given[F_GRAPH] = 1;
         else if (!strcmp(a, "--standin")) standin = given[F_STANDIN] = 1;
-        else if (!strcmp(a, "--warmup")) { if (parse_int(a, next, 0, 1000000, &warmup)) return 2; i++; given[F_WARMUP] = 1; }
-        else if (!strcmp(a, "--iters")) { if (parse_int(a, next, 1, 1000000, &iters)) return 2; i++; given[F_ITERS] = 1; }
-        else if (!strcmp(a, "--timeout")) { if (parse_int(a, next, 1, 86400, &timeout)) return 2; i++; given[F_TIMEOUT] = 1; }
-        else if (!strcmp(a, "--steps")) { if (parse_int(a, next, 1, 1000000, &steps)) return 2; i++; given[F_STEPS] = 1; }
+        else if (!strcmp(a, "--warmup")) {
+            if (parse_int(a, next, 0, 1000000, &warmup)) return 2;
+            i++, given[F_WARMUP] = 1;
+        }
+        else if (!strcmp(a, "--iters")) {
+            if (parse_int(a, next, 1, 1000000, &iters)) return 2;
+            i++, given[F_ITERS] = 1;
+        }
+        else if (!strcmp(a, "--timeout")) {
+            if (parse_int(a, next, 1, 86400, &timeout)) return 2;
+            i++, given[F_TIMEOUT] = 1;
+        }
+        else if (!strcmp(a, "--steps")) {
+            if (parse_int(a, next, 1, 1000000, &steps)) return 2;
+            i++, given[F_STEPS] = 1;
+        }
         else if (!strcmp(a, "--world-size")) { if (parse_int(a, next, 1, 1L << 30, &world)) return 2; i++; }
         else if (!strcmp(a, "--rank")) { if (parse_int(a, next, 0, 1L << 30, &rank)) return 2; i++; }
         else if (!strcmp(a, "--trace")) {
@@ -188,8 +200,8 @@ static int run(int argc, char **argv)
         return 2;
     }
     unsigned run = simulate ? RUN_SIM : dry ? RUN_DRY : check ? RUN_CHECK : RUN_TIME;
-    const char *run_name = simulate ? "--simulate" : dry ? "--dry-run" : check ? "--check" : standin ? "--standin"
-                                                                                              : "a timing run (no --simulate, --dry-run or --check)";
+    const char *run_name = simulate ? "--simulate" : dry ? "--dry-run" : check ? "--check" : standin ? "--standin" :
+                           "a timing run (no --simulate, --dry-run or --check)";
     for (int f = 0; f < F_COUNT; f++)
         if (given[f] && !(FLAG_RUNS[f].runs & run)) {
             cp_error("%s %s; %s would ignore it: drop %s", FLAG_RUNS[f].flag, FLAG_RUNS[f].what, run_name,

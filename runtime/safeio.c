@@ -258,7 +258,8 @@ int cp_out_commit(cp_out *o, char *err, size_t errlen)
         if (!strcmp(step, "rename"))
             fail(err, errlen, "rename of %s to %s failed: %s", o->tmp, o->target, errstr(e, eb, sizeof eb));
         else
-            fail(err, errlen, "%s of %s failed: %s", step, o->tmp, e ? errstr(e, eb, sizeof eb) : "an earlier write failed");
+            fail(err, errlen, "%s of %s failed: %s", step, o->tmp,
+                 e ? errstr(e, eb, sizeof eb) : "an earlier write failed");
     }
     out_release(o);
     return step ? -1 : 0;
