@@ -267,7 +267,7 @@ test-c: build/tests/test_runtime build/tests-asan/test_runtime build/tests/test_
 KERNEL_TEST_PLANS := fsdp8_uneven hsdp2x3_bf16 hsdp4x2_fp16 llama_tiny
 # tests/plans/: plans that exist to exercise the kernels (multi-tile
 # pieces, padding inside full tiles), generated into build/gen/.
-KERNEL_TEST_EXTRA := kernels_big
+KERNEL_TEST_EXTRA := kernels_big kernels_all_dtypes
 KERNEL_TEST_OBJ   := $(foreach p,$(KERNEL_TEST_PLANS) $(KERNEL_TEST_EXTRA),build/$(p)/plan_kernels.o build/$(p)/plan.o)
 
 # The plans' own builds make the objects; a sub-make per plan keeps each

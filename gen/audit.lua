@@ -81,8 +81,8 @@ local function facts(p, tables)
     end
     units[#units + 1] = O({ "name", u.name, "index", u.index, "root", u.is_root,
       "reshard_after_forward", u.reshard_after_forward and true or false, "orig_dtype", u.orig_dtype, "ag_dtype", u.ag_dtype,
-      "reduce_dtype", u.reduce_dtype, "slot_numel", u.total, "grads_numel", u.grads_numel, "vec_ok", u.vec_ok,
-      "rs_op", u.rs_op, "ar_op", u.ar_op,
+      "reduce_dtype", u.reduce_dtype, "grad_dtype", u.grad_dtype, "slot_numel", u.total, "grads_numel", u.grads_numel,
+      "vec_ok", u.vec_ok, "rs_op", u.rs_op, "ar_op", u.ar_op,
       "pre_divide", u.pre_divide, "post_divide", u.post_divide, "arena", O(arena), "params", params })
   end
   -- TP classes beyond class 0 (TP ranks whose TP-local shapes, and so
@@ -323,7 +323,7 @@ local function unit_name(p, index) return p.layout.units[index + 1].name end
 
 -- A unit's layout signature: units with equal signatures are folded.
 local function unit_sig(u)
-  local t = { #u.params, u.total, u.grads_numel, u.orig_dtype, u.ag_dtype, u.reduce_dtype, u.rs_op, u.ar_op,
+  local t = { #u.params, u.total, u.grads_numel, u.orig_dtype, u.ag_dtype, u.reduce_dtype, u.grad_dtype, u.rs_op, u.ar_op,
               tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide }
   for _, q in ipairs(u.params) do t[#t + 1] = table.concat(q.shape, "x") .. "/" .. q.shard_dim end
   return table.concat(t, "|")
@@ -777,7 +777,8 @@ function audit.md_units(p, w)
     w("| %s%s | %d | %s | %s | %s | %s, %s | %s%s | %s | %s |", fold.unit_range(names),
       (u.is_root and u.name ~= "root") and " (root)" or "",
       #u.params, commas(numel), human(u.total * ES[u.orig_dtype]), human(W * u.total * ES[u.ag_dtype]),
-      u.ag_dtype, u.reduce_dtype, u.rs_op, u.pre_divide ~= 1 and string.format(" (/%g, /%g)", u.pre_divide, u.post_divide) or "",
+      u.ag_dtype, u.reduce_dtype .. (u.grad_dtype ~= u.ag_dtype and string.format(" (micro-steps accumulate grads in %s)",
+        u.grad_dtype) or ""), u.rs_op, u.pre_divide ~= 1 and string.format(" (/%g, /%g)", u.pre_divide, u.post_divide) or "",
       pad > 0 and string.format("%.1f%%", 100 * pad / (W * u.total)) or "0",
       u.vec_ok and "16-byte" or "scalar")
     shown[#shown + 1] = { u = u, names = names }

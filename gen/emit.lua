@@ -10,7 +10,7 @@ local BUF = { "CP_BUF_AG", "CP_BUF_UNSHARDED", "CP_BUF_GRADS", "CP_BUF_RS_IN", "
 
 -- The runtime table layout these tables are written for (runtime/commplan.h
 -- CP_TABLES_VERSION); plan.c refuses to compile against any other.
-emit.TABLES_VERSION = 3
+emit.TABLES_VERSION = 4
 
 -- Replace every {{key}}; a key the template names but vars lacks is a bug.
 function emit.fill(template, vars, template_name)
@@ -75,7 +75,7 @@ local function class_tables(p, cls, NAME)
       fields({ "name", cstr(u.name), "first_param", pidx - #u.params, "nparams", #u.params }),
       fields({ "total", u.total, "numel", numel, "grads_numel", u.grads_numel }),
       fields({ "orig_dtype", DT[u.orig_dtype], "ag_dtype", DT[u.ag_dtype], "reduce_dtype", DT[u.reduce_dtype],
-               "is_root", u.is_root and 1 or 0, "reshard_after_forward", u.reshard_after_forward and 1 or 0 }),
+               "grad_dtype", DT[u.grad_dtype], "is_root", u.is_root and 1 or 0, "reshard_after_forward", u.reshard_after_forward and 1 or 0 }),
       fields({ "rs_op", RED[u.rs_op], "ar_op", RED[u.ar_op], "pre_divide", num(u.pre_divide * 1.0),
                "post_divide", num(u.post_divide * 1.0), "vec_ok", u.vec_ok and 1 or 0,
                "act_numel", u.act_numel or 0 }),

@@ -92,7 +92,7 @@ local function arena_bound(u, W, running)
   local terms = {
     full and util.mul_within(full, 2 * es_ag, LIM.bytes),
     full and util.mul_within(full, es_red, LIM.bytes),
-    util.mul_within(u.grads_numel, es_ag, LIM.bytes),
+    util.mul_within(u.grads_numel, layout.DTYPE_BYTES[u.grad_dtype], LIM.bytes),
     util.mul_within(u.total, es_red, LIM.bytes),
     5 * 256,
   }
@@ -130,6 +130,13 @@ function layout.build(ctx, units, d, fsdp)
     -- MixedPrecisionPolicy: the unit's own (fully_shard(mp_policy=...)) or the plan's.
     local ag_dtype = u.param_dtype or fsdp.param_dtype or orig
     local reduce_dtype = u.reduce_dtype or fsdp.reduce_dtype or ag_dtype
+    -- The unsharded grads between micro-steps. Autograd computes them in
+    -- ag_dtype; on a micro-step that does not reduce, FSDP2's post-backward
+    -- casts them into unsharded_accumulated_grad in reduce_dtype
+    -- (FSDPParam.to_accumulated_grad_if_needed) and later micro-steps add
+    -- theirs into it there (accumulate_unsharded_grad_if_needed), so the
+    -- reduce-scatter packs that reduce-dtype sum. One micro-step: ag_dtype.
+    local grad_dtype = fsdp.micro_steps > 1 and reduce_dtype or ag_dtype
     local params, offset, grad_offset, vec_ok = {}, 0, 0, true
     for j, p in ipairs(u.params) do
       local q = layout.param(ctx, p, W, string.format("%s.params[%d]", upath, j))
@@ -152,7 +159,7 @@ function layout.build(ctx, units, d, fsdp)
     out[fwd] = {
       name = u.name, index = fwd - 1, is_root = (ui == #units), params = params, total = offset,
       grads_numel = grad_offset, vec_ok = vec_ok and offset % layout.VEC == 0,
-      orig_dtype = orig, ag_dtype = ag_dtype, reduce_dtype = reduce_dtype,
+      orig_dtype = orig, ag_dtype = ag_dtype, reduce_dtype = reduce_dtype, grad_dtype = grad_dtype,
       -- The root never reshards after forward (FSDP2); a unit may override the plan's default.
       reshard_after_forward = (ui ~= #units) and (u.reshard_after_forward == nil and fsdp.reshard_after_forward
                                                   or u.reshard_after_forward),

@@ -44,7 +44,7 @@ local function sizes_of(lay, u)
   local W = lay.W
   return {
     ag = W * u.total * ES[u.ag_dtype], unsharded = W * u.total * ES[u.ag_dtype],
-    grads = u.grads_numel * ES[u.ag_dtype], rs_in = W * u.total * ES[u.reduce_dtype],
+    grads = u.grads_numel * ES[u.grad_dtype], rs_in = W * u.total * ES[u.reduce_dtype],
     rs_out = u.total * ES[u.reduce_dtype], act = (u.act_numel or 0) * ES[u.ag_dtype],
   }
 end

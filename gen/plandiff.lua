@@ -366,8 +366,11 @@ local function unit_changes(a, b, list_a, list_b)
       if x.slot_numel ~= y.slot_numel then
         parts[#parts + 1] = string.format("slot %d -> %d elements per rank", x.slot_numel, y.slot_numel)
       end
-      for _, f in ipairs({ "ag_dtype", "reduce_dtype", "rs_op", "ar_op", "reshard_after_forward", "vec_ok" }) do
-        if x[f] ~= y[f] then parts[#parts + 1] = string.format("%s %s -> %s", f, tostring(x[f]), tostring(y[f])) end
+      for _, f in ipairs({ "ag_dtype", "reduce_dtype", "grad_dtype", "rs_op", "ar_op", "reshard_after_forward", "vec_ok" }) do
+        -- plan.json before grad_dtype: the unsharded grads were in ag_dtype
+        local xf, yf = x[f], y[f]
+        if f == "grad_dtype" then xf, yf = xf or x.ag_dtype, yf or y.ag_dtype end
+        if xf ~= yf then parts[#parts + 1] = string.format("%s %s -> %s", f, tostring(xf), tostring(yf)) end
       end
       local pa, pb = by_key(x.params, "name"), by_key(y.params, "name")
       local shape_changes = 0

@@ -20,6 +20,7 @@
 -- target logit (batch x seq fp32 each), which run outside every
 -- fully_shard unit, after the output's forward all-gather.
 local util = require("gen.util")
+local layout = require("gen.layout")
 
 local tp_acts = {}
 
@@ -86,21 +87,26 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
     -- Replicate (FSDPParam._get_grad_inner_tensor): an all-reduce of each,
     -- in parameter order, after the unit's backward collectives and before
     -- its packing, on a reducing micro-step only (accumulation keeps them
-    -- Partial).
+    -- Partial). It redistributes the gradient the packing reads: in the
+    -- unit's grad dtype (after micro-steps, FSDP2's reduce-dtype
+    -- unsharded_accumulated_grad).
     if sp then
       for _, q in ipairs(u.params) do
         if q.tp_dim == nil and q.name:match("norm%.weight$") then
           add("tp_all_reduce", "backward", q.numel, q.name .. " gradient (Partial over TP)")
           acts[#acts].reducing_only = true
+          acts[#acts].dtype = u.grad_dtype
         end
       end
     end
     if #acts > 0 then
+      -- act_numel counts ag_dtype elements: an op in a wider dtype takes more.
+      local ES, es_ag = layout.DTYPE_BYTES, layout.DTYPE_BYTES[u.ag_dtype]
       local most = 0
       for _, a in ipairs(acts) do
         local elems = a.kind == "tp_all_gather" and a.count * T or (a.kind == "tp_reduce_scatter" and a.count * T)
           or a.count
-        most = math.max(most, elems)
+        most = math.max(most, util.ceil_div(elems * ES[a.dtype], es_ag))
       end
       u.tp_acts, u.act_numel = acts, most
     end

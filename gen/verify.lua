@@ -11,6 +11,8 @@ local layout = require("gen.layout")
 
 local verify = {}
 
+local ES = layout.DTYPE_BYTES
+
 local function check(cond, fmt, ...)
   if not cond then error("internal error (plan verification failed): " .. string.format(fmt, ...), 0) end
 end
@@ -81,9 +83,13 @@ function verify.order(lay, fams, ops)
       if o.kind:sub(1, 3) == "tp_" then
         -- TP activation collectives: on the TP group, inside the unit's activation buffer.
         check(o.group == "tp", "op %d: %s on group %s", o.seq, o.kind, o.group)
+        -- In ag_dtype, or (the norm gradients' all-reduce) the unit's grad dtype;
+        -- act_numel counts ag_dtype elements.
         local elems = o.kind == "tp_all_reduce" and o.count or o.count * f.size
-        check(elems <= (u.act_numel or 0), "op %d: %d elements beyond the activation buffer", o.seq, elems)
-        check(o.dtype == u.ag_dtype, "op %d dtype %s != %s", o.seq, o.dtype, u.ag_dtype)
+        check(o.dtype == u.ag_dtype or (o.kind == "tp_all_reduce" and o.dtype == u.grad_dtype),
+          "op %d dtype %s != %s", o.seq, o.dtype, u.ag_dtype)
+        check(elems * ES[o.dtype] <= (u.act_numel or 0) * ES[u.ag_dtype],
+          "op %d: %d elements beyond the activation buffer", o.seq, elems)
       else
         check(o.count == u.total, "op %d count %d != slot %d", o.seq, o.count, u.total)
         local want = o.kind == "all_gather" and u.ag_dtype or u.reduce_dtype

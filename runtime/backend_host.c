@@ -244,7 +244,18 @@ static void copy_out(const cp_plan *p, int u, int shard_rank, const void *ag, vo
     }
 }
 
-/* chunk_cat: unsharded grads -> (W, total) reduce-scatter input, zero padding, pre-divide. */
+/* v rounded to t (round to nearest even). */
+static float round_to(cp_dtype t, float v)
+{
+    float out;
+    cp_store(t, &out, 0, v);
+    return cp_load(t, &out, 0);
+}
+
+/* chunk_cat: unsharded grads (grad dtype) -> (W, total) reduce-scatter
+ * input, zero padding; cast to the reduce dtype first, then the pre-divide
+ * in it, as FSDP2's foreach_reduce does (the copy-in casts,
+ * _div_if_needed's div_ rounds to the reduce dtype). */
 static void pack(const cp_plan *p, int u, int shard_rank, const void *grads, void *rs_in)
 {
     const cp_unit *U = &p->units[u];
@@ -252,13 +263,14 @@ static void pack(const cp_plan *p, int u, int shard_rank, const void *grads, voi
     (void)shard_rank;
     for (int j = 0; j < U->nparams; j++) {
         const cp_param *prm = &p->params[U->first_param + j];
-        const char *g = (const char *)grads + (size_t)prm->grad_offset * cp_dtype_size(U->ag_dtype);
+        const char *g = (const char *)grads + (size_t)prm->grad_offset * cp_dtype_size(U->grad_dtype);
         for (int64_t r = 0; r < W; r++)
             for (int64_t o = 0; o < prm->outer; o++) {
                 int64_t src = o * W * prm->run + r * prm->run;
                 int64_t dst = r * U->total + prm->offset + o * prm->run;
                 for (int64_t t = 0; t < prm->run; t++) {
-                    float v = src + t < prm->numel ? cp_load(U->ag_dtype, g, src + t) : 0.0f;
+                    float v = src + t < prm->numel ? cp_load(U->grad_dtype, g, src + t) : 0.0f;
+                    v = round_to(U->reduce_dtype, v);
                     if (U->pre_divide != 1.0) v = (float)(v / U->pre_divide);
                     cp_store(U->reduce_dtype, rs_in, dst + t, v);
                 }
@@ -266,14 +278,16 @@ static void pack(const cp_plan *p, int u, int shard_rank, const void *grads, voi
     }
 }
 
-/* reduce-scatter output (reduce dtype) -> sharded grads (orig dtype), post-divide. */
+/* reduce-scatter output (reduce dtype) -> sharded grads (orig dtype): the
+ * post-divide in the reduce dtype (rounded to it), then the cast, as
+ * FSDP2's foreach_reduce does. */
 static void view_out(const cp_plan *p, int u, int shard_rank, const void *rs_out, void *sharded_grads)
 {
     const cp_unit *U = &p->units[u];
     (void)shard_rank;
     for (int64_t i = 0; i < U->total; i++) {
         float v = cp_load(U->reduce_dtype, rs_out, i);
-        if (U->post_divide != 1.0) v = (float)(v / U->post_divide);
+        if (U->post_divide != 1.0) v = round_to(U->reduce_dtype, (float)(v / U->post_divide));
         cp_store(U->orig_dtype, sharded_grads, i, v);
     }
 }

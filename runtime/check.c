@@ -48,7 +48,11 @@ float cp_pattern_grad(cp_pattern pat, cp_dtype t, int64_t k, int64_t e, int rank
      * divides exactly in any arithmetic, hiding ncclAvg's rounding. */
     uint32_t g = 1u + mix32(((uint64_t)k << 32) ^ (uint64_t)e ^ ((uint64_t)step << 56) ^
                             (uint64_t)micro * 0x9e3779b97f4a7c15ULL) % span;
-    return (float)g * (float)(rank + 1);
+    /* 16-bit grads: odd micro-steps 64 times smaller, so that a sum over
+     * micro-steps rounds in 16 bits but not in fp32 and the dtype the
+     * micro-steps accumulate in shows in every check. */
+    float scale = t != CP_FP32 && (micro & 1) ? 0x1p-6f : 1.0f;
+    return (float)g * (float)(rank + 1) * scale;
 }
 
 int64_t cp_pattern_param_id(const cp_plan *p, int param)
@@ -200,27 +204,35 @@ void cp_checker_add_grads(cp_checker *c, int u, int micro, void *grads)
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
-        void *g = (char *)grads + (size_t)prm->grad_offset * cp_dtype_size(U->ag_dtype);
+        void *g = (char *)grads + (size_t)prm->grad_offset * cp_dtype_size(U->grad_dtype);
         int64_t k = cp_pattern_param_id(p, param);
         for (int64_t i = 0; i < prm->numel; i++) {
             int64_t e = cp_param_full_index(prm, c->tp_rank, i);
             float gv = round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, c->rank, micro, c->step));
-            /* Autograd's .grad: assigned on the first micro-step, accumulated after. */
-            cp_store(U->ag_dtype, g, i, micro == 0 ? gv : cp_load(U->ag_dtype, g, i) + gv);
+            /* The micro-step's grad, computed in ag_dtype, into the grads
+             * buffer (grad_dtype): assigned (cast) on the first micro-step,
+             * added in grad_dtype after, as autograd's .grad or FSDP2's
+             * unsharded_accumulated_grad. */
+            cp_store(U->grad_dtype, g, i, micro == 0 ? gv : cp_load(U->grad_dtype, g, i) + gv);
         }
     }
 }
 
 /* Member rank g's accumulated grad element e as it enters the
- * reduce-scatter: autograd's sum over micro-steps in the compute dtype,
- * then the cast to the reduce dtype with FSDP2's pre-divide. */
+ * reduce-scatter: each micro-step's grad in the compute dtype, summed over
+ * micro-steps in the unit's grad dtype (FSDP2's unsharded_accumulated_grad
+ * in reduce_dtype: the first cast to it, later ones added in it), then
+ * FSDP2's foreach_reduce: the cast to the reduce dtype, then the pre-divide
+ * in it (div_ rounds to the reduce dtype). */
 static float member_grad(const cp_checker *c, const cp_unit *U, int64_t k, int64_t e, int g)
 {
     float acc = 0.0f;
-    for (int m = 0; m < c->plan->micro_steps; m++)
-        acc = round_to(U->ag_dtype,
-                       acc + round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, g, m, c->step)));
-    return round_to(U->reduce_dtype, (float)(acc / U->pre_divide));
+    for (int m = 0; m < c->plan->micro_steps; m++) {
+        float gm = round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, g, m, c->step));
+        acc = round_to(U->grad_dtype, m == 0 ? gm : acc + gm);
+    }
+    float v = round_to(U->reduce_dtype, acc);
+    return U->pre_divide != 1.0 ? round_to(U->reduce_dtype, (float)(v / U->pre_divide)) : v;
 }
 
 /* The reduce-scatter's result for element e in each replicate member's
@@ -237,12 +249,14 @@ static void shard_stage(const cp_checker *c, const cp_unit *U, int64_t k, int64_
 }
 
 /* The replicate all-reduce of rs (ring position key finishing it under
- * NCCL) and FSDP2's post-divide into the parameter's dtype. */
+ * NCCL), FSDP2's post-divide in the reduce dtype (rounded to it), then the
+ * cast to the parameter's dtype. */
 static float final_value(const cp_checker *c, const cp_unit *U, const float *rs, int key)
 {
     int R = c->plan->replicate_size;
     float v = R > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->ar_op, rs, R, key) : rs[0];
-    return round_to(U->orig_dtype, (float)(v / U->post_divide));
+    if (U->post_divide != 1.0) v = round_to(U->reduce_dtype, (float)(v / U->post_divide));
+    return round_to(U->orig_dtype, v);
 }
 
 /* Every reduced grad element of unit u as this rank must hold it: every

@@ -15,7 +15,7 @@ extern "C" {
 /* The layout of the tables below. A generated plan.c refuses to compile
  * against a runtime whose tables differ (nanopb's PB_PROTO_HEADER_VERSION
  * idea): bump it with every change to a table type or an enum. */
-#define CP_TABLES_VERSION 3
+#define CP_TABLES_VERSION 4
 
 #define CP_MAX_DIMS 8      /* tensor dims per parameter */
 #define CP_MAX_MESH_DIMS 6 /* dp_replicate, dp_shard, ep, cp, tp, pp */
@@ -71,7 +71,7 @@ typedef struct {
 typedef enum {
     CP_BUF_AG = 0,    /* W*total, ag dtype: the fused all-gather buffer */
     CP_BUF_UNSHARDED, /* W*total, ag dtype; param p at W*offset */
-    CP_BUF_GRADS,     /* grads_numel, ag dtype; param p at its grad_offset */
+    CP_BUF_GRADS,     /* grads_numel, grad dtype; param p at its grad_offset */
     CP_BUF_RS_IN,     /* W*total, reduce dtype */
     CP_BUF_RS_OUT,    /* total, reduce dtype */
     CP_BUF_ACT,       /* act_numel, ag dtype: the unit's TP activation collectives */
@@ -101,6 +101,11 @@ typedef struct {
     int64_t numel; /* sum of real numel */
     int64_t grads_numel; /* unsharded-grads buffer: numel with each param start aligned */
     cp_dtype orig_dtype, ag_dtype, reduce_dtype;
+    /* The unsharded grads buffer's dtype: ag_dtype, or reduce_dtype where
+     * micro-steps accumulate before a reduction (FSDP2's
+     * unsharded_accumulated_grad): each micro-step's grad, computed in
+     * ag_dtype, is cast to it on the first and added in it on later ones. */
+    cp_dtype grad_dtype;
     int is_root;
     int reshard_after_forward;
     cp_reduce_op rs_op, ar_op;

@@ -99,18 +99,29 @@ template <typename T, int V> __host__ __device__ inline void cp_kstore(T *dst, c
 #endif
 }
 
-/* Cast and divide V loaded elements, then store them. */
+/* Divide, cast and divide V loaded elements as FSDP2's foreach_reduce
+ * does, then store them: in_div divides in the input dtype before the cast
+ * (the view-out's post-divide: in the reduce dtype, then the cast to the
+ * parameter's), out_div in the output dtype after it (the packing's
+ * pre-divide: the cast to the reduce dtype, then the divide). Each divide
+ * is torch's div_ on a tensor of that dtype: in fp32, rounded to the dtype.
+ * (On CUDA div_ by a scalar multiplies by its fp32 reciprocal; FSDP2
+ * divides only fp16 tensors, whose quotients by these factors round to the
+ * same fp16 either way.) */
 template <typename TI, typename TO, int V>
-__host__ __device__ inline void cp_kput(TO *dst, const cp_kvec<TI, V> &in, float scale)
+__host__ __device__ inline void cp_kput(TO *dst, const cp_kvec<TI, V> &in, float in_div, float out_div)
 {
-    if (cp_same<TI, TO>::value && scale == 1.0f) { /* plain move, bits untouched */
+    if (cp_same<TI, TO>::value && in_div == 1.0f && out_div == 1.0f) { /* plain move, bits untouched */
         cp_kstore<TO, V>(dst, reinterpret_cast<const cp_kvec<TO, V> &>(in));
         return;
     }
     cp_kvec<TO, V> out;
     for (int k = 0; k < V; k++) {
-        float f = cp_to_float<TI>(in.e[k]);
-        out.e[k] = cp_from_float<TO>(scale == 1.0f ? f : f / scale);
+        TI a = in.e[k];
+        if (in_div != 1.0f) a = cp_from_float<TI>(cp_to_float<TI>(a) / in_div);
+        TO b = cp_from_float<TO>(cp_to_float<TI>(a));
+        if (out_div != 1.0f) b = cp_from_float<TO>(cp_to_float<TO>(b) / out_div);
+        out.e[k] = b;
     }
     cp_kstore<TO, V>(dst, out);
 }
@@ -121,7 +132,8 @@ __host__ __device__ inline void cp_kput(TO *dst, const cp_kvec<TI, V> &in, float
  * flight per thread keep HBM busy. A full tile with a contiguous map takes
  * the batched path; the rest goes element group by element group. */
 template <typename TI, typename TO, int V, typename Map>
-__host__ __device__ inline void cp_ktile(const Map &m, long long j0, long long end, int lane, float scale)
+__host__ __device__ inline void cp_ktile(const Map &m, long long j0, long long end, int lane, float in_div,
+                                         float out_div)
 {
     const int NV = CP_KNV;
     if (m.contiguous(j0, end, CP_KTILE_OF(V))) {
@@ -129,7 +141,7 @@ __host__ __device__ inline void cp_ktile(const Map &m, long long j0, long long e
         TO *dst = m.dst(j0);
         cp_kvec<TI, V> in[NV];
         for (int u = 0; u < NV; u++) cp_kload<TI, V>(in[u], src + (u * CP_KTHREADS + lane) * V);
-        for (int u = 0; u < NV; u++) cp_kput<TI, TO, V>(dst + (u * CP_KTHREADS + lane) * V, in[u], scale);
+        for (int u = 0; u < NV; u++) cp_kput<TI, TO, V>(dst + (u * CP_KTHREADS + lane) * V, in[u], in_div, out_div);
         return;
     }
     for (long long j = j0 + (long long)lane * V; j < end; j += (long long)CP_KTHREADS * V) {
@@ -137,7 +149,7 @@ __host__ __device__ inline void cp_ktile(const Map &m, long long j0, long long e
         if (m.readable(j, V)) cp_kload<TI, V>(in, m.src(j));
         else
             for (int k = 0; k < V; k++) in.e[k] = m.readable(j + k, 1) ? m.src(j + k)[0] : cp_from_float<TI>(0.0f);
-        cp_kput<TI, TO, V>(m.dst(j), in, scale);
+        cp_kput<TI, TO, V>(m.dst(j), in, in_div, out_div);
     }
 }
 
@@ -203,7 +215,7 @@ __host__ __device__ inline void cp_copy_in_tile(const cp_kview &v, int shard_ran
 {
     cp_map_flat<TI, TO> m = { sharded, ag + (long long)shard_rank * v.unit.total, v.unit.total };
     long long j0 = b * CP_KTILE_OF(V), end = j0 + CP_KTILE_OF(V) < m.n ? j0 + CP_KTILE_OF(V) : m.n;
-    cp_ktile<TI, TO, V>(m, j0, end, lane, 1.0f);
+    cp_ktile<TI, TO, V>(m, j0, end, lane, 1.0f, 1.0f);
 }
 
 template <typename TI, typename TO, int V>
@@ -212,7 +224,7 @@ __host__ __device__ inline void cp_view_out_tile(const cp_kview &v, const TI *rs
 {
     cp_map_flat<TI, TO> m = { rs_out, sharded_grads, v.unit.total };
     long long j0 = b * CP_KTILE_OF(V), end = j0 + CP_KTILE_OF(V) < m.n ? j0 + CP_KTILE_OF(V) : m.n;
-    cp_ktile<TI, TO, V>(m, j0, end, lane, v.unit.post_divide);
+    cp_ktile<TI, TO, V>(m, j0, end, lane, v.unit.post_divide, 1.0f);
 }
 
 template <typename T, int V>
@@ -225,7 +237,7 @@ __host__ __device__ inline void cp_copy_out_tile(const cp_kview &v, const T *ag,
     cp_map_copy_out<T> m = { ag + (long long)r * v.unit.total + p.offset,
                              unsharded + (long long)v.W * p.offset + (long long)r * p.run, p.run,
                              (long long)v.W * p.run, p.outer };
-    cp_ktile<T, T, V>(m, j0, end, lane, 1.0f);
+    cp_ktile<T, T, V>(m, j0, end, lane, 1.0f, 1.0f);
 }
 
 template <typename TI, typename TO, int V>
@@ -243,7 +255,7 @@ __host__ __device__ inline void cp_pack_tile(const cp_kview &v, const TI *grads,
     m.numel = p.numel;
     m.rrun = (long long)r * p.run;
     m.out = rs_in + (long long)r * v.unit.total + p.offset;
-    cp_ktile<TI, TO, V>(m, j0, end, lane, v.unit.pre_divide);
+    cp_ktile<TI, TO, V>(m, j0, end, lane, 1.0f, v.unit.pre_divide);
 }
 
 /* Blocks of each op: one per tile. */
@@ -348,15 +360,15 @@ static cudaError_t cp_kto(int op, int to, const cp_kview &v, int shard_rank, con
     }
 }
 
-/* dtypes = { orig, ag, reduce } of the unit. */
-static inline cudaError_t cp_kdispatch_dtypes(int op, const cp_kview &v, const int dtypes[3], int shard_rank, const void *in,
+/* dtypes = { orig, ag, reduce, grad } of the unit. */
+static inline cudaError_t cp_kdispatch_dtypes(int op, const cp_kview &v, const int dtypes[4], int shard_rank, const void *in,
                                        void *out, cudaStream_t s, int host)
 {
     int ti, to;
     switch (op) {
     case CP_K_COPY_IN: ti = dtypes[0]; to = dtypes[1]; break;
     case CP_K_COPY_OUT: ti = dtypes[1]; to = dtypes[1]; break;
-    case CP_K_PACK: ti = dtypes[1]; to = dtypes[2]; break;
+    case CP_K_PACK: ti = dtypes[3]; to = dtypes[2]; break;
     default: ti = dtypes[2]; to = dtypes[0]; break;
     }
     switch (ti) {
@@ -375,7 +387,7 @@ struct cp_ktables {
     cp_kparam *host;   /* plan->nparams */
     cp_kparam *device; /* the same on the device */
     cp_kunit *units;   /* plan->nunits */
-    int (*dtypes)[3];  /* orig, ag, reduce per unit (cp_dtype codes) */
+    int (*dtypes)[4];  /* orig, ag, reduce, grad per unit (cp_dtype codes) */
 };
 
 static inline long long cp_ktile_elems(const cp_unit &u, int out_dtype)
@@ -401,7 +413,7 @@ static inline cudaError_t cp_ktables_build_host(cp_ktables *t, const cp_plan *p,
     size_t np = (size_t)(p->nparams > 0 ? p->nparams : 1), nu = (size_t)(p->nunits > 0 ? p->nunits : 1);
     cp_kparam *params = (cp_kparam *)calloc(np, sizeof *params);
     cp_kunit *units = (cp_kunit *)calloc(nu, sizeof *units);
-    int (*dtypes)[3] = (int (*)[3])calloc(nu, sizeof *dtypes);
+    int (*dtypes)[4] = (int (*)[4])calloc(nu, sizeof *dtypes);
     if (!params || !units || !dtypes) {
         free(params);
         free(units);
@@ -437,6 +449,7 @@ static inline cudaError_t cp_ktables_build_host(cp_ktables *t, const cp_plan *p,
         dtypes[u][0] = (int)U.orig_dtype;
         dtypes[u][1] = (int)U.ag_dtype;
         dtypes[u][2] = (int)U.reduce_dtype;
+        dtypes[u][3] = (int)U.grad_dtype;
     }
     t->units = units;
     t->dtypes = dtypes;

@@ -514,7 +514,7 @@ static void *param_ptr(cp_gpu *g, int param, cp_buffer kind)
     char *base = g->ex.buf[kind][u];
     switch (kind) {
     case CP_BUF_UNSHARDED: return base + (size_t)(g->plan->shard_size * prm->offset) * cp_dtype_size(U->ag_dtype);
-    case CP_BUF_GRADS: return base + (size_t)prm->grad_offset * cp_dtype_size(U->ag_dtype);
+    case CP_BUF_GRADS: return base + (size_t)prm->grad_offset * cp_dtype_size(U->grad_dtype);
     default: return base + (size_t)prm->offset * cp_dtype_size(U->orig_dtype);
     }
 }

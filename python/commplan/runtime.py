@@ -21,8 +21,9 @@ What it does, as FSDP2's fully_shard does it:
   current stream: unshard in the unit's forward pre-hook and in its pre-backward hook (a grad
   hook on the unit's outputs), reshard after forward where the plan reshards, and after the
   unit's last parameter gradient arrives: copy the gradients into the plan's unsharded-grads
-  buffer (first micro-batch) or add them (later ones, for plans with micro_steps > 1), reshard,
-  and reduce where the plan reduces;
+  buffer (first micro-batch) or add them (later ones, for plans with micro_steps > 1, in the
+  unit's grad_dtype: reduce_dtype, as FSDP2's unsharded_accumulated_grad), reshard, and reduce
+  where the plan reduces;
 * sets each sharded parameter's .grad to this rank's reduced shard (a view of the plan's
   sharded-grads storage, zero copy); a later reduce before the optimizer consumed it (gradient
   accumulation as torchtitan does it: reduce-scatter every micro-batch) first moves the
@@ -338,7 +339,9 @@ class CommplanFSDP:
                 P.sharded = nn.Parameter(flat[:nvalid].view(local), requires_grad=p.requires_grad)
                 P.unsharded = nn.Parameter(self.lib.tensor("unsharded", pindex, numel, ag).view(shape),
                                            requires_grad=p.requires_grad)
-                P.grad_buf = self.lib.tensor("grad", pindex, numel, ag).view(shape)
+                # in the unit's grad_dtype: reduce_dtype where micro-batches accumulate (FSDP2's
+                # unsharded_accumulated_grad: copy_ casts the first, add_ sums later ones there)
+                P.grad_buf = self.lib.tensor("grad", pindex, numel, pu.get("grad_dtype", ag)).view(shape)
                 P.shard_grad = self.lib.tensor("sharded_grad", pindex, meta["padded_numel"],
                                                meta["dtype"])[:nvalid].view(local)
                 P.alias = None

@@ -14,9 +14,10 @@
 #include "cp_gpu_kernels.h"
 #include "host.h"
 
-extern "C" const cp_plan fsdp8_uneven_plan, hsdp2x3_bf16_plan, hsdp4x2_fp16_plan, llama_tiny_plan, kernels_big_plan;
+extern "C" const cp_plan fsdp8_uneven_plan, hsdp2x3_bf16_plan, hsdp4x2_fp16_plan, llama_tiny_plan, kernels_big_plan,
+    kernels_all_dtypes_plan;
 extern "C" const cp_gpu_kernels fsdp8_uneven_kernels, hsdp2x3_bf16_kernels, hsdp4x2_fp16_kernels, llama_tiny_kernels,
-    kernels_big_kernels;
+    kernels_big_kernels, kernels_all_dtypes_kernels;
 
 static int failures, checks, device_checks;
 static int have_device = -1;
@@ -95,8 +96,10 @@ static void check_copy(const cp_plan *p, cp_backend *ref, const cp_gpu_kernels *
 {
     /* p is the rank's view: its TP class's layout. */
     const cp_unit *U = &p->units[u];
-    cp_dtype in_t = kernel == CP_KERNEL_COPY_IN ? U->orig_dtype : kernel == CP_KERNEL_VIEW_OUT ? U->reduce_dtype
-                                                                                              : U->ag_dtype;
+    cp_dtype in_t = kernel == CP_KERNEL_COPY_IN    ? U->orig_dtype
+                    : kernel == CP_KERNEL_VIEW_OUT ? U->reduce_dtype
+                    : kernel == CP_KERNEL_PACK     ? U->grad_dtype
+                                                   : U->ag_dtype;
     size_t in_bytes = (size_t)cp_arena_buffer_bytes(p, u, in_kind);
     size_t out_bytes = (size_t)cp_arena_buffer_bytes(p, u, out_kind);
     std::vector<unsigned char> in(in_bytes + 1), want(out_bytes + 1, CP_POISON_BYTE), out0(out_bytes + 1, CP_POISON_BYTE);
@@ -139,6 +142,8 @@ int main(void)
     check_plan(&hsdp4x2_fp16_plan, &hsdp4x2_fp16_kernels);
     check_plan(&llama_tiny_plan, &llama_tiny_kernels);
     check_plan(&kernels_big_plan, &kernels_big_kernels);
+    /* every (orig, param, reduce) dtype triple; fp16 divides by 4 then 1.5 (HSDP 2 x 3) */
+    check_plan(&kernels_all_dtypes_plan, &kernels_all_dtypes_kernels);
     printf("kernels vs host reference: %d checks on the CPU, %d on the device, %d failed\n", checks, device_checks,
            failures);
     if (!device_available()) printf("SKIP device kernel launches: no CUDA device here (%s)\n", no_device_reason);

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "commplan.h"
+#include "host.h"
 #include "launch.h"
 #include "simulate.h"
 #include "fake_env.h"
@@ -255,6 +256,195 @@ static void test_compute_on_resharded_params_fails(void **state)
 }
 
 
+/* ---- FSDP2's gradient arithmetic on hand-built one-rank plans ----
+ * One unit, one parameter of 4 elements, run by the executor over the host
+ * backend: copy-in, all-gather and copy-out, a backward per micro-step
+ * (the test's callback writes the grads), packing, the (one-rank)
+ * reduce-scatter and the view-out. FSDP2's foreach_reduce casts the grads
+ * to reduce_dtype, pre-divides there, reduces, post-divides there and only
+ * then casts to the parameter's dtype; expected values are worked out by
+ * hand from that, not by the code under test. */
+enum { HAND_NUMEL = 4 };
+
+static const cp_group_family hand_families[1] = { { .name = "world", .axis_mask = 0x1u, .size = 1 } };
+static const cp_param hand_params[1] = { { .name = "w", .ndim = 1, .shape = { HAND_NUMEL }, .numel = HAND_NUMEL,
+                                           .chunk = HAND_NUMEL, .outer = 1, .run = HAND_NUMEL,
+                                           .padded = HAND_NUMEL } };
+
+static cp_unit hand_unit(cp_dtype orig, cp_dtype ag, cp_dtype reduce, cp_dtype grad, double pre, double post)
+{
+    cp_unit u = { .name = "u", .first_param = 0, .nparams = 1, .total = HAND_NUMEL, .numel = HAND_NUMEL,
+                  .grads_numel = 8, .orig_dtype = orig, .ag_dtype = ag, .reduce_dtype = reduce, .grad_dtype = grad,
+                  .is_root = 1, .rs_op = CP_SUM, .ar_op = CP_SUM, .pre_divide = pre, .post_divide = post,
+                  /* every buffer apart (act unused) */
+                  .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 256, [CP_BUF_GRADS] = 512,
+                                    [CP_BUF_RS_IN] = 768, [CP_BUF_RS_OUT] = 1024, [CP_BUF_ACT] = 0 } };
+    return u;
+}
+
+/* The step of a one-rank plan with `micro` micro-steps: unshard once, a
+ * forward and a backward per micro-step, then reshard and reduce. */
+static int hand_ops(cp_op *ops, int micro, const cp_unit *u)
+{
+    int n = 0;
+    ops[n++] = (cp_op){ .kind = CP_OP_COPY_IN, .family = -1, .stream = CP_STREAM_COPY_IN, .event = -1 };
+    ops[n++] = (cp_op){ .kind = CP_OP_ALL_GATHER, .family = -1, .stream = CP_STREAM_COPY_IN, .dtype = u->ag_dtype,
+                        .count = u->total, .event = -1 };
+    ops[n++] = (cp_op){ .kind = CP_OP_COPY_OUT, .family = -1, .stream = CP_STREAM_COMPUTE, .event = -1 };
+    for (int m = 0; m < micro; m++) {
+        ops[n++] = (cp_op){ .kind = CP_OP_FORWARD, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = m,
+                            .event = -1 };
+        ops[n++] = (cp_op){ .kind = CP_OP_BACKWARD, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = m,
+                            .event = -1 };
+    }
+    ops[n++] = (cp_op){ .kind = CP_OP_RESHARD, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = micro - 1,
+                        .event = -1 };
+    ops[n++] = (cp_op){ .kind = CP_OP_PACK, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = micro - 1,
+                        .event = -1 };
+    ops[n++] = (cp_op){ .kind = CP_OP_REDUCE_SCATTER, .family = -1, .stream = CP_STREAM_COMPUTE,
+                        .dtype = u->reduce_dtype, .count = u->total, .micro_step = micro - 1, .event = -1 };
+    ops[n++] = (cp_op){ .kind = CP_OP_VIEW_OUT, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = micro - 1,
+                        .event = -1 };
+    return n;
+}
+
+static cp_plan hand_plan(const cp_unit *u, cp_op *ops, int micro)
+{
+    cp_plan p = { .name = "hand", .fingerprint = "0", .world_size = 1, .mesh_ndim = 1, .mesh_names = { "dp_shard" },
+                  .mesh_sizes = { 1 }, .shard_size = 1, .replicate_size = 1, .shard_family = -1,
+                  .replicate_family = -1, .micro_steps = micro, .nunits = 1, .units = u, .nparams = 1,
+                  .params = hand_params, .nfamilies = 1, .families = hand_families, .ops = ops,
+                  .arena_bytes = 1280, .tp_size = 1, .tp_mesh_dim = -1 };
+    p.nops = hand_ops(ops, micro, u);
+    return p;
+}
+
+/* Runs one step of a one-rank plan (shards zero) with `backward` as the
+ * compute callback; the unit's sharded grads as floats into out. */
+static void run_hand_plan(const cp_plan *p, cp_compute_fn backward, void *user, float out[HAND_NUMEL])
+{
+    cp_host_world *w = cp_host_world_create(p);
+    assert_non_null(w);
+    cp_backend b;
+    cp_host_backend_init(&b, w, 0);
+    cp_executor ex = { .quiet = 0 };
+    assert_int_equal(cp_executor_init(&ex, p, 0, &b), 0);
+    ex.on_compute = backward;
+    ex.user = user;
+    unsigned char zeros[HAND_NUMEL * 4] = { 0 }, got[HAND_NUMEL * 4];
+    assert_int_equal(cp_executor_write(&ex, CP_STREAM_COMPUTE, 0, CP_BUF_SHARDED, zeros), 0);
+    assert_int_equal(cp_executor_step(&ex), 0);
+    assert_int_equal(cp_executor_read(&ex, CP_STREAM_COMPUTE, 0, CP_BUF_SHARDED_GRADS, got), 0);
+    for (int i = 0; i < HAND_NUMEL; i++) out[i] = cp_load(p->units[0].orig_dtype, got, i);
+    cp_executor_free(&ex);
+    cp_host_world_destroy(w);
+}
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+#define assert_float_bits(got, want)                                                                                   \
+    do {                                                                                                               \
+        float g_ = (got), w_ = (want);                                                                                 \
+        if (f32_bits(g_) != f32_bits(w_))                                                                              \
+            fail_msg("%s = %.12g (0x%08x), want %.12g (0x%08x)", #got, (double)g_, f32_bits(g_), (double)w_,          \
+                     f32_bits(w_));                                                                                    \
+    } while (0)
+
+/* The backward writes these fp32 grads (one micro-step). */
+static int write_fixed_grads(void *user, cp_executor *ex, const cp_op *op)
+{
+    if (op->kind != CP_OP_BACKWARD) return 0;
+    return cp_executor_write(ex, op->stream, op->unit, CP_BUF_GRADS, user);
+}
+
+/* fp32 parameter and grads reduced in fp16 over 6 data-parallel ranks:
+ * FSDP2 pre-divides by 4 and post-divides by 1.5 (_get_gradient_divide_factors).
+ * One rank stands in for the sum (the reduce-scatter of one rank is the identity). */
+static void test_divides_in_reduce_dtype_then_cast(void **state)
+{
+    (void)state;
+    cp_unit u = hand_unit(CP_FP32, CP_FP32, CP_FP16, CP_FP32, 4.0, 1.5);
+    cp_op ops[16];
+    cp_plan p = hand_plan(&u, ops, 1);
+    const float grads[8] = {
+        4.0f,         /* fp16 1.0 after the pre-divide; 1.0 / 1.5 in fp16 is 0x1.554p-1 = 0.66650390625
+                       * (the issue's example; dividing in fp32 and rounding once gave 0.6666666865) */
+        6.0f,         /* 1.5, then exactly 1.0 */
+        0x1.017p-14f, /* 1029.75 * 2^-24: cast to fp16 first (1030 units of 2^-24), / 4 = 257.5 units, a tie in
+                       * fp16's subnormals: 258 units; / 1.5 = 172 units exactly = 0x1.58p-17
+                       * (divided before the cast: 257 units, then 171.33 units in fp32) */
+        131072.0f,    /* beyond fp16: inf before the pre-divide can help, as FSDP2 casts first */
+    };
+    float got[HAND_NUMEL];
+    run_hand_plan(&p, write_fixed_grads, (void *)grads, got);
+    assert_float_bits(got[0], 0.66650390625f);
+    assert_float_bits(got[1], 1.0f);
+    assert_float_bits(got[2], 0x1.58p-17f);
+    assert_float_bits(got[3], __builtin_inff());
+}
+
+/* What the simulation's backward does (the harness's): the checker's
+ * pattern grads into the grads buffer, accumulated on later micro-steps. */
+static int checker_backward(void *user, cp_executor *ex, const cp_op *op)
+{
+    cp_checker *c = user;
+    if (op->kind != CP_OP_BACKWARD) return 0;
+    unsigned char buf[8 * 4];
+    if (op->micro_step > 0 && cp_executor_read(ex, op->stream, op->unit, CP_BUF_GRADS, buf)) return -1;
+    cp_checker_add_grads(c, op->unit, op->micro_step, buf);
+    return cp_executor_write(ex, op->stream, op->unit, CP_BUF_GRADS, buf);
+}
+
+static float bf16_round(double v) { return cp_bf16_to_float(cp_float_to_bf16((float)v)); }
+
+/* Micro-steps accumulate the unsharded grads in reduce_dtype, FSDP2's
+ * unsharded_accumulated_grad: bf16 grads summed in fp32 (to_accumulated_grad
+ * casts up, later micro-steps add in fp32), and fp32 grads with a bf16
+ * reduce_dtype summed in bf16. Expected: the pattern's per-micro-step grads
+ * (rounded to the compute dtype) summed in double and rounded once to the
+ * reduce dtype, worked out here; the simulation's 16-bit pattern makes odd
+ * micro-steps 64 times smaller so that bf16 sums must round. */
+static void test_micro_steps_accumulate_in_reduce_dtype(void **state)
+{
+    (void)state;
+    const struct {
+        cp_dtype ag, reduce;
+    } cases[2] = { { CP_BF16, CP_FP32 }, { CP_FP32, CP_BF16 } };
+    for (int k = 0; k < 2; k++) {
+        cp_dtype ag = cases[k].ag, red = cases[k].reduce;
+        cp_unit u = hand_unit(CP_FP32, ag, red, red, 1.0, 1.0);
+        cp_op ops[16];
+        cp_plan p = hand_plan(&u, ops, 2);
+        assert_int_equal(cp_arena_buffer_bytes(&p, 0, CP_BUF_GRADS), 8 * (int64_t)cp_dtype_size(red));
+        cp_checker c;
+        assert_int_equal(cp_checker_init(&c, &p, CP_PATTERN_UNIQUE, 0), 0);
+        float got[HAND_NUMEL];
+        run_hand_plan(&p, checker_backward, &c, got);
+        int rounds_in_ag = 0;
+        for (int e = 0; e < HAND_NUMEL; e++) {
+            double g[2];
+            for (int m = 0; m < 2; m++) {
+                float v = cp_pattern_grad(CP_PATTERN_UNIQUE, ag, 0, e, 0, m, 0);
+                g[m] = ag == CP_BF16 ? bf16_round(v) : v;
+            }
+            /* fp32 sum of two bf16 values < 2^16 apart in scale: exact in a double, and in fp32 here. */
+            float want = red == CP_FP32 ? (float)(g[0] + g[1]) : bf16_round(bf16_round(g[0]) + g[1]);
+            if (red == CP_FP32) assert_true((double)want == g[0] + g[1]);
+            assert_float_bits(got[e], want);
+            rounds_in_ag += ag == CP_BF16 && bf16_round(g[0] + g[1]) != want;
+        }
+        /* The case is sensitive: accumulating in bf16 would have rounded. */
+        if (ag == CP_BF16) assert_true(rounds_in_ag > 0);
+        assert_int_equal(c.mismatches, 0);
+        cp_checker_free(&c);
+    }
+}
+
 /* Walking a plan's own op list, every unshard is accepted by the library's
  * order check (a library unshard does copy-in, all-gather and copy-out at
  * once, where the plan's copy-out is); unsharding a unit whose bytes a live unit holds is
@@ -373,6 +563,8 @@ int main(void)
         cmocka_unit_test(test_missing_all_reduce_is_caught),
         cmocka_unit_test(test_compute_on_resharded_params_fails),
         cmocka_unit_test(test_arena_library_order),
+        cmocka_unit_test(test_divides_in_reduce_dtype_then_cast),
+        cmocka_unit_test(test_micro_steps_accumulate_in_reduce_dtype),
         cmocka_unit_test(test_launch_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -67,6 +67,26 @@ function T.reduction_factors()
   H.eq(six.pre_divide, 4, "pre for 6 overshoots"); H.eq(six.post_divide, 1.5, "post for 6")
 end
 
+-- FSDP2 accumulates unsharded grads over micro-steps in reduce_dtype
+-- (FSDPParam.unsharded_accumulated_grad): the grads buffer takes that dtype
+-- (and its bytes) when micro-steps accumulate, ag_dtype otherwise.
+function T.micro_steps_accumulate_grads_in_reduce_dtype()
+  local units = { { "root", { { "w", { 10, 3 } }, { "b", { 5 } } } } }
+  local function unit_of(fsdp)
+    local p = plan.from_source(H.generic(2, "{ dp_shard = 2 }", units, fsdp), "t.lua")
+    return p.layout.units[1], p.arena.by_unit[0].grads.bytes
+  end
+  local u, bytes = unit_of("{ param_dtype = 'bf16', reduce_dtype = 'fp32', micro_steps = 2 }")
+  H.eq(u.ag_dtype, "bf16"); H.eq(u.grad_dtype, "fp32", "accumulated in reduce_dtype")
+  H.eq(u.grads_numel, 40, "w at 0, b at 32 (8-aligned)")
+  H.eq(bytes, 40 * 4, "grads buffer bytes in fp32")
+  u, bytes = unit_of("{ param_dtype = 'bf16', reduce_dtype = 'fp32' }")
+  H.eq(u.grad_dtype, "bf16", "one micro-step: autograd's dtype")
+  H.eq(bytes, 40 * 2, "grads buffer bytes in bf16")
+  u = unit_of("{ reduce_dtype = 'bf16', micro_steps = 3 }")
+  H.eq(u.ag_dtype, "fp32"); H.eq(u.grad_dtype, "bf16", "a narrower reduce_dtype too (to_accumulated_grad casts down)")
+end
+
 function T.mixed_dtype_unit_rejected()
   local src = [[return { world_size = 2, parallel = { dp_shard = 2 }, model = { family = "generic", units = {
     { name = "root", params = { { name = "a", shape = { 4 } }, { name = "b", shape = { 4 }, dtype = "bf16" } } } } } }]]

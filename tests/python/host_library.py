@@ -38,7 +38,7 @@ class HostLibrary:
                 self.buf["sharded"].append(torch.full((p["padded_numel"],), nan, dtype=DT[p["dtype"]]))
                 self.buf["sharded_grad"].append(torch.full((p["padded_numel"],), nan, dtype=DT[p["dtype"]]))
                 self.buf["unsharded"].append(torch.full((p["numel"],), nan, dtype=DT[u["ag_dtype"]]))
-                self.buf["grad"].append(torch.full((p["numel"],), nan, dtype=DT[u["ag_dtype"]]))
+                self.buf["grad"].append(torch.full((p["numel"],), nan, dtype=DT[u.get("grad_dtype", u["ag_dtype"])]))
             self.units.append((u, idx))
 
     def tensor(self, kind, param, numel, dtype):
