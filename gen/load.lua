@@ -406,12 +406,11 @@ function load_plan.normalize(ctx, raw)
   f.micro_steps = f.micro_steps or 1
   f.reduce_op = f.reduce_op or "avg"
   local t = plan.topology
-  local nodes_given = t.gpus_per_node ~= nil
+  ctx.nodes_given = t.gpus_per_node ~= nil
   t.gpus_per_node = t.gpus_per_node or 8
   t.intra_node_GBps = t.intra_node_GBps or 360   -- NVLink4 busbw seen by nccl-tests on H100 SXM
   t.inter_node_GBps = t.inter_node_GBps or 45    -- 400 Gb/s NIC per GPU, ~90% efficiency
   t.latency_us = t.latency_us or 10
-  load_plan.check_nodes(ctx, plan.world_size, t.gpus_per_node, nodes_given)
   return plan
 end
 
@@ -419,6 +418,7 @@ end
 -- with one --nproc-per-node lays them out), so a world of several nodes is
 -- whole nodes. A world inside one node may use part of it (a 4-GPU job on
 -- an 8-GPU node): SCHEDULE.md says so among its warnings.
+-- (gen/plan.lua calls it after the dims stage, whose refusals come first.)
 function load_plan.check_nodes(ctx, world, gpus_per_node, given)
   if world > gpus_per_node and world % gpus_per_node ~= 0 then
     util.field_error(ctx, given and "topology.gpus_per_node" or "world_size", string.format(
