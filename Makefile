@@ -40,8 +40,13 @@ RUNTIME_SRC := runtime/harness.c runtime/arena.c runtime/launch.c runtime/rendez
 RUNTIME_HDR := $(wildcard runtime/*.h)
 RUNTIME_OBJ := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRC))
 GEN_SRC     := $(wildcard gen/*.lua gen/models/*.lua) $(wildcard templates/*.in)
-SMALL_PLANS := $(filter-out plans/llama%.lua,$(wildcard plans/*.lua))
-ALL_PLANS   := $(wildcard plans/*.lua)
+# Plan files whose names are [A-Za-z0-9_]+ only: a name holding $(, a
+# space or a quote never reaches a rule, an eval or a shell (a word of a
+# name with spaces is dropped unless it is itself a plan file).
+cp_plan_ok   = $(if $(call cp_strip,$(1),$(cp_word)),,$(if $(wildcard plans/$(1).lua),$(1)))
+ALL_PLAN_NAMES := $(foreach n,$(basename $(notdir $(wildcard plans/*.lua))),$(call cp_plan_ok,$(n)))
+SMALL_PLANS := $(patsubst %,plans/%.lua,$(filter-out llama%,$(ALL_PLAN_NAMES)))
+ALL_PLANS   := $(patsubst %,plans/%.lua,$(ALL_PLAN_NAMES))
 
 .PHONY: all deps deps-test test test-lua test-c test-e2e test-oracle test-cli check-generated lint clean regen-all diff-plan advise
 
