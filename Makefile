@@ -416,3 +416,38 @@ endef
 KHOST_DEVICE_WORDS := -D__CUDA_ARCH__=900 -DCP_KHOST_DEVICE_WORDS -fno-strict-aliasing
 $(eval $(call khost_test,build/tests,-O2 -g,,))
 $(eval $(call khost_test,build/tests-asan,$(SAN) -O1 -g,$(KHOST_DEVICE_WORDS),-fno-sanitize=alignment))
+
+# ---- live FSDP2 peer (issue 16, items 1 and 2) ----
+# make torch-env: the pinned PyTorch environment the live peer runs in, a
+# virtual environment outside the clone at
+# ${COMMPLAN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/commplan}/torch-env,
+# built from python/requirements-live.txt under a lock and only when that
+# file changes (tests/live/torch_env.sh; README: cost and removal). make
+# test runs the same script (tests/run.sh) and prints SKIP where the
+# package registry cannot be reached.
+# make test-live: PyTorch's fully_shard on gloo, one process per rank
+# (tests/live/record.py), against the binary's --simulate --pattern oracle
+# --dump, element for element (tests/live/live.py): every small plan and
+# then random generic plans SEEDS (default 1-200). SEEDS=a-b runs only
+# those seeds, SEEDS=n reruns one verbosely and keeps its files under
+# build/live/; PLANS="fsdp4 hsdp2x2" runs only those plans. TREE=<checkout>
+# builds the binaries from another checkout's generator and runtime.
+.PHONY: torch-env test-live
+torch-env:
+	@tests/live/torch_env.sh
+test-live:
+	$(if $(call cp_strip,$(value SEEDS),0 1 2 3 4 5 6 7 8 9 -),$(error SEEDS=$(value SEEDS): give a seed (7) or a range (1-200)))
+	$(if $(call cp_strip,$(value PLANS),$(cp_word)),$(error PLANS: plan names, [A-Za-z0-9_] separated by spaces))
+	$(if $(value TREE),$(if $(call cp_bad_path,$(value TREE)),$(error TREE: a directory named with A-Z a-z 0-9 _ . / + - only)))
+	@out=$$(tests/live/torch_env.sh --python); rc=$$?; \
+	if [ $$rc = 3 ]; then echo "SKIP test-live: $${out#torch-env: }"; exit 1; elif [ $$rc != 0 ]; then echo "$$out"; exit 1; fi; \
+	py=$$(printf '%s\n' "$$out" | tail -n 1); \
+	printf '%s\n' "$$out" | head -n 1; \
+	tree='$(if $(value TREE),--tree $(value TREE))'; \
+	if [ -n '$(value SEEDS)' ]; then \
+	  case '$(value SEEDS)' in *-*) exec "$$py" tests/live/live.py seeds '$(value SEEDS)' $$tree ;; \
+	  *) exec "$$py" tests/live/live.py seed '$(value SEEDS)' $$tree ;; esac; \
+	elif [ -n '$(value PLANS)' ]; then exec "$$py" tests/live/live.py plans $(value PLANS) $$tree; \
+	else "$$py" tests/live/live.py plans $$tree; a=$$?; "$$py" tests/live/live.py seeds 1-200 $$tree; b=$$?; \
+	  [ $$a = 0 ] && [ $$b = 0 ]; fi
+# ---- end of live FSDP2 peer ----

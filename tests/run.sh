@@ -241,6 +241,41 @@ run "oracle fsdp3 on NCCL: gloo's arithmetic does not (10 where NCCL gives 10.00
   [ "$rc" = 1 ] && printf "%s" "$out" | grep -q "grads_local .*: element [0-9]* is 10, recording has 10.000000953674316" &&
     printf "%s" "$out" | grep -q "^oracle fsdp3: 3 ranks, [0-9]* checks, [1-9][0-9]* mismatches"' _ "$LUA"
 
+# ---- live FSDP2 peer (issue 16, items 1 and 2) ----
+# PyTorch's fully_shard on gloo, one process per rank, against the binary's
+# --simulate --pattern oracle --dump, element for element (tests/live/):
+# the pinned environment first (what make torch-env runs:
+# tests/live/torch_env.sh, built once per machine outside the clone), then
+# every small plan, then the property test (random generic plans from seed
+# LIVE_SEED_FROM, default 1, for LIVE_SECONDS, default 180). Where the
+# package registry cannot be reached each prints SKIP, never ok.
+echo "== live FSDP2 peer: PyTorch's fully_shard on gloo vs the binary's --dump (tests/live/)"
+live_out=$(tests/live/torch_env.sh --python 2>&1); live_rc=$?
+live_py=$(printf '%s\n' "$live_out" | tail -n 1)
+live_check() {  # NAME CMD...: ok or FAIL, then the run's closing line
+  local name=$1 f; shift; f=$(logname "$name")
+  if "$@" >"$f" 2>&1; then ok "$name"; else bad "$name" "$f"; fi
+  grep -h "^live \(plans\|seeds\): " "$f" | sed "s/^/        /"
+}
+live_plans="live FSDP2 vs every small plan in plans/ and tests/plans/ (tests/live/live.py plans)"
+live_seeds="live FSDP2 property test: random generic plans from seed ${LIVE_SEED_FROM:-1} for ${LIVE_SECONDS:-180} s (tests/live/live.py seeds)"
+if [ "$live_rc" = 0 ]; then
+  ok "torch-env: $(printf '%s\n' "$live_out" | sed -n 's/^torch-env: torch /torch /p' | head -n 1)"
+  live_check "$live_plans" timeout 1800 "$live_py" tests/live/live.py plans
+  live_check "$live_seeds" timeout $(( ${LIVE_SECONDS:-180} + 300 )) "$live_py" tests/live/live.py seeds \
+    "${LIVE_SEED_FROM:-1}-$(( ${LIVE_SEED_FROM:-1} + 99999 ))" --budget "${LIVE_SECONDS:-180}"
+elif [ "$live_rc" = 3 ]; then
+  live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
+  skipped "torch-env (make torch-env)" "$live_why"
+  skipped "$live_plans" "$live_why"
+  skipped "$live_seeds" "$live_why"
+else
+  f=$(logname "torch-env (make torch-env)"); printf '%s\n' "$live_out" >"$f"; bad "torch-env (make torch-env)" "$f"
+  skipped "$live_plans" "no torch environment (torch-env failed above)"
+  skipped "$live_seeds" "no torch environment (torch-env failed above)"
+fi
+# ---- end of live FSDP2 peer ----
+
 echo "== bad input: one line, exit 2, nothing written"
 bad_plan() {  # name, plan text, expected substring
   local name=$1 text=$2 want=$3 dir=build/bad/$1

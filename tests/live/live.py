@@ -23,6 +23,7 @@ import queue
 import random
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -333,7 +334,7 @@ CAUSES = {
     "shards": "local parameter shards",
     "ag_input": "all-gather input (the parameter shard's cast)",
     "rs_input": "reduce-scatter input (packing: micro-step accumulation dtype, the reduce cast, the pre-divide)",
-    "ar_input": "all-reduce input",
+    "ar_input": "all-reduce input (dp_shard 1: the packing, as for a reduce-scatter input)",
     "arith": "collective arithmetic (same inputs, different sums: the host backend's reduction vs gloo's)",
     "viewout": "sharded grads with every collective equal (view-out: the post-divide and the cast back)",
 }
@@ -618,6 +619,7 @@ def main():
     if a.tree:
         TREE = os.path.abspath(a.tree)
     t_start = time.time()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below: stop the ranks
     pool = Pool()
     pool.start()
     print(f"live: torch {pool.torch_version}, {POOL_RANKS} gloo rank processes started in {time.time() - t_start:.1f} s",

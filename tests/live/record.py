@@ -38,6 +38,7 @@ Sharded grads are set to None before every step (optimizer.zero_grad()).
 """
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -426,8 +427,7 @@ def run_job(rank, job):
             if tuple(loc.shape) != tuple(local.shape):
                 raise AssertionError(f"{q['name']}: local shard {tuple(loc.shape)}, expected {tuple(local.shape)}")
             want = param_values(pattern, loc.dtype, k, pbase, local, 0)
-            if not torch.equal(loc.detach().view(torch.int8) if loc.dtype != torch.float32 else loc.detach(),
-                               want.view(torch.int8) if want.dtype != torch.float32 else want):
+            if not torch.equal(loc.detach().float(), want.float()):
                 raise AssertionError(f"{q['name']}: fully_shard's local shard is not the torch.chunk of its TP-local tensor")
             um.append((q, k, local, tp_local.contiguous(), pbase, DTYPES[u["ag_dtype"]]))
         maps.append(um)
@@ -510,8 +510,14 @@ def worker_main(rank, nranks, init_file, jobs, results, timeout_s):
                             timeout=timedelta(seconds=timeout_s))
     install_hooks()
     results.put(("ready", rank, None, torch.__version__))
+    parent = os.getppid()
     while True:
-        job = jobs.get()
+        try:
+            job = jobs.get(timeout=5)
+        except queue.Empty:
+            if os.getppid() != parent:  # the driver is gone: do not linger
+                break
+            continue
         if job is None:
             break
         t0 = time.time()
