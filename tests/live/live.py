@@ -415,8 +415,17 @@ def gen_seed(seed, attempt=0):
     """A random generic plan for this seed (attempt > 0: the generator
     refused the earlier draws). Returns (lua text, steps, description)."""
     rng = random.Random(seed * 1000 + attempt)
-    kind = rng.choice(["fsdp", "fsdp", "hsdp", "hsdp", "fsdp_tp", "hsdp_tp", "ddp", "fsdp_odd", "hsdp_odd"])
+    # mp_divide and mp_accum aim at the two dtype questions of issue 16:
+    # fp16 reduction over 3, 5, 6 or 7 ranks (a post-divide of 1.5, 2.5,
+    # 3.5) back into fp32/bf16, and 16-bit compute with an fp32 reduce
+    # over 5-8 micro-steps (sums that 16 bits cannot hold).
+    kind = rng.choice(["fsdp", "fsdp", "hsdp", "hsdp", "fsdp_tp", "hsdp_tp", "ddp", "fsdp_odd", "hsdp_odd",
+                       "mp_divide", "mp_accum"])
     R = S = T = 1
+    if kind == "mp_divide":
+        R, S = rng.choice([(1, 3), (1, 5), (1, 6), (1, 7), (2, 3), (3, 2)])
+    elif kind == "mp_accum":
+        R, S, T = rng.choice([(1, 8, 1), (2, 4, 1), (1, 4, 2), (2, 2, 2), (1, 6, 1), (4, 2, 1)])
     if kind == "fsdp":
         S = rng.choice([1, 2, 3, 4, 5, 6, 7, 8])
     elif kind == "fsdp_odd":  # shard groups that are not powers of two: fp16's post-divide 1.5, 2.5, 3.5
@@ -477,6 +486,25 @@ def gen_seed(seed, attempt=0):
             if rng.random() < 0.8:
                 u["reduce_dtype"] = rng.choice(dts)
         units.append(u)
+    if kind in ("mp_divide", "mp_accum"):
+        if kind == "mp_divide":
+            micro = rng.choice([1, 1, 2])
+        else:
+            micro = rng.randint(5, 8)
+        plan_mp = {}
+        for u in units:
+            if rng.random() < 0.75:
+                if kind == "mp_divide":
+                    orig, ag, red = rng.choice(["fp32", "bf16"]), rng.choice([None, "fp32"]), "fp16"
+                else:
+                    orig, ag, red = rng.choice(["fp32", "fp32", "bf16"]), rng.choice(["bf16", "bf16", "fp16"]), "fp32"
+                for p in u["params"]:
+                    p["dtype"] = orig
+                u.pop("param_dtype", None)
+                u.pop("reduce_dtype", None)
+                if ag:
+                    u["param_dtype"] = ag
+                u["reduce_dtype"] = red
     if T > 1 and not any_tp:  # TP over a model with no TP placement is refused
         for u in units:
             for p in u["params"]:
@@ -513,6 +541,8 @@ def gen_seed(seed, attempt=0):
         lines.append(f"    {lua(u)},")
     lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
     pattern = "unique" if rng.random() < 0.5 else "oracle"
+    if kind == "mp_divide":  # the oracle pattern's sums divide exactly by 1.5, 2.5 and 3.5
+        pattern = "unique"
     desc = (f"{kind} {'x'.join(str(x) for x in (R, S, T))}, {n_units}+root units, micro {micro}, steps {steps}, "
             f"{reduce_op}, pattern {pattern}")
     return "\n".join(lines) + "\n", steps, desc, pattern
@@ -580,7 +610,8 @@ def check_one(pool, name, binary, plan_json, steps, accumulation=None, verbose=F
                   "pattern": pattern, "unique_scaled": unique_scaled()})
     t_live = time.time() - t0
     if e:
-        return False, "the live FSDP2 peer failed", e.splitlines()[-25:], {"peer": []}
+        last = e.strip().splitlines()[-1] if e.strip() else "?"
+        return False, f"the live FSDP2 peer failed: {last}", e.splitlines()[-25:], {"peer": [last[:120]]}
     unit_of = {q["name"]: u["name"] for u in plan["units"] for q in u["params"]}
     checks, bad, skipped, causes = compare(name, world, rec, dump, unit_of=unit_of)
     if acc == "sync_last" and plan["fsdp"].get("micro_steps", 1) >= 1:
