@@ -364,12 +364,11 @@ def causes_of(diverged):
 # ----------------------------------------------------------- accumulation
 
 def accumulation_of(plan):
-    """The gradient-accumulation mode the plan declares. No plan option
-    exists yet (issue 16 item 3): a plan reduces on its last micro-step
-    only, which is FSDP2 under set_requires_gradient_sync(False) on the
-    others. When plan.json's fsdp gains `grad_accumulation` (values
-    "fsdp2_default" | "sync_last" | "all_reduce_last", or the names below)
-    it is read here."""
+    """The gradient-accumulation mode plan.json's fsdp.grad_accumulation
+    names ("fsdp2_default" | "sync_last", and "all_reduce_last" should HSDP's
+    deferred all-reduce become one). A plan without the field (binaries
+    before issue 16 item 3) reduces on its last micro-step only and
+    overwrites: FSDP2 under set_requires_gradient_sync(False) on the others."""
     v = plan.get("fsdp", {}).get("grad_accumulation")
     alias = {None: "sync_last", "every": "fsdp2_default", "reduce_every_micro_step": "fsdp2_default",
              "no_sync": "sync_last", "defer_reduce": "sync_last", "defer_all_reduce": "all_reduce_last"}
@@ -410,6 +409,15 @@ def plan_size(plan_json):
 
 
 # ------------------------------------------------------- property plans
+
+def tree_knows(key):
+    """Whether the generator of the tree under test takes a plan key (an
+    older checkout refuses keys it does not know)."""
+    try:
+        return key in open(os.path.join(TREE, "gen", "load.lua")).read()
+    except OSError:
+        return False
+
 
 def gen_seed(seed, attempt=0):
     """A random generic plan for this seed (attempt > 0: the generator
@@ -539,11 +547,14 @@ def gen_seed(seed, attempt=0):
              "  model = { family = \"generic\", units = {"]
     for u in units:
         lines.append(f"    {lua(u)},")
-    lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
     pattern = "unique" if rng.random() < 0.5 else "oracle"
     if kind == "mp_divide":  # the oracle pattern's sums divide exactly by 1.5, 2.5 and 3.5
         pattern = "unique"
-    desc = (f"{kind} {'x'.join(str(x) for x in (R, S, T))}, {n_units}+root units, micro {micro}, steps {steps}, "
+    if micro > 1 and tree_knows("grad_accumulation"):  # drawn last: older trees' seeds keep their plans
+        fsdp["grad_accumulation"] = "sync_last" if rng.random() < 0.5 else "fsdp2_default"
+    lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
+    desc = (f"{kind} {'x'.join(str(x) for x in (R, S, T))}, {n_units}+root units, micro {micro}"
+            f"{' ' + fsdp['grad_accumulation'] if 'grad_accumulation' in fsdp else ''}, steps {steps}, "
             f"{reduce_op}, pattern {pattern}")
     return "\n".join(lines) + "\n", steps, desc, pattern
 
@@ -646,9 +657,12 @@ def main():
                     "(e.g. a git worktree of an older commit); plans mode takes its plans too")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args()
-    global TREE
+    global TREE, BUILD
     if a.tree:
         TREE = os.path.abspath(a.tree)
+        if TREE != ROOT:  # plans, dumps and recordings of another tree's runs apart from this tree's
+            BUILD = os.path.join(ROOT, "build", "live-" + os.path.basename(TREE.rstrip("/")))
+    tree_arg = f" TREE={a.tree}" if a.tree else ""
     t_start = time.time()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below: stop the ranks
     pool = Pool()
@@ -682,7 +696,7 @@ def main():
                     failed.append(name)
                     for b in bad:
                         print("        | " + b)
-                    print(f"        rerun: make test-live PLANS={name}")
+                    print(f"        rerun: make test-live PLANS={name}{tree_arg}")
             print(f"live plans: {ran} configs run, {matched} matched FSDP2 (torch {pool.torch_version}), "
                   f"{ran - matched} differ{': ' + ' '.join(failed) if failed else ''}")
         else:
@@ -702,7 +716,7 @@ def main():
             for i, s in enumerate(seeds):
                 if a.budget and time.time() - t_start > a.budget:
                     print(f"  (budget of {a.budget:.0f} s spent after {ran} seeds; seeds from {s} on: "
-                          f"make test-live SEEDS={s}-{seeds[-1]})")
+                          f"make test-live SEEDS={s}-{seeds[-1]}{tree_arg})")
                     break
                 if nxt is None:
                     prep(s)
@@ -738,7 +752,7 @@ def main():
                     print(f"  FAIL  seed {s} [{info['desc']}]: {summary}", flush=True)
                     for b in bad:
                         print("        | " + b)
-                    print(f"        plan: {info['plan_file']}; rerun: make test-live SEEDS={s}")
+                    print(f"        plan: {info['plan_file']}; rerun: make test-live SEEDS={s}{tree_arg}")
             if nxt is not None:
                 nxt.join()
             per = (time.time() - t_start) / max(ran, 1)
