@@ -25,6 +25,7 @@ local function check_supported(ctx, d)
     end
   end
 end
+plan.check_supported = check_supported -- tests/titan/dims_dump.lua: the dims stage as the generator runs it
 
 -- The TP facts of each TP-local parameter, carried onto its layout entry.
 local function attach_tp(lay, local_units)

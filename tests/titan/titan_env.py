@@ -1,0 +1,106 @@
+"""Shared set-up for the torchtitan agreement tests (tests/titan/).
+
+torch and torchtitan come from the live environment (tests/live/torch_env.sh,
+make torch-env); without them a test prints one SKIP line and exits 77, never
+passes. Everything runs on CPU in one process: torchtitan's meshes are built
+over a fake process group (torch.testing._internal.distributed.fake_pg), the
+model on the meta device.
+"""
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+
+SKIP_RC = 77
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+LUA = os.environ.get("LUA", "lua5.4")
+
+
+def skip(name, why):
+    print(f"SKIP {name}: {why}")
+    sys.exit(SKIP_RC)
+
+
+def need_titan(name):
+    """Import torch and torchtitan or SKIP; then make torchtitan run on CPU."""
+    try:
+        import torch  # noqa: F401
+        import torchtitan  # noqa: F401
+        import torchtitan.distributed.parallel_dims  # noqa: F401
+        from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install
+        skip(name, f"torch and torchtitan are not importable by {sys.executable} "
+                   f"({type(e).__name__}: {e}); make torch-env builds them")
+    cpu_titan()
+
+
+def versions():
+    import torch
+    from importlib.metadata import version
+    return torch.__version__, version("torchtitan")
+
+
+def cpu_titan():
+    """torchtitan 0.3 picks its device type once at import:
+    torch._utils._get_available_device_type() or "cuda", so on a machine
+    without a GPU it is "cuda" and fully_shard asks the CUDA driver for a
+    device. Every module that copied the name gets "cpu"; and its INFO logs
+    are quieted."""
+    import torchtitan.tools.utils as tu
+    import torchtitan.distributed.parallel_dims as pd
+    import torchtitan.distributed.utils as du
+    import torch
+    if torch.cuda.is_available():
+        return
+    for m in (tu, pd, du):
+        m.device_type = "cpu"
+    from torchtitan.tools.logging import logger
+    logger.setLevel(logging.WARNING)
+    logging.getLogger("torchtitan").setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def fake_world(world_size):
+    """A fake default process group of world_size ranks, this process rank 0."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def no_process_groups():
+    """DeviceMesh without its process groups: torch creates one group per
+    mesh row with new_group (O(world) calls per mesh dim, ~18 s for one
+    131,072-rank torchtitan mesh, ~5 ms of ~15 for a small one). The mesh
+    layouts, which hold every rank list, are torch's own either way; only
+    the ProcessGroup objects (never used here) are left out."""
+    from torch.distributed.device_mesh import DeviceMesh
+    saved = DeviceMesh.__dict__["_init_process_groups"]
+    DeviceMesh._init_process_groups = staticmethod(lambda *a, **k: [])
+    try:
+        yield
+    finally:
+        DeviceMesh._init_process_groups = saved
+
+
+def rank_lists(mesh):
+    """Every group's rank list along a 1-D DeviceMesh (the rows of its
+    layout over the root mesh's rank map, as DeviceMesh creates its process
+    groups): a (groups, group size) int64 tensor."""
+    from torch.distributed._mesh_layout import _MeshLayout
+    assert mesh.ndim == 1, mesh
+    return _MeshLayout([mesh._layout[0]]).remap_to_tensor(mesh._rank_map)
+
+
+def lua(args, stdin=None):
+    """Run the Lua generator side; returns stdout (raises with stderr)."""
+    p = subprocess.run([LUA] + args, input=stdin, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{LUA} {' '.join(args)} exited {p.returncode}: {p.stderr.strip()}")
+    return p.stdout
