@@ -245,8 +245,9 @@ run "oracle fsdp3 on NCCL: gloo's arithmetic does not (10 where NCCL gives 10.00
 # PyTorch's fully_shard on gloo, one process per rank, against the binary's
 # --simulate --pattern oracle --dump, element for element (tests/live/):
 # the pinned environment first (what make torch-env runs:
-# tests/live/torch_env.sh, built once per machine outside the clone), then
-# every small plan, then the property test (random generic plans from seed
+# tests/live/torch_env.sh, built once per machine outside the clone), the
+# torch 2.11 recordings' three models live (torch 2.15 against them), every
+# small plan, then the property test (random generic plans from seed
 # LIVE_SEED_FROM, default 1, for LIVE_SECONDS, default 180). Where the
 # package registry cannot be reached each prints SKIP, never ok.
 echo "== live FSDP2 peer: PyTorch's fully_shard on gloo vs the binary's --dump (tests/live/)"
@@ -255,22 +256,26 @@ live_py=$(printf '%s\n' "$live_out" | tail -n 1)
 live_check() {  # NAME CMD...: ok or FAIL, then the run's closing line
   local name=$1 f; shift; f=$(logname "$name")
   if "$@" >"$f" 2>&1; then ok "$name"; else bad "$name" "$f"; fi
-  grep -h "^live \(plans\|seeds\): " "$f" | sed "s/^/        /"
+  grep -h "^live \(plans\|seeds\|recordings\): " "$f" | sed "s/^/        /"
 }
+live_recs="live FSDP2 (torch 2.15) vs the torch 2.11 recordings fsdp4, hsdp2x2, fsdp2_tp2 (tests/oracle_check.lua)"
 live_plans="live FSDP2 vs every small plan in plans/ and tests/plans/ (tests/live/live.py plans)"
 live_seeds="live FSDP2 property test: random generic plans from seed ${LIVE_SEED_FROM:-1} for ${LIVE_SECONDS:-180} s (tests/live/live.py seeds)"
 if [ "$live_rc" = 0 ]; then
   ok "torch-env: $(printf '%s\n' "$live_out" | sed -n 's/^torch-env: torch /torch /p' | head -n 1)"
+  live_check "$live_recs" timeout 600 "$live_py" tests/live/live.py recordings
   live_check "$live_plans" timeout 1800 "$live_py" tests/live/live.py plans
   live_check "$live_seeds" timeout $(( ${LIVE_SECONDS:-180} + 300 )) "$live_py" tests/live/live.py seeds \
     "${LIVE_SEED_FROM:-1}-$(( ${LIVE_SEED_FROM:-1} + 99999 ))" --budget "${LIVE_SECONDS:-180}"
 elif [ "$live_rc" = 3 ]; then
   live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
   skipped "torch-env (make torch-env)" "$live_why"
+  skipped "$live_recs" "$live_why"
   skipped "$live_plans" "$live_why"
   skipped "$live_seeds" "$live_why"
 else
   f=$(logname "torch-env (make torch-env)"); printf '%s\n' "$live_out" >"$f"; bad "torch-env (make torch-env)" "$f"
+  skipped "$live_recs" "no torch environment (torch-env failed above)"
   skipped "$live_plans" "no torch environment (torch-env failed above)"
   skipped "$live_seeds" "no torch environment (torch-env failed above)"
 fi

@@ -644,7 +644,7 @@ def check_one(pool, name, binary, plan_json, steps, accumulation=None, verbose=F
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["plans", "seeds", "seed"])
+    ap.add_argument("what", choices=["plans", "seeds", "seed", "recordings"])
     ap.add_argument("args", nargs="*")
     ap.add_argument("--budget", type=float, default=0, help="seconds: stop starting seeds after this")
     ap.add_argument("--accumulation", choices=["fsdp2_default", "sync_last", "all_reduce_last"],
@@ -672,7 +672,30 @@ def main():
     ran = matched = 0
     failed = []
     try:
-        if a.what == "plans":
+        if a.what == "recordings":
+            # torch 2.15 against the torch 2.11 recordings (tests/oracle/, gloo):
+            # the same model and values, one step, compared by the recordings'
+            # own checker (tests/oracle_check.lua).
+            for name in ("fsdp4", "hsdp2x2", "fsdp2_tp2"):
+                pf = f"plans/{name}.lua" if os.path.exists(os.path.join(ROOT, "plans", name + ".lua")) else \
+                    f"tests/plans/{name}.lua"
+                _, pj = build_plan(pf, name)
+                rec = os.path.join(BUILD, "rec-2.11", name)
+                shutil.rmtree(rec, ignore_errors=True)
+                e = pool.run({"name": name, "plan_json": pj, "out_dir": rec, "steps": 1, "accumulation": "sync_last",
+                              "pattern": "oracle"})
+                r = subprocess.run([LUA, "tests/oracle_check.lua", "tests/oracle", rec, name], cwd=ROOT,
+                                   capture_output=True, text=True) if not e else None
+                ran += 1
+                if r is not None and r.returncode == 0:
+                    matched += 1
+                    print(f"  ok    {name}: torch {pool.torch_version} {r.stdout.strip()} against the torch 2.11 recording")
+                else:
+                    failed.append(name)
+                    print(f"  FAIL  {name}: " + (e.splitlines()[-1] if e else (r.stdout + r.stderr).strip()))
+            print(f"live recordings: {ran} configs run, {matched} matched the torch 2.11 recordings (torch "
+                  f"{pool.torch_version} live){': ' + ' '.join(failed) + ' differ' if failed else ''}")
+        elif a.what == "plans":
             for name, pf, out in small_plans(set(a.args) or None):
                 try:
                     binary, pj = build_plan(pf, name, out)
