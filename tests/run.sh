@@ -281,6 +281,45 @@ else
 fi
 # ---- end of live FSDP2 peer ----
 
+# ---- torchtitan as the peer (issue 17, items 1 and 2) ----
+# commplan against torchtitan 0.3's own code, in the live environment above
+# (tests/titan/): its ParallelDims over every mesh of world <= 64 and
+# 1,024 / 16,384 / 131,072-rank ones (accept / refuse, meshes, aliases,
+# every group's rank lists; a fake process group), and its llama3
+# parallelized by its own parallelize_llama at the llama plans' meshes (FSDP
+# units, parameters, placements; the plan writer from a torchtitan model).
+# The two run side by side. SKIP, never ok, without a torch environment or
+# where torch / torchtitan do not import (exit 77).
+echo "== torchtitan as the peer: ParallelDims, Llama wrapping and TP plan (tests/titan/)"
+if [ -z "${live_rc+x}" ]; then
+  live_out=$(tests/live/torch_env.sh --python 2>&1); live_rc=$?
+  live_py=$(printf '%s\n' "$live_out" | tail -n 1)
+fi
+titan_dims="torchtitan ParallelDims vs gen/dims.lua + gen/groups.lua: accept/refuse, meshes, aliases, rank lists (tests/titan/test_parallel_dims.py)"
+titan_llama="torchtitan llama3 + parallelize_llama vs the llama plans: FSDP units, parameters, placements; plan writer from torchtitan (tests/titan/test_llama_plan.py)"
+titan_result() {  # NAME LOG RC: ok, FAIL or SKIP (77), then the run's count lines
+  case $3 in
+    0) ok "$1" ;;
+    77) skipped "$1" "$(sed -n 's/^SKIP [^:]*: //p' "$2" | head -n 1)"; return ;;
+    *) echo "exit status $3" >>"$2"; bad "$1" "$2" ;;
+  esac
+  grep -h "^\(parallel_dims\|llama_plan\): " "$2" | sed "s/^/        /"
+}
+if [ "$live_rc" = 0 ]; then
+  titan_f1=$(logname "$titan_dims") titan_f2=$(logname "$titan_llama")
+  timeout 900 "$live_py" tests/titan/test_parallel_dims.py >"$titan_f1" 2>&1 & titan_p1=$!
+  timeout 900 "$live_py" tests/titan/test_llama_plan.py >"$titan_f2" 2>&1; titan_r2=$?
+  wait "$titan_p1"; titan_r1=$?
+  titan_result "$titan_dims" "$titan_f1" "$titan_r1"
+  titan_result "$titan_llama" "$titan_f2" "$titan_r2"
+else
+  titan_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
+  titan_why="no torch environment (make torch-env exit $live_rc${titan_why:+: $titan_why})"
+  skipped "$titan_dims" "$titan_why"
+  skipped "$titan_llama" "$titan_why"
+fi
+# ---- end of torchtitan as the peer ----
+
 echo "== bad input: one line, exit 2, nothing written"
 bad_plan() {  # name, plan text, expected substring
   local name=$1 text=$2 want=$3 dir=build/bad/$1

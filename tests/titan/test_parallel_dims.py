@@ -33,6 +33,7 @@ _mesh_layout.py) and the functions here that build them; a cold run
 rebuilds them.
 """
 
+import glob
 import hashlib
 import inspect
 import json
@@ -210,7 +211,7 @@ def verdict_cache_path():
     for f in (tpd.__file__, dm.__file__, ml.__file__):
         with open(f, "rb") as fh:
             h.update(fh.read())
-    for fn in (titan_build, _builds_worker, E.no_process_groups, E.fake_world, E.cpu_titan):
+    for fn in (titan_build, _builds_worker, E.no_process_groups):
         h.update(inspect.getsource(fn).encode())
     return os.path.join(E.ROOT, "build", "titan", f"parallel_dims-verdicts-{h.hexdigest()[:16]}.json")
 
@@ -236,6 +237,9 @@ def memo_builds(keys):
         with open(tmp, "w") as fh:
             json.dump(cache, fh, separators=(",", ":"))
         os.replace(tmp, path)
+        for f in glob.glob(os.path.join(os.path.dirname(path), "parallel_dims-verdicts-*.json")):
+            if f != path:  # memos of other torch / torchtitan sources
+                os.remove(f)
     return {k: cache[" ".join(map(str, k))] for k in keys}, len(missing)
 
 

@@ -1,0 +1,207 @@
+"""Plans from torchtitan's own Llama 3 (torchtitan 0.3): its model, or the config it builds it from.
+
+    plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=None,
+                    training=None, seq_len=None, family="auto", out=None)
+
+``model`` is a torchtitan decoder (``torchtitan.models.llama3.Llama3Model``, on any device, the
+meta device included), its config (``Llama3Model.Config``, e.g. ``model_registry("8B").model``:
+built on the meta device here) or its ``ModelSpec``. The units are the ones torchtitan 0.3's
+``parallelize_llama`` gives it (``torchtitan.distributed.fsdp.apply_fsdp_to_decoder``):
+``tok_embeddings``, every block of ``model.layers``, ``[norm, lm_head]`` without reshard after
+forward, and the root without parameters; with weight tying, ``[tok_embeddings, norm, lm_head]``
+as one unit kept unsharded through forward. Parameters are in registration order, FSDP shards
+dim 0, and each carries the tensor-parallel placement its module declares to torchtitan
+(``_sharding_config.state_shardings``: ``S(0)`` colwise, ``S(1)`` rowwise, ``R`` / ``I``
+replicated). A config whose sharding is not declared yet gets torchtitan's own
+(``set_llama3_sharding_config``, sequence parallel on, as its Trainer does).
+
+``family``:
+
+- ``"auto"`` (default) and ``"generic"``: a generic plan holding exactly torchtitan's names,
+  shapes, order and placements (``layers.N.attention.qkv_linear.wqkv.weight``, fused as
+  torchtitan 0.3's registry flavors build it, and ``lm_head.weight``), so the runtime's module
+  matching finds every parameter by its name.
+- ``"llama"``: commplan's llama family (``gen/models/llama.lua``, which also models the TP
+  activation collectives) when the model is one: q/k/v unfused (``fuse_qkv=False``), no biases,
+  no weight tying, torchtitan's FFN sizing. The family keeps torchtitan <= 0.2's names:
+  ``attention.wq/wk/wv`` for 0.3's ``attention.qkv_linear.wq/wk/wv`` and ``output`` for
+  ``lm_head`` -- the same tensors in the same places, under other names. A fused ``wqkv`` is
+  refused (the family has three parameters where torchtitan 0.3 has one, so the all-gather
+  slots would differ).
+
+torch and torchtitan are imported only when a config is given; a model is read duck-typed.
+"""
+
+from . import validate
+from .errors import PlanError
+from .planfile import dtype_name, plan_from_named_parameters
+
+__all__ = ["TITAN_FSDP", "plan_from_titan", "titan_units", "titan_model_numbers"]
+
+# What torchtitan 0.3's parallelize_llama gives fully_shard with its TrainingConfig defaults:
+# MixedPrecisionPolicy(bf16, fp32), and a gradient divide factor of 1 (disable_fsdp_gradient_division:
+# the loss divides by the global token count), a sum.
+TITAN_FSDP = {"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum"}
+
+# torchtitan 0.3 name -> commplan's llama family name (torchtitan <= 0.2's).
+_LLAMA_RENAME = (("attention.qkv_linear.wq.", "attention.wq."), ("attention.qkv_linear.wk.", "attention.wk."),
+                 ("attention.qkv_linear.wv.", "attention.wv."))
+
+
+def _as_model(model):
+    """A module from a module, a config or a ModelSpec (configs are built on the meta device)."""
+    if hasattr(model, "named_parameters") and hasattr(model, "named_modules"):
+        return model
+    cfg = getattr(model, "model", model) if not hasattr(model, "build") else model
+    if not hasattr(cfg, "build") or not hasattr(cfg, "layers"):
+        raise PlanError("plan_from_titan takes a torchtitan decoder module, its config (Llama3Model.Config) or "
+                        "its ModelSpec; got %s" % validate.describe(model, False))
+    import copy
+
+    import torch
+    cfg = copy.deepcopy(cfg)
+    layer0 = cfg.layers[0] if cfg.layers else None
+    if layer0 is not None and getattr(getattr(layer0, "attention_norm", None), "sharding_config", None) is None:
+        from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+        set_llama3_sharding_config(cfg, enable_sp=True)
+    with torch.device("meta"):
+        return cfg.build()
+
+
+def _tp_of(module, pname):
+    """The TP placement torchtitan declares for module's parameter pname, as a plan's tp."""
+    sc = getattr(module, "_sharding_config", None)
+    layout = sc.state_shardings.get(pname) if sc is not None and sc.state_shardings else None
+    if layout is None:
+        return None
+    tp = None
+    for axis, t in layout.axis_types.items():
+        if str(getattr(axis, "value", axis)) == "tp":
+            tp = t
+    if tp is None or getattr(tp, "dim", None) is None:  # R, I, P: not split over TP
+        return "replicate"
+    dim = tp.dim
+    is_linear = hasattr(module, "in_features") and hasattr(module, "out_features")
+    if is_linear and dim in (0, 1):
+        return ("colwise", "rowwise")[dim]
+    return "shard(%d)" % dim
+
+
+def _wrapping(model):
+    """torchtitan 0.3's apply_fsdp_to_decoder units in forward order, the root last:
+    [(name, [modules], reshard_after_forward)]."""
+    for attr in ("tok_embeddings", "layers", "norm", "lm_head"):
+        if not hasattr(model, attr):
+            raise PlanError("plan_from_titan: the model has no %s; it takes a torchtitan decoder (Llama3Model)" % attr)
+    layers = model.layers
+    blocks = list(layers.items()) if hasattr(layers, "items") else list(enumerate(layers))
+    units = []
+    if getattr(model, "enable_weight_tying", False):
+        units.append(("tok_embeddings_norm_lm_head", [model.tok_embeddings, model.norm, model.lm_head], False))
+        units += [("layers.%s" % k, [b], None) for k, b in blocks]
+    else:
+        units.append(("tok_embeddings", [model.tok_embeddings], None))
+        units += [("layers.%s" % k, [b], None) for k, b in blocks]
+        units.append(("norm_lm_head", [model.norm, model.lm_head], False))
+    units.append(("root", [model], None))
+    return units
+
+
+def titan_units(model):
+    """The plan writer's units for a torchtitan decoder (or its config): torchtitan's names,
+    wrapping and TP placements; [{name, params: [{name, shape, dtype, tp}], reshard_after_forward}].
+    A unit's parameters are collected as FSDP2 does (_get_managed_modules / _get_managed_states):
+    a post-order walk of its modules that stops at other units' modules, each module's own
+    parameters in registration order, a shared parameter once."""
+    model = _as_model(model)
+    mod_name = {id(m): n for n, m in model.named_modules()}
+    wrapping = _wrapping(model)
+    unit_roots = {id(m) for _, ms, _ in wrapping for m in ms}
+    seen, out = set(), []
+    for name, mods, raf in wrapping:
+        roots = {id(m) for m in mods}
+        order = []
+
+        def walk(mod):
+            if id(mod) in unit_roots and id(mod) not in roots:
+                return  # another unit's subtree
+            for child in mod.children():
+                walk(child)
+            order.append(mod)
+
+        for m in mods:
+            walk(m)
+        params = []
+        for mod in order:
+            for pn, p in mod.named_parameters(recurse=False):
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                prefix = mod_name[id(mod)]
+                fqn = (prefix + "." if prefix else "") + pn
+                params.append({"name": fqn, "shape": [int(d) for d in p.shape], "dtype": dtype_name(p.dtype, fqn),
+                               "tp": _tp_of(mod, pn)})
+        out.append({"name": name, "params": params, "reshard_after_forward": raf})
+    return out
+
+
+def titan_model_numbers(model):
+    """n_heads, n_kv_heads (and fuse_qkv) of a torchtitan decoder's first block."""
+    model = _as_model(model)
+    blocks = list(model.layers.values()) if hasattr(model.layers, "values") else list(model.layers)
+    att = blocks[0].attention
+    n_heads = getattr(att, "n_heads", None)
+    n_kv = getattr(att, "n_kv_heads", None) or n_heads
+    fused = hasattr(getattr(att, "qkv_linear", None), "wqkv")
+    return {"n_heads": n_heads, "n_kv_heads": n_kv, "fuse_qkv": fused}
+
+
+def _llama_units(units):
+    """torchtitan 0.3's names as commplan's llama family's, or a PlanError saying why they cannot be."""
+    out = []
+    for u in units:
+        ps = []
+        for p in u["params"]:
+            n = p["name"]
+            if ".qkv_linear.wqkv." in n:
+                raise PlanError("%s: q, k and v are one fused parameter (torchtitan 0.3's registry flavors build "
+                                "them so, fuse_qkv=True); commplan's llama family has three (wq, wk, wv), so its "
+                                "all-gather slots would differ: use family=\"auto\" (a generic plan with torchtitan's "
+                                "parameters as they are)" % n)
+            for old, new in _LLAMA_RENAME:
+                n = n.replace(old, new)
+            if n == "lm_head.weight":
+                n = "output.weight"
+            ps.append({"name": n, "shape": p["shape"], "dtype": p["dtype"]})
+        name = {"norm_lm_head": "norm_output"}.get(u["name"], u["name"])
+        out.append({"name": name, "params": ps, "reshard_after_forward": u["reshard_after_forward"]})
+    return out
+
+
+def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=None, training=None,
+                    seq_len=None, family="auto", out=None):
+    """The plan file (Lua text) for a torchtitan Llama model, its config or ModelSpec (module
+    docstring). parallel, fsdp, topology, training: as in docs/plan-files.md, fsdp defaulting to
+    what torchtitan's parallelize gives fully_shard (TITAN_FSDP: bf16 all-gathers, fp32
+    reductions, summed); seq_len: the model's (for the TP and CP divisibility checks and the
+    audit). TP placements are written only where parallel.tp > 1. out: a path to write it to."""
+    family = validate.check_family(family, ("auto", "generic", "llama"))
+    model = _as_model(model)
+    units = titan_units(model)
+    tp = (parallel or {}).get("tp", 1) if isinstance(parallel, dict) else 1
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp <= 1:  # no TP group: placements change nothing
+        for u in units:
+            for p in u["params"]:
+                p.pop("tp", None)
+    if fsdp is None:
+        fsdp = dict(TITAN_FSDP)
+    numbers = titan_model_numbers(model)
+    extra = {"n_heads": numbers["n_heads"], "n_kv_heads": numbers["n_kv_heads"]}
+    if seq_len is not None:
+        extra["seq_len"] = seq_len
+    if family == "llama":
+        units = _llama_units(units)
+    else:
+        family = "generic"
+    return plan_from_named_parameters(name, units, world_size, parallel=parallel, fsdp=fsdp, model=extra,
+                                      topology=topology, training=training, family=family, out=out)
