@@ -6,6 +6,7 @@ Writing plans needs only the standard library (no torch import):
     plan_from_named_parameters  units as lists of (name, shape, dtype[, shard_dim])
     plan_from_module            a torch.nn.Module and its fully_shard wrapping (torchtitan_units)
     hf_config                   a Hugging Face config.json (Llama, Mistral, Qwen2) as a model table
+    plan_from_titan             torchtitan 0.3's own Llama (module, config or ModelSpec), as it parallelizes it
     plan_text / write_plan      any model table (llama or generic) as plan file text / a file
     check_units_match_plan      a model's units against a generated plan.json, first difference
 
@@ -26,6 +27,7 @@ from .planfile import (PlanError, c_ident, check_names, check_plan_name, dtype_n
                        normalize_units, plan_from_named_parameters, plan_text, write_plan)
 from .modules import Unit, named_units, plan_from_module, resolve_units, torchtitan_units, units_from_module
 from .hf import hf_config
+from .titan import plan_from_titan
 from .match import PlanMismatch, check_units_match_plan, find_plan_json, load_plan_json, plan_units
 
 __version__ = "0.1.0"
@@ -35,6 +37,6 @@ __all__ = [
     "c_ident", "check_names", "check_plan_name", "dtype_name", "ffn_hidden", "lua_string", "normalize_units",
     "plan_from_named_parameters", "plan_text", "write_plan",
     "named_units", "plan_from_module", "resolve_units", "torchtitan_units", "units_from_module",
-    "hf_config",
+    "hf_config", "plan_from_titan",
     "check_units_match_plan", "find_plan_json", "load_plan_json", "plan_units",
 ]
