@@ -15,7 +15,7 @@ written to build/titan/plans/), the placements derived from plan.json's shard_di
 mesh as gen/tp.lua's tp.placements states them; every other TP rank's local shapes
 (plan.json tp_classes) against torch's own Shard.local_shard_size_and_offset.
 
-Three differences are declared, printed with their counts, and everything else must be equal:
+Four differences are declared, printed with their counts, and everything else must be equal:
   names      torchtitan 0.3 keeps q/k/v under attention.qkv_linear and calls the output
              projection lm_head; commplan's llama family has torchtitan 0.2's attention.wq/wk/wv
              and output (compared under that renaming);
@@ -25,7 +25,12 @@ Three differences are declared, printed with their counts, and everything else m
              unfused build, fuse_qkv=False, is compared without it);
   reduce     the shipped llama plans average gradients (fsdp.reduce_op "avg"); torchtitan 0.3's
              parallelize sets the gradient divide factor to 1 (a sum; the loss divides by the
-             global token count). Variants here use reduce_op = "sum" and must match.
+             global token count). Variants here use reduce_op = "sum" and must match;
+  uneven TP  torchtitan's side, not commplan's: FSDP2's spmd_types path gives an unevenly
+             TP-split parameter the DTensor global shape local x tp (llama_tiny_tp's 251-row
+             vocabulary: 252 on TP rank 0, 250 on TP rank 1); the local shapes (126 / 125) are
+             compared as they are. (On the meta device spmd_types' fake kernel gives every TP
+             rank ceil(n / tp) rows, so the tiny models are built on CPU.)
 
 The Python plan writer (python/commplan/titan.py) is checked on the same builds: from
 torchtitan's unfused config with family="llama" it writes plans whose generated tables equal
