@@ -552,7 +552,9 @@ if command -v python3 >/dev/null 2>&1; then
   fzn="python: fuzz the writer's JSON input, fixed seed, at most 15 s (tests/python/fuzz_writer.py)"
   run "$fzn" timeout 120 python3 tests/python/fuzz_writer.py --cases 4000 --seconds 15 --cli-every 200; grep -h "^fuzz_writer: [0-9]" "$(logname "$fzn")" | sed "s/^/        /"
   py_torch=""
-  for py in python3 /usr/bin/python3; do
+  # The live peer's pinned environment first (built above), then the system's.
+  py_cands=(python3 /usr/bin/python3); [ "${live_rc:-1}" = 0 ] && py_cands=("$live_py" "${py_cands[@]}")
+  for py in "${py_cands[@]}"; do
     if "$py" -c 'import torch' >/dev/null 2>&1; then py_torch=$py; break; fi
   done
   if [ -n "$py_torch" ]; then
