@@ -256,7 +256,7 @@ live_py=$(printf '%s\n' "$live_out" | tail -n 1)
 live_check() {  # NAME CMD...: ok or FAIL, then the run's closing line
   local name=$1 f; shift; f=$(logname "$name")
   if "$@" >"$f" 2>&1; then ok "$name"; else bad "$name" "$f"; fi
-  grep -h "^live \(plans\|seeds\|recordings\): " "$f" | sed "s/^/        /"
+  grep -ah "^live \(plans\|seeds\|recordings\): " "$f" | sed "s/^/        /"
 }
 live_recs="live FSDP2 (torch 2.15) vs the torch 2.11 recordings fsdp4, hsdp2x2, fsdp2_tp2 (tests/oracle_check.lua)"
 live_plans="live FSDP2 vs every small plan in plans/ and tests/plans/ (tests/live/live.py plans)"
