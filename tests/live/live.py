@@ -776,6 +776,8 @@ def main():
                     for b in bad:
                         print("        | " + b)
                     print(f"        plan: {info['plan_file']}; rerun: make test-live SEEDS={s}{tree_arg}")
+                    if a.what != "seed" and not a.keep:  # the rerun rebuilds it; keep the plan, dump and recording
+                        shutil.rmtree(os.path.join(TREE, "build", "live", "bin", info["name"]), ignore_errors=True)
             if nxt is not None:
                 nxt.join()
             per = (time.time() - t_start) / max(ran, 1)
