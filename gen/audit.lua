@@ -131,7 +131,8 @@ local function facts(p, tables)
                     "pp", d.pp, "ep", d.ep }),
     "mesh", O({ "names", p.mesh.names, "sizes", p.mesh.sizes, "strides", p.mesh.strides }),
     "fsdp", O({ "reshard_after_forward", p.fsdp.reshard_after_forward, "micro_steps", p.fsdp.micro_steps,
-                "reduce_op", p.fsdp.reduce_op, "param_dtype", p.fsdp.param_dtype, "reduce_dtype", p.fsdp.reduce_dtype }),
+                "reduce_op", p.fsdp.reduce_op, "param_dtype", p.fsdp.param_dtype, "reduce_dtype", p.fsdp.reduce_dtype,
+                "grad_accumulation", p.fsdp.grad_accumulation }),
     "topology", O({ "gpus_per_node", p.topology.gpus_per_node, "intra_node_GBps", p.topology.intra_node_GBps,
                     "inter_node_GBps", p.topology.inter_node_GBps, "latency_us", p.topology.latency_us }),
     "groups", fam_list, "units", units, "tp_classes", tp_classes, "ops", ops,
@@ -596,10 +597,16 @@ local function settings_lines(p, s)
                selective = "selective (op) activation checkpointing" }
   local opt = s.optimizer == "adamw" and ("AdamW" .. (s.fp32_master and " with an fp32 master copy" or ""))
     or (s.optimizer == "sgd" and "SGD (no momentum)" or "no optimizer state")
+  local acc = ""
+  if p.fsdp.micro_steps > 1 then
+    acc = p.fsdp.grad_accumulation == "sync_last"
+      and " reducing on the last only (set_requires_gradient_sync(False) before the others)"
+      or " each reducing and adding into the sharded grads (FSDP2's default)"
+  end
   return string.format("%s tokens per data-parallel rank (TP group) and micro-step (local batch %d x seq_len %d%s), "
-    .. "%d micro-step(s); %s; %s",
+    .. "%d micro-step(s)%s; %s; %s",
     commas(s.tokens), s.local_batch_size, s.seq_len, s.defaulted.seq_len and ", assumed" or "", p.fsdp.micro_steps,
-    ac[s.activation_checkpointing], opt)
+    acc, ac[s.activation_checkpointing], opt)
 end
 
 function audit.schedule_md(p, fp)

@@ -128,15 +128,20 @@ function layout.build(ctx, units, d, fsdp)
       end
     end
     -- MixedPrecisionPolicy: the unit's own (fully_shard(mp_policy=...)) or the plan's.
+    -- torch 2.15: without reduce_dtype gradients reduce in the parameters'
+    -- grad dtype, their original dtype (before 2.15: in param_dtype).
     local ag_dtype = u.param_dtype or fsdp.param_dtype or orig
-    local reduce_dtype = u.reduce_dtype or fsdp.reduce_dtype or ag_dtype
-    -- The unsharded grads between micro-steps. Autograd computes them in
-    -- ag_dtype; on a micro-step that does not reduce, FSDP2's post-backward
-    -- casts them into unsharded_accumulated_grad in reduce_dtype
-    -- (FSDPParam.to_accumulated_grad_if_needed) and later micro-steps add
-    -- theirs into it there (accumulate_unsharded_grad_if_needed), so the
-    -- reduce-scatter packs that reduce-dtype sum. One micro-step: ag_dtype.
-    local grad_dtype = fsdp.micro_steps > 1 and reduce_dtype or ag_dtype
+    local reduce_dtype = u.reduce_dtype or fsdp.reduce_dtype or orig
+    -- The unsharded grads' dtype (torch 2.15: the unsharded parameter's
+    -- grad_dtype is reduce_dtype, so autograd casts each backward's gradient,
+    -- computed in ag_dtype, to it and accumulates in it). A reduce_dtype
+    -- wider than ag_dtype is exact on the cast, and FSDP2 leaves a gradient
+    -- that is reduced by the backward that made it in ag_dtype
+    -- (FSDPParamGroup._set_unsharded_grad_dtypes): ag_dtype unless
+    -- micro-steps accumulate (sync_last).
+    local accumulating = fsdp.micro_steps > 1 and fsdp.grad_accumulation == "sync_last"
+    local wider = layout.DTYPE_BYTES[reduce_dtype] > layout.DTYPE_BYTES[ag_dtype]
+    local grad_dtype = (wider and not accumulating) and ag_dtype or reduce_dtype
     local params, offset, grad_offset, vec_ok = {}, 0, 0, true
     for j, p in ipairs(u.params) do
       local q = layout.param(ctx, p, W, string.format("%s.params[%d]", upath, j))

@@ -34,6 +34,9 @@ local SCHEMA = {
                     why = "the schedule and its memory plan grow with micro-steps x units" },
     reduce_op = { "enum", enum = { "avg", "sum" } },
     param_dtype = { "enum", enum = DTYPES }, reduce_dtype = { "enum", enum = DTYPES },
+    -- gradient accumulation over micro-steps: "fsdp2_default" reduces on every backward and adds into
+    -- the sharded grads; "sync_last" is set_requires_gradient_sync(False) before all but the last
+    grad_accumulation = { "enum", enum = { "fsdp2_default", "sync_last" } },
   },
   topology = {
     gpus_per_node = { "int", min = 1, max = LIM.world },
@@ -405,6 +408,7 @@ function load_plan.normalize(ctx, raw)
   if f.reshard_after_forward == nil then f.reshard_after_forward = true end
   f.micro_steps = f.micro_steps or 1
   f.reduce_op = f.reduce_op or "avg"
+  f.grad_accumulation = f.grad_accumulation or "fsdp2_default"
   local t = plan.topology
   ctx.nodes_given = t.gpus_per_node ~= nil
   t.gpus_per_node = t.gpus_per_node or 8

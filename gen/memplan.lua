@@ -8,11 +8,12 @@
 -- Lifetimes are op-index intervals of the schedule (inclusive):
 --   ag         copy_in .. copy_out            (every unshard)
 --   unsharded  copy_out .. reshard            (every unshard)
---   grads      the copy_out before the unit's first backward .. pack
+--   grads      the copy_out before the unit's first backward since its
+--              last pack .. pack (once per reduction)
 --              (from the unshard that precedes backward, so the library's
 --              cp_gpu_unshard can order the grads' memory as well)
 --   rs_in      pack .. reduce_scatter
---   rs_out     reduce_scatter .. view_out
+--   rs_out     reduce_scatter .. view_out (or view_out_add)
 --   act        each TP activation collective alone (the compute around it
 --              owns its activations; this buffer is the collective's)
 -- Offsets come from greedy placement by size (largest first, lowest free
@@ -74,10 +75,15 @@ local function lifetimes(lay, ops)
       stop(u, "ag", s); start(u, "unsharded", s); last_copy_out[u] = s
     elseif k == "reshard" then stop(u, "unsharded", s)
     elseif k == "backward" then
-      if not open[u].grads and #life[u].grads == 0 then start(u, "grads", last_copy_out[u] or s) end
+      -- from the unit's latest copy-out, after the packing that ended the previous life
+      if not open[u].grads then
+        local lives, from = life[u].grads, last_copy_out[u] or s
+        if #lives > 0 and from <= lives[#lives].last then from = s end
+        start(u, "grads", from)
+      end
     elseif k == "pack" then stop(u, "grads", s); start(u, "rs_in", s)
     elseif k == "reduce_scatter" then stop(u, "rs_in", s); start(u, "rs_out", s)
-    elseif k == "view_out" then stop(u, "rs_out", s)
+    elseif k == "view_out" or k == "view_out_add" then stop(u, "rs_out", s)
     elseif k:sub(1, 3) == "tp_" then start(u, "act", s); stop(u, "act", s) -- one collective's worth
     end
   end

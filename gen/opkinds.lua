@@ -24,6 +24,9 @@ opkinds.LIST = {
   { name = "tp_all_gather", reads = { "act" }, writes = { "act" }, collective = true, ring_passes = 1, tp = true },
   { name = "tp_reduce_scatter", reads = { "act" }, writes = { "act" }, collective = true, ring_passes = 1, tp = true },
   { name = "tp_all_reduce", reads = { "act" }, writes = { "act" }, collective = true, ring_passes = 2, tp = true },
+  -- The view-out of a later reduction in the step: adds into the sharded
+  -- grads (FSDP2's sharded_param.grad += new_sharded_grad, in their dtype).
+  { name = "view_out_add", reads = { "rs_out", "sharded_grads" }, writes = { "sharded_grads" } },
 }
 
 opkinds.BY_NAME = {}
@@ -51,7 +54,7 @@ function opkinds.stream_of(o, hsdp)
   elseif k == "all_gather" then return o.group and "all_gather" or "copy_in"
   elseif k == "reduce_scatter" then return "reduce_scatter"
   elseif k == "all_reduce" then return "all_reduce"
-  elseif k == "view_out" then return hsdp and "all_reduce" or "reduce_scatter"
+  elseif k == "view_out" or k == "view_out_add" then return hsdp and "all_reduce" or "reduce_scatter"
   end
   return "compute"
 end

@@ -2,7 +2,12 @@
 -- Forward: unshard root then each layer (implicit prefetch = issue order),
 -- reshard layers after forward. Backward: reverse post-forward order with
 -- one unit of prefetch; post-backward reshards and reduces each unit (RS,
--- then the HSDP all-reduce), root last. Micro-steps reduce only on the last.
+-- then the HSDP all-reduce), root last. Gradient accumulation over
+-- micro-steps (fsdp.grad_accumulation): FSDP2's default reduces on every
+-- backward and adds the result into the sharded grads (the first reduction
+-- of a step assigns them: the optimizer zeroed them to None); "sync_last"
+-- (set_requires_gradient_sync(False) before all but the last micro-step)
+-- reduces on the last only, the unsharded grads accumulating until then.
 local schedule = {}
 
 local opkinds = require("gen.opkinds")
@@ -48,8 +53,12 @@ function schedule.build(lay, fams, fsdp)
   local root = units[1] and units[1].is_root and units[1] or nil
   local layers = {}
   for i = root and 2 or 1, #units do layers[#layers + 1] = units[i] end
+  local every = fsdp.grad_accumulation ~= "sync_last"
   for m = 0, micro_steps - 1 do
-    local last = (m == micro_steps - 1)
+    -- reducing: this micro-step's post-backward reduces; first: its view-out
+    -- assigns the sharded grads (later reductions add into them)
+    local reducing = every or (m == micro_steps - 1)
+    local first = not every or m == 0
     local unsharded = {}
     -- Forward: root's pre-forward first (it wraps the whole model).
     for _, u in ipairs(units) do
@@ -99,7 +108,7 @@ function schedule.build(lay, fams, fsdp)
     -- Interleave: FSDP2 runs unit i's post-backward right after its own
     -- backward, before the next unit's pre-backward. Rebuild the op list in
     -- that order below.
-    ops = schedule.interleave_post_backward(ops, post, root, m, last, shard, replicate, tp_ops)
+    ops = schedule.interleave_post_backward(ops, post, root, m, reducing, first, shard, replicate, tp_ops)
   end
   for i, o in ipairs(ops) do
     o.seq = i - 1
@@ -109,17 +118,18 @@ function schedule.build(lay, fams, fsdp)
 end
 
 -- The backward part above emitted pre-backward work unit by unit; insert
--- each unit's post-backward (reshard, and on the last micro-step pack, RS,
--- AR, view-out) right after its backward compute.
-function schedule.interleave_post_backward(ops, post, root, m, last, shard, replicate, tp_ops)
+-- each unit's post-backward (reshard, and on a reducing micro-step pack, RS,
+-- AR, view-out: view_out_add where an earlier micro-step's reduction already
+-- set the sharded grads) right after its backward compute.
+function schedule.interleave_post_backward(ops, post, root, m, reducing, first, shard, replicate, tp_ops)
   local by_index = {}
   for _, u in ipairs(post) do by_index[u.index] = u end
   local out = {}
   local function post_backward(u)
     -- The backward's TP collectives finish before its post-backward hook.
-    tp_ops(u, m, "backward", out, last)
+    tp_ops(u, m, "backward", out, reducing)
     out[#out + 1] = { kind = "reshard", unit = u.index, micro_step = m, phase = "backward" }
-    if last then
+    if reducing then
       out[#out + 1] = { kind = "pack", unit = u.index, micro_step = m, phase = "backward" }
       out[#out + 1] = { kind = "reduce_scatter", unit = u.index, micro_step = m, phase = "backward",
                         group = shard and "fsdp" or nil, dtype = u.reduce_dtype, count = u.total,
@@ -129,7 +139,8 @@ function schedule.interleave_post_backward(ops, post, root, m, last, shard, repl
                           group = "dp_replicate", dtype = u.reduce_dtype, count = u.total,
                           reduce_op = u.ar_op }
       end
-      out[#out + 1] = { kind = "view_out", unit = u.index, micro_step = m, phase = "backward" }
+      out[#out + 1] = { kind = first and "view_out" or "view_out_add", unit = u.index, micro_step = m,
+                        phase = "backward" }
     end
   end
   for _, o in ipairs(ops) do

@@ -87,15 +87,16 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
     -- Replicate (FSDPParam._get_grad_inner_tensor): an all-reduce of each,
     -- in parameter order, after the unit's backward collectives and before
     -- its packing, on a reducing micro-step only (accumulation keeps them
-    -- Partial). It redistributes the gradient the packing reads: in the
-    -- unit's grad dtype (after micro-steps, FSDP2's reduce-dtype
-    -- unsharded_accumulated_grad).
+    -- Partial). It runs in the unit's reduce dtype: torch 2.15 keeps these
+    -- parameters' gradients in their grad_dtype (reduce_dtype) from autograd
+    -- on (FSDPParam.may_reduce_grad_outside_dp), so the reduction over TP
+    -- runs in the wider dtype too.
     if sp then
       for _, q in ipairs(u.params) do
         if q.tp_dim == nil and q.name:match("norm%.weight$") then
           add("tp_all_reduce", "backward", q.numel, q.name .. " gradient (Partial over TP)")
           acts[#acts].reducing_only = true
-          acts[#acts].dtype = u.grad_dtype
+          acts[#acts].dtype = u.reduce_dtype
         end
       end
     end

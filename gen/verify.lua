@@ -40,9 +40,18 @@ function verify.coverage(lay)
   end
 end
 
-function verify.schedule(lay, ops, micro_steps)
-  local state, reduced, grads = {}, {}, {}
-  for _, u in ipairs(lay.units) do state[u.index] = "sharded"; reduced[u.index] = 0; grads[u.index] = 0 end
+-- Every unit's grads are reduced as the accumulation mode says: FSDP2's
+-- default packs after each backward, sync_last after all micro-steps'
+-- backwards; each reduction's collectives come after its packing, and its
+-- view-out closes it, assigning the sharded grads on the step's first
+-- reduction (view_out) and adding into them on later ones (view_out_add).
+function verify.schedule(lay, ops, fsdp)
+  local micro_steps = fsdp.micro_steps
+  local per_pack = fsdp.grad_accumulation == "sync_last" and micro_steps or 1
+  local state, reduced, grads, open, outs = {}, {}, {}, {}, {}
+  for _, u in ipairs(lay.units) do
+    state[u.index] = "sharded"; reduced[u.index] = 0; grads[u.index] = 0; outs[u.index] = 0
+  end
   local name = function(i) return lay.units[i + 1].name end
   for _, o in ipairs(ops) do
     local u, s = o.unit, state[o.unit]
@@ -56,17 +65,25 @@ function verify.schedule(lay, ops, micro_steps)
       grads[u] = grads[u] + 1
     elseif k == "reshard" then check(s == "unsharded", "reshard of %s while %s", name(u), s); state[u] = "sharded"
     elseif k == "pack" then
-      check(grads[u] == micro_steps, "%s packed after %d of %d backward passes", name(u), grads[u], micro_steps)
-      reduced[u] = reduced[u] + 1
-    elseif k == "reduce_scatter" or k == "all_reduce" or k == "view_out" then
-      check(reduced[u] == 1, "%s of %s before its pack", k, name(u))
+      check(grads[u] == per_pack, "%s packed after %d backward passes, not %d", name(u), grads[u], per_pack)
+      check(not open[u], "%s packed again before its view-out", name(u))
+      reduced[u] = reduced[u] + 1; grads[u] = 0; open[u] = true
+    elseif k == "reduce_scatter" or k == "all_reduce" then
+      check(open[u], "%s of %s before its pack", k, name(u))
+    elseif k == "view_out" or k == "view_out_add" then
+      check(open[u], "%s of %s before its pack", k, name(u))
+      check((k == "view_out") == (outs[u] == 0), "%s of %s after %d view-outs this step", k, name(u), outs[u])
+      open[u] = false; outs[u] = outs[u] + 1
     elseif k:sub(1, 3) == "tp_" then check(s == "unsharded", "%s of %s on %s params", k, name(u), s)
     else check(false, "unknown op kind %s", tostring(k)) end
   end
   for _, uu in ipairs(lay.units) do
     check(state[uu.index] == "sharded", "%s ends the step %s", uu.name, state[uu.index])
     -- A unit without parameters has nothing to reduce.
-    check(reduced[uu.index] == (#uu.params > 0 and 1 or 0), "%s reduced %d times", uu.name, reduced[uu.index])
+    local want = #uu.params > 0 and micro_steps // per_pack or 0
+    check(reduced[uu.index] == want, "%s reduced %d times, not %d", uu.name, reduced[uu.index], want)
+    check(grads[uu.index] == 0 and not open[uu.index] and outs[uu.index] == reduced[uu.index],
+      "%s ends the step with unreduced grads", uu.name)
   end
 end
 
@@ -83,10 +100,10 @@ function verify.order(lay, fams, ops)
       if o.kind:sub(1, 3) == "tp_" then
         -- TP activation collectives: on the TP group, inside the unit's activation buffer.
         check(o.group == "tp", "op %d: %s on group %s", o.seq, o.kind, o.group)
-        -- In ag_dtype, or (the norm gradients' all-reduce) the unit's grad dtype;
+        -- In ag_dtype, or (the norm gradients' all-reduce) the unit's reduce dtype;
         -- act_numel counts ag_dtype elements.
         local elems = o.kind == "tp_all_reduce" and o.count or o.count * f.size
-        check(o.dtype == u.ag_dtype or (o.kind == "tp_all_reduce" and o.dtype == u.grad_dtype),
+        check(o.dtype == u.ag_dtype or (o.kind == "tp_all_reduce" and o.dtype == u.reduce_dtype),
           "op %d dtype %s != %s", o.seq, o.dtype, u.ag_dtype)
         check(elems * ES[o.dtype] <= (u.act_numel or 0) * ES[u.ag_dtype],
           "op %d: %d elements beyond the activation buffer", o.seq, elems)
@@ -149,7 +166,7 @@ end
 function verify.all(lay, fams, ops, fsdp)
   verify.bounds(lay, fams, ops, fsdp)
   verify.coverage(lay)
-  verify.schedule(lay, ops, fsdp.micro_steps)
+  verify.schedule(lay, ops, fsdp)
   verify.order(lay, fams, ops)
   return true
 end

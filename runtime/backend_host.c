@@ -292,15 +292,30 @@ static void view_out(const cp_plan *p, int u, int shard_rank, const void *rs_out
     }
 }
 
-/* Indexed by kernel number (cp_gpu_kernels.h: copy-in, copy-out, pack, view-out). */
-static void (*const HOST_COPIES[4])(const cp_plan *, int, int, const void *, void *) = { copy_in, copy_out, pack,
-                                                                                          view_out };
+/* A later reduction of the step: the view-out's value added into the
+ * sharded grads in their dtype, as FSDP2's sharded_param.grad += new_sharded_grad
+ * (the new grad cast to the parameter's dtype first). */
+static void view_out_add(const cp_plan *p, int u, int shard_rank, const void *rs_out, void *sharded_grads)
+{
+    const cp_unit *U = &p->units[u];
+    (void)shard_rank;
+    for (int64_t i = 0; i < U->total; i++) {
+        float v = cp_load(U->reduce_dtype, rs_out, i);
+        if (U->post_divide != 1.0) v = round_to(U->reduce_dtype, (float)(v / U->post_divide));
+        v = round_to(U->orig_dtype, v);
+        cp_store(U->orig_dtype, sharded_grads, i, cp_load(U->orig_dtype, sharded_grads, i) + v);
+    }
+}
+
+/* Indexed by kernel number (cp_gpu_kernels.h: copy-in, copy-out, pack, view-out, view-out adding). */
+static void (*const HOST_COPIES[5])(const cp_plan *, int, int, const void *, void *) = { copy_in, copy_out, pack,
+                                                                                          view_out, view_out_add };
 
 static int host_copy(cp_backend *b, int kernel, int unit, cp_stream s, const void *in, void *out)
 {
     rank_ctx *rc = b->ctx;
     (void)s;
-    if (kernel < 0 || kernel > 3) return -1;
+    if (kernel < 0 || kernel > 4) return -1;
     HOST_COPIES[kernel](&rc->view, unit, rc->shard_rank, in, out);
     return 0;
 }

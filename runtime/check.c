@@ -117,10 +117,19 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
     int64_t biggest = 1;
     for (int u = 0; u < p->nunits; u++)
         if (p->units[u].total > biggest) biggest = p->units[u].total;
+    int M = p->micro_steps > 0 ? p->micro_steps : 1;
     c->param_base = calloc((size_t)p->nparams + 1, sizeof(int64_t));
     c->members = malloc((size_t)W * (size_t)R * sizeof(int));
     c->expect = malloc((size_t)biggest * sizeof(float));
-    if (!c->param_base || !c->members || !c->expect) { cp_checker_free(c); return -1; }
+    c->packs = calloc((size_t)(p->nunits > 0 ? p->nunits : 1) * (size_t)M, 1);
+    c->acc = malloc((size_t)W * (size_t)R * sizeof(float));
+    if (!c->param_base || !c->members || !c->expect || !c->packs || !c->acc) { cp_checker_free(c); return -1; }
+    /* Where the step reduces each unit: after every backward (FSDP2's
+     * default), after the last (set_requires_gradient_sync(False) before
+     * the others), as the plan's ops say. */
+    for (int i = 0; i < p->nops; i++)
+        if (p->ops[i].kind == CP_OP_PACK && p->ops[i].micro_step >= 0 && p->ops[i].micro_step < M)
+            c->packs[(size_t)p->ops[i].unit * (size_t)M + (size_t)p->ops[i].micro_step] = 1;
     /* Patterns are functions of the full parameter's element index, so TP
      * ranks agree on every element they share. */
     for (int i = 1; i < p->nparams; i++) c->param_base[i] = c->param_base[i - 1] + cp_param_full_numel(&p->params[i - 1]);
@@ -145,9 +154,13 @@ void cp_checker_free(cp_checker *c)
     free(c->param_base);
     free(c->members);
     free(c->expect);
+    free(c->packs);
+    free(c->acc);
     c->param_base = NULL;
     c->members = NULL;
     c->expect = NULL;
+    c->packs = NULL;
+    c->acc = NULL;
 }
 
 static void report(cp_checker *c, const char *what, int u, int param, int64_t e, float want, float got)
@@ -197,10 +210,23 @@ void cp_checker_check_unsharded(cp_checker *c, int u, const void *unsharded, con
     }
 }
 
+/* Whether micro-step m's backward writes unit u's unsharded grads afresh:
+ * the step's first, or the first after a packing (which freed them). */
+static int fresh_grads(const cp_checker *c, int u, int m)
+{
+    return m == 0 || c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)(m - 1)];
+}
+
+static int reduces_at(const cp_checker *c, int u, int m)
+{
+    return c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)m];
+}
+
 void cp_checker_add_grads(cp_checker *c, int u, int micro, void *grads)
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
+    int fresh = fresh_grads(c, u, micro);
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
@@ -210,64 +236,71 @@ void cp_checker_add_grads(cp_checker *c, int u, int micro, void *grads)
             int64_t e = cp_param_full_index(prm, c->tp_rank, i);
             float gv = round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, c->rank, micro, c->step));
             /* The micro-step's grad, computed in ag_dtype, into the grads
-             * buffer (grad_dtype): assigned (cast) on the first micro-step,
-             * added in grad_dtype after, as autograd's .grad or FSDP2's
-             * unsharded_accumulated_grad. */
-            cp_store(U->grad_dtype, g, i, micro == 0 ? gv : cp_load(U->grad_dtype, g, i) + gv);
+             * buffer (grad_dtype) as autograd's AccumulateGrad does with
+             * the unsharded parameter's grad_dtype (torch 2.15): cast to it,
+             * then assigned afresh or added in it. */
+            gv = round_to(U->grad_dtype, gv);
+            cp_store(U->grad_dtype, g, i, fresh ? gv : cp_load(U->grad_dtype, g, i) + gv);
         }
     }
 }
 
-/* Member rank g's accumulated grad element e as it enters the
- * reduce-scatter: each micro-step's grad in the compute dtype, summed over
- * micro-steps in the unit's grad dtype (FSDP2's unsharded_accumulated_grad
- * in reduce_dtype: the first cast to it, later ones added in it), then
+/* A member's accumulated unsharded grad as it enters the reduce-scatter,
  * FSDP2's foreach_reduce: the cast to the reduce dtype, then the pre-divide
  * in it (div_ rounds to the reduce dtype). */
-static float member_grad(const cp_checker *c, const cp_unit *U, int64_t k, int64_t e, int g)
+static float packed(const cp_unit *U, float acc)
 {
-    float acc = 0.0f;
-    for (int m = 0; m < c->plan->micro_steps; m++) {
-        float gm = round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, g, m, c->step));
-        acc = round_to(U->grad_dtype, m == 0 ? gm : acc + gm);
-    }
     float v = round_to(U->reduce_dtype, acc);
     return U->pre_divide != 1.0 ? round_to(U->reduce_dtype, (float)(v / U->pre_divide)) : v;
 }
 
-/* The reduce-scatter's result for element e in each replicate member's
- * shard group, rs[q], as this shard rank (its key in the group) gets it. */
-static void shard_stage(const cp_checker *c, const cp_unit *U, int64_t k, int64_t e, float *rs)
+/* Element e of parameter k of unit u in this rank's sharded grads after the
+ * step, key: the ring position finishing its all-reduce under NCCL. Every
+ * micro-step, each of the W x R members' grads (computed in the compute
+ * dtype) is cast to the unit's grad dtype and assigned afresh or added in
+ * it into its unsharded accumulation (torch 2.15's AccumulateGrad with
+ * grad_dtype = reduce_dtype; a grad dtype wider than the compute dtype
+ * casts exactly). Where the step reduces the unit: packed, reduced over
+ * each shard group (the value this shard rank gets), over the replicate
+ * group, post-divided in the reduce dtype and cast to the parameter's
+ * dtype; the step's first reduction assigns the sharded grad, later ones
+ * add into it in its dtype (sharded_param.grad += new_sharded_grad). */
+static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, int key)
 {
     const cp_plan *p = c->plan;
+    const cp_unit *U = &p->units[u];
     int W = p->shard_size, R = p->replicate_size;
-    float vals[W > 0 ? W : 1];
-    for (int q = 0; q < R; q++) {
-        for (int s = 0; s < W; s++) vals[s] = member_grad(c, U, k, e, c->members[q * W + s]);
-        rs[q] = W > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->rs_op, vals, W, c->shard_rank) : vals[0];
+    float vals[W > 0 ? W : 1], rs[R > 0 ? R : 1];
+    float sharded = 0.0f;
+    int have = 0;
+    for (int m = 0; m < p->micro_steps; m++) {
+        int fresh = fresh_grads(c, u, m);
+        for (int i = 0; i < W * R; i++) {
+            float g = round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, c->members[i], m, c->step));
+            g = round_to(U->grad_dtype, g);
+            c->acc[i] = round_to(U->grad_dtype, fresh ? g : c->acc[i] + g);
+        }
+        if (!reduces_at(c, u, m)) continue;
+        for (int q = 0; q < R; q++) {
+            for (int s = 0; s < W; s++) vals[s] = packed(U, c->acc[q * W + s]);
+            rs[q] = W > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->rs_op, vals, W, c->shard_rank) : vals[0];
+        }
+        float v = R > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->ar_op, rs, R, key) : rs[0];
+        if (U->post_divide != 1.0) v = round_to(U->reduce_dtype, (float)(v / U->post_divide));
+        v = round_to(U->orig_dtype, v);
+        sharded = have ? round_to(U->orig_dtype, sharded + v) : v;
+        have = 1;
     }
+    return sharded;
 }
 
-/* The replicate all-reduce of rs (ring position key finishing it under
- * NCCL), FSDP2's post-divide in the reduce dtype (rounded to it), then the
- * cast to the parameter's dtype. */
-static float final_value(const cp_checker *c, const cp_unit *U, const float *rs, int key)
-{
-    int R = c->plan->replicate_size;
-    float v = R > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->ar_op, rs, R, key) : rs[0];
-    if (U->post_divide != 1.0) v = round_to(U->reduce_dtype, (float)(v / U->post_divide));
-    return round_to(U->orig_dtype, v);
-}
-
-/* Every reduced grad element of unit u as this rank must hold it: every
- * member's accumulated grad, reduced over the shard group and then the
- * replicate group, as the collectives define it (padding is not written). */
+/* Every reduced grad element of unit u as this rank must hold it (padding
+ * is not written). */
 static void expect_unit(const cp_checker *c, int u, float *out)
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
     int R = p->replicate_size;
-    float rs[R > 0 ? R : 1];
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
@@ -275,8 +308,7 @@ static void expect_unit(const cp_checker *c, int u, float *out)
         int64_t valid = cp_param_valid(prm, c->shard_rank);
         for (int64_t i = 0; i < valid; i++) {
             int64_t e = cp_param_full_index(prm, c->tp_rank, cp_param_global_index(prm, p->shard_size, c->shard_rank, i));
-            shard_stage(c, U, k, e, rs);
-            out[prm->offset + i] = final_value(c, U, rs, cp_nccl_all_reduce_key(prm->offset + i, U->total, R));
+            out[prm->offset + i] = expect_element(c, u, k, e, cp_nccl_all_reduce_key(prm->offset + i, U->total, R));
         }
     }
 }
@@ -284,14 +316,12 @@ static void expect_unit(const cp_checker *c, int u, float *out)
 /* NCCL's all-reduce finishes an element on a ring position that depends on
  * its channel and chunk split, not known here: with more than two replicas
  * got may be any ring order's bits (with two, every order gives the same). */
-static int any_ring_order(const cp_checker *c, const cp_unit *U, int64_t k, int64_t e, float got)
+static int any_ring_order(const cp_checker *c, int u, int64_t k, int64_t e, float got)
 {
     int R = c->plan->replicate_size;
     if (c->arith != CP_ARITH_NCCL || R <= 2) return 0;
-    float rs[R];
-    shard_stage(c, U, k, e, rs);
     for (int key = 0; key < R; key++)
-        if (same(final_value(c, U, rs, key), got)) return 1;
+        if (same(expect_element(c, u, k, e, key), got)) return 1;
     return 0;
 }
 
@@ -308,7 +338,7 @@ static void compare_grads(cp_checker *c, int u, const float *want, const void *s
             int64_t e = cp_param_full_index(prm, c->tp_rank, cp_param_global_index(prm, p->shard_size, c->shard_rank, i));
             float w = i < valid ? want[prm->offset + i] : 0.0f;
             if (same(w, got)) continue;
-            if (i < valid && any_ring_order(c, U, cp_pattern_param_id(p, param), e, got)) continue;
+            if (i < valid && any_ring_order(c, u, cp_pattern_param_id(p, param), e, got)) continue;
             report(c, i < valid ? "reduced sharded grad" : "grad padding", u, param, i < valid ? e : -1, w, got);
         }
     }

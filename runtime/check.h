@@ -34,6 +34,8 @@ typedef struct {
     int replica_set;     /* this rank's replicate group instance: who shares its expected grads */
     cp_expect_cache *cache; /* NULL: compute this rank's values alone */
     float *expect;          /* scratch: one unit's expected shard without a cache */
+    unsigned char *packs;   /* [unit * micro_steps + m]: the step reduces unit u's grads at micro-step m (its ops) */
+    float *acc;             /* scratch: each of the W x R members' accumulated unsharded grad */
     long mismatches;
 } cp_checker;
 
@@ -42,6 +44,9 @@ void cp_checker_free(cp_checker *c);
 /* Per-unit host buffers in the executor's layouts (see cp_rank_buffers). */
 void cp_checker_fill_shards(cp_checker *c, int unit, void *sharded);
 void cp_checker_check_unsharded(cp_checker *c, int unit, const void *unsharded, const char *when);
+/* The backward of micro-step micro_step into unit's unsharded grads
+ * (grad_dtype): assigned on the first backward after a packing (or of the
+ * step), added into on later ones. */
 void cp_checker_add_grads(cp_checker *c, int unit, int micro_step, void *grads);
 void cp_checker_check_grads(cp_checker *c, int unit, const void *sharded_grads);
 /* TP activation collective op (this rank's TP index, the TP group's size):

@@ -15,7 +15,7 @@ extern "C" {
 /* The layout of the tables below. A generated plan.c refuses to compile
  * against a runtime whose tables differ (nanopb's PB_PROTO_HEADER_VERSION
  * idea): bump it with every change to a table type or an enum. */
-#define CP_TABLES_VERSION 4
+#define CP_TABLES_VERSION 5
 
 #define CP_MAX_DIMS 8      /* tensor dims per parameter */
 #define CP_MAX_MESH_DIMS 6 /* dp_replicate, dp_shard, ep, cp, tp, pp */
@@ -42,6 +42,7 @@ typedef enum {
     CP_OP_TP_ALL_GATHER,     /* sequence-parallel gather (this rank's slot -> whole) */
     CP_OP_TP_REDUCE_SCATTER, /* sequence-parallel reduce-scatter (whole -> this rank's slot, summed) */
     CP_OP_TP_ALL_REDUCE,     /* TP without sequence parallelism, loss-parallel statistics (summed) */
+    CP_OP_VIEW_OUT_ADD,    /* a later reduction of the step: reduce-scatter output added into the sharded grads */
     CP_OP_KIND_COUNT
 } cp_op_kind;
 
@@ -101,10 +102,10 @@ typedef struct {
     int64_t numel; /* sum of real numel */
     int64_t grads_numel; /* unsharded-grads buffer: numel with each param start aligned */
     cp_dtype orig_dtype, ag_dtype, reduce_dtype;
-    /* The unsharded grads buffer's dtype: ag_dtype, or reduce_dtype where
-     * micro-steps accumulate before a reduction (FSDP2's
-     * unsharded_accumulated_grad): each micro-step's grad, computed in
-     * ag_dtype, is cast to it on the first and added in it on later ones. */
+    /* The unsharded grads buffer's dtype, torch 2.15's: reduce_dtype (the
+     * unsharded parameter's grad_dtype: each micro-step's grad, computed in
+     * ag_dtype, cast to it and added in it), or ag_dtype where reduce_dtype is
+     * wider and every backward's grads are reduced before the next. */
     cp_dtype grad_dtype;
     int is_root;
     int reshard_after_forward;
@@ -221,7 +222,8 @@ typedef enum { CP_SLOT_NONE = 0, CP_SLOT_SHARD, CP_SLOT_TP } cp_slot;
 typedef struct {
     const char *name;
     cp_op_action action;
-    int kernel;            /* CP_ACT_COPY: the copy (CP_KERNEL_*: 0 copy-in, 1 copy-out, 2 pack, 3 view-out) */
+    int kernel;            /* CP_ACT_COPY: the copy (CP_KERNEL_*: 0 copy-in, 1 copy-out, 2 pack, 3 view-out,
+                              4 view-out adding into the sharded grads) */
     cp_collective collective; /* CP_ACT_COLLECTIVE */
     cp_buffer in, out;     /* the unit's buffers it reads and writes */
     cp_slot in_slot, out_slot; /* only this rank's slot of in / out (all-gather input, reduce-scatter output) */

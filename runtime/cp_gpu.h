@@ -41,10 +41,10 @@ void cp_gpu_use_stream(cp_gpu *g, void *stream);
  * sharded: this rank's padded shard (orig dtype), its first cp_param_valid() elements real;
  * unsharded: the full parameter (all-gather dtype), valid between unshard and reshard;
  * grad: the unsharded gradient in the unit's grad_dtype (cp_unit), which the caller's backward
- *       writes on the first micro-step after reduce_grads and accumulates into on later ones:
- *       each micro-step's gradient is computed in the all-gather dtype and, where grad_dtype is
- *       the reduce dtype (micro-steps accumulating, FSDP2's unsharded_accumulated_grad), cast to
- *       it on the first micro-step and added in it (one rounding to grad_dtype) on later ones;
+ *       writes on the first micro-step after reduce_grads and accumulates into on later ones,
+ *       as autograd's AccumulateGrad does with torch 2.15 FSDP2's grad_dtype: each micro-step's
+ *       gradient, computed in the all-gather dtype, cast to grad_dtype, then assigned or added
+ *       in grad_dtype;
  * sharded_grad: this rank's reduced gradient shard (orig dtype) after reduce_grads. */
 void *cp_gpu_sharded(cp_gpu *g, int param);
 void *cp_gpu_unsharded(cp_gpu *g, int param);

@@ -8,7 +8,14 @@
 extern "C" {
 #endif
 
-enum cp_kernel_op { CP_KERNEL_COPY_IN = 0, CP_KERNEL_COPY_OUT = 1, CP_KERNEL_PACK = 2, CP_KERNEL_VIEW_OUT = 3 };
+enum cp_kernel_op {
+    CP_KERNEL_COPY_IN = 0,
+    CP_KERNEL_COPY_OUT = 1,
+    CP_KERNEL_PACK = 2,
+    CP_KERNEL_VIEW_OUT = 3,
+    CP_KERNEL_VIEW_OUT_ADD = 4, /* the view-out adding into the sharded grads */
+    CP_KERNEL_COUNT
+};
 
 typedef struct {
     /* Enqueue one unit's copy, with the tables of TP class tp_class (0

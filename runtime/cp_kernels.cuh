@@ -100,7 +100,9 @@ template <typename T, int V> __host__ __device__ inline void cp_kstore(T *dst, c
 }
 
 /* Divide, cast and divide V loaded elements as FSDP2's foreach_reduce
- * does, then store them: in_div divides in the input dtype before the cast
+ * does, then store them (add: into what dst holds, in its dtype, as
+ * FSDP2's sharded_param.grad += new_sharded_grad): in_div divides in the
+ * input dtype before the cast
  * (the view-out's post-divide: in the reduce dtype, then the cast to the
  * parameter's), out_div in the output dtype after it (the packing's
  * pre-divide: the cast to the reduce dtype, then the divide). Each divide
@@ -109,19 +111,20 @@ template <typename T, int V> __host__ __device__ inline void cp_kstore(T *dst, c
  * divides only fp16 tensors, whose quotients by these factors round to the
  * same fp16 either way.) */
 template <typename TI, typename TO, int V>
-__host__ __device__ inline void cp_kput(TO *dst, const cp_kvec<TI, V> &in, float in_div, float out_div)
+__host__ __device__ inline void cp_kput(TO *dst, const cp_kvec<TI, V> &in, float in_div, float out_div, bool add)
 {
-    if (cp_same<TI, TO>::value && in_div == 1.0f && out_div == 1.0f) { /* plain move, bits untouched */
+    if (!add && cp_same<TI, TO>::value && in_div == 1.0f && out_div == 1.0f) { /* plain move, bits untouched */
         cp_kstore<TO, V>(dst, reinterpret_cast<const cp_kvec<TO, V> &>(in));
         return;
     }
-    cp_kvec<TO, V> out;
+    cp_kvec<TO, V> out = {};
+    if (add) cp_kload<TO, V>(out, dst);
     for (int k = 0; k < V; k++) {
         TI a = in.e[k];
         if (in_div != 1.0f) a = cp_from_float<TI>(cp_to_float<TI>(a) / in_div);
         TO b = cp_from_float<TO>(cp_to_float<TI>(a));
         if (out_div != 1.0f) b = cp_from_float<TO>(cp_to_float<TO>(b) / out_div);
-        out.e[k] = b;
+        out.e[k] = add ? cp_from_float<TO>(cp_to_float<TO>(out.e[k]) + cp_to_float<TO>(b)) : b;
     }
     cp_kstore<TO, V>(dst, out);
 }
@@ -133,7 +136,7 @@ __host__ __device__ inline void cp_kput(TO *dst, const cp_kvec<TI, V> &in, float
  * the batched path; the rest goes element group by element group. */
 template <typename TI, typename TO, int V, typename Map>
 __host__ __device__ inline void cp_ktile(const Map &m, long long j0, long long end, int lane, float in_div,
-                                         float out_div)
+                                         float out_div, bool add = false)
 {
     const int NV = CP_KNV;
     if (m.contiguous(j0, end, CP_KTILE_OF(V))) {
@@ -141,7 +144,8 @@ __host__ __device__ inline void cp_ktile(const Map &m, long long j0, long long e
         TO *dst = m.dst(j0);
         cp_kvec<TI, V> in[NV];
         for (int u = 0; u < NV; u++) cp_kload<TI, V>(in[u], src + (u * CP_KTHREADS + lane) * V);
-        for (int u = 0; u < NV; u++) cp_kput<TI, TO, V>(dst + (u * CP_KTHREADS + lane) * V, in[u], in_div, out_div);
+        for (int u = 0; u < NV; u++)
+            cp_kput<TI, TO, V>(dst + (u * CP_KTHREADS + lane) * V, in[u], in_div, out_div, add);
         return;
     }
     for (long long j = j0 + (long long)lane * V; j < end; j += (long long)CP_KTHREADS * V) {
@@ -149,7 +153,7 @@ __host__ __device__ inline void cp_ktile(const Map &m, long long j0, long long e
         if (m.readable(j, V)) cp_kload<TI, V>(in, m.src(j));
         else
             for (int k = 0; k < V; k++) in.e[k] = m.readable(j + k, 1) ? m.src(j + k)[0] : cp_from_float<TI>(0.0f);
-        cp_kput<TI, TO, V>(m.dst(j), in, in_div, out_div);
+        cp_kput<TI, TO, V>(m.dst(j), in, in_div, out_div, add);
     }
 }
 
@@ -218,13 +222,14 @@ __host__ __device__ inline void cp_copy_in_tile(const cp_kview &v, int shard_ran
     cp_ktile<TI, TO, V>(m, j0, end, lane, 1.0f, 1.0f);
 }
 
+/* add: a later reduction of the step, adding into the sharded grads. */
 template <typename TI, typename TO, int V>
 __host__ __device__ inline void cp_view_out_tile(const cp_kview &v, const TI *rs_out, TO *sharded_grads, long long b,
-                                                 int lane)
+                                                 int lane, bool add)
 {
     cp_map_flat<TI, TO> m = { rs_out, sharded_grads, v.unit.total };
     long long j0 = b * CP_KTILE_OF(V), end = j0 + CP_KTILE_OF(V) < m.n ? j0 + CP_KTILE_OF(V) : m.n;
-    cp_ktile<TI, TO, V>(m, j0, end, lane, v.unit.post_divide, 1.0f);
+    cp_ktile<TI, TO, V>(m, j0, end, lane, v.unit.post_divide, 1.0f, add);
 }
 
 template <typename T, int V>
@@ -261,7 +266,7 @@ __host__ __device__ inline void cp_pack_tile(const cp_kview &v, const TI *grads,
 /* Blocks of each op: one per tile. */
 template <int V> __host__ __device__ inline long long cp_kblocks(int op, const cp_kview &v)
 {
-    if (op == 0 || op == 3) return (v.unit.total + CP_KTILE_OF(V) - 1) / CP_KTILE_OF(V);
+    if (op == 0 || op == 3 || op == 4) return (v.unit.total + CP_KTILE_OF(V) - 1) / CP_KTILE_OF(V);
     return (long long)v.W * (op == 1 ? v.unit.tiles_out : v.unit.tiles_pack);
 }
 
@@ -282,9 +287,9 @@ __global__ void __launch_bounds__(CP_KTHREADS) cp_pack_kernel(cp_kview v, const 
     cp_pack_tile<TI, TO, V>(v, in, out, blockIdx.x, threadIdx.x);
 }
 template <typename TI, typename TO, int V>
-__global__ void __launch_bounds__(CP_KTHREADS) cp_view_out_kernel(cp_kview v, const TI *in, TO *out)
+__global__ void __launch_bounds__(CP_KTHREADS) cp_view_out_kernel(cp_kview v, const TI *in, TO *out, int add)
 {
-    cp_view_out_tile<TI, TO, V>(v, in, out, blockIdx.x, threadIdx.x);
+    cp_view_out_tile<TI, TO, V>(v, in, out, blockIdx.x, threadIdx.x, add != 0);
 }
 #endif
 
@@ -297,7 +302,7 @@ __global__ void __launch_bounds__(CP_KTHREADS) cp_view_out_kernel(cp_kview v, co
 #include "commplan.h"
 /* Dispatch from run-time dtypes (cp_dtype codes: 0 fp32, 1 bf16, 2 fp16)
  * to the typed kernels; host = 1 runs the same group bodies on the CPU. */
-enum { CP_K_COPY_IN = 0, CP_K_COPY_OUT = 1, CP_K_PACK = 2, CP_K_VIEW_OUT = 3 };
+enum { CP_K_COPY_IN = 0, CP_K_COPY_OUT = 1, CP_K_PACK = 2, CP_K_VIEW_OUT = 3, CP_K_VIEW_OUT_ADD = 4 };
 
 template <typename TI, typename TO, int V>
 static cudaError_t cp_krun(int op, const cp_kview &v, int shard_rank, const void *in, void *out, cudaStream_t s,
@@ -312,7 +317,7 @@ static cudaError_t cp_krun(int op, const cp_kview &v, int shard_rank, const void
                 case CP_K_COPY_IN: cp_copy_in_tile<TI, TO, V>(v, shard_rank, src, dst, b, lane); break;
                 case CP_K_COPY_OUT: cp_copy_out_tile<TO, V>(v, reinterpret_cast<const TO *>(src), dst, b, lane); break;
                 case CP_K_PACK: cp_pack_tile<TI, TO, V>(v, src, dst, b, lane); break;
-                default: cp_view_out_tile<TI, TO, V>(v, src, dst, b, lane); break;
+                default: cp_view_out_tile<TI, TO, V>(v, src, dst, b, lane, op == CP_K_VIEW_OUT_ADD); break;
                 }
         return cudaSuccess;
     }
@@ -329,7 +334,7 @@ static cudaError_t cp_krun(int op, const cp_kview &v, int shard_rank, const void
         cp_copy_out_kernel<TO, V><<<grid, CP_KTHREADS, 0, s>>>(v, reinterpret_cast<const TO *>(src), dst);
         break;
     case CP_K_PACK: cp_pack_kernel<TI, TO, V><<<grid, CP_KTHREADS, 0, s>>>(v, src, dst); break;
-    default: cp_view_out_kernel<TI, TO, V><<<grid, CP_KTHREADS, 0, s>>>(v, src, dst); break;
+    default: cp_view_out_kernel<TI, TO, V><<<grid, CP_KTHREADS, 0, s>>>(v, src, dst, op == CP_K_VIEW_OUT_ADD); break;
     }
     return cudaGetLastError();
 #else
@@ -483,7 +488,7 @@ static inline cudaError_t cp_ktables_run(cp_ktables *t, const cp_plan *p, int c,
                                          const void *in, void *out, cudaStream_t s, int host)
 {
     int nclasses = p->nclasses > 0 ? p->nclasses : 1;
-    if (c < 0 || c >= nclasses || unit < 0 || unit >= p->nunits || op < 0 || op > CP_K_VIEW_OUT)
+    if (c < 0 || c >= nclasses || unit < 0 || unit >= p->nunits || op < 0 || op > CP_K_VIEW_OUT_ADD)
         return cudaErrorInvalidValue;
     cudaError_t e = host ? cp_ktables_build_host(t, p, c) : cp_ktables_prepare(t, p, c);
     if (e != cudaSuccess) return e;

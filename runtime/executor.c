@@ -12,7 +12,7 @@
 
 /* Kernel numbers as cp_gpu_kernels.h declares them (that header is the
  * CUDA-side face; this file stays plain C). */
-enum { K_COPY_IN = 0, K_COPY_OUT = 1, K_PACK = 2, K_VIEW_OUT = 3 };
+enum { K_COPY_IN = 0, K_COPY_OUT = 1, K_PACK = 2, K_VIEW_OUT = 3, K_VIEW_OUT_ADD = 4 };
 
 const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
     [CP_OP_COPY_IN] = { .name = "copy_in", .action = CP_ACT_COPY, .kernel = K_COPY_IN,
@@ -48,6 +48,10 @@ const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
     [CP_OP_TP_ALL_REDUCE] = { .name = "tp_all_reduce", .action = CP_ACT_COLLECTIVE,
                               .collective = CP_COLL_ALL_REDUCE, .in = CP_BUF_ACT, .out = CP_BUF_ACT,
                               .frees = CP_BUF_NONE, .ring_passes = 2, .activation = 1 },
+    /* FSDP2's sharded_param.grad += new_sharded_grad: a reduction after the
+     * step's first adds into the sharded grads instead of assigning them. */
+    [CP_OP_VIEW_OUT_ADD] = { .name = "view_out_add", .action = CP_ACT_COPY, .kernel = K_VIEW_OUT_ADD,
+                             .in = CP_BUF_RS_OUT, .out = CP_BUF_SHARDED_GRADS, .frees = CP_BUF_RS_OUT },
 };
 
 const char *cp_op_kind_name(cp_op_kind k)

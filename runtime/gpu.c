@@ -209,8 +209,8 @@ static int gpu_copy(cp_backend *b, int kernel, int unit, cp_stream s, const void
     cp_gpu *g = b->ctx;
     int e = g->k->launch(g->plan->view_class, kernel, unit, g->shard_rank, in, out, g->streams[s]);
     if (e != 0) {
-        static const char *const names[] = { "copy-in", "copy-out", "pack", "view-out" };
-        return fail(g, "%s kernel of unit %s failed: %s", kernel >= 0 && kernel < 4 ? names[kernel] : "?",
+        static const char *const names[] = { "copy-in", "copy-out", "pack", "view-out", "view-out (adding)" };
+        return fail(g, "%s kernel of unit %s failed: %s", kernel >= 0 && kernel < 5 ? names[kernel] : "?",
                     g->plan->units[unit].name, cudaGetErrorString((cudaError_t)e));
     }
     return 0;
@@ -624,11 +624,14 @@ int cp_gpu_reshard(cp_gpu *g, int unit, void *stream)
     return 0;
 }
 
-/* Pack, reduce-scatter, the HSDP all-reduce where the plan has one, view-out. */
+/* Pack, reduce-scatter, the HSDP all-reduce where the plan has one, view-out
+ * (assigning the sharded grads, or adding into them on a later reduction of
+ * the step, as the plan's op says). */
 int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream)
 {
-    static const cp_op_kind kinds[] = { CP_OP_PACK, CP_OP_REDUCE_SCATTER, CP_OP_ALL_REDUCE, CP_OP_VIEW_OUT };
-    return run_unit_ops(g, unit, CALL_REDUCE, kinds, 4, (cudaStream_t)stream);
+    static const cp_op_kind kinds[] = { CP_OP_PACK, CP_OP_REDUCE_SCATTER, CP_OP_ALL_REDUCE, CP_OP_VIEW_OUT,
+                                        CP_OP_VIEW_OUT_ADD };
+    return run_unit_ops(g, unit, CALL_REDUCE, kinds, 5, (cudaStream_t)stream);
 }
 
 void cp_gpu_set_compute(cp_gpu *g, cp_gpu_compute_fn fn, void *user)
@@ -792,6 +795,7 @@ int cp_gpu_bench_ops(cp_gpu *g, void *stream, int warmup, int iters, FILE *out)
         size_t bytes = cp_gpu_buffer_bytes(g, big, d->in) + cp_gpu_buffer_bytes(g, big, d->out);
         if (d->out == CP_BUF_AG) /* copy-in writes only this rank's slot */
             bytes = cp_gpu_buffer_bytes(g, big, d->in) + cp_gpu_buffer_bytes(g, big, d->out) / (size_t)p->shard_size;
+        if (kind == CP_OP_VIEW_OUT_ADD) bytes += cp_gpu_buffer_bytes(g, big, d->out); /* reads the sharded grads too */
         float ms = 0.0f;
         for (int it = -warmup; it < iters; it++) {
             if (it == 0) CUDA(cudaEventRecord(t0, S));

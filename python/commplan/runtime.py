@@ -22,7 +22,7 @@ What it does, as FSDP2's fully_shard does it:
   hook on the unit's outputs), reshard after forward where the plan reshards, and after the
   unit's last parameter gradient arrives: copy the gradients into the plan's unsharded-grads
   buffer (first micro-batch) or add them (later ones, for plans with micro_steps > 1, in the
-  unit's grad_dtype: reduce_dtype, as FSDP2's unsharded_accumulated_grad), reshard, and reduce
+  unit's grad_dtype, as torch 2.15's FSDP2 sets the unsharded parameter's), reshard, and reduce
   where the plan reduces;
 * sets each sharded parameter's .grad to this rank's reduced shard (a view of the plan's
   sharded-grads storage, zero copy); a later reduce before the optimizer consumed it (gradient
@@ -63,7 +63,7 @@ _TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<i2"}  # bf16 travels as int1
 CALL_KINDS = {
     "unshard": ("copy_in", "all_gather", "copy_out"),
     "reshard": ("reshard",),
-    "reduce": ("pack", "reduce_scatter", "all_reduce", "view_out"),
+    "reduce": ("pack", "reduce_scatter", "all_reduce", "view_out", "view_out_add"),
 }
 
 
@@ -293,6 +293,10 @@ class CommplanFSDP:
         self._micro_steps = self.plan["fsdp"].get("micro_steps", 1)
         self._micro_end = [sum(1 for c in self._calls if c[2] <= m) for m in range(self._micro_steps)]
         self._plan_calls = {(c, self._unit_index[u], m, ph) for c, u, m, ph in calls}
+        # (unit, micro-step) whose reduction adds into the plan's sharded-grads storage
+        # (view_out_add: FSDP2's default accumulation, a later reduction of the step)
+        self._reduce_adds = {(self._unit_index[op["unit"]], op.get("micro_step", 0))
+                             for op in self.plan["ops"] if op["kind"] == "view_out_add"}
         self._pos = 0
         self._micro = 0
         self._reset_pass()
@@ -339,8 +343,8 @@ class CommplanFSDP:
                 P.sharded = nn.Parameter(flat[:nvalid].view(local), requires_grad=p.requires_grad)
                 P.unsharded = nn.Parameter(self.lib.tensor("unsharded", pindex, numel, ag).view(shape),
                                            requires_grad=p.requires_grad)
-                # in the unit's grad_dtype: reduce_dtype where micro-batches accumulate (FSDP2's
-                # unsharded_accumulated_grad: copy_ casts the first, add_ sums later ones there)
+                # in the unit's grad_dtype (torch 2.15's grad_dtype of the unsharded parameter:
+                # copy_ casts the first micro-batch's gradient, add_ sums later ones there)
                 P.grad_buf = self.lib.tensor("grad", pindex, numel, pu.get("grad_dtype", ag)).view(shape)
                 P.shard_grad = self.lib.tensor("sharded_grad", pindex, meta["padded_numel"],
                                                meta["dtype"])[:nvalid].view(local)
@@ -481,8 +485,10 @@ class CommplanFSDP:
             self._enter_backward()
             g = arg.grad if post_accumulate else arg
             with torch.no_grad():
+                # cast to the buffer's dtype first, then added in it: AccumulateGrad with the
+                # unsharded parameter's grad_dtype, as torch 2.15's FSDP2 sets it
                 if P.accumulated:
-                    P.grad_buf.add_(g)
+                    P.grad_buf.add_(g.to(P.grad_buf.dtype))
                 else:
                     P.grad_buf.copy_(g)
             P.accumulated = True
@@ -503,9 +509,15 @@ class CommplanFSDP:
         self._reshard(u, "backward")
         if not unit["params"] or ("reduce", u, self._micro, "backward") not in self._plan_calls:
             return
+        adds = (u, self._micro) in self._reduce_adds
         with torch.no_grad():
             for P in unit["params"]:
-                if P.alias is not None and P.sharded.grad is P.alias:
+                aliased = P.alias is not None and P.sharded.grad is P.alias
+                if adds and not aliased:
+                    # the plan adds this reduction into its storage: start it from zero, so the
+                    # storage holds this reduction alone, added into .grad below
+                    P.shard_grad.zero_()
+                elif not adds and aliased:
                     # an earlier micro-batch's reduced shard not yet consumed: move it out of the
                     # plan's storage before this reduce overwrites it (stream-ordered before the pack)
                     P.sharded.grad = P.alias.clone()
@@ -515,8 +527,9 @@ class CommplanFSDP:
                 if P.sharded.grad is None:
                     P.alias = P.shard_grad
                     P.sharded.grad = P.alias
-                else:
+                elif P.sharded.grad is not P.alias:
                     P.sharded.grad.add_(P.shard_grad)
+                # else: the plan added this reduction into .grad's own storage (view_out_add)
 
     def _finish_backward(self):
         try:

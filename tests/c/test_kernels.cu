@@ -96,14 +96,18 @@ static void check_copy(const cp_plan *p, cp_backend *ref, const cp_gpu_kernels *
 {
     /* p is the rank's view: its TP class's layout. */
     const cp_unit *U = &p->units[u];
-    cp_dtype in_t = kernel == CP_KERNEL_COPY_IN    ? U->orig_dtype
-                    : kernel == CP_KERNEL_VIEW_OUT ? U->reduce_dtype
-                    : kernel == CP_KERNEL_PACK     ? U->grad_dtype
-                                                   : U->ag_dtype;
+    cp_dtype in_t = kernel == CP_KERNEL_COPY_IN                                          ? U->orig_dtype
+                    : kernel == CP_KERNEL_VIEW_OUT || kernel == CP_KERNEL_VIEW_OUT_ADD ? U->reduce_dtype
+                    : kernel == CP_KERNEL_PACK                                         ? U->grad_dtype
+                                                                                       : U->ag_dtype;
     size_t in_bytes = (size_t)cp_arena_buffer_bytes(p, u, in_kind);
     size_t out_bytes = (size_t)cp_arena_buffer_bytes(p, u, out_kind);
     std::vector<unsigned char> in(in_bytes + 1), want(out_bytes + 1, CP_POISON_BYTE), out0(out_bytes + 1, CP_POISON_BYTE);
     fill_random(in.data(), in_t, (int64_t)(in_bytes / cp_dtype_size(in_t)), seed);
+    if (kernel == CP_KERNEL_VIEW_OUT_ADD) { /* adds into sharded grads an earlier reduction set */
+        fill_random(out0.data(), U->orig_dtype, (int64_t)(out_bytes / cp_dtype_size(U->orig_dtype)), seed);
+        memcpy(want.data(), out0.data(), out_bytes);
+    }
     if (ref->copy(ref, kernel, u, CP_STREAM_COMPUTE, in.data(), want.data()) != 0) exit(1);
     compare(p->name, what, u, rank, k, p->view_class, kernel, shard_rank, in.data(), in_bytes, out0.data(), want.data(),
             out_bytes);
@@ -130,6 +134,8 @@ static void check_plan(const cp_plan *plan, const cp_gpu_kernels *k)
             check_copy(p, &b, k, "copy_out", CP_KERNEL_COPY_OUT, u, rank, sr, CP_BUF_AG, CP_BUF_UNSHARDED, &seed);
             check_copy(p, &b, k, "pack", CP_KERNEL_PACK, u, rank, sr, CP_BUF_GRADS, CP_BUF_RS_IN, &seed);
             check_copy(p, &b, k, "view_out", CP_KERNEL_VIEW_OUT, u, rank, sr, CP_BUF_RS_OUT, CP_BUF_SHARDED_GRADS, &seed);
+            check_copy(p, &b, k, "view_out_add", CP_KERNEL_VIEW_OUT_ADD, u, rank, sr, CP_BUF_RS_OUT,
+                       CP_BUF_SHARDED_GRADS, &seed);
         }
     }
     cp_host_world_destroy(w);

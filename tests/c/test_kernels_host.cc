@@ -203,7 +203,9 @@ static plan_clone &clone_plan(const cp_plan *p)
 }
 
 /* ---- one copy op on one rank ---- */
-static const char *const KNAMES[4] = { "copy_in", "copy_out", "pack", "view_out" };
+static const char *const KNAMES[5] = { "copy_in", "copy_out", "pack", "view_out", "view_out_add" };
+/* The view-outs (assigning, or adding into the sharded grads): the whole unit, reduce dtype -> orig. */
+static bool is_view_out(int kernel) { return kernel == CP_KERNEL_VIEW_OUT || kernel == CP_KERNEL_VIEW_OUT_ADD; }
 
 struct tally {
     long long checks, mismatched, stray_ops, out_bytes, bytes_compared, pieces, misaligned_pieces, words, misaligned_words;
@@ -264,7 +266,7 @@ static std::string where(const cp_plan *v, const cp_unit *U, int kernel, int64_t
         }
         return "no parameter";
     }
-    int64_t r = kernel == CP_KERNEL_VIEW_OUT ? 0 : e / U->total, j = kernel == CP_KERNEL_VIEW_OUT ? e : e % U->total;
+    int64_t r = is_view_out(kernel) ? 0 : e / U->total, j = is_view_out(kernel) ? e : e % U->total;
     q = param_at(v, U, j);
     if (!q) return "no parameter";
     snprintf(s, sizeof s, "slot %lld, %s element %lld (row %lld)", (long long)r, q->name, (long long)(j - q->offset),
@@ -283,7 +285,7 @@ static void check_pieces(const cp_plan *v, int u, int kernel, int shard_rank, co
     const cp_unit *U = &v->units[u];
     if (!U->vec_ok) return;
     cp_dtype ti = kernel == CP_KERNEL_COPY_IN    ? U->orig_dtype
-                  : kernel == CP_KERNEL_VIEW_OUT ? U->reduce_dtype
+                  : is_view_out(kernel)          ? U->reduce_dtype
                   : kernel == CP_KERNEL_PACK     ? grads_dtype(U)
                                                  : U->ag_dtype;
     cp_dtype to = kernel == CP_KERNEL_COPY_IN || kernel == CP_KERNEL_COPY_OUT ? U->ag_dtype
@@ -308,7 +310,7 @@ static void check_pieces(const cp_plan *v, int u, int kernel, int shard_rank, co
         }
     };
     if (kernel == CP_KERNEL_COPY_IN) piece(in, out + (size_t)shard_rank * U->total * eo, 0, 0, 1, "the unit");
-    else if (kernel == CP_KERNEL_VIEW_OUT) piece(in, out, 0, 0, 1, "the unit");
+    else if (is_view_out(kernel)) piece(in, out, 0, 0, 1, "the unit");
     else
         for (int i = 0; i < U->nparams; i++) {
             const cp_param *q = &v->params[U->first_param + i];
@@ -593,7 +595,9 @@ int main(void)
             snprintf(label, sizeof label, " (pre_divide %g, post_divide %g%s)", f.pre, f.post,
                      f.grads_in_ag ? ", grads in the all-gather dtype" : "");
             check_ctx c = { PLANS[i].name, label, &pc.plan, &pc.plan, nullptr, w, true };
-            check_plan(c, f.grads_in_ag ? 1u << CP_KERNEL_PACK : (1u << CP_KERNEL_PACK | 1u << CP_KERNEL_VIEW_OUT), sweep);
+            check_plan(c, f.grads_in_ag ? 1u << CP_KERNEL_PACK
+                                        : (1u << CP_KERNEL_PACK | 1u << CP_KERNEL_VIEW_OUT | 1u << CP_KERNEL_VIEW_OUT_ADD),
+                       sweep);
             cp_host_world_destroy(w);
         }
 

@@ -235,6 +235,24 @@ static void test_wrong_reduce_op_is_caught(void **state)
     free(c.ops);
 }
 
+/* FSDP2's default over two micro-steps (fsdp8_uneven): the second
+ * reduction's view-out assigning instead of adding drops the first
+ * micro-step's gradient, and a first view-out adding reads the poisoned
+ * sharded grads: the exact checks catch both. */
+static void test_view_out_add_is_checked(void **state)
+{
+    (void)state;
+    cp_sim_options o = quiet_opts();
+    plan_copy c = copy_plan(&fsdp8_uneven_plan);
+    c.ops[find_op(&c, CP_OP_VIEW_OUT_ADD, 0)].kind = CP_OP_VIEW_OUT;
+    assert_int_equal(cp_simulate(&c.plan, &o), 1);
+    free(c.ops);
+    c = copy_plan(&fsdp8_uneven_plan);
+    c.ops[find_op(&c, CP_OP_VIEW_OUT, 0)].kind = CP_OP_VIEW_OUT_ADD;
+    assert_int_equal(cp_simulate(&c.plan, &o), 1);
+    free(c.ops);
+}
+
 static void test_missing_all_reduce_is_caught(void **state)
 {
     (void)state;
@@ -283,7 +301,37 @@ static cp_unit hand_unit(cp_dtype orig, cp_dtype ag, cp_dtype reduce, cp_dtype g
 }
 
 /* The step of a one-rank plan with `micro` micro-steps: unshard once, a
- * forward and a backward per micro-step, then reshard and reduce. */
+ * forward and a backward per micro-step, then reshard and reduce; with
+ * every, FSDP2's default: a reduction after each backward, the later ones
+ * adding into the sharded grads (view_out_add). */
+static void hand_reduce(cp_op *ops, int *n, int m, const cp_unit *u, int add)
+{
+    ops[(*n)++] = (cp_op){ .kind = CP_OP_PACK, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = m, .event = -1 };
+    ops[(*n)++] = (cp_op){ .kind = CP_OP_REDUCE_SCATTER, .family = -1, .stream = CP_STREAM_COMPUTE,
+                           .dtype = u->reduce_dtype, .count = u->total, .micro_step = m, .event = -1 };
+    ops[(*n)++] = (cp_op){ .kind = add ? CP_OP_VIEW_OUT_ADD : CP_OP_VIEW_OUT, .family = -1, .stream = CP_STREAM_COMPUTE,
+                           .micro_step = m, .event = -1 };
+}
+
+static int hand_ops_every(cp_op *ops, int micro, const cp_unit *u)
+{
+    int n = 0;
+    ops[n++] = (cp_op){ .kind = CP_OP_COPY_IN, .family = -1, .stream = CP_STREAM_COPY_IN, .event = -1 };
+    ops[n++] = (cp_op){ .kind = CP_OP_ALL_GATHER, .family = -1, .stream = CP_STREAM_COPY_IN, .dtype = u->ag_dtype,
+                        .count = u->total, .event = -1 };
+    ops[n++] = (cp_op){ .kind = CP_OP_COPY_OUT, .family = -1, .stream = CP_STREAM_COMPUTE, .event = -1 };
+    for (int m = 0; m < micro; m++) {
+        ops[n++] = (cp_op){ .kind = CP_OP_FORWARD, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = m,
+                            .event = -1 };
+        ops[n++] = (cp_op){ .kind = CP_OP_BACKWARD, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = m,
+                            .event = -1 };
+        hand_reduce(ops, &n, m, u, m > 0);
+    }
+    ops[n++] = (cp_op){ .kind = CP_OP_RESHARD, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = micro - 1,
+                        .event = -1 };
+    return n;
+}
+
 static int hand_ops(cp_op *ops, int micro, const cp_unit *u)
 {
     int n = 0;
@@ -388,6 +436,53 @@ static void test_divides_in_reduce_dtype_then_cast(void **state)
     assert_float_bits(got[3], __builtin_inff());
 }
 
+/* bf16 grads 1, 2^-8, 2^-8 over three micro-steps, reduced in fp32 into
+ * a bf16 parameter's grads. The backward writes each micro-step's grad as
+ * the caller's contract says: assigned in the grad dtype after a
+ * reduction (or at the step's start), added in it otherwise. */
+typedef struct {
+    const float *g; /* per micro-step, the same for every element */
+    cp_dtype grad_dtype;
+    int every;
+} micro_grads;
+
+static int write_micro_grads(void *user, cp_executor *ex, const cp_op *op)
+{
+    const micro_grads *mg = user;
+    if (op->kind != CP_OP_BACKWARD) return 0;
+    unsigned char buf[8 * 4];
+    int fresh = op->micro_step == 0 || mg->every;
+    if (!fresh && cp_executor_read(ex, op->stream, op->unit, CP_BUF_GRADS, buf)) return -1;
+    float g = mg->g[op->micro_step];
+    for (int i = 0; i < HAND_NUMEL; i++) cp_store(mg->grad_dtype, buf, i, fresh ? g : cp_load(mg->grad_dtype, buf, i) + g);
+    return cp_executor_write(ex, op->stream, op->unit, CP_BUF_GRADS, buf);
+}
+
+/* FSDP2's default reduces after every backward and adds each result into
+ * the sharded grad in the parameter's dtype: 1 + 2^-8 is a tie in bf16
+ * (rounds to 1), twice: 1.0. With set_requires_gradient_sync(False) the
+ * unsharded grads accumulate in fp32 to 1 + 2^-7, exact in bf16: 1.0078125. */
+static void test_fsdp2_default_adds_each_reduction(void **state)
+{
+    (void)state;
+    static const float g[3] = { 1.0f, 0x1p-8f, 0x1p-8f };
+    float got[HAND_NUMEL];
+    cp_op ops[32];
+    /* FSDP2's default: reductions every micro-step, the grads buffer in bf16 */
+    cp_unit u = hand_unit(CP_BF16, CP_BF16, CP_FP32, CP_BF16, 1.0, 1.0);
+    cp_plan p = hand_plan(&u, ops, 3);
+    p.nops = hand_ops_every(ops, 3, &u);
+    micro_grads every = { g, CP_BF16, 1 };
+    run_hand_plan(&p, write_micro_grads, &every, got);
+    for (int i = 0; i < HAND_NUMEL; i++) assert_float_bits(got[i], 1.0f);
+    /* set_requires_gradient_sync(False) before the last: fp32 accumulation, one reduction */
+    u = hand_unit(CP_BF16, CP_BF16, CP_FP32, CP_FP32, 1.0, 1.0);
+    p = hand_plan(&u, ops, 3);
+    micro_grads last = { g, CP_FP32, 0 };
+    run_hand_plan(&p, write_micro_grads, &last, got);
+    for (int i = 0; i < HAND_NUMEL; i++) assert_float_bits(got[i], 1.0078125f);
+}
+
 /* What the simulation's backward does (the harness's): the checker's
  * pattern grads into the grads buffer, accumulated on later micro-steps. */
 static int checker_backward(void *user, cp_executor *ex, const cp_op *op)
@@ -402,13 +497,14 @@ static int checker_backward(void *user, cp_executor *ex, const cp_op *op)
 
 static float bf16_round(double v) { return cp_bf16_to_float(cp_float_to_bf16((float)v)); }
 
-/* Micro-steps accumulate the unsharded grads in reduce_dtype, FSDP2's
- * unsharded_accumulated_grad: bf16 grads summed in fp32 (to_accumulated_grad
- * casts up, later micro-steps add in fp32), and fp32 grads with a bf16
- * reduce_dtype summed in bf16. Expected: the pattern's per-micro-step grads
- * (rounded to the compute dtype) summed in double and rounded once to the
- * reduce dtype, worked out here; the simulation's 16-bit pattern makes odd
- * micro-steps 64 times smaller so that bf16 sums must round. */
+/* Micro-steps accumulate the unsharded grads in reduce_dtype (torch 2.15:
+ * the unsharded parameter's grad_dtype, so AccumulateGrad casts each
+ * backward's gradient to it and adds in it): bf16 grads summed in fp32 (the
+ * casts exact), and fp32 grads with a bf16 reduce_dtype each rounded to
+ * bf16, then summed in bf16. Expected: worked out here from the pattern's
+ * per-micro-step grads in double, rounded as stated; the simulation's
+ * 16-bit pattern makes odd micro-steps 64 times smaller so that bf16 sums
+ * must round. */
 static void test_micro_steps_accumulate_in_reduce_dtype(void **state)
 {
     (void)state;
@@ -433,7 +529,7 @@ static void test_micro_steps_accumulate_in_reduce_dtype(void **state)
                 g[m] = ag == CP_BF16 ? bf16_round(v) : v;
             }
             /* fp32 sum of two bf16 values < 2^16 apart in scale: exact in a double, and in fp32 here. */
-            float want = red == CP_FP32 ? (float)(g[0] + g[1]) : bf16_round(bf16_round(g[0]) + g[1]);
+            float want = red == CP_FP32 ? (float)(g[0] + g[1]) : bf16_round(bf16_round(g[0]) + bf16_round(g[1]));
             if (red == CP_FP32) assert_true((double)want == g[0] + g[1]);
             assert_float_bits(got[e], want);
             rounds_in_ag += ag == CP_BF16 && bf16_round(g[0] + g[1]) != want;
@@ -561,10 +657,12 @@ int main(void)
         cmocka_unit_test(test_tp_activation_collectives_are_checked),
         cmocka_unit_test(test_wrong_reduce_op_is_caught),
         cmocka_unit_test(test_missing_all_reduce_is_caught),
+        cmocka_unit_test(test_view_out_add_is_checked),
         cmocka_unit_test(test_compute_on_resharded_params_fails),
         cmocka_unit_test(test_arena_library_order),
         cmocka_unit_test(test_divides_in_reduce_dtype_then_cast),
         cmocka_unit_test(test_micro_steps_accumulate_in_reduce_dtype),
+        cmocka_unit_test(test_fsdp2_default_adds_each_reduction),
         cmocka_unit_test(test_launch_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

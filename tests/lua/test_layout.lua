@@ -67,24 +67,35 @@ function T.reduction_factors()
   H.eq(six.pre_divide, 4, "pre for 6 overshoots"); H.eq(six.post_divide, 1.5, "post for 6")
 end
 
--- FSDP2 accumulates unsharded grads over micro-steps in reduce_dtype
--- (FSDPParam.unsharded_accumulated_grad): the grads buffer takes that dtype
--- (and its bytes) when micro-steps accumulate, ag_dtype otherwise.
+-- torch 2.15's FSDP2 keeps unsharded grads in reduce_dtype (the unsharded
+-- parameter's grad_dtype), a wider one only while micro-steps accumulate:
+-- the grads buffer takes that dtype and its bytes.
 function T.micro_steps_accumulate_grads_in_reduce_dtype()
   local units = { { "root", { { "w", { 10, 3 } }, { "b", { 5 } } } } }
   local function unit_of(fsdp)
     local p = plan.from_source(H.generic(2, "{ dp_shard = 2 }", units, fsdp), "t.lua")
     return p.layout.units[1], p.arena.by_unit[0].grads.bytes
   end
-  local u, bytes = unit_of("{ param_dtype = 'bf16', reduce_dtype = 'fp32', micro_steps = 2 }")
+  local u, bytes = unit_of("{ param_dtype = 'bf16', reduce_dtype = 'fp32', micro_steps = 2, grad_accumulation = 'sync_last' }")
   H.eq(u.ag_dtype, "bf16"); H.eq(u.grad_dtype, "fp32", "accumulated in reduce_dtype")
   H.eq(u.grads_numel, 40, "w at 0, b at 32 (8-aligned)")
   H.eq(bytes, 40 * 4, "grads buffer bytes in fp32")
   u, bytes = unit_of("{ param_dtype = 'bf16', reduce_dtype = 'fp32' }")
   H.eq(u.grad_dtype, "bf16", "one micro-step: autograd's dtype")
   H.eq(bytes, 40 * 2, "grads buffer bytes in bf16")
-  u = unit_of("{ reduce_dtype = 'bf16', micro_steps = 3 }")
+  u = unit_of("{ reduce_dtype = 'bf16', micro_steps = 3, grad_accumulation = 'sync_last' }")
   H.eq(u.ag_dtype, "fp32"); H.eq(u.grad_dtype, "bf16", "a narrower reduce_dtype too (to_accumulated_grad casts down)")
+  -- FSDP2's default reduces every micro-step: nothing accumulates unsharded.
+  u, bytes = unit_of("{ param_dtype = 'bf16', reduce_dtype = 'fp32', micro_steps = 2 }")
+  H.eq(u.grad_dtype, "bf16", "reducing every micro-step"); H.eq(bytes, 40 * 2, "grads in bf16")
+  -- A reduce_dtype not wider than the compute dtype: autograd's grads are cast to it
+  -- (the unsharded parameter's grad_dtype), accumulating or not.
+  u, bytes = unit_of("{ reduce_dtype = 'fp16' }")
+  H.eq(u.grad_dtype, "fp16", "narrower reduce_dtype, one micro-step"); H.eq(bytes, 40 * 2, "grads in fp16")
+  -- torch 2.15: without reduce_dtype the gradients reduce in the parameters' own dtype.
+  u, bytes = unit_of("{ param_dtype = 'bf16', micro_steps = 2, grad_accumulation = 'sync_last' }")
+  H.eq(u.reduce_dtype, "fp32", "reduce_dtype defaults to the original dtype"); H.eq(u.grad_dtype, "fp32")
+  H.eq(bytes, 40 * 4, "grads accumulating in fp32")
 end
 
 function T.mixed_dtype_unit_rejected()

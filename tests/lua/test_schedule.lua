@@ -32,9 +32,10 @@ function T.no_reshard_after_forward_means_no_backward_gathers()
     "reduce_scatter:root:fsdp" }, "order")
 end
 
-function T.micro_steps_reduce_once()
+function T.micro_steps_reduce_once_with_sync_last()
   local p = plan.from_source(H.generic(2, "{ dp_shard = 2 }",
-    { { "l0", { { "a", { 4 } } } }, { "root", { { "c", { 4 } } } } }, "{ micro_steps = 3 }"), "t.lua")
+    { { "l0", { { "a", { 4 } } } }, { "root", { { "c", { 4 } } } } },
+    "{ micro_steps = 3, grad_accumulation = 'sync_last' }"), "t.lua")
   local ag, rs = 0, 0
   for _, o in ipairs(p.ops) do
     if o.kind == "all_gather" then ag = ag + 1 end
@@ -42,6 +43,37 @@ function T.micro_steps_reduce_once()
   end
   H.eq(ag, 3 * 3, "3 gathers per micro-step (root, l0 forward, l0 backward)")
   H.eq(rs, 2, "one reduce-scatter per unit per step")
+end
+
+-- FSDP2's default (and torchtitan's): every backward reduce-scatters (and
+-- under HSDP all-reduces), the first view-out of the step assigns the
+-- sharded grads and later ones add into them.
+function T.micro_steps_reduce_every_backward_by_default()
+  local p = plan.from_source(H.generic(4, "{ dp_replicate = 2, dp_shard = 2 }",
+    { { "l0", { { "a", { 4 } } } }, { "root", { { "c", { 4 } } } } }, "{ micro_steps = 3 }"), "t.lua")
+  H.eq(p.fsdp.grad_accumulation, "fsdp2_default")
+  local per_micro = {}
+  for _, o in ipairs(p.ops) do
+    local k = per_micro[o.micro_step] or {}
+    per_micro[o.micro_step] = k
+    k[o.kind] = (k[o.kind] or 0) + 1
+  end
+  for m = 0, 2 do
+    local k = per_micro[m]
+    H.eq(k.pack, 2, "packing per micro-step"); H.eq(k.reduce_scatter, 2, "reduce-scatters per micro-step")
+    H.eq(k.all_reduce, 2, "HSDP all-reduces per micro-step")
+    H.eq(k.view_out, m == 0 and 2 or nil, "view_out (assign) in micro-step " .. m)
+    H.eq(k.view_out_add, m > 0 and 2 or nil, "view_out_add in micro-step " .. m)
+  end
+  -- The view-outs run where the all-reduce ran.
+  for _, o in ipairs(p.ops) do
+    if o.kind == "view_out_add" then H.eq(o.stream, "all_reduce", "view_out_add stream") end
+  end
+end
+
+function T.grad_accumulation_typo_suggests()
+  H.plan_fails(H.generic(2, "{ dp_shard = 2 }", { { "root", { { "c", { 4 } } } } },
+    "{ micro_steps = 2, grad_accumulation = 'sync_lst' }"), "fsdp.grad_accumulation", 'did you mean "sync_last"')
 end
 
 function T.single_rank_issues_no_collective_group()
@@ -60,7 +92,7 @@ function T.verify_rejects_broken_schedule()
     if skip > 0 then skip = skip - 1 else ops[#ops + 1] = o end
   end
   H.eq(#ops, #p.ops - 3, "three ops dropped")
-  local ok, err = pcall(verify.schedule, p.layout, ops, 1)
+  local ok, err = pcall(verify.schedule, p.layout, ops, p.fsdp)
   H.eq(ok, false, "verification must fail")
   assert(tostring(err):find("backward of layers.2 on sharded params", 1, true), tostring(err))
 end

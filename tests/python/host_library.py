@@ -40,6 +40,14 @@ class HostLibrary:
                 self.buf["unsharded"].append(torch.full((p["numel"],), nan, dtype=DT[u["ag_dtype"]]))
                 self.buf["grad"].append(torch.full((p["numel"],), nan, dtype=DT[u.get("grad_dtype", u["ag_dtype"])]))
             self.units.append((u, idx))
+        # Each unit's reductions in the step, in order: whether its view-out adds into the
+        # sharded grads (view_out_add, a later reduction of the step) or assigns them.
+        index = {u["name"]: u["index"] for u in units}
+        self.reduce_adds = {u["index"]: [] for u in units}
+        for op in self.plan["ops"]:
+            if op["kind"] in ("view_out", "view_out_add"):
+                self.reduce_adds[index[op["unit"]]].append(op["kind"] == "view_out_add")
+        self.reduce_cursor = {u["index"]: 0 for u in units}
 
     def tensor(self, kind, param, numel, dtype):
         t = self.buf[kind][param]
@@ -53,6 +61,11 @@ class HostLibrary:
         # .data: the library writes device memory behind autograd's back (no version-counter bump),
         # as the GPU library's kernels do
         b = {k: [t.data for t in v] for k, v in self.buf.items()}
+        adds = False
+        if call == "reduce":
+            seq = self.reduce_adds[u["index"]]
+            adds = seq[self.reduce_cursor[u["index"]] % len(seq)]
+            self.reduce_cursor[u["index"]] += 1
         with torch.no_grad():
             for i, p in zip(idx, u["params"]):
                 n = p["numel"]
@@ -61,8 +74,11 @@ class HostLibrary:
                 elif call == "reshard":
                     b["unsharded"][i].fill_(nan)
                 elif call == "reduce":  # pack (cast to reduce dtype), AVG over one rank, view-out (cast back)
-                    red = b["grad"][i].to(DT[u["reduce_dtype"]])
-                    b["sharded_grad"][i][:n].copy_(red.to(DT[p["dtype"]]))
+                    red = b["grad"][i].to(DT[u["reduce_dtype"]]).to(DT[p["dtype"]])
+                    if adds:  # view_out_add: into the sharded grads, in their dtype
+                        b["sharded_grad"][i][:n].add_(red)
+                    else:
+                        b["sharded_grad"][i][:n].copy_(red)
                     b["grad"][i].fill_(nan)
                 else:
                     raise AssertionError(call)

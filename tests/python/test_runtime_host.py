@@ -110,12 +110,23 @@ class HostRuntime(unittest.TestCase):
         rt.close()
 
     def test_no_sync_plan_two_micro_steps(self):
-        # today's variant: fsdp.micro_steps = 2, only the last micro-step reduces
+        # set_requires_gradient_sync(False) before the first: fsdp.micro_steps = 2, only the last reduces
         a, b = self.models()
         units = commplan.torchtitan_units(b)
-        rt, lib, plan = self.attach("host_ns", b, units, {"micro_steps": 2})
+        rt, lib, plan = self.attach("host_ns", b, units, {"micro_steps": 2, "grad_accumulation": "sync_last"})
         self.train(a, b, micro=2)
         self.assertEqual(sum(1 for c, _ in lib.calls if c == "reduce"), 3 * 4)  # 4 units with params, 3 steps
+        rt.close()
+
+    def test_plan_reducing_every_micro_step(self):
+        # FSDP2's default in one plan step: fsdp.micro_steps = 2 reduces after each backward, the
+        # second reduction adding into the sharded grads in the plan's own storage (view_out_add)
+        a, b = self.models()
+        units = commplan.torchtitan_units(b)
+        rt, lib, plan = self.attach("host_every", b, units, {"micro_steps": 2})
+        self.assertIn("view_out_add", {op["kind"] for op in plan["ops"]})
+        self.train(a, b, micro=2)
+        self.assertEqual(sum(1 for c, _ in lib.calls if c == "reduce"), 3 * 2 * 4)  # 3 steps x 2 micro x 4 units
         rt.close()
 
     def test_root_with_parameters_no_reshard(self):
