@@ -161,7 +161,8 @@ static int host_reduce_scatter(cp_backend *b, const cp_op *op, cp_stream s, cons
         float vals[size];
         for (int64_t i = 0; i < op->count; i++) {
             for (int m = 0; m < size; m++) vals[m] = cp_load(op->dtype, g->ptrs[m], (int64_t)key * op->count + i);
-            cp_store(op->dtype, out, i, cp_reduce_arith(rc_arith(b), op->dtype, op->reduce_op, vals, size, key));
+            int chain = cp_reduce_scatter_key(rc_arith(b), op->dtype, key, i, op->count, size);
+            cp_store(op->dtype, out, i, cp_reduce_arith(rc_arith(b), op->dtype, op->reduce_op, vals, size, chain));
         }
     }
     pthread_barrier_wait(&g->barrier);
@@ -191,7 +192,7 @@ static int host_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const vo
         for (int64_t i = lo; i < hi; i++) {
             for (int m = 0; m < size; m++) vals[m] = cp_load(op->dtype, g->ptrs[m], i);
             cp_store(op->dtype, mine, i - lo, cp_reduce_arith(rc_arith(b), op->dtype, op->reduce_op, vals, size,
-                                                              cp_nccl_all_reduce_key(i, op->count, size)));
+                                                              cp_all_reduce_key(rc_arith(b), op->dtype, i, op->count, size)));
         }
     }
     g->slices[key] = mine;

@@ -255,7 +255,8 @@ static float packed(const cp_unit *U, float acc)
 }
 
 /* Element e of parameter k of unit u in this rank's sharded grads after the
- * step, key: the ring position finishing its all-reduce under NCCL. Every
+ * step; rs_key and key: the chains its reduce-scatter and all-reduce sum it
+ * in (cp_reduce_arith; cp_reduce_scatter_key, cp_all_reduce_key). Every
  * micro-step, each of the W x R members' grads (computed in the compute
  * dtype) is cast to the unit's grad dtype and assigned afresh or added in
  * it into its unsharded accumulation (torch 2.15's AccumulateGrad with
@@ -265,7 +266,7 @@ static float packed(const cp_unit *U, float acc)
  * group, post-divided in the reduce dtype and cast to the parameter's
  * dtype; the step's first reduction assigns the sharded grad, later ones
  * add into it in its dtype (sharded_param.grad += new_sharded_grad). */
-static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, int key)
+static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, int rs_key, int key)
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
@@ -283,7 +284,7 @@ static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, in
         if (!reduces_at(c, u, m)) continue;
         for (int q = 0; q < R; q++) {
             for (int s = 0; s < W; s++) vals[s] = packed(U, c->acc[q * W + s]);
-            rs[q] = W > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->rs_op, vals, W, c->shard_rank) : vals[0];
+            rs[q] = W > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->rs_op, vals, W, rs_key) : vals[0];
         }
         float v = R > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->ar_op, rs, R, key) : rs[0];
         if (U->post_divide != 1.0) v = round_to(U->reduce_dtype, (float)(v / U->post_divide));
@@ -308,7 +309,11 @@ static void expect_unit(const cp_checker *c, int u, float *out)
         int64_t valid = cp_param_valid(prm, c->shard_rank);
         for (int64_t i = 0; i < valid; i++) {
             int64_t e = cp_param_full_index(prm, c->tp_rank, cp_param_global_index(prm, p->shard_size, c->shard_rank, i));
-            out[prm->offset + i] = expect_element(c, u, k, e, cp_nccl_all_reduce_key(prm->offset + i, U->total, R));
+            int64_t at = prm->offset + i;
+            out[at] = expect_element(c, u, k, e,
+                                     cp_reduce_scatter_key(c->arith, U->reduce_dtype, c->shard_rank, at, U->total,
+                                                           p->shard_size),
+                                     cp_all_reduce_key(c->arith, U->reduce_dtype, at, U->total, R));
         }
     }
 }
@@ -321,7 +326,7 @@ static int any_ring_order(const cp_checker *c, int u, int64_t k, int64_t e, floa
     int R = c->plan->replicate_size;
     if (c->arith != CP_ARITH_NCCL || R <= 2) return 0;
     for (int key = 0; key < R; key++)
-        if (same(expect_element(c, u, k, e, key), got)) return 1;
+        if (same(expect_element(c, u, k, e, c->shard_rank, key), got)) return 1;
     return 0;
 }
 

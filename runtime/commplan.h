@@ -188,12 +188,19 @@ uint16_t cp_float_to_bf16(float f);
 float cp_bf16_to_float(uint16_t h);
 uint16_t cp_float_to_fp16(float f);
 float cp_fp16_to_float(uint16_t h);
-/* Reduce n values the way every backend here does: fp32 accumulation in
- * member order, AVG divides once at the end, the result rounded to t. */
+/* Reduce n values in fp32 in member order, AVG dividing once at the end,
+ * the result rounded to t once (neither gloo's nor NCCL's order). */
 float cp_reduce_values(cp_dtype t, cp_reduce_op op, const float *v, int n);
-/* The arithmetic of a backend's reductions: gloo's (cp_reduce_values, what
- * the host backend and FSDP2 on gloo do) or NCCL's. */
+/* The arithmetic of a backend's reductions: gloo's (cp_reduce_values_gloo,
+ * what FSDP2 on gloo does, the host backend's default) or NCCL's. */
 typedef enum { CP_ARITH_GLOO = 0, CP_ARITH_NCCL = 1 } cp_arith;
+/* gloo's ring reduction of n members' values for the chunk ending on
+ * member key: summed from member key-1 down to key, rounded to t after
+ * every add; AVG then divides and rounds (dtype.c cites gloo). */
+float cp_reduce_values_gloo(cp_dtype t, cp_reduce_op op, const float *v, int n, int key);
+/* The member whose chunk holds element i of an n-member gloo all-reduce of
+ * count t elements (gloo's ring segmentation). */
+int cp_gloo_all_reduce_key(cp_dtype t, int64_t i, int64_t count, int n);
 /* NCCL's ring reduction of n members' values as member `key` receives it:
  * ncclAvg premultiplies each input by float(1/n) in t and sums in t, the
  * chain starting at member key+1 and ending with key's own (dtype.c says
@@ -203,6 +210,11 @@ float cp_reduce_values_nccl(cp_dtype t, cp_reduce_op op, const float *v, int n, 
  * all-reduce of count elements, for one channel (NCCL's real split varies). */
 int cp_nccl_all_reduce_key(int64_t i, int64_t count, int n);
 float cp_reduce_arith(cp_arith a, cp_dtype t, cp_reduce_op op, const float *v, int n, int key);
+/* The key cp_reduce_arith takes for element i of an all-reduce of count
+ * elements, and for element i of member key's count-element share of a
+ * reduce-scatter (gloo's is an all-reduce of the n x count input). */
+int cp_all_reduce_key(cp_arith a, cp_dtype t, int64_t i, int64_t count, int n);
+int cp_reduce_scatter_key(cp_arith a, cp_dtype t, int key, int64_t i, int64_t count, int n);
 const char *cp_op_kind_name(cp_op_kind k);
 const char *cp_stream_name(cp_stream s);
 

@@ -1,6 +1,6 @@
 /* Element types: fp32, bf16 and fp16 conversions with round-to-nearest-even,
- * and the reduction rules the backends and checks share: gloo's (sum in
- * member order, then divide) and NCCL's (ncclAvg premultiplies). */
+ * and the reduction rules the backends and checks share: gloo's (ring
+ * order, rounded per add, then divide) and NCCL's (ncclAvg premultiplies). */
 #include <math.h>
 #include <string.h>
 
@@ -168,7 +168,60 @@ int cp_nccl_all_reduce_key(int64_t i, int64_t count, int n)
     return chunk > 0 ? (int)(i / chunk) : 0;
 }
 
+/* ---- gloo's arithmetic (pytorch/gloo gloo/allreduce.cc, as torch 2.15's
+ * ProcessGroupGloo calls it on CPU tensors) ----
+ *
+ * all_reduce is gloo::allreduce with the default algorithm, ring(). The
+ * buffer is cut into numSegments = roundUp(max(ceil(bytes /
+ * kMaxSegmentSize), 2 * size), size) segments of ceil(count / numSegments)
+ * elements (kMaxSegmentSize = 1 MiB, gloo/allreduce.h), numSegments / size
+ * consecutive segments to a chunk; chunk c ends on rank c (the last
+ * segments may be short or empty, so chunks need not be count / size
+ * long). Each rank r first sends its own chunk r+1 to rank r-1, which adds
+ * its own and passes it on (computeReduceScatterOffsets), so chunk c is
+ * summed in the order c-1, c-2, ..., c, every add rounded to the dtype
+ * (gloo::sum<T>: c[i] = a[i] + b[i] in T; the 16-bit types add in fp32
+ * and round). AVG is that sum, then divided by size and rounded again.
+ * reduce_scatter_tensor (ProcessGroupGloo::reduce_scatter_tensor_coalesced)
+ * is an all_reduce of the whole size x count input and rank r keeps chunk
+ * r of at::chunk's split: its elements finish where the all_reduce of
+ * size x count elements puts them, not necessarily on rank r.
+ * Checked against torch 2.15 on gloo, fp32/bf16/fp16, SUM and AVG: 2 to 8
+ * ranks with 1 to 333 elements a rank (all_reduce and reduce_scatter), 3
+ * and 4 ranks all-reducing 4000001 and 5000003: every element matched. */
+
+/* Gloo's ring sum of n members' values for the chunk ending on member key:
+ * key-1, key-2, ..., key, rounded to t after every add. */
+float cp_reduce_values_gloo(cp_dtype t, cp_reduce_op op, const float *v, int n, int key)
+{
+    float acc = round_to(t, v[((key - 1) % n + n) % n]);
+    for (int j = 2; j <= n; j++) acc = round_to(t, acc + v[((key - j) % n + n) % n]);
+    if (op == CP_AVG) acc = round_to(t, acc / (float)n);
+    return acc;
+}
+
+int cp_gloo_all_reduce_key(cp_dtype t, int64_t i, int64_t count, int n)
+{
+    int64_t es = (int64_t)cp_dtype_size(t);
+    int64_t max_segment = 1024 * 1024; /* gloo AllreduceOptionsImpl::kMaxSegmentSize, bytes */
+    int64_t segments = (count * es + max_segment - 1) / max_segment;
+    if (segments < 2 * (int64_t)n) segments = 2 * (int64_t)n;
+    segments = (segments + n - 1) / n * n;
+    int64_t segment = (count + segments - 1) / segments; /* elements: segmentBytes / elementSize */
+    return segment > 0 ? (int)(i / segment / (segments / n)) : 0;
+}
+
+int cp_all_reduce_key(cp_arith a, cp_dtype t, int64_t i, int64_t count, int n)
+{
+    return a == CP_ARITH_NCCL ? cp_nccl_all_reduce_key(i, count, n) : cp_gloo_all_reduce_key(t, i, count, n);
+}
+
+int cp_reduce_scatter_key(cp_arith a, cp_dtype t, int key, int64_t i, int64_t count, int n)
+{
+    return a == CP_ARITH_NCCL ? key : cp_gloo_all_reduce_key(t, (int64_t)key * count + i, (int64_t)n * count, n);
+}
+
 float cp_reduce_arith(cp_arith a, cp_dtype t, cp_reduce_op op, const float *v, int n, int key)
 {
-    return a == CP_ARITH_NCCL ? cp_reduce_values_nccl(t, op, v, n, key) : cp_reduce_values(t, op, v, n);
+    return a == CP_ARITH_NCCL ? cp_reduce_values_nccl(t, op, v, n, key) : cp_reduce_values_gloo(t, op, v, n, key);
 }

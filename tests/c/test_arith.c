@@ -1,8 +1,10 @@
-/* NCCL's reduction arithmetic (cp_reduce_values_nccl, runtime/dtype.c)
- * against values worked out independently, in exact rational arithmetic,
- * for NCCL's ring with ncclAvg's premultiply contracted into one rounding
- * per step. Each vector is chosen so that a wrong model shows: gloo's order
- * (sum, then divide), an unfused multiply-add, or the wrong ring start. */
+/* The backends' reduction arithmetic (runtime/dtype.c). NCCL's
+ * (cp_reduce_values_nccl) against values worked out independently, in
+ * exact rational arithmetic, for NCCL's ring with ncclAvg's premultiply
+ * contracted into one rounding per step. Each vector is chosen so that a
+ * wrong model shows: gloo's order (sum, then divide), an unfused
+ * multiply-add, or the wrong ring start. Gloo's (cp_reduce_values_gloo and
+ * its chunk keys), further down, against torch 2.15's gloo as recorded. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -110,6 +112,95 @@ static void all_reduce_key_is_the_chunk(void **state)
     assert_int_equal(cp_nccl_all_reduce_key(5, 6, 2), 1);
 }
 
+/* ---- gloo's arithmetic (cp_reduce_values_gloo, cp_gloo_all_reduce_key):
+ * values recorded from torch 2.15's ProcessGroupGloo on CPU, one process
+ * per rank, every element of rank r's input set to V[r] so each output
+ * element shows which ring chain summed it (dist.all_reduce,
+ * dist.reduce_scatter_tensor, then all_gather of the outputs). V was
+ * picked so that the chains starting on different ranks round apart. */
+
+/* Every element of an n-rank all-reduce (or member `rs` of a
+ * reduce-scatter, rs >= 0) of count elements a rank against gloo's. */
+static void expect_gloo(cp_dtype t, cp_reduce_op op, const float *V, int n, int rs, int64_t count, const float *want)
+{
+    for (int64_t i = 0; i < count; i++) {
+        int key = rs >= 0 ? cp_reduce_scatter_key(CP_ARITH_GLOO, t, rs, i, count, n)
+                          : cp_all_reduce_key(CP_ARITH_GLOO, t, i, count, n);
+        float got = cp_reduce_arith(CP_ARITH_GLOO, t, op, V, n, key);
+        if (bits(got) != bits(want[i]))
+            fail_msg("element %ld: %.9g (0x%08x), gloo %.9g (0x%08x)", (long)i, (double)got, bits(got),
+                     (double)want[i], bits(want[i]));
+    }
+}
+
+/* 3 ranks, 7 elements: gloo cuts 6 segments of 2 elements (the last one
+ * short), 2 to a chunk: elements 0-3 end on rank 0 (summed 2, 1, 0),
+ * 4-6 on rank 1 (0, 2, 1), rank 2's chunk is empty. An fp32 sum rounded
+ * once gives 1020 everywhere in bf16 and 7844 in fp16. */
+static void gloo_all_reduce_three_ranks(void **state)
+{
+    (void)state;
+    const float b[3] = { 348.0f, 390.0f, 282.0f }, h[3] = { 2710.0f, 2412.0f, 2722.0f };
+    const float b_sum[7] = { 1020, 1020, 1020, 1020, 1024, 1024, 1024 };
+    const float b_avg[7] = { 340, 340, 340, 340, 342, 342, 342 };
+    const float h_sum[7] = { 7848, 7848, 7848, 7848, 7844, 7844, 7844 };
+    expect_gloo(CP_BF16, CP_SUM, b, 3, -1, 7, b_sum);
+    expect_gloo(CP_BF16, CP_AVG, b, 3, -1, 7, b_avg);
+    expect_gloo(CP_FP16, CP_SUM, h, 3, -1, 7, h_sum);
+    /* rank 2's chain (1, 0, 2), in no output above */
+    assert_bits(cp_reduce_values_gloo(CP_BF16, CP_SUM, b, 3, 2), 1016.0f);
+}
+
+/* fp32 rounds every add too: the chains differ in the last bit. */
+static void gloo_all_reduce_fp32(void **state)
+{
+    (void)state;
+    const float v[3] = { 0x1.b1a1e8p+5f, 0x1.476d52p+6f, 0x1.7d58f6p+6f };
+    const float sum[7] = { 0x1.cecb9ep+7f, 0x1.cecb9ep+7f, 0x1.cecb9ep+7f, 0x1.cecb9ep+7f,
+                           0x1.cecb9cp+7f, 0x1.cecb9cp+7f, 0x1.cecb9cp+7f };
+    const float avg[7] = { 0x1.3487bep+6f, 0x1.3487bep+6f, 0x1.3487bep+6f, 0x1.3487bep+6f,
+                           0x1.3487bep+6f, 0x1.3487bep+6f, 0x1.3487bep+6f };
+    expect_gloo(CP_FP32, CP_SUM, v, 3, -1, 7, sum);
+    expect_gloo(CP_FP32, CP_AVG, v, 3, -1, 7, avg);
+}
+
+/* reduce_scatter_tensor is an all-reduce of the 9-element input: chunks
+ * 0-3, 4-7, 8, so rank 1 gets one element of chunk 0 and rank 2 two of
+ * chunk 1, not their own chain. */
+static void gloo_reduce_scatter_is_an_all_reduce(void **state)
+{
+    (void)state;
+    const float b[3] = { 348.0f, 390.0f, 282.0f };
+    const float want[3][3] = { { 1020, 1020, 1020 }, { 1020, 1024, 1024 }, { 1024, 1024, 1016 } };
+    for (int r = 0; r < 3; r++) expect_gloo(CP_BF16, CP_SUM, b, 3, r, 3, want[r]);
+}
+
+/* 4 ranks, 10 elements: 8 segments of 2, chunks 0-3, 4-7, 8-9 and an
+ * empty one; the chains 3-2-1-0, 0-3-2-1, 1-0-3-2. */
+static void gloo_all_reduce_four_ranks(void **state)
+{
+    (void)state;
+    const float b[4] = { 173.0f, 158.0f, 290.0f, 398.0f };
+    const float want[10] = { 1020, 1020, 1020, 1020, 1024, 1024, 1024, 1024, 1016, 1016 };
+    expect_gloo(CP_BF16, CP_SUM, b, 4, -1, 10, want);
+}
+
+/* Past 2 x ranks MiB the 1 MiB segment bound sets the count: 3 ranks,
+ * 4000001 fp16 elements (8000002 bytes) make 9 segments of 444445, 3 to a
+ * chunk (a probe with these counts matched gloo on every element). */
+static void gloo_all_reduce_key_large(void **state)
+{
+    (void)state;
+    assert_int_equal(cp_gloo_all_reduce_key(CP_FP16, 1333334, 4000001, 3), 0);
+    assert_int_equal(cp_gloo_all_reduce_key(CP_FP16, 1333335, 4000001, 3), 1);
+    assert_int_equal(cp_gloo_all_reduce_key(CP_FP16, 2666669, 4000001, 3), 1);
+    assert_int_equal(cp_gloo_all_reduce_key(CP_FP16, 2666670, 4000001, 3), 2);
+    /* fp32: 16000004 bytes, 18 segments of 222223, 6 to a chunk */
+    assert_int_equal(cp_gloo_all_reduce_key(CP_FP32, 1333337, 4000001, 3), 0);
+    assert_int_equal(cp_gloo_all_reduce_key(CP_FP32, 1333338, 4000001, 3), 1);
+    assert_int_equal(cp_gloo_all_reduce_key(CP_BF16, 0, 0, 3), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -120,6 +211,11 @@ int main(void)
         cmocka_unit_test(fp16_sum_ring_order),
         cmocka_unit_test(one_and_two_ranks),
         cmocka_unit_test(all_reduce_key_is_the_chunk),
+        cmocka_unit_test(gloo_all_reduce_three_ranks),
+        cmocka_unit_test(gloo_all_reduce_fp32),
+        cmocka_unit_test(gloo_reduce_scatter_is_an_all_reduce),
+        cmocka_unit_test(gloo_all_reduce_four_ranks),
+        cmocka_unit_test(gloo_all_reduce_key_large),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
