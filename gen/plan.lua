@@ -64,8 +64,8 @@ end
 function plan.from_loaded(p)
   local ctx = p.ctx
   local d = dims.infer(ctx, p.parallel, p.world_size)
-  local units, model_numbers = plan.MODELS[p.model.family].units(ctx, p.model)
   load_plan.check_nodes(ctx, p.world_size, p.topology.gpus_per_node, ctx and ctx.nodes_given)
+  local units, model_numbers = plan.MODELS[p.model.family].units(ctx, p.model)
   dims.validate_model(ctx, d, model_numbers)
   check_supported(ctx, d)
   local mesh = dims.mesh(d)
