@@ -27,6 +27,20 @@ function layout.param(ctx, p, W, path)
       "FSDP does not support uneven sharding on dim %d: %s has size %d there, not divisible by dp_shard=%d; "
       .. "use shard_dim=0 or a size divisible by %d", p.shard_dim, p.name, size_k, W, W))
   end
+  -- An empty TP-local tensor (torch.chunk of 3 rows over tp = 4 leaves
+  -- the last TP rank none): torch 2.15's FSDP2 cannot reduce its gradient
+  -- (foreach_reduce_scatter_copy_in's _chunk_cat: "expects non-empty
+  -- tensor"; on Shard(k>0) lazy init already raises "Shard(k) requires even
+  -- sharding"), so no FSDP2 job runs it.
+  if util.product(p.shape) == 0 then
+    util.field_error(ctx, path .. ".tp", string.format(
+      "the TP split leaves %s an empty TP-local tensor (shape %s) on some TP rank, and FSDP2 cannot reduce an "
+      .. "empty gradient (torch's _chunk_cat: 'expects non-empty tensor'%s); give that dim at least tp "
+      .. "rows per torch.chunk (e.g. a multiple of tp), or tp = \"replicate\"",
+      p.name, table.concat(p.shape, "x"),
+      k > 1 and string.format("; on shard_dim %d fully_shard already raises 'Shard(%d) requires even sharding'",
+        p.shard_dim, p.shard_dim) or ""))
+  end
   local outer = util.product(p.shape, 1, k - 1)
   local rest = util.product(p.shape, k + 1, #p.shape)
   local chunk = util.ceil_div(size_k, W)

@@ -28,8 +28,9 @@ function verify.coverage(lay)
       -- union over ranks is [0, W*run) >= the row length, so every element
       -- has exactly one owner, and padding only trails (Shard(0)).
       check(W * p.run * p.outer >= p.numel, "%s: W*padded < numel", p.name)
-      local full = p.shard_dim > 0 and W or p.numel // p.run
-      local partial = p.shard_dim > 0 and 0 or p.numel % p.run
+      -- (An empty TP-local tensor has run 0: no rank owns anything.)
+      local full = p.shard_dim > 0 and W or (p.run > 0 and p.numel // p.run or 0)
+      local partial = (p.shard_dim > 0 or p.run == 0) and 0 or p.numel % p.run
       local sum = full * p.run + partial
       check(p.shard_dim > 0 or sum == p.numel, "%s: shards cover %d of %d elements", p.name, sum, p.numel)
       check(p.shard_dim == 0 or p.outer * W * p.run == p.numel, "%s: Shard(%d) not exact", p.name, p.shard_dim)

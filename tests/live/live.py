@@ -482,6 +482,13 @@ def gen_seed(seed, attempt=0):
                 if tp_dim != k:
                     shape[k] = S * rng.choice([1, 1, 2, 3])
                     p["shard_dim"] = k
+            if tp and tp != "replicate":
+                # torch.chunk leaving a TP rank no rows: an empty TP-local
+                # tensor, which FSDP2 cannot reduce (the generator refuses it).
+                n = shape[{"colwise": 0, "rowwise": 1}.get(tp, int(tp[6:-1]) if tp.startswith("shard(") else 0)]
+                per = -(-n // T)
+                if -(-n // per) < T:
+                    tp = "replicate"
             if tp:
                 p["tp"] = tp
                 any_tp = any_tp or tp != "replicate"
@@ -517,6 +524,9 @@ def gen_seed(seed, attempt=0):
         for u in units:
             for p in u["params"]:
                 if "shard_dim" not in p:
+                    n = p["shape"][0]
+                    if -(-n // -(-n // T)) < T:  # no empty TP-local tensor (see above)
+                        p["shape"][0] = T * n
                     p["tp"] = "colwise"
                     any_tp = True
                     break

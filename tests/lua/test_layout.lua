@@ -130,6 +130,23 @@ function T.llama_shapes()
   for _, o in ipairs(p.ops) do H.eq(o.unit ~= 0, true, "op " .. o.seq .. " of the empty root") end
 end
 
+-- torch 2.15's FSDP2 cannot reduce an empty TP-local gradient (_chunk_cat:
+-- "expects non-empty tensor"; on Shard(1) lazy init raises first), as the
+-- live peer showed: a TP split leaving a TP rank no rows is refused.
+function T.empty_tp_local_tensor_refused()
+  local function src(shard_dim)
+    return "return { world_size = 8, parallel = { dp_shard = 2, tp = 4 }, model = { family = 'generic', units = {\n"
+      .. "{ name = 'u0', params = { { name = 'w', shape = { 3, 8 }, shard_dim = " .. shard_dim .. ", tp = 'colwise' } } },\n"
+      .. "{ name = 'root', params = {} } } } }"
+  end
+  H.plan_fails(src(0), "plans/t.lua:2: model.units[1].params[1].tp: the TP split leaves w an empty TP-local tensor "
+    .. "(shape 0x8)", "expects non-empty tensor")
+  H.plan_fails(src(1), "plans/t.lua:2: model.units[1].params[1].tp:", "Shard(1) requires even sharding")
+  H.plan_fails((src(0):gsub("3, 8", "6, 8")), "empty TP-local tensor (shape 0x8)") -- 2, 2, 2 and none
+  H.eq(require("gen.plan").from_source((src(0):gsub("3, 8", "7, 8")), "plans/t.lua").world_size, 8,
+    "7 rows over tp = 4: 2, 2, 2, 1")
+end
+
 function T.llama_unknown_size()
   H.plan_fails("return { world_size = 8, parallel = { dp_shard = -1 }, model = { family = 'llama', size = '7b' } }",
     "unknown Llama 3 size", "8b")
