@@ -313,7 +313,7 @@ static void hand_reduce(cp_op *ops, int *n, int m, const cp_unit *u, int add)
                            .micro_step = m, .event = -1 };
 }
 
-static int hand_ops_every(cp_op *ops, int micro, const cp_unit *u)
+static int hand_ops_mode(cp_op *ops, int micro, const cp_unit *u, int every)
 {
     int n = 0;
     ops[n++] = (cp_op){ .kind = CP_OP_COPY_IN, .family = -1, .stream = CP_STREAM_COPY_IN, .event = -1 };
@@ -325,36 +325,15 @@ static int hand_ops_every(cp_op *ops, int micro, const cp_unit *u)
                             .event = -1 };
         ops[n++] = (cp_op){ .kind = CP_OP_BACKWARD, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = m,
                             .event = -1 };
-        hand_reduce(ops, &n, m, u, m > 0);
+        if (every) hand_reduce(ops, &n, m, u, m > 0);
     }
     ops[n++] = (cp_op){ .kind = CP_OP_RESHARD, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = micro - 1,
                         .event = -1 };
+    if (!every) hand_reduce(ops, &n, micro - 1, u, 0);
     return n;
 }
-
-static int hand_ops(cp_op *ops, int micro, const cp_unit *u)
-{
-    int n = 0;
-    ops[n++] = (cp_op){ .kind = CP_OP_COPY_IN, .family = -1, .stream = CP_STREAM_COPY_IN, .event = -1 };
-    ops[n++] = (cp_op){ .kind = CP_OP_ALL_GATHER, .family = -1, .stream = CP_STREAM_COPY_IN, .dtype = u->ag_dtype,
-                        .count = u->total, .event = -1 };
-    ops[n++] = (cp_op){ .kind = CP_OP_COPY_OUT, .family = -1, .stream = CP_STREAM_COMPUTE, .event = -1 };
-    for (int m = 0; m < micro; m++) {
-        ops[n++] = (cp_op){ .kind = CP_OP_FORWARD, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = m,
-                            .event = -1 };
-        ops[n++] = (cp_op){ .kind = CP_OP_BACKWARD, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = m,
-                            .event = -1 };
-    }
-    ops[n++] = (cp_op){ .kind = CP_OP_RESHARD, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = micro - 1,
-                        .event = -1 };
-    ops[n++] = (cp_op){ .kind = CP_OP_PACK, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = micro - 1,
-                        .event = -1 };
-    ops[n++] = (cp_op){ .kind = CP_OP_REDUCE_SCATTER, .family = -1, .stream = CP_STREAM_COMPUTE,
-                        .dtype = u->reduce_dtype, .count = u->total, .micro_step = micro - 1, .event = -1 };
-    ops[n++] = (cp_op){ .kind = CP_OP_VIEW_OUT, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = micro - 1,
-                        .event = -1 };
-    return n;
-}
+static int hand_ops(cp_op *ops, int micro, const cp_unit *u) { return hand_ops_mode(ops, micro, u, 0); }
+static int hand_ops_every(cp_op *ops, int micro, const cp_unit *u) { return hand_ops_mode(ops, micro, u, 1); }
 
 static cp_plan hand_plan(const cp_unit *u, cp_op *ops, int micro)
 {
