@@ -1,0 +1,129 @@
+#!/bin/bash
+# shared/gpu/CHECKS.md in one time-boxed call on a lent GPU machine: the
+# short lease (15 minutes of device time, start included) needs the checks
+# ordered by what only a GPU can say, run side by side where they do not
+# time each other, and every log kept under $OUT as it is written, so a
+# call cut off at its limit still says what ran.
+#   OUT=build/gpu-checks bash bench/gpu_checks.sh [DEADLINE_S]
+# SECTIONS picks some (default all), ONLY_PLANS the plans of ranks.
+# Sections (each one line in $OUT/summary.txt):
+#   build        every small, TP and kernel plan, test_kernels, single, fsdp4
+#   kernels      device kernels against the host reference (test_kernels)
+#   ranks        every plan, all ranks on the GPU, --check eager and --graph,
+#                GPU_RUNS runs (in the background, 4 plans at a time)
+#   oracle       fsdp3 GPU --dump against the FSDP2-on-NCCL recording
+#   torchrun     torch's torchrun launching a plan binary
+#   faults       single --check/--graph, library example, fault exits
+#   sanitizer    compute-sanitizer memcheck/racecheck/synccheck, hsdp2x3_bf16 all ranks
+#   train        20 AdamW steps against fully_shard on NCCL (train_compare.py)
+#   enqueue      host time per llama70b step (--standin), eager and graph, and its --trace
+#   bench        copy kernels against PyTorch's ops (alone on the GPU)
+set -u
+OUT=${OUT:-build/gpu-checks}
+deadline=$(( $(date +%s) + ${1:-540} ))
+mkdir -p "$OUT"
+summary=$OUT/summary.txt
+: >"$summary"
+say() { echo "$*" | tee -a "$summary"; }
+left() { echo $(( deadline - $(date +%s) )); }
+[ -x .tools/lua5.4 ] && PATH=$PWD/.tools:$PATH && export PATH
+if [ -z "${NCCL_HOME:-}" ] && [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; then
+  d=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
+  if [ -n "$d" ] && [ -f "$d/include/nccl.h" ]; then
+    mkdir -p /tmp/nccl/lib && ln -sfn "$d/include" /tmp/nccl/include
+    ln -sf "$d/lib/libnccl.so.2" /tmp/nccl/lib/libnccl.so.2 && ln -sf "$d/lib/libnccl.so.2" /tmp/nccl/lib/libnccl.so
+    NCCL_HOME=/tmp/nccl && export NCCL_HOME
+  fi
+fi
+say "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
+say "nccl: $(grep -hE '^#define NCCL_(MAJOR|MINOR|PATCH)' "${NCCL_HOME:-/usr/local/cuda}/include/nccl.h" 2>/dev/null | awk '{printf "%s.", $3}') torch: $(python3 -c 'import torch; print(torch.__version__)' 2>&1 | tail -n 1)"
+
+# ---- build: the runtime once, then every plan's own make side by side ----
+t0=$(date +%s)
+GPU_PLANS=$(for f in plans/*.lua; do b=$(basename "$f" .lua); case $b in llama8b|llama70b|llama405b) ;; *) echo "$b" ;; esac; done)
+# tests/plans: the kernel-coverage plan and the TP plans the live checks use
+KERNEL_PLANS=${KERNEL_PLANS:-kernels_all_dtypes fsdp2_tp2 llama_tiny_tp_rec}
+GPU_PLANS=${ONLY_PLANS:-$GPU_PLANS}
+{
+  make -s PLAN=single.lua && make -s -j16 build/tests/test_kernels &&
+  printf '%s\n' $GPU_PLANS | xargs -P 8 -I{} make -s PLAN={}.lua &&
+  printf '%s\n' $KERNEL_PLANS fsdp3 too_big | xargs -P 4 -I{} make -s PLAN=tests/plans/{}.lua OUT=build/gen/{} &&
+  make -s build/example/example
+} >"$OUT/build.log" 2>&1
+brc=$?
+say "build: rc $brc in $(( $(date +%s) - t0 )) s"
+[ $brc = 0 ] || { tail -n 30 "$OUT/build.log"; exit 1; }
+
+# ---- ranks (background): every plan, all ranks on the GPU ----
+ranks_job() {
+  port=21000
+  jobs=$OUT/ranks.jobs
+  : >"$jobs"
+  for run in $(seq "${GPU_RUNS:-3}"); do
+    for p in $GPU_PLANS $KERNEL_PLANS; do
+      f=plans/$p.lua; [ -f "$f" ] || f=tests/plans/$p.lua
+      n=$(lua5.4 -e "print(dofile('$f').world_size)")
+      for mode in eager --graph; do
+        port=$((port + 7))
+        echo "$run $p $n $mode $port" >>"$jobs"
+      done
+    done
+  done
+  # one plan run per line of $jobs; a result line per run, logs of failures kept
+  xargs -P 4 -L 1 sh -c '
+    run=$0 p=$1 n=$2 mode=$3 port=$4 out='"$OUT"'
+    m=$mode; [ "$m" = eager ] && m=
+    log=$out/ranks-$p-$mode-$run.log
+    if MASTER_PORT=$port TMPDIR=build GPU_RANKS_TIMEOUT=120 tests/gpu_ranks.sh "$n" "build/$p/$p" --check --steps 2 $m >"$log" 2>&1
+    then echo "ok   $p $n ranks $mode run $run"; rm -f "$log"
+    else echo "FAIL $p $n ranks $mode run $run (log $log)"; fi' <"$jobs" >"$OUT/ranks.txt" 2>&1
+  pass=$(grep -c '^ok' "$OUT/ranks.txt"); fail=$(grep -c '^FAIL' "$OUT/ranks.txt")
+  # fsdp3: the GPU's dump against FSDP2 on NCCL, byte for byte
+  rm -rf build/gpu-oracle/fsdp3
+  if MASTER_PORT=22990 TMPDIR=build tests/gpu_ranks.sh 3 build/fsdp3/fsdp3 --check --pattern oracle --dump build/gpu-oracle/fsdp3 >"$OUT/oracle.log" 2>&1 &&
+     lua5.4 tests/oracle_check.lua tests/oracle/nccl build/gpu-oracle/fsdp3 fsdp3 >>"$OUT/oracle.log" 2>&1
+  then o=ok; else o=FAIL; fi
+  tests/gpu_torchrun.sh >"$OUT/torchrun.log" 2>&1; trc=$?
+  echo "ranks: $pass passed, $fail failed; oracle fsdp3: $o; torchrun: rc $trc $(grep -c '^  ok' "$OUT/torchrun.log") ok" >"$OUT/ranks.done"
+}
+want() { case " ${SECTIONS:-ranks kernels faults sanitizer train enqueue bench} " in *" $1 "*) return 0 ;; esac; return 1; }
+if want ranks; then ranks_job & ranks_pid=$!; else ranks_pid=; fi
+
+# ---- foreground: kernels, faults, sanitizer, train ----
+want kernels && { timeout 120 build/tests/test_kernels >"$OUT/kernels.log" 2>&1
+say "kernels: rc $? $(tail -n 1 "$OUT/kernels.log")"; }
+want faults && {
+  timeout 60 build/single/single --check --steps 3 && timeout 60 build/single/single --warmup 3 --iters 20 --graph &&
+  timeout 60 build/example/example && tests/gpu_faults.sh
+} >"$OUT/faults.log" 2>&1
+fr=$?; want faults && say "faults: rc $fr $(grep -c '^  ok' "$OUT/faults.log") ok, $(grep -c 'FAIL' "$OUT/faults.log") FAIL"
+want sanitizer && for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
+  budget=$(( $(left) - 170 )); [ $budget -gt 150 ] && budget=150
+  [ $budget -gt 40 ] || { say "sanitizer $tool: SKIP (time)"; continue; }
+  MASTER_PORT=$((23000 + ${#tool})) TMPDIR=build GPU_RANKS_TIMEOUT=$budget COMMPLAN_INIT_TIMEOUT=$budget \
+    tests/gpu_ranks.sh 6 compute-sanitizer --tool "$tool" --error-exitcode 3 --report-api-errors no \
+    build/hsdp2x3_bf16/hsdp2x3_bf16 --check --steps 1 >"$OUT/san-$tool.log" 2>&1
+  say "sanitizer $tool: rc $? $(grep -o 'ERROR SUMMARY: [0-9]* error' "$OUT/san-$tool.log" | sort | uniq -c | tr -s ' \n' ' ')"
+done
+if ! want train; then :; elif [ "$(left)" -gt 150 ]; then
+  PYTHONUNBUFFERED=1 PYTHONPATH=python timeout $(( $(left) - 90 )) python3 tests/python/train_compare.py --configs fp32,bf16 >"$OUT/train.log" 2>&1
+  say "train: rc $? $(grep -iE 'bit|identical|ms|SKIP|FAIL' "$OUT/train.log" | tail -n 6 | tr '\n' '|')"
+else say "train: SKIP (time)"; fi
+
+# ---- ranks must finish before the bench has the GPU to itself ----
+while [ -n "$ranks_pid" ] && kill -0 $ranks_pid 2>/dev/null && [ "$(left)" -gt 60 ]; do sleep 2; done
+if ! want ranks; then :; elif [ -f "$OUT/ranks.done" ]; then say "$(cat "$OUT/ranks.done")"; else say "ranks: unfinished ($(grep -c '^ok' "$OUT/ranks.txt") ok, $(grep -c '^FAIL' "$OUT/ranks.txt") FAIL so far)"; fi
+grep '^FAIL' "$OUT/ranks.txt" | head -n 10 >>"$summary"
+# host time to issue one llama70b step, rank 0 alone (stand-in one-rank communicators), eager and graph
+if want enqueue && [ "$(left)" -gt 120 ]; then
+  { make -s PLAN=llama70b.lua && for m in eager --graph; do mm=$m; [ "$mm" = eager ] && mm=
+      timeout 90 build/llama70b/llama70b --standin --warmup 3 --iters 20 $mm; done
+    timeout 90 build/llama70b/llama70b --standin --warmup 3 --iters 5 --trace "$OUT/llama70b-trace.json"
+  } >"$OUT/enqueue.log" 2>&1
+  say "enqueue: rc $? $(grep -iE 'step|host' "$OUT/enqueue.log" | head -n 6 | tr '\n' '|')"
+fi
+if want bench && [ "$(left)" -gt 70 ]; then
+  PYTHONUNBUFFERED=1 timeout $(( $(left) - 10 )) python3 bench/bench_kernels.py >"$OUT/bench.log" 2>&1
+  say "bench: rc $?"
+else say "bench: SKIP (time)"; fi
+cat "$summary"
