@@ -437,7 +437,7 @@ torch-env:
 	@tests/live/torch_env.sh
 test-live:
 	$(if $(call cp_strip,$(value SEEDS),0 1 2 3 4 5 6 7 8 9 -),$(error SEEDS=$(value SEEDS): give a seed (7) or a range (1-200)))
-	$(if $(call cp_strip,$(value PLANS),$(cp_word)),$(error PLANS: plan names, [A-Za-z0-9_] separated by spaces))
+	$(if $(strip $(foreach w,$(value PLANS),$(call cp_strip,$(w),$(cp_word)))),$(error PLANS: plan names, [A-Za-z0-9_] separated by spaces))
 	$(if $(value TREE),$(if $(call cp_bad_path,$(value TREE)),$(error TREE: a directory named with A-Z a-z 0-9 _ . / + - only)))
 	@out=$$(tests/live/torch_env.sh --python); rc=$$?; \
 	if [ $$rc = 3 ]; then echo "SKIP test-live: $${out#torch-env: }"; exit 1; elif [ $$rc != 0 ]; then echo "$$out"; exit 1; fi; \

@@ -75,9 +75,11 @@ local function facts(p, tables)
     for _, kind in ipairs(memplan.KINDS) do
       local b = p.arena.by_unit[u.index][kind]
       local lives = {}
+      if kind == "partial" and b.bytes == 0 then goto next_kind end -- all_reduce_last under HSDP only
       for _, iv in ipairs(b.lives) do lives[#lives + 1] = { iv.first, iv.last } end
       arena[#arena + 1] = kind
       arena[#arena + 1] = O({ "offset", b.offset, "bytes", b.bytes, "live_ops", lives })
+      ::next_kind::
     end
     units[#units + 1] = O({ "name", u.name, "index", u.index, "root", u.is_root,
       "reshard_after_forward", u.reshard_after_forward and true or false, "orig_dtype", u.orig_dtype, "ag_dtype", u.ag_dtype,

@@ -157,6 +157,8 @@ function compute.op_us(p, s, per_unit, o, extra_us)
     us = (u.grads_numel * ES[u.grad_dtype] + W * u.total * ES[u.reduce_dtype]) / bytes_per_us
   elseif k == "view_out" then us = u.total * (ES[u.reduce_dtype] + ES[u.orig_dtype]) / bytes_per_us
   elseif k == "view_out_add" then us = u.total * (ES[u.reduce_dtype] + 2 * ES[u.orig_dtype]) / bytes_per_us
+  elseif k == "partial_save" then us = 2 * u.total * ES[u.reduce_dtype] / bytes_per_us
+  elseif k == "partial_add" or k == "partial_fold" then us = 3 * u.total * ES[u.reduce_dtype] / bytes_per_us
   elseif (k == "all_gather" or k == "reduce_scatter") and not o.group then
     us = 2 * u.total * ES[o.dtype] / bytes_per_us -- a one-rank group: a local copy
   end

@@ -108,9 +108,10 @@ local function arena_bound(u, W, running)
     full and util.mul_within(full, es_red, LIM.bytes),
     util.mul_within(u.grads_numel, layout.DTYPE_BYTES[u.grad_dtype], LIM.bytes),
     util.mul_within(u.total, es_red, LIM.bytes),
-    5 * 256,
+    util.mul_within(u.partial and u.total or 0, es_red, LIM.bytes), -- all_reduce_last's partial sums
+    7 * 256,
   }
-  for i = 1, 5 do
+  for i = 1, 6 do
     running = terms[i] and running and util.add_within(running, terms[i], LIM.bytes)
   end
   return running
@@ -183,6 +184,10 @@ function layout.build(ctx, units, d, fsdp)
       reshard_after_forward = (ui ~= #units) and (u.reshard_after_forward == nil and fsdp.reshard_after_forward
                                                   or u.reshard_after_forward),
       rs_op = red.rs_op, ar_op = red.ar_op, pre_divide = red.pre_divide, post_divide = red.post_divide,
+      -- all_reduce_last under HSDP: the reduce-scatter outputs wait in a
+      -- buffer of their own (partial_reduce_output) for the last micro-step.
+      partial = #params > 0 and R > 1 and fsdp.micro_steps > 1 and fsdp.grad_accumulation == "all_reduce_last"
+        or nil,
     }
     arena = arena_bound(out[fwd], W, arena)
     if not arena then

@@ -35,8 +35,9 @@ local SCHEMA = {
     reduce_op = { "enum", enum = { "avg", "sum" } },
     param_dtype = { "enum", enum = DTYPES }, reduce_dtype = { "enum", enum = DTYPES },
     -- gradient accumulation over micro-steps: "fsdp2_default" reduces on every backward and adds into
-    -- the sharded grads; "sync_last" is set_requires_gradient_sync(False) before all but the last
-    grad_accumulation = { "enum", enum = { "fsdp2_default", "sync_last" } },
+    -- the sharded grads; "sync_last" is set_requires_gradient_sync(False) before all but the last;
+    -- "all_reduce_last" is HSDP's set_requires_all_reduce(False) before all but the last
+    grad_accumulation = { "enum", enum = { "fsdp2_default", "sync_last", "all_reduce_last" } },
   },
   topology = {
     gpus_per_node = { "int", min = 1, max = LIM.world },

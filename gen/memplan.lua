@@ -13,7 +13,10 @@
 --              (from the unshard that precedes backward, so the library's
 --              cp_gpu_unshard can order the grads' memory as well)
 --   rs_in      pack .. reduce_scatter
---   rs_out     reduce_scatter .. view_out (or view_out_add)
+--   rs_out     reduce_scatter .. view_out (or view_out_add, partial_save,
+--              partial_add)
+--   partial    partial_save .. partial_fold (all_reduce_last: the reduce-
+--              scatter outputs awaiting the last micro-step's all-reduce)
 --   act        each TP activation collective alone (the compute around it
 --              owns its activations; this buffer is the collective's)
 -- Offsets come from greedy placement by size (largest first, lowest free
@@ -28,7 +31,7 @@ local opkinds = require("gen.opkinds")
 local memplan = {}
 
 memplan.ALIGN = 256 -- bytes: cudaMalloc's alignment, and 16-byte vector access
-memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act" }
+memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act", "partial" }
 
 -- The stream whose allocations a buffer belongs to: the one running the op
 -- that opens its lifetimes. As in PyTorch's caching allocator (a pool per
@@ -36,7 +39,7 @@ memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act" }
 -- stream's rs_out handed to the next unit's copy-out on the compute stream,
 -- that copy-out would wait for the all-reduce, and compute behind it.
 memplan.POOL = { ag = "copy_in", unsharded = "compute", grads = "compute", rs_in = "compute",
-                 rs_out = "reduce_scatter", act = "compute" }
+                 rs_out = "reduce_scatter", act = "compute", partial = "reduce_scatter" }
 
 local ES = layout.DTYPE_BYTES
 local STREAMS = opkinds.STREAMS
@@ -47,6 +50,7 @@ local function sizes_of(lay, u)
     ag = W * u.total * ES[u.ag_dtype], unsharded = W * u.total * ES[u.ag_dtype],
     grads = u.grads_numel * ES[u.grad_dtype], rs_in = W * u.total * ES[u.reduce_dtype],
     rs_out = u.total * ES[u.reduce_dtype], act = (u.act_numel or 0) * ES[u.ag_dtype],
+    partial = u.partial and u.total * ES[u.reduce_dtype] or 0,
   }
 end
 
@@ -54,7 +58,7 @@ end
 local function lifetimes(lay, ops)
   local life, open = {}, {}
   for _, u in ipairs(lay.units) do
-    life[u.index] = { ag = {}, unsharded = {}, grads = {}, rs_in = {}, rs_out = {}, act = {} }
+    life[u.index] = { ag = {}, unsharded = {}, grads = {}, rs_in = {}, rs_out = {}, act = {}, partial = {} }
     open[u.index] = {}
   end
   local function start(u, kind, seq)
@@ -83,7 +87,9 @@ local function lifetimes(lay, ops)
       end
     elseif k == "pack" then stop(u, "grads", s); start(u, "rs_in", s)
     elseif k == "reduce_scatter" then stop(u, "rs_in", s); start(u, "rs_out", s)
-    elseif k == "view_out" or k == "view_out_add" then stop(u, "rs_out", s)
+    elseif k == "view_out" or k == "view_out_add" or k == "partial_add" then stop(u, "rs_out", s)
+    elseif k == "partial_save" then stop(u, "rs_out", s); start(u, "partial", s)
+    elseif k == "partial_fold" then stop(u, "partial", s)
     elseif k:sub(1, 3) == "tp_" then start(u, "act", s); stop(u, "act", s) -- one collective's worth
     end
   end

@@ -27,6 +27,14 @@ opkinds.LIST = {
   -- The view-out of a later reduction in the step: adds into the sharded
   -- grads (FSDP2's sharded_param.grad += new_sharded_grad, in their dtype).
   { name = "view_out_add", reads = { "rs_out", "sharded_grads" }, writes = { "sharded_grads" } },
+  -- HSDP's set_requires_all_reduce(False) (grad_accumulation = "all_reduce_last"):
+  -- foreach_reduce keeps each micro-step's reduce-scatter output in
+  -- partial_reduce_output (the first one as it is, later ones added into it,
+  -- in the reduce dtype) and the last micro-step adds it into its own output
+  -- before the all-reduce, all on the reduce-scatter stream.
+  { name = "partial_save", reads = { "rs_out" }, writes = { "partial" } },
+  { name = "partial_add", reads = { "rs_out", "partial" }, writes = { "partial" } },
+  { name = "partial_fold", reads = { "rs_out", "partial" }, writes = { "rs_out" } },
 }
 
 opkinds.BY_NAME = {}
@@ -52,7 +60,7 @@ function opkinds.stream_of(o, hsdp)
   local k = o.kind
   if k == "copy_in" then return "copy_in"
   elseif k == "all_gather" then return o.group and "all_gather" or "copy_in"
-  elseif k == "reduce_scatter" then return "reduce_scatter"
+  elseif k == "reduce_scatter" or k:sub(1, 8) == "partial_" then return "reduce_scatter"
   elseif k == "all_reduce" then return "all_reduce"
   elseif k == "view_out" or k == "view_out_add" then return hsdp and "all_reduce" or "reduce_scatter"
   end

@@ -7,7 +7,12 @@
 -- backward and adds the result into the sharded grads (the first reduction
 -- of a step assigns them: the optimizer zeroed them to None); "sync_last"
 -- (set_requires_gradient_sync(False) before all but the last micro-step)
--- reduces on the last only, the unsharded grads accumulating until then.
+-- reduces on the last only, the unsharded grads accumulating until then;
+-- "all_reduce_last" (HSDP's set_requires_all_reduce(False) before all but
+-- the last) reduce-scatters on every backward, keeps the outputs summed in
+-- the reduce dtype (partial_save, partial_add) and on the last micro-step
+-- adds them into its own output (partial_fold) before the one all-reduce
+-- and view-out. Without a replicate group it is FSDP2's default.
 local schedule = {}
 
 local opkinds = require("gen.opkinds")
@@ -54,11 +59,14 @@ function schedule.build(lay, fams, fsdp)
   local layers = {}
   for i = root and 2 or 1, #units do layers[#layers + 1] = units[i] end
   local every = fsdp.grad_accumulation ~= "sync_last"
+  local partial_mode = fsdp.grad_accumulation == "all_reduce_last" and replicate ~= nil and micro_steps > 1
   for m = 0, micro_steps - 1 do
     -- reducing: this micro-step's post-backward reduces; first: its view-out
-    -- assigns the sharded grads (later reductions add into them)
+    -- assigns the sharded grads (later reductions add into them); partial:
+    -- what all_reduce_last does with the reduce-scatter output
     local reducing = every or (m == micro_steps - 1)
-    local first = not every or m == 0
+    local partial = partial_mode and (m == micro_steps - 1 and "fold" or m == 0 and "save" or "add") or nil
+    local first = not every or m == 0 or partial == "fold"
     local unsharded = {}
     -- Forward: root's pre-forward first (it wraps the whole model).
     for _, u in ipairs(units) do
@@ -108,7 +116,8 @@ function schedule.build(lay, fams, fsdp)
     -- Interleave: FSDP2 runs unit i's post-backward right after its own
     -- backward, before the next unit's pre-backward. Rebuild the op list in
     -- that order below.
-    ops = schedule.interleave_post_backward(ops, post, root, m, reducing, first, shard, replicate, tp_ops)
+    ops = schedule.interleave_post_backward(ops, post, root, m, { reducing = reducing, first = first,
+                                            partial = partial }, shard, replicate, tp_ops)
   end
   for i, o in ipairs(ops) do
     o.seq = i - 1
@@ -120,8 +129,10 @@ end
 -- The backward part above emitted pre-backward work unit by unit; insert
 -- each unit's post-backward (reshard, and on a reducing micro-step pack, RS,
 -- AR, view-out: view_out_add where an earlier micro-step's reduction already
--- set the sharded grads) right after its backward compute.
-function schedule.interleave_post_backward(ops, post, root, m, reducing, first, shard, replicate, tp_ops)
+-- set the sharded grads) right after its backward compute. how: reducing,
+-- first and partial of micro-step m (schedule.build).
+function schedule.interleave_post_backward(ops, post, root, m, how, shard, replicate, tp_ops)
+  local reducing, first, partial = how.reducing, how.first, how.partial
   local by_index = {}
   for _, u in ipairs(post) do by_index[u.index] = u end
   local out = {}
@@ -134,6 +145,10 @@ function schedule.interleave_post_backward(ops, post, root, m, reducing, first, 
       out[#out + 1] = { kind = "reduce_scatter", unit = u.index, micro_step = m, phase = "backward",
                         group = shard and "fsdp" or nil, dtype = u.reduce_dtype, count = u.total,
                         reduce_op = u.rs_op }
+      if partial then
+        out[#out + 1] = { kind = "partial_" .. partial, unit = u.index, micro_step = m, phase = "backward" }
+      end
+      if partial == "save" or partial == "add" then return end -- no all-reduce until the last micro-step
       if replicate then
         out[#out + 1] = { kind = "all_reduce", unit = u.index, micro_step = m, phase = "backward",
                           group = "dp_replicate", dtype = u.reduce_dtype, count = u.total,

@@ -26,7 +26,8 @@ local function r3(x) return tonumber(string.format("%.3f", x)) end
 
 local CATEGORY = {
   forward = "compute", backward = "compute", reshard = "compute", copy_in = "copy", copy_out = "copy",
-  pack = "copy", view_out = "copy", view_out_add = "copy", all_gather = "collective", reduce_scatter = "collective",
+  pack = "copy", view_out = "copy", view_out_add = "copy", partial_save = "copy", partial_add = "copy",
+  partial_fold = "copy", all_gather = "collective", reduce_scatter = "collective",
   all_reduce = "collective",
 }
 

@@ -46,12 +46,18 @@ end
 -- backwards; each reduction's collectives come after its packing, and its
 -- view-out closes it, assigning the sharded grads on the step's first
 -- reduction (view_out) and adding into them on later ones (view_out_add).
+-- all_reduce_last's reductions before the last micro-step end in the
+-- partial sums instead (partial_save, then partial_add, each after its
+-- reduce-scatter), which the last one folds in before its all-reduce: no
+-- reduce-scatter output is lost or counted twice.
 function verify.schedule(lay, ops, fsdp)
   local micro_steps = fsdp.micro_steps
   local per_pack = fsdp.grad_accumulation == "sync_last" and micro_steps or 1
   local state, reduced, grads, open, outs = {}, {}, {}, {}, {}
+  local scattered, held, parked = {}, {}, {} -- RS done in the open reduction; partial sums held; reductions parked
   for _, u in ipairs(lay.units) do
     state[u.index] = "sharded"; reduced[u.index] = 0; grads[u.index] = 0; outs[u.index] = 0
+    held[u.index] = 0; parked[u.index] = 0
   end
   local name = function(i) return lay.units[i + 1].name end
   for _, o in ipairs(ops) do
@@ -68,11 +74,19 @@ function verify.schedule(lay, ops, fsdp)
     elseif k == "pack" then
       check(grads[u] == per_pack, "%s packed after %d backward passes, not %d", name(u), grads[u], per_pack)
       check(not open[u], "%s packed again before its view-out", name(u))
-      reduced[u] = reduced[u] + 1; grads[u] = 0; open[u] = true
+      reduced[u] = reduced[u] + 1; grads[u] = 0; open[u] = true; scattered[u] = false
     elseif k == "reduce_scatter" or k == "all_reduce" then
       check(open[u], "%s of %s before its pack", k, name(u))
+      check(k == "reduce_scatter" or held[u] == 0, "all_reduce of %s with %d partial sums not folded in", name(u), held[u])
+      if k == "reduce_scatter" then scattered[u] = true end
+    elseif k == "partial_save" or k == "partial_add" or k == "partial_fold" then
+      check(open[u] and scattered[u], "%s of %s before its reduce-scatter", k, name(u))
+      check((k == "partial_save") == (held[u] == 0), "%s of %s holding %d partial sums", k, name(u), held[u])
+      if k == "partial_fold" then held[u] = 0
+      else held[u] = held[u] + 1; parked[u] = parked[u] + 1; open[u] = false end
     elseif k == "view_out" or k == "view_out_add" then
       check(open[u], "%s of %s before its pack", k, name(u))
+      check(held[u] == 0, "%s of %s with %d partial sums not folded in", k, name(u), held[u])
       check((k == "view_out") == (outs[u] == 0), "%s of %s after %d view-outs this step", k, name(u), outs[u])
       open[u] = false; outs[u] = outs[u] + 1
     elseif k:sub(1, 3) == "tp_" then check(s == "unsharded", "%s of %s on %s params", k, name(u), s)
@@ -83,8 +97,8 @@ function verify.schedule(lay, ops, fsdp)
     -- A unit without parameters has nothing to reduce.
     local want = #uu.params > 0 and micro_steps // per_pack or 0
     check(reduced[uu.index] == want, "%s reduced %d times, not %d", uu.name, reduced[uu.index], want)
-    check(grads[uu.index] == 0 and not open[uu.index] and outs[uu.index] == reduced[uu.index],
-      "%s ends the step with unreduced grads", uu.name)
+    check(grads[uu.index] == 0 and not open[uu.index] and held[uu.index] == 0
+      and outs[uu.index] + parked[uu.index] == reduced[uu.index], "%s ends the step with unreduced grads", uu.name)
   end
 end
 

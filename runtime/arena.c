@@ -14,6 +14,7 @@ int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_buffer k)
     case CP_BUF_GRADS: return U->grads_numel * (int64_t)cp_dtype_size(U->grad_dtype);
     case CP_BUF_RS_IN: return W * U->total * (int64_t)cp_dtype_size(U->reduce_dtype);
     case CP_BUF_ACT: return U->act_numel * (int64_t)cp_dtype_size(U->ag_dtype);
+    case CP_BUF_PARTIAL: return U->partial_numel * (int64_t)cp_dtype_size(U->reduce_dtype);
     default: return U->total * (int64_t)cp_dtype_size(U->reduce_dtype);
     }
 }

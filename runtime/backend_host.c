@@ -308,15 +308,36 @@ static void view_out_add(const cp_plan *p, int u, int shard_rank, const void *rs
     }
 }
 
-/* Indexed by kernel number (cp_gpu_kernels.h: copy-in, copy-out, pack, view-out, view-out adding). */
-static void (*const HOST_COPIES[5])(const cp_plan *, int, int, const void *, void *) = { copy_in, copy_out, pack,
-                                                                                          view_out, view_out_add };
+/* all_reduce_last's partial sums (FSDP2's partial_reduce_output): total
+ * elements of the reduce dtype, copied bit for bit, or added into out with
+ * one rounding to the reduce dtype (torch's += on two tensors of it). */
+static void flat_copy(const cp_plan *p, int u, int shard_rank, const void *in, void *out)
+{
+    const cp_unit *U = &p->units[u];
+    (void)shard_rank;
+    memcpy(out, in, (size_t)U->total * cp_dtype_size(U->reduce_dtype));
+}
+
+static void flat_add(const cp_plan *p, int u, int shard_rank, const void *in, void *out)
+{
+    const cp_unit *U = &p->units[u];
+    (void)shard_rank;
+    for (int64_t i = 0; i < U->total; i++)
+        cp_store(U->reduce_dtype, out, i, cp_load(U->reduce_dtype, out, i) + cp_load(U->reduce_dtype, in, i));
+}
+
+/* Indexed by kernel number (cp_gpu_kernels.h: copy-in, copy-out, pack, view-out, view-out adding, flat copy,
+ * flat add). */
+#define HOST_KERNELS 7
+static void (*const HOST_COPIES[HOST_KERNELS])(const cp_plan *, int, int, const void *, void *) = {
+    copy_in, copy_out, pack, view_out, view_out_add, flat_copy, flat_add
+};
 
 static int host_copy(cp_backend *b, int kernel, int unit, cp_stream s, const void *in, void *out)
 {
     rank_ctx *rc = b->ctx;
     (void)s;
-    if (kernel < 0 || kernel > 4) return -1;
+    if (kernel < 0 || kernel >= HOST_KERNELS) return -1;
     HOST_COPIES[kernel](&rc->view, unit, rc->shard_rank, in, out);
     return 0;
 }

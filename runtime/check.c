@@ -127,9 +127,13 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
     /* Where the step reduces each unit: after every backward (FSDP2's
      * default), after the last (set_requires_gradient_sync(False) before
      * the others), as the plan's ops say. */
-    for (int i = 0; i < p->nops; i++)
-        if (p->ops[i].kind == CP_OP_PACK && p->ops[i].micro_step >= 0 && p->ops[i].micro_step < M)
-            c->packs[(size_t)p->ops[i].unit * (size_t)M + (size_t)p->ops[i].micro_step] = 1;
+    for (int i = 0; i < p->nops; i++) {
+        const cp_op *op = &p->ops[i];
+        if (op->micro_step < 0 || op->micro_step >= M) continue;
+        unsigned char *at = &c->packs[(size_t)op->unit * (size_t)M + (size_t)op->micro_step];
+        if (op->kind == CP_OP_PACK) *at |= 1;
+        if (op->kind == CP_OP_PARTIAL_SAVE || op->kind == CP_OP_PARTIAL_ADD) *at |= 2;
+    }
     /* Patterns are functions of the full parameter's element index, so TP
      * ranks agree on every element they share. */
     for (int i = 1; i < p->nparams; i++) c->param_base[i] = c->param_base[i - 1] + cp_param_full_numel(&p->params[i - 1]);
@@ -214,12 +218,19 @@ void cp_checker_check_unsharded(cp_checker *c, int u, const void *unsharded, con
  * the step's first, or the first after a packing (which freed them). */
 static int fresh_grads(const cp_checker *c, int u, int m)
 {
-    return m == 0 || c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)(m - 1)];
+    return m == 0 || (c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)(m - 1)] & 1);
 }
 
 static int reduces_at(const cp_checker *c, int u, int m)
 {
-    return c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)m];
+    return c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)m] & 1;
+}
+
+/* Whether micro-step m's reduce-scatter output is parked in the partial
+ * sums (all_reduce_last before the last micro-step) instead of all-reduced. */
+static int parks_at(const cp_checker *c, int u, int m)
+{
+    return (c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)m] & 2) != 0;
 }
 
 void cp_checker_add_grads(cp_checker *c, int u, int micro, void *grads)
@@ -265,15 +276,19 @@ static float packed(const cp_unit *U, float acc)
  * each shard group (the value this shard rank gets), over the replicate
  * group, post-divided in the reduce dtype and cast to the parameter's
  * dtype; the step's first reduction assigns the sharded grad, later ones
- * add into it in its dtype (sharded_param.grad += new_sharded_grad). */
+ * add into it in its dtype (sharded_param.grad += new_sharded_grad).
+ * all_reduce_last: a reduction before the last micro-step keeps each
+ * replica's reduce-scatter value in its partial sum (assigned, then added in
+ * the reduce dtype); the last adds its own value and the partial sum
+ * (reduce_output += partial_reduce_output) before the all-reduce. */
 static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, int rs_key, int key)
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
     int W = p->shard_size, R = p->replicate_size;
-    float vals[W > 0 ? W : 1], rs[R > 0 ? R : 1];
+    float vals[W > 0 ? W : 1], rs[R > 0 ? R : 1], partial[R > 0 ? R : 1];
     float sharded = 0.0f;
-    int have = 0;
+    int have = 0, held = 0;
     for (int m = 0; m < p->micro_steps; m++) {
         int fresh = fresh_grads(c, u, m);
         for (int i = 0; i < W * R; i++) {
@@ -286,6 +301,14 @@ static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, in
             for (int s = 0; s < W; s++) vals[s] = packed(U, c->acc[q * W + s]);
             rs[q] = W > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->rs_op, vals, W, rs_key) : vals[0];
         }
+        if (parks_at(c, u, m)) {
+            for (int q = 0; q < R; q++) partial[q] = held ? round_to(U->reduce_dtype, partial[q] + rs[q]) : rs[q];
+            held = 1;
+            continue;
+        }
+        if (held)
+            for (int q = 0; q < R; q++) rs[q] = round_to(U->reduce_dtype, rs[q] + partial[q]);
+        held = 0;
         float v = R > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->ar_op, rs, R, key) : rs[0];
         if (U->post_divide != 1.0) v = round_to(U->reduce_dtype, (float)(v / U->post_divide));
         v = round_to(U->orig_dtype, v);

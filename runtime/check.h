@@ -34,7 +34,8 @@ typedef struct {
     int replica_set;     /* this rank's replicate group instance: who shares its expected grads */
     cp_expect_cache *cache; /* NULL: compute this rank's values alone */
     float *expect;          /* scratch: one unit's expected shard without a cache */
-    unsigned char *packs;   /* [unit * micro_steps + m]: the step reduces unit u's grads at micro-step m (its ops) */
+    unsigned char *packs;   /* [unit * micro_steps + m]: bit 0, the step reduces unit u's grads at micro-step m;
+                               bit 1, that reduction ends in the partial sums (all_reduce_last) (its ops) */
     float *acc;             /* scratch: each of the W x R members' accumulated unsharded grad */
     long mismatches;
 } cp_checker;

@@ -15,7 +15,7 @@ extern "C" {
 /* The layout of the tables below. A generated plan.c refuses to compile
  * against a runtime whose tables differ (nanopb's PB_PROTO_HEADER_VERSION
  * idea): bump it with every change to a table type or an enum. */
-#define CP_TABLES_VERSION 5
+#define CP_TABLES_VERSION 6
 
 #define CP_MAX_DIMS 8      /* tensor dims per parameter */
 #define CP_MAX_MESH_DIMS 6 /* dp_replicate, dp_shard, ep, cp, tp, pp */
@@ -43,6 +43,11 @@ typedef enum {
     CP_OP_TP_REDUCE_SCATTER, /* sequence-parallel reduce-scatter (whole -> this rank's slot, summed) */
     CP_OP_TP_ALL_REDUCE,     /* TP without sequence parallelism, loss-parallel statistics (summed) */
     CP_OP_VIEW_OUT_ADD,    /* a later reduction of the step: reduce-scatter output added into the sharded grads */
+    /* HSDP's set_requires_all_reduce(False) (all_reduce_last): FSDP2's
+     * partial_reduce_output, in the reduce dtype on the reduce-scatter stream */
+    CP_OP_PARTIAL_SAVE,    /* reduce-scatter output -> the partial sums (the step's first) */
+    CP_OP_PARTIAL_ADD,     /* partial sums += reduce-scatter output */
+    CP_OP_PARTIAL_FOLD,    /* the last micro-step: reduce-scatter output += partial sums, before the all-reduce */
     CP_OP_KIND_COUNT
 } cp_op_kind;
 
@@ -66,7 +71,7 @@ typedef struct {
     int64_t tp_full, tp_chunk, full_numel;
 } cp_param;
 
-/* A unit's buffers. The first five are transient, placed in one arena per
+/* A unit's buffers. The first seven are transient, placed in one arena per
  * rank by the generator's memory plan (gen/memplan.lua); the shards and
  * sharded grads persist (the optimizer owns them). */
 typedef enum {
@@ -76,6 +81,7 @@ typedef enum {
     CP_BUF_RS_IN,     /* W*total, reduce dtype */
     CP_BUF_RS_OUT,    /* total, reduce dtype */
     CP_BUF_ACT,       /* act_numel, ag dtype: the unit's TP activation collectives */
+    CP_BUF_PARTIAL,   /* partial_numel, reduce dtype: reduce-scatter outputs awaiting the all-reduce */
     CP_ARENA_BUFFERS,
     CP_BUF_SHARDED = CP_ARENA_BUFFERS, /* total, orig dtype: this rank's shards */
     CP_BUF_SHARDED_GRADS,              /* total, orig dtype: this rank's reduced grads */
@@ -113,6 +119,7 @@ typedef struct {
     double pre_divide, post_divide;
     int vec_ok; /* offsets, runs and total are multiples of 8 elements: 16-byte copies */
     int64_t act_numel; /* largest activation any of its TP collectives moves (0 without TP) */
+    int64_t partial_numel; /* all_reduce_last under HSDP: total (the partial sums, reduce dtype); else 0 */
     int64_t arena_offset[CP_ARENA_BUFFERS]; /* bytes into the rank's arena */
 } cp_unit;
 
@@ -235,7 +242,9 @@ typedef struct {
     const char *name;
     cp_op_action action;
     int kernel;            /* CP_ACT_COPY: the copy (CP_KERNEL_*: 0 copy-in, 1 copy-out, 2 pack, 3 view-out,
-                              4 view-out adding into the sharded grads) */
+                              4 view-out adding into the sharded grads, 5 flat copy, 6 flat add, both in the
+                              reduce dtype) */
+    int adds;              /* the copy adds into out (reads it too) */
     cp_collective collective; /* CP_ACT_COLLECTIVE */
     cp_buffer in, out;     /* the unit's buffers it reads and writes */
     cp_slot in_slot, out_slot; /* only this rank's slot of in / out (all-gather input, reduce-scatter output) */

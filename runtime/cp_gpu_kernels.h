@@ -14,6 +14,8 @@ enum cp_kernel_op {
     CP_KERNEL_PACK = 2,
     CP_KERNEL_VIEW_OUT = 3,
     CP_KERNEL_VIEW_OUT_ADD = 4, /* the view-out adding into the sharded grads */
+    CP_KERNEL_FLAT_COPY = 5,    /* total elements of the reduce dtype, bits untouched (partial_save) */
+    CP_KERNEL_FLAT_ADD = 6,     /* out += in, total elements, added in the reduce dtype (partial_add, _fold) */
     CP_KERNEL_COUNT
 };
 

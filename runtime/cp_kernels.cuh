@@ -263,10 +263,21 @@ __host__ __device__ inline void cp_pack_tile(const cp_kview &v, const TI *grads,
     cp_ktile<TI, TO, V>(m, j0, end, lane, 1.0f, v.unit.pre_divide);
 }
 
+/* all_reduce_last's partial sums: total elements of the reduce dtype, copied
+ * (partial_reduce_output = reduce_output) or added (+=, one rounding in the
+ * reduce dtype, as torch's add_ of two tensors of that dtype). */
+template <typename T, int V>
+__host__ __device__ inline void cp_flat_tile(const cp_kview &v, const T *in, T *out, long long b, int lane, bool add)
+{
+    cp_map_flat<T, T> m = { in, out, v.unit.total };
+    long long j0 = b * CP_KTILE_OF(V), end = j0 + CP_KTILE_OF(V) < m.n ? j0 + CP_KTILE_OF(V) : m.n;
+    cp_ktile<T, T, V>(m, j0, end, lane, 1.0f, 1.0f, add);
+}
+
 /* Blocks of each op: one per tile. */
 template <int V> __host__ __device__ inline long long cp_kblocks(int op, const cp_kview &v)
 {
-    if (op == 0 || op == 3 || op == 4) return (v.unit.total + CP_KTILE_OF(V) - 1) / CP_KTILE_OF(V);
+    if (op == 0 || op == 3 || op == 4 || op == 5 || op == 6) return (v.unit.total + CP_KTILE_OF(V) - 1) / CP_KTILE_OF(V);
     return (long long)v.W * (op == 1 ? v.unit.tiles_out : v.unit.tiles_pack);
 }
 
@@ -291,6 +302,11 @@ __global__ void __launch_bounds__(CP_KTHREADS) cp_view_out_kernel(cp_kview v, co
 {
     cp_view_out_tile<TI, TO, V>(v, in, out, blockIdx.x, threadIdx.x, add != 0);
 }
+template <typename T, int V>
+__global__ void __launch_bounds__(CP_KTHREADS) cp_flat_kernel(cp_kview v, const T *in, T *out, int add)
+{
+    cp_flat_tile<T, V>(v, in, out, blockIdx.x, threadIdx.x, add != 0);
+}
 #endif
 
 #endif
@@ -302,7 +318,8 @@ __global__ void __launch_bounds__(CP_KTHREADS) cp_view_out_kernel(cp_kview v, co
 #include "commplan.h"
 /* Dispatch from run-time dtypes (cp_dtype codes: 0 fp32, 1 bf16, 2 fp16)
  * to the typed kernels; host = 1 runs the same group bodies on the CPU. */
-enum { CP_K_COPY_IN = 0, CP_K_COPY_OUT = 1, CP_K_PACK = 2, CP_K_VIEW_OUT = 3, CP_K_VIEW_OUT_ADD = 4 };
+enum { CP_K_COPY_IN = 0, CP_K_COPY_OUT = 1, CP_K_PACK = 2, CP_K_VIEW_OUT = 3, CP_K_VIEW_OUT_ADD = 4, CP_K_FLAT_COPY = 5,
+       CP_K_FLAT_ADD = 6 };
 
 template <typename TI, typename TO, int V>
 static cudaError_t cp_krun(int op, const cp_kview &v, int shard_rank, const void *in, void *out, cudaStream_t s,
@@ -317,6 +334,10 @@ static cudaError_t cp_krun(int op, const cp_kview &v, int shard_rank, const void
                 case CP_K_COPY_IN: cp_copy_in_tile<TI, TO, V>(v, shard_rank, src, dst, b, lane); break;
                 case CP_K_COPY_OUT: cp_copy_out_tile<TO, V>(v, reinterpret_cast<const TO *>(src), dst, b, lane); break;
                 case CP_K_PACK: cp_pack_tile<TI, TO, V>(v, src, dst, b, lane); break;
+                case CP_K_FLAT_COPY:
+                case CP_K_FLAT_ADD:
+                    cp_flat_tile<TO, V>(v, reinterpret_cast<const TO *>(src), dst, b, lane, op == CP_K_FLAT_ADD);
+                    break;
                 default: cp_view_out_tile<TI, TO, V>(v, src, dst, b, lane, op == CP_K_VIEW_OUT_ADD); break;
                 }
         return cudaSuccess;
@@ -334,6 +355,11 @@ static cudaError_t cp_krun(int op, const cp_kview &v, int shard_rank, const void
         cp_copy_out_kernel<TO, V><<<grid, CP_KTHREADS, 0, s>>>(v, reinterpret_cast<const TO *>(src), dst);
         break;
     case CP_K_PACK: cp_pack_kernel<TI, TO, V><<<grid, CP_KTHREADS, 0, s>>>(v, src, dst); break;
+    case CP_K_FLAT_COPY:
+    case CP_K_FLAT_ADD:
+        cp_flat_kernel<TO, V><<<grid, CP_KTHREADS, 0, s>>>(v, reinterpret_cast<const TO *>(src), dst,
+                                                           op == CP_K_FLAT_ADD);
+        break;
     default: cp_view_out_kernel<TI, TO, V><<<grid, CP_KTHREADS, 0, s>>>(v, src, dst, op == CP_K_VIEW_OUT_ADD); break;
     }
     return cudaGetLastError();
@@ -374,6 +400,8 @@ static inline cudaError_t cp_kdispatch_dtypes(int op, const cp_kview &v, const i
     case CP_K_COPY_IN: ti = dtypes[0]; to = dtypes[1]; break;
     case CP_K_COPY_OUT: ti = dtypes[1]; to = dtypes[1]; break;
     case CP_K_PACK: ti = dtypes[3]; to = dtypes[2]; break;
+    case CP_K_FLAT_COPY:
+    case CP_K_FLAT_ADD: ti = dtypes[2]; to = dtypes[2]; break;
     default: ti = dtypes[2]; to = dtypes[0]; break;
     }
     switch (ti) {
@@ -488,7 +516,7 @@ static inline cudaError_t cp_ktables_run(cp_ktables *t, const cp_plan *p, int c,
                                          const void *in, void *out, cudaStream_t s, int host)
 {
     int nclasses = p->nclasses > 0 ? p->nclasses : 1;
-    if (c < 0 || c >= nclasses || unit < 0 || unit >= p->nunits || op < 0 || op > CP_K_VIEW_OUT_ADD)
+    if (c < 0 || c >= nclasses || unit < 0 || unit >= p->nunits || op < 0 || op > CP_K_FLAT_ADD)
         return cudaErrorInvalidValue;
     cudaError_t e = host ? cp_ktables_build_host(t, p, c) : cp_ktables_prepare(t, p, c);
     if (e != cudaSuccess) return e;

@@ -12,7 +12,7 @@
 
 /* Kernel numbers as cp_gpu_kernels.h declares them (that header is the
  * CUDA-side face; this file stays plain C). */
-enum { K_COPY_IN = 0, K_COPY_OUT = 1, K_PACK = 2, K_VIEW_OUT = 3, K_VIEW_OUT_ADD = 4 };
+enum { K_COPY_IN = 0, K_COPY_OUT = 1, K_PACK = 2, K_VIEW_OUT = 3, K_VIEW_OUT_ADD = 4, K_FLAT_COPY = 5, K_FLAT_ADD = 6 };
 
 const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
     [CP_OP_COPY_IN] = { .name = "copy_in", .action = CP_ACT_COPY, .kernel = K_COPY_IN,
@@ -51,7 +51,15 @@ const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
     /* FSDP2's sharded_param.grad += new_sharded_grad: a reduction after the
      * step's first adds into the sharded grads instead of assigning them. */
     [CP_OP_VIEW_OUT_ADD] = { .name = "view_out_add", .action = CP_ACT_COPY, .kernel = K_VIEW_OUT_ADD,
-                             .in = CP_BUF_RS_OUT, .out = CP_BUF_SHARDED_GRADS, .frees = CP_BUF_RS_OUT },
+                             .in = CP_BUF_RS_OUT, .out = CP_BUF_SHARDED_GRADS, .frees = CP_BUF_RS_OUT, .adds = 1 },
+    /* foreach_reduce without all_reduce_grads: partial_reduce_output = reduce_output
+     * (then += reduce_output); with it, reduce_output += partial_reduce_output. */
+    [CP_OP_PARTIAL_SAVE] = { .name = "partial_save", .action = CP_ACT_COPY, .kernel = K_FLAT_COPY,
+                             .in = CP_BUF_RS_OUT, .out = CP_BUF_PARTIAL, .frees = CP_BUF_RS_OUT },
+    [CP_OP_PARTIAL_ADD] = { .name = "partial_add", .action = CP_ACT_COPY, .kernel = K_FLAT_ADD,
+                            .in = CP_BUF_RS_OUT, .out = CP_BUF_PARTIAL, .frees = CP_BUF_RS_OUT, .adds = 1 },
+    [CP_OP_PARTIAL_FOLD] = { .name = "partial_fold", .action = CP_ACT_COPY, .kernel = K_FLAT_ADD,
+                             .in = CP_BUF_PARTIAL, .out = CP_BUF_RS_OUT, .frees = CP_BUF_PARTIAL, .adds = 1 },
 };
 
 const char *cp_op_kind_name(cp_op_kind k)

@@ -626,12 +626,15 @@ int cp_gpu_reshard(cp_gpu *g, int unit, void *stream)
 
 /* Pack, reduce-scatter, the HSDP all-reduce where the plan has one, view-out
  * (assigning the sharded grads, or adding into them on a later reduction of
- * the step, as the plan's op says). */
+ * the step, as the plan's op says); under all_reduce_last the reduce-scatter
+ * output goes into the partial sums instead until the last micro-step, which
+ * folds them in before its all-reduce. */
 int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream)
 {
-    static const cp_op_kind kinds[] = { CP_OP_PACK, CP_OP_REDUCE_SCATTER, CP_OP_ALL_REDUCE, CP_OP_VIEW_OUT,
-                                        CP_OP_VIEW_OUT_ADD };
-    return run_unit_ops(g, unit, CALL_REDUCE, kinds, 5, (cudaStream_t)stream);
+    static const cp_op_kind kinds[] = { CP_OP_PACK,         CP_OP_REDUCE_SCATTER, CP_OP_PARTIAL_SAVE,
+                                        CP_OP_PARTIAL_ADD,  CP_OP_PARTIAL_FOLD,   CP_OP_ALL_REDUCE,
+                                        CP_OP_VIEW_OUT,     CP_OP_VIEW_OUT_ADD };
+    return run_unit_ops(g, unit, CALL_REDUCE, kinds, (int)(sizeof kinds / sizeof kinds[0]), (cudaStream_t)stream);
 }
 
 void cp_gpu_set_compute(cp_gpu *g, cp_gpu_compute_fn fn, void *user)
@@ -795,7 +798,7 @@ int cp_gpu_bench_ops(cp_gpu *g, void *stream, int warmup, int iters, FILE *out)
         size_t bytes = cp_gpu_buffer_bytes(g, big, d->in) + cp_gpu_buffer_bytes(g, big, d->out);
         if (d->out == CP_BUF_AG) /* copy-in writes only this rank's slot */
             bytes = cp_gpu_buffer_bytes(g, big, d->in) + cp_gpu_buffer_bytes(g, big, d->out) / (size_t)p->shard_size;
-        if (kind == CP_OP_VIEW_OUT_ADD) bytes += cp_gpu_buffer_bytes(g, big, d->out); /* reads the sharded grads too */
+        if (d->adds) bytes += cp_gpu_buffer_bytes(g, big, d->out); /* reads what it adds into too */
         float ms = 0.0f;
         for (int it = -warmup; it < iters; it++) {
             if (it == 0) CUDA(cudaEventRecord(t0, S));

@@ -8,10 +8,10 @@
 #include "plan.h"
 
 /* The runtime these tables were generated for (runtime/commplan.h). */
-#if CP_TABLES_VERSION != 5
-#error "plan.c was generated for commplan tables version 5: regenerate it with this tree's gen/commplan.lua"
+#if CP_TABLES_VERSION != 6
+#error "plan.c was generated for commplan tables version 6: regenerate it with this tree's gen/commplan.lua"
 #endif
-_Static_assert(CP_OP_KIND_COUNT == 14 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 6,
+_Static_assert(CP_OP_KIND_COUNT == 17 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 7,
                "runtime/commplan.h enums differ from the generator's (gen/opkinds.lua, gen/memplan.lua)");
 
 /* Parameters, unit by unit in wrapping order, each in its unit's order.
@@ -37,6 +37,8 @@ static const cp_param params[3] = {
  * before the reduce-scatter and 1/post_divide after. vec_ok: every offset,
  * run and the total are multiples of 8 elements (16-byte copies).
  * act_numel: the activation buffer of its TP collectives, in ag_dtype elements.
+ * partial_numel: all_reduce_last under HSDP, the reduce-scatter outputs
+ * summed until the last micro-step's all-reduce (reduce_dtype elements).
  * arena_offset: byte offset of each transient buffer in the rank's arena
  * (gen/memplan.lua placed them and proved that no two live ones overlap). */
 static const cp_unit units[2] = {
@@ -44,14 +46,14 @@ static const cp_unit units[2] = {
         .name = "root", .first_param = 0, .nparams = 1,
         .total = 15, .numel = 25, .grads_numel = 32,
         .orig_dtype = CP_FP16, .ag_dtype = CP_FP16, .reduce_dtype = CP_FP16, .grad_dtype = CP_FP16, .is_root = 1, .reshard_after_forward = 0,
-        .rs_op = CP_SUM, .ar_op = CP_SUM, .pre_divide = 4, .post_divide = 2, .vec_ok = 0, .act_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 256, [CP_BUF_GRADS] = 512, [CP_BUF_RS_IN] = 256, [CP_BUF_RS_OUT] = 768, [CP_BUF_ACT] = 0 } },
+        .rs_op = CP_SUM, .ar_op = CP_SUM, .pre_divide = 4, .post_divide = 2, .vec_ok = 0, .act_numel = 0, .partial_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 256, [CP_BUF_GRADS] = 512, [CP_BUF_RS_IN] = 256, [CP_BUF_RS_OUT] = 768, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
     [HSDP4X2_FP16_UNIT_ENC] = {
         .name = "enc", .first_param = 1, .nparams = 2,
         .total = 14, .numel = 24, .grads_numel = 32,
         .orig_dtype = CP_FP16, .ag_dtype = CP_FP16, .reduce_dtype = CP_FP16, .grad_dtype = CP_FP16, .is_root = 0, .reshard_after_forward = 1,
-        .rs_op = CP_SUM, .ar_op = CP_SUM, .pre_divide = 4, .post_divide = 2, .vec_ok = 0, .act_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 1024, [CP_BUF_GRADS] = 1280, [CP_BUF_RS_IN] = 1024, [CP_BUF_RS_OUT] = 768, [CP_BUF_ACT] = 0 } },
+        .rs_op = CP_SUM, .ar_op = CP_SUM, .pre_divide = 4, .post_divide = 2, .vec_ok = 0, .act_numel = 0, .partial_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 1024, [CP_BUF_GRADS] = 1280, [CP_BUF_RS_IN] = 1024, [CP_BUF_RS_OUT] = 768, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
 };
 
 /* Group families: one per set of mesh dims (axis_mask bit i = mesh dim i).

@@ -8,10 +8,10 @@
 #include "plan.h"
 
 /* The runtime these tables were generated for (runtime/commplan.h). */
-#if CP_TABLES_VERSION != 5
-#error "plan.c was generated for commplan tables version 5: regenerate it with this tree's gen/commplan.lua"
+#if CP_TABLES_VERSION != 6
+#error "plan.c was generated for commplan tables version 6: regenerate it with this tree's gen/commplan.lua"
 #endif
-_Static_assert(CP_OP_KIND_COUNT == 14 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 6,
+_Static_assert(CP_OP_KIND_COUNT == 17 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 7,
                "runtime/commplan.h enums differ from the generator's (gen/opkinds.lua, gen/memplan.lua)");
 
 /* Parameters, unit by unit in wrapping order, each in its unit's order.
@@ -55,6 +55,8 @@ static const cp_param params[21] = {
  * before the reduce-scatter and 1/post_divide after. vec_ok: every offset,
  * run and the total are multiples of 8 elements (16-byte copies).
  * act_numel: the activation buffer of its TP collectives, in ag_dtype elements.
+ * partial_numel: all_reduce_last under HSDP, the reduce-scatter outputs
+ * summed until the last micro-step's all-reduce (reduce_dtype elements).
  * arena_offset: byte offset of each transient buffer in the rank's arena
  * (gen/memplan.lua placed them and proved that no two live ones overlap). */
 static const cp_unit units[5] = {
@@ -62,32 +64,32 @@ static const cp_unit units[5] = {
         .name = "root", .first_param = 0, .nparams = 0,
         .total = 0, .numel = 0, .grads_numel = 0,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_FP32, .grad_dtype = CP_BF16, .is_root = 1, .reshard_after_forward = 0,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 0, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 0, [CP_BUF_ACT] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 0, .partial_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 0, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 0, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
     [LLAMA_TINY_UNIT_TOK_EMBEDDINGS] = {
         .name = "tok_embeddings", .first_param = 0, .nparams = 1,
         .total = 4032, .numel = 16000, .grads_numel = 16000,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_FP32, .grad_dtype = CP_BF16, .is_root = 0, .reshard_after_forward = 1,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 221696, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 64512, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 443392, [CP_BUF_ACT] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 0, .partial_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 221696, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 64512, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 443392, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
     [LLAMA_TINY_UNIT_LAYERS_0] = {
         .name = "layers.0", .first_param = 1, .nparams = 9,
         .total = 13856, .numel = 55424, .grads_numel = 55424,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_FP32, .grad_dtype = CP_BF16, .is_root = 0, .reshard_after_forward = 1,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 221696, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 332544, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 443392, [CP_BUF_ACT] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 0, .partial_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 221696, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 332544, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 443392, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
     [LLAMA_TINY_UNIT_LAYERS_1] = {
         .name = "layers.1", .first_param = 10, .nparams = 9,
         .total = 13856, .numel = 55424, .grads_numel = 55424,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_FP32, .grad_dtype = CP_BF16, .is_root = 0, .reshard_after_forward = 1,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 221696, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 332544, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 443392, [CP_BUF_ACT] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 0, .partial_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 221696, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 332544, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 443392, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
     [LLAMA_TINY_UNIT_NORM_OUTPUT] = {
         .name = "norm_output", .first_param = 19, .nparams = 2,
         .total = 4048, .numel = 16064, .grads_numel = 16064,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_FP32, .grad_dtype = CP_BF16, .is_root = 0, .reshard_after_forward = 0,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 221696, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 64768, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 443392, [CP_BUF_ACT] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 0, .partial_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 221696, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 64768, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 443392, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
 };
 
 /* Group families: one per set of mesh dims (axis_mask bit i = mesh dim i).

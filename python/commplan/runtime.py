@@ -63,7 +63,8 @@ _TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<i2"}  # bf16 travels as int1
 CALL_KINDS = {
     "unshard": ("copy_in", "all_gather", "copy_out"),
     "reshard": ("reshard",),
-    "reduce": ("pack", "reduce_scatter", "all_reduce", "view_out", "view_out_add"),
+    "reduce": ("pack", "reduce_scatter", "partial_save", "partial_add", "partial_fold", "all_reduce", "view_out",
+               "view_out_add"),
 }
 
 
@@ -297,6 +298,10 @@ class CommplanFSDP:
         # (view_out_add: FSDP2's default accumulation, a later reduction of the step)
         self._reduce_adds = {(self._unit_index[op["unit"]], op.get("micro_step", 0))
                              for op in self.plan["ops"] if op["kind"] == "view_out_add"}
+        # (unit, micro-step) whose reduction ends in the sharded grads; under all_reduce_last the
+        # earlier ones end in the plan's partial sums (HSDP's set_requires_all_reduce(False))
+        self._reduce_views = {(self._unit_index[op["unit"]], op.get("micro_step", 0))
+                              for op in self.plan["ops"] if op["kind"] in ("view_out", "view_out_add")}
         self._pos = 0
         self._micro = 0
         self._reset_pass()
@@ -522,6 +527,10 @@ class CommplanFSDP:
                     # plan's storage before this reduce overwrites it (stream-ordered before the pack)
                     P.sharded.grad = P.alias.clone()
             self._call("reduce", u)
+            if (u, self._micro) not in self._reduce_views:
+                for P in unit["params"]:
+                    P.accumulated = False
+                return  # parked in the plan's partial sums until the last micro-step's all-reduce
             for P in unit["params"]:
                 P.accumulated = False
                 if P.sharded.grad is None:

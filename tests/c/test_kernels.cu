@@ -97,7 +97,8 @@ static void check_copy(const cp_plan *p, cp_backend *ref, const cp_gpu_kernels *
     /* p is the rank's view: its TP class's layout. */
     const cp_unit *U = &p->units[u];
     cp_dtype in_t = kernel == CP_KERNEL_COPY_IN                                          ? U->orig_dtype
-                    : kernel == CP_KERNEL_VIEW_OUT || kernel == CP_KERNEL_VIEW_OUT_ADD ? U->reduce_dtype
+                    : kernel == CP_KERNEL_VIEW_OUT || kernel == CP_KERNEL_VIEW_OUT_ADD ||
+                      kernel == CP_KERNEL_FLAT_COPY || kernel == CP_KERNEL_FLAT_ADD      ? U->reduce_dtype
                     : kernel == CP_KERNEL_PACK                                         ? U->grad_dtype
                                                                                        : U->ag_dtype;
     size_t in_bytes = (size_t)cp_arena_buffer_bytes(p, u, in_kind);
@@ -106,6 +107,10 @@ static void check_copy(const cp_plan *p, cp_backend *ref, const cp_gpu_kernels *
     fill_random(in.data(), in_t, (int64_t)(in_bytes / cp_dtype_size(in_t)), seed);
     if (kernel == CP_KERNEL_VIEW_OUT_ADD) { /* adds into sharded grads an earlier reduction set */
         fill_random(out0.data(), U->orig_dtype, (int64_t)(out_bytes / cp_dtype_size(U->orig_dtype)), seed);
+        memcpy(want.data(), out0.data(), out_bytes);
+    }
+    if (kernel == CP_KERNEL_FLAT_ADD) { /* all_reduce_last's partial sums: adds into what the output holds */
+        fill_random(out0.data(), U->reduce_dtype, (int64_t)(out_bytes / cp_dtype_size(U->reduce_dtype)), seed);
         memcpy(want.data(), out0.data(), out_bytes);
     }
     if (ref->copy(ref, kernel, u, CP_STREAM_COMPUTE, in.data(), want.data()) != 0) exit(1);
@@ -136,6 +141,10 @@ static void check_plan(const cp_plan *plan, const cp_gpu_kernels *k)
             check_copy(p, &b, k, "view_out", CP_KERNEL_VIEW_OUT, u, rank, sr, CP_BUF_RS_OUT, CP_BUF_SHARDED_GRADS, &seed);
             check_copy(p, &b, k, "view_out_add", CP_KERNEL_VIEW_OUT_ADD, u, rank, sr, CP_BUF_RS_OUT,
                        CP_BUF_SHARDED_GRADS, &seed);
+            /* all_reduce_last's partial sums, on every unit whatever the plan's mode: reduce-scatter-output-
+             * sized buffers of the reduce dtype */
+            check_copy(p, &b, k, "flat_copy", CP_KERNEL_FLAT_COPY, u, rank, sr, CP_BUF_RS_OUT, CP_BUF_RS_OUT, &seed);
+            check_copy(p, &b, k, "flat_add", CP_KERNEL_FLAT_ADD, u, rank, sr, CP_BUF_RS_OUT, CP_BUF_RS_OUT, &seed);
         }
     }
     cp_host_world_destroy(w);

@@ -203,9 +203,20 @@ static plan_clone &clone_plan(const cp_plan *p)
 }
 
 /* ---- one copy op on one rank ---- */
-static const char *const KNAMES[5] = { "copy_in", "copy_out", "pack", "view_out", "view_out_add" };
-/* The view-outs (assigning, or adding into the sharded grads): the whole unit, reduce dtype -> orig. */
-static bool is_view_out(int kernel) { return kernel == CP_KERNEL_VIEW_OUT || kernel == CP_KERNEL_VIEW_OUT_ADD; }
+static const char *const KNAMES[7] = { "copy_in", "copy_out", "pack", "view_out", "view_out_add", "flat_copy", "flat_add" };
+/* all_reduce_last's partial sums: the whole unit, reduce dtype -> reduce dtype. */
+static bool is_flat(int kernel)
+{
+#if CP_TABLES_VERSION >= 6
+    return kernel == CP_KERNEL_FLAT_COPY || kernel == CP_KERNEL_FLAT_ADD;
+#else
+    (void)kernel;
+    return false;
+#endif
+}
+/* The view-outs (assigning, or adding into the sharded grads): the whole unit, reduce dtype -> orig; and the
+ * flat copies, also one piece over the whole unit. */
+static bool is_view_out(int kernel) { return kernel == CP_KERNEL_VIEW_OUT || kernel == CP_KERNEL_VIEW_OUT_ADD || is_flat(kernel); }
 
 struct tally {
     long long checks, mismatched, stray_ops, out_bytes, bytes_compared, pieces, misaligned_pieces, words, misaligned_words;
@@ -231,6 +242,9 @@ static cp_dtype buf_dtype(const cp_unit *U, cp_buffer k)
     case CP_BUF_SHARDED:
     case CP_BUF_SHARDED_GRADS: return U->orig_dtype;
     case CP_BUF_RS_IN:
+#if CP_TABLES_VERSION >= 6
+    case CP_BUF_PARTIAL:
+#endif
     case CP_BUF_RS_OUT: return U->reduce_dtype;
     default: return U->ag_dtype;
     }
@@ -289,7 +303,7 @@ static void check_pieces(const cp_plan *v, int u, int kernel, int shard_rank, co
                   : kernel == CP_KERNEL_PACK     ? grads_dtype(U)
                                                  : U->ag_dtype;
     cp_dtype to = kernel == CP_KERNEL_COPY_IN || kernel == CP_KERNEL_COPY_OUT ? U->ag_dtype
-                  : kernel == CP_KERNEL_PACK                                 ? U->reduce_dtype
+                  : kernel == CP_KERNEL_PACK || is_flat(kernel)              ? U->reduce_dtype
                                                                              : U->orig_dtype;
     size_t ei = cp_dtype_size(ti), eo = cp_dtype_size(to), V = 16 / eo;
     size_t ai = V * ei < 16 ? V * ei : 16, ao = 16;
@@ -551,7 +565,7 @@ int main(void)
         cp_host_world *w = cp_host_world_create(PLANS[i].plan);
         if (!w) return 2;
         check_ctx c = { PLANS[i].name, "", PLANS[i].plan, PLANS[i].plan, PLANS[i].k, w, true };
-        check_plan(c, 0xfu, all);
+        check_plan(c, (1u << CP_KERNEL_COUNT) - 1u, all); /* every kernel */
         cp_host_world_destroy(w);
     }
 

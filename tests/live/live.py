@@ -365,8 +365,8 @@ def causes_of(diverged):
 
 def accumulation_of(plan):
     """The gradient-accumulation mode plan.json's fsdp.grad_accumulation
-    names ("fsdp2_default" | "sync_last", and "all_reduce_last" should HSDP's
-    deferred all-reduce become one). A plan without the field (binaries
+    names ("fsdp2_default" | "sync_last" | "all_reduce_last", HSDP's deferred
+    all-reduce). A plan without the field (binaries
     before issue 16 item 3) reduces on its last micro-step only and
     overwrites: FSDP2 under set_requires_gradient_sync(False) on the others."""
     v = plan.get("fsdp", {}).get("grad_accumulation")
@@ -562,6 +562,10 @@ def gen_seed(seed, attempt=0):
         pattern = "unique"
     if micro > 1 and tree_knows("grad_accumulation"):  # drawn last: older trees' seeds keep their plans
         fsdp["grad_accumulation"] = "sync_last" if rng.random() < 0.5 else "fsdp2_default"
+        # HSDP's deferred all-reduce, drawn after the others so earlier seeds keep their plans
+        if R > 1 and fsdp["grad_accumulation"] == "fsdp2_default" and tree_knows("all_reduce_last") \
+                and rng.random() < 0.5:
+            fsdp["grad_accumulation"] = "all_reduce_last"
     lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
     desc = (f"{kind} {'x'.join(str(x) for x in (R, S, T))}, {n_units}+root units, micro {micro}"
             f"{' ' + fsdp['grad_accumulation'] if 'grad_accumulation' in fsdp else ''}, steps {steps}, "

@@ -71,6 +71,81 @@ function T.micro_steps_reduce_every_backward_by_default()
   end
 end
 
+-- HSDP's set_requires_all_reduce(False) before all but the last micro-step:
+-- every backward reduce-scatters into the partial sums (save, then add, on
+-- the reduce-scatter stream), the last folds them in before its one
+-- all-reduce and view-out; the partial sums get an arena buffer live from
+-- the first save to the fold.
+local function all_reduce_last_plan(R, micro)
+  return plan.from_source(H.generic(2 * R, "{ dp_replicate = " .. R .. ", dp_shard = 2 }",
+    { { "l0", { { "a", { 4 } } } }, { "root", { { "c", { 4 } } } } },
+    "{ micro_steps = " .. micro .. ", grad_accumulation = 'all_reduce_last' }"), "t.lua")
+end
+
+function T.all_reduce_last_reduce_scatters_every_backward_and_all_reduces_once()
+  local p = all_reduce_last_plan(2, 3)
+  local per_micro, l0 = {}, {}
+  for _, o in ipairs(p.ops) do
+    local k = per_micro[o.micro_step] or {}
+    per_micro[o.micro_step] = k
+    k[o.kind] = (k[o.kind] or 0) + 1
+    if o.kind:sub(1, 8) == "partial_" then H.eq(o.stream, "reduce_scatter", o.kind .. " stream") end
+    if o.unit == 1 and o.phase == "backward" and o.kind ~= "backward" and o.kind ~= "copy_in"
+       and o.kind ~= "all_gather" and o.kind ~= "copy_out" and o.kind ~= "reshard" then
+      l0[#l0 + 1] = o.micro_step .. ":" .. o.kind
+    end
+  end
+  H.list_eq(l0, { "0:pack", "0:reduce_scatter", "0:partial_save", "1:pack", "1:reduce_scatter", "1:partial_add",
+    "2:pack", "2:reduce_scatter", "2:partial_fold", "2:all_reduce", "2:view_out" }, "l0's reductions")
+  for m = 0, 2 do
+    H.eq(per_micro[m].reduce_scatter, 2, "reduce-scatters in micro-step " .. m)
+    H.eq(per_micro[m].all_reduce, m == 2 and 2 or nil, "all-reduces in micro-step " .. m)
+    H.eq(per_micro[m].view_out_add, nil, "no view_out_add")
+  end
+  local b = p.arena.by_unit[1].partial
+  H.eq(b.bytes, 4 // 2 * 4, "partial sums: the fp32 slot")
+  H.eq(#b.lives, 1, "one life")
+  H.eq(p.ops[b.lives[1].first + 1].kind, "partial_save", "opened by the save")
+  H.eq(p.ops[b.lives[1].last + 1].kind, "partial_fold", "closed by the fold")
+end
+
+function T.all_reduce_last_without_replicas_is_fsdp2_default()
+  local a = plan.from_source(H.generic(2, "{ dp_shard = 2 }", { { "root", { { "c", { 4 } } } } },
+    "{ micro_steps = 2, grad_accumulation = 'all_reduce_last' }"), "t.lua")
+  local b = plan.from_source(H.generic(2, "{ dp_shard = 2 }", { { "root", { { "c", { 4 } } } } },
+    "{ micro_steps = 2 }"), "t.lua")
+  local ka, kb = {}, {}
+  for _, o in ipairs(a.ops) do ka[#ka + 1] = o.kind end
+  for _, o in ipairs(b.ops) do kb[#kb + 1] = o.kind end
+  H.list_eq(ka, kb, "same ops")
+  H.eq(a.arena.by_unit[0].partial.bytes, 0, "no partial sums")
+end
+
+function T.verify_rejects_lost_or_unfolded_partial_sums()
+  local verify = require("gen.verify")
+  local p = all_reduce_last_plan(2, 2)
+  local function without(kind)
+    local ops = {}
+    for _, o in ipairs(p.ops) do if o.kind ~= kind then ops[#ops + 1] = o end end
+    return ops
+  end
+  local ok, err = pcall(verify.schedule, p.layout, without("partial_fold"), p.fsdp)
+  H.eq(ok, false, "a missing fold must fail")
+  assert(tostring(err):find("not folded in", 1, true), tostring(err))
+  ok, err = pcall(verify.schedule, p.layout, without("partial_save"), p.fsdp)
+  H.eq(ok, false, "a missing save must fail")
+  assert(tostring(err):find("l0", 1, true) or tostring(err):find("root", 1, true), tostring(err))
+  -- the fold moved after the all-reduce: the all-reduce would miss the partial sums
+  local ops = {}
+  for _, o in ipairs(p.ops) do ops[#ops + 1] = o end
+  for i, o in ipairs(ops) do
+    if o.kind == "partial_fold" then ops[i], ops[i + 1] = ops[i + 1], ops[i]; break end
+  end
+  ok, err = pcall(verify.schedule, p.layout, ops, p.fsdp)
+  H.eq(ok, false, "an all-reduce before the fold must fail")
+  assert(tostring(err):find("all_reduce of", 1, true), tostring(err))
+end
+
 function T.grad_accumulation_typo_suggests()
   H.plan_fails(H.generic(2, "{ dp_shard = 2 }", { { "root", { { "c", { 4 } } } } },
     "{ micro_steps = 2, grad_accumulation = 'sync_lst' }"), "fsdp.grad_accumulation", 'did you mean "sync_last"')
