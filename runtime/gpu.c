@@ -130,7 +130,9 @@ static int init_comms(cp_gpu *g)
         /* A second under the watchdog's limit, so a timeout names the channel. */
         double t = g->env.init_timeout_s, limit = t > 2 ? t - 1 : t / 2;
         char rerr[sizeof g->err];
-        int how = cp_rendezvous_share(&g->env, p->fingerprint, &id, sizeof id, limit, rerr, sizeof rerr);
+        /* Through torchrun's store the ranks also compare plans here, before NCCL. */
+        int how = cp_rendezvous_share_plan(&g->env, p->name, p->fingerprint, &id, sizeof id, limit, NULL, rerr,
+                                           sizeof rerr);
         if (how == CP_RDZV_ERROR) {
             snprintf(g->err, sizeof g->err, "%s", rerr); /* already names the rank */
             return -1;

@@ -8,6 +8,7 @@
 
 #include "commplan.h"
 #include "launch.h"
+#include "rendezvous.h"
 #include "safeio.h"
 #include "simulate.h"
 #ifdef CP_WITH_GPU
@@ -31,7 +32,8 @@ static void usage(FILE *f, const cp_plan *p)
     fprintf(f,
             "usage: %s [--simulate [--steps N] [--pattern unique|oracle] [--dump DIR] [--arith gloo|nccl]] [--dry-run]\n"
             "          [--check [--steps N]] [--warmup N] [--iters N] [--graph] [--timeout S] [--trace FILE]\n"
-            "          [--standin [--rank R]] [--world-size N] [--rank R] [--quiet] [--version] [--help]\n"
+            "          [--standin [--rank R]] [--rendezvous-only] [--world-size N] [--rank R] [--quiet] [--version]\n"
+            "          [--help]\n"
             "\n"
             "Plan %s (fingerprint %s): %d ranks, %d units, %d parameters, %d ops per step.\n"
             "\n"
@@ -61,6 +63,10 @@ static void usage(FILE *f, const cp_plan *p)
             "  --world-size N    refuse to run unless N equals the plan's world size (default: the launcher's,\n"
             "                    from torchrun $WORLD_SIZE, Open MPI $OMPI_COMM_WORLD_SIZE or Slurm $SLURM_NTASKS)\n"
             "  --rank R          refuse to run unless 0 <= R < world size (default: the launcher's rank)\n"
+            "  --rendezvous-only under a launcher: read its variables, carry a stand-in NCCL id (random bytes)\n"
+            "                    from rank 0 to every rank through the channel a GPU run would use (torchrun's\n"
+            "                    store, COMMPLAN_ID_FILE), compare plans across ranks where the channel can,\n"
+            "                    print one line per rank and stop before NCCL (no GPU, NCCL or CUDA needed)\n"
             "  --quiet           no progress output\n"
             "  --version         print commplan's version and the plan's name and fingerprint\n"
             "\n"
@@ -84,7 +90,7 @@ static int parse_int(const char *flag, const char *s, long min, long max, long *
 
 /* The runs a flag is for. A flag the chosen run would ignore is refused:
  * a user who gives it expects it to change something. */
-enum { RUN_SIM = 1, RUN_DRY = 2, RUN_CHECK = 4, RUN_TIME = 8 /* no mode flag, or --standin */ };
+enum { RUN_SIM = 1, RUN_DRY = 2, RUN_CHECK = 4, RUN_TIME = 8 /* no mode flag, or --standin */, RUN_RDZV = 16 };
 enum { F_STEPS, F_PATTERN, F_DUMP, F_ARITH, F_WARMUP, F_ITERS, F_GRAPH, F_TIMEOUT, F_TRACE, F_STANDIN, F_QUIET, F_COUNT };
 static const struct {
     const char *flag;
@@ -101,7 +107,7 @@ static const struct {
     [F_TIMEOUT] = { "--timeout", RUN_TIME | RUN_CHECK, "bounds a step on the GPU (a timing run or --check)" },
     [F_TRACE] = { "--trace", RUN_TIME, "records a timed step on the GPU (no mode flag)" },
     [F_STANDIN] = { "--standin", RUN_TIME, "times one rank of the plan alone on a GPU (no mode flag)" },
-    [F_QUIET] = { "--quiet", RUN_SIM | RUN_CHECK | RUN_TIME, "silences progress output" },
+    [F_QUIET] = { "--quiet", RUN_SIM | RUN_CHECK | RUN_TIME | RUN_RDZV, "silences progress output" },
 };
 
 static void dry_run(const cp_plan *p)
@@ -122,10 +128,61 @@ static void dry_run(const cp_plan *p)
     }
 }
 
+static const char *channel_name(int c)
+{
+    switch (c) {
+    case CP_ID_ALONE: return "none (one rank)";
+    case CP_ID_NCCL_COMM_ID: return "NCCL_COMM_ID";
+    case CP_ID_FILE: return "COMMPLAN_ID_FILE";
+    case CP_ID_TCPSTORE: return "torchrun's store";
+    case CP_ID_MASTER_ADDR: return "MASTER_ADDR:MASTER_PORT (NCCL_COMM_ID)";
+    default: return "?";
+    }
+}
+
+/* --rendezvous-only: the launch path of a GPU run up to NCCL, on any
+ * machine. The id is 128 random bytes where ncclGetUniqueId would make one;
+ * each rank prints a hash of what it received, so a test sees every rank
+ * hold rank 0's bytes. */
+static int rendezvous_only(const cp_plan *p, cp_launch_env *env, int quiet)
+{
+    unsigned char id[128] = { 0 };
+    char err[1024];
+    if (env->rank == 0 && env->id_channel != CP_ID_NCCL_COMM_ID && env->id_channel != CP_ID_MASTER_ADDR) {
+        FILE *f = fopen("/dev/urandom", "rb");
+        int ok = f && fread(id, 1, sizeof id, f) == sizeof id;
+        if (f) fclose(f);
+        if (!ok) {
+            cp_error("rank 0: reading 128 random bytes from /dev/urandom for the stand-in NCCL id failed");
+            return 2;
+        }
+    }
+    cp_rendezvous_info info = { 0 };
+    int how = cp_rendezvous_share_plan(env, p->name, p->fingerprint, id, sizeof id, env->init_timeout_s, &info, err,
+                                       sizeof err);
+    if (how == CP_RDZV_ERROR) {
+        cp_error("%s", err);
+        return 2;
+    }
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a over the id's bytes */
+    for (size_t i = 0; i < sizeof id; i++) h = (h ^ id[i]) * 1099511628211ULL;
+    if (quiet) return 0;
+    if (how == CP_RDZV_NCCL_OWN)
+        printf("%s rank %d of %d (%s): rendezvous through %s: every rank makes the id itself, nothing travels; "
+               "plans are compared by NCCL after init; stopping before NCCL (--rendezvous-only)\n", p->name, env->rank,
+               env->world_size, env->source, channel_name(env->id_channel));
+    else
+        printf("%s rank %d of %d (%s): rendezvous through %s, launch %lld: stand-in NCCL id %016llx, plan %s on %s; "
+               "stopping before NCCL (--rendezvous-only)\n", p->name, env->rank, env->world_size, env->source,
+               channel_name(env->id_channel), info.launch, (unsigned long long)h, p->fingerprint,
+               env->id_channel == CP_ID_TCPSTORE ? "every rank" : "this rank (compared by NCCL after init)");
+    return 0;
+}
+
 static int run(int argc, char **argv)
 {
     const cp_plan *p = &CP_PLAN;
-    int simulate = 0, dry = 0, quiet = 0, check = 0, graph = 0, standin = 0, given[F_COUNT] = { 0 };
+    int simulate = 0, dry = 0, quiet = 0, check = 0, graph = 0, standin = 0, rdzv = 0, given[F_COUNT] = { 0 };
     const char *trace = NULL;
     long steps = 1, world = -1, rank = -1, warmup = 5, iters = 20, timeout = 300;
     cp_sim_options opt = { .steps = 1, .pattern = CP_PATTERN_UNIQUE };
@@ -143,6 +200,7 @@ static int run(int argc, char **argv)
         else if (!strcmp(a, "--check")) check = 1;
         else if (!strcmp(a, "--graph")) graph = given[F_GRAPH] = 1;
         else if (!strcmp(a, "--standin")) standin = given[F_STANDIN] = 1;
+        else if (!strcmp(a, "--rendezvous-only")) rdzv = 1;
         else if (!strcmp(a, "--warmup")) {
             if (parse_int(a, next, 0, 1000000, &warmup)) return 2;
             i++, given[F_WARMUP] = 1;
@@ -182,8 +240,8 @@ static int run(int argc, char **argv)
             return 2;
         }
     }
-    if (simulate + dry + check > 1) {
-        cp_error("--simulate, --dry-run and --check are different runs: give one");
+    if (simulate + dry + check + rdzv > 1) {
+        cp_error("--simulate, --dry-run, --check and --rendezvous-only are different runs: give one");
         return 2;
     }
     if (opt.dump_dir && !opt.dump_dir[0]) {
@@ -199,9 +257,9 @@ static int run(int argc, char **argv)
                  "--check/--simulate or launch all %d ranks", p->world_size);
         return 2;
     }
-    unsigned run = simulate ? RUN_SIM : dry ? RUN_DRY : check ? RUN_CHECK : RUN_TIME;
-    const char *run_name = simulate ? "--simulate" : dry ? "--dry-run" : check ? "--check" : standin ? "--standin" :
-                           "a timing run (no --simulate, --dry-run or --check)";
+    unsigned run = simulate ? RUN_SIM : dry ? RUN_DRY : check ? RUN_CHECK : rdzv ? RUN_RDZV : RUN_TIME;
+    const char *run_name = simulate ? "--simulate" : dry ? "--dry-run" : check ? "--check" : rdzv ? "--rendezvous-only" :
+                           standin ? "--standin" : "a timing run (no --simulate, --dry-run or --check)";
     for (int f = 0; f < F_COUNT; f++)
         if (given[f] && !(FLAG_RUNS[f].runs & run)) {
             cp_error("%s %s; %s would ignore it: drop %s", FLAG_RUNS[f].flag, FLAG_RUNS[f].what, run_name,
@@ -249,6 +307,15 @@ static int run(int argc, char **argv)
     }
     if (launched && rank < 0) rank = env.rank;
     if (dry) { dry_run(p); return 0; }
+    if (rdzv) {
+        if (!launched && p->world_size > 1) {
+            cp_error("--rendezvous-only needs the launcher's variables: start the %d ranks with torchrun (e.g. torchrun "
+                     "--standalone --nproc-per-node %d --no-python %s --rendezvous-only), srun or mpirun",
+                     p->world_size, p->world_size, argv[0]);
+            return 2;
+        }
+        return rendezvous_only(p, &env, quiet);
+    }
     if (standin) {
         env.standin = 1;
         env.world_size = p->world_size;

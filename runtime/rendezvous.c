@@ -210,7 +210,7 @@ static int file_receive(const cp_launch_env *env, const char *key, unsigned char
  *     PING answered after SET means the SET is stored. parse_get_command answers an unset key with zero bytes,
  *     hence WAIT before GET. onClose -> unregisterClient -> clearClientWaitState: closing the socket is how a
  *     timed-out WAIT is given up. MAX_STRING_LEN 8 KiB per key, MAX_PAYLOAD_LEN 8 MiB per value. */
-enum { Q_VALIDATE = 0, Q_SET = 1, Q_GET = 3, Q_WAIT = 6, Q_PING = 13 };
+enum { Q_VALIDATE = 0, Q_SET = 1, Q_GET = 3, Q_ADD = 4, Q_WAIT = 6, Q_PING = 13 };
 enum { W_STOP_WAITING = 0 };
 static const uint32_t TCPSTORE_MAGIC = 0x3C85F7CEu;
 
@@ -411,73 +411,210 @@ static int store_open(const cp_launch_env *env, double deadline, char *why, size
     }
 }
 
-static int store_share(const cp_launch_env *env, const char *key_suffix, unsigned char *bytes, size_t len,
-                       double timeout_s, char *err, size_t errlen)
+/* ---- the queries commplan sends, each bounded by the deadline ---- */
+
+/* Sends q (built by the caller) and, when want > 0, reads want bytes of answer into ans. */
+static int q_roundtrip(int fd, buf *q, void *ans, size_t want, const char *what, double deadline, char *why,
+                       size_t whylen)
 {
-    char key[sizeof env->job_tag + MAX_KEY_SUFFIX + 32], why[800] = "";
-    /* "/" is what PyTorch's own client puts before every key, so Python's
-     * store.get("commplan/...") on the same store finds the id too. */
-    snprintf(key, sizeof key, "/commplan/%s/%s/nccl_id", env->job_tag, key_suffix);
+    int io = send_all(fd, q->p, q->n, deadline, why, whylen);
+    if (io == 0 && want) io = recv_all(fd, ans, want, deadline, what, why, whylen);
+    q->n = 0;
+    return io;
+}
+
+/* ADD key delta: the key's new value (TCPStore keeps it as decimal text). */
+static int q_add(int fd, const char *key, int64_t delta, int64_t *value, double deadline, char *why, size_t whylen)
+{
+    buf q = { 0 };
+    int io = -1;
+    if (buf_u8(&q, Q_ADD) || buf_bytes(&q, key, strlen(key)) || buf_put(&q, &delta, 8))
+        snprintf(why, whylen, "out of host memory");
+    else io = q_roundtrip(fd, &q, value, 8, "ADD", deadline, why, whylen);
+    free(q.p);
+    return io;
+}
+
+/* SET key value, then a PING whose echo means the SET is stored. */
+static int q_set(int fd, const char *key, const void *value, size_t len, double deadline, char *why, size_t whylen)
+{
+    buf q = { 0 };
+    uint32_t nonce = (uint32_t)getpid() ^ 0x5e7u, echo = 0;
+    int io = -1;
+    if (buf_u8(&q, Q_SET) || buf_bytes(&q, key, strlen(key)) || buf_bytes(&q, value, len) || buf_u8(&q, Q_PING) ||
+        buf_u32(&q, nonce))
+        snprintf(why, whylen, "out of host memory");
+    else if ((io = q_roundtrip(fd, &q, &echo, 4, "PING after SET", deadline, why, whylen)) == 0 && echo != nonce) {
+        snprintf(why, whylen, "PING after SET answered %u instead of %u", echo, nonce);
+        io = -1;
+    }
+    free(q.p);
+    return io;
+}
+
+/* WAIT until every key is set. */
+static int q_wait(int fd, const char *const *keys, size_t n, double deadline, char *why, size_t whylen)
+{
+    buf q = { 0 };
+    uint64_t count = n;
+    uint8_t answer = 0xff;
+    int io = buf_u8(&q, Q_WAIT) || buf_put(&q, &count, 8);
+    for (size_t i = 0; i < n && !io; i++) io = buf_bytes(&q, keys[i], strlen(keys[i]));
+    if (io) {
+        snprintf(why, whylen, "out of host memory");
+        io = -1;
+    } else if ((io = q_roundtrip(fd, &q, &answer, 1, "WAIT", deadline, why, whylen)) == 0 &&
+               answer != W_STOP_WAITING) {
+        snprintf(why, whylen, "WAIT answered %u instead of STOP_WAITING (0)", answer);
+        io = -1;
+    }
+    free(q.p);
+    return io;
+}
+
+/* GET key into out: exactly `exact` bytes when exact > 0, else at most cap - 1
+ * (NUL-terminated text). *got: the length. A length the server chose is
+ * checked before any byte is read, never allocated. */
+static int q_get(int fd, const char *key, void *out, size_t cap, size_t exact, size_t *got, double deadline, char *why,
+                 size_t whylen)
+{
+    buf q = { 0 };
+    uint64_t n = 0;
+    int io = -1;
+    if (buf_u8(&q, Q_GET) || buf_bytes(&q, key, strlen(key))) snprintf(why, whylen, "out of host memory");
+    else if ((io = q_roundtrip(fd, &q, &n, 8, "GET", deadline, why, whylen)) == 0) {
+        if (exact ? n != exact : n >= cap) {
+            snprintf(why, whylen, "key %s holds %llu bytes, expected %s%zu (rank 0 runs another build?)", key,
+                     (unsigned long long)n, exact ? "" : "fewer than ", exact ? exact : cap);
+            io = -1;
+        } else if ((io = recv_all(fd, out, (size_t)n, deadline, "GET", why, whylen)) == 0) {
+            if (!exact) ((char *)out)[n] = '\0';
+            *got = (size_t)n;
+        }
+    }
+    free(q.p);
+    return io;
+}
+
+/* torchrun's store: one launch of the binary is told from the next by a
+ * counter every rank ADDs to (rank r's k-th run gets a value in
+ * (k*world, (k+1)*world], since a run ends only after every rank's ADD);
+ * inside it, every rank SETs hello/<rank> = "<fingerprint> <plan>", rank 0
+ * compares them all, then SETs the NCCL id and the verdict ("ok" or the
+ * line every rank prints), which the others WAIT for. Keys:
+ *   /commplan/<job>/launches           the counter
+ *   /commplan/<job>/launch<k>/hello/<r>, /nccl_id, /verdict */
+static int store_share(const cp_launch_env *env, const char *plan_name, const char *fingerprint, unsigned char *bytes,
+                       size_t len, double timeout_s, cp_rendezvous_info *info, char *err, size_t errlen)
+{
+    char base[sizeof env->job_tag + 64], key[sizeof base + 64], why[800] = "", mine[MAX_KEY_SUFFIX + 130];
+    static const char where[] = "MASTER_ADDR:MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True";
     double start = now_s(), deadline = start + timeout_s;
-    const char *where = "MASTER_ADDR:MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True";
+    int world = env->world_size, r = env->rank;
+    snprintf(mine, sizeof mine, "%s %s", fingerprint, plan_name && plan_name[0] ? plan_name : "?");
     int fd = store_open(env, deadline, why, sizeof why);
     if (fd < 0)
         return fail(err, errlen, "rank %d: torchrun's store %s:%d (%s): %s (gave up after %.1f s); check that "
                     "torchrun's agent is alive and reachable from this node, or set COMMPLAN_ID_FILE=/shared/path",
-                    env->rank, env->store_host, env->store_port, where, why, now_s() - start);
-    buf q = { 0 };
-    int rc = CP_RDZV_ERROR, timed_out = 0;
-    uint64_t klen = strlen(key);
-    if (env->rank == 0) {
-        /* SET, then a PING: its echo means the SET before it is stored. */
-        uint32_t nonce = (uint32_t)getpid(), echo = 0;
-        if (buf_u8(&q, Q_SET) || buf_bytes(&q, key, klen) || buf_bytes(&q, bytes, len) || buf_u8(&q, Q_PING) ||
-            buf_u32(&q, nonce))
-            snprintf(why, sizeof why, "out of host memory");
-        else if (!send_all(fd, q.p, q.n, deadline, why, sizeof why) &&
-                 !recv_all(fd, &echo, sizeof echo, deadline, "PING after SET", why, sizeof why)) {
-            if (echo == nonce) rc = CP_RDZV_SHARED;
-            else snprintf(why, sizeof why, "PING after SET answered %u instead of %u", echo, nonce);
+                    r, env->store_host, env->store_port, where, why, now_s() - start);
+    int64_t count = 0;
+    int rc = CP_RDZV_ERROR, io = 0, refused = 0;
+    char verdict[1024] = "", stage[sizeof key + 64] = "";
+    char **keys = NULL;
+    snprintf(key, sizeof key, "/commplan/%s/launches", env->job_tag);
+    if ((io = q_add(fd, key, 1, &count, deadline, why, sizeof why)) != 0) goto done;
+    if (count < 1) {
+        snprintf(why, sizeof why, "ADD of %s answered %lld", key, (long long)count);
+        io = -1;
+        goto done;
+    }
+    int64_t launch = (count - 1) / world;
+    if (info) info->launch = launch;
+    snprintf(base, sizeof base, "/commplan/%s/launch%lld", env->job_tag, (long long)launch);
+    snprintf(key, sizeof key, "%s/hello/%d", base, r);
+    snprintf(stage, sizeof stage, "SET %s", key);
+    if ((io = q_set(fd, key, mine, strlen(mine), deadline, why, sizeof why)) != 0) goto done;
+    char verdict_key[sizeof key], id_key[sizeof key];
+    snprintf(verdict_key, sizeof verdict_key, "%s/verdict", base);
+    snprintf(id_key, sizeof id_key, "%s/nccl_id", base);
+    if (r == 0) {
+        /* Every other rank's hello, then each compared with this rank's. */
+        keys = calloc((size_t)world, sizeof *keys);
+        if (!keys) { snprintf(why, sizeof why, "out of host memory"); io = -1; goto done; }
+        for (int q = 1; q < world; q++) {
+            if (!(keys[q] = malloc(sizeof key))) { snprintf(why, sizeof why, "out of host memory"); io = -1; goto done; }
+            snprintf(keys[q], sizeof key, "%s/hello/%d", base, q);
         }
-    } else {
-        uint8_t answer = 0xff;
-        uint64_t one = 1, got = 0;
-        int io = 0;
-        if (buf_u8(&q, Q_WAIT) || buf_put(&q, &one, 8) || buf_bytes(&q, key, klen))
-            snprintf(why, sizeof why, "out of host memory");
-        else if ((io = send_all(fd, q.p, q.n, deadline, why, sizeof why)) != 0 ||
-                 (io = recv_all(fd, &answer, 1, deadline, "WAIT", why, sizeof why)) != 0)
-            timed_out = io == IO_TIMEOUT;
-        else if (answer != W_STOP_WAITING)
-            snprintf(why, sizeof why, "WAIT answered %u instead of STOP_WAITING (0)", answer);
-        else {
-            q.n = 0;
-            if (buf_u8(&q, Q_GET) || buf_bytes(&q, key, klen)) snprintf(why, sizeof why, "out of host memory");
-            else if (!send_all(fd, q.p, q.n, deadline, why, sizeof why) &&
-                     !recv_all(fd, &got, 8, deadline, "GET", why, sizeof why)) {
-                if (got != len)
-                    snprintf(why, sizeof why, "key %s holds %llu bytes, expected %zu (rank 0 runs another build?)",
-                             key, (unsigned long long)got, len);
-                else if (!recv_all(fd, bytes, len, deadline, "GET", why, sizeof why))
-                    rc = CP_RDZV_SHARED;
+        snprintf(stage, sizeof stage, "WAIT for the other %d ranks' hello", world - 1);
+        if ((io = q_wait(fd, (const char *const *)keys + 1, (size_t)world - 1, deadline, why, sizeof why)) != 0)
+            goto done;
+        for (int q = 1; q < world && !verdict[0]; q++) {
+            char theirs[sizeof mine];
+            size_t got = 0;
+            snprintf(stage, sizeof stage, "GET %s", keys[q]);
+            if ((io = q_get(fd, keys[q], theirs, sizeof theirs, 0, &got, deadline, why, sizeof why)) != 0) goto done;
+            if (strcmp(theirs, mine) != 0) {
+                char fp[40] = "", name[130] = "";
+                if (sscanf(theirs, "%39s %129s", fp, name) != 2) snprintf(name, sizeof name, "?");
+                for (char *c = name; *c; c++) if (*c < 0x21 || *c > 0x7e) *c = '?';
+                for (char *c = fp; *c; c++) if (*c < 0x21 || *c > 0x7e) *c = '?';
+                snprintf(verdict, sizeof verdict, "rank %d runs plan %s (fingerprint %.16s), rank 0 plan %s (fingerprint "
+                         "%.16s): every rank must run the same build; deploy one build of one plan to every rank",
+                         q, name, fp, plan_name && plan_name[0] ? plan_name : "?", fingerprint);
             }
         }
+        if (!verdict[0]) {
+            snprintf(stage, sizeof stage, "SET %s", id_key);
+            if ((io = q_set(fd, id_key, bytes, len, deadline, why, sizeof why)) != 0) goto done;
+        }
+        snprintf(stage, sizeof stage, "SET %s", verdict_key);
+        if ((io = q_set(fd, verdict_key, verdict[0] ? verdict : "ok", strlen(verdict[0] ? verdict : "ok"), deadline,
+                        why, sizeof why)) != 0)
+            goto done;
+        refused = verdict[0] != '\0';
+    } else {
+        size_t got = 0;
+        const char *vk = verdict_key;
+        snprintf(stage, sizeof stage, "WAIT for rank 0's verdict");
+        if ((io = q_wait(fd, &vk, 1, deadline, why, sizeof why)) != 0) goto done;
+        snprintf(stage, sizeof stage, "GET %s", verdict_key);
+        if ((io = q_get(fd, verdict_key, verdict, sizeof verdict, 0, &got, deadline, why, sizeof why)) != 0) goto done;
+        if (strcmp(verdict, "ok") != 0) {
+            /* rank 0's refusal is one printable line starting "rank "; anything else is not commplan's */
+            int printable = strncmp(verdict, "rank ", 5) == 0;
+            for (const char *c = verdict; *c && printable; c++) printable = *c >= 0x20 && *c < 0x7f;
+            if (!printable) {
+                snprintf(why, sizeof why, "key %s holds %zu bytes that no commplan rank 0 writes", verdict_key, got);
+                verdict[0] = '\0';
+                io = -1;
+                goto done;
+            }
+            refused = 1;
+        } else {
+            snprintf(stage, sizeof stage, "GET %s", id_key);
+            if ((io = q_get(fd, id_key, bytes, len + 1, len, &got, deadline, why, sizeof why)) != 0) goto done;
+        }
     }
-    free(q.p);
+    rc = refused ? CP_RDZV_ERROR : CP_RDZV_SHARED;
+done:
+    if (keys)
+        for (int q = 0; q < world; q++) free(keys[q]);
+    free(keys);
     /* Closing ends a pending WAIT on the server (clearClientWaitState). */
     if (close(fd) != 0 && rc == CP_RDZV_SHARED) {
         char eb[128];
         snprintf(why, sizeof why, "close failed: %s", errstr(errno, eb, sizeof eb));
-        rc = CP_RDZV_ERROR;
+        rc = CP_RDZV_ERROR, io = -1;
     }
     if (rc == CP_RDZV_SHARED) return rc;
-    if (timed_out)
-        return fail(err, errlen, "rank %d: torchrun's store %s:%d (%s): rank 0 did not publish the NCCL id under %s "
-                    "within %.1f s; start every rank of the same build (rank 0 too), or raise COMMPLAN_INIT_TIMEOUT",
-                    env->rank, env->store_host, env->store_port, where, key, timeout_s);
+    if (refused) return fail(err, errlen, "rank %d: %s", r, verdict);
+    if (io == IO_TIMEOUT)
+        return fail(err, errlen, "rank %d: torchrun's store %s:%d (%s): %s did not finish within %.1f s (%s); start "
+                    "every rank of the same build (rank 0 too), or raise COMMPLAN_INIT_TIMEOUT (COMMPLAN_ID_FILE=/shared/path "
+                    "bypasses the store)", r, env->store_host,
+                    env->store_port, where, stage[0] ? stage : "the launch counter", timeout_s, why);
     return fail(err, errlen, "rank %d: torchrun's store %s:%d (%s): %s; MASTER_PORT must be torchrun's own store, "
-                "or set COMMPLAN_ID_FILE=/shared/path to bypass it", env->rank, env->store_host,
-                env->store_port, where, why);
+                "or set COMMPLAN_ID_FILE=/shared/path to bypass it", r, env->store_host, env->store_port, where, why);
 }
 
 /* ---- dispatch -------------------------------------------------------------------------------------------------- */
@@ -485,17 +622,28 @@ static int store_share(const cp_launch_env *env, const char *key_suffix, unsigne
 int cp_rendezvous_share(const cp_launch_env *env, const char *key_suffix, void *bytes, size_t len, double timeout_s,
                         char *err, size_t errlen)
 {
+    return cp_rendezvous_share_plan(env, NULL, key_suffix, bytes, len, timeout_s, NULL, err, errlen);
+}
+
+int cp_rendezvous_share_plan(const cp_launch_env *env, const char *plan_name, const char *key_suffix, void *bytes,
+                             size_t len, double timeout_s, cp_rendezvous_info *info, char *err, size_t errlen)
+{
+    if (info) info->launch = 0;
     if (env->id_channel == CP_ID_NCCL_COMM_ID || env->id_channel == CP_ID_MASTER_ADDR) return CP_RDZV_NCCL_OWN;
     if (env->id_channel == CP_ID_ALONE || env->world_size <= 1) return CP_RDZV_SHARED;
     if (!key_suffix || !printable_word(key_suffix) || strlen(key_suffix) > MAX_KEY_SUFFIX)
         return fail(err, errlen, "rank %d: rendezvous key '%s' must be 1..%d printable characters without spaces",
                     env->rank, key_suffix ? key_suffix : "(null)", MAX_KEY_SUFFIX);
+    if (plan_name && (strlen(plan_name) > 128 || (plan_name[0] && !printable_word(plan_name))))
+        return fail(err, errlen, "rank %d: plan name must be at most 128 printable characters without spaces",
+                    env->rank);
     if (len == 0 || len > MAX_SHARED_BYTES)
         return fail(err, errlen, "rank %d: rendezvous of %zu bytes (1..%d allowed)", env->rank, len, MAX_SHARED_BYTES);
     if (timeout_s <= 0) timeout_s = env->init_timeout_s > 0 ? env->init_timeout_s : 300.0;
     if (env->id_channel == CP_ID_FILE)
         return env->rank == 0 ? file_publish(env, key_suffix, bytes, len, err, errlen)
                               : file_receive(env, key_suffix, bytes, len, timeout_s, err, errlen);
-    if (env->id_channel == CP_ID_TCPSTORE) return store_share(env, key_suffix, bytes, len, timeout_s, err, errlen);
+    if (env->id_channel == CP_ID_TCPSTORE)
+        return store_share(env, plan_name, key_suffix, bytes, len, timeout_s, info, err, errlen);
     return fail(err, errlen, "rank %d: unknown NCCL id channel %d", env->rank, env->id_channel);
 }

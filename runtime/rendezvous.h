@@ -4,9 +4,15 @@
  *                   rename); the others poll for it. The file names the job
  *                   and the key, so a stale file is never read.
  *   CP_ID_TCPSTORE  a client of torchrun's agent store (PyTorch's TCPStore
- *                   wire protocol) at MASTER_ADDR:MASTER_PORT: rank 0 SETs
- *                   "commplan/<run id>/<restart>/<key>/nccl_id", the others
- *                   WAIT for it and GET it.
+ *                   wire protocol) at MASTER_ADDR:MASTER_PORT: every rank
+ *                   ADDs to "commplan/<run id>/<restart>/launches" (which
+ *                   run of the binary in this launch it is: a second run
+ *                   never reads the first's id) and SETs its plan's
+ *                   fingerprint and name as .../launch<k>/hello/<rank>;
+ *                   rank 0 compares them, SETs .../nccl_id and a verdict
+ *                   ("ok", or the one line every rank then prints: a rank
+ *                   built from another plan is refused on every rank); the
+ *                   others WAIT for the verdict and GET the id.
  *   CP_ID_NCCL_COMM_ID, CP_ID_MASTER_ADDR, CP_ID_ALONE: nothing travels;
  *                   every rank derives the id itself (NCCL_COMM_ID). */
 #ifndef COMMPLAN_RENDEZVOUS_H
@@ -28,5 +34,15 @@ enum {
  * means env->init_timeout_s. Waits at most timeout_s, never forever. */
 int cp_rendezvous_share(const cp_launch_env *env, const char *key_suffix, void *bytes, size_t len, double timeout_s,
                         char *err, size_t errlen);
+
+typedef struct {
+    long long launch; /* torchrun's store: which run of the binary in this launch (0, 1, ...); else 0 */
+} cp_rendezvous_info;
+
+/* The same, naming the plan (printable, no spaces, at most 128 bytes; NULL:
+ * unnamed) so that a refusal says which plan each side runs; info, when not
+ * NULL, gets where the rendezvous took place. */
+int cp_rendezvous_share_plan(const cp_launch_env *env, const char *plan_name, const char *key_suffix, void *bytes,
+                             size_t len, double timeout_s, cp_rendezvous_info *info, char *err, size_t errlen);
 
 #endif

@@ -35,8 +35,8 @@ not served (commplan sends none of them).
 Listens on a free loopback port, writes it to F (whole, by rename), and
 stops by itself after S seconds (default 60). --mode close accepts and
 closes at once; --mode silent reads and never answers. --log records each
-query as one line: "VALIDATE ok", "PING", "SET <key> <n>", "WAIT <key>",
-"GET <key> <n>".
+query as one line: "VALIDATE ok", "PING", "ADD <key> <n>", "SET <key> <n>",
+"WAIT <key>", "GET <key> <n>".
 
 Hostile modes, for the client's error paths (each after a valid handshake
 unless said otherwise):
@@ -45,6 +45,7 @@ unless said otherwise):
   truncated-ping  half of the PING echo, then closes
   bad-wait        WAIT answered 127 (neither STOP_WAITING nor WAIT_CANCELED)
   bad-set-ping    the PING after a SET echoed with the wrong nonce
+  (in these modes a WAIT is answered at once and ADD, SET and GET are served)
   truncated-get   GET: length 128, then 10 bytes, then closes
   stall-get       GET: length 128, then 10 bytes, then silence
   huge-get        GET: length 2**64 - 1, then silence
@@ -208,6 +209,9 @@ def drain(conn):
 
 
 def hostile_client(conn, store, mode):
+    """Serves as the store does, except the one reply the mode spoils; a
+    WAIT is answered at once (no peer is coming), a GET of a missing key with
+    zero bytes."""
     if mode == "garbage":
         recv_exact(conn, 1)
         conn.sendall(b"\xde\xad\xbe\xef" * 16)
@@ -224,36 +228,55 @@ def hostile_client(conn, store, mode):
         conn.sendall(nonce[:2])
         return
     conn.sendall(nonce)
-    cmd = recv_exact(conn, 1)[0]
-    if cmd == SET:
-        key, value = recv_key(conn), recv_payload(conn)
-        store.log("SET %s %d" % (key, len(value)))
-        if recv_exact(conn, 1)[0] != PING:
+    after_set = False
+    while True:
+        cmd = recv_exact(conn, 1)[0]
+        if cmd == ADD:
+            key = recv_key(conn)
+            delta = struct.unpack("=q", recv_exact(conn, 8))[0]
+            with store.cond:
+                total = int(store.data.get(key, b"0")) + delta
+                store.data[key] = str(total).encode()
+            store.log("ADD %s %d" % (key, delta))
+            conn.sendall(struct.pack("=q", total))
+        elif cmd == SET:
+            key, value = recv_key(conn), recv_payload(conn)
+            store.log("SET %s %d" % (key, len(value)))
+            with store.cond:
+                store.data[key] = value
+            after_set = True
+        elif cmd == PING:
+            nonce = recv_exact(conn, 4)
+            if mode == "bad-set-ping" and after_set:
+                conn.sendall(bytes(b ^ 0xff for b in nonce))
+                drain(conn)
+                return
+            conn.sendall(nonce)
+        elif cmd == WAIT:
+            keys = [recv_key(conn) for _ in range(recv_u64(conn))]
+            store.log("WAIT %s" % " ".join(keys))
+            if mode == "bad-wait":
+                conn.sendall(bytes([127]))
+                drain(conn)
+                return
+            conn.sendall(bytes([STOP_WAITING]))
+        elif cmd == GET:
+            key = recv_key(conn)
+            store.log("GET %s" % key)
+            if mode == "huge-get":
+                conn.sendall(struct.pack("=Q", 2**64 - 1))
+                drain(conn)
+                return
+            if mode in ("truncated-get", "stall-get"):
+                conn.sendall(struct.pack("=Q", 128) + b"\x01" * 10)
+                if mode == "stall-get":
+                    drain(conn)
+                return
+            with store.cond:
+                value = store.data.get(key, b"")
+            conn.sendall(struct.pack("=Q", len(value)) + value)
+        else:
             return
-        nonce = recv_exact(conn, 4)
-        conn.sendall(bytes(b ^ 0xff for b in nonce) if mode == "bad-set-ping" else nonce)
-        drain(conn)
-        return
-    if cmd != WAIT:
-        return
-    keys = [recv_key(conn) for _ in range(recv_u64(conn))]
-    store.log("WAIT %s" % " ".join(keys))
-    if mode == "bad-wait":
-        conn.sendall(bytes([127]))
-        drain(conn)
-        return
-    conn.sendall(bytes([STOP_WAITING]))
-    if recv_exact(conn, 1)[0] != GET:
-        return
-    key = recv_key(conn)
-    store.log("GET %s" % key)
-    if mode == "huge-get":
-        conn.sendall(struct.pack("=Q", 2**64 - 1))
-        drain(conn)
-        return
-    conn.sendall(struct.pack("=Q", 128) + b"\x01" * 10)
-    if mode == "stall-get":
-        drain(conn)
 
 
 def random_client(conn, rng):
@@ -266,6 +289,8 @@ def random_client(conn, rng):
             right = query[-4:]  # the echo (after VALIDATE, or after SET)
         elif query[0] == WAIT:
             right = bytes([STOP_WAITING])
+        elif query[0] == ADD:
+            right = struct.pack("=q", 1)
         elif query[0] == GET:
             right = struct.pack("=Q", 128) + bytes(rng.randrange(256) for _ in range(128))
         else:

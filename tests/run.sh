@@ -320,6 +320,24 @@ else
 fi
 # ---- end of torchtitan as the peer ----
 
+# torch 2.15's own torchrun launching plan binaries on CPU: the launch path
+# up to NCCL (--rendezvous-only): torchrun's store as the id channel with
+# the launch counter and the plan handshake, COMMPLAN_ID_FILE, two jobs at
+# once, a second run in one launch, a rank of another plan refused on every
+# rank, a launch of the wrong size (tests/torchrun_cpu.sh).
+echo "== torchrun for real on CPU: the launch path up to NCCL (tests/torchrun_cpu.sh)"
+torchrun_what="torch's torchrun --standalone and --rdzv-endpoint launch fsdp4/hsdp2x2 binaries with --rendezvous-only"
+if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
+  if $MAKE PLAN=fsdp4.lua >/dev/null 2>&1 && $MAKE PLAN=hsdp2x2.lua >/dev/null 2>&1; then
+    run "$torchrun_what" tests/torchrun_cpu.sh "$(dirname "$live_py")/torchrun"
+    grep -h "^torchrun: [0-9]" "$(logname "$torchrun_what")" | sed "s/^/        /"
+  else
+    bad "$torchrun_what" "$(logname "$torchrun_what")"
+  fi
+else
+  skipped "$torchrun_what" "no torch environment with torchrun (make torch-env)"
+fi
+
 echo "== bad input: one line, exit 2, nothing written"
 bad_plan() {  # name, plan text, expected substring
   local name=$1 text=$2 want=$3 dir=build/bad/$1

@@ -153,8 +153,9 @@ static void test_channel_selection(void **state)
 
 typedef struct {
     cp_launch_env env;
-    const char *key;
+    const char *key, *plan; /* plan: NULL for cp_rendezvous_share, else cp_rendezvous_share_plan's name */
     double timeout_s, start_delay_s;
+    long long launch;
     unsigned char bytes[ID_BYTES];
     int rc;
     double seconds;
@@ -169,7 +170,13 @@ static void *rank_main(void *arg)
         nanosleep(&t, NULL);
     }
     double t0 = now_s();
-    j->rc = cp_rendezvous_share(&j->env, j->key, j->bytes, sizeof j->bytes, j->timeout_s, j->err, sizeof j->err);
+    if (j->plan) {
+        cp_rendezvous_info info = { -1 };
+        j->rc = cp_rendezvous_share_plan(&j->env, j->plan, j->key, j->bytes, sizeof j->bytes, j->timeout_s, &info,
+                                         j->err, sizeof j->err);
+        j->launch = info.launch;
+    } else
+        j->rc = cp_rendezvous_share(&j->env, j->key, j->bytes, sizeof j->bytes, j->timeout_s, j->err, sizeof j->err);
     j->seconds = now_s() - t0;
     return NULL;
 }
@@ -179,8 +186,10 @@ static void fill_id(unsigned char *b, int seed)
     for (int i = 0; i < ID_BYTES; i++) b[i] = (unsigned char)(seed * 31 + i * 7);
 }
 
-/* Ranks 1..3 start first and wait; rank 0 publishes a moment later. */
-static void run_ranks(rank_job *jobs, const char *const *base_env, const char *key)
+/* Ranks 1..3 start first and wait; rank 0 publishes a moment later.
+ * keys[r] (NULL: key) and plans[r] (NULL: none) per rank; started only. */
+static void start_ranks(rank_job *jobs, const char *const *base_env, const char *key, const char *const *keys,
+                        const char *const *plans, int seed)
 {
     pthread_t th[RANKS];
     for (int r = 0; r < RANKS; r++) {
@@ -193,20 +202,32 @@ static void run_ranks(rank_job *jobs, const char *const *base_env, const char *k
         env[n] = NULL;
         memset(&jobs[r], 0, sizeof jobs[r]);
         assert_int_equal(launch(env, &jobs[r].env, err), 0);
-        jobs[r].key = key;
+        jobs[r].key = keys && keys[r] ? keys[r] : key;
+        jobs[r].plan = plans ? plans[r] : NULL;
         jobs[r].timeout_s = 20;
         jobs[r].start_delay_s = r == 0 ? 0.2 : 0;
-        if (r == 0) fill_id(jobs[r].bytes, 5);
+        if (r == 0) fill_id(jobs[r].bytes, seed);
         else memset(jobs[r].bytes, 0xee, ID_BYTES);
     }
     for (int r = RANKS - 1; r >= 0; r--) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &jobs[r]), 0);
     for (int r = 0; r < RANKS; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
+}
+
+/* Every rank gets rank 0's bytes (fill_id(seed)). */
+static void run_ranks_seed(rank_job *jobs, const char *const *base_env, const char *key, int seed)
+{
+    start_ranks(jobs, base_env, key, NULL, NULL, seed);
     unsigned char want[ID_BYTES];
-    fill_id(want, 5);
+    fill_id(want, seed);
     for (int r = 0; r < RANKS; r++) {
         if (jobs[r].rc != CP_RDZV_SHARED) fail_msg("rank %d: %s", r, jobs[r].err);
         assert_memory_equal(jobs[r].bytes, want, ID_BYTES);
     }
+}
+
+static void run_ranks(rank_job *jobs, const char *const *base_env, const char *key)
+{
+    run_ranks_seed(jobs, base_env, key, 5);
 }
 
 /* ---- COMMPLAN_ID_FILE ---- */
@@ -473,13 +494,66 @@ static void test_tcpstore_four_ranks(void **state)
     run_ranks(jobs, env, "fp1234");
     /* The queries PyTorch's client would send, key prefixed with "/". */
     const char *log = read_text(s.log);
-    assert_non_null(strstr(log, "SET /commplan/run7/1/fp1234/nccl_id 128\n"));
-    assert_non_null(strstr(log, "WAIT /commplan/run7/1/fp1234/nccl_id\n"));
-    assert_non_null(strstr(log, "GET /commplan/run7/1/fp1234/nccl_id 128\n"));
+    assert_non_null(strstr(log, "ADD /commplan/run7/1/launches 1\n"));
+    assert_non_null(strstr(log, "SET /commplan/run7/1/launch0/hello/3 8\n")); /* "fp1234 ?": no plan name */
+    assert_non_null(strstr(log, "WAIT /commplan/run7/1/launch0/hello/1 /commplan/run7/1/launch0/hello/2 "
+                                "/commplan/run7/1/launch0/hello/3\n"));
+    assert_non_null(strstr(log, "SET /commplan/run7/1/launch0/nccl_id 128\n"));
+    assert_non_null(strstr(log, "WAIT /commplan/run7/1/launch0/verdict\n"));
+    assert_non_null(strstr(log, "GET /commplan/run7/1/launch0/verdict 2\n"));
+    assert_non_null(strstr(log, "GET /commplan/run7/1/launch0/nccl_id 128\n"));
     assert_null(strstr(log, "not validated"));
     int validated = 0;
     for (const char *p = log; (p = strstr(p, "VALIDATE ok")) != NULL; p++) validated++;
     assert_int_equal(validated, RANKS);
+    store_stop(&s);
+}
+
+/* The binary run twice in one torchrun launch (a script calling it twice):
+ * the second run's ranks count a launch of their own and get the second
+ * run's id, never the first's (whose keys are still in the store). */
+static void test_tcpstore_second_run_of_a_launch(void **state)
+{
+    (void)state;
+    fake_store s;
+    store_start(&s, "serve");
+    char port_var[32];
+    const char *env[8];
+    store_env(&s, port_var, sizeof port_var, env);
+    rank_job jobs[RANKS];
+    run_ranks_seed(jobs, env, "fp1234", 5);
+    run_ranks_seed(jobs, env, "fp1234", 9);
+    const char *log = read_text(s.log);
+    assert_non_null(strstr(log, "SET /commplan/run7/1/launch1/nccl_id 128\n"));
+    assert_non_null(strstr(log, "GET /commplan/run7/1/launch1/nccl_id 128\n"));
+    store_stop(&s);
+}
+
+/* One rank built from another plan: every rank is refused with the same
+ * line naming that rank, both plans and both fingerprints, before any id is
+ * handed out. */
+static void test_tcpstore_other_plan_refused_everywhere(void **state)
+{
+    (void)state;
+    fake_store s;
+    store_start(&s, "serve");
+    char port_var[32];
+    const char *env[8];
+    store_env(&s, port_var, sizeof port_var, env);
+    rank_job jobs[RANKS];
+    const char *keys[RANKS] = { NULL, NULL, "ab12cd34ef56ab78", NULL };
+    const char *plans[RANKS] = { "fsdp4", "fsdp4", "hsdp2x2", "fsdp4" };
+    start_ranks(jobs, env, "0123456789abcdef", keys, plans, 5);
+    for (int r = 0; r < RANKS; r++) {
+        if (jobs[r].rc != CP_RDZV_ERROR) fail_msg("rank %d was not refused", r);
+        assert_null(strchr(jobs[r].err, '\n'));
+        char want[96];
+        snprintf(want, sizeof want, "rank %d: rank 2 runs plan hsdp2x2 (fingerprint ab12cd34ef56ab78)", r);
+        if (!strstr(jobs[r].err, want) || !strstr(jobs[r].err, "rank 0 plan fsdp4 (fingerprint 0123456789abcdef)"))
+            fail_msg("rank %d: %s", r, jobs[r].err);
+        assert_non_null(strstr(jobs[r].err, "deploy one build of one plan to every rank"));
+    }
+    assert_null(strstr(read_text(s.log), "nccl_id"));
     store_stop(&s);
 }
 
@@ -503,7 +577,7 @@ static void test_tcpstore_wait_timeout(void **state)
     assert_true(j.seconds >= 0.45 && j.seconds < 3.0);
     assert_null(strchr(j.err, '\n'));
     assert_non_null(strstr(j.err, "rank 2: torchrun's store 127.0.0.1:"));
-    assert_non_null(strstr(j.err, "rank 0 did not publish the NCCL id under /commplan/run7/1/fp1234/nccl_id"));
+    assert_non_null(strstr(j.err, "WAIT for rank 0's verdict did not finish within 0.5 s"));
     store_stop(&s);
 }
 
@@ -594,7 +668,7 @@ static void test_tcpstore_truncated(void **state)
 static void test_tcpstore_huge_length(void **state)
 {
     (void)state;
-    hostile_store("huge-get", 1, 5.0, 2.0, "holds 18446744073709551615 bytes, expected 128");
+    hostile_store("huge-get", 1, 5.0, 2.0, "holds 18446744073709551615 bytes, expected fewer than 1024");
 }
 
 /* A store that answers every query with a random mix of right and wrong
@@ -644,6 +718,8 @@ int main(void)
         cmocka_unit_test(test_id_file_not_regular),  cmocka_unit_test(test_id_file_symlinks_not_followed),
         cmocka_unit_test(test_tcpstore_garbage),     cmocka_unit_test(test_tcpstore_truncated),
         cmocka_unit_test(test_tcpstore_huge_length),  cmocka_unit_test(test_tcpstore_random_replies),
+        cmocka_unit_test(test_tcpstore_second_run_of_a_launch),
+        cmocka_unit_test(test_tcpstore_other_plan_refused_everywhere),
     };
     /* A wait that is not bounded (a FIFO's open) fails the run instead of hanging it. */
     alarm(120);
