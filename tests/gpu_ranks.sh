@@ -26,8 +26,11 @@ n=$1; shift
 case $n in '' | *[!0-9]*) usage ;; esac
 [ "$n" -ge 1 ] || usage
 # A port of this run's own: rank 0 listens on it, and a previous run's
-# socket may linger in TIME_WAIT.
-port=${MASTER_PORT:-$((20000 + $$ % 20000))}
+# socket may linger in TIME_WAIT. Free now and below the kernel's ephemeral
+# range (tests/free_port.py), never 20000 + $$ % 20000: that range can hold
+# the ephemeral ports NCCL's rank 0 and every outgoing connection bind.
+port=${MASTER_PORT:-$(python3 "$(dirname "$0")/free_port.py")}
+[ -n "$port" ] || { echo "gpu_ranks.sh: no free port; set MASTER_PORT" >&2; exit 2; }
 limit=${GPU_RANKS_TIMEOUT:-600}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/gpu_ranks.XXXXXX") || exit 2
 pids=""

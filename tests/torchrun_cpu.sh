@@ -13,9 +13,9 @@ trap 'rm -rf "$dir"' EXIT
 pass=0 fail=0
 ok() { pass=$((pass + 1)); echo "  ok    $1"; }
 bad() { fail=$((fail + 1)); echo "  FAIL  $1"; shift; for f in "$@"; do sed 's/^/        | /' "$f" | tail -n 8; done; }
-# A port the kernel says is free now (never 20000 + $$: inside the
-# ephemeral range NCCL's and the store's own sockets take ports from).
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# A port free now and below the ephemeral range (never 20000 + $$: that
+# range can hold the ports NCCL's and the store's own sockets are handed).
+free_port() { python3 tests/free_port.py; }
 
 # launch NAME OUT TORCHRUN-ARGS... -- CMD...: each rank's output in OUT/rank<R>.log
 launch() {
