@@ -44,7 +44,7 @@ if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null 2>&1;
   tail -n 3 "$OUT/memcheck.log"
 fi
 echo "== TP + sequence parallelism: the collectives PyTorch issues vs the plan's (tests/tp_record.py)"
-python3 tests/tp_record.py >"$OUT/tp_record.log" 2>&1 || rc=1
+python3 tests/tp_record.py >"$OUT/tp_record.log" 2>&1 || rc=1  # SKIP where torchtitan is not installed
 tail -n 8 "$OUT/tp_record.log"
 [ -n "${ONLY_TESTS:-}" ] && exit $rc
 echo "== copy kernels vs PyTorch"

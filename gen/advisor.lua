@@ -97,6 +97,9 @@ function advisor.rank(loaded, opts)
           if t > 1 and loaded.parallel.sequence_parallel ~= nil then
             cand.parallel.sequence_parallel = loaded.parallel.sequence_parallel
           end
+          if t > 1 and loaded.parallel.loss_parallel ~= nil then
+            cand.parallel.loss_parallel = loaded.parallel.loss_parallel
+          end
           cand.training = copy(loaded.training)
           cand.training.local_batch_size = global // dp
           local ok, p = pcall(plan_mod.from_loaded, cand)

@@ -6,7 +6,7 @@ local opkinds = require("gen.opkinds")
 local emit = {}
 
 local DT = { fp32 = "CP_FP32", bf16 = "CP_BF16", fp16 = "CP_FP16" }
-local RED = { sum = "CP_SUM", avg = "CP_AVG" }
+local RED = { sum = "CP_SUM", avg = "CP_AVG", max = "CP_MAX" }
 local BUF = { "CP_BUF_AG", "CP_BUF_UNSHARDED", "CP_BUF_GRADS", "CP_BUF_RS_IN", "CP_BUF_RS_OUT", "CP_BUF_ACT",
               "CP_BUF_PARTIAL" } -- memplan.KINDS order
 

@@ -27,6 +27,7 @@ local SCHEMA = {
     dp = { "int" },
     -- with tp > 1: activations between blocks sharded on the sequence (torchtitan's default)
     sequence_parallel = { "bool" },
+    loss_parallel = { "bool" }, -- torchtitan's default with TP (parallelism.disable_loss_parallel = false)
   },
   fsdp = {
     reshard_after_forward = { "bool" },

@@ -51,7 +51,8 @@ local function build_class(ctx, cls, d, fams, p, cfg)
   if p.model.family == "llama" then
     tp_acts.llama(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
                                         seq_len = p.model.seq_len,
-                                        sequence_parallel = p.parallel.sequence_parallel })
+                                        sequence_parallel = p.parallel.sequence_parallel,
+                                        loss_parallel = p.parallel.loss_parallel })
   end
   local ops = schedule.build(lay, fams, p.fsdp)
   verify.all(lay, fams, ops, p.fsdp)
@@ -74,6 +75,11 @@ function plan.from_loaded(p)
     util.field_error(ctx, "parallel.sequence_parallel", d.tp == 1
       and "tp=1: there is no TP group to shard the sequence over; remove sequence_parallel or set tp"
       or "a generic model declares no activations (only the llama family's TP collectives are modelled); remove it")
+  end
+  if p.parallel.loss_parallel ~= nil and (d.tp == 1 or p.model.family ~= "llama") then
+    util.field_error(ctx, "parallel.loss_parallel", d.tp == 1
+      and "tp=1: there is no TP group to shard the logits over; remove loss_parallel or set tp"
+      or "a generic model declares no loss (only the llama family's TP collectives are modelled); remove it")
   end
   if p.model.family == "llama" then tp.llama_placements(units) end
   if d.tp > 1 then

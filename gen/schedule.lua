@@ -36,7 +36,8 @@ function schedule.build(lay, fams, fsdp)
       -- reducing_only: issued in the post-backward of a reducing micro-step only
       if a.phase == phase and (not a.reducing_only or last) then
         local o = { kind = a.kind, unit = u.index, micro_step = m, phase = phase, group = "tp", dtype = a.dtype,
-                    count = a.count, reduce_op = a.kind ~= "tp_all_gather" and "sum" or nil, what = a.what }
+                    count = a.count, reduce_op = a.kind ~= "tp_all_gather" and (a.reduce_op or "sum") or nil,
+                    what = a.what, loss = a.loss }
         if into then into[#into + 1] = o else ops[#ops + 1] = o end
       end
     end

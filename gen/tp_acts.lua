@@ -14,11 +14,15 @@
 -- forward and the block inputs' gradients are all-reduced in backward;
 -- the embedding all-reduces its output.
 --
--- Not emitted (stated in docs/plan-files.md; tests/tp_record.py records
--- what PyTorch issues, to settle it on the GPU machine): loss_parallel's
--- small all-reduces of per-token max (a MAX), sum of exponentials and
--- target logit (batch x seq fp32 each), which run outside every
--- fully_shard unit, after the output's forward all-gather.
+-- loss_parallel (torchtitan's default with TP; parallel.loss_parallel):
+-- the cross-entropy over vocab-sharded logits (torch/distributed/tensor/
+-- parallel/loss.py, _log_softmax and _nll_loss_forward) all-reduces, per
+-- token, the max logit (a MAX), the sum of exponentials and the target's
+-- logit (SUMs), batch x seq fp32 elements each (torchtitan casts the logits
+-- to fp32 for the loss); its backward is local. They run after the output's
+-- forward, outside every fully_shard unit: the schedule puts them at the
+-- end of the forward of the unit holding output.weight (tests/tp_record.py
+-- records them from PyTorch and compares).
 local util = require("gen.util")
 local layout = require("gen.layout")
 
@@ -42,6 +46,7 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
       .. "set model.seq_len (and training.local_batch_size, sequences per rank, default 1)")
   end
   local b, sp = opts.batch or 1, opts.sequence_parallel ~= false
+  local loss_parallel = opts.loss_parallel ~= false
   local full = b * seq * cfg.dim          -- one activation, every token
   local shard = full // T                 -- one sequence shard (seq % tp == 0: gen/dims checks)
   for _, u in ipairs(lay.units) do
@@ -80,6 +85,18 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
         add("tp_reduce_scatter", "backward", shard, "output input gradient")
       else
         add("tp_all_reduce", "backward", full, "output input gradient")
+      end
+      if not loss_parallel then
+        -- ColwiseParallel(output_layouts=Replicate()): the whole logits gathered
+        -- over the vocab dim (uneven vocab shards padded to ceil(vocab / tp))
+        add("tp_all_gather", "forward", b * seq * util.ceil_div(cfg.vocab_size, T), "output logits (no loss_parallel)")
+      else
+        for _, l in ipairs({ { "max", "loss_parallel: per-token max logit" },
+                             { "sum", "loss_parallel: per-token sum of exponentials" },
+                             { "sum", "loss_parallel: per-token target logit" } }) do
+          add("tp_all_reduce", "forward", b * seq, l[2])
+          acts[#acts].reduce_op, acts[#acts].dtype, acts[#acts].loss = l[1], "fp32", true
+        end
       end
     end
     -- Under sequence parallelism the replicated norm weights' gradients come

@@ -118,7 +118,8 @@ function verify.order(lay, fams, ops)
         -- In ag_dtype, or (the norm gradients' all-reduce) the unit's reduce dtype;
         -- act_numel counts ag_dtype elements.
         local elems = o.kind == "tp_all_reduce" and o.count or o.count * f.size
-        check(o.dtype == u.ag_dtype or (o.kind == "tp_all_reduce" and o.dtype == u.reduce_dtype),
+        -- loss_parallel's statistics are fp32 whatever the unit's dtypes.
+        check(o.dtype == u.ag_dtype or (o.kind == "tp_all_reduce" and (o.dtype == u.reduce_dtype or o.loss)),
           "op %d dtype %s != %s", o.seq, o.dtype, u.ag_dtype)
         check(elems * ES[o.dtype] <= (u.act_numel or 0) * ES[u.ag_dtype],
           "op %d: %d elements beyond the activation buffer", o.seq, elems)

@@ -1,6 +1,7 @@
 /* Patterns and exact checks; see check.h. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -440,6 +441,9 @@ void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_s
     for (int64_t i = 0; i < len; i++) {
         float want = 0.0f;
         if (gather) want = act_gathered(op->dtype, seq, i, c->step);
+        else if (op->reduce_op == CP_MAX) /* loss_parallel's per-token max */
+            for (int r = 0; r < tp_size; r++) want = r == 0 ? act_summand(seq, base + i, c->step, r)
+                                                           : fmaxf(want, act_summand(seq, base + i, c->step, r));
         else
             for (int r = 0; r < tp_size; r++) want += act_summand(seq, base + i, c->step, r);
         float got = cp_load(op->dtype, out, i);

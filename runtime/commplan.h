@@ -21,7 +21,7 @@ extern "C" {
 #define CP_MAX_MESH_DIMS 6 /* dp_replicate, dp_shard, ep, cp, tp, pp */
 
 typedef enum { CP_FP32 = 0, CP_BF16 = 1, CP_FP16 = 2 } cp_dtype;
-typedef enum { CP_SUM = 0, CP_AVG = 1 } cp_reduce_op;
+typedef enum { CP_SUM = 0, CP_AVG = 1, CP_MAX = 2 /* loss_parallel's per-token max */ } cp_reduce_op;
 
 /* An op kind's facts live in one descriptor (cp_op_descs, executor.c; the
  * generator's twin is gen/opkinds.lua): nothing else switches on the kind. */

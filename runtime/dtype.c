@@ -84,8 +84,17 @@ static float round_to(cp_dtype t, float v)
     return v;
 }
 
+/* MAX is exact in every backend's order: the largest input, unrounded. */
+static float max_of(const float *v, int n)
+{
+    float m = v[0];
+    for (int i = 1; i < n; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
 float cp_reduce_values(cp_dtype t, cp_reduce_op op, const float *v, int n)
 {
+    if (op == CP_MAX) return max_of(v, n);
     float acc = 0.0f;
     for (int i = 0; i < n; i++) acc += v[i];
     if (op == CP_AVG) acc /= (float)n;
@@ -223,5 +232,6 @@ int cp_reduce_scatter_key(cp_arith a, cp_dtype t, int key, int64_t i, int64_t co
 
 float cp_reduce_arith(cp_arith a, cp_dtype t, cp_reduce_op op, const float *v, int n, int key)
 {
+    if (op == CP_MAX) return max_of(v, n);
     return a == CP_ARITH_NCCL ? cp_reduce_values_nccl(t, op, v, n, key) : cp_reduce_values_gloo(t, op, v, n, key);
 }

@@ -101,7 +101,7 @@ static int fail(cp_gpu *g, const char *fmt, ...)
     } while (0)
 
 static ncclDataType_t nccl_type(cp_dtype t) { return t == CP_FP32 ? ncclFloat32 : t == CP_BF16 ? ncclBfloat16 : ncclFloat16; }
-static ncclRedOp_t nccl_op(cp_reduce_op op) { return op == CP_AVG ? ncclAvg : ncclSum; }
+static ncclRedOp_t nccl_op(cp_reduce_op op) { return op == CP_AVG ? ncclAvg : op == CP_MAX ? ncclMax : ncclSum; }
 
 static int uses_family(const cp_plan *p, int f)
 {

@@ -1,29 +1,48 @@
 #!/usr/bin/env python3
-"""Records the TP collectives PyTorch issues for a tiny torchtitan-style
-Llama under tensor + sequence parallelism, and compares them, in order,
-with the TP activation collectives commplan generates for the same model
-(plans/llama_tiny_tp_rec.lua: tp = 2, local batch 2, seq_len 32).
+"""torchtitan's tensor parallelism recorded live (issue 17, item 3): its own
+llama3 (a tiny one), parallelized by its own parallelize_llama (TP plan,
+sequence parallelism on or off, fully_shard over dp_shard, no activation
+checkpointing) on gloo, one process per rank, one training step with
+torchtitan's own cross_entropy_loss (loss_parallel: three TP all-reduces,
+a MAX and two SUMs); every collective over the TP group, in order, with its
+kind, phase, element count and reduce op, against the TP collectives of the
+commplan plan generated for the same model and mesh.
 
-Needs torch >= 2.4 (DTensor's parallelize_module with SequenceParallel and
-PrepareModuleInput, torchtitan's plan); PyTorch 2.11 exists only on the lent
-GPU machine. Everything else prints one "SKIP tp_record: ..." line and exits
-0. Runs on CPU with gloo, two ranks as processes:
+    tests/tp_record.py            # 2 ranks (tp 2) and 4 ranks (dp_shard 2 x tp 2), SP on and off
+    tests/tp_record.py --configs tp2_sp
 
-    python3 tests/tp_record.py [plan.json]        # default: build the plan, compare
+What it records: every functional collective (torch.distributed.
+_functional_collectives: what DTensor's redistribution, the TP styles,
+FSDP2's TP norm-gradient redistribution and the loss call), and every
+_c10d_functional op issued outside them (autograd's backward of a
+collective), with the group's ranks. FSDP2's own dp collectives run over other groups: not counted here
+(tests/live/ checks them); torchtitan's gradient divide factor makes them
+PREMUL_SUM, which gloo lacks, so they are forced to SUM with the divides
+around them (set_force_sum_reduction_for_comms; TP's are untouched).
 
-What it records: every functional collective DTensor dispatches
-(_c10d_functional all_gather_into_tensor / reduce_scatter_tensor /
-all_reduce) in forward and backward of one step, with its input and output
-element counts and dtype, through a TorchDispatchMode on each rank.
+Needs torch 2.x and torchtitan (make torch-env); anywhere else one
+"SKIP tp_record: ..." line and exit 0.
 """
+import argparse
 import json
 import os
-import subprocess
 import sys
+import tempfile
+import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLAN = "tests/plans/llama_tiny_tp_rec.lua"
-DIM, LAYERS, HEADS, KV, VOCAB, SEQ, BATCH, TP = 64, 2, 4, 2, 250, 32, 2, 2
+sys.path.insert(0, os.path.join(ROOT, "tests", "titan"))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+# A tiny Llama: dims divisible by tp; vocab not, so loss_parallel's uneven shards are covered.
+MODEL = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 250, "multiple_of": 16,
+         "ffn_dim_multiplier": 1.3}
+SEQ, BATCH = 32, 2
+CONFIGS = {  # name: (world, dp_shard, sequence_parallel)
+    "tp2_sp": (2, 1, True), "tp2_nosp": (2, 1, False), "dp2_tp2_sp": (4, 2, True), "dp2_tp2_nosp": (4, 2, False),
+}
+KINDS = ("all_gather", "reduce_scatter", "all_reduce")
+COMMPLAN_KIND = {"all_gather": "tp_all_gather", "reduce_scatter": "tp_reduce_scatter", "all_reduce": "tp_all_reduce"}
 
 
 def skip(why):
@@ -31,185 +50,322 @@ def skip(why):
     sys.exit(0)
 
 
-def torch_or_skip():
-    try:
-        import torch
-        import torch.distributed  # noqa: F401
-    except Exception as e:  # no torch, or a broken one
-        skip("torch is not importable (%s); PyTorch 2.11 is on the GPU machine" % e)
-    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-    if (major, minor) < (2, 4):
-        skip("torch %s has no DTensor TP plan (needs >= 2.4)" % torch.__version__)
-    return torch
+# ------------------------------------------------------------------ recording
+
+class Recorder:
+    def __init__(self):
+        self.log = []
+        self.phase = "forward"
+        self.tls = threading.local()
+
+    def add(self, kind, group_ranks, numel_in, numel_out, dtype, op, via):
+        self.log.append({"phase": self.phase, "kind": kind, "ranks": group_ranks, "in_numel": numel_in,
+                         "out_numel": numel_out, "dtype": str(dtype), "reduce_op": op, "via": via})
 
 
-def build_model(torch):
-    nn = torch.nn
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            hd = DIM // HEADS
-            self.wq = nn.Linear(DIM, HEADS * hd, bias=False)
-            self.wk = nn.Linear(DIM, KV * hd, bias=False)
-            self.wv = nn.Linear(DIM, KV * hd, bias=False)
-            self.wo = nn.Linear(HEADS * hd, DIM, bias=False)
-
-        def forward(self, x):
-            # The collectives do not depend on the attention maths: a
-            # shape-preserving stand-in keeps the recording about them.
-            q, k, v = self.wq(x), self.wk(x), self.wv(x)
-            rep = HEADS // KV
-            return self.wo(q * k.repeat_interleave(rep, dim=-1) * v.repeat_interleave(rep, dim=-1))
-
-    class FeedForward(nn.Module):
-        def __init__(self, hidden):
-            super().__init__()
-            self.w1 = nn.Linear(DIM, hidden, bias=False)
-            self.w2 = nn.Linear(hidden, DIM, bias=False)
-            self.w3 = nn.Linear(DIM, hidden, bias=False)
-
-        def forward(self, x):
-            return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
-
-    class Block(nn.Module):
-        def __init__(self, hidden):
-            super().__init__()
-            self.attention = Attention()
-            self.feed_forward = FeedForward(hidden)
-            self.attention_norm = nn.RMSNorm(DIM)
-            self.ffn_norm = nn.RMSNorm(DIM)
-
-        def forward(self, x):
-            h = x + self.attention(self.attention_norm(x))
-            return h + self.feed_forward(self.ffn_norm(h))
-
-    class Llama(nn.Module):
-        def __init__(self):
-            super().__init__()
-            hidden = 16 * ((int(1.3 * (2 * 4 * DIM // 3)) + 15) // 16)
-            self.tok_embeddings = nn.Embedding(VOCAB, DIM)
-            self.layers = nn.ModuleDict({str(i): Block(hidden) for i in range(LAYERS)})
-            self.norm = nn.RMSNorm(DIM)
-            self.output = nn.Linear(DIM, VOCAB, bias=False)
-
-        def forward(self, tokens):
-            h = self.tok_embeddings(tokens)
-            for layer in self.layers.values():
-                h = layer(h)
-            return self.output(self.norm(h))
-
-    return Llama()
+def _kind_of(name):
+    for k in KINDS:
+        if name.startswith(k) or ("_" + k) in name:
+            return k
+    return None
 
 
-def apply_tp(torch, model, mesh):
-    """torchtitan's llama3 apply_tp, with sequence parallelism, loss parallel."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
-    parallelize_module(model, mesh, {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
-    })
-    for block in model.layers.values():
-        parallelize_module(block, mesh, {
-            "attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-            "feed_forward.w3": ColwiseParallel(),
-        })
-
-
-def rank_main(rank, out_path):
-    torch = torch_or_skip()
+def _ranks_of_group(group):
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import loss_parallel
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed import distributed_c10d as c10d
+    try:
+        if isinstance(group, dist.ProcessGroup):
+            return [int(r) for r in dist.get_process_group_ranks(group)]
+        name = group if isinstance(group, str) else funcol._resolve_group_name(group)
+        return [int(r) for r in dist.get_process_group_ranks(c10d._resolve_process_group(name))]
+    except Exception:  # noqa: BLE001 - unknown group form: counted, never matched to TP
+        return []
+
+
+def install(rec):
+    """Wraps the functional collectives' Python entry points, and returns a
+    TorchDispatchMode for the _c10d_functional ops issued outside them."""
+    import inspect
+    import torch
+    import torch.distributed._functional_collectives as funcol
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    dist.init_process_group("gloo", rank=rank, world_size=TP)
-    mesh = init_device_mesh("cpu", (TP,), mesh_dim_names=("tp",))
-    torch.manual_seed(0)
-    model = build_model(torch)
-    apply_tp(torch, model, mesh)
-    log = []
-    phase = ["forward"]
+    def wrap(name, fn):
+        sig = inspect.signature(fn)
 
-    class Recorder(TorchDispatchMode):
+        def wrapped(*args, **kwargs):
+            if getattr(rec.tls, "inside", False):
+                return fn(*args, **kwargs)
+            rec.tls.inside = True
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                rec.tls.inside = False
+            b = sig.bind_partial(*args, **kwargs)
+            x = b.arguments.get("self", b.arguments.get("input", args[0] if args else None))
+            op = b.arguments.get("reduceOp", b.arguments.get("reduce_op"))
+            rec.add(_kind_of(name), _ranks_of_group(b.arguments.get("group")), x.numel(), out.numel(), x.dtype,
+                    str(op).lower().split(".")[-1] if op is not None else None, "funcol." + name)
+            return out
+        wrapped._commplan_wrapped = fn
+        return wrapped
+
+    for name in dir(funcol):
+        fn = getattr(funcol, name)
+        if (callable(fn) and not name.startswith("_") and _kind_of(name) and "coalesced" not in name
+                and not name.endswith(("_backward", "_setup_context")) and not hasattr(fn, "_commplan_wrapped")):
+            setattr(funcol, name, wrap(name, fn))
+
+    # torch.distributed's eager collectives (spmd_types' redistributions of
+    # activations call them; FSDP2's own too, over the dp groups)
+    import torch.distributed as dist
+
+    def wrap_dist(name, fn):
+        sig = inspect.signature(fn)
+        kind = _kind_of(name)
+
+        def wrapped(*args, **kwargs):
+            if getattr(rec.tls, "inside", False):
+                return fn(*args, **kwargs)
+            rec.tls.inside = True
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                rec.tls.inside = False
+            b = sig.bind_partial(*args, **kwargs).arguments
+            if kind == "all_reduce":
+                x = y = b["tensor"]
+            elif kind == "all_gather":
+                x = b.get("input_tensor", b.get("tensor"))
+                y = b.get("output_tensor")
+                n_out = y.numel() if y is not None else sum(t.numel() for t in b["tensor_list"])
+            else:
+                x = b.get("input")
+                y = b["output"]
+                if x is None:
+                    x = b["input_list"][0]
+            op = b.get("op", dist.ReduceOp.SUM) if kind != "all_gather" else None
+            rec.add(kind, _ranks_of_group(b.get("group") or dist.group.WORLD),
+                    x.numel() if kind != "reduce_scatter" or "input" in b else x.numel() * len(b["input_list"]),
+                    n_out if kind == "all_gather" else y.numel(), x.dtype,
+                    str(op).split(".")[-1].split(":")[0].lower() if op is not None else None, "dist." + name)
+            return out
+        wrapped._commplan_wrapped = fn
+        return wrapped
+
+    for name in ("all_gather_into_tensor", "all_gather", "all_gather_single", "reduce_scatter_tensor",
+                 "reduce_scatter", "reduce_scatter_single", "all_reduce"):
+        fn = getattr(dist, name, None)
+        if fn is not None and not hasattr(fn, "_commplan_wrapped"):
+            setattr(dist, name, wrap_dist(name, fn))
+
+    class Ops(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            name = str(func.overloadpacket)
-            for kind in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"):
-                if name.endswith(kind):
-                    x = args[0]
-                    log.append({"phase": phase[0], "op": kind, "dtype": str(x.dtype),
-                                "in_numel": x.numel(), "out_numel": out.numel()})
+            ns = func.namespace
+            name = func.overloadpacket.__name__
+            if ns.startswith("_c10d_functional") and not getattr(rec.tls, "inside", False):
+                kind = _kind_of(name)
+                if kind and "coalesced" not in name:
+                    group = args[-1]  # group_name is the last positional argument of each
+                    op = args[1] if kind != "all_gather" else None
+                    rec.add(kind, _ranks_of_group(group), args[0].numel(), out.numel(), args[0].dtype,
+                            str(op).lower() if op is not None else None, "%s.%s" % (ns, name))
             return out
+    del torch
+    return Ops()
 
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
-    with Recorder():
-        logits = model(tokens)
-        phase[0] = "loss"
-        with loss_parallel():
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten(0, 1))
-            phase[0] = "backward"
-            loss.backward()
-    with open(out_path % rank, "w") as f:
-        json.dump({"rank": rank, "log": log}, f, indent=1)
+
+def rank_main(rank, world, init_file, configs, out_dir):
+    import torch
+    import torch.distributed as dist
+    import titan_env as E
+    # torchtitan builds its degree-1 mesh dims over the "fake" backend, which this import registers
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401
+    E.cpu_titan()
+    import test_llama_plan as TL
+    import spmd_types as spmd
+    from torchtitan.components.loss import cross_entropy_loss
+    from torchtitan.distributed.spmd_types import annotate_input_spmd_types
+    from torchtitan.distributed.utils import get_spmd_context
+    from torchtitan.config import ParallelismConfig, TrainingConfig
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    # FlexAttention has no backward on CPU: its inner attention becomes causal SDPA on the same
+    # (B, L, N, H) tensors (the attention's maths leaves every collective as it is).
+    from torchtitan.models.common.attention import FlexAttention
+
+    def sdpa_inner(self, q_BLNH, k_BLNH, v_BLNH, *args, scale=None, enable_gqa=False, **kwargs):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2), is_causal=True, scale=scale,
+            enable_gqa=enable_gqa)
+        return out.transpose(1, 2)
+    FlexAttention.forward = sdpa_inner
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    rec = Recorder()
+    mode = install(rec)
+    for name in configs:
+        _, dp, sp = CONFIGS[name]
+        parallelism = ParallelismConfig(data_parallel_shard_degree=dp, tensor_parallel_degree=2,
+                                        enable_sequence_parallel=sp)
+        training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
+                                  mixed_precision_param="float32", mixed_precision_reduce="float32")
+        pd = ParallelDims.from_config(parallelism, world)
+        pd.build_mesh()
+        torch.manual_seed(0)
+        model = TL.parallelize(TL.titan_config(None, MODEL, False), parallelism, training, pd, "cpu")
+        # torchtitan sets FSDP2's gradient divide factor, which reduces with PREMUL_SUM: NCCL has it,
+        # gloo does not. A SUM with the divides around it changes only the dp collectives.
+        from torch.distributed.fsdp import FSDPModule
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.set_force_sum_reduction_for_comms(True)
+        tp_ranks = [int(r) for r in dist.get_process_group_ranks(pd.get_mesh("tp").get_group())]
+        tokens = torch.randint(0, MODEL["vocab_size"], (BATCH, SEQ), generator=torch.Generator().manual_seed(dp))
+        rec.log = []
+        # The trainer's step (Trainer._forward_backward_body): its SPMD context, inputs annotated
+        # as post_dataloading_process does, the model, torchtitan's loss, backward.
+        positions = torch.arange(SEQ).repeat(BATCH, 1)  # one document per sequence
+        extra = {"positions": positions, "attention_masks": model.get_attention_masks(positions=positions)}
+        inputs, labels = tokens, tokens.clone()
+        if pd.spmd_backend == "spmd_types":
+            inputs, labels, extra = annotate_input_spmd_types(pd, inputs, labels, extra)
+        with get_spmd_context(parallel_dims=pd)(), mode:
+            rec.phase = "forward"
+            pred = model(inputs, **extra)
+            rec.phase = "loss"
+            loss = cross_entropy_loss(pred, labels, global_vocab_size=MODEL["vocab_size"])
+            rec.phase = "backward"
+            with spmd.no_typecheck():
+                loss.backward()
+        tp_log = [e for e in rec.log if e["ranks"] == tp_ranks]
+        other = [e for e in rec.log if e["ranks"] != tp_ranks]
+        with open(os.path.join(out_dir, "%s.rank%d.json" % (name, rank)), "w") as f:
+            json.dump({"config": name, "rank": rank, "tp_ranks": tp_ranks, "tp": tp_log, "other": other,
+                       "torch": torch.__version__}, f, indent=1)
+        del model
     dist.destroy_process_group()
 
 
-# commplan's kinds for PyTorch's, and what its count means (per rank).
-KIND = {"all_gather_into_tensor": "tp_all_gather", "reduce_scatter_tensor": "tp_reduce_scatter",
-        "all_reduce": "tp_all_reduce"}
+# ------------------------------------------------------------------ commplan side
+
+def plan_ops(name, out_dir, loss_parallel=True):
+    """The TP collectives of the plan commplan generates for the config (micro-step 0, in order)."""
+    import titan_env as E
+    world, dp, sp = CONFIGS[name]
+    lp = "" if loss_parallel else ", loss_parallel = false"
+    text = "\n".join([
+        "-- tests/tp_record.py: torchtitan's tiny llama3 at %s" % name,
+        "return {",
+        "  world_size = %d," % world,
+        "  parallel = { dp_shard = %d, tp = 2, sequence_parallel = %s%s }," % (dp, "true" if sp else "false", lp),
+        "  model = { family = \"llama\", dim = %(dim)d, n_layers = %(n_layers)d, n_heads = %(n_heads)d, "
+        "n_kv_heads = %(n_kv_heads)d, vocab_size = %(vocab_size)d, multiple_of = %(multiple_of)d, "
+        "ffn_dim_multiplier = %(ffn_dim_multiplier)s, seq_len = %(seq)d }," % dict(MODEL, seq=SEQ),
+        "  training = { local_batch_size = %d }," % BATCH,
+        "}", ""])
+    name = name + ("" if loss_parallel else "_nolp")
+    lua_path = os.path.join(out_dir, "tp_record_%s.lua" % name)
+    with open(lua_path, "w") as f:
+        f.write(text)
+    gen = os.path.join(out_dir, "gen", name)
+    E.lua(["gen/commplan.lua", os.path.relpath(lua_path, ROOT), os.path.relpath(gen, ROOT)])
+    with open(os.path.join(gen, "plan.json")) as f:
+        plan = json.load(f)
+    return [o for o in plan["ops"] if o.get("group") == "tp" and o.get("micro_step", 0) == 0]
 
 
-def compare(recording, plan_json):
-    ours = [o for o in plan_json["ops"] if o.get("group") == "tp" and o["micro_step"] == 0]
-    theirs = [e for e in recording["log"] if e["phase"] != "loss"]
-    loss = [e for e in recording["log"] if e["phase"] == "loss"]
-    bad = 0
+def compare(name, rec, ours):
+    """commplan's TP ops against PyTorch's recorded TP collectives, in order:
+    kind, phase (the loss's are in the plan's forward), per-rank count (the
+    all-gather's input, the reduce-scatter's output, the all-reduce's
+    buffer), reduce op. Returns (matched, differences)."""
+    theirs = rec["tp"]
+    diffs = []
     for i in range(max(len(ours), len(theirs))):
         a = ours[i] if i < len(ours) else None
         b = theirs[i] if i < len(theirs) else None
         want = None
         if b:
-            count = b["out_numel"] if b["op"] == "reduce_scatter_tensor" else b["in_numel"]
-            want = (KIND[b["op"]], b["phase"], count)
-        got = (a["kind"], a["phase"], a["count"]) if a else None
+            count = b["out_numel"] if b["kind"] == "reduce_scatter" else b["in_numel"]
+            op = None if b["kind"] == "all_gather" else (b["reduce_op"] or "sum")
+            want = (COMMPLAN_KIND[b["kind"]], "forward" if b["phase"] == "loss" else b["phase"], count, op)
+        got = (a["kind"], a["phase"], a["count"], a.get("reduce_op") if a["kind"] != "tp_all_gather" else None) \
+            if a else None
         if got != want:
-            bad += 1
-            print("  TP collective %d: commplan %s, PyTorch %s" % (i, got, want))
-    print("tp_record: %d TP collectives recorded (+%d in the loss), commplan %d, %d differ"
-          % (len(theirs), len(loss), len(ours), bad))
-    for e in loss:
-        print("  loss-parallel (not modelled by commplan): %s %s in=%d" % (e["op"], e["dtype"], e["in_numel"]))
-    return bad == 0
+            diffs.append("TP collective %d: commplan %s, torchtitan %s%s" % (
+                i, got, want, " (%s)" % b["via"] if b else ""))
+    return len(theirs) - len(diffs), diffs
 
 
 def main():
-    torch = torch_or_skip()
-    import torch.multiprocessing as mp
-    plan_json = sys.argv[1] if len(sys.argv) > 1 else None
-    if not plan_json:
-        name = os.path.basename(PLAN)[:-4]
-        subprocess.run(["make", "-s", "PLAN=" + PLAN], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        plan_json = os.path.join(ROOT, "build", name, "gen", "plan.json")
-    out = os.path.join(ROOT, "build", "tp_record.rank%d.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    os.environ.setdefault("MASTER_PORT", "29511")
-    mp.spawn(rank_main, args=(out,), nprocs=TP, join=True)
-    del torch
-    with open(plan_json) as f:
-        plan = json.load(f)
-    ok = all(compare(json.load(open(out % r)), plan) for r in range(TP))
-    sys.exit(0 if ok else 1)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    a = ap.parse_args()
+    try:
+        import torch
+        import torch.multiprocessing as mp
+        import titan_env as E
+    except Exception as e:  # noqa: BLE001
+        skip("torch is not importable by %s (%s); make torch-env builds it" % (sys.executable, e))
+    try:
+        import torchtitan  # noqa: F401
+        E.need_titan("tp_record")
+    except SystemExit:
+        skip("torchtitan is not importable by %s; make torch-env builds it" % sys.executable)
+    except Exception as e:  # noqa: BLE001
+        skip("torchtitan is not importable (%s)" % e)
+    names = [c for c in a.configs.split(",") if c]
+    for c in names:
+        if c not in CONFIGS:
+            sys.exit("tp_record: unknown config %r; known: %s" % (c, ", ".join(CONFIGS)))
+    out_dir = os.path.join(ROOT, "build", "tp_record")
+    os.makedirs(out_dir, exist_ok=True)
+    # One set of rank processes per config: torch caches DeviceMeshes process-wide, and a second
+    # ParallelDims of the same shape in one process hands fully_shard the first one's mesh.
+    for c in names:
+        with tempfile.TemporaryDirectory() as tmp:
+            mp.start_processes(rank_main, args=(CONFIGS[c][0], os.path.join(tmp, "init"), [c], out_dir),
+                               nprocs=CONFIGS[c][0], join=True, start_method="spawn")
+    bad, total, lines = 0, 0, []
+    for c in names:
+        ours = plan_ops(c, out_dir)
+        world = CONFIGS[c][0]
+        for r in range(world):
+            with open(os.path.join(out_dir, "%s.rank%d.json" % (c, r))) as f:
+                rec = json.load(f)
+            matched, diffs = compare(c, rec, ours)
+            total += len(rec["tp"])
+            loss = [e for e in rec["tp"] if e["phase"] == "loss"]
+            if diffs:
+                bad += 1
+                print("  FAIL  %s rank %d: %d of %d TP collectives differ" % (c, r, len(diffs), len(rec["tp"])))
+                for d in diffs[:12]:
+                    print("        " + d)
+            elif r == 0:
+                kinds = {}
+                for e in rec["tp"]:
+                    k = e["kind"] + ("(%s)" % e["reduce_op"] if e["kind"] == "all_reduce" else "")
+                    kinds[k] = kinds.get(k, 0) + 1
+                lines.append("  ok    %s (%d ranks): %d TP collectives in order on every rank (%s; %d in the loss), "
+                             "commplan %d" % (c, world, len(rec["tp"]), ", ".join("%d %s" % (n, k) for k, n in
+                                                                                      sorted(kinds.items())),
+                                              len(loss), len(ours)))
+    # The comparison can fail: the first config against its plan without loss_parallel must differ.
+    with open(os.path.join(out_dir, "%s.rank0.json" % names[0])) as f:
+        _, diffs = compare(names[0], json.load(f), plan_ops(names[0], out_dir, loss_parallel=False))
+    if not diffs:
+        bad += 1
+        print("  FAIL  %s: the plan without loss_parallel matched the recording too" % names[0])
+    else:
+        lines.append("  ok    %s against the plan without loss_parallel: %d differences found, as it must"
+                     % (names[0], len(diffs)))
+    print("\n".join(lines))
+    print("tp_record: %d configs x ranks, %d TP collectives recorded from torchtitan %s (torch %s), %d differ"
+          % (sum(CONFIGS[c][0] for c in names), total, __import__("torchtitan").__version__
+             if hasattr(__import__("torchtitan"), "__version__") else "?", torch.__version__, bad))
+    sys.exit(1 if bad else 0)
 
 
 if __name__ == "__main__":
