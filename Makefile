@@ -36,7 +36,7 @@ $(error OUT=$(value OUT): an output directory is named with A-Z a-z 0-9 _ . / + 
 endif
 BUILD    := build/$(NAME)
 
-RUNTIME_SRC := runtime/harness.c runtime/arena.c runtime/launch.c runtime/rendezvous.c runtime/check.c runtime/dtype.c runtime/topology.c runtime/executor.c runtime/backend_host.c runtime/simulate.c runtime/safeio.c
+RUNTIME_SRC := runtime/harness.c runtime/arena.c runtime/launch.c runtime/rendezvous.c runtime/check.c runtime/dtype.c runtime/topology.c runtime/executor.c runtime/backend_host.c runtime/simulate.c runtime/safeio.c runtime/hostlib.c
 RUNTIME_HDR := $(wildcard runtime/*.h)
 RUNTIME_OBJ := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRC))
 GEN_SRC     := $(wildcard gen/*.lua gen/models/*.lua) $(wildcard templates/*.in)

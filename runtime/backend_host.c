@@ -32,6 +32,8 @@ typedef struct {
      * GPU silently orders nothing. The host refuses it. */
     long generation;
     long *recorded;
+    cp_host_collective_cb cb; /* cp_host_backend_init_cb: collectives go there */
+    void *cb_user;
 } rank_ctx;
 
 struct cp_host_world {
@@ -209,6 +211,36 @@ static int host_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const vo
     g->slices[key] = NULL;
     free(mine);
     return bad ? -1 : 0;
+}
+
+/* ---- collectives handed to the caller (cp_host_backend_init_cb) ---- */
+
+static int cb_collective(cp_backend *b, int coll, const cp_op *op, const void *in, void *out)
+{
+    rank_ctx *rc = b->ctx;
+    const cp_plan *p = rc->world->plan;
+    int color, key;
+    cp_group_of(p, op->family, rc->rank, &color, &key);
+    return rc->cb(rc->cb_user, coll, op->family, color, key, p->families[op->family].size, (void *)in, out,
+                  op->count, (int)op->dtype, (int)op->reduce_op);
+}
+
+static int cb_all_gather(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)
+{
+    (void)s;
+    return cb_collective(b, CP_COLL_ALL_GATHER, op, in, out);
+}
+
+static int cb_reduce_scatter(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)
+{
+    (void)s;
+    return cb_collective(b, CP_COLL_REDUCE_SCATTER, op, in, out);
+}
+
+static int cb_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)
+{
+    (void)s;
+    return cb_collective(b, CP_COLL_ALL_REDUCE, op, in, out);
 }
 
 /* ---- copies: the C reference of the generated copy kernels ---- */
@@ -446,4 +478,14 @@ void cp_host_backend_init(cp_backend *b, cp_host_world *w, int rank)
     b->release = host_release;
     b->read = host_read;
     b->write = host_write;
+}
+
+void cp_host_backend_init_cb(cp_backend *b, cp_host_world *w, int rank, cp_host_collective_cb cb, void *user)
+{
+    cp_host_backend_init(b, w, rank);
+    w->ranks[rank].cb = cb;
+    w->ranks[rank].cb_user = user;
+    b->collective[CP_COLL_ALL_GATHER] = cb_all_gather;
+    b->collective[CP_COLL_REDUCE_SCATTER] = cb_reduce_scatter;
+    b->collective[CP_COLL_ALL_REDUCE] = cb_all_reduce;
 }

@@ -354,6 +354,18 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op);
 void *cp_executor_buffer(const cp_executor *ex, int u, cp_buffer k);
 /* Where op reads or writes buffer k: the whole, or this rank's slot of op->count elements. */
 void *cp_executor_op_buffer(const cp_executor *ex, const cp_op *op, cp_buffer k, cp_slot slot);
+/* Library calls (cp_gpu_*, cp_hostlib_*): the unit's next instance of an op
+ * group whose kinds are listed in group order (the plan may unshard a unit
+ * twice per step, each instance with its own waits), from *cursor (where
+ * the unit's previous call of this kind ended) to the group's last kind
+ * present, wrapping to the step's start after the last instance; each op
+ * through run(ctx, op). The library call kinds, in their ops' order: */
+extern const cp_op_kind cp_call_unshard[3], cp_call_reshard[1], cp_call_reduce[8];
+/* Returns 0, 1 when the plan has no such op for the unit (nothing to do), or
+ * run's failure (-1). *cursor is left where the next search starts. */
+int cp_run_call(const cp_plan *p, int unit, const cp_op_kind *kinds, int nkinds, int *cursor,
+                int (*run)(void *ctx, const cp_op *op), void *ctx);
+
 /* Host copies of a unit's whole buffer (checks, dumps), ordered on stream s. */
 int cp_executor_read(cp_executor *ex, cp_stream s, int u, cp_buffer k, void *host);
 int cp_executor_write(cp_executor *ex, cp_stream s, int u, cp_buffer k, const void *host);

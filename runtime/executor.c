@@ -62,6 +62,38 @@ const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
                              .in = CP_BUF_PARTIAL, .out = CP_BUF_RS_OUT, .frees = CP_BUF_PARTIAL, .adds = 1 },
 };
 
+const cp_op_kind cp_call_unshard[3] = { CP_OP_COPY_IN, CP_OP_ALL_GATHER, CP_OP_COPY_OUT };
+const cp_op_kind cp_call_reshard[1] = { CP_OP_RESHARD };
+/* Pack, reduce-scatter, all_reduce_last's partial sums, the HSDP all-reduce,
+ * the view-out (assigning, or adding on a later reduction of the step). */
+const cp_op_kind cp_call_reduce[8] = { CP_OP_PACK,        CP_OP_REDUCE_SCATTER, CP_OP_PARTIAL_SAVE,
+                                       CP_OP_PARTIAL_ADD, CP_OP_PARTIAL_FOLD,   CP_OP_ALL_REDUCE,
+                                       CP_OP_VIEW_OUT,    CP_OP_VIEW_OUT_ADD };
+
+int cp_run_call(const cp_plan *p, int unit, const cp_op_kind *kinds, int nkinds, int *cursor,
+                int (*run)(void *ctx, const cp_op *op), void *ctx)
+{
+    int first = -1;
+    for (int pass = 0; pass < 2 && first < 0; pass++)
+        for (int i = pass ? 0 : *cursor; i < p->nops && first < 0; i++)
+            if (p->ops[i].unit == unit && p->ops[i].kind == kinds[0]) first = i;
+    if (first < 0) return 1;
+    int i = first, last_kind = 0;
+    for (; i < p->nops; i++) {
+        const cp_op *op = &p->ops[i];
+        if (op->unit != unit) continue;
+        int k = 0;
+        while (k < nkinds && op->kind != kinds[k]) k++;
+        if (k == nkinds) continue;
+        if (k < last_kind) break; /* the group's next instance starts */
+        if (run(ctx, op)) return -1;
+        last_kind = k;
+        if (k == nkinds - 1) { i++; break; }
+    }
+    *cursor = i < p->nops ? i : 0;
+    return 0;
+}
+
 const char *cp_op_kind_name(cp_op_kind k)
 {
     return (unsigned)k < CP_OP_KIND_COUNT ? cp_op_descs[k].name : "?";

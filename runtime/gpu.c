@@ -572,36 +572,25 @@ static int fork_join(cp_gpu *g, int join)
  * unshard a unit twice per step, each instance with its own waits): from
  * the unit's cursor for that call to the group's last kind present,
  * wrapping to the step's start after the last instance. */
+static int run_op_cb(void *ctx, const cp_op *op) { return run_op(ctx, op); }
+
 static int run_unit_ops(cp_gpu *g, int unit, int call, const cp_op_kind *kinds, int nkinds, cudaStream_t S)
 {
     const cp_plan *p = g->plan;
     if (unit < 0 || unit >= p->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, p->nunits);
+    /* Nothing to issue (e.g. a unit that is never resharded): no fork either. */
     int first = -1;
-    for (int pass = 0; pass < 2 && first < 0; pass++)
-        for (int i = pass ? 0 : g->cursor[unit][call]; i < p->nops && first < 0; i++)
-            if (p->ops[i].unit == unit && p->ops[i].kind == kinds[0]) first = i;
-    if (first < 0) return 0; /* the plan has no such op for this unit (e.g. nothing to reshard) */
+    for (int i = 0; i < p->nops && first < 0; i++)
+        if (p->ops[i].unit == unit && p->ops[i].kind == kinds[0]) first = i;
+    if (first < 0) return 0;
     g->streams[CP_STREAM_COMPUTE] = S;
     if (fork_join(g, 0)) return -1;
-    int i = first, last_kind = 0;
-    for (; i < p->nops; i++) {
-        const cp_op *op = &p->ops[i];
-        if (op->unit != unit) continue;
-        int k = 0;
-        while (k < nkinds && op->kind != kinds[k]) k++;
-        if (k == nkinds) continue;
-        if (k < last_kind) break; /* the group's next instance starts */
-        if (run_op(g, op)) return -1;
-        last_kind = k;
-        if (k == nkinds - 1) { i++; break; }
-    }
-    g->cursor[unit][call] = i < p->nops ? i : 0;
+    if (cp_run_call(p, unit, kinds, nkinds, &g->cursor[unit][call], run_op_cb, g) < 0) return -1;
     return fork_join(g, 1);
 }
 
 int cp_gpu_unshard(cp_gpu *g, int unit, void *stream)
 {
-    static const cp_op_kind kinds[] = { CP_OP_COPY_IN, CP_OP_ALL_GATHER, CP_OP_COPY_OUT };
     const cp_plan *p = g->plan;
     if (unit < 0 || unit >= p->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, p->nunits);
     /* The arena holds units in the plan's order only: refuse an unshard
@@ -611,7 +600,7 @@ int cp_gpu_unshard(cp_gpu *g, int unit, void *stream)
         return fail(g, "cp_gpu_unshard(%s) would overwrite unit %s, still unsharded: the plan's arena reuses "
                     "those bytes; call cp_gpu_reshard(%s) first, in the order of plans/%s/SCHEDULE.md",
                     p->units[unit].name, p->units[v].name, p->units[v].name, p->name);
-    if (run_unit_ops(g, unit, CALL_UNSHARD, kinds, 3, (cudaStream_t)stream)) return -1;
+    if (run_unit_ops(g, unit, CALL_UNSHARD, cp_call_unshard, 3, (cudaStream_t)stream)) return -1;
     g->live[unit] = 1;
     return 0;
 }
@@ -620,8 +609,7 @@ int cp_gpu_unshard(cp_gpu *g, int unit, void *stream)
  * after which other units may reuse this unit's unsharded bytes. */
 int cp_gpu_reshard(cp_gpu *g, int unit, void *stream)
 {
-    static const cp_op_kind kinds[] = { CP_OP_RESHARD };
-    if (run_unit_ops(g, unit, CALL_RESHARD, kinds, 1, (cudaStream_t)stream)) return -1;
+    if (run_unit_ops(g, unit, CALL_RESHARD, cp_call_reshard, 1, (cudaStream_t)stream)) return -1;
     g->live[unit] = 0;
     return 0;
 }
@@ -633,10 +621,7 @@ int cp_gpu_reshard(cp_gpu *g, int unit, void *stream)
  * folds them in before its all-reduce. */
 int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream)
 {
-    static const cp_op_kind kinds[] = { CP_OP_PACK,         CP_OP_REDUCE_SCATTER, CP_OP_PARTIAL_SAVE,
-                                        CP_OP_PARTIAL_ADD,  CP_OP_PARTIAL_FOLD,   CP_OP_ALL_REDUCE,
-                                        CP_OP_VIEW_OUT,     CP_OP_VIEW_OUT_ADD };
-    return run_unit_ops(g, unit, CALL_REDUCE, kinds, (int)(sizeof kinds / sizeof kinds[0]), (cudaStream_t)stream);
+    return run_unit_ops(g, unit, CALL_REDUCE, cp_call_reduce, 8, (cudaStream_t)stream);
 }
 
 void cp_gpu_set_compute(cp_gpu *g, cp_gpu_compute_fn fn, void *user)

@@ -19,6 +19,20 @@ void cp_host_world_set_arith(cp_host_world *w, cp_arith a);
 /* b->ctx is owned by the world; valid until cp_host_world_destroy. */
 void cp_host_backend_init(cp_backend *b, cp_host_world *w, int rank);
 
+/* One rank per process, its collectives someone else's (torch.distributed
+ * under PyTorch: python/commplan/runtime.py HostLibrary): coll is CP_COLL_*,
+ * the group is instance `color` of the op's family (cp_group_member gives
+ * its ranks), this rank its member `key` of `size`; in and out as the
+ * executor passes them (an all-gather's in is this rank's slot of out, an
+ * all-reduce's in is out), count per rank (the op's count), dtype and
+ * reduce_op the cp_dtype and cp_reduce_op codes. Returns 0, or -1 after
+ * the callee has said why. */
+typedef int (*cp_host_collective_cb)(void *user, int coll, int family, int color, int key, int size, void *in,
+                                     void *out, int64_t count, int dtype, int reduce_op);
+/* Rank `rank`'s backend with the host copies, memory and event checks of
+ * cp_host_backend_init and every collective through cb. */
+void cp_host_backend_init_cb(cp_backend *b, cp_host_world *w, int rank, cp_host_collective_cb cb, void *user);
+
 #ifdef __cplusplus
 }
 #endif

@@ -54,7 +54,7 @@ from .match import PlanMismatch, check_units_match_plan, find_plan_json, load_pl
 from .modules import named_units, units_from_module
 from .planfile import PlanError
 
-__all__ = ["CommplanFSDP", "GpuLibrary", "library_calls", "PlanOrderError"]
+__all__ = ["CommplanFSDP", "GpuLibrary", "HostLibrary", "library_calls", "PlanOrderError"]
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<i2"}  # bf16 travels as int16 bits, then .view()
@@ -216,6 +216,154 @@ class GpuLibrary:
     def close(self):
         if self.g is not None:
             self.lib.cp_gpu_destroy(self.g)
+            self.g = None
+
+
+_COLLECTIVE_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                  ctypes.c_int, ctypes.c_int)
+_DTYPE_CODES = ("fp32", "bf16", "fp16")  # cp_dtype
+_COLL_ALL_GATHER, _COLL_REDUCE_SCATTER, _COLL_ALL_REDUCE = 0, 1, 2  # cp_collective
+
+
+class HostLibrary:
+    """build/<name>/lib<name>.so without a GPU (runtime/cp_hostlib.h): this rank of the plan over
+    host memory, the same executor, buffers, copies and per-unit calls as the NCCL backend, and
+    every collective a torch.distributed call (gloo) on the process group of the op's group
+    instance. Made after torch.distributed.init_process_group; every rank makes its groups in
+    the same order (one per instance of each family the plan uses)."""
+
+    REQUIRED = ("cp_hostlib_init", "cp_hostlib_destroy", "cp_hostlib_last_error", "cp_hostlib_rank",
+                "cp_hostlib_shard_rank", "cp_hostlib_group_member", "cp_hostlib_sharded", "cp_hostlib_unsharded",
+                "cp_hostlib_grad", "cp_hostlib_sharded_grad", "cp_hostlib_unshard", "cp_hostlib_reshard",
+                "cp_hostlib_reduce_grads")
+
+    def __init__(self, so_path, plan_name, plan_json=None):
+        if not os.path.isfile(so_path):
+            raise PlanError("%s is missing; build it with make PLAN=%s.lua" % (so_path, plan_name))
+        lib = ctypes.CDLL(os.path.abspath(so_path))
+        missing = [f for f in self.REQUIRED if not hasattr(lib, f)]
+        if missing:
+            raise PlanError("%s has no host library (%s missing): rebuild it with make PLAN=%s.lua"
+                            % (so_path, missing[0], plan_name))
+        vp, ci, cs = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+        lib.cp_hostlib_init.argtypes = [ctypes.POINTER(vp), vp, ci, _COLLECTIVE_CB, vp, ctypes.c_char_p, cs]
+        lib.cp_hostlib_init.restype = ci
+        lib.cp_hostlib_destroy.argtypes = [vp]
+        lib.cp_hostlib_destroy.restype = None
+        lib.cp_hostlib_last_error.argtypes = [vp]
+        lib.cp_hostlib_last_error.restype = ctypes.c_char_p
+        for f in ("cp_hostlib_rank", "cp_hostlib_shard_rank"):
+            getattr(lib, f).argtypes = [vp]
+            getattr(lib, f).restype = ci
+        lib.cp_hostlib_group_member.argtypes = [vp, ci, ci, ci]
+        lib.cp_hostlib_group_member.restype = ci
+        for f in ("cp_hostlib_sharded", "cp_hostlib_unsharded", "cp_hostlib_grad", "cp_hostlib_sharded_grad"):
+            getattr(lib, f).argtypes = [vp, ci]
+            getattr(lib, f).restype = vp
+        for f in ("cp_hostlib_unshard", "cp_hostlib_reshard", "cp_hostlib_reduce_grads"):
+            getattr(lib, f).argtypes = [vp, ci]
+            getattr(lib, f).restype = ci
+        try:
+            self._plan = ctypes.addressof(ctypes.c_char.in_dll(lib, plan_name + "_plan"))
+        except ValueError:
+            raise PlanError("%s does not hold plan %s (%s_plan)" % (so_path, plan_name, plan_name)) from None
+        self.fingerprint = _PlanHead.from_address(self._plan).fingerprint.decode()
+        self.lib, self.path, self.name, self.g = lib, so_path, plan_name, None
+        self.device = torch.device("cpu")
+        self._plan_json = plan_json
+        self._groups = {}
+        self._error = None
+        self._cb = _COLLECTIVE_CB(self._collective)  # kept alive as long as the library
+
+    def init(self):
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            raise RuntimeError("commplan: HostLibrary needs torch.distributed.init_process_group first")
+        err = ctypes.create_string_buffer(4096)
+        g = ctypes.c_void_p()
+        if self.lib.cp_hostlib_init(ctypes.byref(g), self._plan, dist.get_rank(), self._cb, None, err, len(err)) != 0:
+            raise RuntimeError("commplan: " + err.value.decode(errors="replace"))
+        self.g = g
+        self.rank = self.lib.cp_hostlib_rank(g)
+        self.shard_rank = self.lib.cp_hostlib_shard_rank(g)
+        # One process group per instance of every family the plan's collectives use, made in the
+        # same order on every rank (new_group is collective).
+        plan = self._plan_json or load_plan_json(find_plan_json(self.name, "."))
+        used = {op["group"] for op in plan["ops"] if op.get("group")}
+        for f in sorted(plan["groups"], key=lambda f: f["id"]):  # the C tables' family order
+            fi = f["id"]
+            if f["name"] not in used or f["size"] < 2:
+                continue
+            for color in range(plan["world_size"] // f["size"]):
+                ranks = [self.lib.cp_hostlib_group_member(g, fi, color, k) for k in range(f["size"])]
+                pg = dist.new_group(ranks)
+                if self.rank in ranks:
+                    self._groups[(fi, color)] = pg
+
+    def _view(self, ptr, numel, dtype):
+        dt = TORCH_DTYPES[_DTYPE_CODES[dtype]]
+        if numel == 0:
+            return torch.empty(0, dtype=dt)
+        es = torch.empty(0, dtype=dt).element_size()
+        return torch.frombuffer((ctypes.c_char * (numel * es)).from_address(ptr), dtype=dt)
+
+    def _collective(self, user, coll, family, color, key, size, inp, out, count, dtype, reduce_op):
+        """torch.distributed's collective for one of the plan's: the executor's pointers as
+        tensors (no copy), on the instance's process group."""
+        import torch.distributed as dist
+        try:
+            pg = self._groups[(family, color)]
+            op = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX)[reduce_op]
+            if coll == _COLL_ALL_GATHER:
+                o = self._view(out, count * size, dtype)
+                i = o[key * count:(key + 1) * count].clone() if inp == out + key * count * o.element_size() \
+                    else self._view(inp, count, dtype)
+                dist.all_gather_into_tensor(o, i, group=pg)
+            elif coll == _COLL_REDUCE_SCATTER:
+                dist.reduce_scatter_tensor(self._view(out, count, dtype), self._view(inp, count * size, dtype), op=op,
+                                           group=pg)
+            else:
+                o = self._view(out, count, dtype)
+                if inp != out:
+                    o.copy_(self._view(inp, count, dtype))
+                dist.all_reduce(o, op=op, group=pg)
+            return 0
+        except Exception as e:  # noqa: BLE001 - reported through last_error, never across the C frame
+            self._error = "torch.distributed %s on group %d/%d failed: %s: %s" % (
+                ("all_gather", "reduce_scatter", "all_reduce")[coll], family, color, type(e).__name__, e)
+            return -1
+
+    def tensor(self, kind, param, numel, dtype):
+        """A 1-D torch view (no copy) of `numel` elements of param's storage: kind is sharded,
+        unsharded, grad or sharded_grad (runtime/cp_hostlib.h)."""
+        if numel == 0:
+            return torch.empty(0, dtype=TORCH_DTYPES[dtype])
+        ptr = getattr(self.lib, "cp_hostlib_" + kind)(self.g, param)
+        if not ptr:
+            raise RuntimeError("commplan: cp_hostlib_%s(%d) returned NULL" % (kind, param))
+        return self._view(ptr, numel, _DTYPE_CODES.index(dtype))
+
+    def call(self, call, unit):
+        fn = {"unshard": self.lib.cp_hostlib_unshard, "reshard": self.lib.cp_hostlib_reshard,
+              "reduce": self.lib.cp_hostlib_reduce_grads}[call]
+        if fn(self.g, unit) != 0:
+            raise RuntimeError("commplan: " + self.last_error())
+
+    def last_error(self):
+        if self._error:
+            e, self._error = self._error, None
+            msg = self.lib.cp_hostlib_last_error(self.g)
+            return e + ("; " + msg.decode(errors="replace") if msg else "")
+        msg = self.lib.cp_hostlib_last_error(self.g)
+        return msg.decode(errors="replace") if msg else "(no message)"
+
+    def synchronize(self, timeout_s):
+        pass  # every call is synchronous
+
+    def close(self):
+        if self.g is not None:
+            self.lib.cp_hostlib_destroy(self.g)
             self.g = None
 
 

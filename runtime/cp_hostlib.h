@@ -1,0 +1,47 @@
+/* The plan's library without a GPU: one rank of the plan in this process,
+ * over host memory, its collectives handed to the caller (torch.distributed
+ * on gloo, through python/commplan/runtime.py's HostLibrary), so that
+ * PyTorch training on CPU runs the very op sequence, buffers and copies the
+ * NCCL backend runs: the same executor, the same per-unit calls as
+ * cp_gpu.h's, in the plan's order. Calls are synchronous. */
+#ifndef COMMPLAN_HOSTLIB_H
+#define COMMPLAN_HOSTLIB_H
+
+#include <stddef.h>
+
+#include "commplan.h"
+#include "host.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cp_hostlib cp_hostlib;
+
+/* 0, or -1 with one line in err (rank out of range, out of memory). */
+int cp_hostlib_init(cp_hostlib **out, const cp_plan *plan, int rank, cp_host_collective_cb cb, void *user, char *err,
+                    size_t errlen);
+void cp_hostlib_destroy(cp_hostlib *h);
+const char *cp_hostlib_last_error(const cp_hostlib *h);
+int cp_hostlib_rank(const cp_hostlib *h);
+int cp_hostlib_shard_rank(const cp_hostlib *h);
+/* Members of instance color of family f (for the caller's process groups). */
+int cp_hostlib_group_member(const cp_hostlib *h, int family, int color, int key);
+/* A parameter's storage, as cp_gpu_sharded & co: its shard (padded), its
+ * unsharded tensor (valid between unshard and reshard), its unsharded grad
+ * (the backward writes it), its reduced sharded grad. */
+void *cp_hostlib_sharded(cp_hostlib *h, int param);
+void *cp_hostlib_unsharded(cp_hostlib *h, int param);
+void *cp_hostlib_grad(cp_hostlib *h, int param);
+void *cp_hostlib_sharded_grad(cp_hostlib *h, int param);
+/* The unit's next copy-in + all-gather + copy-out, reshard, or reduction
+ * (pack, reduce-scatter, partial sums, all-reduce, view-out): 0 or -1. */
+int cp_hostlib_unshard(cp_hostlib *h, int unit);
+int cp_hostlib_reshard(cp_hostlib *h, int unit);
+int cp_hostlib_reduce_grads(cp_hostlib *h, int unit);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,147 @@
+/* cp_hostlib.h: one rank of the plan, the executor over the host backend
+ * with its collectives handed to the caller. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cp_hostlib.h"
+
+enum { CALL_UNSHARD, CALL_RESHARD, CALL_REDUCE, CALLS };
+
+struct cp_hostlib {
+    const cp_plan *plan;  /* the executor's view: this rank's TP class */
+    cp_host_world *world;
+    cp_backend backend;
+    cp_executor ex;
+    int (*cursor)[CALLS]; /* per unit and call: where the next search starts */
+    unsigned char *ran;   /* per op: run in this step (every op runs once a step; calls run them out of
+                             table order, each group in the order its last op has in the table) */
+    char err[600];
+};
+
+static int fail(cp_hostlib *h, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(h->err, sizeof h->err, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int cp_hostlib_init(cp_hostlib **out, const cp_plan *plan, int rank, cp_host_collective_cb cb, void *user, char *err,
+                    size_t errlen)
+{
+    *out = NULL;
+    if (rank < 0 || rank >= plan->world_size) {
+        snprintf(err, errlen, "rank %d is outside plan %s's %d ranks; launch %d ranks", rank, plan->name,
+                 plan->world_size, plan->world_size);
+        return -1;
+    }
+    cp_hostlib *h = calloc(1, sizeof *h);
+    if (!h || !(h->world = cp_host_world_create(plan)) ||
+        !(h->cursor = calloc((size_t)(plan->nunits > 0 ? plan->nunits : 1), sizeof *h->cursor)) ||
+        !(h->ran = calloc((size_t)(plan->nops > 0 ? plan->nops : 1), 1))) {
+        snprintf(err, errlen, "rank %d: out of host memory for plan %s", rank, plan->name);
+        cp_hostlib_destroy(h);
+        return -1;
+    }
+    cp_host_backend_init_cb(&h->backend, h->world, rank, cb, user);
+    h->ex.quiet = 1;
+    if (cp_executor_init(&h->ex, plan, rank, &h->backend) != 0) {
+        snprintf(err, errlen, "%s", h->ex.err);
+        cp_hostlib_destroy(h);
+        return -1;
+    }
+    h->plan = h->ex.plan;
+    h->backend.fork(&h->backend); /* the first step */
+    *out = h;
+    return 0;
+}
+
+void cp_hostlib_destroy(cp_hostlib *h)
+{
+    if (!h) return;
+    cp_executor_free(&h->ex);
+    cp_host_world_destroy(h->world);
+    free(h->cursor);
+    free(h->ran);
+    free(h);
+}
+
+const char *cp_hostlib_last_error(const cp_hostlib *h) { return h->err; }
+int cp_hostlib_rank(const cp_hostlib *h) { return h->ex.rank; }
+int cp_hostlib_shard_rank(const cp_hostlib *h) { return h->ex.shard_rank; }
+
+int cp_hostlib_group_member(const cp_hostlib *h, int family, int color, int key)
+{
+    if (family < 0 || family >= h->plan->nfamilies) return -1;
+    return cp_group_member(h->plan, family, color, key);
+}
+
+static int unit_of(const cp_plan *p, int param)
+{
+    for (int u = 0; u < p->nunits; u++)
+        if (param >= p->units[u].first_param && param < p->units[u].first_param + p->units[u].nparams) return u;
+    return -1;
+}
+
+static void *param_ptr(cp_hostlib *h, int param, cp_buffer kind)
+{
+    const cp_plan *p = h->plan;
+    int u = param >= 0 && param < p->nparams ? unit_of(p, param) : -1;
+    if (u < 0) return NULL;
+    const cp_unit *U = &p->units[u];
+    const cp_param *prm = &p->params[param];
+    char *base = h->ex.buf[kind][u];
+    switch (kind) {
+    case CP_BUF_UNSHARDED: return base + (size_t)(p->shard_size * prm->offset) * cp_dtype_size(U->ag_dtype);
+    case CP_BUF_GRADS: return base + (size_t)prm->grad_offset * cp_dtype_size(U->grad_dtype);
+    default: return base + (size_t)prm->offset * cp_dtype_size(U->orig_dtype);
+    }
+}
+
+void *cp_hostlib_sharded(cp_hostlib *h, int param) { return param_ptr(h, param, CP_BUF_SHARDED); }
+void *cp_hostlib_unsharded(cp_hostlib *h, int param) { return param_ptr(h, param, CP_BUF_UNSHARDED); }
+void *cp_hostlib_grad(cp_hostlib *h, int param) { return param_ptr(h, param, CP_BUF_GRADS); }
+void *cp_hostlib_sharded_grad(cp_hostlib *h, int param) { return param_ptr(h, param, CP_BUF_SHARDED_GRADS); }
+
+/* One thread, every op when its call comes: the host backend refuses a wait
+ * on an event no earlier op of this step recorded, so a call order that
+ * would leave a plan's wait unmet on a GPU (an event not yet recorded orders
+ * nothing there) fails here instead. A step starts (the backend's fork)
+ * when an op that already ran in this step runs again. */
+static int run_op(void *ctx, const cp_op *op)
+{
+    cp_hostlib *h = ctx;
+    int i = (int)(op - h->plan->ops);
+    if (h->ran[i]) {
+        memset(h->ran, 0, (size_t)h->plan->nops);
+        if (h->backend.fork(&h->backend)) return fail(h, "starting a step failed");
+    }
+    h->ran[i] = 1;
+    if (cp_executor_run_op(&h->ex, op)) return fail(h, "%s", h->ex.err);
+    return 0;
+}
+
+static int call(cp_hostlib *h, int unit, int which, const cp_op_kind *kinds, int nkinds)
+{
+    if (unit < 0 || unit >= h->plan->nunits) return fail(h, "unit %d is outside the plan's %d units", unit, h->plan->nunits);
+    h->err[0] = '\0';
+    return cp_run_call(h->plan, unit, kinds, nkinds, &h->cursor[unit][which], run_op, h) < 0 ? -1 : 0;
+}
+
+int cp_hostlib_unshard(cp_hostlib *h, int unit)
+{
+    if (unit >= 0 && unit < h->plan->nunits) {
+        int v = cp_unshard_conflict(h->plan, unit, h->ex.unsharded_live);
+        if (v >= 0)
+            return fail(h, "cp_hostlib_unshard(%s) would overwrite unit %s, still unsharded: the plan's arena reuses "
+                        "those bytes; reshard %s first, in the order of plans/%s/SCHEDULE.md", h->plan->units[unit].name,
+                        h->plan->units[v].name, h->plan->units[v].name, h->plan->name);
+    }
+    return call(h, unit, CALL_UNSHARD, cp_call_unshard, 3);
+}
+
+int cp_hostlib_reshard(cp_hostlib *h, int unit) { return call(h, unit, CALL_RESHARD, cp_call_reshard, 1); }
+int cp_hostlib_reduce_grads(cp_hostlib *h, int unit) { return call(h, unit, CALL_REDUCE, cp_call_reduce, 8); }
