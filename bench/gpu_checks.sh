@@ -106,7 +106,7 @@ want sanitizer && for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
   say "sanitizer $tool: rc $? $(grep -o 'ERROR SUMMARY: [0-9]* error' "$OUT/san-$tool.log" | sort | uniq -c | tr -s ' \n' ' ')"
 done
 if ! want train; then :; elif [ "$(left)" -gt 150 ]; then
-  PYTHONUNBUFFERED=1 PYTHONPATH=python timeout $(( $(left) - 90 )) python3 tests/python/train_compare.py --configs fp32,bf16 >"$OUT/train.log" 2>&1
+  PYTHONUNBUFFERED=1 PYTHONPATH=python timeout $(( $(left) - 90 )) python3 tests/python/train_compare.py --configs ${TRAIN_CONFIGS:-fp32,bf16} >"$OUT/train.log" 2>&1
   say "train: rc $? $(grep -iE 'bit|identical|ms|SKIP|FAIL' "$OUT/train.log" | tail -n 6 | tr '\n' '|')"
 else say "train: SKIP (time)"; fi
 
