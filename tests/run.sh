@@ -248,7 +248,7 @@ run "oracle fsdp3 on NCCL: gloo's arithmetic does not (10 where NCCL gives 10.00
 # tests/live/torch_env.sh, built once per machine outside the clone), the
 # torch 2.11 recordings' three models live (torch 2.15 against them), every
 # small plan, then the property test (random generic plans from seed
-# LIVE_SEED_FROM, default 1, for LIVE_SECONDS, default 120). Where the
+# LIVE_SEED_FROM, default 1, for LIVE_SECONDS, default 75). Where the
 # package registry cannot be reached each prints SKIP, never ok.
 echo "== live FSDP2 peer: PyTorch's fully_shard on gloo vs the binary's --dump (tests/live/)"
 live_out=$(tests/live/torch_env.sh --python 2>&1); live_rc=$?
