@@ -36,7 +36,7 @@ from . import validate
 from .errors import PlanError
 from .planfile import dtype_name, plan_from_named_parameters
 
-__all__ = ["TITAN_FSDP", "plan_from_titan", "titan_units", "titan_model_numbers"]
+__all__ = ["TITAN_FSDP", "plan_from_titan", "titan_fsdp_units", "titan_units", "titan_model_numbers"]
 
 # What torchtitan 0.3's parallelize_llama gives fully_shard with its TrainingConfig defaults:
 # MixedPrecisionPolicy(bf16, fp32), and a gradient divide factor of 1 (disable_fsdp_gradient_division:
@@ -105,6 +105,14 @@ def _wrapping(model):
         units.append(("norm_lm_head", [model.norm, model.lm_head], False))
     units.append(("root", [model], None))
     return units
+
+
+def titan_fsdp_units(model):
+    """torchtitan 0.3's fully_shard calls for a built decoder, as commplan Units (modules, the
+    plan writer's names, reshard_after_forward), root last: what CommplanFSDP takes to drive a
+    plan_from_titan plan on the very model."""
+    from .modules import Unit
+    return [Unit(mods, name=name, reshard_after_forward=raf) for name, mods, raf in _wrapping(model)]
 
 
 def titan_units(model):
