@@ -682,27 +682,42 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* After an asynchronous NCCL error, a sticky CUDA error or a step that
+ * never finishes, a collective a dead peer never completes may still be
+ * queued: ncclCommDestroy (and so cp_gpu_destroy) would wait for it forever.
+ * Abort every communicator instead; destroy then has nothing to wait for. */
+static void abort_comms(cp_gpu *g)
+{
+    if (g->comms)
+        for (int f = 0; f < g->plan->nfamilies; f++)
+            if (g->comms[f]) { ncclCommAbort(g->comms[f]); g->comms[f] = NULL; }
+    if (g->world) { ncclCommAbort(g->world); g->world = NULL; }
+}
+
 int cp_gpu_synchronize(cp_gpu *g, void *stream, double timeout_s)
 {
     double deadline = now_s() + timeout_s;
     for (;;) {
         cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
         if (e == cudaSuccess) return 0;
-        if (e != cudaErrorNotReady) return fail(g, "step failed on the GPU: %s", cudaGetErrorString(e));
+        if (e != cudaErrorNotReady) {
+            abort_comms(g);
+            return fail(g, "step failed on the GPU: %s; communicators aborted", cudaGetErrorString(e));
+        }
         ncclResult_t async = ncclSuccess;
         ncclComm_t comms[1 + 64];
         int n = 0;
         comms[n++] = g->world;
         for (int f = 0; f < g->plan->nfamilies && n < 65; f++) if (g->comms[f]) comms[n++] = g->comms[f];
         for (int i = 0; i < n; i++) {
-            if (ncclCommGetAsyncError(comms[i], &async) != ncclSuccess || async != ncclSuccess)
-                return fail(g, "NCCL reported an asynchronous error: %s (a peer may have died; NCCL_DEBUG=WARN)",
-                            ncclGetErrorString(async));
+            if (ncclCommGetAsyncError(comms[i], &async) != ncclSuccess || async != ncclSuccess) {
+                abort_comms(g);
+                return fail(g, "NCCL reported an asynchronous error: %s (a peer may have died; NCCL_DEBUG=WARN); "
+                            "communicators aborted", ncclGetErrorString(async));
+            }
         }
         if (now_s() > deadline) {
-            for (int i = 0; i < n; i++) ncclCommAbort(comms[i]);
-            g->world = NULL;
-            for (int f = 0; f < g->plan->nfamilies; f++) g->comms[f] = NULL;
+            abort_comms(g);
             return fail(g, "step did not finish within %.0f s: a peer is missing or stuck; communicators aborted",
                         timeout_s);
         }

@@ -164,6 +164,15 @@ static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, c
         ex->on_collective = cp_harness_on_collective;
     }
     int rc = 0;
+    /* --graph: step 0 runs eagerly first, checked like any step, so every
+     * communicator (and NCCL's lazy connection set-up) is first used outside
+     * the capture, as the timing run's warm-up does; the capture then
+     * replays step 0 and every later step. */
+    if (o->graph) {
+        if (cp_harness_begin_step(&cs.harness, 0) || cp_gpu_step(g, S) || cp_gpu_synchronize(g, S, o->timeout_s) ||
+            cp_harness_end_step(&cs.harness))
+            rc = 2;
+    }
     for (int s = 0; s < o->steps && rc == 0; s++) {
         /* The dump's collective hook finds the harness through ex->user. */
         if (cp_harness_begin_step(&cs.harness, s)) { rc = 2; break; }
