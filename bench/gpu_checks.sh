@@ -93,6 +93,7 @@ if want ranks; then ranks_job & ranks_pid=$!; else ranks_pid=; fi
 want kernels && { timeout 120 build/tests/test_kernels >"$OUT/kernels.log" 2>&1
 say "kernels: rc $? $(tail -n 1 "$OUT/kernels.log")"; }
 want faults && {
+  make -s PLAN=fsdp4.lua >/dev/null && # gpu_faults.sh's missing-peer case runs it, whatever ONLY_PLANS says
   timeout 60 build/single/single --check --steps 3 && timeout 60 build/single/single --warmup 3 --iters 20 --graph &&
   timeout 60 build/example/example && tests/gpu_faults.sh
 } >"$OUT/faults.log" 2>&1
