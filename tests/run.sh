@@ -340,7 +340,7 @@ fi
 # Training driven by the plan on CPU: 20 AdamW steps x 2 micro-batches under
 # torchrun, 4 ranks on gloo, FSDP and HSDP 2x2, every collective and copy
 # from the plan's host library, bit for bit against fully_shard.
-train_what="training driven by the plan on CPU: 20 AdamW steps, FSDP and HSDP 2x2 under torchrun, bit-identical to fully_shard (tests/python/train_cpu.py)"
+train_what="training driven by the plan on CPU: torchtitan's llama3, 20 AdamW steps, FSDP and HSDP 2x2 under torchrun, bit-identical to its own parallelize_llama (tests/python/train_cpu.py)"
 if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
   run "$train_what" timeout 900 "$live_py" tests/python/train_cpu.py "$(dirname "$live_py")/torchrun"
   grep -ah "^ok \|^FAIL\|host time per step\|^train_cpu: " "$(logname "$train_what")" | sed "s/^/        /"
