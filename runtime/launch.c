@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,7 +147,24 @@ static int choose_id_channel(cp_launch_env *out, cp_getenv_fn get, char *err, si
                      "filesystem every rank shares (rank 0 writes the file there)", file, cp_file_kind(st.st_mode));
             return -1;
         }
-        return file_job_tag(get, out->job_tag, sizeof out->job_tag, err, errlen);
+        if (file_job_tag(get, out->job_tag, sizeof out->job_tag, err, errlen)) return -1;
+        /* The file is this job's own, beside the path given: two jobs that
+         * share COMMPLAN_ID_FILE (a setting in every job's environment) would
+         * otherwise rename over each other's id and both time out. */
+        uint64_t h = 1469598103934665603ULL; /* FNV-1a of the job tag */
+        for (const char *c = out->job_tag; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ULL;
+        int w = snprintf(out->id_file, sizeof out->id_file, "%s.%016llx", file, (unsigned long long)h);
+        if (w < 0 || (size_t)w >= sizeof out->id_file) {
+            snprintf(err, errlen, "$COMMPLAN_ID_FILE must be a path of 1..%zu characters on a filesystem every rank "
+                     "shares", sizeof out->id_file - 18);
+            return -1;
+        }
+        if (stat(out->id_file, &st) == 0 && !S_ISREG(st.st_mode)) {
+            snprintf(err, errlen, "%s (this job's COMMPLAN_ID_FILE) is %s, not a regular file; remove it or point "
+                     "COMMPLAN_ID_FILE elsewhere", out->id_file, cp_file_kind(st.st_mode));
+            return -1;
+        }
+        return 0;
     }
     if (is_true(agent_store)) {
         /* torchrun's agent already listens on MASTER_PORT: talk to it as a

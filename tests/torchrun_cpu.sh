@@ -80,6 +80,14 @@ if COMMPLAN_ID_FILE=$dir/f-id launch "$dir/f" --standalone --nproc-per-node 4 --
    same_id "$dir/f" 4 && grep -q "through COMMPLAN_ID_FILE" "$dir/f/rank1.log"; then ok "$what"
 else bad "$what" "$dir/f/torchrun.log" "$dir"/f/rank*.log; fi
 
+what="two jobs at once sharing one COMMPLAN_ID_FILE: each writes and reads a file of its own beside it"
+COMMPLAN_ID_FILE=$dir/shared-id launch "$dir/h1" --standalone --nproc-per-node 4 -- "$fsdp4" --rendezvous-only & p1=$!
+COMMPLAN_ID_FILE=$dir/shared-id launch "$dir/h2" --standalone --nproc-per-node 4 -- "$hsdp2x2" --rendezvous-only & p2=$!
+wait $p1; r1=$?; wait $p2; r2=$?
+if [ $r1 = 0 ] && [ $r2 = 0 ] && same_id "$dir/h1" 4 && same_id "$dir/h2" 4 &&
+   [ "$(ls "$dir" | grep -c '^shared-id\.[0-9a-f]\{16\}$')" = 2 ]; then ok "$what"
+else bad "$what" "$dir/h1/torchrun.log" "$dir/h2/torchrun.log" "$dir"/h1/rank*.log "$dir"/h2/rank*.log; fi
+
 what="a launch of the wrong size (torchrun --nproc-per-node 2 for the 4-rank fsdp4): refused on every rank before any rendezvous"
 if ! launch "$dir/g" --standalone --nproc-per-node 2 -- "$fsdp4" --rendezvous-only &&
    [ "$(grep -l 'WORLD_SIZE' "$dir"/g/rank*.log | wc -l)" = 2 ]; then ok "$what"

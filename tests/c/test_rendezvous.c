@@ -70,7 +70,9 @@ static void test_channel_selection(void **state)
     assert_int_equal(launch(slurm_file, &L, err), 0);
     assert_string_equal(L.source, "slurm");
     assert_int_equal(L.id_channel, CP_ID_FILE);
-    assert_string_equal(L.id_file, "/shared/run/id");
+    /* the job's own file beside the path given: ".", 16 hex digits of the job tag */
+    assert_int_equal(strncmp(L.id_file, "/shared/run/id.", 15), 0);
+    assert_int_equal(strlen(L.id_file), 15 + 16);
     assert_string_equal(L.job_tag, "slurm:4242.1");
     assert_string_equal(L.comm_id, "");
     const char *generation[] = { "SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_LOCALID=0", "SLURM_JOB_ID=4242",
@@ -259,18 +261,33 @@ static const char STALE[] = "commplan-nccl-id 1\njob gen:old-job\nkey fp1234\nby
                             "0000000000000000000000000000000000000000000000000000000000000000"
                             "0000000000000000000000000000000000000000000000000000000000000000\n";
 
+/* The file a launch with env (RANK=0 added) reads and writes: launch.c's job-specific name. */
+static void job_path(const char *const *env, char *out, size_t n)
+{
+    const char *e[32];
+    int k = 0;
+    e[k++] = "RANK=0";
+    for (int i = 0; env[i] && k < 31; i++) e[k++] = env[i];
+    e[k] = NULL;
+    cp_launch_env L;
+    char err[1024];
+    assert_int_equal(launch(e, &L, err), 0);
+    snprintf(out, n, "%s", L.id_file);
+}
+
 static void test_id_file_four_ranks(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/commplan-rdzv-XXXXXX", path[256], file_var[300];
+    char dir[] = "/tmp/commplan-rdzv-XXXXXX", path[256], file_var[300], jpath[4200];
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/nccl.id", dir);
     snprintf(file_var, sizeof file_var, "COMMPLAN_ID_FILE=%s", path);
-    write_text(path, STALE);
     const char *env[] = { "WORLD_SIZE=4", "LOCAL_RANK=0", file_var, "COMMPLAN_ID_GENERATION=new-job", NULL };
+    job_path(env, jpath, sizeof jpath);
+    write_text(jpath, STALE);
     rank_job jobs[RANKS];
     run_ranks(jobs, env, "fp1234");
-    const char *text = read_text(path);
+    const char *text = read_text(jpath);
     assert_non_null(strstr(text, "job gen:new-job\nkey fp1234\nbytes 128\n"));
     /* Only the file itself is left: the temporary name was renamed over it. */
     char cmd[300];
@@ -290,7 +307,17 @@ static void test_id_file_four_ranks(void **state)
     assert_int_equal(j.rc, CP_RDZV_ERROR);
     assert_non_null(strstr(j.err, "plan fp1234: stale"));
 
-    assert_int_equal(unlink(path), 0);
+    /* Another job given the same COMMPLAN_ID_FILE writes a file of its own beside it. */
+    const char *other_job[] = { "WORLD_SIZE=4", "LOCAL_RANK=0", file_var, "COMMPLAN_ID_GENERATION=other-job", NULL };
+    char opath[4200];
+    job_path(other_job, opath, sizeof opath);
+    assert_string_not_equal(opath, jpath);
+    run_ranks(jobs, other_job, "fp1234");
+    assert_non_null(strstr(read_text(jpath), "job gen:new-job\n"));
+    assert_non_null(strstr(read_text(opath), "job gen:other-job\n"));
+
+    assert_int_equal(unlink(jpath), 0);
+    assert_int_equal(unlink(opath), 0);
     assert_int_equal(rmdir(dir), 0);
 }
 
@@ -318,7 +345,9 @@ static void test_id_file_timeout(void **state)
     assert_non_null(strstr(j.err, "start rank 0 of this launch"));
 
     /* Only a stale file of another job: never read, and the message says so. */
-    write_text(path, STALE);
+    char jpath[4200];
+    snprintf(jpath, sizeof jpath, "%s", j.env.id_file);
+    write_text(jpath, STALE);
     rank_main(&j);
     assert_int_equal(j.rc, CP_RDZV_ERROR);
     assert_non_null(strstr(j.err, "the file there is job gen:old-job, plan fp1234: stale"));
@@ -330,10 +359,11 @@ static void test_id_file_timeout(void **state)
     fill_id(j.bytes, 1);
     rank_main(&j);
     assert_int_equal(j.rc, CP_RDZV_ERROR);
-    assert_non_null(strstr(j.err, "rank 0: COMMPLAN_ID_FILE=/nonexistent-commplan-dir/id: open of"));
+    assert_non_null(strstr(j.err, "rank 0: COMMPLAN_ID_FILE=/nonexistent-commplan-dir/id."));
+    assert_non_null(strstr(j.err, ": open of"));
     assert_non_null(strstr(j.err, "No such file or directory"));
 
-    assert_int_equal(unlink(path), 0);
+    assert_int_equal(unlink(jpath), 0);
     assert_int_equal(rmdir(dir), 0);
 }
 
@@ -396,18 +426,20 @@ static void test_id_file_not_regular(void **state)
 static void test_id_file_symlinks_not_followed(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/commplan-rdzv-XXXXXX", path[256], victim[256], link[300], file_var[300], err[1024];
+    char dir[] = "/tmp/commplan-rdzv-XXXXXX", given[256], victim[256], link[4300], file_var[300], err[1024];
+    char path[4200];
     assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/nccl.id", dir);
+    snprintf(given, sizeof given, "%s/nccl.id", dir);
     snprintf(victim, sizeof victim, "%s/victim", dir);
-    snprintf(file_var, sizeof file_var, "COMMPLAN_ID_FILE=%s", path);
+    snprintf(file_var, sizeof file_var, "COMMPLAN_ID_FILE=%s", given);
+    const char *env[] = { "RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", file_var, "COMMPLAN_ID_GENERATION=g2", NULL };
+    job_path(env + 1, path, sizeof path); /* the job's file: symlinks planted at it and its temporaries */
     write_text(victim, "precious\n");
     assert_int_equal(symlink("victim", path), 0);
     snprintf(link, sizeof link, "%s.tmp%ld", path, (long)getpid());
     assert_int_equal(symlink("victim", link), 0);
-    snprintf(link, sizeof link, "%s/.nccl.id.%ld.0.tmp", dir, (long)getpid());
+    snprintf(link, sizeof link, "%s/.%s.%ld.0.tmp", dir, strrchr(path, '/') + 1, (long)getpid());
     assert_int_equal(symlink("victim", link), 0);
-    const char *env[] = { "RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", file_var, "COMMPLAN_ID_GENERATION=g2", NULL };
     rank_job j;
     memset(&j, 0, sizeof j);
     assert_int_equal(launch(env, &j.env, err), 0);
