@@ -601,8 +601,12 @@ local function settings_lines(p, s)
     or (s.optimizer == "sgd" and "SGD (no momentum)" or "no optimizer state")
   local acc = ""
   if p.fsdp.micro_steps > 1 then
-    acc = p.fsdp.grad_accumulation == "sync_last"
-      and " reducing on the last only (set_requires_gradient_sync(False) before the others)"
+    local ga = p.fsdp.grad_accumulation
+    acc = ga == "sync_last" and " reducing on the last only (set_requires_gradient_sync(False) before the others)"
+      or ga == "step_end" and (" none resharding or reducing, every unit reduced once after the last backward "
+        .. "(torch.distributed.pipelining's finalize_backward)")
+      or ga == "all_reduce_last" and " each reduce-scattering, the all-reduce on the last only (HSDP's "
+        .. "set_requires_all_reduce(False) before the others)"
       or " each reducing and adding into the sharded grads (FSDP2's default)"
   end
   return string.format("%s tokens per data-parallel rank (TP group) and micro-step (local batch %d x seq_len %d%s), "

@@ -154,7 +154,8 @@ function layout.build(ctx, units, d, fsdp)
     -- that is reduced by the backward that made it in ag_dtype
     -- (FSDPParamGroup._set_unsharded_grad_dtypes): ag_dtype unless
     -- micro-steps accumulate (sync_last).
-    local accumulating = fsdp.micro_steps > 1 and fsdp.grad_accumulation == "sync_last"
+    local accumulating = fsdp.micro_steps > 1 and (fsdp.grad_accumulation == "sync_last"
+      or fsdp.grad_accumulation == "step_end")
     local wider = layout.DTYPE_BYTES[reduce_dtype] > layout.DTYPE_BYTES[ag_dtype]
     local grad_dtype = (wider and not accumulating) and ag_dtype or reduce_dtype
     local params, offset, grad_offset, vec_ok = {}, 0, 0, true

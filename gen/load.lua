@@ -38,7 +38,8 @@ local SCHEMA = {
     -- gradient accumulation over micro-steps: "fsdp2_default" reduces on every backward and adds into
     -- the sharded grads; "sync_last" is set_requires_gradient_sync(False) before all but the last;
     -- "all_reduce_last" is HSDP's set_requires_all_reduce(False) before all but the last
-    grad_accumulation = { "enum", enum = { "fsdp2_default", "sync_last", "all_reduce_last" } },
+    -- "step_end" is torch.distributed.pipelining's: no reshard or sync per backward, one reduction at the end
+    grad_accumulation = { "enum", enum = { "fsdp2_default", "sync_last", "all_reduce_last", "step_end" } },
   },
   topology = {
     gpus_per_node = { "int", min = 1, max = LIM.world },

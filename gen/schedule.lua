@@ -13,6 +13,14 @@
 -- the reduce dtype (partial_save, partial_add) and on the last micro-step
 -- adds them into its own output (partial_fold) before the one all-reduce
 -- and view-out. Without a replicate group it is FSDP2's default.
+-- "step_end" is torch.distributed.pipelining's (stage.py
+-- backward_maybe_with_nosync / perform_reduce_grad): every backward runs with
+-- set_reshard_after_backward(False) and set_requires_gradient_sync(False),
+-- so units stay unsharded from one micro-step to the next (a later forward
+-- gathers nothing a backward left unsharded) and the unsharded grads
+-- accumulate; after the last backward, FSDPModule.finalize_backward runs
+-- each unit's pending post-backward (reshard, pack, RS, AR, view-out) in
+-- reversed state order: layers last to first, the root last.
 local schedule = {}
 
 local opkinds = require("gen.opkinds")
@@ -31,10 +39,10 @@ function schedule.build(lay, fams, fsdp)
   end
   -- A unit's TP activation collectives (gen/tp_acts.lua) run inside its
   -- forward and backward compute, on the compute stream, over the TP group.
-  local function tp_ops(u, m, phase, into, last)
+  local function tp_ops(u, m, phase, into, last, only_reducing)
     for _, a in ipairs(u.tp_acts or {}) do
       -- reducing_only: issued in the post-backward of a reducing micro-step only
-      if a.phase == phase and (not a.reducing_only or last) then
+      if a.phase == phase and (not a.reducing_only or last) and (not only_reducing or a.reducing_only) then
         local o = { kind = a.kind, unit = u.index, micro_step = m, phase = phase, group = "tp", dtype = a.dtype,
                     count = a.count, reduce_op = a.kind ~= "tp_all_gather" and (a.reduce_op or "sum") or nil,
                     what = a.what, loss = a.loss }
@@ -59,8 +67,10 @@ function schedule.build(lay, fams, fsdp)
   local root = units[1] and units[1].is_root and units[1] or nil
   local layers = {}
   for i = root and 2 or 1, #units do layers[#layers + 1] = units[i] end
-  local every = fsdp.grad_accumulation ~= "sync_last"
+  local step_end = fsdp.grad_accumulation == "step_end"
+  local every = fsdp.grad_accumulation ~= "sync_last" and not step_end
   local partial_mode = fsdp.grad_accumulation == "all_reduce_last" and replicate ~= nil and micro_steps > 1
+  local unsharded = {}
   for m = 0, micro_steps - 1 do
     -- reducing: this micro-step's post-backward reduces; first: its view-out
     -- assigns the sharded grads (later reductions add into them); partial:
@@ -68,12 +78,16 @@ function schedule.build(lay, fams, fsdp)
     local reducing = every or (m == micro_steps - 1)
     local partial = partial_mode and (m == micro_steps - 1 and "fold" or m == 0 and "save" or "add") or nil
     local first = not every or m == 0 or partial == "fold"
-    local unsharded = {}
+    -- step_end keeps what the last backward left unsharded; otherwise every
+    -- post-backward resharded everything
+    if not step_end then unsharded = {} end
     -- Forward: root's pre-forward first (it wraps the whole model).
     for _, u in ipairs(units) do
-      all_gather(u, m, "forward")
-      op("copy_out", u, m, "forward")
-      unsharded[u.index] = true
+      if not unsharded[u.index] then
+        all_gather(u, m, "forward")
+        op("copy_out", u, m, "forward")
+        unsharded[u.index] = true
+      end
       op("forward", u, m, "forward")
       tp_ops(u, m, "forward")
       if u.reshard_after_forward then
@@ -117,8 +131,16 @@ function schedule.build(lay, fams, fsdp)
     -- Interleave: FSDP2 runs unit i's post-backward right after its own
     -- backward, before the next unit's pre-backward. Rebuild the op list in
     -- that order below.
-    ops = schedule.interleave_post_backward(ops, post, root, m, { reducing = reducing, first = first,
-                                            partial = partial }, shard, replicate, tp_ops)
+    ops = schedule.interleave_post_backward(ops, post, root, m, { reducing = reducing and not step_end,
+                                            first = first, partial = partial, keep = step_end }, shard, replicate,
+                                            tp_ops)
+    if step_end and m == micro_steps - 1 then
+      -- finalize_backward: every unit's pending post-backward, in post order
+      for _, u in ipairs(post) do
+        tp_ops(u, m, "backward", ops, true, true)
+        schedule.reduction(ops, u, m, { first = true }, shard, replicate, true)
+      end
+    end
   end
   for i, o in ipairs(ops) do
     o.seq = i - 1
@@ -132,32 +154,43 @@ end
 -- AR, view-out: view_out_add where an earlier micro-step's reduction already
 -- set the sharded grads) right after its backward compute. how: reducing,
 -- first and partial of micro-step m (schedule.build).
+-- One unit's reshard (unless how.keep: step_end leaves it unsharded) and,
+-- when reducing, its reduction: pack, RS, all_reduce_last's partial sums,
+-- AR, view-out (view_out_add where an earlier reduction of the step already
+-- set the sharded grads), appended to out.
+function schedule.reduction(out, u, m, how, shard, replicate, reducing)
+  local first, partial = how.first, how.partial
+  if not how.keep then
+    out[#out + 1] = { kind = "reshard", unit = u.index, micro_step = m, phase = "backward" }
+  end
+  if not reducing then return end
+  out[#out + 1] = { kind = "pack", unit = u.index, micro_step = m, phase = "backward" }
+  out[#out + 1] = { kind = "reduce_scatter", unit = u.index, micro_step = m, phase = "backward",
+                    group = shard and "fsdp" or nil, dtype = u.reduce_dtype, count = u.total,
+                    reduce_op = u.rs_op }
+  if partial then
+    out[#out + 1] = { kind = "partial_" .. partial, unit = u.index, micro_step = m, phase = "backward" }
+  end
+  if partial == "save" or partial == "add" then return end -- no all-reduce until the last micro-step
+  if replicate then
+    out[#out + 1] = { kind = "all_reduce", unit = u.index, micro_step = m, phase = "backward",
+                      group = "dp_replicate", dtype = u.reduce_dtype, count = u.total,
+                      reduce_op = u.ar_op }
+  end
+  out[#out + 1] = { kind = first and "view_out" or "view_out_add", unit = u.index, micro_step = m,
+                    phase = "backward" }
+end
+
 function schedule.interleave_post_backward(ops, post, root, m, how, shard, replicate, tp_ops)
-  local reducing, first, partial = how.reducing, how.first, how.partial
+  local reducing = how.reducing
   local by_index = {}
   for _, u in ipairs(post) do by_index[u.index] = u end
   local out = {}
   local function post_backward(u)
-    -- The backward's TP collectives finish before its post-backward hook.
+    -- The backward's TP collectives finish before its post-backward hook
+    -- (the reducing-only ones where it reduces).
     tp_ops(u, m, "backward", out, reducing)
-    out[#out + 1] = { kind = "reshard", unit = u.index, micro_step = m, phase = "backward" }
-    if reducing then
-      out[#out + 1] = { kind = "pack", unit = u.index, micro_step = m, phase = "backward" }
-      out[#out + 1] = { kind = "reduce_scatter", unit = u.index, micro_step = m, phase = "backward",
-                        group = shard and "fsdp" or nil, dtype = u.reduce_dtype, count = u.total,
-                        reduce_op = u.rs_op }
-      if partial then
-        out[#out + 1] = { kind = "partial_" .. partial, unit = u.index, micro_step = m, phase = "backward" }
-      end
-      if partial == "save" or partial == "add" then return end -- no all-reduce until the last micro-step
-      if replicate then
-        out[#out + 1] = { kind = "all_reduce", unit = u.index, micro_step = m, phase = "backward",
-                          group = "dp_replicate", dtype = u.reduce_dtype, count = u.total,
-                          reduce_op = u.ar_op }
-      end
-      out[#out + 1] = { kind = first and "view_out" or "view_out_add", unit = u.index, micro_step = m,
-                        phase = "backward" }
-    end
+    schedule.reduction(out, u, m, how, shard, replicate, reducing)
   end
   for _, o in ipairs(ops) do
     out[#out + 1] = o

@@ -52,7 +52,8 @@ end
 -- reduce-scatter output is lost or counted twice.
 function verify.schedule(lay, ops, fsdp)
   local micro_steps = fsdp.micro_steps
-  local per_pack = fsdp.grad_accumulation == "sync_last" and micro_steps or 1
+  local deferred = fsdp.grad_accumulation == "sync_last" or fsdp.grad_accumulation == "step_end"
+  local per_pack = deferred and micro_steps or 1
   local state, reduced, grads, open, outs = {}, {}, {}, {}, {}
   local scattered, held, parked = {}, {}, {} -- RS done in the open reduction; partial sums held; reductions parked
   for _, u in ipairs(lay.units) do

@@ -420,6 +420,10 @@ class CommplanFSDP:
         self.model = model
         wrapped = units_from_module(model, units)
         check_units_match_plan(named_units(model, units, shard_dim), self.plan)
+        if self.plan.get("fsdp", {}).get("grad_accumulation") == "step_end":
+            raise PlanError("plan %s accumulates as torch.distributed.pipelining does (grad_accumulation = "
+                            "\"step_end\"): its units stay unsharded across micro-batches, which FSDP2's module "
+                            "hooks here do not model; use fsdp2_default, sync_last or all_reduce_last" % plan)
         if self.plan.get("parallel", {}).get("tp", 1) != 1:
             raise PlanMismatch("plan %s uses tensor parallelism; the PyTorch runtime drives FSDP/HSDP plans only"
                                % plan)

@@ -50,7 +50,7 @@ SECTIONS = {
         "reduce_op": Spec("enum", enum=("avg", "sum")),
         "param_dtype": Spec("enum", enum=DTYPES),
         "reduce_dtype": Spec("enum", enum=DTYPES),
-        "grad_accumulation": Spec("enum", enum=("fsdp2_default", "sync_last", "all_reduce_last")),
+        "grad_accumulation": Spec("enum", enum=("fsdp2_default", "sync_last", "all_reduce_last", "step_end")),
     },
     "topology": dict({"gpus_per_node": Spec("int")},
                      **{k: Spec("num") for k in ("intra_node_GBps", "inter_node_GBps", "latency_us", "gpu_memory_GB",

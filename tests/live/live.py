@@ -366,7 +366,7 @@ def causes_of(diverged):
 def accumulation_of(plan):
     """The gradient-accumulation mode plan.json's fsdp.grad_accumulation
     names ("fsdp2_default" | "sync_last" | "all_reduce_last", HSDP's deferred
-    all-reduce). A plan without the field (binaries
+    all-reduce | "step_end", pipelining's single reduction). A plan without the field (binaries
     before issue 16 item 3) reduces on its last micro-step only and
     overwrites: FSDP2 under set_requires_gradient_sync(False) on the others."""
     v = plan.get("fsdp", {}).get("grad_accumulation")
@@ -566,6 +566,9 @@ def gen_seed(seed, attempt=0):
         if R > 1 and fsdp["grad_accumulation"] == "fsdp2_default" and tree_knows("all_reduce_last") \
                 and rng.random() < 0.5:
             fsdp["grad_accumulation"] = "all_reduce_last"
+        # pipelining's end-of-step reduction, drawn last for the same reason
+        elif fsdp["grad_accumulation"] == "sync_last" and tree_knows("step_end") and rng.random() < 0.4:
+            fsdp["grad_accumulation"] = "step_end"
     lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
     desc = (f"{kind} {'x'.join(str(x) for x in (R, S, T))}, {n_units}+root units, micro {micro}"
             f"{' ' + fsdp['grad_accumulation'] if 'grad_accumulation' in fsdp else ''}, steps {steps}, "
@@ -661,7 +664,7 @@ def main():
     ap.add_argument("what", choices=["plans", "seeds", "seed", "recordings"])
     ap.add_argument("args", nargs="*")
     ap.add_argument("--budget", type=float, default=0, help="seconds: stop starting seeds after this")
-    ap.add_argument("--accumulation", choices=["fsdp2_default", "sync_last", "all_reduce_last"],
+    ap.add_argument("--accumulation", choices=["fsdp2_default", "sync_last", "all_reduce_last", "step_end"],
                     help="override the plan's gradient-accumulation mode on the FSDP2 side")
     ap.add_argument("--pattern", choices=["oracle", "unique"],
                     help="the binary's value pattern (plans: oracle; seeds: each seed draws one)")

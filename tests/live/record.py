@@ -34,6 +34,11 @@ Gradient accumulation modes (job["accumulation"]):
                      reduce_dtype when it differs)
   all_reduce_last    HSDP: set_requires_all_reduce(False) on every micro-batch
                      but the last (reduce-scatter each time, all-reduce once)
+  step_end           torch.distributed.pipelining's stage (stage.py): manual
+                     backward finalization before each forward; every backward
+                     with set_reshard_after_backward(False) and
+                     set_requires_gradient_sync(False); after the last, both
+                     back on and finalize_backward() (perform_reduce_grad)
 Sharded grads are set to None before every step (optimizer.zero_grad()).
 """
 import json
@@ -54,7 +59,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-ACCUMULATION = ("fsdp2_default", "sync_last", "all_reduce_last")
+ACCUMULATION = ("fsdp2_default", "sync_last", "all_reduce_last", "step_end")
 
 # ----------------------------------------------------------------- patterns
 # The binary's --pattern values (runtime/check.c cp_pattern_param and
@@ -468,12 +473,22 @@ def run_job(rank, job):
                 elif accumulation == "all_reduce_last":
                     root.set_requires_gradient_sync(True)
                     root.set_requires_all_reduce(last)
+                elif accumulation == "step_end":  # _PipelineStageBase.forward_one_chunk / backward_maybe_with_nosync
+                    root.set_manual_backward_finalization(True)
                 set_grads(step, micro)
                 x = torch.zeros(1, requires_grad=True)
                 out = root(x)
                 if micro == 0:
                     REC.mark(f"step{step}_backward")
+                if accumulation == "step_end":
+                    root.set_reshard_after_backward(False)
+                    root.set_requires_gradient_sync(False)
                 out.float().sum().backward()
+            if accumulation == "step_end":  # perform_reduce_grad: start_ and wait_for_gradient_reduction
+                root.set_requires_gradient_sync(True)
+                root.set_reshard_after_backward(True)
+                root.finalize_backward(async_op=True).wait()
+                root.set_manual_backward_finalization(False)
     finally:
         REC.log = None
 

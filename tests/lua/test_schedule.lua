@@ -146,6 +146,37 @@ function T.verify_rejects_lost_or_unfolded_partial_sums()
   assert(tostring(err):find("all_reduce of", 1, true), tostring(err))
 end
 
+-- torch.distributed.pipelining's accumulation on one stage: no reshard and no
+-- reduction per backward, so a later micro-step's forward gathers nothing
+-- left unsharded (a unit resharded after forward is gathered again in
+-- backward), and finalize_backward reduces each unit once at the end, in
+-- post-backward order (layers last to first, the root last).
+function T.step_end_keeps_units_unsharded_and_reduces_once_at_the_end()
+  local p = plan.from_source(H.generic(4, "{ dp_replicate = 2, dp_shard = 2 }",
+    { { "l0", { { "a", { 4 } } } }, { "l1", { { "b", { 4 } } } }, { "root", { { "c", { 4 } } } } },
+    "{ micro_steps = 3, grad_accumulation = 'step_end' }"), "t.lua")
+  local per, red = {}, {}
+  for _, o in ipairs(p.ops) do
+    local k = (per[o.micro_step] or {})
+    per[o.micro_step] = k
+    k[o.phase .. ":" .. o.kind] = (k[o.phase .. ":" .. o.kind] or 0) + 1
+    if o.kind == "reduce_scatter" then red[#red + 1] = p.layout.units[o.unit + 1].name .. "@" .. o.micro_step end
+  end
+  H.eq(per[0]["forward:all_gather"], 3, "micro-step 0 gathers every unit in forward")
+  for m = 1, 2 do
+    H.eq(per[m]["forward:all_gather"], nil, "micro-step " .. m .. " gathers nothing in forward")
+  end
+  H.eq(per[1]["backward:reshard"], nil, "no reshard after backward in micro-step 1")
+  H.eq(per[2]["backward:reshard"], 3, "the finalization reshards every unit once")
+  H.eq(per[1]["backward:all_gather"], 2, "the two layers, resharded after forward, gathered again in backward")
+  H.list_eq(red, { "l1@2", "l0@2", "root@2" }, "one reduction per unit after the last backward, root last")
+  local last_backward = 0
+  for _, o in ipairs(p.ops) do if o.kind == "backward" then last_backward = o.seq end end
+  for _, o in ipairs(p.ops) do
+    if o.kind == "pack" then assert(o.seq > last_backward, "pack before the last backward") end
+  end
+end
+
 function T.grad_accumulation_typo_suggests()
   H.plan_fails(H.generic(2, "{ dp_shard = 2 }", { { "root", { { "c", { 4 } } } } },
     "{ micro_steps = 2, grad_accumulation = 'sync_lst' }"), "fsdp.grad_accumulation", 'did you mean "sync_last"')
