@@ -26,15 +26,7 @@ summary=$OUT/summary.txt
 : >"$summary"
 say() { echo "$*" | tee -a "$summary"; }
 left() { echo $(( deadline - $(date +%s) )); }
-[ -x .tools/lua5.4 ] && PATH=$PWD/.tools:$PATH && export PATH
-if [ -z "${NCCL_HOME:-}" ] && [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; then
-  d=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
-  if [ -n "$d" ] && [ -f "$d/include/nccl.h" ]; then
-    mkdir -p /tmp/nccl/lib && ln -sfn "$d/include" /tmp/nccl/include
-    ln -sf "$d/lib/libnccl.so.2" /tmp/nccl/lib/libnccl.so.2 && ln -sf "$d/lib/libnccl.so.2" /tmp/nccl/lib/libnccl.so
-    NCCL_HOME=/tmp/nccl && export NCCL_HOME
-  fi
-fi
+. bench/nccl_home.sh
 say "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
 say "nccl: $(grep -hE '^#define NCCL_(MAJOR|MINOR|PATCH)' "${NCCL_HOME:-/usr/local/cuda}/include/nccl.h" 2>/dev/null | awk '{printf "%s.", $3}') torch: $(python3 -c 'import torch; print(torch.__version__)' 2>&1 | tail -n 1)"
 

@@ -9,17 +9,7 @@
 set -u
 OUT=${OUT:-build/gpu-session}
 mkdir -p "$OUT"
-# A lua5.4 carried in .tools/ where the machine has none (generation only).
-[ -x .tools/lua5.4 ] && PATH=$PWD/.tools:$PATH && export PATH
-# NCCL: CUDA's own, else the one PyTorch's wheels bring.
-if [ -z "${NCCL_HOME:-}" ] && [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; then
-  d=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
-  if [ -n "$d" ] && [ -f "$d/include/nccl.h" ]; then
-    mkdir -p /tmp/nccl/lib && ln -sfn "$d/include" /tmp/nccl/include
-    ln -sf "$d/lib/libnccl.so.2" /tmp/nccl/lib/libnccl.so.2 && ln -sf "$d/lib/libnccl.so.2" /tmp/nccl/lib/libnccl.so
-    NCCL_HOME=/tmp/nccl && export NCCL_HOME
-  fi
-fi
+. bench/nccl_home.sh
 echo "NCCL_HOME=${NCCL_HOME:-(beside CUDA)}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 rc=0

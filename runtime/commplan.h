@@ -350,6 +350,9 @@ void cp_executor_free(cp_executor *ex);
 int cp_executor_step(cp_executor *ex);
 /* One op: its waits, its work on its stream, its event. */
 int cp_executor_run_op(cp_executor *ex, const cp_op *op);
+/* Where parameter `param` lives in buffer k (sharded, unsharded, grads,
+ * sharded grads) of its unit, or NULL for a parameter out of range. */
+void *cp_executor_param_ptr(const cp_executor *ex, int param, cp_buffer k);
 /* Start address of buffer k of unit u. */
 void *cp_executor_buffer(const cp_executor *ex, int u, cp_buffer k);
 /* Where op reads or writes buffer k: the whole, or this rank's slot of op->count elements. */

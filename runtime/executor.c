@@ -192,6 +192,23 @@ void cp_executor_free(cp_executor *ex)
     memset(ex, 0, sizeof *ex);
 }
 
+void *cp_executor_param_ptr(const cp_executor *ex, int param, cp_buffer k)
+{
+    const cp_plan *p = ex->plan;
+    if (param < 0 || param >= p->nparams) return NULL;
+    int u = 0;
+    while (u < p->nunits && param >= p->units[u].first_param + p->units[u].nparams) u++;
+    if (u == p->nunits) return NULL;
+    const cp_unit *U = &p->units[u];
+    const cp_param *prm = &p->params[param];
+    char *base = ex->buf[k][u];
+    switch (k) {
+    case CP_BUF_UNSHARDED: return base + (size_t)(p->shard_size * prm->offset) * cp_dtype_size(U->ag_dtype);
+    case CP_BUF_GRADS: return base + (size_t)prm->grad_offset * cp_dtype_size(U->grad_dtype);
+    default: return base + (size_t)prm->offset * cp_dtype_size(U->orig_dtype);
+    }
+}
+
 void *cp_executor_buffer(const cp_executor *ex, int u, cp_buffer k)
 {
     return ex->buf[k][u];

@@ -500,26 +500,7 @@ cp_executor *cp_gpu_executor(cp_gpu *g) { return &g->ex; }
 
 void cp_gpu_use_stream(cp_gpu *g, void *stream) { g->streams[CP_STREAM_COMPUTE] = (cudaStream_t)stream; }
 
-static int unit_of(const cp_plan *p, int param)
-{
-    for (int u = 0; u < p->nunits; u++)
-        if (param >= p->units[u].first_param && param < p->units[u].first_param + p->units[u].nparams) return u;
-    return -1;
-}
-
-static void *param_ptr(cp_gpu *g, int param, cp_buffer kind)
-{
-    if (param < 0 || param >= g->plan->nparams) return NULL;
-    int u = unit_of(g->plan, param);
-    const cp_unit *U = &g->plan->units[u];
-    const cp_param *prm = &g->plan->params[param];
-    char *base = g->ex.buf[kind][u];
-    switch (kind) {
-    case CP_BUF_UNSHARDED: return base + (size_t)(g->plan->shard_size * prm->offset) * cp_dtype_size(U->ag_dtype);
-    case CP_BUF_GRADS: return base + (size_t)prm->grad_offset * cp_dtype_size(U->grad_dtype);
-    default: return base + (size_t)prm->offset * cp_dtype_size(U->orig_dtype);
-    }
-}
+static void *param_ptr(cp_gpu *g, int param, cp_buffer kind) { return cp_executor_param_ptr(&g->ex, param, kind); }
 
 void *cp_gpu_sharded(cp_gpu *g, int param) { return param_ptr(g, param, CP_BUF_SHARDED); }
 void *cp_gpu_unsharded(cp_gpu *g, int param) { return param_ptr(g, param, CP_BUF_UNSHARDED); }

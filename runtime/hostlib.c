@@ -79,27 +79,7 @@ int cp_hostlib_group_member(const cp_hostlib *h, int family, int color, int key)
     return cp_group_member(h->plan, family, color, key);
 }
 
-static int unit_of(const cp_plan *p, int param)
-{
-    for (int u = 0; u < p->nunits; u++)
-        if (param >= p->units[u].first_param && param < p->units[u].first_param + p->units[u].nparams) return u;
-    return -1;
-}
-
-static void *param_ptr(cp_hostlib *h, int param, cp_buffer kind)
-{
-    const cp_plan *p = h->plan;
-    int u = param >= 0 && param < p->nparams ? unit_of(p, param) : -1;
-    if (u < 0) return NULL;
-    const cp_unit *U = &p->units[u];
-    const cp_param *prm = &p->params[param];
-    char *base = h->ex.buf[kind][u];
-    switch (kind) {
-    case CP_BUF_UNSHARDED: return base + (size_t)(p->shard_size * prm->offset) * cp_dtype_size(U->ag_dtype);
-    case CP_BUF_GRADS: return base + (size_t)prm->grad_offset * cp_dtype_size(U->grad_dtype);
-    default: return base + (size_t)prm->offset * cp_dtype_size(U->orig_dtype);
-    }
-}
+static void *param_ptr(cp_hostlib *h, int param, cp_buffer kind) { return cp_executor_param_ptr(&h->ex, param, kind); }
 
 void *cp_hostlib_sharded(cp_hostlib *h, int param) { return param_ptr(h, param, CP_BUF_SHARDED); }
 void *cp_hostlib_unsharded(cp_hostlib *h, int param) { return param_ptr(h, param, CP_BUF_UNSHARDED); }
