@@ -91,7 +91,9 @@ def install(rec):
     import torch.distributed._functional_collectives as funcol
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    def wrap(name, fn):
+    def guarded(fn, record):
+        """fn, with record(bound arguments, result) after each outermost call: a collective
+        that calls another (spmd_types' into torch.distributed, funcol into its ops) counts once."""
         sig = inspect.signature(fn)
 
         def wrapped(*args, **kwargs):
@@ -102,63 +104,55 @@ def install(rec):
                 out = fn(*args, **kwargs)
             finally:
                 rec.tls.inside = False
-            b = sig.bind_partial(*args, **kwargs)
-            x = b.arguments.get("self", b.arguments.get("input", args[0] if args else None))
-            op = b.arguments.get("reduceOp", b.arguments.get("reduce_op"))
-            rec.add(_kind_of(name), _ranks_of_group(b.arguments.get("group")), x.numel(), out.numel(), x.dtype,
-                    str(op).lower().split(".")[-1] if op is not None else None, "funcol." + name)
+            record(sig.bind_partial(*args, **kwargs).arguments, out)
             return out
         wrapped._commplan_wrapped = fn
         return wrapped
+
+    def funcol_record(name):
+        def record(b, out):
+            x = b.get("self", b.get("input"))
+            op = b.get("reduceOp", b.get("reduce_op"))
+            rec.add(_kind_of(name), _ranks_of_group(b.get("group")), x.numel(), out.numel(), x.dtype,
+                    str(op).lower().split(".")[-1] if op is not None else None, "funcol." + name)
+        return record
 
     for name in dir(funcol):
         fn = getattr(funcol, name)
         if (callable(fn) and not name.startswith("_") and _kind_of(name) and "coalesced" not in name
                 and not name.endswith(("_backward", "_setup_context")) and not hasattr(fn, "_commplan_wrapped")):
-            setattr(funcol, name, wrap(name, fn))
+            setattr(funcol, name, guarded(fn, funcol_record(name)))
 
     # torch.distributed's eager collectives (spmd_types' redistributions of
     # activations call them; FSDP2's own too, over the dp groups)
     import torch.distributed as dist
 
-    def wrap_dist(name, fn):
-        sig = inspect.signature(fn)
+    def dist_record(name):
         kind = _kind_of(name)
 
-        def wrapped(*args, **kwargs):
-            if getattr(rec.tls, "inside", False):
-                return fn(*args, **kwargs)
-            rec.tls.inside = True
-            try:
-                out = fn(*args, **kwargs)
-            finally:
-                rec.tls.inside = False
-            b = sig.bind_partial(*args, **kwargs).arguments
+        def record(b, out):
             if kind == "all_reduce":
-                x = y = b["tensor"]
+                x = b["tensor"]
+                n_in = n_out = x.numel()
             elif kind == "all_gather":
                 x = b.get("input_tensor", b.get("tensor"))
                 y = b.get("output_tensor")
-                n_out = y.numel() if y is not None else sum(t.numel() for t in b["tensor_list"])
+                n_in, n_out = x.numel(), y.numel() if y is not None else sum(t.numel() for t in b["tensor_list"])
             else:
                 x = b.get("input")
-                y = b["output"]
-                if x is None:
-                    x = b["input_list"][0]
+                n_in = x.numel() if x is not None else sum(t.numel() for t in b["input_list"])
+                x = x if x is not None else b["input_list"][0]
+                n_out = b["output"].numel()
             op = b.get("op", dist.ReduceOp.SUM) if kind != "all_gather" else None
-            rec.add(kind, _ranks_of_group(b.get("group") or dist.group.WORLD),
-                    x.numel() if kind != "reduce_scatter" or "input" in b else x.numel() * len(b["input_list"]),
-                    n_out if kind == "all_gather" else y.numel(), x.dtype,
+            rec.add(kind, _ranks_of_group(b.get("group") or dist.group.WORLD), n_in, n_out, x.dtype,
                     str(op).split(".")[-1].split(":")[0].lower() if op is not None else None, "dist." + name)
-            return out
-        wrapped._commplan_wrapped = fn
-        return wrapped
+        return record
 
     for name in ("all_gather_into_tensor", "all_gather", "all_gather_single", "reduce_scatter_tensor",
                  "reduce_scatter", "reduce_scatter_single", "all_reduce"):
         fn = getattr(dist, name, None)
         if fn is not None and not hasattr(fn, "_commplan_wrapped"):
-            setattr(dist, name, wrap_dist(name, fn))
+            setattr(dist, name, guarded(fn, dist_record(name)))
 
     class Ops(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -181,9 +175,7 @@ def rank_main(rank, world, init_file, configs, out_dir):
     import torch
     import torch.distributed as dist
     import titan_env as E
-    # torchtitan builds its degree-1 mesh dims over the "fake" backend, which this import registers
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401
-    E.cpu_titan()
+    E.cpu_training()
     import test_llama_plan as TL
     import spmd_types as spmd
     from torchtitan.components.loss import cross_entropy_loss
@@ -192,16 +184,6 @@ def rank_main(rank, world, init_file, configs, out_dir):
     from torchtitan.config import ParallelismConfig, TrainingConfig
     from torchtitan.distributed.parallel_dims import ParallelDims
 
-    # FlexAttention has no backward on CPU: its inner attention becomes causal SDPA on the same
-    # (B, L, N, H) tensors (the attention's maths leaves every collective as it is).
-    from torchtitan.models.common.attention import FlexAttention
-
-    def sdpa_inner(self, q_BLNH, k_BLNH, v_BLNH, *args, scale=None, enable_gqa=False, **kwargs):
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2), is_causal=True, scale=scale,
-            enable_gqa=enable_gqa)
-        return out.transpose(1, 2)
-    FlexAttention.forward = sdpa_inner
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
     rec = Recorder()
     mode = install(rec)
@@ -362,9 +344,9 @@ def main():
         lines.append("  ok    %s against the plan without loss_parallel: %d differences found, as it must"
                      % (names[0], len(diffs)))
     print("\n".join(lines))
+    from importlib.metadata import version
     print("tp_record: %d configs x ranks, %d TP collectives recorded from torchtitan %s (torch %s), %d differ"
-          % (sum(CONFIGS[c][0] for c in names), total, __import__("torchtitan").__version__
-             if hasattr(__import__("torchtitan"), "__version__") else "?", torch.__version__, bad))
+          % (sum(CONFIGS[c][0] for c in names), total, version("torchtitan"), torch.__version__, bad))
     sys.exit(1 if bad else 0)
 
 

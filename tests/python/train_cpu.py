@@ -41,20 +41,13 @@ def sys_path_titan():
     sys.path.insert(0, os.path.join(REPO, "tests", "titan"))
 
 
-def titan_model(device="cpu"):
-    """torchtitan's llama3 (tiny numbers, fused qkv as its registry builds it), unparallelized,
-    with causal SDPA for FlexAttention."""
-    import torch
+def titan_model():
+    """torchtitan's llama3 config (tiny numbers, fused qkv as its registry builds it), set up for
+    training on CPU (titan_env.cpu_training: causal SDPA for FlexAttention)."""
     sys_path_titan()
+    import titan_env as E
     import test_llama_plan as TL
-    from torchtitan.models.common.attention import FlexAttention
-
-    def sdpa_inner(self, q_BLNH, k_BLNH, v_BLNH, *args, scale=None, enable_gqa=False, **kwargs):
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2), is_causal=True, scale=scale,
-            enable_gqa=enable_gqa)
-        return out.transpose(1, 2)
-    FlexAttention.forward = sdpa_inner
+    E.cpu_training()
     return TL.titan_config(None, TITAN, True)
 
 
@@ -153,13 +146,11 @@ def titan_sides(cfg):
     with the same initial values; both with torchtitan's cross_entropy_loss (a sum, divided here by
     the micro-batch's tokens)."""
     import torch
-    import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor, distribute_tensor
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401 - torchtitan's degree-1 dims use it
     sys_path_titan()
     import titan_env as E
-    E.cpu_titan()
+    E.cpu_training()  # before the mesh: torchtitan builds degree-1 dims over the "fake" backend
     import test_llama_plan as TL
     from torchtitan.components.loss import cross_entropy_loss
     from torchtitan.config import ParallelismConfig, TrainingConfig
@@ -198,7 +189,6 @@ def titan_sides(cfg):
 
     def loss_b(tok, lab):
         return cross_entropy_loss(b(tok, positions, b.get_attention_masks(positions=positions)), lab) / (BATCH * SEQ)
-    del dist
     return (a, loss_a), (b, loss_b)
 
 

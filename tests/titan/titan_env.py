@@ -61,6 +61,25 @@ def cpu_titan():
     logging.getLogger("torchtitan").setLevel(logging.WARNING)
 
 
+def cpu_training():
+    """What a real training step of torchtitan's llama3 needs on CPU, beyond
+    cpu_titan: the "fake" backend registered (torchtitan builds its degree-1
+    mesh dims over it), and FlexAttention, which has no backward on CPU,
+    replaced by causal SDPA on the same (B, L, N, H) tensors. The attention's
+    maths moves no data: every collective, shard and copy stays as it is."""
+    import torch
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers the "fake" backend
+    from torchtitan.models.common.attention import FlexAttention
+    cpu_titan()
+
+    def sdpa_inner(self, q_BLNH, k_BLNH, v_BLNH, *args, scale=None, enable_gqa=False, **kwargs):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2), is_causal=True, scale=scale,
+            enable_gqa=enable_gqa)
+        return out.transpose(1, 2)
+    FlexAttention.forward = sdpa_inner
+
+
 @contextlib.contextmanager
 def fake_world(world_size, rank=0):
     """A fake default process group of world_size ranks, this process one of them (rank)."""
