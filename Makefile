@@ -417,6 +417,53 @@ KHOST_DEVICE_WORDS := -D__CUDA_ARCH__=900 -DCP_KHOST_DEVICE_WORDS -fno-strict-al
 $(eval $(call khost_test,build/tests,-O2 -g,,))
 $(eval $(call khost_test,build/tests-asan,$(SAN) -O1 -g,$(KHOST_DEVICE_WORDS),-fno-sanitize=alignment))
 
+# ---- the GPU path on an emulated CUDA runtime and NCCL (issue 18) ----
+# build/emu/<plan>/<plan>: the plan's binary with the unchanged
+# runtime/gpu.c, gpu_run.c, launch and rendezvous code and the copy kernels
+# (runtime/cp_kernels.cu, each plan's plan_kernels.cu), built with cc/g++
+# against tests/emu/ (stand-in cuda_runtime.h and nccl.h, emu_cuda.c,
+# emu_nccl.c: a test double, never shipped; docs/emulator.md). Ranks run as
+# processes (tests/emu_ranks.sh, torchrun). Needs no nvcc and no GPU.
+EMU_HDR    := $(wildcard tests/emu/*.h)
+EMU_CFLAGS := -O1 -g
+EMU_CC      = $(CC) $(CSTD) $(EMU_CFLAGS) -Itests/emu -Iruntime
+EMU_CXX     = $(CXX) -std=c++17 -Wall -Wextra -Werror -pthread $(EMU_CFLAGS) -include tests/emu/cuda_runtime.h \
+              -Itests/emu -Itests/c/kernel_standin -Iruntime
+EMU_PLANS  := $(KHOST_ALL)
+EMU_OBJ    := build/emu/obj/emu_cuda.o build/emu/obj/emu_nccl.o build/emu/obj/gpu.o build/emu/obj/gpu_run.o \
+              build/emu/obj/cp_kernels.o
+# (labels in the emulator's reports may be cut short: diagnostic text)
+build/emu/obj/emu_%.o: tests/emu/emu_%.c $(EMU_HDR) $(RUNTIME_HDR)
+	@mkdir -p $(dir $@)
+	$(EMU_CC) -Wno-format-truncation -c $< -o $@
+build/emu/obj/gpu.o build/emu/obj/gpu_run.o: build/emu/obj/%.o: runtime/%.c $(RUNTIME_HDR) $(EMU_HDR)
+	@mkdir -p $(dir $@)
+	$(EMU_CC) -c $< -o $@
+build/emu/obj/cp_kernels.o: runtime/cp_kernels.cu runtime/cp_kernels.cuh runtime/cp_gpu_kernels.h $(RUNTIME_HDR) $(EMU_HDR) $(KHOST_STANDIN)
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) -x c++ -c $< -o $@
+define emu_plan
+build/emu/$(1)/plan.o: $(call KHOST_DIR,$(1))/plan.c $(RUNTIME_HDR)
+	@mkdir -p $$(dir $$@)
+	$$(EMU_CC) -I$(call KHOST_DIR,$(1)) -c $$< -o $$@
+build/emu/$(1)/plan_kernels.o: $(call KHOST_DIR,$(1))/plan_kernels.cu $(call KHOST_DIR,$(1))/plan.c runtime/cp_gpu_kernels.h $(RUNTIME_HDR) $(EMU_HDR)
+	@mkdir -p $$(dir $$@)
+	$$(EMU_CXX) -I$(call KHOST_DIR,$(1)) -x c++ -c $$< -o $$@
+build/emu/$(1)/main.o: runtime/main.c $(RUNTIME_HDR) $(call KHOST_DIR,$(1))/plan.c VERSION
+	@mkdir -p $$(dir $$@)
+	$$(EMU_CC) -DCP_WITH_GPU -DCP_KERNELS=$(1)_kernels -DCP_PLAN=$(1)_plan -DCP_VERSION='"$(CP_VERSION)"' -c $$< -o $$@
+build/emu/$(1)/$(1): build/emu/$(1)/main.o build/emu/$(1)/plan.o build/emu/$(1)/plan_kernels.o $(EMU_OBJ) $(RUNTIME_OBJ)
+	$$(CXX) -pthread -o $$@ $$^ -lm -lrt
+endef
+$(foreach p,$(EMU_PLANS),$(eval $(call emu_plan,$(p))))
+.PHONY: emu-build test-emu
+emu-build: $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p))
+# make test-emu: every small plan and the kernel plans on the emulator
+# (tests/emu_check.sh): all ranks, --check eager and --graph, three seeds,
+# then the seeded faults.
+test-emu: emu-build
+	@tests/emu_check.sh $(EMU_PLANS)
+
 # ---- live FSDP2 peer (issue 16, items 1 and 2) ----
 # make torch-env: the pinned PyTorch environment the live peer runs in, a
 # virtual environment outside the clone at

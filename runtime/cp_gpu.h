@@ -72,6 +72,10 @@ int cp_gpu_graph_launch(cp_gpu *g, void *stream);
 /* Waits for stream while polling NCCL for asynchronous errors; after
  * timeout_s seconds aborts the communicators and fails instead of hanging. */
 int cp_gpu_synchronize(cp_gpu *g, void *stream, double timeout_s);
+/* After a failure: aborts the communicators unless stream finishes, then
+ * waits until nothing queued on it can still run (host functions included),
+ * so their buffers may be freed; -1 if it is still busy after timeout_s. */
+int cp_gpu_quiesce(cp_gpu *g, void *stream, double timeout_s);
 /* Prints one nccl-tests-style row per distinct collective of the step and
  * per copy kernel of the largest unit (size, time, algbw, busbw). */
 int cp_gpu_bench_ops(cp_gpu *g, void *stream, int warmup, int iters, FILE *out);

@@ -20,15 +20,23 @@ struct entry {
 entry *entries;
 std::mutex lock;
 
-cp_ktables *tables_of(const cp_plan *p, int tp_class)
+/* The class's tables, built (host = 1) or also copied to the device
+ * (host = 0) under the lock: two threads' first launches must not both
+ * build them, nor one read them half built. Later calls find them ready,
+ * and cp_ktables_run's own prepare returns at once. */
+cp_ktables *tables_of(const cp_plan *p, int tp_class, int host, cudaError_t *err)
 {
     std::lock_guard<std::mutex> guard(lock);
-    for (entry *e = entries; e; e = e->next)
-        if (e->plan == p && e->tp_class == tp_class) return &e->tables;
-    entry *e = new (std::nothrow) entry{ p, tp_class, cp_ktables{}, entries };
-    if (!e) return nullptr;
-    entries = e;
-    return &e->tables;
+    entry *found = nullptr;
+    for (entry *e = entries; e && !found; e = e->next)
+        if (e->plan == p && e->tp_class == tp_class) found = e;
+    if (!found) {
+        found = new (std::nothrow) entry{ p, tp_class, cp_ktables{}, entries };
+        if (!found) { *err = cudaErrorMemoryAllocation; return nullptr; }
+        entries = found;
+    }
+    *err = host ? cp_ktables_build_host(&found->tables, p, tp_class) : cp_ktables_prepare(&found->tables, p, tp_class);
+    return *err == cudaSuccess ? &found->tables : nullptr;
 }
 
 cudaError_t run(const cp_plan *p, int tp_class, int op, int unit, int shard_rank, const void *in, void *out,
@@ -36,8 +44,9 @@ cudaError_t run(const cp_plan *p, int tp_class, int op, int unit, int shard_rank
 {
     int nclasses = p->nclasses > 0 ? p->nclasses : 1;
     if (tp_class < 0 || tp_class >= nclasses) return cudaErrorInvalidValue;
-    cp_ktables *t = tables_of(p, tp_class);
-    if (!t) return cudaErrorMemoryAllocation;
+    cudaError_t e;
+    cp_ktables *t = tables_of(p, tp_class, host, &e);
+    if (!t) return e;
     return cp_ktables_run(t, p, tp_class, op, unit, shard_rank, in, out, s, host);
 }
 
@@ -45,8 +54,9 @@ cudaError_t run(const cp_plan *p, int tp_class, int op, int unit, int shard_rank
 
 extern "C" int cp_kernels_prepare(const cp_plan *p, int tp_class)
 {
-    cp_ktables *t = tables_of(p, tp_class);
-    return t ? (int)cp_ktables_prepare(t, p, tp_class) : (int)cudaErrorMemoryAllocation;
+    cudaError_t e;
+    tables_of(p, tp_class, 0, &e);
+    return (int)e;
 }
 
 extern "C" int cp_kernels_launch(const cp_plan *p, int tp_class, int op, int unit, int shard_rank, const void *in,

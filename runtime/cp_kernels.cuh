@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -71,6 +72,14 @@ template <typename A> struct cp_same<A, A> { static const bool value = true; };
  * build the tests run). */
 template <typename T, int V> struct alignas(sizeof(T) * V) cp_kvec { T e[V]; };
 
+/* The emulated GPU (tests/emu) sees every byte a kernel loads or stores:
+ * its race detector and bounds check. Nothing otherwise. */
+#ifdef CP_CUDA_EMULATOR
+#define CP_KACCESS(p, n, w) cudaEmuAccess((p), (n), (w))
+#else
+#define CP_KACCESS(p, n, w) ((void)0)
+#endif
+
 template <int N> struct cp_kword;
 struct alignas(16) cp_kword32 { uint4 lo, hi; }; /* two 16-byte accesses */
 template <> struct cp_kword<32> { typedef cp_kword32 type; };
@@ -85,6 +94,7 @@ template <typename T, int V> __host__ __device__ inline void cp_kload(cp_kvec<T,
     typedef typename cp_kword<sizeof(T) * V>::type word;
     *reinterpret_cast<word *>(d.e) = *reinterpret_cast<const word *>(src);
 #else
+    CP_KACCESS(src, sizeof(T) * V, 0);
     memcpy(d.e, src, sizeof(T) * V);
 #endif
 }
@@ -95,8 +105,18 @@ template <typename T, int V> __host__ __device__ inline void cp_kstore(T *dst, c
     typedef typename cp_kword<sizeof(T) * V>::type word;
     *reinterpret_cast<word *>(dst) = *reinterpret_cast<const word *>(d.e);
 #else
+    CP_KACCESS(dst, sizeof(T) * V, 1);
     memcpy(dst, d.e, sizeof(T) * V);
 #endif
+}
+
+/* One element read outside the vector path (packing's zero padding). */
+template <typename T> __host__ __device__ inline T cp_kread1(const T *src)
+{
+#ifndef __CUDA_ARCH__
+    CP_KACCESS(src, sizeof(T), 0);
+#endif
+    return src[0];
 }
 
 /* Divide, cast and divide V loaded elements as FSDP2's foreach_reduce
@@ -152,7 +172,7 @@ __host__ __device__ inline void cp_ktile(const Map &m, long long j0, long long e
         cp_kvec<TI, V> in;
         if (m.readable(j, V)) cp_kload<TI, V>(in, m.src(j));
         else
-            for (int k = 0; k < V; k++) in.e[k] = m.readable(j + k, 1) ? m.src(j + k)[0] : cp_from_float<TI>(0.0f);
+            for (int k = 0; k < V; k++) in.e[k] = m.readable(j + k, 1) ? cp_kread1(m.src(j + k)) : cp_from_float<TI>(0.0f);
         cp_kput<TI, TO, V>(m.dst(j), in, in_div, out_div, add);
     }
 }
@@ -321,28 +341,58 @@ __global__ void __launch_bounds__(CP_KTHREADS) cp_flat_kernel(cp_kview v, const 
 enum { CP_K_COPY_IN = 0, CP_K_COPY_OUT = 1, CP_K_PACK = 2, CP_K_VIEW_OUT = 3, CP_K_VIEW_OUT_ADD = 4, CP_K_FLAT_COPY = 5,
        CP_K_FLAT_ADD = 6 };
 
+/* Every lane of every block, in order: the device's work, one thread at a time. */
+template <typename TI, typename TO, int V>
+static void cp_krun_host(int op, const cp_kview &v, int shard_rank, const TI *src, TO *dst)
+{
+    long long blocks = cp_kblocks<V>(op, v);
+    for (long long b = 0; b < blocks; b++)
+        for (int lane = 0; lane < CP_KTHREADS; lane++) switch (op) {
+            case CP_K_COPY_IN: cp_copy_in_tile<TI, TO, V>(v, shard_rank, src, dst, b, lane); break;
+            case CP_K_COPY_OUT: cp_copy_out_tile<TO, V>(v, reinterpret_cast<const TO *>(src), dst, b, lane); break;
+            case CP_K_PACK: cp_pack_tile<TI, TO, V>(v, src, dst, b, lane); break;
+            case CP_K_FLAT_COPY:
+            case CP_K_FLAT_ADD:
+                cp_flat_tile<TO, V>(v, reinterpret_cast<const TO *>(src), dst, b, lane, op == CP_K_FLAT_ADD);
+                break;
+            default: cp_view_out_tile<TI, TO, V>(v, src, dst, b, lane, op == CP_K_VIEW_OUT_ADD); break;
+            }
+}
+
+#ifdef CP_CUDA_EMULATOR
+/* A launch on the emulated GPU: the host loop, run by the stream's worker. */
+struct cp_kemu_args {
+    int op, shard_rank;
+    cp_kview v;
+    const void *in;
+    void *out;
+};
+template <typename TI, typename TO, int V> static void cp_kemu_body(const void *p)
+{
+    const cp_kemu_args *a = static_cast<const cp_kemu_args *>(p);
+    cp_krun_host<TI, TO, V>(a->op, a->v, a->shard_rank, static_cast<const TI *>(a->in), static_cast<TO *>(a->out));
+}
+static const char *const cp_kemu_names[] = { "copy-in", "copy-out", "pack", "view-out", "view-out (adding)",
+                                             "flat copy", "flat add" };
+#endif
+
 template <typename TI, typename TO, int V>
 static cudaError_t cp_krun(int op, const cp_kview &v, int shard_rank, const void *in, void *out, cudaStream_t s,
                            int host)
 {
-    long long blocks = cp_kblocks<V>(op, v);
     const TI *src = static_cast<const TI *>(in);
     TO *dst = static_cast<TO *>(out);
-    if (host) { /* every lane of every block, in order: the device's work, one thread at a time */
-        for (long long b = 0; b < blocks; b++)
-            for (int lane = 0; lane < CP_KTHREADS; lane++) switch (op) {
-                case CP_K_COPY_IN: cp_copy_in_tile<TI, TO, V>(v, shard_rank, src, dst, b, lane); break;
-                case CP_K_COPY_OUT: cp_copy_out_tile<TO, V>(v, reinterpret_cast<const TO *>(src), dst, b, lane); break;
-                case CP_K_PACK: cp_pack_tile<TI, TO, V>(v, src, dst, b, lane); break;
-                case CP_K_FLAT_COPY:
-                case CP_K_FLAT_ADD:
-                    cp_flat_tile<TO, V>(v, reinterpret_cast<const TO *>(src), dst, b, lane, op == CP_K_FLAT_ADD);
-                    break;
-                default: cp_view_out_tile<TI, TO, V>(v, src, dst, b, lane, op == CP_K_VIEW_OUT_ADD); break;
-                }
+    if (host) {
+        cp_krun_host<TI, TO, V>(op, v, shard_rank, src, dst);
         return cudaSuccess;
     }
-#ifdef __CUDACC__
+#if defined(CP_CUDA_EMULATOR)
+    if (cp_kblocks<V>(op, v) == 0) return cudaSuccess;
+    cp_kemu_args a = { op, shard_rank, v, in, out };
+    return cudaEmuLaunchKernel(s, cp_kemu_names[op], &cp_kemu_body<TI, TO, V>, &a, sizeof a, offsetof(cp_kemu_args, out),
+                               sizeof(TO));
+#elif defined(__CUDACC__)
+    long long blocks = cp_kblocks<V>(op, v);
     if (blocks == 0) return cudaSuccess;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
     const unsigned grid = (unsigned)blocks;
@@ -494,7 +544,7 @@ static inline cudaError_t cp_ktables_prepare(cp_ktables *t, const cp_plan *p, in
 {
     cudaError_t e = cp_ktables_build_host(t, p, c);
     if (e != cudaSuccess || t->device) return e;
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(CP_CUDA_EMULATOR)
     size_t bytes = (size_t)(p->nparams > 0 ? p->nparams : 1) * sizeof(cp_kparam);
     cp_kparam *d = nullptr;
     if ((e = cudaMalloc((void **)&d, bytes)) != cudaSuccess) return e;

@@ -688,7 +688,7 @@ int cp_gpu_synchronize(cp_gpu *g, void *stream, double timeout_s)
         ncclResult_t async = ncclSuccess;
         ncclComm_t comms[1 + 64];
         int n = 0;
-        comms[n++] = g->world;
+        if (g->world) comms[n++] = g->world; /* NULL once aborted */
         for (int f = 0; f < g->plan->nfamilies && n < 65; f++) if (g->comms[f]) comms[n++] = g->comms[f];
         for (int i = 0; i < n; i++) {
             if (ncclCommGetAsyncError(comms[i], &async) != ncclSuccess || async != ncclSuccess) {
@@ -705,6 +705,25 @@ int cp_gpu_synchronize(cp_gpu *g, void *stream, double timeout_s)
         struct timespec ts = { 0, 200000 };
         nanosleep(&ts, NULL);
     }
+}
+
+/* After a failed step the stream may still hold work: host functions that
+ * read the caller's memory, collectives of communicators a peer left. This
+ * aborts the communicators (their kernels then end) and waits until
+ * nothing queued on stream can still run, so the caller may free what that
+ * work uses. -1 if it is still running after timeout_s: then nothing it
+ * uses may be freed. */
+int cp_gpu_quiesce(cp_gpu *g, void *stream, double timeout_s)
+{
+    if (cp_gpu_synchronize(g, stream, timeout_s) == 0) return 0;
+    abort_comms(g);
+    double deadline = now_s() + timeout_s;
+    while (cudaStreamQuery((cudaStream_t)stream) == cudaErrorNotReady) {
+        if (now_s() > deadline) return -1;
+        struct timespec ts = { 0, 200000 };
+        nanosleep(&ts, NULL);
+    }
+    return 0; /* finished, or stopped by a sticky error: nothing more will run */
 }
 
 size_t cp_gpu_buffer_bytes(const cp_gpu *g, int u, cp_buffer kind)

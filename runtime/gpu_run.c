@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gpu_run.h"
 #include "harness.h"
@@ -191,6 +192,14 @@ static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, c
     } else if (!o->quiet)
         printf("%s rank %d: --check passed for %d step(s)%s: unsharded params and reduced grads exact\n", p->name,
                cp_gpu_rank(g), o->steps, o->graph ? " replayed as one CUDA graph" : "");
+    /* A failed step may leave host functions queued that read cs (a graph
+     * replay's checks after an aborted collective): none may outlive it. */
+    if (rc == 2 && cp_gpu_quiesce(g, S, o->timeout_s) != 0) {
+        fprintf(stderr, "commplan: rank %d: the failed step's work is still queued after %.0f s; exiting without "
+                "freeing what it uses\n", cp_gpu_rank(g), o->timeout_s);
+        fflush(NULL);
+        _exit(2);
+    }
     cp_harness_free(&cs.harness);
     cp_gpu_set_compute(g, NULL, NULL);
     free(cs.calls);

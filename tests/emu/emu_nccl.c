@@ -1,0 +1,515 @@
+/* TEST DOUBLE, not NCCL: communicators between the rank processes over a
+ * shared-memory file each (docs/emulator.md).
+ *
+ * A collective runs on the stream worker that reaches it, after the
+ * communicator's previous op in this process (NCCL serialises a
+ * communicator's kernels): the rank stages its input in its slot, marks
+ * itself arrived with the op's number, waits for every member, checks
+ * that every member issued the same op (kind, count, dtype, reduction,
+ * number on the communicator), then computes its own output from every
+ * member's staged input with NCCL's arithmetic (runtime/dtype.c:
+ * ncclAvg premultiplies, ring order) and marks itself done. A member that
+ * never arrives is reported as a deadlock after COMMPLAN_EMU_DEADLOCK_S
+ * seconds (default 30) instead of hanging. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "commplan.h"
+#include "emu.h"
+
+typedef struct {
+    _Atomic uint64_t arrived, done; /* numbers of the last op this member staged / finished reading */
+    uint32_t kind, dtype, op, pad;
+    uint64_t count, seq;
+    char label[80];
+} slot_t;
+
+typedef struct {
+    _Atomic uint32_t ready, joined;
+    uint32_t nranks, pad;
+    uint64_t slot_bytes;
+    slot_t slots[];
+} hdr_t;
+
+struct ncclComm {
+    char name[96];
+    char shm[128]; /* its shared file's name: unique to the job */
+    int nranks, rank;
+    hdr_t *h;
+    char *data;
+    uint64_t issued;   /* the host's last op number on this communicator */
+    uint64_t executed; /* the last op number this process finished */
+    void *chain_vc;    /* happens-before along the communicator */
+    int aborted, destroyed, used_eagerly;
+    ncclResult_t async;
+    int held; /* the seeded "swap two ops" fault: an op held back */
+    emu_coll held_op;
+    cudaStream_t held_stream;
+    char held_label[80];
+};
+
+static __thread char last_msg[512];
+
+static void say(const char *fmt, const char *a, long b)
+{
+    snprintf(last_msg, sizeof last_msg, fmt, a, b);
+}
+
+const char *ncclGetErrorString(ncclResult_t r)
+{
+    switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    }
+    return "unknown result code";
+}
+
+const char *ncclGetLastError(ncclComm_t comm)
+{
+    (void)comm;
+    return last_msg[0] ? last_msg : "emulated NCCL: no message";
+}
+
+static uint64_t fnv64(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) { h ^= b[i]; h *= 1099511628211ULL; }
+    return h;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
+{
+    memset(id, 0, sizeof *id);
+    const char *env = getenv("NCCL_COMM_ID");
+    if (env && *env) { /* every rank derives the same id from the address, as NCCL does */
+        snprintf(id->internal, sizeof id->internal, "cpemu:env:%s", env);
+        return ncclSuccess;
+    }
+    unsigned char r[16];
+    int fd = open("/dev/urandom", O_RDONLY);
+    if (fd < 0 || read(fd, r, sizeof r) != (ssize_t)sizeof r) {
+        if (fd >= 0) close(fd);
+        say("emulated NCCL: reading /dev/urandom failed%s%ld", "", 0);
+        return ncclSystemError;
+    }
+    close(fd);
+    int n = snprintf(id->internal, sizeof id->internal, "cpemu:");
+    for (size_t i = 0; i < sizeof r; i++) n += snprintf(id->internal + n, sizeof id->internal - (size_t)n, "%02x", r[i]);
+    return ncclSuccess;
+}
+
+static size_t slot_bytes(void)
+{
+    const char *m = getenv("COMMPLAN_EMU_SLOT_MB");
+    long mb = m ? atol(m) : 8;
+    return (size_t)(mb > 0 ? mb : 8) << 20;
+}
+
+static void nap(int *us)
+{
+    struct timespec ts = { 0, (long)*us * 1000L };
+    nanosleep(&ts, NULL);
+    if (*us < 1000) *us *= 2;
+}
+
+/* Maps the communicator's shared file, waits for every member, unlinks it. */
+static ncclResult_t attach(struct ncclComm *c, const char *shm, int nranks, int rank)
+{
+    size_t sb = slot_bytes();
+    size_t hdr = (sizeof(hdr_t) + (size_t)nranks * sizeof(slot_t) + 4095) / 4096 * 4096;
+    size_t bytes = hdr + (size_t)nranks * sb;
+    double deadline = emu_now() + emu_deadlock_s();
+    int fd = shm_open(shm, O_RDWR | O_CREAT | O_EXCL, 0600), creator = fd >= 0;
+    if (!creator) {
+        if (errno != EEXIST || (fd = shm_open(shm, O_RDWR, 0)) < 0) {
+            say("emulated NCCL: shm_open(%s) failed (errno %ld)", shm, errno);
+            return ncclSystemError;
+        }
+    } else if (ftruncate(fd, (off_t)bytes) != 0) {
+        close(fd);
+        say("emulated NCCL: sizing %s failed (errno %ld)", shm, errno);
+        return ncclSystemError;
+    }
+    struct stat st;
+    int us = 20;
+    while (fstat(fd, &st) == 0 && (size_t)st.st_size < bytes && emu_now() < deadline) nap(&us);
+    if ((size_t)st.st_size != bytes) {
+        close(fd);
+        say("emulated NCCL: communicator file %s has another size: the ranks disagree on the member count or "
+            "COMMPLAN_EMU_SLOT_MB (%ld)", shm, (long)st.st_size);
+        return ncclInvalidUsage;
+    }
+    void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        say("emulated NCCL: mmap of %s failed (errno %ld)", shm, errno);
+        return ncclSystemError;
+    }
+    c->h = m;
+    c->data = (char *)m + hdr;
+    c->nranks = nranks;
+    c->rank = rank;
+    if (creator) {
+        c->h->nranks = (uint32_t)nranks;
+        c->h->slot_bytes = sb;
+        atomic_store(&c->h->ready, 1);
+    }
+    us = 20;
+    while (!atomic_load(&c->h->ready) && emu_now() < deadline) nap(&us);
+    atomic_fetch_add(&c->h->joined, 1);
+    us = 20;
+    while (atomic_load(&c->h->joined) < (uint32_t)nranks && emu_now() < deadline) nap(&us);
+    uint32_t joined = atomic_load(&c->h->joined);
+    shm_unlink(shm); /* every member has it mapped (or the job is failing): leave nothing behind */
+    if (joined < (uint32_t)nranks) {
+        say("emulated NCCL: only %s of the communicator's members joined within the deadlock limit (%ld ranks)",
+            joined == 0 ? "none" : "some", nranks);
+        emu_finding("DEADLOCK", "communicator %s: %u of %d ranks joined within %.0f s", c->name, joined, nranks,
+                    emu_deadlock_s());
+        return ncclSystemError;
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
+{
+    emu_rank();
+    *comm = NULL;
+    if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+    if (strncmp(id.internal, "cpemu:", 6) != 0) {
+        say("emulated NCCL: the unique id was not made by ncclGetUniqueId of this emulator%s%ld", "", 0);
+        return ncclInvalidArgument;
+    }
+    struct ncclComm *c = calloc(1, sizeof *c);
+    if (!c) return ncclSystemError;
+    char shm[96];
+    uint64_t h = fnv64(id.internal, strnlen(id.internal, sizeof id.internal));
+    snprintf(shm, sizeof shm, "/cpemu-%016llx-n%d", (unsigned long long)h, nranks);
+    snprintf(c->name, sizeof c->name, "world (%d ranks)", nranks);
+    snprintf(c->shm, sizeof c->shm, "%s", shm);
+    ncclResult_t r = attach(c, shm, nranks, rank);
+    if (r != ncclSuccess) { free(c); return r; }
+    *comm = c;
+    return ncclSuccess;
+}
+
+/* Waits until every member's counter (arrived or done) reaches want. */
+static int wait_members(struct ncclComm *c, int arrived, uint64_t want, const char *label)
+{
+    double deadline = emu_now() + emu_deadlock_s();
+    int us = 10;
+    for (;;) {
+        int missing = -1;
+        for (int q = 0; q < c->nranks && missing < 0; q++)
+            if ((arrived ? atomic_load(&c->h->slots[q].arrived) : atomic_load(&c->h->slots[q].done)) < want) missing = q;
+        if (missing < 0) return 0;
+        if (c->aborted) return -1;
+        if (emu_now() > deadline) {
+            char who[512];
+            int n = 0;
+            for (int q = 0; q < c->nranks && n < (int)sizeof who - 80; q++) {
+                uint64_t a = atomic_load(&c->h->slots[q].arrived);
+                if (a < want)
+                    n += snprintf(who + n, sizeof who - (size_t)n, "%s rank %d last arrived at op #%llu", n ? ";" : "", q,
+                                  (unsigned long long)a);
+            }
+            emu_finding("DEADLOCK", "%s: op #%llu (%s) waited %.0f s for %s:%s (an op issued on one rank only, or in "
+                        "another order)", c->name, (unsigned long long)want, label, emu_deadlock_s(),
+                        arrived ? "every member to arrive" : "every member to finish the previous op", who);
+            return -1;
+        }
+        nap(&us);
+        if (us > 200) us = 200;
+    }
+}
+
+static int check_same(struct ncclComm *c, uint64_t seq)
+{
+    const slot_t *me = &c->h->slots[c->rank];
+    for (int q = 0; q < c->nranks; q++) {
+        const slot_t *o = &c->h->slots[q];
+        if (o->seq == seq && o->kind == me->kind && o->count == me->count && o->dtype == me->dtype &&
+            (me->kind == EMU_ALL_GATHER || me->kind == EMU_SPLIT || o->op == me->op))
+            continue;
+        emu_finding("NCCL", "%s: op #%llu differs between members: this rank (%d) issued %s (count %llu, dtype %u, "
+                    "op %u), rank %d issued %s (count %llu, dtype %u, op %u, its op #%llu)", c->name,
+                    (unsigned long long)seq, c->rank, me->label, (unsigned long long)me->count, me->dtype, me->op, q,
+                    o->label, (unsigned long long)o->count, o->dtype, o->op, (unsigned long long)o->seq);
+        return -1;
+    }
+    return 0;
+}
+
+/* Stages in (in_bytes) as this member's part of op seq and waits for every member's. */
+static int exchange(struct ncclComm *c, uint64_t seq, int kind, int dtype, int op, uint64_t count, const void *in,
+                    size_t in_bytes, const char *label)
+{
+    if (in_bytes > c->h->slot_bytes) {
+        emu_finding("NCCL", "%s: %s stages %zu bytes, more than the emulator's %llu-byte slot (set "
+                    "COMMPLAN_EMU_SLOT_MB)", c->name, label, in_bytes, (unsigned long long)c->h->slot_bytes);
+        return -1;
+    }
+    /* Every member has read what this slot held for the previous op. */
+    if (wait_members(c, 0, seq - 1, label)) return -1;
+    slot_t *me = &c->h->slots[c->rank];
+    memcpy(c->data + (size_t)c->rank * c->h->slot_bytes, in, in_bytes);
+    me->kind = (uint32_t)kind;
+    me->dtype = (uint32_t)dtype;
+    me->op = (uint32_t)op;
+    me->count = count;
+    me->seq = seq;
+    snprintf(me->label, sizeof me->label, "%s", label);
+    atomic_store(&me->arrived, seq);
+    if (wait_members(c, 1, seq, label)) return -1;
+    return check_same(c, seq);
+}
+
+static void finish(struct ncclComm *c, uint64_t seq, int ok)
+{
+    atomic_store(&c->h->slots[c->rank].done, seq);
+    emu_lock();
+    if (!ok && c->async == ncclSuccess) c->async = ncclInvalidUsage;
+    c->executed = seq;
+    emu_broadcast();
+    emu_unlock();
+}
+
+static const char *part(struct ncclComm *c, int q) { return c->data + (size_t)q * c->h->slot_bytes; }
+
+static cp_dtype cp_type(ncclDataType_t t) { return t == ncclFloat32 ? CP_FP32 : t == ncclBfloat16 ? CP_BF16 : CP_FP16; }
+static cp_reduce_op reduce_op_of(ncclRedOp_t op) { return op == ncclAvg ? CP_AVG : op == ncclMax ? CP_MAX : CP_SUM; }
+static size_t type_size(ncclDataType_t t)
+{
+    switch (t) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    default: return 8;
+    }
+}
+
+int emu_coll_run(const emu_coll *k, const char *label)
+{
+    struct ncclComm *c = k->comm;
+    /* After the communicator's previous op in this process. */
+    emu_lock();
+    double deadline = emu_now() + emu_deadlock_s();
+    int late = 0;
+    while (c->executed + 1 != k->seq && !c->aborted && !late) late = emu_wait_until(deadline) != 0;
+    emu_unlock();
+    if (late) {
+        emu_finding("DEADLOCK", "%s: op #%llu (%s) waited %.0f s for op #%llu of the same communicator, which its "
+                    "stream never reached", c->name, (unsigned long long)k->seq, label, emu_deadlock_s(),
+                    (unsigned long long)c->executed + 1);
+        finish(c, k->seq, 0);
+        return -1;
+    }
+    if (c->aborted || c->async != ncclSuccess) { finish(c, k->seq, 0); return -1; }
+    emu_vc_join_slot(&c->chain_vc);
+    size_t es = type_size(k->dtype), n = (size_t)c->nranks, count = k->count;
+    size_t in_bytes = count * es * (k->kind == EMU_REDUCE_SCATTER ? n : 1);
+    size_t out_bytes = count * es * (k->kind == EMU_ALL_GATHER ? n : 1);
+    cudaEmuAccess(k->send, in_bytes, 0);
+    int ok = exchange(c, k->seq, k->kind, (int)k->dtype, (int)k->op, count, k->send, in_bytes, label) == 0;
+    if (ok) {
+        cudaEmuAccess(k->recv, out_bytes, 1);
+        char *out = k->recv;
+        if (k->kind == EMU_ALL_GATHER) {
+            for (size_t q = 0; q < n; q++) memmove(out + q * count * es, part(c, (int)q), count * es);
+        } else {
+            cp_dtype t = cp_type(k->dtype);
+            float *v = malloc(n * sizeof *v);
+            if (!v) ok = 0;
+            for (size_t i = 0; ok && i < count; i++) {
+                size_t at = k->kind == EMU_REDUCE_SCATTER ? (size_t)c->rank * count + i : i;
+                for (size_t q = 0; q < n; q++) v[q] = cp_load(t, part(c, (int)q), (int64_t)at);
+                /* NCCL's ring: reduce-scatter's chunk r ends on rank r; all-reduce's per chunk. */
+                int key = k->kind == EMU_REDUCE_SCATTER ? c->rank
+                                                        : cp_all_reduce_key(CP_ARITH_NCCL, t, (int64_t)i, (int64_t)count, (int)n);
+                cp_store(t, out, (int64_t)i, cp_reduce_arith(CP_ARITH_NCCL, t, reduce_op_of(k->op), v, (int)n, key));
+            }
+            free(v);
+        }
+    }
+    finish(c, k->seq, ok);
+    emu_vc_publish_slot(&c->chain_vc);
+    return ok ? 0 : -1;
+}
+
+uint64_t emu_coll_next_seq(struct ncclComm *c)
+{
+    emu_lock();
+    uint64_t s = ++c->issued;
+    emu_unlock();
+    return s;
+}
+
+int emu_comm_used_eagerly(struct ncclComm *c) { return c->used_eagerly; }
+const char *emu_comm_name(struct ncclComm *c) { return c->name; }
+
+static int overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    return (const char *)a < (const char *)b + nb && (const char *)b < (const char *)a + na;
+}
+
+static ncclResult_t issue(int kind, const char *what, const void *send, void *recv, size_t count, ncclDataType_t t,
+                          ncclRedOp_t op, ncclComm_t c, cudaStream_t s)
+{
+    emu_rank();
+    if (!c || c->destroyed) { say("emulated NCCL: %s on a destroyed or NULL communicator%ld", what, 0); return ncclInvalidArgument; }
+    if (c->aborted) { say("emulated NCCL: %s on an aborted communicator%ld", what, 0); return ncclInvalidUsage; }
+    size_t es = type_size(t), n = (size_t)c->nranks;
+    if (kind != EMU_ALL_GATHER && t != ncclFloat32 && t != ncclBfloat16 && t != ncclFloat16) {
+        say("emulated NCCL: %s reduces only fp32, bf16 and fp16 here (dtype %ld)", what, (long)t);
+        return ncclInvalidArgument;
+    }
+    size_t in_bytes = count * es * (kind == EMU_REDUCE_SCATTER ? n : 1);
+    size_t out_bytes = count * es * (kind == EMU_ALL_GATHER ? n : 1);
+    if (!emu_is_device(send, in_bytes) || !emu_is_device(recv, out_bytes)) {
+        emu_finding("ILLEGAL", "%s on %s: send (%zu bytes at %p) or receive (%zu bytes at %p) buffer is not inside one "
+                    "device allocation", what, c->name, in_bytes, send, out_bytes, recv);
+        say("emulated NCCL: %s: a buffer is not device memory%ld", what, 0);
+        return ncclInvalidArgument;
+    }
+    /* In place only as NCCL defines it: this rank's part of the larger buffer. */
+    if (overlap(send, in_bytes, recv, out_bytes)) {
+        int in_place = kind == EMU_ALL_REDUCE ? send == recv
+                       : kind == EMU_ALL_GATHER ? (const char *)send == (const char *)recv + (size_t)c->rank * count * es
+                                                : (const char *)recv == (const char *)send + (size_t)c->rank * count * es;
+        if (!in_place) {
+            emu_finding("NCCL", "%s on %s: send and receive buffers overlap other than NCCL's in-place layout", what,
+                        c->name);
+            return ncclInvalidArgument;
+        }
+    }
+    char label[80];
+    snprintf(label, sizeof label, "%s %zu x %s on %s", what, count,
+             t == ncclFloat32 ? "fp32" : t == ncclBfloat16 ? "bf16" : t == ncclFloat16 ? "fp16" : "bytes", c->name);
+    emu_coll k = { c, kind, send, recv, count, t, op, 0 };
+    if (emu_stream_capturing(s)) {
+        if (!c->used_eagerly)
+            emu_finding("CAPTURE", "%s: communicator %s is first used inside a stream capture: NCCL connects "
+                        "lazily, so its set-up would run inside the capture; run one eager step first", label, c->name);
+        return emu_enqueue_coll(s, &k, label) ? ncclUnhandledCudaError : ncclSuccess;
+    }
+    if (!c->held && emu_fault("swap_coll")) { /* held back, issued after the next op on c */
+        c->held = 1;
+        c->held_op = k;
+        c->held_stream = s;
+        snprintf(c->held_label, sizeof c->held_label, "%s", label);
+        return ncclSuccess;
+    }
+    c->used_eagerly = 1;
+    k.seq = emu_coll_next_seq(c);
+    if (emu_enqueue_coll(s, &k, label)) return ncclUnhandledCudaError;
+    if (c->held) {
+        c->held = 0;
+        c->held_op.seq = emu_coll_next_seq(c);
+        if (emu_enqueue_coll(c->held_stream, &c->held_op, c->held_label)) return ncclUnhandledCudaError;
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t, ncclComm_t comm, cudaStream_t s)
+{
+    return issue(EMU_ALL_GATHER, "ncclAllGather", send, recv, count, t, ncclSum, comm, s);
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t s)
+{
+    return issue(EMU_REDUCE_SCATTER, "ncclReduceScatter", send, recv, count, t, op, comm, s);
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t s)
+{
+    return issue(EMU_ALL_REDUCE, "ncclAllReduce", send, recv, count, t, op, comm, s);
+}
+
+/* Blocking on the host, after the communicator's earlier ops, as NCCL's. */
+ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config)
+{
+    (void)config;
+    *newcomm = NULL;
+    if (!c || c->destroyed || c->aborted) return ncclInvalidArgument;
+    uint64_t seq = emu_coll_next_seq(c);
+    emu_lock();
+    double deadline = emu_now() + emu_deadlock_s();
+    int late = 0;
+    while (c->executed + 1 != seq && !late) late = emu_wait_until(deadline) != 0;
+    emu_unlock();
+    if (late) return ncclSystemError;
+    int32_t mine[2] = { color, key };
+    int ok = exchange(c, seq, EMU_SPLIT, ncclInt32, 0, 2, mine, sizeof mine, "ncclCommSplit") == 0;
+    int n = 0, me = 0;
+    if (ok && color != NCCL_SPLIT_NOCOLOR) {
+        for (int q = 0; q < c->nranks; q++) {
+            int32_t theirs[2];
+            memcpy(theirs, part(c, q), sizeof theirs);
+            if (theirs[0] != color) continue;
+            n++;
+            if (theirs[1] < key || (theirs[1] == key && q < c->rank)) me++;
+        }
+    }
+    finish(c, seq, ok);
+    if (!ok) return ncclInvalidUsage;
+    if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
+    struct ncclComm *s = calloc(1, sizeof *s);
+    if (!s) return ncclSystemError;
+    char shm[128];
+    /* Named by the parent's (unique) file name, the split's number and the color. */
+    snprintf(shm, sizeof shm, "/cpemu-%016llx-s%llu-c%d-n%d", (unsigned long long)fnv64(c->shm, strlen(c->shm)),
+             (unsigned long long)seq, color, n);
+    snprintf(s->shm, sizeof s->shm, "%s", shm);
+    snprintf(s->name, sizeof s->name, "split #%llu color %d of %s (%d ranks)", (unsigned long long)seq, color,
+             strncmp(c->name, "world", 5) == 0 ? "world" : "a split", n);
+    ncclResult_t r = attach(s, shm, n, me);
+    if (r != ncclSuccess) { free(s); return r; }
+    *newcomm = s;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t c)
+{
+    if (!c) return ncclInvalidArgument;
+    /* Queued ops may still name it: marked, kept until the process ends. */
+    c->destroyed = 1;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t c)
+{
+    if (!c) return ncclInvalidArgument;
+    emu_lock();
+    c->aborted = 1;
+    emu_broadcast();
+    emu_unlock();
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *async)
+{
+    if (!c) return ncclInvalidArgument;
+    emu_lock();
+    *async = c->async;
+    emu_unlock();
+    return ncclSuccess;
+}

@@ -1,0 +1,71 @@
+/* TEST DOUBLE, not NCCL: the NCCL entry points runtime/gpu.c calls, with
+ * NCCL 2.28's names, types and values, implemented by tests/emu/emu_nccl.c
+ * over shared memory between the rank processes (docs/emulator.md).
+ * Collectives run on the emulated streams when every member has arrived,
+ * check that every member issued the same op, use NCCL's arithmetic
+ * (runtime/dtype.c's model of it) and report a deadlock instead of
+ * hanging. Nothing that ships includes it. */
+#ifndef COMMPLAN_EMU_NCCL_H
+#define COMMPLAN_EMU_NCCL_H
+
+#include <stddef.h>
+
+#include "cuda_runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ncclComm *ncclComm_t;
+
+#define NCCL_UNIQUE_ID_BYTES 128
+typedef struct {
+    char internal[NCCL_UNIQUE_ID_BYTES];
+} ncclUniqueId;
+
+typedef enum {
+    ncclSuccess = 0,
+    ncclUnhandledCudaError = 1,
+    ncclSystemError = 2,
+    ncclInternalError = 3,
+    ncclInvalidArgument = 4,
+    ncclInvalidUsage = 5,
+    ncclRemoteError = 6,
+    ncclInProgress = 7
+} ncclResult_t;
+
+typedef enum {
+    ncclInt8 = 0, ncclChar = 0, ncclUint8 = 1, ncclInt32 = 2, ncclInt = 2, ncclUint32 = 3, ncclInt64 = 4,
+    ncclUint64 = 5, ncclFloat16 = 6, ncclHalf = 6, ncclFloat32 = 7, ncclFloat = 7, ncclFloat64 = 8,
+    ncclDouble = 8, ncclBfloat16 = 9
+} ncclDataType_t;
+
+typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 } ncclRedOp_t;
+
+#define NCCL_SPLIT_NOCOLOR -1
+typedef struct {
+    size_t size;
+    unsigned int magic, version;
+    int blocking;
+} ncclConfig_t;
+
+const char *ncclGetErrorString(ncclResult_t r);
+const char *ncclGetLastError(ncclComm_t comm);
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank);
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config);
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclCommAbort(ncclComm_t comm);
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async);
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t, ncclComm_t comm,
+                           cudaStream_t s);
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t s);
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

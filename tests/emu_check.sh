@@ -1,0 +1,159 @@
+#!/bin/sh
+# tests/emu_check.sh PLAN...: the GPU path (runtime/gpu.c, gpu_run.c, the
+# launch and rendezvous code, the copy kernels) on the emulated CUDA
+# runtime and NCCL (tests/emu/, docs/emulator.md), as users run it: every
+# rank a process with torchrun's variables (and, where torchrun is
+# installed, under torchrun itself).
+#
+#   1. every PLAN, all ranks, --check eager and --check --graph, seeds
+#      $EMU_SEEDS (default 1 2 3): exact, and the emulator's summary of
+#      every rank must say 0 races, 0 rule violations, 0 mismatches;
+#   2. seeded faults the emulator must catch (COMMPLAN_EMU_FAULT):
+#      drop one wait, reuse an event before its wait, swap two ops on one
+#      communicator, shift a kernel's output by one element, allocate inside
+#      a capture. A dropped or reused wait the emulator finds vacuous (its
+#      work was already ordered, e.g. by --check's host synchronisation)
+#      changes nothing and is not counted as seeded;
+#   3. torchrun launches (its store, then COMMPLAN_ID_FILE), if installed.
+#
+# Binaries: build/emu/<plan>/<plan> (make emu-build). Prints "ok"/"FAIL"
+# lines and a closing "emu: ..." line; exits 1 if anything failed.
+set -u
+cd "$(dirname "$0")/.." || exit 2
+LUA=${LUA:-lua5.4}
+SEEDS=${EMU_SEEDS:-1 2 3}
+FAULT_PLANS=${EMU_FAULT_PLANS:-fsdp4 hsdp2x2 llama_tiny_tp}
+dir=$(mktemp -d "${TMPDIR:-/tmp}/emu_check.XXXXXX") || exit 2
+pass=0
+fail=0
+runs=0
+ops=0
+ok() { pass=$((pass + 1)); echo "  ok    $1"; }
+bad() { fail=$((fail + 1)); echo "  FAIL  $1"; [ -n "${2:-}" ] && sed 's/^/        | /' "$2" | grep -v 'summary\|mismatch: ' | head -n 8; }
+
+plan_file() { if [ -f "plans/$1.lua" ]; then echo "plans/$1.lua"; else echo "tests/plans/$1.lua"; fi; }
+world() { $LUA -e "print(dofile('$(plan_file "$1")').world_size)"; }
+
+# launch N LOG BIN ARGS...: N rank processes with torchrun's variables; the
+# logs are LOG.<rank>; returns the number of ranks that failed.
+launch() {
+  n=$1 log=$2; shift 2
+  port=$(python3 tests/free_port.py) || return "$n"
+  r=0 pids=""
+  while [ "$r" -lt "$n" ]; do
+    RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      COMMPLAN_INIT_TIMEOUT=${COMMPLAN_INIT_TIMEOUT:-60} timeout -k 5 120 "$@" >"$log.$r" 2>&1 &
+    pids="$pids $!"
+    r=$((r + 1))
+  done
+  failed=0
+  for pid in $pids; do wait "$pid" || failed=$((failed + 1)); done
+  return "$failed"
+}
+
+# The emulator's own verdict on every rank: its summary line, no findings.
+clean_summaries() {
+  n=$1 log=$2 r=0
+  while [ "$r" -lt "$n" ]; do
+    line=$(grep 'commplan-emu: rank [0-9]*: summary:' "$log.$r") || return 1
+    case $line in *" 0 races, 0 rule violations, 0 NCCL mismatches or deadlocks, 0 illegal accesses"*) ;; *) return 1 ;; esac
+    o=$(echo "$line" | sed -n 's/.*summary: seed [0-9]*, \([0-9]*\) stream ops.*/\1/p')
+    ops=$((ops + ${o:-0}))
+    r=$((r + 1))
+  done
+}
+
+echo "== the GPU path on the emulator: every plan, all ranks, --check eager and --graph, seeds $SEEDS"
+for p in "$@"; do
+  bin=build/emu/$p/$p
+  [ -x "$bin" ] || { bad "$p: $bin is not built (make emu-build)"; continue; }
+  n=$(world "$p")
+  plan_ok=1
+  for mode in eager graph; do
+    flags="--check --steps 2"
+    [ "$mode" = graph ] && flags="$flags --graph"
+    for seed in $SEEDS; do
+      log=$dir/$p.$mode.$seed
+      runs=$((runs + 1))
+      # shellcheck disable=SC2086
+      if ! { COMMPLAN_EMU_SEED=$seed launch "$n" "$log" "$bin" $flags && clean_summaries "$n" "$log"; }; then
+        plan_ok=0
+        bad "$p ($n ranks) --check $mode seed $seed" "$log.0"
+      fi
+    done
+  done
+  [ "$plan_ok" = 1 ] && ok "$p: $n ranks, --check eager and --graph, seeds $(echo $SEEDS | tr ' ' ','): exact, 0 races"
+done
+
+# fault_run NAME PLAN K FLAGS: 0 caught, 1 missed, 2 vacuous, 3 never reached.
+fault_run() {
+  name=$1 p=$2 k=$3; shift 3
+  n=$(world "$p")
+  log=$dir/fault.$name.$p.$k
+  # shellcheck disable=SC2086
+  COMMPLAN_EMU_FAULT=$name:$k COMMPLAN_EMU_DEADLOCK_S=3 launch "$n" "$log" "build/emu/$p/$p" --check --steps 2 \
+    --timeout 10 "$@"
+  failed=$?
+  grep -q 'seeded fault fired' "$log.0" || return 3
+  if grep -q 'seeded fault fired, vacuous' "$log.0" && [ "$failed" = 0 ]; then return 2; fi
+  [ "$failed" -gt 0 ] && return 0
+  return 1
+}
+
+echo "== seeded faults the emulator must catch (plans: $FAULT_PLANS)"
+seeded=0
+caught=0
+vacuous=0
+for spec in "drop_wait:3 7 11 19 27 35 50 70" "reuse_event:5 13 23 40" "swap_coll:2 5 9" "shift_kernel:1 4 9" \
+            "alloc_in_capture:1 6"; do
+  name=${spec%%:*}
+  ks=${spec#*:}
+  flags=""
+  [ "$name" = alloc_in_capture ] && flags="--graph"
+  c=0 s=0 v=0 missed=""
+  for p in $FAULT_PLANS; do
+    [ -x "build/emu/$p/$p" ] || continue
+    for k in $ks; do
+      # shellcheck disable=SC2086
+      fault_run "$name" "$p" "$k" $flags
+      case $? in
+        0) c=$((c + 1)); s=$((s + 1)) ;;
+        1) s=$((s + 1)); missed="$missed $p:$k" ;;
+        2) v=$((v + 1)) ;;
+      esac
+    done
+  done
+  seeded=$((seeded + s)); caught=$((caught + c)); vacuous=$((vacuous + v))
+  if [ "$s" -gt 0 ] && [ "$c" = "$s" ]; then
+    ok "$name: caught $c of $s seeded$([ "$v" -gt 0 ] && echo " ($v vacuous seeds changed nothing)")"
+  else
+    bad "$name: caught $c of $s seeded; missed:${missed:- (none seeded)}"
+  fi
+done
+
+echo "== torchrun launches of the emulated binary"
+torchrun=${TORCHRUN:-$(command -v torchrun || true)}
+if [ -z "$torchrun" ] || [ ! -x "$torchrun" ]; then
+  echo "  SKIP  torchrun launch: no torchrun (make torch-env installs one)"
+else
+  for channel in store idfile; do
+    p=fsdp4
+    log=$dir/torchrun.$channel.log
+    extra=""
+    [ "$channel" = idfile ] && extra="COMMPLAN_ID_FILE=$dir/ids/job"
+    mkdir -p "$dir/ids"
+    # shellcheck disable=SC2086
+    env $extra COMMPLAN_INIT_TIMEOUT=60 timeout -k 5 180 "$torchrun" --standalone --nproc-per-node 4 --no-python \
+      "build/emu/$p/$p" --check --steps 2 --graph >"$log" 2>&1
+    rc=$?
+    passed=$(grep -c 'rank [0-9]*: --check passed' "$log")
+    clean=$(grep -c ' 0 races, 0 rule violations, 0 NCCL mismatches or deadlocks, 0 illegal accesses' "$log")
+    if [ "$rc" = 0 ] && [ "$passed" = 4 ] && [ "$clean" = 4 ]; then
+      ok "torchrun --nproc-per-node 4 $p --check --graph (NCCL id through $channel): 4 ranks exact, 0 races"
+    else bad "torchrun $p through $channel (exit $rc, $passed of 4 passed)" "$log"; fi
+  done
+fi
+
+echo "emu: $pass passed, $fail failed; $runs plan runs ($ops stream ops), seeded faults caught $caught of $seeded ($vacuous vacuous seeds not counted)"
+[ "$fail" = 0 ] && rm -rf "$dir"
+[ "$fail" = 0 ]
