@@ -429,7 +429,9 @@ EMU_CFLAGS := -O1 -g
 EMU_CC      = $(CC) $(CSTD) $(EMU_CFLAGS) -Itests/emu -Iruntime
 EMU_CXX     = $(CXX) -std=c++17 -Wall -Wextra -Werror -pthread $(EMU_CFLAGS) -include tests/emu/cuda_runtime.h \
               -Itests/emu -Itests/c/kernel_standin -Iruntime
-EMU_PLANS  := $(KHOST_ALL)
+EMU_EXTRA  := $(KHOST_EXTRA) fsdp3 fsdp2_tp2
+EMU_PLANS  := $(KHOST_ALL) fsdp3 fsdp2_tp2
+EMU_DIR     = $(if $(filter $(1),$(EMU_EXTRA)),build/gen/$(1),plans/$(1))
 EMU_OBJ    := build/emu/obj/emu_cuda.o build/emu/obj/emu_nccl.o build/emu/obj/gpu.o build/emu/obj/gpu_run.o \
               build/emu/obj/cp_kernels.o
 # (labels in the emulator's reports may be cut short: diagnostic text)
@@ -442,27 +444,35 @@ build/emu/obj/gpu.o build/emu/obj/gpu_run.o: build/emu/obj/%.o: runtime/%.c $(RU
 build/emu/obj/cp_kernels.o: runtime/cp_kernels.cu runtime/cp_kernels.cuh runtime/cp_gpu_kernels.h $(RUNTIME_HDR) $(EMU_HDR) $(KHOST_STANDIN)
 	@mkdir -p $(dir $@)
 	$(EMU_CXX) -x c++ -c $< -o $@
+build/emu/emu_selftest: tests/emu/emu_selftest.c build/emu/obj/emu_cuda.o build/emu/obj/emu_nccl.o $(RUNTIME_OBJ)
+	$(EMU_CC) -o $@ $^ -lm -lrt
 define emu_plan
-build/emu/$(1)/plan.o: $(call KHOST_DIR,$(1))/plan.c $(RUNTIME_HDR)
+build/emu/$(1)/plan.o: $(call EMU_DIR,$(1))/plan.c $(RUNTIME_HDR)
 	@mkdir -p $$(dir $$@)
-	$$(EMU_CC) -I$(call KHOST_DIR,$(1)) -c $$< -o $$@
-build/emu/$(1)/plan_kernels.o: $(call KHOST_DIR,$(1))/plan_kernels.cu $(call KHOST_DIR,$(1))/plan.c runtime/cp_gpu_kernels.h $(RUNTIME_HDR) $(EMU_HDR)
+	$$(EMU_CC) -I$(call EMU_DIR,$(1)) -c $$< -o $$@
+build/emu/$(1)/plan_kernels.o: $(call EMU_DIR,$(1))/plan_kernels.cu $(call EMU_DIR,$(1))/plan.c runtime/cp_gpu_kernels.h $(RUNTIME_HDR) $(EMU_HDR)
 	@mkdir -p $$(dir $$@)
-	$$(EMU_CXX) -I$(call KHOST_DIR,$(1)) -x c++ -c $$< -o $$@
-build/emu/$(1)/main.o: runtime/main.c $(RUNTIME_HDR) $(call KHOST_DIR,$(1))/plan.c VERSION
+	$$(EMU_CXX) -I$(call EMU_DIR,$(1)) -x c++ -c $$< -o $$@
+build/emu/$(1)/main.o: runtime/main.c $(RUNTIME_HDR) $(call EMU_DIR,$(1))/plan.c VERSION
 	@mkdir -p $$(dir $$@)
 	$$(EMU_CC) -DCP_WITH_GPU -DCP_KERNELS=$(1)_kernels -DCP_PLAN=$(1)_plan -DCP_VERSION='"$(CP_VERSION)"' -c $$< -o $$@
+build/emu/$(1)/library_run: tests/emu/library_run.c build/emu/$(1)/plan.o build/emu/$(1)/plan_kernels.o $(EMU_OBJ) $(RUNTIME_OBJ)
+	$$(EMU_CC) -DCP_PLAN=$(1)_plan -DCP_KERNELS=$(1)_kernels -c $$< -o build/emu/$(1)/library_run.o
+	$$(CXX) -pthread -o $$@ build/emu/$(1)/library_run.o $$(filter %.o,$$^) -lm -lrt
 build/emu/$(1)/$(1): build/emu/$(1)/main.o build/emu/$(1)/plan.o build/emu/$(1)/plan_kernels.o $(EMU_OBJ) $(RUNTIME_OBJ)
 	$$(CXX) -pthread -o $$@ $$^ -lm -lrt
 endef
 $(foreach p,$(EMU_PLANS),$(eval $(call emu_plan,$(p))))
-.PHONY: emu-build test-emu
-emu-build: $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p))
+.PHONY: emu-build test-emu print-emu-plans
+print-emu-plans:
+	@echo $(EMU_PLANS)
+EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven
+emu-build: build/emu/emu_selftest $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p)) $(foreach p,$(EMU_LIB_PLANS),build/emu/$(p)/library_run)
 # make test-emu: every small plan and the kernel plans on the emulator
 # (tests/emu_check.sh): all ranks, --check eager and --graph, three seeds,
 # then the seeded faults.
 test-emu: emu-build
-	@tests/emu_check.sh $(EMU_PLANS)
+	@LUA=$(LUA) tests/emu_check.sh $(EMU_PLANS)
 
 # ---- live FSDP2 peer (issue 16, items 1 and 2) ----
 # make torch-env: the pinned PyTorch environment the live peer runs in, a

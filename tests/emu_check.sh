@@ -46,9 +46,27 @@ launch() {
     pids="$pids $!"
     r=$((r + 1))
   done
-  failed=0
-  for pid in $pids; do wait "$pid" || failed=$((failed + 1)); done
+  failed=0 r=0
+  for pid in $pids; do
+    wait "$pid"
+    rc=$?
+    echo "$rc" >"$log.$r.rc"
+    [ "$rc" = 0 ] || failed=$((failed + 1))
+    r=$((r + 1))
+  done
   return "$failed"
+}
+
+# A rank that crashed (a signal) or hung (timeout's 124) is never a catch:
+# a failing rank must end with an error of its own.
+crashed() {
+  n=$1 log=$2 r=0
+  while [ "$r" -lt "$n" ]; do
+    rc=$(cat "$log.$r.rc")
+    [ "$rc" -lt 124 ] || { echo "rank $r exit $rc"; return 0; }
+    r=$((r + 1))
+  done
+  return 1
 }
 
 # The emulator's own verdict on every rank: its summary line, no findings.
@@ -62,6 +80,11 @@ clean_summaries() {
     r=$((r + 1))
   done
 }
+
+echo "== the emulator's own semantics (tests/emu/emu_selftest.c)"
+if build/emu/emu_selftest >"$dir/selftest" 2>&1; then
+  ok "emulator self-test: $(sed -n 's/^emu selftest: //p' "$dir/selftest"): races, legacy-stream order, capture rules, graph edges"
+else bad "emulator self-test" "$dir/selftest"; fi
 
 echo "== the GPU path on the emulator: every plan, all ranks, --check eager and --graph, seeds $SEEDS"
 for p in "$@"; do
@@ -85,16 +108,39 @@ for p in "$@"; do
   [ "$plan_ok" = 1 ] && ok "$p: $n ranks, --check eager and --graph, seeds $(echo $SEEDS | tr ' ' ','): exact, 0 races"
 done
 
-# fault_run NAME PLAN K FLAGS: 0 caught, 1 missed, 2 vacuous, 3 never reached.
+echo "== NCCL's arithmetic on the emulator against a recording of FSDP2 on NCCL (tests/oracle/nccl)"
+if [ -x build/emu/fsdp3/fsdp3 ]; then
+  log=$dir/oracle
+  rm -rf "$dir/oracle.dump"
+  if launch 3 "$log" build/emu/fsdp3/fsdp3 --check --pattern oracle --dump "$dir/oracle.dump" &&
+     $LUA tests/oracle_check.lua tests/oracle/nccl "$dir/oracle.dump" fsdp3 >"$log.cmp" 2>&1; then
+    ok "fsdp3: emulated --check --pattern oracle --dump, 3 ranks, equals FSDP2-on-NCCL's recording byte for byte"
+  else bad "fsdp3 emulated --dump vs tests/oracle/nccl" "$log.cmp"; fi
+fi
+
+LIB_PLANS=${EMU_LIB_PLANS:-fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven}
+echo "== the GPU library (cp_gpu_unshard, _reshard, _reduce_grads) driven in the plan's order around the caller's compute"
+for p in $LIB_PLANS; do
+  bin=build/emu/$p/library_run
+  [ -x "$bin" ] || { bad "$p: $bin is not built (make emu-build)"; continue; }
+  n=$(world "$p")
+  log=$dir/library.$p
+  if launch "$n" "$log" "$bin" 2 && clean_summaries "$n" "$log"; then
+    ok "$p: library calls around the caller's forward and backward kernels, $n ranks, 2 steps: 0 races"
+  else bad "$p: library mode on the emulator" "$log.0"; fi
+done
+
+# fault_run NAME PLAN K FLAGS: 0 caught, 1 missed, 2 vacuous, 3 never reached, 4 a rank crashed or hung.
 fault_run() {
   name=$1 p=$2 k=$3; shift 3
   n=$(world "$p")
   log=$dir/fault.$name.$p.$k
   # shellcheck disable=SC2086
-  COMMPLAN_EMU_FAULT=$name:$k COMMPLAN_EMU_DEADLOCK_S=3 launch "$n" "$log" "build/emu/$p/$p" --check --steps 2 \
+  COMMPLAN_EMU_FAULT=$name:$k COMMPLAN_EMU_DEADLOCK_S=2 launch "$n" "$log" "build/emu/$p/$p" --check --steps 2 \
     --timeout 10 "$@"
   failed=$?
   grep -q 'seeded fault fired' "$log.0" || return 3
+  crashed "$n" "$log" >"$log.crash" && return 4
   if grep -q 'seeded fault fired, vacuous' "$log.0" && [ "$failed" = 0 ]; then return 2; fi
   [ "$failed" -gt 0 ] && return 0
   return 1
@@ -120,6 +166,7 @@ for spec in "drop_wait:3 7 11 19 27 35 50 70" "reuse_event:5 13 23 40" "swap_col
         0) c=$((c + 1)); s=$((s + 1)) ;;
         1) s=$((s + 1)); missed="$missed $p:$k" ;;
         2) v=$((v + 1)) ;;
+        4) s=$((s + 1)); missed="$missed $p:$k($(cat "$dir/fault.$name.$p.$k.crash"))" ;;
       esac
     done
   done

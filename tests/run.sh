@@ -13,6 +13,9 @@ logname() { printf '%s/%s.log' "$log" "$(printf '%s' "$1" | tr -c 'A-Za-z0-9_.-'
 ok()   { pass=$((pass + 1)); printf '  ok    %s\n' "$1"; }
 bad()  { fail=$((fail + 1)); printf '  FAIL  %s (log: %s)\n' "$1" "$2"; sed 's/^/        | /' "$2" | tail -n 15; }
 skipped() { skip=$((skip + 1)); printf '  SKIP  %s: %s\n' "$1" "$2"; }
+# section TITLE: a section's heading, with the seconds make test has run so
+# far (the suite must stay well under 10 minutes: this says where they go).
+section() { printf '== %s  [%ds]\n' "$1" "$SECONDS"; }
 # run NAME CMD...: passes when CMD exits 0.
 run() {
   local name=$1; shift
@@ -51,13 +54,13 @@ check_plan_names() {
   return $rc
 }
 
-echo "== lint and generator unit tests"
+section "lint and generator unit tests"
 if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua plans bench
 else skipped "luacheck" "not installed (apt-get install lua-check)"; fi
 run "lua unit tests" $LUA tests/lua/run.lua
 run "fuzz: random and mutated plan files for 20 s (tests/fuzz_plans.lua, fixed seed)" timeout 600 $LUA tests/fuzz_plans.lua --seconds 20; grep -h "^fuzz: [0-9]" "$(logname "fuzz: random and mutated plan files for 20 s (tests/fuzz_plans.lua, fixed seed)")" | sed "s/^/        /"
 
-echo "== golden: committed plans/*/ equal a fresh generation"
+section "golden: committed plans/*/ equal a fresh generation"
 run "plan file names in plans/ are [A-Za-z0-9_]+.lua" check_plan_names
 for n in $(plan_names); do
   run "golden $n" $LUA gen/commplan.lua --check "plans/$n.lua" "plans/$n"
@@ -66,7 +69,7 @@ run "generation is deterministic (llama405b twice)" bash -c "
   rm -rf build/det && $LUA gen/commplan.lua plans/llama405b.lua build/det/a &&
   $LUA gen/commplan.lua plans/llama405b.lua build/det/b && diff -r build/det/a build/det/b"
 
-echo "== audit verbs: plan diff and mesh advisor (the Lua suite covers trace.json, the schema and 1M ranks)"
+section "audit verbs: plan diff and mesh advisor (the Lua suite covers trace.json, the schema and 1M ranks)"
 run "make diff-plan: llama70b against itself with dp_replicate halved" bash -c '
   mkdir -p build/audit && sed "s/dp_replicate = 16/dp_replicate = 8/" plans/llama70b.lua >build/audit/llama70b.lua &&
   out=$($1 diff-plan A=plans/llama70b.lua B=build/audit/llama70b.lua) && echo "$out" &&
@@ -76,7 +79,7 @@ expect_rc "diff-plan: a revision name with shell syntax exits 2" 2 $LUA gen/verb
 run "make advise PLAN=llama8b.lua: a ranked table whose top choice is explained" bash -c '
   out=$($1 advise PLAN=llama8b.lua) && echo "$out" && printf "%s" "$out" | grep -qF "Top choice:"' _ "$MAKE"
 
-echo "== runtime unit tests (cmocka, plain and ASan+UBSan)"
+section "runtime unit tests (cmocka, plain and ASan+UBSan)"
 run "build cmocka tests" $MAKE build/tests/test_runtime build/tests-asan/test_runtime
 run "cmocka runtime tests" build/tests/test_runtime
 run "cmocka runtime tests under ASan+UBSan" build/tests-asan/test_runtime
@@ -108,7 +111,7 @@ if command -v python3 >/dev/null 2>&1; then
 else skipped "fuzz: the binary's argv and environment (tests/fuzz_cli.py)" "python3 not found"; fi
 # ---- end of issue 20's runtime block ----
 
-echo "== end to end: every small plan generated, built and simulated on all ranks"
+section "end to end: every small plan generated, built and simulated on all ranks"
 for n in $(plan_names); do
   case $n in llama8b|llama70b|llama405b) continue ;; esac
   run "build $n" $MAKE PLAN="$n.lua"
@@ -168,7 +171,7 @@ done
 # copy op x rank on the real arena layout against the host reference
 # (tests/c/test_kernels_host.cc): plain, and under ASan+UBSan taking the
 # kernels' device load/store branch. Needs no nvcc and no GPU.
-echo "== copy kernels built with g++: every copy op of every small plan, every rank, byte for byte vs the host reference"
+section "copy kernels built with g++: every copy op of every small plan, every rank, byte for byte vs the host reference"
 run "build host-built kernel tests (plain and ASan+UBSan)" $MAKE build/tests/test_kernels_host build/tests-asan/test_kernels_host
 khost_run() {  # NAME BINARY: the ok line carries the test's count
   local f; f=$(logname "$1")
@@ -178,7 +181,7 @@ khost_run "host-built copy kernels (host loads/stores)" build/tests/test_kernels
 khost_run "host-built copy kernels under ASan+UBSan (device loads/stores)" build/tests-asan/test_kernels_host
 # ---- end of host-built copy kernels ----
 
-echo "== CUDA: generated copy kernels (built with every plan above), checked against the host reference"
+section "CUDA: generated copy kernels (built with every plan above), checked against the host reference"
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 if [ -x "$NVCC" ]; then
   run "build kernel tests" $MAKE build/tests/test_kernels
@@ -209,7 +212,7 @@ if command -v valgrind >/dev/null 2>&1; then
     --simulate --quiet --dump build/valgrind-dump
 else skipped "valgrind" "not installed"; fi
 
-echo "== FSDP2 recordings (tests/oracle): layouts, collectives, shards and grads byte for byte"
+section "FSDP2 recordings (tests/oracle): layouts, collectives, shards and grads byte for byte"
 for c in fsdp4 hsdp2x2; do
   run "oracle $c" bash -c "rm -rf build/oracle/$c && build/$c/$c --simulate --pattern oracle --dump build/oracle/$c --quiet &&
     $LUA tests/oracle_check.lua tests/oracle build/oracle/$c $c"
@@ -250,7 +253,7 @@ run "oracle fsdp3 on NCCL: gloo's arithmetic does not (10 where NCCL gives 10.00
 # small plan, then the property test (random generic plans from seed
 # LIVE_SEED_FROM, default 1, for LIVE_SECONDS, default 75). Where the
 # package registry cannot be reached each prints SKIP, never ok.
-echo "== live FSDP2 peer: PyTorch's fully_shard on gloo vs the binary's --dump (tests/live/)"
+section "live FSDP2 peer: PyTorch's fully_shard on gloo vs the binary's --dump (tests/live/)"
 live_out=$(tests/live/torch_env.sh --python 2>&1); live_rc=$?
 live_py=$(printf '%s\n' "$live_out" | tail -n 1)
 live_check() {  # NAME CMD...: ok or FAIL, then the run's closing line
@@ -290,7 +293,7 @@ fi
 # units, parameters, placements; the plan writer from a torchtitan model).
 # The two run side by side. SKIP, never ok, without a torch environment or
 # where torch / torchtitan do not import (exit 77).
-echo "== torchtitan as the peer: ParallelDims, Llama wrapping and TP plan (tests/titan/)"
+section "torchtitan as the peer: ParallelDims, Llama wrapping and TP plan (tests/titan/)"
 if [ -z "${live_rc+x}" ]; then
   live_out=$(tests/live/torch_env.sh --python 2>&1); live_rc=$?
   live_py=$(printf '%s\n' "$live_out" | tail -n 1)
@@ -325,7 +328,7 @@ fi
 # the launch counter and the plan handshake, COMMPLAN_ID_FILE, two jobs at
 # once, a second run in one launch, a rank of another plan refused on every
 # rank, a launch of the wrong size (tests/torchrun_cpu.sh).
-echo "== torchrun for real on CPU: the launch path up to NCCL (tests/torchrun_cpu.sh)"
+section "torchrun for real on CPU: the launch path up to NCCL (tests/torchrun_cpu.sh)"
 torchrun_what="torch's torchrun --standalone and --rdzv-endpoint launch fsdp4/hsdp2x2 binaries with --rendezvous-only"
 if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
   if $MAKE PLAN=fsdp4.lua >/dev/null 2>&1 && $MAKE PLAN=hsdp2x2.lua >/dev/null 2>&1; then
@@ -336,6 +339,26 @@ if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
   fi
 else
   skipped "$torchrun_what" "no torch environment with torchrun (make torch-env)"
+fi
+section "the GPU path on an emulated CUDA runtime and NCCL (tests/emu, docs/emulator.md): no GPU needed"
+# runtime/gpu.c, gpu_run.c, the launch and rendezvous code and the copy
+# kernels, unchanged, on tests/emu's stand-in CUDA and NCCL: every small
+# plan and the kernel plans, all ranks as processes, --check eager and
+# --graph, three seeds, 0 races; seeded faults caught; torchrun launches.
+if run "build every plan's binary on the emulator (make emu-build)" $MAKE -j2 emu-build; then
+  emu_log=$(logname "emu_check")
+  emu_torchrun=none
+  [ "${live_rc:-1}" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ] && emu_torchrun="$(dirname "$live_py")/torchrun"
+  TORCHRUN=$emu_torchrun LUA=$LUA tests/emu_check.sh $($MAKE -s print-emu-plans) >"$emu_log" 2>&1
+  while IFS= read -r line; do
+    case $line in
+      "  ok    "*) ok "emulated GPU: ${line#  ok    }" ;;
+      "  FAIL  "*) bad "emulated GPU: ${line#  FAIL  }" "$emu_log" ;;
+      "  SKIP  "*) what=${line#  SKIP  }; skipped "emulated GPU: ${what%%: *}" "${what#*: }" ;;
+    esac
+  done <"$emu_log"
+  grep -h "^emu: " "$emu_log" | sed "s/^/        /"
+  grep -q "^emu: " "$emu_log" || bad "emulated GPU: tests/emu_check.sh did not finish" "$emu_log"
 fi
 # Training driven by the plan on CPU: 20 AdamW steps x 2 micro-batches under
 # torchrun, 4 ranks on gloo, FSDP and HSDP 2x2, every collective and copy
@@ -348,7 +371,7 @@ else
   skipped "$train_what" "no torch environment with torchrun (make torch-env)"
 fi
 
-echo "== bad input: one line, exit 2, nothing written"
+section "bad input: one line, exit 2, nothing written"
 bad_plan() {  # name, plan text, expected substring
   local name=$1 text=$2 want=$3 dir=build/bad/$1
   rm -rf "$dir" && mkdir -p "$dir/out" && cp plans/fsdp4/* "$dir/out/"
@@ -397,7 +420,7 @@ else
     [ "$rc" = 2 ] && printf "%s" "$out" | grep -qE "no CUDA device|no GPU backend"'
 fi
 
-echo "== generator CLI and make: whole-directory publication, plans outside plans/, hostile file names, versions"
+section "generator CLI and make: whole-directory publication, plans outside plans/, hostile file names, versions"
 G=build/cli
 gen() { $LUA gen/commplan.lua "$@"; }
 fp_of() { grep -o -m1 'fingerprint [0-9a-f]\{16\}' "$1/plan.h" | cut -d' ' -f2; }
@@ -554,7 +577,7 @@ hostile_names() (
 )
 run "hostile plan file names: make check-generated, regen-all, PLAN= and the test loops refuse, never run them" hostile_names
 
-echo "== --simulate: refused up front when it will not fit, progress on long runs"
+section "--simulate: refused up front when it will not fit, progress on long runs"
 # sim_refuses NAME RANKS: one line with the figure and this machine's
 # memory, exit 2, before any allocation (under a 4 GiB address-space limit).
 sim_refuses() {
@@ -573,7 +596,7 @@ run "simulate: a long run shows a progress line per step on stderr (none with --
     [ -z "$(build/llama_tiny/llama_tiny --simulate --steps 2 --quiet 2>&1)" ]'
 
 echo
-echo "== Python package (python/commplan): plans from models, hf_config, names, model/plan check"
+section "Python package (python/commplan): plans from models, hf_config, names, model/plan check"
 if command -v python3 >/dev/null 2>&1; then
   run "python: plans written from named parameters and config.json reproduce the committed tables; names; model/plan check (tests/python/test_plan_writer.py)" python3 tests/python/test_plan_writer.py
   run "python: bad config.json/options, FIFO/dir/device inputs, symlinked outputs, write errors, CLI (tests/python/test_input_validation.py)" timeout 300 python3 tests/python/test_input_validation.py

@@ -129,6 +129,10 @@ cudaError_t cudaEmuLaunchKernel(cudaStream_t s, const char *name, void (*body)(c
 /* A kernel body's load (write = 0) or store (write = 1) of bytes at p:
  * checked against the allocation's bounds and every earlier access. */
 void cudaEmuAccess(const void *p, size_t bytes, int write);
+/* The emulator's own tests (tests/emu/emu_selftest.c): findings so far, and
+ * forgetting them (and a sticky fault) between cases. */
+long cudaEmuFindings(void);
+void cudaEmuClearFindings(void);
 
 #ifdef __cplusplus
 }

@@ -251,6 +251,9 @@ void emu_vc_publish_slot(void **slot)
 typedef struct {
     uint32_t w, r[4]; /* last write; up to four reads not ordered with each other */
 } cell;
+/* Bytes per shadow cell: the smallest element the kernels and collectives
+ * move is 2 bytes (the fingerprint's ncclChar all-gather moves whole 32-byte rows). */
+#define GRANULE 2
 
 typedef struct {
     char *base;
@@ -262,10 +265,17 @@ static alloc_t *allocs;
 static int nallocs, allocs_cap, next_alloc_id;
 static uint32_t last_race_me, last_race_prev;
 
+static int last_hit; /* under SH: kernels touch one allocation many times in a row */
 static alloc_t *find_alloc(const void *p) /* under SH */
 {
+    if (last_hit < nallocs && (const char *)p >= allocs[last_hit].base &&
+        (const char *)p < allocs[last_hit].base + allocs[last_hit].size)
+        return &allocs[last_hit];
     for (int i = 0; i < nallocs; i++)
-        if ((const char *)p >= allocs[i].base && (const char *)p < allocs[i].base + allocs[i].size) return &allocs[i];
+        if ((const char *)p >= allocs[i].base && (const char *)p < allocs[i].base + allocs[i].size) {
+            last_hit = i;
+            return &allocs[i];
+        }
     return NULL;
 }
 
@@ -330,15 +340,27 @@ static void access_range(const void *p, size_t n, int write)
     uint32_t prev = 0;
     int prev_wrote = 0;
     size_t first = 0, last = 0;
-    for (size_t i = off; i < off + n; i++) {
+    /* Neighbouring granules usually hold the same history (one op wrote
+     * them all): the same state before gives the same verdict and the same
+     * state after, so it is worked out once per run of equal granules. */
+    cell before = { 0, { 0, 0, 0, 0 } }, after = before;
+    int have = 0;
+    for (size_t i = off / GRANULE; i <= (off + n - 1) / GRANULE; i++) {
         cell *c = &a->shadow[i];
+        if (have && !memcmp(c, &before, sizeof *c)) {
+            if (prev) last = i * GRANULE;
+            *c = after;
+            continue;
+        }
+        before = *c;
+        have = 1;
         if (!prev) {
-            if (!ordered(c->w, &x->vc)) { prev = c->w; prev_wrote = 1; first = i; }
+            if (!ordered(c->w, &x->vc)) { prev = c->w; prev_wrote = 1; first = i * GRANULE; }
             else if (write)
                 for (int k = 0; k < 4; k++)
-                    if (!ordered(c->r[k], &x->vc)) { prev = c->r[k]; first = i; break; }
+                    if (!ordered(c->r[k], &x->vc)) { prev = c->r[k]; first = i * GRANULE; break; }
         }
-        if (prev) last = i;
+        if (prev) last = i * GRANULE;
         if (write) {
             c->w = me;
             memset(c->r, 0, sizeof c->r);
@@ -350,7 +372,9 @@ static void access_range(const void *p, size_t n, int write)
                 if (ordered(c->r[k], &x->vc)) slot = k; /* an empty slot or a read this one follows */
             c->r[slot < 0 ? 0 : slot] = me;
         }
+        after = *c;
     }
+    last += GRANULE - 1;
     int id = a->id;
     int fresh = prev && !(me == last_race_me && prev == last_race_prev);
     if (fresh) { last_race_me = me; last_race_prev = prev; }
@@ -421,6 +445,7 @@ struct CUstream_st {
     int busy, quit;
     vclock vc;
     pthread_t th;
+    pthread_cond_t work; /* its worker waits here for ops, not on the shared condition */
     unsigned rng;
     struct capture *cap;
     int *front, nfront;
@@ -472,6 +497,7 @@ static cudaStream_t make_stream(unsigned flags, int priority, int is_legacy) /* 
     s->priority = priority;
     s->legacy = is_legacy;
     s->rng = g_seed * 1000003u + (unsigned)g_rank * 7919u + (unsigned)s->agent * 104729u;
+    pthread_cond_init(&s->work, NULL);
     if (pthread_create(&s->th, NULL, worker, s) != 0) { free(s); return NULL; }
     pthread_detach(s->th);
     streams[nstreams++] = s;
@@ -600,7 +626,7 @@ static void push(cudaStream_t s, op *o) /* under L */
     else s->head = o;
     s->tail = o;
     s->issued++;
-    pthread_cond_broadcast(&CV);
+    pthread_cond_signal(&s->work);
 }
 
 static cudaError_t record_on(cudaStream_t s, struct CUevent_st *e, const char *label); /* under L */
@@ -608,8 +634,11 @@ static cudaError_t wait_on(cudaStream_t s, struct CUevent_st *e, const char *lab
 
 /* The legacy stream and blocking streams wait for each other's earlier work. */
 static struct CUevent_st legacy_events[256];
+static int in_implicit; /* under L: the ordering records and waits add none of their own */
 static void implicit_sync(cudaStream_t s) /* under L, s not capturing */
 {
+    if (in_implicit) return;
+    in_implicit = 1;
     if (s->legacy) {
         for (int i = 0; i < nstreams; i++) {
             cudaStream_t b = streams[i];
@@ -622,6 +651,7 @@ static void implicit_sync(cudaStream_t s) /* under L, s not capturing */
         record_on(legacy, &before_blocking, "legacy-stream ordering (record)");
         wait_on(s, &before_blocking, "legacy-stream ordering (wait)");
     }
+    in_implicit = 0;
 }
 
 /* Enqueue o on s, or record it into s's capture. */
@@ -753,7 +783,7 @@ static void *worker(void *arg)
     memset(&x, 0, sizeof x);
     pthread_mutex_lock(&L);
     for (;;) {
-        while (!s->head && !s->quit) pthread_cond_wait(&CV, &L);
+        while (!s->head && !s->quit) pthread_cond_wait(&s->work, &L);
         if (!s->head) break;
         op *o = s->head;
         s->head = o->next;
@@ -958,7 +988,7 @@ static cudaError_t register_alloc(void *p, size_t bytes, int device)
         allocs_cap = cap;
     }
     cell *sh = NULL;
-    if (device && !(sh = calloc(bytes ? bytes : 1, sizeof *sh))) { pthread_mutex_unlock(&SH); return cudaErrorMemoryAllocation; }
+    if (device && !(sh = calloc(bytes / GRANULE + 1, sizeof *sh))) { pthread_mutex_unlock(&SH); return cudaErrorMemoryAllocation; }
     allocs[nallocs++] = (alloc_t){ p, bytes, sh, next_alloc_id++ };
     pthread_mutex_unlock(&SH);
     return cudaSuccess;
@@ -1454,7 +1484,10 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
     }
     free(seen);
     if (unjoined >= 0 && !c->invalid) invalidate(c, cudaErrorStreamCaptureUnjoined);
-    cudaError_t e = c->invalid;
+    /* As CUDA: an unjoined fork says so; any other broken rule, "invalidated". */
+    cudaError_t e = c->invalid == cudaErrorStreamCaptureUnjoined ? c->invalid
+                    : c->invalid                                 ? cudaErrorStreamCaptureInvalidated
+                                                                 : cudaSuccess;
     struct CUgraph_st *g = NULL;
     if (!e && !(g = calloc(1, sizeof *g))) e = cudaErrorMemoryAllocation;
     if (!e) {
@@ -1560,4 +1593,17 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
     if (!exec) return cudaErrorInvalidValue;
     /* A launch may still be queued: the nodes stay until the process ends. */
     return cudaSuccess;
+}
+
+/* ---- the emulator's own tests ---- */
+
+long cudaEmuFindings(void) { return n_race + n_rule + n_nccl + n_illegal; }
+
+void cudaEmuClearFindings(void)
+{
+    n_race = n_rule = n_nccl = n_illegal = 0;
+    pthread_mutex_lock(&L);
+    sticky = cudaSuccess;
+    pthread_mutex_unlock(&L);
+    last_race_me = last_race_prev = 0;
 }

@@ -29,6 +29,7 @@
 
 typedef struct {
     _Atomic uint64_t arrived, done; /* numbers of the last op this member staged / finished reading */
+    _Atomic uint32_t gone;          /* the member's process exited: its peers fail at once, as NCCL's remote error */
     uint32_t kind, dtype, op, pad;
     uint64_t count, seq;
     char label[80];
@@ -50,7 +51,7 @@ struct ncclComm {
     uint64_t issued;   /* the host's last op number on this communicator */
     uint64_t executed; /* the last op number this process finished */
     void *chain_vc;    /* happens-before along the communicator */
-    int aborted, destroyed, used_eagerly;
+    int aborted, destroyed, used_eagerly, warned_cold;
     ncclResult_t async;
     int held; /* the seeded "swap two ops" fault: an op held back */
     emu_coll held_op;
@@ -59,6 +60,22 @@ struct ncclComm {
 };
 
 static __thread char last_msg[512];
+
+/* Every communicator this process joined: at exit each says it is gone. */
+static struct ncclComm *joined_comms[256];
+static int njoined;
+static void say_gone(void)
+{
+    for (int i = 0; i < njoined; i++)
+        if (joined_comms[i]->h) atomic_store(&joined_comms[i]->h->slots[joined_comms[i]->rank].gone, 1);
+}
+static void remember(struct ncclComm *c)
+{
+    emu_lock();
+    if (njoined == 0) atexit(say_gone);
+    if (njoined < (int)(sizeof joined_comms / sizeof *joined_comms)) joined_comms[njoined++] = c;
+    emu_unlock();
+}
 
 static void say(const char *fmt, const char *a, long b)
 {
@@ -122,11 +139,14 @@ static size_t slot_bytes(void)
     return (size_t)(mb > 0 ? mb : 8) << 20;
 }
 
+/* Polls another process's progress: short naps first, then up to 1 ms
+ * (the ranks share few cores; a collective's latency here is no figure). */
 static void nap(int *us)
 {
     struct timespec ts = { 0, (long)*us * 1000L };
     nanosleep(&ts, NULL);
     if (*us < 1000) *us *= 2;
+    if (*us > 1000) *us = 1000;
 }
 
 /* Maps the communicator's shared file, waits for every member, unlinks it. */
@@ -178,6 +198,7 @@ static ncclResult_t attach(struct ncclComm *c, const char *shm, int nranks, int 
     while (atomic_load(&c->h->joined) < (uint32_t)nranks && emu_now() < deadline) nap(&us);
     uint32_t joined = atomic_load(&c->h->joined);
     shm_unlink(shm); /* every member has it mapped (or the job is failing): leave nothing behind */
+    remember(c);
     if (joined < (uint32_t)nranks) {
         say("emulated NCCL: only %s of the communicator's members joined within the deadlock limit (%ld ranks)",
             joined == 0 ? "none" : "some", nranks);
@@ -214,13 +235,22 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
 static int wait_members(struct ncclComm *c, int arrived, uint64_t want, const char *label)
 {
     double deadline = emu_now() + emu_deadlock_s();
-    int us = 10;
+    int us = 20;
     for (;;) {
         int missing = -1;
         for (int q = 0; q < c->nranks && missing < 0; q++)
             if ((arrived ? atomic_load(&c->h->slots[q].arrived) : atomic_load(&c->h->slots[q].done)) < want) missing = q;
         if (missing < 0) return 0;
         if (c->aborted) return -1;
+        if (atomic_load(&c->h->slots[missing].gone)) { /* NCCL sees the peer's connections close */
+            emu_lock();
+            if (c->async == ncclSuccess) c->async = ncclRemoteError;
+            emu_unlock();
+            snprintf(last_msg, sizeof last_msg, "emulated NCCL: %s: rank %d exited before op #%llu (%s)", c->name,
+                     missing, (unsigned long long)want, label);
+            fprintf(stderr, "commplan-emu: rank %d: %s\n", emu_rank(), last_msg);
+            return -1;
+        }
         if (emu_now() > deadline) {
             char who[512];
             int n = 0;
@@ -236,7 +266,6 @@ static int wait_members(struct ncclComm *c, int arrived, uint64_t want, const ch
             return -1;
         }
         nap(&us);
-        if (us > 200) us = 200;
     }
 }
 
@@ -404,7 +433,7 @@ static ncclResult_t issue(int kind, const char *what, const void *send, void *re
              t == ncclFloat32 ? "fp32" : t == ncclBfloat16 ? "bf16" : t == ncclFloat16 ? "fp16" : "bytes", c->name);
     emu_coll k = { c, kind, send, recv, count, t, op, 0 };
     if (emu_stream_capturing(s)) {
-        if (!c->used_eagerly)
+        if (!c->used_eagerly && !c->warned_cold++)
             emu_finding("CAPTURE", "%s: communicator %s is first used inside a stream capture: NCCL connects "
                         "lazily, so its set-up would run inside the capture; run one eager step first", label, c->name);
         return emu_enqueue_coll(s, &k, label) ? ncclUnhandledCudaError : ncclSuccess;
