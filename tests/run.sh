@@ -251,7 +251,7 @@ run "oracle fsdp3 on NCCL: gloo's arithmetic does not (10 where NCCL gives 10.00
 # tests/live/torch_env.sh, built once per machine outside the clone), the
 # torch 2.11 recordings' three models live (torch 2.15 against them), every
 # small plan, then the property test (random generic plans from seed
-# LIVE_SEED_FROM, default 1, for LIVE_SECONDS, default 75). Where the
+# LIVE_SEED_FROM, default 1, for LIVE_SECONDS, default 50). Where the
 # package registry cannot be reached each prints SKIP, never ok.
 section "live FSDP2 peer: PyTorch's fully_shard on gloo vs the binary's --dump (tests/live/)"
 live_out=$(tests/live/torch_env.sh --python 2>&1); live_rc=$?
@@ -263,13 +263,13 @@ live_check() {  # NAME CMD...: ok or FAIL, then the run's closing line
 }
 live_recs="live FSDP2 (torch 2.15) vs the torch 2.11 recordings fsdp4, hsdp2x2, fsdp2_tp2 (tests/oracle_check.lua)"
 live_plans="live FSDP2 vs every small plan in plans/ and tests/plans/ (tests/live/live.py plans)"
-live_seeds="live FSDP2 property test: random generic plans from seed ${LIVE_SEED_FROM:-1} for ${LIVE_SECONDS:-75} s (tests/live/live.py seeds)"
+live_seeds="live FSDP2 property test: random generic plans from seed ${LIVE_SEED_FROM:-1} for ${LIVE_SECONDS:-50} s (tests/live/live.py seeds)"
 if [ "$live_rc" = 0 ]; then
   ok "torch-env: $(printf '%s\n' "$live_out" | sed -n 's/^torch-env: torch /torch /p' | head -n 1)"
   live_check "$live_recs" timeout 600 "$live_py" tests/live/live.py recordings
   live_check "$live_plans" timeout 1800 "$live_py" tests/live/live.py plans
-  live_check "$live_seeds" timeout $(( ${LIVE_SECONDS:-75} + 300 )) "$live_py" tests/live/live.py seeds \
-    "${LIVE_SEED_FROM:-1}-$(( ${LIVE_SEED_FROM:-1} + 99999 ))" --budget "${LIVE_SECONDS:-75}"
+  live_check "$live_seeds" timeout $(( ${LIVE_SECONDS:-50} + 300 )) "$live_py" tests/live/live.py seeds \
+    "${LIVE_SEED_FROM:-1}-$(( ${LIVE_SEED_FROM:-1} + 99999 ))" --budget "${LIVE_SECONDS:-50}"
 elif [ "$live_rc" = 3 ]; then
   live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
   skipped "torch-env (make torch-env)" "$live_why"
