@@ -140,7 +140,20 @@ static int init_comms(cp_gpu *g)
         /* With NCCL_COMM_ID set every rank derives the same id itself. */
         if (how == CP_RDZV_NCCL_OWN && me != 0) NCCL(ncclGetUniqueId(&id));
     }
-    NCCL(ncclCommInitRank(&g->world, nranks, id, me));
+    ncclResult_t init = ncclCommInitRank(&g->world, nranks, id, me);
+    if (!g->env.standin) {
+        /* COMMPLAN_ID_FILE: NCCL's root answered no rank before every rank
+         * had connected with this id, so every rank has read the file;
+         * rank 0 removes it (failed init too: the id is dead either way),
+         * so a second run in the same job never reads this run's id. */
+        char rerr[sizeof g->err];
+        if (cp_rendezvous_release(&g->env, p->fingerprint, &id, sizeof id, rerr, sizeof rerr) != 0 &&
+            init == ncclSuccess) {
+            snprintf(g->err, sizeof g->err, "%s", rerr); /* already names the rank */
+            return -1;
+        }
+    }
+    NCCL(init);
     /* Every rank must run the same plan: compare fingerprints first. */
     char *mine, *all;
     CUDA(cudaMalloc((void **)&mine, 32));

@@ -160,6 +160,12 @@ static int rendezvous_only(const cp_plan *p, cp_launch_env *env, int quiet)
     cp_rendezvous_info info = { 0 };
     int how = cp_rendezvous_share_plan(env, p->name, p->fingerprint, id, sizeof id, env->init_timeout_s, &info, err,
                                        sizeof err);
+    /* No NCCL init follows to tell rank 0 that every rank holds the id:
+     * a barrier instead, after which rank 0 removes the id file, so that a
+     * second run in the same job never reads this run's id. */
+    if (how == CP_RDZV_SHARED &&
+        cp_rendezvous_confirm(env, p->fingerprint, id, sizeof id, env->init_timeout_s, err, sizeof err) != 0)
+        how = CP_RDZV_ERROR;
     if (how == CP_RDZV_ERROR) {
         cp_error("%s", err);
         return 2;
