@@ -19,7 +19,10 @@ typedef struct cp_gpu cp_gpu;
 typedef int (*cp_gpu_compute_fn)(void *user, cp_gpu *g, const cp_op *op, void *stream);
 
 /* Bootstraps from the launcher's environment (see launch.h): sets the device
- * to LOCAL_RANK, creates the world communicator through NCCL_COMM_ID,
+ * to LOCAL_RANK, creates the world communicator (NCCL_COMM_ID must already
+ * be as the launch needs it: cp_launch_export_comm_id in main before any
+ * thread starts; the library never changes the environment and refuses one
+ * that disagrees, with one line saying what to export or unset),
  * compares every rank's plan fingerprint, splits one communicator per group
  * family the plan uses, and allocates this rank's buffers. Returns 0, or -1
  * with a one-line message naming the failing call, rank and a hint. */

@@ -118,11 +118,13 @@ static int init_comms(cp_gpu *g)
     /* NCCL_COMM_ID only where NCCL bootstraps itself (the user's value, or
      * MASTER_ADDR:MASTER_PORT with nothing listening there). Otherwise rank 0
      * makes the id on a port of NCCL's choosing and rendezvous.c carries it
-     * (shared file, torchrun's store): nothing binds the launcher's port. */
-    if (g->env.standin || !g->env.comm_id[0]) {
-        if (unsetenv("NCCL_COMM_ID") != 0) return fail(g, "unsetenv(NCCL_COMM_ID) failed");
-    } else if (setenv("NCCL_COMM_ID", g->env.comm_id, 1) != 0)
-        return fail(g, "setenv(NCCL_COMM_ID) failed");
+     * (shared file, torchrun's store): nothing binds the launcher's port.
+     * NCCL reads the variable from the environment, which this library only
+     * checks: setenv here would race with the getenv of the caller's other
+     * threads (PyTorch's); the binary's main set it before any thread. */
+    char cerr[400];
+    if (cp_comm_id_action(getenv("NCCL_COMM_ID"), cp_launch_comm_id(&g->env), 0, cerr, sizeof cerr) != CP_COMM_ID_KEEP)
+        return fail(g, "%s (or call cp_launch_export_comm_id first thing in main)", cerr);
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (me == 0) NCCL(ncclGetUniqueId(&id));

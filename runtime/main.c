@@ -336,6 +336,12 @@ static int run(int argc, char **argv)
             return 2;
         }
 #ifdef CP_WITH_GPU
+        /* NCCL reads NCCL_COMM_ID from the environment: set or unset here,
+         * before CUDA or NCCL start threads (the library only checks it). */
+        if (cp_launch_export_comm_id(&env, err, sizeof err) != 0) {
+            cp_error("rank %d: %s", env.rank, err);
+            return 2;
+        }
         cp_gpu_run_options go = { .check = check, .graph = graph, .steps = (int)steps, .warmup = (int)warmup,
                                   .iters = (int)iters, .timeout_s = (double)timeout, .pattern = opt.pattern,
                                   .dump_dir = opt.dump_dir, .quiet = quiet, .trace_file = trace };

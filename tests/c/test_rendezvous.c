@@ -151,6 +151,61 @@ static void test_channel_selection(void **state)
     assert_non_null(strstr(err, "rank 3"));
 }
 
+/* NCCL_COMM_ID: the binary's main may set or unset it before any thread
+ * starts; the library (in PyTorch's process) only checks it and refuses an
+ * environment that disagrees with one line saying what to do. */
+static void test_comm_id_action(void **state)
+{
+    (void)state;
+    char err[1024];
+    const char *want = "10.0.0.1:29500";
+    /* Agreeing: nothing to do, in either mode. */
+    assert_int_equal(cp_comm_id_action(want, want, 0, err, sizeof err), CP_COMM_ID_KEEP);
+    assert_int_equal(cp_comm_id_action(NULL, "", 0, err, sizeof err), CP_COMM_ID_KEEP);
+    assert_int_equal(cp_comm_id_action(NULL, NULL, 1, err, sizeof err), CP_COMM_ID_KEEP);
+    /* The binary changes it. */
+    assert_int_equal(cp_comm_id_action(NULL, want, 1, err, sizeof err), CP_COMM_ID_SET);
+    assert_int_equal(cp_comm_id_action("10.0.0.2:1", want, 1, err, sizeof err), CP_COMM_ID_SET);
+    assert_int_equal(cp_comm_id_action(want, "", 1, err, sizeof err), CP_COMM_ID_UNSET);
+    assert_int_equal(cp_comm_id_action("", "", 1, err, sizeof err), CP_COMM_ID_UNSET); /* NCCL reads "" as set */
+    /* The library refuses, naming the value to export. */
+    assert_int_equal(cp_comm_id_action(NULL, want, 0, err, sizeof err), -1);
+    assert_null(strchr(err, '\n'));
+    assert_non_null(strstr(err, "NCCL_COMM_ID is unset"));
+    assert_non_null(strstr(err, "export NCCL_COMM_ID=10.0.0.1:29500 before the process starts"));
+    assert_int_equal(cp_comm_id_action("10.0.0.2:1", want, 0, err, sizeof err), -1);
+    assert_non_null(strstr(err, "NCCL_COMM_ID is '10.0.0.2:1'"));
+    /* ... or the value to unset, printed as one line whatever it holds. */
+    assert_int_equal(cp_comm_id_action("a\nb", "", 0, err, sizeof err), -1);
+    assert_null(strchr(err, '\n'));
+    assert_non_null(strstr(err, "NCCL_COMM_ID is 'a?b'"));
+    assert_non_null(strstr(err, "unset NCCL_COMM_ID before the process starts"));
+    assert_int_equal(cp_comm_id_action("", "", 0, err, sizeof err), -1);
+
+    /* What each launch wants: the MASTER_ADDR channel its address, the file
+     * channel and a stand-in run nothing. */
+    cp_launch_env L;
+    const char *exported[] = { "RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=0", "MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500",
+                               NULL };
+    assert_int_equal(launch(exported, &L, err), 0);
+    assert_string_equal(cp_launch_comm_id(&L), want);
+    L.standin = 1;
+    assert_string_equal(cp_launch_comm_id(&L), "");
+    const char *file[] = { "RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=0", "COMMPLAN_ID_FILE=/shared/id",
+                           "COMMPLAN_ID_GENERATION=g", NULL };
+    assert_int_equal(launch(file, &L, err), 0);
+    assert_string_equal(cp_launch_comm_id(&L), "");
+
+    /* The binary's export, on this process's own environment (the test is
+     * single-threaded here): set, then unset. */
+    assert_int_equal(launch(exported, &L, err), 0);
+    assert_int_equal(cp_launch_export_comm_id(&L, err, sizeof err), 0);
+    assert_string_equal(getenv("NCCL_COMM_ID"), want);
+    assert_int_equal(launch(file, &L, err), 0);
+    assert_int_equal(cp_launch_export_comm_id(&L, err, sizeof err), 0);
+    assert_null(getenv("NCCL_COMM_ID"));
+}
+
 /* ---- ranks as threads ---- */
 
 typedef struct {
@@ -858,7 +913,7 @@ static void test_tcpstore_random_replies(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_channel_selection),   cmocka_unit_test(test_id_file_four_ranks),
+        cmocka_unit_test(test_channel_selection),   cmocka_unit_test(test_comm_id_action),   cmocka_unit_test(test_id_file_four_ranks),
         cmocka_unit_test(test_id_file_timeout),     cmocka_unit_test(test_tcpstore_four_ranks),
         cmocka_unit_test(test_tcpstore_wait_timeout), cmocka_unit_test(test_tcpstore_hangs_up),
         cmocka_unit_test(test_tcpstore_never_answers), cmocka_unit_test(test_tcpstore_nobody_listens),
