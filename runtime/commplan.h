@@ -285,10 +285,26 @@ int64_t cp_param_full_numel(const cp_param *prm);
 /* ---- the buffer arena (arena.c) ---- */
 /* Bytes of any of a unit's buffers (cp_buffer), arena or persistent. */
 int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_buffer k);
-/* Library order check: a unit v with live[v] set (still unsharded) whose
- * unsharded params share arena bytes with `unit`'s all-gather buffer or
- * unsharded params, or -1. The plan's own order never conflicts. */
-int cp_unshard_conflict(const cp_plan *p, int unit, const unsigned char *live);
+/* Library order check (arena.c says which buffers hold data between
+ * calls): a library call's effect on the arena, from the ops it will run
+ * (the unit's op group kinds, from its cursor, as cp_run_call picks them). */
+typedef struct {
+    int ops, first, last;    /* how many ops it runs, the first and last (table index; -1: none) */
+    unsigned touches, writes; /* arena buffers (bit k = cp_buffer k) its ops use, and write */
+    unsigned opens, closes;   /* arena buffers of the unit holding data after the call / no longer */
+} cp_call_effect;
+void cp_call_effect_of(const cp_plan *p, int unit, const cp_op_kind *kinds, int nkinds, int cursor, cp_call_effect *e);
+/* live[v]: bit k set while unit v's arena buffer k holds data across calls.
+ * The unit v whose live buffer (*held) the call would overwrite with its
+ * buffer *wrote, or -1. Calls in the plan's order (each at its last op)
+ * never conflict. */
+int cp_call_conflict(const cp_plan *p, int unit, const cp_call_effect *e, const unsigned char *live, int *wrote,
+                     int *held);
+/* After the call ran: its unit's live bits. */
+void cp_call_apply(const cp_call_effect *e, unsigned char *live_of_unit);
+/* One line for a refused call ("cp_gpu_unshard(blocks.1) would write ..."). */
+void cp_call_conflict_message(const cp_plan *p, const char *call, int unit, int v, int wrote, int held, char *out,
+                              size_t n);
 
 /* ---- backend interface (one instance per rank) ----
  * Everything an executor does to memory and streams goes through these:

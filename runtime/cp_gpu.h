@@ -54,7 +54,21 @@ void *cp_gpu_unsharded(cp_gpu *g, int param);
 void *cp_gpu_grad(cp_gpu *g, int param);
 void *cp_gpu_sharded_grad(cp_gpu *g, int param);
 
-/* The pieces of a step, for training loops that drive FSDP themselves. */
+/* The pieces of a step, for training loops that drive FSDP themselves.
+ * Each call forks its side streams from `stream` and joins them back into it
+ * before returning: the GPU runs its work after everything issued earlier
+ * on `stream` and before everything issued later, so calls never overlap
+ * one another or the caller's compute (cp_gpu_step overlaps them; these do
+ * not), and the plan's waits between units order nothing more. What keeps
+ * the arena's reused bytes safe is the order of the calls on the stream,
+ * which every call checks first: one whose ops would write bytes in which
+ * another buffer holds data across calls (unsharded parameters until their
+ * reshard, unsharded gradients from the unshard before their backward until
+ * their reduction, all_reduce_last's partial sums) is refused with one line
+ * naming both, before it issues anything; the plan's own order (SCHEDULE.md,
+ * each call at its last op) never is. So: one stream for every call and for
+ * the compute between them (or order your streams yourself), and the same
+ * call order on every rank (collectives pair up in issue order). */
 int cp_gpu_unshard(cp_gpu *g, int unit, void *stream);      /* copy-in + all-gather on side streams, copy-out on stream */
 int cp_gpu_reshard(cp_gpu *g, int unit, void *stream);
 int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream); /* pack on stream, RS (+HSDP AR), view-out; stream waits */

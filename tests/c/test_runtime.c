@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "commplan.h"
+#include "cp_hostlib.h"
 #include "host.h"
 #include "launch.h"
 #include "simulate.h"
@@ -520,53 +521,146 @@ static void test_micro_steps_accumulate_in_reduce_dtype(void **state)
     }
 }
 
-/* Walking a plan's own op list, every unshard is accepted by the library's
- * order check (a library unshard does copy-in, all-gather and copy-out at
- * once, where the plan's copy-out is); unsharding a unit whose bytes a live unit holds is
- * refused, and such pairs exist once units are resharded after forward. */
-static int arena_order_conflicts(const cp_plan *p)
+/* ---- the library's call order (arena.c) ----
+ * The plan's step as library calls, in the order they may be made: each
+ * call is one unit's instance of an op group, made once its last op may be
+ * issued, so ordered by its last op (python/commplan/runtime.py
+ * library_calls, which CommplanFSDP enforces). */
+typedef struct {
+    int call, unit, last;
+} call_inst;
+
+static const cp_op_kind *const CALL_KINDS[3] = { cp_call_unshard, cp_call_reshard, cp_call_reduce };
+static const int CALL_NKINDS[3] = { 3, 1, 8 };
+static const char *const CALL_NAMES[3] = { "unshard", "reshard", "reduce" };
+
+static int by_last(const void *a, const void *b)
 {
-    unsigned char live[64] = { 0 };
-    assert_true(p->nunits <= 64);
-    for (int i = 0; i < p->nops; i++) {
-        const cp_op *o = &p->ops[i];
-        if (o->kind == CP_OP_COPY_OUT) {
-            assert_int_equal(cp_unshard_conflict(p, o->unit, live), -1);
-            live[o->unit] = 1;
-        }
-        if (o->kind == CP_OP_RESHARD) live[o->unit] = 0;
-    }
-    int refused = 0;
-    for (int u = 0; u < p->nunits; u++)
-        for (int v = 0; v < p->nunits; v++) {
-            if (u == v) continue;
-            memset(live, 0, sizeof live);
-            live[v] = 1;
-            int c = cp_unshard_conflict(p, u, live);
-            assert_true(c == -1 || c == v);
-            if (c == v) {
-                /* A refusal means real shared bytes. */
-                int64_t a = p->units[u].arena_offset[CP_BUF_UNSHARDED], b = p->units[v].arena_offset[CP_BUF_UNSHARDED];
-                int64_t g = p->units[u].arena_offset[CP_BUF_AG];
-                int64_t nb = cp_arena_buffer_bytes(p, v, CP_BUF_UNSHARDED);
-                int64_t na = cp_arena_buffer_bytes(p, u, CP_BUF_UNSHARDED);
-                assert_true((a < b + nb && b < a + na) || (g < b + nb && b < g + cp_arena_buffer_bytes(p, u, CP_BUF_AG)));
-                refused++;
-            }
-        }
-    return refused;
+    return ((const call_inst *)a)->last - ((const call_inst *)b)->last;
 }
 
-static void test_arena_library_order(void **state)
+static int plan_calls(const cp_plan *p, call_inst *out, int cap)
+{
+    int n = 0, open[64][3], at[64][3];
+    assert_true(p->nunits <= 64);
+    for (int u = 0; u < p->nunits; u++)
+        for (int c = 0; c < 3; c++) open[u][c] = -1;
+    for (int i = 0; i < p->nops; i++) {
+        const cp_op *o = &p->ops[i];
+        for (int c = 0; c < 3; c++) {
+            int k = 0;
+            while (k < CALL_NKINDS[c] && CALL_KINDS[c][k] != o->kind) k++;
+            if (k == CALL_NKINDS[c]) continue;
+            int *cur = &open[o->unit][c];
+            if (k == 0 || *cur < 0 || k < at[o->unit][c]) {
+                assert_true(n < cap);
+                out[n] = (call_inst){ c, o->unit, i };
+                *cur = n++;
+            } else
+                out[*cur].last = i;
+            at[o->unit][c] = k;
+            if (k == CALL_NKINDS[c] - 1) *cur = -1;
+        }
+    }
+    qsort(out, (size_t)n, sizeof *out, by_last);
+    return n;
+}
+
+static int run_nothing(void *ctx, const cp_op *op)
+{
+    (void)ctx;
+    (void)op;
+    return 0;
+}
+
+/* Two steps of plan p's calls in the plan's order through the order check:
+ * every call accepted, and every buffer free at each step's end. */
+static void library_order_accepted(const cp_plan *p)
+{
+    call_inst calls[512];
+    int n = plan_calls(p, calls, 512), cursor[64][3] = { { 0 } };
+    unsigned char live[64] = { 0 };
+    for (int step = 0; step < 2; step++) {
+        for (int i = 0; i < n; i++) {
+            const call_inst *c = &calls[i];
+            cp_call_effect e;
+            int *cur = &cursor[c->unit][c->call];
+            cp_call_effect_of(p, c->unit, CALL_KINDS[c->call], CALL_NKINDS[c->call], *cur, &e);
+            assert_int_equal(e.last, c->last); /* the library runs this very instance */
+            int wrote = -1, held = -1, v = cp_call_conflict(p, c->unit, &e, live, &wrote, &held);
+            if (v >= 0) {
+                char m[600];
+                cp_call_conflict_message(p, CALL_NAMES[c->call], c->unit, v, wrote, held, m, sizeof m);
+                fail_msg("plan %s, call %d of the step: %s", p->name, i, m);
+            }
+            cp_call_apply(&e, &live[c->unit]);
+            assert_int_equal(cp_run_call(p, c->unit, CALL_KINDS[c->call], CALL_NKINDS[c->call], cur, run_nothing,
+                                         NULL), 0);
+        }
+        for (int u = 0; u < p->nunits; u++)
+            if (live[u]) fail_msg("plan %s: unit %s still holds buffers 0x%x at the step's end", p->name,
+                                  p->units[u].name, live[u]);
+    }
+}
+
+static void test_library_order_of_plans(void **state)
 {
     (void)state;
-    int refused = arena_order_conflicts(&hsdp2x3_bf16_plan) + arena_order_conflicts(&hsdp4x2_fp16_plan);
-    arena_order_conflicts(&fsdp8_uneven_plan);
-    assert_true(refused > 0);
+    const cp_plan *plans[] = { &fsdp8_uneven_plan, &hsdp2x3_bf16_plan, &hsdp4x2_fp16_plan, &llama_tiny_tp_plan };
+    for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++)
+        for (int r = 0; r < plans[i]->world_size; r++) { /* every TP class's tables */
+            cp_plan view;
+            cp_plan_view(plans[i], r, &view);
+            library_order_accepted(&view);
+        }
     /* Arena buffer sizes are the executor's. */
     const cp_unit *U = &hsdp2x3_bf16_plan.units[0];
     assert_int_equal(cp_arena_buffer_bytes(&hsdp2x3_bf16_plan, 0, CP_BUF_RS_OUT),
                      U->total * (int64_t)cp_dtype_size(U->reduce_dtype));
+}
+
+static int no_collective(void *user, int coll, int family, int color, int key, int size, void *in, void *out,
+                         int64_t count, int dtype, int reduce_op)
+{
+    (void)user, (void)coll, (void)family, (void)color, (void)key, (void)size, (void)in, (void)out, (void)count;
+    (void)dtype, (void)reduce_op;
+    return 0;
+}
+
+/* Out of the plan's order through the host library (cp_gpu.h's calls have
+ * the same check): hsdp2x3_bf16's arena gives the root's reduce-scatter
+ * input the bytes of layers.0's unsharded parameters, free by the time the
+ * plan reduces the root. A caller reducing the root's grads while layers.0
+ * is unsharded for its backward would overwrite the parameters that
+ * backward reads: refused, naming both buffers. So is an unshard over
+ * unsharded parameters still in use. */
+static void test_library_order_refused(void **state)
+{
+    (void)state;
+    const cp_plan *p = &hsdp2x3_bf16_plan;
+    cp_hostlib *h;
+    char err[600];
+    assert_int_equal(cp_hostlib_init(&h, p, 0, no_collective, NULL, err, sizeof err), 0);
+    /* Forward: the root stays unsharded, each layer is resharded after it. */
+    assert_int_equal(cp_hostlib_unshard(h, 0), 0);
+    assert_int_equal(cp_hostlib_unshard(h, 1), 0);
+    assert_int_equal(cp_hostlib_reshard(h, 1), 0);
+    assert_int_equal(cp_hostlib_unshard(h, 2), 0);
+    assert_int_equal(cp_hostlib_reshard(h, 2), 0);
+    /* Backward of layers.1, then layers.0 unsharded for its backward. */
+    assert_int_equal(cp_hostlib_unshard(h, 2), 0);
+    assert_int_equal(cp_hostlib_reshard(h, 2), 0);
+    assert_int_equal(cp_hostlib_reduce_grads(h, 2), 0);
+    assert_int_equal(cp_hostlib_unshard(h, 1), 0);
+    /* The root's reshard and reduction now, before layers.0's backward. */
+    assert_int_equal(cp_hostlib_reshard(h, 0), 0);
+    assert_int_equal(cp_hostlib_reduce_grads(h, 0), -1);
+    const char *m = cp_hostlib_last_error(h);
+    if (!strstr(m, "cp_hostlib_reduce_grads(root) would write its reduce-scatter input over the unsharded parameters "
+                   "of unit layers.0, still unsharded") ||
+        !strstr(m, "reshard layers.0 first") || !strstr(m, "plans/hsdp2x3_bf16/SCHEDULE.md"))
+        fail_msg("%s", m);
+    cp_hostlib_destroy(h);
 }
 
 static void test_launch_env(void **state)
@@ -638,7 +732,8 @@ int main(void)
         cmocka_unit_test(test_missing_all_reduce_is_caught),
         cmocka_unit_test(test_view_out_add_is_checked),
         cmocka_unit_test(test_compute_on_resharded_params_fails),
-        cmocka_unit_test(test_arena_library_order),
+        cmocka_unit_test(test_library_order_of_plans),
+        cmocka_unit_test(test_library_order_refused),
         cmocka_unit_test(test_divides_in_reduce_dtype_then_cast),
         cmocka_unit_test(test_micro_steps_accumulate_in_reduce_dtype),
         cmocka_unit_test(test_fsdp2_default_adds_each_reduction),
