@@ -213,9 +213,15 @@ int cp_gloo_all_reduce_key(cp_dtype t, int64_t i, int64_t count, int n);
  * chain starting at member key+1 and ending with key's own (dtype.c says
  * where this model holds). */
 float cp_reduce_values_nccl(cp_dtype t, cp_reduce_op op, const float *v, int n, int key);
-/* The member whose ring step finishes element i of an n-member NCCL
- * all-reduce of count elements, for one channel (NCCL's real split varies). */
-int cp_nccl_all_reduce_key(int64_t i, int64_t count, int n);
+/* The member whose ring step finishes element i of an n-member NCCL ring
+ * all-reduce of count elements of t, with one channel and one loop (NCCL's
+ * split for a small buffer on one channel: chunks of divUp(count, n)
+ * elements rounded up to 16 bytes; dtype.c cites NCCL). */
+int cp_nccl_all_reduce_key(cp_dtype t, int64_t i, int64_t count, int n);
+/* The last ring position that can finish element i under any channel and
+ * chunk split NCCL's 16-byte granularity allows: every position 0 ..
+ * min(n - 1, i / (16 / size)) can, no other (dtype.c). */
+int cp_nccl_all_reduce_max_key(cp_dtype t, int64_t i, int n);
 float cp_reduce_arith(cp_arith a, cp_dtype t, cp_reduce_op op, const float *v, int n, int key);
 /* The key cp_reduce_arith takes for element i of an all-reduce of count
  * elements, and for element i of member key's count-element share of a

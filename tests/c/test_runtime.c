@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "commplan.h"
+#include "check.h"
 #include "cp_hostlib.h"
 #include "host.h"
 #include "launch.h"
@@ -521,6 +522,91 @@ static void test_micro_steps_accumulate_in_reduce_dtype(void **state)
     }
 }
 
+/* ---- NCCL's ring all-reduce positions in the checker ----
+ * HSDP over 3 replicas (one shard each), one fp32 unit of 16 elements,
+ * AVG: ncclAvg's float(1/3) premultiply makes the bits depend on the ring
+ * position that finishes each element, which NCCL's run-time channel and
+ * chunk split decides. The checker must take the bits of every position a
+ * split can give an element, and no other. */
+enum { REP3_NUMEL = 16 };
+static const cp_group_family rep3_families[1] = { { .name = "dp_replicate", .axis_mask = 0x1u, .size = 3 } };
+static const cp_param rep3_params[1] = { { .name = "w", .ndim = 1, .shape = { REP3_NUMEL }, .numel = REP3_NUMEL,
+                                           .chunk = REP3_NUMEL, .outer = 1, .run = REP3_NUMEL,
+                                           .padded = REP3_NUMEL } };
+static const cp_unit rep3_units[1] = { { .name = "u", .first_param = 0, .nparams = 1, .total = REP3_NUMEL,
+                                         .numel = REP3_NUMEL, .grads_numel = REP3_NUMEL, .orig_dtype = CP_FP32,
+                                         .ag_dtype = CP_FP32, .reduce_dtype = CP_FP32, .grad_dtype = CP_FP32,
+                                         .is_root = 1, .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1.0,
+                                         .post_divide = 1.0 } };
+static const cp_op rep3_ops[2] = {
+    { .kind = CP_OP_PACK, .family = -1, .stream = CP_STREAM_COMPUTE, .event = -1 },
+    { .kind = CP_OP_ALL_REDUCE, .family = 0, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = REP3_NUMEL,
+      .reduce_op = CP_AVG, .event = -1 },
+};
+static const cp_plan rep3_plan = { .name = "rep3", .fingerprint = "0", .world_size = 3, .mesh_ndim = 1,
+                                   .mesh_names = { "dp_replicate" }, .mesh_sizes = { 3 }, .shard_size = 1,
+                                   .replicate_size = 3, .shard_family = -1, .replicate_family = 0, .micro_steps = 1,
+                                   .nunits = 1, .units = rep3_units, .nparams = 1, .params = rep3_params,
+                                   .nfamilies = 1, .families = rep3_families, .nops = 2, .ops = rep3_ops,
+                                   .tp_size = 1, .tp_mesh_dim = -1 };
+
+/* Rank 0's reduced grad of element i as NCCL computes it when ring position
+ * `key` finishes it: the three replicas' pattern grads, ncclAvg's chain. */
+static float rep3_value(int step, int64_t i, int key)
+{
+    float g[3];
+    for (int q = 0; q < 3; q++) g[q] = cp_pattern_grad(CP_PATTERN_UNIQUE, CP_FP32, 0, i, q, 0, step);
+    return cp_reduce_values_nccl(CP_FP32, CP_AVG, g, 3, key);
+}
+
+static long rep3_mismatches(int step, const int *key)
+{
+    float got[REP3_NUMEL];
+    for (int i = 0; i < REP3_NUMEL; i++) got[i] = rep3_value(step, i, key[i]);
+    cp_checker c;
+    assert_int_equal(cp_checker_init(&c, &rep3_plan, CP_PATTERN_UNIQUE, 0), 0);
+    c.step = step;
+    cp_checker_check_grads(&c, 0, got);
+    long m = c.mismatches;
+    cp_checker_free(&c);
+    return m;
+}
+
+static void test_checker_takes_every_nccl_ring_split(void **state)
+{
+    (void)state;
+    /* Positions NCCL gives (tests/c/test_arith.c runs its runRing): one
+     * channel, one loop (chunks of 8: the checker's first guess); two
+     * channels of 8 (chunks of 4); one channel with 16-byte chunks (a loop
+     * of 12, then 4 elements on position 0). */
+    static const int one[REP3_NUMEL] = { 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1 };
+    static const int two[REP3_NUMEL] = { 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1 };
+    static const int small[REP3_NUMEL] = { 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0 };
+    int sensitive = 0;
+    for (int step = 0; step < 4; step++) {
+        for (int i = 0; i < REP3_NUMEL; i++)
+            sensitive += f32_bits(rep3_value(step, i, one[i])) != f32_bits(rep3_value(step, i, small[i]));
+        assert_int_equal(rep3_mismatches(step, one), 0);
+        assert_int_equal(rep3_mismatches(step, two), 0);
+        assert_int_equal(rep3_mismatches(step, small), 0);
+    }
+    assert_true(sensitive > 0); /* the splits do show in the bits */
+    /* The first 16 bytes always finish on position 0 (every chunk starts a
+     * multiple of 16 bytes into the buffer): position 2's bits there are
+     * wrong gradients. */
+    int step = -1, at = -1;
+    for (int s = 0; s < 16 && at < 0; s++)
+        for (int i = 0; i < 4 && at < 0; i++)
+            if (f32_bits(rep3_value(s, i, 2)) != f32_bits(rep3_value(s, i, 0)) &&
+                f32_bits(rep3_value(s, i, 2)) != f32_bits(rep3_value(s, i, 1)))
+                step = s, at = i;
+    assert_true(at >= 0);
+    int wrong[REP3_NUMEL];
+    memcpy(wrong, one, sizeof wrong);
+    wrong[at] = 2;
+    assert_int_equal(rep3_mismatches(step, wrong), 1);
+}
+
 /* ---- the library's call order (arena.c) ----
  * The plan's step as library calls, in the order they may be made: each
  * call is one unit's instance of an op group, made once its last op may be
@@ -732,6 +818,7 @@ int main(void)
         cmocka_unit_test(test_missing_all_reduce_is_caught),
         cmocka_unit_test(test_view_out_add_is_checked),
         cmocka_unit_test(test_compute_on_resharded_params_fails),
+        cmocka_unit_test(test_checker_takes_every_nccl_ring_split),
         cmocka_unit_test(test_library_order_of_plans),
         cmocka_unit_test(test_library_order_refused),
         cmocka_unit_test(test_divides_in_reduce_dtype_then_cast),
