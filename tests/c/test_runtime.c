@@ -705,6 +705,64 @@ static void test_library_order_of_plans(void **state)
                      U->total * (int64_t)cp_dtype_size(U->reduce_dtype));
 }
 
+/* Unsharded gradients hold data from the unshard before their backward to
+ * their reduction: llama_tiny_tp's arena gives tok_embeddings' grads bytes
+ * that layers.0's all-gather buffer and unsharded parameters use earlier in
+ * the step. After tok_embeddings' backward and reshard, before its
+ * reduction, a second unshard of layers.0 (a recompute the plan does not
+ * have) would overwrite those grads: refused, though no unit is unsharded
+ * any more (the old check saw unsharded parameters only). */
+static void test_library_order_guards_grads(void **state)
+{
+    (void)state;
+    cp_plan view;
+    cp_plan_view(&llama_tiny_tp_plan, 0, &view);
+    const cp_plan *p = &view;
+    int tok = -1, l0 = -1;
+    for (int u = 0; u < p->nunits; u++) {
+        if (!strcmp(p->units[u].name, "tok_embeddings")) tok = u;
+        if (!strcmp(p->units[u].name, "layers.0")) l0 = u;
+    }
+    assert_true(tok >= 0 && l0 >= 0);
+    call_inst calls[512];
+    int n = plan_calls(p, calls, 512), cursor[64][3] = { { 0 } }, reshards = 0, i = 0;
+    unsigned char live[64] = { 0 };
+    /* The plan's calls up to tok_embeddings' second reshard (after its backward). */
+    for (; i < n && reshards < 2; i++) {
+        const call_inst *c = &calls[i];
+        cp_call_effect e;
+        cp_call_effect_of(p, c->unit, CALL_KINDS[c->call], CALL_NKINDS[c->call], cursor[c->unit][c->call], &e);
+        assert_int_equal(cp_call_conflict(p, c->unit, &e, live, NULL, NULL), -1);
+        cp_call_apply(&e, &live[c->unit]);
+        assert_int_equal(cp_run_call(p, c->unit, CALL_KINDS[c->call], CALL_NKINDS[c->call],
+                                     &cursor[c->unit][c->call], run_nothing, NULL), 0);
+        reshards += c->call == 1 && c->unit == tok;
+    }
+    assert_int_equal(reshards, 2);
+    assert_int_equal(live[tok], 1u << CP_BUF_GRADS);
+    for (int u = 0; u < p->nunits; u++) assert_false(live[u] & (1u << CP_BUF_UNSHARDED));
+    cp_call_effect e;
+    cp_call_effect_of(p, l0, cp_call_unshard, 3, cursor[l0][0], &e);
+    int wrote = -1, held = -1;
+    assert_int_equal(cp_call_conflict(p, l0, &e, live, &wrote, &held), tok);
+    assert_int_equal(held, CP_BUF_GRADS);
+    char m[600];
+    cp_call_conflict_message(p, "cp_gpu_unshard", l0, tok, wrote, held, m, sizeof m);
+    assert_non_null(strstr(m, "cp_gpu_unshard(layers.0) would write its "));
+    assert_non_null(strstr(m, " over the unsharded gradients of unit tok_embeddings"));
+    assert_non_null(strstr(m, "reduce tok_embeddings's gradients first"));
+    /* Its reduction frees them: the rest of the step goes through. */
+    for (; i < n; i++) {
+        const call_inst *c = &calls[i];
+        cp_call_effect_of(p, c->unit, CALL_KINDS[c->call], CALL_NKINDS[c->call], cursor[c->unit][c->call], &e);
+        assert_int_equal(cp_call_conflict(p, c->unit, &e, live, NULL, NULL), -1);
+        cp_call_apply(&e, &live[c->unit]);
+        assert_int_equal(cp_run_call(p, c->unit, CALL_KINDS[c->call], CALL_NKINDS[c->call],
+                                     &cursor[c->unit][c->call], run_nothing, NULL), 0);
+    }
+    assert_int_equal(live[tok], 0);
+}
+
 static int no_collective(void *user, int coll, int family, int color, int key, int size, void *in, void *out,
                          int64_t count, int dtype, int reduce_op)
 {
@@ -821,6 +879,7 @@ int main(void)
         cmocka_unit_test(test_checker_takes_every_nccl_ring_split),
         cmocka_unit_test(test_library_order_of_plans),
         cmocka_unit_test(test_library_order_refused),
+        cmocka_unit_test(test_library_order_guards_grads),
         cmocka_unit_test(test_divides_in_reduce_dtype_then_cast),
         cmocka_unit_test(test_micro_steps_accumulate_in_reduce_dtype),
         cmocka_unit_test(test_fsdp2_default_adds_each_reduction),
