@@ -110,13 +110,17 @@ void cp_call_effect_of(const cp_plan *p, int unit, const cp_op_kind *kinds, int 
 int cp_call_conflict(const cp_plan *p, int unit, const cp_call_effect *e, const unsigned char *live, int *wrote,
                      int *held)
 {
+    /* What it writes, and what it opens: the caller's backward writes the
+     * grads an unshard opens, so their bytes must be free from then on. */
+    unsigned mine = e->writes | e->opens;
     for (int k = 0; k < CP_ARENA_BUFFERS; k++) {
-        if (!(e->writes & (1u << k))) continue;
+        if (!(mine & (1u << k))) continue;
         for (int v = 0; v < p->nunits; v++)
             for (int j = 0; j < CP_ARENA_BUFFERS; j++) {
-                /* The call's own buffers in use by it (the grads it packs,
-                 * the sums it adds to, the parameters it regathers) are its. */
-                if (!(live[v] & (1u << j)) || (v == unit && (e->touches & (1u << j)))) continue;
+                /* The call's own buffers in use by it (the grads it packs or
+                 * keeps open, the sums it adds to, the parameters it
+                 * regathers) are its. */
+                if (!(live[v] & (1u << j)) || (v == unit && ((e->touches | e->opens) & (1u << j)))) continue;
                 if (overlap(p, unit, (cp_arena_buffer)k, v, (cp_arena_buffer)j)) {
                     if (wrote) *wrote = k;
                     if (held) *held = j;
@@ -151,8 +155,9 @@ void cp_call_conflict_message(const cp_plan *p, const char *call, int unit, int 
         why = "which its next reduction adds into";
         snprintf(fix, sizeof fix, "make %s's reductions first", name);
     }
-    snprintf(out, n, "%s(%s) would write its %s over the %s of unit %s, %s: the plan's arena reuses those bytes; %s, "
-             "in the order of plans/%s/SCHEDULE.md", call, p->units[unit].name,
-             (unsigned)wrote < CP_ARENA_BUFFERS ? bufs[wrote] : "buffers", (unsigned)held < CP_ARENA_BUFFERS ? bufs[held] : "buffers",
-             name, why, fix, p->name);
+    snprintf(out, n, "%s(%s) would %s %s over the %s of unit %s, %s: the plan's arena reuses those bytes; %s, in the "
+             "order of plans/%s/SCHEDULE.md", call, p->units[unit].name,
+             wrote == CP_BUF_GRADS ? "let its backward write its" : "write its",
+             (unsigned)wrote < CP_ARENA_BUFFERS ? bufs[wrote] : "buffers",
+             (unsigned)held < CP_ARENA_BUFFERS ? bufs[held] : "buffers", name, why, fix, p->name);
 }

@@ -302,7 +302,8 @@ typedef struct {
 void cp_call_effect_of(const cp_plan *p, int unit, const cp_op_kind *kinds, int nkinds, int cursor, cp_call_effect *e);
 /* live[v]: bit k set while unit v's arena buffer k holds data across calls.
  * The unit v whose live buffer (*held) the call would overwrite with its
- * buffer *wrote, or -1. Calls in the plan's order (each at its last op)
+ * buffer *wrote (one its ops write, or the grads the caller's backward
+ * writes after the unshard that opens them), or -1. Calls in the plan's order (each at its last op)
  * never conflict. */
 int cp_call_conflict(const cp_plan *p, int unit, const cp_call_effect *e, const unsigned char *live, int *wrote,
                      int *held);

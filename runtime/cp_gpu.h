@@ -61,7 +61,8 @@ void *cp_gpu_sharded_grad(cp_gpu *g, int param);
  * one another or the caller's compute (cp_gpu_step overlaps them; these do
  * not), and the plan's waits between units order nothing more. What keeps
  * the arena's reused bytes safe is the order of the calls on the stream,
- * which every call checks first: one whose ops would write bytes in which
+ * which every call checks first: one whose ops (or the backward an unshard
+ * opens the gradients for) would write bytes in which
  * another buffer holds data across calls (unsharded parameters until their
  * reshard, unsharded gradients from the unshard before their backward until
  * their reduction, all_reduce_last's partial sums) is refused with one line

@@ -761,6 +761,39 @@ static void test_library_order_guards_grads(void **state)
                                      &cursor[c->unit][c->call], run_nothing, NULL), 0);
     }
     assert_int_equal(live[tok], 0);
+
+    /* The grads an unshard opens are the caller's backward's to write: a
+     * backward of layers.0 before layers.1's (the reverse of the plan's)
+     * would have layers.1's backward write its grads over layers.0's, not
+     * yet reduced. Refused at layers.1's unshard, whose own buffers touch
+     * nothing live. */
+    static const char *const seq[][2] = {
+        { "unshard", "tok_embeddings" }, { "reshard", "tok_embeddings" }, { "unshard", "layers.0" },
+        { "reshard", "layers.0" },       { "unshard", "layers.1" },       { "reshard", "layers.1" },
+        { "unshard", "norm_output" },    { "reshard", "norm_output" },    { "reduce", "norm_output" },
+        { "unshard", "layers.0" },       { "reshard", "layers.0" },       { "unshard", "layers.1" },
+    };
+    int nseq = (int)(sizeof seq / sizeof seq[0]);
+    memset(cursor, 0, sizeof cursor);
+    memset(live, 0, sizeof live);
+    for (int k = 0; k < nseq; k++) {
+        int c = 0, u = 0;
+        while (strcmp(CALL_NAMES[c], seq[k][0])) c++;
+        while (strcmp(p->units[u].name, seq[k][1])) u++;
+        cp_call_effect_of(p, u, CALL_KINDS[c], CALL_NKINDS[c], cursor[u][c], &e);
+        int v = cp_call_conflict(p, u, &e, live, &wrote, &held);
+        if (k < nseq - 1) {
+            assert_int_equal(v, -1);
+            cp_call_apply(&e, &live[u]);
+            assert_int_equal(cp_run_call(p, u, CALL_KINDS[c], CALL_NKINDS[c], &cursor[u][c], run_nothing, NULL), 0);
+            continue;
+        }
+        assert_int_equal(v, l0);
+        assert_int_equal(wrote, CP_BUF_GRADS);
+        assert_int_equal(held, CP_BUF_GRADS);
+        e.opens = 0; /* its writes alone clash with nothing live */
+        assert_int_equal(cp_call_conflict(p, u, &e, live, NULL, NULL), -1);
+    }
 }
 
 static int no_collective(void *user, int coll, int family, int color, int key, int size, void *in, void *out,
