@@ -744,10 +744,20 @@ static void test_tcpstore_runs_out_of_step(void **state)
         assert_int_equal(launch(env, &jobs[r].env, err), 0);
         jobs[r].key = "fp1234";
         jobs[r].timeout_s = 0.8;
-        jobs[r].start_delay_s = r == 0 ? 0.2 : 0; /* the others count first */
         fill_id(jobs[r].bytes, 2);
     }
-    for (int r = 0; r < RANKS; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &jobs[r]), 0);
+    /* Ranks 1..3 count first (their three ADDs in the store's log after
+     * rank 0's earlier one), then rank 0. */
+    for (int r = 1; r < RANKS; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &jobs[r]), 0);
+    int adds = 0;
+    for (int tries = 0; tries < 2000 && adds < RANKS; tries++) {
+        adds = 0;
+        for (const char *q = read_text(s.log); (q = strstr(q, "ADD /commplan/")) != NULL; q++) adds++;
+        struct timespec t = { 0, 5 * 1000 * 1000 };
+        if (adds < RANKS) nanosleep(&t, NULL);
+    }
+    assert_int_equal(adds, RANKS);
+    assert_int_equal(pthread_create(&th[0], NULL, rank_main, &jobs[0]), 0);
     for (int r = 0; r < RANKS; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
     for (int r = 0; r < RANKS; r++) {
         char want[64];
