@@ -19,7 +19,9 @@ int main(void)
 {
     cp_launch_env env;
     char err[512];
-    if (cp_launch_from_env(&env, getenv, err, sizeof err) != 0) {
+    /* NCCL_COMM_ID as the launch needs it, set before any thread starts
+     * (cp_gpu_init only checks it: a library never writes the environment). */
+    if (cp_launch_from_env(&env, getenv, err, sizeof err) != 0 || cp_launch_export_comm_id(&env, err, sizeof err) != 0) {
         fprintf(stderr, "%s\n", err);
         return 2;
     }

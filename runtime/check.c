@@ -342,14 +342,17 @@ static void expect_unit(const cp_checker *c, int u, float *out)
     }
 }
 
-/* NCCL's all-reduce finishes an element on a ring position that depends on
- * its channel and chunk split, not known here: with more than two replicas
- * got may be any ring order's bits (with two, every order gives the same). */
-static int any_ring_order(const cp_checker *c, int u, int64_t k, int64_t e, float got)
+/* NCCL's ring all-reduce finishes element `at` of the unit's buffer on a ring
+ * position that depends on its channel and chunk split, NCCL's run-time
+ * choice: got may be the bits of any position that split can give it
+ * (0 .. cp_nccl_all_reduce_max_key: the first 16 bytes always finish on
+ * position 0), each position's value worked out in full; no other. */
+static int any_ring_order(const cp_checker *c, int u, int64_t k, int64_t e, int64_t at, float got)
 {
     int R = c->plan->replicate_size;
-    if (c->arith != CP_ARITH_NCCL || R <= 2) return 0;
-    for (int key = 0; key < R; key++)
+    if (c->arith != CP_ARITH_NCCL || R < 2) return 0;
+    int last = cp_nccl_all_reduce_max_key(c->plan->units[u].reduce_dtype, at, R);
+    for (int key = 0; key <= last; key++)
         if (same(expect_element(c, u, k, e, c->shard_rank, key), got)) return 1;
     return 0;
 }
@@ -367,7 +370,7 @@ static void compare_grads(cp_checker *c, int u, const float *want, const void *s
             int64_t e = cp_param_full_index(prm, c->tp_rank, cp_param_global_index(prm, p->shard_size, c->shard_rank, i));
             float w = i < valid ? want[prm->offset + i] : 0.0f;
             if (same(w, got)) continue;
-            if (i < valid && any_ring_order(c, u, cp_pattern_param_id(p, param), e, got)) continue;
+            if (i < valid && any_ring_order(c, u, cp_pattern_param_id(p, param), e, prm->offset + i, got)) continue;
             report(c, i < valid ? "reduced sharded grad" : "grad padding", u, param, i < valid ? e : -1, w, got);
         }
     }

@@ -213,9 +213,15 @@ int cp_gloo_all_reduce_key(cp_dtype t, int64_t i, int64_t count, int n);
  * chain starting at member key+1 and ending with key's own (dtype.c says
  * where this model holds). */
 float cp_reduce_values_nccl(cp_dtype t, cp_reduce_op op, const float *v, int n, int key);
-/* The member whose ring step finishes element i of an n-member NCCL
- * all-reduce of count elements, for one channel (NCCL's real split varies). */
-int cp_nccl_all_reduce_key(int64_t i, int64_t count, int n);
+/* The member whose ring step finishes element i of an n-member NCCL ring
+ * all-reduce of count elements of t, with one channel and one loop (NCCL's
+ * split for a small buffer on one channel: chunks of divUp(count, n)
+ * elements rounded up to 16 bytes; dtype.c cites NCCL). */
+int cp_nccl_all_reduce_key(cp_dtype t, int64_t i, int64_t count, int n);
+/* The last ring position that can finish element i under any channel and
+ * chunk split NCCL's 16-byte granularity allows: every position 0 ..
+ * min(n - 1, i / (16 / size)) can, no other (dtype.c). */
+int cp_nccl_all_reduce_max_key(cp_dtype t, int64_t i, int n);
 float cp_reduce_arith(cp_arith a, cp_dtype t, cp_reduce_op op, const float *v, int n, int key);
 /* The key cp_reduce_arith takes for element i of an all-reduce of count
  * elements, and for element i of member key's count-element share of a
@@ -285,10 +291,27 @@ int64_t cp_param_full_numel(const cp_param *prm);
 /* ---- the buffer arena (arena.c) ---- */
 /* Bytes of any of a unit's buffers (cp_buffer), arena or persistent. */
 int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_buffer k);
-/* Library order check: a unit v with live[v] set (still unsharded) whose
- * unsharded params share arena bytes with `unit`'s all-gather buffer or
- * unsharded params, or -1. The plan's own order never conflicts. */
-int cp_unshard_conflict(const cp_plan *p, int unit, const unsigned char *live);
+/* Library order check (arena.c says which buffers hold data between
+ * calls): a library call's effect on the arena, from the ops it will run
+ * (the unit's op group kinds, from its cursor, as cp_run_call picks them). */
+typedef struct {
+    int ops, first, last;    /* how many ops it runs, the first and last (table index; -1: none) */
+    unsigned touches, writes; /* arena buffers (bit k = cp_buffer k) its ops use, and write */
+    unsigned opens, closes;   /* arena buffers of the unit holding data after the call / no longer */
+} cp_call_effect;
+void cp_call_effect_of(const cp_plan *p, int unit, const cp_op_kind *kinds, int nkinds, int cursor, cp_call_effect *e);
+/* live[v]: bit k set while unit v's arena buffer k holds data across calls.
+ * The unit v whose live buffer (*held) the call would overwrite with its
+ * buffer *wrote (one its ops write, or the grads the caller's backward
+ * writes after the unshard that opens them), or -1. Calls in the plan's order (each at its last op)
+ * never conflict. */
+int cp_call_conflict(const cp_plan *p, int unit, const cp_call_effect *e, const unsigned char *live, int *wrote,
+                     int *held);
+/* After the call ran: its unit's live bits. */
+void cp_call_apply(const cp_call_effect *e, unsigned char *live_of_unit);
+/* One line for a refused call ("cp_gpu_unshard(blocks.1) would write ..."). */
+void cp_call_conflict_message(const cp_plan *p, const char *call, int unit, int v, int wrote, int held, char *out,
+                              size_t n);
 
 /* ---- backend interface (one instance per rank) ----
  * Everything an executor does to memory and streams goes through these:

@@ -19,7 +19,10 @@ typedef struct cp_gpu cp_gpu;
 typedef int (*cp_gpu_compute_fn)(void *user, cp_gpu *g, const cp_op *op, void *stream);
 
 /* Bootstraps from the launcher's environment (see launch.h): sets the device
- * to LOCAL_RANK, creates the world communicator through NCCL_COMM_ID,
+ * to LOCAL_RANK, creates the world communicator (NCCL_COMM_ID must already
+ * be as the launch needs it: cp_launch_export_comm_id in main before any
+ * thread starts; the library never changes the environment and refuses one
+ * that disagrees, with one line saying what to export or unset),
  * compares every rank's plan fingerprint, splits one communicator per group
  * family the plan uses, and allocates this rank's buffers. Returns 0, or -1
  * with a one-line message naming the failing call, rank and a hint. */
@@ -51,7 +54,22 @@ void *cp_gpu_unsharded(cp_gpu *g, int param);
 void *cp_gpu_grad(cp_gpu *g, int param);
 void *cp_gpu_sharded_grad(cp_gpu *g, int param);
 
-/* The pieces of a step, for training loops that drive FSDP themselves. */
+/* The pieces of a step, for training loops that drive FSDP themselves.
+ * Each call forks its side streams from `stream` and joins them back into it
+ * before returning: the GPU runs its work after everything issued earlier
+ * on `stream` and before everything issued later, so calls never overlap
+ * one another or the caller's compute (cp_gpu_step overlaps them; these do
+ * not), and the plan's waits between units order nothing more. What keeps
+ * the arena's reused bytes safe is the order of the calls on the stream,
+ * which every call checks first: one whose ops (or the backward an unshard
+ * opens the gradients for) would write bytes in which
+ * another buffer holds data across calls (unsharded parameters until their
+ * reshard, unsharded gradients from the unshard before their backward until
+ * their reduction, all_reduce_last's partial sums) is refused with one line
+ * naming both, before it issues anything; the plan's own order (SCHEDULE.md,
+ * each call at its last op) never is. So: one stream for every call and for
+ * the compute between them (or order your streams yourself), and the same
+ * call order on every rank (collectives pair up in issue order). */
 int cp_gpu_unshard(cp_gpu *g, int unit, void *stream);      /* copy-in + all-gather on side streams, copy-out on stream */
 int cp_gpu_reshard(cp_gpu *g, int unit, void *stream);
 int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream); /* pack on stream, RS (+HSDP AR), view-out; stream waits */

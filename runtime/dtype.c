@@ -129,8 +129,10 @@ float cp_reduce_values(cp_dtype t, cp_reduce_op op, const float *v, int n)
  * reduce-scatter with one GPU per node; AVG is never PAT), rings whose
  * intra-node order is not the rank order, and ring all-reduce, whose
  * finishing rank for an element depends on NCCL's channel and chunk split
- * (see cp_nccl_all_reduce_key). With 2 ranks, or any power-of-two group on
- * exact data, every order gives the same bits. */
+ * (see cp_nccl_all_reduce_key; the checker accepts every position
+ * cp_nccl_all_reduce_max_key allows). With 2 ranks (ncclAvg's 0.5 is exact,
+ * and a sum of two halves rounds the same either way), or any power-of-two
+ * group on exact data, every order gives the same bits. */
 
 /* float(1.0 / n) in t, as hostToDevRedOp computes ncclAvg's scalar. */
 static float nccl_avg_scalar(cp_dtype t, int n) { return round_to(t, (float)(1.0 / n)); }
@@ -169,12 +171,40 @@ float cp_reduce_values_nccl(cp_dtype t, cp_reduce_op op, const float *v, int n, 
     return acc;
 }
 
-int cp_nccl_all_reduce_key(int64_t i, int64_t count, int n)
+/* Where ring all-reduce finishes an element (NVIDIA/nccl master, 2.28/2.29:
+ * src/device/all_reduce.h runRing, src/include/device.h ncclCollCbdPart,
+ * src/enqueue.cc's channel split and calcCollChunking). The count is cut
+ * into channel parts (whole 16-byte-multiple "cells", the last part taking
+ * the remainder); each channel walks its part in loops of nranks x
+ * chunkCount elements (chunkCount a multiple of the protocol's grain, 16 B
+ * or more, from NCCL's buffer sizes, NCCL_BUFFSIZE or a tuner plugin); in a
+ * loop, chunk c is finished on ring position c (step k-1,
+ * directRecvReduceCopyDirectSend of chunk ringIx); the last, short loop
+ * uses chunkCount = alignUp(divUp(remaining, nranks), 16 / sizeof(T)).
+ * Channel count, cell size and chunk size are NCCL's run-time choices.
+ *
+ * cp_nccl_all_reduce_key models one channel and one loop (count under
+ * nranks x chunkCount, what a small buffer on one channel gets): chunks of
+ * alignUp(divUp(count, n), 16 / size) elements, so the 16-byte alignment
+ * can leave the last positions without elements. */
+int cp_nccl_all_reduce_key(cp_dtype t, int64_t i, int64_t count, int n)
 {
-    /* One channel, one loop: the buffer in n equal chunks, chunk c ending
-     * on ring position c (runRing's step k-1). */
+    int64_t align = 16 / (int64_t)cp_dtype_size(t);
     int64_t chunk = (count + n - 1) / n;
-    return chunk > 0 ? (int)(i / chunk) : 0;
+    chunk = (chunk + align - 1) / align * align;
+    return chunk > 0 && n > 0 ? (int)(i / chunk) : 0;
+}
+
+/* Every split: an element's position is (i - start of its loop) / chunk,
+ * with the loop's start >= 0 and every chunk >= 16 bytes, so element i sits
+ * in 16-byte block i / (16 / size) and can finish no later than that
+ * position; every position up to it is reached by some split that 16-byte
+ * granularity allows (a channel starting `position` blocks before the
+ * element, 16-byte chunks), a superset of the splits NCCL makes. */
+int cp_nccl_all_reduce_max_key(cp_dtype t, int64_t i, int n)
+{
+    int64_t block = i / (16 / (int64_t)cp_dtype_size(t));
+    return n <= 0 ? 0 : block < n - 1 ? (int)block : n - 1;
 }
 
 /* ---- gloo's arithmetic (pytorch/gloo gloo/allreduce.cc, as torch 2.15's
@@ -222,7 +252,7 @@ int cp_gloo_all_reduce_key(cp_dtype t, int64_t i, int64_t count, int n)
 
 int cp_all_reduce_key(cp_arith a, cp_dtype t, int64_t i, int64_t count, int n)
 {
-    return a == CP_ARITH_NCCL ? cp_nccl_all_reduce_key(i, count, n) : cp_gloo_all_reduce_key(t, i, count, n);
+    return a == CP_ARITH_NCCL ? cp_nccl_all_reduce_key(t, i, count, n) : cp_gloo_all_reduce_key(t, i, count, n);
 }
 
 int cp_reduce_scatter_key(cp_arith a, cp_dtype t, int key, int64_t i, int64_t count, int n)

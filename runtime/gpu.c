@@ -65,7 +65,7 @@ struct cp_gpu {
     cp_backend backend;
     cp_executor ex;
     int have_ex;
-    unsigned char *live;  /* per unit, library calls: unsharded between cp_gpu_unshard and cp_gpu_reshard */
+    unsigned char *live;  /* per unit, library calls: bit k, arena buffer k holds data across calls (arena.c) */
     int (*cursor)[CALLS]; /* per unit and call: next op to scan from */
     cp_gpu_compute_fn compute;
     void *compute_user;
@@ -118,11 +118,13 @@ static int init_comms(cp_gpu *g)
     /* NCCL_COMM_ID only where NCCL bootstraps itself (the user's value, or
      * MASTER_ADDR:MASTER_PORT with nothing listening there). Otherwise rank 0
      * makes the id on a port of NCCL's choosing and rendezvous.c carries it
-     * (shared file, torchrun's store): nothing binds the launcher's port. */
-    if (g->env.standin || !g->env.comm_id[0]) {
-        if (unsetenv("NCCL_COMM_ID") != 0) return fail(g, "unsetenv(NCCL_COMM_ID) failed");
-    } else if (setenv("NCCL_COMM_ID", g->env.comm_id, 1) != 0)
-        return fail(g, "setenv(NCCL_COMM_ID) failed");
+     * (shared file, torchrun's store): nothing binds the launcher's port.
+     * NCCL reads the variable from the environment, which this library only
+     * checks: setenv here would race with the getenv of the caller's other
+     * threads (PyTorch's); the binary's main set it before any thread. */
+    char cerr[400];
+    if (cp_comm_id_action(getenv("NCCL_COMM_ID"), cp_launch_comm_id(&g->env), 0, cerr, sizeof cerr) != CP_COMM_ID_KEEP)
+        return fail(g, "%s (or call cp_launch_export_comm_id first thing in main)", cerr);
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (me == 0) NCCL(ncclGetUniqueId(&id));
@@ -140,7 +142,20 @@ static int init_comms(cp_gpu *g)
         /* With NCCL_COMM_ID set every rank derives the same id itself. */
         if (how == CP_RDZV_NCCL_OWN && me != 0) NCCL(ncclGetUniqueId(&id));
     }
-    NCCL(ncclCommInitRank(&g->world, nranks, id, me));
+    ncclResult_t init = ncclCommInitRank(&g->world, nranks, id, me);
+    if (!g->env.standin) {
+        /* COMMPLAN_ID_FILE: NCCL's root answered no rank before every rank
+         * had connected with this id, so every rank has read the file;
+         * rank 0 removes it (failed init too: the id is dead either way),
+         * so a second run in the same job never reads this run's id. */
+        char rerr[sizeof g->err];
+        if (cp_rendezvous_release(&g->env, p->fingerprint, &id, sizeof id, rerr, sizeof rerr) != 0 &&
+            init == ncclSuccess) {
+            snprintf(g->err, sizeof g->err, "%s", rerr); /* already names the rank */
+            return -1;
+        }
+    }
+    NCCL(init);
     /* Every rank must run the same plan: compare fingerprints first. */
     char *mine, *all;
     CUDA(cudaMalloc((void **)&mine, 32));
@@ -570,29 +585,38 @@ static int run_unit_ops(cp_gpu *g, int unit, int call, const cp_op_kind *kinds, 
     return fork_join(g, 1);
 }
 
-int cp_gpu_unshard(cp_gpu *g, int unit, void *stream)
+/* Every library call: refused before it issues anything when its ops would
+ * write arena bytes another buffer holds data in across calls (arena.c:
+ * each call forks from and joins into the caller's stream, so the calls'
+ * order on that stream, not the plan's waits, is what orders them). */
+static int library_call(cp_gpu *g, const char *name, int unit, int call, const cp_op_kind *kinds, int nkinds,
+                        void *stream)
 {
     const cp_plan *p = g->plan;
     if (unit < 0 || unit >= p->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, p->nunits);
-    /* The arena holds units in the plan's order only: refuse an unshard
-     * whose bytes another still-unsharded unit is using. */
-    int v = cp_unshard_conflict(p, unit, g->live);
-    if (v >= 0)
-        return fail(g, "cp_gpu_unshard(%s) would overwrite unit %s, still unsharded: the plan's arena reuses "
-                    "those bytes; call cp_gpu_reshard(%s) first, in the order of plans/%s/SCHEDULE.md",
-                    p->units[unit].name, p->units[v].name, p->units[v].name, p->name);
-    if (run_unit_ops(g, unit, CALL_UNSHARD, cp_call_unshard, 3, (cudaStream_t)stream)) return -1;
-    g->live[unit] = 1;
+    cp_call_effect e;
+    cp_call_effect_of(p, unit, kinds, nkinds, g->cursor[unit][call], &e);
+    int wrote = 0, held = 0, v = cp_call_conflict(p, unit, &e, g->live, &wrote, &held);
+    if (v >= 0) {
+        char m[sizeof g->err];
+        cp_call_conflict_message(p, name, unit, v, wrote, held, m, sizeof m);
+        return fail(g, "%s", m);
+    }
+    if (run_unit_ops(g, unit, call, kinds, nkinds, (cudaStream_t)stream)) return -1;
+    cp_call_apply(&e, &g->live[unit]);
     return 0;
+}
+
+int cp_gpu_unshard(cp_gpu *g, int unit, void *stream)
+{
+    return library_call(g, "cp_gpu_unshard", unit, CALL_UNSHARD, cp_call_unshard, 3, stream);
 }
 
 /* Frees nothing (the arena is fixed) but marks, on the stream, the point
  * after which other units may reuse this unit's unsharded bytes. */
 int cp_gpu_reshard(cp_gpu *g, int unit, void *stream)
 {
-    if (run_unit_ops(g, unit, CALL_RESHARD, cp_call_reshard, 1, (cudaStream_t)stream)) return -1;
-    g->live[unit] = 0;
-    return 0;
+    return library_call(g, "cp_gpu_reshard", unit, CALL_RESHARD, cp_call_reshard, 1, stream);
 }
 
 /* Pack, reduce-scatter, the HSDP all-reduce where the plan has one, view-out
@@ -602,7 +626,7 @@ int cp_gpu_reshard(cp_gpu *g, int unit, void *stream)
  * folds them in before its all-reduce. */
 int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream)
 {
-    return run_unit_ops(g, unit, CALL_REDUCE, cp_call_reduce, 8, (cudaStream_t)stream);
+    return library_call(g, "cp_gpu_reduce_grads", unit, CALL_REDUCE, cp_call_reduce, 8, stream);
 }
 
 void cp_gpu_set_compute(cp_gpu *g, cp_gpu_compute_fn fn, void *user)

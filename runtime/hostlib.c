@@ -17,6 +17,7 @@ struct cp_hostlib {
     int (*cursor)[CALLS]; /* per unit and call: where the next search starts */
     unsigned char *ran;   /* per op: run in this step (every op runs once a step; calls run them out of
                              table order, each group in the order its last op has in the table) */
+    unsigned char *live;  /* per unit: bit k, arena buffer k holds data across calls (arena.c) */
     char err[600];
 };
 
@@ -41,7 +42,8 @@ int cp_hostlib_init(cp_hostlib **out, const cp_plan *plan, int rank, cp_host_col
     cp_hostlib *h = calloc(1, sizeof *h);
     if (!h || !(h->world = cp_host_world_create(plan)) ||
         !(h->cursor = calloc((size_t)(plan->nunits > 0 ? plan->nunits : 1), sizeof *h->cursor)) ||
-        !(h->ran = calloc((size_t)(plan->nops > 0 ? plan->nops : 1), 1))) {
+        !(h->ran = calloc((size_t)(plan->nops > 0 ? plan->nops : 1), 1)) ||
+        !(h->live = calloc((size_t)(plan->nunits > 0 ? plan->nunits : 1), 1))) {
         snprintf(err, errlen, "rank %d: out of host memory for plan %s", rank, plan->name);
         cp_hostlib_destroy(h);
         return -1;
@@ -66,6 +68,7 @@ void cp_hostlib_destroy(cp_hostlib *h)
     cp_host_world_destroy(h->world);
     free(h->cursor);
     free(h->ran);
+    free(h->live);
     free(h);
 }
 
@@ -104,24 +107,27 @@ static int run_op(void *ctx, const cp_op *op)
     return 0;
 }
 
-static int call(cp_hostlib *h, int unit, int which, const cp_op_kind *kinds, int nkinds)
+/* The same order check as cp_gpu.h's calls (arena.c): refused before any
+ * op runs when the call would write bytes another buffer holds data in. */
+static int call(cp_hostlib *h, const char *name, int unit, int which, const cp_op_kind *kinds, int nkinds)
 {
     if (unit < 0 || unit >= h->plan->nunits) return fail(h, "unit %d is outside the plan's %d units", unit, h->plan->nunits);
     h->err[0] = '\0';
-    return cp_run_call(h->plan, unit, kinds, nkinds, &h->cursor[unit][which], run_op, h) < 0 ? -1 : 0;
-}
-
-int cp_hostlib_unshard(cp_hostlib *h, int unit)
-{
-    if (unit >= 0 && unit < h->plan->nunits) {
-        int v = cp_unshard_conflict(h->plan, unit, h->ex.unsharded_live);
-        if (v >= 0)
-            return fail(h, "cp_hostlib_unshard(%s) would overwrite unit %s, still unsharded: the plan's arena reuses "
-                        "those bytes; reshard %s first, in the order of plans/%s/SCHEDULE.md", h->plan->units[unit].name,
-                        h->plan->units[v].name, h->plan->units[v].name, h->plan->name);
+    cp_call_effect e;
+    cp_call_effect_of(h->plan, unit, kinds, nkinds, h->cursor[unit][which], &e);
+    int wrote = 0, held = 0, v = cp_call_conflict(h->plan, unit, &e, h->live, &wrote, &held);
+    if (v >= 0) {
+        cp_call_conflict_message(h->plan, name, unit, v, wrote, held, h->err, sizeof h->err);
+        return -1;
     }
-    return call(h, unit, CALL_UNSHARD, cp_call_unshard, 3);
+    if (cp_run_call(h->plan, unit, kinds, nkinds, &h->cursor[unit][which], run_op, h) < 0) return -1;
+    cp_call_apply(&e, &h->live[unit]);
+    return 0;
 }
 
-int cp_hostlib_reshard(cp_hostlib *h, int unit) { return call(h, unit, CALL_RESHARD, cp_call_reshard, 1); }
-int cp_hostlib_reduce_grads(cp_hostlib *h, int unit) { return call(h, unit, CALL_REDUCE, cp_call_reduce, 8); }
+int cp_hostlib_unshard(cp_hostlib *h, int unit) { return call(h, "cp_hostlib_unshard", unit, CALL_UNSHARD, cp_call_unshard, 3); }
+int cp_hostlib_reshard(cp_hostlib *h, int unit) { return call(h, "cp_hostlib_reshard", unit, CALL_RESHARD, cp_call_reshard, 1); }
+int cp_hostlib_reduce_grads(cp_hostlib *h, int unit)
+{
+    return call(h, "cp_hostlib_reduce_grads", unit, CALL_REDUCE, cp_call_reduce, 8);
+}

@@ -288,3 +288,46 @@ int cp_launch_check_plan(const cp_launch_env *env, const char *plan_name, int pl
     }
     return 0; /* the rank was checked against the launcher's world (cp_launch_ranks_from_env) */
 }
+
+/* The one decision about NCCL_COMM_ID (launch.h): agree, change it (a
+ * program's main), or refuse (a library, which never writes the
+ * environment of a running process). */
+int cp_comm_id_action(const char *current, const char *wanted, int may_change, char *err, size_t errlen)
+{
+    if (!wanted) wanted = "";
+    if (wanted[0] ? current && !strcmp(current, wanted) : !current) return CP_COMM_ID_KEEP;
+    if (may_change) return wanted[0] ? CP_COMM_ID_SET : CP_COMM_ID_UNSET;
+    /* The user's value, printable and short, so the line stays one line. */
+    char now[120];
+    if (!current) snprintf(now, sizeof now, "unset");
+    else {
+        snprintf(now, sizeof now, "'%.100s%s'", current, strlen(current) > 100 ? "..." : "");
+        for (char *c = now; *c; c++)
+            if (*c < 0x20 || *c > 0x7e) *c = '?';
+    }
+    if (wanted[0])
+        snprintf(err, errlen, "NCCL_COMM_ID is %s but this launch bootstraps NCCL at %s, which NCCL reads from the "
+                 "environment; a library never changes the environment of a running process (other threads read it): "
+                 "export NCCL_COMM_ID=%s before the process starts", now, wanted, wanted);
+    else
+        snprintf(err, errlen, "NCCL_COMM_ID is %s but this launch carries NCCL's id itself (COMMPLAN_ID_FILE, "
+                 "torchrun's store, one rank or --standin), and NCCL would bootstrap from that value instead; a library "
+                 "never changes the environment of a running process (other threads read it): unset NCCL_COMM_ID "
+                 "before the process starts", now);
+    return -1;
+}
+
+const char *cp_launch_comm_id(const cp_launch_env *env) { return env->standin ? "" : env->comm_id; }
+
+int cp_launch_export_comm_id(const cp_launch_env *env, char *err, size_t errlen)
+{
+    const char *wanted = cp_launch_comm_id(env);
+    int a = cp_comm_id_action(getenv("NCCL_COMM_ID"), wanted, 1, err, errlen);
+    if ((a == CP_COMM_ID_SET && setenv("NCCL_COMM_ID", wanted, 1) != 0) ||
+        (a == CP_COMM_ID_UNSET && unsetenv("NCCL_COMM_ID") != 0)) {
+        snprintf(err, errlen, "%s NCCL_COMM_ID failed (errno %d); set it in the launcher's environment instead",
+                 a == CP_COMM_ID_SET ? "setenv" : "unsetenv", errno);
+        return -1;
+    }
+    return 0;
+}

@@ -43,6 +43,27 @@ int cp_launch_from_env(cp_launch_env *out, cp_getenv_fn getenv_fn, char *err, si
  * channel. Same returns. */
 int cp_launch_ranks_from_env(cp_launch_env *out, cp_getenv_fn getenv_fn, char *err, size_t errlen);
 int cp_launch_channel_from_env(cp_launch_env *out, cp_getenv_fn getenv_fn, char *err, size_t errlen);
+/* NCCL reads NCCL_COMM_ID from the environment, so the launch may need it
+ * set (env->comm_id: NCCL's own bootstrap) or unset ("": the id travels
+ * through rendezvous.c and NCCL's rank 0 must not bind a fixed address).
+ * setenv and unsetenv race with getenv in other threads (undefined in
+ * glibc), so only a program's main, before any thread starts, changes it;
+ * a library (loaded by PyTorch, whose threads read the environment) only
+ * checks it.
+ * cp_comm_id_action: given the variable's current value (NULL: unset) and the
+ * wanted one ("": unset), CP_COMM_ID_KEEP when they agree, else with
+ * may_change CP_COMM_ID_SET or CP_COMM_ID_UNSET, without it -1 and one line
+ * in err saying what to export or unset before the process starts. Pure. */
+enum { CP_COMM_ID_KEEP = 0, CP_COMM_ID_SET = 1, CP_COMM_ID_UNSET = 2 };
+int cp_comm_id_action(const char *current, const char *wanted, int may_change, char *err, size_t errlen);
+/* The value env needs NCCL_COMM_ID to have: env->comm_id, or "" (unset) for
+ * a stand-in run and for the file and store channels. */
+const char *cp_launch_comm_id(const cp_launch_env *env);
+/* Makes the environment agree with env (setenv / unsetenv NCCL_COMM_ID).
+ * For a program's main only, before it starts any thread (CUDA's and NCCL's
+ * included: call it before the first CUDA call); 0 or -1 with err. */
+int cp_launch_export_comm_id(const cp_launch_env *env, char *err, size_t errlen);
+
 /* 0 when the launcher's world is the plan's (or there is no launcher); else
  * -1 with one line naming the launcher's variable, both numbers and the fix. */
 int cp_launch_check_plan(const cp_launch_env *env, const char *plan_name, int plan_world, char *err, size_t errlen);

@@ -160,6 +160,12 @@ static int rendezvous_only(const cp_plan *p, cp_launch_env *env, int quiet)
     cp_rendezvous_info info = { 0 };
     int how = cp_rendezvous_share_plan(env, p->name, p->fingerprint, id, sizeof id, env->init_timeout_s, &info, err,
                                        sizeof err);
+    /* No NCCL init follows to tell rank 0 that every rank holds the id:
+     * a barrier instead, after which rank 0 removes the id file, so that a
+     * second run in the same job never reads this run's id. */
+    if (how == CP_RDZV_SHARED &&
+        cp_rendezvous_confirm(env, p->fingerprint, id, sizeof id, env->init_timeout_s, err, sizeof err) != 0)
+        how = CP_RDZV_ERROR;
     if (how == CP_RDZV_ERROR) {
         cp_error("%s", err);
         return 2;
@@ -330,6 +336,12 @@ static int run(int argc, char **argv)
             return 2;
         }
 #ifdef CP_WITH_GPU
+        /* NCCL reads NCCL_COMM_ID from the environment: set or unset here,
+         * before CUDA or NCCL start threads (the library only checks it). */
+        if (cp_launch_export_comm_id(&env, err, sizeof err) != 0) {
+            cp_error("rank %d: %s", env.rank, err);
+            return 2;
+        }
         cp_gpu_run_options go = { .check = check, .graph = graph, .steps = (int)steps, .warmup = (int)warmup,
                                   .iters = (int)iters, .timeout_s = (double)timeout, .pattern = opt.pattern,
                                   .dump_dir = opt.dump_dir, .quiet = quiet, .trace_file = trace };

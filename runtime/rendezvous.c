@@ -185,6 +185,146 @@ static int file_receive(const cp_launch_env *env, const char *key, unsigned char
     return rc;
 }
 
+/* ---- the end of an id file's life ------------------------------------------------------------------------------
+ * A run reads the id file, the next run of the binary in the same job (same
+ * job tag, same path) must not: once every rank holds the id, rank 0 removes
+ * the file, so a later run's ranks wait for that run's rank 0 instead of
+ * taking the dead id. After NCCL's init that is cp_rendezvous_release alone
+ * (NCCL's root answers no rank before every rank has connected, and no rank
+ * gets past init before rank 0 does); without NCCL, cp_rendezvous_confirm
+ * is the barrier (acknowledgement files <file>.ack<rank>). */
+
+/* FNV-1a of an id: names a run's id in an acknowledgement without copying it. */
+static uint64_t id_hash(const unsigned char *b, size_t n)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* Whether the id file still holds exactly these bytes for this job and plan:
+ * 1 yes, 0 no (missing, another run's, malformed), -1 unreadable (why). */
+static int file_holds(const cp_launch_env *env, const char *key, const unsigned char *bytes, size_t len, char *why,
+                      size_t whylen)
+{
+    enum { MAX_FILE = 64 * 1024 };
+    char *text = malloc(MAX_FILE + 1), pwhy[600];
+    unsigned char *got = malloc(len + 1);
+    size_t n = 0;
+    int rc = -1;
+    if (!text || !got) snprintf(why, whylen, "out of host memory");
+    else {
+        int r = cp_read_file(env->id_file, text, MAX_FILE, &n, why, whylen);
+        if (r == CP_READ_MISSING || r == CP_READ_TOO_BIG) rc = 0;
+        else if (r == CP_READ_OK)
+            rc = file_parse(text, n, env->job_tag, key, got, len, pwhy, sizeof pwhy) && !memcmp(got, bytes, len);
+    }
+    free(text);
+    free(got);
+    return rc;
+}
+
+int cp_rendezvous_release(const cp_launch_env *env, const char *key_suffix, const void *bytes, size_t len, char *err,
+                          size_t errlen)
+{
+    if (env->id_channel != CP_ID_FILE || env->world_size <= 1 || env->rank != 0 || !key_suffix) return 0;
+    char why[800], eb[128];
+    /* Only this run's file: whatever else is there now is left alone. */
+    int holds = file_holds(env, key_suffix, bytes, len, why, sizeof why);
+    if (holds < 0)
+        return fail(err, errlen, "rank 0: COMMPLAN_ID_FILE: %s; a later run of the binary in this job could read this "
+                    "run's NCCL id: remove %s before the next run", why, env->id_file);
+    if (holds && unlink(env->id_file) != 0 && errno != ENOENT)
+        return fail(err, errlen, "rank 0: COMMPLAN_ID_FILE: removing %s after every rank read it failed: %s; a later "
+                    "run of the binary in this job could read this run's NCCL id: remove it before the next run, and "
+                    "let rank 0 write in that directory", env->id_file, errstr(errno, eb, sizeof eb));
+    return 0;
+}
+
+static int ack_path(const cp_launch_env *env, int rank, char *out, size_t n)
+{
+    int w = snprintf(out, n, "%s.ack%d", env->id_file, rank);
+    return w < 0 || (size_t)w >= n ? -1 : 0;
+}
+
+int cp_rendezvous_confirm(const cp_launch_env *env, const char *key_suffix, const void *bytes, size_t len,
+                          double timeout_s, char *err, size_t errlen)
+{
+    if (env->id_channel != CP_ID_FILE || env->world_size <= 1 || !key_suffix) return 0;
+    if (timeout_s <= 0) timeout_s = env->init_timeout_s > 0 ? env->init_timeout_s : 300.0;
+    char path[sizeof env->id_file + 32], why[800] = "", text[64];
+    const unsigned char *id = bytes;
+    int world = env->world_size, r = env->rank;
+    snprintf(text, sizeof text, "commplan-nccl-ack %016llx\n", (unsigned long long)id_hash(id, len));
+    double start = now_s(), deadline = start + timeout_s, pause = 0.005;
+    if (r != 0) {
+        /* This rank holds the id; then it waits for rank 0 to remove the file,
+         * so that its next run cannot start before the file is gone. */
+        if (ack_path(env, r, path, sizeof path) != 0 ||
+            cp_write_file(path, text, strlen(text), 0600, why, sizeof why) != 0)
+            return fail(err, errlen, "rank %d: COMMPLAN_ID_FILE: acknowledging the NCCL id failed: %s; every rank must "
+                        "be able to write beside COMMPLAN_ID_FILE=%s", r, why[0] ? why : "path too long", env->id_file);
+        for (;;) {
+            int holds = file_holds(env, key_suffix, id, len, why, sizeof why);
+            if (holds < 0)
+                return fail(err, errlen, "rank %d: COMMPLAN_ID_FILE: %s", r, why);
+            if (!holds) return 0;
+            double left = deadline - now_s();
+            if (left <= 0)
+                return fail(err, errlen, "rank %d: COMMPLAN_ID_FILE=%s: rank 0 did not retire the NCCL id within %.1f "
+                            "s of this rank reading it; start every rank of this launch, or raise "
+                            "COMMPLAN_INIT_TIMEOUT", r, env->id_file, timeout_s);
+            sleep_s(pause < left ? pause : left);
+            pause = pause * 2 < 0.25 ? pause * 2 : 0.25;
+        }
+    }
+    /* Rank 0: every other rank's acknowledgement of this id (an earlier
+     * run's names another id and does not count), then the files go. */
+    unsigned char *seen = calloc((size_t)world, 1);
+    if (!seen) return fail(err, errlen, "rank 0: COMMPLAN_ID_FILE: out of host memory");
+    int missing = 1, rc = 0;
+    for (int q = 1; q < world; q++)
+        if (ack_path(env, q, path, sizeof path) != 0) {
+            free(seen);
+            return fail(err, errlen, "rank 0: COMMPLAN_ID_FILE=%s is too long for its acknowledgement files",
+                        env->id_file);
+        }
+    while (missing) {
+        missing = 0;
+        for (int q = 1; q < world; q++) {
+            if (seen[q]) continue;
+            char got[64];
+            size_t n = 0;
+            ack_path(env, q, path, sizeof path);
+            int rr = cp_read_file(path, got, sizeof got - 1, &n, why, sizeof why);
+            if (rr == CP_READ_ERROR) {
+                free(seen);
+                return fail(err, errlen, "rank 0: COMMPLAN_ID_FILE: %s", why);
+            }
+            if (rr == CP_READ_OK && n == strlen(text) && !memcmp(got, text, n)) seen[q] = 1;
+            else if (!missing) missing = q;
+        }
+        if (!missing) break;
+        double left = deadline - now_s();
+        if (left <= 0) {
+            free(seen);
+            return fail(err, errlen, "rank 0: COMMPLAN_ID_FILE=%s: rank %d did not acknowledge the NCCL id within %.1f "
+                        "s; start every rank of this launch, or raise COMMPLAN_INIT_TIMEOUT", env->id_file, missing,
+                        timeout_s);
+        }
+        sleep_s(pause < left ? pause : left);
+        pause = pause * 2 < 0.25 ? pause * 2 : 0.25;
+    }
+    free(seen);
+    for (int q = 1; q < world && rc == 0; q++) {
+        char eb[128];
+        ack_path(env, q, path, sizeof path);
+        if (unlink(path) != 0 && errno != ENOENT)
+            rc = fail(err, errlen, "rank 0: COMMPLAN_ID_FILE: removing %s failed: %s", path, errstr(errno, eb, sizeof eb));
+    }
+    return rc ? rc : cp_rendezvous_release(env, key_suffix, bytes, len, err, errlen);
+}
+
 /* ---- torchrun's TCPStore ---------------------------------------------------------------------------------------
  * The wire protocol of PyTorch's TCPStore, client side. Read from PyTorch's
  * main branch after 2.10 (a mirror at commit a9a89d9c; no 2.11 tag could be
@@ -517,7 +657,7 @@ static int store_share(const cp_launch_env *env, const char *plan_name, const ch
         return fail(err, errlen, "rank %d: torchrun's store %s:%d (%s): %s (gave up after %.1f s); check that "
                     "torchrun's agent is alive and reachable from this node, or set COMMPLAN_ID_FILE=/shared/path",
                     r, env->store_host, env->store_port, where, why, now_s() - start);
-    int64_t count = 0;
+    int64_t count = 0, launch = -1;
     int rc = CP_RDZV_ERROR, io = 0, refused = 0;
     char verdict[1024] = "", stage[sizeof key + 64] = "";
     char **keys = NULL;
@@ -528,7 +668,7 @@ static int store_share(const cp_launch_env *env, const char *plan_name, const ch
         io = -1;
         goto done;
     }
-    int64_t launch = (count - 1) / world;
+    launch = (count - 1) / world;
     if (info) info->launch = launch;
     snprintf(base, sizeof base, "/commplan/%s/launch%lld", env->job_tag, (long long)launch);
     snprintf(key, sizeof key, "%s/hello/%d", base, r);
@@ -608,11 +748,20 @@ done:
     }
     if (rc == CP_RDZV_SHARED) return rc;
     if (refused) return fail(err, errlen, "rank %d: %s", r, verdict);
+    /* The counter cannot heal a run that some ranks never counted (they
+     * failed before reaching it): every later run in the launch then pairs
+     * ranks of different runs. Each rank names the run it counted, so
+     * differing numbers across the ranks' lines show it. */
+    char counted[256] = "";
+    if (launch >= 0)
+        snprintf(counted, sizeof counted, "; this rank counted run %lld of the binary in this torchrun launch: if the "
+                 "ranks' lines name different runs, an earlier run failed on some ranks before this point, so restart "
+                 "the launch", (long long)launch);
     if (io == IO_TIMEOUT)
         return fail(err, errlen, "rank %d: torchrun's store %s:%d (%s): %s did not finish within %.1f s (%s); start "
                     "every rank of the same build (rank 0 too), or raise COMMPLAN_INIT_TIMEOUT (COMMPLAN_ID_FILE=/shared/path "
-                    "bypasses the store)", r, env->store_host,
-                    env->store_port, where, stage[0] ? stage : "the launch counter", timeout_s, why);
+                    "bypasses the store)%s", r, env->store_host,
+                    env->store_port, where, stage[0] ? stage : "the launch counter", timeout_s, why, counted);
     return fail(err, errlen, "rank %d: torchrun's store %s:%d (%s): %s; MASTER_PORT must be torchrun's own store, "
                 "or set COMMPLAN_ID_FILE=/shared/path to bypass it", r, env->store_host, env->store_port, where, why);
 }

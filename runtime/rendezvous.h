@@ -2,7 +2,10 @@
  * rank through the channel launch.c chose, without MPI and without CUDA:
  *   CP_ID_FILE      rank 0 writes COMMPLAN_ID_FILE (temporary name, then
  *                   rename); the others poll for it. The file names the job
- *                   and the key, so a stale file is never read.
+ *                   and the key, so another job's or plan's file is never
+ *                   read; once every rank holds the id rank 0 removes it
+ *                   (cp_rendezvous_release), so a second run of the binary
+ *                   in the same job never reads the first run's id.
  *   CP_ID_TCPSTORE  a client of torchrun's agent store (PyTorch's TCPStore
  *                   wire protocol) at MASTER_ADDR:MASTER_PORT: every rank
  *                   ADDs to "commplan/<run id>/<restart>/launches" (which
@@ -44,5 +47,27 @@ typedef struct {
  * NULL, gets where the rendezvous took place. */
 int cp_rendezvous_share_plan(const cp_launch_env *env, const char *plan_name, const char *key_suffix, void *bytes,
                              size_t len, double timeout_s, cp_rendezvous_info *info, char *err, size_t errlen);
+
+/* COMMPLAN_ID_FILE only (0 and nothing done on the other channels and on
+ * ranks other than 0): removes this job's id file once every rank holds the
+ * id, if it still holds these bytes, so that a later run of the binary in
+ * the same job (same job tag, same path) waits for its own rank 0 instead of
+ * reading this run's dead id. Call it on rank 0 after ncclCommInitRank:
+ * NCCL's root answers no rank before every rank has connected with the id,
+ * and no other rank gets through its init before rank 0 has. A file left by
+ * a run whose rank 0 died before this point can still be read by the next
+ * run; NCCL then fails to connect to that dead root (an error, never another
+ * run's communicator). 0, or -1 with one line in err. */
+int cp_rendezvous_release(const cp_launch_env *env, const char *key_suffix, const void *bytes, size_t len, char *err,
+                          size_t errlen);
+
+/* The same where no NCCL init follows (--rendezvous-only): a barrier over
+ * the id file's directory. Ranks 1..n-1 write <file>.ack<rank> naming the id
+ * (a hash) and wait until rank 0 has removed the id file; rank 0 waits for
+ * every acknowledgement of this id, removes them and the id file. Bounded
+ * by timeout_s (<= 0: env->init_timeout_s). A no-op on other channels (the
+ * torchrun store counts launches instead). 0, or -1 with one line in err. */
+int cp_rendezvous_confirm(const cp_launch_env *env, const char *key_suffix, const void *bytes, size_t len,
+                          double timeout_s, char *err, size_t errlen);
 
 #endif

@@ -37,6 +37,14 @@ same_id() {
   [ "$(grep -ho "launch $want: stand-in NCCL id [0-9a-f]*" "$out"/rank*.log | sort -u | wc -l)" = 1 ]
 }
 
+# gone PREFIX: no file is left whose name starts with PREFIX (rank 0 removed
+# the id file and the acknowledgements once every rank had the id)
+gone() {
+  local f
+  for f in "$1"*; do [ -e "$f" ] && return 1; done
+  return 0
+}
+
 fsdp4=build/fsdp4/fsdp4 hsdp2x2=build/hsdp2x2/hsdp2x2
 
 what="torchrun --standalone --nproc-per-node 4: every rank gets rank 0's id through torchrun's store, plans compared"
@@ -80,12 +88,23 @@ if COMMPLAN_ID_FILE=$dir/f-id launch "$dir/f" --standalone --nproc-per-node 4 --
    same_id "$dir/f" 4 && grep -q "through COMMPLAN_ID_FILE" "$dir/f/rank1.log"; then ok "$what"
 else bad "$what" "$dir/f/torchrun.log" "$dir"/f/rank*.log; fi
 
-what="two jobs at once sharing one COMMPLAN_ID_FILE: each writes and reads a file of its own beside it"
+what="COMMPLAN_ID_FILE, the binary run twice in one launch: the second run waits for its own id, not the first's file"
+# shellcheck disable=SC2016
+if COMMPLAN_ID_FILE=$dir/twice-id launch "$dir/i" --standalone --nproc-per-node 4 -- \
+     sh -c '"$0" --rendezvous-only && "$0" --rendezvous-only' "$fsdp4" &&
+   [ "$(cat "$dir"/i/rank*.log | grep -c 'through COMMPLAN_ID_FILE, launch 0: stand-in NCCL id')" = 8 ] &&
+   [ "$(for f in "$dir"/i/rank*.log; do sed -n 1p "$f"; done | grep -o 'NCCL id [0-9a-f]*' | sort -u | wc -l)" = 1 ] &&
+   [ "$(for f in "$dir"/i/rank*.log; do sed -n 2p "$f"; done | grep -o 'NCCL id [0-9a-f]*' | sort -u | wc -l)" = 1 ] &&
+   [ "$(grep -ho 'NCCL id [0-9a-f]*' "$dir/i/rank0.log" | sort -u | wc -l)" = 2 ] &&
+   gone "$dir/twice-id"; then ok "$what"
+else bad "$what" "$dir/i/torchrun.log" "$dir"/i/rank*.log; fi
+
+what="two jobs at once sharing one COMMPLAN_ID_FILE: each writes and reads a file of its own beside it, removed once read"
 COMMPLAN_ID_FILE=$dir/shared-id launch "$dir/h1" --standalone --nproc-per-node 4 -- "$fsdp4" --rendezvous-only & p1=$!
 COMMPLAN_ID_FILE=$dir/shared-id launch "$dir/h2" --standalone --nproc-per-node 4 -- "$hsdp2x2" --rendezvous-only & p2=$!
 wait $p1; r1=$?; wait $p2; r2=$?
 if [ $r1 = 0 ] && [ $r2 = 0 ] && same_id "$dir/h1" 4 && same_id "$dir/h2" 4 &&
-   [ "$(ls "$dir" | grep -c '^shared-id\.[0-9a-f]\{16\}$')" = 2 ]; then ok "$what"
+   gone "$dir/shared-id"; then ok "$what"
 else bad "$what" "$dir/h1/torchrun.log" "$dir/h2/torchrun.log" "$dir"/h1/rank*.log "$dir"/h2/rank*.log; fi
 
 what="a launch of the wrong size (torchrun --nproc-per-node 2 for the 4-rank fsdp4): refused on every rank before any rendezvous"

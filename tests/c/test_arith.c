@@ -101,15 +101,106 @@ static void one_and_two_ranks(void **state)
     assert_bits(cp_reduce_values_nccl(CP_BF16, CP_SUM, two, 2, 1), 11.0f);
 }
 
-/* A one-channel ring all-reduce: n chunks of ceil(count / n), chunk c
- * finished on ring position c. */
-static void all_reduce_key_is_the_chunk(void **state)
+/* ---- where NCCL's ring all-reduce finishes each element ----
+ * runRing of NVIDIA/nccl src/device/all_reduce.h, its offset arithmetic
+ * copied: the channels' parts in order (ncclCollCbdPart), in each part
+ * loops of n x chunkCount elements, the last loop's chunkCount
+ * alignUp(divUp(remCount, n), 16 / sizeof(T)), and chunk c of a loop finished
+ * by ring position c (step k-1, chunk = ringIx). pos[i]: that position. */
+static void nccl_ring_positions(int64_t count, int n, int es, const int64_t *parts, const int64_t *chunks, int nparts,
+                                int *pos)
+{
+    int64_t grid = 0, align = 16 / es;
+    for (int ch = 0; ch < nparts; ch++) {
+        int64_t channelCount = parts[ch], chunkCount = chunks[ch];
+        const int64_t loopCount = n * chunkCount;
+        for (int64_t elemOffset = 0; elemOffset < channelCount; elemOffset += loopCount) {
+            int64_t remCount = channelCount - elemOffset;
+            if (remCount < loopCount) chunkCount = ((remCount + n - 1) / n + align - 1) / align * align;
+            for (int c = 0; c < n; c++) {
+                int64_t chunkOffset = c * chunkCount;
+                int64_t nelem = chunkCount < remCount - chunkOffset ? chunkCount : remCount - chunkOffset;
+                for (int64_t j = 0; j < nelem; j++) pos[grid + elemOffset + chunkOffset + j] = c;
+            }
+        }
+        grid += channelCount;
+    }
+    assert_int_equal(grid, count);
+}
+
+/* One channel, one loop (a buffer smaller than n chunks): chunks of
+ * divUp(count, n) rounded up to 16 bytes, so with 7 fp32 elements over 3
+ * ranks position 1 finishes elements 4..6 and position 2 none, where equal
+ * thirds (ceil(7 / 3) = 3) would have put element 6 on position 2. On
+ * inexact data (ncclAvg's float(1/3) premultiply) the position shows in the
+ * bits: the model's value is NCCL's for every element. */
+static void all_reduce_key_one_channel(void **state)
 {
     (void)state;
-    const int want[10] = { 0, 0, 0, 0, 1, 1, 1, 1, 2, 2 };
-    for (int i = 0; i < 10; i++) assert_int_equal(cp_nccl_all_reduce_key(i, 10, 3), want[i]);
-    assert_int_equal(cp_nccl_all_reduce_key(0, 0, 3), 0);
-    assert_int_equal(cp_nccl_all_reduce_key(5, 6, 2), 1);
+    static const cp_dtype types[2] = { CP_FP32, CP_BF16 };
+    int pos[64], differs = 0;
+    for (int ti = 0; ti < 2; ti++)
+        for (int n = 2; n <= 5; n++)
+            for (int64_t count = 1; count <= 40; count++) {
+                cp_dtype t = types[ti];
+                int64_t part[1] = { count }, chunk[1] = { 1 << 20 };
+                nccl_ring_positions(count, n, (int)cp_dtype_size(t), part, chunk, 1, pos);
+                for (int64_t i = 0; i < count; i++) {
+                    if (cp_nccl_all_reduce_key(t, i, count, n) != pos[i])
+                        fail_msg("%s, %d ranks, %ld elements: element %ld on position %d, NCCL's %d", cp_dtype_name(t),
+                                 n, (long)count, (long)i, cp_nccl_all_reduce_key(t, i, count, n), pos[i]);
+                    assert_int_equal(cp_all_reduce_key(CP_ARITH_NCCL, t, i, count, n), pos[i]);
+                    if (n != 3) continue;
+                    const float v[3] = { 0.1f * (float)(i + 1), 7.3f - (float)i, 1e3f / (float)(i + 3) };
+                    float nccl = cp_reduce_values_nccl(t, CP_AVG, v, 3, pos[i]);
+                    assert_bits(cp_reduce_arith(CP_ARITH_NCCL, t, CP_AVG, v, 3,
+                                                cp_all_reduce_key(CP_ARITH_NCCL, t, i, count, 3)),
+                                nccl);
+                    int thirds = (int)(i / ((count + 2) / 3)); /* the equal split NCCL does not make */
+                    differs += bits(cp_reduce_values_nccl(t, CP_AVG, v, 3, thirds)) != bits(nccl);
+                }
+            }
+    assert_true(differs > 0); /* the data are order-sensitive enough to tell the splits apart */
+    assert_int_equal(cp_nccl_all_reduce_key(CP_FP32, 6, 7, 3), 1);
+    assert_int_equal(cp_nccl_all_reduce_key(CP_BF16, 8, 10, 3), 1);
+    assert_int_equal(cp_nccl_all_reduce_key(CP_FP32, 0, 0, 3), 0);
+}
+
+/* Every split NCCL's 16-byte granularity allows (one or two channels, the
+ * boundary on any 16-byte multiple; every chunk size a multiple of 16
+ * bytes): element i finishes on exactly the positions 0 ..
+ * cp_nccl_all_reduce_max_key(i), each reached by some split, no later one. */
+static void all_reduce_positions_of_every_split(void **state)
+{
+    (void)state;
+    static const cp_dtype types[2] = { CP_FP32, CP_BF16 };
+    int pos[64];
+    for (int ti = 0; ti < 2; ti++)
+        for (int n = 3; n <= 4; n++)
+            for (int64_t count = 1; count <= 40; count++) {
+                cp_dtype t = types[ti];
+                int es = (int)cp_dtype_size(t);
+                int64_t a = 16 / es, blocks = (count + a - 1) / a;
+                unsigned reached[64] = { 0 };
+                for (int64_t cut = 0; cut < blocks; cut++) /* 0: one channel; else the second starts at block cut */
+                    for (int64_t c0 = 1; c0 <= blocks; c0++)
+                        for (int64_t c1 = 1; c1 <= (cut ? blocks : 1); c1++) {
+                            int64_t parts[2] = { cut ? cut * a : count, count - cut * a }, chunks[2] = { c0 * a, c1 * a };
+                            nccl_ring_positions(count, n, es, parts, chunks, cut ? 2 : 1, pos);
+                            for (int64_t i = 0; i < count; i++) {
+                                if (pos[i] > cp_nccl_all_reduce_max_key(t, i, n))
+                                    fail_msg("%s, %d ranks, %ld elements: element %ld finished on %d, past the bound %d",
+                                             cp_dtype_name(t), n, (long)count, (long)i, pos[i],
+                                             cp_nccl_all_reduce_max_key(t, i, n));
+                                reached[i] |= 1u << pos[i];
+                            }
+                        }
+                for (int64_t i = 0; i < count; i++)
+                    assert_int_equal(reached[i], (1u << (cp_nccl_all_reduce_max_key(t, i, n) + 1)) - 1);
+            }
+    assert_int_equal(cp_nccl_all_reduce_max_key(CP_FP32, 3, 8), 0);  /* the first 16 bytes: position 0 only */
+    assert_int_equal(cp_nccl_all_reduce_max_key(CP_FP32, 4, 8), 1);
+    assert_int_equal(cp_nccl_all_reduce_max_key(CP_BF16, 4000, 8), 7);
 }
 
 /* ---- gloo's arithmetic (cp_reduce_values_gloo, cp_gloo_all_reduce_key):
@@ -210,7 +301,8 @@ int main(void)
         cmocka_unit_test(fp16_avg_is_fused),
         cmocka_unit_test(fp16_sum_ring_order),
         cmocka_unit_test(one_and_two_ranks),
-        cmocka_unit_test(all_reduce_key_is_the_chunk),
+        cmocka_unit_test(all_reduce_key_one_channel),
+        cmocka_unit_test(all_reduce_positions_of_every_split),
         cmocka_unit_test(gloo_all_reduce_three_ranks),
         cmocka_unit_test(gloo_all_reduce_fp32),
         cmocka_unit_test(gloo_reduce_scatter_is_an_all_reduce),

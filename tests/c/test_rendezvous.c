@@ -151,6 +151,61 @@ static void test_channel_selection(void **state)
     assert_non_null(strstr(err, "rank 3"));
 }
 
+/* NCCL_COMM_ID: the binary's main may set or unset it before any thread
+ * starts; the library (in PyTorch's process) only checks it and refuses an
+ * environment that disagrees with one line saying what to do. */
+static void test_comm_id_action(void **state)
+{
+    (void)state;
+    char err[1024];
+    const char *want = "10.0.0.1:29500";
+    /* Agreeing: nothing to do, in either mode. */
+    assert_int_equal(cp_comm_id_action(want, want, 0, err, sizeof err), CP_COMM_ID_KEEP);
+    assert_int_equal(cp_comm_id_action(NULL, "", 0, err, sizeof err), CP_COMM_ID_KEEP);
+    assert_int_equal(cp_comm_id_action(NULL, NULL, 1, err, sizeof err), CP_COMM_ID_KEEP);
+    /* The binary changes it. */
+    assert_int_equal(cp_comm_id_action(NULL, want, 1, err, sizeof err), CP_COMM_ID_SET);
+    assert_int_equal(cp_comm_id_action("10.0.0.2:1", want, 1, err, sizeof err), CP_COMM_ID_SET);
+    assert_int_equal(cp_comm_id_action(want, "", 1, err, sizeof err), CP_COMM_ID_UNSET);
+    assert_int_equal(cp_comm_id_action("", "", 1, err, sizeof err), CP_COMM_ID_UNSET); /* NCCL reads "" as set */
+    /* The library refuses, naming the value to export. */
+    assert_int_equal(cp_comm_id_action(NULL, want, 0, err, sizeof err), -1);
+    assert_null(strchr(err, '\n'));
+    assert_non_null(strstr(err, "NCCL_COMM_ID is unset"));
+    assert_non_null(strstr(err, "export NCCL_COMM_ID=10.0.0.1:29500 before the process starts"));
+    assert_int_equal(cp_comm_id_action("10.0.0.2:1", want, 0, err, sizeof err), -1);
+    assert_non_null(strstr(err, "NCCL_COMM_ID is '10.0.0.2:1'"));
+    /* ... or the value to unset, printed as one line whatever it holds. */
+    assert_int_equal(cp_comm_id_action("a\nb", "", 0, err, sizeof err), -1);
+    assert_null(strchr(err, '\n'));
+    assert_non_null(strstr(err, "NCCL_COMM_ID is 'a?b'"));
+    assert_non_null(strstr(err, "unset NCCL_COMM_ID before the process starts"));
+    assert_int_equal(cp_comm_id_action("", "", 0, err, sizeof err), -1);
+
+    /* What each launch wants: the MASTER_ADDR channel its address, the file
+     * channel and a stand-in run nothing. */
+    cp_launch_env L;
+    const char *exported[] = { "RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=0", "MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500",
+                               NULL };
+    assert_int_equal(launch(exported, &L, err), 0);
+    assert_string_equal(cp_launch_comm_id(&L), want);
+    L.standin = 1;
+    assert_string_equal(cp_launch_comm_id(&L), "");
+    const char *file[] = { "RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=0", "COMMPLAN_ID_FILE=/shared/id",
+                           "COMMPLAN_ID_GENERATION=g", NULL };
+    assert_int_equal(launch(file, &L, err), 0);
+    assert_string_equal(cp_launch_comm_id(&L), "");
+
+    /* The binary's export, on this process's own environment (the test is
+     * single-threaded here): set, then unset. */
+    assert_int_equal(launch(exported, &L, err), 0);
+    assert_int_equal(cp_launch_export_comm_id(&L, err, sizeof err), 0);
+    assert_string_equal(getenv("NCCL_COMM_ID"), want);
+    assert_int_equal(launch(file, &L, err), 0);
+    assert_int_equal(cp_launch_export_comm_id(&L, err, sizeof err), 0);
+    assert_null(getenv("NCCL_COMM_ID"));
+}
+
 /* ---- ranks as threads ---- */
 
 typedef struct {
@@ -158,6 +213,7 @@ typedef struct {
     const char *key, *plan; /* plan: NULL for cp_rendezvous_share, else cp_rendezvous_share_plan's name */
     double timeout_s, start_delay_s;
     long long launch;
+    int confirm; /* then cp_rendezvous_confirm, as --rendezvous-only does */
     unsigned char bytes[ID_BYTES];
     int rc;
     double seconds;
@@ -179,9 +235,14 @@ static void *rank_main(void *arg)
         j->launch = info.launch;
     } else
         j->rc = cp_rendezvous_share(&j->env, j->key, j->bytes, sizeof j->bytes, j->timeout_s, j->err, sizeof j->err);
+    if (j->rc == CP_RDZV_SHARED && j->confirm &&
+        cp_rendezvous_confirm(&j->env, j->key, j->bytes, sizeof j->bytes, j->timeout_s, j->err, sizeof j->err) != 0)
+        j->rc = CP_RDZV_ERROR;
     j->seconds = now_s() - t0;
     return NULL;
 }
+
+static int confirm_runs; /* start_ranks: every rank confirms after its rendezvous */
 
 static void fill_id(unsigned char *b, int seed)
 {
@@ -206,6 +267,7 @@ static void start_ranks(rank_job *jobs, const char *const *base_env, const char 
         assert_int_equal(launch(env, &jobs[r].env, err), 0);
         jobs[r].key = keys && keys[r] ? keys[r] : key;
         jobs[r].plan = plans ? plans[r] : NULL;
+        jobs[r].confirm = confirm_runs;
         jobs[r].timeout_s = 20;
         jobs[r].start_delay_s = r == 0 ? 0.2 : 0;
         if (r == 0) fill_id(jobs[r].bytes, seed);
@@ -365,6 +427,68 @@ static void test_id_file_timeout(void **state)
 
     assert_int_equal(unlink(jpath), 0);
     assert_int_equal(rmdir(dir), 0);
+}
+
+/* The binary run twice in one job with the same environment (a script
+ * running a check and then a timing run, or two runs in one srun step):
+ * the second run's ranks 1..3 start before its rank 0 and must wait for the
+ * second run's id, never take the first run's from the file it left. */
+static void test_id_file_second_run_of_a_job(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/commplan-rdzv-XXXXXX", path[256], file_var[300], jpath[4200], err[1024];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/nccl.id", dir);
+    snprintf(file_var, sizeof file_var, "COMMPLAN_ID_FILE=%s", path);
+    const char *env[] = { "WORLD_SIZE=4", "LOCAL_RANK=0", file_var, "SLURM_JOB_ID=31", "SLURM_STEP_ID=0", NULL };
+    job_path(env, jpath, sizeof jpath);
+    rank_job jobs[RANKS];
+    struct stat st;
+
+    /* As gpu.c: rank 0 releases the file after NCCL's init (here: once
+     * every rank has returned); the next run then finds nothing stale. */
+    run_ranks_seed(jobs, env, "fp1234", 5);
+    assert_int_equal(cp_rendezvous_release(&jobs[1].env, "fp1234", jobs[0].bytes, ID_BYTES, err, sizeof err), 0);
+    assert_int_equal(lstat(jpath, &st), 0); /* not rank 0: nothing removed */
+    assert_int_equal(cp_rendezvous_release(&jobs[0].env, "fp1234", jobs[0].bytes, ID_BYTES, err, sizeof err), 0);
+    assert_int_equal(lstat(jpath, &st), -1);
+    assert_int_equal(errno, ENOENT);
+    assert_int_equal(cp_rendezvous_release(&jobs[0].env, "fp1234", jobs[0].bytes, ID_BYTES, err, sizeof err), 0);
+    run_ranks_seed(jobs, env, "fp1234", 9);
+    /* A release naming another run's id leaves this run's file alone. */
+    unsigned char old[ID_BYTES];
+    fill_id(old, 5);
+    assert_int_equal(cp_rendezvous_release(&jobs[0].env, "fp1234", old, ID_BYTES, err, sizeof err), 0);
+    assert_int_equal(lstat(jpath, &st), 0);
+    assert_int_equal(cp_rendezvous_release(&jobs[0].env, "fp1234", jobs[0].bytes, ID_BYTES, err, sizeof err), 0);
+
+    /* As --rendezvous-only (no NCCL init): every rank confirms; two runs in
+     * a row, each rank's second run right after its first. */
+    confirm_runs = 1;
+    run_ranks_seed(jobs, env, "fp1234", 11);
+    run_ranks_seed(jobs, env, "fp1234", 12);
+    confirm_runs = 0;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "test \"$(ls -A %s | wc -l)\" = 0", dir); /* no id file, no acknowledgement left */
+    assert_int_equal(system(cmd), 0);
+
+    /* A rank that never confirms: rank 0 names it, in time. */
+    rank_job j0;
+    memset(&j0, 0, sizeof j0);
+    const char *env0[] = { "RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=0", file_var, "SLURM_JOB_ID=31", "SLURM_STEP_ID=0",
+                           NULL };
+    assert_int_equal(launch(env0, &j0.env, err), 0);
+    j0.key = "fp1234";
+    j0.timeout_s = 0.4;
+    j0.confirm = 1;
+    fill_id(j0.bytes, 13);
+    rank_main(&j0);
+    assert_int_equal(j0.rc, CP_RDZV_ERROR);
+    assert_null(strchr(j0.err, '\n'));
+    assert_non_null(strstr(j0.err, "rank 0: COMMPLAN_ID_FILE="));
+    assert_non_null(strstr(j0.err, "rank 1 did not acknowledge the NCCL id within 0.4 s"));
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
 }
 
 /* COMMPLAN_ID_FILE that is not a regular file: a FIFO (a plain open()
@@ -589,6 +713,62 @@ static void test_tcpstore_other_plan_refused_everywhere(void **state)
     store_stop(&s);
 }
 
+/* A run in which only rank 0 reached the store (the others failed before
+ * it): the launch counter no longer pairs the ranks of the next run (rank 0
+ * counts run 1, the others run 0), which no store protocol can tell from
+ * slow ranks. Every rank times out naming the run it counted. */
+static void test_tcpstore_runs_out_of_step(void **state)
+{
+    (void)state;
+    fake_store s;
+    store_start(&s, "serve");
+    char port_var[32], err[1024];
+    const char *env[9];
+    store_env(&s, port_var, sizeof port_var, env + 1);
+    env[0] = "RANK=0";
+    rank_job j;
+    memset(&j, 0, sizeof j);
+    assert_int_equal(launch(env, &j.env, err), 0);
+    j.key = "fp1234";
+    j.timeout_s = 0.3;
+    fill_id(j.bytes, 1);
+    rank_main(&j);
+    assert_int_equal(j.rc, CP_RDZV_ERROR);
+    rank_job jobs[RANKS];
+    pthread_t th[RANKS];
+    for (int r = 0; r < RANKS; r++) {
+        char rank_var[32];
+        snprintf(rank_var, sizeof rank_var, "RANK=%d", r);
+        env[0] = rank_var;
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        assert_int_equal(launch(env, &jobs[r].env, err), 0);
+        jobs[r].key = "fp1234";
+        jobs[r].timeout_s = 0.8;
+        fill_id(jobs[r].bytes, 2);
+    }
+    /* Ranks 1..3 count first (their three ADDs in the store's log after
+     * rank 0's earlier one), then rank 0. */
+    for (int r = 1; r < RANKS; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &jobs[r]), 0);
+    int adds = 0;
+    for (int tries = 0; tries < 2000 && adds < RANKS; tries++) {
+        adds = 0;
+        for (const char *q = read_text(s.log); (q = strstr(q, "ADD /commplan/")) != NULL; q++) adds++;
+        struct timespec t = { 0, 5 * 1000 * 1000 };
+        if (adds < RANKS) nanosleep(&t, NULL);
+    }
+    assert_int_equal(adds, RANKS);
+    assert_int_equal(pthread_create(&th[0], NULL, rank_main, &jobs[0]), 0);
+    for (int r = 0; r < RANKS; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
+    for (int r = 0; r < RANKS; r++) {
+        char want[64];
+        snprintf(want, sizeof want, "this rank counted run %d of the binary", r == 0 ? 1 : 0);
+        if (jobs[r].rc != CP_RDZV_ERROR || !strstr(jobs[r].err, want) || !strstr(jobs[r].err, "restart the launch") ||
+            strchr(jobs[r].err, '\n'))
+            fail_msg("rank %d: %s", r, jobs[r].err);
+    }
+    store_stop(&s);
+}
+
 /* rank 2 of a run whose rank 0 never comes: the WAIT times out. */
 static void test_tcpstore_wait_timeout(void **state)
 {
@@ -743,15 +923,15 @@ static void test_tcpstore_random_replies(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_channel_selection),   cmocka_unit_test(test_id_file_four_ranks),
+        cmocka_unit_test(test_channel_selection),   cmocka_unit_test(test_comm_id_action),   cmocka_unit_test(test_id_file_four_ranks),
         cmocka_unit_test(test_id_file_timeout),     cmocka_unit_test(test_tcpstore_four_ranks),
         cmocka_unit_test(test_tcpstore_wait_timeout), cmocka_unit_test(test_tcpstore_hangs_up),
         cmocka_unit_test(test_tcpstore_never_answers), cmocka_unit_test(test_tcpstore_nobody_listens),
         cmocka_unit_test(test_id_file_not_regular),  cmocka_unit_test(test_id_file_symlinks_not_followed),
         cmocka_unit_test(test_tcpstore_garbage),     cmocka_unit_test(test_tcpstore_truncated),
         cmocka_unit_test(test_tcpstore_huge_length),  cmocka_unit_test(test_tcpstore_random_replies),
-        cmocka_unit_test(test_tcpstore_second_run_of_a_launch),
-        cmocka_unit_test(test_tcpstore_other_plan_refused_everywhere),
+        cmocka_unit_test(test_tcpstore_second_run_of_a_launch), cmocka_unit_test(test_id_file_second_run_of_a_job),
+        cmocka_unit_test(test_tcpstore_other_plan_refused_everywhere), cmocka_unit_test(test_tcpstore_runs_out_of_step),
     };
     /* A wait that is not bounded (a FIFO's open) fails the run instead of hanging it. */
     alarm(120);

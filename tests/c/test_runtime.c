@@ -11,6 +11,8 @@
 #include <cmocka.h>
 
 #include "commplan.h"
+#include "check.h"
+#include "cp_hostlib.h"
 #include "host.h"
 #include "launch.h"
 #include "simulate.h"
@@ -520,53 +522,322 @@ static void test_micro_steps_accumulate_in_reduce_dtype(void **state)
     }
 }
 
-/* Walking a plan's own op list, every unshard is accepted by the library's
- * order check (a library unshard does copy-in, all-gather and copy-out at
- * once, where the plan's copy-out is); unsharding a unit whose bytes a live unit holds is
- * refused, and such pairs exist once units are resharded after forward. */
-static int arena_order_conflicts(const cp_plan *p)
+/* ---- NCCL's ring all-reduce positions in the checker ----
+ * HSDP over 3 replicas (one shard each), one fp32 unit of 16 elements,
+ * AVG: ncclAvg's float(1/3) premultiply makes the bits depend on the ring
+ * position that finishes each element, which NCCL's run-time channel and
+ * chunk split decides. The checker must take the bits of every position a
+ * split can give an element, and no other. */
+enum { REP3_NUMEL = 16 };
+static const cp_group_family rep3_families[1] = { { .name = "dp_replicate", .axis_mask = 0x1u, .size = 3 } };
+static const cp_param rep3_params[1] = { { .name = "w", .ndim = 1, .shape = { REP3_NUMEL }, .numel = REP3_NUMEL,
+                                           .chunk = REP3_NUMEL, .outer = 1, .run = REP3_NUMEL,
+                                           .padded = REP3_NUMEL } };
+static const cp_unit rep3_units[1] = { { .name = "u", .first_param = 0, .nparams = 1, .total = REP3_NUMEL,
+                                         .numel = REP3_NUMEL, .grads_numel = REP3_NUMEL, .orig_dtype = CP_FP32,
+                                         .ag_dtype = CP_FP32, .reduce_dtype = CP_FP32, .grad_dtype = CP_FP32,
+                                         .is_root = 1, .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1.0,
+                                         .post_divide = 1.0 } };
+static const cp_op rep3_ops[2] = {
+    { .kind = CP_OP_PACK, .family = -1, .stream = CP_STREAM_COMPUTE, .event = -1 },
+    { .kind = CP_OP_ALL_REDUCE, .family = 0, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = REP3_NUMEL,
+      .reduce_op = CP_AVG, .event = -1 },
+};
+static const cp_plan rep3_plan = { .name = "rep3", .fingerprint = "0", .world_size = 3, .mesh_ndim = 1,
+                                   .mesh_names = { "dp_replicate" }, .mesh_sizes = { 3 }, .shard_size = 1,
+                                   .replicate_size = 3, .shard_family = -1, .replicate_family = 0, .micro_steps = 1,
+                                   .nunits = 1, .units = rep3_units, .nparams = 1, .params = rep3_params,
+                                   .nfamilies = 1, .families = rep3_families, .nops = 2, .ops = rep3_ops,
+                                   .tp_size = 1, .tp_mesh_dim = -1 };
+
+/* Rank 0's reduced grad of element i as NCCL computes it when ring position
+ * `key` finishes it: the three replicas' pattern grads, ncclAvg's chain. */
+static float rep3_value(int step, int64_t i, int key)
 {
-    unsigned char live[64] = { 0 };
-    assert_true(p->nunits <= 64);
-    for (int i = 0; i < p->nops; i++) {
-        const cp_op *o = &p->ops[i];
-        if (o->kind == CP_OP_COPY_OUT) {
-            assert_int_equal(cp_unshard_conflict(p, o->unit, live), -1);
-            live[o->unit] = 1;
-        }
-        if (o->kind == CP_OP_RESHARD) live[o->unit] = 0;
-    }
-    int refused = 0;
-    for (int u = 0; u < p->nunits; u++)
-        for (int v = 0; v < p->nunits; v++) {
-            if (u == v) continue;
-            memset(live, 0, sizeof live);
-            live[v] = 1;
-            int c = cp_unshard_conflict(p, u, live);
-            assert_true(c == -1 || c == v);
-            if (c == v) {
-                /* A refusal means real shared bytes. */
-                int64_t a = p->units[u].arena_offset[CP_BUF_UNSHARDED], b = p->units[v].arena_offset[CP_BUF_UNSHARDED];
-                int64_t g = p->units[u].arena_offset[CP_BUF_AG];
-                int64_t nb = cp_arena_buffer_bytes(p, v, CP_BUF_UNSHARDED);
-                int64_t na = cp_arena_buffer_bytes(p, u, CP_BUF_UNSHARDED);
-                assert_true((a < b + nb && b < a + na) || (g < b + nb && b < g + cp_arena_buffer_bytes(p, u, CP_BUF_AG)));
-                refused++;
-            }
-        }
-    return refused;
+    float g[3];
+    for (int q = 0; q < 3; q++) g[q] = cp_pattern_grad(CP_PATTERN_UNIQUE, CP_FP32, 0, i, q, 0, step);
+    return cp_reduce_values_nccl(CP_FP32, CP_AVG, g, 3, key);
 }
 
-static void test_arena_library_order(void **state)
+static long rep3_mismatches(int step, const int *key)
+{
+    float got[REP3_NUMEL];
+    for (int i = 0; i < REP3_NUMEL; i++) got[i] = rep3_value(step, i, key[i]);
+    cp_checker c;
+    assert_int_equal(cp_checker_init(&c, &rep3_plan, CP_PATTERN_UNIQUE, 0), 0);
+    c.step = step;
+    cp_checker_check_grads(&c, 0, got);
+    long m = c.mismatches;
+    cp_checker_free(&c);
+    return m;
+}
+
+static void test_checker_takes_every_nccl_ring_split(void **state)
 {
     (void)state;
-    int refused = arena_order_conflicts(&hsdp2x3_bf16_plan) + arena_order_conflicts(&hsdp4x2_fp16_plan);
-    arena_order_conflicts(&fsdp8_uneven_plan);
-    assert_true(refused > 0);
+    /* Positions NCCL gives (tests/c/test_arith.c runs its runRing): one
+     * channel, one loop (chunks of 8: the checker's first guess); two
+     * channels of 8 (chunks of 4); one channel with 16-byte chunks (a loop
+     * of 12, then 4 elements on position 0). */
+    static const int one[REP3_NUMEL] = { 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1 };
+    static const int two[REP3_NUMEL] = { 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1 };
+    static const int small[REP3_NUMEL] = { 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0 };
+    int sensitive = 0;
+    for (int step = 0; step < 4; step++) {
+        for (int i = 0; i < REP3_NUMEL; i++)
+            sensitive += f32_bits(rep3_value(step, i, one[i])) != f32_bits(rep3_value(step, i, small[i]));
+        assert_int_equal(rep3_mismatches(step, one), 0);
+        assert_int_equal(rep3_mismatches(step, two), 0);
+        assert_int_equal(rep3_mismatches(step, small), 0);
+    }
+    assert_true(sensitive > 0); /* the splits do show in the bits */
+    /* The first 16 bytes always finish on position 0 (every chunk starts a
+     * multiple of 16 bytes into the buffer): position 2's bits there are
+     * wrong gradients. */
+    int step = -1, at = -1;
+    for (int s = 0; s < 16 && at < 0; s++)
+        for (int i = 0; i < 4 && at < 0; i++)
+            if (f32_bits(rep3_value(s, i, 2)) != f32_bits(rep3_value(s, i, 0)) &&
+                f32_bits(rep3_value(s, i, 2)) != f32_bits(rep3_value(s, i, 1)))
+                step = s, at = i;
+    assert_true(at >= 0);
+    int wrong[REP3_NUMEL];
+    memcpy(wrong, one, sizeof wrong);
+    wrong[at] = 2;
+    assert_int_equal(rep3_mismatches(step, wrong), 1);
+}
+
+/* ---- the library's call order (arena.c) ----
+ * The plan's step as library calls, in the order they may be made: each
+ * call is one unit's instance of an op group, made once its last op may be
+ * issued, so ordered by its last op (python/commplan/runtime.py
+ * library_calls, which CommplanFSDP enforces). */
+typedef struct {
+    int call, unit, last;
+} call_inst;
+
+static const cp_op_kind *const CALL_KINDS[3] = { cp_call_unshard, cp_call_reshard, cp_call_reduce };
+static const int CALL_NKINDS[3] = { 3, 1, 8 };
+static const char *const CALL_NAMES[3] = { "unshard", "reshard", "reduce" };
+
+static int by_last(const void *a, const void *b)
+{
+    return ((const call_inst *)a)->last - ((const call_inst *)b)->last;
+}
+
+static int plan_calls(const cp_plan *p, call_inst *out, int cap)
+{
+    int n = 0, open[64][3], at[64][3];
+    assert_true(p->nunits <= 64);
+    for (int u = 0; u < p->nunits; u++)
+        for (int c = 0; c < 3; c++) open[u][c] = -1;
+    for (int i = 0; i < p->nops; i++) {
+        const cp_op *o = &p->ops[i];
+        for (int c = 0; c < 3; c++) {
+            int k = 0;
+            while (k < CALL_NKINDS[c] && CALL_KINDS[c][k] != o->kind) k++;
+            if (k == CALL_NKINDS[c]) continue;
+            int *cur = &open[o->unit][c];
+            if (k == 0 || *cur < 0 || k < at[o->unit][c]) {
+                assert_true(n < cap);
+                out[n] = (call_inst){ c, o->unit, i };
+                *cur = n++;
+            } else
+                out[*cur].last = i;
+            at[o->unit][c] = k;
+            if (k == CALL_NKINDS[c] - 1) *cur = -1;
+        }
+    }
+    qsort(out, (size_t)n, sizeof *out, by_last);
+    return n;
+}
+
+static int run_nothing(void *ctx, const cp_op *op)
+{
+    (void)ctx;
+    (void)op;
+    return 0;
+}
+
+/* Two steps of plan p's calls in the plan's order through the order check:
+ * every call accepted, and every buffer free at each step's end. */
+static void library_order_accepted(const cp_plan *p)
+{
+    call_inst calls[512];
+    int n = plan_calls(p, calls, 512), cursor[64][3] = { { 0 } };
+    unsigned char live[64] = { 0 };
+    for (int step = 0; step < 2; step++) {
+        for (int i = 0; i < n; i++) {
+            const call_inst *c = &calls[i];
+            cp_call_effect e;
+            int *cur = &cursor[c->unit][c->call];
+            cp_call_effect_of(p, c->unit, CALL_KINDS[c->call], CALL_NKINDS[c->call], *cur, &e);
+            assert_int_equal(e.last, c->last); /* the library runs this very instance */
+            int wrote = -1, held = -1, v = cp_call_conflict(p, c->unit, &e, live, &wrote, &held);
+            if (v >= 0) {
+                char m[600];
+                cp_call_conflict_message(p, CALL_NAMES[c->call], c->unit, v, wrote, held, m, sizeof m);
+                fail_msg("plan %s, call %d of the step: %s", p->name, i, m);
+            }
+            cp_call_apply(&e, &live[c->unit]);
+            assert_int_equal(cp_run_call(p, c->unit, CALL_KINDS[c->call], CALL_NKINDS[c->call], cur, run_nothing,
+                                         NULL), 0);
+        }
+        for (int u = 0; u < p->nunits; u++)
+            if (live[u]) fail_msg("plan %s: unit %s still holds buffers 0x%x at the step's end", p->name,
+                                  p->units[u].name, live[u]);
+    }
+}
+
+static void test_library_order_of_plans(void **state)
+{
+    (void)state;
+    const cp_plan *plans[] = { &fsdp8_uneven_plan, &hsdp2x3_bf16_plan, &hsdp4x2_fp16_plan, &llama_tiny_tp_plan };
+    for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++)
+        for (int r = 0; r < plans[i]->world_size; r++) { /* every TP class's tables */
+            cp_plan view;
+            cp_plan_view(plans[i], r, &view);
+            library_order_accepted(&view);
+        }
     /* Arena buffer sizes are the executor's. */
     const cp_unit *U = &hsdp2x3_bf16_plan.units[0];
     assert_int_equal(cp_arena_buffer_bytes(&hsdp2x3_bf16_plan, 0, CP_BUF_RS_OUT),
                      U->total * (int64_t)cp_dtype_size(U->reduce_dtype));
+}
+
+/* Unsharded gradients hold data from the unshard before their backward to
+ * their reduction: llama_tiny_tp's arena gives tok_embeddings' grads bytes
+ * that layers.0's all-gather buffer and unsharded parameters use earlier in
+ * the step. After tok_embeddings' backward and reshard, before its
+ * reduction, a second unshard of layers.0 (a recompute the plan does not
+ * have) would overwrite those grads: refused, though no unit is unsharded
+ * any more (the old check saw unsharded parameters only). */
+static void test_library_order_guards_grads(void **state)
+{
+    (void)state;
+    cp_plan view;
+    cp_plan_view(&llama_tiny_tp_plan, 0, &view);
+    const cp_plan *p = &view;
+    int tok = -1, l0 = -1;
+    for (int u = 0; u < p->nunits; u++) {
+        if (!strcmp(p->units[u].name, "tok_embeddings")) tok = u;
+        if (!strcmp(p->units[u].name, "layers.0")) l0 = u;
+    }
+    assert_true(tok >= 0 && l0 >= 0);
+    call_inst calls[512];
+    int n = plan_calls(p, calls, 512), cursor[64][3] = { { 0 } }, reshards = 0, i = 0;
+    unsigned char live[64] = { 0 };
+    /* The plan's calls up to tok_embeddings' second reshard (after its backward). */
+    for (; i < n && reshards < 2; i++) {
+        const call_inst *c = &calls[i];
+        cp_call_effect e;
+        cp_call_effect_of(p, c->unit, CALL_KINDS[c->call], CALL_NKINDS[c->call], cursor[c->unit][c->call], &e);
+        assert_int_equal(cp_call_conflict(p, c->unit, &e, live, NULL, NULL), -1);
+        cp_call_apply(&e, &live[c->unit]);
+        assert_int_equal(cp_run_call(p, c->unit, CALL_KINDS[c->call], CALL_NKINDS[c->call],
+                                     &cursor[c->unit][c->call], run_nothing, NULL), 0);
+        reshards += c->call == 1 && c->unit == tok;
+    }
+    assert_int_equal(reshards, 2);
+    assert_int_equal(live[tok], 1u << CP_BUF_GRADS);
+    for (int u = 0; u < p->nunits; u++) assert_false(live[u] & (1u << CP_BUF_UNSHARDED));
+    cp_call_effect e;
+    cp_call_effect_of(p, l0, cp_call_unshard, 3, cursor[l0][0], &e);
+    int wrote = -1, held = -1;
+    assert_int_equal(cp_call_conflict(p, l0, &e, live, &wrote, &held), tok);
+    assert_int_equal(held, CP_BUF_GRADS);
+    char m[600];
+    cp_call_conflict_message(p, "cp_gpu_unshard", l0, tok, wrote, held, m, sizeof m);
+    assert_non_null(strstr(m, "cp_gpu_unshard(layers.0) would write its "));
+    assert_non_null(strstr(m, " over the unsharded gradients of unit tok_embeddings"));
+    assert_non_null(strstr(m, "reduce tok_embeddings's gradients first"));
+    /* Its reduction frees them: the rest of the step goes through. */
+    for (; i < n; i++) {
+        const call_inst *c = &calls[i];
+        cp_call_effect_of(p, c->unit, CALL_KINDS[c->call], CALL_NKINDS[c->call], cursor[c->unit][c->call], &e);
+        assert_int_equal(cp_call_conflict(p, c->unit, &e, live, NULL, NULL), -1);
+        cp_call_apply(&e, &live[c->unit]);
+        assert_int_equal(cp_run_call(p, c->unit, CALL_KINDS[c->call], CALL_NKINDS[c->call],
+                                     &cursor[c->unit][c->call], run_nothing, NULL), 0);
+    }
+    assert_int_equal(live[tok], 0);
+
+    /* The grads an unshard opens are the caller's backward's to write: a
+     * backward of layers.0 before layers.1's (the reverse of the plan's)
+     * would have layers.1's backward write its grads over layers.0's, not
+     * yet reduced. Refused at layers.1's unshard, whose own buffers touch
+     * nothing live. */
+    static const char *const seq[][2] = {
+        { "unshard", "tok_embeddings" }, { "reshard", "tok_embeddings" }, { "unshard", "layers.0" },
+        { "reshard", "layers.0" },       { "unshard", "layers.1" },       { "reshard", "layers.1" },
+        { "unshard", "norm_output" },    { "reshard", "norm_output" },    { "reduce", "norm_output" },
+        { "unshard", "layers.0" },       { "reshard", "layers.0" },       { "unshard", "layers.1" },
+    };
+    int nseq = (int)(sizeof seq / sizeof seq[0]);
+    memset(cursor, 0, sizeof cursor);
+    memset(live, 0, sizeof live);
+    for (int k = 0; k < nseq; k++) {
+        int c = 0, u = 0;
+        while (strcmp(CALL_NAMES[c], seq[k][0])) c++;
+        while (strcmp(p->units[u].name, seq[k][1])) u++;
+        cp_call_effect_of(p, u, CALL_KINDS[c], CALL_NKINDS[c], cursor[u][c], &e);
+        int v = cp_call_conflict(p, u, &e, live, &wrote, &held);
+        if (k < nseq - 1) {
+            assert_int_equal(v, -1);
+            cp_call_apply(&e, &live[u]);
+            assert_int_equal(cp_run_call(p, u, CALL_KINDS[c], CALL_NKINDS[c], &cursor[u][c], run_nothing, NULL), 0);
+            continue;
+        }
+        assert_int_equal(v, l0);
+        assert_int_equal(wrote, CP_BUF_GRADS);
+        assert_int_equal(held, CP_BUF_GRADS);
+        e.opens = 0; /* its writes alone clash with nothing live */
+        assert_int_equal(cp_call_conflict(p, u, &e, live, NULL, NULL), -1);
+    }
+}
+
+static int no_collective(void *user, int coll, int family, int color, int key, int size, void *in, void *out,
+                         int64_t count, int dtype, int reduce_op)
+{
+    (void)user, (void)coll, (void)family, (void)color, (void)key, (void)size, (void)in, (void)out, (void)count;
+    (void)dtype, (void)reduce_op;
+    return 0;
+}
+
+/* Out of the plan's order through the host library (cp_gpu.h's calls have
+ * the same check): hsdp2x3_bf16's arena gives the root's reduce-scatter
+ * input the bytes of layers.0's unsharded parameters, free by the time the
+ * plan reduces the root. A caller reducing the root's grads while layers.0
+ * is unsharded for its backward would overwrite the parameters that
+ * backward reads: refused, naming both buffers. So is an unshard over
+ * unsharded parameters still in use. */
+static void test_library_order_refused(void **state)
+{
+    (void)state;
+    const cp_plan *p = &hsdp2x3_bf16_plan;
+    cp_hostlib *h;
+    char err[600];
+    assert_int_equal(cp_hostlib_init(&h, p, 0, no_collective, NULL, err, sizeof err), 0);
+    /* Forward: the root stays unsharded, each layer is resharded after it. */
+    assert_int_equal(cp_hostlib_unshard(h, 0), 0);
+    assert_int_equal(cp_hostlib_unshard(h, 1), 0);
+    assert_int_equal(cp_hostlib_reshard(h, 1), 0);
+    assert_int_equal(cp_hostlib_unshard(h, 2), 0);
+    assert_int_equal(cp_hostlib_reshard(h, 2), 0);
+    /* Backward of layers.1, then layers.0 unsharded for its backward. */
+    assert_int_equal(cp_hostlib_unshard(h, 2), 0);
+    assert_int_equal(cp_hostlib_reshard(h, 2), 0);
+    assert_int_equal(cp_hostlib_reduce_grads(h, 2), 0);
+    assert_int_equal(cp_hostlib_unshard(h, 1), 0);
+    /* The root's reshard and reduction now, before layers.0's backward. */
+    assert_int_equal(cp_hostlib_reshard(h, 0), 0);
+    assert_int_equal(cp_hostlib_reduce_grads(h, 0), -1);
+    const char *m = cp_hostlib_last_error(h);
+    if (!strstr(m, "cp_hostlib_reduce_grads(root) would write its reduce-scatter input over the unsharded parameters "
+                   "of unit layers.0, still unsharded") ||
+        !strstr(m, "reshard layers.0 first") || !strstr(m, "plans/hsdp2x3_bf16/SCHEDULE.md"))
+        fail_msg("%s", m);
+    cp_hostlib_destroy(h);
 }
 
 static void test_launch_env(void **state)
@@ -638,7 +909,10 @@ int main(void)
         cmocka_unit_test(test_missing_all_reduce_is_caught),
         cmocka_unit_test(test_view_out_add_is_checked),
         cmocka_unit_test(test_compute_on_resharded_params_fails),
-        cmocka_unit_test(test_arena_library_order),
+        cmocka_unit_test(test_checker_takes_every_nccl_ring_split),
+        cmocka_unit_test(test_library_order_of_plans),
+        cmocka_unit_test(test_library_order_refused),
+        cmocka_unit_test(test_library_order_guards_grads),
         cmocka_unit_test(test_divides_in_reduce_dtype_then_cast),
         cmocka_unit_test(test_micro_steps_accumulate_in_reduce_dtype),
         cmocka_unit_test(test_fsdp2_default_adds_each_reduction),
