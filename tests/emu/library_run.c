@@ -45,7 +45,8 @@ int main(int argc, char **argv)
     int steps = argc > 1 ? atoi(argv[1]) : 2;
     cp_launch_env env;
     char err[512];
-    if (cp_launch_from_env(&env, getenv, err, sizeof err) != 0) {
+    /* As docs/example.c: NCCL_COMM_ID set before any thread starts. */
+    if (cp_launch_from_env(&env, getenv, err, sizeof err) != 0 || cp_launch_export_comm_id(&env, err, sizeof err) != 0) {
         fprintf(stderr, "%s\n", err);
         return 2;
     }
