@@ -37,6 +37,7 @@ typedef struct {
     unsigned char *packs;   /* [unit * micro_steps + m]: bit 0, the step reduces unit u's grads at micro-step m;
                                bit 1, that reduction ends in the partial sums (all_reduce_last) (its ops) */
     float *acc;             /* scratch: each of the W x R members' accumulated unsharded grad */
+    float *work;            /* scratch: blocks of CP_BLOCK floats for the run-at-a-time checks */
     long mismatches;
 } cp_checker;
 
