@@ -185,6 +185,39 @@ static int rendezvous_only(const cp_plan *p, cp_launch_env *env, int quiet)
     return 0;
 }
 
+/* --simulate and --dry-run need no launcher: under torchrun, srun or mpirun
+ * (its variables present, even ones that disagree with the plan) they run
+ * as they would alone and say once, on stderr, that the variables are not
+ * used. Only integers from the environment reach the line. */
+static void launcher_note(const cp_plan *p, int simulate)
+{
+    static const struct { const char *source, *vars[3]; } L[] = {
+        { "torchrun", { "RANK", "WORLD_SIZE", "LOCAL_RANK" } },
+        { "openmpi", { "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK" } },
+        { "slurm", { "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID" } },
+    };
+    char names[64] = "";
+    for (size_t i = 0; i < sizeof L / sizeof L[0]; i++)
+        for (int k = 0; k < 3; k++)
+            if (getenv(L[i].vars[k])) {
+                size_t n = strlen(names);
+                snprintf(names + n, sizeof names - n, "%s%s", n ? ", " : "", L[i].source);
+                break;
+            }
+    if (!names[0]) return;
+    cp_launch_env env;
+    char err[1024], what[160];
+    if (cp_launch_ranks_from_env(&env, getenv, err, sizeof err) == 0 && strcmp(env.source, "none") != 0)
+        snprintf(what, sizeof what, "%s, rank %d of %d", env.source, env.rank, env.world_size);
+    else snprintf(what, sizeof what, "%s", names);
+    if (simulate)
+        fprintf(stderr, "note: --simulate runs all %d ranks of plan %s in this process; the launcher's variables (%s) "
+                "are not used\n", p->world_size, p->name, what);
+    else
+        fprintf(stderr, "note: --dry-run prints plan %s's ops and needs no launcher; the launcher's variables (%s) are "
+                "not used\n", p->name, what);
+}
+
 static int run(int argc, char **argv)
 {
     const cp_plan *p = &CP_PLAN;
@@ -277,6 +310,25 @@ static int run(int argc, char **argv)
                  "--graph or --dump");
         return 2;
     }
+    if (simulate || dry) {
+        /* No launcher needed: only the flags given are checked against the plan. */
+        if (world >= 0 && world != p->world_size) {
+            cp_error("world size %ld does not match plan %s (generated for %d ranks): --world-size %ld; pass "
+                     "--world-size %d or drop it, or regenerate the plan with world_size = %ld",
+                     world, p->name, p->world_size, world, p->world_size, world);
+            return 2;
+        }
+        if (rank >= 0 && rank >= p->world_size) {
+            cp_error("rank %ld is outside plan %s's %d ranks (valid: 0..%d): --rank %ld; pass --rank 0..%d", rank,
+                     p->name, p->world_size, p->world_size - 1, rank, p->world_size - 1);
+            return 2;
+        }
+        if (!quiet) launcher_note(p, simulate);
+        if (dry) { dry_run(p); return 0; }
+        opt.steps = (int)steps;
+        opt.log = quiet ? NULL : stdout;
+        return cp_simulate(p, &opt);
+    }
     /* The launch against the plan first (torchrun, Open MPI or Slurm
      * variables, --world-size, --rank), then the NCCL id channel: a launch
      * of the wrong size is named as such, not as a missing address. */
@@ -312,7 +364,6 @@ static int run(int argc, char **argv)
         return 2;
     }
     if (launched && rank < 0) rank = env.rank;
-    if (dry) { dry_run(p); return 0; }
     if (rdzv) {
         if (!launched && p->world_size > 1) {
             cp_error("--rendezvous-only needs the launcher's variables: start the %d ranks with torchrun (e.g. torchrun "
@@ -329,7 +380,7 @@ static int run(int argc, char **argv)
         if (!launched) env.local_rank = 0;
         env.comm_id[0] = '\0';
     }
-    if (!simulate) {
+    {
         /* A trace that cannot be written is named before the GPU run, not after it. */
         if (trace && cp_out_check_path(trace, err, sizeof err) != 0) {
             cp_error("--trace %s; give a file in an existing directory", err);
@@ -353,9 +404,6 @@ static int run(int argc, char **argv)
         return 2;
 #endif
     }
-    opt.steps = (int)steps;
-    opt.log = quiet ? NULL : stdout;
-    return cp_simulate(p, &opt);
 }
 
 int main(int argc, char **argv)
