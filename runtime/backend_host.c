@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cp_simd.h"
 #include "host.h"
 
 typedef struct {
@@ -293,9 +294,9 @@ static void copy_out(const cp_plan *p, int u, int shard_rank, const void *ag, vo
 }
 
 /* x / d in double, rounded to float: FSDP2's divides as the reference wrote them. */
-static void divide_n(float *v, int64_t n, double d)
+CP_HOT static void divide_n(float *restrict v, int64_t n, double d)
 {
-    for (int64_t i = 0; i < n; i++) v[i] = (float)(v[i] / d);
+    CP_LOOP(n, v[j] = (float)(v[j] / d));
 }
 
 /* chunk_cat: unsharded grads (grad dtype) -> (W, total) reduce-scatter

@@ -253,6 +253,7 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
     int rep_color = rank, rep_key = 0;
     if (p->replicate_family >= 0) cp_group_of(p, p->replicate_family, rank, &rep_color, &rep_key);
     c->replica_set = rep_color;
+    c->replicate_rank = rep_key;
     for (int q = 0; q < R; q++) {
         int rq = p->replicate_family >= 0 ? cp_group_member(p, p->replicate_family, rep_color, q) : rank;
         int sh_color = 0, sh_key = 0;
@@ -290,6 +291,11 @@ static void report(cp_checker *c, const char *what, int u, int param, int64_t e,
 
 void cp_checker_fill_shards(cp_checker *c, int u, void *sharded)
 {
+    cp_checker_fill_shards_of(c, u, c->shard_rank, sharded);
+}
+
+void cp_checker_fill_shards_of(cp_checker *c, int u, int shard_rank, void *sharded)
+{
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
     size_t es = cp_dtype_size(U->orig_dtype);
@@ -298,9 +304,9 @@ void cp_checker_fill_shards(cp_checker *c, int u, void *sharded)
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
-        int64_t valid = cp_param_valid(prm, c->shard_rank), k = cp_pattern_param_id(p, param), len;
+        int64_t valid = cp_param_valid(prm, shard_rank), k = cp_pattern_param_id(p, param), len;
         for (int64_t i = 0; i < valid; i += len) {
-            int64_t e = shard_run(prm, p->shard_size, c->shard_rank, c->tp_rank, i, valid, &len);
+            int64_t e = shard_run(prm, p->shard_size, shard_rank, c->tp_rank, i, valid, &len);
             if (len > CP_BLOCK) len = CP_BLOCK;
             param_n(c->pattern, U->orig_dtype, k, c->param_base[param], e, len, c->step, v);
             cp_store_n(U->orig_dtype, (char *)sharded + (size_t)(prm->offset + i) * es, len, v);
@@ -429,6 +435,8 @@ static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, in
             for (int s = 0; s < W; s++) vals[s] = packed(U, c->acc[q * W + s]);
             rs[q] = W > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->rs_op, vals, W, rs_key) : vals[0];
         }
+        if (c->solo)
+            for (int q = 0; q < R; q++) rs[q] = rs[c->replicate_rank];
         if (parks_at(c, u, m)) {
             for (int q = 0; q < R; q++) partial[q] = held ? round_to(U->reduce_dtype, partial[q] + rs[q]) : rs[q];
             held = 1;
@@ -459,11 +467,12 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
     float *acc = c->work + 4 * B, *vals = acc + (size_t)W * R * B, *rs = vals + (size_t)W * B;
     float *partial = rs + (size_t)R * B, *base = partial + (size_t)R * B, *g = base + B, *v = g + B;
     const float *vp[W > R ? W : R];
-    int have = 0, held = 0;
+    int have = 0, held = 0, q0 = c->replicate_rank;
     for (int m = 0; m < p->micro_steps; m++) {
         int fresh = fresh_grads(c, u, m);
         if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(U->ag_dtype, k, e, n, m, c->step, base);
         for (int i = 0; i < W * R; i++) {
+            if (c->solo && i / W != q0) continue; /* the other replicas copy this one's */
             float *a = acc + (size_t)i * B;
             grad_n(c->pattern, U->ag_dtype, k, e, n, c->members[i], m, c->step, base, g);
             cp_round_n(U->ag_dtype, g, n);
@@ -474,6 +483,7 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
         }
         if (!reduces_at(c, u, m)) continue;
         for (int q = 0; q < R; q++) {
+            if (c->solo && q != q0) continue;
             for (int sh = 0; sh < W; sh++) {
                 float *x = vals + (size_t)sh * B;
                 memcpy(x, acc + (size_t)(q * W + sh) * B, (size_t)n * sizeof *x);
@@ -488,6 +498,9 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
             if (W > 1) cp_reduce_arith_f(c->arith, U->reduce_dtype, U->rs_op, vp, W, rs_key, n, r);
             else memcpy(r, vals, (size_t)n * sizeof *r);
         }
+        if (c->solo)
+            for (int q = 0; q < R; q++)
+                if (q != q0) memcpy(rs + (size_t)q * B, rs + (size_t)q0 * B, (size_t)n * sizeof *rs);
         if (parks_at(c, u, m)) {
             for (int q = 0; q < R; q++) {
                 float *pq = partial + (size_t)q * B, *r = rs + (size_t)q * B;
@@ -523,6 +536,46 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
     }
     if (!have)
         for (int64_t j = 0; j < n; j++) out[j] = 0.0f;
+}
+
+/* Stand-in member `member` (a global rank of this rank's shard group)'s
+ * reduce-scatter input for this rank's slot at micro-step `micro`, in the
+ * reduce dtype, as the checker's model has it: its grads accumulated over
+ * the micro-steps as expect_block does, packed (cast, pre-divide), zero
+ * padding. */
+void cp_checker_member_packed(cp_checker *c, int u, int member, int micro, void *out)
+{
+    const cp_plan *p = c->plan;
+    const cp_unit *U = &p->units[u];
+    size_t es = cp_dtype_size(U->reduce_dtype);
+    enum { B = CP_BLOCK };
+    float *base = c->work, *g = base + B, *a = g + B;
+    memset(out, 0, (size_t)U->total * es);
+    for (int j = 0; j < U->nparams; j++) {
+        int param = U->first_param + j;
+        const cp_param *prm = &p->params[param];
+        int64_t k = cp_pattern_param_id(p, param), valid = cp_param_valid(prm, c->shard_rank), len;
+        for (int64_t i = 0; i < valid; i += len) {
+            int64_t e = shard_run(prm, p->shard_size, c->shard_rank, c->tp_rank, i, valid, &len);
+            if (len > CP_BLOCK) len = CP_BLOCK;
+            for (int m = 0; m <= micro && m < p->micro_steps; m++) {
+                int fresh = fresh_grads(c, u, m);
+                if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(U->ag_dtype, k, e, len, m, c->step, base);
+                grad_n(c->pattern, U->ag_dtype, k, e, len, member, m, c->step, base, g);
+                cp_round_n(U->ag_dtype, g, len);
+                cp_round_n(U->grad_dtype, g, len);
+                if (fresh) memcpy(a, g, (size_t)len * sizeof *a);
+                else for (int64_t q = 0; q < len; q++) a[q] += g[q];
+                cp_round_n(U->grad_dtype, a, len);
+            }
+            cp_round_n(U->reduce_dtype, a, len);
+            if (U->pre_divide != 1.0) {
+                for (int64_t q = 0; q < len; q++) a[q] = (float)(a[q] / U->pre_divide);
+                cp_round_n(U->reduce_dtype, a, len);
+            }
+            cp_store_n(U->reduce_dtype, (char *)out + (size_t)(prm->offset + i) * es, len, a);
+        }
+    }
 }
 
 /* Every reduced grad element of unit u as this rank must hold it (padding
@@ -642,17 +695,59 @@ static float act_summand(int64_t op_index, int64_t pos, int step, int tp_rank)
            (float)(tp_rank % 2);
 }
 
+/* act_gathered / act_summand over positions pos0 .. pos0+n-1 (n <= CP_BLOCK). */
+CP_HOT static void act_hash_n(uint32_t *restrict h, int64_t op_index, int64_t pos0, int64_t n, int step)
+{
+    uint64_t salt = ((uint64_t)op_index << 40) ^ (uint64_t)step;
+    CP_LOOP(n, h[j] = mix32(salt ^ ((uint64_t)(pos0 + j) << 4)));
+}
+
+CP_HOT static void act_sum_values(float *restrict out, const uint32_t *restrict h, int64_t n, float r)
+{
+    CP_LOOP(n, out[j] = (float)(int32_t)(h[j] % 3u + 1u) + r);
+}
+
+CP_HOT static void act_gather_bits(uint16_t *restrict b, const uint32_t *restrict h, int64_t n, uint32_t exp)
+{
+    CP_LOOP(n, uint32_t x = (uint16_t)h[j]; b[j] = (uint16_t)((x & exp) == exp ? x & ~0x4000u : x));
+}
+
+static void act_values_n(cp_dtype t, int gather, int64_t op_index, int64_t pos0, int64_t n, int step, int tp_rank,
+                         float *out)
+{
+    uint32_t h[CP_BLOCK];
+    act_hash_n(h, op_index, pos0, n, step);
+    if (!gather) act_sum_values(out, h, n, (float)(tp_rank % 2));
+    else if (t == CP_FP32)
+        for (int64_t j = 0; j < n; j++) out[j] = (float)(h[j] % 2000000u) - 1000000.0f;
+    else {
+        uint16_t b[CP_BLOCK];
+        act_gather_bits(b, h, n, t == CP_BF16 ? 0x7f80u : 0x7c00u);
+        cp_load_n(t, b, n, out);
+    }
+}
+
+void cp_checker_act_input_part(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, int64_t first, int64_t len,
+                               void *out)
+{
+    int64_t seq = op - c->plan->ops, n = op->count;
+    int gather = op->kind == CP_OP_TP_ALL_GATHER;
+    size_t es = cp_dtype_size(op->dtype);
+    float v[CP_BLOCK];
+    (void)tp_size;
+    for (int64_t i = 0; i < len; i += CP_BLOCK) {
+        int64_t m = len - i < CP_BLOCK ? len - i : CP_BLOCK;
+        /* a gather's input is its slot of the whole: positions tp_rank * n + i */
+        act_values_n(op->dtype, gather, seq, (gather ? (int64_t)tp_rank * n : 0) + first + i, m, c->step, tp_rank, v);
+        cp_store_n(op->dtype, (char *)out + (size_t)i * es, m, v);
+    }
+}
+
 void cp_checker_act_input(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, void *in)
 {
-    int64_t seq = op - c->plan->ops;
     int64_t n = op->count;
-    if (op->kind == CP_OP_TP_ALL_GATHER) {
-        for (int64_t i = 0; i < n; i++)
-            cp_store(op->dtype, in, i, act_gathered(op->dtype, seq, (int64_t)tp_rank * n + i, c->step));
-        return;
-    }
     int64_t len = op->kind == CP_OP_TP_REDUCE_SCATTER ? n * tp_size : n;
-    for (int64_t i = 0; i < len; i++) cp_store(op->dtype, in, i, act_summand(seq, i, c->step, tp_rank));
+    cp_checker_act_input_part(c, op, tp_rank, tp_size, 0, len, in);
 }
 
 void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, const void *out)
@@ -661,14 +756,37 @@ void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_s
     int64_t n = op->count;
     int gather = op->kind == CP_OP_TP_ALL_GATHER;
     int64_t len = gather ? n * tp_size : n, base = op->kind == CP_OP_TP_REDUCE_SCATTER ? (int64_t)tp_rank * n : 0;
-    for (int64_t i = 0; i < len; i++) {
-        float want = 0.0f;
-        if (gather) want = act_gathered(op->dtype, seq, i, c->step);
-        else if (op->reduce_op == CP_MAX) /* loss_parallel's per-token max */
-            for (int r = 0; r < tp_size; r++) want = r == 0 ? act_summand(seq, base + i, c->step, r)
-                                                           : fmaxf(want, act_summand(seq, base + i, c->step, r));
+    size_t es = cp_dtype_size(op->dtype);
+    float want[CP_BLOCK], got[CP_BLOCK], v[CP_BLOCK];
+    int64_t i0 = 0;
+    /* Whole blocks first: the expected values as blocks (a gather's position
+     * is its index; a sum's, base + index, summed over the TP ranks in rank
+     * order), compared at once; a block that differs, and MAX, element by
+     * element below. */
+    for (; op->reduce_op != CP_MAX && i0 < len; i0 += CP_BLOCK) {
+        int64_t m = len - i0 < CP_BLOCK ? len - i0 : CP_BLOCK;
+        if (gather && c->solo && (i0 + m <= (int64_t)tp_rank * n || i0 >= (int64_t)(tp_rank + 1) * n))
+            memset(want, 0, (size_t)m * sizeof *want); /* a stand-in peer's slot: zeros */
+        else if (gather) act_values_n(op->dtype, 1, seq, i0, m, c->step, 0, want);
         else
-            for (int r = 0; r < tp_size; r++) want += act_summand(seq, base + i, c->step, r);
+            for (int r = 0; r < tp_size; r++) {
+                if (c->solo && r != tp_rank) memset(v, 0, (size_t)m * sizeof *v);
+                else act_values_n(op->dtype, 0, seq, base + i0, m, c->step, r, v);
+                for (int64_t j = 0; j < m; j++) want[j] = r == 0 ? 0.0f + v[j] : want[j] + v[j];
+            }
+        cp_load_n(op->dtype, (const char *)out + (size_t)i0 * es, m, got);
+        if (differ_n(want, got, m)) break;
+    }
+    for (int64_t i = i0; i < len; i++) {
+        float want = 0.0f;
+        /* --ranks: a stand-in TP peer's input is zeros (simulate.c) */
+#define SUMMAND(r) (c->solo && (r) != tp_rank ? 0.0f : act_summand(seq, base + i, c->step, (r)))
+        if (gather) want = c->solo && i / n != tp_rank ? 0.0f : act_gathered(op->dtype, seq, i, c->step);
+        else if (op->reduce_op == CP_MAX) /* loss_parallel's per-token max */
+            for (int r = 0; r < tp_size; r++) want = r == 0 ? SUMMAND(r) : fmaxf(want, SUMMAND(r));
+        else
+            for (int r = 0; r < tp_size; r++) want += SUMMAND(r);
+#undef SUMMAND
         float got = cp_load(op->dtype, out, i);
         if (!same(want, got) && c->mismatches++ == 0)
             fprintf(stderr, "commplan: mismatch: rank %d step %d unit %s op %ld (%s) element %ld: expected %.9g, got "

@@ -30,7 +30,8 @@ extern const cp_plan CP_PLAN;
 static void usage(FILE *f, const cp_plan *p)
 {
     fprintf(f,
-            "usage: %s [--simulate [--steps N] [--pattern unique|oracle] [--dump DIR] [--arith gloo|nccl]] [--dry-run]\n"
+            "usage: %s [--simulate [--steps N] [--pattern unique|oracle] [--dump DIR] [--arith gloo|nccl]\n"
+            "          [--ranks auto|R,R,...]] [--dry-run]\n"
             "          [--check [--steps N]] [--warmup N] [--iters N] [--graph] [--timeout S] [--trace FILE]\n"
             "          [--standin [--rank R]] [--rendezvous-only] [--world-size N] [--rank R] [--quiet] [--version]\n"
             "          [--help]\n"
@@ -46,6 +47,9 @@ static void usage(FILE *f, const cp_plan *p)
             "  --arith A         reductions of --simulate with gloo's arithmetic (default: sum, then divide) or\n"
             "                    nccl's (ncclAvg premultiplies by 1/n, ring order), as FSDP2 on that backend does;\n"
             "                    the GPU --check always expects NCCL's\n"
+            "  --ranks LIST      simulate only these ranks, one at a time, each alone with stand-ins for its peers\n"
+            "                    (their buffers made from the same patterns; docs/simulate.md says what this checks);\n"
+            "                    auto: the last rank of each TP class. For plans too large for all ranks at once\n"
             "  --dry-run         print the step's ops in issue order and exit\n"
             "GPU (one process per rank under torchrun, srun or mpirun; no mode flag: time the step):\n"
             "  --check           run the step on this rank's GPU with the same patterns and exact checks (with\n"
@@ -91,7 +95,8 @@ static int parse_int(const char *flag, const char *s, long min, long max, long *
 /* The runs a flag is for. A flag the chosen run would ignore is refused:
  * a user who gives it expects it to change something. */
 enum { RUN_SIM = 1, RUN_DRY = 2, RUN_CHECK = 4, RUN_TIME = 8 /* no mode flag, or --standin */, RUN_RDZV = 16 };
-enum { F_STEPS, F_PATTERN, F_DUMP, F_ARITH, F_WARMUP, F_ITERS, F_GRAPH, F_TIMEOUT, F_TRACE, F_STANDIN, F_QUIET, F_COUNT };
+enum { F_STEPS, F_PATTERN, F_DUMP, F_ARITH, F_WARMUP, F_ITERS, F_GRAPH, F_TIMEOUT, F_TRACE, F_STANDIN, F_QUIET, F_RANKS,
+       F_COUNT };
 static const struct {
     const char *flag;
     unsigned runs;
@@ -108,6 +113,7 @@ static const struct {
     [F_TRACE] = { "--trace", RUN_TIME, "records a timed step on the GPU (no mode flag)" },
     [F_STANDIN] = { "--standin", RUN_TIME, "times one rank of the plan alone on a GPU (no mode flag)" },
     [F_QUIET] = { "--quiet", RUN_SIM | RUN_CHECK | RUN_TIME | RUN_RDZV, "silences progress output" },
+    [F_RANKS] = { "--ranks", RUN_SIM, "picks the ranks --simulate runs alone with stand-in peers" },
 };
 
 static void dry_run(const cp_plan *p)
@@ -218,6 +224,41 @@ static void launcher_note(const cp_plan *p, int simulate)
                 "not used\n", p->name, what);
 }
 
+/* --ranks LIST: ranks (comma-separated) or "auto", the last rank of each TP
+ * class (the highest shard, replicate and TP coordinates). */
+enum { MAX_ONLY = 64 };
+static int parse_ranks(const cp_plan *p, const char *s, int *out)
+{
+    int n = 0;
+    if (s && !strcmp(s, "auto")) {
+        int seen[CP_MAX_MESH_DIMS * 64] = { 0 }, want = p->nclasses > 0 ? p->nclasses : 1;
+        for (int r = p->world_size - 1; r >= 0 && n < want && n < MAX_ONLY; r--) {
+            cp_plan v;
+            cp_plan_view(p, r, &v);
+            if (v.view_class < 0 || v.view_class >= (int)(sizeof seen / sizeof seen[0]) || seen[v.view_class]) continue;
+            seen[v.view_class] = 1;
+            out[n++] = r;
+        }
+        return n;
+    }
+    const char *c = s ? s : "";
+    while (*c) {
+        char *end;
+        errno = 0;
+        long v = strtol(c, &end, 10);
+        if (end == c || errno || v < 0 || v >= p->world_size || (*end && *end != ',') || n == MAX_ONLY) {
+            cp_error("--ranks takes auto or up to %d ranks 0..%d separated by commas, got '%s'", MAX_ONLY,
+                     p->world_size - 1, s ? s : "");
+            return -1;
+        }
+        out[n++] = (int)v;
+        c = *end ? end + 1 : end;
+        if (*end && !*c) { cp_error("--ranks: a rank after the last comma is missing in '%s'", s); return -1; }
+    }
+    if (n == 0) { cp_error("--ranks takes auto or ranks separated by commas, got ''"); return -1; }
+    return n;
+}
+
 static int run(int argc, char **argv)
 {
     const cp_plan *p = &CP_PLAN;
@@ -225,6 +266,7 @@ static int run(int argc, char **argv)
     const char *trace = NULL;
     long steps = 1, world = -1, rank = -1, warmup = 5, iters = 20, timeout = 300;
     cp_sim_options opt = { .steps = 1, .pattern = CP_PATTERN_UNIQUE };
+    int only[MAX_ONLY];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *next = i + 1 < argc ? argv[i + 1] : NULL;
@@ -264,6 +306,12 @@ static int run(int argc, char **argv)
         } else if (!strcmp(a, "--dump")) {
             if (!next) { cp_error("--dump needs a directory"); return 2; }
             opt.dump_dir = next; i++; given[F_DUMP] = 1;
+        } else if (!strcmp(a, "--ranks")) {
+            int n = parse_ranks(p, next, only);
+            if (n < 0) return 2;
+            opt.only = only;
+            opt.nonly = n;
+            i++; given[F_RANKS] = 1;
         } else if (!strcmp(a, "--arith")) {
             if (next && !strcmp(next, "gloo")) opt.arith = CP_ARITH_GLOO;
             else if (next && !strcmp(next, "nccl")) opt.arith = CP_ARITH_NCCL;
