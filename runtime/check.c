@@ -435,8 +435,7 @@ static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, in
             for (int s = 0; s < W; s++) vals[s] = packed(U, c->acc[q * W + s]);
             rs[q] = W > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->rs_op, vals, W, rs_key) : vals[0];
         }
-        if (c->solo)
-            for (int q = 0; q < R; q++) rs[q] = rs[c->replicate_rank];
+
         if (parks_at(c, u, m)) {
             for (int q = 0; q < R; q++) partial[q] = held ? round_to(U->reduce_dtype, partial[q] + rs[q]) : rs[q];
             held = 1;
@@ -445,6 +444,9 @@ static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, in
         if (held)
             for (int q = 0; q < R; q++) rs[q] = round_to(U->reduce_dtype, rs[q] + partial[q]);
         held = 0;
+        if (c->solo)
+            for (int q = 0; q < R; q++)
+                if (q != c->replicate_rank) rs[q] = round_to(U->reduce_dtype, rs[c->replicate_rank] * (float)(q + 2));
         float v = R > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->ar_op, rs, R, key) : rs[0];
         if (U->post_divide != 1.0) v = round_to(U->reduce_dtype, (float)(v / U->post_divide));
         v = round_to(U->orig_dtype, v);
@@ -498,11 +500,9 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
             if (W > 1) cp_reduce_arith_f(c->arith, U->reduce_dtype, U->rs_op, vp, W, rs_key, n, r);
             else memcpy(r, vals, (size_t)n * sizeof *r);
         }
-        if (c->solo)
-            for (int q = 0; q < R; q++)
-                if (q != q0) memcpy(rs + (size_t)q * B, rs + (size_t)q0 * B, (size_t)n * sizeof *rs);
         if (parks_at(c, u, m)) {
             for (int q = 0; q < R; q++) {
+                if (c->solo && q != q0) continue;
                 float *pq = partial + (size_t)q * B, *r = rs + (size_t)q * B;
                 if (held) {
                     for (int64_t j = 0; j < n; j++) pq[j] += r[j];
@@ -514,11 +514,19 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
         }
         if (held)
             for (int q = 0; q < R; q++) {
+                if (c->solo && q != q0) continue;
                 float *pq = partial + (size_t)q * B, *r = rs + (size_t)q * B;
                 for (int64_t j = 0; j < n; j++) r[j] += pq[j];
                 cp_round_n(U->reduce_dtype, r, n);
             }
         held = 0;
+        if (c->solo) /* the other replicas' stand-ins: this one's values times q + 2 (simulate.c) */
+            for (int q = 0; q < R; q++) {
+                if (q == q0) continue;
+                float *r = rs + (size_t)q * B, f = (float)(q + 2);
+                for (int64_t j = 0; j < n; j++) r[j] = rs[(size_t)q0 * B + (size_t)j] * f;
+                cp_round_n(U->reduce_dtype, r, n);
+            }
         if (R > 1) {
             for (int q = 0; q < R; q++) vp[q] = rs + (size_t)q * B;
             cp_reduce_arith_f(c->arith, U->reduce_dtype, U->ar_op, vp, R, key, n, v);
@@ -543,14 +551,14 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
  * reduce dtype, as the checker's model has it: its grads accumulated over
  * the micro-steps as expect_block does, packed (cast, pre-divide), zero
  * padding. */
-void cp_checker_member_packed(cp_checker *c, int u, int member, int micro, void *out)
+void cp_checker_member_packed(cp_checker *c, int u, const int *members, int nmembers, int micro, void *const *out)
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
     size_t es = cp_dtype_size(U->reduce_dtype);
     enum { B = CP_BLOCK };
-    float *base = c->work, *g = base + B, *a = g + B;
-    memset(out, 0, (size_t)U->total * es);
+    float *base = c->work, *g = base + B, *acc = c->work + 4 * B; /* a block per member: expect_block's room */
+    for (int q = 0; q < nmembers; q++) memset(out[q], 0, (size_t)U->total * es);
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
@@ -560,20 +568,27 @@ void cp_checker_member_packed(cp_checker *c, int u, int member, int micro, void 
             if (len > CP_BLOCK) len = CP_BLOCK;
             for (int m = 0; m <= micro && m < p->micro_steps; m++) {
                 int fresh = fresh_grads(c, u, m);
+                /* one hash per element, shared by every member (their grads differ by the rank factor) */
                 if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(U->ag_dtype, k, e, len, m, c->step, base);
-                grad_n(c->pattern, U->ag_dtype, k, e, len, member, m, c->step, base, g);
-                cp_round_n(U->ag_dtype, g, len);
-                cp_round_n(U->grad_dtype, g, len);
-                if (fresh) memcpy(a, g, (size_t)len * sizeof *a);
-                else for (int64_t q = 0; q < len; q++) a[q] += g[q];
-                cp_round_n(U->grad_dtype, a, len);
+                for (int q = 0; q < nmembers; q++) {
+                    float *a = acc + (size_t)q * B;
+                    grad_n(c->pattern, U->ag_dtype, k, e, len, members[q], m, c->step, base, g);
+                    cp_round_n(U->ag_dtype, g, len);
+                    cp_round_n(U->grad_dtype, g, len);
+                    if (fresh) memcpy(a, g, (size_t)len * sizeof *a);
+                    else for (int64_t x = 0; x < len; x++) a[x] += g[x];
+                    cp_round_n(U->grad_dtype, a, len);
+                }
             }
-            cp_round_n(U->reduce_dtype, a, len);
-            if (U->pre_divide != 1.0) {
-                for (int64_t q = 0; q < len; q++) a[q] = (float)(a[q] / U->pre_divide);
+            for (int q = 0; q < nmembers; q++) {
+                float *a = acc + (size_t)q * B;
                 cp_round_n(U->reduce_dtype, a, len);
+                if (U->pre_divide != 1.0) {
+                    for (int64_t x = 0; x < len; x++) a[x] = (float)(a[x] / U->pre_divide);
+                    cp_round_n(U->reduce_dtype, a, len);
+                }
+                cp_store_n(U->reduce_dtype, (char *)out[q] + (size_t)(prm->offset + i) * es, len, a);
             }
-            cp_store_n(U->reduce_dtype, (char *)out + (size_t)(prm->offset + i) * es, len, a);
         }
     }
 }

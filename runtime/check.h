@@ -40,8 +40,8 @@ typedef struct {
     float *work;            /* scratch: blocks of CP_BLOCK floats for the run-at-a-time checks */
     long mismatches;
     int replicate_rank; /* this rank's member index in its replicate group */
-    int solo;           /* --simulate --ranks: this rank alone, its peers stand-ins; the other replicas' reduce-scatter
-                           values are copies of this rank's replica's (cp_checker_member_packed, simulate.c) */
+    int solo;           /* --simulate --ranks: this rank alone, its peers stand-ins (simulate.c): replica q's
+                           all-reduce input is this replica's value times q + 2 rounded, a TP peer's activation zeros */
 } cp_checker;
 
 int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int rank);
@@ -63,10 +63,12 @@ void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_s
 void cp_checker_act_input_part(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, int64_t first, int64_t len,
                                void *out);
 /* Stand-ins for --simulate --ranks (simulate.c): shard rank s's shards of
- * unit u (orig dtype, total elements), and shard-group member `member`'s
- * (a global rank) reduce-scatter input for this rank's slot at micro-step
- * micro (reduce dtype, total elements), each as the checker's model has it. */
+ * unit u (orig dtype, total elements), and shard-group members' (global
+ * ranks, at most the shard group's size) reduce-scatter inputs for this
+ * rank's slot at micro-step micro (reduce dtype, total elements each, into
+ * out[i]), each as the checker's model has it. */
 void cp_checker_fill_shards_of(cp_checker *c, int unit, int shard_rank, void *sharded);
-void cp_checker_member_packed(cp_checker *c, int unit, int member, int micro_step, void *out);
+void cp_checker_member_packed(cp_checker *c, int unit, const int *members, int nmembers, int micro_step,
+                              void *const *out);
 
 #endif

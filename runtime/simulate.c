@@ -210,9 +210,9 @@ static void *rank_main(void *arg)
  * fill) cast by the copy-in's cp_convert_n; its reduce-scatter input for
  * this rank's slot is its grads accumulated and packed by the checker's
  * model (cp_checker_member_packed); a TP peer's activation input is zeros
- * (the checker expects them: cp_checker.solo); another replica's
- * all-reduce input is a copy of this rank's
- * (the checker expects that: cp_checker.solo). The reductions run the host
+ * (the checker expects them: cp_checker.solo); replica m's all-reduce
+ * input is this rank's values times m + 2, rounded to the reduce dtype
+ * (the checker expects that too). The reductions run the host
  * backend's arithmetic (cp_reduce_arith_n over chain runs). */
 
 static char *standin_room(sim_rank *sr, size_t bytes)
@@ -258,6 +258,8 @@ static int solo_collective(void *user, int coll, int family, int color, int key,
                 cp_op_kind_name(op->kind));
         return -1;
     }
+    int who[size], nwho = 0;
+    void *where[size];
     for (int m = 0, j = 0; m < size; m++) {
         if (m == key) {
             ptr[m] = coll == CP_COLL_REDUCE_SCATTER ? (const char *)in + (size_t)key * slot : in;
@@ -266,15 +268,24 @@ static int solo_collective(void *user, int coll, int family, int color, int key,
         char *dst = room + (size_t)j++ * slot;
         ptr[m] = dst;
         switch (op->kind) {
-        case CP_OP_REDUCE_SCATTER:
-            cp_checker_member_packed(c, op->unit, c->members[c->replicate_rank * sr->ex.plan->shard_size + m],
-                                     op->micro_step, dst);
+        case CP_OP_REDUCE_SCATTER: /* below, all members at once */
+            who[nwho] = c->members[c->replicate_rank * sr->ex.plan->shard_size + m];
+            where[nwho++] = dst;
             break;
         case CP_OP_TP_REDUCE_SCATTER:
         case CP_OP_TP_ALL_REDUCE: memset(dst, 0, slot); break; /* a TP peer's activation: zeros */
-        default: ptr[m] = in; j--; break; /* the HSDP all-reduce: another replica holds what this one holds */
+        default: /* the HSDP all-reduce: replica m holds this one's values times m + 2 (the checker expects that) */
+            for (int64_t i = 0; i < count; i += CP_BLOCK) {
+                float v[CP_BLOCK];
+                int64_t nb = count - i < CP_BLOCK ? count - i : CP_BLOCK;
+                cp_load_n(t, (const char *)in + (size_t)i * es, nb, v);
+                for (int64_t x = 0; x < nb; x++) v[x] *= (float)(m + 2);
+                cp_store_n(t, dst + (size_t)i * es, nb, v);
+            }
+            break;
         }
     }
+    if (nwho) cp_checker_member_packed(c, op->unit, who, nwho, op->micro_step, where);
     const void *at[size];
     int64_t end;
     for (int64_t i = 0; i < count; i = end) {
