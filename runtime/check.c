@@ -762,6 +762,14 @@ void cp_checker_act_input(cp_checker *c, const cp_op *op, int tp_rank, int tp_si
 {
     int64_t n = op->count;
     int64_t len = op->kind == CP_OP_TP_REDUCE_SCATTER ? n * tp_size : n;
+    if (c->solo && op->kind == CP_OP_TP_REDUCE_SCATTER) {
+        /* --ranks: only this rank's slot of its input is summed here (the
+         * others go to stand-in peers, whose outputs nobody checks): zeros */
+        size_t es = cp_dtype_size(op->dtype);
+        memset(in, 0, (size_t)len * es);
+        cp_checker_act_input_part(c, op, tp_rank, tp_size, (int64_t)tp_rank * n, n, (char *)in + (size_t)tp_rank * n * es);
+        return;
+    }
     cp_checker_act_input_part(c, op, tp_rank, tp_size, 0, len, in);
 }
 
