@@ -409,6 +409,18 @@ CP_HOT static void add_round_block(cp_dtype t, float *restrict acc, const float 
     round_block(t, acc, len);
 }
 
+/* acc[i] = fmaf(x[i], s, acc[i]): NCCL's fused premultiply and add in
+ * fp32, one rounding (fma_to's fp32 case). A clone for CPUs with FMA makes
+ * it one instruction a lane instead of a call to libm's fmaf; the bits are
+ * the same (both round the exact a*s+c once). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+__attribute__((target_clones("fma", "default")))
+#endif
+static void fma_block(float *restrict acc, const float *restrict x, float s, int64_t len)
+{
+    CP_LOOP(len, acc[j] = fmaf(x[j], s, acc[j]));
+}
+
 /* One block (len <= CP_BLOCK) of cp_reduce_arith with one key. */
 static void reduce_block(cp_arith a, cp_dtype t, cp_reduce_op op, const float *const *v, int n, int key, int64_t off,
                          int64_t len, float *restrict out)
@@ -423,7 +435,8 @@ static void reduce_block(cp_arith a, cp_dtype t, cp_reduce_op op, const float *c
         round_block(t, out, len);
         for (int j = 2; j <= n; j++) {
             x = v[(key + j) % n] + off;
-            if (op == CP_AVG) for (int64_t i = 0; i < len; i++) out[i] = fma_to(t, x[i], s, out[i]);
+            if (op == CP_AVG && t == CP_FP32) fma_block(out, x, s, len);
+            else if (op == CP_AVG) for (int64_t i = 0; i < len; i++) out[i] = fma_to(t, x[i], s, out[i]);
             else add_round_block(t, out, x, len);
         }
         return;

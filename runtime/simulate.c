@@ -113,7 +113,8 @@ int cp_simulate_check_memory(const cp_plan *p)
     if (avail < 0 || need <= avail) return 0;
     fprintf(stderr,
             "commplan: simulating plan %s needs %.1f GiB of host memory (%d ranks x %.2f GiB: arena %.2f GiB, "
-            "shards, grads and checks %.2f GiB); this machine has %.1f GiB available: simulate a smaller plan "
+            "shards, grads and checks %.2f GiB; --ranks auto checks one rank at a time in about one rank's "
+            "memory); this machine has %.1f GiB available: simulate a smaller plan "
             "(the same model with fewer layers or a smaller world), or run it on GPUs with --check\n",
             p->name, gib(need), p->world_size, gib(per_rank), gib(p->arena_bytes), gib(per_rank - p->arena_bytes),
             gib(avail));
