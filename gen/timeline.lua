@@ -214,18 +214,15 @@ end
 
 -- The forward ops whose collectives full activation checkpointing runs
 -- again in backward: TP's, on the compute stream (FSDP's all-gathers are
--- not repeated: the backward's own unshard serves the recompute).
+-- not repeated: the backward's own unshard serves the recompute), of the
+-- units it wraps (compute.checkpointed: torchtitan's transformer blocks;
+-- the embedding's, the output's and loss_parallel's collectives run once).
 function timeline.recomputed(p, s)
   local out = {}
   if s.activation_checkpointing ~= "full" then return out end
-  -- torchtitan checkpoints each transformer block (apply_ac wraps
-  -- model.layers only): the embedding's, the output's and loss_parallel's
-  -- collectives run once.
   local block = {}
   for _, u in ipairs(p.layout.units) do
-    for _, q in ipairs(u.params) do
-      if q.name:sub(-#"attention.wq.weight") == "attention.wq.weight" then block[u.index] = true end
-    end
+    if compute.checkpointed(p, u) then block[u.index] = true end
   end
   for _, o in ipairs(p.ops) do
     if o.group and o.stream == "compute" and o.phase == "forward" and block[o.unit] then out[#out + 1] = o end

@@ -279,6 +279,41 @@ function T.exposed_is_part_of_each_collectives_run()
   end
 end
 
+-- Full checkpointing recomputes the units it wraps, and only those: the
+-- same units rerun their forward FLOPs and their forward TP collectives
+-- (llama70b: the 80 transformer blocks, 4 TP collectives each; the tiny
+-- TP plan's 2 blocks).
+function T.recompute_counted_for_checkpointed_units_only()
+  local compute = require("gen.compute")
+  local timeline = require("gen.timeline")
+  for _, c in ipairs({ { "plans/llama70b.lua", 80, 320 }, { "plans/llama_tiny_tp.lua", 2, 8 } }) do
+    local path = c[1]
+    local src = read(path)
+    if not src:find("activation_checkpointing", 1, true) then
+      src = src:gsub("training = {", "training = { activation_checkpointing = \"full\",", 1)
+    end
+    local p = plan.from_source(src, path)
+    local s = compute.settings(p)
+    H.eq(s.activation_checkpointing, "full", path .. " full checkpointing")
+    local per_unit = compute.units(p, s)
+    local wrapped, n_fwd_tp = {}, 0
+    for _, u in ipairs(p.layout.units) do
+      if per_unit[u.index].recompute > 0 then wrapped[u.index] = true end
+      H.eq(per_unit[u.index].recompute > 0, compute.checkpointed(p, u), path .. " " .. u.name .. " recompute FLOPs")
+    end
+    local n = 0
+    for _ in pairs(wrapped) do n = n + 1 end
+    H.eq(n, c[2], path .. " units recomputed")
+    for _, o in ipairs(p.ops) do
+      if o.group and o.stream == "compute" and o.phase == "forward" and wrapped[o.unit] then n_fwd_tp = n_fwd_tp + 1 end
+    end
+    local rec = timeline.recomputed(p, s)
+    H.eq(#rec, n_fwd_tp, path .. " recomputed TP collectives: the wrapped units' forward ones")
+    for _, o in ipairs(rec) do assert(wrapped[o.unit], path .. ": op " .. o.seq .. " of an unwrapped unit recomputed") end
+    H.eq(#rec, c[3], path .. " recomputed TP collectives")
+  end
+end
+
 -- diff-plan's unit lists: each unit once, as ranges.
 function T.diff_plan_unit_lists_read_as_ranges()
   H.eq(plandiff.names_text({ "layers.0", "layers.0", "layers.1", "layers.1", "layers.2", "layers.2" }), "layers.0-2",
