@@ -64,8 +64,9 @@ function advisor.before(x, y)
   return (x.r or 0) < (y.r or 0)
 end
 
--- One mesh under each policy (or the given ones): the first that fits by
--- the ranking's rule, else the smallest. Its figures: gen/figures.lua's.
+-- One mesh under each policy (or the given ones): the fastest that fits
+-- (on equal steps the first of none, selective, full), else the smallest.
+-- Its figures: gen/figures.lua's.
 local function audit_policies(p, policies)
   local best, smallest
   for _, ac in ipairs(policies or POLICIES) do
@@ -77,7 +78,7 @@ local function audit_policies(p, policies)
     local r = { ac = ac, step_us = fig.step_us, compute_us = fig.compute_us, exposed_us = fig.exposed_us,
                 waits_us = fig.waits_us, comm_us = fig.comm_us, family_us = fam, memory = fig.memory,
                 fits = fig.memory.fits, settings = fig.settings }
-    if r.fits and (not best or advisor.before(r, best)) then best = r end
+    if r.fits and (not best or r.step_us < best.step_us) then best = r end
     if not smallest or r.memory.total_bytes < smallest.memory.total_bytes then smallest = r end
   end
   return best or smallest
