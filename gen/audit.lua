@@ -6,7 +6,7 @@ local layout = require("gen.layout")
 local plan_mod = require("gen.plan")
 local memplan = require("gen.memplan")
 local groups_mod = require("gen.groups")
-local timeline = require("gen.timeline")
+local figures = require("gen.figures")
 local trace = require("gen.trace")
 local fold = require("gen.fold")
 local opkinds = require("gen.opkinds")
@@ -18,16 +18,14 @@ local ES = layout.DTYPE_BYTES
 
 audit.SCHEMA_VERSION = 2
 
-local function r3(x) return x and tonumber(string.format("%.3f", x)) end
+local r3 = figures.round
 
--- The audit's derived numbers (compute, whole-rank memory, timeline,
--- warnings), computed once per plan.
+-- The audit's derived numbers: gen/figures.lua's (compute, whole-rank
+-- memory, timeline, the step's figures) and the warnings, computed once
+-- per plan.
 function audit.analysis(p)
   if not p._audit then
-    local a = timeline.audit(p)
-    -- Full checkpointing's recompute of the forward's TP collectives, per
-    -- family: counted with the family's collectives, bytes and time.
-    a.recompute = timeline.recompute_per_family(p, a.settings)
+    local a = figures.of(p)
     a.warnings = audit.warnings(p, a)
     p._audit = a
   end
@@ -147,50 +145,11 @@ local function facts(p, tables)
   })
 end
 
--- Bytes and time per link class (intra-node, inter-node), the recompute's
--- collectives (rec: timeline.recompute_per_family) included.
-local function by_link(p, rec)
-  local t = { intra = { ops = 0, size_bytes = 0, wire_bytes = 0, us = 0 },
-              inter = { ops = 0, size_bytes = 0, wire_bytes = 0, us = 0 } }
-  for _, f in ipairs(p.groups.list) do
-    local a = p.predicted.per_family[f.name]
-    if a then
-      local c = t[p.predicted.intra[f.name] and "intra" or "inter"]
-      c.ops = c.ops + a.ops
-      c.size_bytes = c.size_bytes + a.size_bytes
-      c.wire_bytes = c.wire_bytes + a.wire_bytes
-      c.us = c.us + a.us
-      local r = rec[f.name]
-      if r then
-        c.ops = c.ops + r.ops
-        c.size_bytes = c.size_bytes + r.size_bytes
-        c.wire_bytes = c.wire_bytes + r.wire_bytes
-        c.us = c.us + r.us
-      end
-    end
-  end
-  return t
-end
-
--- Exposed time per family (the recompute's collectives with their family).
-local function exposed_by_family(p, tl)
-  local t = {}
-  for _, by in ipairs({ tl.exposed_by, tl.recompute_by }) do
-    for seq, us in pairs(by) do
-      local o = seq >= 0 and p.ops[seq + 1] or nil
-      local k = o and o.group or "other"
-      t[k] = (t[k] or 0) + us
-    end
-  end
-  return t
-end
-
 -- The audit section of plan.json (outside the fingerprint: it depends on
 -- audit-only inputs such as training settings and the GPU's rate).
 local function audit_facts(p)
   local a = audit.analysis(p)
   local s, m, tl = a.settings, a.memory, a.timeline
-  local links = by_link(p, a.recompute)
   local recompute = {}
   for _, f in ipairs(p.groups.list) do
     local r = a.recompute[f.name]
@@ -204,10 +163,15 @@ local function audit_facts(p)
     path[#path + 1] = O({ "stream", seg.stream, "first_op", seg.first, "last_op", seg.last, "ops", seg.n,
                           "us", r3(seg.us) })
   end
-  local exposed = {}
-  local eb = exposed_by_family(p, tl)
-  for _, k in ipairs(require("gen.util").sorted_keys(eb)) do
-    exposed[#exposed + 1] = O({ "group", k, "us", r3(eb[k]) })
+  local by_group = {}
+  for _, row in ipairs(a.families) do
+    by_group[#by_group + 1] = O({ "group", row.name, "intra_node", row.intra, "ops", row.ops,
+      "recomputed_ops", row.recomputed_ops, "size_bytes", row.size_bytes, "wire_bytes", row.wire_bytes,
+      "alone_us", row.alone_us, "predicted_us", row.us, "exposed_us", row.exposed_us })
+  end
+  local function link(c)
+    return O({ "ops", c.ops, "size_bytes", c.size_bytes, "wire_bytes", c.wire_bytes, "alone_us", c.alone_us,
+               "predicted_us", c.us })
   end
   return O({
     "settings", O({ "local_batch_size", s.local_batch_size, "seq_len", s.seq_len,
@@ -215,19 +179,16 @@ local function audit_facts(p)
       "fp32_master", s.fp32_master, "gpu_memory_GB", s.gpu_memory_GB, "gpu_TFLOPS", s.gpu_TFLOPS, "mfu", s.mfu,
       "hbm_GBps", s.hbm_GBps }),
     "compute", O({ "tokens_per_micro_step", s.tokens, "flops_per_step", a.step_flops,
-      "compute_us", r3(tl.compute_busy_us) }),
+      "compute_us", a.compute_us }),
     "memory", O({ "params_bytes", m.params_bytes, "grads_bytes", m.grads_bytes, "optimizer_bytes", m.optimizer_bytes,
       "comm_bytes", m.comm_bytes, "activation_bytes", math.floor(m.activation_bytes + 0.5),
       "activations_modeled", m.activations_modeled, "total_bytes", math.floor(m.total_bytes + 0.5),
       "gpu_bytes", math.floor(m.gpu_bytes + 0.5), "fits", m.fits }),
-    "by_link", O({ "intra_node", O({ "ops", links.intra.ops, "size_bytes", links.intra.size_bytes,
-                                     "wire_bytes", links.intra.wire_bytes, "predicted_us", r3(links.intra.us) }),
-                   "inter_node", O({ "ops", links.inter.ops, "size_bytes", links.inter.size_bytes,
-                                     "wire_bytes", links.inter.wire_bytes, "predicted_us", r3(links.inter.us) }) }),
+    "by_group", by_group,
+    "by_link", O({ "intra_node", link(a.links.intra), "inter_node", link(a.links.inter) }),
     "recompute_by_group", recompute,
-    "timeline", O({ "step_us", r3(tl.step_us), "compute_us", r3(tl.compute_busy_us),
-      "comm_serial_us", r3(tl.comm_serial_us), "exposed_comm_us", r3(tl.exposed_us),
-      "exposed_by_group", exposed, "critical_path", path }),
+    "timeline", O({ "step_us", a.step_us, "compute_us", a.compute_us, "exposed_comm_us", a.exposed_us,
+      "waits_other_us", a.waits_us, "comm_us", a.comm_us, "comm_alone_us", a.alone_us, "critical_path", path }),
     "warnings", a.warnings,
   })
 end
@@ -281,7 +242,7 @@ function audit.json(p, fp)
 end
 
 function audit.trace_json(p, fp)
-  return trace.render(p, audit.analysis(p).timeline, fp)
+  return trace.render(p, audit.analysis(p), fp)
 end
 
 -- Every file audit renders, by name (gen/commplan.lua writes them beside
@@ -552,6 +513,15 @@ end
 
 -- ---- SCHEDULE.md ----
 
+-- The step line: the step as compute + exposed communication + other
+-- waits, and the communication's time (gen/figures.lua's figures).
+function audit.step_text(a)
+  local other = us_text(a.waits_us) ~= us_text(0) and (" + other waits " .. us_text(a.waits_us)) or ""
+  return string.format("%s predicted = compute %s + exposed communication %s (%.0f%% of the step)%s; communication "
+    .. "%s in the step, links shared (%s alone)", us_text(a.step_us), us_text(a.compute_us), us_text(a.exposed_us),
+    a.step_us > 0 and 100 * a.exposed_us / a.step_us or 0, other, us_text(a.comm_us), us_text(a.alone_us))
+end
+
 local function mesh_text(p)
   local parts = {}
   for i, n in ipairs(p.mesh.names) do parts[#parts + 1] = n .. "=" .. p.mesh.sizes[i] end
@@ -639,42 +609,31 @@ function audit.schedule_md(p, fp)
   w("| memory | %s of %s (%g GB) per rank: %s |", human(m.total_bytes), human(m.gpu_bytes), s.gpu_memory_GB,
     m.fits and string.format("fits, %s free", human(m.gpu_bytes - m.total_bytes))
       or string.format("**does not fit**, %s over", human(m.total_bytes - m.gpu_bytes)))
-  w("| step | %s predicted: compute %s; communication %s serialized, %s exposed (%.0f%% of the step); critical "
-    .. "path %s |", us_text(tl.step_us), us_text(tl.compute_busy_us), us_text(tl.comm_serial_us), us_text(tl.exposed_us),
-    tl.step_us > 0 and 100 * tl.exposed_us / tl.step_us or 0, audit.critical_text(p, tl))
+  w("| step | %s |", audit.step_text(a) .. "; critical path " .. audit.critical_text(p, tl))
   w("")
   w("### Communication per rank per step")
   w("")
-  w("| group | ranks | link | collectives | buffer bytes | wire bytes | predicted | exposed |")
-  w("|---|---|---|---|---|---|---|---|")
-  local eb = exposed_by_family(p, tl)
-  local fams = {}
-  for _, f in ipairs(p.groups.list) do if p.predicted.per_family[f.name] then fams[#fams + 1] = f end end
-  table.sort(fams, function(x, y)
-    local ix, iy = p.predicted.intra[x.name] and 1 or 0, p.predicted.intra[y.name] and 1 or 0
-    if ix ~= iy then return ix < iy end
-    return x.id < y.id
-  end)
+  w("| group | ranks | link | collectives | buffer bytes | wire bytes | alone | in the step | exposed |")
+  w("|---|---|---|---|---|---|---|---|---|")
   -- Inter-node families and their total, then intra-node ones and theirs.
-  local links = by_link(p, a.recompute)
   for _, k in ipairs({ "inter", "intra" }) do
-    for _, f in ipairs(fams) do
-      local af = p.predicted.per_family[f.name]
-      local rec = a.recompute[f.name]
-      if rec then
-        af = { size_bytes = af.size_bytes + rec.size_bytes, wire_bytes = af.wire_bytes + rec.wire_bytes,
-               us = af.us + rec.us }
-      end
-      local intra, nspan = family_facts(p, f)
-      if (k == "intra") == (p.predicted.intra[f.name] and true or false) then
-        w("| %s | %d | %s | %s | %s | %s | %s | %s |", family_label(f), f.size,
-          intra and "intra-node" or string.format("inter-node, %d nodes", nspan), collectives_text(p, f.name, rec),
-          human(af.size_bytes), human(af.wire_bytes), us_text(af.us), us_text(eb[f.name] or 0))
+    for _, row in ipairs(a.families) do
+      if (k == "intra") == row.intra then
+        local f = p.groups.by_name[row.name]
+        local _, nspan = family_facts(p, f)
+        w("| %s | %d | %s | %s | %s | %s | %s | %s | %s |", family_label(f), f.size,
+          row.intra and "intra-node" or string.format("inter-node, %d nodes", nspan),
+          collectives_text(p, f.name, a.recompute[f.name]), human(row.size_bytes), human(row.wire_bytes),
+          us_text(row.alone_us), us_text(row.us), us_text(row.exposed_us))
       end
     end
-    local c = links[k]
-    w("| **%s-node** | | | %d | %s | %s | %s | |", k, c.ops, human(c.size_bytes), human(c.wire_bytes), us_text(c.us))
+    local c = a.links[k]
+    w("| **%s-node** | | | %d | %s | %s | %s | %s | |", k, c.ops, human(c.size_bytes), human(c.wire_bytes),
+      us_text(c.alone_us), us_text(c.us))
   end
+  w("")
+  w("Alone: each collective at its link's full bandwidth (gen/cost.lua). In the step: its time in the predicted")
+  w("step, links shared (trace.json). Exposed: the part of that the compute stream waits through (never more).")
   w("")
   w("### Memory per rank")
   w("")

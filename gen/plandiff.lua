@@ -95,18 +95,20 @@ local function arrow(a, b, fmt)
   return fmt(a) .. " -> " .. fmt(b)
 end
 
--- Unit names folded: `layers.0-3, 5, root`.
+-- Unit names folded, each name once: `layers.0-3,5, root` (a unit met
+-- again, in another micro-step or phase, is not listed again).
 function plandiff.names_text(names)
-  local by_tpl, order, plain = {}, {}, {}
+  local by_tpl, order, plain, seen = {}, {}, {}, {}
   for _, n in ipairs(names) do
     local pre, num, post = n:match("^(.-)(%d+)([^%d]*)$")
-    if pre then
+    if not seen[n] and pre then
       local tpl = pre .. "#" .. post
       if not by_tpl[tpl] then by_tpl[tpl] = {}; order[#order + 1] = tpl end
       table.insert(by_tpl[tpl], tonumber(num))
-    else
+    elseif not seen[n] then
       plain[#plain + 1] = n
     end
+    seen[n] = true
   end
   local out = {}
   for _, tpl in ipairs(order) do
@@ -217,17 +219,25 @@ function plandiff.compare(a, b, la, lb)
     end
   end
   if ng == 0 then w("  unchanged") end
-  -- Bytes per family.
+  -- Bytes and time per family: plan.json's audit.by_group, SCHEDULE.md's
+  -- rows (gen/figures.lua).
   w("")
-  w("per rank per step (buffer bytes, wire bytes, predicted serialized):")
-  local fa, fb = by_key(a.per_rank_per_step.by_group, "group"), by_key(b.per_rank_per_step.by_group, "group")
-  for _, name in ipairs(keys_union(fa, fb, names_of(a.per_rank_per_step.by_group, "group"),
-                                   names_of(b.per_rank_per_step.by_group, "group"))) do
-    local x = fa[name] or { ops = 0, size_bytes = 0, wire_bytes = 0, predicted_us = 0 }
-    local y = fb[name] or { ops = 0, size_bytes = 0, wire_bytes = 0, predicted_us = 0 }
-    w("  %s: %s ops; %s -> %s%s; wire %s -> %s; %s -> %s%s", name, arrow(x.ops, y.ops), human(x.size_bytes),
-      human(y.size_bytes), pct(x.size_bytes, y.size_bytes), human(x.wire_bytes), human(y.wire_bytes),
-      us_text(x.predicted_us), us_text(y.predicted_us), pct(x.predicted_us, y.predicted_us))
+  w("per rank per step (collectives, buffer bytes, wire bytes; time alone, in the step, exposed):")
+  local rows_a, rows_b = plandiff.group_rows(a, "A"), plandiff.group_rows(b, "B")
+  if rows_a.note then w("  (%s)", rows_a.note) end
+  if rows_b.note then w("  (%s)", rows_b.note) end
+  local fa, fb = by_key(rows_a, "group"), by_key(rows_b, "group")
+  local zero = { ops = 0, recomputed_ops = 0, size_bytes = 0, wire_bytes = 0, alone_us = 0, predicted_us = 0,
+                 exposed_us = 0 }
+  for _, name in ipairs(keys_union(fa, fb, names_of(rows_a, "group"), names_of(rows_b, "group"))) do
+    local x, y = fa[name] or zero, fb[name] or zero
+    local function ops_text(r)
+      return r.recomputed_ops > 0 and string.format("%d + %d recomputed", r.ops, r.recomputed_ops) or tostring(r.ops)
+    end
+    w("  %s: %s ops; %s -> %s%s; wire %s -> %s; alone %s -> %s; in the step %s -> %s%s; exposed %s -> %s",
+      name, arrow(ops_text(x), ops_text(y)), human(x.size_bytes), human(y.size_bytes), pct(x.size_bytes, y.size_bytes),
+      human(x.wire_bytes), human(y.wire_bytes), us_text(x.alone_us), us_text(y.alone_us), us_text(x.predicted_us),
+      us_text(y.predicted_us), pct(x.predicted_us, y.predicted_us), us_text(x.exposed_us), us_text(y.exposed_us))
   end
   -- Memory and time.
   local ma, mb = a.audit and a.audit.memory, b.audit and b.audit.memory
@@ -246,9 +256,14 @@ function plandiff.compare(a, b, la, lb)
   if ta and tb then
     w("")
     w("time per step:")
-    for _, k in ipairs({ { "step_us", "step" }, { "compute_us", "compute" }, { "comm_serial_us", "communication serialized" },
-                         { "exposed_comm_us", "communication exposed" } }) do
-      w("  %s: %s -> %s%s", k[2], us_text(ta[k[1]]), us_text(tb[k[1]]), pct(ta[k[1]], tb[k[1]]))
+    for _, k in ipairs({ { "step_us", "step" }, { "compute_us", "compute" },
+                         { "exposed_comm_us", "communication exposed" }, { "waits_other_us", "other waits" },
+                         { "comm_us", "communication in the step" }, { "comm_alone_us", "communication alone" } }) do
+      local x, y = ta[k[1]], tb[k[1]]
+      if x ~= nil or y ~= nil then
+        local function t(v) return v == nil and "-" or us_text(v) end
+        w("  %s: %s -> %s%s", k[2], t(x), t(y), (x and y) and pct(x, y) or "")
+      end
     end
   end
   -- Ops.
@@ -273,6 +288,28 @@ function plandiff.compare(a, b, la, lb)
     end
   end
   return table.concat(L, "\n") .. "\n"
+end
+
+-- A plan.json's figures per group family: audit.by_group (gen/figures.lua,
+-- as SCHEDULE.md shows them); a plan.json from before it gets the older
+-- audit's (per_rank_per_step with recompute_by_group, exposed_by_group)
+-- and a note saying so.
+function plandiff.group_rows(doc, label)
+  local au = doc.audit or {}
+  if au.by_group then return au.by_group end
+  local rec = by_key(au.recompute_by_group, "group")
+  local exp = {}
+  for _, e in ipairs(au.timeline and au.timeline.exposed_by_group or {}) do exp[e.group] = e.us end
+  local rows = {}
+  for _, g in ipairs(doc.per_rank_per_step.by_group) do
+    local r = rec[g.group] or { ops = 0, size_bytes = 0, wire_bytes = 0, predicted_us = 0 }
+    local us = g.predicted_us + r.predicted_us
+    rows[#rows + 1] = { group = g.group, ops = g.ops, recomputed_ops = r.ops, size_bytes = g.size_bytes + r.size_bytes,
+      wire_bytes = g.wire_bytes + r.wire_bytes, alone_us = us, predicted_us = us, exposed_us = exp[g.group] or 0 }
+  end
+  rows.note = label .. "'s plan.json predates audit.by_group: its time in the step is its time alone, its exposed "
+    .. "time the older audit's"
+  return rows
 end
 
 -- Ops matched by (kind, unit, phase, micro_step, group): added, removed,

@@ -154,19 +154,28 @@ function timeline.summarize(p, info, by_seq)
     end
   end
   -- Compute stream: busy time, idle intervals and who they waited for.
+  -- Each idle interval [lo, hi] is split along the chain of binding
+  -- dependencies that ended it (an op starts when its latest dependency
+  -- finishes, so the chain covers the interval without gaps): each op of
+  -- the chain takes the part of the interval it ran in, a collective as its
+  -- exposed time (never more than its own duration), anything else (a copy
+  -- on another stream) as key -1.
   local busy, comm_serial = 0, 0
   local exposed_by, recompute_by, waiter = {}, {}, {}
-  local function blame(seq, us, waiting)
-    -- Walk the binding dependencies back to the collective that held it.
-    local cur = seq
-    while cur do
-      local o = by_seq[cur]
-      if o.group or o.stream == "compute" then break end
-      cur = info[cur].bind
+  local function attribute(from, lo, hi, waiting)
+    local cur = from
+    while cur and hi > lo + EPS do
+      local o, r = by_seq[cur], info[cur]
+      local part = math.min(hi, r.finish) - math.max(lo, r.start)
+      if part > EPS then
+        local key = o.group and cur or -1
+        exposed_by[key] = (exposed_by[key] or 0) + part
+        if key >= 0 and waiting and not waiter[key] then waiter[key] = { op = waiting, via = from } end
+      end
+      hi = math.min(hi, r.start)
+      cur = r.bind
     end
-    local key = (cur and by_seq[cur].group) and cur or -1
-    exposed_by[key] = (exposed_by[key] or 0) + us
-    if key >= 0 and not waiter[key] then waiter[key] = { op = waiting, via = seq } end
+    if hi > lo + EPS then exposed_by[-1] = (exposed_by[-1] or 0) + (hi - lo) end
   end
   local cend = 0
   for _, o in ipairs(ops) do
@@ -184,7 +193,7 @@ function timeline.summarize(p, info, by_seq)
           recompute_by[fo.seq] = (recompute_by[fo.seq] or 0) + (fo.predicted_us or 0)
         end
       end
-      if r.start > cend + EPS then blame(r.bind, r.start - cend, o.seq) end
+      if r.start > cend + EPS then attribute(r.bind, cend, r.start, o.seq) end
       cend = math.max(cend, r.finish)
     end
   end
@@ -195,23 +204,9 @@ function timeline.summarize(p, info, by_seq)
     table.insert(path, 1, cur)
     cur = info[cur].bind
   end
-  -- The tail after the compute stream's last op belongs to the path's
-  -- collectives that run after it.
-  if step > cend + EPS then
-    for _, seq in ipairs(path) do
-      local r = info[seq]
-      if by_seq[seq].group and r.finish > cend then
-        local part = r.finish - math.max(r.start, cend)
-        exposed_by[seq] = (exposed_by[seq] or 0) + part
-      end
-    end
-    -- Non-collective ops in the tail (a view-out): their own time.
-    local covered = 0
-    for _, us in pairs(exposed_by) do covered = covered + us end
-    for _, us in pairs(recompute_by) do covered = covered + us end
-    local rest = (step - busy) - covered
-    if rest > EPS then exposed_by[-1] = (exposed_by[-1] or 0) + rest end
-  end
+  -- The tail after the compute stream's last op: split along the
+  -- critical path the same way.
+  if step > cend + EPS then attribute(last, cend, step, nil) end
   return { ops = info, step_us = step, compute_busy_us = busy, exposed_us = step - busy,
            comm_serial_us = comm_serial, exposed_by = exposed_by, recompute_by = recompute_by, waiter = waiter,
            critical = path, compute_end_us = cend }
@@ -219,18 +214,15 @@ end
 
 -- The forward ops whose collectives full activation checkpointing runs
 -- again in backward: TP's, on the compute stream (FSDP's all-gathers are
--- not repeated: the backward's own unshard serves the recompute).
+-- not repeated: the backward's own unshard serves the recompute), of the
+-- units it wraps (compute.checkpointed: torchtitan's transformer blocks;
+-- the embedding's, the output's and loss_parallel's collectives run once).
 function timeline.recomputed(p, s)
   local out = {}
   if s.activation_checkpointing ~= "full" then return out end
-  -- torchtitan checkpoints each transformer block (apply_ac wraps
-  -- model.layers only): the embedding's, the output's and loss_parallel's
-  -- collectives run once.
   local block = {}
   for _, u in ipairs(p.layout.units) do
-    for _, q in ipairs(u.params) do
-      if q.name:sub(-#"attention.wq.weight") == "attention.wq.weight" then block[u.index] = true end
-    end
+    if compute.checkpointed(p, u) then block[u.index] = true end
   end
   for _, o in ipairs(p.ops) do
     if o.group and o.stream == "compute" and o.phase == "forward" and block[o.unit] then out[#out + 1] = o end
@@ -252,17 +244,6 @@ function timeline.recompute_per_family(p, s)
     t[o.group] = a
   end
   return t
-end
-
--- Everything the audit shows, from the plan: settings, per-unit compute,
--- memory and the timeline.
-function timeline.audit(p, opts)
-  local s = compute.settings(p)
-  local per_unit = compute.units(p, s)
-  local tl = timeline.build(p, s, per_unit, opts)
-  local mem = require("gen.memory").whole_rank(p, s, per_unit)
-  return { settings = s, per_unit = per_unit, timeline = tl, memory = mem,
-           step_flops = compute.step_flops(p, per_unit) }
 end
 
 return timeline
