@@ -105,7 +105,7 @@ for p in "$@"; do
       fi
     done
   done
-  [ "$plan_ok" = 1 ] && ok "$p: $n ranks, --check eager and --graph, seeds $(echo $SEEDS | tr ' ' ','): exact, 0 races"
+  [ "$plan_ok" = 1 ] && ok "$p: $n ranks, --check eager and --graph, seeds $(echo "$SEEDS" | tr ' ' ','): exact, 0 races"
 done
 
 echo "== NCCL's arithmetic on the emulator against a recording of FSDP2 on NCCL (tests/oracle/nccl)"
@@ -148,9 +148,8 @@ done
 # drained before their state is freed) under ASan: a failing rank, no report.
 if [ -x build/emu-asan/fsdp4/fsdp4 ]; then
   log=$dir/asan.fault
-  COMMPLAN_EMU_FAULT=alloc_in_capture:6 COMMPLAN_EMU_DEADLOCK_S=2 launch 4 "$log" build/emu-asan/fsdp4/fsdp4 --check \
-    --steps 2 --graph --timeout 10
-  if [ $? -gt 0 ] && ! crashed 4 "$log" >/dev/null && sanitizer_clean 4 "$log"; then
+  if ! COMMPLAN_EMU_FAULT=alloc_in_capture:6 COMMPLAN_EMU_DEADLOCK_S=2 launch 4 "$log" build/emu-asan/fsdp4/fsdp4 \
+       --check --steps 2 --graph --timeout 10 && ! crashed 4 "$log" >/dev/null && sanitizer_clean 4 "$log"; then
     ok "fsdp4 under ASan+UBSan: a capture broken on rank 0, every rank fails with its own error, no sanitizer report"
   else bad "fsdp4 under ASan+UBSan: a failed step's teardown" "$log.0"; fi
 fi
