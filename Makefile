@@ -191,15 +191,16 @@ regen-all:
 
 # Audit verbs (gen/verbs.lua). diff-plan: A and B are plan files, plan.json
 # files or REV:path (git show); REV=<rev> B=plans/<name>.lua compares the
-# plan with its generated output committed at <rev>. advise: rank the
+# plan with its generated output committed at <rev>; SVG=<dir> also writes
+# <dir>/before.svg and <dir>/after.svg (each side's timeline.svg). advise: rank the
 # meshes for PLAN's model on WORLD GPUs (default: the plan's world).
 # Operands are checked as text, like PLAN, before they reach the shell.
 cp_bad_arg = $(if $(1),$(if $(filter-out 1,$(words $(1))),bad)$(call cp_strip,$(1),$(cp_word) / . - + : ~ ^ @))
 .PHONY: diff-plan advise
 diff-plan:
 	$(if $(value B),,$(error diff-plan: give B=<plan.lua|plan.json|REV:path> and A=... or REV=<git revision>))
-	$(if $(call cp_bad_arg,$(value A))$(call cp_bad_arg,$(value B))$(call cp_bad_arg,$(value REV)),$(error diff-plan: A, B and REV take A-Z a-z 0-9 _ / . - + : ~ ^ @ only))
-	@$(LUA) gen/verbs.lua diff $(if $(value REV),--rev '$(value REV)' '$(value B)','$(value A)' '$(value B)')
+	$(if $(call cp_bad_arg,$(value A))$(call cp_bad_arg,$(value B))$(call cp_bad_arg,$(value REV))$(call cp_bad_arg,$(value SVG)),$(error diff-plan: A, B, REV and SVG take A-Z a-z 0-9 _ / . - + : ~ ^ @ only))
+	@$(LUA) gen/verbs.lua diff $(if $(value SVG),--svg '$(value SVG)') $(if $(value REV),--rev '$(value REV)' '$(value B)','$(value A)' '$(value B)')
 advise: deps
 	$(if $(call cp_bad_arg,$(value WORLD)),$(error advise: WORLD is a number of GPUs))
 	@$(LUA) gen/verbs.lua advise '$(PLAN_FILE)' $(if $(value WORLD),--world-size '$(value WORLD)')

@@ -245,11 +245,16 @@ function audit.trace_json(p, fp)
   return trace.render(p, audit.analysis(p), fp)
 end
 
+-- timeline.svg: the predicted step drawn (gen/svg.lua).
+function audit.timeline_svg(p, fp)
+  return require("gen.svg").render(p, audit.analysis(p), fp)
+end
+
 -- Every file audit renders, by name (gen/commplan.lua writes them beside
 -- the C tables).
 function audit.files(p, fp)
   return { ["plan.json"] = audit.json(p, fp), ["SCHEDULE.md"] = audit.schedule_md(p, fp),
-           ["trace.json"] = audit.trace_json(p, fp) }
+           ["trace.json"] = audit.trace_json(p, fp), ["timeline.svg"] = audit.timeline_svg(p, fp) }
 end
 
 -- ---- text helpers ----
@@ -662,6 +667,13 @@ function audit.schedule_md(p, fp)
   if #a.warnings == 0 then w("None.") end
   for _, text in ipairs(a.warnings) do w("- %s", text) end
   w("")
+  w("### Predicted step")
+  w("")
+  w("![predicted step](timeline.svg)")
+  w("")
+  w("timeline.svg: a lane per stream, ops coloured by kind; hatched where the compute stream waits (red: for a")
+  w("collective, named above the lane), the critical path as a black line.")
+  w("")
   w("## Details")
   w("")
   audit.md_groups(p, w)
@@ -888,8 +900,8 @@ function audit.md_timeline(p, a, w)
   w("### Predicted timeline")
   w("")
   w("trace.json holds every op's predicted start and duration (Chrome trace events, a track per stream: open")
-  w("it in Perfetto). Compute per unit and micro-step, and the critical path (consecutive ops on one stream")
-  w("folded; runs of identical segments folded again):")
+  w("it in Perfetto; timeline.svg draws them). Compute per unit and micro-step, and the critical path")
+  w("(consecutive ops on one stream folded; runs of identical segments folded again):")
   w("")
   w("| unit | forward | backward (with recompute) | activations saved |")
   w("|---|---|---|---|")

@@ -33,8 +33,9 @@ local function read_operand(path)
   return src
 end
 
--- `git show REV:PATH` (REV and PATH checked as text, then quoted).
-local function git_show(rev, path)
+-- `git show REV:PATH` (REV and PATH checked as text, then quoted); nil
+-- when it finds nothing and `optional`.
+local function git_show(rev, path, optional)
   if not rev:match("^[%w%._/~^@{}%-]+$") or rev:sub(1, 1) == "-" then
     fail(rev .. ": not a git revision name (letters, digits and . _ / ~ ^ @ { } - only)")
   end
@@ -46,32 +47,40 @@ local function git_show(rev, path)
   local ok = ph and ph:close()
   if out and #out > MAX_BYTES then fail(string.format("%s:%s: more than %s; not a plan.json", rev, path, fsio.human(MAX_BYTES))) end
   if not ok or not out or out == "" then
+    if optional then return nil end
     fail(string.format("%s:%s: git show found nothing; commit the plan's generated output or name another revision",
       rev, path))
   end
   return out
 end
 
--- A plan.json document from a plan file's source (generated in memory).
+-- A plan.json document from a plan file's source (generated in memory),
+-- and the plan.
 function plandiff.doc_from_source(src, path)
   local plan = require("gen.plan")
   local audit = require("gen.audit")
   local p = plan.from_source(src, path)
   p.source_file = path
-  return json.decode(audit.json(p, audit.fingerprint(p)))
+  return json.decode(audit.json(p, audit.fingerprint(p))), p
 end
 
--- spec: PLAN.lua, plan.json, or REV:path (either kind) -> doc, label.
-function plandiff.load(spec)
+-- An operand's source and the path it names: a file, or REV:path.
+local function operand_source(spec)
   local src = read_operand(spec)
-  local path = spec
-  if not src then
-    local rev
-    rev, path = spec:match("^([^:]+):(.+)$")
-    if not rev then fail(spec .. ": no such file; give a plan file, a plan.json or REV:plans/<name>/plan.json") end
-    src = git_show(rev, path)
+  if src then return src, spec, nil end
+  local rev, path = spec:match("^([^:]+):(.+)$")
+  if not rev then fail(spec .. ": no such file; give a plan file, a plan.json or REV:plans/<name>/plan.json") end
+  return git_show(rev, path), path, rev
+end
+
+-- spec: PLAN.lua, plan.json, or REV:path (either kind) -> doc, label,
+-- and the plan when spec is a plan file.
+function plandiff.load(spec)
+  local src, path = operand_source(spec)
+  if path:match("%.lua$") then
+    local doc, p = plandiff.doc_from_source(src, path)
+    return doc, spec, p
   end
-  if path:match("%.lua$") then return plandiff.doc_from_source(src, path), spec end
   local ok, doc = pcall(json.decode, src)
   if not ok or type(doc) ~= "table" or not doc.ops then fail(spec .. ": not a commplan plan.json") end
   if doc.schema ~= 2 then
@@ -79,6 +88,36 @@ function plandiff.load(spec)
       spec, tostring(doc.schema)))
   end
   return doc, spec
+end
+
+-- An operand's timeline.svg (gen/svg.lua) and a note, or nil: a plan
+-- file's is drawn from it (p: the plan load() generated); a plan.json's
+-- is the timeline.svg beside it (at the same revision for REV:path); one
+-- generated before timeline.svg existed has none, and its plan file
+-- (plans/<name>.lua beside plans/<name>/) is drawn by this generator
+-- instead, which the note says.
+function plandiff.svg_of(spec, p)
+  local audit = require("gen.audit")
+  if p then return audit.timeline_svg(p, audit.fingerprint(p)) end
+  local _, path, rev = operand_source(spec)
+  local dir = path:match("^(.*)/[^/]+$") or "."
+  local function get(rel)
+    if rev then return git_show(rev, rel, true) end
+    return fsio.stat(rel) and read_operand(rel) or nil
+  end
+  local s = get(dir .. "/timeline.svg")
+  if s then return s end
+  local plan_path = dir .. ".lua"
+  local src = dir ~= "." and get(plan_path)
+  if not src then
+    fail(string.format("%s: no timeline.svg beside it and no plan file %s%s to draw one from; give the plan file",
+      spec, rev and (rev .. ":") or "", plan_path))
+  end
+  local q = require("gen.plan").from_source(src, plan_path)
+  q.source_file = plan_path
+  return audit.timeline_svg(q, audit.fingerprint(q)),
+    string.format("%s has no timeline.svg (generated before it existed): drawn from %s%s by this generator", spec,
+      rev and (rev .. ":") or "", plan_path)
 end
 
 -- ---- text helpers ----

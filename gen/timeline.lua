@@ -160,10 +160,14 @@ function timeline.summarize(p, info, by_seq)
   -- the chain takes the part of the interval it ran in, a collective as its
   -- exposed time (never more than its own duration), anything else (a copy
   -- on another stream) as key -1.
+  -- Each part is also kept as a span (idle[]: lo, hi, by = the op's seq
+  -- or -1, waiting = the compute op that waited, nil for the tail), in
+  -- time order, for the pictures (gen/svg.lua).
   local busy, comm_serial = 0, 0
-  local exposed_by, recompute_by, waiter = {}, {}, {}
+  local exposed_by, recompute_by, waiter, idle = {}, {}, {}, {}
   local function attribute(from, lo, hi, waiting)
     local cur = from
+    local parts = {}
     while cur and hi > lo + EPS do
       local o, r = by_seq[cur], info[cur]
       local part = math.min(hi, r.finish) - math.max(lo, r.start)
@@ -171,11 +175,16 @@ function timeline.summarize(p, info, by_seq)
         local key = o.group and cur or -1
         exposed_by[key] = (exposed_by[key] or 0) + part
         if key >= 0 and waiting and not waiter[key] then waiter[key] = { op = waiting, via = from } end
+        parts[#parts + 1] = { lo = math.max(lo, r.start), hi = math.min(hi, r.finish), by = key, waiting = waiting }
       end
       hi = math.min(hi, r.start)
       cur = r.bind
     end
-    if hi > lo + EPS then exposed_by[-1] = (exposed_by[-1] or 0) + (hi - lo) end
+    if hi > lo + EPS then
+      exposed_by[-1] = (exposed_by[-1] or 0) + (hi - lo)
+      parts[#parts + 1] = { lo = lo, hi = hi, by = -1, waiting = waiting }
+    end
+    for i = #parts, 1, -1 do idle[#idle + 1] = parts[i] end
   end
   local cend = 0
   for _, o in ipairs(ops) do
@@ -209,7 +218,7 @@ function timeline.summarize(p, info, by_seq)
   if step > cend + EPS then attribute(last, cend, step, nil) end
   return { ops = info, step_us = step, compute_busy_us = busy, exposed_us = step - busy,
            comm_serial_us = comm_serial, exposed_by = exposed_by, recompute_by = recompute_by, waiter = waiter,
-           critical = path, compute_end_us = cend }
+           idle = idle, critical = path, compute_end_us = cend }
 end
 
 -- The forward ops whose collectives full activation checkpointing runs

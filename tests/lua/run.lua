@@ -2,7 +2,8 @@
 --   lua5.4 tests/lua/run.lua
 package.path = "./?.lua;./tests/lua/?.lua;" .. package.path
 
-local suites = { "test_load", "test_dims", "test_layout", "test_schedule", "test_memplan", "test_generate", "test_tp", "test_audit", "test_agree" }
+local suites = { "test_load", "test_dims", "test_layout", "test_schedule", "test_memplan", "test_generate", "test_tp",
+                 "test_audit", "test_agree", "test_svg" }
 -- Issue 8: hostile input (the sandbox, limits, C escaping).
 for _, s in ipairs({ "test_sandbox", "test_cstring", "test_fsio" }) do suites[#suites + 1] = s end
 local passed, failed = 0, 0

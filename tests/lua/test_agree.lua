@@ -1,7 +1,8 @@
 -- One source of truth (gen/figures.lua): for every shipped plan, the
 -- step's figures are parsed back out of SCHEDULE.md, plan.json,
 -- trace.json, `make diff-plan` and `make advise` and compared, each within
--- the precision its text prints; exposed <= predicted for every group; the
+-- the precision its text prints (timeline.svg's step line and exposed
+-- time too); exposed <= predicted for every group; the
 -- step is compute + exposed communication + other waits; the advisor
 -- prints in its ranking order.
 local H = require("helpers")
@@ -227,6 +228,40 @@ local function check_advise(path, src, step_text, doc)
   end
 end
 
+-- timeline.svg: its title's step line is SCHEDULE.md's; its note's
+-- exposed time per collective kind and group adds up to the group's
+-- exposed time (TP's with the recompute the note states apart).
+local function check_svg(path, text, md, doc)
+  local function unescape(s)
+    return (s:gsub("&#39;", "'"):gsub("&quot;", '"'):gsub("&lt;", "<"):gsub("&gt;", ">"):gsub("&amp;", "&"))
+  end
+  local subs = {}
+  for t in text:gmatch('<text class="sub"[^>]*>([^<]*)</text>') do subs[#subs + 1] = unescape(t) end
+  local line = md:match("\n| step | ([^\n]*) |\n")
+  H.eq(subs[1], line:match("^(.-); critical path "), path .. " timeline.svg step line")
+  local notes = {}
+  for i = 2, #subs do
+    if subs[i]:find("^Exposed communication ") or #notes > 0 then notes[#notes + 1] = subs[i] end
+  end
+  local note = table.concat(notes, " ")
+  agrees(note:match("^Exposed communication (%S+ %a+)"), doc.audit.timeline.exposed_comm_us, path .. " svg exposed")
+  local per, half = {}, {}
+  for _, g, t in note:gmatch("(%S+) %(([%w_]+)%) (%S+ %a+) %(%d+ ops?%)") do
+    local v, h = parse_us(t, path)
+    per[g], half[g] = (per[g] or 0) + v, (half[g] or 0) + h
+  end
+  local rec = note:match("TP collectives recomputed inside backward (%S+ %a+)")
+  if rec then
+    local v, h = parse_us(rec, path)
+    per.tp, half.tp = (per.tp or 0) + v, (half.tp or 0) + h
+  end
+  for _, g in ipairs(doc.audit.by_group) do
+    assert(math.abs((per[g.group] or 0) - g.exposed_us) <= (half[g.group] or 0) + 1e-3,
+      string.format("%s timeline.svg: %s exposed %.3f us, the figure is %.3f us", path, g.group, per[g.group] or 0,
+        g.exposed_us))
+  end
+end
+
 local function check_plan(path, with_advise)
   local src = read(path)
   local p = plan.from_source(src, path)
@@ -236,6 +271,7 @@ local function check_plan(path, with_advise)
   check_figures(path, doc)
   local step = check_schedule(path, files["SCHEDULE.md"], doc)
   check_trace(path, files["trace.json"], doc)
+  check_svg(path, files["timeline.svg"], files["SCHEDULE.md"], doc)
   check_diff(path, files["SCHEDULE.md"], doc)
   if with_advise then check_advise(path, src, step, doc) end
 end
