@@ -27,6 +27,7 @@
 local util = require("gen.util")
 local layout = require("gen.layout")
 local opkinds = require("gen.opkinds")
+local spantree = require("gen.spantree")
 
 local memplan = {}
 
@@ -103,34 +104,180 @@ local function lifetimes(lay, ops)
   return life
 end
 
--- A buffer's lives come in op order and never overlap each other, so two
--- buffers' lists merge in one pass (the planner runs this for every pair
--- of buffers: keep it linear).
-local function overlap_in_time(a, b)
-  local la, lb = a.lives, b.lives
-  if #la == 0 or #lb == 0 or la[#la].last < lb[1].first or lb[#lb].last < la[1].first then return false end
-  local i, j = 1, 1
-  while i <= #la and j <= #lb do
-    local x, y = la[i], lb[j]
-    if x.first <= y.last and y.first <= x.last then return true end
-    if x.last < y.last then i = i + 1 else j = j + 1 end
+-- Every stage below is linear in the lives of the buffers or n log n: the
+-- step holds units x micro-steps lifetimes, and a buffer is compared only
+-- with the buffers live beside it (in time) or sharing its bytes (in space)
+-- through sweeps in op order, never with every other buffer.
+
+-- For each buffer, the buffers of its pool whose lives overlap one of its
+-- own (inclusive op intervals): one sweep over all lives in op order,
+-- keeping the lives still open. Lists in the order the sweep meets them.
+local function time_neighbours(bufs)
+  local lives = {}
+  for _, b in ipairs(bufs) do
+    for _, iv in ipairs(b.lives) do lives[#lives + 1] = { first = iv.first, last = iv.last, buf = b } end
   end
-  return false
+  table.sort(lives, function(x, y)
+    if x.first ~= y.first then return x.first < y.first end
+    return x.last < y.last
+  end)
+  local near, seen = {}, {}
+  for _, b in ipairs(bufs) do near[b], seen[b] = {}, {} end
+  local open = {}
+  for _, x in ipairs(lives) do
+    local still = {}
+    for _, y in ipairs(open) do
+      if y.last >= x.first then
+        still[#still + 1] = y
+        local a, c = x.buf, y.buf
+        if a.pool == c.pool and a ~= c and not seen[a][c] then
+          seen[a][c], seen[c][a] = true, true
+          near[a][#near[a] + 1] = c
+          near[c][#near[c] + 1] = a
+        end
+      end
+    end
+    still[#still + 1] = x
+    open = still
+  end
+  return near
 end
 
--- The last of q's lives that ends before op seq, by binary search (lives
--- are in op order, so their ends are too), or nil.
-local function latest_end_before(q, seq)
-  local lo, hi, found = 1, #q.lives, nil
+-- Disjoint, sorted byte ranges { start, stop } (stop exclusive).
+-- The first range whose stop is past off, by binary search.
+local function first_past(list, off)
+  local lo, hi, found = 1, #list, nil
   while lo <= hi do
     local mid = (lo + hi) // 2
-    if q.lives[mid].last < seq then found = q.lives[mid].last; lo = mid + 1 else hi = mid - 1 end
+    if list[mid][2] > off then found = mid; hi = mid - 1 else lo = mid + 1 end
   end
   return found
 end
 
-local function overlap_in_space(a, b)
-  return a.offset < b.offset + b.size and b.offset < a.offset + a.size
+-- Adds [start, stop) to a disjoint sorted list, merging what it touches.
+local function union_add(list, start, stop)
+  local i = first_past(list, start - 1) or #list + 1 -- first range with stop >= start
+  local j = i
+  while j <= #list and list[j][1] <= stop do
+    if list[j][1] < start then start = list[j][1] end
+    if list[j][2] > stop then stop = list[j][2] end
+    j = j + 1
+  end
+  local n, merged = #list, j - i
+  if merged == 0 then
+    table.insert(list, i, { start, stop })
+    return
+  end
+  list[i] = { start, stop }
+  table.move(list, j, n, i + 1)
+  for k = n - merged + 2, n do list[k] = nil end
+end
+
+-- The lowest offset where size bytes overlap no range of any list (the
+-- lowest fit: every offset below it overlaps some range, since it only
+-- ever moves past a range that overlaps the candidate).
+local function lowest_fit(lists, size)
+  local off, moved = 0, true
+  while moved do
+    moved = false
+    for _, list in ipairs(lists) do
+      local i = first_past(list, off)
+      if i and list[i][1] < off + size then off, moved = list[i][2], true end
+    end
+  end
+  return off
+end
+
+-- The byte cells between consecutive buffer boundaries: each placed
+-- buffer covers cells lo..hi, and two buffers share a byte exactly when
+-- they share a cell.
+local function cells(placed)
+  local set, bounds = {}, {}
+  for _, b in ipairs(placed) do
+    for _, x in ipairs({ b.offset, b.offset + b.size }) do
+      if not set[x] then set[x] = true; bounds[#bounds + 1] = x end
+    end
+  end
+  table.sort(bounds)
+  local index = {}
+  for i, x in ipairs(bounds) do index[x] = i end
+  local span = {}
+  for _, b in ipairs(placed) do span[b] = { index[b.offset], index[b.offset + b.size] - 1 } end
+  return span, math.max(1, #bounds - 1)
+end
+
+-- Lives of the placed buffers bucketed by the op that opens them and the
+-- op that closes them.
+local function by_op(placed)
+  local opens, closes = {}, {}
+  for _, b in ipairs(placed) do
+    for _, iv in ipairs(b.lives) do
+      opens[iv.first] = opens[iv.first] or {}
+      table.insert(opens[iv.first], b)
+      closes[iv.last] = closes[iv.last] or {}
+      table.insert(closes[iv.last], b)
+    end
+  end
+  return opens, closes
+end
+
+-- The proof that no two buffers live at the same op share a byte: a sweep
+-- in op order holding the open lives in a tree over the byte cells; a life
+-- that opens on a cell an open life covers is an overlap.
+local function check_disjoint(placed, n_ops)
+  local span, n = cells(placed)
+  local tree = spantree.new(n)
+  local opens, closes = by_op(placed)
+  local id, open_id, owner = 0, {}, {}
+  for seq = 0, n_ops - 1 do
+    for _, b in ipairs(opens[seq] or {}) do
+      local s = span[b]
+      local _, other = tree:largest(s[1], s[2])
+      if other then
+        local c = owner[other]
+        error(string.format("internal: arena plan overlaps %s of %s and %s of %s", c.kind, c.unit_name,
+          b.kind, b.unit_name), 0)
+      end
+      id = id + 1
+      tree:insert(id, s[1], s[2], seq)
+      open_id[b], owner[id] = id, b
+    end
+    for _, b in ipairs(closes[seq] or {}) do tree:remove(open_id[b]) end
+  end
+end
+
+-- Reuse edges: a life that opens at op seq on bytes other lives held
+-- follows, for every buffer q sharing a byte with it (itself included),
+-- the op that closed q's latest life before seq. Only the latest such op
+-- on each stream is kept: an op ordered after it on its stream is ordered
+-- after every earlier op of that stream, so the waits chosen from the
+-- edges (memplan.prune takes the latest unordered edge per stream) are the
+-- same. One sweep in op order keeps each buffer's latest closing op in a
+-- tree per stream of that op.
+local function reuse_edges(placed, ops, add)
+  local span, n = cells(placed)
+  local trees = {}
+  for _, s in ipairs(STREAMS) do trees[s] = spantree.new(n) end
+  local opens, closes = by_op(placed)
+  local id, latest = 0, {}
+  for i, o in ipairs(ops) do
+    local seq = i - 1
+    for _, b in ipairs(opens[seq] or {}) do
+      local s = span[b]
+      for _, st in ipairs(STREAMS) do
+        local j = trees[st]:largest(s[1], s[2])
+        if j then add(seq, j) end
+      end
+    end
+    for _, q in ipairs(closes[seq] or {}) do
+      local was = latest[q]
+      if was then trees[was.stream]:remove(was.id) end
+      id = id + 1
+      local s = span[q]
+      trees[o.stream]:insert(id, s[1], s[2], seq)
+      latest[q] = { stream = o.stream, id = id }
+    end
+  end
 end
 
 -- Data dependencies inside each unit, from the op kinds' buffer accesses
@@ -239,6 +386,26 @@ function memplan.unordered(ops, needs, waits)
   return bad_j, bad_i
 end
 
+-- The edges that do not depend on the arena (op seq -> set of earlier op
+-- seqs): the data dependencies, and FSDP2's post_backward, which makes the
+-- current stream wait for the previous reduce-scatter (comm_ctx.
+-- reduce_scatter_state.event) before it packs the next unit's gradients,
+-- so the packing never runs ahead of it.
+function memplan.data_needs(ops)
+  local needs = {}
+  local function add(i, j)
+    needs[i] = needs[i] or {}
+    needs[i][j] = true
+  end
+  data_edges(ops, add)
+  local prev_rs
+  for _, o in ipairs(ops) do
+    if o.kind == "pack" and prev_rs then add(o.seq, prev_rs) end
+    if o.kind == "reduce_scatter" then prev_rs = o.seq end
+  end
+  return needs
+end
+
 -- lay, ops -> { arena_bytes, buffers = list, by_unit = unit index -> kind -> buffer,
 --               waits = op seq -> sorted list of op seqs it must wait for,
 --               events = sorted list of op seqs whose completion others wait on }
@@ -264,67 +431,50 @@ function memplan.build(lay, ops)
     if a.unit ~= b.unit then return a.unit < b.unit end
     return a.kind_index < b.kind_index
   end)
-  local placed, arena = {}, 0
+  -- Lowest fit against the bytes of the placed buffers of the pool that
+  -- are live beside it and of every placed buffer of the other pools
+  -- (bytes are shared only within a stream's pool, see POOL). Only the
+  -- union of those bytes decides the offset.
+  local live = {}
+  for _, b in ipairs(order) do
+    if #b.lives > 0 and b.size > 0 then live[#live + 1] = b end
+  end
+  local near = time_neighbours(live)
+  local placed, arena, is_placed, pools = {}, 0, {}, {}
+  for _, name in pairs(memplan.POOL) do pools[name] = {} end
   for _, b in ipairs(order) do
     if #b.lives == 0 or b.size == 0 then
       b.offset = 0 -- never live (e.g. no backward): takes no room
     else
       local busy = {}
-      for _, q in ipairs(placed) do
-        -- Bytes are shared only within a stream's pool (see POOL).
-        if q.pool ~= b.pool or overlap_in_time(b, q) then busy[#busy + 1] = q end
+      for _, q in ipairs(near[b]) do
+        if is_placed[q] then busy[#busy + 1] = { q.offset, q.offset + q.size } end
       end
-      table.sort(busy, function(x, y) return x.offset < y.offset end)
-      local off = 0
-      for _, q in ipairs(busy) do
-        if off + b.size <= q.offset then break end
-        off = math.max(off, q.offset + q.size)
+      table.sort(busy, function(x, y) return x[1] < y[1] end)
+      local mine = {}
+      for _, r in ipairs(busy) do union_add(mine, r[1], r[2]) end
+      local lists = { mine }
+      for _, name in ipairs(util.sorted_keys(pools)) do
+        if name ~= b.pool then lists[#lists + 1] = pools[name] end
       end
+      local off = lowest_fit(lists, b.size)
       b.offset = off
       arena = math.max(arena, off + b.size)
       placed[#placed + 1] = b
+      is_placed[b] = true
+      union_add(pools[b.pool], off, off + b.size)
     end
   end
-  -- The proof: no two buffers live at the same op share a byte.
-  for i = 1, #placed do
-    for j = i + 1, #placed do
-      local a, c = placed[i], placed[j]
-      if overlap_in_space(a, c) and overlap_in_time(a, c) then
-        error(string.format("internal: arena plan overlaps %s of %s and %s of %s", a.kind, a.unit_name,
-          c.kind, c.unit_name), 0)
-      end
-    end
-  end
+  check_disjoint(placed, #ops)
   -- Needed edges (op seq -> set of earlier op seqs it must follow on the
   -- GPU): the data dependencies, and reuse: a lifetime that opens on bytes
   -- an earlier lifetime held (of another buffer, or of the same buffer in
   -- an earlier unshard) follows the op that closed the latest such one.
-  local needs = {}
-  local function add(i, j)
+  local needs = memplan.data_needs(ops)
+  reuse_edges(placed, ops, function(i, j)
     needs[i] = needs[i] or {}
     needs[i][j] = true
-  end
-  data_edges(ops, add)
-  -- FSDP2's post_backward makes the current stream wait for the previous
-  -- reduce-scatter (comm_ctx.reduce_scatter_state.event) before it packs the
-  -- next unit's gradients, so the packing never runs ahead of it.
-  local prev_rs
-  for _, o in ipairs(ops) do
-    if o.kind == "pack" and prev_rs then add(o.seq, prev_rs) end
-    if o.kind == "reduce_scatter" then prev_rs = o.seq end
-  end
-  for _, b in ipairs(placed) do
-    local sharing = {}
-    for _, q in ipairs(placed) do
-      if overlap_in_space(b, q) then sharing[#sharing + 1] = q end
-    end
-    for _, iv in ipairs(b.lives) do
-      for _, q in ipairs(sharing) do
-        local latest = latest_end_before(q, iv.first)
-        if latest then add(iv.first, latest) end
-      end
-    end
-  end
+  end)
   local waits = memplan.prune(ops, needs)
   local bad_j, bad_i = memplan.unordered(ops, needs, waits)
   if bad_j then
