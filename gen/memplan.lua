@@ -194,28 +194,28 @@ end
 local function cells(placed)
   local set, bounds = {}, {}
   for _, b in ipairs(placed) do
-    for _, x in ipairs({ b.offset, b.offset + b.size }) do
-      if not set[x] then set[x] = true; bounds[#bounds + 1] = x end
-    end
+    local x, y = b.offset, b.offset + b.size
+    if not set[x] then set[x] = true; bounds[#bounds + 1] = x end
+    if not set[y] then set[y] = true; bounds[#bounds + 1] = y end
   end
   table.sort(bounds)
   local index = {}
   for i, x in ipairs(bounds) do index[x] = i end
-  local span = {}
-  for _, b in ipairs(placed) do span[b] = { index[b.offset], index[b.offset + b.size] - 1 } end
-  return span, math.max(1, #bounds - 1)
+  local lo, hi = {}, {}
+  for _, b in ipairs(placed) do lo[b], hi[b] = index[b.offset], index[b.offset + b.size] - 1 end
+  return lo, hi, math.max(1, #bounds - 1)
 end
 
 -- Lives of the placed buffers bucketed by the op that opens them and the
--- op that closes them.
+-- op that closes them (op seq + 1 -> list of buffers).
 local function by_op(placed)
   local opens, closes = {}, {}
   for _, b in ipairs(placed) do
     for _, iv in ipairs(b.lives) do
-      opens[iv.first] = opens[iv.first] or {}
-      table.insert(opens[iv.first], b)
-      closes[iv.last] = closes[iv.last] or {}
-      table.insert(closes[iv.last], b)
+      local f, l = iv.first + 1, iv.last + 1
+      local o, c = opens[f], closes[l]
+      if o then o[#o + 1] = b else opens[f] = { b } end
+      if c then c[#c + 1] = b else closes[l] = { b } end
     end
   end
   return opens, closes
@@ -225,24 +225,28 @@ end
 -- in op order holding the open lives in a tree over the byte cells; a life
 -- that opens on a cell an open life covers is an overlap.
 local function check_disjoint(placed, n_ops)
-  local span, n = cells(placed)
+  local lo, hi, n = cells(placed)
   local tree = spantree.new(n)
   local opens, closes = by_op(placed)
-  local id, open_id, owner = 0, {}, {}
-  for seq = 0, n_ops - 1 do
-    for _, b in ipairs(opens[seq] or {}) do
-      local s = span[b]
-      local _, other = tree:largest(s[1], s[2])
-      if other then
-        local c = owner[other]
-        error(string.format("internal: arena plan overlaps %s of %s and %s of %s", c.kind, c.unit_name,
-          b.kind, b.unit_name), 0)
+  local open_id, owner = {}, {}
+  for i = 1, n_ops do
+    local list = opens[i]
+    if list then
+      for _, b in ipairs(list) do
+        local l, h = lo[b], hi[b]
+        if tree.largest(l, h) then
+          local c = owner[tree.owner(l, h)]
+          error(string.format("internal: arena plan overlaps %s of %s and %s of %s", c.kind, c.unit_name,
+            b.kind, b.unit_name), 0)
+        end
+        local id = tree.insert(l, h, i)
+        open_id[b], owner[id] = id, b
       end
-      id = id + 1
-      tree:insert(id, s[1], s[2], seq)
-      open_id[b], owner[id] = id, b
     end
-    for _, b in ipairs(closes[seq] or {}) do tree:remove(open_id[b]) end
+    list = closes[i]
+    if list then
+      for _, b in ipairs(list) do tree.remove(open_id[b]) end
+    end
   end
 end
 
@@ -254,28 +258,38 @@ end
 -- edges (memplan.prune takes the latest unordered edge per stream) are the
 -- same. One sweep in op order keeps each buffer's latest closing op in a
 -- tree per stream of that op.
-local function reuse_edges(placed, ops, add)
-  local span, n = cells(placed)
+local function reuse_edges(placed, ops, needs)
+  local lo, hi, n = cells(placed)
   local trees = {}
-  for _, s in ipairs(STREAMS) do trees[s] = spantree.new(n) end
+  for k = 1, #STREAMS do trees[k] = spantree.new(n) end
+  local stream_index = {}
+  for k, name in ipairs(STREAMS) do stream_index[name] = k end
   local opens, closes = by_op(placed)
-  local id, latest = 0, {}
+  local latest_tree, latest_id = {}, {}
   for i, o in ipairs(ops) do
     local seq = i - 1
-    for _, b in ipairs(opens[seq] or {}) do
-      local s = span[b]
-      for _, st in ipairs(STREAMS) do
-        local j = trees[st]:largest(s[1], s[2])
-        if j then add(seq, j) end
+    local list = opens[i]
+    if list then
+      local set = needs[seq]
+      for _, b in ipairs(list) do
+        local l, h = lo[b], hi[b]
+        for k = 1, #trees do
+          local j = trees[k].largest(l, h)
+          if j then
+            if not set then set = {}; needs[seq] = set end
+            set[j] = true
+          end
+        end
       end
     end
-    for _, q in ipairs(closes[seq] or {}) do
-      local was = latest[q]
-      if was then trees[was.stream]:remove(was.id) end
-      id = id + 1
-      local s = span[q]
-      trees[o.stream]:insert(id, s[1], s[2], seq)
-      latest[q] = { stream = o.stream, id = id }
+    list = closes[i]
+    if list then
+      local tree = trees[stream_index[o.stream]]
+      for _, q in ipairs(list) do
+        local was = latest_tree[q]
+        if was then was.remove(latest_id[q]) end
+        latest_tree[q], latest_id[q] = tree, tree.insert(lo[q], hi[q], seq)
+      end
     end
   end
 end
@@ -320,55 +334,69 @@ end
 -- that another chosen wait covers. With fixed = { seq -> list } it applies
 -- exactly those and reports the first needed edge they leave unordered.
 function memplan.simulate(ops, needs, fixed)
-  local clock = {}
-  for _, s in ipairs(STREAMS) do
-    clock[s] = {}
-    for _, t in ipairs(STREAMS) do clock[s][t] = 0 end
+  local S = #STREAMS
+  local index = {}
+  for k, name in ipairs(STREAMS) do index[name] = k end
+  local clock = {} -- (s - 1) * S + t: what stream s knows of stream t
+  for k = 1, S * S do clock[k] = 0 end
+  local on = {}    -- op seq -> its stream's index, once issued
+  local after = {} -- seq * S + t: its stream's clock after it
+  local function wait_for(base, j)
+    if not on[j] then return end
+    local at = j * S
+    for t = 1, S do
+      local v = after[at + t]
+      if v > clock[base + t] then clock[base + t] = v end
+    end
   end
-  local done = {} -- op seq -> { stream = s, clock = vector clock of s after it }
-  local function merge(into, from)
-    for _, t in ipairs(STREAMS) do if from[t] > into[t] then into[t] = from[t] end end
-  end
-  local function snapshot(s)
-    local c = {}
-    for _, t in ipairs(STREAMS) do c[t] = clock[s][t] end
-    return c
-  end
-  local waits = {}
+  local waits, need = {}, {}
   for _, o in ipairs(ops) do
-    local s = o.stream
-    local function wait_for(seq)
-      local d = seq and done[seq]
-      if d then merge(clock[s], d.clock) end
-    end
+    local seq = o.seq
+    local s = index[o.stream]
+    local base = (s - 1) * S
+    local set = needs[seq]
     if fixed then
-      for _, j in ipairs(fixed[o.seq] or {}) do wait_for(j) end
-      for j in pairs(needs[o.seq] or {}) do
-        local d = done[j]
-        if clock[s][d.stream] < d.clock[d.stream] then return waits, j, o.seq end
-      end
-    else
-      local need = {}
-      for j in pairs(needs[o.seq] or {}) do
-        local d = done[j]
-        if clock[s][d.stream] < d.clock[d.stream] then
-          if not need[d.stream] or j > need[d.stream] then need[d.stream] = j end
+      for _, j in ipairs(fixed[seq] or {}) do wait_for(base, j) end
+      if set then
+        for j in pairs(set) do
+          local d = on[j]
+          if clock[base + d] < after[j * S + d] then return waits, j, seq end
         end
       end
-      local list = {}
-      for _, j in pairs(need) do
-        local dj, covered = done[j], false
-        for _, k in pairs(need) do
-          if k ~= j and done[k].clock[dj.stream] >= dj.clock[dj.stream] then covered = true end
+    elseif set then
+      for t = 1, S do need[t] = false end
+      for j in pairs(set) do
+        local d = on[j]
+        if clock[base + d] < after[j * S + d] then
+          local had = need[d]
+          if not had or j > had then need[d] = j end
         end
-        if not covered then list[#list + 1] = j end
       end
-      table.sort(list)
-      for _, j in ipairs(list) do wait_for(j) end
-      if #list > 0 then waits[o.seq] = list end
+      local list
+      for d = 1, S do
+        local j = need[d]
+        if j then
+          local mine, covered = after[j * S + d], false
+          for e = 1, S do
+            local k = need[e]
+            if k and e ~= d and after[k * S + d] >= mine then covered = true end
+          end
+          if not covered then
+            list = list or {}
+            list[#list + 1] = j
+          end
+        end
+      end
+      if list then
+        table.sort(list)
+        for _, j in ipairs(list) do wait_for(base, j) end
+        waits[seq] = list
+      end
     end
-    clock[s][s] = clock[s][s] + 1
-    done[o.seq] = { stream = s, clock = snapshot(s) }
+    clock[base + s] = clock[base + s] + 1
+    on[seq] = s
+    local at = seq * S
+    for t = 1, S do after[at + t] = clock[base + t] end
   end
   return waits
 end
@@ -471,10 +499,7 @@ function memplan.build(lay, ops)
   -- an earlier lifetime held (of another buffer, or of the same buffer in
   -- an earlier unshard) follows the op that closed the latest such one.
   local needs = memplan.data_needs(ops)
-  reuse_edges(placed, ops, function(i, j)
-    needs[i] = needs[i] or {}
-    needs[i][j] = true
-  end)
+  reuse_edges(placed, ops, needs)
   local waits = memplan.prune(ops, needs)
   local bad_j, bad_i = memplan.unordered(ops, needs, waits)
   if bad_j then

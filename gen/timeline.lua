@@ -35,13 +35,14 @@ function timeline.build(p, s, per_unit, opts)
   -- Full checkpointing re-runs each layer's forward in its backward, TP's
   -- activation collectives (on the compute stream) included: each runs
   -- again inside its unit's backward op, at its forward op's cost.
-  local recompute_tp = {}
+  local recompute_tp = {} -- unit -> micro-step -> { us, list }
   for _, o in ipairs(timeline.recomputed(p, s)) do
-    local k = o.unit .. "/" .. o.micro_step
-    local acc = recompute_tp[k] or { us = 0, list = {} }
+    local by_micro = recompute_tp[o.unit] or {}
+    recompute_tp[o.unit] = by_micro
+    local acc = by_micro[o.micro_step] or { us = 0, list = {} }
     acc.us = acc.us + (o.predicted_us or 0)
     acc.list[#acc.list + 1] = o
-    recompute_tp[k] = acc
+    by_micro[o.micro_step] = acc
   end
   local info = {}
   for _, o in ipairs(ops) do
@@ -51,7 +52,7 @@ function timeline.build(p, s, per_unit, opts)
       r.link = o.intra_node and "intra" or "inter"
     else
       r.fixed = compute.op_us(p, s, per_unit, o, opts.extra_us)
-      local again = o.kind == "backward" and recompute_tp[o.unit .. "/" .. o.micro_step]
+      local again = o.kind == "backward" and recompute_tp[o.unit] and recompute_tp[o.unit][o.micro_step]
       if again then
         r.fixed = r.fixed + again.us
         r.extra_comm, r.extra_ops = again.us, again.list
@@ -60,14 +61,30 @@ function timeline.build(p, s, per_unit, opts)
     r.nominal = r.work or r.fixed
     info[o.seq] = r
   end
-  local pos, busy, prev = {}, {}, {}
+  local pos, busy = {}, {}
   for _, name in ipairs(opkinds.STREAMS) do pos[name] = 1 end
   local active, t, finished = {}, 0, 0
-  local function deps_of(seq)
-    local d = {}
-    if prev[seq] then d[#d + 1] = prev[seq] end
-    for _, w in ipairs(waits[seq] or {}) do d[#d + 1] = w end
-    return d
+  local NO_WAITS = {}
+  -- An op's dependencies, in order: the op before it on its stream, then
+  -- its waits. ok: all finished; bind: the one that finished last (the
+  -- later op on a tie).
+  local function ready(seq, before)
+    local bind, bind_end = nil, -1
+    if before then
+      local dr = info[before]
+      if not dr.finish then return false end
+      if dr.finish > bind_end + EPS or (math.abs(dr.finish - bind_end) <= EPS and before > bind) then
+        bind, bind_end = before, dr.finish
+      end
+    end
+    for _, dseq in ipairs(waits[seq] or NO_WAITS) do
+      local dr = info[dseq]
+      if not dr.finish then return false end
+      if dr.finish > bind_end + EPS or (math.abs(dr.finish - bind_end) <= EPS and dseq > bind) then
+        bind, bind_end = dseq, dr.finish
+      end
+    end
+    return true, bind
   end
   local function finish(r)
     r.finish = t
@@ -83,15 +100,7 @@ function timeline.build(p, s, per_unit, opts)
         local l = lists[name]
         if not busy[name] and pos[name] <= #l then
           local seq = l[pos[name]]
-          if pos[name] > 1 then prev[seq] = l[pos[name] - 1] end
-          local ok, bind, bind_end = true, nil, -1
-          for _, dseq in ipairs(deps_of(seq)) do
-            local dr = info[dseq]
-            if not dr.finish then ok = false; break end
-            if dr.finish > bind_end + EPS or (math.abs(dr.finish - bind_end) <= EPS and dseq > bind) then
-              bind, bind_end = dseq, dr.finish
-            end
-          end
+          local ok, bind = ready(seq, pos[name] > 1 and l[pos[name] - 1] or nil)
           if ok then
             local r = info[seq]
             r.start, r.bind = t, bind
@@ -189,12 +198,14 @@ function timeline.summarize(p, info, by_seq)
     end
   end
   -- Critical path: from the last op back along binding dependencies.
-  local path = {}
+  local back = {}
   local cur = last
   while cur do
-    table.insert(path, 1, cur)
+    back[#back + 1] = cur
     cur = info[cur].bind
   end
+  local path = {}
+  for i = #back, 1, -1 do path[#path + 1] = back[i] end
   -- The tail after the compute stream's last op belongs to the path's
   -- collectives that run after it.
   if step > cend + EPS then

@@ -54,9 +54,9 @@ function trace.render(p, tl, fp)
     "fingerprint", fp, "plan", p.name, "kind", "predicted",
     "step_us", r3(tl.step_us), "exposed_comm_us", r3(tl.exposed_us) })
   -- One event per line: small diffs, quick to read.
-  local lines = {}
-  for i, e in ipairs(events) do lines[i] = json.encode(e) end
-  return "{\"otherData\": " .. json.encode(other) .. ",\n\"displayTimeUnit\": \"ms\",\n\"traceEvents\": [\n"
+  local lines, encode = {}, json.encoder()
+  for i, e in ipairs(events) do lines[i] = encode(e) end
+  return "{\"otherData\": " .. encode(other) .. ",\n\"displayTimeUnit\": \"ms\",\n\"traceEvents\": [\n"
     .. table.concat(lines, ",\n") .. "\n]}\n"
 end
 
