@@ -16,6 +16,9 @@ local function esc(s)
   end) .. '"'
 end
 
+-- A string as JSON text (quoted and escaped).
+json.quote = function(s) return esc(s) end
+
 local function num(v)
   if math.type(v) == "integer" then return tostring(v) end
   if v ~= v or v == math.huge or v == -math.huge then error("json: non-finite number") end
@@ -28,7 +31,12 @@ local function num(v)
   return string.format("%.17g", v)
 end
 
--- An encoder: a function (v, indent) -> JSON text. Each keeps its own
+-- A number as JSON text (integers as themselves, doubles in the fewest
+-- digits that read back the same).
+json.number = function(v) return num(v) end
+
+-- An encoder: a function (v, indent) -> JSON text, and a writer over the
+-- same memo (begin(indent), value(v), raw(text), text()). Each keeps its own
 -- memo of escaped strings and key prefixes, so one encoder serves many
 -- small documents (trace.json's events) without escaping the same names
 -- again. indent: nil for compact; arrays of scalars always stay on one
@@ -144,16 +152,30 @@ function json.encoder()
       end
     end
   end
-  return function(v, ind)
-    out, n = {}, 0
+  local function start(ind)
     if ind ~= indent or not pads then
       indent, pads, firsts, nexts = ind, {}, {}, {}
     end
+  end
+  return function(v, ind)
+    out, n = {}, 0
+    start(ind)
     encode(v, 0)
     local s = table.concat(out, "", 1, n)
     out = nil
     return s
-  end
+  end, {
+    -- A writer: values and raw text appended to one buffer, for a document
+    -- of many small values (trace.json: an event per line).
+    begin = function(ind) out, n = {}, 0; start(ind) end,
+    value = function(v) encode(v, 0) end,
+    raw = function(text) n = n + 1; out[n] = text end,
+    text = function()
+      local s = table.concat(out, "", 1, n)
+      out = nil
+      return s
+    end,
+  }
 end
 
 function json.encode(v, indent)

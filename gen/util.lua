@@ -319,12 +319,10 @@ end
 -- under plain `cc -std=c11` (trigraphs on): printable ASCII stays except
 -- \ " and ? (escaped, so no trigraph forms); every other byte is a
 -- three-digit octal escape (a following digit cannot extend it).
+local C_ESCAPE = { ["\\"] = "\\\\", ['"'] = '\\"', ["?"] = "\\?" }
 function util.c_string(s)
-  return '"' .. s:gsub(".", function(c)
-    local b = c:byte()
-    if c == "\\" then return "\\\\" elseif c == '"' then return '\\"' elseif c == "?" then return "\\?" end
-    if b >= 32 and b <= 126 then return c end
-    return string.format("\\%03o", b)
+  return '"' .. s:gsub('[%c\\"?\128-\255]', function(c)
+    return C_ESCAPE[c] or string.format("\\%03o", c:byte())
   end) .. '"'
 end
 

@@ -142,14 +142,18 @@ local INT_MAX = (1 << 31) - 1
 local EXACT = 1 << 53
 local MAX_DIMS = 8
 
+-- (The field's name is formatted only when the check fails: these run
+-- for every op and parameter.)
 local function int_field(v, what, ...)
-  check(math.type(v) == "integer" and v >= 0 and v <= INT_MAX, "%s = %s does not fit a C int", string.format(what, ...),
-    tostring(v))
+  if not (math.type(v) == "integer" and v >= 0 and v <= INT_MAX) then
+    check(false, "%s = %s does not fit a C int", string.format(what, ...), tostring(v))
+  end
 end
 
 local function int64_field(v, what, ...)
-  check(math.type(v) == "integer" and v >= 0 and v <= EXACT, "%s = %s is outside [0, 2^53]", string.format(what, ...),
-    tostring(v))
+  if not (math.type(v) == "integer" and v >= 0 and v <= EXACT) then
+    check(false, "%s = %s is outside [0, 2^53]", string.format(what, ...), tostring(v))
+  end
 end
 
 function verify.bounds(lay, fams, ops, fsdp)

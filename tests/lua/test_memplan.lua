@@ -166,7 +166,6 @@ local function variant(path, fsdp_lua)
   fh:close()
   return "local p = (function() " .. src .. "\nend)()\np.fsdp = p.fsdp or {}\n" .. fsdp_lua .. "\nreturn p"
 end
-T.variant = variant
 
 -- The linear sweeps (time neighbours, byte unions, reuse edges per stream)
 -- place every buffer where the pairwise planner did and emit the same
