@@ -44,6 +44,13 @@ json.number = function(v) return num(v) end
 function json.encoder()
   local quoted = {} -- string -> its escaped, quoted form
   local out, n, indent
+  -- Pieces are joined into a chunk every CHUNK of them, so a document of
+  -- millions of values holds strings of its size, not millions of pieces.
+  local CHUNK, chunks = 8192, nil
+  local function flush()
+    chunks[#chunks + 1] = table.concat(out, "", 1, n)
+    out, n = {}, 0
+  end
   local pads, firsts, nexts -- depth -> "\n" .. indent x depth; depth -> key -> '"key": ' (',"key": ')
   local function q(s)
     local r = quoted[s]
@@ -119,6 +126,7 @@ function json.encoder()
             n = n + 1
             out[n] = scalar(x, tx)
           end
+          if n >= CHUNK then flush() end
         end
       end
       n = n + 1
@@ -146,6 +154,7 @@ function json.encoder()
           n = n + 1
           out[n] = i > 1 and sep or nl
           encode(v[i], depth + 1)
+          if n >= CHUNK then flush() end
         end
         n = n + 1
         out[n] = pad(depth) .. "]"
@@ -157,24 +166,28 @@ function json.encoder()
       indent, pads, firsts, nexts = ind, {}, {}, {}
     end
   end
+  local function text()
+    flush()
+    local s = table.concat(chunks)
+    out, chunks = nil, nil
+    return s
+  end
   return function(v, ind)
-    out, n = {}, 0
+    out, n, chunks = {}, 0, {}
     start(ind)
     encode(v, 0)
-    local s = table.concat(out, "", 1, n)
-    out = nil
-    return s
+    return text()
   end, {
     -- A writer: values and raw text appended to one buffer, for a document
     -- of many small values (trace.json: an event per line).
-    begin = function(ind) out, n = {}, 0; start(ind) end,
+    begin = function(ind) out, n, chunks = {}, 0, {}; start(ind) end,
     value = function(v) encode(v, 0) end,
-    raw = function(text) n = n + 1; out[n] = text end,
-    text = function()
-      local s = table.concat(out, "", 1, n)
-      out = nil
-      return s
+    raw = function(s)
+      n = n + 1
+      out[n] = s
+      if n >= CHUNK then flush() end
     end,
+    text = text,
   }
 end
 

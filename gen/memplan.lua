@@ -123,13 +123,16 @@ local function time_neighbours(bufs)
   end)
   local near, seen = {}, {}
   for _, b in ipairs(bufs) do near[b], seen[b] = {}, {} end
-  local open = {}
+  local open, n = {}, 0 -- the lives still open, compacted in place
   for _, x in ipairs(lives) do
-    local still = {}
-    for _, y in ipairs(open) do
+    local kept = 0
+    local a = x.buf
+    for i = 1, n do
+      local y = open[i]
       if y.last >= x.first then
-        still[#still + 1] = y
-        local a, c = x.buf, y.buf
+        kept = kept + 1
+        open[kept] = y
+        local c = y.buf
         if a.pool == c.pool and a ~= c and not seen[a][c] then
           seen[a][c], seen[c][a] = true, true
           near[a][#near[a] + 1] = c
@@ -137,8 +140,9 @@ local function time_neighbours(bufs)
         end
       end
     end
-    still[#still + 1] = x
-    open = still
+    for i = kept + 1, n do open[i] = nil end
+    n = kept + 1
+    open[n] = x
   end
   return near
 end
@@ -173,15 +177,18 @@ local function union_add(list, start, stop)
   for k = n - merged + 2, n do list[k] = nil end
 end
 
--- The lowest offset where size bytes overlap no range of any list (the
--- lowest fit: every offset below it overlaps some range, since it only
--- ever moves past a range that overlaps the candidate).
-local function lowest_fit(lists, size)
+-- The lowest offset where size bytes overlap no range of mine or of the
+-- lists in others (the lowest fit: every offset below it overlaps some
+-- range, since it only ever moves past a range that overlaps the
+-- candidate).
+local function lowest_fit(mine, others, size)
   local off, moved = 0, true
   while moved do
     moved = false
-    for _, list in ipairs(lists) do
-      local i = first_past(list, off)
+    local i = first_past(mine, off)
+    if i and mine[i][1] < off + size then off, moved = mine[i][2], true end
+    for _, list in ipairs(others) do
+      i = first_past(list, off)
       if i and list[i][1] < off + size then off, moved = list[i][2], true end
     end
   end
@@ -191,6 +198,10 @@ end
 -- The byte cells between consecutive buffer boundaries: each placed
 -- buffer covers cells lo..hi, and two buffers share a byte exactly when
 -- they share a cell.
+-- Also the structures to sweep them with: per-cell arrays when no buffer
+-- covers more than FLAT_SPAN cells (every shipped plan: a few units' worth
+-- of offsets), else segment trees (O(log cells) whatever the spans).
+memplan.FLAT_SPAN = 16
 local function cells(placed)
   local set, bounds = {}, {}
   for _, b in ipairs(placed) do
@@ -201,9 +212,14 @@ local function cells(placed)
   table.sort(bounds)
   local index = {}
   for i, x in ipairs(bounds) do index[x] = i end
-  local lo, hi = {}, {}
-  for _, b in ipairs(placed) do lo[b], hi[b] = index[b.offset], index[b.offset + b.size] - 1 end
-  return lo, hi, math.max(1, #bounds - 1)
+  local lo, hi, span = {}, {}, 0
+  for _, b in ipairs(placed) do
+    lo[b], hi[b] = index[b.offset], index[b.offset + b.size] - 1
+    span = math.max(span, hi[b] - lo[b] + 1)
+  end
+  local flat = span <= memplan.FLAT_SPAN
+  return lo, hi, math.max(1, #bounds - 1), flat and spantree.flat or spantree.new,
+    flat and spantree.flat_counter or spantree.counter
 end
 
 -- Lives of the placed buffers bucketed by the op that opens them and the
@@ -225,27 +241,33 @@ end
 -- in op order holding the open lives in a tree over the byte cells; a life
 -- that opens on a cell an open life covers is an overlap.
 local function check_disjoint(placed, n_ops)
-  local lo, hi, n = cells(placed)
-  local tree = spantree.new(n)
+  local lo, hi, n, _, counter = cells(placed)
+  local count = counter(n)
   local opens, closes = by_op(placed)
-  local open_id, owner = {}, {}
+  local open = {} -- buffer -> true while one of its lives is open (for the message)
   for i = 1, n_ops do
     local list = opens[i]
     if list then
       for _, b in ipairs(list) do
         local l, h = lo[b], hi[b]
-        if tree.largest(l, h) then
-          local c = owner[tree.owner(l, h)]
-          error(string.format("internal: arena plan overlaps %s of %s and %s of %s", c.kind, c.unit_name,
-            b.kind, b.unit_name), 0)
+        if count.top(l, h) > 0 then
+          for _, c in ipairs(placed) do
+            if open[c] and lo[c] <= h and l <= hi[c] then
+              error(string.format("internal: arena plan overlaps %s of %s and %s of %s", c.kind, c.unit_name,
+                b.kind, b.unit_name), 0)
+            end
+          end
         end
-        local id = tree.insert(l, h, i)
-        open_id[b], owner[id] = id, b
+        count.add(l, h, 1)
+        open[b] = true
       end
     end
     list = closes[i]
     if list then
-      for _, b in ipairs(list) do tree.remove(open_id[b]) end
+      for _, b in ipairs(list) do
+        count.add(lo[b], hi[b], -1)
+        open[b] = false
+      end
     end
   end
 end
@@ -259,12 +281,27 @@ end
 -- same. One sweep in op order keeps each buffer's latest closing op in a
 -- tree per stream of that op.
 local function reuse_edges(placed, ops, needs)
-  local lo, hi, n = cells(placed)
+  local lo, hi, n, latest = cells(placed)
   local trees = {}
-  for k = 1, #STREAMS do trees[k] = spantree.new(n) end
+  for k = 1, #STREAMS do trees[k] = latest(n) end
   local stream_index = {}
   for k, name in ipairs(STREAMS) do stream_index[name] = k end
   local opens, closes = by_op(placed)
+  -- The trees that can hold a buffer of each pool (the streams of the ops
+  -- that close its pool's lives); the others have no entry on its cells.
+  local pool_trees, has = {}, {}
+  for i, list in pairs(closes) do
+    for _, q in ipairs(list) do
+      local k = stream_index[ops[i].stream]
+      has[q.pool] = has[q.pool] or {}
+      if not has[q.pool][k] then
+        has[q.pool][k] = true
+        pool_trees[q.pool] = pool_trees[q.pool] or {}
+        table.insert(pool_trees[q.pool], trees[k])
+      end
+    end
+  end
+  local NONE = {}
   local latest_tree, latest_id = {}, {}
   for i, o in ipairs(ops) do
     local seq = i - 1
@@ -273,8 +310,8 @@ local function reuse_edges(placed, ops, needs)
       local set = needs[seq]
       for _, b in ipairs(list) do
         local l, h = lo[b], hi[b]
-        for k = 1, #trees do
-          local j = trees[k].largest(l, h)
+        for _, tree in ipairs(pool_trees[b.pool] or NONE) do
+          local j = tree.largest(l, h)
           if j then
             if not set then set = {}; needs[seq] = set end
             set[j] = true
@@ -470,6 +507,13 @@ function memplan.build(lay, ops)
   local near = time_neighbours(live)
   local placed, arena, is_placed, pools = {}, 0, {}, {}
   for _, name in pairs(memplan.POOL) do pools[name] = {} end
+  local others = {} -- pool -> the other pools' byte unions
+  for name in pairs(pools) do
+    others[name] = {}
+    for _, other in ipairs(util.sorted_keys(pools)) do
+      if other ~= name then table.insert(others[name], pools[other]) end
+    end
+  end
   for _, b in ipairs(order) do
     if #b.lives == 0 or b.size == 0 then
       b.offset = 0 -- never live (e.g. no backward): takes no room
@@ -481,11 +525,7 @@ function memplan.build(lay, ops)
       table.sort(busy, function(x, y) return x[1] < y[1] end)
       local mine = {}
       for _, r in ipairs(busy) do union_add(mine, r[1], r[2]) end
-      local lists = { mine }
-      for _, name in ipairs(util.sorted_keys(pools)) do
-        if name ~= b.pool then lists[#lists + 1] = pools[name] end
-      end
-      local off = lowest_fit(lists, b.size)
+      local off = lowest_fit(mine, others[b.pool], b.size)
       b.offset = off
       arena = math.max(arena, off + b.size)
       placed[#placed + 1] = b

@@ -128,4 +128,95 @@ function spantree.new(n)
   return t
 end
 
+-- A tree of counts over n cells: add(l, r, delta) adds delta to cells
+-- l..r, top(l, r) is the largest count among them; both O(log n). (The
+-- memory plan's proof counts the open lives on each byte cell.)
+function spantree.counter(n)
+  local mx, add = {}, {} -- node -> largest count below it; count added to all of its cells
+  for node = 1, 8 * n + 2 do mx[node], add[node] = 0, 0 end
+  local function update(node, lo, hi, l, r, delta)
+    if l <= lo and hi <= r then
+      add[node] = add[node] + delta
+      mx[node] = mx[node] + delta
+      return
+    end
+    local mid = (lo + hi) // 2
+    if l <= mid then update(2 * node, lo, mid, l, r, delta) end
+    if r > mid then update(2 * node + 1, mid + 1, hi, l, r, delta) end
+    local a, b = mx[2 * node], mx[2 * node + 1]
+    mx[node] = add[node] + (a > b and a or b)
+  end
+  local function ask(node, lo, hi, l, r)
+    if l <= lo and hi <= r then return mx[node] end
+    local mid = (lo + hi) // 2
+    local best = nil
+    if l <= mid then best = ask(2 * node, lo, mid, l, r) end
+    if r > mid then
+      local v = ask(2 * node + 1, mid + 1, hi, l, r)
+      if best == nil or v > best then best = v end
+    end
+    return add[node] + best
+  end
+  return {
+    add = function(l, r, delta) update(1, 1, n, l, r, delta) end,
+    top = function(l, r) return ask(1, 1, n, l, r) end,
+  }
+end
+
+-- The same two structures over plain per-cell arrays: each operation is
+-- O(r - l + 1) instead of O(log n), far cheaper when entries cover a few
+-- cells (the memory plan picks these when every buffer covers at most
+-- memplan.FLAT_SPAN cells).
+function spantree.flat(n)
+  local stack, top = {}, {} -- cell -> ids covering it, values non-decreasing; its length
+  for c = 1, n do stack[c], top[c] = {}, 0 end
+  local value, lo_of, hi_of, dead = {}, {}, {}, {}
+  local count, last, live = 0, NONE, 0
+  local t = {}
+  function t.insert(l, r, v)
+    if v < last then error("internal: spantree values must not decrease", 0) end
+    count = count + 1
+    last, live = v, live + 1
+    value[count], lo_of[count], hi_of[count], dead[count] = v, l, r, false
+    for c = l, r do
+      local k = top[c] + 1
+      stack[c][k], top[c] = count, k
+    end
+    return count
+  end
+  function t.remove(id)
+    if dead[id] ~= false then return end
+    dead[id], live = true, live - 1
+  end
+  function t.largest(l, r)
+    if live == 0 then return nil end
+    local best = NONE
+    for c = l, r do
+      local st, k = stack[c], top[c]
+      while k > 0 and dead[st[k]] do st[k] = nil; k = k - 1 end
+      top[c] = k
+      if k > 0 and value[st[k]] > best then best = value[st[k]] end
+    end
+    if best == NONE then return nil end
+    return best
+  end
+  function t.size() return live end
+  return t
+end
+
+function spantree.flat_counter(n)
+  local cnt = {}
+  for c = 1, n do cnt[c] = 0 end
+  return {
+    add = function(l, r, delta)
+      for c = l, r do cnt[c] = cnt[c] + delta end
+    end,
+    top = function(l, r)
+      local best = cnt[l]
+      for c = l + 1, r do if cnt[c] > best then best = cnt[c] end end
+      return best
+    end,
+  }
+end
+
 return spantree
