@@ -170,14 +170,14 @@ end
 function spantree.flat(n)
   local stack, top = {}, {} -- cell -> ids covering it, values non-decreasing; its length
   for c = 1, n do stack[c], top[c] = {}, 0 end
-  local value, lo_of, hi_of, dead = {}, {}, {}, {}
+  local value, dead = {}, {}
   local count, last, live = 0, NONE, 0
   local t = {}
   function t.insert(l, r, v)
     if v < last then error("internal: spantree values must not decrease", 0) end
     count = count + 1
     last, live = v, live + 1
-    value[count], lo_of[count], hi_of[count], dead[count] = v, l, r, false
+    value[count], dead[count] = v, false
     for c = l, r do
       local k = top[c] + 1
       stack[c][k], top[c] = count, k
