@@ -8,6 +8,8 @@ local OBJECT = {}
 -- json.object({ "k1", v1, "k2", v2, ... }) keeps this key order.
 function json.object(kv) return setmetatable({ kv = kv }, OBJECT) end
 
+local type, tostring, mtype = type, tostring, math.type
+
 local ESC_MAP = { ['"'] = '\\"', ['\\'] = '\\\\', ['\n'] = '\\n', ['\t'] = '\\t', ['\r'] = '\\r' }
 
 local function esc(s)
@@ -103,34 +105,44 @@ function json.encoder()
         for _, k in ipairs(keys) do kv[#kv + 1] = k; kv[#kv + 1] = v[k] end
       end
       local first_pre, next_pre = prefixes(depth + 1)
-      n = n + 1
-      out[n] = "{"
+      -- out and n in locals for the loop (upvalues cost more per field),
+      -- written back around the recursion and the chunking
+      local o, k = out, n + 1
+      o[k] = "{"
       local pre = first_pre
       for i = 1, #kv, 2 do
         local x = kv[i + 1]
         if x ~= nil then
-          n = n + 1
-          out[n] = pre[kv[i]]
+          k = k + 1
+          o[k] = pre[kv[i]]
           pre = next_pre
           local tx = type(x)
-          if tx == "table" then encode(x, depth + 1)
-          elseif tx == "string" then
+          if tx == "string" then
             local r = quoted[x]
             if not r then r = esc(x); quoted[x] = r end
-            n = n + 1
-            out[n] = r
-          elseif tx == "number" and math.type(x) == "integer" then
-            n = n + 1
-            out[n] = tostring(x)
+            k = k + 1
+            o[k] = r
+          elseif tx == "number" and mtype(x) == "integer" then
+            k = k + 1
+            o[k] = tostring(x)
+          elseif tx == "table" then
+            n = k
+            encode(x, depth + 1)
+            o, k = out, n
           else
-            n = n + 1
-            out[n] = scalar(x, tx)
+            k = k + 1
+            o[k] = scalar(x, tx)
           end
-          if n >= CHUNK then flush() end
+          if k >= CHUNK then
+            n = k
+            flush()
+            o, k = out, n
+          end
         end
       end
-      n = n + 1
-      out[n] = pre == first_pre and "}" or (pad(depth) .. "}")
+      k = k + 1
+      o[k] = pre == first_pre and "}" or (pad(depth) .. "}")
+      n = k
     else
       local scalars, len = true, 0
       while v[len + 1] ~= nil do

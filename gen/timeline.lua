@@ -61,25 +61,30 @@ function timeline.build(p, s, per_unit, opts)
     r.nominal = r.work or r.fixed
     info[o.seq] = r
   end
-  local pos, busy = {}, {}
-  for _, name in ipairs(opkinds.STREAMS) do pos[name] = 1 end
+  local S = #opkinds.STREAMS
+  local pos, busy, len, list_of, blocked = {}, {}, {}, {}, {}
+  for k, name in ipairs(opkinds.STREAMS) do
+    pos[k], busy[k], list_of[k], len[k], blocked[k] = 1, false, lists[name], #lists[name], false
+  end
+  local sidx = {}
+  for k, name in ipairs(opkinds.STREAMS) do sidx[name] = k end
   local active, t, finished = {}, 0, 0
   local NO_WAITS = {}
   -- An op's dependencies, in order: the op before it on its stream, then
   -- its waits. ok: all finished; bind: the one that finished last (the
-  -- later op on a tie).
+  -- later op on a tie); else false and the first unfinished one.
   local function ready(seq, before)
     local bind, bind_end = nil, -1
     if before then
       local dr = info[before]
-      if not dr.finish then return false end
+      if not dr.finish then return false, before end
       if dr.finish > bind_end + EPS or (math.abs(dr.finish - bind_end) <= EPS and before > bind) then
         bind, bind_end = before, dr.finish
       end
     end
     for _, dseq in ipairs(waits[seq] or NO_WAITS) do
       local dr = info[dseq]
-      if not dr.finish then return false end
+      if not dr.finish then return false, dseq end
       if dr.finish > bind_end + EPS or (math.abs(dr.finish - bind_end) <= EPS and dseq > bind) then
         bind, bind_end = dseq, dr.finish
       end
@@ -89,23 +94,27 @@ function timeline.build(p, s, per_unit, opts)
   local function finish(r)
     r.finish = t
     r.dur = t - r.start
-    busy[r.stream] = nil
+    busy[sidx[r.stream]] = false
     finished = finished + 1
   end
+  -- A stream's next op is checked again only once the op it waited on
+  -- has finished (blocked[k]: that op's info).
   local function start_ready()
     local progress = true
     while progress do
       progress = false
-      for _, name in ipairs(opkinds.STREAMS) do
-        local l = lists[name]
-        if not busy[name] and pos[name] <= #l then
-          local seq = l[pos[name]]
-          local ok, bind = ready(seq, pos[name] > 1 and l[pos[name] - 1] or nil)
+      for k = 1, S do
+        local at = pos[k]
+        if not busy[k] and at <= len[k] and not (blocked[k] and not blocked[k].finish) then
+          local l = list_of[k]
+          local seq = l[at]
+          local ok, bind = ready(seq, at > 1 and l[at - 1] or nil)
           if ok then
+            blocked[k] = false
             local r = info[seq]
             r.start, r.bind = t, bind
-            pos[name] = pos[name] + 1
-            busy[name] = r
+            pos[k] = at + 1
+            busy[k] = r
             if r.fixed then
               r.finish_at = t + r.fixed
               if r.fixed <= EPS then finish(r) end
@@ -115,15 +124,18 @@ function timeline.build(p, s, per_unit, opts)
             end
             if not r.finish then active[#active + 1] = r end
             progress = true
+          else
+            blocked[k] = info[bind]
           end
         end
       end
     end
   end
+  local sharing = { intra = 0, inter = 0 }
   while true do
     start_ready()
     if #active == 0 then break end
-    local sharing = { intra = 0, inter = 0 }
+    sharing.intra, sharing.inter = 0, 0
     for _, r in ipairs(active) do
       if r.link then sharing[r.link] = sharing[r.link] + 1 end
     end
@@ -137,15 +149,17 @@ function timeline.build(p, s, per_unit, opts)
       if r.link then r.remaining = r.remaining - dt / sharing[r.link] end
     end
     t = tf
-    local still = {}
-    for _, r in ipairs(active) do
+    local kept, n = 0, #active
+    for i = 1, n do
+      local r = active[i]
       if (r.fixed and r.finish_at <= t + EPS) or (r.link and r.remaining <= EPS * math.max(1, r.work)) then
         finish(r)
       else
-        still[#still + 1] = r
+        kept = kept + 1
+        active[kept] = r
       end
     end
-    active = still
+    for i = kept + 1, n do active[i] = nil end
   end
   if finished ~= #ops then
     error(string.format("internal: the predicted timeline stalls after %d of %d ops", finished, #ops), 0)
