@@ -70,7 +70,7 @@ local function lifetimes(lay, ops)
   end
   local function stop(u, kind, seq)
     local iv = open[u][kind]
-    if iv then iv.last = seq; open[u][kind] = nil end
+    if iv then iv.last = seq; open[u][kind] = false end
   end
   local last_copy_out = {}
   for _, o in ipairs(ops) do
@@ -91,7 +91,7 @@ local function lifetimes(lay, ops)
     elseif k == "view_out" or k == "view_out_add" or k == "partial_add" then stop(u, "rs_out", s)
     elseif k == "partial_save" then stop(u, "rs_out", s); start(u, "partial", s)
     elseif k == "partial_fold" then stop(u, "partial", s)
-    elseif k:sub(1, 3) == "tp_" then start(u, "act", s); stop(u, "act", s) -- one collective's worth
+    elseif opkinds.BY_NAME[k].tp then start(u, "act", s); stop(u, "act", s) -- one collective's worth
     end
   end
   for _, u in ipairs(lay.units) do
@@ -113,14 +113,22 @@ end
 -- own (inclusive op intervals): one sweep over all lives in op order,
 -- keeping the lives still open. Lists in the order the sweep meets them.
 local function time_neighbours(bufs)
-  local lives = {}
+  -- lives in order of their first op (buckets by op: no sort; the order
+  -- among lives that open at the same op changes no pair found)
+  local at, top = {}, 0
   for _, b in ipairs(bufs) do
-    for _, iv in ipairs(b.lives) do lives[#lives + 1] = { first = iv.first, last = iv.last, buf = b } end
+    for _, iv in ipairs(b.lives) do
+      local f = iv.first + 1
+      local x = { first = iv.first, last = iv.last, buf = b }
+      if at[f] then table.insert(at[f], x) else at[f] = { x } end
+      if f > top then top = f end
+    end
   end
-  table.sort(lives, function(x, y)
-    if x.first ~= y.first then return x.first < y.first end
-    return x.last < y.last
-  end)
+  local lives = {}
+  for f = 1, top do
+    local list = at[f]
+    if list then table.move(list, 1, #list, #lives + 1, lives) end
+  end
   local near, seen = {}, {}
   for _, b in ipairs(bufs) do near[b], seen[b] = {}, {} end
   local open, n = {}, 0 -- the lives still open, compacted in place
@@ -336,26 +344,34 @@ end
 -- writer for the readers since that write. The persistent shards are
 -- written by the caller before the step (the step's fork orders them).
 local function data_edges(ops, add)
-  local last_writer, readers = {}, {}
+  local last_writer, readers = {}, {} -- unit -> buffer -> op seq; unit -> buffer -> op seqs (false: none)
   for _, o in ipairs(ops) do
     local d = opkinds.BY_NAME[o.kind]
-    last_writer[o.unit] = last_writer[o.unit] or {}
-    readers[o.unit] = readers[o.unit] or {}
     local lw, rd = last_writer[o.unit], readers[o.unit]
+    if not lw then
+      lw, rd = {}, {}
+      last_writer[o.unit], readers[o.unit] = lw, rd
+    end
+    local seq = o.seq
     for _, b in ipairs(d.reads) do
-      if lw[b] then add(o.seq, lw[b]) end
+      local w = lw[b]
+      if w then add(seq, w) end
     end
     for _, b in ipairs(d.writes) do
-      if lw[b] then add(o.seq, lw[b]) end
-      for _, r in ipairs(rd[b] or {}) do if r ~= o.seq then add(o.seq, r) end end
+      local w = lw[b]
+      if w then add(seq, w) end
+      local r = rd[b]
+      if r then
+        for _, x in ipairs(r) do if x ~= seq then add(seq, x) end end
+      end
     end
     for _, b in ipairs(d.reads) do
-      rd[b] = rd[b] or {}
-      table.insert(rd[b], o.seq)
+      local r = rd[b]
+      if r then r[#r + 1] = seq else rd[b] = { seq } end
     end
     for _, b in ipairs(d.writes) do
-      lw[b] = o.seq
-      rd[b] = {}
+      lw[b] = seq
+      rd[b] = false
     end
   end
 end
