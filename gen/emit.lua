@@ -59,16 +59,15 @@ local function class_tables(p, cls, NAME)
     for _, q in ipairs(u.params) do
       local shape = {}
       for i, d in ipairs(q.shape) do shape[i] = tostring(d) end
-      local f = { "name", cstr(q.name), "ndim", #q.shape, "shape", "{ " .. table.concat(shape, ", ") .. " }",
-        "shard_dim", q.shard_dim, "numel", q.numel, "chunk", q.chunk, "outer", q.outer, "run", q.run,
-        "padded", q.padded, "offset", q.offset, "grad_offset", q.grad_offset }
+      -- (what fields() would write, in one format: a row per parameter)
+      local row = string.format(".name = %s, .ndim = %s, .shape = { %s }, .shard_dim = %s, .numel = %s, .chunk = %s, "
+        .. ".outer = %s, .run = %s, .padded = %s, .offset = %s, .grad_offset = %s", cstr(q.name), #q.shape,
+        table.concat(shape, ", "), q.shard_dim, q.numel, q.chunk, q.outer, q.run, q.padded, q.offset, q.grad_offset)
       if q.tp_dim then
-        for _, x in ipairs({ "tp_sharded", 1, "tp_dim", q.tp_dim, "tp_full", q.full_shape[q.tp_dim + 1],
-                             "tp_chunk", q.tp_chunk, "full_numel", q.full_numel }) do
-          f[#f + 1] = x
-        end
+        row = row .. string.format(", .tp_sharded = 1, .tp_dim = %s, .tp_full = %s, .tp_chunk = %s, .full_numel = %s",
+          q.tp_dim, q.full_shape[q.tp_dim + 1], q.tp_chunk, q.full_numel)
       end
-      pl[#pl + 1] = string.format("    [%s_PARAM_%s] = { %s },", NAME, util.c_ident(q.name), fields(f))
+      pl[#pl + 1] = string.format("    [%s_PARAM_%s] = { %s },", NAME, util.c_ident(q.name), row)
       numel = numel + q.numel
       pidx = pidx + 1
     end
