@@ -116,22 +116,23 @@ function json.encoder()
           k = k + 1
           o[k] = pre[kv[i]]
           pre = next_pre
-          local tx = type(x)
-          if tx == "string" then
-            local r = quoted[x]
-            if not r then r = esc(x); quoted[x] = r end
+          local r = quoted[x] -- a string met before (only strings are memoized)
+          if r then
             k = k + 1
             o[k] = r
-          elseif tx == "number" and mtype(x) == "integer" then
+          elseif mtype(x) == "integer" then
             k = k + 1
             o[k] = tostring(x)
-          elseif tx == "table" then
-            n = k
-            encode(x, depth + 1)
-            o, k = out, n
           else
-            k = k + 1
-            o[k] = scalar(x, tx)
+            local tx = type(x)
+            if tx == "table" then
+              n = k
+              encode(x, depth + 1)
+              o, k = out, n
+            else
+              k = k + 1
+              o[k] = scalar(x, tx)
+            end
           end
           if k >= CHUNK then
             n = k
