@@ -866,13 +866,17 @@ function audit.md_ops(p, w)
   w("")
   w("| # | micro | phase | op | unit | stream | waits for | group |")
   w("|---|---|---|---|---|---|---|---|")
-  local items = {}
+  local items, per_unit = {}, {} -- unit -> its template and signature, computed once (not per op)
   for i, o in ipairs(p.ops) do
     local rel = {}
     for j, s in ipairs(p.arena.waits[o.seq] or {}) do rel[j] = tostring(s - o.seq) end
-    local tpl = fold.template(unit_name(p, o.unit))
+    local us = per_unit[o.unit]
+    if not us then
+      us = fold.template(unit_name(p, o.unit)) .. "|" .. unit_sig(p.layout.units[o.unit + 1])
+      per_unit[o.unit] = us
+    end
     items[i] = { sig = table.concat({ o.kind, o.phase, o.micro_step, o.stream, o.group or "-", table.concat(rel, " "),
-      tpl, unit_sig(p.layout.units[o.unit + 1]) }, "|"), unit = o.unit, rel = rel }
+      us }, "|"), unit = o.unit, rel = rel }
   end
   for _, run in ipairs(fold.runs(items, 16)) do
     for j = 0, run.period - 1 do
