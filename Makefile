@@ -191,15 +191,16 @@ regen-all:
 
 # Audit verbs (gen/verbs.lua). diff-plan: A and B are plan files, plan.json
 # files or REV:path (git show); REV=<rev> B=plans/<name>.lua compares the
-# plan with its generated output committed at <rev>. advise: rank the
+# plan with its generated output committed at <rev>; SVG=<dir> also writes
+# <dir>/before.svg and <dir>/after.svg (each side's timeline.svg). advise: rank the
 # meshes for PLAN's model on WORLD GPUs (default: the plan's world).
 # Operands are checked as text, like PLAN, before they reach the shell.
 cp_bad_arg = $(if $(1),$(if $(filter-out 1,$(words $(1))),bad)$(call cp_strip,$(1),$(cp_word) / . - + : ~ ^ @))
 .PHONY: diff-plan advise
 diff-plan:
 	$(if $(value B),,$(error diff-plan: give B=<plan.lua|plan.json|REV:path> and A=... or REV=<git revision>))
-	$(if $(call cp_bad_arg,$(value A))$(call cp_bad_arg,$(value B))$(call cp_bad_arg,$(value REV)),$(error diff-plan: A, B and REV take A-Z a-z 0-9 _ / . - + : ~ ^ @ only))
-	@$(LUA) gen/verbs.lua diff $(if $(value REV),--rev '$(value REV)' '$(value B)','$(value A)' '$(value B)')
+	$(if $(call cp_bad_arg,$(value A))$(call cp_bad_arg,$(value B))$(call cp_bad_arg,$(value REV))$(call cp_bad_arg,$(value SVG)),$(error diff-plan: A, B, REV and SVG take A-Z a-z 0-9 _ / . - + : ~ ^ @ only))
+	@$(LUA) gen/verbs.lua diff $(if $(value SVG),--svg '$(value SVG)') $(if $(value REV),--rev '$(value REV)' '$(value B)','$(value A)' '$(value B)')
 advise: deps
 	$(if $(call cp_bad_arg,$(value WORLD)),$(error advise: WORLD is a number of GPUs))
 	@$(LUA) gen/verbs.lua advise '$(PLAN_FILE)' $(if $(value WORLD),--world-size '$(value WORLD)')
@@ -432,42 +433,52 @@ EMU_CXX     = $(CXX) -std=c++17 -Wall -Wextra -Werror -pthread $(EMU_CFLAGS) -in
 EMU_EXTRA  := $(KHOST_EXTRA) fsdp3 fsdp2_tp2
 EMU_PLANS  := $(KHOST_ALL) fsdp3 fsdp2_tp2
 EMU_DIR     = $(if $(filter $(1),$(EMU_EXTRA)),build/gen/$(1),plans/$(1))
-EMU_OBJ    := build/emu/obj/emu_cuda.o build/emu/obj/emu_nccl.o build/emu/obj/gpu.o build/emu/obj/gpu_run.o \
-              build/emu/obj/cp_kernels.o
-# (labels in the emulator's reports may be cut short: diagnostic text)
-build/emu/obj/emu_%.o: tests/emu/emu_%.c $(EMU_HDR) $(RUNTIME_HDR)
-	@mkdir -p $(dir $@)
-	$(EMU_CC) -Wno-format-truncation -c $< -o $@
-build/emu/obj/gpu.o build/emu/obj/gpu_run.o: build/emu/obj/%.o: runtime/%.c $(RUNTIME_HDR) $(EMU_HDR)
-	@mkdir -p $(dir $@)
-	$(EMU_CC) -c $< -o $@
-build/emu/obj/cp_kernels.o: runtime/cp_kernels.cu runtime/cp_kernels.cuh runtime/cp_gpu_kernels.h $(RUNTIME_HDR) $(EMU_HDR) $(KHOST_STANDIN)
-	@mkdir -p $(dir $@)
-	$(EMU_CXX) -x c++ -c $< -o $@
-build/emu/emu_selftest: tests/emu/emu_selftest.c build/emu/obj/emu_cuda.o build/emu/obj/emu_nccl.o $(RUNTIME_OBJ)
-	$(EMU_CC) -o $@ $^ -lm -lrt
-define emu_plan
-build/emu/$(1)/plan.o: $(call EMU_DIR,$(1))/plan.c $(RUNTIME_HDR)
+EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven
+# The same under ASan+UBSan (the GPU path's own memory errors: a freed
+# buffer a queued host function still reads), for a few plans.
+EMU_ASAN_PLANS := fsdp4 llama_tiny_tp hsdp3x2_arlast
+# $(1): build tree; $(2): extra compiler flags; $(3): plans. Objects of the
+# emulator, the GPU runtime and the host runtime, then each plan's binary
+# (and library_run where $(4) names the plan).
+define emu_tree
+$(1)/obj/emu_%.o: tests/emu/emu_%.c $(EMU_HDR) $(RUNTIME_HDR)
 	@mkdir -p $$(dir $$@)
-	$$(EMU_CC) -I$(call EMU_DIR,$(1)) -c $$< -o $$@
-build/emu/$(1)/plan_kernels.o: $(call EMU_DIR,$(1))/plan_kernels.cu $(call EMU_DIR,$(1))/plan.c runtime/cp_gpu_kernels.h $(RUNTIME_HDR) $(EMU_HDR)
+	$$(EMU_CC) $(2) -Wno-format-truncation -c $$< -o $$@
+$(1)/obj/rt_%.o: runtime/%.c $(RUNTIME_HDR) $(EMU_HDR)
 	@mkdir -p $$(dir $$@)
-	$$(EMU_CXX) -I$(call EMU_DIR,$(1)) -x c++ -c $$< -o $$@
-build/emu/$(1)/main.o: runtime/main.c $(RUNTIME_HDR) $(call EMU_DIR,$(1))/plan.c VERSION
+	$$(EMU_CC) $(2) -c $$< -o $$@
+$(1)/obj/cp_kernels.o: runtime/cp_kernels.cu runtime/cp_kernels.cuh runtime/cp_gpu_kernels.h $(RUNTIME_HDR) $(EMU_HDR) $(KHOST_STANDIN)
 	@mkdir -p $$(dir $$@)
-	$$(EMU_CC) -DCP_WITH_GPU -DCP_KERNELS=$(1)_kernels -DCP_PLAN=$(1)_plan -DCP_VERSION='"$(CP_VERSION)"' -c $$< -o $$@
-build/emu/$(1)/library_run: tests/emu/library_run.c build/emu/$(1)/plan.o build/emu/$(1)/plan_kernels.o $(EMU_OBJ) $(RUNTIME_OBJ)
-	$$(EMU_CC) -DCP_PLAN=$(1)_plan -DCP_KERNELS=$(1)_kernels -c $$< -o build/emu/$(1)/library_run.o
-	$$(CXX) -pthread -o $$@ build/emu/$(1)/library_run.o $$(filter %.o,$$^) -lm -lrt
-build/emu/$(1)/$(1): build/emu/$(1)/main.o build/emu/$(1)/plan.o build/emu/$(1)/plan_kernels.o $(EMU_OBJ) $(RUNTIME_OBJ)
-	$$(CXX) -pthread -o $$@ $$^ -lm -lrt
+	$$(EMU_CXX) $(2) -x c++ -c $$< -o $$@
+$(1)/emu_selftest: tests/emu/emu_selftest.c $(1)/obj/emu_cuda.o $(1)/obj/emu_nccl.o $(patsubst runtime/%.c,$(1)/obj/rt_%.o,$(RUNTIME_SRC))
+	$$(EMU_CC) $(2) -o $$@ $$^ -lm -lrt
+$(foreach p,$(3),
+$(1)/$(p)/plan.o: $(call EMU_DIR,$(p))/plan.c $(RUNTIME_HDR)
+	@mkdir -p $$(dir $$@)
+	$$(EMU_CC) $(2) -I$(call EMU_DIR,$(p)) -c $$< -o $$@
+$(1)/$(p)/plan_kernels.o: $(call EMU_DIR,$(p))/plan_kernels.cu $(call EMU_DIR,$(p))/plan.c runtime/cp_gpu_kernels.h $(RUNTIME_HDR) $(EMU_HDR)
+	@mkdir -p $$(dir $$@)
+	$$(EMU_CXX) $(2) -I$(call EMU_DIR,$(p)) -x c++ -c $$< -o $$@
+$(1)/$(p)/main.o: runtime/main.c $(RUNTIME_HDR) $(call EMU_DIR,$(p))/plan.c VERSION
+	@mkdir -p $$(dir $$@)
+	$$(EMU_CC) $(2) -DCP_WITH_GPU -DCP_KERNELS=$(p)_kernels -DCP_PLAN=$(p)_plan -DCP_VERSION='"$(CP_VERSION)"' -c $$< -o $$@
+$(1)/$(p)/library_run: tests/emu/library_run.c $(1)/$(p)/plan.o $(1)/$(p)/plan_kernels.o $(foreach o,emu_cuda emu_nccl rt_gpu rt_gpu_run cp_kernels,$(1)/obj/$(o).o) $(patsubst runtime/%.c,$(1)/obj/rt_%.o,$(RUNTIME_SRC))
+	$$(EMU_CC) $(2) -DCP_PLAN=$(p)_plan -DCP_KERNELS=$(p)_kernels -c $$< -o $(1)/$(p)/library_run.o
+	$$(CXX) $(2) -pthread -o $$@ $(1)/$(p)/library_run.o $$(filter %.o,$$^) -lm -lrt
+$(1)/$(p)/$(p): $(1)/$(p)/main.o $(1)/$(p)/plan.o $(1)/$(p)/plan_kernels.o $(foreach o,emu_cuda emu_nccl rt_gpu rt_gpu_run cp_kernels,$(1)/obj/$(o).o) $(patsubst runtime/%.c,$(1)/obj/rt_%.o,$(RUNTIME_SRC))
+	$$(CXX) $(2) -pthread -o $$@ $$^ -lm -lrt
+)
 endef
-$(foreach p,$(EMU_PLANS),$(eval $(call emu_plan,$(p))))
-.PHONY: emu-build test-emu print-emu-plans
+$(eval $(call emu_tree,build/emu,,$(EMU_PLANS)))
+$(eval $(call emu_tree,build/emu-asan,$(SAN),$(EMU_ASAN_PLANS)))
+.PHONY: emu-build test-emu print-emu-plans print-emu-asan-plans
 print-emu-plans:
 	@echo $(EMU_PLANS)
+print-emu-asan-plans:
+	@echo $(EMU_ASAN_PLANS)
 EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven
-emu-build: build/emu/emu_selftest $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p)) $(foreach p,$(EMU_LIB_PLANS),build/emu/$(p)/library_run)
+emu-build: build/emu/emu_selftest $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p)) $(foreach p,$(EMU_LIB_PLANS),build/emu/$(p)/library_run) \
+           $(foreach p,$(EMU_ASAN_PLANS),build/emu-asan/$(p)/$(p))
 # make test-emu: every small plan and the kernel plans on the emulator
 # (tests/emu_check.sh): all ranks, --check eager and --graph, three seeds,
 # then the seeded faults.

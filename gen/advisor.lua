@@ -8,12 +8,15 @@
 -- a TP group of t ranks shares t times the local batch. Each mesh gets the
 -- fastest activation-checkpointing policy that fits in the GPU's memory
 -- (full checkpointing's recompute re-runs the forward's TP collectives).
--- Meshes that fit rank by predicted step time, then the rest by memory.
+-- Every figure is gen/figures.lua's, as SCHEDULE.md shows it for that
+-- mesh and policy. The order printed is the ranking (advisor.ORDER_TEXT):
+-- meshes that fit by predicted step as printed, equal steps by memory,
+-- then the rest by memory. The plan's own mesh ranks like every other
+-- (its fastest policy that fits); the plan as written (SCHEDULE.md's
+-- step) is stated beside it.
 local load_plan = require("gen.load")
 local plan_mod = require("gen.plan")
-local timeline = require("gen.timeline")
-local compute = require("gen.compute")
-local memory = require("gen.memory")
+local figures = require("gen.figures")
 local groups = require("gen.groups")
 local util = require("gen.util")
 
@@ -33,32 +36,52 @@ local function copy(t)
   return c
 end
 
--- One mesh under each policy (or the given ones): the fastest that fits,
--- else the smallest.
+-- A step as the table prints it: 0.1 us below a millisecond, else 0.01 ms
+-- (finer than SCHEDULE.md's three digits: the ranking's resolution).
+function advisor.step_text(us)
+  if us < 1000 then return string.format("%.1f us", us) end
+  return string.format("%.2f ms", us / 1e3)
+end
+
+-- The value a printed step stands for: the ranking key.
+function advisor.step_key(us)
+  local v, unit = advisor.step_text(us):match("^(%S+) (%a+)$")
+  return tonumber(v) * (unit == "ms" and 1e3 or 1)
+end
+
+advisor.ORDER_TEXT = "Order: meshes that fit by predicted step as printed, fastest first; equal printed steps "
+  .. "by memory per rank, smaller first, then by tp, then by dp_replicate, smaller first; meshes that do not fit "
+  .. "last, by memory per rank."
+
+-- The ranking: x before y (results of audit_policies, with r and t).
+function advisor.before(x, y)
+  if x.fits ~= y.fits then return x.fits end
+  if x.fits and advisor.step_key(x.step_us) ~= advisor.step_key(y.step_us) then
+    return advisor.step_key(x.step_us) < advisor.step_key(y.step_us)
+  end
+  if x.memory.total_bytes ~= y.memory.total_bytes then return x.memory.total_bytes < y.memory.total_bytes end
+  if (x.t or 0) ~= (y.t or 0) then return (x.t or 0) < (y.t or 0) end
+  return (x.r or 0) < (y.r or 0)
+end
+
+-- One mesh under each policy (or the given ones): the fastest that fits
+-- (on equal steps the first of none, selective, full), else the smallest.
+-- Its figures: gen/figures.lua's.
 local function audit_policies(p, policies)
   local best, smallest
   for _, ac in ipairs(policies or POLICIES) do
     p.training = copy(p.training)
     p.training.activation_checkpointing = ac
-    local s = compute.settings(p)
-    local per_unit = compute.units(p, s)
-    local tl = timeline.build(p, s, per_unit)
-    local m = memory.whole_rank(p, s, per_unit)
-    local r = { ac = ac, step_us = tl.step_us, compute_us = tl.compute_busy_us, exposed_us = tl.exposed_us,
-                comm_serial_us = tl.comm_serial_us, memory = m, fits = m.fits, settings = s }
-    if m.fits and (not best or r.step_us < best.step_us) then best = r end
-    if not smallest or m.total_bytes < smallest.memory.total_bytes then smallest = r end
+    local fig = figures.of(p)
+    local fam = {}
+    for _, row in ipairs(fig.families) do fam[row.name] = row.us end
+    local r = { ac = ac, step_us = fig.step_us, compute_us = fig.compute_us, exposed_us = fig.exposed_us,
+                waits_us = fig.waits_us, comm_us = fig.comm_us, family_us = fam, memory = fig.memory,
+                fits = fig.memory.fits, settings = fig.settings }
+    if r.fits and (not best or r.step_us < best.step_us) then best = r end
+    if not smallest or r.memory.total_bytes < smallest.memory.total_bytes then smallest = r end
   end
   return best or smallest
-end
-
--- Per-family serialized time of the mesh's collectives, full
--- checkpointing's recompute of the forward's TP collectives included.
-local function family_us(p, s)
-  local t = {}
-  for name, a in pairs(p.predicted.per_family) do t[name] = a.us end
-  for name, r in pairs(timeline.recompute_per_family(p, s)) do t[name] = (t[name] or 0) + r.us end
-  return t
 end
 
 -- The plan (loaded), the world and topology to advise for -> results.
@@ -80,7 +103,14 @@ function advisor.rank(loaded, opts)
   local plan_global = base_batch * (loaded.world_size // base_tp)
   local global = opts.global_batch or plan_global
   local results, rejected = {}, {}
-  for _, t in ipairs(divisors(g)) do
+  -- TP degrees: the divisors of a node's GPUs, and the plan's own (tp=3
+  -- on a node of 8 is a mesh the plan runs, so it is ranked too).
+  local tps = divisors(g)
+  if g % base_tp ~= 0 then
+    tps[#tps + 1] = base_tp
+    table.sort(tps)
+  end
+  for _, t in ipairs(tps) do
     if world % t == 0 then
       for _, r in ipairs(divisors(world // t)) do
         local s = world // (t * r)
@@ -109,55 +139,26 @@ function advisor.rank(loaded, opts)
           else
             local plan_mesh = (r == loaded.parallel.dp_replicate or (r == 1 and not loaded.parallel.dp_replicate))
               and t == base_tp and world == loaded.world_size and global == plan_global
-            -- The plan's own mesh ranks as the plan is written (its own
-            -- checkpointing: SCHEDULE.md's step); the fastest policy that
-            -- fits is noted beside it.
-            local best, alt
+            -- Every mesh, the plan's own too, ranks with its fastest
+            -- policy that fits; the plan's own as written (its own
+            -- checkpointing: SCHEDULE.md's step) is kept beside it.
+            local best = audit_policies(p)
+            local written
             if plan_mesh then
-              best = audit_policies(p, { (loaded.training and loaded.training.activation_checkpointing) or "none" })
-              alt = audit_policies(p)
-              if alt.ac == best.ac or not alt.fits or (best.fits and alt.step_us >= best.step_us) then alt = nil end
-            else
-              best = audit_policies(p)
+              written = audit_policies(p, { (loaded.training and loaded.training.activation_checkpointing) or "none" })
             end
             best.r, best.s, best.t, best.mesh = r, s, t, mesh
             best.local_batch = global // dp
-            best.family_us = family_us(p, best.settings)
             best.shard_nodes = p.groups.by_name.fsdp and groups.nodes_spanned(p.groups.by_name.fsdp, g) or 1
             best.tp_intra = not p.groups.by_name.tp or groups.intra_node(p.groups.by_name.tp, g)
-            best.plan_mesh, best.alt = plan_mesh, alt
+            best.plan_mesh, best.written = plan_mesh, written
             results[#results + 1] = best
           end
         end
       end
     end
   end
-  -- Order: meshes that fit by predicted step, then the rest by memory.
-  -- Steps within 0.2% of the first of a run are ties (below the model's
-  -- resolution): the smaller memory goes first among them.
-  table.sort(results, function(x, y)
-    if x.fits ~= y.fits then return x.fits end
-    if x.fits then
-      if x.step_us ~= y.step_us then return x.step_us < y.step_us end
-    elseif x.memory.total_bytes ~= y.memory.total_bytes then
-      return x.memory.total_bytes < y.memory.total_bytes
-    end
-    return x.mesh < y.mesh
-  end)
-  local i, tie = 1, 0
-  while i <= #results and results[i].fits do
-    local j = i
-    while j < #results and results[j + 1].fits and results[j + 1].step_us <= results[i].step_us * 1.002 do j = j + 1 end
-    tie = tie + 1
-    local run = {}
-    for k = i, j do run[#run + 1] = results[k]; results[k].tie = tie end
-    table.sort(run, function(x, y)
-      if x.memory.total_bytes ~= y.memory.total_bytes then return x.memory.total_bytes < y.memory.total_bytes end
-      return x.mesh < y.mesh
-    end)
-    for k = i, j do results[k] = run[k - i + 1] end
-    i = j + 1
-  end
+  table.sort(results, advisor.before)
   return { results = results, rejected = rejected, world = world, topology = topo, global_batch = global,
            plan_global = plan_global }
 end
@@ -168,46 +169,56 @@ local function us_text(us) return require("gen.audit").us_text(us) end
 local FAMILY_TEXT = { fsdp = "FSDP all-gather/reduce-scatter", dp_replicate = "HSDP all-reduce",
                       tp = "TP activation collectives" }
 
--- Why the top choice wins, from the numbers.
+-- A mesh's figures as a phrase: compute + exposed communication (+ other
+-- waits), every time as the table prints it.
+local function parts_text(x)
+  local t = advisor.step_text
+  return string.format("compute %s + exposed communication %s%s", t(x.compute_us), t(x.exposed_us),
+    t(x.waits_us) ~= t(0) and (" + other waits " .. t(x.waits_us)) or "")
+end
+
+-- Why the top choice wins, from the numbers the table prints.
 local function explain(top, res, out)
+  local t = advisor.step_text
   local function w(fmt, ...) out[#out + 1] = string.format(fmt, ...) end
   local n_fit = 0
   for _, x in ipairs(res.results) do if x.fits then n_fit = n_fit + 1 end end
   if not top.fits then
     w("No mesh fits in %g GB: the smallest is %s with %s checkpointing at %s per rank.", top.settings.gpu_memory_GB,
       top.mesh, top.ac, human(top.memory.total_bytes))
-    return
+  else
+    w("**Top choice: %s, %s activation checkpointing.** Fastest predicted step of the %d meshes that fit: %s "
+      .. "(%s; communication %s in the step, links shared); %s of %s per rank.",
+      top.mesh, top.ac, n_fit, t(top.step_us), parts_text(top), t(top.comm_us), human(top.memory.total_bytes),
+      human(top.memory.gpu_bytes))
+    local parts = {}
+    for _, k in ipairs({ "fsdp", "dp_replicate", "tp" }) do
+      if top.family_us[k] then parts[#parts + 1] = string.format("%s %s", FAMILY_TEXT[k], t(top.family_us[k])) end
+    end
+    w("- Its communication per step, in the step: %s; the shard group spans %d node(s)%s.", table.concat(parts, ", "),
+      top.shard_nodes, top.t > 1 and (top.tp_intra and "; the TP groups stay inside a node (NVLink)" or
+        "; its TP groups cross nodes") or "")
   end
-  w("**Top choice: %s, %s activation checkpointing.** Fastest predicted step of the %d meshes that fit: %s "
-    .. "(compute %s, communication %s serialized of which %s exposed); %s of %s per rank.",
-    top.mesh, top.ac, n_fit, us_text(top.step_us), us_text(top.compute_us), us_text(top.comm_serial_us),
-    us_text(top.exposed_us), human(top.memory.total_bytes), human(top.memory.gpu_bytes))
-  local parts = {}
-  for _, k in ipairs({ "fsdp", "dp_replicate", "tp" }) do
-    if top.family_us[k] then parts[#parts + 1] = string.format("%s %s", FAMILY_TEXT[k], us_text(top.family_us[k])) end
-  end
-  w("- Its communication per step, serialized: %s; the shard group spans %d node(s)%s.", table.concat(parts, ", "),
-    top.shard_nodes, top.t > 1 and (top.tp_intra and "; the TP groups stay inside a node (NVLink)" or
-      "; its TP groups cross nodes") or "")
   local second = res.results[2]
-  if second and second.fits then
+  if top.fits and second and second.fits then
     local why = {}
     local de = second.exposed_us - top.exposed_us
     local dc = second.compute_us - top.compute_us
     if math.abs(de) >= 0.01 * top.step_us then
-      why[#why + 1] = string.format("%s %s exposed communication", us_text(math.abs(de)), de > 0 and "less" or "more")
+      why[#why + 1] = string.format("%s %s exposed communication", t(math.abs(de)), de > 0 and "less" or "more")
     end
     if math.abs(dc) >= 0.01 * top.step_us then
-      why[#why + 1] = string.format("%s %s compute (%s vs %s checkpointing)", us_text(math.abs(dc)),
-        dc > 0 and "less" or "more", top.ac, second.ac)
+      why[#why + 1] = string.format("%s %s compute%s", t(math.abs(dc)), dc > 0 and "less" or "more",
+        top.ac ~= second.ac and string.format(" (%s vs %s checkpointing)", top.ac, second.ac) or "")
     end
-    if second.tie == top.tie then
-      w("- Runner-up %s (%s checkpointing) predicts %s, a tie within 0.2%%: the top choice needs %s less memory "
-        .. "per rank.", second.mesh, second.ac, us_text(second.step_us),
-        human(second.memory.total_bytes - top.memory.total_bytes))
+    if advisor.step_key(second.step_us) == advisor.step_key(top.step_us) then
+      local dm = second.memory.total_bytes - top.memory.total_bytes
+      w("- Runner-up %s (%s checkpointing) predicts %s too, a tie as printed: %s.", second.mesh, second.ac,
+        t(second.step_us), dm > 0 and string.format("the top choice needs %s less memory per rank", human(dm))
+          or "the same memory per rank, the top choice has the smaller tp, then dp_replicate")
     else
       w("- Runner-up %s (%s checkpointing) predicts %s: the top choice is %s faster%s.", second.mesh, second.ac,
-        us_text(second.step_us), us_text(second.step_us - top.step_us),
+        t(second.step_us), t(second.step_us - top.step_us),
         #why > 0 and (", with " .. table.concat(why, " and ")) or " (within 1% on every component)")
     end
   end
@@ -215,18 +226,25 @@ local function explain(top, res, out)
   for _, x in ipairs(res.results) do
     if x.t == 1 and x.fits then best1 = x; break end
   end
-  if top.t > 1 and best1 then
+  if top.fits and top.t > 1 and best1 then
     w("- The best mesh without TP, %s (%s checkpointing), predicts %s with %s exposed communication (FSDP %s "
-      .. "serialized): TP divides each rank's FSDP traffic by %d for %s of TP collectives on NVLink.", best1.mesh,
-      best1.ac, us_text(best1.step_us), us_text(best1.exposed_us), us_text(best1.family_us.fsdp or 0), top.t,
-      us_text(top.family_us.tp or 0))
+      .. "in the step): TP divides each rank's FSDP traffic by %d for %s of TP collectives on NVLink.", best1.mesh,
+      best1.ac, t(best1.step_us), t(best1.exposed_us), t(best1.family_us.fsdp or 0), top.t,
+      t(top.family_us.tp or 0))
   end
   for i, x in ipairs(res.results) do
     if x.plan_mesh then
-      w("- The plan's own mesh, %s, ranks #%d at %s (%s checkpointing as the plan sets, SCHEDULE.md's step%s)%s.",
-        x.mesh, i, us_text(x.step_us), x.ac, x.fits and "" or ", does not fit", x.alt and string.format(
-        "; with %s checkpointing it would predict %s in %s per rank", x.alt.ac, us_text(x.alt.step_us),
-        human(x.alt.memory.total_bytes)) or "")
+      local wr = x.written
+      local text = string.format("- The plan's own mesh, %s, ranks #%d at %s with %s checkpointing%s", x.mesh, i,
+        t(x.step_us), x.ac, x.fits and "" or " (does not fit)")
+      if wr.ac == x.ac then
+        text = text .. string.format(", as the plan sets it: SCHEDULE.md's step, %s.", us_text(wr.step_us))
+      else
+        text = text .. string.format("; as the plan is written, %s checkpointing, it predicts %s (%s; SCHEDULE.md's "
+          .. "step, %s) in %s per rank%s.", wr.ac, t(wr.step_us), parts_text(wr), us_text(wr.step_us),
+          human(wr.memory.total_bytes), wr.fits and "" or ", which does not fit")
+      end
+      w("%s", text)
     end
   end
 end
@@ -246,13 +264,16 @@ function advisor.report(src, path, opts)
   if s0 then
     w("Global batch: %d sequences of %d tokens per step%s, the same for every mesh: each data-parallel rank "
       .. "(a TP group of t GPUs) takes global / (world / t). GPU: %g GB, %g TFLOPS at %.0f%% MFU. Each mesh takes "
-      .. "the fastest activation checkpointing (none, selective, full) that fits; the plan's own mesh, the plan's.", res.global_batch, s0.seq_len,
+      .. "the fastest activation checkpointing (none, selective, full) that fits, the plan's own mesh too.",
+      res.global_batch, s0.seq_len,
       res.global_batch == res.plan_global and " (the plan's)" or string.format(" (given; the plan's is %d)",
       res.plan_global), s0.gpu_memory_GB, s0.gpu_TFLOPS, 100 * s0.mfu)
   end
-  w("%d meshes accepted by ParallelDims with tp inside a node (tp divides %d); %d refused (the model checks, or "
+  w("%d meshes accepted by ParallelDims with tp inside a node (tp divides %d, or is the plan's); %d refused (the model checks, or "
     .. "a data-parallel size that does not divide the global batch of %d).",
     #res.results, res.topology.gpus_per_node, #res.rejected, res.global_batch)
+  w("%s Step = compute + exposed communication (+ other waits: copies on other streams), as each mesh's "
+    .. "SCHEDULE.md would show it (gen/figures.lua).", advisor.ORDER_TEXT)
   w("")
   if #res.results == 0 then
     w("No mesh on %s GPUs takes the global batch of %d sequences%s: give another world (WORLD=) or a global "
@@ -262,12 +283,20 @@ function advisor.report(src, path, opts)
   if #res.results > 0 then
   w("| # | dp_replicate | dp_shard | tp | checkpointing | step | compute | exposed comm | memory per rank | fits |")
   w("|---|---|---|---|---|---|---|---|---|---|")
+  -- The first top_n rows, and the plan's own mesh where it ranks lower.
+  local t = advisor.step_text
+  local skipped = 0
   for i, x in ipairs(res.results) do
-    if i > top_n then break end
-    w("| %d | %d | %d | %d | %s | %s | %s | %s | %s | %s |", i, x.r, x.s, x.t, x.ac, us_text(x.step_us),
-      us_text(x.compute_us), us_text(x.exposed_us), human(x.memory.total_bytes), x.fits and "yes" or "**no**")
+    if i <= top_n or x.plan_mesh then
+      if skipped > 0 then w("| ... | %d more | | | | | | | | |", skipped); skipped = 0 end
+      w("| %d | %d | %d | %d | %s | %s | %s | %s | %s | %s%s |", i, x.r, x.s, x.t, x.ac, t(x.step_us),
+        t(x.compute_us), t(x.exposed_us), human(x.memory.total_bytes), x.fits and "yes" or "**no**",
+        x.plan_mesh and " (the plan's mesh)" or "")
+    else
+      skipped = skipped + 1
+    end
   end
-  if #res.results > top_n then w("| ... | %d more | | | | | | | | |", #res.results - top_n) end
+  if skipped > 0 then w("| ... | %d more | | | | | | | | |", skipped) end
   w("")
   end
   if res.results[1] then explain(res.results[1], res, out) end

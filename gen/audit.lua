@@ -6,7 +6,7 @@ local layout = require("gen.layout")
 local plan_mod = require("gen.plan")
 local memplan = require("gen.memplan")
 local groups_mod = require("gen.groups")
-local timeline = require("gen.timeline")
+local figures = require("gen.figures")
 local trace = require("gen.trace")
 local fold = require("gen.fold")
 local opkinds = require("gen.opkinds")
@@ -18,16 +18,14 @@ local ES = layout.DTYPE_BYTES
 
 audit.SCHEMA_VERSION = 2
 
-local function r3(x) return x and tonumber(string.format("%.3f", x)) end
+local r3 = figures.round
 
--- The audit's derived numbers (compute, whole-rank memory, timeline,
--- warnings), computed once per plan.
+-- The audit's derived numbers: gen/figures.lua's (compute, whole-rank
+-- memory, timeline, the step's figures) and the warnings, computed once
+-- per plan.
 function audit.analysis(p)
   if not p._audit then
-    local a = timeline.audit(p)
-    -- Full checkpointing's recompute of the forward's TP collectives, per
-    -- family: counted with the family's collectives, bytes and time.
-    a.recompute = timeline.recompute_per_family(p, a.settings)
+    local a = figures.of(p)
     a.warnings = audit.warnings(p, a)
     p._audit = a
   end
@@ -115,7 +113,7 @@ local function facts(p, tables)
   for _, o in ipairs(p.ops) do
     ops[#ops + 1] = O({ "seq", o.seq, "kind", o.kind, "unit", p.layout.units[o.unit + 1].name,
       "phase", o.phase, "micro_step", o.micro_step, "stream", o.stream, "group", o.group, "dtype", o.dtype, "count", o.count,
-      "reduce_op", o.reduce_op, "size_bytes", o.size_bytes, "wire_bytes", o.wire_bytes,
+      "input", o.from_sharded and "sharded" or nil, "reduce_op", o.reduce_op, "size_bytes", o.size_bytes, "wire_bytes", o.wire_bytes,
       "predicted_us", r3(o.predicted_us), "waits_for", p.arena.waits[o.seq] })
   end
   local per_family = {}
@@ -147,50 +145,11 @@ local function facts(p, tables)
   })
 end
 
--- Bytes and time per link class (intra-node, inter-node), the recompute's
--- collectives (rec: timeline.recompute_per_family) included.
-local function by_link(p, rec)
-  local t = { intra = { ops = 0, size_bytes = 0, wire_bytes = 0, us = 0 },
-              inter = { ops = 0, size_bytes = 0, wire_bytes = 0, us = 0 } }
-  for _, f in ipairs(p.groups.list) do
-    local a = p.predicted.per_family[f.name]
-    if a then
-      local c = t[p.predicted.intra[f.name] and "intra" or "inter"]
-      c.ops = c.ops + a.ops
-      c.size_bytes = c.size_bytes + a.size_bytes
-      c.wire_bytes = c.wire_bytes + a.wire_bytes
-      c.us = c.us + a.us
-      local r = rec[f.name]
-      if r then
-        c.ops = c.ops + r.ops
-        c.size_bytes = c.size_bytes + r.size_bytes
-        c.wire_bytes = c.wire_bytes + r.wire_bytes
-        c.us = c.us + r.us
-      end
-    end
-  end
-  return t
-end
-
--- Exposed time per family (the recompute's collectives with their family).
-local function exposed_by_family(p, tl)
-  local t = {}
-  for _, by in ipairs({ tl.exposed_by, tl.recompute_by }) do
-    for seq, us in pairs(by) do
-      local o = seq >= 0 and p.ops[seq + 1] or nil
-      local k = o and o.group or "other"
-      t[k] = (t[k] or 0) + us
-    end
-  end
-  return t
-end
-
 -- The audit section of plan.json (outside the fingerprint: it depends on
 -- audit-only inputs such as training settings and the GPU's rate).
 local function audit_facts(p)
   local a = audit.analysis(p)
   local s, m, tl = a.settings, a.memory, a.timeline
-  local links = by_link(p, a.recompute)
   local recompute = {}
   for _, f in ipairs(p.groups.list) do
     local r = a.recompute[f.name]
@@ -204,10 +163,15 @@ local function audit_facts(p)
     path[#path + 1] = O({ "stream", seg.stream, "first_op", seg.first, "last_op", seg.last, "ops", seg.n,
                           "us", r3(seg.us) })
   end
-  local exposed = {}
-  local eb = exposed_by_family(p, tl)
-  for _, k in ipairs(require("gen.util").sorted_keys(eb)) do
-    exposed[#exposed + 1] = O({ "group", k, "us", r3(eb[k]) })
+  local by_group = {}
+  for _, row in ipairs(a.families) do
+    by_group[#by_group + 1] = O({ "group", row.name, "intra_node", row.intra, "ops", row.ops,
+      "recomputed_ops", row.recomputed_ops, "size_bytes", row.size_bytes, "wire_bytes", row.wire_bytes,
+      "alone_us", row.alone_us, "predicted_us", row.us, "exposed_us", row.exposed_us })
+  end
+  local function link(c)
+    return O({ "ops", c.ops, "size_bytes", c.size_bytes, "wire_bytes", c.wire_bytes, "alone_us", c.alone_us,
+               "predicted_us", c.us })
   end
   return O({
     "settings", O({ "local_batch_size", s.local_batch_size, "seq_len", s.seq_len,
@@ -215,19 +179,16 @@ local function audit_facts(p)
       "fp32_master", s.fp32_master, "gpu_memory_GB", s.gpu_memory_GB, "gpu_TFLOPS", s.gpu_TFLOPS, "mfu", s.mfu,
       "hbm_GBps", s.hbm_GBps }),
     "compute", O({ "tokens_per_micro_step", s.tokens, "flops_per_step", a.step_flops,
-      "compute_us", r3(tl.compute_busy_us) }),
+      "compute_us", a.compute_us }),
     "memory", O({ "params_bytes", m.params_bytes, "grads_bytes", m.grads_bytes, "optimizer_bytes", m.optimizer_bytes,
       "comm_bytes", m.comm_bytes, "activation_bytes", math.floor(m.activation_bytes + 0.5),
       "activations_modeled", m.activations_modeled, "total_bytes", math.floor(m.total_bytes + 0.5),
       "gpu_bytes", math.floor(m.gpu_bytes + 0.5), "fits", m.fits }),
-    "by_link", O({ "intra_node", O({ "ops", links.intra.ops, "size_bytes", links.intra.size_bytes,
-                                     "wire_bytes", links.intra.wire_bytes, "predicted_us", r3(links.intra.us) }),
-                   "inter_node", O({ "ops", links.inter.ops, "size_bytes", links.inter.size_bytes,
-                                     "wire_bytes", links.inter.wire_bytes, "predicted_us", r3(links.inter.us) }) }),
+    "by_group", by_group,
+    "by_link", O({ "intra_node", link(a.links.intra), "inter_node", link(a.links.inter) }),
     "recompute_by_group", recompute,
-    "timeline", O({ "step_us", r3(tl.step_us), "compute_us", r3(tl.compute_busy_us),
-      "comm_serial_us", r3(tl.comm_serial_us), "exposed_comm_us", r3(tl.exposed_us),
-      "exposed_by_group", exposed, "critical_path", path }),
+    "timeline", O({ "step_us", a.step_us, "compute_us", a.compute_us, "exposed_comm_us", a.exposed_us,
+      "waits_other_us", a.waits_us, "comm_us", a.comm_us, "comm_alone_us", a.alone_us, "critical_path", path }),
     "warnings", a.warnings,
   })
 end
@@ -281,14 +242,19 @@ function audit.json(p, fp)
 end
 
 function audit.trace_json(p, fp)
-  return trace.render(p, audit.analysis(p).timeline, fp)
+  return trace.render(p, audit.analysis(p), fp)
+end
+
+-- timeline.svg: the predicted step drawn (gen/svg.lua).
+function audit.timeline_svg(p, fp)
+  return require("gen.svg").render(p, audit.analysis(p), fp)
 end
 
 -- Every file audit renders, by name (gen/commplan.lua writes them beside
 -- the C tables).
 function audit.files(p, fp)
   return { ["plan.json"] = audit.json(p, fp), ["SCHEDULE.md"] = audit.schedule_md(p, fp),
-           ["trace.json"] = audit.trace_json(p, fp) }
+           ["trace.json"] = audit.trace_json(p, fp), ["timeline.svg"] = audit.timeline_svg(p, fp) }
 end
 
 -- ---- text helpers ----
@@ -300,6 +266,24 @@ local function human(bytes)
   return i == 1 and string.format("%d B", math.floor(bytes + 0.5)) or string.format("%.2f %s", v, units[i])
 end
 audit.human = human
+
+-- Zero copy-in (gen/opkinds.lua): the all-gathers that read the sharded
+-- storage itself, of all the step's all-gathers, and the copy bytes (read
+-- and written) their copy-ins would have moved.
+function audit.zero_copy_in(p)
+  local out = { ops = 0, all_gathers = 0, bytes = 0 }
+  for _, o in ipairs(p.ops) do
+    if o.kind == "all_gather" then
+      out.all_gathers = out.all_gathers + 1
+      if o.from_sharded then
+        local u = p.layout.units[o.unit + 1]
+        out.ops = out.ops + 1
+        out.bytes = out.bytes + 2 * u.total * layout.DTYPE_BYTES[u.orig_dtype]
+      end
+    end
+  end
+  return out
+end
 
 local function us_text(us)
   if us < 1000 then return string.format("%.1f us", us) end
@@ -372,8 +356,8 @@ local function wait_reason(p, waiting, via)
   local wo, vo = p.ops[waiting + 1], p.ops[via + 1]
   if wo.unit == vo.unit then
     local writes = {}
-    for _, b in ipairs(opkinds.BY_NAME[vo.kind].writes or {}) do writes[b] = true end
-    for _, b in ipairs(opkinds.BY_NAME[wo.kind].reads or {}) do
+    for _, b in ipairs(opkinds.access(vo).writes or {}) do writes[b] = true end
+    for _, b in ipairs(opkinds.access(wo).reads or {}) do
       if writes[b] then return "data" end
     end
   end
@@ -552,6 +536,15 @@ end
 
 -- ---- SCHEDULE.md ----
 
+-- The step line: the step as compute + exposed communication + other
+-- waits, and the communication's time (gen/figures.lua's figures).
+function audit.step_text(a)
+  local other = us_text(a.waits_us) ~= us_text(0) and (" + other waits " .. us_text(a.waits_us)) or ""
+  return string.format("%s predicted = compute %s + exposed communication %s (%.0f%% of the step)%s; communication "
+    .. "%s in the step, links shared (%s alone)", us_text(a.step_us), us_text(a.compute_us), us_text(a.exposed_us),
+    a.step_us > 0 and 100 * a.exposed_us / a.step_us or 0, other, us_text(a.comm_us), us_text(a.alone_us))
+end
+
 local function mesh_text(p)
   local parts = {}
   for i, n in ipairs(p.mesh.names) do parts[#parts + 1] = n .. "=" .. p.mesh.sizes[i] end
@@ -639,42 +632,37 @@ function audit.schedule_md(p, fp)
   w("| memory | %s of %s (%g GB) per rank: %s |", human(m.total_bytes), human(m.gpu_bytes), s.gpu_memory_GB,
     m.fits and string.format("fits, %s free", human(m.gpu_bytes - m.total_bytes))
       or string.format("**does not fit**, %s over", human(m.total_bytes - m.gpu_bytes)))
-  w("| step | %s predicted: compute %s; communication %s serialized, %s exposed (%.0f%% of the step); critical "
-    .. "path %s |", us_text(tl.step_us), us_text(tl.compute_busy_us), us_text(tl.comm_serial_us), us_text(tl.exposed_us),
-    tl.step_us > 0 and 100 * tl.exposed_us / tl.step_us or 0, audit.critical_text(p, tl))
+  w("| step | %s |", audit.step_text(a) .. "; critical path " .. audit.critical_text(p, tl))
+  local zc = audit.zero_copy_in(p)
+  if zc.ops > 0 then
+    w("| copy-in | zero copy-in: %d of %d all-gathers read the sharded storage itself (stored dtype = all-gather dtype), "
+      .. "%d copy kernels and %s of copies per step saved; the collectives' bytes are unchanged |", zc.ops,
+      zc.all_gathers, zc.ops, human(zc.bytes))
+  end
   w("")
   w("### Communication per rank per step")
   w("")
-  w("| group | ranks | link | collectives | buffer bytes | wire bytes | predicted | exposed |")
-  w("|---|---|---|---|---|---|---|---|")
-  local eb = exposed_by_family(p, tl)
-  local fams = {}
-  for _, f in ipairs(p.groups.list) do if p.predicted.per_family[f.name] then fams[#fams + 1] = f end end
-  table.sort(fams, function(x, y)
-    local ix, iy = p.predicted.intra[x.name] and 1 or 0, p.predicted.intra[y.name] and 1 or 0
-    if ix ~= iy then return ix < iy end
-    return x.id < y.id
-  end)
+  w("| group | ranks | link | collectives | buffer bytes | wire bytes | alone | in the step | exposed |")
+  w("|---|---|---|---|---|---|---|---|---|")
   -- Inter-node families and their total, then intra-node ones and theirs.
-  local links = by_link(p, a.recompute)
   for _, k in ipairs({ "inter", "intra" }) do
-    for _, f in ipairs(fams) do
-      local af = p.predicted.per_family[f.name]
-      local rec = a.recompute[f.name]
-      if rec then
-        af = { size_bytes = af.size_bytes + rec.size_bytes, wire_bytes = af.wire_bytes + rec.wire_bytes,
-               us = af.us + rec.us }
-      end
-      local intra, nspan = family_facts(p, f)
-      if (k == "intra") == (p.predicted.intra[f.name] and true or false) then
-        w("| %s | %d | %s | %s | %s | %s | %s | %s |", family_label(f), f.size,
-          intra and "intra-node" or string.format("inter-node, %d nodes", nspan), collectives_text(p, f.name, rec),
-          human(af.size_bytes), human(af.wire_bytes), us_text(af.us), us_text(eb[f.name] or 0))
+    for _, row in ipairs(a.families) do
+      if (k == "intra") == row.intra then
+        local f = p.groups.by_name[row.name]
+        local _, nspan = family_facts(p, f)
+        w("| %s | %d | %s | %s | %s | %s | %s | %s | %s |", family_label(f), f.size,
+          row.intra and "intra-node" or string.format("inter-node, %d nodes", nspan),
+          collectives_text(p, f.name, a.recompute[f.name]), human(row.size_bytes), human(row.wire_bytes),
+          us_text(row.alone_us), us_text(row.us), us_text(row.exposed_us))
       end
     end
-    local c = links[k]
-    w("| **%s-node** | | | %d | %s | %s | %s | |", k, c.ops, human(c.size_bytes), human(c.wire_bytes), us_text(c.us))
+    local c = a.links[k]
+    w("| **%s-node** | | | %d | %s | %s | %s | %s | |", k, c.ops, human(c.size_bytes), human(c.wire_bytes),
+      us_text(c.alone_us), us_text(c.us))
   end
+  w("")
+  w("Alone: each collective at its link's full bandwidth (gen/cost.lua). In the step: its time in the predicted")
+  w("step, links shared (trace.json). Exposed: the part of that the compute stream waits through (never more).")
   w("")
   w("### Memory per rank")
   w("")
@@ -702,6 +690,13 @@ function audit.schedule_md(p, fp)
   w("")
   if #a.warnings == 0 then w("None.") end
   for _, text in ipairs(a.warnings) do w("- %s", text) end
+  w("")
+  w("### Predicted step")
+  w("")
+  w("![predicted step](timeline.svg)")
+  w("")
+  w("timeline.svg: a lane per stream, ops coloured by kind; hatched where the compute stream waits (red: for a")
+  w("collective, named above the lane), the critical path as a black line.")
   w("")
   w("## Details")
   w("")
@@ -895,13 +890,17 @@ function audit.md_ops(p, w)
   w("")
   w("| # | micro | phase | op | unit | stream | waits for | group |")
   w("|---|---|---|---|---|---|---|---|")
-  local items = {}
+  local items, per_unit = {}, {} -- unit -> its template and signature, computed once (not per op)
   for i, o in ipairs(p.ops) do
     local rel = {}
     for j, s in ipairs(p.arena.waits[o.seq] or {}) do rel[j] = tostring(s - o.seq) end
-    local tpl = fold.template(unit_name(p, o.unit))
+    local us = per_unit[o.unit]
+    if not us then
+      us = fold.template(unit_name(p, o.unit)) .. "|" .. unit_sig(p.layout.units[o.unit + 1])
+      per_unit[o.unit] = us
+    end
     items[i] = { sig = table.concat({ o.kind, o.phase, o.micro_step, o.stream, o.group or "-", table.concat(rel, " "),
-      tpl, unit_sig(p.layout.units[o.unit + 1]) }, "|"), unit = o.unit, rel = rel }
+      us }, "|"), unit = o.unit, rel = rel }
   end
   for _, run in ipairs(fold.runs(items, 16)) do
     for j = 0, run.period - 1 do
@@ -929,8 +928,8 @@ function audit.md_timeline(p, a, w)
   w("### Predicted timeline")
   w("")
   w("trace.json holds every op's predicted start and duration (Chrome trace events, a track per stream: open")
-  w("it in Perfetto). Compute per unit and micro-step, and the critical path (consecutive ops on one stream")
-  w("folded; runs of identical segments folded again):")
+  w("it in Perfetto; timeline.svg draws them). Compute per unit and micro-step, and the critical path")
+  w("(consecutive ops on one stream folded; runs of identical segments folded again):")
   w("")
   w("| unit | forward | backward (with recompute) | activations saved |")
   w("|---|---|---|---|")

@@ -1,5 +1,5 @@
 -- commplan generator CLI.
---   lua5.4 gen/commplan.lua PLAN.lua OUTDIR          generate OUTDIR/{plan.h,plan.c,plan.json,SCHEDULE.md,trace.json,plan_kernels.cu}
+--   lua5.4 gen/commplan.lua PLAN.lua OUTDIR          generate OUTDIR/{plan.h,plan.c,plan.json,SCHEDULE.md,trace.json,timeline.svg,plan_kernels.cu}
 --   lua5.4 gen/commplan.lua --check PLAN.lua OUTDIR  exit 1 if OUTDIR differs from a fresh generation (writes nothing)
 --   lua5.4 gen/commplan.lua --version                "commplan <version>" (from the VERSION file)
 -- Errors: one line on stderr, exit 2, nothing written.
@@ -106,6 +106,7 @@ local function generate(plan_path)
   files["plan.json"] = audit.json(p, fp)
   files["SCHEDULE.md"] = audit.schedule_md(p, fp)
   files["trace.json"] = audit.trace_json(p, fp)
+  files["timeline.svg"] = audit.timeline_svg(p, fp)
   return files, p
 end
 

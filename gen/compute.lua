@@ -73,6 +73,18 @@ end
 
 local function suffix(name) return (name:gsub("^layers%.%d+%.", "")) end
 
+-- The units activation checkpointing wraps, one rule for the recompute's
+-- FLOPs here and its TP collectives (gen/timeline.lua): a Llama plan's
+-- transformer blocks (torchtitan's apply_ac wraps model.layers, not the
+-- embedding, the final norm and output, or the loss); a generic plan's
+-- units but the root.
+function compute.checkpointed(p, u)
+  if p.model and p.model.family == "llama" and p.model_config then
+    return numel_of(u, function(q) return suffix(q.name) == "attention.wq.weight" end) > 0
+  end
+  return not u.is_root
+end
+
 -- unit index -> { fwd, bwd, recompute } FLOPs per micro-step, and the
 -- activation bytes { saved, transient } the unit holds.
 function compute.units(p, s)
@@ -84,7 +96,7 @@ function compute.units(p, s)
   for _, u in ipairs(p.layout.units) do
     local e = ES[u.ag_dtype]
     local r = { fwd = 0, bwd = 0, recompute = 0, saved = 0, transient = 0 }
-    local is_layer = cfg and numel_of(u, function(q) return suffix(q.name) == "attention.wq.weight" end) > 0
+    local is_layer = cfg and compute.checkpointed(p, u)
     if is_layer then
       local heads = cfg.n_heads // tp
       local P = numel_of(u, function(q) return #q.shape == 2 end)
@@ -118,8 +130,8 @@ function compute.units(p, s)
       local P = numel_of(u)
       r.fwd = 2 * P * T
       r.bwd = 2 * r.fwd
-      if ac == "full" and not u.is_root then r.recompute = r.fwd
-      elseif ac == "selective" and not u.is_root then r.recompute = r.fwd / 2 end
+      if ac == "full" and compute.checkpointed(p, u) then r.recompute = r.fwd
+      elseif ac == "selective" and compute.checkpointed(p, u) then r.recompute = r.fwd / 2 end
     end
     out[u.index] = r
   end

@@ -59,16 +59,15 @@ local function class_tables(p, cls, NAME)
     for _, q in ipairs(u.params) do
       local shape = {}
       for i, d in ipairs(q.shape) do shape[i] = tostring(d) end
-      local f = { "name", cstr(q.name), "ndim", #q.shape, "shape", "{ " .. table.concat(shape, ", ") .. " }",
-        "shard_dim", q.shard_dim, "numel", q.numel, "chunk", q.chunk, "outer", q.outer, "run", q.run,
-        "padded", q.padded, "offset", q.offset, "grad_offset", q.grad_offset }
+      -- (what fields() would write, in one format: a row per parameter)
+      local row = string.format(".name = %s, .ndim = %s, .shape = { %s }, .shard_dim = %s, .numel = %s, .chunk = %s, "
+        .. ".outer = %s, .run = %s, .padded = %s, .offset = %s, .grad_offset = %s", cstr(q.name), #q.shape,
+        table.concat(shape, ", "), q.shard_dim, q.numel, q.chunk, q.outer, q.run, q.padded, q.offset, q.grad_offset)
       if q.tp_dim then
-        for _, x in ipairs({ "tp_sharded", 1, "tp_dim", q.tp_dim, "tp_full", q.full_shape[q.tp_dim + 1],
-                             "tp_chunk", q.tp_chunk, "full_numel", q.full_numel }) do
-          f[#f + 1] = x
-        end
+        row = row .. string.format(", .tp_sharded = 1, .tp_dim = %s, .tp_full = %s, .tp_chunk = %s, .full_numel = %s",
+          q.tp_dim, q.full_shape[q.tp_dim + 1], q.tp_chunk, q.full_numel)
       end
-      pl[#pl + 1] = string.format("    [%s_PARAM_%s] = { %s },", NAME, util.c_ident(q.name), fields(f))
+      pl[#pl + 1] = string.format("    [%s_PARAM_%s] = { %s },", NAME, util.c_ident(q.name), row)
       numel = numel + q.numel
       pidx = pidx + 1
     end
@@ -87,21 +86,23 @@ local function class_tables(p, cls, NAME)
   -- waits are a run of slots in the waits table.
   local ol, slot, wl = {}, {}, {}
   for i, seq in ipairs(arena.events) do slot[seq] = i - 1 end
+  -- One format per row (what fields() would write): a step holds units x
+  -- micro-steps of them.
+  local kind_c, stream_c, NONE = {}, {}, {}
+  for _, d in ipairs(opkinds.LIST) do kind_c[d.name] = "CP_OP_" .. d.name:upper() end
+  for _, name in ipairs(opkinds.STREAMS) do stream_c[name] = "CP_STREAM_" .. name:upper() end
+  local fmt = string.format
   for _, o in ipairs(cls.ops) do
     local fam = o.group and p.groups.by_name[o.group].id or -1
-    local waits = arena.waits[o.seq] or {}
-    local f = { "kind", "CP_OP_" .. o.kind:upper(), "unit", o.unit, "family", fam,
-                "stream", "CP_STREAM_" .. o.stream:upper() }
+    local waits = arena.waits[o.seq] or NONE
+    local nw = #waits
+    local head = fmt("    [%d] = { .kind = %s, .unit = %s, .family = %s, .stream = %s, ", o.seq,
+      kind_c[o.kind] or ("CP_OP_" .. o.kind:upper()), o.unit, fam, stream_c[o.stream] or ("CP_STREAM_" .. o.stream:upper()))
     if o.group or o.count then
-      for _, x in ipairs({ "dtype", DT[o.dtype], "count", o.count, "reduce_op", RED[o.reduce_op or "sum"] }) do
-        f[#f + 1] = x
-      end
+      head = head .. fmt(".dtype = %s, .count = %s, .reduce_op = %s, ", DT[o.dtype], o.count, RED[o.reduce_op or "sum"])
     end
-    for _, x in ipairs({ "micro_step", o.micro_step, "event", slot[o.seq] or -1,
-                         "wait_first", #waits > 0 and #wl or 0, "wait_count", #waits }) do
-      f[#f + 1] = x
-    end
-    ol[#ol + 1] = string.format("    [%d] = { %s },", o.seq, fields(f))
+    ol[#ol + 1] = head .. fmt(".micro_step = %s, .event = %s, .wait_first = %s, .wait_count = %s%s },", o.micro_step,
+      slot[o.seq] or -1, nw > 0 and #wl or 0, nw, o.from_sharded and ", .from_sharded = 1" or "")
     for _, w in ipairs(waits) do wl[#wl + 1] = tostring(slot[w]) end
   end
   return { params = table.concat(pl, "\n"), units = table.concat(ul, "\n"), ops = table.concat(ol, "\n"),

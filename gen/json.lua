@@ -8,12 +8,18 @@ local OBJECT = {}
 -- json.object({ "k1", v1, "k2", v2, ... }) keeps this key order.
 function json.object(kv) return setmetatable({ kv = kv }, OBJECT) end
 
+local type, tostring, mtype = type, tostring, math.type
+
+local ESC_MAP = { ['"'] = '\\"', ['\\'] = '\\\\', ['\n'] = '\\n', ['\t'] = '\\t', ['\r'] = '\\r' }
+
 local function esc(s)
   return '"' .. s:gsub('[%c"\\]', function(c)
-    local map = { ['"'] = '\\"', ['\\'] = '\\\\', ['\n'] = '\\n', ['\t'] = '\\t', ['\r'] = '\\r' }
-    return map[c] or string.format("\\u%04x", c:byte())
+    return ESC_MAP[c] or string.format("\\u%04x", c:byte())
   end) .. '"'
 end
+
+-- A string as JSON text (quoted and escaped).
+json.quote = function(s) return esc(s) end
 
 local function num(v)
   if math.type(v) == "integer" then return tostring(v) end
@@ -27,53 +33,179 @@ local function num(v)
   return string.format("%.17g", v)
 end
 
--- indent: nil for compact; arrays of scalars always stay on one line.
-local function encode(v, indent, depth, out)
-  local t = type(v)
-  if t == "nil" then out[#out + 1] = "null"
-  elseif t == "boolean" then out[#out + 1] = tostring(v)
-  elseif t == "number" then out[#out + 1] = num(v)
-  elseif t == "string" then out[#out + 1] = esc(v)
-  elseif t == "table" then
-    local nl = indent and ("\n" .. string.rep(indent, depth + 1)) or ""
-    local close = indent and ("\n" .. string.rep(indent, depth)) or ""
-    local sep = indent and ": " or ":"
-    if getmetatable(v) == OBJECT or next(v) ~= nil and #v == 0 then
+-- A number as JSON text (integers as themselves, doubles in the fewest
+-- digits that read back the same).
+json.number = function(v) return num(v) end
+
+-- An encoder: a function (v, indent) -> JSON text, and a writer over the
+-- same memo (begin(indent), value(v), raw(text), text()). Each keeps its own
+-- memo of escaped strings and key prefixes, so one encoder serves many
+-- small documents (trace.json's events) without escaping the same names
+-- again. indent: nil for compact; arrays of scalars always stay on one
+-- line.
+function json.encoder()
+  local quoted = {} -- string -> its escaped, quoted form
+  local out, n, indent
+  -- Pieces are joined into a chunk every CHUNK of them, so a document of
+  -- millions of values holds strings of its size, not millions of pieces.
+  local CHUNK, chunks = 8192, nil
+  local function flush()
+    chunks[#chunks + 1] = table.concat(out, "", 1, n)
+    out, n = {}, 0
+  end
+  local pads, firsts, nexts -- depth -> "\n" .. indent x depth; depth -> key -> '"key": ' (',"key": ')
+  local function q(s)
+    local r = quoted[s]
+    if not r then r = esc(s); quoted[s] = r end
+    return r
+  end
+  local function scalar(v, t)
+    if t == "string" then
+      local r = quoted[v]
+      if not r then r = esc(v); quoted[v] = r end
+      return r
+    elseif t == "number" then
+      if math.type(v) == "integer" then return tostring(v) end
+      return num(v)
+    elseif t == "boolean" then return v and "true" or "false"
+    elseif t == "nil" then return "null" end
+    error("json: cannot encode " .. t)
+  end
+  local function pad(depth)
+    local p = pads[depth]
+    if not p then p = indent and ("\n" .. string.rep(indent, depth)) or ""; pads[depth] = p end
+    return p
+  end
+  local function prefixes(depth)
+    local f = firsts[depth]
+    if not f then
+      local nl, sep = pad(depth), indent and ": " or ":"
+      f = setmetatable({}, { __index = function(t, k) local r = nl .. q(k) .. sep; t[k] = r; return r end })
+      firsts[depth] = f
+      nexts[depth] = setmetatable({}, { __index = function(t, k) local r = "," .. f[k]; t[k] = r; return r end })
+    end
+    return f, nexts[depth]
+  end
+  local encode
+  function encode(v, depth)
+    local t = type(v)
+    if t ~= "table" then
+      n = n + 1
+      out[n] = scalar(v, t)
+      return
+    end
+    local mt = getmetatable(v)
+    if mt == OBJECT or next(v) ~= nil and #v == 0 then
       local kv = v.kv
-      if getmetatable(v) ~= OBJECT then
+      if mt ~= OBJECT then
         kv = {}
         local keys = {}
         for k in pairs(v) do keys[#keys + 1] = k end
         table.sort(keys)
         for _, k in ipairs(keys) do kv[#kv + 1] = k; kv[#kv + 1] = v[k] end
       end
-      out[#out + 1] = "{"
+      local first_pre, next_pre = prefixes(depth + 1)
+      -- out and n in locals for the loop (upvalues cost more per field),
+      -- written back around the recursion and the chunking
+      local o, k = out, n + 1
+      o[k] = "{"
+      local pre = first_pre
       for i = 1, #kv, 2 do
-        if kv[i + 1] ~= nil then
-          if out[#out] ~= "{" then out[#out + 1] = "," end
-          out[#out + 1] = nl .. esc(kv[i]) .. sep
-          encode(kv[i + 1], indent, depth + 1, out)
+        local x = kv[i + 1]
+        if x ~= nil then
+          k = k + 1
+          o[k] = pre[kv[i]]
+          pre = next_pre
+          local r = quoted[x] -- a string met before (only strings are memoized)
+          if r then
+            k = k + 1
+            o[k] = r
+          elseif mtype(x) == "integer" then
+            k = k + 1
+            o[k] = tostring(x)
+          else
+            local tx = type(x)
+            if tx == "table" then
+              n = k
+              encode(x, depth + 1)
+              o, k = out, n
+            else
+              k = k + 1
+              o[k] = scalar(x, tx)
+            end
+          end
+          if k >= CHUNK then
+            n = k
+            flush()
+            o, k = out, n
+          end
         end
       end
-      out[#out + 1] = (out[#out] == "{") and "}" or (close .. "}")
+      k = k + 1
+      o[k] = pre == first_pre and "}" or (pad(depth) .. "}")
+      n = k
     else
-      local scalars = true
-      for _, x in ipairs(v) do if type(x) == "table" then scalars = false break end end
-      out[#out + 1] = "["
-      for i, x in ipairs(v) do
-        if i > 1 then out[#out + 1] = "," end
-        if not scalars then out[#out + 1] = nl end
-        encode(x, indent, depth + 1, out)
+      local scalars, len = true, 0
+      while v[len + 1] ~= nil do
+        len = len + 1
+        if type(v[len]) == "table" then scalars = false end
       end
-      out[#out + 1] = (scalars or #v == 0) and "]" or (close .. "]")
+      if scalars then
+        local items = {}
+        for i = 1, len do
+          local x = v[i]
+          items[i] = scalar(x, type(x))
+        end
+        n = n + 1
+        out[n] = "[" .. table.concat(items, ",") .. "]"
+      else
+        local nl = pad(depth + 1)
+        local sep = "," .. nl
+        n = n + 1
+        out[n] = "["
+        for i = 1, len do
+          n = n + 1
+          out[n] = i > 1 and sep or nl
+          encode(v[i], depth + 1)
+          if n >= CHUNK then flush() end
+        end
+        n = n + 1
+        out[n] = pad(depth) .. "]"
+      end
     end
-  else error("json: cannot encode " .. t) end
+  end
+  local function start(ind)
+    if ind ~= indent or not pads then
+      indent, pads, firsts, nexts = ind, {}, {}, {}
+    end
+  end
+  local function text()
+    flush()
+    local s = table.concat(chunks)
+    out, chunks = nil, nil
+    return s
+  end
+  return function(v, ind)
+    out, n, chunks = {}, 0, {}
+    start(ind)
+    encode(v, 0)
+    return text()
+  end, {
+    -- A writer: values and raw text appended to one buffer, for a document
+    -- of many small values (trace.json: an event per line).
+    begin = function(ind) out, n, chunks = {}, 0, {}; start(ind) end,
+    value = function(v) encode(v, 0) end,
+    raw = function(s)
+      n = n + 1
+      out[n] = s
+      if n >= CHUNK then flush() end
+    end,
+    text = text,
+  }
 end
 
 function json.encode(v, indent)
-  local out = {}
-  encode(v, indent, 0, out)
-  return table.concat(out)
+  return json.encoder()(v, indent)
 end
 
 -- Decoder: objects -> tables, arrays -> lists, null -> json.null.

@@ -82,19 +82,18 @@ end
 
 local LIM = util.LIMITS
 
--- Bounds before the arithmetic that depends on them: the unit count and
--- units x micro-steps (generation time), and per unit the slot (the copy
+-- Bounds before the arithmetic that depends on them: units x micro-steps
+-- (the generator's memory, linear in it), and per unit the slot (the copy
 -- kernels number its tiles in int) and every buffer's bytes (exact in a
 -- double and in int64, with room for the arena's sum over all units).
 local function check_counts(ctx, units, fsdp)
-  if #units > LIM.units then
-    util.field_error(ctx, "model.units", string.format("%d units; at most %d (the memory planner's time grows "
-      .. "with the square of the unit count): wrap more modules per unit", #units, LIM.units))
-  end
-  if not util.mul_within(#units, fsdp.micro_steps, LIM.unit_steps) then
-    util.field_error(ctx, "fsdp.micro_steps", string.format("%d units x %d micro-steps is more than %d; the "
-      .. "schedule and its memory plan grow with that product squared: use fewer micro-steps or units",
-      #units, fsdp.micro_steps, LIM.unit_steps))
+  local steps = util.mul_within(#units, fsdp.micro_steps, LIM.unit_steps)
+  if not steps then
+    local field = fsdp.micro_steps > 1 and "fsdp.micro_steps" or "model.units"
+    util.field_error(ctx, field, string.format("%d units x %d micro-steps is more than %s unit-steps, the most "
+      .. "the generator holds in memory (~%d KB each, ~%d GiB in all); use fewer micro-steps or wrap more layers "
+      .. "per unit", #units, fsdp.micro_steps, util.pow2_text(LIM.unit_steps), LIM.unit_step_kib,
+      LIM.unit_steps * LIM.unit_step_kib // (1024 * 1024)))
   end
 end
 

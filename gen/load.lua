@@ -32,7 +32,8 @@ local SCHEMA = {
   fsdp = {
     reshard_after_forward = { "bool" },
     micro_steps = { "int", min = 1, max = LIM.micro_steps,
-                    why = "the schedule and its memory plan grow with micro-steps x units" },
+                    why = "the generator holds units x micro-steps in memory, at most "
+                      .. util.pow2_text(LIM.unit_steps) .. " of them" },
     reduce_op = { "enum", enum = { "avg", "sum" } },
     param_dtype = { "enum", enum = DTYPES }, reduce_dtype = { "enum", enum = DTYPES },
     -- gradient accumulation over micro-steps: "fsdp2_default" reduces on every backward and adds into
@@ -68,7 +69,8 @@ local SCHEMA = {
     ffn_dim_multiplier = { "num", gt = 0, max = 64 }, multiple_of = { "int", min = 1, max = LIM.model_int },
     num_experts = { "int", min = 1, max = LIM.model_int },
     units = { "list", max = LIM.units,
-              why = "the memory planner's time grows with the square of the unit count" },
+              why = "the generator holds units x micro-steps in memory, at most "
+                .. util.pow2_text(LIM.unit_steps) .. " of them" },
   },
   unit = { name = { "name" }, params = { "list", max = LIM.params },
            -- overrides fsdp.reshard_after_forward for this unit (the root never reshards after forward)

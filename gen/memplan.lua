@@ -27,6 +27,7 @@
 local util = require("gen.util")
 local layout = require("gen.layout")
 local opkinds = require("gen.opkinds")
+local spantree = require("gen.spantree")
 
 local memplan = {}
 
@@ -69,12 +70,12 @@ local function lifetimes(lay, ops)
   end
   local function stop(u, kind, seq)
     local iv = open[u][kind]
-    if iv then iv.last = seq; open[u][kind] = nil end
+    if iv then iv.last = seq; open[u][kind] = false end
   end
   local last_copy_out = {}
   for _, o in ipairs(ops) do
     local u, k, s = o.unit, o.kind, o.seq
-    if k == "copy_in" then start(u, "ag", s)
+    if k == "copy_in" or (k == "all_gather" and o.from_sharded) then start(u, "ag", s)
     elseif k == "copy_out" then
       stop(u, "ag", s); start(u, "unsharded", s); last_copy_out[u] = s
     elseif k == "reshard" then stop(u, "unsharded", s)
@@ -90,7 +91,7 @@ local function lifetimes(lay, ops)
     elseif k == "view_out" or k == "view_out_add" or k == "partial_add" then stop(u, "rs_out", s)
     elseif k == "partial_save" then stop(u, "rs_out", s); start(u, "partial", s)
     elseif k == "partial_fold" then stop(u, "partial", s)
-    elseif k:sub(1, 3) == "tp_" then start(u, "act", s); stop(u, "act", s) -- one collective's worth
+    elseif opkinds.BY_NAME[k].tp then start(u, "act", s); stop(u, "act", s) -- one collective's worth
     end
   end
   for _, u in ipairs(lay.units) do
@@ -103,34 +104,239 @@ local function lifetimes(lay, ops)
   return life
 end
 
--- A buffer's lives come in op order and never overlap each other, so two
--- buffers' lists merge in one pass (the planner runs this for every pair
--- of buffers: keep it linear).
-local function overlap_in_time(a, b)
-  local la, lb = a.lives, b.lives
-  if #la == 0 or #lb == 0 or la[#la].last < lb[1].first or lb[#lb].last < la[1].first then return false end
-  local i, j = 1, 1
-  while i <= #la and j <= #lb do
-    local x, y = la[i], lb[j]
-    if x.first <= y.last and y.first <= x.last then return true end
-    if x.last < y.last then i = i + 1 else j = j + 1 end
+-- Every stage below is linear in the lives of the buffers or n log n: the
+-- step holds units x micro-steps lifetimes, and a buffer is compared only
+-- with the buffers live beside it (in time) or sharing its bytes (in space)
+-- through sweeps in op order, never with every other buffer.
+
+-- For each buffer, the buffers of its pool whose lives overlap one of its
+-- own (inclusive op intervals): one sweep over all lives in op order,
+-- keeping the lives still open. Lists in the order the sweep meets them.
+local function time_neighbours(bufs)
+  -- lives in order of their first op (buckets by op: no sort; the order
+  -- among lives that open at the same op changes no pair found)
+  local at, top = {}, 0
+  for _, b in ipairs(bufs) do
+    for _, iv in ipairs(b.lives) do
+      local f = iv.first + 1
+      local x = { first = iv.first, last = iv.last, buf = b }
+      if at[f] then table.insert(at[f], x) else at[f] = { x } end
+      if f > top then top = f end
+    end
   end
-  return false
+  local lives = {}
+  for f = 1, top do
+    local list = at[f]
+    if list then table.move(list, 1, #list, #lives + 1, lives) end
+  end
+  local near, seen = {}, {}
+  for _, b in ipairs(bufs) do near[b], seen[b] = {}, {} end
+  local open, n = {}, 0 -- the lives still open, compacted in place
+  for _, x in ipairs(lives) do
+    local kept = 0
+    local a = x.buf
+    for i = 1, n do
+      local y = open[i]
+      if y.last >= x.first then
+        kept = kept + 1
+        open[kept] = y
+        local c = y.buf
+        if a.pool == c.pool and a ~= c and not seen[a][c] then
+          seen[a][c], seen[c][a] = true, true
+          near[a][#near[a] + 1] = c
+          near[c][#near[c] + 1] = a
+        end
+      end
+    end
+    for i = kept + 1, n do open[i] = nil end
+    n = kept + 1
+    open[n] = x
+  end
+  return near
 end
 
--- The last of q's lives that ends before op seq, by binary search (lives
--- are in op order, so their ends are too), or nil.
-local function latest_end_before(q, seq)
-  local lo, hi, found = 1, #q.lives, nil
+-- Disjoint, sorted byte ranges { start, stop } (stop exclusive).
+-- The first range whose stop is past off, by binary search.
+local function first_past(list, off)
+  local lo, hi, found = 1, #list, nil
   while lo <= hi do
     local mid = (lo + hi) // 2
-    if q.lives[mid].last < seq then found = q.lives[mid].last; lo = mid + 1 else hi = mid - 1 end
+    if list[mid][2] > off then found = mid; hi = mid - 1 else lo = mid + 1 end
   end
   return found
 end
 
-local function overlap_in_space(a, b)
-  return a.offset < b.offset + b.size and b.offset < a.offset + a.size
+-- Adds [start, stop) to a disjoint sorted list, merging what it touches.
+local function union_add(list, start, stop)
+  local i = first_past(list, start - 1) or #list + 1 -- first range with stop >= start
+  local j = i
+  while j <= #list and list[j][1] <= stop do
+    if list[j][1] < start then start = list[j][1] end
+    if list[j][2] > stop then stop = list[j][2] end
+    j = j + 1
+  end
+  local n, merged = #list, j - i
+  if merged == 0 then
+    table.insert(list, i, { start, stop })
+    return
+  end
+  list[i] = { start, stop }
+  table.move(list, j, n, i + 1)
+  for k = n - merged + 2, n do list[k] = nil end
+end
+
+-- The lowest offset where size bytes overlap no range of mine or of the
+-- lists in others (the lowest fit: every offset below it overlaps some
+-- range, since it only ever moves past a range that overlaps the
+-- candidate).
+local function lowest_fit(mine, others, size)
+  local off, moved = 0, true
+  while moved do
+    moved = false
+    local i = first_past(mine, off)
+    if i and mine[i][1] < off + size then off, moved = mine[i][2], true end
+    for _, list in ipairs(others) do
+      i = first_past(list, off)
+      if i and list[i][1] < off + size then off, moved = list[i][2], true end
+    end
+  end
+  return off
+end
+
+-- The byte cells between consecutive buffer boundaries: each placed
+-- buffer covers cells lo..hi, and two buffers share a byte exactly when
+-- they share a cell.
+-- Also the structures to sweep them with: per-cell arrays when no buffer
+-- covers more than FLAT_SPAN cells (every shipped plan: a few units' worth
+-- of offsets), else segment trees (O(log cells) whatever the spans).
+memplan.FLAT_SPAN = 16
+local function cells(placed)
+  local set, bounds = {}, {}
+  for _, b in ipairs(placed) do
+    local x, y = b.offset, b.offset + b.size
+    if not set[x] then set[x] = true; bounds[#bounds + 1] = x end
+    if not set[y] then set[y] = true; bounds[#bounds + 1] = y end
+  end
+  table.sort(bounds)
+  local index = {}
+  for i, x in ipairs(bounds) do index[x] = i end
+  local lo, hi, span = {}, {}, 0
+  for _, b in ipairs(placed) do
+    lo[b], hi[b] = index[b.offset], index[b.offset + b.size] - 1
+    span = math.max(span, hi[b] - lo[b] + 1)
+  end
+  local flat = span <= memplan.FLAT_SPAN
+  return lo, hi, math.max(1, #bounds - 1), flat and spantree.flat or spantree.new,
+    flat and spantree.flat_counter or spantree.counter
+end
+
+-- Lives of the placed buffers bucketed by the op that opens them and the
+-- op that closes them (op seq + 1 -> list of buffers).
+local function by_op(placed)
+  local opens, closes = {}, {}
+  for _, b in ipairs(placed) do
+    for _, iv in ipairs(b.lives) do
+      local f, l = iv.first + 1, iv.last + 1
+      local o, c = opens[f], closes[l]
+      if o then o[#o + 1] = b else opens[f] = { b } end
+      if c then c[#c + 1] = b else closes[l] = { b } end
+    end
+  end
+  return opens, closes
+end
+
+-- The proof that no two buffers live at the same op share a byte: a sweep
+-- in op order holding the open lives in a tree over the byte cells; a life
+-- that opens on a cell an open life covers is an overlap.
+local function check_disjoint(placed, n_ops)
+  local lo, hi, n, _, counter = cells(placed)
+  local count = counter(n)
+  local opens, closes = by_op(placed)
+  local open = {} -- buffer -> true while one of its lives is open (for the message)
+  for i = 1, n_ops do
+    local list = opens[i]
+    if list then
+      for _, b in ipairs(list) do
+        local l, h = lo[b], hi[b]
+        if count.top(l, h) > 0 then
+          for _, c in ipairs(placed) do
+            if open[c] and lo[c] <= h and l <= hi[c] then
+              error(string.format("internal: arena plan overlaps %s of %s and %s of %s", c.kind, c.unit_name,
+                b.kind, b.unit_name), 0)
+            end
+          end
+        end
+        count.add(l, h, 1)
+        open[b] = true
+      end
+    end
+    list = closes[i]
+    if list then
+      for _, b in ipairs(list) do
+        count.add(lo[b], hi[b], -1)
+        open[b] = false
+      end
+    end
+  end
+end
+
+-- Reuse edges: a life that opens at op seq on bytes other lives held
+-- follows, for every buffer q sharing a byte with it (itself included),
+-- the op that closed q's latest life before seq. Only the latest such op
+-- on each stream is kept: an op ordered after it on its stream is ordered
+-- after every earlier op of that stream, so the waits chosen from the
+-- edges (memplan.prune takes the latest unordered edge per stream) are the
+-- same. One sweep in op order keeps each buffer's latest closing op in a
+-- tree per stream of that op.
+local function reuse_edges(placed, ops, needs)
+  local lo, hi, n, latest = cells(placed)
+  local trees = {}
+  for k = 1, #STREAMS do trees[k] = latest(n) end
+  local stream_index = {}
+  for k, name in ipairs(STREAMS) do stream_index[name] = k end
+  local opens, closes = by_op(placed)
+  -- The trees that can hold a buffer of each pool (the streams of the ops
+  -- that close its pool's lives); the others have no entry on its cells.
+  local pool_trees, has = {}, {}
+  for i, list in pairs(closes) do
+    for _, q in ipairs(list) do
+      local k = stream_index[ops[i].stream]
+      has[q.pool] = has[q.pool] or {}
+      if not has[q.pool][k] then
+        has[q.pool][k] = true
+        pool_trees[q.pool] = pool_trees[q.pool] or {}
+        table.insert(pool_trees[q.pool], trees[k])
+      end
+    end
+  end
+  local NONE = {}
+  local latest_tree, latest_id = {}, {}
+  for i, o in ipairs(ops) do
+    local seq = i - 1
+    local list = opens[i]
+    if list then
+      local set = needs[seq]
+      for _, b in ipairs(list) do
+        local l, h = lo[b], hi[b]
+        for _, tree in ipairs(pool_trees[b.pool] or NONE) do
+          local j = tree.largest(l, h)
+          if j then
+            if not set then set = {}; needs[seq] = set end
+            set[j] = true
+          end
+        end
+      end
+    end
+    list = closes[i]
+    if list then
+      local tree = trees[stream_index[o.stream]]
+      for _, q in ipairs(list) do
+        local was = latest_tree[q]
+        if was then was.remove(latest_id[q]) end
+        latest_tree[q], latest_id[q] = tree, tree.insert(lo[q], hi[q], seq)
+      end
+    end
+  end
 end
 
 -- Data dependencies inside each unit, from the op kinds' buffer accesses
@@ -138,26 +344,34 @@ end
 -- writer for the readers since that write. The persistent shards are
 -- written by the caller before the step (the step's fork orders them).
 local function data_edges(ops, add)
-  local last_writer, readers = {}, {}
+  local last_writer, readers = {}, {} -- unit -> buffer -> op seq; unit -> buffer -> op seqs (false: none)
   for _, o in ipairs(ops) do
-    local d = opkinds.BY_NAME[o.kind]
-    last_writer[o.unit] = last_writer[o.unit] or {}
-    readers[o.unit] = readers[o.unit] or {}
+    local d = opkinds.access(o)
     local lw, rd = last_writer[o.unit], readers[o.unit]
+    if not lw then
+      lw, rd = {}, {}
+      last_writer[o.unit], readers[o.unit] = lw, rd
+    end
+    local seq = o.seq
     for _, b in ipairs(d.reads) do
-      if lw[b] then add(o.seq, lw[b]) end
+      local w = lw[b]
+      if w then add(seq, w) end
     end
     for _, b in ipairs(d.writes) do
-      if lw[b] then add(o.seq, lw[b]) end
-      for _, r in ipairs(rd[b] or {}) do if r ~= o.seq then add(o.seq, r) end end
+      local w = lw[b]
+      if w then add(seq, w) end
+      local r = rd[b]
+      if r then
+        for _, x in ipairs(r) do if x ~= seq then add(seq, x) end end
+      end
     end
     for _, b in ipairs(d.reads) do
-      rd[b] = rd[b] or {}
-      table.insert(rd[b], o.seq)
+      local r = rd[b]
+      if r then r[#r + 1] = seq else rd[b] = { seq } end
     end
     for _, b in ipairs(d.writes) do
-      lw[b] = o.seq
-      rd[b] = {}
+      lw[b] = seq
+      rd[b] = false
     end
   end
 end
@@ -173,55 +387,69 @@ end
 -- that another chosen wait covers. With fixed = { seq -> list } it applies
 -- exactly those and reports the first needed edge they leave unordered.
 function memplan.simulate(ops, needs, fixed)
-  local clock = {}
-  for _, s in ipairs(STREAMS) do
-    clock[s] = {}
-    for _, t in ipairs(STREAMS) do clock[s][t] = 0 end
+  local S = #STREAMS
+  local index = {}
+  for k, name in ipairs(STREAMS) do index[name] = k end
+  local clock = {} -- (s - 1) * S + t: what stream s knows of stream t
+  for k = 1, S * S do clock[k] = 0 end
+  local on = {}    -- op seq -> its stream's index, once issued
+  local after = {} -- seq * S + t: its stream's clock after it
+  local function wait_for(base, j)
+    if not on[j] then return end
+    local at = j * S
+    for t = 1, S do
+      local v = after[at + t]
+      if v > clock[base + t] then clock[base + t] = v end
+    end
   end
-  local done = {} -- op seq -> { stream = s, clock = vector clock of s after it }
-  local function merge(into, from)
-    for _, t in ipairs(STREAMS) do if from[t] > into[t] then into[t] = from[t] end end
-  end
-  local function snapshot(s)
-    local c = {}
-    for _, t in ipairs(STREAMS) do c[t] = clock[s][t] end
-    return c
-  end
-  local waits = {}
+  local waits, need = {}, {}
   for _, o in ipairs(ops) do
-    local s = o.stream
-    local function wait_for(seq)
-      local d = seq and done[seq]
-      if d then merge(clock[s], d.clock) end
-    end
+    local seq = o.seq
+    local s = index[o.stream]
+    local base = (s - 1) * S
+    local set = needs[seq]
     if fixed then
-      for _, j in ipairs(fixed[o.seq] or {}) do wait_for(j) end
-      for j in pairs(needs[o.seq] or {}) do
-        local d = done[j]
-        if clock[s][d.stream] < d.clock[d.stream] then return waits, j, o.seq end
-      end
-    else
-      local need = {}
-      for j in pairs(needs[o.seq] or {}) do
-        local d = done[j]
-        if clock[s][d.stream] < d.clock[d.stream] then
-          if not need[d.stream] or j > need[d.stream] then need[d.stream] = j end
+      for _, j in ipairs(fixed[seq] or {}) do wait_for(base, j) end
+      if set then
+        for j in pairs(set) do
+          local d = on[j]
+          if clock[base + d] < after[j * S + d] then return waits, j, seq end
         end
       end
-      local list = {}
-      for _, j in pairs(need) do
-        local dj, covered = done[j], false
-        for _, k in pairs(need) do
-          if k ~= j and done[k].clock[dj.stream] >= dj.clock[dj.stream] then covered = true end
+    elseif set then
+      for t = 1, S do need[t] = false end
+      for j in pairs(set) do
+        local d = on[j]
+        if clock[base + d] < after[j * S + d] then
+          local had = need[d]
+          if not had or j > had then need[d] = j end
         end
-        if not covered then list[#list + 1] = j end
       end
-      table.sort(list)
-      for _, j in ipairs(list) do wait_for(j) end
-      if #list > 0 then waits[o.seq] = list end
+      local list
+      for d = 1, S do
+        local j = need[d]
+        if j then
+          local mine, covered = after[j * S + d], false
+          for e = 1, S do
+            local k = need[e]
+            if k and e ~= d and after[k * S + d] >= mine then covered = true end
+          end
+          if not covered then
+            list = list or {}
+            list[#list + 1] = j
+          end
+        end
+      end
+      if list then
+        table.sort(list)
+        for _, j in ipairs(list) do wait_for(base, j) end
+        waits[seq] = list
+      end
     end
-    clock[s][s] = clock[s][s] + 1
-    done[o.seq] = { stream = s, clock = snapshot(s) }
+    clock[base + s] = clock[base + s] + 1
+    on[seq] = s
+    local at = seq * S
+    for t = 1, S do after[at + t] = clock[base + t] end
   end
   return waits
 end
@@ -237,6 +465,26 @@ end
 function memplan.unordered(ops, needs, waits)
   local _, bad_j, bad_i = memplan.simulate(ops, needs, waits)
   return bad_j, bad_i
+end
+
+-- The edges that do not depend on the arena (op seq -> set of earlier op
+-- seqs): the data dependencies, and FSDP2's post_backward, which makes the
+-- current stream wait for the previous reduce-scatter (comm_ctx.
+-- reduce_scatter_state.event) before it packs the next unit's gradients,
+-- so the packing never runs ahead of it.
+function memplan.data_needs(ops)
+  local needs = {}
+  local function add(i, j)
+    needs[i] = needs[i] or {}
+    needs[i][j] = true
+  end
+  data_edges(ops, add)
+  local prev_rs
+  for _, o in ipairs(ops) do
+    if o.kind == "pack" and prev_rs then add(o.seq, prev_rs) end
+    if o.kind == "reduce_scatter" then prev_rs = o.seq end
+  end
+  return needs
 end
 
 -- lay, ops -> { arena_bytes, buffers = list, by_unit = unit index -> kind -> buffer,
@@ -264,67 +512,50 @@ function memplan.build(lay, ops)
     if a.unit ~= b.unit then return a.unit < b.unit end
     return a.kind_index < b.kind_index
   end)
-  local placed, arena = {}, 0
+  -- Lowest fit against the bytes of the placed buffers of the pool that
+  -- are live beside it and of every placed buffer of the other pools
+  -- (bytes are shared only within a stream's pool, see POOL). Only the
+  -- union of those bytes decides the offset.
+  local live = {}
+  for _, b in ipairs(order) do
+    if #b.lives > 0 and b.size > 0 then live[#live + 1] = b end
+  end
+  local near = time_neighbours(live)
+  local placed, arena, is_placed, pools = {}, 0, {}, {}
+  for _, name in pairs(memplan.POOL) do pools[name] = {} end
+  local others = {} -- pool -> the other pools' byte unions
+  for name in pairs(pools) do
+    others[name] = {}
+    for _, other in ipairs(util.sorted_keys(pools)) do
+      if other ~= name then table.insert(others[name], pools[other]) end
+    end
+  end
   for _, b in ipairs(order) do
     if #b.lives == 0 or b.size == 0 then
       b.offset = 0 -- never live (e.g. no backward): takes no room
     else
       local busy = {}
-      for _, q in ipairs(placed) do
-        -- Bytes are shared only within a stream's pool (see POOL).
-        if q.pool ~= b.pool or overlap_in_time(b, q) then busy[#busy + 1] = q end
+      for _, q in ipairs(near[b]) do
+        if is_placed[q] then busy[#busy + 1] = { q.offset, q.offset + q.size } end
       end
-      table.sort(busy, function(x, y) return x.offset < y.offset end)
-      local off = 0
-      for _, q in ipairs(busy) do
-        if off + b.size <= q.offset then break end
-        off = math.max(off, q.offset + q.size)
-      end
+      table.sort(busy, function(x, y) return x[1] < y[1] end)
+      local mine = {}
+      for _, r in ipairs(busy) do union_add(mine, r[1], r[2]) end
+      local off = lowest_fit(mine, others[b.pool], b.size)
       b.offset = off
       arena = math.max(arena, off + b.size)
       placed[#placed + 1] = b
+      is_placed[b] = true
+      union_add(pools[b.pool], off, off + b.size)
     end
   end
-  -- The proof: no two buffers live at the same op share a byte.
-  for i = 1, #placed do
-    for j = i + 1, #placed do
-      local a, c = placed[i], placed[j]
-      if overlap_in_space(a, c) and overlap_in_time(a, c) then
-        error(string.format("internal: arena plan overlaps %s of %s and %s of %s", a.kind, a.unit_name,
-          c.kind, c.unit_name), 0)
-      end
-    end
-  end
+  check_disjoint(placed, #ops)
   -- Needed edges (op seq -> set of earlier op seqs it must follow on the
   -- GPU): the data dependencies, and reuse: a lifetime that opens on bytes
   -- an earlier lifetime held (of another buffer, or of the same buffer in
   -- an earlier unshard) follows the op that closed the latest such one.
-  local needs = {}
-  local function add(i, j)
-    needs[i] = needs[i] or {}
-    needs[i][j] = true
-  end
-  data_edges(ops, add)
-  -- FSDP2's post_backward makes the current stream wait for the previous
-  -- reduce-scatter (comm_ctx.reduce_scatter_state.event) before it packs the
-  -- next unit's gradients, so the packing never runs ahead of it.
-  local prev_rs
-  for _, o in ipairs(ops) do
-    if o.kind == "pack" and prev_rs then add(o.seq, prev_rs) end
-    if o.kind == "reduce_scatter" then prev_rs = o.seq end
-  end
-  for _, b in ipairs(placed) do
-    local sharing = {}
-    for _, q in ipairs(placed) do
-      if overlap_in_space(b, q) then sharing[#sharing + 1] = q end
-    end
-    for _, iv in ipairs(b.lives) do
-      for _, q in ipairs(sharing) do
-        local latest = latest_end_before(q, iv.first)
-        if latest then add(iv.first, latest) end
-      end
-    end
-  end
+  local needs = memplan.data_needs(ops)
+  reuse_edges(placed, ops, needs)
   local waits = memplan.prune(ops, needs)
   local bad_j, bad_i = memplan.unordered(ops, needs, waits)
   if bad_j then

@@ -33,8 +33,9 @@ local function read_operand(path)
   return src
 end
 
--- `git show REV:PATH` (REV and PATH checked as text, then quoted).
-local function git_show(rev, path)
+-- `git show REV:PATH` (REV and PATH checked as text, then quoted); nil
+-- when it finds nothing and `optional`.
+local function git_show(rev, path, optional)
   if not rev:match("^[%w%._/~^@{}%-]+$") or rev:sub(1, 1) == "-" then
     fail(rev .. ": not a git revision name (letters, digits and . _ / ~ ^ @ { } - only)")
   end
@@ -46,32 +47,40 @@ local function git_show(rev, path)
   local ok = ph and ph:close()
   if out and #out > MAX_BYTES then fail(string.format("%s:%s: more than %s; not a plan.json", rev, path, fsio.human(MAX_BYTES))) end
   if not ok or not out or out == "" then
+    if optional then return nil end
     fail(string.format("%s:%s: git show found nothing; commit the plan's generated output or name another revision",
       rev, path))
   end
   return out
 end
 
--- A plan.json document from a plan file's source (generated in memory).
+-- A plan.json document from a plan file's source (generated in memory),
+-- and the plan.
 function plandiff.doc_from_source(src, path)
   local plan = require("gen.plan")
   local audit = require("gen.audit")
   local p = plan.from_source(src, path)
   p.source_file = path
-  return json.decode(audit.json(p, audit.fingerprint(p)))
+  return json.decode(audit.json(p, audit.fingerprint(p))), p
 end
 
--- spec: PLAN.lua, plan.json, or REV:path (either kind) -> doc, label.
-function plandiff.load(spec)
+-- An operand's source and the path it names: a file, or REV:path.
+local function operand_source(spec)
   local src = read_operand(spec)
-  local path = spec
-  if not src then
-    local rev
-    rev, path = spec:match("^([^:]+):(.+)$")
-    if not rev then fail(spec .. ": no such file; give a plan file, a plan.json or REV:plans/<name>/plan.json") end
-    src = git_show(rev, path)
+  if src then return src, spec, nil end
+  local rev, path = spec:match("^([^:]+):(.+)$")
+  if not rev then fail(spec .. ": no such file; give a plan file, a plan.json or REV:plans/<name>/plan.json") end
+  return git_show(rev, path), path, rev
+end
+
+-- spec: PLAN.lua, plan.json, or REV:path (either kind) -> doc, label,
+-- and the plan when spec is a plan file.
+function plandiff.load(spec)
+  local src, path = operand_source(spec)
+  if path:match("%.lua$") then
+    local doc, p = plandiff.doc_from_source(src, path)
+    return doc, spec, p
   end
-  if path:match("%.lua$") then return plandiff.doc_from_source(src, path), spec end
   local ok, doc = pcall(json.decode, src)
   if not ok or type(doc) ~= "table" or not doc.ops then fail(spec .. ": not a commplan plan.json") end
   if doc.schema ~= 2 then
@@ -79,6 +88,36 @@ function plandiff.load(spec)
       spec, tostring(doc.schema)))
   end
   return doc, spec
+end
+
+-- An operand's timeline.svg (gen/svg.lua) and a note, or nil: a plan
+-- file's is drawn from it (p: the plan load() generated); a plan.json's
+-- is the timeline.svg beside it (at the same revision for REV:path); one
+-- generated before timeline.svg existed has none, and its plan file
+-- (plans/<name>.lua beside plans/<name>/) is drawn by this generator
+-- instead, which the note says.
+function plandiff.svg_of(spec, p)
+  local audit = require("gen.audit")
+  if p then return audit.timeline_svg(p, audit.fingerprint(p)) end
+  local _, path, rev = operand_source(spec)
+  local dir = path:match("^(.*)/[^/]+$") or "."
+  local function get(rel)
+    if rev then return git_show(rev, rel, true) end
+    return fsio.stat(rel) and read_operand(rel) or nil
+  end
+  local s = get(dir .. "/timeline.svg")
+  if s then return s end
+  local plan_path = dir .. ".lua"
+  local src = dir ~= "." and get(plan_path)
+  if not src then
+    fail(string.format("%s: no timeline.svg beside it and no plan file %s%s to draw one from; give the plan file",
+      spec, rev and (rev .. ":") or "", plan_path))
+  end
+  local q = require("gen.plan").from_source(src, plan_path)
+  q.source_file = plan_path
+  return audit.timeline_svg(q, audit.fingerprint(q)),
+    string.format("%s has no timeline.svg (generated before it existed): drawn from %s%s by this generator", spec,
+      rev and (rev .. ":") or "", plan_path)
 end
 
 -- ---- text helpers ----
@@ -95,18 +134,20 @@ local function arrow(a, b, fmt)
   return fmt(a) .. " -> " .. fmt(b)
 end
 
--- Unit names folded: `layers.0-3, 5, root`.
+-- Unit names folded, each name once: `layers.0-3,5, root` (a unit met
+-- again, in another micro-step or phase, is not listed again).
 function plandiff.names_text(names)
-  local by_tpl, order, plain = {}, {}, {}
+  local by_tpl, order, plain, seen = {}, {}, {}, {}
   for _, n in ipairs(names) do
     local pre, num, post = n:match("^(.-)(%d+)([^%d]*)$")
-    if pre then
+    if not seen[n] and pre then
       local tpl = pre .. "#" .. post
       if not by_tpl[tpl] then by_tpl[tpl] = {}; order[#order + 1] = tpl end
       table.insert(by_tpl[tpl], tonumber(num))
-    else
+    elseif not seen[n] then
       plain[#plain + 1] = n
     end
+    seen[n] = true
   end
   local out = {}
   for _, tpl in ipairs(order) do
@@ -217,17 +258,25 @@ function plandiff.compare(a, b, la, lb)
     end
   end
   if ng == 0 then w("  unchanged") end
-  -- Bytes per family.
+  -- Bytes and time per family: plan.json's audit.by_group, SCHEDULE.md's
+  -- rows (gen/figures.lua).
   w("")
-  w("per rank per step (buffer bytes, wire bytes, predicted serialized):")
-  local fa, fb = by_key(a.per_rank_per_step.by_group, "group"), by_key(b.per_rank_per_step.by_group, "group")
-  for _, name in ipairs(keys_union(fa, fb, names_of(a.per_rank_per_step.by_group, "group"),
-                                   names_of(b.per_rank_per_step.by_group, "group"))) do
-    local x = fa[name] or { ops = 0, size_bytes = 0, wire_bytes = 0, predicted_us = 0 }
-    local y = fb[name] or { ops = 0, size_bytes = 0, wire_bytes = 0, predicted_us = 0 }
-    w("  %s: %s ops; %s -> %s%s; wire %s -> %s; %s -> %s%s", name, arrow(x.ops, y.ops), human(x.size_bytes),
-      human(y.size_bytes), pct(x.size_bytes, y.size_bytes), human(x.wire_bytes), human(y.wire_bytes),
-      us_text(x.predicted_us), us_text(y.predicted_us), pct(x.predicted_us, y.predicted_us))
+  w("per rank per step (collectives, buffer bytes, wire bytes; time alone, in the step, exposed):")
+  local rows_a, rows_b = plandiff.group_rows(a, "A"), plandiff.group_rows(b, "B")
+  if rows_a.note then w("  (%s)", rows_a.note) end
+  if rows_b.note then w("  (%s)", rows_b.note) end
+  local fa, fb = by_key(rows_a, "group"), by_key(rows_b, "group")
+  local zero = { ops = 0, recomputed_ops = 0, size_bytes = 0, wire_bytes = 0, alone_us = 0, predicted_us = 0,
+                 exposed_us = 0 }
+  for _, name in ipairs(keys_union(fa, fb, names_of(rows_a, "group"), names_of(rows_b, "group"))) do
+    local x, y = fa[name] or zero, fb[name] or zero
+    local function ops_text(r)
+      return r.recomputed_ops > 0 and string.format("%d + %d recomputed", r.ops, r.recomputed_ops) or tostring(r.ops)
+    end
+    w("  %s: %s ops; %s -> %s%s; wire %s -> %s; alone %s -> %s; in the step %s -> %s%s; exposed %s -> %s",
+      name, arrow(ops_text(x), ops_text(y)), human(x.size_bytes), human(y.size_bytes), pct(x.size_bytes, y.size_bytes),
+      human(x.wire_bytes), human(y.wire_bytes), us_text(x.alone_us), us_text(y.alone_us), us_text(x.predicted_us),
+      us_text(y.predicted_us), pct(x.predicted_us, y.predicted_us), us_text(x.exposed_us), us_text(y.exposed_us))
   end
   -- Memory and time.
   local ma, mb = a.audit and a.audit.memory, b.audit and b.audit.memory
@@ -246,9 +295,14 @@ function plandiff.compare(a, b, la, lb)
   if ta and tb then
     w("")
     w("time per step:")
-    for _, k in ipairs({ { "step_us", "step" }, { "compute_us", "compute" }, { "comm_serial_us", "communication serialized" },
-                         { "exposed_comm_us", "communication exposed" } }) do
-      w("  %s: %s -> %s%s", k[2], us_text(ta[k[1]]), us_text(tb[k[1]]), pct(ta[k[1]], tb[k[1]]))
+    for _, k in ipairs({ { "step_us", "step" }, { "compute_us", "compute" },
+                         { "exposed_comm_us", "communication exposed" }, { "waits_other_us", "other waits" },
+                         { "comm_us", "communication in the step" }, { "comm_alone_us", "communication alone" } }) do
+      local x, y = ta[k[1]], tb[k[1]]
+      if x ~= nil or y ~= nil then
+        local function t(v) return v == nil and "-" or us_text(v) end
+        w("  %s: %s -> %s%s", k[2], t(x), t(y), (x and y) and pct(x, y) or "")
+      end
     end
   end
   -- Ops.
@@ -273,6 +327,28 @@ function plandiff.compare(a, b, la, lb)
     end
   end
   return table.concat(L, "\n") .. "\n"
+end
+
+-- A plan.json's figures per group family: audit.by_group (gen/figures.lua,
+-- as SCHEDULE.md shows them); a plan.json from before it gets the older
+-- audit's (per_rank_per_step with recompute_by_group, exposed_by_group)
+-- and a note saying so.
+function plandiff.group_rows(doc, label)
+  local au = doc.audit or {}
+  if au.by_group then return au.by_group end
+  local rec = by_key(au.recompute_by_group, "group")
+  local exp = {}
+  for _, e in ipairs(au.timeline and au.timeline.exposed_by_group or {}) do exp[e.group] = e.us end
+  local rows = {}
+  for _, g in ipairs(doc.per_rank_per_step.by_group) do
+    local r = rec[g.group] or { ops = 0, size_bytes = 0, wire_bytes = 0, predicted_us = 0 }
+    local us = g.predicted_us + r.predicted_us
+    rows[#rows + 1] = { group = g.group, ops = g.ops, recomputed_ops = r.ops, size_bytes = g.size_bytes + r.size_bytes,
+      wire_bytes = g.wire_bytes + r.wire_bytes, alone_us = us, predicted_us = us, exposed_us = exp[g.group] or 0 }
+  end
+  rows.note = label .. "'s plan.json predates audit.by_group: its time in the step is its time alone, its exposed "
+    .. "time the older audit's"
+  return rows
 end
 
 -- Ops matched by (kind, unit, phase, micro_step, group): added, removed,

@@ -27,7 +27,9 @@ local opkinds = require("gen.opkinds")
 
 
 function schedule.build(lay, fams, fsdp)
-  local ops = {}
+  -- ops: the micro-step being built (op() and tp_ops append to it);
+  -- step: the micro-steps already finished, each appended once.
+  local ops, step = {}, {}
   local shard = fams.by_name.fsdp and fams.by_name.fsdp.size > 1 and fams.by_name.fsdp or nil
   local replicate = fams.by_name.dp_replicate
   local micro_steps = fsdp.micro_steps
@@ -51,10 +53,14 @@ function schedule.build(lay, fams, fsdp)
     end
   end
   local function all_gather(u, m, phase)
-    op("copy_in", u, m, phase)
+    -- Zero copy-in (gen/opkinds.lua): without a cast the all-gather reads
+    -- the sharded storage itself; the collective's bytes are the same.
+    local direct = u.orig_dtype == u.ag_dtype
+    if not direct then op("copy_in", u, m, phase) end
     -- A shard group of one rank issues no collective (FSDP2's world-size-1
     -- path); the executor copies the slot locally.
-    op("all_gather", u, m, phase, { group = shard and "fsdp" or nil, dtype = u.ag_dtype, count = u.total })
+    op("all_gather", u, m, phase, { group = shard and "fsdp" or nil, dtype = u.ag_dtype, count = u.total,
+                                    from_sharded = direct or nil })
   end
   local units = lay.units
   -- A unit without parameters (torchtitan's Llama root) has no FSDP param
@@ -72,6 +78,7 @@ function schedule.build(lay, fams, fsdp)
   local partial_mode = fsdp.grad_accumulation == "all_reduce_last" and replicate ~= nil and micro_steps > 1
   local unsharded = {}
   for m = 0, micro_steps - 1 do
+    ops = {}
     -- reducing: this micro-step's post-backward reduces; first: its view-out
     -- assigns the sharded grads (later reductions add into them); partial:
     -- what all_reduce_last does with the reduce-scatter output
@@ -141,15 +148,17 @@ function schedule.build(lay, fams, fsdp)
         schedule.reduction(ops, u, m, { first = true }, shard, replicate, true)
       end
     end
+    table.move(ops, 1, #ops, #step + 1, step)
   end
-  for i, o in ipairs(ops) do
+  for i, o in ipairs(step) do
     o.seq = i - 1
     o.stream = opkinds.stream_of(o, replicate ~= nil)
   end
-  return ops
+  return step
 end
 
--- The backward part above emitted pre-backward work unit by unit; insert
+-- The backward part above emitted micro-step m's pre-backward work unit by
+-- unit (ops holds that micro-step only, so this is linear in it); insert
 -- each unit's post-backward (reshard, and on a reducing micro-step pack, RS,
 -- AR, view-out: view_out_add where an earlier micro-step's reduction already
 -- set the sharded grads) right after its backward compute. how: reducing,

@@ -35,13 +35,14 @@ function timeline.build(p, s, per_unit, opts)
   -- Full checkpointing re-runs each layer's forward in its backward, TP's
   -- activation collectives (on the compute stream) included: each runs
   -- again inside its unit's backward op, at its forward op's cost.
-  local recompute_tp = {}
+  local recompute_tp = {} -- unit -> micro-step -> { us, list }
   for _, o in ipairs(timeline.recomputed(p, s)) do
-    local k = o.unit .. "/" .. o.micro_step
-    local acc = recompute_tp[k] or { us = 0, list = {} }
+    local by_micro = recompute_tp[o.unit] or {}
+    recompute_tp[o.unit] = by_micro
+    local acc = by_micro[o.micro_step] or { us = 0, list = {} }
     acc.us = acc.us + (o.predicted_us or 0)
     acc.list[#acc.list + 1] = o
-    recompute_tp[k] = acc
+    by_micro[o.micro_step] = acc
   end
   local info = {}
   for _, o in ipairs(ops) do
@@ -51,7 +52,7 @@ function timeline.build(p, s, per_unit, opts)
       r.link = o.intra_node and "intra" or "inter"
     else
       r.fixed = compute.op_us(p, s, per_unit, o, opts.extra_us)
-      local again = o.kind == "backward" and recompute_tp[o.unit .. "/" .. o.micro_step]
+      local again = o.kind == "backward" and recompute_tp[o.unit] and recompute_tp[o.unit][o.micro_step]
       if again then
         r.fixed = r.fixed + again.us
         r.extra_comm, r.extra_ops = again.us, again.list
@@ -60,43 +61,60 @@ function timeline.build(p, s, per_unit, opts)
     r.nominal = r.work or r.fixed
     info[o.seq] = r
   end
-  local pos, busy, prev = {}, {}, {}
-  for _, name in ipairs(opkinds.STREAMS) do pos[name] = 1 end
+  local S = #opkinds.STREAMS
+  local pos, busy, len, list_of, blocked = {}, {}, {}, {}, {}
+  for k, name in ipairs(opkinds.STREAMS) do
+    pos[k], busy[k], list_of[k], len[k], blocked[k] = 1, false, lists[name], #lists[name], false
+  end
+  local sidx = {}
+  for k, name in ipairs(opkinds.STREAMS) do sidx[name] = k end
   local active, t, finished = {}, 0, 0
-  local function deps_of(seq)
-    local d = {}
-    if prev[seq] then d[#d + 1] = prev[seq] end
-    for _, w in ipairs(waits[seq] or {}) do d[#d + 1] = w end
-    return d
+  local NO_WAITS = {}
+  -- An op's dependencies, in order: the op before it on its stream, then
+  -- its waits. ok: all finished; bind: the one that finished last (the
+  -- later op on a tie); else false and the first unfinished one.
+  local function ready(seq, before)
+    local bind, bind_end = nil, -1
+    if before then
+      local dr = info[before]
+      if not dr.finish then return false, before end
+      if dr.finish > bind_end + EPS or (math.abs(dr.finish - bind_end) <= EPS and before > bind) then
+        bind, bind_end = before, dr.finish
+      end
+    end
+    for _, dseq in ipairs(waits[seq] or NO_WAITS) do
+      local dr = info[dseq]
+      if not dr.finish then return false, dseq end
+      if dr.finish > bind_end + EPS or (math.abs(dr.finish - bind_end) <= EPS and dseq > bind) then
+        bind, bind_end = dseq, dr.finish
+      end
+    end
+    return true, bind
   end
   local function finish(r)
     r.finish = t
     r.dur = t - r.start
-    busy[r.stream] = nil
+    busy[sidx[r.stream]] = false
     finished = finished + 1
   end
+  -- A stream's next op is checked again only once the op it waited on
+  -- has finished (blocked[k]: that op's info).
   local function start_ready()
     local progress = true
     while progress do
       progress = false
-      for _, name in ipairs(opkinds.STREAMS) do
-        local l = lists[name]
-        if not busy[name] and pos[name] <= #l then
-          local seq = l[pos[name]]
-          if pos[name] > 1 then prev[seq] = l[pos[name] - 1] end
-          local ok, bind, bind_end = true, nil, -1
-          for _, dseq in ipairs(deps_of(seq)) do
-            local dr = info[dseq]
-            if not dr.finish then ok = false; break end
-            if dr.finish > bind_end + EPS or (math.abs(dr.finish - bind_end) <= EPS and dseq > bind) then
-              bind, bind_end = dseq, dr.finish
-            end
-          end
+      for k = 1, S do
+        local at = pos[k]
+        if not busy[k] and at <= len[k] and not (blocked[k] and not blocked[k].finish) then
+          local l = list_of[k]
+          local seq = l[at]
+          local ok, bind = ready(seq, at > 1 and l[at - 1] or nil)
           if ok then
+            blocked[k] = false
             local r = info[seq]
             r.start, r.bind = t, bind
-            pos[name] = pos[name] + 1
-            busy[name] = r
+            pos[k] = at + 1
+            busy[k] = r
             if r.fixed then
               r.finish_at = t + r.fixed
               if r.fixed <= EPS then finish(r) end
@@ -106,15 +124,18 @@ function timeline.build(p, s, per_unit, opts)
             end
             if not r.finish then active[#active + 1] = r end
             progress = true
+          else
+            blocked[k] = info[bind]
           end
         end
       end
     end
   end
+  local sharing = { intra = 0, inter = 0 }
   while true do
     start_ready()
     if #active == 0 then break end
-    local sharing = { intra = 0, inter = 0 }
+    sharing.intra, sharing.inter = 0, 0
     for _, r in ipairs(active) do
       if r.link then sharing[r.link] = sharing[r.link] + 1 end
     end
@@ -128,15 +149,17 @@ function timeline.build(p, s, per_unit, opts)
       if r.link then r.remaining = r.remaining - dt / sharing[r.link] end
     end
     t = tf
-    local still = {}
-    for _, r in ipairs(active) do
+    local kept, n = 0, #active
+    for i = 1, n do
+      local r = active[i]
       if (r.fixed and r.finish_at <= t + EPS) or (r.link and r.remaining <= EPS * math.max(1, r.work)) then
         finish(r)
       else
-        still[#still + 1] = r
+        kept = kept + 1
+        active[kept] = r
       end
     end
-    active = still
+    for i = kept + 1, n do active[i] = nil end
   end
   if finished ~= #ops then
     error(string.format("internal: the predicted timeline stalls after %d of %d ops", finished, #ops), 0)
@@ -154,19 +177,37 @@ function timeline.summarize(p, info, by_seq)
     end
   end
   -- Compute stream: busy time, idle intervals and who they waited for.
+  -- Each idle interval [lo, hi] is split along the chain of binding
+  -- dependencies that ended it (an op starts when its latest dependency
+  -- finishes, so the chain covers the interval without gaps): each op of
+  -- the chain takes the part of the interval it ran in, a collective as its
+  -- exposed time (never more than its own duration), anything else (a copy
+  -- on another stream) as key -1.
+  -- Each part is also kept as a span (idle[]: lo, hi, by = the op's seq
+  -- or -1, waiting = the compute op that waited, nil for the tail), in
+  -- time order, for the pictures (gen/svg.lua).
   local busy, comm_serial = 0, 0
-  local exposed_by, recompute_by, waiter = {}, {}, {}
-  local function blame(seq, us, waiting)
-    -- Walk the binding dependencies back to the collective that held it.
-    local cur = seq
-    while cur do
-      local o = by_seq[cur]
-      if o.group or o.stream == "compute" then break end
-      cur = info[cur].bind
+  local exposed_by, recompute_by, waiter, idle = {}, {}, {}, {}
+  local function attribute(from, lo, hi, waiting)
+    local cur = from
+    local parts = {}
+    while cur and hi > lo + EPS do
+      local o, r = by_seq[cur], info[cur]
+      local part = math.min(hi, r.finish) - math.max(lo, r.start)
+      if part > EPS then
+        local key = o.group and cur or -1
+        exposed_by[key] = (exposed_by[key] or 0) + part
+        if key >= 0 and waiting and not waiter[key] then waiter[key] = { op = waiting, via = from } end
+        parts[#parts + 1] = { lo = math.max(lo, r.start), hi = math.min(hi, r.finish), by = key, waiting = waiting }
+      end
+      hi = math.min(hi, r.start)
+      cur = r.bind
     end
-    local key = (cur and by_seq[cur].group) and cur or -1
-    exposed_by[key] = (exposed_by[key] or 0) + us
-    if key >= 0 and not waiter[key] then waiter[key] = { op = waiting, via = seq } end
+    if hi > lo + EPS then
+      exposed_by[-1] = (exposed_by[-1] or 0) + (hi - lo)
+      parts[#parts + 1] = { lo = lo, hi = hi, by = -1, waiting = waiting }
+    end
+    for i = #parts, 1, -1 do idle[#idle + 1] = parts[i] end
   end
   local cend = 0
   for _, o in ipairs(ops) do
@@ -184,53 +225,38 @@ function timeline.summarize(p, info, by_seq)
           recompute_by[fo.seq] = (recompute_by[fo.seq] or 0) + (fo.predicted_us or 0)
         end
       end
-      if r.start > cend + EPS then blame(r.bind, r.start - cend, o.seq) end
+      if r.start > cend + EPS then attribute(r.bind, cend, r.start, o.seq) end
       cend = math.max(cend, r.finish)
     end
   end
   -- Critical path: from the last op back along binding dependencies.
-  local path = {}
+  local back = {}
   local cur = last
   while cur do
-    table.insert(path, 1, cur)
+    back[#back + 1] = cur
     cur = info[cur].bind
   end
-  -- The tail after the compute stream's last op belongs to the path's
-  -- collectives that run after it.
-  if step > cend + EPS then
-    for _, seq in ipairs(path) do
-      local r = info[seq]
-      if by_seq[seq].group and r.finish > cend then
-        local part = r.finish - math.max(r.start, cend)
-        exposed_by[seq] = (exposed_by[seq] or 0) + part
-      end
-    end
-    -- Non-collective ops in the tail (a view-out): their own time.
-    local covered = 0
-    for _, us in pairs(exposed_by) do covered = covered + us end
-    for _, us in pairs(recompute_by) do covered = covered + us end
-    local rest = (step - busy) - covered
-    if rest > EPS then exposed_by[-1] = (exposed_by[-1] or 0) + rest end
-  end
+  local path = {}
+  for i = #back, 1, -1 do path[#path + 1] = back[i] end
+  -- The tail after the compute stream's last op: split along the
+  -- critical path the same way.
+  if step > cend + EPS then attribute(last, cend, step, nil) end
   return { ops = info, step_us = step, compute_busy_us = busy, exposed_us = step - busy,
            comm_serial_us = comm_serial, exposed_by = exposed_by, recompute_by = recompute_by, waiter = waiter,
-           critical = path, compute_end_us = cend }
+           idle = idle, critical = path, compute_end_us = cend }
 end
 
 -- The forward ops whose collectives full activation checkpointing runs
 -- again in backward: TP's, on the compute stream (FSDP's all-gathers are
--- not repeated: the backward's own unshard serves the recompute).
+-- not repeated: the backward's own unshard serves the recompute), of the
+-- units it wraps (compute.checkpointed: torchtitan's transformer blocks;
+-- the embedding's, the output's and loss_parallel's collectives run once).
 function timeline.recomputed(p, s)
   local out = {}
   if s.activation_checkpointing ~= "full" then return out end
-  -- torchtitan checkpoints each transformer block (apply_ac wraps
-  -- model.layers only): the embedding's, the output's and loss_parallel's
-  -- collectives run once.
   local block = {}
   for _, u in ipairs(p.layout.units) do
-    for _, q in ipairs(u.params) do
-      if q.name:sub(-#"attention.wq.weight") == "attention.wq.weight" then block[u.index] = true end
-    end
+    if compute.checkpointed(p, u) then block[u.index] = true end
   end
   for _, o in ipairs(p.ops) do
     if o.group and o.stream == "compute" and o.phase == "forward" and block[o.unit] then out[#out + 1] = o end
@@ -252,17 +278,6 @@ function timeline.recompute_per_family(p, s)
     t[o.group] = a
   end
   return t
-end
-
--- Everything the audit shows, from the plan: settings, per-unit compute,
--- memory and the timeline.
-function timeline.audit(p, opts)
-  local s = compute.settings(p)
-  local per_unit = compute.units(p, s)
-  local tl = timeline.build(p, s, per_unit, opts)
-  local mem = require("gen.memory").whole_rank(p, s, per_unit)
-  return { settings = s, per_unit = per_unit, timeline = tl, memory = mem,
-           step_flops = compute.step_flops(p, per_unit) }
 end
 
 return timeline

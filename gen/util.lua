@@ -11,9 +11,14 @@ local util = {}
 -- each one is what it is).
 util.LIMITS = {
   world = 1 << 20,           -- ranks: generation is O(1) in the world (closed-form groups); 1M ranks tested
-  units = 512,               -- fully_shard units: the memory planner is quadratic in buffers
-  micro_steps = 1024,        -- gradient-accumulation micro-steps
-  unit_steps = 1024,         -- units x micro_steps: lifetimes per buffer grow with micro-steps
+  -- units x micro-steps ("unit-steps"): generation is linear in them, and
+  -- the generator holds the whole step (every op, its lifetimes, waits and
+  -- rendered text) in memory, ~100 KB per unit-step for a TP plan (bench/
+  -- RESULTS.md): 2^17 of them is ~13 GiB, where a 16 GiB machine ends
+  unit_steps = 1 << 17,
+  unit_step_kib = 100,       -- that memory per unit-step, for the message
+  units = 1 << 17,           -- fully_shard units: unit_steps at one micro-step
+  micro_steps = 1 << 17,     -- gradient-accumulation micro-steps: unit_steps for one unit
   params = 32768,            -- parameters in the whole model
   dims = 8,                  -- tensor dims: runtime/commplan.h CP_MAX_DIMS
   name_len = 200,            -- bytes in a unit or parameter name
@@ -319,12 +324,10 @@ end
 -- under plain `cc -std=c11` (trigraphs on): printable ASCII stays except
 -- \ " and ? (escaped, so no trigraph forms); every other byte is a
 -- three-digit octal escape (a following digit cannot extend it).
+local C_ESCAPE = { ["\\"] = "\\\\", ['"'] = '\\"', ["?"] = "\\?" }
 function util.c_string(s)
-  return '"' .. s:gsub(".", function(c)
-    local b = c:byte()
-    if c == "\\" then return "\\\\" elseif c == '"' then return '\\"' elseif c == "?" then return "\\?" end
-    if b >= 32 and b <= 126 then return c end
-    return string.format("\\%03o", b)
+  return '"' .. s:gsub('[%c\\"?\128-\255]', function(c)
+    return C_ESCAPE[c] or string.format("\\%03o", c:byte())
   end) .. '"'
 end
 

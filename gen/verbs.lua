@@ -4,6 +4,8 @@
 --       REV:path (git show), e.g. HEAD:plans/llama70b/plan.json
 --   lua5.4 gen/verbs.lua diff --rev REV plans/<name>.lua
 --       the plan file against its plan.json committed at REV
+--   --svg DIR (before the operands) also writes DIR/before.svg and
+--       DIR/after.svg: each side's timeline.svg (gen/plandiff.svg_of)
 --   lua5.4 gen/verbs.lua advise PLAN.lua [--world-size N] [--gpus-per-node G] [--global-batch B] [--top K]
 --       rank the meshes ParallelDims accepts for PLAN's model on N GPUs
 -- gen/commplan.lua dispatches `diff` and `advise` here when it knows them
@@ -21,7 +23,7 @@ local verbs = {}
 verbs.PLAN_MAX_BYTES = 16 << 20
 verbs.JSON_MAX_BYTES = 256 << 20
 
-verbs.USAGE = "usage: lua5.4 gen/verbs.lua diff A B | diff --rev REV PLAN.lua\n"
+verbs.USAGE = "usage: lua5.4 gen/verbs.lua diff [--svg DIR] A B | diff [--svg DIR] --rev REV PLAN.lua\n"
   .. "       lua5.4 gen/verbs.lua advise PLAN.lua [--world-size N] [--gpus-per-node G] [--global-batch B] [--top K]\n"
 
 local function int_arg(v, name)
@@ -35,20 +37,28 @@ end
 function verbs.main(argv)
   local verb = argv[1]
   if verb == "diff" then
-    local sa, sb = argv[2], argv[3]
-    if sa == "--rev" and #argv == 4 then
+    local args, svg_dir = {}, nil
+    local i = 2
+    while i <= #argv do
+      if argv[i] == "--svg" and argv[i + 1] and argv[i + 1] ~= "" then svg_dir = argv[i + 1]; i = i + 2
+      else args[#args + 1] = argv[i]; i = i + 1 end
+    end
+    local sa, sb = args[1], args[2]
+    if sa == "--rev" and #args == 3 then
       -- The plan against its generated output committed at a revision.
-      local name = argv[4]:match("([%w_]+)%.lua$")
-      if not name then util.plan_error(argv[4] .. ": --rev compares a plan file (plans/<name>.lua)") end
-      sa, sb = argv[3] .. ":plans/" .. name .. "/plan.json", argv[4]
-    elseif #argv ~= 3 then
+      local name = args[3]:match("([%w_]+)%.lua$")
+      if not name then util.plan_error(args[3] .. ": --rev compares a plan file (plans/<name>.lua)") end
+      sa, sb = args[2] .. ":plans/" .. name .. "/plan.json", args[3]
+    elseif #args ~= 2 or sa:sub(1, 2) == "--" or sb:sub(1, 2) == "--" then
       io.stderr:write(verbs.USAGE)
       return 2
     end
     local plandiff = require("gen.plandiff")
-    local a, la = plandiff.load(sa)
-    local b, lb = plandiff.load(sb)
-    io.stdout:write(plandiff.compare(a, b, la, lb))
+    local a, la, pa = plandiff.load(sa)
+    local b, lb, pb = plandiff.load(sb)
+    local text = plandiff.compare(a, b, la, lb)
+    if svg_dir then text = text .. verbs.write_svgs(plandiff, svg_dir, sa, pa, sb, pb) end
+    io.stdout:write(text)
     return 0
   elseif verb == "advise" then
     local opts, path = {}, nil
@@ -73,6 +83,31 @@ function verbs.main(argv)
   end
   io.stderr:write(verbs.USAGE)
   return 2
+end
+
+-- diff --svg DIR: DIR/before.svg and DIR/after.svg (DIR made if need
+-- be); returns the lines that say so.
+function verbs.write_svgs(plandiff, dir, sa, pa, sb, pb)
+  local lines = { "", "timeline:" }
+  local out = {}
+  for _, side in ipairs({ { "before", sa, pa }, { "after", sb, pb } }) do
+    local text, note = plandiff.svg_of(side[2], side[3])
+    out[#out + 1] = { dir .. "/" .. side[1] .. ".svg", text }
+    if note then lines[#lines + 1] = "  (" .. note .. ")" end
+  end
+  local q = "'" .. dir:gsub("'", "'\\''") .. "'"
+  if os.execute("mkdir -p -- " .. q .. " 2>/dev/null") ~= true then
+    util.plan_error(fsio.shown(dir) .. ": cannot create the directory for the timelines")
+  end
+  for _, f in ipairs(out) do
+    local fh = io.open(f[1], "wb")
+    local ok = fh and fh:write(f[2])
+    if not (fh and fh:close() and ok) then
+      util.plan_error(fsio.shown(f[1]) .. ": cannot write it (disk full or read-only?)")
+    end
+    lines[#lines + 1] = "  wrote " .. fsio.shown(f[1])
+  end
+  return table.concat(lines, "\n") .. "\n"
 end
 
 -- Run as a script (not when required by gen/commplan.lua).

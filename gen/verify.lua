@@ -12,6 +12,8 @@ local layout = require("gen.layout")
 local verify = {}
 
 local ES = layout.DTYPE_BYTES
+local TP_KIND = {} -- kind -> true for TP's activation collectives
+for _, d in ipairs(require("gen.opkinds").LIST) do TP_KIND[d.name] = d.tp or nil end
 
 local function check(cond, fmt, ...)
   if not cond then error("internal error (plan verification failed): " .. string.format(fmt, ...), 0) end
@@ -65,7 +67,9 @@ function verify.schedule(lay, ops, fsdp)
     local u, s = o.unit, state[o.unit]
     local k = o.kind
     if k == "copy_in" then check(s == "sharded", "copy_in of %s while %s", name(u), s); state[u] = "copied_in"
-    elseif k == "all_gather" then check(s == "copied_in", "all_gather of %s while %s", name(u), s); state[u] = "gathered"
+    elseif k == "all_gather" then
+      local want = o.from_sharded and "sharded" or "copied_in" -- zero copy-in reads the shards themselves
+      check(s == want, "all_gather of %s while %s", name(u), s); state[u] = "gathered"
     elseif k == "copy_out" then check(s == "gathered", "copy_out of %s while %s", name(u), s); state[u] = "unsharded"
     elseif k == "forward" then check(s == "unsharded", "forward of %s on %s params", name(u), s)
     elseif k == "backward" then
@@ -90,7 +94,7 @@ function verify.schedule(lay, ops, fsdp)
       check(held[u] == 0, "%s of %s with %d partial sums not folded in", k, name(u), held[u])
       check((k == "view_out") == (outs[u] == 0), "%s of %s after %d view-outs this step", k, name(u), outs[u])
       open[u] = false; outs[u] = outs[u] + 1
-    elseif k:sub(1, 3) == "tp_" then check(s == "unsharded", "%s of %s on %s params", k, name(u), s)
+    elseif TP_KIND[k] then check(s == "unsharded", "%s of %s on %s params", k, name(u), s)
     else check(false, "unknown op kind %s", tostring(k)) end
   end
   for _, uu in ipairs(lay.units) do
@@ -113,7 +117,7 @@ function verify.order(lay, fams, ops)
       local f = fams.by_name[o.group]
       check(f ~= nil, "op %d names unknown group %s", o.seq, o.group)
       local u = lay.units[o.unit + 1]
-      if o.kind:sub(1, 3) == "tp_" then
+      if TP_KIND[o.kind] then
         -- TP activation collectives: on the TP group, inside the unit's activation buffer.
         check(o.group == "tp", "op %d: %s on group %s", o.seq, o.kind, o.group)
         -- In ag_dtype, or (the norm gradients' all-reduce) the unit's reduce dtype;
@@ -142,14 +146,18 @@ local INT_MAX = (1 << 31) - 1
 local EXACT = 1 << 53
 local MAX_DIMS = 8
 
+-- (The field's name is formatted only when the check fails: these run
+-- for every op and parameter.)
 local function int_field(v, what, ...)
-  check(math.type(v) == "integer" and v >= 0 and v <= INT_MAX, "%s = %s does not fit a C int", string.format(what, ...),
-    tostring(v))
+  if not (math.type(v) == "integer" and v >= 0 and v <= INT_MAX) then
+    check(false, "%s = %s does not fit a C int", string.format(what, ...), tostring(v))
+  end
 end
 
 local function int64_field(v, what, ...)
-  check(math.type(v) == "integer" and v >= 0 and v <= EXACT, "%s = %s is outside [0, 2^53]", string.format(what, ...),
-    tostring(v))
+  if not (math.type(v) == "integer" and v >= 0 and v <= EXACT) then
+    check(false, "%s = %s is outside [0, 2^53]", string.format(what, ...), tostring(v))
+  end
 end
 
 function verify.bounds(lay, fams, ops, fsdp)

@@ -105,7 +105,7 @@ for p in "$@"; do
       fi
     done
   done
-  [ "$plan_ok" = 1 ] && ok "$p: $n ranks, --check eager and --graph, seeds $(echo $SEEDS | tr ' ' ','): exact, 0 races"
+  [ "$plan_ok" = 1 ] && ok "$p: $n ranks, --check eager and --graph, seeds $(echo "$SEEDS" | tr ' ' ','): exact, 0 races"
 done
 
 echo "== NCCL's arithmetic on the emulator against a recording of FSDP2 on NCCL (tests/oracle/nccl)"
@@ -116,6 +116,42 @@ if [ -x build/emu/fsdp3/fsdp3 ]; then
      $LUA tests/oracle_check.lua tests/oracle/nccl "$dir/oracle.dump" fsdp3 >"$log.cmp" 2>&1; then
     ok "fsdp3: emulated --check --pattern oracle --dump, 3 ranks, equals FSDP2-on-NCCL's recording byte for byte"
   else bad "fsdp3 emulated --dump vs tests/oracle/nccl" "$log.cmp"; fi
+fi
+
+# No sanitizer report on any rank's log.
+sanitizer_clean() {
+  n=$1 log=$2 r=0
+  while [ "$r" -lt "$n" ]; do
+    ! grep -q 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$log.$r" || return 1
+    r=$((r + 1))
+  done
+}
+
+ASAN_PLANS=${EMU_ASAN_PLANS:-fsdp4 llama_tiny_tp hsdp3x2_arlast}
+echo "== the GPU path under ASan+UBSan on the emulator (build/emu-asan)"
+for p in $ASAN_PLANS; do
+  bin=build/emu-asan/$p/$p
+  [ -x "$bin" ] || { bad "$p: $bin is not built (make emu-build)"; continue; }
+  n=$(world "$p")
+  plan_ok=1
+  for mode in "" --graph; do
+    log=$dir/asan.$p${mode#--}
+    # shellcheck disable=SC2086
+    if ! { launch "$n" "$log" "$bin" --check --steps 2 $mode && clean_summaries "$n" "$log" && sanitizer_clean "$n" "$log"; }; then
+      plan_ok=0
+      bad "$p under ASan+UBSan --check ${mode:-eager}" "$log.0"
+    fi
+  done
+  [ "$plan_ok" = 1 ] && ok "$p under ASan+UBSan: $n ranks, --check eager and --graph: exact, no sanitizer report, no leak"
+done
+# A failed step's teardown (communicators aborted, queued host functions
+# drained before their state is freed) under ASan: a failing rank, no report.
+if [ -x build/emu-asan/fsdp4/fsdp4 ]; then
+  log=$dir/asan.fault
+  if ! COMMPLAN_EMU_FAULT=alloc_in_capture:6 COMMPLAN_EMU_DEADLOCK_S=2 launch 4 "$log" build/emu-asan/fsdp4/fsdp4 \
+       --check --steps 2 --graph --timeout 10 && ! crashed 4 "$log" >/dev/null && sanitizer_clean 4 "$log"; then
+    ok "fsdp4 under ASan+UBSan: a capture broken on rank 0, every rank fails with its own error, no sanitizer report"
+  else bad "fsdp4 under ASan+UBSan: a failed step's teardown" "$log.0"; fi
 fi
 
 LIB_PLANS=${EMU_LIB_PLANS:-fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven}

@@ -355,6 +355,22 @@ local function in_process(src, path)
     local tri = files[f]:find("??", 1, true)
     if tri then unsafe(string.format("%s holds a trigraph start: %s", f, files[f]:sub(tri - 20, tri + 5))) end
   end
+  -- timeline.svg: printable ASCII, every '&' an entity, every '<' one of
+  -- the elements gen/svg.lua writes (a name never opens a tag).
+  local svg = audit.timeline_svg(p, fp)
+  local bad = svg:find("[^\n -~]")
+  if bad then unsafe(string.format("timeline.svg holds byte %d at %d", svg:byte(bad), bad)) end
+  for ref in svg:gmatch("&([^;&<]*)") do
+    if not (ref == "amp" or ref == "lt" or ref == "gt" or ref == "quot" or ref == "#39") then
+      unsafe("timeline.svg holds a bare '&': &" .. ref:sub(1, 20))
+    end
+  end
+  local TAGS = { ["?xml"] = true, ["!--"] = true, svg = true, style = true, defs = true, pattern = true, rect = true,
+                 line = true, text = true, tspan = true, path = true, g = true, title = true }
+  for tag in svg:gmatch("</?([^%s>/]*)") do
+    if not TAGS[tag:sub(1, 3) == "!--" and "!--" or tag] then unsafe("timeline.svg opens <" .. tag:sub(1, 20)) end
+  end
+  files["timeline.svg"] = svg
   local seen = {}
   for id in files["plan.h"]:gmatch("\n%s+([%w_]+) = %d+,?") do
     if seen[id] then unsafe("duplicate C enumerator " .. id) end

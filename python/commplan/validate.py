@@ -25,7 +25,7 @@ __all__ = ["Spec", "SECTIONS", "CONFIG_FIELDS", "describe", "check_value", "chec
 
 OPTIONS_SRC = "writer options"
 MODEL_INT = (1 << 31) - 1          # gen/util.lua LIMITS.model_int
-MAX_LAYERS = 509                   # gen/load.lua: n_layers <= units - 3 (512 units)
+MAX_LAYERS = (1 << 17) - 3         # gen/load.lua: n_layers <= units - 3 (2^17 units)
 DTYPES = ("fp32", "bf16", "fp16")
 
 
@@ -71,7 +71,7 @@ CONFIG_FIELDS = {
     "intermediate_size": Spec("int", required=True, **_POS),
     "num_attention_heads": Spec("int", required=True, **_POS),
     "num_hidden_layers": Spec("int", required=True, lo=1, hi=MAX_LAYERS,
-                              why="a plan has one unit per layer and up to three more, 512 units in all"),
+                              why="a plan has one unit per layer and up to three more, 2^17 units in all"),
     "vocab_size": Spec("int", required=True, **_POS),
     "num_key_value_heads": Spec("int", null=True, **_POS),
     "head_dim": Spec("int", null=True, **_POS),
@@ -171,7 +171,7 @@ def _fail(src, path, msg):
 # ---- values --------------------------------------------------------------------------------
 
 def _range_text(spec):
-    """'in 1..509', '>= 1', '> 0'."""
+    """'in 1..131069', '>= 1', '> 0'."""
     if spec.gt is not None:
         return "> %s" % spec.gt + (" and <= %s" % spec.hi if spec.hi is not None else "")
     if spec.lo is not None and spec.hi is not None:

@@ -434,7 +434,9 @@ struct capture {
     cudaError_t invalid;
     cudaStream_t members[MAX_MEMBERS];
     int nmembers;
+    uint64_t id; /* events name their capture by it: a freed capture's address may come back */
 };
+static uint64_t next_capture_id;
 
 struct CUstream_st {
     int agent;
@@ -460,8 +462,9 @@ struct CUevent_st {
         vclock vc;
         double t;
     } h[EV_HIST];
-    struct capture *cap; /* recorded last inside this capture */
+    uint64_t cap_id; /* recorded last inside the capture of this id (0: outside any) */
     int *capnodes, ncap;
+    int refs, destroyed; /* queued records and waits naming it; cudaEventDestroy called */
 };
 
 struct CUgraph_st {
@@ -474,6 +477,7 @@ struct CUgraphExec_st {
     gnode *nodes;
     int n, nlanes;
     int lane_agent[MAX_MEMBERS];
+    int refs, destroyed; /* queued launches; cudaGraphExecDestroy called */
 };
 
 static cudaStream_t streams[256];
@@ -590,6 +594,27 @@ static void free_op(op *o)
     free(o);
 }
 
+static void free_nodes(gnode *nodes, int n);
+
+/* CUDA defers destroying an event or graph still named by queued work: so does this. */
+static void maybe_free_event(struct CUevent_st *e) /* under L */
+{
+    if (!e->destroyed || e->refs) return;
+    free(e->capnodes);
+    free(e);
+}
+static void maybe_free_exec(struct CUgraphExec_st *x) /* under L */
+{
+    if (!x->destroyed || x->refs) return;
+    free_nodes(x->nodes, x->n);
+    free(x);
+}
+static void release_refs(op *o) /* under L: o has run */
+{
+    if (o->ev) { o->ev->refs--; maybe_free_event(o->ev); }
+    if (o->gx) { o->gx->refs--; maybe_free_exec(o->gx); }
+}
+
 static cudaError_t add_node(struct capture *c, cudaStream_t s, op *o) /* under L */
 {
     if (c->invalid) { free_op(o); return cudaErrorStreamCaptureInvalidated; }
@@ -622,6 +647,8 @@ static cudaError_t add_node(struct capture *c, cudaStream_t s, op *o) /* under L
 static void push(cudaStream_t s, op *o) /* under L */
 {
     o->host_vc = host_vc;
+    if (o->ev) o->ev->refs++;
+    if (o->gx) o->gx->refs++;
     if (s->tail) s->tail->next = o;
     else s->head = o;
     s->tail = o;
@@ -816,6 +843,7 @@ static void *worker(void *arg)
         s->busy = 0;
         s->done++;
         pthread_cond_broadcast(&CV);
+        release_refs(o);
         free_op(o);
     }
     pthread_mutex_unlock(&L);
@@ -1216,7 +1244,7 @@ static cudaError_t record_on(cudaStream_t s, struct CUevent_st *e, const char *l
         if (s->nfront && !e->capnodes) return cudaErrorMemoryAllocation;
         if (s->nfront) memcpy(e->capnodes, s->front, (size_t)s->nfront * sizeof(int));
         e->ncap = s->nfront;
-        e->cap = s->cap;
+        e->cap_id = s->cap->id;
         return cudaSuccess;
     }
     op *o = new_op(OP_RECORD, label);
@@ -1225,7 +1253,7 @@ static cudaError_t record_on(cudaStream_t s, struct CUevent_st *e, const char *l
     int k = (int)(g % EV_HIST);
     e->h[k].gen = g;
     e->h[k].done = 0;
-    e->cap = NULL;
+    e->cap_id = 0;
     o->ev = e;
     o->gen = g;
     return submit(s, o);
@@ -1233,11 +1261,11 @@ static cudaError_t record_on(cudaStream_t s, struct CUevent_st *e, const char *l
 
 static cudaError_t wait_on(cudaStream_t s, struct CUevent_st *e, const char *label) /* under L */
 {
-    if (e->cap) {
-        struct capture *c = e->cap;
-        int active = 0;
-        for (int i = 0; i < ncaptures; i++) active |= captures[i] == c;
-        if (!active) {
+    if (e->cap_id) {
+        struct capture *c = NULL;
+        for (int i = 0; i < ncaptures; i++)
+            if (captures[i]->id == e->cap_id) c = captures[i];
+        if (!c) {
             emu_finding("CAPTURE", "%s on an event last recorded inside a capture that has ended: its graph does not "
                         "record the event, so the wait orders nothing", label);
             return cudaErrorStreamCaptureIsolation;
@@ -1293,7 +1321,10 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
     ENTER("cudaEventDestroy");
     if (!e) return cudaErrorInvalidResourceHandle;
-    /* Queued records and waits may still name it (CUDA defers the release): kept. */
+    pthread_mutex_lock(&L);
+    e->destroyed = 1;
+    maybe_free_event(e);
+    pthread_mutex_unlock(&L);
     return cudaSuccess;
 }
 
@@ -1340,7 +1371,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
     ENTER("cudaEventSynchronize");
     if (!e) return cudaErrorInvalidResourceHandle;
     pthread_mutex_lock(&L);
-    if (e->cap) {
+    if (e->cap_id) {
         pthread_mutex_unlock(&L);
         emu_finding("CAPTURE", "cudaEventSynchronize on an event last recorded inside a capture");
         return cudaErrorCapturedEvent;
@@ -1432,6 +1463,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode)
         if (!c) e = cudaErrorMemoryAllocation;
         else {
             c->origin = s;
+            c->id = ++next_capture_id;
             c->mode = mode;
             c->thread = pthread_self();
             c->members[c->nmembers++] = s;
@@ -1591,7 +1623,10 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
 {
     ENTER("cudaGraphExecDestroy");
     if (!exec) return cudaErrorInvalidValue;
-    /* A launch may still be queued: the nodes stay until the process ends. */
+    pthread_mutex_lock(&L);
+    exec->destroyed = 1;
+    maybe_free_exec(exec);
+    pthread_mutex_unlock(&L);
     return cudaSuccess;
 }
 

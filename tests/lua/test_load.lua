@@ -200,12 +200,13 @@ function T.numbers_are_bounded()
     fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, topology = { intra_node_GBps = " .. v .. " }"),
       "topology.intra_node_GBps")
   end
-  fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, fsdp = { micro_steps = 1025 }"), "fsdp.micro_steps", "1024")
+  fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, fsdp = { micro_steps = (1 << 17) + 1 }"), "fsdp.micro_steps",
+    "131072 (2^17)", "units x micro-steps")
   fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, fsdp = { micro_steps = 0 }"), "fsdp.micro_steps", ">= 1")
   fails(OK:gsub("shape = { 5, 3 }", "shape = { 5, 3 }, shard_dim = 0/0"), "shard_dim", "NaN")
   fails("return { world_size = 8, model = { family = 'llama', size = '8b', ffn_dim_multiplier = 0/0 } }",
     "model.ffn_dim_multiplier", "NaN")
-  fails("return { world_size = 8, model = { family = 'llama', size = '8b', n_layers = 600 } }", "model.n_layers",
+  fails("return { world_size = 8, model = { family = 'llama', size = '8b', n_layers = 1 << 17 } }", "model.n_layers",
     "units")
 end
 
@@ -240,13 +241,21 @@ function T.numel_and_bytes_are_bounded()
     .. "n_heads = 1, n_kv_heads = 1 } }", "model.dim", "2^53")
 end
 
-function T.counts_bound_generation_time()
-  fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, fsdp = { micro_steps = 600 }"):gsub("units = {",
-    "units = { { name = 'a', params = { { name = 'a.w', shape = { 4 } } } },"), "fsdp.micro_steps", "1024")
+-- Units x micro-steps is bounded where the generator's memory ends (one
+-- line naming the field and the fix); the unit list by the same bound.
+function T.counts_bound_generator_memory()
+  fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, fsdp = { micro_steps = 70000 }"):gsub("units = {",
+    "units = { { name = 'a', params = { { name = 'a.w', shape = { 4 } } } },"), "fsdp.micro_steps",
+    "2 units x 70000 micro-steps is more than 131072 (2^17) unit-steps", "GiB", "use fewer micro-steps")
+  local spec = require("gen.load").SCHEMA.model.units
+  local saved_max = spec.max
+  spec.max = 3
   local many = {}
-  for i = 1, util.LIMITS.units + 1 do many[i] = string.format("{ name = 'u%d', params = { { name = 'p%d', shape = { 4 } } } }", i, i) end
-  fails("return { world_size = 4, parallel = { dp_shard = -1 }, model = { units = { " .. table.concat(many, ", ")
-    .. " } } }", "model.units", "more than 512 entries")
+  for i = 1, 4 do many[i] = string.format("{ name = 'u%d', params = { { name = 'p%d', shape = { 4 } } } }", i, i) end
+  local okm, errm = pcall(fails, "return { world_size = 4, parallel = { dp_shard = -1 }, model = { units = { "
+    .. table.concat(many, ", ") .. " } } }", "model.units", "more than 3 entries", "units x micro-steps")
+  spec.max = saved_max
+  assert(okm, errm)
   local saved = util.LIMITS.params
   util.LIMITS.params = 5
   local ok, err = pcall(fails, "return { world_size = 4, parallel = { dp_shard = -1 }, model = { units = { "

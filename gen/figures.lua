@@ -1,0 +1,95 @@
+-- The step's figures, in one place: every number SCHEDULE.md, plan.json's
+-- audit section, trace.json, `make diff-plan` and `make advise` show about
+-- a plan's predicted step is computed here, once, and rounded here (to the
+-- nanosecond, as plan.json stores it); those outputs only format it.
+--
+--   step_us        the predicted step (gen/timeline.lua)
+--                  = compute_us + exposed_us + waits_us
+--   compute_us     the compute stream's busy time without TP collectives
+--                  (and without full checkpointing's rerun of them)
+--   exposed_us     the part of the step the compute stream waits for
+--                  collectives (TP's on the compute stream included):
+--                  the sum of the families' exposed_us
+--   waits_us       the rest of its waiting: copies on other streams
+--   comm_us        the collectives' time in the predicted step, links
+--                  shared (trace.json's durations), the recompute's
+--                  collectives included: the sum of the families' us
+--   alone_us       the same collectives each alone at its link's full
+--                  bandwidth (gen/cost.lua), summed
+--   families[]     per group family with collectives (p.groups order):
+--                  name, intra, ops (the tables'), recomputed_ops,
+--                  size_bytes, wire_bytes (recompute included), alone_us,
+--                  us, exposed_us; exposed_us <= us by construction: a
+--                  collective is exposed only for the part of its own run
+--                  the compute stream waits through
+--   links          intra, inter: ops (recompute included), size_bytes,
+--                  wire_bytes, alone_us, us
+--   memory         gen/memory.lua's whole-rank verdict
+-- Keys and inputs: compute.settings, compute.units, timeline.build.
+local compute = require("gen.compute")
+local timeline = require("gen.timeline")
+local memory = require("gen.memory")
+
+local figures = {}
+
+-- A figure as every output holds it: microseconds to the nanosecond.
+function figures.round(x) return x and tonumber(string.format("%.3f", x)) end
+local r3 = figures.round
+
+-- p: the plan (its training settings as they stand) -> the figures, with
+-- the inputs they came from (settings, per_unit, timeline, recompute,
+-- memory, step_flops) for the texts that need more than the numbers.
+function figures.of(p, opts)
+  local s = compute.settings(p)
+  local per_unit = compute.units(p, s)
+  local tl = timeline.build(p, s, per_unit, opts)
+  local mem = memory.whole_rank(p, s, per_unit)
+  local rec = timeline.recompute_per_family(p, s)
+  local rows, by_name = {}, {}
+  for _, f in ipairs(p.groups.list) do
+    local a = p.predicted.per_family[f.name]
+    if a then
+      local r = rec[f.name] or { ops = 0, size_bytes = 0, wire_bytes = 0, us = 0 }
+      local row = { name = f.name, intra = p.predicted.intra[f.name] and true or false, ops = a.ops,
+                    recomputed_ops = r.ops, size_bytes = a.size_bytes + r.size_bytes,
+                    wire_bytes = a.wire_bytes + r.wire_bytes, alone_us = a.us + r.us, us = r.us, exposed_us = 0 }
+      rows[#rows + 1] = row
+      by_name[f.name] = row
+    end
+  end
+  for _, o in ipairs(p.ops) do
+    local row = o.group and by_name[o.group]
+    if row then
+      row.us = row.us + tl.ops[o.seq].dur
+      row.exposed_us = row.exposed_us + (tl.exposed_by[o.seq] or 0) + (tl.recompute_by[o.seq] or 0)
+    end
+  end
+  local links = { intra = { ops = 0, size_bytes = 0, wire_bytes = 0, alone_us = 0, us = 0 },
+                  inter = { ops = 0, size_bytes = 0, wire_bytes = 0, alone_us = 0, us = 0 } }
+  local comm, alone, exposed = 0, 0, 0
+  for _, row in ipairs(rows) do
+    local c = links[row.intra and "intra" or "inter"]
+    c.ops = c.ops + row.ops + row.recomputed_ops
+    c.size_bytes = c.size_bytes + row.size_bytes
+    c.wire_bytes = c.wire_bytes + row.wire_bytes
+    c.alone_us = c.alone_us + row.alone_us
+    c.us = c.us + row.us
+    comm, alone, exposed = comm + row.us, alone + row.alone_us, exposed + row.exposed_us
+  end
+  -- Round once: what every output prints.
+  for _, row in ipairs(rows) do
+    row.alone_us, row.us, row.exposed_us = r3(row.alone_us), r3(row.us), r3(row.exposed_us)
+  end
+  for _, c in pairs(links) do c.alone_us, c.us = r3(c.alone_us), r3(c.us) end
+  local step, busy = r3(tl.step_us), r3(tl.compute_busy_us)
+  exposed = r3(exposed)
+  return {
+    settings = s, per_unit = per_unit, timeline = tl, recompute = rec, memory = mem,
+    step_flops = compute.step_flops(p, per_unit),
+    step_us = step, compute_us = busy, exposed_us = exposed,
+    waits_us = r3(tl.exposed_by[-1] or 0),
+    comm_us = r3(comm), alone_us = r3(alone), families = rows, by_family = by_name, links = links,
+  }
+end
+
+return figures
