@@ -296,22 +296,31 @@ void cp_checker_fill_shards(cp_checker *c, int u, void *sharded)
 
 void cp_checker_fill_shards_of(cp_checker *c, int u, int shard_rank, void *sharded)
 {
+    cp_checker_fill_shards_as(c, u, shard_rank, c->plan->units[u].orig_dtype, sharded);
+}
+
+void cp_checker_fill_shards_as(cp_checker *c, int u, int shard_rank, cp_dtype t, void *out)
+{
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
-    size_t es = cp_dtype_size(U->orig_dtype);
+    size_t es = cp_dtype_size(t);
     float *v = c->work;
-    memset(sharded, 0, (size_t)U->total * es);
+    int64_t done = 0; /* elements written so far: the gaps and padding between are zeros */
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
         int64_t valid = cp_param_valid(prm, shard_rank), k = cp_pattern_param_id(p, param), len;
+        if (prm->offset > done) memset((char *)out + (size_t)done * es, 0, (size_t)(prm->offset - done) * es);
         for (int64_t i = 0; i < valid; i += len) {
             int64_t e = shard_run(prm, p->shard_size, shard_rank, c->tp_rank, i, valid, &len);
             if (len > CP_BLOCK) len = CP_BLOCK;
             param_n(c->pattern, U->orig_dtype, k, c->param_base[param], e, len, c->step, v);
-            cp_store_n(U->orig_dtype, (char *)sharded + (size_t)(prm->offset + i) * es, len, v);
+            if (t != U->orig_dtype) cp_round_n(U->orig_dtype, v, len); /* stored, then cast by the copy-in */
+            cp_store_n(t, (char *)out + (size_t)(prm->offset + i) * es, len, v);
         }
+        done = prm->offset + valid;
     }
+    if (U->total > done) memset((char *)out + (size_t)done * es, 0, (size_t)(U->total - done) * es);
 }
 
 void cp_checker_check_unsharded(cp_checker *c, int u, const void *unsharded, const char *when)
@@ -558,11 +567,15 @@ void cp_checker_member_packed(cp_checker *c, int u, const int *members, int nmem
     size_t es = cp_dtype_size(U->reduce_dtype);
     enum { B = CP_BLOCK };
     float *base = c->work, *g = base + B, *acc = c->work + 4 * B; /* a block per member: expect_block's room */
-    for (int q = 0; q < nmembers; q++) memset(out[q], 0, (size_t)U->total * es);
+    int64_t done = 0; /* elements written so far: the gaps and padding between are zeros */
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
         int64_t k = cp_pattern_param_id(p, param), valid = cp_param_valid(prm, c->shard_rank), len;
+        if (prm->offset > done)
+            for (int q = 0; q < nmembers; q++)
+                memset((char *)out[q] + (size_t)done * es, 0, (size_t)(prm->offset - done) * es);
+        done = prm->offset + valid;
         for (int64_t i = 0; i < valid; i += len) {
             int64_t e = shard_run(prm, p->shard_size, c->shard_rank, c->tp_rank, i, valid, &len);
             if (len > CP_BLOCK) len = CP_BLOCK;
@@ -591,6 +604,9 @@ void cp_checker_member_packed(cp_checker *c, int u, const int *members, int nmem
             }
         }
     }
+    if (U->total > done)
+        for (int q = 0; q < nmembers; q++)
+            memset((char *)out[q] + (size_t)done * es, 0, (size_t)(U->total - done) * es);
 }
 
 /* Every reduced grad element of unit u as this rank must hold it (padding
@@ -710,6 +726,14 @@ static float act_summand(int64_t op_index, int64_t pos, int step, int tp_rank)
            (float)(tp_rank % 2);
 }
 
+/* Whether all n bytes are zero (+0.0 in every dtype). */
+CP_HOT static int zero_bytes(const char *restrict p, size_t n)
+{
+    unsigned char acc = 0;
+    for (size_t i = 0; i < n; i++) acc |= (unsigned char)p[i];
+    return acc == 0;
+}
+
 /* act_gathered / act_summand over positions pos0 .. pos0+n-1 (n <= CP_BLOCK). */
 CP_HOT static void act_hash_n(uint32_t *restrict h, int64_t op_index, int64_t pos0, int64_t n, int step)
 {
@@ -788,8 +812,9 @@ void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_s
      * element below. */
     for (; op->reduce_op != CP_MAX && i0 < len; i0 += CP_BLOCK) {
         int64_t m = len - i0 < CP_BLOCK ? len - i0 : CP_BLOCK;
-        if (gather && c->solo && (i0 + m <= (int64_t)tp_rank * n || i0 >= (int64_t)(tp_rank + 1) * n))
-            memset(want, 0, (size_t)m * sizeof *want); /* a stand-in peer's slot: zeros */
+        int peer = gather && c->solo && (i0 + m <= (int64_t)tp_rank * n || i0 >= (int64_t)(tp_rank + 1) * n);
+        if (peer && zero_bytes((const char *)out + (size_t)i0 * es, (size_t)m * es)) continue;
+        if (peer) memset(want, 0, (size_t)m * sizeof *want); /* a stand-in peer's slot: zeros */
         else if (gather) act_values_n(op->dtype, 1, seq, i0, m, c->step, 0, want);
         else
             for (int r = 0; r < tp_size; r++) {

@@ -68,6 +68,9 @@ void cp_checker_act_input_part(cp_checker *c, const cp_op *op, int tp_rank, int 
  * rank's slot at micro-step micro (reduce dtype, total elements each, into
  * out[i]), each as the checker's model has it. */
 void cp_checker_fill_shards_of(cp_checker *c, int unit, int shard_rank, void *sharded);
+/* The same shards as t (rounded to the unit's orig dtype first): what
+ * that member's copy-in writes into its all-gather slot. */
+void cp_checker_fill_shards_as(cp_checker *c, int unit, int shard_rank, cp_dtype t, void *out);
 void cp_checker_member_packed(cp_checker *c, int unit, const int *members, int nmembers, int micro_step,
                               void *const *out);
 

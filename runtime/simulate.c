@@ -30,7 +30,6 @@ typedef struct {
     const cp_op *op;  /* the op running (--ranks: whose stand-ins a collective needs) */
     char *standin;    /* --ranks: the stand-in members' buffers of the largest collective */
     size_t standin_bytes;
-    void *shards;     /* --ranks: a stand-in member's shards (orig dtype) */
 } sim_rank;
 
 struct sim_world {
@@ -208,7 +207,8 @@ static void *rank_main(void *arg)
  * handed here (cp_host_backend_init_cb); the other members' buffers are
  * made as they would hold them, from the same patterns the harness writes:
  * a shard group member's all-gather slot is its shards (the checker's
- * fill) cast by the copy-in's cp_convert_n; its reduce-scatter input for
+ * fill) rounded to the stored dtype and cast as its copy-in casts them
+ * (cp_checker_fill_shards_as); its reduce-scatter input for
  * this rank's slot is its grads accumulated and packed by the checker's
  * model (cp_checker_member_packed); a TP peer's activation input is zeros
  * (the checker expects them: cp_checker.solo); replica m's all-reduce
@@ -247,8 +247,7 @@ static int solo_collective(void *user, int coll, int family, int color, int key,
                 memset(o + (size_t)m * slot, 0, slot);
                 continue;
             }
-            cp_checker_fill_shards_of(c, op->unit, m, sr->shards);
-            cp_convert_n(U->ag_dtype, o + (size_t)m * slot, U->orig_dtype, sr->shards, count);
+            cp_checker_fill_shards_as(c, op->unit, m, U->ag_dtype, o + (size_t)m * slot);
         }
         return 0;
     }
@@ -303,7 +302,7 @@ static int solo_collective(void *user, int coll, int family, int color, int key,
 
 static int simulate_alone(const cp_plan *p, const cp_sim_options *opt)
 {
-    int64_t per_rank, avail = cp_host_available_bytes(), biggest = 0, room = 0;
+    int64_t per_rank, avail = cp_host_available_bytes(), room = 0;
     cp_simulate_bytes(p, &per_rank);
     for (int r = 0; r < opt->nonly; r++) {
         cp_plan v;
@@ -314,13 +313,11 @@ static int simulate_alone(const cp_plan *p, const cp_sim_options *opt)
             int64_t b = (int64_t)(p->families[op->family].size - 1) * op->count * (int64_t)cp_dtype_size(op->dtype);
             if (b > room) room = b;
         }
-        for (int u = 0; u < v.nunits; u++)
-            biggest = max64(biggest, cp_arena_buffer_bytes(&v, u, CP_BUF_SHARDED));
     }
-    if (avail >= 0 && per_rank + room + biggest > avail) {
+    if (avail >= 0 && per_rank + room > avail) {
         fprintf(stderr, "commplan: simulating one rank of plan %s needs %.1f GiB of host memory (the rank %.2f GiB, its "
                 "stand-in peers %.2f GiB); this machine has %.1f GiB available\n", p->name,
-                gib(per_rank + room + biggest), gib(per_rank), gib(room + biggest), gib(avail));
+                gib(per_rank + room), gib(per_rank), gib(room), gib(avail));
         return 2;
     }
     sim_world sw = { .plan = p, .opt = opt };
@@ -349,11 +346,7 @@ static int simulate_alone(const cp_plan *p, const cp_sim_options *opt)
         } else {
             sr->harness.check.arith = opt->arith;
             sr->harness.check.solo = 1;
-            int64_t shard_bytes = 1;
-            for (int u = 0; u < sr->ex.plan->nunits; u++)
-                shard_bytes = max64(shard_bytes, cp_arena_buffer_bytes(sr->ex.plan, u, CP_BUF_SHARDED));
-            if (!(sr->shards = malloc((size_t)shard_bytes))) err = 1;
-            else if (opt->dump_dir && cp_harness_open_dump(&sr->harness, opt->dump_dir) != 0) err = 1;
+            if (opt->dump_dir && cp_harness_open_dump(&sr->harness, opt->dump_dir) != 0) err = 1;
             else {
                 rank_main(sr);
                 err |= sr->error;
@@ -368,7 +361,6 @@ static int simulate_alone(const cp_plan *p, const cp_sim_options *opt)
         cp_harness_free(&sr->harness);
         cp_executor_free(&sr->ex);
         free(sr->standin);
-        free(sr->shards);
         free(sr);
     }
     cp_host_world_destroy(sw.host);
