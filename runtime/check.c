@@ -77,6 +77,59 @@ CP_HOT static int differ_n(const float *restrict a, const float *restrict b, int
     return bad;
 }
 
+/* ---- two threads for a rank simulated alone (c->threads, --ranks) ----
+ * fn(c, arg, part, nparts) does part `part` of the work; with a second
+ * thread the helper runs part 1 on a copy of the checker with its own
+ * scratch, and its mismatches are added after. The parts write disjoint
+ * elements. */
+typedef struct {
+    cp_checker *c;
+    void (*fn)(cp_checker *c, void *arg, int part, int nparts);
+    void *arg;
+} part_job;
+
+static void *part_main(void *p)
+{
+    part_job *j = p;
+    j->fn(j->c, j->arg, 1, 2);
+    return NULL;
+}
+
+void cp_checker_in_parts(cp_checker *c, void (*fn)(cp_checker *c, void *arg, int part, int nparts), void *arg)
+{
+    if (c->threads < 2 || !c->helper_work) { fn(c, arg, 0, 1); return; }
+    cp_checker h = *c;
+    h.work = c->helper_work;
+    h.helper_work = NULL;
+    h.threads = 1;
+    long before = c->mismatches;
+    part_job j = { &h, fn, arg };
+    pthread_t t;
+    if (pthread_create(&t, NULL, part_main, &j) != 0) { fn(c, arg, 0, 1); return; }
+    fn(c, arg, 0, 2);
+    pthread_join(t, NULL);
+    c->mismatches += h.mismatches - before;
+}
+
+/* The arguments of the activation checks' parts. */
+typedef struct {
+    const cp_op *op;
+    int tp_rank, tp_size;
+    const void *out;
+    void *in;
+    int64_t first, len;
+} act_job;
+
+/* Part `part` of nparts of [0, n): whole blocks, the last part the rest. */
+static void part_range(int64_t n, int part, int nparts, int64_t *lo, int64_t *hi)
+{
+    int64_t blocks = (n + CP_BLOCK - 1) / CP_BLOCK;
+    *lo = blocks * part / nparts * CP_BLOCK;
+    *hi = part == nparts - 1 ? n : blocks * (part + 1) / nparts * CP_BLOCK;
+    if (*lo > n) *lo = n;
+    if (*hi > n) *hi = n;
+}
+
 /* ---- the patterns over runs of elements (bit for bit the functions above) ---- */
 
 /* (float)(x + j) + q, j < n: the fp32 pattern between two wraps. */
@@ -232,7 +285,8 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
     c->acc = malloc((size_t)W * (size_t)R * sizeof(float));
     /* Blocks of CP_BLOCK floats: 4 of scratch, then expect_block's (every member's grads, a shard group's packed
      * values, the replicas' reduce-scatter values and partial sums, 3 more). */
-    c->work = malloc(((size_t)W * (size_t)R + (size_t)W + 2 * (size_t)R + 7) * CP_BLOCK * sizeof(float));
+    c->work_floats = ((size_t)W * (size_t)R + (size_t)W + 2 * (size_t)R + 7) * CP_BLOCK;
+    c->work = malloc(c->work_floats * sizeof(float));
     if (!c->param_base || !c->members || !c->expect || !c->packs || !c->acc || !c->work) { cp_checker_free(c); return -1; }
     /* Where the step reduces each unit: after every backward (FSDP2's
      * default), after the last (set_requires_gradient_sync(False) before
@@ -264,6 +318,15 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
     return 0;
 }
 
+int cp_checker_use_threads(cp_checker *c, int n)
+{
+    c->threads = 1;
+    if (n < 2) return 0;
+    if (!c->helper_work && !(c->helper_work = malloc(c->work_floats * sizeof(float)))) return -1;
+    c->threads = 2;
+    return 0;
+}
+
 void cp_checker_free(cp_checker *c)
 {
     free(c->param_base);
@@ -272,7 +335,10 @@ void cp_checker_free(cp_checker *c)
     free(c->packs);
     free(c->acc);
     free(c->work);
+    free(c->helper_work);
     c->work = NULL;
+    c->helper_work = NULL;
+    c->threads = 1;
     c->param_base = NULL;
     c->members = NULL;
     c->expect = NULL;
@@ -323,8 +389,20 @@ void cp_checker_fill_shards_as(cp_checker *c, int u, int shard_rank, cp_dtype t,
     if (U->total > done) memset((char *)out + (size_t)done * es, 0, (size_t)(U->total - done) * es);
 }
 
-void cp_checker_check_unsharded(cp_checker *c, int u, const void *unsharded, const char *when)
+typedef struct {
+    int u;
+    const void *buf;
+    void *mut;
+    const char *when;
+    int micro;
+} unit_job;
+
+static void check_unsharded_part(cp_checker *c, void *arg, int part, int nparts)
 {
+    const unit_job *jb = arg;
+    int u = jb->u;
+    const void *unsharded = jb->buf;
+    const char *when = jb->when;
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
     size_t es = cp_dtype_size(U->ag_dtype);
@@ -333,9 +411,10 @@ void cp_checker_check_unsharded(cp_checker *c, int u, const void *unsharded, con
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
         const char *full = (const char *)unsharded + (size_t)(p->shard_size * prm->offset) * es;
-        int64_t k = cp_pattern_param_id(p, param), len;
-        for (int64_t i = 0; i < prm->numel; i += len) {
-            int64_t e = full_run(prm, c->tp_rank, i, prm->numel, &len);
+        int64_t k = cp_pattern_param_id(p, param), len, lo, hi;
+        part_range(prm->numel, part, nparts, &lo, &hi);
+        for (int64_t i = lo; i < hi; i += len) {
+            int64_t e = full_run(prm, c->tp_rank, i, hi, &len);
             if (len > CP_BLOCK) len = CP_BLOCK;
             param_n(c->pattern, U->orig_dtype, k, c->param_base[param], e, len, c->step, want);
             cp_round_n(U->orig_dtype, want, len);
@@ -346,6 +425,12 @@ void cp_checker_check_unsharded(cp_checker *c, int u, const void *unsharded, con
                     if (!same(want[q], got[q])) report(c, when, u, param, e + q, want[q], got[q]);
         }
     }
+}
+
+void cp_checker_check_unsharded(cp_checker *c, int u, const void *unsharded, const char *when)
+{
+    unit_job jb = { .u = u, .buf = unsharded, .when = when };
+    cp_checker_in_parts(c, check_unsharded_part, &jb);
 }
 
 /* Whether micro-step m's backward writes unit u's unsharded grads afresh:
@@ -367,8 +452,11 @@ static int parks_at(const cp_checker *c, int u, int m)
     return (c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)m] & 2) != 0;
 }
 
-void cp_checker_add_grads(cp_checker *c, int u, int micro, void *grads)
+static void add_grads_part(cp_checker *c, void *arg, int part, int nparts)
 {
+    const unit_job *jb = arg;
+    int u = jb->u, micro = jb->micro;
+    void *grads = jb->mut;
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
     int fresh = fresh_grads(c, u, micro);
@@ -378,9 +466,10 @@ void cp_checker_add_grads(cp_checker *c, int u, int micro, void *grads)
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
         char *g = (char *)grads + (size_t)prm->grad_offset * es;
-        int64_t k = cp_pattern_param_id(p, param), len;
-        for (int64_t i = 0; i < prm->numel; i += len) {
-            int64_t e = full_run(prm, c->tp_rank, i, prm->numel, &len);
+        int64_t k = cp_pattern_param_id(p, param), len, lo, hi;
+        part_range(prm->numel, part, nparts, &lo, &hi);
+        for (int64_t i = lo; i < hi; i += len) {
+            int64_t e = full_run(prm, c->tp_rank, i, hi, &len);
             if (len > CP_BLOCK) len = CP_BLOCK;
             /* The micro-step's grad, computed in ag_dtype, into the grads
              * buffer (grad_dtype) as autograd's AccumulateGrad does with
@@ -397,6 +486,12 @@ void cp_checker_add_grads(cp_checker *c, int u, int micro, void *grads)
             cp_store_n(U->grad_dtype, g + (size_t)i * es, len, gv);
         }
     }
+}
+
+void cp_checker_add_grads(cp_checker *c, int u, int micro, void *grads)
+{
+    unit_job jb = { .u = u, .mut = grads, .micro = micro };
+    cp_checker_in_parts(c, add_grads_part, &jb);
 }
 
 /* A member's accumulated unsharded grad as it enters the reduce-scatter,
@@ -612,8 +707,11 @@ void cp_checker_member_packed(cp_checker *c, int u, const int *members, int nmem
 /* Every reduced grad element of unit u as this rank must hold it (padding
  * is not written): each parameter's shard in runs of consecutive elements
  * that share their chains (the keys change only at chunk boundaries). */
-static void expect_unit(const cp_checker *c, int u, float *out)
+static void expect_unit_part(cp_checker *c, void *arg, int part, int nparts)
 {
+    const unit_job *jb = arg;
+    int u = jb->u;
+    float *out = jb->mut;
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
     int R = p->replicate_size;
@@ -621,9 +719,10 @@ static void expect_unit(const cp_checker *c, int u, float *out)
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
         int64_t k = cp_pattern_param_id(p, param);
-        int64_t valid = cp_param_valid(prm, c->shard_rank), len;
-        for (int64_t i = 0; i < valid; i += len) {
-            int64_t e = shard_run(prm, p->shard_size, c->shard_rank, c->tp_rank, i, valid, &len);
+        int64_t valid = cp_param_valid(prm, c->shard_rank), len, lo, hi;
+        part_range(valid, part, nparts, &lo, &hi);
+        for (int64_t i = lo; i < hi; i += len) {
+            int64_t e = shard_run(prm, p->shard_size, c->shard_rank, c->tp_rank, i, hi, &len);
             int64_t at = prm->offset + i, rs_end, ar_end;
             int rs_key = cp_reduce_scatter_key_run(c->arith, U->reduce_dtype, c->shard_rank, at, U->total,
                                                    p->shard_size, &rs_end);
@@ -634,6 +733,12 @@ static void expect_unit(const cp_checker *c, int u, float *out)
             expect_block(c, u, k, e, len, rs_key, key, out + at);
         }
     }
+}
+
+static void expect_unit(cp_checker *c, int u, float *out)
+{
+    unit_job jb = { .u = u, .mut = out };
+    cp_checker_in_parts(c, expect_unit_part, &jb);
 }
 
 /* NCCL's ring all-reduce finishes element `at` of the unit's buffer on a ring
@@ -766,14 +871,30 @@ static void act_values_n(cp_dtype t, int gather, int64_t op_index, int64_t pos0,
     }
 }
 
+static void act_input_range(cp_checker *c, const cp_op *op, int tp_rank, int64_t first, int64_t len, void *out);
+
+static void act_input_part(cp_checker *c, void *arg, int part, int nparts)
+{
+    const act_job *jb = arg;
+    int64_t lo, hi;
+    part_range(jb->len, part, nparts, &lo, &hi);
+    act_input_range(c, jb->op, jb->tp_rank, jb->first + lo, hi - lo,
+                    (char *)jb->in + (size_t)lo * cp_dtype_size(jb->op->dtype));
+}
+
 void cp_checker_act_input_part(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, int64_t first, int64_t len,
                                void *out)
+{
+    act_job jb = { .op = op, .tp_rank = tp_rank, .tp_size = tp_size, .in = out, .first = first, .len = len };
+    cp_checker_in_parts(c, act_input_part, &jb);
+}
+
+static void act_input_range(cp_checker *c, const cp_op *op, int tp_rank, int64_t first, int64_t len, void *out)
 {
     int64_t seq = op - c->plan->ops, n = op->count;
     int gather = op->kind == CP_OP_TP_ALL_GATHER;
     size_t es = cp_dtype_size(op->dtype);
     float v[CP_BLOCK];
-    (void)tp_size;
     for (int64_t i = 0; i < len; i += CP_BLOCK) {
         int64_t m = len - i < CP_BLOCK ? len - i : CP_BLOCK;
         /* a gather's input is its slot of the whole: positions tp_rank * n + i */
@@ -797,15 +918,21 @@ void cp_checker_act_input(cp_checker *c, const cp_op *op, int tp_rank, int tp_si
     cp_checker_act_input_part(c, op, tp_rank, tp_size, 0, len, in);
 }
 
-void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, const void *out)
+static void act_output_part(cp_checker *c, void *arg, int part, int nparts)
 {
+    const act_job *jb = arg;
+    const cp_op *op = jb->op;
+    int tp_rank = jb->tp_rank, tp_size = jb->tp_size;
+    const void *out = jb->out;
     int64_t seq = op - c->plan->ops;
     int64_t n = op->count;
     int gather = op->kind == CP_OP_TP_ALL_GATHER;
     int64_t len = gather ? n * tp_size : n, base = op->kind == CP_OP_TP_REDUCE_SCATTER ? (int64_t)tp_rank * n : 0;
     size_t es = cp_dtype_size(op->dtype);
     float want[CP_BLOCK], got[CP_BLOCK], v[CP_BLOCK];
-    int64_t i0 = 0;
+    int64_t i0, lo;
+    part_range(len, part, nparts, &lo, &len);
+    i0 = lo;
     /* Whole blocks first: the expected values as blocks (a gather's position
      * is its index; a sum's, base + index, summed over the TP ranks in rank
      * order), compared at once; a block that differs, and MAX, element by
@@ -841,4 +968,10 @@ void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_s
                     "%.9g\n", c->rank, c->step, c->plan->units[op->unit].name, (long)seq, cp_op_kind_name(op->kind),
                     (long)i, (double)want, (double)got);
     }
+}
+
+void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, const void *out)
+{
+    act_job jb = { .op = op, .tp_rank = tp_rank, .tp_size = tp_size, .out = out };
+    cp_checker_in_parts(c, act_output_part, &jb);
 }

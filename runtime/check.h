@@ -40,12 +40,23 @@ typedef struct {
     float *work;            /* scratch: blocks of CP_BLOCK floats for the run-at-a-time checks */
     long mismatches;
     int replicate_rank; /* this rank's member index in its replicate group */
+    int threads;        /* 2: the big loops in two parts, the second on a helper thread (--ranks: one rank alone) */
+    float *helper_work; /* the helper's scratch (cp_checker_use_threads) */
+    size_t work_floats; /* work's size */
     int solo;           /* --simulate --ranks: this rank alone, its peers stand-ins (simulate.c): replica q's
                            all-reduce input is this replica's value times q + 2 rounded, a TP peer's activation zeros */
 } cp_checker;
 
 int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int rank);
 void cp_checker_free(cp_checker *c);
+/* Runs the checker's large loops (unsharded checks, grads, expected grads,
+ * activations) in two threads: for a rank simulated alone, which has the
+ * machine to itself. 0, or -1 out of memory (then one thread). */
+int cp_checker_use_threads(cp_checker *c, int n);
+/* fn(c, arg, part, nparts) for part 0 .. nparts-1, in two threads where
+ * cp_checker_use_threads set them (part 1 on a copy of the checker with
+ * its own scratch; its mismatches added after), else fn(c, arg, 0, 1). */
+void cp_checker_in_parts(cp_checker *c, void (*fn)(cp_checker *c, void *arg, int part, int nparts), void *arg);
 /* Per-unit host buffers in the executor's layouts (see cp_rank_buffers). */
 void cp_checker_fill_shards(cp_checker *c, int unit, void *sharded);
 void cp_checker_check_unsharded(cp_checker *c, int unit, const void *unsharded, const char *when);

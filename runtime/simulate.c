@@ -225,6 +225,31 @@ static char *standin_room(sim_rank *sr, size_t bytes)
     return sr->standin;
 }
 
+/* The stand-ins' buffers in parts (cp_checker_in_parts: two threads for a
+ * rank alone). */
+typedef struct {
+    int unit, key, size, micro, n;
+    cp_dtype t;
+    char *out;
+    size_t slot;
+    const int *who;
+    void *const *where;
+} standin_job;
+
+static void gather_part(cp_checker *c, void *arg, int part, int nparts)
+{
+    const standin_job *j = arg;
+    for (int m = part; m < j->size; m += nparts)
+        if (m != j->key) cp_checker_fill_shards_as(c, j->unit, m, j->t, j->out + (size_t)m * j->slot);
+}
+
+static void packed_part(cp_checker *c, void *arg, int part, int nparts)
+{
+    const standin_job *j = arg;
+    int lo = j->n * part / nparts, hi = j->n * (part + 1) / nparts;
+    if (hi > lo) cp_checker_member_packed(c, j->unit, j->who + lo, hi - lo, j->micro, j->where + lo);
+}
+
 static int solo_collective(void *user, int coll, int family, int color, int key, int size, void *in, void *out,
                            int64_t count, int dtype, int reduce_op)
 {
@@ -241,14 +266,13 @@ static int solo_collective(void *user, int coll, int family, int color, int key,
     if (coll == CP_COLL_ALL_GATHER) {
         char *o = out;
         if ((char *)in != o + (size_t)key * slot) memmove(o + (size_t)key * slot, in, slot);
-        for (int m = 0; m < size; m++) {
-            if (m == key) continue;
-            if (op->kind == CP_OP_TP_ALL_GATHER) { /* a TP peer's activation: zeros (docs/simulate.md) */
-                memset(o + (size_t)m * slot, 0, slot);
-                continue;
-            }
-            cp_checker_fill_shards_as(c, op->unit, m, U->ag_dtype, o + (size_t)m * slot);
+        if (op->kind == CP_OP_TP_ALL_GATHER) { /* a TP peer's activation: zeros (docs/simulate.md) */
+            for (int m = 0; m < size; m++)
+                if (m != key) memset(o + (size_t)m * slot, 0, slot);
+            return 0;
         }
+        standin_job j = { .unit = op->unit, .key = key, .size = size, .t = U->ag_dtype, .out = o, .slot = slot };
+        cp_checker_in_parts(c, gather_part, &j);
         return 0;
     }
     const void *ptr[size];
@@ -285,7 +309,10 @@ static int solo_collective(void *user, int coll, int family, int color, int key,
             break;
         }
     }
-    if (nwho) cp_checker_member_packed(c, op->unit, who, nwho, op->micro_step, where);
+    if (nwho) {
+        standin_job jp = { .unit = op->unit, .micro = op->micro_step, .n = nwho, .who = who, .where = where };
+        cp_checker_in_parts(c, packed_part, &jp);
+    }
     const void *at[size];
     int64_t end;
     for (int64_t i = 0; i < count; i = end) {
@@ -346,6 +373,9 @@ static int simulate_alone(const cp_plan *p, const cp_sim_options *opt)
         } else {
             sr->harness.check.arith = opt->arith;
             sr->harness.check.solo = 1;
+            /* Alone, the rank has the machine: its checks and stand-ins in two threads where there are two CPUs. */
+            long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+            if (cpus >= 2) cp_checker_use_threads(&sr->harness.check, 2);
             if (opt->dump_dir && cp_harness_open_dump(&sr->harness, opt->dump_dir) != 0) err = 1;
             else {
                 rank_main(sr);
