@@ -8,10 +8,12 @@
 -- Lifetimes are op-index intervals of the schedule (inclusive):
 --   ag         copy_in .. copy_out            (every unshard)
 --   unsharded  copy_out .. reshard            (every unshard)
---   grads      the copy_out before the unit's first backward since its
---              last pack .. pack (once per reduction)
---              (from the unshard that precedes backward, so the library's
---              cp_gpu_unshard can order the grads' memory as well)
+--   grads      the unit's first backward since its last pack .. pack
+--              (once per reduction); from the copy_out before it where
+--              that unshard serves the backward (no other unit computes
+--              between: the library's cp_gpu_unshard then orders the
+--              grads' memory as well), not from a forward's unshard kept
+--              through the forward (reshard_after_forward = false)
 --   rs_in      pack .. reduce_scatter
 --   rs_out     reduce_scatter .. view_out (or view_out_add, partial_save,
 --              partial_add)
@@ -83,18 +85,27 @@ local function lifetimes(lay, ops)
     local iv = open[u][kind]
     if iv then iv.last = seq; open[u][kind] = false end
   end
-  local last_copy_out = {}
+  -- computes: forward and backward ops so far, in all and per unit; at
+  -- each copy-out, both counts then (for "no other unit computed since").
+  local last_copy_out, computes, own, at_out, own_at_out = {}, 0, {}, {}, {}
   for _, o in ipairs(ops) do
     local u, k, s = o.unit, o.kind, o.seq
     if k == "copy_in" then start(u, "ag", s)
     elseif k == "copy_out" then
       stop(u, "ag", s); start(u, "unsharded", s); last_copy_out[u] = s
+      at_out[u], own_at_out[u] = computes, own[u] or 0
     elseif k == "reshard" then stop(u, "unsharded", s)
     elseif k == "backward" then
-      -- from the unit's latest copy-out, after the packing that ended the previous life
+      -- From the unit's latest copy-out where that unshard serves this
+      -- backward (no other unit computes between: the library's
+      -- cp_gpu_unshard opens the grads, runtime/arena.c), after the
+      -- packing that ended the previous life; else (a forward's unshard
+      -- kept through the forward, as without reshard_after_forward) from
+      -- the backward itself.
       if not open[u].grads then
         local lives, from = life[u].grads, last_copy_out[u] or s
         if #lives > 0 and from <= lives[#lives].last then from = s end
+        if from ~= s and computes - at_out[u] ~= (own[u] or 0) - own_at_out[u] then from = s end
         start(u, "grads", from)
       end
     elseif k == "pack" then stop(u, "grads", s); start(u, "rs_in", s)
@@ -103,6 +114,10 @@ local function lifetimes(lay, ops)
     elseif k == "partial_save" then stop(u, "rs_out", s); start(u, "partial", s)
     elseif k == "partial_fold" then stop(u, "partial", s)
     elseif opkinds.BY_NAME[k].tp then start(u, "act", s); stop(u, "act", s) -- one collective's worth
+    end
+    if k == "forward" or k == "backward" then
+      computes = computes + 1
+      own[u] = (own[u] or 0) + 1
     end
   end
   for _, u in ipairs(lay.units) do

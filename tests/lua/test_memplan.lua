@@ -203,6 +203,51 @@ function T.short_memory_reuses_and_reports_its_waits()
   H.eq(jm.hold_arena_bytes, roomy.hold_bytes, "plan.json: what holding needs")
 end
 
+-- Unsharded grads live from their first backward: without resharding
+-- after forward, the unshard that serves the backward is the forward's,
+-- and the grads were counted live from its copy-out (llama70b: every
+-- layer's grads through the whole forward, a 35.9 GB arena). Where the
+-- backward has its own unshard, from that copy-out (the library's
+-- cp_gpu_unshard orders them), as before.
+function T.grads_live_from_their_first_backward()
+  local fh = assert(io.open("plans/llama70b.lua", "rb"))
+  local src = fh:read("a")
+  fh:close()
+  local p = plan.from_source("local p = (function() " .. src .. "\nend)()\np.fsdp.reshard_after_forward = false"
+    .. "\nreturn p", "plans/llama70b.lua")
+  local q = plan.from_file("plans/llama70b.lua")
+  for _, x in ipairs({ { p, "without resharding" }, { q, "resharding" } }) do
+    local pl, what = x[1], x[2]
+    -- Each unit's first backward, and its latest copy-out before it if no
+    -- other unit computed since (the unshard serving that backward).
+    local first_bwd, out_before, others = {}, {}, {}
+    for _, o in ipairs(pl.ops) do
+      if o.kind == "copy_out" then out_before[o.unit], others[o.unit] = o.seq, false end
+      if o.kind == "backward" and not first_bwd[o.unit] then
+        first_bwd[o.unit] = others[o.unit] and o.seq or out_before[o.unit]
+      end
+      if o.kind == "forward" or o.kind == "backward" then
+        for unit in pairs(others) do if unit ~= o.unit then others[unit] = true end end
+      end
+    end
+    local from_backward = 0
+    for _, u in ipairs(pl.layout.units) do
+      local b = pl.arena.by_unit[u.index].grads
+      if first_bwd[u.index] and #b.lives > 0 then
+        H.eq(b.lives[1].first, first_bwd[u.index], what .. ": " .. u.name .. " grads live from")
+        if pl.ops[first_bwd[u.index] + 1].kind == "backward" then from_backward = from_backward + 1 end
+      end
+    end
+    -- without resharding every unit but the last to run forward; with it,
+    -- only the units the backward does not gather again (the root's)
+    H.eq(from_backward, pl == p and 81 or 0, what .. ": units whose grads open at their backward")
+  end
+  local l0 = p.arena.by_unit[p.layout.units[3].index].grads
+  H.eq(p.layout.units[3].name, "layers.0", "unit")
+  H.eq(l0.lives[1].first > 1500, true, "layers.0's grads open in the backward")
+  if p.arena.arena_bytes > 20e9 then error(string.format("arena %d bytes without resharding", p.arena.arena_bytes)) end
+end
+
 -- Buffers that never coexist share offsets; ones that do, never.
 function T.two_units_reuse_one_region()
   local p = plan.from_source(H.generic(2, "{ dp_shard = 2 }",
