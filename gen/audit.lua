@@ -113,7 +113,7 @@ local function facts(p, tables)
   for _, o in ipairs(p.ops) do
     ops[#ops + 1] = O({ "seq", o.seq, "kind", o.kind, "unit", p.layout.units[o.unit + 1].name,
       "phase", o.phase, "micro_step", o.micro_step, "stream", o.stream, "group", o.group, "dtype", o.dtype, "count", o.count,
-      "reduce_op", o.reduce_op, "size_bytes", o.size_bytes, "wire_bytes", o.wire_bytes,
+      "input", o.from_sharded and "sharded" or nil, "reduce_op", o.reduce_op, "size_bytes", o.size_bytes, "wire_bytes", o.wire_bytes,
       "predicted_us", r3(o.predicted_us), "waits_for", p.arena.waits[o.seq] })
   end
   local per_family = {}
@@ -282,6 +282,24 @@ local function human(bytes)
 end
 audit.human = human
 
+-- Zero copy-in (gen/opkinds.lua): the all-gathers that read the sharded
+-- storage itself, of all the step's all-gathers, and the copy bytes (read
+-- and written) their copy-ins would have moved.
+function audit.zero_copy_in(p)
+  local out = { ops = 0, all_gathers = 0, bytes = 0 }
+  for _, o in ipairs(p.ops) do
+    if o.kind == "all_gather" then
+      out.all_gathers = out.all_gathers + 1
+      if o.from_sharded then
+        local u = p.layout.units[o.unit + 1]
+        out.ops = out.ops + 1
+        out.bytes = out.bytes + 2 * u.total * layout.DTYPE_BYTES[u.orig_dtype]
+      end
+    end
+  end
+  return out
+end
+
 local function us_text(us)
   if us < 1000 then return string.format("%.1f us", us) end
   if us < 1e6 then return string.format("%.2f ms", us / 1e3) end
@@ -353,8 +371,8 @@ local function wait_reason(p, waiting, via)
   local wo, vo = p.ops[waiting + 1], p.ops[via + 1]
   if wo.unit == vo.unit then
     local writes = {}
-    for _, b in ipairs(opkinds.BY_NAME[vo.kind].writes or {}) do writes[b] = true end
-    for _, b in ipairs(opkinds.BY_NAME[wo.kind].reads or {}) do
+    for _, b in ipairs(opkinds.access(vo).writes or {}) do writes[b] = true end
+    for _, b in ipairs(opkinds.access(wo).reads or {}) do
       if writes[b] then return "data" end
     end
   end
@@ -740,6 +758,12 @@ function audit.schedule_md(p, fp)
       or string.format("**does not fit**, %s over", human(m.total_bytes - m.gpu_bytes)))
   w("| memory plan | %s |", audit.memory_plan_text(p, a))
   w("| step | %s |", audit.step_text(a) .. "; critical path " .. audit.critical_text(p, tl))
+  local zc = audit.zero_copy_in(p)
+  if zc.ops > 0 then
+    w("| copy-in | zero copy-in: %d of %d all-gathers read the sharded storage itself (stored dtype = all-gather dtype), "
+      .. "%d copy kernels and %s of copies per step saved; the collectives' bytes are unchanged |", zc.ops,
+      zc.all_gathers, zc.ops, human(zc.bytes))
+  end
   w("")
   w("### Communication per rank per step")
   w("")

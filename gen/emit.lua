@@ -101,8 +101,8 @@ local function class_tables(p, cls, NAME)
     if o.group or o.count then
       head = head .. fmt(".dtype = %s, .count = %s, .reduce_op = %s, ", DT[o.dtype], o.count, RED[o.reduce_op or "sum"])
     end
-    ol[#ol + 1] = head .. fmt(".micro_step = %s, .event = %s, .wait_first = %s, .wait_count = %s },", o.micro_step,
-      slot[o.seq] or -1, nw > 0 and #wl or 0, nw)
+    ol[#ol + 1] = head .. fmt(".micro_step = %s, .event = %s, .wait_first = %s, .wait_count = %s%s },", o.micro_step,
+      slot[o.seq] or -1, nw > 0 and #wl or 0, nw, o.from_sharded and ", .from_sharded = 1" or "")
     for _, w in ipairs(waits) do wl[#wl + 1] = tostring(slot[w]) end
   end
   return { params = table.concat(pl, "\n"), units = table.concat(ul, "\n"), ops = table.concat(ol, "\n"),

@@ -90,7 +90,7 @@ local function lifetimes(lay, ops)
   local last_copy_out, computes, own, at_out, own_at_out = {}, 0, {}, {}, {}
   for _, o in ipairs(ops) do
     local u, k, s = o.unit, o.kind, o.seq
-    if k == "copy_in" then start(u, "ag", s)
+    if k == "copy_in" or (k == "all_gather" and o.from_sharded) then start(u, "ag", s)
     elseif k == "copy_out" then
       stop(u, "ag", s); start(u, "unsharded", s); last_copy_out[u] = s
       at_out[u], own_at_out[u] = computes, own[u] or 0
@@ -373,7 +373,7 @@ end
 local function data_edges(ops, add)
   local last_writer, readers = {}, {} -- unit -> buffer -> op seq; unit -> buffer -> op seqs (false: none)
   for _, o in ipairs(ops) do
-    local d = opkinds.BY_NAME[o.kind]
+    local d = opkinds.access(o)
     local lw, rd = last_writer[o.unit], readers[o.unit]
     if not lw then
       lw, rd = {}, {}

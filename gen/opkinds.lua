@@ -8,6 +8,12 @@
 --   collective     issues a collective over the op's group
 local opkinds = {}
 
+-- Zero copy-in: where a unit's stored dtype is its all-gather dtype, the
+-- copy-in would only move bytes, so the all-gather reads this rank's
+-- sharded storage itself (laid out as its fused slot: the same offsets and
+-- padding), as a flat parameter buffer does; op.from_sharded marks it.
+local FROM_SHARDED = { reads = { "sharded" }, writes = { "ag" } }
+
 opkinds.LIST = {
   { name = "copy_in", reads = { "sharded" }, writes = { "ag" } },
   { name = "all_gather", reads = { "ag" }, writes = { "ag" }, collective = true, ring_passes = 1 },
@@ -78,6 +84,13 @@ end
 function opkinds.bus_factor(kind, n)
   if n <= 1 then return 0 end
   return (opkinds.BY_NAME[kind].ring_passes or 0) * (n - 1) / n
+end
+
+-- The buffers op o reads and writes: its kind's, but for an all-gather
+-- from the sharded storage.
+function opkinds.access(o)
+  if o.from_sharded then return FROM_SHARDED end
+  return opkinds.BY_NAME[o.kind]
 end
 
 return opkinds

@@ -53,10 +53,14 @@ function schedule.build(lay, fams, fsdp)
     end
   end
   local function all_gather(u, m, phase)
-    op("copy_in", u, m, phase)
+    -- Zero copy-in (gen/opkinds.lua): without a cast the all-gather reads
+    -- the sharded storage itself; the collective's bytes are the same.
+    local direct = u.orig_dtype == u.ag_dtype
+    if not direct then op("copy_in", u, m, phase) end
     -- A shard group of one rank issues no collective (FSDP2's world-size-1
     -- path); the executor copies the slot locally.
-    op("all_gather", u, m, phase, { group = shard and "fsdp" or nil, dtype = u.ag_dtype, count = u.total })
+    op("all_gather", u, m, phase, { group = shard and "fsdp" or nil, dtype = u.ag_dtype, count = u.total,
+                                    from_sharded = direct or nil })
   end
   local units = lay.units
   -- A unit without parameters (torchtitan's Llama root) has no FSDP param

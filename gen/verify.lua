@@ -67,7 +67,9 @@ function verify.schedule(lay, ops, fsdp)
     local u, s = o.unit, state[o.unit]
     local k = o.kind
     if k == "copy_in" then check(s == "sharded", "copy_in of %s while %s", name(u), s); state[u] = "copied_in"
-    elseif k == "all_gather" then check(s == "copied_in", "all_gather of %s while %s", name(u), s); state[u] = "gathered"
+    elseif k == "all_gather" then
+      local want = o.from_sharded and "sharded" or "copied_in" -- zero copy-in reads the shards themselves
+      check(s == want, "all_gather of %s while %s", name(u), s); state[u] = "gathered"
     elseif k == "copy_out" then check(s == "gathered", "copy_out of %s while %s", name(u), s); state[u] = "unsharded"
     elseif k == "forward" then check(s == "unsharded", "forward of %s on %s params", name(u), s)
     elseif k == "backward" then

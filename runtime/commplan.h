@@ -141,6 +141,8 @@ typedef struct {
     int event;                  /* >= 0: record this event slot when the op is done (a later op waits on it) */
     int wait_first, wait_count; /* before running, wait for these slots of plan->waits (data across
                                    streams, arena reuse): the generator's proof covers exactly these */
+    int from_sharded; /* an all-gather with no copy-in before it (zero copy-in: the stored dtype is the
+                         all-gather dtype): its input is this rank's sharded storage, laid out as its slot */
 } cp_op;
 
 /* One TP class: the TP ranks whose TP-local shapes agree for every

@@ -73,10 +73,15 @@ const cp_op_kind cp_call_reduce[8] = { CP_OP_PACK,        CP_OP_REDUCE_SCATTER, 
 int cp_run_call(const cp_plan *p, int unit, const cp_op_kind *kinds, int nkinds, int *cursor,
                 int (*run)(void *ctx, const cp_op *op), void *ctx)
 {
+    /* The group's instance starts at its first kind present: an unshard
+     * without a copy-in (zero copy-in) starts at its all-gather. */
     int first = -1;
     for (int pass = 0; pass < 2 && first < 0; pass++)
-        for (int i = pass ? 0 : *cursor; i < p->nops && first < 0; i++)
-            if (p->ops[i].unit == unit && p->ops[i].kind == kinds[0]) first = i;
+        for (int i = pass ? 0 : *cursor; i < p->nops && first < 0; i++) {
+            if (p->ops[i].unit != unit) continue;
+            for (int k = 0; k < nkinds && first < 0; k++)
+                if (p->ops[i].kind == kinds[k]) first = i;
+        }
     if (first < 0) return 1;
     int i = first, last_kind = 0;
     for (; i < p->nops; i++) {
@@ -217,6 +222,8 @@ void *cp_executor_buffer(const cp_executor *ex, int u, cp_buffer k)
 void *cp_executor_op_buffer(const cp_executor *ex, const cp_op *op, cp_buffer k, cp_slot slot)
 {
     if (k == CP_BUF_NONE) return NULL;
+    /* Zero copy-in: the all-gather's input slot is the sharded storage itself. */
+    if (op->from_sharded && k == CP_BUF_AG && slot == CP_SLOT_SHARD) return ex->buf[CP_BUF_SHARDED][op->unit];
     char *base = ex->buf[k][op->unit];
     int r = slot == CP_SLOT_SHARD ? ex->shard_rank : slot == CP_SLOT_TP ? ex->tp_rank : 0;
     return base + (size_t)r * (size_t)op->count * cp_dtype_size(op->dtype);

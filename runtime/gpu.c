@@ -575,9 +575,10 @@ static int run_unit_ops(cp_gpu *g, int unit, int call, const cp_op_kind *kinds, 
     const cp_plan *p = g->plan;
     if (unit < 0 || unit >= p->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, p->nunits);
     /* Nothing to issue (e.g. a unit that is never resharded): no fork either. */
-    int first = -1;
+    int first = -1; /* any of the group's kinds: a zero copy-in unshard has no copy-in */
     for (int i = 0; i < p->nops && first < 0; i++)
-        if (p->ops[i].unit == unit && p->ops[i].kind == kinds[0]) first = i;
+        for (int k = 0; k < nkinds && first < 0; k++)
+            if (p->ops[i].unit == unit && p->ops[i].kind == kinds[k]) first = i;
     if (first < 0) return 0;
     g->streams[CP_STREAM_COMPUTE] = S;
     if (fork_join(g, 0)) return -1;

@@ -300,6 +300,7 @@ function T.streams_and_data_dependencies_are_emitted()
       local need = p.arena.needs[o.seq] or {}
       local producer = ({ all_gather = "copy_in", copy_out = "all_gather", reduce_scatter = "pack",
                           all_reduce = "reduce_scatter" })[o.kind]
+      if o.from_sharded then producer = nil end -- zero copy-in: it reads the shards themselves
       if producer then
         local j = last[o.unit][producer]
         if not need[j] then error(string.format("%s: op %d (%s) does not need op %s (%s)", f, o.seq, o.kind,
