@@ -519,3 +519,33 @@ test-live:
 	else "$$py" tests/live/live.py plans $$tree; a=$$?; "$$py" tests/live/live.py seeds 1-200 $$tree; b=$$?; \
 	  [ $$a = 0 ] && [ $$b = 0 ]; fi
 # ---- end of live FSDP2 peer ----
+
+# ---- simulation at memory speed (issue 19, item 4) ----
+# test-fastpath: the host's run-at-a-time copies and reductions byte for
+# byte against the per-element path they replaced (tests/c/test_fastpath.c),
+# plain and with ASan+UBSan. bench-host: their GB/s beside memcpy
+# (bench/host_bench.c; bench/RESULTS.md). simulate-big: llama8b, llama70b
+# and llama405b checked exactly, each rank of --ranks auto alone with
+# stand-in peers (docs/simulate.md says what that covers and what not).
+FASTPATH_SRC := tests/c/test_fastpath.c runtime/dtype.c runtime/backend_host.c runtime/topology.c runtime/arena.c runtime/executor.c
+build/tests/test_fastpath: $(FASTPATH_SRC) $(RUNTIME_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) -O2 -g -Iruntime -o $@ $(FASTPATH_SRC) -lcmocka -lm
+build/tests-asan/test_fastpath: $(FASTPATH_SRC) $(RUNTIME_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -o $@ $(FASTPATH_SRC) -lcmocka -lm
+build/bench/host_bench: bench/host_bench.c $(filter-out tests/c/test_fastpath.c,$(FASTPATH_SRC)) $(RUNTIME_HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) $(CFLAGS) -Iruntime -o $@ $(filter-out tests/c/test_fastpath.c,$(FASTPATH_SRC)) bench/host_bench.c -lm
+.PHONY: test-fastpath bench-host simulate-big
+test-fastpath: build/tests/test_fastpath build/tests-asan/test_fastpath
+	build/tests/test_fastpath
+	build/tests-asan/test_fastpath
+bench-host: build/bench/host_bench
+	build/bench/host_bench $(or $(value MELEMS),16)
+simulate-big:
+	@for p in llama8b llama70b llama405b; do \
+	  $(MAKE) --no-print-directory -s PLAN=$$p.lua >/dev/null || exit 1; \
+	  t0=$$(date +%s); build/$$p/$$p --simulate --ranks auto || exit 1; \
+	  echo "$$p: $$(( $$(date +%s) - t0 )) s"; \
+	done

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cp_simd.h"
 #include "host.h"
 
 typedef struct {
@@ -160,11 +161,18 @@ static int host_reduce_scatter(cp_backend *b, const cp_op *op, cp_stream s, cons
     int key, size, bad;
     group_instance *g = rendezvous(b, op, in, &key, &size, &bad);
     if (!bad) {
-        float vals[size];
-        for (int64_t i = 0; i < op->count; i++) {
-            for (int m = 0; m < size; m++) vals[m] = cp_load(op->dtype, g->ptrs[m], (int64_t)key * op->count + i);
-            int chain = cp_reduce_scatter_key(rc_arith(b), op->dtype, key, i, op->count, size);
-            cp_store(op->dtype, out, i, cp_reduce_arith(rc_arith(b), op->dtype, op->reduce_op, vals, size, chain));
+        /* Runs of elements that share one chain: each a typed loop. */
+        size_t es = cp_dtype_size(op->dtype);
+        const void *in_at[size];
+        int64_t end;
+        for (int64_t i = 0; i < op->count && !bad; i = end) {
+            int chain = cp_reduce_scatter_key_run(rc_arith(b), op->dtype, key, i, op->count, size, &end);
+            for (int m = 0; m < size; m++) in_at[m] = (const char *)g->ptrs[m] + ((size_t)key * (size_t)op->count + (size_t)i) * es;
+            if (cp_reduce_arith_n(rc_arith(b), op->dtype, op->reduce_op, in_at, size, chain, end - i,
+                                  (char *)out + (size_t)i * es)) {
+                fprintf(stderr, "commplan: out of host memory in reduce_scatter\n");
+                bad = 1;
+            }
         }
     }
     pthread_barrier_wait(&g->barrier);
@@ -190,11 +198,17 @@ static int host_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const vo
         bad = 1;
     }
     if (!bad) {
-        float vals[size];
-        for (int64_t i = lo; i < hi; i++) {
-            for (int m = 0; m < size; m++) vals[m] = cp_load(op->dtype, g->ptrs[m], i);
-            cp_store(op->dtype, mine, i - lo, cp_reduce_arith(rc_arith(b), op->dtype, op->reduce_op, vals, size,
-                                                              cp_all_reduce_key(rc_arith(b), op->dtype, i, op->count, size)));
+        const void *in_at[size];
+        int64_t end;
+        for (int64_t i = lo; i < hi && !bad; i = end) {
+            int chain = cp_all_reduce_key_run(rc_arith(b), op->dtype, i, op->count, size, &end);
+            if (end > hi) end = hi;
+            for (int m = 0; m < size; m++) in_at[m] = (const char *)g->ptrs[m] + (size_t)i * es;
+            if (cp_reduce_arith_n(rc_arith(b), op->dtype, op->reduce_op, in_at, size, chain, end - i,
+                                  (char *)mine + (size_t)(i - lo) * es)) {
+                fprintf(stderr, "commplan: out of host memory in all_reduce\n");
+                bad = 1;
+            }
         }
     }
     g->slices[key] = mine;
@@ -252,11 +266,7 @@ static void copy_in(const cp_plan *p, int u, int shard_rank, const void *sharded
 {
     const cp_unit *U = &p->units[u];
     void *slot = at(ag, (int64_t)shard_rank * U->total, U->ag_dtype);
-    if (U->orig_dtype == U->ag_dtype) {
-        memcpy(slot, sharded, (size_t)U->total * cp_dtype_size(U->ag_dtype));
-        return;
-    }
-    for (int64_t i = 0; i < U->total; i++) cp_store(U->ag_dtype, slot, i, cp_load(U->orig_dtype, sharded, i));
+    cp_convert_n(U->ag_dtype, slot, U->orig_dtype, sharded, U->total); /* a memcpy when the dtype stays */
 }
 
 /* (W, total) all-gather output -> each parameter's (outer, W*run) buffer. */
@@ -269,6 +279,12 @@ static void copy_out(const cp_plan *p, int u, int shard_rank, const void *ag, vo
     for (int j = 0; j < U->nparams; j++) {
         const cp_param *prm = &p->params[U->first_param + j];
         char *dst = at(unsharded, W * prm->offset, U->ag_dtype);
+        if (prm->outer == 1) { /* rows in rank order already: one copy per rank */
+            for (int64_t r = 0; r < W; r++)
+                memcpy(dst + (size_t)(r * prm->run) * es, (const char *)ag + (size_t)(r * U->total + prm->offset) * es,
+                       (size_t)prm->run * es);
+            continue;
+        }
         for (int64_t r = 0; r < W; r++)
             for (int64_t o = 0; o < prm->outer; o++)
                 memcpy(dst + (size_t)(o * W * prm->run + r * prm->run) * es,
@@ -277,35 +293,47 @@ static void copy_out(const cp_plan *p, int u, int shard_rank, const void *ag, vo
     }
 }
 
-/* v rounded to t (round to nearest even). */
-static float round_to(cp_dtype t, float v)
+/* x / d in double, rounded to float: FSDP2's divides as the reference wrote them. */
+CP_HOT static void divide_n(float *restrict v, int64_t n, double d)
 {
-    float out;
-    cp_store(t, &out, 0, v);
-    return cp_load(t, &out, 0);
+    CP_LOOP(n, v[j] = (float)(v[j] / d));
 }
 
 /* chunk_cat: unsharded grads (grad dtype) -> (W, total) reduce-scatter
  * input, zero padding; cast to the reduce dtype first, then the pre-divide
  * in it, as FSDP2's foreach_reduce does (the copy-in casts,
- * _div_if_needed's div_ rounds to the reduce dtype). */
+ * _div_if_needed's div_ rounds to the reduce dtype). Each run in blocks:
+ * load, round to the reduce dtype, divide, store (rounding again). */
 static void pack(const cp_plan *p, int u, int shard_rank, const void *grads, void *rs_in)
 {
     const cp_unit *U = &p->units[u];
     int64_t W = p->shard_size;
+    size_t ges = cp_dtype_size(U->grad_dtype), res = cp_dtype_size(U->reduce_dtype);
+    int plain = U->grad_dtype == CP_FP32 && U->reduce_dtype == CP_FP32 && U->pre_divide == 1.0;
+    float buf[CP_BLOCK];
     (void)shard_rank;
     for (int j = 0; j < U->nparams; j++) {
         const cp_param *prm = &p->params[U->first_param + j];
-        const char *g = (const char *)grads + (size_t)prm->grad_offset * cp_dtype_size(U->grad_dtype);
+        const char *g = (const char *)grads + (size_t)prm->grad_offset * ges;
         for (int64_t r = 0; r < W; r++)
             for (int64_t o = 0; o < prm->outer; o++) {
                 int64_t src = o * W * prm->run + r * prm->run;
                 int64_t dst = r * U->total + prm->offset + o * prm->run;
-                for (int64_t t = 0; t < prm->run; t++) {
-                    float v = src + t < prm->numel ? cp_load(U->grad_dtype, g, src + t) : 0.0f;
-                    v = round_to(U->reduce_dtype, v);
-                    if (U->pre_divide != 1.0) v = (float)(v / U->pre_divide);
-                    cp_store(U->reduce_dtype, rs_in, dst + t, v);
+                int64_t real = prm->numel - src < 0 ? 0 : prm->numel - src < prm->run ? prm->numel - src : prm->run;
+                char *out = (char *)rs_in + (size_t)dst * res;
+                if (plain) { /* fp32 to fp32 undivided: the bits stay */
+                    memcpy(out, g + (size_t)src * ges, (size_t)real * res);
+                    memset(out + (size_t)real * res, 0, (size_t)(prm->run - real) * res);
+                    continue;
+                }
+                for (int64_t t = 0; t < prm->run; t += CP_BLOCK) {
+                    int64_t n = prm->run - t < CP_BLOCK ? prm->run - t : CP_BLOCK;
+                    int64_t have = real - t < 0 ? 0 : real - t < n ? real - t : n;
+                    cp_load_n(U->grad_dtype, g + (size_t)(src + t) * ges, have, buf);
+                    for (int64_t i = have; i < n; i++) buf[i] = 0.0f;
+                    cp_round_n(U->reduce_dtype, buf, n);
+                    if (U->pre_divide != 1.0) divide_n(buf, n, U->pre_divide);
+                    cp_store_n(U->reduce_dtype, out + (size_t)t * res, n, buf);
                 }
             }
     }
@@ -317,11 +345,21 @@ static void pack(const cp_plan *p, int u, int shard_rank, const void *grads, voi
 static void view_out(const cp_plan *p, int u, int shard_rank, const void *rs_out, void *sharded_grads)
 {
     const cp_unit *U = &p->units[u];
+    size_t res = cp_dtype_size(U->reduce_dtype), oes = cp_dtype_size(U->orig_dtype);
+    float buf[CP_BLOCK];
     (void)shard_rank;
-    for (int64_t i = 0; i < U->total; i++) {
-        float v = cp_load(U->reduce_dtype, rs_out, i);
-        if (U->post_divide != 1.0) v = round_to(U->reduce_dtype, (float)(v / U->post_divide));
-        cp_store(U->orig_dtype, sharded_grads, i, v);
+    if (U->post_divide == 1.0 && U->reduce_dtype == CP_FP32) {
+        cp_convert_n(U->orig_dtype, sharded_grads, CP_FP32, rs_out, U->total);
+        return;
+    }
+    for (int64_t i = 0; i < U->total; i += CP_BLOCK) {
+        int64_t n = U->total - i < CP_BLOCK ? U->total - i : CP_BLOCK;
+        cp_load_n(U->reduce_dtype, (const char *)rs_out + (size_t)i * res, n, buf);
+        if (U->post_divide != 1.0) {
+            divide_n(buf, n, U->post_divide);
+            cp_round_n(U->reduce_dtype, buf, n);
+        }
+        cp_store_n(U->orig_dtype, (char *)sharded_grads + (size_t)i * oes, n, buf);
     }
 }
 
@@ -331,12 +369,21 @@ static void view_out(const cp_plan *p, int u, int shard_rank, const void *rs_out
 static void view_out_add(const cp_plan *p, int u, int shard_rank, const void *rs_out, void *sharded_grads)
 {
     const cp_unit *U = &p->units[u];
+    size_t res = cp_dtype_size(U->reduce_dtype), oes = cp_dtype_size(U->orig_dtype);
+    float buf[CP_BLOCK], cur[CP_BLOCK];
     (void)shard_rank;
-    for (int64_t i = 0; i < U->total; i++) {
-        float v = cp_load(U->reduce_dtype, rs_out, i);
-        if (U->post_divide != 1.0) v = round_to(U->reduce_dtype, (float)(v / U->post_divide));
-        v = round_to(U->orig_dtype, v);
-        cp_store(U->orig_dtype, sharded_grads, i, cp_load(U->orig_dtype, sharded_grads, i) + v);
+    for (int64_t i = 0; i < U->total; i += CP_BLOCK) {
+        int64_t n = U->total - i < CP_BLOCK ? U->total - i : CP_BLOCK;
+        char *sg = (char *)sharded_grads + (size_t)i * oes;
+        cp_load_n(U->reduce_dtype, (const char *)rs_out + (size_t)i * res, n, buf);
+        if (U->post_divide != 1.0) {
+            divide_n(buf, n, U->post_divide);
+            cp_round_n(U->reduce_dtype, buf, n);
+        }
+        cp_round_n(U->orig_dtype, buf, n);
+        cp_load_n(U->orig_dtype, sg, n, cur);
+        for (int64_t k = 0; k < n; k++) cur[k] += buf[k];
+        cp_store_n(U->orig_dtype, sg, n, cur);
     }
 }
 
@@ -353,9 +400,16 @@ static void flat_copy(const cp_plan *p, int u, int shard_rank, const void *in, v
 static void flat_add(const cp_plan *p, int u, int shard_rank, const void *in, void *out)
 {
     const cp_unit *U = &p->units[u];
+    size_t es = cp_dtype_size(U->reduce_dtype);
+    float a[CP_BLOCK], x[CP_BLOCK];
     (void)shard_rank;
-    for (int64_t i = 0; i < U->total; i++)
-        cp_store(U->reduce_dtype, out, i, cp_load(U->reduce_dtype, out, i) + cp_load(U->reduce_dtype, in, i));
+    for (int64_t i = 0; i < U->total; i += CP_BLOCK) {
+        int64_t n = U->total - i < CP_BLOCK ? U->total - i : CP_BLOCK;
+        cp_load_n(U->reduce_dtype, (const char *)out + (size_t)i * es, n, a);
+        cp_load_n(U->reduce_dtype, (const char *)in + (size_t)i * es, n, x);
+        for (int64_t k = 0; k < n; k++) a[k] += x[k];
+        cp_store_n(U->reduce_dtype, (char *)out + (size_t)i * es, n, a);
+    }
 }
 
 /* Indexed by kernel number (cp_gpu_kernels.h: copy-in, copy-out, pack, view-out, view-out adding, flat copy,
@@ -460,6 +514,12 @@ static int host_write(cp_backend *b, cp_stream s, void *dst, const void *host, s
     return 0;
 }
 
+static void *host_ptr(cp_backend *b, void *p)
+{
+    (void)b;
+    return p;
+}
+
 void cp_host_backend_init(cp_backend *b, cp_host_world *w, int rank)
 {
     memset(b, 0, sizeof *b);
@@ -478,6 +538,7 @@ void cp_host_backend_init(cp_backend *b, cp_host_world *w, int rank)
     b->release = host_release;
     b->read = host_read;
     b->write = host_write;
+    b->host_ptr = host_ptr;
 }
 
 void cp_host_backend_init_cb(cp_backend *b, cp_host_world *w, int rank, cp_host_collective_cb cb, void *user)

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "cp_simd.h"
 
 static uint32_t mix32(uint64_t x)
 {
@@ -68,6 +69,111 @@ int64_t cp_pattern_param_id(const cp_plan *p, int param)
 
 static int same(float a, float b) { return memcmp(&a, &b, sizeof a) == 0 || a == b; }
 
+/* Whether any of n pairs is not same(). */
+CP_HOT static int differ_n(const float *restrict a, const float *restrict b, int64_t n)
+{
+    int bad = 0;
+    CP_LOOP(n, uint32_t x; uint32_t y; memcpy(&x, a + j, 4); memcpy(&y, b + j, 4); bad |= (x != y) & !(a[j] == b[j]));
+    return bad;
+}
+
+/* ---- the patterns over runs of elements (bit for bit the functions above) ---- */
+
+/* (float)(x + j) + q, j < n: the fp32 pattern between two wraps. */
+CP_HOT static void fp32_ramp(float *restrict out, int32_t x, int64_t n, float q)
+{
+    CP_LOOP(n, out[j] = (float)(x + (int32_t)j) + q);
+}
+
+/* The 16-bit pattern's bits: the hash of (k, e, step), its exponent kept
+ * finite (exp: the dtype's exponent mask). */
+CP_HOT static void hash16(uint16_t *restrict h, uint64_t kbits, int64_t e0, int64_t n, uint64_t step, uint32_t exp)
+{
+    CP_LOOP(n, uint32_t b = (uint16_t)mix32(kbits ^ ((uint64_t)(e0 + j) << 8) ^ step);
+               h[j] = (uint16_t)((b & exp) == exp ? b & ~0x4000u : b));
+}
+
+/* out[j] = cp_pattern_param(pat, t, k, base, e0 + j, step), j < n. */
+static void param_n(cp_pattern pat, cp_dtype t, int64_t k, int64_t base, int64_t e0, int64_t n, int step, float *out)
+{
+    if (pat == CP_PATTERN_ORACLE) {
+        for (int64_t j = 0; j < n; j++) out[j] = (float)(k * 1000 + e0 + j + step);
+        return;
+    }
+    if (t == CP_FP32) {
+        int64_t x = (base + e0 + 1) % 4000000;
+        float q = 0.25f * (float)(step % 4);
+        for (int64_t j = 0; j < n;) {
+            int64_t m = 4000000 - x < n - j ? 4000000 - x : n - j; /* up to the wrap */
+            fp32_ramp(out + j, (int32_t)x, m, q);
+            j += m;
+            x = 0;
+        }
+        return;
+    }
+    uint16_t h[CP_BLOCK];
+    for (int64_t j0 = 0; j0 < n; j0 += CP_BLOCK) {
+        int64_t m = n - j0 < CP_BLOCK ? n - j0 : CP_BLOCK;
+        hash16(h, (uint64_t)k << 40, e0 + j0, m, (uint64_t)step, t == CP_BF16 ? 0x7f80u : 0x7c00u);
+        cp_load_n(t, h, m, out + j0);
+    }
+}
+
+/* The rank-independent factor of cp_pattern_grad's unique pattern:
+ * (float)g for e0 .. e0+n-1 (the value is g * (rank + 1) * scale). */
+CP_HOT static void grad_base_n(cp_dtype t, int64_t k, int64_t e0, int64_t n, int micro, int step, float *restrict out)
+{
+    uint32_t mask = t == CP_FP32 ? 1023u : 7u; /* % 1024 or % 8 */
+    uint64_t salt = ((uint64_t)k << 32) ^ ((uint64_t)step << 56) ^ ((uint64_t)micro * 0x9e3779b97f4a7c15ULL);
+    CP_LOOP(n, out[j] = (float)(int32_t)(1u + (mix32(salt ^ (uint64_t)(e0 + j)) & mask)));
+}
+
+CP_HOT static void scale_n(float *restrict out, const float *restrict base, int64_t n, float r, float scale)
+{
+    CP_LOOP(n, out[j] = base[j] * r * scale);
+}
+
+/* out[j] = cp_pattern_grad(pat, t, k, e0 + j, rank, micro, step), j < n;
+ * base: grad_base_n's values for the unique pattern (NULL for oracle). */
+static void grad_n(cp_pattern pat, cp_dtype t, int64_t k, int64_t e0, int64_t n, int rank, int micro, int step,
+                   const float *base, float *out)
+{
+    if (pat == CP_PATTERN_ORACLE) {
+        for (int64_t j = 0; j < n; j++) out[j] = cp_pattern_grad(pat, t, k, e0 + j, rank, micro, step);
+        return;
+    }
+    float r = (float)(rank + 1), scale = t != CP_FP32 && (micro & 1) ? 0x1p-6f : 1.0f;
+    scale_n(out, base, n, r, scale);
+}
+
+/* Elements of a parameter in runs whose full-parameter indices are
+ * consecutive. Unsharded local element i: its full index, and in *len how
+ * many from i on follow it one by one. */
+static int64_t full_run(const cp_param *prm, int tp_rank, int64_t i, int64_t limit, int64_t *len)
+{
+    int64_t n = limit - i;
+    if (prm->tp_sharded) {
+        int64_t inner = 1;
+        for (int d = prm->tp_dim + 1; d < prm->ndim; d++) inner *= prm->shape[d];
+        int64_t block = prm->shape[prm->tp_dim] * inner; /* one outer index's rows: consecutive in the full tensor */
+        if (block > 0 && block - i % block < n) n = block - i % block;
+    }
+    *len = n;
+    return cp_param_full_index(prm, tp_rank, i);
+}
+
+/* Shard-local element j (< limit) of shard rank s: the same over the
+ * parameter's chunk runs. */
+static int64_t shard_run(const cp_param *prm, int W, int s, int tp_rank, int64_t j, int64_t limit, int64_t *len)
+{
+    int64_t n = limit - j;
+    if (prm->run > 0 && prm->run - j % prm->run < n) n = prm->run - j % prm->run;
+    int64_t g = cp_param_global_index(prm, W, s, j), m;
+    int64_t e = full_run(prm, tp_rank, g, g + n, &m);
+    *len = m;
+    return e;
+}
+
 struct cp_expect_cache {
     const cp_plan *plan;
     int nsets; /* replicate group instances: world / replicate size */
@@ -124,7 +230,10 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
     c->expect = malloc((size_t)biggest * sizeof(float));
     c->packs = calloc((size_t)(p->nunits > 0 ? p->nunits : 1) * (size_t)M, 1);
     c->acc = malloc((size_t)W * (size_t)R * sizeof(float));
-    if (!c->param_base || !c->members || !c->expect || !c->packs || !c->acc) { cp_checker_free(c); return -1; }
+    /* Blocks of CP_BLOCK floats: 4 of scratch, then expect_block's (every member's grads, a shard group's packed
+     * values, the replicas' reduce-scatter values and partial sums, 3 more). */
+    c->work = malloc(((size_t)W * (size_t)R + (size_t)W + 2 * (size_t)R + 7) * CP_BLOCK * sizeof(float));
+    if (!c->param_base || !c->members || !c->expect || !c->packs || !c->acc || !c->work) { cp_checker_free(c); return -1; }
     /* Where the step reduces each unit: after every backward (FSDP2's
      * default), after the last (set_requires_gradient_sync(False) before
      * the others), as the plan's ops say. */
@@ -144,6 +253,7 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
     int rep_color = rank, rep_key = 0;
     if (p->replicate_family >= 0) cp_group_of(p, p->replicate_family, rank, &rep_color, &rep_key);
     c->replica_set = rep_color;
+    c->replicate_rank = rep_key;
     for (int q = 0; q < R; q++) {
         int rq = p->replicate_family >= 0 ? cp_group_member(p, p->replicate_family, rep_color, q) : rank;
         int sh_color = 0, sh_key = 0;
@@ -161,6 +271,8 @@ void cp_checker_free(cp_checker *c)
     free(c->expect);
     free(c->packs);
     free(c->acc);
+    free(c->work);
+    c->work = NULL;
     c->param_base = NULL;
     c->members = NULL;
     c->expect = NULL;
@@ -179,38 +291,59 @@ static void report(cp_checker *c, const char *what, int u, int param, int64_t e,
 
 void cp_checker_fill_shards(cp_checker *c, int u, void *sharded)
 {
+    cp_checker_fill_shards_of(c, u, c->shard_rank, sharded);
+}
+
+void cp_checker_fill_shards_of(cp_checker *c, int u, int shard_rank, void *sharded)
+{
+    cp_checker_fill_shards_as(c, u, shard_rank, c->plan->units[u].orig_dtype, sharded);
+}
+
+void cp_checker_fill_shards_as(cp_checker *c, int u, int shard_rank, cp_dtype t, void *out)
+{
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
-    memset(sharded, 0, (size_t)U->total * cp_dtype_size(U->orig_dtype));
+    size_t es = cp_dtype_size(t);
+    float *v = c->work;
+    int64_t done = 0; /* elements written so far: the gaps and padding between are zeros */
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
-        int64_t valid = cp_param_valid(prm, c->shard_rank);
-        for (int64_t i = 0; i < valid; i++) {
-            int64_t e = cp_param_full_index(prm, c->tp_rank, cp_param_global_index(prm, p->shard_size, c->shard_rank, i));
-            cp_store(U->orig_dtype, sharded, prm->offset + i,
-                     cp_pattern_param(c->pattern, U->orig_dtype, cp_pattern_param_id(p, param), c->param_base[param],
-                                      e, c->step));
+        int64_t valid = cp_param_valid(prm, shard_rank), k = cp_pattern_param_id(p, param), len;
+        if (prm->offset > done) memset((char *)out + (size_t)done * es, 0, (size_t)(prm->offset - done) * es);
+        for (int64_t i = 0; i < valid; i += len) {
+            int64_t e = shard_run(prm, p->shard_size, shard_rank, c->tp_rank, i, valid, &len);
+            if (len > CP_BLOCK) len = CP_BLOCK;
+            param_n(c->pattern, U->orig_dtype, k, c->param_base[param], e, len, c->step, v);
+            if (t != U->orig_dtype) cp_round_n(U->orig_dtype, v, len); /* stored, then cast by the copy-in */
+            cp_store_n(t, (char *)out + (size_t)(prm->offset + i) * es, len, v);
         }
+        done = prm->offset + valid;
     }
+    if (U->total > done) memset((char *)out + (size_t)done * es, 0, (size_t)(U->total - done) * es);
 }
 
 void cp_checker_check_unsharded(cp_checker *c, int u, const void *unsharded, const char *when)
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
+    size_t es = cp_dtype_size(U->ag_dtype);
+    float *want = c->work, *got = c->work + CP_BLOCK;
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
-        const void *full = (const char *)unsharded + (size_t)(p->shard_size * prm->offset) * cp_dtype_size(U->ag_dtype);
-        int64_t k = cp_pattern_param_id(p, param);
-        for (int64_t i = 0; i < prm->numel; i++) {
-            int64_t e = cp_param_full_index(prm, c->tp_rank, i);
-            float v = round_to(U->orig_dtype, cp_pattern_param(c->pattern, U->orig_dtype, k, c->param_base[param], e,
-                                                               c->step));
-            float want = round_to(U->ag_dtype, v);
-            float got = cp_load(U->ag_dtype, full, i);
-            if (!same(want, got)) report(c, when, u, param, e, want, got);
+        const char *full = (const char *)unsharded + (size_t)(p->shard_size * prm->offset) * es;
+        int64_t k = cp_pattern_param_id(p, param), len;
+        for (int64_t i = 0; i < prm->numel; i += len) {
+            int64_t e = full_run(prm, c->tp_rank, i, prm->numel, &len);
+            if (len > CP_BLOCK) len = CP_BLOCK;
+            param_n(c->pattern, U->orig_dtype, k, c->param_base[param], e, len, c->step, want);
+            cp_round_n(U->orig_dtype, want, len);
+            cp_round_n(U->ag_dtype, want, len);
+            cp_load_n(U->ag_dtype, full + (size_t)i * es, len, got);
+            if (differ_n(want, got, len))
+                for (int64_t q = 0; q < len; q++)
+                    if (!same(want[q], got[q])) report(c, when, u, param, e + q, want[q], got[q]);
         }
     }
 }
@@ -239,20 +372,29 @@ void cp_checker_add_grads(cp_checker *c, int u, int micro, void *grads)
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
     int fresh = fresh_grads(c, u, micro);
+    size_t es = cp_dtype_size(U->grad_dtype);
+    float *base = c->work, *gv = c->work + CP_BLOCK, *cur = c->work + 2 * CP_BLOCK;
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
-        void *g = (char *)grads + (size_t)prm->grad_offset * cp_dtype_size(U->grad_dtype);
-        int64_t k = cp_pattern_param_id(p, param);
-        for (int64_t i = 0; i < prm->numel; i++) {
-            int64_t e = cp_param_full_index(prm, c->tp_rank, i);
-            float gv = round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, c->rank, micro, c->step));
+        char *g = (char *)grads + (size_t)prm->grad_offset * es;
+        int64_t k = cp_pattern_param_id(p, param), len;
+        for (int64_t i = 0; i < prm->numel; i += len) {
+            int64_t e = full_run(prm, c->tp_rank, i, prm->numel, &len);
+            if (len > CP_BLOCK) len = CP_BLOCK;
             /* The micro-step's grad, computed in ag_dtype, into the grads
              * buffer (grad_dtype) as autograd's AccumulateGrad does with
              * the unsharded parameter's grad_dtype (torch 2.15): cast to it,
              * then assigned afresh or added in it. */
-            gv = round_to(U->grad_dtype, gv);
-            cp_store(U->grad_dtype, g, i, fresh ? gv : cp_load(U->grad_dtype, g, i) + gv);
+            if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(U->ag_dtype, k, e, len, micro, c->step, base);
+            grad_n(c->pattern, U->ag_dtype, k, e, len, c->rank, micro, c->step, base, gv);
+            cp_round_n(U->ag_dtype, gv, len);
+            cp_round_n(U->grad_dtype, gv, len);
+            if (!fresh) {
+                cp_load_n(U->grad_dtype, g + (size_t)i * es, len, cur);
+                for (int64_t q = 0; q < len; q++) gv[q] = cur[q] + gv[q];
+            }
+            cp_store_n(U->grad_dtype, g + (size_t)i * es, len, gv);
         }
     }
 }
@@ -302,6 +444,7 @@ static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, in
             for (int s = 0; s < W; s++) vals[s] = packed(U, c->acc[q * W + s]);
             rs[q] = W > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->rs_op, vals, W, rs_key) : vals[0];
         }
+
         if (parks_at(c, u, m)) {
             for (int q = 0; q < R; q++) partial[q] = held ? round_to(U->reduce_dtype, partial[q] + rs[q]) : rs[q];
             held = 1;
@@ -310,6 +453,9 @@ static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, in
         if (held)
             for (int q = 0; q < R; q++) rs[q] = round_to(U->reduce_dtype, rs[q] + partial[q]);
         held = 0;
+        if (c->solo)
+            for (int q = 0; q < R; q++)
+                if (q != c->replicate_rank) rs[q] = round_to(U->reduce_dtype, rs[c->replicate_rank] * (float)(q + 2));
         float v = R > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->ar_op, rs, R, key) : rs[0];
         if (U->post_divide != 1.0) v = round_to(U->reduce_dtype, (float)(v / U->post_divide));
         v = round_to(U->orig_dtype, v);
@@ -319,8 +465,153 @@ static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, in
     return sharded;
 }
 
+/* expect_element for the n <= CP_BLOCK elements e .. e+n-1 (one parameter's
+ * consecutive elements under one pair of chains), into out: each member's
+ * grads as a block, the reductions as blocks (cp_reduce_arith_f), the same
+ * roundings in the same order, so the same bits. */
+static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64_t n, int rs_key, int key, float *out)
+{
+    const cp_plan *p = c->plan;
+    const cp_unit *U = &p->units[u];
+    int W = p->shard_size, R = p->replicate_size;
+    enum { B = CP_BLOCK };
+    float *acc = c->work + 4 * B, *vals = acc + (size_t)W * R * B, *rs = vals + (size_t)W * B;
+    float *partial = rs + (size_t)R * B, *base = partial + (size_t)R * B, *g = base + B, *v = g + B;
+    const float *vp[W > R ? W : R];
+    int have = 0, held = 0, q0 = c->replicate_rank;
+    for (int m = 0; m < p->micro_steps; m++) {
+        int fresh = fresh_grads(c, u, m);
+        if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(U->ag_dtype, k, e, n, m, c->step, base);
+        for (int i = 0; i < W * R; i++) {
+            if (c->solo && i / W != q0) continue; /* the other replicas copy this one's */
+            float *a = acc + (size_t)i * B;
+            grad_n(c->pattern, U->ag_dtype, k, e, n, c->members[i], m, c->step, base, g);
+            cp_round_n(U->ag_dtype, g, n);
+            cp_round_n(U->grad_dtype, g, n);
+            if (fresh) memcpy(a, g, (size_t)n * sizeof *a);
+            else for (int64_t j = 0; j < n; j++) a[j] += g[j];
+            cp_round_n(U->grad_dtype, a, n);
+        }
+        if (!reduces_at(c, u, m)) continue;
+        for (int q = 0; q < R; q++) {
+            if (c->solo && q != q0) continue;
+            for (int sh = 0; sh < W; sh++) {
+                float *x = vals + (size_t)sh * B;
+                memcpy(x, acc + (size_t)(q * W + sh) * B, (size_t)n * sizeof *x);
+                cp_round_n(U->reduce_dtype, x, n);
+                if (U->pre_divide != 1.0) {
+                    for (int64_t j = 0; j < n; j++) x[j] = (float)(x[j] / U->pre_divide);
+                    cp_round_n(U->reduce_dtype, x, n);
+                }
+                vp[sh] = x;
+            }
+            float *r = rs + (size_t)q * B;
+            if (W > 1) cp_reduce_arith_f(c->arith, U->reduce_dtype, U->rs_op, vp, W, rs_key, n, r);
+            else memcpy(r, vals, (size_t)n * sizeof *r);
+        }
+        if (parks_at(c, u, m)) {
+            for (int q = 0; q < R; q++) {
+                if (c->solo && q != q0) continue;
+                float *pq = partial + (size_t)q * B, *r = rs + (size_t)q * B;
+                if (held) {
+                    for (int64_t j = 0; j < n; j++) pq[j] += r[j];
+                    cp_round_n(U->reduce_dtype, pq, n);
+                } else memcpy(pq, r, (size_t)n * sizeof *pq);
+            }
+            held = 1;
+            continue;
+        }
+        if (held)
+            for (int q = 0; q < R; q++) {
+                if (c->solo && q != q0) continue;
+                float *pq = partial + (size_t)q * B, *r = rs + (size_t)q * B;
+                for (int64_t j = 0; j < n; j++) r[j] += pq[j];
+                cp_round_n(U->reduce_dtype, r, n);
+            }
+        held = 0;
+        if (c->solo) /* the other replicas' stand-ins: this one's values times q + 2 (simulate.c) */
+            for (int q = 0; q < R; q++) {
+                if (q == q0) continue;
+                float *r = rs + (size_t)q * B, f = (float)(q + 2);
+                for (int64_t j = 0; j < n; j++) r[j] = rs[(size_t)q0 * B + (size_t)j] * f;
+                cp_round_n(U->reduce_dtype, r, n);
+            }
+        if (R > 1) {
+            for (int q = 0; q < R; q++) vp[q] = rs + (size_t)q * B;
+            cp_reduce_arith_f(c->arith, U->reduce_dtype, U->ar_op, vp, R, key, n, v);
+        } else memcpy(v, rs, (size_t)n * sizeof *v);
+        if (U->post_divide != 1.0) {
+            for (int64_t j = 0; j < n; j++) v[j] = (float)(v[j] / U->post_divide);
+            cp_round_n(U->reduce_dtype, v, n);
+        }
+        cp_round_n(U->orig_dtype, v, n);
+        if (have) {
+            for (int64_t j = 0; j < n; j++) out[j] += v[j];
+            cp_round_n(U->orig_dtype, out, n);
+        } else memcpy(out, v, (size_t)n * sizeof *out);
+        have = 1;
+    }
+    if (!have)
+        for (int64_t j = 0; j < n; j++) out[j] = 0.0f;
+}
+
+/* Stand-in member `member` (a global rank of this rank's shard group)'s
+ * reduce-scatter input for this rank's slot at micro-step `micro`, in the
+ * reduce dtype, as the checker's model has it: its grads accumulated over
+ * the micro-steps as expect_block does, packed (cast, pre-divide), zero
+ * padding. */
+void cp_checker_member_packed(cp_checker *c, int u, const int *members, int nmembers, int micro, void *const *out)
+{
+    const cp_plan *p = c->plan;
+    const cp_unit *U = &p->units[u];
+    size_t es = cp_dtype_size(U->reduce_dtype);
+    enum { B = CP_BLOCK };
+    float *base = c->work, *g = base + B, *acc = c->work + 4 * B; /* a block per member: expect_block's room */
+    int64_t done = 0; /* elements written so far: the gaps and padding between are zeros */
+    for (int j = 0; j < U->nparams; j++) {
+        int param = U->first_param + j;
+        const cp_param *prm = &p->params[param];
+        int64_t k = cp_pattern_param_id(p, param), valid = cp_param_valid(prm, c->shard_rank), len;
+        if (prm->offset > done)
+            for (int q = 0; q < nmembers; q++)
+                memset((char *)out[q] + (size_t)done * es, 0, (size_t)(prm->offset - done) * es);
+        done = prm->offset + valid;
+        for (int64_t i = 0; i < valid; i += len) {
+            int64_t e = shard_run(prm, p->shard_size, c->shard_rank, c->tp_rank, i, valid, &len);
+            if (len > CP_BLOCK) len = CP_BLOCK;
+            for (int m = 0; m <= micro && m < p->micro_steps; m++) {
+                int fresh = fresh_grads(c, u, m);
+                /* one hash per element, shared by every member (their grads differ by the rank factor) */
+                if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(U->ag_dtype, k, e, len, m, c->step, base);
+                for (int q = 0; q < nmembers; q++) {
+                    float *a = acc + (size_t)q * B;
+                    grad_n(c->pattern, U->ag_dtype, k, e, len, members[q], m, c->step, base, g);
+                    cp_round_n(U->ag_dtype, g, len);
+                    cp_round_n(U->grad_dtype, g, len);
+                    if (fresh) memcpy(a, g, (size_t)len * sizeof *a);
+                    else for (int64_t x = 0; x < len; x++) a[x] += g[x];
+                    cp_round_n(U->grad_dtype, a, len);
+                }
+            }
+            for (int q = 0; q < nmembers; q++) {
+                float *a = acc + (size_t)q * B;
+                cp_round_n(U->reduce_dtype, a, len);
+                if (U->pre_divide != 1.0) {
+                    for (int64_t x = 0; x < len; x++) a[x] = (float)(a[x] / U->pre_divide);
+                    cp_round_n(U->reduce_dtype, a, len);
+                }
+                cp_store_n(U->reduce_dtype, (char *)out[q] + (size_t)(prm->offset + i) * es, len, a);
+            }
+        }
+    }
+    if (U->total > done)
+        for (int q = 0; q < nmembers; q++)
+            memset((char *)out[q] + (size_t)done * es, 0, (size_t)(U->total - done) * es);
+}
+
 /* Every reduced grad element of unit u as this rank must hold it (padding
- * is not written). */
+ * is not written): each parameter's shard in runs of consecutive elements
+ * that share their chains (the keys change only at chunk boundaries). */
 static void expect_unit(const cp_checker *c, int u, float *out)
 {
     const cp_plan *p = c->plan;
@@ -330,14 +621,17 @@ static void expect_unit(const cp_checker *c, int u, float *out)
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
         int64_t k = cp_pattern_param_id(p, param);
-        int64_t valid = cp_param_valid(prm, c->shard_rank);
-        for (int64_t i = 0; i < valid; i++) {
-            int64_t e = cp_param_full_index(prm, c->tp_rank, cp_param_global_index(prm, p->shard_size, c->shard_rank, i));
-            int64_t at = prm->offset + i;
-            out[at] = expect_element(c, u, k, e,
-                                     cp_reduce_scatter_key(c->arith, U->reduce_dtype, c->shard_rank, at, U->total,
-                                                           p->shard_size),
-                                     cp_all_reduce_key(c->arith, U->reduce_dtype, at, U->total, R));
+        int64_t valid = cp_param_valid(prm, c->shard_rank), len;
+        for (int64_t i = 0; i < valid; i += len) {
+            int64_t e = shard_run(prm, p->shard_size, c->shard_rank, c->tp_rank, i, valid, &len);
+            int64_t at = prm->offset + i, rs_end, ar_end;
+            int rs_key = cp_reduce_scatter_key_run(c->arith, U->reduce_dtype, c->shard_rank, at, U->total,
+                                                   p->shard_size, &rs_end);
+            int key = cp_all_reduce_key_run(c->arith, U->reduce_dtype, at, U->total, R, &ar_end);
+            if (rs_end - at < len) len = rs_end - at;
+            if (ar_end - at < len) len = ar_end - at;
+            if (len > CP_BLOCK) len = CP_BLOCK;
+            expect_block(c, u, k, e, len, rs_key, key, out + at);
         }
     }
 }
@@ -361,17 +655,27 @@ static void compare_grads(cp_checker *c, int u, const float *want, const void *s
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
+    size_t es = cp_dtype_size(U->orig_dtype);
+    float *got = c->work, *w = c->work + CP_BLOCK;
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
         int64_t valid = cp_param_valid(prm, c->shard_rank);
-        for (int64_t i = 0; i < prm->padded; i++) {
-            float got = cp_load(U->orig_dtype, sharded_grads, prm->offset + i);
-            int64_t e = cp_param_full_index(prm, c->tp_rank, cp_param_global_index(prm, p->shard_size, c->shard_rank, i));
-            float w = i < valid ? want[prm->offset + i] : 0.0f;
-            if (same(w, got)) continue;
-            if (i < valid && any_ring_order(c, u, cp_pattern_param_id(p, param), e, prm->offset + i, got)) continue;
-            report(c, i < valid ? "reduced sharded grad" : "grad padding", u, param, i < valid ? e : -1, w, got);
+        for (int64_t i0 = 0; i0 < prm->padded; i0 += CP_BLOCK) {
+            int64_t n = prm->padded - i0 < CP_BLOCK ? prm->padded - i0 : CP_BLOCK;
+            cp_load_n(U->orig_dtype, (const char *)sharded_grads + (size_t)(prm->offset + i0) * es, n, got);
+            for (int64_t q = 0; q < n; q++) w[q] = i0 + q < valid ? want[prm->offset + i0 + q] : 0.0f;
+            int bad = differ_n(w, got, n);
+            for (int64_t q = 0; q < n && bad; q++) {
+                int64_t i = i0 + q;
+                if (same(w[q], got[q])) continue;
+                int64_t e = cp_param_full_index(prm, c->tp_rank,
+                                                cp_param_global_index(prm, p->shard_size, c->shard_rank, i));
+                if (i < valid && any_ring_order(c, u, cp_pattern_param_id(p, param), e, prm->offset + i, got[q]))
+                    continue;
+                report(c, i < valid ? "reduced sharded grad" : "grad padding", u, param, i < valid ? e : -1, w[q],
+                       got[q]);
+            }
         }
     }
 }
@@ -422,17 +726,75 @@ static float act_summand(int64_t op_index, int64_t pos, int step, int tp_rank)
            (float)(tp_rank % 2);
 }
 
+/* Whether all n bytes are zero (+0.0 in every dtype). */
+CP_HOT static int zero_bytes(const char *restrict p, size_t n)
+{
+    unsigned char acc = 0;
+    for (size_t i = 0; i < n; i++) acc |= (unsigned char)p[i];
+    return acc == 0;
+}
+
+/* act_gathered / act_summand over positions pos0 .. pos0+n-1 (n <= CP_BLOCK). */
+CP_HOT static void act_hash_n(uint32_t *restrict h, int64_t op_index, int64_t pos0, int64_t n, int step)
+{
+    uint64_t salt = ((uint64_t)op_index << 40) ^ (uint64_t)step;
+    CP_LOOP(n, h[j] = mix32(salt ^ ((uint64_t)(pos0 + j) << 4)));
+}
+
+CP_HOT static void act_sum_values(float *restrict out, const uint32_t *restrict h, int64_t n, float r)
+{
+    CP_LOOP(n, out[j] = (float)(int32_t)(h[j] % 3u + 1u) + r);
+}
+
+CP_HOT static void act_gather_bits(uint16_t *restrict b, const uint32_t *restrict h, int64_t n, uint32_t exp)
+{
+    CP_LOOP(n, uint32_t x = (uint16_t)h[j]; b[j] = (uint16_t)((x & exp) == exp ? x & ~0x4000u : x));
+}
+
+static void act_values_n(cp_dtype t, int gather, int64_t op_index, int64_t pos0, int64_t n, int step, int tp_rank,
+                         float *out)
+{
+    uint32_t h[CP_BLOCK];
+    act_hash_n(h, op_index, pos0, n, step);
+    if (!gather) act_sum_values(out, h, n, (float)(tp_rank % 2));
+    else if (t == CP_FP32)
+        for (int64_t j = 0; j < n; j++) out[j] = (float)(h[j] % 2000000u) - 1000000.0f;
+    else {
+        uint16_t b[CP_BLOCK];
+        act_gather_bits(b, h, n, t == CP_BF16 ? 0x7f80u : 0x7c00u);
+        cp_load_n(t, b, n, out);
+    }
+}
+
+void cp_checker_act_input_part(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, int64_t first, int64_t len,
+                               void *out)
+{
+    int64_t seq = op - c->plan->ops, n = op->count;
+    int gather = op->kind == CP_OP_TP_ALL_GATHER;
+    size_t es = cp_dtype_size(op->dtype);
+    float v[CP_BLOCK];
+    (void)tp_size;
+    for (int64_t i = 0; i < len; i += CP_BLOCK) {
+        int64_t m = len - i < CP_BLOCK ? len - i : CP_BLOCK;
+        /* a gather's input is its slot of the whole: positions tp_rank * n + i */
+        act_values_n(op->dtype, gather, seq, (gather ? (int64_t)tp_rank * n : 0) + first + i, m, c->step, tp_rank, v);
+        cp_store_n(op->dtype, (char *)out + (size_t)i * es, m, v);
+    }
+}
+
 void cp_checker_act_input(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, void *in)
 {
-    int64_t seq = op - c->plan->ops;
     int64_t n = op->count;
-    if (op->kind == CP_OP_TP_ALL_GATHER) {
-        for (int64_t i = 0; i < n; i++)
-            cp_store(op->dtype, in, i, act_gathered(op->dtype, seq, (int64_t)tp_rank * n + i, c->step));
+    int64_t len = op->kind == CP_OP_TP_REDUCE_SCATTER ? n * tp_size : n;
+    if (c->solo && op->kind == CP_OP_TP_REDUCE_SCATTER) {
+        /* --ranks: only this rank's slot of its input is summed here (the
+         * others go to stand-in peers, whose outputs nobody checks): zeros */
+        size_t es = cp_dtype_size(op->dtype);
+        memset(in, 0, (size_t)len * es);
+        cp_checker_act_input_part(c, op, tp_rank, tp_size, (int64_t)tp_rank * n, n, (char *)in + (size_t)tp_rank * n * es);
         return;
     }
-    int64_t len = op->kind == CP_OP_TP_REDUCE_SCATTER ? n * tp_size : n;
-    for (int64_t i = 0; i < len; i++) cp_store(op->dtype, in, i, act_summand(seq, i, c->step, tp_rank));
+    cp_checker_act_input_part(c, op, tp_rank, tp_size, 0, len, in);
 }
 
 void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, const void *out)
@@ -441,14 +803,38 @@ void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_s
     int64_t n = op->count;
     int gather = op->kind == CP_OP_TP_ALL_GATHER;
     int64_t len = gather ? n * tp_size : n, base = op->kind == CP_OP_TP_REDUCE_SCATTER ? (int64_t)tp_rank * n : 0;
-    for (int64_t i = 0; i < len; i++) {
-        float want = 0.0f;
-        if (gather) want = act_gathered(op->dtype, seq, i, c->step);
-        else if (op->reduce_op == CP_MAX) /* loss_parallel's per-token max */
-            for (int r = 0; r < tp_size; r++) want = r == 0 ? act_summand(seq, base + i, c->step, r)
-                                                           : fmaxf(want, act_summand(seq, base + i, c->step, r));
+    size_t es = cp_dtype_size(op->dtype);
+    float want[CP_BLOCK], got[CP_BLOCK], v[CP_BLOCK];
+    int64_t i0 = 0;
+    /* Whole blocks first: the expected values as blocks (a gather's position
+     * is its index; a sum's, base + index, summed over the TP ranks in rank
+     * order), compared at once; a block that differs, and MAX, element by
+     * element below. */
+    for (; op->reduce_op != CP_MAX && i0 < len; i0 += CP_BLOCK) {
+        int64_t m = len - i0 < CP_BLOCK ? len - i0 : CP_BLOCK;
+        int peer = gather && c->solo && (i0 + m <= (int64_t)tp_rank * n || i0 >= (int64_t)(tp_rank + 1) * n);
+        if (peer && zero_bytes((const char *)out + (size_t)i0 * es, (size_t)m * es)) continue;
+        if (peer) memset(want, 0, (size_t)m * sizeof *want); /* a stand-in peer's slot: zeros */
+        else if (gather) act_values_n(op->dtype, 1, seq, i0, m, c->step, 0, want);
         else
-            for (int r = 0; r < tp_size; r++) want += act_summand(seq, base + i, c->step, r);
+            for (int r = 0; r < tp_size; r++) {
+                if (c->solo && r != tp_rank) memset(v, 0, (size_t)m * sizeof *v);
+                else act_values_n(op->dtype, 0, seq, base + i0, m, c->step, r, v);
+                for (int64_t j = 0; j < m; j++) want[j] = r == 0 ? 0.0f + v[j] : want[j] + v[j];
+            }
+        cp_load_n(op->dtype, (const char *)out + (size_t)i0 * es, m, got);
+        if (differ_n(want, got, m)) break;
+    }
+    for (int64_t i = i0; i < len; i++) {
+        float want = 0.0f;
+        /* --ranks: a stand-in TP peer's input is zeros (simulate.c) */
+#define SUMMAND(r) (c->solo && (r) != tp_rank ? 0.0f : act_summand(seq, base + i, c->step, (r)))
+        if (gather) want = c->solo && i / n != tp_rank ? 0.0f : act_gathered(op->dtype, seq, i, c->step);
+        else if (op->reduce_op == CP_MAX) /* loss_parallel's per-token max */
+            for (int r = 0; r < tp_size; r++) want = r == 0 ? SUMMAND(r) : fmaxf(want, SUMMAND(r));
+        else
+            for (int r = 0; r < tp_size; r++) want += SUMMAND(r);
+#undef SUMMAND
         float got = cp_load(op->dtype, out, i);
         if (!same(want, got) && c->mismatches++ == 0)
             fprintf(stderr, "commplan: mismatch: rank %d step %d unit %s op %ld (%s) element %ld: expected %.9g, got "

@@ -37,7 +37,11 @@ typedef struct {
     unsigned char *packs;   /* [unit * micro_steps + m]: bit 0, the step reduces unit u's grads at micro-step m;
                                bit 1, that reduction ends in the partial sums (all_reduce_last) (its ops) */
     float *acc;             /* scratch: each of the W x R members' accumulated unsharded grad */
+    float *work;            /* scratch: blocks of CP_BLOCK floats for the run-at-a-time checks */
     long mismatches;
+    int replicate_rank; /* this rank's member index in its replicate group */
+    int solo;           /* --simulate --ranks: this rank alone, its peers stand-ins (simulate.c): replica q's
+                           all-reduce input is this replica's value times q + 2 rounded, a TP peer's activation zeros */
 } cp_checker;
 
 int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int rank);
@@ -55,5 +59,19 @@ void cp_checker_check_grads(cp_checker *c, int unit, const void *sharded_grads);
  * the buffer for an all-reduce) and check its output exactly. */
 void cp_checker_act_input(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, void *in);
 void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, const void *out);
+/* Elements first .. first+len-1 of TP rank tp_rank's input of op into out. */
+void cp_checker_act_input_part(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, int64_t first, int64_t len,
+                               void *out);
+/* Stand-ins for --simulate --ranks (simulate.c): shard rank s's shards of
+ * unit u (orig dtype, total elements), and shard-group members' (global
+ * ranks, at most the shard group's size) reduce-scatter inputs for this
+ * rank's slot at micro-step micro (reduce dtype, total elements each, into
+ * out[i]), each as the checker's model has it. */
+void cp_checker_fill_shards_of(cp_checker *c, int unit, int shard_rank, void *sharded);
+/* The same shards as t (rounded to the unit's orig dtype first): what
+ * that member's copy-in writes into its all-gather slot. */
+void cp_checker_fill_shards_as(cp_checker *c, int unit, int shard_rank, cp_dtype t, void *out);
+void cp_checker_member_packed(cp_checker *c, int unit, const int *members, int nmembers, int micro_step,
+                              void *const *out);
 
 #endif

@@ -230,6 +230,25 @@ float cp_reduce_arith(cp_arith a, cp_dtype t, cp_reduce_op op, const float *v, i
  * reduce-scatter (gloo's is an all-reduce of the n x count input). */
 int cp_all_reduce_key(cp_arith a, cp_dtype t, int64_t i, int64_t count, int n);
 int cp_reduce_scatter_key(cp_arith a, cp_dtype t, int key, int64_t i, int64_t count, int n);
+/* The functions above over runs of n elements, bit for bit (dtype.c):
+ * typed loops in blocks of CP_BLOCK, a copy where the bits do not change. */
+#define CP_BLOCK 256
+void cp_load_n(cp_dtype t, const void *src, int64_t n, float *dst);  /* dst[i] = cp_load(t, src, i) */
+void cp_store_n(cp_dtype t, void *dst, int64_t n, const float *src); /* cp_store(t, dst, i, src[i]) */
+void cp_round_n(cp_dtype t, float *v, int64_t n);                    /* v[i] rounded to t (cp_store, cp_load) */
+/* cp_store(to, dst, i, cp_load(from, src, i)); a memmove when to == from. */
+void cp_convert_n(cp_dtype to, void *dst, cp_dtype from, const void *src, int64_t n);
+/* The key of element i (cp_all_reduce_key, cp_reduce_scatter_key) and in
+ * *end the first element after i with another key (at most count). */
+int cp_all_reduce_key_run(cp_arith a, cp_dtype t, int64_t i, int64_t count, int n, int64_t *end);
+int cp_reduce_scatter_key_run(cp_arith a, cp_dtype t, int key, int64_t i, int64_t count, int n, int64_t *end);
+/* out[j] = cp_reduce_arith(a, t, op, {v[0][j], ..., v[n-1][j]}, n, key) for j < len. */
+void cp_reduce_arith_f(cp_arith a, cp_dtype t, cp_reduce_op op, const float *const *v, int n, int key, int64_t len,
+                       float *out);
+/* The same over n members' buffers of t (in[m][j]) into out (t); 0, or -1
+ * when scratch for more than 16 members cannot be had. */
+int cp_reduce_arith_n(cp_arith a, cp_dtype t, cp_reduce_op op, const void *const *in, int n, int key, int64_t len,
+                      void *out);
 const char *cp_op_kind_name(cp_op_kind k);
 const char *cp_stream_name(cp_stream s);
 
@@ -340,6 +359,10 @@ struct cp_backend {
     int (*read)(cp_backend *b, cp_stream s, const void *src, void *host, size_t bytes);
     int (*write)(cp_backend *b, cp_stream s, void *dst, const void *host, size_t bytes);
     const char *(*last_error)(cp_backend *b); /* detail of the last failure, or NULL (may be unset) */
+    /* p (the backend's memory) as host memory the caller may read and
+     * write in place of read / write, where it is (the host backend); NULL
+     * when unset: copies through read and write. */
+    void *(*host_ptr)(cp_backend *b, void *p);
 };
 
 /* ---- executor (executor.c): the one op walker every backend runs ---- */

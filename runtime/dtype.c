@@ -2,9 +2,11 @@
  * and the reduction rules the backends and checks share: gloo's (ring
  * order, rounded per add, then divide) and NCCL's (ncclAvg premultiplies). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "commplan.h"
+#include "cp_simd.h"
 
 size_t cp_dtype_size(cp_dtype t) { return t == CP_FP32 ? 4 : 2; }
 
@@ -264,4 +266,221 @@ float cp_reduce_arith(cp_arith a, cp_dtype t, cp_reduce_op op, const float *v, i
 {
     if (op == CP_MAX) return max_of(v, n);
     return a == CP_ARITH_NCCL ? cp_reduce_values_nccl(t, op, v, n, key) : cp_reduce_values_gloo(t, op, v, n, key);
+}
+
+/* ---- the same arithmetic over runs of elements (the host backend's copies
+ * and reductions, the checker's patterns) ----
+ *
+ * Each function below gives, element for element, the bits of the
+ * per-element function it names (tests/c/test_runtime.c compares them on
+ * random data, NaNs and infinities included, for every dtype). Work goes in
+ * blocks of CP_BLOCK floats on the stack: loops of a constant trip count
+ * over restrict pointers, which gcc -O2 vectorizes (its very-cheap cost
+ * model takes no loop whose count it does not know). */
+
+static inline uint16_t bf16_of(float f)
+{
+    uint32_t u = f2u(f);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
+static inline float bf16_round(float f) { return u2f((uint32_t)bf16_of(f) << 16); }
+
+CP_HOT static void load_block(cp_dtype t, const void *restrict src, int64_t n, float *restrict dst)
+{
+    if (t == CP_FP32) { memcpy(dst, src, (size_t)n * 4); return; }
+    const uint16_t *restrict h = src;
+    if (t == CP_BF16) {
+        if (n == CP_BLOCK) for (int i = 0; i < CP_BLOCK; i++) dst[i] = u2f((uint32_t)h[i] << 16);
+        else for (int64_t i = 0; i < n; i++) dst[i] = u2f((uint32_t)h[i] << 16);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) dst[i] = cp_fp16_to_float(h[i]);
+}
+
+CP_HOT static void store_block(cp_dtype t, void *restrict dst, int64_t n, const float *restrict src)
+{
+    if (t == CP_FP32) { memcpy(dst, src, (size_t)n * 4); return; }
+    uint16_t *restrict h = dst;
+    if (t == CP_BF16) {
+        if (n == CP_BLOCK) for (int i = 0; i < CP_BLOCK; i++) h[i] = bf16_of(src[i]);
+        else for (int64_t i = 0; i < n; i++) h[i] = bf16_of(src[i]);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) h[i] = cp_float_to_fp16(src[i]);
+}
+
+CP_HOT static void round_block(cp_dtype t, float *restrict v, int64_t n)
+{
+    if (t == CP_BF16) {
+        if (n == CP_BLOCK) for (int i = 0; i < CP_BLOCK; i++) v[i] = bf16_round(v[i]);
+        else for (int64_t i = 0; i < n; i++) v[i] = bf16_round(v[i]);
+    } else if (t == CP_FP16)
+        for (int64_t i = 0; i < n; i++) v[i] = cp_fp16_to_float(cp_float_to_fp16(v[i]));
+}
+
+void cp_load_n(cp_dtype t, const void *src, int64_t n, float *dst)
+{
+    size_t es = cp_dtype_size(t);
+    for (int64_t i = 0; i < n; i += CP_BLOCK)
+        load_block(t, (const char *)src + (size_t)i * es, n - i < CP_BLOCK ? n - i : CP_BLOCK, dst + i);
+}
+
+void cp_store_n(cp_dtype t, void *dst, int64_t n, const float *src)
+{
+    size_t es = cp_dtype_size(t);
+    for (int64_t i = 0; i < n; i += CP_BLOCK)
+        store_block(t, (char *)dst + (size_t)i * es, n - i < CP_BLOCK ? n - i : CP_BLOCK, src + i);
+}
+
+void cp_round_n(cp_dtype t, float *v, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += CP_BLOCK) round_block(t, v + i, n - i < CP_BLOCK ? n - i : CP_BLOCK);
+}
+
+void cp_convert_n(cp_dtype to, void *dst, cp_dtype from, const void *src, int64_t n)
+{
+    size_t es_to = cp_dtype_size(to), es_from = cp_dtype_size(from);
+    if (to == from) { memmove(dst, src, (size_t)n * es_to); return; }
+    float buf[CP_BLOCK];
+    for (int64_t i = 0; i < n; i += CP_BLOCK) {
+        int64_t m = n - i < CP_BLOCK ? n - i : CP_BLOCK;
+        load_block(from, (const char *)src + (size_t)i * es_from, m, buf);
+        store_block(to, (char *)dst + (size_t)i * es_to, m, buf);
+    }
+}
+
+/* ---- reductions over runs of elements that share one chain ---- */
+
+/* Where the key of cp_gloo_all_reduce_key changes: elements [k * period,
+ * (k + 1) * period) of the count share key k. */
+static int64_t gloo_key_period(cp_dtype t, int64_t count, int n)
+{
+    int64_t es = (int64_t)cp_dtype_size(t);
+    int64_t max_segment = 1024 * 1024;
+    int64_t segments = (count * es + max_segment - 1) / max_segment;
+    if (segments < 2 * (int64_t)n) segments = 2 * (int64_t)n;
+    segments = (segments + n - 1) / n * n;
+    int64_t segment = (count + segments - 1) / segments;
+    return segment * (segments / n);
+}
+
+int cp_all_reduce_key_run(cp_arith a, cp_dtype t, int64_t i, int64_t count, int n, int64_t *end)
+{
+    int key = cp_all_reduce_key(a, t, i, count, n);
+    int64_t period;
+    if (a == CP_ARITH_NCCL) {
+        int64_t align = 16 / (int64_t)cp_dtype_size(t);
+        period = (count + n - 1) / n;
+        period = (period + align - 1) / align * align;
+    } else period = gloo_key_period(t, count, n);
+    *end = period > 0 && n > 0 ? ((int64_t)key + 1) * period : count;
+    if (*end > count) *end = count;
+    if (*end <= i) *end = i + 1;
+    return key;
+}
+
+int cp_reduce_scatter_key_run(cp_arith a, cp_dtype t, int key, int64_t i, int64_t count, int n, int64_t *end)
+{
+    if (a == CP_ARITH_NCCL) { *end = count > i ? count : i + 1; return key; }
+    int64_t g = (int64_t)key * count + i, gend;
+    int k = cp_all_reduce_key_run(a, t, g, (int64_t)n * count, n, &gend);
+    *end = gend - (int64_t)key * count;
+    if (*end > count) *end = count;
+    if (*end <= i) *end = i + 1;
+    return k;
+}
+
+CP_HOT static void max_block(const float *const *v, int n, int64_t off, int64_t len, float *restrict out)
+{
+    memcpy(out, v[0] + off, (size_t)len * sizeof *out);
+    for (int m = 1; m < n; m++) {
+        const float *restrict x = v[m] + off;
+        if (len == CP_BLOCK) for (int i = 0; i < CP_BLOCK; i++) out[i] = x[i] > out[i] ? x[i] : out[i];
+        else for (int64_t i = 0; i < len; i++) out[i] = x[i] > out[i] ? x[i] : out[i];
+    }
+}
+
+CP_HOT static void add_round_block(cp_dtype t, float *restrict acc, const float *restrict x, int64_t len)
+{
+    if (len == CP_BLOCK) for (int i = 0; i < CP_BLOCK; i++) acc[i] += x[i];
+    else for (int64_t i = 0; i < len; i++) acc[i] += x[i];
+    round_block(t, acc, len);
+}
+
+/* acc[i] = fmaf(x[i], s, acc[i]): NCCL's fused premultiply and add in
+ * fp32, one rounding (fma_to's fp32 case). A clone for CPUs with FMA makes
+ * it one instruction a lane instead of a call to libm's fmaf; the bits are
+ * the same (both round the exact a*s+c once). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+__attribute__((target_clones("fma", "default")))
+#endif
+static void fma_block(float *restrict acc, const float *restrict x, float s, int64_t len)
+{
+    CP_LOOP(len, acc[j] = fmaf(x[j], s, acc[j]));
+}
+
+/* One block (len <= CP_BLOCK) of cp_reduce_arith with one key. */
+static void reduce_block(cp_arith a, cp_dtype t, cp_reduce_op op, const float *const *v, int n, int key, int64_t off,
+                         int64_t len, float *restrict out)
+{
+    if (op == CP_MAX) { max_block(v, n, off, len, out); return; }
+    if (a == CP_ARITH_NCCL) {
+        if (n == 1) { memcpy(out, v[0] + off, (size_t)len * sizeof *out); round_block(t, out, len); return; }
+        float s = op == CP_AVG ? nccl_avg_scalar(t, n) : 1.0f;
+        const float *x = v[(key + 1) % n] + off;
+        if (op == CP_AVG) for (int64_t i = 0; i < len; i++) out[i] = x[i] * s;
+        else memcpy(out, x, (size_t)len * sizeof *out);
+        round_block(t, out, len);
+        for (int j = 2; j <= n; j++) {
+            x = v[(key + j) % n] + off;
+            if (op == CP_AVG && t == CP_FP32) fma_block(out, x, s, len);
+            else if (op == CP_AVG) for (int64_t i = 0; i < len; i++) out[i] = fma_to(t, x[i], s, out[i]);
+            else add_round_block(t, out, x, len);
+        }
+        return;
+    }
+    memcpy(out, v[((key - 1) % n + n) % n] + off, (size_t)len * sizeof *out);
+    round_block(t, out, len);
+    for (int j = 2; j <= n; j++) add_round_block(t, out, v[((key - j) % n + n) % n] + off, len);
+    if (op == CP_AVG) {
+        float d = (float)n;
+        for (int64_t i = 0; i < len; i++) out[i] /= d;
+        round_block(t, out, len);
+    }
+}
+
+void cp_reduce_arith_f(cp_arith a, cp_dtype t, cp_reduce_op op, const float *const *v, int n, int key, int64_t len,
+                       float *out)
+{
+    for (int64_t i = 0; i < len; i += CP_BLOCK)
+        reduce_block(a, t, op, v, n, key, i, len - i < CP_BLOCK ? len - i : CP_BLOCK, out + i);
+}
+
+int cp_reduce_arith_n(cp_arith a, cp_dtype t, cp_reduce_op op, const void *const *in, int n, int key, int64_t len,
+                      void *out)
+{
+    enum { MAX_STACK = 16 };
+    float stack[MAX_STACK][CP_BLOCK], *heap = NULL, res[CP_BLOCK];
+    const float *vp_stack[MAX_STACK], **vp = vp_stack;
+    float *rows = &stack[0][0];
+    if (n > MAX_STACK) {
+        heap = malloc((size_t)n * CP_BLOCK * sizeof(float) + (size_t)n * sizeof *vp);
+        if (!heap) return -1;
+        rows = heap;
+        vp = (const float **)(void *)(heap + (size_t)n * CP_BLOCK);
+    }
+    size_t es = cp_dtype_size(t);
+    for (int64_t i = 0; i < len; i += CP_BLOCK) {
+        int64_t m = len - i < CP_BLOCK ? len - i : CP_BLOCK;
+        for (int q = 0; q < n; q++) {
+            load_block(t, (const char *)in[q] + (size_t)i * es, m, rows + (size_t)q * CP_BLOCK);
+            vp[q] = rows + (size_t)q * CP_BLOCK;
+        }
+        reduce_block(a, t, op, vp, n, key, 0, m, res);
+        store_block(t, (char *)out + (size_t)i * es, m, res);
+    }
+    free(heap);
+    return 0;
 }

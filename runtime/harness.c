@@ -24,15 +24,31 @@ static void mark_backward(cp_harness *h, const cp_executor *ex, const cp_op *op)
     h->marked_backward = 1;
 }
 
+/* Buffer k of unit u as host memory, where the backend's memory is (the
+ * host backend: the checks read and write it in place); NULL otherwise. */
+static void *in_place(const cp_executor *ex, int u, cp_buffer k)
+{
+    cp_backend *b = ex->backend;
+    return b->host_ptr ? b->host_ptr(b, cp_executor_buffer(ex, u, k)) : NULL;
+}
+
 static int on_compute(void *user, cp_executor *ex, const cp_op *op)
 {
     cp_harness *h = user;
     int u = op->unit;
     mark_backward(h, ex, op);
-    if (cp_executor_read(ex, op->stream, u, CP_BUF_UNSHARDED, h->scratch)) { h->error = 1; return -1; }
-    cp_checker_check_unsharded(&h->check, u, h->scratch,
-                               op->kind == CP_OP_FORWARD ? "unsharded param in forward" : "unsharded param in backward");
+    const char *when = op->kind == CP_OP_FORWARD ? "unsharded param in forward" : "unsharded param in backward";
+    void *mem = in_place(ex, u, CP_BUF_UNSHARDED);
+    if (mem) cp_checker_check_unsharded(&h->check, u, mem, when);
+    else {
+        if (cp_executor_read(ex, op->stream, u, CP_BUF_UNSHARDED, h->scratch)) { h->error = 1; return -1; }
+        cp_checker_check_unsharded(&h->check, u, h->scratch, when);
+    }
     if (op->kind != CP_OP_BACKWARD) return 0;
+    if ((mem = in_place(ex, u, CP_BUF_GRADS))) {
+        cp_checker_add_grads(&h->check, u, op->micro_step, mem);
+        return 0;
+    }
     /* Autograd's .grad: written on the first micro-step, accumulated after
      * (the checker reads the buffer back for that). */
     if (op->micro_step > 0 && cp_executor_read(ex, op->stream, u, CP_BUF_GRADS, h->scratch)) {
@@ -234,10 +250,13 @@ int cp_harness_begin_step(cp_harness *h, int step)
     const cp_plan *p = ex->plan;
     h->check.step = step;
     for (int u = 0; u < p->nunits; u++) {
-        cp_checker_fill_shards(&h->check, u, h->scratch);
-        if (cp_executor_write(ex, CP_STREAM_COMPUTE, u, CP_BUF_SHARDED, h->scratch)) return -1;
+        void *mem = in_place(ex, u, CP_BUF_SHARDED);
+        cp_checker_fill_shards(&h->check, u, mem ? mem : h->scratch);
+        if (!mem && cp_executor_write(ex, CP_STREAM_COMPUTE, u, CP_BUF_SHARDED, h->scratch)) return -1;
         /* Poisoned: a view-out that skips an element shows up in the check. */
-        memset(h->scratch, CP_POISON_BYTE, (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_SHARDED_GRADS));
+        size_t bytes = (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_SHARDED_GRADS);
+        if ((mem = in_place(ex, u, CP_BUF_SHARDED_GRADS))) { memset(mem, CP_POISON_BYTE, bytes); continue; }
+        memset(h->scratch, CP_POISON_BYTE, bytes);
         if (cp_executor_write(ex, CP_STREAM_COMPUTE, u, CP_BUF_SHARDED_GRADS, h->scratch)) return -1;
     }
     if (step == 0 && h->dump) {
@@ -257,8 +276,9 @@ int cp_harness_end_step(cp_harness *h)
 {
     cp_executor *ex = h->ex;
     for (int u = 0; u < ex->plan->nunits; u++) {
-        if (cp_executor_read(ex, CP_STREAM_COMPUTE, u, CP_BUF_SHARDED_GRADS, h->scratch)) return -1;
-        cp_checker_check_grads(&h->check, u, h->scratch);
+        void *mem = in_place(ex, u, CP_BUF_SHARDED_GRADS);
+        if (!mem && cp_executor_read(ex, CP_STREAM_COMPUTE, u, CP_BUF_SHARDED_GRADS, h->scratch)) return -1;
+        cp_checker_check_grads(&h->check, u, mem ? mem : h->scratch);
     }
     return h->error ? -1 : 0;
 }

@@ -30,7 +30,8 @@ extern const cp_plan CP_PLAN;
 static void usage(FILE *f, const cp_plan *p)
 {
     fprintf(f,
-            "usage: %s [--simulate [--steps N] [--pattern unique|oracle] [--dump DIR] [--arith gloo|nccl]] [--dry-run]\n"
+            "usage: %s [--simulate [--steps N] [--pattern unique|oracle] [--dump DIR] [--arith gloo|nccl]\n"
+            "          [--ranks auto|R,R,...]] [--dry-run]\n"
             "          [--check [--steps N]] [--warmup N] [--iters N] [--graph] [--timeout S] [--trace FILE]\n"
             "          [--standin [--rank R]] [--rendezvous-only] [--world-size N] [--rank R] [--quiet] [--version]\n"
             "          [--help]\n"
@@ -46,6 +47,9 @@ static void usage(FILE *f, const cp_plan *p)
             "  --arith A         reductions of --simulate with gloo's arithmetic (default: sum, then divide) or\n"
             "                    nccl's (ncclAvg premultiplies by 1/n, ring order), as FSDP2 on that backend does;\n"
             "                    the GPU --check always expects NCCL's\n"
+            "  --ranks LIST      simulate only these ranks, one at a time, each alone with stand-ins for its peers\n"
+            "                    (their buffers made from the same patterns; docs/simulate.md says what this checks);\n"
+            "                    auto: the last rank of each TP class. For plans too large for all ranks at once\n"
             "  --dry-run         print the step's ops in issue order and exit\n"
             "GPU (one process per rank under torchrun, srun or mpirun; no mode flag: time the step):\n"
             "  --check           run the step on this rank's GPU with the same patterns and exact checks (with\n"
@@ -91,7 +95,8 @@ static int parse_int(const char *flag, const char *s, long min, long max, long *
 /* The runs a flag is for. A flag the chosen run would ignore is refused:
  * a user who gives it expects it to change something. */
 enum { RUN_SIM = 1, RUN_DRY = 2, RUN_CHECK = 4, RUN_TIME = 8 /* no mode flag, or --standin */, RUN_RDZV = 16 };
-enum { F_STEPS, F_PATTERN, F_DUMP, F_ARITH, F_WARMUP, F_ITERS, F_GRAPH, F_TIMEOUT, F_TRACE, F_STANDIN, F_QUIET, F_COUNT };
+enum { F_STEPS, F_PATTERN, F_DUMP, F_ARITH, F_WARMUP, F_ITERS, F_GRAPH, F_TIMEOUT, F_TRACE, F_STANDIN, F_QUIET, F_RANKS,
+       F_COUNT };
 static const struct {
     const char *flag;
     unsigned runs;
@@ -108,6 +113,7 @@ static const struct {
     [F_TRACE] = { "--trace", RUN_TIME, "records a timed step on the GPU (no mode flag)" },
     [F_STANDIN] = { "--standin", RUN_TIME, "times one rank of the plan alone on a GPU (no mode flag)" },
     [F_QUIET] = { "--quiet", RUN_SIM | RUN_CHECK | RUN_TIME | RUN_RDZV, "silences progress output" },
+    [F_RANKS] = { "--ranks", RUN_SIM, "picks the ranks --simulate runs alone with stand-in peers" },
 };
 
 static void dry_run(const cp_plan *p)
@@ -185,6 +191,74 @@ static int rendezvous_only(const cp_plan *p, cp_launch_env *env, int quiet)
     return 0;
 }
 
+/* --simulate and --dry-run need no launcher: under torchrun, srun or mpirun
+ * (its variables present, even ones that disagree with the plan) they run
+ * as they would alone and say once, on stderr, that the variables are not
+ * used. Only integers from the environment reach the line. */
+static void launcher_note(const cp_plan *p, int simulate)
+{
+    static const struct { const char *source, *vars[3]; } L[] = {
+        { "torchrun", { "RANK", "WORLD_SIZE", "LOCAL_RANK" } },
+        { "openmpi", { "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK" } },
+        { "slurm", { "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID" } },
+    };
+    char names[64] = "";
+    for (size_t i = 0; i < sizeof L / sizeof L[0]; i++)
+        for (int k = 0; k < 3; k++)
+            if (getenv(L[i].vars[k])) {
+                size_t n = strlen(names);
+                snprintf(names + n, sizeof names - n, "%s%s", n ? ", " : "", L[i].source);
+                break;
+            }
+    if (!names[0]) return;
+    cp_launch_env env;
+    char err[1024], what[160];
+    if (cp_launch_ranks_from_env(&env, getenv, err, sizeof err) == 0 && strcmp(env.source, "none") != 0)
+        snprintf(what, sizeof what, "%s, rank %d of %d", env.source, env.rank, env.world_size);
+    else snprintf(what, sizeof what, "%s", names);
+    if (simulate)
+        fprintf(stderr, "note: --simulate runs all %d ranks of plan %s in this process; the launcher's variables (%s) "
+                "are not used\n", p->world_size, p->name, what);
+    else
+        fprintf(stderr, "note: --dry-run prints plan %s's ops and needs no launcher; the launcher's variables (%s) are "
+                "not used\n", p->name, what);
+}
+
+/* --ranks LIST: ranks (comma-separated) or "auto", the last rank of each TP
+ * class (the highest shard, replicate and TP coordinates). */
+enum { MAX_ONLY = 64 };
+static int parse_ranks(const cp_plan *p, const char *s, int *out)
+{
+    int n = 0;
+    if (s && !strcmp(s, "auto")) {
+        int seen[CP_MAX_MESH_DIMS * 64] = { 0 }, want = p->nclasses > 0 ? p->nclasses : 1;
+        for (int r = p->world_size - 1; r >= 0 && n < want && n < MAX_ONLY; r--) {
+            cp_plan v;
+            cp_plan_view(p, r, &v);
+            if (v.view_class < 0 || v.view_class >= (int)(sizeof seen / sizeof seen[0]) || seen[v.view_class]) continue;
+            seen[v.view_class] = 1;
+            out[n++] = r;
+        }
+        return n;
+    }
+    const char *c = s ? s : "";
+    while (*c) {
+        char *end;
+        errno = 0;
+        long v = strtol(c, &end, 10);
+        if (end == c || errno || v < 0 || v >= p->world_size || (*end && *end != ',') || n == MAX_ONLY) {
+            cp_error("--ranks takes auto or up to %d ranks 0..%d separated by commas, got '%s'", MAX_ONLY,
+                     p->world_size - 1, s ? s : "");
+            return -1;
+        }
+        out[n++] = (int)v;
+        c = *end ? end + 1 : end;
+        if (*end && !*c) { cp_error("--ranks: a rank after the last comma is missing in '%s'", s); return -1; }
+    }
+    if (n == 0) { cp_error("--ranks takes auto or ranks separated by commas, got ''"); return -1; }
+    return n;
+}
+
 static int run(int argc, char **argv)
 {
     const cp_plan *p = &CP_PLAN;
@@ -192,6 +266,7 @@ static int run(int argc, char **argv)
     const char *trace = NULL;
     long steps = 1, world = -1, rank = -1, warmup = 5, iters = 20, timeout = 300;
     cp_sim_options opt = { .steps = 1, .pattern = CP_PATTERN_UNIQUE };
+    int only[MAX_ONLY];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *next = i + 1 < argc ? argv[i + 1] : NULL;
@@ -231,6 +306,12 @@ static int run(int argc, char **argv)
         } else if (!strcmp(a, "--dump")) {
             if (!next) { cp_error("--dump needs a directory"); return 2; }
             opt.dump_dir = next; i++; given[F_DUMP] = 1;
+        } else if (!strcmp(a, "--ranks")) {
+            int n = parse_ranks(p, next, only);
+            if (n < 0) return 2;
+            opt.only = only;
+            opt.nonly = n;
+            i++; given[F_RANKS] = 1;
         } else if (!strcmp(a, "--arith")) {
             if (next && !strcmp(next, "gloo")) opt.arith = CP_ARITH_GLOO;
             else if (next && !strcmp(next, "nccl")) opt.arith = CP_ARITH_NCCL;
@@ -277,6 +358,25 @@ static int run(int argc, char **argv)
                  "--graph or --dump");
         return 2;
     }
+    if (simulate || dry) {
+        /* No launcher needed: only the flags given are checked against the plan. */
+        if (world >= 0 && world != p->world_size) {
+            cp_error("world size %ld does not match plan %s (generated for %d ranks): --world-size %ld; pass "
+                     "--world-size %d or drop it, or regenerate the plan with world_size = %ld",
+                     world, p->name, p->world_size, world, p->world_size, world);
+            return 2;
+        }
+        if (rank >= 0 && rank >= p->world_size) {
+            cp_error("rank %ld is outside plan %s's %d ranks (valid: 0..%d): --rank %ld; pass --rank 0..%d", rank,
+                     p->name, p->world_size, p->world_size - 1, rank, p->world_size - 1);
+            return 2;
+        }
+        if (!quiet) launcher_note(p, simulate);
+        if (dry) { dry_run(p); return 0; }
+        opt.steps = (int)steps;
+        opt.log = quiet ? NULL : stdout;
+        return cp_simulate(p, &opt);
+    }
     /* The launch against the plan first (torchrun, Open MPI or Slurm
      * variables, --world-size, --rank), then the NCCL id channel: a launch
      * of the wrong size is named as such, not as a missing address. */
@@ -312,7 +412,6 @@ static int run(int argc, char **argv)
         return 2;
     }
     if (launched && rank < 0) rank = env.rank;
-    if (dry) { dry_run(p); return 0; }
     if (rdzv) {
         if (!launched && p->world_size > 1) {
             cp_error("--rendezvous-only needs the launcher's variables: start the %d ranks with torchrun (e.g. torchrun "
@@ -329,7 +428,7 @@ static int run(int argc, char **argv)
         if (!launched) env.local_rank = 0;
         env.comm_id[0] = '\0';
     }
-    if (!simulate) {
+    {
         /* A trace that cannot be written is named before the GPU run, not after it. */
         if (trace && cp_out_check_path(trace, err, sizeof err) != 0) {
             cp_error("--trace %s; give a file in an existing directory", err);
@@ -353,9 +452,6 @@ static int run(int argc, char **argv)
         return 2;
 #endif
     }
-    opt.steps = (int)steps;
-    opt.log = quiet ? NULL : stdout;
-    return cp_simulate(p, &opt);
 }
 
 int main(int argc, char **argv)

@@ -27,6 +27,9 @@ typedef struct {
     cp_harness harness;
     int error;
     pthread_t thread;
+    const cp_op *op;  /* the op running (--ranks: whose stand-ins a collective needs) */
+    char *standin;    /* --ranks: the stand-in members' buffers of the largest collective */
+    size_t standin_bytes;
 } sim_rank;
 
 struct sim_world {
@@ -35,6 +38,7 @@ struct sim_world {
     cp_host_world *host;
     cp_expect_cache *expect; /* expected grads, once per replicate group for all its members */
     sim_rank *ranks;
+    int reporter; /* the rank whose thread prints progress */
 };
 
 /* ---- memory needed up front, progress on long runs ---- */
@@ -108,7 +112,8 @@ int cp_simulate_check_memory(const cp_plan *p)
     if (avail < 0 || need <= avail) return 0;
     fprintf(stderr,
             "commplan: simulating plan %s needs %.1f GiB of host memory (%d ranks x %.2f GiB: arena %.2f GiB, "
-            "shards, grads and checks %.2f GiB); this machine has %.1f GiB available: simulate a smaller plan "
+            "shards, grads and checks %.2f GiB; --ranks auto checks one rank at a time in about one rank's "
+            "memory); this machine has %.1f GiB available: simulate a smaller plan "
             "(the same model with fewer layers or a smaller world), or run it on GPUs with --check\n",
             p->name, gib(need), p->world_size, gib(per_rank), gib(p->arena_bytes), gib(per_rank - p->arena_bytes),
             gib(avail));
@@ -139,37 +144,244 @@ static void sim_progress(const sim_world *sw, int done)
     if (done < sw->opt->steps && progress.shown && t < progress.last + 1.0) return;
     progress.shown = 1;
     progress.last = t;
+    char who[64];
+    if (sw->opt->nonly > 0) snprintf(who, sizeof who, "rank %d alone", sw->reporter);
+    else snprintf(who, sizeof who, "%d ranks", sw->plan->world_size);
     if (done < sw->opt->steps)
-        fprintf(stderr, "%s: step %d/%d simulated on %d ranks (%.1f s, about %.0f s left)\n", sw->plan->name, done,
-                sw->opt->steps, sw->plan->world_size, t, t / done * (sw->opt->steps - done));
+        fprintf(stderr, "%s: step %d/%d simulated on %s (%.1f s, about %.0f s left)\n", sw->plan->name, done,
+                sw->opt->steps, who, t, t / done * (sw->opt->steps - done));
     else
-        fprintf(stderr, "%s: step %d/%d simulated on %d ranks (%.1f s)\n", sw->plan->name, done, sw->opt->steps,
-                sw->plan->world_size, t);
+        fprintf(stderr, "%s: step %d/%d simulated on %s (%.1f s)\n", sw->plan->name, done, sw->opt->steps, who, t);
+}
+
+/* Within a step, from the rank that reports: a line every few seconds
+ * with the op it has reached. */
+static void op_progress(const sim_rank *sr, int step, int i)
+{
+    const cp_sim_options *opt = sr->sw->opt;
+    if (!opt->log) return;
+    double t = since_start();
+    if (t < progress.last + 3.0) return;
+    progress.shown = 1;
+    progress.last = t;
+    const cp_plan *p = sr->ex.plan;
+    const cp_op *op = &p->ops[i];
+    fprintf(stderr, "%s: step %d/%d, op %d/%d (%s %s) on rank %d (%.1f s)\n", sr->sw->plan->name, step + 1,
+            opt->steps, i + 1, p->nops, cp_op_kind_name(op->kind), p->units[op->unit].name, sr->rank, t);
+}
+
+/* cp_executor_step, op by op, so that progress and the stand-ins know the op. */
+static int run_step(sim_rank *sr, int step, int reports)
+{
+    cp_executor *ex = &sr->ex;
+    cp_backend *b = ex->backend;
+    if (b->fork(b)) return -1;
+    for (int i = 0; i < ex->plan->nops; i++) {
+        sr->op = &ex->plan->ops[i];
+        if (cp_executor_run_op(ex, sr->op) != 0) return -1;
+        if (reports) op_progress(sr, step, i);
+    }
+    sr->op = NULL;
+    return b->join(b);
 }
 
 static void *rank_main(void *arg)
 {
     sim_rank *sr = arg;
     const cp_sim_options *opt = sr->sw->opt;
+    int reports = sr->rank == sr->sw->reporter;
     for (int s = 0; s < opt->steps && !sr->error; s++) {
-        if (cp_harness_begin_step(&sr->harness, s) || cp_executor_step(&sr->ex) ||
+        if (cp_harness_begin_step(&sr->harness, s) || run_step(sr, s, reports) ||
             cp_harness_end_step(&sr->harness)) {
             sr->error = 1;
             break;
         }
-        if (sr->rank == 0) sim_progress(sr->sw, s + 1);
+        if (reports) sim_progress(sr->sw, s + 1);
     }
     if (!sr->error && cp_harness_finish(&sr->harness)) sr->error = 1;
     return NULL;
+}
+
+/* ---- --ranks: one rank alone, its peers stand-ins (docs/simulate.md) ----
+ * The rank runs the plan's ops over the host backend with every collective
+ * handed here (cp_host_backend_init_cb); the other members' buffers are
+ * made as they would hold them, from the same patterns the harness writes:
+ * a shard group member's all-gather slot is its shards (the checker's
+ * fill) rounded to the stored dtype and cast as its copy-in casts them
+ * (cp_checker_fill_shards_as); its reduce-scatter input for
+ * this rank's slot is its grads accumulated and packed by the checker's
+ * model (cp_checker_member_packed); a TP peer's activation input is zeros
+ * (the checker expects them: cp_checker.solo); replica m's all-reduce
+ * input is this rank's values times m + 2, rounded to the reduce dtype
+ * (the checker expects that too). The reductions run the host
+ * backend's arithmetic (cp_reduce_arith_n over chain runs). */
+
+static char *standin_room(sim_rank *sr, size_t bytes)
+{
+    if (bytes <= sr->standin_bytes) return sr->standin;
+    free(sr->standin);
+    sr->standin = malloc(bytes);
+    sr->standin_bytes = sr->standin ? bytes : 0;
+    return sr->standin;
+}
+
+static int solo_collective(void *user, int coll, int family, int color, int key, int size, void *in, void *out,
+                           int64_t count, int dtype, int reduce_op)
+{
+    sim_rank *sr = user;
+    const cp_op *op = sr->op;
+    cp_checker *c = &sr->harness.check;
+    cp_dtype t = (cp_dtype)dtype;
+    cp_arith a = sr->sw->opt->arith;
+    size_t es = cp_dtype_size(t), slot = (size_t)count * es;
+    (void)family;
+    (void)color;
+    if (!op) return -1;
+    const cp_unit *U = &sr->ex.plan->units[op->unit];
+    if (coll == CP_COLL_ALL_GATHER) {
+        char *o = out;
+        if ((char *)in != o + (size_t)key * slot) memmove(o + (size_t)key * slot, in, slot);
+        for (int m = 0; m < size; m++) {
+            if (m == key) continue;
+            if (op->kind == CP_OP_TP_ALL_GATHER) { /* a TP peer's activation: zeros (docs/simulate.md) */
+                memset(o + (size_t)m * slot, 0, slot);
+                continue;
+            }
+            cp_checker_fill_shards_as(c, op->unit, m, U->ag_dtype, o + (size_t)m * slot);
+        }
+        return 0;
+    }
+    const void *ptr[size];
+    char *room = standin_room(sr, (size_t)(size > 1 ? size - 1 : 1) * slot + 1);
+    if (!room) {
+        fprintf(stderr, "commplan: rank %d: out of host memory for %d stand-in members of %s\n", sr->rank, size - 1,
+                cp_op_kind_name(op->kind));
+        return -1;
+    }
+    int who[size], nwho = 0;
+    void *where[size];
+    for (int m = 0, j = 0; m < size; m++) {
+        if (m == key) {
+            ptr[m] = coll == CP_COLL_REDUCE_SCATTER ? (const char *)in + (size_t)key * slot : in;
+            continue;
+        }
+        char *dst = room + (size_t)j++ * slot;
+        ptr[m] = dst;
+        switch (op->kind) {
+        case CP_OP_REDUCE_SCATTER: /* below, all members at once */
+            who[nwho] = c->members[c->replicate_rank * sr->ex.plan->shard_size + m];
+            where[nwho++] = dst;
+            break;
+        case CP_OP_TP_REDUCE_SCATTER:
+        case CP_OP_TP_ALL_REDUCE: memset(dst, 0, slot); break; /* a TP peer's activation: zeros */
+        default: /* the HSDP all-reduce: replica m holds this one's values times m + 2 (the checker expects that) */
+            for (int64_t i = 0; i < count; i += CP_BLOCK) {
+                float v[CP_BLOCK];
+                int64_t nb = count - i < CP_BLOCK ? count - i : CP_BLOCK;
+                cp_load_n(t, (const char *)in + (size_t)i * es, nb, v);
+                for (int64_t x = 0; x < nb; x++) v[x] *= (float)(m + 2);
+                cp_store_n(t, dst + (size_t)i * es, nb, v);
+            }
+            break;
+        }
+    }
+    if (nwho) cp_checker_member_packed(c, op->unit, who, nwho, op->micro_step, where);
+    const void *at[size];
+    int64_t end;
+    for (int64_t i = 0; i < count; i = end) {
+        int chain = coll == CP_COLL_REDUCE_SCATTER ? cp_reduce_scatter_key_run(a, t, key, i, count, size, &end)
+                                                   : cp_all_reduce_key_run(a, t, i, count, size, &end);
+        for (int m = 0; m < size; m++) at[m] = (const char *)ptr[m] + (size_t)i * es;
+        if (cp_reduce_arith_n(a, t, (cp_reduce_op)reduce_op, at, size, chain, end - i, (char *)out + (size_t)i * es)) {
+            fprintf(stderr, "commplan: rank %d: out of host memory in %s\n", sr->rank, cp_op_kind_name(op->kind));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int simulate_alone(const cp_plan *p, const cp_sim_options *opt)
+{
+    int64_t per_rank, avail = cp_host_available_bytes(), room = 0;
+    cp_simulate_bytes(p, &per_rank);
+    for (int r = 0; r < opt->nonly; r++) {
+        cp_plan v;
+        cp_plan_view(p, opt->only[r], &v);
+        for (int i = 0; i < v.nops; i++) {
+            const cp_op *op = &v.ops[i];
+            if (op->family < 0 || cp_op_descs[op->kind].action != CP_ACT_COLLECTIVE) continue;
+            int64_t b = (int64_t)(p->families[op->family].size - 1) * op->count * (int64_t)cp_dtype_size(op->dtype);
+            if (b > room) room = b;
+        }
+    }
+    if (avail >= 0 && per_rank + room > avail) {
+        fprintf(stderr, "commplan: simulating one rank of plan %s needs %.1f GiB of host memory (the rank %.2f GiB, its "
+                "stand-in peers %.2f GiB); this machine has %.1f GiB available\n", p->name,
+                gib(per_rank + room), gib(per_rank), gib(room), gib(avail));
+        return 2;
+    }
+    sim_world sw = { .plan = p, .opt = opt };
+    long bad = 0;
+    int err = 0;
+    clock_gettime(CLOCK_MONOTONIC, &progress.t0);
+    progress.shown = 0;
+    progress.last = 0;
+    sw.host = cp_host_world_create(p);
+    if (!sw.host) {
+        fprintf(stderr, "commplan: out of host memory setting up plan %s's groups\n", p->name);
+        return 2;
+    }
+    cp_host_world_set_arith(sw.host, opt->arith);
+    for (int k = 0; k < opt->nonly && !err; k++) {
+        int r = opt->only[k];
+        sim_rank *sr = calloc(1, sizeof *sr);
+        if (!sr) { err = 1; break; }
+        sr->sw = &sw;
+        sr->rank = r;
+        sw.reporter = r;
+        cp_host_backend_init_cb(&sr->backend, sw.host, r, solo_collective, sr);
+        if (cp_executor_init(&sr->ex, p, r, &sr->backend) != 0 ||
+            cp_harness_init(&sr->harness, &sr->ex, opt->pattern) != 0) {
+            err = 1;
+        } else {
+            sr->harness.check.arith = opt->arith;
+            sr->harness.check.solo = 1;
+            if (opt->dump_dir && cp_harness_open_dump(&sr->harness, opt->dump_dir) != 0) err = 1;
+            else {
+                rank_main(sr);
+                err |= sr->error;
+                bad += sr->harness.check.mismatches;
+                if (!sr->error && opt->log)
+                    fprintf(opt->log, "%s: rank %d of %d simulated alone for %d step(s), its peers stand-ins: all its "
+                            "unsharded params and reduced grads exact%s (%.1f s)\n", p->name, r, p->world_size,
+                            opt->steps, sr->harness.check.mismatches ? " EXCEPT the mismatches above" : "",
+                            since_start());
+            }
+        }
+        cp_harness_free(&sr->harness);
+        cp_executor_free(&sr->ex);
+        free(sr->standin);
+        free(sr);
+    }
+    cp_host_world_destroy(sw.host);
+    if (err) return 2;
+    if (bad) {
+        fprintf(stderr, "commplan: %s: %ld mismatching elements over %d rank(s) simulated alone\n", p->name, bad,
+                opt->nonly);
+        return 1;
+    }
+    return 0;
 }
 
 int cp_simulate(const cp_plan *p, const cp_sim_options *opt)
 {
     sim_world sw = { .plan = p, .opt = opt };
     int rc = 2;
+    if (opt->nonly > 0) return simulate_alone(p, opt);
     if (cp_simulate_check_memory(p) != 0) return 2;
     clock_gettime(CLOCK_MONOTONIC, &progress.t0);
     progress.shown = 0;
+    progress.last = 0;
     sw.host = cp_host_world_create(p);
     sw.expect = cp_expect_cache_create(p);
     sw.ranks = calloc((size_t)p->world_size, sizeof(sim_rank));

@@ -14,6 +14,8 @@ typedef struct {
     cp_arith arith;       /* reduction arithmetic: gloo (default, the gloo recordings) or nccl */
     const char *dump_dir; /* NULL: no dump; else <dir>/<plan>.rank<R>.json for step 0 */
     FILE *log;            /* progress lines; NULL for quiet */
+    const int *only;      /* --ranks: simulate these ranks one at a time, each alone with stand-ins for its peers */
+    int nonly;            /* 0: every rank, together */
 } cp_sim_options;
 
 /* Returns 0 when every check passed, 1 on a data mismatch, 2 on a runtime

@@ -6,7 +6,7 @@
 #   tests/cli_checks.sh BINARY CASE     (BINARY: fsdp4's, a 4-rank plan)
 #   tests/cli_checks.sh --list          (the cases)
 set -u
-CASES="fifo-id-file device-id-file dump-symlink dump-not-a-directory stdout-full world-size-named-first
+CASES="fifo-id-file device-id-file dump-symlink dump-not-a-directory stdout-full world-size-named-first launcher-env-simulate
 rank-mismatch ignored-flags valid-flags one-line-errors"
 if [ "${1:-}" = --list ]; then echo $CASES; exit 0; fi
 B=$1 case=$2
@@ -36,13 +36,13 @@ fifo-id-file)
   # A FIFO where the NCCL id file should be: named at launch, at once (the
   # rendezvous' open() of it never returned).
   mkfifo "$W/id" || exit 2
-  timed 20 env $launch1 COMMPLAN_ID_FILE="$W/id" "$B" --simulate --quiet
+  timed 20 env $launch1 COMMPLAN_ID_FILE="$W/id" "$B" --rendezvous-only --quiet
   echo "returned after $secs s"
   one_line "$rc" 2 "$out" "COMMPLAN_ID_FILE=$W/id is a FIFO, not a regular file" &&
     awk -v s="$secs" 'BEGIN { exit !(s < 5) }' && [ -p "$W/id" ] ;;
 device-id-file)
   for dev in /dev/zero "$W"; do
-    timed 20 env $launch1 COMMPLAN_ID_FILE="$dev" "$B" --simulate --quiet
+    timed 20 env $launch1 COMMPLAN_ID_FILE="$dev" "$B" --rendezvous-only --quiet
     one_line "$rc" 2 "$out" "COMMPLAN_ID_FILE=$dev is a" "not a regular file" || exit 1
   done ;;
 dump-symlink)
@@ -71,20 +71,38 @@ stdout-full)
 world-size-named-first)
   # A launch of 8 for a 4-rank plan is named as such, before any address is
   # needed, with both numbers and the fix; likewise Slurm and Open MPI.
-  out=$(env RANK=0 WORLD_SIZE=8 LOCAL_RANK=0 "$B" --simulate --quiet 2>&1); rc=$?
+  out=$(env RANK=0 WORLD_SIZE=8 LOCAL_RANK=0 "$B" --rendezvous-only --quiet 2>&1); rc=$?
   one_line "$rc" 2 "$out" "world size 8 does not match plan fsdp4 (generated for 4 ranks)" 'torchrun set $WORLD_SIZE=8' \
     "launch 4 ranks" "WORLD_SIZE=4" "world_size = 8" || exit 1
   case $out in *"rendezvous address"*) echo "names the rendezvous address first"; exit 1 ;; esac
-  out=$(env SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=0 "$B" --simulate --quiet 2>&1); rc=$?
+  out=$(env SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=0 "$B" --rendezvous-only --quiet 2>&1); rc=$?
   one_line "$rc" 2 "$out" 'slurm set $SLURM_NTASKS=2' "srun --ntasks 4" || exit 1
-  out=$(env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=16 OMPI_COMM_WORLD_LOCAL_RANK=0 "$B" --dry-run 2>&1); rc=$?
+  out=$(env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=16 OMPI_COMM_WORLD_LOCAL_RANK=0 "$B" --rendezvous-only 2>&1); rc=$?
   one_line "$rc" 2 "$out" 'openmpi set $OMPI_COMM_WORLD_SIZE=16' "mpirun -np 4" ;;
+launcher-env-simulate)
+  # --simulate and --dry-run need no launcher: inside torchrun, Slurm or
+  # Open MPI variables (even ones that disagree with the plan, or are
+  # incomplete) they run, saying so once on stderr; --quiet drops the note.
+  for e in "RANK=1 WORLD_SIZE=2 LOCAL_RANK=1" "SLURM_PROCID=3 SLURM_NTASKS=64 SLURM_JOB_ID=5" \
+           "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=16 OMPI_COMM_WORLD_LOCAL_RANK=0"; do
+    out=$(env $e "$B" --simulate 2>&1 >/dev/null); rc=$?
+    one_line "$rc" 0 "$out" "note: --simulate runs all 4 ranks of plan fsdp4 in this process; the launcher's variables (" \
+      ") are not used" || { echo "($e)"; exit 1; }
+    out=$(env $e "$B" --dry-run 2>&1 >/dev/null); rc=$?
+    one_line "$rc" 0 "$out" "note: --dry-run prints plan fsdp4's ops and needs no launcher" || { echo "($e)"; exit 1; }
+    [ -z "$(env $e "$B" --simulate --quiet 2>&1)" ] || { echo "($e) --quiet printed"; exit 1; }
+  done
+  out=$(env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 "$B" --simulate 2>&1 >/dev/null)
+  case $out in *"(torchrun, rank 1 of 2)"*) ;; *) echo "$out"; exit 1 ;; esac
+  # every other run still checks the launch
+  out=$(env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 "$B" --rendezvous-only 2>&1); rc=$?
+  one_line "$rc" 2 "$out" "world size 2 does not match plan fsdp4" ;;
 rank-mismatch)
   out=$("$B" --simulate --rank 4 2>&1); rc=$?
   one_line "$rc" 2 "$out" "rank 4 is outside plan fsdp4's 4 ranks (valid: 0..3)" || exit 1
-  out=$(env RANK=1 WORLD_SIZE=4 LOCAL_RANK=1 MASTER_ADDR=h MASTER_PORT=1 "$B" --simulate --rank 2 2>&1); rc=$?
+  out=$(env RANK=1 WORLD_SIZE=4 LOCAL_RANK=1 MASTER_ADDR=h MASTER_PORT=1 "$B" --rendezvous-only --rank 2 2>&1); rc=$?
   one_line "$rc" 2 "$out" "--rank 2 but torchrun started this process as rank 1" || exit 1
-  out=$(env RANK=5 WORLD_SIZE=4 LOCAL_RANK=1 "$B" --simulate 2>&1); rc=$?
+  out=$(env RANK=5 WORLD_SIZE=4 LOCAL_RANK=1 "$B" --rendezvous-only 2>&1); rc=$?
   one_line "$rc" 2 "$out" 'RANK=5 is outside $WORLD_SIZE=4' ;;
 ignored-flags)
   # Each flag with a run that would ignore it: one line naming the flag.
@@ -134,7 +152,7 @@ one-line-errors)
   one_line "$rc" 2 "$out" "--steps needs an integer" || exit 1
   out=$("$B" $'--bogus\nsecond line' 2>&1); rc=$?
   one_line "$rc" 2 "$out" "unknown option" || exit 1
-  out=$(env RANK=$'0\n1' WORLD_SIZE=4 LOCAL_RANK=0 "$B" --simulate 2>&1); rc=$?
+  out=$(env RANK=$'0\n1' WORLD_SIZE=4 LOCAL_RANK=0 "$B" --rendezvous-only 2>&1); rc=$?
   one_line "$rc" 2 "$out" "RANK=0?1 is not an integer" || exit 1
   out=$("$B" --simulate --quiet --dump "$W/file"$'\n'"x/"$'\xff' 2>&1) ||
     { rc=$?; echo "$out"; exit 1; }  # a strange but creatable directory name is fine

@@ -35,7 +35,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-PROGRESS = re.compile(rb"^[A-Za-z0-9_]+: step [0-9]+/[0-9]+ simulated on [0-9]+ ranks")
+PROGRESS = re.compile(rb"^([A-Za-z0-9_]+: step [0-9]+/[0-9]+( simulated on ([0-9]+ ranks|rank [0-9]+ alone)|, op [0-9]+/[0-9]+ )|note: --(simulate|dry-run) )")
 SANITIZER = (b"AddressSanitizer", b"LeakSanitizer", b"runtime error:", b"UndefinedBehaviorSanitizer")
 
 NUMBERS = ["0", "1", "2", "3", "4", "5", "-1", "-0", "+3", " 5", "5 ", "007", "1e3", "0x10", "3.5", "2147483647",

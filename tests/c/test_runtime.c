@@ -920,6 +920,48 @@ static void test_launch_env(void **state)
     assert_non_null(strstr(err, "not a TCP port"));
 }
 
+/* --simulate --ranks: each rank alone with stand-in peers passes on the
+ * linked plans (every rank, both arithmetics, two steps), and the
+ * mutations the full simulation catches are caught by a lone rank too. */
+static void test_ranks_alone(void **state)
+{
+    (void)state;
+    const cp_plan *plans[] = { &fsdp8_uneven_plan, &hsdp2x3_bf16_plan, &hsdp4x2_fp16_plan, &llama_tiny_tp_plan };
+    int all[64];
+    for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++)
+        for (int a = 0; a < 2; a++) {
+            cp_sim_options o = quiet_opts();
+            for (int r = 0; r < plans[i]->world_size; r++) all[r] = r;
+            o.only = all;
+            o.nonly = plans[i]->world_size;
+            o.steps = 2;
+            o.arith = (cp_arith)a;
+            assert_int_equal(cp_simulate(plans[i], &o), 0);
+        }
+    cp_sim_options o = quiet_opts();
+    int last = 5;
+    o.only = &last;
+    o.nonly = 1;
+    plan_copy c = copy_plan(&hsdp2x3_bf16_plan);
+    c.ops[find_op(&c, CP_OP_REDUCE_SCATTER, 0)].reduce_op = CP_SUM; /* the stand-ins' sum, undivided */
+    assert_int_equal(cp_simulate(&c.plan, &o), 1);
+    free(c.ops);
+    c = copy_plan(&hsdp2x3_bf16_plan);
+    c.ops[find_op(&c, CP_OP_ALL_GATHER, 1)].family = -1; /* the stand-ins' slots never arrive */
+    assert_int_equal(cp_simulate(&c.plan, &o), 1);
+    free(c.ops);
+    c = copy_plan(&hsdp2x3_bf16_plan);
+    c.ops[find_op(&c, CP_OP_ALL_REDUCE, 0)].family = -1; /* the replicas' sum missing */
+    assert_int_equal(cp_simulate(&c.plan, &o), 1);
+    free(c.ops);
+    c = copy_plan(&fsdp8_uneven_plan);
+    c.ops[find_op(&c, CP_OP_VIEW_OUT_ADD, 0)].kind = CP_OP_VIEW_OUT;
+    int r0 = 0;
+    o.only = &r0;
+    assert_int_equal(cp_simulate(&c.plan, &o), 1);
+    free(c.ops);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -944,6 +986,7 @@ int main(void)
         cmocka_unit_test(test_micro_steps_accumulate_in_reduce_dtype),
         cmocka_unit_test(test_fsdp2_default_adds_each_reduction),
         cmocka_unit_test(test_launch_env),
+        cmocka_unit_test(test_ranks_alone),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
