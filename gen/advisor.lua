@@ -66,13 +66,23 @@ end
 
 -- One mesh under each policy (or the given ones): the fastest that fits
 -- (on equal steps the first of none, selective, full), else the smallest.
--- Its figures: gen/figures.lua's.
-local function audit_policies(p, policies)
+-- Its figures: gen/figures.lua's, each of the mesh's plan built with that
+-- policy (cand: the loaded plan; p: built with cand's own policy), since
+-- the memory plan weighs its reuse of bytes against the predicted step.
+local function audit_policies(cand, p, policies)
   local best, smallest
+  local own = (cand.training and cand.training.activation_checkpointing) or "none"
   for _, ac in ipairs(policies or POLICIES) do
-    p.training = copy(p.training)
-    p.training.activation_checkpointing = ac
-    local fig = figures.of(p)
+    local q = p
+    if ac ~= own then
+      local c = copy(cand)
+      c.training = copy(cand.training)
+      c.training.activation_checkpointing = ac
+      q = plan_mod.from_loaded(c)
+    end
+    q.training = copy(q.training)
+    q.training.activation_checkpointing = ac
+    local fig = figures.of(q)
     local fam = {}
     for _, row in ipairs(fig.families) do fam[row.name] = row.us end
     local r = { ac = ac, step_us = fig.step_us, compute_us = fig.compute_us, exposed_us = fig.exposed_us,
@@ -142,10 +152,11 @@ function advisor.rank(loaded, opts)
             -- Every mesh, the plan's own too, ranks with its fastest
             -- policy that fits; the plan's own as written (its own
             -- checkpointing: SCHEDULE.md's step) is kept beside it.
-            local best = audit_policies(p)
+            local best = audit_policies(cand, p)
             local written
             if plan_mesh then
-              written = audit_policies(p, { (loaded.training and loaded.training.activation_checkpointing) or "none" })
+              written = audit_policies(cand, p, { (loaded.training and loaded.training.activation_checkpointing)
+                or "none" })
             end
             best.r, best.s, best.t, best.mesh = r, s, t, mesh
             best.local_batch = global // dp

@@ -145,6 +145,20 @@ local function facts(p, tables)
   })
 end
 
+-- The memory plan's trade (gen/figures.lua's memory_plan).
+local function memory_plan_facts(mp)
+  local waits = {}
+  for _, x in ipairs(mp.waits) do
+    waits[#waits + 1] = O({ "op", x.op, "waits_for", x.waits_for, "stream", x.stream, "cost_us", x.cost_us })
+  end
+  return O({ "policy", mp.policy, "arena_bytes", mp.arena_bytes, "reuse_arena_bytes", mp.reuse_bytes,
+             "held_lives", mp.held_lives, "fell_back", mp.fell_back, "compute_wait_us", mp.wait_us,
+             "costly_waits", waits, "budget_bytes", mp.budget_bytes and math.floor(mp.budget_bytes + 0.5),
+             "hold_arena_bytes", mp.hold_bytes, "free_step_us", mp.free_step_us,
+             "reuse_step_us", mp.reuse_step_us, "reuse_waits", mp.reuse_waits,
+             "reuse_compute_wait_us", mp.reuse_wait_us })
+end
+
 -- The audit section of plan.json (outside the fingerprint: it depends on
 -- audit-only inputs such as training settings and the GPU's rate).
 local function audit_facts(p)
@@ -184,6 +198,7 @@ local function audit_facts(p)
       "comm_bytes", m.comm_bytes, "activation_bytes", math.floor(m.activation_bytes + 0.5),
       "activations_modeled", m.activations_modeled, "total_bytes", math.floor(m.total_bytes + 0.5),
       "gpu_bytes", math.floor(m.gpu_bytes + 0.5), "fits", m.fits }),
+    "memory_plan", memory_plan_facts(a.memory_plan),
     "by_group", by_group,
     "by_link", O({ "intra_node", link(a.links.intra), "inter_node", link(a.links.inter) }),
     "recompute_by_group", recompute,
@@ -364,6 +379,31 @@ local function wait_reason(p, waiting, via)
   return "reuse"
 end
 
+local HELD_TEXT = { ag = "all-gather buffers", unsharded = "unsharded parameters", grads = "unsharded gradients",
+                    rs_in = "reduce-scatter inputs", rs_out = "reduce-scatter outputs", act = "activation buffers",
+                    partial = "partial sums" }
+
+-- The kinds of buffer whose bytes the plan holds for overlap, as words.
+local function held_kinds(p)
+  local seen, names = {}, {}
+  for _, kind in ipairs(memplan.KINDS) do
+    for _, u in ipairs(p.layout.units) do
+      local b = p.arena.by_unit[u.index][kind]
+      if b.held and not seen[kind] then
+        seen[kind] = true
+        names[#names + 1] = HELD_TEXT[kind]
+      end
+    end
+  end
+  local text = #names <= 1 and (names[1] or "buffers")
+    or (table.concat(names, ", ", 1, #names - 1) .. " and " .. names[#names])
+  return (text:gsub("reduce%-scatter inputs and reduce%-scatter outputs", "reduce-scatter inputs and outputs"))
+end
+
+local function room_text(bytes)
+  return bytes > 0 and human(bytes) or "none"
+end
+
 function audit.warnings(p, a)
   local w = {}
   local topo = p.topology
@@ -475,6 +515,18 @@ function audit.warnings(p, a)
         table.concat(names, ", "), us_text(gr.total), gr.ops, gr.ops == 1 and "" or "s", us_text(gr.max), why)
     end
   end
+  local mp = a.memory_plan
+  if #mp.waits > 0 then
+    local all = 0
+    for _, x in ipairs(mp.waits) do all = all + x.cost_us end
+    w[#w + 1] = string.format("%s: %d wait%s for reused arena bytes delay%s ops by %s, %s of it on the compute "
+      .. "stream (step %s, %s with no such waits): %s",
+      mp.policy == "hold" and "the memory plan was built for other settings"
+        or string.format("memory short (%s free for the arena%s)", room_text(mp.budget_bytes),
+          mp.hold_bytes and (", keeping bytes for overlap needs " .. human(mp.hold_bytes)) or ""),
+      #mp.waits, #mp.waits == 1 and "" or "s", #mp.waits == 1 and "s" or "", us_text(all), us_text(mp.wait_us),
+      us_text(a.step_us), us_text(mp.free_step_us), table.concat(audit.costly_wait_groups(p, mp), "; "))
+  end
   local m = a.memory
   if not m.fits then
     table.insert(w, 1, string.format("memory: a rank needs %s, more than the GPU's %g GB (%s): reduce activations "
@@ -532,6 +584,78 @@ function audit.critical_text(p, tl)
     end
   end
   return table.concat(t, ", ")
+end
+
+-- ---- the memory plan's trade ----
+
+-- The waits for reused arena bytes that delay their ops, grouped by the
+-- waiting op's kind and the kind it waits for (in op order of the first
+-- of each group): "copy_out of layers.78-0 waits for reduce_scatter of
+-- layers.79-1: 81 ops, 678.24 ms (up to 8.37 ms each)".
+function audit.costly_wait_groups(p, mp)
+  local groups, order = {}, {}
+  for _, x in ipairs(mp.waits) do
+    local o, q = p.ops[x.op + 1], p.ops[x.waits_for + 1]
+    local key = o.kind .. "|" .. q.kind
+    local gr = groups[key]
+    if not gr then
+      gr = { kind = o.kind, on = q.kind, units = {}, on_units = {}, n = 0, us = 0, max = 0, stream = o.stream }
+      groups[key] = gr
+      order[#order + 1] = gr
+    end
+    if gr.units[#gr.units] ~= o.unit then gr.units[#gr.units + 1] = o.unit end
+    if gr.on_units[#gr.on_units] ~= q.unit then gr.on_units[#gr.on_units + 1] = q.unit end
+    gr.n, gr.us, gr.max = gr.n + 1, gr.us + x.cost_us, math.max(gr.max, x.cost_us)
+  end
+  local function names(list)
+    local t = {}
+    for i, r in ipairs(unit_runs(p, list)) do
+      if i <= 3 then t[#t + 1] = r.text end
+    end
+    local runs = #unit_runs(p, list)
+    if runs > 3 then t[#t + 1] = string.format("and %d more", runs - 3) end
+    return table.concat(t, ", ")
+  end
+  local out = {}
+  for _, gr in ipairs(order) do
+    out[#out + 1] = string.format("%s of %s (%s stream) waits for %s of %s: %d op%s, %s (up to %s each)", gr.kind,
+      names(gr.units), gr.stream, gr.on, names(gr.on_units), gr.n, gr.n == 1 and "" or "s", us_text(gr.us),
+      us_text(gr.max))
+  end
+  return out
+end
+
+-- SCHEDULE.md's summary row: the arena's bytes against the time its
+-- reuse costs (gen/figures.lua's memory_plan).
+function audit.memory_plan_text(p, a)
+  local mp = a.memory_plan
+  local n = #mp.waits
+  local cost = n == 0 and "no reuse of arena bytes delays an op"
+    or string.format("%d wait%s for reused arena bytes delay%s ops, the compute stream by %s (warnings)", n,
+      n == 1 and "" or "s", n == 1 and "s" or "", us_text(mp.wait_us))
+  local extra = mp.arena_bytes - mp.reuse_bytes
+  if (mp.policy == "hold" or mp.policy == "short") and (extra > 0 or (mp.reuse_waits or 0) > 0) then
+    local alt = (mp.reuse_waits or 0) == 0 and "which would delay nothing"
+      or mp.reuse_wait_us > 0 and string.format("which would make the compute stream wait %s (step %s instead "
+        .. "of %s)", us_text(mp.reuse_wait_us), us_text(mp.reuse_step_us), us_text(a.step_us))
+      or string.format("which would delay %d op%s on other streams (step %s instead of %s)", mp.reuse_waits,
+        mp.reuse_waits == 1 and "" or "s", us_text(mp.reuse_step_us), us_text(a.step_us))
+    local text = string.format("arena %s: %s keep their bytes until the other stream is done with them, "
+      .. "%s more than reusing them at once (%s), %s; %s", human(mp.arena_bytes), held_kinds(p),
+      extra > 0 and human(extra) or "no", human(mp.reuse_bytes), alt, cost)
+    if mp.policy == "short" then
+      text = text .. string.format("; memory short (%s free for the arena): %d buffer%s reuse%s bytes at once",
+        room_text(mp.budget_bytes), mp.fell_back, mp.fell_back == 1 and "" or "s", mp.fell_back == 1 and "s" or "")
+    end
+    return text
+  end
+  if mp.policy == "reuse" and mp.held_lives > 0 then
+    return string.format("arena %s reuses bytes at once: keeping %s until the other stream is done with them "
+      .. "needs %s, and the rank leaves %s for the arena (memory short); %s (step %s, %s with room to keep them)",
+      human(mp.arena_bytes), held_kinds(p), mp.hold_bytes and human(mp.hold_bytes) or "more",
+      room_text(mp.budget_bytes), cost, us_text(a.step_us), us_text(mp.free_step_us))
+  end
+  return string.format("arena %s; %s", human(mp.arena_bytes), cost)
 end
 
 -- ---- SCHEDULE.md ----
@@ -632,6 +756,7 @@ function audit.schedule_md(p, fp)
   w("| memory | %s of %s (%g GB) per rank: %s |", human(m.total_bytes), human(m.gpu_bytes), s.gpu_memory_GB,
     m.fits and string.format("fits, %s free", human(m.gpu_bytes - m.total_bytes))
       or string.format("**does not fit**, %s over", human(m.total_bytes - m.gpu_bytes)))
+  w("| memory plan | %s |", audit.memory_plan_text(p, a))
   w("| step | %s |", audit.step_text(a) .. "; critical path " .. audit.critical_text(p, tl))
   local zc = audit.zero_copy_in(p)
   if zc.ops > 0 then
@@ -1003,8 +1128,13 @@ function audit.md_memory_plan(_, w)
   w("The arena holds every transient buffer at a generated offset (sizes in the memory table above). Event")
   w("waits order every data dependency and every reuse of arena bytes across streams (plan.json:")
   w("units[].arena, ops[].stream, ops[].waits_for). Lifetimes: all-gather buffer copy-in..copy-out,")
-  w("unsharded params copy-out..reshard, unsharded grads from the unshard before backward to packing,")
-  w("reduce-scatter input packing..reduce-scatter, output reduce-scatter..view-out.")
+  w("unsharded params copy-out..reshard, unsharded grads from the backward's own unshard (else the backward)")
+  w("to packing, reduce-scatter input packing..reduce-scatter, output reduce-scatter..view-out. A buffer last used on")
+  w("another stream than the ops that would reuse its bytes (the reduce-scatter reading its input) keeps")
+  w("them, as FSDP2's caching allocator does, until the predicted step has that stream done with them, so")
+  w("no reuse makes an op wait; where the GPU's memory (less the sharded state and activations) is too short")
+  w("for that, bytes are reused at once and the summary and warnings name the waits this adds and their")
+  w("predicted cost (plan.json: audit.memory_plan).")
   w("")
 end
 

@@ -25,10 +25,21 @@
 --   links          intra, inter: ops (recompute included), size_bytes,
 --                  wire_bytes, alone_us, us
 --   memory         gen/memory.lua's whole-rank verdict
+--   memory_plan    the arena's trade (gen/memplan.lua): policy, arena_bytes,
+--                  budget_bytes (the room the verdict leaves it),
+--                  reuse_bytes and hold_bytes (the arena reusing bytes at
+--                  once, holding them for overlap), held_lives; reuse_step_us
+--                  and reuse_wait_us (reusing at once: the step and the
+--                  compute stream's waits for it), free_step_us (the step
+--                  with no arena waits), as the plan was built;
+--                  waits[] (op, waits_for, stream, cost_us): the waits
+--                  for reused bytes that delay an op in this step, and
+--                  wait_us, their cost on the compute stream
 -- Keys and inputs: compute.settings, compute.units, timeline.build.
 local compute = require("gen.compute")
 local timeline = require("gen.timeline")
 local memory = require("gen.memory")
+local memplan = require("gen.memplan")
 
 local figures = {}
 
@@ -83,8 +94,16 @@ function figures.of(p, opts)
   for _, c in pairs(links) do c.alone_us, c.us = r3(c.alone_us), r3(c.us) end
   local step, busy = r3(tl.step_us), r3(tl.compute_busy_us)
   exposed = r3(exposed)
+  local ar = p.arena
+  local waits, wait_us = memplan.costly_waits(p.ops, ar.waits, ar.data_needs, tl.ops)
+  for _, x in ipairs(waits) do x.cost_us = r3(x.cost_us) end
+  local mp = { policy = ar.policy, arena_bytes = ar.arena_bytes, budget_bytes = ar.budget_bytes,
+               reuse_bytes = ar.reuse_bytes, hold_bytes = ar.hold_bytes, held_lives = ar.held_lives,
+               fell_back = ar.fell_back, reuse_step_us = r3(ar.reuse_step_us), reuse_waits = ar.reuse_waits,
+               reuse_wait_us = r3(ar.reuse_wait_us), free_step_us = r3(ar.free_step_us), waits = waits,
+               wait_us = r3(wait_us) }
   return {
-    settings = s, per_unit = per_unit, timeline = tl, recompute = rec, memory = mem,
+    settings = s, per_unit = per_unit, timeline = tl, recompute = rec, memory = mem, memory_plan = mp,
     step_flops = compute.step_flops(p, per_unit),
     step_us = step, compute_us = busy, exposed_us = exposed,
     waits_us = r3(tl.exposed_by[-1] or 0),

@@ -16,7 +16,8 @@ local memory = {}
 
 local ES = layout.DTYPE_BYTES
 
-function memory.whole_rank(p, s, per_unit)
+-- Everything but the arena: the sharded state and the activations.
+local function state(p, s, per_unit)
   local params = 0
   local sharded_numel = 0
   for _, u in ipairs(p.layout.units) do
@@ -29,6 +30,20 @@ function memory.whole_rank(p, s, per_unit)
     if s.fp32_master then optimizer = optimizer + 4 * sharded_numel end
   end
   local act, saved, transient = compute.activation_peak(per_unit)
+  return params, optimizer, act, saved, transient
+end
+
+-- The bytes the GPU leaves for the arena once the sharded state and the
+-- activations are counted (the memory plan's budget, gen/memplan.lua):
+-- the verdict's free memory with an empty arena. Negative when even that
+-- does not fit.
+function memory.arena_room(p, s, per_unit)
+  local params, optimizer, act = state(p, s, per_unit)
+  return s.gpu_memory_bytes - (params + params + optimizer + act)
+end
+
+function memory.whole_rank(p, s, per_unit)
+  local params, optimizer, act, saved, transient = state(p, s, per_unit)
   local r = {
     params_bytes = params, grads_bytes = params, optimizer_bytes = optimizer,
     comm_bytes = p.memory.arena_bytes, activation_bytes = act, activation_saved_bytes = saved,

@@ -8,10 +8,12 @@
 -- Lifetimes are op-index intervals of the schedule (inclusive):
 --   ag         copy_in .. copy_out            (every unshard)
 --   unsharded  copy_out .. reshard            (every unshard)
---   grads      the copy_out before the unit's first backward since its
---              last pack .. pack (once per reduction)
---              (from the unshard that precedes backward, so the library's
---              cp_gpu_unshard can order the grads' memory as well)
+--   grads      the unit's first backward since its last pack .. pack
+--              (once per reduction); from the copy_out before it where
+--              that unshard serves the backward (no other unit computes
+--              between: the library's cp_gpu_unshard then orders the
+--              grads' memory as well), not from a forward's unshard kept
+--              through the forward (reshard_after_forward = false)
 --   rs_in      pack .. reduce_scatter
 --   rs_out     reduce_scatter .. view_out (or view_out_add, partial_save,
 --              partial_add)
@@ -24,6 +26,17 @@
 -- buffer held earlier in the step, the op that opens the later lifetime
 -- must wait on the GPU for the op that closed the earlier one, whatever
 -- streams they run on: those edges are emitted as event waits.
+--
+-- Such a wait costs time where the closing op runs on another stream and
+-- has not finished when the opening op could start: the compute stream's
+-- copy-out waiting for the reduce-scatter that read the bytes last. So,
+-- as FSDP2's caching allocator does, the placement trades free memory for
+-- overlap (memplan.holds): given the predicted step (gen/timeline.lua)
+-- and the bytes the rank's memory verdict leaves the arena (gen/
+-- memory.lua), it keeps those bytes from the lives that would reuse them
+-- before the other stream is done, reusing them at once only where
+-- memory is short, and reports what that costs (policy, reuse_* and
+-- gen/figures.lua's memory_plan: SCHEDULE.md's summary and warnings).
 local util = require("gen.util")
 local layout = require("gen.layout")
 local opkinds = require("gen.opkinds")
@@ -72,18 +85,27 @@ local function lifetimes(lay, ops)
     local iv = open[u][kind]
     if iv then iv.last = seq; open[u][kind] = false end
   end
-  local last_copy_out = {}
+  -- computes: forward and backward ops so far, in all and per unit; at
+  -- each copy-out, both counts then (for "no other unit computed since").
+  local last_copy_out, computes, own, at_out, own_at_out = {}, 0, {}, {}, {}
   for _, o in ipairs(ops) do
     local u, k, s = o.unit, o.kind, o.seq
     if k == "copy_in" or (k == "all_gather" and o.from_sharded) then start(u, "ag", s)
     elseif k == "copy_out" then
       stop(u, "ag", s); start(u, "unsharded", s); last_copy_out[u] = s
+      at_out[u], own_at_out[u] = computes, own[u] or 0
     elseif k == "reshard" then stop(u, "unsharded", s)
     elseif k == "backward" then
-      -- from the unit's latest copy-out, after the packing that ended the previous life
+      -- From the unit's latest copy-out where that unshard serves this
+      -- backward (no other unit computes between: the library's
+      -- cp_gpu_unshard opens the grads, runtime/arena.c), after the
+      -- packing that ended the previous life; else (a forward's unshard
+      -- kept through the forward, as without reshard_after_forward) from
+      -- the backward itself.
       if not open[u].grads then
         local lives, from = life[u].grads, last_copy_out[u] or s
         if #lives > 0 and from <= lives[#lives].last then from = s end
+        if from ~= s and computes - at_out[u] ~= (own[u] or 0) - own_at_out[u] then from = s end
         start(u, "grads", from)
       end
     elseif k == "pack" then stop(u, "grads", s); start(u, "rs_in", s)
@@ -92,6 +114,10 @@ local function lifetimes(lay, ops)
     elseif k == "partial_save" then stop(u, "rs_out", s); start(u, "partial", s)
     elseif k == "partial_fold" then stop(u, "partial", s)
     elseif opkinds.BY_NAME[k].tp then start(u, "act", s); stop(u, "act", s) -- one collective's worth
+    end
+    if k == "forward" or k == "backward" then
+      computes = computes + 1
+      own[u] = (own[u] or 0) + 1
     end
   end
   for _, u in ipairs(lay.units) do
@@ -112,12 +138,13 @@ end
 -- For each buffer, the buffers of its pool whose lives overlap one of its
 -- own (inclusive op intervals): one sweep over all lives in op order,
 -- keeping the lives still open. Lists in the order the sweep meets them.
-local function time_neighbours(bufs)
+-- held: compare the held lives (b.held, see memplan.holds) instead.
+local function time_neighbours(bufs, held)
   -- lives in order of their first op (buckets by op: no sort; the order
   -- among lives that open at the same op changes no pair found)
   local at, top = {}, 0
   for _, b in ipairs(bufs) do
-    for _, iv in ipairs(b.lives) do
+    for _, iv in ipairs(held and b.held or b.lives) do
       local f = iv.first + 1
       local x = { first = iv.first, last = iv.last, buf = b }
       if at[f] then table.insert(at[f], x) else at[f] = { x } end
@@ -468,10 +495,14 @@ function memplan.unordered(ops, needs, waits)
 end
 
 -- The edges that do not depend on the arena (op seq -> set of earlier op
--- seqs): the data dependencies, and FSDP2's post_backward, which makes the
+-- seqs): the data dependencies; FSDP2's post_backward, which makes the
 -- current stream wait for the previous reduce-scatter (comm_ctx.
 -- reduce_scatter_state.event) before it packs the next unit's gradients,
--- so the packing never runs ahead of it.
+-- so the packing never runs ahead of it; and its all-gather streams
+-- waiting for the previous unshard's copy-out before the next all-gather
+-- reuses its buffers (all_gather_state.event), which bounds prefetching
+-- to one unit. (Both orders were always among the emitted waits; as
+-- needs they hold whatever the placement.)
 function memplan.data_needs(ops)
   local needs = {}
   local function add(i, j)
@@ -479,18 +510,231 @@ function memplan.data_needs(ops)
     needs[i][j] = true
   end
   data_edges(ops, add)
-  local prev_rs
+  local prev_rs, prev_out, gathering = nil, nil, {}
   for _, o in ipairs(ops) do
-    if o.kind == "pack" and prev_rs then add(o.seq, prev_rs) end
-    if o.kind == "reduce_scatter" then prev_rs = o.seq end
+    local k = o.kind
+    if k == "pack" and prev_rs then add(o.seq, prev_rs) end
+    if k == "reduce_scatter" then prev_rs = o.seq end
+    -- The unshard's first op (its copy-in, or the all-gather where none
+    -- copies in) follows the latest copy-out.
+    if (k == "copy_in" or k == "all_gather") and not gathering[o.unit] then
+      gathering[o.unit] = true
+      if prev_out then add(o.seq, prev_out) end
+    elseif k == "copy_out" then
+      gathering[o.unit] = nil
+      prev_out = o.seq
+    end
   end
   return needs
 end
 
--- lay, ops -> { arena_bytes, buffers = list, by_unit = unit index -> kind -> buffer,
+-- Holding bytes for overlap (issue 19). A buffer's life ends at the op
+-- that last touches it, but where that op runs on another stream than
+-- the ops that open lives in its pool (the reduce-scatter reading its
+-- input, the HSDP view-out reading the reduce-scatter output), a later
+-- life on the same bytes must wait for it on the GPU: were the compute
+-- stream's next copy-out to take the bytes of the reduce-scatter input,
+-- it would wait for the reduce-scatter, and compute behind it. FSDP2's
+-- caching allocator never makes that trade: the reduce-scatter input
+-- stays allocated until the next post-backward, which waits for the
+-- reduce-scatter anyway. So the placement holds each such life's bytes
+-- (b.held: its lives, extended) until the first op of each opening
+-- stream that the predicted step (with no arena waits) starts after the
+-- closing op finishes; a reuse after that point waits for an op that has
+-- already finished, and costs nothing.
+--
+-- times: op seq -> { start, finish } of the step predicted with the data
+-- dependencies alone. Sets b.held on the buffers it extends; returns how
+-- many lives it extends.
+function memplan.holds(live, ops, times)
+  -- Per pool and stream, the ops that open lives, in op order, with their
+  -- predicted starts (non-decreasing: a stream runs its ops in order).
+  local opens_at = {}
+  for _, b in ipairs(live) do
+    for _, iv in ipairs(b.lives) do
+      local set = opens_at[iv.first + 1]
+      if not set then set = {}; opens_at[iv.first + 1] = set end
+      set[b.pool] = true
+    end
+  end
+  local openers, any = {}, {} -- pool -> stream -> { seqs, starts }; pool -> seqs on any stream
+  for i, o in ipairs(ops) do
+    local set = opens_at[i]
+    if set then
+      for pool in pairs(set) do
+        local per = openers[pool]
+        if not per then per = {}; openers[pool] = per; any[pool] = {} end
+        any[pool][#any[pool] + 1] = o.seq
+        local l = per[o.stream]
+        if not l then l = { seqs = {}, starts = {} }; per[o.stream] = l end
+        l.seqs[#l.seqs + 1] = o.seq
+        l.starts[#l.starts + 1] = times[o.seq].start
+      end
+    end
+  end
+  -- The first index of a non-decreasing list whose value is >= x, or nil.
+  local function first_at_least(list, x)
+    local lo, hi, found = 1, #list, nil
+    while lo <= hi do
+      local mid = (lo + hi) // 2
+      if list[mid] >= x then found = mid; hi = mid - 1 else lo = mid + 1 end
+    end
+    return found
+  end
+  local n = 0
+  for _, b in ipairs(live) do
+    b.held = nil
+    local per = openers[b.pool] or {}
+    for k, iv in ipairs(b.lives) do
+      local j = iv.last
+      local closer, done = ops[j + 1].stream, times[j].finish
+      local last = iv.last
+      for stream, l in pairs(per) do -- (the largest over streams: the order does not matter)
+        if stream ~= closer then
+          local a, c = first_at_least(l.seqs, j + 1), first_at_least(l.starts, done)
+          local at = a and c and math.max(a, c)
+          local upto = at and l.seqs[at] - 1 or #ops - 1
+          if upto > last then last = upto end
+        end
+      end
+      -- Never into the buffer's own next life (its data orders them anyway),
+      -- and only as far as the last op opening a life in the pool before
+      -- then: the hold keeps bytes from those lives alone.
+      local nxt = b.lives[k + 1]
+      if nxt and last >= nxt.first then last = nxt.first - 1 end
+      if last > iv.last then
+        local seqs = any[b.pool]
+        local x = first_at_least(seqs, last + 1)
+        x = (x or #seqs + 1) - 1
+        last = x >= 1 and math.max(seqs[x], iv.last) or iv.last
+      end
+      if last > iv.last then
+        if not b.held then
+          b.held = {}
+          for x, y in ipairs(b.lives) do b.held[x] = y end
+        end
+        b.held[k] = { first = iv.first, last = last }
+        n = n + 1
+      end
+    end
+  end
+  return n
+end
+
+-- Greedy placement of `order` (largest first; buffers never live take no
+-- room): each buffer at the lowest offset that overlaps no placed buffer
+-- of its pool live beside it (near: buffer -> list) nor any placed buffer
+-- of the other pools (bytes are shared only within a stream's pool, see
+-- POOL); only the union of those bytes decides the offset. With
+-- near_held and a budget: each buffer first against its held neighbours,
+-- and where that would end past the budget, against its plain ones.
+-- Returns buffer -> offset, the arena's bytes, and how many buffers took
+-- their plain place.
+local function place(order, near, near_held, budget)
+  local offset, arena, pools, fell = {}, 0, {}, 0
+  for _, name in pairs(memplan.POOL) do pools[name] = {} end
+  local others = {} -- pool -> the other pools' byte unions
+  for name in pairs(pools) do
+    others[name] = {}
+    for _, other in ipairs(util.sorted_keys(pools)) do
+      if other ~= name then table.insert(others[name], pools[other]) end
+    end
+  end
+  local function fit(b, list)
+    local busy = {}
+    for _, q in ipairs(list[b]) do
+      local at = offset[q]
+      if at and q.size > 0 and #q.lives > 0 then busy[#busy + 1] = { at, at + q.size } end
+    end
+    table.sort(busy, function(x, y) return x[1] < y[1] end)
+    local mine = {}
+    for _, r in ipairs(busy) do union_add(mine, r[1], r[2]) end
+    return lowest_fit(mine, others[b.pool], b.size)
+  end
+  for _, b in ipairs(order) do
+    if #b.lives == 0 or b.size == 0 then
+      offset[b] = 0 -- never live (e.g. no backward): takes no room
+    else
+      local off
+      if near_held then
+        off = fit(b, near_held)
+        if off + b.size > budget then off = nil; fell = fell + 1 end
+      end
+      off = off or fit(b, near)
+      offset[b] = off
+      arena = math.max(arena, off + b.size)
+      union_add(pools[b.pool], off, off + b.size)
+    end
+  end
+  return offset, arena, fell
+end
+
+-- The reuse waits of a placement: needs (the data dependencies, copied)
+-- plus the reuse edges, and the waits chosen from them.
+local function waits_of(placed, ops, data)
+  local needs = {}
+  for i, set in pairs(data) do
+    local c = {}
+    for j in pairs(set) do c[j] = true end
+    needs[i] = c
+  end
+  reuse_edges(placed, ops, needs)
+  return needs, memplan.prune(ops, needs)
+end
+
+-- The waits a placement adds that cost time: for every op that waits for
+-- an op its data do not need (a reuse of arena bytes), how much later the
+-- predicted step starts it than its stream and its data alone would:
+-- list of { op, waits_for (the latest-finishing such wait), stream,
+-- cost_us } in op order, and the sum of their costs on the compute stream.
+-- times: op seq -> { start, finish } (gen/timeline.lua).
+function memplan.costly_waits(ops, waits, data, times)
+  local list, compute_us, prev = {}, 0, {}
+  local NONE = {}
+  for _, o in ipairs(ops) do
+    local seq = o.seq
+    local need = data[seq] or NONE
+    local mine, mine_end
+    for _, j in ipairs(waits[seq] or NONE) do
+      if not need[j] and (not mine or times[j].finish > mine_end) then mine, mine_end = j, times[j].finish end
+    end
+    if mine then
+      local before = prev[o.stream]
+      local ready = before and times[before].finish or 0
+      for j in pairs(need) do
+        if times[j].finish > ready then ready = times[j].finish end
+      end
+      local cost = times[seq].start - ready
+      if cost > 1e-6 then
+        list[#list + 1] = { op = seq, waits_for = mine, stream = o.stream, cost_us = cost }
+        if o.stream == "compute" then compute_us = compute_us + cost end
+      end
+    end
+    prev[o.stream] = seq
+  end
+  return list, compute_us
+end
+
+-- lay, ops, opts -> { arena_bytes, buffers = list, by_unit = unit index -> kind -> buffer,
 --               waits = op seq -> sorted list of op seqs it must wait for,
---               events = sorted list of op seqs whose completion others wait on }
-function memplan.build(lay, ops)
+--               events = sorted list of op seqs whose completion others wait on,
+--               needs = op seq -> set of op seqs it must follow (data and reuse),
+--               data_needs = the same, data dependencies only,
+--               policy = "hold" (bytes held for overlap, see memplan.holds),
+--                        "short" (held where the budget allowed; the rest reused
+--                        at once) or "reuse" (reused at once: no prediction, nothing
+--                        to hold, or memory too short for any),
+--               budget_bytes, reuse_bytes (the arena reusing at once), hold_bytes
+--               (the arena holding, where tried), held_lives, fell_back (buffers placed to reuse at once for the budget),
+--               free_step_us (the predicted step with no arena waits),
+--               reuse_step_us, reuse_waits, reuse_wait_us (reusing at once: the
+--               step, the waits that cost time, their cost on the compute
+--               stream; where bytes are held) }
+-- opts.predict(waits) -> the predicted step (gen/timeline.lua) with those
+-- waits; opts.budget: the bytes the arena may take (the memory verdict's
+-- room, gen/memory.lua). Without predict, bytes are reused at once.
+function memplan.build(lay, ops, opts)
+  opts = opts or {}
   local life = lifetimes(lay, ops)
   local buffers, by_unit = {}, {}
   for _, u in ipairs(lay.units) do
@@ -512,51 +756,59 @@ function memplan.build(lay, ops)
     if a.unit ~= b.unit then return a.unit < b.unit end
     return a.kind_index < b.kind_index
   end)
-  -- Lowest fit against the bytes of the placed buffers of the pool that
-  -- are live beside it and of every placed buffer of the other pools
-  -- (bytes are shared only within a stream's pool, see POOL). Only the
-  -- union of those bytes decides the offset.
   local live = {}
   for _, b in ipairs(order) do
     if #b.lives > 0 and b.size > 0 then live[#live + 1] = b end
   end
   local near = time_neighbours(live)
-  local placed, arena, is_placed, pools = {}, 0, {}, {}
-  for _, name in pairs(memplan.POOL) do pools[name] = {} end
-  local others = {} -- pool -> the other pools' byte unions
-  for name in pairs(pools) do
-    others[name] = {}
-    for _, other in ipairs(util.sorted_keys(pools)) do
-      if other ~= name then table.insert(others[name], pools[other]) end
-    end
-  end
-  for _, b in ipairs(order) do
-    if #b.lives == 0 or b.size == 0 then
-      b.offset = 0 -- never live (e.g. no backward): takes no room
-    else
-      local busy = {}
-      for _, q in ipairs(near[b]) do
-        if is_placed[q] then busy[#busy + 1] = { q.offset, q.offset + q.size } end
+  local data = memplan.data_needs(ops)
+  -- Reusing bytes at once; then, where a prediction says which reuses
+  -- would wait, holding them: wholly if the budget allows, else each
+  -- buffer held where it still ends within the budget.
+  local r_offset, r_arena = place(order, near)
+  local offset, arena = r_offset, r_arena
+  local budget = opts.budget or math.huge
+  local result = { policy = "reuse", reuse_bytes = r_arena, budget_bytes = opts.budget, held_lives = 0,
+                   fell_back = 0 }
+  if opts.predict then
+    local free = opts.predict(memplan.prune(ops, data))
+    result.free_step_us = free.step_us
+    result.held_lives = memplan.holds(live, ops, free.ops)
+    if result.held_lives > 0 then
+      local near_held = time_neighbours(live, true)
+      local h_offset, h_arena = place(order, near, near_held, math.huge)
+      result.hold_bytes = h_arena
+      local fell = 0
+      if h_arena > budget and r_arena <= budget then
+        h_offset, h_arena, fell = place(order, near, near_held, budget)
       end
-      table.sort(busy, function(x, y) return x[1] < y[1] end)
-      local mine = {}
-      for _, r in ipairs(busy) do union_add(mine, r[1], r[2]) end
-      local off = lowest_fit(mine, others[b.pool], b.size)
-      b.offset = off
-      arena = math.max(arena, off + b.size)
-      placed[#placed + 1] = b
-      is_placed[b] = true
-      union_add(pools[b.pool], off, off + b.size)
+      if h_arena <= budget then
+        offset, arena = h_offset, h_arena
+        result.policy, result.fell_back = fell > 0 and "short" or "hold", fell
+      end
     end
   end
+  local placed = {}
+  for _, b in ipairs(order) do
+    if #b.lives > 0 and b.size > 0 then placed[#placed + 1] = b end
+  end
+  -- The step reusing at once, for the trade SCHEDULE.md states.
+  if result.policy ~= "reuse" then
+    for _, b in ipairs(buffers) do b.offset = r_offset[b] end
+    local _, r_waits = waits_of(placed, ops, data)
+    local r = opts.predict(r_waits)
+    result.reuse_step_us = r.step_us
+    local list
+    list, result.reuse_wait_us = memplan.costly_waits(ops, r_waits, data, r.ops)
+    result.reuse_waits = #list
+  end
+  for _, b in ipairs(buffers) do b.offset = offset[b] end
   check_disjoint(placed, #ops)
   -- Needed edges (op seq -> set of earlier op seqs it must follow on the
   -- GPU): the data dependencies, and reuse: a lifetime that opens on bytes
   -- an earlier lifetime held (of another buffer, or of the same buffer in
   -- an earlier unshard) follows the op that closed the latest such one.
-  local needs = memplan.data_needs(ops)
-  reuse_edges(placed, ops, needs)
-  local waits = memplan.prune(ops, needs)
+  local needs, waits = waits_of(placed, ops, data)
   local bad_j, bad_i = memplan.unordered(ops, needs, waits)
   if bad_j then
     error(string.format("internal: op %d must follow op %d but no emitted wait orders them", bad_i, bad_j), 0)
@@ -570,8 +822,9 @@ function memplan.build(lay, ops)
   table.sort(events)
   local sum = 0
   for _, b in ipairs(buffers) do sum = sum + b.size end
-  return { arena_bytes = arena, unplanned_bytes = sum, buffers = buffers, by_unit = by_unit, waits = waits,
-           events = events, needs = needs }
+  result.arena_bytes, result.unplanned_bytes, result.buffers, result.by_unit = arena, sum, buffers, by_unit
+  result.waits, result.events, result.needs, result.data_needs = waits, events, needs, data
+  return result
 end
 
 return memplan

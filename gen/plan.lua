@@ -10,6 +10,9 @@ local memplan = require("gen.memplan")
 local tp = require("gen.tp")
 local tp_acts = require("gen.tp_acts")
 local util = require("gen.util")
+local compute = require("gen.compute")
+local timeline = require("gen.timeline")
+local whole_rank = require("gen.memory")
 
 local plan = {}
 
@@ -57,7 +60,21 @@ local function build_class(ctx, cls, d, fams, p, cfg)
   local ops = schedule.build(lay, fams, p.fsdp)
   verify.all(lay, fams, ops, p.fsdp)
   local predicted = cost.predict(ops, fams, p.topology)
-  local arena = memplan.build(lay, ops)
+  -- The memory plan places buffers for overlap where the rank's memory
+  -- has room: it predicts the class's step (gen/timeline.lua, the audit's
+  -- own model) with the waits it weighs, and takes the memory verdict's
+  -- free bytes as its budget.
+  local view = { ops = ops, layout = lay, dims = d, model = p.model, model_config = cfg, fsdp = p.fsdp,
+                 topology = p.topology, training = p.training, arena = {} }
+  local s = compute.settings(view)
+  local per_unit = compute.units(view, s)
+  local arena = memplan.build(lay, ops, {
+    budget = whole_rank.arena_room(view, s, per_unit),
+    predict = function(waits)
+      view.arena.waits = waits
+      return timeline.build(view, s, per_unit)
+    end,
+  })
   local memory = cost.memory(lay, ops, arena)
   return { coords = cls.coords, layout = lay, ops = ops, predicted = predicted, arena = arena, memory = memory }
 end

@@ -37,21 +37,32 @@ static int overlap(const cp_plan *p, int u, cp_arena_buffer ku, int v, cp_arena_
  * calls not made yet). What keeps the arena's reuse safe is the call order:
  * no call may write bytes in which another buffer holds data across calls:
  *   unsharded  copy-out .. reshard (the caller's forward and backward read it)
- *   grads      the copy-out before the unit's backward .. pack, as
- *              gen/memplan.lua lays it out (the caller's backward writes it,
- *              later micro-steps add into it); or from a reduction after
- *              which the unit, still unsharded, runs backward again
+ *   grads      the copy-out before the unit's backward .. pack, where
+ *              that unshard serves the backward (no other unit's forward
+ *              or backward between), as gen/memplan.lua lays it out (the
+ *              caller's backward writes it, later micro-steps add into
+ *              it); or from a reduction after which the unit, still
+ *              unsharded, runs backward again. After a forward's unshard
+ *              kept through the forward (reshard_after_forward = false)
+ *              the plan gives the grads their bytes from the backward on,
+ *              past every call before it: no call opens them then (a call
+ *              order that differs from the plan's goes unchecked there)
  *   partial    partial_save .. partial_fold (all_reduce_last's sums)
  * The all-gather buffer and the reduce-scatter input and output live inside
  * one call; the TP activation buffer belongs to cp_gpu_step alone. */
 
 /* The next op of unit u after op i among BACKWARD, PACK and COPY_OUT: whether
- * the caller's backward writes the grads before anything packs or regathers. */
-static int backward_next(const cp_plan *p, int u, int i)
+ * the caller's backward writes the grads before anything packs or regathers.
+ * own: and no other unit's forward or backward comes first (the unshard at
+ * op i serves that backward). */
+static int backward_next(const cp_plan *p, int u, int i, int own)
 {
     for (int j = i + 1; j < p->nops; j++) {
         const cp_op *o = &p->ops[j];
-        if (o->unit != u) continue;
+        if (o->unit != u) {
+            if (own && (o->kind == CP_OP_FORWARD || o->kind == CP_OP_BACKWARD)) return 0;
+            continue;
+        }
         if (o->kind == CP_OP_BACKWARD) return 1;
         if (o->kind == CP_OP_PACK || o->kind == CP_OP_COPY_OUT) return 0;
     }
@@ -76,7 +87,7 @@ static int scan_op(void *ctx, const cp_op *op)
     switch (op->kind) {
     case CP_OP_COPY_OUT:
         e->opens |= 1u << CP_BUF_UNSHARDED;
-        if (backward_next(c->p, op->unit, i)) e->opens |= 1u << CP_BUF_GRADS;
+        if (backward_next(c->p, op->unit, i, 1)) e->opens |= 1u << CP_BUF_GRADS;
         break;
     case CP_OP_RESHARD: e->closes |= 1u << CP_BUF_UNSHARDED; break;
     case CP_OP_PACK:
@@ -103,7 +114,7 @@ void cp_call_effect_of(const cp_plan *p, int unit, const cp_op_kind *kinds, int 
     cp_run_call(p, unit, kinds, nkinds, &cur, scan_op, &c);
     /* A reduction after which the unit, still unsharded, runs backward
      * again: the caller may write the grads as soon as the call returns. */
-    if (e->ops && (e->closes & (1u << CP_BUF_GRADS)) && backward_next(p, unit, e->last))
+    if (e->ops && (e->closes & (1u << CP_BUF_GRADS)) && backward_next(p, unit, e->last, 0))
         e->opens |= 1u << CP_BUF_GRADS;
 }
 

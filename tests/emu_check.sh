@@ -186,7 +186,7 @@ echo "== seeded faults the emulator must catch (plans: $FAULT_PLANS)"
 seeded=0
 caught=0
 vacuous=0
-for spec in "drop_wait:3 10 19 35 50" "reuse_event:5 13 23" "swap_coll:2 5" "shift_kernel:1 9" \
+for spec in "drop_wait:3 10 19 35 50" "reuse_event:5 13 19" "swap_coll:2 5" "shift_kernel:1 9" \
             "alloc_in_capture:1 6"; do
   name=${spec%%:*}
   ks=${spec#*:}

@@ -395,7 +395,7 @@ expect_rc "binary: --world-size mismatch exits 2" 2 build/fsdp4/fsdp4 --simulate
 # launcher_rc NAME RC MESSAGE ENV...: the binary under a launcher's environment.
 launcher_rc() {
   local name=$1 want=$2 msg=$3; shift 3
-  run "$name" bash -c 'out=$(env "${@:3}" build/fsdp4/fsdp4 --simulate --quiet 2>&1); rc=$?; echo "$out"
+  run "$name" bash -c 'out=$(env "${@:3}" build/fsdp4/fsdp4 --rendezvous-only --quiet 2>&1); rc=$?; echo "$out"
     [ "$rc" = "$1" ] && { [ -z "$2" ] || printf "%s" "$out" | grep -qF -- "$2"; }' _ "$want" "$msg" "$@"
 }
 M="MASTER_ADDR=10.0.0.1 MASTER_PORT=29500"

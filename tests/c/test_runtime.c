@@ -705,10 +705,17 @@ static void test_library_order_of_plans(void **state)
                      U->total * (int64_t)cp_dtype_size(U->reduce_dtype));
 }
 
+/* Whether unit u's buffer ku and unit v's kv share arena bytes. */
+static int bytes_meet(const cp_plan *p, int u, cp_arena_buffer ku, int v, cp_arena_buffer kv)
+{
+    int64_t a = p->units[u].arena_offset[ku], na = cp_arena_buffer_bytes(p, u, ku);
+    int64_t b = p->units[v].arena_offset[kv], nb = cp_arena_buffer_bytes(p, v, kv);
+    return na > 0 && nb > 0 && a < b + nb && b < a + na;
+}
+
 /* Unsharded gradients hold data from the unshard before their backward to
  * their reduction: llama_tiny_tp's arena gives tok_embeddings' grads bytes
- * that layers.0's all-gather buffer and unsharded parameters use earlier in
- * the step. After tok_embeddings' backward and reshard, before its
+ * that layers.0's unsharded parameters use earlier in the step. After tok_embeddings' backward and reshard, before its
  * reduction, a second unshard of layers.0 (a recompute the plan does not
  * have) would overwrite those grads: refused, though no unit is unsharded
  * any more (the old check saw unsharded parameters only). */
@@ -718,12 +725,13 @@ static void test_library_order_guards_grads(void **state)
     cp_plan view;
     cp_plan_view(&llama_tiny_tp_plan, 0, &view);
     const cp_plan *p = &view;
-    int tok = -1, l0 = -1;
+    int tok = -1, l0 = -1, l1 = -1;
     for (int u = 0; u < p->nunits; u++) {
         if (!strcmp(p->units[u].name, "tok_embeddings")) tok = u;
         if (!strcmp(p->units[u].name, "layers.0")) l0 = u;
+        if (!strcmp(p->units[u].name, "layers.1")) l1 = u;
     }
-    assert_true(tok >= 0 && l0 >= 0);
+    assert_true(tok >= 0 && l0 >= 0 && l1 >= 0);
     call_inst calls[512];
     int n = plan_calls(p, calls, 512), cursor[64][3] = { { 0 } }, reshards = 0, i = 0;
     unsigned char live[64] = { 0 };
@@ -763,23 +771,42 @@ static void test_library_order_guards_grads(void **state)
     assert_int_equal(live[tok], 0);
 
     /* The grads an unshard opens are the caller's backward's to write: a
-     * backward of layers.0 before layers.1's (the reverse of the plan's)
-     * would have layers.1's backward write its grads over layers.0's, not
-     * yet reduced. Refused at layers.1's unshard, whose own buffers touch
-     * nothing live. */
-    static const char *const seq[][2] = {
+     * backward of unit a before unit b's (the reverse of the plan's) would
+     * have b's backward write its grads over a's, not yet reduced, where
+     * the arena gives both grads the same bytes. Refused at b's unshard,
+     * whose own buffers touch nothing live. (a and b: the first pair of the
+     * plan's units with parameters whose grads share bytes and whose
+     * unsharded parameters and all-gather buffer do not meet a's grads.) */
+    const int blocks[3] = { tok, l0, l1 };
+    int pa = -1, pb = -1;
+    for (int i = 0; i < 3 && pa < 0; i++)
+        for (int j = 0; j < 3 && pa < 0; j++) {
+            int a = blocks[i], b = blocks[j];
+            if (a != b && bytes_meet(p, b, CP_BUF_GRADS, a, CP_BUF_GRADS) &&
+                !bytes_meet(p, b, CP_BUF_UNSHARDED, a, CP_BUF_GRADS) && !bytes_meet(p, b, CP_BUF_AG, a, CP_BUF_GRADS))
+                pa = a, pb = b;
+        }
+    assert_true(pa >= 0); /* the arena shares some grads' bytes */
+    static const char *const fwd[][2] = {
         { "unshard", "tok_embeddings" }, { "reshard", "tok_embeddings" }, { "unshard", "layers.0" },
         { "reshard", "layers.0" },       { "unshard", "layers.1" },       { "reshard", "layers.1" },
         { "unshard", "norm_output" },    { "reshard", "norm_output" },    { "reduce", "norm_output" },
-        { "unshard", "layers.0" },       { "reshard", "layers.0" },       { "unshard", "layers.1" },
     };
-    int nseq = (int)(sizeof seq / sizeof seq[0]);
+    struct { int call, unit; } seq[16];
+    int nseq = 0;
+    for (size_t k = 0; k < sizeof fwd / sizeof fwd[0]; k++) {
+        int c = 0, u = 0;
+        while (strcmp(CALL_NAMES[c], fwd[k][0])) c++;
+        while (strcmp(p->units[u].name, fwd[k][1])) u++;
+        seq[nseq].call = c, seq[nseq++].unit = u;
+    }
+    seq[nseq].call = 0, seq[nseq++].unit = pa;
+    seq[nseq].call = 1, seq[nseq++].unit = pa;
+    seq[nseq].call = 0, seq[nseq++].unit = pb;
     memset(cursor, 0, sizeof cursor);
     memset(live, 0, sizeof live);
     for (int k = 0; k < nseq; k++) {
-        int c = 0, u = 0;
-        while (strcmp(CALL_NAMES[c], seq[k][0])) c++;
-        while (strcmp(p->units[u].name, seq[k][1])) u++;
+        int c = seq[k].call, u = seq[k].unit;
         cp_call_effect_of(p, u, CALL_KINDS[c], CALL_NKINDS[c], cursor[u][c], &e);
         int v = cp_call_conflict(p, u, &e, live, &wrote, &held);
         if (k < nseq - 1) {
@@ -788,7 +815,7 @@ static void test_library_order_guards_grads(void **state)
             assert_int_equal(cp_run_call(p, u, CALL_KINDS[c], CALL_NKINDS[c], &cursor[u][c], run_nothing, NULL), 0);
             continue;
         }
-        assert_int_equal(v, l0);
+        assert_int_equal(v, pa);
         assert_int_equal(wrote, CP_BUF_GRADS);
         assert_int_equal(held, CP_BUF_GRADS);
         e.opens = 0; /* its writes alone clash with nothing live */

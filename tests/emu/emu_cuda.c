@@ -53,7 +53,7 @@ static int g_max_delay_us;
 static long n_race, n_rule, n_nccl, n_illegal, n_ops, n_kernels, n_colls, n_graph_launches;
 static char g_fault[32];
 static long g_fault_at, g_fault_seen_calls;
-static int g_fault_rank, g_fault_fired, g_fault_vacuous;
+static int g_fault_rank, g_fault_fired, g_fault_vacuous, g_lost_pending;
 static int g_configured;
 
 static void summary(void);
@@ -124,6 +124,11 @@ void emu_finding(const char *kind, const char *fmt, ...)
 static void summary(void)
 {
     long findings = n_race + n_rule + n_nccl + n_illegal;
+    if (__atomic_load_n(&g_lost_pending, __ATOMIC_RELAXED) > 0) { /* nothing ran after it on its stream */
+        fprintf(stderr, "commplan-emu: rank %d: seeded fault: no op ran after the removed wait on its stream: the "
+                "removed wait was vacuous\n", g_rank);
+        g_fault_vacuous = 1;
+    }
     fprintf(stderr,
             "commplan-emu: rank %d: summary: seed %u, %ld stream ops (%ld kernels, %ld collectives, %ld graph launches); "
             "%ld races, %ld rule violations, %ld NCCL mismatches or deadlocks, %ld illegal accesses%s%s\n",
@@ -771,6 +776,7 @@ static void run_op(op *o, exec_ctx *x)
             int ra = e->h[k].agent;
             x->lost = e->h[k].vc;
             x->has_lost = 1;
+            __atomic_add_fetch(&g_lost_pending, 1, __ATOMIC_RELAXED);
             snprintf(x->lost_what, sizeof x->lost_what, "?");
             if (e->h[k].gen == o->gen) describe(epoch_of(ra, e->h[k].vc.c[ra]), x->lost_what, sizeof x->lost_what);
             pthread_mutex_unlock(&L);
@@ -829,6 +835,7 @@ static void *worker(void *arg)
             int vacuous = 1;
             for (int i = 0; vacuous && i < MAX_AGENTS; i++) vacuous = x.lost.c[i] <= x.vc.c[i];
             x.has_lost = 0;
+            __atomic_sub_fetch(&g_lost_pending, 1, __ATOMIC_RELAXED);
             fprintf(stderr, "commplan-emu: rank %d: seeded fault: %s %s no longer waits for %s%s\n", g_rank,
                     o->label, agents[s->agent].name, x.lost_what,
                     vacuous ? ", but it is ordered after it anyway: the removed wait was vacuous" : "");

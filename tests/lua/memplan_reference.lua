@@ -1,14 +1,15 @@
--- The memory plan's placement and reuse edges as gen/memplan.lua computed
--- them before issue 19 (every buffer against every other: quadratic in
--- units x micro-steps), kept as the reference the linear sweeps must
--- match on small plans: the same offsets, arena size and waits.
+-- The memory plan's placement and reuse edges computed pairwise, as
+-- gen/memplan.lua did before issue 19 (every buffer against every other:
+-- quadratic in units x micro-steps), kept as the reference the linear
+-- sweeps must match on small plans: the same offsets, arena size and
+-- waits, bytes held for overlap included.
 local memplan = require("gen.memplan")
 
 local reference = {}
 
-local function overlap_in_time(a, b)
-  for _, x in ipairs(a.lives) do
-    for _, y in ipairs(b.lives) do
+local function overlap_in_time(a, b, held)
+  for _, x in ipairs(held and a.held or a.lives) do
+    for _, y in ipairs(held and b.held or b.lives) do
       if x.first <= y.last and y.first <= x.last then return true end
     end
   end
@@ -27,9 +28,12 @@ local function latest_end_before(q, seq)
   return found
 end
 
--- arena: memplan.build's result (its buffers' sizes and lives are reused;
--- the offsets are recomputed here). Returns { offsets = buffer -> offset,
--- arena_bytes, waits }.
+-- arena: memplan.build's result (its buffers' sizes, lives, held lives
+-- and the budget are reused; the offsets are recomputed here: where the
+-- plan holds bytes for overlap, each buffer at the lowest offset clear of
+-- the placed buffers whose held lives meet its own, unless that ends past
+-- the budget, then clear of those whose lives meet its own). Returns
+-- { offsets = buffer -> offset, arena_bytes, waits }.
 function reference.build(ops, arena)
   local order = {}
   for i, b in ipairs(arena.buffers) do order[i] = b end
@@ -38,26 +42,35 @@ function reference.build(ops, arena)
     if a.unit ~= b.unit then return a.unit < b.unit end
     return a.kind_index < b.kind_index
   end)
+  local holding = arena.policy ~= "reuse"
+  local budget = arena.budget_bytes or math.huge
   local at, placed, total = {}, {}, 0
   local view = {}
-  for _, b in ipairs(order) do view[b] = { size = b.size, lives = b.lives, pool = b.pool } end
+  for _, b in ipairs(order) do
+    view[b] = { size = b.size, lives = b.lives, held = b.held or b.lives, pool = b.pool }
+  end
+  local function fit(v, held)
+    local busy = {}
+    for _, q in ipairs(placed) do
+      if q.pool ~= v.pool or overlap_in_time(v, q, held) then busy[#busy + 1] = q end
+    end
+    table.sort(busy, function(x, y) return x.offset < y.offset end)
+    local off = 0
+    for _, q in ipairs(busy) do
+      if off + v.size <= q.offset then break end
+      off = math.max(off, q.offset + q.size)
+    end
+    return off
+  end
   for _, b in ipairs(order) do
     local v = view[b]
     if #b.lives == 0 or b.size == 0 then
       v.offset = 0
     else
-      local busy = {}
-      for _, q in ipairs(placed) do
-        if q.pool ~= v.pool or overlap_in_time(v, q) then busy[#busy + 1] = q end
-      end
-      table.sort(busy, function(x, y) return x.offset < y.offset end)
-      local off = 0
-      for _, q in ipairs(busy) do
-        if off + v.size <= q.offset then break end
-        off = math.max(off, q.offset + q.size)
-      end
-      v.offset = off
-      total = math.max(total, off + v.size)
+      local off = holding and fit(v, true)
+      if off and off + v.size > budget then off = nil end
+      v.offset = off or fit(v, false)
+      total = math.max(total, v.offset + v.size)
       placed[#placed + 1] = v
     end
     at[b] = v.offset

@@ -96,6 +96,158 @@ function T.llama70b_rank_fits_one_gpu()
   if n > 12 * #p.layout.units then error("too many event waits: " .. n) end
 end
 
+-- Issue 19: the arena never makes the compute stream wait on a collective
+-- while the rank's memory has room. llama70b once waited ~8.35 ms per
+-- layer (copy_out of layers.78 on the bytes reduce_scatter of layers.79
+-- still read): 2.75 s predicted, 1.05 s exposed. Now every wait of a
+-- compute op on a collective is its data's or finds the collective done.
+function T.llama70b_compute_never_waits_for_reused_bytes()
+  local figures = require("gen.figures")
+  local audit = require("gen.audit")
+  local p = plan.from_file("plans/llama70b.lua")
+  local a, fig = p.arena, figures.of(p)
+  local tl = fig.timeline
+  H.eq(a.policy, "hold", "policy with 54 GiB free")
+  for _, o in ipairs(p.ops) do
+    if o.stream == "compute" then
+      local data = a.data_needs[o.seq] or {}
+      for _, j in ipairs(a.waits[o.seq] or {}) do
+        local q = p.ops[j + 1]
+        if q.group and q.stream ~= "compute" and not data[j] and tl.ops[j].finish > tl.ops[o.seq].start then
+          error(string.format("op %d %s %s waits for op %d %s %s for reused bytes", o.seq, o.kind,
+            p.layout.units[o.unit + 1].name, j, q.kind, p.layout.units[q.unit + 1].name))
+        end
+      end
+    end
+  end
+  H.eq(#fig.memory_plan.waits, 0, "costly waits")
+  H.eq(fig.step_us, figures.round(a.free_step_us), "the step is the one with no arena waits")
+  if fig.step_us > 2.1e6 or fig.exposed_us > 0.4e6 then
+    error(string.format("llama70b: step %.0f us, exposed %.0f us", fig.step_us, fig.exposed_us))
+  end
+  -- The trade, stated: the bytes it holds against the waits it avoids.
+  if not (a.reuse_step_us > 2.7e6 and a.reuse_wait_us > 0.6e6 and a.arena_bytes > a.reuse_bytes) then
+    error(string.format("llama70b: reusing at once: step %.0f us, compute waits %.0f us, %d vs %d bytes",
+      a.reuse_step_us, a.reuse_wait_us, a.reuse_bytes, a.arena_bytes))
+  end
+  local md = audit.schedule_md(p, audit.fingerprint(p))
+  local row = md:match("\n| memory plan | ([^\n]*) |\n")
+  assert(row, "SCHEDULE.md has a memory plan row")
+  for _, want in ipairs({ "reduce-scatter inputs", "more than reusing them at once (1.04 GiB)",
+                          "which would make the compute stream wait 678.24 ms (step 2.75 s instead of 2.08 s)",
+                          "no reuse of arena bytes delays an op" }) do
+    if not row:find(want, 1, true) then error(string.format("memory plan row %q lacks %q", row, want)) end
+  end
+end
+
+-- llama70b's source with the GPU's memory replaced (decimal GB).
+local function with_gpu_memory(gb)
+  local fh = assert(io.open("plans/llama70b.lua", "rb"))
+  local src = fh:read("a")
+  fh:close()
+  return "local p = (function() " .. src .. "\nend)()\np.topology.gpu_memory_GB = " .. string.format("%.17g", gb)
+    .. "\nreturn p"
+end
+
+-- Where the memory verdict leaves too little room to hold the bytes, the
+-- arena reuses them at once, within the room, and says which waits that
+-- adds and what they cost (SCHEDULE.md's summary and warnings, plan.json).
+function T.short_memory_reuses_and_reports_its_waits()
+  local figures = require("gen.figures")
+  local audit = require("gen.audit")
+  local json = require("gen.json")
+  local roomy = plan.from_file("plans/llama70b.lua").arena
+  -- Room for the arena reusing at once and a tenth of what holding adds.
+  local state = 80e9 - roomy.budget_bytes
+  local room = roomy.reuse_bytes + (roomy.hold_bytes - roomy.reuse_bytes) / 10
+  local p = plan.from_source(with_gpu_memory((state + room) / 1e9), "plans/llama70b.lua")
+  local a, fig = p.arena, figures.of(p)
+  H.eq(a.policy, "reuse", "policy when memory is short")
+  H.eq(a.arena_bytes, roomy.reuse_bytes, "arena bytes")
+  assert(a.arena_bytes <= a.budget_bytes, "the arena stays within the room")
+  H.eq(fig.memory.fits, true, "the rank fits")
+  local mp = fig.memory_plan
+  -- Each layer's copy-out waits for the reduce-scatter whose input its bytes held.
+  local copy_outs, cost = 0, 0
+  for _, x in ipairs(mp.waits) do
+    local o, q = p.ops[x.op + 1], p.ops[x.waits_for + 1]
+    assert(x.cost_us > 0, "a listed wait costs time")
+    if o.kind == "copy_out" and q.kind == "reduce_scatter" then
+      copy_outs, cost = copy_outs + 1, cost + x.cost_us
+      H.eq(o.stream, "compute", "copy_out's stream")
+    end
+  end
+  H.eq(copy_outs, 81, "copy-outs waiting for a reduce-scatter")
+  if math.abs(cost - mp.wait_us) > 1 or cost < 0.6e6 then
+    error(string.format("compute waits: %.3f us listed, %.3f us in all", cost, mp.wait_us))
+  end
+  H.eq(fig.step_us, figures.round(roomy.reuse_step_us), "the step reusing at once")
+  local md = audit.schedule_md(p, audit.fingerprint(p))
+  local row = md:match("\n| memory plan | ([^\n]*) |\n")
+  for _, want in ipairs({ "reuses bytes at once", "(memory short)", "82 waits for reused arena bytes delay ops, "
+                          .. "the compute stream by 678.24 ms", "2.08 s with room to keep them" }) do
+    if not row:find(want, 1, true) then error(string.format("memory plan row %q lacks %q", row, want)) end
+  end
+  local warned
+  for _, w in ipairs(fig.warnings or audit.analysis(p).warnings) do
+    if w:find("memory short", 1, true) then warned = w end
+  end
+  assert(warned, "a warning lists the waits")
+  assert(warned:find("copy_out of layers.79-0, tok_embeddings (compute stream) waits for reduce_scatter of "
+    .. "norm_output, layers.79-0: 81 ops, 678.24 ms", 1, true), warned)
+  local doc = json.decode(audit.json(p, audit.fingerprint(p)))
+  local jm = doc.audit.memory_plan
+  H.eq(jm.policy, "reuse", "plan.json policy")
+  H.eq(#jm.costly_waits, #mp.waits, "plan.json costly waits")
+  H.eq(jm.compute_wait_us, mp.wait_us, "plan.json compute wait")
+  H.eq(jm.hold_arena_bytes, roomy.hold_bytes, "plan.json: what holding needs")
+end
+
+-- Unsharded grads live from their first backward: without resharding
+-- after forward, the unshard that serves the backward is the forward's,
+-- and the grads were counted live from its copy-out (llama70b: every
+-- layer's grads through the whole forward, a 35.9 GB arena). Where the
+-- backward has its own unshard, from that copy-out (the library's
+-- cp_gpu_unshard orders them), as before.
+function T.grads_live_from_their_first_backward()
+  local fh = assert(io.open("plans/llama70b.lua", "rb"))
+  local src = fh:read("a")
+  fh:close()
+  local p = plan.from_source("local p = (function() " .. src .. "\nend)()\np.fsdp.reshard_after_forward = false"
+    .. "\nreturn p", "plans/llama70b.lua")
+  local q = plan.from_file("plans/llama70b.lua")
+  for _, x in ipairs({ { p, "without resharding" }, { q, "resharding" } }) do
+    local pl, what = x[1], x[2]
+    -- Each unit's first backward, and its latest copy-out before it if no
+    -- other unit computed since (the unshard serving that backward).
+    local first_bwd, out_before, others = {}, {}, {}
+    for _, o in ipairs(pl.ops) do
+      if o.kind == "copy_out" then out_before[o.unit], others[o.unit] = o.seq, false end
+      if o.kind == "backward" and not first_bwd[o.unit] then
+        first_bwd[o.unit] = others[o.unit] and o.seq or out_before[o.unit]
+      end
+      if o.kind == "forward" or o.kind == "backward" then
+        for unit in pairs(others) do if unit ~= o.unit then others[unit] = true end end
+      end
+    end
+    local from_backward = 0
+    for _, u in ipairs(pl.layout.units) do
+      local b = pl.arena.by_unit[u.index].grads
+      if first_bwd[u.index] and #b.lives > 0 then
+        H.eq(b.lives[1].first, first_bwd[u.index], what .. ": " .. u.name .. " grads live from")
+        if pl.ops[first_bwd[u.index] + 1].kind == "backward" then from_backward = from_backward + 1 end
+      end
+    end
+    -- without resharding every unit but the last to run forward; with it,
+    -- only the units the backward does not gather again (the root's)
+    H.eq(from_backward, pl == p and 81 or 0, what .. ": units whose grads open at their backward")
+  end
+  local l0 = p.arena.by_unit[p.layout.units[3].index].grads
+  H.eq(p.layout.units[3].name, "layers.0", "unit")
+  H.eq(l0.lives[1].first > 1500, true, "layers.0's grads open in the backward")
+  if p.arena.arena_bytes > 20e9 then error(string.format("arena %d bytes without resharding", p.arena.arena_bytes)) end
+end
+
 -- Buffers that never coexist share offsets; ones that do, never.
 function T.two_units_reuse_one_region()
   local p = plan.from_source(H.generic(2, "{ dp_shard = 2 }",
@@ -174,6 +326,17 @@ end
 -- per-cell arrays and over segment trees alike.
 function T.sweeps_match_the_pairwise_planner()
   local reference = require("memplan_reference")
+  local function same_as_reference(p, what)
+    local want = reference.build(p.ops, p.arena)
+    H.eq(p.arena.arena_bytes, want.arena_bytes, what .. " arena bytes")
+    for _, b in ipairs(p.arena.buffers) do
+      H.eq(b.offset, want.offsets[b], what .. " offset of " .. b.unit_name .. "/" .. b.kind)
+    end
+    for i = 0, #p.ops - 1 do
+      H.list_eq(p.arena.waits[i] or {}, want.waits[i] or {}, what .. " waits of op " .. i)
+    end
+  end
+  local policies = {}
   local edits = { "", "p.fsdp.micro_steps = 3", "p.fsdp.micro_steps = 3 p.fsdp.grad_accumulation = 'sync_last'",
                   "p.fsdp.micro_steps = 3 p.fsdp.grad_accumulation = 'all_reduce_last'",
                   "p.fsdp.micro_steps = 3 p.fsdp.grad_accumulation = 'step_end'",
@@ -189,17 +352,26 @@ function T.sweeps_match_the_pairwise_planner()
         memplan.FLAT_SPAN = saved
         if not ok then error(p, 0) end
         local what = f .. " [" .. e .. "] flat span " .. flat
-        local want = reference.build(p.ops, p.arena)
-        H.eq(p.arena.arena_bytes, want.arena_bytes, what .. " arena bytes")
-        for _, b in ipairs(p.arena.buffers) do
-          H.eq(b.offset, want.offsets[b], what .. " offset of " .. b.unit_name .. "/" .. b.kind)
-        end
-        for i = 0, #p.ops - 1 do
-          H.list_eq(p.arena.waits[i] or {}, want.waits[i] or {}, what .. " waits of op " .. i)
+        same_as_reference(p, what)
+        -- Memory short: room for the arena reusing at once and half of
+        -- what holding adds (buffers held while they fit, the rest reused).
+        local a = p.arena
+        if a.hold_bytes and a.hold_bytes > a.reuse_bytes then
+          local gpu = require("gen.compute").settings(p).gpu_memory_bytes
+          local gb = (gpu - a.budget_bytes + a.reuse_bytes + (a.hold_bytes - a.reuse_bytes) // 2) / 1e9
+          memplan.FLAT_SPAN = flat
+          ok, p = pcall(plan.from_source, variant(f, e .. string.format(" p.topology = p.topology or {} "
+            .. "p.topology.gpu_memory_GB = %.17g", gb)), f)
+          memplan.FLAT_SPAN = saved
+          if not ok then error(p, 0) end
+          policies[p.arena.policy] = (policies[p.arena.policy] or 0) + 1
+          same_as_reference(p, what .. " memory short")
         end
       end
     end
   end
+  -- Both ways of falling short are covered.
+  assert(policies.short and policies.reuse, "memory-short variants: short and reuse")
 end
 
 return T
