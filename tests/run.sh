@@ -83,6 +83,8 @@ section "runtime unit tests (cmocka, plain and ASan+UBSan)"
 run "build cmocka tests" $MAKE build/tests/test_runtime build/tests-asan/test_runtime
 run "cmocka runtime tests" build/tests/test_runtime
 run "cmocka runtime tests under ASan+UBSan" build/tests-asan/test_runtime
+run "host fast paths (copies, reductions, patterns) equal the per-element reference, every dtype triple, plain and ASan+UBSan (make test-fastpath)" \
+  $MAKE test-fastpath
 run "build rendezvous tests" $MAKE build/tests/test_rendezvous build/tests-asan/test_rendezvous
 run "NCCL id channels: launcher env, shared id file (4 ranks), TCPStore client vs tests/fake_tcpstore.py" build/tests/test_rendezvous
 run "NCCL id channels under ASan+UBSan" build/tests-asan/test_rendezvous
