@@ -45,4 +45,21 @@ function H.generic(world, parallel, units, fsdp)
   return table.concat(lines, "\n")
 end
 
+-- A file's bytes.
+function H.read(path)
+  local fh = assert(io.open(path, "rb"))
+  local s = fh:read("a")
+  fh:close()
+  return s
+end
+
+-- The shipped plan files, sorted.
+function H.plan_files()
+  local ph = io.popen("ls plans/*.lua")
+  local out = {}
+  for line in ph:lines() do out[#out + 1] = line end
+  ph:close()
+  return out
+end
+
 return H

@@ -13,20 +13,9 @@ local plandiff = require("gen.plandiff")
 local advisor = require("gen.advisor")
 local T = {}
 
-local function read(path)
-  local fh = assert(io.open(path, "rb"))
-  local s = fh:read("a")
-  fh:close()
-  return s
-end
+local read = H.read
 
-local function plan_files()
-  local ph = io.popen("ls plans/*.lua")
-  local out = {}
-  for line in ph:lines() do out[#out + 1] = line end
-  ph:close()
-  return out
-end
+local plan_files = H.plan_files
 
 local SCALE = { us = 1, ms = 1e3, s = 1e6 }
 

@@ -15,12 +15,7 @@ local fold = require("gen.fold")
 local plandiff = require("gen.plandiff")
 local T = {}
 
-local function read(path)
-  local fh = assert(io.open(path, "rb"))
-  local s = fh:read("a")
-  fh:close()
-  return s
-end
+local read = H.read
 
 local function write(path, s)
   local fh = assert(io.open(path, "wb"))
@@ -28,13 +23,7 @@ local function write(path, s)
   fh:close()
 end
 
-local function plan_files()
-  local ph = io.popen("ls plans/*.lua")
-  local out = {}
-  for line in ph:lines() do out[#out + 1] = line end
-  ph:close()
-  return out
-end
+local plan_files = H.plan_files
 
 local function gen(src, path)
   local p = plan.from_source(src, path)

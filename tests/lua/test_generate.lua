@@ -5,12 +5,7 @@ local emit = require("gen.emit")
 local json = require("gen.json")
 local T = {}
 
-local function read(path)
-  local fh = assert(io.open(path, "rb"))
-  local s = fh:read("a")
-  fh:close()
-  return s
-end
+local read = H.read
 
 local function render(path)
   local p = plan.from_file(path)

@@ -9,12 +9,7 @@ local svg = require("gen.svg")
 local opkinds = require("gen.opkinds")
 local T = {}
 
-local function read(path)
-  local fh = assert(io.open(path, "rb"))
-  local s = fh:read("a")
-  fh:close()
-  return s
-end
+local read = H.read
 
 local function generate(path, src)
   local p = plan.from_source(src or read(path), path)
