@@ -10,6 +10,7 @@ local figures = require("gen.figures")
 local trace = require("gen.trace")
 local fold = require("gen.fold")
 local opkinds = require("gen.opkinds")
+local rep_mod = require("gen.repeat")
 
 local audit = {}
 
@@ -48,9 +49,38 @@ local function example_ranks(f)
   return O({ "first_group", first, "last_group", last })
 end
 
--- The plan's facts; for the fingerprint (tables = true) without where the
--- plan file lies: moving a plan must not change what ranks compare.
-local function facts(p, tables)
+-- TP classes beyond class 0 (TP ranks whose TP-local shapes, and so FSDP
+-- slots, differ from TP rank 0's): their layouts; with TP always (empty
+-- when every TP rank holds class 0's), nil without. Outside the
+-- fingerprint's facts (class_facts below hashes every number of them).
+local function tp_classes_facts(p)
+  local tp_classes
+  if p.dims.tp > 1 then
+    tp_classes = {}
+    for c = 2, #p.tp_classes do
+      local cls = p.tp_classes[c]
+      local cu = {}
+      for _, u in ipairs(cls.layout.units) do
+        local params = {}
+        for _, q in ipairs(u.params) do
+          params[#params + 1] = O({ "name", q.name, "shape", q.shape, "numel", q.numel, "chunk", q.chunk,
+            "padded_numel", q.padded, "offset", q.offset, "outer", q.outer, "run", q.run,
+            "grad_offset", q.grad_offset })
+        end
+        cu[#cu + 1] = O({ "name", u.name, "slot_numel", u.total, "grads_numel", u.grads_numel, "vec_ok", u.vec_ok,
+          "params", params })
+      end
+      tp_classes[#tp_classes + 1] = O({ "class", c - 1, "tp_ranks", cls.coords,
+        "arena_bytes", cls.memory.arena_bytes, "units", cu })
+    end
+  end
+  return tp_classes
+end
+
+-- The plan's facts as the fingerprint covers them: not where the plan file
+-- lies (moving a plan must not change what ranks compare), not the TP
+-- classes' layouts (tp_classes_facts; class_facts hashes them).
+local function facts(p)
   local d = p.dims
   local fam_list = {}
   for _, f in ipairs(p.groups.list) do
@@ -85,34 +115,10 @@ local function facts(p, tables)
       "vec_ok", u.vec_ok, "rs_op", u.rs_op, "ar_op", u.ar_op,
       "pre_divide", u.pre_divide, "post_divide", u.post_divide, "arena", O(arena), "params", params })
   end
-  -- TP classes beyond class 0 (TP ranks whose TP-local shapes, and so
-  -- FSDP slots, differ from TP rank 0's): their layouts; with TP always
-  -- (empty when every TP rank holds class 0's). Outside the fingerprint's
-  -- facts (class_facts below hashes every number of them).
-  local tp_classes
-  if not tables and p.dims.tp > 1 then
-    tp_classes = {}
-    for c = 2, #p.tp_classes do
-      local cls = p.tp_classes[c]
-      local cu = {}
-      for _, u in ipairs(cls.layout.units) do
-        local params = {}
-        for _, q in ipairs(u.params) do
-          params[#params + 1] = O({ "name", q.name, "shape", q.shape, "numel", q.numel, "chunk", q.chunk,
-            "padded_numel", q.padded, "offset", q.offset, "outer", q.outer, "run", q.run,
-            "grad_offset", q.grad_offset })
-        end
-        cu[#cu + 1] = O({ "name", u.name, "slot_numel", u.total, "grads_numel", u.grads_numel, "vec_ok", u.vec_ok,
-          "params", params })
-      end
-      tp_classes[#tp_classes + 1] = O({ "class", c - 1, "tp_ranks", cls.coords,
-        "arena_bytes", cls.memory.arena_bytes, "units", cu })
-    end
-  end
   local ops = {}
   for _, o in ipairs(p.ops) do
     ops[#ops + 1] = O({ "seq", o.seq, "kind", o.kind, "unit", p.layout.units[o.unit + 1].name,
-      "phase", o.phase, "micro_step", o.micro_step, "stream", o.stream, "group", o.group, "dtype", o.dtype, "count", o.count,
+      "phase", o.phase, "micro_step", o.micro_step, "times", o.times, "stream", o.stream, "group", o.group, "dtype", o.dtype, "count", o.count,
       "input", o.from_sharded and "sharded" or nil, "reduce_op", o.reduce_op, "size_bytes", o.size_bytes, "wire_bytes", o.wire_bytes,
       "predicted_us", r3(o.predicted_us), "waits_for", p.arena.waits[o.seq] })
   end
@@ -125,7 +131,7 @@ local function facts(p, tables)
     end
   end
   return O({
-    "schema", audit.SCHEMA_VERSION, "plan", p.name, "source", (not tables) and p.source_file or nil,
+    "schema", audit.SCHEMA_VERSION, "plan", p.name,
     "world_size", p.world_size,
     "parallel", O({ "dp_replicate", d.dp_replicate, "dp_shard", d.dp_shard, "cp", d.cp, "tp", d.tp,
                     "pp", d.pp, "ep", d.ep }),
@@ -135,7 +141,12 @@ local function facts(p, tables)
                 "grad_accumulation", p.fsdp.grad_accumulation }),
     "topology", O({ "gpus_per_node", p.topology.gpus_per_node, "intra_node_GBps", p.topology.intra_node_GBps,
                     "inter_node_GBps", p.topology.inter_node_GBps, "latency_us", p.topology.latency_us }),
-    "groups", fam_list, "units", units, "tp_classes", tp_classes, "ops", ops,
+    "groups", fam_list, "units", units,
+    -- a repeated micro-step (gen/repeat.lua): ops[first_seq .. first_seq + ops - 1] run times times, for
+    -- micro-steps micro_first .. micro_last; executed_ops counts every op the executor issues
+    "repeat", p.rep and O({ "first_seq", p.rep.first, "ops", p.rep.n, "times", p.rep.times,
+                            "micro_first", p.rep.micro_first, "micro_last", p.rep.micro_last }),
+    "executed_ops", p.rep and rep_mod.executed_count(p.ops, p.rep), "ops", ops,
     "per_rank_per_step", O({ "by_group", per_family,
       "predicted_comm_us", r3(p.predicted.total_us) }),
     "memory", O({ "persistent_bytes", p.memory.persistent_bytes, "peak_transient_bytes", p.memory.peak_transient_bytes,
@@ -238,22 +249,47 @@ local function class_facts(p)
   return out
 end
 
+-- The fingerprint hashes the facts as plan.json writes them, without
+-- where the plan file lies (source) or the TP classes' layouts
+-- (class_facts hashes every number of them). plan.json is that text with
+-- those, its header and the audit spliced in (the facts encoded once:
+-- p._facts_text, kept from the fingerprint for audit.json).
+local function facts_text(p)
+  return json.encode(facts(p), " ")
+end
+
 function audit.fingerprint(p)
-  local s = json.encode(facts(p, true))
+  local text = facts_text(p)
+  p._facts_text = text
   local extra = class_facts(p)
-  if #extra > 0 then s = s .. json.encode(extra) end
-  return plan_mod.fnv1a64(s)
+  return plan_mod.hash64(#extra > 0 and text .. json.encode(extra) or text)
+end
+
+-- One top-level pair as plan.json writes it: "\n \"key\": value".
+local function pair_text(k, v)
+  local s = json.encode(O({ k, v }), " ")
+  return s:sub(2, -3)
+end
+
+-- text with ins put before the first top-level key of keys that it holds.
+local function insert_before(text, keys, ins)
+  for _, k in ipairs(keys) do
+    local at = text:find("\n " .. json.quote(k) .. ": ", 1, true)
+    if at then return text:sub(1, at - 1) .. ins .. text:sub(at) end
+  end
+  error("internal: plan.json lacks every one of " .. table.concat(keys, ", "), 0)
 end
 
 function audit.json(p, fp)
-  local doc = facts(p)
-  table.insert(doc.kv, 1, "generated by commplan from " .. p.source_file .. "; do not edit")
-  table.insert(doc.kv, 1, "_comment")
-  table.insert(doc.kv, 3, "fingerprint")
-  table.insert(doc.kv, 4, fp)
-  doc.kv[#doc.kv + 1] = "audit"
-  doc.kv[#doc.kv + 1] = audit_facts(p)
-  return json.encode(doc, " ") .. "\n"
+  local text = p._facts_text or facts_text(p)
+  p._facts_text = nil
+  text = "{" .. pair_text("_comment", "generated by commplan from " .. p.source_file .. "; do not edit") .. ","
+    .. text:sub(2)
+  text = insert_before(text, { "plan" }, pair_text("fingerprint", fp) .. ",")
+  text = insert_before(text, { "world_size" }, pair_text("source", p.source_file) .. ",")
+  local tp_classes = tp_classes_facts(p)
+  if tp_classes then text = insert_before(text, { "repeat", "ops" }, pair_text("tp_classes", tp_classes) .. ",") end
+  return text:sub(1, -3) .. "," .. pair_text("audit", audit_facts(p)) .. "\n}\n"
 end
 
 function audit.trace_json(p, fp)
@@ -289,11 +325,12 @@ function audit.zero_copy_in(p)
   local out = { ops = 0, all_gathers = 0, bytes = 0 }
   for _, o in ipairs(p.ops) do
     if o.kind == "all_gather" then
-      out.all_gathers = out.all_gathers + 1
+      local times = o.times or 1
+      out.all_gathers = out.all_gathers + times
       if o.from_sharded then
         local u = p.layout.units[o.unit + 1]
-        out.ops = out.ops + 1
-        out.bytes = out.bytes + 2 * u.total * layout.DTYPE_BYTES[u.orig_dtype]
+        out.ops = out.ops + times
+        out.bytes = out.bytes + 2 * u.total * layout.DTYPE_BYTES[u.orig_dtype] * times
       end
     end
   end
@@ -464,7 +501,7 @@ function audit.warnings(p, a)
     end
     local gr = seen[key]
     if gr.units[#gr.units] ~= o.unit then gr.units[#gr.units + 1] = o.unit end
-    gr.ops = (gr.ops or 0) + 1
+    gr.ops = (gr.ops or 0) + (o.times or 1)
     gr.total = gr.total + us
     gr.max = math.max(gr.max, us)
   end
@@ -697,7 +734,7 @@ local function collectives_text(p, fname, rec)
   for _, o in ipairs(p.ops) do
     if o.group == fname then
       if not counts[o.kind] then counts[o.kind] = 0; order[#order + 1] = o.kind end
-      counts[o.kind] = counts[o.kind] + 1
+      counts[o.kind] = counts[o.kind] + (o.times or 1)
     end
   end
   local t = {}
@@ -1004,6 +1041,12 @@ function audit.md_tp_classes(p, w)
   w("")
 end
 
+-- An op's micro-step, or the micro-steps its row stands for.
+local function micro_text(o)
+  if o.times then return string.format("%d-%d", o.micro_step, o.micro_step + o.times - 1) end
+  return tostring(o.micro_step)
+end
+
 function audit.md_ops(p, w)
   w("### Ops in issue order")
   w("")
@@ -1012,6 +1055,12 @@ function audit.md_ops(p, w)
   w("across streams); nothing else orders it. Folded rows stand for a run of ops, one per unit:")
   w("`#` reads first-last/step, and their waits are given relative to the op (-3: three ops earlier).")
   w("Sizes and counts per op are in plan.json.")
+  if p.rep then
+    w("Micro-steps %d-%d issue the same %d ops each: their rows (micro `%d-%d`) are listed once and run %d times,",
+      p.rep.micro_first, p.rep.micro_last, p.rep.n, p.rep.micro_first, p.rep.micro_last, p.rep.times)
+    w("each repetition waiting for the latest run of the ops it names (the executor's ops %d-%d).", p.rep.first,
+      p.rep.first + p.rep.times * p.rep.n - 1)
+  end
   w("")
   w("| # | micro | phase | op | unit | stream | waits for | group |")
   w("|---|---|---|---|---|---|---|---|")
@@ -1034,13 +1083,13 @@ function audit.md_ops(p, w)
       if run.reps == 1 then
         local waits = {}
         for k, s in ipairs(p.arena.waits[o.seq] or {}) do waits[k] = tostring(s) end
-        w("| %d | %d | %s | %s | %s | %s | %s | %s |", o.seq, o.micro_step, o.phase, o.kind, unit_name(p, o.unit),
+        w("| %d | %s | %s | %s | %s | %s | %s | %s |", o.seq, micro_text(o), o.phase, o.kind, unit_name(p, o.unit),
           o.stream, table.concat(waits, " "), o.group or "-")
       else
         local last = first + (run.reps - 1) * run.period
         local names = {}
         for r = 0, run.reps - 1 do names[#names + 1] = unit_name(p, p.ops[first + r * run.period].unit) end
-        w("| %d-%d/%d | %d | %s | %s | %s | %s | %s | %s |", o.seq, p.ops[last].seq, run.period, o.micro_step,
+        w("| %d-%d/%d | %s | %s | %s | %s | %s | %s | %s |", o.seq, p.ops[last].seq, run.period, micro_text(o),
           o.phase, o.kind, fold.unit_range(names), o.stream, table.concat(items[first].rel, " "), o.group or "-")
       end
     end

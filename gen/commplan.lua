@@ -361,6 +361,11 @@ local function check_mode(files, names, plan_path, outdir)
 end
 
 local function main(argv)
+  -- Generation allocates many short-lived tables (a row per op per
+  -- stage): collecting when the heap has grown 4x rather than 2x, in
+  -- larger steps, saves a fifth of a 1,000-layer plan's time for a third
+  -- more peak memory, still linear in the ops (bench/gen_time.sh).
+  collectgarbage("incremental", 400, 400)
   -- Audit verbs: lua5.4 gen/commplan.lua diff A B | advise PLAN [--world-size N]
   if argv[1] == "diff" or argv[1] == "advise" then return require("gen.verbs").main(argv) end
   local check = false

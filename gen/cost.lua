@@ -35,12 +35,14 @@ function cost.predict(ops, fams, topo)
       o.wire_bytes = math.floor(wire + 0.5)
       o.intra_node = intra[o.group]
       o.predicted_us = topo.latency_us * steps + wire / (bw * 1e3)
-      total_us = total_us + o.predicted_us
+      -- a repeated micro-step's op counts once per repetition (gen/repeat.lua)
+      local times = o.times or 1
+      total_us = total_us + o.predicted_us * times
       local acc = per_family[o.group] or { ops = 0, size_bytes = 0, wire_bytes = 0, us = 0 }
-      acc.ops = acc.ops + 1
-      acc.size_bytes = acc.size_bytes + size
-      acc.wire_bytes = acc.wire_bytes + o.wire_bytes
-      acc.us = acc.us + o.predicted_us
+      acc.ops = acc.ops + times
+      acc.size_bytes = acc.size_bytes + size * times
+      acc.wire_bytes = acc.wire_bytes + o.wire_bytes * times
+      acc.us = acc.us + o.predicted_us * times
       per_family[o.group] = acc
     end
   end

@@ -2,6 +2,7 @@
 local util = require("gen.util")
 local memplan = require("gen.memplan")
 local opkinds = require("gen.opkinds")
+local rep_mod = require("gen.repeat")
 
 local emit = {}
 
@@ -50,7 +51,7 @@ end
 -- One TP class's tables (layout, ops, waits) as C rows. Parameter and
 -- unit rows are indexed by the plan's enumerators, so a row cannot drift
 -- from the name the header gives it.
-local function class_tables(p, cls, NAME)
+local function class_tables(p, cls, NAME, cls_suffix)
   local lay, arena = cls.layout, cls.arena
   local ul, pl = {}, {}
   local pidx = 0
@@ -84,30 +85,51 @@ local function class_tables(p, cls, NAME)
   end
   -- Ops whose completion a later op waits on get an event slot; an op's
   -- waits are a run of slots in the waits table.
-  local ol, slot, wl = {}, {}, {}
-  for i, seq in ipairs(arena.events) do slot[seq] = i - 1 end
+  local ol, wl = {}, {}
+  local slot, nslots = rep_mod.slots(arena.events, cls.rep)
   -- One format per row (what fields() would write): a step holds units x
   -- micro-steps of them.
   local kind_c, stream_c, NONE = {}, {}, {}
   for _, d in ipairs(opkinds.LIST) do kind_c[d.name] = "CP_OP_" .. d.name:upper() end
   for _, name in ipairs(opkinds.STREAMS) do stream_c[name] = "CP_STREAM_" .. name:upper() end
   local fmt = string.format
+  -- A repeated micro-step (gen/repeat.lua): its rows once, in a macro
+  -- that the table invokes once per repetition (index and micro-step
+  -- moved along); rows after it move by the repetitions.
+  local rep = cls.rep
+  local macro = rep and fmt("%s_OPS%s_REPEAT", NAME, cls_suffix)
+  local shift = rep and (rep.times - 1) * rep.n or 0
   for _, o in ipairs(cls.ops) do
     local fam = o.group and p.groups.by_name[o.group].id or -1
     local waits = arena.waits[o.seq] or NONE
     local nw = #waits
-    local head = fmt("    [%d] = { .kind = %s, .unit = %s, .family = %s, .stream = %s, ", o.seq,
+    local in_run = rep and o.seq >= rep.first and o.seq < rep.first + rep.n
+    if in_run and o.seq == rep.first then
+      ol[#ol + 1] = fmt("    /* micro-steps %d .. %d: the same %d ops each, these rows run %d times */",
+        rep.micro_first, rep.micro_last, rep.n, rep.times)
+      ol[#ol + 1] = fmt("#define %s(k) \\", macro)
+    end
+    local index = in_run and fmt("%d + (k) * %d", o.seq, rep.n) or tostring(rep and o.seq >= rep.first + rep.n
+      and o.seq + shift or o.seq)
+    local head = fmt("    [%s] = { .kind = %s, .unit = %s, .family = %s, .stream = %s, ", index,
       kind_c[o.kind] or ("CP_OP_" .. o.kind:upper()), o.unit, fam, stream_c[o.stream] or ("CP_STREAM_" .. o.stream:upper()))
     if o.group or o.count then
       head = head .. fmt(".dtype = %s, .count = %s, .reduce_op = %s, ", DT[o.dtype], o.count, RED[o.reduce_op or "sum"])
     end
-    ol[#ol + 1] = head .. fmt(".micro_step = %s, .event = %s, .wait_first = %s, .wait_count = %s%s },", o.micro_step,
-      slot[o.seq] or -1, nw > 0 and #wl or 0, nw, o.from_sharded and ", .from_sharded = 1" or "")
+    local micro = in_run and fmt("%d + (k)", o.micro_step) or o.micro_step
+    ol[#ol + 1] = head .. fmt(".micro_step = %s, .event = %s, .wait_first = %s, .wait_count = %s%s },%s", micro,
+      slot[o.seq] or -1, nw > 0 and #wl or 0, nw, o.from_sharded and ", .from_sharded = 1" or "",
+      in_run and o.seq < rep.first + rep.n - 1 and " \\" or "")
     for _, w in ipairs(waits) do wl[#wl + 1] = tostring(slot[w]) end
+    if in_run and o.seq == rep.first + rep.n - 1 then
+      for k = 0, rep.times - 1 do ol[#ol + 1] = fmt("    %s(%d)", macro, k) end
+      ol[#ol + 1] = "#undef " .. macro
+    end
   end
   return { params = table.concat(pl, "\n"), units = table.concat(ul, "\n"), ops = table.concat(ol, "\n"),
            waits = #wl > 0 and table.concat(wl, ", ") or "-1 /* none */", nwaits = #wl,
-           nevents = #arena.events, arena_bytes = arena.arena_bytes, nparams = pidx, nops = #cls.ops }
+           nevents = nslots, arena_bytes = arena.arena_bytes, nparams = pidx,
+           nops = rep_mod.executed_count(cls.ops, cls.rep) }
 end
 
 -- The C declarations of TP classes 1.. (class 0's tables are plan.c's
@@ -154,12 +176,12 @@ function emit.vars(p, fp)
       fields({ "name", cstr(f.name), "axis_mask", string.format("0x%xu", mask), "size", f.size }))
   end
   local classes = p.tp_classes
-  local c0 = class_tables(p, classes[1], NAME)
+  local c0 = class_tables(p, classes[1], NAME, "")
   v.params, v.units, v.ops, v.waits = c0.params, c0.units, c0.ops, c0.waits
   v.nevents, v.arena_bytes, v.nwaits, v.nwaits_storage = c0.nevents, c0.arena_bytes, c0.nwaits, math.max(c0.nwaits, 1)
   local extra, rows = {}, {}
   for c, cls in ipairs(classes) do
-    local t = c == 1 and c0 or class_tables(p, cls, NAME)
+    local t = c == 1 and c0 or class_tables(p, cls, NAME, "_" .. (c - 1))
     local suffix = c == 1 and "" or ("_" .. (c - 1))
     if c > 1 then
       extra[#extra + 1] = emit.fill(CLASS_TEMPLATE, { c = c - 1, coords = table.concat(cls.coords, ", "),
@@ -182,7 +204,7 @@ function emit.vars(p, fp)
   local shard = p.groups.by_name.fsdp
   v.unit_enum, v.param_enum, v.group_enum = table.concat(ue, "\n"), table.concat(pe, "\n"), table.concat(ge, "\n")
   v.families = table.concat(fl, "\n")
-  v.nunits, v.nparams, v.nfamilies, v.nops = #lay.units, pidx, #p.groups.list, #p.ops
+  v.nunits, v.nparams, v.nfamilies, v.nops = #lay.units, pidx, #p.groups.list, c0.nops
   v.mesh_ndim, v.mesh_names, v.mesh_sizes = #p.mesh.names, table.concat(mn, ", "), table.concat(ms, ", ")
   v.shard_family = (shard and shard.size > 1) and shard.id or -1
   v.replicate_family = p.groups.by_name.dp_replicate and p.groups.by_name.dp_replicate.id or -1

@@ -71,7 +71,7 @@ function figures.of(p, opts)
   for _, o in ipairs(p.ops) do
     local row = o.group and by_name[o.group]
     if row then
-      row.us = row.us + tl.ops[o.seq].dur
+      row.us = row.us + tl.ops[o.seq].dur * (o.times or 1)
       row.exposed_us = row.exposed_us + (tl.exposed_by[o.seq] or 0) + (tl.recompute_by[o.seq] or 0)
     end
   end

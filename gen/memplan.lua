@@ -707,12 +707,31 @@ function memplan.costly_waits(ops, waits, data, times)
       local cost = times[seq].start - ready
       if cost > 1e-6 then
         list[#list + 1] = { op = seq, waits_for = mine, stream = o.stream, cost_us = cost }
-        if o.stream == "compute" then compute_us = compute_us + cost end
+        if o.stream == "compute" then compute_us = compute_us + cost * (o.times or 1) end
       end
     end
     prev[o.stream] = seq
   end
   return list, compute_us
+end
+
+-- The needs (data dependencies and arena-reuse edges) of ops under a
+-- placement given as offsets (unit index -> kind -> byte offset): what
+-- tests/lua/test_repeat.lua proves a repeated micro-step's rows against,
+-- over the ops as the executor issues them.
+function memplan.needs_for(lay, ops, offset_of)
+  local life = lifetimes(lay, ops)
+  local placed = {}
+  for _, u in ipairs(lay.units) do
+    local sz = sizes_of(lay, u)
+    for ki, kind in ipairs(memplan.KINDS) do
+      local b = { unit = u.index, unit_name = u.name, kind = kind, kind_index = ki, pool = memplan.POOL[kind],
+                  size = util.ceil_div(sz[kind], memplan.ALIGN) * memplan.ALIGN, bytes = sz[kind],
+                  lives = life[u.index][kind], offset = offset_of[u.index][kind] }
+      if #b.lives > 0 and b.size > 0 then placed[#placed + 1] = b end
+    end
+  end
+  return (waits_of(placed, ops, memplan.data_needs(ops)))
 end
 
 -- lay, ops, opts -> { arena_bytes, buffers = list, by_unit = unit index -> kind -> buffer,

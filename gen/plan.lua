@@ -13,6 +13,7 @@ local util = require("gen.util")
 local compute = require("gen.compute")
 local timeline = require("gen.timeline")
 local whole_rank = require("gen.memory")
+local repeat_mod = require("gen.repeat")
 
 local plan = {}
 
@@ -46,9 +47,10 @@ local function attach_tp(lay, local_units)
   end
 end
 
+local build_class
 -- One TP class: layout, schedule, proofs, cost and memory plan of its
 -- TP-local shapes (the whole plan without TP).
-local function build_class(ctx, cls, d, fams, p, cfg)
+function build_class(ctx, cls, d, fams, p, cfg, expand)
   local lay = layout.build(ctx, cls.units, d, p.fsdp)
   attach_tp(lay, cls.units)
   if p.model.family == "llama" then
@@ -57,29 +59,45 @@ local function build_class(ctx, cls, d, fams, p, cfg)
                                         sequence_parallel = p.parallel.sequence_parallel,
                                         loss_parallel = p.parallel.loss_parallel })
   end
-  local ops = schedule.build(lay, fams, p.fsdp)
-  verify.all(lay, fams, ops, p.fsdp)
+  local ops, rep = schedule.build(lay, fams, p.fsdp, { expand = expand })
+  verify.all(lay, fams, ops, p.fsdp, rep)
   local predicted = cost.predict(ops, fams, p.topology)
   -- The memory plan places buffers for overlap where the rank's memory
   -- has room: it predicts the class's step (gen/timeline.lua, the audit's
   -- own model) with the waits it weighs, and takes the memory verdict's
   -- free bytes as its budget.
-  local view = { ops = ops, layout = lay, dims = d, model = p.model, model_config = cfg, fsdp = p.fsdp,
+  local view = { ops = ops, rep = rep, layout = lay, dims = d, model = p.model, model_config = cfg, fsdp = p.fsdp,
                  topology = p.topology, training = p.training, arena = {} }
   local s = compute.settings(view)
   local per_unit = compute.units(view, s)
   local arena = memplan.build(lay, ops, {
     budget = whole_rank.arena_room(view, s, per_unit),
     predict = function(waits)
-      view.arena.waits = waits
+      view.arena.waits = repeat_mod.strengthen(waits, rep)
       return timeline.build(view, s, per_unit)
     end,
   })
+  if rep then
+    -- A repeated micro-step's rows must mean the same on every
+    -- repetition (gen/repeat.lua); where they would not, the step is
+    -- planned in full.
+    if repeat_mod.check(arena.needs, rep) then return build_class(ctx, cls, d, fams, p, cfg, true) end
+    repeat_mod.share_events(ops, arena, rep)
+    -- The predicted step counts the third copy once per repetition: exact
+    -- when it runs as the copy before it did, shifted by one micro-step
+    -- (compute-bound steps; a comm-bound one whose queues grow is not).
+    view.arena = arena
+    if not repeat_mod.periodic(timeline.build(view, s, per_unit), rep) then
+      return build_class(ctx, cls, d, fams, p, cfg, true)
+    end
+  end
   local memory = cost.memory(lay, ops, arena)
-  return { coords = cls.coords, layout = lay, ops = ops, predicted = predicted, arena = arena, memory = memory }
+  return { coords = cls.coords, layout = lay, ops = ops, rep = rep, predicted = predicted, arena = arena,
+           memory = memory }
 end
 
-function plan.from_loaded(p)
+-- opts.expand: plan a repeated micro-step in full (gen/repeat.lua; the tests compare the two).
+function plan.from_loaded(p, opts)
   local ctx = p.ctx
   local d = dims.infer(ctx, p.parallel, p.world_size)
   load_plan.check_nodes(ctx, p.world_size, p.topology.gpus_per_node, ctx and ctx.nodes_given)
@@ -112,14 +130,14 @@ function plan.from_loaded(p)
   end
   local split = tp.classes(units, d.tp)
   local classes = {}
-  for c, cls in ipairs(split.classes) do classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config) end
+  for c, cls in ipairs(split.classes) do classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config, opts and opts.expand) end
   tp.check_same_tp_sequence(classes)
   -- Class 0 (TP rank 0's) is the plan's face for the audit; every class is in the tables.
   local first = classes[1]
   return {
     name = p.name, source_file = p.source_file, world_size = p.world_size, dims = d, mesh = mesh,
     model = p.model, model_config = model_numbers.config, fsdp = p.fsdp, topology = p.topology, training = p.training,
-    layout = first.layout, groups = fams, ops = first.ops, predicted = first.predicted, memory = first.memory,
+    layout = first.layout, groups = fams, ops = first.ops, rep = first.rep, predicted = first.predicted, memory = first.memory,
     arena = first.arena, tp_classes = classes, class_of_tp = split.class_of,
   }
 end
@@ -128,27 +146,35 @@ function plan.from_file(path)
   return plan.from_loaded(load_plan.file(path))
 end
 
-function plan.from_source(source, path)
-  return plan.from_loaded(load_plan.source(source, path))
+function plan.from_source(source, path, opts)
+  return plan.from_loaded(load_plan.source(source, path), opts)
 end
 
--- FNV-1a 64-bit over a string, as 16 hex digits.
--- Sixteen bytes per string.byte call (the loop's cost is the calls, not
--- the arithmetic: a fingerprint covers every op of the step).
-function plan.fnv1a64(s)
+-- A 64-bit hash of a string, as 16 hex digits: FNV-1a's offset basis and
+-- prime over the string's 8-byte little-endian words (the tail padded with
+-- zero bytes, the length mixed in last), each multiply followed by an
+-- xor-shift so that every bit of a word reaches every bit of the hash.
+-- Words, not bytes: a fingerprint covers every op of the step, and the
+-- loop's cost is its iterations.
+function plan.hash64(s)
   local h, P = 0xcbf29ce484222325, 0x100000001b3
-  local byte, n = string.byte, #s
-  local i = 1
-  while i + 15 <= n do
-    local a, b, c, d, e, f, g, k, a2, b2, c2, d2, e2, f2, g2, k2 = byte(s, i, i + 15)
-    h = (h ~ a) * P; h = (h ~ b) * P; h = (h ~ c) * P; h = (h ~ d) * P
-    h = (h ~ e) * P; h = (h ~ f) * P; h = (h ~ g) * P; h = (h ~ k) * P
-    h = (h ~ a2) * P; h = (h ~ b2) * P; h = (h ~ c2) * P; h = (h ~ d2) * P
-    h = (h ~ e2) * P; h = (h ~ f2) * P; h = (h ~ g2) * P; h = (h ~ k2) * P
-    i = i + 16
+  local unpack, n = string.unpack, #s
+  if n % 8 ~= 0 then s = s .. string.rep("\0", 8 - n % 8) end
+  local N, i = #s, 1
+  while i + 31 <= N do
+    local a, b, c, d = unpack("<i8i8i8i8", s, i)
+    h = (h ~ a) * P; h = h ~ (h >> 29)
+    h = (h ~ b) * P; h = h ~ (h >> 29)
+    h = (h ~ c) * P; h = h ~ (h >> 29)
+    h = (h ~ d) * P; h = h ~ (h >> 29)
+    i = i + 32
   end
-  for j = i, n do h = (h ~ byte(s, j)) * P end
-  return string.format("%016x", h)
+  while i <= N do
+    h = (h ~ unpack("<i8", s, i)) * P; h = h ~ (h >> 29)
+    i = i + 8
+  end
+  h = (h ~ n) * P
+  return string.format("%016x", h ~ (h >> 32))
 end
 
 return plan

@@ -24,9 +24,10 @@
 local schedule = {}
 
 local opkinds = require("gen.opkinds")
+local repeat_mod = require("gen.repeat")
 
 
-function schedule.build(lay, fams, fsdp)
+function schedule.build(lay, fams, fsdp, opts)
   -- ops: the micro-step being built (op() and tp_ops append to it);
   -- step: the micro-steps already finished, each appended once.
   local ops, step = {}, {}
@@ -77,7 +78,9 @@ function schedule.build(lay, fams, fsdp)
   local every = fsdp.grad_accumulation ~= "sync_last" and not step_end
   local partial_mode = fsdp.grad_accumulation == "all_reduce_last" and replicate ~= nil and micro_steps > 1
   local unsharded = {}
-  for m = 0, micro_steps - 1 do
+  -- Micro-step m's ops (the unsharded state carries over from the
+  -- micro-step built before it: build them in order).
+  local function micro(m)
     ops = {}
     -- reducing: this micro-step's post-backward reduces; first: its view-out
     -- assigns the sharded grads (later reductions add into them); partial:
@@ -148,13 +151,42 @@ function schedule.build(lay, fams, fsdp)
         schedule.reduction(ops, u, m, { first = true }, shard, replicate, true)
       end
     end
-    table.move(ops, 1, #ops, #step + 1, step)
+    return ops
+  end
+  -- A repeated micro-step is one table entry with a count. Micro-steps
+  -- 1 .. M-2 have the same flags (reducing, first, partial; step_end's
+  -- state too): every op of that run is the same but for its micro-step
+  -- number. The tables keep three of the run (the memory plan and its
+  -- proof see a copy after a copy after a copy) and the last micro-step
+  -- after them (so the third copy is timed between two copies, as every
+  -- repetition runs), the third copy's rows running `times` times:
+  -- micro-steps 3 .. M-2 (gen/repeat.lua).
+  local built = {}
+  local rep
+  if micro_steps >= 6 and not (opts and opts.expand) then
+    for m = 0, 3 do built[m + 1] = micro(m) end
+    built[5] = micro(micro_steps - 1)
+    if repeat_mod.same_micro(built[2], built[3]) and repeat_mod.same_micro(built[3], built[4]) then
+      local times = micro_steps - 2 - 3 + 1
+      for _, o in ipairs(built[4]) do o.times = times end
+      rep = { micro_first = 3, micro_last = micro_steps - 2, times = times }
+    else
+      built = {}
+      unsharded = {}
+    end
+  end
+  if not rep then
+    for m = 0, micro_steps - 1 do built[m + 1] = micro(m) end
+  end
+  for i, list in ipairs(built) do
+    if rep and i == 4 then rep.first, rep.n = #step, #list end
+    table.move(list, 1, #list, #step + 1, step)
   end
   for i, o in ipairs(step) do
     o.seq = i - 1
     o.stream = opkinds.stream_of(o, replicate ~= nil)
   end
-  return step
+  return step, rep
 end
 
 -- The backward part above emitted micro-step m's pre-backward work unit by

@@ -187,8 +187,32 @@ function timeline.summarize(p, info, by_seq)
   -- or -1, waiting = the compute op that waited, nil for the tail), in
   -- time order, for the pictures (gen/svg.lua).
   local busy, comm_serial = 0, 0
-  local exposed_by, recompute_by, waiter, idle = {}, {}, {}, {}
-  local function attribute(from, lo, hi, waiting)
+  -- exposed_by: per op, its exposed time in the step (every repetition);
+  -- drawn: the same for the rows as drawn once (the pictures' marks)
+  local exposed_by, recompute_by, waiter, idle, drawn = {}, {}, {}, {}, {}
+  -- weight: how many times the waiting op runs (a repeated micro-step's
+  -- rows stand for all its repetitions: gen/repeat.lua); the spans stay
+  -- one copy's.
+  -- A repeated micro-step: each repetition of a waiting row waits for
+  -- that repetition's instance of the op it names, one copy later per
+  -- repetition, up to the repeated rows themselves (gen/repeat.lua).
+  local rep = p.rep
+  local run_start, run_n = rep and rep.first - 2 * rep.n, rep and rep.n
+  local function blame(key, amount, weight)
+    if weight == 1 or key < run_start or key >= run_start + 3 * run_n then
+      exposed_by[key] = (exposed_by[key] or 0) + amount * weight
+      return
+    end
+    local copy = (key - run_start) // run_n
+    local k = 0
+    while copy < 2 and k < weight - 1 do
+      exposed_by[key] = (exposed_by[key] or 0) + amount
+      key, copy, k = key + run_n, copy + 1, k + 1
+    end
+    exposed_by[key] = (exposed_by[key] or 0) + amount * (weight - k)
+  end
+  local function attribute(from, lo, hi, waiting, weight)
+    weight = weight or 1
     local cur = from
     local parts = {}
     while cur and hi > lo + EPS do
@@ -196,7 +220,8 @@ function timeline.summarize(p, info, by_seq)
       local part = math.min(hi, r.finish) - math.max(lo, r.start)
       if part > EPS then
         local key = o.group and cur or -1
-        exposed_by[key] = (exposed_by[key] or 0) + part
+        blame(key, part, weight)
+        drawn[key] = (drawn[key] or 0) + part
         if key >= 0 and waiting and not waiter[key] then waiter[key] = { op = waiting, via = from } end
         parts[#parts + 1] = { lo = math.max(lo, r.start), hi = math.min(hi, r.finish), by = key, waiting = waiting }
       end
@@ -204,29 +229,41 @@ function timeline.summarize(p, info, by_seq)
       cur = r.bind
     end
     if hi > lo + EPS then
-      exposed_by[-1] = (exposed_by[-1] or 0) + (hi - lo)
+      exposed_by[-1] = (exposed_by[-1] or 0) + (hi - lo) * weight
+      drawn[-1] = (drawn[-1] or 0) + (hi - lo)
       parts[#parts + 1] = { lo = lo, hi = hi, by = -1, waiting = waiting }
     end
     for i = #parts, 1, -1 do idle[#idle + 1] = parts[i] end
   end
-  local cend = 0
+  -- cend: where the compute stream's work so far ends; repeated: what the
+  -- repetitions beyond the first add to the step (each repeated compute
+  -- op's idle time before it and its own run, once more per repetition).
+  local cend, repeated = 0, 0
   for _, o in ipairs(ops) do
     local r = info[o.seq]
-    if o.group then comm_serial = comm_serial + r.nominal end
+    local times = o.times or 1
+    if o.group then comm_serial = comm_serial + r.nominal * times end
     if o.stream == "compute" then
       -- A collective on the compute stream (TP's) is exposed by nature.
-      if o.group then exposed_by[o.seq] = (exposed_by[o.seq] or 0) + r.dur else busy = busy + r.dur end
+      if o.group then
+        exposed_by[o.seq] = (exposed_by[o.seq] or 0) + r.dur * times
+        drawn[o.seq] = (drawn[o.seq] or 0) + r.dur
+      else
+        busy = busy + r.dur * times
+      end
       if r.extra_comm then
         -- The backward's recompute of forward TP collectives: exposed,
         -- each by its forward op (recompute_by, apart from exposed_by).
-        busy = busy - r.extra_comm
-        comm_serial = comm_serial + r.extra_comm
+        busy = busy - r.extra_comm * times
+        comm_serial = comm_serial + r.extra_comm * times
         for _, fo in ipairs(r.extra_ops) do
-          recompute_by[fo.seq] = (recompute_by[fo.seq] or 0) + (fo.predicted_us or 0)
+          recompute_by[fo.seq] = (recompute_by[fo.seq] or 0) + (fo.predicted_us or 0) * times
         end
       end
-      if r.start > cend + EPS then attribute(r.bind, cend, r.start, o.seq) end
-      cend = math.max(cend, r.finish)
+      if r.start > cend + EPS then attribute(r.bind, cend, r.start, o.seq, times) end
+      local new_end = math.max(cend, r.finish)
+      repeated = repeated + (new_end - cend) * (times - 1)
+      cend = new_end
     end
   end
   -- Critical path: from the last op back along binding dependencies.
@@ -241,8 +278,13 @@ function timeline.summarize(p, info, by_seq)
   -- The tail after the compute stream's last op: split along the
   -- critical path the same way.
   if step > cend + EPS then attribute(last, cend, step, nil) end
-  return { ops = info, step_us = step, compute_busy_us = busy, exposed_us = step - busy,
-           comm_serial_us = comm_serial, exposed_by = exposed_by, recompute_by = recompute_by, waiter = waiter,
+  -- The step with every repetition (the tail after the compute stream's
+  -- last op is the step's end, run once).
+  local drawn_step = step
+  step = step + repeated
+  return { ops = info, step_us = step, drawn_step_us = drawn_step, compute_busy_us = busy, exposed_us = step - busy,
+           comm_serial_us = comm_serial, exposed_by = exposed_by, exposed_drawn = drawn, recompute_by = recompute_by,
+           waiter = waiter,
            idle = idle, critical = path, compute_end_us = cend }
 end
 
@@ -269,12 +311,13 @@ function timeline.recompute_per_family(p, s)
   local t = {}
   for _, o in ipairs(timeline.recomputed(p, s)) do
     local a = t[o.group] or { ops = 0, size_bytes = 0, wire_bytes = 0, us = 0, kinds = {}, kind_order = {} }
-    a.ops = a.ops + 1
-    a.size_bytes = a.size_bytes + o.size_bytes
-    a.wire_bytes = a.wire_bytes + o.wire_bytes
-    a.us = a.us + (o.predicted_us or 0)
+    local times = o.times or 1
+    a.ops = a.ops + times
+    a.size_bytes = a.size_bytes + o.size_bytes * times
+    a.wire_bytes = a.wire_bytes + o.wire_bytes * times
+    a.us = a.us + (o.predicted_us or 0) * times
     if not a.kinds[o.kind] then a.kinds[o.kind] = 0; a.kind_order[#a.kind_order + 1] = o.kind end
-    a.kinds[o.kind] = a.kinds[o.kind] + 1
+    a.kinds[o.kind] = a.kinds[o.kind] + times
     t[o.group] = a
   end
   return t

@@ -52,24 +52,32 @@ end
 --                                  class_of = { [t] = class index (1-based) } }
 -- Classes are numbered in order of their first TP coordinate.
 function tp.classes(units, T)
+  -- A TP rank's class key is the local row count of every TP-split
+  -- parameter (the only shape entries that depend on t); the TP-local
+  -- units are built once per class, not once per TP rank.
+  local split = {}
+  for _, u in ipairs(units) do
+    for _, p in ipairs(u.params) do
+      local d = T > 1 and tp.dim_of(p.tp) or nil
+      if d then split[#split + 1] = p.shape[d + 1] end
+    end
+  end
   local classes, class_of, by_key = {}, {}, {}
   for t = 0, T - 1 do
-    local local_units, key = {}, {}
-    for i, u in ipairs(units) do
-      local params = {}
-      for j, p in ipairs(u.params) do
-        local q = tp.local_param(p, T, t)
-        params[j] = q
-        key[#key + 1] = table.concat(q.shape, "x")
-      end
-      local lu = {}
-      for k, v in pairs(u) do lu[k] = v end
-      lu.params = params
-      local_units[i] = lu
-    end
+    local key = {}
+    for i, n in ipairs(split) do key[i] = tp.local_rows(n, T, t) end
     local k = table.concat(key, ",")
     local c = by_key[k]
     if not c then
+      local local_units = {}
+      for i, u in ipairs(units) do
+        local params = {}
+        for j, p in ipairs(u.params) do params[j] = tp.local_param(p, T, t) end
+        local lu = {}
+        for f, v in pairs(u) do lu[f] = v end
+        lu.params = params
+        local_units[i] = lu
+      end
       classes[#classes + 1] = { coords = {}, units = local_units }
       c = #classes
       by_key[k] = c

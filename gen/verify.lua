@@ -8,6 +8,7 @@
 --  * order: every communicator's members issue the same op sequence;
 --  * bounds: every number the C tables hold fits its C field.
 local layout = require("gen.layout")
+local rep_mod = require("gen.repeat")
 
 local verify = {}
 
@@ -52,7 +53,8 @@ end
 -- partial sums instead (partial_save, then partial_add, each after its
 -- reduce-scatter), which the last one folds in before its all-reduce: no
 -- reduce-scatter output is lost or counted twice.
-function verify.schedule(lay, ops, fsdp)
+-- rep: a repeated micro-step (gen/repeat.lua), walked as the executor runs it.
+function verify.schedule(lay, ops, fsdp, rep)
   local micro_steps = fsdp.micro_steps
   local deferred = fsdp.grad_accumulation == "sync_last" or fsdp.grad_accumulation == "step_end"
   local per_pack = deferred and micro_steps or 1
@@ -63,7 +65,7 @@ function verify.schedule(lay, ops, fsdp)
     held[u.index] = 0; parked[u.index] = 0
   end
   local name = function(i) return lay.units[i + 1].name end
-  for _, o in ipairs(ops) do
+  rep_mod.each(ops, rep, function(o)
     local u, s = o.unit, state[o.unit]
     local k = o.kind
     if k == "copy_in" then check(s == "sharded", "copy_in of %s while %s", name(u), s); state[u] = "copied_in"
@@ -96,7 +98,7 @@ function verify.schedule(lay, ops, fsdp)
       open[u] = false; outs[u] = outs[u] + 1
     elseif TP_KIND[k] then check(s == "unsharded", "%s of %s on %s params", k, name(u), s)
     else check(false, "unknown op kind %s", tostring(k)) end
-  end
+  end)
   for _, uu in ipairs(lay.units) do
     check(state[uu.index] == "sharded", "%s ends the step %s", uu.name, state[uu.index])
     -- A unit without parameters has nothing to reduce.
@@ -160,12 +162,12 @@ local function int64_field(v, what, ...)
   end
 end
 
-function verify.bounds(lay, fams, ops, fsdp)
+function verify.bounds(lay, fams, ops, fsdp, rep)
   int_field(#lay.units, "units")
   int_field(lay.W, "shard size")
   int_field(lay.R, "replicate size")
   int_field(fsdp.micro_steps, "micro_steps")
-  int_field(#ops, "ops")
+  int_field(rep_mod.executed_count(ops, rep), "ops")
   local nparams = 0
   for _, u in ipairs(lay.units) do
     int64_field(u.total, "%s total", u.name)
@@ -183,15 +185,15 @@ function verify.bounds(lay, fams, ops, fsdp)
   int_field(nparams, "params")
   for _, f in ipairs(fams.list) do int_field(f.size, "group %s size", f.name) end
   for _, o in ipairs(ops) do
-    int_field(o.micro_step, "op %d micro_step", o.seq)
+    int_field(o.micro_step + rep_mod.times(o) - 1, "op %d micro_step", o.seq)
     if o.count then int64_field(o.count, "op %d count", o.seq) end
   end
 end
 
-function verify.all(lay, fams, ops, fsdp)
-  verify.bounds(lay, fams, ops, fsdp)
+function verify.all(lay, fams, ops, fsdp, rep)
+  verify.bounds(lay, fams, ops, fsdp, rep)
   verify.coverage(lay)
-  verify.schedule(lay, ops, fsdp)
+  verify.schedule(lay, ops, fsdp, rep)
   verify.order(lay, fams, ops)
   return true
 end

@@ -22,5 +22,6 @@ return {
       { name = "root", params = { { name = "embed", shape = { 11, 6 } } } },
     },
   },
-  fsdp = { micro_steps = 3, grad_accumulation = "step_end", param_dtype = "bf16", reduce_dtype = "fp32" },
+  -- seven micro-steps: 3-5 are one repeated row set in the tables (gen/repeat.lua)
+  fsdp = { micro_steps = 7, grad_accumulation = "step_end", param_dtype = "bf16", reduce_dtype = "fp32" },
 }

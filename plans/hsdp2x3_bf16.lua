@@ -15,5 +15,7 @@ return {
       { name = "root", params = { { name = "embed", shape = { 13, 4 } }, { name = "out", shape = { 13, 4 } } } },
     },
   },
-  fsdp = { param_dtype = "bf16", reduce_dtype = "fp32" },
+  -- eight micro-steps in FSDP2's default accumulation: micro-steps 3-6 are
+  -- one repeated row set in the tables (gen/repeat.lua)
+  fsdp = { param_dtype = "bf16", reduce_dtype = "fp32", micro_steps = 8 },
 }

@@ -408,4 +408,48 @@ def check_plan_json(plan, src):
                 check_value(n, Spec("int", lo=1), src, "%s.shape[%d]" % (pp, d), js=True)
     for i, op in enumerate(plan.get("ops", [])):
         check_value(op, Spec("dict"), src, "ops[%d]" % i, js=True)
-    return plan
+    return executed_plan(plan, src)
+
+
+def executed_plan(plan, src="plan.json"):
+    """The plan with a repeated micro-step expanded (gen/repeat.lua): plan.json lists micro-steps
+    micro_first .. micro_last once, as rows ops[first_seq .. first_seq + ops - 1] that run `times`
+    times; the executor issues every repetition. Returns a copy whose "ops" are the ops as the
+    executor issues them (seq its issue index, micro_step each repetition's, waits_for the ops of
+    that issue order), or the plan itself when nothing repeats."""
+    rep = plan.get("repeat")
+    if rep is None:
+        return plan
+    ops = plan.get("ops", [])
+    check_value(rep, Spec("dict"), src, "repeat", js=True)
+    for k in ("first_seq", "ops", "times"):
+        if k not in rep:
+            _fail(src, "repeat." + k, "missing; regenerate the plan")
+        check_value(rep[k], Spec("int", lo=1 if k != "first_seq" else 0), src, "repeat." + k, js=True)
+    first, n, times = rep["first_seq"], rep["ops"], rep["times"]
+    if first < 2 * n or first + n > len(ops):
+        _fail(src, "repeat", "rows %d..%d with two copies before them are not in ops[] (%d ops); regenerate "
+              "the plan" % (first, first + n - 1, len(ops)))
+    shift = (times - 1) * n
+    run = first - n  # waits for rows from here on mean the latest copy (shared events)
+
+    def row(op, k, seq, waits):
+        out = {key: val for key, val in op.items() if key != "times"}
+        out["seq"] = seq
+        out["micro_step"] = op.get("micro_step", 0) + k
+        if waits is not None:
+            out["waits_for"] = waits
+        return out
+
+    executed = [row(op, 0, op["seq"], None) for op in ops[:first + n]]
+    for k in range(1, times):
+        for op in ops[first:first + n]:
+            waits = [w + k * n if w >= run else w for w in op.get("waits_for") or []]
+            executed.append(row(op, k, op["seq"] + k * n, waits or None))
+    for op in ops[first + n:]:
+        waits = [w + shift if w >= first else w for w in op.get("waits_for") or []]
+        executed.append(row(op, 0, op["seq"] + shift, waits or None))
+    out = dict(plan)
+    out["ops"] = executed
+    del out["repeat"]
+    return out

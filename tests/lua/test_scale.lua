@@ -7,6 +7,7 @@ local load_plan = require("gen.load")
 local plan = require("gen.plan")
 local emit = require("gen.emit")
 local audit = require("gen.audit")
+local rep_mod = require("gen.repeat")
 local T = {}
 
 local TP_PLAN = [[
@@ -63,25 +64,43 @@ local function at_most_double(what, small, big)
 end
 
 -- 64 micro-steps (refused before: 19 units x 64 was over the old cap of
--- 1024) generate every file, with one micro-step's ops 64 times over and
--- every micro-step's waits.
+-- 1024) generate every file. Micro-steps 3-62 are one repeated row set
+-- (gen/repeat.lua): the tables hold micro-steps 0-3 and 63, the executor
+-- issues one micro-step's ops 64 times over, in the order and with the
+-- figures of the same plan planned in full.
 function T.sixty_four_micro_steps_generate()
   local one = generate(load_plan.source(string.format(TP_PLAN, 16, 1), "t.lua"))
-  local p, files = generate(load_plan.source(string.format(TP_PLAN, 16, 64), "t.lua"))
-  H.eq(#p.ops, 64 * #one.ops, "ops at 64 micro-steps")
+  local loaded = load_plan.source(string.format(TP_PLAN, 16, 64), "t.lua")
+  local p, files = generate(loaded)
+  local per = #one.ops
+  H.eq(rep_mod.executed_count(p.ops, p.rep), 64 * per, "ops issued at 64 micro-steps")
+  H.eq(#p.ops, 5 * per, "table rows: micro-steps 0-3 and 63")
+  H.eq(p.rep.times, 60, "repetitions of micro-step 3's rows")
+  H.eq(p.rep.micro_last, 62, "the repeated run's last micro-step")
   H.eq(p.ops[#p.ops].micro_step, 63, "last op's micro-step")
   for _, name in ipairs({ "plan.c", "plan.h", "plan.json", "SCHEDULE.md", "trace.json", "plan_kernels.cu" }) do
     if not files[name] or #files[name] == 0 then error(name .. " missing at 64 micro-steps") end
   end
-  -- the later micro-steps wait as the second one does, shifted
-  local per = #one.ops
-  for m = 2, 63 do
-    for i = 0, per - 1 do
-      local a, b = p.arena.waits[per + i] or {}, p.arena.waits[m * per + i] or {}
-      H.eq(#b, #a, string.format("waits of op %d vs op %d", m * per + i, per + i))
-      for k = 1, #a do H.eq(b[k] - m * per, a[k] - per, "wait shifted") end
+  local _, invoked = files["plan.c"]:gsub("\n    T_OPS_REPEAT%(%d+%)", "")
+  H.eq(invoked, 60, "plan.c invokes the repeated rows once per repetition")
+  local full = plan.from_loaded(loaded, { expand = true })
+  H.eq(full.rep, nil, "planned in full")
+  local i = 0
+  rep_mod.each(p.ops, p.rep, function(o, m)
+    i = i + 1
+    local f = full.ops[i]
+    if not (f and f.kind == o.kind and f.unit == o.unit and f.micro_step == m and f.group == o.group
+            and f.count == o.count and f.stream == o.stream) then
+      error(string.format("issued op %d: %s unit %d micro %d, planned in full %s", i - 1, o.kind, o.unit, m,
+        f and (f.kind .. " unit " .. f.unit .. " micro " .. f.micro_step) or "nothing"))
     end
+  end)
+  H.eq(i, #full.ops, "ops issued")
+  local a, b = audit.analysis(p), audit.analysis(full)
+  for _, k in ipairs({ "step_us", "compute_us", "exposed_us", "waits_us", "comm_us", "alone_us" }) do
+    H.eq(a[k], b[k], k .. " repeated vs in full")
   end
+  H.eq(p.memory.peak_bytes, full.memory.peak_bytes, "peak memory")
 end
 
 -- Doubling micro-steps, or layers, at most doubles the work. The pairwise

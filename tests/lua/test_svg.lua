@@ -164,10 +164,11 @@ local function check_svg(path, p, fp, text)
   for _, e in ipairs(m.exposure) do per[e.seq] = (per[e.seq] or 0) + (e.hi - e.lo) end
   local total = 0
   for _, o in ipairs(p.ops) do
-    local want_us = tl.exposed_by[o.seq] or 0
+    -- (drawn: a repeated micro-step's rows once; the figures count every repetition)
+    local want_us = tl.exposed_drawn[o.seq] or 0
     assert(math.abs((per[o.seq] or 0) - want_us) <= 1e-6 * math.max(1, want_us),
       string.format("%s: op %d (%s) marked %.6f us, exposed %.6f us", path, o.seq, o.kind, per[o.seq] or 0, want_us))
-    total = total + want_us + (tl.recompute_by[o.seq] or 0)
+    total = total + (tl.exposed_by[o.seq] or 0) + (tl.recompute_by[o.seq] or 0)
   end
   assert(math.abs(total - a.exposed_us) <= 2e-3, string.format("%s: marks + recompute %.3f, exposed %.3f", path, total,
     a.exposed_us))

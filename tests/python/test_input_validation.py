@@ -353,6 +353,41 @@ class Reads(Case):
             self.refused(lambda: commplan.check_units_match_plan([("root", [["w", [4], "fp32"]])], p), p, word)
 
 
+    def test_repeated_micro_step_is_expanded(self):
+        # plans/hsdp2x3_bf16: 8 micro-steps, 3-6 one repeated row set (docs/plan-json.md `repeat`)
+        with open(os.path.join(REPO, "plans", "hsdp2x3_bf16", "plan.json")) as f:
+            raw = json.load(f)
+        rep = raw["repeat"]
+        plan = commplan.load_plan_json(raw)
+        ops = plan["ops"]
+        self.assertNotIn("repeat", plan)
+        self.assertEqual(len(ops), raw["executed_ops"])
+        self.assertEqual(len(ops), len(raw["ops"]) + (rep["times"] - 1) * rep["ops"])
+        self.assertEqual([o["seq"] for o in ops], list(range(len(ops))))
+        by_micro = {}
+        for o in ops:
+            self.assertNotIn("times", o)
+            by_micro.setdefault(o["micro_step"], []).append((o["kind"], o["unit"], o["stream"], o.get("group")))
+            for w in o.get("waits_for", []):
+                self.assertLess(w, o["seq"])
+        self.assertEqual(sorted(by_micro), list(range(raw["fsdp"]["micro_steps"])))
+        for m in range(2, raw["fsdp"]["micro_steps"] - 1):  # micro-steps 1 .. M-2 issue the same ops
+            self.assertEqual(by_micro[m], by_micro[1], "micro-step %d" % m)
+        # each repetition waits for its own predecessors: a row's wait, moved one repetition per repetition
+        first, n = rep["first_seq"], rep["ops"]
+        for k in range(1, rep["times"]):
+            for j in range(n):
+                row, again = raw["ops"][first + j], ops[first + k * n + j]
+                want = [w + k * n if w >= first - n else w for w in row.get("waits_for", [])]
+                self.assertEqual(again.get("waits_for", []), want)
+        for bad, word in (({"first_seq": 1, "ops": 38, "times": 4}, "repeat"),
+                          ({"first_seq": first, "ops": n}, "repeat.times"),
+                          ({"first_seq": first, "ops": n, "times": "4"}, "repeat.times")):
+            doc = dict(raw)
+            doc["repeat"] = bad
+            self.refused(lambda: commplan.load_plan_json(doc), "plan.json", word)
+
+
 # ---- writes: one helper, never through a symlink, every error reported ----------------------
 
 class Writes(Case):
