@@ -13,7 +13,7 @@
 --
 --   M.derive{ schedule, pp, microbatches, stages_per_rank, defer_pp_recv,
 --             max_active_stages }          -> the schedule (see M.derive)
---   M.prove_p2p(lowered, stage_to_rank, num_stages, { fifo = "rank"|"none" })
+--   M.prove_p2p(lowered, stage_to_rank, num_stages, { fifo = "rank"|"peer"|"none" })
 --                                           -> true | nil, reason
 --   M.format_action / M.parse_action        -> torch's action strings
 --   M.to_csv / M.from_csv / M.import_csv    -> torch's CSV schedule format
@@ -906,7 +906,7 @@ end
 local function message(a) return message_of(a.type, a.stage, a.mb) end
 local PARTNER = { SEND_F = "RECV_F", RECV_F = "SEND_F", SEND_B = "RECV_B", RECV_B = "SEND_B" }
 
--- M.prove_p2p(lowered, stage_to_rank, num_stages, opts) -> true, stats | nil, reason
+-- M.prove_p2p(lowered, stage_to_rank, num_stages, opts) -> true | nil, reason
 --
 -- 1. Matching: every SEND_F(s, m) on rank(s) has exactly one RECV_F(s+1, m)
 --    on rank(s+1) and the reverse, SEND_B(s, m) / RECV_B(s-1, m) likewise;
@@ -917,21 +917,30 @@ local PARTNER = { SEND_F = "RECV_F", RECV_F = "SEND_F", SEND_B = "RECV_B", RECV_
 --    send.
 -- 2. No deadlock, by running every rank's list under blocking semantics:
 --    a P2P action posts one operation and does not block (torch's irecv /
---    isend; a `batch` group posts one coalesced unit, batch_isend_irecv);
---    with opts.fifo = "rank" (the default) a rank's posted units complete in
---    post order, as on one NCCL stream, and a unit completes only when each
---    of its operations meets its partner in the head unit of the peer's
---    queue (rendezvous, no eager buffering); with fifo = "none" an operation
---    completes once both sides are posted. Compute (F, I, B and
---    OVERLAP_F_B's parts) blocks until its receive has completed; WAIT_SEND
---    blocks until its send has completed; W and the FSDP actions never block
---    on P2P. The lists pass when every rank reaches its end with nothing
---    pending. The "rank" model only adds orderings, so a pass there is a
---    pass under per-peer streams or gloo too.
+--    isend; a `batch` group posts one coalesced unit, batch_isend_irecv).
+--    Posted units go into FIFO queues and a unit completes only when each
+--    of its operations meets its partner at the head of the partner's
+--    queue (rendezvous: no eager buffering is assumed). The queues:
+--      fifo = "rank" (default): one per rank, as ProcessGroupNCCL runs P2P
+--        when the group was created with a device_id (eager init: every
+--        send/recv and batch on the group's one communicator and stream);
+--      fifo = "peer": one per (rank, peer) for single operations plus one
+--        per rank for coalesced batches, as lazy init does (a 2-rank
+--        communicator per pair, "low:high"; batches on the group's own);
+--      fifo = "none": none, an operation completes once both sides are
+--        posted (gloo-like; what torch's _simulate_comms_compute assumes).
+--    Compute (F, I, B and OVERLAP_F_B's parts) blocks until its receive has
+--    completed; WAIT_SEND blocks until its send has completed; W and the
+--    FSDP actions never block on P2P. The lists pass when every rank
+--    reaches its end with nothing pending. Each model only adds orderings
+--    to the next, so a pass under "rank" is a pass under all three.
 -- The reason names the rank, the 0-based action index and the action.
 function M.prove_p2p(lowered, s2r, num_stages, opts)
   opts = opts or {}
-  local fifo = (opts.fifo or "rank") == "rank"
+  local model = opts.fifo or "rank"
+  if model ~= "rank" and model ~= "peer" and model ~= "none" then
+    err(fmt("fifo = %s; use \"rank\", \"peer\" or \"none\"", util.show(model)))
+  end
   local pp = #lowered
   local function where(r, i) return fmt("rank %d action %d (%s)", r - 1, i - 1, key(lowered[r][i])) end
   -- 1. structure
@@ -997,13 +1006,25 @@ function M.prove_p2p(lowered, s2r, num_stages, opts)
       return nil, fmt("%s: no %s on rank %d matches it", where(r, i), key(want), s2r[want.stage])
     end
   end
-  -- 2. blocking semantics
-  local pc, queue, head, complete = {}, {}, {}, {}
-  local unit_of = {}  -- rank -> message -> unit number
-  for r = 1, pp do pc[r], queue[r], head[r], unit_of[r] = 1, {}, 1, {} end
+  -- 2. blocking semantics. Queues: "r" (one per rank), "r>q" (rank r's
+  -- single operations with peer q), "r*" (rank r's coalesced batches).
+  local pc, queues, complete = {}, {}, {}
+  local unit_of = {}  -- rank -> message -> { queue, position }
+  for r = 1, pp do pc[r], unit_of[r] = 1, {} end
+  local function queue_of(r, unit)
+    if model == "rank" then return tostring(r) end
+    if #unit > 1 then return r .. "*" end
+    local _, peer_stage = message(unit[1])
+    return r .. ">" .. (s2r[peer_stage] + 1)
+  end
   local function partner_rank(msg, r)
     local s, q = sends[msg], recvs[msg]
     return s[1] == r and q[1] or s[1]
+  end
+  local function at_head(r, msg)  -- rank r's side of msg is posted and may complete now
+    local u = unit_of[r][msg]
+    if not u then return false end
+    return model == "none" or u[2] == queues[u[1]].head
   end
   local needs = {}  -- action -> the messages it waits for
   local function needs_of(a)
@@ -1025,7 +1046,7 @@ function M.prove_p2p(lowered, s2r, num_stages, opts)
     for _, need in ipairs(needs_of(a)) do if not complete[need] then return need end end
     return nil
   end
-  local steps = 0
+  local order = {}  -- queue names in creation order (deterministic sweeps)
   while true do
     local progress = false
     for r = 1, pp do  -- run each rank until it blocks
@@ -1036,79 +1057,79 @@ function M.prove_p2p(lowered, s2r, num_stages, opts)
           local unit = { a }
           local j = pc[r] + 1
           while a.batch and list[j] and list[j].batch == a.batch and P2P[list[j].type] do unit[#unit + 1] = list[j]; j = j + 1 end
+          local qn = queue_of(r, unit)
+          local q = queues[qn]
+          if not q then q = { head = 1, rank = r }; queues[qn] = q; order[#order + 1] = qn end
           local u = { ops = {}, at = pc[r] }
-          for _, op in ipairs(unit) do local msg = message(op); u.ops[#u.ops + 1] = msg; unit_of[r][msg] = #queue[r] + 1 end
-          queue[r][#queue[r] + 1] = u
+          q[#q + 1] = u
+          for _, op in ipairs(unit) do local msg = message(op); u.ops[#u.ops + 1] = msg; unit_of[r][msg] = { qn, #q } end
           pc[r] = j
         elseif blocked_on(a) then break
         else pc[r] = pc[r] + 1 end
         progress = true
       end
     end
-    for r = 1, pp do  -- complete what can meet
-      local moved = true
-      while moved do
-        moved = false
-        local u = queue[r][head[r]]
-        if u then
-          local all = true
-          for _, msg in ipairs(u.ops) do
-            if not complete[msg] then
-              local q = partner_rank(msg, r)
-              local qu = unit_of[q][msg]
-              if qu and (not fifo or qu == head[q]) then complete[msg] = true; progress = true
-              else all = false end
-            end
-          end
-          if all or not fifo then
-            if all then head[r] = head[r] + 1; moved = true; progress = true end
+    for _, qn in ipairs(order) do  -- complete what can meet, pop finished head units
+      local q = queues[qn]
+      while q[q.head] do
+        local u, all = q[q.head], true
+        for _, msg in ipairs(u.ops) do
+          if not complete[msg] then
+            if at_head(partner_rank(msg, q.rank), msg) then complete[msg] = true; progress = true else all = false end
           end
         end
+        if not all and model ~= "none" then break end
+        q.head = q.head + 1
+        progress = true
       end
-      if not fifo then  -- any posted pair completes
-        for msg, u in pairs(unit_of[r]) do
-          local q = partner_rank(msg, r)
-          if not complete[msg] and unit_of[q][msg] and u then complete[msg] = true; progress = true end
+    end
+    if model == "none" then  -- everything posted on both sides completes
+      for _, qn in ipairs(order) do
+        local q = queues[qn]
+        for k = 1, #q do
+          for _, msg in ipairs(q[k].ops) do
+            if not complete[msg] and at_head(partner_rank(msg, q.rank), msg) then complete[msg] = true; progress = true end
+          end
         end
       end
     end
     local finished = true
-    for r = 1, pp do
-      if pc[r] <= #lowered[r] then finished = false end
-      if fifo and head[r] <= #queue[r] then finished = false end
-    end
-    if finished then return true, { steps = steps } end
-    steps = steps + 1
+    for r = 1, pp do if pc[r] <= #lowered[r] then finished = false end end
+    for _, qn in ipairs(order) do if queues[qn].head <= #queues[qn] then finished = false end end
+    if finished then return true end
     if not progress then break end
   end
   -- deadlock: explain the first rank that is stuck
+  local function stuck_unit(r)
+    for _, qn in ipairs(order) do
+      local q = queues[qn]
+      if q.rank == r and q[q.head] then return q, q[q.head] end
+    end
+  end
   for r = 1, pp do
-    if pc[r] <= #lowered[r] or (fifo and head[r] <= #queue[r]) then
+    local _, su = stuck_unit(r)
+    if pc[r] <= #lowered[r] or su then
       local msg, what
       if pc[r] <= #lowered[r] then
         msg = blocked_on(lowered[r][pc[r]])
         what = where(r, pc[r]) .. " waits for " .. msg
       else
-        local u = queue[r][head[r]]
-        for _, m in ipairs(u.ops) do if not complete[m] then msg = m; break end end
-        what = where(r, u.at) .. " never completes " .. msg
+        for _, m in ipairs(su.ops) do if not complete[m] then msg = m; break end end
+        what = where(r, su.at) .. " never completes " .. msg
       end
       local q = partner_rank(msg, r)
-      local mine = unit_of[r][msg] and queue[r][unit_of[r][msg]]
+      local mine, theirs = unit_of[r][msg], unit_of[q][msg]
       local because
-      if fifo and mine and unit_of[r][msg] ~= head[r] then
-        local h = queue[r][head[r]]
-        because = fmt("it is queued behind %s", where(r, h.at))
+      if model ~= "none" and mine and mine[2] ~= queues[mine[1]].head then
+        because = fmt("it is queued behind %s", where(r, queues[mine[1]][queues[mine[1]].head].at))
+      elseif not theirs then
+        because = fmt("rank %d has not posted its side: it is stuck at %s", q - 1,
+          pc[q] <= #lowered[q] and where(q, pc[q]) or "its end")
       else
-        local theirs = unit_of[q][msg]
-        if not theirs then
-          because = fmt("rank %d has not posted its side: it is stuck at %s", q - 1,
-            pc[q] <= #lowered[q] and where(q, pc[q]) or "its end")
-        else
-          because = fmt("rank %d's side is queued behind %s", q - 1, where(q, queue[q][head[q]].at))
-        end
+        local tq = queues[theirs[1]]
+        because = fmt("rank %d's side is queued behind %s", q - 1, where(q, tq[tq.head].at))
       end
-      return nil, fmt("deadlock: %s; %s", what, because)
+      return nil, fmt("deadlock (%s model): %s; %s", model, what, because)
     end
   end
   return nil, "deadlock"

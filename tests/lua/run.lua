@@ -8,6 +8,8 @@ local suites = { "test_load", "test_dims", "test_layout", "test_schedule", "test
 for _, s in ipairs({ "test_sandbox", "test_cstring", "test_fsio" }) do suites[#suites + 1] = s end
 -- Issue 19: linear generation.
 suites[#suites + 1] = "test_scale"
+-- Issue 22: pipeline schedules as torch.distributed.pipelining builds them.
+suites[#suites + 1] = "test_pp_schedule"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

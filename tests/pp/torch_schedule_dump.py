@@ -27,7 +27,8 @@ records, per pipeline rank:
   error    instead of the above when the class refuses the case (its message).
 
 Usage: torch_schedule_dump.py [--small] [--out FILE]
-  --small  the matrix of tests/pp/recorded/ (pp 2 and 4, microbatches <= 8)
+  --small  the matrix of tests/pp/recorded/ (pp 2 and 4, microbatches <= 9,
+           3 stages per rank only at pp 2, csv_compute only at pp 2)
 """
 import argparse
 import contextlib
@@ -172,11 +173,11 @@ def single_case(name, pp, n):
             "stage_to_rank": list(range(pp))}
 
 
-def multi_case(name, pp, n, v):
+def multi_case(name, pp, n, v, defer=False):
     style = "v" if name in V_STYLE else "loop"
     num_stages = pp * v
     stages = [Stub(s, num_stages, pp, 0) for s in generate_rank_to_stage_mapping(pp, num_stages, style)[0]]
-    sched = MULTI[name](stages, n)
+    sched = MULTI[name](stages, n, defer_pp_recv=defer)
     m = sched.stage_index_to_group_rank
     with tempfile.TemporaryDirectory() as d:
         sched._dump_csv(os.path.join(d, "c.csv"), format="compute_only")
@@ -206,15 +207,17 @@ def torch_simulate(lowered, stage_to_rank, num_stages):
         return f"{type(e).__name__}: {e}".splitlines()[0]
 
 
-def run_case(name, pp, n, v):
+def run_case(name, pp, n, v, defer=False):
     case = {"schedule": name, "pp": pp, "microbatches": n, "stages_per_rank": v}
+    if defer:
+        case["defer_pp_recv"] = True
     try:
-        body = single_case(name, pp, n) if name in SINGLE else multi_case(name, pp, n, v)
+        body = single_case(name, pp, n) if name in SINGLE else multi_case(name, pp, n, v, defer)
     except Exception as e:  # noqa: BLE001
         case["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
         return case
     body.pop("_sched", None)
-    if "csv_compute" in body:
+    if "csv_compute" in body and not (SMALL and pp > 2) and not defer:
         case["csv_compute"] = body["csv_compute"]
     case["stage_to_rank"] = body["stage_to_rank"]
     case["compute"] = [body["compute"][r] for r in range(pp)]
@@ -226,6 +229,9 @@ def run_case(name, pp, n, v):
     return case
 
 
+SMALL = False  # --small: csv_compute only where pp == 2 (keeps the recording small)
+
+
 def matrix(small):
     cases = []
     pps = (2, 4) if small else (1, 2, 4, 8)
@@ -233,7 +239,7 @@ def matrix(small):
         vs = (1,) if name in SINGLE else ((2,) if name in V_STYLE else (2, 3, 4))
         for pp in pps:
             for v in vs:
-                if v == 4 and pp != 2:
+                if v == 4 and pp != 2 or small and v > 2 and pp != 2:
                     continue
                 if small:
                     ns = {1, pp - 1, pp, pp + 1, 2 * pp, 2 * pp + 1}
@@ -241,6 +247,8 @@ def matrix(small):
                     ns = {1, pp - 1, pp, pp + 1, 2 * pp, 2 * pp + 1, 3, 16, 64 if pp * v <= 8 else 32}
                 for n in sorted(x for x in ns if x >= 1):
                     cases.append((name, pp, n, v))
+        if name in MULTI:  # defer_pp_recv=True (_defer_recv_ops)
+            cases.extend((name, pp, 2 * pp, 2, True) for pp in (2, 4))
     return cases
 
 
@@ -249,12 +257,15 @@ def main():
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--out", default="-")
     args = ap.parse_args()
+    global SMALL
+    SMALL = args.small
     S._batch_p2p = fake_batch_p2p
     S._wait_batch_p2p = fake_wait_batch_p2p
     S.logger.disabled = True
-    out = {"torch": torch.__version__.split("+")[0],
-           "cases": [run_case(*c) for c in matrix(args.small)]}
-    text = json.dumps(out, indent=None, separators=(",", ":"))
+    cases = [run_case(*c) for c in matrix(args.small)]
+    # One case a line, so a recording's diff names the cases that changed.
+    text = ('{"torch":%s,"cases":[\n' % json.dumps(torch.__version__.split("+")[0])
+            + ",\n".join(json.dumps(c, separators=(",", ":")) for c in cases) + "\n]}")
     if args.out == "-":
         sys.stdout.write(text + "\n")
     else:
