@@ -9,6 +9,8 @@ for _, s in ipairs({ "test_sandbox", "test_cstring", "test_fsio" }) do suites[#s
 -- Issue 19: linear generation.
 suites[#suites + 1] = "test_scale"
 suites[#suites + 1] = "test_repeat"
+-- Issue 22: pipeline schedules as torch.distributed.pipelining builds them.
+suites[#suites + 1] = "test_pp_schedule"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

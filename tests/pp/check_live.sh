@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Live check (issue 22): torch 2.15's pipeline schedules against
+# gen/parallel/pp_schedule.lua over the whole matrix of
+# tests/pp/torch_schedule_dump.py (schedules x pp 1, 2, 4, 8 x microbatches,
+# refusals included). Exits 0 when every case matches, 1 on the first
+# difference (printed), 77 when torch cannot be imported (SKIP).
+#   PYTHON=  the torch environment's python (default: make torch-env's,
+#            /root/.cache/commplan/torch-env/bin/python, else python3)
+set -u
+cd "$(dirname "$0")/../.."
+LUA=${LUA:-lua5.4}
+PY=${PYTHON:-/root/.cache/commplan/torch-env/bin/python}
+[ -x "$PY" ] || PY=python3
+if ! "$PY" -c "import torch.distributed.pipelining.schedules" >/dev/null 2>&1; then
+  echo "SKIP pp-live: torch.distributed.pipelining does not import with $PY"
+  exit 77
+fi
+mkdir -p build/pp
+"$PY" tests/pp/torch_schedule_dump.py --out build/pp/torch_schedules.json || exit 1
+exec "$LUA" tests/pp/compare.lua build/pp/torch_schedules.json
