@@ -55,7 +55,7 @@ check_plan_names() {
 }
 
 section "lint and generator unit tests"
-if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua plans bench
+if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/pp/compare.lua plans bench
 else skipped "luacheck" "not installed (apt-get install lua-check)"; fi
 run "lua unit tests" $LUA tests/lua/run.lua
 run "fuzz: random and mutated plan files for 20 s (tests/fuzz_plans.lua, fixed seed)" timeout 600 $LUA tests/fuzz_plans.lua --seconds 20; grep -h "^fuzz: [0-9]" "$(logname "fuzz: random and mutated plan files for 20 s (tests/fuzz_plans.lua, fixed seed)")" | sed "s/^/        /"
@@ -285,6 +285,16 @@ else
   skipped "$live_seeds" "no torch environment (torch-env failed above)"
 fi
 # ---- end of live FSDP2 peer ----
+
+# ---- pipeline schedules vs live torch (issue 22) ----
+pp_what="pp schedules: gen/parallel/pp_schedule.lua vs torch 2.15's pipelining, whole matrix (tests/pp/check_live.sh)"
+pp_log=$(logname "$pp_what")
+PYTHON="${live_py:-}" timeout 300 tests/pp/check_live.sh >"$pp_log" 2>&1; pp_rc=$?
+case $pp_rc in
+  0) ok "$pp_what"; grep -h "^pp-live: [0-9]" "$pp_log" | sed "s/^/        /" ;;
+  77) skipped "$pp_what" "$(sed -n 's/^SKIP pp-live: //p' "$pp_log" | head -n 1)" ;;
+  *) bad "$pp_what" "$pp_log" ;;
+esac
 
 # ---- torchtitan as the peer (issue 17, items 1 and 2) ----
 # commplan against torchtitan 0.3's own code, in the live environment above

@@ -7,7 +7,7 @@
 #   PYTHON=  the torch environment's python (default: make torch-env's,
 #            /root/.cache/commplan/torch-env/bin/python, else python3)
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 LUA=${LUA:-lua5.4}
 PY=${PYTHON:-/root/.cache/commplan/torch-env/bin/python}
 [ -x "$PY" ] || PY=python3
