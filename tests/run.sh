@@ -55,7 +55,7 @@ check_plan_names() {
 }
 
 section "lint and generator unit tests"
-if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/pp/compare.lua plans bench
+if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/pp/compare.lua tests/pp/compare_stages.lua plans bench
 else skipped "luacheck" "not installed (apt-get install lua-check)"; fi
 run "lua unit tests" $LUA tests/lua/run.lua
 run "fuzz: random and mutated plan files for 20 s (tests/fuzz_plans.lua, fixed seed)" timeout 600 $LUA tests/fuzz_plans.lua --seconds 20; grep -h "^fuzz: [0-9]" "$(logname "fuzz: random and mutated plan files for 20 s (tests/fuzz_plans.lua, fixed seed)")" | sed "s/^/        /"

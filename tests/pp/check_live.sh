@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Live check (issue 22): torch 2.15's pipeline schedules against
-# gen/parallel/pp_schedule.lua over the whole matrix of
+# gen/parallel/pp_schedule.lua, and torchtitan 0.3's stage split against
+# gen/parallel/pp_stages.lua (tests/pp/titan_stages.py), over the whole matrix of
 # tests/pp/torch_schedule_dump.py (schedules x pp 1, 2, 4, 8 x microbatches,
 # refusals included). Exits 0 when every case matches, 1 on the first
 # difference (printed), 77 when torch cannot be imported (SKIP).
 #   PYTHON=  the torch environment's python (default: make torch-env's,
 #            /root/.cache/commplan/torch-env/bin/python, else python3)
-set -u
+set -u -o pipefail
 cd "$(dirname "$0")/../.." || exit 2
 LUA=${LUA:-lua5.4}
 PY=${PYTHON:-/root/.cache/commplan/torch-env/bin/python}
@@ -17,4 +18,11 @@ if ! "$PY" -c "import torch.distributed.pipelining.schedules" >/dev/null 2>&1; t
 fi
 mkdir -p build/pp
 "$PY" tests/pp/torch_schedule_dump.py --out build/pp/torch_schedules.json || exit 1
-exec "$LUA" tests/pp/compare.lua build/pp/torch_schedules.json
+"$LUA" tests/pp/compare.lua build/pp/torch_schedules.json || exit 1
+# torchtitan's stage split (gen/parallel/pp_stages.lua), where torchtitan imports
+if "$PY" -c "import torchtitan.distributed.pipeline_parallel" >/dev/null 2>&1; then
+  "$PY" tests/pp/titan_stages.py >build/pp/titan_stages.jsonl || exit 1
+  "$LUA" tests/pp/compare_stages.lua build/pp/titan_stages.jsonl | sed 's/^stages: \([0-9]\)/pp-live: stages: \1/' || exit 1
+else
+  echo "pp-live: stages: SKIP (torchtitan.distributed.pipeline_parallel does not import with $PY)"
+fi
