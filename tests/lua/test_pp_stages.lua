@@ -21,6 +21,7 @@ function T.stage_counts_and_modules_as_torchtitan()
   H.list_eq(sizes, { 5, 5, 4, 5 }, "1F1B modules per stage")
   H.list_eq(s[1], { "tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3" }, "first stage")
   H.list_eq(s[4], { "layers.13", "layers.14", "layers.15", "norm", "lm_head" }, "last stage")
+  local _
   n, per, _, sizes = split("Interleaved1F1B", 8, 126, nil, 1, 1)
   H.eq(n, 16, "405B layers interleaved over 8 ranks"); H.eq(per, 2, "per rank")
   H.list_eq(sizes, { 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 9 }, "modules per stage")
