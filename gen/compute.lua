@@ -63,6 +63,13 @@ function compute.settings(p)
   return s
 end
 
+-- The settings as one string: a timeline predicted with them still holds
+-- while the key is the same (gen/figures.lua).
+function compute.settings_key(s)
+  return table.concat({ s.local_batch_size, s.seq_len, s.activation_checkpointing, tostring(s.optimizer),
+                        tostring(s.fp32_master), s.gpu_memory_GB, s.gpu_TFLOPS, s.mfu, s.hbm_GBps }, "|")
+end
+
 local function numel_of(u, pred)
   local n = 0
   for _, q in ipairs(u.params) do

@@ -53,7 +53,16 @@ local r3 = figures.round
 function figures.of(p, opts)
   local s = compute.settings(p)
   local per_unit = compute.units(p, s)
-  local tl = timeline.build(p, s, per_unit, opts)
+  -- The timeline the plan was built with, where nothing it depends on has
+  -- changed since (the advisor and the tests change settings).
+  local planned = p.planned_timeline
+  local tl
+  if planned and not opts and planned.ops == p.ops and planned.waits == p.arena.waits
+      and planned.key == compute.settings_key(s) then
+    tl = planned.tl
+  else
+    tl = timeline.build(p, s, per_unit, opts)
+  end
   local mem = memory.whole_rank(p, s, per_unit)
   local rec = timeline.recompute_per_family(p, s)
   local rows, by_name = {}, {}

@@ -50,7 +50,7 @@ end
 local build_class
 -- One TP class: layout, schedule, proofs, cost and memory plan of its
 -- TP-local shapes (the whole plan without TP).
-function build_class(ctx, cls, d, fams, p, cfg, expand)
+function build_class(ctx, cls, d, fams, p, cfg, expand, face)
   local lay = layout.build(ctx, cls.units, d, p.fsdp)
   attach_tp(lay, cls.units)
   if p.model.family == "llama" then
@@ -81,19 +81,23 @@ function build_class(ctx, cls, d, fams, p, cfg, expand)
     -- A repeated micro-step's rows must mean the same on every
     -- repetition (gen/repeat.lua); where they would not, the step is
     -- planned in full.
-    if repeat_mod.check(arena.needs, rep) then return build_class(ctx, cls, d, fams, p, cfg, true) end
+    if repeat_mod.check(arena.needs, rep) then return build_class(ctx, cls, d, fams, p, cfg, true, face) end
     repeat_mod.share_events(ops, arena, rep)
     -- The predicted step counts the third copy once per repetition: exact
     -- when it runs as the copy before it did, shifted by one micro-step
-    -- (compute-bound steps; a comm-bound one whose queues grow is not).
-    view.arena = arena
-    if not repeat_mod.periodic(timeline.build(view, s, per_unit), rep) then
-      return build_class(ctx, cls, d, fams, p, cfg, true)
-    end
+    -- (compute-bound steps; a comm-bound one whose queues grow is not):
+    -- checked below on the planned step.
+  end
+  -- The step as planned (the audit's timeline: gen/figures.lua takes it
+  -- while the settings it was predicted with stand).
+  view.arena = arena
+  local tl = (face or rep) and timeline.build(view, s, per_unit)
+  if rep and not repeat_mod.periodic(tl, rep) then
+    return build_class(ctx, cls, d, fams, p, cfg, true, face)
   end
   local memory = cost.memory(lay, ops, arena)
   return { coords = cls.coords, layout = lay, ops = ops, rep = rep, predicted = predicted, arena = arena,
-           memory = memory }
+           memory = memory, timeline = face and { tl = tl, key = compute.settings_key(s), ops = ops, waits = arena.waits } }
 end
 
 -- opts.expand: plan a repeated micro-step in full (gen/repeat.lua; the tests compare the two).
@@ -130,14 +134,15 @@ function plan.from_loaded(p, opts)
   end
   local split = tp.classes(units, d.tp)
   local classes = {}
-  for c, cls in ipairs(split.classes) do classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config, opts and opts.expand) end
+  for c, cls in ipairs(split.classes) do classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config, opts and opts.expand, c == 1) end
   tp.check_same_tp_sequence(classes)
   -- Class 0 (TP rank 0's) is the plan's face for the audit; every class is in the tables.
   local first = classes[1]
   return {
     name = p.name, source_file = p.source_file, world_size = p.world_size, dims = d, mesh = mesh,
     model = p.model, model_config = model_numbers.config, fsdp = p.fsdp, topology = p.topology, training = p.training,
-    layout = first.layout, groups = fams, ops = first.ops, rep = first.rep, predicted = first.predicted, memory = first.memory,
+    layout = first.layout, groups = fams, ops = first.ops, rep = first.rep, planned_timeline = first.timeline,
+    predicted = first.predicted, memory = first.memory,
     arena = first.arena, tp_classes = classes, class_of_tp = split.class_of,
   }
 end
@@ -161,13 +166,17 @@ function plan.hash64(s)
   local unpack, n = string.unpack, #s
   if n % 8 ~= 0 then s = s .. string.rep("\0", 8 - n % 8) end
   local N, i = #s, 1
-  while i + 31 <= N do
-    local a, b, c, d = unpack("<i8i8i8i8", s, i)
+  while i + 63 <= N do
+    local a, b, c, d, e, f, g, k = unpack("<i8i8i8i8i8i8i8i8", s, i)
     h = (h ~ a) * P; h = h ~ (h >> 29)
     h = (h ~ b) * P; h = h ~ (h >> 29)
     h = (h ~ c) * P; h = h ~ (h >> 29)
     h = (h ~ d) * P; h = h ~ (h >> 29)
-    i = i + 32
+    h = (h ~ e) * P; h = h ~ (h >> 29)
+    h = (h ~ f) * P; h = h ~ (h >> 29)
+    h = (h ~ g) * P; h = h ~ (h >> 29)
+    h = (h ~ k) * P; h = h ~ (h >> 29)
+    i = i + 64
   end
   while i <= N do
     h = (h ~ unpack("<i8", s, i)) * P; h = h ~ (h >> 29)
