@@ -196,7 +196,7 @@ regen-all:
 # meshes for PLAN's model on WORLD GPUs (default: the plan's world).
 # Operands are checked as text, like PLAN, before they reach the shell.
 cp_bad_arg = $(if $(1),$(if $(filter-out 1,$(words $(1))),bad)$(call cp_strip,$(1),$(cp_word) / . - + : ~ ^ @))
-.PHONY: diff-plan advise
+.PHONY: diff-plan advise pipeline
 diff-plan:
 	$(if $(value B),,$(error diff-plan: give B=<plan.lua|plan.json|REV:path> and A=... or REV=<git revision>))
 	$(if $(call cp_bad_arg,$(value A))$(call cp_bad_arg,$(value B))$(call cp_bad_arg,$(value REV))$(call cp_bad_arg,$(value SVG)),$(error diff-plan: A, B, REV and SVG take A-Z a-z 0-9 _ / . - + : ~ ^ @ only))
@@ -204,6 +204,10 @@ diff-plan:
 advise: deps
 	$(if $(call cp_bad_arg,$(value WORLD)),$(error advise: WORLD is a number of GPUs))
 	@$(LUA) gen/verbs.lua advise '$(PLAN_FILE)' $(if $(value WORLD),--world-size '$(value WORLD)')
+# pipeline: torch's pipeline schedules for a plan with parallel.pp > 1, side by
+# side (stages, the send/receive proof, bubble, activations in flight, step).
+pipeline: deps
+	@$(LUA) gen/verbs.lua pipeline '$(PLAN_FILE)'
 
 clean:
 	rm -rf build

@@ -19,7 +19,17 @@ local SCHEMA = {
   top = {
     name = { "string" }, world_size = { "int", min = 1, max = LIM.world, why = WORLD_WHY },
     parallel = { "table" }, model = { "table" }, fsdp = { "table" },
-    topology = { "table" }, training = { "table" },
+    topology = { "table" }, training = { "table" }, pipeline = { "table" },
+  },
+  -- with parallel.pp > 1 (gen/parallel/pp_schedule.lua, pp_stages.lua): torch.distributed.pipelining's
+  -- schedule class without "Schedule", the microbatches per step, and torchtitan's stage split options
+  pipeline = {
+    schedule = { "enum", enum = { "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+                                  "ZBVZeroBubble", "DualPipeV" } },
+    microbatches = { "int", min = 1, max = 1 << 16 },
+    layers_per_stage = { "int", min = 1, max = LIM.units },
+    first_stage_less_layers = { "int", min = 0, max = LIM.units },
+    last_stage_less_layers = { "int", min = 0, max = LIM.units },
   },
   parallel = {
     dp_replicate = { "int" }, dp_shard = { "int" }, cp = { "int" }, tp = { "int" },
@@ -352,6 +362,7 @@ function load_plan.normalize(ctx, raw)
   plan.fsdp = check_table(ctx, "fsdp", "fsdp", plan.fsdp or {})
   plan.topology = check_table(ctx, "topology", "topology", plan.topology or {})
   plan.training = check_table(ctx, "training", "training", plan.training or {})
+  plan.pipeline = plan.pipeline and check_table(ctx, "pipeline", "pipeline", plan.pipeline)
   local model = check_table(ctx, "model", "model", plan.model)
   model.family = model.family or (model.units and "generic" or nil)
   if not model.family then util.field_error(ctx, "model.family", "missing; set family = \"llama\" or give units = { ... }") end

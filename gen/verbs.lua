@@ -25,6 +25,7 @@ verbs.JSON_MAX_BYTES = 256 << 20
 
 verbs.USAGE = "usage: lua5.4 gen/verbs.lua diff [--svg DIR] A B | diff [--svg DIR] --rev REV PLAN.lua\n"
   .. "       lua5.4 gen/verbs.lua advise PLAN.lua [--world-size N] [--gpus-per-node G] [--global-batch B] [--top K]\n"
+  .. "       lua5.4 gen/verbs.lua pipeline PLAN.lua   (a plan with parallel.pp > 1 and pipeline.microbatches)\n"
 
 local function int_arg(v, name)
   local n = v and v:match("^%d+$") and tonumber(v)
@@ -36,6 +37,18 @@ end
 
 function verbs.main(argv)
   local verb = argv[1]
+  if verb == "pipeline" then
+    -- torch's pipeline schedules for the plan, side by side (gen/parallel/pp_report.lua)
+    if #argv ~= 2 then
+      io.stderr:write(verbs.USAGE)
+      return 2
+    end
+    local src, why = fsio.read_regular(argv[2], verbs.PLAN_MAX_BYTES)
+    if not src then util.plan_error(string.format("%s: the plan file %s", fsio.shown(argv[2]), why)) end
+    local loaded = require("gen.load").source(src, argv[2])
+    io.stdout:write((require("gen.parallel.pp_report").text(loaded)))
+    return 0
+  end
   if verb == "diff" then
     local args, svg_dir = {}, nil
     local i = 2

@@ -12,6 +12,7 @@ suites[#suites + 1] = "test_repeat"
 -- Issue 22: pipeline schedules as torch.distributed.pipelining builds them.
 suites[#suites + 1] = "test_pp_schedule"
 suites[#suites + 1] = "test_pp_stages"
+suites[#suites + 1] = "test_pp_audit"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -1,0 +1,142 @@
+-- A pipeline schedule's predicted step (issue 22, item 4): every PP rank
+-- runs its lowered action list (gen/parallel/pp_schedule.lua) in order on
+-- one compute stream; a receive waits for its send plus the transfer; a
+-- rank idles only where its list says wait. From that: the step, each
+-- rank's busy time, the bubble fraction (1 - busy / (pp x step)), and each
+-- stage's activations in flight (forwards whose backward has not run: what
+-- the schedule makes the stage keep). Pure functions.
+--
+-- Modelled: compute per action (F, B = I + W, I, W, OVERLAP_F_B as its two
+-- halves), sends issued without blocking (torch's isend; the transfer
+-- time after the issue), receives posted without blocking (irecv) and
+-- waited for by the compute action that takes their data,
+-- REDUCE_GRAD running beside compute until its WAIT_REDUCE_GRAD, and the
+-- single-stage runtimes' coalesced send+receive pairs (a batch's sends go
+-- out before any of its receives blocks). Not modelled: FSDP's all-gathers
+-- (UNSHARD: taken as prefetched, no reshard after forward under PP), link
+-- contention between p2p and FSDP traffic, and the transfer's completion
+-- holding back a WAIT_SEND (sends are buffered).
+local audit = {}
+
+-- The message a send or receive carries: direction, from stage, to stage,
+-- microbatch.
+local function msg_key(a)
+  local t = a.type
+  if t == "SEND_F" then return "F" .. a.stage .. ">" .. (a.stage + 1) .. ":" .. a.mb end
+  if t == "RECV_F" then return "F" .. (a.stage - 1) .. ">" .. a.stage .. ":" .. a.mb end
+  if t == "SEND_B" then return "B" .. a.stage .. ">" .. (a.stage - 1) .. ":" .. a.mb end
+  if t == "RECV_B" then return "B" .. (a.stage + 1) .. ">" .. a.stage .. ":" .. a.mb end
+  return nil
+end
+
+local COMPUTE = { F = true, B = true, I = true, W = true }
+
+-- sched: pp_schedule.derive's result; cost(stage, type) -> microseconds
+-- of a compute action for one microbatch (F, B, I, W); p2p_us(stage,
+-- direction) -> a transfer's time; reduce_us(stage) -> the stage's
+-- gradient reduction (REDUCE_GRAD .. WAIT_REDUCE_GRAD); act_bytes(stage)
+-- -> one microbatch's saved activations of the stage.
+-- -> { step_us, busy_us[rank], bubble, inflight_peak[stage], inflight_bytes[stage], p2p = { sends, bytes } }
+function audit.simulate(sched, cost, p2p_us, reduce_us, act_bytes)
+  local pp = sched.pp
+  local t, busy, pos = {}, {}, {}
+  for r = 1, pp do t[r], busy[r], pos[r] = 0, 0, 1 end
+  local arrives, reduce_done = {}, {}
+  local inflight, peak = {}, {}
+  for s = 0, sched.num_stages - 1 do inflight[s], peak[s] = 0, 0 end
+  local function run_compute(r, a)
+    local us = cost(a.stage, a.type)
+    t[r] = t[r] + us
+    busy[r] = busy[r] + us
+    if a.type == "F" then
+      inflight[a.stage] = inflight[a.stage] + 1
+      if inflight[a.stage] > peak[a.stage] then peak[a.stage] = inflight[a.stage] end
+    elseif a.type == "B" or a.type == "I" then
+      inflight[a.stage] = inflight[a.stage] - 1
+    end
+  end
+  -- A compute action's received input (posted by an earlier RECV): false
+  -- while it has not arrived, else the rank's clock moved to its arrival.
+  local posted = {}
+  local function inputs_here(r, a)
+    local k
+    if a.type == "F" then k = "F" .. (a.stage - 1) .. ">" .. a.stage .. ":" .. a.mb
+    elseif a.type == "B" or a.type == "I" then k = "B" .. (a.stage + 1) .. ">" .. a.stage .. ":" .. a.mb end
+    if not (k and posted[k]) then return true end
+    local at = arrives[k]
+    if not at then return false end
+    if at > t[r] then t[r] = at end
+    return true
+  end
+  local function send(r, a)
+    local k = msg_key(a)
+    arrives[k] = t[r] + p2p_us(a.stage, a.type == "SEND_F" and "F" or "B")
+  end
+  -- One step of rank r: true when it advanced.
+  local function advance(r)
+    local list = sched.lowered[r]
+    local a = list[pos[r]]
+    if not a then return false end
+    local ty = a.type
+    if ty == "RECV_F" or ty == "RECV_B" then
+      -- posted (torch's irecv); the compute that needs it waits for it
+      posted[msg_key(a)] = true
+      -- a coalesced batch: its sends go out before its receives are waited for
+      if a.batch then
+        for i = pos[r] + 1, #list do
+          local b = list[i]
+          if b.batch ~= a.batch then break end
+          if (b.type == "SEND_F" or b.type == "SEND_B") and not b._sent then send(r, b); b._sent = true end
+        end
+      end
+    elseif ty == "SEND_F" or ty == "SEND_B" then
+      if not a._sent then send(r, a) end
+    elseif COMPUTE[ty] then
+      if not inputs_here(r, a) then return false end
+      run_compute(r, a)
+    elseif ty == "OVERLAP_F_B" then
+      for _, sub in ipairs(a.sub) do
+        if not inputs_here(r, sub) then return false end
+      end
+      for _, sub in ipairs(a.sub) do run_compute(r, sub) end
+    elseif ty == "REDUCE_GRAD" then
+      reduce_done[a.stage] = t[r] + reduce_us(a.stage)
+    elseif ty == "WAIT_REDUCE_GRAD" then
+      local at = reduce_done[a.stage] or t[r]
+      if at > t[r] then t[r] = at end
+    end -- UNSHARD, RESHARD, WAIT_SEND_*: no time of their own here
+    pos[r] = pos[r] + 1
+    return true
+  end
+  local left = 0
+  for r = 1, pp do left = left + #sched.lowered[r] end
+  while left > 0 do
+    local progress = false
+    for r = 1, pp do
+      while advance(r) do
+        progress = true
+        left = left - 1
+      end
+    end
+    if not progress then
+      local r = 1
+      while not sched.lowered[r][pos[r]] do r = r + 1 end
+      error(string.format("internal: the pipeline's timed run stalls at rank %d action %d", r - 1, pos[r] - 1), 0)
+    end
+  end
+  -- clear the marks left on the shared action tables
+  for r = 1, pp do
+    for _, a in ipairs(sched.lowered[r]) do a._sent = nil end
+  end
+  local step, total = 0, 0
+  for r = 1, pp do
+    if t[r] > step then step = t[r] end
+    total = total + busy[r]
+  end
+  local bytes = {}
+  for s = 0, sched.num_stages - 1 do bytes[s] = peak[s] * act_bytes(s) end
+  return { step_us = step, busy_us = busy, bubble = step > 0 and 1 - total / (pp * step) or 0,
+           inflight_peak = peak, inflight_bytes = bytes }
+end
+
+return audit

@@ -1,0 +1,196 @@
+-- `make pipeline PLAN=...` (lua5.4 gen/verbs.lua pipeline PLAN.lua): a
+-- pipeline-parallel plan's schedules side by side before the job runs
+-- (issue 22, item 4). For each of torch.distributed.pipelining's schedules
+-- that accepts the plan's pp and microbatches: torchtitan's stage split
+-- (gen/parallel/pp_stages.lua), every rank's actions as torch lowers them
+-- and the proof that their sends and receives match and cannot deadlock
+-- (gen/parallel/pp_schedule.lua), and the predicted step from a timed run
+-- of those actions (gen/parallel/pp_audit.lua): bubble fraction,
+-- activations in flight per stage, point-to-point bytes per rank.
+--
+-- The numbers per stage come from the plan of one stage's mesh (the plan
+-- with pp = 1 on world / pp ranks: its FSDP, HSDP and TP as the generator
+-- plans them): compute per unit from gen/compute.lua split over the
+-- microbatches, the gradient reduction's collectives from gen/cost.lua,
+-- each activation transfer at the inter-node bandwidth (torchtitan puts
+-- pp outermost in the mesh). What this does not do yet: generate the
+-- pipeline's tables (the generator refuses pp > 1) or run them.
+local util = require("gen.util")
+local plan_mod = require("gen.plan")
+local compute = require("gen.compute")
+local layout = require("gen.layout")
+local stages_mod = require("gen.parallel.pp_stages")
+local sched_mod = require("gen.parallel.pp_schedule")
+local pp_audit = require("gen.parallel.pp_audit")
+
+local report = {}
+
+report.SCHEDULES = { "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
+                     "DualPipeV" }
+
+-- torchtitan's module names -> commplan's llama units (gen/models/llama.lua).
+local UNIT_OF = { tok_embeddings = "tok_embeddings", norm = "norm_output", lm_head = "norm_output" }
+
+local function human_us(us)
+  if us >= 1e6 then return string.format("%.2f s", us / 1e6) end
+  if us >= 1e3 then return string.format("%.2f ms", us / 1e3) end
+  return string.format("%.1f us", us)
+end
+
+local function human_bytes(b)
+  local units, i = { "B", "KiB", "MiB", "GiB", "TiB" }, 1
+  while b >= 1024 and i < #units do b = b / 1024; i = i + 1 end
+  return i == 1 and string.format("%d B", b) or string.format("%.2f %s", b, units[i])
+end
+
+-- The plan of one stage's mesh: the loaded plan with pp = 1 on world / pp.
+local function stage_mesh_plan(loaded, pp)
+  local ctx = loaded.ctx
+  if loaded.world_size % pp ~= 0 then
+    util.field_error(ctx, "parallel.pp", string.format("pp=%d does not divide world_size=%d; give a divisor", pp,
+      loaded.world_size))
+  end
+  local sub = {}
+  for k, v in pairs(loaded) do sub[k] = v end
+  local par = {}
+  for k, v in pairs(loaded.parallel) do par[k] = v end
+  par.pp = nil
+  sub.parallel, sub.world_size = par, loaded.world_size // pp
+  return plan_mod.from_loaded(sub)
+end
+
+-- Per stage (0-based) of one split: its units, and the costs the timed run takes.
+local function stage_costs(p, split, n)
+  local s = compute.settings(p)
+  local per_unit = compute.units(p, s)
+  local by_name = {}
+  for _, u in ipairs(p.layout.units) do by_name[u.name] = u end
+  -- the reduction of each unit (step_end: reduce-scatter and all-reduce once), micro-step 0's ops
+  local reduce_of = {}
+  for _, o in ipairs(p.ops) do
+    if (o.kind == "reduce_scatter" or o.kind == "all_reduce") and o.micro_step == 0 then
+      reduce_of[o.unit] = (reduce_of[o.unit] or 0) + (o.predicted_us or 0)
+    end
+  end
+  local out = {}
+  for i, mods in ipairs(split) do
+    local seen, units = {}, {}
+    for _, m in ipairs(mods) do
+      local name = UNIT_OF[m] or m
+      if not seen[name] then
+        seen[name] = true
+        units[#units + 1] = assert(by_name[name], "no unit " .. name)
+      end
+    end
+    local c = { units = units, fwd = 0, bwd = 0, rec = 0, saved = 0, reduce_us = 0 }
+    for _, u in ipairs(units) do
+      local r = per_unit[u.index]
+      c.fwd, c.bwd, c.rec, c.saved = c.fwd + r.fwd / n, c.bwd + r.bwd / n, c.rec + r.recompute / n, c.saved + r.saved / n
+      c.reduce_us = c.reduce_us + (reduce_of[u.index] or 0)
+    end
+    c.F = c.fwd / s.flops_per_us
+    c.B = (c.bwd + c.rec) / s.flops_per_us
+    -- zero bubble's split backward: the input gradient (half the backward,
+    -- with the recompute) and the weight gradient (the other half)
+    c.I = (c.bwd / 2 + c.rec) / s.flops_per_us
+    c.W = (c.bwd / 2) / s.flops_per_us
+    out[i - 1] = c
+  end
+  return out, s
+end
+
+-- One schedule's row, or nil and why torch (or torchtitan) refuses it.
+local function evaluate(p, loaded, pp, n, name)
+  local pl = loaded.pipeline or {}
+  local ok, res = pcall(function()
+    local model_layers = p.model_config.n_layers
+    local num, per = stages_mod.count(nil, { pp = pp, schedule = name, n_layers = model_layers,
+      layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
+      last_stage_less_layers = pl.last_stage_less_layers })
+    local split = stages_mod.split(nil, num, model_layers, pl.first_stage_less_layers, pl.last_stage_less_layers)
+    local sched = sched_mod.derive({ schedule = name, pp = pp, microbatches = n, stages_per_rank = per })
+    local proved, why = sched_mod.prove_p2p(sched.lowered, sched.stage_to_rank, sched.num_stages)
+    if not proved then return { refused = "the point-to-point proof fails: " .. tostring(why) } end
+    local costs, s = stage_costs(p, split, n)
+    local topo = p.topology
+    local mb_tokens = s.tokens / n
+    local act = mb_tokens * p.model_config.dim * layout.DTYPE_BYTES[p.layout.units[1].ag_dtype]
+    local p2p = topo.latency_us + act / (topo.inter_node_GBps * 1e3)
+    local sim = pp_audit.simulate(sched, function(stage, ty) return costs[stage][ty] end,
+      function() return p2p end, function(stage) return costs[stage].reduce_us end,
+      function(stage) return costs[stage].saved end)
+    local sends = 0
+    for _, a in ipairs(sched.lowered[1]) do
+      if a.type == "SEND_F" or a.type == "SEND_B" then sends = sends + 1 end
+    end
+    local worst, worst_bytes = 0, -1
+    for st = 0, num - 1 do
+      if sim.inflight_bytes[st] > worst_bytes then worst, worst_bytes = st, sim.inflight_bytes[st] end
+    end
+    return { name = name, stages = num, per = per, sim = sim, split = split, worst = worst, worst_bytes = worst_bytes,
+             peak = sim.inflight_peak[worst], sends = sends, act = act, p2p_us = p2p }
+  end)
+  if not ok then
+    if util.is_plan_error(res) then return { name = name, refused = tostring(res) } end
+    error(res, 0)
+  end
+  res.name = name
+  return res
+end
+
+function report.text(loaded)
+  local ctx = loaded.ctx
+  local pp = loaded.parallel.pp or 1
+  if pp <= 1 then
+    util.field_error(ctx, "parallel.pp", "pp=1: no pipeline to plan; set pp > 1 (and pipeline.microbatches)")
+  end
+  if loaded.model.family ~= "llama" then
+    util.field_error(ctx, "model.family", "pipeline stages are split as torchtitan splits a decoder: use the llama "
+      .. "family")
+  end
+  local pl = loaded.pipeline or {}
+  local n = pl.microbatches
+  if not n then
+    util.field_error(ctx, "pipeline.microbatches", "missing; give the microbatches per step (torchtitan's "
+      .. "local_batch_size / microbatch size)")
+  end
+  local p = stage_mesh_plan(loaded, pp)
+  local L = {}
+  local function w(fmt, ...) L[#L + 1] = select("#", ...) > 0 and string.format(fmt, ...) or fmt end
+  local s = compute.settings(p)
+  local per_mb = s.tokens / n
+  w("pipeline: %s on %d ranks: PP %d x a stage mesh of %d (%s), %d microbatches of %s tokens per rank and step",
+    loaded.name, loaded.world_size, pp, p.world_size, table.concat(p.mesh.names, " x "), n,
+    per_mb == math.floor(per_mb) and string.format("%d", per_mb) or string.format("%.1f", per_mb))
+  w("each stage's FSDP as torchtitan applies it under PP (no reshard after forward; gradients reduced once, after "
+    .. "the last microbatch); activations sent at %g GB/s + %g us", p.topology.inter_node_GBps, p.topology.latency_us)
+  w("")
+  w("%-22s %6s %5s %8s %12s %12s %26s %9s", "schedule", "stages", "/rank", "bubble", "step", "busy/rank",
+    "activations in flight", "p2p/rank")
+  local rows = {}
+  local want = pl.schedule
+  for _, name in ipairs(report.SCHEDULES) do rows[#rows + 1] = evaluate(p, loaded, pp, n, name) end
+  for _, r in ipairs(rows) do
+    if not r.refused then
+      local busy = 0
+      for _, b in ipairs(r.sim.busy_us) do busy = busy + b end
+      w("%-22s %6d %5d %7.1f%% %12s %12s %26s %9s%s", r.name, r.stages, r.per, 100 * r.sim.bubble,
+        human_us(r.sim.step_us), human_us(busy / pp),
+        string.format("%d mb, %s (stage %d)", r.peak, human_bytes(r.worst_bytes), r.worst),
+        human_bytes(r.sends * r.act), r.name == want and "  <- the plan's" or "")
+    end
+  end
+  for _, r in ipairs(rows) do
+    if r.refused then w("%-22s refused: %s", r.name, r.refused) end
+  end
+  w("")
+  w("Step: the slowest rank's timed run of its actions as torch lowers them (gen/parallel/pp_audit.lua); bubble: "
+    .. "1 - busy / (pp x step); activations in flight: the most microbatches a stage holds forwards of before their "
+    .. "backwards, and their saved bytes (gen/compute.lua), for the stage holding the most; p2p: the activations "
+    .. "and gradients rank 0 sends. Every schedule listed passed the send/receive proof (docs/pipeline.md).")
+  w("Not yet: the pipeline's C tables and its run (the generator refuses pp > 1); FSDP's all-gathers are taken as "
+    .. "prefetched and links as uncontended.")
+  return table.concat(L, "\n") .. "\n", rows
+end
+
+return report

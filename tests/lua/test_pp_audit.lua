@@ -1,0 +1,43 @@
+-- gen/parallel/pp_audit.lua: a schedule's timed run. With unit costs and
+-- free transfers GPipe and 1F1B take (m + p - 1) x (F + B), the textbook
+-- bubble (p - 1) / (m + p - 1); interleaving shrinks it; a transfer's time
+-- delays the receiver; GPipe holds every microbatch's activations, 1F1B
+-- at most p - rank.
+local H = require("helpers")
+local sched_mod = require("gen.parallel.pp_schedule")
+local pp_audit = require("gen.parallel.pp_audit")
+local T = {}
+
+local COST = { F = 1, B = 2, I = 1, W = 1 }
+local function run(name, pp, m, v, p2p)
+  local s = sched_mod.derive({ schedule = name, pp = pp, microbatches = m, stages_per_rank = v })
+  return pp_audit.simulate(s, function(_, ty) return COST[ty] end, function() return p2p or 0 end,
+    function() return 0 end, function() return 1 end), s
+end
+
+local function near(got, want, what) assert(math.abs(got - want) < 1e-9, string.format("%s: %g, want %g", what, got, want)) end
+
+function T.textbook_bubbles()
+  for _, name in ipairs({ "GPipe", "1F1B" }) do
+    local r = run(name, 4, 8, 1)
+    near(r.step_us, (8 + 4 - 1) * 3, name .. " step")
+    near(r.bubble, 3 / 11, name .. " bubble")
+    for k = 1, 4 do near(r.busy_us[k], 8 * 3, name .. " busy") end
+  end
+  local g = run("GPipe", 4, 8, 1)
+  H.eq(g.inflight_peak[0], 8, "GPipe holds every microbatch")
+  local f = run("1F1B", 4, 8, 1)
+  for st = 0, 3 do H.eq(f.inflight_peak[st], 4 - st, "1F1B stage " .. st .. " holds pp - rank") end
+  local i = run("Interleaved1F1B", 4, 8, 2)
+  assert(i.bubble < 3 / 11, "interleaving shrinks the bubble: " .. i.bubble)
+end
+
+function T.transfers_delay_the_receiver()
+  local a = run("1F1B", 4, 8, 1, 0)
+  local b = run("1F1B", 4, 8, 1, 0.5)
+  assert(b.step_us > a.step_us, string.format("transfers cost time: %g vs %g", b.step_us, a.step_us))
+  -- the fill and the drain each cross p - 1 links once per direction
+  assert(b.step_us >= a.step_us + 2 * 3 * 0.5 - 1e-9, "at least the fill and drain latency: " .. b.step_us)
+end
+
+return T
