@@ -1,13 +1,16 @@
--- Tensor parallelism, parameter side: each parameter's TP placement, its
--- TP-local shape on every TP rank (DTensor's torch.chunk split: ranks get
--- ceil(n / tp) rows, trailing ranks fewer or none), and the TP classes: TP
--- ranks whose local shapes agree for every parameter share one FSDP layout.
--- FSDP2 then shards the TP-local tensor (gen/layout.lua), so when TP splits
--- a dim unevenly the fused slot sizes depend on the TP coordinate; the
--- tables hold one layout per class, never one per rank.
+-- Tensor parallelism, the module (gen/parallel/init.lua's contract): each
+-- parameter's TP placement, its TP-local shape on every TP rank (DTensor's
+-- torch.chunk split: ranks get ceil(n / tp) rows, trailing ranks fewer or
+-- none), and the TP classes: TP ranks whose local shapes agree for every
+-- parameter share one FSDP layout. FSDP2 then shards the TP-local tensor
+-- (gen/layout.lua), so when TP splits a dim unevenly the fused slot sizes
+-- depend on the TP coordinate; the tables hold one layout per class, never
+-- one per rank. The activation side (the collectives inside each unit's
+-- compute) is gen/parallel/tp_acts.lua.
 local util = require("gen.util")
+local tp_acts = require("gen.parallel.tp_acts")
 
-local tp = {}
+local tp = { name = "tp", label = "TP", dims = { "tp" }, groups = { "tp" } }
 
 -- Placement name -> the weight dim TP shards (nil: replicated over TP).
 -- torchtitan's ColwiseParallel shards a Linear's weight on dim 0 (its
@@ -48,18 +51,19 @@ function tp.local_param(p, T, t)
   return q
 end
 
--- units (each param with .tp) -> { classes = { { coords = {t...}, units = TP-local units } ... },
---                                  class_of = { [t] = class index (1-based) } }
+-- units (each param with .tp), dims -> { classes = { { coords = {t...}, units = TP-local units } ... },
+--                                        class_of = { [t] = class index (1-based) } }
 -- Classes are numbered in order of their first TP coordinate.
-function tp.classes(units, T)
+function tp.classes(units, d)
+  local T = d.tp
   -- A TP rank's class key is the local row count of every TP-split
   -- parameter (the only shape entries that depend on t); the TP-local
   -- units are built once per class, not once per TP rank.
   local split = {}
   for _, u in ipairs(units) do
     for _, p in ipairs(u.params) do
-      local d = T > 1 and tp.dim_of(p.tp) or nil
-      if d then split[#split + 1] = p.shape[d + 1] end
+      local k = T > 1 and tp.dim_of(p.tp) or nil
+      if k then split[#split + 1] = p.shape[k + 1] end
     end
   end
   local classes, class_of, by_key = {}, {}, {}
@@ -142,5 +146,85 @@ function tp.placements(q, T)
   if q.tp_dim == q.shard_dim then fsdp = string.format("_StridedShard(dim=%d, sf=%d)", q.shard_dim, T) end
   return { fsdp, string.format("Shard(dim=%d)", q.tp_dim) }
 end
+
+
+-- ---------------------------------------------------------------- the contract
+
+function tp.used(d) return d.tp > 1 end
+
+-- The TP settings, checked for every plan (a setting that would be ignored
+-- is refused): sequence and loss parallelism need a TP group and a model
+-- whose activations are modelled (only the llama family's).
+function tp.rules(ctx, d, p)
+  local llama = p.model.family == "llama"
+  if p.parallel.sequence_parallel ~= nil and (d.tp == 1 or not llama) then
+    util.field_error(ctx, "parallel.sequence_parallel", d.tp == 1
+      and "tp=1: there is no TP group to shard the sequence over; remove sequence_parallel or set tp"
+      or "a generic model declares no activations (only the llama family's TP collectives are modelled); remove it")
+  end
+  if p.parallel.loss_parallel ~= nil and (d.tp == 1 or not llama) then
+    util.field_error(ctx, "parallel.loss_parallel", d.tp == 1
+      and "tp=1: there is no TP group to shard the logits over; remove loss_parallel or set tp"
+      or "a generic model declares no loss (only the llama family's TP collectives are modelled); remove it")
+  end
+end
+
+-- The placements (torchtitan's plan for llama; the plan file's own for a
+-- generic model, checked by gen/load.lua), on the plan's fresh units. A TP
+-- group with nothing to split would only cost time: refused.
+function tp.apply_units(ctx, units, d, p)
+  if p.model.family == "llama" then tp.llama_placements(units) end
+  for _, u in ipairs(units) do
+    for _, q in ipairs(u.params) do if tp.dim_of(q.tp) then return units end end
+  end
+  util.field_error(ctx, "parallel.tp", string.format("tp=%d but no parameter has a TP placement, so every "
+    .. "parameter would be replicated over TP and the TP group would do nothing: give parameters "
+    .. "tp = \"colwise\" | \"rowwise\" | \"shard(k)\", or set tp=1", d.tp))
+end
+
+-- A class's layout gets each TP-local parameter's TP facts (emit, audit
+-- and the cost read them there) and each unit its activation collectives.
+function tp.on_layout(ctx, lay, units, d, p, cfg)
+  local by_name = {}
+  for _, u in ipairs(units) do
+    for _, q in ipairs(u.params) do by_name[q.name] = q end
+  end
+  for _, u in ipairs(lay.units) do
+    for _, q in ipairs(u.params) do
+      local src = by_name[q.name]
+      q.tp = src.tp
+      q.tp_dim, q.tp_chunk, q.full_shape = src.tp_dim, src.tp_chunk, src.full_shape
+      q.full_numel = util.product(src.full_shape)
+    end
+  end
+  if p.model.family == "llama" then
+    tp_acts.llama(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
+                                        seq_len = p.model.seq_len,
+                                        sequence_parallel = p.parallel.sequence_parallel,
+                                        loss_parallel = p.parallel.loss_parallel })
+  end
+  return lay
+end
+
+-- A unit's TP activation collectives run inside its forward and backward
+-- compute, on the compute stream, over the TP group; at = "reduce" (the
+-- post-backward of a micro-step that reduces, before FSDP's reduction):
+-- the Partial norm gradients' all-reduces (tp_acts' reducing_only ones,
+-- listed after the unit's other backward collectives).
+function tp.unit_ops(out, u, m, at)
+  local acts = u.tp_acts
+  if not acts then return end
+  local reduce = at == "reduce"
+  local phase = reduce and "backward" or at
+  for _, a in ipairs(acts) do
+    if a.phase == phase and (a.reducing_only or false) == reduce then
+      out[#out + 1] = { kind = a.kind, unit = u.index, micro_step = m, phase = phase, group = "tp", dtype = a.dtype,
+                        count = a.count, reduce_op = a.kind ~= "tp_all_gather" and (a.reduce_op or "sum") or nil,
+                        what = a.what, loss = a.loss }
+    end
+  end
+end
+
+tp.prove = tp.check_same_tp_sequence
 
 return tp

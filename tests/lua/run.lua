@@ -11,6 +11,8 @@ suites[#suites + 1] = "test_scale"
 suites[#suites + 1] = "test_repeat"
 -- Issue 22: pipeline schedules as torch.distributed.pipelining builds them.
 suites[#suites + 1] = "test_pp_schedule"
+-- Issue 22, step 0: the parallelisms as modules.
+suites[#suites + 1] = "test_parallel"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)
