@@ -14,7 +14,7 @@ local rep_mod = require("gen.repeat")
 
 local verify = {}
 
-local ES = layout.DTYPE_BYTES
+local ES = require("gen.util").DTYPE_BYTES
 local TP_KIND = {} -- kind -> true for TP's activation collectives
 for _, d in ipairs(require("gen.opkinds").LIST) do TP_KIND[d.name] = d.tp or nil end
 
