@@ -9,7 +9,7 @@
 --  * bounds: every number the C tables hold fits its C field.
 -- gen/plan.lua runs bounds and order for every class; coverage and schedule
 -- are FSDP's proofs (gen/parallel/fsdp.lua's prove_class).
-local layout = require("gen.layout")
+local layout = require("gen.parallel.fsdp_layout")
 local rep_mod = require("gen.repeat")
 
 local verify = {}

@@ -3,7 +3,7 @@
 -- torch.chunk split: ranks get ceil(n / tp) rows, trailing ranks fewer or
 -- none), and the TP classes: TP ranks whose local shapes agree for every
 -- parameter share one FSDP layout. FSDP2 then shards the TP-local tensor
--- (gen/layout.lua), so when TP splits a dim unevenly the fused slot sizes
+-- (gen/parallel/fsdp_layout.lua), so when TP splits a dim unevenly the fused slot sizes
 -- depend on the TP coordinate; the tables hold one layout per class, never
 -- one per rank. The activation side (the collectives inside each unit's
 -- compute) is gen/parallel/tp_acts.lua.
