@@ -39,7 +39,7 @@ BUILD    := build/$(NAME)
 RUNTIME_SRC := runtime/harness.c runtime/arena.c runtime/launch.c runtime/rendezvous.c runtime/check.c runtime/dtype.c runtime/topology.c runtime/executor.c runtime/backend_host.c runtime/simulate.c runtime/safeio.c runtime/hostlib.c
 RUNTIME_HDR := $(wildcard runtime/*.h)
 RUNTIME_OBJ := $(patsubst runtime/%.c,build/runtime/%.o,$(RUNTIME_SRC))
-GEN_SRC     := $(wildcard gen/*.lua gen/models/*.lua) $(wildcard templates/*.in)
+GEN_SRC     := $(wildcard gen/*.lua gen/models/*.lua gen/parallel/*.lua) $(wildcard templates/*.in)
 # Plan files whose names are [A-Za-z0-9_]+ only: a name holding $(, a
 # space or a quote never reaches a rule, an eval or a shell (a word of a
 # name with spaces is dropped unless it is itself a plan file).

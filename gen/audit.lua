@@ -1,8 +1,8 @@
 -- Renders the plan for tools (plan.json, trace.json) and reviewers
 -- (SCHEDULE.md: a one-screen summary with every warning first, then the
 -- details with runs of identical units and ops folded).
+local util = require("gen.util")
 local json = require("gen.json")
-local layout = require("gen.layout")
 local plan_mod = require("gen.plan")
 local memplan = require("gen.memplan")
 local groups_mod = require("gen.groups")
@@ -15,7 +15,7 @@ local rep_mod = require("gen.repeat")
 local audit = {}
 
 local O = json.object
-local ES = layout.DTYPE_BYTES
+local ES = util.DTYPE_BYTES
 
 audit.SCHEMA_VERSION = 2
 
@@ -330,7 +330,7 @@ function audit.zero_copy_in(p)
       if o.from_sharded then
         local u = p.layout.units[o.unit + 1]
         out.ops = out.ops + times
-        out.bytes = out.bytes + 2 * u.total * layout.DTYPE_BYTES[u.orig_dtype] * times
+        out.bytes = out.bytes + 2 * u.total * util.DTYPE_BYTES[u.orig_dtype] * times
       end
     end
   end
@@ -885,7 +885,7 @@ function audit.schedule_md(p, fp)
   w("  are not counted. Optimizer moments take the parameters' dtype (torch.optim.AdamW). Activations: see")
   w("  gen/compute.lua (Llama: norms, q/k/v, attention output and logsumexp, the SwiGLU intermediates, logits).")
   local defaults = {}
-  for _, k in ipairs(require("gen.util").sorted_keys(s.defaulted)) do
+  for _, k in ipairs(util.sorted_keys(s.defaulted)) do
     defaults[#defaults + 1] = k .. "=" .. tostring(s[k])
   end
   if #defaults > 0 then

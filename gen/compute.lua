@@ -26,11 +26,11 @@
 -- loss): T*(2*e*d + (e + 4)*V); checkpointing wraps the layers only.
 -- With tp > 1 (sequence parallel) every term is divided by tp.
 -- Generic units: activations are not modeled (no dims to derive them).
-local layout = require("gen.layout")
+local util = require("gen.util")
 
 local compute = {}
 
-local ES = layout.DTYPE_BYTES
+local ES = util.DTYPE_BYTES
 
 -- Defaults, each stated in SCHEDULE.md when used.
 compute.DEFAULTS = {

@@ -1,12 +1,12 @@
 -- Stage 7 (audit numbers): bytes per collective, wire bytes per rank per
 -- group family, peak memory per rank, and predicted time per op with an
 -- alpha-beta model and nccl-tests' busbw factors.
-local layout = require("gen.layout")
+local util = require("gen.util")
 local groups = require("gen.groups")
 
 local cost = {}
 
-local ES = layout.DTYPE_BYTES
+local ES = util.DTYPE_BYTES
 
 -- nccl-tests: busbw = algbw * factor; size is the larger buffer (AG out,
 -- RS in, AR buffer).

@@ -9,12 +9,12 @@
 --   comm        the memory plan's arena (every all-gather, unsharded and
 --               reduce-scatter buffer at its generated offset)
 --   activations gen/compute.lua's peak of one micro-step
-local layout = require("gen.layout")
+local util = require("gen.util")
 local compute = require("gen.compute")
 
 local memory = {}
 
-local ES = layout.DTYPE_BYTES
+local ES = util.DTYPE_BYTES
 
 -- Everything but the arena: the sharded state and the activations.
 local function state(p, s, per_unit)

@@ -38,7 +38,6 @@
 -- memory is short, and reports what that costs (policy, reuse_* and
 -- gen/figures.lua's memory_plan: SCHEDULE.md's summary and warnings).
 local util = require("gen.util")
-local layout = require("gen.layout")
 local opkinds = require("gen.opkinds")
 local spantree = require("gen.spantree")
 
@@ -55,7 +54,7 @@ memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act", "partial
 memplan.POOL = { ag = "copy_in", unsharded = "compute", grads = "compute", rs_in = "compute",
                  rs_out = "reduce_scatter", act = "compute", partial = "reduce_scatter" }
 
-local ES = layout.DTYPE_BYTES
+local ES = util.DTYPE_BYTES
 local STREAMS = opkinds.STREAMS
 
 local function sizes_of(lay, u)

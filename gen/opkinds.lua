@@ -26,7 +26,7 @@ opkinds.LIST = {
   { name = "all_reduce", reads = { "rs_out" }, writes = { "rs_out" }, collective = true, ring_passes = 2 },
   { name = "view_out", reads = { "rs_out" }, writes = { "sharded_grads" } },
   -- TP activation collectives inside a unit's forward and backward, in
-  -- place on its activation buffer (gen/tp_acts.lua).
+  -- place on its activation buffer (gen/parallel/tp_acts.lua).
   { name = "tp_all_gather", reads = { "act" }, writes = { "act" }, collective = true, ring_passes = 1, tp = true },
   { name = "tp_reduce_scatter", reads = { "act" }, writes = { "act" }, collective = true, ring_passes = 1, tp = true },
   { name = "tp_all_reduce", reads = { "act" }, writes = { "act" }, collective = true, ring_passes = 2, tp = true },

@@ -1,15 +1,13 @@
--- The pipeline: plan file -> the one plan table every renderer reads.
+-- The pipeline: plan file -> the one plan table every renderer reads. The
+-- parallelisms are modules (gen/parallel/init.lua: the contract and their
+-- order); this file runs their hooks and knows none of their details.
 local load_plan = require("gen.load")
 local dims = require("gen.dims")
-local layout = require("gen.layout")
 local groups = require("gen.groups")
-local schedule = require("gen.schedule")
+local parallel = require("gen.parallel.init")
 local verify = require("gen.verify")
 local cost = require("gen.cost")
 local memplan = require("gen.memplan")
-local tp = require("gen.tp")
-local tp_acts = require("gen.tp_acts")
-local util = require("gen.util")
 local compute = require("gen.compute")
 local timeline = require("gen.timeline")
 local whole_rank = require("gen.memory")
@@ -19,48 +17,24 @@ local plan = {}
 
 plan.MODELS = { llama = require("gen.models.llama"), generic = require("gen.models.generic") }
 
--- FSDP, HSDP and TP: CP/EP placements are not generated yet.
-local function check_supported(ctx, d)
-  for _, name in ipairs({ "cp", "ep" }) do
-    if d[name] > 1 then
-      util.field_error(ctx, "parallel." .. name, string.format(
-        "%s=%d: commplan generates FSDP/HSDP/TP plans (dp_shard, dp_replicate, tp) only so far; set %s=1",
-        name, d[name], name))
-    end
-  end
-end
-plan.check_supported = check_supported -- tests/titan/dims_dump.lua: the dims stage as the generator runs it
-
--- The TP facts of each TP-local parameter, carried onto its layout entry.
-local function attach_tp(lay, local_units)
-  local by_name = {}
-  for _, u in ipairs(local_units) do
-    for _, q in ipairs(u.params) do by_name[q.name] = q end
-  end
-  for _, u in ipairs(lay.units) do
-    for _, q in ipairs(u.params) do
-      local src = by_name[q.name]
-      q.tp = src.tp
-      q.tp_dim, q.tp_chunk, q.full_shape = src.tp_dim, src.tp_chunk, src.full_shape
-      q.full_numel = util.product(src.full_shape)
-    end
-  end
-end
+-- tests/titan/dims_dump.lua: the dims stage as the generator runs it.
+plan.check_supported = parallel.check_supported
 
 local build_class
--- One TP class: layout, schedule, proofs, cost and memory plan of its
--- TP-local shapes (the whole plan without TP).
-function build_class(ctx, cls, d, fams, p, cfg, expand, face)
-  local lay = layout.build(ctx, cls.units, d, p.fsdp)
-  attach_tp(lay, cls.units)
-  if p.model.family == "llama" then
-    tp_acts.llama(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
-                                        seq_len = p.model.seq_len,
-                                        sequence_parallel = p.parallel.sequence_parallel,
-                                        loss_parallel = p.parallel.loss_parallel })
+-- One class of ranks (one table set): its layout, schedule, proofs, cost
+-- and memory plan. mods: the plan's parallelisms (parallel.used).
+function build_class(ctx, cls, d, fams, p, cfg, mods, expand, face)
+  local lay = parallel.one(mods, "buffers").buffers(ctx, cls.units, d, p)
+  for _, m in ipairs(mods) do
+    if m.on_layout then lay = m.on_layout(ctx, lay, cls.units, d, p, cfg) end
   end
-  local ops, rep = schedule.build(lay, fams, p.fsdp, { expand = expand })
-  verify.all(lay, fams, ops, p.fsdp, rep)
+  local ops, rep = parallel.one(mods, "step").step(lay, fams, p, { expand = expand,
+                                                                    unit_ops = parallel.unit_ops(mods) })
+  verify.bounds(lay, fams, ops, p.fsdp, rep)
+  for _, m in ipairs(mods) do
+    if m.prove_class then m.prove_class(lay, ops, p, rep) end
+  end
+  verify.order(lay, fams, ops)
   local predicted = cost.predict(ops, fams, p.topology)
   -- The memory plan places buffers for overlap where the rank's memory
   -- has room: it predicts the class's step (gen/timeline.lua, the audit's
@@ -81,7 +55,7 @@ function build_class(ctx, cls, d, fams, p, cfg, expand, face)
     -- A repeated micro-step's rows must mean the same on every
     -- repetition (gen/repeat.lua); where they would not, the step is
     -- planned in full.
-    if repeat_mod.check(arena.needs, rep) then return build_class(ctx, cls, d, fams, p, cfg, true, face) end
+    if repeat_mod.check(arena.needs, rep) then return build_class(ctx, cls, d, fams, p, cfg, mods, true, face) end
     repeat_mod.share_events(ops, arena, rep)
     -- The predicted step counts the third copy once per repetition: exact
     -- when it runs as the copy before it did, shifted by one micro-step
@@ -93,11 +67,12 @@ function build_class(ctx, cls, d, fams, p, cfg, expand, face)
   view.arena = arena
   local tl = (face or rep) and timeline.build(view, s, per_unit)
   if rep and not repeat_mod.periodic(tl, rep) then
-    return build_class(ctx, cls, d, fams, p, cfg, true, face)
+    return build_class(ctx, cls, d, fams, p, cfg, mods, true, face)
   end
   local memory = cost.memory(lay, ops, arena)
   return { coords = cls.coords, layout = lay, ops = ops, rep = rep, predicted = predicted, arena = arena,
-           memory = memory, timeline = face and { tl = tl, key = compute.settings_key(s), ops = ops, waits = arena.waits } }
+           memory = memory,
+           timeline = face and { tl = tl, key = compute.settings_key(s), ops = ops, waits = arena.waits } }
 end
 
 -- opts.expand: plan a repeated micro-step in full (gen/repeat.lua; the tests compare the two).
@@ -107,36 +82,29 @@ function plan.from_loaded(p, opts)
   load_plan.check_nodes(ctx, p.world_size, p.topology.gpus_per_node, ctx and ctx.nodes_given)
   local units, model_numbers = plan.MODELS[p.model.family].units(ctx, p.model)
   dims.validate_model(ctx, d, model_numbers)
-  check_supported(ctx, d)
+  parallel.check_supported(ctx, d)
   local mesh = dims.mesh(d)
   local fams = groups.build(mesh)
-  if p.parallel.sequence_parallel ~= nil and (d.tp == 1 or p.model.family ~= "llama") then
-    util.field_error(ctx, "parallel.sequence_parallel", d.tp == 1
-      and "tp=1: there is no TP group to shard the sequence over; remove sequence_parallel or set tp"
-      or "a generic model declares no activations (only the llama family's TP collectives are modelled); remove it")
+  for _, m in ipairs(parallel.MODULES) do
+    if m.rules then m.rules(ctx, d, p) end
   end
-  if p.parallel.loss_parallel ~= nil and (d.tp == 1 or p.model.family ~= "llama") then
-    util.field_error(ctx, "parallel.loss_parallel", d.tp == 1
-      and "tp=1: there is no TP group to shard the logits over; remove loss_parallel or set tp"
-      or "a generic model declares no loss (only the llama family's TP collectives are modelled); remove it")
+  local mods = parallel.used(d)
+  for _, m in ipairs(mods) do
+    if m.apply_units then units = m.apply_units(ctx, units, d, p) end
   end
-  if p.model.family == "llama" then tp.llama_placements(units) end
-  if d.tp > 1 then
-    local split = 0
-    for _, u in ipairs(units) do
-      for _, q in ipairs(u.params) do if tp.dim_of(q.tp) then split = split + 1 end end
-    end
-    if split == 0 then
-      util.field_error(ctx, "parallel.tp", string.format("tp=%d but no parameter has a TP placement, so every "
-        .. "parameter would be replicated over TP and the TP group would do nothing: give parameters "
-        .. "tp = \"colwise\" | \"rowwise\" | \"shard(k)\", or set tp=1", d.tp))
-    end
-  end
-  local split = tp.classes(units, d.tp)
+  -- Without a module that tells ranks apart, every rank holds one table set.
+  local splitter = parallel.one(mods, "classes", true)
+  local split = splitter and splitter.classes(units, d)
+    or { classes = { { coords = { 0 }, units = units } }, class_of = { [0] = 1 } }
   local classes = {}
-  for c, cls in ipairs(split.classes) do classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config, opts and opts.expand, c == 1) end
-  tp.check_same_tp_sequence(classes)
-  -- Class 0 (TP rank 0's) is the plan's face for the audit; every class is in the tables.
+  for c, cls in ipairs(split.classes) do
+    classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config, mods, opts and opts.expand, c == 1)
+  end
+  for _, m in ipairs(mods) do
+    if m.prove then m.prove(classes) end
+  end
+  -- Class 0 (rank 0's) is the plan's face for the audit; every class is in
+  -- the tables (named as the runtime's are: classes over the TP coordinate).
   local first = classes[1]
   return {
     name = p.name, source_file = p.source_file, world_size = p.world_size, dims = d, mesh = mesh,

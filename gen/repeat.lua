@@ -1,4 +1,4 @@
--- A repeated micro-step, stored once with a count (gen/schedule.lua).
+-- A repeated micro-step, stored once with a count (gen/parallel/fsdp_schedule.lua).
 --
 -- Real jobs run 16-64 micro-batches; every micro-step of the run 3 ..
 -- micro_last issues the same ops, so the tables hold three copies of it

@@ -4,6 +4,9 @@
 -- between calls.
 local util = {}
 
+-- Bytes per element of each dtype a plan names.
+util.DTYPE_BYTES = { fp32 = 4, bf16 = 2, fp16 = 2 }
+
 -- ---- limits ----------------------------------------------------------------
 -- Every number a plan gives is bounded before any arithmetic uses it, so no
 -- product wraps, no value outside C's int reaches an int field, and

@@ -18,7 +18,6 @@
 local util = require("gen.util")
 local plan_mod = require("gen.plan")
 local compute = require("gen.compute")
-local layout = require("gen.layout")
 local stages_mod = require("gen.parallel.pp_stages")
 local sched_mod = require("gen.parallel.pp_schedule")
 local pp_audit = require("gen.parallel.pp_audit")
@@ -114,7 +113,7 @@ local function evaluate(p, loaded, pp, n, name)
     local costs, s = stage_costs(p, split, n)
     local topo = p.topology
     local mb_tokens = s.tokens / n
-    local act = mb_tokens * p.model_config.dim * layout.DTYPE_BYTES[p.layout.units[1].ag_dtype]
+    local act = mb_tokens * p.model_config.dim * util.DTYPE_BYTES[p.layout.units[1].ag_dtype]
     local p2p = topo.latency_us + act / (topo.inter_node_GBps * 1e3)
     local sim = pp_audit.simulate(sched, function(stage, ty) return costs[stage][ty] end,
       function() return p2p end, function(stage) return costs[stage].reduce_us end,

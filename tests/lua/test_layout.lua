@@ -1,5 +1,5 @@
 local H = require("helpers")
-local layout = require("gen.layout")
+local layout = require("gen.parallel.fsdp_layout")
 local plan = require("gen.plan")
 local llama = require("gen.models.llama")
 local T = {}

@@ -1,7 +1,7 @@
 -- Tensor parallelism: placements, TP-local shapes and TP classes.
 local H = require("helpers")
 local plan = require("gen.plan")
-local tp = require("gen.tp")
+local tp = require("gen.parallel.tp")
 local T = {}
 
 -- DTensor's torch.chunk split: ceil(n / tp) rows, trailing ranks fewer or none.

@@ -12,7 +12,7 @@ FSDP shard (sharded_size, padded_sharded_param_size), dtype, and the DTensor pla
 their mesh dims. All of it must equal the commplan plan's plan.json (plans/llama8b, llama70b,
 llama405b, llama_tiny, llama_tiny_tp as shipped, and variants at other TP and HSDP degrees
 written to build/titan/plans/), the placements derived from plan.json's shard_dim, tp_dim and
-mesh as gen/tp.lua's tp.placements states them; every other TP rank's local shapes
+mesh as gen/parallel/tp.lua's tp.placements states them; every other TP rank's local shapes
 (plan.json tp_classes) against torch's own Shard.local_shard_size_and_offset.
 
 Four differences are declared, printed with their counts, and everything else must be equal:
@@ -98,7 +98,7 @@ def variant_plan(name, world, size, parallel):
 
 
 def placements(q, dr, tp):
-    """A parameter's DTensor placements as (mesh dim, placement) from plan.json, as gen/tp.lua's
+    """A parameter's DTensor placements as (mesh dim, placement) from plan.json, as gen/parallel/tp.lua's
     tp.placements states them: Replicate over dp_replicate (HSDP), Shard(shard_dim) over
     dp_shard -- _StridedShard(dim, sf=tp) where TP splits the same dim first -- and
     Shard(tp_dim) or Replicate over tp."""

@@ -24,7 +24,6 @@
 -- end of the forward of the unit holding output.weight (tests/tp_record.py
 -- records them from PyTorch and compares).
 local util = require("gen.util")
-local layout = require("gen.layout")
 
 local tp_acts = {}
 
@@ -119,7 +118,7 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
     end
     if #acts > 0 then
       -- act_numel counts ag_dtype elements: an op in a wider dtype takes more.
-      local ES, es_ag = layout.DTYPE_BYTES, layout.DTYPE_BYTES[u.ag_dtype]
+      local ES, es_ag = util.DTYPE_BYTES, util.DTYPE_BYTES[u.ag_dtype]
       local most = 0
       for _, a in ipairs(acts) do
         local elems = a.kind == "tp_all_gather" and a.count * T or (a.kind == "tp_reduce_scatter" and a.count * T)

@@ -7,7 +7,7 @@ local util = require("gen.util")
 
 local layout = {}
 
-layout.DTYPE_BYTES = { fp32 = 4, bf16 = 2, fp16 = 2 }
+layout.DTYPE_BYTES = util.DTYPE_BYTES
 -- Copy kernels move 16 bytes per thread step (8 elements of 2 bytes, 4 of
 -- 4): a unit whose offsets, runs and slot are multiples of VEC takes that path.
 layout.VEC = 8

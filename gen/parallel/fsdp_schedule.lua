@@ -28,9 +28,12 @@ local repeat_mod = require("gen.repeat")
 
 
 function schedule.build(lay, fams, fsdp, opts)
-  -- ops: the micro-step being built (op() and tp_ops append to it);
+  -- ops: the micro-step being built (op() and unit_ops append to it);
   -- step: the micro-steps already finished, each appended once.
   local ops, step = {}, {}
+  -- The other parallelisms' ops at a unit's points (gen/parallel/init.lua:
+  -- TP's activation collectives inside its compute); nil: none.
+  local unit_ops = opts and opts.unit_ops
   local shard = fams.by_name.fsdp and fams.by_name.fsdp.size > 1 and fams.by_name.fsdp or nil
   local replicate = fams.by_name.dp_replicate
   local micro_steps = fsdp.micro_steps
@@ -39,19 +42,6 @@ function schedule.build(lay, fams, fsdp, opts)
     for k, v in pairs(extra or {}) do o[k] = v end
     ops[#ops + 1] = o
     return o
-  end
-  -- A unit's TP activation collectives (gen/tp_acts.lua) run inside its
-  -- forward and backward compute, on the compute stream, over the TP group.
-  local function tp_ops(u, m, phase, into, last, only_reducing)
-    for _, a in ipairs(u.tp_acts or {}) do
-      -- reducing_only: issued in the post-backward of a reducing micro-step only
-      if a.phase == phase and (not a.reducing_only or last) and (not only_reducing or a.reducing_only) then
-        local o = { kind = a.kind, unit = u.index, micro_step = m, phase = phase, group = "tp", dtype = a.dtype,
-                    count = a.count, reduce_op = a.kind ~= "tp_all_gather" and (a.reduce_op or "sum") or nil,
-                    what = a.what, loss = a.loss }
-        if into then into[#into + 1] = o else ops[#ops + 1] = o end
-      end
-    end
   end
   local function all_gather(u, m, phase)
     -- Zero copy-in (gen/opkinds.lua): without a cast the all-gather reads
@@ -99,7 +89,7 @@ function schedule.build(lay, fams, fsdp, opts)
         unsharded[u.index] = true
       end
       op("forward", u, m, "forward")
-      tp_ops(u, m, "forward")
+      if unit_ops then unit_ops(ops, u, m, "forward") end
       if u.reshard_after_forward then
         op("reshard", u, m, "forward")
         unsharded[u.index] = false
@@ -143,11 +133,11 @@ function schedule.build(lay, fams, fsdp, opts)
     -- that order below.
     ops = schedule.interleave_post_backward(ops, post, root, m, { reducing = reducing and not step_end,
                                             first = first, partial = partial, keep = step_end }, shard, replicate,
-                                            tp_ops)
+                                            unit_ops)
     if step_end and m == micro_steps - 1 then
       -- finalize_backward: every unit's pending post-backward, in post order
       for _, u in ipairs(post) do
-        tp_ops(u, m, "backward", ops, true, true)
+        if unit_ops then unit_ops(ops, u, m, "reduce") end
         schedule.reduction(ops, u, m, { first = true }, shard, replicate, true)
       end
     end
@@ -222,15 +212,18 @@ function schedule.reduction(out, u, m, how, shard, replicate, reducing)
                     phase = "backward" }
 end
 
-function schedule.interleave_post_backward(ops, post, root, m, how, shard, replicate, tp_ops)
+function schedule.interleave_post_backward(ops, post, root, m, how, shard, replicate, unit_ops)
   local reducing = how.reducing
   local by_index = {}
   for _, u in ipairs(post) do by_index[u.index] = u end
   local out = {}
   local function post_backward(u)
-    -- The backward's TP collectives finish before its post-backward hook
-    -- (the reducing-only ones where it reduces).
-    tp_ops(u, m, "backward", out, reducing)
+    -- The other parallelisms' ops inside the backward finish before its
+    -- post-backward hook (their "reduce" ones where it reduces).
+    if unit_ops then
+      unit_ops(out, u, m, "backward")
+      if reducing then unit_ops(out, u, m, "reduce") end
+    end
     schedule.reduction(out, u, m, how, shard, replicate, reducing)
   end
   for _, o in ipairs(ops) do

@@ -1,0 +1,230 @@
+-- Tensor parallelism, the module (gen/parallel/init.lua's contract): each
+-- parameter's TP placement, its TP-local shape on every TP rank (DTensor's
+-- torch.chunk split: ranks get ceil(n / tp) rows, trailing ranks fewer or
+-- none), and the TP classes: TP ranks whose local shapes agree for every
+-- parameter share one FSDP layout. FSDP2 then shards the TP-local tensor
+-- (gen/parallel/fsdp_layout.lua), so when TP splits a dim unevenly the fused slot sizes
+-- depend on the TP coordinate; the tables hold one layout per class, never
+-- one per rank. The activation side (the collectives inside each unit's
+-- compute) is gen/parallel/tp_acts.lua.
+local util = require("gen.util")
+local tp_acts = require("gen.parallel.tp_acts")
+
+local tp = { name = "tp", label = "TP", dims = { "tp" }, groups = { "tp" } }
+
+-- Placement name -> the weight dim TP shards (nil: replicated over TP).
+-- torchtitan's ColwiseParallel shards a Linear's weight on dim 0 (its
+-- output features) and RowwiseParallel on dim 1 (its input features).
+tp.PLACEMENTS = { colwise = 0, rowwise = 1, replicate = false }
+
+function tp.dim_of(placement)
+  placement = placement or "replicate"
+  local explicit = placement:match("^shard%((%d)%)$")
+  if explicit then return tonumber(explicit) end
+  local d = tp.PLACEMENTS[placement]
+  return d ~= false and d or nil
+end
+
+-- Rows of an n-row dim that TP rank t holds, and the chunk size.
+function tp.local_rows(n, T, t)
+  local c = util.ceil_div(n, T)
+  return math.max(0, math.min(c, n - t * c)), c
+end
+
+-- The TP-local copy of a parameter on TP rank t: shape with the TP dim
+-- replaced by t's rows; full_shape, tp_dim (0-based) and tp_chunk record
+-- how local elements map back to the full parameter.
+function tp.local_param(p, T, t)
+  local q = {}
+  for k, v in pairs(p) do q[k] = v end
+  q.full_shape = p.shape
+  local d = T > 1 and tp.dim_of(p.tp) or nil
+  if d == nil then
+    q.tp_dim, q.tp_chunk = nil, nil
+    return q
+  end
+  local shape = {}
+  for i, n in ipairs(p.shape) do shape[i] = n end
+  local rows, chunk = tp.local_rows(p.shape[d + 1], T, t)
+  shape[d + 1] = rows
+  q.shape, q.tp_dim, q.tp_chunk = shape, d, chunk
+  return q
+end
+
+-- units (each param with .tp), dims -> { classes = { { coords = {t...}, units = TP-local units } ... },
+--                                        class_of = { [t] = class index (1-based) } }
+-- Classes are numbered in order of their first TP coordinate.
+function tp.classes(units, d)
+  local T = d.tp
+  -- A TP rank's class key is the local row count of every TP-split
+  -- parameter (the only shape entries that depend on t); the TP-local
+  -- units are built once per class, not once per TP rank.
+  local split = {}
+  for _, u in ipairs(units) do
+    for _, p in ipairs(u.params) do
+      local k = T > 1 and tp.dim_of(p.tp) or nil
+      if k then split[#split + 1] = p.shape[k + 1] end
+    end
+  end
+  local classes, class_of, by_key = {}, {}, {}
+  for t = 0, T - 1 do
+    local key = {}
+    for i, n in ipairs(split) do key[i] = tp.local_rows(n, T, t) end
+    local k = table.concat(key, ",")
+    local c = by_key[k]
+    if not c then
+      local local_units = {}
+      for i, u in ipairs(units) do
+        local params = {}
+        for j, p in ipairs(u.params) do params[j] = tp.local_param(p, T, t) end
+        local lu = {}
+        for f, v in pairs(u) do lu[f] = v end
+        lu.params = params
+        local_units[i] = lu
+      end
+      classes[#classes + 1] = { coords = {}, units = local_units }
+      c = #classes
+      by_key[k] = c
+    end
+    table.insert(classes[c].coords, t)
+    class_of[t] = c
+  end
+  return { classes = classes, class_of = class_of }
+end
+
+-- torchtitan's Llama plan: attention wq/wk/wv and feed-forward w1/w3
+-- column-wise, wo and w2 row-wise, the embedding row-wise (nn.Embedding:
+-- its vocab rows, dim 0), the output column-wise, norms replicated.
+local LLAMA = {
+  ["attention.wq.weight"] = "colwise", ["attention.wk.weight"] = "colwise", ["attention.wv.weight"] = "colwise",
+  ["attention.wo.weight"] = "rowwise", ["feed_forward.w1.weight"] = "colwise",
+  ["feed_forward.w2.weight"] = "rowwise", ["feed_forward.w3.weight"] = "colwise",
+  ["tok_embeddings.weight"] = "shard(0)", ["output.weight"] = "colwise",
+}
+function tp.llama_placements(units)
+  for _, u in ipairs(units) do
+    for _, q in ipairs(u.params) do
+      local suffix = q.name:gsub("^layers%.%d+%.", "")
+      q.tp = q.tp or LLAMA[suffix] or "replicate"
+    end
+  end
+end
+
+-- The proof that TP classes cannot hang each other: the members of a TP
+-- group sit in different classes, so every class must issue the identical
+-- sequence of TP collectives (kind, dtype, count, reduce op). FSDP and
+-- replicate groups never span classes (their members share a TP coordinate).
+function tp.check_same_tp_sequence(classes)
+  local function seq(cls)
+    local t = {}
+    for _, o in ipairs(cls.ops) do
+      if o.group == "tp" then
+        t[#t + 1] = string.format("%s/%s/%d/%s", o.kind, o.dtype, o.count, o.reduce_op or "-")
+      end
+    end
+    return t
+  end
+  local want = seq(classes[1])
+  for c = 2, #classes do
+    local got = seq(classes[c])
+    for i = 1, math.max(#want, #got) do
+      if want[i] ~= got[i] then
+        error(string.format("internal: TP class %d issues %s as its TP collective %d, class 1 %s", c,
+          tostring(got[i]), i, tostring(want[i])), 0)
+      end
+    end
+  end
+end
+
+-- The placement string PyTorch records for a parameter under FSDP on
+-- (dp_shard) and TP on (tp): _StridedShard(dim=0, sf=tp) where both shard
+-- dim 0, Shard(d) for each otherwise, Replicate() where TP does not shard.
+function tp.placements(q, T)
+  local fsdp = string.format("Shard(dim=%d)", q.shard_dim)
+  if T <= 1 then return { fsdp } end
+  if q.tp_dim == nil then return { fsdp, "Replicate()" } end
+  if q.tp_dim == q.shard_dim then fsdp = string.format("_StridedShard(dim=%d, sf=%d)", q.shard_dim, T) end
+  return { fsdp, string.format("Shard(dim=%d)", q.tp_dim) }
+end
+
+
+-- ---------------------------------------------------------------- the contract
+
+function tp.used(d) return d.tp > 1 end
+
+-- The TP settings, checked for every plan (a setting that would be ignored
+-- is refused): sequence and loss parallelism need a TP group and a model
+-- whose activations are modelled (only the llama family's).
+function tp.rules(ctx, d, p)
+  local llama = p.model.family == "llama"
+  if p.parallel.sequence_parallel ~= nil and (d.tp == 1 or not llama) then
+    util.field_error(ctx, "parallel.sequence_parallel", d.tp == 1
+      and "tp=1: there is no TP group to shard the sequence over; remove sequence_parallel or set tp"
+      or "a generic model declares no activations (only the llama family's TP collectives are modelled); remove it")
+  end
+  if p.parallel.loss_parallel ~= nil and (d.tp == 1 or not llama) then
+    util.field_error(ctx, "parallel.loss_parallel", d.tp == 1
+      and "tp=1: there is no TP group to shard the logits over; remove loss_parallel or set tp"
+      or "a generic model declares no loss (only the llama family's TP collectives are modelled); remove it")
+  end
+end
+
+-- The placements (torchtitan's plan for llama; the plan file's own for a
+-- generic model, checked by gen/load.lua), on the plan's fresh units. A TP
+-- group with nothing to split would only cost time: refused.
+function tp.apply_units(ctx, units, d, p)
+  if p.model.family == "llama" then tp.llama_placements(units) end
+  for _, u in ipairs(units) do
+    for _, q in ipairs(u.params) do if tp.dim_of(q.tp) then return units end end
+  end
+  util.field_error(ctx, "parallel.tp", string.format("tp=%d but no parameter has a TP placement, so every "
+    .. "parameter would be replicated over TP and the TP group would do nothing: give parameters "
+    .. "tp = \"colwise\" | \"rowwise\" | \"shard(k)\", or set tp=1", d.tp))
+end
+
+-- A class's layout gets each TP-local parameter's TP facts (emit, audit
+-- and the cost read them there) and each unit its activation collectives.
+function tp.on_layout(ctx, lay, units, d, p, cfg)
+  local by_name = {}
+  for _, u in ipairs(units) do
+    for _, q in ipairs(u.params) do by_name[q.name] = q end
+  end
+  for _, u in ipairs(lay.units) do
+    for _, q in ipairs(u.params) do
+      local src = by_name[q.name]
+      q.tp = src.tp
+      q.tp_dim, q.tp_chunk, q.full_shape = src.tp_dim, src.tp_chunk, src.full_shape
+      q.full_numel = util.product(src.full_shape)
+    end
+  end
+  if p.model.family == "llama" then
+    tp_acts.llama(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
+                                        seq_len = p.model.seq_len,
+                                        sequence_parallel = p.parallel.sequence_parallel,
+                                        loss_parallel = p.parallel.loss_parallel })
+  end
+  return lay
+end
+
+-- A unit's TP activation collectives run inside its forward and backward
+-- compute, on the compute stream, over the TP group; at = "reduce" (the
+-- post-backward of a micro-step that reduces, before FSDP's reduction):
+-- the Partial norm gradients' all-reduces (tp_acts' reducing_only ones,
+-- listed after the unit's other backward collectives).
+function tp.unit_ops(out, u, m, at)
+  local acts = u.tp_acts
+  if not acts then return end
+  local reduce = at == "reduce"
+  local phase = reduce and "backward" or at
+  for _, a in ipairs(acts) do
+    if a.phase == phase and (a.reducing_only or false) == reduce then
+      out[#out + 1] = { kind = a.kind, unit = u.index, micro_step = m, phase = phase, group = "tp", dtype = a.dtype,
+                        count = a.count, reduce_op = a.kind ~= "tp_all_gather" and (a.reduce_op or "sum") or nil,
+                        what = a.what, loss = a.loss }
+    end
+  end
+end
+
+tp.prove = tp.check_same_tp_sequence
+
+return tp

@@ -1,0 +1,71 @@
+-- The parallelisms as modules (gen/parallel/init.lua): the contract's
+-- shape, the groups each module declares, and that an unused one leaves no
+-- trace.
+local H = require("helpers")
+local plan = require("gen.plan")
+local parallel = require("gen.parallel.init")
+local T = {}
+
+local HOOKS = { "used", "rules", "apply_units", "classes", "buffers", "on_layout", "step", "unit_ops",
+                "prove_class", "prove" }
+
+function T.every_module_keeps_the_contract()
+  local seen = {}
+  for _, m in ipairs(parallel.MODULES) do
+    H.eq(type(m.name), "string", "name")
+    H.eq(seen[m.name], nil, "module " .. m.name .. " listed once")
+    seen[m.name] = true
+    H.eq(type(m.label), "string", m.name .. ".label")
+    H.eq(type(m.dims), "table", m.name .. ".dims")
+    H.eq(type(m.groups), "table", m.name .. ".groups")
+    for _, h in ipairs(HOOKS) do
+      if m[h] ~= nil then H.eq(type(m[h]), "function", m.name .. "." .. h) end
+    end
+  end
+  -- TP applies to the model's modules before fully_shard wraps them.
+  H.list_eq({ parallel.MODULES[1].name, parallel.MODULES[2].name }, { "tp", "fsdp" }, "application order")
+end
+
+-- Every op's group is one a module the plan uses declares.
+function T.ops_name_only_declared_groups()
+  for _, f in ipairs({ "plans/fsdp4.lua", "plans/hsdp2x2.lua", "plans/llama_tiny_tp.lua", "plans/tp3_uneven.lua",
+                       "plans/hsdp3x2_arlast.lua" }) do
+    local p = plan.from_file(f)
+    local declared = {}
+    for _, m in ipairs(parallel.used(p.dims)) do
+      for _, g in ipairs(m.groups) do declared[g] = m.name end
+    end
+    for _, cls in ipairs(p.tp_classes) do
+      for _, o in ipairs(cls.ops) do
+        if o.group then H.eq(declared[o.group] ~= nil, true, string.format("%s: op %d's group %s", f, o.seq, o.group)) end
+      end
+    end
+  end
+end
+
+-- A plan without TP runs none of TP's hooks: no TP facts on its layout, no
+-- TP ops, one class of ranks.
+function T.unused_module_leaves_no_trace()
+  local p = plan.from_file("plans/llama_tiny.lua")
+  H.eq(p.dims.tp, 1, "llama_tiny has no TP")
+  H.list_eq(parallel.used(p.dims), { parallel.MODULES[2] }, "modules used")
+  H.eq(#p.tp_classes, 1, "one class")
+  H.eq(p.class_of_tp[0], 1, "rank's class")
+  for _, u in ipairs(p.layout.units) do
+    H.eq(u.tp_acts, nil, u.name .. " TP activation collectives")
+    for _, q in ipairs(u.params) do
+      H.eq(q.tp, nil, q.name .. " TP placement")
+      H.eq(q.full_shape, nil, q.name .. " TP full shape")
+    end
+  end
+  for _, o in ipairs(p.ops) do H.eq(o.group ~= "tp", true, "op " .. o.seq .. " on a TP group") end
+end
+
+-- A degree no module implements is refused, naming what is generated.
+function T.unimplemented_degree_is_refused()
+  H.plan_fails("return { world_size = 4, parallel = { dp_shard = -1, cp = 2 }, model = { units = { "
+    .. "{ name = 'root', params = { { name = 'w', shape = { 8 } } } } } } }",
+    "parallel.cp", "cp=2: commplan generates FSDP/HSDP/TP plans (dp_shard, dp_replicate, tp) only so far; set cp=1")
+end
+
+return T
