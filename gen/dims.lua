@@ -1,12 +1,13 @@
 -- Stage 2: ParallelDims, as torchtitan/hyper_parallel's parallel_dims.py
 -- defines it: degree validation, dp_shard = -1 inference, model checks, the
--- canonical mesh (dp_replicate > dp_shard > ep > cp > tp > pp, only dims > 1)
+-- canonical mesh (pp > dp_replicate > dp_shard > ep > cp > tp, only dims > 1:
+-- torchtitan 0.3's dense mesh puts pp outermost)
 -- and the flattened aliases fsdp / dp / loss. Messages follow the Python.
 local util = require("gen.util")
 
 local dims = {}
 
-dims.ORDER = { "dp_replicate", "dp_shard", "ep", "cp", "tp", "pp" }
+dims.ORDER = { "pp", "dp_replicate", "dp_shard", "ep", "cp", "tp" }
 
 local function fail(ctx, field, msg) util.field_error(ctx, field, msg) end
 
@@ -79,11 +80,6 @@ function dims.infer(ctx, parallel, world_size)
   if d.ep > 1 and d.etp ~= d.tp and d.etp ~= 1 then
     fail(ctx, f .. "etp", string.format(
       "etp=%d must equal tp=%d or 1 (expert tensor-parallel must align with TP or be inactive)", d.etp, d.tp))
-  end
-  if d.pp > 1 then
-    fail(ctx, f .. "pp", string.format(
-      "Pipeline parallel (pp=%d>1) is not yet implemented for any model. Set pp=1 or add a per-model PP path "
-      .. "in models/<name>/parallelize.py before enabling.", d.pp))
   end
   if d.ulysses_degree ~= nil and d.cp > 1 then
     if d.ulysses_degree > d.cp then

@@ -63,7 +63,7 @@ local util = require("gen.util")
 
 local parallel = {}
 
-parallel.MODULES = { require("gen.parallel.tp"), (require("gen.parallel.fsdp")) }
+parallel.MODULES = { require("gen.parallel.pp"), require("gen.parallel.tp"), (require("gen.parallel.fsdp")) }
 
 -- The degrees no module implements, in the order refusals have always
 -- named them (pp > 1 is refused earlier, by gen/dims.lua's ParallelDims).
@@ -75,7 +75,10 @@ local function generated_text()
   local pos = {}
   for i, n in ipairs(dims.ORDER) do pos[n] = i end
   local mods = {}
-  for i, m in ipairs(parallel.MODULES) do mods[i] = m end
+  -- (a module that plans but does not generate yet is not named: PP)
+  for _, m in ipairs(parallel.MODULES) do
+    if not m.plans_only then mods[#mods + 1] = m end
+  end
   table.sort(mods, function(a, b) return pos[a.dims[1]] < pos[b.dims[1]] end)
   local labels, names = {}, {}
   for _, m in ipairs(mods) do

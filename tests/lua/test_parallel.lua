@@ -22,8 +22,10 @@ function T.every_module_keeps_the_contract()
       if m[h] ~= nil then H.eq(type(m[h]), "function", m.name .. "." .. h) end
     end
   end
-  -- TP applies to the model's modules before fully_shard wraps them.
-  H.list_eq({ parallel.MODULES[1].name, parallel.MODULES[2].name }, { "tp", "fsdp" }, "application order")
+  -- torchtitan's order: the pipeline split first (pipeline_llm), then TP
+  -- on each part's modules before fully_shard wraps them.
+  H.list_eq({ parallel.MODULES[1].name, parallel.MODULES[2].name, parallel.MODULES[3].name }, { "pp", "tp", "fsdp" },
+    "application order")
 end
 
 -- Every op's group is one a module the plan uses declares.
@@ -48,7 +50,7 @@ end
 function T.unused_module_leaves_no_trace()
   local p = plan.from_file("plans/llama_tiny.lua")
   H.eq(p.dims.tp, 1, "llama_tiny has no TP")
-  H.list_eq(parallel.used(p.dims), { parallel.MODULES[2] }, "modules used")
+  H.list_eq(parallel.used(p.dims), { parallel.MODULES[3] }, "modules used")
   H.eq(#p.tp_classes, 1, "one class")
   H.eq(p.class_of_tp[0], 1, "rank's class")
   for _, u in ipairs(p.layout.units) do

@@ -17,9 +17,12 @@ creates), never process groups.
 
 Verdicts:
   agreement      both accept with equal meshes, or both refuse;
-  expected       torchtitan accepts a mesh with pp, cp or ep > 1 that commplan
+  expected       torchtitan accepts a mesh with cp or ep > 1 that commplan
                  does not generate yet (commplan refuses it); the day commplan
-                 accepts one, it is compared like any other and must be equal;
+                 accepts one, it is compared like any other and must be equal
+                 (pp is accepted since issue 22: its meshes, pp outermost as
+                 torchtitan's, and groups are compared; pp with cp or ep stays
+                 an expected refusal);
   etp-only       torchtitan accepts and commplan refuses only because etp is
                  given with ep = 1 (torchtitan 0.3 has no etp setting at all);
   disagreement   anything else: the test fails and names the mesh.
