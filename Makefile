@@ -145,9 +145,11 @@ CP_VERSION := $(or $(shell tr -cd 'A-Za-z0-9.+-' <VERSION 2>/dev/null),unknown)
 # .backend says whether this build has the GPU backend; it changes when nvcc
 # appears or goes (a login node without CUDA, then a GPU node), so the
 # binary and libraries are rebuilt with or without it instead of going stale.
+# (A temporary name per shell: two makes of one plan at once must not
+# remove each other's.)
 $(BUILD)/.backend: FORCE
 	@mkdir -p '$(BUILD)'
-	@printf '%s\n' 'gpu=$(HAVE_NVCC)' >'$@.new'; if cmp -s '$@.new' '$@'; then rm -f '$@.new'; else mv -f '$@.new' '$@'; fi
+	@t='$@.new.'$$$$; printf '%s\n' 'gpu=$(HAVE_NVCC)' >"$$t"; if cmp -s "$$t" '$@'; then rm -f "$$t"; else mv -f "$$t" '$@'; fi
 
 $(BUILD)/main.o: runtime/main.c $(RUNTIME_HDR) $(BUILD)/.generated VERSION $(BUILD)/.backend
 	$(CC) $(CSTD) $(CFLAGS) -Iruntime $(CUDA_INC) -DCP_PLAN=$(NAME)_plan -DCP_VERSION='"$(CP_VERSION)"' $(MAIN_DEFS) -c $< -o $@

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fuzz the plan binary's argv and environment for a bounded time (issue 20).
 
-  tests/fuzz_cli.py BINARY [--seconds S] [--seed N] [--jobs J] [--log FILE]
+  tests/fuzz_cli.py BINARY [--seconds S] [--min-cases N] [--seed N] [--jobs J] [--log FILE]
 
 BINARY is a 4-rank plan's binary (fsdp4's), best built with ASan+UBSan
 (make build/tests-asan/fsdp4_cli). Each case is a random command line (a
@@ -196,6 +196,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("binary")
     ap.add_argument("--seconds", type=float, default=15)
+    # at least this many cases whatever the clock says: a busy machine must not thin the check
+    ap.add_argument("--min-cases", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=20)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--per-run", type=float, default=10)
@@ -209,7 +211,7 @@ def main():
         counts, failures = {}, []
         stop = time.monotonic() + args.seconds
         with ThreadPoolExecutor(args.jobs) as pool:
-            while time.monotonic() < stop:
+            while time.monotonic() < stop or sum(counts.values()) < args.min_cases:
                 cases = [make_case(rng, work) for _ in range(args.jobs * 4)]
                 for case, (kind, why) in zip(cases, pool.map(lambda c: run_case(binary, c, work, args.per_run),
                                                              cases)):

@@ -12,7 +12,7 @@
 -- which must exit 0 (files written) or 2 (one stderr line equal to the
 -- in-process message, nothing written).
 --
---   lua5.4 tests/fuzz_plans.lua [--seconds 20] [--seed N] [--cli-every 6] [--only I]
+--   lua5.4 tests/fuzz_plans.lua [--seconds 20] [--min-inputs 1000] [--seed N] [--cli-every 6] [--only I]
 --
 -- Input I depends only on (seed, I), so a failure reproduces with
 -- --seed N --only I (the input is also saved under build/fuzz/).
@@ -23,16 +23,19 @@ local plan = require("gen.plan")
 local emit = require("gen.emit")
 local audit = require("gen.audit")
 
-local opts = { seconds = 20, seed = 20240808, cli_every = 6, only = nil }
+-- min_inputs: run at least this many whatever the clock says, so a busy
+-- machine (make test's torch lane beside it) does not thin the check
+local opts = { seconds = 20, seed = 20240808, cli_every = 6, only = nil, min_inputs = 1000 }
 do
   local i = 1
   while i <= #arg do
     local a, v = arg[i], arg[i + 1]
     if a == "--seconds" then opts.seconds = assert(tonumber(v), "--seconds N")
+    elseif a == "--min-inputs" then opts.min_inputs = assert(tonumber(v), "--min-inputs N")
     elseif a == "--seed" then opts.seed = assert(math.tointeger(tonumber(v)), "--seed N")
     elseif a == "--cli-every" then opts.cli_every = assert(math.tointeger(tonumber(v)), "--cli-every N")
     elseif a == "--only" then opts.only = assert(math.tointeger(tonumber(v)), "--only I")
-    else io.stderr:write("usage: lua5.4 tests/fuzz_plans.lua [--seconds S] [--seed N] [--cli-every K] [--only I]\n")
+    else io.stderr:write("usage: lua5.4 tests/fuzz_plans.lua [--seconds S] [--min-inputs N] [--seed N] [--cli-every K] [--only I]\n")
       os.exit(2) end
     i = i + 2
   end
@@ -461,7 +464,7 @@ if opts.only then
 else
   local start = os.time()
   local i = 0
-  while os.difftime(os.time(), start) < opts.seconds and #failures < 20 do
+  while (os.difftime(os.time(), start) < opts.seconds or i < opts.min_inputs) and #failures < 20 do
     i = i + 1
     one(i)
   end

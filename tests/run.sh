@@ -54,6 +54,206 @@ check_plan_names() {
   return $rc
 }
 
+# The torch environment (make torch-env), once: the torch lane below and
+# the emulator's torchrun launches use it.
+live_out=$(tests/live/torch_env.sh --python 2>&1); live_rc=$?
+live_py=$(printf '%s\n' "$live_out" | tail -n 1)
+
+# ---- the torch lane: every check that runs PyTorch, beside the rest ----
+# live FSDP2, torchtitan, torchrun, training on CPU, tp_record and the
+# runtime hooks need the torch environment and little of what the rest
+# builds, so they run as one background lane (torch_lane) while the
+# foreground goes on; its output is kept in build/test-logs/lanes/ and
+# printed in full, in order, where it is joined (lane_join: its checks are
+# counted there; a lane that ends without its counts is a failure).
+# Everything it shares with the foreground is built before it starts
+# (the prebuild below): the runtime objects and fsdp4 / hsdp2x2, which torchrun
+# launches; its own builds go to build/live/, build/titan/, build/tp_record/
+# and build/train_cpu*.
+torch_lane() {
+  # ---- live FSDP2 peer (issue 16, items 1 and 2) ----
+  # PyTorch's fully_shard on gloo, one process per rank, against the binary's
+  # --simulate --pattern oracle --dump, element for element (tests/live/):
+  # the pinned environment first (what make torch-env runs:
+  # tests/live/torch_env.sh, built once per machine outside the clone), the
+  # torch 2.11 recordings' three models live (torch 2.15 against them), every
+  # small plan, then the property test (random generic plans from seed
+  # LIVE_SEED_FROM, default 1, for LIVE_SECONDS, default 50). Where the
+  # package registry cannot be reached each prints SKIP, never ok.
+  section "live FSDP2 peer: PyTorch's fully_shard on gloo vs the binary's --dump (tests/live/)"
+  live_check() {  # NAME CMD...: ok or FAIL, then the run's closing line
+    local name=$1 f; shift; f=$(logname "$name")
+    if "$@" >"$f" 2>&1; then ok "$name"; else bad "$name" "$f"; fi
+    grep -ah "^live \(plans\|seeds\|recordings\): " "$f" | sed "s/^/        /"
+  }
+  live_recs="live FSDP2 (torch 2.15) vs the torch 2.11 recordings fsdp4, hsdp2x2, fsdp2_tp2 (tests/oracle_check.lua)"
+  live_plans="live FSDP2 vs every small plan in plans/ and tests/plans/ (tests/live/live.py plans)"
+  live_seeds="live FSDP2 property test: random generic plans from seed ${LIVE_SEED_FROM:-1} for ${LIVE_SECONDS:-50} s, at least ${LIVE_MIN_SEEDS:-15} seeds (tests/live/live.py seeds)"
+  if [ "$live_rc" = 0 ]; then
+    ok "torch-env: $(printf '%s\n' "$live_out" | sed -n 's/^torch-env: torch /torch /p' | head -n 1)"
+    live_check "$live_recs" timeout 600 "$live_py" tests/live/live.py recordings
+    live_check "$live_plans" timeout 1800 "$live_py" tests/live/live.py plans
+    live_check "$live_seeds" timeout $(( ${LIVE_SECONDS:-50} + 300 )) "$live_py" tests/live/live.py seeds \
+      "${LIVE_SEED_FROM:-1}-$(( ${LIVE_SEED_FROM:-1} + 99999 ))" --budget "${LIVE_SECONDS:-50}" --min-seeds "${LIVE_MIN_SEEDS:-15}"
+  elif [ "$live_rc" = 3 ]; then
+    live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
+    skipped "torch-env (make torch-env)" "$live_why"
+    skipped "$live_recs" "$live_why"
+    skipped "$live_plans" "$live_why"
+    skipped "$live_seeds" "$live_why"
+  else
+    f=$(logname "torch-env (make torch-env)"); printf '%s\n' "$live_out" >"$f"; bad "torch-env (make torch-env)" "$f"
+    skipped "$live_recs" "no torch environment (torch-env failed above)"
+    skipped "$live_plans" "no torch environment (torch-env failed above)"
+    skipped "$live_seeds" "no torch environment (torch-env failed above)"
+  fi
+  # ---- end of live FSDP2 peer ----
+
+  # ---- torchtitan as the peer (issue 17, items 1 and 2) ----
+  # commplan against torchtitan 0.3's own code, in the live environment above
+  # (tests/titan/): its ParallelDims over every mesh of world <= 64 and
+  # 1,024 / 16,384 / 131,072-rank ones (accept / refuse, meshes, aliases,
+  # every group's rank lists; a fake process group), and its llama3
+  # parallelized by its own parallelize_llama at the llama plans' meshes (FSDP
+  # units, parameters, placements; the plan writer from a torchtitan model).
+  # The two run side by side. SKIP, never ok, without a torch environment or
+  # where torch / torchtitan do not import (exit 77).
+  section "torchtitan as the peer: ParallelDims, Llama wrapping and TP plan (tests/titan/)"
+  titan_dims="torchtitan ParallelDims vs gen/dims.lua + gen/groups.lua: accept/refuse, meshes, aliases, rank lists (tests/titan/test_parallel_dims.py)"
+  titan_llama="torchtitan llama3 + parallelize_llama vs the llama plans: FSDP units, parameters, placements; plan writer from torchtitan (tests/titan/test_llama_plan.py)"
+  titan_result() {  # NAME LOG RC: ok, FAIL or SKIP (77), then the run's count lines
+    case $3 in
+      0) ok "$1" ;;
+      77) skipped "$1" "$(sed -n 's/^SKIP [^:]*: //p' "$2" | head -n 1)"; return ;;
+      *) echo "exit status $3" >>"$2"; bad "$1" "$2" ;;
+    esac
+    grep -h "^\(parallel_dims\|llama_plan\): " "$2" | sed "s/^/        /"
+  }
+  if [ "$live_rc" = 0 ]; then
+    titan_f1=$(logname "$titan_dims") titan_f2=$(logname "$titan_llama")
+    timeout 900 "$live_py" tests/titan/test_parallel_dims.py >"$titan_f1" 2>&1 & titan_p1=$!
+    timeout 900 "$live_py" tests/titan/test_llama_plan.py >"$titan_f2" 2>&1; titan_r2=$?
+    wait "$titan_p1"; titan_r1=$?
+    titan_result "$titan_dims" "$titan_f1" "$titan_r1"
+    titan_result "$titan_llama" "$titan_f2" "$titan_r2"
+  else
+    titan_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
+    titan_why="no torch environment (make torch-env exit $live_rc${titan_why:+: $titan_why})"
+    skipped "$titan_dims" "$titan_why"
+    skipped "$titan_llama" "$titan_why"
+  fi
+  # ---- end of torchtitan as the peer ----
+
+  # torch 2.15's own torchrun launching plan binaries on CPU: the launch path
+  # up to NCCL (--rendezvous-only): torchrun's store as the id channel with
+  # the launch counter and the plan handshake, COMMPLAN_ID_FILE, two jobs at
+  # once, a second run in one launch, a rank of another plan refused on every
+  # rank, a launch of the wrong size (tests/torchrun_cpu.sh).
+  section "torchrun for real on CPU: the launch path up to NCCL (tests/torchrun_cpu.sh)"
+  torchrun_what="torch's torchrun --standalone and --rdzv-endpoint launch fsdp4/hsdp2x2 binaries with --rendezvous-only"
+  if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
+    # Built before this lane started (lane_prebuild): a make of the same plan
+    # here could race the foreground's (both rewrite build/<plan>/.backend).
+    if [ "$lane_prebuilt" = 0 ] && [ -x build/fsdp4/fsdp4 ] && [ -x build/hsdp2x2/hsdp2x2 ]; then
+      run "$torchrun_what" tests/torchrun_cpu.sh "$(dirname "$live_py")/torchrun"
+      grep -h "^torchrun: [0-9]" "$(logname "$torchrun_what")" | sed "s/^/        /"
+    else
+      cp "$log/lanes/prebuild.log" "$(logname "$torchrun_what")"
+      bad "$torchrun_what" "$(logname "$torchrun_what")"
+    fi
+  else
+    skipped "$torchrun_what" "no torch environment with torchrun (make torch-env)"
+  fi
+  # Training driven by the plan on CPU: 20 AdamW steps x 2 micro-batches under
+  # torchrun, 4 ranks on gloo, FSDP and HSDP 2x2, every collective and copy
+  # from the plan's host library, bit for bit against fully_shard.
+  train_what="training driven by the plan on CPU: torchtitan's llama3, 20 AdamW steps, FSDP and HSDP 2x2 under torchrun, bit-identical to its own parallelize_llama (tests/python/train_cpu.py)"
+  if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
+    run "$train_what" timeout 900 "$live_py" tests/python/train_cpu.py "$(dirname "$live_py")/torchrun"
+    grep -ah "^ok \|^FAIL\|host time per step\|^train_cpu: " "$(logname "$train_what")" | sed "s/^/        /"
+  else
+    skipped "$train_what" "no torch environment with torchrun (make torch-env)"
+  fi
+
+  section "Python package with PyTorch: runtime hooks, torchtitan's TP live (tests/python/test_runtime_host.py, tests/tp_record.py)"
+  if command -v python3 >/dev/null 2>&1; then
+    py_torch=""
+    # The live peer's pinned environment first (built above), then the system's.
+    py_cands=(python3 /usr/bin/python3); [ "${live_rc:-1}" = 0 ] && py_cands=("$live_py" "${py_cands[@]}")
+    for py in "${py_cands[@]}"; do
+      if "$py" -c 'import torch' >/dev/null 2>&1; then py_torch=$py; break; fi
+    done
+    if [ -n "$py_torch" ]; then
+      run "python: runtime hooks on one-rank plans vs plain AdamW training, bit for bit (host stand-in library, $py_torch)" "$py_torch" tests/python/test_runtime_host.py
+    else skipped "python: runtime hooks vs plain training (tests/python/test_runtime_host.py)" "torch is not installed (apt-get install python3-torch)"; fi
+    # torchtitan's TP recorded live (tests/tp_record.py): its llama3 under its own
+    # parallelize_llama (TP with and without sequence parallelism, FSDP2 over
+    # dp_shard 1 and 2) and its loss_parallel cross-entropy on gloo, 2 and 4
+    # ranks; every TP collective in order against the plan's.
+    tp_what="torchtitan's TP collectives live (SP on/off, 2 and 4 ranks, loss_parallel) vs the plan's, in order (tests/tp_record.py)"
+    if [ "${live_rc:-1}" = 0 ]; then
+      tr=$(timeout 900 "$live_py" tests/tp_record.py 2>&1); trc=$?
+    else tr="SKIP tp_record: no torch environment with torchtitan (make torch-env)"; trc=0; fi
+    case $tr in
+      SKIP*) skipped "$tp_what" "${tr#SKIP tp_record: }" ;;
+      *) f=$(logname "$tp_what"); printf '%s\n' "$tr" >"$f"
+         if [ "$trc" = 0 ]; then ok "$tp_what"; else bad "$tp_what" "$f"; fi
+         grep -h "^tp_record: [0-9]" "$f" | sed "s/^/        /" ;;
+    esac
+  else skipped "python package tests with PyTorch" "python3 not found"; fi
+
+  # ---- pipeline schedules vs live torch (issue 22) ----
+  section "pipeline parallel vs live torch and torchtitan (tests/pp/check_live.sh)"
+  pp_what="pp schedules and stages: gen/parallel/pp_schedule.lua vs torch 2.15's pipelining, pp_stages.lua vs torchtitan's split, whole matrix (tests/pp/check_live.sh)"
+  pp_log=$(logname "$pp_what")
+  PYTHON="${live_py:-}" timeout 300 tests/pp/check_live.sh >"$pp_log" 2>&1; pp_rc=$?
+  case $pp_rc in
+    0) ok "$pp_what"; grep -h "^pp-live: " "$pp_log" | grep -v "cases match torch 2" | sed "s/^/        /" ;;
+    77) skipped "$pp_what" "$(sed -n 's/^SKIP pp-live: //p' "$pp_log" | head -n 1)" ;;
+    *) bad "$pp_what" "$pp_log" ;;
+  esac
+}
+# ---- end of the torch lane ----
+
+# lane_start NAME FUNC: FUNC in the background, its output and counts kept;
+# lane_join NAME: wait for it, print its output, add its counts.
+declare -A lane_pid=()
+mkdir -p "$log/lanes"
+lane_start() {
+  local name=$1; shift
+  rm -f "$log/lanes/$name.out" "$log/lanes/$name.counts"
+  # shellcheck disable=SC2030  # the lane's own counts, handed back through the file
+  ( pass=0 fail=0 skip=0; "$@"; printf '%d %d %d\n' "$pass" "$fail" "$skip" >"$log/lanes/$name.counts" ) \
+    >"$log/lanes/$name.out" 2>&1 &
+  lane_pid[$name]=$!
+}
+lane_join() {
+  local name=$1 rc p f s
+  wait "${lane_pid[$name]}"; rc=$?
+  unset "lane_pid[$name]"
+  cat "$log/lanes/$name.out"
+  if read -r p f s 2>/dev/null <"$log/lanes/$name.counts"; then
+    # shellcheck disable=SC2031
+    pass=$((pass + p)) fail=$((fail + f)) skip=$((skip + s))
+  else
+    echo "exit status $rc; the lane ended without its counts" >>"$log/lanes/$name.out"
+    bad "the $name lane did not finish (its checks above are not counted)" "$log/lanes/$name.out"
+  fi
+}
+# A lane's processes go when make test does (interrupted or not).
+kill_tree() { local c; for c in $(pgrep -P "$1"); do kill_tree "$c"; done; kill "$1" 2>/dev/null; }
+lane_cleanup() { local p; for p in "${lane_pid[@]}"; do kill_tree "$p"; done; }
+trap lane_cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+# What the torch lane shares with the foreground, built first: the runtime
+# objects (every plan's build links them) and fsdp4 / hsdp2x2 (torchrun's).
+lane_prebuilt=0
+$MAKE PLAN=fsdp4.lua >"$log/lanes/prebuild.log" 2>&1 && $MAKE PLAN=hsdp2x2.lua >>"$log/lanes/prebuild.log" 2>&1 || lane_prebuilt=1
+lane_t0=$SECONDS
+lane_start torch torch_lane
+printf '== the torch lane runs in the background from here (live FSDP2, torchtitan, torchrun, train_cpu, tp_record, runtime hooks); its output comes at the end  [%ds]\n' "$SECONDS"
+
 section "lint and generator unit tests"
 if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/pp/compare.lua tests/pp/compare_stages.lua plans bench
 else skipped "luacheck" "not installed (apt-get install lua-check)"; fi
@@ -250,112 +450,6 @@ run "oracle fsdp3 on NCCL: gloo's arithmetic does not (10 where NCCL gives 10.00
   [ "$rc" = 1 ] && printf "%s" "$out" | grep -q "grads_local .*: element [0-9]* is 10, recording has 10.000000953674316" &&
     printf "%s" "$out" | grep -q "^oracle fsdp3: 3 ranks, [0-9]* checks, [1-9][0-9]* mismatches"' _ "$LUA"
 
-# ---- live FSDP2 peer (issue 16, items 1 and 2) ----
-# PyTorch's fully_shard on gloo, one process per rank, against the binary's
-# --simulate --pattern oracle --dump, element for element (tests/live/):
-# the pinned environment first (what make torch-env runs:
-# tests/live/torch_env.sh, built once per machine outside the clone), the
-# torch 2.11 recordings' three models live (torch 2.15 against them), every
-# small plan, then the property test (random generic plans from seed
-# LIVE_SEED_FROM, default 1, for LIVE_SECONDS, default 50). Where the
-# package registry cannot be reached each prints SKIP, never ok.
-section "live FSDP2 peer: PyTorch's fully_shard on gloo vs the binary's --dump (tests/live/)"
-live_out=$(tests/live/torch_env.sh --python 2>&1); live_rc=$?
-live_py=$(printf '%s\n' "$live_out" | tail -n 1)
-live_check() {  # NAME CMD...: ok or FAIL, then the run's closing line
-  local name=$1 f; shift; f=$(logname "$name")
-  if "$@" >"$f" 2>&1; then ok "$name"; else bad "$name" "$f"; fi
-  grep -ah "^live \(plans\|seeds\|recordings\): " "$f" | sed "s/^/        /"
-}
-live_recs="live FSDP2 (torch 2.15) vs the torch 2.11 recordings fsdp4, hsdp2x2, fsdp2_tp2 (tests/oracle_check.lua)"
-live_plans="live FSDP2 vs every small plan in plans/ and tests/plans/ (tests/live/live.py plans)"
-live_seeds="live FSDP2 property test: random generic plans from seed ${LIVE_SEED_FROM:-1} for ${LIVE_SECONDS:-50} s (tests/live/live.py seeds)"
-if [ "$live_rc" = 0 ]; then
-  ok "torch-env: $(printf '%s\n' "$live_out" | sed -n 's/^torch-env: torch /torch /p' | head -n 1)"
-  live_check "$live_recs" timeout 600 "$live_py" tests/live/live.py recordings
-  live_check "$live_plans" timeout 1800 "$live_py" tests/live/live.py plans
-  live_check "$live_seeds" timeout $(( ${LIVE_SECONDS:-50} + 300 )) "$live_py" tests/live/live.py seeds \
-    "${LIVE_SEED_FROM:-1}-$(( ${LIVE_SEED_FROM:-1} + 99999 ))" --budget "${LIVE_SECONDS:-50}"
-elif [ "$live_rc" = 3 ]; then
-  live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
-  skipped "torch-env (make torch-env)" "$live_why"
-  skipped "$live_recs" "$live_why"
-  skipped "$live_plans" "$live_why"
-  skipped "$live_seeds" "$live_why"
-else
-  f=$(logname "torch-env (make torch-env)"); printf '%s\n' "$live_out" >"$f"; bad "torch-env (make torch-env)" "$f"
-  skipped "$live_recs" "no torch environment (torch-env failed above)"
-  skipped "$live_plans" "no torch environment (torch-env failed above)"
-  skipped "$live_seeds" "no torch environment (torch-env failed above)"
-fi
-# ---- end of live FSDP2 peer ----
-
-# ---- pipeline schedules vs live torch (issue 22) ----
-pp_what="pp schedules: gen/parallel/pp_schedule.lua vs torch 2.15's pipelining, whole matrix (tests/pp/check_live.sh)"
-pp_log=$(logname "$pp_what")
-PYTHON="${live_py:-}" timeout 300 tests/pp/check_live.sh >"$pp_log" 2>&1; pp_rc=$?
-case $pp_rc in
-  0) ok "$pp_what"; grep -h "^pp-live: [0-9]" "$pp_log" | sed "s/^/        /" ;;
-  77) skipped "$pp_what" "$(sed -n 's/^SKIP pp-live: //p' "$pp_log" | head -n 1)" ;;
-  *) bad "$pp_what" "$pp_log" ;;
-esac
-
-# ---- torchtitan as the peer (issue 17, items 1 and 2) ----
-# commplan against torchtitan 0.3's own code, in the live environment above
-# (tests/titan/): its ParallelDims over every mesh of world <= 64 and
-# 1,024 / 16,384 / 131,072-rank ones (accept / refuse, meshes, aliases,
-# every group's rank lists; a fake process group), and its llama3
-# parallelized by its own parallelize_llama at the llama plans' meshes (FSDP
-# units, parameters, placements; the plan writer from a torchtitan model).
-# The two run side by side. SKIP, never ok, without a torch environment or
-# where torch / torchtitan do not import (exit 77).
-section "torchtitan as the peer: ParallelDims, Llama wrapping and TP plan (tests/titan/)"
-if [ -z "${live_rc+x}" ]; then
-  live_out=$(tests/live/torch_env.sh --python 2>&1); live_rc=$?
-  live_py=$(printf '%s\n' "$live_out" | tail -n 1)
-fi
-titan_dims="torchtitan ParallelDims vs gen/dims.lua + gen/groups.lua: accept/refuse, meshes, aliases, rank lists (tests/titan/test_parallel_dims.py)"
-titan_llama="torchtitan llama3 + parallelize_llama vs the llama plans: FSDP units, parameters, placements; plan writer from torchtitan (tests/titan/test_llama_plan.py)"
-titan_result() {  # NAME LOG RC: ok, FAIL or SKIP (77), then the run's count lines
-  case $3 in
-    0) ok "$1" ;;
-    77) skipped "$1" "$(sed -n 's/^SKIP [^:]*: //p' "$2" | head -n 1)"; return ;;
-    *) echo "exit status $3" >>"$2"; bad "$1" "$2" ;;
-  esac
-  grep -h "^\(parallel_dims\|llama_plan\): " "$2" | sed "s/^/        /"
-}
-if [ "$live_rc" = 0 ]; then
-  titan_f1=$(logname "$titan_dims") titan_f2=$(logname "$titan_llama")
-  timeout 900 "$live_py" tests/titan/test_parallel_dims.py >"$titan_f1" 2>&1 & titan_p1=$!
-  timeout 900 "$live_py" tests/titan/test_llama_plan.py >"$titan_f2" 2>&1; titan_r2=$?
-  wait "$titan_p1"; titan_r1=$?
-  titan_result "$titan_dims" "$titan_f1" "$titan_r1"
-  titan_result "$titan_llama" "$titan_f2" "$titan_r2"
-else
-  titan_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
-  titan_why="no torch environment (make torch-env exit $live_rc${titan_why:+: $titan_why})"
-  skipped "$titan_dims" "$titan_why"
-  skipped "$titan_llama" "$titan_why"
-fi
-# ---- end of torchtitan as the peer ----
-
-# torch 2.15's own torchrun launching plan binaries on CPU: the launch path
-# up to NCCL (--rendezvous-only): torchrun's store as the id channel with
-# the launch counter and the plan handshake, COMMPLAN_ID_FILE, two jobs at
-# once, a second run in one launch, a rank of another plan refused on every
-# rank, a launch of the wrong size (tests/torchrun_cpu.sh).
-section "torchrun for real on CPU: the launch path up to NCCL (tests/torchrun_cpu.sh)"
-torchrun_what="torch's torchrun --standalone and --rdzv-endpoint launch fsdp4/hsdp2x2 binaries with --rendezvous-only"
-if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
-  if $MAKE PLAN=fsdp4.lua >/dev/null 2>&1 && $MAKE PLAN=hsdp2x2.lua >/dev/null 2>&1; then
-    run "$torchrun_what" tests/torchrun_cpu.sh "$(dirname "$live_py")/torchrun"
-    grep -h "^torchrun: [0-9]" "$(logname "$torchrun_what")" | sed "s/^/        /"
-  else
-    bad "$torchrun_what" "$(logname "$torchrun_what")"
-  fi
-else
-  skipped "$torchrun_what" "no torch environment with torchrun (make torch-env)"
-fi
 section "the GPU path on an emulated CUDA runtime and NCCL (tests/emu, docs/emulator.md): no GPU needed"
 # runtime/gpu.c, gpu_run.c, the launch and rendezvous code and the copy
 # kernels, unchanged, on tests/emu's stand-in CUDA and NCCL: every small
@@ -376,17 +470,6 @@ if run "build every plan's binary on the emulator (make emu-build)" $MAKE -j2 em
   grep -h "^emu: " "$emu_log" | sed "s/^/        /"
   grep -q "^emu: " "$emu_log" || bad "emulated GPU: tests/emu_check.sh did not finish" "$emu_log"
 fi
-# Training driven by the plan on CPU: 20 AdamW steps x 2 micro-batches under
-# torchrun, 4 ranks on gloo, FSDP and HSDP 2x2, every collective and copy
-# from the plan's host library, bit for bit against fully_shard.
-train_what="training driven by the plan on CPU: torchtitan's llama3, 20 AdamW steps, FSDP and HSDP 2x2 under torchrun, bit-identical to its own parallelize_llama (tests/python/train_cpu.py)"
-if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
-  run "$train_what" timeout 900 "$live_py" tests/python/train_cpu.py "$(dirname "$live_py")/torchrun"
-  grep -ah "^ok \|^FAIL\|host time per step\|^train_cpu: " "$(logname "$train_what")" | sed "s/^/        /"
-else
-  skipped "$train_what" "no torch environment with torchrun (make torch-env)"
-fi
-
 section "bad input: one line, exit 2, nothing written"
 bad_plan() {  # name, plan text, expected substring
   local name=$1 text=$2 want=$3 dir=build/bad/$1
@@ -618,35 +701,17 @@ if command -v python3 >/dev/null 2>&1; then
   run "python: bad config.json/options, FIFO/dir/device inputs, symlinked outputs, write errors, CLI (tests/python/test_input_validation.py)" timeout 300 python3 tests/python/test_input_validation.py
   fzn="python: fuzz the writer's JSON input, fixed seed, at most 15 s (tests/python/fuzz_writer.py)"
   run "$fzn" timeout 120 python3 tests/python/fuzz_writer.py --cases 4000 --seconds 15 --cli-every 200; grep -h "^fuzz_writer: [0-9]" "$(logname "$fzn")" | sed "s/^/        /"
-  py_torch=""
-  # The live peer's pinned environment first (built above), then the system's.
-  py_cands=(python3 /usr/bin/python3); [ "${live_rc:-1}" = 0 ] && py_cands=("$live_py" "${py_cands[@]}")
-  for py in "${py_cands[@]}"; do
-    if "$py" -c 'import torch' >/dev/null 2>&1; then py_torch=$py; break; fi
-  done
-  if [ -n "$py_torch" ]; then
-    run "python: runtime hooks on one-rank plans vs plain AdamW training, bit for bit (host stand-in library, $py_torch)" "$py_torch" tests/python/test_runtime_host.py
-  else skipped "python: runtime hooks vs plain training (tests/python/test_runtime_host.py)" "torch is not installed (apt-get install python3-torch)"; fi
   tc=$(python3 tests/python/train_compare.py --preflight 2>&1 | head -n 1)
   case $tc in
     SKIP*) skipped "python: 20 AdamW steps vs FSDP2 on 4 ranks (make test-train)" "${tc#*: }" ;;
     *) skipped "python: 20 AdamW steps vs FSDP2 on 4 ranks" "torch 2.x and a GPU are here: run make test-train" ;;
   esac
-  # torchtitan's TP recorded live (tests/tp_record.py): its llama3 under its own
-  # parallelize_llama (TP with and without sequence parallelism, FSDP2 over
-  # dp_shard 1 and 2) and its loss_parallel cross-entropy on gloo, 2 and 4
-  # ranks; every TP collective in order against the plan's.
-  tp_what="torchtitan's TP collectives live (SP on/off, 2 and 4 ranks, loss_parallel) vs the plan's, in order (tests/tp_record.py)"
-  if [ "${live_rc:-1}" = 0 ]; then
-    tr=$(timeout 900 "$live_py" tests/tp_record.py 2>&1); trc=$?
-  else tr="SKIP tp_record: no torch environment with torchtitan (make torch-env)"; trc=0; fi
-  case $tr in
-    SKIP*) skipped "$tp_what" "${tr#SKIP tp_record: }" ;;
-    *) f=$(logname "$tp_what"); printf '%s\n' "$tr" >"$f"
-       if [ "$trc" = 0 ]; then ok "$tp_what"; else bad "$tp_what" "$f"; fi
-       grep -h "^tp_record: [0-9]" "$f" | sed "s/^/        /" ;;
-  esac
 else skipped "python package tests" "python3 not found"; fi
+
+
+echo
+printf '== the torch lane (started at [%ds], its output kept until now)  [%ds]\n' "$lane_t0" "$SECONDS"
+lane_join torch
 
 printf 'tests: %d passed, %d failed, %d skipped\n' "$pass" "$fail" "$skip"
 [ "$fail" = 0 ]

@@ -664,6 +664,8 @@ def main():
     ap.add_argument("what", choices=["plans", "seeds", "seed", "recordings"])
     ap.add_argument("args", nargs="*")
     ap.add_argument("--budget", type=float, default=0, help="seconds: stop starting seeds after this")
+    ap.add_argument("--min-seeds", type=int, default=0,
+                    help="run at least this many seeds whatever the budget says (a busy machine must not thin the check)")
     ap.add_argument("--accumulation", choices=["fsdp2_default", "sync_last", "all_reduce_last", "step_end"],
                     help="override the plan's gradient-accumulation mode on the FSDP2 side")
     ap.add_argument("--pattern", choices=["oracle", "unique"],
@@ -754,7 +756,7 @@ def main():
 
             nxt = None
             for i, s in enumerate(seeds):
-                if a.budget and time.time() - t_start > a.budget:
+                if a.budget and time.time() - t_start > a.budget and ran >= a.min_seeds:
                     print(f"  (budget of {a.budget:.0f} s spent after {ran} seeds; seeds from {s} on: "
                           f"make test-live SEEDS={s}-{seeds[-1]}{tree_arg})")
                     break

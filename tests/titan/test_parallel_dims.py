@@ -29,11 +29,14 @@ Verdicts:
 
 Cost: every mesh commplan accepts is built by torchtitan on every run. The
 verdicts of the meshes commplan refuses for pp / cp / ep (~14,000 torchtitan
-builds, ~1.5 min of CPU) are torchtitan's own, memoized in
-build/titan/ keyed by the sha256 of torch's and torchtitan's versions, the
-source files that decide them (parallel_dims.py, device_mesh.py,
-_mesh_layout.py) and the functions here that build them; a cold run
-rebuilds them.
+builds, ~1.5 min of CPU) are torchtitan's own, memoized beside the torch
+environment in ${COMMPLAN_CACHE:-${XDG_CACHE_HOME:-~/.cache}/commplan}/titan/
+(outside the clone, so a clean clone reuses them) keyed by the sha256 of
+torch's and torchtitan's versions, the source files that decide them
+(parallel_dims.py, device_mesh.py, _mesh_layout.py) and the functions here
+that build them; a cold cache rebuilds them. They can only move a refused
+mesh between "refused by both" and "expected": no memoized verdict can
+make this test pass or fail.
 """
 
 import glob
@@ -216,7 +219,11 @@ def verdict_cache_path():
             h.update(fh.read())
     for fn in (titan_build, _builds_worker, E.no_process_groups):
         h.update(inspect.getsource(fn).encode())
-    return os.path.join(E.ROOT, "build", "titan", f"parallel_dims-verdicts-{h.hexdigest()[:16]}.json")
+    # Beside the torch environment (tests/live/torch_env.sh), outside the clone: the verdicts are
+    # torchtitan's alone (the key above), so a clean clone with that environment reuses them.
+    cache = os.environ.get("COMMPLAN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "commplan")
+    return os.path.join(cache, "titan", f"parallel_dims-verdicts-{h.hexdigest()[:16]}.json")
 
 
 def memo_builds(keys):
@@ -421,7 +428,8 @@ def main():
     tv, ttv = E.versions()
     print(f"parallel_dims: commplan {t_lua:.1f} s (one Lua process for every mesh); torchtitan {tv} / {ttv}: "
           f"{len(tkeys)} configurations through ParallelDims(), {len(resolved)} resolved ones through build_mesh(): "
-          f"{len(resolved - memo_keys)} now (both backends), {len(memo_keys)} with pp/cp/ep memoized in build/titan/ "
+          f"{len(resolved - memo_keys)} now (both backends), {len(memo_keys)} with pp/cp/ep memoized in "
+          f"{os.path.dirname(verdict_cache_path())}/ "
           f"({built_now} built this run, {time.time() - t0 - t_lua:.1f} s)")
     print(f"parallel_dims: {both_accept} meshes accepted by both and equal: degrees, mesh, {stats['aliases']} flattened "
           f"aliases, {stats['families']} group families, {stats['groups']} groups' rank lists; of the ep expected "
