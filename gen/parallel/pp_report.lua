@@ -54,6 +54,7 @@ local function stage_mesh_plan(loaded, pp)
   local par = {}
   for k, v in pairs(loaded.parallel) do par[k] = v end
   par.pp = nil
+  sub.pipeline = nil -- the stage mesh has no pipeline (gen/parallel/pp.lua refuses one without pp)
   sub.parallel, sub.world_size = par, loaded.world_size // pp
   return plan_mod.from_loaded(sub)
 end
