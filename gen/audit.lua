@@ -160,7 +160,8 @@ end
 local function memory_plan_facts(mp)
   local waits = {}
   for _, x in ipairs(mp.waits) do
-    waits[#waits + 1] = O({ "op", x.op, "waits_for", x.waits_for, "stream", x.stream, "cost_us", x.cost_us })
+    waits[#waits + 1] = O({ "op", x.op, "waits_for", x.waits_for, "stream", x.stream, "cost_us", x.cost_us,
+                            "times", x.times > 1 and x.times or nil })
   end
   return O({ "policy", mp.policy, "arena_bytes", mp.arena_bytes, "reuse_arena_bytes", mp.reuse_bytes,
              "held_lives", mp.held_lives, "fell_back", mp.fell_back, "compute_wait_us", mp.wait_us,
@@ -503,7 +504,8 @@ function audit.warnings(p, a)
     if gr.units[#gr.units] ~= o.unit then gr.units[#gr.units + 1] = o.unit end
     gr.ops = (gr.ops or 0) + (o.times or 1)
     gr.total = gr.total + us
-    gr.max = math.max(gr.max, us)
+    -- (per run of the op: a repeated micro-step's row counts every repetition's)
+    gr.max = math.max(gr.max, us / (o.times or 1))
   end
   for _, o in ipairs(p.ops) do
     local us = tl.exposed_by[o.seq]
@@ -554,14 +556,14 @@ function audit.warnings(p, a)
   end
   local mp = a.memory_plan
   if #mp.waits > 0 then
-    local all = 0
-    for _, x in ipairs(mp.waits) do all = all + x.cost_us end
+    local all, n = 0, 0
+    for _, x in ipairs(mp.waits) do all, n = all + x.cost_us * x.times, n + x.times end
     w[#w + 1] = string.format("%s: %d wait%s for reused arena bytes delay%s ops by %s, %s of it on the compute "
       .. "stream (step %s, %s with no such waits): %s",
       mp.policy == "hold" and "the memory plan was built for other settings"
         or string.format("memory short (%s free for the arena%s)", room_text(mp.budget_bytes),
           mp.hold_bytes and (", keeping bytes for overlap needs " .. human(mp.hold_bytes)) or ""),
-      #mp.waits, #mp.waits == 1 and "" or "s", #mp.waits == 1 and "s" or "", us_text(all), us_text(mp.wait_us),
+      n, n == 1 and "" or "s", n == 1 and "s" or "", us_text(all), us_text(mp.wait_us),
       us_text(a.step_us), us_text(mp.free_step_us), table.concat(audit.costly_wait_groups(p, mp), "; "))
   end
   local m = a.memory
@@ -642,7 +644,7 @@ function audit.costly_wait_groups(p, mp)
     end
     if gr.units[#gr.units] ~= o.unit then gr.units[#gr.units + 1] = o.unit end
     if gr.on_units[#gr.on_units] ~= q.unit then gr.on_units[#gr.on_units + 1] = q.unit end
-    gr.n, gr.us, gr.max = gr.n + 1, gr.us + x.cost_us, math.max(gr.max, x.cost_us)
+    gr.n, gr.us, gr.max = gr.n + x.times, gr.us + x.cost_us * x.times, math.max(gr.max, x.cost_us)
   end
   local function names(list)
     local t = {}
@@ -666,7 +668,8 @@ end
 -- reuse costs (gen/figures.lua's memory_plan).
 function audit.memory_plan_text(p, a)
   local mp = a.memory_plan
-  local n = #mp.waits
+  local n = 0
+  for _, x in ipairs(mp.waits) do n = n + x.times end
   local cost = n == 0 and "no reuse of arena bytes delays an op"
     or string.format("%d wait%s for reused arena bytes delay%s ops, the compute stream by %s (warnings)", n,
       n == 1 and "" or "s", n == 1 and "s" or "", us_text(mp.wait_us))
@@ -794,7 +797,9 @@ function audit.schedule_md(p, fp)
     m.fits and string.format("fits, %s free", human(m.gpu_bytes - m.total_bytes))
       or string.format("**does not fit**, %s over", human(m.total_bytes - m.gpu_bytes)))
   w("| memory plan | %s |", audit.memory_plan_text(p, a))
-  w("| step | %s |", audit.step_text(a) .. "; critical path " .. audit.critical_text(p, tl))
+  w("| step | %s |", audit.step_text(a) .. "; critical path " .. (p.rep and string.format("of the step as drawn "
+    .. "(micro-steps %d-%d once, timeline.svg): ", p.rep.micro_first, p.rep.micro_last) or "")
+    .. audit.critical_text(p, tl))
   local zc = audit.zero_copy_in(p)
   if zc.ops > 0 then
     w("| copy-in | zero copy-in: %d of %d all-gathers read the sharded storage itself (stored dtype = all-gather dtype), "
@@ -835,8 +840,9 @@ function audit.schedule_md(p, fp)
     .. (s.fp32_master and " + fp32 master" or "")) or (s.optimizer == "sgd" and "SGD: none" or "no optimizer")
   w("| sharded state: parameters %s + gradients %s + optimizer %s (%s) | %s |", human(m.params_bytes),
     human(m.grads_bytes), human(m.optimizer_bytes), opt, human(m.params_bytes + m.grads_bytes + m.optimizer_bytes))
+  -- (every wait the executor issues: a repeated micro-step's rows once per repetition)
   local nwaits = 0
-  for _, list in pairs(p.arena.waits) do nwaits = nwaits + #list end
+  for seq, list in pairs(p.arena.waits) do nwaits = nwaits + #list * (p.ops[seq + 1].times or 1) end
   w("| communication buffers: the memory plan's arena (%s without reuse; at most %s live at once, op %s; %d event "
     .. "waits order its reuse) | %s |", human(p.memory.unplanned_bytes), human(p.memory.peak_transient_bytes),
     tostring(p.memory.peak_at_op), nwaits, human(m.comm_bytes))

@@ -705,7 +705,8 @@ function memplan.costly_waits(ops, waits, data, times)
       end
       local cost = times[seq].start - ready
       if cost > 1e-6 then
-        list[#list + 1] = { op = seq, waits_for = mine, stream = o.stream, cost_us = cost }
+        -- times: a repeated micro-step's row waits once per repetition (gen/repeat.lua)
+        list[#list + 1] = { op = seq, waits_for = mine, stream = o.stream, cost_us = cost, times = o.times or 1 }
         if o.stream == "compute" then compute_us = compute_us + cost * (o.times or 1) end
       end
     end
@@ -818,7 +819,8 @@ function memplan.build(lay, ops, opts)
     result.reuse_step_us = r.step_us
     local list
     list, result.reuse_wait_us = memplan.costly_waits(ops, r_waits, data, r.ops)
-    result.reuse_waits = #list
+    result.reuse_waits = 0
+    for _, x in ipairs(list) do result.reuse_waits = result.reuse_waits + x.times end
   end
   for _, b in ipairs(buffers) do b.offset = offset[b] end
   check_disjoint(placed, #ops)

@@ -97,8 +97,19 @@ function plan.from_loaded(p, opts)
   local split = splitter and splitter.classes(units, d)
     or { classes = { { coords = { 0 }, units = units } }, class_of = { [0] = 1 } }
   local classes = {}
+  local expand = opts and opts.expand
   for c, cls in ipairs(split.classes) do
-    classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config, mods, opts and opts.expand, c == 1)
+    classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config, mods, expand, c == 1)
+  end
+  -- Every class repeats a micro-step or none does (the tables' op
+  -- sequences must agree across classes: a class planned in full beside
+  -- a repeating one plans them all in full).
+  local repeating = 0
+  for _, cls in ipairs(classes) do repeating = repeating + (cls.rep and 1 or 0) end
+  if repeating > 0 and repeating < #classes then
+    for c, cls in ipairs(split.classes) do
+      classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config, mods, true, c == 1)
+    end
   end
   for _, m in ipairs(mods) do
     if m.prove then m.prove(classes) end

@@ -255,7 +255,8 @@ end
 -- path[] = { x, stream } }.
 function svg.model(p, a, t0, t1)
   local tl = a.timeline
-  t0, t1 = t0 or 0, t1 or tl.step_us
+  -- (a repeated micro-step's rows are drawn once: the drawn step ends sooner)
+  t0, t1 = t0 or 0, t1 or tl.drawn_step_us or tl.step_us
   local span = t1 > t0 and (t1 - t0) or 1
   local function x(t) return LEFT + PLOT * (t - t0) / span end
   local function x_to_t(px) return t0 + (px - LEFT) * span / PLOT end
@@ -275,7 +276,8 @@ function svg.model(p, a, t0, t1)
       l[#l + 1] = it
     end
   end
-  local m = { step_us = tl.step_us, t0 = t0, t1 = t1, lanes = {}, exposure = {}, labels = {}, path = {}, x = x }
+  local m = { step_us = tl.step_us, drawn_us = tl.drawn_step_us or tl.step_us, t0 = t0, t1 = t1,
+             lanes = {}, exposure = {}, labels = {}, path = {}, x = x }
   -- The compute lane's idle spans are items too: hatched, by what they
   -- waited for.
   local compute_items = by_stream.compute
@@ -436,7 +438,7 @@ local function notes_of(p, a)
     if e > 0 then
       local k = o.kind .. " (" .. tostring(o.group) .. ")"
       if not fams[k] then fams[k] = { us = 0, n = 0 }; order[#order + 1] = k end
-      fams[k].us, fams[k].n = fams[k].us + e, fams[k].n + 1
+      fams[k].us, fams[k].n = fams[k].us + e, fams[k].n + (o.times or 1)
     end
   end
   local rec = 0
@@ -471,7 +473,7 @@ function svg.detail_window(a)
   if not best then return nil end
   local d = math.max(best.hi - best.lo, tl.step_us / 60 / 7)
   local mid = (best.lo + best.hi) / 2
-  local t0, t1 = math.max(0, mid - 3.5 * d), math.min(tl.step_us, mid + 3.5 * d)
+  local t0, t1 = math.max(0, mid - 3.5 * d), math.min(tl.drawn_step_us or tl.step_us, mid + 3.5 * d)
   return t0, t1, best
 end
 
@@ -497,8 +499,9 @@ local function draw_panel(w, a, m, top, full, win)
   end
   w('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#888888" stroke-width="1"/>', LEFT, y_axis, LEFT + PLOT, y_axis)
   if full then
-    w('<text class="tick" x="%d" y="%d" text-anchor="end">step %s</text>', LEFT + PLOT, y_axis + 26,
-      svg.esc(us_text(m.step_us)))
+    w('<text class="tick" x="%d" y="%d" text-anchor="end">%s</text>', LEFT + PLOT, y_axis + 26,
+      svg.esc(m.drawn_us < m.step_us and string.format("drawn %s of a %s step", us_text(m.drawn_us), us_text(m.step_us))
+        or ("step " .. us_text(m.step_us))))
   end
   w("</g>")
   for _, lane in ipairs(m.lanes) do
@@ -507,7 +510,7 @@ local function draw_panel(w, a, m, top, full, win)
     w('<text class="ln" x="12" y="%s">%s</text>', f1(lane.y + lane.h / 2 + (full and 0 or 4)), lane.stream)
     if full then
       w('<text class="small" x="12" y="%s">%d ops, %.0f%% busy</text>', f1(lane.y + lane.h / 2 + 12), lane.ops,
-        m.step_us > 0 and 100 * lane.busy_us / m.step_us or 0)
+        m.t1 > m.t0 and 100 * lane.busy_us / (m.t1 - m.t0) or 0)
     end
     w('<rect class="lane" x="%d" y="%s" width="%d" height="%s"/>', LEFT, f1(lane.y), PLOT, f1(lane.h))
     -- Cells widened to THIN_PX last, over their neighbours.

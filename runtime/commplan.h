@@ -386,6 +386,13 @@ struct cp_executor {
     cp_activation_fn on_activation; /* around each TP activation collective */
     void *user;
     unsigned char *unsharded_live;  /* per unit: 1 between copy-out and reshard */
+    /* Which op each event wait means: a repeated micro-step's ops share an
+     * event slot per offset (gen/repeat.lua), so a wait means the latest op
+     * that recorded the slot in table order. wait_base[op] indexes
+     * wait_means (the op's waits, in order); slot_last[slot]: the op that
+     * recorded the slot last. A wait whose slot another op recorded last
+     * (ops run out of the plan's order: library calls) is refused. */
+    int *wait_base, *wait_means, *slot_last;
     char *arena;                    /* plan->arena_bytes: every unit's transient buffers */
     int quiet;                      /* failures only into err (a library), not also on stderr */
     char err[512];                  /* the last failure: one line naming rank, op, unit and why */

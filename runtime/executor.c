@@ -145,6 +145,29 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
     for (int k = 0; k < CP_BUFFERS; k++)
         if (!(ex->buf[k] = calloc(n, sizeof(void *)))) goto oom;
     if (!(ex->unsharded_live = calloc(n, 1))) goto oom;
+    /* Each wait's op: the latest op before it in table order that records
+     * its slot (the generator's proof orders exactly that one). */
+    {
+        size_t nops = (size_t)(p->nops > 0 ? p->nops : 1), nslots = (size_t)(p->nevents > 0 ? p->nevents : 1);
+        size_t total = 0;
+        for (int i = 0; i < p->nops; i++) total += (size_t)(p->ops[i].wait_count > 0 ? p->ops[i].wait_count : 0);
+        if (!(ex->wait_base = calloc(nops, sizeof *ex->wait_base)) ||
+            !(ex->wait_means = calloc(total ? total : 1, sizeof *ex->wait_means)) ||
+            !(ex->slot_last = malloc(nslots * sizeof *ex->slot_last)))
+            goto oom;
+        for (size_t s = 0; s < nslots; s++) ex->slot_last[s] = -1;
+        int at = 0;
+        for (int i = 0; i < p->nops; i++) {
+            const cp_op *o = &p->ops[i];
+            ex->wait_base[i] = at;
+            for (int k = 0; k < o->wait_count; k++) {
+                int s = p->waits[o->wait_first + k];
+                ex->wait_means[at++] = (s >= 0 && s < p->nevents) ? ex->slot_last[s] : -1;
+            }
+            if (o->event >= 0 && o->event < p->nevents) ex->slot_last[o->event] = i;
+        }
+        for (size_t s = 0; s < nslots; s++) ex->slot_last[s] = -1;
+    }
     /* Transient buffers live in one arena at the generator's offsets: a
      * wrong memory plan corrupts live data and the exact checks see it. */
     ex->arena = b->alloc(b, (size_t)(p->arena_bytes > 0 ? p->arena_bytes : 1));
@@ -194,6 +217,9 @@ void cp_executor_free(cp_executor *ex)
     if (ex->arena) b->free(b, ex->arena);
     for (int k = 0; k < CP_BUFFERS; k++) free(ex->buf[k]);
     free(ex->unsharded_live);
+    free(ex->wait_base);
+    free(ex->wait_means);
+    free(ex->slot_last);
     memset(ex, 0, sizeof *ex);
 }
 
@@ -312,8 +338,21 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op)
     const cp_op_desc *d = &cp_op_descs[op->kind];
     cp_backend *b = ex->backend;
     int u = op->unit;
-    for (int i = 0; i < op->wait_count; i++)
-        if (b->wait(b, op->stream, p->waits[op->wait_first + i])) return failed(ex, op, "an event wait");
+    long x = (long)(op - p->ops);
+    int in_table = x >= 0 && x < p->nops;
+    for (int i = 0; i < op->wait_count; i++) {
+        int s = p->waits[op->wait_first + i];
+        if (in_table && s >= 0 && s < p->nevents) {
+            int means = ex->wait_means[ex->wait_base[x] + i], last = ex->slot_last[s];
+            if (last >= 0 && last != means)
+                return ex_error(ex, "rank %d: op %ld (%s of unit %s) waits for event slot %d, which op %d recorded "
+                                "last where the plan means op %d: ops ran out of the plan's order (a library call "
+                                "early or late?); make the calls in the order of plans/%s/SCHEDULE.md",
+                                ex->rank, x, cp_op_descs[op->kind].name, p->units[op->unit].name, s, last, means,
+                                p->name);
+        }
+        if (b->wait(b, op->stream, s)) return failed(ex, op, "an event wait");
+    }
     void *in = cp_executor_op_buffer(ex, op, d->in, d->in_slot);
     void *out = cp_executor_op_buffer(ex, op, d->out, d->out_slot);
     switch (d->action) {
@@ -338,6 +377,7 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op)
         if (d->frees == CP_BUF_UNSHARDED) ex->unsharded_live[u] = 0;
     }
     if (op->event >= 0 && b->record(b, op->stream, op->event)) return failed(ex, op, "the event record");
+    if (in_table && op->event >= 0 && op->event < p->nevents) ex->slot_last[op->event] = (int)x;
     return 0;
 }
 

@@ -7,7 +7,7 @@
 -- the schedule makes the stage keep). Pure functions.
 --
 -- Modelled: compute per action (F, B = I + W, I, W, OVERLAP_F_B as its two
--- halves), sends issued without blocking (torch's isend; the transfer
+-- halves one after the other), sends issued without blocking (torch's isend; the transfer
 -- time after the issue), receives posted without blocking (irecv) and
 -- waited for by the compute action that takes their data,
 -- REDUCE_GRAD running beside compute until its WAIT_REDUCE_GRAD, and the
@@ -15,7 +15,8 @@
 -- out before any of its receives blocks). Not modelled: FSDP's all-gathers
 -- (UNSHARD: taken as prefetched, no reshard after forward under PP), link
 -- contention between p2p and FSDP traffic, and the transfer's completion
--- holding back a WAIT_SEND (sends are buffered).
+-- holding back a WAIT_SEND (sends are buffered). The bubble counts the
+-- wait for the last gradient reduction too.
 local audit = {}
 
 -- The message a send or receive carries: direction, from stage, to stage,
@@ -36,23 +37,30 @@ local COMPUTE = { F = true, B = true, I = true, W = true }
 -- direction) -> a transfer's time; reduce_us(stage) -> the stage's
 -- gradient reduction (REDUCE_GRAD .. WAIT_REDUCE_GRAD); act_bytes(stage)
 -- -> one microbatch's saved activations of the stage.
--- -> { step_us, busy_us[rank], bubble, inflight_peak[stage], inflight_bytes[stage], p2p = { sends, bytes } }
+-- -> { step_us, busy_us[rank], bubble, inflight_peak[stage], inflight_bytes[stage], rank_peak_bytes[rank] }
 function audit.simulate(sched, cost, p2p_us, reduce_us, act_bytes)
   local pp = sched.pp
   local t, busy, pos = {}, {}, {}
   for r = 1, pp do t[r], busy[r], pos[r] = 0, 0, 1 end
-  local arrives, reduce_done = {}, {}
+  local arrives, reduce_done, sub_at = {}, {}, {}
   local inflight, peak = {}, {}
   for s = 0, sched.num_stages - 1 do inflight[s], peak[s] = 0, 0 end
+  -- A rank's saved activations now and at most (its stages' together).
+  local rank_bytes, rank_peak = {}, {}
+  for r = 1, pp do rank_bytes[r], rank_peak[r] = 0, 0 end
   local function run_compute(r, a)
     local us = cost(a.stage, a.type)
     t[r] = t[r] + us
     busy[r] = busy[r] + us
-    if a.type == "F" then
-      inflight[a.stage] = inflight[a.stage] + 1
+    -- A forward saves its activations; they go with the backward that ends
+    -- with them: B, or W after zero bubble's I (torch's stage keeps the
+    -- backward state from I until W: stage.py backward_weight_one_chunk).
+    local d = a.type == "F" and 1 or (a.type == "B" or a.type == "W") and -1 or 0
+    if d ~= 0 then
+      inflight[a.stage] = inflight[a.stage] + d
       if inflight[a.stage] > peak[a.stage] then peak[a.stage] = inflight[a.stage] end
-    elseif a.type == "B" or a.type == "I" then
-      inflight[a.stage] = inflight[a.stage] - 1
+      rank_bytes[r] = rank_bytes[r] + d * act_bytes(a.stage)
+      if rank_bytes[r] > rank_peak[r] then rank_peak[r] = rank_bytes[r] end
     end
   end
   -- A compute action's received input (posted by an earlier RECV): false
@@ -95,10 +103,18 @@ function audit.simulate(sched, cost, p2p_us, reduce_us, act_bytes)
       if not inputs_here(r, a) then return false end
       run_compute(r, a)
     elseif ty == "OVERLAP_F_B" then
-      for _, sub in ipairs(a.sub) do
-        if not inputs_here(r, sub) then return false end
+      -- its halves in turn, each waiting for its own input (torch's
+      -- default runtime runs them one after the other)
+      local k = sub_at[r] or 1
+      while k <= #a.sub do
+        if not inputs_here(r, a.sub[k]) then
+          sub_at[r] = k
+          return false
+        end
+        run_compute(r, a.sub[k])
+        k = k + 1
       end
-      for _, sub in ipairs(a.sub) do run_compute(r, sub) end
+      sub_at[r] = nil
     elseif ty == "REDUCE_GRAD" then
       reduce_done[a.stage] = t[r] + reduce_us(a.stage)
     elseif ty == "WAIT_REDUCE_GRAD" then
@@ -136,7 +152,7 @@ function audit.simulate(sched, cost, p2p_us, reduce_us, act_bytes)
   local bytes = {}
   for s = 0, sched.num_stages - 1 do bytes[s] = peak[s] * act_bytes(s) end
   return { step_us = step, busy_us = busy, bubble = step > 0 and 1 - total / (pp * step) or 0,
-           inflight_peak = peak, inflight_bytes = bytes }
+           inflight_peak = peak, inflight_bytes = bytes, rank_peak_bytes = rank_peak }
 end
 
 return audit

@@ -114,7 +114,10 @@ local function evaluate(p, loaded, pp, n, name)
     local costs, s = stage_costs(p, split, n)
     local topo = p.topology
     local mb_tokens = s.tokens / n
-    local act = mb_tokens * p.model_config.dim * util.DTYPE_BYTES[p.layout.units[1].ag_dtype]
+    -- a stage's output per microbatch and TP rank: sequence parallel (torchtitan's
+    -- default with TP) leaves each TP rank its shard of the sequence
+    local sp = p.dims.tp > 1 and loaded.parallel.sequence_parallel ~= false
+    local act = mb_tokens * p.model_config.dim * util.DTYPE_BYTES[p.layout.units[1].ag_dtype] / (sp and p.dims.tp or 1)
     local p2p = topo.latency_us + act / (topo.inter_node_GBps * 1e3)
     local sim = pp_audit.simulate(sched, function(stage, ty) return costs[stage][ty] end,
       function() return p2p end, function(stage) return costs[stage].reduce_us end,
@@ -123,12 +126,15 @@ local function evaluate(p, loaded, pp, n, name)
     for _, a in ipairs(sched.lowered[1]) do
       if a.type == "SEND_F" or a.type == "SEND_B" then sends = sends + 1 end
     end
+    -- the rank that holds the most saved activations at once, its stages together
     local worst, worst_bytes = 0, -1
-    for st = 0, num - 1 do
-      if sim.inflight_bytes[st] > worst_bytes then worst, worst_bytes = st, sim.inflight_bytes[st] end
+    for r = 1, pp do
+      if sim.rank_peak_bytes[r] > worst_bytes then worst, worst_bytes = r - 1, sim.rank_peak_bytes[r] end
     end
+    local peak = 0
+    for _, st in ipairs(stages_mod.of_rank(worst, pp, num, name)) do peak = peak + sim.inflight_peak[st] end
     return { name = name, stages = num, per = per, sim = sim, split = split, worst = worst, worst_bytes = worst_bytes,
-             peak = sim.inflight_peak[worst], sends = sends, act = act, p2p_us = p2p }
+             peak = peak, sends = sends, act = act, p2p_us = p2p }
   end)
   if not ok then
     if util.is_plan_error(res) then return { name = name, refused = tostring(res) } end
@@ -176,7 +182,7 @@ function report.text(loaded)
       for _, b in ipairs(r.sim.busy_us) do busy = busy + b end
       w("%-22s %6d %5d %7.1f%% %12s %12s %26s %9s%s", r.name, r.stages, r.per, 100 * r.sim.bubble,
         human_us(r.sim.step_us), human_us(busy / pp),
-        string.format("%d mb, %s (stage %d)", r.peak, human_bytes(r.worst_bytes), r.worst),
+        string.format("%s (rank %d, %d mb)", human_bytes(r.worst_bytes), r.worst, r.peak),
         human_bytes(r.sends * r.act), r.name == want and "  <- the plan's" or "")
     end
   end
@@ -185,9 +191,11 @@ function report.text(loaded)
   end
   w("")
   w("Step: the slowest rank's timed run of its actions as torch lowers them (gen/parallel/pp_audit.lua); bubble: "
-    .. "1 - busy / (pp x step); activations in flight: the most microbatches a stage holds forwards of before their "
-    .. "backwards, and their saved bytes (gen/compute.lua), for the stage holding the most; p2p: the activations "
-    .. "and gradients rank 0 sends. Every schedule listed passed the send/receive proof (docs/pipeline.md).")
+    .. "1 - busy / (pp x step), the last gradient reduction's wait included; activations in flight: the most saved "
+    .. "activation bytes (gen/compute.lua) a rank holds at once over its stages, forwards whose backward (B, or W "
+    .. "after zero bubble's I) has not run, and the microbatches its stages hold at their peaks; p2p: the "
+    .. "activations and gradients rank 0 sends (a TP rank's sequence shard under sequence parallel). Every "
+    .. "schedule listed passed the send/receive proof (docs/pipeline.md).")
   w("Not yet: the pipeline's C tables and its run (the generator refuses pp > 1); FSDP's all-gathers are taken as "
     .. "prefetched and links as uncontended.")
   return table.concat(L, "\n") .. "\n", rows

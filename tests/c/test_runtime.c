@@ -871,6 +871,49 @@ static void test_library_order_refused(void **state)
     cp_hostlib_destroy(h);
 }
 
+/* A repeated micro-step (hsdp2x3_bf16: micro-steps 3-6 are one row set)
+ * shares an event slot per op offset, so a wait means the latest op that
+ * recorded its slot in table order. An op run out of that order (a later
+ * instance recorded first) is refused, naming both ops, not waited on. */
+static void test_shared_event_binds_to_the_plans_op(void **state)
+{
+    (void)state;
+    const cp_plan *plan = &hsdp2x3_bf16_plan;
+    cp_host_world *w = cp_host_world_create(plan);
+    assert_non_null(w);
+    cp_backend b;
+    cp_host_backend_init(&b, w, 0);
+    cp_executor ex = { .quiet = 1 };
+    assert_int_equal(cp_executor_init(&ex, plan, 0, &b), 0);
+    const cp_plan *p = ex.plan;
+    /* a wait whose slot more than one op records, and a later recorder of it */
+    int waiter = -1, k = -1, later = -1;
+    for (int i = 0; i < p->nops && waiter < 0; i++)
+        for (int j = 0; j < p->ops[i].wait_count && waiter < 0; j++) {
+            int s = p->waits[p->ops[i].wait_first + j];
+            for (int r = i + 1; r < p->nops; r++)
+                if (p->ops[r].event == s) { waiter = i; k = j; later = r; break; }
+        }
+    assert_true(waiter >= 0);
+    int means = ex.wait_means[ex.wait_base[waiter] + k];
+    assert_true(means >= 0 && means < waiter);
+    assert_true(p->ops[means].event == p->waits[p->ops[waiter].wait_first + k]);
+    /* the op the plan means recorded last: the check lets the wait through */
+    ex.slot_last[p->ops[means].event] = means;
+    for (int j = 0; j < p->ops[waiter].wait_count; j++) {
+        int s = p->waits[p->ops[waiter].wait_first + j];
+        ex.slot_last[s] = ex.wait_means[ex.wait_base[waiter] + j];
+    }
+    /* a later instance recorded first: refused before any wait is issued */
+    ex.slot_last[p->ops[means].event] = later;
+    assert_int_equal(cp_executor_run_op(&ex, &p->ops[waiter]), -1);
+    char want[160];
+    snprintf(want, sizeof want, "which op %d recorded last where the plan means op %d", later, means);
+    if (!strstr(ex.err, want) || !strstr(ex.err, "plans/hsdp2x3_bf16/SCHEDULE.md")) fail_msg("%s", ex.err);
+    cp_executor_free(&ex);
+    cp_host_world_destroy(w);
+}
+
 static void test_launch_env(void **state)
 {
     (void)state;
@@ -989,6 +1032,7 @@ int main(void)
         cmocka_unit_test(test_divides_in_reduce_dtype_then_cast),
         cmocka_unit_test(test_micro_steps_accumulate_in_reduce_dtype),
         cmocka_unit_test(test_fsdp2_default_adds_each_reduction),
+        cmocka_unit_test(test_shared_event_binds_to_the_plans_op),
         cmocka_unit_test(test_launch_env),
         cmocka_unit_test(test_ranks_alone),
     };

@@ -193,7 +193,8 @@ local function check_svg(path, p, fp, text)
   end
   local px = 0
   for _, e in ipairs(m.exposure) do px = px + (e.hi - e.lo) end
-  px = px * (1200 - 118 - 24) / math.max(tl.step_us, 1e-9)
+  -- (the window: the step as drawn, a repeated micro-step's rows once)
+  px = px * (1200 - 118 - 24) / math.max(tl.drawn_step_us or tl.step_us, 1e-9)
   assert(math.abs(area - px) <= tol, string.format("%s: hatched %.1f px, exposed %.1f px (tolerance %.1f)", path, area,
     px, tol))
   assert((strips > 0) == (px > 0), path .. ": the exposed strip")
