@@ -95,7 +95,10 @@ end
 local function generate(plan_path)
   local src = read_plan(plan_path)
   -- Errors name the file as given; generated files name display_path.
-  local p = plan_mod.from_source(src, plan_path)
+  collectgarbage("stop")
+  local ok, p = pcall(plan_mod.from_source, src, plan_path)
+  collectgarbage("restart")
+  if not ok then error(p, 0) end
   p.source_file = display_path(plan_path)
   local fp = audit.fingerprint(p)
   local templates = {}

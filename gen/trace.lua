@@ -31,12 +31,16 @@ local function r3(x) return tonumber(string.format("%.3f", x)) end
 -- r3(x) as JSON text (json.number of it), and r3(x). Below 10^11 the
 -- rounded value has at most 15 significant digits, so its shortest form
 -- is the "%.3f" text without trailing zeros.
+local fmt3, byte = string.format, string.byte
 local function r3_text(x)
-  local s = string.format("%.3f", x)
+  local s = fmt3("%.3f", x)
   local v = tonumber(s)
   if v > -1e11 and v < 1e11 then
-    s = s:gsub("0+$", ""):gsub("%.$", "")
-    if s == "-0" then s = "0" end
+    -- (most values end in a nonzero digit: nothing to strip)
+    if byte(s, -1) == 48 then
+      s = s:gsub("0+$", ""):gsub("%.$", "")
+      if s == "-0" then s = "0" end
+    end
     return s, v
   end
   return json.number(v), v
