@@ -3,7 +3,9 @@
 # (gloo) against commplan's derivation. tests/pp/torch_pipeline_record.py
 # runs one training step of a tiny decoder per case — every schedule x
 # microbatches 4 and 8 on pp 2, pp 4 and pp 2 x dp_shard 2 (fully_shard per
-# stage over 2 ranks) — and records every send / receive and collective per
+# stage over 2 ranks), and the multi-stage ones again on pp 2 x dp_shard 2
+# with max_active_stages 1 (stages resharded and gathered again mid-step) —
+# and records every send / receive and collective per
 # rank; tests/pp/compare_pipeline_live.lua requires them equal, in order, to
 # gen/parallel/pp_sequence.lua's. Exits 0 when every case matches, 1 on the
 # first difference (printed), 77 when torch cannot be imported (SKIP).
@@ -26,12 +28,16 @@ OUT=build/pp/live
 rm -rf "$OUT"
 mkdir -p "$OUT"
 start=$(date +%s)
-for mesh in "2 1" "4 1" "2 2"; do
-  read -r pp dp <<<"$mesh"
-  if ! "$PY" -W ignore tests/pp/torch_pipeline_record.py --pp "$pp" --dp-shard "$dp" --microbatches 4,8 \
-      --out-dir "$OUT" 2>"$OUT/stderr-pp$pp-dp$dp.txt"; then
-    echo "pp-run: FAIL the recorder failed for pp=$pp dp_shard=$dp:"
-    tail -n 20 "$OUT/stderr-pp$pp-dp$dp.txt"
+MULTI=Interleaved1F1B,LoopedBFS,InterleavedZeroBubble,ZBVZeroBubble,DualPipeV
+# pp dp_shard [max_active_stages]: the last run evicts (RESHARD, then UNSHARD again mid-step)
+for run in "2 1" "4 1" "2 2" "2 2 1"; do
+  read -r pp dp mas <<<"$run"
+  args=(--pp "$pp" --dp-shard "$dp" --microbatches "4,8" --out-dir "$OUT")
+  [ -n "$mas" ] && args+=(--max-active-stages "$mas" --schedules "$MULTI")
+  log="$OUT/stderr-pp$pp-dp$dp${mas:+-mas$mas}.txt"
+  if ! "$PY" -W ignore tests/pp/torch_pipeline_record.py "${args[@]}" 2>"$log"; then
+    echo "pp-run: FAIL the recorder failed for ${args[*]}:"
+    tail -n 20 "$log"
     exit 1
   fi
 done

@@ -60,8 +60,8 @@ end
 
 local function show(e, batch_of)
   if e.op == "send" or e.op == "recv" then
-    return fmt("%s peer=%s numel=%s %s batch=%s", e.op, tostring(e.peer), tostring(e.numel),
-      DTYPE[e.dtype] or tostring(e.dtype), batch_of(e.batch))
+    return fmt("%s peer=%s numel=%s %s batch=%s @%s", e.op, tostring(e.peer), tostring(e.numel),
+      DTYPE[e.dtype] or tostring(e.dtype), batch_of(e.batch), tostring(e.action))
   end
   local ranks = {}
   for i, r in ipairs(e.ranks or {}) do ranks[i] = tostring(r) end
@@ -69,13 +69,17 @@ local function show(e, batch_of)
     tostring(e.out_numel), DTYPE[e.dtype] or tostring(e.dtype), tostring(e.action))
 end
 
+local function has_mas(c) return c.max_active_stages ~= nil and c.max_active_stages ~= json.null end
+
 local function case_name(c)
-  return fmt("%s pp=%d dp_shard=%d microbatches=%d", c.schedule, c.pp, c.dp_shard, c.microbatches)
+  return fmt("%s pp=%d dp_shard=%d microbatches=%d%s", c.schedule, c.pp, c.dp_shard, c.microbatches,
+    has_mas(c) and fmt(" max_active_stages=%d", c.max_active_stages) or "")
 end
 
 local function check_case(c)
   local ok, sched = pcall(pps.derive, { schedule = c.schedule, pp = c.pp, microbatches = c.microbatches,
-                                        stages_per_rank = c.stages_per_rank })
+                                        stages_per_rank = c.stages_per_rank,
+                                        max_active_stages = has_mas(c) and c.max_active_stages or nil })
   if c.refused then
     if ok then return fmt("torch refuses (%s), commplan derives a schedule", c.refused) end
     if not util.is_plan_error(sched) then return "derive raised a non-plan error: " .. tostring(sched) end
@@ -158,7 +162,7 @@ local function main(files)
       by[c.schedule] = t; order[#order + 1] = c.schedule
     end
     if res.refused then
-      t.refused[#t.refused + 1] = fmt("pp=%d dp_shard=%d microbatches=%d", c.pp, c.dp_shard, c.microbatches)
+      t.refused[#t.refused + 1] = case_name(c):gsub("^%S+ ", "")
     else
       t.cases, t.p2p, t.colls = t.cases + 1, t.p2p + res.p2p, t.colls + res.colls
     end

@@ -46,6 +46,7 @@ Output: one JSON per case, build/pp/live/<Schedule>-pp<P>-dp<D>-mb<N>.json.
 
 Usage: torch_pipeline_record.py --pp 2 --dp-shard 1 [--microbatches 4,8]
        [--schedules GPipe,1F1B,...] [--out-dir build/pp/live]
+       [--max-active-stages K]  (multi-stage schedules; torch's default 3)
 Exit 77 when torch.distributed.pipelining cannot be imported.
 """
 import argparse
@@ -373,9 +374,10 @@ def run_case(ctx, schedule_name, n):
         stages.append(st)
     out = {"rank": rank, "pp_rank": pp_rank, "dp_rank": dp_rank, "stages": my_stages}
     cls = S.get_schedule_class(schedule_name)
+    extra = {} if schedule_name in SINGLE or not ctx["max_active"] else {"max_active_stages": ctx["max_active"]}
     try:
         sched = cls(stages[0] if schedule_name in SINGLE else stages, n_microbatches=n, loss_fn=loss_fn,
-                    scale_grads=False)
+                    scale_grads=False, **extra)
     except (ValueError, AssertionError, NotImplementedError) as e:
         out["refused"] = "%s: %s" % (type(e).__name__, e)
         return out, names, split_by
@@ -407,7 +409,7 @@ def run_case(ctx, schedule_name, n):
     return out, names, split_by
 
 
-def worker(rank, world, pp, dp, port, cases, tmpdir):
+def worker(rank, world, pp, dp, port, cases, tmpdir, max_active):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     install_hooks()
@@ -415,7 +417,8 @@ def worker(rank, world, pp, dp, port, cases, tmpdir):
                             timeout=timedelta(seconds=90))
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (pp, dp), mesh_dim_names=("pp", "fsdp"))
-    ctx = {"rank": rank, "pp": pp, "dp": dp, "pp_group": mesh.get_group("pp"), "fsdp_mesh": mesh["fsdp"]}
+    ctx = {"rank": rank, "pp": pp, "dp": dp, "pp_group": mesh.get_group("pp"), "fsdp_mesh": mesh["fsdp"],
+           "max_active": max_active}
     for schedule_name, n in cases:
         dist.barrier()
         try:
@@ -445,6 +448,8 @@ def main():
     ap.add_argument("--microbatches", default="4,8")
     ap.add_argument("--schedules", default=",".join(SCHEDULES))
     ap.add_argument("--out-dir", default="build/pp/live")
+    ap.add_argument("--max-active-stages", type=int, default=None,
+                    help="the multi-stage schedules' max_active_stages (torch's default 3; torchtitan keeps it)")
     a = ap.parse_args()
     pp, dp = a.pp, a.dp_shard
     world = pp * dp
@@ -454,7 +459,7 @@ def main():
         t0 = time.time()
         crashed = None
         try:
-            mp.start_processes(worker, args=(world, pp, dp, free_port(), cases, tmp), nprocs=world, join=True,
+            mp.start_processes(worker, args=(world, pp, dp, free_port(), cases, tmp, a.max_active_stages), nprocs=world, join=True,
                                start_method="spawn")
         except Exception as e:  # noqa: BLE001 - what the ranks wrote is merged; the case says it failed
             crashed = "%s: %s" % (type(e).__name__, str(e).strip().splitlines()[-1] if str(e).strip() else "")
@@ -472,6 +477,7 @@ def main():
                 continue
             case = {"schedule": schedule_name, "pp": pp, "dp_shard": dp, "world": world, "microbatches": n,
                     "stages_per_rank": 1 if schedule_name in SINGLE else 2, "model": MODEL,
+                    "max_active_stages": a.max_active_stages if schedule_name not in SINGLE else None,
                     "torch": torch.__version__, "split": parts[0].get("split"), "split_by": parts[0].get("split_by"),
                     "ranks": parts}
             refused = {p.get("refused") for p in parts}
@@ -483,7 +489,8 @@ def main():
             if len(parts) < world and not failed:
                 case["failed"] = "only %d of %d ranks wrote a result%s" % (len(parts), world,
                                                                         " (%s)" % crashed if crashed else "")
-            path = os.path.join(a.out_dir, "%s-pp%d-dp%d-mb%d.json" % (schedule_name, pp, dp, n))
+            path = os.path.join(a.out_dir, "%s-pp%d-dp%d-mb%d%s.json" % (
+                schedule_name, pp, dp, n, "-mas%d" % a.max_active_stages if a.max_active_stages else ""))
             with open(path, "w") as f:
                 json.dump(case, f, indent=1, sort_keys=True)
             written.append(path)
