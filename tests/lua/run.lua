@@ -13,6 +13,7 @@ suites[#suites + 1] = "test_repeat"
 suites[#suites + 1] = "test_pp_schedule"
 suites[#suites + 1] = "test_pp_stages"
 suites[#suites + 1] = "test_pp_audit"
+suites[#suites + 1] = "test_pp_sequence"
 -- Issue 22, step 0: the parallelisms as modules.
 suites[#suites + 1] = "test_parallel"
 local passed, failed = 0, 0

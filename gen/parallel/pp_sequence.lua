@@ -1,0 +1,165 @@
+-- What each rank of a pipeline-parallel job issues in one training step,
+-- in order (issue 22, item 6): the point-to-point operations of
+-- gen/parallel/pp_schedule.lua's lowered lists, placed on the global mesh
+-- (gen/dims.lua: pp outermost), and each stage's FSDP collectives where
+-- torch.distributed.pipelining issues them. Pure functions. Line numbers are
+-- torch 2.15.0's torch/distributed/pipelining/schedules.py and stage.py.
+--
+--   M.expected(sched, o) -> events per global rank (events[g + 1])
+--     sched: pp_schedule.derive's result;
+--     o.dp_shard: the FSDP degree (world = pp * dp_shard; 1: no FSDP);
+--     o.act_numel, o.act_dtype: one microbatch's activation (and gradient)
+--       between two stages;
+--     o.stage_fsdp(stage) -> { gathers = { op... }, reduces = { op... } }:
+--       the stage's FSDP collectives in issue order (each { unit, count },
+--       count = elements per rank), e.g. M.stage_fsdp_from_plan; nil or
+--       dp_shard = 1: no FSDP.
+--   An event: { op = "send" | "recv", peer (global rank), numel, dtype,
+--     batch (the lowered action's batch number, nil when issued alone),
+--     action } or { op = "all_gather" | "reduce_scatter", ranks (the FSDP
+--     group's global ranks), in_numel, out_numel, dtype, unit, action }.
+--     action names what runs when it is issued: a multi-stage schedule's own
+--     lowered action (_PipelineScheduleRuntime runs them one by one,
+--     schedules.py:3733); for GPipe and 1F1B the compute (or REDUCE_GRAD)
+--     last begun, "" before the first.
+--
+-- Where FSDP2 (fully_shard per stage, reshard_after_forward=False as
+-- torchtitan sets it under PP) communicates during the step:
+--   - the step's first use of a stage finds it sharded: the schedule's
+--     _initialize_stage(s) runs shape inference and reshards every FSDP
+--     module after it (stage.py:2342);
+--   - multi-stage: UNSHARD calls unshard(async_op=True) on every FSDPModule
+--     of the stage in modules() order (schedules.py:3566): one all-gather per
+--     unit with parameters, forward order; the forward then gathers nothing;
+--   - GPipe / 1F1B (no UNSHARD action): the first forward's pre-forward
+--     hooks gather each unit, forward order; the units stay unsharded
+--     (reshard_after_forward False, backwards with
+--     set_reshard_after_backward(False), stage.py:1131);
+--   - no backward reduces (set_requires_gradient_sync(False), stage.py:1132);
+--     REDUCE_GRAD (multi: start_gradient_reduction, stage.py:1427; single:
+--     perform_reduce_grad at the end of _step_microbatches) runs
+--     finalize_backward: one reduce-scatter per unit, reversed state order
+--     (layers last to first, the root last);
+--   - RESHARD frees, WAIT_REDUCE_GRAD waits: no collective.
+-- The gathers and reduces per unit are the generator's own (a plan of the
+-- stage's units with grad_accumulation = "step_end": M.stage_fsdp_from_plan).
+local dims = require("gen.dims")
+local groups = require("gen.groups")
+local pps = require("gen.parallel.pp_schedule")
+
+local M = {}
+
+local fmt = string.format
+
+-- The group of family f that holds global rank g (its members, in key order).
+local function group_of(f, g)
+  for c = 0, f.count - 1 do
+    local m = groups.members(f, c)
+    for _, r in ipairs(m) do if r == g then return m end end
+  end
+  error(fmt("rank %d is in no %s group", g, f.name))
+end
+
+-- The mesh of pp x dp_shard (pp outermost, gen/dims.lua) and its pp and fsdp families.
+function M.mesh(pp, dp_shard)
+  local d = dims.infer(nil, { pp = pp, dp_shard = dp_shard }, pp * dp_shard)
+  local mesh = dims.mesh(d)
+  local fams = groups.build(mesh)
+  return { d = d, mesh = mesh, pp = fams.by_name.pp, fsdp = fams.by_name.fsdp, world = pp * dp_shard }
+end
+
+local P2P_OP = { SEND_F = "send", SEND_B = "send", RECV_F = "recv", RECV_B = "recv" }
+local function peer_stage(a)
+  if a.type == "SEND_F" then return a.stage + 1 end
+  if a.type == "RECV_F" then return a.stage - 1 end
+  if a.type == "SEND_B" then return a.stage - 1 end
+  return a.stage + 1
+end
+
+function M.expected(sched, o)
+  local W = o.dp_shard or 1
+  local m = M.mesh(sched.pp, W)
+  local fsdp_of = {}
+  local function stage_fsdp(s)
+    if W == 1 or not o.stage_fsdp then return nil end
+    if fsdp_of[s] == nil then fsdp_of[s] = o.stage_fsdp(s) or false end
+    return fsdp_of[s] or nil
+  end
+  local single = sched.runtime == "single"
+  local out = {}
+  for g = 0, m.world - 1 do
+    local pp_members = m.pp and group_of(m.pp, g) or { g }
+    local fsdp_ranks = m.fsdp and group_of(m.fsdp, g) or { g }
+    local coords = dims.coords(m.mesh, g)
+    local pp_rank = m.mesh.index.pp and coords[m.mesh.index.pp] or 0
+    local ev, label, gathered = {}, "", {}
+    local function colls(list, kind, s, action)
+      for _, c in ipairs(list) do
+        local full = W * c.count
+        ev[#ev + 1] = { op = kind, ranks = fsdp_ranks, unit = c.unit, dtype = c.dtype, action = action,
+                        in_numel = kind == "all_gather" and c.count or full,
+                        out_numel = kind == "all_gather" and full or c.count, stage = s }
+      end
+    end
+    for _, a in ipairs(sched.lowered[pp_rank + 1]) do
+      local k = pps.format_action(a)
+      if pps.IS_COMPUTE[a.type] or a.type == "REDUCE_GRAD" then label = k end
+      local op = P2P_OP[a.type]
+      if op then
+        ev[#ev + 1] = { op = op, peer = pp_members[sched.stage_to_rank[peer_stage(a)] + 1], numel = o.act_numel,
+                        dtype = o.act_dtype, batch = a.batch, action = single and label or k }
+      elseif a.type == "UNSHARD" then
+        local f = stage_fsdp(a.stage)
+        if f then colls(f.gathers, "all_gather", a.stage, k) end
+      elseif a.type == "REDUCE_GRAD" then
+        local f = stage_fsdp(a.stage)
+        if f then colls(f.reduces, "reduce_scatter", a.stage, k) end
+        gathered[a.stage] = nil
+      elseif single and a.type == "F" and not gathered[a.stage] then
+        local f = stage_fsdp(a.stage)
+        if f then colls(f.gathers, "all_gather", a.stage, k) end
+        gathered[a.stage] = true
+      end
+    end
+    out[g + 1] = ev
+  end
+  return out
+end
+
+-- A stage's FSDP collectives as the generator plans them: the plan of the
+-- stage's units (units in wrap order, the root last) on dp_shard ranks with
+-- torch.distributed.pipelining's accumulation ("step_end") over the
+-- microbatches; its all-gathers of micro-step 0 and its reduce-scatters, in
+-- the plan's order, each { unit = name, count = elements per rank, dtype }.
+-- units: { { name, params = { { name, shape, dtype? } ... } } ... }.
+function M.stage_fsdp_from_plan(units, dp_shard, microbatches, dtype)
+  local plan = require("gen.plan")
+  local parts = {}
+  for _, u in ipairs(units) do
+    local ps = {}
+    for _, p in ipairs(u.params) do
+      ps[#ps + 1] = fmt("{ name = %q, shape = { %s } }", p.name, table.concat(p.shape, ", "))
+    end
+    parts[#parts + 1] = fmt("{ name = %q, params = { %s } }", u.name, table.concat(ps, ", "))
+  end
+  local src = fmt([[return { world_size = %d, parallel = { dp_shard = -1 },
+  model = { family = "generic", dtype = %q, units = { %s } },
+  fsdp = { reshard_after_forward = false, grad_accumulation = "step_end", micro_steps = %d } }]],
+    dp_shard, dtype or "fp32", table.concat(parts, ",\n"), microbatches)
+  local p = plan.from_source(src, "pp_stage.lua")
+  local res = { gathers = {}, reduces = {} }
+  for _, op in ipairs(p.ops) do
+    local u = p.layout.units[op.unit + 1]
+    if op.kind == "all_gather" and op.micro_step == 0 then
+      res.gathers[#res.gathers + 1] = { unit = u.name, count = op.count, dtype = op.dtype }
+    elseif op.kind == "reduce_scatter" then
+      res.reduces[#res.reduces + 1] = { unit = u.name, count = op.count or u.total, dtype = u.reduce_dtype }
+    elseif op.kind == "all_gather" or op.kind == "all_reduce" then
+      error(fmt("pp_sequence: the stage plan has a %s in micro-step %d, which this module does not place",
+        op.kind, op.micro_step))
+    end
+  end
+  return res
+end
+
+return M

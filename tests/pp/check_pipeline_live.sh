@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Live check (issue 22, item 6): torch.distributed.pipelining run on CPU
+# (gloo) against commplan's derivation. tests/pp/torch_pipeline_record.py
+# runs one training step of a tiny decoder per case — every schedule x
+# microbatches 4 and 8 on pp 2, pp 4 and pp 2 x dp_shard 2 (fully_shard per
+# stage over 2 ranks), and the multi-stage ones again on pp 2 x dp_shard 2
+# with max_active_stages 1 (stages resharded and gathered again mid-step) —
+# and records every send / receive and collective per
+# rank; tests/pp/compare_pipeline_live.lua requires them equal, in order, to
+# gen/parallel/pp_sequence.lua's. Exits 0 when every case matches, 1 on the
+# first difference (printed), 77 when torch cannot be imported (SKIP).
+#   PYTHON=  the torch environment's python (default: make torch-env's,
+#            /root/.cache/commplan/torch-env/bin/python, else python3)
+set -u -o pipefail
+cd "$(dirname "$0")/../.." || exit 2
+LUA=${LUA:-lua5.4}
+PY=${PYTHON:-/root/.cache/commplan/torch-env/bin/python}
+[ -x "$PY" ] || PY=python3
+if ! "$PY" -c "import torch.distributed.pipelining, torch.distributed.fsdp" >/dev/null 2>&1; then
+  echo "SKIP pp-run: torch.distributed.pipelining does not import with $PY"
+  exit 77
+fi
+if ! "$PY" -c "import torch.distributed as d; import sys; sys.exit(0 if d.is_gloo_available() else 1)" >/dev/null 2>&1; then
+  echo "SKIP pp-run: torch has no gloo backend ($PY)"
+  exit 77
+fi
+OUT=build/pp/live
+rm -rf "$OUT"
+mkdir -p "$OUT"
+start=$(date +%s)
+MULTI=Interleaved1F1B,LoopedBFS,InterleavedZeroBubble,ZBVZeroBubble,DualPipeV
+# pp dp_shard [max_active_stages]: the last run evicts (RESHARD, then UNSHARD again mid-step)
+for run in "2 1" "4 1" "2 2" "2 2 1"; do
+  read -r pp dp mas <<<"$run"
+  args=(--pp "$pp" --dp-shard "$dp" --microbatches "4,8" --out-dir "$OUT")
+  [ -n "$mas" ] && args+=(--max-active-stages "$mas" --schedules "$MULTI")
+  log="$OUT/stderr-pp$pp-dp$dp${mas:+-mas$mas}.txt"
+  if ! "$PY" -W ignore tests/pp/torch_pipeline_record.py "${args[@]}" 2>"$log"; then
+    echo "pp-run: FAIL the recorder failed for ${args[*]}:"
+    tail -n 20 "$log"
+    exit 1
+  fi
+done
+"$LUA" tests/pp/compare_pipeline_live.lua "$OUT"/*.json || exit 1
+echo "pp-run: all cases equal in $(( $(date +%s) - start )) s"
