@@ -166,7 +166,7 @@ test-lua:
 	@$(LUA) tests/lua/run.lua
 
 lint:
-	luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/pp/compare.lua tests/pp/compare_stages.lua plans bench
+	luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/pp plans bench
 
 # Every plans/*.lua, each name taken by the shell's own glob and always
 # quoted: a file name holding spaces, $$(...), backticks or quotes is

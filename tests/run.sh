@@ -212,6 +212,17 @@ torch_lane() {
     77) skipped "$pp_what" "$(sed -n 's/^SKIP pp-live: //p' "$pp_log" | head -n 1)" ;;
     *) bad "$pp_what" "$pp_log" ;;
   esac
+  # torch.distributed.pipelining run for real on gloo (one step per case,
+  # fully_shard per stage): every rank's point-to-point ops and per-stage
+  # FSDP collectives, in order, against gen/parallel/pp_sequence.lua
+  pprun_what="pp run: torch.distributed.pipelining + fully_shard on gloo, every schedule, each rank's p2p and FSDP collectives vs gen/parallel/pp_sequence.lua (tests/pp/check_pipeline_live.sh)"
+  pprun_log=$(logname "$pprun_what")
+  PYTHON="${live_py:-}" timeout 300 tests/pp/check_pipeline_live.sh >"$pprun_log" 2>&1; pprun_rc=$?
+  case $pprun_rc in
+    0) ok "$pprun_what"; grep -h "^pp-run: [A-Z0-9]" "$pprun_log" | grep -v "recorded" | sed "s/^/        /" ;;
+    77) skipped "$pprun_what" "$(sed -n 's/^SKIP pp-run: //p' "$pprun_log" | head -n 1)" ;;
+    *) bad "$pprun_what" "$pprun_log" ;;
+  esac
 }
 # ---- end of the torch lane ----
 
@@ -255,7 +266,7 @@ lane_start torch torch_lane
 printf '== the torch lane runs in the background from here (live FSDP2, torchtitan, torchrun, train_cpu, tp_record, runtime hooks); its output comes at the end  [%ds]\n' "$SECONDS"
 
 section "lint and generator unit tests"
-if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/pp/compare.lua tests/pp/compare_stages.lua plans bench
+if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/pp plans bench
 else skipped "luacheck" "not installed (apt-get install lua-check)"; fi
 run "lua unit tests" $LUA tests/lua/run.lua
 run "fuzz: random and mutated plan files for 20 s (tests/fuzz_plans.lua, fixed seed)" timeout 600 $LUA tests/fuzz_plans.lua --seconds 20; grep -h "^fuzz: [0-9]" "$(logname "fuzz: random and mutated plan files for 20 s (tests/fuzz_plans.lua, fixed seed)")" | sed "s/^/        /"
