@@ -25,7 +25,7 @@ verbs.JSON_MAX_BYTES = 256 << 20
 
 verbs.USAGE = "usage: lua5.4 gen/verbs.lua diff [--svg DIR] A B | diff [--svg DIR] --rev REV PLAN.lua\n"
   .. "       lua5.4 gen/verbs.lua advise PLAN.lua [--world-size N] [--gpus-per-node G] [--global-batch B] [--top K]\n"
-  .. "       lua5.4 gen/verbs.lua pipeline PLAN.lua   (a plan with parallel.pp > 1 and pipeline.microbatches)\n"
+  .. "       lua5.4 gen/verbs.lua pipeline PLAN.lua [--csv FILE]   (a plan with parallel.pp > 1 and pipeline.microbatches)\n"
 
 local function int_arg(v, name)
   local n = v and v:match("^%d+$") and tonumber(v)
@@ -38,15 +38,23 @@ end
 function verbs.main(argv)
   local verb = argv[1]
   if verb == "pipeline" then
-    -- torch's pipeline schedules for the plan, side by side (gen/parallel/pp_report.lua)
-    if #argv ~= 2 then
-      io.stderr:write(verbs.USAGE)
-      return 2
+    -- torch's pipeline schedules for the plan, side by side (gen/parallel/pp_report.lua);
+    -- --csv FILE: the plan's schedule as torch's CSV (_load_csv reads it back)
+    local path, csv
+    local i = 2
+    while i <= #argv do
+      if argv[i] == "--csv" and argv[i + 1] and argv[i + 1] ~= "" then csv = argv[i + 1]; i = i + 2
+      elseif argv[i]:sub(1, 2) == "--" or path then io.stderr:write(verbs.USAGE); return 2
+      else path = argv[i]; i = i + 1 end
     end
-    local src, why = fsio.read_regular(argv[2], verbs.PLAN_MAX_BYTES)
-    if not src then util.plan_error(string.format("%s: the plan file %s", fsio.shown(argv[2]), why)) end
-    local loaded = require("gen.load").source(src, argv[2])
-    io.stdout:write((require("gen.parallel.pp_report").text(loaded)))
+    if not path then io.stderr:write(verbs.USAGE); return 2 end
+    local src, why = fsio.read_regular(path, verbs.PLAN_MAX_BYTES)
+    if not src then util.plan_error(string.format("%s: the plan file %s", fsio.shown(path), why)) end
+    local loaded = require("gen.load").source(src, path)
+    local report = require("gen.parallel.pp_report")
+    local text = report.text(loaded)
+    if csv then text = text .. verbs.write_file(csv, report.csv(loaded), "the schedule's CSV") end
+    io.stdout:write(text)
     return 0
   end
   if verb == "diff" then
@@ -121,6 +129,24 @@ function verbs.write_svgs(plandiff, dir, sa, pa, sb, pb)
     lines[#lines + 1] = "  wrote " .. fsio.shown(f[1])
   end
   return table.concat(lines, "\n") .. "\n"
+end
+
+-- text written to path through a temporary name beside it, renamed only
+-- once whole (a failed write leaves nothing half written); the line to print.
+function verbs.write_file(path, text, what)
+  local tmp = path .. ".tmp." .. tostring(os.time()) .. "." .. tostring(math.random(1 << 30))
+  local fh = io.open(tmp, "wb")
+  local ok = fh and fh:write(text)
+  if not (fh and fh:close() and ok) then
+    os.remove(tmp)
+    util.plan_error(fsio.shown(path) .. ": cannot write " .. what .. " there (no such directory, disk full or read-only?)")
+  end
+  local renamed, err = os.rename(tmp, path)
+  if not renamed then
+    os.remove(tmp)
+    util.plan_error(fsio.shown(path) .. ": cannot write " .. what .. " there (" .. tostring(err) .. ")")
+  end
+  return "wrote " .. fsio.shown(path) .. " (" .. what .. ")\n"
 end
 
 -- Run as a script (not when required by gen/commplan.lua).

@@ -293,6 +293,15 @@ run "make pipeline PLAN=bench/llama405b_pp.lua: torch's seven schedules proved a
   out=$($1 pipeline PLAN=bench/llama405b_pp.lua) && echo "$out" && [ "$(printf "%s\n" "$out" | grep -cE "^(GPipe|1F1B|Interleaved1F1B|LoopedBFS|InterleavedZeroBubble|ZBVZeroBubble|DualPipeV) +[0-9]+ ")" = 7 ] &&
   printf "%s" "$out" | grep -qE "^Interleaved1F1B .* <- the plan.s$"' _ "$MAKE"
 expect_rc "pipeline: a plan without pp exits 2" 2 $LUA gen/verbs.lua pipeline plans/llama8b.lua
+run "make pipeline CSV=...: the plan's schedule as torch's CSV, one row per rank, written whole" bash -c '
+  mkdir -p build/pp && rm -f build/pp/llama405b_pp.csv && $1 -s pipeline PLAN=bench/llama405b_pp.lua CSV=build/pp/llama405b_pp.csv >/dev/null &&
+  [ "$(wc -l <build/pp/llama405b_pp.csv)" = 8 ] && head -c 8 build/pp/llama405b_pp.csv | grep -q "^0F0,0F1," &&
+  [ -z "$(ls build/pp/ | grep "llama405b_pp.csv.tmp")" ]' _ "$MAKE"
+run "make pipeline CSV=... refuses GPipe (torch loads no CSV for one stage per rank), one line, nothing written" bash -c '
+  sed "s/Interleaved1F1B/GPipe/" bench/llama405b_pp.lua >build/pp/gpipe_pp.lua && rm -f build/pp/gpipe.csv &&
+  out=$("$1" gen/verbs.lua pipeline build/pp/gpipe_pp.lua --csv build/pp/gpipe.csv 2>&1); rc=$?; echo "$out"
+  [ "$rc" = 2 ] && [ "$(printf "%s\n" "$out" | wc -l)" = 1 ] && printf "%s" "$out" | grep -q "pipeline.schedule: GPipe" &&
+  [ ! -e build/pp/gpipe.csv ]' _ "$LUA"
 
 section "runtime unit tests (cmocka, plain and ASan+UBSan)"
 run "build cmocka tests" $MAKE build/tests/test_runtime build/tests-asan/test_runtime

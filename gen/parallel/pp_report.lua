@@ -144,6 +144,35 @@ local function evaluate(p, loaded, pp, n, name)
   return res
 end
 
+-- The plan's schedule (pipeline.schedule) as torch's CSV: each rank's
+-- compute actions, one row per rank (_dump_csv's compute_only format;
+-- torch's _PipelineScheduleRuntime._load_csv reads it and lowers it itself,
+-- to the lists the proof above covered). Multi-stage schedules only: torch
+-- loads no CSV for GPipe or 1F1B.
+function report.csv(loaded)
+  local ctx = loaded.ctx
+  local pl = loaded.pipeline or {}
+  local pp = loaded.parallel.pp or 1
+  if not pl.schedule then
+    util.field_error(ctx, "pipeline.schedule", "missing: --csv writes the plan's schedule; name one of "
+      .. table.concat(report.SCHEDULES, ", "))
+  end
+  if stages_mod.SINGLE[pl.schedule] then
+    util.field_error(ctx, "pipeline.schedule", string.format("%s runs one stage per rank and torch loads no CSV "
+      .. "for it (_load_csv is _PipelineScheduleRuntime's): pick a multi-stage schedule for --csv", pl.schedule))
+  end
+  if pp <= 1 or not pl.microbatches then report.text(loaded) end -- its one-line errors
+  local p = stage_mesh_plan(loaded, pp)
+  local _, per = stages_mod.count(ctx, { pp = pp, schedule = pl.schedule, n_layers = p.model_config.n_layers,
+    layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
+    last_stage_less_layers = pl.last_stage_less_layers })
+  local sched = sched_mod.derive({ schedule = pl.schedule, pp = pp, microbatches = pl.microbatches,
+                                   stages_per_rank = per })
+  local ok, why = sched_mod.prove_p2p(sched.lowered, sched.stage_to_rank, sched.num_stages)
+  if not ok then util.field_error(ctx, "pipeline.schedule", "the send/receive proof fails: " .. tostring(why)) end
+  return sched_mod.to_csv(sched.torch_order)
+end
+
 function report.text(loaded)
   local ctx = loaded.ctx
   local pp = loaded.parallel.pp or 1
