@@ -82,10 +82,11 @@ local function stage_costs(p, split, n)
         units[#units + 1] = assert(by_name[name], "no unit " .. name)
       end
     end
-    local c = { units = units, fwd = 0, bwd = 0, rec = 0, saved = 0, reduce_us = 0 }
+    local c = { units = units, fwd = 0, bwd = 0, rec = 0, saved = 0, reduce_us = 0, transient = 0 }
     for _, u in ipairs(units) do
       local r = per_unit[u.index]
       c.fwd, c.bwd, c.rec, c.saved = c.fwd + r.fwd / n, c.bwd + r.bwd / n, c.rec + r.recompute / n, c.saved + r.saved / n
+      c.transient = math.max(c.transient, r.transient / n)
       c.reduce_us = c.reduce_us + (reduce_of[u.index] or 0)
     end
     c.F = c.fwd / s.flops_per_us
@@ -122,6 +123,27 @@ local function evaluate(p, loaded, pp, n, name)
     local sim = pp_audit.simulate(sched, function(stage, ty) return costs[stage][ty] end,
       function() return p2p end, function(stage) return costs[stage].reduce_us end,
       function(stage) return costs[stage].saved end)
+    -- Each rank's memory at its peak: its stages' units' sharded state
+    -- (parameters, gradients, optimizer as gen/memory.lua counts them),
+    -- their unsharded parameters and gradients held the whole step (under
+    -- PP torchtitan does not reshard after forward, and the gradients
+    -- accumulate unsharded until the end: FSDP2 with step_end), the saved
+    -- activations the schedule keeps in flight, one layer's transient.
+    local ES, W = util.DTYPE_BYTES, p.layout.W
+    local worst_mem, worst_mem_rank = -1, 0
+    for r = 0, pp - 1 do
+      local bytes, transient = sim.rank_peak_bytes[r + 1], 0
+      for _, st in ipairs(stages_mod.of_rank(r, pp, num, name)) do
+        transient = math.max(transient, costs[st].transient)
+        for _, u in ipairs(costs[st].units) do
+          local sharded = u.total * ES[u.orig_dtype]
+          local opt = s.optimizer == "adamw" and (2 * sharded + (s.fp32_master and 4 * u.total or 0)) or 0
+          bytes = bytes + 2 * sharded + opt + W * u.total * ES[u.ag_dtype] + u.grads_numel * ES[u.grad_dtype]
+        end
+      end
+      bytes = bytes + transient
+      if bytes > worst_mem then worst_mem, worst_mem_rank = bytes, r end
+    end
     local sends = 0
     for _, a in ipairs(sched.lowered[1]) do
       if a.type == "SEND_F" or a.type == "SEND_B" then sends = sends + 1 end
@@ -134,7 +156,8 @@ local function evaluate(p, loaded, pp, n, name)
     local peak = 0
     for _, st in ipairs(stages_mod.of_rank(worst, pp, num, name)) do peak = peak + sim.inflight_peak[st] end
     return { name = name, stages = num, per = per, sim = sim, split = split, worst = worst, worst_bytes = worst_bytes,
-             peak = peak, sends = sends, act = act, p2p_us = p2p }
+             peak = peak, sends = sends, act = act, p2p_us = p2p, mem = worst_mem, mem_rank = worst_mem_rank,
+             fits = worst_mem <= s.gpu_memory_bytes }
   end)
   if not ok then
     if util.is_plan_error(res) then return { name = name, refused = tostring(res) } end
@@ -200,8 +223,8 @@ function report.text(loaded)
   w("each stage's FSDP as torchtitan applies it under PP (no reshard after forward; gradients reduced once, after "
     .. "the last microbatch); activations sent at %g GB/s + %g us", p.topology.inter_node_GBps, p.topology.latency_us)
   w("")
-  w("%-22s %6s %5s %8s %12s %12s %26s %9s", "schedule", "stages", "/rank", "bubble", "step", "busy/rank",
-    "activations in flight", "p2p/rank")
+  w("%-22s %6s %5s %8s %12s %12s %26s %9s %22s", "schedule", "stages", "/rank", "bubble", "step", "busy/rank",
+    "activations in flight", "p2p/rank", "memory (worst rank)")
   local rows = {}
   local want = pl.schedule
   for _, name in ipairs(report.SCHEDULES) do rows[#rows + 1] = evaluate(p, loaded, pp, n, name) end
@@ -209,10 +232,11 @@ function report.text(loaded)
     if not r.refused then
       local busy = 0
       for _, b in ipairs(r.sim.busy_us) do busy = busy + b end
-      w("%-22s %6d %5d %7.1f%% %12s %12s %26s %9s%s", r.name, r.stages, r.per, 100 * r.sim.bubble,
+      w("%-22s %6d %5d %7.1f%% %12s %12s %26s %9s %22s%s", r.name, r.stages, r.per, 100 * r.sim.bubble,
         human_us(r.sim.step_us), human_us(busy / pp),
         string.format("%s (rank %d, %d mb)", human_bytes(r.worst_bytes), r.worst, r.peak),
-        human_bytes(r.sends * r.act), r.name == want and "  <- the plan's" or "")
+        human_bytes(r.sends * r.act), string.format("%s%s", human_bytes(r.mem), r.fits and "" or " DOES NOT FIT"),
+        r.name == want and "  <- the plan's" or "")
     end
   end
   for _, r in ipairs(rows) do
@@ -223,8 +247,11 @@ function report.text(loaded)
     .. "1 - busy / (pp x step), the last gradient reduction's wait included; activations in flight: the most saved "
     .. "activation bytes (gen/compute.lua) a rank holds at once over its stages, forwards whose backward (B, or W "
     .. "after zero bubble's I) has not run, and the microbatches its stages hold at their peaks; p2p: the "
-    .. "activations and gradients rank 0 sends (a TP rank's sequence shard under sequence parallel). Every "
-    .. "schedule listed passed the send/receive proof (docs/pipeline.md).")
+    .. "activations and gradients rank 0 sends (a TP rank's sequence shard under sequence parallel); memory: the "
+    .. "rank's stages' sharded parameters, gradients and optimizer state, their unsharded parameters and "
+    .. "gradients held all step (no reshard after forward under PP; gradients reduced at the end), the "
+    .. "activations in flight and one layer's transient, against the GPU's memory. Every schedule listed passed "
+    .. "the send/receive proof (docs/pipeline.md).")
   w("Not yet: the pipeline's C tables and its run (the generator refuses pp > 1); FSDP's all-gathers are taken as "
     .. "prefetched and links as uncontended.")
   return table.concat(L, "\n") .. "\n", rows
