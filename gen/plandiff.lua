@@ -75,6 +75,46 @@ end
 
 -- spec: PLAN.lua, plan.json, or REV:path (either kind) -> doc, label,
 -- and the plan when spec is a plan file.
+-- Two pipeline plans (parallel.pp > 1: the generator builds no tables
+-- for them yet) compared by their own schedules' predictions
+-- (gen/parallel/pp_report.lua): nil when neither operand is one.
+function plandiff.pipeline_compare(sa, sb)
+  local load = require("gen.load")
+  local sides = {}
+  for i, spec in ipairs({ sa, sb }) do
+    local src, path = operand_source(spec)
+    if path:match("%.lua$") then
+      local loaded = load.source(src, path)
+      if (loaded.parallel.pp or 1) > 1 then sides[i] = loaded end
+    end
+  end
+  if not sides[1] and not sides[2] then return nil end
+  if not (sides[1] and sides[2]) then
+    local other, piped = sides[1] and sb or sa, sides[1] and sa or sb
+    fail(string.format("%s: not a pipeline plan, while %s is one (parallel.pp > 1); compare two pipeline plans, or "
+      .. "two plans the generator builds", other, piped))
+  end
+  local report = require("gen.parallel.pp_report")
+  local a, b = report.plan_row(sides[1]), report.plan_row(sides[2])
+  local L = { string.format("pipeline %s -> %s (make pipeline shows every schedule)", sa, sb) }
+  local function row(label, x, y) L[#L + 1] = string.format("  %s: %s", label, x == y and x or (x .. " -> " .. y)) end
+  row("schedule", a.name, b.name)
+  row("pp x microbatches", a.pp .. " x " .. a.microbatches, b.pp .. " x " .. b.microbatches)
+  if a.refused or b.refused then
+    row("proof", a.refused and ("refused: " .. a.refused) or "passed", b.refused and ("refused: " .. b.refused) or "passed")
+    return table.concat(L, "\n") .. "\n"
+  end
+  row("stages", string.format("%d (%d per rank)", a.stages, a.per), string.format("%d (%d per rank)", b.stages, b.per))
+  row("bubble", string.format("%.1f%%", 100 * a.sim.bubble), string.format("%.1f%%", 100 * b.sim.bubble))
+  row("step", report.human_us(a.sim.step_us), report.human_us(b.sim.step_us))
+  row("activations in flight (worst rank)", report.human_bytes(a.worst_bytes), report.human_bytes(b.worst_bytes))
+  row("memory (worst rank)", report.human_bytes(a.mem) .. (a.fits and "" or " DOES NOT FIT"),
+    report.human_bytes(b.mem) .. (b.fits and "" or " DOES NOT FIT"))
+  row("p2p per rank", report.human_bytes(a.sends * a.act), report.human_bytes(b.sends * b.act))
+  row("proof", "passed", "passed")
+  return table.concat(L, "\n") .. "\n"
+end
+
 function plandiff.load(spec)
   local src, path = operand_source(spec)
   if path:match("%.lua$") then

@@ -75,6 +75,11 @@ function verbs.main(argv)
       return 2
     end
     local plandiff = require("gen.plandiff")
+    local piped = plandiff.pipeline_compare(sa, sb)
+    if piped then
+      io.stdout:write(piped)
+      return 0
+    end
     local a, la, pa = plandiff.load(sa)
     local b, lb, pb = plandiff.load(sb)
     local text = plandiff.compare(a, b, la, lb)

@@ -293,6 +293,12 @@ run "make pipeline PLAN=bench/llama405b_pp.lua: torch's seven schedules proved a
   out=$($1 pipeline PLAN=bench/llama405b_pp.lua) && echo "$out" && [ "$(printf "%s\n" "$out" | grep -cE "^(GPipe|1F1B|Interleaved1F1B|LoopedBFS|InterleavedZeroBubble|ZBVZeroBubble|DualPipeV) +[0-9]+ ")" = 7 ] &&
   printf "%s" "$out" | grep -qE "^Interleaved1F1B .* <- the plan.s$"' _ "$MAKE"
 expect_rc "pipeline: a plan without pp exits 2" 2 $LUA gen/verbs.lua pipeline plans/llama8b.lua
+run "make diff-plan of two pipeline plans: a schedule change in a few lines" bash -c '
+  mkdir -p build/pp && sed "s/Interleaved1F1B/ZBVZeroBubble/" bench/llama405b_pp.lua >build/pp/zbv_pp.lua &&
+  out=$($1 -s diff-plan A=bench/llama405b_pp.lua B=build/pp/zbv_pp.lua) && echo "$out" &&
+  printf "%s" "$out" | grep -qF "schedule: Interleaved1F1B -> ZBVZeroBubble" && printf "%s" "$out" | grep -q "^  bubble: .* -> " &&
+  [ "$(printf "%s\n" "$out" | wc -l)" -le 12 ]' _ "$MAKE"
+expect_rc "diff-plan: a pipeline plan against a plan without pp exits 2" 2 $LUA gen/verbs.lua diff bench/llama405b_pp.lua plans/llama8b.lua
 run "make pipeline CSV=...: the plan's schedule as torch's CSV, one row per rank, written whole" bash -c '
   mkdir -p build/pp && rm -f build/pp/llama405b_pp.csv && $1 -s pipeline PLAN=bench/llama405b_pp.lua CSV=build/pp/llama405b_pp.csv >/dev/null &&
   [ "$(wc -l <build/pp/llama405b_pp.csv)" = 8 ] && head -c 8 build/pp/llama405b_pp.csv | grep -q "^0F0,0F1," &&

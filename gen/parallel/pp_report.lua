@@ -196,6 +196,24 @@ function report.csv(loaded)
   return sched_mod.to_csv(sched.torch_order)
 end
 
+-- The plan's own schedule's row (pipeline.schedule), for `make diff-plan`
+-- of two pipeline plans: { name, stages, per, sim, mem, fits, ... } or
+-- { refused = why }, with pp and microbatches.
+function report.plan_row(loaded)
+  local ctx = loaded.ctx
+  local pl = loaded.pipeline or {}
+  local pp = loaded.parallel.pp or 1
+  if pp <= 1 or not pl.microbatches or not pl.schedule then
+    util.field_error(ctx, pp <= 1 and "parallel.pp" or "pipeline", "diff-plan of a pipeline plan compares its own "
+      .. "schedule: give parallel.pp > 1 and pipeline = { schedule, microbatches }")
+  end
+  local row = evaluate(stage_mesh_plan(loaded, pp), loaded, pp, pl.microbatches, pl.schedule)
+  row.pp, row.microbatches = pp, pl.microbatches
+  return row
+end
+
+report.human_us, report.human_bytes = human_us, human_bytes
+
 function report.text(loaded)
   local ctx = loaded.ctx
   local pp = loaded.parallel.pp or 1
