@@ -206,6 +206,8 @@ local function audit_facts(p)
       "hbm_GBps", s.hbm_GBps }),
     "compute", O({ "tokens_per_micro_step", s.tokens, "flops_per_step", a.step_flops,
       "compute_us", a.compute_us }),
+    "throughput", O({ "tokens_per_s_per_gpu", a.throughput.tokens_per_s_per_gpu,
+      "model_flops_per_token", a.throughput.model_flops_per_token, "mfu", a.throughput.mfu }),
     "memory", O({ "params_bytes", m.params_bytes, "grads_bytes", m.grads_bytes, "optimizer_bytes", m.optimizer_bytes,
       "comm_bytes", m.comm_bytes, "activation_bytes", math.floor(m.activation_bytes + 0.5),
       "activations_modeled", m.activations_modeled, "total_bytes", math.floor(m.total_bytes + 0.5),
@@ -797,6 +799,13 @@ function audit.schedule_md(p, fp)
     m.fits and string.format("fits, %s free", human(m.gpu_bytes - m.total_bytes))
       or string.format("**does not fit**, %s over", human(m.total_bytes - m.gpu_bytes)))
   w("| memory plan | %s |", audit.memory_plan_text(p, a))
+  local th = a.throughput
+  if th.tokens_per_s_per_gpu then
+    w("| throughput | %s tokens/s per GPU%s (torchtitan's tps and MFU for the predicted step; the compute model runs "
+      .. "every FLOP it executes, recompute included, at %g%% of %g TFLOPS) |", commas(math.floor(th.tokens_per_s_per_gpu + 0.5)),
+      th.mfu and string.format(", MFU %.1f%% (%s model FLOPs per token: 6 x non-embedding parameters + attention)",
+        100 * th.mfu, string.format("%.3g", th.model_flops_per_token)) or "", 100 * s.mfu, s.gpu_TFLOPS)
+  end
   w("| step | %s |", audit.step_text(a) .. "; critical path " .. (p.rep and string.format("of the step as drawn "
     .. "(micro-steps %d-%d once, timeline.svg): ", p.rep.micro_first, p.rep.micro_last) or "")
     .. audit.critical_text(p, tl))

@@ -184,6 +184,27 @@ function compute.op_us(p, s, per_unit, o, extra_us)
   return us + (extra_us and extra_us[o.seq] or 0)
 end
 
+-- Model FLOPs per token as torchtitan 0.3 counts them for MFU
+-- (models/utils.py get_dense_model_nparams_and_flops, called by
+-- models/llama3/model.py with head_dims = 2 * head_dim): 6 x the
+-- parameters outside nn.Embedding plus 6 x layers x heads x head_dims x
+-- seq_len for attention; no recompute (hardware FLOPs count it, model
+-- FLOPs do not). The llama family only (nil otherwise: a generic model
+-- declares no attention).
+function compute.model_flops_per_token(p, s)
+  local cfg = p.model_config
+  if p.model.family ~= "llama" or not cfg then return nil end
+  local nparams, embedding = 0, 0
+  for _, u in ipairs(p.layout.units) do
+    for _, q in ipairs(u.params) do
+      local n = q.full_numel or q.numel
+      nparams = nparams + n
+      if u.name == "tok_embeddings" then embedding = embedding + n end
+    end
+  end
+  return 6 * (nparams - embedding) + 6 * cfg.n_layers * cfg.n_heads * (2 * cfg.head_dim) * s.seq_len
+end
+
 -- FLOPs of one whole step on one rank.
 function compute.step_flops(p, per_unit)
   local f = 0

@@ -24,6 +24,8 @@
 --                  the compute stream waits through
 --   links          intra, inter: ops (recompute included), size_bytes,
 --                  wire_bytes, alone_us, us
+--   throughput     tokens_per_s_per_gpu, model_flops_per_token, mfu:
+--                  torchtitan's tps and MFU for the predicted step
 --   memory         gen/memory.lua's whole-rank verdict
 --   memory_plan    the arena's trade (gen/memplan.lua): policy, arena_bytes,
 --                  budget_bytes (the room the verdict leaves it),
@@ -111,8 +113,20 @@ function figures.of(p, opts)
                fell_back = ar.fell_back, reuse_step_us = r3(ar.reuse_step_us), reuse_waits = ar.reuse_waits,
                reuse_wait_us = r3(ar.reuse_wait_us), free_step_us = r3(ar.free_step_us), waits = waits,
                wait_us = r3(wait_us) }
+  -- Throughput as torchtitan's metrics report it (components/metrics.py):
+  -- tokens per second per GPU = a data-parallel rank's tokens per step /
+  -- (step x the ranks that share them: tp); MFU = model FLOPs per token x
+  -- that / the GPU's peak (gen/compute.lua's model_flops_per_token).
+  local tokens_step = s.tokens * (p.fsdp and p.fsdp.micro_steps or 1)
+  local shared = p.dims and p.dims.tp or 1
+  local tps = step > 0 and tokens_step / (step / 1e6 * shared) or nil
+  local fpt = compute.model_flops_per_token(p, s)
+  local throughput = { tokens_per_s_per_gpu = tps and tonumber(string.format("%.1f", tps)),
+                       model_flops_per_token = fpt,
+                       mfu = (tps and fpt) and tonumber(string.format("%.4f", fpt * tps / (s.gpu_TFLOPS * 1e12))) or nil }
   return {
     settings = s, per_unit = per_unit, timeline = tl, recompute = rec, memory = mem, memory_plan = mp,
+    throughput = throughput,
     step_flops = compute.step_flops(p, per_unit),
     step_us = step, compute_us = busy, exposed_us = exposed,
     waits_us = r3(tl.exposed_by[-1] or 0),

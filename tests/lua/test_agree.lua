@@ -292,6 +292,33 @@ end
 
 -- Exposed never exceeds the collective's own run (construction, checked
 -- op by op), and the step splits into compute, exposed and other waits.
+-- Throughput (issue 21, item 4): SCHEDULE.md's row states plan.json's
+-- tokens/s per GPU and MFU for every shipped plan; the figures follow
+-- torchtitan's formulas from the step (tps = a data-parallel rank's tokens
+-- per step / (step x tp); MFU = model FLOPs per token x tps / peak).
+function T.throughput_agrees_with_the_step()
+  for _, name in ipairs({ "llama8b", "llama70b", "llama405b", "llama_tiny_tp", "fsdp4", "hsdp2x3_bf16" }) do
+    local doc = json.decode(read("plans/" .. name .. "/plan.json"))
+    local md = read("plans/" .. name .. "/SCHEDULE.md")
+    local au, th = doc.audit, doc.audit.throughput
+    local tokens = au.compute.tokens_per_micro_step * doc.fsdp.micro_steps
+    local tps = tokens / (au.timeline.step_us / 1e6 * doc.parallel.tp)
+    assert(math.abs(tps - th.tokens_per_s_per_gpu) <= 0.051, string.format("%s: tps %.3f, plan.json %s", name, tps,
+      tostring(th.tokens_per_s_per_gpu)))
+    local row = md:match("\n| throughput | ([^\n]*)")
+    assert(row, name .. ": SCHEDULE.md has no throughput row")
+    local shown = row:match("^([%d,]+) tokens/s per GPU"):gsub(",", "")
+    H.eq(tonumber(shown), math.floor(th.tokens_per_s_per_gpu + 0.5), name .. " tokens/s in SCHEDULE.md")
+    if th.mfu then
+      local mfu = th.model_flops_per_token * th.tokens_per_s_per_gpu / (au.settings.gpu_TFLOPS * 1e12)
+      assert(math.abs(mfu - th.mfu) <= 1e-4 + 1e-6 * mfu, name .. ": MFU from the figures")
+      H.eq(row:match("MFU ([%d.]+)%%"), string.format("%.1f", 100 * th.mfu), name .. " MFU in SCHEDULE.md")
+    else
+      assert(not row:match("MFU [%d.]+%%"), name .. ": MFU without model FLOPs")
+    end
+  end
+end
+
 function T.exposed_is_part_of_each_collectives_run()
   for _, path in ipairs({ "plans/llama70b.lua", "plans/llama_tiny_tp.lua", "plans/hsdp2x2_stepend.lua",
                           "plans/llama_tiny.lua" }) do
