@@ -28,7 +28,7 @@ M.PROTOCOLS = { "LL", "LL128", "Simple" }                      -- D: NCCL_PROTO_
 M.ALGORITHMS = { "tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat" }  -- D: NCCL_ALGO_*
 local TREE, RING, CND, CNC, NVLS, NVLST, PAT = 1, 2, 3, 4, 5, 6, 7
 local VOLTA, AMPERE, HOPPER, BLACKWELL = 1, 2, 3, 4              -- NCCL_*_COMPCAP_IDX
-local HW_NVLINK, HW_PCI, HW_NET = 1, 2, 3
+local HW_NVLINK, HW_NET = 1, 3                 -- (2 = PCI: GPUs without NVLink; no preset here)
 
 -- ---- NCCL's tuning constants (T:133-199) --------------------------------
 M.NVLS_EFFICIENCY = { 0.0, 0.0, 0.85, 0.74 }                   -- T:134-139
@@ -363,7 +363,33 @@ local function algo_time(model, coll, a, p, nBytes, topo)
   end
   local numPipeOps = 1
   local latCount = a == RING and numPipeOps or math.ceil(numPipeOps / NCCL_MAX_DEV_WORK_BATCH_COLLS)  -- T:598
-  return lat * latCount + nBytes / (1000 * bw), bw                                   -- T:599
+  return lat * latCount + nBytes / (1000 * bw)                                       -- T:599
+end
+
+-- NCCL's choice for one size (E:1784-1830 updateCollCostTable, then the
+-- minimum time, E:topoGetAlgoInfo): { us, a, p, table }.
+local function choose(model, topo, kind, bytes, nodes, k, nvlsSupport, fp8)
+  local nRanks = nodes * k
+  local best, table_ = nil, {}
+  for a = 1, #M.ALGORITHMS do
+    local allowed = true
+    if (a == NVLS or a == NVLST) and (not nvlsSupport or (kind ~= "all_reduce" and k > NCCL_MAX_NVLS_ARITY)) then
+      allowed = false                                                                -- E:1802
+    end
+    if a == NVLS and not topo.collnet and nodes > 1 then allowed = false end         -- E:1803
+    if allowed then
+      for p = 1, 3 do
+        local t = algo_time(model, kind, a, p, bytes, topo)
+        if t then
+          if fp8 and a == RING and nRanks > 8 then t = t * 1024.0 end                -- E:1809-1815
+          table_[M.ALGORITHMS[a] .. "/" .. M.PROTOCOLS[p]] = t
+          if not best or t < best.us then best = { us = t, a = a, p = p } end
+        end
+      end
+    end
+  end
+  best.table = table_
+  return best
 end
 
 -- Predict one collective.
@@ -371,7 +397,13 @@ end
 --          bytes = nccl-tests size (the larger buffer: AG output, RS input, AR buffer),
 --          dtype = "bfloat16"|"bf16"|"float32"|..., nodes = N, gpus_per_node = k }
 --   topo = M.topology(preset [, overrides]) or a preset name
--- Returns { us, algorithm, protocol, algbw_GBps, busbw_GBps, table = {["ring/Simple"] = us, ...} }.
+-- Returns { us, raw_us, algorithm, protocol, algbw_GBps, busbw_GBps, table }:
+--   raw_us, algorithm, protocol and table (every candidate's time) are NCCL's
+--   model exactly; us is raw_us made monotone in size. NCCL's tree
+--   correction (T:578-582) steps by up to 4/3 at a power of two, so its raw
+--   time just past 2^j can be below its time just short of it (e.g. tree/LL128
+--   at 3 MiB vs 4 MiB); a planner must never see a larger message as cheaper,
+--   so us = max(raw_us, raw time at 2^j - 1 for every 2^j <= bytes).
 -- A single-rank group costs 0 (E:1791-1794).
 function M.predict(op, topo)
   if type(topo) ~= "table" then topo = M.topology(topo or "h100") end
@@ -380,36 +412,26 @@ function M.predict(op, topo)
   local nRanks = nodes * k
   local bytes = op.bytes
   assert(type(bytes) == "number" and bytes >= 0, "nccl_model: bytes must be a number >= 0")
+  bytes = math.floor(bytes)
   local factor = op.kind == "all_reduce" and 2 * (nRanks - 1) / nRanks or (nRanks - 1) / nRanks
   if nRanks <= 1 then
-    return { us = 0, algorithm = "ring", protocol = "Simple", algbw_GBps = math.huge, busbw_GBps = 0, table = {} }
+    return { us = 0, raw_us = 0, algorithm = "ring", protocol = "Simple", algbw_GBps = math.huge, busbw_GBps = 0,
+             table = {} }
   end
   local model = M.tune(topo, { nodes = nodes, gpus_per_node = k })
   local dtype = canon_dtype(op.dtype)
   -- E:384: NVLS for a reduction needs a type NVLS reduces; all_gather always may.
   local nvlsSupport = topo.nvls and (op.kind == "all_gather" or NVLS_TYPES[dtype])
   local fp8 = dtype == "float8e4m3" or dtype == "float8e5m2"
-  local best, table_ = nil, {}
-  for a = 1, #M.ALGORITHMS do
-    local allowed = true
-    if (a == NVLS or a == NVLST) and (not nvlsSupport or (op.kind ~= "all_reduce" and k > NCCL_MAX_NVLS_ARITY)) then
-      allowed = false                                                                -- E:1802
-    end
-    if a == NVLS and not topo.collnet and nodes > 1 then allowed = false end         -- E:1803
-    if allowed then
-      for p = 1, 3 do
-        local t, bw = algo_time(model, op.kind, a, p, bytes, topo)
-        if t then
-          if fp8 and a == RING and nRanks > 8 then t = t * 1024.0 end                -- E:1809-1815
-          table_[M.ALGORITHMS[a] .. "/" .. M.PROTOCOLS[p]] = t
-          if not best or t < best.us then best = { us = t, a = a, p = p, bw = bw } end  -- E: topoGetAlgoInfo, min time
-        end
-      end
-    end
+  local best = choose(model, topo, op.kind, bytes, nodes, k, nvlsSupport, fp8)
+  local us = best.us
+  for j = 7, 30 do
+    if (1 << j) > bytes then break end
+    us = math.max(us, choose(model, topo, op.kind, (1 << j) - 1, nodes, k, nvlsSupport, fp8).us)
   end
-  local algbw = bytes / (best.us * 1e3)
-  return { us = best.us, algorithm = M.ALGORITHMS[best.a], protocol = M.PROTOCOLS[best.p],
-           algbw_GBps = algbw, busbw_GBps = algbw * factor, table = table_ }
+  local algbw = bytes / (us * 1e3)
+  return { us = us, raw_us = best.us, algorithm = M.ALGORITHMS[best.a], protocol = M.PROTOCOLS[best.p],
+           algbw_GBps = algbw, busbw_GBps = algbw * factor, table = best.table }
 end
 
 return M
