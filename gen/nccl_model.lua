@@ -17,8 +17,11 @@
 --     NVSwitch with `nvlinks` links, every GPU with its own NIC behind one PCIe
 --     switch), the search walks NCCL's own speed arrays with NCCL's pass 1 /
 --     duplication / pass 2 rules and asks `fits` (below) whether n channels at a
---     speed fit the links. On such a node this lands where NCCL's logs land
---     (e.g. H100 single-node ring 12 x 30 GB/s, docs/cost-model.md).
+--     speed fit the links. For one H100 node this gives ring 12 x 30, tree
+--     12 x 30, NVLS 8 x 40/60 GB/s, the graphs NCCL printed in nccl issue 1197
+--     (2.19.4); maxBw 48 / totalBw 370.8 match nccl issue 1189's dump. The
+--     multi-node graphs (e.g. 2 x 8 H100: ring 8 x 48) are not yet checked
+--     against a log.
 local M = {}
 
 M.NCCL_VERSION = "2.28.9-1"
