@@ -16,6 +16,8 @@ suites[#suites + 1] = "test_pp_audit"
 suites[#suites + 1] = "test_pp_sequence"
 -- Issue 22, step 0: the parallelisms as modules.
 suites[#suites + 1] = "test_parallel"
+-- Issue 21: NCCL's tuning model and the published calibration rows.
+suites[#suites + 1] = "test_nccl_model"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

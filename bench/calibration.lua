@@ -1,0 +1,104 @@
+-- Predicted vs published NCCL collective times, for the alpha-beta model in
+-- gen/cost.lua ("before") and NCCL's own tuning model re-derived in
+-- gen/nccl_model.lua ("after"), side by side. Run from the repo root:
+--   lua5.4 bench/calibration.lua [TSV] [PRESET]
+-- TSV defaults to bench/calibration/h100_nccl.tsv (see its README.md),
+-- PRESET to h100. Prints a Markdown table (docs/cost-model.md carries it).
+package.path = "./?.lua;" .. package.path
+local nccl_model = require("gen.nccl_model")
+local cost = require("gen.cost")
+local groups = require("gen.groups")
+
+local cal = {}
+
+-- gen/load.lua:430-433: the topology defaults every plan gets today.
+cal.TODAY = { gpus_per_node = 8, intra_node_GBps = 360, inter_node_GBps = 45, latency_us = 10 }
+
+local DTYPE = { bfloat16 = "bf16", float16 = "fp16", float32 = "fp32", bf16 = "bf16", fp16 = "fp16", fp32 = "fp32" }
+local ES = { bf16 = 2, fp16 = 2, fp32 = 4 }
+
+function cal.read(path)
+  local rows, header = {}, nil
+  for line in io.lines(path) do
+    local f = {}
+    for x in (line .. "\t"):gmatch("([^\t]*)\t") do f[#f + 1] = x end
+    if not header then header = f
+    elseif #f >= #header then
+      local r = {}
+      for i, h in ipairs(header) do r[h] = f[i] end
+      r.nodes, r.gpus_per_node, r.bytes = tonumber(r.nodes), tonumber(r.gpus_per_node), tonumber(r.bytes)
+      r.time_us, r.busbw_GBps = tonumber(r.time_us), tonumber(r.busbw_GBps)
+      rows[#rows + 1] = r
+    end
+  end
+  return rows
+end
+
+local function bus_factor(kind, n)
+  return (kind == "all_reduce" and 2 or 1) * (n - 1) / n
+end
+
+-- Today's model, through gen/cost.lua itself: one synthetic op on a
+-- one-family mesh laid out as torchrun lays ranks (rank // gpus_per_node is
+-- the node), the group taking `k` GPUs of each of `nodes` nodes.
+function cal.before(row, topo)
+  topo = topo or cal.TODAY
+  local g, k, nodes = topo.gpus_per_node, row.gpus_per_node, row.nodes
+  assert(g % k == 0, "gpus_per_node of the group must divide the node's")
+  -- axes: node (stride g), rest (g/k groups per node, stride k), local (k GPUs, stride 1)
+  local mesh = { names = { "node", "rest", "local" }, index = { node = 1, rest = 2, ["local"] = 3 },
+                 sizes = { nodes, g // k, k }, strides = { g, k, 1 }, world_size = nodes * g,
+                 aliases = { grp = { "node", "local" } }, alias_order = { "grp" } }
+  if k == 1 then mesh.strides = { g, 1, 1 } end
+  local fams = groups.build(mesh)
+  local n = nodes * k
+  local dt = assert(DTYPE[row.dtype], "dtype " .. tostring(row.dtype))
+  local elems = row.bytes // ES[dt]
+  local count = row.collective == "all_reduce" and elems or elems // n
+  local op = { kind = row.collective, count = count, dtype = dt, group = "grp" }
+  cost.predict({ op }, fams, topo)
+  return op.predicted_us
+end
+
+function cal.after(row, topo)
+  return nccl_model.predict({ kind = row.collective, bytes = row.bytes, dtype = row.dtype, nodes = row.nodes,
+                              gpus_per_node = row.gpus_per_node }, topo or "h100")
+end
+
+function cal.busbw(row, us)
+  return row.bytes * bus_factor(row.collective, row.nodes * row.gpus_per_node) / (us * 1e3)
+end
+
+local function human(b)
+  if b >= 1 << 30 and b % (1 << 30) == 0 then return string.format("%d GiB", b >> 30) end
+  if b >= 1 << 20 and b % (1 << 20) == 0 then return string.format("%d MiB", b >> 20) end
+  if b >= 1e6 and b % 1e6 == 0 then return string.format("%g MB", b / 1e6) end
+  return tostring(b)
+end
+
+function cal.table(rows, preset)
+  local out = {
+    "| collective | nodes x GPUs | size | published us (busbw) | before us (busbw) | before ratio"
+      .. " | after us (busbw) | after algo/proto | after ratio |",
+    "|---|---|---|---|---|---|---|---|---|",
+  }
+  for _, r in ipairs(rows) do
+    local b = cal.before(r)
+    local a = cal.after(r, preset)
+    out[#out + 1] = string.format("| %s | %d x %d | %s | %.1f (%.0f) | %.1f (%.0f) | %.2f | %.1f (%.0f) | %s/%s | %.2f |",
+      r.collective, r.nodes, r.gpus_per_node, human(r.bytes), r.time_us, cal.busbw(r, r.time_us),
+      b, cal.busbw(r, b), b / r.time_us, a.us, a.busbw_GBps, a.algorithm, a.protocol, a.us / r.time_us)
+  end
+  return table.concat(out, "\n")
+end
+
+if arg and arg[0] and arg[0]:match("calibration%.lua$") then
+  local path = arg[1] or "bench/calibration/h100_nccl.tsv"
+  local preset = arg[2] or "h100"
+  print(cal.table(cal.read(path), preset))
+  print("\nratio = predicted / published time (1.00 is exact; < 1 predicts too fast).")
+  print("before: gen/cost.lua (latency 10 us x ceil(log2 n) + size x busbw factor / (360 GB/s in a node, 45 across)).")
+  print("after: gen/nccl_model.lua, NCCL " .. nccl_model.NCCL_VERSION .. " tuning model, preset " .. preset .. ".")
+end
+
+return cal

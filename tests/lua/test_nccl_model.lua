@@ -1,0 +1,178 @@
+-- gen/nccl_model.lua (NCCL 2.28's tuning model, re-derived) against the
+-- published H100 timings in bench/calibration/h100_nccl.tsv, and its sanity:
+-- bigger is never faster, more nodes never faster at one size, and so on.
+local nccl = require("gen.nccl_model")
+local cal = require("bench.calibration")
+local T = {}
+
+-- Tolerance on predicted / published time. 25%: run-to-run and
+-- cluster-to-cluster spread of published nccl-tests numbers for one shape is
+-- already ~10% (the same 1 GiB single-node rows here give 350 and 360 GB/s;
+-- nccl issue 1221 reports 320-430 GB/s for one 2-4 node shape by NVLS on/off),
+-- and a plan's choices (sharding degree, overlap) turn on factors of 2, not
+-- of 1.25. It is not widened for the rows below: they are listed instead.
+local TOL = 0.25
+local MIN_BYTES = 1 << 20
+
+-- Rows >= 1 MiB NCCL's model cannot meet, each still asserted to miss (so a
+-- better model must shrink this list) and to miss on the fast side.
+--   Mid sizes (1-16 MiB): NCCL's time is latency + bytes / asymptotic
+--   bandwidth (tuning.cc:599); real NVLS/NVLSTree/LL128 pipelines do not reach
+--   that bandwidth before tens of MiB (chunk pipeline fill, fewer channels at
+--   small sizes, enqueue.cc:1888-1900). NCCL's model only ranks algorithms.
+--   32 x 8 all_gather: the published run (nccl issue 1218) is a report of
+--   under-performance: NCCL_MIN/MAX_NCHANNELS=16 forced, one iteration
+--   (-n 1 -c 0) on RoCE; its 200 GB/s is not what the default NCCL reaches.
+local KNOWN_MISSES = {
+  ["all_reduce 1x8 1048576"] = "mid size: model 28 us vs 42 (latency-bound pipeline not modelled)",
+  ["all_reduce 1x8 16777216"] = "mid size: NVLS not at its asymptotic bandwidth at 16 MiB",
+  ["all_reduce 2x8 1048576"] = "mid size: tree/LL128 latency terms optimistic",
+  ["all_reduce 2x8 10485760"] = "mid size: NVLSTree not at its asymptotic bandwidth at 10 MiB",
+  ["all_gather 32x8 2147483648"] = "nccl issue 1218 is an under-performance report (16 forced channels, -n 1)",
+}
+
+local function key(r) return string.format("%s %dx%d %d", r.collective, r.nodes, r.gpus_per_node, r.bytes) end
+local function rows() return cal.read("bench/calibration/h100_nccl.tsv") end
+
+function T.calibration_rows_within_tolerance()
+  local bad = {}
+  for _, r in ipairs(rows()) do
+    if r.bytes >= MIN_BYTES and not KNOWN_MISSES[key(r)] then
+      local ratio = cal.after(r, "h100").us / r.time_us
+      if math.abs(ratio - 1) > TOL then bad[#bad + 1] = string.format("%s ratio %.2f", key(r), ratio) end
+    end
+  end
+  assert(#bad == 0, "outside +-25%: " .. table.concat(bad, "; "))
+end
+
+function T.known_misses_still_miss_and_exist()
+  local seen = {}
+  for _, r in ipairs(rows()) do
+    local k = key(r)
+    if KNOWN_MISSES[k] then
+      seen[k] = true
+      local ratio = cal.after(r, "h100").us / r.time_us
+      assert(ratio < 1 - TOL, k .. " now within tolerance (" .. ratio .. "): drop it from KNOWN_MISSES")
+    end
+  end
+  for k in pairs(KNOWN_MISSES) do assert(seen[k], "KNOWN_MISSES names no calibration row: " .. k) end
+end
+
+function T.calibration_has_sources()
+  local n = 0
+  for _, r in ipairs(rows()) do
+    n = n + 1
+    assert(r.source and #r.source > 0, key(r) .. " has no source")
+    assert(r.time_us > 0 and r.busbw_GBps > 0, key(r))
+  end
+  assert(n >= 12, "calibration rows: " .. n)
+end
+
+local KINDS = { "all_gather", "reduce_scatter", "all_reduce" }
+local PRESETS = { "h100", "h200", "b200", "a100" }
+local SHAPES = { { 1, 2 }, { 1, 8 }, { 2, 1 }, { 2, 8 }, { 4, 8 }, { 16, 1 }, { 32, 8 } }
+
+local function t(kind, bytes, nodes, k, preset, dtype)
+  return nccl.predict({ kind = kind, bytes = bytes, dtype = dtype or "bf16", nodes = nodes, gpus_per_node = k }, preset)
+end
+
+function T.bigger_is_never_faster()
+  for _, p in ipairs(PRESETS) do
+    for _, kind in ipairs(KINDS) do
+      for _, s in ipairs(SHAPES) do
+        local prev = 0
+        for e = 10, 34 do
+          for _, b in ipairs({ 1 << e, 3 << (e - 1) }) do
+            local us = t(kind, b, s[1], s[2], p).us
+            assert(us >= prev, string.format("%s %s %dx%d: %d B %.2f us < %.2f", p, kind, s[1], s[2], b, us, prev))
+            prev = us
+          end
+        end
+      end
+    end
+  end
+end
+
+function T.more_nodes_never_faster_at_one_size()
+  for _, p in ipairs(PRESETS) do
+    for _, kind in ipairs(KINDS) do
+      for _, k in ipairs({ 1, 8 }) do
+        for _, b in ipairs({ 1 << 20, 1 << 26, 1 << 30 }) do
+          local prev = 0
+          for _, nodes in ipairs({ 1, 2, 4, 8, 16, 32, 64 }) do
+            if nodes * k > 1 then
+              local us = t(kind, b, nodes, k, p).us
+              assert(us >= prev * (1 - 1e-9),
+                string.format("%s %s k=%d %d B: %d nodes %.1f us < %.1f", p, kind, k, b, nodes, us, prev))
+              prev = us
+            end
+          end
+        end
+      end
+    end
+  end
+end
+
+function T.single_rank_costs_nothing()
+  assert(t("all_reduce", 1 << 30, 1, 1, "h100").us == 0)
+end
+
+-- Bandwidth-bound sizes only: at 1 MiB on 4+ nodes NCCL's own model prices a
+-- tree/LL128 all_reduce (log2 nodes latency) below a ring all_gather (nodes - 1
+-- network steps; PAT needs one GPU per node, tuning.cc:206), and so do real runs.
+function T.all_reduce_costs_at_least_all_gather()
+  for _, p in ipairs(PRESETS) do
+    for _, s in ipairs(SHAPES) do
+      for _, b in ipairs({ 1 << 28, 1 << 30 }) do
+        assert(t("all_reduce", b, s[1], s[2], p).us >= t("all_gather", b, s[1], s[2], p).us * 0.99, p)
+      end
+    end
+  end
+end
+
+-- Large transfers: the chosen algorithm's bus bandwidth is what NCCL's
+-- graphs give: H100 single-node ring 12 channels x 30 GB/s = 360 GB/s.
+function T.large_busbw_as_nccl_logs()
+  local r = t("all_gather", 1 << 32, 1, 8, "h100")
+  assert(r.algorithm == "ring" and r.protocol == "Simple", r.algorithm)
+  assert(math.abs(r.busbw_GBps - 360) < 5, r.busbw_GBps)
+  local m = nccl.tune(nccl.topology("h100"), { nodes = 1, gpus_per_node = 8 })
+  assert(m.ring.n == 12 and m.ring.intra == 30, m.ring.n .. " x " .. m.ring.intra)
+  assert(m.nvls.n == 8, m.nvls.n)
+  -- one NIC per GPU, ~48 GB/s busbw for a 1-GPU-per-node ring (nccl-tests issue 290: 46-48)
+  local one = t("all_reduce", 1 << 30, 2, 1, "h100")
+  assert(one.busbw_GBps > 44 and one.busbw_GBps < 50, one.busbw_GBps)
+end
+
+function T.newer_fabric_is_faster()
+  for _, s in ipairs({ { 1, 8 }, { 2, 8 }, { 8, 8 } }) do
+    for _, kind in ipairs(KINDS) do
+      local a, h, b = t(kind, 1 << 30, s[1], s[2], "a100").us, t(kind, 1 << 30, s[1], s[2], "h100").us,
+        t(kind, 1 << 30, s[1], s[2], "b200").us
+      assert(a > h and h > b, string.format("%s %dx%d: a100 %.0f h100 %.0f b200 %.0f", kind, s[1], s[2], a, h, b))
+    end
+  end
+  -- H200 shares H100's fabric
+  assert(t("all_reduce", 1 << 30, 2, 8, "h200").us == t("all_reduce", 1 << 30, 2, 8, "h100").us)
+end
+
+function T.a100_has_no_nvls_and_fp8_no_nvls()
+  local r = t("all_reduce", 1 << 30, 1, 8, "a100")
+  assert(not r.algorithm:find("nvls"), r.algorithm)
+  assert(t("all_reduce", 1 << 30, 1, 8, "h100").algorithm == "nvls")
+  assert(t("all_reduce", 1 << 30, 1, 8, "h100", "fp8_e4m3").algorithm ~= "nvls")
+end
+
+function T.overrides_take_effect()
+  local slow = nccl.topology("h100", { nic_Gbps = 200 })
+  assert(t("all_gather", 1 << 30, 4, 8, slow).us > t("all_gather", 1 << 30, 4, 8, "h100").us * 1.5)
+  local fewer = nccl.topology("h100", { nvlinks = 9 })
+  assert(t("all_gather", 1 << 30, 1, 8, fewer).us > t("all_gather", 1 << 30, 1, 8, "h100").us * 1.5)
+end
+
+function T.rejects_bad_input()
+  assert(not pcall(nccl.predict, { kind = "broadcast", bytes = 1, nodes = 1, gpus_per_node = 8 }, "h100"))
+  assert(not pcall(nccl.predict, { kind = "all_gather", bytes = 1, nodes = 1, gpus_per_node = 8 }, "tpu"))
+end
+
+return T
