@@ -26,7 +26,8 @@ local SCHEMA = {
   pipeline = {
     schedule = { "enum", enum = { "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
                                   "ZBVZeroBubble", "DualPipeV" } },
-    microbatches = { "int", min = 1, max = 1 << 16 },
+    microbatches = { "int", min = 1, max = 4096,
+                     why = "each rank's actions grow with microbatches x stages; torchtitan runs tens to hundreds" },
     layers_per_stage = { "int", min = 1, max = LIM.units },
     first_stage_less_layers = { "int", min = 0, max = LIM.units },
     last_stage_less_layers = { "int", min = 0, max = LIM.units },

@@ -230,6 +230,16 @@ function report.text(loaded)
     util.field_error(ctx, "pipeline.microbatches", "missing; give the microbatches per step (torchtitan's "
       .. "local_batch_size / microbatch size)")
   end
+  -- torchtitan splits the local batch into microbatches of
+  -- pipeline_parallel_microbatch_size sequences (_build_pipeline_schedule:
+  -- n_microbatches = local_batch_size // microbatch_size)
+  local lbs = loaded.training and loaded.training.local_batch_size
+  if not lbs or lbs % n ~= 0 then
+    util.field_error(ctx, lbs and "pipeline.microbatches" or "training.local_batch_size", string.format(
+      "%d microbatches need a local batch of a multiple of %d sequences (torchtitan: local_batch_size / "
+      .. "pipeline_parallel_microbatch_size); %s", n, n, lbs and string.format("local_batch_size is %d: give a "
+      .. "divisor of it", lbs) or "set training.local_batch_size"))
+  end
   local p = stage_mesh_plan(loaded, pp)
   local L = {}
   local function w(fmt, ...) L[#L + 1] = select("#", ...) > 0 and string.format(fmt, ...) or fmt end
