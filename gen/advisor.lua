@@ -274,7 +274,7 @@ function advisor.report(src, path, opts)
   w("")
   if s0 then
     w("Global batch: %d sequences of %d tokens per step%s, the same for every mesh: each data-parallel rank "
-      .. "(a TP group of t GPUs) takes global / (world / t). GPU: %g GB, %g TFLOPS at %.0f%% MFU. Each mesh takes "
+      .. "(a TP group of t GPUs) takes global / (world / t). GPU: %g GB, %g TFLOPS, every FLOP at %.0f%% of it (topology.mfu). Each mesh takes "
       .. "the fastest activation checkpointing (none, selective, full) that fits, the plan's own mesh too.",
       res.global_batch, s0.seq_len,
       res.global_batch == res.plan_global and " (the plan's)" or string.format(" (given; the plan's is %d)",
@@ -320,7 +320,7 @@ function advisor.report(src, path, opts)
     end
   end
   w("")
-  w("Predictions: gen/timeline.lua (alpha-beta collectives sharing each link, compute at TFLOPS x MFU, the")
+  w("Predictions: gen/timeline.lua (alpha-beta collectives sharing each link, compute at TFLOPS x topology.mfu, the")
   w("memory plan's waits); memory: gen/memory.lua. They rank meshes; measure the winner (--trace).")
   return table.concat(out, "\n") .. "\n"
 end

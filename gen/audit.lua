@@ -678,8 +678,11 @@ function audit.memory_plan_text(p, a)
   local extra = mp.arena_bytes - mp.reuse_bytes
   if (mp.policy == "hold" or mp.policy == "short") and (extra > 0 or (mp.reuse_waits or 0) > 0) then
     local alt = (mp.reuse_waits or 0) == 0 and "which would delay nothing"
-      or mp.reuse_wait_us > 0 and string.format("which would make the compute stream wait %s (step %s instead "
-        .. "of %s)", us_text(mp.reuse_wait_us), us_text(mp.reuse_step_us), us_text(a.step_us))
+      or mp.reuse_wait_us > 0 and (us_text(mp.reuse_step_us) == us_text(a.step_us)
+        and string.format("which would make the compute stream wait %s for the reused bytes (the step the same, "
+          .. "%s: the wait falls where it would idle anyway)", us_text(mp.reuse_wait_us), us_text(a.step_us))
+        or string.format("which would make the compute stream wait %s (step %s instead of %s)",
+          us_text(mp.reuse_wait_us), us_text(mp.reuse_step_us), us_text(a.step_us)))
       or string.format("which would delay %d op%s on other streams (step %s instead of %s)", mp.reuse_waits,
         mp.reuse_waits == 1 and "" or "s", us_text(mp.reuse_step_us), us_text(a.step_us))
     local text = string.format("arena %s: %s keep their bytes until the other stream is done with them, "
@@ -789,7 +792,8 @@ function audit.schedule_md(p, fp)
   w("|---|---|")
   w("| model | %s |", model_text(p))
   w("| tokens | %s |", settings_lines(p, s))
-  w("| GPU | %g GB, %g TFLOPS dense at %.0f%% MFU; HBM %g GB/s; NVLink %g GB/s within %d GPUs per node, network %g GB/s |",
+  w("| GPU | %g GB, %g TFLOPS dense, every FLOP executed at %.0f%% of it (topology.mfu, assumed); HBM %g GB/s; "
+    .. "NVLink %g GB/s within %d GPUs per node, network %g GB/s |",
     s.gpu_memory_GB, s.gpu_TFLOPS, 100 * s.mfu, s.hbm_GBps, topo.intra_node_GBps, topo.gpus_per_node,
     topo.inter_node_GBps)
   local nodes = (p.world_size + topo.gpus_per_node - 1) // topo.gpus_per_node
@@ -800,9 +804,10 @@ function audit.schedule_md(p, fp)
       or string.format("**does not fit**, %s over", human(m.total_bytes - m.gpu_bytes)))
   w("| memory plan | %s |", audit.memory_plan_text(p, a))
   local th = a.throughput
-  if th.tokens_per_s_per_gpu then
-    w("| throughput | %s tokens/s per GPU%s (torchtitan's tps and MFU for the predicted step; the compute model runs "
-      .. "every FLOP it executes, recompute included, at %g%% of %g TFLOPS) |", commas(math.floor(th.tokens_per_s_per_gpu + 0.5)),
+  if th.tokens_per_s_per_gpu and th.mfu then -- (the llama family: a generic model's compute is not modelled)
+    w("| throughput | %s tokens/s per GPU%s (torchtitan's tps and MFU for the predicted step, so they follow from "
+      .. "the assumed %g%% of %g TFLOPS on every FLOP executed, recompute included) |",
+      commas(math.floor(th.tokens_per_s_per_gpu + 0.5)),
       th.mfu and string.format(", MFU %.1f%% (%s model FLOPs per token: 6 x non-embedding parameters + attention)",
         100 * th.mfu, string.format("%.3g", th.model_flops_per_token)) or "", 100 * s.mfu, s.gpu_TFLOPS)
   end
@@ -1071,8 +1076,8 @@ function audit.md_ops(p, w)
   w("`#` reads first-last/step, and their waits are given relative to the op (-3: three ops earlier).")
   w("Sizes and counts per op are in plan.json.")
   if p.rep then
-    w("Micro-steps %d-%d issue the same %d ops each: their rows (micro `%d-%d`) are listed once and run %d times,",
-      p.rep.micro_first, p.rep.micro_last, p.rep.n, p.rep.micro_first, p.rep.micro_last, p.rep.times)
+    w("Micro-steps %d-%d issue the same %s ops each: their rows (micro `%d-%d`) are listed once and run %d times,",
+      p.rep.micro_first, p.rep.micro_last, commas(p.rep.n), p.rep.micro_first, p.rep.micro_last, p.rep.times)
     w("each repetition waiting for the latest run of the ops it names (the executor's ops %d-%d).", p.rep.first,
       p.rep.first + p.rep.times * p.rep.n - 1)
   end

@@ -28,6 +28,20 @@ function fsio.stat(path)
   return kind, tonumber(size)
 end
 
+-- What a path names without following a symlink ("symbolic link",
+-- "regular file", ...), and its device:inode following it (nil when
+-- absent): `--csv` must not write over a device, a directory, a link or
+-- the plan file itself.
+function fsio.identity(path)
+  if path == "" or path:find("%z") then return nil end
+  local ph = io.popen("LC_ALL=C stat -c '%F' -- " .. sh_quote(path) .. " 2>/dev/null; LC_ALL=C stat -L -c '%d:%i' -- "
+    .. sh_quote(path) .. " 2>/dev/null")
+  local out = ph and ph:read(400) or ""
+  if ph then ph:close() end
+  local kind, inode = out:match("^([^\n]+)\n([^\n]*)")
+  return kind, inode ~= "" and inode or nil
+end
+
 -- The contents of a regular file of at most max_bytes, or nil and why
 -- ("is a FIFO (named pipe)", "has more than 16 MiB", ...).
 function fsio.read_regular(path, max_bytes)

@@ -53,7 +53,7 @@ function verbs.main(argv)
     local loaded = require("gen.load").source(src, path)
     local report = require("gen.parallel.pp_report")
     local text = report.text(loaded)
-    if csv then text = text .. verbs.write_file(csv, report.csv(loaded), "the schedule's CSV") end
+    if csv then text = text .. verbs.write_file(csv, report.csv(loaded), "the schedule's CSV", path) end
     io.stdout:write(text)
     return 0
   end
@@ -70,6 +70,10 @@ function verbs.main(argv)
       local name = args[3]:match("([%w_]+)%.lua$")
       if not name then util.plan_error(args[3] .. ": --rev compares a plan file (plans/<name>.lua)") end
       sa, sb = args[2] .. ":plans/" .. name .. "/plan.json", args[3]
+      -- a pipeline plan has no generated output: the plan file itself at REV
+      local src = fsio.read_regular(args[3], verbs.PLAN_MAX_BYTES)
+      local ok, loaded = pcall(require("gen.load").source, src or "", args[3])
+      if src and ok and ((loaded.parallel or {}).pp or 1) > 1 then sa = args[2] .. ":" .. args[3] end
     elseif #args ~= 2 or sa:sub(1, 2) == "--" or sb:sub(1, 2) == "--" then
       io.stderr:write(verbs.USAGE)
       return 2
@@ -138,7 +142,20 @@ end
 
 -- text written to path through a temporary name beside it, renamed only
 -- once whole (a failed write leaves nothing half written); the line to print.
-function verbs.write_file(path, text, what)
+function verbs.write_file(path, text, what, not_over)
+  -- a new file, or an existing regular one; never a link, a device, a
+  -- directory, or the file not_over (the plan it was made from)
+  local kind, inode = fsio.identity(path)
+  if kind and kind ~= "regular file" and kind ~= "regular empty file" then
+    util.plan_error(fsio.shown(path) .. ": is a " .. kind .. ", not a regular file; give the path of a new or regular "
+      .. "file for " .. what)
+  end
+  if kind and not_over then
+    local _, plan_inode = fsio.identity(not_over)
+    if plan_inode and plan_inode == inode then
+      util.plan_error(fsio.shown(path) .. ": is the plan file itself; give another path for " .. what)
+    end
+  end
   local tmp = path .. ".tmp." .. tostring(os.time()) .. "." .. tostring(math.random(1 << 30))
   local fh = io.open(tmp, "wb")
   local ok = fh and fh:write(text)

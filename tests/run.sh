@@ -299,6 +299,15 @@ run "make diff-plan of two pipeline plans: a schedule change in a few lines" bas
   printf "%s" "$out" | grep -qF "schedule: Interleaved1F1B -> ZBVZeroBubble" && printf "%s" "$out" | grep -q "^  bubble: .* -> " &&
   [ "$(printf "%s\n" "$out" | wc -l)" -le 12 ]' _ "$MAKE"
 expect_rc "diff-plan: a pipeline plan against a plan without pp exits 2" 2 $LUA gen/verbs.lua diff bench/llama405b_pp.lua plans/llama8b.lua
+run "make pipeline refuses, in one line naming file and field: the plan's own schedule refused by torch, micro_steps under pp, --csv over the plan file or a device" bash -c '
+  mkdir -p build/pp && one() { out=$("$@" 2>&1 >/dev/null); rc=$?; echo "$out"; [ "$rc" = 2 ] && [ "$(printf "%s\n" "$out" | wc -l)" = 1 ]; }
+  sed "s/Interleaved1F1B/DualPipeV/; s/microbatches = 16/microbatches = 8/; s/local_batch_size = 16/local_batch_size = 8/" bench/llama405b_pp.lua >build/pp/dpv8.lua &&
+  one "$1" gen/verbs.lua pipeline build/pp/dpv8.lua | grep -q "dpv8.lua:[0-9]*: pipeline.schedule: DualPipeV refuses" &&
+  sed "s/fsdp = {/fsdp = { micro_steps = 4,/" bench/llama405b_pp.lua >build/pp/ms4.lua &&
+  one "$1" gen/verbs.lua pipeline build/pp/ms4.lua | grep -q "fsdp.micro_steps" &&
+  cp bench/llama405b_pp.lua build/pp/self.lua && one "$1" gen/verbs.lua pipeline build/pp/self.lua --csv build/pp/self.lua | grep -q "the plan file itself" &&
+  cmp -s bench/llama405b_pp.lua build/pp/self.lua &&
+  one "$1" gen/verbs.lua pipeline build/pp/self.lua --csv /dev/null | grep -q "not a regular file"' _ "$LUA"
 run "make pipeline CSV=...: the plan's schedule as torch's CSV, one row per rank, written whole" bash -c '
   mkdir -p build/pp && rm -f build/pp/llama405b_pp.csv && $1 -s pipeline PLAN=bench/llama405b_pp.lua CSV=build/pp/llama405b_pp.csv >/dev/null &&
   [ "$(wc -l <build/pp/llama405b_pp.csv)" = 8 ] && head -c 8 build/pp/llama405b_pp.csv | grep -q "^0F0,0F1," &&

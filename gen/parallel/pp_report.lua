@@ -160,7 +160,10 @@ local function evaluate(p, loaded, pp, n, name)
              fits = worst_mem <= s.gpu_memory_bytes }
   end)
   if not ok then
-    if util.is_plan_error(res) then return { name = name, refused = tostring(res) } end
+    if util.is_plan_error(res) then
+      local msg = tostring(res.msg or res):gsub("^plan:%d+: ", ""):gsub("^pp_schedule: ", "")
+      return { name = name, refused = msg }
+    end
     error(res, 0)
   end
   res.name = name
@@ -184,13 +187,17 @@ function report.csv(loaded)
     util.field_error(ctx, "pipeline.schedule", string.format("%s runs one stage per rank and torch loads no CSV "
       .. "for it (_load_csv is _PipelineScheduleRuntime's): pick a multi-stage schedule for --csv", pl.schedule))
   end
-  if pp <= 1 or not pl.microbatches then report.text(loaded) end -- its one-line errors
+  report.text(loaded) -- its one-line refusals first (pp, microbatches, the schedule refused)
   local p = stage_mesh_plan(loaded, pp)
   local _, per = stages_mod.count(ctx, { pp = pp, schedule = pl.schedule, n_layers = p.model_config.n_layers,
     layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
     last_stage_less_layers = pl.last_stage_less_layers })
-  local sched = sched_mod.derive({ schedule = pl.schedule, pp = pp, microbatches = pl.microbatches,
-                                   stages_per_rank = per })
+  local fine, sched = pcall(sched_mod.derive, { schedule = pl.schedule, pp = pp, microbatches = pl.microbatches,
+                                                stages_per_rank = per })
+  if not fine then
+    if not util.is_plan_error(sched) then error(sched, 0) end
+    util.field_error(ctx, "pipeline.schedule", (tostring(sched.msg or sched):gsub("^pp_schedule: ", "")))
+  end
   local ok, why = sched_mod.prove_p2p(sched.lowered, sched.stage_to_rank, sched.num_stages)
   if not ok then util.field_error(ctx, "pipeline.schedule", "the send/receive proof fails: " .. tostring(why)) end
   return sched_mod.to_csv(sched.torch_order)
@@ -230,14 +237,20 @@ function report.text(loaded)
     util.field_error(ctx, "pipeline.microbatches", "missing; give the microbatches per step (torchtitan's "
       .. "local_batch_size / microbatch size)")
   end
+  if loaded.fsdp and (loaded.fsdp.micro_steps or 1) > 1 then
+    util.field_error(ctx, "fsdp.micro_steps", string.format("micro_steps=%d: under PP the step's microbatches are "
+      .. "the pipeline's (pipeline.microbatches, torch's schedule runs them); remove fsdp.micro_steps",
+      loaded.fsdp.micro_steps))
+  end
   -- torchtitan splits the local batch into microbatches of
   -- pipeline_parallel_microbatch_size sequences (_build_pipeline_schedule:
   -- n_microbatches = local_batch_size // microbatch_size)
   local lbs = loaded.training and loaded.training.local_batch_size
   if not lbs or lbs % n ~= 0 then
     util.field_error(ctx, lbs and "pipeline.microbatches" or "training.local_batch_size", string.format(
-      "%d microbatches need a local batch of a multiple of %d sequences (torchtitan: local_batch_size / "
-      .. "pipeline_parallel_microbatch_size); %s", n, n, lbs and string.format("local_batch_size is %d: give a "
+      "%d microbatch%s need%s a local batch of a multiple of %d sequence%s (torchtitan: local_batch_size / "
+      .. "pipeline_parallel_microbatch_size); %s", n, n == 1 and "" or "es", n == 1 and "s" or "", n,
+      n == 1 and "" or "s", lbs and string.format("local_batch_size is %d: give a "
       .. "divisor of it", lbs) or "set training.local_batch_size"))
   end
   local p = stage_mesh_plan(loaded, pp)
@@ -255,7 +268,20 @@ function report.text(loaded)
     "activations in flight", "p2p/rank", "memory (worst rank)")
   local rows = {}
   local want = pl.schedule
-  for _, name in ipairs(report.SCHEDULES) do rows[#rows + 1] = evaluate(p, loaded, pp, n, name) end
+  local accepted = 0
+  for _, name in ipairs(report.SCHEDULES) do
+    local row = evaluate(p, loaded, pp, n, name)
+    rows[#rows + 1] = row
+    if not row.refused then accepted = accepted + 1 end
+    if row.refused and name == want then
+      util.field_error(ctx, "pipeline.schedule", string.format("%s refuses this plan: %s; pick another schedule "
+        .. "(make pipeline without pipeline.schedule lists the ones that run)", name, row.refused))
+    end
+  end
+  if accepted == 0 then
+    util.field_error(ctx, "pipeline", "torch refuses this pipeline with every schedule (" .. rows[1].refused
+      .. "); change pp, microbatches or layers_per_stage")
+  end
   for _, r in ipairs(rows) do
     if not r.refused then
       local busy = 0
@@ -278,8 +304,8 @@ function report.text(loaded)
     .. "activations and gradients rank 0 sends (a TP rank's sequence shard under sequence parallel); memory: the "
     .. "rank's stages' sharded parameters, gradients and optimizer state, their unsharded parameters and "
     .. "gradients held all step (no reshard after forward under PP; gradients reduced at the end), the "
-    .. "activations in flight and one layer's transient, against the GPU's memory. Every schedule listed passed "
-    .. "the send/receive proof (docs/pipeline.md).")
+    .. "activations in flight and one layer's transient, against the GPU's memory. Every schedule with a row "
+    .. "passed the send/receive proof (docs/pipeline.md); the refused ones say why.")
   w("Not yet: the pipeline's C tables and its run (the generator refuses pp > 1); FSDP's all-gathers are taken as "
     .. "prefetched and links as uncontended.")
   return table.concat(L, "\n") .. "\n", rows

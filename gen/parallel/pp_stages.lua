@@ -14,6 +14,9 @@ stages.SINGLE = { GPipe = true, ["1F1B"] = true }
 -- V-shaped schedules: rank r holds stages r and S-1-r.
 stages.V_STYLE = { ZBVZeroBubble = true, DualPipeV = true }
 
+-- "1 stage", "2 stages"
+local function count_of(n, word) return string.format("%d %s%s", n, word, n == 1 and "" or "s") end
+
 local function err(ctx, field, fmt, ...)
   util.field_error(ctx, field, string.format(fmt, ...))
 end
@@ -32,19 +35,21 @@ function stages.count(ctx, o)
   end
   local lps = o.layers_per_stage
   local n = (o.n_layers + inw + outw + lps - 1) // lps -- math.ceil((num_layers + in + out) / lps)
-  local info = string.format("%d layers at layers_per_stage=%d give %d stages over pp=%d", o.n_layers, lps, n, o.pp)
+  local info = string.format("%s at layers_per_stage=%d give %s over pp=%d", count_of(o.n_layers, "layer"), lps,
+    count_of(n, "stage"), o.pp)
   if n % o.pp ~= 0 then
     err(ctx, "pipeline.layers_per_stage", "%s, not a multiple of pp (torchtitan refuses it); give layers_per_stage "
       .. "a value whose stage count is a multiple of %d", info, o.pp)
   end
   local per = n // o.pp
   if single and per ~= 1 then
-    err(ctx, "pipeline.layers_per_stage", "%s: %d stages per rank, but %s runs exactly one per rank; give "
-      .. "layers_per_stage %d or more", info, per, o.schedule, o.n_layers // o.pp)
+    err(ctx, "pipeline.layers_per_stage", "%s: %s per rank, but %s runs exactly one per rank; give "
+      .. "layers_per_stage %d or more", info, count_of(per, "stage"), o.schedule, o.n_layers // o.pp)
   end
   if stages.V_STYLE[o.schedule] and per ~= 2 then
-    err(ctx, "pipeline.layers_per_stage", "%s: %d stages per rank, but %s's V runs exactly two per rank; give "
-      .. "layers_per_stage %d", info, per, o.schedule, (o.n_layers + inw + outw + 2 * o.pp - 1) // (2 * o.pp))
+    err(ctx, "pipeline.layers_per_stage", "%s: %s per rank, but %s's V runs exactly two per rank; give "
+      .. "layers_per_stage %d", info, count_of(per, "stage"), o.schedule,
+      (o.n_layers + inw + outw + 2 * o.pp - 1) // (2 * o.pp))
   end
   if not single and per < 2 then
     err(ctx, "pipeline.layers_per_stage", "%s: 1 stage per rank, but %s runs at least two per rank; give a "

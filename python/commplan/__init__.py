@@ -29,6 +29,7 @@ from .modules import Unit, named_units, plan_from_module, resolve_units, torchti
 from .hf import hf_config
 from .titan import plan_from_titan
 from .match import PlanMismatch, check_units_match_plan, find_plan_json, load_plan_json, plan_units
+from .validate import executed_plan
 
 __version__ = "0.1.0"
 
@@ -38,5 +39,5 @@ __all__ = [
     "plan_from_named_parameters", "plan_text", "write_plan",
     "named_units", "plan_from_module", "resolve_units", "torchtitan_units", "units_from_module",
     "hf_config", "plan_from_titan",
-    "check_units_match_plan", "find_plan_json", "load_plan_json", "plan_units",
+    "check_units_match_plan", "find_plan_json", "load_plan_json", "plan_units", "executed_plan",
 ]

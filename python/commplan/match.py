@@ -30,7 +30,9 @@ def find_plan_json(name, root="."):
 
 def load_plan_json(path_or_dict):
     """A generated plan.json (a path, or the parsed dict) with the fields read here and by the
-    runtime checked for type: a regular file, bounded, strict JSON (safeio)."""
+    runtime checked for type: a regular file, bounded, strict JSON (safeio). A repeated
+    micro-step (plan.json's "repeat") comes back expanded: "ops" are the ops as the executor
+    issues them (executed_plan)."""
     if isinstance(path_or_dict, (dict, list)):
         return check_plan_json(path_or_dict, "plan.json")
     if not isinstance(path_or_dict, (str, bytes, os.PathLike)):

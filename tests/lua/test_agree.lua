@@ -306,16 +306,20 @@ function T.throughput_agrees_with_the_step()
     assert(math.abs(tps - th.tokens_per_s_per_gpu) <= 0.051, string.format("%s: tps %.3f, plan.json %s", name, tps,
       tostring(th.tokens_per_s_per_gpu)))
     local row = md:match("\n| throughput | ([^\n]*)")
+    -- (the llama family's: a generic model's compute is not modelled, no row)
+    if not th.mfu then
+      assert(not row, name .. ": a throughput row without modelled compute")
+      goto next_plan
+    end
     assert(row, name .. ": SCHEDULE.md has no throughput row")
     local shown = row:match("^([%d,]+) tokens/s per GPU"):gsub(",", "")
     H.eq(tonumber(shown), math.floor(th.tokens_per_s_per_gpu + 0.5), name .. " tokens/s in SCHEDULE.md")
-    if th.mfu then
+    do
       local mfu = th.model_flops_per_token * th.tokens_per_s_per_gpu / (au.settings.gpu_TFLOPS * 1e12)
       assert(math.abs(mfu - th.mfu) <= 1e-4 + 1e-6 * mfu, name .. ": MFU from the figures")
       H.eq(row:match("MFU ([%d.]+)%%"), string.format("%.1f", 100 * th.mfu), name .. " MFU in SCHEDULE.md")
-    else
-      assert(not row:match("MFU [%d.]+%%"), name .. ": MFU without model FLOPs")
     end
+    ::next_plan::
   end
 end
 
