@@ -204,25 +204,26 @@ torch_lane() {
 
   # ---- pipeline schedules vs live torch (issue 22) ----
   section "pipeline parallel vs live torch and torchtitan (tests/pp/check_live.sh)"
-  pp_what="pp schedules and stages: gen/parallel/pp_schedule.lua vs torch 2.15's pipelining, pp_stages.lua vs torchtitan's split, whole matrix (tests/pp/check_live.sh)"
-  pp_log=$(logname "$pp_what")
-  PYTHON="${live_py:-}" timeout 300 tests/pp/check_live.sh >"$pp_log" 2>&1; pp_rc=$?
-  case $pp_rc in
-    0) ok "$pp_what"; grep -h "^pp-live: " "$pp_log" | grep -v "cases match torch 2" | sed "s/^/        /" ;;
-    77) skipped "$pp_what" "$(sed -n 's/^SKIP pp-live: //p' "$pp_log" | head -n 1)" ;;
-    *) bad "$pp_what" "$pp_log" ;;
-  esac
+  # script_check WHAT PREFIX SCRIPT [FILTER]: a tests/pp script run with the torch
+  # environment's python: exit 0 ok (its "PREFIX: " lines but FILTER shown),
+  # 77 SKIP with its "SKIP PREFIX: " reason, anything else FAIL
+  script_check() {
+    local what=$1 prefix=$2 script=$3 filter=${4:-^$} log rc
+    log=$(logname "$what")
+    PYTHON="${live_py:-}" timeout 300 "$script" >"$log" 2>&1; rc=$?
+    case $rc in
+      0) ok "$what"; grep -h "^$prefix: " "$log" | grep -v "$filter" | sed "s/^/        /" ;;
+      77) skipped "$what" "$(sed -n "s/^SKIP $prefix: //p" "$log" | head -n 1)" ;;
+      *) bad "$what" "$log" ;;
+    esac
+  }
+  script_check "pp schedules and stages: gen/parallel/pp_schedule.lua vs torch 2.15's pipelining, pp_stages.lua vs torchtitan's split, whole matrix (tests/pp/check_live.sh)" \
+    pp-live tests/pp/check_live.sh "cases match torch 2"
   # torch.distributed.pipelining run for real on gloo (one step per case,
   # fully_shard per stage): every rank's point-to-point ops and per-stage
   # FSDP collectives, in order, against gen/parallel/pp_sequence.lua
-  pprun_what="pp run: torch.distributed.pipelining + fully_shard on gloo, every schedule, each rank's p2p and FSDP collectives vs gen/parallel/pp_sequence.lua (tests/pp/check_pipeline_live.sh)"
-  pprun_log=$(logname "$pprun_what")
-  PYTHON="${live_py:-}" timeout 300 tests/pp/check_pipeline_live.sh >"$pprun_log" 2>&1; pprun_rc=$?
-  case $pprun_rc in
-    0) ok "$pprun_what"; grep -h "^pp-run: [A-Z0-9]" "$pprun_log" | grep -v "recorded" | sed "s/^/        /" ;;
-    77) skipped "$pprun_what" "$(sed -n 's/^SKIP pp-run: //p' "$pprun_log" | head -n 1)" ;;
-    *) bad "$pprun_what" "$pprun_log" ;;
-  esac
+  script_check "pp run: torch.distributed.pipelining + fully_shard on gloo, every schedule, each rank's p2p and FSDP collectives vs gen/parallel/pp_sequence.lua (tests/pp/check_pipeline_live.sh)" \
+    pp-run tests/pp/check_pipeline_live.sh "recorded"
 }
 # ---- end of the torch lane ----
 

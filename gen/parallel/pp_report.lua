@@ -170,58 +170,12 @@ local function evaluate(p, loaded, pp, n, name)
   return res
 end
 
--- The plan's schedule (pipeline.schedule) as torch's CSV: each rank's
--- compute actions, one row per rank (_dump_csv's compute_only format;
--- torch's _PipelineScheduleRuntime._load_csv reads it and lowers it itself,
--- to the lists the proof above covered). Multi-stage schedules only: torch
--- loads no CSV for GPipe or 1F1B.
-function report.csv(loaded)
-  local ctx = loaded.ctx
-  local pl = loaded.pipeline or {}
-  local pp = loaded.parallel.pp or 1
-  if not pl.schedule then
-    util.field_error(ctx, "pipeline.schedule", "missing: --csv writes the plan's schedule; name one of "
-      .. table.concat(report.SCHEDULES, ", "))
-  end
-  if stages_mod.SINGLE[pl.schedule] then
-    util.field_error(ctx, "pipeline.schedule", string.format("%s runs one stage per rank and torch loads no CSV "
-      .. "for it (_load_csv is _PipelineScheduleRuntime's): pick a multi-stage schedule for --csv", pl.schedule))
-  end
-  report.text(loaded) -- its one-line refusals first (pp, microbatches, the schedule refused)
-  local p = stage_mesh_plan(loaded, pp)
-  local _, per = stages_mod.count(ctx, { pp = pp, schedule = pl.schedule, n_layers = p.model_config.n_layers,
-    layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
-    last_stage_less_layers = pl.last_stage_less_layers })
-  local fine, sched = pcall(sched_mod.derive, { schedule = pl.schedule, pp = pp, microbatches = pl.microbatches,
-                                                stages_per_rank = per })
-  if not fine then
-    if not util.is_plan_error(sched) then error(sched, 0) end
-    util.field_error(ctx, "pipeline.schedule", (tostring(sched.msg or sched):gsub("^pp_schedule: ", "")))
-  end
-  local ok, why = sched_mod.prove_p2p(sched.lowered, sched.stage_to_rank, sched.num_stages)
-  if not ok then util.field_error(ctx, "pipeline.schedule", "the send/receive proof fails: " .. tostring(why)) end
-  return sched_mod.to_csv(sched.torch_order)
-end
-
--- The plan's own schedule's row (pipeline.schedule), for `make diff-plan`
--- of two pipeline plans: { name, stages, per, sim, mem, fits, ... } or
--- { refused = why }, with pp and microbatches.
-function report.plan_row(loaded)
-  local ctx = loaded.ctx
-  local pl = loaded.pipeline or {}
-  local pp = loaded.parallel.pp or 1
-  if pp <= 1 or not pl.microbatches or not pl.schedule then
-    util.field_error(ctx, pp <= 1 and "parallel.pp" or "pipeline", "diff-plan of a pipeline plan compares its own "
-      .. "schedule: give parallel.pp > 1 and pipeline = { schedule, microbatches }")
-  end
-  local row = evaluate(stage_mesh_plan(loaded, pp), loaded, pp, pl.microbatches, pl.schedule)
-  row.pp, row.microbatches = pp, pl.microbatches
-  return row
-end
-
-report.human_us, report.human_bytes = human_us, human_bytes
-
-function report.text(loaded)
+-- The plan's refusals (one line each, file and field) and the plan of one
+-- stage's mesh, built once per loaded plan (text, csv and plan_row share it).
+local CHECKED = setmetatable({}, { __mode = "k" })
+local function checked(loaded)
+  local hit = CHECKED[loaded]
+  if hit then return table.unpack(hit) end
   local ctx = loaded.ctx
   local pp = loaded.parallel.pp or 1
   if pp <= 1 then
@@ -254,6 +208,57 @@ function report.text(loaded)
       .. "divisor of it", lbs) or "set training.local_batch_size"))
   end
   local p = stage_mesh_plan(loaded, pp)
+  CHECKED[loaded] = { ctx, pp, pl, n, p }
+  return ctx, pp, pl, n, p
+end
+
+-- The plan's schedule (pipeline.schedule) as torch's CSV: each rank's
+-- compute actions, one row per rank (_dump_csv's compute_only format;
+-- torch's _PipelineScheduleRuntime._load_csv reads it and lowers it itself,
+-- to the lists the proof above covered). Multi-stage schedules only: torch
+-- loads no CSV for GPipe or 1F1B.
+function report.csv(loaded)
+  local ctx, pp, pl, _, p = checked(loaded)
+  if not pl.schedule then
+    util.field_error(ctx, "pipeline.schedule", "missing: --csv writes the plan's schedule; name one of "
+      .. table.concat(report.SCHEDULES, ", "))
+  end
+  if stages_mod.SINGLE[pl.schedule] then
+    util.field_error(ctx, "pipeline.schedule", string.format("%s runs one stage per rank and torch loads no CSV "
+      .. "for it (_load_csv is _PipelineScheduleRuntime's): pick a multi-stage schedule for --csv", pl.schedule))
+  end
+  local _, per = stages_mod.count(ctx, { pp = pp, schedule = pl.schedule, n_layers = p.model_config.n_layers,
+    layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
+    last_stage_less_layers = pl.last_stage_less_layers })
+  local fine, sched = pcall(sched_mod.derive, { schedule = pl.schedule, pp = pp, microbatches = pl.microbatches,
+                                                stages_per_rank = per })
+  if not fine then
+    if not util.is_plan_error(sched) then error(sched, 0) end
+    util.field_error(ctx, "pipeline.schedule", (tostring(sched.msg or sched):gsub("^pp_schedule: ", "")))
+  end
+  local ok, why = sched_mod.prove_p2p(sched.lowered, sched.stage_to_rank, sched.num_stages)
+  if not ok then util.field_error(ctx, "pipeline.schedule", "the send/receive proof fails: " .. tostring(why)) end
+  return sched_mod.to_csv(sched.torch_order)
+end
+
+-- The plan's own schedule's row (pipeline.schedule), for `make diff-plan`
+-- of two pipeline plans: { name, stages, per, sim, mem, fits, ... } or
+-- { refused = why }, with pp and microbatches.
+function report.plan_row(loaded)
+  local ctx, pp, pl, _, p = checked(loaded)
+  if not pl.schedule then
+    util.field_error(ctx, "pipeline", "diff-plan of a pipeline plan compares its own schedule: give "
+      .. "pipeline = { schedule, microbatches }")
+  end
+  local row = evaluate(p, loaded, pp, pl.microbatches, pl.schedule)
+  row.pp, row.microbatches = pp, pl.microbatches
+  return row
+end
+
+report.human_us, report.human_bytes = human_us, human_bytes
+
+function report.text(loaded)
+  local ctx, pp, pl, n, p = checked(loaded)
   local L = {}
   local function w(fmt, ...) L[#L + 1] = select("#", ...) > 0 and string.format(fmt, ...) or fmt end
   local s = compute.settings(p)

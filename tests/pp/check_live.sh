@@ -8,10 +8,8 @@
 #   PYTHON=  the torch environment's python (default: make torch-env's,
 #            /root/.cache/commplan/torch-env/bin/python, else python3)
 set -u -o pipefail
-cd "$(dirname "$0")/../.." || exit 2
-LUA=${LUA:-lua5.4}
-PY=${PYTHON:-/root/.cache/commplan/torch-env/bin/python}
-[ -x "$PY" ] || PY=python3
+# shellcheck source=tests/pp/torch_python.sh
+. "$(dirname "$0")/torch_python.sh"
 if ! "$PY" -c "import torch.distributed.pipelining.schedules" >/dev/null 2>&1; then
   echo "SKIP pp-live: torch.distributed.pipelining does not import with $PY"
   exit 77
