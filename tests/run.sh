@@ -208,13 +208,14 @@ torch_lane() {
   # environment's python: exit 0 ok (its "PREFIX: " lines but FILTER shown),
   # 77 SKIP with its "SKIP PREFIX: " reason, anything else FAIL
   script_check() {
-    local what=$1 prefix=$2 script=$3 filter=${4:-^$} log rc
-    log=$(logname "$what")
-    PYTHON="${live_py:-}" timeout 300 "$script" >"$log" 2>&1; rc=$?
+    # (its log file: not "log", make test's log directory)
+    local what=$1 prefix=$2 script=$3 filter=${4:-^$} file rc
+    file=$(logname "$what")
+    PYTHON="${live_py:-}" timeout 300 "$script" >"$file" 2>&1; rc=$?
     case $rc in
-      0) ok "$what"; grep -h "^$prefix: " "$log" | grep -v "$filter" | sed "s/^/        /" ;;
-      77) skipped "$what" "$(sed -n "s/^SKIP $prefix: //p" "$log" | head -n 1)" ;;
-      *) bad "$what" "$log" ;;
+      0) ok "$what"; grep -h "^$prefix: " "$file" | grep -v "$filter" | sed "s/^/        /" ;;
+      77) skipped "$what" "$(sed -n "s/^SKIP $prefix: //p" "$file" | head -n 1)" ;;
+      *) bad "$what" "$file" ;;
     esac
   }
   script_check "pp schedules and stages: gen/parallel/pp_schedule.lua vs torch 2.15's pipelining, pp_stages.lua vs torchtitan's split, whole matrix (tests/pp/check_live.sh)" \
