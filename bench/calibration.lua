@@ -1,6 +1,7 @@
--- Predicted vs published NCCL collective times, for the alpha-beta model in
--- gen/cost.lua ("before") and NCCL's own tuning model re-derived in
--- gen/nccl_model.lua ("after"), side by side. Run from the repo root:
+-- Predicted vs published NCCL collective times, for the alpha-beta model
+-- ("before", topology.collectives = "alpha_beta") and NCCL's own tuning
+-- model re-derived in gen/nccl_model.lua ("after", the default), side by
+-- side, each priced through gen/cost.lua as a plan's collective is. Run from the repo root:
 --   lua5.4 bench/calibration.lua [TSV] [PRESET]
 -- TSV defaults to bench/calibration/h100_nccl.tsv (see its README.md),
 -- PRESET to h100. Prints a Markdown table (docs/cost-model.md carries it).
@@ -11,8 +12,10 @@ local groups = require("gen.groups")
 
 local cal = {}
 
--- gen/load.lua:430-433: the topology defaults every plan gets today.
-cal.TODAY = { gpus_per_node = 8, intra_node_GBps = 360, inter_node_GBps = 45, latency_us = 10 }
+-- The alpha-beta model every plan used before issue 21 (topology.collectives
+-- = "alpha_beta" with gen/load.lua's defaults).
+cal.ALPHA_BETA = { gpus_per_node = 8, collectives = "alpha_beta", intra_node_GBps = 360, inter_node_GBps = 45,
+                   latency_us = 10 }
 
 local DTYPE = { bfloat16 = "bf16", float16 = "fp16", float32 = "fp32", bf16 = "bf16", fp16 = "fp16", fp32 = "fp32" }
 local ES = { bf16 = 2, fp16 = 2, fp32 = 4 }
@@ -38,11 +41,12 @@ local function bus_factor(kind, n)
   return (kind == "all_reduce" and 2 or 1) * (n - 1) / n
 end
 
--- Today's model, through gen/cost.lua itself: one synthetic op on a
--- one-family mesh laid out as torchrun lays ranks (rank // gpus_per_node is
--- the node), the group taking `k` GPUs of each of `nodes` nodes.
-function cal.before(row, topo)
-  topo = topo or cal.TODAY
+-- A row priced the way a plan prices it, through gen/cost.lua itself: one
+-- synthetic op on a one-family mesh laid out as torchrun lays ranks (rank //
+-- gpus_per_node is the node), the group taking `k` GPUs of each of `nodes`
+-- nodes. Returns the microseconds and, under the nccl model, NCCL's
+-- algorithm/protocol.
+function cal.through_cost(row, topo)
   local g, k, nodes = topo.gpus_per_node, row.gpus_per_node, row.nodes
   assert(g % k == 0, "gpus_per_node of the group must divide the node's")
   -- axes: node (stride g), rest (g/k groups per node, stride k), local (k GPUs, stride 1)
@@ -57,8 +61,13 @@ function cal.before(row, topo)
   local count = row.collective == "all_reduce" and elems or elems // n
   local op = { kind = row.collective, count = count, dtype = dt, group = "grp" }
   cost.predict({ op }, fams, topo)
-  return op.predicted_us
+  return op.predicted_us, op.algorithm
 end
+
+-- Before: the alpha-beta model. After: NCCL's model as plans use it
+-- (topology.preset = preset, collectives = "nccl").
+function cal.before(row) return (cal.through_cost(row, cal.ALPHA_BETA)) end
+function cal.plan_topology(preset) return { gpus_per_node = 8, preset = preset or "h100", collectives = "nccl" } end
 
 function cal.after(row, topo)
   return nccl_model.predict({ kind = row.collective, bytes = row.bytes, dtype = row.dtype, nodes = row.nodes,
@@ -97,8 +106,10 @@ if arg and arg[0] and arg[0]:match("calibration%.lua$") then
   local preset = arg[2] or "h100"
   print(cal.table(cal.read(path), preset))
   print("\nratio = predicted / published time (1.00 is exact; < 1 predicts too fast).")
-  print("before: gen/cost.lua (latency 10 us x ceil(log2 n) + size x busbw factor / (360 GB/s in a node, 45 across)).")
-  print("after: gen/nccl_model.lua, NCCL " .. nccl_model.NCCL_VERSION .. " tuning model, preset " .. preset .. ".")
+  print("before: topology.collectives = \"alpha_beta\" (latency 10 us x ceil(log2 n) + size x busbw factor / "
+    .. "(360 GB/s in a node, 45 across)), the model every plan used before issue 21.")
+  print("after: topology.collectives = \"nccl\" (the default): gen/nccl_model.lua, NCCL " .. nccl_model.NCCL_VERSION
+    .. " tuning model, preset " .. preset .. ".")
 end
 
 return cal

@@ -320,8 +320,10 @@ function advisor.report(src, path, opts)
     end
   end
   w("")
-  w("Predictions: gen/timeline.lua (alpha-beta collectives sharing each link, compute at TFLOPS x topology.mfu, the")
-  w("memory plan's waits); memory: gen/memory.lua. They rank meshes; measure the winner (--trace).")
+  w("Predictions: gen/timeline.lua (collectives priced by %s, sharing each link; compute at TFLOPS x topology.mfu;",
+    res.topology.collectives == "alpha_beta" and "the alpha-beta model (topology.collectives)"
+      or "NCCL's tuning model on " .. require("gen.hardware").network(res.topology).name)
+  w("the memory plan's waits); memory: gen/memory.lua. They rank meshes; measure the winner (--trace).")
   return table.concat(out, "\n") .. "\n"
 end
 

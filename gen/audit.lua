@@ -11,6 +11,8 @@ local trace = require("gen.trace")
 local fold = require("gen.fold")
 local opkinds = require("gen.opkinds")
 local rep_mod = require("gen.repeat")
+local hardware_mod = require("gen.hardware")
+local nccl_model_mod = require("gen.nccl_model")
 
 local audit = {}
 
@@ -120,14 +122,16 @@ local function facts(p)
     ops[#ops + 1] = O({ "seq", o.seq, "kind", o.kind, "unit", p.layout.units[o.unit + 1].name,
       "phase", o.phase, "micro_step", o.micro_step, "times", o.times, "stream", o.stream, "group", o.group, "dtype", o.dtype, "count", o.count,
       "input", o.from_sharded and "sharded" or nil, "reduce_op", o.reduce_op, "size_bytes", o.size_bytes, "wire_bytes", o.wire_bytes,
-      "predicted_us", r3(o.predicted_us), "waits_for", p.arena.waits[o.seq] })
+      "predicted_us", r3(o.predicted_us), "algorithm", o.algorithm, "waits_for", p.arena.waits[o.seq] })
   end
   local per_family = {}
   for _, f in ipairs(p.groups.list) do
     local a = p.predicted.per_family[f.name]
     if a then
+      local sh = p.predicted.shape[f.name]
       per_family[#per_family + 1] = O({ "group", f.name, "ops", a.ops, "size_bytes", a.size_bytes,
-        "wire_bytes", a.wire_bytes, "intra_node", p.predicted.intra[f.name], "predicted_us", r3(a.us) })
+        "wire_bytes", a.wire_bytes, "intra_node", p.predicted.intra[f.name], "nodes", sh.nodes,
+        "gpus_per_node", sh.gpus_per_node, "predicted_us", r3(a.us) })
     end
   end
   return O({
@@ -139,8 +143,7 @@ local function facts(p)
     "fsdp", O({ "reshard_after_forward", p.fsdp.reshard_after_forward, "micro_steps", p.fsdp.micro_steps,
                 "reduce_op", p.fsdp.reduce_op, "param_dtype", p.fsdp.param_dtype, "reduce_dtype", p.fsdp.reduce_dtype,
                 "grad_accumulation", p.fsdp.grad_accumulation }),
-    "topology", O({ "gpus_per_node", p.topology.gpus_per_node, "intra_node_GBps", p.topology.intra_node_GBps,
-                    "inter_node_GBps", p.topology.inter_node_GBps, "latency_us", p.topology.latency_us }),
+    "topology", audit.topology_json(p.topology),
     "groups", fam_list, "units", units,
     -- a repeated micro-step (gen/repeat.lua): ops[first_seq .. first_seq + ops - 1] run times times, for
     -- micro-steps micro_first .. micro_last; executed_ops counts every op the executor issues
@@ -444,6 +447,77 @@ local function room_text(bytes)
   return bytes > 0 and human(bytes) or "none"
 end
 
+-- ---- the hardware and the collective model, in words -----------------------
+-- The algorithms NCCL's model picks for a family's collectives, most used
+-- first (ties by name): "; ring/Simple 163, nvls/Simple 2".
+local function algorithms_text(acc)
+  local list = {}
+  for name, n in pairs(acc and acc.algorithms or {}) do list[#list + 1] = { name, n } end
+  if #list == 0 then return "" end
+  table.sort(list, function(x, y) return x[2] > y[2] or (x[2] == y[2] and x[1] < y[1]) end)
+  local parts = {}
+  for i, e in ipairs(list) do parts[i] = e[1] .. " " .. e[2] end
+  return "; " .. table.concat(parts, ", ")
+end
+
+function audit.preset_name(topo)
+  return hardware_mod.network(topo).name
+end
+
+-- One link class of the topology in a few words: "intra" (NVLink inside a
+-- node) or "inter" (the network between nodes).
+function audit.link_text(topo, class)
+  if topo.collectives == "alpha_beta" then
+    return string.format("%g GB/s", class == "intra" and topo.intra_node_GBps or topo.inter_node_GBps)
+  end
+  local net = hardware_mod.network(topo)
+  if class == "intra" then
+    return string.format("%d x %g GB/s per GPU as NCCL counts it%s", net.nvlinks, net.nvlink_GBps,
+      net.nvls and ", NVLS" or "")
+  end
+  local g = topo.gpus_per_node
+  return string.format("%d x %g Gb/s NICs per node%s, PCIe %g GB/s%s", net.nics_per_node, net.nic_Gbps,
+    net.nics_per_node >= g and ", one per GPU (rail-optimised)" or string.format(", each shared by %g GPUs",
+      g / net.nics_per_node), net.pci_GBps, net.collnet and ", SHARP" or "")
+end
+
+-- plan.json's topology: the plan's own fields, the cost model and every
+-- constant it used (defaults and preset values included).
+function audit.topology_json(topo)
+  local kv = { "gpus_per_node", topo.gpus_per_node, "preset", topo.preset, "collectives", topo.collectives }
+  if topo.collectives == "alpha_beta" then
+    for _, k in ipairs({ "intra_node_GBps", "inter_node_GBps", "latency_us" }) do
+      kv[#kv + 1], kv[#kv + 2] = k, topo[k]
+    end
+  else
+    local fields = hardware_mod.network_fields(topo)
+    for _, k in ipairs(hardware_mod.NETWORK_ORDER) do kv[#kv + 1], kv[#kv + 2] = k, fields[k] end
+    kv[#kv + 1], kv[#kv + 2] = "nccl_model", nccl_model_mod.NCCL_VERSION
+  end
+  return O(kv)
+end
+
+-- SCHEDULE.md's assumption about collective time.
+function audit.md_collective_model(topo, w)
+  if topo.collectives == "alpha_beta" then
+    w("- Collective time (topology.collectives = \"alpha_beta\"): latency %g us x ceil(log2 n) + size x nccl-tests", topo.latency_us)
+    w("  busbw factor / link bandwidth; intra-node %g GB/s when a group fits in one node of %d GPUs, else",
+      topo.intra_node_GBps, topo.gpus_per_node)
+    w("  inter-node %g GB/s.", topo.inter_node_GBps)
+  else
+    w("- Collective time: NCCL %s's own tuning model (gen/nccl_model.lua, docs/cost-model.md) on each group's",
+      nccl_model_mod.NCCL_VERSION)
+    w("  shape (nodes x GPUs of the group per node): ring, tree, NVLS, NVLSTree, PAT x LL, LL128, Simple, the")
+    w("  cheapest as NCCL picks it (plan.json ops[].algorithm).")
+    w("- Hardware (topology.preset = %s, each figure overridable): %s, %d GPUs per node;", util.show(topo.preset),
+      audit.preset_name(topo), topo.gpus_per_node)
+    w("  NVLink %s;", audit.link_text(topo, "intra"))
+    w("  network %s.", audit.link_text(topo, "inter"))
+  end
+  w("- Links: collectives running at once share a rank's link, its NIC where their groups cross nodes, else its")
+  w("  NVLink, equally (each at 1/n of its rate while n run).")
+end
+
 function audit.warnings(p, a)
   local w = {}
   local topo = p.topology
@@ -453,8 +527,8 @@ function audit.warnings(p, a)
   -- refuses a multi-node world that is not whole nodes).
   if p.world_size < g then
     w[#w + 1] = string.format("the world of %d ranks uses %d of one node's %d GPUs (topology.gpus_per_node): "
-      .. "every group is priced at NVLink's %g GB/s; set gpus_per_node if the job spans nodes",
-      p.world_size, p.world_size, g, topo.intra_node_GBps)
+      .. "every group is priced on NVLink (%s); set gpus_per_node if the job spans nodes",
+      p.world_size, p.world_size, g, audit.link_text(topo, "intra"))
   end
   -- Groups that carry collectives (or TP) crossing nodes, in one line.
   local crossing = {}
@@ -464,13 +538,14 @@ function audit.warnings(p, a)
       crossing[#crossing + 1] = family_label(f)
       if f.name == "tp" then
         w[#w + 1] = string.format("tp groups cross nodes: tensor parallelism's per-layer activation collectives "
-          .. "run over the network (%g GB/s); keep tp within a node of %d GPUs", topo.inter_node_GBps, g)
+          .. "run over the network (%s); keep tp within a node of %d GPUs", audit.link_text(topo, "inter"), g)
       end
     end
   end
   if #crossing > 0 then
-    w[#w + 1] = string.format("groups crossing nodes run at the inter-node %g GB/s, not NVLink's %g GB/s: %s "
-      .. "(ranks and nodes in the table above)", topo.inter_node_GBps, topo.intra_node_GBps, table.concat(crossing, ", "))
+    w[#w + 1] = string.format("groups crossing nodes run over the network (%s), not NVLink alone (%s): %s "
+      .. "(ranks and nodes in the table above)", audit.link_text(topo, "inter"), audit.link_text(topo, "intra"),
+      table.concat(crossing, ", "))
   end
   -- Padding-heavy sharding and empty shards.
   local W = p.layout.W
@@ -792,10 +867,10 @@ function audit.schedule_md(p, fp)
   w("|---|---|")
   w("| model | %s |", model_text(p))
   w("| tokens | %s |", settings_lines(p, s))
-  w("| GPU | %g GB, %g TFLOPS dense, every FLOP executed at %.0f%% of it (topology.mfu, assumed); HBM %g GB/s; "
-    .. "NVLink %g GB/s within %d GPUs per node, network %g GB/s |",
-    s.gpu_memory_GB, s.gpu_TFLOPS, 100 * s.mfu, s.hbm_GBps, topo.intra_node_GBps, topo.gpus_per_node,
-    topo.inter_node_GBps)
+  w("| GPU | %s: %g GB, %g TFLOPS dense, every FLOP executed at %.0f%% of it (topology.mfu, assumed); HBM %g GB/s; "
+    .. "%d GPUs per node, NVLink %s; network %s |", audit.preset_name(topo),
+    s.gpu_memory_GB, s.gpu_TFLOPS, 100 * s.mfu, s.hbm_GBps, topo.gpus_per_node, audit.link_text(topo, "intra"),
+    audit.link_text(topo, "inter"))
   local nodes = (p.world_size + topo.gpus_per_node - 1) // topo.gpus_per_node
   w("| world | %s ranks on %s node(s); mesh %s; reduce %s |", commas(p.world_size), commas(nodes), mesh_text(p),
     p.fsdp.reduce_op)
@@ -831,8 +906,10 @@ function audit.schedule_md(p, fp)
       if (k == "intra") == row.intra then
         local f = p.groups.by_name[row.name]
         local _, nspan = family_facts(p, f)
-        w("| %s | %d | %s | %s | %s | %s | %s | %s | %s |", family_label(f), f.size,
-          row.intra and "intra-node" or string.format("inter-node, %d nodes", nspan),
+        local sh = p.predicted.shape[f.name]
+        w("| %s | %d | %s%s | %s | %s | %s | %s | %s | %s |", family_label(f), f.size,
+          row.intra and "intra-node" or string.format("inter-node, %d nodes x %d GPU%s", nspan, sh.gpus_per_node,
+            sh.gpus_per_node == 1 and "" or "s"), algorithms_text(p.predicted.per_family[f.name]),
           collectives_text(p, f.name, a.recompute[f.name]), human(row.size_bytes), human(row.wire_bytes),
           us_text(row.alone_us), us_text(row.us), us_text(row.exposed_us))
       end
@@ -892,10 +969,7 @@ function audit.schedule_md(p, fp)
   w("- Layouts and op order are PyTorch FSDP2's (fully_shard, torch 2.11): dim-k torch.chunk sharding with")
   w("  zero padding, one fused all-gather per unit, chunk_cat reduce-scatter, HSDP all-reduce after it.")
   w("- Backward prefetches one unit in reverse post-forward order; the root is never resharded after forward.")
-  w("- Collective time: latency %g us x ceil(log2 n) + size x nccl-tests busbw factor / link bandwidth;", topo.latency_us)
-  w("  intra-node %g GB/s when a group fits in one node of %d GPUs, else inter-node %g GB/s. Collectives",
-    topo.intra_node_GBps, topo.gpus_per_node, topo.inter_node_GBps)
-  w("  running at once on the same link class share its bandwidth equally.")
+  audit.md_collective_model(topo, w)
   w("- Compute: FLOPs as torchtitan counts them (6 x params x tokens, attention 12 x layers x heads x head_dim x")
   w("  seq_len per token for Llama, a third forward; generic units 6 x params x tokens) at GPU TFLOPS x MFU;")
   w("  checkpointing adds its recompute to backward. Copies move bytes read plus written at the HBM rate.")

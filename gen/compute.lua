@@ -27,6 +27,7 @@
 -- With tp > 1 (sequence parallel) every term is divided by tp.
 -- Generic units: activations are not modeled (no dims to derive them).
 local util = require("gen.util")
+local hardware = require("gen.hardware")
 
 local compute = {}
 
@@ -35,7 +36,7 @@ local ES = util.DTYPE_BYTES
 -- Defaults, each stated in SCHEDULE.md when used.
 compute.DEFAULTS = {
   local_batch_size = 1, seq_len = 2048, activation_checkpointing = "none", optimizer = "adamw",
-  fp32_master = false, gpu_memory_GB = 80, gpu_TFLOPS = 989, mfu = 0.4, hbm_GBps = 3000,
+  fp32_master = false, mfu = 0.4,
 }
 
 -- The audit's inputs: plan.training and plan.topology with defaults.
@@ -52,10 +53,12 @@ function compute.settings(p)
   pick("activation_checkpointing", tr.activation_checkpointing)
   pick("optimizer", tr.optimizer)
   pick("fp32_master", tr.fp32_master)
-  pick("gpu_memory_GB", topo.gpu_memory_GB)
-  pick("gpu_TFLOPS", topo.gpu_TFLOPS)
+  -- the GPU's figures default to its preset's (gen/hardware.lua)
+  for _, key in ipairs({ "gpu_memory_GB", "gpu_TFLOPS", "hbm_GBps" }) do
+    pick(key, topo[key] == nil and hardware.gpu_default(topo, key) or topo[key])
+    defaulted[key] = topo[key] == nil or nil
+  end
   pick("mfu", topo.mfu)
-  pick("hbm_GBps", topo.hbm_GBps)
   s.defaulted = defaulted
   s.tokens = s.local_batch_size * s.seq_len
   s.flops_per_us = s.gpu_TFLOPS * 1e6 * s.mfu

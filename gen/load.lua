@@ -55,6 +55,15 @@ local SCHEMA = {
   },
   topology = {
     gpus_per_node = { "int", min = 1, max = LIM.world },
+    -- the hardware (gen/hardware.lua): GPU figures and the node's network, each overridable below
+    preset = { "enum", enum = { "h100", "h200", "b200", "a100" } },
+    -- how collectives are priced: "nccl" (gen/nccl_model.lua, NCCL's own tuning model) or
+    -- "alpha_beta" (one bandwidth inside a node, one across, a latency per log2 step)
+    collectives = { "enum", enum = { "nccl", "alpha_beta" } },
+    nics_per_node = { "int", min = 1, max = 64 }, nic_Gbps = { "num", gt = 0, max = 1e6 },
+    nvlink_GBps = { "num", gt = 0, max = 1e6 }, nvlinks = { "int", min = 1, max = 64 }, nvls = { "bool" },
+    pci_GBps = { "num", gt = 0, max = 1e6 }, net_latency_us = { "num", min = 0, max = 1e6 }, sharp = { "bool" },
+    -- collectives = "alpha_beta" only
     intra_node_GBps = { "num", gt = 0, max = 1e6 }, inter_node_GBps = { "num", gt = 0, max = 1e6 },
     latency_us = { "num", min = 0, max = 1e6 },
     -- audit only (gen/compute.lua): the GPU's memory, peak dense rate, MFU and HBM rate
@@ -429,10 +438,32 @@ function load_plan.normalize(ctx, raw)
   local t = plan.topology
   ctx.nodes_given = t.gpus_per_node ~= nil
   t.gpus_per_node = t.gpus_per_node or 8
-  t.intra_node_GBps = t.intra_node_GBps or 360   -- NVLink4 busbw seen by nccl-tests on H100 SXM
-  t.inter_node_GBps = t.inter_node_GBps or 45    -- 400 Gb/s NIC per GPU, ~90% efficiency
-  t.latency_us = t.latency_us or 10
+  t.preset = t.preset or "h100"
+  t.collectives = t.collectives or "nccl"
+  load_plan.check_cost_fields(ctx, t)
+  if t.collectives == "alpha_beta" then
+    t.intra_node_GBps = t.intra_node_GBps or 360   -- NVLink4 busbw seen by nccl-tests on H100 SXM
+    t.inter_node_GBps = t.inter_node_GBps or 45    -- 400 Gb/s NIC per GPU, ~90% efficiency
+    t.latency_us = t.latency_us or 10
+  end
   return plan
+end
+
+-- Each cost model reads its own fields: a field of the other one would be
+-- silently ignored, so it is refused.
+local ALPHA_BETA_ONLY = { "intra_node_GBps", "inter_node_GBps", "latency_us" }
+local NCCL_ONLY = { "nics_per_node", "nic_Gbps", "nvlink_GBps", "nvlinks", "nvls", "pci_GBps", "net_latency_us", "sharp" }
+function load_plan.check_cost_fields(ctx, t)
+  local wrong = t.collectives == "nccl" and ALPHA_BETA_ONLY or NCCL_ONLY
+  for _, k in ipairs(wrong) do
+    if t[k] ~= nil then
+      util.field_error(ctx, "topology." .. k, string.format(
+        "applies to topology.collectives = \"%s\" only, and this plan prices collectives with \"%s\"%s; "
+        .. "remove %s or set collectives = \"%s\"", t.collectives == "nccl" and "alpha_beta" or "nccl",
+        t.collectives, t.collectives == "nccl" and " (the default)" or "", k,
+        t.collectives == "nccl" and "alpha_beta" or "nccl"), k)
+    end
+  end
 end
 
 -- Ranks fill nodes in order (rank // gpus_per_node is the node, as torchrun

@@ -303,7 +303,12 @@ local function random_plan()
     if R(3) == 1 then t.fsdp.param_dtype = pick({ "bf16", "fp16", "fp32" }) end
     if R(3) == 1 then t.fsdp.reduce_dtype = pick({ "bf16", "fp16", "fp32" }) end
   end
-  if R(5) == 1 then t.topology = { gpus_per_node = pick({ 1, 2, 8 }), latency_us = pick({ 0, 5, 10.5 }) } end
+  if R(5) == 1 then
+    t.topology = R(2) == 1 and { gpus_per_node = pick({ 1, 2, 8 }), collectives = "alpha_beta",
+                                 latency_us = pick({ 0, 5, 10.5 }) }
+      or { gpus_per_node = pick({ 1, 2, 8 }), preset = pick({ "h100", "h200", "b200", "a100" }),
+           nics_per_node = pick({ 1, 4, 8 }), nvls = R(2) == 1, sharp = R(2) == 1 }
+  end
   return "return " .. lua_value(t) .. "\n"
 end
 

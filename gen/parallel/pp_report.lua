@@ -21,6 +21,8 @@ local compute = require("gen.compute")
 local stages_mod = require("gen.parallel.pp_stages")
 local sched_mod = require("gen.parallel.pp_schedule")
 local pp_audit = require("gen.parallel.pp_audit")
+local cost = require("gen.cost")
+local hardware = require("gen.hardware")
 
 local report = {}
 
@@ -29,6 +31,17 @@ report.SCHEDULES = { "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "Interleav
 
 -- torchtitan's module names -> commplan's llama units (gen/models/llama.lua).
 local UNIT_OF = { tok_embeddings = "tok_embeddings", norm = "norm_output", lm_head = "norm_output" }
+
+-- How an activation travels between stages, in words (gen/cost.lua's p2p_us).
+local function p2p_text(topo, world)
+  if world <= topo.gpus_per_node then return "over NVLink, inside one node" end
+  if topo.collectives == "alpha_beta" then
+    return string.format("at %g GB/s + %g us", topo.inter_node_GBps, topo.latency_us)
+  end
+  local net = hardware.network(topo)
+  return string.format("over one %g Gb/s NIC (NCCL ring/Simple latency + bytes at min(NIC, PCIe %g GB/s))",
+    net.nic_Gbps, net.pci_GBps)
+end
 
 local function human_us(us)
   if us >= 1e6 then return string.format("%.2f s", us / 1e6) end
@@ -119,7 +132,9 @@ local function evaluate(p, loaded, pp, n, name)
     -- default with TP) leaves each TP rank its shard of the sequence
     local sp = p.dims.tp > 1 and loaded.parallel.sequence_parallel ~= false
     local act = mb_tokens * p.model_config.dim * util.DTYPE_BYTES[p.layout.units[1].ag_dtype] / (sp and p.dims.tp or 1)
-    local p2p = topo.latency_us + act / (topo.inter_node_GBps * 1e3)
+    -- pp is the mesh's outermost dim: a stage's peer is a whole stage mesh
+    -- away, on the same node only when the whole job fits in one
+    local p2p = cost.p2p_us(act, p.world_size * pp <= topo.gpus_per_node, topo)
     local sim = pp_audit.simulate(sched, function(stage, ty) return costs[stage][ty] end,
       function() return p2p end, function(stage) return costs[stage].reduce_us end,
       function(stage) return costs[stage].saved end)
@@ -267,7 +282,7 @@ function report.text(loaded)
     loaded.name, loaded.world_size, pp, p.world_size, table.concat(p.mesh.names, " x "), n,
     per_mb == math.floor(per_mb) and string.format("%d", per_mb) or string.format("%.1f", per_mb))
   w("each stage's FSDP as torchtitan applies it under PP (no reshard after forward; gradients reduced once, after "
-    .. "the last microbatch); activations sent at %g GB/s + %g us", p.topology.inter_node_GBps, p.topology.latency_us)
+    .. "the last microbatch); activations sent point to point %s", p2p_text(p.topology, p.world_size * pp))
   w("")
   w("%-22s %6s %5s %8s %12s %12s %26s %9s %22s", "schedule", "stages", "/rank", "bubble", "step", "busy/rank",
     "activations in flight", "p2p/rank", "memory (worst rank)")

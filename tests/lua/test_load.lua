@@ -197,8 +197,8 @@ function T.numbers_are_bounded()
   -- 2^2 is the float 4.0: exactly an integer, accepted.
   H.eq(require("gen.plan").from_source(top("world_size = 2^2,"), "plans/t.lua").world_size, 4, "2^2")
   for _, v in ipairs({ "0/0", "math.huge", "-1", "0", "1e6+1" }) do
-    fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, topology = { intra_node_GBps = " .. v .. " }"),
-      "topology.intra_node_GBps")
+    fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, topology = { collectives = \"alpha_beta\", intra_node_GBps = "
+      .. v .. " }"), "topology.intra_node_GBps")
   end
   fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, fsdp = { micro_steps = (1 << 17) + 1 }"), "fsdp.micro_steps",
     "131072 (2^17)", "units x micro-steps")
@@ -354,6 +354,25 @@ function T.errors_always_have_a_line()
   fails("error(nil)", "plans/t.lua:1: plan:")
   fails("error('x', 0)\nreturn {}", "plans/t.lua:1: plan: x")
   fails("\n\nreturn nil", "plans/t.lua:3: plan:", "must return a table")
+end
+
+-- Each collective cost model reads its own topology fields; the other's are
+-- refused, naming the field, its line and both fixes.
+function T.cost_model_fields_belong_to_their_model()
+  local function with(topo) return OK:gsub("dp_shard = %-1 }", "dp_shard = -1 },\n  topology = " .. topo) end
+  fails(with("{ latency_us = 5 }"), "plans/t.lua:4: topology.latency_us:",
+    "applies to topology.collectives = \"alpha_beta\" only", "(the default)", "set collectives = \"alpha_beta\"")
+  fails(with("{ collectives = \"alpha_beta\", nics_per_node = 4 }"), "plans/t.lua:4: topology.nics_per_node:",
+    "applies to topology.collectives = \"nccl\" only", "remove nics_per_node or set collectives = \"nccl\"")
+  fails(with("{ preset = \"h300\" }"), "topology.preset")
+  local p = require("gen.plan").from_source(with("{ preset = \"b200\", nics_per_node = 4, sharp = true }"), "plans/t.lua")
+  H.eq(p.topology.collectives, "nccl", "default model")
+  local net = require("gen.hardware").network(p.topology)
+  H.eq(net.nics_per_node, 4, "override")
+  H.eq(net.collnet, true, "sharp is NCCL's collnet")
+  H.eq(net.nic_Gbps, 800, "the preset's own NICs")
+  local ab = require("gen.plan").from_source(with("{ collectives = \"alpha_beta\" }"), "plans/t.lua")
+  H.eq(ab.topology.inter_node_GBps, 45, "alpha-beta defaults")
 end
 
 return T

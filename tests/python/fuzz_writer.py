@@ -56,8 +56,11 @@ SECTIONS = {
                                                   "ulysses_degree", "dp")}, sequence_parallel=(True, False)),
     "fsdp": {"reshard_after_forward": (True, False), "micro_steps": (1, 2, 4), "reduce_op": ("avg", "sum"),
              "param_dtype": DT, "reduce_dtype": DT},
-    "topology": dict({"gpus_per_node": (1, 4, 8)}, **{k: (0.4, 1, 45, 360.0, 3000) for k in (
-        "intra_node_GBps", "inter_node_GBps", "latency_us", "gpu_memory_GB", "gpu_TFLOPS", "mfu", "hbm_GBps")}),
+    "topology": dict({"gpus_per_node": (1, 4, 8), "nics_per_node": (1, 4, 8), "nvlinks": (12, 18),
+                      "nvls": (True, False), "sharp": (True, False), "preset": ("h100", "h200", "b200", "a100"),
+                      "collectives": ("nccl", "alpha_beta")}, **{k: (0.4, 1, 45, 360.0, 3000) for k in (
+        "intra_node_GBps", "inter_node_GBps", "latency_us", "gpu_memory_GB", "gpu_TFLOPS", "mfu", "hbm_GBps",
+        "nic_Gbps", "nvlink_GBps", "pci_GBps", "net_latency_us")}),
     "training": {"activation_checkpointing": ("none", "full", "selective"), "optimizer": ("adamw", "sgd", "none"),
                  "fp32_master": (True, False), "local_batch_size": (1, 2, 8)},
 }

@@ -1,0 +1,66 @@
+-- Hardware presets a plan names in topology.preset (issue 21): the GPU
+-- (memory, dense rate, HBM rate) and the node's network (NVLink, NVLS,
+-- NICs), and the topology every stage reads, resolved from the preset and
+-- the plan's overrides. Pure functions; the network figures and their
+-- sources are gen/nccl_model.lua's PRESETS.
+local nccl_model = require("gen.nccl_model")
+
+local hardware = {}
+
+-- GPU figures per preset. gpu_TFLOPS: dense BF16 tensor-core peak;
+-- hbm_GBps: what a copy kernel reaches, ~90% of the datasheet's peak (the
+-- H100's 3000 of 3350 GB/s, measured by bench/ in an earlier session; the
+-- others scaled by the same fraction).
+--   H100 SXM: 80 GB HBM3, 989 TFLOPS, 3.35 TB/s (NVIDIA H100 datasheet)
+--   H200 SXM: 141 GB HBM3e, 989 TFLOPS, 4.8 TB/s (NVIDIA H200 datasheet)
+--   B200 (HGX B200): 180 GB HBM3e, 2,250 TFLOPS dense, 7.7 TB/s (NVIDIA HGX B200 datasheet, per GPU)
+--   A100 SXM 80GB: 80 GB HBM2e, 312 TFLOPS, 2.04 TB/s (NVIDIA A100 datasheet)
+hardware.GPUS = {
+  h100 = { gpu_memory_GB = 80, gpu_TFLOPS = 989, hbm_GBps = 3000 },
+  h200 = { gpu_memory_GB = 141, gpu_TFLOPS = 989, hbm_GBps = 4300 },
+  b200 = { gpu_memory_GB = 180, gpu_TFLOPS = 2250, hbm_GBps = 6900 },
+  a100 = { gpu_memory_GB = 80, gpu_TFLOPS = 312, hbm_GBps = 1830 },
+}
+
+hardware.PRESET_NAMES = { "h100", "h200", "b200", "a100" }
+hardware.DEFAULT_PRESET = "h100"
+
+-- The plan's topology fields that override a network figure of the preset
+-- (plan field -> gen/nccl_model.lua's field). sharp: in-network reduction
+-- (NCCL's CollNet enabled), which lets NVLS run across nodes.
+hardware.NETWORK_FIELDS = {
+  nics_per_node = "nics_per_node", nic_Gbps = "nic_Gbps", nvlink_GBps = "nvlink_GBps", nvlinks = "nvlinks",
+  nvls = "nvls", pci_GBps = "pci_GBps", net_latency_us = "net_latency_us", sharp = "collnet",
+}
+-- Printed in this order (SCHEDULE.md's assumptions, plan.json's topology).
+hardware.NETWORK_ORDER = { "nvlink_GBps", "nvlinks", "nvls", "nics_per_node", "nic_Gbps", "pci_GBps",
+                           "net_latency_us", "sharp" }
+
+-- The GPU figure `key` for a topology: the plan's own value, else the preset's.
+function hardware.gpu_default(topo, key)
+  return hardware.GPUS[topo.preset or hardware.DEFAULT_PRESET][key]
+end
+
+-- The network gen/nccl_model.lua prices collectives on: the preset with the
+-- plan's overrides.
+function hardware.network(topo)
+  local over = {}
+  for field, model_field in pairs(hardware.NETWORK_FIELDS) do
+    if topo[field] ~= nil then over[model_field] = topo[field] end
+  end
+  return nccl_model.topology(topo.preset or hardware.DEFAULT_PRESET, over)
+end
+
+-- The network's figures in the plan's own field names, overrides applied.
+function hardware.network_fields(topo)
+  local net = hardware.network(topo)
+  local out = {}
+  for _, field in ipairs(hardware.NETWORK_ORDER) do
+    local v = net[hardware.NETWORK_FIELDS[field]]
+    if v == nil and field == "sharp" then v = false end
+    out[field] = v
+  end
+  return out, net
+end
+
+return hardware
