@@ -17,7 +17,10 @@ local cal = {}
 cal.ALPHA_BETA = { gpus_per_node = 8, collectives = "alpha_beta", intra_node_GBps = 360, inter_node_GBps = 45,
                    latency_us = 10 }
 
-local DTYPE = { bfloat16 = "bf16", float16 = "fp16", float32 = "fp32", bf16 = "bf16", fp16 = "fp16", fp32 = "fp32" }
+-- float64 rows are priced as fp32 of the same bytes: NCCL treats both alike (NVLS reduces either,
+-- device.h ncclNvlsSupported), and plans have no float64.
+local DTYPE = { bfloat16 = "bf16", float16 = "fp16", float32 = "fp32", bf16 = "bf16", fp16 = "fp16", fp32 = "fp32",
+                float64 = "fp32" }
 local ES = { bf16 = 2, fp16 = 2, fp32 = 4 }
 
 function cal.read(path)
@@ -81,6 +84,12 @@ end
 local function human(b)
   if b >= 1 << 30 and b % (1 << 30) == 0 then return string.format("%d GiB", b >> 30) end
   if b >= 1 << 20 and b % (1 << 20) == 0 then return string.format("%d MiB", b >> 20) end
+  -- nccl-tests rounds a size to whole elements per rank: 1073740800 is "~1 GiB"
+  if b >= 1 << 20 then
+    local mib = b / (1 << 20)
+    return mib >= 1024 and string.format("~%g GiB", math.floor(mib / 1024 + 0.5))
+      or string.format("~%g MiB", math.floor(mib + 0.5))
+  end
   if b >= 1e6 and b % 1e6 == 0 then return string.format("%g MB", b / 1e6) end
   return tostring(b)
 end
@@ -88,15 +97,16 @@ end
 function cal.table(rows, preset)
   local out = {
     "| collective | nodes x GPUs | size | published us (busbw) | before us (busbw) | before ratio"
-      .. " | after us (busbw) | after algo/proto | after ratio |",
-    "|---|---|---|---|---|---|---|---|---|",
+      .. " | after us (busbw) | after algo/proto | after ratio | held | source |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
   }
   for _, r in ipairs(rows) do
     local b = cal.before(r)
     local a = cal.after(r, preset)
-    out[#out + 1] = string.format("| %s | %d x %d | %s | %.1f (%.0f) | %.1f (%.0f) | %.2f | %.1f (%.0f) | %s/%s | %.2f |",
-      r.collective, r.nodes, r.gpus_per_node, human(r.bytes), r.time_us, cal.busbw(r, r.time_us),
-      b, cal.busbw(r, b), b / r.time_us, a.us, a.busbw_GBps, a.algorithm, a.protocol, a.us / r.time_us)
+    out[#out + 1] = string.format("| %s | %d x %d | %s | %.1f (%.0f) | %.1f (%.0f) | %.2f | %.1f (%.0f) | %s/%s | %.2f "
+      .. "| %s | %s |", r.collective, r.nodes, r.gpus_per_node, human(r.bytes), r.time_us, cal.busbw(r, r.time_us),
+      b, cal.busbw(r, b), b / r.time_us, a.us, a.busbw_GBps, a.algorithm, a.protocol, a.us / r.time_us,
+      r.held == "yes" and "yes" or "no", (r.source or ""):match("^%S+") or "")
   end
   return table.concat(out, "\n")
 end

@@ -140,6 +140,7 @@ function advisor.rank(loaded, opts)
           if t > 1 and loaded.parallel.loss_parallel ~= nil then
             cand.parallel.loss_parallel = loaded.parallel.loss_parallel
           end
+          if t > 1 and loaded.parallel.async_tp ~= nil then cand.parallel.async_tp = loaded.parallel.async_tp end
           cand.training = copy(loaded.training)
           cand.training.local_batch_size = global // dp
           local ok, p = pcall(plan_mod.from_loaded, cand)

@@ -793,7 +793,8 @@ local function mesh_text(p)
   local parts = {}
   for i, n in ipairs(p.mesh.names) do parts[#parts + 1] = n .. "=" .. p.mesh.sizes[i] end
   local d = p.dims
-  local kind = d.tp > 1 and "FSDP + TP" or (d.dp_replicate > 1 and d.dp_shard > 1 and "HSDP")
+  local tp_kind = p.parallel and p.parallel.async_tp and "FSDP + async TP" or "FSDP + TP"
+  local kind = d.tp > 1 and tp_kind or (d.dp_replicate > 1 and d.dp_shard > 1 and "HSDP")
     or (d.dp_shard > 1 and "FSDP") or (d.dp_replicate > 1 and "replicate only") or "one rank"
   return table.concat(parts, " x ") .. " (" .. kind .. ")"
 end

@@ -39,6 +39,9 @@ local SCHEMA = {
     -- with tp > 1: activations between blocks sharded on the sequence (torchtitan's default)
     sequence_parallel = { "bool" },
     loss_parallel = { "bool" }, -- torchtitan's default with TP (parallelism.disable_loss_parallel = false)
+    -- torchtitan's parallelism.enable_async_tensor_parallel: each sequence-parallel all-gather and
+    -- reduce-scatter fused with the matmul it feeds or follows (torch's micro-pipeline TP)
+    async_tp = { "bool" },
   },
   fsdp = {
     reshard_after_forward = { "bool" },

@@ -35,12 +35,13 @@ function timeline.build(p, s, per_unit, opts)
   -- Full checkpointing re-runs each layer's forward in its backward, TP's
   -- activation collectives (on the compute stream) included: each runs
   -- again inside its unit's backward op, at its forward op's cost.
+  local tp = p.dims and p.dims.tp or 1
   local recompute_tp = {} -- unit -> micro-step -> { us, list }
   for _, o in ipairs(timeline.recomputed(p, s)) do
     local by_micro = recompute_tp[o.unit] or {}
     recompute_tp[o.unit] = by_micro
     local acc = by_micro[o.micro_step] or { us = 0, list = {} }
-    acc.us = acc.us + (o.predicted_us or 0)
+    acc.us = acc.us + timeline.exposed_tp_us(o, s, tp)
     acc.list[#acc.list + 1] = o
     by_micro[o.micro_step] = acc
   end
@@ -48,7 +49,7 @@ function timeline.build(p, s, per_unit, opts)
   for _, o in ipairs(ops) do
     local r = { seq = o.seq, stream = o.stream }
     if o.group then
-      r.work = o.predicted_us or 0
+      r.work = timeline.exposed_tp_us(o, s, tp)
       r.link = o.intra_node and "intra" or "inter"
     else
       r.fixed = compute.op_us(p, s, per_unit, o, opts.extra_us)
@@ -293,6 +294,20 @@ end
 -- not repeated: the backward's own unshard serves the recompute), of the
 -- units it wraps (compute.checkpointed: torchtitan's transformer blocks;
 -- the embedding's, the output's and loss_parallel's collectives run once).
+-- A collective's time on its stream. Under async TP (parallel.async_tp) a
+-- TP collective fused with its matmul (o.mm_flops, gen/parallel/tp_acts.lua)
+-- runs as torch's micro-pipeline splits it: tp chunks, each chunk's
+-- transfer overlapping another chunk's matmul, so the pair takes
+-- max(comm, matmul) + min(comm, matmul) / tp (one chunk of the shorter
+-- not hidden); the matmul is already in the unit's compute, so the
+-- collective adds the rest.
+function timeline.exposed_tp_us(o, s, tp)
+  local c = o.predicted_us or 0
+  if not o.mm_flops or tp <= 1 then return c end
+  local m = o.mm_flops / s.flops_per_us
+  return math.max(c - m, 0) + math.min(c, m) / tp
+end
+
 function timeline.recomputed(p, s)
   local out = {}
   if s.activation_checkpointing ~= "full" then return out end

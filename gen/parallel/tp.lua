@@ -162,6 +162,14 @@ function tp.rules(ctx, d, p)
       and "tp=1: there is no TP group to shard the sequence over; remove sequence_parallel or set tp"
       or "a generic model declares no activations (only the llama family's TP collectives are modelled); remove it")
   end
+  if p.parallel.async_tp and (d.tp == 1 or not llama or p.parallel.sequence_parallel == false) then
+    util.field_error(ctx, "parallel.async_tp", d.tp == 1
+      and "tp=1: there is no TP collective to overlap; remove async_tp or set tp"
+      or not llama and "a generic model declares no matmuls (only the llama family's TP collectives are modelled); "
+        .. "remove it"
+      or "async TP fuses sequence parallelism's all-gathers and reduce-scatters with their matmuls, and "
+        .. "sequence_parallel = false leaves only all-reduces; remove async_tp or sequence_parallel = false")
+  end
   if p.parallel.loss_parallel ~= nil and (d.tp == 1 or not llama) then
     util.field_error(ctx, "parallel.loss_parallel", d.tp == 1
       and "tp=1: there is no TP group to shard the logits over; remove loss_parallel or set tp"
@@ -201,7 +209,8 @@ function tp.on_layout(ctx, lay, units, d, p, cfg)
     tp_acts.llama(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
                                         seq_len = p.model.seq_len,
                                         sequence_parallel = p.parallel.sequence_parallel,
-                                        loss_parallel = p.parallel.loss_parallel })
+                                        loss_parallel = p.parallel.loss_parallel,
+                                        async_tp = p.parallel.async_tp })
   end
   return lay
 end
@@ -220,7 +229,7 @@ function tp.unit_ops(out, u, m, at)
     if a.phase == phase and (a.reducing_only or false) == reduce then
       out[#out + 1] = { kind = a.kind, unit = u.index, micro_step = m, phase = phase, group = "tp", dtype = a.dtype,
                         count = a.count, reduce_op = a.kind ~= "tp_all_gather" and (a.reduce_op or "sum") or nil,
-                        what = a.what, loss = a.loss }
+                        what = a.what, loss = a.loss, mm_flops = a.mm_flops }
     end
   end
 end

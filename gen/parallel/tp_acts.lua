@@ -48,10 +48,22 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
   local loss_parallel = opts.loss_parallel ~= false
   local full = b * seq * cfg.dim          -- one activation, every token
   local shard = full // T                 -- one sequence shard (seq % tp == 0: gen/dims checks)
+  -- Async TP (parallel.async_tp): the forward FLOPs per rank of the matmuls
+  -- each sequence-parallel collective is fused with (torch's
+  -- fused_all_gather_matmul / fused_matmul_reduce_scatter), in forward and
+  -- in its backward mirror (dX = dY W^T: the same FLOPs).
+  local mm
+  if opts.async_tp and sp then
+    local tokens, d, kv = b * seq, cfg.dim, cfg.n_kv_heads * cfg.head_dim
+    local function flops(out_dim, in_dim) return 2 * tokens * in_dim * out_dim // T end
+    mm = { qkv = flops(d + 2 * kv, d), wo = flops(d, d), w13 = flops(2 * cfg.hidden, d), w2 = flops(d, cfg.hidden),
+           output = flops(cfg.vocab_size, d) }
+  end
   for _, u in ipairs(lay.units) do
     local acts = {}
-    local function add(kind, phase, count, what)
-      acts[#acts + 1] = { kind = kind, phase = phase, count = count, dtype = u.ag_dtype, what = what }
+    local function add(kind, phase, count, what, fused)
+      acts[#acts + 1] = { kind = kind, phase = phase, count = count, dtype = u.ag_dtype, what = what,
+                          mm_flops = mm and fused and mm[fused] }
     end
     if has(u, "tok_embeddings.weight") then
       if sp then
@@ -63,14 +75,14 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
     end
     if has(u, "attention.wq.weight") then
       if sp then
-        add("tp_all_gather", "forward", shard, "attention input sequence")
-        add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards")
-        add("tp_all_gather", "forward", shard, "feed-forward input sequence")
-        add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards")
-        add("tp_all_gather", "backward", shard, "w2 output gradient")
-        add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient")
-        add("tp_all_gather", "backward", shard, "wo output gradient")
-        add("tp_reduce_scatter", "backward", shard, "attention input gradient")
+        add("tp_all_gather", "forward", shard, "attention input sequence", "qkv")
+        add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards", "wo")
+        add("tp_all_gather", "forward", shard, "feed-forward input sequence", "w13")
+        add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards", "w2")
+        add("tp_all_gather", "backward", shard, "w2 output gradient", "w2")
+        add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient", "w13")
+        add("tp_all_gather", "backward", shard, "wo output gradient", "wo")
+        add("tp_reduce_scatter", "backward", shard, "attention input gradient", "qkv")
       else
         add("tp_all_reduce", "forward", full, "wo output partial sums")
         add("tp_all_reduce", "forward", full, "w2 output partial sums")
@@ -80,8 +92,8 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
     end
     if has(u, "output.weight") then
       if sp then
-        add("tp_all_gather", "forward", shard, "output input sequence")
-        add("tp_reduce_scatter", "backward", shard, "output input gradient")
+        add("tp_all_gather", "forward", shard, "output input sequence", "output")
+        add("tp_reduce_scatter", "backward", shard, "output input gradient", "output")
       else
         add("tp_all_reduce", "backward", full, "output input gradient")
       end

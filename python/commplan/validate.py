@@ -43,7 +43,7 @@ class Spec:
 SECTIONS = {
     "parallel": dict({k: Spec("int") for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp",
                                                 "ulysses_degree", "dp")},
-                     sequence_parallel=Spec("bool"), loss_parallel=Spec("bool")),
+                     sequence_parallel=Spec("bool"), loss_parallel=Spec("bool"), async_tp=Spec("bool")),
     "fsdp": {
         "reshard_after_forward": Spec("bool"),
         "micro_steps": Spec("int"),

@@ -15,29 +15,58 @@ local T = {}
 local TOL = 0.25
 local MIN_BYTES = 1 << 20
 
--- Rows >= 1 MiB the model cannot meet, each still asserted to miss (so a
--- better model, or a better row, must shrink this list) and to miss on the
--- fast side. The mid-size rows (1-16 MiB) NCCL's own time misses by ~30%
--- are met by the pipeline fill (gen/nccl_model.lua PIPELINE_FILL).
---   32 x 8 all_gather: the published run (nccl issue 1218) is a report of
---   under-performance: NCCL_MIN/MAX_NCHANNELS=16 forced, one iteration
---   (-n 1 -c 0) on RoCE; its 200 GB/s is not what the default NCCL reaches.
+-- Rows held to the tolerance (column `held` = yes: H100 SXM over NVLink and
+-- InfiniBand, NCCL choosing freely) that the model cannot meet, each still
+-- asserted to miss (so a better model must shrink this list), keyed by
+-- collective, shape, bytes and the source's repository. The mid-size rows
+-- NCCL's own time misses by ~30% are met by the pipeline fill
+-- (gen/nccl_model.lua PIPELINE_FILL).
 local KNOWN_MISSES = {
-  ["all_gather 32x8 2147483648"] = "nccl issue 1218 is an under-performance report (16 forced channels, -n 1)",
+  -- nccl-tests with one process driving all 8 GPUs (-g 8): every collective up to 1 MiB takes ~41 us
+  -- there (all_reduce, all_gather and reduce_scatter alike), launch-bound; the model's ring/LL
+  -- all_gather and reduce_scatter need 25 us.
+  ["all_gather 1x8 1048576 togethercomputer/together-nccl-tests"] = "one process drives 8 GPUs: launch-bound",
+  ["reduce_scatter 1x8 1048576 togethercomputer/together-nccl-tests"] = "one process drives 8 GPUs: launch-bound",
+  -- NCCL's model picks ring/LL128 for 16 MiB all_gather / reduce_scatter on one node; the run is ~30%
+  -- faster than that algorithm can be (NVLS's all_gather / reduce_scatter, or a later NCCL's tuning).
+  ["all_gather 1x8 16777216 togethercomputer/together-nccl-tests"] = "16 MiB: faster than ring/LL128",
+  ["reduce_scatter 1x8 16777216 togethercomputer/together-nccl-tests"] = "16 MiB: faster than ring/LL128",
+  -- A 10-node cluster whose fabric is not stated: at 32-128 MiB NVLSTree / LL128 reach less than
+  -- the model's asymptotic bandwidth plus fill.
+  ["all_reduce 10x8 33554432 xxrjun/nccl-tests-cluster"] = "fabric not stated; mid size",
+  ["reduce_scatter 10x8 134216960 xxrjun/nccl-tests-cluster"] = "fabric not stated; mid size",
 }
 
-local function key(r) return string.format("%s %dx%d %d", r.collective, r.nodes, r.gpus_per_node, r.bytes) end
+local function key(r)
+  return string.format("%s %dx%d %d %s", r.collective, r.nodes, r.gpus_per_node, r.bytes, r.source:match("^%S+"))
+end
 local function rows() return cal.read("bench/calibration/h100_nccl.tsv") end
 
 function T.calibration_rows_within_tolerance()
-  local bad = {}
+  local bad, held = {}, 0
   for _, r in ipairs(rows()) do
-    if r.bytes >= MIN_BYTES and not KNOWN_MISSES[key(r)] then
+    if r.bytes >= MIN_BYTES and r.held == "yes" and not KNOWN_MISSES[key(r)] then
+      held = held + 1
       local ratio = cal.after(r, "h100").us / r.time_us
       if math.abs(ratio - 1) > TOL then bad[#bad + 1] = string.format("%s ratio %.2f", key(r), ratio) end
     end
   end
   assert(#bad == 0, "outside +-25%: " .. table.concat(bad, "; "))
+  assert(held >= 30, "rows held to the tolerance: " .. held)
+end
+
+function T.known_misses_still_miss_and_exist()
+  local seen = {}
+  for _, r in ipairs(rows()) do
+    local k = key(r)
+    if KNOWN_MISSES[k] then
+      assert(r.held == "yes", k .. " is not held to the tolerance: drop it from KNOWN_MISSES")
+      seen[k] = true
+      local ratio = cal.after(r, "h100").us / r.time_us
+      assert(math.abs(ratio - 1) > TOL, k .. " now within tolerance (" .. ratio .. "): drop it from KNOWN_MISSES")
+    end
+  end
+  for k in pairs(KNOWN_MISSES) do assert(seen[k], "KNOWN_MISSES names no calibration row: " .. k) end
 end
 
 -- What is calibrated is what plans use: every row priced through
@@ -70,17 +99,11 @@ function T.plans_price_collectives_with_the_calibrated_model()
   assert(seen, "the plan has an all-gather")
 end
 
-function T.known_misses_still_miss_and_exist()
-  local seen = {}
+-- Every row says whether it is held to the tolerance, and why not.
+function T.every_row_is_held_or_says_why()
   for _, r in ipairs(rows()) do
-    local k = key(r)
-    if KNOWN_MISSES[k] then
-      seen[k] = true
-      local ratio = cal.after(r, "h100").us / r.time_us
-      assert(ratio < 1 - TOL, k .. " now within tolerance (" .. ratio .. "): drop it from KNOWN_MISSES")
-    end
+    assert(r.held == "yes" or (r.held or ""):match("^no: ..."), key(r) .. ": held = " .. tostring(r.held))
   end
-  for k in pairs(KNOWN_MISSES) do assert(seen[k], "KNOWN_MISSES names no calibration row: " .. k) end
 end
 
 function T.calibration_has_sources()

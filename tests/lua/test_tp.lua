@@ -101,4 +101,57 @@ function T.tp_without_placements_refused()
     .. "{ name = 'w', shape = { 4, 4 } } } } } } }", "parallel.tp", "no parameter has a TP placement")
 end
 
+-- Async TP (parallel.async_tp, torchtitan's enable_async_tensor_parallel):
+-- the same collectives, in the same order (the tables do not change), each
+-- sequence-parallel one carrying the FLOPs of the matmul it is fused with;
+-- the timeline hides the collective behind that matmul but for one chunk.
+function T.async_tp_overlaps_the_matmuls_it_feeds()
+  local src = io.open("plans/llama_tiny_tp.lua"):read("a")
+  local big = src:gsub("dim = 64, n_layers = 2", "dim = 4096, n_layers = 2"):gsub("seq_len = 32", "seq_len = 4096")
+    :gsub("world_size = 8", "world_size = 16"):gsub("tp = 2,", "tp = 8,"):gsub("n_heads = 4, n_kv_heads = 2", "n_heads = 32, n_kv_heads = 8")
+  local sync = plan.from_source(big, "plans/t.lua")
+  local async = plan.from_source(big:gsub("sequence_parallel = true", "sequence_parallel = true, async_tp = true"),
+    "plans/t.lua")
+  H.eq(#async.ops, #sync.ops, "the same ops")
+  local cfg, tokens, T8 = async.model_config, 2 * 4096, 8
+  local want = {
+    ["attention input sequence"] = 2 * tokens * cfg.dim * (cfg.dim + 2 * cfg.n_kv_heads * cfg.head_dim) // T8,
+    ["wo output to sequence shards"] = 2 * tokens * cfg.dim * cfg.dim // T8,
+    ["feed-forward input sequence"] = 2 * tokens * cfg.dim * 2 * cfg.hidden // T8,
+    ["w2 output gradient"] = 2 * tokens * cfg.hidden * cfg.dim // T8,
+    ["output input sequence"] = 2 * tokens * cfg.dim * cfg.vocab_size // T8,
+  }
+  local fused, unfused = 0, 0
+  for i, o in ipairs(async.ops) do
+    local q = sync.ops[i]
+    H.eq(o.kind .. " " .. tostring(o.count), q.kind .. " " .. tostring(q.count), "op " .. i)
+    if o.group == "tp" then
+      if o.mm_flops then
+        fused = fused + 1
+        if want[o.what] then H.eq(o.mm_flops, want[o.what], o.what) end
+      else
+        unfused = unfused + 1
+        assert(o.kind == "tp_all_reduce" or o.what:find("embedding"), "only all-reduces and the embedding's stay: " .. o.what)
+      end
+    end
+  end
+  assert(fused > 0 and unfused > 0, string.format("fused %d, unfused %d", fused, unfused))
+  local figures = require("gen.figures")
+  local fs, fa = figures.of(sync), figures.of(async)
+  if not (fa.step_us < fs.step_us and fa.exposed_us < fs.exposed_us) then
+    error(string.format("async TP: step %.0f us (sync %.0f), exposed %.0f (sync %.0f)", fa.step_us, fs.step_us,
+      fa.exposed_us, fs.exposed_us))
+  end
+  -- the hiding itself: max(c, m) + min(c, m) / tp - m
+  local tl = require("gen.timeline")
+  local s = { flops_per_us = 100 }
+  H.eq(tl.exposed_tp_us({ predicted_us = 50, mm_flops = 100 * 80 }, s, 8), 50 / 8, "comm shorter than its matmul")
+  H.eq(tl.exposed_tp_us({ predicted_us = 80, mm_flops = 100 * 40 }, s, 4), 40 + 40 / 4, "comm longer")
+  H.eq(tl.exposed_tp_us({ predicted_us = 80 }, s, 4), 80, "not fused")
+  -- refused where it would change nothing
+  H.plan_fails(src:gsub("sequence_parallel = true", "sequence_parallel = false, async_tp = true"),
+    "parallel.async_tp", "sequence_parallel = false leaves only all-reduces")
+  H.plan_fails(src:gsub("tp = 2, sequence_parallel = true", "async_tp = true"), "parallel.async_tp", "tp=1")
+end
+
 return T

@@ -53,7 +53,8 @@ def _alarm(signum, frame):
 DT = ("fp32", "bf16", "fp16")
 SECTIONS = {
     "parallel": dict({k: (1, 2, 4, -1) for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp",
-                                                  "ulysses_degree", "dp")}, sequence_parallel=(True, False)),
+                                                  "ulysses_degree", "dp")}, sequence_parallel=(True, False),
+                     async_tp=(True, False)),
     "fsdp": {"reshard_after_forward": (True, False), "micro_steps": (1, 2, 4), "reduce_op": ("avg", "sum"),
              "param_dtype": DT, "reduce_dtype": DT},
     "topology": dict({"gpus_per_node": (1, 4, 8), "nics_per_node": (1, 4, 8), "nvlinks": (12, 18),
