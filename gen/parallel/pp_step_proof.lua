@@ -64,13 +64,6 @@ function M.show(e)
   return s
 end
 
-local function group_key(e)
-  if e.group then return tostring(e.group) end
-  local r = {}
-  for i, x in ipairs(e.ranks) do r[i] = tostring(x) end
-  return table.concat(r, ",")
-end
-
 local function ordinal(k)
   local tail = (k % 100 >= 11 and k % 100 <= 13) and "th" or ({ "st", "nd", "rd" })[k % 10] or "th"
   return k .. tail
@@ -87,6 +80,7 @@ function M.prove(events)
   local pairs_ = {}                    -- "src>dst" -> { sends = {...}, recvs = {...} } (event indices)
   local slot = {}                      -- slot[g][i] = the matching key of event i on rank g
   local n_events, n_batches = 0, 0
+  local checked = {}                   -- ranks list -> { set, key }
   for g = 0, world - 1 do
     slot[g] = {}
     local last_batch
@@ -111,21 +105,28 @@ function M.prove(events)
         if type(e.ranks) ~= "table" or #e.ranks == 0 then
           return nil, fmt("%s: a collective names no group", at(g, i))
         end
-        local mine = false
-        for _, r in ipairs(e.ranks) do
-          if not is_int(r) or r < 0 or r >= world then
-            return nil, fmt("%s: its group holds %s, not a rank in 0..%d", at(g, i), tostring(r), world - 1)
+        local info = checked[e.ranks]  -- a ranks list is checked once, however many events share it
+        if not info then
+          info = { set = {} }
+          local names = {}
+          for n, r in ipairs(e.ranks) do
+            if not is_int(r) or r < 0 or r >= world then
+              return nil, fmt("%s: its group holds %s, not a rank in 0..%d", at(g, i), tostring(r), world - 1)
+            end
+            if info.set[r] then return nil, fmt("%s: its group holds rank %d twice", at(g, i), r) end
+            info.set[r], names[n] = true, tostring(r)
           end
-          if r == g then mine = true end
+          info.key = table.concat(names, ",")
+          checked[e.ranks] = info
         end
-        if not mine then return nil, fmt("%s: its group does not hold rank %d", at(g, i), g) end
-        local k = group_key(e)
+        if not info.set[g] then return nil, fmt("%s: its group does not hold rank %d", at(g, i), g) end
+        local k = e.group ~= nil and tostring(e.group) or info.key
         local grp = groups[k]
         if not grp then
           grp = { key = k, members = e.ranks, by_rank = {}, first = { g, i } }
           groups[k] = grp
           group_order[#group_order + 1] = k
-        elseif table.concat(grp.members, ",") ~= table.concat(e.ranks, ",") then
+        elseif grp.members ~= e.ranks and checked[grp.members].key ~= info.key then
           return nil, fmt("%s and %s name group %s with different ranks", at(grp.first[1], grp.first[2]), at(g, i), k)
         end
         local list = grp.by_rank[g] or {}
@@ -196,9 +197,16 @@ function M.prove(events)
     n_p2p = n_p2p + #p.sends
   end
 
-  -- 3. Blocking run. pc[g]: the first event of rank g's current unit,
-  -- stop[g]: one past its last (a batch spans its consecutive events).
-  local pc, stop, done = {}, {}, {}
+  -- 3. Blocking run, driven by completions: each rank posts its current
+  -- unit (pc[g] .. stop[g] - 1; a batch spans its consecutive events); an
+  -- operation completes when its partner is in the partner's current unit,
+  -- a collective when the last member of its group arrives; a rank whose
+  -- unit completed moves on. Completions only ever enable more, so the
+  -- state where nothing more completes is the same in whatever order the
+  -- ranks are taken (the reason below does not depend on it).
+  local pc, stop, done, remaining = {}, {}, {}, {}
+  local arrived = {}  -- group key -> collective ordinal -> members arrived
+  for _, k in ipairs(group_order) do arrived[k] = {} end
   local function unit_end(g, i)
     local list = events[g + 1]
     local e = list[i]
@@ -209,6 +217,7 @@ function M.prove(events)
     return j
   end
   local function in_unit(g, i) return i >= pc[g] and i < stop[g] end
+  local function finished(g) return pc[g] > #events[g + 1] end
   -- The partner of p2p event i on rank g: its rank and event index.
   local function partner(g, i)
     local s = slot[g][i]
@@ -216,63 +225,47 @@ function M.prove(events)
     if events[g + 1][i].op == "send" then return p.dst, p.recvs[s.n] end
     return p.src, p.sends[s.n]
   end
-  for g = 0, world - 1 do
-    done[g] = {}
-    pc[g] = 1
-    stop[g] = events[g + 1][1] and unit_end(g, 1) or 1
+  local ready, head = {}, 1  -- ranks whose current unit has completed
+  local function complete(g, i)
+    done[g][i] = true
+    remaining[g] = remaining[g] - 1
+    if remaining[g] == 0 then ready[#ready + 1] = g end
   end
-  local function finished(g) return pc[g] > #events[g + 1] end
-  -- What rank g's current unit waits for: the first event of it not done
-  -- and the rank that has not reached that event's partner; nil if ready.
-  local function waits(g)
+  local function post(g)
+    stop[g] = unit_end(g, pc[g])
+    remaining[g] = stop[g] - pc[g]
     for i = pc[g], stop[g] - 1 do
-      if not done[g][i] then
-        local e = events[g + 1][i]
-        if P2P[e.op] then
-          local q, j = partner(g, i)
-          if finished(q) or not in_unit(q, j) then return i, q end
-        else
-          local s = slot[g][i]
-          for _, r in ipairs(groups[s.group].members) do
-            local j = groups[s.group].by_rank[r][s.n]
-            if r ~= g and (finished(r) or not in_unit(r, j)) then return i, r end
-          end
+      if P2P[events[g + 1][i].op] then
+        local q, j = partner(g, i)
+        if in_unit(q, j) then complete(g, i); complete(q, j) end
+      else
+        local s = slot[g][i]
+        local grp, got = groups[s.group], arrived[s.group]
+        got[s.n] = (got[s.n] or 0) + 1
+        if got[s.n] == #grp.members then
+          for _, r in ipairs(grp.members) do complete(r, grp.by_rank[r][s.n]) end
         end
       end
     end
-    return nil
   end
-  local progress = true
-  while progress do
-    progress = false
-    for g = 0, world - 1 do
-      while not finished(g) do
-        -- complete what can meet: every event of the unit whose partners
-        -- (or whose group's members) have reached it
-        for i = pc[g], stop[g] - 1 do
-          if not done[g][i] then
-            local e = events[g + 1][i]
-            if P2P[e.op] then
-              local q, j = partner(g, i)
-              if not finished(q) and in_unit(q, j) then done[g][i], done[q][j] = true, true end
-            else
-              local s, all = slot[g][i], true
-              local grp = groups[s.group]
-              for _, r in ipairs(grp.members) do
-                if finished(r) or not in_unit(r, grp.by_rank[r][s.n]) then all = false; break end
-              end
-              if all then
-                for _, r in ipairs(grp.members) do done[r][grp.by_rank[r][s.n]] = true end
-              end
-            end
-          end
+  for g = 0, world - 1 do done[g], pc[g], stop[g] = {}, 1, 1 end
+  for g = 0, world - 1 do if not finished(g) then post(g) end end
+  while ready[head] do
+    local g = ready[head]
+    head = head + 1
+    pc[g] = stop[g]
+    if not finished(g) then post(g) end
+  end
+  -- What rank g's current unit waits for: its first event not done and a
+  -- rank that has not reached that event's partner (or collective).
+  local function waits(g)
+    for i = pc[g], stop[g] - 1 do
+      if not done[g][i] then
+        if P2P[events[g + 1][i].op] then return i, (partner(g, i)) end
+        local s = slot[g][i]
+        for _, r in ipairs(groups[s.group].members) do
+          if not in_unit(r, groups[s.group].by_rank[r][s.n]) then return i, r end
         end
-        local complete = true
-        for i = pc[g], stop[g] - 1 do if not done[g][i] then complete = false; break end end
-        if not complete then break end
-        pc[g] = stop[g]
-        if not finished(g) then stop[g] = unit_end(g, pc[g]) end
-        progress = true
       end
     end
   end
@@ -287,6 +280,7 @@ function M.prove(events)
     while not seen[g] do
       seen[g] = #path + 1
       local i, q = waits(g)
+      if not q then return nil, fmt("deadlock (one queue per rank): rank %d is stuck at event %d", g, pc[g] - 1) end
       path[#path + 1] = { g = g, i = i, q = q }
       g = q
     end

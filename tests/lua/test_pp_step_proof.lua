@@ -209,6 +209,8 @@ function T.structural_failures()
     "rank 0 event 0 (send to 5 numel 1 fp32): its peer is not a rank in 0..1")
   fails({ { { op = "all_gather", ranks = { 1 }, in_numel = 1, out_numel = 1, dtype = "fp32" } }, {} },
     "rank 0 event 0 (all_gather ranks 1 in 1 out 1 fp32): its group does not hold rank 0")
+  fails({ { { op = "all_gather", ranks = { 0, 0 }, in_numel = 1, out_numel = 2, dtype = "fp32" } } },
+    "rank 0 event 0 (all_gather ranks 0,0 in 1 out 2 fp32): its group holds rank 0 twice")
   fails({ { { op = "all_gather", group = "g", ranks = { 0, 1 }, in_numel = 1, out_numel = 2, dtype = "fp32" } },
           { { op = "all_gather", group = "g", ranks = { 1 }, in_numel = 1, out_numel = 2, dtype = "fp32" } } },
     "rank 0 event 0 (all_gather ranks 0,1 in 1 out 2 fp32) and rank 1 event 0 (all_gather ranks 1 in 1 out 2 fp32) "
