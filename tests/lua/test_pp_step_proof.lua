@@ -88,9 +88,36 @@ function T.passes_every_schedule()
   end
 end
 
+function T.counts_for_llama405b_pp()
+  local load = require("gen.load")
+  local report = require("gen.parallel.pp_report")
+  local text = report.text(load.source(H.read("bench/llama405b_pp.lua"), "bench/llama405b_pp.lua"))
+  local line = text:match("\n(whole%-step proof[^\n]*)")
+  H.eq(line, "whole-step proof (gen/parallel/pp_step_proof.lua), one queue per rank on pp 8 x dp_shard 8 = 64 ranks "
+    .. "(TP and replicas alike): Interleaved1F1B's 9728 events, 256 FSDP collectives on 8 groups and 3840 sends "
+    .. "matched to their receives cannot deadlock; every schedule with a row passed it", "the report's line")
+end
+
+function T.report_refuses_a_failing_step()
+  -- make pipeline refuses the plan's schedule when the whole-step proof
+  -- fails (here a stand-in verdict), in one line naming the file and field.
+  local load = require("gen.load")
+  local report = require("gen.parallel.pp_report")
+  local real = proof.prove
+  proof.prove = function() return nil, "deadlock (one queue per rank): stand-in" end
+  local ok, e = pcall(report.text, load.source(H.read("bench/llama405b_pp.lua"), "bench/llama405b_pp.lua"))
+  proof.prove = real
+  H.eq(ok, false, "refused")
+  H.eq(util.is_plan_error(e), true, "a plan error (exit 2)")
+  H.eq(tostring(e), "bench/llama405b_pp.lua:10: pipeline.schedule: Interleaved1F1B refuses this plan: the whole-step "
+    .. "proof fails: deadlock (one queue per rank): stand-in; pick another schedule (make pipeline without "
+    .. "pipeline.schedule lists the ones that run)", "reason")
+end
+
 -- (a) Too few microbatches for a schedule that needs more: derive refuses
 -- what torch refuses, naming torch's line; below what DualPipeV's order can
--- run at all, lowering names the action that never gets its input.
+-- run at all, lowering names the action that never gets its input; and
+-- make pipeline refuses the plan's schedule in one line naming the field.
 function T.too_few_microbatches()
   local function refusal(spec)
     local ok, e = pcall(pps.derive, spec)
@@ -105,6 +132,15 @@ function T.too_few_microbatches()
   H.eq(refusal({ schedule = "DualPipeV", pp = 2, microbatches = 2, unchecked = true }), "pp_schedule: rank 0 cannot "
     .. "place (3F2;0B0)OVERLAP_F_B: its input is never received (_add_send_recv, schedules.py:2403); fix the compute "
     .. "order", "DualPipeV below what its order runs")
+  local load = require("gen.load")
+  local report = require("gen.parallel.pp_report")
+  local src = H.read("bench/llama405b_pp.lua"):gsub("Interleaved1F1B", "DualPipeV"):gsub("microbatches = 16",
+    "microbatches = 8"):gsub("local_batch_size = 16", "local_batch_size = 8")
+  local ok, e = pcall(report.text, load.source(src, "dpv8.lua"))
+  H.eq(ok, false, "make pipeline refuses")
+  H.eq(tostring(e), "dpv8.lua:10: pipeline.schedule: DualPipeV refuses this plan: microbatches = 8 < 16 stages: "
+    .. "DualPipeV needs at least as many microbatches as stages (schedules.py:4697); set microbatches >= 16; pick "
+    .. "another schedule (make pipeline without pipeline.schedule lists the ones that run)", "make pipeline's reason")
   -- torch's rule for 1F1B is policy: with fewer microbatches than stages the step still proves.
   assert(proof.prove((events("1F1B", 4, 2, 2, { unchecked = true }))))
 end
