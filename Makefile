@@ -207,7 +207,8 @@ advise: deps
 	$(if $(call cp_bad_arg,$(value WORLD)),$(error advise: WORLD is a number of GPUs))
 	@$(LUA) gen/verbs.lua advise '$(PLAN_FILE)' $(if $(value WORLD),--world-size '$(value WORLD)')
 # pipeline: torch's pipeline schedules for a plan with parallel.pp > 1, side by
-# side (stages, the send/receive proof, bubble, activations in flight, step);
+# side (stages, the send/receive and whole-step proofs, bubble, activations in
+# flight, step);
 # CSV=<file> also writes the plan's schedule as torch's CSV (_load_csv).
 pipeline: deps
 	$(if $(call cp_bad_arg,$(value CSV)),$(error pipeline: CSV takes A-Z a-z 0-9 _ / . - + : ~ ^ @ only))

@@ -291,9 +291,10 @@ run "make diff-plan REV=HEAD B=plans/fsdp4.lua: the plan against its committed p
 expect_rc "diff-plan: a revision name with shell syntax exits 2" 2 $LUA gen/verbs.lua diff 'HEAD$(id):plans/x/plan.json' plans/fsdp4.lua
 run "make advise PLAN=llama8b.lua: a ranked table whose top choice is explained" bash -c '
   out=$($1 advise PLAN=llama8b.lua) && echo "$out" && printf "%s" "$out" | grep -qF "Top choice:"' _ "$MAKE"
-run "make pipeline PLAN=bench/llama405b_pp.lua: torch's seven schedules proved and timed side by side" bash -c '
+run "make pipeline PLAN=bench/llama405b_pp.lua: torch's seven schedules proved (send/receive and the whole step) and timed side by side" bash -c '
   out=$($1 pipeline PLAN=bench/llama405b_pp.lua) && echo "$out" && [ "$(printf "%s\n" "$out" | grep -cE "^(GPipe|1F1B|Interleaved1F1B|LoopedBFS|InterleavedZeroBubble|ZBVZeroBubble|DualPipeV) +[0-9]+ ")" = 7 ] &&
-  printf "%s" "$out" | grep -qE "^Interleaved1F1B .* <- the plan.s$"' _ "$MAKE"
+  printf "%s" "$out" | grep -qE "^Interleaved1F1B .* <- the plan.s$" &&
+  printf "%s" "$out" | grep -qE "^whole-step proof .*: Interleaved1F1B.s [0-9]+ events, .* cannot deadlock;"' _ "$MAKE"
 expect_rc "pipeline: a plan without pp exits 2" 2 $LUA gen/verbs.lua pipeline plans/llama8b.lua
 run "make diff-plan of two pipeline plans: a schedule change in a few lines" bash -c '
   mkdir -p build/pp && sed "s/Interleaved1F1B/ZBVZeroBubble/" bench/llama405b_pp.lua >build/pp/zbv_pp.lua &&

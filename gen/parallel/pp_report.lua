@@ -4,7 +4,9 @@
 -- that accepts the plan's pp and microbatches: torchtitan's stage split
 -- (gen/parallel/pp_stages.lua), every rank's actions as torch lowers them
 -- and the proof that their sends and receives match and cannot deadlock
--- (gen/parallel/pp_schedule.lua), and the predicted step from a timed run
+-- (gen/parallel/pp_schedule.lua), the whole step's proof over every rank
+-- of the pp x dp_shard mesh, FSDP collectives included
+-- (gen/parallel/pp_step_proof.lua), and the predicted step from a timed run
 -- of those actions (gen/parallel/pp_audit.lua): bubble fraction,
 -- activations in flight per stage, point-to-point bytes per rank.
 --
@@ -23,6 +25,8 @@ local sched_mod = require("gen.parallel.pp_schedule")
 local pp_audit = require("gen.parallel.pp_audit")
 local cost = require("gen.cost")
 local hardware = require("gen.hardware")
+local pp_sequence = require("gen.parallel.pp_sequence")
+local step_proof = require("gen.parallel.pp_step_proof")
 
 local report = {}
 
@@ -113,6 +117,40 @@ local function stage_costs(p, split, n)
   return out, s
 end
 
+-- The whole step's proof (gen/parallel/pp_step_proof.lua) over the ranks
+-- of pp x dp_shard: each rank's sends and receives (one microbatch's
+-- activation, act_numel of act_dtype) and its stages' FSDP collectives
+-- where torch issues them (gen/parallel/pp_sequence.lua), each unit's
+-- all-gather and reduce-scatter as the stage mesh's plan p sizes them (its
+-- first all-gather; the reduce-scatters in reverse unit order). Each TP
+-- rank and each replica (dp_replicate) runs a copy of these lists, its
+-- peers and FSDP group in its own copy; TP's collectives inside compute
+-- and HSDP's all-reduce across replicas are not among the events (their
+-- members are the same rank of every copy, at the same place in its list).
+-- -> counts | nil, reason.
+local function prove_step(p, sched, costs, act_numel, act_dtype)
+  local first_ag, rs = {}, {}
+  for _, o in ipairs(p.ops) do
+    if o.micro_step == 0 and o.kind == "all_gather" and not first_ag[o.unit] then first_ag[o.unit] = o end
+    if o.micro_step == 0 and o.kind == "reduce_scatter" then rs[o.unit] = o end
+  end
+  local function stage_fsdp(stage)
+    local units, f = costs[stage].units, { gathers = {}, reduces = {} }
+    for _, u in ipairs(units) do
+      local o = first_ag[u.index]
+      if o then f.gathers[#f.gathers + 1] = { unit = u.name, count = o.count, dtype = o.dtype } end
+    end
+    for k = #units, 1, -1 do
+      local o = rs[units[k].index]
+      if o then f.reduces[#f.reduces + 1] = { unit = units[k].name, count = o.count, dtype = o.dtype } end
+    end
+    return f
+  end
+  local events = pp_sequence.expected(sched, { dp_shard = p.dims.dp_shard, act_numel = act_numel,
+                                               act_dtype = act_dtype, stage_fsdp = stage_fsdp })
+  return step_proof.prove(events)
+end
+
 -- One schedule's row, or nil and why torch (or torchtitan) refuses it.
 local function evaluate(p, loaded, pp, n, name)
   local pl = loaded.pipeline or {}
@@ -132,6 +170,10 @@ local function evaluate(p, loaded, pp, n, name)
     -- default with TP) leaves each TP rank its shard of the sequence
     local sp = p.dims.tp > 1 and loaded.parallel.sequence_parallel ~= false
     local act = mb_tokens * p.model_config.dim * util.DTYPE_BYTES[p.layout.units[1].ag_dtype] / (sp and p.dims.tp or 1)
+    local act_numel = mb_tokens * p.model_config.dim / (sp and p.dims.tp or 1)
+    local step, why_step = prove_step(p, sched, costs, math.tointeger(act_numel) or act_numel,
+      p.layout.units[1].ag_dtype)
+    if not step then return { refused = "the whole-step proof fails: " .. tostring(why_step) } end
     -- pp is the mesh's outermost dim: a stage's peer is a whole stage mesh
     -- away, on the same node only when the whole job fits in one
     local p2p = cost.p2p_us(act, p.world_size * pp <= topo.gpus_per_node, topo)
@@ -172,7 +214,7 @@ local function evaluate(p, loaded, pp, n, name)
     for _, st in ipairs(stages_mod.of_rank(worst, pp, num, name)) do peak = peak + sim.inflight_peak[st] end
     return { name = name, stages = num, per = per, sim = sim, split = split, worst = worst, worst_bytes = worst_bytes,
              peak = peak, sends = sends, act = act, p2p_us = p2p, mem = worst_mem, mem_rank = worst_mem_rank,
-             fits = worst_mem <= s.gpu_memory_bytes }
+             fits = worst_mem <= s.gpu_memory_bytes, step = step }
   end)
   if not ok then
     if util.is_plan_error(res) then
@@ -316,6 +358,18 @@ function report.text(loaded)
   for _, r in ipairs(rows) do
     if r.refused then w("%-22s refused: %s", r.name, r.refused) end
   end
+  -- the whole-step proof's counts: the plan's schedule, else the first with a row
+  local shown
+  for _, r in ipairs(rows) do
+    if not r.refused and (r.name == want or not shown) then shown = r end
+    if shown and shown.name == want then break end
+  end
+  local c = shown.step
+  w("whole-step proof (gen/parallel/pp_step_proof.lua), one queue per rank on pp %d x dp_shard %d = %d ranks (TP "
+    .. "and replicas alike): %s's %d events, %d FSDP collectives on %d groups and %d sends matched to their receives"
+    .. "%s cannot deadlock; every schedule with a row passed it", pp, p.dims.dp_shard, c.ranks, shown.name,
+    c.events, c.collectives, c.groups, c.p2p, c.batches > 0 and string.format(" (%d coalesced batches)", c.batches)
+    or "")
   w("")
   w("Step: the slowest rank's timed run of its actions as torch lowers them (gen/parallel/pp_audit.lua); bubble: "
     .. "1 - busy / (pp x step), the last gradient reduction's wait included; activations in flight: the most saved "

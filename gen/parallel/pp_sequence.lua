@@ -51,13 +51,15 @@ local M = {}
 
 local fmt = string.format
 
--- The group of family f that holds global rank g (its members, in key order).
-local function group_of(f, g)
+-- Per global rank, the group of family f that holds it (its members, in
+-- key order; one table per group, shared by its members).
+local function groups_by_rank(f)
+  local of = {}
   for c = 0, f.count - 1 do
     local m = groups.members(f, c)
-    for _, r in ipairs(m) do if r == g then return m end end
+    for _, r in ipairs(m) do of[r] = m end
   end
-  error(fmt("rank %d is in no %s group", g, f.name))
+  return function(g) return of[g] or error(fmt("rank %d is in no %s group", g, f.name)) end
 end
 
 -- The mesh of pp x dp_shard (pp outermost, gen/dims.lua) and its pp and fsdp families.
@@ -87,9 +89,10 @@ function M.expected(sched, o)
   end
   local single = sched.runtime == "single"
   local out = {}
+  local pp_of, fsdp_of_rank = m.pp and groups_by_rank(m.pp), m.fsdp and groups_by_rank(m.fsdp)
   for g = 0, m.world - 1 do
-    local pp_members = m.pp and group_of(m.pp, g) or { g }
-    local fsdp_ranks = m.fsdp and group_of(m.fsdp, g) or { g }
+    local pp_members = pp_of and pp_of(g) or { g }
+    local fsdp_ranks = fsdp_of_rank and fsdp_of_rank(g) or { g }
     local coords = dims.coords(m.mesh, g)
     local pp_rank = m.mesh.index.pp and coords[m.mesh.index.pp] or 0
     local ev, label, gathered = {}, "", {}
