@@ -314,6 +314,60 @@ end
 
 report.human_us, report.human_bytes = human_us, human_bytes
 
+-- The tables of the plan's own schedule (gen/parallel/pp_tables.lua): per
+-- pipeline rank its stages' units and ops, with what built them:
+-- { p (the stage mesh's plan), sched, classes, act = { numel, dtype },
+--   stage_units, stage_fsdp (for gen/parallel/pp_sequence.lua) }.
+function report.tables(loaded, schedule)
+  local ctx, pp, pl, n, p = checked(loaded)
+  local name = schedule or pl.schedule
+  if not name then
+    util.field_error(ctx, "pipeline.schedule", "missing: the tables run one schedule; name one of "
+      .. table.concat(report.SCHEDULES, ", "))
+  end
+  local num, per = stages_mod.count(ctx, { pp = pp, schedule = name, n_layers = p.model_config.n_layers,
+    layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
+    last_stage_less_layers = pl.last_stage_less_layers })
+  local split = stages_mod.split(ctx, num, p.model_config.n_layers, pl.first_stage_less_layers,
+    pl.last_stage_less_layers)
+  local fine, sched = pcall(sched_mod.derive, { schedule = name, pp = pp, microbatches = n, stages_per_rank = per })
+  if not fine then
+    if not util.is_plan_error(sched) then error(sched, 0) end
+    util.field_error(ctx, "pipeline.schedule", (tostring(sched.msg or sched):gsub("^pp_schedule: ", "")))
+  end
+  local costs, s = stage_costs(p, split, n)
+  local sp = p.dims.tp > 1 and loaded.parallel.sequence_parallel ~= false
+  local numel = s.tokens / n * p.model_config.dim / (sp and p.dims.tp or 1)
+  local act = { numel = math.tointeger(numel) or numel, dtype = p.layout.units[1].ag_dtype }
+  local stage_units = {}
+  for st = 0, sched.num_stages - 1 do stage_units[st] = costs[st].units end
+  local tables = require("gen.parallel.pp_tables")
+  return { p = p, sched = sched, act = act, stage_units = stage_units,
+           classes = tables.rank_tables(p, sched, stage_units, act),
+           stage_fsdp = function(st) return report.stage_fsdp(p, costs[st].units) end }
+end
+
+-- A stage's FSDP collectives as the stage mesh's plan sizes them: each
+-- unit's first all-gather, forward order, and its reduce-scatter, layers
+-- last to first (pp_sequence.lua's stage_fsdp).
+function report.stage_fsdp(p, units)
+  local first_ag, rs = {}, {}
+  for _, o in ipairs(p.ops) do
+    if o.micro_step == 0 and o.kind == "all_gather" and not first_ag[o.unit] then first_ag[o.unit] = o end
+    if o.micro_step == 0 and o.kind == "reduce_scatter" then rs[o.unit] = o end
+  end
+  local f = { gathers = {}, reduces = {} }
+  for _, u in ipairs(units) do
+    local o = first_ag[u.index]
+    if o then f.gathers[#f.gathers + 1] = { unit = u.name, count = o.count, dtype = o.dtype } end
+  end
+  for k = #units, 1, -1 do
+    local o = rs[units[k].index]
+    if o then f.reduces[#f.reduces + 1] = { unit = units[k].name, count = o.count, dtype = o.dtype } end
+  end
+  return f
+end
+
 function report.text(loaded)
   local ctx, pp, pl, n, p = checked(loaded)
   local L = {}

@@ -1,0 +1,237 @@
+-- A pipeline plan's tables (issue 22, item 5): for each pipeline rank, its
+-- stages' units and one step's ops in the order the rank's lowered action
+-- list (gen/parallel/pp_schedule.lua) runs them, with each stage's FSDP
+-- where torch.distributed.pipelining + fully_shard issue it (the rules
+-- gen/parallel/pp_sequence.lua states and the live checks hold to torch)
+-- and the sends and receives as ops. Pure functions over tables.
+--
+--   M.rank_tables(p, sched, stage_units, act) -> list of classes, one per
+--   pipeline rank (index pp coordinate + 1):
+--     { pp_rank, stages = { s... }, units = { unit copies, renumbered 0.. },
+--       ops = { op... } }
+--   p: the stage mesh's plan (gen/parallel/pp_report.lua stage_mesh_plan:
+--     the whole model's units with their FSDP layout on world / pp ranks);
+--   sched: pp_schedule.derive's result;
+--   stage_units[s]: the layout units of stage s (0-based), forward order;
+--   act: { numel, dtype }: one microbatch's activation (and its gradient)
+--     between two stages, per rank.
+--
+-- A unit copy carries `pp_numel` (act.numel where it sends or receives,
+-- else 0) and `global` (its index in p.layout). Ops are the generator's
+-- usual fields (kind, unit (local index), micro_step, phase, group, dtype,
+-- count, reduce_op, from_sharded) plus, for "send" and "recv": peer (the
+-- peer stage's pipeline rank), batch (> 0 inside a coalesced group:
+-- torch's batch_isend_irecv), tag (2 x the sending stage, + 1 for a
+-- gradient). Where FSDP communicates (pp_sequence.lua, with the torch
+-- lines it cites): a multi-stage schedule's UNSHARD gathers every unit of
+-- the stage; GPipe and 1F1B gather each unit at the stage's first forward;
+-- nothing reshards after forward or backward and no backward reduces;
+-- REDUCE_GRAD reduces every unit once (layers last to first, the root
+-- last); RESHARD frees. The step ends sharded: units still unsharded after
+-- the last action are resharded there (the next step gathers again, as
+-- the first step does).
+local fsdp_schedule = require("gen.parallel.fsdp_schedule")
+local opkinds = require("gen.opkinds")
+local pps = require("gen.parallel.pp_schedule")
+
+local M = {}
+
+local fmt = string.format
+
+-- Zero bubble's split backward (I: input gradient, W: weight gradient) has
+-- no op kind in the tables yet; those schedules are audited by `make
+-- pipeline` only.
+-- WAIT_SEND_* and WAIT_REDUCE_GRAD wait for work the tables have already
+-- ordered (a send, a reduction on its stream): no op.
+local SUPPORTED = { F = true, B = true, SEND_F = true, RECV_F = true, SEND_B = true, RECV_B = true,
+                    UNSHARD = true, RESHARD = true, REDUCE_GRAD = true, WAIT_SEND_F = true, WAIT_SEND_B = true,
+                    WAIT_REDUCE_GRAD = true }
+local NO_OP = { WAIT_SEND_F = true, WAIT_SEND_B = true, WAIT_REDUCE_GRAD = true }
+
+function M.unsupported_action(sched)
+  for _, list in ipairs(sched.lowered) do
+    for _, a in ipairs(list) do
+      for _, q in ipairs(a.sub or { a }) do
+        if not SUPPORTED[q.type] then return q.type end
+      end
+    end
+  end
+  return nil
+end
+
+local function copy_unit(u, index)
+  local c = {}
+  for k, v in pairs(u) do c[k] = v end
+  c.index, c.global, c.pp_numel = index, u.index, 0
+  return c
+end
+
+-- The pipeline rank's stages in increasing order and its unit copies,
+-- stage by stage; unit_of[stage][global index] = the copy.
+local function rank_units(sched, stage_units, r)
+  local stages, units, unit_of = {}, {}, {}
+  for s = 0, sched.num_stages - 1 do
+    if sched.stage_to_rank[s] == r then
+      stages[#stages + 1] = s
+      unit_of[s] = {}
+      for _, u in ipairs(stage_units[s]) do
+        local c = copy_unit(u, #units)
+        units[#units + 1] = c
+        unit_of[s][u.index] = c
+      end
+    end
+  end
+  return stages, units, unit_of
+end
+
+function M.rank_tables(p, sched, stage_units, act)
+  local bad = M.unsupported_action(sched)
+  if bad then
+    error(fmt("pp_tables: %s's lowered actions include %s, which the tables do not run yet", sched.schedule, bad), 0)
+  end
+  local shard = p.groups.by_name.fsdp and p.groups.by_name.fsdp.size > 1 and p.groups.by_name.fsdp or nil
+  local replicate = p.groups.by_name.dp_replicate
+  local last_mb = sched.microbatches - 1
+  local out = {}
+  for r = 0, sched.pp - 1 do
+    local stages, units, unit_of = rank_units(sched, stage_units, r)
+    local ops = {}
+    local function op(kind, u, m, phase, extra)
+      local o = { kind = kind, unit = u.index, micro_step = m, phase = phase }
+      for k, v in pairs(extra or {}) do o[k] = v end
+      ops[#ops + 1] = o
+      return o
+    end
+    -- the stage's units that FSDP manages (a unit without parameters, the
+    -- Llama root, has no FSDP param group), forward order
+    local function managed(s)
+      local list = {}
+      for _, u in ipairs(stage_units[s]) do
+        if #u.params > 0 then list[#list + 1] = unit_of[s][u.index] end
+      end
+      return list
+    end
+    local unsharded = {}
+    local function unshard(s, m, phase)
+      for _, u in ipairs(managed(s)) do
+        if not unsharded[u.index] then
+          local direct = u.orig_dtype == u.ag_dtype
+          if not direct then op("copy_in", u, m, phase) end
+          op("all_gather", u, m, phase, { group = shard and "fsdp" or nil, dtype = u.ag_dtype, count = u.total,
+                                          from_sharded = direct or nil })
+          op("copy_out", u, m, phase)
+          unsharded[u.index] = true
+        end
+      end
+    end
+    local function reshard(s, m)
+      for _, u in ipairs(managed(s)) do
+        if unsharded[u.index] then
+          op("reshard", u, m, "backward")
+          unsharded[u.index] = false
+        end
+      end
+    end
+    -- a message's unit: the stage's first unit receives activations and
+    -- sends gradients, its last sends activations and receives gradients
+    local function boundary(s, last)
+      local list = stage_units[s]
+      local u = unit_of[s][list[last and #list or 1].index]
+      u.pp_numel = act.numel
+      return u
+    end
+    local single = sched.runtime == "single"
+    local batch_of, nbatch = {}, 0
+    for _, a in ipairs(sched.lowered[r + 1]) do
+      for _, q in ipairs(a.sub or { a }) do
+        local t, s, m = q.type, q.stage, q.mb
+        if NO_OP[t] then -- luacheck: ignore 542 (nothing to issue)
+        elseif t == "UNSHARD" then unshard(s, 0, "forward")
+        elseif t == "F" then
+          if single then unshard(s, m, "forward") end
+          for _, u in ipairs(managed(s)) do op("forward", u, m, "forward") end
+        elseif t == "B" then
+          local list = managed(s)
+          for i = #list, 1, -1 do op("backward", list[i], m, "backward") end
+        elseif t == "REDUCE_GRAD" then
+          -- finalize_backward: layers last to first, the root last
+          local list, post = managed(s), {}
+          local root = list[1] and list[1].is_root and list[1] or nil
+          for i = #list, root and 2 or 1, -1 do post[#post + 1] = list[i] end
+          post[#post + 1] = root
+          for _, u in ipairs(post) do
+            fsdp_schedule.reduction(ops, u, last_mb, { first = true, keep = true }, shard, replicate, true)
+          end
+        elseif t == "RESHARD" then reshard(s, last_mb)
+        else -- SEND_F, RECV_F, SEND_B, RECV_B
+          local grad = t == "SEND_B" or t == "RECV_B"
+          local send = t == "SEND_F" or t == "SEND_B"
+          local peer_stage = (t == "SEND_F" or t == "RECV_B") and s + 1 or s - 1
+          local from_stage = send and s or peer_stage
+          local u = boundary(s, t == "SEND_F" or t == "RECV_B")
+          local batch = 0
+          if q.batch ~= nil then
+            local key = a.batch or q.batch
+            if not batch_of[key] then nbatch = nbatch + 1; batch_of[key] = nbatch end
+            batch = batch_of[key]
+          end
+          op(send and "send" or "recv", u, m, grad and "backward" or "forward",
+            { dtype = act.dtype, count = act.numel, peer = sched.stage_to_rank[peer_stage], batch = batch,
+              tag = 2 * from_stage + (grad and 1 or 0) })
+        end
+      end
+    end
+    for _, s in ipairs(stages) do reshard(s, last_mb) end
+    for i, o in ipairs(ops) do
+      o.seq = i - 1
+      o.stream = opkinds.stream_of(o, replicate ~= nil)
+    end
+    out[r + 1] = { pp_rank = r, stages = stages, units = units, ops = ops }
+  end
+  return out
+end
+
+-- What each global rank of pp x dp_shard issues, from the tables: the
+-- same event records as gen/parallel/pp_sequence.lua's expected (which the
+-- live checks hold to torch), so the two compare field by field.
+-- classes: M.rank_tables's result; mesh: pp_sequence.mesh(pp, dp_shard).
+function M.events(classes, sched, mesh, W)
+  local groups = require("gen.groups")
+  local dims = require("gen.dims")
+  local pp_of, fsdp_of = {}, {}
+  if mesh.pp then
+    for c = 0, mesh.pp.count - 1 do
+      for _, g in ipairs(groups.members(mesh.pp, c)) do pp_of[g] = groups.members(mesh.pp, c) end
+    end
+  end
+  if mesh.fsdp then
+    for c = 0, mesh.fsdp.count - 1 do
+      for _, g in ipairs(groups.members(mesh.fsdp, c)) do fsdp_of[g] = groups.members(mesh.fsdp, c) end
+    end
+  end
+  local out = {}
+  for g = 0, mesh.world - 1 do
+    local coords = dims.coords(mesh.mesh, g)
+    local r = mesh.mesh.index.pp and coords[mesh.mesh.index.pp] or 0
+    local cls = classes[r + 1]
+    local members = pp_of[g] or { g }
+    local ev = {}
+    for _, o in ipairs(cls.ops) do
+      local u = cls.units[o.unit + 1]
+      if o.kind == "send" or o.kind == "recv" then
+        ev[#ev + 1] = { op = o.kind, peer = members[o.peer + 1], numel = o.count, dtype = o.dtype,
+                        batch = o.batch > 0 and o.batch or nil }
+      elseif (o.kind == "all_gather" or o.kind == "reduce_scatter") and o.group then
+        ev[#ev + 1] = { op = o.kind, ranks = fsdp_of[g], unit = u.name, dtype = o.dtype,
+                        in_numel = o.kind == "all_gather" and o.count or W * o.count,
+                        out_numel = o.kind == "all_gather" and W * o.count or o.count }
+      end
+    end
+    out[g + 1] = ev
+  end
+  return out
+end
+
+M.format_action = pps.format_action
+
+return M

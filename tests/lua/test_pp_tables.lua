@@ -1,0 +1,92 @@
+-- gen/parallel/pp_tables.lua: each pipeline rank's tables, against what
+-- torch.distributed.pipelining + fully_shard issue (gen/parallel/
+-- pp_sequence.lua's expected events, which tests/pp/check_pipeline_live.sh
+-- holds to torch 2.15 live): every global rank's sends, receives and FSDP
+-- collectives, in order, field by field.
+local H = require("helpers")
+local load = require("gen.load")
+local report = require("gen.parallel.pp_report")
+local tables = require("gen.parallel.pp_tables")
+local seq = require("gen.parallel.pp_sequence")
+local T = {}
+
+local SRC = H.read("tests/pp/plans/pp_tiny.lua")
+
+local function loaded(src) return load.source(src, "tests/pp/plans/pp_tiny.lua") end
+
+local function variant(schedule, pp, mb, world)
+  return (SRC:gsub('schedule = "1F1B", microbatches = 4', string.format('schedule = %q, microbatches = %d', schedule, mb))
+    :gsub("pp = 2,", "pp = " .. pp .. ","):gsub("world_size = 4", "world_size = " .. world)
+    :gsub("local_batch_size = 4", "local_batch_size = " .. mb))
+end
+
+local function same(got, want, what)
+  for g = 1, math.max(#got, #want) do
+    local a, b = got[g] or {}, want[g] or {}
+    for i = 1, math.max(#a, #b) do
+      local x, y = a[i], b[i]
+      if not x or not y then
+        error(string.format("%s: global rank %d: event %d: tables %s, torch %s", what, g - 1, i - 1,
+          x and x.op or "nothing", y and y.op or "nothing"))
+      end
+      for _, k in ipairs({ "op", "peer", "numel", "dtype", "batch", "unit", "in_numel", "out_numel" }) do
+        if x[k] ~= y[k] then
+          error(string.format("%s: global rank %d: event %d (%s): %s is %s in the tables, %s in torch's", what,
+            g - 1, i - 1, y.op, k, tostring(x[k]), tostring(y[k])))
+        end
+      end
+      if y.ranks then H.list_eq(x.ranks, y.ranks, what .. " group") end
+    end
+  end
+end
+
+-- Every schedule whose actions the tables run, at pp 2 and 4 (one and two
+-- stages per rank), FSDP over 2: the tables issue what torch issues.
+function T.tables_issue_what_torch_issues()
+  local n = 0
+  for _, case in ipairs({ { "GPipe", 2, 4, 4 }, { "1F1B", 2, 4, 4 }, { "1F1B", 4, 8, 8 },
+                          { "Interleaved1F1B", 2, 4, 4 }, { "LoopedBFS", 2, 4, 4 },
+                          { "Interleaved1F1B", 2, 8, 4 } }) do
+    local name, pp, mb, world = table.unpack(case)
+    local t = report.tables(loaded(variant(name, pp, mb, world)))
+    local W = t.p.dims.dp_shard
+    local mesh = seq.mesh(pp, W)
+    local got = tables.events(t.classes, t.sched, mesh, W)
+    local want = seq.expected(t.sched, { dp_shard = W, act_numel = t.act.numel, act_dtype = t.act.dtype,
+                                         stage_fsdp = t.stage_fsdp })
+    same(got, want, string.format("%s pp%d mb%d", name, pp, mb))
+    n = n + 1
+  end
+  H.eq(n, 6, "cases")
+end
+
+-- Each rank holds its stages' units, renumbered, and only them; the step
+-- ends with every unit resharded; messages sit on stage boundaries.
+function T.rank_tables_hold_their_stages()
+  local t = report.tables(loaded(variant("Interleaved1F1B", 2, 4, 4)))
+  H.eq(#t.classes, 2, "a class per pipeline rank")
+  for r, cls in ipairs(t.classes) do
+    for i, u in ipairs(cls.units) do H.eq(u.index, i - 1, "renumbered") end
+    H.eq(#cls.stages, 2, "two stages per rank")
+    local live = {}
+    for _, o in ipairs(cls.ops) do
+      assert(o.unit >= 0 and o.unit < #cls.units, "op unit in range")
+      if o.kind == "copy_out" then live[o.unit] = true elseif o.kind == "reshard" then live[o.unit] = nil end
+      if o.kind == "send" or o.kind == "recv" then
+        H.eq(cls.units[o.unit + 1].pp_numel, t.act.numel, "message unit")
+        assert(o.peer ~= r - 1, "a peer on another rank")
+        assert(o.tag >= 0 and o.tag < 2 * t.sched.num_stages, "tag")
+      end
+    end
+    H.eq(next(live), nil, "every unit resharded at the end of the step")
+  end
+end
+
+-- Zero bubble's split backward has no tables yet: refused, naming it.
+function T.split_backward_is_refused()
+  local ok, err = pcall(report.tables, loaded(variant("ZBVZeroBubble", 2, 4, 4)))
+  H.eq(ok, false, "refused")
+  assert(tostring(err):find("do not run yet", 1, true), tostring(err))
+end
+
+return T
