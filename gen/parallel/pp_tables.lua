@@ -194,8 +194,8 @@ end
 -- What each global rank of pp x dp_shard issues, from the tables: the
 -- same event records as gen/parallel/pp_sequence.lua's expected (which the
 -- live checks hold to torch), so the two compare field by field.
--- classes: M.rank_tables's result; mesh: pp_sequence.mesh(pp, dp_shard).
-function M.events(classes, sched, mesh, W)
+-- classes: M.rank_tables's result; mesh: pp_sequence.mesh(pp, dp_shard); W: dp_shard.
+function M.events(classes, mesh, W)
   local groups = require("gen.groups")
   local dims = require("gen.dims")
   local pp_of, fsdp_of = {}, {}

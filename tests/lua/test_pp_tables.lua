@@ -51,7 +51,7 @@ function T.tables_issue_what_torch_issues()
     local t = report.tables(loaded(variant(name, pp, mb, world)))
     local W = t.p.dims.dp_shard
     local mesh = seq.mesh(pp, W)
-    local got = tables.events(t.classes, t.sched, mesh, W)
+    local got = tables.events(t.classes, mesh, W)
     local want = seq.expected(t.sched, { dp_shard = W, act_numel = t.act.numel, act_dtype = t.act.dtype,
                                          stage_fsdp = t.stage_fsdp })
     same(got, want, string.format("%s pp%d mb%d", name, pp, mb))
