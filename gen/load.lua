@@ -31,6 +31,9 @@ local SCHEMA = {
     layers_per_stage = { "int", min = 1, max = LIM.units },
     first_stage_less_layers = { "int", min = 0, max = LIM.units },
     last_stage_less_layers = { "int", min = 0, max = LIM.units },
+    -- torch's CSV schedule (_load_csv's compute_only rows), a path relative to the plan file: the
+    -- actions of the schedule class `schedule` names (a multi-stage one) come from it
+    csv = { "string" },
   },
   parallel = {
     dp_replicate = { "int" }, dp_shard = { "int" }, cp = { "int" }, tp = { "int" },

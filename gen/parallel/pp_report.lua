@@ -22,6 +22,7 @@ local plan_mod = require("gen.plan")
 local compute = require("gen.compute")
 local stages_mod = require("gen.parallel.pp_stages")
 local sched_mod = require("gen.parallel.pp_schedule")
+local csv_mod = require("gen.parallel.pp_csv")
 local pp_audit = require("gen.parallel.pp_audit")
 local cost = require("gen.cost")
 local hardware = require("gen.hardware")
@@ -151,6 +152,50 @@ local function prove_step(p, sched, costs, act_numel, act_dtype)
   return step_proof.prove(events)
 end
 
+-- pipeline.csv: torch's CSV schedule, read relative to the plan file
+-- (gen/fsio.lua: a regular file, bounded) and imported as torch's
+-- _load_csv takes it (gen/parallel/pp_csv.lua): validated, lowered, and
+-- held to the plan's pp, microbatches and the stage count its schedule
+-- class splits the model into.
+local MAX_CSV = 16 << 20
+local function csv_schedule(ctx, pl, pp, n, num_stages)
+  local fsio = require("gen.fsio")
+  local dir = ctx.file:match("^(.*)/[^/]*$")
+  local path = (pl.csv:sub(1, 1) == "/" or not dir) and pl.csv or (dir .. "/" .. pl.csv)
+  if pl.csv == "" or pl.csv:find("[%z\n\r]") then
+    util.field_error(ctx, "pipeline.csv", "is not a path; give the CSV file's path relative to the plan file")
+  end
+  local text, why = fsio.read_regular(path, MAX_CSV)
+  if not text then
+    util.field_error(ctx, "pipeline.csv", string.format("%s %s; give torch's CSV schedule (one row per pipeline "
+      .. "rank, _dump_csv's format), relative to the plan file", fsio.shown(path), why))
+  end
+  local ok, sched = pcall(csv_mod.import_csv, text, { microbatches = n })
+  if not ok then
+    if not util.is_plan_error(sched) then error(sched, 0) end
+    util.field_error(ctx, "pipeline.csv", string.format("%s: %s; fix the file (make pipeline CSV=... writes a "
+      .. "schedule's CSV to start from)", fsio.shown(path), (tostring(sched.msg or sched):gsub("^pp_schedule: ", ""))))
+  end
+  local function differ(what, got, want)
+    util.field_error(ctx, "pipeline.csv", string.format("%s has %s %d where the plan has %d; write the CSV for "
+      .. "this plan's pipeline", fsio.shown(path), what, got, want))
+  end
+  if sched.pp ~= pp then differ("rows (pipeline ranks)", sched.pp, pp) end
+  if sched.num_stages ~= num_stages then differ("stages", sched.num_stages, num_stages) end
+  sched.schedule = pl.schedule .. " (CSV)"
+  sched.runtime, sched.stages_per_rank, sched.torch_order = "multi", num_stages // pp, sched.compute
+  sched.csv = path
+  return sched
+end
+
+-- The schedule `name` for this plan: the plan's CSV for its own schedule
+-- class where it gives one (csv_schedule), else torch's derivation.
+local CSV_SCHEDULE = setmetatable({}, { __mode = "k" }) -- pipeline section -> its imported CSV schedule
+local function schedule_of(ctx, pl, name, pp, n, per)
+  if pl.csv and name == pl.schedule then return CSV_SCHEDULE[pl] or csv_schedule(ctx, pl, pp, n, pp * per) end
+  return sched_mod.derive({ schedule = name, pp = pp, microbatches = n, stages_per_rank = per })
+end
+
 -- One schedule's row, or nil and why torch (or torchtitan) refuses it.
 local function evaluate(p, loaded, pp, n, name)
   local pl = loaded.pipeline or {}
@@ -160,7 +205,7 @@ local function evaluate(p, loaded, pp, n, name)
       layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
       last_stage_less_layers = pl.last_stage_less_layers })
     local split = stages_mod.split(nil, num, model_layers, pl.first_stage_less_layers, pl.last_stage_less_layers)
-    local sched = sched_mod.derive({ schedule = name, pp = pp, microbatches = n, stages_per_rank = per })
+    local sched = schedule_of(loaded.ctx, pl, name, pp, n, per)
     local proved, why = sched_mod.prove_p2p(sched.lowered, sched.stage_to_rank, sched.num_stages)
     if not proved then return { refused = "the point-to-point proof fails: " .. tostring(why) } end
     local costs, s = stage_costs(p, split, n)
@@ -248,6 +293,12 @@ local function checked(loaded)
     util.field_error(ctx, "pipeline.microbatches", "missing; give the microbatches per step (torchtitan's "
       .. "local_batch_size / microbatch size)")
   end
+  if pl.csv and (not pl.schedule or stages_mod.SINGLE[pl.schedule]) then
+    util.field_error(ctx, "pipeline.csv", pl.schedule and string.format("%s runs one stage per rank and torch "
+      .. "loads no CSV for it (_load_csv is _PipelineScheduleRuntime's): name a multi-stage schedule class",
+      pl.schedule) or "needs pipeline.schedule: the multi-stage schedule class whose actions the CSV gives "
+      .. "(torch's schedule._load_csv)")
+  end
   if loaded.fsdp and (loaded.fsdp.micro_steps or 1) > 1 then
     util.field_error(ctx, "fsdp.micro_steps", string.format("micro_steps=%d: under PP the step's microbatches are "
       .. "the pipeline's (pipeline.microbatches, torch's schedule runs them); remove fsdp.micro_steps",
@@ -265,6 +316,13 @@ local function checked(loaded)
       .. "divisor of it", lbs) or "set training.local_batch_size"))
   end
   local p = stage_mesh_plan(loaded, pp)
+  if pl.csv then
+    -- read and checked here, once: its refusals are the plan's own
+    local num = stages_mod.count(ctx, { pp = pp, schedule = pl.schedule, n_layers = p.model_config.n_layers,
+      layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
+      last_stage_less_layers = pl.last_stage_less_layers })
+    CSV_SCHEDULE[pl] = csv_schedule(ctx, pl, pp, n, num)
+  end
   CHECKED[loaded] = { ctx, pp, pl, n, p }
   return ctx, pp, pl, n, p
 end
@@ -330,7 +388,7 @@ function report.tables(loaded, schedule)
     last_stage_less_layers = pl.last_stage_less_layers })
   local split = stages_mod.split(ctx, num, p.model_config.n_layers, pl.first_stage_less_layers,
     pl.last_stage_less_layers)
-  local fine, sched = pcall(sched_mod.derive, { schedule = name, pp = pp, microbatches = n, stages_per_rank = per })
+  local fine, sched = pcall(schedule_of, ctx, pl, name, pp, n, per)
   if not fine then
     if not util.is_plan_error(sched) then error(sched, 0) end
     util.field_error(ctx, "pipeline.schedule", (tostring(sched.msg or sched):gsub("^pp_schedule: ", "")))
@@ -406,7 +464,8 @@ function report.text(loaded)
         human_us(r.sim.step_us), human_us(busy / pp),
         string.format("%s (rank %d, %d mb)", human_bytes(r.worst_bytes), r.worst, r.peak),
         human_bytes(r.sends * r.act), string.format("%s%s", human_bytes(r.mem), r.fits and "" or " DOES NOT FIT"),
-        r.name == want and "  <- the plan's" or "")
+        r.name == want and (pl.csv and string.format("  <- the plan's, actions from %s", pl.csv) or "  <- the plan's")
+          or "")
     end
   end
   for _, r in ipairs(rows) do

@@ -28,6 +28,19 @@ function H.plan_fails(source, ...)
   return msg
 end
 
+-- fn() must raise a one-line plan error holding every text given.
+function H.plan_fails_with(fn, ...)
+  local ok, err = pcall(fn)
+  if ok then error("expected a plan error, it succeeded", 2) end
+  if not util.is_plan_error(err) then error("expected a plan error, got: " .. tostring(err), 2) end
+  local msg = tostring(err)
+  if msg:find("\n") then error("error message is not one line: " .. msg, 2) end
+  for _, pat in ipairs({ ... }) do
+    if not msg:find(pat, 1, true) then error(string.format("message %q lacks %q", msg, pat), 2) end
+  end
+  return msg
+end
+
 function H.generic(world, parallel, units, fsdp)
   local lines = { "return {", "  world_size = " .. world .. ",", "  parallel = " .. parallel .. ",",
                   "  model = { family = 'generic', units = {" }

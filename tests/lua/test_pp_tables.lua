@@ -89,4 +89,37 @@ function T.split_backward_is_refused()
   assert(tostring(err):find("do not run yet", 1, true), tostring(err))
 end
 
+-- pipeline.csv: a schedule imported from torch's CSV format (as
+-- _load_csv takes it) runs as the schedule it writes: the CSV commplan
+-- writes for Interleaved1F1B, read back, gives the same tables; a CSV for
+-- another pipeline and a single-stage class are refused with the field.
+function T.csv_schedule_in_the_plan_file()
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. dir))
+  local src = variant("Interleaved1F1B", 2, 4, 4)
+  local csv = report.csv(loaded(src))
+  local fh = assert(io.open(dir .. "/s.csv", "w")); fh:write(csv); fh:close()
+  local path = dir .. "/p.lua"
+  local with = src:gsub("pipeline = {", 'pipeline = { csv = "s.csv",')
+  local a = report.tables(load.source(with, path))
+  local b = report.tables(loaded(src))
+  H.eq(a.sched.schedule, "Interleaved1F1B (CSV)", "the imported schedule")
+  local mesh = seq.mesh(2, 2)
+  local ea, eb = tables.events(a.classes, mesh, 2), tables.events(b.classes, mesh, 2)
+  for g = 1, #eb do
+    H.eq(#ea[g], #eb[g], "events of rank " .. (g - 1))
+    for i = 1, #eb[g] do H.eq(ea[g][i].op .. tostring(ea[g][i].peer), eb[g][i].op .. tostring(eb[g][i].peer), "event") end
+  end
+  -- a third row repeating the first: its stages on two ranks
+  fh = assert(io.open(dir .. "/s.csv", "w")); fh:write(csv .. csv:match("^[^\n]*\n")); fh:close()
+  H.plan_fails_with(function() report.tables(load.source(with, path)) end, "pipeline.csv:",
+    "rank 2 step 0: stage 0 is also on rank 0", "fix the file")
+  H.plan_fails_with(function() report.tables(load.source(with:gsub('"Interleaved1F1B"', '"1F1B"'), path)) end,
+    "pipeline.csv:", "torch loads no CSV for it")
+  H.plan_fails_with(function() report.tables(load.source(with:gsub('"s.csv"', '"none.csv"'), path)) end,
+    "pipeline.csv:", "none.csv does not exist")
+  os.execute("rm -rf " .. dir)
+end
+
 return T
