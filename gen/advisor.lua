@@ -171,8 +171,117 @@ function advisor.rank(loaded, opts)
     end
   end
   table.sort(results, advisor.before)
-  return { results = results, rejected = rejected, world = world, topology = topo, global_batch = global,
-           plan_global = plan_global }
+  local res = { results = results, rejected = rejected, world = world, topology = topo, global_batch = global,
+                plan_global = plan_global }
+  if loaded.model.family == "llama" and not opts.no_pipeline then res.pipeline = advisor.pipeline(loaded, res) end
+  return res
+end
+
+-- Pipeline candidates: pp in 2, 4, 8, 16 (fewer than the layers) with the
+-- TP degree of the best mesh above (and the plan's), FSDP over the rest of
+-- each stage's mesh, one sequence per microbatch (torchtitan's default
+-- microbatch size), every torch schedule (gen/parallel/pp_report.lua);
+-- each candidate's fastest schedule that fits, else its smallest.
+function advisor.pipeline(loaded, res)
+  local report = require("gen.parallel.pp_report")
+  local world, global = res.world, res.global_batch
+  local tps, seen = {}, {}
+  for _, t in ipairs({ res.results[1] and res.results[1].t or 1, loaded.parallel.tp or 1 }) do
+    if not seen[t] then seen[t] = true; tps[#tps + 1] = t end
+  end
+  local out, refused = {}, {}
+  for _, t in ipairs(tps) do
+    for _, pp in ipairs({ 2, 4, 8, 16 }) do
+      local dp = world // (t * pp)
+      local mesh = string.format("pp=%d x dp_shard=%d x tp=%d", pp, dp, t)
+      if world % (t * pp) ~= 0 or dp < 1 then
+        refused[#refused + 1] = { mesh = mesh, why = "pp x tp does not divide the world" }
+      elseif global % dp ~= 0 then
+        refused[#refused + 1] = { mesh = mesh, why = string.format("its %d data-parallel ranks do not divide the "
+          .. "global batch of %d", dp, global) }
+      else
+        local cand = copy(loaded)
+        cand.world_size = world
+        cand.topology = res.topology
+        cand.parallel = { pp = pp, dp_shard = -1, tp = t }
+        for _, k in ipairs({ "sequence_parallel", "loss_parallel", "async_tp" }) do
+          if t > 1 then cand.parallel[k] = loaded.parallel[k] end
+        end
+        cand.training = copy(loaded.training)
+        cand.training.local_batch_size = global // dp
+        cand.fsdp = copy(loaded.fsdp)
+        cand.fsdp.micro_steps = 1 -- under PP the microbatches are the pipeline's
+        cand.pipeline = { microbatches = global // dp }
+        local ok, r = pcall(report.rows, cand, { skip_step_proof = true })
+        if not ok then
+          if not util.is_plan_error(r) then error(r, 0) end -- a bug, never a refusal
+          local msg = tostring(r.msg or r)
+          refused[#refused + 1] = { mesh = mesh, why = (msg:gsub("^[^:]*:%d*:?%s*", "")) }
+        else
+          local best
+          for _, row in ipairs(r.rows) do
+            if not row.refused then
+              local better = not best or (row.fits and not best.fits)
+                or (row.fits == best.fits and (row.fits and row.sim.step_us < best.sim.step_us
+                  or (not row.fits and row.mem < best.mem)))
+              if better then best = row end
+            end
+          end
+          if best then
+            out[#out + 1] = { mesh = mesh, pp = pp, t = t, dp = dp, row = best, n = r.n }
+          else
+            refused[#refused + 1] = { mesh = mesh, why = r.rows[1].refused }
+          end
+        end
+      end
+    end
+  end
+  table.sort(out, function(a, b)
+    if a.row.fits ~= b.row.fits then return a.row.fits end
+    if a.row.fits then
+      if a.row.sim.step_us ~= b.row.sim.step_us then return a.row.sim.step_us < b.row.sim.step_us end
+    elseif a.row.mem ~= b.row.mem then return a.row.mem < b.row.mem end
+    return a.mesh < b.mesh
+  end)
+  return { results = out, refused = refused }
+end
+
+local function pipeline_text(res, w)
+  local pl = res.pipeline
+  if not pl then return end
+  local report = require("gen.parallel.pp_report")
+  w("")
+  w("## With pipeline parallel")
+  w("")
+  w("pp in 2, 4, 8, 16 with tp %s, FSDP over the rest of each stage's mesh, one sequence per microbatch, the "
+    .. "plan's activation checkpointing, every torch schedule (`make pipeline` on each); each mesh's fastest "
+    .. "schedule that fits. Ordered as above: "
+    .. "fitting meshes by step, fastest first. Steps here are gen/parallel/pp_audit.lua's timed run of each "
+    .. "rank's actions (FSDP's all-gathers taken as prefetched, links uncontended), not the timeline above: "
+    .. "compare them with care.", (function()
+      local t = {}
+      for _, x in ipairs(pl.results) do t[x.t] = true end
+      local list = {}
+      for k in pairs(t) do list[#list + 1] = k end
+      table.sort(list)
+      return #list > 0 and table.concat(list, " and ") or "as above"
+    end)())
+  w("")
+  if #pl.results == 0 then
+    w("No pipeline mesh runs here.")
+  else
+    w("| # | pp | dp_shard | tp | schedule | microbatches | bubble | step | memory (worst rank) | fits |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
+    for i, x in ipairs(pl.results) do
+      w("| %d | %d | %d | %d | %s | %d | %.1f%% | %s | %s | %s |", i, x.pp, x.dp, x.t, x.row.name, x.n,
+        100 * x.row.sim.bubble, report.human_us(x.row.sim.step_us), report.human_bytes(x.row.mem),
+        x.row.fits and "yes" or "**no**")
+    end
+  end
+  for i, x in ipairs(pl.refused) do
+    if i > 3 then w("- and %d more refused", #pl.refused - 3); break end
+    w("- %s refused: %s", x.mesh, x.why)
+  end
 end
 
 local function human(b) return require("gen.audit").human(b) end
@@ -320,6 +429,7 @@ function advisor.report(src, path, opts)
       w("- %s: %s", x.mesh, x.why)
     end
   end
+  pipeline_text(res, w)
   w("")
   w("Predictions: gen/timeline.lua (collectives priced by %s, sharing each link; compute at TFLOPS x topology.mfu;",
     res.topology.collectives == "alpha_beta" and "the alpha-beta model (topology.collectives)"

@@ -197,7 +197,10 @@ local function schedule_of(ctx, pl, name, pp, n, per)
 end
 
 -- One schedule's row, or nil and why torch (or torchtitan) refuses it.
-local function evaluate(p, loaded, pp, n, name)
+-- opts.skip_step_proof: rank schedules without the whole-step proof (the
+-- advisor's candidates: a proof per rank of a big mesh costs seconds; the
+-- plan's own schedule is proved by make pipeline and the generator).
+local function evaluate(p, loaded, pp, n, name, opts)
   local pl = loaded.pipeline or {}
   local ok, res = pcall(function()
     local model_layers = p.model_config.n_layers
@@ -216,8 +219,10 @@ local function evaluate(p, loaded, pp, n, name)
     local sp = p.dims.tp > 1 and loaded.parallel.sequence_parallel ~= false
     local act = mb_tokens * p.model_config.dim * util.DTYPE_BYTES[p.layout.units[1].ag_dtype] / (sp and p.dims.tp or 1)
     local act_numel = mb_tokens * p.model_config.dim / (sp and p.dims.tp or 1)
-    local step, why_step = prove_step(p, sched, costs, math.tointeger(act_numel) or act_numel,
-      p.layout.units[1].ag_dtype)
+    local step, why_step = true, nil
+    if not (opts and opts.skip_step_proof) then
+      step, why_step = prove_step(p, sched, costs, math.tointeger(act_numel) or act_numel, p.layout.units[1].ag_dtype)
+    end
     if not step then return { refused = "the whole-step proof fails: " .. tostring(why_step) } end
     -- pp is the mesh's outermost dim: a stage's peer is a whole stage mesh
     -- away, on the same node only when the whole job fits in one
@@ -424,6 +429,15 @@ function report.stage_fsdp(p, units)
     if o then f.reduces[#f.reduces + 1] = { unit = units[k].name, count = o.count, dtype = o.dtype } end
   end
   return f
+end
+
+-- Every schedule's row for the plan's pp and microbatches (the advisor's
+-- pipeline candidates): { rows, p (the stage mesh's plan), n }.
+function report.rows(loaded, opts)
+  local _, pp, _, n, p = checked(loaded)
+  local rows = {}
+  for _, name in ipairs(report.SCHEDULES) do rows[#rows + 1] = evaluate(p, loaded, pp, n, name, opts) end
+  return { rows = rows, p = p, n = n, pp = pp }
 end
 
 function report.text(loaded)

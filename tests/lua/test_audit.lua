@@ -463,6 +463,33 @@ function T.advisor_ranks_llama70b_on_1024()
   assert(text:find("8 meshes accepted", 1, true), text)
 end
 
+-- The advisor ranks pipeline meshes too (issue 22): pp 2-16 with the best
+-- mesh's tp, each with its fastest schedule that fits, in the order it
+-- prints; a pipeline torch cannot split is refused with its reason.
+function T.advisor_ranks_pipeline_meshes()
+  local advisor = require("gen.advisor")
+  local src = read("plans/llama8b.lua")
+  local res = advisor.rank(require("gen.load").source(src, "plans/llama8b.lua"), {})
+  local pl = res.pipeline
+  assert(pl and #pl.results >= 3, "pipeline candidates")
+  for i, x in ipairs(pl.results) do
+    assert(not x.row.refused and x.row.sim.step_us > 0, x.mesh)
+    H.eq(x.pp * x.dp * x.t, 64, "the world")
+    H.eq(x.n, 64 // x.dp, "one sequence per microbatch")
+    local nxt = pl.results[i + 1]
+    if nxt and x.row.fits and nxt.row.fits then
+      assert(x.row.sim.step_us <= nxt.row.sim.step_us, "ordered by step")
+    end
+  end
+  local text = advisor.report(src, "plans/llama8b.lua", {})
+  assert(text:find("## With pipeline parallel", 1, true), "the section")
+  assert(text:find("| 1 | " .. pl.results[1].pp .. " | " .. pl.results[1].dp .. " |", 1, true), "its first row")
+  -- the tiny Llama's 2 layers split into at most 2 stages per schedule torchtitan runs
+  local tiny = advisor.rank(require("gen.load").source(read("plans/llama_tiny.lua"), "plans/llama_tiny.lua"), {})
+  assert(#tiny.pipeline.refused > 0, "pp 4 on two layers is refused")
+  for _, x in ipairs(tiny.pipeline.refused) do assert(not x.why:find("attempt to", 1, true), x.why) end
+end
+
 -- The advisor keeps the plan's global batch (local batch x data-parallel
 -- size): the plan's own mesh ranks at SCHEDULE.md's step, and a mesh whose
 -- data-parallel size does not divide the batch is refused, never re-batched.
