@@ -196,7 +196,8 @@ local function check_advise(path, src, step_text, doc)
   -- The printed order: the rule it states.
   local prev
   local GIB = { B = 1, KiB = 1024, MiB = 1024 ^ 2, GiB = 1024 ^ 3, TiB = 1024 ^ 4 }
-  for row in text:gmatch("\n(| %d+ | [^\n]*)") do
+  -- (the main table: the pipeline section's own table comes after it)
+  for row in (text:match("^(.-)\n## With pipeline parallel") or text):gmatch("\n(| %d+ | [^\n]*)") do
     local c = cells_of(row)
     local step = parse_us(c[6], path)
     local mv, mu = c[9]:match("^(%S+) (%a+)$")
