@@ -230,6 +230,16 @@ endef
 $(eval $(call cmocka_test,build/tests,))
 $(eval $(call cmocka_test,build/tests-asan,$(SAN)))
 
+# Pipeline parallelism's runtime half (tests/c/test_pp.c): hand-written 2-
+# and 4-stage tables on the host backend, plain and under ASan+UBSan.
+define pp_test
+$(1)/test_pp: tests/c/test_pp.c $(RUNTIME_SRC) $(RUNTIME_HDR)
+	@mkdir -p $(1)
+	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ tests/c/test_pp.c $$(RUNTIME_SRC) -lcmocka -lm
+endef
+$(eval $(call pp_test,build/tests,))
+$(eval $(call pp_test,build/tests-asan,$(SAN)))
+
 # The NCCL id channels (launch.c, rendezvous.c) alone, plain and under
 # ASan+UBSan; the TCPStore tests start tests/fake_tcpstore.py (python3).
 RDZV_SRC := tests/c/test_rendezvous.c runtime/rendezvous.c runtime/launch.c runtime/safeio.c
@@ -268,9 +278,12 @@ build/tests-asan/fsdp4_cli: runtime/main.c $(RUNTIME_SRC) $(RUNTIME_HDR) plans/f
 
 test-c: build/tests/test_runtime build/tests-asan/test_runtime build/tests/test_rendezvous build/tests-asan/test_rendezvous \
         build/tests/test_arith build/tests-asan/test_arith \
-        build/tests/test_safeio build/tests-asan/test_safeio
+        build/tests/test_safeio build/tests-asan/test_safeio \
+        build/tests/test_pp build/tests-asan/test_pp
 	build/tests/test_runtime
 	build/tests-asan/test_runtime
+	build/tests/test_pp
+	build/tests-asan/test_pp
 	build/tests/test_rendezvous
 	build/tests-asan/test_rendezvous
 	build/tests/test_arith

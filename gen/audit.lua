@@ -105,7 +105,8 @@ local function facts(p)
     for _, kind in ipairs(memplan.KINDS) do
       local b = p.arena.by_unit[u.index][kind]
       local lives = {}
-      if kind == "partial" and b.bytes == 0 then goto next_kind end -- all_reduce_last under HSDP only
+      -- all_reduce_last under HSDP only; pipeline messages under PP only
+      if (kind == "partial" or kind == "pp") and b.bytes == 0 then goto next_kind end
       for _, iv in ipairs(b.lives) do lives[#lives + 1] = { iv.first, iv.last } end
       arena[#arena + 1] = kind
       arena[#arena + 1] = O({ "offset", b.offset, "bytes", b.bytes, "live_ops", lives })
@@ -248,7 +249,10 @@ local function class_facts(p)
     t[#t + 1] = ops
     t[#t + 1] = "arena"
     local offs = {}
-    for _, b in ipairs(cls.arena.buffers) do offs[#offs + 1] = b.offset end
+    for _, b in ipairs(cls.arena.buffers) do
+      -- a plan without pipeline messages hashes as it did before they existed
+      if b.kind ~= "pp" or b.bytes > 0 then offs[#offs + 1] = b.offset end
+    end
     t[#t + 1] = { cls.arena.arena_bytes, offs }
     out[#out + 1] = O(t)
   end
@@ -424,7 +428,7 @@ end
 
 local HELD_TEXT = { ag = "all-gather buffers", unsharded = "unsharded parameters", grads = "unsharded gradients",
                     rs_in = "reduce-scatter inputs", rs_out = "reduce-scatter outputs", act = "activation buffers",
-                    partial = "partial sums" }
+                    partial = "partial sums", pp = "pipeline messages" }
 
 -- The kinds of buffer whose bytes the plan holds for overlap, as words.
 local function held_kinds(p)

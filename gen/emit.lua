@@ -9,11 +9,11 @@ local emit = {}
 local DT = { fp32 = "CP_FP32", bf16 = "CP_BF16", fp16 = "CP_FP16" }
 local RED = { sum = "CP_SUM", avg = "CP_AVG", max = "CP_MAX" }
 local BUF = { "CP_BUF_AG", "CP_BUF_UNSHARDED", "CP_BUF_GRADS", "CP_BUF_RS_IN", "CP_BUF_RS_OUT", "CP_BUF_ACT",
-              "CP_BUF_PARTIAL" } -- memplan.KINDS order
+              "CP_BUF_PARTIAL", "CP_BUF_PP" } -- memplan.KINDS order
 
 -- The runtime table layout these tables are written for (runtime/commplan.h
 -- CP_TABLES_VERSION); plan.c refuses to compile against any other.
-emit.TABLES_VERSION = 6
+emit.TABLES_VERSION = 7
 
 -- Replace every {{key}}; a key the template names but vars lacks is a bug.
 function emit.fill(template, vars, template_name)
@@ -30,6 +30,17 @@ local cstr = util.c_string
 local function num(v)
   if math.type(v) == "integer" then return tostring(v) end
   return string.format("%.17g", v)
+end
+
+-- An optional integer field of the plan (pipeline parallelism's: the pp
+-- modules set them, every other plan leaves them out): its value, or
+-- default when absent; anything but an integer from min up is a bug.
+local function opt_int(v, default, min, what)
+  if v == nil then return default end
+  if math.type(v) ~= "integer" or v < min then
+    error(string.format("internal: %s is %s, not an integer >= %d", what, tostring(v), min), 0)
+  end
+  return v
 end
 
 -- The unit's transient buffers' offsets in the rank's arena.
@@ -80,7 +91,8 @@ local function class_tables(p, cls, NAME, cls_suffix)
                "grad_dtype", DT[u.grad_dtype], "is_root", u.is_root and 1 or 0, "reshard_after_forward", u.reshard_after_forward and 1 or 0 }),
       fields({ "rs_op", RED[u.rs_op], "ar_op", RED[u.ar_op], "pre_divide", num(u.pre_divide * 1.0),
                "post_divide", num(u.post_divide * 1.0), "vec_ok", u.vec_ok and 1 or 0,
-               "act_numel", u.act_numel or 0, "partial_numel", u.partial and u.total or 0 }),
+               "act_numel", u.act_numel or 0, "partial_numel", u.partial and u.total or 0,
+               "pp_numel", opt_int(u.pp_numel, 0, 0, "unit " .. u.name .. "'s pp_numel") }),
       fields({ "arena_offset", "{ " .. arena_offsets(arena, u) .. " }" }))
   end
   -- Ops whose completion a later op waits on get an event slot; an op's
@@ -117,8 +129,13 @@ local function class_tables(p, cls, NAME, cls_suffix)
       head = head .. fmt(".dtype = %s, .count = %s, .reduce_op = %s, ", DT[o.dtype], o.count, RED[o.reduce_op or "sum"])
     end
     local micro = in_run and fmt("%d + (k)", o.micro_step) or o.micro_step
-    ol[#ol + 1] = head .. fmt(".micro_step = %s, .event = %s, .wait_first = %s, .wait_count = %s%s },%s", micro,
-      slot[o.seq] or -1, nw > 0 and #wl or 0, nw, o.from_sharded and ", .from_sharded = 1" or "",
+    -- point-to-point (gen/parallel/pp_*.lua): peer -1, batch 0, tag 0 on every other op
+    local peer = opt_int(o.peer, -1, -1, "op " .. o.seq .. "'s peer")
+    local batch = opt_int(o.batch, 0, 0, "op " .. o.seq .. "'s batch")
+    local tag = opt_int(o.tag, 0, 0, "op " .. o.seq .. "'s tag")
+    ol[#ol + 1] = head .. fmt(".micro_step = %s, .event = %s, .wait_first = %s, .wait_count = %s%s, "
+      .. ".peer = %d, .batch = %d, .tag = %d },%s", micro,
+      slot[o.seq] or -1, nw > 0 and #wl or 0, nw, o.from_sharded and ", .from_sharded = 1" or "", peer, batch, tag,
       in_run and o.seq < rep.first + rep.n - 1 and " \\" or "")
     for _, w in ipairs(waits) do wl[#wl + 1] = tostring(slot[w]) end
     if in_run and o.seq == rep.first + rep.n - 1 then
@@ -127,6 +144,7 @@ local function class_tables(p, cls, NAME, cls_suffix)
     end
   end
   return { params = table.concat(pl, "\n"), units = table.concat(ul, "\n"), ops = table.concat(ol, "\n"),
+           nunits = #lay.units,
            waits = #wl > 0 and table.concat(wl, ", ") or "-1 /* none */", nwaits = #wl,
            nevents = nslots, arena_bytes = arena.arena_bytes, nparams = pidx,
            nops = rep_mod.executed_count(cls.ops, cls.rep) }
@@ -185,19 +203,34 @@ function emit.vars(p, fp)
     local suffix = c == 1 and "" or ("_" .. (c - 1))
     if c > 1 then
       extra[#extra + 1] = emit.fill(CLASS_TEMPLATE, { c = c - 1, coords = table.concat(cls.coords, ", "),
-        nparams = t.nparams, nunits = #lay.units, nops = t.nops, params = t.params, units = t.units, ops = t.ops,
+        nparams = t.nparams, nunits = t.nunits, nops = t.nops, params = t.params, units = t.units, ops = t.ops,
         nwaits_storage = math.max(t.nwaits, 1), waits = t.waits }, "class tables")
     end
     rows[#rows + 1] = string.format("    { %s },", fields({ "units", "units" .. suffix, "params", "params" .. suffix,
       "ops", "ops" .. suffix, "waits", "waits" .. suffix, "nwaits", t.nwaits, "nevents", t.nevents,
-      "arena_bytes", t.arena_bytes }))
+      "arena_bytes", t.arena_bytes, "nunits", t.nunits, "nparams", t.nparams, "nops", t.nops }))
   end
   v.class_tables = table.concat(extra)
   v.classes = table.concat(rows, "\n")
   v.nclasses = #classes
-  local of = {}
-  for t = 0, p.dims.tp - 1 do of[#of + 1] = tostring(p.class_of_tp[t] - 1) end
-  v.class_of_tp, v.tp_size = table.concat(of, ", "), p.dims.tp
+  -- Pipeline parallelism (p.pp = { size, mesh_dim, family }, set by the pp
+  -- modules): 1, -1, -1 without it.
+  local pp = p.pp or {}
+  local pp_size = opt_int(pp.size, 1, 1, "pp.size")
+  v.pp_size = pp_size
+  v.pp_mesh_dim = opt_int(pp.mesh_dim, -1, -1, "pp.mesh_dim")
+  v.pp_family = opt_int(pp.family, -1, -1, "pp.family")
+  -- A rank's class by its (pp, TP) coordinates, [pp * tp_size + tp]: the
+  -- plan's class_of (1-based classes) where the pp modules give one, else
+  -- the TP classes' for every pp coordinate.
+  local of, tp = {}, p.dims.tp
+  for i = 0, pp_size * tp - 1 do
+    local c = p.class_of and p.class_of[i] or p.class_of_tp[i % tp]
+    c = opt_int(c, nil, 1, "class_of[" .. i .. "]")
+    if c > #classes then error(string.format("internal: class_of[%d] is %d of %d classes", i, c, #classes), 0) end
+    of[#of + 1] = tostring(c - 1)
+  end
+  v.class_of, v.nclass_of, v.tp_size = table.concat(of, ", "), #of, tp
   v.tp_mesh_dim = p.mesh.index.tp and (p.mesh.index.tp - 1) or -1
   local mn, ms = {}, {}
   for i, n in ipairs(p.mesh.names) do mn[i] = cstr(n); ms[i] = tostring(p.mesh.sizes[i]) end

@@ -44,7 +44,7 @@ local spantree = require("gen.spantree")
 local memplan = {}
 
 memplan.ALIGN = 256 -- bytes: cudaMalloc's alignment, and 16-byte vector access
-memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act", "partial" }
+memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act", "partial", "pp" }
 
 -- The stream whose allocations a buffer belongs to: the one running the op
 -- that opens its lifetimes. As in PyTorch's caching allocator (a pool per
@@ -52,18 +52,21 @@ memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act", "partial
 -- stream's rs_out handed to the next unit's copy-out on the compute stream,
 -- that copy-out would wait for the all-reduce, and compute behind it.
 memplan.POOL = { ag = "copy_in", unsharded = "compute", grads = "compute", rs_in = "compute",
-                 rs_out = "reduce_scatter", act = "compute", partial = "reduce_scatter" }
+                 rs_out = "reduce_scatter", act = "compute", partial = "reduce_scatter", pp = "compute" }
 
 local ES = util.DTYPE_BYTES
 local STREAMS = opkinds.STREAMS
 
-local function sizes_of(lay, u)
+-- micro_steps: the step's (the pp buffer holds a message per direction
+-- and micro-step, runtime/arena.c); 1 where the caller does not say.
+local function sizes_of(lay, u, micro_steps)
   local W = lay.W
   return {
     ag = W * u.total * ES[u.ag_dtype], unsharded = W * u.total * ES[u.ag_dtype],
     grads = u.grads_numel * ES[u.grad_dtype], rs_in = W * u.total * ES[u.reduce_dtype],
     rs_out = u.total * ES[u.reduce_dtype], act = (u.act_numel or 0) * ES[u.ag_dtype],
     partial = u.partial and u.total * ES[u.reduce_dtype] or 0,
+    pp = 2 * (micro_steps or 1) * (u.pp_numel or 0) * ES[u.ag_dtype],
   }
 end
 
@@ -71,7 +74,7 @@ end
 local function lifetimes(lay, ops)
   local life, open = {}, {}
   for _, u in ipairs(lay.units) do
-    life[u.index] = { ag = {}, unsharded = {}, grads = {}, rs_in = {}, rs_out = {}, act = {}, partial = {} }
+    life[u.index] = { ag = {}, unsharded = {}, grads = {}, rs_in = {}, rs_out = {}, act = {}, partial = {}, pp = {} }
     open[u.index] = {}
   end
   local function start(u, kind, seq)
@@ -87,6 +90,7 @@ local function lifetimes(lay, ops)
   -- computes: forward and backward ops so far, in all and per unit; at
   -- each copy-out, both counts then (for "no other unit computed since").
   local last_copy_out, computes, own, at_out, own_at_out = {}, 0, {}, {}, {}
+  local pp_last = {} -- unit -> the last send or receive of its messages
   for _, o in ipairs(ops) do
     local u, k, s = o.unit, o.kind, o.seq
     if k == "copy_in" or (k == "all_gather" and o.from_sharded) then start(u, "ag", s)
@@ -113,12 +117,14 @@ local function lifetimes(lay, ops)
     elseif k == "partial_save" then stop(u, "rs_out", s); start(u, "partial", s)
     elseif k == "partial_fold" then stop(u, "partial", s)
     elseif opkinds.BY_NAME[k].tp then start(u, "act", s); stop(u, "act", s) -- one collective's worth
+    elseif opkinds.BY_NAME[k].p2p then start(u, "pp", s); pp_last[u] = s -- one life: first to last message
     end
     if k == "forward" or k == "backward" then
       computes = computes + 1
       own[u] = (own[u] or 0) + 1
     end
   end
+  for u, s in pairs(pp_last) do stop(u, "pp", s) end
   for _, u in ipairs(lay.units) do
     for _, kind in ipairs(memplan.KINDS) do
       if open[u.index][kind] then
@@ -719,11 +725,11 @@ end
 -- placement given as offsets (unit index -> kind -> byte offset): what
 -- tests/lua/test_repeat.lua proves a repeated micro-step's rows against,
 -- over the ops as the executor issues them.
-function memplan.needs_for(lay, ops, offset_of)
+function memplan.needs_for(lay, ops, offset_of, micro_steps)
   local life = lifetimes(lay, ops)
   local placed = {}
   for _, u in ipairs(lay.units) do
-    local sz = sizes_of(lay, u)
+    local sz = sizes_of(lay, u, micro_steps)
     for ki, kind in ipairs(memplan.KINDS) do
       local b = { unit = u.index, unit_name = u.name, kind = kind, kind_index = ki, pool = memplan.POOL[kind],
                   size = util.ceil_div(sz[kind], memplan.ALIGN) * memplan.ALIGN, bytes = sz[kind],
@@ -757,7 +763,7 @@ function memplan.build(lay, ops, opts)
   local life = lifetimes(lay, ops)
   local buffers, by_unit = {}, {}
   for _, u in ipairs(lay.units) do
-    local sz = sizes_of(lay, u)
+    local sz = sizes_of(lay, u, opts.micro_steps)
     by_unit[u.index] = {}
     for ki, kind in ipairs(memplan.KINDS) do
       local b = { unit = u.index, unit_name = u.name, kind = kind, kind_index = ki, pool = memplan.POOL[kind],

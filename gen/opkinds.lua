@@ -6,6 +6,7 @@
 --                  derives its data dependencies from them)
 --   ring_passes    nccl-tests' busbw factor is ring_passes * (n - 1) / n
 --   collective     issues a collective over the op's group
+--   p2p            a point-to-point send or receive with the op's pp peer
 local opkinds = {}
 
 -- Zero copy-in: where a unit's stored dtype is its all-gather dtype, the
@@ -41,6 +42,11 @@ opkinds.LIST = {
   { name = "partial_save", reads = { "rs_out" }, writes = { "partial" } },
   { name = "partial_add", reads = { "rs_out", "partial" }, writes = { "partial" } },
   { name = "partial_fold", reads = { "rs_out", "partial" }, writes = { "rs_out" } },
+  -- Pipeline parallelism: one message (a stage's activation or its
+  -- gradient) to or from the pp peer (op.peer, op.tag, op.batch), in the
+  -- unit's pp buffer (gen/parallel/pp_*.lua fills them).
+  { name = "send", reads = { "pp" }, writes = {}, p2p = true },
+  { name = "recv", reads = {}, writes = { "pp" }, p2p = true },
 }
 
 opkinds.BY_NAME = {}

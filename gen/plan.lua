@@ -45,6 +45,7 @@ function build_class(ctx, cls, d, fams, p, cfg, mods, expand, face)
   local s = compute.settings(view)
   local per_unit = compute.units(view, s)
   local arena = memplan.build(lay, ops, {
+    micro_steps = p.fsdp.micro_steps,
     budget = whole_rank.arena_room(view, s, per_unit),
     predict = function(waits)
       view.arena.waits = repeat_mod.strengthen(waits, rep)

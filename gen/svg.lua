@@ -45,6 +45,8 @@ svg.CLASSES = {
   { id = "ar", label = "all-reduce", fill = "#a66fa0", kinds = { "all_reduce" } },
   { id = "tp", label = "TP collectives (exposed)", fill = "url(#hatchtp)",
     kinds = { "tp_all_gather", "tp_reduce_scatter", "tp_all_reduce" } },
+  -- optional: its style only in a plan that has such ops (pipeline parallelism's)
+  { id = "pp", label = "pipeline sends / receives", fill = "#76b7b2", kinds = { "send", "recv" }, optional = true },
   { id = "ex", label = "waits for a collective", fill = "url(#hatch)",
     kinds = { "exposed" } },
   { id = "wt", label = "other waits", fill = "url(#hatchgrey)", kinds = { "wait" } },
@@ -631,7 +633,9 @@ function svg.render(p, a, fp)
   w('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" '
     .. 'font-family="Helvetica, Arial, sans-serif" font-size="11">', svg.WIDTH, height, svg.WIDTH, height)
   w("<style>")
-  for _, c in ipairs(svg.CLASSES) do w(".%s{fill:%s}", c.id, c.fill) end
+  for _, c in ipairs(svg.CLASSES) do
+    if present[c] or not c.optional then w(".%s{fill:%s}", c.id, c.fill) end
+  end
   w(".lane{fill:#f5f5f5;stroke:#d0d0d0;stroke-width:0.5}.grid{stroke:#e0e0e0;stroke-width:1}"
     .. ".sep{stroke:#ffffff;stroke-width:0.6}.strip{fill:#c62828}.hit{fill:#000000;fill-opacity:0}"
     .. ".cpath{fill:none;stroke:#111111;stroke-width:1.6}"

@@ -17,6 +17,8 @@ int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_buffer k)
     case CP_BUF_RS_IN: return W * U->total * (int64_t)cp_dtype_size(U->reduce_dtype);
     case CP_BUF_ACT: return U->act_numel * (int64_t)cp_dtype_size(U->ag_dtype);
     case CP_BUF_PARTIAL: return U->partial_numel * (int64_t)cp_dtype_size(U->reduce_dtype);
+    case CP_BUF_PP: /* [direction][micro-step] messages */
+        return 2 * (int64_t)p->micro_steps * U->pp_numel * (int64_t)cp_dtype_size(U->ag_dtype);
     default: return U->total * (int64_t)cp_dtype_size(U->reduce_dtype);
     }
 }
@@ -49,7 +51,8 @@ static int overlap(const cp_plan *p, int u, cp_arena_buffer ku, int v, cp_arena_
  *              order that differs from the plan's goes unchecked there)
  *   partial    partial_save .. partial_fold (all_reduce_last's sums)
  * The all-gather buffer and the reduce-scatter input and output live inside
- * one call; the TP activation buffer belongs to cp_gpu_step alone. */
+ * one call; the TP activation buffer and the pipeline's messages belong to
+ * cp_gpu_step alone. */
 
 /* The next op of unit u after op i among BACKWARD, PACK and COPY_OUT: whether
  * the caller's backward writes the grads before anything packs or regathers.
@@ -153,7 +156,7 @@ void cp_call_conflict_message(const cp_plan *p, const char *call, int unit, int 
     static const char *const bufs[CP_ARENA_BUFFERS] = { "all-gather buffer", "unsharded parameters",
                                                         "unsharded gradients", "reduce-scatter input",
                                                         "reduce-scatter output", "activation buffer",
-                                                        "partial gradient sums" };
+                                                        "partial gradient sums", "point-to-point messages" };
     const char *name = p->units[v].name, *why;
     char fix[300];
     if (held == CP_BUF_UNSHARDED) {

@@ -1,12 +1,18 @@
 /* Host backend. Each collective: every member posts its buffer and op
  * signature, waits on the group's barrier, reads its peers' buffers, then
  * waits again so no one reuses a buffer a peer may still read. Members
- * whose signatures differ fail loudly instead of exchanging wrong data. */
+ * whose signatures differ fail loudly instead of exchanging wrong data.
+ * Point-to-point: a mailbox per (sender, receiver), first in first out; a
+ * send queues a copy of its bytes and returns, a receive takes the head
+ * of its peer's queue and refuses one that is not the message it names. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cp_simd.h"
 #include "host.h"
@@ -23,9 +29,32 @@ typedef struct {
     group_instance *inst;
 } family_state;
 
+/* One message in flight: the sender's op named by its tag and micro-step. */
+typedef struct p2p_msg {
+    struct p2p_msg *next;
+    int tag, micro_step;
+    long op; /* the sender's op index */
+    size_t bytes;
+    unsigned char data[];
+} p2p_msg;
+
+/* A receiver's mailboxes, one queue per sending pp coordinate. */
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t arrived;
+    p2p_msg **head, **tail; /* [sender's pp coordinate] */
+} p2p_inbox;
+
+/* A receive of a group, run when the group ends (after its sends). */
+typedef struct {
+    const cp_op *op;
+    void *buf;
+    int peer;
+} p2p_pending;
+
 typedef struct {
     cp_host_world *world;
-    cp_plan view; /* the rank's view (its TP class's tables) */
+    cp_plan view; /* the rank's view (its class's tables) */
     int rank, shard_rank;
     /* Event slots: the step (fork count) in which each was last recorded.
      * Host work is synchronous, so a wait can only be wrong in one way:
@@ -35,6 +64,11 @@ typedef struct {
     long *recorded;
     cp_host_collective_cb cb; /* cp_host_backend_init_cb: collectives go there */
     void *cb_user;
+    /* Point-to-point: inside a group its receives wait for the group's end,
+     * so the group's sends (which never block) are all posted first. */
+    int in_group, npending, cap_pending;
+    p2p_pending *pending;
+    char err[400]; /* the last point-to-point failure (last_error) */
 } rank_ctx;
 
 struct cp_host_world {
@@ -42,7 +76,43 @@ struct cp_host_world {
     cp_arith arith; /* whose reduction arithmetic to emulate (gloo by default) */
     family_state *fam;
     rank_ctx *ranks;
+    p2p_inbox *inbox;  /* per receiving rank; NULL without PP */
+    double p2p_timeout_s; /* how long a receive waits for its message */
 };
+
+/* COMMPLAN_P2P_TIMEOUT (seconds) or 30: a receive that waits longer fails. */
+static double default_p2p_timeout(void)
+{
+    const char *t = getenv("COMMPLAN_P2P_TIMEOUT");
+    double s = t ? atof(t) : 0.0;
+    return s > 0 ? s : 30.0;
+}
+
+static int inbox_init(p2p_inbox *in, int pp)
+{
+    in->head = calloc((size_t)pp, sizeof *in->head);
+    in->tail = calloc((size_t)pp, sizeof *in->tail);
+    if (!in->head || !in->tail) {
+        free(in->head);
+        free(in->tail);
+        in->head = in->tail = NULL;
+        return -1;
+    }
+    pthread_condattr_t ca;
+    /* A monotonic deadline: a wall-clock jump neither ends nor stretches the wait. */
+    if (pthread_condattr_init(&ca) != 0) return -1;
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int bad = pthread_cond_init(&in->arrived, &ca) != 0;
+    pthread_condattr_destroy(&ca);
+    if (bad || pthread_mutex_init(&in->lock, NULL) != 0) {
+        if (!bad) pthread_cond_destroy(&in->arrived);
+        free(in->head);
+        free(in->tail);
+        in->head = in->tail = NULL;
+        return -1;
+    }
+    return 0;
+}
 
 cp_host_world *cp_host_world_create(const cp_plan *p)
 {
@@ -70,6 +140,12 @@ cp_host_world *cp_host_world_create(const cp_plan *p)
             }
             fs->ninstances = i + 1;
         }
+    }
+    w->p2p_timeout_s = default_p2p_timeout();
+    if (p->pp_size > 1) {
+        if (!(w->inbox = calloc((size_t)p->world_size, sizeof *w->inbox))) { cp_host_world_destroy(w); return NULL; }
+        for (int r = 0; r < p->world_size; r++)
+            if (inbox_init(&w->inbox[r], p->pp_size) != 0) { cp_host_world_destroy(w); return NULL; }
     }
     for (int r = 0; r < p->world_size; r++) {
         rank_ctx *rc = &w->ranks[r];
@@ -103,9 +179,33 @@ void cp_host_world_destroy(cp_host_world *w)
     }
     free(w->fam);
     if (w->ranks)
-        for (int r = 0; r < w->plan->world_size; r++) free(w->ranks[r].recorded);
+        for (int r = 0; r < w->plan->world_size; r++) {
+            free(w->ranks[r].recorded);
+            free(w->ranks[r].pending);
+        }
     free(w->ranks);
+    /* Messages nobody received (a failed run) go with the world. */
+    if (w->inbox)
+        for (int r = 0; r < w->plan->world_size; r++) {
+            p2p_inbox *in = &w->inbox[r];
+            if (!in->head) continue;
+            for (int q = 0; q < w->plan->pp_size; q++)
+                for (p2p_msg *m = in->head[q], *next; m; m = next) {
+                    next = m->next;
+                    free(m);
+                }
+            free(in->head);
+            free(in->tail);
+            pthread_mutex_destroy(&in->lock);
+            pthread_cond_destroy(&in->arrived);
+        }
+    free(w->inbox);
     free(w);
+}
+
+void cp_host_world_set_p2p_timeout(cp_host_world *w, double seconds)
+{
+    w->p2p_timeout_s = seconds > 0 ? seconds : default_p2p_timeout();
 }
 
 static cp_arith rc_arith(cp_backend *b) { return ((rank_ctx *)b->ctx)->world->arith; }
@@ -255,6 +355,152 @@ static int cb_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const void
 {
     (void)s;
     return cb_collective(b, CP_COLL_ALL_REDUCE, op, in, out);
+}
+
+/* ---- point-to-point: mailboxes per (sender, receiver) ---- */
+
+static int p2p_error(rank_ctx *rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int p2p_error(rank_ctx *rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rc->err, sizeof rc->err, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static long op_index(const rank_ctx *rc, const cp_op *op)
+{
+    long x = (long)(op - rc->view.ops);
+    return x >= 0 && x < rc->view.nops ? x : -1;
+}
+
+/* The peer's pp coordinate, or -1 where peer_rank is not a pp peer of rc's rank. */
+static int pp_peer_coord(const rank_ctx *rc, int peer_rank)
+{
+    const cp_plan *p = rc->world->plan;
+    if (!rc->world->inbox || peer_rank < 0 || peer_rank >= p->world_size || peer_rank == rc->rank) return -1;
+    int c = cp_pp_rank(p, peer_rank);
+    return cp_pp_peer_rank(p, rc->rank, c) == peer_rank ? c : -1;
+}
+
+/* Buffered: a copy of the bytes joins the peer's queue from this rank. */
+static int host_send(cp_backend *b, const cp_op *op, cp_stream s, const void *buf, int peer_rank)
+{
+    rank_ctx *rc = b->ctx;
+    (void)s;
+    rc->err[0] = '\0';
+    int me = cp_pp_rank(rc->world->plan, rc->rank);
+    if (pp_peer_coord(rc, peer_rank) < 0)
+        return p2p_error(rc, "rank %d: send of tag %d (op %ld) to rank %d, which is not a pipeline peer of this rank",
+                         rc->rank, op->tag, op_index(rc, op), peer_rank);
+    size_t bytes = (size_t)op->count * cp_dtype_size(op->dtype);
+    p2p_msg *m = malloc(sizeof *m + (bytes ? bytes : 1));
+    if (!m) return p2p_error(rc, "rank %d: out of host memory queueing a %zu-byte message", rc->rank, bytes);
+    m->next = NULL;
+    m->tag = op->tag;
+    m->micro_step = op->micro_step;
+    m->op = op_index(rc, op);
+    m->bytes = bytes;
+    memcpy(m->data, buf, bytes);
+    p2p_inbox *in = &rc->world->inbox[peer_rank];
+    pthread_mutex_lock(&in->lock);
+    if (in->tail[me]) in->tail[me]->next = m;
+    else in->head[me] = m;
+    in->tail[me] = m;
+    pthread_cond_broadcast(&in->arrived);
+    pthread_mutex_unlock(&in->lock);
+    return 0;
+}
+
+/* Waits for the head of peer -> me and takes it if it is op's message. */
+static int recv_now(rank_ctx *rc, const cp_op *op, void *buf, int peer_rank)
+{
+    int from = pp_peer_coord(rc, peer_rank);
+    long x = op_index(rc, op);
+    if (from < 0)
+        return p2p_error(rc, "rank %d: recv of tag %d (op %ld) from rank %d, which is not a pipeline peer of this rank",
+                         rc->rank, op->tag, x, peer_rank);
+    size_t bytes = (size_t)op->count * cp_dtype_size(op->dtype);
+    double limit = rc->world->p2p_timeout_s;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += (time_t)limit;
+    until.tv_nsec += (long)((limit - (double)(time_t)limit) * 1e9);
+    if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
+    p2p_inbox *in = &rc->world->inbox[rc->rank];
+    pthread_mutex_lock(&in->lock);
+    int late = 0;
+    while (!in->head[from] && !late) late = pthread_cond_timedwait(&in->arrived, &in->lock, &until) == ETIMEDOUT;
+    p2p_msg *m = in->head[from];
+    if (!m) {
+        pthread_mutex_unlock(&in->lock);
+        return p2p_error(rc, "rank %d: recv of tag %d micro %d (op %ld) from rank %d: no message within %.3g s (rank %d "
+                         "never sent it: the two ranks' tables disagree, or it failed; COMMPLAN_P2P_TIMEOUT sets the "
+                         "limit)", rc->rank, op->tag, op->micro_step, x, peer_rank, limit, peer_rank);
+    }
+    if (m->tag != op->tag || m->micro_step != op->micro_step || m->bytes != bytes) {
+        int tag = m->tag, micro = m->micro_step;
+        size_t got = m->bytes;
+        long sent_by = m->op;
+        pthread_mutex_unlock(&in->lock); /* left queued: the world frees it */
+        return p2p_error(rc, "rank %d: recv of tag %d micro %d (op %ld) from rank %d got tag %d micro %d (%zu bytes, "
+                         "%zu expected; its op %ld): the two ranks' tables disagree; regenerate the plan", rc->rank,
+                         op->tag, op->micro_step, x, peer_rank, tag, micro, got, bytes, sent_by);
+    }
+    in->head[from] = m->next;
+    if (!m->next) in->tail[from] = NULL;
+    pthread_mutex_unlock(&in->lock);
+    memcpy(buf, m->data, bytes);
+    free(m);
+    return 0;
+}
+
+static int host_recv(cp_backend *b, const cp_op *op, cp_stream s, void *buf, int peer_rank)
+{
+    rank_ctx *rc = b->ctx;
+    (void)s;
+    rc->err[0] = '\0';
+    if (!rc->in_group) return recv_now(rc, op, buf, peer_rank);
+    if (rc->npending == rc->cap_pending) {
+        int cap = rc->cap_pending ? 2 * rc->cap_pending : 8;
+        p2p_pending *more = realloc(rc->pending, (size_t)cap * sizeof *more);
+        if (!more) return p2p_error(rc, "rank %d: out of host memory for a group's receives", rc->rank);
+        rc->pending = more;
+        rc->cap_pending = cap;
+    }
+    rc->pending[rc->npending++] = (p2p_pending){ op, buf, peer_rank };
+    return 0;
+}
+
+static int host_group_start(cp_backend *b)
+{
+    rank_ctx *rc = b->ctx;
+    rc->err[0] = '\0';
+    if (rc->in_group) return p2p_error(rc, "rank %d: a group opened inside another", rc->rank);
+    rc->in_group = 1;
+    rc->npending = 0;
+    return 0;
+}
+
+/* The group's receives, in issue order, once all its sends are queued. */
+static int host_group_end(cp_backend *b)
+{
+    rank_ctx *rc = b->ctx;
+    rc->err[0] = '\0';
+    if (!rc->in_group) return p2p_error(rc, "rank %d: a group closed that was never opened", rc->rank);
+    rc->in_group = 0;
+    int n = rc->npending;
+    rc->npending = 0;
+    for (int i = 0; i < n; i++)
+        if (recv_now(rc, rc->pending[i].op, rc->pending[i].buf, rc->pending[i].peer)) return -1;
+    return 0;
+}
+
+static const char *host_last_error(cp_backend *b)
+{
+    rank_ctx *rc = b->ctx;
+    return rc->err;
 }
 
 /* ---- copies: the C reference of the generated copy kernels ---- */
@@ -539,6 +785,11 @@ void cp_host_backend_init(cp_backend *b, cp_host_world *w, int rank)
     b->read = host_read;
     b->write = host_write;
     b->host_ptr = host_ptr;
+    b->send = host_send;
+    b->recv = host_recv;
+    b->group_start = host_group_start;
+    b->group_end = host_group_end;
+    b->last_error = host_last_error;
 }
 
 void cp_host_backend_init_cb(cp_backend *b, cp_host_world *w, int rank, cp_host_collective_cb cb, void *user)

@@ -229,6 +229,7 @@ static int64_t shard_run(const cp_param *prm, int W, int s, int tp_rank, int64_t
 
 struct cp_expect_cache {
     const cp_plan *plan;
+    int nunits; /* the most units any class has (a pipeline rank's class has its stages') */
     int nsets; /* replicate group instances: world / replicate size */
     struct expect_slot {
         pthread_mutex_t lock;
@@ -242,10 +243,13 @@ cp_expect_cache *cp_expect_cache_create(const cp_plan *p)
     cp_expect_cache *x = calloc(1, sizeof *x);
     if (!x) return NULL;
     x->plan = p;
+    x->nunits = p->nunits;
+    for (int c = 0; p->classes && c < p->nclasses; c++)
+        if (p->classes[c].nunits > x->nunits) x->nunits = p->classes[c].nunits;
     x->nsets = p->world_size / (p->replicate_size > 0 ? p->replicate_size : 1);
-    x->slots = calloc((size_t)p->nunits * (size_t)x->nsets, sizeof *x->slots);
+    x->slots = calloc((size_t)(x->nunits > 0 ? x->nunits : 1) * (size_t)x->nsets, sizeof *x->slots);
     if (!x->slots) { free(x); return NULL; }
-    for (int i = 0; i < p->nunits * x->nsets; i++) {
+    for (int i = 0; i < x->nunits * x->nsets; i++) {
         pthread_mutex_init(&x->slots[i].lock, NULL);
         x->slots[i].step = -1;
     }
@@ -255,7 +259,7 @@ cp_expect_cache *cp_expect_cache_create(const cp_plan *p)
 void cp_expect_cache_destroy(cp_expect_cache *x)
 {
     if (!x) return;
-    for (int i = 0; i < x->plan->nunits * x->nsets; i++) {
+    for (int i = 0; i < x->nunits * x->nsets; i++) {
         pthread_mutex_destroy(&x->slots[i].lock);
         free(x->slots[i].vals);
     }
@@ -974,4 +978,62 @@ void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_s
 {
     act_job jb = { .op = op, .tp_rank = tp_rank, .tp_size = tp_size, .out = out };
     cp_checker_in_parts(c, act_output_part, &jb);
+}
+
+/* ---- pipeline messages ----
+ * The compute that produces an activation (or its gradient) is a
+ * placeholder as well: the sender writes a hash of (its global rank, the
+ * tag, the micro-step, the step, the element) into the message, in the
+ * op's dtype and never zero (a zeroed or poisoned slot never passes); the
+ * receiver expects exactly those bits. */
+static uint16_t p2p_bits16(uint32_t h, cp_dtype t)
+{
+    uint16_t b = (uint16_t)h;
+    uint16_t exp = t == CP_BF16 ? 0x7f80u : 0x7c00u;
+    if ((b & exp) == exp) b &= (uint16_t)~0x4000u; /* finite */
+    if ((b & 0x7fffu) == 0) b |= t == CP_BF16 ? 0x3f80u : 0x3c00u; /* +-0 -> +-1 */
+    return b;
+}
+
+static uint32_t p2p_hash(int sender, int tag, int micro, int step, int64_t i)
+{
+    return mix32(((uint64_t)(uint32_t)sender << 44) ^ ((uint64_t)(uint32_t)tag << 28) ^
+                 ((uint64_t)(uint32_t)micro << 12) ^ (uint64_t)(uint32_t)step ^ ((uint64_t)i * 0x9e3779b97f4a7c15ULL));
+}
+
+/* Element i of the message as the dtype's bits (fp32: an integer 1 .. 2^21, exact). */
+static void p2p_element(const cp_checker *c, const cp_op *op, int sender, int64_t i, void *out)
+{
+    uint32_t h = p2p_hash(sender, op->tag, op->micro_step, c->step, i);
+    if (op->dtype == CP_FP32) {
+        float v = (float)(h % 2097152u + 1u);
+        memcpy(out, &v, sizeof v);
+        return;
+    }
+    uint16_t b = p2p_bits16(h, op->dtype);
+    memcpy(out, &b, sizeof b);
+}
+
+void cp_checker_p2p_message(const cp_checker *c, const cp_op *op, int sender, void *out)
+{
+    size_t es = cp_dtype_size(op->dtype);
+    for (int64_t i = 0; i < op->count; i++) p2p_element(c, op, sender, i, (char *)out + (size_t)i * es);
+}
+
+int cp_checker_p2p_check(cp_checker *c, const cp_op *op, int sender, const void *got)
+{
+    size_t es = cp_dtype_size(op->dtype);
+    unsigned char want[4];
+    for (int64_t i = 0; i < op->count; i++) {
+        const char *at = (const char *)got + (size_t)i * es;
+        p2p_element(c, op, sender, i, want);
+        if (memcmp(want, at, es) == 0) continue;
+        if (c->mismatches++ == 0)
+            fprintf(stderr, "commplan: mismatch: rank %d step %d: message tag %d micro-step %d from rank %d (%s of unit "
+                    "%s, op %ld) element %ld: expected %.9g, got %.9g\n", c->rank, c->step, op->tag, op->micro_step,
+                    sender, cp_op_kind_name(op->kind), c->plan->units[op->unit].name, (long)(op - c->plan->ops),
+                    (long)i, (double)cp_load(op->dtype, want, 0), (double)cp_load(op->dtype, at, 0));
+        return -1;
+    }
+    return 0;
 }

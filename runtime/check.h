@@ -73,6 +73,16 @@ void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_s
 /* Elements first .. first+len-1 of TP rank tp_rank's input of op into out. */
 void cp_checker_act_input_part(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, int64_t first, int64_t len,
                                void *out);
+/* Pipeline messages: what global rank `sender` sends as the message
+ * `tag` of micro-step `micro` (op->count elements of op->dtype into out):
+ * a hash of (sender, tag, micro-step, step, element), never zero, so a
+ * message from the wrong rank, micro-step or step, or a slot never
+ * written, shows. */
+void cp_checker_p2p_message(const cp_checker *c, const cp_op *op, int sender, void *out);
+/* A received message (host copy) against the sender's: 0, or -1 after one
+ * line naming both ranks, tag, micro-step and the first wrong element
+ * (counted as a mismatch). */
+int cp_checker_p2p_check(cp_checker *c, const cp_op *op, int sender, const void *got);
 /* Stand-ins for --simulate --ranks (simulate.c): shard rank s's shards of
  * unit u (orig dtype, total elements), and shard-group members' (global
  * ranks, at most the shard group's size) reduce-scatter inputs for this

@@ -15,7 +15,7 @@ extern "C" {
 /* The layout of the tables below. A generated plan.c refuses to compile
  * against a runtime whose tables differ (nanopb's PB_PROTO_HEADER_VERSION
  * idea): bump it with every change to a table type or an enum. */
-#define CP_TABLES_VERSION 6
+#define CP_TABLES_VERSION 7
 
 #define CP_MAX_DIMS 8      /* tensor dims per parameter */
 #define CP_MAX_MESH_DIMS 6 /* dp_replicate, dp_shard, ep, cp, tp, pp */
@@ -48,6 +48,10 @@ typedef enum {
     CP_OP_PARTIAL_SAVE,    /* reduce-scatter output -> the partial sums (the step's first) */
     CP_OP_PARTIAL_ADD,     /* partial sums += reduce-scatter output */
     CP_OP_PARTIAL_FOLD,    /* the last micro-step: reduce-scatter output += partial sums, before the all-reduce */
+    /* Pipeline parallelism: one message (an activation or its gradient) to or
+     * from the rank whose pp coordinate is op->peer, over the pp family. */
+    CP_OP_SEND,            /* the unit's pp buffer slot (tag, micro-step) -> the peer */
+    CP_OP_RECV,            /* the peer -> the unit's pp buffer slot (tag, micro-step) */
     CP_OP_KIND_COUNT
 } cp_op_kind;
 
@@ -71,7 +75,7 @@ typedef struct {
     int64_t tp_full, tp_chunk, full_numel;
 } cp_param;
 
-/* A unit's buffers. The first seven are transient, placed in one arena per
+/* A unit's buffers. The first eight are transient, placed in one arena per
  * rank by the generator's memory plan (gen/memplan.lua); the shards and
  * sharded grads persist (the optimizer owns them). */
 typedef enum {
@@ -82,6 +86,8 @@ typedef enum {
     CP_BUF_RS_OUT,    /* total, reduce dtype */
     CP_BUF_ACT,       /* act_numel, ag dtype: the unit's TP activation collectives */
     CP_BUF_PARTIAL,   /* partial_numel, reduce dtype: reduce-scatter outputs awaiting the all-reduce */
+    CP_BUF_PP,        /* 2 x micro_steps x pp_numel, ag dtype: point-to-point messages [direction][micro-step]
+                         (direction 0: forward activations, 1: their gradients) */
     CP_ARENA_BUFFERS,
     CP_BUF_SHARDED = CP_ARENA_BUFFERS, /* total, orig dtype: this rank's shards */
     CP_BUF_SHARDED_GRADS,              /* total, orig dtype: this rank's reduced grads */
@@ -120,6 +126,7 @@ typedef struct {
     int vec_ok; /* offsets, runs and total are multiples of 8 elements: 16-byte copies */
     int64_t act_numel; /* largest activation any of its TP collectives moves (0 without TP) */
     int64_t partial_numel; /* all_reduce_last under HSDP: total (the partial sums, reduce dtype); else 0 */
+    int64_t pp_numel;      /* elements (ag dtype) of one point-to-point message of this unit; 0: none */
     int64_t arena_offset[CP_ARENA_BUFFERS]; /* bytes into the rank's arena */
 } cp_unit;
 
@@ -143,10 +150,16 @@ typedef struct {
                                    streams, arena reuse): the generator's proof covers exactly these */
     int from_sharded; /* an all-gather with no copy-in before it (zero copy-in: the stored dtype is the
                          all-gather dtype): its input is this rank's sharded storage, laid out as its slot */
+    /* Point-to-point (CP_OP_SEND / CP_OP_RECV); -1, 0, 0 on every other op. */
+    int peer;  /* the peer's coordinate on the pp mesh dim */
+    int batch; /* 0: issued alone; > 0: consecutive ops with the same id form one group
+                  (torch's batch_isend_irecv, NCCL's ncclGroupStart .. ncclGroupEnd) */
+    int tag;   /* the message: 2 x sending stage, + 1 for a gradient; both ends carry the same */
 } cp_op;
 
-/* One TP class: the TP ranks whose TP-local shapes agree for every
- * parameter share these tables (layout, schedule counts, memory plan). */
+/* One class: the ranks whose tables agree (TP ranks whose TP-local shapes
+ * agree for every parameter; a pipeline rank's own stages' units, params
+ * and ops) share these tables (layout, schedule, memory plan). */
 typedef struct {
     const cp_unit *units;
     const cp_param *params;
@@ -154,7 +167,9 @@ typedef struct {
     const int *waits;
     int nwaits, nevents;
     int64_t arena_bytes;
-} cp_tp_class;
+    int nunits, nparams, nops;
+} cp_class;
+typedef cp_class cp_tp_class; /* its name before pipeline parallelism */
 
 typedef struct {
     const char *name;
@@ -178,14 +193,18 @@ typedef struct {
     int nevents;         /* event slots */
     int nwaits;
     const int *waits;    /* event slots, indexed by cp_op.wait_first */
-    /* Tensor parallelism: the fields above are class 0's; a rank runs its
-     * own class's tables (cp_plan_view). Without TP: tp_size 1, one class. */
+    /* Tensor and pipeline parallelism: the fields above are class 0's; a
+     * rank runs its own class's tables (cp_plan_view). Without TP and PP:
+     * tp_size 1, pp_size 1, one class. */
     int tp_size;
     int tp_mesh_dim;          /* index of "tp" in the mesh, -1 without TP */
     int nclasses;
-    const cp_tp_class *classes;
-    const int *class_of_tp;   /* tp_size entries */
+    const cp_class *classes;
+    const int *class_of;      /* pp_size x tp_size entries: [pp coordinate * tp_size + tp coordinate] */
     int view_class;           /* in a rank's view (cp_plan_view): its class */
+    int pp_size;              /* pipeline stages' ranks along the pp dim; 1 without PP */
+    int pp_mesh_dim;          /* index of "pp" in the mesh, -1 without PP */
+    int pp_family;            /* the family of the pp axis alone (send / receive), -1 without PP */
 } cp_plan;
 
 /* ---- dtype helpers (dtype.c) ---- */
@@ -257,13 +276,15 @@ typedef enum {
     CP_ACT_COPY = 0,   /* a copy kernel (host: its C reference) from `in` to `out` */
     CP_ACT_COLLECTIVE, /* a collective over the op's group; identity on a one-rank group */
     CP_ACT_COMPUTE,    /* the caller's forward / backward */
-    CP_ACT_NONE        /* bookkeeping only (reshard: the arena keeps the bytes) */
+    CP_ACT_NONE,       /* bookkeeping only (reshard: the arena keeps the bytes) */
+    CP_ACT_P2P         /* a send to or a receive from the op's pp peer (in: a send, out: a receive) */
 } cp_op_action;
 
 typedef enum { CP_COLL_ALL_GATHER = 0, CP_COLL_REDUCE_SCATTER, CP_COLL_ALL_REDUCE, CP_COLLECTIVES } cp_collective;
 
-/* Which rank's slot (op->count elements) of a buffer an op touches. */
-typedef enum { CP_SLOT_NONE = 0, CP_SLOT_SHARD, CP_SLOT_TP } cp_slot;
+/* Which rank's slot (op->count elements) of a buffer an op touches.
+ * CP_SLOT_PP: the message's, [tag & 1][micro_step] of the pp buffer. */
+typedef enum { CP_SLOT_NONE = 0, CP_SLOT_SHARD, CP_SLOT_TP, CP_SLOT_PP } cp_slot;
 
 typedef struct {
     const char *name;
@@ -295,8 +316,14 @@ void cp_group_of(const cp_plan *p, int family, int rank, int *color, int *key);
 int cp_group_member(const cp_plan *p, int family, int color, int key);
 int cp_shard_rank(const cp_plan *p, int rank);
 int cp_tp_rank(const cp_plan *p, int rank);
+/* The rank's coordinate on the pp mesh dim (0 without PP). */
+int cp_pp_rank(const cp_plan *p, int rank);
+/* The global rank whose coordinates are rank's with the pp coordinate
+ * replaced by peer_coord (rank itself without PP). */
+int cp_pp_peer_rank(const cp_plan *p, int rank, int peer_coord);
 /* The plan as `rank` runs it: units, params, ops, waits and arena of the
- * rank's TP class (the plan itself without TP). */
+ * rank's class, picked by its pp and TP coordinates (the plan itself
+ * without TP and PP). */
 void cp_plan_view(const cp_plan *p, int rank, cp_plan *out);
 int cp_replicate_rank(const cp_plan *p, int rank);
 /* Real elements of parameter prm on shard rank r (Shard(0): trailing ranks
@@ -363,6 +390,14 @@ struct cp_backend {
      * write in place of read / write, where it is (the host backend); NULL
      * when unset: copies through read and write. */
     void *(*host_ptr)(cp_backend *b, void *p);
+    /* Point-to-point on stream s with global rank peer_rank (its pp peer),
+     * op->count elements of op->dtype; a receive checks that the message is
+     * the one op names (tag, micro-step, bytes) where the backend can. */
+    int (*send)(cp_backend *b, const cp_op *op, cp_stream s, const void *buf, int peer_rank);
+    int (*recv)(cp_backend *b, const cp_op *op, cp_stream s, void *buf, int peer_rank);
+    /* Around the sends and receives of one batch (op->batch): posted together. */
+    int (*group_start)(cp_backend *b);
+    int (*group_end)(cp_backend *b);
 };
 
 /* ---- executor (executor.c): the one op walker every backend runs ---- */
@@ -374,16 +409,21 @@ typedef void (*cp_collective_fn)(void *user, cp_executor *ex, const cp_op *op, c
 /* Around a TP activation collective (the compute that feeds and consumes
  * it): after = 0 before it runs, 1 after. */
 typedef int (*cp_activation_fn)(void *user, cp_executor *ex, const cp_op *op, int after);
+/* Around a point-to-point op: after = 0 before a send (the caller's compute
+ * produced the message: write it), 1 after a receive completed (read it;
+ * for a receive inside a batch, after the batch's group closed). */
+typedef int (*cp_p2p_fn)(void *user, cp_executor *ex, const cp_op *op, int after);
 
 struct cp_executor {
     const cp_plan *plan;            /* &view */
     cp_plan view;                   /* the rank's view of the plan (its TP class) */
-    int rank, shard_rank, replicate_rank, tp_rank;
+    int rank, shard_rank, replicate_rank, tp_rank, pp_rank;
     cp_backend *backend;
     void **buf[CP_BUFFERS];         /* per buffer kind, per unit: the backend's memory */
     cp_compute_fn on_compute;       /* FORWARD / BACKWARD placeholders */
     cp_collective_fn on_collective; /* after each collective (tracing, dumps) */
     cp_activation_fn on_activation; /* around each TP activation collective */
+    cp_p2p_fn on_p2p;               /* before each send, after each receive */
     void *user;
     unsigned char *unsharded_live;  /* per unit: 1 between copy-out and reshard */
     /* Which op each event wait means: a repeated micro-step's ops share an
@@ -394,6 +434,12 @@ struct cp_executor {
      * (ops run out of the plan's order: library calls) is refused. */
     int *wait_base, *wait_means, *slot_last;
     char *arena;                    /* plan->arena_bytes: every unit's transient buffers */
+    /* The batch (cp_op.batch) whose group is open, 0: none; batch_first:
+     * its first op (the batch's receives go to on_p2p and its events are
+     * recorded once the group has closed: inside a group NCCL issues
+     * nothing until ncclGroupEnd, so an event recorded earlier marks nothing). */
+    int open_batch;
+    const cp_op *batch_first;
     int quiet;                      /* failures only into err (a library), not also on stderr */
     char err[512];                  /* the last failure: one line naming rank, op, unit and why */
 };

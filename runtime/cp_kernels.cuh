@@ -487,13 +487,24 @@ static inline const cp_param *cp_kclass_params(const cp_plan *p, int c)
 {
     return p->classes && c < p->nclasses ? p->classes[c].params : p->params;
 }
+/* Class c's counts: a pipeline rank's class has its own stages' units and
+ * params (a class without counts shares the plan's). */
+static inline int cp_kclass_nunits(const cp_plan *p, int c)
+{
+    return p->classes && c < p->nclasses && p->classes[c].nunits > 0 ? p->classes[c].nunits : p->nunits;
+}
+static inline int cp_kclass_nparams(const cp_plan *p, int c)
+{
+    return p->classes && c < p->nclasses && p->classes[c].nunits > 0 ? p->classes[c].nparams : p->nparams;
+}
 
 static inline cudaError_t cp_ktables_build_host(cp_ktables *t, const cp_plan *p, int c)
 {
     if (t->host) return cudaSuccess;
     const cp_unit *punits = cp_kclass_units(p, c);
     const cp_param *pparams = cp_kclass_params(p, c);
-    size_t np = (size_t)(p->nparams > 0 ? p->nparams : 1), nu = (size_t)(p->nunits > 0 ? p->nunits : 1);
+    int nunits = cp_kclass_nunits(p, c), nparams = cp_kclass_nparams(p, c);
+    size_t np = (size_t)(nparams > 0 ? nparams : 1), nu = (size_t)(nunits > 0 ? nunits : 1);
     cp_kparam *params = (cp_kparam *)calloc(np, sizeof *params);
     cp_kunit *units = (cp_kunit *)calloc(nu, sizeof *units);
     int (*dtypes)[4] = (int (*)[4])calloc(nu, sizeof *dtypes);
@@ -503,7 +514,7 @@ static inline cudaError_t cp_ktables_build_host(cp_ktables *t, const cp_plan *p,
         free(dtypes);
         return cudaErrorMemoryAllocation;
     }
-    for (int u = 0; u < p->nunits; u++) {
+    for (int u = 0; u < nunits; u++) {
         const cp_unit &U = punits[u];
         long long tile_out = cp_ktile_elems(U, (int)U.ag_dtype), tile_pack = cp_ktile_elems(U, (int)U.reduce_dtype);
         long long tiles_out = 0, tiles_pack = 0;
@@ -545,7 +556,8 @@ static inline cudaError_t cp_ktables_prepare(cp_ktables *t, const cp_plan *p, in
     cudaError_t e = cp_ktables_build_host(t, p, c);
     if (e != cudaSuccess || t->device) return e;
 #if defined(__CUDACC__) || defined(CP_CUDA_EMULATOR)
-    size_t bytes = (size_t)(p->nparams > 0 ? p->nparams : 1) * sizeof(cp_kparam);
+    int nparams = cp_kclass_nparams(p, c);
+    size_t bytes = (size_t)(nparams > 0 ? nparams : 1) * sizeof(cp_kparam);
     cp_kparam *d = nullptr;
     if ((e = cudaMalloc((void **)&d, bytes)) != cudaSuccess) return e;
     if ((e = cudaMemcpy(d, t->host, bytes, cudaMemcpyHostToDevice)) != cudaSuccess) {
@@ -566,7 +578,7 @@ static inline cudaError_t cp_ktables_run(cp_ktables *t, const cp_plan *p, int c,
                                          const void *in, void *out, cudaStream_t s, int host)
 {
     int nclasses = p->nclasses > 0 ? p->nclasses : 1;
-    if (c < 0 || c >= nclasses || unit < 0 || unit >= p->nunits || op < 0 || op > CP_K_FLAT_ADD)
+    if (c < 0 || c >= nclasses || unit < 0 || unit >= cp_kclass_nunits(p, c) || op < 0 || op > CP_K_FLAT_ADD)
         return cudaErrorInvalidValue;
     cudaError_t e = host ? cp_ktables_build_host(t, p, c) : cp_ktables_prepare(t, p, c);
     if (e != cudaSuccess) return e;

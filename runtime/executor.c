@@ -60,6 +60,12 @@ const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
                             .in = CP_BUF_RS_OUT, .out = CP_BUF_PARTIAL, .frees = CP_BUF_RS_OUT, .adds = 1 },
     [CP_OP_PARTIAL_FOLD] = { .name = "partial_fold", .action = CP_ACT_COPY, .kernel = K_FLAT_ADD,
                              .in = CP_BUF_PARTIAL, .out = CP_BUF_RS_OUT, .frees = CP_BUF_PARTIAL, .adds = 1 },
+    /* Pipeline parallelism: a message of the unit's pp buffer, its slot
+     * picked by the op's tag (direction) and micro-step. */
+    [CP_OP_SEND] = { .name = "send", .action = CP_ACT_P2P, .in = CP_BUF_PP, .in_slot = CP_SLOT_PP,
+                     .out = CP_BUF_NONE, .frees = CP_BUF_NONE },
+    [CP_OP_RECV] = { .name = "recv", .action = CP_ACT_P2P, .in = CP_BUF_NONE, .out = CP_BUF_PP,
+                     .out_slot = CP_SLOT_PP, .frees = CP_BUF_NONE },
 };
 
 const cp_op_kind cp_call_unshard[3] = { CP_OP_COPY_IN, CP_OP_ALL_GATHER, CP_OP_COPY_OUT };
@@ -141,6 +147,7 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
     ex->shard_rank = cp_shard_rank(p, rank);
     ex->replicate_rank = cp_replicate_rank(p, rank);
     ex->tp_rank = cp_tp_rank(p, rank);
+    ex->pp_rank = cp_pp_rank(p, rank);
     size_t n = (size_t)(p->nunits > 0 ? p->nunits : 1);
     for (int k = 0; k < CP_BUFFERS; k++)
         if (!(ex->buf[k] = calloc(n, sizeof(void *)))) goto oom;
@@ -251,8 +258,13 @@ void *cp_executor_op_buffer(const cp_executor *ex, const cp_op *op, cp_buffer k,
     /* Zero copy-in: the all-gather's input slot is the sharded storage itself. */
     if (op->from_sharded && k == CP_BUF_AG && slot == CP_SLOT_SHARD) return ex->buf[CP_BUF_SHARDED][op->unit];
     char *base = ex->buf[k][op->unit];
+    size_t es = cp_dtype_size(op->dtype);
+    if (slot == CP_SLOT_PP) { /* [direction][micro-step] messages of op->count elements */
+        size_t at = (size_t)(op->tag & 1) * (size_t)ex->plan->micro_steps + (size_t)op->micro_step;
+        return base + at * (size_t)op->count * es;
+    }
     int r = slot == CP_SLOT_SHARD ? ex->shard_rank : slot == CP_SLOT_TP ? ex->tp_rank : 0;
-    return base + (size_t)r * (size_t)op->count * cp_dtype_size(op->dtype);
+    return base + (size_t)r * (size_t)op->count * es;
 }
 
 int cp_executor_read(cp_executor *ex, cp_stream s, int u, cp_buffer k, void *host)
@@ -327,6 +339,83 @@ static int run_collective(cp_executor *ex, const cp_op *op, const cp_op_desc *d,
     return 0;
 }
 
+/* A point-to-point op's failure: one line naming rank, op, kind, unit, peer and tag. */
+static int p2p_failed(cp_executor *ex, const cp_op *op, const char *what)
+{
+    const cp_plan *p = ex->plan;
+    int send = op->kind == CP_OP_SEND;
+    return ex_error(ex, "rank %d: op %ld (%s of unit %s %s pp stage %d = rank %d, tag %d, micro-step %d): %s failed",
+                    ex->rank, (long)(op - p->ops), cp_op_kind_name(op->kind), p->units[op->unit].name,
+                    send ? "to" : "from", op->peer,
+                    op->peer >= 0 && op->peer < p->pp_size ? cp_pp_peer_rank(p, ex->rank, op->peer) : -1, op->tag,
+                    op->micro_step, what);
+}
+
+/* A send (the caller's message written first: on_p2p after = 0) or a
+ * receive (handed to on_p2p once complete: now, or when its batch's group
+ * closes) with the rank whose pp coordinate is op->peer. */
+static int run_p2p(cp_executor *ex, const cp_op *op, void *in, void *out)
+{
+    const cp_plan *p = ex->plan;
+    cp_backend *b = ex->backend;
+    int sends = op->kind == CP_OP_SEND;
+    if (p->pp_size <= 1 || op->peer < 0 || op->peer >= p->pp_size || op->peer == ex->pp_rank)
+        return ex_error(ex, "rank %d: %s of unit %s (op %ld) names pp peer %d, not another stage of this rank's %d "
+                        "(pp coordinate %d): regenerate the plan", ex->rank, cp_op_kind_name(op->kind),
+                        p->units[op->unit].name, (long)(op - p->ops), op->peer, p->pp_size, ex->pp_rank);
+    /* The message's slot must lie inside the unit's pp buffer (2 x micro_steps x pp_numel). */
+    int64_t es = (int64_t)cp_dtype_size(op->dtype), have = cp_arena_buffer_bytes(p, op->unit, CP_BUF_PP);
+    int64_t end = (((int64_t)(op->tag & 1) * p->micro_steps + op->micro_step) + 1) * op->count * es;
+    if (op->tag < 0 || op->micro_step < 0 || op->micro_step >= p->micro_steps || op->count < 0 ||
+        op->count > p->units[op->unit].pp_numel || end > have)
+        return ex_error(ex, "rank %d: %s of unit %s (op %ld), tag %d micro-step %d, %lld bytes, lies outside the unit's "
+                        "%lld-byte pp buffer: regenerate the plan", ex->rank, cp_op_kind_name(op->kind),
+                        p->units[op->unit].name, (long)(op - p->ops), op->tag, op->micro_step,
+                        (long long)(op->count * es), (long long)have);
+    if (sends ? !b->send : !b->recv)
+        return p2p_failed(ex, op, "finding the backend's point-to-point operations");
+    int peer = cp_pp_peer_rank(p, ex->rank, op->peer);
+    if (sends) {
+        if (ex->on_p2p && ex->on_p2p(ex->user, ex, op, 0)) return p2p_failed(ex, op, "writing the message");
+        if (b->send(b, op, op->stream, in, peer)) return p2p_failed(ex, op, "the send");
+        return 0;
+    }
+    if (b->recv(b, op, op->stream, out, peer)) return p2p_failed(ex, op, "the receive");
+    if (!ex->open_batch && ex->on_p2p && ex->on_p2p(ex->user, ex, op, 1)) return p2p_failed(ex, op, "checking the message");
+    return 0;
+}
+
+/* The op's event, and which op recorded its slot last. */
+static int record_event(cp_executor *ex, const cp_op *op)
+{
+    const cp_plan *p = ex->plan;
+    cp_backend *b = ex->backend;
+    long x = (long)(op - p->ops);
+    if (op->event >= 0 && b->record(b, op->stream, op->event)) return failed(ex, op, "the event record");
+    if (x >= 0 && x < p->nops && op->event >= 0 && op->event < p->nevents) ex->slot_last[op->event] = (int)x;
+    return 0;
+}
+
+/* After the batch's last op (last): the group closes, then its receives
+ * are complete (on_p2p) and its ops' events recorded, in table order. */
+static int close_batch(cp_executor *ex, const cp_op *last)
+{
+    cp_backend *b = ex->backend;
+    const cp_op *first = ex->batch_first;
+    int batch = ex->open_batch;
+    ex->open_batch = 0;
+    ex->batch_first = NULL;
+    if (b->group_end(b))
+        return ex_error(ex, "rank %d: closing the group of batch %d (ops %ld .. %ld) failed", ex->rank, batch,
+                        (long)(first - ex->plan->ops), (long)(last - ex->plan->ops));
+    for (const cp_op *o = first; o <= last; o++) {
+        if (o->kind == CP_OP_RECV && ex->on_p2p && ex->on_p2p(ex->user, ex, o, 1))
+            return p2p_failed(ex, o, "checking the message");
+        if (record_event(ex, o)) return -1;
+    }
+    return 0;
+}
+
 int cp_executor_run_op(cp_executor *ex, const cp_op *op)
 {
     const cp_plan *p = ex->plan;
@@ -340,6 +429,29 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op)
     int u = op->unit;
     long x = (long)(op - p->ops);
     int in_table = x >= 0 && x < p->nops;
+    /* Batches: a group opens before the batch's first op and closes after
+     * its last (the next op in the table has another batch, or the step
+     * ends), whether the step runs whole or op by op. An op outside the
+     * table is a batch of its own. */
+    int batch = op->batch > 0 ? op->batch : 0;
+    if (ex->open_batch && (batch != ex->open_batch || !in_table)) {
+        long from = (long)(ex->batch_first - p->ops);
+        int open = ex->open_batch;
+        ex->open_batch = 0;
+        return ex_error(ex, "rank %d: op %ld (%s of unit %s) runs while the group of batch %d (from op %ld) is still "
+                        "open: ops ran out of the plan's order; run them in table order", ex->rank, x,
+                        cp_op_kind_name(op->kind), p->units[u].name, open, from);
+    }
+    if (batch && !ex->open_batch) {
+        if (!b->group_start || !b->group_end)
+            return ex_error(ex, "rank %d: op %ld (%s of unit %s) is in batch %d, but the backend has no groups", ex->rank,
+                            x, cp_op_kind_name(op->kind), p->units[u].name, batch);
+        if (b->group_start(b))
+            return ex_error(ex, "rank %d: opening the group of batch %d at op %ld (%s of unit %s) failed", ex->rank,
+                            batch, x, cp_op_kind_name(op->kind), p->units[u].name);
+        ex->open_batch = batch;
+        ex->batch_first = op;
+    }
     for (int i = 0; i < op->wait_count; i++) {
         int s = p->waits[op->wait_first + i];
         if (in_table && s >= 0 && s < p->nevents) {
@@ -370,14 +482,17 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op)
         if (ex->on_compute && ex->on_compute(ex->user, ex, op)) return failed(ex, op, "the compute callback");
         break;
     case CP_ACT_NONE: break;
+    case CP_ACT_P2P:
+        if (run_p2p(ex, op, in, out)) return -1;
+        break;
     }
     if (d->frees != CP_BUF_NONE) {
         if (b->release(b, ex->buf[d->frees][u], (size_t)cp_arena_buffer_bytes(p, u, d->frees)))
             return failed(ex, op, "releasing a buffer");
         if (d->frees == CP_BUF_UNSHARDED) ex->unsharded_live[u] = 0;
     }
-    if (op->event >= 0 && b->record(b, op->stream, op->event)) return failed(ex, op, "the event record");
-    if (in_table && op->event >= 0 && op->event < p->nevents) ex->slot_last[op->event] = (int)x;
+    if (!ex->open_batch) return record_event(ex, op);
+    if (!in_table || x + 1 >= p->nops || p->ops[x + 1].batch != batch) return close_batch(ex, op);
     return 0;
 }
 

@@ -103,10 +103,20 @@ static int fail(cp_gpu *g, const char *fmt, ...)
 static ncclDataType_t nccl_type(cp_dtype t) { return t == CP_FP32 ? ncclFloat32 : t == CP_BF16 ? ncclBfloat16 : ncclFloat16; }
 static ncclRedOp_t nccl_op(cp_reduce_op op) { return op == CP_AVG ? ncclAvg : op == CP_MAX ? ncclMax : ncclSum; }
 
+/* Whether any rank issues work on family f: any class's ops name it, or
+ * it is the pipeline's (sends and receives use plan->pp_family). Every
+ * rank decides alike from the whole plan: the splits are collectives over
+ * the world communicator. */
 static int uses_family(const cp_plan *p, int f)
 {
-    for (int i = 0; i < p->nops; i++)
-        if (p->ops[i].family == f) return 1;
+    if (p->pp_size > 1 && f == p->pp_family) return 1;
+    int nclasses = p->classes && p->nclasses > 0 ? p->nclasses : 0;
+    for (int c = -1; c < nclasses; c++) {
+        const cp_op *ops = c < 0 ? p->ops : p->classes[c].ops;
+        int nops = c < 0 ? p->nops : p->classes[c].nops > 0 ? p->classes[c].nops : p->nops;
+        for (int i = 0; i < nops; i++)
+            if (ops[i].family == f) return 1;
+    }
     return 0;
 }
 
@@ -263,6 +273,60 @@ static int gpu_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const voi
     return 0;
 }
 
+/* Point-to-point over the pp family's communicator: its ranks are the pp
+ * coordinates (the family has the pp axis alone, cp_group_of's key). */
+static int pp_comm(cp_gpu *g, const cp_op *op, int peer_rank, ncclComm_t *comm, int *peer)
+{
+    const cp_plan *p = g->plan;
+    int f = p->pp_family;
+    if (f < 0 || f >= p->nfamilies || !g->comms || !g->comms[f])
+        return fail(g, "%s of unit %s (tag %d) without the plan's pp communicator (pp_family %d): regenerate the plan",
+                    cp_op_kind_name(op->kind), p->units[op->unit].name, op->tag, f);
+    *comm = g->comms[f];
+    *peer = cp_pp_rank(p, peer_rank);
+    return 0;
+}
+
+static int gpu_send(cp_backend *b, const cp_op *op, cp_stream s, const void *buf, int peer_rank)
+{
+    cp_gpu *g = b->ctx;
+    ncclComm_t comm;
+    int peer;
+    /* A stand-in's communicators have one rank: no peer to send to (its
+     * timing leaves the pipeline's messages out). */
+    if (g->env.standin) return 0;
+    if (pp_comm(g, op, peer_rank, &comm, &peer)) return -1;
+    NCCL(ncclSend(buf, (size_t)op->count, nccl_type(op->dtype), peer, comm, g->streams[s]));
+    return 0;
+}
+
+static int gpu_recv(cp_backend *b, const cp_op *op, cp_stream s, void *buf, int peer_rank)
+{
+    cp_gpu *g = b->ctx;
+    ncclComm_t comm;
+    int peer;
+    if (g->env.standin) return 0;
+    if (pp_comm(g, op, peer_rank, &comm, &peer)) return -1;
+    NCCL(ncclRecv(buf, (size_t)op->count, nccl_type(op->dtype), peer, comm, g->streams[s]));
+    return 0;
+}
+
+/* A batch: its sends and receives are posted together at the group's end
+ * (torch's batch_isend_irecv), so their order inside it cannot deadlock. */
+static int gpu_group_start(cp_backend *b)
+{
+    cp_gpu *g = b->ctx;
+    NCCL(ncclGroupStart());
+    return 0;
+}
+
+static int gpu_group_end(cp_backend *b)
+{
+    cp_gpu *g = b->ctx;
+    NCCL(ncclGroupEnd());
+    return 0;
+}
+
 static int gpu_record(cp_backend *b, cp_stream s, int event)
 {
     cp_gpu *g = b->ctx;
@@ -357,6 +421,10 @@ static void backend_init(cp_gpu *g)
     b->read = gpu_read;
     b->write = gpu_write;
     b->last_error = gpu_last_error;
+    b->send = gpu_send;
+    b->recv = gpu_recv;
+    b->group_start = gpu_group_start;
+    b->group_end = gpu_group_end;
 }
 
 /* Compute placeholders: the library caller's callback on its stream. */

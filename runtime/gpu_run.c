@@ -124,6 +124,46 @@ static int gpu_check_activation(void *user, cp_executor *ex, const cp_op *op, in
     return 0;
 }
 
+/* Pipeline messages, the same way: a host function writes the message
+ * (the pattern of this rank, tag, micro-step) into pinned memory, copied
+ * into the send's slot on the stream; after a receive its slot is copied
+ * back and a host function checks it against the peer's pattern. */
+static void CUDART_CB p2p_fill_on_host(void *arg)
+{
+    compute_call *c = arg;
+    cp_checker_p2p_message(&c->h->check, c->op, c->h->ex->rank, c->pinned);
+}
+
+static void CUDART_CB p2p_check_on_host(void *arg)
+{
+    compute_call *c = arg;
+    const cp_executor *ex = c->h->ex;
+    cp_checker_p2p_check(&c->h->check, c->op, cp_pp_peer_rank(ex->plan, ex->rank, c->op->peer), c->pinned);
+}
+
+static int gpu_check_p2p(void *user, cp_executor *ex, const cp_op *op, int after)
+{
+    check_state *cs = user;
+    compute_call *c = &cs->calls[op - ex->plan->ops];
+    const cp_op_desc *d = &cp_op_descs[op->kind];
+    size_t bytes = (size_t)op->count * cp_dtype_size(op->dtype);
+    cudaError_t e;
+    /* The pinned scratch's uses are ordered on the compute stream only. */
+    if (op->stream != CP_STREAM_COMPUTE) return cuda_failed(ex, "a pipeline message off the compute stream", cudaErrorInvalidValue);
+    if (!after) {
+        if ((e = cudaLaunchHostFunc(cs->stream, p2p_fill_on_host, c))) return cuda_failed(ex, "cudaLaunchHostFunc", e);
+        if ((e = cudaMemcpyAsync(cp_executor_op_buffer(ex, op, d->in, d->in_slot), c->pinned, bytes,
+                                 cudaMemcpyHostToDevice, cs->stream)))
+            return cuda_failed(ex, "copying the message to send", e);
+        return 0;
+    }
+    if ((e = cudaMemcpyAsync(c->pinned, cp_executor_op_buffer(ex, op, d->out, d->out_slot), bytes,
+                             cudaMemcpyDeviceToHost, cs->stream)))
+        return cuda_failed(ex, "copying the received message", e);
+    if ((e = cudaLaunchHostFunc(cs->stream, p2p_check_on_host, c))) return cuda_failed(ex, "cudaLaunchHostFunc", e);
+    return 0;
+}
+
 static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, cudaStream_t S)
 {
     check_state cs;
@@ -136,6 +176,7 @@ static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, c
                    (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_GRADS);
         if (n > biggest) biggest = n;
         if ((size_t)cp_arena_buffer_bytes(p, u, CP_BUF_ACT) > biggest) biggest = (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_ACT);
+        if ((size_t)cp_arena_buffer_bytes(p, u, CP_BUF_PP) > biggest) biggest = (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_PP);
     }
     if (cudaMallocHost(&cs.pinned, biggest ? biggest : 1) != cudaSuccess) {
         fprintf(stderr, "commplan: rank %d: cudaMallocHost of %zu bytes for --check failed\n", cp_gpu_rank(g), biggest);
@@ -154,6 +195,7 @@ static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, c
      * placeholders are the stream-ordered ones above. */
     ex->on_compute = gpu_check_compute;
     ex->on_activation = gpu_check_activation;
+    ex->on_p2p = gpu_check_p2p;
     ex->user = &cs;
     ex->on_collective = NULL;
     if (o->dump_dir) {

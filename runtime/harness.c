@@ -82,6 +82,25 @@ static int on_activation(void *user, cp_executor *ex, const cp_op *op, int after
     return 0;
 }
 
+/* Around a pipeline message: before a send the message written from the
+ * pattern (the caller's compute produced it), after a receive checked
+ * against what the peer (cp_pp_peer_rank) wrote; a mismatch is counted and
+ * named on one line. */
+static int on_p2p(void *user, cp_executor *ex, const cp_op *op, int after)
+{
+    cp_harness *h = user;
+    const cp_op_desc *d = &cp_op_descs[op->kind];
+    size_t bytes = (size_t)op->count * cp_dtype_size(op->dtype);
+    cp_backend *b = ex->backend;
+    if (!after) {
+        cp_checker_p2p_message(&h->check, op, ex->rank, h->scratch);
+        return b->write(b, op->stream, cp_executor_op_buffer(ex, op, d->in, d->in_slot), h->scratch, bytes);
+    }
+    if (b->read(b, op->stream, cp_executor_op_buffer(ex, op, d->out, d->out_slot), h->scratch, bytes)) return -1;
+    cp_checker_p2p_check(&h->check, op, cp_pp_peer_rank(ex->plan, ex->rank, op->peer), h->scratch);
+    return 0;
+}
+
 /* ---- dump in the recordings' format: step 0's shards, every step's
  * collectives between "stepN_forward" / "stepN_backward" marks (as the
  * recorder writes them), the last step's grads ---- */
@@ -180,6 +199,7 @@ int cp_harness_init(cp_harness *h, cp_executor *ex, cp_pattern pattern)
     }
     ex->on_compute = on_compute;
     ex->on_activation = on_activation;
+    ex->on_p2p = on_p2p;
     ex->user = h;
     return 0;
 }
@@ -191,6 +211,7 @@ void cp_harness_free(cp_harness *h)
         h->ex->on_compute = NULL;
         h->ex->on_collective = NULL;
         h->ex->on_activation = NULL;
+        h->ex->on_p2p = NULL;
         h->ex->user = NULL;
     }
     cp_checker_free(&h->check);

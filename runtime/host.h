@@ -1,5 +1,6 @@
 /* Host backend: every rank of a plan as a thread of one process over host
- * memory. Collectives rendezvous on a barrier per group instance. */
+ * memory. Collectives rendezvous on a barrier per group instance; sends
+ * and receives go through a mailbox per (sender, receiver). */
 #ifndef COMMPLAN_HOST_H
 #define COMMPLAN_HOST_H
 
@@ -16,6 +17,9 @@ void cp_host_world_destroy(cp_host_world *w);
 /* Reductions with gloo's arithmetic (the default) or NCCL's (ring order,
  * ncclAvg's premultiply; cp_reduce_values_nccl). */
 void cp_host_world_set_arith(cp_host_world *w, cp_arith a);
+/* How long a point-to-point receive waits for its message before it fails
+ * naming both ranks (COMMPLAN_P2P_TIMEOUT seconds, else 30; <= 0: that). */
+void cp_host_world_set_p2p_timeout(cp_host_world *w, double seconds);
 /* b->ctx is owned by the world; valid until cp_host_world_destroy. */
 void cp_host_backend_init(cp_backend *b, cp_host_world *w, int rank);
 

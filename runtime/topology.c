@@ -56,13 +56,37 @@ int cp_tp_rank(const cp_plan *p, int rank)
     return c.coords[p->tp_mesh_dim];
 }
 
+int cp_pp_rank(const cp_plan *p, int rank)
+{
+    if (p->pp_size <= 1 || p->pp_mesh_dim < 0) return 0;
+    cp_rank_coords c;
+    cp_rank_coords_of(p, rank, &c);
+    return c.coords[p->pp_mesh_dim];
+}
+
+int cp_pp_peer_rank(const cp_plan *p, int rank, int peer_coord)
+{
+    if (p->pp_size <= 1 || p->pp_mesh_dim < 0) return rank;
+    /* Row-major, last dim fastest: the pp dim's stride is the product of the dims after it. */
+    int stride = 1;
+    for (int d = p->mesh_ndim - 1; d > p->pp_mesh_dim; d--) stride *= p->mesh_sizes[d];
+    return rank + (peer_coord - cp_pp_rank(p, rank)) * stride;
+}
+
 void cp_plan_view(const cp_plan *p, int rank, cp_plan *out)
 {
     *out = *p;
     out->view_class = 0;
     if (p->nclasses <= 0 || !p->classes) return;
-    int c = p->class_of_tp ? p->class_of_tp[cp_tp_rank(p, rank)] : 0;
-    const cp_tp_class *k = &p->classes[c];
+    int tp = p->tp_size > 0 ? p->tp_size : 1;
+    int c = p->class_of ? p->class_of[cp_pp_rank(p, rank) * tp + cp_tp_rank(p, rank)] : 0;
+    const cp_class *k = &p->classes[c];
+    /* Tables written before a class had its own counts (all zero) share the plan's. */
+    if (k->nunits > 0 || k->nparams > 0 || k->nops > 0) {
+        out->nunits = k->nunits;
+        out->nparams = k->nparams;
+        out->nops = k->nops;
+    }
     out->units = k->units;
     out->params = k->params;
     out->ops = k->ops;

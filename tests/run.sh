@@ -325,6 +325,10 @@ section "runtime unit tests (cmocka, plain and ASan+UBSan)"
 run "build cmocka tests" $MAKE build/tests/test_runtime build/tests-asan/test_runtime
 run "cmocka runtime tests" build/tests/test_runtime
 run "cmocka runtime tests under ASan+UBSan" build/tests-asan/test_runtime
+run "build pipeline point-to-point tests" $MAKE build/tests/test_pp build/tests-asan/test_pp
+run "pipeline sends/receives on the host backend: 2 and 4 stages, every message checked, tag mismatch, timeout, batches" \
+  build/tests/test_pp
+run "pipeline point-to-point tests under ASan+UBSan" build/tests-asan/test_pp
 run "host fast paths (copies, reductions, patterns) equal the per-element reference, every dtype triple, plain and ASan+UBSan (make test-fastpath)" \
   $MAKE test-fastpath
 run "build rendezvous tests" $MAKE build/tests/test_rendezvous build/tests-asan/test_rendezvous
@@ -454,6 +458,8 @@ if command -v valgrind >/dev/null 2>&1; then
   run "valgrind: llama_tiny_tp (TP classes, activation collectives, --dump) has no leaks or errors" \
     valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/llama_tiny_tp/llama_tiny_tp \
     --simulate --quiet --dump build/valgrind-dump
+  run "valgrind: pipeline point-to-point tests (queued messages freed, failed runs included) have no leaks or errors" \
+    valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/tests/test_pp
 else skipped "valgrind" "not installed"; fi
 
 section "FSDP2 recordings (tests/oracle): layouts, collectives, shards and grads byte for byte"

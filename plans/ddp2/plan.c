@@ -8,10 +8,10 @@
 #include "plan.h"
 
 /* The runtime these tables were generated for (runtime/commplan.h). */
-#if CP_TABLES_VERSION != 6
-#error "plan.c was generated for commplan tables version 6: regenerate it with this tree's gen/commplan.lua"
+#if CP_TABLES_VERSION != 7
+#error "plan.c was generated for commplan tables version 7: regenerate it with this tree's gen/commplan.lua"
 #endif
-_Static_assert(CP_OP_KIND_COUNT == 17 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 7,
+_Static_assert(CP_OP_KIND_COUNT == 19 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 8,
                "runtime/commplan.h enums differ from the generator's (gen/opkinds.lua, gen/memplan.lua)");
 
 /* Parameters, unit by unit in wrapping order, each in its unit's order.
@@ -45,14 +45,14 @@ static const cp_unit units[2] = {
         .name = "root", .first_param = 0, .nparams = 1,
         .total = 3, .numel = 3, .grads_numel = 8,
         .orig_dtype = CP_BF16, .ag_dtype = CP_BF16, .reduce_dtype = CP_BF16, .grad_dtype = CP_BF16, .is_root = 1, .reshard_after_forward = 0,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 256, [CP_BUF_GRADS] = 512, [CP_BUF_RS_IN] = 256, [CP_BUF_RS_OUT] = 768, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 256, [CP_BUF_GRADS] = 512, [CP_BUF_RS_IN] = 256, [CP_BUF_RS_OUT] = 768, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
     [DDP2_UNIT_A] = {
         .name = "a", .first_param = 1, .nparams = 1,
         .total = 12, .numel = 12, .grads_numel = 16,
         .orig_dtype = CP_BF16, .ag_dtype = CP_BF16, .reduce_dtype = CP_BF16, .grad_dtype = CP_BF16, .is_root = 0, .reshard_after_forward = 1,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 512, [CP_BUF_GRADS] = 1024, [CP_BUF_RS_IN] = 1280, [CP_BUF_RS_OUT] = 1536, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 512, [CP_BUF_GRADS] = 1024, [CP_BUF_RS_IN] = 1280, [CP_BUF_RS_OUT] = 1536, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
 };
 
 /* Group families: one per set of mesh dims (axis_mask bit i = mesh dim i).
@@ -68,46 +68,50 @@ static const cp_group_family families[4] = {
 /* The step, in issue order. Collectives name their family (-1: a one-rank
  * group, which issues nothing) and carry dtype, per-rank count (all-gather
  * input, reduce-scatter output, all-reduce buffer) and reduce op; the
- * CP_OP_TP_* ones are TP activation collectives over the tp family. Each op
+ * CP_OP_TP_* ones are TP activation collectives over the tp family; a send
+ * or receive names its pp peer's coordinate, its message (tag) and its
+ * batch (> 0: posted as one group with its neighbours of the same batch;
+ * -1, 0, 0 on every other op). Each op
  * runs on `stream`; before it, that stream waits for the event slots
  * waits[wait_first .. wait_first + wait_count) and nothing else orders it
  * (gen/memplan.lua proves every data dependency and every reuse of arena
  * bytes is covered); `event` >= 0 is recorded after it for a later wait. */
 static const cp_op ops[21] = {
-    [0] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .dtype = CP_BF16, .count = 3, .reduce_op = CP_SUM, .micro_step = 0, .event = 0, .wait_first = 0, .wait_count = 0, .from_sharded = 1 },
-    [1] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 1, .wait_first = 0, .wait_count = 1 },
-    [2] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [3] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .dtype = CP_BF16, .count = 12, .reduce_op = CP_SUM, .micro_step = 0, .event = 2, .wait_first = 1, .wait_count = 1, .from_sharded = 1 },
-    [4] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 3, .wait_first = 2, .wait_count = 1 },
-    [5] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [6] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [7] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .dtype = CP_BF16, .count = 12, .reduce_op = CP_SUM, .micro_step = 0, .event = 4, .wait_first = 3, .wait_count = 1, .from_sharded = 1 },
-    [8] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 4, .wait_count = 1 },
-    [9] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [10] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [11] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 5, .wait_first = 0, .wait_count = 0 },
-    [12] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 12, .reduce_op = CP_AVG, .micro_step = 0, .event = 6, .wait_first = 5, .wait_count = 1 },
-    [13] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 12, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 6, .wait_count = 1 },
-    [14] = { .kind = CP_OP_VIEW_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [15] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [16] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [17] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 7, .wait_first = 7, .wait_count = 1 },
-    [18] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 3, .reduce_op = CP_AVG, .micro_step = 0, .event = 8, .wait_first = 8, .wait_count = 1 },
-    [19] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 3, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 9, .wait_count = 1 },
-    [20] = { .kind = CP_OP_VIEW_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
+    [0] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .dtype = CP_BF16, .count = 3, .reduce_op = CP_SUM, .micro_step = 0, .event = 0, .wait_first = 0, .wait_count = 0, .from_sharded = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [1] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 1, .wait_first = 0, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [2] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [3] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .dtype = CP_BF16, .count = 12, .reduce_op = CP_SUM, .micro_step = 0, .event = 2, .wait_first = 1, .wait_count = 1, .from_sharded = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [4] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 3, .wait_first = 2, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [5] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [6] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [7] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .dtype = CP_BF16, .count = 12, .reduce_op = CP_SUM, .micro_step = 0, .event = 4, .wait_first = 3, .wait_count = 1, .from_sharded = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [8] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 4, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [9] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [10] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [11] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 5, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [12] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 12, .reduce_op = CP_AVG, .micro_step = 0, .event = 6, .wait_first = 5, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [13] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 12, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 6, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [14] = { .kind = CP_OP_VIEW_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [15] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [16] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [17] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 7, .wait_first = 7, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [18] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 3, .reduce_op = CP_AVG, .micro_step = 0, .event = 8, .wait_first = 8, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [19] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 3, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 9, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [20] = { .kind = CP_OP_VIEW_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
 };
 
 /* Event slots waited on, in runs indexed by cp_op.wait_first. */
 static const int waits[10] = { 0, 1, 2, 3, 4, 5, 6, 6, 7, 8 };
 
-/* Tensor parallelism: TP ranks whose TP-local shapes agree for every
- * parameter form a class with its own tables (the tables above are class
- * 0's); class_of_tp maps a rank's TP coordinate to its class. O(params x
- * classes), never O(world). */
-static const cp_tp_class classes[1] = {
-    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 10, .nevents = 9, .arena_bytes = 1792 },
+/* Tensor and pipeline parallelism: TP ranks whose TP-local shapes agree
+ * for every parameter, and a pipeline rank's stages, form a class with its
+ * own tables and counts (the tables above are class 0's); class_of maps a
+ * rank's (pp, TP) coordinates, [pp * tp_size + tp], to its class.
+ * O(params x classes), never O(world). */
+static const cp_class classes[1] = {
+    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 10, .nevents = 9, .arena_bytes = 1792, .nunits = 2, .nparams = 2, .nops = 21 },
 };
-static const int class_of_tp[1] = { 0 };
+static const int class_of[1] = { 0 };
 
 const cp_plan ddp2_plan = {
     .name = "ddp2",
@@ -137,5 +141,8 @@ const cp_plan ddp2_plan = {
     .tp_mesh_dim = -1,
     .nclasses = 1,
     .classes = classes,
-    .class_of_tp = class_of_tp,
+    .class_of = class_of,
+    .pp_size = 1,
+    .pp_mesh_dim = -1,
+    .pp_family = -1,
 };

@@ -8,10 +8,10 @@
 #include "plan.h"
 
 /* The runtime these tables were generated for (runtime/commplan.h). */
-#if CP_TABLES_VERSION != 6
-#error "plan.c was generated for commplan tables version 6: regenerate it with this tree's gen/commplan.lua"
+#if CP_TABLES_VERSION != 7
+#error "plan.c was generated for commplan tables version 7: regenerate it with this tree's gen/commplan.lua"
 #endif
-_Static_assert(CP_OP_KIND_COUNT == 17 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 7,
+_Static_assert(CP_OP_KIND_COUNT == 19 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 8,
                "runtime/commplan.h enums differ from the generator's (gen/opkinds.lua, gen/memplan.lua)");
 
 /* Parameters, unit by unit in wrapping order, each in its unit's order.
@@ -79,26 +79,26 @@ static const cp_unit units[4] = {
         .name = "root", .first_param = 0, .nparams = 3,
         .total = 462, .numel = 900, .grads_numel = 912,
         .orig_dtype = CP_FP32, .ag_dtype = CP_FP32, .reduce_dtype = CP_FP32, .grad_dtype = CP_FP32, .is_root = 1, .reshard_after_forward = 0,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 18432, [CP_BUF_GRADS] = 9216, [CP_BUF_RS_IN] = 4608, [CP_BUF_RS_OUT] = 26880, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 18432, [CP_BUF_GRADS] = 9216, [CP_BUF_RS_IN] = 4608, [CP_BUF_RS_OUT] = 26880, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
     [HSDP2X2_UNIT_LAYERS_0] = {
         .name = "layers.0", .first_param = 3, .nparams = 11,
         .total = 570, .numel = 1139, .grads_numel = 1152,
         .orig_dtype = CP_FP32, .ag_dtype = CP_FP32, .reduce_dtype = CP_FP32, .grad_dtype = CP_FP32, .is_root = 0, .reshard_after_forward = 1,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 4608, [CP_BUF_GRADS] = 9216, [CP_BUF_RS_IN] = 4608, [CP_BUF_RS_OUT] = 22272, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 4608, [CP_BUF_GRADS] = 9216, [CP_BUF_RS_IN] = 4608, [CP_BUF_RS_OUT] = 22272, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
     [HSDP2X2_UNIT_LAYERS_1] = {
         .name = "layers.1", .first_param = 14, .nparams = 11,
         .total = 570, .numel = 1139, .grads_numel = 1152,
         .orig_dtype = CP_FP32, .ag_dtype = CP_FP32, .reduce_dtype = CP_FP32, .grad_dtype = CP_FP32, .is_root = 0, .reshard_after_forward = 1,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 4608, [CP_BUF_GRADS] = 9216, [CP_BUF_RS_IN] = 13824, [CP_BUF_RS_OUT] = 24576, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 4608, [CP_BUF_GRADS] = 9216, [CP_BUF_RS_IN] = 13824, [CP_BUF_RS_OUT] = 24576, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
     [HSDP2X2_UNIT_LAYERS_2] = {
         .name = "layers.2", .first_param = 25, .nparams = 11,
         .total = 570, .numel = 1139, .grads_numel = 1152,
         .orig_dtype = CP_FP32, .ag_dtype = CP_FP32, .reduce_dtype = CP_FP32, .grad_dtype = CP_FP32, .is_root = 0, .reshard_after_forward = 1,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 4608, [CP_BUF_GRADS] = 9216, [CP_BUF_RS_IN] = 13824, [CP_BUF_RS_OUT] = 26880, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 4608, [CP_BUF_GRADS] = 9216, [CP_BUF_RS_IN] = 13824, [CP_BUF_RS_OUT] = 26880, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
 };
 
 /* Group families: one per set of mesh dims (axis_mask bit i = mesh dim i).
@@ -116,70 +116,74 @@ static const cp_group_family families[6] = {
 /* The step, in issue order. Collectives name their family (-1: a one-rank
  * group, which issues nothing) and carry dtype, per-rank count (all-gather
  * input, reduce-scatter output, all-reduce buffer) and reduce op; the
- * CP_OP_TP_* ones are TP activation collectives over the tp family. Each op
+ * CP_OP_TP_* ones are TP activation collectives over the tp family; a send
+ * or receive names its pp peer's coordinate, its message (tag) and its
+ * batch (> 0: posted as one group with its neighbours of the same batch;
+ * -1, 0, 0 on every other op). Each op
  * runs on `stream`; before it, that stream waits for the event slots
  * waits[wait_first .. wait_first + wait_count) and nothing else orders it
  * (gen/memplan.lua proves every data dependency and every reuse of arena
  * bytes is covered); `event` >= 0 is recorded after it for a later wait. */
 static const cp_op ops[45] = {
-    [0] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_FP32, .count = 462, .reduce_op = CP_SUM, .micro_step = 0, .event = 0, .wait_first = 0, .wait_count = 0, .from_sharded = 1 },
-    [1] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 1, .wait_first = 0, .wait_count = 1 },
-    [2] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [3] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_SUM, .micro_step = 0, .event = 2, .wait_first = 1, .wait_count = 1, .from_sharded = 1 },
-    [4] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 3, .wait_first = 2, .wait_count = 1 },
-    [5] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [6] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [7] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_SUM, .micro_step = 0, .event = 4, .wait_first = 3, .wait_count = 1, .from_sharded = 1 },
-    [8] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 5, .wait_first = 4, .wait_count = 1 },
-    [9] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [10] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [11] = { .kind = CP_OP_ALL_GATHER, .unit = 3, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_SUM, .micro_step = 0, .event = 6, .wait_first = 5, .wait_count = 1, .from_sharded = 1 },
-    [12] = { .kind = CP_OP_COPY_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 7, .wait_first = 6, .wait_count = 1 },
-    [13] = { .kind = CP_OP_FORWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [14] = { .kind = CP_OP_RESHARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [15] = { .kind = CP_OP_ALL_GATHER, .unit = 3, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_SUM, .micro_step = 0, .event = 8, .wait_first = 7, .wait_count = 1, .from_sharded = 1 },
-    [16] = { .kind = CP_OP_COPY_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 9, .wait_first = 8, .wait_count = 1 },
-    [17] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_SUM, .micro_step = 0, .event = 10, .wait_first = 9, .wait_count = 1, .from_sharded = 1 },
-    [18] = { .kind = CP_OP_BACKWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [19] = { .kind = CP_OP_RESHARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [20] = { .kind = CP_OP_PACK, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 11, .wait_first = 0, .wait_count = 0 },
-    [21] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 3, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_AVG, .micro_step = 0, .event = 12, .wait_first = 10, .wait_count = 1 },
-    [22] = { .kind = CP_OP_ALL_REDUCE, .unit = 3, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 570, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 11, .wait_count = 1 },
-    [23] = { .kind = CP_OP_VIEW_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = 13, .wait_first = 0, .wait_count = 0 },
-    [24] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 14, .wait_first = 12, .wait_count = 1 },
-    [25] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_SUM, .micro_step = 0, .event = 15, .wait_first = 13, .wait_count = 1, .from_sharded = 1 },
-    [26] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [27] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [28] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 16, .wait_first = 14, .wait_count = 1 },
-    [29] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_AVG, .micro_step = 0, .event = 17, .wait_first = 15, .wait_count = 1 },
-    [30] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 570, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 16, .wait_count = 1 },
-    [31] = { .kind = CP_OP_VIEW_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [32] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 17, .wait_count = 1 },
-    [33] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [34] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [35] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 18, .wait_first = 18, .wait_count = 1 },
-    [36] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_AVG, .micro_step = 0, .event = 19, .wait_first = 19, .wait_count = 1 },
-    [37] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 570, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 20, .wait_count = 1 },
-    [38] = { .kind = CP_OP_VIEW_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [39] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [40] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [41] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 20, .wait_first = 21, .wait_count = 1 },
-    [42] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 462, .reduce_op = CP_AVG, .micro_step = 0, .event = 21, .wait_first = 22, .wait_count = 2 },
-    [43] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 462, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 24, .wait_count = 1 },
-    [44] = { .kind = CP_OP_VIEW_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
+    [0] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_FP32, .count = 462, .reduce_op = CP_SUM, .micro_step = 0, .event = 0, .wait_first = 0, .wait_count = 0, .from_sharded = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [1] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 1, .wait_first = 0, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [2] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [3] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_SUM, .micro_step = 0, .event = 2, .wait_first = 1, .wait_count = 1, .from_sharded = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [4] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 3, .wait_first = 2, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [5] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [6] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [7] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_SUM, .micro_step = 0, .event = 4, .wait_first = 3, .wait_count = 1, .from_sharded = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [8] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 5, .wait_first = 4, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [9] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [10] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [11] = { .kind = CP_OP_ALL_GATHER, .unit = 3, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_SUM, .micro_step = 0, .event = 6, .wait_first = 5, .wait_count = 1, .from_sharded = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [12] = { .kind = CP_OP_COPY_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 7, .wait_first = 6, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [13] = { .kind = CP_OP_FORWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [14] = { .kind = CP_OP_RESHARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [15] = { .kind = CP_OP_ALL_GATHER, .unit = 3, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_SUM, .micro_step = 0, .event = 8, .wait_first = 7, .wait_count = 1, .from_sharded = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [16] = { .kind = CP_OP_COPY_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 9, .wait_first = 8, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [17] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_SUM, .micro_step = 0, .event = 10, .wait_first = 9, .wait_count = 1, .from_sharded = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [18] = { .kind = CP_OP_BACKWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [19] = { .kind = CP_OP_RESHARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [20] = { .kind = CP_OP_PACK, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 11, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [21] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 3, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_AVG, .micro_step = 0, .event = 12, .wait_first = 10, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [22] = { .kind = CP_OP_ALL_REDUCE, .unit = 3, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 570, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 11, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [23] = { .kind = CP_OP_VIEW_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = 13, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [24] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 14, .wait_first = 12, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [25] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_SUM, .micro_step = 0, .event = 15, .wait_first = 13, .wait_count = 1, .from_sharded = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [26] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [27] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [28] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 16, .wait_first = 14, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [29] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_AVG, .micro_step = 0, .event = 17, .wait_first = 15, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [30] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 570, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 16, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [31] = { .kind = CP_OP_VIEW_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [32] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 17, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [33] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [34] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [35] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 18, .wait_first = 18, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [36] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 570, .reduce_op = CP_AVG, .micro_step = 0, .event = 19, .wait_first = 19, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [37] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 570, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 20, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [38] = { .kind = CP_OP_VIEW_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [39] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [40] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [41] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 20, .wait_first = 21, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [42] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 462, .reduce_op = CP_AVG, .micro_step = 0, .event = 21, .wait_first = 22, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 },
+    [43] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 462, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 24, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [44] = { .kind = CP_OP_VIEW_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
 };
 
 /* Event slots waited on, in runs indexed by cp_op.wait_first. */
 static const int waits[25] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 10, 14, 12, 16, 17, 15, 17, 18, 19, 19, 13, 20, 21 };
 
-/* Tensor parallelism: TP ranks whose TP-local shapes agree for every
- * parameter form a class with its own tables (the tables above are class
- * 0's); class_of_tp maps a rank's TP coordinate to its class. O(params x
- * classes), never O(world). */
-static const cp_tp_class classes[1] = {
-    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 25, .nevents = 22, .arena_bytes = 29184 },
+/* Tensor and pipeline parallelism: TP ranks whose TP-local shapes agree
+ * for every parameter, and a pipeline rank's stages, form a class with its
+ * own tables and counts (the tables above are class 0's); class_of maps a
+ * rank's (pp, TP) coordinates, [pp * tp_size + tp], to its class.
+ * O(params x classes), never O(world). */
+static const cp_class classes[1] = {
+    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 25, .nevents = 22, .arena_bytes = 29184, .nunits = 4, .nparams = 36, .nops = 45 },
 };
-static const int class_of_tp[1] = { 0 };
+static const int class_of[1] = { 0 };
 
 const cp_plan hsdp2x2_plan = {
     .name = "hsdp2x2",
@@ -209,5 +213,8 @@ const cp_plan hsdp2x2_plan = {
     .tp_mesh_dim = -1,
     .nclasses = 1,
     .classes = classes,
-    .class_of_tp = class_of_tp,
+    .class_of = class_of,
+    .pp_size = 1,
+    .pp_mesh_dim = -1,
+    .pp_family = -1,
 };

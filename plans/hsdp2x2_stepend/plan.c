@@ -8,10 +8,10 @@
 #include "plan.h"
 
 /* The runtime these tables were generated for (runtime/commplan.h). */
-#if CP_TABLES_VERSION != 6
-#error "plan.c was generated for commplan tables version 6: regenerate it with this tree's gen/commplan.lua"
+#if CP_TABLES_VERSION != 7
+#error "plan.c was generated for commplan tables version 7: regenerate it with this tree's gen/commplan.lua"
 #endif
-_Static_assert(CP_OP_KIND_COUNT == 17 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 7,
+_Static_assert(CP_OP_KIND_COUNT == 19 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 8,
                "runtime/commplan.h enums differ from the generator's (gen/opkinds.lua, gen/memplan.lua)");
 
 /* Parameters, unit by unit in wrapping order, each in its unit's order.
@@ -49,26 +49,26 @@ static const cp_unit units[4] = {
         .name = "root", .first_param = 0, .nparams = 1,
         .total = 36, .numel = 66, .grads_numel = 72,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_FP32, .grad_dtype = CP_FP32, .is_root = 1, .reshard_after_forward = 0,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 1024, [CP_BUF_UNSHARDED] = 512, [CP_BUF_GRADS] = 0, [CP_BUF_RS_IN] = 512, [CP_BUF_RS_OUT] = 1280, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 1024, [CP_BUF_UNSHARDED] = 512, [CP_BUF_GRADS] = 0, [CP_BUF_RS_IN] = 512, [CP_BUF_RS_OUT] = 1280, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
     [HSDP2X2_STEPEND_UNIT_LAYERS_0] = {
         .name = "layers.0", .first_param = 1, .nparams = 2,
         .total = 27, .numel = 48, .grads_numel = 56,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_FP32, .grad_dtype = CP_FP32, .is_root = 0, .reshard_after_forward = 1,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 1024, [CP_BUF_UNSHARDED] = 768, [CP_BUF_GRADS] = 1536, [CP_BUF_RS_IN] = 768, [CP_BUF_RS_OUT] = 1792, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 1024, [CP_BUF_UNSHARDED] = 768, [CP_BUF_GRADS] = 1536, [CP_BUF_RS_IN] = 768, [CP_BUF_RS_OUT] = 1792, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
     [HSDP2X2_STEPEND_UNIT_LAYERS_1] = {
         .name = "layers.1", .first_param = 3, .nparams = 2,
         .total = 30, .numel = 54, .grads_numel = 56,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_FP32, .grad_dtype = CP_FP32, .is_root = 0, .reshard_after_forward = 1,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 1024, [CP_BUF_UNSHARDED] = 2048, [CP_BUF_GRADS] = 2304, [CP_BUF_RS_IN] = 2048, [CP_BUF_RS_OUT] = 2560, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 1024, [CP_BUF_UNSHARDED] = 2048, [CP_BUF_GRADS] = 2304, [CP_BUF_RS_IN] = 2048, [CP_BUF_RS_OUT] = 2560, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
     [HSDP2X2_STEPEND_UNIT_HEAD] = {
         .name = "head", .first_param = 5, .nparams = 1,
         .total = 30, .numel = 54, .grads_numel = 56,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_FP32, .grad_dtype = CP_FP32, .is_root = 0, .reshard_after_forward = 0,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 1024, [CP_BUF_UNSHARDED] = 2816, [CP_BUF_GRADS] = 3072, [CP_BUF_RS_IN] = 2816, [CP_BUF_RS_OUT] = 1280, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 1024, [CP_BUF_UNSHARDED] = 2816, [CP_BUF_GRADS] = 3072, [CP_BUF_RS_IN] = 2816, [CP_BUF_RS_OUT] = 1280, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
 };
 
 /* Group families: one per set of mesh dims (axis_mask bit i = mesh dim i).
@@ -86,143 +86,147 @@ static const cp_group_family families[6] = {
 /* The step, in issue order. Collectives name their family (-1: a one-rank
  * group, which issues nothing) and carry dtype, per-rank count (all-gather
  * input, reduce-scatter output, all-reduce buffer) and reduce op; the
- * CP_OP_TP_* ones are TP activation collectives over the tp family. Each op
+ * CP_OP_TP_* ones are TP activation collectives over the tp family; a send
+ * or receive names its pp peer's coordinate, its message (tag) and its
+ * batch (> 0: posted as one group with its neighbours of the same batch;
+ * -1, 0, 0 on every other op). Each op
  * runs on `stream`; before it, that stream waits for the event slots
  * waits[wait_first .. wait_first + wait_count) and nothing else orders it
  * (gen/memplan.lua proves every data dependency and every reuse of arena
  * bytes is covered); `event` >= 0 is recorded after it for a later wait. */
 static const cp_op ops[144] = {
-    [0] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 0, .wait_first = 0, .wait_count = 0 },
-    [1] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 36, .reduce_op = CP_SUM, .micro_step = 0, .event = 1, .wait_first = 0, .wait_count = 1 },
-    [2] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 2, .wait_first = 1, .wait_count = 1 },
-    [3] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [4] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 3, .wait_first = 2, .wait_count = 1 },
-    [5] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 27, .reduce_op = CP_SUM, .micro_step = 0, .event = 4, .wait_first = 3, .wait_count = 1 },
-    [6] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 5, .wait_first = 4, .wait_count = 1 },
-    [7] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [8] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [9] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 6, .wait_first = 5, .wait_count = 1 },
-    [10] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 30, .reduce_op = CP_SUM, .micro_step = 0, .event = 7, .wait_first = 6, .wait_count = 1 },
-    [11] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 8, .wait_first = 7, .wait_count = 1 },
-    [12] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [13] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [14] = { .kind = CP_OP_COPY_IN, .unit = 3, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 9, .wait_first = 8, .wait_count = 1 },
-    [15] = { .kind = CP_OP_ALL_GATHER, .unit = 3, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 30, .reduce_op = CP_SUM, .micro_step = 0, .event = 10, .wait_first = 9, .wait_count = 1 },
-    [16] = { .kind = CP_OP_COPY_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 11, .wait_first = 10, .wait_count = 1 },
-    [17] = { .kind = CP_OP_FORWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [18] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 12, .wait_first = 11, .wait_count = 1 },
-    [19] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 30, .reduce_op = CP_SUM, .micro_step = 0, .event = 13, .wait_first = 12, .wait_count = 1 },
-    [20] = { .kind = CP_OP_BACKWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [21] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 14, .wait_first = 13, .wait_count = 1 },
-    [22] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 15, .wait_first = 14, .wait_count = 1 },
-    [23] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 27, .reduce_op = CP_SUM, .micro_step = 0, .event = 16, .wait_first = 15, .wait_count = 1 },
-    [24] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [25] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 17, .wait_first = 16, .wait_count = 1 },
-    [26] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [27] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [28] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [29] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [30] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [31] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [32] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [33] = { .kind = CP_OP_FORWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [34] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 18, .wait_first = 17, .wait_count = 1 },
-    [35] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 30, .reduce_op = CP_SUM, .micro_step = 1, .event = 19, .wait_first = 18, .wait_count = 1 },
-    [36] = { .kind = CP_OP_BACKWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [37] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 20, .wait_first = 19, .wait_count = 1 },
-    [38] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 21, .wait_first = 20, .wait_count = 1 },
-    [39] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 27, .reduce_op = CP_SUM, .micro_step = 1, .event = 22, .wait_first = 21, .wait_count = 1 },
-    [40] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [41] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 23, .wait_first = 22, .wait_count = 1 },
-    [42] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [43] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [44] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [45] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [46] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [47] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [48] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [49] = { .kind = CP_OP_FORWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [50] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 18, .wait_first = 23, .wait_count = 1 },
-    [51] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 30, .reduce_op = CP_SUM, .micro_step = 2, .event = 19, .wait_first = 24, .wait_count = 1 },
-    [52] = { .kind = CP_OP_BACKWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [53] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 20, .wait_first = 25, .wait_count = 1 },
-    [54] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 21, .wait_first = 26, .wait_count = 1 },
-    [55] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 27, .reduce_op = CP_SUM, .micro_step = 2, .event = 22, .wait_first = 27, .wait_count = 1 },
-    [56] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [57] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 23, .wait_first = 28, .wait_count = 1 },
-    [58] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [59] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
+    [0] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 0, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [1] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 36, .reduce_op = CP_SUM, .micro_step = 0, .event = 1, .wait_first = 0, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [2] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 2, .wait_first = 1, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [3] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [4] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 3, .wait_first = 2, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [5] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 27, .reduce_op = CP_SUM, .micro_step = 0, .event = 4, .wait_first = 3, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [6] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 5, .wait_first = 4, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [7] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [8] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [9] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 6, .wait_first = 5, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [10] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 30, .reduce_op = CP_SUM, .micro_step = 0, .event = 7, .wait_first = 6, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [11] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 8, .wait_first = 7, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [12] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [13] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [14] = { .kind = CP_OP_COPY_IN, .unit = 3, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 9, .wait_first = 8, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [15] = { .kind = CP_OP_ALL_GATHER, .unit = 3, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 30, .reduce_op = CP_SUM, .micro_step = 0, .event = 10, .wait_first = 9, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [16] = { .kind = CP_OP_COPY_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 11, .wait_first = 10, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [17] = { .kind = CP_OP_FORWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [18] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 12, .wait_first = 11, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [19] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 30, .reduce_op = CP_SUM, .micro_step = 0, .event = 13, .wait_first = 12, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [20] = { .kind = CP_OP_BACKWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [21] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 14, .wait_first = 13, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [22] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 15, .wait_first = 14, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [23] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 27, .reduce_op = CP_SUM, .micro_step = 0, .event = 16, .wait_first = 15, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [24] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [25] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 17, .wait_first = 16, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [26] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [27] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [28] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [29] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [30] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [31] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [32] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [33] = { .kind = CP_OP_FORWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [34] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 18, .wait_first = 17, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [35] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 30, .reduce_op = CP_SUM, .micro_step = 1, .event = 19, .wait_first = 18, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [36] = { .kind = CP_OP_BACKWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [37] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 20, .wait_first = 19, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [38] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 21, .wait_first = 20, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [39] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 27, .reduce_op = CP_SUM, .micro_step = 1, .event = 22, .wait_first = 21, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [40] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [41] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 23, .wait_first = 22, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [42] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [43] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [44] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [45] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [46] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [47] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [48] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [49] = { .kind = CP_OP_FORWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [50] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 18, .wait_first = 23, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [51] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 30, .reduce_op = CP_SUM, .micro_step = 2, .event = 19, .wait_first = 24, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [52] = { .kind = CP_OP_BACKWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [53] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 20, .wait_first = 25, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [54] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 21, .wait_first = 26, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [55] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 27, .reduce_op = CP_SUM, .micro_step = 2, .event = 22, .wait_first = 27, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [56] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [57] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 23, .wait_first = 28, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [58] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [59] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
     /* micro-steps 3 .. 5: the same 16 ops each, these rows run 3 times */
 #define HSDP2X2_STEPEND_OPS_REPEAT(k) \
-    [60 + (k) * 16] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [61 + (k) * 16] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [62 + (k) * 16] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [63 + (k) * 16] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [64 + (k) * 16] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [65 + (k) * 16] = { .kind = CP_OP_FORWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [66 + (k) * 16] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 18, .wait_first = 29, .wait_count = 1 }, \
-    [67 + (k) * 16] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 30, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 19, .wait_first = 30, .wait_count = 1 }, \
-    [68 + (k) * 16] = { .kind = CP_OP_BACKWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [69 + (k) * 16] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 20, .wait_first = 31, .wait_count = 1 }, \
-    [70 + (k) * 16] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 21, .wait_first = 32, .wait_count = 1 }, \
-    [71 + (k) * 16] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 27, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 22, .wait_first = 33, .wait_count = 1 }, \
-    [72 + (k) * 16] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [73 + (k) * 16] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 23, .wait_first = 34, .wait_count = 1 }, \
-    [74 + (k) * 16] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [75 + (k) * 16] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 },
+    [60 + (k) * 16] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [61 + (k) * 16] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [62 + (k) * 16] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [63 + (k) * 16] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [64 + (k) * 16] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [65 + (k) * 16] = { .kind = CP_OP_FORWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [66 + (k) * 16] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 18, .wait_first = 29, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [67 + (k) * 16] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 30, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 19, .wait_first = 30, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [68 + (k) * 16] = { .kind = CP_OP_BACKWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [69 + (k) * 16] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 20, .wait_first = 31, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [70 + (k) * 16] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 21, .wait_first = 32, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [71 + (k) * 16] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 27, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 22, .wait_first = 33, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [72 + (k) * 16] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [73 + (k) * 16] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 23, .wait_first = 34, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [74 + (k) * 16] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [75 + (k) * 16] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
     HSDP2X2_STEPEND_OPS_REPEAT(0)
     HSDP2X2_STEPEND_OPS_REPEAT(1)
     HSDP2X2_STEPEND_OPS_REPEAT(2)
 #undef HSDP2X2_STEPEND_OPS_REPEAT
-    [108] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [109] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [110] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [111] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [112] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [113] = { .kind = CP_OP_FORWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [114] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 24, .wait_first = 35, .wait_count = 1 },
-    [115] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 30, .reduce_op = CP_SUM, .micro_step = 6, .event = 25, .wait_first = 36, .wait_count = 1 },
-    [116] = { .kind = CP_OP_BACKWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [117] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 26, .wait_first = 37, .wait_count = 1 },
-    [118] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 27, .wait_first = 38, .wait_count = 1 },
-    [119] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 27, .reduce_op = CP_SUM, .micro_step = 6, .event = 28, .wait_first = 39, .wait_count = 1 },
-    [120] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [121] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 40, .wait_count = 1 },
-    [122] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [123] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [124] = { .kind = CP_OP_RESHARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [125] = { .kind = CP_OP_PACK, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 29, .wait_first = 0, .wait_count = 0 },
-    [126] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 3, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 30, .reduce_op = CP_AVG, .micro_step = 6, .event = 30, .wait_first = 41, .wait_count = 1 },
-    [127] = { .kind = CP_OP_ALL_REDUCE, .unit = 3, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 30, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 42, .wait_count = 1 },
-    [128] = { .kind = CP_OP_VIEW_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = 31, .wait_first = 0, .wait_count = 0 },
-    [129] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [130] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 32, .wait_first = 43, .wait_count = 1 },
-    [131] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 30, .reduce_op = CP_AVG, .micro_step = 6, .event = 33, .wait_first = 44, .wait_count = 1 },
-    [132] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 30, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 45, .wait_count = 1 },
-    [133] = { .kind = CP_OP_VIEW_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [134] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [135] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 34, .wait_first = 46, .wait_count = 1 },
-    [136] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 27, .reduce_op = CP_AVG, .micro_step = 6, .event = 35, .wait_first = 47, .wait_count = 1 },
-    [137] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 27, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 48, .wait_count = 1 },
-    [138] = { .kind = CP_OP_VIEW_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [139] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [140] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 36, .wait_first = 49, .wait_count = 1 },
-    [141] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 36, .reduce_op = CP_AVG, .micro_step = 6, .event = 37, .wait_first = 50, .wait_count = 2 },
-    [142] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 36, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 52, .wait_count = 1 },
-    [143] = { .kind = CP_OP_VIEW_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
+    [108] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [109] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [110] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [111] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [112] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [113] = { .kind = CP_OP_FORWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [114] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 24, .wait_first = 35, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [115] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 30, .reduce_op = CP_SUM, .micro_step = 6, .event = 25, .wait_first = 36, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [116] = { .kind = CP_OP_BACKWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [117] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 26, .wait_first = 37, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [118] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 27, .wait_first = 38, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [119] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 27, .reduce_op = CP_SUM, .micro_step = 6, .event = 28, .wait_first = 39, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [120] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [121] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 40, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [122] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [123] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [124] = { .kind = CP_OP_RESHARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [125] = { .kind = CP_OP_PACK, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 29, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [126] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 3, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 30, .reduce_op = CP_AVG, .micro_step = 6, .event = 30, .wait_first = 41, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [127] = { .kind = CP_OP_ALL_REDUCE, .unit = 3, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 30, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 42, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [128] = { .kind = CP_OP_VIEW_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = 31, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [129] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [130] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 32, .wait_first = 43, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [131] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 30, .reduce_op = CP_AVG, .micro_step = 6, .event = 33, .wait_first = 44, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [132] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 30, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 45, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [133] = { .kind = CP_OP_VIEW_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [134] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [135] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 34, .wait_first = 46, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [136] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 27, .reduce_op = CP_AVG, .micro_step = 6, .event = 35, .wait_first = 47, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [137] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 27, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 48, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [138] = { .kind = CP_OP_VIEW_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [139] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [140] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 36, .wait_first = 49, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [141] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 36, .reduce_op = CP_AVG, .micro_step = 6, .event = 37, .wait_first = 50, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 },
+    [142] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 36, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 52, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [143] = { .kind = CP_OP_VIEW_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
 };
 
 /* Event slots waited on, in runs indexed by cp_op.wait_first. */
 static const int waits[53] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 18, 19, 20, 21, 22, 23, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 30, 32, 33, 33, 34, 35, 35, 31, 36, 37 };
 
-/* Tensor parallelism: TP ranks whose TP-local shapes agree for every
- * parameter form a class with its own tables (the tables above are class
- * 0's); class_of_tp maps a rank's TP coordinate to its class. O(params x
- * classes), never O(world). */
-static const cp_tp_class classes[1] = {
-    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 53, .nevents = 38, .arena_bytes = 3328 },
+/* Tensor and pipeline parallelism: TP ranks whose TP-local shapes agree
+ * for every parameter, and a pipeline rank's stages, form a class with its
+ * own tables and counts (the tables above are class 0's); class_of maps a
+ * rank's (pp, TP) coordinates, [pp * tp_size + tp], to its class.
+ * O(params x classes), never O(world). */
+static const cp_class classes[1] = {
+    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 53, .nevents = 38, .arena_bytes = 3328, .nunits = 4, .nparams = 6, .nops = 144 },
 };
-static const int class_of_tp[1] = { 0 };
+static const int class_of[1] = { 0 };
 
 const cp_plan hsdp2x2_stepend_plan = {
     .name = "hsdp2x2_stepend",
@@ -252,5 +256,8 @@ const cp_plan hsdp2x2_stepend_plan = {
     .tp_mesh_dim = -1,
     .nclasses = 1,
     .classes = classes,
-    .class_of_tp = class_of_tp,
+    .class_of = class_of,
+    .pp_size = 1,
+    .pp_mesh_dim = -1,
+    .pp_family = -1,
 };

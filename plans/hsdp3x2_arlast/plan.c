@@ -8,10 +8,10 @@
 #include "plan.h"
 
 /* The runtime these tables were generated for (runtime/commplan.h). */
-#if CP_TABLES_VERSION != 6
-#error "plan.c was generated for commplan tables version 6: regenerate it with this tree's gen/commplan.lua"
+#if CP_TABLES_VERSION != 7
+#error "plan.c was generated for commplan tables version 7: regenerate it with this tree's gen/commplan.lua"
 #endif
-_Static_assert(CP_OP_KIND_COUNT == 17 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 7,
+_Static_assert(CP_OP_KIND_COUNT == 19 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 8,
                "runtime/commplan.h enums differ from the generator's (gen/opkinds.lua, gen/memplan.lua)");
 
 /* Parameters, unit by unit in wrapping order, each in its unit's order.
@@ -50,20 +50,20 @@ static const cp_unit units[3] = {
         .name = "root", .first_param = 0, .nparams = 2,
         .total = 72, .numel = 132, .grads_numel = 144,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_BF16, .grad_dtype = CP_BF16, .is_root = 1, .reshard_after_forward = 0,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 72,
-        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 512, [CP_BUF_GRADS] = 1024, [CP_BUF_RS_IN] = 1536, [CP_BUF_RS_OUT] = 2048, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 2304 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 72, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 512, [CP_BUF_GRADS] = 1024, [CP_BUF_RS_IN] = 1536, [CP_BUF_RS_OUT] = 2048, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 2304, [CP_BUF_PP] = 0 } },
     [HSDP3X2_ARLAST_UNIT_LAYERS_0] = {
         .name = "layers.0", .first_param = 2, .nparams = 3,
         .total = 45, .numel = 84, .grads_numel = 88,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_BF16, .grad_dtype = CP_BF16, .is_root = 0, .reshard_after_forward = 1,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 45,
-        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 1024, [CP_BUF_GRADS] = 1280, [CP_BUF_RS_IN] = 1536, [CP_BUF_RS_OUT] = 2560, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 2816 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 45, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 1024, [CP_BUF_GRADS] = 1280, [CP_BUF_RS_IN] = 1536, [CP_BUF_RS_OUT] = 2560, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 2816, [CP_BUF_PP] = 0 } },
     [HSDP3X2_ARLAST_UNIT_LAYERS_1] = {
         .name = "layers.1", .first_param = 5, .nparams = 2,
         .total = 23, .numel = 38, .grads_numel = 48,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_BF16, .grad_dtype = CP_BF16, .is_root = 0, .reshard_after_forward = 0,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 23,
-        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 1024, [CP_BUF_GRADS] = 1280, [CP_BUF_RS_IN] = 1536, [CP_BUF_RS_OUT] = 3072, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 3328 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 0, .act_numel = 0, .partial_numel = 23, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 1024, [CP_BUF_GRADS] = 1280, [CP_BUF_RS_IN] = 1536, [CP_BUF_RS_OUT] = 3072, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 3328, [CP_BUF_PP] = 0 } },
 };
 
 /* Group families: one per set of mesh dims (axis_mask bit i = mesh dim i).
@@ -81,192 +81,196 @@ static const cp_group_family families[6] = {
 /* The step, in issue order. Collectives name their family (-1: a one-rank
  * group, which issues nothing) and carry dtype, per-rank count (all-gather
  * input, reduce-scatter output, all-reduce buffer) and reduce op; the
- * CP_OP_TP_* ones are TP activation collectives over the tp family. Each op
+ * CP_OP_TP_* ones are TP activation collectives over the tp family; a send
+ * or receive names its pp peer's coordinate, its message (tag) and its
+ * batch (> 0: posted as one group with its neighbours of the same batch;
+ * -1, 0, 0 on every other op). Each op
  * runs on `stream`; before it, that stream waits for the event slots
  * waits[wait_first .. wait_first + wait_count) and nothing else orders it
  * (gen/memplan.lua proves every data dependency and every reuse of arena
  * bytes is covered); `event` >= 0 is recorded after it for a later wait. */
 static const cp_op ops[223] = {
-    [0] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 0, .wait_first = 0, .wait_count = 0 },
-    [1] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 0, .event = 1, .wait_first = 0, .wait_count = 1 },
-    [2] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 2, .wait_first = 1, .wait_count = 1 },
-    [3] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [4] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 3, .wait_first = 2, .wait_count = 1 },
-    [5] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 0, .event = 4, .wait_first = 3, .wait_count = 1 },
-    [6] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 5, .wait_first = 4, .wait_count = 1 },
-    [7] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [8] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [9] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 6, .wait_first = 5, .wait_count = 1 },
-    [10] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 0, .event = 7, .wait_first = 6, .wait_count = 1 },
-    [11] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 8, .wait_first = 7, .wait_count = 1 },
-    [12] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [13] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 9, .wait_first = 8, .wait_count = 1 },
-    [14] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 0, .event = 10, .wait_first = 9, .wait_count = 1 },
-    [15] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [16] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [17] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 11, .wait_first = 0, .wait_count = 0 },
-    [18] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 0, .event = 12, .wait_first = 10, .wait_count = 1 },
-    [19] = { .kind = CP_OP_PARTIAL_SAVE, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [20] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 13, .wait_first = 11, .wait_count = 1 },
-    [21] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [22] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [23] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 14, .wait_first = 12, .wait_count = 1 },
-    [24] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 0, .event = 15, .wait_first = 13, .wait_count = 1 },
-    [25] = { .kind = CP_OP_PARTIAL_SAVE, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [26] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [27] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [28] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 16, .wait_first = 14, .wait_count = 1 },
-    [29] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 0, .event = 17, .wait_first = 15, .wait_count = 1 },
-    [30] = { .kind = CP_OP_PARTIAL_SAVE, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [31] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 18, .wait_first = 16, .wait_count = 1 },
-    [32] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 1, .event = 19, .wait_first = 17, .wait_count = 1 },
-    [33] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 20, .wait_first = 18, .wait_count = 1 },
-    [34] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [35] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 21, .wait_first = 19, .wait_count = 1 },
-    [36] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 1, .event = 22, .wait_first = 20, .wait_count = 1 },
-    [37] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 23, .wait_first = 21, .wait_count = 1 },
-    [38] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [39] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [40] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 24, .wait_first = 22, .wait_count = 1 },
-    [41] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 1, .event = 25, .wait_first = 23, .wait_count = 1 },
-    [42] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 26, .wait_first = 24, .wait_count = 1 },
-    [43] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [44] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 27, .wait_first = 25, .wait_count = 1 },
-    [45] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 1, .event = 28, .wait_first = 26, .wait_count = 1 },
-    [46] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [47] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [48] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 29, .wait_first = 27, .wait_count = 1 },
-    [49] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 1, .event = 30, .wait_first = 28, .wait_count = 1 },
-    [50] = { .kind = CP_OP_PARTIAL_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [51] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 31, .wait_first = 29, .wait_count = 1 },
-    [52] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [53] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [54] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 32, .wait_first = 30, .wait_count = 1 },
-    [55] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 1, .event = 33, .wait_first = 31, .wait_count = 1 },
-    [56] = { .kind = CP_OP_PARTIAL_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [57] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [58] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [59] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 34, .wait_first = 32, .wait_count = 1 },
-    [60] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 1, .event = 35, .wait_first = 33, .wait_count = 1 },
-    [61] = { .kind = CP_OP_PARTIAL_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [62] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 18, .wait_first = 34, .wait_count = 1 },
-    [63] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 2, .event = 19, .wait_first = 35, .wait_count = 1 },
-    [64] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 20, .wait_first = 36, .wait_count = 1 },
-    [65] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [66] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 21, .wait_first = 37, .wait_count = 1 },
-    [67] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 2, .event = 22, .wait_first = 38, .wait_count = 1 },
-    [68] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 23, .wait_first = 39, .wait_count = 1 },
-    [69] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [70] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [71] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 24, .wait_first = 40, .wait_count = 1 },
-    [72] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 2, .event = 25, .wait_first = 41, .wait_count = 1 },
-    [73] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 26, .wait_first = 42, .wait_count = 1 },
-    [74] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [75] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 27, .wait_first = 43, .wait_count = 1 },
-    [76] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 2, .event = 28, .wait_first = 44, .wait_count = 1 },
-    [77] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [78] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [79] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 29, .wait_first = 45, .wait_count = 1 },
-    [80] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 2, .event = 30, .wait_first = 46, .wait_count = 1 },
-    [81] = { .kind = CP_OP_PARTIAL_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [82] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 31, .wait_first = 47, .wait_count = 1 },
-    [83] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [84] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [85] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 32, .wait_first = 48, .wait_count = 1 },
-    [86] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 2, .event = 33, .wait_first = 49, .wait_count = 1 },
-    [87] = { .kind = CP_OP_PARTIAL_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [88] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [89] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [90] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 34, .wait_first = 50, .wait_count = 1 },
-    [91] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 2, .event = 35, .wait_first = 51, .wait_count = 1 },
-    [92] = { .kind = CP_OP_PARTIAL_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0 },
+    [0] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 0, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [1] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 0, .event = 1, .wait_first = 0, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [2] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 2, .wait_first = 1, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [3] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [4] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 3, .wait_first = 2, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [5] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 0, .event = 4, .wait_first = 3, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [6] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 5, .wait_first = 4, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [7] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [8] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [9] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 6, .wait_first = 5, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [10] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 0, .event = 7, .wait_first = 6, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [11] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 8, .wait_first = 7, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [12] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [13] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 9, .wait_first = 8, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [14] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 0, .event = 10, .wait_first = 9, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [15] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [16] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [17] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 11, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [18] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 0, .event = 12, .wait_first = 10, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [19] = { .kind = CP_OP_PARTIAL_SAVE, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [20] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 13, .wait_first = 11, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [21] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [22] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [23] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 14, .wait_first = 12, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [24] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 0, .event = 15, .wait_first = 13, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [25] = { .kind = CP_OP_PARTIAL_SAVE, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [26] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [27] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [28] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 16, .wait_first = 14, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [29] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 0, .event = 17, .wait_first = 15, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [30] = { .kind = CP_OP_PARTIAL_SAVE, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [31] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 18, .wait_first = 16, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [32] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 1, .event = 19, .wait_first = 17, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [33] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 20, .wait_first = 18, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [34] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [35] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 21, .wait_first = 19, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [36] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 1, .event = 22, .wait_first = 20, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [37] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 23, .wait_first = 21, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [38] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [39] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [40] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 24, .wait_first = 22, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [41] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 1, .event = 25, .wait_first = 23, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [42] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 26, .wait_first = 24, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [43] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [44] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 27, .wait_first = 25, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [45] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 1, .event = 28, .wait_first = 26, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [46] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [47] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [48] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 29, .wait_first = 27, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [49] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 1, .event = 30, .wait_first = 28, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [50] = { .kind = CP_OP_PARTIAL_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [51] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 31, .wait_first = 29, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [52] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [53] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [54] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 32, .wait_first = 30, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [55] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 1, .event = 33, .wait_first = 31, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [56] = { .kind = CP_OP_PARTIAL_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [57] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [58] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [59] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 34, .wait_first = 32, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [60] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 1, .event = 35, .wait_first = 33, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [61] = { .kind = CP_OP_PARTIAL_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [62] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 18, .wait_first = 34, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [63] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 2, .event = 19, .wait_first = 35, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [64] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 20, .wait_first = 36, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [65] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [66] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 21, .wait_first = 37, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [67] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 2, .event = 22, .wait_first = 38, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [68] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 23, .wait_first = 39, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [69] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [70] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [71] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 24, .wait_first = 40, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [72] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 2, .event = 25, .wait_first = 41, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [73] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 26, .wait_first = 42, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [74] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [75] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 27, .wait_first = 43, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [76] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 2, .event = 28, .wait_first = 44, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [77] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [78] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [79] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 29, .wait_first = 45, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [80] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 2, .event = 30, .wait_first = 46, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [81] = { .kind = CP_OP_PARTIAL_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [82] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 31, .wait_first = 47, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [83] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [84] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [85] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 32, .wait_first = 48, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [86] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 2, .event = 33, .wait_first = 49, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [87] = { .kind = CP_OP_PARTIAL_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [88] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [89] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [90] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 34, .wait_first = 50, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [91] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 2, .event = 35, .wait_first = 51, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [92] = { .kind = CP_OP_PARTIAL_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
     /* micro-steps 3 .. 5: the same 31 ops each, these rows run 3 times */
 #define HSDP3X2_ARLAST_OPS_REPEAT(k) \
-    [93 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 18, .wait_first = 52, .wait_count = 1 }, \
-    [94 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 19, .wait_first = 53, .wait_count = 1 }, \
-    [95 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 20, .wait_first = 54, .wait_count = 1 }, \
-    [96 + (k) * 31] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [97 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 21, .wait_first = 55, .wait_count = 1 }, \
-    [98 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 22, .wait_first = 56, .wait_count = 1 }, \
-    [99 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 23, .wait_first = 57, .wait_count = 1 }, \
-    [100 + (k) * 31] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [101 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [102 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 24, .wait_first = 58, .wait_count = 1 }, \
-    [103 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 25, .wait_first = 59, .wait_count = 1 }, \
-    [104 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 26, .wait_first = 60, .wait_count = 1 }, \
-    [105 + (k) * 31] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [106 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 27, .wait_first = 61, .wait_count = 1 }, \
-    [107 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 28, .wait_first = 62, .wait_count = 1 }, \
-    [108 + (k) * 31] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [109 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [110 + (k) * 31] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 29, .wait_first = 63, .wait_count = 1 }, \
-    [111 + (k) * 31] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 30, .wait_first = 64, .wait_count = 1 }, \
-    [112 + (k) * 31] = { .kind = CP_OP_PARTIAL_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [113 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 31, .wait_first = 65, .wait_count = 1 }, \
-    [114 + (k) * 31] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [115 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [116 + (k) * 31] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 32, .wait_first = 66, .wait_count = 1 }, \
-    [117 + (k) * 31] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 33, .wait_first = 67, .wait_count = 1 }, \
-    [118 + (k) * 31] = { .kind = CP_OP_PARTIAL_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [119 + (k) * 31] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [120 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 }, \
-    [121 + (k) * 31] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 34, .wait_first = 68, .wait_count = 1 }, \
-    [122 + (k) * 31] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 35, .wait_first = 69, .wait_count = 1 }, \
-    [123 + (k) * 31] = { .kind = CP_OP_PARTIAL_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0 },
+    [93 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 18, .wait_first = 52, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [94 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 19, .wait_first = 53, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [95 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 20, .wait_first = 54, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [96 + (k) * 31] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [97 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 21, .wait_first = 55, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [98 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 22, .wait_first = 56, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [99 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 23, .wait_first = 57, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [100 + (k) * 31] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [101 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [102 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 24, .wait_first = 58, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [103 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 25, .wait_first = 59, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [104 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 26, .wait_first = 60, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [105 + (k) * 31] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [106 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 27, .wait_first = 61, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [107 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 28, .wait_first = 62, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [108 + (k) * 31] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [109 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [110 + (k) * 31] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 29, .wait_first = 63, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [111 + (k) * 31] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 30, .wait_first = 64, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [112 + (k) * 31] = { .kind = CP_OP_PARTIAL_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [113 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 31, .wait_first = 65, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [114 + (k) * 31] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [115 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [116 + (k) * 31] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 32, .wait_first = 66, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [117 + (k) * 31] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 33, .wait_first = 67, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [118 + (k) * 31] = { .kind = CP_OP_PARTIAL_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [119 + (k) * 31] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [120 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
+    [121 + (k) * 31] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 34, .wait_first = 68, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [122 + (k) * 31] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 35, .wait_first = 69, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
+    [123 + (k) * 31] = { .kind = CP_OP_PARTIAL_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
     HSDP3X2_ARLAST_OPS_REPEAT(0)
     HSDP3X2_ARLAST_OPS_REPEAT(1)
     HSDP3X2_ARLAST_OPS_REPEAT(2)
 #undef HSDP3X2_ARLAST_OPS_REPEAT
-    [186] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 36, .wait_first = 70, .wait_count = 1 },
-    [187] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 6, .event = 37, .wait_first = 71, .wait_count = 1 },
-    [188] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 38, .wait_first = 72, .wait_count = 1 },
-    [189] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [190] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 39, .wait_first = 73, .wait_count = 1 },
-    [191] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 6, .event = 40, .wait_first = 74, .wait_count = 1 },
-    [192] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 41, .wait_first = 75, .wait_count = 1 },
-    [193] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [194] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [195] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 42, .wait_first = 76, .wait_count = 1 },
-    [196] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 6, .event = 43, .wait_first = 77, .wait_count = 1 },
-    [197] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 44, .wait_first = 78, .wait_count = 1 },
-    [198] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [199] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 45, .wait_first = 79, .wait_count = 1 },
-    [200] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 6, .event = 46, .wait_first = 80, .wait_count = 1 },
-    [201] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [202] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [203] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 47, .wait_first = 81, .wait_count = 1 },
-    [204] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 6, .event = 48, .wait_first = 82, .wait_count = 1 },
-    [205] = { .kind = CP_OP_PARTIAL_FOLD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 6, .event = 49, .wait_first = 0, .wait_count = 0 },
-    [206] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 83, .wait_count = 1 },
-    [207] = { .kind = CP_OP_VIEW_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [208] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 84, .wait_count = 1 },
-    [209] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [210] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [211] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 50, .wait_first = 85, .wait_count = 1 },
-    [212] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 6, .event = 51, .wait_first = 86, .wait_count = 1 },
-    [213] = { .kind = CP_OP_PARTIAL_FOLD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 6, .event = 52, .wait_first = 0, .wait_count = 0 },
-    [214] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 87, .wait_count = 1 },
-    [215] = { .kind = CP_OP_VIEW_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [216] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [217] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [218] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 53, .wait_first = 88, .wait_count = 1 },
-    [219] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 89, .wait_count = 1 },
-    [220] = { .kind = CP_OP_PARTIAL_FOLD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 6, .event = 54, .wait_first = 0, .wait_count = 0 },
-    [221] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 90, .wait_count = 1 },
-    [222] = { .kind = CP_OP_VIEW_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0 },
+    [186] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 36, .wait_first = 70, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [187] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 6, .event = 37, .wait_first = 71, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [188] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 38, .wait_first = 72, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [189] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [190] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 39, .wait_first = 73, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [191] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 6, .event = 40, .wait_first = 74, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [192] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 41, .wait_first = 75, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [193] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [194] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [195] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 42, .wait_first = 76, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [196] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 6, .event = 43, .wait_first = 77, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [197] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 44, .wait_first = 78, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [198] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [199] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 45, .wait_first = 79, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [200] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 6, .event = 46, .wait_first = 80, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [201] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [202] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [203] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 47, .wait_first = 81, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [204] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 6, .event = 48, .wait_first = 82, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [205] = { .kind = CP_OP_PARTIAL_FOLD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 6, .event = 49, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [206] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 83, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [207] = { .kind = CP_OP_VIEW_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [208] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 84, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [209] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [210] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [211] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 50, .wait_first = 85, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [212] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 6, .event = 51, .wait_first = 86, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [213] = { .kind = CP_OP_PARTIAL_FOLD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 6, .event = 52, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [214] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 87, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [215] = { .kind = CP_OP_VIEW_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [216] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [217] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [218] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 53, .wait_first = 88, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [219] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 89, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [220] = { .kind = CP_OP_PARTIAL_FOLD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 6, .event = 54, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [221] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 90, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [222] = { .kind = CP_OP_VIEW_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
 };
 
 /* Event slots waited on, in runs indexed by cp_op.wait_first. */
 static const int waits[91] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 10, 12, 14, 15, 16, 13, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 17, 29, 28, 30, 32, 33, 34, 31, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 35, 29, 28, 30, 32, 33, 34, 31, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 35, 29, 28, 30, 32, 33, 34, 31, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 35, 47, 49, 46, 48, 50, 52, 51, 53, 54 };
 
-/* Tensor parallelism: TP ranks whose TP-local shapes agree for every
- * parameter form a class with its own tables (the tables above are class
- * 0's); class_of_tp maps a rank's TP coordinate to its class. O(params x
- * classes), never O(world). */
-static const cp_tp_class classes[1] = {
-    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 91, .nevents = 55, .arena_bytes = 3584 },
+/* Tensor and pipeline parallelism: TP ranks whose TP-local shapes agree
+ * for every parameter, and a pipeline rank's stages, form a class with its
+ * own tables and counts (the tables above are class 0's); class_of maps a
+ * rank's (pp, TP) coordinates, [pp * tp_size + tp], to its class.
+ * O(params x classes), never O(world). */
+static const cp_class classes[1] = {
+    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 91, .nevents = 55, .arena_bytes = 3584, .nunits = 3, .nparams = 7, .nops = 223 },
 };
-static const int class_of_tp[1] = { 0 };
+static const int class_of[1] = { 0 };
 
 const cp_plan hsdp3x2_arlast_plan = {
     .name = "hsdp3x2_arlast",
@@ -296,5 +300,8 @@ const cp_plan hsdp3x2_arlast_plan = {
     .tp_mesh_dim = -1,
     .nclasses = 1,
     .classes = classes,
-    .class_of_tp = class_of_tp,
+    .class_of = class_of,
+    .pp_size = 1,
+    .pp_mesh_dim = -1,
+    .pp_family = -1,
 };

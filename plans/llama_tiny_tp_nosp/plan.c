@@ -8,10 +8,10 @@
 #include "plan.h"
 
 /* The runtime these tables were generated for (runtime/commplan.h). */
-#if CP_TABLES_VERSION != 6
-#error "plan.c was generated for commplan tables version 6: regenerate it with this tree's gen/commplan.lua"
+#if CP_TABLES_VERSION != 7
+#error "plan.c was generated for commplan tables version 7: regenerate it with this tree's gen/commplan.lua"
 #endif
-_Static_assert(CP_OP_KIND_COUNT == 17 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 7,
+_Static_assert(CP_OP_KIND_COUNT == 19 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 8,
                "runtime/commplan.h enums differ from the generator's (gen/opkinds.lua, gen/memplan.lua)");
 
 /* Parameters, unit by unit in wrapping order, each in its unit's order.
@@ -64,32 +64,32 @@ static const cp_unit units[5] = {
         .name = "root", .first_param = 0, .nparams = 0,
         .total = 0, .numel = 0, .grads_numel = 0,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_FP32, .grad_dtype = CP_BF16, .is_root = 1, .reshard_after_forward = 0,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 0, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 0, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 0, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 0, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 0, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 0, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 0, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
     [LLAMA_TINY_TP_NOSP_UNIT_TOK_EMBEDDINGS] = {
         .name = "tok_embeddings", .first_param = 0, .nparams = 1,
         .total = 4032, .numel = 8000, .grads_numel = 8000,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_FP32, .grad_dtype = CP_BF16, .is_root = 0, .reshard_after_forward = 1,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 2048, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 111104, [CP_BUF_UNSHARDED] = 166656, [CP_BUF_GRADS] = 182784, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 277760, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 2048, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 111104, [CP_BUF_UNSHARDED] = 166656, [CP_BUF_GRADS] = 182784, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 277760, [CP_BUF_ACT] = 0, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
     [LLAMA_TINY_TP_NOSP_UNIT_LAYERS_0] = {
         .name = "layers.0", .first_param = 1, .nparams = 9,
         .total = 13888, .numel = 27776, .grads_numel = 27776,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_FP32, .grad_dtype = CP_BF16, .is_root = 0, .reshard_after_forward = 1,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 2048, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 111104, [CP_BUF_UNSHARDED] = 166656, [CP_BUF_GRADS] = 222208, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 277760, [CP_BUF_ACT] = 333312, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 2048, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 111104, [CP_BUF_UNSHARDED] = 166656, [CP_BUF_GRADS] = 222208, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 277760, [CP_BUF_ACT] = 333312, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
     [LLAMA_TINY_TP_NOSP_UNIT_LAYERS_1] = {
         .name = "layers.1", .first_param = 10, .nparams = 9,
         .total = 13888, .numel = 27776, .grads_numel = 27776,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_FP32, .grad_dtype = CP_BF16, .is_root = 0, .reshard_after_forward = 1,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 2048, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 111104, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 166656, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 277760, [CP_BUF_ACT] = 88064, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 2048, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 111104, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 166656, [CP_BUF_RS_IN] = 0, [CP_BUF_RS_OUT] = 277760, [CP_BUF_ACT] = 88064, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
     [LLAMA_TINY_TP_NOSP_UNIT_NORM_OUTPUT] = {
         .name = "norm_output", .first_param = 19, .nparams = 2,
         .total = 4064, .numel = 8064, .grads_numel = 8064,
         .orig_dtype = CP_FP32, .ag_dtype = CP_BF16, .reduce_dtype = CP_FP32, .grad_dtype = CP_BF16, .is_root = 0, .reshard_after_forward = 0,
-        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 2048, .partial_numel = 0,
-        .arena_offset = { [CP_BUF_AG] = 111104, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 16384, [CP_BUF_RS_IN] = 55552, [CP_BUF_RS_OUT] = 277760, [CP_BUF_ACT] = 32512, [CP_BUF_PARTIAL] = 0 } },
+        .rs_op = CP_AVG, .ar_op = CP_AVG, .pre_divide = 1, .post_divide = 1, .vec_ok = 1, .act_numel = 2048, .partial_numel = 0, .pp_numel = 0,
+        .arena_offset = { [CP_BUF_AG] = 111104, [CP_BUF_UNSHARDED] = 0, [CP_BUF_GRADS] = 16384, [CP_BUF_RS_IN] = 55552, [CP_BUF_RS_OUT] = 277760, [CP_BUF_ACT] = 32512, [CP_BUF_PARTIAL] = 0, [CP_BUF_PP] = 0 } },
 };
 
 /* Group families: one per set of mesh dims (axis_mask bit i = mesh dim i).
@@ -107,86 +107,90 @@ static const cp_group_family families[6] = {
 /* The step, in issue order. Collectives name their family (-1: a one-rank
  * group, which issues nothing) and carry dtype, per-rank count (all-gather
  * input, reduce-scatter output, all-reduce buffer) and reduce op; the
- * CP_OP_TP_* ones are TP activation collectives over the tp family. Each op
+ * CP_OP_TP_* ones are TP activation collectives over the tp family; a send
+ * or receive names its pp peer's coordinate, its message (tag) and its
+ * batch (> 0: posted as one group with its neighbours of the same batch;
+ * -1, 0, 0 on every other op). Each op
  * runs on `stream`; before it, that stream waits for the event slots
  * waits[wait_first .. wait_first + wait_count) and nothing else orders it
  * (gen/memplan.lua proves every data dependency and every reuse of arena
  * bytes is covered); `event` >= 0 is recorded after it for a later wait. */
 static const cp_op ops[61] = {
-    [0] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 0, .wait_first = 0, .wait_count = 0 },
-    [1] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 4032, .reduce_op = CP_SUM, .micro_step = 0, .event = 1, .wait_first = 0, .wait_count = 1 },
-    [2] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 2, .wait_first = 1, .wait_count = 1 },
-    [3] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [4] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 1, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [5] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [6] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 3, .wait_first = 2, .wait_count = 1 },
-    [7] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 13888, .reduce_op = CP_SUM, .micro_step = 0, .event = 4, .wait_first = 3, .wait_count = 1 },
-    [8] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 5, .wait_first = 4, .wait_count = 1 },
-    [9] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [10] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 2, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [11] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 2, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [12] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [13] = { .kind = CP_OP_COPY_IN, .unit = 3, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 6, .wait_first = 5, .wait_count = 1 },
-    [14] = { .kind = CP_OP_ALL_GATHER, .unit = 3, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 13888, .reduce_op = CP_SUM, .micro_step = 0, .event = 7, .wait_first = 6, .wait_count = 1 },
-    [15] = { .kind = CP_OP_COPY_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 8, .wait_first = 7, .wait_count = 1 },
-    [16] = { .kind = CP_OP_FORWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [17] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 3, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [18] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 3, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [19] = { .kind = CP_OP_RESHARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [20] = { .kind = CP_OP_COPY_IN, .unit = 4, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 9, .wait_first = 8, .wait_count = 1 },
-    [21] = { .kind = CP_OP_ALL_GATHER, .unit = 4, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 4064, .reduce_op = CP_SUM, .micro_step = 0, .event = 10, .wait_first = 9, .wait_count = 1 },
-    [22] = { .kind = CP_OP_COPY_OUT, .unit = 4, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 11, .wait_first = 10, .wait_count = 1 },
-    [23] = { .kind = CP_OP_FORWARD, .unit = 4, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [24] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 4, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_FP32, .count = 32, .reduce_op = CP_MAX, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [25] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 4, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_FP32, .count = 32, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [26] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 4, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_FP32, .count = 32, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [27] = { .kind = CP_OP_COPY_IN, .unit = 3, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 12, .wait_first = 11, .wait_count = 1 },
-    [28] = { .kind = CP_OP_ALL_GATHER, .unit = 3, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 13888, .reduce_op = CP_SUM, .micro_step = 0, .event = 13, .wait_first = 12, .wait_count = 1 },
-    [29] = { .kind = CP_OP_BACKWARD, .unit = 4, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [30] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 4, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [31] = { .kind = CP_OP_RESHARD, .unit = 4, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [32] = { .kind = CP_OP_PACK, .unit = 4, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 14, .wait_first = 0, .wait_count = 0 },
-    [33] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 4, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 4064, .reduce_op = CP_AVG, .micro_step = 0, .event = 15, .wait_first = 13, .wait_count = 1 },
-    [34] = { .kind = CP_OP_VIEW_OUT, .unit = 4, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [35] = { .kind = CP_OP_COPY_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 16, .wait_first = 14, .wait_count = 1 },
-    [36] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 17, .wait_first = 15, .wait_count = 1 },
-    [37] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 13888, .reduce_op = CP_SUM, .micro_step = 0, .event = 18, .wait_first = 16, .wait_count = 1 },
-    [38] = { .kind = CP_OP_BACKWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [39] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 3, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [40] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 3, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [41] = { .kind = CP_OP_RESHARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [42] = { .kind = CP_OP_PACK, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 19, .wait_first = 17, .wait_count = 1 },
-    [43] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 3, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 13888, .reduce_op = CP_AVG, .micro_step = 0, .event = 20, .wait_first = 18, .wait_count = 1 },
-    [44] = { .kind = CP_OP_VIEW_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [45] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 21, .wait_first = 19, .wait_count = 1 },
-    [46] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 22, .wait_first = 20, .wait_count = 1 },
-    [47] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 4032, .reduce_op = CP_SUM, .micro_step = 0, .event = 23, .wait_first = 21, .wait_count = 1 },
-    [48] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [49] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 2, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [50] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 2, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [51] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [52] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 24, .wait_first = 22, .wait_count = 1 },
-    [53] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 13888, .reduce_op = CP_AVG, .micro_step = 0, .event = 25, .wait_first = 23, .wait_count = 1 },
-    [54] = { .kind = CP_OP_VIEW_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [55] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 24, .wait_count = 1 },
-    [56] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [57] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
-    [58] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 26, .wait_first = 25, .wait_count = 1 },
-    [59] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 4032, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 26, .wait_count = 1 },
-    [60] = { .kind = CP_OP_VIEW_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0 },
+    [0] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 0, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [1] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 4032, .reduce_op = CP_SUM, .micro_step = 0, .event = 1, .wait_first = 0, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [2] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 2, .wait_first = 1, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [3] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [4] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 1, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [5] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [6] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 3, .wait_first = 2, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [7] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 13888, .reduce_op = CP_SUM, .micro_step = 0, .event = 4, .wait_first = 3, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [8] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 5, .wait_first = 4, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [9] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [10] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 2, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [11] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 2, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [12] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [13] = { .kind = CP_OP_COPY_IN, .unit = 3, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 6, .wait_first = 5, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [14] = { .kind = CP_OP_ALL_GATHER, .unit = 3, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 13888, .reduce_op = CP_SUM, .micro_step = 0, .event = 7, .wait_first = 6, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [15] = { .kind = CP_OP_COPY_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 8, .wait_first = 7, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [16] = { .kind = CP_OP_FORWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [17] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 3, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [18] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 3, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [19] = { .kind = CP_OP_RESHARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [20] = { .kind = CP_OP_COPY_IN, .unit = 4, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 9, .wait_first = 8, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [21] = { .kind = CP_OP_ALL_GATHER, .unit = 4, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 4064, .reduce_op = CP_SUM, .micro_step = 0, .event = 10, .wait_first = 9, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [22] = { .kind = CP_OP_COPY_OUT, .unit = 4, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 11, .wait_first = 10, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [23] = { .kind = CP_OP_FORWARD, .unit = 4, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [24] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 4, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_FP32, .count = 32, .reduce_op = CP_MAX, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [25] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 4, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_FP32, .count = 32, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [26] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 4, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_FP32, .count = 32, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [27] = { .kind = CP_OP_COPY_IN, .unit = 3, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 12, .wait_first = 11, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [28] = { .kind = CP_OP_ALL_GATHER, .unit = 3, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 13888, .reduce_op = CP_SUM, .micro_step = 0, .event = 13, .wait_first = 12, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [29] = { .kind = CP_OP_BACKWARD, .unit = 4, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [30] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 4, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [31] = { .kind = CP_OP_RESHARD, .unit = 4, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [32] = { .kind = CP_OP_PACK, .unit = 4, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 14, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [33] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 4, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 4064, .reduce_op = CP_AVG, .micro_step = 0, .event = 15, .wait_first = 13, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [34] = { .kind = CP_OP_VIEW_OUT, .unit = 4, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [35] = { .kind = CP_OP_COPY_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 16, .wait_first = 14, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [36] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 17, .wait_first = 15, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [37] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 13888, .reduce_op = CP_SUM, .micro_step = 0, .event = 18, .wait_first = 16, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [38] = { .kind = CP_OP_BACKWARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [39] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 3, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [40] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 3, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [41] = { .kind = CP_OP_RESHARD, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [42] = { .kind = CP_OP_PACK, .unit = 3, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 19, .wait_first = 17, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [43] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 3, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 13888, .reduce_op = CP_AVG, .micro_step = 0, .event = 20, .wait_first = 18, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [44] = { .kind = CP_OP_VIEW_OUT, .unit = 3, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [45] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 21, .wait_first = 19, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [46] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 22, .wait_first = 20, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [47] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 4032, .reduce_op = CP_SUM, .micro_step = 0, .event = 23, .wait_first = 21, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [48] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [49] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 2, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [50] = { .kind = CP_OP_TP_ALL_REDUCE, .unit = 2, .family = 2, .stream = CP_STREAM_COMPUTE, .dtype = CP_BF16, .count = 2048, .reduce_op = CP_SUM, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [51] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [52] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 24, .wait_first = 22, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [53] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 13888, .reduce_op = CP_AVG, .micro_step = 0, .event = 25, .wait_first = 23, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [54] = { .kind = CP_OP_VIEW_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [55] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 24, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [56] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [57] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [58] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 26, .wait_first = 25, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [59] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 4032, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 26, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
+    [60] = { .kind = CP_OP_VIEW_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
 };
 
 /* Event slots waited on, in runs indexed by cp_op.wait_first. */
 static const int waits[27] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 13, 16, 17, 15, 19, 18, 21, 22, 20, 24, 23, 25, 26 };
 
-/* Tensor parallelism: TP ranks whose TP-local shapes agree for every
- * parameter form a class with its own tables (the tables above are class
- * 0's); class_of_tp maps a rank's TP coordinate to its class. O(params x
- * classes), never O(world). */
-static const cp_tp_class classes[1] = {
-    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 27, .nevents = 27, .arena_bytes = 337408 },
+/* Tensor and pipeline parallelism: TP ranks whose TP-local shapes agree
+ * for every parameter, and a pipeline rank's stages, form a class with its
+ * own tables and counts (the tables above are class 0's); class_of maps a
+ * rank's (pp, TP) coordinates, [pp * tp_size + tp], to its class.
+ * O(params x classes), never O(world). */
+static const cp_class classes[1] = {
+    { .units = units, .params = params, .ops = ops, .waits = waits, .nwaits = 27, .nevents = 27, .arena_bytes = 337408, .nunits = 5, .nparams = 21, .nops = 61 },
 };
-static const int class_of_tp[2] = { 0, 0 };
+static const int class_of[2] = { 0, 0 };
 
 const cp_plan llama_tiny_tp_nosp_plan = {
     .name = "llama_tiny_tp_nosp",
@@ -216,5 +220,8 @@ const cp_plan llama_tiny_tp_nosp_plan = {
     .tp_mesh_dim = 1,
     .nclasses = 1,
     .classes = classes,
-    .class_of_tp = class_of_tp,
+    .class_of = class_of,
+    .pp_size = 1,
+    .pp_mesh_dim = -1,
+    .pp_family = -1,
 };

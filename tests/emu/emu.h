@@ -16,9 +16,11 @@ typedef struct {
     size_t count;
     ncclDataType_t dtype;
     ncclRedOp_t op;
-    uint64_t seq; /* the op's number on its communicator (eager: at issue; graphs: at each launch) */
+    uint64_t seq; /* the op's number on its communicator (eager: at issue; graphs: at each launch); a send's or
+                     receive's: its message's number between the two ranks, in that direction */
+    int peer;     /* EMU_SEND / EMU_RECV: the other rank on comm */
 } emu_coll;
-enum { EMU_ALL_GATHER = 1, EMU_REDUCE_SCATTER = 2, EMU_ALL_REDUCE = 3, EMU_SPLIT = 4 };
+enum { EMU_ALL_GATHER = 1, EMU_REDUCE_SCATTER = 2, EMU_ALL_REDUCE = 3, EMU_SPLIT = 4, EMU_SEND = 5, EMU_RECV = 6 };
 
 /* emu_cuda.c */
 int emu_rank(void);
@@ -43,6 +45,9 @@ void emu_vc_publish_slot(void **slot);
 /* emu_nccl.c: runs c on the calling worker; 0, or -1 (c->comm's async error set). */
 int emu_coll_run(const emu_coll *c, const char *label);
 uint64_t emu_coll_next_seq(struct ncclComm *comm);
+/* The number a graph replay of c takes: the communicator's next for a
+ * collective, the next message's with c's peer for a send or receive. */
+uint64_t emu_coll_number(const emu_coll *c);
 int emu_comm_used_eagerly(struct ncclComm *comm);
 const char *emu_comm_name(struct ncclComm *comm);
 

@@ -1613,7 +1613,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
     o->gx = exec;
     /* Each replay's collectives take the next numbers on their communicators, in capture order. */
     for (int i = 0; i < exec->n; i++)
-        if (exec->nodes[i].o->kind == OP_COLL) o->seqs[i] = emu_coll_next_seq(exec->nodes[i].o->coll.comm);
+        if (exec->nodes[i].o->kind == OP_COLL) o->seqs[i] = emu_coll_number(&exec->nodes[i].o->coll);
     return enqueue(s, o, "cudaGraphLaunch");
 }
 

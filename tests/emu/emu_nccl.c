@@ -10,7 +10,17 @@
  * member's staged input with NCCL's arithmetic (runtime/dtype.c:
  * ncclAvg premultiplies, ring order) and marks itself done. A member that
  * never arrives is reported as a deadlock after COMMPLAN_EMU_DEADLOCK_S
- * seconds (default 30) instead of hanging. */
+ * seconds (default 30) instead of hanging.
+ *
+ * Point-to-point (ncclSend / ncclRecv): each ordered pair of members has a
+ * ring of P2P_DEPTH message slots in the communicator's file. A send
+ * numbers its message at issue (per peer and direction, as NCCL matches a
+ * send with the peer's receive of the same order) and, when its stream
+ * reaches it, waits for a free slot and writes it; the receive of that
+ * number waits for it, checks that count and dtype agree, and copies it.
+ * Inside ncclGroupStart .. ncclGroupEnd the operations are held and issued
+ * at the group's end, its sends before its receives: posted together, as
+ * NCCL's, so no order inside a group deadlocks. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -35,10 +45,21 @@ typedef struct {
     char label[80];
 } slot_t;
 
+/* Point-to-point: one ring per ordered pair (sender, receiver). */
+#define P2P_DEPTH 4
+typedef struct {
+    _Atomic uint64_t posted, taken; /* messages the sender has written, the receiver has read */
+    struct {
+        uint64_t count;
+        uint32_t dtype, pad;
+        char label[80];
+    } meta[P2P_DEPTH];
+} pair_t;
+
 typedef struct {
     _Atomic uint32_t ready, joined;
     uint32_t nranks, pad;
-    uint64_t slot_bytes;
+    uint64_t slot_bytes, p2p_bytes; /* a member's collective slot; one message slot of a pair's ring */
     slot_t slots[];
 } hdr_t;
 
@@ -48,6 +69,9 @@ struct ncclComm {
     int nranks, rank;
     hdr_t *h;
     char *data;
+    pair_t *pairs;   /* [sender * nranks + receiver] */
+    char *p2p_data;  /* [pair][P2P_DEPTH] message slots of h->p2p_bytes */
+    uint64_t *sent, *received; /* per peer: the messages issued so far (the next one's number - 1) */
     uint64_t issued;   /* the host's last op number on this communicator */
     uint64_t executed; /* the last op number this process finished */
     void *chain_vc;    /* happens-before along the communicator */
@@ -139,6 +163,15 @@ static size_t slot_bytes(void)
     return (size_t)(mb > 0 ? mb : 8) << 20;
 }
 
+/* One point-to-point message slot: COMMPLAN_EMU_P2P_KB (default 1024). The
+ * file is sparse: a pair's slots take memory only once written. */
+static size_t p2p_bytes(void)
+{
+    const char *m = getenv("COMMPLAN_EMU_P2P_KB");
+    long kb = m ? atol(m) : 1024;
+    return (size_t)(kb > 0 ? kb : 1024) << 10;
+}
+
 /* Polls another process's progress: short naps first, then up to 1 ms
  * (the ranks share few cores; a collective's latency here is no figure). */
 static void nap(int *us)
@@ -152,9 +185,10 @@ static void nap(int *us)
 /* Maps the communicator's shared file, waits for every member, unlinks it. */
 static ncclResult_t attach(struct ncclComm *c, const char *shm, int nranks, int rank)
 {
-    size_t sb = slot_bytes();
+    size_t sb = slot_bytes(), pb = p2p_bytes(), npairs = (size_t)nranks * (size_t)nranks;
     size_t hdr = (sizeof(hdr_t) + (size_t)nranks * sizeof(slot_t) + 4095) / 4096 * 4096;
-    size_t bytes = hdr + (size_t)nranks * sb;
+    size_t pairs = (npairs * sizeof(pair_t) + 4095) / 4096 * 4096;
+    size_t bytes = hdr + (size_t)nranks * sb + pairs + npairs * P2P_DEPTH * pb;
     double deadline = emu_now() + emu_deadlock_s();
     int fd = shm_open(shm, O_RDWR | O_CREAT | O_EXCL, 0600), creator = fd >= 0;
     if (!creator) {
@@ -172,8 +206,8 @@ static ncclResult_t attach(struct ncclComm *c, const char *shm, int nranks, int 
     while (fstat(fd, &st) == 0 && (size_t)st.st_size < bytes && emu_now() < deadline) nap(&us);
     if ((size_t)st.st_size != bytes) {
         close(fd);
-        say("emulated NCCL: communicator file %s has another size: the ranks disagree on the member count or "
-            "COMMPLAN_EMU_SLOT_MB (%ld)", shm, (long)st.st_size);
+        say("emulated NCCL: communicator file %s has another size: the ranks disagree on the member count, "
+            "COMMPLAN_EMU_SLOT_MB or COMMPLAN_EMU_P2P_KB (%ld)", shm, (long)st.st_size);
         return ncclInvalidUsage;
     }
     void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -184,11 +218,20 @@ static ncclResult_t attach(struct ncclComm *c, const char *shm, int nranks, int 
     }
     c->h = m;
     c->data = (char *)m + hdr;
+    c->pairs = (pair_t *)(c->data + (size_t)nranks * sb);
+    c->p2p_data = (char *)c->pairs + pairs;
     c->nranks = nranks;
     c->rank = rank;
+    c->sent = calloc((size_t)nranks, sizeof *c->sent);
+    c->received = calloc((size_t)nranks, sizeof *c->received);
+    if (!c->sent || !c->received) {
+        say("emulated NCCL: out of host memory attaching %s%ld", shm, 0);
+        return ncclSystemError;
+    }
     if (creator) {
         c->h->nranks = (uint32_t)nranks;
         c->h->slot_bytes = sb;
+        c->h->p2p_bytes = pb;
         atomic_store(&c->h->ready, 1);
     }
     us = 20;
@@ -226,7 +269,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
     snprintf(c->name, sizeof c->name, "world (%d ranks)", nranks);
     snprintf(c->shm, sizeof c->shm, "%s", shm);
     ncclResult_t r = attach(c, shm, nranks, rank);
-    if (r != ncclSuccess) { free(c); return r; }
+    if (r != ncclSuccess) { free(c->sent); free(c->received); free(c); return r; }
     *comm = c;
     return ncclSuccess;
 }
@@ -334,8 +377,11 @@ static size_t type_size(ncclDataType_t t)
     }
 }
 
+static int p2p_run(const emu_coll *k, const char *label);
+
 int emu_coll_run(const emu_coll *k, const char *label)
 {
+    if (k->kind == EMU_SEND || k->kind == EMU_RECV) return p2p_run(k, label);
     struct ncclComm *c = k->comm;
     /* After the communicator's previous op in this process. */
     emu_lock();
@@ -390,6 +436,91 @@ uint64_t emu_coll_next_seq(struct ncclComm *c)
     return s;
 }
 
+uint64_t emu_coll_number(const emu_coll *k)
+{
+    if (k->kind != EMU_SEND && k->kind != EMU_RECV) return emu_coll_next_seq(k->comm);
+    emu_lock();
+    uint64_t n = ++(k->kind == EMU_SEND ? k->comm->sent : k->comm->received)[k->peer];
+    emu_unlock();
+    return n;
+}
+
+/* ---- point-to-point ---- */
+
+static void p2p_failed(struct ncclComm *c, ncclResult_t why)
+{
+    emu_lock();
+    if (c->async == ncclSuccess) c->async = why;
+    emu_broadcast();
+    emu_unlock();
+}
+
+/* Waits until *counter reaches want (the peer's progress on the pair). */
+static int p2p_wait(struct ncclComm *c, _Atomic uint64_t *counter, uint64_t want, int peer, const char *label,
+                    const char *what)
+{
+    double deadline = emu_now() + emu_deadlock_s();
+    int us = 20;
+    while (atomic_load(counter) < want) {
+        if (c->aborted) return -1;
+        if (atomic_load(&c->h->slots[peer].gone)) {
+            snprintf(last_msg, sizeof last_msg, "emulated NCCL: %s: rank %d exited before %s (%s)", c->name, peer,
+                     what, label);
+            fprintf(stderr, "commplan-emu: rank %d: %s\n", emu_rank(), last_msg);
+            p2p_failed(c, ncclRemoteError);
+            return -1;
+        }
+        if (emu_now() > deadline) {
+            emu_finding("DEADLOCK", "%s: %s (%s) waited %.0f s for rank %d (a send or receive issued on one rank only, "
+                        "or in another order, or outside the group its peer posts it in)", c->name, what, label,
+                        emu_deadlock_s(), peer);
+            p2p_failed(c, ncclSystemError);
+            return -1;
+        }
+        nap(&us);
+    }
+    return 0;
+}
+
+static int p2p_run(const emu_coll *k, const char *label)
+{
+    struct ncclComm *c = k->comm;
+    if (c->aborted || c->async != ncclSuccess) return -1;
+    size_t bytes = k->count * type_size(k->dtype), n = (size_t)c->nranks;
+    int sends = k->kind == EMU_SEND;
+    int from = sends ? c->rank : k->peer, to = sends ? k->peer : c->rank;
+    pair_t *pr = &c->pairs[(size_t)from * n + (size_t)to];
+    size_t at = (size_t)((k->seq - 1) % P2P_DEPTH);
+    char *slot = c->p2p_data + (((size_t)from * n + (size_t)to) * P2P_DEPTH + at) * c->h->p2p_bytes;
+    char what[64];
+    snprintf(what, sizeof what, "%s #%llu %s rank %d", sends ? "send" : "receive", (unsigned long long)k->seq,
+             sends ? "to" : "from", k->peer);
+    if (sends) {
+        cudaEmuAccess(k->send, bytes, 0);
+        /* a free slot: the receiver has taken the message P2P_DEPTH before this one */
+        if (k->seq > P2P_DEPTH && p2p_wait(c, &pr->taken, k->seq - P2P_DEPTH, k->peer, label, what)) return -1;
+        memcpy(slot, k->send, bytes);
+        pr->meta[at].count = k->count;
+        pr->meta[at].dtype = (uint32_t)k->dtype;
+        snprintf(pr->meta[at].label, sizeof pr->meta[at].label, "%s", label);
+        atomic_store(&pr->posted, k->seq);
+        return 0;
+    }
+    if (p2p_wait(c, &pr->posted, k->seq, k->peer, label, what)) return -1;
+    if (pr->meta[at].count != k->count || pr->meta[at].dtype != (uint32_t)k->dtype) {
+        emu_finding("NCCL", "%s: %s (%s, count %llu, dtype %u) matches rank %d's %s (count %llu, dtype %u): the "
+                    "two sides of a message differ", c->name, what, label, (unsigned long long)k->count,
+                    (unsigned)k->dtype, k->peer, pr->meta[at].label, (unsigned long long)pr->meta[at].count,
+                    pr->meta[at].dtype);
+        p2p_failed(c, ncclInvalidUsage);
+        return -1;
+    }
+    cudaEmuAccess(k->recv, bytes, 1);
+    memcpy(k->recv, slot, bytes);
+    atomic_store(&pr->taken, k->seq);
+    return 0;
+}
+
 int emu_comm_used_eagerly(struct ncclComm *c) { return c->used_eagerly; }
 const char *emu_comm_name(struct ncclComm *c) { return c->name; }
 
@@ -431,7 +562,7 @@ static ncclResult_t issue(int kind, const char *what, const void *send, void *re
     char label[80];
     snprintf(label, sizeof label, "%s %zu x %s on %s", what, count,
              t == ncclFloat32 ? "fp32" : t == ncclBfloat16 ? "bf16" : t == ncclFloat16 ? "fp16" : "bytes", c->name);
-    emu_coll k = { c, kind, send, recv, count, t, op, 0 };
+    emu_coll k = { c, kind, send, recv, count, t, op, 0, -1 };
     if (emu_stream_capturing(s)) {
         if (!c->used_eagerly && !c->warned_cold++)
             emu_finding("CAPTURE", "%s: communicator %s is first used inside a stream capture: NCCL connects "
@@ -473,6 +604,111 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     return issue(EMU_ALL_REDUCE, "ncclAllReduce", send, recv, count, t, op, comm, s);
 }
 
+/* ncclGroupStart .. ncclGroupEnd on this thread: the sends and receives
+ * held until the end, as NCCL posts a group's operations together. */
+typedef struct {
+    emu_coll k;
+    cudaStream_t s;
+    char label[80];
+} held_p2p;
+static __thread int group_depth, group_n, group_cap;
+static __thread held_p2p *group_ops;
+
+static ncclResult_t p2p_issue(int kind, const char *what, const void *send, void *recv, size_t count,
+                              ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t s)
+{
+    emu_rank();
+    if (!c || c->destroyed) { say("emulated NCCL: %s on a destroyed or NULL communicator%ld", what, 0); return ncclInvalidArgument; }
+    if (c->aborted) { say("emulated NCCL: %s on an aborted communicator%ld", what, 0); return ncclInvalidUsage; }
+    if (peer < 0 || peer >= c->nranks) {
+        emu_finding("NCCL", "%s on %s: peer %d is not a member of its %d", what, c->name, peer, c->nranks);
+        say("emulated NCCL: %s: peer %ld outside the communicator", what, (long)peer);
+        return ncclInvalidArgument;
+    }
+    size_t bytes = count * type_size(t);
+    const void *buf = kind == EMU_SEND ? send : recv;
+    if (!emu_is_device(buf, bytes)) {
+        emu_finding("ILLEGAL", "%s on %s: its buffer (%zu bytes at %p) is not inside one device allocation", what,
+                    c->name, bytes, buf);
+        say("emulated NCCL: %s: a buffer is not device memory%ld", what, 0);
+        return ncclInvalidArgument;
+    }
+    if (bytes > c->h->p2p_bytes) {
+        emu_finding("NCCL", "%s on %s: %zu bytes, more than the emulator's %llu-byte message slot (set "
+                    "COMMPLAN_EMU_P2P_KB)", what, c->name, bytes, (unsigned long long)c->h->p2p_bytes);
+        return ncclInvalidArgument;
+    }
+    held_p2p h = { .s = s };
+    h.k = (emu_coll){ c, kind, send, recv, count, t, ncclSum, 0, peer };
+    snprintf(h.label, sizeof h.label, "%s %zu x %s with rank %d on %s", what, count,
+             t == ncclFloat32 ? "fp32" : t == ncclBfloat16 ? "bf16" : t == ncclFloat16 ? "fp16" : "bytes", peer,
+             c->name);
+    if (emu_stream_capturing(s) && !c->used_eagerly && !c->warned_cold++)
+        emu_finding("CAPTURE", "%s: communicator %s is first used inside a stream capture: NCCL connects lazily, so "
+                    "its set-up would run inside the capture; run one eager step first", h.label, c->name);
+    if (group_depth > 0) { /* held until ncclGroupEnd */
+        if (group_n == group_cap) {
+            int cap = group_cap ? 2 * group_cap : 8;
+            held_p2p *more = realloc(group_ops, (size_t)cap * sizeof *more);
+            if (!more) return ncclSystemError;
+            group_ops = more;
+            group_cap = cap;
+        }
+        group_ops[group_n++] = h;
+        return ncclSuccess;
+    }
+    if (!emu_stream_capturing(s)) {
+        c->used_eagerly = 1;
+        h.k.seq = emu_coll_number(&h.k); /* captured: each replay numbers its own */
+    }
+    return emu_enqueue_coll(s, &h.k, h.label) ? ncclUnhandledCudaError : ncclSuccess;
+}
+
+ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s)
+{
+    return p2p_issue(EMU_SEND, "ncclSend", send, NULL, count, t, peer, comm, s);
+}
+
+ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s)
+{
+    return p2p_issue(EMU_RECV, "ncclRecv", NULL, recv, count, t, peer, comm, s);
+}
+
+ncclResult_t ncclGroupStart(void)
+{
+    emu_rank();
+    group_depth++;
+    return ncclSuccess;
+}
+
+/* The outermost end issues the group: its sends first, then its receives
+ * (each in call order, so the messages keep their numbers' order). */
+ncclResult_t ncclGroupEnd(void)
+{
+    if (group_depth <= 0) {
+        emu_finding("NCCL", "ncclGroupEnd without an open ncclGroupStart on this thread");
+        say("emulated NCCL: ncclGroupEnd without ncclGroupStart%s%ld", "", 0);
+        return ncclInvalidUsage;
+    }
+    if (--group_depth > 0) return ncclSuccess;
+    ncclResult_t r = ncclSuccess;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < group_n; i++) {
+            held_p2p *h = &group_ops[i];
+            if ((h->k.kind == EMU_SEND) != (pass == 0) || r != ncclSuccess) continue;
+            if (!emu_stream_capturing(h->s)) {
+                h->k.comm->used_eagerly = 1;
+                h->k.seq = emu_coll_number(&h->k);
+            }
+            if (emu_enqueue_coll(h->s, &h->k, h->label)) r = ncclUnhandledCudaError;
+        }
+    group_n = 0;
+    free(group_ops); /* a thread's groups are few: nothing kept past one */
+    group_ops = NULL;
+    group_cap = 0;
+    return r;
+}
+
 /* Blocking on the host, after the communicator's earlier ops, as NCCL's. */
 ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config)
 {
@@ -511,7 +747,7 @@ ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *newcomm
     snprintf(s->name, sizeof s->name, "split #%llu color %d of %s (%d ranks)", (unsigned long long)seq, color,
              strncmp(c->name, "world", 5) == 0 ? "world" : "a split", n);
     ncclResult_t r = attach(s, shm, n, me);
-    if (r != ncclSuccess) { free(s); return r; }
+    if (r != ncclSuccess) { free(s->sent); free(s->received); free(s); return r; }
     *newcomm = s;
     return ncclSuccess;
 }

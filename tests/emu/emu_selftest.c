@@ -1,13 +1,18 @@
 /* The emulated CUDA runtime's own tests: each case does on purpose what a
  * runtime bug would do (or its correct counterpart) and checks what the
- * emulator reports. One process, no NCCL. Prints one line per case and
+ * emulator reports. One process, no NCCL, but for the point-to-point case
+ * first: two processes (a fork) exchanging messages over the emulated
+ * ncclSend / ncclRecv. Prints one line per case and
  * "emu selftest: N passed, N failed"; exits 1 if any failed. */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime.h>
+#include <nccl.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static int passed, failed;
 
@@ -44,6 +49,71 @@ static void expect(const char *what, int want_findings)
     cudaEmuClearFindings();
 }
 
+/* Rank `rank` of two: a group whose receive comes before its send on both
+ * ranks (NCCL posts a group together: no deadlock), then a lone send from
+ * rank 0 that rank 1 receives, both checked element for element; then a
+ * receive whose count differs from its send's, which rank 1 must report.
+ * 0 when this rank saw what it should. */
+static int p2p_rank(int rank)
+{
+    enum { N = 64 };
+    ncclUniqueId id;
+    ncclComm_t comm;
+    cudaStream_t s;
+    float host[N], got[N];
+    float *send, *recv;
+    int peer = 1 - rank, bad = 0;
+    if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&comm, 2, id, rank) != ncclSuccess ||
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) || cudaMalloc((void **)&send, sizeof host) ||
+        cudaMalloc((void **)&recv, sizeof host))
+        return 1;
+    for (int i = 0; i < N; i++) host[i] = (float)(1000 * rank + i);
+    cudaMemcpyAsync(send, host, sizeof host, cudaMemcpyHostToDevice, s);
+    ncclGroupStart();
+    ncclRecv(recv, N, ncclFloat32, peer, comm, s);
+    ncclSend(send, N, ncclFloat32, peer, comm, s);
+    if (ncclGroupEnd() != ncclSuccess) bad = 1;
+    cudaMemcpyAsync(got, recv, sizeof got, cudaMemcpyDeviceToHost, s);
+    cudaStreamSynchronize(s);
+    for (int i = 0; i < N; i++) bad |= got[i] != (float)(1000 * peer + i);
+    /* a lone send and its receive, then a pair whose counts differ */
+    if (rank == 0) {
+        ncclSend(recv, N, ncclFloat32, peer, comm, s); /* rank 1's own values back */
+        ncclSend(send, 8, ncclFloat32, peer, comm, s);
+    } else {
+        ncclRecv(send, N, ncclFloat32, peer, comm, s);
+        cudaMemcpyAsync(got, send, sizeof got, cudaMemcpyDeviceToHost, s);
+        cudaStreamSynchronize(s);
+        for (int i = 0; i < N; i++) bad |= got[i] != (float)(1000 * rank + i);
+        ncclRecv(recv, 16, ncclFloat32, peer, comm, s);
+    }
+    cudaStreamSynchronize(s);
+    long findings = cudaEmuFindings();
+    bad |= findings != (rank == 1); /* the count mismatch, reported where it is received */
+    cudaEmuClearFindings();
+    return bad;
+}
+
+static void p2p_case(void)
+{
+    char id[64];
+    snprintf(id, sizeof id, "emu-selftest-p2p-%ld", (long)getpid());
+    setenv("NCCL_COMM_ID", id, 1); /* both processes derive the same unique id */
+    fflush(NULL);
+    pid_t child = fork();
+    if (child == 0) {
+        setenv("RANK", "1", 1);
+        exit(p2p_rank(1));
+    }
+    int mine = child > 0 ? p2p_rank(0) : 1, status = 0;
+    if (child > 0) waitpid(child, &status, 0);
+    int ok = child > 0 && mine == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    unsetenv("NCCL_COMM_ID");
+    printf("  %s  ncclSend / ncclRecv between two processes: a group (receive before send on both ranks), a lone "
+           "message, a count mismatch reported by its receiver\n", ok ? "ok  " : "FAIL");
+    if (ok) passed++; else failed++;
+}
+
 static void host_fn_calls_cuda(void *arg)
 {
     (void)arg;
@@ -53,6 +123,9 @@ static void host_fn_calls_cuda(void *arg)
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    p2p_case(); /* first: the fork happens before this process starts any emulator thread */
+    ncclGroupEnd();
+    expect("ncclGroupEnd without ncclGroupStart: refused", 1);
     cudaStream_t a, b, blocking;
     cudaEvent_t e, other;
     char *buf, *small;

@@ -63,6 +63,10 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclD
                                ncclComm_t comm, cudaStream_t s);
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t s);
+ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s);
+ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s);
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
 
 #ifdef __cplusplus
 }
