@@ -133,9 +133,10 @@ local function class_tables(p, cls, NAME, cls_suffix)
     local peer = opt_int(o.peer, -1, -1, "op " .. o.seq .. "'s peer")
     local batch = opt_int(o.batch, 0, 0, "op " .. o.seq .. "'s batch")
     local tag = opt_int(o.tag, 0, 0, "op " .. o.seq .. "'s tag")
-    ol[#ol + 1] = head .. fmt(".micro_step = %s, .event = %s, .wait_first = %s, .wait_count = %s%s, "
-      .. ".peer = %d, .batch = %d, .tag = %d },%s", micro,
-      slot[o.seq] or -1, nw > 0 and #wl or 0, nw, o.from_sharded and ", .from_sharded = 1" or "", peer, batch, tag,
+    -- (batch and tag are 0 unless set: C's zero default keeps every other row short)
+    local p2p = o.peer and fmt(".peer = %d, .batch = %d, .tag = %d", peer, batch, tag) or ".peer = -1"
+    ol[#ol + 1] = head .. fmt(".micro_step = %s, .event = %s, .wait_first = %s, .wait_count = %s%s, %s },%s", micro,
+      slot[o.seq] or -1, nw > 0 and #wl or 0, nw, o.from_sharded and ", .from_sharded = 1" or "", p2p,
       in_run and o.seq < rep.first + rep.n - 1 and " \\" or "")
     for _, w in ipairs(waits) do wl[#wl + 1] = tostring(slot[w]) end
     if in_run and o.seq == rep.first + rep.n - 1 then

@@ -89,203 +89,203 @@ static const cp_group_family families[6] = {
  * (gen/memplan.lua proves every data dependency and every reuse of arena
  * bytes is covered); `event` >= 0 is recorded after it for a later wait. */
 static const cp_op ops[304] = {
-    [0] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 0, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [1] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 40, .reduce_op = CP_SUM, .micro_step = 0, .event = 1, .wait_first = 0, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [2] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 2, .wait_first = 1, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [3] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [4] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 3, .wait_first = 2, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [5] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 0, .event = 4, .wait_first = 3, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [6] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 5, .wait_first = 4, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [7] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [8] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [9] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 6, .wait_first = 5, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [10] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 0, .event = 7, .wait_first = 6, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [11] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 8, .wait_first = 7, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [12] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [13] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [14] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 9, .wait_first = 8, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [15] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 0, .event = 10, .wait_first = 9, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [16] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 11, .wait_first = 10, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [17] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 12, .wait_first = 11, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [18] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 0, .event = 13, .wait_first = 12, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [19] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [20] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [21] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 14, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [22] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 0, .event = 15, .wait_first = 13, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [23] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 14, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [24] = { .kind = CP_OP_VIEW_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = 16, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [25] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 17, .wait_first = 15, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [26] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [27] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [28] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 18, .wait_first = 16, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [29] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 0, .event = 19, .wait_first = 17, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [30] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 18, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [31] = { .kind = CP_OP_VIEW_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [32] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [33] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [34] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 20, .wait_first = 19, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [35] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 0, .event = 21, .wait_first = 20, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 },
-    [36] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 22, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [37] = { .kind = CP_OP_VIEW_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = 22, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [38] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 23, .wait_first = 23, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [39] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 40, .reduce_op = CP_SUM, .micro_step = 1, .event = 24, .wait_first = 24, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [40] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 25, .wait_first = 25, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [41] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [42] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 26, .wait_first = 26, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [43] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 1, .event = 27, .wait_first = 27, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [44] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 28, .wait_first = 28, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [45] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [46] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [47] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 29, .wait_first = 29, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [48] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 1, .event = 30, .wait_first = 30, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [49] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 31, .wait_first = 31, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 },
-    [50] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [51] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [52] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 32, .wait_first = 33, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [53] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 1, .event = 33, .wait_first = 34, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [54] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 34, .wait_first = 35, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [55] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 35, .wait_first = 36, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [56] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 1, .event = 36, .wait_first = 37, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [57] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [58] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [59] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 37, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [60] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 1, .event = 38, .wait_first = 38, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 },
-    [61] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 1, .event = -1, .wait_first = 40, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [62] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 1, .event = 39, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [63] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 40, .wait_first = 41, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [64] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [65] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [66] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 41, .wait_first = 42, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [67] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 1, .event = 42, .wait_first = 43, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [68] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 1, .event = -1, .wait_first = 44, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [69] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [70] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [71] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [72] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 43, .wait_first = 45, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [73] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 1, .event = 44, .wait_first = 46, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 },
-    [74] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 1, .event = -1, .wait_first = 48, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [75] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 1, .event = 45, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [76] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 23, .wait_first = 49, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [77] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 40, .reduce_op = CP_SUM, .micro_step = 2, .event = 24, .wait_first = 50, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [78] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 25, .wait_first = 51, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [79] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [80] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 26, .wait_first = 52, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [81] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 2, .event = 27, .wait_first = 53, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [82] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 28, .wait_first = 54, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [83] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [84] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [85] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 29, .wait_first = 55, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [86] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 2, .event = 30, .wait_first = 56, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [87] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 31, .wait_first = 57, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 },
-    [88] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [89] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [90] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 32, .wait_first = 59, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [91] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 2, .event = 33, .wait_first = 60, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [92] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 34, .wait_first = 61, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [93] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 35, .wait_first = 62, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [94] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 2, .event = 36, .wait_first = 63, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [95] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [96] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [97] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 37, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [98] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 2, .event = 38, .wait_first = 64, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 },
-    [99] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 2, .event = -1, .wait_first = 66, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [100] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 2, .event = 39, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [101] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 40, .wait_first = 67, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [102] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [103] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [104] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 41, .wait_first = 68, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [105] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 2, .event = 42, .wait_first = 69, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [106] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 2, .event = -1, .wait_first = 70, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [107] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [108] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [109] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [110] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 43, .wait_first = 71, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [111] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 2, .event = 44, .wait_first = 72, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 },
-    [112] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 2, .event = -1, .wait_first = 74, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [113] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 2, .event = 45, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [0] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 0, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [1] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 40, .reduce_op = CP_SUM, .micro_step = 0, .event = 1, .wait_first = 0, .wait_count = 1, .peer = -1 },
+    [2] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 2, .wait_first = 1, .wait_count = 1, .peer = -1 },
+    [3] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [4] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 3, .wait_first = 2, .wait_count = 1, .peer = -1 },
+    [5] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 0, .event = 4, .wait_first = 3, .wait_count = 1, .peer = -1 },
+    [6] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 5, .wait_first = 4, .wait_count = 1, .peer = -1 },
+    [7] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [8] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [9] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 6, .wait_first = 5, .wait_count = 1, .peer = -1 },
+    [10] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 0, .event = 7, .wait_first = 6, .wait_count = 1, .peer = -1 },
+    [11] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 8, .wait_first = 7, .wait_count = 1, .peer = -1 },
+    [12] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [13] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [14] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 9, .wait_first = 8, .wait_count = 1, .peer = -1 },
+    [15] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 0, .event = 10, .wait_first = 9, .wait_count = 1, .peer = -1 },
+    [16] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 11, .wait_first = 10, .wait_count = 1, .peer = -1 },
+    [17] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 12, .wait_first = 11, .wait_count = 1, .peer = -1 },
+    [18] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 0, .event = 13, .wait_first = 12, .wait_count = 1, .peer = -1 },
+    [19] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [20] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [21] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 14, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [22] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 0, .event = 15, .wait_first = 13, .wait_count = 1, .peer = -1 },
+    [23] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 14, .wait_count = 1, .peer = -1 },
+    [24] = { .kind = CP_OP_VIEW_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = 16, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [25] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 17, .wait_first = 15, .wait_count = 1, .peer = -1 },
+    [26] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [27] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [28] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 18, .wait_first = 16, .wait_count = 1, .peer = -1 },
+    [29] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 0, .event = 19, .wait_first = 17, .wait_count = 1, .peer = -1 },
+    [30] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 18, .wait_count = 1, .peer = -1 },
+    [31] = { .kind = CP_OP_VIEW_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [32] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [33] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [34] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 20, .wait_first = 19, .wait_count = 1, .peer = -1 },
+    [35] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 0, .event = 21, .wait_first = 20, .wait_count = 2, .peer = -1 },
+    [36] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 0, .event = -1, .wait_first = 22, .wait_count = 1, .peer = -1 },
+    [37] = { .kind = CP_OP_VIEW_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 0, .event = 22, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [38] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 23, .wait_first = 23, .wait_count = 1, .peer = -1 },
+    [39] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 40, .reduce_op = CP_SUM, .micro_step = 1, .event = 24, .wait_first = 24, .wait_count = 1, .peer = -1 },
+    [40] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 25, .wait_first = 25, .wait_count = 1, .peer = -1 },
+    [41] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [42] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 26, .wait_first = 26, .wait_count = 1, .peer = -1 },
+    [43] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 1, .event = 27, .wait_first = 27, .wait_count = 1, .peer = -1 },
+    [44] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 28, .wait_first = 28, .wait_count = 1, .peer = -1 },
+    [45] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [46] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [47] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 29, .wait_first = 29, .wait_count = 1, .peer = -1 },
+    [48] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 1, .event = 30, .wait_first = 30, .wait_count = 1, .peer = -1 },
+    [49] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 31, .wait_first = 31, .wait_count = 2, .peer = -1 },
+    [50] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [51] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [52] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 32, .wait_first = 33, .wait_count = 1, .peer = -1 },
+    [53] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 1, .event = 33, .wait_first = 34, .wait_count = 1, .peer = -1 },
+    [54] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 34, .wait_first = 35, .wait_count = 1, .peer = -1 },
+    [55] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 35, .wait_first = 36, .wait_count = 1, .peer = -1 },
+    [56] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 1, .event = 36, .wait_first = 37, .wait_count = 1, .peer = -1 },
+    [57] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [58] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [59] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 37, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [60] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 1, .event = 38, .wait_first = 38, .wait_count = 2, .peer = -1 },
+    [61] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 1, .event = -1, .wait_first = 40, .wait_count = 1, .peer = -1 },
+    [62] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 1, .event = 39, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [63] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 40, .wait_first = 41, .wait_count = 1, .peer = -1 },
+    [64] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [65] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [66] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 41, .wait_first = 42, .wait_count = 1, .peer = -1 },
+    [67] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 1, .event = 42, .wait_first = 43, .wait_count = 1, .peer = -1 },
+    [68] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 1, .event = -1, .wait_first = 44, .wait_count = 1, .peer = -1 },
+    [69] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [70] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [71] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [72] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 43, .wait_first = 45, .wait_count = 1, .peer = -1 },
+    [73] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 1, .event = 44, .wait_first = 46, .wait_count = 2, .peer = -1 },
+    [74] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 1, .event = -1, .wait_first = 48, .wait_count = 1, .peer = -1 },
+    [75] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 1, .event = 45, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [76] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 23, .wait_first = 49, .wait_count = 1, .peer = -1 },
+    [77] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 40, .reduce_op = CP_SUM, .micro_step = 2, .event = 24, .wait_first = 50, .wait_count = 1, .peer = -1 },
+    [78] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 25, .wait_first = 51, .wait_count = 1, .peer = -1 },
+    [79] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [80] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 26, .wait_first = 52, .wait_count = 1, .peer = -1 },
+    [81] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 2, .event = 27, .wait_first = 53, .wait_count = 1, .peer = -1 },
+    [82] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 28, .wait_first = 54, .wait_count = 1, .peer = -1 },
+    [83] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [84] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [85] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 29, .wait_first = 55, .wait_count = 1, .peer = -1 },
+    [86] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 2, .event = 30, .wait_first = 56, .wait_count = 1, .peer = -1 },
+    [87] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 31, .wait_first = 57, .wait_count = 2, .peer = -1 },
+    [88] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [89] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [90] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 32, .wait_first = 59, .wait_count = 1, .peer = -1 },
+    [91] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 2, .event = 33, .wait_first = 60, .wait_count = 1, .peer = -1 },
+    [92] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 34, .wait_first = 61, .wait_count = 1, .peer = -1 },
+    [93] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 35, .wait_first = 62, .wait_count = 1, .peer = -1 },
+    [94] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 2, .event = 36, .wait_first = 63, .wait_count = 1, .peer = -1 },
+    [95] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [96] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [97] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 37, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [98] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 2, .event = 38, .wait_first = 64, .wait_count = 2, .peer = -1 },
+    [99] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 2, .event = -1, .wait_first = 66, .wait_count = 1, .peer = -1 },
+    [100] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 2, .event = 39, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [101] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 40, .wait_first = 67, .wait_count = 1, .peer = -1 },
+    [102] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [103] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [104] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 41, .wait_first = 68, .wait_count = 1, .peer = -1 },
+    [105] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 2, .event = 42, .wait_first = 69, .wait_count = 1, .peer = -1 },
+    [106] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 2, .event = -1, .wait_first = 70, .wait_count = 1, .peer = -1 },
+    [107] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [108] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [109] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [110] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 43, .wait_first = 71, .wait_count = 1, .peer = -1 },
+    [111] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 2, .event = 44, .wait_first = 72, .wait_count = 2, .peer = -1 },
+    [112] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 2, .event = -1, .wait_first = 74, .wait_count = 1, .peer = -1 },
+    [113] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 2, .event = 45, .wait_first = 0, .wait_count = 0, .peer = -1 },
     /* micro-steps 3 .. 6: the same 38 ops each, these rows run 4 times */
 #define HSDP2X3_BF16_OPS_REPEAT(k) \
-    [114 + (k) * 38] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 23, .wait_first = 75, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [115 + (k) * 38] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 40, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 24, .wait_first = 76, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [116 + (k) * 38] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 25, .wait_first = 77, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [117 + (k) * 38] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [118 + (k) * 38] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 26, .wait_first = 78, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [119 + (k) * 38] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 27, .wait_first = 79, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [120 + (k) * 38] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 28, .wait_first = 80, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [121 + (k) * 38] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [122 + (k) * 38] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [123 + (k) * 38] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 29, .wait_first = 81, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [124 + (k) * 38] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 30, .wait_first = 82, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [125 + (k) * 38] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 31, .wait_first = 83, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 }, \
-    [126 + (k) * 38] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [127 + (k) * 38] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [128 + (k) * 38] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 32, .wait_first = 85, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [129 + (k) * 38] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 33, .wait_first = 86, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [130 + (k) * 38] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 34, .wait_first = 87, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [131 + (k) * 38] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 35, .wait_first = 88, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [132 + (k) * 38] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 36, .wait_first = 89, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [133 + (k) * 38] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [134 + (k) * 38] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [135 + (k) * 38] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 37, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [136 + (k) * 38] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 38, .wait_first = 90, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 }, \
-    [137 + (k) * 38] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = -1, .wait_first = 92, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [138 + (k) * 38] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 3 + (k), .event = 39, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [139 + (k) * 38] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 40, .wait_first = 93, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [140 + (k) * 38] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [141 + (k) * 38] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [142 + (k) * 38] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 41, .wait_first = 94, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [143 + (k) * 38] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 42, .wait_first = 95, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [144 + (k) * 38] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = -1, .wait_first = 96, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [145 + (k) * 38] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [146 + (k) * 38] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [147 + (k) * 38] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [148 + (k) * 38] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 43, .wait_first = 97, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [149 + (k) * 38] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 44, .wait_first = 98, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 }, \
-    [150 + (k) * 38] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = -1, .wait_first = 100, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [151 + (k) * 38] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 3 + (k), .event = 45, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [114 + (k) * 38] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 23, .wait_first = 75, .wait_count = 1, .peer = -1 }, \
+    [115 + (k) * 38] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 40, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 24, .wait_first = 76, .wait_count = 1, .peer = -1 }, \
+    [116 + (k) * 38] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 25, .wait_first = 77, .wait_count = 1, .peer = -1 }, \
+    [117 + (k) * 38] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [118 + (k) * 38] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 26, .wait_first = 78, .wait_count = 1, .peer = -1 }, \
+    [119 + (k) * 38] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 27, .wait_first = 79, .wait_count = 1, .peer = -1 }, \
+    [120 + (k) * 38] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 28, .wait_first = 80, .wait_count = 1, .peer = -1 }, \
+    [121 + (k) * 38] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [122 + (k) * 38] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [123 + (k) * 38] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 29, .wait_first = 81, .wait_count = 1, .peer = -1 }, \
+    [124 + (k) * 38] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 30, .wait_first = 82, .wait_count = 1, .peer = -1 }, \
+    [125 + (k) * 38] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 31, .wait_first = 83, .wait_count = 2, .peer = -1 }, \
+    [126 + (k) * 38] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [127 + (k) * 38] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [128 + (k) * 38] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 32, .wait_first = 85, .wait_count = 1, .peer = -1 }, \
+    [129 + (k) * 38] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 33, .wait_first = 86, .wait_count = 1, .peer = -1 }, \
+    [130 + (k) * 38] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 34, .wait_first = 87, .wait_count = 1, .peer = -1 }, \
+    [131 + (k) * 38] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 35, .wait_first = 88, .wait_count = 1, .peer = -1 }, \
+    [132 + (k) * 38] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 36, .wait_first = 89, .wait_count = 1, .peer = -1 }, \
+    [133 + (k) * 38] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [134 + (k) * 38] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [135 + (k) * 38] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 37, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [136 + (k) * 38] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 38, .wait_first = 90, .wait_count = 2, .peer = -1 }, \
+    [137 + (k) * 38] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = -1, .wait_first = 92, .wait_count = 1, .peer = -1 }, \
+    [138 + (k) * 38] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 3 + (k), .event = 39, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [139 + (k) * 38] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 40, .wait_first = 93, .wait_count = 1, .peer = -1 }, \
+    [140 + (k) * 38] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [141 + (k) * 38] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [142 + (k) * 38] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 41, .wait_first = 94, .wait_count = 1, .peer = -1 }, \
+    [143 + (k) * 38] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 42, .wait_first = 95, .wait_count = 1, .peer = -1 }, \
+    [144 + (k) * 38] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = -1, .wait_first = 96, .wait_count = 1, .peer = -1 }, \
+    [145 + (k) * 38] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [146 + (k) * 38] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [147 + (k) * 38] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [148 + (k) * 38] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 43, .wait_first = 97, .wait_count = 1, .peer = -1 }, \
+    [149 + (k) * 38] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 44, .wait_first = 98, .wait_count = 2, .peer = -1 }, \
+    [150 + (k) * 38] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = -1, .wait_first = 100, .wait_count = 1, .peer = -1 }, \
+    [151 + (k) * 38] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 3 + (k), .event = 45, .wait_first = 0, .wait_count = 0, .peer = -1 },
     HSDP2X3_BF16_OPS_REPEAT(0)
     HSDP2X3_BF16_OPS_REPEAT(1)
     HSDP2X3_BF16_OPS_REPEAT(2)
     HSDP2X3_BF16_OPS_REPEAT(3)
 #undef HSDP2X3_BF16_OPS_REPEAT
-    [266] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 7, .event = 46, .wait_first = 101, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [267] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 40, .reduce_op = CP_SUM, .micro_step = 7, .event = 47, .wait_first = 102, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [268] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = 48, .wait_first = 103, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [269] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [270] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 7, .event = 49, .wait_first = 104, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [271] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 7, .event = 50, .wait_first = 105, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [272] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = 51, .wait_first = 106, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [273] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [274] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [275] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 7, .event = 52, .wait_first = 107, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [276] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 7, .event = 53, .wait_first = 108, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [277] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = 54, .wait_first = 109, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 },
-    [278] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [279] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [280] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 7, .event = 55, .wait_first = 111, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [281] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 7, .event = 56, .wait_first = 112, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [282] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = 57, .wait_first = 113, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [283] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 7, .event = 58, .wait_first = 114, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [284] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 7, .event = 59, .wait_first = 115, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [285] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [286] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [287] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = 60, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [288] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 7, .event = 61, .wait_first = 116, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 },
-    [289] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 7, .event = -1, .wait_first = 118, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [290] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 7, .event = 62, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [291] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 119, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [292] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [293] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [294] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = 63, .wait_first = 120, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [295] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 7, .event = 64, .wait_first = 121, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [296] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 7, .event = -1, .wait_first = 122, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [297] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [298] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [299] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [300] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = 65, .wait_first = 123, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [301] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 7, .event = 66, .wait_first = 124, .wait_count = 2, .peer = -1, .batch = 0, .tag = 0 },
-    [302] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 7, .event = -1, .wait_first = 126, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [303] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [266] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 7, .event = 46, .wait_first = 101, .wait_count = 1, .peer = -1 },
+    [267] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 40, .reduce_op = CP_SUM, .micro_step = 7, .event = 47, .wait_first = 102, .wait_count = 1, .peer = -1 },
+    [268] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = 48, .wait_first = 103, .wait_count = 1, .peer = -1 },
+    [269] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [270] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 7, .event = 49, .wait_first = 104, .wait_count = 1, .peer = -1 },
+    [271] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 7, .event = 50, .wait_first = 105, .wait_count = 1, .peer = -1 },
+    [272] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = 51, .wait_first = 106, .wait_count = 1, .peer = -1 },
+    [273] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [274] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [275] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 7, .event = 52, .wait_first = 107, .wait_count = 1, .peer = -1 },
+    [276] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 7, .event = 53, .wait_first = 108, .wait_count = 1, .peer = -1 },
+    [277] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = 54, .wait_first = 109, .wait_count = 2, .peer = -1 },
+    [278] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [279] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [280] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 7, .event = 55, .wait_first = 111, .wait_count = 1, .peer = -1 },
+    [281] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 11, .reduce_op = CP_SUM, .micro_step = 7, .event = 56, .wait_first = 112, .wait_count = 1, .peer = -1 },
+    [282] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = 57, .wait_first = 113, .wait_count = 1, .peer = -1 },
+    [283] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 7, .event = 58, .wait_first = 114, .wait_count = 1, .peer = -1 },
+    [284] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 18, .reduce_op = CP_SUM, .micro_step = 7, .event = 59, .wait_first = 115, .wait_count = 1, .peer = -1 },
+    [285] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [286] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [287] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = 60, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [288] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 7, .event = 61, .wait_first = 116, .wait_count = 2, .peer = -1 },
+    [289] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 11, .reduce_op = CP_AVG, .micro_step = 7, .event = -1, .wait_first = 118, .wait_count = 1, .peer = -1 },
+    [290] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 7, .event = 62, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [291] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 119, .wait_count = 1, .peer = -1 },
+    [292] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [293] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [294] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = 63, .wait_first = 120, .wait_count = 1, .peer = -1 },
+    [295] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 7, .event = 64, .wait_first = 121, .wait_count = 1, .peer = -1 },
+    [296] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 18, .reduce_op = CP_AVG, .micro_step = 7, .event = -1, .wait_first = 122, .wait_count = 1, .peer = -1 },
+    [297] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [298] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [299] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [300] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 7, .event = 65, .wait_first = 123, .wait_count = 1, .peer = -1 },
+    [301] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 7, .event = 66, .wait_first = 124, .wait_count = 2, .peer = -1 },
+    [302] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_FP32, .count = 40, .reduce_op = CP_AVG, .micro_step = 7, .event = -1, .wait_first = 126, .wait_count = 1, .peer = -1 },
+    [303] = { .kind = CP_OP_VIEW_OUT_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 7, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
 };
 
 /* Event slots waited on, in runs indexed by cp_op.wait_first. */

@@ -90,173 +90,173 @@ static const cp_group_family families[6] = {
  * (gen/memplan.lua proves every data dependency and every reuse of arena
  * bytes is covered); `event` >= 0 is recorded after it for a later wait. */
 static const cp_op ops[223] = {
-    [0] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 0, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [1] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 0, .event = 1, .wait_first = 0, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [2] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 2, .wait_first = 1, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [3] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [4] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 3, .wait_first = 2, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [5] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 0, .event = 4, .wait_first = 3, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [6] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 5, .wait_first = 4, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [7] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [8] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [9] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 6, .wait_first = 5, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [10] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 0, .event = 7, .wait_first = 6, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [11] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 8, .wait_first = 7, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [12] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [13] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 9, .wait_first = 8, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [14] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 0, .event = 10, .wait_first = 9, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [15] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [16] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [17] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 11, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [18] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 0, .event = 12, .wait_first = 10, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [19] = { .kind = CP_OP_PARTIAL_SAVE, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [20] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 13, .wait_first = 11, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [21] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [22] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [23] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 14, .wait_first = 12, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [24] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 0, .event = 15, .wait_first = 13, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [25] = { .kind = CP_OP_PARTIAL_SAVE, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [26] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [27] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [28] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 16, .wait_first = 14, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [29] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 0, .event = 17, .wait_first = 15, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [30] = { .kind = CP_OP_PARTIAL_SAVE, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [31] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 18, .wait_first = 16, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [32] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 1, .event = 19, .wait_first = 17, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [33] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 20, .wait_first = 18, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [34] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [35] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 21, .wait_first = 19, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [36] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 1, .event = 22, .wait_first = 20, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [37] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 23, .wait_first = 21, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [38] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [39] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [40] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 24, .wait_first = 22, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [41] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 1, .event = 25, .wait_first = 23, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [42] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 26, .wait_first = 24, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [43] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [44] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 27, .wait_first = 25, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [45] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 1, .event = 28, .wait_first = 26, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [46] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [47] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [48] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 29, .wait_first = 27, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [49] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 1, .event = 30, .wait_first = 28, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [50] = { .kind = CP_OP_PARTIAL_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [51] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 31, .wait_first = 29, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [52] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [53] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [54] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 32, .wait_first = 30, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [55] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 1, .event = 33, .wait_first = 31, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [56] = { .kind = CP_OP_PARTIAL_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [57] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [58] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [59] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 34, .wait_first = 32, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [60] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 1, .event = 35, .wait_first = 33, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [61] = { .kind = CP_OP_PARTIAL_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [62] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 18, .wait_first = 34, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [63] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 2, .event = 19, .wait_first = 35, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [64] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 20, .wait_first = 36, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [65] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [66] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 21, .wait_first = 37, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [67] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 2, .event = 22, .wait_first = 38, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [68] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 23, .wait_first = 39, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [69] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [70] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [71] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 24, .wait_first = 40, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [72] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 2, .event = 25, .wait_first = 41, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [73] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 26, .wait_first = 42, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [74] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [75] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 27, .wait_first = 43, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [76] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 2, .event = 28, .wait_first = 44, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [77] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [78] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [79] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 29, .wait_first = 45, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [80] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 2, .event = 30, .wait_first = 46, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [81] = { .kind = CP_OP_PARTIAL_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [82] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 31, .wait_first = 47, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [83] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [84] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [85] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 32, .wait_first = 48, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [86] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 2, .event = 33, .wait_first = 49, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [87] = { .kind = CP_OP_PARTIAL_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [88] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [89] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [90] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 34, .wait_first = 50, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [91] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 2, .event = 35, .wait_first = 51, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [92] = { .kind = CP_OP_PARTIAL_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [0] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 0, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [1] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 0, .event = 1, .wait_first = 0, .wait_count = 1, .peer = -1 },
+    [2] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 2, .wait_first = 1, .wait_count = 1, .peer = -1 },
+    [3] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [4] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 3, .wait_first = 2, .wait_count = 1, .peer = -1 },
+    [5] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 0, .event = 4, .wait_first = 3, .wait_count = 1, .peer = -1 },
+    [6] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 5, .wait_first = 4, .wait_count = 1, .peer = -1 },
+    [7] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [8] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [9] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 6, .wait_first = 5, .wait_count = 1, .peer = -1 },
+    [10] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 0, .event = 7, .wait_first = 6, .wait_count = 1, .peer = -1 },
+    [11] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 8, .wait_first = 7, .wait_count = 1, .peer = -1 },
+    [12] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [13] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 0, .event = 9, .wait_first = 8, .wait_count = 1, .peer = -1 },
+    [14] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 0, .event = 10, .wait_first = 9, .wait_count = 1, .peer = -1 },
+    [15] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [16] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [17] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 11, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [18] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 0, .event = 12, .wait_first = 10, .wait_count = 1, .peer = -1 },
+    [19] = { .kind = CP_OP_PARTIAL_SAVE, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [20] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 13, .wait_first = 11, .wait_count = 1, .peer = -1 },
+    [21] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [22] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [23] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 14, .wait_first = 12, .wait_count = 1, .peer = -1 },
+    [24] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 0, .event = 15, .wait_first = 13, .wait_count = 1, .peer = -1 },
+    [25] = { .kind = CP_OP_PARTIAL_SAVE, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [26] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [27] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [28] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 0, .event = 16, .wait_first = 14, .wait_count = 1, .peer = -1 },
+    [29] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 0, .event = 17, .wait_first = 15, .wait_count = 1, .peer = -1 },
+    [30] = { .kind = CP_OP_PARTIAL_SAVE, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 0, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [31] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 18, .wait_first = 16, .wait_count = 1, .peer = -1 },
+    [32] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 1, .event = 19, .wait_first = 17, .wait_count = 1, .peer = -1 },
+    [33] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 20, .wait_first = 18, .wait_count = 1, .peer = -1 },
+    [34] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [35] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 21, .wait_first = 19, .wait_count = 1, .peer = -1 },
+    [36] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 1, .event = 22, .wait_first = 20, .wait_count = 1, .peer = -1 },
+    [37] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 23, .wait_first = 21, .wait_count = 1, .peer = -1 },
+    [38] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [39] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [40] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 24, .wait_first = 22, .wait_count = 1, .peer = -1 },
+    [41] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 1, .event = 25, .wait_first = 23, .wait_count = 1, .peer = -1 },
+    [42] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 26, .wait_first = 24, .wait_count = 1, .peer = -1 },
+    [43] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [44] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 1, .event = 27, .wait_first = 25, .wait_count = 1, .peer = -1 },
+    [45] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 1, .event = 28, .wait_first = 26, .wait_count = 1, .peer = -1 },
+    [46] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [47] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [48] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 29, .wait_first = 27, .wait_count = 1, .peer = -1 },
+    [49] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 1, .event = 30, .wait_first = 28, .wait_count = 1, .peer = -1 },
+    [50] = { .kind = CP_OP_PARTIAL_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [51] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 31, .wait_first = 29, .wait_count = 1, .peer = -1 },
+    [52] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [53] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [54] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 32, .wait_first = 30, .wait_count = 1, .peer = -1 },
+    [55] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 1, .event = 33, .wait_first = 31, .wait_count = 1, .peer = -1 },
+    [56] = { .kind = CP_OP_PARTIAL_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [57] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [58] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [59] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 1, .event = 34, .wait_first = 32, .wait_count = 1, .peer = -1 },
+    [60] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 1, .event = 35, .wait_first = 33, .wait_count = 1, .peer = -1 },
+    [61] = { .kind = CP_OP_PARTIAL_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 1, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [62] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 18, .wait_first = 34, .wait_count = 1, .peer = -1 },
+    [63] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 2, .event = 19, .wait_first = 35, .wait_count = 1, .peer = -1 },
+    [64] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 20, .wait_first = 36, .wait_count = 1, .peer = -1 },
+    [65] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [66] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 21, .wait_first = 37, .wait_count = 1, .peer = -1 },
+    [67] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 2, .event = 22, .wait_first = 38, .wait_count = 1, .peer = -1 },
+    [68] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 23, .wait_first = 39, .wait_count = 1, .peer = -1 },
+    [69] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [70] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [71] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 24, .wait_first = 40, .wait_count = 1, .peer = -1 },
+    [72] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 2, .event = 25, .wait_first = 41, .wait_count = 1, .peer = -1 },
+    [73] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 26, .wait_first = 42, .wait_count = 1, .peer = -1 },
+    [74] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [75] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 2, .event = 27, .wait_first = 43, .wait_count = 1, .peer = -1 },
+    [76] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 2, .event = 28, .wait_first = 44, .wait_count = 1, .peer = -1 },
+    [77] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [78] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [79] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 29, .wait_first = 45, .wait_count = 1, .peer = -1 },
+    [80] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 2, .event = 30, .wait_first = 46, .wait_count = 1, .peer = -1 },
+    [81] = { .kind = CP_OP_PARTIAL_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [82] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 31, .wait_first = 47, .wait_count = 1, .peer = -1 },
+    [83] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [84] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [85] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 32, .wait_first = 48, .wait_count = 1, .peer = -1 },
+    [86] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 2, .event = 33, .wait_first = 49, .wait_count = 1, .peer = -1 },
+    [87] = { .kind = CP_OP_PARTIAL_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [88] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [89] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [90] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 2, .event = 34, .wait_first = 50, .wait_count = 1, .peer = -1 },
+    [91] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 2, .event = 35, .wait_first = 51, .wait_count = 1, .peer = -1 },
+    [92] = { .kind = CP_OP_PARTIAL_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 2, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
     /* micro-steps 3 .. 5: the same 31 ops each, these rows run 3 times */
 #define HSDP3X2_ARLAST_OPS_REPEAT(k) \
-    [93 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 18, .wait_first = 52, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [94 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 19, .wait_first = 53, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [95 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 20, .wait_first = 54, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [96 + (k) * 31] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [97 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 21, .wait_first = 55, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [98 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 22, .wait_first = 56, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [99 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 23, .wait_first = 57, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [100 + (k) * 31] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [101 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [102 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 24, .wait_first = 58, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [103 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 25, .wait_first = 59, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [104 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 26, .wait_first = 60, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [105 + (k) * 31] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [106 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 27, .wait_first = 61, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [107 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 28, .wait_first = 62, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [108 + (k) * 31] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [109 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [110 + (k) * 31] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 29, .wait_first = 63, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [111 + (k) * 31] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 30, .wait_first = 64, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [112 + (k) * 31] = { .kind = CP_OP_PARTIAL_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [113 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 31, .wait_first = 65, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [114 + (k) * 31] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [115 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [116 + (k) * 31] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 32, .wait_first = 66, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [117 + (k) * 31] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 33, .wait_first = 67, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [118 + (k) * 31] = { .kind = CP_OP_PARTIAL_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [119 + (k) * 31] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [120 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 }, \
-    [121 + (k) * 31] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 34, .wait_first = 68, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [122 + (k) * 31] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 35, .wait_first = 69, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 }, \
-    [123 + (k) * 31] = { .kind = CP_OP_PARTIAL_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [93 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 18, .wait_first = 52, .wait_count = 1, .peer = -1 }, \
+    [94 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 19, .wait_first = 53, .wait_count = 1, .peer = -1 }, \
+    [95 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 20, .wait_first = 54, .wait_count = 1, .peer = -1 }, \
+    [96 + (k) * 31] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [97 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 21, .wait_first = 55, .wait_count = 1, .peer = -1 }, \
+    [98 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 22, .wait_first = 56, .wait_count = 1, .peer = -1 }, \
+    [99 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 23, .wait_first = 57, .wait_count = 1, .peer = -1 }, \
+    [100 + (k) * 31] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [101 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [102 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 24, .wait_first = 58, .wait_count = 1, .peer = -1 }, \
+    [103 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 25, .wait_first = 59, .wait_count = 1, .peer = -1 }, \
+    [104 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 26, .wait_first = 60, .wait_count = 1, .peer = -1 }, \
+    [105 + (k) * 31] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [106 + (k) * 31] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 3 + (k), .event = 27, .wait_first = 61, .wait_count = 1, .peer = -1 }, \
+    [107 + (k) * 31] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 3 + (k), .event = 28, .wait_first = 62, .wait_count = 1, .peer = -1 }, \
+    [108 + (k) * 31] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [109 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [110 + (k) * 31] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 29, .wait_first = 63, .wait_count = 1, .peer = -1 }, \
+    [111 + (k) * 31] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 30, .wait_first = 64, .wait_count = 1, .peer = -1 }, \
+    [112 + (k) * 31] = { .kind = CP_OP_PARTIAL_ADD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [113 + (k) * 31] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 31, .wait_first = 65, .wait_count = 1, .peer = -1 }, \
+    [114 + (k) * 31] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [115 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [116 + (k) * 31] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 32, .wait_first = 66, .wait_count = 1, .peer = -1 }, \
+    [117 + (k) * 31] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 33, .wait_first = 67, .wait_count = 1, .peer = -1 }, \
+    [118 + (k) * 31] = { .kind = CP_OP_PARTIAL_ADD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [119 + (k) * 31] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [120 + (k) * 31] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 }, \
+    [121 + (k) * 31] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 3 + (k), .event = 34, .wait_first = 68, .wait_count = 1, .peer = -1 }, \
+    [122 + (k) * 31] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 3 + (k), .event = 35, .wait_first = 69, .wait_count = 1, .peer = -1 }, \
+    [123 + (k) * 31] = { .kind = CP_OP_PARTIAL_ADD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 3 + (k), .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
     HSDP3X2_ARLAST_OPS_REPEAT(0)
     HSDP3X2_ARLAST_OPS_REPEAT(1)
     HSDP3X2_ARLAST_OPS_REPEAT(2)
 #undef HSDP3X2_ARLAST_OPS_REPEAT
-    [186] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 36, .wait_first = 70, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [187] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 6, .event = 37, .wait_first = 71, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [188] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 38, .wait_first = 72, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [189] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [190] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 39, .wait_first = 73, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [191] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 6, .event = 40, .wait_first = 74, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [192] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 41, .wait_first = 75, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [193] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [194] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [195] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 42, .wait_first = 76, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [196] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 6, .event = 43, .wait_first = 77, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [197] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 44, .wait_first = 78, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [198] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [199] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 45, .wait_first = 79, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [200] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 6, .event = 46, .wait_first = 80, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [201] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [202] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [203] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 47, .wait_first = 81, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [204] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 6, .event = 48, .wait_first = 82, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [205] = { .kind = CP_OP_PARTIAL_FOLD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 6, .event = 49, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [206] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 83, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [207] = { .kind = CP_OP_VIEW_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [208] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 84, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [209] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [210] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [211] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 50, .wait_first = 85, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [212] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 6, .event = 51, .wait_first = 86, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [213] = { .kind = CP_OP_PARTIAL_FOLD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 6, .event = 52, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [214] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 87, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [215] = { .kind = CP_OP_VIEW_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [216] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [217] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [218] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 53, .wait_first = 88, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [219] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 89, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [220] = { .kind = CP_OP_PARTIAL_FOLD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 6, .event = 54, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
-    [221] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 90, .wait_count = 1, .peer = -1, .batch = 0, .tag = 0 },
-    [222] = { .kind = CP_OP_VIEW_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1, .batch = 0, .tag = 0 },
+    [186] = { .kind = CP_OP_COPY_IN, .unit = 0, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 36, .wait_first = 70, .wait_count = 1, .peer = -1 },
+    [187] = { .kind = CP_OP_ALL_GATHER, .unit = 0, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_SUM, .micro_step = 6, .event = 37, .wait_first = 71, .wait_count = 1, .peer = -1 },
+    [188] = { .kind = CP_OP_COPY_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 38, .wait_first = 72, .wait_count = 1, .peer = -1 },
+    [189] = { .kind = CP_OP_FORWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [190] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 39, .wait_first = 73, .wait_count = 1, .peer = -1 },
+    [191] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 6, .event = 40, .wait_first = 74, .wait_count = 1, .peer = -1 },
+    [192] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 41, .wait_first = 75, .wait_count = 1, .peer = -1 },
+    [193] = { .kind = CP_OP_FORWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [194] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [195] = { .kind = CP_OP_COPY_IN, .unit = 2, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 42, .wait_first = 76, .wait_count = 1, .peer = -1 },
+    [196] = { .kind = CP_OP_ALL_GATHER, .unit = 2, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_SUM, .micro_step = 6, .event = 43, .wait_first = 77, .wait_count = 1, .peer = -1 },
+    [197] = { .kind = CP_OP_COPY_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 44, .wait_first = 78, .wait_count = 1, .peer = -1 },
+    [198] = { .kind = CP_OP_FORWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [199] = { .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COPY_IN, .micro_step = 6, .event = 45, .wait_first = 79, .wait_count = 1, .peer = -1 },
+    [200] = { .kind = CP_OP_ALL_GATHER, .unit = 1, .family = 3, .stream = CP_STREAM_ALL_GATHER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_SUM, .micro_step = 6, .event = 46, .wait_first = 80, .wait_count = 1, .peer = -1 },
+    [201] = { .kind = CP_OP_BACKWARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [202] = { .kind = CP_OP_RESHARD, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [203] = { .kind = CP_OP_PACK, .unit = 2, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 47, .wait_first = 81, .wait_count = 1, .peer = -1 },
+    [204] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 2, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 6, .event = 48, .wait_first = 82, .wait_count = 1, .peer = -1 },
+    [205] = { .kind = CP_OP_PARTIAL_FOLD, .unit = 2, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 6, .event = 49, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [206] = { .kind = CP_OP_ALL_REDUCE, .unit = 2, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 23, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 83, .wait_count = 1, .peer = -1 },
+    [207] = { .kind = CP_OP_VIEW_OUT, .unit = 2, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [208] = { .kind = CP_OP_COPY_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 84, .wait_count = 1, .peer = -1 },
+    [209] = { .kind = CP_OP_BACKWARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [210] = { .kind = CP_OP_RESHARD, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [211] = { .kind = CP_OP_PACK, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 50, .wait_first = 85, .wait_count = 1, .peer = -1 },
+    [212] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 1, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 6, .event = 51, .wait_first = 86, .wait_count = 1, .peer = -1 },
+    [213] = { .kind = CP_OP_PARTIAL_FOLD, .unit = 1, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 6, .event = 52, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [214] = { .kind = CP_OP_ALL_REDUCE, .unit = 1, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 45, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 87, .wait_count = 1, .peer = -1 },
+    [215] = { .kind = CP_OP_VIEW_OUT, .unit = 1, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [216] = { .kind = CP_OP_BACKWARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [217] = { .kind = CP_OP_RESHARD, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [218] = { .kind = CP_OP_PACK, .unit = 0, .family = -1, .stream = CP_STREAM_COMPUTE, .micro_step = 6, .event = 53, .wait_first = 88, .wait_count = 1, .peer = -1 },
+    [219] = { .kind = CP_OP_REDUCE_SCATTER, .unit = 0, .family = 3, .stream = CP_STREAM_REDUCE_SCATTER, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 89, .wait_count = 1, .peer = -1 },
+    [220] = { .kind = CP_OP_PARTIAL_FOLD, .unit = 0, .family = -1, .stream = CP_STREAM_REDUCE_SCATTER, .micro_step = 6, .event = 54, .wait_first = 0, .wait_count = 0, .peer = -1 },
+    [221] = { .kind = CP_OP_ALL_REDUCE, .unit = 0, .family = 1, .stream = CP_STREAM_ALL_REDUCE, .dtype = CP_BF16, .count = 72, .reduce_op = CP_AVG, .micro_step = 6, .event = -1, .wait_first = 90, .wait_count = 1, .peer = -1 },
+    [222] = { .kind = CP_OP_VIEW_OUT, .unit = 0, .family = -1, .stream = CP_STREAM_ALL_REDUCE, .micro_step = 6, .event = -1, .wait_first = 0, .wait_count = 0, .peer = -1 },
 };
 
 /* Event slots waited on, in runs indexed by cp_op.wait_first. */
