@@ -411,6 +411,9 @@ KHOST_CXX   := $(CXX) -std=c++17 -Wall -Wextra -Werror -pthread -Itests/c/kernel
 build/gen/%/plan.c: tests/plans/%.lua $(GEN_SRC)
 	@$(MAKE) --no-print-directory -s PLAN=tests/plans/$*.lua OUT=build/gen/$* build/$*/.generated >/dev/null
 build/gen/%/plan_kernels.cu: build/gen/%/plan.c ;
+# tests/pp/plans pipeline plans (gen/parallel/pp_build.lua: a class of tables per pipeline rank).
+build/gen/pp_%/plan.c: tests/pp/plans/pp_%.lua $(GEN_SRC)
+	@$(MAKE) --no-print-directory -s PLAN=tests/pp/plans/pp_$*.lua OUT=build/gen/pp_$* build/pp_$*/.generated >/dev/null
 
 # $(1): build directory; $(2): flags for every file; $(3): for the C++ files
 # (the test and the kernels); $(4): for the kernels' object alone
@@ -452,8 +455,8 @@ EMU_CFLAGS := -O1 -g
 EMU_CC      = $(CC) $(CSTD) $(EMU_CFLAGS) -Itests/emu -Iruntime
 EMU_CXX     = $(CXX) -std=c++17 -Wall -Wextra -Werror -pthread $(EMU_CFLAGS) -include tests/emu/cuda_runtime.h \
               -Itests/emu -Itests/c/kernel_standin -Iruntime
-EMU_EXTRA  := $(KHOST_EXTRA) fsdp3 fsdp2_tp2
-EMU_PLANS  := $(KHOST_ALL) fsdp3 fsdp2_tp2
+EMU_EXTRA  := $(KHOST_EXTRA) fsdp3 fsdp2_tp2 pp_tiny
+EMU_PLANS  := $(KHOST_ALL) fsdp3 fsdp2_tp2 pp_tiny
 EMU_DIR     = $(if $(filter $(1),$(EMU_EXTRA)),build/gen/$(1),plans/$(1))
 EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven
 # The same under ASan+UBSan (the GPU path's own memory errors: a freed

@@ -100,12 +100,20 @@ local function generate(plan_path)
   collectgarbage("restart")
   if not ok then error(p, 0) end
   p.source_file = display_path(plan_path)
-  local fp = audit.fingerprint(p)
+  local pipeline = p.pipeline_build and require("gen.parallel.pp_build")
+  local fp = pipeline and pipeline.fingerprint(p) or audit.fingerprint(p)
   local templates = {}
   for _, t in ipairs({ "plan.h.in", "plan.c.in", "plan_kernels.cu.in" }) do
     templates[t] = read(script_dir .. "/templates/" .. t) or fail("missing template templates/" .. t)
   end
   local files = emit.render(p, fp, templates)
+  if pipeline then
+    -- a pipeline's tables, its proofs and `make pipeline`'s audit; the
+    -- per-rank timeline (trace.json, timeline.svg) is not modelled for it yet
+    files["plan.json"] = pipeline.json(p, fp)
+    files["SCHEDULE.md"] = pipeline.schedule_md(p, fp)
+    return files, p
+  end
   files["plan.json"] = audit.json(p, fp)
   files["SCHEDULE.md"] = audit.schedule_md(p, fp)
   files["trace.json"] = audit.trace_json(p, fp)

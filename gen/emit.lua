@@ -79,12 +79,15 @@ local function class_tables(p, cls, NAME, cls_suffix)
         row = row .. string.format(", .tp_sharded = 1, .tp_dim = %s, .tp_full = %s, .tp_chunk = %s, .full_numel = %s",
           q.tp_dim, q.full_shape[q.tp_dim + 1], q.tp_chunk, q.full_numel)
       end
-      pl[#pl + 1] = string.format("    [%s_PARAM_%s] = { %s },", NAME, util.c_ident(q.name), row)
+      -- a pipeline rank's class holds its own stages' units: rows by index
+      -- (plan.h's enums name pipeline rank 0's, class 0's)
+      pl[#pl + 1] = p.pp and string.format("    [%d] = { %s },", pidx, row)
+        or string.format("    [%s_PARAM_%s] = { %s },", NAME, util.c_ident(q.name), row)
       numel = numel + q.numel
       pidx = pidx + 1
     end
-    ul[#ul + 1] = string.format("    [%s_UNIT_%s] = {\n        %s,\n        %s,\n        %s,\n        %s,\n        %s },",
-      NAME, util.c_ident(u.name),
+    ul[#ul + 1] = string.format("    [%s] = {\n        %s,\n        %s,\n        %s,\n        %s,\n        %s },",
+      p.pp and tostring(u.index) or (NAME .. "_UNIT_" .. util.c_ident(u.name)),
       fields({ "name", cstr(u.name), "first_param", pidx - #u.params, "nparams", #u.params }),
       fields({ "total", u.total, "numel", numel, "grads_numel", u.grads_numel }),
       fields({ "orig_dtype", DT[u.orig_dtype], "ag_dtype", DT[u.ag_dtype], "reduce_dtype", DT[u.reduce_dtype],

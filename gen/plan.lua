@@ -89,6 +89,9 @@ function plan.from_loaded(p, opts)
   for _, m in ipairs(parallel.MODULES) do
     if m.rules then m.rules(ctx, d, p) end
   end
+  -- A pipeline: a class per pipeline rank over the stages' own plan
+  -- (gen/parallel/pp_build.lua).
+  if d.pp > 1 then return require("gen.parallel.pp_build").plan(p) end
   local mods = parallel.used(d)
   for _, m in ipairs(mods) do
     if m.apply_units then units = m.apply_units(ctx, units, d, p) end

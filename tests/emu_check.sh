@@ -31,7 +31,11 @@ ops=0
 ok() { pass=$((pass + 1)); echo "  ok    $1"; }
 bad() { fail=$((fail + 1)); echo "  FAIL  $1"; [ -n "${2:-}" ] && sed 's/^/        | /' "$2" | grep -v 'summary\|mismatch: ' | head -n 8; }
 
-plan_file() { if [ -f "plans/$1.lua" ]; then echo "plans/$1.lua"; else echo "tests/plans/$1.lua"; fi; }
+plan_file() {
+  if [ -f "plans/$1.lua" ]; then echo "plans/$1.lua"
+  elif [ -f "tests/plans/$1.lua" ]; then echo "tests/plans/$1.lua"
+  else echo "tests/pp/plans/$1.lua"; fi
+}
 world() { $LUA -e "print(dofile('$(plan_file "$1")').world_size)"; }
 
 # launch N LOG BIN ARGS...: N rank processes with torchrun's variables; the

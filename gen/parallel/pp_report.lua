@@ -405,6 +405,12 @@ function report.tables(loaded, schedule)
   local stage_units = {}
   for st = 0, sched.num_stages - 1 do stage_units[st] = costs[st].units end
   local tables = require("gen.parallel.pp_tables")
+  local bad = tables.unsupported_action(sched)
+  if bad then
+    util.field_error(ctx, "pipeline.schedule", string.format("%s splits the backward (%s): the tables have no op "
+      .. "for zero bubble's input / weight gradients yet; `make pipeline` audits it; generate with GPipe, 1F1B, "
+      .. "Interleaved1F1B or LoopedBFS", sched.schedule, bad))
+  end
   return { p = p, sched = sched, act = act, stage_units = stage_units,
            classes = tables.rank_tables(p, sched, stage_units, act),
            stage_fsdp = function(st) return report.stage_fsdp(p, costs[st].units) end }
@@ -507,8 +513,8 @@ function report.text(loaded)
     .. "gradients held all step (no reshard after forward under PP; gradients reduced at the end), the "
     .. "activations in flight and one layer's transient, against the GPU's memory. Every schedule with a row "
     .. "passed the send/receive proof (docs/pipeline.md); the refused ones say why.")
-  w("Not yet: the pipeline's C tables and its run (the generator refuses pp > 1); FSDP's all-gathers are taken as "
-    .. "prefetched and links as uncontended.")
+  w("Not modelled here: FSDP's all-gathers (taken as prefetched) and link contention. `make PLAN=...` builds the "
+    .. "plan's schedule into tables (GPipe, 1F1B, Interleaved1F1B, LoopedBFS; tp = 1 so far).")
   return table.concat(L, "\n") .. "\n", rows
 end
 

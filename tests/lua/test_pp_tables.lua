@@ -84,8 +84,10 @@ end
 
 -- Zero bubble's split backward has no tables yet: refused, naming it.
 function T.split_backward_is_refused()
-  local ok, err = pcall(report.tables, loaded(variant("ZBVZeroBubble", 2, 4, 4)))
-  H.eq(ok, false, "refused")
+  H.plan_fails_with(function() report.tables(loaded(variant("ZBVZeroBubble", 2, 4, 4))) end,
+    "pipeline.schedule:", "splits the backward (I)")
+  local ok, err = pcall(tables.rank_tables, nil, { schedule = "ZBVZeroBubble", lowered = { { { type = "I" } } } })
+  H.eq(ok, false, "the builder refuses too")
   assert(tostring(err):find("do not run yet", 1, true), tostring(err))
 end
 
@@ -120,6 +122,36 @@ function T.csv_schedule_in_the_plan_file()
   H.plan_fails_with(function() report.tables(load.source(with:gsub('"s.csv"', '"none.csv"'), path)) end,
     "pipeline.csv:", "none.csv does not exist")
   os.execute("rm -rf " .. dir)
+end
+
+-- The generator builds a pipeline plan into tables: a class per pipeline
+-- rank (its own units and ops) over the whole world's mesh; plan.c holds
+-- every class and the runtime's class map; the same input gives the same
+-- bytes; what the tables cannot run yet is refused with the field.
+function T.generator_builds_pipeline_tables()
+  local plan = require("gen.plan")
+  local p = plan.from_source(SRC, "tests/pp/plans/pp_tiny.lua")
+  H.eq(#p.tp_classes, 2, "a class per pipeline rank")
+  H.eq(p.pp.size, 2, "pp")
+  H.eq(p.mesh.names[1], "pp", "pp outermost")
+  local b = require("gen.parallel.pp_build")
+  local fp = b.fingerprint(p)
+  H.eq(b.fingerprint(plan.from_source(SRC, "tests/pp/plans/pp_tiny.lua")), fp, "deterministic")
+  local templates = {}
+  for _, t in ipairs({ "plan.h.in", "plan.c.in", "plan_kernels.cu.in" }) do templates[t] = H.read("templates/" .. t) end
+  local files = require("gen.emit").render(p, fp, templates)
+  local c = files["plan.c"]
+  assert(c:find("static const int class_of%[2%] = { 0, 1 };"), "class map by pp coordinate")
+  assert(c:find(".pp_size = 2", 1, true) and c:find("CP_OP_SEND", 1, true) and c:find("CP_OP_RECV", 1, true), "p2p ops")
+  assert(c:find(".batch = 1", 1, true), "a coalesced batch (1F1B's)")
+  local md = b.schedule_md(p, fp)
+  assert(md:find("cannot deadlock", 1, true) and md:find("| 1 | 1 | layers.2, layers.3, norm_output |", 1, true), md)
+  local doc = require("gen.json").decode(b.json(p, fp))
+  H.eq(#doc.pipeline.ranks, 2, "plan.json: the ranks")
+  H.plan_fails(SRC:gsub('"1F1B"', '"ZBVZeroBubble"'), "pipeline.schedule:", "splits the backward")
+  H.plan_fails(SRC:gsub("pp = 2, dp_shard = %-1", "pp = 2, dp_shard = 1, tp = 2"):gsub("n_kv_heads = 2", "n_kv_heads = 2"),
+    "parallel.tp:", "inside pipeline stages")
+  H.plan_fails(SRC:gsub('schedule = "1F1B", ', ""), "pipeline.schedule:", "add pipeline = { schedule")
 end
 
 return T

@@ -1,0 +1,221 @@
+-- A pipeline plan (parallel.pp > 1 with pipeline.schedule) built into C
+-- tables (issue 22, item 5): one class per pipeline rank
+-- (gen/parallel/pp_tables.lua: its stages' units and one step's ops),
+-- each with its own memory plan and proofs, over the whole world's mesh
+-- (pp outermost, gen/dims.lua) and its group families; the whole step's
+-- communication proved deadlock-free over every rank
+-- (gen/parallel/pp_step_proof.lua) and equal to what torch issues
+-- (gen/parallel/pp_sequence.lua); SCHEDULE.md and plan.json say what the
+-- tables hold. TP inside the stages is not built yet (refused, with what
+-- exists: make pipeline audits it).
+local util = require("gen.util")
+local dims = require("gen.dims")
+local groups = require("gen.groups")
+local json = require("gen.json")
+local memplan = require("gen.memplan")
+local verify = require("gen.verify")
+local report = require("gen.parallel.pp_report")
+local tables = require("gen.parallel.pp_tables")
+local seq = require("gen.parallel.pp_sequence")
+local step_proof = require("gen.parallel.pp_step_proof")
+
+local M = {}
+
+local fmt = string.format
+
+-- What the tables cannot run yet, as the plan's own one-line refusal.
+local function refuse_unbuilt(loaded, t)
+  local ctx = loaded.ctx
+  if t.p.dims.tp > 1 then
+    util.field_error(ctx, "parallel.tp", fmt("tp=%d inside pipeline stages: the tables do not hold TP's activation "
+      .. "collectives per stage yet; `make pipeline PLAN=...` audits this plan; generate with tp=1", t.p.dims.tp))
+  end
+end
+
+-- The communication of every global rank from the tables, against the
+-- events torch issues (pp_sequence, held to torch live) and through the
+-- whole-step proof. Raises a one-line error naming the first difference.
+local function prove(loaded, t, W)
+  local mesh = seq.mesh(t.sched.pp, W)
+  local got = tables.events(t.classes, mesh, W)
+  local want = seq.expected(t.sched, { dp_shard = W, act_numel = t.act.numel, act_dtype = t.act.dtype,
+                                       stage_fsdp = t.stage_fsdp })
+  for g = 1, #want do
+    for i = 1, math.max(#got[g], #want[g]) do
+      local x, y = got[g][i], want[g][i]
+      local same = x and y
+      for _, k in ipairs({ "op", "peer", "numel", "dtype", "batch", "unit", "in_numel", "out_numel" }) do
+        same = same and x[k] == y[k]
+      end
+      if not same then
+        error(fmt("internal: pipeline rank tables differ from torch's sequence at global rank %d event %d (%s vs %s)",
+          g - 1, i - 1, x and x.op or "none", y and y.op or "none"), 0)
+      end
+    end
+  end
+  local counts, why = step_proof.prove(got)
+  if not counts then
+    util.field_error(loaded.ctx, "pipeline.schedule", "the whole-step proof fails on the tables: " .. tostring(why))
+  end
+  return counts
+end
+
+-- loaded: gen/load.lua's plan with pp > 1 -> the plan object gen/emit.lua
+-- renders (p.tp_classes: one class per pipeline rank) and pp_build's
+-- own report fields (p.pipeline_build).
+function M.plan(loaded)
+  local t = report.tables(loaded)
+  refuse_unbuilt(loaded, t)
+  local sp = t.p -- the stage mesh's plan: layouts, dtypes, FSDP settings
+  local d = dims.infer(loaded.ctx, loaded.parallel, loaded.world_size)
+  local mesh = dims.mesh(d)
+  local fams = groups.build(mesh)
+  local W = sp.layout.W
+  local counts = prove(loaded, t, W)
+  local fsdp = { micro_steps = t.sched.microbatches }
+  local classes = {}
+  for r, cls in ipairs(t.classes) do
+    local lay = {}
+    for k, v in pairs(sp.layout) do lay[k] = v end
+    lay.units = cls.units
+    verify.bounds(lay, fams, cls.ops, fsdp, nil)
+    verify.order(lay, fams, cls.ops)
+    local arena = memplan.build(lay, cls.ops, { micro_steps = fsdp.micro_steps })
+    classes[r] = { layout = lay, ops = cls.ops, arena = arena, coords = { r - 1 }, stages = cls.stages, pp_rank = r - 1 }
+  end
+  local p = {}
+  for k, v in pairs(sp) do p[k] = v end
+  p.name, p.world_size, p.source_file = loaded.name, loaded.world_size, loaded.source_file
+  p.dims, p.mesh, p.groups = d, mesh, fams
+  p.fsdp = { micro_steps = fsdp.micro_steps, reshard_after_forward = false, grad_accumulation = "step_end",
+             reduce_op = sp.fsdp.reduce_op, param_dtype = sp.fsdp.param_dtype, reduce_dtype = sp.fsdp.reduce_dtype }
+  p.tp_classes = classes
+  p.class_of_tp = nil
+  p.layout, p.ops, p.arena, p.rep = classes[1].layout, classes[1].ops, classes[1].arena, nil
+  p.pp = { size = t.sched.pp, mesh_dim = mesh.index.pp - 1, family = fams.by_name.pp.id }
+  p.class_of = {} -- [pp coordinate] (tp = 1) -> class (1-based): each pipeline rank its own
+  for r = 0, t.sched.pp - 1 do p.class_of[r] = r + 1 end
+  p.pipeline_build = { sched = t.sched, act = t.act, counts = counts, loaded = loaded }
+  return p
+end
+
+-- ---- what the tables hold, in words and JSON ----
+
+local function count_kinds(ops)
+  local n = {}
+  for _, o in ipairs(ops) do n[o.kind] = (n[o.kind] or 0) + 1 end
+  return n
+end
+
+local function fingerprint_facts(p)
+  local b = p.pipeline_build
+  local out = { plan = p.name, world_size = p.world_size, schedule = b.sched.schedule, pp = b.sched.pp,
+                microbatches = b.sched.microbatches, act = b.act, mesh = { names = p.mesh.names, sizes = p.mesh.sizes },
+                classes = {} }
+  for i, c in ipairs(p.tp_classes) do
+    local ops = {}
+    for j, o in ipairs(c.ops) do
+      ops[j] = table.concat({ o.kind, o.unit, o.micro_step, o.stream, tostring(o.group), tostring(o.count),
+                              tostring(o.peer), tostring(o.batch), tostring(o.tag) }, ",")
+    end
+    local units = {}
+    for j, u in ipairs(c.layout.units) do units[j] = u.name .. ":" .. u.total .. ":" .. (u.pp_numel or 0) end
+    out.classes[i] = { units = units, ops = ops, arena_bytes = c.arena.arena_bytes }
+  end
+  return out
+end
+
+function M.fingerprint(p)
+  return require("gen.plan").hash64(json.encode(fingerprint_facts(p)))
+end
+
+function M.json(p, fp)
+  local O = json.object
+  local b = p.pipeline_build
+  local cls = {}
+  for i, c in ipairs(p.tp_classes) do
+    local units = {}
+    for j, u in ipairs(c.layout.units) do
+      units[j] = O({ "name", u.name, "total", u.total, "pp_numel", u.pp_numel or 0 })
+    end
+    local ops = {}
+    for j, o in ipairs(c.ops) do
+      ops[j] = O({ "seq", o.seq, "kind", o.kind, "unit", c.layout.units[o.unit + 1].name, "micro_step", o.micro_step,
+                   "stream", o.stream, "group", o.group, "dtype", o.dtype, "count", o.count, "peer", o.peer,
+                   "batch", o.batch, "tag", o.tag, "waits_for", c.arena.waits[o.seq] })
+    end
+    cls[i] = O({ "pp_rank", c.pp_rank, "stages", c.stages, "units", units, "arena_bytes", c.arena.arena_bytes,
+                 "ops", ops })
+  end
+  return json.encode(O({
+    "_comment", "generated by commplan from " .. p.source_file .. "; do not edit",
+    "fingerprint", fp, "plan", p.name, "world_size", p.world_size,
+    "mesh", O({ "names", p.mesh.names, "sizes", p.mesh.sizes, "strides", p.mesh.strides }),
+    "pipeline", O({ "schedule", b.sched.schedule, "pp", b.sched.pp, "microbatches", b.sched.microbatches,
+                    "stages", b.sched.num_stages, "activation_numel", b.act.numel, "activation_dtype", b.act.dtype,
+                    "proof", O({ "events", b.counts.events, "collectives", b.counts.collectives,
+                                 "messages", b.counts.p2p, "batches", b.counts.batches }),
+                    "ranks", cls }),
+  }), " ") .. "\n"
+end
+
+function M.schedule_md(p, fp)
+  local b = p.pipeline_build
+  local L = {}
+  local function w(f, ...) L[#L + 1] = select("#", ...) > 0 and fmt(f, ...) or f end
+  w("<!-- generated by commplan from %s; do not edit. fingerprint %s -->", p.source_file, fp)
+  w("# Communication schedule: %s (pipeline)", p.name)
+  w("")
+  local mesh = {}
+  for i, n in ipairs(p.mesh.names) do mesh[i] = n .. "=" .. p.mesh.sizes[i] end
+  w("%s on %d ranks (mesh %s): %d microbatches, %d stages; each pipeline rank runs its own tables (a class per "
+    .. "rank in plan.c). One microbatch's activation between stages: %d %s elements per rank.", b.sched.schedule,
+    p.world_size, table.concat(mesh, " x "), b.sched.microbatches, b.sched.num_stages, b.act.numel, b.act.dtype)
+  w("")
+  w("Proved: every rank's sends, receives and FSDP collectives equal what torch.distributed.pipelining + "
+    .. "fully_shard issue (gen/parallel/pp_sequence.lua, held to torch live); the whole step (%d events, %d "
+    .. "collectives, %d messages, %d coalesced batches on %d ranks) cannot deadlock (gen/parallel/pp_step_proof.lua, "
+    .. "one queue per rank).", b.counts.events, b.counts.collectives, b.counts.p2p, b.counts.batches or 0,
+    b.counts.ranks or p.world_size)
+  w("")
+  w("| pipeline rank | stages | units | ops | sends | receives | all-gathers | reduce-scatters | arena |")
+  w("|---|---|---|---|---|---|---|---|---|")
+  for _, c in ipairs(p.tp_classes) do
+    local n = count_kinds(c.ops)
+    local names = {}
+    for i, u in ipairs(c.layout.units) do names[i] = u.name end
+    w("| %d | %s | %s | %d | %d | %d | %d | %d | %s |", c.pp_rank, table.concat(c.stages, ", "),
+      table.concat(names, ", "), #c.ops, n.send or 0, n.recv or 0, n.all_gather or 0, n.reduce_scatter or 0,
+      report.human_bytes(c.arena.arena_bytes))
+  end
+  w("")
+  w("## Audit (make pipeline)")
+  w("")
+  w("```")
+  local ok, text = pcall(report.text, b.loaded)
+  w("%s", ok and text:gsub("\n$", "") or ("(not available: " .. tostring(text) .. ")"))
+  w("```")
+  w("")
+  w("## Ops per pipeline rank")
+  for _, c in ipairs(p.tp_classes) do
+    w("")
+    w("### Pipeline rank %d", c.pp_rank)
+    w("")
+    w("| # | kind | unit | micro-batch | stream | detail |")
+    w("|---|---|---|---|---|---|")
+    for _, o in ipairs(c.ops) do
+      local detail = ""
+      if o.kind == "send" or o.kind == "recv" then
+        detail = fmt("%s pipeline rank %d, %d %s, tag %d%s", o.kind == "send" and "to" or "from", o.peer, o.count,
+          o.dtype, o.tag, o.batch > 0 and fmt(", batch %d", o.batch) or "")
+      elseif o.group then
+        detail = fmt("%s, %d %s per rank", o.group, o.count, o.dtype)
+      end
+      w("| %d | %s | %s | %d | %s | %s |", o.seq, o.kind, c.layout.units[o.unit + 1].name, o.micro_step, o.stream,
+        detail)
+    end
+  end
+  return table.concat(L, "\n") .. "\n"
+end
+
+return M
