@@ -16,7 +16,7 @@
 -- microbatches, the gradient reduction's collectives from gen/cost.lua,
 -- each activation transfer at the inter-node bandwidth (torchtitan puts
 -- pp outermost in the mesh). What this does not do yet: generate the
--- pipeline's tables (the generator refuses pp > 1) or run them.
+-- pipeline's tables or run them (gen/parallel/pp_build.lua does).
 local util = require("gen.util")
 local plan_mod = require("gen.plan")
 local compute = require("gen.compute")
