@@ -15,8 +15,8 @@
 -- plans them): compute per unit from gen/compute.lua split over the
 -- microbatches, the gradient reduction's collectives from gen/cost.lua,
 -- each activation transfer at the inter-node bandwidth (torchtitan puts
--- pp outermost in the mesh). What this does not do yet: generate the
--- pipeline's tables or run them (gen/parallel/pp_build.lua does).
+-- pp outermost in the mesh). The tables themselves come from
+-- gen/parallel/pp_build.lua.
 local util = require("gen.util")
 local plan_mod = require("gen.plan")
 local compute = require("gen.compute")
