@@ -46,7 +46,12 @@ function timeline.build(p, s, per_unit, opts)
   end
   local info = {}
   for _, o in ipairs(ops) do
-    local r = { seq = o.seq, stream = o.stream }
+    -- Every field the sweep sets is named here (nil until then), so the
+    -- table is sized once instead of growing field by field (an info per
+    -- op, and a plan predicts its step three times).
+    local r = { seq = o.seq, stream = o.stream, work = nil, link = nil, fixed = nil, extra_comm = nil,
+                extra_ops = nil, nominal = nil, start = nil, bind = nil, finish_at = nil, remaining = nil,
+                finish = nil, dur = nil }
     if o.group then
       r.work = o.predicted_us or 0
       r.link = o.intra_node and "intra" or "inter"
