@@ -364,11 +364,23 @@ end
 local function unit_name(p, index) return p.layout.units[index + 1].name end
 
 -- A unit's layout signature: units with equal signatures are folded.
-local function unit_sig(u)
+local function layout_sig(u)
   local t = { #u.params, u.total, u.grads_numel, u.orig_dtype, u.ag_dtype, u.reduce_dtype, u.grad_dtype, u.rs_op, u.ar_op,
               tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide }
   for _, q in ipairs(u.params) do t[#t + 1] = table.concat(q.shape, "x") .. "/" .. q.shard_dim end
   return table.concat(t, "|")
+end
+
+-- The same, computed once per unit of a layout: SCHEDULE.md's tables and
+-- warnings fold the units several times over.
+local sig_memo = setmetatable({}, { __mode = "k" }) -- unit -> its signature
+local function unit_sig(u)
+  local s = sig_memo[u]
+  if not s then
+    s = layout_sig(u)
+    sig_memo[u] = s
+  end
+  return s
 end
 
 local function padding_of(u, W)
