@@ -5,8 +5,9 @@ local json = {}
 
 local OBJECT = {}
 
--- json.object({ "k1", v1, "k2", v2, ... }) keeps this key order.
-function json.object(kv) return setmetatable({ kv = kv }, OBJECT) end
+-- json.object({ "k1", v1, "k2", v2, ... }) keeps this key order (the list
+-- itself marked as an object: plans hold an object per op).
+function json.object(kv) return setmetatable(kv, OBJECT) end
 
 local type, tostring, mtype = type, tostring, math.type
 
@@ -101,7 +102,7 @@ function json.encoder()
     end
     local mt = getmetatable(v)
     if mt == OBJECT or next(v) ~= nil and #v == 0 then
-      local kv = v.kv
+      local kv = v
       if mt ~= OBJECT then
         kv = {}
         local keys = {}
@@ -127,7 +128,7 @@ function json.encoder()
             o[k] = r
           elseif mtype(x) == "integer" then
             k = k + 1
-            o[k] = tostring(x)
+            o[k] = x -- (table.concat writes it as tostring does)
           else
             local tx = type(x)
             if tx == "table" then
