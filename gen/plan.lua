@@ -143,8 +143,10 @@ end
 function plan.hash64(s)
   local h, P = 0xcbf29ce484222325, 0x100000001b3
   local unpack, n = string.unpack, #s
-  if n % 8 ~= 0 then s = s .. string.rep("\0", 8 - n % 8) end
-  local N, i = #s, 1
+  -- The whole words, then the tail padded on its own (not a padded copy
+  -- of a text of megabytes).
+  local N, i = n - n % 8, 1
+  local tail = n % 8 ~= 0 and s:sub(N + 1) .. string.rep("\0", 8 - n % 8)
   while i + 63 <= N do
     local a, b, c, d, e, f, g, k = unpack("<i8i8i8i8i8i8i8i8", s, i)
     h = (h ~ a) * P; h = h ~ (h >> 29)
@@ -161,6 +163,7 @@ function plan.hash64(s)
     h = (h ~ unpack("<i8", s, i)) * P; h = h ~ (h >> 29)
     i = i + 8
   end
+  if tail then h = (h ~ unpack("<i8", tail)) * P; h = h ~ (h >> 29) end
   h = (h ~ n) * P
   return string.format("%016x", h ~ (h >> 32))
 end
