@@ -9,6 +9,13 @@ local OBJECT = {}
 -- itself marked as an object: plans hold an object per op).
 function json.object(kv) return setmetatable(kv, OBJECT) end
 
+local RAW = {}
+
+-- json.raw(text): a value written as text, which must be JSON as the
+-- encoder would write that value where it stands (its indent and depth):
+-- for a large part a caller writes faster itself (plan.json's ops).
+function json.raw(text) return setmetatable({ text = text }, RAW) end
+
 local type, tostring, mtype = type, tostring, math.type
 
 local ESC_MAP = { ['"'] = '\\"', ['\\'] = '\\\\', ['\n'] = '\\n', ['\t'] = '\\t', ['\r'] = '\\r' }
@@ -101,7 +108,10 @@ function json.encoder()
       return
     end
     local mt = getmetatable(v)
-    if mt == OBJECT or next(v) ~= nil and #v == 0 then
+    if mt == RAW then
+      n = n + 1
+      out[n] = v.text
+    elseif mt == OBJECT or next(v) ~= nil and #v == 0 then
       local kv = v
       if mt ~= OBJECT then
         kv = {}
