@@ -140,17 +140,22 @@ function timeline.build(p, s, per_unit, opts)
   while true do
     start_ready()
     if #active == 0 then break end
+    -- (numeric loops: an event per op, and ipairs costs a call per item)
+    local na = #active
     sharing.intra, sharing.inter = 0, 0
-    for _, r in ipairs(active) do
+    for i = 1, na do
+      local r = active[i]
       if r.link then sharing[r.link] = sharing[r.link] + 1 end
     end
     local tf = math.huge
-    for _, r in ipairs(active) do
+    for i = 1, na do
+      local r = active[i]
       local f = r.fixed and r.finish_at or (t + r.remaining * sharing[r.link])
       if f < tf then tf = f end
     end
     local dt = tf - t
-    for _, r in ipairs(active) do
+    for i = 1, na do
+      local r = active[i]
       if r.link then r.remaining = r.remaining - dt / sharing[r.link] end
     end
     t = tf
