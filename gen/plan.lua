@@ -20,6 +20,17 @@ plan.MODELS = { llama = require("gen.models.llama"), generic = require("gen.mode
 -- tests/titan/dims_dump.lua: the dims stage as the generator runs it.
 plan.check_supported = parallel.check_supported
 
+-- The step as planned (p.arena.waits): one of the memory plan's
+-- predictions replayed where the final waits delay none of its ops
+-- (timeline.replay), else predicted anew.
+local function planned_step(p, s, per_unit, predictions)
+  for _, tl in ipairs(predictions) do
+    local replayed = timeline.replay(p, tl)
+    if replayed then return replayed end
+  end
+  return timeline.build(p, s, per_unit)
+end
+
 local build_class
 -- One class of ranks (one table set): its layout, schedule, proofs, cost
 -- and memory plan. mods: the plan's parallelisms (parallel.used).
@@ -44,11 +55,13 @@ function build_class(ctx, cls, d, fams, p, cfg, mods, expand, face)
                  topology = p.topology, training = p.training, arena = {} }
   local s = compute.settings(view)
   local per_unit = compute.units(view, s)
+  local predictions = {}
   local arena = memplan.build(lay, ops, {
     budget = whole_rank.arena_room(view, s, per_unit),
     predict = function(waits)
       view.arena.waits = repeat_mod.strengthen(waits, rep)
-      return timeline.build(view, s, per_unit)
+      predictions[#predictions + 1] = timeline.build(view, s, per_unit)
+      return predictions[#predictions]
     end,
   })
   if rep then
@@ -65,7 +78,7 @@ function build_class(ctx, cls, d, fams, p, cfg, mods, expand, face)
   -- The step as planned (the audit's timeline: gen/figures.lua takes it
   -- while the settings it was predicted with stand).
   view.arena = arena
-  local tl = (face or rep) and timeline.build(view, s, per_unit)
+  local tl = (face or rep) and planned_step(view, s, per_unit, predictions)
   if rep and not repeat_mod.periodic(tl, rep) then
     return build_class(ctx, cls, d, fams, p, cfg, mods, true, face)
   end
