@@ -184,12 +184,14 @@ end
 -- the last of its dependencies under p's waits (the op before it on its
 -- stream, its waits) finishes in tl. Then the prediction with p's waits
 -- meets the same ops ready at every event, so it is tl, but for each
--- op's binding dependency (re-chosen among its own). nil where some op
--- would start otherwise (memplan's holds usually delay nothing: the plan
--- need not predict its step a third time).
+-- op's binding dependency (re-chosen among its own): tl itself where none
+-- changes (the rest of a prediction follows from its ops' times and
+-- binding dependencies). nil where some op would start otherwise
+-- (memplan's holds usually delay nothing: the plan need not predict its
+-- step a third time).
 function timeline.replay(p, tl)
   local waits, from = p.arena.waits, tl.ops
-  local info, by_seq, prev = {}, {}, {}
+  local info, by_seq, prev, rebound = {}, {}, {}, false
   for _, o in ipairs(p.ops) do
     local seq = o.seq
     local r, before, list = from[seq], prev[o.stream], waits[seq] or NO_WAITS
@@ -206,11 +208,11 @@ function timeline.replay(p, tl)
       local c = {}
       for k, v in pairs(r) do c[k] = v end
       c.bind = bind
-      r = c
+      r, rebound = c, true
     end
     info[seq], by_seq[seq], prev[o.stream] = r, o, seq
   end
-  return timeline.summarize(p, info, by_seq)
+  return rebound and timeline.summarize(p, info, by_seq) or tl
 end
 
 function timeline.summarize(p, info, by_seq)
