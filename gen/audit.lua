@@ -79,6 +79,50 @@ local function tp_classes_facts(p)
   return tp_classes
 end
 
+-- An op's keys in plan.json after the first ones (ops_json), each with
+-- the text before its value.
+local OP_KEYS = {}
+for _, k in ipairs({ "times", "stream", "group", "dtype", "count", "input", "reduce_op", "size_bytes", "wire_bytes",
+                     "predicted_us", "algorithm", "waits_for" }) do
+  OP_KEYS[k] = ",\n   " .. json.quote(k) .. ": "
+end
+
+-- plan.json's ops: an object per op (seq, kind, unit, phase, micro_step,
+-- times, stream, group, dtype, count, input, reduce_op, size_bytes,
+-- wire_bytes, predicted_us, algorithm, waits_for; absent keys left out), written as
+-- json.encode(facts, " ") would write them at the top level of facts, a
+-- format per op rather than an object each (a step holds units x
+-- micro-steps of them, and plan.json is most of the generation's work).
+local function ops_json(p)
+  if #p.ops == 0 then return json.raw("[]") end
+  local units, waits, K, num = p.layout.units, p.arena.waits, OP_KEYS, json.number
+  local q = setmetatable({}, { __index = function(t, s) local v = json.quote(s); t[s] = v; return v end })
+  -- every op of a size predicts the same time: each written once
+  local us = setmetatable({}, { __index = function(t, x) local v = num(r3(x)); t[x] = v; return v end })
+  local out, n = {}, 0
+  for i, o in ipairs(p.ops) do
+    n = n + 1
+    out[n] = string.format('%s{\n   "seq": %d,\n   "kind": %s,\n   "unit": %s,\n   "phase": %s,\n   "micro_step": %d',
+      i == 1 and "\n  " or ",\n  ", o.seq, q[o.kind], q[units[o.unit + 1].name], q[o.phase], o.micro_step)
+    if o.times then out[n + 1], out[n + 2], n = K.times, num(o.times), n + 2 end
+    out[n + 1], out[n + 2], n = K.stream, q[o.stream], n + 2
+    if o.group then out[n + 1], out[n + 2], n = K.group, q[o.group], n + 2 end
+    if o.dtype then out[n + 1], out[n + 2], n = K.dtype, q[o.dtype], n + 2 end
+    if o.count then out[n + 1], out[n + 2], n = K.count, num(o.count), n + 2 end
+    if o.from_sharded then out[n + 1], out[n + 2], n = K.input, '"sharded"', n + 2 end
+    if o.reduce_op then out[n + 1], out[n + 2], n = K.reduce_op, q[o.reduce_op], n + 2 end
+    if o.size_bytes then out[n + 1], out[n + 2], n = K.size_bytes, num(o.size_bytes), n + 2 end
+    if o.wire_bytes then out[n + 1], out[n + 2], n = K.wire_bytes, num(o.wire_bytes), n + 2 end
+    if o.predicted_us then out[n + 1], out[n + 2], n = K.predicted_us, us[o.predicted_us], n + 2 end
+    if o.algorithm then out[n + 1], out[n + 2], n = K.algorithm, q[o.algorithm], n + 2 end
+    local w = waits[o.seq]
+    if w then out[n + 1], out[n + 2], n = K.waits_for, "[" .. table.concat(w, ",") .. "]", n + 2 end -- (op seqs)
+    n = n + 1
+    out[n] = "\n  }"
+  end
+  return json.raw("[" .. table.concat(out, "", 1, n) .. "\n ]")
+end
+
 -- The plan's facts as the fingerprint covers them: not where the plan file
 -- lies (moving a plan must not change what ranks compare), not the TP
 -- classes' layouts (tp_classes_facts; class_facts hashes them).
@@ -118,13 +162,6 @@ local function facts(p)
       "vec_ok", u.vec_ok, "rs_op", u.rs_op, "ar_op", u.ar_op,
       "pre_divide", u.pre_divide, "post_divide", u.post_divide, "arena", O(arena), "params", params })
   end
-  local ops = {}
-  for _, o in ipairs(p.ops) do
-    ops[#ops + 1] = O({ "seq", o.seq, "kind", o.kind, "unit", p.layout.units[o.unit + 1].name,
-      "phase", o.phase, "micro_step", o.micro_step, "times", o.times, "stream", o.stream, "group", o.group, "dtype", o.dtype, "count", o.count,
-      "input", o.from_sharded and "sharded" or nil, "reduce_op", o.reduce_op, "size_bytes", o.size_bytes, "wire_bytes", o.wire_bytes,
-      "predicted_us", r3(o.predicted_us), "algorithm", o.algorithm, "waits_for", p.arena.waits[o.seq] })
-  end
   local per_family = {}
   for _, f in ipairs(p.groups.list) do
     local a = p.predicted.per_family[f.name]
@@ -150,7 +187,7 @@ local function facts(p)
     -- micro-steps micro_first .. micro_last; executed_ops counts every op the executor issues
     "repeat", p.rep and O({ "first_seq", p.rep.first, "ops", p.rep.n, "times", p.rep.times,
                             "micro_first", p.rep.micro_first, "micro_last", p.rep.micro_last }),
-    "executed_ops", p.rep and rep_mod.executed_count(p.ops, p.rep), "ops", ops,
+    "executed_ops", p.rep and rep_mod.executed_count(p.ops, p.rep), "ops", ops_json(p),
     "per_rank_per_step", O({ "by_group", per_family,
       "predicted_comm_us", r3(p.predicted.total_us) }),
     "memory", O({ "persistent_bytes", p.memory.persistent_bytes, "peak_transient_bytes", p.memory.peak_transient_bytes,
@@ -281,11 +318,11 @@ local function pair_text(k, v)
   return s:sub(2, -3)
 end
 
--- text with ins put before the first top-level key of keys that it holds.
-local function insert_before(text, keys, ins)
+-- Where text holds the first of keys that it holds as a top-level key.
+local function key_at(text, keys)
   for _, k in ipairs(keys) do
     local at = text:find("\n " .. json.quote(k) .. ": ", 1, true)
-    if at then return text:sub(1, at - 1) .. ins .. text:sub(at) end
+    if at then return at end
   end
   error("internal: plan.json lacks every one of " .. table.concat(keys, ", "), 0)
 end
@@ -293,13 +330,29 @@ end
 function audit.json(p, fp)
   local text = p._facts_text or facts_text(p)
   p._facts_text = nil
-  text = "{" .. pair_text("_comment", "generated by commplan from " .. p.source_file .. "; do not edit") .. ","
-    .. text:sub(2)
-  text = insert_before(text, { "plan" }, pair_text("fingerprint", fp) .. ",")
-  text = insert_before(text, { "world_size" }, pair_text("source", p.source_file) .. ",")
+  -- The header, the source and the TP classes spliced in and the audit
+  -- appended in one concatenation: the facts are megabytes, and every
+  -- splice of its own would copy them.
+  local cuts = {
+    { at = 2, text = pair_text("_comment", "generated by commplan from " .. p.source_file .. "; do not edit") .. "," },
+    { at = key_at(text, { "plan" }), text = pair_text("fingerprint", fp) .. "," },
+    { at = key_at(text, { "world_size" }), text = pair_text("source", p.source_file) .. "," },
+  }
   local tp_classes = tp_classes_facts(p)
-  if tp_classes then text = insert_before(text, { "repeat", "ops" }, pair_text("tp_classes", tp_classes) .. ",") end
-  return text:sub(1, -3) .. "," .. pair_text("audit", audit_facts(p)) .. "\n}\n"
+  if tp_classes then
+    cuts[#cuts + 1] = { at = key_at(text, { "repeat", "ops" }), text = pair_text("tp_classes", tp_classes) .. "," }
+  end
+  for i, c in ipairs(cuts) do c.i = i end
+  table.sort(cuts, function(a, b) return a.at < b.at or (a.at == b.at and a.i < b.i) end)
+  local pieces, from = {}, 1
+  for _, c in ipairs(cuts) do
+    pieces[#pieces + 1] = text:sub(from, c.at - 1)
+    pieces[#pieces + 1] = c.text
+    from = c.at
+  end
+  pieces[#pieces + 1] = text:sub(from, -3) -- (without the closing "\n}")
+  pieces[#pieces + 1] = "," .. pair_text("audit", audit_facts(p)) .. "\n}\n"
+  return table.concat(pieces)
 end
 
 function audit.trace_json(p, fp)
@@ -371,11 +424,23 @@ end
 local function unit_name(p, index) return p.layout.units[index + 1].name end
 
 -- A unit's layout signature: units with equal signatures are folded.
-local function unit_sig(u)
+local function layout_sig(u)
   local t = { #u.params, u.total, u.grads_numel, u.orig_dtype, u.ag_dtype, u.reduce_dtype, u.grad_dtype, u.rs_op, u.ar_op,
               tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide }
   for _, q in ipairs(u.params) do t[#t + 1] = table.concat(q.shape, "x") .. "/" .. q.shard_dim end
   return table.concat(t, "|")
+end
+
+-- The same, computed once per unit of a layout: SCHEDULE.md's tables and
+-- warnings fold the units several times over.
+local sig_memo = setmetatable({}, { __mode = "k" }) -- unit -> its signature
+local function unit_sig(u)
+  local s = sig_memo[u]
+  if not s then
+    s = layout_sig(u)
+    sig_memo[u] = s
+  end
+  return s
 end
 
 local function padding_of(u, W)

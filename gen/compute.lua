@@ -88,9 +88,17 @@ local function suffix(name) return (name:gsub("^layers%.%d+%.", "")) end
 -- transformer blocks (torchtitan's apply_ac wraps model.layers, not the
 -- embedding, the final norm and output, or the loss); a generic plan's
 -- units but the root.
+local holds_wq = setmetatable({}, { __mode = "k" }) -- unit -> whether it holds an attention.wq
 function compute.checkpointed(p, u)
   if p.model and p.model.family == "llama" and p.model_config then
-    return numel_of(u, function(q) return suffix(q.name) == "attention.wq.weight" end) > 0
+    -- (its parameters' names decide: looked at once per unit, though each
+    -- prediction of the step asks again)
+    local wq = holds_wq[u]
+    if wq == nil then
+      wq = numel_of(u, function(q) return suffix(q.name) == "attention.wq.weight" end) > 0
+      holds_wq[u] = wq
+    end
+    return wq
   end
   return not u.is_root
 end

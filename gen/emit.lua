@@ -59,10 +59,16 @@ local function fields(list)
   return table.concat(t, ", ")
 end
 
+-- C identifiers of names, each made once per render: plan.h's enums and
+-- plan.c's rows both name every unit and parameter.
+local function idents()
+  return setmetatable({}, { __index = function(t, name) local id = util.c_ident(name); t[name] = id; return id end })
+end
+
 -- One TP class's tables (layout, ops, waits) as C rows. Parameter and
 -- unit rows are indexed by the plan's enumerators, so a row cannot drift
--- from the name the header gives it.
-local function class_tables(p, cls, NAME, cls_suffix)
+-- from the name the header gives it. ident: idents().
+local function class_tables(p, cls, NAME, cls_suffix, ident)
   local lay, arena = cls.layout, cls.arena
   local ul, pl = {}, {}
   local pidx = 0
@@ -82,12 +88,12 @@ local function class_tables(p, cls, NAME, cls_suffix)
       -- a pipeline rank's class holds its own stages' units: rows by index
       -- (plan.h's enums name pipeline rank 0's, class 0's)
       pl[#pl + 1] = p.pp and string.format("    [%d] = { %s },", pidx, row)
-        or string.format("    [%s_PARAM_%s] = { %s },", NAME, util.c_ident(q.name), row)
+        or string.format("    [%s_PARAM_%s] = { %s },", NAME, ident[q.name], row)
       numel = numel + q.numel
       pidx = pidx + 1
     end
     ul[#ul + 1] = string.format("    [%s] = {\n        %s,\n        %s,\n        %s,\n        %s,\n        %s },",
-      p.pp and tostring(u.index) or (NAME .. "_UNIT_" .. util.c_ident(u.name)),
+      p.pp and tostring(u.index) or (NAME .. "_UNIT_" .. ident[u.name]),
       fields({ "name", cstr(u.name), "first_param", pidx - #u.params, "nparams", #u.params }),
       fields({ "total", u.total, "numel", numel, "grads_numel", u.grads_numel }),
       fields({ "orig_dtype", DT[u.orig_dtype], "ag_dtype", DT[u.ag_dtype], "reduce_dtype", DT[u.reduce_dtype],
@@ -126,21 +132,27 @@ local function class_tables(p, cls, NAME, cls_suffix)
     end
     local index = in_run and fmt("%d + (k) * %d", o.seq, rep.n) or tostring(rep and o.seq >= rep.first + rep.n
       and o.seq + shift or o.seq)
-    local head = fmt("    [%s] = { .kind = %s, .unit = %s, .family = %s, .stream = %s, ", index,
-      kind_c[o.kind] or ("CP_OP_" .. o.kind:upper()), o.unit, fam, stream_c[o.stream] or ("CP_STREAM_" .. o.stream:upper()))
-    if o.group or o.count then
-      head = head .. fmt(".dtype = %s, .count = %s, .reduce_op = %s, ", DT[o.dtype], o.count, RED[o.reduce_op or "sum"])
-    end
+    local kind, stream = kind_c[o.kind] or ("CP_OP_" .. o.kind:upper()),
+      stream_c[o.stream] or ("CP_STREAM_" .. o.stream:upper())
     local micro = in_run and fmt("%d + (k)", o.micro_step) or o.micro_step
-    -- point-to-point (gen/parallel/pp_*.lua): peer -1, batch 0, tag 0 on every other op
-    local peer = opt_int(o.peer, -1, -1, "op " .. o.seq .. "'s peer")
-    local batch = opt_int(o.batch, 0, 0, "op " .. o.seq .. "'s batch")
-    local tag = opt_int(o.tag, 0, 0, "op " .. o.seq .. "'s tag")
-    -- (batch and tag are 0 unless set: C's zero default keeps every other row short)
-    local p2p = o.peer and fmt(".peer = %d, .batch = %d, .tag = %d", peer, batch, tag) or ".peer = -1"
-    ol[#ol + 1] = head .. fmt(".micro_step = %s, .event = %s, .wait_first = %s, .wait_count = %s%s, %s },%s", micro,
-      slot[o.seq] or -1, nw > 0 and #wl or 0, nw, o.from_sharded and ", .from_sharded = 1" or "", p2p,
-      in_run and o.seq < rep.first + rep.n - 1 and " \\" or "")
+    local tail = in_run and o.seq < rep.first + rep.n - 1 and " \\" or ""
+    local event, first = slot[o.seq] or -1, nw > 0 and #wl or 0
+    local direct = o.from_sharded and ", .from_sharded = 1" or ""
+    -- point-to-point (gen/parallel/pp_*.lua): peer -1 on every other op;
+    -- batch and tag are 0 unless set (C's zero default keeps rows short)
+    local p2p = o.peer and fmt(", .peer = %d, .batch = %d, .tag = %d", opt_int(o.peer, -1, -1, "op " .. o.seq .. "'s peer"),
+      opt_int(o.batch, 0, 0, "op " .. o.seq .. "'s batch"), opt_int(o.tag, 0, 0, "op " .. o.seq .. "'s tag"))
+      or ", .peer = -1"
+    if o.group or o.count then
+      ol[#ol + 1] = fmt("    [%s] = { .kind = %s, .unit = %s, .family = %s, .stream = %s, .dtype = %s, .count = %s, "
+        .. ".reduce_op = %s, .micro_step = %s, .event = %s, .wait_first = %s, .wait_count = %s%s%s },%s", index, kind,
+        o.unit, fam, stream, DT[o.dtype], o.count, RED[o.reduce_op or "sum"], micro, event, first, nw, direct, p2p,
+        tail)
+    else
+      ol[#ol + 1] = fmt("    [%s] = { .kind = %s, .unit = %s, .family = %s, .stream = %s, .micro_step = %s, "
+        .. ".event = %s, .wait_first = %s, .wait_count = %s%s%s },%s", index, kind, o.unit, fam, stream, micro, event,
+        first, nw, direct, p2p, tail)
+    end
     for _, w in ipairs(waits) do wl[#wl + 1] = tostring(slot[w]) end
     if in_run and o.seq == rep.first + rep.n - 1 then
       for k = 0, rep.times - 1 do ol[#ol + 1] = fmt("    %s(%d)", macro, k) end
@@ -180,12 +192,12 @@ function emit.vars(p, fp)
               micro_steps = p.fsdp.micro_steps, tables_version = emit.TABLES_VERSION,
               -- the C enums' sizes, checked against runtime/commplan.h when plan.c compiles
               op_kinds = #opkinds.LIST, streams = #opkinds.STREAMS, arena_buffers = #memplan.KINDS }
-  local ue, pe = {}, {}
+  local ue, pe, ident = {}, {}, idents()
   local pidx = 0
   for _, u in ipairs(lay.units) do
-    ue[#ue + 1] = string.format("    %s_UNIT_%s = %d,", NAME, util.c_ident(u.name), u.index)
+    ue[#ue + 1] = string.format("    %s_UNIT_%s = %d,", NAME, ident[u.name], u.index)
     for _, q in ipairs(u.params) do
-      pe[#pe + 1] = string.format("    %s_PARAM_%s = %d,", NAME, util.c_ident(q.name), pidx)
+      pe[#pe + 1] = string.format("    %s_PARAM_%s = %d,", NAME, ident[q.name], pidx)
       pidx = pidx + 1
     end
   end
@@ -198,12 +210,12 @@ function emit.vars(p, fp)
       fields({ "name", cstr(f.name), "axis_mask", string.format("0x%xu", mask), "size", f.size }))
   end
   local classes = p.tp_classes
-  local c0 = class_tables(p, classes[1], NAME, "")
+  local c0 = class_tables(p, classes[1], NAME, "", ident)
   v.params, v.units, v.ops, v.waits = c0.params, c0.units, c0.ops, c0.waits
   v.nevents, v.arena_bytes, v.nwaits, v.nwaits_storage = c0.nevents, c0.arena_bytes, c0.nwaits, math.max(c0.nwaits, 1)
   local extra, rows = {}, {}
   for c, cls in ipairs(classes) do
-    local t = c == 1 and c0 or class_tables(p, cls, NAME, "_" .. (c - 1))
+    local t = c == 1 and c0 or class_tables(p, cls, NAME, "_" .. (c - 1), ident)
     local suffix = c == 1 and "" or ("_" .. (c - 1))
     if c > 1 then
       extra[#extra + 1] = emit.fill(CLASS_TEMPLATE, { c = c - 1, coords = table.concat(cls.coords, ", "),

@@ -5,8 +5,16 @@ local json = {}
 
 local OBJECT = {}
 
--- json.object({ "k1", v1, "k2", v2, ... }) keeps this key order.
-function json.object(kv) return setmetatable({ kv = kv }, OBJECT) end
+-- json.object({ "k1", v1, "k2", v2, ... }) keeps this key order (the list
+-- itself marked as an object: plans hold an object per op).
+function json.object(kv) return setmetatable(kv, OBJECT) end
+
+local RAW = {}
+
+-- json.raw(text): a value written as text, which must be JSON as the
+-- encoder would write that value where it stands (its indent and depth):
+-- for a large part a caller writes faster itself (plan.json's ops).
+function json.raw(text) return setmetatable({ text = text }, RAW) end
 
 local type, tostring, mtype = type, tostring, math.type
 
@@ -39,12 +47,12 @@ json.number = function(v) return num(v) end
 
 -- An encoder: a function (v, indent) -> JSON text, and a writer over the
 -- same memo (begin(indent), value(v), raw(text), text()). Each keeps its own
--- memo of escaped strings and key prefixes, so one encoder serves many
--- small documents (trace.json's events) without escaping the same names
--- again. indent: nil for compact; arrays of scalars always stay on one
--- line.
+-- memo of escaped strings, doubles' texts and key prefixes, so one
+-- encoder serves many small documents (trace.json's events) without
+-- escaping the same names again. indent: nil for compact; arrays of
+-- scalars always stay on one line.
 function json.encoder()
-  local quoted = {} -- string -> its escaped, quoted form
+  local quoted = {} -- string -> its escaped, quoted form; double -> its text
   local out, n, indent
   -- Pieces are joined into a chunk every CHUNK of them, so a document of
   -- millions of values holds strings of its size, not millions of pieces.
@@ -66,7 +74,12 @@ function json.encoder()
       return r
     elseif t == "number" then
       if math.type(v) == "integer" then return tostring(v) end
-      return num(v)
+      -- A double's shortest text takes up to three formats: memoized
+      -- with the strings (plans repeat their figures: every op of a size
+      -- predicts the same time).
+      local r = num(v)
+      quoted[v] = r
+      return r
     elseif t == "boolean" then return v and "true" or "false"
     elseif t == "nil" then return "null" end
     error("json: cannot encode " .. t)
@@ -95,8 +108,11 @@ function json.encoder()
       return
     end
     local mt = getmetatable(v)
-    if mt == OBJECT or next(v) ~= nil and #v == 0 then
-      local kv = v.kv
+    if mt == RAW then
+      n = n + 1
+      out[n] = v.text
+    elseif mt == OBJECT or next(v) ~= nil and #v == 0 then
+      local kv = v
       if mt ~= OBJECT then
         kv = {}
         local keys = {}
@@ -116,13 +132,13 @@ function json.encoder()
           k = k + 1
           o[k] = pre[kv[i]]
           pre = next_pre
-          local r = quoted[x] -- a string met before (only strings are memoized)
+          local r = quoted[x] -- a string or double met before (integers are not memoized)
           if r then
             k = k + 1
             o[k] = r
           elseif mtype(x) == "integer" then
             k = k + 1
-            o[k] = tostring(x)
+            o[k] = x -- (table.concat writes it as tostring does)
           else
             local tx = type(x)
             if tx == "table" then
@@ -145,12 +161,20 @@ function json.encoder()
       o[k] = pre == first_pre and "}" or (pad(depth) .. "}")
       n = k
     else
-      local scalars, len = true, 0
+      local scalars, ints, len = true, true, 0
       while v[len + 1] ~= nil do
         len = len + 1
-        if type(v[len]) == "table" then scalars = false end
+        local x = v[len]
+        if mtype(x) ~= "integer" then
+          ints = false
+          if type(x) == "table" then scalars = false end
+        end
       end
-      if scalars then
+      if ints then
+        -- (table.concat writes integers as tostring does)
+        n = n + 1
+        out[n] = "[" .. table.concat(v, ",", 1, len) .. "]"
+      elseif scalars then
         local items = {}
         for i = 1, len do
           local x = v[i]

@@ -263,7 +263,9 @@ local function cells(placed)
 end
 
 -- Lives of the placed buffers bucketed by the op that opens them and the
--- op that closes them (op seq + 1 -> list of buffers).
+-- op that closes them (op seq + 1 -> list of buffers). Offsets play no
+-- part: memplan.build sweeps its buffers' lives under two placements and
+-- in the proof, bucketed once.
 local function by_op(placed)
   local opens, closes = {}, {}
   for _, b in ipairs(placed) do
@@ -280,10 +282,9 @@ end
 -- The proof that no two buffers live at the same op share a byte: a sweep
 -- in op order holding the open lives in a tree over the byte cells; a life
 -- that opens on a cell an open life covers is an overlap.
-local function check_disjoint(placed, n_ops)
+local function check_disjoint(placed, n_ops, opens, closes)
   local lo, hi, n, _, counter = cells(placed)
   local count = counter(n)
-  local opens, closes = by_op(placed)
   local open = {} -- buffer -> true while one of its lives is open (for the message)
   for i = 1, n_ops do
     local list = opens[i]
@@ -320,13 +321,12 @@ end
 -- edges (memplan.prune takes the latest unordered edge per stream) are the
 -- same. One sweep in op order keeps each buffer's latest closing op in a
 -- tree per stream of that op.
-local function reuse_edges(placed, ops, needs)
+local function reuse_edges(placed, ops, needs, opens, closes)
   local lo, hi, n, latest = cells(placed)
   local trees = {}
   for k = 1, #STREAMS do trees[k] = latest(n) end
   local stream_index = {}
   for k, name in ipairs(STREAMS) do stream_index[name] = k end
-  local opens, closes = by_op(placed)
   -- The trees that can hold a buffer of each pool (the streams of the ops
   -- that close its pool's lives); the others have no entry on its cells.
   local pool_trees, has = {}, {}
@@ -675,15 +675,16 @@ local function place(order, near, near_held, budget)
 end
 
 -- The reuse waits of a placement: needs (the data dependencies, copied)
--- plus the reuse edges, and the waits chosen from them.
-local function waits_of(placed, ops, data)
+-- plus the reuse edges, and the waits chosen from them. opens, closes:
+-- by_op(placed).
+local function waits_of(placed, ops, data, opens, closes)
   local needs = {}
   for i, set in pairs(data) do
     local c = {}
     for j in pairs(set) do c[j] = true end
     needs[i] = c
   end
-  reuse_edges(placed, ops, needs)
+  reuse_edges(placed, ops, needs, opens, closes)
   return needs, memplan.prune(ops, needs)
 end
 
@@ -737,7 +738,7 @@ function memplan.needs_for(lay, ops, offset_of, micro_steps)
       if #b.lives > 0 and b.size > 0 then placed[#placed + 1] = b end
     end
   end
-  return (waits_of(placed, ops, memplan.data_needs(ops)))
+  return (waits_of(placed, ops, memplan.data_needs(ops), by_op(placed)))
 end
 
 -- lay, ops, opts -> { arena_bytes, buffers = list, by_unit = unit index -> kind -> buffer,
@@ -817,10 +818,11 @@ function memplan.build(lay, ops, opts)
   for _, b in ipairs(order) do
     if #b.lives > 0 and b.size > 0 then placed[#placed + 1] = b end
   end
+  local opens, closes = by_op(placed)
   -- The step reusing at once, for the trade SCHEDULE.md states.
   if result.policy ~= "reuse" then
     for _, b in ipairs(buffers) do b.offset = r_offset[b] end
-    local _, r_waits = waits_of(placed, ops, data)
+    local _, r_waits = waits_of(placed, ops, data, opens, closes)
     local r = opts.predict(r_waits)
     result.reuse_step_us = r.step_us
     local list
@@ -829,12 +831,12 @@ function memplan.build(lay, ops, opts)
     for _, x in ipairs(list) do result.reuse_waits = result.reuse_waits + x.times end
   end
   for _, b in ipairs(buffers) do b.offset = offset[b] end
-  check_disjoint(placed, #ops)
+  check_disjoint(placed, #ops, opens, closes)
   -- Needed edges (op seq -> set of earlier op seqs it must follow on the
   -- GPU): the data dependencies, and reuse: a lifetime that opens on bytes
   -- an earlier lifetime held (of another buffer, or of the same buffer in
   -- an earlier unshard) follows the op that closed the latest such one.
-  local needs, waits = waits_of(placed, ops, data)
+  local needs, waits = waits_of(placed, ops, data, opens, closes)
   local bad_j, bad_i = memplan.unordered(ops, needs, waits)
   if bad_j then
     error(string.format("internal: op %d must follow op %d but no emitted wait orders them", bad_i, bad_j), 0)

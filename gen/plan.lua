@@ -20,6 +20,17 @@ plan.MODELS = { llama = require("gen.models.llama"), generic = require("gen.mode
 -- tests/titan/dims_dump.lua: the dims stage as the generator runs it.
 plan.check_supported = parallel.check_supported
 
+-- The step as planned (p.arena.waits): one of the memory plan's
+-- predictions replayed where the final waits delay none of its ops
+-- (timeline.replay), else predicted anew.
+local function planned_step(p, s, per_unit, predictions)
+  for _, tl in ipairs(predictions) do
+    local replayed = timeline.replay(p, tl)
+    if replayed then return replayed end
+  end
+  return timeline.build(p, s, per_unit)
+end
+
 local build_class
 -- One class of ranks (one table set): its layout, schedule, proofs, cost
 -- and memory plan. mods: the plan's parallelisms (parallel.used).
@@ -44,12 +55,14 @@ function build_class(ctx, cls, d, fams, p, cfg, mods, expand, face)
                  topology = p.topology, training = p.training, arena = {} }
   local s = compute.settings(view)
   local per_unit = compute.units(view, s)
+  local predictions = {}
   local arena = memplan.build(lay, ops, {
     micro_steps = p.fsdp.micro_steps,
     budget = whole_rank.arena_room(view, s, per_unit),
     predict = function(waits)
       view.arena.waits = repeat_mod.strengthen(waits, rep)
-      return timeline.build(view, s, per_unit)
+      predictions[#predictions + 1] = timeline.build(view, s, per_unit)
+      return predictions[#predictions]
     end,
   })
   if rep then
@@ -66,7 +79,7 @@ function build_class(ctx, cls, d, fams, p, cfg, mods, expand, face)
   -- The step as planned (the audit's timeline: gen/figures.lua takes it
   -- while the settings it was predicted with stand).
   view.arena = arena
-  local tl = (face or rep) and timeline.build(view, s, per_unit)
+  local tl = (face or rep) and planned_step(view, s, per_unit, predictions)
   if rep and not repeat_mod.periodic(tl, rep) then
     return build_class(ctx, cls, d, fams, p, cfg, mods, true, face)
   end
@@ -147,8 +160,10 @@ end
 function plan.hash64(s)
   local h, P = 0xcbf29ce484222325, 0x100000001b3
   local unpack, n = string.unpack, #s
-  if n % 8 ~= 0 then s = s .. string.rep("\0", 8 - n % 8) end
-  local N, i = #s, 1
+  -- The whole words, then the tail padded on its own (not a padded copy
+  -- of a text of megabytes).
+  local N, i = n - n % 8, 1
+  local tail = n % 8 ~= 0 and s:sub(N + 1) .. string.rep("\0", 8 - n % 8)
   while i + 63 <= N do
     local a, b, c, d, e, f, g, k = unpack("<i8i8i8i8i8i8i8i8", s, i)
     h = (h ~ a) * P; h = h ~ (h >> 29)
@@ -165,6 +180,7 @@ function plan.hash64(s)
     h = (h ~ unpack("<i8", s, i)) * P; h = h ~ (h >> 29)
     i = i + 8
   end
+  if tail then h = (h ~ unpack("<i8", tail)) * P; h = h ~ (h >> 29) end
   h = (h ~ n) * P
   return string.format("%016x", h ~ (h >> 32))
 end

@@ -19,6 +19,30 @@ local compute = require("gen.compute")
 local timeline = {}
 
 local EPS = 1e-9
+local NO_WAITS = {}
+
+-- An op's dependencies, in order: before (the op before it on its
+-- stream), then its waits (list), by their info. ok: all finished; bind:
+-- the one that finished last (the later op on a tie); else false and the
+-- first unfinished one.
+local function ready(info, before, list)
+  local bind, bind_end = nil, -1
+  if before then
+    local dr = info[before]
+    if not dr.finish then return false, before end
+    if dr.finish > bind_end + EPS or (math.abs(dr.finish - bind_end) <= EPS and before > bind) then
+      bind, bind_end = before, dr.finish
+    end
+  end
+  for _, dseq in ipairs(list) do
+    local dr = info[dseq]
+    if not dr.finish then return false, dseq end
+    if dr.finish > bind_end + EPS or (math.abs(dr.finish - bind_end) <= EPS and dseq > bind) then
+      bind, bind_end = dseq, dr.finish
+    end
+  end
+  return true, bind
+end
 
 -- p: the plan; s: compute.settings; per_unit: compute.units;
 -- opts.extra_us: op seq -> added microseconds (optional).
@@ -47,7 +71,12 @@ function timeline.build(p, s, per_unit, opts)
   end
   local info = {}
   for _, o in ipairs(ops) do
-    local r = { seq = o.seq, stream = o.stream }
+    -- Every field the sweep sets is named here (nil until then), so the
+    -- table is sized once instead of growing field by field (an info per
+    -- op, and a plan predicts its step more than once).
+    local r = { seq = o.seq, stream = o.stream, work = nil, link = nil, fixed = nil, extra_comm = nil,
+                extra_ops = nil, nominal = nil, start = nil, bind = nil, finish_at = nil, remaining = nil,
+                finish = nil, dur = nil }
     if o.group then
       r.work = timeline.exposed_tp_us(o, s, tp)
       r.link = o.intra_node and "intra" or "inter"
@@ -70,28 +99,6 @@ function timeline.build(p, s, per_unit, opts)
   local sidx = {}
   for k, name in ipairs(opkinds.STREAMS) do sidx[name] = k end
   local active, t, finished = {}, 0, 0
-  local NO_WAITS = {}
-  -- An op's dependencies, in order: the op before it on its stream, then
-  -- its waits. ok: all finished; bind: the one that finished last (the
-  -- later op on a tie); else false and the first unfinished one.
-  local function ready(seq, before)
-    local bind, bind_end = nil, -1
-    if before then
-      local dr = info[before]
-      if not dr.finish then return false, before end
-      if dr.finish > bind_end + EPS or (math.abs(dr.finish - bind_end) <= EPS and before > bind) then
-        bind, bind_end = before, dr.finish
-      end
-    end
-    for _, dseq in ipairs(waits[seq] or NO_WAITS) do
-      local dr = info[dseq]
-      if not dr.finish then return false, dseq end
-      if dr.finish > bind_end + EPS or (math.abs(dr.finish - bind_end) <= EPS and dseq > bind) then
-        bind, bind_end = dseq, dr.finish
-      end
-    end
-    return true, bind
-  end
   local function finish(r)
     r.finish = t
     r.dur = t - r.start
@@ -109,7 +116,7 @@ function timeline.build(p, s, per_unit, opts)
         if not busy[k] and at <= len[k] and not (blocked[k] and not blocked[k].finish) then
           local l = list_of[k]
           local seq = l[at]
-          local ok, bind = ready(seq, at > 1 and l[at - 1] or nil)
+          local ok, bind = ready(info, at > 1 and l[at - 1] or nil, waits[seq] or NO_WAITS)
           if ok then
             blocked[k] = false
             local r = info[seq]
@@ -136,17 +143,22 @@ function timeline.build(p, s, per_unit, opts)
   while true do
     start_ready()
     if #active == 0 then break end
+    -- (numeric loops: an event per op, and ipairs costs a call per item)
+    local na = #active
     sharing.intra, sharing.inter = 0, 0
-    for _, r in ipairs(active) do
+    for i = 1, na do
+      local r = active[i]
       if r.link then sharing[r.link] = sharing[r.link] + 1 end
     end
     local tf = math.huge
-    for _, r in ipairs(active) do
+    for i = 1, na do
+      local r = active[i]
       local f = r.fixed and r.finish_at or (t + r.remaining * sharing[r.link])
       if f < tf then tf = f end
     end
     local dt = tf - t
-    for _, r in ipairs(active) do
+    for i = 1, na do
+      local r = active[i]
       if r.link then r.remaining = r.remaining - dt / sharing[r.link] end
     end
     t = tf
@@ -166,6 +178,42 @@ function timeline.build(p, s, per_unit, opts)
     error(string.format("internal: the predicted timeline stalls after %d of %d ops", finished, #ops), 0)
   end
   return timeline.summarize(p, info, by_seq)
+end
+
+-- The step with p's waits (p.arena.waits), from a step tl predicted with
+-- other waits, where p's delay none of its ops: each op of tl starts when
+-- the last of its dependencies under p's waits (the op before it on its
+-- stream, its waits) finishes in tl. Then the prediction with p's waits
+-- meets the same ops ready at every event, so it is tl, but for each
+-- op's binding dependency (re-chosen among its own): tl itself where none
+-- changes (the rest of a prediction follows from its ops' times and
+-- binding dependencies). nil where some op would start otherwise
+-- (memplan's holds usually delay nothing: the plan need not predict its
+-- step a third time).
+function timeline.replay(p, tl)
+  local waits, from = p.arena.waits, tl.ops
+  local info, by_seq, prev, rebound = {}, {}, {}, false
+  for _, o in ipairs(p.ops) do
+    local seq = o.seq
+    local r, before, list = from[seq], prev[o.stream], waits[seq] or NO_WAITS
+    if not r then return nil end
+    local latest = before and from[before].finish or 0
+    for _, j in ipairs(list) do
+      local f = from[j] and from[j].finish
+      if not f then return nil end
+      if f > latest then latest = f end
+    end
+    if latest ~= r.start then return nil end
+    local _, bind = ready(from, before, list)
+    if bind ~= r.bind then
+      local c = {}
+      for k, v in pairs(r) do c[k] = v end
+      c.bind = bind
+      r, rebound = c, true
+    end
+    info[seq], by_seq[seq], prev[o.stream] = r, o, seq
+  end
+  return rebound and timeline.summarize(p, info, by_seq) or tl
 end
 
 function timeline.summarize(p, info, by_seq)

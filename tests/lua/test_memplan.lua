@@ -374,4 +374,67 @@ function T.sweeps_match_the_pairwise_planner()
   assert(policies.short and policies.reuse, "memory-short variants: short and reuse")
 end
 
+
+-- The planned step p holds is the one a fresh prediction with its waits
+-- gives, op by op and in every figure.
+local function planned_step_is_fresh(p, what)
+  local timeline = require("gen.timeline")
+  local compute = require("gen.compute")
+  local got = p.planned_timeline.tl
+  local s = compute.settings(p)
+  local want = timeline.build(p, s, compute.units(p, s))
+  for _, o in ipairs(p.ops) do
+    local g, w = got.ops[o.seq], want.ops[o.seq]
+    for _, k in ipairs({ "start", "finish", "dur", "bind", "nominal", "extra_comm" }) do
+      H.eq(g[k], w[k], string.format("%s op %d %s", what, o.seq, k))
+    end
+  end
+  for _, k in ipairs({ "step_us", "drawn_step_us", "compute_busy_us", "exposed_us", "comm_serial_us",
+                       "compute_end_us" }) do
+    H.eq(got[k], want[k], what .. " " .. k)
+  end
+  for _, k in ipairs({ "exposed_by", "exposed_drawn", "recompute_by" }) do
+    for seq, v in pairs(want[k]) do H.eq(got[k][seq], v, string.format("%s %s[%d]", what, k, seq)) end
+    for seq, v in pairs(got[k]) do H.eq(v, want[k][seq], string.format("%s %s[%d]", what, k, seq)) end
+  end
+  H.list_eq(got.critical, want.critical, what .. " critical path")
+  H.eq(#got.idle, #want.idle, what .. " idle spans")
+  for i, sp in ipairs(want.idle) do
+    for _, k in ipairs({ "lo", "hi", "by", "waiting" }) do
+      H.eq(got.idle[i][k], sp[k], string.format("%s idle[%d].%s", what, i, k))
+    end
+  end
+  for seq, x in pairs(want.waiter) do
+    H.eq(got.waiter[seq] and got.waiter[seq].op, x.op, what .. " waiter " .. seq)
+    H.eq(got.waiter[seq] and got.waiter[seq].via, x.via, what .. " waiter via " .. seq)
+  end
+end
+
+-- The planned step replays a prediction of the memory plan where the
+-- final waits delay none of its ops (gen/timeline.lua timeline.replay),
+-- and is predicted anew where they do (memory short: bytes reused at
+-- once); either way it is the fresh prediction. The holds delay nothing
+-- in the shipped plans: every one replays.
+function T.planned_step_is_predicted_step()
+  local timeline = require("gen.timeline")
+  local replay, replayed, fresh = timeline.replay, 0, 0
+  timeline.replay = function(...)
+    local tl = replay(...)
+    if tl then replayed = replayed + 1 else fresh = fresh + 1 end
+    return tl
+  end
+  local ok, err = pcall(function()
+    local paths = H.plan_files()
+    for _, path in ipairs(paths) do planned_step_is_fresh(plan.from_file(path), path) end
+    H.eq(replayed, #paths, "shipped plans whose planned step replays")
+    local roomy = plan.from_file("plans/llama70b.lua").arena
+    local room = roomy.reuse_bytes + (roomy.hold_bytes - roomy.reuse_bytes) / 10
+    local short = plan.from_source(with_gpu_memory((80e9 - roomy.budget_bytes + room) / 1e9), "plans/llama70b.lua")
+    planned_step_is_fresh(short, "llama70b, memory short")
+  end)
+  timeline.replay = replay
+  if not ok then error(err, 0) end
+  assert(fresh > 0, "memory short: the planned step is predicted anew")
+end
+
 return T
