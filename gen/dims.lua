@@ -1,13 +1,23 @@
 -- Stage 2: ParallelDims, as torchtitan/hyper_parallel's parallel_dims.py
 -- defines it: degree validation, dp_shard = -1 inference, model checks, the
--- canonical mesh (pp > dp_replicate > dp_shard > ep > cp > tp, only dims > 1:
+-- canonical mesh (pp > dp_replicate > dp_shard > cp > tp, only dims > 1:
 -- torchtitan 0.3's dense mesh puts pp outermost)
 -- and the flattened aliases fsdp / dp / loss. Messages follow the Python.
+--
+-- Expert parallel follows torchtitan 0.3 (parallel_dims.py's build_mesh,
+-- not the seeds' peer mesh dim): ep is not a dim of the world; it borrows
+-- its ranks from dp_shard * cp * tp, and the expert ("sparse") mesh is
+-- (pp, dp_replicate, efsdp, ep) over the same ranks, row-major, with
+-- efsdp = dp_shard * cp * tp / ep. The experts are not tensor-parallel
+-- there (etp resolves to 1). docs/expert-parallel.md lists every difference
+-- from the seeds.
 local util = require("gen.util")
 
 local dims = {}
 
-dims.ORDER = { "pp", "dp_replicate", "dp_shard", "ep", "cp", "tp" }
+dims.ORDER = { "pp", "dp_replicate", "dp_shard", "cp", "tp" }
+-- torchtitan 0.3's sparse mesh (build_mesh's full_sparse_mesh), when ep > 1.
+dims.SPARSE_ORDER = { "pp", "dp_replicate", "efsdp", "ep" }
 
 local function fail(ctx, field, msg) util.field_error(ctx, field, msg) end
 
@@ -31,7 +41,9 @@ function dims.infer(ctx, parallel, world_size)
     cp = parallel.cp or 1, tp = parallel.tp or 1, pp = parallel.pp or 1, ep = parallel.ep or 1,
     ulysses_degree = parallel.ulysses_degree, world_size = world_size,
   }
-  d.etp = parallel.etp or d.tp
+  -- etp: the seeds default it to tp; with ep > 1 torchtitan 0.3's experts
+  -- are not tensor-parallel (ep borrows tp's ranks), so it resolves to 1.
+  d.etp = parallel.etp or (d.ep > 1 and 1 or d.tp)
   local f = "parallel."
   -- Settings that would be accepted and ignored are refused.
   if parallel.dp ~= nil and parallel.dp_shard ~= nil then
@@ -60,26 +72,42 @@ function dims.infer(ctx, parallel, world_size)
     fail(ctx, f .. "ulysses_degree", string.format("ulysses_degree=%d must be >= 1", d.ulysses_degree))
   end
   if d.dp_shard == -1 then
-    local non_dp = degrees_product(d, { "dp_replicate", "cp", "tp", "pp", "ep" }, world_size)
+    -- ep borrows from dp_shard*cp*tp (torchtitan 0.3): it does not reduce
+    -- the dp pool.
+    local non_dp = degrees_product(d, { "dp_replicate", "cp", "tp", "pp" }, world_size)
     if not non_dp or world_size % non_dp ~= 0 then
       fail(ctx, f .. "dp_shard", string.format(
-        "Cannot auto-infer dp_shard: world_size=%d is not divisible by dp_replicate*cp*tp*pp*ep=%s",
+        "Cannot auto-infer dp_shard: world_size=%d is not divisible by dp_replicate*cp*tp*pp=%s",
         world_size, non_dp and tostring(non_dp) or ("more than " .. world_size)))
     end
     d.dp_shard = math.max(world_size // non_dp, 1)
     d.dp_shard_inferred = true
   end
-  local product = degrees_product(d, { "dp_replicate", "dp_shard", "cp", "tp", "pp", "ep" }, world_size)
+  local product = degrees_product(d, { "dp_replicate", "dp_shard", "cp", "tp", "pp" }, world_size)
   if product ~= world_size then
     fail(ctx, f .. "dp_shard", string.format(
-      "Invalid parallel dims: dp_replicate(%d) * dp_shard(%d) * cp(%d) * tp(%d) * pp(%d) * ep(%d) = %s "
+      "Invalid parallel dims: dp_replicate(%d) * dp_shard(%d) * cp(%d) * tp(%d) * pp(%d) = %s "
       .. "!= world_size(%d). Set dp_shard=-1 to auto-infer.",
-      d.dp_replicate, d.dp_shard, d.cp, d.tp, d.pp, d.ep,
+      d.dp_replicate, d.dp_shard, d.cp, d.tp, d.pp,
       product and tostring(product) or ("more than " .. world_size), world_size))
   end
   if d.ep > 1 and d.etp ~= d.tp and d.etp ~= 1 then
     fail(ctx, f .. "etp", string.format(
       "etp=%d must equal tp=%d or 1 (expert tensor-parallel must align with TP or be inactive)", d.etp, d.tp))
+  end
+  if d.ep > 1 then
+    -- dp_shard*cp*tp divides world_size here: no wrap.
+    local pool = d.dp_shard * d.cp * d.tp
+    if pool % d.ep ~= 0 then
+      fail(ctx, f .. "ep", string.format("ep=%d must divide dp_shard*cp*tp=%d: expert parallel borrows its ranks "
+        .. "from them (torchtitan 0.3: efsdp = dp_shard*cp*tp/ep); pick ep from the divisors of %d",
+        d.ep, pool, pool))
+    end
+    if d.etp > 1 then
+      fail(ctx, f .. "etp", string.format("etp=%d: torchtitan 0.3's expert parallel borrows tp's ranks too "
+        .. "(ep from dp_shard*cp*tp), so its experts are not tensor-parallel; set etp=1 or remove it", d.etp))
+    end
+    d.efsdp = pool // d.ep
   end
   if d.ulysses_degree ~= nil and d.cp > 1 then
     if d.ulysses_degree > d.cp then
@@ -145,7 +173,27 @@ function dims.mesh(d)
     add("loss", aliases.dp)
   end
   return { names = names, sizes = sizes, strides = strides, index = index,
-           aliases = aliases, alias_order = alias_order, world_size = d.world_size }
+           aliases = aliases, alias_order = alias_order, world_size = d.world_size,
+           sparse = d.ep > 1 and dims.sparse_mesh(d) or nil }
+end
+
+-- The expert mesh when ep > 1: torchtitan 0.3's full_sparse_mesh (pp,
+-- dp_replicate, efsdp, ep) unflattened from the same world, row-major (ep
+-- innermost: its groups are runs of consecutive ranks inside a group of
+-- dp_shard*cp*tp). pp and dp_replicate only when > 1, as in the dense
+-- mesh; efsdp and ep always (torchtitan keeps efsdp with a real backend
+-- whenever ep > 1, even of size 1: fully_shard wraps the experts over it).
+function dims.sparse_mesh(d)
+  local names, sizes = {}, {}
+  for _, name in ipairs(dims.SPARSE_ORDER) do
+    if d[name] > 1 or name == "efsdp" or name == "ep" then names[#names + 1] = name; sizes[#sizes + 1] = d[name] end
+  end
+  local strides = {}
+  local s = 1
+  for i = #sizes, 1, -1 do strides[i] = s; s = s * sizes[i] end
+  local index = {}
+  for i, n in ipairs(names) do index[n] = i end
+  return { names = names, sizes = sizes, strides = strides, index = index, world_size = d.world_size }
 end
 
 function dims.coords(mesh, rank)

@@ -73,11 +73,22 @@ local function family(mesh, name, axis_names)
     color_sizes = color_sizes, color_strides = color_strides }, Family)
 end
 
--- mesh -> { list = {families in a fixed order}, by_name = {...} }
+-- mesh -> { list = {families in a fixed order}, by_name = {...} }: the
+-- world, every dim of the dense mesh, its flattened aliases, and with
+-- ep > 1 the expert mesh's ep and efsdp (gen/dims.lua's sparse mesh, as
+-- torchtitan 0.3's "ep" and "efsdp" meshes; their axes index mesh.sparse,
+-- and f.sparse says so).
 function groups.build(mesh)
   local list = { family(mesh, "world", mesh.names) }
   for _, n in ipairs(mesh.names) do list[#list + 1] = family(mesh, n, { n }) end
   for _, alias in ipairs(mesh.alias_order) do list[#list + 1] = family(mesh, alias, mesh.aliases[alias]) end
+  if mesh.sparse then
+    for _, n in ipairs({ "ep", "efsdp" }) do
+      local f = family(mesh.sparse, n, { n })
+      f.sparse = true
+      list[#list + 1] = f
+    end
+  end
   local by_name = {}
   for i, f in ipairs(list) do f.id = i - 1; by_name[f.name] = f end
   return { list = list, by_name = by_name }

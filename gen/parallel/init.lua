@@ -63,10 +63,12 @@ local util = require("gen.util")
 
 local parallel = {}
 
-parallel.MODULES = { require("gen.parallel.pp"), require("gen.parallel.tp"), (require("gen.parallel.fsdp")) }
+parallel.MODULES = { require("gen.parallel.pp"), require("gen.parallel.tp"), require("gen.parallel.ep"),
+                     (require("gen.parallel.fsdp")) }
 
 -- The degrees no module implements, in the order refusals have always
--- named them (pp > 1 is refused earlier, by gen/dims.lua's ParallelDims).
+-- named them (pp and ep have modules that take their meshes and refuse to
+-- generate in their rules: gen/parallel/pp.lua, gen/parallel/ep.lua).
 local UNIMPLEMENTED_ORDER = { "cp", "ep", "pp" }
 
 -- What commplan generates, in mesh order: "FSDP/HSDP/TP plans (dp_shard,
@@ -75,7 +77,7 @@ local function generated_text()
   local pos = {}
   for i, n in ipairs(dims.ORDER) do pos[n] = i end
   local mods = {}
-  -- (a module that plans but does not generate yet is not named: PP)
+  -- (a module that plans but does not generate yet is not named: PP, EP)
   for _, m in ipairs(parallel.MODULES) do
     if not m.plans_only then mods[#mods + 1] = m end
   end

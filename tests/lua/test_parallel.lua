@@ -23,9 +23,11 @@ function T.every_module_keeps_the_contract()
     end
   end
   -- torchtitan's order: the pipeline split first (pipeline_llm), then TP
-  -- on each part's modules before fully_shard wraps them.
-  H.list_eq({ parallel.MODULES[1].name, parallel.MODULES[2].name, parallel.MODULES[3].name }, { "pp", "tp", "fsdp" },
-    "application order")
+  -- and EP on each part's modules (model.parallelize) before fully_shard
+  -- wraps them.
+  local order = {}
+  for i, m in ipairs(parallel.MODULES) do order[i] = m.name end
+  H.list_eq(order, { "pp", "tp", "ep", "fsdp" }, "application order")
 end
 
 -- Every op's group is one a module the plan uses declares.
@@ -50,7 +52,8 @@ end
 function T.unused_module_leaves_no_trace()
   local p = plan.from_file("plans/llama_tiny.lua")
   H.eq(p.dims.tp, 1, "llama_tiny has no TP")
-  H.list_eq(parallel.used(p.dims), { parallel.MODULES[3] }, "modules used")
+  H.list_eq(parallel.used(p.dims), { parallel.MODULES[4] }, "modules used")
+  H.eq(parallel.MODULES[4].name, "fsdp", "FSDP is the last module")
   H.eq(#p.tp_classes, 1, "one class")
   H.eq(p.class_of_tp[0], 1, "rank's class")
   for _, u in ipairs(p.layout.units) do

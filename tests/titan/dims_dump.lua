@@ -8,13 +8,16 @@
 -- in input order:
 --   { id, ok, stage ("dims": gen/dims.lua's infer refused; "supported": the
 --     generator's check_supported refused; absent when accepted), msg,
---     degrees (resolved), mesh { names, sizes, strides }, aliases [[name, [axes]]],
+--     degrees (resolved; efsdp 0 when ep = 1), mesh { names, sizes, strides } (the
+--     dense mesh), sparse (with ep > 1 only: the expert mesh { names, sizes,
+--     strides }), aliases [[name, [axes]]],
 --     groups [ { name, axes, size, count, and either ranks (every group's rank
 --     list in color order, world <= FULL) or s1, s2, s3 (checksums over every
 --     group) and samples [[rank, first 32 ranks of its group, the rest's last 32]] } ] }
 -- The generator's own code decides everything: dims.infer, plan.check_supported
--- (cp / ep not generated yet), dims.mesh and groups.build, as gen/plan.lua
--- runs them.
+-- (cp has no module yet), dims.mesh and groups.build, as gen/plan.lua runs
+-- them (pp and ep are taken there; their modules refuse to generate later,
+-- in their rules, which this does not run).
 local script_dir = arg and arg[0] and arg[0]:match("^(.*)/tests/titan/[^/]*$") or "."
 package.path = script_dir .. "/?.lua;" .. package.path
 
@@ -35,21 +38,18 @@ local function sample_ranks(w)
   return out
 end
 
--- The color (group index) of rank r in family f: row-major over its color axes.
-local function color_of(mesh, f, r)
-  local coords = dims.coords(mesh, r)
-  local in_family = {}
-  for _, i in ipairs(f.axes) do in_family[i] = true end
+-- The color (group index) of rank r in family f: row-major over its color
+-- axes (those of the mesh it is built on: the dense one, or the expert mesh
+-- for ep and efsdp).
+local function color_of(f, r)
   local c = 0
-  for i = 1, #mesh.sizes do
-    if not in_family[i] then c = c * mesh.sizes[i] + coords[i] end
-  end
+  for i, n in ipairs(f.color_sizes) do c = c * n + (r // f.color_strides[i]) % n end
   return c
 end
 
 local function family_json(mesh, f)
-  local axes = {}
-  for _, i in ipairs(f.axes) do axes[#axes + 1] = mesh.names[i] end
+  local axes, on = {}, f.sparse and mesh.sparse or mesh
+  for _, i in ipairs(f.axes) do axes[#axes + 1] = on.names[i] end
   local kv = { "name", f.name, "axes", axes, "size", f.size, "count", f.count }
   if mesh.world_size <= FULL then
     kv[#kv + 1] = "ranks"; kv[#kv + 1] = f.instances
@@ -71,7 +71,7 @@ local function family_json(mesh, f)
     end
     local samples = {}
     for _, r in ipairs(sample_ranks(mesh.world_size)) do
-      local c, head, tail = color_of(mesh, f, r), {}, {}
+      local c, head, tail = color_of(f, r), {}, {}
       for k = 0, math.min(f.size, 32) - 1 do head[#head + 1] = groups.rank(f, c, k) end
       for k = math.max(32, f.size - 32), f.size - 1 do tail[#tail + 1] = groups.rank(f, c, k) end
       samples[#samples + 1] = { r, head, tail }
@@ -96,14 +96,20 @@ local function one(id, world, parallel)
   local mesh = dims.mesh(d)
   local fams = groups.build(mesh)
   local degrees = json.object({ "dp_replicate", d.dp_replicate, "dp_shard", d.dp_shard, "cp", d.cp, "tp", d.tp,
-                                "pp", d.pp, "ep", d.ep, "etp", d.etp })
+                                "pp", d.pp, "ep", d.ep, "etp", d.etp, "efsdp", d.efsdp or 0 })
   local aliases = {}
   for _, a in ipairs(mesh.alias_order) do aliases[#aliases + 1] = { a, mesh.aliases[a] } end
   local gs = {}
   for _, f in ipairs(fams.list) do gs[#gs + 1] = family_json(mesh, f) end
-  return json.object({ "id", id, "ok", true, "degrees", degrees,
+  local kv = { "id", id, "ok", true, "degrees", degrees,
     "mesh", json.object({ "names", mesh.names, "sizes", mesh.sizes, "strides", mesh.strides }),
-    "aliases", aliases, "groups", gs })
+    "aliases", aliases, "groups", gs }
+  local sp = mesh.sparse
+  if sp then
+    kv[#kv + 1] = "sparse"
+    kv[#kv + 1] = json.object({ "names", sp.names, "sizes", sp.sizes, "strides", sp.strides })
+  end
+  return json.object(kv)
 end
 
 local NAMES = { "dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp" }

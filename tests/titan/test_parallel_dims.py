@@ -9,27 +9,34 @@ check_supported, dims.mesh, gen/groups.lua; one Lua process for all) and
 torchtitan.distributed.parallel_dims.ParallelDims (build_mesh over a fake
 process group) must agree on accept or refuse. For every mesh both accept:
 the resolved degrees, the mesh (names, sizes, strides of the dims > 1 of
-torchtitan's dense mesh), every flattened alias and every group family's
-rank lists are equal (every group of worlds <= 4,096; above, checksums over
-every group plus the groups of 32 sample ranks). torchtitan's rank lists are
-the rows of each 1-D mesh's layout over the world (the groups DeviceMesh
-creates), never process groups.
+torchtitan's dense mesh), with ep > 1 the expert mesh (those of its sparse
+mesh (pp, dp_replicate, efsdp, ep)) and efsdp, every flattened alias and
+every group family's rank lists (ep and efsdp among them) are equal (every
+group of worlds <= 4,096; above, checksums over every group plus the groups
+of 32 sample ranks). torchtitan's rank lists are the rows of each 1-D mesh's
+layout over the world (the groups DeviceMesh creates), never process groups.
+
+pp and ep are taken by commplan's dims (gen/parallel/pp.lua and ep.lua
+refuse to generate tables later, in their rules, which dims_dump.lua does
+not run): their meshes are compared like any other (pp since issue 22, ep
+since issue 23: torchtitan 0.3's convention, ep borrowed from
+dp_shard*cp*tp; docs/expert-parallel.md).
 
 Verdicts:
   agreement      both accept with equal meshes, or both refuse;
-  expected       torchtitan accepts a mesh with cp or ep > 1 that commplan
-                 does not generate yet (commplan refuses it); the day commplan
-                 accepts one, it is compared like any other and must be equal
-                 (pp is accepted since issue 22: its meshes, pp outermost as
-                 torchtitan's, and groups are compared; pp with cp or ep stays
-                 an expected refusal);
-  etp-only       torchtitan accepts and commplan refuses only because etp is
-                 given with ep = 1 (torchtitan 0.3 has no etp setting at all);
+  expected       torchtitan accepts a mesh with cp > 1, which commplan's
+                 check_supported refuses (no cp module yet); the day commplan
+                 accepts one, it is compared like any other and must be equal;
+  etp-only       torchtitan accepts and commplan refuses only for etp
+                 (parallel.etp): etp given with ep = 1, an etp that is neither
+                 tp nor 1 (the seeds' rule), or etp = tp > 1 with ep > 1
+                 (torchtitan 0.3 has no etp setting at all: its experts are
+                 never tensor-parallel with ep > 1);
   disagreement   anything else: the test fails and names the mesh.
 
 Cost: every mesh commplan accepts is built by torchtitan on every run. The
-verdicts of the meshes commplan refuses for pp / cp / ep (~14,000 torchtitan
-builds, ~1.5 min of CPU) are torchtitan's own, memoized beside the torch
+verdicts of the meshes with pp / cp / ep that commplan refuses (~13,000
+torchtitan builds, ~1.5 min of CPU) are torchtitan's own, memoized beside the torch
 environment in ${COMMPLAN_CACHE:-${XDG_CACHE_HOME:-~/.cache}/commplan}/titan/
 (outside the clone, so a clean clone reuses them) keyed by the sha256 of
 torch's and torchtitan's versions, the source files that decide them
@@ -66,12 +73,14 @@ def mesh(w, dr, ds, cp=1, tp=1, pp=1, ep=1, etp=None):
 
 def small_meshes():
     """Every factorization of every world <= 64 under either reading of ep:
-    torchtitan 0.3's (dp_replicate*dp_shard*cp*tp*pp = world, ep dividing
-    dp_shard*cp*tp, which it borrows from) and the one gen/dims.lua follows
-    (hyper_parallel's: ep multiplies the world); dp_shard given and -1; etp
-    unset, and a wrong one (tp + 1) with ep > 1, and etp = tp with ep = 1;
+    torchtitan 0.3's, which gen/dims.lua follows (dp_replicate*dp_shard*cp*tp*pp
+    = world, ep dividing dp_shard*cp*tp, which it borrows from) and the seeds'
+    (hyper_parallel's: ep multiplies the world; both refuse those); dp_shard
+    given and -1; etp unset, and with ep > 1 a wrong one (tp + 1), and with
+    dp_shard = -1 (cp = pp = 1) etp = 1 and etp = tp > 1, and etp = tp with ep = 1;
     plus refusals: degrees 0 and -1, dp_shard 0 and -2, a non-dividing
-    dp_replicate or tp, a dp_shard that misses the world."""
+    dp_replicate, tp or ep, an ep past the world, a dp_shard that misses the
+    world."""
     out = []
     for w in range(1, 65):
         D = divisors(w)
@@ -90,6 +99,8 @@ def small_meshes():
                                 etps = [None]
                                 if ep > 1:
                                     etps.append(tp + 1)
+                                    if ds == -1 and cp == pp == 1:
+                                        etps += [1] + ([tp] if tp > 1 else [])
                                 elif ds == -1 and cp == pp == 1:
                                     etps.append(tp)
                                 for etp in etps:
@@ -105,6 +116,8 @@ def small_meshes():
         nd = next(k for k in range(2, w + 2) if w % k)
         out.append(mesh(w, nd, -1))
         out.append(mesh(w, 1, -1, tp=nd))
+        out.append(mesh(w, 1, -1, ep=nd))      # ep not dividing dp_shard*cp*tp: both refuse
+        out.append(mesh(w, 1, -1, ep=2 * w))   # ep past it
     return out
 
 
@@ -124,11 +137,12 @@ def large_meshes():
                 mesh(w, 8, w // 64, tp=8),       # HSDP + TP given (llama405b's at 16,384)
             ]
         out += [
-            mesh(w, 2, -1, cp=4, tp=8),          # expected refusals: cp, pp, ep
-            mesh(w, 1, -1, tp=8, pp=8),
+            mesh(w, 2, -1, cp=4, tp=8),          # an expected refusal: cp
+            mesh(w, 1, -1, tp=8, pp=8),          # pp, ep: compared
             mesh(w, 1, -1, ep=8),
             mesh(w, 4, -1, tp=8, ep=16),
-            mesh(w, 1, w // 64, tp=8, ep=8),     # ep in the product: torchtitan refuses
+            mesh(w, 2, -1, tp=8, pp=4, ep=4),    # ep inside tp
+            mesh(w, 1, w // 64, tp=8, ep=8),     # ep in the product (the seeds'): both refuse
             mesh(w, 3, -1),                      # refusals
             mesh(w, 1, w - 1),
             mesh(w, 1, -1, tp=w * 2),
@@ -312,7 +326,8 @@ def compare_groups(g, t, stats):
     return None
 
 
-def compare_accepted(m, c, pd, legacy, stats):
+def compare_accepted(m, c, pd, legacy, stats, lists):
+    """lists: torchtitan's rank lists by mesh name, shared by the meshes of one build."""
     problems = []
     for n in DEG:
         if getattr(pd, n) != c["degrees"][n]:
@@ -323,6 +338,20 @@ def compare_accepted(m, c, pd, legacy, stats):
     cmesh = [tuple(x) for x in zip(cm["names"], cm["sizes"], cm["strides"]) if x[1] > 1]
     if tmesh != cmesh:
         problems.append(f"mesh (name, size, stride): commplan {cmesh}, torchtitan's dense mesh {tmesh}")
+    if pd.ep > 1:
+        stats["ep_meshes"] += 1
+        sparse = pd._global_meshes["sparse"]
+        tsp = [(n, ax.shape[0], ax.stride[0]) for n, ax in zip(sparse.mesh_dim_names, sparse._layout)
+               if ax.numel() > 1]
+        cs = c.get("sparse") or {"names": [], "sizes": [], "strides": []}
+        csp = [tuple(x) for x in zip(cs["names"], cs["sizes"], cs["strides"]) if x[1] > 1]
+        if tsp != csp:
+            problems.append(f"expert mesh (name, size, stride): commplan {csp}, torchtitan's sparse mesh {tsp}")
+        tefsdp = pd._single_axis_meshes["efsdp"].size()
+        if c["degrees"]["efsdp"] != tefsdp:
+            problems.append(f"efsdp: commplan {c['degrees']['efsdp']}, torchtitan {tefsdp}")
+    elif "sparse" in c:
+        problems.append(f"commplan has an expert mesh {c['sparse']} with ep = 1")
     tm = titan_meshes(pd, legacy)
     mine = {g["name"]: g for g in c["groups"]}
     for g in c["groups"]:
@@ -330,8 +359,11 @@ def compare_accepted(m, c, pd, legacy, stats):
             if tn not in tm:
                 problems.append(f"{g['name']}: torchtitan has no mesh {tn}")
                 continue
-            p = compare_groups(g, E.rank_lists(tm[tn]), stats)
+            if tn not in lists:
+                lists[tn] = E.rank_lists(tm[tn])
+            p = compare_groups(g, lists[tn], stats)
             stats["families"] += 1
+            stats["ep_families"] += g["name"] in ("ep", "efsdp")
             if p:
                 problems.append(p + (f" (torchtitan's {tn})" if tn != g["name"] else ""))
     back = {"batch": "dp"}
@@ -355,9 +387,9 @@ def main():
     validated = {k: titan_validate(k) for k in tkeys}
     # Step 2: build_mesh() on every resolved configuration that passed. It
     # reads only the resolved degrees, so dp_shard = -1 and the dp_shard it
-    # infers share one build. Those with pp, cp or ep > 1 (commplan refuses
-    # them all) are memoized; the rest are built now, with both backends,
-    # and compared below.
+    # infers share one build. Those with pp, cp or ep > 1 that commplan
+    # refuses (every one with cp) are memoized; the rest are built now, with
+    # both backends, and those commplan accepts compared below.
     resolved = {r for r, _ in validated.values() if r is not None}
     by_resolved = {}  # the meshes commplan accepts, by torchtitan's resolved configuration
     for i, c in enumerate(mine):
@@ -368,7 +400,7 @@ def main():
     memo, built_now = memo_builds(memo_keys)
     t_memo = time.time() - t0 - t_lua
 
-    stats = {"groups": 0, "families": 0, "aliases": 0}
+    stats = {"groups": 0, "families": 0, "aliases": 0, "ep_meshes": 0, "ep_families": 0}
     problems, bad = [], set()
     live = {}  # resolved key -> (pd, legacy) or (None, why)
     for w in sorted({r[0] for r in resolved - memo_keys}):
@@ -384,8 +416,9 @@ def main():
                 assert legacy is not None, why
                 live[r] = (pd, legacy)
                 # compare every commplan-accepted mesh that resolves to r
+                lists = {}
                 for i in by_resolved.get(r, ()):
-                    ps = compare_accepted(meshes[i], mine[i], pd, legacy, stats)
+                    ps = compare_accepted(meshes[i], mine[i], pd, legacy, stats, lists)
                     if ps:
                         problems.append(f"{fmt(meshes[i])}: " + "; ".join(ps))
                         bad.add(i)
@@ -398,8 +431,9 @@ def main():
             return tuple(memo[r])
         return (live[r][0] is not None), (None if live[r][0] is not None else live[r][1])
 
-    both_accept = both_refuse = etp_only = n_expected = ep_product = 0
-    expected = {"pp": 0, "cp": 0, "ep": 0}
+    both_accept = both_refuse = etp_only = n_expected = 0
+    expected = {"pp": 0, "ep": 0}  # cp refusals that also have pp / ep
+    ep_accept = ep_refuse = 0  # meshes with ep > 1 both accept (equal) / both refuse
     for i, (m, c) in enumerate(zip(meshes, mine)):
         ok, why = verdict(m)
         if c["ok"]:
@@ -407,15 +441,15 @@ def main():
                 problems.append(f"{fmt(m)}: commplan accepts, torchtitan refuses ({why})")
             elif i not in bad:
                 both_accept += 1
+                ep_accept += m["ep"] > 1
         elif not ok:
             both_refuse += 1
-        elif m["pp"] > 1 or m["cp"] > 1 or m["ep"] > 1:
+            ep_refuse += m["ep"] > 1
+        elif m["cp"] > 1 and c["stage"] == "supported" and ": parallel.cp: " in c["msg"]:
             n_expected += 1
             for f in expected:
                 expected[f] += m[f] > 1
-            if m["ep"] > 1 and c["stage"] == "dims" and ("Invalid parallel dims" in c["msg"] or "auto-infer" in c["msg"]):
-                ep_product += 1
-        elif m["etp"] is not None and m["ep"] == 1 and "etp" in c["msg"]:
+        elif m["etp"] is not None and ": parallel.etp: " in c["msg"]:
             etp_only += 1
         else:
             problems.append(f"{fmt(m)}: torchtitan accepts, commplan refuses: {c['msg']}")
@@ -432,13 +466,15 @@ def main():
           f"{os.path.dirname(verdict_cache_path())}/ "
           f"({built_now} built this run, {time.time() - t0 - t_lua:.1f} s)")
     print(f"parallel_dims: {both_accept} meshes accepted by both and equal: degrees, mesh, {stats['aliases']} flattened "
-          f"aliases, {stats['families']} group families, {stats['groups']} groups' rank lists; of the ep expected "
-          f"refusals, {ep_product} are refused by gen/dims.lua's world product (ep multiplies the world there; "
-          f"torchtitan 0.3's ep borrows from dp_shard*cp*tp)")
+          f"aliases, {stats['families']} group families, {stats['groups']} groups' rank lists")
+    print(f"parallel_dims: ep (torchtitan 0.3's: borrowed from dp_shard*cp*tp): {ep_accept} meshes with ep > 1 "
+          f"accepted by both and equal ({stats['ep_meshes']} compared: dense and expert meshes, efsdp, "
+          f"{stats['ep_families']} ep / efsdp group families among the rest), {ep_refuse} refused by both (the seeds' "
+          f"reading, ep multiplying the world, among them)")
     print(f"parallel_dims: {len(meshes)} meshes (worlds 1..64: {sum(m['world'] <= 64 for m in meshes)}; "
           f"{', '.join(map(str, big))}: {sum(m['world'] > 64 for m in meshes)}): {both_accept} accepted, "
-          f"{both_refuse} refused by both, {n_expected} expected refusals (pp {expected['pp']}, cp {expected['cp']}, "
-          f"ep {expected['ep']}), {etp_only} etp-only refusals (torchtitan 0.3 has no etp), "
+          f"{both_refuse} refused by both, {n_expected} expected refusals (cp; with pp {expected['pp']}, "
+          f"with ep {expected['ep']}), {etp_only} etp-only refusals (torchtitan 0.3 has no etp), "
           f"{len(problems)} disagreements")
     return 1 if problems else 0
 
