@@ -501,6 +501,11 @@ run "oracle fsdp3 on NCCL: gloo's arithmetic does not (10 where NCCL gives 10.00
 run "build tests/pp/plans/pp_tiny (pipeline: pp 2 x dp_shard 2, 1F1B)" $MAKE PLAN=tests/pp/plans/pp_tiny.lua OUT=build/gen/pp_tiny
 run "simulate pp_tiny: 4 ranks, 3 steps, every message and reduced grad exact (gloo's and NCCL's arithmetic)" bash -c "
   build/pp_tiny/pp_tiny --simulate --steps 3 && build/pp_tiny/pp_tiny --simulate --steps 2 --arith nccl"
+# torchtitan's 405B shape in small: pp 2 x FSDP 2 x TP 2, Interleaved1F1B,
+# a class per (pipeline rank, TP class).
+run "build tests/pp/plans/pp_tiny_tp (pipeline: pp 2 x dp_shard 2 x tp 2, Interleaved1F1B)" $MAKE PLAN=tests/pp/plans/pp_tiny_tp.lua OUT=build/gen/pp_tiny_tp
+run "simulate pp_tiny_tp: 8 ranks, 2 steps, every message, TP activation and reduced grad exact (both arithmetics)" bash -c "
+  build/pp_tiny_tp/pp_tiny_tp --simulate --steps 2 && build/pp_tiny_tp/pp_tiny_tp --simulate --steps 2 --arith nccl"
 
 section "the GPU path on an emulated CUDA runtime and NCCL (tests/emu, docs/emulator.md): no GPU needed"
 # runtime/gpu.c, gpu_run.c, the launch and rendezvous code and the copy

@@ -6,8 +6,7 @@
 -- communication proved deadlock-free over every rank
 -- (gen/parallel/pp_step_proof.lua) and equal to what torch issues
 -- (gen/parallel/pp_sequence.lua); SCHEDULE.md and plan.json say what the
--- tables hold. TP inside the stages is not built yet (refused, with what
--- exists: make pipeline audits it).
+-- tables hold. TP inside the stages: a class per (pipeline rank, TP class).
 local util = require("gen.util")
 local dims = require("gen.dims")
 local groups = require("gen.groups")
@@ -24,20 +23,13 @@ local M = {}
 local fmt = string.format
 
 -- What the tables cannot run yet, as the plan's own one-line refusal.
-local function refuse_unbuilt(loaded, t)
-  local ctx = loaded.ctx
-  if t.p.dims.tp > 1 then
-    util.field_error(ctx, "parallel.tp", fmt("tp=%d inside pipeline stages: the tables do not hold TP's activation "
-      .. "collectives per stage yet; `make pipeline PLAN=...` audits this plan; generate with tp=1", t.p.dims.tp))
-  end
-end
 
 -- The communication of every global rank from the tables, against the
 -- events torch issues (pp_sequence, held to torch live) and through the
 -- whole-step proof. Raises a one-line error naming the first difference.
-local function prove(loaded, t, W)
+local function prove(loaded, t, classes, W)
   local mesh = seq.mesh(t.sched.pp, W)
-  local got = tables.events(t.classes, mesh, W)
+  local got = tables.events(classes, mesh, W)
   local want = seq.expected(t.sched, { dp_shard = W, act_numel = t.act.numel, act_dtype = t.act.dtype,
                                        stage_fsdp = t.stage_fsdp })
   for g = 1, #want do
@@ -65,24 +57,43 @@ end
 -- own report fields (p.pipeline_build).
 function M.plan(loaded)
   local t = report.tables(loaded)
-  refuse_unbuilt(loaded, t)
-  local sp = t.p -- the stage mesh's plan: layouts, dtypes, FSDP settings
+  local sp = t.p -- the stage mesh's plan: layouts (a TP class each), dtypes, FSDP settings
   local d = dims.infer(loaded.ctx, loaded.parallel, loaded.world_size)
   local mesh = dims.mesh(d)
   local fams = groups.build(mesh)
   local W = sp.layout.W
-  local counts = prove(loaded, t, W)
   local fsdp = { micro_steps = t.sched.microbatches }
-  local classes = {}
-  for r, cls in ipairs(t.classes) do
-    local lay = {}
-    for k, v in pairs(sp.layout) do lay[k] = v end
-    lay.units = cls.units
-    verify.bounds(lay, fams, cls.ops, fsdp, nil)
-    verify.order(lay, fams, cls.ops)
-    local arena = memplan.build(lay, cls.ops, { micro_steps = fsdp.micro_steps })
-    classes[r] = { layout = lay, ops = cls.ops, arena = arena, coords = { r - 1 }, stages = cls.stages, pp_rank = r - 1 }
+  -- A class per (pipeline rank, TP class of the stage mesh): the TP
+  -- class's TP-local layouts, TP's activation collectives in each unit's
+  -- forward and backward (gen/parallel/tp.lua), as FSDP2 + TP run them.
+  local ntp = #sp.tp_classes
+  local unit_ops = sp.dims.tp > 1 and require("gen.parallel.tp").unit_ops or nil
+  local classes, first_tp = {}, nil
+  for c, tcls in ipairs(sp.tp_classes) do
+    local by_name = {}
+    for _, u in ipairs(tcls.layout.units) do by_name[u.name] = u end
+    local su = {}
+    for st, list in pairs(t.stage_units) do
+      su[st] = {}
+      for i, u in ipairs(list) do su[st][i] = by_name[u.name] end
+    end
+    local ranks = tables.rank_tables(sp, t.sched, su, t.act, { unit_ops = unit_ops })
+    if c == 1 then first_tp = ranks end
+    for r, cls in ipairs(ranks) do
+      local lay = {}
+      for k, v in pairs(tcls.layout) do lay[k] = v end
+      lay.units = cls.units
+      verify.bounds(lay, fams, cls.ops, fsdp, nil)
+      verify.order(lay, fams, cls.ops)
+      local arena = memplan.build(lay, cls.ops, { micro_steps = fsdp.micro_steps })
+      classes[(r - 1) * ntp + c] = { layout = lay, ops = cls.ops, arena = arena, stages = cls.stages,
+                                     pp_rank = r - 1, tp_class = c - 1,
+                                     coords = ntp > 1 and { r - 1, table.concat(tcls.coords, "/") } or { r - 1 } }
+    end
   end
+  -- (TP's collectives run inside each TP rank's compute, the same on every
+  -- TP rank: the proof covers the FSDP and pipeline traffic of TP class 0)
+  local counts = prove(loaded, t, first_tp, W)
   local p = {}
   for k, v in pairs(sp) do p[k] = v end
   p.name, p.world_size, p.source_file = loaded.name, loaded.world_size, loaded.source_file
@@ -93,8 +104,12 @@ function M.plan(loaded)
   p.class_of_tp = nil
   p.layout, p.ops, p.arena, p.rep = classes[1].layout, classes[1].ops, classes[1].arena, nil
   p.pp = { size = t.sched.pp, mesh_dim = mesh.index.pp - 1, family = fams.by_name.pp.id }
-  p.class_of = {} -- [pp coordinate] (tp = 1) -> class (1-based): each pipeline rank its own
-  for r = 0, t.sched.pp - 1 do p.class_of[r] = r + 1 end
+  -- [pp coordinate x tp + tp coordinate] -> class (1-based)
+  p.class_of = {}
+  local tp = d.tp
+  for r = 0, t.sched.pp - 1 do
+    for k = 0, tp - 1 do p.class_of[r * tp + k] = r * ntp + (sp.class_of_tp and sp.class_of_tp[k] or 1) end
+  end
   p.pipeline_build = { sched = t.sched, act = t.act, counts = counts, loaded = loaded }
   return p
 end
@@ -174,17 +189,18 @@ function M.schedule_md(p, fp)
   w("")
   w("Proved: every rank's sends, receives and FSDP collectives equal what torch.distributed.pipelining + "
     .. "fully_shard issue (gen/parallel/pp_sequence.lua, held to torch live); the whole step (%d events, %d "
-    .. "collectives, %d messages, %d coalesced batches on %d ranks) cannot deadlock (gen/parallel/pp_step_proof.lua, "
-    .. "one queue per rank).", b.counts.events, b.counts.collectives, b.counts.p2p, b.counts.batches or 0,
-    b.counts.ranks or p.world_size)
+    .. "collectives, %d messages, %d coalesced batches on the %d ranks of pp x dp_shard; each TP rank and replica "
+    .. "runs a copy) cannot deadlock (gen/parallel/pp_step_proof.lua, one queue per rank).", b.counts.events,
+    b.counts.collectives, b.counts.p2p, b.counts.batches or 0, b.counts.ranks or p.world_size)
   w("")
-  w("| pipeline rank | stages | units | ops | sends | receives | all-gathers | reduce-scatters | arena |")
+  w("| pipeline rank (TP class) | stages | units | ops | sends | receives | all-gathers | reduce-scatters | arena |")
   w("|---|---|---|---|---|---|---|---|---|")
   for _, c in ipairs(p.tp_classes) do
     local n = count_kinds(c.ops)
     local names = {}
     for i, u in ipairs(c.layout.units) do names[i] = u.name end
-    w("| %d | %s | %s | %d | %d | %d | %d | %d | %s |", c.pp_rank, table.concat(c.stages, ", "),
+    w("| %s | %s | %s | %d | %d | %d | %d | %d | %s |", p.dims.tp > 1 and fmt("%d (%d)", c.pp_rank, c.tp_class)
+      or tostring(c.pp_rank), table.concat(c.stages, ", "),
       table.concat(names, ", "), #c.ops, n.send or 0, n.recv or 0, n.all_gather or 0, n.reduce_scatter or 0,
       report.human_bytes(c.arena.arena_bytes))
   end
@@ -199,7 +215,7 @@ function M.schedule_md(p, fp)
   w("## Ops per pipeline rank")
   for _, c in ipairs(p.tp_classes) do
     w("")
-    w("### Pipeline rank %d", c.pp_rank)
+    w("### Pipeline rank %d%s", c.pp_rank, p.dims.tp > 1 and fmt(", TP class %d", c.tp_class) or "")
     w("")
     w("| # | kind | unit | micro-batch | stream | detail |")
     w("|---|---|---|---|---|---|")

@@ -514,7 +514,7 @@ function report.text(loaded)
     .. "activations in flight and one layer's transient, against the GPU's memory. Every schedule with a row "
     .. "passed the send/receive proof (docs/pipeline.md); the refused ones say why.")
   w("Not modelled here: FSDP's all-gathers (taken as prefetched) and link contention. `make PLAN=...` builds the "
-    .. "plan's schedule into tables (GPipe, 1F1B, Interleaved1F1B, LoopedBFS; tp = 1 so far).")
+    .. "plan's schedule into tables (GPipe, 1F1B, Interleaved1F1B, LoopedBFS).")
   return table.concat(L, "\n") .. "\n", rows
 end
 

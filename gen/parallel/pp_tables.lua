@@ -84,7 +84,12 @@ local function rank_units(sched, stage_units, r)
   return stages, units, unit_of
 end
 
-function M.rank_tables(p, sched, stage_units, act)
+-- opts.unit_ops(out, u, m, at): the other parallelisms' ops at a unit's
+-- points (TP's activation collectives inside its forward and backward, its
+-- "reduce" ones before the unit's reduction), as gen/parallel/fsdp_schedule.lua
+-- calls them.
+function M.rank_tables(p, sched, stage_units, act, opts)
+  local unit_ops = opts and opts.unit_ops
   local bad = M.unsupported_action(sched)
   if bad then
     error(fmt("pp_tables: %s's lowered actions include %s, which the tables do not run yet", sched.schedule, bad), 0)
@@ -149,10 +154,16 @@ function M.rank_tables(p, sched, stage_units, act)
         elseif t == "UNSHARD" then unshard(s, 0, "forward")
         elseif t == "F" then
           if single then unshard(s, m, "forward") end
-          for _, u in ipairs(managed(s)) do op("forward", u, m, "forward") end
+          for _, u in ipairs(managed(s)) do
+            op("forward", u, m, "forward")
+            if unit_ops then unit_ops(ops, u, m, "forward") end
+          end
         elseif t == "B" then
           local list = managed(s)
-          for i = #list, 1, -1 do op("backward", list[i], m, "backward") end
+          for i = #list, 1, -1 do
+            op("backward", list[i], m, "backward")
+            if unit_ops then unit_ops(ops, list[i], m, "backward") end
+          end
         elseif t == "REDUCE_GRAD" then
           -- finalize_backward: layers last to first, the root last
           local list, post = managed(s), {}
@@ -160,6 +171,7 @@ function M.rank_tables(p, sched, stage_units, act)
           for i = #list, root and 2 or 1, -1 do post[#post + 1] = list[i] end
           post[#post + 1] = root
           for _, u in ipairs(post) do
+            if unit_ops then unit_ops(ops, u, last_mb, "reduce") end
             fsdp_schedule.reduction(ops, u, last_mb, { first = true, keep = true }, shard, replicate, true)
           end
         elseif t == "RESHARD" then reshard(s, last_mb)

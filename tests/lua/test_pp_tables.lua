@@ -149,8 +149,14 @@ function T.generator_builds_pipeline_tables()
   local doc = require("gen.json").decode(b.json(p, fp))
   H.eq(#doc.pipeline.ranks, 2, "plan.json: the ranks")
   H.plan_fails(SRC:gsub('"1F1B"', '"ZBVZeroBubble"'), "pipeline.schedule:", "splits the backward")
-  H.plan_fails(SRC:gsub("pp = 2, dp_shard = %-1", "pp = 2, dp_shard = 1, tp = 2"):gsub("n_kv_heads = 2", "n_kv_heads = 2"),
-    "parallel.tp:", "inside pipeline stages")
+  -- FSDP x TP x PP: a class per (pipeline rank, TP class); TP's activation
+  -- collectives in every unit's forward and backward
+  local tp = plan.from_file("tests/pp/plans/pp_tiny_tp.lua")
+  H.eq(#tp.tp_classes, 4, "2 pipeline ranks x 2 TP classes (vocab 251 splits 126 / 125)")
+  H.list_eq({ tp.class_of[0], tp.class_of[1], tp.class_of[2], tp.class_of[3] }, { 1, 2, 3, 4 }, "class_of")
+  local tp_ops = 0
+  for _, o in ipairs(tp.tp_classes[3].ops) do if o.group == "tp" then tp_ops = tp_ops + 1 end end
+  assert(tp_ops > 0, "TP collectives in pipeline rank 1's tables")
   H.plan_fails(SRC:gsub('schedule = "1F1B", ', ""), "pipeline.schedule:", "add pipeline = { schedule")
 end
 
