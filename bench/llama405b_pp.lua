@@ -2,8 +2,8 @@
 -- FSDP 8 x TP 8 x PP 8 on 512 H100s (64 nodes of 8), 16 microbatches of
 -- one 8,192-token sequence per step, full activation checkpointing.
 -- `make pipeline PLAN=bench/llama405b_pp.lua` compares torch's schedules
--- for it (gen/parallel/pp_report.lua); the generator does not build
--- pipeline tables yet.
+-- for it (gen/parallel/pp_report.lua); `make PLAN=bench/llama405b_pp.lua`
+-- builds its tables (a class per pipeline rank, gen/parallel/pp_build.lua).
 return {
   world_size = 512,
   parallel = { dp_shard = 8, tp = 8, pp = 8 },
