@@ -544,13 +544,13 @@ bad_plan() {  # name, plan text, expected substring
 }
 bad_plan syntax 'return { world_size = 4, model = {' 'syntax error'
 bad_plan factor 'return { world_size = 8, parallel = { dp_shard = 3, dp_replicate = 2 }, model = { family = "llama", size = "8b" } }' \
-  'dp_replicate(2) * dp_shard(3) * cp(1) * tp(1) * pp(1) * ep(1) = 6 != world_size(8). Set dp_shard=-1'
+  'dp_replicate(2) * dp_shard(3) * cp(1) * tp(1) * pp(1) = 6 != world_size(8). Set dp_shard=-1'
 bad_plan typo 'return { world_size = 8, parallel = { dp_shard = -1 }, model = { family = "llama", size = "8b" }, fsdp = { reshard_after_froward = true } }' \
   "did you mean 'reshard_after_forward'"
 bad_plan zero 'return { world_size = 2, parallel = { dp_shard = 2 }, model = { units = { { name = "root", params = { { name = "w", shape = { 0, 4 } } } } } } }' \
   'must be positive'
 bad_plan nofactor 'return { world_size = 10, parallel = { dp_replicate = 4, dp_shard = -1 }, model = { family = "llama", size = "8b" } }' \
-  'Cannot auto-infer dp_shard: world_size=10 is not divisible by dp_replicate*cp*tp*pp*ep=4'
+  'Cannot auto-infer dp_shard: world_size=10 is not divisible by dp_replicate*cp*tp*pp=4'
 expect_rc "binary: --world-size mismatch exits 2" 2 build/fsdp4/fsdp4 --simulate --world-size 8
 # launcher_rc NAME RC MESSAGE ENV...: the binary under a launcher's environment.
 launcher_rc() {
