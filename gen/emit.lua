@@ -13,7 +13,7 @@ local BUF = { "CP_BUF_AG", "CP_BUF_UNSHARDED", "CP_BUF_GRADS", "CP_BUF_RS_IN", "
 
 -- The runtime table layout these tables are written for (runtime/commplan.h
 -- CP_TABLES_VERSION); plan.c refuses to compile against any other.
-emit.TABLES_VERSION = 7
+emit.TABLES_VERSION = 8
 
 -- Replace every {{key}}; a key the template names but vars lacks is a bug.
 function emit.fill(template, vars, template_name)

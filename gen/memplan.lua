@@ -119,7 +119,7 @@ local function lifetimes(lay, ops)
     elseif opkinds.BY_NAME[k].tp then start(u, "act", s); stop(u, "act", s) -- one collective's worth
     elseif opkinds.BY_NAME[k].p2p then start(u, "pp", s); pp_last[u] = s -- one life: first to last message
     end
-    if k == "forward" or k == "backward" then
+    if k == "forward" or k == "backward" or k == "backward_input" then
       computes = computes + 1
       own[u] = (own[u] or 0) + 1
     end

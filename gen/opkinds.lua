@@ -47,6 +47,9 @@ opkinds.LIST = {
   -- unit's pp buffer (gen/parallel/pp_*.lua fills them).
   { name = "send", reads = { "pp" }, writes = {}, p2p = true },
   { name = "recv", reads = {}, writes = { "pp" }, p2p = true },
+  -- zero bubble's split backward: I (the input gradient, no weight grads);
+  -- its W is a "backward" (gen/parallel/pp_tables.lua)
+  { name = "backward_input", reads = { "unsharded" }, writes = {} },
 }
 
 opkinds.BY_NAME = {}

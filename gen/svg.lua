@@ -36,7 +36,7 @@ local PLOT = svg.WIDTH - LEFT - RIGHT
 -- it idles, by what it waited for).
 svg.CLASSES = {
   { id = "fw", label = "forward", fill = "#8db9e3", kinds = { "forward" } },
-  { id = "bw", label = "backward", fill = "#3b6ea8", kinds = { "backward" } },
+  { id = "bw", label = "backward", fill = "#3b6ea8", kinds = { "backward", "backward_input" } },
   { id = "cp", label = "copies", fill = "#b9aea7",
     kinds = { "copy_in", "copy_out", "pack", "view_out", "view_out_add", "partial_save", "partial_add", "partial_fold" } },
   { id = "rh", label = "reshard", fill = "#dcdcdc", kinds = { "reshard" } },

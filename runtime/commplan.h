@@ -15,7 +15,7 @@ extern "C" {
 /* The layout of the tables below. A generated plan.c refuses to compile
  * against a runtime whose tables differ (nanopb's PB_PROTO_HEADER_VERSION
  * idea): bump it with every change to a table type or an enum. */
-#define CP_TABLES_VERSION 7
+#define CP_TABLES_VERSION 8
 
 #define CP_MAX_DIMS 8      /* tensor dims per parameter */
 #define CP_MAX_MESH_DIMS 6 /* dp_replicate, dp_shard, ep, cp, tp, pp */
@@ -52,6 +52,9 @@ typedef enum {
      * from the rank whose pp coordinate is op->peer, over the pp family. */
     CP_OP_SEND,            /* the unit's pp buffer slot (tag, micro-step) -> the peer */
     CP_OP_RECV,            /* the peer -> the unit's pp buffer slot (tag, micro-step) */
+    /* zero bubble's split backward (pipeline schedules' I): the input gradient
+     * only, params unsharded, no weight grads (its W is a CP_OP_BACKWARD) */
+    CP_OP_BACKWARD_INPUT,
     CP_OP_KIND_COUNT
 } cp_op_kind;
 

@@ -66,6 +66,8 @@ const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
                      .out = CP_BUF_NONE, .frees = CP_BUF_NONE },
     [CP_OP_RECV] = { .name = "recv", .action = CP_ACT_P2P, .in = CP_BUF_NONE, .out = CP_BUF_PP,
                      .out_slot = CP_SLOT_PP, .frees = CP_BUF_NONE },
+    [CP_OP_BACKWARD_INPUT] = { .name = "backward_input", .action = CP_ACT_COMPUTE, .in = CP_BUF_UNSHARDED,
+                               .out = CP_BUF_NONE, .frees = CP_BUF_NONE },
 };
 
 const cp_op_kind cp_call_unshard[3] = { CP_OP_COPY_IN, CP_OP_ALL_GATHER, CP_OP_COPY_OUT };

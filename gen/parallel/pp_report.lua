@@ -407,9 +407,8 @@ function report.tables(loaded, schedule)
   local tables = require("gen.parallel.pp_tables")
   local bad = tables.unsupported_action(sched)
   if bad then
-    util.field_error(ctx, "pipeline.schedule", string.format("%s splits the backward (%s): the tables have no op "
-      .. "for zero bubble's input / weight gradients yet; `make pipeline` audits it; generate with GPipe, 1F1B, "
-      .. "Interleaved1F1B or LoopedBFS", sched.schedule, bad))
+    util.field_error(ctx, "pipeline.schedule", string.format("%s has a %s action, which the tables do not run; "
+      .. "`make pipeline` audits it; generate with one of torch's schedules", sched.schedule, bad))
   end
   return { p = p, sched = sched, act = act, stage_units = stage_units,
            classes = tables.rank_tables(p, sched, stage_units, act),
@@ -514,7 +513,7 @@ function report.text(loaded)
     .. "activations in flight and one layer's transient, against the GPU's memory. Every schedule with a row "
     .. "passed the send/receive proof (docs/pipeline.md); the refused ones say why.")
   w("Not modelled here: FSDP's all-gathers (taken as prefetched) and link contention. `make PLAN=...` builds the "
-    .. "plan's schedule into tables (GPipe, 1F1B, Interleaved1F1B, LoopedBFS).")
+    .. "plan's schedule into tables (every schedule here).")
   return table.concat(L, "\n") .. "\n", rows
 end
 

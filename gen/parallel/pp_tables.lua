@@ -38,14 +38,15 @@ local M = {}
 
 local fmt = string.format
 
--- Zero bubble's split backward (I: input gradient, W: weight gradient) has
--- no op kind in the tables yet; those schedules are audited by `make
--- pipeline` only.
--- WAIT_SEND_* and WAIT_REDUCE_GRAD wait for work the tables have already
--- ordered (a send, a reduction on its stream): no op.
-local SUPPORTED = { F = true, B = true, SEND_F = true, RECV_F = true, SEND_B = true, RECV_B = true,
-                    UNSHARD = true, RESHARD = true, REDUCE_GRAD = true, WAIT_SEND_F = true, WAIT_SEND_B = true,
-                    WAIT_REDUCE_GRAD = true }
+-- Every action torch's lowered lists hold: zero bubble's split backward is
+-- I (the input gradient: "backward_input" per unit, no weight grads) and W
+-- (the weight gradient: "backward", which writes them); OVERLAP_F_B runs
+-- its F and B parts in turn. WAIT_SEND_* and WAIT_REDUCE_GRAD wait for
+-- work the tables have already ordered (a send, a reduction on its
+-- stream): no op.
+local SUPPORTED = { F = true, B = true, I = true, W = true, SEND_F = true, RECV_F = true, SEND_B = true,
+                    RECV_B = true, UNSHARD = true, RESHARD = true, REDUCE_GRAD = true, WAIT_SEND_F = true,
+                    WAIT_SEND_B = true, WAIT_REDUCE_GRAD = true }
 local NO_OP = { WAIT_SEND_F = true, WAIT_SEND_B = true, WAIT_REDUCE_GRAD = true }
 
 function M.unsupported_action(sched)
@@ -158,12 +159,16 @@ function M.rank_tables(p, sched, stage_units, act, opts)
             op("forward", u, m, "forward")
             if unit_ops then unit_ops(ops, u, m, "forward") end
           end
-        elseif t == "B" then
+        elseif t == "B" or t == "I" then
+          -- (TP's backward collectives carry the input gradient: with I)
           local list = managed(s)
           for i = #list, 1, -1 do
-            op("backward", list[i], m, "backward")
+            op(t == "B" and "backward" or "backward_input", list[i], m, "backward")
             if unit_ops then unit_ops(ops, list[i], m, "backward") end
           end
+        elseif t == "W" then
+          local list = managed(s)
+          for i = #list, 1, -1 do op("backward", list[i], m, "backward") end
         elseif t == "REDUCE_GRAD" then
           -- finalize_backward: layers last to first, the root last
           local list, post = managed(s), {}

@@ -8,8 +8,8 @@
 
 #include "commplan.h"
 
-#if CP_TABLES_VERSION != 7
-#error "plan.h was generated for commplan tables version 7: regenerate it with this tree's gen/commplan.lua"
+#if CP_TABLES_VERSION != 8
+#error "plan.h was generated for commplan tables version 8: regenerate it with this tree's gen/commplan.lua"
 #endif
 
 #define HSDP2X2_STEPEND_FINGERPRINT "5bb567fad0d255df"
