@@ -110,7 +110,9 @@ function advisor.rank(loaded, opts)
   -- not divide it is listed as refused, never given another batch.
   local base_tp = loaded.parallel.tp or 1
   local base_batch = (loaded.training and loaded.training.local_batch_size) or 1
-  local plan_global = base_batch * (loaded.world_size // base_tp)
+  -- (a pipeline plan's data-parallel ranks are world / (tp x pp))
+  local base_pp = loaded.parallel.pp or 1
+  local plan_global = base_batch * (loaded.world_size // (base_tp * base_pp))
   local global = opts.global_batch or plan_global
   local results, rejected = {}, {}
   -- TP degrees: the divisors of a node's GPUs, and the plan's own (tp=3
@@ -133,6 +135,7 @@ function advisor.rank(loaded, opts)
           local cand = copy(loaded)
           cand.world_size = world
           cand.topology = topo
+          cand.pipeline = nil -- these meshes have no pipeline (below: the ones with one)
           cand.parallel = { dp_replicate = r, dp_shard = s, tp = t }
           if t > 1 and loaded.parallel.sequence_parallel ~= nil then
             cand.parallel.sequence_parallel = loaded.parallel.sequence_parallel
@@ -148,7 +151,8 @@ function advisor.rank(loaded, opts)
             local msg = util.is_plan_error(p) and tostring(p.msg or p) or tostring(p)
             rejected[#rejected + 1] = { mesh = mesh, why = (msg:gsub("^[^:]*:%d*:?%s*", "")) }
           else
-            local plan_mesh = (r == loaded.parallel.dp_replicate or (r == 1 and not loaded.parallel.dp_replicate))
+            local plan_mesh = base_pp == 1
+              and (r == loaded.parallel.dp_replicate or (r == 1 and not loaded.parallel.dp_replicate))
               and t == base_tp and world == loaded.world_size and global == plan_global
             -- Every mesh, the plan's own too, ranks with its fastest
             -- policy that fits; the plan's own as written (its own
@@ -228,7 +232,9 @@ function advisor.pipeline(loaded, res)
             end
           end
           if best then
-            out[#out + 1] = { mesh = mesh, pp = pp, t = t, dp = dp, row = best, n = r.n }
+            out[#out + 1] = { mesh = mesh, pp = pp, t = t, dp = dp, row = best, n = r.n,
+                              plan_mesh = pp == (loaded.parallel.pp or 1) and t == (loaded.parallel.tp or 1)
+                                and world == loaded.world_size }
           else
             refused[#refused + 1] = { mesh = mesh, why = r.rows[1].refused }
           end
@@ -273,9 +279,9 @@ local function pipeline_text(res, w)
     w("| # | pp | dp_shard | tp | schedule | microbatches | bubble | step | memory (worst rank) | fits |")
     w("|---|---|---|---|---|---|---|---|---|---|")
     for i, x in ipairs(pl.results) do
-      w("| %d | %d | %d | %d | %s | %d | %.1f%% | %s | %s | %s |", i, x.pp, x.dp, x.t, x.row.name, x.n,
+      w("| %d | %d | %d | %d | %s | %d | %.1f%% | %s | %s | %s%s |", i, x.pp, x.dp, x.t, x.row.name, x.n,
         100 * x.row.sim.bubble, report.human_us(x.row.sim.step_us), report.human_bytes(x.row.mem),
-        x.row.fits and "yes" or "**no**")
+        x.row.fits and "yes" or "**no**", x.plan_mesh and " (the plan's mesh)" or "")
     end
   end
   for i, x in ipairs(pl.refused) do

@@ -285,22 +285,58 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
     c->param_base = calloc((size_t)p->nparams + 1, sizeof(int64_t));
     c->members = malloc((size_t)W * (size_t)R * sizeof(int));
     c->expect = malloc((size_t)biggest * sizeof(float));
-    c->packs = calloc((size_t)(p->nunits > 0 ? p->nunits : 1) * (size_t)M, 1);
+    size_t nu = (size_t)(p->nunits > 0 ? p->nunits : 1);
+    c->packs = calloc(nu * (size_t)M, 1);
+    c->order = malloc(nu * (size_t)M * sizeof(int));
+    c->pos = malloc(nu * (size_t)M * sizeof(int));
+    c->pack_pos = malloc(nu * (size_t)M * sizeof(int));
     c->acc = malloc((size_t)W * (size_t)R * sizeof(float));
     /* Blocks of CP_BLOCK floats: 4 of scratch, then expect_block's (every member's grads, a shard group's packed
      * values, the replicas' reduce-scatter values and partial sums, 3 more). */
     c->work_floats = ((size_t)W * (size_t)R + (size_t)W + 2 * (size_t)R + 7) * CP_BLOCK;
     c->work = malloc(c->work_floats * sizeof(float));
-    if (!c->param_base || !c->members || !c->expect || !c->packs || !c->acc || !c->work) { cp_checker_free(c); return -1; }
-    /* Where the step reduces each unit: after every backward (FSDP2's
-     * default), after the last (set_requires_gradient_sync(False) before
-     * the others), as the plan's ops say. */
-    for (int i = 0; i < p->nops; i++) {
-        const cp_op *op = &p->ops[i];
-        if (op->micro_step < 0 || op->micro_step >= M) continue;
-        unsigned char *at = &c->packs[(size_t)op->unit * (size_t)M + (size_t)op->micro_step];
-        if (op->kind == CP_OP_PACK) *at |= 1;
-        if (op->kind == CP_OP_PARTIAL_SAVE || op->kind == CP_OP_PARTIAL_ADD) *at |= 2;
+    if (!c->param_base || !c->members || !c->expect || !c->packs || !c->order || !c->pos || !c->pack_pos || !c->acc ||
+        !c->work) {
+        cp_checker_free(c);
+        return -1;
+    }
+    /* Each unit's backwards in table order (a pipeline schedule runs the
+     * micro-steps in its own order, and the grads accumulate in it) and
+     * where the step reduces it: after every backward (FSDP2's default),
+     * after the last (set_requires_gradient_sync(False) before the others),
+     * as the plan's ops say. */
+    for (size_t i = 0; i < nu * (size_t)M; i++) c->order[i] = c->pos[i] = c->pack_pos[i] = -1;
+    {
+        int *seen = calloc(nu, sizeof(int));
+        if (!seen) { cp_checker_free(c); return -1; }
+        for (int i = 0; i < p->nops; i++) {
+            const cp_op *op = &p->ops[i];
+            if (op->micro_step < 0 || op->micro_step >= M || op->unit < 0 || op->unit >= p->nunits) continue;
+            size_t row = (size_t)op->unit * (size_t)M;
+            int k = seen[op->unit];
+            if (op->kind == CP_OP_BACKWARD && k < M) {
+                c->order[row + (size_t)k] = op->micro_step;
+                c->pos[row + (size_t)op->micro_step] = k;
+                seen[op->unit] = k + 1;
+            } else if (k > 0) {
+                unsigned char *at = &c->packs[row + (size_t)(k - 1)];
+                if (op->kind == CP_OP_PACK) { *at |= 1; c->pack_pos[row + (size_t)op->micro_step] = k - 1; }
+                if (op->kind == CP_OP_PARTIAL_SAVE || op->kind == CP_OP_PARTIAL_ADD) *at |= 2;
+            }
+        }
+        /* A unit whose table has no backward (hand-written tables): its
+         * micro-steps in order, packs where their labels say. */
+        for (int i = 0; i < p->nops; i++) {
+            const cp_op *op = &p->ops[i];
+            if (op->micro_step < 0 || op->micro_step >= M || op->unit < 0 || op->unit >= p->nunits) continue;
+            if (seen[op->unit] > 0) continue;
+            size_t row = (size_t)op->unit * (size_t)M;
+            for (int m = 0; m < M; m++) c->order[row + (size_t)m] = c->pos[row + (size_t)m] = m;
+            unsigned char *at = &c->packs[row + (size_t)op->micro_step];
+            if (op->kind == CP_OP_PACK) { *at |= 1; c->pack_pos[row + (size_t)op->micro_step] = op->micro_step; }
+            if (op->kind == CP_OP_PARTIAL_SAVE || op->kind == CP_OP_PARTIAL_ADD) *at |= 2;
+        }
+        free(seen);
     }
     /* Patterns are functions of the full parameter's element index, so TP
      * ranks agree on every element they share. */
@@ -337,6 +373,9 @@ void cp_checker_free(cp_checker *c)
     free(c->members);
     free(c->expect);
     free(c->packs);
+    free(c->order);
+    free(c->pos);
+    free(c->pack_pos);
     free(c->acc);
     free(c->work);
     free(c->helper_work);
@@ -347,6 +386,7 @@ void cp_checker_free(cp_checker *c)
     c->members = NULL;
     c->expect = NULL;
     c->packs = NULL;
+    c->order = c->pos = c->pack_pos = NULL;
     c->acc = NULL;
 }
 
@@ -437,23 +477,43 @@ void cp_checker_check_unsharded(cp_checker *c, int u, const void *unsharded, con
     cp_checker_in_parts(c, check_unsharded_part, &jb);
 }
 
-/* Whether micro-step m's backward writes unit u's unsharded grads afresh:
- * the step's first, or the first after a packing (which freed them). */
+/* Positions k are unit u's backwards in table order (c->order). Whether
+ * the k-th writes the unsharded grads afresh: the step's first, or the
+ * first after a packing (which freed them). */
+static int fresh_at(const cp_checker *c, int u, int k)
+{
+    return k == 0 || (c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)(k - 1)] & 1);
+}
+
+/* The same for micro-step m's backward (the harness knows the op's micro-step). */
 static int fresh_grads(const cp_checker *c, int u, int m)
 {
-    return m == 0 || (c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)(m - 1)] & 1);
+    int k = c->pos[(size_t)u * (size_t)c->plan->micro_steps + (size_t)m];
+    return k < 0 || fresh_at(c, u, k);
 }
 
-static int reduces_at(const cp_checker *c, int u, int m)
+static int reduces_at(const cp_checker *c, int u, int k)
 {
-    return c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)m] & 1;
+    return c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)k] & 1;
 }
 
-/* Whether micro-step m's reduce-scatter output is parked in the partial
+/* Whether the k-th backward's reduce-scatter output is parked in the partial
  * sums (all_reduce_last before the last micro-step) instead of all-reduced. */
-static int parks_at(const cp_checker *c, int u, int m)
+static int parks_at(const cp_checker *c, int u, int k)
 {
-    return (c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)m] & 2) != 0;
+    return (c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)k] & 2) != 0;
+}
+
+int cp_checker_grads_fresh(const cp_checker *c, int u, int micro)
+{
+    if (u < 0 || u >= c->plan->nunits || micro < 0 || micro >= c->plan->micro_steps) return 1;
+    return fresh_grads(c, u, micro);
+}
+
+/* The micro-step of unit u's k-th backward, -1 past its last. */
+static int micro_at(const cp_checker *c, int u, int k)
+{
+    return c->order[(size_t)u * (size_t)c->plan->micro_steps + (size_t)k];
 }
 
 static void add_grads_part(cp_checker *c, void *arg, int part, int nparts)
@@ -531,20 +591,22 @@ static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, in
     float vals[W > 0 ? W : 1], rs[R > 0 ? R : 1], partial[R > 0 ? R : 1];
     float sharded = 0.0f;
     int have = 0, held = 0;
-    for (int m = 0; m < p->micro_steps; m++) {
-        int fresh = fresh_grads(c, u, m);
+    for (int kk = 0; kk < p->micro_steps; kk++) {
+        int m = micro_at(c, u, kk);
+        if (m < 0) break;
+        int fresh = fresh_at(c, u, kk);
         for (int i = 0; i < W * R; i++) {
             float g = round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, c->members[i], m, c->step));
             g = round_to(U->grad_dtype, g);
             c->acc[i] = round_to(U->grad_dtype, fresh ? g : c->acc[i] + g);
         }
-        if (!reduces_at(c, u, m)) continue;
+        if (!reduces_at(c, u, kk)) continue;
         for (int q = 0; q < R; q++) {
             for (int s = 0; s < W; s++) vals[s] = packed(U, c->acc[q * W + s]);
             rs[q] = W > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->rs_op, vals, W, rs_key) : vals[0];
         }
 
-        if (parks_at(c, u, m)) {
+        if (parks_at(c, u, kk)) {
             for (int q = 0; q < R; q++) partial[q] = held ? round_to(U->reduce_dtype, partial[q] + rs[q]) : rs[q];
             held = 1;
             continue;
@@ -578,8 +640,10 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
     float *partial = rs + (size_t)R * B, *base = partial + (size_t)R * B, *g = base + B, *v = g + B;
     const float *vp[W > R ? W : R];
     int have = 0, held = 0, q0 = c->replicate_rank;
-    for (int m = 0; m < p->micro_steps; m++) {
-        int fresh = fresh_grads(c, u, m);
+    for (int kk = 0; kk < p->micro_steps; kk++) {
+        int m = micro_at(c, u, kk);
+        if (m < 0) break;
+        int fresh = fresh_at(c, u, kk);
         if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(U->ag_dtype, k, e, n, m, c->step, base);
         for (int i = 0; i < W * R; i++) {
             if (c->solo && i / W != q0) continue; /* the other replicas copy this one's */
@@ -591,7 +655,7 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
             else for (int64_t j = 0; j < n; j++) a[j] += g[j];
             cp_round_n(U->grad_dtype, a, n);
         }
-        if (!reduces_at(c, u, m)) continue;
+        if (!reduces_at(c, u, kk)) continue;
         for (int q = 0; q < R; q++) {
             if (c->solo && q != q0) continue;
             for (int sh = 0; sh < W; sh++) {
@@ -608,7 +672,7 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
             if (W > 1) cp_reduce_arith_f(c->arith, U->reduce_dtype, U->rs_op, vp, W, rs_key, n, r);
             else memcpy(r, vals, (size_t)n * sizeof *r);
         }
-        if (parks_at(c, u, m)) {
+        if (parks_at(c, u, kk)) {
             for (int q = 0; q < R; q++) {
                 if (c->solo && q != q0) continue;
                 float *pq = partial + (size_t)q * B, *r = rs + (size_t)q * B;
@@ -678,8 +742,13 @@ void cp_checker_member_packed(cp_checker *c, int u, const int *members, int nmem
         for (int64_t i = 0; i < valid; i += len) {
             int64_t e = shard_run(prm, p->shard_size, c->shard_rank, c->tp_rank, i, valid, &len);
             if (len > CP_BLOCK) len = CP_BLOCK;
-            for (int m = 0; m <= micro && m < p->micro_steps; m++) {
-                int fresh = fresh_grads(c, u, m);
+            /* the backwards up to the one this pack follows, in table order */
+            size_t row = (size_t)u * (size_t)p->micro_steps;
+            int last = micro >= 0 && micro < p->micro_steps ? c->pack_pos[row + (size_t)micro] : -1;
+            if (last < 0 && micro >= 0 && micro < p->micro_steps) last = c->pos[row + (size_t)micro];
+            for (int kk = 0; kk <= last; kk++) {
+                int m = micro_at(c, u, kk);
+                int fresh = fresh_at(c, u, kk);
                 /* one hash per element, shared by every member (their grads differ by the rank factor) */
                 if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(U->ag_dtype, k, e, len, m, c->step, base);
                 for (int q = 0; q < nmembers; q++) {

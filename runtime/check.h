@@ -34,8 +34,13 @@ typedef struct {
     int replica_set;     /* this rank's replicate group instance: who shares its expected grads */
     cp_expect_cache *cache; /* NULL: compute this rank's values alone */
     float *expect;          /* scratch: one unit's expected shard without a cache */
-    unsigned char *packs;   /* [unit * micro_steps + m]: bit 0, the step reduces unit u's grads at micro-step m;
-                               bit 1, that reduction ends in the partial sums (all_reduce_last) (its ops) */
+    unsigned char *packs;   /* [unit * micro_steps + k]: bit 0, the step reduces unit u's grads after its k-th
+                               backward in table order; bit 1, that reduction ends in the partial sums
+                               (all_reduce_last) (its ops) */
+    int *order;             /* [unit * micro_steps + k]: the micro-step of unit u's k-th backward in table order
+                               (a pipeline schedule runs them in its own order), -1 past the last */
+    int *pos;               /* [unit * micro_steps + m]: k of micro-step m's backward; its inverse */
+    int *pack_pos;          /* [unit * micro_steps + m]: k of the backward a pack labelled micro-step m follows */
     float *acc;             /* scratch: each of the W x R members' accumulated unsharded grad */
     float *work;            /* scratch: blocks of CP_BLOCK floats for the run-at-a-time checks */
     long mismatches;
@@ -63,6 +68,10 @@ void cp_checker_check_unsharded(cp_checker *c, int unit, const void *unsharded, 
 /* The backward of micro-step micro_step into unit's unsharded grads
  * (grad_dtype): assigned on the first backward after a packing (or of the
  * step), added into on later ones. */
+/* Whether unit u's backward of micro-step `micro` writes its unsharded
+ * grads afresh (the step's first backward of the unit in table order, or
+ * the first after a packing) rather than adding into them. */
+int cp_checker_grads_fresh(const cp_checker *c, int u, int micro);
 void cp_checker_add_grads(cp_checker *c, int unit, int micro_step, void *grads);
 void cp_checker_check_grads(cp_checker *c, int unit, const void *sharded_grads);
 /* TP activation collective op (this rank's TP index, the TP group's size):

@@ -65,7 +65,7 @@ static int gpu_check_compute(void *user, cp_executor *ex, const cp_op *op)
     if (op->stream != CP_STREAM_COMPUTE) return cuda_failed(ex, "a compute op off the compute stream", cudaErrorInvalidValue);
     if ((e = cudaMemcpyAsync(c->pinned, ex->buf[CP_BUF_UNSHARDED][u], unsharded, cudaMemcpyDeviceToHost, s)))
         return cuda_failed(ex, "copying the unsharded params to pinned memory", e);
-    if (op->kind == CP_OP_BACKWARD && op->micro_step > 0 &&
+    if (op->kind == CP_OP_BACKWARD && !cp_checker_grads_fresh(&c->h->check, u, op->micro_step) &&
         (e = cudaMemcpyAsync(grads, ex->buf[CP_BUF_GRADS][u], grads_bytes, cudaMemcpyDeviceToHost, s)))
         return cuda_failed(ex, "copying the grads to pinned memory", e);
     if ((e = cudaLaunchHostFunc(s, check_on_host, c))) return cuda_failed(ex, "cudaLaunchHostFunc", e);

@@ -49,9 +49,11 @@ static int on_compute(void *user, cp_executor *ex, const cp_op *op)
         cp_checker_add_grads(&h->check, u, op->micro_step, mem);
         return 0;
     }
-    /* Autograd's .grad: written on the first micro-step, accumulated after
-     * (the checker reads the buffer back for that). */
-    if (op->micro_step > 0 && cp_executor_read(ex, op->stream, u, CP_BUF_GRADS, h->scratch)) {
+    /* Autograd's .grad: written by the unit's first backward of the step
+     * (in table order: a pipeline schedule's own), accumulated after (the
+     * checker reads the buffer back for that). */
+    if (!cp_checker_grads_fresh(&h->check, u, op->micro_step) &&
+        cp_executor_read(ex, op->stream, u, CP_BUF_GRADS, h->scratch)) {
         h->error = 1;
         return -1;
     }

@@ -505,6 +505,10 @@ run "simulate pp_tiny: 4 ranks, 3 steps, every message and reduced grad exact (g
 run "build tests/pp/plans/pp_tiny_zbv (pipeline: pp 2 x dp_shard 2, ZBVZeroBubble)" $MAKE PLAN=tests/pp/plans/pp_tiny_zbv.lua OUT=build/gen/pp_tiny_zbv
 run "simulate pp_tiny_zbv: 4 ranks, 2 steps, every message and reduced grad exact (both arithmetics)" bash -c "
   build/pp_tiny_zbv/pp_tiny_zbv --simulate --steps 2 && build/pp_tiny_zbv/pp_tiny_zbv --simulate --steps 2 --arith nccl"
+# LoopedBFS under HSDP: backwards in the schedule's own micro-batch order.
+run "build tests/pp/plans/pp_tiny_lbfs (pipeline: pp 2 x dp_replicate 2 x dp_shard 2, LoopedBFS)" $MAKE PLAN=tests/pp/plans/pp_tiny_lbfs.lua OUT=build/gen/pp_tiny_lbfs
+run "simulate pp_tiny_lbfs: 8 ranks, 2 steps, every message and reduced grad exact (both arithmetics)" bash -c "
+  build/pp_tiny_lbfs/pp_tiny_lbfs --simulate --steps 2 && build/pp_tiny_lbfs/pp_tiny_lbfs --simulate --steps 2 --arith nccl"
 # torchtitan's 405B configuration itself: its tables generated and proved.
 run "generate bench/llama405b_pp (512 ranks, FSDP 8 x TP 8 x PP 8, 16 microbatches): tables equal torch's sequence, whole step proved" bash -c '
   d=$(mktemp -d) && trap "rm -rf \"\$d\"" EXIT && "$1" gen/commplan.lua bench/llama405b_pp.lua "$d/out" &&

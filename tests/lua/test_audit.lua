@@ -490,6 +490,24 @@ function T.advisor_ranks_pipeline_meshes()
   for _, x in ipairs(tiny.pipeline.refused) do assert(not x.why:find("attempt to", 1, true), x.why) end
 end
 
+-- Advice on a pipeline plan: its global batch counts world / (tp x pp)
+-- data-parallel ranks, the meshes without a pipeline are ranked (not
+-- refused for the plan's pipeline section), and its own mesh is marked in
+-- the pipeline table.
+function T.advisor_on_a_pipeline_plan()
+  local advisor = require("gen.advisor")
+  local src = read("tests/pp/plans/pp_tiny.lua")
+  local res = advisor.rank(require("gen.load").source(src, "tests/pp/plans/pp_tiny.lua"), {})
+  H.eq(res.global_batch, 8, "local batch 4 x 2 data-parallel ranks")
+  assert(#res.results > 0, "meshes without a pipeline ranked")
+  for _, x in ipairs(res.rejected) do assert(not x.why:find("pipeline", 1, true), x.why) end
+  local own
+  for _, x in ipairs(res.pipeline.results) do if x.plan_mesh then own = x end end
+  assert(own and own.pp == 2 and own.dp == 2, "the plan's pipeline mesh")
+  local text = advisor.report(src, "tests/pp/plans/pp_tiny.lua", {})
+  assert(text:find("(the plan's mesh) |", 1, true), text)
+end
+
 -- The advisor keeps the plan's global batch (local batch x data-parallel
 -- size): the plan's own mesh ranks at SCHEDULE.md's step, and a mesh whose
 -- data-parallel size does not divide the batch is refused, never re-batched.
