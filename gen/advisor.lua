@@ -199,7 +199,9 @@ function advisor.pipeline(loaded, res)
       local dp = world // (t * pp)
       local mesh = string.format("pp=%d x dp_shard=%d x tp=%d", pp, dp, t)
       if world % (t * pp) ~= 0 or dp < 1 then
-        refused[#refused + 1] = { mesh = mesh, why = "pp x tp does not divide the world" }
+        mesh = string.format("pp=%d x tp=%d", pp, t)
+        refused[#refused + 1] = { mesh = mesh, why = string.format("pp x tp = %d does not divide the world of %d",
+          pp * t, world) }
       elseif global % dp ~= 0 then
         refused[#refused + 1] = { mesh = mesh, why = string.format("its %d data-parallel ranks do not divide the "
           .. "global batch of %d", dp, global) }

@@ -176,7 +176,7 @@ local function facts(p)
     "schema", audit.SCHEMA_VERSION, "plan", p.name,
     "world_size", p.world_size,
     "parallel", O({ "dp_replicate", d.dp_replicate, "dp_shard", d.dp_shard, "cp", d.cp, "tp", d.tp,
-                    "pp", d.pp, "ep", d.ep }),
+                    "pp", d.pp, "ep", d.ep, "async_tp", p.async_tp }),
     "mesh", O({ "names", p.mesh.names, "sizes", p.mesh.sizes, "strides", p.mesh.strides }),
     "fsdp", O({ "reshard_after_forward", p.fsdp.reshard_after_forward, "micro_steps", p.fsdp.micro_steps,
                 "reduce_op", p.fsdp.reduce_op, "param_dtype", p.fsdp.param_dtype, "reduce_dtype", p.fsdp.reduce_dtype,
@@ -862,7 +862,7 @@ local function mesh_text(p)
   local parts = {}
   for i, n in ipairs(p.mesh.names) do parts[#parts + 1] = n .. "=" .. p.mesh.sizes[i] end
   local d = p.dims
-  local tp_kind = p.parallel and p.parallel.async_tp and "FSDP + async TP" or "FSDP + TP"
+  local tp_kind = p.async_tp and "FSDP + async TP" or "FSDP + TP"
   local kind = d.tp > 1 and tp_kind or (d.dp_replicate > 1 and d.dp_shard > 1 and "HSDP")
     or (d.dp_shard > 1 and "FSDP") or (d.dp_replicate > 1 and "replicate only") or "one rank"
   return table.concat(parts, " x ") .. " (" .. kind .. ")"
@@ -1040,6 +1040,12 @@ function audit.schedule_md(p, fp)
   w("  zero padding, one fused all-gather per unit, chunk_cat reduce-scatter, HSDP all-reduce after it.")
   w("- Backward prefetches one unit in reverse post-forward order; the root is never resharded after forward.")
   audit.md_collective_model(topo, w)
+  if p.async_tp then
+    w("- Async TP (parallel.async_tp, torchtitan's enable_async_tensor_parallel): each sequence-parallel TP")
+    w("  collective is fused with the matmul it feeds or follows and split in tp chunks (torch's micro-pipeline")
+    w("  TP), so it costs max(comm, matmul) + min(comm, matmul) / tp less the matmul in the step; the embedding's,")
+    w("  the loss's and the norm gradients' collectives stay exposed. The tables still issue every TP collective.")
+  end
   w("- Compute: FLOPs as torchtitan counts them (6 x params x tokens, attention 12 x layers x heads x head_dim x")
   w("  seq_len per token for Llama, a third forward; generic units 6 x params x tokens) at GPU TFLOPS x MFU;")
   w("  checkpointing adds its recompute to backward. Copies move bytes read plus written at the HBM rate.")

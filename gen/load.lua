@@ -66,15 +66,17 @@ local SCHEMA = {
     -- how collectives are priced: "nccl" (gen/nccl_model.lua, NCCL's own tuning model) or
     -- "alpha_beta" (one bandwidth inside a node, one across, a latency per log2 step)
     collectives = { "enum", enum = { "nccl", "alpha_beta" } },
-    nics_per_node = { "int", min = 1, max = 64 }, nic_Gbps = { "num", gt = 0, max = 1e6 },
-    nvlink_GBps = { "num", gt = 0, max = 1e6 }, nvlinks = { "int", min = 1, max = 64 }, nvls = { "bool" },
-    pci_GBps = { "num", gt = 0, max = 1e6 }, net_latency_us = { "num", min = 0, max = 1e6 }, sharp = { "bool" },
+    -- (lower bounds: the slowest links NCCL's graph search has speeds for, src/graph/search.cc:976-989)
+    nics_per_node = { "int", min = 1, max = 64 }, nic_Gbps = { "num", min = 10, max = 1e6 },
+    nvlink_GBps = { "num", min = 5, max = 1e6 }, nvlinks = { "int", min = 1, max = 64 }, nvls = { "bool" },
+    pci_GBps = { "num", min = 1, max = 1e6 }, net_latency_us = { "num", min = 0, max = 1e6 }, sharp = { "bool" },
     -- collectives = "alpha_beta" only
     intra_node_GBps = { "num", gt = 0, max = 1e6 }, inter_node_GBps = { "num", gt = 0, max = 1e6 },
     latency_us = { "num", min = 0, max = 1e6 },
     -- audit only (gen/compute.lua): the GPU's memory, peak dense rate, MFU and HBM rate
-    gpu_memory_GB = { "num", gt = 0, max = 1e6 }, gpu_TFLOPS = { "num", gt = 0, max = 1e6 },
-    mfu = { "num", gt = 0, max = 1 }, hbm_GBps = { "num", gt = 0, max = 1e6 },
+    -- (lower bounds keep a step's predicted microseconds finite and far from the float limits)
+    gpu_memory_GB = { "num", gt = 0, max = 1e6 }, gpu_TFLOPS = { "num", min = 0.01, max = 1e6 },
+    mfu = { "num", min = 0.001, max = 1 }, hbm_GBps = { "num", min = 0.1, max = 1e6 },
   },
   -- audit only (gen/compute.lua, gen/memory.lua): activation checkpointing, optimizer state
   training = {
@@ -230,7 +232,9 @@ local function check_value(ctx, path, spec, v)
     local ok = false
     for _, e in ipairs(spec.enum) do ok = ok or e == v end
     if not ok then
-      local hint = util.did_you_mean(v, spec.enum)
+      local hint
+      for _, e in ipairs(spec.enum) do if e:lower() == v:lower() then hint = e end end
+      hint = hint or util.did_you_mean(v, spec.enum)
       util.field_error(ctx, path, string.format("%s is not one of %s%s", util.show(v),
         table.concat(spec.enum, ", "), hint and ("; did you mean \"" .. hint .. "\"?") or ""))
     end
@@ -460,6 +464,17 @@ end
 local ALPHA_BETA_ONLY = { "intra_node_GBps", "inter_node_GBps", "latency_us" }
 local NCCL_ONLY = { "nics_per_node", "nic_Gbps", "nvlink_GBps", "nvlinks", "nvls", "pci_GBps", "net_latency_us", "sharp" }
 function load_plan.check_cost_fields(ctx, t)
+  -- NVLS needs NVLink SHARP: NVSwitch and sm90+ (NCCL's graph search, search.cc:1036); the A100 has neither,
+  -- and SHARP (CollNet) only reaches the model through NVLS across nodes
+  if t.preset == "a100" and t.collectives == "nccl" then
+    for _, k in ipairs({ "nvls", "sharp" }) do
+      if t[k] then
+        util.field_error(ctx, "topology." .. k, string.format("the A100 (sm80) has no NVLink SHARP, so NCCL runs no "
+          .. "NVLS%s and %s = true would change nothing; remove it or pick an H100, H200 or B200 preset", k == "sharp"
+          and " (the only algorithm SHARP reaches in this model: CollNet's own are not modelled)" or "", k), k)
+      end
+    end
+  end
   local wrong = t.collectives == "nccl" and ALPHA_BETA_ONLY or NCCL_ONLY
   for _, k in ipairs(wrong) do
     if t[k] ~= nil then

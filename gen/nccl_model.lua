@@ -391,6 +391,10 @@ local function choose(model, topo, kind, bytes, nodes, k, nvlsSupport, fp8, fill
       end
     end
   end
+  if not best then
+    error(string.format("nccl_model: no algorithm has bandwidth on this topology (%s, %d x %d): its links are slower "
+      .. "than NCCL's graph search goes", kind, nodes, k), 0)
+  end
   best.table = table_
   best.filled = best.us + fill * best.lat
   return best

@@ -136,6 +136,7 @@ function plan.from_loaded(p, opts)
   local first = classes[1]
   return {
     name = p.name, source_file = p.source_file, world_size = p.world_size, dims = d, mesh = mesh,
+    async_tp = d.tp > 1 and p.parallel.async_tp or nil,
     model = p.model, model_config = model_numbers.config, fsdp = p.fsdp, topology = p.topology, training = p.training,
     layout = first.layout, groups = fams, ops = first.ops, rep = first.rep, planned_timeline = first.timeline,
     predicted = first.predicted, memory = first.memory,

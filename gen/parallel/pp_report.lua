@@ -162,13 +162,18 @@ local function csv_schedule(ctx, pl, pp, n, num_stages)
   local fsio = require("gen.fsio")
   local dir = ctx.file:match("^(.*)/[^/]*$")
   local path = (pl.csv:sub(1, 1) == "/" or not dir) and pl.csv or (dir .. "/" .. pl.csv)
-  if pl.csv == "" or pl.csv:find("[%z\n\r]") then
-    util.field_error(ctx, "pipeline.csv", "is not a path; give the CSV file's path relative to the plan file")
+  if pl.csv == "" or pl.csv:find("%c") then
+    util.field_error(ctx, "pipeline.csv", string.format("%s is not a path (%s); give the CSV file's path relative to "
+      .. "the plan file", util.show(pl.csv), pl.csv == "" and "empty" or "it holds a control character"))
   end
   local text, why = fsio.read_regular(path, MAX_CSV)
   if not text then
     util.field_error(ctx, "pipeline.csv", string.format("%s %s; give torch's CSV schedule (one row per pipeline "
       .. "rank, _dump_csv's format), relative to the plan file", fsio.shown(path), why))
+  end
+  if not text:find("%S") then
+    util.field_error(ctx, "pipeline.csv", string.format("%s is empty; give torch's CSV schedule (one row per "
+      .. "pipeline rank; make pipeline CSV=... writes one to start from)", fsio.shown(path)))
   end
   local ok, sched = pcall(csv_mod.import_csv, text, { microbatches = n })
   if not ok then

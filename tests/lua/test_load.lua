@@ -373,6 +373,15 @@ function T.cost_model_fields_belong_to_their_model()
   H.eq(net.nic_Gbps, 800, "the preset's own NICs")
   local ab = require("gen.plan").from_source(with("{ collectives = \"alpha_beta\" }"), "plans/t.lua")
   H.eq(ab.topology.inter_node_GBps, 45, "alpha-beta defaults")
+  -- a case slip is suggested as itself; what the hardware cannot do, and links slower than NCCL's
+  -- graph search goes, are refused rather than ignored or crashed on
+  fails(with("{ preset = \"H100\" }"), "topology.preset:", "did you mean \"h100\"")
+  fails(with("{ preset = \"a100\", nvls = true }"), "topology.nvls:", "the A100 (sm80) has no NVLink SHARP")
+  fails(with("{ preset = \"a100\", sharp = true }"), "topology.sharp:", "would change nothing")
+  fails(with("{ nic_Gbps = 0.1 }"), "topology.nic_Gbps:", "must be >= 10")
+  fails(with("{ pci_GBps = 1e-300 }"), "topology.pci_GBps:", "must be >= 1")
+  fails(with("{ hbm_GBps = 1e-300 }"), "topology.hbm_GBps:", "must be >= 0.1")
+  fails(with("{ mfu = 1e-300 }"), "topology.mfu:", "must be >= 0.001")
 end
 
 return T

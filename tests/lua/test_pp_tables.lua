@@ -137,6 +137,11 @@ function T.csv_schedule_in_the_plan_file()
     "pipeline.csv:", "torch loads no CSV for it")
   H.plan_fails_with(function() report.tables(load.source(with:gsub('"s.csv"', '"none.csv"'), path)) end,
     "pipeline.csv:", "none.csv does not exist")
+  H.plan_fails_with(function() report.tables(load.source(with:gsub('"s.csv"', '"a\\1b.csv"'), path)) end,
+    "pipeline.csv:", "it holds a control character")
+  fh = assert(io.open(dir .. "/e.csv", "w")); fh:write("\n"); fh:close()
+  H.plan_fails_with(function() report.tables(load.source(with:gsub('"s.csv"', '"e.csv"'), path)) end,
+    "pipeline.csv:", "e.csv is empty")
   os.execute("rm -rf " .. dir)
 end
 
