@@ -412,6 +412,7 @@ local function commas(n)
   local out = s:reverse():gsub("(%d%d%d)", "%1,"):reverse()
   return (out:gsub("^,", ""))
 end
+audit.commas = commas
 
 local function count_text(n)
   local v = n

@@ -110,11 +110,32 @@ function M.plan(loaded)
   for r = 0, t.sched.pp - 1 do
     for k = 0, tp - 1 do p.class_of[r * tp + k] = r * ntp + (sp.class_of_tp and sp.class_of_tp[k] or 1) end
   end
-  p.pipeline_build = { sched = t.sched, act = t.act, counts = counts, loaded = loaded }
+  p.pipeline_build = { sched = t.sched, act = t.act, counts = counts, loaded = loaded, stage_plan = sp }
   return p
 end
 
 -- ---- what the tables hold, in words and JSON ----
+
+-- Throughput as torchtitan reports it, for the plan's schedule: a
+-- data-parallel rank's tokens per step over (the predicted step x the tp x
+-- pp ranks that share them), MFU = model FLOPs per token x that / the
+-- GPU's peak. The step is make pipeline's (gen/parallel/pp_audit.lua's
+-- timed run of each rank's actions: FSDP's all-gathers taken as
+-- prefetched, links uncontended). nil where the audit has no row.
+function M.throughput(p)
+  local b = p.pipeline_build
+  if b.throughput ~= nil then return b.throughput or nil end
+  local ok, row = pcall(report.plan_row, b.loaded)
+  -- (the stage mesh's plan holds the whole model: class 0 only rank 0's stages)
+  local sp_settings = require("gen.compute").settings(b.stage_plan)
+  if not ok or row.refused or not (row.sim and row.sim.step_us > 0) then b.throughput = false; return nil end
+  local shared = p.dims.tp * b.sched.pp
+  local tps = sp_settings.tokens / (row.sim.step_us / 1e6 * shared)
+  local fpt = require("gen.compute").model_flops_per_token(b.stage_plan, sp_settings)
+  b.throughput = { step_us = row.sim.step_us, bubble = row.sim.bubble, tokens_per_s_per_gpu = tps,
+                   model_flops_per_token = fpt, mfu = fpt and fpt * tps / (sp_settings.gpu_TFLOPS * 1e12) or nil }
+  return b.throughput
+end
 
 local function count_kinds(ops)
   local n = {}
@@ -170,6 +191,9 @@ function M.json(p, fp)
                     "stages", b.sched.num_stages, "activation_numel", b.act.numel, "activation_dtype", b.act.dtype,
                     "proof", O({ "events", b.counts.events, "collectives", b.counts.collectives,
                                  "messages", b.counts.p2p, "batches", b.counts.batches }),
+                    "throughput", M.throughput(p) and O({ "step_us", M.throughput(p).step_us,
+                      "tokens_per_s_per_gpu", M.throughput(p).tokens_per_s_per_gpu,
+                      "mfu", M.throughput(p).mfu }),
                     "ranks", cls }),
   }), " ") .. "\n"
 end
@@ -193,6 +217,14 @@ function M.schedule_md(p, fp)
     .. "runs a copy) cannot deadlock (gen/parallel/pp_step_proof.lua, one queue per rank).", b.counts.events,
     b.counts.collectives, b.counts.p2p, b.counts.batches or 0, b.counts.ranks or p.world_size)
   w("")
+  local th = M.throughput(p)
+  if th then
+    w("Throughput: %s tokens/s per GPU%s, for the predicted step of %s (bubble %.1f%%: make pipeline's timed run "
+      .. "of each rank's actions, FSDP's all-gathers taken as prefetched; torchtitan's tps and MFU formulas).",
+      require("gen.audit").commas(math.floor(th.tokens_per_s_per_gpu + 0.5)),
+      th.mfu and fmt(", MFU %.1f%%", 100 * th.mfu) or "", report.human_us(th.step_us), 100 * th.bubble)
+    w("")
+  end
   w("| pipeline rank (TP class) | stages | units | ops | sends | receives | all-gathers | reduce-scatters | arena |")
   w("|---|---|---|---|---|---|---|---|---|")
   for _, c in ipairs(p.tp_classes) do

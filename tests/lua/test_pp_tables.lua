@@ -169,6 +169,12 @@ function T.generator_builds_pipeline_tables()
   assert(md:find("cannot deadlock", 1, true) and md:find("| 1 | 1 | layers.2, layers.3, norm_output |", 1, true), md)
   local doc = require("gen.json").decode(b.json(p, fp))
   H.eq(#doc.pipeline.ranks, 2, "plan.json: the ranks")
+  -- throughput from make pipeline's step for the plan's schedule, torchtitan's formulas
+  local th = doc.pipeline.throughput
+  assert(th and th.step_us > 0 and th.mfu > 0 and th.mfu < 1, "plan.json: throughput")
+  local s = require("gen.compute").settings(p.pipeline_build.stage_plan)
+  H.eq(th.tokens_per_s_per_gpu, s.tokens / (th.step_us / 1e6 * 2), "tokens per step / (step x tp x pp)")
+  assert(md:find("Throughput: ", 1, true), "SCHEDULE.md: throughput")
   local zbv = plan.from_source(SRC:gsub('"1F1B"', '"ZBVZeroBubble"'), "tests/pp/plans/pp_tiny.lua")
   H.eq(#zbv.tp_classes, 2, "zero bubble builds")
   -- FSDP x TP x PP: a class per (pipeline rank, TP class); TP's activation
