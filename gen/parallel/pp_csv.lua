@@ -69,6 +69,11 @@ local function validate_schedule(lists, n)
               r - 1, i - 1, key(p)))
           end
           local s = p.stage
+          -- a microbatch past the step's names itself (not as a B before its F)
+          if n and (p.mb < 0 or p.mb >= n) then
+            err(fmt("rank %d step %d: %s names microbatch %d, and the step has microbatches 0..%d; fix the cell or "
+              .. "pipeline.microbatches", r - 1, i - 1, key(p), p.mb, n - 1))
+          end
           if s2r[s] and s2r[s] ~= r - 1 then
             err(fmt("rank %d step %d: stage %d is also on rank %d; put each stage on one rank", r - 1, i - 1, s, s2r[s]))
           end

@@ -137,6 +137,10 @@ function T.csv_schedule_in_the_plan_file()
     "pipeline.csv:", "torch loads no CSV for it")
   H.plan_fails_with(function() report.tables(load.source(with:gsub('"s.csv"', '"none.csv"'), path)) end,
     "pipeline.csv:", "none.csv does not exist")
+  -- a microbatch past the plan's four, named as such
+  fh = assert(io.open(dir .. "/s.csv", "w")); fh:write((csv:gsub("0F0,", "0F9,", 1))); fh:close()
+  H.plan_fails_with(function() report.tables(load.source(with, path)) end, "pipeline.csv:",
+    "0F9 names microbatch 9, and the step has microbatches 0..3")
   H.plan_fails_with(function() report.tables(load.source(with:gsub('"s.csv"', '"a\\1b.csv"'), path)) end,
     "pipeline.csv:", "it holds a control character")
   fh = assert(io.open(dir .. "/e.csv", "w")); fh:write("\n"); fh:close()
