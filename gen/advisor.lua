@@ -36,6 +36,13 @@ local function copy(t)
   return c
 end
 
+-- The plan's TP settings onto a candidate mesh with tp = t (a mesh without
+-- TP takes none: its rules refuse them).
+local function carry_tp_options(into, from, t)
+  if t <= 1 then return end
+  for _, k in ipairs({ "sequence_parallel", "loss_parallel", "async_tp" }) do into[k] = from[k] end
+end
+
 -- A step as the table prints it: 0.1 us below a millisecond, else 0.01 ms
 -- (finer than SCHEDULE.md's three digits: the ranking's resolution).
 function advisor.step_text(us)
@@ -137,13 +144,7 @@ function advisor.rank(loaded, opts)
           cand.topology = topo
           cand.pipeline = nil -- these meshes have no pipeline (below: the ones with one)
           cand.parallel = { dp_replicate = r, dp_shard = s, tp = t }
-          if t > 1 and loaded.parallel.sequence_parallel ~= nil then
-            cand.parallel.sequence_parallel = loaded.parallel.sequence_parallel
-          end
-          if t > 1 and loaded.parallel.loss_parallel ~= nil then
-            cand.parallel.loss_parallel = loaded.parallel.loss_parallel
-          end
-          if t > 1 and loaded.parallel.async_tp ~= nil then cand.parallel.async_tp = loaded.parallel.async_tp end
+          carry_tp_options(cand.parallel, loaded.parallel, t)
           cand.training = copy(loaded.training)
           cand.training.local_batch_size = global // dp
           local ok, p = pcall(plan_mod.from_loaded, cand)
@@ -210,9 +211,7 @@ function advisor.pipeline(loaded, res)
         cand.world_size = world
         cand.topology = res.topology
         cand.parallel = { pp = pp, dp_shard = -1, tp = t }
-        for _, k in ipairs({ "sequence_parallel", "loss_parallel", "async_tp" }) do
-          if t > 1 then cand.parallel[k] = loaded.parallel[k] end
-        end
+        carry_tp_options(cand.parallel, loaded.parallel, t)
         cand.training = copy(loaded.training)
         cand.training.local_batch_size = global // dp
         cand.fsdp = copy(loaded.fsdp)

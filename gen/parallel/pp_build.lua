@@ -56,7 +56,7 @@ end
 -- renders (p.tp_classes: one class per pipeline rank) and pp_build's
 -- own report fields (p.pipeline_build).
 function M.plan(loaded)
-  local t = report.tables(loaded)
+  local t = report.tables(loaded, nil, { skip_classes = true })
   local sp = t.p -- the stage mesh's plan: layouts (a TP class each), dtypes, FSDP settings
   local d = dims.infer(loaded.ctx, loaded.parallel, loaded.world_size)
   local mesh = dims.mesh(d)

@@ -129,14 +129,18 @@ end
 -- and HSDP's all-reduce across replicas are not among the events (their
 -- members are the same rank of every copy, at the same place in its list).
 -- -> counts | nil, reason.
-local function prove_step(p, sched, costs, act_numel, act_dtype)
+-- A stage's FSDP collectives as the stage mesh's plan p sizes them, for
+-- gen/parallel/pp_sequence.lua: each unit's first all-gather, forward
+-- order, and its reduce-scatter, layers last to first. Indexes p's ops
+-- once; the result takes a stage's units.
+local function stage_fsdp_of(p)
   local first_ag, rs = {}, {}
   for _, o in ipairs(p.ops) do
     if o.micro_step == 0 and o.kind == "all_gather" and not first_ag[o.unit] then first_ag[o.unit] = o end
     if o.micro_step == 0 and o.kind == "reduce_scatter" then rs[o.unit] = o end
   end
-  local function stage_fsdp(stage)
-    local units, f = costs[stage].units, { gathers = {}, reduces = {} }
+  return function(units)
+    local f = { gathers = {}, reduces = {} }
     for _, u in ipairs(units) do
       local o = first_ag[u.index]
       if o then f.gathers[#f.gathers + 1] = { unit = u.name, count = o.count, dtype = o.dtype } end
@@ -147,6 +151,11 @@ local function prove_step(p, sched, costs, act_numel, act_dtype)
     end
     return f
   end
+end
+
+local function prove_step(p, sched, costs, act_numel, act_dtype)
+  local of_units = stage_fsdp_of(p)
+  local function stage_fsdp(stage) return of_units(costs[stage].units) end
   local events = pp_sequence.expected(sched, { dp_shard = p.dims.dp_shard, act_numel = act_numel,
                                                act_dtype = act_dtype, stage_fsdp = stage_fsdp })
   return step_proof.prove(events)
@@ -383,10 +392,11 @@ end
 report.human_us, report.human_bytes = human_us, human_bytes
 
 -- The tables of the plan's own schedule (gen/parallel/pp_tables.lua): per
--- pipeline rank its stages' units and ops, with what built them:
+-- pipeline rank its stages' units and ops (opts.skip_classes: not built,
+-- for a caller that builds its own), with what built them:
 -- { p (the stage mesh's plan), sched, classes, act = { numel, dtype },
 --   stage_units, stage_fsdp (for gen/parallel/pp_sequence.lua) }.
-function report.tables(loaded, schedule)
+function report.tables(loaded, schedule, opts)
   local ctx, pp, pl, n, p = checked(loaded)
   local name = schedule or pl.schedule
   if not name then
@@ -410,36 +420,17 @@ function report.tables(loaded, schedule)
   local stage_units = {}
   for st = 0, sched.num_stages - 1 do stage_units[st] = costs[st].units end
   local tables = require("gen.parallel.pp_tables")
+  local of_units = stage_fsdp_of(p)
   local bad = tables.unsupported_action(sched)
   if bad then
     util.field_error(ctx, "pipeline.schedule", string.format("%s has a %s action, which the tables do not run; "
       .. "`make pipeline` audits it; generate with one of torch's schedules", sched.schedule, bad))
   end
   return { p = p, sched = sched, act = act, stage_units = stage_units,
-           classes = tables.rank_tables(p, sched, stage_units, act),
-           stage_fsdp = function(st) return report.stage_fsdp(p, costs[st].units) end }
+           classes = not (opts and opts.skip_classes) and tables.rank_tables(p, sched, stage_units, act) or nil,
+           stage_fsdp = function(st) return of_units(costs[st].units) end }
 end
 
--- A stage's FSDP collectives as the stage mesh's plan sizes them: each
--- unit's first all-gather, forward order, and its reduce-scatter, layers
--- last to first (pp_sequence.lua's stage_fsdp).
-function report.stage_fsdp(p, units)
-  local first_ag, rs = {}, {}
-  for _, o in ipairs(p.ops) do
-    if o.micro_step == 0 and o.kind == "all_gather" and not first_ag[o.unit] then first_ag[o.unit] = o end
-    if o.micro_step == 0 and o.kind == "reduce_scatter" then rs[o.unit] = o end
-  end
-  local f = { gathers = {}, reduces = {} }
-  for _, u in ipairs(units) do
-    local o = first_ag[u.index]
-    if o then f.gathers[#f.gathers + 1] = { unit = u.name, count = o.count, dtype = o.dtype } end
-  end
-  for k = #units, 1, -1 do
-    local o = rs[units[k].index]
-    if o then f.reduces[#f.reduces + 1] = { unit = units[k].name, count = o.count, dtype = o.dtype } end
-  end
-  return f
-end
 
 -- Every schedule's row for the plan's pp and microbatches (the advisor's
 -- pipeline candidates): { rows, p (the stage mesh's plan), n }.

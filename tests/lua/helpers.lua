@@ -15,30 +15,29 @@ function H.list_eq(got, want, what)
   for i = 1, #want do H.eq(got[i], want[i], string.format("%s[%d]", what or "list", i)) end
 end
 
+-- ok, err of a pcall that must have raised a one-line plan error holding
+-- every text in pats; level: where the failure is reported (the test).
+local function one_line_plan_error(ok, err, pats, level)
+  if ok then error("expected a plan error, it succeeded", level) end
+  if not util.is_plan_error(err) then error("expected a plan error, got: " .. tostring(err), level) end
+  local msg = tostring(err)
+  if msg:find("\n") then error("error message is not one line: " .. msg, level) end
+  for _, pat in ipairs(pats) do
+    if not msg:find(pat, 1, true) then error(string.format("message %q lacks %q", msg, pat), level) end
+  end
+  return msg
+end
+
 -- Generating `source` must fail with a plan error containing every pattern.
 function H.plan_fails(source, ...)
   local ok, err = pcall(plan.from_source, source, "plans/t.lua")
-  if ok then error("expected a plan error, generation succeeded", 2) end
-  if not util.is_plan_error(err) then error("expected a plan error, got: " .. tostring(err), 2) end
-  local msg = tostring(err)
-  if msg:find("\n") then error("error message is not one line: " .. msg, 2) end
-  for _, pat in ipairs({ ... }) do
-    if not msg:find(pat, 1, true) then error(string.format("message %q lacks %q", msg, pat), 2) end
-  end
-  return msg
+  return one_line_plan_error(ok, err, { ... }, 3)
 end
 
 -- fn() must raise a one-line plan error holding every text given.
 function H.plan_fails_with(fn, ...)
   local ok, err = pcall(fn)
-  if ok then error("expected a plan error, it succeeded", 2) end
-  if not util.is_plan_error(err) then error("expected a plan error, got: " .. tostring(err), 2) end
-  local msg = tostring(err)
-  if msg:find("\n") then error("error message is not one line: " .. msg, 2) end
-  for _, pat in ipairs({ ... }) do
-    if not msg:find(pat, 1, true) then error(string.format("message %q lacks %q", msg, pat), 2) end
-  end
-  return msg
+  return one_line_plan_error(ok, err, { ... }, 3)
 end
 
 function H.generic(world, parallel, units, fsdp)
