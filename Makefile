@@ -490,6 +490,9 @@ $(1)/$(p)/main.o: runtime/main.c $(RUNTIME_HDR) $(call EMU_DIR,$(p))/plan.c VERS
 $(1)/$(p)/library_run: tests/emu/library_run.c $(1)/$(p)/plan.o $(1)/$(p)/plan_kernels.o $(foreach o,emu_cuda emu_nccl rt_gpu rt_gpu_run cp_kernels,$(1)/obj/$(o).o) $(patsubst runtime/%.c,$(1)/obj/rt_%.o,$(RUNTIME_SRC))
 	$$(EMU_CC) $(2) -DCP_PLAN=$(p)_plan -DCP_KERNELS=$(p)_kernels -c $$< -o $(1)/$(p)/library_run.o
 	$$(CXX) $(2) -pthread -o $$@ $(1)/$(p)/library_run.o $$(filter %.o,$$^) -lm -lrt
+$(1)/$(p)/example: docs/example.c $(1)/$(p)/plan.o $(1)/$(p)/plan_kernels.o $(foreach o,emu_cuda emu_nccl rt_gpu rt_gpu_run cp_kernels,$(1)/obj/$(o).o) $(patsubst runtime/%.c,$(1)/obj/rt_%.o,$(RUNTIME_SRC))
+	$$(EMU_CC) $(2) -I$(call EMU_DIR,$(p)) -c $$< -o $(1)/$(p)/example.o
+	$$(CXX) $(2) -pthread -o $$@ $(1)/$(p)/example.o $$(filter %.o,$$^) -lm -lrt
 $(1)/$(p)/$(p): $(1)/$(p)/main.o $(1)/$(p)/plan.o $(1)/$(p)/plan_kernels.o $(foreach o,emu_cuda emu_nccl rt_gpu rt_gpu_run cp_kernels,$(1)/obj/$(o).o) $(patsubst runtime/%.c,$(1)/obj/rt_%.o,$(RUNTIME_SRC))
 	$$(CXX) $(2) -pthread -o $$@ $$^ -lm -lrt
 )
@@ -502,7 +505,7 @@ print-emu-plans:
 print-emu-asan-plans:
 	@echo $(EMU_ASAN_PLANS)
 EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven
-emu-build: build/emu/emu_selftest $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p)) $(foreach p,$(EMU_LIB_PLANS),build/emu/$(p)/library_run) \
+emu-build: build/emu/emu_selftest $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p)) $(foreach p,$(EMU_LIB_PLANS),build/emu/$(p)/library_run) build/emu/single/example \
            $(foreach p,$(EMU_ASAN_PLANS),build/emu-asan/$(p)/$(p))
 # make test-emu: every small plan and the kernel plans on the emulator
 # (tests/emu_check.sh): all ranks, --check eager and --graph, three seeds,

@@ -48,8 +48,10 @@ int main(void)
     for (int u = SINGLE_UNIT_COUNT - 1; u >= 0; u--) {
         if (single_plan.units[u].reshard_after_forward && cp_gpu_unshard(g, u, s) != 0) goto fail;
         /* ... backward of unit u writes cp_gpu_grad(g, param) on s (accumulates on later micro-steps) ... */
-        if (cp_gpu_reduce_grads(g, u, s) != 0) goto fail;
+        /* FSDP2's post-backward: reshard, then reduce-scatter (the plan's
+         * arena may give the reduce-scatter input the unsharded bytes). */
         if (cp_gpu_reshard(g, u, s) != 0) goto fail;
+        if (cp_gpu_reduce_grads(g, u, s) != 0) goto fail;
     }
     if (cp_gpu_synchronize(g, s, 60.0) != 0) goto fail;
     /* cp_gpu_sharded_grad(g, param) now holds this rank's reduced gradient shard. */

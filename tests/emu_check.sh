@@ -170,6 +170,14 @@ for p in $LIB_PLANS; do
   else bad "$p: library mode on the emulator" "$log.0"; fi
 done
 
+# docs/example.c as users copy it (the GPU session of 2026-11-26 found it
+# reducing before resharding, which the library refuses): it must run.
+log=$dir/library.example
+if [ ! -x build/emu/single/example ]; then bad "docs/example.c: build/emu/single/example is not built (make emu-build)"
+elif launch 1 "$log" build/emu/single/example && grep -q 'step done' "$log.0"; then
+  ok "docs/example.c (plan single) runs its step in the library's order"
+else bad "docs/example.c on the emulator" "$log.0"; fi
+
 # fault_run NAME PLAN K FLAGS: 0 caught, 1 missed, 2 vacuous, 3 never reached, 4 a rank crashed or hung.
 fault_run() {
   name=$1 p=$2 k=$3; shift 3

@@ -1192,6 +1192,22 @@ cudaError_t cudaMemset(void *p, int value, size_t bytes)
     return enqueue(NULL, o, "cudaMemset");
 }
 
+/* On stream s (capturable, as CUDA's: a memset node). */
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s)
+{
+    ENTER("cudaMemsetAsync");
+    if (!emu_is_device(p, bytes)) {
+        emu_finding("ILLEGAL", "cudaMemsetAsync of %zu bytes at %p: not inside one device allocation", bytes, p);
+        return cudaErrorInvalidValue;
+    }
+    op *o = new_op(OP_MEMSET, "cudaMemsetAsync");
+    if (!o) return cudaErrorMemoryAllocation;
+    o->dst = p;
+    o->value = value;
+    o->bytes = bytes;
+    return enqueue(s, o, "cudaMemsetAsync");
+}
+
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int priority)
 {
     ENTER("cudaStreamCreate");
