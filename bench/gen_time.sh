@@ -17,7 +17,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 plans=("$@")
 if [ ${#plans[@]} -eq 0 ]; then
-  plans=(plans/llama8b.lua plans/llama70b.lua plans/llama405b.lua bench/llama405b_m16.lua bench/llama405b_m64.lua
+  plans=(plans/llama8b.lua plans/llama70b.lua plans/llama405b_hsdp.lua plans/llama405b.lua bench/llama405b_m16.lua bench/llama405b_m64.lua
          bench/llama405b_1000_layers.lua)
 fi
 printf '%-22s %6s %6s %8s %8s %8s %9s %8s\n' plan units micro ops wall_s cpu_s rss_MB KB/op

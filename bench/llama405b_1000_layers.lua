@@ -1,4 +1,4 @@
--- plans/llama405b.lua's model and mesh with 1,000 decoder layers instead of
+-- plans/llama405b_hsdp.lua's model and mesh with 1,000 decoder layers instead of
 -- 126 (1,003 units: a unit per layer, the embedding, norm and output, and
 -- the parameterless root): the deep-model case bench/gen_time.sh times
 -- generation at.

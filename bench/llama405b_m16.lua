@@ -1,4 +1,4 @@
--- plans/llama405b.lua (Llama 3 405B on 16,384 H100s: TP 8, HSDP 8 x 256,
+-- plans/llama405b_hsdp.lua (Llama 3 405B on 16,384 H100s: TP 8, HSDP 8 x 256,
 -- full activation checkpointing) with 16 gradient-accumulation micro-steps
 -- (FSDP2's default accumulation: every backward reduces): the real-job
 -- micro-batch count bench/gen_time.sh times generation at.

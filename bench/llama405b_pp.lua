@@ -1,9 +1,9 @@
--- Llama 3 405B as torchtitan's 405B configuration runs it with pipelining:
--- FSDP 8 x TP 8 x PP 8 on 512 H100s (64 nodes of 8), 16 microbatches of
--- one 8,192-token sequence per step, full activation checkpointing.
+-- plans/llama405b.lua (torchtitan's 3D 405B run: FSDP 8 x TP 8 x PP 8 on
+-- 512 H100s) at 16 microbatches and without async TP: the pipeline tests'
+-- fixture (tests/run.sh, tests/lua/test_pp_step_proof.lua), whose counts
+-- and line numbers they hold (keep this comment six lines).
 -- `make pipeline PLAN=bench/llama405b_pp.lua` compares torch's schedules
--- for it (gen/parallel/pp_report.lua); `make PLAN=bench/llama405b_pp.lua`
--- builds its tables (a class per pipeline rank, gen/parallel/pp_build.lua).
+-- for it.
 return {
   world_size = 512,
   parallel = { dp_shard = 8, tp = 8, pp = 8 },

@@ -11,6 +11,7 @@ local util = require("gen.util")
 local dims = require("gen.dims")
 local groups = require("gen.groups")
 local json = require("gen.json")
+local fold = require("gen.fold")
 local memplan = require("gen.memplan")
 local verify = require("gen.verify")
 local report = require("gen.parallel.pp_report")
@@ -130,7 +131,8 @@ function M.throughput(p)
   local sp_settings = require("gen.compute").settings(b.stage_plan)
   if not ok or row.refused or not (row.sim and row.sim.step_us > 0) then b.throughput = false; return nil end
   local shared = p.dims.tp * b.sched.pp
-  local tps = sp_settings.tokens / (row.sim.step_us / 1e6 * shared)
+  -- (the stage plan is one microbatch's)
+  local tps = sp_settings.tokens * b.sched.microbatches / (row.sim.step_us / 1e6 * shared)
   local fpt = require("gen.compute").model_flops_per_token(b.stage_plan, sp_settings)
   b.throughput = { step_us = row.sim.step_us, bubble = row.sim.bubble, tokens_per_s_per_gpu = tps,
                    model_flops_per_token = fpt, mfu = fpt and fpt * tps / (sp_settings.gpu_TFLOPS * 1e12) or nil }
@@ -229,8 +231,17 @@ function M.schedule_md(p, fp)
   w("|---|---|---|---|---|---|---|---|---|")
   for _, c in ipairs(p.tp_classes) do
     local n = count_kinds(c.ops)
-    local names = {}
-    for i, u in ipairs(c.layout.units) do names[i] = u.name end
+    -- the stage's units, consecutive layers as one range (layers.0-6)
+    local items, names = {}, {}
+    for i, u in ipairs(c.layout.units) do
+      local tpl, num = fold.template(u.name)
+      items[i] = { sig = tpl, unit = num }
+    end
+    for _, run in ipairs(fold.runs(items, 1)) do
+      local run_names = {}
+      for r = 0, run.reps - 1 do run_names[#run_names + 1] = c.layout.units[run.first + r].name end
+      names[#names + 1] = fold.unit_range(run_names)
+    end
     w("| %s | %s | %s | %d | %d | %d | %d | %d | %s |", p.dims.tp > 1 and fmt("%d (%d)", c.pp_rank, c.tp_class)
       or tostring(c.pp_rank), table.concat(c.stages, ", "),
       table.concat(names, ", "), #c.ops, n.send or 0, n.recv or 0, n.all_gather or 0, n.reduce_scatter or 0,
@@ -251,7 +262,10 @@ function M.schedule_md(p, fp)
     w("")
     w("| # | kind | unit | micro-batch | stream | detail |")
     w("|---|---|---|---|---|---|")
-    for _, o in ipairs(c.ops) do
+    -- A block of rows repeated for the next layer is one row
+    -- (`layers.0-6`, ops `first-last/period`), as the dense plans' op table.
+    local items, details = {}, {}
+    for i, o in ipairs(c.ops) do
       local detail = ""
       if o.kind == "send" or o.kind == "recv" then
         detail = fmt("%s pipeline rank %d, %d %s, tag %d%s", o.kind == "send" and "to" or "from", o.peer, o.count,
@@ -259,8 +273,25 @@ function M.schedule_md(p, fp)
       elseif o.group then
         detail = fmt("%s, %d %s per rank", o.group, o.count, o.dtype)
       end
-      w("| %d | %s | %s | %d | %s | %s |", o.seq, o.kind, c.layout.units[o.unit + 1].name, o.micro_step, o.stream,
-        detail)
+      details[i] = detail
+      local name = c.layout.units[o.unit + 1].name
+      items[i] = { sig = table.concat({ o.kind, o.micro_step, o.stream, detail, (fold.template(name)) }, "|"),
+                   unit = o.unit }
+    end
+    for _, run in ipairs(fold.runs(items, 16)) do
+      for j = 0, run.period - 1 do
+        local first = run.first + j
+        local o = c.ops[first]
+        if run.reps == 1 then
+          w("| %d | %s | %s | %d | %s | %s |", o.seq, o.kind, c.layout.units[o.unit + 1].name, o.micro_step,
+            o.stream, details[first])
+        else
+          local names = {}
+          for r = 0, run.reps - 1 do names[#names + 1] = c.layout.units[c.ops[first + r * run.period].unit + 1].name end
+          w("| %d-%d/%d | %s | %s | %d | %s | %s |", o.seq, c.ops[first + (run.reps - 1) * run.period].seq,
+            run.period, o.kind, fold.unit_range(names), o.micro_step, o.stream, details[first])
+        end
+      end
     end
   end
   return table.concat(L, "\n") .. "\n"

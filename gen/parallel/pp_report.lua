@@ -60,8 +60,11 @@ local function human_bytes(b)
   return i == 1 and string.format("%d B", b) or string.format("%.2f %s", b, units[i])
 end
 
--- The plan of one stage's mesh: the loaded plan with pp = 1 on world / pp.
-local function stage_mesh_plan(loaded, pp)
+-- The plan of one stage's mesh: the loaded plan with pp = 1 on world / pp,
+-- for one microbatch of the n (local_batch_size / n sequences): each
+-- microbatch's forward and backward run TP's activation collectives on
+-- its own activations (torch's stage runs the module once per microbatch).
+local function stage_mesh_plan(loaded, pp, n)
   local ctx = loaded.ctx
   if loaded.world_size % pp ~= 0 then
     util.field_error(ctx, "parallel.pp", string.format("pp=%d does not divide world_size=%d; give a divisor", pp,
@@ -74,13 +77,36 @@ local function stage_mesh_plan(loaded, pp)
   par.pp = nil
   sub.pipeline = nil -- the stage mesh has no pipeline (gen/parallel/pp.lua refuses one without pp)
   sub.parallel, sub.world_size = par, loaded.world_size // pp
+  local training = {}
+  for k, v in pairs(loaded.training or {}) do training[k] = v end
+  training.local_batch_size = training.local_batch_size // n
+  sub.training = training
   return plan_mod.from_loaded(sub)
 end
 
--- Per stage (0-based) of one split: its units, and the costs the timed run takes.
-local function stage_costs(p, split, n)
+-- Per stage (0-based) of one split: its units, and the costs the timed run
+-- takes for one microbatch (p is one microbatch's plan): compute, and TP's
+-- activation collectives on the compute stream (forward's in F, backward's
+-- and full checkpointing's rerun of the forward's in B and in zero
+-- bubble's I; under async TP what of each its matmul does not hide,
+-- gen/timeline.lua's exposed_tp_us).
+local function stage_costs(p, split)
   local s = compute.settings(p)
   local per_unit = compute.units(p, s)
+  local tp_fwd, tp_bwd = {}, {}
+  if p.dims.tp > 1 then
+    local timeline = require("gen.timeline")
+    for _, o in ipairs(p.ops) do
+      if o.group and o.stream == "compute" and o.micro_step == 0 then
+        local us = timeline.exposed_tp_us(o, s, p.dims.tp)
+        local into = o.phase == "forward" and tp_fwd or tp_bwd
+        into[o.unit] = (into[o.unit] or 0) + us
+      end
+    end
+    for _, o in ipairs(timeline.recomputed(p, s)) do
+      if o.micro_step == 0 then tp_bwd[o.unit] = (tp_bwd[o.unit] or 0) + timeline.exposed_tp_us(o, s, p.dims.tp) end
+    end
+  end
   local by_name = {}
   for _, u in ipairs(p.layout.units) do by_name[u.name] = u end
   -- the reduction of each unit (step_end: reduce-scatter and all-reduce once), micro-step 0's ops
@@ -100,18 +126,21 @@ local function stage_costs(p, split, n)
         units[#units + 1] = assert(by_name[name], "no unit " .. name)
       end
     end
-    local c = { units = units, fwd = 0, bwd = 0, rec = 0, saved = 0, reduce_us = 0, transient = 0 }
+    local c = { units = units, fwd = 0, bwd = 0, rec = 0, saved = 0, reduce_us = 0, transient = 0, tp_F = 0,
+                tp_B = 0 }
     for _, u in ipairs(units) do
       local r = per_unit[u.index]
-      c.fwd, c.bwd, c.rec, c.saved = c.fwd + r.fwd / n, c.bwd + r.bwd / n, c.rec + r.recompute / n, c.saved + r.saved / n
-      c.transient = math.max(c.transient, r.transient / n)
+      c.fwd, c.bwd, c.rec, c.saved = c.fwd + r.fwd, c.bwd + r.bwd, c.rec + r.recompute, c.saved + r.saved
+      c.transient = math.max(c.transient, r.transient)
       c.reduce_us = c.reduce_us + (reduce_of[u.index] or 0)
+      c.tp_F, c.tp_B = c.tp_F + (tp_fwd[u.index] or 0), c.tp_B + (tp_bwd[u.index] or 0)
     end
-    c.F = c.fwd / s.flops_per_us
-    c.B = (c.bwd + c.rec) / s.flops_per_us
+    c.F = c.fwd / s.flops_per_us + c.tp_F
+    c.B = (c.bwd + c.rec) / s.flops_per_us + c.tp_B
     -- zero bubble's split backward: the input gradient (half the backward,
-    -- with the recompute) and the weight gradient (the other half)
-    c.I = (c.bwd / 2 + c.rec) / s.flops_per_us
+    -- with the recompute and TP's collectives: they carry activation
+    -- gradients) and the weight gradient (the other half)
+    c.I = (c.bwd / 2 + c.rec) / s.flops_per_us + c.tp_B
     c.W = (c.bwd / 2) / s.flops_per_us
     out[i - 1] = c
   end
@@ -225,9 +254,9 @@ local function evaluate(p, loaded, pp, n, name, opts)
     local sched = schedule_of(loaded.ctx, pl, name, pp, n, per)
     local proved, why = sched_mod.prove_p2p(sched.lowered, sched.stage_to_rank, sched.num_stages)
     if not proved then return { refused = "the point-to-point proof fails: " .. tostring(why) } end
-    local costs, s = stage_costs(p, split, n)
+    local costs, s = stage_costs(p, split)
     local topo = p.topology
-    local mb_tokens = s.tokens / n
+    local mb_tokens = s.tokens
     -- a stage's output per microbatch and TP rank: sequence parallel (torchtitan's
     -- default with TP) leaves each TP rank its shard of the sequence
     local sp = p.dims.tp > 1 and loaded.parallel.sequence_parallel ~= false
@@ -334,7 +363,7 @@ local function checked(loaded)
       n == 1 and "" or "s", lbs and string.format("local_batch_size is %d: give a "
       .. "divisor of it", lbs) or "set training.local_batch_size"))
   end
-  local p = stage_mesh_plan(loaded, pp)
+  local p = stage_mesh_plan(loaded, pp, n)
   if pl.csv then
     -- read and checked here, once: its refusals are the plan's own
     local num = stages_mod.count(ctx, { pp = pp, schedule = pl.schedule, n_layers = p.model_config.n_layers,
@@ -413,9 +442,9 @@ function report.tables(loaded, schedule, opts)
     if not util.is_plan_error(sched) then error(sched, 0) end
     util.field_error(ctx, "pipeline.schedule", (tostring(sched.msg or sched):gsub("^pp_schedule: ", "")))
   end
-  local costs, s = stage_costs(p, split, n)
+  local costs, s = stage_costs(p, split)
   local sp = p.dims.tp > 1 and loaded.parallel.sequence_parallel ~= false
-  local numel = s.tokens / n * p.model_config.dim / (sp and p.dims.tp or 1)
+  local numel = s.tokens * p.model_config.dim / (sp and p.dims.tp or 1)
   local act = { numel = math.tointeger(numel) or numel, dtype = p.layout.units[1].ag_dtype }
   local stage_units = {}
   for st = 0, sched.num_stages - 1 do stage_units[st] = costs[st].units end
@@ -446,7 +475,7 @@ function report.text(loaded)
   local L = {}
   local function w(fmt, ...) L[#L + 1] = select("#", ...) > 0 and string.format(fmt, ...) or fmt end
   local s = compute.settings(p)
-  local per_mb = s.tokens / n
+  local per_mb = s.tokens
   w("pipeline: %s on %d ranks: PP %d x a stage mesh of %d (%s), %d microbatches of %s tokens per rank and step",
     loaded.name, loaded.world_size, pp, p.world_size, table.concat(p.mesh.names, " x "), n,
     per_mb == math.floor(per_mb) and string.format("%d", per_mb) or string.format("%.1f", per_mb))

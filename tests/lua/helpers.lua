@@ -74,4 +74,16 @@ function H.plan_files()
   return out
 end
 
+-- The shipped plans without a pipeline (parallel.pp absent or 1): the
+-- plans whose tables, timeline and plan.json are the dense ones (a
+-- pipeline plan's are gen/parallel/pp_build.lua's: tests/lua/test_pp_tables.lua).
+function H.dense_plan_files()
+  local out = {}
+  for _, path in ipairs(H.plan_files()) do
+    local t = dofile(path)
+    if ((t.parallel or {}).pp or 1) <= 1 then out[#out + 1] = path end
+  end
+  return out
+end
+
 return H

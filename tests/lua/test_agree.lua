@@ -288,7 +288,7 @@ end
 
 -- llama405b: its advice generates 22 meshes of 126 layers (~11 s here).
 function T.every_output_agrees_llama405b()
-  check_plan("plans/llama405b.lua", true)
+  check_plan("plans/llama405b_hsdp.lua", true)
 end
 
 -- Exposed never exceeds the collective's own run (construction, checked
@@ -298,7 +298,7 @@ end
 -- torchtitan's formulas from the step (tps = a data-parallel rank's tokens
 -- per step / (step x tp); MFU = model FLOPs per token x tps / peak).
 function T.throughput_agrees_with_the_step()
-  for _, name in ipairs({ "llama8b", "llama70b", "llama405b", "llama_tiny_tp", "fsdp4", "hsdp2x3_bf16" }) do
+  for _, name in ipairs({ "llama8b", "llama70b", "llama405b_hsdp", "llama_tiny_tp", "fsdp4", "hsdp2x3_bf16" }) do
     local doc = json.decode(read("plans/" .. name .. "/plan.json"))
     local md = read("plans/" .. name .. "/SCHEDULE.md")
     local au, th = doc.audit, doc.audit.throughput

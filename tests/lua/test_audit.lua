@@ -103,12 +103,29 @@ local function schema()
 end
 
 function T.every_plan_json_matches_the_schema()
-  for _, path in ipairs(plan_files()) do
+  for _, path in ipairs(H.dense_plan_files()) do
     local p, fp = gen(read(path), path)
     local doc = json.decode(audit.json(p, fp))
     local err = jsonschema.validate(doc, schema())
     if err then error(path .. ": " .. err) end
   end
+end
+
+-- A shipped pipeline plan's plan.json (gen/parallel/pp_build.lua's): every
+-- pipeline rank's tables and the throughput SCHEDULE.md states.
+function T.pipeline_plan_json_holds_every_rank()
+  local n = 0
+  for _, path in ipairs(plan_files()) do
+    local p = plan.from_file(path)
+    if p.pipeline_build then
+      n = n + 1
+      local b = require("gen.parallel.pp_build")
+      local doc = json.decode(b.json(p, b.fingerprint(p)))
+      H.eq(#doc.pipeline.ranks, p.pp.size, path .. ": a rank entry per pipeline rank")
+      assert(doc.pipeline.throughput.tokens_per_s_per_gpu > 0, path .. ": throughput")
+    end
+  end
+  assert(n >= 1, "shipped pipeline plans: " .. n)
 end
 
 function T.schema_refuses_what_it_must()

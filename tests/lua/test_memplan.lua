@@ -424,7 +424,7 @@ function T.planned_step_is_predicted_step()
     return tl
   end
   local ok, err = pcall(function()
-    local paths = H.plan_files()
+    local paths = H.dense_plan_files()
     for _, path in ipairs(paths) do planned_step_is_fresh(plan.from_file(path), path) end
     H.eq(replayed, #paths, "shipped plans whose planned step replays")
     local roomy = plan.from_file("plans/llama70b.lua").arena

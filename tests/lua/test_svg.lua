@@ -279,7 +279,7 @@ end
 -- llama405b: thousands of ops, folded: well under 1 MB, a lane per
 -- stream, a detail panel around the longest wait.
 function T.llama405b_stays_small()
-  local path = "plans/llama405b.lua"
+  local path = "plans/llama405b_hsdp.lua"
   local p, fp = generate(path)
   assert(#p.ops > 3000, "llama405b ops")
   local a = audit.analysis(p)

@@ -61,7 +61,7 @@ FSDP_SUM = {"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum"}
 CASES = [
     ("llama8b", None, True),
     ("llama70b", None, False),
-    ("llama405b", None, False),
+    ("llama405b_hsdp", None, False),
     ("llama_tiny", None, True),
     ("llama_tiny_tp", None, True),
     ("llama8b_hsdp8_tp2", (64, "8b", {"dp_replicate": 8, "dp_shard": -1, "tp": 2}), True),
