@@ -108,10 +108,13 @@ local function generate(plan_path)
   end
   local files = emit.render(p, fp, templates)
   if pipeline then
-    -- a pipeline's tables, its proofs and `make pipeline`'s audit; the
-    -- per-rank timeline (trace.json, timeline.svg) is not modelled for it yet
+    -- a pipeline's tables, its proofs and `make pipeline`'s audit; its
+    -- predicted step per pipeline rank (gen/parallel/pp_timeline.lua)
     files["plan.json"] = pipeline.json(p, fp)
     files["SCHEDULE.md"] = pipeline.schedule_md(p, fp)
+    local pp_timeline = require("gen.parallel.pp_timeline")
+    files["trace.json"] = pp_timeline.trace_json(p, fp)
+    files["timeline.svg"] = pp_timeline.svg(p, fp)
     return files, p
   end
   files["plan.json"] = audit.json(p, fp)

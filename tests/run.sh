@@ -509,7 +509,7 @@ run "simulate pp_tiny_zbv: 4 ranks, 2 steps, every message and reduced grad exac
 run "build tests/pp/plans/pp_tiny_lbfs (pipeline: pp 2 x dp_replicate 2 x dp_shard 2, LoopedBFS)" $MAKE PLAN=tests/pp/plans/pp_tiny_lbfs.lua OUT=build/gen/pp_tiny_lbfs
 run "simulate pp_tiny_lbfs: 8 ranks, 2 steps, every message and reduced grad exact (both arithmetics)" bash -c "
   build/pp_tiny_lbfs/pp_tiny_lbfs --simulate --steps 2 && build/pp_tiny_lbfs/pp_tiny_lbfs --simulate --steps 2 --arith nccl"
-# torchtitan's 405B configuration itself: its tables generated and proved.
+# torchtitan's 405B job at 16 microbatches (plans/llama405b.lua, 32, is a golden plan above): its tables generated and proved.
 run "generate bench/llama405b_pp (512 ranks, FSDP 8 x TP 8 x PP 8, 16 microbatches): tables equal torch's sequence, whole step proved" bash -c '
   d=$(mktemp -d) && trap "rm -rf \"\$d\"" EXIT && "$1" gen/commplan.lua bench/llama405b_pp.lua "$d/out" &&
   grep -q "cannot deadlock" "$d/out/SCHEDULE.md" && grep -q "static const int class_of\[64\]" "$d/out/plan.c"' _ "$LUA"

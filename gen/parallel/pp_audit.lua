@@ -38,7 +38,11 @@ local COMPUTE = { F = true, B = true, I = true, W = true }
 -- gradient reduction (REDUCE_GRAD .. WAIT_REDUCE_GRAD); act_bytes(stage)
 -- -> one microbatch's saved activations of the stage.
 -- -> { step_us, busy_us[rank], bubble, inflight_peak[stage], inflight_bytes[stage], rank_peak_bytes[rank] }
-function audit.simulate(sched, cost, p2p_us, reduce_us, act_bytes)
+-- record (optional): a list the run appends its timed actions to, in the
+-- order it runs them: { rank (0-based), stage, type (F, B, I, W or
+-- REDUCE_GRAD), mb, start, finish } (trace.json and timeline.svg of a
+-- pipeline plan: gen/parallel/pp_timeline.lua).
+function audit.simulate(sched, cost, p2p_us, reduce_us, act_bytes, record)
   local pp = sched.pp
   local t, busy, pos = {}, {}, {}
   for r = 1, pp do t[r], busy[r], pos[r] = 0, 0, 1 end
@@ -50,6 +54,9 @@ function audit.simulate(sched, cost, p2p_us, reduce_us, act_bytes)
   for r = 1, pp do rank_bytes[r], rank_peak[r] = 0, 0 end
   local function run_compute(r, a)
     local us = cost(a.stage, a.type)
+    if record then
+      record[#record + 1] = { rank = r - 1, stage = a.stage, type = a.type, mb = a.mb, start = t[r], finish = t[r] + us }
+    end
     t[r] = t[r] + us
     busy[r] = busy[r] + us
     -- A forward saves its activations; they go with the backward that ends
@@ -117,6 +124,9 @@ function audit.simulate(sched, cost, p2p_us, reduce_us, act_bytes)
       sub_at[r] = nil
     elseif ty == "REDUCE_GRAD" then
       reduce_done[a.stage] = t[r] + reduce_us(a.stage)
+      if record then
+        record[#record + 1] = { rank = r - 1, stage = a.stage, type = ty, start = t[r], finish = reduce_done[a.stage] }
+      end
     elseif ty == "WAIT_REDUCE_GRAD" then
       local at = reduce_done[a.stage] or t[r]
       if at > t[r] then t[r] = at end

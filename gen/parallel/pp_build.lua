@@ -126,7 +126,8 @@ end
 function M.throughput(p)
   local b = p.pipeline_build
   if b.throughput ~= nil then return b.throughput or nil end
-  local ok, row = pcall(report.plan_row, b.loaded)
+  local record = {}
+  local ok, row = pcall(report.plan_row, b.loaded, { record = record })
   -- (the stage mesh's plan holds the whole model: class 0 only rank 0's stages)
   local sp_settings = require("gen.compute").settings(b.stage_plan)
   if not ok or row.refused or not (row.sim and row.sim.step_us > 0) then b.throughput = false; return nil end
@@ -134,6 +135,7 @@ function M.throughput(p)
   -- (the stage plan is one microbatch's)
   local tps = sp_settings.tokens * b.sched.microbatches / (row.sim.step_us / 1e6 * shared)
   local fpt = require("gen.compute").model_flops_per_token(b.stage_plan, sp_settings)
+  b.timed_actions = record
   b.throughput = { step_us = row.sim.step_us, bubble = row.sim.bubble, tokens_per_s_per_gpu = tps,
                    model_flops_per_token = fpt, mfu = fpt and fpt * tps / (sp_settings.gpu_TFLOPS * 1e12) or nil }
   return b.throughput
@@ -225,6 +227,12 @@ function M.schedule_md(p, fp)
       .. "of each rank's actions, FSDP's all-gathers taken as prefetched; torchtitan's tps and MFU formulas).",
       require("gen.audit").commas(math.floor(th.tokens_per_s_per_gpu + 0.5)),
       th.mfu and fmt(", MFU %.1f%%", 100 * th.mfu) or "", report.human_us(th.step_us), 100 * th.bubble)
+    w("")
+    w("![predicted step per pipeline rank](timeline.svg)")
+    w("")
+    w("timeline.svg draws that run, a lane per pipeline rank (each microbatch's F, B, I and W at its predicted "
+      .. "start; the gaps are the bubble; each stage's gradient reduction under its rank); trace.json holds the "
+      .. "same as Chrome trace events (open it in Perfetto).")
     w("")
   end
   w("| pipeline rank (TP class) | stages | units | ops | sends | receives | all-gathers | reduce-scatters | arena |")

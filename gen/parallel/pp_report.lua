@@ -272,7 +272,7 @@ local function evaluate(p, loaded, pp, n, name, opts)
     local p2p = cost.p2p_us(act, p.world_size * pp <= topo.gpus_per_node, topo)
     local sim = pp_audit.simulate(sched, function(stage, ty) return costs[stage][ty] end,
       function() return p2p end, function(stage) return costs[stage].reduce_us end,
-      function(stage) return costs[stage].saved end)
+      function(stage) return costs[stage].saved end, opts and opts.record)
     -- Each rank's memory at its peak: its stages' units' sharded state
     -- (parameters, gradients, optimizer as gen/memory.lua counts them),
     -- their unsharded parameters and gradients held the whole step (under
@@ -406,14 +406,15 @@ end
 
 -- The plan's own schedule's row (pipeline.schedule), for `make diff-plan`
 -- of two pipeline plans: { name, stages, per, sim, mem, fits, ... } or
--- { refused = why }, with pp and microbatches.
-function report.plan_row(loaded)
+-- { refused = why }, with pp and microbatches. opts.record: a list the
+-- timed run appends its actions to (gen/parallel/pp_audit.lua).
+function report.plan_row(loaded, opts)
   local ctx, pp, pl, _, p = checked(loaded)
   if not pl.schedule then
     util.field_error(ctx, "pipeline", "diff-plan of a pipeline plan compares its own schedule: give "
       .. "pipeline = { schedule, microbatches }")
   end
-  local row = evaluate(p, loaded, pp, pl.microbatches, pl.schedule)
+  local row = evaluate(p, loaded, pp, pl.microbatches, pl.schedule, opts)
   row.pp, row.microbatches = pp, pl.microbatches
   return row
 end

@@ -334,4 +334,51 @@ function T.diff_svg_of_an_older_revision()
   if note then assert(note:find("drawn from HEAD:plans/fsdp4.lua", 1, true), note) end
 end
 
+
+-- A pipeline plan's trace.json and timeline.svg (gen/parallel/pp_timeline.lua):
+-- every timed action of make pipeline's run of the plan's schedule, a box
+-- and an event each, well-formed, the same bytes every time, the step the
+-- throughput states.
+function T.pipeline_timeline_draws_every_timed_action()
+  local ppt = require("gen.parallel.pp_timeline")
+  local build = require("gen.parallel.pp_build")
+  local trace = require("gen.trace")
+  local json = require("gen.json")
+  for _, path in ipairs({ "tests/pp/plans/pp_tiny_tp.lua", "tests/pp/plans/pp_tiny_zbv.lua" }) do
+    local p = plan.from_file(path)
+    p.source_file = path
+    local fp = build.fingerprint(p)
+    local text = ppt.svg(p, fp)
+    H.eq(ppt.svg(p, fp), text, path .. ": the same bytes twice")
+    local root, elems = xml_parse(text)
+    H.eq(root, "svg", path .. ": root")
+    local acts = p.pipeline_build.timed_actions
+    local compute, reduce = 0, 0
+    for _, a in ipairs(acts) do
+      if a.type == "REDUCE_GRAD" then reduce = reduce + 1 else compute = compute + 1 end
+    end
+    assert(compute > 0 and reduce > 0, path .. ": timed actions")
+    local boxes = 0
+    for _, e in ipairs(elems) do
+      if e.name == "title" and (e.text:match("^[FBIW]%d+ mb%d+:") or e.text:match("^reduce stage %d+:")) then
+        boxes = boxes + 1
+      end
+    end
+    H.eq(boxes, compute + reduce, path .. ": a box per timed action")
+    local doc = json.decode(ppt.trace_json(p, fp))
+    H.eq(trace.validate(doc), nil, path .. ": trace events well-formed, no overlap on a track")
+    local x = 0
+    for _, e in ipairs(doc.traceEvents) do if e.ph == "X" then x = x + 1 end end
+    H.eq(x, compute + reduce, path .. ": an event per timed action")
+    local th = build.throughput(p)
+    H.eq(doc.otherData.step_us, tonumber(string.format("%.3f", th.step_us)), path .. ": the throughput's step")
+    if path:find("zbv") then
+      assert(text:find("backward (input gradient)", 1, true), "legend")
+      local has_i = false
+      for _, a in ipairs(acts) do has_i = has_i or a.type == "I" end
+      assert(has_i, "zero bubble's I actions drawn")
+    end
+  end
+end
+
 return T
