@@ -662,6 +662,11 @@ static int library_call(cp_gpu *g, const char *name, int unit, int call, const c
                         void *stream)
 {
     const cp_plan *p = g->plan;
+    /* A pipeline rank's step is its sends and receives between the units'
+     * calls: a caller driving units alone would leave its peers waiting. */
+    if (p->pp_size > 1)
+        return fail(g, "%s: plan %s is a pipeline plan (pp %d): the library calls do not run its sends and "
+                    "receives; run its binary, or drive a plan without pp", name, p->name, p->pp_size);
     if (unit < 0 || unit >= p->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, p->nunits);
     cp_call_effect e;
     cp_call_effect_of(p, unit, kinds, nkinds, g->cursor[unit][call], &e);

@@ -111,6 +111,11 @@ static int run_op(void *ctx, const cp_op *op)
  * op runs when the call would write bytes another buffer holds data in. */
 static int call(cp_hostlib *h, const char *name, int unit, int which, const cp_op_kind *kinds, int nkinds)
 {
+    /* A pipeline rank's step is its sends and receives between the units'
+     * calls: a caller driving units alone would leave its peers waiting. */
+    if (h->plan->pp_size > 1)
+        return fail(h, "%s: plan %s is a pipeline plan (pp %d): the library calls do not run its sends and "
+                    "receives; run its binary, or drive a plan without pp", name, h->plan->name, h->plan->pp_size);
     if (unit < 0 || unit >= h->plan->nunits) return fail(h, "unit %d is outside the plan's %d units", unit, h->plan->nunits);
     h->err[0] = '\0';
     cp_call_effect e;

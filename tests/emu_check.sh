@@ -170,6 +170,16 @@ for p in $LIB_PLANS; do
   else bad "$p: library mode on the emulator" "$log.0"; fi
 done
 
+# A pipeline plan's library calls are refused on every rank with the one
+# line (its sends and receives are the binary's), never a hang.
+if [ -x build/emu/pp_tiny/library_run ]; then
+  log=$dir/library.pp_tiny
+  if ! launch 4 "$log" build/emu/pp_tiny/library_run 2 && grep -q "is a pipeline plan (pp 2): the library calls" "$log.0" &&
+     grep -q "is a pipeline plan (pp 2): the library calls" "$log.3"; then
+    ok "pp_tiny: the library calls on a pipeline plan are refused on every rank with one line"
+  else bad "pp_tiny: library calls on a pipeline plan" "$log.0"; fi
+fi
+
 # docs/example.c as users copy it (the GPU session of 2026-11-26 found it
 # reducing before resharding, which the library refuses): it must run.
 log=$dir/library.example

@@ -28,11 +28,11 @@ local fmt = string.format
 -- The communication of every global rank from the tables, against the
 -- events torch issues (pp_sequence, held to torch live) and through the
 -- whole-step proof. Raises a one-line error naming the first difference.
-local function prove(loaded, t, classes, W)
-  local mesh = seq.mesh(t.sched.pp, W)
+local function prove(loaded, t, classes, W, R)
+  local mesh = seq.mesh(t.sched.pp, W, R)
   local got = tables.events(classes, mesh, W)
-  local want = seq.expected(t.sched, { dp_shard = W, act_numel = t.act.numel, act_dtype = t.act.dtype,
-                                       stage_fsdp = t.stage_fsdp })
+  local want = seq.expected(t.sched, { dp_shard = W, dp_replicate = R, act_numel = t.act.numel,
+                                       act_dtype = t.act.dtype, stage_fsdp = t.stage_fsdp })
   for g = 1, #want do
     for i = 1, math.max(#got[g], #want[g]) do
       local x, y = got[g][i], want[g][i]
@@ -62,7 +62,6 @@ function M.plan(loaded)
   local d = dims.infer(loaded.ctx, loaded.parallel, loaded.world_size)
   local mesh = dims.mesh(d)
   local fams = groups.build(mesh)
-  local W = sp.layout.W
   local fsdp = { micro_steps = t.sched.microbatches }
   -- A class per (pipeline rank, TP class of the stage mesh): the TP
   -- class's TP-local layouts, TP's activation collectives in each unit's
@@ -94,7 +93,7 @@ function M.plan(loaded)
   end
   -- (TP's collectives run inside each TP rank's compute, the same on every
   -- TP rank: the proof covers the FSDP and pipeline traffic of TP class 0)
-  local counts = prove(loaded, t, first_tp, W)
+  local counts = prove(loaded, t, first_tp, sp.dims.dp_shard, sp.dims.dp_replicate)
   local p = {}
   for k, v in pairs(sp) do p[k] = v end
   p.name, p.world_size, p.source_file = loaded.name, loaded.world_size, loaded.source_file
@@ -217,8 +216,8 @@ function M.schedule_md(p, fp)
   w("")
   w("Proved: every rank's sends, receives and FSDP collectives equal what torch.distributed.pipelining + "
     .. "fully_shard issue (gen/parallel/pp_sequence.lua, held to torch live); the whole step (%d events, %d "
-    .. "collectives, %d messages, %d coalesced batches on the %d ranks of pp x dp_shard; each TP rank and replica "
-    .. "runs a copy) cannot deadlock (gen/parallel/pp_step_proof.lua, one queue per rank).", b.counts.events,
+    .. "collectives, %d messages, %d coalesced batches on the %d ranks of pp x dp_replicate x dp_shard, HSDP's "
+    .. "all-reduces included; each TP rank runs a copy) cannot deadlock (gen/parallel/pp_step_proof.lua, one queue per rank).", b.counts.events,
     b.counts.collectives, b.counts.p2p, b.counts.batches or 0, b.counts.ranks or p.world_size)
   w("")
   local th = M.throughput(p)

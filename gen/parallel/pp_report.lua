@@ -5,7 +5,7 @@
 -- (gen/parallel/pp_stages.lua), every rank's actions as torch lowers them
 -- and the proof that their sends and receives match and cannot deadlock
 -- (gen/parallel/pp_schedule.lua), the whole step's proof over every rank
--- of the pp x dp_shard mesh, FSDP collectives included
+-- of the pp x dp_replicate x dp_shard mesh, FSDP collectives included
 -- (gen/parallel/pp_step_proof.lua), and the predicted step from a timed run
 -- of those actions (gen/parallel/pp_audit.lua): bubble fraction,
 -- activations in flight per stage, point-to-point bytes per rank.
@@ -148,25 +148,27 @@ local function stage_costs(p, split)
 end
 
 -- The whole step's proof (gen/parallel/pp_step_proof.lua) over the ranks
--- of pp x dp_shard: each rank's sends and receives (one microbatch's
--- activation, act_numel of act_dtype) and its stages' FSDP collectives
--- where torch issues them (gen/parallel/pp_sequence.lua), each unit's
--- all-gather and reduce-scatter as the stage mesh's plan p sizes them (its
--- first all-gather; the reduce-scatters in reverse unit order). Each TP
--- rank and each replica (dp_replicate) runs a copy of these lists, its
--- peers and FSDP group in its own copy; TP's collectives inside compute
--- and HSDP's all-reduce across replicas are not among the events (their
--- members are the same rank of every copy, at the same place in its list).
+-- of pp x dp_replicate x dp_shard: each rank's sends and receives (one
+-- microbatch's activation, act_numel of act_dtype) and its stages' FSDP
+-- collectives where torch issues them (gen/parallel/pp_sequence.lua), each
+-- unit's all-gather, reduce-scatter and HSDP all-reduce as the stage
+-- mesh's plan p sizes them (its first all-gather; the reduce-scatters,
+-- each followed by its all-reduce, in reverse unit order). Each TP rank
+-- runs a copy of these lists, its peers and FSDP group in its own copy;
+-- TP's collectives inside compute are not among the events (their members
+-- are the same rank of every copy, at the same place in its list).
 -- -> counts | nil, reason.
 -- A stage's FSDP collectives as the stage mesh's plan p sizes them, for
 -- gen/parallel/pp_sequence.lua: each unit's first all-gather, forward
 -- order, and its reduce-scatter, layers last to first. Indexes p's ops
 -- once; the result takes a stage's units.
 local function stage_fsdp_of(p)
-  local first_ag, rs = {}, {}
+  local first_ag, rs, ar = {}, {}, {}
   for _, o in ipairs(p.ops) do
     if o.micro_step == 0 and o.kind == "all_gather" and not first_ag[o.unit] then first_ag[o.unit] = o end
     if o.micro_step == 0 and o.kind == "reduce_scatter" then rs[o.unit] = o end
+    -- HSDP: the all-reduce of the reduce-scatter's output across replicas
+    if o.micro_step == 0 and o.kind == "all_reduce" and o.group ~= "tp" then ar[o.unit] = o end
   end
   return function(units)
     local f = { gathers = {}, reduces = {} }
@@ -177,6 +179,10 @@ local function stage_fsdp_of(p)
     for k = #units, 1, -1 do
       local o = rs[units[k].index]
       if o then f.reduces[#f.reduces + 1] = { unit = units[k].name, count = o.count, dtype = o.dtype } end
+      local a = ar[units[k].index]
+      if a then
+        f.reduces[#f.reduces + 1] = { unit = units[k].name, count = a.count, dtype = a.dtype, kind = "all_reduce" }
+      end
     end
     return f
   end
@@ -185,7 +191,8 @@ end
 local function prove_step(p, sched, costs, act_numel, act_dtype)
   local of_units = stage_fsdp_of(p)
   local function stage_fsdp(stage) return of_units(costs[stage].units) end
-  local events = pp_sequence.expected(sched, { dp_shard = p.dims.dp_shard, act_numel = act_numel,
+  local events = pp_sequence.expected(sched, { dp_shard = p.dims.dp_shard, dp_replicate = p.dims.dp_replicate,
+                                               act_numel = act_numel,
                                                act_dtype = act_dtype, stage_fsdp = stage_fsdp })
   return step_proof.prove(events)
 end
@@ -523,9 +530,11 @@ function report.text(loaded)
     if shown and shown.name == want then break end
   end
   local c = shown.step
-  w("whole-step proof (gen/parallel/pp_step_proof.lua), one queue per rank on pp %d x dp_shard %d = %d ranks (TP "
-    .. "and replicas alike): %s's %d events, %d FSDP collectives on %d groups and %d sends matched to their receives"
-    .. "%s cannot deadlock; every schedule with a row passed it", pp, p.dims.dp_shard, c.ranks, shown.name,
+  local R = p.dims.dp_replicate or 1
+  w("whole-step proof (gen/parallel/pp_step_proof.lua), one queue per rank on pp %d x %sdp_shard %d = %d ranks (TP "
+    .. "ranks alike): %s's %d events, %d FSDP collectives on %d groups and %d sends matched to their receives"
+    .. "%s cannot deadlock; every schedule with a row passed it", pp,
+    R > 1 and string.format("dp_replicate %d x ", R) or "", p.dims.dp_shard, c.ranks, shown.name,
     c.events, c.collectives, c.groups, c.p2p, c.batches > 0 and string.format(" (%d coalesced batches)", c.batches)
     or "")
   w("")

@@ -7,17 +7,22 @@
 --
 --   M.expected(sched, o) -> events per global rank (events[g + 1])
 --     sched: pp_schedule.derive's result;
---     o.dp_shard: the FSDP degree (world = pp * dp_shard; 1: no FSDP);
+--     o.dp_shard: the FSDP degree; o.dp_replicate: HSDP's replicas (default
+--       1; world = pp * dp_replicate * dp_shard; both 1: no FSDP);
 --     o.act_numel, o.act_dtype: one microbatch's activation (and gradient)
 --       between two stages;
 --     o.stage_fsdp(stage) -> { gathers = { op... }, reduces = { op... } }:
 --       the stage's FSDP collectives in issue order (each { unit, count },
---       count = elements per rank), e.g. M.stage_fsdp_from_plan; nil or
---       dp_shard = 1: no FSDP.
+--       count = elements per rank; a reduce's kind: "reduce_scatter" over
+--       the shard group, or HSDP's "all_reduce" over the replicas), e.g.
+--       M.stage_fsdp_from_plan; nil or a data-parallel degree of 1: no FSDP.
 --   An event: { op = "send" | "recv", peer (global rank), numel, dtype,
 --     batch (the lowered action's batch number, nil when issued alone),
 --     action } or { op = "all_gather" | "reduce_scatter", ranks (the FSDP
---     group's global ranks), in_numel, out_numel, dtype, unit, action }.
+--     group's global ranks), in_numel, out_numel, dtype, unit, action };
+--     HSDP's { op = "all_reduce", ranks (the replicate group), in_numel =
+--     out_numel, ... } after each unit's reduce-scatter (FSDP2's
+--     foreach_reduce: reduce-scatter, then all-reduce of its output).
 --     action names what runs when it is issued: a multi-stage schedule's own
 --     lowered action (_PipelineScheduleRuntime runs them one by one,
 --     schedules.py:3733); for GPipe and 1F1B the compute (or REDUCE_GRAD)
@@ -62,12 +67,16 @@ local function groups_by_rank(f)
   return function(g) return of[g] or error(fmt("rank %d is in no %s group", g, f.name)) end
 end
 
--- The mesh of pp x dp_shard (pp outermost, gen/dims.lua) and its pp and fsdp families.
-function M.mesh(pp, dp_shard)
-  local d = dims.infer(nil, { pp = pp, dp_shard = dp_shard }, pp * dp_shard)
+-- The mesh of pp x dp_replicate x dp_shard (pp outermost, gen/dims.lua)
+-- and its pp, fsdp (shard) and dp_replicate families.
+function M.mesh(pp, dp_shard, dp_replicate)
+  dp_replicate = dp_replicate or 1
+  local world = pp * dp_replicate * dp_shard
+  local d = dims.infer(nil, { pp = pp, dp_shard = dp_shard, dp_replicate = dp_replicate }, world)
   local mesh = dims.mesh(d)
   local fams = groups.build(mesh)
-  return { d = d, mesh = mesh, pp = fams.by_name.pp, fsdp = fams.by_name.fsdp, world = pp * dp_shard }
+  return { d = d, mesh = mesh, pp = fams.by_name.pp, fsdp = fams.by_name.fsdp,
+           replicate = fams.by_name.dp_replicate, world = world }
 end
 
 local P2P_OP = { SEND_F = "send", SEND_B = "send", RECV_F = "recv", RECV_B = "recv" }
@@ -79,29 +88,37 @@ local function peer_stage(a)
 end
 
 function M.expected(sched, o)
-  local W = o.dp_shard or 1
-  local m = M.mesh(sched.pp, W)
+  local W, R = o.dp_shard or 1, o.dp_replicate or 1
+  local m = M.mesh(sched.pp, W, R)
   local fsdp_of = {}
   local function stage_fsdp(s)
-    if W == 1 or not o.stage_fsdp then return nil end
+    if W * R == 1 or not o.stage_fsdp then return nil end
     if fsdp_of[s] == nil then fsdp_of[s] = o.stage_fsdp(s) or false end
     return fsdp_of[s] or nil
   end
   local single = sched.runtime == "single"
   local out = {}
   local pp_of, fsdp_of_rank = m.pp and groups_by_rank(m.pp), m.fsdp and groups_by_rank(m.fsdp)
+  local replicate_of = m.replicate and groups_by_rank(m.replicate)
   for g = 0, m.world - 1 do
     local pp_members = pp_of and pp_of(g) or { g }
     local fsdp_ranks = fsdp_of_rank and fsdp_of_rank(g) or { g }
+    local replicas = replicate_of and replicate_of(g) or { g }
     local coords = dims.coords(m.mesh, g)
     local pp_rank = m.mesh.index.pp and coords[m.mesh.index.pp] or 0
     local ev, label, gathered = {}, "", {}
     local function colls(list, kind, s, action)
       for _, c in ipairs(list) do
-        local full = W * c.count
-        ev[#ev + 1] = { op = kind, ranks = fsdp_ranks, unit = c.unit, dtype = c.dtype, action = action,
-                        in_numel = kind == "all_gather" and c.count or full,
-                        out_numel = kind == "all_gather" and full or c.count, stage = s }
+        local k = c.kind or kind
+        if k == "all_reduce" then
+          ev[#ev + 1] = { op = k, ranks = replicas, unit = c.unit, dtype = c.dtype, action = action,
+                          in_numel = c.count, out_numel = c.count, stage = s }
+        else
+          local full = W * c.count
+          ev[#ev + 1] = { op = k, ranks = fsdp_ranks, unit = c.unit, dtype = c.dtype, action = action,
+                          in_numel = k == "all_gather" and c.count or full,
+                          out_numel = k == "all_gather" and full or c.count, stage = s }
+        end
       end
     end
     for _, a in ipairs(sched.lowered[pp_rank + 1]) do
@@ -130,12 +147,13 @@ function M.expected(sched, o)
 end
 
 -- A stage's FSDP collectives as the generator plans them: the plan of the
--- stage's units (units in wrap order, the root last) on dp_shard ranks with
--- torch.distributed.pipelining's accumulation ("step_end") over the
--- microbatches; its all-gathers of micro-step 0 and its reduce-scatters, in
--- the plan's order, each { unit = name, count = elements per rank, dtype }.
+-- stage's units (units in wrap order, the root last) on dp_replicate x
+-- dp_shard ranks with torch.distributed.pipelining's accumulation
+-- ("step_end") over the microbatches; its all-gathers of micro-step 0 and
+-- its reduce-scatters (and HSDP's all-reduces), in the plan's order, each
+-- { unit = name, count = elements per rank, dtype, kind }.
 -- units: { { name, params = { { name, shape, dtype? } ... } } ... }.
-function M.stage_fsdp_from_plan(units, dp_shard, microbatches, dtype)
+function M.stage_fsdp_from_plan(units, dp_shard, microbatches, dtype, dp_replicate)
   local plan = require("gen.plan")
   local parts = {}
   for _, u in ipairs(units) do
@@ -145,10 +163,11 @@ function M.stage_fsdp_from_plan(units, dp_shard, microbatches, dtype)
     end
     parts[#parts + 1] = fmt("{ name = %q, params = { %s } }", u.name, table.concat(ps, ", "))
   end
-  local src = fmt([[return { world_size = %d, parallel = { dp_shard = -1 },
+  local R = dp_replicate or 1
+  local src = fmt([[return { world_size = %d, parallel = { dp_shard = -1, dp_replicate = %d },
   model = { family = "generic", dtype = %q, units = { %s } },
   fsdp = { reshard_after_forward = false, grad_accumulation = "step_end", micro_steps = %d } }]],
-    dp_shard, dtype or "fp32", table.concat(parts, ",\n"), microbatches)
+    dp_shard * R, R, dtype or "fp32", table.concat(parts, ",\n"), microbatches)
   local p = plan.from_source(src, "pp_stage.lua")
   local res = { gathers = {}, reduces = {} }
   for _, op in ipairs(p.ops) do
@@ -156,7 +175,10 @@ function M.stage_fsdp_from_plan(units, dp_shard, microbatches, dtype)
     if op.kind == "all_gather" and op.micro_step == 0 then
       res.gathers[#res.gathers + 1] = { unit = u.name, count = op.count, dtype = op.dtype }
     elseif op.kind == "reduce_scatter" then
-      res.reduces[#res.reduces + 1] = { unit = u.name, count = op.count or u.total, dtype = u.reduce_dtype }
+      res.reduces[#res.reduces + 1] = { unit = u.name, count = op.count or u.total, dtype = u.reduce_dtype,
+                                        kind = "reduce_scatter" }
+    elseif op.kind == "all_reduce" and R > 1 then
+      res.reduces[#res.reduces + 1] = { unit = u.name, count = op.count, dtype = u.reduce_dtype, kind = "all_reduce" }
     elseif op.kind == "all_gather" or op.kind == "all_reduce" then
       error(fmt("pp_sequence: the stage plan has a %s in micro-step %d, which this module does not place",
         op.kind, op.micro_step))

@@ -208,14 +208,19 @@ function M.rank_tables(p, sched, stage_units, act, opts)
   return out
 end
 
--- What each global rank of pp x dp_shard issues, from the tables: the
+-- What each global rank of pp x dp_replicate x dp_shard issues, from the tables: the
 -- same event records as gen/parallel/pp_sequence.lua's expected (which the
 -- live checks hold to torch), so the two compare field by field.
--- classes: M.rank_tables's result; mesh: pp_sequence.mesh(pp, dp_shard); W: dp_shard.
+-- classes: M.rank_tables's result; mesh: pp_sequence.mesh(pp, dp_shard, dp_replicate); W: dp_shard.
 function M.events(classes, mesh, W)
   local groups = require("gen.groups")
   local dims = require("gen.dims")
-  local pp_of, fsdp_of = {}, {}
+  local pp_of, fsdp_of, replicas_of = {}, {}, {}
+  if mesh.replicate then
+    for c = 0, mesh.replicate.count - 1 do
+      for _, g in ipairs(groups.members(mesh.replicate, c)) do replicas_of[g] = groups.members(mesh.replicate, c) end
+    end
+  end
   if mesh.pp then
     for c = 0, mesh.pp.count - 1 do
       for _, g in ipairs(groups.members(mesh.pp, c)) do pp_of[g] = groups.members(mesh.pp, c) end
@@ -242,6 +247,10 @@ function M.events(classes, mesh, W)
         ev[#ev + 1] = { op = o.kind, ranks = fsdp_of[g], unit = u.name, dtype = o.dtype,
                         in_numel = o.kind == "all_gather" and o.count or W * o.count,
                         out_numel = o.kind == "all_gather" and W * o.count or o.count }
+      elseif o.kind == "all_reduce" and o.group and o.group ~= "tp" then
+        -- HSDP: the reduced shard across the replicas
+        ev[#ev + 1] = { op = o.kind, ranks = replicas_of[g], unit = u.name, dtype = o.dtype, in_numel = o.count,
+                        out_numel = o.count }
       end
     end
     out[g + 1] = ev

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "commplan.h"
+#include "cp_hostlib.h"
 #include "harness.h"
 #include "host.h"
 #include "simulate.h"
@@ -352,6 +353,33 @@ static void test_pp2_messages_checked(void **state)
     expect_clean_run(&t.plan, 2);
 }
 
+static int no_collective(void *user, int coll, int family, int color, int key, int size, void *in, void *out,
+                         int64_t count, int dtype, int reduce_op)
+{
+    (void)user, (void)coll, (void)family, (void)color, (void)key, (void)size, (void)in, (void)out, (void)count;
+    (void)dtype, (void)reduce_op;
+    return -1;
+}
+
+/* The host library refuses a pipeline plan's unit calls with one line: the
+ * sends and receives between them are the binary's, not the caller's. */
+static void test_pp_library_calls_refused(void **state)
+{
+    (void)state;
+    static pp_tables t;
+    build_pp2(&t);
+    cp_hostlib *h = NULL;
+    char err[600];
+    assert_int_equal(cp_hostlib_init(&h, &t.plan, 0, no_collective, NULL, err, sizeof err), 0);
+    assert_int_equal(cp_hostlib_unshard(h, 0), -1);
+    const char *msg = cp_hostlib_last_error(h);
+    assert_non_null(strstr(msg, "cp_hostlib_unshard: plan "));
+    assert_non_null(strstr(msg, "is a pipeline plan (pp 2)"));
+    assert_non_null(strstr(msg, "run its binary"));
+    assert_null(strchr(msg, '\n'));
+    cp_hostlib_destroy(h);
+}
+
 static void test_pp4_messages_checked(void **state)
 {
     (void)state;
@@ -570,6 +598,7 @@ int main(void)
         cmocka_unit_test(test_pp_geometry),
         cmocka_unit_test(test_pp_view_and_bytes),
         cmocka_unit_test(test_pp2_messages_checked),
+        cmocka_unit_test(test_pp_library_calls_refused),
         cmocka_unit_test(test_pp4_messages_checked),
         cmocka_unit_test(test_pp_corrupted_message_is_caught),
         cmocka_unit_test(test_pp_tag_mismatch_refused),

@@ -12,7 +12,7 @@ local T = {}
 
 local DIR = "tests/pp/recorded/live/"
 local CASES = { "1F1B-pp2-dp2-mb4", "Interleaved1F1B-pp2-dp2-mb4-mas1", "DualPipeV-pp2-dp1-mb4",
-                "ZBVZeroBubble-pp4-dp1-mb8" }
+                "ZBVZeroBubble-pp4-dp1-mb8", "1F1B-pp2-dr2-dp2-mb4" }
 
 local function load(name) return json.decode(H.read(DIR .. name .. ".json")) end
 
@@ -22,6 +22,24 @@ function T.recorded_runs_equal_the_derivation()
     H.eq(diff, nil, name)
     H.eq(res.p2p > 0, true, name .. " has point-to-point ops")
   end
+end
+
+-- HSDP x PP (8 ranks): a missing all-reduce, or one on the wrong group,
+-- is a difference naming the rank.
+function T.hsdp_all_reduce_is_checked()
+  local c = load("1F1B-pp2-dr2-dp2-mb4")
+  local ev = c.ranks[6].events
+  local ar
+  for i, e in ipairs(ev) do if e.op == "all_reduce" then ar = i; break end end
+  assert(ar, "the recording has HSDP's all-reduces")
+  local saved = ev[ar].ranks
+  ev[ar].ranks = { 4, 5 }
+  local diff = live.check_case(c)
+  assert(type(diff) == "string" and diff:find("rank 5", 1, true), "a wrong replicate group: " .. tostring(diff))
+  ev[ar].ranks = saved
+  table.remove(ev, ar)
+  diff = live.check_case(c)
+  assert(type(diff) == "string" and diff:find("rank 5", 1, true), "a missing all-reduce: " .. tostring(diff))
 end
 
 function T.a_changed_event_is_a_difference()
@@ -64,6 +82,34 @@ function T.mesh_puts_pp_outermost()
                                        { name = "root", params = {} } }, 2, 4, "fp32")
   H.eq(#f.gathers, 1, "one unit gathered"); H.eq(f.gathers[1].count, 9, "ceil(5/2) rows x 3 per rank")
   H.eq(#f.reduces, 1, "one unit reduced"); H.eq(f.reduces[1].count, 9, "reduce-scatter output per rank")
+end
+
+
+-- HSDP under PP: each unit's reduce-scatter over its shard group, then the
+-- all-reduce of its output over the replicas (FSDP2's foreach_reduce), at
+-- REDUCE_GRAD; the mesh pp x dp_replicate x dp_shard, pp outermost.
+function T.hsdp_all_reduces_follow_their_reduce_scatters()
+  local s = pps.derive({ schedule = "1F1B", pp = 2, microbatches = 2 })
+  local f = seq.stage_fsdp_from_plan({ { name = "l", params = { { name = "w", shape = { 5, 3 } } } },
+                                       { name = "root", params = {} } }, 2, 2, "fp32", 2)
+  H.eq(#f.reduces, 2, "a reduce-scatter and an all-reduce")
+  H.eq(f.reduces[1].kind, "reduce_scatter", "first the reduce-scatter")
+  H.eq(f.reduces[2].kind, "all_reduce", "then the all-reduce")
+  H.eq(f.reduces[2].count, 9, "of the reduce-scatter's output")
+  local ev = seq.expected(s, { dp_shard = 2, dp_replicate = 2, act_numel = 7, act_dtype = "fp32",
+                               stage_fsdp = function() return f end })
+  H.eq(#ev, 8, "pp 2 x dp_replicate 2 x dp_shard 2")
+  -- global rank 5 = (pp 1, replica 0, shard 1): shard group {4, 5}, replicas {5, 7}, pp peer 1
+  local kinds = {}
+  for _, e in ipairs(ev[6]) do
+    if e.op == "reduce_scatter" then H.list_eq(e.ranks, { 4, 5 }, "shard group") end
+    if e.op == "all_reduce" then
+      H.list_eq(e.ranks, { 5, 7 }, "replicate group"); H.eq(e.in_numel, 9, "in"); H.eq(e.out_numel, 9, "out")
+    end
+    if e.op == "recv" then H.eq(e.peer, 1, "pp peer") end
+    if e.op ~= "send" and e.op ~= "recv" then kinds[#kinds + 1] = e.op end
+  end
+  H.list_eq(kinds, { "all_gather", "reduce_scatter", "all_reduce" }, "collectives in order")
 end
 
 return T

@@ -94,7 +94,7 @@ function T.counts_for_llama405b_pp()
   local text = report.text(load.source(H.read("bench/llama405b_pp.lua"), "bench/llama405b_pp.lua"))
   local line = text:match("\n(whole%-step proof[^\n]*)")
   H.eq(line, "whole-step proof (gen/parallel/pp_step_proof.lua), one queue per rank on pp 8 x dp_shard 8 = 64 ranks "
-    .. "(TP and replicas alike): Interleaved1F1B's 9728 events, 256 FSDP collectives on 8 groups and 3840 sends "
+    .. "(TP ranks alike): Interleaved1F1B's 9728 events, 256 FSDP collectives on 8 groups and 3840 sends "
     .. "matched to their receives cannot deadlock; every schedule with a row passed it", "the report's line")
 end
 

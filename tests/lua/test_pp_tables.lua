@@ -59,6 +59,19 @@ function T.tables_issue_what_torch_issues()
     n = n + 1
   end
   H.eq(n, 10, "cases")
+  -- HSDP x PP (tests/pp/plans/pp_tiny_lbfs.lua: pp 2 x dp_replicate 2 x
+  -- dp_shard 2): every rank's all-reduces too, on its replicate group
+  local t = report.tables(load.source(H.read("tests/pp/plans/pp_tiny_lbfs.lua"), "tests/pp/plans/pp_tiny_lbfs.lua"))
+  local W, R = t.p.dims.dp_shard, t.p.dims.dp_replicate
+  H.eq(R, 2, "replicas")
+  local mesh = seq.mesh(2, W, R)
+  local got = tables.events(t.classes, mesh, W)
+  local want = seq.expected(t.sched, { dp_shard = W, dp_replicate = R, act_numel = t.act.numel,
+                                       act_dtype = t.act.dtype, stage_fsdp = t.stage_fsdp })
+  same(got, want, "LoopedBFS pp2 x HSDP 2x2")
+  local ar = 0
+  for _, e in ipairs(got[1]) do if e.op == "all_reduce" then ar = ar + 1 end end
+  assert(ar > 0, "HSDP all-reduces among rank 0's events")
 end
 
 -- Each rank holds its stages' units, renumbered, and only them; the step

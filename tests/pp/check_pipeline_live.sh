@@ -3,7 +3,8 @@
 # (gloo) against commplan's derivation. tests/pp/torch_pipeline_record.py
 # runs one training step of a tiny decoder per case — every schedule x
 # microbatches 4 and 8 on pp 2, pp 4 and pp 2 x dp_shard 2 (fully_shard per
-# stage over 2 ranks), and the multi-stage ones again on pp 2 x dp_shard 2
+# stage over 2 ranks), every schedule at 4 microbatches on pp 2 x HSDP 2 x 2
+# (8 ranks), and the multi-stage ones again on pp 2 x dp_shard 2
 # with max_active_stages 1 (stages resharded and gathered again mid-step) —
 # and records every send / receive and collective per
 # rank; tests/pp/compare_pipeline_live.lua requires them equal, in order, to
@@ -27,12 +28,16 @@ rm -rf "$OUT"
 mkdir -p "$OUT"
 start=$(date +%s)
 MULTI=Interleaved1F1B,LoopedBFS,InterleavedZeroBubble,ZBVZeroBubble,DualPipeV
-# pp dp_shard [max_active_stages]: the last run evicts (RESHARD, then UNSHARD again mid-step)
-for run in "2 1" "4 1" "2 2" "2 2 1"; do
-  read -r pp dp mas <<<"$run"
+# pp dp_shard [max_active_stages|- [dp_replicate]]: "2 2 1" evicts (RESHARD, then UNSHARD
+# again mid-step); "2 2 - 2" is HSDP (fully_shard on a 2-D mesh: each reduce-scatter's
+# all-reduce across the replicas), 8 ranks, 4 microbatches
+for run in "2 1" "4 1" "2 2" "2 2 1" "2 2 - 2"; do
+  read -r pp dp mas dr <<<"$run"
+  [ "$mas" = - ] && mas=
   args=(--pp "$pp" --dp-shard "$dp" --microbatches "4,8" --out-dir "$OUT")
+  [ -n "$dr" ] && args=(--pp "$pp" --dp-shard "$dp" --dp-replicate "$dr" --microbatches 4 --out-dir "$OUT")
   [ -n "$mas" ] && args+=(--max-active-stages "$mas" --schedules "$MULTI")
-  log="$OUT/stderr-pp$pp-dp$dp${mas:+-mas$mas}.txt"
+  log="$OUT/stderr-pp$pp${dr:+-dr$dr}-dp$dp${mas:+-mas$mas}.txt"
   if ! "$PY" -W ignore tests/pp/torch_pipeline_record.py "${args[@]}" 2>"$log"; then
     echo "pp-run: FAIL the recorder failed for ${args[*]}:"
     tail -n 20 "$log"

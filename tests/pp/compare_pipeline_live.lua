@@ -71,8 +71,11 @@ end
 
 local function has_mas(c) return c.max_active_stages ~= nil and c.max_active_stages ~= json.null end
 
+local function replicas(c) return (c.dp_replicate ~= nil and c.dp_replicate ~= json.null) and c.dp_replicate or 1 end
+
 local function case_name(c)
-  return fmt("%s pp=%d dp_shard=%d microbatches=%d%s", c.schedule, c.pp, c.dp_shard, c.microbatches,
+  return fmt("%s pp=%d %sdp_shard=%d microbatches=%d%s", c.schedule, c.pp,
+    replicas(c) > 1 and fmt("dp_replicate=%d ", replicas(c)) or "", c.dp_shard, c.microbatches,
     has_mas(c) and fmt(" max_active_stages=%d", c.max_active_stages) or "")
 end
 
@@ -97,10 +100,10 @@ local function check_case(c)
   local mb = model.batch // c.microbatches
   local per_stage = {}
   local expected = seq.expected(sched, {
-    dp_shard = c.dp_shard, act_numel = mb * model.seq * model.dim, act_dtype = "fp32",
+    dp_shard = c.dp_shard, dp_replicate = replicas(c), act_numel = mb * model.seq * model.dim, act_dtype = "fp32",
     stage_fsdp = function(s)
       per_stage[s] = per_stage[s] or seq.stage_fsdp_from_plan(stage_units(split[s + 1], model), c.dp_shard,
-        c.microbatches, "fp32")
+        c.microbatches, "fp32", replicas(c))
       return per_stage[s]
     end,
   })

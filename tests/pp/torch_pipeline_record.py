@@ -354,8 +354,8 @@ def _split_module(whole, names):
 
 
 def run_case(ctx, schedule_name, n):
-    rank, pp, dp = ctx["rank"], ctx["pp"], ctx["dp"]
-    pp_rank, dp_rank = rank // dp, rank % dp
+    rank, pp, dp, dr = ctx["rank"], ctx["pp"], ctx["dp"], ctx["dr"]
+    pp_rank, dp_rank = rank // (dr * dp), rank % dp
     v = 1 if schedule_name in SINGLE else 2
     num_stages = pp * v
     fqn, rank_stages, split_module, split_by = split_fns()
@@ -366,7 +366,7 @@ def run_case(ctx, schedule_name, n):
     stages = []
     for s in my_stages:
         chunk = split_module(whole, names[s])
-        if dp > 1:
+        if dr * dp > 1:
             apply_fsdp(chunk, ctx["fsdp_mesh"])
         st = PipelineStage(chunk, s, num_stages, torch.device("cpu"), group=ctx["pp_group"])
         if schedule_name in SINGLE:
@@ -409,15 +409,21 @@ def run_case(ctx, schedule_name, n):
     return out, names, split_by
 
 
-def worker(rank, world, pp, dp, port, cases, tmpdir, max_active):
+def worker(rank, world, pp, dp, dr, port, cases, tmpdir, max_active):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     install_hooks()
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world,
                             timeout=timedelta(seconds=90))
     from torch.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh("cpu", (pp, dp), mesh_dim_names=("pp", "fsdp"))
-    ctx = {"rank": rank, "pp": pp, "dp": dp, "pp_group": mesh.get_group("pp"), "fsdp_mesh": mesh["fsdp"],
+    if dr > 1:
+        # HSDP, as torchtitan meshes it: fully_shard on the 2-D (dp_replicate, fsdp) mesh
+        mesh = init_device_mesh("cpu", (pp, dr, dp), mesh_dim_names=("pp", "dp_replicate", "fsdp"))
+        fsdp_mesh = mesh["dp_replicate", "fsdp"]
+    else:
+        mesh = init_device_mesh("cpu", (pp, dp), mesh_dim_names=("pp", "fsdp"))
+        fsdp_mesh = mesh["fsdp"]
+    ctx = {"rank": rank, "pp": pp, "dp": dp, "dr": dr, "pp_group": mesh.get_group("pp"), "fsdp_mesh": fsdp_mesh,
            "max_active": max_active}
     for schedule_name, n in cases:
         dist.barrier()
@@ -445,21 +451,23 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pp", type=int, required=True)
     ap.add_argument("--dp-shard", type=int, default=1)
+    ap.add_argument("--dp-replicate", type=int, default=1, help="HSDP's replicas (fully_shard on a 2-D mesh)")
     ap.add_argument("--microbatches", default="4,8")
     ap.add_argument("--schedules", default=",".join(SCHEDULES))
     ap.add_argument("--out-dir", default="build/pp/live")
     ap.add_argument("--max-active-stages", type=int, default=None,
                     help="the multi-stage schedules' max_active_stages (torch's default 3; torchtitan keeps it)")
     a = ap.parse_args()
-    pp, dp = a.pp, a.dp_shard
-    world = pp * dp
+    pp, dp, dr = a.pp, a.dp_shard, a.dp_replicate
+    world = pp * dr * dp
     cases = [(s, int(n)) for s in a.schedules.split(",") for n in a.microbatches.split(",")]
     os.makedirs(a.out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()
         crashed = None
         try:
-            mp.start_processes(worker, args=(world, pp, dp, free_port(), cases, tmp, a.max_active_stages), nprocs=world, join=True,
+            mp.start_processes(worker, args=(world, pp, dp, dr, free_port(), cases, tmp, a.max_active_stages),
+                               nprocs=world, join=True,
                                start_method="spawn")
         except Exception as e:  # noqa: BLE001 - what the ranks wrote is merged; the case says it failed
             crashed = "%s: %s" % (type(e).__name__, str(e).strip().splitlines()[-1] if str(e).strip() else "")
@@ -475,7 +483,8 @@ def main():
                         parts.append(json.load(f))
             if not parts:
                 continue
-            case = {"schedule": schedule_name, "pp": pp, "dp_shard": dp, "world": world, "microbatches": n,
+            case = {"schedule": schedule_name, "pp": pp, "dp_shard": dp, "dp_replicate": dr, "world": world,
+                    "microbatches": n,
                     "stages_per_rank": 1 if schedule_name in SINGLE else 2, "model": MODEL,
                     "max_active_stages": a.max_active_stages if schedule_name not in SINGLE else None,
                     "torch": torch.__version__, "split": parts[0].get("split"), "split_by": parts[0].get("split_by"),
@@ -489,12 +498,14 @@ def main():
             if len(parts) < world and not failed:
                 case["failed"] = "only %d of %d ranks wrote a result%s" % (len(parts), world,
                                                                         " (%s)" % crashed if crashed else "")
-            path = os.path.join(a.out_dir, "%s-pp%d-dp%d-mb%d%s.json" % (
-                schedule_name, pp, dp, n, "-mas%d" % a.max_active_stages if a.max_active_stages else ""))
+            path = os.path.join(a.out_dir, "%s-pp%d-%sdp%d-mb%d%s.json" % (
+                schedule_name, pp, "dr%d-" % dr if dr > 1 else "", dp, n,
+                "-mas%d" % a.max_active_stages if a.max_active_stages else ""))
             with open(path, "w") as f:
                 json.dump(case, f, indent=1, sort_keys=True)
             written.append(path)
-    print("pp-run: recorded %d cases (pp=%d dp_shard=%d, %d ranks) in %.1f s" % (len(written), pp, dp, world, wall))
+    print("pp-run: recorded %d cases (pp=%d dp_replicate=%d dp_shard=%d, %d ranks) in %.1f s" % (
+        len(written), pp, dr, dp, world, wall))
 
 
 if __name__ == "__main__":
