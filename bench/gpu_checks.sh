@@ -36,7 +36,7 @@ GPU_PLANS=$(for f in plans/*.lua; do b=$(basename "$f" .lua); case $b in llama8b
 # tests/plans: the kernel-coverage plan and the TP plans the live checks use
 KERNEL_PLANS=${KERNEL_PLANS:-kernels_all_dtypes fsdp2_tp2 llama_tiny_tp_rec}
 # tests/pp/plans: the pipeline plans (ncclSend / ncclRecv in groups)
-PP_PLANS=${PP_PLANS:-pp_tiny pp_tiny_tp pp_tiny_zbv pp_tiny_lbfs}
+PP_PLANS=${PP_PLANS:-pp_tiny pp_tiny_tp pp_tiny_zbv pp_tiny_lbfs pp_tiny_gpipe pp_tiny_izb pp_tiny_dpv}
 GPU_PLANS=${ONLY_PLANS:-$GPU_PLANS}
 {
   make -s PLAN=single.lua && make -s -j16 build/tests/test_kernels &&
