@@ -118,9 +118,14 @@ static const struct {
 
 static void dry_run(const cp_plan *p)
 {
-    printf("# plan %s, fingerprint %s, %d ranks, shard group %d, replicate group %d, tp %d (%d TP class%s; TP "
-           "rank 0's ops below)\n", p->name, p->fingerprint, p->world_size, p->shard_size, p->replicate_size, p->tp_size,
-           p->nclasses, p->nclasses == 1 ? "" : "es");
+    if (p->pp_size > 1)
+        printf("# plan %s, fingerprint %s, %d ranks, pp %d, shard group %d, replicate group %d, tp %d (%d classes: "
+               "pipeline rank x TP class; rank 0's ops below, SCHEDULE.md lists every rank's)\n", p->name,
+               p->fingerprint, p->world_size, p->pp_size, p->shard_size, p->replicate_size, p->tp_size, p->nclasses);
+    else
+        printf("# plan %s, fingerprint %s, %d ranks, shard group %d, replicate group %d, tp %d (%d TP class%s; TP "
+               "rank 0's ops below)\n", p->name, p->fingerprint, p->world_size, p->shard_size, p->replicate_size,
+               p->tp_size, p->nclasses, p->nclasses == 1 ? "" : "es");
     printf("# %-5s %-5s %-17s %-24s %-14s %-5s %12s %s\n", "op", "micro", "kind", "unit", "group", "dtype", "count",
            "reduce");
     for (int i = 0; i < p->nops; i++) {
