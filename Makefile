@@ -240,6 +240,16 @@ endef
 $(eval $(call pp_test,build/tests,))
 $(eval $(call pp_test,build/tests-asan,$(SAN)))
 
+# Expert parallelism's runtime half (tests/c/test_a2a.c): hand-written ep 2
+# and ep 4 tables' all-to-alls on the host backend, plain and under ASan+UBSan.
+define a2a_test
+$(1)/test_a2a: tests/c/test_a2a.c $(RUNTIME_SRC) $(RUNTIME_HDR)
+	@mkdir -p $(1)
+	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ tests/c/test_a2a.c $$(RUNTIME_SRC) -lcmocka -lm
+endef
+$(eval $(call a2a_test,build/tests,))
+$(eval $(call a2a_test,build/tests-asan,$(SAN)))
+
 # The NCCL id channels (launch.c, rendezvous.c) alone, plain and under
 # ASan+UBSan; the TCPStore tests start tests/fake_tcpstore.py (python3).
 RDZV_SRC := tests/c/test_rendezvous.c runtime/rendezvous.c runtime/launch.c runtime/safeio.c
@@ -279,11 +289,13 @@ build/tests-asan/fsdp4_cli: runtime/main.c $(RUNTIME_SRC) $(RUNTIME_HDR) plans/f
 test-c: build/tests/test_runtime build/tests-asan/test_runtime build/tests/test_rendezvous build/tests-asan/test_rendezvous \
         build/tests/test_arith build/tests-asan/test_arith \
         build/tests/test_safeio build/tests-asan/test_safeio \
-        build/tests/test_pp build/tests-asan/test_pp
+        build/tests/test_pp build/tests-asan/test_pp build/tests/test_a2a build/tests-asan/test_a2a
 	build/tests/test_runtime
 	build/tests-asan/test_runtime
 	build/tests/test_pp
 	build/tests-asan/test_pp
+	build/tests/test_a2a
+	build/tests-asan/test_a2a
 	build/tests/test_rendezvous
 	build/tests-asan/test_rendezvous
 	build/tests/test_arith
