@@ -244,8 +244,9 @@ static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, c
                 cs.harness.check.mismatches);
         rc = 1;
     } else if (!o->quiet)
-        printf("%s rank %d: --check passed for %d step(s)%s: unsharded params and reduced grads exact\n", p->name,
-               cp_gpu_rank(g), o->steps, o->graph ? " replayed as one CUDA graph" : "");
+        printf("%s rank %d: --check passed for %d step(s)%s: unsharded params and reduced grads exact%s\n", p->name,
+               cp_gpu_rank(g), o->steps, o->graph ? " replayed as one CUDA graph" : "",
+               cp_plan_has_a2a(p) ? ", expert all-to-alls' counts and rows exact" : "");
     /* A failed step may leave host functions queued that read cs (a graph
      * replay's checks after an aborted collective): none may outlive it. */
     if (rc == 2 && cp_gpu_quiesce(g, S, o->timeout_s) != 0) {

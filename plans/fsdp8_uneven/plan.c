@@ -43,6 +43,9 @@ static const cp_param params[7] = {
  * act_numel: the activation buffer of its TP collectives, in ag_dtype elements.
  * partial_numel: all_reduce_last under HSDP, the reduce-scatter outputs
  * summed until the last micro-step's all-reduce (reduce_dtype elements).
+ * a2a_numel, a2a_slots, a2a_experts (expert parallelism, only on units with
+ * all-to-alls): each token buffer's ag_dtype elements (ep x capacity x dim),
+ * the counts slots (one per micro-step) and num_experts.
  * arena_offset: byte offset of each transient buffer in the rank's arena
  * (gen/memplan.lua placed them and proved that no two live ones overlap). */
 static const cp_unit units[3] = {
@@ -83,7 +86,12 @@ static const cp_group_family families[5] = {
  * CP_OP_TP_* ones are TP activation collectives over the tp family; a send
  * or receive names its pp peer's coordinate, its message (tag) and its
  * batch (> 0: posted as one group with its neighbours of the same batch;
- * -1, 0, 0 on every other op). Each op
+ * -1, 0, 0 on every other op). Expert parallelism's a2a_counts and a2a
+ * ops carry a2a_experts (per ep member), a2a_slot (the counts slot),
+ * a2a_counts_op (an a2a's counts, by row index), a2a_combine (1: recv ->
+ * send buffer, splits swapped), a2a_dim (row elements), a2a_capacity (rows
+ * per member: counts past it are refused at run time) and a2a_rows (routed
+ * rows per rank the checks draw); see docs/expert-parallel.md. Each op
  * runs on `stream`; before it, that stream waits for the event slots
  * waits[wait_first .. wait_first + wait_count) and nothing else orders it
  * (gen/memplan.lua proves every data dependency and every reuse of arena
