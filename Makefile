@@ -240,6 +240,16 @@ endef
 $(eval $(call pp_test,build/tests,))
 $(eval $(call pp_test,build/tests-asan,$(SAN)))
 
+# Expert parallelism's runtime half (tests/c/test_a2a.c): hand-written ep 2
+# and ep 4 tables' all-to-alls on the host backend, plain and under ASan+UBSan.
+define a2a_test
+$(1)/test_a2a: tests/c/test_a2a.c $(RUNTIME_SRC) $(RUNTIME_HDR)
+	@mkdir -p $(1)
+	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ tests/c/test_a2a.c $$(RUNTIME_SRC) -lcmocka -lm
+endef
+$(eval $(call a2a_test,build/tests,))
+$(eval $(call a2a_test,build/tests-asan,$(SAN)))
+
 # The NCCL id channels (launch.c, rendezvous.c) alone, plain and under
 # ASan+UBSan; the TCPStore tests start tests/fake_tcpstore.py (python3).
 RDZV_SRC := tests/c/test_rendezvous.c runtime/rendezvous.c runtime/launch.c runtime/safeio.c
@@ -279,11 +289,13 @@ build/tests-asan/fsdp4_cli: runtime/main.c $(RUNTIME_SRC) $(RUNTIME_HDR) plans/f
 test-c: build/tests/test_runtime build/tests-asan/test_runtime build/tests/test_rendezvous build/tests-asan/test_rendezvous \
         build/tests/test_arith build/tests-asan/test_arith \
         build/tests/test_safeio build/tests-asan/test_safeio \
-        build/tests/test_pp build/tests-asan/test_pp
+        build/tests/test_pp build/tests-asan/test_pp build/tests/test_a2a build/tests-asan/test_a2a
 	build/tests/test_runtime
 	build/tests-asan/test_runtime
 	build/tests/test_pp
 	build/tests-asan/test_pp
+	build/tests/test_a2a
+	build/tests-asan/test_a2a
 	build/tests/test_rendezvous
 	build/tests-asan/test_rendezvous
 	build/tests/test_arith
@@ -499,6 +511,21 @@ $(1)/$(p)/$(p): $(1)/$(p)/main.o $(1)/$(p)/plan.o $(1)/$(p)/plan_kernels.o $(for
 endef
 $(eval $(call emu_tree,build/emu,,$(EMU_PLANS)))
 $(eval $(call emu_tree,build/emu-asan,$(SAN),$(EMU_ASAN_PLANS)))
+# Expert parallelism's all-to-alls on the GPU path: hand-written tables
+# (tests/emu/a2a_plan.c, no generated plan has them yet) with the binary's
+# main, plain and under ASan+UBSan (tests/emu_check.sh runs them).
+define emu_a2a
+$(1)/a2a_ep4/plan.o: tests/emu/a2a_plan.c $(RUNTIME_HDR)
+	@mkdir -p $$(dir $$@)
+	$$(EMU_CC) $(2) -c $$< -o $$@
+$(1)/a2a_ep4/main.o: runtime/main.c $(RUNTIME_HDR) VERSION
+	@mkdir -p $$(dir $$@)
+	$$(EMU_CC) $(2) -DCP_WITH_GPU -DCP_KERNELS=a2a_ep4_kernels -DCP_PLAN=a2a_ep4_plan -DCP_VERSION='"$(CP_VERSION)"' -c $$< -o $$@
+$(1)/a2a_ep4/a2a_ep4: $(1)/a2a_ep4/main.o $(1)/a2a_ep4/plan.o $(foreach o,emu_cuda emu_nccl rt_gpu rt_gpu_run cp_kernels,$(1)/obj/$(o).o) $(patsubst runtime/%.c,$(1)/obj/rt_%.o,$(RUNTIME_SRC))
+	$$(CXX) $(2) -pthread -o $$@ $$^ -lm -lrt
+endef
+$(eval $(call emu_a2a,build/emu,))
+$(eval $(call emu_a2a,build/emu-asan,$(SAN)))
 .PHONY: emu-build test-emu print-emu-plans print-emu-asan-plans
 print-emu-plans:
 	@echo $(EMU_PLANS)
@@ -506,7 +533,7 @@ print-emu-asan-plans:
 	@echo $(EMU_ASAN_PLANS)
 EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven
 emu-build: build/emu/emu_selftest $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p)) $(foreach p,$(EMU_LIB_PLANS),build/emu/$(p)/library_run) build/emu/single/example build/emu/pp_tiny/library_run \
-           $(foreach p,$(EMU_ASAN_PLANS),build/emu-asan/$(p)/$(p))
+           $(foreach p,$(EMU_ASAN_PLANS),build/emu-asan/$(p)/$(p)) build/emu/a2a_ep4/a2a_ep4 build/emu-asan/a2a_ep4/a2a_ep4
 # make test-emu: every small plan and the kernel plans on the emulator
 # (tests/emu_check.sh): all ranks, --check eager and --graph, three seeds,
 # then the seeded faults.

@@ -9,11 +9,11 @@ local emit = {}
 local DT = { fp32 = "CP_FP32", bf16 = "CP_BF16", fp16 = "CP_FP16" }
 local RED = { sum = "CP_SUM", avg = "CP_AVG", max = "CP_MAX" }
 local BUF = { "CP_BUF_AG", "CP_BUF_UNSHARDED", "CP_BUF_GRADS", "CP_BUF_RS_IN", "CP_BUF_RS_OUT", "CP_BUF_ACT",
-              "CP_BUF_PARTIAL", "CP_BUF_PP" } -- memplan.KINDS order
+              "CP_BUF_PARTIAL", "CP_BUF_PP", "CP_BUF_A2A_COUNTS", "CP_BUF_A2A_SEND", "CP_BUF_A2A_RECV" } -- memplan.KINDS order
 
 -- The runtime table layout these tables are written for (runtime/commplan.h
 -- CP_TABLES_VERSION); plan.c refuses to compile against any other.
-emit.TABLES_VERSION = 8
+emit.TABLES_VERSION = 9
 
 -- Replace every {{key}}; a key the template names but vars lacks is a bug.
 function emit.fill(template, vars, template_name)
@@ -47,7 +47,9 @@ end
 local function arena_offsets(arena, u)
   local t = {}
   for i, kind in ipairs(memplan.KINDS) do
-    t[i] = string.format("[%s] = %d", BUF[i], arena.by_unit[u.index][kind].offset)
+    local b = arena.by_unit[u.index][kind]
+    -- expert parallelism's buffers only where the unit has them (C's zero default)
+    if i <= 8 or b.bytes > 0 then t[#t + 1] = string.format("[%s] = %d", BUF[i], b.offset) end
   end
   return table.concat(t, ", ")
 end
@@ -101,7 +103,11 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
       fields({ "rs_op", RED[u.rs_op], "ar_op", RED[u.ar_op], "pre_divide", num(u.pre_divide * 1.0),
                "post_divide", num(u.post_divide * 1.0), "vec_ok", u.vec_ok and 1 or 0,
                "act_numel", u.act_numel or 0, "partial_numel", u.partial and u.total or 0,
-               "pp_numel", opt_int(u.pp_numel, 0, 0, "unit " .. u.name .. "'s pp_numel") }),
+               "pp_numel", opt_int(u.pp_numel, 0, 0, "unit " .. u.name .. "'s pp_numel") })
+        -- expert parallelism (runtime/commplan.h): only on units with all-to-alls
+        .. (u.a2a_numel and ", " .. fields({ "a2a_numel", opt_int(u.a2a_numel, 0, 0, "unit " .. u.name .. "'s a2a_numel"),
+               "a2a_slots", opt_int(u.a2a_slots, 0, 0, "unit " .. u.name .. "'s a2a_slots"),
+               "a2a_experts", opt_int(u.a2a_experts, 0, 0, "unit " .. u.name .. "'s a2a_experts") }) or ""),
       fields({ "arena_offset", "{ " .. arena_offsets(arena, u) .. " }" }))
   end
   -- Ops whose completion a later op waits on get an event slot; an op's
@@ -143,6 +149,19 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
     local p2p = o.peer and fmt(", .peer = %d, .batch = %d, .tag = %d", opt_int(o.peer, -1, -1, "op " .. o.seq .. "'s peer"),
       opt_int(o.batch, 0, 0, "op " .. o.seq .. "'s batch"), opt_int(o.tag, 0, 0, "op " .. o.seq .. "'s tag"))
       or ", .peer = -1"
+    -- expert parallelism (a2a_counts / a2a ops): the counts op by its row's
+    -- index, and the counts slot, shifted like the micro-step in a repeated run
+    if o.a2a_experts then
+      local c = o.a2a_counts_op or -1
+      local c_in_run = rep and c >= rep.first and c < rep.first + rep.n
+      local c_index = c < 0 and "-1" or c_in_run and fmt("%d + (k) * %d", c, rep.n)
+        or tostring(rep and c >= rep.first + rep.n and c + shift or c)
+      local slot = in_run and fmt("%d + (k)", o.a2a_slot or 0) or tostring(o.a2a_slot or 0)
+      p2p = p2p .. fmt(", .a2a_experts = %d, .a2a_slot = %s, .a2a_counts_op = %s, .a2a_combine = %d, .a2a_dim = %d, "
+        .. ".a2a_capacity = %d, .a2a_rows = %d", opt_int(o.a2a_experts, 1, 1, "op " .. o.seq .. "'s a2a_experts"), slot,
+        c_index, (o.a2a_combine == true or o.a2a_combine == 1) and 1 or 0, opt_int(o.a2a_dim, 1, 1, "op " .. o.seq .. "'s a2a_dim"),
+        opt_int(o.a2a_capacity, 0, 0, "op " .. o.seq .. "'s a2a_capacity"), opt_int(o.a2a_rows, 0, 0, "op " .. o.seq .. "'s a2a_rows"))
+    end
     if o.group or o.count then
       ol[#ol + 1] = fmt("    [%s] = { .kind = %s, .unit = %s, .family = %s, .stream = %s, .dtype = %s, .count = %s, "
         .. ".reduce_op = %s, .micro_step = %s, .event = %s, .wait_first = %s, .wait_count = %s%s%s },%s", index, kind,

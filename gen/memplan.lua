@@ -44,7 +44,8 @@ local spantree = require("gen.spantree")
 local memplan = {}
 
 memplan.ALIGN = 256 -- bytes: cudaMalloc's alignment, and 16-byte vector access
-memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act", "partial", "pp" }
+memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act", "partial", "pp", "a2a_counts", "a2a_send",
+                  "a2a_recv" }
 
 -- The stream whose allocations a buffer belongs to: the one running the op
 -- that opens its lifetimes. As in PyTorch's caching allocator (a pool per
@@ -52,7 +53,8 @@ memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act", "partial
 -- stream's rs_out handed to the next unit's copy-out on the compute stream,
 -- that copy-out would wait for the all-reduce, and compute behind it.
 memplan.POOL = { ag = "copy_in", unsharded = "compute", grads = "compute", rs_in = "compute",
-                 rs_out = "reduce_scatter", act = "compute", partial = "reduce_scatter", pp = "compute" }
+                 rs_out = "reduce_scatter", act = "compute", partial = "reduce_scatter", pp = "compute",
+                 a2a_counts = "compute", a2a_send = "compute", a2a_recv = "compute" }
 
 local ES = util.DTYPE_BYTES
 local STREAMS = opkinds.STREAMS
@@ -67,6 +69,9 @@ local function sizes_of(lay, u, micro_steps)
     rs_out = u.total * ES[u.reduce_dtype], act = (u.act_numel or 0) * ES[u.ag_dtype],
     partial = u.partial and u.total * ES[u.reduce_dtype] or 0,
     pp = 2 * (micro_steps or 1) * (u.pp_numel or 0) * ES[u.ag_dtype],
+    -- expert parallelism (runtime/arena.c): [slot][sent, received][expert] int64, and two token buffers
+    a2a_counts = 2 * (u.a2a_slots or 0) * (u.a2a_experts or 0) * 8,
+    a2a_send = (u.a2a_numel or 0) * ES[u.ag_dtype], a2a_recv = (u.a2a_numel or 0) * ES[u.ag_dtype],
   }
 end
 
@@ -74,7 +79,8 @@ end
 local function lifetimes(lay, ops)
   local life, open = {}, {}
   for _, u in ipairs(lay.units) do
-    life[u.index] = { ag = {}, unsharded = {}, grads = {}, rs_in = {}, rs_out = {}, act = {}, partial = {}, pp = {} }
+    life[u.index] = { ag = {}, unsharded = {}, grads = {}, rs_in = {}, rs_out = {}, act = {}, partial = {}, pp = {},
+                      a2a_counts = {}, a2a_send = {}, a2a_recv = {} }
     open[u.index] = {}
   end
   local function start(u, kind, seq)
@@ -91,6 +97,7 @@ local function lifetimes(lay, ops)
   -- each copy-out, both counts then (for "no other unit computed since").
   local last_copy_out, computes, own, at_out, own_at_out = {}, 0, {}, {}, {}
   local pp_last = {} -- unit -> the last send or receive of its messages
+  local a2a_last = {} -- unit -> its last all-to-all (counts and tokens live from the first to the last)
   for _, o in ipairs(ops) do
     local u, k, s = o.unit, o.kind, o.seq
     if k == "copy_in" or (k == "all_gather" and o.from_sharded) then start(u, "ag", s)
@@ -118,6 +125,8 @@ local function lifetimes(lay, ops)
     elseif k == "partial_fold" then stop(u, "partial", s)
     elseif opkinds.BY_NAME[k].tp then start(u, "act", s); stop(u, "act", s) -- one collective's worth
     elseif opkinds.BY_NAME[k].p2p then start(u, "pp", s); pp_last[u] = s -- one life: first to last message
+    elseif opkinds.BY_NAME[k].a2a then
+      start(u, "a2a_counts", s); start(u, "a2a_send", s); start(u, "a2a_recv", s); a2a_last[u] = s
     end
     if k == "forward" or k == "backward" or k == "backward_input" then
       computes = computes + 1
@@ -125,6 +134,9 @@ local function lifetimes(lay, ops)
     end
   end
   for u, s in pairs(pp_last) do stop(u, "pp", s) end
+  for u, s in pairs(a2a_last) do
+    stop(u, "a2a_counts", s); stop(u, "a2a_send", s); stop(u, "a2a_recv", s)
+  end
   for _, u in ipairs(lay.units) do
     for _, kind in ipairs(memplan.KINDS) do
       if open[u.index][kind] then

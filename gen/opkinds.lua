@@ -50,6 +50,13 @@ opkinds.LIST = {
   -- zero bubble's split backward: I (the input gradient, no weight grads);
   -- its W is a "backward" (gen/parallel/pp_tables.lua)
   { name = "backward_input", reads = { "unsharded" }, writes = {} },
+  -- Expert parallelism (runtime/commplan.h CP_OP_A2A_COUNTS / CP_OP_A2A):
+  -- torchtitan's token dispatch and combine over the ep group, the counts
+  -- first (fixed size), then the tokens split by them within the op's
+  -- per-member capacity (a2a_* fields, docs/expert-parallel.md). A
+  -- dispatch reads a2a_send and writes a2a_recv, a combine the reverse.
+  { name = "a2a_counts", reads = { "a2a_counts" }, writes = { "a2a_counts" }, a2a = true },
+  { name = "a2a", reads = { "a2a_counts", "a2a_send", "a2a_recv" }, writes = { "a2a_send", "a2a_recv" }, a2a = true },
 }
 
 opkinds.BY_NAME = {}

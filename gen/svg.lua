@@ -47,6 +47,7 @@ svg.CLASSES = {
     kinds = { "tp_all_gather", "tp_reduce_scatter", "tp_all_reduce" } },
   -- optional: its style only in a plan that has such ops (pipeline parallelism's)
   { id = "pp", label = "pipeline sends / receives", fill = "#76b7b2", kinds = { "send", "recv" }, optional = true },
+  { id = "ep", label = "expert all-to-alls", fill = "#e15759", kinds = { "a2a_counts", "a2a" }, optional = true },
   { id = "ex", label = "waits for a collective", fill = "url(#hatch)",
     kinds = { "exposed" } },
   { id = "wt", label = "other waits", fill = "url(#hatchgrey)", kinds = { "wait" } },

@@ -19,6 +19,10 @@ int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_buffer k)
     case CP_BUF_PARTIAL: return U->partial_numel * (int64_t)cp_dtype_size(U->reduce_dtype);
     case CP_BUF_PP: /* [direction][micro-step] messages */
         return 2 * (int64_t)p->micro_steps * U->pp_numel * (int64_t)cp_dtype_size(U->ag_dtype);
+    case CP_BUF_A2A_COUNTS: /* [slot][sent, received][expert] */
+        return 2 * (int64_t)U->a2a_slots * U->a2a_experts * (int64_t)sizeof(int64_t);
+    case CP_BUF_A2A_SEND:
+    case CP_BUF_A2A_RECV: return U->a2a_numel * (int64_t)cp_dtype_size(U->ag_dtype);
     default: return U->total * (int64_t)cp_dtype_size(U->reduce_dtype);
     }
 }
@@ -156,7 +160,9 @@ void cp_call_conflict_message(const cp_plan *p, const char *call, int unit, int 
     static const char *const bufs[CP_ARENA_BUFFERS] = { "all-gather buffer", "unsharded parameters",
                                                         "unsharded gradients", "reduce-scatter input",
                                                         "reduce-scatter output", "activation buffer",
-                                                        "partial gradient sums", "point-to-point messages" };
+                                                        "partial gradient sums", "point-to-point messages",
+                                                        "expert counts", "expert-parallel send buffer",
+                                                        "expert-parallel receive buffer" };
     const char *name = p->units[v].name, *why;
     char fix[300];
     if (held == CP_BUF_UNSHARDED) {

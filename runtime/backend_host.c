@@ -22,6 +22,7 @@ typedef struct {
     const void **ptrs;      /* per member */
     const cp_op **sigs;     /* per member */
     void **slices;          /* per member: its share of an all-reduce's result */
+    const int64_t **rows;   /* per member: the rows it sends each member (expert parallelism's all-to-all) */
 } group_instance;
 
 typedef struct {
@@ -132,9 +133,11 @@ cp_host_world *cp_host_world_create(const cp_plan *p)
             g->ptrs = calloc((size_t)size, sizeof *g->ptrs);
             g->sigs = calloc((size_t)size, sizeof *g->sigs);
             g->slices = calloc((size_t)size, sizeof *g->slices);
-            if (!g->ptrs || !g->sigs || !g->slices || pthread_barrier_init(&g->barrier, NULL, (unsigned)size) != 0) {
-                free(g->ptrs); free(g->sigs); free(g->slices);
-                g->ptrs = NULL; g->sigs = NULL; g->slices = NULL;
+            g->rows = calloc((size_t)size, sizeof *g->rows);
+            if (!g->ptrs || !g->sigs || !g->slices || !g->rows ||
+                pthread_barrier_init(&g->barrier, NULL, (unsigned)size) != 0) {
+                free(g->ptrs); free(g->sigs); free(g->slices); free(g->rows);
+                g->ptrs = NULL; g->sigs = NULL; g->slices = NULL; g->rows = NULL;
                 cp_host_world_destroy(w);
                 return NULL;
             }
@@ -173,6 +176,7 @@ void cp_host_world_destroy(cp_host_world *w)
                 free(fs->inst[i].ptrs);
                 free(fs->inst[i].sigs);
                 free(fs->inst[i].slices);
+                free(fs->inst[i].rows);
             }
             free(fs->inst);
         }
@@ -497,6 +501,87 @@ static int host_group_end(cp_backend *b)
     return 0;
 }
 
+/* ---- expert parallelism's all-to-alls: a rendezvous like the collectives ---- */
+
+/* The members' a2a fields agree (the rendezvous compared kind, count and dtype). */
+static int a2a_agree(rank_ctx *rc, group_instance *g, const cp_op *op, int size)
+{
+    for (int m = 0; m < size; m++) {
+        const cp_op *o = g->sigs[m];
+        if (o->a2a_experts != op->a2a_experts || o->a2a_dim != op->a2a_dim || o->a2a_capacity != op->a2a_capacity ||
+            (op->kind == CP_OP_A2A && o->a2a_combine != op->a2a_combine))
+            return p2p_error(rc, "rank %d: %s (op %ld) disagrees with ep member %d's (%d experts per member, row %lld, "
+                             "capacity %lld, combine %d; here %d, %lld, %lld, %d): regenerate the plan", rc->rank,
+                             cp_op_kind_name(op->kind), op_index(rc, op), m, o->a2a_experts, (long long)o->a2a_dim,
+                             (long long)o->a2a_capacity, o->a2a_combine, op->a2a_experts, (long long)op->a2a_dim,
+                             (long long)op->a2a_capacity, op->a2a_combine);
+    }
+    return 0;
+}
+
+static int host_a2a_counts(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)
+{
+    rank_ctx *rc = b->ctx;
+    (void)s;
+    rc->err[0] = '\0';
+    int key, size, bad;
+    group_instance *g = rendezvous(b, op, in, &key, &size, &bad);
+    if (!bad) bad = a2a_agree(rc, g, op, size) != 0;
+    size_t share = (size_t)op->a2a_experts;
+    if (!bad) /* member m's counts for this rank's experts */
+        for (int m = 0; m < size; m++)
+            memcpy((int64_t *)out + (size_t)m * share, (const int64_t *)g->ptrs[m] + (size_t)key * share,
+                   share * sizeof(int64_t));
+    pthread_barrier_wait(&g->barrier);
+    return bad ? -1 : 0;
+}
+
+static int host_a2a(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out, const int64_t *send_rows,
+                    const int64_t *recv_rows)
+{
+    rank_ctx *rc = b->ctx;
+    (void)s;
+    rc->err[0] = '\0';
+    const cp_plan *p = rc->world->plan;
+    int color, key0;
+    cp_group_of(p, op->family, rc->rank, &color, &key0);
+    rc->world->fam[op->family].inst[color].rows[key0] = send_rows; /* posted before the rendezvous' barrier */
+    int key, size, bad;
+    group_instance *g = rendezvous(b, op, in, &key, &size, &bad);
+    if (!bad) bad = a2a_agree(rc, g, op, size) != 0;
+    /* What each member sends this rank must be what this rank's counts say it receives. */
+    for (int m = 0; m < size && !bad; m++)
+        if (g->rows[m][key] != recv_rows[m])
+            bad = p2p_error(rc, "rank %d: a2a (op %ld) expects %lld rows from ep member %d, which sends %lld: the "
+                            "counts all-to-all and the tokens' disagree", rc->rank, op_index(rc, op),
+                            (long long)recv_rows[m], m, (long long)g->rows[m][key]) != 0;
+    size_t row = (size_t)op->a2a_dim * cp_dtype_size(op->dtype), at = 0;
+    for (int m = 0; m < size && !bad; m++) {
+        size_t from = 0; /* this rank's rows in member m's packed input */
+        for (int j = 0; j < key; j++) from += (size_t)g->rows[m][j];
+        memcpy((char *)out + at * row, (const char *)g->ptrs[m] + from * row, (size_t)recv_rows[m] * row);
+        at += (size_t)recv_rows[m];
+    }
+    pthread_barrier_wait(&g->barrier);
+    return bad ? -1 : 0;
+}
+
+/* The host library hands its collectives to the caller, whose callback has no all-to-all. */
+static int cb_a2a_counts(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)
+{
+    (void)s, (void)in, (void)out;
+    return p2p_error(b->ctx, "rank %d: %s (op %ld): this backend hands its collectives to a callback, which has no all-to-all "
+                     "(expert parallelism runs in --simulate of every rank together and on NCCL, not in the host library or --ranks)", ((rank_ctx *)b->ctx)->rank,
+                     cp_op_kind_name(op->kind), op_index(b->ctx, op));
+}
+
+static int cb_a2a(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out, const int64_t *send_rows,
+                  const int64_t *recv_rows)
+{
+    (void)send_rows, (void)recv_rows;
+    return cb_a2a_counts(b, op, s, in, out);
+}
+
 static const char *host_last_error(cp_backend *b)
 {
     rank_ctx *rc = b->ctx;
@@ -789,6 +874,8 @@ void cp_host_backend_init(cp_backend *b, cp_host_world *w, int rank)
     b->recv = host_recv;
     b->group_start = host_group_start;
     b->group_end = host_group_end;
+    b->a2a_counts = host_a2a_counts;
+    b->a2a = host_a2a;
     b->last_error = host_last_error;
 }
 
@@ -800,4 +887,6 @@ void cp_host_backend_init_cb(cp_backend *b, cp_host_world *w, int rank, cp_host_
     b->collective[CP_COLL_ALL_GATHER] = cb_all_gather;
     b->collective[CP_COLL_REDUCE_SCATTER] = cb_reduce_scatter;
     b->collective[CP_COLL_ALL_REDUCE] = cb_all_reduce;
+    b->a2a_counts = cb_a2a_counts;
+    b->a2a = cb_a2a;
 }

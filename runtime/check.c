@@ -1106,3 +1106,107 @@ int cp_checker_p2p_check(cp_checker *c, const cp_op *op, int sender, const void 
     }
     return 0;
 }
+
+/* ---- expert parallelism: routed counts and token rows ---- */
+
+static uint32_t a2a_key(int rank, int step, const cp_op *op, uint32_t salt)
+{
+    return mix32(((uint64_t)(uint32_t)rank << 40) ^ ((uint64_t)(uint32_t)step << 24) ^
+                 ((uint64_t)(uint32_t)op->micro_step << 12) ^ ((uint64_t)(uint32_t)op->a2a_slot << 4) ^
+                 ((uint64_t)(uint32_t)op->unit * 0x9e3779b97f4a7c15ULL) ^ ((uint64_t)salt << 52));
+}
+
+/* Rows go expert by expert, each to a random expert among those this draw
+ * routes to (about three in four; the others get none); an expert whose
+ * member is full passes its row to the next with room. One draw in four
+ * fills one member exactly to capacity first and leaves the next with
+ * nothing. Rows past every member's capacity are dropped (never refused). */
+void cp_checker_a2a_counts(const cp_checker *c, const cp_op *op, int rank, int n, int64_t *counts)
+{
+    int epp = op->a2a_experts, E = n * epp;
+    int64_t cap = op->a2a_capacity, rows = op->a2a_rows > 0 ? op->a2a_rows : (int64_t)n * cap / 2;
+    int64_t *load = calloc((size_t)n, sizeof *load);
+    unsigned char *on = calloc((size_t)E, 1);
+    for (int e = 0; e < E; e++) counts[e] = 0;
+    if (!load || !on || E == 0) goto done;
+    uint32_t h = a2a_key(rank, c->step, op, 1);
+    int full = -1, empty = -1;
+    if (h % 4 == 0) {
+        full = (int)((h >> 2) % (uint32_t)n);
+        empty = n > 1 ? (full + 1) % n : -1;
+    }
+    int any = 0;
+    for (int e = 0; e < E; e++) {
+        on[e] = e / epp != empty && mix32(((uint64_t)h << 20) ^ (uint64_t)e) % 4 != 0;
+        any |= on[e];
+    }
+    for (int e = 0; e < E && !any; e++) on[e] = e / epp != empty, any |= on[e];
+    if (!any) goto done;
+    int64_t left = rows;
+    if (full >= 0) { /* exactly capacity (or every row) to member `full`, spread over its experts */
+        int64_t give = cap < left ? cap : left;
+        for (int64_t i = 0; i < give; i++) counts[full * epp + (int)(mix32(((uint64_t)h << 32) ^ (uint64_t)i) % (uint32_t)epp)]++;
+        load[full] = give;
+        left -= give;
+    }
+    for (int64_t i = 0; i < left; i++) {
+        int e = (int)(mix32(((uint64_t)h << 24) ^ ((uint64_t)i * 0x9e3779b97f4a7c15ULL)) % (uint32_t)E), k = 0;
+        while (k < E && (!on[e] || load[e / epp] >= cap)) e = (e + 1) % E, k++;
+        for (k = k < E ? k : 0; k < E && (e / epp == empty || load[e / epp] >= cap); k++) e = (e + 1) % E;
+        if (k == E) break; /* every member that takes rows is full */
+        counts[e]++;
+        load[e / epp]++;
+    }
+done:
+    free(load);
+    free(on);
+    /* COMMPLAN_A2A_OVERFLOW=<rank>: that rank routes one row past the next member's capacity (a test of the refusal). */
+    const char *over = getenv("COMMPLAN_A2A_OVERFLOW");
+    if (over && over[0] && atoi(over) == rank && E > 0) {
+        int m = 1 % n;
+        for (int e = 0; e < epp; e++) counts[m * epp + e] = 0;
+        counts[m * epp] = cap + 1;
+    }
+}
+
+static void a2a_element(const cp_checker *c, const cp_op *op, int sender, int receiver, int expert, int64_t row,
+                        int64_t i, void *out)
+{
+    uint32_t h = mix32(((uint64_t)a2a_key(sender, c->step, op, 2 + (uint32_t)op->a2a_combine) << 32) ^
+                       ((uint64_t)(uint32_t)receiver << 20) ^ (uint64_t)(uint32_t)expert) ^
+                 mix32(((uint64_t)row << 24) ^ (uint64_t)i ^ 0x5bd1e995u);
+    if (op->dtype == CP_FP32) {
+        float v = (float)(h % 2097152u + 1u);
+        memcpy(out, &v, sizeof v);
+        return;
+    }
+    uint16_t b = p2p_bits16(h, op->dtype);
+    memcpy(out, &b, sizeof b);
+}
+
+void cp_checker_a2a_row(const cp_checker *c, const cp_op *op, int sender, int receiver, int expert, int64_t row,
+                        void *out)
+{
+    size_t es = cp_dtype_size(op->dtype);
+    for (int64_t i = 0; i < op->a2a_dim; i++) a2a_element(c, op, sender, receiver, expert, row, i, (char *)out + (size_t)i * es);
+}
+
+int cp_checker_a2a_check_row(cp_checker *c, const cp_op *op, int sender, int receiver, int expert, int64_t row,
+                             int64_t at, const void *got)
+{
+    size_t es = cp_dtype_size(op->dtype);
+    unsigned char want[4];
+    for (int64_t i = 0; i < op->a2a_dim; i++) {
+        const char *g = (const char *)got + (size_t)i * es;
+        a2a_element(c, op, sender, receiver, expert, row, i, want);
+        if (memcmp(want, g, es) == 0) continue;
+        if (c->mismatches++ == 0)
+            fprintf(stderr, "commplan: mismatch: rank %d step %d: %s (%s) of unit %s, micro-step %d (op %ld): row %ld "
+                    "(received row %ld) of expert %d from rank %d, element %ld: expected %.9g, got %.9g\n", c->rank,
+                    c->step, cp_op_kind_name(op->kind), op->a2a_combine ? "combine" : "dispatch",
+                    c->plan->units[op->unit].name, op->micro_step, (long)(op - c->plan->ops), (long)row, (long)at,
+                    expert, sender, (long)i, (double)cp_load(op->dtype, want, 0), (double)cp_load(op->dtype, g, 0));
+        return -1;
+    }
+    return 0;
+}

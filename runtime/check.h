@@ -92,6 +92,23 @@ void cp_checker_p2p_message(const cp_checker *c, const cp_op *op, int sender, vo
  * line naming both ranks, tag, micro-step and the first wrong element
  * (counted as a mismatch). */
 int cp_checker_p2p_check(cp_checker *c, const cp_op *op, int sender, const void *got);
+/* Expert parallelism. The per-expert token counts (n x op->a2a_experts,
+ * member-major global expert order) global rank `rank` routes at an
+ * A2A_COUNTS in this step: op->a2a_rows rows (half the capacity when 0)
+ * from a generator seeded by (rank, step, micro-step, slot, unit); some
+ * experts get none, one draw in four fills a member exactly to capacity
+ * and leaves the next empty; never past capacity (COMMPLAN_A2A_OVERFLOW=R
+ * makes rank R route one row past a member's: the refusal's test). */
+void cp_checker_a2a_counts(const cp_checker *c, const cp_op *op, int rank, int n, int64_t *counts);
+/* Row `row` (op->a2a_dim elements of op->dtype) of global expert `expert`'s
+ * tokens that rank sender sends rank receiver at A2A op: a hash of all of
+ * them, the step, micro-step, unit and direction, never zero. */
+void cp_checker_a2a_row(const cp_checker *c, const cp_op *op, int sender, int receiver, int expert, int64_t row,
+                        void *out);
+/* A received row (at: its index in the packed output) against the
+ * sender's: 0, or -1 after one line (counted as a mismatch). */
+int cp_checker_a2a_check_row(cp_checker *c, const cp_op *op, int sender, int receiver, int expert, int64_t row,
+                             int64_t at, const void *got);
 /* Stand-ins for --simulate --ranks (simulate.c): shard rank s's shards of
  * unit u (orig dtype, total elements), and shard-group members' (global
  * ranks, at most the shard group's size) reduce-scatter inputs for this

@@ -15,7 +15,7 @@ extern "C" {
 /* The layout of the tables below. A generated plan.c refuses to compile
  * against a runtime whose tables differ (nanopb's PB_PROTO_HEADER_VERSION
  * idea): bump it with every change to a table type or an enum. */
-#define CP_TABLES_VERSION 8
+#define CP_TABLES_VERSION 9
 
 #define CP_MAX_DIMS 8      /* tensor dims per parameter */
 #define CP_MAX_MESH_DIMS 6 /* dp_replicate, dp_shard, ep, cp, tp, pp */
@@ -55,6 +55,15 @@ typedef enum {
     /* zero bubble's split backward (pipeline schedules' I): the input gradient
      * only, params unsharded, no weight grads (its W is a CP_OP_BACKWARD) */
     CP_OP_BACKWARD_INPUT,
+    /* Expert parallelism: torchtitan's MoE token dispatch and combine
+     * (ExpertParallel._token_dispatch / _token_combine), over the op's family
+     * (the ep group). Split sizes depend on routing, known only at run time:
+     * the tables fix each peer's capacity (rows) and the counts come in at
+     * run time within it (docs/expert-parallel.md). */
+    CP_OP_A2A_COUNTS,      /* all-to-all of the per-expert token counts: a2a_experts int64 to each member,
+                              into the unit's counts slot a2a_slot ([sent][received]) */
+    CP_OP_A2A,             /* all-to-all of token rows (a2a_dim elements each) split by the counts that
+                              op a2a_counts_op exchanged: dispatch send -> recv buffer, combine recv -> send */
     CP_OP_KIND_COUNT
 } cp_op_kind;
 
@@ -91,6 +100,13 @@ typedef enum {
     CP_BUF_PARTIAL,   /* partial_numel, reduce dtype: reduce-scatter outputs awaiting the all-reduce */
     CP_BUF_PP,        /* 2 x micro_steps x pp_numel, ag dtype: point-to-point messages [direction][micro-step]
                          (direction 0: forward activations, 1: their gradients) */
+    /* Expert parallelism's all-to-alls (CP_OP_A2A_COUNTS / CP_OP_A2A): */
+    CP_BUF_A2A_COUNTS, /* a2a_slots x 2 x a2a_experts int64: per slot the counts sent (this rank's tokens per
+                          expert, global expert order) then received ([source member][its local expert]) */
+    CP_BUF_A2A_SEND,   /* a2a_numel, ag dtype: this rank's routed tokens, rows packed by destination member,
+                          then expert (torch's all_to_all_single input), at most a2a_capacity rows per member */
+    CP_BUF_A2A_RECV,   /* a2a_numel, ag dtype: the tokens for this rank's experts, packed by source member,
+                          then local expert */
     CP_ARENA_BUFFERS,
     CP_BUF_SHARDED = CP_ARENA_BUFFERS, /* total, orig dtype: this rank's shards */
     CP_BUF_SHARDED_GRADS,              /* total, orig dtype: this rank's reduced grads */
@@ -130,6 +146,10 @@ typedef struct {
     int64_t act_numel; /* largest activation any of its TP collectives moves (0 without TP) */
     int64_t partial_numel; /* all_reduce_last under HSDP: total (the partial sums, reduce dtype); else 0 */
     int64_t pp_numel;      /* elements (ag dtype) of one point-to-point message of this unit; 0: none */
+    /* Expert parallelism: 0, 0, 0 without it. */
+    int64_t a2a_numel;     /* elements (ag dtype) of each token buffer: ep x capacity x dim, its A2A ops' largest */
+    int a2a_slots;         /* counts slots (a micro-step's counts live from its dispatch to its backward) */
+    int a2a_experts;       /* num_experts: int64 entries of each half of a counts slot */
     int64_t arena_offset[CP_ARENA_BUFFERS]; /* bytes into the rank's arena */
 } cp_unit;
 
@@ -158,6 +178,19 @@ typedef struct {
     int batch; /* 0: issued alone; > 0: consecutive ops with the same id form one group
                   (torch's batch_isend_irecv, NCCL's ncclGroupStart .. ncclGroupEnd) */
     int tag;   /* the message: 2 x sending stage, + 1 for a gradient; both ends carry the same */
+    /* Expert parallelism (CP_OP_A2A_COUNTS / CP_OP_A2A); only those ops read
+     * these (C's zero default elsewhere). The family is the ep group: member
+     * m holds experts m x a2a_experts .. (m + 1) x a2a_experts - 1. */
+    int a2a_experts;      /* experts per member (num_experts / ep) */
+    int a2a_slot;         /* A2A_COUNTS: the unit's counts slot it fills (the A2A reads its counts op's) */
+    int a2a_counts_op;    /* A2A: index in the rank's op table of the earlier A2A_COUNTS whose counts split it */
+    int a2a_combine;      /* A2A: 0 dispatch (send buffer -> recv buffer; splits: counts sent to each member,
+                             counts received from each), 1 combine (recv -> send; the splits swapped). Backward:
+                             dispatch's gradient is a combine, combine's a dispatch */
+    int64_t a2a_dim;      /* elements per token row (the model's dim) */
+    int64_t a2a_capacity; /* rows per member each buffer holds: counts past it are refused, never sent */
+    int64_t a2a_rows;     /* A2A_COUNTS: routed rows per rank (tokens x top_k) --simulate / --check draw; 0: half
+                             the capacity */
 } cp_op;
 
 /* One class: the ranks whose tables agree (TP ranks whose TP-local shapes
@@ -280,7 +313,8 @@ typedef enum {
     CP_ACT_COLLECTIVE, /* a collective over the op's group; identity on a one-rank group */
     CP_ACT_COMPUTE,    /* the caller's forward / backward */
     CP_ACT_NONE,       /* bookkeeping only (reshard: the arena keeps the bytes) */
-    CP_ACT_P2P         /* a send to or a receive from the op's pp peer (in: a send, out: a receive) */
+    CP_ACT_P2P,        /* a send to or a receive from the op's pp peer (in: a send, out: a receive) */
+    CP_ACT_A2A         /* expert parallelism's all-to-alls (counts, tokens) */
 } cp_op_action;
 
 typedef enum { CP_COLL_ALL_GATHER = 0, CP_COLL_REDUCE_SCATTER, CP_COLL_ALL_REDUCE, CP_COLLECTIVES } cp_collective;
@@ -401,6 +435,16 @@ struct cp_backend {
     /* Around the sends and receives of one batch (op->batch): posted together. */
     int (*group_start)(cp_backend *b);
     int (*group_end)(cp_backend *b);
+    /* Expert parallelism over the op's group (n members, this rank member
+     * key): a2a_counts sends op->a2a_experts int64 from in + m x a2a_experts
+     * to each member m and receives as many from each into out + m x
+     * a2a_experts. a2a sends send_rows[m] rows of op->a2a_dim elements of
+     * op->dtype, packed in member order from in, to member m, and receives
+     * recv_rows[m] rows from member m packed in member order into out; the
+     * executor has checked every split against op->a2a_capacity. */
+    int (*a2a_counts)(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out);
+    int (*a2a)(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out, const int64_t *send_rows,
+               const int64_t *recv_rows);
 };
 
 /* ---- executor (executor.c): the one op walker every backend runs ---- */
@@ -416,6 +460,11 @@ typedef int (*cp_activation_fn)(void *user, cp_executor *ex, const cp_op *op, in
  * produced the message: write it), 1 after a receive completed (read it;
  * for a receive inside a batch, after the batch's group closed). */
 typedef int (*cp_p2p_fn)(void *user, cp_executor *ex, const cp_op *op, int after);
+/* Around expert parallelism's all-to-alls: after = 0 before (A2A_COUNTS:
+ * give this rank's counts, cp_executor_set_expert_counts; A2A: write its
+ * input rows), 1 after (read the received counts or rows). A failure
+ * before an A2A_COUNTS still exchanges (a refusal every member sees). */
+typedef int (*cp_a2a_fn)(void *user, cp_executor *ex, const cp_op *op, int after);
 
 struct cp_executor {
     const cp_plan *plan;            /* &view */
@@ -427,6 +476,7 @@ struct cp_executor {
     cp_collective_fn on_collective; /* after each collective (tracing, dumps) */
     cp_activation_fn on_activation; /* around each TP activation collective */
     cp_p2p_fn on_p2p;               /* before each send, after each receive */
+    cp_a2a_fn on_a2a;               /* around each expert-parallel all-to-all */
     void *user;
     unsigned char *unsharded_live;  /* per unit: 1 between copy-out and reshard */
     /* Which op each event wait means: a repeated micro-step's ops share an
@@ -443,6 +493,16 @@ struct cp_executor {
      * nothing until ncclGroupEnd, so an event recorded earlier marks nothing). */
     int open_batch;
     const cp_op *batch_first;
+    /* Expert parallelism, per unit with a2a_slots: host copies of the counts
+     * slots (a2a_slots x 2 x a2a_experts: what the A2As split by), the op
+     * that filled each slot last (-1: none), counts given for the unit's
+     * next A2A_COUNTS (cp_executor_set_expert_counts) and where its next
+     * search starts; a2a_rows: scratch for one op's splits. */
+    int64_t **a2a_counts, **a2a_pending;
+    int **a2a_filled;
+    unsigned char *a2a_has_pending;
+    int *a2a_cursor;
+    int64_t *a2a_rows;
     int quiet;                      /* failures only into err (a library), not also on stderr */
     char err[512];                  /* the last failure: one line naming rank, op, unit and why */
 };
@@ -472,6 +532,23 @@ extern const cp_op_kind cp_call_unshard[3], cp_call_reshard[1], cp_call_reduce[8
  * run's failure (-1). *cursor is left where the next search starts. */
 int cp_run_call(const cp_plan *p, int unit, const cp_op_kind *kinds, int nkinds, int *cursor,
                 int (*run)(void *ctx, const cp_op *op), void *ctx);
+
+/* Expert parallelism: this rank's per-expert token counts (n = the unit's
+ * a2a_experts, global expert order) for the unit's next A2A_COUNTS, which
+ * sends them instead of asking on_a2a. Checked now against that op and
+ * again when it runs: a negative count, or a member's share past the op's
+ * a2a_capacity rows, is refused with one line in ex->err naming rank, op,
+ * member, count and capacity (0 or -1). */
+int cp_executor_set_expert_counts(cp_executor *ex, int unit, const int64_t *counts, int n);
+/* The host copy of the unit's counts slot: [0, a2a_experts) sent, then
+ * [a2a_experts, 2 x a2a_experts) received; NULL when out of range. */
+const int64_t *cp_executor_a2a_counts(const cp_executor *ex, int unit, int slot);
+/* The rows an A2A op sends to and receives from each member (n entries
+ * each) as the counts of its A2A_COUNTS give them; 0, or -1 (no counts yet). */
+int cp_executor_a2a_splits(const cp_executor *ex, const cp_op *op, int64_t *send_rows, int64_t *recv_rows);
+
+/* Whether any class of the plan has an expert-parallel all-to-all. */
+int cp_plan_has_a2a(const cp_plan *p);
 
 /* Host copies of a unit's whole buffer (checks, dumps), ordered on stream s. */
 int cp_executor_read(cp_executor *ex, cp_stream s, int u, cp_buffer k, void *host);

@@ -84,7 +84,16 @@ int cp_gpu_step_profiled(cp_gpu *g, void *stream, double host_us[CP_OP_KIND_COUN
  * each later cp_gpu_step records events[2i] on op i's stream when it can
  * start (after its waits) and events[2i + 1] when it is done; NULL: off. */
 void cp_gpu_set_trace(cp_gpu *g, void *events);
-/* Capture one step as a CUDA graph (on stream), then replay it. */
+/* Expert parallelism: this rank's per-expert token counts (n = the unit's
+ * a2a_experts, global expert order: what torchtitan's router counted) for
+ * the unit's next A2A_COUNTS in cp_gpu_step (call it from the compute
+ * callback before that op, or before the step). Checked now and when the
+ * op runs: a negative count or a member's share past the op's capacity is
+ * refused with one line (rank, op, member, count, capacity), and every
+ * member of the ep group then refuses that layer's all-to-alls. 0 or -1. */
+int cp_gpu_set_expert_counts(cp_gpu *g, int unit, const int64_t *counts, int n);
+/* Capture one step as a CUDA graph (on stream), then replay it; refused
+ * for a plan with expert-parallel all-to-alls (run-time split sizes). */
 int cp_gpu_graph_capture(cp_gpu *g, void *stream);
 int cp_gpu_graph_launch(cp_gpu *g, void *stream);
 /* Waits for stream while polling NCCL for asynchronous errors; after

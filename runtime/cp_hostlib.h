@@ -39,6 +39,11 @@ void *cp_hostlib_sharded_grad(cp_hostlib *h, int param);
 int cp_hostlib_unshard(cp_hostlib *h, int unit);
 int cp_hostlib_reshard(cp_hostlib *h, int unit);
 int cp_hostlib_reduce_grads(cp_hostlib *h, int unit);
+/* Expert parallelism: this rank's per-expert token counts for the unit's
+ * next A2A_COUNTS, checked as cp_gpu_set_expert_counts checks them (0, or
+ * -1 with one line). No host library call runs the all-to-alls yet: its
+ * collectives go to the caller's callback, which has no all-to-all. */
+int cp_hostlib_set_expert_counts(cp_hostlib *h, int unit, const int64_t *counts, int n);
 
 #ifdef __cplusplus
 }

@@ -68,6 +68,12 @@ const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
                      .out_slot = CP_SLOT_PP, .frees = CP_BUF_NONE },
     [CP_OP_BACKWARD_INPUT] = { .name = "backward_input", .action = CP_ACT_COMPUTE, .in = CP_BUF_UNSHARDED,
                                .out = CP_BUF_NONE, .frees = CP_BUF_NONE },
+    /* Expert parallelism: in and out are the whole buffers; the counts op
+     * uses its slot, and a combine runs recv -> send (run_a2a). */
+    [CP_OP_A2A_COUNTS] = { .name = "a2a_counts", .action = CP_ACT_A2A, .in = CP_BUF_A2A_COUNTS,
+                           .out = CP_BUF_A2A_COUNTS, .frees = CP_BUF_NONE },
+    [CP_OP_A2A] = { .name = "a2a", .action = CP_ACT_A2A, .in = CP_BUF_A2A_SEND, .out = CP_BUF_A2A_RECV,
+                    .frees = CP_BUF_NONE },
 };
 
 const cp_op_kind cp_call_unshard[3] = { CP_OP_COPY_IN, CP_OP_ALL_GATHER, CP_OP_COPY_OUT };
@@ -107,6 +113,18 @@ int cp_run_call(const cp_plan *p, int unit, const cp_op_kind *kinds, int nkinds,
     return 0;
 }
 
+int cp_plan_has_a2a(const cp_plan *p)
+{
+    int nclasses = p->classes && p->nclasses > 0 ? p->nclasses : 0;
+    for (int c = -1; c < nclasses; c++) {
+        const cp_op *ops = c < 0 ? p->ops : p->classes[c].ops;
+        int nops = c < 0 ? p->nops : p->classes[c].nops;
+        for (int i = 0; i < nops; i++)
+            if (ops[i].kind == CP_OP_A2A_COUNTS || ops[i].kind == CP_OP_A2A) return 1;
+    }
+    return 0;
+}
+
 const char *cp_op_kind_name(cp_op_kind k)
 {
     return (unsigned)k < CP_OP_KIND_COUNT ? cp_op_descs[k].name : "?";
@@ -129,6 +147,15 @@ static int ex_error(cp_executor *ex, const char *fmt, ...)
     const char *detail = ex->backend && ex->backend->last_error ? ex->backend->last_error(ex->backend) : NULL;
     if (detail && detail[0] && n > 0 && (size_t)n < sizeof ex->err)
         snprintf(ex->err + n, sizeof ex->err - (size_t)n, ": %s", detail);
+    if (!ex->quiet) fprintf(stderr, "commplan: %s\n", ex->err);
+    return -1;
+}
+
+/* One line into ex->err (and stderr unless quiet), without the backend's
+ * detail: a refusal of the caller's data, not a failed call. */
+static int ex_refuse(cp_executor *ex, const char *line)
+{
+    if (line != ex->err) snprintf(ex->err, sizeof ex->err, "%s", line);
     if (!ex->quiet) fprintf(stderr, "commplan: %s\n", ex->err);
     return -1;
 }
@@ -176,6 +203,31 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
             if (o->event >= 0 && o->event < p->nevents) ex->slot_last[o->event] = i;
         }
         for (size_t s = 0; s < nslots; s++) ex->slot_last[s] = -1;
+    }
+    /* Expert parallelism: host copies of every counts slot, the counts given
+     * ahead, and one op's splits (2 x the largest family an A2A uses). */
+    {
+        int most = 1;
+        for (int i = 0; i < p->nops; i++)
+            if (p->ops[i].kind == CP_OP_A2A && p->ops[i].family >= 0 && p->ops[i].family < p->nfamilies &&
+                p->families[p->ops[i].family].size > most)
+                most = p->families[p->ops[i].family].size;
+        if (!(ex->a2a_counts = calloc(n, sizeof *ex->a2a_counts)) ||
+            !(ex->a2a_pending = calloc(n, sizeof *ex->a2a_pending)) ||
+            !(ex->a2a_filled = calloc(n, sizeof *ex->a2a_filled)) || !(ex->a2a_has_pending = calloc(n, 1)) ||
+            !(ex->a2a_cursor = calloc(n, sizeof *ex->a2a_cursor)) ||
+            !(ex->a2a_rows = calloc(2 * (size_t)most, sizeof *ex->a2a_rows)))
+            goto oom;
+        for (int u = 0; u < p->nunits; u++) {
+            const cp_unit *U = &p->units[u];
+            if (U->a2a_slots <= 0 || U->a2a_experts <= 0) continue;
+            size_t E = (size_t)U->a2a_experts, slots = (size_t)U->a2a_slots;
+            if (!(ex->a2a_counts[u] = calloc(2 * slots * E, sizeof(int64_t))) ||
+                !(ex->a2a_pending[u] = calloc(E, sizeof(int64_t))) ||
+                !(ex->a2a_filled[u] = malloc(slots * sizeof(int))))
+                goto oom;
+            for (size_t k = 0; k < slots; k++) ex->a2a_filled[u][k] = -1;
+        }
     }
     /* Transient buffers live in one arena at the generator's offsets: a
      * wrong memory plan corrupts live data and the exact checks see it. */
@@ -226,6 +278,17 @@ void cp_executor_free(cp_executor *ex)
     if (ex->arena) b->free(b, ex->arena);
     for (int k = 0; k < CP_BUFFERS; k++) free(ex->buf[k]);
     free(ex->unsharded_live);
+    for (int u = 0; u < ex->plan->nunits; u++) {
+        if (ex->a2a_counts) free(ex->a2a_counts[u]);
+        if (ex->a2a_pending) free(ex->a2a_pending[u]);
+        if (ex->a2a_filled) free(ex->a2a_filled[u]);
+    }
+    free(ex->a2a_counts);
+    free(ex->a2a_pending);
+    free(ex->a2a_filled);
+    free(ex->a2a_has_pending);
+    free(ex->a2a_cursor);
+    free(ex->a2a_rows);
     free(ex->wait_base);
     free(ex->wait_means);
     free(ex->slot_last);
@@ -387,6 +450,280 @@ static int run_p2p(cp_executor *ex, const cp_op *op, void *in, void *out)
     return 0;
 }
 
+/* ---- expert parallelism's all-to-alls ---- */
+
+/* The op's ep group: n members, this rank member key (1 and 0 without one). */
+static void a2a_group(const cp_executor *ex, const cp_op *op, int *n, int *color, int *key)
+{
+    *n = 1, *color = 0, *key = 0;
+    if (op->family < 0) return;
+    *n = ex->plan->families[op->family].size;
+    cp_group_of(ex->plan, op->family, ex->rank, color, key);
+}
+
+/* Whether op's fields fit the unit and the plan; else one line into why. */
+static int a2a_fields_ok(const cp_executor *ex, const cp_op *op, char *why, size_t n)
+{
+    const cp_plan *p = ex->plan;
+    const cp_unit *U = &p->units[op->unit];
+    if (op->family >= p->nfamilies) return snprintf(why, n, "family %d is outside the plan's %d", op->family,
+                                                     p->nfamilies), -1;
+    int members = op->family >= 0 ? p->families[op->family].size : 1;
+    if (op->a2a_experts <= 0 || (int64_t)members * op->a2a_experts != U->a2a_experts)
+        return snprintf(why, n, "%d experts per member x %d members is not the unit's %d experts", op->a2a_experts,
+                        members, U->a2a_experts), -1;
+    if (op->a2a_dim <= 0 || op->a2a_capacity < 0 || op->a2a_capacity > INT64_MAX / 4 / op->a2a_dim / members)
+        return snprintf(why, n, "row length %lld or capacity %lld rows is out of range", (long long)op->a2a_dim,
+                        (long long)op->a2a_capacity), -1;
+    return 0;
+}
+
+/* Counts given for a member-major expert order (counts[m x epp + e]):
+ * each >= 0, each member's share at most the op's capacity. 0, or -1 with
+ * one line (rank, op, member, count, capacity) into msg. received: counts
+ * that came from the members, not the ones this rank sends. */
+static int a2a_check_counts(const cp_executor *ex, const cp_op *op, const int64_t *counts, int received, char *msg,
+                            size_t len)
+{
+    const cp_plan *p = ex->plan;
+    int n, color, key;
+    a2a_group(ex, op, &n, &color, &key);
+    int epp = op->a2a_experts;
+    long x = (long)(op - p->ops);
+    const char *unit = p->units[op->unit].name;
+    for (int m = 0; m < n; m++) {
+        int peer = op->family >= 0 ? cp_group_member(p, op->family, color, m) : ex->rank;
+        int64_t sum = 0; /* saturating: counts near INT64_MAX never wrap */
+        for (int e = 0; e < epp; e++) {
+            int64_t c = counts[(size_t)m * (size_t)epp + (size_t)e];
+            if (c < 0) {
+                if (received)
+                    snprintf(msg, len, "rank %d: op %ld (a2a_counts of unit %s, micro-step %d): ep member %d (rank %d) "
+                             "sent a negative count %lld for local expert %d: the ranks' tables or counts disagree",
+                             ex->rank, x, unit, op->micro_step, m, peer, (long long)c, e);
+                else
+                    snprintf(msg, len, "rank %d: op %ld (a2a_counts of unit %s, micro-step %d): expert %d's count %lld "
+                             "for ep member %d (rank %d) is negative (capacity %lld rows per member)", ex->rank, x,
+                             unit, op->micro_step, m * epp + e, (long long)c, m, peer, (long long)op->a2a_capacity);
+                return -1;
+            }
+            sum = c > INT64_MAX - sum ? INT64_MAX : sum + c;
+        }
+        if (sum <= op->a2a_capacity) continue;
+        if (received)
+            snprintf(msg, len, "rank %d: op %ld (a2a_counts of unit %s, micro-step %d): ep member %d (rank %d) sends "
+                     "%lld tokens, past this rank's capacity of %lld rows: the ranks' tables or counts disagree",
+                     ex->rank, x, unit, op->micro_step, m, peer, (long long)sum, (long long)op->a2a_capacity);
+        else
+            snprintf(msg, len, "rank %d: op %ld (a2a_counts of unit %s, micro-step %d): %lld tokens for ep member %d "
+                     "(rank %d, experts %d..%d) exceed its capacity of %lld rows: raise the plan's expert capacity or "
+                     "route fewer tokens", ex->rank, x, unit, op->micro_step, (long long)sum, m, peer, m * epp,
+                     (m + 1) * epp - 1, (long long)op->a2a_capacity);
+        return -1;
+    }
+    return 0;
+}
+
+/* The unit's next A2A_COUNTS from its cursor (wrapping), or NULL. */
+static const cp_op *next_counts_op(const cp_executor *ex, int unit)
+{
+    const cp_plan *p = ex->plan;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = pass ? 0 : ex->a2a_cursor[unit]; i < p->nops; i++)
+            if (p->ops[i].kind == CP_OP_A2A_COUNTS && p->ops[i].unit == unit) return &p->ops[i];
+    return NULL;
+}
+
+int cp_executor_set_expert_counts(cp_executor *ex, int unit, const int64_t *counts, int n)
+{
+    const cp_plan *p = ex->plan;
+    if (unit < 0 || unit >= p->nunits)
+        return ex_error(ex, "rank %d: expert counts for unit %d, outside the plan's %d units", ex->rank, unit,
+                        p->nunits);
+    const cp_op *op = next_counts_op(ex, unit);
+    if (!op || !ex->a2a_pending[unit])
+        return ex_error(ex, "rank %d: expert counts for unit %s, which has no expert-parallel all-to-all", ex->rank,
+                        p->units[unit].name);
+    if (!counts || n != p->units[unit].a2a_experts)
+        return ex_error(ex, "rank %d: %d expert counts for unit %s, which has %d experts", ex->rank, counts ? n : 0,
+                        p->units[unit].name, p->units[unit].a2a_experts);
+    char why[200];
+    if (a2a_fields_ok(ex, op, why, sizeof why))
+        return ex_error(ex, "rank %d: op %ld (a2a_counts of unit %s): %s: regenerate the plan", ex->rank,
+                        (long)(op - p->ops), p->units[unit].name, why);
+    ex->a2a_has_pending[unit] = 0;
+    char msg[sizeof ex->err];
+    if (a2a_check_counts(ex, op, counts, 0, msg, sizeof msg)) return ex_refuse(ex, msg);
+    memcpy(ex->a2a_pending[unit], counts, (size_t)n * sizeof *counts);
+    ex->a2a_has_pending[unit] = 1;
+    return 0;
+}
+
+const int64_t *cp_executor_a2a_counts(const cp_executor *ex, int unit, int slot)
+{
+    const cp_plan *p = ex->plan;
+    if (unit < 0 || unit >= p->nunits || !ex->a2a_counts || !ex->a2a_counts[unit] || slot < 0 ||
+        slot >= p->units[unit].a2a_slots)
+        return NULL;
+    return ex->a2a_counts[unit] + 2 * (size_t)slot * (size_t)p->units[unit].a2a_experts;
+}
+
+/* Its counts op, when it is one of this unit's earlier A2A_COUNTS with the same group and experts. */
+static const cp_op *a2a_counts_of(const cp_executor *ex, const cp_op *op)
+{
+    const cp_plan *p = ex->plan;
+    long x = (long)(op - p->ops);
+    int c = op->a2a_counts_op;
+    if (c < 0 || c >= p->nops || (x >= 0 && x < p->nops && c >= x)) return NULL;
+    const cp_op *k = &p->ops[c];
+    if (k->kind != CP_OP_A2A_COUNTS || k->unit != op->unit || k->family != op->family ||
+        k->a2a_experts != op->a2a_experts || k->a2a_capacity != op->a2a_capacity || k->a2a_slot < 0 ||
+        k->a2a_slot >= p->units[op->unit].a2a_slots)
+        return NULL;
+    return k;
+}
+
+int cp_executor_a2a_splits(const cp_executor *ex, const cp_op *op, int64_t *send_rows, int64_t *recv_rows)
+{
+    const cp_op *k = a2a_counts_of(ex, op);
+    if (!k || ex->a2a_filled[op->unit][k->a2a_slot] != op->a2a_counts_op) return -1;
+    const int64_t *c = cp_executor_a2a_counts(ex, op->unit, k->a2a_slot);
+    int n, color, key;
+    a2a_group(ex, op, &n, &color, &key);
+    int epp = op->a2a_experts;
+    const int64_t *sent = c, *got = c + (size_t)n * (size_t)epp;
+    for (int m = 0; m < n; m++) {
+        int64_t to = 0, from = 0;
+        for (int e = 0; e < epp; e++) {
+            to += sent[(size_t)m * (size_t)epp + (size_t)e];
+            from += got[(size_t)m * (size_t)epp + (size_t)e];
+        }
+        send_rows[m] = op->a2a_combine ? from : to;
+        recv_rows[m] = op->a2a_combine ? to : from;
+    }
+    return 0;
+}
+
+/* The counts all-to-all. Every member exchanges whatever happens before
+ * it: a rank whose counts are missing or refused sends -1 in every entry
+ * instead, so every member refuses the layer together (no peer is left
+ * waiting in the tokens' all-to-all). The received counts come back to the
+ * host, where the tokens' splits are needed (a stream synchronisation). */
+static int run_a2a_counts(cp_executor *ex, const cp_op *op)
+{
+    const cp_plan *p = ex->plan;
+    cp_backend *b = ex->backend;
+    const cp_unit *U = &p->units[op->unit];
+    long x = (long)(op - p->ops);
+    char why[200] = "";
+    int bad = a2a_fields_ok(ex, op, why, sizeof why);
+    if (!bad && (op->a2a_slot < 0 || op->a2a_slot >= U->a2a_slots || !ex->a2a_counts[op->unit] ||
+                 cp_arena_buffer_bytes(p, op->unit, CP_BUF_A2A_COUNTS) <
+                     2 * (int64_t)(op->a2a_slot + 1) * U->a2a_experts * (int64_t)sizeof(int64_t))) {
+        snprintf(why, sizeof why, "counts slot %d is outside the unit's %d", op->a2a_slot, U->a2a_slots);
+        bad = 1;
+    }
+    if (bad)
+        return ex_error(ex, "rank %d: op %ld (a2a_counts of unit %s): %s: regenerate the plan", ex->rank, x, U->name,
+                        why);
+    int n, color, key;
+    a2a_group(ex, op, &n, &color, &key);
+    size_t E = (size_t)U->a2a_experts;
+    int64_t *host = ex->a2a_counts[op->unit] + 2 * (size_t)op->a2a_slot * E;
+    char *dev = (char *)ex->buf[CP_BUF_A2A_COUNTS][op->unit] + 2 * (size_t)op->a2a_slot * E * sizeof(int64_t);
+    ex->a2a_filled[op->unit][op->a2a_slot] = -1;
+    char refused[sizeof ex->err] = "";
+    int quiet = ex->quiet;
+    ex->quiet = 1; /* the hook's refusal is said once, below */
+    ex->err[0] = '\0';
+    if (ex->on_a2a && ex->on_a2a(ex->user, ex, op, 0))
+        snprintf(refused, sizeof refused, "%s", ex->err[0] ? ex->err : "the expert counts hook failed");
+    ex->quiet = quiet;
+    if (!refused[0] && !ex->a2a_has_pending[op->unit])
+        snprintf(refused, sizeof refused, "rank %d: op %ld (a2a_counts of unit %s, micro-step %d): no expert counts "
+                 "were given for it (cp_gpu_set_expert_counts / cp_executor_set_expert_counts before it runs)",
+                 ex->rank, x, U->name, op->micro_step);
+    if (!refused[0]) {
+        memcpy(host, ex->a2a_pending[op->unit], E * sizeof *host);
+        a2a_check_counts(ex, op, host, 0, refused, sizeof refused);
+    }
+    ex->a2a_has_pending[op->unit] = 0;
+    if (refused[0])
+        for (size_t e = 0; e < E; e++) host[e] = -1;
+    int rc = b->write(b, op->stream, dev, host, E * sizeof *host);
+    if (rc == 0) {
+        if (op->family < 0) rc = b->copy_bytes(b, op->stream, dev, dev + E * sizeof *host, E * sizeof *host);
+        else if (!b->a2a_counts) return ex_error(ex, "rank %d: op %ld: the backend has no all-to-all", ex->rank, x);
+        else rc = b->a2a_counts(b, op, op->stream, dev, dev + E * sizeof *host);
+    }
+    if (rc == 0) rc = b->read(b, op->stream, dev + E * sizeof *host, host + E, E * sizeof *host);
+    if (rc) return failed(ex, op, "the counts all-to-all");
+    if (refused[0]) return ex_refuse(ex, refused);
+    /* A member that refused sent -1s: it said why; everyone else stops here too. */
+    for (int m = 0; m < n; m++)
+        if (host[E + (size_t)m * (size_t)op->a2a_experts] == -1) {
+            char line[sizeof ex->err];
+            snprintf(line, sizeof line, "rank %d: op %ld (a2a_counts of unit %s, micro-step %d): ep member %d (rank %d) refused "
+                            "its expert counts (its own line says why): the layer's all-to-alls are not run",
+                     ex->rank, x, U->name, op->micro_step, m,
+                     op->family >= 0 ? cp_group_member(p, op->family, color, m) : ex->rank);
+            return ex_refuse(ex, line);
+        }
+    if (a2a_check_counts(ex, op, host + E, 1, refused, sizeof refused)) return ex_refuse(ex, refused);
+    if (x >= 0 && x < p->nops) {
+        ex->a2a_filled[op->unit][op->a2a_slot] = (int)x;
+        ex->a2a_cursor[op->unit] = (int)x + 1 < p->nops ? (int)x + 1 : 0;
+    }
+    if (ex->on_a2a && ex->on_a2a(ex->user, ex, op, 1)) return failed(ex, op, "checking the counts");
+    return 0;
+}
+
+/* The tokens' all-to-all, split by its counts op's counts (swapped for a combine). */
+static int run_a2a(cp_executor *ex, const cp_op *op)
+{
+    const cp_plan *p = ex->plan;
+    cp_backend *b = ex->backend;
+    const cp_unit *U = &p->units[op->unit];
+    long x = (long)(op - p->ops);
+    char why[200] = "";
+    if (a2a_fields_ok(ex, op, why, sizeof why) || !a2a_counts_of(ex, op)) {
+        if (!why[0])
+            snprintf(why, sizeof why, "names op %d as its counts, not an earlier a2a_counts of its unit with its group, "
+                     "experts and capacity", op->a2a_counts_op);
+        return ex_error(ex, "rank %d: op %ld (a2a of unit %s): %s: regenerate the plan", ex->rank, x, U->name, why);
+    }
+    int n, color, key;
+    a2a_group(ex, op, &n, &color, &key);
+    size_t es = cp_dtype_size(op->dtype);
+    int64_t need = (int64_t)n * op->a2a_capacity * op->a2a_dim * (int64_t)es;
+    if (need > cp_arena_buffer_bytes(p, op->unit, CP_BUF_A2A_SEND) ||
+        need > cp_arena_buffer_bytes(p, op->unit, CP_BUF_A2A_RECV))
+        return ex_error(ex, "rank %d: op %ld (a2a of unit %s): %d members x %lld rows x %lld elements lie outside the "
+                        "unit's %lld-byte token buffers: regenerate the plan", ex->rank, x, U->name, n,
+                        (long long)op->a2a_capacity, (long long)op->a2a_dim,
+                        (long long)cp_arena_buffer_bytes(p, op->unit, CP_BUF_A2A_SEND));
+    int64_t *send_rows = ex->a2a_rows, *recv_rows = ex->a2a_rows + n;
+    if (cp_executor_a2a_splits(ex, op, send_rows, recv_rows))
+        return ex_error(ex, "rank %d: op %ld (a2a of unit %s, micro-step %d) runs before its counts op %d filled slot "
+                        "%d: ops ran out of the plan's order", ex->rank, x, U->name, op->micro_step, op->a2a_counts_op,
+                        p->ops[op->a2a_counts_op].a2a_slot);
+    for (int m = 0; m < n; m++) /* checked with the counts; a second look costs nothing */
+        if (send_rows[m] < 0 || send_rows[m] > op->a2a_capacity || recv_rows[m] < 0 || recv_rows[m] > op->a2a_capacity)
+            return ex_error(ex, "rank %d: op %ld (a2a of unit %s): %lld rows to / %lld from ep member %d past its "
+                            "capacity of %lld rows", ex->rank, x, U->name, (long long)send_rows[m],
+                            (long long)recv_rows[m], m, (long long)op->a2a_capacity);
+    void *in = ex->buf[op->a2a_combine ? CP_BUF_A2A_RECV : CP_BUF_A2A_SEND][op->unit];
+    void *out = ex->buf[op->a2a_combine ? CP_BUF_A2A_SEND : CP_BUF_A2A_RECV][op->unit];
+    if (ex->on_a2a && ex->on_a2a(ex->user, ex, op, 0)) return failed(ex, op, "writing the tokens");
+    int rc;
+    if (op->family < 0) rc = b->copy_bytes(b, op->stream, in, out, (size_t)(send_rows[0] * op->a2a_dim) * es);
+    else if (!b->a2a) return ex_error(ex, "rank %d: op %ld: the backend has no all-to-all", ex->rank, x);
+    else rc = b->a2a(b, op, op->stream, in, out, send_rows, recv_rows);
+    if (rc) return failed(ex, op, "the tokens' all-to-all");
+    if (ex->on_a2a && ex->on_a2a(ex->user, ex, op, 1)) return failed(ex, op, "checking the tokens");
+    return 0;
+}
+
 /* The op's event, and which op recorded its slot last. */
 static int record_event(cp_executor *ex, const cp_op *op)
 {
@@ -486,6 +823,12 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op)
     case CP_ACT_NONE: break;
     case CP_ACT_P2P:
         if (run_p2p(ex, op, in, out)) return -1;
+        break;
+    case CP_ACT_A2A:
+        if (ex->open_batch)
+            return ex_error(ex, "rank %d: %s of unit %s (op %ld) is inside batch %d: regenerate the plan", ex->rank,
+                            d->name, p->units[u].name, x, ex->open_batch);
+        if ((op->kind == CP_OP_A2A_COUNTS ? run_a2a_counts(ex, op) : run_a2a(ex, op)) != 0) return -1;
         break;
     }
     if (d->frees != CP_BUF_NONE) {

@@ -327,6 +327,74 @@ static int gpu_group_end(cp_backend *b)
     return 0;
 }
 
+/* Expert parallelism's all-to-alls over the ep family's communicator (its
+ * ranks are the members' keys): a send and a receive per member inside one
+ * group, as torch's all_to_all_single on NCCL posts them (a member with no
+ * rows either way gets neither). Every call inside the group is checked,
+ * and the group is closed whatever failed, so no group stays open. */
+static int a2a_group(cp_gpu *g, const cp_op *op, cp_stream s, const char *in, char *out, size_t send_unit,
+                     size_t recv_unit, size_t elems_per_row, ncclDataType_t t, const int64_t *send_rows,
+                     const int64_t *recv_rows, size_t fixed)
+{
+    const cp_plan *p = g->plan;
+    ncclComm_t comm = g->comms && op->family >= 0 && op->family < p->nfamilies ? g->comms[op->family] : NULL;
+    int n = p->families[op->family].size;
+    if (!comm)
+        return fail(g, "%s of unit %s without its ep communicator (family %d): regenerate the plan",
+                    cp_op_kind_name(op->kind), p->units[op->unit].name, op->family);
+    ncclResult_t first = ncclSuccess;
+    const char *what = NULL;
+    size_t sent = 0, got = 0;
+    NCCL(ncclGroupStart());
+    for (int m = 0; m < n && first == ncclSuccess; m++) {
+        size_t to = send_rows ? (size_t)send_rows[m] : fixed, from = recv_rows ? (size_t)recv_rows[m] : fixed;
+        ncclResult_t r = ncclSuccess;
+        if (to && (r = ncclSend(in + sent * send_unit, to * elems_per_row, t, m, comm, g->streams[s])) != ncclSuccess)
+            what = "ncclSend";
+        if (r == ncclSuccess && from &&
+            (r = ncclRecv(out + got * recv_unit, from * elems_per_row, t, m, comm, g->streams[s])) != ncclSuccess)
+            what = "ncclRecv";
+        first = r;
+        sent += to;
+        got += from;
+    }
+    ncclResult_t end = ncclGroupEnd();
+    if (first != ncclSuccess)
+        return fail(g, "%s of %s (unit %s) failed: %s (%s; NCCL_DEBUG=WARN says more)", what, cp_op_kind_name(op->kind),
+                    p->units[op->unit].name, ncclGetErrorString(first), ncclGetLastError(NULL));
+    if (end != ncclSuccess)
+        return fail(g, "ncclGroupEnd of %s (unit %s) failed: %s (%s; NCCL_DEBUG=WARN says more)",
+                    cp_op_kind_name(op->kind), p->units[op->unit].name, ncclGetErrorString(end), ncclGetLastError(NULL));
+    return 0;
+}
+
+static int gpu_a2a_counts(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)
+{
+    cp_gpu *g = b->ctx;
+    size_t share = (size_t)op->a2a_experts, E = share * (size_t)g->plan->families[op->family].size;
+    /* A stand-in's communicators have one rank: it receives its own counts (sizes within capacity). */
+    if (g->env.standin) {
+        CUDA(cudaMemcpyAsync(out, in, E * sizeof(int64_t), cudaMemcpyDeviceToDevice, g->streams[s]));
+        return 0;
+    }
+    return a2a_group(g, op, s, in, out, share * sizeof(int64_t), share * sizeof(int64_t), share, ncclInt64, NULL,
+                     NULL, 1);
+}
+
+static int gpu_a2a(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out, const int64_t *send_rows,
+                   const int64_t *recv_rows)
+{
+    cp_gpu *g = b->ctx;
+    size_t row = (size_t)op->a2a_dim * cp_dtype_size(op->dtype);
+    if (g->env.standin) { /* its own rows back, as many as it receives from itself */
+        size_t rows = 0;
+        for (int m = 0; m < g->plan->families[op->family].size; m++) rows += (size_t)recv_rows[m];
+        if (rows) CUDA(cudaMemcpyAsync(out, in, rows * row, cudaMemcpyDeviceToDevice, g->streams[s]));
+        return 0;
+    }
+    return a2a_group(g, op, s, in, out, row, row, (size_t)op->a2a_dim, nccl_type(op->dtype), send_rows, recv_rows, 0);
+}
+
 static int gpu_record(cp_backend *b, cp_stream s, int event)
 {
     cp_gpu *g = b->ctx;
@@ -425,6 +493,8 @@ static void backend_init(cp_gpu *g)
     b->recv = gpu_recv;
     b->group_start = gpu_group_start;
     b->group_end = gpu_group_end;
+    b->a2a_counts = gpu_a2a_counts;
+    b->a2a = gpu_a2a;
 }
 
 /* Compute placeholders: the library caller's callback on its stream. */
@@ -726,11 +796,25 @@ int cp_gpu_step_profiled(cp_gpu *g, void *stream, double host_us[CP_OP_KIND_COUN
 
 int cp_gpu_step(cp_gpu *g, void *stream) { return cp_gpu_step_profiled(g, stream, NULL); }
 
+int cp_gpu_set_expert_counts(cp_gpu *g, int unit, const int64_t *counts, int n)
+{
+    if (!g->have_ex) return fail(g, "cp_gpu_set_expert_counts before cp_gpu_init finished");
+    if (cp_executor_set_expert_counts(&g->ex, unit, counts, n) == 0) return 0;
+    snprintf(g->err, sizeof g->err, "%s", g->ex.err); /* names the rank already */
+    return -1;
+}
+
 int cp_gpu_graph_capture(cp_gpu *g, void *stream)
 {
     cudaStream_t S = (cudaStream_t)stream;
     cudaGraph_t graph;
     if (g->graph) { cudaGraphExecDestroy(g->graph); g->graph = NULL; }
+    /* Expert parallelism's split sizes come back to the host each step (the
+     * counts all-to-all, then a synchronising copy): a graph would replay
+     * the captured sizes, and the copy cannot be captured. Refused. */
+    if (cp_plan_has_a2a(g->plan))
+        return fail(g, "plan %s has expert-parallel all-to-alls, whose split sizes are read back to the host every "
+                    "step: a CUDA graph cannot capture them (run without --graph)", g->plan->name);
     CUDA(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
     int rc = cp_gpu_step(g, stream);
     cudaError_t e = cudaStreamEndCapture(S, &graph);

@@ -164,6 +164,14 @@ static int gpu_check_p2p(void *user, cp_executor *ex, const cp_op *op, int after
     return 0;
 }
 
+/* Expert parallelism's all-to-alls: the harness's synchronous hook (no
+ * graph runs a plan with them), its host copies ordered on the op's stream. */
+static int gpu_check_a2a(void *user, cp_executor *ex, const cp_op *op, int after)
+{
+    check_state *cs = user;
+    return cp_harness_on_a2a(&cs->harness, ex, op, after);
+}
+
 static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, cudaStream_t S)
 {
     check_state cs;
@@ -177,6 +185,9 @@ static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, c
         if (n > biggest) biggest = n;
         if ((size_t)cp_arena_buffer_bytes(p, u, CP_BUF_ACT) > biggest) biggest = (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_ACT);
         if ((size_t)cp_arena_buffer_bytes(p, u, CP_BUF_PP) > biggest) biggest = (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_PP);
+        for (int k = CP_BUF_A2A_COUNTS; k <= CP_BUF_A2A_RECV; k++)
+            if ((size_t)cp_arena_buffer_bytes(p, u, (cp_buffer)k) > biggest)
+                biggest = (size_t)cp_arena_buffer_bytes(p, u, (cp_buffer)k);
     }
     if (cudaMallocHost(&cs.pinned, biggest ? biggest : 1) != cudaSuccess) {
         fprintf(stderr, "commplan: rank %d: cudaMallocHost of %zu bytes for --check failed\n", cp_gpu_rank(g), biggest);
@@ -196,6 +207,7 @@ static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, c
     ex->on_compute = gpu_check_compute;
     ex->on_activation = gpu_check_activation;
     ex->on_p2p = gpu_check_p2p;
+    ex->on_a2a = gpu_check_a2a;
     ex->user = &cs;
     ex->on_collective = NULL;
     if (o->dump_dir) {
@@ -232,8 +244,9 @@ static int run_check(cp_gpu *g, const cp_plan *p, const cp_gpu_run_options *o, c
                 cs.harness.check.mismatches);
         rc = 1;
     } else if (!o->quiet)
-        printf("%s rank %d: --check passed for %d step(s)%s: unsharded params and reduced grads exact\n", p->name,
-               cp_gpu_rank(g), o->steps, o->graph ? " replayed as one CUDA graph" : "");
+        printf("%s rank %d: --check passed for %d step(s)%s: unsharded params and reduced grads exact%s\n", p->name,
+               cp_gpu_rank(g), o->steps, o->graph ? " replayed as one CUDA graph" : "",
+               cp_plan_has_a2a(p) ? ", expert all-to-alls' counts and rows exact" : "");
     /* A failed step may leave host functions queued that read cs (a graph
      * replay's checks after an aborted collective): none may outlive it. */
     if (rc == 2 && cp_gpu_quiesce(g, S, o->timeout_s) != 0) {
@@ -448,6 +461,12 @@ int cp_gpu_run(const cp_plan *p, const cp_gpu_kernels *k, const cp_launch_env *e
 {
     cp_gpu *g;
     char err[512];
+    if (o->graph && cp_plan_has_a2a(p)) {
+        fprintf(stderr, "commplan: rank %d: --graph: plan %s has expert-parallel all-to-alls, whose split sizes are "
+                "read back to the host every step: a CUDA graph cannot capture them; run without --graph\n",
+                env->rank, p->name);
+        return 2;
+    }
     if (cp_gpu_init(&g, p, k, env, err, sizeof err) != 0) {
         cp_error("%s", err); /* one line, whatever bytes the environment held */
         return 2;

@@ -103,6 +103,97 @@ static int on_p2p(void *user, cp_executor *ex, const cp_op *op, int after)
     return 0;
 }
 
+/* Around expert parallelism's all-to-alls. A2A_COUNTS: before, this rank's
+ * drawn counts given to the executor (refused there past capacity);
+ * after, every member's counts for this rank's experts against that
+ * member's draw. A2A: before, every input row written from the pattern;
+ * after, every received row checked (its sender, expert, row and
+ * elements: a wrong offset or split shows). Whole buffers go through the
+ * backend (synchronous host copies: no CUDA graph has A2A ops). */
+int cp_harness_on_a2a(void *user, cp_executor *ex, const cp_op *op, int after)
+{
+    cp_harness *h = user;
+    const cp_plan *p = ex->plan;
+    cp_backend *b = ex->backend;
+    int n = 1, color = 0, key = 0;
+    if (op->family >= 0) {
+        n = p->families[op->family].size;
+        cp_group_of(p, op->family, ex->rank, &color, &key);
+    }
+    int epp = op->a2a_experts, E = n * epp;
+    int64_t *draw = malloc(((size_t)E + 1) * sizeof *draw);
+    if (!draw) return -1;
+    int rc = 0;
+    if (op->kind == CP_OP_A2A_COUNTS) {
+        if (!after) {
+            cp_checker_a2a_counts(&h->check, op, ex->rank, n, draw);
+            rc = cp_executor_set_expert_counts(ex, op->unit, draw, E);
+        } else {
+            const int64_t *got = cp_executor_a2a_counts(ex, op->unit, op->a2a_slot) + E;
+            for (int m = 0; m < n && rc == 0; m++) {
+                int peer = op->family >= 0 ? cp_group_member(p, op->family, color, m) : ex->rank;
+                cp_checker_a2a_counts(&h->check, op, peer, n, draw);
+                for (int e = 0; e < epp; e++)
+                    if (got[m * epp + e] != draw[key * epp + e]) {
+                        if (h->check.mismatches++ == 0)
+                            fprintf(stderr, "commplan: mismatch: rank %d step %d: a2a_counts of unit %s, micro-step %d "
+                                    "(op %ld): rank %d's count for expert %d: expected %lld, got %lld\n", ex->rank,
+                                    h->check.step, p->units[op->unit].name, op->micro_step, (long)(op - p->ops), peer,
+                                    key * epp + e, (long long)draw[key * epp + e], (long long)got[m * epp + e]);
+                        break;
+                    }
+            }
+        }
+        free(draw);
+        return rc;
+    }
+    free(draw);
+    int64_t *send_rows = malloc(2 * (size_t)n * sizeof *send_rows);
+    if (!send_rows) return -1;
+    int64_t *recv_rows = send_rows + n;
+    const cp_op *k = &p->ops[op->a2a_counts_op];
+    const int64_t *sent = cp_executor_a2a_counts(ex, op->unit, k->a2a_slot), *got = sent + E;
+    cp_buffer in = op->a2a_combine ? CP_BUF_A2A_RECV : CP_BUF_A2A_SEND;
+    cp_buffer out = op->a2a_combine ? CP_BUF_A2A_SEND : CP_BUF_A2A_RECV;
+    size_t row = (size_t)op->a2a_dim * cp_dtype_size(op->dtype);
+    if (cp_executor_a2a_splits(ex, op, send_rows, recv_rows)) {
+        free(send_rows);
+        return -1;
+    }
+    /* dispatch: input rows for member m's experts, output from m for this rank's; a combine the reverse */
+    const int64_t *in_counts = op->a2a_combine ? got : sent, *out_counts = op->a2a_combine ? sent : got;
+    int64_t at = 0;
+    if (!after) {
+        char *buf = h->scratch;
+        for (int m = 0; m < n; m++) {
+            int peer = op->family >= 0 ? cp_group_member(p, op->family, color, m) : ex->rank;
+            for (int e = 0; e < epp; e++) {
+                int expert = op->a2a_combine ? key * epp + e : m * epp + e;
+                for (int64_t r = 0; r < in_counts[m * epp + e]; r++, at++)
+                    cp_checker_a2a_row(&h->check, op, ex->rank, peer, expert, r, buf + (size_t)at * row);
+            }
+        }
+        rc = b->write(b, op->stream, ex->buf[in][op->unit], buf, (size_t)at * row);
+    } else {
+        for (int m = 0; m < n; m++) at += recv_rows[m];
+        rc = b->read(b, op->stream, ex->buf[out][op->unit], h->scratch, (size_t)at * row);
+        at = 0;
+        for (int m = 0; m < n && rc == 0; m++) {
+            int peer = op->family >= 0 ? cp_group_member(p, op->family, color, m) : ex->rank;
+            int bad = 0;
+            for (int e = 0; e < epp && !bad; e++) {
+                int expert = op->a2a_combine ? m * epp + e : key * epp + e;
+                for (int64_t r = 0; r < out_counts[m * epp + e] && !bad; r++, at++)
+                    bad = cp_checker_a2a_check_row(&h->check, op, peer, ex->rank, expert, r, at,
+                                                   (char *)h->scratch + (size_t)at * row) != 0;
+            }
+            if (bad) break;
+        }
+    }
+    free(send_rows);
+    return rc;
+}
+
 /* ---- dump in the recordings' format: step 0's shards, every step's
  * collectives between "stepN_forward" / "stepN_backward" marks (as the
  * recorder writes them), the last step's grads ---- */
@@ -202,6 +293,7 @@ int cp_harness_init(cp_harness *h, cp_executor *ex, cp_pattern pattern)
     ex->on_compute = on_compute;
     ex->on_activation = on_activation;
     ex->on_p2p = on_p2p;
+    ex->on_a2a = cp_harness_on_a2a;
     ex->user = h;
     return 0;
 }
@@ -214,6 +306,7 @@ void cp_harness_free(cp_harness *h)
         h->ex->on_collective = NULL;
         h->ex->on_activation = NULL;
         h->ex->on_p2p = NULL;
+        h->ex->on_a2a = NULL;
         h->ex->user = NULL;
     }
     cp_checker_free(&h->check);

@@ -45,4 +45,8 @@ int cp_harness_finish(cp_harness *h);
 void cp_harness_on_collective(void *user, cp_executor *ex, const cp_op *op, const void *in, int64_t in_n,
                               const void *out, int64_t out_n);
 
+/* The expert-parallel hook cp_harness_init installs (user: the cp_harness):
+ * counts drawn and given, received counts and every received row checked. */
+int cp_harness_on_a2a(void *user, cp_executor *ex, const cp_op *op, int after);
+
 #endif

@@ -130,6 +130,12 @@ static int call(cp_hostlib *h, const char *name, int unit, int which, const cp_o
     return 0;
 }
 
+int cp_hostlib_set_expert_counts(cp_hostlib *h, int unit, const int64_t *counts, int n)
+{
+    if (cp_executor_set_expert_counts(&h->ex, unit, counts, n) == 0) return 0;
+    return fail(h, "%s", h->ex.err);
+}
+
 int cp_hostlib_unshard(cp_hostlib *h, int unit) { return call(h, "cp_hostlib_unshard", unit, CALL_UNSHARD, cp_call_unshard, 3); }
 int cp_hostlib_reshard(cp_hostlib *h, int unit) { return call(h, "cp_hostlib_reshard", unit, CALL_RESHARD, cp_call_reshard, 1); }
 int cp_hostlib_reduce_grads(cp_hostlib *h, int unit)

@@ -131,6 +131,39 @@ sanitizer_clean() {
   done
 }
 
+# Expert parallelism's all-to-alls through the GPU path (ncclSend / ncclRecv
+# groups, the counts read back to the host): hand-written tables
+# (tests/emu/a2a_plan.c), plain and under ASan+UBSan: --check exact for
+# every seed; one row past capacity refused on every rank (the line from
+# the rank that routed it, no hang, no crash); --graph refused.
+echo "== expert all-to-alls on the emulator (tests/emu/a2a_plan.c: ep 4, bf16, two micro-steps, backward)"
+for bin in build/emu/a2a_ep4/a2a_ep4 build/emu-asan/a2a_ep4/a2a_ep4; do
+  [ -x "$bin" ] || { bad "$bin is not built (make emu-build)"; continue; }
+  a2a_ok=1
+  for seed in $SEEDS; do
+    log=$dir/a2a.$seed.$(echo "$bin" | tr / _)
+    runs=$((runs + 1))
+    if ! { COMMPLAN_EMU_SEED=$seed launch 4 "$log" "$bin" --check --steps 3 && clean_summaries 4 "$log" &&
+           sanitizer_clean 4 "$log" && [ "$(cat "$log".*[0-9] | grep -c "counts and rows exact")" = 4 ]; }; then
+      a2a_ok=0
+      bad "$bin --check seed $seed" "$log.0"
+    fi
+  done
+  [ "$a2a_ok" = 1 ] && ok "$bin: 4 ranks, --check, seeds $(echo "$SEEDS" | tr ' ' ','): every count and row exact, 0 races"
+  log=$dir/a2a.over.$(echo "$bin" | tr / _)
+  COMMPLAN_A2A_OVERFLOW=1 launch 4 "$log" "$bin" --check --steps 2
+  if [ "$?" = 4 ] && ! crashed 4 "$log" >/dev/null && sanitizer_clean 4 "$log" &&
+     grep -q "rank 1: op 0 (a2a_counts of unit moe, micro-step 0): 7 tokens for ep member 1 (rank 1, experts 2..3) exceed its capacity of 6 rows" "$log.1" &&
+     grep -q "ep member 1 (rank 1) refused its expert counts" "$log.0"; then
+    ok "$bin: one row past capacity refused on all 4 ranks (its line from rank 1), no hang"
+  else bad "$bin: a count past capacity not refused as it should be" "$log.1"; fi
+  log=$dir/a2a.graph.$(echo "$bin" | tr / _)
+  launch 4 "$log" "$bin" --check --graph
+  if [ "$?" = 4 ] && grep -q -- "--graph: plan a2a_ep4 has expert-parallel all-to-alls" "$log.0"; then
+    ok "$bin: --graph refused with one line (run-time split sizes)"
+  else bad "$bin: --graph not refused" "$log.0"; fi
+done
+
 ASAN_PLANS=${EMU_ASAN_PLANS:-fsdp4 llama_tiny_tp hsdp3x2_arlast}
 echo "== the GPU path under ASan+UBSan on the emulator (build/emu-asan)"
 for p in $ASAN_PLANS; do

@@ -329,6 +329,10 @@ run "build pipeline point-to-point tests" $MAKE build/tests/test_pp build/tests-
 run "pipeline sends/receives on the host backend: 2 and 4 stages, every message checked, tag mismatch, timeout, batches" \
   build/tests/test_pp
 run "pipeline point-to-point tests under ASan+UBSan" build/tests-asan/test_pp
+run "build expert-parallel all-to-all tests" $MAKE build/tests/test_a2a build/tests-asan/test_a2a
+run "expert all-to-alls on the host backend: ep 2 and 4, drawn and given counts (zero, full, one past capacity refused), round trip, backward splits" \
+  build/tests/test_a2a
+run "expert all-to-all tests under ASan+UBSan" build/tests-asan/test_a2a
 run "host fast paths (copies, reductions, patterns) equal the per-element reference, every dtype triple, plain and ASan+UBSan (make test-fastpath)" \
   $MAKE test-fastpath
 run "build rendezvous tests" $MAKE build/tests/test_rendezvous build/tests-asan/test_rendezvous
@@ -460,6 +464,8 @@ if command -v valgrind >/dev/null 2>&1; then
     --simulate --quiet --dump build/valgrind-dump
   run "valgrind: pipeline point-to-point tests (queued messages freed, failed runs included) have no leaks or errors" \
     valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/tests/test_pp
+  run "valgrind: expert all-to-all tests (refused layers included) have no leaks or errors" \
+    valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/tests/test_a2a
 else skipped "valgrind" "not installed"; fi
 
 section "FSDP2 recordings (tests/oracle): layouts, collectives, shards and grads byte for byte"

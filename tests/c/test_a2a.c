@@ -1,0 +1,566 @@
+/* cmocka tests for expert parallelism's runtime half: hand-written tables
+ * of an ep 2 and an ep 4 group (the ep mesh dim only), one MoE unit whose
+ * micro-steps each dispatch and combine, then run the backward's two
+ * all-to-alls with the splits swapped, on the host backend, every rank a
+ * thread. Routed counts come from the harness's seeded generator (every
+ * received count and row checked), or from the test: uneven counts, zero
+ * rows to a member, members filled exactly to capacity, one row past it
+ * (refused on every rank, one line from the rank that routed it), a round
+ * trip returning every token to its origin, a backend that lands rows at
+ * the wrong offset (caught), and the executor's refusals of bad tables. */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "commplan.h"
+#include "cp_hostlib.h"
+#include "harness.h"
+#include "host.h"
+#include "simulate.h"
+
+/* ---- hand-written tables ---- */
+
+#define MAX_EP 4
+#define MAX_OPS 64
+
+typedef struct {
+    cp_plan plan;
+    cp_group_family family;
+    cp_unit unit;
+    cp_op ops[MAX_OPS];
+    int waits[1];
+    int ep, epp, micro;
+    int64_t dim, cap;
+} ep_tables;
+
+static cp_op *add(ep_tables *t, cp_op_kind kind, int micro, int counts_op, int combine)
+{
+    assert_true(t->plan.nops < MAX_OPS);
+    cp_op *o = &t->ops[t->plan.nops++];
+    *o = (cp_op){ .kind = kind, .unit = 0, .family = t->ep > 1 ? 0 : -1, .stream = CP_STREAM_COMPUTE,
+                  .dtype = t->unit.ag_dtype, .count = kind == CP_OP_A2A_COUNTS ? t->epp : t->cap * t->dim,
+                  .reduce_op = CP_SUM, .micro_step = micro, .event = -1, .peer = -1, .a2a_experts = t->epp,
+                  .a2a_slot = micro, .a2a_counts_op = counts_op, .a2a_combine = combine, .a2a_dim = t->dim,
+                  .a2a_capacity = t->cap, .a2a_rows = (int64_t)t->ep * t->cap * 2 / 3 };
+    return o;
+}
+
+/* A world of ep ranks on one mesh dim "ep", one family over it, one unit
+ * "moe" with a counts slot per micro-step. Per micro-step m, forward:
+ * counts (slot m), dispatch, combine; then backward in reverse micro-step
+ * order: combine's gradient (a dispatch by m's counts), dispatch's
+ * gradient (a combine). */
+static void build(ep_tables *t, const char *name, int ep, int epp, int micro, cp_dtype dtype, int64_t dim, int64_t cap)
+{
+    memset(t, 0, sizeof *t);
+    t->ep = ep, t->epp = epp, t->micro = micro, t->dim = dim, t->cap = cap;
+    t->family = (cp_group_family){ .name = "ep", .axis_mask = 0x1u, .size = ep };
+    cp_plan *p = &t->plan;
+    p->name = name;
+    p->fingerprint = "0000000000000000";
+    p->world_size = ep;
+    p->mesh_ndim = 1;
+    p->mesh_names[0] = "ep";
+    p->mesh_sizes[0] = ep;
+    p->shard_size = p->replicate_size = 1;
+    p->shard_family = p->replicate_family = -1;
+    p->micro_steps = micro;
+    p->nfamilies = 1;
+    p->families = &t->family;
+    p->tp_size = 1;
+    p->tp_mesh_dim = -1;
+    p->pp_size = 1;
+    p->pp_mesh_dim = -1;
+    p->pp_family = -1;
+    cp_unit *U = &t->unit;
+    U->name = "moe";
+    U->orig_dtype = U->ag_dtype = U->reduce_dtype = U->grad_dtype = dtype;
+    U->pre_divide = U->post_divide = 1.0;
+    U->a2a_numel = (int64_t)ep * cap * dim;
+    U->a2a_slots = micro;
+    U->a2a_experts = ep * epp;
+    int64_t counts = 2 * (int64_t)micro * ep * epp * 8, tokens = U->a2a_numel * (int64_t)cp_dtype_size(dtype);
+    U->arena_offset[CP_BUF_A2A_COUNTS] = 0;
+    U->arena_offset[CP_BUF_A2A_SEND] = counts;
+    U->arena_offset[CP_BUF_A2A_RECV] = counts + tokens;
+    p->arena_bytes = counts + 2 * tokens;
+    p->nunits = 1;
+    p->units = U;
+    p->ops = t->ops;
+    p->waits = t->waits;
+    int counts_op[8];
+    for (int m = 0; m < micro; m++) {
+        counts_op[m] = p->nops;
+        add(t, CP_OP_A2A_COUNTS, m, 0, 0);
+        add(t, CP_OP_A2A, m, counts_op[m], 0);
+        add(t, CP_OP_A2A, m, counts_op[m], 1);
+    }
+    for (int m = micro - 1; m >= 0; m--) {
+        add(t, CP_OP_A2A, m, counts_op[m], 0); /* the combine's gradient */
+        add(t, CP_OP_A2A, m, counts_op[m], 1); /* the dispatch's gradient */
+    }
+}
+
+static int count_kind(const cp_plan *p, cp_op_kind k)
+{
+    int n = 0;
+    for (int i = 0; i < p->nops; i++) n += p->ops[i].kind == k;
+    return n;
+}
+
+/* ---- every rank a thread over the host backend ---- */
+
+typedef struct ep_rank ep_rank;
+/* The test's own hook, or NULL for the harness's draws. */
+typedef int (*test_hook)(ep_rank *r, cp_executor *ex, const cp_op *op, int after);
+
+struct ep_rank {
+    const cp_plan *plan;
+    int rank, steps;
+    cp_backend backend;
+    cp_executor ex;
+    cp_harness harness;
+    test_hook hook;
+    int use_harness; /* the hook passes token ops to the harness (written and checked there) */
+    int (*host_a2a)(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out, const int64_t *send_rows,
+                    const int64_t *recv_rows);
+    int shift;       /* the backend lands every received row one row late */
+    int hooks, rc;
+    long mismatches;
+    void *saved;     /* round trip: this rank's dispatched rows */
+    long roundtrip_bad;
+    char err[512];
+    pthread_t thread;
+};
+
+static ep_rank *rank_of_harness(void *user) { return (ep_rank *)((char *)user - offsetof(ep_rank, harness)); }
+
+static int counting_a2a(void *user, cp_executor *ex, const cp_op *op, int after)
+{
+    ep_rank *r = rank_of_harness(user);
+    r->hooks++;
+    if (r->hook) return r->hook(r, ex, op, after);
+    return cp_harness_on_a2a(user, ex, op, after);
+}
+
+static int shifting_a2a(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out, const int64_t *send_rows,
+                        const int64_t *recv_rows)
+{
+    ep_rank *r = (ep_rank *)((char *)b - offsetof(ep_rank, backend));
+    int rc = r->host_a2a(b, op, s, in, out, send_rows, recv_rows);
+    int64_t rows = 0;
+    for (int m = 0; m < (int)r->plan->families[0].size; m++) rows += recv_rows[m];
+    size_t row = (size_t)op->a2a_dim * cp_dtype_size(op->dtype);
+    if (rc == 0 && rows > 1) memmove((char *)out + row, out, (size_t)(rows - 1) * row);
+    return rc;
+}
+
+static void *rank_main(void *arg)
+{
+    ep_rank *r = arg;
+    r->rc = -1;
+    if (cp_executor_init(&r->ex, r->plan, r->rank, &r->backend) != 0) goto out;
+    if (cp_harness_init(&r->harness, &r->ex, CP_PATTERN_UNIQUE) != 0) goto free_ex;
+    r->ex.on_a2a = counting_a2a;
+    int ok = 1;
+    for (int s = 0; s < r->steps && ok; s++)
+        ok = cp_harness_begin_step(&r->harness, s) == 0 && cp_executor_step(&r->ex) == 0 &&
+             cp_harness_end_step(&r->harness) == 0;
+    r->rc = ok ? 0 : -1;
+    r->mismatches = r->harness.check.mismatches;
+    cp_harness_free(&r->harness);
+free_ex:
+    snprintf(r->err, sizeof r->err, "%s", r->ex.err);
+    cp_executor_free(&r->ex);
+out:
+    if (r->rc && !r->err[0]) snprintf(r->err, sizeof r->err, "%s", r->ex.err);
+    free(r->saved);
+    r->saved = NULL;
+    return NULL;
+}
+
+static void run_ranks(const cp_plan *p, ep_rank *ranks, int steps, test_hook hook, int shift)
+{
+    cp_host_world *w = cp_host_world_create(p);
+    assert_non_null(w);
+    for (int r = 0; r < p->world_size; r++) {
+        memset(&ranks[r], 0, sizeof ranks[r]);
+        ranks[r].plan = p;
+        ranks[r].rank = r;
+        ranks[r].steps = steps;
+        ranks[r].hook = hook;
+        ranks[r].shift = shift;
+        cp_host_backend_init(&ranks[r].backend, w, r);
+        if (shift) {
+            ranks[r].host_a2a = ranks[r].backend.a2a;
+            ranks[r].backend.a2a = shifting_a2a;
+        }
+        ranks[r].ex.quiet = 1;
+    }
+    for (int r = 0; r < p->world_size; r++)
+        assert_int_equal(pthread_create(&ranks[r].thread, NULL, rank_main, &ranks[r]), 0);
+    for (int r = 0; r < p->world_size; r++) pthread_join(ranks[r].thread, NULL);
+    cp_host_world_destroy(w);
+}
+
+static void expect_clean(const cp_plan *p, ep_rank *ranks, int steps)
+{
+    for (int r = 0; r < p->world_size; r++) {
+        if (ranks[r].rc) fprintf(stderr, "rank %d: %s\n", r, ranks[r].err);
+        assert_int_equal(ranks[r].rc, 0);
+        assert_int_equal(ranks[r].mismatches, 0);
+        assert_int_equal(ranks[r].roundtrip_bad, 0);
+        /* every all-to-all's hook ran before and after it */
+        assert_int_equal(ranks[r].hooks, 2 * steps * (count_kind(p, CP_OP_A2A_COUNTS) + count_kind(p, CP_OP_A2A)));
+    }
+}
+
+/* ---- tests ---- */
+
+static void test_a2a_bytes_and_fields(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build(&t, "ep4", 4, 2, 3, CP_BF16, 6, 5);
+    assert_int_equal(cp_arena_buffer_bytes(&t.plan, 0, CP_BUF_A2A_COUNTS), 2 * 3 * 8 * 8);
+    assert_int_equal(cp_arena_buffer_bytes(&t.plan, 0, CP_BUF_A2A_SEND), 4 * 5 * 6 * 2);
+    assert_int_equal(cp_arena_buffer_bytes(&t.plan, 0, CP_BUF_A2A_RECV), 4 * 5 * 6 * 2);
+    assert_true(cp_plan_has_a2a(&t.plan));
+    assert_string_equal(cp_op_kind_name(CP_OP_A2A_COUNTS), "a2a_counts");
+    assert_string_equal(cp_op_kind_name(CP_OP_A2A), "a2a");
+    /* the kinds before them keep their numbers */
+    assert_int_equal(CP_OP_SEND, 17);
+    assert_int_equal(CP_OP_BACKWARD_INPUT, 19);
+    assert_int_equal(CP_OP_A2A_COUNTS, 20);
+    assert_int_equal(CP_BUF_PP, 7);
+    assert_int_equal(CP_BUF_SHARDED, 11);
+}
+
+/* The harness's seeded draws: every received count and row checked. */
+static void test_a2a_ep2_drawn_counts_checked(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build(&t, "ep2", 2, 2, 2, CP_FP32, 5, 7);
+    static ep_rank ranks[MAX_EP];
+    run_ranks(&t.plan, ranks, 3, NULL, 0);
+    expect_clean(&t.plan, ranks, 3);
+}
+
+static void test_a2a_ep4_drawn_counts_checked(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build(&t, "ep4", 4, 2, 2, CP_BF16, 6, 5);
+    static ep_rank ranks[MAX_EP];
+    run_ranks(&t.plan, ranks, 4, NULL, 0);
+    expect_clean(&t.plan, ranks, 4);
+    /* --simulate's path too (its harness, every rank a thread), and fp16 with one expert per member */
+    cp_sim_options opt = { .steps = 3, .pattern = CP_PATTERN_UNIQUE, .arith = CP_ARITH_GLOO };
+    assert_int_equal(cp_simulate(&t.plan, &opt), 0);
+    build(&t, "ep4_fp16", 4, 1, 1, CP_FP16, 3, 9);
+    assert_int_equal(cp_simulate(&t.plan, &opt), 0);
+}
+
+/* The seeded draws: deterministic, never past capacity, some zeros, some members exactly full. */
+static void test_a2a_draws(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build(&t, "ep4", 4, 2, 1, CP_FP32, 4, 6);
+    cp_checker c;
+    assert_int_equal(cp_checker_init(&c, &t.plan, CP_PATTERN_UNIQUE, 0), 0);
+    int zero_expert = 0, zero_member = 0, full_member = 0;
+    for (int step = 0; step < 40; step++) {
+        c.step = step;
+        for (int r = 0; r < 4; r++) {
+            int64_t a[8], b[8];
+            cp_checker_a2a_counts(&c, &t.ops[0], r, 4, a);
+            cp_checker_a2a_counts(&c, &t.ops[0], r, 4, b);
+            assert_memory_equal(a, b, sizeof a);
+            int64_t total = 0;
+            for (int m = 0; m < 4; m++) {
+                int64_t sum = a[2 * m] + a[2 * m + 1];
+                assert_true(a[2 * m] >= 0 && a[2 * m + 1] >= 0 && sum <= 6);
+                zero_expert += a[2 * m] == 0 || a[2 * m + 1] == 0;
+                zero_member += sum == 0;
+                full_member += sum == 6;
+                total += sum;
+            }
+            assert_int_equal(total, t.ops[0].a2a_rows); /* 16 rows fit in 4 x 6 */
+        }
+    }
+    assert_true(zero_expert > 0 && zero_member > 0 && full_member > 0);
+    cp_checker_free(&c);
+}
+
+/* ---- counts given by the test ---- */
+
+/* ep 4, two experts per member, capacity 6: rank r sends member r+1
+ * exactly 6 (all to its first expert), member r+2 nothing, member r+3 one
+ * row per expert, itself 3 + micro-step rows. */
+static void given_counts(int rank, int micro, int64_t *c)
+{
+    memset(c, 0, 8 * sizeof *c);
+    int full = (rank + 1) % 4, odd = (rank + 3) % 4;
+    c[2 * full] = 6;
+    c[2 * odd] = 1, c[2 * odd + 1] = 1;
+    c[2 * rank + 1] = 3 + micro;
+}
+
+static int given_hook(ep_rank *r, cp_executor *ex, const cp_op *op, int after)
+{
+    if (op->kind == CP_OP_A2A_COUNTS) {
+        int64_t c[8];
+        if (after) { /* what each member sent this rank: its given counts for this rank's experts */
+            const int64_t *got = cp_executor_a2a_counts(ex, 0, op->a2a_slot) + 8;
+            for (int m = 0; m < 4; m++) {
+                given_counts(m, op->micro_step, c);
+                if (got[2 * m] != c[2 * r->rank] || got[2 * m + 1] != c[2 * r->rank + 1]) return -1;
+            }
+            return 0;
+        }
+        given_counts(r->rank, op->micro_step, c);
+        return cp_executor_set_expert_counts(ex, 0, c, 8);
+    }
+    /* the tokens: written and checked by the harness, whatever the counts */
+    return cp_harness_on_a2a(&r->harness, ex, op, after);
+}
+
+static void test_a2a_uneven_zero_and_full_members(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build(&t, "ep4_given", 4, 2, 2, CP_BF16, 3, 6);
+    static ep_rank ranks[MAX_EP];
+    run_ranks(&t.plan, ranks, 2, given_hook, 0);
+    expect_clean(&t.plan, ranks, 2);
+}
+
+/* A round trip: the dispatch's rows, combined back with the experts as the
+ * identity, return to their origin exactly, each at its own offset. */
+static int roundtrip_hook(ep_rank *r, cp_executor *ex, const cp_op *op, int after)
+{
+    if (op->kind == CP_OP_A2A_COUNTS) {
+        if (after) return 0;
+        int64_t c[8];
+        given_counts(r->rank, op->micro_step, c);
+        return cp_executor_set_expert_counts(ex, 0, c, 8);
+    }
+    size_t row = (size_t)op->a2a_dim * cp_dtype_size(op->dtype);
+    int64_t send_rows[4], recv_rows[4], rows = 0;
+    assert_int_equal(cp_executor_a2a_splits(ex, op, send_rows, recv_rows), 0);
+    for (int m = 0; m < 4; m++) rows += op->a2a_combine ? recv_rows[m] : send_rows[m];
+    char *sendbuf = cp_executor_buffer(ex, 0, CP_BUF_A2A_SEND);
+    long x = (long)(op - ex->plan->ops);
+    if (!op->a2a_combine && !after && x < 3 * r->plan->micro_steps) { /* a forward dispatch: rows from this rank */
+        free(r->saved);
+        r->saved = malloc((size_t)rows * row + 1);
+        for (int64_t i = 0; i < rows * op->a2a_dim; i++)
+            cp_store(op->dtype, sendbuf, i, (float)(1 + (r->rank * 37 + i * 5 + op->micro_step) % 200));
+        memcpy(r->saved, sendbuf, (size_t)rows * row);
+        memset(sendbuf + (size_t)rows * row, 0, (size_t)(4 * op->a2a_capacity - rows) * row);
+    }
+    if (op->a2a_combine && !after && x < 3 * r->plan->micro_steps) /* the origin's rows, gone before they return */
+        memset(sendbuf, 0, (size_t)(4 * op->a2a_capacity) * row);
+    if (op->a2a_combine && after && x < 3 * r->plan->micro_steps && memcmp(sendbuf, r->saved, (size_t)rows * row))
+        r->roundtrip_bad++;
+    return 0;
+}
+
+static void test_a2a_round_trip_exact(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build(&t, "ep4_roundtrip", 4, 2, 2, CP_FP32, 4, 6);
+    static ep_rank ranks[MAX_EP];
+    run_ranks(&t.plan, ranks, 2, roundtrip_hook, 0);
+    expect_clean(&t.plan, ranks, 2);
+}
+
+/* One row past capacity on rank 1: its line, every other member refuses the layer too; nothing hangs. */
+static int over_hook(ep_rank *r, cp_executor *ex, const cp_op *op, int after)
+{
+    if (op->kind != CP_OP_A2A_COUNTS || after) return cp_harness_on_a2a(&r->harness, ex, op, after);
+    int64_t c[4] = { 3, 2, 1, 0 };
+    if (r->rank == 1) c[0] = 6; /* 6 + 2 rows for member 0, capacity 7 */
+    return cp_executor_set_expert_counts(ex, 0, c, 4);
+}
+
+static int negative_hook(ep_rank *r, cp_executor *ex, const cp_op *op, int after)
+{
+    if (op->kind != CP_OP_A2A_COUNTS || after) return cp_harness_on_a2a(&r->harness, ex, op, after);
+    int64_t c[4] = { 3, 2, 1, 0 };
+    if (r->rank == 0) c[3] = -2;
+    return cp_executor_set_expert_counts(ex, 0, c, 4);
+}
+
+static void test_a2a_past_capacity_refused(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build(&t, "ep2", 2, 2, 1, CP_FP32, 5, 7);
+    static ep_rank ranks[MAX_EP];
+    run_ranks(&t.plan, ranks, 1, over_hook, 0);
+    assert_int_equal(ranks[1].rc, -1);
+    assert_string_equal(ranks[1].err, "rank 1: op 0 (a2a_counts of unit moe, micro-step 0): 8 tokens for ep "
+                                      "member 0 (rank 0, experts 0..1) exceed its capacity of 7 rows: raise the plan's "
+                                      "expert capacity or route fewer tokens");
+    assert_int_equal(ranks[0].rc, -1);
+    assert_non_null(strstr(ranks[0].err, "rank 0: op 0 (a2a_counts of unit moe, micro-step 0): ep member 1 (rank 1) "
+                                         "refused its expert counts"));
+    run_ranks(&t.plan, ranks, 1, negative_hook, 0);
+    assert_int_equal(ranks[0].rc, -1);
+    assert_non_null(strstr(ranks[0].err, "expert 3's count -2 for ep member 1 (rank 1) is negative"));
+    assert_int_equal(ranks[1].rc, -1);
+    /* counts exactly at capacity pass */
+    build(&t, "ep2", 2, 2, 1, CP_FP32, 5, 5);
+    run_ranks(&t.plan, ranks, 1, over_hook, 0); /* 3 + 2 = 5 to member 0 from rank 0; rank 1's 8 still refused */
+    assert_int_equal(ranks[1].rc, -1);
+    assert_non_null(strstr(ranks[1].err, "exceed its capacity of 5 rows"));
+}
+
+/* The binary's path: COMMPLAN_A2A_OVERFLOW=<rank> makes that rank's draw one row past a member's capacity. */
+static void test_a2a_simulate_overflow_refused(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build(&t, "ep4", 4, 2, 2, CP_BF16, 6, 5);
+    cp_sim_options opt = { .steps = 1, .pattern = CP_PATTERN_UNIQUE, .arith = CP_ARITH_GLOO };
+    setenv("COMMPLAN_A2A_OVERFLOW", "2", 1);
+    int rc = cp_simulate(&t.plan, &opt);
+    unsetenv("COMMPLAN_A2A_OVERFLOW");
+    assert_int_equal(rc, 2);
+}
+
+/* Rows landed one row late: the checks name the first wrong row. */
+static void test_a2a_wrong_offset_caught(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build(&t, "ep2", 2, 2, 1, CP_FP32, 5, 7);
+    static ep_rank ranks[MAX_EP];
+    run_ranks(&t.plan, ranks, 1, NULL, 1);
+    long total = 0;
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(ranks[r].rc, 0);
+        total += ranks[r].mismatches;
+    }
+    assert_true(total > 0);
+}
+
+/* The library entry's checks, on one executor (no exchange runs). */
+static void test_a2a_set_expert_counts_checked(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build(&t, "ep2", 2, 2, 1, CP_FP32, 5, 7);
+    cp_host_world *w = cp_host_world_create(&t.plan);
+    cp_backend b;
+    cp_host_backend_init(&b, w, 0);
+    cp_executor ex;
+    memset(&ex, 0, sizeof ex);
+    ex.quiet = 1;
+    assert_int_equal(cp_executor_init(&ex, &t.plan, 0, &b), 0);
+    int64_t ok[4] = { 7, 0, 0, 7 }, bad[4] = { 4, 4, 0, 0 }, big[4] = { 0, 0, INT64_MAX, INT64_MAX };
+    assert_int_equal(cp_executor_set_expert_counts(&ex, 0, ok, 4), 0);
+    assert_int_equal(cp_executor_set_expert_counts(&ex, 0, bad, 4), -1);
+    assert_non_null(strstr(ex.err, "rank 0: op 0 (a2a_counts of unit moe, micro-step 0): 8 tokens for ep "
+                                   "member 0 (rank 0, experts 0..1) exceed its capacity of 7 rows"));
+    assert_int_equal(cp_executor_set_expert_counts(&ex, 0, big, 4), -1); /* no overflow in the sums */
+    assert_non_null(strstr(ex.err, "for ep member 1 (rank 1, experts 2..3) exceed its capacity of 7 rows"));
+    assert_int_equal(cp_executor_set_expert_counts(&ex, 0, ok, 3), -1);
+    assert_non_null(strstr(ex.err, "3 expert counts for unit moe, which has 4 experts"));
+    assert_int_equal(cp_executor_set_expert_counts(&ex, 1, ok, 4), -1);
+    /* a token all-to-all before its counts this step: refused, no exchange */
+    assert_int_equal(cp_executor_run_op(&ex, &t.ops[1]), -1);
+    assert_non_null(strstr(ex.err, "runs before its counts op 0 filled slot 0"));
+    cp_executor_free(&ex);
+    cp_host_world_destroy(w);
+}
+
+static int no_collectives(void *user, int coll, int family, int color, int key, int size, void *in, void *out,
+                          int64_t count, int dtype, int reduce_op)
+{
+    (void)user, (void)coll, (void)family, (void)color, (void)key, (void)size, (void)in, (void)out, (void)count;
+    (void)dtype, (void)reduce_op;
+    return -1;
+}
+
+static void test_a2a_hostlib_counts_checked(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build(&t, "ep2", 2, 2, 1, CP_FP32, 5, 7);
+    cp_hostlib *h;
+    char err[256];
+    assert_int_equal(cp_hostlib_init(&h, &t.plan, 1, no_collectives, NULL, err, sizeof err), 0);
+    int64_t ok[4] = { 1, 2, 3, 4 }, bad[4] = { 1, 2, 3, 5 };
+    assert_int_equal(cp_hostlib_set_expert_counts(h, 0, ok, 4), 0);
+    assert_int_equal(cp_hostlib_set_expert_counts(h, 0, bad, 4), -1);
+    assert_string_equal(cp_hostlib_last_error(h), "rank 1: op 0 (a2a_counts of unit moe, micro-step 0): 8 "
+                                                  "tokens for ep member 1 (rank 1, experts 2..3) exceed its capacity of "
+                                                  "7 rows: raise the plan's expert capacity or route fewer tokens");
+    cp_hostlib_destroy(h);
+}
+
+/* Tables the executor refuses before any exchange. */
+static void test_a2a_bad_tables_refused(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build(&t, "ep2", 2, 2, 1, CP_FP32, 5, 7);
+    t.ops[1].a2a_counts_op = 2; /* not a counts op, and not earlier */
+    static ep_rank ranks[MAX_EP];
+    cp_host_world *w = cp_host_world_create(&t.plan);
+    cp_backend b;
+    cp_host_backend_init(&b, w, 0);
+    cp_executor ex;
+    memset(&ex, 0, sizeof ex);
+    ex.quiet = 1;
+    assert_int_equal(cp_executor_init(&ex, &t.plan, 0, &b), 0);
+    assert_int_equal(cp_executor_run_op(&ex, &t.ops[1]), -1);
+    assert_non_null(strstr(ex.err, "op 1 (a2a of unit moe): names op 2 as its counts, not an earlier a2a_counts"));
+    cp_executor_free(&ex);
+    cp_host_world_destroy(w);
+    build(&t, "ep2", 2, 2, 1, CP_FP32, 5, 7);
+    t.unit.a2a_numel = 2 * 7 * 5 - 1; /* one element short of 2 members x 7 rows x 5 */
+    w = cp_host_world_create(&t.plan);
+    cp_host_backend_init(&b, w, 0);
+    memset(&ex, 0, sizeof ex);
+    ex.quiet = 1;
+    assert_int_equal(cp_executor_init(&ex, &t.plan, 0, &b), 0);
+    ex.a2a_filled[0][0] = 0;
+    assert_int_equal(cp_executor_run_op(&ex, &t.ops[1]), -1);
+    assert_non_null(strstr(ex.err, "lie outside the unit's 276-byte token buffers"));
+    cp_executor_free(&ex);
+    cp_host_world_destroy(w);
+    (void)ranks;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_a2a_bytes_and_fields),
+        cmocka_unit_test(test_a2a_ep2_drawn_counts_checked),
+        cmocka_unit_test(test_a2a_ep4_drawn_counts_checked),
+        cmocka_unit_test(test_a2a_draws),
+        cmocka_unit_test(test_a2a_uneven_zero_and_full_members),
+        cmocka_unit_test(test_a2a_round_trip_exact),
+        cmocka_unit_test(test_a2a_past_capacity_refused),
+        cmocka_unit_test(test_a2a_simulate_overflow_refused),
+        cmocka_unit_test(test_a2a_wrong_offset_caught),
+        cmocka_unit_test(test_a2a_set_expert_counts_checked),
+        cmocka_unit_test(test_a2a_hostlib_counts_checked),
+        cmocka_unit_test(test_a2a_bad_tables_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
