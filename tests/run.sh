@@ -508,7 +508,6 @@ run "simulate --ranks on a pipeline plan: refused at once in one line (no stand-
 run "build tests/pp/plans/pp_tiny_zbv (pipeline: pp 2 x dp_shard 2, ZBVZeroBubble)" $MAKE PLAN=tests/pp/plans/pp_tiny_zbv.lua OUT=build/gen/pp_tiny_zbv
 run "simulate pp_tiny_zbv: 4 ranks, 2 steps, every message and reduced grad exact (both arithmetics)" bash -c "
   build/pp_tiny_zbv/pp_tiny_zbv --simulate --steps 2 && build/pp_tiny_zbv/pp_tiny_zbv --simulate --steps 2 --arith nccl"
-# LoopedBFS under HSDP: backwards in the schedule's own micro-batch order.
 for spec in "gpipe:pp 4, no FSDP, GPipe, 8 microbatches" "izb:pp 2 x dp_shard 2, InterleavedZeroBubble" \
             "dpv:pp 2 x dp_shard 2, DualPipeV"; do
   n=pp_tiny_${spec%%:*}
@@ -516,6 +515,7 @@ for spec in "gpipe:pp 4, no FSDP, GPipe, 8 microbatches" "izb:pp 2 x dp_shard 2,
   run "simulate $n: 4 ranks, 2 steps, every message and reduced grad exact (both arithmetics)" bash -c "
     build/$n/$n --simulate --steps 2 && build/$n/$n --simulate --steps 2 --arith nccl"
 done
+# LoopedBFS under HSDP: backwards in the schedule's own micro-batch order.
 run "build tests/pp/plans/pp_tiny_lbfs (pipeline: pp 2 x dp_replicate 2 x dp_shard 2, LoopedBFS)" $MAKE PLAN=tests/pp/plans/pp_tiny_lbfs.lua OUT=build/gen/pp_tiny_lbfs
 run "simulate pp_tiny_lbfs: 8 ranks, 2 steps, every message and reduced grad exact (both arithmetics)" bash -c "
   build/pp_tiny_lbfs/pp_tiny_lbfs --simulate --steps 2 && build/pp_tiny_lbfs/pp_tiny_lbfs --simulate --steps 2 --arith nccl"
