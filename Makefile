@@ -580,7 +580,7 @@ test-live:
 # byte against the per-element path they replaced (tests/c/test_fastpath.c),
 # plain and with ASan+UBSan. bench-host: their GB/s beside memcpy
 # (bench/host_bench.c; bench/RESULTS.md). simulate-big: llama8b, llama70b
-# and llama405b checked exactly, each rank of --ranks auto alone with
+# and llama405b_hsdp checked exactly, each rank of --ranks auto alone with
 # stand-in peers (docs/simulate.md says what that covers and what not).
 FASTPATH_SRC := tests/c/test_fastpath.c runtime/dtype.c runtime/backend_host.c runtime/topology.c runtime/arena.c runtime/executor.c
 build/tests/test_fastpath: $(FASTPATH_SRC) $(RUNTIME_HDR)

@@ -75,9 +75,10 @@ end
 
 -- spec: PLAN.lua, plan.json, or REV:path (either kind) -> doc, label,
 -- and the plan when spec is a plan file.
--- Two pipeline plans (parallel.pp > 1: the generator builds no tables
--- for them yet) compared by their own schedules' predictions
--- (gen/parallel/pp_report.lua): nil when neither operand is one.
+-- Two pipeline plans (parallel.pp > 1) compared by their own schedules'
+-- predictions (gen/parallel/pp_report.lua): nil when neither operand is
+-- one; a pipeline plan against a plan without pp is refused (e.g. REV:
+-- plans/llama405b.lua from before it became the pipeline plan).
 function plandiff.pipeline_compare(sa, sb)
   local load = require("gen.load")
   local sides = {}
@@ -92,7 +93,8 @@ function plandiff.pipeline_compare(sa, sb)
   if not (sides[1] and sides[2]) then
     local other, piped = sides[1] and sb or sa, sides[1] and sa or sb
     fail(string.format("%s: not a pipeline plan, while %s is one (parallel.pp > 1); compare two pipeline plans, or "
-      .. "two plans the generator builds", other, piped))
+      .. "two plans without pp (at a git revision, a plan of the same name may have been the other kind)", other,
+      piped))
   end
   local report = require("gen.parallel.pp_report")
   local a, b = report.plan_row(sides[1]), report.plan_row(sides[2])

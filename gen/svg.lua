@@ -14,7 +14,7 @@
 -- cluster drawn as columns of about BUCKET_PX, each kind as tall as its
 -- share of the column's time (a cluster narrower than two columns is one
 -- box of its main kind), so a lane draws O(WIDTH) boxes whatever the
--- number of ops (llama405b: ~235 KB); labels of three or more waits of
+-- number of ops (llama405b_hsdp: ~235 KB); labels of three or more waits of
 -- one kind close together fold into one ("reduce_scatter x126").
 --
 -- Deterministic bytes: coordinates as %.1f, everything in op, span or

@@ -19,7 +19,8 @@ local fsio = require("gen.fsio")
 local verbs = {}
 
 -- Operands are plan files (16 MiB, as the generator takes) or plan.json
--- documents (llama405b's is 1.3 MB; 256 MiB leaves room for any world).
+-- documents (llama405b_hsdp's is 1.4 MB, the pipeline plan llama405b's 8.7 MB;
+-- 256 MiB leaves room for any world).
 verbs.PLAN_MAX_BYTES = 16 << 20
 verbs.JSON_MAX_BYTES = 256 << 20
 

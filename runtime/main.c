@@ -119,9 +119,11 @@ static const struct {
 static void dry_run(const cp_plan *p)
 {
     if (p->pp_size > 1)
-        printf("# plan %s, fingerprint %s, %d ranks, pp %d, shard group %d, replicate group %d, tp %d (%d classes: "
-               "pipeline rank x TP class; rank 0's ops below, SCHEDULE.md lists every rank's)\n", p->name,
-               p->fingerprint, p->world_size, p->pp_size, p->shard_size, p->replicate_size, p->tp_size, p->nclasses);
+        /* a class per (pipeline rank, TP class): the ops below are rank 0's */
+        printf("# plan %s, fingerprint %s, %d ranks, pp %d, shard group %d, replicate group %d, tp %d (%d classes, "
+               "one per pipeline rank and TP class; rank 0's ops below, sends and receives to the pp peer shown)\n",
+               p->name, p->fingerprint, p->world_size, p->pp_size, p->shard_size, p->replicate_size, p->tp_size,
+               p->nclasses);
     else
         printf("# plan %s, fingerprint %s, %d ranks, shard group %d, replicate group %d, tp %d (%d TP class%s; TP "
                "rank 0's ops below)\n", p->name, p->fingerprint, p->world_size, p->shard_size, p->replicate_size,
@@ -131,9 +133,12 @@ static void dry_run(const cp_plan *p)
     for (int i = 0; i < p->nops; i++) {
         const cp_op *o = &p->ops[i];
         int coll = cp_op_descs[o->kind].action == CP_ACT_COLLECTIVE;
+        int p2p = cp_op_descs[o->kind].action == CP_ACT_P2P;
+        char peer[32];
+        snprintf(peer, sizeof peer, "pp peer %d", o->peer);
         printf("  %-5d %-5d %-17s %-24s %-14s %-5s %12ld %s\n", i, o->micro_step, cp_op_kind_name(o->kind),
-               p->units[o->unit].name, coll ? (o->family >= 0 ? p->families[o->family].name : "local") : "-",
-               coll ? cp_dtype_name(o->dtype) : "-", coll ? (long)o->count : 0L,
+               p->units[o->unit].name, coll ? (o->family >= 0 ? p->families[o->family].name : "local") : p2p ? peer : "-",
+               coll || p2p ? cp_dtype_name(o->dtype) : "-", coll || p2p ? (long)o->count : 0L,
                coll && cp_op_descs[o->kind].collective != CP_COLL_ALL_GATHER ? (o->reduce_op == CP_AVG ? "avg" : o->reduce_op == CP_MAX ? "max" : "sum")
                                                                               : "-");
     }

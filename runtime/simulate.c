@@ -329,6 +329,15 @@ static int solo_collective(void *user, int coll, int family, int color, int key,
 
 static int simulate_alone(const cp_plan *p, const cp_sim_options *opt)
 {
+    /* A pipeline rank alone would wait for its peers' messages (a receive
+     * times out, as if the tables disagreed): there are no stand-ins for
+     * sends and receives, so say so before anything runs. */
+    if (p->pp_size > 1) {
+        fprintf(stderr, "commplan: --ranks: plan %s is a pipeline plan (pp %d): a rank alone has no stand-ins for "
+                "its pipeline peers' sends and receives; simulate all %d ranks (--simulate without --ranks)\n",
+                p->name, p->pp_size, p->world_size);
+        return 2;
+    }
     int64_t per_rank, avail = cp_host_available_bytes(), room = 0;
     cp_simulate_bytes(p, &per_rank);
     for (int r = 0; r < opt->nonly; r++) {

@@ -507,11 +507,13 @@ run "oracle fsdp3 on NCCL: gloo's arithmetic does not (10 where NCCL gives 10.00
 run "build tests/pp/plans/pp_tiny (pipeline: pp 2 x dp_shard 2, 1F1B)" $MAKE PLAN=tests/pp/plans/pp_tiny.lua OUT=build/gen/pp_tiny
 run "simulate pp_tiny: 4 ranks, 3 steps, every message and reduced grad exact (gloo's and NCCL's arithmetic)" bash -c "
   build/pp_tiny/pp_tiny --simulate --steps 3 && build/pp_tiny/pp_tiny --simulate --steps 2 --arith nccl"
+run "simulate --ranks on a pipeline plan: refused at once in one line (no stand-ins for a pipeline peer's messages; it waited 30 s for them)" bash -c '
+  out=$(timeout 10 build/pp_tiny/pp_tiny --simulate --ranks 0,3 2>&1); rc=$?; echo "$out"
+  [ "$rc" = 2 ] && [ "$(printf "%s\n" "$out" | wc -l)" = 1 ] && printf "%s" "$out" | grep -qF "is a pipeline plan (pp 2)"'
 # Zero bubble's V schedule: the split backward (I, then W) in the tables.
 run "build tests/pp/plans/pp_tiny_zbv (pipeline: pp 2 x dp_shard 2, ZBVZeroBubble)" $MAKE PLAN=tests/pp/plans/pp_tiny_zbv.lua OUT=build/gen/pp_tiny_zbv
 run "simulate pp_tiny_zbv: 4 ranks, 2 steps, every message and reduced grad exact (both arithmetics)" bash -c "
   build/pp_tiny_zbv/pp_tiny_zbv --simulate --steps 2 && build/pp_tiny_zbv/pp_tiny_zbv --simulate --steps 2 --arith nccl"
-# LoopedBFS under HSDP: backwards in the schedule's own micro-batch order.
 for spec in "gpipe:pp 4, no FSDP, GPipe, 8 microbatches" "izb:pp 2 x dp_shard 2, InterleavedZeroBubble" \
             "dpv:pp 2 x dp_shard 2, DualPipeV"; do
   n=pp_tiny_${spec%%:*}
@@ -519,6 +521,7 @@ for spec in "gpipe:pp 4, no FSDP, GPipe, 8 microbatches" "izb:pp 2 x dp_shard 2,
   run "simulate $n: 4 ranks, 2 steps, every message and reduced grad exact (both arithmetics)" bash -c "
     build/$n/$n --simulate --steps 2 && build/$n/$n --simulate --steps 2 --arith nccl"
 done
+# LoopedBFS under HSDP: backwards in the schedule's own micro-batch order.
 run "build tests/pp/plans/pp_tiny_lbfs (pipeline: pp 2 x dp_replicate 2 x dp_shard 2, LoopedBFS)" $MAKE PLAN=tests/pp/plans/pp_tiny_lbfs.lua OUT=build/gen/pp_tiny_lbfs
 run "simulate pp_tiny_lbfs: 8 ranks, 2 steps, every message and reduced grad exact (both arithmetics)" bash -c "
   build/pp_tiny_lbfs/pp_tiny_lbfs --simulate --steps 2 && build/pp_tiny_lbfs/pp_tiny_lbfs --simulate --steps 2 --arith nccl"

@@ -113,7 +113,10 @@ function M.expected(sched, o)
         if k == "all_reduce" then
           ev[#ev + 1] = { op = k, ranks = replicas, unit = c.unit, dtype = c.dtype, action = action,
                           in_numel = c.count, out_numel = c.count, stage = s }
-        else
+        elseif W > 1 then
+          -- (a shard group of one rank, dp_replicate alone: FSDP2 issues no
+          -- all-gather or reduce-scatter, only the all-reduce;
+          -- _fsdp_param_group.py and foreach_reduce's world_size > 1)
           local full = W * c.count
           ev[#ev + 1] = { op = k, ranks = fsdp_ranks, unit = c.unit, dtype = c.dtype, action = action,
                           in_numel = k == "all_gather" and c.count or full,

@@ -27,7 +27,9 @@ local function lanes_of(p)
   local b = p.pipeline_build
   local lanes = {}
   for r = 1, b.sched.pp do lanes[r] = { compute = {}, reduce = {}, stages = {} } end
-  for _, e in ipairs(b.timed_actions or {}) do
+  local order = {}
+  for i, e in ipairs(b.timed_actions or {}) do
+    order[e] = i
     local lane = lanes[e.rank + 1]
     if e.type == "REDUCE_GRAD" then
       if not lane.reduce[e.stage] then
@@ -42,7 +44,11 @@ local function lanes_of(p)
   end
   for _, lane in ipairs(lanes) do
     table.sort(lane.stages)
-    table.sort(lane.compute, function(x, y) return x.start < y.start end)
+    -- (ties, a zero-time action, in the run's order: table.sort is not stable)
+    table.sort(lane.compute, function(x, y)
+      if x.start ~= y.start then return x.start < y.start end
+      return order[x] < order[y]
+    end)
   end
   return lanes
 end

@@ -389,6 +389,16 @@ static void test_pp4_messages_checked(void **state)
     /* the --simulate path (its harness, every rank a thread) too */
     cp_sim_options opt = { .steps = 2, .pattern = CP_PATTERN_UNIQUE, .arith = CP_ARITH_GLOO };
     assert_int_equal(cp_simulate(&t.plan, &opt), 0);
+    /* --ranks: a pipeline rank alone has no stand-ins for its peers'
+     * messages; refused before anything runs (it waited for them) */
+    int only[1] = { 1 };
+    opt.only = only;
+    opt.nonly = 1;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(cp_simulate(&t.plan, &opt), 2);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_true(t1.tv_sec - t0.tv_sec < 5); /* at once, not after a receive's timeout (30 s) */
 }
 
 static void test_pp_corrupted_message_is_caught(void **state)

@@ -286,7 +286,7 @@ function T.every_output_agrees_llama70b()
   check_plan("plans/llama70b.lua", true)
 end
 
--- llama405b: its advice generates 22 meshes of 126 layers (~11 s here).
+-- llama405b_hsdp: its advice generates 22 meshes of 126 layers (~11 s here).
 function T.every_output_agrees_llama405b()
   check_plan("plans/llama405b_hsdp.lua", true)
 end

@@ -240,6 +240,16 @@ function T.plan_diff_loads_files_and_json()
   assert(not ok and tostring(err.msg or err):find("revision", 1, true), tostring(err))
   H.eq(plandiff.names_text({ "layers.0", "layers.1", "layers.2", "layers.5", "root" }), "layers.0-2,5, root", "names")
   H.eq(plandiff.names_text({ "layers.0", "layers.0", "layers.1", "layers.1" }), "layers.0-1", "each unit once")
+  -- a pipeline plan against a plan without pp (as REV:plans/llama405b.lua
+  -- from before it became the pipeline plan): refused, both named, saying why
+  for _, pair in ipairs({ { "plans/llama405b_hsdp.lua", "plans/llama405b.lua" },
+                          { "plans/llama405b.lua", "plans/llama405b_hsdp.lua" } }) do
+    ok, err = pcall(plandiff.pipeline_compare, pair[1], pair[2])
+    local msg = tostring(not ok and (err.msg or err))
+    assert(msg:find("plans/llama405b_hsdp.lua: not a pipeline plan, while plans/llama405b.lua is one", 1, true)
+      and msg:find("may have been the other kind", 1, true), msg)
+  end
+  H.eq(plandiff.pipeline_compare("plans/fsdp4.lua", "plans/hsdp2x2.lua"), nil, "neither a pipeline plan")
 end
 
 -- Every TP class is visible: plan.json tp_classes[] (schema-checked),

@@ -72,6 +72,22 @@ function T.tables_issue_what_torch_issues()
   local ar = 0
   for _, e in ipairs(got[1]) do if e.op == "all_reduce" then ar = ar + 1 end end
   assert(ar > 0, "HSDP all-reduces among rank 0's events")
+  -- dp_replicate alone (dp_shard 1, torchtitan's fully_shard on a
+  -- (dp_replicate, fsdp = 1) mesh): FSDP2 issues no all-gather or
+  -- reduce-scatter on a group of one rank, only the all-reduces; the plan
+  -- builds (it was an internal error) and its tables issue exactly those
+  local src = H.read("tests/pp/plans/pp_tiny_lbfs.lua"):gsub("world_size = 8", "world_size = 4")
+    :gsub("dp_shard = %-1", "dp_shard = 1")
+  t = report.tables(load.source(src, "pp_tiny_lbfs_dr2.lua"))
+  H.eq(t.p.dims.dp_shard * 10 + t.p.dims.dp_replicate, 12, "dp_shard 1 x dp_replicate 2")
+  got = tables.events(t.classes, seq.mesh(2, 1, 2), 1)
+  want = seq.expected(t.sched, { dp_shard = 1, dp_replicate = 2, act_numel = t.act.numel, act_dtype = t.act.dtype,
+                                 stage_fsdp = t.stage_fsdp })
+  same(got, want, "LoopedBFS pp2 x dp_replicate 2")
+  local kinds = {}
+  for _, e in ipairs(want[1]) do kinds[e.op] = (kinds[e.op] or 0) + 1 end
+  assert(kinds.all_reduce and not kinds.all_gather and not kinds.reduce_scatter, "only all-reduces")
+  assert(require("gen.plan").from_source(src, "pp_tiny_lbfs_dr2.lua").pipeline_build, "the plan builds")
 end
 
 -- Each rank holds its stages' units, renumbered, and only them; the step

@@ -1,6 +1,6 @@
 -- timeline.svg (gen/svg.lua): well-formed XML, one lane per stream that
 -- has ops, the exposed marks are the figures' exposed collectives, names
--- from the plan escaped, the same bytes every time, small on llama405b,
+-- from the plan escaped, the same bytes every time, small on llama405b_hsdp,
 -- and `diff --svg` writes the before/after pair.
 local H = require("helpers")
 local plan = require("gen.plan")
@@ -276,7 +276,7 @@ function T.hostile_names_are_escaped()
   H.eq(svg.esc("a\1\n\255&"), "a???&amp;", "esc")
 end
 
--- llama405b: thousands of ops, folded: well under 1 MB, a lane per
+-- llama405b_hsdp: thousands of ops, folded: well under 1 MB, a lane per
 -- stream, a detail panel around the longest wait.
 function T.llama405b_stays_small()
   local path = "plans/llama405b_hsdp.lua"

@@ -5,7 +5,9 @@ tests/pp/compare_pipeline_live.lua to hold against commplan's derivation
 (gen/parallel/pp_sequence.lua).
 
 One launch per mesh (pp outermost, as torchtitan and gen/dims.lua put it:
-global rank = pp_rank * dp_shard + dp_rank); the processes run every case of
+global rank = (pp_rank * dp_replicate + replica) * dp_shard + dp_rank; with
+--dp-replicate > 1, HSDP: fully_shard on the 2-D (dp_replicate, fsdp) mesh);
+the processes run every case of
 the matrix in turn (schedules x microbatches), each with a fresh model.
 
 Per case, as torchtitan 0.3 builds a pipeline (pipeline_parallel.py,
@@ -14,7 +16,7 @@ norm (RMSNorm), lm_head; torchtitan's module names):
   - the stage split from torchtitan's own _generate_llm_fqn_per_model_part,
     each rank's stages from _get_pp_rank_to_stage_indices_mapping, each
     stage's module from _split_module (deepcopy, other modules removed);
-  - with dp_shard > 1, fully_shard as apply_fsdp_to_decoder does under PP:
+  - with dp_shard (or dp_replicate) > 1, fully_shard as apply_fsdp_to_decoder does under PP:
     tok_embeddings, then [norm, lm_head] as one unit, then every layer
     (reshard_after_forward=False: torchtitan's "default" policy with PP),
     then the stage's root; gradient division off (disable_fsdp_gradient_
