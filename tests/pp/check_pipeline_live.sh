@@ -30,8 +30,9 @@ start=$(date +%s)
 MULTI=Interleaved1F1B,LoopedBFS,InterleavedZeroBubble,ZBVZeroBubble,DualPipeV
 # pp dp_shard [max_active_stages|- [dp_replicate]]: "2 2 1" evicts (RESHARD, then UNSHARD
 # again mid-step); "2 2 - 2" is HSDP (fully_shard on a 2-D mesh: each reduce-scatter's
-# all-reduce across the replicas), 8 ranks, 4 microbatches
-for run in "2 1" "4 1" "2 2" "2 2 1" "2 2 - 2"; do
+# all-reduce across the replicas), 8 ranks, 4 microbatches; "2 1 - 2" replicas over
+# one-rank shard groups (only the all-reduces), 4 ranks
+for run in "2 1" "4 1" "2 2" "2 2 1" "2 2 - 2" "2 1 - 2"; do
   read -r pp dp mas dr <<<"$run"
   [ "$mas" = - ] && mas=
   args=(--pp "$pp" --dp-shard "$dp" --microbatches "4,8" --out-dir "$OUT")
