@@ -327,6 +327,17 @@ local function explain(top, res, out)
       top.shard_nodes, top.t > 1 and (top.tp_intra and "; the TP groups stay inside a node (NVLink)" or
         "; its TP groups cross nodes") or "")
   end
+  -- A pipeline plan's own mesh is not in this table: say where it ranks
+  -- (the pipeline table below), so the headline is not read as "drop pp".
+  for i, x in ipairs(res.pipeline and res.pipeline.results or {}) do
+    if x.plan_mesh then
+      w("- The plan's own mesh pipelines (pp %d x dp_shard %d x tp %d): #%d of the pipeline meshes below, %s with "
+        .. "its fastest schedule there (%s, %d microbatches), by the pipeline's timed run of each rank's actions "
+        .. "(not this table's timeline: compare with care).", x.pp, x.dp, x.t, i,
+        require("gen.parallel.pp_report").human_us(x.row.sim.step_us), x.row.name, x.n)
+      break
+    end
+  end
   local second = res.results[2]
   if top.fits and second and second.fits then
     local why = {}
