@@ -156,9 +156,9 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
       local c_in_run = rep and c >= rep.first and c < rep.first + rep.n
       local c_index = c < 0 and "-1" or c_in_run and fmt("%d + (k) * %d", c, rep.n)
         or tostring(rep and c >= rep.first + rep.n and c + shift or c)
-      local slot = in_run and fmt("%d + (k)", o.a2a_slot or 0) or tostring(o.a2a_slot or 0)
+      local a2a_slot = in_run and fmt("%d + (k)", o.a2a_slot or 0) or tostring(o.a2a_slot or 0)
       p2p = p2p .. fmt(", .a2a_experts = %d, .a2a_slot = %s, .a2a_counts_op = %s, .a2a_combine = %d, .a2a_dim = %d, "
-        .. ".a2a_capacity = %d, .a2a_rows = %d", opt_int(o.a2a_experts, 1, 1, "op " .. o.seq .. "'s a2a_experts"), slot,
+        .. ".a2a_capacity = %d, .a2a_rows = %d", opt_int(o.a2a_experts, 1, 1, "op " .. o.seq .. "'s a2a_experts"), a2a_slot,
         c_index, (o.a2a_combine == true or o.a2a_combine == 1) and 1 or 0, opt_int(o.a2a_dim, 1, 1, "op " .. o.seq .. "'s a2a_dim"),
         opt_int(o.a2a_capacity, 0, 0, "op " .. o.seq .. "'s a2a_capacity"), opt_int(o.a2a_rows, 0, 0, "op " .. o.seq .. "'s a2a_rows"))
     end
