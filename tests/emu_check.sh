@@ -274,9 +274,12 @@ torchrun=${TORCHRUN:-$(command -v torchrun || true)}
 if [ -z "$torchrun" ] || [ ! -x "$torchrun" ]; then
   echo "  SKIP  torchrun launch: no torchrun (make torch-env installs one)"
 else
-  for channel in store idfile; do
-    p=fsdp4
-    log=$dir/torchrun.$channel.log
+  # fsdp4 through both NCCL-id channels; a pipeline plan (its ncclSend /
+  # ncclRecv groups on the pp communicator) through torchrun's store
+  for launch_case in store:fsdp4 idfile:fsdp4 store:pp_tiny; do
+    channel=${launch_case%%:*} p=${launch_case#*:}
+    [ -x "build/emu/$p/$p" ] || { bad "torchrun $p: build/emu/$p/$p is not built (make emu-build)"; continue; }
+    log=$dir/torchrun.$channel.$p.log
     extra=""
     [ "$channel" = idfile ] && extra="COMMPLAN_ID_FILE=$dir/ids/job"
     mkdir -p "$dir/ids"
