@@ -386,6 +386,16 @@ for f in tests/plans/kernels_*_*.lua; do
   run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2 --quiet
   run "simulate $n with NCCL's arithmetic" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
 done
+# tests/plans/moe_*.lua: the MoE families at ep = 1 (issue 23, item 1) -- a
+# DeepSeek-V3-like model whose experts FSDP-shard on dim 1, a Mixtral-like one
+# on HSDP with micro-steps. Generated under build/gen/, never plans/; the live
+# FSDP2 comparison (live.py plans) runs them too.
+for f in tests/plans/moe_*.lua; do
+  n=$(basename "$f" .lua)
+  run "build $n (tests/plans, into build/gen/$n)" $MAKE PLAN="$f" OUT="build/gen/$n"
+  run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2 --quiet
+  run "simulate $n with NCCL's arithmetic" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
+done
 run "kernel plan: all 27 (orig, param, reduce) triples, each on a vector and a scalar unit" $LUA -e '
   package.path = "./?.lua;" .. package.path
   local json, seen, triples = require("gen.json"), 0, {}
