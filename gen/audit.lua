@@ -871,7 +871,7 @@ end
 
 local function model_text(p)
   local params = require("gen.compute").model_params(p)
-  local what = p.model.family == "llama" and ("llama " .. (p.model.size or "custom")) or "generic"
+  local what = p.model.family == "generic" and "generic" or (p.model.family .. " " .. (p.model.size or "custom"))
   local u1 = p.layout.units[1]
   local layers = p.model_config and p.model_config.n_layers
   return string.format("%s: %s%d units, %s params; %s params, %s all-gather, %s reduce", what,

@@ -86,7 +86,7 @@ local SCHEMA = {
     local_batch_size = { "int", min = 1, max = 1 << 20 },
   },
   model = {
-    family = { "enum", enum = { "llama", "generic" } }, size = { "string" },
+    family = { "enum", enum = { "llama", "generic", "mixtral", "qwen3_moe", "deepseek_v3" } }, size = { "string" },
     dtype = { "enum", enum = DTYPES }, seq_len = { "int", min = 1, max = LIM.model_int },
     dim = { "int", min = 1, max = LIM.model_int },
     n_layers = { "int", min = 1, max = LIM.units - 3,
@@ -96,6 +96,15 @@ local SCHEMA = {
     n_kv_heads = { "int", min = 1, max = LIM.model_int }, vocab_size = { "int", min = 1, max = LIM.model_int },
     ffn_dim_multiplier = { "num", gt = 0, max = 64 }, multiple_of = { "int", min = 1, max = LIM.model_int },
     num_experts = { "int", min = 1, max = LIM.model_int },
+    -- the MoE families (gen/models/moe.lua; docs/expert-parallel.md): the experts and the router, the
+    -- attention's head_dim and fused qkv (mixtral, qwen3_moe), DeepSeek-V3's MLA and dense first layers
+    top_k = { "int", min = 1, max = LIM.model_int }, moe_hidden_dim = { "int", min = 1, max = LIM.model_int },
+    head_dim = { "int", min = 1, max = LIM.model_int }, fuse_qkv = { "bool" },
+    n_dense_layers = { "int", min = 0, max = LIM.units - 3 }, dense_hidden_dim = { "int", min = 1, max = LIM.model_int },
+    num_shared_experts = { "int", min = 0, max = LIM.model_int },
+    q_lora_rank = { "int", min = 0, max = LIM.model_int }, kv_lora_rank = { "int", min = 1, max = LIM.model_int },
+    qk_nope_head_dim = { "int", min = 1, max = LIM.model_int }, qk_rope_head_dim = { "int", min = 1, max = LIM.model_int },
+    v_head_dim = { "int", min = 1, max = LIM.model_int },
     units = { "list", max = LIM.units,
               why = "the generator holds units x micro-steps in memory, at most "
                 .. util.pow2_text(LIM.unit_steps) .. " of them" },
@@ -123,6 +132,33 @@ load_plan.DTYPES = DTYPES
 -- accepted and ignored would be a silent lie).
 local LLAMA_ONLY = { size = true, dim = true, n_layers = true, vocab_size = true, ffn_dim_multiplier = true,
                      multiple_of = true }
+-- The model keys each family reads besides family, dtype and seq_len (the
+-- MoE families: gen/models/moe.lua's FIELDS); any other is refused.
+local FAMILY_KEYS = {
+  llama = { "size", "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim_multiplier", "multiple_of" },
+  generic = { "n_heads", "n_kv_heads", "num_experts", "units" },
+}
+for fam, keys in pairs(require("gen.models.moe").FIELDS) do FAMILY_KEYS[fam] = keys end
+
+-- A model key the family does not read: refused, naming the family and the keys it reads.
+local function check_family_keys(ctx, model)
+  local fam = model.family
+  local reads = {}
+  for _, k in ipairs(FAMILY_KEYS[fam]) do reads[k] = true end
+  for _, k in ipairs(util.sorted_keys(model)) do
+    if not reads[k] and k ~= "family" and k ~= "dtype" and k ~= "seq_len" then
+      local others = {}
+      for _, f in ipairs(util.sorted_keys(FAMILY_KEYS)) do
+        for _, x in ipairs(FAMILY_KEYS[f]) do
+          if x == k then others[#others + 1] = f end
+        end
+      end
+      util.field_error(ctx, "model." .. k, string.format("the %s family does not read %s (%s); remove it%s", fam, k,
+        #others > 0 and ("a setting of family " .. table.concat(others, " | ")) or "no family reads it",
+        string.format(" (it reads %s)", table.concat(FAMILY_KEYS[fam], ", "))))
+    end
+  end
+end
 
 local function type_name(v)
   if math.type(v) then return math.type(v) == "integer" and "integer" or "number" end
@@ -434,11 +470,12 @@ function load_plan.normalize(ctx, raw)
     if model.units then
       util.field_error(ctx, "model.units", "units are only for family = \"generic\"; remove them or change the family")
     end
-    if model.num_experts ~= nil then
+    if model.num_experts ~= nil and model.family == "llama" then
       util.field_error(ctx, "model.num_experts", "Llama 3 is a dense model (no experts), so num_experts would "
-        .. "be ignored: remove it, or describe an MoE model as family = \"generic\"")
+        .. "be ignored: remove it, or use family = \"mixtral\" | \"qwen3_moe\" | \"deepseek_v3\" (or \"generic\")")
     end
   end
+  check_family_keys(ctx, model)
   plan.model = model
   local f = plan.fsdp
   if f.reshard_after_forward == nil then f.reshard_after_forward = true end

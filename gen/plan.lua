@@ -15,7 +15,12 @@ local repeat_mod = require("gen.repeat")
 
 local plan = {}
 
-plan.MODELS = { llama = require("gen.models.llama"), generic = require("gen.models.generic") }
+-- Each family's units(ctx, model, d): the fully_shard units in forward order,
+-- the root last (d: the plan's dims, which the MoE families' expert
+-- placement reads).
+plan.MODELS = { llama = require("gen.models.llama"), generic = require("gen.models.generic"),
+                mixtral = require("gen.models.mixtral"), qwen3_moe = require("gen.models.qwen3_moe"),
+                deepseek_v3 = require("gen.models.deepseek_v3") }
 
 -- tests/titan/dims_dump.lua: the dims stage as the generator runs it.
 plan.check_supported = parallel.check_supported
@@ -94,7 +99,7 @@ function plan.from_loaded(p, opts)
   local ctx = p.ctx
   local d = dims.infer(ctx, p.parallel, p.world_size)
   load_plan.check_nodes(ctx, p.world_size, p.topology.gpus_per_node, ctx and ctx.nodes_given)
-  local units, model_numbers = plan.MODELS[p.model.family].units(ctx, p.model)
+  local units, model_numbers = plan.MODELS[p.model.family].units(ctx, p.model, d)
   dims.validate_model(ctx, d, model_numbers)
   parallel.check_supported(ctx, d)
   local mesh = dims.mesh(d)

@@ -121,26 +121,31 @@ torch_lane() {
   section "torchtitan as the peer: ParallelDims, Llama wrapping and TP plan (tests/titan/)"
   titan_dims="torchtitan ParallelDims vs gen/dims.lua + gen/groups.lua: accept/refuse, meshes, aliases, rank lists (tests/titan/test_parallel_dims.py)"
   titan_llama="torchtitan llama3 + parallelize_llama vs the llama plans: FSDP units, parameters, placements; plan writer from torchtitan (tests/titan/test_llama_plan.py)"
+  titan_moe="torchtitan qwen3 MoE, deepseek_v3 (+ Qwen3's MoE decoder without q/k norms for mixtral) + their parallelize vs the MoE families' plans, ep=1: FSDP/HSDP units, parameters, Shard(0)/Shard(1) placements (tests/titan/test_moe_plan.py)"
   titan_result() {  # NAME LOG RC: ok, FAIL or SKIP (77), then the run's count lines
     case $3 in
       0) ok "$1" ;;
       77) skipped "$1" "$(sed -n 's/^SKIP [^:]*: //p' "$2" | head -n 1)"; return ;;
       *) echo "exit status $3" >>"$2"; bad "$1" "$2" ;;
     esac
-    grep -h "^\(parallel_dims\|llama_plan\): " "$2" | sed "s/^/        /"
+    grep -h "^\(parallel_dims\|llama_plan\|moe_plan\): " "$2" | sed "s/^/        /"
   }
   if [ "$live_rc" = 0 ]; then
     titan_f1=$(logname "$titan_dims") titan_f2=$(logname "$titan_llama")
     timeout 900 "$live_py" tests/titan/test_parallel_dims.py >"$titan_f1" 2>&1 & titan_p1=$!
     timeout 900 "$live_py" tests/titan/test_llama_plan.py >"$titan_f2" 2>&1; titan_r2=$?
+    titan_f3=$(logname "$titan_moe")
+    timeout 600 "$live_py" tests/titan/test_moe_plan.py >"$titan_f3" 2>&1; titan_r3=$?
     wait "$titan_p1"; titan_r1=$?
     titan_result "$titan_dims" "$titan_f1" "$titan_r1"
     titan_result "$titan_llama" "$titan_f2" "$titan_r2"
+    titan_result "$titan_moe" "$titan_f3" "$titan_r3"
   else
     titan_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
     titan_why="no torch environment (make torch-env exit $live_rc${titan_why:+: $titan_why})"
     skipped "$titan_dims" "$titan_why"
     skipped "$titan_llama" "$titan_why"
+    skipped "$titan_moe" "$titan_why"
   fi
   # ---- end of torchtitan as the peer ----
 
@@ -380,6 +385,16 @@ done
 # HSDP 2 x 3, micro-steps (make test-gpu runs it with all ranks). Generated
 # under build/gen/, never plans/.
 for f in tests/plans/kernels_*_*.lua; do
+  n=$(basename "$f" .lua)
+  run "build $n (tests/plans, into build/gen/$n)" $MAKE PLAN="$f" OUT="build/gen/$n"
+  run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2 --quiet
+  run "simulate $n with NCCL's arithmetic" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
+done
+# tests/plans/moe_*.lua: the MoE families at ep = 1 (issue 23, item 1) -- a
+# DeepSeek-V3-like model whose experts FSDP-shard on dim 1, a Mixtral-like one
+# on HSDP with micro-steps. Generated under build/gen/, never plans/; the live
+# FSDP2 comparison (live.py plans) runs them too.
+for f in tests/plans/moe_*.lua; do
   n=$(basename "$f" .lua)
   run "build $n (tests/plans, into build/gen/$n)" $MAKE PLAN="$f" OUT="build/gen/$n"
   run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2 --quiet

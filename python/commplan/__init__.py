@@ -5,9 +5,10 @@ Writing plans needs only the standard library (no torch import):
 
     plan_from_named_parameters  units as lists of (name, shape, dtype[, shard_dim])
     plan_from_module            a torch.nn.Module and its fully_shard wrapping (torchtitan_units)
-    hf_config                   a Hugging Face config.json (Llama, Mistral, Qwen2) as a model table
+    hf_config                   a Hugging Face config.json (Llama, Mistral, Qwen2; Mixtral, Qwen3-MoE,
+                                DeepSeek-V3) as a model table
     plan_from_titan             torchtitan 0.3's own Llama (module, config or ModelSpec), as it parallelizes it
-    plan_text / write_plan      any model table (llama or generic) as plan file text / a file
+    plan_text / write_plan      any model table (llama, an MoE family or generic) as plan file text / a file
     check_units_match_plan      a model's units against a generated plan.json, first difference
 
 From the shell: ``python3 -m commplan hf CONFIG --name NAME --world-size N [-o OUT.lua]`` or

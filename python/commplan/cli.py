@@ -44,13 +44,14 @@ def _parser():
                                        "named-parameter lists.", epilog=__doc__.split("\n\n", 1)[1],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="verb", metavar="{hf,units}")
-    for verb, operand, text in (("hf", "CONFIG", "a config.json (Llama, Mistral, Qwen2) or a directory holding one"),
+    for verb, operand, text in (("hf", "CONFIG", "a config.json (Llama, Mistral, Qwen2, Mixtral, Qwen3-MoE, DeepSeek-V3) or a directory holding one"),
                                 ("units", "UNITS", 'a JSON file {"units": [...]} of named parameters')):
         s = sub.add_parser(verb, help=text, formatter_class=argparse.RawDescriptionHelpFormatter)
         s.add_argument(operand.lower(), metavar=operand, help=text)
         s.add_argument("--name", required=True, help="the plan's name (its file stem and C prefix)")
         s.add_argument("--world-size", required=True, type=int, help="ranks (GPUs) the plan is for")
-        s.add_argument("--family", default="auto", choices=("auto", "llama", "generic"))
+        s.add_argument("--family", default="auto", choices=("auto", "llama", "generic") + (
+            ("mixtral", "qwen3_moe", "deepseek_v3") if verb == "hf" else ()))
         s.add_argument("--options", metavar="OPTIONS.json", help="parallel / fsdp / topology / training%s"
                        % (" / model" if verb == "units" else ""))
         s.add_argument("-o", "--out", metavar="OUT.lua", help="write here (<dir>/<name>.lua) instead of stdout")

@@ -1,4 +1,4 @@
-"""Hugging Face config.json (Llama, Mistral, Qwen2) -> a plan's model table.
+"""Hugging Face config.json (Llama, Mistral, Qwen2; Mixtral, Qwen3-MoE, DeepSeek-V3) -> a plan's model table.
 
 The Llama family of the generator (gen/models/llama.lua) takes dim, n_layers, n_heads,
 n_kv_heads, vocab_size, ffn_dim_multiplier and multiple_of, with torchtitan's names and
@@ -7,6 +7,14 @@ n_heads, an intermediate_size that some multiple_of / ffn_dim_multiplier yields)
 table; any other becomes a generic model with torchtitan's parameter names and wrapping and the
 shapes the Hugging Face model has (q/k/v biases for Qwen2, attention_bias and mlp_bias for
 Llama, tied embeddings as one unit that holds the embedding, the final norm and the output).
+
+The MoE model types (MOE_TYPES) become a table of the generator's MoE family of the same
+architecture (gen/models/moe.lua: "mixtral", "qwen3_moe", "deepseek_v3"), with torchtitan's
+names and wrapping. Their config.json is read strictly: every key is one the writer knows --
+read into the table, required to have the one value the family expresses (tied embeddings,
+attention biases, MoE layers skipped), or known not to change the parameters (routing, RoPE,
+dropout, tokens, ...) -- and any other key is refused in one line, since it may describe a
+parameter the family would not have.
 """
 
 import os
@@ -14,11 +22,68 @@ import os
 from . import safeio
 from .errors import PlanError
 from .planfile import _ffn_settings, dtype_name, llama_table
-from .validate import MODEL_INT, check_family, check_hf_config, check_optional_int, describe
+from .validate import MODEL_INT, Spec, check_family, check_hf_config, check_optional_int, check_value, describe, \
+    did_you_mean
 
 __all__ = ["hf_config", "hf_units"]
 
-SUPPORTED = ("llama", "mistral", "qwen2")
+MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3")
+SUPPORTED = ("llama", "mistral", "qwen2") + MOE_TYPES
+
+_POS = dict(lo=1, hi=MODEL_INT)
+# Keys of any config.json that do not change an MoE model's parameters: PretrainedConfig's own,
+# tokens, initialization, norms' epsilon, RoPE, dropout, caching, the router's training losses.
+_MOE_IGNORED = frozenset((
+    "architectures", "auto_map", "model_type", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
+    "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "rms_norm_eps",
+    "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters", "attention_dropout",
+    "output_router_logits", "router_aux_loss_coef", "return_dict", "output_hidden_states", "output_attentions",
+    "torchscript", "use_return_dict", "is_encoder_decoder", "quantization_config"))
+# Per model type: key -> (plan key, Spec) read into the table; key -> (the one value the family
+# expresses, why) required; keys known not to change the parameters. The keys check_hf_config
+# reads itself (hidden_size, intermediate_size, num_attention_heads, num_hidden_layers,
+# vocab_size, num_key_value_heads, head_dim, tie_word_embeddings, attention_bias, mlp_bias) are
+# mapped in _moe_table.
+_MOE = {
+    "mixtral": {
+        "read": {"num_local_experts": ("num_experts", Spec("int", required=True, **_POS)),
+                 "num_experts_per_tok": ("top_k", Spec("int", required=True, **_POS))},
+        "fixed": {"hidden_act": ("silu", "torchtitan's experts are SwiGLU")},
+        "ignored": ("sliding_window", "router_jitter_noise"),
+    },
+    "qwen3_moe": {
+        "read": {"moe_intermediate_size": ("moe_hidden_dim", Spec("int", required=True, **_POS)),
+                 "num_experts": ("num_experts", Spec("int", required=True, **_POS)),
+                 "num_experts_per_tok": ("top_k", Spec("int", required=True, **_POS))},
+        "fixed": {"hidden_act": ("silu", "torchtitan's experts are SwiGLU"),
+                  "decoder_sparse_step": (1, "every block is an MoE block in torchtitan's Qwen3 MoE"),
+                  "mlp_only_layers": ([], "every block is an MoE block in torchtitan's Qwen3 MoE")},
+        # intermediate_size: the dense MLP of mlp_only_layers, which are none here
+        "ignored": ("norm_topk_prob", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types"),
+    },
+    "deepseek_v3": {
+        "read": {"moe_intermediate_size": ("moe_hidden_dim", Spec("int", required=True, **_POS)),
+                 "n_routed_experts": ("num_experts", Spec("int", required=True, **_POS)),
+                 "n_shared_experts": ("num_shared_experts", Spec("int", null=True, lo=0, hi=MODEL_INT)),
+                 "num_experts_per_tok": ("top_k", Spec("int", required=True, **_POS)),
+                 "first_k_dense_replace": ("n_dense_layers", Spec("int", required=True, lo=0, hi=MODEL_INT)),
+                 "q_lora_rank": ("q_lora_rank", Spec("int", null=True, lo=0, hi=MODEL_INT)),
+                 "kv_lora_rank": ("kv_lora_rank", Spec("int", required=True, **_POS)),
+                 "qk_nope_head_dim": ("qk_nope_head_dim", Spec("int", required=True, **_POS)),
+                 "qk_rope_head_dim": ("qk_rope_head_dim", Spec("int", required=True, **_POS)),
+                 "v_head_dim": ("v_head_dim", Spec("int", required=True, **_POS))},
+        "fixed": {"hidden_act": ("silu", "torchtitan's experts are SwiGLU"),
+                  "moe_layer_freq": (1, "every block after the first first_k_dense_replace is an MoE block in "
+                                        "torchtitan's DeepSeek-V3")},
+        # num_key_value_heads: MLA has none of its own; num_nextn_predict_layers: the checkpoint's
+        # multi-token-prediction layers, which torchtitan does not build by default (num_mtp_layers=0)
+        # and Hugging Face's model does not load
+        "ignored": ("n_group", "topk_group", "topk_method", "routed_scaling_factor", "scoring_func",
+                    "norm_topk_prob", "aux_loss_alpha", "seq_aux", "ep_size", "rope_interleave", "pretraining_tp",
+                    "num_nextn_predict_layers"),
+    },
+}
+_FAMILY_OF = {"mixtral": "mixtral", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3"}
 
 
 def _load(path_or_dict):
@@ -110,15 +175,89 @@ def hf_units(s, dtype="fp32"):
     return units
 
 
+def _moe_table(cfg, c, src, dtype):
+    """The MoE family's model table of a checked config (c: check_hf_config's fields)."""
+    mt = c["model_type"]
+    spec = _MOE[mt]
+    family = _FAMILY_OF[mt]
+    base = {"hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
+            "num_key_value_heads", "head_dim", "tie_word_embeddings", "attention_bias", "mlp_bias"}
+    known = base | set(spec["read"]) | set(spec["fixed"]) | set(spec["ignored"]) | _MOE_IGNORED
+    for k in sorted(cfg):
+        if k not in known:
+            hint = did_you_mean(k, sorted(known))
+            raise PlanError("%s: %s: unknown to the %s writer, and it may give the model parameters the %s family "
+                            "does not have; remove it if it does not change the parameters%s"
+                            % (src, k, mt, family, "; did you mean %s?" % hint if hint else ""))
+    for k, (want, why) in spec["fixed"].items():
+        if k in cfg and cfg[k] != want:
+            raise PlanError("%s: %s: %s is not expressible by the %s family (%s); it must be %s"
+                            % (src, k, describe(cfg[k], True), family, why, describe(want, True)))
+    for k, why in (("tie_word_embeddings", "torchtitan's %s has untied tok_embeddings and lm_head" % family),
+                   ("attention_bias", "torchtitan's attention has no biases"),
+                   ("mlp_bias", "torchtitan's experts have no biases")):
+        if c[k]:
+            raise PlanError("%s: %s: true is not expressible by the %s family (%s); it must be false"
+                            % (src, k, family, why))
+    t = {"family": family, "dim": c["hidden_size"], "n_layers": c["num_hidden_layers"],
+         "n_heads": c["num_attention_heads"], "vocab_size": c["vocab_size"]}
+    for k, (key, sp) in spec["read"].items():
+        if k not in cfg:
+            if sp.required:
+                raise PlanError("%s: %s: missing; a %s config.json gives it" % (src, k, mt))
+            continue
+        v = check_value(cfg[k], sp, src, k, js=True)
+        if v is not None:
+            t[key] = v
+    if mt == "deepseek_v3":
+        t.setdefault("q_lora_rank", 0)
+        t.setdefault("num_shared_experts", 0)
+        if t["n_dense_layers"] > t["n_layers"]:
+            raise PlanError("%s: first_k_dense_replace: %d is more than num_hidden_layers %d"
+                            % (src, t["n_dense_layers"], t["n_layers"]))
+        if t["n_dense_layers"] > 0:
+            t["dense_hidden_dim"] = c["intermediate_size"]
+    else:
+        if mt == "mixtral":
+            t["moe_hidden_dim"] = c["intermediate_size"]
+        kv = c["num_key_value_heads"] if c["num_key_value_heads"] is not None else t["n_heads"]
+        if t["n_heads"] % kv:
+            raise PlanError("%s: num_attention_heads %d is not divisible by num_key_value_heads %d"
+                            % (src, t["n_heads"], kv))
+        t["n_kv_heads"] = kv
+        hd = c["head_dim"]
+        if hd is None:
+            if t["dim"] % t["n_heads"]:
+                raise PlanError("%s: hidden_size %d is not divisible by num_attention_heads %d and head_dim is not "
+                                "given" % (src, t["dim"], t["n_heads"]))
+        elif hd * t["n_heads"] != t["dim"]:
+            t["head_dim"] = hd
+    if t["top_k"] > t["num_experts"]:
+        raise PlanError("%s: num_experts_per_tok: %d is more than the %d experts" % (src, t["top_k"], t["num_experts"]))
+    t["dtype"] = dtype
+    return t
+
+
 def hf_config(path_or_dict, dtype="fp32", seq_len=None, family="auto"):
     """A plan's model table from a Hugging Face config.json (a path, a directory holding one, or
     the parsed dict): {"family": "llama", ...} where the Llama family expresses it exactly, else
     {"family": "generic", "units": [...], "n_heads": ..., "n_kv_heads": ...}. dtype: the
     parameters' (training) dtype, not the checkpoint's torch_dtype; seq_len: for the audit."""
-    family = check_family(family, ("auto", "llama", "generic"))
+    family = check_family(family, ("auto", "llama", "generic") + tuple(_FAMILY_OF.values()))
     seq_len = check_optional_int(seq_len, "seq_len", hi=MODEL_INT)
     dtype = dtype_name(dtype, "dtype")
     cfg, src = _load(path_or_dict)
+    c = check_hf_config(cfg, src, SUPPORTED)
+    if c["model_type"] in MOE_TYPES or family in _FAMILY_OF.values():
+        mine = _FAMILY_OF.get(c["model_type"])
+        if family not in ("auto", mine):
+            raise PlanError("%s: model_type %s is written as family \"%s\"%s; use family=\"auto\""
+                            % (src, c["model_type"], mine or "llama or generic",
+                               "" if mine else " (not an MoE family)"))
+        table = _moe_table(cfg, c, src, dtype)
+        if seq_len is not None:
+            table["seq_len"] = seq_len
+        return table
     s = _shapes(cfg, src)
     why = None
     ffn = _ffn_settings(s["dim"], s["hidden"], {})

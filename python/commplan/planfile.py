@@ -61,6 +61,19 @@ GENERIC_MODEL_KEYS = ("n_heads", "n_kv_heads", "num_experts", "seq_len")
 # Llama-family keys (gen/models/llama.lua) plus the audit's seq_len.
 LLAMA_MODEL_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim_multiplier",
                     "multiple_of", "seq_len")
+# The MoE families' keys (gen/models/moe.lua FIELDS, size apart) plus seq_len, and their published sizes.
+_GQA_MOE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "moe_hidden_dim",
+                 "num_experts", "top_k", "fuse_qkv", "seq_len")
+MOE_MODEL_KEYS = {
+    "mixtral": _GQA_MOE_KEYS,
+    "qwen3_moe": _GQA_MOE_KEYS,
+    "deepseek_v3": ("dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank", "kv_lora_rank",
+                    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "dense_hidden_dim", "moe_hidden_dim",
+                    "num_experts", "num_shared_experts", "top_k", "seq_len"),
+}
+MOE_SIZES = {"mixtral": ("8x7b", "8x22b"), "qwen3_moe": ("30b-a3b", "235b-a22b"),
+             "deepseek_v3": ("16b", "236b", "671b")}
+FAMILIES = ("llama", "generic") + tuple(MOE_MODEL_KEYS)
 
 
 
@@ -490,7 +503,12 @@ def _check_model_numbers(model, allowed, family):
         raise PlanError("model settings %s are not taken by a %s plan; use %s" % (unknown, family,
                                                                                  ", ".join(allowed)))
     for k, v in model.items():
-        if k == "ffn_dim_multiplier":
+        if k == "fuse_qkv":
+            validate.check_value(v, validate.Spec("bool", null=True), validate.OPTIONS_SRC, "model." + k)
+            continue
+        if k in ("n_dense_layers", "num_shared_experts", "q_lora_rank"):
+            spec = validate.Spec("int", lo=0, hi=MODEL_INT, null=True)
+        elif k == "ffn_dim_multiplier":
             spec = validate.Spec("num", gt=0, hi=64, null=True)
         elif k == "n_layers":
             spec = validate.Spec("int", lo=1, hi=validate.MAX_LAYERS, null=True,
@@ -501,8 +519,10 @@ def _check_model_numbers(model, allowed, family):
 
 
 def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, training=None, comment=None):
-    """A plan file's text. model: a llama-family table ({"family": "llama", "dim": ...}) or a generic
-    one ({"family": "generic", "units": [...], "n_heads": ...}); the rest as in docs/plan-files.md,
+    """A plan file's text. model: a llama-family table ({"family": "llama", "dim": ...}), an MoE
+    family's ({"family": "mixtral" | "qwen3_moe" | "deepseek_v3", "size": ... or the numbers of
+    MOE_MODEL_KEYS}) or a generic one ({"family": "generic", "units": [...], "n_heads": ...}); the
+    rest as in docs/plan-files.md,
     parallel defaulting to {"dp_shard": -1} (FSDP over every rank, as fully_shard on the world)."""
     check_plan_name(name)
     validate.check_world_size(world_size)
@@ -518,7 +538,7 @@ def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, 
     if family is None:
         raise PlanError('%s: model.family: missing; give "llama" or "generic" (or the units of a generic model)'
                         % validate.OPTIONS_SRC)
-    family = validate.check_family(family, ("llama", "generic"), path="model.family")
+    family = validate.check_family(family, FAMILIES, path="model.family")
     out = [HEADER]
     if comment:
         for line in str(comment).splitlines():
@@ -539,6 +559,22 @@ def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, 
         for k in LLAMA_MODEL_KEYS:
             if model.get(k) is not None:
                 fields.append("%s = %s" % (k, _lua_number(model[k], "model." + k)))
+        if model.get("dtype"):
+            fields.append("dtype = %s" % lua_string(dtype_name(model["dtype"], "model.dtype")))
+        out.append("  model = { %s }," % ", ".join(fields))
+    elif family in MOE_MODEL_KEYS:
+        keys = MOE_MODEL_KEYS[family]
+        _check_model_numbers({k: v for k, v in model.items() if k not in ("dtype", "size")}, keys, family)
+        fields = ['family = %s' % lua_string(family)]
+        if model.get("size") is not None:
+            validate.check_value(model["size"], validate.Spec("enum", enum=MOE_SIZES[family]), validate.OPTIONS_SRC,
+                                 "model.size")
+            fields.append("size = %s" % lua_string(model["size"]))
+        for k in keys:
+            if model.get(k) is not None:
+                v = model[k]
+                fields.append("%s = %s" % (k, ("true" if v else "false") if isinstance(v, bool)
+                                           else _lua_number(v, "model." + k)))
         if model.get("dtype"):
             fields.append("dtype = %s" % lua_string(dtype_name(model["dtype"], "model.dtype")))
         out.append("  model = { %s }," % ", ".join(fields))

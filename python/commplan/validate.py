@@ -87,7 +87,7 @@ CONFIG_FIELDS = {
 _CONFIG_FIX = {
     "hidden_size": "the model's hidden size", "intermediate_size": "the MLP's hidden size",
     "num_attention_heads": "the attention heads per layer", "num_hidden_layers": "the decoder layers",
-    "vocab_size": "the vocabulary size", "model_type": "the model family (llama, mistral or qwen2)",
+    "vocab_size": "the vocabulary size", "model_type": "the model family (llama, mistral, qwen2, mixtral, qwen3_moe or deepseek_v3)",
 }
 
 

@@ -20,6 +20,8 @@ suites[#suites + 1] = "test_pp_tables"
 suites[#suites + 1] = "test_parallel"
 -- Issue 21: NCCL's tuning model and the published calibration rows.
 suites[#suites + 1] = "test_nccl_model"
+-- Issue 23, item 1: the MoE model families.
+suites[#suites + 1] = "test_moe_models"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -217,7 +217,7 @@ end
 -- Dims accept ep; generating tables with it is refused by gen/parallel/ep.lua.
 function T.ep_not_generated_yet()
   local msg = fails("{ dp_shard = 4, tp = 2, ep = 4 }", 8, "parallel.ep", "ep=4:", "ep 4 x efsdp 2",
-    "no model family has experts", "issue 23", "set ep=1")
+    "the MoE families plan their experts at ep=1 only", "issue 23", "set ep=1")
   H.eq(msg:find("etp", 1, true), nil, "no etp in the message")
   fails("{ dp_shard = 4, ep = 2, etp = 1 }", 4, "parallel.ep", "ep 2 x efsdp 2", "set ep=1")
   -- pp's rules come first (its module is applied first): no schedule; cp by check_supported.

@@ -4,7 +4,9 @@
   made from torch modules by make_fixtures.py) generate exactly the committed hand-written plans'
   tables: plan.c, plan.h and plan.json byte for byte, for fsdp4 (generic) and llama_tiny.
 * hf_config on Llama 3 8B's config.json generates plans/llama8b.lua's tables; Mistral and
-  Qwen2 (biases, tied embeddings) import too.
+  Qwen2 (biases, tied embeddings) import too; Mixtral 8x7B, Qwen3-30B-A3B and DeepSeek-V3's
+  config.json generate their MoE family's published size's tables (parameter counts as
+  torchtitan counts them), and keys they do not know or cannot express are refused.
 * Hostile names are escaped for any byte or refused as the generator refuses them.
 * The model/plan check names the first difference.
 * README's "Training with PyTorch" snippet: its plan-writing half runs here.
@@ -196,6 +198,145 @@ class HuggingFace(Tmp):
         with self.assertRaises(PlanError) as cm:
             commplan.hf_config({"model_type": "gpt2"})
         self.assertIn("llama, mistral, qwen2", str(cm.exception))
+
+
+class HuggingFaceMoE(Tmp):
+    """Mixtral, Qwen3-MoE and DeepSeek-V3 config.json (the published ones) -> the MoE families."""
+    FSDP = {"param_dtype": "bf16", "reduce_dtype": "fp32"}
+
+    def plan_json(self, name, world, model, **kw):
+        text = commplan.plan_text(name, world, model, parallel={"dp_shard": -1}, fsdp=self.FSDP, **kw)
+        with open(os.path.join(self.generate(self.write("m", name, text)), "plan.json")) as f:
+            return json.load(f)
+
+    def assert_same_as_size(self, fixture_name, family, size, world, count):
+        """The written table generates the tables of the family's published size, and its parameters
+        number count (torchtitan's own count of the same flavour where it has one)."""
+        model = commplan.hf_config(os.path.join(FIX, fixture_name), dtype="bf16")
+        self.assertEqual(model["family"], family)
+        text = commplan.plan_text(family, world, model, parallel={"dp_shard": -1}, fsdp=self.FSDP)
+        sized = commplan.plan_text(family, world, {"family": family, "size": size, "dtype": "bf16"},
+                                   parallel={"dp_shard": -1}, fsdp=self.FSDP)
+        a = self.generate(self.write("written", family, text))
+        b = self.generate(self.write("sized", family, sized))
+        for t in TABLES:
+            with open(os.path.join(a, t), "rb") as fa, open(os.path.join(b, t), "rb") as fb:
+                self.assertTrue(fa.read() == fb.read(), "%s: %s differs from size %s's" % (fixture_name, t, size))
+        with open(os.path.join(a, "plan.json")) as f:
+            plan = json.load(f)
+        n = 0
+        for u in plan["units"]:
+            for q in u["params"]:
+                k = 1
+                for x in q["shape"]:
+                    k *= x
+                n += k
+        self.assertEqual(n, count)
+        return plan
+
+    def test_mixtral_8x7b(self):
+        plan = self.assert_same_as_size("mixtral_8x7b_config.json", "mixtral", "8x7b", 64, 46702792704)
+        names = [q["name"] for q in plan["units"][2]["params"]]  # root, tok_embeddings, layers.0
+        self.assertEqual(names, ["layers.0.attention.qkv_linear.wqkv.weight", "layers.0.attention.wo.weight",
+                                 "layers.0.moe.routed_experts.inner_experts.w1_EFD",
+                                 "layers.0.moe.routed_experts.inner_experts.w2_EDF",
+                                 "layers.0.moe.routed_experts.inner_experts.w3_EFD",
+                                 "layers.0.moe.router.gate.weight", "layers.0.attention_norm.weight",
+                                 "layers.0.ffn_norm.weight"])
+        # 64 ranks > 8 experts: torchtitan shards the experts on dim 1
+        self.assertEqual([q["shard_dim"] for q in plan["units"][2]["params"]], [0, 0, 1, 1, 1, 0, 0, 0])
+
+    def test_qwen3_30b_a3b(self):
+        plan = self.assert_same_as_size("qwen3_30b_a3b_config.json", "qwen3_moe", "30b-a3b", 128, 30532122624)
+        p = {q["name"]: q for u in plan["units"] for q in u["params"]}
+        self.assertEqual(p["layers.0.attention.qkv_linear.wqkv.weight"]["shape"], [(32 + 2 * 4) * 128, 2048])
+        self.assertEqual(p["layers.0.attention.q_norm.weight"]["shape"], [128])
+        self.assertEqual(p["layers.47.moe.routed_experts.inner_experts.w2_EDF"]["shape"], [128, 2048, 768])
+        self.assertEqual(p["layers.47.moe.routed_experts.inner_experts.w2_EDF"]["shard_dim"], 0)  # 128 ranks, 128 experts
+
+    def test_deepseek_v3_671b(self):
+        plan = self.assert_same_as_size("deepseek_v3_config.json", "deepseek_v3", "671b", 64, 671026404352)
+        units = {u["name"]: [q["name"] for q in u["params"]] for u in plan["units"]}
+        self.assertIn("layers.2.feed_forward.w1.weight", units["layers.2"])
+        self.assertIn("layers.3.moe.shared_experts.w1.weight", units["layers.3"])
+        self.assertNotIn("layers.3.feed_forward.w1.weight", units["layers.3"])
+        self.assertIn("layers.3.attention.wq_a.weight", units["layers.3"])
+        self.assertFalse(any("expert_bias" in n for ns in units.values() for n in ns))
+
+    def test_small_configs_and_defaults(self):
+        cfg = dict(fixture("deepseek_v3_config.json"), hidden_size=64, num_hidden_layers=2, first_k_dense_replace=0,
+                   q_lora_rank=None, n_shared_experts=None, n_routed_experts=4, num_experts_per_tok=2,
+                   vocab_size=128, num_attention_heads=2)
+        model = commplan.hf_config(cfg, seq_len=256)
+        self.assertEqual((model["q_lora_rank"], model["num_shared_experts"], model["n_dense_layers"], model["seq_len"]),
+                         (0, 0, 0, 256))
+        self.assertNotIn("dense_hidden_dim", model)
+        plan = self.plan_json("ds_small", 4, model)
+        names = [q["name"] for q in plan["units"][2]["params"]]
+        self.assertIn("layers.0.attention.wq.weight", names)
+        self.assertFalse(any("shared_experts" in n for n in names))
+
+    def refused(self, cfg, *words):
+        with self.assertRaises(PlanError) as cm:
+            commplan.hf_config(cfg)
+        msg = str(cm.exception)
+        self.assertNotIn("\n", msg)
+        for w in words:
+            self.assertIn(w, msg)
+        return msg
+
+    def test_refusals(self):
+        mix, qwen, ds = (fixture(n) for n in ("mixtral_8x7b_config.json", "qwen3_30b_a3b_config.json",
+                                               "deepseek_v3_config.json"))
+        # a key the writer does not know: it may be a parameter the family lacks
+        self.refused(dict(mix, shared_expert_intermediate_size=1408), "shared_expert_intermediate_size",
+                     "unknown to the mixtral writer", "remove it if it does not change the parameters")
+        self.refused(dict(ds, moe_layer_frequency=1), "moe_layer_frequency", "did you mean moe_layer_freq?")
+        # known keys with a value the family cannot express
+        self.refused(dict(qwen, mlp_only_layers=[0, 4]), "mlp_only_layers", "every block is an MoE block")
+        self.refused(dict(qwen, decoder_sparse_step=2), "decoder_sparse_step", "must be 1")
+        self.refused(dict(ds, moe_layer_freq=2), "moe_layer_freq")
+        self.refused(dict(mix, tie_word_embeddings=True), "tie_word_embeddings", "untied")
+        self.refused(dict(qwen, attention_bias=True), "attention_bias")
+        self.refused(dict(mix, hidden_act="gelu"), "hidden_act", "SwiGLU")
+        # missing and mistyped MoE fields, routing past the experts
+        self.refused({k: v for k, v in mix.items() if k != "num_local_experts"}, "num_local_experts", "missing")
+        self.refused(dict(ds, n_routed_experts="256"), "n_routed_experts", "write it as 256")
+        self.refused(dict(mix, num_experts_per_tok=9), "num_experts_per_tok", "more than the 8 experts")
+        self.refused(dict(ds, first_k_dense_replace=62), "first_k_dense_replace")
+        # an MoE type is written as its own family only
+        with self.assertRaises(PlanError) as cm:
+            commplan.hf_config(mix, family="llama")
+        self.assertIn('family "mixtral"', str(cm.exception))
+        with self.assertRaises(PlanError) as cm:
+            commplan.hf_config(fixture("llama3_8b_config.json"), family="deepseek_v3")
+        self.assertIn("not an MoE family", str(cm.exception))
+
+    def test_writer_refuses_what_the_families_do_not_read(self):
+        for model, words in (({"family": "mixtral", "size": "8x7b", "multiple_of": 256}, "multiple_of"),
+                             ({"family": "deepseek_v3", "size": "671b", "head_dim": 64}, "head_dim")):
+            with self.assertRaises(PlanError) as cm:
+                commplan.plan_text("bad", 8, model)
+            self.assertIn(words, str(cm.exception))
+
+    def test_cli(self):
+        out = os.path.join(self.tmp, "mixtral8x7b.lua")
+        r = subprocess.run([sys.executable, "-m", "commplan", "hf", os.path.join(FIX, "mixtral_8x7b_config.json"),
+                            "--name", "mixtral8x7b", "--world-size", "64", "--dtype", "bf16", "-o", out],
+                           cwd=REPO, env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "python")),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(out) as f:
+            self.assertIn('family = "mixtral"', f.read())
+        bad = os.path.join(self.tmp, "bad.json")
+        with open(bad, "w") as f:
+            json.dump(dict(fixture("qwen3_30b_a3b_config.json"), mlp_only_layers=[1]), f)
+        r = subprocess.run([sys.executable, "-m", "commplan", "hf", bad, "--name", "q", "--world-size", "8"],
+                           cwd=REPO, env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "python")),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertIn("mlp_only_layers", r.stderr)
 
 
 def run_lua(code):
