@@ -621,6 +621,7 @@ function audit.warnings(p, a)
   local W = p.layout.W
   local heavy, worst = {}, {}
   for _, u in ipairs(p.layout.units) do
+    local W = u.W or W -- (expert parallelism's experts: their efsdp group)
     local pad = padding_of(u, W)
     if W > 1 and pad * 20 >= W * u.total and pad > 0 then
       heavy[#heavy + 1] = u.index
@@ -1114,6 +1115,7 @@ function audit.md_units(p, w)
     local u = p.layout.units[items[run.first].unit + 1]
     local names = {}
     for j = run.first, run.first + run.reps - 1 do names[#names + 1] = p.layout.units[j].name end
+    local W = u.W or W -- (expert parallelism's experts: their efsdp group)
     local pad, numel = padding_of(u, W)
     w("| %s%s | %d | %s | %s | %s | %s, %s | %s%s | %s | %s |", fold.unit_range(names),
       (u.is_root and u.name ~= "root") and " (root)" or "",

@@ -173,7 +173,7 @@ end
 -- op seq -> us) adds time to an op: the advisor's TP collectives.
 function compute.op_us(p, s, per_unit, o, extra_us)
   local u = p.layout.units[o.unit + 1]
-  local W = p.layout.W
+  local W = u.W or p.layout.W
   local k = o.kind
   local bytes_per_us = s.hbm_GBps * 1e3
   local us = 0

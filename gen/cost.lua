@@ -17,6 +17,9 @@ cost.bus_factor = require("gen.opkinds").bus_factor
 function cost.op_size_bytes(o, fams)
   local es = ES[o.dtype]
   local n = o.group and fams.by_name[o.group].size or 1
+  -- expert parallelism: the counts are int64; the tokens at the uniform share
+  if o.kind == "a2a_counts" then return n * o.count * 8 end
+  if o.kind == "a2a" then return n * (o.a2a_uniform or o.count) * es end
   return require("gen.opkinds").size_elems(o.kind, o.count, n) * es
 end
 
@@ -29,7 +32,10 @@ function cost.shape(f, gpus_per_node)
 end
 
 -- NCCL's name for an op kind's collective (TP's run the same calls).
-local function nccl_kind(kind) return (kind:gsub("^tp_", "")) end
+local function nccl_kind(kind)
+  if kind == "a2a" or kind == "a2a_counts" then return "all_gather" end -- (opkinds: priced as one)
+  return (kind:gsub("^tp_", ""))
+end
 
 -- One collective's predicted microseconds and, under the nccl model, the
 -- algorithm/protocol NCCL picks. Results are memoised per (kind, bytes,

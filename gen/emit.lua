@@ -83,7 +83,12 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
       local row = string.format(".name = %s, .ndim = %s, .shape = { %s }, .shard_dim = %s, .numel = %s, .chunk = %s, "
         .. ".outer = %s, .run = %s, .padded = %s, .offset = %s, .grad_offset = %s", cstr(q.name), #q.shape,
         table.concat(shape, ", "), q.shard_dim, q.numel, q.chunk, q.outer, q.run, q.padded, q.offset, q.grad_offset)
-      if q.tp_dim then
+      if q.ep_chunk then
+        -- expert parallelism: the experts' dim 0 split over ep (runtime/commplan.h:
+        -- the unit's split_family key picks the rows, as the TP coordinate does)
+        row = row .. string.format(", .tp_sharded = 1, .tp_dim = 0, .tp_full = %s, .tp_chunk = %s, .full_numel = %s",
+          q.ep_full, q.ep_chunk, q.numel // q.shape[1] * q.ep_full)
+      elseif q.tp_dim then
         row = row .. string.format(", .tp_sharded = 1, .tp_dim = %s, .tp_full = %s, .tp_chunk = %s, .full_numel = %s",
           q.tp_dim, q.full_shape[q.tp_dim + 1], q.tp_chunk, q.full_numel)
       end
@@ -107,7 +112,11 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
         -- expert parallelism (runtime/commplan.h): only on units with all-to-alls
         .. (u.a2a_numel and ", " .. fields({ "a2a_numel", opt_int(u.a2a_numel, 0, 0, "unit " .. u.name .. "'s a2a_numel"),
                "a2a_slots", opt_int(u.a2a_slots, 0, 0, "unit " .. u.name .. "'s a2a_slots"),
-               "a2a_experts", opt_int(u.a2a_experts, 0, 0, "unit " .. u.name .. "'s a2a_experts") }) or ""),
+               "a2a_experts", opt_int(u.a2a_experts, 0, 0, "unit " .. u.name .. "'s a2a_experts") }) or "")
+        -- expert parallelism's experts: their own FSDP group (efsdp), rows split over ep
+        .. (u.expert and ", " .. fields({ "expert", 1,
+               "shard_family", u.W > 1 and p.groups.by_name[u.shard_group].id or -1, "shard_size", u.W,
+               "split_family", p.groups.by_name.ep.id }) or ""),
       fields({ "arena_offset", "{ " .. arena_offsets(arena, u) .. " }" }))
   end
   -- Ops whose completion a later op waits on get an event slot; an op's
@@ -221,10 +230,31 @@ function emit.vars(p, fp)
     end
   end
   local ge, fl = {}, {}
+  -- With ep > 1 the C mesh is the expert mesh (gen/dims.lua's sparse mesh:
+  -- dp_shard split into efsdp x ep, ep innermost, row-major over the same
+  -- ranks; ep refuses tp, cp and pp): a dense family's dp_shard axis is
+  -- efsdp and ep there, and ep and efsdp (f.sparse) index it already.
+  local cmesh = p.mesh.sparse or p.mesh
+  local function axis_bits(f)
+    local mask = 0
+    if not p.mesh.sparse or f.sparse then
+      for _, a in ipairs(f.axes) do mask = mask | (1 << (a - 1)) end
+      return mask
+    end
+    for _, a in ipairs(f.axes) do
+      local name = p.mesh.names[a]
+      local into = name == "dp_shard" and { "efsdp", "ep" } or { name }
+      for _, n in ipairs(into) do
+        local i = cmesh.index[n]
+        if not i then error("internal: mesh axis " .. name .. " has no place in the expert mesh", 0) end
+        mask = mask | (1 << (i - 1))
+      end
+    end
+    return mask
+  end
   for _, f in ipairs(p.groups.list) do
     ge[#ge + 1] = string.format("    %s_GROUP_%s = %d,", NAME, util.c_ident(f.name), f.id)
-    local mask = 0
-    for _, a in ipairs(f.axes) do mask = mask | (1 << (a - 1)) end
+    local mask = axis_bits(f)
     fl[#fl + 1] = string.format("    [%s_GROUP_%s] = { %s },", NAME, util.c_ident(f.name),
       fields({ "name", cstr(f.name), "axis_mask", string.format("0x%xu", mask), "size", f.size }))
   end
@@ -268,12 +298,12 @@ function emit.vars(p, fp)
   v.class_of, v.nclass_of, v.tp_size = table.concat(of, ", "), #of, tp
   v.tp_mesh_dim = p.mesh.index.tp and (p.mesh.index.tp - 1) or -1
   local mn, ms = {}, {}
-  for i, n in ipairs(p.mesh.names) do mn[i] = cstr(n); ms[i] = tostring(p.mesh.sizes[i]) end
+  for i, n in ipairs(cmesh.names) do mn[i] = cstr(n); ms[i] = tostring(cmesh.sizes[i]) end
   local shard = p.groups.by_name.fsdp
   v.unit_enum, v.param_enum, v.group_enum = table.concat(ue, "\n"), table.concat(pe, "\n"), table.concat(ge, "\n")
   v.families = table.concat(fl, "\n")
   v.nunits, v.nparams, v.nfamilies, v.nops = #lay.units, pidx, #p.groups.list, c0.nops
-  v.mesh_ndim, v.mesh_names, v.mesh_sizes = #p.mesh.names, table.concat(mn, ", "), table.concat(ms, ", ")
+  v.mesh_ndim, v.mesh_names, v.mesh_sizes = #cmesh.names, table.concat(mn, ", "), table.concat(ms, ", ")
   v.shard_family = (shard and shard.size > 1) and shard.id or -1
   v.replicate_family = p.groups.by_name.dp_replicate and p.groups.by_name.dp_replicate.id or -1
   return v

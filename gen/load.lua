@@ -19,7 +19,14 @@ local SCHEMA = {
   top = {
     name = { "string" }, world_size = { "int", min = 1, max = LIM.world, why = WORLD_WHY },
     parallel = { "table" }, model = { "table" }, fsdp = { "table" },
-    topology = { "table" }, training = { "table" }, pipeline = { "table" },
+    topology = { "table" }, training = { "table" }, pipeline = { "table" }, expert_parallel = { "table" },
+  },
+  -- with parallel.ep > 1 (gen/parallel/ep.lua; docs/expert-parallel.md): the token all-to-alls' buffer
+  -- capacity per ep member: "dropless" (the default: every routed row fits, as torchtitan's default
+  -- dispatcher) or a capacity factor over the uniform share, ceil(factor x tokens x top_k / ep) rows
+  expert_parallel = {
+    capacity = { "enum", enum = { "dropless", "factor" } },
+    capacity_factor = { "num", gt = 0, max = 1024 },
   },
   -- with parallel.pp > 1 (gen/parallel/pp_schedule.lua, pp_stages.lua): torch.distributed.pipelining's
   -- schedule class without "Schedule", the microbatches per step, and torchtitan's stage split options
@@ -419,6 +426,8 @@ function load_plan.normalize(ctx, raw)
   plan.topology = check_table(ctx, "topology", "topology", plan.topology or {})
   plan.training = check_table(ctx, "training", "training", plan.training or {})
   plan.pipeline = plan.pipeline and check_table(ctx, "pipeline", "pipeline", plan.pipeline)
+  plan.expert_parallel = plan.expert_parallel and check_table(ctx, "expert_parallel", "expert_parallel",
+    plan.expert_parallel)
   local model = check_table(ctx, "model", "model", plan.model)
   model.family = model.family or (model.units and "generic" or nil)
   if not model.family then util.field_error(ctx, "model.family", "missing; set family = \"llama\" or give units = { ... }") end

@@ -62,7 +62,7 @@ local STREAMS = opkinds.STREAMS
 -- micro_steps: the step's (the pp buffer holds a message per direction
 -- and micro-step, runtime/arena.c); 1 where the caller does not say.
 local function sizes_of(lay, u, micro_steps)
-  local W = lay.W
+  local W = u.W or lay.W -- (expert parallelism's experts: their efsdp group)
   return {
     ag = W * u.total * ES[u.ag_dtype], unsharded = W * u.total * ES[u.ag_dtype],
     grads = u.grads_numel * ES[u.grad_dtype], rs_in = W * u.total * ES[u.reduce_dtype],

@@ -55,8 +55,12 @@ opkinds.LIST = {
   -- first (fixed size), then the tokens split by them within the op's
   -- per-member capacity (a2a_* fields, docs/expert-parallel.md). A
   -- dispatch reads a2a_send and writes a2a_recv, a combine the reverse.
-  { name = "a2a_counts", reads = { "a2a_counts" }, writes = { "a2a_counts" }, a2a = true },
-  { name = "a2a", reads = { "a2a_counts", "a2a_send", "a2a_recv" }, writes = { "a2a_send", "a2a_recv" }, a2a = true },
+  -- Priced as an all-gather of the same size (every member sends (n - 1) / n
+  -- of it over the ring's links; gen/cost.lua): the counts as int64, the
+  -- tokens at the uniform routing's share (the capacity bound is the audit's).
+  { name = "a2a_counts", reads = { "a2a_counts" }, writes = { "a2a_counts" }, a2a = true, ring_passes = 1 },
+  { name = "a2a", reads = { "a2a_counts", "a2a_send", "a2a_recv" }, writes = { "a2a_send", "a2a_recv" }, a2a = true,
+    ring_passes = 1 },
 }
 
 opkinds.BY_NAME = {}

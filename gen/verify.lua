@@ -16,15 +16,16 @@ local verify = {}
 
 local ES = require("gen.util").DTYPE_BYTES
 local TP_KIND = {} -- kind -> true for TP's activation collectives
-for _, d in ipairs(require("gen.opkinds").LIST) do TP_KIND[d.name] = d.tp or nil end
+local A2A_KIND = {} -- kind -> true for expert parallelism's all-to-alls
+for _, d in ipairs(require("gen.opkinds").LIST) do TP_KIND[d.name] = d.tp or nil; A2A_KIND[d.name] = d.a2a or nil end
 
 local function check(cond, fmt, ...)
   if not cond then error("internal error (plan verification failed): " .. string.format(fmt, ...), 0) end
 end
 
 function verify.coverage(lay)
-  local W = lay.W
   for _, u in ipairs(lay.units) do
+    local W = u.W or lay.W -- (expert parallelism's experts: their efsdp group)
     local expect = 0
     for _, p in ipairs(u.params) do
       check(p.offset == expect, "%s: offset %d, expected %d", p.name, p.offset, expect)
@@ -98,7 +99,7 @@ function verify.schedule(lay, ops, fsdp, rep)
       check(held[u] == 0, "%s of %s with %d partial sums not folded in", k, name(u), held[u])
       check((k == "view_out") == (outs[u] == 0), "%s of %s after %d view-outs this step", k, name(u), outs[u])
       open[u] = false; outs[u] = outs[u] + 1
-    elseif TP_KIND[k] then check(s == "unsharded", "%s of %s on %s params", k, name(u), s)
+    elseif TP_KIND[k] or A2A_KIND[k] then check(s == "unsharded", "%s of %s on %s params", k, name(u), s)
     else check(false, "unknown op kind %s", tostring(k)) end
   end)
   for _, uu in ipairs(lay.units) do
@@ -121,7 +122,16 @@ function verify.order(lay, fams, ops)
       local f = fams.by_name[o.group]
       check(f ~= nil, "op %d names unknown group %s", o.seq, o.group)
       local u = lay.units[o.unit + 1]
-      if TP_KIND[o.kind] then
+      if A2A_KIND[o.kind] then
+        -- expert parallelism's all-to-alls: on the ep group, inside the unit's token buffers
+        check(o.group == "ep" and o.dtype == u.ag_dtype and u.a2a_numel, "op %d: %s on %s in %s", o.seq, o.kind,
+          o.group, o.dtype)
+        check(o.a2a_experts * f.size == u.a2a_experts, "op %d: %d experts per member x %d != %d", o.seq,
+          o.a2a_experts, f.size, u.a2a_experts)
+        check(o.kind == "a2a_counts" and o.count == o.a2a_experts
+          or o.kind == "a2a" and o.count == o.a2a_capacity * o.a2a_dim and o.count * f.size <= u.a2a_numel
+          and o.a2a_counts_op and o.a2a_counts_op < o.seq, "op %d: %s count %d", o.seq, o.kind, o.count)
+      elseif TP_KIND[o.kind] then
         -- TP activation collectives: on the TP group, inside the unit's activation buffer.
         check(o.group == "tp", "op %d: %s on group %s", o.seq, o.kind, o.group)
         -- In ag_dtype, or (the norm gradients' all-reduce) the unit's reduce dtype;
@@ -134,6 +144,8 @@ function verify.order(lay, fams, ops)
           "op %d: %d elements beyond the activation buffer", o.seq, elems)
       else
         check(o.count == u.total, "op %d count %d != slot %d", o.seq, o.count, u.total)
+        check(o.group ~= "fsdp" and o.group ~= "efsdp" or (u.shard_group or "fsdp") == o.group,
+          "op %d: %s of %s on %s", o.seq, o.kind, u.name, o.group)
         local want = o.kind == "all_gather" and u.ag_dtype or u.reduce_dtype
         check(o.dtype == want, "op %d dtype %s != %s", o.seq, o.dtype, want)
       end

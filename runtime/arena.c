@@ -7,7 +7,7 @@
 int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_buffer k)
 {
     const cp_unit *U = &p->units[unit];
-    int64_t W = p->shard_size;
+    int64_t W = cp_unit_shard_size(p, unit);
     switch (k) {
     case CP_BUF_SHARDED:
     case CP_BUF_SHARDED_GRADS: return U->total * (int64_t)cp_dtype_size(U->orig_dtype);

@@ -604,7 +604,7 @@ static void copy_in(const cp_plan *p, int u, int shard_rank, const void *sharded
 static void copy_out(const cp_plan *p, int u, int shard_rank, const void *ag, void *unsharded)
 {
     const cp_unit *U = &p->units[u];
-    int64_t W = p->shard_size;
+    int64_t W = cp_unit_shard_size(p, u);
     size_t es = cp_dtype_size(U->ag_dtype);
     (void)shard_rank;
     for (int j = 0; j < U->nparams; j++) {
@@ -638,7 +638,7 @@ CP_HOT static void divide_n(float *restrict v, int64_t n, double d)
 static void pack(const cp_plan *p, int u, int shard_rank, const void *grads, void *rs_in)
 {
     const cp_unit *U = &p->units[u];
-    int64_t W = p->shard_size;
+    int64_t W = cp_unit_shard_size(p, u);
     size_t ges = cp_dtype_size(U->grad_dtype), res = cp_dtype_size(U->reduce_dtype);
     int plain = U->grad_dtype == CP_FP32 && U->reduce_dtype == CP_FP32 && U->pre_divide == 1.0;
     float buf[CP_BLOCK];
@@ -755,7 +755,7 @@ static int host_copy(cp_backend *b, int kernel, int unit, cp_stream s, const voi
     rank_ctx *rc = b->ctx;
     (void)s;
     if (kernel < 0 || kernel >= HOST_KERNELS) return -1;
-    HOST_COPIES[kernel](&rc->view, unit, rc->shard_rank, in, out);
+    HOST_COPIES[kernel](&rc->view, unit, cp_unit_shard_rank(&rc->view, unit, rc->rank), in, out);
     return 0;
 }
 

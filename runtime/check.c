@@ -227,6 +227,14 @@ static int64_t shard_run(const cp_param *prm, int W, int s, int tp_rank, int64_t
     return e;
 }
 
+/* A unit's shard group as the checker sees it: the plan's, or expert
+ * parallelism's experts' own (efsdp), their rows picked by the rank's ep key
+ * instead of its TP coordinate (cp_unit.expert). */
+static int U_W(const cp_checker *c, int u) { return cp_unit_shard_size(c->plan, u); }
+static int U_SR(const cp_checker *c, int u) { return c->plan->units[u].expert ? c->eshard_rank : c->shard_rank; }
+static int U_TR(const cp_checker *c, int u) { return c->plan->units[u].expert ? c->esplit_rank : c->tp_rank; }
+static const int *U_MEM(const cp_checker *c, int u) { return c->plan->units[u].expert ? c->emembers : c->members; }
+
 struct cp_expect_cache {
     const cp_plan *plan;
     int nunits; /* the most units any class has (a pipeline rank's class has its stages') */
@@ -284,6 +292,7 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
     int M = p->micro_steps > 0 ? p->micro_steps : 1;
     c->param_base = calloc((size_t)p->nparams + 1, sizeof(int64_t));
     c->members = malloc((size_t)W * (size_t)R * sizeof(int));
+    c->emembers = malloc((size_t)W * (size_t)R * sizeof(int)); /* (an experts group is no larger: efsdp <= dp_shard) */
     c->expect = malloc((size_t)biggest * sizeof(float));
     size_t nu = (size_t)(p->nunits > 0 ? p->nunits : 1);
     c->packs = calloc(nu * (size_t)M, 1);
@@ -295,7 +304,7 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
      * values, the replicas' reduce-scatter values and partial sums, 3 more). */
     c->work_floats = ((size_t)W * (size_t)R + (size_t)W + 2 * (size_t)R + 7) * CP_BLOCK;
     c->work = malloc(c->work_floats * sizeof(float));
-    if (!c->param_base || !c->members || !c->expect || !c->packs || !c->order || !c->pos || !c->pack_pos || !c->acc ||
+    if (!c->param_base || !c->members || !c->emembers || !c->expect || !c->packs || !c->order || !c->pos || !c->pack_pos || !c->acc ||
         !c->work) {
         cp_checker_free(c);
         return -1;
@@ -355,6 +364,23 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
         for (int s = 0; s < W; s++)
             c->members[q * W + s] = p->shard_family >= 0 ? cp_group_member(p, p->shard_family, sh_color, s) : rq;
     }
+    /* Expert parallelism's experts units (all share one efsdp and ep group):
+     * their shard group's members, this rank's key there and in ep. */
+    for (int u = 0; u < p->nunits; u++) {
+        const cp_unit *U = &p->units[u];
+        if (!U->expert) continue;
+        int We = U->shard_size > 0 ? U->shard_size : 1;
+        c->eshard_rank = cp_unit_shard_rank(p, u, rank);
+        c->esplit_rank = cp_unit_split_rank(p, u, rank);
+        for (int q = 0; q < R; q++) {
+            int rq = p->replicate_family >= 0 ? cp_group_member(p, p->replicate_family, rep_color, q) : rank;
+            int sh_color = 0, sh_key = 0;
+            if (U->shard_family >= 0) cp_group_of(p, U->shard_family, rq, &sh_color, &sh_key);
+            for (int s = 0; s < We; s++)
+                c->emembers[q * We + s] = U->shard_family >= 0 ? cp_group_member(p, U->shard_family, sh_color, s) : rq;
+        }
+        break;
+    }
     return 0;
 }
 
@@ -371,6 +397,8 @@ void cp_checker_free(cp_checker *c)
 {
     free(c->param_base);
     free(c->members);
+    free(c->emembers);
+    c->emembers = NULL;
     free(c->expect);
     free(c->packs);
     free(c->order);
@@ -401,7 +429,7 @@ static void report(cp_checker *c, const char *what, int u, int param, int64_t e,
 
 void cp_checker_fill_shards(cp_checker *c, int u, void *sharded)
 {
-    cp_checker_fill_shards_of(c, u, c->shard_rank, sharded);
+    cp_checker_fill_shards_of(c, u, U_SR(c, u), sharded);
 }
 
 void cp_checker_fill_shards_of(cp_checker *c, int u, int shard_rank, void *sharded)
@@ -422,7 +450,7 @@ void cp_checker_fill_shards_as(cp_checker *c, int u, int shard_rank, cp_dtype t,
         int64_t valid = cp_param_valid(prm, shard_rank), k = cp_pattern_param_id(p, param), len;
         if (prm->offset > done) memset((char *)out + (size_t)done * es, 0, (size_t)(prm->offset - done) * es);
         for (int64_t i = 0; i < valid; i += len) {
-            int64_t e = shard_run(prm, p->shard_size, shard_rank, c->tp_rank, i, valid, &len);
+            int64_t e = shard_run(prm, U_W(c, u), shard_rank, U_TR(c, u), i, valid, &len);
             if (len > CP_BLOCK) len = CP_BLOCK;
             param_n(c->pattern, U->orig_dtype, k, c->param_base[param], e, len, c->step, v);
             if (t != U->orig_dtype) cp_round_n(U->orig_dtype, v, len); /* stored, then cast by the copy-in */
@@ -454,11 +482,11 @@ static void check_unsharded_part(cp_checker *c, void *arg, int part, int nparts)
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
-        const char *full = (const char *)unsharded + (size_t)(p->shard_size * prm->offset) * es;
+        const char *full = (const char *)unsharded + (size_t)(U_W(c, u) * prm->offset) * es;
         int64_t k = cp_pattern_param_id(p, param), len, lo, hi;
         part_range(prm->numel, part, nparts, &lo, &hi);
         for (int64_t i = lo; i < hi; i += len) {
-            int64_t e = full_run(prm, c->tp_rank, i, hi, &len);
+            int64_t e = full_run(prm, U_TR(c, u), i, hi, &len);
             if (len > CP_BLOCK) len = CP_BLOCK;
             param_n(c->pattern, U->orig_dtype, k, c->param_base[param], e, len, c->step, want);
             cp_round_n(U->orig_dtype, want, len);
@@ -533,7 +561,7 @@ static void add_grads_part(cp_checker *c, void *arg, int part, int nparts)
         int64_t k = cp_pattern_param_id(p, param), len, lo, hi;
         part_range(prm->numel, part, nparts, &lo, &hi);
         for (int64_t i = lo; i < hi; i += len) {
-            int64_t e = full_run(prm, c->tp_rank, i, hi, &len);
+            int64_t e = full_run(prm, U_TR(c, u), i, hi, &len);
             if (len > CP_BLOCK) len = CP_BLOCK;
             /* The micro-step's grad, computed in ag_dtype, into the grads
              * buffer (grad_dtype) as autograd's AccumulateGrad does with
@@ -587,7 +615,7 @@ static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, in
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
-    int W = p->shard_size, R = p->replicate_size;
+    int W = U_W(c, u), R = p->replicate_size;
     float vals[W > 0 ? W : 1], rs[R > 0 ? R : 1], partial[R > 0 ? R : 1];
     float sharded = 0.0f;
     int have = 0, held = 0;
@@ -596,7 +624,7 @@ static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, in
         if (m < 0) break;
         int fresh = fresh_at(c, u, kk);
         for (int i = 0; i < W * R; i++) {
-            float g = round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, c->members[i], m, c->step));
+            float g = round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, U_MEM(c, u)[i], m, c->step));
             g = round_to(U->grad_dtype, g);
             c->acc[i] = round_to(U->grad_dtype, fresh ? g : c->acc[i] + g);
         }
@@ -634,7 +662,7 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
-    int W = p->shard_size, R = p->replicate_size;
+    int W = U_W(c, u), R = p->replicate_size;
     enum { B = CP_BLOCK };
     float *acc = c->work + 4 * B, *vals = acc + (size_t)W * R * B, *rs = vals + (size_t)W * B;
     float *partial = rs + (size_t)R * B, *base = partial + (size_t)R * B, *g = base + B, *v = g + B;
@@ -648,7 +676,7 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
         for (int i = 0; i < W * R; i++) {
             if (c->solo && i / W != q0) continue; /* the other replicas copy this one's */
             float *a = acc + (size_t)i * B;
-            grad_n(c->pattern, U->ag_dtype, k, e, n, c->members[i], m, c->step, base, g);
+            grad_n(c->pattern, U->ag_dtype, k, e, n, U_MEM(c, u)[i], m, c->step, base, g);
             cp_round_n(U->ag_dtype, g, n);
             cp_round_n(U->grad_dtype, g, n);
             if (fresh) memcpy(a, g, (size_t)n * sizeof *a);
@@ -734,13 +762,13 @@ void cp_checker_member_packed(cp_checker *c, int u, const int *members, int nmem
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
-        int64_t k = cp_pattern_param_id(p, param), valid = cp_param_valid(prm, c->shard_rank), len;
+        int64_t k = cp_pattern_param_id(p, param), valid = cp_param_valid(prm, U_SR(c, u)), len;
         if (prm->offset > done)
             for (int q = 0; q < nmembers; q++)
                 memset((char *)out[q] + (size_t)done * es, 0, (size_t)(prm->offset - done) * es);
         done = prm->offset + valid;
         for (int64_t i = 0; i < valid; i += len) {
-            int64_t e = shard_run(prm, p->shard_size, c->shard_rank, c->tp_rank, i, valid, &len);
+            int64_t e = shard_run(prm, U_W(c, u), U_SR(c, u), U_TR(c, u), i, valid, &len);
             if (len > CP_BLOCK) len = CP_BLOCK;
             /* the backwards up to the one this pack follows, in table order */
             size_t row = (size_t)u * (size_t)p->micro_steps;
@@ -792,13 +820,13 @@ static void expect_unit_part(cp_checker *c, void *arg, int part, int nparts)
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
         int64_t k = cp_pattern_param_id(p, param);
-        int64_t valid = cp_param_valid(prm, c->shard_rank), len, lo, hi;
+        int64_t valid = cp_param_valid(prm, U_SR(c, u)), len, lo, hi;
         part_range(valid, part, nparts, &lo, &hi);
         for (int64_t i = lo; i < hi; i += len) {
-            int64_t e = shard_run(prm, p->shard_size, c->shard_rank, c->tp_rank, i, hi, &len);
+            int64_t e = shard_run(prm, U_W(c, u), U_SR(c, u), U_TR(c, u), i, hi, &len);
             int64_t at = prm->offset + i, rs_end, ar_end;
-            int rs_key = cp_reduce_scatter_key_run(c->arith, U->reduce_dtype, c->shard_rank, at, U->total,
-                                                   p->shard_size, &rs_end);
+            int rs_key = cp_reduce_scatter_key_run(c->arith, U->reduce_dtype, U_SR(c, u), at, U->total,
+                                                   U_W(c, u), &rs_end);
             int key = cp_all_reduce_key_run(c->arith, U->reduce_dtype, at, U->total, R, &ar_end);
             if (rs_end - at < len) len = rs_end - at;
             if (ar_end - at < len) len = ar_end - at;
@@ -825,7 +853,7 @@ static int any_ring_order(const cp_checker *c, int u, int64_t k, int64_t e, int6
     if (c->arith != CP_ARITH_NCCL || R < 2) return 0;
     int last = cp_nccl_all_reduce_max_key(c->plan->units[u].reduce_dtype, at, R);
     for (int key = 0; key <= last; key++)
-        if (same(expect_element(c, u, k, e, c->shard_rank, key), got)) return 1;
+        if (same(expect_element(c, u, k, e, U_SR(c, u), key), got)) return 1;
     return 0;
 }
 
@@ -838,7 +866,7 @@ static void compare_grads(cp_checker *c, int u, const float *want, const void *s
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
-        int64_t valid = cp_param_valid(prm, c->shard_rank);
+        int64_t valid = cp_param_valid(prm, U_SR(c, u));
         for (int64_t i0 = 0; i0 < prm->padded; i0 += CP_BLOCK) {
             int64_t n = prm->padded - i0 < CP_BLOCK ? prm->padded - i0 : CP_BLOCK;
             cp_load_n(U->orig_dtype, (const char *)sharded_grads + (size_t)(prm->offset + i0) * es, n, got);
@@ -847,8 +875,8 @@ static void compare_grads(cp_checker *c, int u, const float *want, const void *s
             for (int64_t q = 0; q < n && bad; q++) {
                 int64_t i = i0 + q;
                 if (same(w[q], got[q])) continue;
-                int64_t e = cp_param_full_index(prm, c->tp_rank,
-                                                cp_param_global_index(prm, p->shard_size, c->shard_rank, i));
+                int64_t e = cp_param_full_index(prm, U_TR(c, u),
+                                                cp_param_global_index(prm, U_W(c, u), U_SR(c, u), i));
                 if (i < valid && any_ring_order(c, u, cp_pattern_param_id(p, param), e, prm->offset + i, got[q]))
                     continue;
                 report(c, i < valid ? "reduced sharded grad" : "grad padding", u, param, i < valid ? e : -1, w[q],

@@ -31,6 +31,10 @@ typedef struct {
     int rank, shard_rank, tp_rank, step;
     int64_t *param_base; /* prefix sums of numel: unique fp32 values across the plan */
     int *members;        /* [q * W + s]: global rank of shard member s of replicate member q */
+    /* Expert parallelism's experts units: the same over their shard group
+     * (efsdp, [q * efsdp + s]), this rank's key in it and in ep. */
+    int *emembers;
+    int eshard_rank, esplit_rank;
     int replica_set;     /* this rank's replicate group instance: who shares its expected grads */
     cp_expect_cache *cache; /* NULL: compute this rank's values alone */
     float *expect;          /* scratch: one unit's expected shard without a cache */

@@ -151,6 +151,15 @@ typedef struct {
     int a2a_slots;         /* counts slots (a micro-step's counts live from its dispatch to its backward) */
     int a2a_experts;       /* num_experts: int64 entries of each half of a counts slot */
     int64_t arena_offset[CP_ARENA_BUFFERS]; /* bytes into the rank's arena */
+    /* Expert parallelism's experts (a MoE block's second FSDP parameter
+     * group, gen/parallel/ep.lua); 0 elsewhere (C's zero default). Their
+     * FSDP group is shard_family (efsdp; -1 when it has one rank) of
+     * shard_size ranks instead of the plan's shard group, and their
+     * parameters' dim 0 is split over split_family (ep): the rank's key
+     * there picks their rows of the full parameter, as the TP coordinate
+     * does for a TP-split one (tp_sharded, tp_full, tp_chunk). */
+    int expert;
+    int shard_family, shard_size, split_family;
 } cp_unit;
 
 typedef struct {
@@ -372,6 +381,14 @@ int64_t cp_param_global_index(const cp_param *prm, int W, int shard_rank, int64_
 int64_t cp_param_full_index(const cp_param *prm, int tp_rank, int64_t i);
 /* Elements of the full parameter (numel without TP). */
 int64_t cp_param_full_numel(const cp_param *prm);
+/* A unit's FSDP shard group: the plan's, or an experts unit's own
+ * (cp_unit.expert): its size, family (-1: one rank) and this rank's key in
+ * it; and the coordinate that picks a split parameter's rows (the TP
+ * coordinate, or an experts unit's ep key). */
+int cp_unit_shard_size(const cp_plan *p, int unit);
+int cp_unit_shard_family(const cp_plan *p, int unit);
+int cp_unit_shard_rank(const cp_plan *p, int unit, int rank);
+int cp_unit_split_rank(const cp_plan *p, int unit, int rank);
 
 /* ---- the buffer arena (arena.c) ---- */
 /* Bytes of any of a unit's buffers (cp_buffer), arena or persistent. */

@@ -306,7 +306,7 @@ void *cp_executor_param_ptr(const cp_executor *ex, int param, cp_buffer k)
     const cp_param *prm = &p->params[param];
     char *base = ex->buf[k][u];
     switch (k) {
-    case CP_BUF_UNSHARDED: return base + (size_t)(p->shard_size * prm->offset) * cp_dtype_size(U->ag_dtype);
+    case CP_BUF_UNSHARDED: return base + (size_t)(cp_unit_shard_size(p, u) * prm->offset) * cp_dtype_size(U->ag_dtype);
     case CP_BUF_GRADS: return base + (size_t)prm->grad_offset * cp_dtype_size(U->grad_dtype);
     default: return base + (size_t)prm->offset * cp_dtype_size(U->orig_dtype);
     }
@@ -328,7 +328,9 @@ void *cp_executor_op_buffer(const cp_executor *ex, const cp_op *op, cp_buffer k,
         size_t at = (size_t)(op->tag & 1) * (size_t)ex->plan->micro_steps + (size_t)op->micro_step;
         return base + at * (size_t)op->count * es;
     }
-    int r = slot == CP_SLOT_SHARD ? ex->shard_rank : slot == CP_SLOT_TP ? ex->tp_rank : 0;
+    int r = slot == CP_SLOT_SHARD ? (ex->plan->units[op->unit].expert ? cp_unit_shard_rank(ex->plan, op->unit, ex->rank)
+                                                                       : ex->shard_rank)
+            : slot == CP_SLOT_TP ? ex->tp_rank : 0;
     return base + (size_t)r * (size_t)op->count * es;
 }
 

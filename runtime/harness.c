@@ -238,7 +238,7 @@ static int dump_locals(cp_harness *h, cp_buffer k)
             first = 0;
             dump_string(f, prm->name);
             fputs(":{\"values\":", f);
-            dump_values(f, U->orig_dtype, h->scratch, prm->offset, cp_param_valid(prm, ex->shard_rank));
+            dump_values(f, U->orig_dtype, h->scratch, prm->offset, cp_param_valid(prm, cp_unit_shard_rank(ex->plan, u, ex->rank)));
             fputc('}', f);
         }
     }

@@ -293,7 +293,8 @@ static int solo_collective(void *user, int coll, int family, int color, int key,
         ptr[m] = dst;
         switch (op->kind) {
         case CP_OP_REDUCE_SCATTER: /* below, all members at once */
-            who[nwho] = c->members[c->replicate_rank * sr->ex.plan->shard_size + m];
+            who[nwho] = (sr->ex.plan->units[op->unit].expert ? c->emembers : c->members)
+                [c->replicate_rank * cp_unit_shard_size(sr->ex.plan, op->unit) + m];
             where[nwho++] = dst;
             break;
         case CP_OP_TP_REDUCE_SCATTER:

@@ -134,3 +134,33 @@ int64_t cp_param_full_numel(const cp_param *prm)
 {
     return prm->full_numel > 0 ? prm->full_numel : prm->numel;
 }
+
+int cp_unit_shard_size(const cp_plan *p, int unit)
+{
+    const cp_unit *U = &p->units[unit];
+    return U->expert ? U->shard_size : p->shard_size;
+}
+
+int cp_unit_shard_family(const cp_plan *p, int unit)
+{
+    const cp_unit *U = &p->units[unit];
+    return U->expert ? U->shard_family : p->shard_family;
+}
+
+int cp_unit_shard_rank(const cp_plan *p, int unit, int rank)
+{
+    int f = cp_unit_shard_family(p, unit);
+    if (f < 0) return 0;
+    int color, key;
+    cp_group_of(p, f, rank, &color, &key);
+    return key;
+}
+
+int cp_unit_split_rank(const cp_plan *p, int unit, int rank)
+{
+    const cp_unit *U = &p->units[unit];
+    if (!U->expert) return cp_tp_rank(p, rank);
+    int color, key;
+    cp_group_of(p, U->split_family, rank, &color, &key);
+    return key;
+}

@@ -1,29 +1,213 @@
--- Expert parallel, the module (gen/parallel/init.lua's contract), as far as
--- it goes: ParallelDims takes ep (and etp) with torchtitan 0.3's meshes
--- (gen/dims.lua: ep borrows its ranks from dp_shard*cp*tp; the expert mesh
--- is (pp, dp_replicate, efsdp, ep) over the same ranks) and gen/groups.lua
--- builds its ep and efsdp process groups, checked live against torchtitan's
--- (tests/titan/test_parallel_dims.py; docs/expert-parallel.md).
--- Generating tables with ep > 1 is not done yet: the MoE families
--- (gen/models/moe.lua) plan their experts at ep = 1 only, as ordinary
--- parameters of their block; the experts' split over ep, their FSDP over
--- efsdp and the token all-to-alls are not planned (issue 23), so a plan
--- with ep > 1 is refused here in one line.
+-- Expert parallel, the module (gen/parallel/init.lua's contract).
+-- ParallelDims takes ep with torchtitan 0.3's meshes (gen/dims.lua: ep
+-- borrows its ranks from dp_shard*cp*tp; the expert mesh is (pp,
+-- dp_replicate, efsdp, ep) over the same ranks) and gen/groups.lua builds
+-- its ep and efsdp process groups (docs/expert-parallel.md).
+--
+-- With ep > 1 (torchtitan 0.3's apply_fsdp_to_decoder and ExpertParallel,
+-- torch 2.15's fully_shard with a per-parameter mesh):
+--  * apply_units: each MoE block's routed experts (the grouped 3-D
+--    moe.routed_experts.inner_experts.w1_EFD / w2_EDF / w3_EFD) are split on
+--    dim 0 over ep (ExpertParallel's Shard(0): num_experts / ep experts per
+--    rank, ep member m holding experts m*E/ep ..), and become the block's
+--    second FSDP parameter group, sharded over efsdp: Shard(1) where
+--    efsdp*ep > num_experts, else Shard(0) (torchtitan's rule; the dense
+--    replicas are not counted at ep > 1). Every other parameter stays in the
+--    first group, Shard(0) over the dense FSDP mesh (dp_shard, HSDP's
+--    dp_replicate x dp_shard). The layout holds the two groups as two units
+--    of one FSDP state (u.state): "layers.i" and "layers.i.experts".
+--  * on_layout: the token all-to-alls' geometry on each experts unit (the
+--    capacity policy below), and torchtitan's explicit prefetching (with
+--    ep > 1 it sets forward and backward prefetch between consecutive
+--    blocks), which gen/parallel/fsdp_schedule.lua then follows.
+--  * unit_ops: per micro-step, torchtitan's _token_dispatch / _token_combine
+--    around the experts' compute: forward a2a_counts, a2a dispatch,
+--    (experts), a2a combine; backward the combine's gradient (a dispatch,
+--    a2a_combine = 0), (the experts' backward), the dispatch's gradient
+--    (a2a_combine = 1), both split by that micro-step's counts.
+-- Refused with ep > 1, one line each: a model without routed experts, tp,
+-- cp, pp (the MoE families refuse tp and pp already), and expert_parallel
+-- settings on a plan without ep.
 local util = require("gen.util")
+local compute = require("gen.compute")
 
 local ep = {
   name = "ep", label = "EP", dims = { "ep" }, groups = { "ep", "efsdp" },
-  plans_only = true, -- (not named among what commplan generates)
 }
+
+-- The routed experts' grouped weights (gen/models/moe.lua's names).
+ep.EXPERTS = ".moe.routed_experts.inner_experts."
+ep.MOE_FAMILIES = { mixtral = true, qwen3_moe = true, deepseek_v3 = true }
 
 function ep.used(d) return d.ep > 1 end
 
-function ep.rules(ctx, d)
-  if d.ep > 1 then
-    util.field_error(ctx, "parallel.ep", string.format("ep=%d: the expert mesh (ep %d x efsdp %d) is planned, but the "
-      .. "generator does not build tables with expert parallelism yet: the MoE families plan their experts at ep=1 "
-      .. "only, and the experts' split over ep, their FSDP over efsdp and the token all-to-alls are not planned "
-      .. "(issue 23); set ep=1", d.ep, d.ep, d.efsdp))
+local function is_expert(q)
+  return q.name:find(ep.EXPERTS, 1, true) ~= nil
+end
+
+-- The capacity policy: p.expert_parallel -> { name, factor }.
+function ep.policy(p)
+  local e = p.expert_parallel or {}
+  if e.capacity_factor then return { name = "factor", factor = e.capacity_factor } end
+  return { name = e.capacity or "dropless" }
+end
+
+-- Rows of token activations one rank sends one ep member at most, and what
+-- each buffer holds per member (capacity). tokens: this rank's per
+-- micro-step; a token goes to top_k distinct experts, at most
+-- min(top_k, experts per member) of them on one member, so "dropless" (every
+-- routing fits: torchtitan's default dispatcher drops nothing) is
+-- tokens x min(top_k, E/ep); "factor" is ceil(factor x tokens x top_k / ep)
+-- (the uniform share times the factor), never above dropless.
+function ep.capacity(tokens, top_k, experts, ep_size, policy)
+  local per = experts // ep_size
+  local rows = tokens * top_k
+  local worst = tokens * math.min(top_k, per)
+  if policy.name == "factor" then
+    local c = math.ceil(policy.factor * rows / ep_size)
+    return math.max(1, math.min(worst, math.tointeger(c) or worst)), rows, worst
+  end
+  return worst, rows, worst
+end
+
+function ep.rules(ctx, d, p)
+  local e = p.expert_parallel
+  if d.ep == 1 then
+    if e ~= nil then
+      util.field_error(ctx, "expert_parallel", "the all-to-alls' capacity applies only with ep > 1 "
+        .. "(parallel.ep is 1): remove expert_parallel or set parallel.ep")
+    end
+    return
+  end
+  if not ep.MOE_FAMILIES[p.model.family] then
+    util.field_error(ctx, "parallel.ep", string.format("ep=%d: expert parallelism needs routed experts; the %s "
+      .. "family has none (mixtral, qwen3_moe and deepseek_v3 do); set ep=1", d.ep, p.model.family))
+  end
+  for _, name in ipairs({ "tp", "cp", "pp" }) do
+    if d[name] > 1 then
+      util.field_error(ctx, "parallel." .. name, string.format("%s=%d with ep=%d: expert parallel is planned with "
+        .. "FSDP and HSDP only (torchtitan's ep with %s is not modelled); set %s=1 or ep=1", name, d[name], d.ep,
+        name, name))
+    end
+  end
+  if p.fsdp.grad_accumulation == "step_end" then
+    util.field_error(ctx, "fsdp.grad_accumulation", "step_end is the pipeline schedules' accumulation; with ep > 1 "
+      .. "use fsdp2_default, sync_last or all_reduce_last")
+  end
+  if e then
+    if e.capacity == "factor" and not e.capacity_factor then
+      util.field_error(ctx, "expert_parallel.capacity", "capacity = \"factor\" needs capacity_factor "
+        .. "(e.g. 1.25: ceil(1.25 x tokens x top_k / ep) rows per member)")
+    end
+    if e.capacity == "dropless" and e.capacity_factor then
+      util.field_error(ctx, "expert_parallel.capacity_factor", "capacity = \"dropless\" sizes every buffer for the "
+        .. "worst routing, so capacity_factor changes nothing: remove one of them")
+    end
+  end
+end
+
+local function copy(t)
+  local o = {}
+  for k, v in pairs(t) do o[k] = v end
+  return o
+end
+
+-- Each MoE block -> its dense group and its experts group (wrap order: the
+-- experts right after their block, as FSDP2 orders a state's groups by
+-- where each group's first parameter appears: the attention first).
+function ep.apply_units(ctx, units, d, p)
+  local out = {}
+  for _, u in ipairs(units) do
+    local dense, experts = {}, {}
+    for _, q in ipairs(u.params) do
+      if is_expert(q) then experts[#experts + 1] = q else dense[#dense + 1] = q end
+    end
+    if #experts == 0 then
+      out[#out + 1] = u
+    else
+      local E = experts[1].shape[1]
+      local per = E // d.ep
+      -- torchtitan: efsdp * ep > num_experts -> Shard(1) "to avoid padding"
+      local sd = d.efsdp * d.ep > E and 1 or 0
+      local local_params = {}
+      for j, q in ipairs(experts) do
+        local shape = {}
+        for i, n in ipairs(q.shape) do shape[i] = n end
+        shape[1] = per
+        local l = copy(q)
+        l.shape, l.shard_dim, l.full_shape, l.ep_chunk = shape, sd, q.shape, per
+        local_params[j] = l
+      end
+      local du = copy(u)
+      du.params, du.state = dense, u.name
+      local eu = { name = u.name .. ".experts", params = local_params, expert = true, state = u.name,
+                   reshard_after_forward = u.reshard_after_forward, param_dtype = u.param_dtype,
+                   reduce_dtype = u.reduce_dtype, num_experts = E }
+      out[#out + 1] = du
+      out[#out + 1] = eu
+    end
+  end
+  if #out == #units then
+    util.field_error(ctx, "parallel.ep", string.format("ep=%d: the model has no MoE block (no %s weights); set ep=1",
+      d.ep, ep.EXPERTS))
+  end
+  return out
+end
+
+-- The all-to-alls' geometry on each experts unit, and the explicit prefetch.
+function ep.on_layout(ctx, lay, units, d, p, cfg)
+  local s = compute.settings({ training = p.training, model = p.model, topology = p.topology })
+  local policy = ep.policy(p)
+  lay.explicit_prefetch = true
+  lay.ep = { size = d.ep, efsdp = d.efsdp, policy = policy, tokens = s.tokens, top_k = cfg.top_k, dim = cfg.dim }
+  for _, u in ipairs(lay.units) do
+    if u.expert then
+      local cap, rows, worst = ep.capacity(s.tokens, cfg.top_k, u.num_experts, d.ep, policy)
+      u.a2a = { per = u.num_experts // d.ep, rows = rows, capacity = cap, worst = worst, dim = cfg.dim,
+                uniform = util.ceil_div(rows, d.ep) }
+      u.a2a_numel = d.ep * cap * cfg.dim
+      u.a2a_slots = p.fsdp.micro_steps
+      u.a2a_experts = u.num_experts
+      lay.ep.capacity, lay.ep.rows, lay.ep.worst, lay.ep.experts = cap, rows, worst, u.num_experts
+    end
+  end
+  return lay
+end
+
+-- The counts op of (unit, micro-step) the token exchanges split by (weak:
+-- a rebuilt schedule starts afresh).
+local COUNTS = setmetatable({}, { __mode = "k" })
+
+local function a2a_op(u, m, phase, kind, extra)
+  local a = u.a2a
+  local o = { kind = kind, unit = u.index, micro_step = m, phase = phase, group = "ep", dtype = u.ag_dtype,
+              a2a_experts = a.per, a2a_slot = m, a2a_dim = a.dim, a2a_capacity = a.capacity,
+              -- (priced at the uniform routing's rows per member: gen/cost.lua)
+              a2a_uniform = kind == "a2a" and a.uniform * a.dim or nil }
+  for k, v in pairs(extra) do o[k] = v end
+  return o
+end
+
+-- at: "forward_before" / "forward" (around the experts' forward) and
+-- "backward_before" / "backward" (around their backward).
+function ep.unit_ops(out, u, m, at)
+  if not u.a2a then return end
+  local a = u.a2a
+  if at == "forward_before" then
+    local c = a2a_op(u, m, "forward", "a2a_counts", { count = a.per, a2a_rows = a.rows })
+    COUNTS[u] = COUNTS[u] or {}
+    COUNTS[u][m] = c
+    out[#out + 1] = c
+    out[#out + 1] = a2a_op(u, m, "forward", "a2a", { count = a.capacity * a.dim, a2a_counts_of = c, a2a_combine = 0 })
+  elseif at == "forward" then
+    out[#out + 1] = a2a_op(u, m, "forward", "a2a", { count = a.capacity * a.dim, a2a_counts_of = COUNTS[u][m],
+                                                    a2a_combine = 1 })
+  elseif at == "backward_before" then
+    out[#out + 1] = a2a_op(u, m, "backward", "a2a", { count = a.capacity * a.dim, a2a_counts_of = COUNTS[u][m],
+                                                     a2a_combine = 0 })
+  elseif at == "backward" then
+    out[#out + 1] = a2a_op(u, m, "backward", "a2a", { count = a.capacity * a.dim, a2a_counts_of = COUNTS[u][m],
+                                                     a2a_combine = 1 })
   end
 end
 

@@ -18,14 +18,14 @@ layout.GRAD_ALIGN = 8
 -- column block [r*c*rest, (r+1)*c*rest) of every row, c = ceil(size_k / W).
 -- run = c*rest is that block's width; padded = outer*run is what every rank
 -- stores and sends (FSDP's padded local numel).
-function layout.param(ctx, p, W, path)
+function layout.param(ctx, p, W, path, group)
   local k = p.shard_dim + 1
   local size_k = p.shape[k]
   -- gen/load bounded the numel by 2^53 (so every factor below is smaller).
   if k > 1 and size_k % W ~= 0 then
     util.field_error(ctx, path .. ".shard_dim", string.format(
-      "FSDP does not support uneven sharding on dim %d: %s has size %d there, not divisible by dp_shard=%d; "
-      .. "use shard_dim=0 or a size divisible by %d", p.shard_dim, p.name, size_k, W, W))
+      "FSDP does not support uneven sharding on dim %d: %s has size %d there, not divisible by %s=%d; "
+      .. "use shard_dim=0 or a size divisible by %d", p.shard_dim, p.name, size_k, group or "dp_shard", W, W))
   end
   -- An empty TP-local tensor (torch.chunk of 3 rows over tp = 4 leaves
   -- the last TP rank none): torch 2.15's FSDP2 cannot reduce its gradient
@@ -157,9 +157,13 @@ function layout.build(ctx, units, d, fsdp)
       or fsdp.grad_accumulation == "step_end")
     local wider = layout.DTYPE_BYTES[reduce_dtype] > layout.DTYPE_BYTES[ag_dtype]
     local grad_dtype = (wider and not accumulating) and ag_dtype or reduce_dtype
+    -- Expert parallelism's experts group (gen/parallel/ep.lua): sharded
+    -- over efsdp, its own FSDP mesh; every other unit over dp_shard.
+    local Wu = u.expert and d.efsdp or W
     local params, offset, grad_offset, vec_ok = {}, 0, 0, true
     for j, p in ipairs(u.params) do
-      local q = layout.param(ctx, p, W, string.format("%s.params[%d]", upath, j))
+      local q = layout.param(ctx, p, Wu, string.format("%s.params[%d]", upath, j), u.expert and "efsdp" or nil)
+      if p.ep_chunk then q.ep_chunk, q.ep_full = p.ep_chunk, p.full_shape[1] end
       q.offset = offset
       q.index_in_unit = j - 1
       -- Unsharded grads are compact per parameter, each start rounded up to
@@ -175,7 +179,7 @@ function layout.build(ctx, units, d, fsdp)
       end
       params[j] = q
     end
-    local red = layout.reduction(fsdp.reduce_op, reduce_dtype, W, R)
+    local red = layout.reduction(fsdp.reduce_op, reduce_dtype, Wu, R)
     out[fwd] = {
       name = u.name, index = fwd - 1, is_root = (ui == #units), params = params, total = offset,
       grads_numel = grad_offset, vec_ok = vec_ok and offset % layout.VEC == 0,
@@ -189,7 +193,13 @@ function layout.build(ctx, units, d, fsdp)
       partial = #params > 0 and R > 1 and fsdp.micro_steps > 1 and fsdp.grad_accumulation == "all_reduce_last"
         or nil,
     }
-    arena = arena_bound(out[fwd], W, arena)
+    if u.expert then
+      local o = out[fwd]
+      o.expert, o.W, o.shard_group, o.num_experts = true, Wu, "efsdp", u.num_experts
+    end
+    -- an FSDP state with several parameter groups (ep's MoE blocks): its name
+    if u.state then out[fwd].state = u.state end
+    arena = arena_bound(out[fwd], Wu, arena)
     if not arena then
       util.field_error(ctx, upath, string.format("one rank's buffers reach more than %s bytes by unit %q "
         .. "(all-gather buffer: %d ranks x %d elements); shrink the model or the shard group",

@@ -50,7 +50,7 @@ function schedule.build(lay, fams, fsdp, opts)
     if not direct then op("copy_in", u, m, phase) end
     -- A shard group of one rank issues no collective (FSDP2's world-size-1
     -- path); the executor copies the slot locally.
-    op("all_gather", u, m, phase, { group = shard and "fsdp" or nil, dtype = u.ag_dtype, count = u.total,
+    op("all_gather", u, m, phase, { group = schedule.shard_group(u, shard), dtype = u.ag_dtype, count = u.total,
                                     from_sharded = direct or nil })
   end
   local units = lay.units
@@ -68,9 +68,26 @@ function schedule.build(lay, fams, fsdp, opts)
   local every = fsdp.grad_accumulation ~= "sync_last" and not step_end
   local partial_mode = fsdp.grad_accumulation == "all_reduce_last" and replicate ~= nil and micro_steps > 1
   local unsharded = {}
+  local micro
+  -- With explicit prefetching and FSDP states of several parameter groups
+  -- (expert parallelism, gen/parallel/ep.lua): schedule.explicit_micro.
+  if lay.explicit_prefetch then
+    local states = schedule.states(units, root)
+    micro = function(m)
+      ops = {}
+      local reducing = every or (m == micro_steps - 1)
+      local partial = partial_mode and (m == micro_steps - 1 and "fold" or m == 0 and "save" or "add") or nil
+      local first = not every or m == 0 or partial == "fold"
+      unsharded = {}
+      schedule.explicit_micro(ops, states, m, { op = op, all_gather = all_gather, unit_ops = unit_ops,
+        unsharded = unsharded, how = { reducing = reducing, first = first, partial = partial },
+        shard = shard, replicate = replicate })
+      return ops
+    end
+  end
   -- Micro-step m's ops (the unsharded state carries over from the
   -- micro-step built before it: build them in order).
-  local function micro(m)
+  micro = micro or function(m)
     ops = {}
     -- reducing: this micro-step's post-backward reduces; first: its view-out
     -- assigns the sharded grads (later reductions add into them); partial:
@@ -154,7 +171,7 @@ function schedule.build(lay, fams, fsdp, opts)
   local built = {}
   local rep
   if micro_steps >= 6 and not (opts and opts.expand) then
-    for m = 0, 3 do built[m + 1] = micro(m) end
+    for m = 0, 3 do built[m + 1] = schedule.number(micro(m)) end
     built[5] = micro(micro_steps - 1)
     if repeat_mod.same_micro(built[2], built[3]) and repeat_mod.same_micro(built[3], built[4]) then
       local times = micro_steps - 2 - 3 + 1
@@ -176,7 +193,119 @@ function schedule.build(lay, fams, fsdp, opts)
     o.seq = i - 1
     o.stream = opkinds.stream_of(o, replicate ~= nil)
   end
+  -- an all-to-all's counts op by its row (gen/parallel/ep.lua)
+  for _, o in ipairs(step) do
+    if o.a2a_counts_of then o.a2a_counts_op, o.a2a_counts_of = o.a2a_counts_of.seq, nil end
+    o.a2a_pos = nil
+  end
   return step, rep
+end
+
+-- The group an FSDP collective of unit u runs on: the unit's own
+-- (expert parallelism's experts: efsdp, none when it has one rank), else
+-- the dense shard group (none when it has one rank: FSDP2's world-size-1
+-- path, the executor copies the slot locally).
+function schedule.shard_group(u, shard)
+  if u.shard_group then return u.W > 1 and u.shard_group or nil end
+  return shard and "fsdp" or nil
+end
+
+-- Positions inside one micro-step's list, so that repeat.same_micro
+-- compares an all-to-all's counts op by where it is, not by identity.
+function schedule.number(list)
+  for i, o in ipairs(list) do
+    if o.a2a_experts then o.a2a_pos = i end
+  end
+  return list
+end
+
+-- The FSDP states in forward order (the root without parameters is none):
+-- each { units = its parameter groups in order }. A unit's state is
+-- u.state (ep's MoE blocks: the dense group, then the experts), else itself.
+function schedule.states(units, root)
+  local out, by = {}, {}
+  for _, u in ipairs(units) do
+    local key = u.state or u.name
+    if not by[key] then
+      by[key] = { units = {}, is_root = (u == root) }
+      out[#out + 1] = by[key]
+    end
+    table.insert(by[key].units, u)
+  end
+  return out
+end
+
+-- One micro-step with explicit prefetching (torchtitan's with ep > 1,
+-- distributed/fsdp.py after the fully_shard calls: each block forward-
+-- prefetches the next, tok_embeddings the first block, the last block the
+-- norm and lm_head; in backward lm_head the last block, each block the one
+-- before it, the first block tok_embeddings; tok_embeddings keeps FSDP2's
+-- default backward prefetch, which finds nothing before it) and FSDP2's
+-- multi-group states (torch 2.15 _fsdp_state.py: pre-forward unshards and
+-- waits for each group in order, then issues the forward prefetch of the
+-- next state's groups in order; post-forward reshards each group in
+-- order; pre-backward unshards and waits for each group in order, then
+-- prefetches the previous state's groups in reversed order; autograd fires
+-- the groups' post-backward hooks last group first (each group's
+-- RegisterPostBackwardFunction wraps the previous group's inputs), each
+-- resharding and reducing its group). A state's compute is its groups'
+-- forwards in order (the dense part, then the experts inside the MoE, the
+-- all-to-alls around them: unit_ops "forward_before" / "forward") and in
+-- backward the reverse ("backward_before" / "backward").
+function schedule.explicit_micro(ops, states, m, k)
+  local op, all_gather, unit_ops, unsharded = k.op, k.all_gather, k.unit_ops, k.unsharded
+  local gathering = {}
+  local function issue(u, phase)
+    if not unsharded[u.index] and not gathering[u.index] then
+      all_gather(u, m, phase)
+      gathering[u.index] = true
+    end
+  end
+  local function wait(u, phase)
+    issue(u, phase)
+    if gathering[u.index] then
+      op("copy_out", u, m, phase)
+      gathering[u.index] = false
+      unsharded[u.index] = true
+    end
+  end
+  for i, st in ipairs(states) do
+    for _, u in ipairs(st.units) do wait(u, "forward") end
+    local nxt = states[i + 1]
+    if nxt then
+      for _, u in ipairs(nxt.units) do issue(u, "forward") end
+    end
+    for _, u in ipairs(st.units) do
+      if unit_ops then unit_ops(ops, u, m, "forward_before") end
+      op("forward", u, m, "forward")
+      if unit_ops then unit_ops(ops, u, m, "forward") end
+    end
+    for _, u in ipairs(st.units) do
+      if u.reshard_after_forward then
+        op("reshard", u, m, "forward")
+        unsharded[u.index] = false
+      end
+    end
+  end
+  for i = #states, 1, -1 do
+    local st = states[i]
+    for _, u in ipairs(st.units) do wait(u, "backward") end
+    local prev = i > 1 and states[i - 1] or nil
+    if prev and i > 1 then
+      for j = #prev.units, 1, -1 do issue(prev.units[j], "backward") end
+    end
+    for j = #st.units, 1, -1 do
+      local u = st.units[j]
+      if unit_ops then unit_ops(ops, u, m, "backward_before") end
+      op("backward", u, m, "backward")
+      if unit_ops then unit_ops(ops, u, m, "backward") end
+    end
+    for j = #st.units, 1, -1 do
+      local u = st.units[j]
+      if unit_ops and k.how.reducing then unit_ops(ops, u, m, "reduce") end
+      schedule.reduction(ops, u, m, k.how, k.shard, k.replicate, k.how.reducing)
+    end
+  end
 end
 
 -- The backward part above emitted micro-step m's pre-backward work unit by
@@ -197,7 +326,7 @@ function schedule.reduction(out, u, m, how, shard, replicate, reducing)
   if not reducing then return end
   out[#out + 1] = { kind = "pack", unit = u.index, micro_step = m, phase = "backward" }
   out[#out + 1] = { kind = "reduce_scatter", unit = u.index, micro_step = m, phase = "backward",
-                    group = shard and "fsdp" or nil, dtype = u.reduce_dtype, count = u.total,
+                    group = schedule.shard_group(u, shard), dtype = u.reduce_dtype, count = u.total,
                     reduce_op = u.rs_op }
   if partial then
     out[#out + 1] = { kind = "partial_" .. partial, unit = u.index, micro_step = m, phase = "backward" }
