@@ -188,6 +188,7 @@ local function facts(p)
     "repeat", p.rep and O({ "first_seq", p.rep.first, "ops", p.rep.n, "times", p.rep.times,
                             "micro_first", p.rep.micro_first, "micro_last", p.rep.micro_last }),
     "executed_ops", p.rep and rep_mod.executed_count(p.ops, p.rep), "ops", ops_json(p),
+    "expert_parallel", audit.ep_json(p),
     "per_rank_per_step", O({ "by_group", per_family,
       "predicted_comm_us", r3(p.predicted.total_us) }),
     "memory", O({ "persistent_bytes", p.memory.persistent_bytes, "peak_transient_bytes", p.memory.peak_transient_bytes,
@@ -412,6 +413,54 @@ local function commas(n)
   local out = s:reverse():gsub("(%d%d%d)", "%1,"):reverse()
   return (out:gsub("^,", ""))
 end
+
+-- Expert parallelism's all-to-alls (gen/parallel/ep.lua), per rank: the
+-- capacity policy, each MoE layer's bytes sent per micro-step at uniform
+-- routing (every routed row spread evenly over the ep members) and at the
+-- capacity bound (every member's share full), and the dispatch buffers'
+-- memory. nil without ep.
+function audit.ep_summary(p)
+  local e = p.layout.ep
+  if not e then return nil end
+  local layers, buffer_bytes, per_layer_buffers = 0, 0, nil
+  local es = 0
+  for _, u in ipairs(p.layout.units) do
+    if u.a2a then
+      layers = layers + 1
+      es = ES[u.ag_dtype]
+      local b = 2 * u.a2a_numel * es + 2 * u.a2a_slots * u.a2a_experts * 8
+      per_layer_buffers = per_layer_buffers or b
+      buffer_bytes = buffer_bytes + b
+    end
+  end
+  local others = e.size - 1
+  -- one token exchange: the rows this rank sends the other members
+  local uniform = math.floor(e.rows * others / e.size + 0.5) * e.dim * es
+  local bound = others * e.capacity * e.dim * es
+  local counts = others * (e.experts // e.size) * 8
+  local M = p.fsdp.micro_steps
+  return {
+    ep = e.size, efsdp = e.efsdp, policy = e.policy.name, factor = e.policy.factor, tokens = e.tokens,
+    top_k = e.top_k, dim = e.dim, experts = e.experts, rows = e.rows, capacity = e.capacity, dropless = e.worst,
+    moe_layers = layers,
+    -- per MoE layer and micro-step: 4 token exchanges (dispatch, combine, and their gradients) and a counts one
+    layer_bytes_uniform = 4 * uniform + counts, layer_bytes_bound = 4 * bound + counts,
+    step_bytes_uniform = layers * M * (4 * uniform + counts), step_bytes_bound = layers * M * (4 * bound + counts),
+    buffer_bytes_per_layer = per_layer_buffers, buffer_bytes = buffer_bytes,
+  }
+end
+
+function audit.ep_json(p)
+  local e = audit.ep_summary(p)
+  if not e then return nil end
+  return O({ "ep", e.ep, "efsdp", e.efsdp, "capacity_policy", e.policy, "capacity_factor", e.factor,
+    "tokens_per_micro_step", e.tokens, "top_k", e.top_k, "dim", e.dim, "num_experts", e.experts,
+    "routed_rows", e.rows, "capacity_rows", e.capacity, "dropless_rows", e.dropless, "moe_layers", e.moe_layers,
+    "layer_bytes_uniform", e.layer_bytes_uniform, "layer_bytes_capacity", e.layer_bytes_bound,
+    "step_bytes_uniform", e.step_bytes_uniform, "step_bytes_capacity", e.step_bytes_bound,
+    "buffer_bytes_per_layer", e.buffer_bytes_per_layer, "buffer_bytes", e.buffer_bytes })
+end
+
 audit.commas = commas
 
 local function count_text(n)
@@ -621,11 +670,11 @@ function audit.warnings(p, a)
   local W = p.layout.W
   local heavy, worst = {}, {}
   for _, u in ipairs(p.layout.units) do
-    local W = u.W or W -- (expert parallelism's experts: their efsdp group)
-    local pad = padding_of(u, W)
-    if W > 1 and pad * 20 >= W * u.total and pad > 0 then
+    local Wu = u.W or W -- (expert parallelism's experts: their efsdp group)
+    local pad = padding_of(u, Wu)
+    if Wu > 1 and pad * 20 >= Wu * u.total and pad > 0 then
       heavy[#heavy + 1] = u.index
-      worst[u.index] = pad / (W * u.total)
+      worst[u.index] = pad / (Wu * u.total)
     end
   end
   for _, run in ipairs(unit_runs(p, heavy)) do
@@ -1033,6 +1082,7 @@ function audit.schedule_md(p, fp)
   w("")
   audit.md_groups(p, w)
   audit.md_units(p, w)
+  audit.md_ep(p, w)
   audit.md_ops(p, w)
   audit.md_timeline(p, a, w)
   audit.md_memory_plan(p, w)
@@ -1064,6 +1114,31 @@ function audit.schedule_md(p, fp)
     w("- Defaults used (the plan does not set them): %s.", table.concat(defaults, ", "))
   end
   return table.concat(L, "\n") .. "\n"
+end
+
+function audit.md_ep(p, w)
+  local e = audit.ep_summary(p)
+  if not e then return end
+  w("### Expert parallelism: the token all-to-alls (per rank)")
+  w("")
+  w("ep %d x efsdp %d: each rank holds %d of %d experts (their FSDP group is efsdp); per micro-step %s tokens x",
+    e.ep, e.efsdp, e.experts // e.ep, e.experts, commas(e.tokens))
+  w("top_k %d = %s routed rows of %d elements. Capacity: %s rows per ep member (%s; dropless is %s).",
+    e.top_k, commas(e.rows), e.dim, commas(e.capacity),
+    e.policy == "factor" and string.format("capacity_factor %g x the uniform share", e.factor)
+      or "dropless, the default: every routing fits, as torchtitan's default dispatcher drops nothing",
+    commas(e.dropless))
+  w("")
+  w("| | per MoE layer and micro-step | per step (%d MoE layers x %d micro-steps) |", e.moe_layers, p.fsdp.micro_steps)
+  w("|---|---|---|")
+  w("| bytes sent at uniform routing | %s | %s |", human(e.layer_bytes_uniform), human(e.step_bytes_uniform))
+  w("| bytes sent at the capacity bound | %s | %s |", human(e.layer_bytes_bound), human(e.step_bytes_bound))
+  w("| dispatch buffers (send + receive + counts) | %s | %s (all layers) |", human(e.buffer_bytes_per_layer),
+    human(e.buffer_bytes))
+  w("")
+  w("Each layer and micro-step: the counts exchange, dispatch and combine forward, their gradients backward (the")
+  w("predicted times price the tokens at uniform routing). A count past capacity is refused at run time.")
+  w("")
 end
 
 function audit.md_groups(p, w)
@@ -1115,14 +1190,14 @@ function audit.md_units(p, w)
     local u = p.layout.units[items[run.first].unit + 1]
     local names = {}
     for j = run.first, run.first + run.reps - 1 do names[#names + 1] = p.layout.units[j].name end
-    local W = u.W or W -- (expert parallelism's experts: their efsdp group)
-    local pad, numel = padding_of(u, W)
+    local Wu = u.W or W -- (expert parallelism's experts: their efsdp group)
+    local pad, numel = padding_of(u, Wu)
     w("| %s%s | %d | %s | %s | %s | %s, %s | %s%s | %s | %s |", fold.unit_range(names),
       (u.is_root and u.name ~= "root") and " (root)" or "",
-      #u.params, commas(numel), human(u.total * ES[u.orig_dtype]), human(W * u.total * ES[u.ag_dtype]),
+      #u.params, commas(numel), human(u.total * ES[u.orig_dtype]), human(Wu * u.total * ES[u.ag_dtype]),
       u.ag_dtype, u.reduce_dtype .. (u.grad_dtype ~= u.ag_dtype and string.format(" (micro-steps accumulate grads in %s)",
         u.grad_dtype) or ""), u.rs_op, u.pre_divide ~= 1 and string.format(" (/%g, /%g)", u.pre_divide, u.post_divide) or "",
-      pad > 0 and string.format("%.1f%%", 100 * pad / (W * u.total)) or "0",
+      pad > 0 and string.format("%.1f%%", 100 * pad / (Wu * u.total)) or "0",
       u.vec_ok and "16-byte" or "scalar")
     shown[#shown + 1] = { u = u, names = names }
   end

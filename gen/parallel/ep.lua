@@ -115,7 +115,7 @@ end
 -- Each MoE block -> its dense group and its experts group (wrap order: the
 -- experts right after their block, as FSDP2 orders a state's groups by
 -- where each group's first parameter appears: the attention first).
-function ep.apply_units(ctx, units, d, p)
+function ep.apply_units(ctx, units, d, _)
   local out = {}
   for _, u in ipairs(units) do
     local dense, experts = {}, {}
@@ -155,7 +155,7 @@ function ep.apply_units(ctx, units, d, p)
 end
 
 -- The all-to-alls' geometry on each experts unit, and the explicit prefetch.
-function ep.on_layout(ctx, lay, units, d, p, cfg)
+function ep.on_layout(_, lay, _, d, p, cfg)
   local s = compute.settings({ training = p.training, model = p.model, topology = p.topology })
   local policy = ep.policy(p)
   lay.explicit_prefetch = true

@@ -67,8 +67,7 @@ parallel.MODULES = { require("gen.parallel.pp"), require("gen.parallel.tp"), req
                      (require("gen.parallel.fsdp")) }
 
 -- The degrees no module implements, in the order refusals have always
--- named them (pp and ep have modules that take their meshes and refuse to
--- generate in their rules: gen/parallel/pp.lua, gen/parallel/ep.lua).
+-- named them (pp and ep have modules: gen/parallel/pp.lua, gen/parallel/ep.lua).
 local UNIMPLEMENTED_ORDER = { "cp", "ep", "pp" }
 
 -- What commplan generates, in mesh order: "FSDP/HSDP/TP plans (dp_shard,
@@ -76,8 +75,9 @@ local UNIMPLEMENTED_ORDER = { "cp", "ep", "pp" }
 local function generated_text()
   local pos = {}
   for i, n in ipairs(dims.ORDER) do pos[n] = i end
+  pos.ep = #dims.ORDER + 1 -- (ep is no dim of the dense mesh: it borrows dp_shard's ranks)
   local mods = {}
-  -- (a module that plans but does not generate yet is not named: PP, EP)
+  -- (a module that plans but does not generate yet is not named: PP)
   for _, m in ipairs(parallel.MODULES) do
     if not m.plans_only then mods[#mods + 1] = m end
   end

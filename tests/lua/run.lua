@@ -22,6 +22,8 @@ suites[#suites + 1] = "test_parallel"
 suites[#suites + 1] = "test_nccl_model"
 -- Issue 23, item 1: the MoE model families.
 suites[#suites + 1] = "test_moe_models"
+-- Issue 23, items 3 and 4: expert parallel (ep > 1).
+suites[#suites + 1] = "test_ep"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -52,7 +52,7 @@ function T.model_checks()
 end
 
 function T.cp_not_generated_yet()
-  fails("{ dp_shard = 2, cp = 2 }", 4, "cp=2", "FSDP/HSDP/TP", "set cp=1")
+  fails("{ dp_shard = 2, cp = 2 }", 4, "cp=2", "FSDP/HSDP/TP/EP", "set cp=1")
 end
 
 function T.mesh_order_and_aliases()
@@ -215,11 +215,12 @@ function T.ep_refusals()
 end
 
 -- Dims accept ep; generating tables with it is refused by gen/parallel/ep.lua.
-function T.ep_not_generated_yet()
-  local msg = fails("{ dp_shard = 4, tp = 2, ep = 4 }", 8, "parallel.ep", "ep=4:", "ep 4 x efsdp 2",
-    "the MoE families plan their experts at ep=1 only", "issue 23", "set ep=1")
+-- ep > 1 is generated for the MoE families only (gen/parallel/ep.lua;
+-- tests/lua/test_ep.lua has the rest): a generic model has no experts.
+function T.ep_needs_experts()
+  local msg = fails("{ dp_shard = 4, ep = 4 }", 4, "parallel.ep", "ep=4:", "needs routed experts", "generic",
+    "set ep=1")
   H.eq(msg:find("etp", 1, true), nil, "no etp in the message")
-  fails("{ dp_shard = 4, ep = 2, etp = 1 }", 4, "parallel.ep", "ep 2 x efsdp 2", "set ep=1")
   -- pp's rules come first (its module is applied first): no schedule; cp by check_supported.
   fails("{ pp = 2, dp_shard = 2, ep = 2 }", 4, "pipeline:", "the tables run one of torch's schedules")
   fails("{ dp_shard = 2, cp = 2, ep = 4 }", 4, "parallel.cp", "set cp=1")

@@ -70,7 +70,7 @@ end
 function T.unimplemented_degree_is_refused()
   H.plan_fails("return { world_size = 4, parallel = { dp_shard = -1, cp = 2 }, model = { units = { "
     .. "{ name = 'root', params = { { name = 'w', shape = { 8 } } } } } } }",
-    "parallel.cp", "cp=2: commplan generates FSDP/HSDP/TP plans (dp_shard, dp_replicate, tp) only so far; set cp=1")
+    "parallel.cp", "cp=2: commplan generates FSDP/HSDP/TP/EP plans (dp_shard, dp_replicate, tp, ep) only so far; set cp=1")
 end
 
 return T
