@@ -45,6 +45,10 @@
 --                 micro-step m: "forward" and "backward" (inside the
 --                 unit's compute), "reduce" (its post-backward on a
 --                 micro-step that reduces, before the gradient reduction);
+--                 with explicit prefetching (ep > 1, fsdp_schedule.lua's
+--                 explicit_micro) also "forward_before" / "backward_before"
+--                 (before the unit's compute: EP's dispatch, the combine's
+--                 gradient);
 --                 every kind is an opkinds descriptor (reads, writes,
 --                 stream, ring passes) with its C side in runtime/
 --   prove_class(lay, ops, p, rep)   its proofs over one class's step
