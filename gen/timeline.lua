@@ -76,7 +76,7 @@ function timeline.build(p, s, per_unit, opts)
     -- op, and a plan predicts its step more than once).
     local r = { seq = o.seq, stream = o.stream, work = nil, link = nil, fixed = nil, extra_comm = nil,
                 extra_ops = nil, nominal = nil, start = nil, bind = nil, finish_at = nil, remaining = nil,
-                finish = nil, dur = nil }
+                finish = nil, dur = nil, next_f = nil }
     if o.group then
       r.work = timeline.exposed_tp_us(o, s, tp)
       r.link = o.intra_node and "intra" or "inter"
@@ -154,6 +154,7 @@ function timeline.build(p, s, per_unit, opts)
     for i = 1, na do
       local r = active[i]
       local f = r.fixed and r.finish_at or (t + r.remaining * sharing[r.link])
+      r.next_f = f
       if f < tf then tf = f end
     end
     local dt = tf - t
@@ -165,7 +166,10 @@ function timeline.build(p, s, per_unit, opts)
     local kept, n = 0, #active
     for i = 1, n do
       local r = active[i]
-      if (r.fixed and r.finish_at <= t + EPS) or (r.link and r.remaining <= EPS * math.max(1, r.work)) then
+      -- (the op that set tf finishes now whatever rounding left of it: at
+      -- a large t, t + remaining can equal t, and the step would stall)
+      if r.next_f <= tf or (r.fixed and r.finish_at <= t + EPS) or (r.link and r.remaining <= EPS * math.max(1, r.work))
+      then
         finish(r)
       else
         kept = kept + 1

@@ -437,4 +437,19 @@ function T.planned_step_is_predicted_step()
   assert(fresh > 0, "memory short: the planned step is predicted anew")
 end
 
+
+-- A step long enough that t + an op's remaining time rounds to t (llama70b
+-- at a 262,144-token sequence: fuzz input 83 of seed 20240808) still ends:
+-- the op that sets the next finish time finishes then, whatever rounding
+-- left of it. Bounded by a hook, so a stall fails here instead of hanging.
+function T.predicted_step_ends_at_huge_times()
+  local src = H.read("plans/llama70b.lua"):gsub("seq_len = %d+", "seq_len = 262144")
+  local deadline = os.clock() + 60
+  debug.sethook(function() if os.clock() > deadline then error("the predicted step stalls", 0) end end, "", 100000)
+  local ok, p = pcall(plan.from_source, src, "plans/llama70b.lua")
+  debug.sethook()
+  assert(ok, tostring(p))
+  assert(p.planned_timeline.tl.step_us > 1e8, "a step of minutes at that length")
+end
+
 return T
