@@ -230,6 +230,12 @@ torch_lane() {
   # FSDP collectives, in order, against gen/parallel/pp_sequence.lua
   script_check "pp run: torch.distributed.pipelining + fully_shard on gloo, every schedule, each rank's p2p and FSDP collectives vs gen/parallel/pp_sequence.lua (tests/pp/check_pipeline_live.sh)" \
     pp-run tests/pp/check_pipeline_live.sh "recorded"
+  # torchtitan 0.3's expert parallelism run for real on gloo (its DeepSeek-V3
+  # decoder, tiny; ep 2 and 4, FSDP over efsdp, Shard(1)): every rank's
+  # collectives and token all-to-alls in order, and every local shard, vs
+  # commplan's tables (tests/ep/check_ep_live.sh)
+  script_check "ep run: torchtitan's expert parallel + fully_shard on gloo, ep 2 and 4, each rank's FSDP collectives, token all-to-alls and shards vs commplan's tables (tests/ep/check_ep_live.sh)" \
+    ep-live tests/ep/check_ep_live.sh "events per rank"
 }
 # ---- end of the torch lane ----
 
@@ -273,7 +279,7 @@ lane_start torch torch_lane
 printf '== the torch lane runs in the background from here (live FSDP2, torchtitan, torchrun, train_cpu, tp_record, runtime hooks); its output comes at the end  [%ds]\n' "$SECONDS"
 
 section "lint and generator unit tests"
-if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/pp plans bench
+if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/pp tests/ep plans bench
 else skipped "luacheck" "not installed (apt-get install lua-check)"; fi
 run "lua unit tests" $LUA tests/lua/run.lua
 run "fuzz: random and mutated plan files for 20 s (tests/fuzz_plans.lua, fixed seed)" timeout 600 $LUA tests/fuzz_plans.lua --seconds 20; grep -h "^fuzz: [0-9]" "$(logname "fuzz: random and mutated plan files for 20 s (tests/fuzz_plans.lua, fixed seed)")" | sed "s/^/        /"

@@ -6,7 +6,8 @@
 # experts (Shard(1) over efsdp) — one forward + backward with torchtitan's
 # round-robin routing), every collective per rank recorded in
 # build/ep/live/<case>.json; one summary line per case (tests/ep/ep_summary.py).
-# The comparison with commplan's EP tables comes with the generator side.
+# Then tests/ep/compare_ep_live.lua holds commplan's tables for the same
+# model and mesh to them.
 # Exit 0 every case recorded and its ranks agree; 1 otherwise; 77 (SKIP)
 # when torch/torchtitan cannot be imported.
 #   tests/ep/check_ep_live.sh [--cases dp4_ep2,...] [--out-dir DIR]
@@ -31,4 +32,8 @@ shopt -s nullglob
 files=("$OUT"/*.json)
 [ ${#files[@]} -gt 0 ] || { echo "ep-live: no case recorded"; exit 1; }
 "$PY" tests/ep/ep_summary.py "${files[@]}" || rc=1
+# commplan's tables for the same model and mesh: every collective in order,
+# the token all-to-alls within capacity, every parameter's local shard
+[ $rc -eq 0 ] && { "$LUA" tests/ep/compare_ep_live.lua "${files[@]}" || rc=1; }
+[ $rc -eq 0 ] && echo "ep-live: all cases equal"
 exit $rc

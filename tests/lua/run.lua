@@ -24,6 +24,8 @@ suites[#suites + 1] = "test_nccl_model"
 suites[#suites + 1] = "test_moe_models"
 -- Issue 23, items 3 and 4: expert parallel (ep > 1).
 suites[#suites + 1] = "test_ep"
+-- Issue 23, item 6: commplan's EP tables against torchtitan's run on gloo.
+suites[#suites + 1] = "test_ep_live"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -1,0 +1,222 @@
+-- Compares what torchtitan 0.3's expert parallelism issued live on gloo
+-- (tests/ep/torch_ep_record.py, one JSON per case) with commplan's tables
+-- for the same model and mesh (issue 23, item 6).
+--
+-- Per case: the plan of the recorded model (gen/models/deepseek_v3.lua with
+-- the recorder's dims, world, dp_shard and ep; gradients summed, as
+-- torchtitan's divide factor 1 does) is generated; then per global rank the
+-- step's collectives must be equal in order, one for one:
+--   - FSDP's all-gathers and reduce-scatters: kind, the group's global
+--     ranks (the dense groups on dp_shard, the experts' on efsdp), input and
+--     output numel, dtype;
+--   - the token counts' all-to-all (int64, experts per member x ep);
+--   - the token all-to-alls: the ep group, which exchange it is (forward
+--     dispatch / combine, then in backward the combine's and the dispatch's
+--     gradients, named as the recorder's dispatcher labels), the row length
+--     (dim), and every per-member split of the recorded routing within the
+--     plan's capacity (the tables take the splits at run time);
+-- nothing else may be issued. Also each parameter's local shard shape on
+-- every rank (the experts' split over ep and their Shard(0)/Shard(1) over
+-- efsdp) equals the plan's.
+--   lua5.4 tests/ep/compare_ep_live.lua CASE.json...
+-- Prints one line per case; exit 1 on the first difference.
+package.path = "./?.lua;" .. package.path
+local json = require("gen.json")
+local plan = require("gen.plan")
+local groups = require("gen.groups")
+
+local fmt = string.format
+local DTYPE = { float32 = "fp32", bfloat16 = "bf16", float16 = "fp16", int64 = "int64" }
+local KEYS = { "dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank", "kv_lora_rank",
+               "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "dense_hidden_dim", "moe_hidden_dim",
+               "num_experts", "num_shared_experts", "top_k" }
+
+-- The plan file of a recorded case.
+local function plan_source(c)
+  local m = {}
+  for _, k in ipairs(KEYS) do
+    local v = c.model[k]
+    assert(math.type(v) == "integer", "case model field " .. k)
+    m[#m + 1] = fmt("%s = %d", k, v)
+  end
+  return fmt([[return {
+  world_size = %d,
+  parallel = { dp_shard = %d, ep = %d },
+  model = { family = "deepseek_v3", dtype = "fp32", seq_len = %d, %s },
+  fsdp = { reduce_op = "sum" },
+  training = { local_batch_size = %d },
+}]], c.world, c.dp_shard, c.ep, c.seq, table.concat(m, ", "), c.batch)
+end
+
+-- Per global rank, the group of family f that holds it.
+local function members_of(f)
+  local of = {}
+  for col = 0, f.count - 1 do
+    local m = groups.members(f, col)
+    for _, r in ipairs(m) do of[r] = m end
+  end
+  return of
+end
+
+local function same_list(a, b)
+  if #a ~= #b then return false end
+  for i = 1, #a do if a[i] ~= b[i] then return false end end
+  return true
+end
+
+local function layer_of(unit_name) return (unit_name:match("^(layers%.%d+)")) end
+
+-- The expected events of one rank from the plan's ops.
+local function expected(p, g, fams)
+  local out = {}
+  for _, o in ipairs(p.ops) do
+    if o.group and (o.kind == "all_gather" or o.kind == "reduce_scatter" or o.kind == "all_reduce"
+                    or o.kind == "a2a_counts" or o.kind == "a2a") then
+      local ranks = fams[o.group][g]
+      local n = #ranks
+      -- an FSDP group of one rank issues nothing (FSDP2 skips it)
+      if n > 1 or o.kind == "a2a" or o.kind == "a2a_counts" then
+        local unit = p.layout.units[o.unit + 1].name
+        local e = { op = o, ranks = ranks, unit = unit, layer = layer_of(unit) }
+        if o.kind == "all_gather" then
+          e.kind, e.in_numel, e.out_numel, e.dtype = "all_gather", o.count, o.count * n, o.dtype
+        elseif o.kind == "reduce_scatter" then
+          e.kind, e.in_numel, e.out_numel, e.dtype = "reduce_scatter", o.count * n, o.count, o.dtype
+        elseif o.kind == "all_reduce" then
+          e.kind, e.in_numel, e.out_numel, e.dtype = "all_reduce", o.count, o.count, o.dtype
+        elseif o.kind == "a2a_counts" then
+          e.kind, e.in_numel, e.out_numel, e.dtype = "all_to_all", o.a2a_experts * n, o.a2a_experts * n, "int64"
+          e.label = e.layer .. " counts"
+        else
+          e.kind, e.dtype = "all_to_all", o.dtype
+          local fwd = o.phase == "forward"
+          local combine = o.a2a_combine == 1 or o.a2a_combine == true
+          -- forward: dispatch, combine; backward: the combine's gradient, then the dispatch's
+          e.label = e.layer .. (fwd and (combine and " combine" or " dispatch") or (combine and " dispatch bwd" or
+            " combine bwd"))
+        end
+        out[#out + 1] = e
+      end
+    end
+  end
+  return out
+end
+
+local function show(e)
+  return fmt("%s on [%s] in %s out %s %s%s", e.kind, table.concat(e.ranks, ","), tostring(e.in_numel),
+    tostring(e.out_numel), tostring(e.dtype), e.label and (" (" .. e.label .. ")") or "")
+end
+
+-- A plan parameter's local shape on global rank g, from the plan's layout
+-- (its shard dim and the rank's coordinate in the unit's shard group), as
+-- torch.chunk gives it.
+local function local_shape(u, prm, g, fams)
+  -- (an experts unit's shapes are already the rank's ep slice: num_experts
+  -- / ep on dim 0, prm.ep_full the whole)
+  local shape = {}
+  for i, d in ipairs(prm.shape) do shape[i] = d end
+  local group = fams[u.shard_group or "fsdp"][g]
+  local n = #group
+  if n > 1 then
+    local pos
+    for i, r in ipairs(group) do if r == g then pos = i - 1 end end
+    local dim = (prm.shard_dim or 0) + 1
+    local chunk = (shape[dim] + n - 1) // n
+    local start = pos * chunk
+    shape[dim] = math.max(0, math.min(chunk, shape[dim] - start))
+  end
+  return shape
+end
+
+local function check_case(c)
+  local src = plan_source(c)
+  local ok, p = pcall(plan.from_source, src, c.case .. ".lua")
+  if not ok then return "commplan refuses the case: " .. tostring(p) end
+  local fams = {}
+  for name, f in pairs(p.groups.by_name) do fams[name] = members_of(f) end
+  local colls, a2a = 0, 0
+  for _, r in ipairs(c.ranks) do
+    local g = r.rank
+    local want = expected(p, g, fams)
+    local got = {}
+    for _, e in ipairs(r.events) do
+      if e.kind ~= "barrier" then got[#got + 1] = e end
+    end
+    for i = 1, math.max(#got, #want) do
+      local x, y = got[i], want[i]
+      if not x or not y then
+        return fmt("rank %d event %d: recorded %s, plan %s", g, i - 1, x and (x.kind .. " " .. tostring(x.ep)) or
+          "nothing", y and show(y) or "nothing")
+      end
+      local xd = DTYPE[x.dtype] or x.dtype
+      local same = x.kind == y.kind and same_list(x.ranks, y.ranks) and xd == y.dtype
+      if same and y.label then
+        same = x.ep == y.label
+        if same and y.op.kind == "a2a" then
+          same = x.row == y.op.a2a_dim
+          for _, k in ipairs({ "in_splits", "out_splits" }) do
+            for _, rows in ipairs(x[k] or {}) do
+              if rows > y.op.a2a_capacity then
+                return fmt("rank %d event %d (%s): %d rows to one member, past the plan's capacity %d", g, i - 1,
+                  y.label, rows, y.op.a2a_capacity)
+              end
+            end
+          end
+        else
+          same = same and x.in_numel == y.in_numel and x.out_numel == y.out_numel
+        end
+      elseif same then
+        same = x.in_numel == y.in_numel and x.out_numel == y.out_numel
+      end
+      if not same then
+        return fmt("rank %d event %d: recorded %s on [%s] in %s out %s %s (%s%s), plan %s [%s]", g, i - 1, x.kind,
+          table.concat(x.ranks, ","), tostring(x.in_numel), tostring(x.out_numel), tostring(x.dtype),
+          type(x.ep) == "string" and x.ep ~= "" and x.ep or tostring(x.fsdp),
+          type(x.row) == "number" and (", row " .. x.row) or "", show(y), y.unit)
+      end
+      if y.op.kind == "a2a" or y.op.kind == "a2a_counts" then a2a = a2a + 1 else colls = colls + 1 end
+    end
+    -- every parameter's local shard
+    local by_name = {}
+    for _, u in ipairs(p.layout.units) do
+      for _, prm in ipairs(u.params) do by_name[prm.name] = { u, prm } end
+    end
+    for _, prm in ipairs(r.params) do
+      local hit = by_name[prm.name]
+      if not hit then return fmt("rank %d: torchtitan's parameter %s is not in the plan", g, prm.name) end
+      local shape = local_shape(hit[1], hit[2], g, fams)
+      if not same_list(shape, prm["local"]) then
+        return fmt("rank %d: %s local shape [%s] live, [%s] in the plan", g, prm.name, table.concat(prm["local"], ","),
+          table.concat(shape, ","))
+      end
+    end
+  end
+  return nil, { colls = colls, a2a = a2a, ranks = #c.ranks }
+end
+
+local function main(files)
+  if #files == 0 then
+    io.stderr:write("usage: lua5.4 tests/ep/compare_ep_live.lua CASE.json...\n")
+    return 2
+  end
+  for _, path in ipairs(files) do
+    local fh = assert(io.open(path, "rb"))
+    local c = json.decode(fh:read("a"))
+    fh:close()
+    local diff, res = check_case(c)
+    if diff then
+      print(fmt("ep-live: DIFFERENCE %s (%s): %s", c.case, path, diff))
+      return 1
+    end
+    print(fmt("ep-live: %s (world %d, dp_shard %d, ep %d): %d ranks, FSDP collectives equal (%d), token all-to-alls "
+      .. "equal and within capacity (%d), every parameter's local shard equal", c.case, c.world, c.dp_shard, c.ep,
+      res.ranks, res.colls, res.a2a))
+  end
+  return 0
+end
+
+if arg and arg[0] and arg[0]:match("compare_ep_live%.lua$") then
+  os.exit(main(arg))
+end
+
+return { check_case = check_case, plan_source = plan_source }
