@@ -97,7 +97,7 @@ local function lifetimes(lay, ops)
   -- each copy-out, both counts then (for "no other unit computed since").
   local last_copy_out, computes, own, at_out, own_at_out = {}, 0, {}, {}, {}
   local pp_last = {} -- unit -> the last send or receive of its messages
-  local a2a_last = {} -- unit -> its last all-to-all (counts and tokens live from the first to the last)
+  local a2a_last = {} -- unit -> its last all-to-all (its counts live from the first to the last)
   for _, o in ipairs(ops) do
     local u, k, s = o.unit, o.kind, o.seq
     if k == "copy_in" or (k == "all_gather" and o.from_sharded) then start(u, "ag", s)
@@ -126,7 +126,16 @@ local function lifetimes(lay, ops)
     elseif opkinds.BY_NAME[k].tp then start(u, "act", s); stop(u, "act", s) -- one collective's worth
     elseif opkinds.BY_NAME[k].p2p then start(u, "pp", s); pp_last[u] = s -- one life: first to last message
     elseif opkinds.BY_NAME[k].a2a then
-      start(u, "a2a_counts", s); start(u, "a2a_send", s); start(u, "a2a_recv", s); a2a_last[u] = s
+      -- the counts live from the forward's exchange to the unit's last
+      -- all-to-all (the backward's splits are the forward's); the token
+      -- buffers only across one pair: the forward's dispatch..combine, the
+      -- backward's combine gradient..dispatch gradient (a2a_combine 0 opens,
+      -- 1 closes), so the layers' token buffers share bytes
+      start(u, "a2a_counts", s); a2a_last[u] = s
+      if k == "a2a" then
+        start(u, "a2a_send", s); start(u, "a2a_recv", s)
+        if o.a2a_combine == 1 or o.a2a_combine == true then stop(u, "a2a_send", s); stop(u, "a2a_recv", s) end
+      end
     end
     if k == "forward" or k == "backward" or k == "backward_input" then
       computes = computes + 1
@@ -134,9 +143,7 @@ local function lifetimes(lay, ops)
     end
   end
   for u, s in pairs(pp_last) do stop(u, "pp", s) end
-  for u, s in pairs(a2a_last) do
-    stop(u, "a2a_counts", s); stop(u, "a2a_send", s); stop(u, "a2a_recv", s)
-  end
+  for u, s in pairs(a2a_last) do stop(u, "a2a_counts", s) end
   for _, u in ipairs(lay.units) do
     for _, kind in ipairs(memplan.KINDS) do
       if open[u.index][kind] then

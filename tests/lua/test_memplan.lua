@@ -22,6 +22,10 @@ local function uses(p)
     if k == "backward" or k == "pack" then add(o.unit, "grads", o.seq) end
     if k == "pack" or k == "reduce_scatter" then add(o.unit, "rs_in", o.seq) end
     if k == "reduce_scatter" or k == "all_reduce" or k == "view_out" then add(o.unit, "rs_out", o.seq) end
+    -- expert parallel: the counts at every exchange, the token buffers at
+    -- each token exchange (forward's dispatch and combine, backward's two)
+    if k == "a2a_counts" or k == "a2a" then add(o.unit, "a2a_counts", o.seq) end
+    if k == "a2a" then add(o.unit, "a2a_send", o.seq); add(o.unit, "a2a_recv", o.seq) end
   end
   return u
 end
@@ -75,9 +79,32 @@ end
 
 function T.arena_plans_are_safe()
   for _, f in ipairs({ "plans/fsdp4.lua", "plans/hsdp2x2.lua", "plans/fsdp8_uneven.lua", "plans/hsdp4x2_fp16.lua",
-                       "plans/llama_tiny.lua", "plans/llama8b.lua", "plans/llama70b.lua" }) do
+                       "plans/llama_tiny.lua", "plans/llama8b.lua", "plans/llama70b.lua",
+                       "tests/ep/plans/ep2_mixtral.lua", "tests/ep/plans/ep2_mixtral_hsdp.lua" }) do
     check_plan(f)
   end
+end
+
+-- Expert parallel: a MoE layer's token buffers live across one exchange
+-- pair only (forward dispatch..combine, backward combine gradient..dispatch
+-- gradient), so the layers share their bytes; the counts live from the
+-- forward's exchange to the backward's last all-to-all.
+function T.expert_token_buffers_live_per_exchange_pair()
+  local p = plan.from_file("tests/ep/plans/ep2_mixtral.lua")
+  local a = p.arena
+  local pairs_seen = 0
+  for _, u in ipairs(p.layout.units) do
+    if u.expert then
+      local send, counts = a.by_unit[u.index].a2a_send, a.by_unit[u.index].a2a_counts
+      H.eq(#send.lives, 2, u.name .. ": a forward and a backward pair")
+      H.eq(#counts.lives, 1, u.name .. ": the counts, one life")
+      assert(counts.lives[1].first < send.lives[1].first and counts.lives[1].last == send.lives[2].last,
+        u.name .. ": the counts from the forward's exchange to the last all-to-all")
+      assert(send.lives[1].last < send.lives[2].first, u.name .. ": apart between forward and backward")
+      pairs_seen = pairs_seen + 1
+    end
+  end
+  H.eq(pairs_seen, 2, "two MoE layers")
 end
 
 -- The point of the arena: one Llama-3-70B rank fits an 80 GB GPU.
