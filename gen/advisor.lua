@@ -133,7 +133,11 @@ function advisor.rank(loaded, opts)
     if world % t == 0 then
       for _, r in ipairs(divisors(world // t)) do
         local s = world // (t * r)
-        local mesh = string.format("dp_replicate=%d x dp_shard=%d x tp=%d", r, s, t)
+        -- expert parallel is the plan's: ep borrows from each candidate's
+        -- dp_shard (ParallelDims refuses a candidate it does not divide)
+        local ep = (loaded.parallel.ep or 1) > 1 and loaded.parallel.ep or nil
+        local mesh = string.format("dp_replicate=%d x dp_shard=%d x tp=%d%s", r, s, t,
+          ep and string.format(" (ep %d)", ep) or "")
         local dp = world // t
         if global % dp ~= 0 then
           rejected[#rejected + 1] = { mesh = mesh, why = string.format("its %d data-parallel ranks do not divide "
@@ -143,7 +147,7 @@ function advisor.rank(loaded, opts)
           cand.world_size = world
           cand.topology = topo
           cand.pipeline = nil -- these meshes have no pipeline (below: the ones with one)
-          cand.parallel = { dp_replicate = r, dp_shard = s, tp = t }
+          cand.parallel = { dp_replicate = r, dp_shard = s, tp = t, ep = ep, etp = ep and loaded.parallel.etp }
           carry_tp_options(cand.parallel, loaded.parallel, t)
           cand.training = copy(loaded.training)
           cand.training.local_batch_size = global // dp

@@ -83,7 +83,7 @@ end
 -- the text before its value.
 local OP_KEYS = {}
 for _, k in ipairs({ "times", "stream", "group", "dtype", "count", "input", "reduce_op", "size_bytes", "wire_bytes",
-                     "predicted_us", "algorithm", "waits_for" }) do
+                     "predicted_us", "algorithm", "waits_for", "a2a" }) do
   OP_KEYS[k] = ",\n   " .. json.quote(k) .. ": "
 end
 
@@ -115,6 +115,16 @@ local function ops_json(p)
     if o.wire_bytes then out[n + 1], out[n + 2], n = K.wire_bytes, num(o.wire_bytes), n + 2 end
     if o.predicted_us then out[n + 1], out[n + 2], n = K.predicted_us, us[o.predicted_us], n + 2 end
     if o.algorithm then out[n + 1], out[n + 2], n = K.algorithm, q[o.algorithm], n + 2 end
+    if o.a2a_experts then
+      -- expert parallel's all-to-alls: which exchange, its counts op, the rows
+      local combine = o.a2a_combine == 1 or o.a2a_combine == true
+      out[n + 1], out[n + 2], n = K.a2a, string.format('{"exchange": %s, "counts_op": %s, "experts_per_member": %d, '
+        .. '"capacity_rows": %d, "row_numel": %d}', o.kind == "a2a_counts" and '"counts"'
+        or (o.phase == "forward" and (combine and '"combine"' or '"dispatch"')
+          or (combine and '"dispatch_grad"' or '"combine_grad"')),
+        o.kind == "a2a" and tostring(o.a2a_counts_op) or "null", o.a2a_experts, o.a2a_capacity or 0, o.a2a_dim or 0),
+        n + 2
+    end
     local w = waits[o.seq]
     if w then out[n + 1], out[n + 2], n = K.waits_for, "[" .. table.concat(w, ",") .. "]", n + 2 end -- (op seqs)
     n = n + 1
@@ -916,7 +926,10 @@ local function mesh_text(p)
   local tp_kind = p.async_tp and "FSDP + async TP" or "FSDP + TP"
   local kind = d.tp > 1 and tp_kind or (d.dp_replicate > 1 and d.dp_shard > 1 and "HSDP")
     or (d.dp_shard > 1 and "FSDP") or (d.dp_replicate > 1 and "replicate only") or "one rank"
-  return table.concat(parts, " x ") .. " (" .. kind .. ")"
+  -- expert parallel: the routed experts' own mesh over the same ranks
+  local experts = (d.ep or 1) > 1 and string.format("; experts on ep=%d x efsdp=%d (expert parallel)", d.ep, d.efsdp)
+    or ""
+  return table.concat(parts, " x ") .. " (" .. kind .. ")" .. experts
 end
 
 local function model_text(p)
@@ -1133,7 +1146,8 @@ function audit.md_ep(p, w)
   w("|---|---|---|")
   w("| bytes sent at uniform routing | %s | %s |", human(e.layer_bytes_uniform), human(e.step_bytes_uniform))
   w("| bytes sent at the capacity bound | %s | %s |", human(e.layer_bytes_bound), human(e.step_bytes_bound))
-  w("| dispatch buffers (send + receive + counts) | %s | %s (all layers) |", human(e.buffer_bytes_per_layer),
+  w("| dispatch buffers (send + receive + counts) | %s | %s summed over the layers; in the arena a layer's token "
+    .. "buffers live across one exchange pair, so the layers share their bytes |", human(e.buffer_bytes_per_layer),
     human(e.buffer_bytes))
   w("")
   w("Each layer and micro-step: the counts exchange, dispatch and combine forward, their gradients backward (the")

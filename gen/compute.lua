@@ -145,7 +145,19 @@ function compute.units(p, s)
       r.bwd = 2 * r.fwd
       if P > 0 then r.saved = T * (2 * e * cfg.dim + (e + 4) * cfg.vocab_size) / tp end
     else
-      local P = numel_of(u)
+      -- A MoE's routed experts (grouped weights, local experts on dim 0)
+      -- each see their share of the tokens: a rank's experts process T x
+      -- top_k rows in all (uniform routing; with ep the rows come from every
+      -- member), so a weight counts numel x top_k / its local experts.
+      local top_k = p.model_config and p.model_config.top_k
+      local P = 0
+      for _, q in ipairs(u.params) do
+        if top_k and q.name:find("routed_experts.inner_experts.", 1, true) and #q.shape == 3 and q.shape[1] > 0 then
+          P = P + q.numel * top_k / q.shape[1]
+        else
+          P = P + q.numel
+        end
+      end
       r.fwd = 2 * P * T
       r.bwd = 2 * r.fwd
       if ac == "full" and compute.checkpointed(p, u) then r.recompute = r.fwd
