@@ -412,7 +412,10 @@ build/example/example: docs/example.c $(RUNTIME_HDR)
 # made; UBSan's own alignment check is off in the kernels' object only,
 # where the negative test makes misaligned words on purpose).
 KHOST_PLANS := $(filter-out llama8b llama70b llama405b llama405b_hsdp,$(basename $(notdir $(ALL_PLANS))))
-KHOST_EXTRA := kernels_all_dtypes kernels_big
+# tests/ep/plans expert-parallel plans (issue 23): experts units sharded over
+# their own group (efsdp), the kernels' tables carry each unit's group size.
+EP_PLANS    := $(basename $(notdir $(wildcard tests/ep/plans/ep*.lua)))
+KHOST_EXTRA := kernels_all_dtypes kernels_big $(EP_PLANS)
 KHOST_ALL   := $(KHOST_PLANS) $(KHOST_EXTRA)
 KHOST_DIR    = $(if $(filter $(1),$(KHOST_EXTRA)),build/gen/$(1),plans/$(1))
 KHOST_RT    := runtime/backend_host.c runtime/topology.c runtime/arena.c runtime/dtype.c runtime/executor.c
@@ -426,6 +429,9 @@ build/gen/%/plan_kernels.cu: build/gen/%/plan.c ;
 # tests/pp/plans pipeline plans (gen/parallel/pp_build.lua: a class of tables per pipeline rank).
 build/gen/pp_%/plan.c: tests/pp/plans/pp_%.lua $(GEN_SRC)
 	@$(MAKE) --no-print-directory -s PLAN=tests/pp/plans/pp_$*.lua OUT=build/gen/pp_$* build/pp_$*/.generated >/dev/null
+# tests/ep/plans expert-parallel plans (gen/parallel/ep.lua), named ep<...>.
+build/gen/ep%/plan.c: tests/ep/plans/ep%.lua $(GEN_SRC)
+	@$(MAKE) --no-print-directory -s PLAN=tests/ep/plans/ep$*.lua OUT=build/gen/ep$* build/ep$*/.generated >/dev/null
 
 # $(1): build directory; $(2): flags for every file; $(3): for the C++ files
 # (the test and the kernels); $(4): for the kernels' object alone

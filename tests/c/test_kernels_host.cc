@@ -266,7 +266,7 @@ static const cp_param *param_at(const cp_plan *v, const cp_unit *U, int64_t j)
 static std::string where(const cp_plan *v, const cp_unit *U, int kernel, int64_t e)
 {
     char s[256];
-    int64_t W = v->shard_size;
+    int64_t W = cp_unit_shard_size(v, (int)(U - v->units)); /* the unit's own group (an experts unit's efsdp) */
     const cp_param *q;
     if (kernel == CP_KERNEL_COPY_OUT) {
         for (int i = 0; i < U->nparams; i++) {
@@ -307,7 +307,7 @@ static void check_pieces(const cp_plan *v, int u, int kernel, int shard_rank, co
                                                                              : U->orig_dtype;
     size_t ei = cp_dtype_size(ti), eo = cp_dtype_size(to), V = 16 / eo;
     size_t ai = V * ei < 16 ? V * ei : 16, ao = 16;
-    int64_t W = v->shard_size;
+    int64_t W = cp_unit_shard_size(v, u);
     auto piece = [&](const unsigned char *src, const unsigned char *dst, int64_t src_row, int64_t dst_row, int64_t outer,
                      const char *what) {
         t.pieces++;
@@ -357,7 +357,7 @@ static bool check_op(const check_ctx &c, int rank, int oi, tally &t, std::string
     cp_plan_view(c.ker_plan, rank, &kview);
     const cp_op *op = &view.ops[oi];
     const cp_op_desc *d = &cp_op_descs[op->kind];
-    int u = op->unit, kernel = d->kernel, sr = cp_shard_rank(&view, rank);
+    int u = op->unit, kernel = d->kernel, sr = cp_unit_shard_rank(&view, u, rank);
     const cp_unit *U = &view.units[u];
     size_t in_bytes = (size_t)cp_arena_buffer_bytes(&view, u, d->in), out_bytes = (size_t)cp_arena_buffer_bytes(&view, u, d->out);
     cp_dtype in_t = buf_dtype(U, d->in), out_t = buf_dtype(U, d->out);
