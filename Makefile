@@ -308,7 +308,9 @@ KERNEL_TEST_PLANS := fsdp8_uneven hsdp2x3_bf16 hsdp4x2_fp16 llama_tiny
 # tests/plans/: plans that exist to exercise the kernels (multi-tile
 # pieces, padding inside full tiles), generated into build/gen/.
 KERNEL_TEST_EXTRA := kernels_big kernels_all_dtypes
-KERNEL_TEST_OBJ   := $(foreach p,$(KERNEL_TEST_PLANS) $(KERNEL_TEST_EXTRA),build/$(p)/plan_kernels.o build/$(p)/plan.o)
+# tests/ep/plans: experts units with their own shard group (Shard(0), Shard(1)).
+KERNEL_TEST_EP    := ep2_mixtral ep2_dsv3_shard1
+KERNEL_TEST_OBJ   := $(foreach p,$(KERNEL_TEST_PLANS) $(KERNEL_TEST_EXTRA) $(KERNEL_TEST_EP),build/$(p)/plan_kernels.o build/$(p)/plan.o)
 
 # The plans' own builds make the objects; a sub-make per plan keeps each
 # plan's variables (PLAN, OUT, BUILD) its own.
@@ -317,6 +319,8 @@ kernel-test-plans:
 	@for p in $(KERNEL_TEST_PLANS); do $(MAKE) --no-print-directory -s PLAN=$$p.lua >/dev/null || exit 1; done
 	@for p in $(KERNEL_TEST_EXTRA); do \
 	  $(MAKE) --no-print-directory -s PLAN=tests/plans/$$p.lua OUT=build/gen/$$p >/dev/null || exit 1; done
+	@for p in $(KERNEL_TEST_EP); do \
+	  $(MAKE) --no-print-directory -s PLAN=tests/ep/plans/$$p.lua OUT=build/gen/$$p >/dev/null || exit 1; done
 
 build/tests/test_kernels: tests/c/test_kernels.cu $(RUNTIME_SRC) $(RUNTIME_HDR) runtime/cp_kernels.cuh kernel-test-plans build/runtime/cp_kernels.o
 	@mkdir -p $(dir $@)

@@ -220,6 +220,7 @@ static bool is_view_out(int kernel) { return kernel == CP_KERNEL_VIEW_OUT || ker
 
 struct tally {
     long long checks, mismatched, stray_ops, out_bytes, bytes_compared, pieces, misaligned_pieces, words, misaligned_words;
+    long long own_group; /* checks of units sharded over their own group (experts units: efsdp, not the plan's) */
 };
 
 static bool in_arena(cp_buffer k) { return k < CP_ARENA_BUFFERS; }
@@ -414,6 +415,7 @@ static bool check_op(const check_ctx &c, int rank, int oi, tally &t, std::string
         misaligned = s;
     }
     t.checks++;
+    if (cp_unit_shard_size(&view, u) != view.shard_size) t.own_group++;
     t.out_bytes += (long long)out_bytes;
 
     /* The reference wrote its output only. */
@@ -690,6 +692,12 @@ int main(void)
     if (neg_vec && neg_aligned_flags != neg_vec)
         fail("alignment check flagged %lld of %lld shifted vector-unit ops", neg_aligned_flags, neg_vec);
     if (neg_runs == 0) fail("no negative test ran");
+    /* tests/ep/plans are in the list: their experts units' own group size must reach the kernels. */
+    bool have_ep = false;
+    for (int i = 0; i < NPLANS; i++)
+        for (int u = 0; u < PLANS[i].plan->nunits; u++)
+            if (cp_unit_shard_size(PLANS[i].plan, u) != PLANS[i].plan->shard_size) have_ep = true;
+    if (have_ep && all.own_group == 0) fail("no copy op of an experts unit with its own shard group was checked");
 
     for (int v = 0; v < 2; v++)
         if (!example[v].empty()) printf("negative test, %s unit, caught: %s\n", v ? "vector" : "scalar", example[v].c_str());
@@ -701,6 +709,8 @@ int main(void)
            DEVICE_WORDS ? (", " + std::to_string(all.words) + " device words checked, " +
                            std::to_string(all.misaligned_words) + " misaligned").c_str()
                         : "");
+    printf("kernels host: %lld of the copy ops x ranks on experts units sharded over their own group (not the plan's "
+           "shard group)\n", all.own_group);
     printf("kernels host: divide factors 3/1.5 and 1.5/7 on every unit (and 3 with %lld units' grads in the all-gather "
            "dtype): %lld pack and view-out ops x ranks, %lld mismatched\n",
            grads_moved, sweep.checks, sweep.mismatched);
