@@ -483,7 +483,7 @@ EMU_DIR     = $(if $(filter $(1),$(EMU_EXTRA)),build/gen/$(1),plans/$(1))
 EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven
 # The same under ASan+UBSan (the GPU path's own memory errors: a freed
 # buffer a queued host function still reads), for a few plans.
-EMU_ASAN_PLANS := fsdp4 llama_tiny_tp hsdp3x2_arlast
+EMU_ASAN_PLANS := fsdp4 llama_tiny_tp hsdp3x2_arlast ep2_mixtral_hsdp
 # $(1): build tree; $(2): extra compiler flags; $(3): plans. Objects of the
 # emulator, the GPU runtime and the host runtime, then each plan's binary
 # (and library_run where $(4) names the plan).
