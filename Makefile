@@ -308,7 +308,9 @@ KERNEL_TEST_PLANS := fsdp8_uneven hsdp2x3_bf16 hsdp4x2_fp16 llama_tiny
 # tests/plans/: plans that exist to exercise the kernels (multi-tile
 # pieces, padding inside full tiles), generated into build/gen/.
 KERNEL_TEST_EXTRA := kernels_big kernels_all_dtypes
-KERNEL_TEST_OBJ   := $(foreach p,$(KERNEL_TEST_PLANS) $(KERNEL_TEST_EXTRA),build/$(p)/plan_kernels.o build/$(p)/plan.o)
+# tests/ep/plans: experts units with their own shard group (Shard(0), Shard(1)).
+KERNEL_TEST_EP    := ep2_mixtral ep2_dsv3_shard1
+KERNEL_TEST_OBJ   := $(foreach p,$(KERNEL_TEST_PLANS) $(KERNEL_TEST_EXTRA) $(KERNEL_TEST_EP),build/$(p)/plan_kernels.o build/$(p)/plan.o)
 
 # The plans' own builds make the objects; a sub-make per plan keeps each
 # plan's variables (PLAN, OUT, BUILD) its own.
@@ -317,6 +319,8 @@ kernel-test-plans:
 	@for p in $(KERNEL_TEST_PLANS); do $(MAKE) --no-print-directory -s PLAN=$$p.lua >/dev/null || exit 1; done
 	@for p in $(KERNEL_TEST_EXTRA); do \
 	  $(MAKE) --no-print-directory -s PLAN=tests/plans/$$p.lua OUT=build/gen/$$p >/dev/null || exit 1; done
+	@for p in $(KERNEL_TEST_EP); do \
+	  $(MAKE) --no-print-directory -s PLAN=tests/ep/plans/$$p.lua OUT=build/gen/$$p >/dev/null || exit 1; done
 
 build/tests/test_kernels: tests/c/test_kernels.cu $(RUNTIME_SRC) $(RUNTIME_HDR) runtime/cp_kernels.cuh kernel-test-plans build/runtime/cp_kernels.o
 	@mkdir -p $(dir $@)
@@ -412,7 +416,10 @@ build/example/example: docs/example.c $(RUNTIME_HDR)
 # made; UBSan's own alignment check is off in the kernels' object only,
 # where the negative test makes misaligned words on purpose).
 KHOST_PLANS := $(filter-out llama8b llama70b llama405b llama405b_hsdp deepseek_v3 mixtral8x7b,$(basename $(notdir $(ALL_PLANS))))
-KHOST_EXTRA := kernels_all_dtypes kernels_big
+# tests/ep/plans expert-parallel plans (issue 23): experts units sharded over
+# their own group (efsdp), the kernels' tables carry each unit's group size.
+EP_PLANS    := $(basename $(notdir $(wildcard tests/ep/plans/ep*.lua)))
+KHOST_EXTRA := kernels_all_dtypes kernels_big $(EP_PLANS)
 KHOST_ALL   := $(KHOST_PLANS) $(KHOST_EXTRA)
 KHOST_DIR    = $(if $(filter $(1),$(KHOST_EXTRA)),build/gen/$(1),plans/$(1))
 KHOST_RT    := runtime/backend_host.c runtime/topology.c runtime/arena.c runtime/dtype.c runtime/executor.c
@@ -426,6 +433,9 @@ build/gen/%/plan_kernels.cu: build/gen/%/plan.c ;
 # tests/pp/plans pipeline plans (gen/parallel/pp_build.lua: a class of tables per pipeline rank).
 build/gen/pp_%/plan.c: tests/pp/plans/pp_%.lua $(GEN_SRC)
 	@$(MAKE) --no-print-directory -s PLAN=tests/pp/plans/pp_$*.lua OUT=build/gen/pp_$* build/pp_$*/.generated >/dev/null
+# tests/ep/plans expert-parallel plans (gen/parallel/ep.lua), named ep<...>.
+build/gen/ep%/plan.c: tests/ep/plans/ep%.lua $(GEN_SRC)
+	@$(MAKE) --no-print-directory -s PLAN=tests/ep/plans/ep$*.lua OUT=build/gen/ep$* build/ep$*/.generated >/dev/null
 
 # $(1): build directory; $(2): flags for every file; $(3): for the C++ files
 # (the test and the kernels); $(4): for the kernels' object alone
@@ -473,7 +483,7 @@ EMU_DIR     = $(if $(filter $(1),$(EMU_EXTRA)),build/gen/$(1),plans/$(1))
 EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven
 # The same under ASan+UBSan (the GPU path's own memory errors: a freed
 # buffer a queued host function still reads), for a few plans.
-EMU_ASAN_PLANS := fsdp4 llama_tiny_tp hsdp3x2_arlast
+EMU_ASAN_PLANS := fsdp4 llama_tiny_tp hsdp3x2_arlast ep2_mixtral_hsdp
 # $(1): build tree; $(2): extra compiler flags; $(3): plans. Objects of the
 # emulator, the GPU runtime and the host runtime, then each plan's binary
 # (and library_run where $(4) names the plan).

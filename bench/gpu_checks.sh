@@ -9,7 +9,8 @@
 # Sections (each one line in $OUT/summary.txt):
 #   build        every small, TP and kernel plan, test_kernels, single, fsdp4
 #   kernels      device kernels against the host reference (test_kernels)
-#   ranks        every plan (pipeline plans first), all ranks on the GPU, --check eager and --graph,
+#   ranks        every plan (pipeline plans first), all ranks on the GPU, --check eager and --graph
+#                (expert-parallel plans, EP_PLANS: eager only),
 #                GPU_RUNS runs (in the background, 4 plans at a time)
 #   oracle       fsdp3 GPU --dump against the FSDP2-on-NCCL recording
 #   torchrun     torch's torchrun launching a plan binary
@@ -37,12 +38,17 @@ GPU_PLANS=$(for f in plans/*.lua; do b=$(basename "$f" .lua); case $b in llama8b
 KERNEL_PLANS=${KERNEL_PLANS:-kernels_all_dtypes fsdp2_tp2 llama_tiny_tp_rec}
 # tests/pp/plans: the pipeline plans (ncclSend / ncclRecv in groups)
 PP_PLANS=${PP_PLANS:-pp_tiny pp_tiny_tp pp_tiny_zbv pp_tiny_lbfs pp_tiny_gpipe pp_tiny_izb pp_tiny_dpv}
+# tests/ep/plans: the expert-parallel plans (experts units over their own
+# efsdp communicator, ncclSend / ncclRecv all-to-alls): eager only, --graph
+# is refused for plans with all-to-alls
+EP_PLANS=${EP_PLANS:-ep2_mixtral ep4_mixtral_efsdp1 ep2_dsv3_shard1 ep2_mixtral_hsdp}
 GPU_PLANS=${ONLY_PLANS:-$GPU_PLANS}
 {
   make -s PLAN=single.lua && make -s -j16 build/tests/test_kernels &&
   printf '%s\n' $GPU_PLANS | xargs -P 8 -I{} make -s PLAN={}.lua &&
   printf '%s\n' $KERNEL_PLANS fsdp3 too_big | xargs -P 4 -I{} make -s PLAN=tests/plans/{}.lua OUT=build/gen/{} &&
   { [ -z "$PP_PLANS" ] || printf '%s\n' $PP_PLANS | xargs -P 4 -I{} make -s PLAN=tests/pp/plans/{}.lua OUT=build/gen/{}; } &&
+  { [ -z "$EP_PLANS" ] || printf '%s\n' $EP_PLANS | xargs -P 4 -I{} make -s PLAN=tests/ep/plans/{}.lua OUT=build/gen/{}; } &&
   make -s build/example/example
 } >"$OUT/build.log" 2>&1
 brc=$?
@@ -55,10 +61,13 @@ ranks_job() {
   jobs=$OUT/ranks.jobs
   : >"$jobs"
   for run in $(seq "${GPU_RUNS:-3}"); do
-    for p in $PP_PLANS $GPU_PLANS $KERNEL_PLANS; do
+    for p in $PP_PLANS $EP_PLANS $GPU_PLANS $KERNEL_PLANS; do
       f=plans/$p.lua; [ -f "$f" ] || f=tests/plans/$p.lua; [ -f "$f" ] || f=tests/pp/plans/$p.lua
+      [ -f "$f" ] || f=tests/ep/plans/$p.lua
       n=$(lua5.4 -e "print(dofile('$f').world_size)")
-      for mode in eager --graph; do
+      modes="eager --graph"
+      case " $EP_PLANS " in *" $p "*) modes=eager ;; esac # all-to-alls: --graph is refused by design
+      for mode in $modes; do
         port=$((port + 7))
         echo "$run $p $n $mode $port" >>"$jobs"
       done

@@ -36,12 +36,13 @@ struct cp_kunit {
     float pre_divide, post_divide;
     int vec_ok; /* every offset, run and the total are multiples of 16 bytes' worth of elements */
     int tiles_out, tiles_pack; /* tiles of one rank's pieces: sum over parameters of ceil(padded / tile) */
+    int W; /* ranks of the unit's shard group: the plan's, or an experts unit's own (cp_unit_shard_size) */
 };
 
 struct cp_kview {
     const cp_kparam *params; /* this unit's parameters */
     cp_kunit unit;
-    int W;
+    int W; /* the unit's shard group size (unit.W): the rank slots copy-out and packing cut */
 };
 
 template <typename T> __host__ __device__ inline float cp_to_float(T v);
@@ -540,6 +541,10 @@ static inline cudaError_t cp_ktables_build_host(cp_ktables *t, const cp_plan *p,
         units[u].vec_ok = U.vec_ok;
         units[u].tiles_out = (int)tiles_out;
         units[u].tiles_pack = (int)tiles_pack;
+        /* An experts unit (expert parallelism) is sharded over its own
+         * group (efsdp), not the plan's: its slots are that group's ranks. */
+        units[u].W = U.expert ? U.shard_size : p->shard_size;
+        if (units[u].W < 1) units[u].W = 1;
         dtypes[u][0] = (int)U.orig_dtype;
         dtypes[u][1] = (int)U.ag_dtype;
         dtypes[u][2] = (int)U.reduce_dtype;
@@ -573,7 +578,8 @@ static inline cudaError_t cp_ktables_prepare(cp_ktables *t, const cp_plan *p, in
 
 /* One unit's copy for TP class c with that class's tables t: on the
  * device (host = 0; prepared on first use) or its group bodies on the CPU
- * (host = 1). */
+ * (host = 1). shard_rank is this rank's key in the unit's own shard group
+ * (cp_unit_shard_rank: an experts unit's efsdp key, else the plan's). */
 static inline cudaError_t cp_ktables_run(cp_ktables *t, const cp_plan *p, int c, int op, int unit, int shard_rank,
                                          const void *in, void *out, cudaStream_t s, int host)
 {
@@ -582,7 +588,7 @@ static inline cudaError_t cp_ktables_run(cp_ktables *t, const cp_plan *p, int c,
         return cudaErrorInvalidValue;
     cudaError_t e = host ? cp_ktables_build_host(t, p, c) : cp_ktables_prepare(t, p, c);
     if (e != cudaSuccess) return e;
-    cp_kview v = { (host ? t->host : t->device) + t->units[unit].first_param, t->units[unit], p->shard_size };
+    cp_kview v = { (host ? t->host : t->device) + t->units[unit].first_param, t->units[unit], t->units[unit].W };
     return cp_kdispatch_dtypes(op, v, t->dtypes[unit], shard_rank, in, out, s, host);
 }
 #endif

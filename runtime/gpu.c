@@ -234,7 +234,11 @@ static void gpu_free(cp_backend *b, void *p)
 static int gpu_copy(cp_backend *b, int kernel, int unit, cp_stream s, const void *in, void *out)
 {
     cp_gpu *g = b->ctx;
-    int e = g->k->launch(g->plan->view_class, kernel, unit, g->shard_rank, in, out, g->streams[s]);
+    /* The unit's own shard group: an experts unit's slot is its efsdp key,
+     * not the plan's shard rank (cp_unit_shard_rank; the kernels' tables
+     * hold its group size). */
+    int e = g->k->launch(g->plan->view_class, kernel, unit, cp_unit_shard_rank(g->plan, unit, g->env.rank), in, out,
+                         g->streams[s]);
     if (e != 0) {
         static const char *const names[] = { "copy-in", "copy-out", "pack", "view-out", "view-out (adding)" };
         return fail(g, "%s kernel of unit %s failed: %s", kernel >= 0 && kernel < 5 ? names[kernel] : "?",
@@ -981,7 +985,7 @@ int cp_gpu_bench_ops(cp_gpu *g, void *stream, int warmup, int iters, FILE *out)
         if (d->action != CP_ACT_COPY) continue;
         size_t bytes = cp_gpu_buffer_bytes(g, big, d->in) + cp_gpu_buffer_bytes(g, big, d->out);
         if (d->out == CP_BUF_AG) /* copy-in writes only this rank's slot */
-            bytes = cp_gpu_buffer_bytes(g, big, d->in) + cp_gpu_buffer_bytes(g, big, d->out) / (size_t)p->shard_size;
+            bytes = cp_gpu_buffer_bytes(g, big, d->in) + cp_gpu_buffer_bytes(g, big, d->out) / (size_t)cp_unit_shard_size(p, big);
         if (d->adds) bytes += cp_gpu_buffer_bytes(g, big, d->out); /* reads what it adds into too */
         float ms = 0.0f;
         for (int it = -warmup; it < iters; it++) {

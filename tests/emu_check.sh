@@ -16,13 +16,18 @@
 #      changes nothing and is not counted as seeded;
 #   3. torchrun launches (its store, then COMMPLAN_ID_FILE), if installed.
 #
+# Expert-parallel plans (ep > 1) run --check eager only: --graph is refused
+# by design (their all-to-alls' split sizes are read back to the host every
+# step), and step 1 checks that every rank refuses it with its one line.
+# EMU_ASAN_PLANS, EMU_FAULT_PLANS, EMU_LIB_PLANS: set and empty runs none.
+#
 # Binaries: build/emu/<plan>/<plan> (make emu-build). Prints "ok"/"FAIL"
 # lines and a closing "emu: ..." line; exits 1 if anything failed.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 LUA=${LUA:-lua5.4}
 SEEDS=${EMU_SEEDS:-1 2 3}
-FAULT_PLANS=${EMU_FAULT_PLANS:-fsdp4 hsdp2x2 llama_tiny_tp}
+FAULT_PLANS=${EMU_FAULT_PLANS-fsdp4 hsdp2x2 llama_tiny_tp}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/emu_check.XXXXXX") || exit 2
 pass=0
 fail=0
@@ -34,9 +39,13 @@ bad() { fail=$((fail + 1)); echo "  FAIL  $1"; [ -n "${2:-}" ] && sed 's/^/     
 plan_file() {
   if [ -f "plans/$1.lua" ]; then echo "plans/$1.lua"
   elif [ -f "tests/plans/$1.lua" ]; then echo "tests/plans/$1.lua"
+  elif [ -f "tests/ep/plans/$1.lua" ]; then echo "tests/ep/plans/$1.lua"
   else echo "tests/pp/plans/$1.lua"; fi
 }
 world() { $LUA -e "print(dofile('$(plan_file "$1")').world_size)"; }
+# Expert parallel (ep > 1): the plan has all-to-alls, which --graph refuses
+# by design (their split sizes are read back to the host every step).
+expert_parallel() { [ "$($LUA -e "print((dofile('$(plan_file "$1")').parallel or {}).ep or 1)")" -gt 1 ]; }
 
 # launch N LOG BIN ARGS...: N rank processes with torchrun's variables; the
 # logs are LOG.<rank>; returns the number of ranks that failed.
@@ -96,7 +105,23 @@ for p in "$@"; do
   [ -x "$bin" ] || { bad "$p: $bin is not built (make emu-build)"; continue; }
   n=$(world "$p")
   plan_ok=1
-  for mode in eager graph; do
+  modes="eager graph"
+  if expert_parallel "$p"; then
+    # --graph must be refused on every rank with its one line, no hang.
+    modes=eager
+    log=$dir/$p.graph
+    runs=$((runs + 1))
+    launch "$n" "$log" "$bin" --check --steps 2 --graph
+    failed_ranks=$?
+    refused=$(cat "$log".*[0-9] | grep -c -- "--graph: plan $p has expert-parallel all-to-alls")
+    if [ "$failed_ranks" = "$n" ] && [ "$refused" = "$n" ] && ! crashed "$n" "$log" >/dev/null; then
+      ok "$p --graph: not run, refused on all $n ranks with its one line as designed (expert all-to-alls' run-time split sizes)"
+    else
+      plan_ok=0
+      bad "$p ($n ranks) --graph: not refused on every rank ($refused of $n said so)" "$log.0"
+    fi
+  fi
+  for mode in $modes; do
     flags="--check --steps 2"
     [ "$mode" = graph ] && flags="$flags --graph"
     for seed in $SEEDS; do
@@ -109,7 +134,7 @@ for p in "$@"; do
       fi
     done
   done
-  [ "$plan_ok" = 1 ] && ok "$p: $n ranks, --check eager and --graph, seeds $(echo "$SEEDS" | tr ' ' ','): exact, 0 races"
+  [ "$plan_ok" = 1 ] && ok "$p: $n ranks, --check $(echo "$modes" | sed 's/ / and --/'), seeds $(echo "$SEEDS" | tr ' ' ','): exact, 0 races"
 done
 
 echo "== NCCL's arithmetic on the emulator against a recording of FSDP2 on NCCL (tests/oracle/nccl)"
@@ -164,14 +189,18 @@ for bin in build/emu/a2a_ep4/a2a_ep4 build/emu-asan/a2a_ep4/a2a_ep4; do
   else bad "$bin: --graph not refused" "$log.0"; fi
 done
 
-ASAN_PLANS=${EMU_ASAN_PLANS:-fsdp4 llama_tiny_tp hsdp3x2_arlast}
+ASAN_PLANS=${EMU_ASAN_PLANS-fsdp4 llama_tiny_tp hsdp3x2_arlast ep2_mixtral_hsdp}
 echo "== the GPU path under ASan+UBSan on the emulator (build/emu-asan)"
 for p in $ASAN_PLANS; do
   bin=build/emu-asan/$p/$p
   [ -x "$bin" ] || { bad "$p: $bin is not built (make emu-build)"; continue; }
   n=$(world "$p")
   plan_ok=1
-  for mode in "" --graph; do
+  asan_modes="eager graph" asan_said="eager and --graph"
+  expert_parallel "$p" && asan_modes=eager asan_said="eager (--graph is refused with all-to-alls)"
+  for m in $asan_modes; do
+    mode=""
+    [ "$m" = graph ] && mode=--graph
     log=$dir/asan.$p${mode#--}
     # shellcheck disable=SC2086
     if ! { launch "$n" "$log" "$bin" --check --steps 2 $mode && clean_summaries "$n" "$log" && sanitizer_clean "$n" "$log"; }; then
@@ -179,7 +208,7 @@ for p in $ASAN_PLANS; do
       bad "$p under ASan+UBSan --check ${mode:-eager}" "$log.0"
     fi
   done
-  [ "$plan_ok" = 1 ] && ok "$p under ASan+UBSan: $n ranks, --check eager and --graph: exact, no sanitizer report, no leak"
+  [ "$plan_ok" = 1 ] && ok "$p under ASan+UBSan: $n ranks, --check $asan_said: exact, no sanitizer report, no leak"
 done
 # A failed step's teardown (communicators aborted, queued host functions
 # drained before their state is freed) under ASan: a failing rank, no report.
@@ -191,7 +220,7 @@ if [ -x build/emu-asan/fsdp4/fsdp4 ]; then
   else bad "fsdp4 under ASan+UBSan: a failed step's teardown" "$log.0"; fi
 fi
 
-LIB_PLANS=${EMU_LIB_PLANS:-fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven}
+LIB_PLANS=${EMU_LIB_PLANS-fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven}
 echo "== the GPU library (cp_gpu_unshard, _reshard, _reduce_grads) driven in the plan's order around the caller's compute"
 for p in $LIB_PLANS; do
   bin=build/emu/$p/library_run
@@ -237,11 +266,12 @@ fault_run() {
   return 1
 }
 
-echo "== seeded faults the emulator must catch (plans: $FAULT_PLANS)"
+echo "== seeded faults the emulator must catch (plans: ${FAULT_PLANS:-none})"
 seeded=0
 caught=0
 vacuous=0
-for spec in "drop_wait:3 10 19 35 50" "reuse_event:5 13 19" "swap_coll:2 5" "shift_kernel:1 9" \
+[ -n "$FAULT_PLANS" ] || echo "  SKIP  seeded faults: EMU_FAULT_PLANS is empty"
+[ -z "$FAULT_PLANS" ] || for spec in "drop_wait:3 10 19 35 50" "reuse_event:5 13 19" "swap_coll:2 5" "shift_kernel:1 9" \
             "alloc_in_capture:1 6"; do
   name=${spec%%:*}
   ks=${spec#*:}

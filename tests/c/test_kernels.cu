@@ -15,9 +15,9 @@
 #include "host.h"
 
 extern "C" const cp_plan fsdp8_uneven_plan, hsdp2x3_bf16_plan, hsdp4x2_fp16_plan, llama_tiny_plan, kernels_big_plan,
-    kernels_all_dtypes_plan;
+    kernels_all_dtypes_plan, ep2_mixtral_plan, ep2_dsv3_shard1_plan;
 extern "C" const cp_gpu_kernels fsdp8_uneven_kernels, hsdp2x3_bf16_kernels, hsdp4x2_fp16_kernels, llama_tiny_kernels,
-    kernels_big_kernels, kernels_all_dtypes_kernels;
+    kernels_big_kernels, kernels_all_dtypes_kernels, ep2_mixtral_kernels, ep2_dsv3_shard1_kernels;
 
 static int failures, checks, device_checks;
 static int have_device = -1;
@@ -123,7 +123,8 @@ static void check_plan(const cp_plan *plan, const cp_gpu_kernels *k)
     unsigned seed = 12345;
     cp_host_world *w = cp_host_world_create(plan);
     if (!w) exit(1);
-    /* The first rank of every (TP class, shard rank): the kernels' only per-rank inputs. */
+    /* The first rank of every (TP class, shard rank): the kernels' only per-rank inputs (a
+     * unit's own shard rank, an experts unit's efsdp key, follows from the plan's). */
     int nclasses = plan->nclasses > 0 ? plan->nclasses : 1;
     std::vector<int> seen((size_t)(plan->shard_size * nclasses), 0);
     for (int rank = 0; rank < plan->world_size; rank++) {
@@ -135,16 +136,17 @@ static void check_plan(const cp_plan *plan, const cp_gpu_kernels *k)
         cp_backend b;
         cp_host_backend_init(&b, w, rank);
         for (int u = 0; u < p->nunits; u++) {
-            check_copy(p, &b, k, "copy_in", CP_KERNEL_COPY_IN, u, rank, sr, CP_BUF_SHARDED, CP_BUF_AG, &seed);
-            check_copy(p, &b, k, "copy_out", CP_KERNEL_COPY_OUT, u, rank, sr, CP_BUF_AG, CP_BUF_UNSHARDED, &seed);
-            check_copy(p, &b, k, "pack", CP_KERNEL_PACK, u, rank, sr, CP_BUF_GRADS, CP_BUF_RS_IN, &seed);
-            check_copy(p, &b, k, "view_out", CP_KERNEL_VIEW_OUT, u, rank, sr, CP_BUF_RS_OUT, CP_BUF_SHARDED_GRADS, &seed);
-            check_copy(p, &b, k, "view_out_add", CP_KERNEL_VIEW_OUT_ADD, u, rank, sr, CP_BUF_RS_OUT,
+            int usr = cp_unit_shard_rank(p, u, rank); /* the unit's own group: the kernels' tables hold its size */
+            check_copy(p, &b, k, "copy_in", CP_KERNEL_COPY_IN, u, rank, usr, CP_BUF_SHARDED, CP_BUF_AG, &seed);
+            check_copy(p, &b, k, "copy_out", CP_KERNEL_COPY_OUT, u, rank, usr, CP_BUF_AG, CP_BUF_UNSHARDED, &seed);
+            check_copy(p, &b, k, "pack", CP_KERNEL_PACK, u, rank, usr, CP_BUF_GRADS, CP_BUF_RS_IN, &seed);
+            check_copy(p, &b, k, "view_out", CP_KERNEL_VIEW_OUT, u, rank, usr, CP_BUF_RS_OUT, CP_BUF_SHARDED_GRADS, &seed);
+            check_copy(p, &b, k, "view_out_add", CP_KERNEL_VIEW_OUT_ADD, u, rank, usr, CP_BUF_RS_OUT,
                        CP_BUF_SHARDED_GRADS, &seed);
             /* all_reduce_last's partial sums, on every unit whatever the plan's mode: reduce-scatter-output-
              * sized buffers of the reduce dtype */
-            check_copy(p, &b, k, "flat_copy", CP_KERNEL_FLAT_COPY, u, rank, sr, CP_BUF_RS_OUT, CP_BUF_RS_OUT, &seed);
-            check_copy(p, &b, k, "flat_add", CP_KERNEL_FLAT_ADD, u, rank, sr, CP_BUF_RS_OUT, CP_BUF_RS_OUT, &seed);
+            check_copy(p, &b, k, "flat_copy", CP_KERNEL_FLAT_COPY, u, rank, usr, CP_BUF_RS_OUT, CP_BUF_RS_OUT, &seed);
+            check_copy(p, &b, k, "flat_add", CP_KERNEL_FLAT_ADD, u, rank, usr, CP_BUF_RS_OUT, CP_BUF_RS_OUT, &seed);
         }
     }
     cp_host_world_destroy(w);
@@ -159,6 +161,9 @@ int main(void)
     check_plan(&kernels_big_plan, &kernels_big_kernels);
     /* every (orig, param, reduce) dtype triple; fp16 divides by 4 then 1.5 (HSDP 2 x 3) */
     check_plan(&kernels_all_dtypes_plan, &kernels_all_dtypes_kernels);
+    /* expert parallel: experts units sharded over their own efsdp group, Shard(0) and Shard(1) */
+    check_plan(&ep2_mixtral_plan, &ep2_mixtral_kernels);
+    check_plan(&ep2_dsv3_shard1_plan, &ep2_dsv3_shard1_kernels);
     printf("kernels vs host reference: %d checks on the CPU, %d on the device, %d failed\n", checks, device_checks,
            failures);
     if (!device_available()) printf("SKIP device kernel launches: no CUDA device here (%s)\n", no_device_reason);

@@ -220,6 +220,7 @@ static bool is_view_out(int kernel) { return kernel == CP_KERNEL_VIEW_OUT || ker
 
 struct tally {
     long long checks, mismatched, stray_ops, out_bytes, bytes_compared, pieces, misaligned_pieces, words, misaligned_words;
+    long long own_group; /* checks of units sharded over their own group (experts units: efsdp, not the plan's) */
 };
 
 static bool in_arena(cp_buffer k) { return k < CP_ARENA_BUFFERS; }
@@ -266,7 +267,7 @@ static const cp_param *param_at(const cp_plan *v, const cp_unit *U, int64_t j)
 static std::string where(const cp_plan *v, const cp_unit *U, int kernel, int64_t e)
 {
     char s[256];
-    int64_t W = v->shard_size;
+    int64_t W = cp_unit_shard_size(v, (int)(U - v->units)); /* the unit's own group (an experts unit's efsdp) */
     const cp_param *q;
     if (kernel == CP_KERNEL_COPY_OUT) {
         for (int i = 0; i < U->nparams; i++) {
@@ -307,7 +308,7 @@ static void check_pieces(const cp_plan *v, int u, int kernel, int shard_rank, co
                                                                              : U->orig_dtype;
     size_t ei = cp_dtype_size(ti), eo = cp_dtype_size(to), V = 16 / eo;
     size_t ai = V * ei < 16 ? V * ei : 16, ao = 16;
-    int64_t W = v->shard_size;
+    int64_t W = cp_unit_shard_size(v, u);
     auto piece = [&](const unsigned char *src, const unsigned char *dst, int64_t src_row, int64_t dst_row, int64_t outer,
                      const char *what) {
         t.pieces++;
@@ -357,7 +358,7 @@ static bool check_op(const check_ctx &c, int rank, int oi, tally &t, std::string
     cp_plan_view(c.ker_plan, rank, &kview);
     const cp_op *op = &view.ops[oi];
     const cp_op_desc *d = &cp_op_descs[op->kind];
-    int u = op->unit, kernel = d->kernel, sr = cp_shard_rank(&view, rank);
+    int u = op->unit, kernel = d->kernel, sr = cp_unit_shard_rank(&view, u, rank);
     const cp_unit *U = &view.units[u];
     size_t in_bytes = (size_t)cp_arena_buffer_bytes(&view, u, d->in), out_bytes = (size_t)cp_arena_buffer_bytes(&view, u, d->out);
     cp_dtype in_t = buf_dtype(U, d->in), out_t = buf_dtype(U, d->out);
@@ -414,6 +415,7 @@ static bool check_op(const check_ctx &c, int rank, int oi, tally &t, std::string
         misaligned = s;
     }
     t.checks++;
+    if (cp_unit_shard_size(&view, u) != view.shard_size) t.own_group++;
     t.out_bytes += (long long)out_bytes;
 
     /* The reference wrote its output only. */
@@ -690,6 +692,12 @@ int main(void)
     if (neg_vec && neg_aligned_flags != neg_vec)
         fail("alignment check flagged %lld of %lld shifted vector-unit ops", neg_aligned_flags, neg_vec);
     if (neg_runs == 0) fail("no negative test ran");
+    /* tests/ep/plans are in the list: their experts units' own group size must reach the kernels. */
+    bool have_ep = false;
+    for (int i = 0; i < NPLANS; i++)
+        for (int u = 0; u < PLANS[i].plan->nunits; u++)
+            if (cp_unit_shard_size(PLANS[i].plan, u) != PLANS[i].plan->shard_size) have_ep = true;
+    if (have_ep && all.own_group == 0) fail("no copy op of an experts unit with its own shard group was checked");
 
     for (int v = 0; v < 2; v++)
         if (!example[v].empty()) printf("negative test, %s unit, caught: %s\n", v ? "vector" : "scalar", example[v].c_str());
@@ -701,6 +709,8 @@ int main(void)
            DEVICE_WORDS ? (", " + std::to_string(all.words) + " device words checked, " +
                            std::to_string(all.misaligned_words) + " misaligned").c_str()
                         : "");
+    printf("kernels host: %lld of the copy ops x ranks on experts units sharded over their own group (not the plan's "
+           "shard group)\n", all.own_group);
     printf("kernels host: divide factors 3/1.5 and 1.5/7 on every unit (and 3 with %lld units' grads in the all-gather "
            "dtype): %lld pack and view-out ops x ranks, %lld mismatched\n",
            grads_moved, sweep.checks, sweep.mismatched);
