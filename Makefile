@@ -542,7 +542,7 @@ print-emu-plans:
 print-emu-asan-plans:
 	@echo $(EMU_ASAN_PLANS)
 EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven
-emu-build: build/emu/emu_selftest $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p)) $(foreach p,$(EMU_LIB_PLANS),build/emu/$(p)/library_run) build/emu/single/example build/emu/pp_tiny/library_run \
+emu-build: build/emu/emu_selftest $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p)) $(foreach p,$(EMU_LIB_PLANS),build/emu/$(p)/library_run) build/emu/single/example build/emu/pp_tiny/library_run build/emu/ep2_mixtral/library_run \
            $(foreach p,$(EMU_ASAN_PLANS),build/emu-asan/$(p)/$(p)) build/emu/a2a_ep4/a2a_ep4 build/emu-asan/a2a_ep4/a2a_ep4
 # make test-emu: every small plan and the kernel plans on the emulator
 # (tests/emu_check.sh): all ranks, --check eager and --graph, three seeds,

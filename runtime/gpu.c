@@ -728,6 +728,14 @@ static int run_unit_ops(cp_gpu *g, int unit, int call, const cp_op_kind *kinds, 
     return fork_join(g, 1);
 }
 
+/* Whether a plan exchanges tokens (expert parallel's all-to-alls). */
+static int plan_has_a2a(const cp_plan *p)
+{
+    for (int i = 0; i < p->nops; i++)
+        if (p->ops[i].kind == CP_OP_A2A_COUNTS || p->ops[i].kind == CP_OP_A2A) return 1;
+    return 0;
+}
+
 /* Every library call: refused before it issues anything when its ops would
  * write arena bytes another buffer holds data in across calls (arena.c:
  * each call forks from and joins into the caller's stream, so the calls'
@@ -741,6 +749,10 @@ static int library_call(cp_gpu *g, const char *name, int unit, int call, const c
     if (p->pp_size > 1)
         return fail(g, "%s: plan %s is a pipeline plan (pp %d): the library calls do not run its sends and "
                     "receives; run its binary, or drive a plan without pp", name, p->name, p->pp_size);
+    /* Likewise a MoE layer's token all-to-alls, which no unit call issues. */
+    if (plan_has_a2a(p))
+        return fail(g, "%s: plan %s exchanges tokens (expert parallel's all-to-alls): the library calls do not "
+                    "run them; run its binary, or drive a plan without ep", name, p->name);
     if (unit < 0 || unit >= p->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, p->nunits);
     cp_call_effect e;
     cp_call_effect_of(p, unit, kinds, nkinds, g->cursor[unit][call], &e);

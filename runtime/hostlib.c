@@ -107,6 +107,14 @@ static int run_op(void *ctx, const cp_op *op)
     return 0;
 }
 
+/* Whether a plan exchanges tokens (expert parallel's all-to-alls). */
+static int plan_has_a2a(const cp_plan *p)
+{
+    for (int i = 0; i < p->nops; i++)
+        if (p->ops[i].kind == CP_OP_A2A_COUNTS || p->ops[i].kind == CP_OP_A2A) return 1;
+    return 0;
+}
+
 /* The same order check as cp_gpu.h's calls (arena.c): refused before any
  * op runs when the call would write bytes another buffer holds data in. */
 static int call(cp_hostlib *h, const char *name, int unit, int which, const cp_op_kind *kinds, int nkinds)
@@ -116,6 +124,10 @@ static int call(cp_hostlib *h, const char *name, int unit, int which, const cp_o
     if (h->plan->pp_size > 1)
         return fail(h, "%s: plan %s is a pipeline plan (pp %d): the library calls do not run its sends and "
                     "receives; run its binary, or drive a plan without pp", name, h->plan->name, h->plan->pp_size);
+    /* Likewise a MoE layer's token all-to-alls, which no unit call issues. */
+    if (plan_has_a2a(h->plan))
+        return fail(h, "%s: plan %s exchanges tokens (expert parallel's all-to-alls): the library calls do not "
+                    "run them; run its binary, or drive a plan without ep", name, h->plan->name);
     if (unit < 0 || unit >= h->plan->nunits) return fail(h, "unit %d is outside the plan's %d units", unit, h->plan->nunits);
     h->err[0] = '\0';
     cp_call_effect e;

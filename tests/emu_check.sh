@@ -242,6 +242,15 @@ if [ -x build/emu/pp_tiny/library_run ]; then
   else bad "pp_tiny: library calls on a pipeline plan" "$log.0"; fi
 fi
 
+# Likewise an expert-parallel plan's (its token all-to-alls are the binary's).
+if [ -x build/emu/ep2_mixtral/library_run ]; then
+  log=$dir/library.ep2_mixtral
+  if ! launch 4 "$log" build/emu/ep2_mixtral/library_run 2 && grep -q "exchanges tokens (expert parallel's all-to-alls)" "$log.0" &&
+     grep -q "exchanges tokens (expert parallel's all-to-alls)" "$log.3"; then
+    ok "ep2_mixtral: the library calls on an expert-parallel plan are refused on every rank with one line"
+  else bad "ep2_mixtral: library calls on an expert-parallel plan" "$log.0"; fi
+fi
+
 # docs/example.c as users copy it (the GPU session of 2026-11-26 found it
 # reducing before resharding, which the library refuses): it must run.
 log=$dir/library.example
