@@ -208,11 +208,21 @@ end
 -- A list's length, refusing named keys, holes and too many entries.
 local function check_list(ctx, path, spec, v)
   local n, maxk = 0, 0
+  -- the named key reported is the same every run (pairs' order is not):
+  -- the first by type, then by its text
+  local named
   for k in pairs(v) do
     if math.type(k) ~= "integer" or k < 1 then
-      util.field_error(ctx, path, "expected a list { ... } with no named keys; found key " .. util.show(k)
-        .. "; remove it or move it out of the list", type(k) == "string" and k or nil)
+      local key = type(k) .. "\0" .. tostring(k)
+      if not named or key < named.key then named = { key = key, k = k } end
     end
+  end
+  if named then
+    local k = named.k
+    util.field_error(ctx, path, "expected a list { ... } with no named keys; found key " .. util.show(k)
+      .. "; remove it or move it out of the list", type(k) == "string" and k or nil)
+  end
+  for k in pairs(v) do
     n = n + 1
     if k > maxk then maxk = k end
     if spec.max and n > spec.max then
