@@ -235,11 +235,16 @@ function compute.step_flops(p, per_unit)
   return f * p.fsdp.micro_steps
 end
 
--- Parameters of the model (TP-local numel x tp for a TP plan's face).
+-- Parameters of the model (TP-local numel x tp for a TP plan's face; an
+-- expert weight's ep slice x ep: every expert counts).
 function compute.model_params(p)
   local n = 0
   for _, u in ipairs(p.layout.units) do
-    for _, q in ipairs(u.params) do n = n + (q.full_numel or q.numel) end
+    for _, q in ipairs(u.params) do
+      local k = q.full_numel or q.numel
+      if q.ep_full and q.shape[1] and q.shape[1] > 0 then k = k * q.ep_full // q.shape[1] end
+      n = n + k
+    end
   end
   return n
 end

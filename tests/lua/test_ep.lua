@@ -170,4 +170,13 @@ function T.c_mesh_is_the_expert_mesh()
   assert(v.units:find(".expert = 1", 1, true), "experts units carry their group")
 end
 
+-- The model's parameter count counts every expert, whatever slice of them a
+-- rank holds (SCHEDULE.md's model line): Mixtral 8x7B at ep 8 is 46.7 B.
+function T.model_params_count_every_expert()
+  local compute = require("gen.compute")
+  local p = require("gen.plan").from_file("plans/mixtral8x7b.lua")
+  H.eq(p.dims.ep, 8, "ep 8")
+  H.eq(compute.model_params(p), 46702792704, "Mixtral 8x7B's parameters")
+end
+
 return T
