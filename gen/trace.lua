@@ -28,6 +28,22 @@ end
 
 local function r3(x) return tonumber(string.format("%.3f", x)) end
 
+-- A trace document's writer, its otherData and the given events written
+-- one per line (small diffs, quick to read); the caller may write more
+-- events (each starting ",\n") and closes it with "\n]}\n".
+function trace.begin_document(other, events)
+  local _, w = json.encoder()
+  w.begin(nil)
+  w.raw("{\"otherData\": ")
+  w.value(other)
+  w.raw(",\n\"displayTimeUnit\": \"ms\",\n\"traceEvents\": [\n")
+  for i, e in ipairs(events) do
+    if i > 1 then w.raw(",\n") end
+    w.value(e)
+  end
+  return w
+end
+
 -- r3(x) as JSON text (json.number of it), and r3(x). Below 10^11 the
 -- rounded value has at most 15 significant digits, so its shortest form
 -- is the "%.3f" text without trailing zeros.
@@ -73,16 +89,7 @@ function trace.render(p, fig, fp)
     -- a repeated micro-step's rows are drawn once: the events end at drawn_us
     "repeat", p.rep and O({ "micro_first", p.rep.micro_first, "micro_last", p.rep.micro_last, "times", p.rep.times,
                             "drawn_us", require("gen.figures").round(tl.drawn_step_us) }) })
-  -- One event per line: small diffs, quick to read.
-  local _, w = json.encoder()
-  w.begin(nil)
-  w.raw("{\"otherData\": ")
-  w.value(other)
-  w.raw(",\n\"displayTimeUnit\": \"ms\",\n\"traceEvents\": [\n")
-  for i, e in ipairs(events) do
-    if i > 1 then w.raw(",\n") end
-    w.value(e)
-  end
+  local w = trace.begin_document(other, events)
   -- The ops' events, written as the encoder writes their objects (one
   -- string per event: a step holds units x micro-steps of them).
   local quoted = setmetatable({}, { __index = function(t, k) local v = json.quote(k); t[k] = v; return v end })

@@ -65,6 +65,23 @@ function util.product_within(list, limit, first, last)
   return p
 end
 
+-- A model family's units: each parameter's numel and their total held
+-- within limit, else a one-line error on model.dim naming the parameter
+-- and what to reduce (reduce: "dim, vocab_size or the FFN size").
+function util.bound_model_numel(ctx, units, limit, reduce)
+  local total = 0
+  for _, u in ipairs(units) do
+    for _, q in ipairs(u.params) do
+      local numel = util.product_within(q.shape, limit)
+      total = numel and util.add_within(total, numel, limit)
+      if not total then
+        util.field_error(ctx, "model.dim", string.format("%s (shape %s) makes the model hold more than %s "
+          .. "elements; reduce %s", q.name, table.concat(q.shape, " x "), util.pow2_text(limit), reduce))
+      end
+    end
+  end
+end
+
 -- "2^53" for powers of two, else the decimal number: limits in messages.
 function util.pow2_text(n)
   if n > 0 and n & (n - 1) == 0 then

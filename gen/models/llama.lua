@@ -90,18 +90,7 @@ function llama.units(ctx, model)
   units[#units + 1] = { name = "root", params = {} }
   -- gen/load bounds every config number by 2^31 - 1 and n_layers by the
   -- unit limit; shapes multiply two of them, so their numels are checked.
-  local total = 0
-  for _, u in ipairs(units) do
-    for _, q in ipairs(u.params) do
-      local numel = util.product_within(q.shape, LIM.numel)
-      total = numel and util.add_within(total, numel, LIM.numel)
-      if not total then
-        util.field_error(ctx, "model.dim", string.format("%s (shape %s) makes the model hold more than %s "
-          .. "elements; reduce dim, vocab_size or the FFN size", q.name, table.concat(q.shape, " x "),
-          util.pow2_text(LIM.numel)))
-      end
-    end
-  end
+  util.bound_model_numel(ctx, units, LIM.numel, "dim, vocab_size or the FFN size")
   return units, { n_heads = cfg.n_heads, n_kv_heads = cfg.n_kv_heads, seq_len = model.seq_len, config = cfg }
 end
 

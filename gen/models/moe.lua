@@ -127,18 +127,7 @@ function moe.wrap(ctx, cfg, p, blocks)
     p("lm_head.weight", { cfg.vocab_size, cfg.dim }),
   } }
   units[#units + 1] = { name = "root", params = {} }
-  local total = 0
-  for _, u in ipairs(units) do
-    for _, q in ipairs(u.params) do
-      local numel = util.product_within(q.shape, LIM.numel)
-      total = numel and util.add_within(total, numel, LIM.numel)
-      if not total then
-        util.field_error(ctx, "model.dim", string.format("%s (shape %s) makes the model hold more than %s "
-          .. "elements; reduce dim, vocab_size, num_experts or the hidden sizes", q.name, table.concat(q.shape, " x "),
-          util.pow2_text(LIM.numel)))
-      end
-    end
-  end
+  util.bound_model_numel(ctx, units, LIM.numel, "dim, vocab_size, num_experts or the hidden sizes")
   return units
 end
 

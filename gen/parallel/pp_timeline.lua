@@ -92,15 +92,7 @@ function M.trace_json(p, fp)
     "fingerprint", fp, "plan", p.name, "kind", "predicted", "schedule", b.sched.schedule, "pp", b.sched.pp,
     "microbatches", b.sched.microbatches, "step_us", th and r3(th.step_us) or json.null,
     "bubble", th and r3(th.bubble) or json.null })
-  local _, w = json.encoder()
-  w.begin(nil)
-  w.raw("{\"otherData\": ")
-  w.value(other)
-  w.raw(",\n\"displayTimeUnit\": \"ms\",\n\"traceEvents\": [\n")
-  for i, e in ipairs(events) do
-    if i > 1 then w.raw(",\n") end
-    w.value(e)
-  end
+  local w = require("gen.trace").begin_document(other, events)
   w.raw("\n]}\n")
   return w.text()
 end

@@ -1175,37 +1175,34 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
 }
 
 /* On the legacy stream, returning before the bytes are set (device memory). */
+/* A memset of device bytes queued on stream s (NULL: the legacy stream). */
+static cudaError_t memset_on(void *p, int value, size_t bytes, cudaStream_t s, const char *what)
+{
+    if (!emu_is_device(p, bytes)) {
+        emu_finding("ILLEGAL", "%s of %zu bytes at %p: not inside one device allocation", what, bytes, p);
+        return cudaErrorInvalidValue;
+    }
+    op *o = new_op(OP_MEMSET, what);
+    if (!o) return cudaErrorMemoryAllocation;
+    o->dst = p;
+    o->value = value;
+    o->bytes = bytes;
+    return enqueue(s, o, what);
+}
+
 cudaError_t cudaMemset(void *p, int value, size_t bytes)
 {
     ENTER("cudaMemset");
     cudaError_t e = unsafe("cudaMemset");
     if (e) return e;
-    if (!emu_is_device(p, bytes)) {
-        emu_finding("ILLEGAL", "cudaMemset of %zu bytes at %p: not inside one device allocation", bytes, p);
-        return cudaErrorInvalidValue;
-    }
-    op *o = new_op(OP_MEMSET, "cudaMemset");
-    if (!o) return cudaErrorMemoryAllocation;
-    o->dst = p;
-    o->value = value;
-    o->bytes = bytes;
-    return enqueue(NULL, o, "cudaMemset");
+    return memset_on(p, value, bytes, NULL, "cudaMemset");
 }
 
 /* On stream s (capturable, as CUDA's: a memset node). */
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s)
 {
     ENTER("cudaMemsetAsync");
-    if (!emu_is_device(p, bytes)) {
-        emu_finding("ILLEGAL", "cudaMemsetAsync of %zu bytes at %p: not inside one device allocation", bytes, p);
-        return cudaErrorInvalidValue;
-    }
-    op *o = new_op(OP_MEMSET, "cudaMemsetAsync");
-    if (!o) return cudaErrorMemoryAllocation;
-    o->dst = p;
-    o->value = value;
-    o->bytes = bytes;
-    return enqueue(s, o, "cudaMemsetAsync");
+    return memset_on(p, value, bytes, s, "cudaMemsetAsync");
 }
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int priority)
