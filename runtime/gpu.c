@@ -56,6 +56,7 @@ struct cp_gpu {
     const cp_gpu_kernels *k;
     cp_launch_env env;
     int shard_rank, device;
+    int has_a2a;  /* the plan has expert all-to-alls: the library's unit calls refuse it */
     ncclComm_t world;
     ncclComm_t *comms;                       /* per family; NULL where the plan issues nothing */
     cudaStream_t streams[CP_STREAM_COUNT];   /* [CP_STREAM_COMPUTE]: the caller's, set by each call */
@@ -516,6 +517,7 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
     cp_gpu *g = calloc(1, sizeof *g);
     if (!g) { snprintf(err, errlen, "out of host memory"); return -1; }
     g->plan = p;
+    g->has_a2a = cp_plan_has_a2a(p); /* (once: every library call asks) */
     g->k = k;
     g->env = *env;
     int rc = -1;
@@ -728,14 +730,6 @@ static int run_unit_ops(cp_gpu *g, int unit, int call, const cp_op_kind *kinds, 
     return fork_join(g, 1);
 }
 
-/* Whether a plan exchanges tokens (expert parallel's all-to-alls). */
-static int plan_has_a2a(const cp_plan *p)
-{
-    for (int i = 0; i < p->nops; i++)
-        if (p->ops[i].kind == CP_OP_A2A_COUNTS || p->ops[i].kind == CP_OP_A2A) return 1;
-    return 0;
-}
-
 /* Every library call: refused before it issues anything when its ops would
  * write arena bytes another buffer holds data in across calls (arena.c:
  * each call forks from and joins into the caller's stream, so the calls'
@@ -750,7 +744,7 @@ static int library_call(cp_gpu *g, const char *name, int unit, int call, const c
         return fail(g, "%s: plan %s is a pipeline plan (pp %d): the library calls do not run its sends and "
                     "receives; run its binary, or drive a plan without pp", name, p->name, p->pp_size);
     /* Likewise a MoE layer's token all-to-alls, which no unit call issues. */
-    if (plan_has_a2a(p))
+    if (g->has_a2a)
         return fail(g, "%s: plan %s exchanges tokens (expert parallel's all-to-alls): the library calls do not "
                     "run them; run its binary, or drive a plan without ep", name, p->name);
     if (unit < 0 || unit >= p->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, p->nunits);

@@ -18,6 +18,7 @@ struct cp_hostlib {
     unsigned char *ran;   /* per op: run in this step (every op runs once a step; calls run them out of
                              table order, each group in the order its last op has in the table) */
     unsigned char *live;  /* per unit: bit k, arena buffer k holds data across calls (arena.c) */
+    int has_a2a;          /* the plan has expert all-to-alls: the unit calls refuse it */
     char err[600];
 };
 
@@ -56,6 +57,7 @@ int cp_hostlib_init(cp_hostlib **out, const cp_plan *plan, int rank, cp_host_col
         return -1;
     }
     h->plan = h->ex.plan;
+    h->has_a2a = cp_plan_has_a2a(plan); /* (once: every call asks) */
     h->backend.fork(&h->backend); /* the first step */
     *out = h;
     return 0;
@@ -107,14 +109,6 @@ static int run_op(void *ctx, const cp_op *op)
     return 0;
 }
 
-/* Whether a plan exchanges tokens (expert parallel's all-to-alls). */
-static int plan_has_a2a(const cp_plan *p)
-{
-    for (int i = 0; i < p->nops; i++)
-        if (p->ops[i].kind == CP_OP_A2A_COUNTS || p->ops[i].kind == CP_OP_A2A) return 1;
-    return 0;
-}
-
 /* The same order check as cp_gpu.h's calls (arena.c): refused before any
  * op runs when the call would write bytes another buffer holds data in. */
 static int call(cp_hostlib *h, const char *name, int unit, int which, const cp_op_kind *kinds, int nkinds)
@@ -125,7 +119,7 @@ static int call(cp_hostlib *h, const char *name, int unit, int which, const cp_o
         return fail(h, "%s: plan %s is a pipeline plan (pp %d): the library calls do not run its sends and "
                     "receives; run its binary, or drive a plan without pp", name, h->plan->name, h->plan->pp_size);
     /* Likewise a MoE layer's token all-to-alls, which no unit call issues. */
-    if (plan_has_a2a(h->plan))
+    if (h->has_a2a)
         return fail(h, "%s: plan %s exchanges tokens (expert parallel's all-to-alls): the library calls do not "
                     "run them; run its binary, or drive a plan without ep", name, h->plan->name);
     if (unit < 0 || unit >= h->plan->nunits) return fail(h, "unit %d is outside the plan's %d units", unit, h->plan->nunits);
