@@ -126,7 +126,8 @@ function M.throughput(p)
   local b = p.pipeline_build
   if b.throughput ~= nil then return b.throughput or nil end
   local record = {}
-  local ok, row = pcall(report.plan_row, b.loaded, { record = record })
+  -- (the whole-step proof ran on the tables themselves: not again here)
+  local ok, row = pcall(report.plan_row, b.loaded, { record = record, skip_step_proof = true })
   -- (the stage mesh's plan holds the whole model: class 0 only rank 0's stages)
   local sp_settings = require("gen.compute").settings(b.stage_plan)
   if not ok or row.refused or not (row.sim and row.sim.step_us > 0) then b.throughput = false; return nil end
