@@ -404,6 +404,13 @@ build/example/example: docs/example.c $(RUNTIME_HDR)
 	$(CC) $(CSTD) $(CFLAGS) -Iruntime -Iplans/single $(CUDA_INC) -c docs/example.c -o build/example/example.o
 	$(NVCC) -o $@ build/example/example.o build/single/libsingle.a -lnccl -lm $(CUDA_LIBS)
 
+# tests/lib/ep_library.c against a plan's GPU library (the token exchanges on
+# real NCCL): make PLAN=<the EP plan> first, then make build/<name>/ep_library.
+build/%/ep_library: tests/lib/ep_library.c $(RUNTIME_HDR)
+	@test -f build/$*/lib$*.a || { echo "build/$*/lib$*.a is not built: make PLAN=<its plan file> first" >&2; exit 1; }
+	$(CC) $(CSTD) $(CFLAGS) -Iruntime $(CUDA_INC) -DCP_PLAN=$*_plan -DCP_KERNELS=$*_kernels -c $< -o build/$*/ep_library.o
+	$(NVCC) -o $@ build/$*/ep_library.o build/$*/lib$*.a -lnccl -lm $(CUDA_LIBS)
+
 # ---- host-built copy kernels (issue 18, item 1): g++ only, no nvcc, no GPU ----
 # tests/c/test_kernels_host.cc runs the copy kernels (runtime/cp_kernels.cu
 # and each plan's generated plan_kernels.cu, compiled by g++ against
@@ -512,6 +519,9 @@ $(1)/$(p)/main.o: runtime/main.c $(RUNTIME_HDR) $(call EMU_DIR,$(p))/plan.c VERS
 $(1)/$(p)/library_run: tests/emu/library_run.c $(1)/$(p)/plan.o $(1)/$(p)/plan_kernels.o $(foreach o,emu_cuda emu_nccl rt_gpu rt_gpu_run cp_kernels,$(1)/obj/$(o).o) $(patsubst runtime/%.c,$(1)/obj/rt_%.o,$(RUNTIME_SRC))
 	$$(EMU_CC) $(2) -DCP_PLAN=$(p)_plan -DCP_KERNELS=$(p)_kernels -c $$< -o $(1)/$(p)/library_run.o
 	$$(CXX) $(2) -pthread -o $$@ $(1)/$(p)/library_run.o $$(filter %.o,$$^) -lm -lrt
+$(1)/$(p)/ep_library: tests/lib/ep_library.c $(1)/$(p)/plan.o $(1)/$(p)/plan_kernels.o $(foreach o,emu_cuda emu_nccl rt_gpu rt_gpu_run cp_kernels,$(1)/obj/$(o).o) $(patsubst runtime/%.c,$(1)/obj/rt_%.o,$(RUNTIME_SRC))
+	$$(EMU_CC) $(2) -DCP_PLAN=$(p)_plan -DCP_KERNELS=$(p)_kernels -c $$< -o $(1)/$(p)/ep_library.o
+	$$(CXX) $(2) -pthread -o $$@ $(1)/$(p)/ep_library.o $$(filter %.o,$$^) -lm -lrt
 $(1)/$(p)/example: docs/example.c $(1)/$(p)/plan.o $(1)/$(p)/plan_kernels.o $(foreach o,emu_cuda emu_nccl rt_gpu rt_gpu_run cp_kernels,$(1)/obj/$(o).o) $(patsubst runtime/%.c,$(1)/obj/rt_%.o,$(RUNTIME_SRC))
 	$$(EMU_CC) $(2) -I$(call EMU_DIR,$(p)) -c $$< -o $(1)/$(p)/example.o
 	$$(CXX) $(2) -pthread -o $$@ $(1)/$(p)/example.o $$(filter %.o,$$^) -lm -lrt
@@ -542,7 +552,10 @@ print-emu-plans:
 print-emu-asan-plans:
 	@echo $(EMU_ASAN_PLANS)
 EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven
-emu-build: build/emu/emu_selftest $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p)) $(foreach p,$(EMU_LIB_PLANS),build/emu/$(p)/library_run) build/emu/single/example build/emu/pp_tiny/library_run build/emu/ep2_mixtral/library_run \
+# tests/lib/ep_library.c: the library's token exchanges (every EP test plan; one under ASan)
+EMU_EP_LIB_PLANS := ep2_mixtral ep4_mixtral_efsdp1 ep2_dsv3_shard1 ep2_mixtral_hsdp
+emu-build: build/emu/emu_selftest $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p)) $(foreach p,$(EMU_LIB_PLANS),build/emu/$(p)/library_run) build/emu/single/example build/emu/pp_tiny/library_run \
+           $(foreach p,$(EMU_EP_LIB_PLANS),build/emu/$(p)/ep_library) build/emu-asan/ep2_mixtral_hsdp/ep_library \
            $(foreach p,$(EMU_ASAN_PLANS),build/emu-asan/$(p)/$(p)) build/emu/a2a_ep4/a2a_ep4 build/emu-asan/a2a_ep4/a2a_ep4
 # make test-emu: every small plan and the kernel plans on the emulator
 # (tests/emu_check.sh): all ranks, --check eager and --graph, three seeds,

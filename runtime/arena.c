@@ -54,6 +54,11 @@ static int overlap(const cp_plan *p, int u, cp_arena_buffer ku, int v, cp_arena_
  *              past every call before it: no call opens them then (a call
  *              order that differs from the plan's goes unchecked there)
  *   partial    partial_save .. partial_fold (all_reduce_last's sums)
+ *   tokens     expert parallelism's send and receive buffers: from the
+ *              caller's rows written before a dispatch (or before the
+ *              combine's gradient) to its pair, the combine (or the
+ *              dispatch's gradient), whose output the caller reads before
+ *              its next call (gen/memplan.lua keeps them per exchange pair)
  * The all-gather buffer and the reduce-scatter input and output live inside
  * one call; the TP activation buffer and the pipeline's messages belong to
  * cp_gpu_step alone. */
@@ -106,6 +111,24 @@ static int scan_op(void *ctx, const cp_op *op)
         e->closes |= 1u << CP_BUF_PARTIAL;
         e->opens &= ~(1u << CP_BUF_PARTIAL);
         break;
+    case CP_OP_A2A: {
+        /* Both token buffers hold the caller's rows: its input written
+         * before the call, the exchange's output after it. A dispatch
+         * (or the combine's gradient) opens them for the experts between
+         * it and its pair; the combine (or the dispatch's gradient) closes
+         * them, its rows left for the caller to read before its next call. */
+        unsigned both = (1u << CP_BUF_A2A_SEND) | (1u << CP_BUF_A2A_RECV);
+        e->touches |= both;
+        e->writes |= both;
+        if (op->a2a_combine) {
+            e->closes |= both;
+            e->opens &= ~both;
+        } else {
+            e->opens |= both;
+            e->closes &= ~both;
+        }
+        break;
+    }
     default: break;
     }
     return 0;
@@ -171,6 +194,10 @@ void cp_call_conflict_message(const cp_plan *p, const char *call, int unit, int 
     } else if (held == CP_BUF_GRADS) {
         why = "which its backward writes until its gradients are reduced";
         snprintf(fix, sizeof fix, "reduce %s's gradients first", name);
+    } else if (held == CP_BUF_A2A_SEND || held == CP_BUF_A2A_RECV) {
+        why = "which hold its tokens between an exchange and its pair";
+        snprintf(fix, sizeof fix, "exchange %s's tokens back first (cp_gpu_exchange_tokens / cp_hostlib_exchange_tokens)",
+                 name);
     } else {
         why = "which its next reduction adds into";
         snprintf(fix, sizeof fix, "make %s's reductions first", name);

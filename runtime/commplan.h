@@ -544,7 +544,7 @@ void *cp_executor_op_buffer(const cp_executor *ex, const cp_op *op, cp_buffer k,
  * the unit's previous call of this kind ended) to the group's last kind
  * present, wrapping to the step's start after the last instance; each op
  * through run(ctx, op). The library call kinds, in their ops' order: */
-extern const cp_op_kind cp_call_unshard[3], cp_call_reshard[1], cp_call_reduce[8];
+extern const cp_op_kind cp_call_unshard[3], cp_call_reshard[1], cp_call_reduce[8], cp_call_exchange[2];
 /* Returns 0, 1 when the plan has no such op for the unit (nothing to do), or
  * run's failure (-1). *cursor is left where the next search starts. */
 int cp_run_call(const cp_plan *p, int unit, const cp_op_kind *kinds, int nkinds, int *cursor,
@@ -563,6 +563,10 @@ const int64_t *cp_executor_a2a_counts(const cp_executor *ex, int unit, int slot)
 /* The rows an A2A op sends to and receives from each member (n entries
  * each) as the counts of its A2A_COUNTS give them; 0, or -1 (no counts yet). */
 int cp_executor_a2a_splits(const cp_executor *ex, const cp_op *op, int64_t *send_rows, int64_t *recv_rows);
+
+/* The counts slot (as cp_executor_a2a_counts) an A2A op splits by, once its
+ * A2A_COUNTS has filled it; NULL before, or for another kind of op. */
+const int64_t *cp_executor_a2a_counts_of_op(const cp_executor *ex, const cp_op *op);
 
 /* Whether any class of the plan has an expert-parallel all-to-all. */
 int cp_plan_has_a2a(const cp_plan *p);

@@ -74,6 +74,42 @@ int cp_gpu_unshard(cp_gpu *g, int unit, void *stream);      /* copy-in + all-gat
 int cp_gpu_reshard(cp_gpu *g, int unit, void *stream);
 int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream); /* pack on stream, RS (+HSDP AR), view-out; stream waits */
 
+/* Expert parallelism through the same calls: an experts unit's token
+ * all-to-alls, on its ep communicator, in the plan's order (SCHEDULE.md):
+ *   forward:  cp_gpu_set_expert_counts (this rank's tokens per expert, global
+ *             expert order), the rows written into the send buffer, then
+ *             cp_gpu_exchange_tokens: the counts' all-to-all (read back to
+ *             the host: a synchronisation) and the dispatch; the tokens for
+ *             this rank's experts are in the receive buffer; the experts write
+ *             their output rows over them; cp_gpu_exchange_tokens again: the
+ *             combine, the outputs back in the send buffer in the order sent;
+ *   backward: the output gradients written into the send buffer,
+ *             cp_gpu_exchange_tokens (the combine's gradient) into the
+ *             receive buffer; the experts' input gradients written over
+ *             them; cp_gpu_exchange_tokens (the dispatch's gradient) back
+ *             into the send buffer. Each micro-step's backward exchanges
+ *             split by its forward's counts.
+ * Rows are the unit's a2a dim elements of its all-gather dtype. The send
+ * buffer packs them by destination ep member, then by expert (torch's
+ * all_to_all_single input, as torchtitan sorts them); the receive buffer
+ * by source member, then local expert; each member's share at most the
+ * plan's capacity (expert_parallel.capacity), which cp_gpu_set_expert_counts
+ * and every member's exchange check: past it the layer is refused on every
+ * member with one line, never written out of bounds. The token buffers are
+ * the arena's from the exchange that opens them to its pair, like the other
+ * calls' buffers: write the input rows right before the call that sends
+ * them, read the output rows before the next call (both on `stream`); a
+ * call that would overwrite them in between is refused with one line. */
+int cp_gpu_exchange_tokens(cp_gpu *g, int unit, void *stream);
+/* The unit's token buffers (receive 0: send buffer, 1: receive buffer), NULL
+ * for a unit without all-to-alls. */
+void *cp_gpu_tokens(cp_gpu *g, int unit, int receive);
+/* The counts the unit's last cp_gpu_exchange_tokens split by, host memory:
+ * [0, E) this rank's tokens per global expert, [E, 2E) the rows received
+ * ([source member][local expert]); E the unit's a2a_experts. NULL before
+ * the unit's first exchange. */
+const int64_t *cp_gpu_exchange_counts(const cp_gpu *g, int unit);
+
 /* The plan's whole op list for one step; compute placeholders call fn. */
 void cp_gpu_set_compute(cp_gpu *g, cp_gpu_compute_fn fn, void *user);
 int cp_gpu_step(cp_gpu *g, void *stream);
@@ -87,7 +123,7 @@ void cp_gpu_set_trace(cp_gpu *g, void *events);
 /* Expert parallelism: this rank's per-expert token counts (n = the unit's
  * a2a_experts, global expert order: what torchtitan's router counted) for
  * the unit's next A2A_COUNTS in cp_gpu_step (call it from the compute
- * callback before that op, or before the step). Checked now and when the
+ * callback before that op, or before the step) or cp_gpu_exchange_tokens. Checked now and when the
  * op runs: a negative count or a member's share past the op's capacity is
  * refused with one line (rank, op, member, count, capacity), and every
  * member of the ep group then refuses that layer's all-to-alls. 0 or -1. */

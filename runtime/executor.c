@@ -78,6 +78,8 @@ const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
 
 const cp_op_kind cp_call_unshard[3] = { CP_OP_COPY_IN, CP_OP_ALL_GATHER, CP_OP_COPY_OUT };
 const cp_op_kind cp_call_reshard[1] = { CP_OP_RESHARD };
+/* A dispatch exchanges the counts first; every other exchange is one A2A. */
+const cp_op_kind cp_call_exchange[2] = { CP_OP_A2A_COUNTS, CP_OP_A2A };
 /* Pack, reduce-scatter, all_reduce_last's partial sums, the HSDP all-reduce,
  * the view-out (assigning, or adding on a later reduction of the step). */
 const cp_op_kind cp_call_reduce[8] = { CP_OP_PACK,        CP_OP_REDUCE_SCATTER, CP_OP_PARTIAL_SAVE,
@@ -678,6 +680,13 @@ static int run_a2a_counts(cp_executor *ex, const cp_op *op)
     }
     if (ex->on_a2a && ex->on_a2a(ex->user, ex, op, 1)) return failed(ex, op, "checking the counts");
     return 0;
+}
+
+const int64_t *cp_executor_a2a_counts_of_op(const cp_executor *ex, const cp_op *op)
+{
+    const cp_op *k = op && op->kind == CP_OP_A2A && ex->a2a_filled ? a2a_counts_of(ex, op) : NULL;
+    if (!k || ex->a2a_filled[op->unit][k->a2a_slot] != op->a2a_counts_op) return NULL;
+    return cp_executor_a2a_counts(ex, op->unit, k->a2a_slot);
 }
 
 /* The tokens' all-to-all, split by its counts op's counts (swapped for a combine). */

@@ -49,18 +49,18 @@ static void *watchdog_main(void *arg)
 }
 
 /* Library calls run one unit's next instance of an op group. */
-enum { CALL_UNSHARD, CALL_RESHARD, CALL_REDUCE, CALLS };
+enum { CALL_UNSHARD, CALL_RESHARD, CALL_REDUCE, CALL_EXCHANGE, CALLS };
 
 struct cp_gpu {
     const cp_plan *plan;
     const cp_gpu_kernels *k;
     cp_launch_env env;
     int shard_rank, device;
-    int has_a2a;  /* the plan has expert all-to-alls: the library's unit calls refuse it */
     ncclComm_t world;
     ncclComm_t *comms;                       /* per family; NULL where the plan issues nothing */
     cudaStream_t streams[CP_STREAM_COUNT];   /* [CP_STREAM_COMPUTE]: the caller's, set by each call */
     cudaEvent_t fork_event;                  /* side streams start after the caller's stream */
+    cudaEvent_t call_event;                  /* a library call's op hands its stream to the next (run_call_op) */
     cudaEvent_t side_done[CP_STREAM_COUNT];  /* joins each side stream back into the caller's */
     cudaEvent_t *events;                     /* plan->nevents slots of the tables' waits */
     cp_backend backend;
@@ -68,6 +68,7 @@ struct cp_gpu {
     int have_ex;
     unsigned char *live;  /* per unit, library calls: bit k, arena buffer k holds data across calls (arena.c) */
     int (*cursor)[CALLS]; /* per unit and call: next op to scan from */
+    int *last_exchange;   /* per unit: the A2A op its last cp_gpu_exchange_tokens ran, or -1 */
     cp_gpu_compute_fn compute;
     void *compute_user;
     double *profile;      /* cp_gpu_step_profiled's per-kind host time, or NULL */
@@ -517,7 +518,6 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
     cp_gpu *g = calloc(1, sizeof *g);
     if (!g) { snprintf(err, errlen, "out of host memory"); return -1; }
     g->plan = p;
-    g->has_a2a = cp_plan_has_a2a(p); /* (once: every library call asks) */
     g->k = k;
     g->env = *env;
     int rc = -1;
@@ -556,7 +556,8 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
          * (they gate compute), the replicate all-reduce low. */
         int least, greatest;
         if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess ||
-            cudaEventCreateWithFlags(&g->fork_event, cudaEventDisableTiming) != cudaSuccess) {
+            cudaEventCreateWithFlags(&g->fork_event, cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&g->call_event, cudaEventDisableTiming) != cudaSuccess) {
             fail(g, "creating CUDA streams and events failed");
             goto out;
         }
@@ -587,7 +588,9 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
     }
     g->live = calloc((size_t)(p->nunits > 0 ? p->nunits : 1), 1);
     g->cursor = calloc((size_t)(p->nunits > 0 ? p->nunits : 1), sizeof *g->cursor);
-    if (!g->live || !g->cursor) { fail(g, "out of host memory"); goto out; }
+    g->last_exchange = malloc((size_t)(p->nunits > 0 ? p->nunits : 1) * sizeof *g->last_exchange);
+    if (!g->live || !g->cursor || !g->last_exchange) { fail(g, "out of host memory"); goto out; }
+    for (int u = 0; u < p->nunits; u++) g->last_exchange[u] = -1;
     backend_init(g);
     g->ex.quiet = 1; /* errors land in g->err, for cp_gpu_last_error */
     if (cp_executor_init(&g->ex, p, env->rank, &g->backend) != 0) {
@@ -638,12 +641,14 @@ void cp_gpu_destroy(cp_gpu *g)
     free(g->events);
     free(g->live);
     free(g->cursor);
+    free(g->last_exchange);
     if (g->comms)
         for (int f = 0; f < g->plan->nfamilies; f++) if (g->comms[f]) ncclCommDestroy(g->comms[f]);
     free(g->comms);
     if (g->have_ex) cp_executor_free(&g->ex);
     if (g->world) ncclCommDestroy(g->world);
     if (g->fork_event) cudaEventDestroy(g->fork_event);
+    if (g->call_event) cudaEventDestroy(g->call_event);
     for (int s = CP_STREAM_COMPUTE + 1; s < CP_STREAM_COUNT; s++) {
         if (g->side_done[s]) cudaEventDestroy(g->side_done[s]);
         if (g->streams[s]) cudaStreamDestroy(g->streams[s]);
@@ -712,7 +717,29 @@ static int fork_join(cp_gpu *g, int join)
  * unshard a unit twice per step, each instance with its own waits): from
  * the unit's cursor for that call to the group's last kind present,
  * wrapping to the step's start after the last instance. */
-static int run_op_cb(void *ctx, const cp_op *op) { return run_op(ctx, op); }
+/* A call's ops run one after the other, each after the one before it
+ * whatever their streams: the plan's own waits leave out what its issue
+ * order already implies (an experts unit's all-gather prefetched before
+ * the dense one is ordered before its copy-out only through the dense
+ * copy-out's wait), which a call that issues one unit alone does not
+ * inherit. Each group is a chain of dependent ops anyway (copy-in, gather,
+ * copy-out; pack, reduce, view-out; counts, tokens). */
+typedef struct {
+    cp_gpu *g;
+    int prev_stream;
+} call_ctx;
+
+static int run_call_op(void *ctx, const cp_op *op)
+{
+    call_ctx *c = ctx;
+    cp_gpu *g = c->g;
+    if (c->prev_stream >= 0 && c->prev_stream != (int)op->stream) {
+        CUDA(cudaEventRecord(g->call_event, g->streams[c->prev_stream]));
+        CUDA(cudaStreamWaitEvent(g->streams[op->stream], g->call_event, 0));
+    }
+    c->prev_stream = (int)op->stream;
+    return run_op(g, op);
+}
 
 static int run_unit_ops(cp_gpu *g, int unit, int call, const cp_op_kind *kinds, int nkinds, cudaStream_t S)
 {
@@ -726,7 +753,8 @@ static int run_unit_ops(cp_gpu *g, int unit, int call, const cp_op_kind *kinds, 
     if (first < 0) return 0;
     g->streams[CP_STREAM_COMPUTE] = S;
     if (fork_join(g, 0)) return -1;
-    if (cp_run_call(p, unit, kinds, nkinds, &g->cursor[unit][call], run_op_cb, g) < 0) return -1;
+    call_ctx c = { g, -1 };
+    if (cp_run_call(p, unit, kinds, nkinds, &g->cursor[unit][call], run_call_op, &c) < 0) return -1;
     return fork_join(g, 1);
 }
 
@@ -743,10 +771,6 @@ static int library_call(cp_gpu *g, const char *name, int unit, int call, const c
     if (p->pp_size > 1)
         return fail(g, "%s: plan %s is a pipeline plan (pp %d): the library calls do not run its sends and "
                     "receives; run its binary, or drive a plan without pp", name, p->name, p->pp_size);
-    /* Likewise a MoE layer's token all-to-alls, which no unit call issues. */
-    if (g->has_a2a)
-        return fail(g, "%s: plan %s exchanges tokens (expert parallel's all-to-alls): the library calls do not "
-                    "run them; run its binary, or drive a plan without ep", name, p->name);
     if (unit < 0 || unit >= p->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, p->nunits);
     cp_call_effect e;
     cp_call_effect_of(p, unit, kinds, nkinds, g->cursor[unit][call], &e);
@@ -758,6 +782,7 @@ static int library_call(cp_gpu *g, const char *name, int unit, int call, const c
     }
     if (run_unit_ops(g, unit, call, kinds, nkinds, (cudaStream_t)stream)) return -1;
     cp_call_apply(&e, &g->live[unit]);
+    if (call == CALL_EXCHANGE && e.ops) g->last_exchange[unit] = e.last;
     return 0;
 }
 
@@ -781,6 +806,27 @@ int cp_gpu_reshard(cp_gpu *g, int unit, void *stream)
 int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream)
 {
     return library_call(g, "cp_gpu_reduce_grads", unit, CALL_REDUCE, cp_call_reduce, 8, stream);
+}
+
+/* The unit's next token all-to-all, in the plan's order: forward, its
+ * counts exchange and dispatch in one call, then its combine; backward,
+ * the combine's gradient, then the dispatch's. */
+int cp_gpu_exchange_tokens(cp_gpu *g, int unit, void *stream)
+{
+    if (!g->have_ex) return fail(g, "cp_gpu_exchange_tokens before cp_gpu_init finished");
+    return library_call(g, "cp_gpu_exchange_tokens", unit, CALL_EXCHANGE, cp_call_exchange, 2, stream);
+}
+
+void *cp_gpu_tokens(cp_gpu *g, int unit, int receive)
+{
+    if (unit < 0 || unit >= g->plan->nunits || g->plan->units[unit].a2a_numel <= 0) return NULL;
+    return g->ex.buf[receive ? CP_BUF_A2A_RECV : CP_BUF_A2A_SEND][unit];
+}
+
+const int64_t *cp_gpu_exchange_counts(const cp_gpu *g, int unit)
+{
+    if (unit < 0 || unit >= g->plan->nunits || g->last_exchange[unit] < 0) return NULL;
+    return cp_executor_a2a_counts_of_op(&g->ex, &g->plan->ops[g->last_exchange[unit]]);
 }
 
 void cp_gpu_set_compute(cp_gpu *g, cp_gpu_compute_fn fn, void *user)

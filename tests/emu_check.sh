@@ -242,14 +242,23 @@ if [ -x build/emu/pp_tiny/library_run ]; then
   else bad "pp_tiny: library calls on a pipeline plan" "$log.0"; fi
 fi
 
-# Likewise an expert-parallel plan's (its token all-to-alls are the binary's).
-if [ -x build/emu/ep2_mixtral/library_run ]; then
-  log=$dir/library.ep2_mixtral
-  if ! launch 4 "$log" build/emu/ep2_mixtral/library_run 2 && grep -q "exchanges tokens (expert parallel's all-to-alls)" "$log.0" &&
-     grep -q "exchanges tokens (expert parallel's all-to-alls)" "$log.3"; then
-    ok "ep2_mixtral: the library calls on an expert-parallel plan are refused on every rank with one line"
-  else bad "ep2_mixtral: library calls on an expert-parallel plan" "$log.0"; fi
-fi
+# Expert parallelism through the library (tests/lib/ep_library.c): unshard,
+# reshard, reduce and cp_gpu_exchange_tokens in the plan's order with the
+# caller's rows written and read back, every row and count checked, on
+# every EP test plan (one under ASan+UBSan), 0 races.
+for p in ${EMU_EP_LIB_PLANS-ep2_mixtral ep4_mixtral_efsdp1 ep2_dsv3_shard1 ep2_mixtral_hsdp}; do
+  for tree in emu emu-asan; do
+    bin=build/$tree/$p/ep_library
+    [ "$tree" = emu-asan ] && [ ! -x "$bin" ] && continue
+    [ -x "$bin" ] || { bad "$p: $bin is not built (make emu-build)"; continue; }
+    n=$(world "$p")
+    log=$dir/eplib.$tree.$p
+    if launch "$n" "$log" "$bin" 2 && clean_summaries "$n" "$log" && grep -q "every row and count exact" "$log.$((n - 1))" &&
+       { [ "$tree" = emu ] || sanitizer_clean "$n" "$log"; }; then
+      ok "$p${tree#emu}: the library's token exchanges around the caller's rows, $n ranks, 2 steps: every row and count exact, 0 races"
+    else bad "$p${tree#emu}: the library's token exchanges" "$log.0"; fi
+  done
+done
 
 # docs/example.c as users copy it (the GPU session of 2026-11-26 found it
 # reducing before resharding, which the library refuses): it must run.
