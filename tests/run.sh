@@ -233,8 +233,10 @@ torch_lane() {
   # torchtitan 0.3's expert parallelism run for real on gloo (its DeepSeek-V3
   # decoder, tiny; ep 2 and 4, FSDP over efsdp, Shard(1)): every rank's
   # collectives and token all-to-alls in order, and every local shard, vs
-  # commplan's tables (tests/ep/check_ep_live.sh)
-  script_check "ep run: torchtitan's expert parallel + fully_shard on gloo, ep 2 and 4, each rank's FSDP collectives, token all-to-alls and shards vs commplan's tables (tests/ep/check_ep_live.sh)" \
+  # commplan's tables; every reduced gradient shard (unsharded gradients made
+  # commplan's oracle pattern) vs the plan's --simulate --dump, element for
+  # element (tests/ep/check_ep_live.sh)
+  script_check "ep run: torchtitan's expert parallel + fully_shard on gloo, ep 2 and 4, each rank's FSDP collectives, token all-to-alls, shards and reduced gradients vs commplan's tables and simulation (tests/ep/check_ep_live.sh)" \
     ep-live tests/ep/check_ep_live.sh "events per rank"
 }
 # ---- end of the torch lane ----

@@ -7,7 +7,13 @@
 # round-robin routing), every collective per rank recorded in
 # build/ep/live/<case>.json; one summary line per case (tests/ep/ep_summary.py).
 # Then tests/ep/compare_ep_live.lua holds commplan's tables for the same
-# model and mesh to them.
+# model and mesh to them, and the reduced gradients to commplan's simulation:
+# each case's plan (tests/ep/ep_cases.py's spec -> compare_ep_live.lua
+# --write-plans -> <out>/plans/ep_live_<case>.lua) is generated first, its
+# parameter ids go into the torch run (every FSDP unsharded gradient is the
+# oracle pattern of runtime/check.c), and its binary, built and run with
+# --simulate --pattern oracle --dump <out>/dump/<case> beside the torch run,
+# gives every rank's reduced gradient shards to compare element for element.
 # Exit 0 every case recorded and its ranks agree; 1 otherwise; 77 (SKIP)
 # when torch/torchtitan cannot be imported.
 #   tests/ep/check_ep_live.sh [--cases dp4_ep2,...] [--out-dir DIR]
@@ -21,19 +27,49 @@ for a in "$@"; do [ "$prev" = --out-dir ] && OUT=$a; prev=$a; done
 case " $* " in *" --out-dir "*) set -- "$@" ;; *) set -- "$@" --out-dir "$OUT" ;; esac
 mkdir -p "$OUT"
 rm -f "$OUT"/*.json
-"$PY" tests/ep/torch_ep_record.py "$@" 2>"$OUT/stderr.log"
+rm -rf "$OUT/specs" "$OUT/plans" "$OUT/dump"
+mkdir -p "$OUT/plans"
+MAKE="make --no-print-directory -s"
+
+# commplan's side first: each case's plan, generated (its plan.json numbers
+# the parameters the torch run's gradients are made from)
+"$PY" tests/ep/ep_cases.py --specs "$OUT/specs" "$@" || exit 1
+"$LUA" tests/ep/compare_ep_live.lua --write-plans "$OUT/plans" "$OUT"/specs/*.json || exit 1
+cases=()
+for f in "$OUT"/plans/ep_live_*.lua; do
+  n=$(basename "$f" .lua); c=${n#ep_live_}
+  $MAKE PLAN="$f" OUT="$OUT/gen/$c" BUILD="$OUT/bin/$c" "$OUT/bin/$c/.generated" >"$OUT/commplan.log" 2>&1 ||
+    { echo "ep-live: commplan refuses $f:"; tail -20 "$OUT/commplan.log"; exit 1; }
+  cases+=("$c")
+done
+# its binaries built and simulated beside the torch run
+(
+  for c in "${cases[@]}"; do
+    $MAKE PLAN="$OUT/plans/ep_live_$c.lua" OUT="$OUT/gen/$c" BUILD="$OUT/bin/$c" "$OUT/bin/$c/ep_live_$c" &&
+      "$OUT/bin/$c/ep_live_$c" --simulate --pattern oracle --dump "$OUT/dump/$c" --quiet || exit 1
+  done
+) >>"$OUT/commplan.log" 2>&1 &
+sim=$!
+
+"$PY" tests/ep/torch_ep_record.py --plans "$OUT/gen" "$@" 2>"$OUT/stderr.log"
 rc=$?
+wait $sim; src=$?
 if [ $rc -eq 77 ]; then cat "$OUT/stderr.log"; exit 77; fi
 if [ $rc -ne 0 ]; then
   echo "ep-live: the recorder exited $rc (stderr in $OUT/stderr.log):"
   grep -v initial_load "$OUT/stderr.log" | tail -20
+fi
+if [ $src -ne 0 ]; then
+  echo "ep-live: commplan's build or --simulate failed (exit $src):"
+  tail -20 "$OUT/commplan.log"
+  rc=1
 fi
 shopt -s nullglob
 files=("$OUT"/*.json)
 [ ${#files[@]} -gt 0 ] || { echo "ep-live: no case recorded"; exit 1; }
 "$PY" tests/ep/ep_summary.py "${files[@]}" || rc=1
 # commplan's tables for the same model and mesh: every collective in order,
-# the token all-to-alls within capacity, every parameter's local shard
-[ $rc -eq 0 ] && { "$LUA" tests/ep/compare_ep_live.lua "${files[@]}" || rc=1; }
-[ $rc -eq 0 ] && echo "ep-live: all cases equal"
+# the token all-to-alls within capacity, every parameter's local shard; and
+# every rank's reduced gradient shards against the plan's --dump
+[ $rc -eq 0 ] && { "$LUA" tests/ep/compare_ep_live.lua --dumps "$OUT/dump" "${files[@]}" || rc=1; }
 exit $rc

@@ -18,8 +18,18 @@
 -- nothing else may be issued. Also each parameter's local shard shape on
 -- every rank (the experts' split over ep and their Shard(0)/Shard(1) over
 -- efsdp) equals the plan's.
---   lua5.4 tests/ep/compare_ep_live.lua CASE.json...
--- Prints one line per case; exit 1 on the first difference.
+-- With --dumps DIR, the reduced gradients too: the recorder (run with
+-- --plans, the plans this script writes) made every FSDP unsharded gradient
+-- commplan's oracle pattern for the parameter's id in this plan, so every
+-- rank's every parameter's reduced local shard (dense ones over dp_shard,
+-- experts over efsdp, Shard(0) or Shard(1)) must equal, float32 bit for bit,
+-- the plan's binary's --simulate --pattern oracle --dump DIR/<case>.
+--   lua5.4 tests/ep/compare_ep_live.lua [--dumps DIR] CASE.json...
+--   lua5.4 tests/ep/compare_ep_live.lua --write-plans DIR SPEC.json...
+--     (each case's plan file, DIR/ep_live_<case>.lua, from its spec:
+--     tests/ep/ep_cases.py --specs)
+-- Prints one line per case and a closing line with the totals; exit 1 on
+-- the first difference.
 package.path = "./?.lua;" .. package.path
 local json = require("gen.json")
 local plan = require("gen.plan")
@@ -30,6 +40,9 @@ local DTYPE = { float32 = "fp32", bfloat16 = "bf16", float16 = "fp16", int64 = "
 local KEYS = { "dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank", "kv_lora_rank",
                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "dense_hidden_dim", "moe_hidden_dim",
                "num_experts", "num_shared_experts", "top_k" }
+
+-- The plan of a case is named ep_live_<case> (its binary, its dump files).
+local function plan_name(c) return "ep_live_" .. c.case end
 
 -- The plan file of a recorded case.
 local function plan_source(c)
@@ -128,7 +141,58 @@ local function local_shape(u, prm, g, fams)
   return shape
 end
 
-local function check_case(c)
+-- float32, bit for bit: the recorder writes each value as the double of the
+-- float, the dump as %.9g.
+local function f32(x) return string.unpack("<f", string.pack("<f", x)) end
+
+-- The reduced gradients of a case against commplan's dump: dumps[rank] is
+-- the plan's binary's --dump of that rank (its grads_local: every parameter's
+-- local shard after the step). Every parameter of the recording's rank
+-- (c.grads_subset: only those, in a recording trimmed for the Lua tests),
+-- every element. Returns a difference, or nil and the counts.
+local function check_grads(c, dumps)
+  local n = { ranks = 0, params = 0, elements = 0 }
+  for _, r in ipairs(c.ranks) do
+    local g = r.rank
+    local got, d = r.grads_local, dumps[g]
+    if type(got) ~= "table" then
+      return fmt("rank %d: no reduced gradients recorded (tests/ep/torch_ep_record.py --plans)", g)
+    end
+    if type(d) ~= "table" or type(d.grads_local) ~= "table" then return fmt("rank %d: no dump of commplan's", g) end
+    local want = d.grads_local
+    local names = {}
+    for _, name in ipairs(c.grads_subset or {}) do names[#names + 1] = name end
+    if not c.grads_subset then
+      for _, prm in ipairs(r.params) do names[#names + 1] = prm.name end
+      local dumped = 0
+      for _ in pairs(want) do dumped = dumped + 1 end
+      if dumped ~= #names then
+        return fmt("rank %d: commplan's dump has %d parameters' gradients, torchtitan %d", g, dumped, #names)
+      end
+    end
+    for _, name in ipairs(names) do
+      local x, y = got[name], want[name]
+      if not x then return fmt("rank %d: no reduced gradient of %s recorded", g, name) end
+      if not y then return fmt("rank %d: %s has no gradient in commplan's dump", g, name) end
+      local a, b = x.values, y.values
+      if #a ~= #b then
+        return fmt("rank %d: %s reduced gradient shard has %d elements live, %d in commplan's dump", g, name, #a, #b)
+      end
+      for i = 1, #a do
+        if f32(a[i]) ~= f32(b[i]) then
+          return fmt("rank %d: %s reduced gradient element %d: torchtitan %.9g, commplan %.9g", g, name, i - 1, a[i],
+            b[i])
+        end
+      end
+      n.params, n.elements = n.params + 1, n.elements + #a
+    end
+    n.ranks = n.ranks + 1
+  end
+  return nil, n
+end
+
+-- dumps: optional, as check_grads takes them.
+local function check_case(c, dumps)
   local src = plan_source(c)
   local ok, p = pcall(plan.from_source, src, c.case .. ".lua")
   if not ok then return "commplan refuses the case: " .. tostring(p) end
@@ -191,27 +255,84 @@ local function check_case(c)
       end
     end
   end
-  return nil, { colls = colls, a2a = a2a, ranks = #c.ranks }
+  local res = { colls = colls, a2a = a2a, ranks = #c.ranks }
+  if dumps then
+    local diff, n = check_grads(c, dumps)
+    if diff then return diff end
+    res.grads = n
+  end
+  return nil, res
 end
 
-local function main(files)
-  if #files == 0 then
-    io.stderr:write("usage: lua5.4 tests/ep/compare_ep_live.lua CASE.json...\n")
+local function read_json(path)
+  local fh, err = io.open(path, "rb")
+  if not fh then return nil, err end
+  local v = json.decode(fh:read("a"))
+  fh:close()
+  return v
+end
+
+-- DIR/<case>/ep_live_<case>.rank<r>.json, every rank of the case.
+local function load_dumps(dir, c)
+  local dumps = {}
+  for _, r in ipairs(c.ranks) do
+    local path = fmt("%s/%s/%s.rank%d.json", dir, c.case, plan_name(c), r.rank)
+    local d, err = read_json(path)
+    if not d then return nil, fmt("no dump of commplan's for rank %d: %s", r.rank, err) end
+    dumps[r.rank] = d
+  end
+  return dumps
+end
+
+local function write_plans(dir, specs)
+  for _, path in ipairs(specs) do
+    local c = assert(read_json(path))
+    local out = fmt("%s/%s.lua", dir, plan_name(c))
+    local fh = assert(io.open(out, "wb"))
+    fh:write(plan_source(c), "\n")
+    fh:close()
+  end
+  return 0
+end
+
+local function main(argv)
+  local files, dumps_dir = {}, nil
+  local i = 1
+  while i <= #argv do
+    if argv[i] == "--dumps" then dumps_dir, i = argv[i + 1], i + 2
+    elseif argv[i] == "--write-plans" then
+      local specs = {}
+      for j = i + 2, #argv do specs[#specs + 1] = argv[j] end
+      return write_plans(argv[i + 1], specs)
+    else files[#files + 1], i = argv[i], i + 1 end
+  end
+  if #files == 0 or (argv[#argv] == "--dumps") then
+    io.stderr:write("usage: lua5.4 tests/ep/compare_ep_live.lua [--dumps DIR] CASE.json...\n"
+      .. "       lua5.4 tests/ep/compare_ep_live.lua --write-plans DIR SPEC.json...\n")
     return 2
   end
+  local total = { cases = 0, ranks = 0, colls = 0, a2a = 0, params = 0, elements = 0 }
   for _, path in ipairs(files) do
-    local fh = assert(io.open(path, "rb"))
-    local c = json.decode(fh:read("a"))
-    fh:close()
-    local diff, res = check_case(c)
+    local c = assert(read_json(path))
+    local dumps, diff, res
+    if dumps_dir then dumps, diff = load_dumps(dumps_dir, c) end
+    if not diff then diff, res = check_case(c, dumps) end
     if diff then
       print(fmt("ep-live: DIFFERENCE %s (%s): %s", c.case, path, diff))
       return 1
     end
+    local grads = res.grads and fmt(", reduced gradients equal element for element (%d parameter shards, %d elements)",
+      res.grads.params, res.grads.elements) or ""
     print(fmt("ep-live: %s (world %d, dp_shard %d, ep %d): %d ranks, FSDP collectives equal (%d), token all-to-alls "
-      .. "equal and within capacity (%d), every parameter's local shard equal", c.case, c.world, c.dp_shard, c.ep,
-      res.ranks, res.colls, res.a2a))
+      .. "equal and within capacity (%d), every parameter's local shard equal%s", c.case, c.world, c.dp_shard, c.ep,
+      res.ranks, res.colls, res.a2a, grads))
+    total.cases, total.ranks = total.cases + 1, total.ranks + res.ranks
+    total.colls, total.a2a = total.colls + res.colls, total.a2a + res.a2a
+    if res.grads then total.params, total.elements = total.params + res.grads.params, total.elements + res.grads.elements end
   end
+  print(fmt("ep-live: all %d cases equal: %d ranks, %d FSDP collectives, %d token all-to-alls%s", total.cases,
+    total.ranks, total.colls, total.a2a, dumps_dir and fmt("; reduced gradients: %d ranks, %d parameter shards, "
+      .. "%d elements compared, 0 differ", total.ranks, total.params, total.elements) or ""))
   return 0
 end
 
@@ -219,4 +340,4 @@ if arg and arg[0] and arg[0]:match("compare_ep_live%.lua$") then
   os.exit(main(arg))
 end
 
-return { check_case = check_case, plan_source = plan_source }
+return { check_case = check_case, check_grads = check_grads, plan_source = plan_source, plan_name = plan_name }

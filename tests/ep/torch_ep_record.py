@@ -71,11 +71,24 @@ Per rank also: "params": [{name, global shape, local shape, placements
 (float64)}, "routing": {layer: {"tokens_per_expert": local counts (E)}},
 "loss".
 
+Gradients (--plans DIR, DIR/<case>/plan.json commplan's plan of the case,
+as tests/ep/check_ep_live.sh generates it): the model's own backward runs,
+but each FSDP parameter's unsharded gradient, where FSDP2's post-backward
+takes it to reduce, is replaced by commplan's oracle pattern (GradPattern
+below: the parameter's id in the plan, the element's index in the full
+parameter, the global rank). torchtitan's and FSDP2's code does the rest:
+the groups (dp_shard, efsdp), the reduce op and divide factor (torchtitan
+0.3's disable_fsdp_gradient_division: factor 1, PREMUL_SUM(1) = SUM), the
+Shard(0)/Shard(1) shards. Recorded per rank: "grads_local": {name:
+{"shape": local shape, "values": the reduced local shard, flattened}},
+"grad_pattern": {"pattern", "micro", "ids": {name: commplan's id}}.
+
 Output: one JSON per case, <out-dir>/<case>.json:
   {"case", "world", "dp_shard", "ep", "efsdp", "model": {...}, "seq",
    "batch", "torch", "torchtitan", "ranks": [per rank as above]}.
+The cases: tests/ep/ep_cases.py.
 
-Usage: torch_ep_record.py [--out-dir build/ep/live] [--cases a,b,...]
+Usage: torch_ep_record.py [--out-dir build/ep/live] [--cases a,b,...] [--plans DIR]
 Exit 77 with a SKIP line when torch or torchtitan cannot be imported.
 """
 import argparse
@@ -92,6 +105,8 @@ from datetime import timedelta
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "titan"))
+sys.path.insert(0, HERE)
+from ep_cases import BASE, CASES, names_of, spec  # noqa: E402 - the case matrix, torch-free
 
 try:
     import torch
@@ -103,20 +118,6 @@ try:
 except Exception as e:  # noqa: BLE001 - ImportError or a broken install
     print("SKIP ep-run: torch and torchtitan are not importable by %s (%s: %s)" % (sys.executable, type(e).__name__, e))
     sys.exit(77)
-
-# name: world, dp_shard, ep, model overrides, (batch, seq)
-BASE = dict(dim=16, n_layers=3, n_dense_layers=1, n_heads=2, vocab_size=64, q_lora_rank=0, kv_lora_rank=8,
-            qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4, dense_hidden_dim=32, moe_hidden_dim=8,
-            num_experts=8, num_shared_experts=1, top_k=2)
-CASES = {
-    # efsdp 2: expert weights on the efsdp mesh, Shard(0) (efsdp*ep 4 <= 8 experts)
-    "dp4_ep2": dict(world=4, dp_shard=4, ep=2, model={}, batch=1, seq=6),
-    # efsdp 1: ep takes the whole dp_shard; expert weights on a one-rank FSDP mesh
-    "dp4_ep4": dict(world=4, dp_shard=4, ep=4, model={}, batch=1, seq=6),
-    # efsdp*ep 4 > 2 experts: Shard(1) on the expert weights
-    "dp4_ep2_e2": dict(world=4, dp_shard=4, ep=2, model=dict(num_experts=2, top_k=1), batch=1, seq=5),
-}
-WORLD = 4
 
 
 # ------------------------------------------------------------------ recording
@@ -375,6 +376,86 @@ def install_labels():
         wrap_dist(n)
 
 
+# --------------------------------------------------------- gradient pattern
+
+class GradPattern:
+    """commplan's --pattern oracle gradients (runtime/check.c cp_pattern_grad)
+    put into torchtitan's real step: each FSDP parameter's unsharded gradient,
+    as FSDP2's post-backward takes it to reduce
+    (FSDPParamGroup._get_unsharded_grad_to_reduce, torch 2.15), is overwritten
+    in place with ((e + k) % 5 + 1) * (rank + 1) * (micro + 1): k commplan's
+    id of the parameter (100 * its unit's index in the plan + its index in
+    the unit, from the case's plan.json), e the element's flat index in the
+    full parameter (an expert weight's unsharded tensor is the rank's ep
+    slice: its rows sit where the rank's ep coordinate puts them), rank the
+    global rank, micro 0. Everything after it is torchtitan's and FSDP2's
+    own: which group reduces which parameter, the reduce op and divide factor,
+    the shard placement (Shard(0), Shard(1)) and the copy into the sharded
+    gradient; the reduced shards are then comparable element for element with
+    commplan's --simulate --pattern oracle --dump of the same plan."""
+
+    def __init__(self):
+        self.k = None       # name -> commplan's parameter id; None: no injection
+        self.names = {}     # id(FSDP's sharded parameter) -> its name
+        self.rank = 0
+        self.micro = 0
+        self.injected = {}  # name -> how many times its unsharded gradient was overwritten
+
+
+GP = GradPattern()
+
+
+def plan_param_ids(path):
+    """commplan's parameter ids (cp_pattern_param_id) by name, from plan.json."""
+    with open(path) as f:
+        plan = json.load(f)
+    return {q["name"]: 100 * u["index"] + j for u in plan["units"] for j, q in enumerate(u["params"])}
+
+
+def unsharded_full_index(fsdp_param, ushape):
+    """The full parameter's flat index of every element of the unsharded
+    parameter (ushape): the sharded DTensor's global shape, and on every mesh
+    dim that is not FSDP's own (ep for an expert weight) a Shard(d) puts the
+    unsharded tensor at coordinate * ushape[d] along d."""
+    sp = fsdp_param.sharded_param
+    full = list(sp.shape)
+    offs = [0] * len(full)
+    fsdp_dims = set(fsdp_param.mesh_info.mesh.mesh_dim_names or ())
+    mesh = getattr(sp, "device_mesh", None)
+    if mesh is not None:
+        for i, (dim, pl) in enumerate(zip(mesh.mesh_dim_names or (), sp.placements)):
+            if dim in fsdp_dims or not pl.is_shard():
+                continue
+            if type(pl).__name__ != "Shard":
+                raise AssertionError("%s: %r on mesh dim %s" % (GP.names.get(id(sp)), pl, dim))
+            offs[pl.dim] += mesh.get_local_rank(i) * ushape[pl.dim]
+    numel = 1
+    for d in full:
+        numel *= d
+    idx = torch.arange(numel).view(full)
+    for d, (o, n) in enumerate(zip(offs, ushape)):
+        idx = idx.narrow(d, o, n)
+    return idx
+
+
+def install_grad_pattern():
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as G
+    orig = G.FSDPParamGroup._get_unsharded_grad_to_reduce
+
+    def hooked(self, param):
+        g = orig(self, param)
+        if g is not None and GP.k is not None:
+            name = GP.names.get(id(param.sharded_param), "?")
+            if name not in GP.k:
+                raise KeyError("torchtitan's parameter %s is not in commplan's plan" % name)
+            idx = unsharded_full_index(param, tuple(g.shape))
+            with torch.no_grad():
+                g.copy_((((idx + GP.k[name]) % 5 + 1) * (GP.rank + 1) * (GP.micro + 1)).to(torch.float32))
+            GP.injected[name] = GP.injected.get(name, 0) + 1
+        return g
+    G.FSDPParamGroup._get_unsharded_grad_to_reduce = hooked
+
+
 # -------------------------------------------------------------------- model
 
 def titan_model_config(m):
@@ -452,7 +533,7 @@ def placements(p):
     return [], list(p.shape)
 
 
-def run_case(rank, name, case):
+def run_case(rank, name, case, plan_json=None):
     import spmd_types as spmd
     from torch.distributed._tools.mod_tracker import ModTracker
     from torchtitan.components.loss import cross_entropy_loss
@@ -470,6 +551,9 @@ def run_case(rank, name, case):
     pd.build_mesh()
     model = build(case, pd, parallelism, training)
     REC.group_names = group_names(pd, case["world"])
+    GP.k = plan_param_ids(plan_json) if plan_json else None
+    GP.names = {id(p): n for n, p in model.named_parameters()}
+    GP.rank, GP.micro, GP.injected = rank, 0, {}
     m = dict(BASE, **case["model"])
     B, L = case["batch"], case["seq"]
     tokens = torch.randint(0, m["vocab_size"], (B, L + 1), generator=torch.Generator().manual_seed(100 + rank))
@@ -503,6 +587,7 @@ def run_case(rank, name, case):
                 loss.backward()
     finally:
         events, REC.events, REC.tracker = REC.events, None, None
+        pattern, GP.k = GP.k, None
     out = {"rank": rank, "seconds": round(time.time() - t0, 3), "events": events, "routing": routing,
            "loss": float(loss.detach().to_local() if hasattr(loss, "to_local") else loss.detach())}
     params, grads = [], {}
@@ -514,6 +599,17 @@ def run_case(rank, name, case):
             g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
             grads[pname] = float(g.double().sum())
     out["params"], out["grads"] = params, grads
+    if pattern is not None:
+        # every parameter's unsharded gradient overwritten once (none skipped by FSDP2 for want of a
+        # gradient), then its reduced local shard, element for element
+        if sorted(GP.injected) != sorted(pattern) or any(n != 1 for n in GP.injected.values()):
+            raise AssertionError("gradient pattern: overwritten %s, commplan's parameters %s" % (
+                GP.injected, sorted(pattern)))
+        out["grad_pattern"] = {"pattern": "oracle", "micro": 0, "ids": pattern}
+        out["grads_local"] = {}
+        for pname, p in model.named_parameters():
+            g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            out["grads_local"][pname] = {"shape": list(g.shape), "values": g.detach().reshape(-1).double().tolist()}
     meshes = {}
     for dim in ("dp_shard", "ep", "efsdp"):
         mesh = pd.get_optional_mesh(dim)
@@ -524,7 +620,7 @@ def run_case(rank, name, case):
     return out
 
 
-def worker(rank, world, port, names, tmpdir):
+def worker(rank, world, port, names, tmpdir, plans=None):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     import logging
@@ -536,6 +632,7 @@ def worker(rank, world, port, names, tmpdir):
     E.cpu_training()
     install_labels()
     install_ep_labels()
+    install_grad_pattern()
     import spmd_types._dist
     spmd_types._dist.set_dist(GlooDist())
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world,
@@ -543,7 +640,7 @@ def worker(rank, world, port, names, tmpdir):
     for name in names:
         dist.barrier()
         try:
-            res = run_case(rank, name, CASES[name])
+            res = run_case(rank, name, CASES[name], os.path.join(plans, name, "plan.json") if plans else None)
         except Exception as e:  # noqa: BLE001 - recorded, the wrapper reports it
             res = {"rank": rank, "failed": "%s: %s" % (type(e).__name__, e), "traceback": traceback.format_exc()}
         with open(os.path.join(tmpdir, "%s-r%d.json" % (name, rank)), "w") as f:
@@ -564,11 +661,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "build", "ep", "live"))
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--plans", help="DIR/<case>/plan.json: commplan's plan of each case (its parameter ids); "
+                    "with it every unsharded gradient is commplan's oracle pattern and the reduced shards are "
+                    "recorded (grads_local)")
     a = ap.parse_args()
-    names = [n for n in a.cases.split(",") if n]
-    for n in names:
-        if n not in CASES:
-            sys.exit("ep-run: no case %r (cases: %s)" % (n, ", ".join(CASES)))
+    names = names_of(a.cases)
+    plans = os.path.abspath(a.plans) if a.plans else None
+    for n in names if plans else ():
+        if not os.path.isfile(os.path.join(plans, n, "plan.json")):
+            sys.exit("ep-run: --plans %s has no %s/plan.json" % (a.plans, n))
     os.makedirs(a.out_dir, exist_ok=True)
     tmproot = os.path.join(ROOT, "build", "ep", "tmp")
     os.makedirs(tmproot, exist_ok=True)
@@ -587,7 +688,7 @@ def main():
             # One process group per case: a second ParallelDims over the same dp_shard mesh in one
             # process hands fully_shard a cached DeviceMesh that is not the parameters' one.
             try:
-                mp.start_processes(worker, args=(CASES[name]["world"], free_port(), [name], tmp),
+                mp.start_processes(worker, args=(CASES[name]["world"], free_port(), [name], tmp, plans),
                                    nprocs=CASES[name]["world"], join=True,
                                    start_method=os.environ.get("EP_START", "fork"))
             except Exception as e:  # noqa: BLE001
@@ -605,10 +706,8 @@ def main():
                         parts.append(json.load(f))
             if not parts:
                 continue
-            res = {"case": name, "world": case["world"], "dp_shard": case["dp_shard"], "ep": case["ep"],
-                   "efsdp": parts[0].get("efsdp"), "model": dict(BASE, **case["model"]), "batch": case["batch"],
-                   "seq": case["seq"], "torch": torch.__version__, "torchtitan": version("torchtitan"),
-                   "ranks": parts}
+            res = dict(spec(name), efsdp=parts[0].get("efsdp"), torch=torch.__version__,
+                       torchtitan=version("torchtitan"), ranks=parts)
             failed = [p for p in parts if "failed" in p]
             if failed:
                 res["failed"] = "rank %d: %s" % (failed[0]["rank"], failed[0]["failed"])

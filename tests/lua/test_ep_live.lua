@@ -3,12 +3,22 @@
 -- dp_shard 4, ep 2, efsdp 2, its tiny DeepSeek-V3; trimmed to what the
 -- comparison reads; tests/ep/check_ep_live.sh runs the whole matrix live):
 -- commplan's tables equal it, and each kind of difference is reported.
+-- The reduced gradients: the recording's grads_local (every unsharded
+-- gradient commplan's oracle pattern; a dense parameter over dp_shard, one
+-- over its one-element-per-rank shards, an expert weight over efsdp) against
+-- the plan's --simulate --pattern oracle --dump of them
+-- (tests/ep/recorded/dp4_ep2.dump.json), and a wrong gradient caught.
 local H = require("helpers")
 local json = require("gen.json")
 local live = require("tests.ep.compare_ep_live")
 local T = {}
 
 local function load() return json.decode(H.read("tests/ep/recorded/dp4_ep2.json")) end
+local function dumps()
+  local by_rank = {}
+  for _, d in ipairs(json.decode(H.read("tests/ep/recorded/dp4_ep2.dump.json")).ranks) do by_rank[d.rank] = d end
+  return by_rank
+end
 
 local function first(r, pred)
   for i, e in ipairs(r.events) do if pred(e) then return i, e end end
@@ -62,6 +72,43 @@ function T.each_difference_is_reported()
       if p.name:find("inner_experts", 1, true) then p["local"][1] = p["local"][1] + 1; break end
     end
   end, "local shape")
+end
+
+function T.recorded_reduced_gradients_equal_the_simulation()
+  local c = load()
+  local diff, res = live.check_case(c, dumps())
+  H.eq(diff, nil, "dp4_ep2 with its gradients")
+  H.eq(res.grads.ranks, 4, "every rank's gradients")
+  H.eq(res.grads.params, 4 * #c.grads_subset, "every kept parameter on every rank")
+  -- kv_norm (8) and norm (16) over dp_shard 4, w2 (4 experts of 16 x 8 on each ep rank) over efsdp 2
+  H.eq(res.grads.elements, 8 + 16 + 2 * 4 * 16 * 8, "every element")
+end
+
+function T.a_wrong_gradient_is_caught()
+  local function expect(mutate, want)
+    local c, d = load(), dumps()
+    mutate(c, d)
+    local diff = live.check_case(c, d)
+    assert(type(diff) == "string" and diff:find(want, 1, true), "want '" .. want .. "', got " .. tostring(diff))
+  end
+  local w2 = "layers.2.moe.routed_experts.inner_experts.w2_EDF"
+  -- one element of an expert weight's reduced shard on rank 2 (its efsdp group's sum 4 for 10)
+  expect(function(c) c.ranks[3].grads_local[w2].values[18] = 10 end,
+    "rank 2: " .. w2 .. " reduced gradient element 17: torchtitan 10, commplan ")
+  -- one float32 ulp off, in commplan's dump
+  expect(function(_, d)
+    local v = d[0].grads_local["norm.weight"].values
+    v[1] = v[1] + 2 ^ -20
+  end, "rank 0: norm.weight reduced gradient element 0: torchtitan 10, commplan 10.000001")
+  -- a shard one element short
+  expect(function(c) table.remove(c.ranks[2].grads_local["layers.1.attention.kv_norm.weight"].values) end,
+    "rank 1: layers.1.attention.kv_norm.weight reduced gradient shard has 1 elements live, 2 in commplan's dump")
+  -- a parameter commplan's dump lacks
+  expect(function(_, d) d[3].grads_local[w2] = nil end, "rank 3: " .. w2 .. " has no gradient in commplan's dump")
+  -- a recording without gradients (the recorder run without --plans)
+  expect(function(c) c.ranks[1].grads_local = nil end, "rank 0: no reduced gradients recorded")
+  -- every parameter is compared unless the recording says which it kept
+  expect(function(c) c.grads_subset = nil end, "rank 0: commplan's dump has 3 parameters' gradients, torchtitan 41")
 end
 
 return T

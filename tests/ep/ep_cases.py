@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""The live expert-parallel check's cases (tests/ep/torch_ep_record.py runs
+them; tests/ep/check_ep_live.sh drives both sides), without torch: with
+--specs DIR each case's model and mesh is written as DIR/<case>.json (the
+fields of the recording's header that tests/ep/compare_ep_live.lua makes
+commplan's plan of: case, world, dp_shard, ep, model, batch, seq), so that
+commplan's plan and its numbering of the parameters exist before torch
+runs.
+
+    ep_cases.py --specs DIR [--cases a,b,...]   (other arguments ignored)
+"""
+import argparse
+import json
+import os
+import sys
+
+# The model: torchtitan's DeepSeek-V3 decoder, tiny (see torch_ep_record.py).
+BASE = dict(dim=16, n_layers=3, n_dense_layers=1, n_heads=2, vocab_size=64, q_lora_rank=0, kv_lora_rank=8,
+            qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4, dense_hidden_dim=32, moe_hidden_dim=8,
+            num_experts=8, num_shared_experts=1, top_k=2)
+# name: world, dp_shard, ep, model overrides, (batch, seq)
+CASES = {
+    # efsdp 2: expert weights on the efsdp mesh, Shard(0) (efsdp*ep 4 <= 8 experts)
+    "dp4_ep2": dict(world=4, dp_shard=4, ep=2, model={}, batch=1, seq=6),
+    # efsdp 1: ep takes the whole dp_shard; expert weights on a one-rank FSDP mesh
+    "dp4_ep4": dict(world=4, dp_shard=4, ep=4, model={}, batch=1, seq=6),
+    # efsdp*ep 4 > 2 experts: Shard(1) on the expert weights
+    "dp4_ep2_e2": dict(world=4, dp_shard=4, ep=2, model=dict(num_experts=2, top_k=1), batch=1, seq=5),
+}
+
+
+def spec(name):
+    case = CASES[name]
+    return {"case": name, "world": case["world"], "dp_shard": case["dp_shard"], "ep": case["ep"],
+            "model": dict(BASE, **case["model"]), "batch": case["batch"], "seq": case["seq"]}
+
+
+def names_of(cases):
+    names = [n for n in cases.split(",") if n]
+    for n in names:
+        if n not in CASES:
+            sys.exit("ep-run: no case %r (cases: %s)" % (n, ", ".join(CASES)))
+    return names
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--specs", required=True)
+    ap.add_argument("--cases", default=",".join(CASES))
+    a, _ = ap.parse_known_args()
+    os.makedirs(a.specs, exist_ok=True)
+    for n in names_of(a.cases):
+        with open(os.path.join(a.specs, n + ".json"), "w") as f:
+            json.dump(spec(n), f, indent=1, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
