@@ -25,9 +25,16 @@
 -- final norm's input and output and the logits (e bytes, and fp32 for the
 -- loss): T*(2*e*d + (e + 4)*V); checkpointing wraps the layers only.
 -- With tp > 1 (sequence parallel) every term is divided by tp.
+-- The MoE families (mixtral, qwen3_moe, deepseek_v3): each block's bytes
+-- from gen/models/moe_acts.lua (attention, dense FFN or MoE, each mode as
+-- torchtitan 0.3 keeps them), the routed experts' rows on the block's
+-- experts unit where ep > 1 splits them off (the block's recompute on the
+-- block's unit), the [norm, lm_head] unit's as Llama's output unit's;
+-- checkpointing wraps the blocks only (tp is refused for them).
 -- Generic units: activations are not modeled (no dims to derive them).
 local util = require("gen.util")
 local hardware = require("gen.hardware")
+local moe_acts = require("gen.models.moe_acts")
 
 local compute = {}
 
@@ -83,11 +90,52 @@ end
 
 local function suffix(name) return (name:gsub("^layers%.%d+%.", "")) end
 
+local MOE = { mixtral = true, qwen3_moe = true, deepseek_v3 = true }
+
+-- Whether the plan's model has an activation model (the llama and MoE
+-- families; a generic model declares no dims).
+function compute.activations_modeled(p)
+  local fam = p.model and p.model.family
+  return fam == "llama" or MOE[fam] == true
+end
+
+-- The output unit's activations (Llama's and the MoE families' decoders
+-- alike): the final norm's input and output and the logits, e bytes and
+-- fp32 for the loss.
+local function head_bytes(T, e, d, V, tp)
+  return T * (2 * e * d + (e + 4) * V) / tp
+end
+
+-- The routed rows a rank's experts receive per micro-step (gen/models/
+-- moe_acts.lua): T x top_k under uniform routing, bounded by ep x the
+-- capacity the plan's policy gives each member (gen/parallel/ep.lua).
+local function routed_rows(p, cfg, T)
+  local e = p.layout.ep
+  if not e or e.size <= 1 then return T * cfg.top_k, 1 end
+  local cap = require("gen.parallel.ep").capacity(T, cfg.top_k, cfg.num_experts, e.size, e.policy)
+  return math.min(T * cfg.top_k, e.size * cap), e.size
+end
+
+-- An MoE family's unit: its activations { saved, transient }.
+local function moe_unit_acts(p, u, T, e, ac)
+  local cfg = p.model_config
+  local i = u.name:match("^layers%.(%d+)")
+  if not i then
+    local holds_head = numel_of(u, function(q) return q.name == "lm_head.weight" end) > 0
+    return holds_head and head_bytes(T, e, cfg.dim, cfg.vocab_size, 1) or 0, 0
+  end
+  local rows, ep = routed_rows(p, cfg, T)
+  local b = moe_acts.block(cfg, tonumber(i), e, T, rows, ep, ac)
+  if u.expert then return b.routed, 0 end
+  -- (ep = 1: one unit holds the block and its experts)
+  return b.saved + (ep > 1 and 0 or b.routed), b.transient
+end
+
 -- The units activation checkpointing wraps, one rule for the recompute's
 -- FLOPs here and its TP collectives (gen/timeline.lua): a Llama plan's
 -- transformer blocks (torchtitan's apply_ac wraps model.layers, not the
 -- embedding, the final norm and output, or the loss); a generic plan's
--- units but the root.
+-- units but the root; an MoE family's blocks (and their experts units).
 local holds_wq = setmetatable({}, { __mode = "k" }) -- unit -> whether it holds an attention.wq
 function compute.checkpointed(p, u)
   if p.model and p.model.family == "llama" and p.model_config then
@@ -100,6 +148,7 @@ function compute.checkpointed(p, u)
     end
     return wq
   end
+  if p.model and MOE[p.model.family] and p.model_config then return u.name:match("^layers%.%d+") ~= nil end
   return not u.is_root
 end
 
@@ -143,7 +192,7 @@ function compute.units(p, s)
       local P = numel_of(u, function(q) return suffix(q.name) == "output.weight" end)
       r.fwd = 2 * P * T
       r.bwd = 2 * r.fwd
-      if P > 0 then r.saved = T * (2 * e * cfg.dim + (e + 4) * cfg.vocab_size) / tp end
+      if P > 0 then r.saved = head_bytes(T, e, cfg.dim, cfg.vocab_size, tp) end
     else
       -- A MoE's routed experts (grouped weights, local experts on dim 0)
       -- each see their share of the tokens: a rank's experts process T x
@@ -162,6 +211,9 @@ function compute.units(p, s)
       r.bwd = 2 * r.fwd
       if ac == "full" and compute.checkpointed(p, u) then r.recompute = r.fwd
       elseif ac == "selective" and compute.checkpointed(p, u) then r.recompute = r.fwd / 2 end
+      if p.model and MOE[p.model.family] and p.model_config then
+        r.saved, r.transient = moe_unit_acts(p, u, T, e, ac)
+      end
     end
     out[u.index] = r
   end

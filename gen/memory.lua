@@ -51,7 +51,7 @@ function memory.whole_rank(p, s, per_unit)
   }
   r.total_bytes = params + params + optimizer + r.comm_bytes + act
   r.fits = r.total_bytes <= r.gpu_bytes
-  r.activations_modeled = p.model.family == "llama"
+  r.activations_modeled = compute.activations_modeled(p)
   return r
 end
 

@@ -30,6 +30,16 @@ ds.CONFIGS = {
 }
 ds.FIELDS = moe.FIELDS.deepseek_v3
 
+-- Each registry size's router (models/deepseek_v3/__init__.py: route_norm,
+-- num_expert_groups, num_limited_groups), which decides what it keeps for
+-- backward (gen/models/moe_acts.lua); without a size, _build_dsv3_layers'
+-- defaults (no route_norm, no node-limited routing).
+ds.ROUTERS = {
+  ["16b"] = {},
+  ["236b"] = { groups = 8, limited = 3 },
+  ["671b"] = { route_norm = true, groups = 8, limited = 4 },
+}
+
 -- torchtitan's Attention.Config defaults (q_lora_rank 0: one wq).
 local RESOLVE = {
   label = "DeepSeek-V3", sizes = ds.CONFIGS, fields = ds.FIELDS,
@@ -52,6 +62,7 @@ function ds.config(ctx, model)
     util.field_error(ctx, "model.dense_hidden_dim", "n_dense_layers = 0: no block is dense, so dense_hidden_dim "
       .. "would be ignored; remove it")
   end
+  cfg.router = model.size and ds.ROUTERS[model.size:lower()] or {}
   return cfg
 end
 

@@ -174,6 +174,9 @@ function moe.gqa_family(spec)
       cfg.head_dim = cfg.dim // cfg.n_heads
     end
     cfg.qk_norm = spec.qk_norm
+    -- the router _build_qwen3_moe_layers gives every block (softmax,
+    -- route_norm; no node-limited routing): its saved bytes (gen/models/moe_acts.lua)
+    cfg.router = { route_norm = true }
     return cfg
   end
 

@@ -26,6 +26,8 @@ suites[#suites + 1] = "test_moe_models"
 suites[#suites + 1] = "test_ep"
 -- Issue 23, item 6: commplan's EP tables against torchtitan's run on gloo.
 suites[#suites + 1] = "test_ep_live"
+-- Issue 23: the MoE families' activations in the memory model.
+suites[#suites + 1] = "test_moe_acts"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

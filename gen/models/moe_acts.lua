@@ -1,0 +1,179 @@
+-- Activation bytes of the MoE families' transformer blocks (mixtral,
+-- qwen3_moe, deepseek_v3): what one block's forward keeps for its backward
+-- on one rank, per micro-step, under each activation-checkpointing mode,
+-- derived from torchtitan 0.3's modules (the torch env's torchtitan, torch
+-- 2.15) at the level of gen/compute.lua's Llama model. T tokens per rank,
+-- e bytes per element of the compute dtype (the blocks' param_dtype: FSDP's
+-- mixed precision casts the block inputs to it); fp32 4 bytes, int64 8.
+--
+-- "none": the tensors autograd saves, each storage once (a view keeps its
+-- whole base):
+--   norms (nn.RMSNorm, the fused kernel): input and the fp32 rstd per
+--     token; a norm's output is counted where the op after it saves it
+--   GQA attention (models/common/attention.py GQAttention, FlexAttention):
+--     fused wqkv: the q+2kv projection (flex keeps v, a view of it), the
+--     rotated q and k (rope makes new tensors, flex keeps them); unfused
+--     wq/wk/wv: v and the rotated q, k; Qwen3's q/k norms keep their
+--     inputs (views of the fused projection, else wq's and wk's outputs)
+--     and an fp32 rstd per head; the attention output and its fp32
+--     logsumexp per head (wo keeps the output)
+--   MLA (models/deepseek_v3/model.py Attention): wq_a's output and q_norm's
+--     (q_lora_rank > 0), q after its rope half (torch.cat: new), wkv_a's
+--     output (kv_norm keeps the kv_lora_rank view of it), kv_norm's output,
+--     k (cat of k_nope and the shared rotated k_pe), wkv_b's output (flex
+--     keeps v, a view of it), the attention output, rstd per norm, lse
+--   dense FeedForward (common/feed_forward.py): ffn_norm's output, w1's,
+--     silu's, w3's, their product (w2's input): 4 x hidden
+--   MoE (common/moe.py, common/token_dispatcher.py), measured against
+--   torch by tests/titan/moe_saved_bytes.py:
+--     router: the gate runs under autocast(float32), so its matmul keeps an
+--       fp32 copy of its input (4 x dim per token) and of the gate weight
+--       (4 x E x dim per block); softmax/sigmoid keep their fp32 scores
+--       (4 x E); topk keeps its int64 ids (8 x top_k); route_norm's divide
+--       keeps the gathered scores and their sum (4 x (top_k + 1));
+--       node-limited routing (DeepSeek-V3 236B, 671B) keeps the groups'
+--       top-2 ids (16 x groups), the chosen groups' ids (8 x limited) and
+--       the bool mask (groups)
+--     dispatch: argsort's ids and the token ids (8 + 8 per routed row, N =
+--       T x top_k), the sorted scores (4 per row, combine's multiply keeps
+--       them); the experts' input rows (e x dim), the grouped matmuls'
+--       h1, silu(h1), h3 and their product (4 x e x moe_hidden_dim), the
+--       int32 offsets per local expert; with ep > 1 the permute's int64
+--       indices (8 per received row)
+--     combine: the expert outputs cast to fp32 (4 x dim per row), kept by
+--       the multiply with the scores
+--     shared experts: a FeedForward on every token (hidden moe_hidden_dim x
+--       num_shared_experts), which also keeps ffn_norm's output
+--   Not counted: the all-to-alls' send and receive buffers (gen/memplan.lua
+--   plans them as the a2a token buffers: the dispatch's x[ids] and the
+--   combine's return are their contents, autograd keeps neither), constant
+--   buffers (rope tables), the tiny count tensors.
+-- Rows with ep > 1: a rank's experts receive the tokens its ep group sends
+-- them; under uniform routing T x top_k rows on average, bounded by the
+-- capacity policy (gen/parallel/ep.lua): min(T x top_k, ep x capacity);
+-- the rows it sends and gets back likewise.
+--
+-- "selective": torchtitan's SelectiveAC (distributed/activation_checkpoint.py)
+-- keeps the block's input and the outputs of the ops its policy saves: the
+-- flex attention's (output and logsumexp), topk's (fp32 values and int64
+-- ids: the router's, and node-limited routing's two), and every other
+-- aten.mm of the block (the 1st, 3rd, ...; the router gate's shape
+-- (dim, E) is force-recomputed and not counted: force_recompute_mm_shapes_
+-- by_fqns = ["moe.router.gate"]). torch._grouped_mm is not in its save list
+-- (torch._functorch.partitioners' compute_intensive_ops), so the routed
+-- experts are recomputed; under torchtitan's default spmd_types backend the
+-- token all-to-alls are c10d.alltoall_ (not _c10d_functional.all_to_all_
+-- single, which it would save), recomputed too. Its backward then holds
+-- the block's other activations again (transient: "none" less saved).
+-- "full": the block's input (e x dim per token); backward recomputes all
+-- of "none" (transient).
+local acts = {}
+
+local F32, I64, I32 = 4, 8, 4
+
+-- A part of a block: none (bytes autograd saves), mms (its matmuls in
+-- forward order: { fan_in, fan_out }), sac (bytes of the other ops
+-- SelectiveAC saves), routed (bytes on the routed experts' rows).
+local function part(none, mms, sac, routed)
+  return { none = none, mms = mms, sac = sac or 0, routed = routed or 0 }
+end
+
+-- Grouped-query attention with its attention_norm (mixtral, qwen3_moe).
+function acts.gqa_attention(cfg, e, T)
+  local d, h, kvh = cfg.dim, cfg.n_heads, cfg.n_kv_heads
+  local Q, KV = h * cfg.head_dim, kvh * cfg.head_dim
+  local qkv, mms
+  if cfg.fuse_qkv then
+    qkv = (Q + 2 * KV) + (Q + KV)
+    mms = { { d, Q + 2 * KV }, { Q, d } }
+  else
+    qkv = Q + 2 * KV + (cfg.qk_norm and Q + KV or 0)
+    mms = { { d, Q }, { d, KV }, { d, KV }, { Q, d } }
+  end
+  local rstd = 1 + h + (cfg.qk_norm and h + kvh or 0)
+  return part(e * T * (2 * d + qkv + Q) + F32 * T * rstd, mms, e * T * Q + F32 * T * h)
+end
+
+-- Multi-head latent attention with its attention_norm (deepseek_v3).
+function acts.mla_attention(cfg, e, T)
+  local d, H, ql, kvl = cfg.dim, cfg.n_heads, cfg.q_lora_rank, cfg.kv_lora_rank
+  local rope, nope, v = cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.v_head_dim
+  local qk = nope + rope
+  local mms = {}
+  if ql > 0 then
+    mms[1], mms[2] = { d, ql }, { ql, H * qk }
+  else
+    mms[1] = { d, H * qk }
+  end
+  table.insert(mms, { d, kvl + rope })
+  table.insert(mms, { kvl, H * (nope + v) })
+  table.insert(mms, { H * v, d })
+  local width = 2 * d + (ql > 0 and 2 * ql or 0) + 2 * H * qk + (kvl + rope) + kvl + H * (nope + v) + H * v
+  local rstd = 1 + (ql > 0 and 1 or 0) + 1 + H
+  return part(e * T * width + F32 * T * rstd, mms, e * T * H * v + F32 * T * H)
+end
+
+-- A dense FeedForward of hidden f with its ffn_norm (DeepSeek-V3's first
+-- n_dense_layers blocks).
+function acts.dense_ffn(cfg, e, T, f)
+  local d = cfg.dim
+  return part(e * T * (2 * d + 4 * f) + F32 * T, { { d, f }, { d, f }, { f, d } })
+end
+
+-- The MoE with its ffn_norm. rows: the routed rows this rank's experts
+-- receive (and it gets back); ep: the ep degree.
+function acts.moe(cfg, e, T, rows, ep)
+  local d, E, K, F = cfg.dim, cfg.num_experts, cfg.top_k, cfg.moe_hidden_dim
+  local r = cfg.router or {}
+  local N = T * K
+  local G, lg = r.groups or 0, r.limited or 0
+  local router = T * (F32 * d + F32 * E + I64 * K) + F32 * E * d
+    + (r.route_norm and F32 * T * (K + 1) or 0) + T * (2 * I64 * G + I64 * lg + G)
+  local dispatch = N * (I64 + I64 + F32)
+  local combine = rows * F32 * d
+  local Fs = (cfg.num_shared_experts or 0) * F
+  local block = e * T * d + F32 * T + router + dispatch + combine
+  local mms = { { d, E } }
+  if Fs > 0 then
+    block = block + e * T * (d + 4 * Fs)
+    mms[2], mms[3], mms[4] = { d, Fs }, { d, Fs }, { Fs, d }
+  end
+  local routed = rows * (e * d + 4 * e * F + (ep > 1 and I64 or 0)) + I32 * (E // ep)
+  local sac = T * (F32 + I64) * (K + 2 * G + lg)
+  return part(block, mms, sac, routed)
+end
+
+-- The bytes of the matmul outputs SelectiveAC saves: every other aten.mm
+-- (odd counts), those of the forced shapes neither saved nor counted.
+function acts.sac_matmuls(mms, e, T, forced)
+  local n, bytes = 0, 0
+  for _, m in ipairs(mms) do
+    if not (forced and m[1] == forced[1] and m[2] == forced[2]) then
+      n = n + 1
+      if n % 2 == 1 then bytes = bytes + e * T * m[2] end
+    end
+  end
+  return bytes
+end
+
+-- Block i (0-based) of cfg's family: { saved = bytes its dense unit keeps,
+-- routed = bytes the routed experts' rows keep (its experts unit's with
+-- ep > 1), transient = one block's recompute in backward }. ac: "none",
+-- "selective" or "full"; rows, ep as acts.moe.
+function acts.block(cfg, i, e, T, rows, ep, ac)
+  local attn = cfg.kv_lora_rank and acts.mla_attention(cfg, e, T) or acts.gqa_attention(cfg, e, T)
+  local dense = i < (cfg.n_dense_layers or 0)
+  local ffn = dense and acts.dense_ffn(cfg, e, T, cfg.dense_hidden_dim) or acts.moe(cfg, e, T, rows, ep)
+  local none = attn.none + ffn.none + ffn.routed
+  if ac == "none" then return { saved = none - ffn.routed, routed = ffn.routed, transient = 0 } end
+  local input = e * T * cfg.dim
+  if ac == "full" then return { saved = input, routed = 0, transient = none } end
+  local mms = {}
+  for _, m in ipairs(attn.mms) do mms[#mms + 1] = m end
+  for _, m in ipairs(ffn.mms) do mms[#mms + 1] = m end
+  local forced = not dense and { cfg.dim, cfg.num_experts } or nil
+  local saved = input + acts.sac_matmuls(mms, e, T, forced) + attn.sac + ffn.sac
+  return { saved = saved, routed = 0, transient = none - saved }
+end
+
+return acts
