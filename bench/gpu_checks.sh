@@ -19,6 +19,7 @@
 #   train        20 AdamW steps against fully_shard on NCCL (train_compare.py)
 #   enqueue      host time per llama70b step (--standin), eager and graph, and its --trace
 #   bench        copy kernels against PyTorch's ops (alone on the GPU)
+#   eplib        the GPU library's token exchanges (tests/lib/ep_library.c) on every EP plan, all ranks
 set -u
 OUT=${OUT:-build/gpu-checks}
 deadline=$(( $(date +%s) + ${1:-540} ))
@@ -90,10 +91,23 @@ ranks_job() {
   tests/gpu_torchrun.sh >"$OUT/torchrun.log" 2>&1; trc=$?
   echo "ranks: $pass passed, $fail failed; oracle fsdp3: $o; torchrun: rc $trc $(grep -c '^  ok' "$OUT/torchrun.log") ok" >"$OUT/ranks.done"
 }
-want() { case " ${SECTIONS:-ranks kernels faults sanitizer train enqueue bench} " in *" $1 "*) return 0 ;; esac; return 1; }
+want() { case " ${SECTIONS:-ranks eplib kernels faults sanitizer train enqueue bench} " in *" $1 "*) return 0 ;; esac; return 1; }
 if want ranks; then ranks_job & ranks_pid=$!; else ranks_pid=; fi
 
-# ---- foreground: kernels, faults, sanitizer, train ----
+# ---- foreground: the library's token exchanges, kernels, faults, sanitizer, train ----
+want eplib && {
+  ep_ok=0 ep_bad=0
+  for p in $EP_PLANS; do
+    n=$(lua5.4 -e "print(dofile('tests/ep/plans/$p.lua').world_size)")
+    log=$OUT/eplib-$p.log
+    if make -s "build/$p/ep_library" >"$log" 2>&1 &&
+       MASTER_PORT=$((24000 + 11 * (ep_ok + ep_bad))) TMPDIR=build GPU_RANKS_TIMEOUT=60 tests/gpu_ranks.sh "$n" "build/$p/ep_library" 2 >>"$log" 2>&1 &&
+       [ "$(grep -c 'every row and count exact' "$log")" -ge "$n" ]
+    then ep_ok=$((ep_ok + 1)); echo "ok   $p $n ranks: $(grep -m 1 'every row' "$log")" >>"$OUT/eplib.txt"; rm -f "$log"
+    else ep_bad=$((ep_bad + 1)); echo "FAIL $p $n ranks (log $log)" >>"$OUT/eplib.txt"; fi
+  done
+  say "eplib: $ep_ok passed, $ep_bad failed (the library's token exchanges, every row and count checked on every rank)"
+}
 want kernels && { timeout 120 build/tests/test_kernels >"$OUT/kernels.log" 2>&1
 say "kernels: rc $? $(tail -n 1 "$OUT/kernels.log")"; }
 want faults && {
@@ -123,7 +137,8 @@ grep '^FAIL' "$OUT/ranks.txt" | head -n 10 >>"$summary"
 if want enqueue && [ "$(left)" -gt 120 ]; then
   { make -s PLAN=llama70b.lua && for m in eager --graph; do mm=$m; [ "$mm" = eager ] && mm=
       timeout 90 build/llama70b/llama70b --standin --warmup 3 --iters 20 $mm; done
-    timeout 90 build/llama70b/llama70b --standin --warmup 3 --iters 5 --trace "$OUT/llama70b-trace.json"
+    timeout 90 build/llama70b/llama70b --standin --warmup 3 --iters 5 --trace "$OUT/llama70b-trace.json" &&
+    python3 bench/trace_compare.py plans/llama70b/trace.json "$OUT/llama70b-trace.json" >"$OUT/trace-compare.txt"
   } >"$OUT/enqueue.log" 2>&1
   say "enqueue: rc $? $(grep -iE 'step|host' "$OUT/enqueue.log" | head -n 6 | tr '\n' '|')"
 fi
