@@ -148,7 +148,7 @@ void cp_call_effect_of(const cp_plan *p, int unit, const cp_op_kind *kinds, int 
         e->opens |= 1u << CP_BUF_GRADS;
 }
 
-int cp_call_conflict(const cp_plan *p, int unit, const cp_call_effect *e, const unsigned char *live, int *wrote,
+int cp_call_conflict(const cp_plan *p, int unit, const cp_call_effect *e, const unsigned *live, int *wrote,
                      int *held)
 {
     /* What it writes, and what it opens: the caller's backward writes the
@@ -172,9 +172,9 @@ int cp_call_conflict(const cp_plan *p, int unit, const cp_call_effect *e, const 
     return -1;
 }
 
-void cp_call_apply(const cp_call_effect *e, unsigned char *live_of_unit)
+void cp_call_apply(const cp_call_effect *e, unsigned *live_of_unit)
 {
-    *live_of_unit = (unsigned char)((*live_of_unit & ~e->closes) | e->opens);
+    *live_of_unit = (*live_of_unit & ~e->closes) | e->opens;
 }
 
 void cp_call_conflict_message(const cp_plan *p, const char *call, int unit, int v, int wrote, int held, char *out,

@@ -65,6 +65,8 @@ typedef struct {
     long *recorded;
     cp_host_collective_cb cb; /* cp_host_backend_init_cb: collectives go there */
     void *cb_user;
+    cp_host_alltoall_cb a2a_cb; /* cp_host_backend_set_alltoall: the all-to-alls, or NULL */
+    void *a2a_user;
     /* Point-to-point: inside a group its receives wait for the group's end,
      * so the group's sends (which never block) are all posted first. */
     int in_group, npending, cap_pending;
@@ -566,20 +568,50 @@ static int host_a2a(cp_backend *b, const cp_op *op, cp_stream s, const void *in,
     return bad ? -1 : 0;
 }
 
-/* The host library hands its collectives to the caller, whose callback has no all-to-all. */
+/* The host library hands its collectives to the caller: the all-to-alls
+ * too once it has given an all-to-all callback (cp_host_backend_set_alltoall),
+ * as torch's all_to_all_single takes them: rows packed back to back per
+ * member. The counts are one row of a2a_experts int64 per member. */
+static int cb_no_a2a(cp_backend *b, const cp_op *op)
+{
+    return p2p_error(b->ctx, "rank %d: %s (op %ld): this backend hands its collectives to a callback and was given no "
+                     "all-to-all for expert parallelism's tokens (cp_hostlib_set_alltoall; --ranks has none: run "
+                     "--simulate of every rank together, or NCCL)", ((rank_ctx *)b->ctx)->rank,
+                     cp_op_kind_name(op->kind), op_index(b->ctx, op));
+}
+
+static int cb_alltoall(cp_backend *b, const cp_op *op, const void *in, void *out, const int64_t *send_rows,
+                       const int64_t *recv_rows, int64_t row_bytes)
+{
+    rank_ctx *rc = b->ctx;
+    rc->err[0] = '\0';
+    if (!rc->a2a_cb) return cb_no_a2a(b, op);
+    const cp_plan *p = rc->world->plan;
+    int color, key;
+    cp_group_of(p, op->family, rc->rank, &color, &key);
+    return rc->a2a_cb(rc->a2a_user, op->family, color, key, p->families[op->family].size, in, out, send_rows,
+                      recv_rows, row_bytes);
+}
+
 static int cb_a2a_counts(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)
 {
-    (void)s, (void)in, (void)out;
-    return p2p_error(b->ctx, "rank %d: %s (op %ld): this backend hands its collectives to a callback, which has no all-to-all "
-                     "(expert parallelism runs in --simulate of every rank together and on NCCL, not in the host library or --ranks)", ((rank_ctx *)b->ctx)->rank,
-                     cp_op_kind_name(op->kind), op_index(b->ctx, op));
+    (void)s;
+    int size = ((rank_ctx *)b->ctx)->world->plan->families[op->family].size;
+    int64_t *ones = malloc((size_t)size * sizeof *ones);
+    if (!ones)
+        return p2p_error(b->ctx, "rank %d: a2a_counts (op %ld): out of host memory", ((rank_ctx *)b->ctx)->rank,
+                         op_index(b->ctx, op));
+    for (int m = 0; m < size; m++) ones[m] = 1;
+    int rc = cb_alltoall(b, op, in, out, ones, ones, (int64_t)op->a2a_experts * (int64_t)sizeof(int64_t));
+    free(ones);
+    return rc;
 }
 
 static int cb_a2a(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out, const int64_t *send_rows,
                   const int64_t *recv_rows)
 {
-    (void)send_rows, (void)recv_rows;
-    return cb_a2a_counts(b, op, s, in, out);
+    (void)s;
+    return cb_alltoall(b, op, in, out, send_rows, recv_rows, op->a2a_dim * (int64_t)cp_dtype_size(op->dtype));
 }
 
 static const char *host_last_error(cp_backend *b)
@@ -889,4 +921,11 @@ void cp_host_backend_init_cb(cp_backend *b, cp_host_world *w, int rank, cp_host_
     b->collective[CP_COLL_ALL_REDUCE] = cb_all_reduce;
     b->a2a_counts = cb_a2a_counts;
     b->a2a = cb_a2a;
+}
+
+void cp_host_backend_set_alltoall(cp_backend *b, cp_host_alltoall_cb cb, void *user)
+{
+    rank_ctx *rc = b->ctx;
+    rc->a2a_cb = cb;
+    rc->a2a_user = user;
 }

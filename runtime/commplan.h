@@ -407,10 +407,10 @@ void cp_call_effect_of(const cp_plan *p, int unit, const cp_op_kind *kinds, int 
  * buffer *wrote (one its ops write, or the grads the caller's backward
  * writes after the unshard that opens them), or -1. Calls in the plan's order (each at its last op)
  * never conflict. */
-int cp_call_conflict(const cp_plan *p, int unit, const cp_call_effect *e, const unsigned char *live, int *wrote,
+int cp_call_conflict(const cp_plan *p, int unit, const cp_call_effect *e, const unsigned *live, int *wrote,
                      int *held);
 /* After the call ran: its unit's live bits. */
-void cp_call_apply(const cp_call_effect *e, unsigned char *live_of_unit);
+void cp_call_apply(const cp_call_effect *e, unsigned *live_of_unit);
 /* One line for a refused call ("cp_gpu_unshard(blocks.1) would write ..."). */
 void cp_call_conflict_message(const cp_plan *p, const char *call, int unit, int v, int wrote, int held, char *out,
                               size_t n);

@@ -39,11 +39,34 @@ void *cp_hostlib_sharded_grad(cp_hostlib *h, int param);
 int cp_hostlib_unshard(cp_hostlib *h, int unit);
 int cp_hostlib_reshard(cp_hostlib *h, int unit);
 int cp_hostlib_reduce_grads(cp_hostlib *h, int unit);
-/* Expert parallelism: this rank's per-expert token counts for the unit's
- * next A2A_COUNTS, checked as cp_gpu_set_expert_counts checks them (0, or
- * -1 with one line). No host library call runs the all-to-alls yet: its
- * collectives go to the caller's callback, which has no all-to-all. */
+/* Expert parallelism through the same calls, as cp_gpu.h's (its comment
+ * "Expert parallelism through the same calls" says the order): the
+ * all-to-alls go to the caller's all-to-all callback (host.h
+ * cp_host_alltoall_cb; HostLibrary: torch.distributed.all_to_all_single on
+ * the ep group's process group), set before the first exchange; without one
+ * an exchange is refused with one line. */
+void cp_hostlib_set_alltoall(cp_hostlib *h, cp_host_alltoall_cb cb, void *user);
+/* This rank's per-expert token counts (n = the unit's a2a_experts, global
+ * expert order) for the unit's next A2A_COUNTS, checked as
+ * cp_gpu_set_expert_counts checks them (0, or -1 with one line). */
 int cp_hostlib_set_expert_counts(cp_hostlib *h, int unit, const int64_t *counts, int n);
+/* The unit's next token exchange, in the plan's order: forward, the counts'
+ * exchange and the dispatch in one call (send buffer -> receive buffer),
+ * then the combine (receive -> send); backward, the combine's gradient,
+ * then the dispatch's, split by that micro-step's forward counts. Rows are
+ * the unit's a2a dim elements of its all-gather dtype, packed as
+ * cp_gpu_exchange_tokens packs them. The token buffers hold data from the
+ * exchange that opens them to its pair: a call that would overwrite them
+ * in between is refused with one line (arena.c's order check). 0 or -1. */
+int cp_hostlib_exchange_tokens(cp_hostlib *h, int unit);
+/* The unit's token buffers (receive 0: send buffer, 1: receive buffer),
+ * NULL for a unit without all-to-alls. */
+void *cp_hostlib_tokens(cp_hostlib *h, int unit, int receive);
+/* The counts the unit's last cp_hostlib_exchange_tokens split by: [0, E)
+ * this rank's tokens per global expert, [E, 2E) the rows received
+ * ([source member][local expert]); E the unit's a2a_experts. NULL before
+ * the unit's first exchange. */
+const int64_t *cp_hostlib_exchange_counts(const cp_hostlib *h, int unit);
 
 #ifdef __cplusplus
 }

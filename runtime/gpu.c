@@ -66,7 +66,7 @@ struct cp_gpu {
     cp_backend backend;
     cp_executor ex;
     int have_ex;
-    unsigned char *live;  /* per unit, library calls: bit k, arena buffer k holds data across calls (arena.c) */
+    unsigned *live;       /* per unit, library calls: bit k, arena buffer k holds data across calls (arena.c) */
     int (*cursor)[CALLS]; /* per unit and call: next op to scan from */
     int *last_exchange;   /* per unit: the A2A op its last cp_gpu_exchange_tokens ran, or -1 */
     cp_gpu_compute_fn compute;
@@ -586,7 +586,7 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
         }
         if (crc != 0) goto out;
     }
-    g->live = calloc((size_t)(p->nunits > 0 ? p->nunits : 1), 1);
+    g->live = calloc((size_t)(p->nunits > 0 ? p->nunits : 1), sizeof *g->live);
     g->cursor = calloc((size_t)(p->nunits > 0 ? p->nunits : 1), sizeof *g->cursor);
     g->last_exchange = malloc((size_t)(p->nunits > 0 ? p->nunits : 1) * sizeof *g->last_exchange);
     if (!g->live || !g->cursor || !g->last_exchange) { fail(g, "out of host memory"); goto out; }

@@ -36,6 +36,19 @@ typedef int (*cp_host_collective_cb)(void *user, int coll, int family, int color
 /* Rank `rank`'s backend with the host copies, memory and event checks of
  * cp_host_backend_init and every collective through cb. */
 void cp_host_backend_init_cb(cp_backend *b, cp_host_world *w, int rank, cp_host_collective_cb cb, void *user);
+/* Expert parallelism's all-to-alls, someone else's too (HostLibrary:
+ * torch.distributed.all_to_all_single): the group as for the collectives;
+ * in holds send_rows[m] rows of row_bytes for member m, back to back in
+ * member order, out receives recv_rows[m] rows from member m likewise
+ * (torch's input and output split sizes, in rows). The counts' exchange is
+ * one row of a2a_experts int64 to and from each member; the tokens' are
+ * the op's a2a_dim elements of its dtype per row, split by those counts.
+ * Returns 0, or -1 after the callee has said why. */
+typedef int (*cp_host_alltoall_cb)(void *user, int family, int color, int key, int size, const void *in, void *out,
+                                   const int64_t *send_rows, const int64_t *recv_rows, int64_t row_bytes);
+/* A backend of cp_host_backend_init_cb: its all-to-alls through cb (NULL:
+ * refused with one line, the default). */
+void cp_host_backend_set_alltoall(cp_backend *b, cp_host_alltoall_cb cb, void *user);
 
 #ifdef __cplusplus
 }

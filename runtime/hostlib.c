@@ -7,7 +7,7 @@
 
 #include "cp_hostlib.h"
 
-enum { CALL_UNSHARD, CALL_RESHARD, CALL_REDUCE, CALLS };
+enum { CALL_UNSHARD, CALL_RESHARD, CALL_REDUCE, CALL_EXCHANGE, CALLS };
 
 struct cp_hostlib {
     const cp_plan *plan;  /* the executor's view: this rank's TP class */
@@ -17,8 +17,8 @@ struct cp_hostlib {
     int (*cursor)[CALLS]; /* per unit and call: where the next search starts */
     unsigned char *ran;   /* per op: run in this step (every op runs once a step; calls run them out of
                              table order, each group in the order its last op has in the table) */
-    unsigned char *live;  /* per unit: bit k, arena buffer k holds data across calls (arena.c) */
-    int has_a2a;          /* the plan has expert all-to-alls: the unit calls refuse it */
+    unsigned *live;       /* per unit: bit k, arena buffer k holds data across calls (arena.c) */
+    int *last_exchange;   /* per unit: the A2A op its last cp_hostlib_exchange_tokens ran, or -1 */
     char err[600];
 };
 
@@ -44,11 +44,13 @@ int cp_hostlib_init(cp_hostlib **out, const cp_plan *plan, int rank, cp_host_col
     if (!h || !(h->world = cp_host_world_create(plan)) ||
         !(h->cursor = calloc((size_t)(plan->nunits > 0 ? plan->nunits : 1), sizeof *h->cursor)) ||
         !(h->ran = calloc((size_t)(plan->nops > 0 ? plan->nops : 1), 1)) ||
-        !(h->live = calloc((size_t)(plan->nunits > 0 ? plan->nunits : 1), 1))) {
+        !(h->live = calloc((size_t)(plan->nunits > 0 ? plan->nunits : 1), sizeof *h->live)) ||
+        !(h->last_exchange = malloc((size_t)(plan->nunits > 0 ? plan->nunits : 1) * sizeof *h->last_exchange))) {
         snprintf(err, errlen, "rank %d: out of host memory for plan %s", rank, plan->name);
         cp_hostlib_destroy(h);
         return -1;
     }
+    for (int u = 0; u < plan->nunits; u++) h->last_exchange[u] = -1;
     cp_host_backend_init_cb(&h->backend, h->world, rank, cb, user);
     h->ex.quiet = 1;
     if (cp_executor_init(&h->ex, plan, rank, &h->backend) != 0) {
@@ -57,7 +59,6 @@ int cp_hostlib_init(cp_hostlib **out, const cp_plan *plan, int rank, cp_host_col
         return -1;
     }
     h->plan = h->ex.plan;
-    h->has_a2a = cp_plan_has_a2a(plan); /* (once: every call asks) */
     h->backend.fork(&h->backend); /* the first step */
     *out = h;
     return 0;
@@ -71,6 +72,7 @@ void cp_hostlib_destroy(cp_hostlib *h)
     free(h->cursor);
     free(h->ran);
     free(h->live);
+    free(h->last_exchange);
     free(h);
 }
 
@@ -118,10 +120,6 @@ static int call(cp_hostlib *h, const char *name, int unit, int which, const cp_o
     if (h->plan->pp_size > 1)
         return fail(h, "%s: plan %s is a pipeline plan (pp %d): the library calls do not run its sends and "
                     "receives; run its binary, or drive a plan without pp", name, h->plan->name, h->plan->pp_size);
-    /* Likewise a MoE layer's token all-to-alls, which no unit call issues. */
-    if (h->has_a2a)
-        return fail(h, "%s: plan %s exchanges tokens (expert parallel's all-to-alls): the library calls do not "
-                    "run them; run its binary, or drive a plan without ep", name, h->plan->name);
     if (unit < 0 || unit >= h->plan->nunits) return fail(h, "unit %d is outside the plan's %d units", unit, h->plan->nunits);
     h->err[0] = '\0';
     cp_call_effect e;
@@ -133,6 +131,7 @@ static int call(cp_hostlib *h, const char *name, int unit, int which, const cp_o
     }
     if (cp_run_call(h->plan, unit, kinds, nkinds, &h->cursor[unit][which], run_op, h) < 0) return -1;
     cp_call_apply(&e, &h->live[unit]);
+    if (which == CALL_EXCHANGE && e.ops) h->last_exchange[unit] = e.last;
     return 0;
 }
 
@@ -147,4 +146,29 @@ int cp_hostlib_reshard(cp_hostlib *h, int unit) { return call(h, "cp_hostlib_res
 int cp_hostlib_reduce_grads(cp_hostlib *h, int unit)
 {
     return call(h, "cp_hostlib_reduce_grads", unit, CALL_REDUCE, cp_call_reduce, 8);
+}
+
+void cp_hostlib_set_alltoall(cp_hostlib *h, cp_host_alltoall_cb cb, void *user)
+{
+    cp_host_backend_set_alltoall(&h->backend, cb, user);
+}
+
+/* The unit's next token all-to-all, in the plan's order: forward, its
+ * counts exchange and dispatch in one call, then its combine; backward,
+ * the combine's gradient, then the dispatch's (cp_gpu_exchange_tokens). */
+int cp_hostlib_exchange_tokens(cp_hostlib *h, int unit)
+{
+    return call(h, "cp_hostlib_exchange_tokens", unit, CALL_EXCHANGE, cp_call_exchange, 2);
+}
+
+void *cp_hostlib_tokens(cp_hostlib *h, int unit, int receive)
+{
+    if (unit < 0 || unit >= h->plan->nunits || h->plan->units[unit].a2a_numel <= 0) return NULL;
+    return h->ex.buf[receive ? CP_BUF_A2A_RECV : CP_BUF_A2A_SEND][unit];
+}
+
+const int64_t *cp_hostlib_exchange_counts(const cp_hostlib *h, int unit)
+{
+    if (unit < 0 || unit >= h->plan->nunits || h->last_exchange[unit] < 0) return NULL;
+    return cp_executor_a2a_counts_of_op(&h->ex, &h->plan->ops[h->last_exchange[unit]]);
 }

@@ -184,6 +184,22 @@ torch_lane() {
   else
     skipped "$train_what" "no torch environment with torchrun (make torch-env)"
   fi
+  # Expert parallelism through the host library (HostLibrary's exchange_tokens,
+  # its all-to-alls dist.all_to_all_single on gloo): the 4-rank EP test plans'
+  # library calls in the plan's order under torchrun, every row and count
+  # checked on every rank (tests/python/ep_library.py; 77: SKIP).
+  eplib_what="expert parallelism through the host library under torchrun: ep2_mixtral and ep4_mixtral_efsdp1's calls and token exchanges in the plan's order on gloo, every row and count checked on 4 ranks (tests/python/ep_library.py)"
+  if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
+    eplib_f=$(logname "$eplib_what")
+    timeout 600 "$live_py" tests/python/ep_library.py "$(dirname "$live_py")/torchrun" >"$eplib_f" 2>&1
+    case $? in
+      0) ok "$eplib_what"; grep -ah "^ok \|^FAIL\|^ep_library_py: " "$eplib_f" | sed "s/^/        /" ;;
+      77) skipped "$eplib_what" "$(sed -n 's/^SKIP ep_library_py: //p' "$eplib_f" | head -n 1)" ;;
+      *) bad "$eplib_what" "$eplib_f" ;;
+    esac
+  else
+    skipped "$eplib_what" "no torch environment with torchrun (make torch-env)"
+  fi
 
   section "Python package with PyTorch: runtime hooks, torchtitan's TP live (tests/python/test_runtime_host.py, tests/tp_record.py)"
   if command -v python3 >/dev/null 2>&1; then

@@ -121,14 +121,103 @@ class _CudaArray:
                                          "version": 2}
 
 
-class GpuLibrary:
+class _ExpertCalls:
+    """Expert parallelism's library calls, shared by GpuLibrary and HostLibrary (cp_gpu.h's
+    "Expert parallelism through the same calls"; prefix cp_gpu_ or cp_hostlib_): per experts unit,
+    in the plan's order, set_expert_counts(unit, counts) (this rank's tokens per global expert)
+    and the rows written into tokens(unit, 0), then exchange_tokens(unit): the counts' exchange
+    and the dispatch, the rows for this rank's experts in tokens(unit, 1); the experts' output
+    written over them, exchange_tokens(unit) again: the combine, back in tokens(unit, 0); the
+    backward's pair likewise (output gradients into tokens(unit, 0), exchange, input gradients
+    over tokens(unit, 1), exchange). exchange_counts(unit) gives what the last exchange split by.
+    A unit is its index or its name in plan.json."""
+
+    _PREFIX = None
+
+    def _ep_fn(self, name, argtypes, restype):
+        fn = getattr(self.lib, self._PREFIX + name, None)
+        if fn is None:
+            raise PlanError("%s has no %s%s: rebuild it with make PLAN=%s.lua (this runtime's expert parallel "
+                            "calls)" % (self.path, self._PREFIX, name, self.name))
+        fn.argtypes, fn.restype = argtypes, restype
+        return fn
+
+    def _plan_json_loaded(self):
+        if self._plan_json is None:
+            self._plan_json = load_plan_json(find_plan_json(self.name, "."))
+        return self._plan_json
+
+    def unit_index(self, unit):
+        """A unit's index from its index or plan.json name."""
+        if isinstance(unit, int):
+            return unit
+        for u in self._plan_json_loaded()["units"]:
+            if u["name"] == unit:
+                return u["index"]
+        raise ValueError("commplan: plan %s has no unit %r" % (self.name, unit))
+
+    def _unit_json(self, unit):
+        u = self.unit_index(unit)
+        for x in self._plan_json_loaded()["units"]:
+            if x["index"] == u:
+                return x
+        raise ValueError("commplan: plan %s has no unit %d" % (self.name, u))
+
+    def num_experts(self, unit=None):
+        """The plan's global expert count (the length of set_expert_counts' list)."""
+        ep = self._plan_json_loaded().get("expert_parallel") or {}
+        return int(ep.get("num_experts", 0))
+
+    def token_numel(self, unit):
+        """Elements (the unit's ag dtype) of each of the unit's token buffers; 0 without all-to-alls."""
+        u = self._unit_json(unit)
+        nbytes = u["arena"].get("a2a_send", {}).get("bytes", 0)
+        return nbytes // torch.empty(0, dtype=TORCH_DTYPES[u["ag_dtype"]]).element_size()
+
+    def set_expert_counts(self, unit, counts):
+        """This rank's tokens per global expert for the unit's next counts exchange (checked: one line)."""
+        vals = [int(c) for c in (counts.tolist() if hasattr(counts, "tolist") else counts)]
+        arr = (ctypes.c_int64 * max(len(vals), 1))(*vals)
+        fn = self._ep_fn("set_expert_counts", [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64),
+                                               ctypes.c_int], ctypes.c_int)
+        if fn(self.g, self.unit_index(unit), arr, len(vals)) != 0:
+            raise RuntimeError("commplan: " + self.last_error())
+
+    def exchange_counts(self, unit):
+        """The counts the unit's last exchange split by, a torch int64 tensor (a copy) of 2 x E:
+        [0, E) this rank's tokens per global expert, [E, 2E) the rows received ([source member]
+        [local expert]); None before the unit's first exchange."""
+        fn = self._ep_fn("exchange_counts", [ctypes.c_void_p, ctypes.c_int], ctypes.POINTER(ctypes.c_int64))
+        ptr = fn(self.g, self.unit_index(unit))
+        if not ptr:
+            return None
+        E = self.num_experts(unit)
+        return torch.tensor([ptr[i] for i in range(2 * E)], dtype=torch.int64)
+
+    def tokens(self, unit, receive):
+        """The unit's send (receive 0) or receive (1) token buffer, a 1-D torch view (no copy) in
+        the unit's ag dtype: rows of the plan's dim elements, packed as cp_gpu.h says."""
+        u = self._unit_json(unit)
+        numel = self.token_numel(unit)
+        fn = self._ep_fn("tokens", [ctypes.c_void_p, ctypes.c_int, ctypes.c_int], ctypes.c_void_p)
+        ptr = fn(self.g, u["index"], 1 if receive else 0)
+        if not ptr or numel == 0:
+            raise RuntimeError("commplan: unit %s of plan %s has no token buffers (no expert all-to-alls)"
+                               % (u["name"], self.name))
+        return self._token_view(ptr, numel, u["ag_dtype"])
+
+
+class GpuLibrary(_ExpertCalls):
     """build/<name>/lib<name>.so: cp_launch_from_env, cp_gpu_init and the per-unit calls."""
+
+    _PREFIX = "cp_gpu_"
 
     REQUIRED = ("cp_launch_from_env", "cp_gpu_init", "cp_gpu_destroy", "cp_gpu_last_error", "cp_gpu_rank",
                 "cp_gpu_shard_rank", "cp_gpu_sharded", "cp_gpu_unsharded", "cp_gpu_grad", "cp_gpu_sharded_grad",
                 "cp_gpu_unshard", "cp_gpu_reshard", "cp_gpu_reduce_grads", "cp_gpu_synchronize")
 
-    def __init__(self, so_path, plan_name):
+    def __init__(self, so_path, plan_name, plan_json=None):
+        self._plan_json = plan_json
         if not os.path.isfile(so_path):
             raise PlanError("%s is missing; build it with make PLAN=%s.lua (on a machine with nvcc and NCCL)"
                             % (so_path, plan_name))
@@ -199,6 +288,16 @@ class GpuLibrary:
     def stream(self):
         return torch.cuda.current_stream(self.device).cuda_stream
 
+    def _token_view(self, ptr, numel, dtype):
+        t = torch.as_tensor(_CudaArray(ptr, numel, _TYPESTR[dtype]), device=self.device)
+        return t.view(torch.bfloat16) if dtype == "bf16" else t
+
+    def exchange_tokens(self, unit):
+        """The unit's next token exchange on torch's current stream (cp_gpu_exchange_tokens)."""
+        fn = self._ep_fn("exchange_tokens", [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p], ctypes.c_int)
+        if fn(self.g, self.unit_index(unit), ctypes.c_void_p(self.stream())) != 0:
+            raise RuntimeError("commplan: " + self.last_error())
+
     def call(self, call, unit):
         fn = {"unshard": self.lib.cp_gpu_unshard, "reshard": self.lib.cp_gpu_reshard,
               "reduce": self.lib.cp_gpu_reduce_grads}[call]
@@ -222,16 +321,24 @@ class GpuLibrary:
 _COLLECTIVE_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                   ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                   ctypes.c_int, ctypes.c_int)
+# host.h cp_host_alltoall_cb: (user, family, color, key, size, in, out, send_rows, recv_rows, row_bytes)
+_ALLTOALL_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64),
+                                ctypes.POINTER(ctypes.c_int64), ctypes.c_int64)
 _DTYPE_CODES = ("fp32", "bf16", "fp16")  # cp_dtype
 _COLL_ALL_GATHER, _COLL_REDUCE_SCATTER, _COLL_ALL_REDUCE = 0, 1, 2  # cp_collective
 
 
-class HostLibrary:
+class HostLibrary(_ExpertCalls):
     """build/<name>/lib<name>.so without a GPU (runtime/cp_hostlib.h): this rank of the plan over
     host memory, the same executor, buffers, copies and per-unit calls as the NCCL backend, and
     every collective a torch.distributed call (gloo) on the process group of the op's group
     instance. Made after torch.distributed.init_process_group; every rank makes its groups in
-    the same order (one per instance of each family the plan uses)."""
+    the same order (one per instance of each family the plan uses). Expert parallelism's token
+    all-to-alls are dist.all_to_all_single on the ep group's process group, with the rows' split
+    sizes (the counts' exchange: one row of int64 per member)."""
+
+    _PREFIX = "cp_hostlib_"
 
     REQUIRED = ("cp_hostlib_init", "cp_hostlib_destroy", "cp_hostlib_last_error", "cp_hostlib_rank",
                 "cp_hostlib_shard_rank", "cp_hostlib_group_member", "cp_hostlib_sharded", "cp_hostlib_unsharded",
@@ -275,6 +382,7 @@ class HostLibrary:
         self._groups = {}
         self._error = None
         self._cb = _COLLECTIVE_CB(self._collective)  # kept alive as long as the library
+        self._a2a_cb = _ALLTOALL_CB(self._alltoall)
 
     def init(self):
         import torch.distributed as dist
@@ -287,9 +395,13 @@ class HostLibrary:
         self.g = g
         self.rank = self.lib.cp_hostlib_rank(g)
         self.shard_rank = self.lib.cp_hostlib_shard_rank(g)
+        if hasattr(self.lib, "cp_hostlib_set_alltoall"):  # a library from before it refuses exchanges itself
+            self.lib.cp_hostlib_set_alltoall.argtypes = [ctypes.c_void_p, _ALLTOALL_CB, ctypes.c_void_p]
+            self.lib.cp_hostlib_set_alltoall.restype = None
+            self.lib.cp_hostlib_set_alltoall(g, self._a2a_cb, None)
         # One process group per instance of every family the plan's collectives use, made in the
         # same order on every rank (new_group is collective).
-        plan = self._plan_json or load_plan_json(find_plan_json(self.name, "."))
+        plan = self._plan_json_loaded()
         used = {op["group"] for op in plan["ops"] if op.get("group")}
         for f in sorted(plan["groups"], key=lambda f: f["id"]):  # the C tables' family order
             fi = f["id"]
@@ -333,6 +445,46 @@ class HostLibrary:
             self._error = "torch.distributed %s on group %d/%d failed: %s: %s" % (
                 ("all_gather", "reduce_scatter", "all_reduce")[coll], family, color, type(e).__name__, e)
             return -1
+
+    def _alltoall(self, user, family, color, key, size, inp, out, send_rows, recv_rows, row_bytes):
+        """torch.distributed.all_to_all_single for one of the plan's exchanges: member m's rows
+        back to back in inp and out (split sizes in rows of row_bytes), on the instance's group.
+        Rows travel as the widest integer dividing row_bytes (the counts: int64)."""
+        import torch.distributed as dist
+        try:
+            pg = self._groups[(family, color)]
+            dt = next(d for d in (torch.int64, torch.int32, torch.int16, torch.uint8)
+                      if row_bytes % torch.empty(0, dtype=d).element_size() == 0)
+            es = torch.empty(0, dtype=dt).element_size()
+            per = row_bytes // es  # elements per row
+            send = [int(send_rows[m]) * per for m in range(size)]
+            recv = [int(recv_rows[m]) * per for m in range(size)]
+
+            def view(ptr, n):
+                if n == 0:
+                    return torch.empty(0, dtype=dt)
+                return torch.frombuffer((ctypes.c_char * (n * es)).from_address(ptr), dtype=dt)
+            dist.all_to_all_single(view(out, sum(recv)), view(inp, sum(send)), output_split_sizes=recv,
+                                   input_split_sizes=send, group=pg)
+            return 0
+        except Exception as e:  # noqa: BLE001 - reported through last_error, never across the C frame
+            self._error = "torch.distributed all_to_all_single on group %d/%d failed: %s: %s" % (
+                family, color, type(e).__name__, e)
+            return -1
+
+    def _token_view(self, ptr, numel, dtype):
+        return self._view(ptr, numel, _DTYPE_CODES.index(dtype))
+
+    def exchange_tokens(self, unit):
+        """The unit's next token exchange (cp_hostlib_exchange_tokens), synchronous."""
+        fn = self._ep_fn("exchange_tokens", [ctypes.c_void_p, ctypes.c_int], ctypes.c_int)
+        if fn(self.g, self.unit_index(unit)) != 0:
+            raise RuntimeError("commplan: " + self.last_error())
+
+    def group_members(self, family, color):
+        """Global ranks of instance `color` of family `family` (plan.json's group id), in key order."""
+        size = next(f["size"] for f in self._plan_json_loaded()["groups"] if f["id"] == family)
+        return [self.lib.cp_hostlib_group_member(self.g, family, color, k) for k in range(size)]
 
     def tensor(self, kind, param, numel, dtype):
         """A 1-D torch view (no copy) of `numel` elements of param's storage: kind is sharded,

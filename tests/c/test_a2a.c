@@ -35,6 +35,7 @@ typedef struct {
     cp_plan plan;
     cp_group_family family;
     cp_unit unit;
+    cp_unit units[2]; /* the order check's: unit, and a second whose buffer overlaps its tokens */
     cp_op ops[MAX_OPS];
     int waits[1];
     int ep, epp, micro;
@@ -512,6 +513,350 @@ static void test_a2a_hostlib_counts_checked(void **state)
     cp_hostlib_destroy(h);
 }
 
+/* ---- the host library's exchanges, every rank a thread ----
+ * One cp_hostlib per rank (one process's view each), its all-to-alls
+ * through a callback that exchanges in an in-process mailbox as
+ * torch.distributed.all_to_all_single would: rows packed back to back per
+ * member, split sizes in rows. The ranks drive the plan's order as
+ * tests/lib/ep_library.c drives the GPU library: counts drawn per (rank,
+ * step, micro-step), rows whose bytes say sender, expert, row and
+ * direction, every received row checked, the experts' output (each byte
+ * xor a per-expert key) sent back and checked where it returns. */
+
+typedef struct {
+    pthread_barrier_t barrier;
+    int size;
+    const void *in[MAX_EP];
+    const int64_t *send_rows[MAX_EP];
+    int64_t row_bytes[MAX_EP];
+} mailbox;
+
+typedef struct {
+    const cp_plan *plan;
+    mailbox *box;
+    cp_hostlib *h;
+    int rank, steps, step, pairs, no_alltoall, conflict, rc;
+    long calls, exchanges, rows_checked, counts_checked, a2a_calls;
+    char err[700];
+    pthread_t thread;
+} lib_rank;
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+
+/* Rank r's tokens per global expert for counts op k in step `step`: each
+ * member's share within capacity, some experts empty, some members full. */
+static void lib_draw(const cp_plan *p, const cp_op *k, int r, int step, int64_t *out)
+{
+    int n = p->families[0].size, epp = k->a2a_experts;
+    for (int m = 0; m < n; m++) {
+        uint64_t h =
+            mix64(((uint64_t)r << 40) ^ ((uint64_t)step << 32) ^ ((uint64_t)k->micro_step << 24) ^ (uint64_t)m);
+        int64_t left = (h & 7) == 0 ? k->a2a_capacity : k->a2a_capacity * (int64_t)(h % 100) / 100;
+        for (int e = 0; e < epp; e++) {
+            int64_t c = e == epp - 1 ? left : (int64_t)(mix64(h + (uint64_t)e) % (uint64_t)(left + 1));
+            if ((mix64(h ^ (uint64_t)e) & 3) == 0) c = 0;
+            out[m * epp + e] = c;
+            left -= c;
+        }
+    }
+}
+
+static unsigned char lib_byte(int s, int step, int micro, int e, int64_t j, size_t b, int dir)
+{
+    return (unsigned char)mix64(((uint64_t)s << 48) ^ ((uint64_t)step << 40) ^ ((uint64_t)micro << 34) ^
+                                ((uint64_t)e << 12) ^ (uint64_t)dir ^ ((uint64_t)j * 0x9e3779b97f4a7c15ULL) ^
+                                ((uint64_t)b << 1) * 0x2545f491ULL);
+}
+
+static unsigned char lib_key(int e) { return (unsigned char)(0xa5 ^ (e * 37)); }
+
+static int lib_fail(lib_rank *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int lib_fail(lib_rank *r, const char *fmt, ...)
+{
+    if (r->err[0]) return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->err, sizeof r->err, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* torch's all_to_all_single over the mailbox: every member posts its input
+ * and splits, then copies its rows out of every member's input. */
+static int mailbox_alltoall(void *user, int family, int color, int key, int size, const void *in, void *out,
+                            const int64_t *send_rows, const int64_t *recv_rows, int64_t row_bytes)
+{
+    lib_rank *r = user;
+    mailbox *mb = r->box;
+    r->a2a_calls++;
+    int bad = family != 0 || color != 0 || size != mb->size || key != r->rank;
+    if (!bad) {
+        mb->in[key] = in;
+        mb->send_rows[key] = send_rows;
+        mb->row_bytes[key] = row_bytes;
+    }
+    pthread_barrier_wait(&mb->barrier);
+    int64_t at = 0;
+    for (int m = 0; m < mb->size && !bad; m++) {
+        if (mb->row_bytes[m] != row_bytes || mb->send_rows[m][key] != recv_rows[m]) {
+            bad = lib_fail(r, "member %d sends %lld rows of %lld bytes, rank %d expects %lld of %lld", m,
+                           (long long)mb->send_rows[m][key], (long long)mb->row_bytes[m], r->rank,
+                           (long long)recv_rows[m], (long long)row_bytes);
+            break;
+        }
+        int64_t from = 0;
+        for (int j = 0; j < key; j++) from += mb->send_rows[m][j];
+        memcpy((char *)out + at * row_bytes, (const char *)mb->in[m] + from * row_bytes,
+               (size_t)(recv_rows[m] * row_bytes));
+        at += recv_rows[m];
+    }
+    pthread_barrier_wait(&mb->barrier); /* no input is reused while a member still copies it */
+    return bad ? -1 : 0;
+}
+
+/* One exchange (op: the counts op or the A2A itself; a2a: the A2A it runs). */
+static int lib_exchange(lib_rank *r, const cp_op *op, const cp_op *a2a)
+{
+    const cp_plan *p = r->plan;
+    const cp_op *k = op->kind == CP_OP_A2A_COUNTS ? op : &p->ops[a2a->a2a_counts_op];
+    int n = p->families[0].size, epp = k->a2a_experts, E = n * epp, key = r->rank, micro = k->micro_step;
+    size_t row = (size_t)k->a2a_dim * cp_dtype_size(a2a->dtype);
+    int dir = a2a->a2a_combine ? r->pairs : ++r->pairs;
+    unsigned char *send = cp_hostlib_tokens(r->h, 0, 0), *recv = cp_hostlib_tokens(r->h, 0, 1);
+    int64_t counts[MAX_EP * 4], peer[MAX_EP * 4];
+    if (!send || !recv) return lib_fail(r, "cp_hostlib_tokens returned NULL");
+    lib_draw(p, k, r->rank, r->step, counts);
+    if (!a2a->a2a_combine) { /* this rank's rows out, by destination member, then expert */
+        size_t at = 0;
+        for (int e = 0; e < E; e++)
+            for (int64_t j = 0; j < counts[e]; j++, at += row)
+                for (size_t b = 0; b < row; b++) send[at + b] = lib_byte(r->rank, r->step, micro, e, j, b, dir);
+        if (op->kind == CP_OP_A2A_COUNTS && cp_hostlib_set_expert_counts(r->h, 0, counts, E))
+            return lib_fail(r, "%s", cp_hostlib_last_error(r->h));
+        if (cp_hostlib_exchange_tokens(r->h, 0)) return lib_fail(r, "%s", cp_hostlib_last_error(r->h));
+        const int64_t *got = cp_hostlib_exchange_counts(r->h, 0);
+        if (!got) return lib_fail(r, "cp_hostlib_exchange_counts returned NULL after an exchange");
+        for (int e = 0; e < E; e++)
+            if (got[e] != counts[e])
+                return lib_fail(r, "sent count %d: %lld, want %lld", e, (long long)got[e], (long long)counts[e]);
+        size_t at2 = 0;
+        for (int m = 0; m < n; m++) {
+            lib_draw(p, k, m, r->step, peer);
+            for (int le = 0; le < epp; le++) {
+                int e = key * epp + le;
+                r->counts_checked++;
+                if (got[E + m * epp + le] != peer[e])
+                    return lib_fail(r, "received count from member %d for expert %d: %lld, want %lld", m, e,
+                                    (long long)got[E + m * epp + le], (long long)peer[e]);
+                for (int64_t j = 0; j < peer[e]; j++, at2 += row) {
+                    for (size_t b = 0; b < row; b++) {
+                        unsigned char want = lib_byte(m, r->step, micro, e, j, b, dir);
+                        if (recv[at2 + b] != want)
+                            return lib_fail(r, "step %d micro-step %d: row %lld of expert %d from rank %d, byte %zu: "
+                                            "%u, want %u", r->step, micro, (long long)j, e, m, b, recv[at2 + b], want);
+                        recv[at2 + b] ^= lib_key(e); /* the experts' work */
+                    }
+                    r->rows_checked++;
+                }
+            }
+        }
+        return 0;
+    }
+    if (cp_hostlib_exchange_tokens(r->h, 0)) return lib_fail(r, "%s", cp_hostlib_last_error(r->h));
+    size_t at = 0;
+    for (int e = 0; e < E; e++)
+        for (int64_t j = 0; j < counts[e]; j++, at += row) {
+            for (size_t b = 0; b < row; b++) {
+                unsigned char want = lib_byte(r->rank, r->step, micro, e, j, b, dir) ^ lib_key(e);
+                if (send[at + b] != want)
+                    return lib_fail(r, "step %d micro-step %d: returned row %lld of expert %d, byte %zu: %u, want %u",
+                                    r->step, micro, (long long)j, e, b, send[at + b], want);
+            }
+            r->rows_checked++;
+        }
+    return 0;
+}
+
+/* The moe unit's exchanges in table order, steps times. */
+static void lib_steps(lib_rank *r)
+{
+    const cp_plan *p = r->plan;
+    int ran_with_counts = -1;
+    for (r->step = 0; r->step < r->steps; r->step++) {
+        r->pairs = 0;
+        for (int i = 0; i < p->nops; i++) {
+            const cp_op *op = &p->ops[i];
+            if (op->unit != 0) continue;
+            if (op->kind == CP_OP_A2A_COUNTS) {
+                int j = i + 1;
+                while (j < p->nops && !(p->ops[j].kind == CP_OP_A2A && p->ops[j].unit == 0)) j++;
+                if (j == p->nops) { lib_fail(r, "counts op %d has no dispatch after it", i); return; }
+                ran_with_counts = j;
+                if (lib_exchange(r, op, &p->ops[j])) return;
+            } else if (op->kind == CP_OP_A2A && i != ran_with_counts) {
+                if (lib_exchange(r, op, op)) return;
+            } else continue;
+            r->exchanges++;
+        }
+    }
+    r->rc = 0;
+}
+
+/* The order check: after a dispatch the token buffers are the moe unit's
+ * until its combine; unit 1 ("dense") copies into bytes they share. */
+static void lib_conflict(lib_rank *r)
+{
+    const cp_plan *p = r->plan;
+    int64_t counts[MAX_EP * 4];
+    r->step = 0;
+    lib_draw(p, &p->ops[0], r->rank, 0, counts);
+    if (cp_hostlib_unshard(r->h, 1)) { lib_fail(r, "before the dispatch: %s", cp_hostlib_last_error(r->h)); return; }
+    if (cp_hostlib_set_expert_counts(r->h, 0, counts, p->units[0].a2a_experts) || cp_hostlib_exchange_tokens(r->h, 0)) {
+        lib_fail(r, "%s", cp_hostlib_last_error(r->h));
+        return;
+    }
+    if (cp_hostlib_unshard(r->h, 1) == 0) {
+        lib_fail(r, "unshard between the dispatch and the combine was let through");
+        return;
+    }
+    snprintf(r->err, sizeof r->err, "%s", cp_hostlib_last_error(r->h));
+    if (cp_hostlib_exchange_tokens(r->h, 0)) { lib_fail(r, "the combine: %s", cp_hostlib_last_error(r->h)); return; }
+    if (cp_hostlib_unshard(r->h, 1)) { lib_fail(r, "after the combine: %s", cp_hostlib_last_error(r->h)); return; }
+    r->rc = 0;
+}
+
+static void *lib_main(void *arg)
+{
+    lib_rank *r = arg;
+    r->rc = -1;
+    char err[256];
+    if (cp_hostlib_init(&r->h, r->plan, r->rank, no_collectives, NULL, err, sizeof err)) {
+        lib_fail(r, "%s", err);
+        return NULL;
+    }
+    if (!r->no_alltoall) cp_hostlib_set_alltoall(r->h, mailbox_alltoall, r);
+    if (cp_hostlib_exchange_counts(r->h, 0) != NULL) lib_fail(r, "exchange counts before any exchange");
+    else if (cp_hostlib_tokens(r->h, 1, 0) != NULL && !r->conflict) lib_fail(r, "tokens of a unit out of range");
+    else if (r->conflict) lib_conflict(r);
+    else lib_steps(r);
+    cp_hostlib_destroy(r->h);
+    return NULL;
+}
+
+static void lib_run(const cp_plan *p, lib_rank *ranks, int steps, int conflict)
+{
+    static mailbox box;
+    memset(&box, 0, sizeof box);
+    box.size = p->families[0].size;
+    assert_int_equal(pthread_barrier_init(&box.barrier, NULL, (unsigned)box.size), 0);
+    for (int r = 0; r < p->world_size; r++) {
+        memset(&ranks[r], 0, sizeof ranks[r]);
+        ranks[r].plan = p;
+        ranks[r].box = &box;
+        ranks[r].rank = r;
+        ranks[r].steps = steps;
+        ranks[r].conflict = conflict;
+    }
+    for (int r = 0; r < p->world_size; r++)
+        assert_int_equal(pthread_create(&ranks[r].thread, NULL, lib_main, &ranks[r]), 0);
+    for (int r = 0; r < p->world_size; r++) pthread_join(ranks[r].thread, NULL);
+    pthread_barrier_destroy(&box.barrier);
+}
+
+static void test_a2a_hostlib_exchanges_in_order(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    static lib_rank ranks[MAX_EP];
+    /* ep 4, two experts per member, two micro-steps, bf16 rows of 6 (12 bytes) */
+    build(&t, "ep4_lib", 4, 2, 2, CP_BF16, 6, 5);
+    lib_run(&t.plan, ranks, 3, 0);
+    long rows = 0;
+    for (int r = 0; r < 4; r++) {
+        if (ranks[r].rc) fprintf(stderr, "rank %d: %s\n", r, ranks[r].err);
+        assert_int_equal(ranks[r].rc, 0);
+        /* per step and micro-step: dispatch (with its counts), combine, and the backward's pair */
+        assert_int_equal(ranks[r].exchanges, 3 * 2 * 4);
+        assert_int_equal(ranks[r].a2a_calls, 3 * 2 * 5); /* each micro-step's counts once, its four token exchanges */
+        assert_int_equal(ranks[r].counts_checked, 3 * 2 * 2 * 4 * 2);
+        rows += ranks[r].rows_checked;
+    }
+    assert_true(rows > 100);
+    /* ep 2, fp32, one micro-step */
+    build(&t, "ep2_lib", 2, 2, 1, CP_FP32, 5, 7);
+    lib_run(&t.plan, ranks, 2, 0);
+    for (int r = 0; r < 2; r++) {
+        if (ranks[r].rc) fprintf(stderr, "rank %d: %s\n", r, ranks[r].err);
+        assert_int_equal(ranks[r].rc, 0);
+        assert_int_equal(ranks[r].exchanges, 2 * 4);
+    }
+}
+
+/* Without an all-to-all callback the exchange is refused, one line. */
+static void test_a2a_hostlib_without_alltoall_refused(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build(&t, "ep2", 2, 2, 1, CP_FP32, 5, 7);
+    cp_hostlib *h;
+    char err[256];
+    assert_int_equal(cp_hostlib_init(&h, &t.plan, 0, no_collectives, NULL, err, sizeof err), 0);
+    assert_null(cp_hostlib_tokens(h, 1, 0));
+    assert_non_null(cp_hostlib_tokens(h, 0, 0));
+    assert_null(cp_hostlib_exchange_counts(h, 0));
+    int64_t c[4] = { 1, 2, 3, 4 };
+    assert_int_equal(cp_hostlib_set_expert_counts(h, 0, c, 4), 0);
+    assert_int_equal(cp_hostlib_exchange_tokens(h, 0), -1);
+    assert_string_equal(cp_hostlib_last_error(h),
+                        "rank 0: the counts all-to-all of a2a_counts of unit moe (op 0) failed: rank 0: a2a_counts "
+                        "(op 0): this backend hands its collectives to a callback and was given no all-to-all for "
+                        "expert parallelism's tokens (cp_hostlib_set_alltoall; --ranks has none: run --simulate of "
+                        "every rank together, or NCCL)");
+    assert_null(strchr(cp_hostlib_last_error(h), '\n'));
+    assert_int_equal(cp_hostlib_exchange_tokens(h, 7), -1);
+    assert_string_equal(cp_hostlib_last_error(h), "unit 7 is outside the plan's 1 units");
+    cp_hostlib_destroy(h);
+}
+
+/* A call that would write over live token buffers: refused with arena.c's tokens line, on every rank. */
+static void test_a2a_hostlib_order_checked(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    static lib_rank ranks[MAX_EP];
+    build(&t, "ep2_order", 2, 2, 1, CP_FP32, 5, 7);
+    /* unit 1: one parameter of 8 fp32 copied into an all-gather buffer that
+     * starts inside the moe unit's send buffer */
+    t.units[0] = t.unit;
+    t.units[1] = (cp_unit){ .name = "dense", .total = 8, .orig_dtype = CP_FP32, .ag_dtype = CP_FP32,
+                            .reduce_dtype = CP_FP32, .grad_dtype = CP_FP32, .pre_divide = 1.0, .post_divide = 1.0 };
+    for (int k = 0; k < CP_ARENA_BUFFERS; k++) t.units[1].arena_offset[k] = t.plan.arena_bytes;
+    t.units[1].arena_offset[CP_BUF_AG] = t.unit.arena_offset[CP_BUF_A2A_SEND] + 16;
+    t.plan.arena_bytes += 64;
+    t.plan.units = t.units;
+    t.plan.nunits = 2;
+    cp_op *o = &t.ops[t.plan.nops++];
+    *o = (cp_op){ .kind = CP_OP_COPY_IN, .unit = 1, .family = -1, .stream = CP_STREAM_COMPUTE, .dtype = CP_FP32,
+                  .count = 8, .reduce_op = CP_SUM, .event = -1, .peer = -1, .a2a_counts_op = -1 };
+    lib_run(&t.plan, ranks, 1, 1);
+    for (int r = 0; r < 2; r++) {
+        if (ranks[r].rc) fprintf(stderr, "rank %d: %s\n", r, ranks[r].err);
+        assert_int_equal(ranks[r].rc, 0);
+        assert_string_equal(ranks[r].err, "cp_hostlib_unshard(dense) would write its all-gather buffer over the "
+                                          "expert-parallel send buffer of unit moe, which hold its tokens between an "
+                                          "exchange and its pair: the plan's arena reuses those bytes; exchange moe's "
+                                          "tokens back first (cp_gpu_exchange_tokens / cp_hostlib_exchange_tokens), in "
+                                          "the order of plans/ep2_order/SCHEDULE.md");
+    }
+}
+
 /* Tables the executor refuses before any exchange. */
 static void test_a2a_bad_tables_refused(void **state)
 {
@@ -560,6 +905,9 @@ int main(void)
         cmocka_unit_test(test_a2a_wrong_offset_caught),
         cmocka_unit_test(test_a2a_set_expert_counts_checked),
         cmocka_unit_test(test_a2a_hostlib_counts_checked),
+        cmocka_unit_test(test_a2a_hostlib_exchanges_in_order),
+        cmocka_unit_test(test_a2a_hostlib_without_alltoall_refused),
+        cmocka_unit_test(test_a2a_hostlib_order_checked),
         cmocka_unit_test(test_a2a_bad_tables_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

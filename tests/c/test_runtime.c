@@ -665,7 +665,7 @@ static void library_order_accepted(const cp_plan *p)
 {
     call_inst calls[512];
     int n = plan_calls(p, calls, 512), cursor[64][3] = { { 0 } };
-    unsigned char live[64] = { 0 };
+    unsigned live[64] = { 0 };
     for (int step = 0; step < 2; step++) {
         for (int i = 0; i < n; i++) {
             const call_inst *c = &calls[i];
@@ -734,7 +734,7 @@ static void test_library_order_guards_grads(void **state)
     assert_true(tok >= 0 && l0 >= 0 && l1 >= 0);
     call_inst calls[512];
     int n = plan_calls(p, calls, 512), cursor[64][3] = { { 0 } }, reshards = 0, i = 0;
-    unsigned char live[64] = { 0 };
+    unsigned live[64] = { 0 };
     /* The plan's calls up to tok_embeddings' second reshard (after its backward). */
     for (; i < n && reshards < 2; i++) {
         const call_inst *c = &calls[i];
