@@ -34,6 +34,8 @@ function cal.read(path)
       for i, h in ipairs(header) do r[h] = f[i] end
       r.nodes, r.gpus_per_node, r.bytes = tonumber(r.nodes), tonumber(r.gpus_per_node), tonumber(r.bytes)
       r.time_us, r.busbw_GBps = tonumber(r.time_us), tonumber(r.busbw_GBps)
+      r.launch_floor_us = tonumber(r.launch_floor_us)          -- "-" or absent: nil
+      if r.algo == "-" or r.algo == "" then r.algo = nil end
       rows[#rows + 1] = r
     end
   end
@@ -72,9 +74,21 @@ end
 function cal.before(row) return (cal.through_cost(row, cal.ALPHA_BETA)) end
 function cal.plan_topology(preset) return { gpus_per_node = 8, preset = preset or "h100", collectives = "nccl" } end
 
-function cal.after(row, topo)
+-- NCCL's model as a plan prices the op: one process per GPU, NCCL choosing.
+function cal.plan_model(row, topo)
   return nccl_model.predict({ kind = row.collective, bytes = row.bytes, dtype = row.dtype, nodes = row.nodes,
                               gpus_per_node = row.gpus_per_node }, topo or "h100")
+end
+
+-- The same model under the row's own measurement setup (its source says
+-- which): `algo` = the NCCL_ALGO the run forced ("-": NCCL chose), and
+-- `launch_floor_us` = the launching host's per-iteration floor where one
+-- thread drove all the node's GPUs (nccl-tests -g 8), measured in the same
+-- run at its smallest sizes ("-": one process per GPU, no floor).
+function cal.after(row, topo)
+  return nccl_model.predict({ kind = row.collective, bytes = row.bytes, dtype = row.dtype, nodes = row.nodes,
+                              gpus_per_node = row.gpus_per_node, launch_floor_us = row.launch_floor_us,
+                              algorithm = row.algo }, topo or "h100")
 end
 
 function cal.busbw(row, us)

@@ -371,7 +371,7 @@ end
 
 -- NCCL's choice for one size (E:1784-1830 updateCollCostTable, then the
 -- minimum time, E:topoGetAlgoInfo): { us, a, p, table }.
-local function choose(model, topo, kind, bytes, nodes, k, nvlsSupport, fp8, fill)
+local function choose(model, topo, kind, bytes, nodes, k, nvlsSupport, fp8, fill, forced)
   local nRanks = nodes * k
   local best, table_ = nil, {}
   for a = 1, #M.ALGORITHMS do
@@ -380,6 +380,7 @@ local function choose(model, topo, kind, bytes, nodes, k, nvlsSupport, fp8, fill
       allowed = false                                                                -- E:1802
     end
     if a == NVLS and not topo.collnet and nodes > 1 then allowed = false end         -- E:1803
+    if forced and M.ALGORITHMS[a] ~= forced then allowed = false end                 -- NCCL_ALGO=<forced>
     if allowed then
       for p = 1, 3 do
         local t = algo_time(model, kind, a, p, bytes, topo)
@@ -396,28 +397,84 @@ local function choose(model, topo, kind, bytes, nodes, k, nvlsSupport, fp8, fill
       .. "than NCCL's graph search goes", kind, nodes, k), 0)
   end
   best.table = table_
-  best.filled = best.us + fill * best.lat
+  if fill then
+    best.fill_us = fill * best.lat                       -- op.fill: the old fitted fill, for comparison
+  else
+    best.fill_us = M.pipeline_fill(model, topo, kind, best.a, best.p, bytes, best.us - best.lat)
+  end
+  best.filled = best.us + best.fill_us
   return best
 end
 
--- Pipeline fill: ours, not NCCL's. NCCL's time (T:599) is latency + bytes /
--- asymptotic bandwidth, which ranks algorithms but runs fast of measured
--- times at 1-100 MiB (30% at 1-16 MiB on the published H100 rows): a real
--- collective also pays its kernel launch and the pipeline's fill and drain
--- before its channels stream at full rate. We add PIPELINE_FILL x the
--- chosen algorithm's own NCCL latency, after NCCL has chosen (the choice
--- stays NCCL's). 0.75 is fitted to bench/calibration/h100_nccl.tsv (0.5 to
--- 1.0 put every row but one within 25%; 0.75 centres them:
--- docs/cost-model.md has the residuals); op.fill overrides it (0: NCCL's
--- own time).
-M.PIPELINE_FILL = 0.75
+-- Pipeline fill, derived (replaces issue 21's fitted 0.75 x latency).
+-- NCCL's time (T:599) is latency + bytes / asymptotic bandwidth: it assumes
+-- every stage a chunk passes through runs at once. A Simple-protocol
+-- pipeline is store-and-forward at chunk granularity: a chunk enters stage
+-- i+1 only when stage i has finished it, so S stages in series over M loop
+-- steps take (M + S - 1) steps, not M. The extra (S - 1) steps are the fill:
+--   fill = (S - 1) x t_step,  t_step = min(loopSize, bytes) / algbw
+-- (algbw: NCCL's own, so t_step = that share of NCCL's bandwidth term).
+-- loopSize = channels x heads x chunk, chunk as NCCL sizes it
+-- (calcCollChunking, E2:2041-2069 below = src/enqueue.cc at v2.28.9-1).
+--   * ring (every protocol): S - 1 = 0. Every rank sends step s while it
+--     receives step s - 1 (lockstep), the pipeline is full from the first
+--     step; the per-hop latency is NCCL's own nsteps x hwLat (T:379).
+--   * LL / LL128 (tree): no fill: a line is forwarded as soon as its flag
+--     lands (128-byte granularity), NCCL's per-hop latency covers it.
+--   * NVLS all_reduce, one node: S = 3 -- the kernel's scatter warps (input
+--     -> the heads' NVLS buffers), reduce+multicast warps (multimem
+--     ld_reduce / st), gather warps (NVLS buffer -> output): three warp
+--     groups handing chunks on (src/device/all_reduce.h:413-452 at
+--     v2.28.9-1, nccl-tests buffers being unregistered: regUsed = 0).
+--   * NVLS all_gather / reduce_scatter, one node: S = 2 (copy in, copy
+--     out: src/device/all_gather.h:258-300).
+--   * NVLSTree all_reduce: one step per inter-node tree hop, up and down:
+--     S - 1 = 2 x log2i(nNodes), NCCL's own hop count (T:395). The intra-node
+--     scatter / gather stages are not counted here: counting them too (S - 1
+--     = 2 + 2 log2i) puts the 2 x 8 10 MiB row (NCCL 2.20.5) at 1.56 x
+--     published; without them every NVLSTree row is within 25% (the choice
+--     is the rows', see docs/cost-model.md).
+--   * Tree / Simple (one node or few; NCCL seldom picks it on H100): no fill
+--     modelled.
+-- NVLS channels: nvls.cc:148-150 (NVLS_NCHANNELS_SM90 16, SM100 32 multi-node
+-- / 24 one node); heads: the NVLS graph's channels; NCCL_NVLS_CHUNKSIZE
+-- 128 KiB (nvls.cc:153); NVLSTree chunk at most 64 KiB from 4 nodes
+-- (E2:2063, NCCL_NVLSTREE_MAX_CHUNKSIZE -2).
+M.NVLS_CHUNKSIZE = 128 * 1024                                            -- nvls.cc:153
+local function nvls_channels(topo, nNodes)                               -- nvls.cc:148-150, 192-196
+  if topo.cc >= 100 then return nNodes > 1 and 32 or 24 end
+  return 16
+end
+
+function M.pipeline_fill(model, topo, kind, a, p, bytes, bw_us)
+  if bytes <= 0 or bw_us <= 0 or p ~= SIMPLE or (a ~= NVLS and a ~= NVLST) then return 0 end
+  local nNodes = model.nNodes
+  local ops = nvls_channels(topo, nNodes) * model.nvls.n                 -- E2:2051 concurrentOps; channels E2:1879-1885
+  local chunk, stages = M.NVLS_CHUNKSIZE
+  if a == NVLS then                                                      -- E2:2041-2055
+    if bytes < 64 * ops * chunk and chunk > 65536 then chunk = 65536 end
+    if bytes < 8 * ops * chunk and chunk > 32768 then chunk = 32768 end
+    if bytes < 2 * ops * chunk and chunk > 16384 then chunk = 16384 end
+    stages = kind == "all_reduce" and 2 or 1
+  else                                                                   -- E2:2056-2069
+    if nNodes >= 4 then chunk = math.min(chunk, 65536) end
+    if bytes < 32 * ops * chunk and chunk > 262144 then chunk = 262144 end
+    if bytes < 16 * ops * chunk and chunk > 131072 then chunk = 131072 end
+    if bytes < 4 * ops * chunk and chunk > 65536 then chunk = 65536 end
+    if bytes < 1 * ops * chunk and chunk > 32768 then chunk = 32768 end
+    stages = 2 * log2i(nNodes)
+  end
+  return stages * bw_us * math.min(ops * chunk, bytes) / bytes
+end
 
 -- Predict one collective.
 --   op = { kind = "all_gather"|"reduce_scatter"|"all_reduce",
 --          bytes = nccl-tests size (the larger buffer: AG output, RS input, AR buffer),
 --          dtype = "bfloat16"|"bf16"|"float32"|..., nodes = N, gpus_per_node = k }
 --   topo = M.topology(preset [, overrides]) or a preset name
--- Returns { us, nccl_us, raw_us, algorithm, protocol, algbw_GBps, busbw_GBps, table }:
+--          [algorithm = "nvls"|"ring"|... : NCCL_ALGO forced, as a measurement may have run],
+--          [launch_floor_us = N : the launching host's per-iteration floor, see below] }
+-- Returns { us, nccl_us, raw_us, fill_us, algorithm, protocol, algbw_GBps, busbw_GBps, table }:
 --   raw_us, algorithm, protocol and table (every candidate's time) are NCCL's
 --   model exactly; nccl_us is raw_us made monotone in size; us adds the
 --   pipeline fill (above) and is monotone too. NCCL's tree
@@ -444,16 +501,22 @@ function M.predict(op, topo)
   -- E:384: NVLS for a reduction needs a type NVLS reduces; all_gather always may.
   local nvlsSupport = topo.nvls and (op.kind == "all_gather" or NVLS_TYPES[dtype])
   local fp8 = dtype == "float8e4m3" or dtype == "float8e5m2"
-  local fill = op.fill or M.PIPELINE_FILL
-  local best = choose(model, topo, op.kind, bytes, nodes, k, nvlsSupport, fp8, fill)
+  local fill = op.fill
+  local best = choose(model, topo, op.kind, bytes, nodes, k, nvlsSupport, fp8, fill, op.algorithm)
   local us, nccl_us = best.filled, best.us
   for j = 7, 30 do
     if (1 << j) > bytes then break end
-    local below = choose(model, topo, op.kind, (1 << j) - 1, nodes, k, nvlsSupport, fp8, fill)
+    local below = choose(model, topo, op.kind, (1 << j) - 1, nodes, k, nvlsSupport, fp8, fill, op.algorithm)
     us, nccl_us = math.max(us, below.filled), math.max(nccl_us, below.us)
   end
+  -- The launching host: nccl-tests times a loop of back-to-back launches and
+  -- divides by the iterations, so where the host needs longer per iteration
+  -- than the GPUs (one thread enqueueing all 8 GPUs' kernels, `-g 8`), the
+  -- average is the host's time: max(host, GPU). Plans run one process per
+  -- GPU (torchrun) and pass no floor.
+  if op.launch_floor_us then us = math.max(us, op.launch_floor_us) end
   local algbw = bytes / (us * 1e3)
-  return { us = us, nccl_us = nccl_us, raw_us = best.us, algorithm = M.ALGORITHMS[best.a],
+  return { us = us, nccl_us = nccl_us, raw_us = best.us, fill_us = best.fill_us, algorithm = M.ALGORITHMS[best.a],
            protocol = M.PROTOCOLS[best.p], algbw_GBps = algbw, busbw_GBps = algbw * factor, table = best.table }
 end
 
