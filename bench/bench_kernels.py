@@ -6,6 +6,10 @@ layer at W = 8 and W = 64, bf16 and fp32.
   copy-out   torch.split_with_sizes_copy   vs  <plan>_kernel_launch(COPY_OUT)
   packing    torch._chunk_cat              vs  <plan>_kernel_launch(PACK)
   copy-in    torch._foreach_copy_          vs  <plan>_kernel_launch(COPY_IN)
+  view-out   Tensor.copy_ / Tensor.add_    vs  <plan>_kernel_launch(VIEW_OUT / VIEW_OUT_ADD)
+             (FSDP2 views the reduce-scatter output as the sharded grads on a
+             first reduction and adds it into them on later ones; commplan
+             copies or adds it into its own sharded-grads buffer)
   ceiling    best of cudaMemcpyAsync (tensor.copy_) of 1 and 2 GiB and a
              plain vectorized copy kernel (commplan's copy-in of a 1 GiB
              single-parameter plan); bytes read + written.
@@ -23,7 +27,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORK = os.path.join(ROOT, "build", "bench")
-COPY_IN, COPY_OUT, PACK = 0, 1, 2
+COPY_IN, COPY_OUT, PACK, VIEW_OUT, VIEW_OUT_ADD = 0, 1, 2, 3, 4
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -153,6 +157,24 @@ def bench_layer(W, dtype, ceil_gbs, rows):
     assert torch.equal(ag_t[:total], ag_o[:total]), "copy-in differs"
     rows.append(("copy-in", W, "fp32>bf16" if mixed else dtype,
                  total * (shard.element_size() + ag_o.element_size()), time_us(torch_f), time_us(ours_f)))
+    del shard, shards, ag_t, ag_o, slot
+
+    # view-out: the reduce-scatter output (total, reduce dtype) -> the sharded grads (orig dtype);
+    # a step measured 7-9x the model's time for it (bench/RESULTS.md, fifth session)
+    rs = torch.randn(total, device="cuda", generator=g).to(t_red)
+    for op, name in ((VIEW_OUT, "view-out"), (VIEW_OUT_ADD, "view-out (add)")):
+        base = torch.randn(total, device="cuda", generator=g).to(t_orig)
+        sg_t, sg_o = base.clone(), base.clone()
+        torch_f = (lambda: sg_t.copy_(rs)) if op == VIEW_OUT else (lambda: sg_t.add_(rs))
+        ours_f = launcher(fn, op, ui, rs, sg_o)
+        torch_f(); ours_f(); torch.cuda.synchronize()
+        if op == VIEW_OUT:
+            assert torch.equal(sg_t, sg_o), "view-out differs"
+        else:  # one add each: the same sums
+            assert torch.equal(sg_t, sg_o), "view-out (add) differs"
+        nbytes = total * (rs.element_size() + (1 if op == VIEW_OUT else 2) * sg_o.element_size())
+        rows.append((name, W, "fp32" if mixed else dtype, nbytes, time_us(torch_f), time_us(ours_f)))
+        del base, sg_t, sg_o
 
 
 def main():
