@@ -255,7 +255,7 @@ local function audit_facts(p)
     "settings", O({ "local_batch_size", s.local_batch_size, "seq_len", s.seq_len,
       "activation_checkpointing", s.activation_checkpointing, "optimizer", s.optimizer,
       "fp32_master", s.fp32_master, "gpu_memory_GB", s.gpu_memory_GB, "gpu_TFLOPS", s.gpu_TFLOPS, "mfu", s.mfu,
-      "hbm_GBps", s.hbm_GBps }),
+      "hbm_GBps", s.hbm_GBps, "loss_chunks", s.loss_chunks }),
     "compute", O({ "tokens_per_micro_step", s.tokens, "flops_per_step", a.step_flops,
       "compute_us", a.compute_us }),
     "throughput", O({ "tokens_per_s_per_gpu", a.throughput.tokens_per_s_per_gpu,
@@ -980,10 +980,16 @@ local function settings_lines(p, s)
         .. "set_requires_all_reduce(False) before the others)"
       or " each reducing and adding into the sharded grads (FSDP2's default)"
   end
+  local loss = ""
+  if require("gen.compute").activations_modeled(p) then
+    loss = s.loss_chunks > 1 and string.format("; loss: ChunkedLossWrapper, %d chunks of the sequence%s",
+      s.loss_chunks, s.defaulted.loss_chunks and " (torchtitan's configs)" or "")
+      or "; loss: CrossEntropyLoss on the whole logits"
+  end
   return string.format("%s tokens per data-parallel rank (TP group) and micro-step (local batch %d x seq_len %d%s), "
-    .. "%d micro-step(s)%s; %s; %s",
+    .. "%d micro-step(s)%s; %s%s; %s",
     commas(s.tokens), s.local_batch_size, s.seq_len, s.defaulted.seq_len and ", assumed" or "", p.fsdp.micro_steps,
-    acc, ac[s.activation_checkpointing], opt)
+    acc, ac[s.activation_checkpointing], loss, opt)
 end
 
 function audit.schedule_md(p, fp)
@@ -1072,7 +1078,8 @@ function audit.schedule_md(p, fp)
     .. "waits order its reuse) | %s |", human(p.memory.unplanned_bytes), human(p.memory.peak_transient_bytes),
     tostring(p.memory.peak_at_op), nwaits, human(m.comm_bytes))
   if m.activations_modeled then
-    w("| activations (%s; saved %s + one layer's recompute %s) | %s |", s.activation_checkpointing == "none"
+    w("| activations (%s; saved %s + the largest transient %s: a layer's recompute or the loss's peak) | %s |",
+      s.activation_checkpointing == "none"
       and "no checkpointing" or (s.activation_checkpointing .. " checkpointing"),
       human(m.activation_saved_bytes), human(m.activation_transient_bytes), human(m.activation_bytes))
   else
@@ -1118,7 +1125,8 @@ function audit.schedule_md(p, fp)
   w("- Memory: the GPU's %g GB are decimal (%s); the CUDA context, NCCL's own buffers and fragmentation",
     s.gpu_memory_GB, human(m.gpu_bytes))
   w("  are not counted. Optimizer moments take the parameters' dtype (torch.optim.AdamW). Activations: see")
-  w("  gen/compute.lua (Llama: norms, q/k/v, attention output and logsumexp, the SwiGLU intermediates, logits).")
+  w("  gen/models/llama_acts.lua (Llama: norms, q/k/v, attention output and logsumexp, the SwiGLU intermediates;")
+  w("  the head: the final norm, and the logits whole or one chunk at a time as training.loss_chunks says).")
   local defaults = {}
   for _, k in ipairs(util.sorted_keys(s.defaulted)) do
     defaults[#defaults + 1] = k .. "=" .. tostring(s[k])

@@ -10,21 +10,17 @@
 -- With tensor parallelism the layout is TP-local, so params are already
 -- divided by tp; attention heads are divided here.
 --
--- Activations (bytes a unit's forward keeps for its backward), Llama layer
--- with T tokens, dim d, kv = n_kv_heads*head_dim, FFN hidden f, h heads,
--- e bytes per element of the compute dtype:
---   none       e*T*(6d + 2kv + 4f) + 4*T*(h + 2)
---              (norm inputs and outputs, q k v, attention output and its
---               fp32 logsumexp, w1, silu, w3 and their product; rstd)
---   selective  torchtitan's op-level SAC: the layer input, every other
---              matmul's output (wq, wv, w1, w2) and attention's outputs:
---              e*T*(3d + kv + f) + 4*T*h; backward recomputes wk, wo, w3
---   full       the layer input e*T*d; backward recomputes the forward
--- The checkpointed policies also hold one layer's recomputed activations
--- during its backward. The unit holding the output projection keeps the
--- final norm's input and output and the logits (e bytes, and fp32 for the
--- loss): T*(2*e*d + (e + 4)*V); checkpointing wraps the layers only.
--- With tp > 1 (sequence parallel) every term is divided by tp.
+-- Activations (bytes a unit's forward keeps for its backward): a Llama
+-- block's from gen/models/llama_acts.lua (none, selective, full as
+-- torchtitan 0.3 keeps them, measured by tests/titan/test_llama_acts.py);
+-- the checkpointed policies also hold one layer's recomputed activations
+-- during its backward (the transient). The unit holding the output
+-- projection: the final norm, lm_head and the loss, llama_acts.head, with
+-- training.loss_chunks (torchtitan's ChunkedLossWrapper, 8 chunks in its
+-- configs, or 1: CrossEntropyLoss on the whole logits); its transient is
+-- the loss's peak. Checkpointing wraps the layers only.
+-- With tp > 1 (sequence parallel) a block's terms are divided by tp; the
+-- head's logits are the local vocabulary's (loss parallel).
 -- The MoE families (mixtral, qwen3_moe, deepseek_v3): each block's bytes
 -- from gen/models/moe_acts.lua (attention, dense FFN or MoE, each mode as
 -- torchtitan 0.3 keeps them), the routed experts' rows on the block's
@@ -35,6 +31,7 @@
 local util = require("gen.util")
 local hardware = require("gen.hardware")
 local moe_acts = require("gen.models.moe_acts")
+local llama_acts = require("gen.models.llama_acts")
 
 local compute = {}
 
@@ -43,7 +40,7 @@ local ES = util.DTYPE_BYTES
 -- Defaults, each stated in SCHEDULE.md when used.
 compute.DEFAULTS = {
   local_batch_size = 1, seq_len = 2048, activation_checkpointing = "none", optimizer = "adamw",
-  fp32_master = false, mfu = 0.4,
+  fp32_master = false, mfu = 0.4, loss_chunks = 8,
 }
 
 -- The audit's inputs: plan.training and plan.topology with defaults.
@@ -60,6 +57,7 @@ function compute.settings(p)
   pick("activation_checkpointing", tr.activation_checkpointing)
   pick("optimizer", tr.optimizer)
   pick("fp32_master", tr.fp32_master)
+  pick("loss_chunks", tr.loss_chunks)
   -- the GPU's figures default to its preset's (gen/hardware.lua)
   for _, key in ipairs({ "gpu_memory_GB", "gpu_TFLOPS", "hbm_GBps" }) do
     pick(key, topo[key] == nil and hardware.gpu_default(topo, key) or topo[key])
@@ -77,7 +75,7 @@ end
 -- while the key is the same (gen/figures.lua).
 function compute.settings_key(s)
   return table.concat({ s.local_batch_size, s.seq_len, s.activation_checkpointing, tostring(s.optimizer),
-                        tostring(s.fp32_master), s.gpu_memory_GB, s.gpu_TFLOPS, s.mfu, s.hbm_GBps }, "|")
+                        tostring(s.fp32_master), s.gpu_memory_GB, s.gpu_TFLOPS, s.mfu, s.hbm_GBps, s.loss_chunks }, "|")
 end
 
 local function numel_of(u, pred)
@@ -100,10 +98,12 @@ function compute.activations_modeled(p)
 end
 
 -- The output unit's activations (Llama's and the MoE families' decoders
--- alike): the final norm's input and output and the logits, e bytes and
--- fp32 for the loss.
-local function head_bytes(T, e, d, V, tp)
-  return T * (2 * e * d + (e + 4) * V) / tp
+-- alike): saved, transient (gen/models/llama_acts.lua); under TP the
+-- local vocabulary (loss parallel; DTensor's uneven split: the first
+-- ranks' ceil(V / tp)).
+local function head_acts(s, e, d, V, tp)
+  local r = llama_acts.head(s.tokens, e, d, -(-V // tp), s.loss_chunks, s.local_batch_size)
+  return r.saved, r.transient
 end
 
 -- The routed rows a rank's experts receive per micro-step (gen/models/
@@ -117,12 +117,13 @@ local function routed_rows(p, cfg, T)
 end
 
 -- An MoE family's unit: its activations { saved, transient }.
-local function moe_unit_acts(p, u, T, e, ac)
-  local cfg = p.model_config
+local function moe_unit_acts(p, s, u, e)
+  local cfg, T, ac = p.model_config, s.tokens, s.activation_checkpointing
   local i = u.name:match("^layers%.(%d+)")
   if not i then
     local holds_head = numel_of(u, function(q) return q.name == "lm_head.weight" end) > 0
-    return holds_head and head_bytes(T, e, cfg.dim, cfg.vocab_size, 1) or 0, 0
+    if not holds_head then return 0, 0 end
+    return head_acts(s, e, cfg.dim, cfg.vocab_size, 1)
   end
   local rows, ep = routed_rows(p, cfg, T)
   local b = moe_acts.block(cfg, tonumber(i), e, T, rows, ep, ac)
@@ -170,21 +171,18 @@ function compute.units(p, s)
       local attn = 4 * T * seq * heads * cfg.head_dim
       r.fwd = 2 * P * T + attn
       r.bwd = 2 * r.fwd
-      local d, kv, f = cfg.dim, cfg.n_kv_heads * cfg.head_dim, cfg.hidden
-      local all = (e * T * (6 * d + 2 * kv + 4 * f) + 4 * T * (cfg.n_heads + 2)) / tp
+      local b = llama_acts.block(cfg, e, T, ac, false)
+      r.saved, r.transient = b.saved / tp, b.transient / tp
       if ac == "full" then
         r.recompute = r.fwd
-        r.saved, r.transient = e * T * d / tp, all
       elseif ac == "selective" then
+        -- the unfused block's 2nd, 4th and 6th matmuls (SelectiveAC's every
+        -- second aten.mm): wk, wo, w3
         local again = numel_of(u, function(q)
           local n = suffix(q.name)
           return n == "attention.wk.weight" or n == "attention.wo.weight" or n == "feed_forward.w3.weight"
         end)
         r.recompute = 2 * again * T
-        r.saved = (e * T * (3 * d + kv + f) + 4 * T * cfg.n_heads) / tp
-        r.transient = all - r.saved
-      else
-        r.saved = all
       end
     elseif cfg then
       -- The embedding (a lookup) and the empty root: no FLOPs; the unit
@@ -192,7 +190,7 @@ function compute.units(p, s)
       local P = numel_of(u, function(q) return suffix(q.name) == "output.weight" end)
       r.fwd = 2 * P * T
       r.bwd = 2 * r.fwd
-      if P > 0 then r.saved = head_bytes(T, e, cfg.dim, cfg.vocab_size, tp) end
+      if P > 0 then r.saved, r.transient = head_acts(s, e, cfg.dim, cfg.vocab_size, tp) end
     else
       -- A MoE's routed experts (grouped weights, local experts on dim 0)
       -- each see their share of the tokens: a rank's experts process T x
@@ -212,7 +210,7 @@ function compute.units(p, s)
       if ac == "full" and compute.checkpointed(p, u) then r.recompute = r.fwd
       elseif ac == "selective" and compute.checkpointed(p, u) then r.recompute = r.fwd / 2 end
       if p.model and MOE[p.model.family] and p.model_config then
-        r.saved, r.transient = moe_unit_acts(p, u, T, e, ac)
+        r.saved, r.transient = moe_unit_acts(p, s, u, e)
       end
     end
     out[u.index] = r

@@ -91,6 +91,8 @@ local SCHEMA = {
     optimizer = { "enum", enum = { "adamw", "sgd", "none" } }, fp32_master = { "bool" },
     -- sequences per rank per micro-step (torchtitan's training.local_batch_size): sizes the TP activations
     local_batch_size = { "int", min = 1, max = 1 << 20 },
+    -- the loss's chunks (torchtitan's ChunkedLossWrapper num_chunks; 1: CrossEntropyLoss): the output unit's activations
+    loss_chunks = { "int", min = 1, max = 1 << 20 },
   },
   model = {
     family = { "enum", enum = { "llama", "generic", "mixtral", "qwen3_moe", "deepseek_v3" } }, size = { "string" },
@@ -439,6 +441,12 @@ function load_plan.normalize(ctx, raw)
   plan.expert_parallel = plan.expert_parallel and check_table(ctx, "expert_parallel", "expert_parallel",
     plan.expert_parallel)
   local model = check_table(ctx, "model", "model", plan.model)
+  local chunks = plan.training.loss_chunks
+  if chunks and model.seq_len and model.seq_len % chunks ~= 0 then
+    util.field_error(ctx, "training.loss_chunks", string.format("loss_chunks=%d does not divide seq_len=%d "
+      .. "(torchtitan's ChunkedLossWrapper splits each sequence into equal chunks); pick a divisor of %d",
+      chunks, model.seq_len, model.seq_len))
+  end
   model.family = model.family or (model.units and "generic" or nil)
   if not model.family then util.field_error(ctx, "model.family", "missing; set family = \"llama\" or give units = { ... }") end
   local dtype_given = model.dtype ~= nil

@@ -5,7 +5,7 @@
 -- routed experts over ep 2 (128 per rank), FSDP-sharded over efsdp 256;
 -- gradients summed (torchtitan's divide factor 1). Token buffers: dropless
 -- (torchtitan's dispatcher drops no token). A rank does not fit 80 GB by
--- commplan's memory model (153 GiB, 90 of it activations, which no FSDP
+-- commplan's memory model (141 GiB, 79 of it activations, which no FSDP
 -- width divides: docs/expert-parallel.md, "Activations"); the plan keeps
 -- torchtitan's settings to show it.
 return {

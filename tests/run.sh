@@ -123,13 +123,14 @@ torch_lane() {
   titan_llama="torchtitan llama3 + parallelize_llama vs the llama plans: FSDP units, parameters, placements; plan writer from torchtitan (tests/titan/test_llama_plan.py)"
   titan_moe="torchtitan qwen3 MoE, deepseek_v3 (+ Qwen3's MoE decoder without q/k norms for mixtral) + their parallelize vs the MoE families' plans, ep=1: FSDP/HSDP units, parameters, Shard(0)/Shard(1) placements (tests/titan/test_moe_plan.py)"
   titan_acts="torchtitan's MoE module: bytes autograd saves and SelectiveAC keeps in its forward vs gen/models/moe_acts.lua (tests/titan/test_moe_acts.py)"
+  titan_lacts="torchtitan's llama3 block (none, SelectiveAC, FullAC) and loss (CrossEntropyLoss, ChunkedLossWrapper): saved and peak bytes vs gen/models/llama_acts.lua (tests/titan/test_llama_acts.py)"
   titan_result() {  # NAME LOG RC: ok, FAIL or SKIP (77), then the run's count lines
     case $3 in
       0) ok "$1" ;;
       77) skipped "$1" "$(sed -n 's/^SKIP [^:]*: //p' "$2" | head -n 1)"; return ;;
       *) echo "exit status $3" >>"$2"; bad "$1" "$2" ;;
     esac
-    grep -h "^\(parallel_dims\|llama_plan\|moe_plan\|moe_acts\): " "$2" | sed "s/^/        /"
+    grep -h "^\(parallel_dims\|llama_plan\|moe_plan\|moe_acts\|llama_acts\): " "$2" | sed "s/^/        /"
   }
   if [ "$live_rc" = 0 ]; then
     titan_f1=$(logname "$titan_dims") titan_f2=$(logname "$titan_llama")
@@ -139,11 +140,14 @@ torch_lane() {
     timeout 600 "$live_py" tests/titan/test_moe_plan.py >"$titan_f3" 2>&1; titan_r3=$?
     titan_f4=$(logname "$titan_acts")
     timeout 300 "$live_py" tests/titan/test_moe_acts.py >"$titan_f4" 2>&1; titan_r4=$?
+    titan_f5=$(logname "$titan_lacts")
+    timeout 300 "$live_py" tests/titan/test_llama_acts.py >"$titan_f5" 2>&1; titan_r5=$?
     wait "$titan_p1"; titan_r1=$?
     titan_result "$titan_dims" "$titan_f1" "$titan_r1"
     titan_result "$titan_llama" "$titan_f2" "$titan_r2"
     titan_result "$titan_moe" "$titan_f3" "$titan_r3"
     titan_result "$titan_acts" "$titan_f4" "$titan_r4"
+    titan_result "$titan_lacts" "$titan_f5" "$titan_r5"
   else
     titan_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
     titan_why="no torch environment (make torch-env exit $live_rc${titan_why:+: $titan_why})"
@@ -151,6 +155,7 @@ torch_lane() {
     skipped "$titan_llama" "$titan_why"
     skipped "$titan_moe" "$titan_why"
     skipped "$titan_acts" "$titan_why"
+    skipped "$titan_lacts" "$titan_why"
   fi
   # ---- end of torchtitan as the peer ----
 

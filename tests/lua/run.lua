@@ -28,6 +28,8 @@ suites[#suites + 1] = "test_ep"
 suites[#suites + 1] = "test_ep_live"
 -- Issue 23: the MoE families' activations in the memory model.
 suites[#suites + 1] = "test_moe_acts"
+-- The Llama block's and the output unit's activations (torchtitan 0.3's SAC, ChunkedLossWrapper).
+suites[#suites + 1] = "test_llama_acts"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)
