@@ -118,12 +118,14 @@ local function ops_json(p)
     if o.a2a_experts then
       -- expert parallel's all-to-alls: which exchange, its counts op, the rows
       local combine = o.a2a_combine == 1 or o.a2a_combine == true
+      -- (activation checkpointing's recompute in backward: the forward's
+      -- exchanges again, "recompute": true; its counts op names the forward's)
       out[n + 1], out[n + 2], n = K.a2a, string.format('{"exchange": %s, "counts_op": %s, "experts_per_member": %d, '
-        .. '"capacity_rows": %d, "row_numel": %d}', o.kind == "a2a_counts" and '"counts"'
-        or (o.phase == "forward" and (combine and '"combine"' or '"dispatch"')
+        .. '"capacity_rows": %d, "row_numel": %d%s}', o.kind == "a2a_counts" and '"counts"'
+        or ((o.phase == "forward" or o.recompute) and (combine and '"combine"' or '"dispatch"')
           or (combine and '"dispatch_grad"' or '"combine_grad"')),
-        o.kind == "a2a" and tostring(o.a2a_counts_op) or "null", o.a2a_experts, o.a2a_capacity or 0, o.a2a_dim or 0),
-        n + 2
+        (o.kind == "a2a" or o.recompute) and tostring(o.a2a_counts_op) or "null", o.a2a_experts, o.a2a_capacity or 0,
+        o.a2a_dim or 0, o.recompute and ', "recompute": true' or ""), n + 2
     end
     local w = waits[o.seq]
     if w then out[n + 1], out[n + 2], n = K.waits_for, "[" .. table.concat(w, ",") .. "]", n + 2 end -- (op seqs)
@@ -433,10 +435,11 @@ function audit.ep_summary(p)
   local e = p.layout.ep
   if not e then return nil end
   local layers, buffer_bytes, per_layer_buffers = 0, 0, nil
-  local es = 0
+  local es, recompute = 0, false
   for _, u in ipairs(p.layout.units) do
     if u.a2a then
       layers = layers + 1
+      recompute = recompute or u.a2a.recompute == true
       es = ES[u.ag_dtype]
       local b = 2 * u.a2a_numel * es + 2 * u.a2a_slots * u.a2a_experts * 8
       per_layer_buffers = per_layer_buffers or b
@@ -449,13 +452,16 @@ function audit.ep_summary(p)
   local bound = others * e.capacity * e.dim * es
   local counts = others * (e.experts // e.size) * 8
   local M = p.fsdp.micro_steps
+  -- per MoE layer and micro-step: 4 token exchanges (dispatch, combine, and their gradients) and a counts one;
+  -- under activation checkpointing the backward's recompute adds the forward's three (gen/parallel/ep.lua)
+  local x, c = recompute and 6 or 4, recompute and 2 or 1
   return {
     ep = e.size, efsdp = e.efsdp, policy = e.policy.name, factor = e.policy.factor, tokens = e.tokens,
     top_k = e.top_k, dim = e.dim, experts = e.experts, rows = e.rows, capacity = e.capacity, dropless = e.worst,
-    moe_layers = layers,
-    -- per MoE layer and micro-step: 4 token exchanges (dispatch, combine, and their gradients) and a counts one
-    layer_bytes_uniform = 4 * uniform + counts, layer_bytes_bound = 4 * bound + counts,
-    step_bytes_uniform = layers * M * (4 * uniform + counts), step_bytes_bound = layers * M * (4 * bound + counts),
+    moe_layers = layers, recompute = recompute, ac = e.ac, exchanges = x, counts_exchanges = c,
+    layer_bytes_uniform = x * uniform + c * counts, layer_bytes_bound = x * bound + c * counts,
+    step_bytes_uniform = layers * M * (x * uniform + c * counts),
+    step_bytes_bound = layers * M * (x * bound + c * counts),
     buffer_bytes_per_layer = per_layer_buffers, buffer_bytes = buffer_bytes,
   }
 end
@@ -466,6 +472,8 @@ function audit.ep_json(p)
   return O({ "ep", e.ep, "efsdp", e.efsdp, "capacity_policy", e.policy, "capacity_factor", e.factor,
     "tokens_per_micro_step", e.tokens, "top_k", e.top_k, "dim", e.dim, "num_experts", e.experts,
     "routed_rows", e.rows, "capacity_rows", e.capacity, "dropless_rows", e.dropless, "moe_layers", e.moe_layers,
+    "recompute", e.recompute, "token_exchanges_per_layer", e.exchanges, "counts_exchanges_per_layer",
+    e.counts_exchanges,
     "layer_bytes_uniform", e.layer_bytes_uniform, "layer_bytes_capacity", e.layer_bytes_bound,
     "step_bytes_uniform", e.step_bytes_uniform, "step_bytes_capacity", e.step_bytes_bound,
     "buffer_bytes_per_layer", e.buffer_bytes_per_layer, "buffer_bytes", e.buffer_bytes })
@@ -1158,8 +1166,17 @@ function audit.md_ep(p, w)
     .. "buffers live across one exchange pair, so the layers share their bytes |", human(e.buffer_bytes_per_layer),
     human(e.buffer_bytes))
   w("")
-  w("Each layer and micro-step: the counts exchange, dispatch and combine forward, their gradients backward (the")
-  w("predicted times price the tokens at uniform routing). A count past capacity is refused at run time.")
+  if e.recompute then
+    w("Each layer and micro-step: the counts exchange, dispatch and combine forward; in backward activation")
+    w("checkpointing (%s) re-runs the three (the same counts again, checked at run time against the forward's),",
+      e.ac)
+    w("then their gradients: %d token exchanges and %d counts exchanges (the predicted times price the tokens at",
+      e.exchanges, e.counts_exchanges)
+    w("uniform routing). A count past capacity is refused at run time.")
+  else
+    w("Each layer and micro-step: the counts exchange, dispatch and combine forward, their gradients backward (the")
+    w("predicted times price the tokens at uniform routing). A count past capacity is refused at run time.")
+  end
   w("")
 end
 

@@ -131,6 +131,13 @@ function verify.order(lay, fams, ops)
         check(o.kind == "a2a_counts" and o.count == o.a2a_experts
           or o.kind == "a2a" and o.count == o.a2a_capacity * o.a2a_dim and o.count * f.size <= u.a2a_numel
           and o.a2a_counts_op and o.a2a_counts_op < o.seq, "op %d: %s count %d", o.seq, o.kind, o.count)
+        if o.kind == "a2a_counts" and o.a2a_counts_op then
+          -- activation checkpointing's recompute: an earlier forward counts op of its unit and slot
+          local k = ops[o.a2a_counts_op + 1]
+          check(o.recompute and k and k.seq < o.seq and k.kind == "a2a_counts" and k.unit == o.unit
+            and k.a2a_slot == o.a2a_slot and k.phase == "forward" and not k.a2a_counts_op,
+            "op %d: a2a_counts names op %s as the forward it recomputes", o.seq, tostring(o.a2a_counts_op))
+        end
       elseif TP_KIND[o.kind] then
         -- TP activation collectives: on the TP group, inside the unit's activation buffer.
         check(o.group == "tp", "op %d: %s on group %s", o.seq, o.kind, o.group)

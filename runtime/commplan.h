@@ -192,7 +192,9 @@ typedef struct {
      * m holds experts m x a2a_experts .. (m + 1) x a2a_experts - 1. */
     int a2a_experts;      /* experts per member (num_experts / ep) */
     int a2a_slot;         /* A2A_COUNTS: the unit's counts slot it fills (the A2A reads its counts op's) */
-    int a2a_counts_op;    /* A2A: index in the rank's op table of the earlier A2A_COUNTS whose counts split it */
+    int a2a_counts_op;    /* A2A: index in the rank's op table of the earlier A2A_COUNTS whose counts split it;
+                             A2A_COUNTS: -1, or (activation checkpointing's recompute in backward) the forward's
+                             A2A_COUNTS of the same slot, whose counts this exchange must repeat exactly */
     int a2a_combine;      /* A2A: 0 dispatch (send buffer -> recv buffer; splits: counts sent to each member,
                              counts received from each), 1 combine (recv -> send; the splits swapped). Backward:
                              dispatch's gradient is a combine, combine's a dispatch */
@@ -516,6 +518,7 @@ struct cp_executor {
      * next A2A_COUNTS (cp_executor_set_expert_counts) and where its next
      * search starts; a2a_rows: scratch for one op's splits. */
     int64_t **a2a_counts, **a2a_pending;
+    int64_t *a2a_prev; /* a recompute's check: the forward's received counts (the largest unit's a2a_experts) */
     int **a2a_filled;
     unsigned char *a2a_has_pending;
     int *a2a_cursor;

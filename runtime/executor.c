@@ -209,7 +209,9 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
     /* Expert parallelism: host copies of every counts slot, the counts given
      * ahead, and one op's splits (2 x the largest family an A2A uses). */
     {
-        int most = 1;
+        int most = 1, experts = 1;
+        for (int u = 0; u < p->nunits; u++)
+            if (p->units[u].a2a_experts > experts) experts = p->units[u].a2a_experts;
         for (int i = 0; i < p->nops; i++)
             if (p->ops[i].kind == CP_OP_A2A && p->ops[i].family >= 0 && p->ops[i].family < p->nfamilies &&
                 p->families[p->ops[i].family].size > most)
@@ -218,7 +220,8 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
             !(ex->a2a_pending = calloc(n, sizeof *ex->a2a_pending)) ||
             !(ex->a2a_filled = calloc(n, sizeof *ex->a2a_filled)) || !(ex->a2a_has_pending = calloc(n, 1)) ||
             !(ex->a2a_cursor = calloc(n, sizeof *ex->a2a_cursor)) ||
-            !(ex->a2a_rows = calloc(2 * (size_t)most, sizeof *ex->a2a_rows)))
+            !(ex->a2a_rows = calloc(2 * (size_t)most, sizeof *ex->a2a_rows)) ||
+            !(ex->a2a_prev = calloc((size_t)experts, sizeof *ex->a2a_prev)))
             goto oom;
         for (int u = 0; u < p->nunits; u++) {
             const cp_unit *U = &p->units[u];
@@ -291,6 +294,7 @@ void cp_executor_free(cp_executor *ex)
     free(ex->a2a_has_pending);
     free(ex->a2a_cursor);
     free(ex->a2a_rows);
+    free(ex->a2a_prev);
     free(ex->wait_base);
     free(ex->wait_means);
     free(ex->slot_last);
@@ -627,14 +631,32 @@ static int run_a2a_counts(cp_executor *ex, const cp_op *op)
         snprintf(why, sizeof why, "counts slot %d is outside the unit's %d", op->a2a_slot, U->a2a_slots);
         bad = 1;
     }
+    /* A recompute (activation checkpointing re-runs the forward in backward): its forward's counts op, which
+     * must be an earlier A2A_COUNTS of the unit's same slot and group, the last to fill that slot. */
+    const cp_op *fwd = NULL;
+    if (!bad && op->a2a_counts_op >= 0) {
+        int c = op->a2a_counts_op;
+        fwd = c < p->nops && (x < 0 || x >= p->nops || c < x) ? &p->ops[c] : NULL;
+        if (!fwd || fwd->kind != CP_OP_A2A_COUNTS || fwd->unit != op->unit || fwd->family != op->family ||
+            fwd->a2a_experts != op->a2a_experts || fwd->a2a_slot != op->a2a_slot || fwd->a2a_counts_op >= 0) {
+            snprintf(why, sizeof why, "a recompute names op %d as its forward, not an earlier forward a2a_counts of its "
+                     "unit, group and slot", c);
+            bad = 1;
+        }
+    }
     if (bad)
         return ex_error(ex, "rank %d: op %ld (a2a_counts of unit %s): %s: regenerate the plan", ex->rank, x, U->name,
                         why);
+    if (fwd && ex->a2a_filled[op->unit][op->a2a_slot] != op->a2a_counts_op)
+        return ex_error(ex, "rank %d: op %ld (a2a_counts of unit %s, micro-step %d) recomputes op %d's counts, which "
+                        "slot %d does not hold: ops ran out of the plan's order", ex->rank, x, U->name, op->micro_step,
+                        op->a2a_counts_op, op->a2a_slot);
     int n, color, key;
     a2a_group(ex, op, &n, &color, &key);
     size_t E = (size_t)U->a2a_experts;
     int64_t *host = ex->a2a_counts[op->unit] + 2 * (size_t)op->a2a_slot * E;
     char *dev = (char *)ex->buf[CP_BUF_A2A_COUNTS][op->unit] + 2 * (size_t)op->a2a_slot * E * sizeof(int64_t);
+    if (fwd) memcpy(ex->a2a_prev, host + E, E * sizeof *host);
     ex->a2a_filled[op->unit][op->a2a_slot] = -1;
     char refused[sizeof ex->err] = "";
     int quiet = ex->quiet;
@@ -647,6 +669,14 @@ static int run_a2a_counts(cp_executor *ex, const cp_op *op)
         snprintf(refused, sizeof refused, "rank %d: op %ld (a2a_counts of unit %s, micro-step %d): no expert counts "
                  "were given for it (cp_gpu_set_expert_counts / cp_executor_set_expert_counts before it runs)",
                  ex->rank, x, U->name, op->micro_step);
+    /* The recompute routes the forward's tokens again: its counts are the forward's, entry for entry (the
+     * backward's all-to-alls split by them as torchtitan's split by the forward's). */
+    for (size_t e = 0; fwd && !refused[0] && e < E; e++)
+        if (ex->a2a_pending[op->unit][e] != host[e])
+            snprintf(refused, sizeof refused, "rank %d: op %ld (a2a_counts of unit %s, micro-step %d): the recompute's "
+                     "count for expert %zu is %lld, its forward's (op %d) %lld: activation checkpointing re-routes the "
+                     "forward's tokens, so the counts given again must be the forward's", ex->rank, x, U->name,
+                     op->micro_step, e, (long long)ex->a2a_pending[op->unit][e], op->a2a_counts_op, (long long)host[e]);
     if (!refused[0]) {
         memcpy(host, ex->a2a_pending[op->unit], E * sizeof *host);
         a2a_check_counts(ex, op, host, 0, refused, sizeof refused);
@@ -674,6 +704,16 @@ static int run_a2a_counts(cp_executor *ex, const cp_op *op)
             return ex_refuse(ex, line);
         }
     if (a2a_check_counts(ex, op, host + E, 1, refused, sizeof refused)) return ex_refuse(ex, refused);
+    for (size_t e = 0; fwd && e < E; e++)
+        if (host[E + e] != ex->a2a_prev[e]) {
+            int m = (int)(e / (size_t)op->a2a_experts);
+            snprintf(refused, sizeof refused, "rank %d: op %ld (a2a_counts of unit %s, micro-step %d): ep member %d (rank "
+                     "%d) recomputed %lld tokens for local expert %d, its forward (op %d) %lld", ex->rank, x, U->name,
+                     op->micro_step, m, op->family >= 0 ? cp_group_member(p, op->family, color, m) : ex->rank,
+                     (long long)host[E + e], (int)(e % (size_t)op->a2a_experts), op->a2a_counts_op,
+                     (long long)ex->a2a_prev[e]);
+            return ex_refuse(ex, refused);
+        }
     if (x >= 0 && x < p->nops) {
         ex->a2a_filled[op->unit][op->a2a_slot] = (int)x;
         ex->a2a_cursor[op->unit] = (int)x + 1 < p->nops ? (int)x + 1 : 0;

@@ -24,7 +24,11 @@
 --    around the experts' compute: forward a2a_counts, a2a dispatch,
 --    (experts), a2a combine; backward the combine's gradient (a dispatch,
 --    a2a_combine = 0), (the experts' backward), the dispatch's gradient
---    (a2a_combine = 1), both split by that micro-step's counts.
+--    (a2a_combine = 1), both split by that micro-step's counts. Under
+--    activation checkpointing (full or selective) the backward first
+--    re-runs the forward's three (recompute = true: a2a_counts naming the
+--    forward's as its a2a_counts_op, a2a dispatch, a2a combine), and the
+--    backward's two split by the recompute's counts.
 -- Refused with ep > 1, one line each: a model without routed experts, tp,
 -- cp, pp (the MoE families refuse tp and pp already), and expert_parallel
 -- settings on a plan without ep.
@@ -154,17 +158,31 @@ function ep.apply_units(ctx, units, d, _)
   return out
 end
 
+-- Whether the backward re-issues the token dispatcher's all-to-alls under
+-- activation checkpointing ac ("none" | "full" | "selective"): torchtitan
+-- 0.3 wraps every block (FullAC, and SelectiveAC's op-level policy) and its
+-- default spmd_types dispatcher issues them as c10d.alltoall_ (spmd_types'
+-- dist.all_to_all), which SelectiveAC's save list (it names
+-- _c10d_functional.all_to_all_single) does not hold: both re-run the
+-- counts exchange, dispatch and combine in backward, before the block's
+-- two backward all-to-alls (recorded live: tests/ep/check_ep_live.sh's
+-- *_full / *_sel cases; docs/expert-parallel.md).
+function ep.recomputes(ac)
+  return ac == "full" or ac == "selective"
+end
+
 -- The all-to-alls' geometry on each experts unit, and the explicit prefetch.
 function ep.on_layout(_, lay, _, d, p, cfg)
   local s = compute.settings({ training = p.training, model = p.model, topology = p.topology })
   local policy = ep.policy(p)
   lay.explicit_prefetch = true
-  lay.ep = { size = d.ep, efsdp = d.efsdp, policy = policy, tokens = s.tokens, top_k = cfg.top_k, dim = cfg.dim }
+  lay.ep = { size = d.ep, efsdp = d.efsdp, policy = policy, tokens = s.tokens, top_k = cfg.top_k, dim = cfg.dim,
+             ac = s.activation_checkpointing }
   for _, u in ipairs(lay.units) do
     if u.expert then
       local cap, rows, worst = ep.capacity(s.tokens, cfg.top_k, u.num_experts, d.ep, policy)
       u.a2a = { per = u.num_experts // d.ep, rows = rows, capacity = cap, worst = worst, dim = cfg.dim,
-                uniform = util.ceil_div(rows, d.ep) }
+                uniform = util.ceil_div(rows, d.ep), recompute = ep.recomputes(s.activation_checkpointing) }
       u.a2a_numel = d.ep * cap * cfg.dim
       u.a2a_slots = p.fsdp.micro_steps
       u.a2a_experts = u.num_experts
@@ -203,6 +221,21 @@ function ep.unit_ops(out, u, m, at)
     out[#out + 1] = a2a_op(u, m, "forward", "a2a", { count = a.capacity * a.dim, a2a_counts_of = COUNTS[u][m],
                                                     a2a_combine = 1 })
   elseif at == "backward_before" then
+    if a.recompute then
+      -- activation checkpointing re-runs the block's forward first: its
+      -- counts exchange (the same routing: the same counts, checked at run
+      -- time against the forward's, op a2a_counts_op), dispatch and combine,
+      -- refilling the micro-step's slot; the backward splits by it
+      local f = COUNTS[u][m]
+      local c = a2a_op(u, m, "backward", "a2a_counts", { count = a.per, a2a_rows = a.rows, a2a_counts_of = f,
+                                                         recompute = true })
+      out[#out + 1] = c
+      out[#out + 1] = a2a_op(u, m, "backward", "a2a", { count = a.capacity * a.dim, a2a_counts_of = c,
+                                                       a2a_combine = 0, recompute = true })
+      out[#out + 1] = a2a_op(u, m, "backward", "a2a", { count = a.capacity * a.dim, a2a_counts_of = c,
+                                                       a2a_combine = 1, recompute = true })
+      COUNTS[u][m] = c
+    end
     out[#out + 1] = a2a_op(u, m, "backward", "a2a", { count = a.capacity * a.dim, a2a_counts_of = COUNTS[u][m],
                                                      a2a_combine = 0 })
   elseif at == "backward" then

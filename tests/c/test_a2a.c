@@ -59,7 +59,8 @@ static cp_op *add(ep_tables *t, cp_op_kind kind, int micro, int counts_op, int c
  * counts (slot m), dispatch, combine; then backward in reverse micro-step
  * order: combine's gradient (a dispatch by m's counts), dispatch's
  * gradient (a combine). */
-static void build(ep_tables *t, const char *name, int ep, int epp, int micro, cp_dtype dtype, int64_t dim, int64_t cap)
+static void build_tables(ep_tables *t, const char *name, int ep, int epp, int micro, cp_dtype dtype, int64_t dim,
+                         int64_t cap, int recompute)
 {
     memset(t, 0, sizeof *t);
     t->ep = ep, t->epp = epp, t->micro = micro, t->dim = dim, t->cap = cap;
@@ -100,14 +101,26 @@ static void build(ep_tables *t, const char *name, int ep, int epp, int micro, cp
     int counts_op[8];
     for (int m = 0; m < micro; m++) {
         counts_op[m] = p->nops;
-        add(t, CP_OP_A2A_COUNTS, m, 0, 0);
+        add(t, CP_OP_A2A_COUNTS, m, -1, 0);
         add(t, CP_OP_A2A, m, counts_op[m], 0);
         add(t, CP_OP_A2A, m, counts_op[m], 1);
     }
     for (int m = micro - 1; m >= 0; m--) {
-        add(t, CP_OP_A2A, m, counts_op[m], 0); /* the combine's gradient */
-        add(t, CP_OP_A2A, m, counts_op[m], 1); /* the dispatch's gradient */
+        int k = counts_op[m];
+        if (recompute) { /* activation checkpointing: the forward's three again, the counts naming the forward's */
+            k = t->plan.nops;
+            add(t, CP_OP_A2A_COUNTS, m, counts_op[m], 0);
+            add(t, CP_OP_A2A, m, k, 0);
+            add(t, CP_OP_A2A, m, k, 1);
+        }
+        add(t, CP_OP_A2A, m, k, 0); /* the combine's gradient */
+        add(t, CP_OP_A2A, m, k, 1); /* the dispatch's gradient */
     }
+}
+
+static void build(ep_tables *t, const char *name, int ep, int epp, int micro, cp_dtype dtype, int64_t dim, int64_t cap)
+{
+    build_tables(t, name, ep, epp, micro, dtype, dim, cap, 0);
 }
 
 static int count_kind(const cp_plan *p, cp_op_kind k)
@@ -857,6 +870,102 @@ static void test_a2a_hostlib_order_checked(void **state)
     }
 }
 
+/* ---- activation checkpointing's recompute: the forward's exchanges again in backward ---- */
+
+/* The harness's draws (keyed by micro-step and slot: the recompute's are
+ * its forward's), every count and row checked; and the binary's path. */
+static void test_a2a_recompute_drawn_counts_checked(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build_tables(&t, "ep4_ac", 4, 2, 3, CP_BF16, 6, 5, 1);
+    assert_int_equal(count_kind(&t.plan, CP_OP_A2A_COUNTS), 6);
+    assert_int_equal(count_kind(&t.plan, CP_OP_A2A), 18);
+    static ep_rank ranks[MAX_EP];
+    run_ranks(&t.plan, ranks, 2, NULL, 0);
+    expect_clean(&t.plan, ranks, 2);
+    cp_sim_options opt = { .steps = 2, .pattern = CP_PATTERN_UNIQUE, .arith = CP_ARITH_GLOO };
+    assert_int_equal(cp_simulate(&t.plan, &opt), 0);
+}
+
+/* Counts given by the test, the forward's again in the recompute; rank
+ * reroute_rank (-1: none) moves one row to another expert there. */
+static int reroute_rank = -1;
+
+static int recompute_hook(ep_rank *r, cp_executor *ex, const cp_op *op, int after)
+{
+    if (op->kind == CP_OP_A2A_COUNTS && !after) {
+        int64_t c[8];
+        given_counts(r->rank, op->micro_step, c);
+        if (r->rank == reroute_rank && op->a2a_counts_op >= 0) c[0]++, c[2 * r->rank + 1]--;
+        return cp_executor_set_expert_counts(ex, 0, c, 8);
+    }
+    return given_hook(r, ex, op, after);
+}
+
+static void test_a2a_recompute_counts_differ_refused(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build_tables(&t, "ep4_ac", 4, 2, 2, CP_FP32, 3, 6, 1);
+    static ep_rank ranks[MAX_EP];
+    run_ranks(&t.plan, ranks, 2, recompute_hook, 0);
+    expect_clean(&t.plan, ranks, 2);
+    /* rank 1 re-routes one row in the recompute: its line, every other member refuses the layer with it */
+    reroute_rank = 1;
+    run_ranks(&t.plan, ranks, 1, recompute_hook, 0);
+    reroute_rank = -1;
+    assert_int_equal(ranks[1].rc, -1);
+    assert_string_equal(ranks[1].err, "rank 1: op 6 (a2a_counts of unit moe, micro-step 1): the recompute's count for "
+                                      "expert 0 is 2, its forward's (op 3) 1: activation checkpointing re-routes the "
+                                      "forward's tokens, so the counts given again must be the forward's");
+    for (int r = 0; r < 4; r += 2) {
+        assert_int_equal(ranks[r].rc, -1);
+        assert_non_null(strstr(ranks[r].err, "op 6 (a2a_counts of unit moe, micro-step 1): ep member 1 (rank 1) "
+                                             "refused its expert counts"));
+    }
+}
+
+/* A recompute's forward must be an earlier forward counts op of its slot, and still fill it. */
+static void test_a2a_recompute_tables_refused(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build_tables(&t, "ep2_ac", 2, 2, 2, CP_FP32, 5, 7, 1);
+    /* ops: 0..5 the forward (counts 0 and 3), 6 micro-step 1's recompute counts (of 3), 11 micro-step 0's (of 0) */
+    assert_int_equal(t.ops[6].a2a_counts_op, 3);
+    assert_int_equal(t.ops[11].a2a_counts_op, 0);
+    cp_host_world *w = cp_host_world_create(&t.plan);
+    cp_backend b;
+    cp_host_backend_init(&b, w, 0);
+    cp_executor ex;
+    memset(&ex, 0, sizeof ex);
+    ex.quiet = 1;
+    assert_int_equal(cp_executor_init(&ex, &t.plan, 0, &b), 0);
+    /* run before its forward filled the slot */
+    assert_int_equal(cp_executor_run_op(&ex, &t.ops[6]), -1);
+    assert_non_null(strstr(ex.err, "rank 0: op 6 (a2a_counts of unit moe, micro-step 1) recomputes op 3's counts, "
+                                   "which slot 1 does not hold: ops ran out of the plan's order"));
+    /* naming another slot's forward, then a dispatch */
+    t.ops[6].a2a_counts_op = 0;
+    assert_int_equal(cp_executor_run_op(&ex, &t.ops[6]), -1);
+    assert_non_null(strstr(ex.err, "op 6 (a2a_counts of unit moe): a recompute names op 0 as its forward, not an "
+                                   "earlier forward a2a_counts of its unit, group and slot: regenerate the plan"));
+    t.ops[6].a2a_counts_op = 4;
+    assert_int_equal(cp_executor_run_op(&ex, &t.ops[6]), -1);
+    assert_non_null(strstr(ex.err, "a recompute names op 4 as its forward"));
+    /* naming a later op, or another recompute */
+    t.ops[6].a2a_counts_op = 11;
+    assert_int_equal(cp_executor_run_op(&ex, &t.ops[6]), -1);
+    assert_non_null(strstr(ex.err, "a recompute names op 11 as its forward"));
+    t.ops[6].a2a_counts_op = 3;
+    t.ops[11].a2a_counts_op = 6;
+    assert_int_equal(cp_executor_run_op(&ex, &t.ops[11]), -1);
+    assert_non_null(strstr(ex.err, "a recompute names op 6 as its forward"));
+    cp_executor_free(&ex);
+    cp_host_world_destroy(w);
+}
+
 /* Tables the executor refuses before any exchange. */
 static void test_a2a_bad_tables_refused(void **state)
 {
@@ -909,6 +1018,9 @@ int main(void)
         cmocka_unit_test(test_a2a_hostlib_without_alltoall_refused),
         cmocka_unit_test(test_a2a_hostlib_order_checked),
         cmocka_unit_test(test_a2a_bad_tables_refused),
+        cmocka_unit_test(test_a2a_recompute_drawn_counts_checked),
+        cmocka_unit_test(test_a2a_recompute_counts_differ_refused),
+        cmocka_unit_test(test_a2a_recompute_tables_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,8 +3,10 @@
 # parallelism run on CPU/gloo (tests/ep/torch_ep_record.py: its DeepSeek-V3
 # decoder, tiny, parallelized by parallelize_deepseekv3 at world 4 —
 # dp_shard 4 x ep 2 (efsdp 2), dp_shard 4 x ep 4 (efsdp 1), and ep 2 with 2
-# experts (Shard(1) over efsdp) — one forward + backward with torchtitan's
-# round-robin routing), every collective per rank recorded in
+# experts (Shard(1) over efsdp), and dp_shard 4 x ep 2 under torchtitan's
+# full and selective activation checkpointing (the backward re-runs each MoE
+# block's counts exchange, dispatch and combine) — one forward + backward
+# with torchtitan's round-robin routing), every collective per rank recorded in
 # build/ep/live/<case>.json; one summary line per case (tests/ep/ep_summary.py).
 # Then tests/ep/compare_ep_live.lua holds commplan's tables for the same
 # model and mesh to them, and the reduced gradients to commplan's simulation:

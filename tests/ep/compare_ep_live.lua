@@ -12,7 +12,10 @@
 --   - the token counts' all-to-all (int64, experts per member x ep);
 --   - the token all-to-alls: the ep group, which exchange it is (forward
 --     dispatch / combine, then in backward the combine's and the dispatch's
---     gradients, named as the recorder's dispatcher labels), the row length
+--     gradients, named as the recorder's dispatcher labels; under
+--     activation checkpointing, the case's "ac", first the recompute's
+--     counts, dispatch and combine, which the recorder marks with the block
+--     re-run), the row length
 --     (dim), and every per-member split of the recorded routing within the
 --     plan's capacity (the tables take the splits at run time);
 -- nothing else may be issued. Also each parameter's local shard shape on
@@ -57,8 +60,9 @@ local function plan_source(c)
   parallel = { dp_shard = %d, ep = %d },
   model = { family = "deepseek_v3", dtype = "fp32", seq_len = %d, %s },
   fsdp = { reduce_op = "sum" },
-  training = { local_batch_size = %d },
-}]], c.world, c.dp_shard, c.ep, c.seq, table.concat(m, ", "), c.batch)
+  training = { local_batch_size = %d%s },
+}]], c.world, c.dp_shard, c.ep, c.seq, table.concat(m, ", "), c.batch,
+    (c.ac and c.ac ~= "none") and fmt(", activation_checkpointing = %q", c.ac) or "")
 end
 
 -- Per global rank, the group of family f that holds it.
@@ -102,7 +106,8 @@ local function expected(p, g, fams)
           e.label = e.layer .. " counts"
         else
           e.kind, e.dtype = "all_to_all", o.dtype
-          local fwd = o.phase == "forward"
+          -- (activation checkpointing's recompute in backward: the forward's dispatcher steps again)
+          local fwd = o.phase == "forward" or o.recompute
           local combine = o.a2a_combine == 1 or o.a2a_combine == true
           -- forward: dispatch, combine; backward: the combine's gradient, then the dispatch's
           e.label = e.layer .. (fwd and (combine and " combine" or " dispatch") or (combine and " dispatch bwd" or
@@ -198,7 +203,7 @@ local function check_case(c, dumps)
   if not ok then return "commplan refuses the case: " .. tostring(p) end
   local fams = {}
   for name, f in pairs(p.groups.by_name) do fams[name] = members_of(f) end
-  local colls, a2a = 0, 0
+  local colls, a2a, recomputed = 0, 0, 0
   for _, r in ipairs(c.ranks) do
     local g = r.rank
     local want = expected(p, g, fams)
@@ -215,7 +220,8 @@ local function check_case(c, dumps)
       local xd = DTYPE[x.dtype] or x.dtype
       local same = x.kind == y.kind and same_list(x.ranks, y.ranks) and xd == y.dtype
       if same and y.label then
-        same = x.ep == y.label
+        -- the recompute's (the recorder names the block re-run in backward) where the plan's is one
+        same = x.ep == y.label and (x.recompute or "") == (y.op.recompute and y.layer or "")
         if same and y.op.kind == "a2a" then
           same = x.row == y.op.a2a_dim
           for _, k in ipairs({ "in_splits", "out_splits" }) do
@@ -233,12 +239,16 @@ local function check_case(c, dumps)
         same = x.in_numel == y.in_numel and x.out_numel == y.out_numel
       end
       if not same then
-        return fmt("rank %d event %d: recorded %s on [%s] in %s out %s %s (%s%s), plan %s [%s]", g, i - 1, x.kind,
+        return fmt("rank %d event %d: recorded %s on [%s] in %s out %s %s (%s%s%s), plan %s [%s]", g, i - 1, x.kind,
           table.concat(x.ranks, ","), tostring(x.in_numel), tostring(x.out_numel), tostring(x.dtype),
           type(x.ep) == "string" and x.ep ~= "" and x.ep or tostring(x.fsdp),
-          type(x.row) == "number" and (", row " .. x.row) or "", show(y), y.unit)
+          type(x.row) == "number" and (", row " .. x.row) or "",
+          (x.recompute or "") ~= "" and (", recompute of " .. x.recompute) or "", show(y), y.unit)
       end
-      if y.op.kind == "a2a" or y.op.kind == "a2a_counts" then a2a = a2a + 1 else colls = colls + 1 end
+      if y.op.kind == "a2a" or y.op.kind == "a2a_counts" then
+        a2a = a2a + 1
+        if y.op.recompute then recomputed = recomputed + 1 end
+      else colls = colls + 1 end
     end
     -- every parameter's local shard
     local by_name = {}
@@ -255,7 +265,7 @@ local function check_case(c, dumps)
       end
     end
   end
-  local res = { colls = colls, a2a = a2a, ranks = #c.ranks }
+  local res = { colls = colls, a2a = a2a, recomputed = recomputed, ranks = #c.ranks }
   if dumps then
     local diff, n = check_grads(c, dumps)
     if diff then return diff end
@@ -311,7 +321,7 @@ local function main(argv)
       .. "       lua5.4 tests/ep/compare_ep_live.lua --write-plans DIR SPEC.json...\n")
     return 2
   end
-  local total = { cases = 0, ranks = 0, colls = 0, a2a = 0, params = 0, elements = 0 }
+  local total = { cases = 0, ranks = 0, colls = 0, a2a = 0, recomputed = 0, params = 0, elements = 0 }
   for _, path in ipairs(files) do
     local c = assert(read_json(path))
     local dumps, diff, res
@@ -323,15 +333,18 @@ local function main(argv)
     end
     local grads = res.grads and fmt(", reduced gradients equal element for element (%d parameter shards, %d elements)",
       res.grads.params, res.grads.elements) or ""
-    print(fmt("ep-live: %s (world %d, dp_shard %d, ep %d): %d ranks, FSDP collectives equal (%d), token all-to-alls "
-      .. "equal and within capacity (%d), every parameter's local shard equal%s", c.case, c.world, c.dp_shard, c.ep,
-      res.ranks, res.colls, res.a2a, grads))
+    local ac = (c.ac and c.ac ~= "none") and fmt(", %s checkpointing", c.ac) or ""
+    local rec = res.recomputed > 0 and fmt(", %d of them the recompute's in backward", res.recomputed) or ""
+    print(fmt("ep-live: %s (world %d, dp_shard %d, ep %d%s): %d ranks, FSDP collectives equal (%d), token all-to-alls "
+      .. "equal and within capacity (%d%s), every parameter's local shard equal%s", c.case, c.world, c.dp_shard, c.ep,
+      ac, res.ranks, res.colls, res.a2a, rec, grads))
     total.cases, total.ranks = total.cases + 1, total.ranks + res.ranks
     total.colls, total.a2a = total.colls + res.colls, total.a2a + res.a2a
+    total.recomputed = total.recomputed + res.recomputed
     if res.grads then total.params, total.elements = total.params + res.grads.params, total.elements + res.grads.elements end
   end
-  print(fmt("ep-live: all %d cases equal: %d ranks, %d FSDP collectives, %d token all-to-alls%s", total.cases,
-    total.ranks, total.colls, total.a2a, dumps_dir and fmt("; reduced gradients: %d ranks, %d parameter shards, "
+  print(fmt("ep-live: all %d cases equal: %d ranks, %d FSDP collectives, %d token all-to-alls (%d recomputed)%s",
+    total.cases, total.ranks, total.colls, total.a2a, total.recomputed, dumps_dir and fmt("; reduced gradients: %d ranks, %d parameter shards, "
       .. "%d elements compared, 0 differ", total.ranks, total.params, total.elements) or ""))
   return 0
 end

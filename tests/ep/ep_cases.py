@@ -18,7 +18,8 @@ import sys
 BASE = dict(dim=16, n_layers=3, n_dense_layers=1, n_heads=2, vocab_size=64, q_lora_rank=0, kv_lora_rank=8,
             qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4, dense_hidden_dim=32, moe_hidden_dim=8,
             num_experts=8, num_shared_experts=1, top_k=2)
-# name: world, dp_shard, ep, model overrides, (batch, seq)
+# name: world, dp_shard, ep, model overrides, (batch, seq), ac (torchtitan's activation checkpointing:
+# "none" unless given, "full" = FullAC, "selective" = SelectiveAC, each with its defaults)
 CASES = {
     # efsdp 2: expert weights on the efsdp mesh, Shard(0) (efsdp*ep 4 <= 8 experts)
     "dp4_ep2": dict(world=4, dp_shard=4, ep=2, model={}, batch=1, seq=6),
@@ -26,13 +27,18 @@ CASES = {
     "dp4_ep4": dict(world=4, dp_shard=4, ep=4, model={}, batch=1, seq=6),
     # efsdp*ep 4 > 2 experts: Shard(1) on the expert weights
     "dp4_ep2_e2": dict(world=4, dp_shard=4, ep=2, model=dict(num_experts=2, top_k=1), batch=1, seq=5),
+    # torchtitan's activation checkpointing (parallelize_deepseekv3 applies it: every block wrapped): the
+    # backward re-runs each MoE block's counts exchange, dispatch and combine (the recorder marks them)
+    "dp4_ep2_full": dict(world=4, dp_shard=4, ep=2, model={}, batch=1, seq=6, ac="full"),
+    "dp4_ep2_sel": dict(world=4, dp_shard=4, ep=2, model={}, batch=1, seq=6, ac="selective"),
 }
 
 
 def spec(name):
     case = CASES[name]
     return {"case": name, "world": case["world"], "dp_shard": case["dp_shard"], "ep": case["ep"],
-            "model": dict(BASE, **case["model"]), "batch": case["batch"], "seq": case["seq"]}
+            "model": dict(BASE, **case["model"]), "batch": case["batch"], "seq": case["seq"],
+            "ac": case.get("ac", "none")}
 
 
 def names_of(cases):

@@ -24,7 +24,11 @@ Parallelized exactly as torchtitan 0.3 does (its default spmd_backend
 over ep, the AllToAllTokenDispatcher wired to the ep mesh;
 apply_fsdp_to_decoder: dense parameters on the dp_shard mesh, routed-expert
 weights on the efsdp mesh, Shard(1) when efsdp*ep > num_experts, explicit
-forward/backward prefetching under EP, gradient division off), built on the
+forward/backward prefetching under EP, gradient division off; a case's
+"ac" is torchtitan's own activation checkpointing, FullAC.Config() or
+SelectiveAC.Config() as the Trainer's --activation_checkpoint builds it,
+which parallelize_deepseekv3 applies to every block before fully_shard),
+built on the
 meta device, to_empty + init_weights as the Trainer does. One step as
 Trainer._forward_backward_body runs it: its SPMD context, inputs annotated,
 model, torchtitan's cross_entropy_loss, backward.
@@ -41,7 +45,8 @@ gets a torch.distributed whose all_to_all issues those as one
 all_to_all_single with the same per-peer split sizes on the same group
 (GlooDist below; recorded as c10d.alltoall_base_ with via "dist.all_to_all
 (uneven: all_to_all_single)"); the equal-chunk token-count exchange stays
-the list form (c10d.alltoall_). Each case runs in its own process group:
+the list form (c10d.alltoall_). Each mesh (world, dp_shard, ep) runs in
+its own process group, its cases one after the other on one ParallelDims:
 a second ParallelDims over the same dp_shard mesh in one process hands
 fully_shard a cached DeviceMesh that is not its parameters'.
 
@@ -65,7 +70,10 @@ Python entry point is missed. Each event:
    combine", "... bwd" for their autograd backward), "fsdp": the FSDP
    param group in action ("layers.1 [efsdp] unshard", "layers.1 [dp_shard]
    post_backward", ... or ""), "via": the Python call that issued it
-   ("dist.all_to_all", "dist.all_gather_into_tensor", ... or "")}.
+   ("dist.all_to_all", "dist.all_gather_into_tensor", ... or ""),
+   "recompute": the block activation checkpointing re-runs in backward
+   when it issued it ("layers.1": its wrapped module's forward running
+   inside autograd's engine) or ""}.
 Per rank also: "params": [{name, global shape, local shape, placements
 [[mesh dim, placement]], dtype}], "grads": {name: sum of the local gradient
 (float64)}, "routing": {layer: {"tokens_per_expert": local counts (E)}},
@@ -127,6 +135,7 @@ class Recorder:
         self.events = None
         self.fsdp = ""
         self.via = ""
+        self.recompute = ""  # the block activation checkpointing re-runs in backward ("layers.1") or ""
         self.ep = ""     # the token dispatcher's step: "layers.1 counts" | "... dispatch" | "... combine" (+ " bwd")
         self.tls = threading.local()
         self.tracker = None
@@ -235,7 +244,7 @@ def _record(func, args, kwargs, out):
             ev["out_splits"] = list(bound.get("output_split_sizes") or [])
             ev["row"] = int(x[0].numel()) if x.dim() and x.shape[0] else 0
     phase, module = REC.module()
-    ev.update(phase=phase, module=module, fsdp=REC.fsdp, via=REC.via, ep=REC.ep)
+    ev.update(phase=phase, module=module, fsdp=REC.fsdp, via=REC.via, ep=REC.ep, recompute=REC.recompute)
     ev["i"] = len(REC.events)
     REC.events.append(ev)
 
@@ -478,6 +487,14 @@ def titan_model_config(m):
         layers=layers, mtp_layers=[])
 
 
+def ac_config(mode):
+    """torchtitan's own activation checkpointing config (the Trainer's --activation_checkpoint: its
+    SelectiveAC / FullAC with their defaults), or None; parallelize_deepseekv3 applies it
+    (ac_config.build(...).apply(model): every transformer block wrapped) before fully_shard."""
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    return {"none": None, "full": FullAC.Config(), "selective": SelectiveAC.Config()}[mode]
+
+
 def build(case, pd, parallelism, training):
     from torchtitan.config import CompileConfig, DebugConfig
     from torchtitan.models.deepseek_v3 import model_registry, parallelize_deepseekv3
@@ -492,7 +509,7 @@ def build(case, pd, parallelism, training):
     with torch.device("meta"):
         model = cfg.build()
     model = parallelize_deepseekv3(model, parallel_dims=pd, training=training, parallelism=parallelism,
-                                   compile_config=CompileConfig(), ac_config=None,
+                                   compile_config=CompileConfig(), ac_config=ac_config(case.get("ac", "none")),
                                    dump_folder=os.path.join(ROOT, "build", "ep", "dump"))
     model.to_empty(device="cpu")
     torch.manual_seed(1234)
@@ -533,6 +550,28 @@ def placements(p):
     return [], list(p.shape)
 
 
+def named_parameters(model):
+    """The model's parameters by their names without checkpoint_wrapper's prefix (as torchtitan's
+    checkpoints name them): layers.1.moe..., not layers.1._checkpoint_wrapped_module.moe..."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+    for n, p in model.named_parameters():
+        yield n.replace(_CHECKPOINT_PREFIX, ""), p
+
+
+MESHES = {}  # (world, dp_shard, ep) -> the ParallelDims built for it in this process
+
+
+def recompute_mark(lname, enter):
+    """Labels the recompute: a checkpointed block's forward run while autograd's engine runs."""
+    def pre(mod, args):
+        if torch._C._current_graph_task_id() != -1:
+            REC.recompute = lname
+
+    def post(mod, args, out):
+        REC.recompute = ""
+    return pre if enter else post
+
+
 def run_case(rank, name, case, plan_json=None):
     import spmd_types as spmd
     from torch.distributed._tools.mod_tracker import ModTracker
@@ -547,12 +586,15 @@ def run_case(rank, name, case, plan_json=None):
     training = TrainingConfig(local_batch_size=case["batch"], seq_len=case["seq"], dtype="float32",
                               mixed_precision_param="float32", mixed_precision_reduce="float32",
                               disable_cuda_graphs=True)  # CUDA graphs refuse the CPU-syncing all-to-all dispatcher
-    pd = ParallelDims.from_config(parallelism, case["world"])
-    pd.build_mesh()
+    key = (case["world"], case["dp_shard"], case["ep"])
+    if key not in MESHES:   # cases of one mesh share its ParallelDims (see main)
+        MESHES[key] = ParallelDims.from_config(parallelism, case["world"])
+        MESHES[key].build_mesh()
+    pd = MESHES[key]
     model = build(case, pd, parallelism, training)
     REC.group_names = group_names(pd, case["world"])
     GP.k = plan_param_ids(plan_json) if plan_json else None
-    GP.names = {id(p): n for n, p in model.named_parameters()}
+    GP.names = {id(p): n for n, p in named_parameters(model)}
     GP.rank, GP.micro, GP.injected = rank, 0, {}
     m = dict(BASE, **case["model"])
     B, L = case["batch"], case["seq"]
@@ -575,6 +617,11 @@ def run_case(rank, name, case, plan_json=None):
         if getattr(layer, "moe", None) is not None:
             layer.moe.routed_experts.token_dispatcher._ep_layer = "layers." + lname
             layer.moe.routed_experts.register_forward_pre_hook(tap(lname))
+    for lname, layer in model.layers.items():
+        inner = getattr(layer, "_checkpoint_wrapped_module", None)
+        if inner is not None:   # activation checkpointing: its forward run in backward is the recompute
+            inner.register_forward_pre_hook(recompute_mark("layers." + lname, True))
+            inner.register_forward_hook(recompute_mark("layers." + lname, False))
     tracker = ModTracker()
     REC.events = []
     t0 = time.time()
@@ -591,7 +638,7 @@ def run_case(rank, name, case, plan_json=None):
     out = {"rank": rank, "seconds": round(time.time() - t0, 3), "events": events, "routing": routing,
            "loss": float(loss.detach().to_local() if hasattr(loss, "to_local") else loss.detach())}
     params, grads = [], {}
-    for pname, p in model.named_parameters():
+    for pname, p in named_parameters(model):
         pl, local = placements(p)
         params.append({"name": pname, "shape": list(p.shape), "local": local, "placements": pl,
                        "dtype": str(p.dtype).replace("torch.", "")})
@@ -607,7 +654,7 @@ def run_case(rank, name, case, plan_json=None):
                 GP.injected, sorted(pattern)))
         out["grad_pattern"] = {"pattern": "oracle", "micro": 0, "ids": pattern}
         out["grads_local"] = {}
-        for pname, p in model.named_parameters():
+        for pname, p in named_parameters(model):
             g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
             out["grads_local"][pname] = {"shape": list(g.shape), "values": g.detach().reshape(-1).double().tolist()}
     meshes = {}
@@ -684,12 +731,18 @@ def main():
         import torchtitan.trainer  # noqa: F401
         import torchtitan.components.loss  # noqa: F401
         import torch.distributed._tools.mod_tracker  # noqa: F401
+        # One process group per mesh: a second ParallelDims over the same dp_shard mesh in one process
+        # hands fully_shard a cached DeviceMesh that is not the parameters' one, so the cases of one
+        # mesh (world, dp_shard, ep) run one after the other in one group on one ParallelDims.
+        groups = {}
         for name in names:
-            # One process group per case: a second ParallelDims over the same dp_shard mesh in one
-            # process hands fully_shard a cached DeviceMesh that is not the parameters' one.
+            c = CASES[name]
+            groups.setdefault((c["world"], c["dp_shard"], c["ep"]), []).append(name)
+        for group in groups.values():
+            name = ",".join(group)
             try:
-                mp.start_processes(worker, args=(CASES[name]["world"], free_port(), [name], tmp, plans),
-                                   nprocs=CASES[name]["world"], join=True,
+                mp.start_processes(worker, args=(CASES[group[0]]["world"], free_port(), group, tmp, plans),
+                                   nprocs=CASES[group[0]]["world"], join=True,
                                    start_method=os.environ.get("EP_START", "fork"))
             except Exception as e:  # noqa: BLE001
                 crashed = "%s: %s" % (type(e).__name__, str(e).strip().splitlines()[-1] if str(e).strip() else "")

@@ -117,6 +117,106 @@ function T.a2a_ops_order_and_fields()
   end
 end
 
+-- Activation checkpointing (torchtitan 0.3, recorded live: tests/ep/check_ep_live.sh's dp4_ep2_full and
+-- dp4_ep2_sel): the backward re-runs each MoE block's counts exchange, dispatch and combine before the
+-- block's two backward all-to-alls; nothing else is re-issued (no all-gather: the block is unsharded).
+local function with_ac(ac, micro)
+  return mix(4, "{ dp_shard = -1, ep = 2 }", string.format(", training = { activation_checkpointing = %q }", ac))
+    :gsub("fsdp = { reduce_op = \"sum\" }", string.format("fsdp = { reduce_op = \"sum\", micro_steps = %d }", micro))
+end
+
+function T.recompute_reissues_the_forward_all_to_alls()
+  local plain = plan.from_source(with_ac("none", 2), "plans/t.lua")
+  for _, ac in ipairs({ "full", "selective" }) do
+    local p = plan.from_source(with_ac(ac, 2), "plans/t.lua")
+    local e = unit(p, "layers.0.experts")
+    H.eq(e.a2a.recompute, true, ac)
+    local kinds, seen = {}, {}
+    for _, o in ipairs(p.ops) do
+      if o.unit == e.index and (o.kind == "a2a" or o.kind == "a2a_counts" or o.kind == "forward"
+                                or o.kind == "backward") then
+        seen[#seen + 1] = o
+        kinds[#kinds + 1] = (o.recompute and "r" or "") .. o.kind .. (o.kind == "a2a" and (o.a2a_combine == 1 and "+"
+          or "-") or "") .. o.micro_step
+      end
+    end
+    H.eq(table.concat(kinds, " "), "a2a_counts0 a2a-0 forward0 a2a+0 ra2a_counts0 ra2a-0 ra2a+0 a2a-0 backward0 a2a+0 "
+      .. "a2a_counts1 a2a-1 forward1 a2a+1 ra2a_counts1 ra2a-1 ra2a+1 a2a-1 backward1 a2a+1", ac .. ": per micro-step")
+    for _, o in ipairs(seen) do
+      if o.recompute then H.eq(o.phase, "backward") end
+      if o.kind == "a2a_counts" and o.recompute then
+        -- the recompute names its forward's counts op: same unit, micro-step and slot
+        local f = p.ops[o.a2a_counts_op + 1]
+        H.eq(f.kind, "a2a_counts"); H.eq(f.phase, "forward"); H.eq(f.recompute, nil)
+        H.eq(f.a2a_slot, o.a2a_slot); H.eq(f.micro_step, o.micro_step); H.eq(o.count, f.count)
+      elseif o.kind == "a2a" and o.phase == "backward" then
+        -- the recompute's and the backward's all-to-alls split by the recompute's counts
+        local c = p.ops[o.a2a_counts_op + 1]
+        H.eq(c.recompute, true); H.eq(c.micro_step, o.micro_step)
+      end
+    end
+    -- the collectives are the plain plan's with three all-to-alls more per MoE layer and micro-step, nothing else
+    local function others(q)
+      local out = {}
+      for _, o in ipairs(q.ops) do
+        if o.group and o.kind ~= "a2a" and o.kind ~= "a2a_counts" then out[#out + 1] = o.kind .. "@" .. o.group end
+      end
+      return table.concat(out, " ")
+    end
+    H.eq(others(p), others(plain), ac .. ": no all-gather or other collective is re-issued")
+    local function count(q, pred)
+      local n = 0
+      for _, o in ipairs(q.ops) do if pred(o) then n = n + 1 end end
+      return n
+    end
+    local a2a = function(o) return o.kind == "a2a" or o.kind == "a2a_counts" end
+    H.eq(count(p, a2a), count(plain, a2a) + 2 * 2 * 3, "2 layers x 2 micro-steps x 3")
+    -- the audit prices them: 6 token and 2 counts exchanges per layer and micro-step
+    local audit = require("gen.audit")
+    local s, s0 = audit.ep_summary(p), audit.ep_summary(plain)
+    H.eq(s.exchanges, 6); H.eq(s.counts_exchanges, 2); H.eq(s0.exchanges, 4); H.eq(s0.counts_exchanges, 1)
+    H.eq(s.step_bytes_uniform - s0.step_bytes_uniform, 2 * 2 * (s.layer_bytes_uniform - s0.layer_bytes_uniform),
+      "the step's bytes: the recompute's three per layer and micro-step")
+    assert(s.layer_bytes_uniform > s0.layer_bytes_uniform)
+  end
+  H.eq(unit(plain, "layers.0.experts").a2a.recompute, false, "no checkpointing: no recompute")
+  H.eq(ep.recomputes("none"), false); H.eq(ep.recomputes("full"), true); H.eq(ep.recomputes("selective"), true)
+end
+
+-- Repeated micro-steps: each recompute names its own micro-step's forward counts op, inside the repeated run too.
+function T.recompute_in_repeated_micro_steps()
+  local p = plan.from_source(with_ac("selective", 6), "plans/t.lua")
+  assert(p.rep, "micro-steps 3 .. 4 repeat")
+  local n = 0
+  for _, o in ipairs(p.ops) do
+    if o.kind == "a2a_counts" and o.recompute then
+      local f = p.ops[o.a2a_counts_op + 1]
+      H.eq(f.micro_step, o.micro_step); H.eq(f.unit, o.unit); H.eq(f.a2a_slot, o.a2a_slot)
+      n = n + 1
+    end
+  end
+  H.eq(n, 2 * 5, "2 layers x the 5 micro-steps the tables list (3 .. 4 folded)")
+end
+
+-- The verifier refuses a recompute counts op that does not name its forward's.
+function T.recompute_naming_another_op_is_refused()
+  local verify = require("gen.verify")
+  local p = plan.from_source(with_ac("full", 2), "plans/t.lua")
+  local r
+  for _, o in ipairs(p.ops) do if o.kind == "a2a_counts" and o.recompute then r = o; break end end
+  local fwd = r.a2a_counts_op
+  verify.order(p.layout, p.groups, p.ops)
+  for _, bad in ipairs({ fwd + 1, r.seq, r.seq + 1 }) do
+    r.a2a_counts_op = bad
+    local ok, err = pcall(verify.order, p.layout, p.groups, p.ops)
+    assert(not ok and tostring(err):find("a2a_counts names op " .. bad .. " as the forward it recomputes", 1, true),
+      tostring(err))
+  end
+  r.a2a_counts_op, r.recompute = fwd, nil
+  local ok, err = pcall(verify.order, p.layout, p.groups, p.ops)
+  assert(not ok and tostring(err):find("as the forward it recomputes", 1, true), "unmarked: " .. tostring(err))
+end
+
 function T.capacity_math()
   H.eq(ep.capacity(8, 2, 4, 2, { name = "dropless" }), 16)
   H.eq(ep.capacity(8, 2, 8, 8, { name = "dropless" }), 8, "one expert per member: a token reaches it once")

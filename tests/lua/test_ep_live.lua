@@ -7,7 +7,9 @@
 -- gradient commplan's oracle pattern; a dense parameter over dp_shard, one
 -- over its one-element-per-rank shards, an expert weight over efsdp) against
 -- the plan's --simulate --pattern oracle --dump of them
--- (tests/ep/recorded/dp4_ep2.dump.json), and a wrong gradient caught.
+-- (tests/ep/recorded/dp4_ep2.dump.json), and a wrong gradient caught. And
+-- the same mesh under selective activation checkpointing
+-- (tests/ep/recorded/dp4_ep2_sel.json): the recompute's all-to-alls.
 local H = require("helpers")
 local json = require("gen.json")
 local live = require("tests.ep.compare_ep_live")
@@ -72,6 +74,39 @@ function T.each_difference_is_reported()
       if p.name:find("inner_experts", 1, true) then p["local"][1] = p["local"][1] + 1; break end
     end
   end, "local shape")
+end
+
+-- Under torchtitan's selective activation checkpointing (tests/ep/recorded/dp4_ep2_sel.json, the same
+-- mesh; events and shapes only): the recompute's counts, dispatch and combine in backward, marked by the
+-- recorder, equal the plan's; without them, or unmarked, or from a plan without checkpointing, a difference.
+local function load_sel() return json.decode(H.read("tests/ep/recorded/dp4_ep2_sel.json")) end
+
+function T.recompute_all_to_alls_equal_the_tables()
+  local c = load_sel()
+  H.eq(c.ac, "selective")
+  local diff, res = live.check_case(c)
+  H.eq(diff, nil, "dp4_ep2_sel")
+  H.eq(res.recomputed, 4 * 2 * 3, "4 ranks x 2 MoE layers x counts, dispatch, combine")
+  H.eq(res.a2a, 4 * 2 * 8)
+  assert(live.plan_source(c):find('activation_checkpointing = "selective"', 1, true))
+  local function expect(mutate, want)
+    local x = load_sel()
+    mutate(x)
+    local d = live.check_case(x)
+    assert(type(d) == "string" and d:find(want, 1, true), "want '" .. want .. "', got " .. tostring(d))
+  end
+  -- the recompute's counts exchange left out
+  expect(function(x)
+    local i = first(x.ranks[1], function(e) return e.recompute == "layers.2" and e.ep == "layers.2 counts" end)
+    table.remove(x.ranks[1].events, i)
+  end, "rank 0 event")
+  -- issued, but not by a recompute
+  expect(function(x)
+    local _, e = first(x.ranks[2], function(y) return y.recompute == "layers.1" and y.ep == "layers.1 dispatch" end)
+    e.recompute = ""
+  end, "rank 1 event")
+  -- the plan without checkpointing has none
+  expect(function(x) x.ac = nil end, "rank 0 event")
 end
 
 function T.recorded_reduced_gradients_equal_the_simulation()
