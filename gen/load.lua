@@ -114,6 +114,9 @@ local SCHEMA = {
     q_lora_rank = { "int", min = 0, max = LIM.model_int }, kv_lora_rank = { "int", min = 1, max = LIM.model_int },
     qk_nope_head_dim = { "int", min = 1, max = LIM.model_int }, qk_rope_head_dim = { "int", min = 1, max = LIM.model_int },
     v_head_dim = { "int", min = 1, max = LIM.model_int },
+    -- DeepSeek-V3's router: top-k weights renormalised, node-limited routing's groups
+    route_norm = { "bool" }, n_expert_groups = { "int", min = 0, max = LIM.model_int },
+    n_limited_groups = { "int", min = 0, max = LIM.model_int },
     units = { "list", max = LIM.units,
               why = "the generator holds units x micro-steps in memory, at most "
                 .. util.pow2_text(LIM.unit_steps) .. " of them" },

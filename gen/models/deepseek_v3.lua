@@ -32,18 +32,23 @@ ds.FIELDS = moe.FIELDS.deepseek_v3
 
 -- Each registry size's router (models/deepseek_v3/__init__.py: route_norm,
 -- num_expert_groups, num_limited_groups), which decides what it keeps for
--- backward (gen/models/moe_acts.lua); without a size, _build_dsv3_layers'
--- defaults (no route_norm, no node-limited routing).
-ds.ROUTERS = {
+-- backward (gen/models/moe_acts.lua): plan fields route_norm,
+-- n_expert_groups and n_limited_groups (0: no node-limited routing, as
+-- _build_dsv3_layers' defaults), a size's own unless the plan sets them.
+local ROUTERS = {
   ["16b"] = {},
-  ["236b"] = { groups = 8, limited = 3 },
-  ["671b"] = { route_norm = true, groups = 8, limited = 4 },
+  ["236b"] = { n_expert_groups = 8, n_limited_groups = 3 },
+  ["671b"] = { route_norm = true, n_expert_groups = 8, n_limited_groups = 4 },
 }
+for size, r in pairs(ROUTERS) do
+  for k, v in pairs(r) do ds.CONFIGS[size][k] = v end
+end
 
 -- torchtitan's Attention.Config defaults (q_lora_rank 0: one wq).
 local RESOLVE = {
   label = "DeepSeek-V3", sizes = ds.CONFIGS, fields = ds.FIELDS,
-  defaults = { q_lora_rank = 0, kv_lora_rank = 512, qk_nope_head_dim = 128, qk_rope_head_dim = 64, v_head_dim = 128 },
+  defaults = { q_lora_rank = 0, kv_lora_rank = 512, qk_nope_head_dim = 128, qk_rope_head_dim = 64, v_head_dim = 128,
+               route_norm = false, n_expert_groups = 0, n_limited_groups = 0 },
   required = { "dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "moe_hidden_dim", "num_experts",
                "num_shared_experts", "top_k" },
 }
@@ -62,7 +67,16 @@ function ds.config(ctx, model)
     util.field_error(ctx, "model.dense_hidden_dim", "n_dense_layers = 0: no block is dense, so dense_hidden_dim "
       .. "would be ignored; remove it")
   end
-  cfg.router = model.size and ds.ROUTERS[model.size:lower()] or {}
+  local G, L = cfg.n_expert_groups, cfg.n_limited_groups
+  if G > 0 and cfg.num_experts % G ~= 0 then
+    util.field_error(ctx, "model.n_expert_groups", string.format("n_expert_groups=%d does not divide num_experts=%d "
+      .. "(node-limited routing groups the experts evenly); pick a divisor or 0", G, cfg.num_experts))
+  end
+  if (G == 0) ~= (L == 0) or L > G then
+    util.field_error(ctx, "model.n_limited_groups", string.format("n_limited_groups=%d with n_expert_groups=%d: "
+      .. "node-limited routing picks 1..n_expert_groups of the groups; set both (limited <= groups) or both 0", L, G))
+  end
+  cfg.router = { route_norm = cfg.route_norm or nil, groups = G > 0 and G or nil, limited = L > 0 and L or nil }
   return cfg
 end
 

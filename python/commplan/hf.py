@@ -71,15 +71,18 @@ _MOE = {
                  "kv_lora_rank": ("kv_lora_rank", Spec("int", required=True, **_POS)),
                  "qk_nope_head_dim": ("qk_nope_head_dim", Spec("int", required=True, **_POS)),
                  "qk_rope_head_dim": ("qk_rope_head_dim", Spec("int", required=True, **_POS)),
-                 "v_head_dim": ("v_head_dim", Spec("int", required=True, **_POS))},
+                 "v_head_dim": ("v_head_dim", Spec("int", required=True, **_POS)),
+                 # the router (torchtitan's route_norm, num_expert_groups, num_limited_groups)
+                 "norm_topk_prob": ("route_norm", Spec("bool", null=True)),
+                 "n_group": ("n_expert_groups", Spec("int", null=True, lo=0, hi=MODEL_INT)),
+                 "topk_group": ("n_limited_groups", Spec("int", null=True, lo=0, hi=MODEL_INT))},
         "fixed": {"hidden_act": ("silu", "torchtitan's experts are SwiGLU"),
                   "moe_layer_freq": (1, "every block after the first first_k_dense_replace is an MoE block in "
                                         "torchtitan's DeepSeek-V3")},
         # num_key_value_heads: MLA has none of its own; num_nextn_predict_layers: the checkpoint's
         # multi-token-prediction layers, which torchtitan does not build by default (num_mtp_layers=0)
         # and Hugging Face's model does not load
-        "ignored": ("n_group", "topk_group", "topk_method", "routed_scaling_factor", "scoring_func",
-                    "norm_topk_prob", "aux_loss_alpha", "seq_aux", "ep_size", "rope_interleave", "pretraining_tp",
+        "ignored": ("topk_method", "routed_scaling_factor", "scoring_func", "aux_loss_alpha", "seq_aux", "ep_size", "rope_interleave", "pretraining_tp",
                     "num_nextn_predict_layers"),
     },
 }
@@ -212,6 +215,11 @@ def _moe_table(cfg, c, src, dtype):
     if mt == "deepseek_v3":
         t.setdefault("q_lora_rank", 0)
         t.setdefault("num_shared_experts", 0)
+        # one group (n_group 1) is no node-limited routing: torchtitan's num_expert_groups None
+        if t.get("n_expert_groups", 0) <= 1 or t.get("n_limited_groups", 0) <= 0:
+            t.pop("n_expert_groups", None)
+            t.pop("n_limited_groups", None)
+        t["route_norm"] = bool(t.get("route_norm", False))
         if t["n_dense_layers"] > t["n_layers"]:
             raise PlanError("%s: first_k_dense_replace: %d is more than num_hidden_layers %d"
                             % (src, t["n_dense_layers"], t["n_layers"]))

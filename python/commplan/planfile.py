@@ -69,7 +69,8 @@ MOE_MODEL_KEYS = {
     "qwen3_moe": _GQA_MOE_KEYS,
     "deepseek_v3": ("dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank", "kv_lora_rank",
                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "dense_hidden_dim", "moe_hidden_dim",
-                    "num_experts", "num_shared_experts", "top_k", "seq_len"),
+                    "num_experts", "num_shared_experts", "top_k", "route_norm", "n_expert_groups",
+                    "n_limited_groups", "seq_len"),
 }
 MOE_SIZES = {"mixtral": ("8x7b", "8x22b"), "qwen3_moe": ("30b-a3b", "235b-a22b"),
              "deepseek_v3": ("16b", "236b", "671b")}
@@ -503,10 +504,10 @@ def _check_model_numbers(model, allowed, family):
         raise PlanError("model settings %s are not taken by a %s plan; use %s" % (unknown, family,
                                                                                  ", ".join(allowed)))
     for k, v in model.items():
-        if k == "fuse_qkv":
+        if k in ("fuse_qkv", "route_norm"):
             validate.check_value(v, validate.Spec("bool", null=True), validate.OPTIONS_SRC, "model." + k)
             continue
-        if k in ("n_dense_layers", "num_shared_experts", "q_lora_rank"):
+        if k in ("n_dense_layers", "num_shared_experts", "q_lora_rank", "n_expert_groups", "n_limited_groups"):
             spec = validate.Spec("int", lo=0, hi=MODEL_INT, null=True)
         elif k == "ffn_dim_multiplier":
             spec = validate.Spec("num", gt=0, hi=64, null=True)

@@ -219,6 +219,16 @@ function T.bad_inputs_one_line_each()
     "model.dense_hidden_dim", "would be ignored; remove it")
   H.plan_fails(src('family = "deepseek_v3", dim = 64, n_layers = 2, n_dense_layers = 0, n_heads = 2, vocab_size = 10, '
     .. 'moe_hidden_dim = 8, num_experts = 4, top_k = 2'), "model.num_shared_experts", "missing")
+  -- DeepSeek-V3's router: node-limited groups that divide the experts, both or neither set
+  H.plan_fails(src('family = "deepseek_v3", size = "671b", n_expert_groups = 7'), "model.n_expert_groups",
+    "n_expert_groups=7 does not divide num_experts=256", "pick a divisor or 0")
+  H.plan_fails(src('family = "deepseek_v3", size = "671b", n_limited_groups = 9'), "model.n_limited_groups",
+    "n_limited_groups=9 with n_expert_groups=8", "limited <= groups")
+  H.plan_fails(src('family = "deepseek_v3", size = "16b", n_limited_groups = 2'), "model.n_limited_groups",
+    "n_limited_groups=2 with n_expert_groups=0", "set both")
+  H.plan_fails(src('family = "deepseek_v3", size = "671b", route_norm = 1'), "model.route_norm")
+  H.plan_fails(src('family = "mixtral", size = "8x7b", n_expert_groups = 2'), "model.n_expert_groups",
+    "the mixtral family does not read n_expert_groups")
   -- keys the family does not read
   H.plan_fails(src('family = "mixtral", size = "8x7b", multiple_of = 256'), "model.multiple_of",
     "the mixtral family does not read multiple_of", "a setting of family llama", "remove it")

@@ -266,10 +266,15 @@ class HuggingFaceMoE(Tmp):
     def test_small_configs_and_defaults(self):
         cfg = dict(fixture("deepseek_v3_config.json"), hidden_size=64, num_hidden_layers=2, first_k_dense_replace=0,
                    q_lora_rank=None, n_shared_experts=None, n_routed_experts=4, num_experts_per_tok=2,
-                   vocab_size=128, num_attention_heads=2)
+                   vocab_size=128, num_attention_heads=2, n_group=2, topk_group=1)
         model = commplan.hf_config(cfg, seq_len=256)
         self.assertEqual((model["q_lora_rank"], model["num_shared_experts"], model["n_dense_layers"], model["seq_len"]),
                          (0, 0, 0, 256))
+        # the router: norm_topk_prob, n_group and topk_group as torchtitan's route_norm and groups
+        self.assertEqual((model["route_norm"], model["n_expert_groups"], model["n_limited_groups"]), (True, 2, 1))
+        one = commplan.hf_config(dict(cfg, n_group=1, topk_group=1, norm_topk_prob=False))
+        self.assertEqual(one["route_norm"], False)
+        self.assertNotIn("n_expert_groups", one)  # one group: no node-limited routing
         self.assertNotIn("dense_hidden_dim", model)
         plan = self.plan_json("ds_small", 4, model)
         names = [q["name"] for q in plan["units"][2]["params"]]
