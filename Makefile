@@ -220,12 +220,22 @@ clean:
 # cmocka runtime tests against committed generated plans, built plain
 # (build/tests) and with AddressSanitizer + UBSan (build/tests-asan).
 TEST_PLANS := fsdp8_uneven hsdp2x3_bf16 hsdp4x2_fp16 llama_tiny_tp
-TEST_DEPS  := tests/c/test_runtime.c tests/c/fake_env.h $(RUNTIME_SRC) $(RUNTIME_HDR) $(foreach p,$(TEST_PLANS),plans/$(p)/plan.c)
+TEST_DEPS  := tests/c/test_runtime.c tests/c/fake_env.h $(RUNTIME_HDR) $(foreach p,$(TEST_PLANS),plans/$(p)/plan.c)
+# The runtime compiled once per tree (plain, ASan+UBSan) for every cmocka
+# test that links it, not once per test binary.
+define runtime_objs
+$(1)/rt/%.o: runtime/%.c $(RUNTIME_HDR)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -c $$< -o $$@
+endef
+$(eval $(call runtime_objs,build/tests,))
+$(eval $(call runtime_objs,build/tests-asan,$(SAN)))
+rt_objs = $(patsubst runtime/%.c,$(1)/rt/%.o,$(RUNTIME_SRC))
 define cmocka_test
-$(1)/test_runtime: $(TEST_DEPS)
+$(1)/test_runtime: $(TEST_DEPS) $(call rt_objs,$(1))
 	@mkdir -p $(1)
 	@for p in $(TEST_PLANS); do $$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -Iplans/$$$$p -c plans/$$$$p/plan.c -o $(1)/$$$$p.o || exit 1; done
-	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ tests/c/test_runtime.c $$(RUNTIME_SRC) $(foreach p,$(TEST_PLANS),$(1)/$(p).o) -lcmocka -lm
+	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ tests/c/test_runtime.c $(call rt_objs,$(1)) $(foreach p,$(TEST_PLANS),$(1)/$(p).o) -lcmocka -lm
 endef
 $(eval $(call cmocka_test,build/tests,))
 $(eval $(call cmocka_test,build/tests-asan,$(SAN)))
@@ -233,9 +243,9 @@ $(eval $(call cmocka_test,build/tests-asan,$(SAN)))
 # Pipeline parallelism's runtime half (tests/c/test_pp.c): hand-written 2-
 # and 4-stage tables on the host backend, plain and under ASan+UBSan.
 define pp_test
-$(1)/test_pp: tests/c/test_pp.c $(RUNTIME_SRC) $(RUNTIME_HDR)
+$(1)/test_pp: tests/c/test_pp.c $(call rt_objs,$(1)) $(RUNTIME_HDR)
 	@mkdir -p $(1)
-	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ tests/c/test_pp.c $$(RUNTIME_SRC) -lcmocka -lm
+	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ tests/c/test_pp.c $(call rt_objs,$(1)) -lcmocka -lm
 endef
 $(eval $(call pp_test,build/tests,))
 $(eval $(call pp_test,build/tests-asan,$(SAN)))
@@ -243,9 +253,9 @@ $(eval $(call pp_test,build/tests-asan,$(SAN)))
 # Expert parallelism's runtime half (tests/c/test_a2a.c): hand-written ep 2
 # and ep 4 tables' all-to-alls on the host backend, plain and under ASan+UBSan.
 define a2a_test
-$(1)/test_a2a: tests/c/test_a2a.c $(RUNTIME_SRC) $(RUNTIME_HDR)
+$(1)/test_a2a: tests/c/test_a2a.c $(call rt_objs,$(1)) $(RUNTIME_HDR)
 	@mkdir -p $(1)
-	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ tests/c/test_a2a.c $$(RUNTIME_SRC) -lcmocka -lm
+	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ tests/c/test_a2a.c $(call rt_objs,$(1)) -lcmocka -lm
 endef
 $(eval $(call a2a_test,build/tests,))
 $(eval $(call a2a_test,build/tests-asan,$(SAN)))
