@@ -34,8 +34,8 @@ static const cp_unit units[1] = {
       .a2a_capacity = CAP, .a2a_rows = 16 }
 
 static const cp_op ops[10] = {
-    A2A(CP_OP_A2A_COUNTS, 0, 0, 0), A2A(CP_OP_A2A, 0, 0, 0), A2A(CP_OP_A2A, 0, 0, 1),
-    A2A(CP_OP_A2A_COUNTS, 1, 0, 0), A2A(CP_OP_A2A, 1, 3, 0), A2A(CP_OP_A2A, 1, 3, 1),
+    A2A(CP_OP_A2A_COUNTS, 0, -1, 0), A2A(CP_OP_A2A, 0, 0, 0), A2A(CP_OP_A2A, 0, 0, 1), /* a forward's counts name no op */
+    A2A(CP_OP_A2A_COUNTS, 1, -1, 0), A2A(CP_OP_A2A, 1, 3, 0), A2A(CP_OP_A2A, 1, 3, 1),
     A2A(CP_OP_A2A, 1, 3, 0),        A2A(CP_OP_A2A, 1, 3, 1), /* micro-step 1's backward first */
     A2A(CP_OP_A2A, 0, 0, 0),        A2A(CP_OP_A2A, 0, 0, 1),
 };
