@@ -124,13 +124,14 @@ torch_lane() {
   titan_moe="torchtitan qwen3 MoE, deepseek_v3 (+ Qwen3's MoE decoder without q/k norms for mixtral) + their parallelize vs the MoE families' plans, ep=1: FSDP/HSDP units, parameters, Shard(0)/Shard(1) placements (tests/titan/test_moe_plan.py)"
   titan_acts="torchtitan's MoE module: bytes autograd saves and SelectiveAC keeps in its forward vs gen/models/moe_acts.lua (tests/titan/test_moe_acts.py)"
   titan_lacts="torchtitan's llama3 block (none, SelectiveAC, FullAC) and loss (CrossEntropyLoss, ChunkedLossWrapper): saved and peak bytes vs gen/models/llama_acts.lua (tests/titan/test_llama_acts.py)"
+  titan_closs="torchtitan's training step on gloo (parallelize_llama, CrossEntropyLoss and ChunkedLossWrapper 2/8, FSDP and HSDP, 1 and 2 micro-batches): every rank's collectives in order vs commplan's tables (tests/titan/test_chunked_loss.py)"
   titan_result() {  # NAME LOG RC: ok, FAIL or SKIP (77), then the run's count lines
     case $3 in
       0) ok "$1" ;;
       77) skipped "$1" "$(sed -n 's/^SKIP [^:]*: //p' "$2" | head -n 1)"; return ;;
       *) echo "exit status $3" >>"$2"; bad "$1" "$2" ;;
     esac
-    grep -h "^\(parallel_dims\|llama_plan\|moe_plan\|moe_acts\|llama_acts\): " "$2" | sed "s/^/        /"
+    grep -h "^\(parallel_dims\|llama_plan\|moe_plan\|moe_acts\|llama_acts\|chunked_loss\): " "$2" | sed "s/^/        /"
   }
   if [ "$live_rc" = 0 ]; then
     titan_f1=$(logname "$titan_dims") titan_f2=$(logname "$titan_llama")
@@ -142,12 +143,15 @@ torch_lane() {
     timeout 300 "$live_py" tests/titan/test_moe_acts.py >"$titan_f4" 2>&1; titan_r4=$?
     titan_f5=$(logname "$titan_lacts")
     timeout 300 "$live_py" tests/titan/test_llama_acts.py >"$titan_f5" 2>&1; titan_r5=$?
+    titan_f6=$(logname "$titan_closs")
+    timeout 600 "$live_py" tests/titan/test_chunked_loss.py >"$titan_f6" 2>&1; titan_r6=$?
     wait "$titan_p1"; titan_r1=$?
     titan_result "$titan_dims" "$titan_f1" "$titan_r1"
     titan_result "$titan_llama" "$titan_f2" "$titan_r2"
     titan_result "$titan_moe" "$titan_f3" "$titan_r3"
     titan_result "$titan_acts" "$titan_f4" "$titan_r4"
     titan_result "$titan_lacts" "$titan_f5" "$titan_r5"
+    titan_result "$titan_closs" "$titan_f6" "$titan_r6"
   else
     titan_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
     titan_why="no torch environment (make torch-env exit $live_rc${titan_why:+: $titan_why})"
@@ -156,6 +160,7 @@ torch_lane() {
     skipped "$titan_moe" "$titan_why"
     skipped "$titan_acts" "$titan_why"
     skipped "$titan_lacts" "$titan_why"
+    skipped "$titan_closs" "$titan_why"
   fi
   # ---- end of torchtitan as the peer ----
 

@@ -64,6 +64,7 @@ SECTIONS = {
         "optimizer": Spec("enum", enum=("adamw", "sgd", "none")),
         "fp32_master": Spec("bool"),
         "local_batch_size": Spec("int"),
+        "loss_chunks": Spec("int"),
     },
 }
 
