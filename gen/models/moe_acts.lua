@@ -10,22 +10,29 @@
 -- whole base):
 --   norms (nn.RMSNorm, the fused kernel): input and the fp32 rstd per
 --     token; a norm's output is counted where the op after it saves it
---   GQA attention (models/common/attention.py GQAttention, FlexAttention):
---     fused wqkv: the q+2kv projection (flex keeps v, a view of it), the
---     rotated q and k (rope makes new tensors, flex keeps them); unfused
---     wq/wk/wv: v and the rotated q, k; Qwen3's q/k norms keep their
---     inputs (views of the fused projection, else wq's and wk's outputs)
---     and an fp32 rstd per head; the attention output and its fp32
---     logsumexp per head (wo keeps the output)
---   MLA (models/deepseek_v3/model.py Attention): wq_a's output and q_norm's
---     (q_lora_rank > 0), q after its rope half (torch.cat: new), wkv_a's
---     output (kv_norm keeps the kv_lora_rank view of it), kv_norm's output,
---     k (cat of k_nope and the shared rotated k_pe), wkv_b's output (flex
---     keeps v, a view of it), the attention output, rstd per norm, lse
+--   GQA attention (models/common/attention.py GQAttention.forward, l. 978-
+--     1010; FlexAttention.forward, l. 331-383): attention_norm's output
+--     (the q, k, v projections' input); v and the rotated q and k (the
+--     rope makes new tensors; flex keeps them); the attention output (wo's
+--     input: .contiguous() of flex's own, l. 1003, the same storage) and
+--     its fp32 logsumexp per head. Fused wqkv (FusedQKVLinear._split,
+--     l. 840-853) copies q, k and v out of the projection
+--     (reshape(...).contiguous()), so the projection itself is not kept:
+--     fused and unfused keep the same bytes. Qwen3's q/k norms keep their
+--     inputs (the fused split's copies, else wq's and wk's outputs) and an
+--     fp32 rstd per head:
+--       e*T*(2d + 2Q + 2KV [+ Q + KV]) + 4*T*(1 + h [+ h + kvh])
+--   MLA (models/deepseek_v3/model.py Attention.forward, l. 93-147): wq_a's
+--     output and q_norm's (q_lora_rank > 0; with 0, wq's output is not
+--     kept: the rope and the cat keep no input), q (the cat, l. 126: new),
+--     wkv_a's whole output (kv_norm keeps the kv_lora_rank view of it),
+--     kv_norm's output, k (the cat of k_nope and the shared rotated k_pe,
+--     l. 135), wkv_b's whole output (flex keeps v, a view of it, l. 132),
+--     the attention output, an rstd per norm, lse per head
 --   dense FeedForward (common/feed_forward.py): ffn_norm's output, w1's,
 --     silu's, w3's, their product (w2's input): 4 x hidden
 --   MoE (common/moe.py, common/token_dispatcher.py), measured against
---   torch by tests/titan/moe_saved_bytes.py:
+--   torch by tests/titan/test_moe_acts.py:
 --     router: the gate runs under autocast(float32), so its matmul keeps an
 --       fp32 copy of its input (4 x dim per token) and of the gate weight
 --       (4 x E x dim per block); softmax/sigmoid keep their fp32 scores
@@ -54,12 +61,21 @@
 -- the rows it sends and gets back likewise.
 --
 -- "selective": torchtitan's SelectiveAC (distributed/activation_checkpoint.py)
--- keeps the block's input and the outputs of the ops its policy saves: the
--- flex attention's (output and logsumexp), topk's (fp32 values and int64
--- ids: the router's, and node-limited routing's two), and every other
--- aten.mm of the block (the 1st, 3rd, ...; the router gate's shape
--- (dim, E) is force-recomputed and not counted: force_recompute_mm_shapes_
--- by_fqns = ["moe.router.gate"]). torch._grouped_mm is not in its save list
+-- keeps the block's input and the outputs of the ops its policy saves
+-- (_get_default_save_ops, l. 31-94; the policy, l. 243-275): topk's (fp32
+-- values and int64 ids: the router's, and node-limited routing's two),
+-- every other aten.mm of the block (the 1st, 3rd, ...; the router gate's
+-- shape (dim, E) is force-recomputed and not counted: force_recompute_mm_
+-- shapes_by_fqns = ["moe.router.gate"], any mm of that shape), and flex
+-- attention's compiled region (inductor_compiled_code, l. 55), whose
+-- outputs are the AOT forward graph's: the attention output and its
+-- logsumexp and the q, k, v it saves for backward (tests/titan/
+-- test_llama_acts.py and test_moe_acts.py show the graph's outputs): GQA's
+-- rotated q and k, and v (fused: the split's copy; unfused: wv's output,
+-- already kept when wv's mm is a saved one); MLA's q and k (the cats) and
+-- v's storage, wkv_b's whole output (kept once: with q_lora_rank 0 wkv_b
+-- is the 3rd mm, saved anyway; with wq_a, wq_b it is the 4th).
+-- torch._grouped_mm is not in its save list
 -- (torch._functorch.partitioners' compute_intensive_ops), so the routed
 -- experts are recomputed; under torchtitan's default spmd_types backend the
 -- token all-to-alls are c10d.alltoall_ (not _c10d_functional.all_to_all_
@@ -73,25 +89,31 @@ local F32, I64, I32 = 4, 8, 4
 
 -- A part of a block: none (bytes autograd saves), mms (its matmuls in
 -- forward order: { fan_in, fan_out }), sac (bytes of the other ops
--- SelectiveAC saves), routed (bytes on the routed experts' rows).
-local function part(none, mms, sac, routed)
-  return { none = none, mms = mms, sac = sac or 0, routed = routed or 0 }
+-- SelectiveAC saves), routed (bytes on the routed experts' rows), v (the
+-- attention's: the bytes of v's storage flex's compiled region keeps, and
+-- mm, the index in mms of the matmul whose output that storage is, if any:
+-- kept once when SelectiveAC saves that matmul's output).
+local function part(none, mms, sac, routed, v)
+  return { none = none, mms = mms, sac = sac or 0, routed = routed or 0, v = v }
 end
 
 -- Grouped-query attention with its attention_norm (mixtral, qwen3_moe).
 function acts.gqa_attention(cfg, e, T)
   local d, h, kvh = cfg.dim, cfg.n_heads, cfg.n_kv_heads
   local Q, KV = h * cfg.head_dim, kvh * cfg.head_dim
-  local qkv, mms
+  local mms, v_mm
   if cfg.fuse_qkv then
-    qkv = (Q + 2 * KV) + (Q + KV)
     mms = { { d, Q + 2 * KV }, { Q, d } }
   else
-    qkv = Q + 2 * KV + (cfg.qk_norm and Q + KV or 0)
-    mms = { { d, Q }, { d, KV }, { d, KV }, { Q, d } }
+    mms, v_mm = { { d, Q }, { d, KV }, { d, KV }, { Q, d } }, 3
   end
+  -- attention_norm's input and output, q, k, v, the output (+ the q/k
+  -- norms' inputs); rstd per token (+ per q, k head), lse per head
+  local norms = cfg.qk_norm and Q + KV or 0
   local rstd = 1 + h + (cfg.qk_norm and h + kvh or 0)
-  return part(e * T * (2 * d + qkv + Q) + F32 * T * rstd, mms, e * T * Q + F32 * T * h)
+  local none = e * T * (2 * d + 2 * Q + 2 * KV + norms) + F32 * T * rstd
+  -- SAC: the compiled region's output, lse, q and k (v below)
+  return part(none, mms, e * T * (2 * Q + KV) + F32 * T * h, 0, { bytes = e * T * KV, mm = v_mm })
 end
 
 -- Multi-head latent attention with its attention_norm (deepseek_v3).
@@ -107,10 +129,13 @@ function acts.mla_attention(cfg, e, T)
   end
   table.insert(mms, { d, kvl + rope })
   table.insert(mms, { kvl, H * (nope + v) })
+  local wkv_b = #mms
   table.insert(mms, { H * v, d })
   local width = 2 * d + (ql > 0 and 2 * ql or 0) + 2 * H * qk + (kvl + rope) + kvl + H * (nope + v) + H * v
   local rstd = 1 + (ql > 0 and 1 or 0) + 1 + H
-  return part(e * T * width + F32 * T * rstd, mms, e * T * H * v + F32 * T * H)
+  -- SAC: the compiled region's output, lse, q and k; v's storage is wkv_b's
+  return part(e * T * width + F32 * T * rstd, mms, e * T * (H * v + 2 * H * qk) + F32 * T * H, 0,
+    { bytes = e * T * H * (nope + v), mm = wkv_b })
 end
 
 -- A dense FeedForward of hidden f with its ffn_norm (DeepSeek-V3's first
@@ -144,16 +169,17 @@ function acts.moe(cfg, e, T, rows, ep)
 end
 
 -- The bytes of the matmul outputs SelectiveAC saves: every other aten.mm
--- (odd counts), those of the forced shapes neither saved nor counted.
+-- (odd counts), those of the forced shapes neither saved nor counted; and
+-- the set of the saved ones' indices in mms.
 function acts.sac_matmuls(mms, e, T, forced)
-  local n, bytes = 0, 0
-  for _, m in ipairs(mms) do
+  local n, bytes, kept = 0, 0, {}
+  for i, m in ipairs(mms) do
     if not (forced and m[1] == forced[1] and m[2] == forced[2]) then
       n = n + 1
-      if n % 2 == 1 then bytes = bytes + e * T * m[2] end
+      if n % 2 == 1 then bytes, kept[i] = bytes + e * T * m[2], true end
     end
   end
-  return bytes
+  return bytes, kept
 end
 
 -- Block i (0-based) of cfg's family: { saved = bytes its dense unit keeps,
@@ -172,7 +198,10 @@ function acts.block(cfg, i, e, T, rows, ep, ac)
   for _, m in ipairs(attn.mms) do mms[#mms + 1] = m end
   for _, m in ipairs(ffn.mms) do mms[#mms + 1] = m end
   local forced = not dense and { cfg.dim, cfg.num_experts } or nil
-  local saved = input + acts.sac_matmuls(mms, e, T, forced) + attn.sac + ffn.sac
+  -- (the attention's matmuls come first: its v.mm indexes mms too)
+  local mm_bytes, kept = acts.sac_matmuls(mms, e, T, forced)
+  local v = (attn.v.mm and kept[attn.v.mm]) and 0 or attn.v.bytes
+  local saved = input + mm_bytes + attn.sac + v + ffn.sac
   return { saved = saved, routed = 0, transient = none - saved }
 end
 

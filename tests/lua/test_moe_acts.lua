@@ -2,7 +2,8 @@
 -- a small model's bytes per block against hand-computed numbers, the
 -- checkpointing modes' order, the routed rows' share with ep > 1 and its
 -- capacity bound, and the shipped MoE plans' verdicts.
--- tests/titan/test_moe_acts.py checks the MoE module's bytes against torch.
+-- tests/titan/test_moe_acts.py checks the MoE module's and whole blocks' bytes
+-- (GQA and MLA attention included) against torch.
 local H = require("helpers")
 local plan = require("gen.plan")
 local audit = require("gen.audit")
@@ -17,9 +18,10 @@ local MIX = { dim = 12, n_heads = 3, n_kv_heads = 1, head_dim = 4, fuse_qkv = tr
               num_experts = 4, top_k = 2, router = { route_norm = true } }
 
 function T.gqa_block_by_hand()
-  -- attention: e*T*(2d norm in/out + (Q+2KV) wqkv + (Q+KV) rotated q, k + Q
-  -- output) + 4*T*(1 rstd + h lse) = 16*(24 + 20 + 16 + 12) + 32*4
-  H.eq(acts.gqa_attention(MIX, 2, 8).none, 1280, "GQA attention, none")
+  -- attention: e*T*(2d norm in/out + (Q+KV) rotated q, k + KV v + Q
+  -- output) + 4*T*(1 rstd + h lse) = 16*(24 + 16 + 4 + 12) + 32*4; the
+  -- fused wqkv's split copies q, k, v out (its projection is not kept)
+  H.eq(acts.gqa_attention(MIX, 2, 8).none, 1024, "GQA attention, none")
   local m = acts.moe(MIX, 2, 8, 16, 1)
   -- the block's side: ffn_norm input 2*8*12 = 192 + rstd 32; router 8*(4*12
   -- fp32 gate input + 4*4 scores + 8*2 topk ids) = 640 + fp32 gate weight
@@ -30,24 +32,37 @@ function T.gqa_block_by_hand()
   -- 4 int32 offsets
   H.eq(m.routed, 16 * (24 + 80) + 16, "routed rows, none")
   local none = acts.block(MIX, 0, 2, 8, 16, 1, "none")
-  H.eq(none.saved + none.routed, 1280 + 2240 + 1680, "block, none")
+  H.eq(none.saved + none.routed, 1024 + 2240 + 1680, "block, none")
   H.eq(none.transient, 0, "no recompute without checkpointing")
   -- selective: input 192 + wqkv (1st matmul) 2*8*20 = 320 (wo, 2nd, and
-  -- the gate's forced shape are recomputed) + attention output 2*8*12 and
-  -- lse 4*8*3 = 288 + topk's values and ids 8*2*(4 + 8) = 192
+  -- the gate's forced shape are recomputed) + flex's compiled region:
+  -- output 2*8*12 and lse 4*8*3 = 288, q 2*8*12, k and v (the split's
+  -- copies) 2*8*4 each = 320 + topk's values and ids 8*2*(4 + 8) = 192
   local sel = acts.block(MIX, 0, 2, 8, 16, 1, "selective")
-  H.eq(sel.saved, 192 + 320 + 288 + 192, "block, selective")
+  H.eq(sel.saved, 192 + 320 + 288 + 320 + 192, "block, selective")
   H.eq(sel.routed, 0, "selective recomputes the grouped matmuls")
-  H.eq(sel.transient, 5200 - 992, "selective: one block's recompute")
+  H.eq(sel.transient, 4944 - 1312, "selective: one block's recompute")
   local full = acts.block(MIX, 0, 2, 8, 16, 1, "full")
   H.eq(full.saved, 192, "full keeps the block's input")
-  H.eq(full.transient, 5200, "full recomputes the whole block")
+  H.eq(full.transient, 4944, "full recomputes the whole block")
   -- unfused wq/wk/wv with Qwen3's q/k norms: v + rotated q, k (Q+2KV = 20)
   -- + the norms' inputs (Q+KV = 16) + output 12; rstd 1 + lse 3 + q/k 3+1
   local q = {}
   for k, v in pairs(MIX) do q[k] = v end
   q.fuse_qkv, q.qk_norm = false, true
   H.eq(acts.gqa_attention(q, 2, 8).none, 16 * (24 + 20 + 16 + 12) + 32 * 8, "unfused GQA with q/k norms")
+  -- fused, the norms' inputs are the split's copies: the same bytes
+  q.fuse_qkv = true
+  H.eq(acts.gqa_attention(q, 2, 8).none, 16 * (24 + 20 + 16 + 12) + 32 * 8, "fused GQA with q/k norms")
+  -- unfused, selective: wk's and wv's shape (12, 4) is the gate's (dim,
+  -- E), force-recomputed too: wq is the 1st mm (2*8*12 saved), wo the
+  -- 2nd; flex keeps v (wv's output, not saved by its mm) with out, lse,
+  -- q and k: 192 + 192 + (288 + 192 + 64 + 64) + 192
+  q.fuse_qkv = false
+  H.eq(acts.block(q, 0, 2, 8, 16, 1, "selective").saved, 192 + 192 + 608 + 192, "unfused, wk and wv forced")
+  -- 5 experts: wq (1st) and wv (3rd) saved, v is wv's output (kept once)
+  q.num_experts = 5
+  H.eq(acts.block(q, 0, 2, 8, 16, 1, "selective").saved, 192 + (192 + 64) + 544 + 192, "unfused, v kept once")
 end
 
 -- tests/plans/moe_dsv3_tiny.lua's DeepSeek-V3-like dims: MLA with a low-rank
@@ -67,9 +82,11 @@ function T.mla_blocks_by_hand()
   H.eq(dense.saved, 1920 + 16 * (32 + 96) + 32, "dense block, none")
   -- selective, the dense block: input 256; matmuls wq_a (1st: 2*8*6), wq_b,
   -- wkv_a (3rd: 2*8*10), wkv_b, wo (5th: 2*8*16), w1, w3 (7th: 2*8*24),
-  -- w2; attention output 2*8*8 + lse 4*8*2
+  -- w2; flex's compiled region: output 2*8*8 + lse 4*8*2 = 192, q and k
+  -- 2*8*12 each = 384, v's storage, wkv_b's output (its mm is the 4th, not
+  -- saved) 2*8*16 = 256
   local sel = acts.block(DS, 0, 2, 8, 8, 1, "selective")
-  H.eq(sel.saved, 256 + (96 + 160 + 256 + 384) + 192, "dense block, selective")
+  H.eq(sel.saved, 256 + (96 + 160 + 256 + 384) + 192 + 384 + 256, "dense block, selective")
   -- MoE block: ffn_norm input 256 + rstd 32; router 8*(64 + 8 + 8) + 4*2*16;
   -- dispatch 8 rows * 20; combine 8 * 64; shared: ffn_norm's output 256 +
   -- 4 * 2*8*8
@@ -77,11 +94,19 @@ function T.mla_blocks_by_hand()
   H.eq(m.none, 256 + 32 + (640 + 128) + 160 + 512 + (256 + 512), "MoE block side, none")
   H.eq(m.routed, 8 * (32 + 64) + 8, "routed rows, none")
   -- selective, the MoE block: the attention's 1st, 3rd, 5th matmuls, the
-  -- gate forced, the shared w1 (6th), w3 (7th: 2*8*8), w2 (8th); topk
-  -- 8*1*12
+  -- gate forced, the shared w1 (6th), w3 (7th: 2*8*8), w2 (8th); flex's
+  -- 192 + 384 + 256 as above; topk 8*1*12
   sel = acts.block(DS, 1, 2, 8, 8, 1, "selective")
-  H.eq(sel.saved, 256 + (96 + 160 + 256 + 128) + 192 + 96, "MoE block, selective")
-  H.eq(sel.transient, 1920 + 2496 + 776 - 1184, "MoE block, selective recompute")
+  H.eq(sel.saved, 256 + (96 + 160 + 256 + 128) + 832 + 96, "MoE block, selective")
+  H.eq(sel.transient, 1920 + 2496 + 776 - 1824, "MoE block, selective recompute")
+  -- q_lora_rank 0: wq (1st: 2*8*12), wkv_a, wkv_b (3rd: 2*8*16, v's storage,
+  -- kept once), wo; w1 (5th: 2*8*24), w3, w2 (7th: 2*8*16); flex's output,
+  -- lse, q, k 192 + 384
+  local d0 = {}
+  for k, v in pairs(DS) do d0[k] = v end
+  d0.q_lora_rank = 0
+  H.eq(acts.block(d0, 0, 2, 8, 8, 1, "selective").saved, 256 + (192 + 256 + 384 + 256) + 576,
+    "dense block, q_lora_rank 0, selective")
 end
 
 -- SelectiveAC's count: every other aten.mm, the forced shapes skipped.
