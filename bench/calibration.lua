@@ -36,6 +36,7 @@ function cal.read(path)
       r.time_us, r.busbw_GBps = tonumber(r.time_us), tonumber(r.busbw_GBps)
       r.launch_floor_us = tonumber(r.launch_floor_us)          -- "-" or absent: nil
       if r.algo == "-" or r.algo == "" then r.algo = nil end
+      if r.nccl == "-" or r.nccl == "" then r.nccl = nil end     -- the NCCL version the run used, from its source
       rows[#rows + 1] = r
     end
   end
@@ -84,11 +85,14 @@ end
 -- which): `algo` = the NCCL_ALGO the run forced ("-": NCCL chose), and
 -- `launch_floor_us` = the launching host's per-iteration floor where one
 -- thread drove all the node's GPUs (nccl-tests -g 8), measured in the same
--- run at its smallest sizes ("-": one process per GPU, no floor).
+-- run at its smallest sizes ("-": one process per GPU, no floor), and
+-- `nccl` = the NCCL version it ran: where gen/nccl_model.lua has that
+-- version's tuning table (M.CHOICE_TABLES: 2.20), that table chooses the
+-- algorithm and protocol and 2.28.9's model prices them.
 function cal.after(row, topo)
   return nccl_model.predict({ kind = row.collective, bytes = row.bytes, dtype = row.dtype, nodes = row.nodes,
                               gpus_per_node = row.gpus_per_node, launch_floor_us = row.launch_floor_us,
-                              algorithm = row.algo }, topo or "h100")
+                              algorithm = row.algo, nccl_version = row.nccl }, topo or "h100")
 end
 
 function cal.busbw(row, us)

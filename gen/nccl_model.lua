@@ -351,6 +351,131 @@ function M.tune(topo, shape)
            nvls = nvls, nChannels = math.min(ring.n, tree.n) }
 end
 
+-- ---- an older NCCL's choice (calibration rows only) ---------------------
+-- A measurement ran the NCCL its source names, and that NCCL picks its
+-- algorithm and protocol by its own tuning table. Where that table differs
+-- from 2.28.9's, the run may have used another algorithm than 2.28.9 would:
+-- op.nccl_version makes the choice by that version's table, and the chosen
+-- algorithm/protocol is then priced by 2.28.9's model (NCCL's latest
+-- calibration of what each algorithm costs on this hardware). Plans pass no
+-- version: they are chosen and priced by 2.28.9.
+--
+-- NCCL v2.20.5-1 (PyTorch 2.3's bundled NCCL), src/graph/tuning.cc cited
+-- "T20:line" (v2.20.3-1 has the same table). It differs from 2.28.9 (on
+-- Hopper, x86) in: the latency tables (T20:56-77; NVLSTree's network step
+-- 14 us, raised to 20.9 in 2.28.9, T:165; NVLink NVLS / NVLSTree 23 us, 25
+-- from 2.21; Tree/Simple 28 us per hop, 4 / 14 from 2.23); ring LL at 1/4 of
+-- the channels' bandwidth across nodes (T20:181; 1/2 from 2.21); ring LL128
+-- x .7 at one GPU per node (T20:182); NVLS / NVLSTree bandwidth min(intra,
+-- inter) x 5/6 (T20:176-177, 217; 2.28.3 brought the NVLS efficiency and
+-- nRanks / nsteps, T:290-299, 348); a ring all-reduce's network steps 2 x
+-- nNodes (T20:162; 2 x (nNodes - 1) from 2.23); the Hopper LL cap 87.7 on
+-- one node (T20:86-90); no PAT. The graphs are the emulated 2.28.9 ones (the
+-- inter-node speed arrays are the same, v2.20.5-1 src/graph/search.cc:840-845).
+M.CHOICE_TABLES = {
+  ["2.20"] = {
+    source = "v2.20.5-1",
+    BASE_LAT = { { 6.8, 14.0, 0 }, { 6.6, 14.0, 8.4 }, { 0, 0, 0 }, { 0, 0, 0 }, { 0, 0, 0 }, { 0, 0, 0 } },  -- T20:56-59
+    HW_LAT = {                                                                                              -- T20:64-77
+      { { .6, 1.25, 28 }, { .6, 1.9, 3.4 }, { 0, 0, 3.7 }, { 0, 0, 2.8 }, { 0, 0, 23 }, { 0, 0, 23 } },
+      { { 1.0, 1.9, 28 }, { 1.0, 2.5, 5.7 }, { 0, 0, 3.7 }, { 0, 0, 2.8 }, { 0, 0, 0 }, { 0, 0, 0 } },
+      { { 5.0, 8.5, 28 }, { 2.7, 4.0, 14.0 }, { 0, 0, 31 }, { 0, 0, 30 }, { 0, 0, 18 }, { 0, 0, 14 } },
+    },
+    LL_MAX_BW = { { 39.0, 39.0, 20.4 }, { 87.7, 22.5, 19.0 }, { 87.7, 22.5, 19.0 } },                      -- T20:86-90
+  },
+}
+
+-- The version's choice table, or nil where 2.28.9's choice stands: NCCL 2.20.x
+-- has one; any other version is chosen by 2.28.9's table (not transcribed:
+-- docs/cost-model.md says which rows that concerns).
+function M.choice_table(version)
+  if not version then return nil end
+  return M.CHOICE_TABLES[tostring(version):match("^(%d+%.%d+)")]
+end
+
+-- NCCL 2.20's tuning model (T20:130-265) on 2.28.9's graphs: bandwidths and
+-- latencies laid out as M.tune's, for the choice only.
+function M.tune_v2_20(topo, model)
+  assert(topo.cc < 100, "nccl_model: NCCL 2.20 has no Blackwell tuning tables")
+  local C = M.CHOICE_TABLES["2.20"]
+  local nNodes, nRanks = model.nNodes, model.nRanks
+  local k = nRanks // nNodes
+  local graphs = { model.tree, model.ring, { n = 0, intra = 0, inter = 0 }, { n = 0, intra = 0, inter = 0 },
+                   model.nvls, model.nvls }
+  local cci = topo.cc >= 90 and 3 or topo.cc >= 80 and 2 or 1                       -- T20:140 (Volta/Ampere/Hopper)
+  local index2 = nNodes <= 2 and nNodes or 3                                         -- T20:143
+  local index1 = nNodes == 1 and cci or (topo.cpu == "amd" and 2 or 1)              -- T20:145
+  local llMaxBw = C.LL_MAX_BW[index1][index2]
+  local perChMaxTreeBw = M.PER_CH_MAX_TREE_BW[cci][index2]                          -- T20:102-106 (same values)
+  local perChMaxRingLL128Bw = M.PER_CH_MAX_RING_LL128_BW[cci][index2]               -- T20:92-96
+  local perChMaxTreeLL128Bw = M.PER_CH_MAX_TREE_LL128_BW[cci][index2]               -- T20:97-101
+  local ppn = nRanks / nNodes
+  local netOverheadBase = topo.cpu == "amd" and 2.0 or 1.0                           -- T20:111-119
+  local treePattern = topo.tree_pattern_balanced and k > 1
+  local bws, lats = {}, {}
+  for _, coll in ipairs({ "all_gather", "reduce_scatter", "all_reduce" }) do
+    local ar = coll == "all_reduce"
+    local nsteps = ar and 2 * (nRanks - 1) or nRanks - 1                             -- T20:159-161
+    local nInterSteps = ar and (nNodes > 1 and 2 * nNodes or 0) or nNodes - 1        -- T20:162-164
+    bws[coll], lats[coll] = {}, {}
+    for a = 1, #M.ALGORITHMS do
+      bws[coll][a], lats[coll][a] = { 0, 0, 0 }, { 0, 0, 0 }
+      local skip = a == PAT or (not ar and a ~= RING and a ~= NVLS and a ~= CND)    -- T20:167-170
+      for p = 1, 3 do
+        if skip then break end
+        if (a == NVLS or a == NVLST) and p ~= SIMPLE then goto next_proto end        -- T20:173
+        local gr = graphs[a]
+        local collnet = a == CND or a == CNC
+        local bw = (nNodes <= 2 or collnet) and gr.intra or gr.inter                -- T20:175
+        if a == NVLS then bw = math.min(gr.intra, gr.inter) end                      -- T20:176
+        if a == NVLST then bw = math.min(gr.intra, nNodes <= 2 and gr.inter or gr.inter / 2) end  -- T20:177
+        local busBw = gr.n * bw                                                      -- T20:178
+        if a == RING and p == LL then busBw = math.min(llMaxBw, busBw * ((nNodes > 1 or ar) and 1 / 4 or 1 / 3)) end
+        if a == RING and p == LL128 then
+          busBw = math.min(busBw * (ppn < 2 and 0.7 or 0.92), gr.n * perChMaxRingLL128Bw)  -- T20:182
+        end
+        if a == TREE then busBw = math.min(busBw * .92, gr.n * perChMaxTreeBw) end   -- T20:183
+        if a == TREE and p == LL then busBw = math.min(busBw / 3.8, llMaxBw) end     -- T20:184
+        if a == TREE and p == LL128 then
+          busBw = math.min(busBw * (nNodes == 1 and 7.0 / 9.0 or 120.0 / 128.0), gr.n * perChMaxTreeLL128Bw)  -- T20:185
+        end
+        if a == TREE and not treePattern then busBw = busBw * .85 end                -- T20:186
+        if collnet then busBw = 0 end                                                -- CollNet off, as in M.tune
+        if a == RING then busBw = busBw * nRanks / nsteps                            -- T20:213-219
+        elseif a == NVLS or a == NVLST then busBw = busBw * 5.0 / 6.0
+        else busBw = busBw * .5 end
+        bws[coll][a][p] = busBw
+        local lat = C.BASE_LAT[a][p]                                                 -- T20:224-265
+        local intraLat = C.HW_LAT[HW_NVLINK][a][p]
+        local interLat = C.HW_LAT[HW_NET][a][p] + topo.net_latency_us
+        if p == SIMPLE then interLat = interLat + topo.net_latency_us end
+        if a == RING then
+          local netOverhead = nNodes > 1 and netOverheadBase * (p == SIMPLE and 3 or 1) or 0
+          intraLat = math.max(intraLat, netOverhead)
+          lat = lat + (nsteps - nInterSteps) * intraLat + nInterSteps * interLat
+        elseif a == TREE then
+          lat = lat + 2 * ((nRanks // nNodes - 1) * intraLat + log2i(nNodes) * interLat)
+        elseif a == NVLS then
+          lat = intraLat + (nNodes > 1 and interLat or 0)
+        elseif a == NVLST then
+          lat = lat + intraLat + 2 * log2i(nNodes) * interLat
+        end
+        lats[coll][a][p] = lat
+        ::next_proto::
+      end
+      -- T20:286-293: NVLSTree off on one node; CollNet and multi-node NVLS off without CollNet.
+      -- v2.20.5-1 src/transport/nvls.cc:240: no NVLS with 2 GPUs or fewer in the node's topology (its
+      -- `nNodes > 1` test there sees 0: src/init.cc:1010 runs it before nNodes is counted at 1077-1086,
+      -- and init.cc:1238-1245 connects NVLS trees when nNodes > 1).
+      if (nNodes == 1 and a == NVLST) or ((a == CND or a == CNC or (a == NVLS and nNodes > 1)) and not topo.collnet)
+         or ((a == NVLS or a == NVLST) and k <= 2) then
+        bws[coll][a] = { 0, 0, 0 }
+      end
+    end
+  end
+  return { bandwidths = bws, latencies = lats, nRanks = nRanks, nNodes = nNodes, nChannels = model.nChannels }
+end
+
 -- ---- ncclTopoGetAlgoTime (T:584-600) and the choice (E:1784-1830) --------
 local function algo_time(model, coll, a, p, nBytes, topo)
   local bw = model.bandwidths[coll][a][p]
@@ -371,7 +496,7 @@ end
 
 -- NCCL's choice for one size (E:1784-1830 updateCollCostTable, then the
 -- minimum time, E:topoGetAlgoInfo): { us, a, p, table }.
-local function choose(model, topo, kind, bytes, nodes, k, nvlsSupport, fp8, fill, forced)
+local function choose(model, topo, kind, bytes, nodes, k, nvlsSupport, fp8, fill, forced, forced_proto)
   local nRanks = nodes * k
   local best, table_ = nil, {}
   for a = 1, #M.ALGORITHMS do
@@ -383,7 +508,7 @@ local function choose(model, topo, kind, bytes, nodes, k, nvlsSupport, fp8, fill
     if forced and M.ALGORITHMS[a] ~= forced then allowed = false end                 -- NCCL_ALGO=<forced>
     if allowed then
       for p = 1, 3 do
-        local t = algo_time(model, kind, a, p, bytes, topo)
+        local t = (not forced_proto or M.PROTOCOLS[p] == forced_proto) and algo_time(model, kind, a, p, bytes, topo)
         if t then
           if fp8 and a == RING and nRanks > 8 then t = t * 1024.0 end                -- E:1809-1815
           table_[M.ALGORITHMS[a] .. "/" .. M.PROTOCOLS[p]] = t
@@ -473,7 +598,12 @@ end
 --          dtype = "bfloat16"|"bf16"|"float32"|..., nodes = N, gpus_per_node = k }
 --   topo = M.topology(preset [, overrides]) or a preset name
 --          [algorithm = "nvls"|"ring"|... : NCCL_ALGO forced, as a measurement may have run],
---          [launch_floor_us = N : the launching host's per-iteration floor, see below] }
+--          [launch_floor_us = N : the launching host's per-iteration floor, see below],
+--          [nccl_version = "2.20.5" : the NCCL a measurement ran; its tuning table chooses
+--           where M.CHOICE_TABLES has it, 2.28.9's model prices the choice. Where that
+--           version's choice switches algorithm, the time can step down with size, as that
+--           NCCL's does (2.20.5 on one H100 node: all_gather 3 MiB 50 us, 4 MiB 45 us);
+--           calibration rows only, plans pass none] }
 -- Returns { us, nccl_us, raw_us, fill_us, algorithm, protocol, algbw_GBps, busbw_GBps, table }:
 --   raw_us, algorithm, protocol and table (every candidate's time) are NCCL's
 --   model exactly; nccl_us is raw_us made monotone in size; us adds the
@@ -502,11 +632,19 @@ function M.predict(op, topo)
   local nvlsSupport = topo.nvls and (op.kind == "all_gather" or NVLS_TYPES[dtype])
   local fp8 = dtype == "float8e4m3" or dtype == "float8e5m2"
   local fill = op.fill
-  local best = choose(model, topo, op.kind, bytes, nodes, k, nvlsSupport, fp8, fill, op.algorithm)
+  -- op.nccl_version (a calibration row's NCCL): that version's table chooses
+  -- (above, M.CHOICE_TABLES), 2.28.9's model prices the choice.
+  local older = M.choice_table(op.nccl_version) and M.tune_v2_20(topo, model)
+  local function pick(b)
+    if not older then return choose(model, topo, op.kind, b, nodes, k, nvlsSupport, fp8, fill, op.algorithm) end
+    local c = choose(older, topo, op.kind, b, nodes, k, nvlsSupport, fp8, 0, op.algorithm)
+    return choose(model, topo, op.kind, b, nodes, k, nvlsSupport, fp8, fill, M.ALGORITHMS[c.a], M.PROTOCOLS[c.p])
+  end
+  local best = pick(bytes)
   local us, nccl_us = best.filled, best.us
   for j = 7, 30 do
     if (1 << j) > bytes then break end
-    local below = choose(model, topo, op.kind, (1 << j) - 1, nodes, k, nvlsSupport, fp8, fill, op.algorithm)
+    local below = pick((1 << j) - 1)
     us, nccl_us = math.max(us, below.filled), math.max(nccl_us, below.us)
   end
   -- The launching host: nccl-tests times a loop of back-to-back launches and
