@@ -520,7 +520,12 @@ struct cp_executor {
     int64_t **a2a_counts, **a2a_pending;
     int64_t *a2a_prev; /* a recompute's check: the forward's received counts (the largest unit's a2a_experts) */
     int **a2a_filled;
+    /* per unit: 0 no counts given, 1 given, 2 refused (cp_executor_set_expert_counts' -1): its A2A_COUNTS
+     * then sends -1s, so every member refuses the layer; a2a_refused: the last such refusal's line, of
+     * unit a2a_refused_unit, said again when that exchange refuses */
     unsigned char *a2a_has_pending;
+    int a2a_refused_unit;
+    char a2a_refused[512];
     int *a2a_cursor;
     int64_t *a2a_rows;
     int quiet;                      /* failures only into err (a library), not also on stderr */

@@ -88,7 +88,13 @@ int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream); /* pack on stream, R
  *             receive buffer; the experts' input gradients written over
  *             them; cp_gpu_exchange_tokens (the dispatch's gradient) back
  *             into the send buffer. Each micro-step's backward exchanges
- *             split by its forward's counts.
+ *             split by its forward's counts;
+ *   under activation checkpointing (the plan's "full" or "selective") the
+ *             backward starts with the forward's two calls again, as the
+ *             recompute issues them: cp_gpu_set_expert_counts with the
+ *             forward's counts (any other count is refused on every
+ *             member), the forward's rows, cp_gpu_exchange_tokens, the
+ *             experts' rows, cp_gpu_exchange_tokens; then the pair above.
  * Rows are the unit's a2a dim elements of its all-gather dtype. The send
  * buffer packs them by destination ep member, then by expert (torch's
  * all_to_all_single input, as torchtitan sorts them); the receive buffer
@@ -126,7 +132,10 @@ void cp_gpu_set_trace(cp_gpu *g, void *events);
  * callback before that op, or before the step) or cp_gpu_exchange_tokens. Checked now and when the
  * op runs: a negative count or a member's share past the op's capacity is
  * refused with one line (rank, op, member, count, capacity), and every
- * member of the ep group then refuses that layer's all-to-alls. 0 or -1. */
+ * member of the ep group then refuses that layer's all-to-alls. 0 or -1.
+ * After -1 still make the exchange (cp_gpu_exchange_tokens, or let the
+ * step run the op): it sends -1s instead, so every member refuses with
+ * this rank's line; returning early leaves the others waiting in it. */
 int cp_gpu_set_expert_counts(cp_gpu *g, int unit, const int64_t *counts, int n);
 /* Capture one step as a CUDA graph (on stream), then replay it; refused
  * for a plan with expert-parallel all-to-alls (run-time split sizes). */

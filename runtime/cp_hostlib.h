@@ -48,12 +48,15 @@ int cp_hostlib_reduce_grads(cp_hostlib *h, int unit);
 void cp_hostlib_set_alltoall(cp_hostlib *h, cp_host_alltoall_cb cb, void *user);
 /* This rank's per-expert token counts (n = the unit's a2a_experts, global
  * expert order) for the unit's next A2A_COUNTS, checked as
- * cp_gpu_set_expert_counts checks them (0, or -1 with one line). */
+ * cp_gpu_set_expert_counts checks them (0, or -1 with one line; after -1
+ * still make the exchange, which then refuses on every member). */
 int cp_hostlib_set_expert_counts(cp_hostlib *h, int unit, const int64_t *counts, int n);
 /* The unit's next token exchange, in the plan's order: forward, the counts'
  * exchange and the dispatch in one call (send buffer -> receive buffer),
  * then the combine (receive -> send); backward, the combine's gradient,
- * then the dispatch's, split by that micro-step's forward counts. Rows are
+ * then the dispatch's, split by that micro-step's forward counts (under
+ * activation checkpointing preceded by the recompute's counts, dispatch
+ * and combine, the forward's counts given again: cp_gpu.h). Rows are
  * the unit's a2a dim elements of its all-gather dtype, packed as
  * cp_gpu_exchange_tokens packs them. The token buffers hold data from the
  * exchange that opens them to its pair: a call that would overwrite them

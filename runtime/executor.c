@@ -552,19 +552,23 @@ int cp_executor_set_expert_counts(cp_executor *ex, int unit, const int64_t *coun
     if (!op || !ex->a2a_pending[unit])
         return ex_error(ex, "rank %d: expert counts for unit %s, which has no expert-parallel all-to-all", ex->rank,
                         p->units[unit].name);
-    if (!counts || n != p->units[unit].a2a_experts)
-        return ex_error(ex, "rank %d: %d expert counts for unit %s, which has %d experts", ex->rank, counts ? n : 0,
-                        p->units[unit].name, p->units[unit].a2a_experts);
+    /* Refused from here on: the counts given before are dropped too, and the exchange this call was for
+     * refuses (on every member) with this line rather than running with them. */
+    ex->a2a_has_pending[unit] = 2;
+    ex->a2a_refused_unit = unit;
     char why[200];
-    if (a2a_fields_ok(ex, op, why, sizeof why))
-        return ex_error(ex, "rank %d: op %ld (a2a_counts of unit %s): %s: regenerate the plan", ex->rank,
-                        (long)(op - p->ops), p->units[unit].name, why);
-    ex->a2a_has_pending[unit] = 0;
-    char msg[sizeof ex->err];
-    if (a2a_check_counts(ex, op, counts, 0, msg, sizeof msg)) return ex_refuse(ex, msg);
-    memcpy(ex->a2a_pending[unit], counts, (size_t)n * sizeof *counts);
-    ex->a2a_has_pending[unit] = 1;
-    return 0;
+    if (!counts || n != p->units[unit].a2a_experts)
+        snprintf(ex->a2a_refused, sizeof ex->a2a_refused, "rank %d: %d expert counts for unit %s, which has %d "
+                 "experts", ex->rank, counts ? n : 0, p->units[unit].name, p->units[unit].a2a_experts);
+    else if (a2a_fields_ok(ex, op, why, sizeof why))
+        snprintf(ex->a2a_refused, sizeof ex->a2a_refused, "rank %d: op %ld (a2a_counts of unit %s): %s: regenerate "
+                 "the plan", ex->rank, (long)(op - p->ops), p->units[unit].name, why);
+    else if (a2a_check_counts(ex, op, counts, 0, ex->a2a_refused, sizeof ex->a2a_refused) == 0) {
+        memcpy(ex->a2a_pending[unit], counts, (size_t)n * sizeof *counts);
+        ex->a2a_has_pending[unit] = 1;
+        return 0;
+    }
+    return ex_refuse(ex, ex->a2a_refused);
 }
 
 const int64_t *cp_executor_a2a_counts(const cp_executor *ex, int unit, int slot)
@@ -665,7 +669,9 @@ static int run_a2a_counts(cp_executor *ex, const cp_op *op)
     if (ex->on_a2a && ex->on_a2a(ex->user, ex, op, 0))
         snprintf(refused, sizeof refused, "%s", ex->err[0] ? ex->err : "the expert counts hook failed");
     ex->quiet = quiet;
-    if (!refused[0] && !ex->a2a_has_pending[op->unit])
+    if (!refused[0] && ex->a2a_has_pending[op->unit] == 2 && ex->a2a_refused_unit == op->unit)
+        snprintf(refused, sizeof refused, "%s", ex->a2a_refused); /* the caller's -1 said it; every member hears it now */
+    else if (!refused[0] && ex->a2a_has_pending[op->unit] != 1)
         snprintf(refused, sizeof refused, "rank %d: op %ld (a2a_counts of unit %s, micro-step %d): no expert counts "
                  "were given for it (cp_gpu_set_expert_counts / cp_executor_set_expert_counts before it runs)",
                  ex->rank, x, U->name, op->micro_step);

@@ -253,7 +253,11 @@ for p in ${EMU_EP_LIB_PLANS-ep2_mixtral ep4_mixtral_efsdp1 ep2_dsv3_shard1 ep2_m
     [ -x "$bin" ] || { bad "$p: $bin is not built (make emu-build)"; continue; }
     n=$(world "$p")
     log=$dir/eplib.$tree.$p
+    # (an activation-checkpointing plan must have run its recompute's exchanges)
+    recompute="(0 recomputed"
+    case $p in *_ac) recompute="([1-9][0-9]* recomputed" ;; esac
     if launch "$n" "$log" "$bin" 2 && clean_summaries "$n" "$log" && grep -q "every row and count exact" "$log.$((n - 1))" &&
+       grep -q "$recompute counts exchanges)" "$log.$((n - 1))" &&
        { [ "$tree" = emu ] || sanitizer_clean "$n" "$log"; }; then
       ok "$p${tree#emu}: the library's token exchanges around the caller's rows, $n ranks, 2 steps: every row and count exact, 0 races"
     else bad "$p${tree#emu}: the library's token exchanges" "$log.0"; fi

@@ -129,8 +129,10 @@ class _ExpertCalls:
     and the dispatch, the rows for this rank's experts in tokens(unit, 1); the experts' output
     written over them, exchange_tokens(unit) again: the combine, back in tokens(unit, 0); the
     backward's pair likewise (output gradients into tokens(unit, 0), exchange, input gradients
-    over tokens(unit, 1), exchange). exchange_counts(unit) gives what the last exchange split by.
-    A unit is its index or its name in plan.json."""
+    over tokens(unit, 1), exchange). Under activation checkpointing the backward starts with the
+    forward's two exchanges again (the recompute: set_expert_counts with the forward's counts
+    first). exchange_counts(unit) gives what the last exchange split by. A unit is its index or
+    its name in plan.json."""
 
     _PREFIX = None
 
@@ -175,13 +177,16 @@ class _ExpertCalls:
         return nbytes // torch.empty(0, dtype=TORCH_DTYPES[u["ag_dtype"]]).element_size()
 
     def set_expert_counts(self, unit, counts):
-        """This rank's tokens per global expert for the unit's next counts exchange (checked: one line)."""
+        """This rank's tokens per global expert for the unit's next counts exchange, checked.
+        Returns True, or False when they are refused (a negative count, a member's share past the
+        capacity, the wrong length): the refusal is not raised here but by the exchange_tokens
+        that follows, which every member of the ep group still makes and every member then
+        raises from (this rank with the refusal's own line), so none is left waiting in it."""
         vals = [int(c) for c in (counts.tolist() if hasattr(counts, "tolist") else counts)]
         arr = (ctypes.c_int64 * max(len(vals), 1))(*vals)
         fn = self._ep_fn("set_expert_counts", [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64),
                                                ctypes.c_int], ctypes.c_int)
-        if fn(self.g, self.unit_index(unit), arr, len(vals)) != 0:
-            raise RuntimeError("commplan: " + self.last_error())
+        return fn(self.g, self.unit_index(unit), arr, len(vals)) == 0
 
     def exchange_counts(self, unit):
         """The counts the unit's last exchange split by, a torch int64 tensor (a copy) of 2 x E:

@@ -548,7 +548,8 @@ typedef struct {
     const cp_plan *plan;
     mailbox *box;
     cp_hostlib *h;
-    int rank, steps, step, pairs, no_alltoall, conflict, rc;
+    int rank, steps, step, pairs, no_alltoall, rc;
+    int conflict; /* 0: the plan's order (lib_steps), 1: lib_conflict, 2: lib_refused */
     long calls, exchanges, rows_checked, counts_checked, a2a_calls;
     char err[700];
     pthread_t thread;
@@ -745,6 +746,36 @@ static void lib_conflict(lib_rank *r)
     r->rc = 0;
 }
 
+/* A rank whose counts are refused (rank 1: one row past member 0's
+ * capacity) still makes the exchange: it sends -1s, so every member
+ * refuses the layer, the refusing rank with the line its
+ * cp_hostlib_set_expert_counts gave. */
+static void lib_refused(lib_rank *r)
+{
+    const cp_plan *p = r->plan;
+    int64_t counts[MAX_EP * 4] = { 0 };
+    r->step = 0;
+    lib_draw(p, &p->ops[0], r->rank, 0, counts);
+    if (r->rank == 1) {
+        counts[0] = p->ops[0].a2a_capacity + 1;
+        for (int e = 1; e < p->ops[0].a2a_experts; e++) counts[e] = 0;
+    }
+    int set = cp_hostlib_set_expert_counts(r->h, 0, counts, p->units[0].a2a_experts);
+    char said[sizeof r->err];
+    snprintf(said, sizeof said, "%s", cp_hostlib_last_error(r->h));
+    if (cp_hostlib_exchange_tokens(r->h, 0) == 0) {
+        lib_fail(r, "the exchange after counts %s was let through", set ? "refused" : "given");
+        return;
+    }
+    if (r->rank == 1 && (set == 0 || strcmp(said, cp_hostlib_last_error(r->h)) != 0)) {
+        lib_fail(r, "set_expert_counts returned %d (%s); the exchange said: %s", set, said,
+                 cp_hostlib_last_error(r->h));
+        return;
+    }
+    snprintf(r->err, sizeof r->err, "%s", cp_hostlib_last_error(r->h));
+    r->rc = 0;
+}
+
 static void *lib_main(void *arg)
 {
     lib_rank *r = arg;
@@ -757,6 +788,7 @@ static void *lib_main(void *arg)
     if (!r->no_alltoall) cp_hostlib_set_alltoall(r->h, mailbox_alltoall, r);
     if (cp_hostlib_exchange_counts(r->h, 0) != NULL) lib_fail(r, "exchange counts before any exchange");
     else if (cp_hostlib_tokens(r->h, 1, 0) != NULL && !r->conflict) lib_fail(r, "tokens of a unit out of range");
+    else if (r->conflict == 2) lib_refused(r);
     else if (r->conflict) lib_conflict(r);
     else lib_steps(r);
     cp_hostlib_destroy(r->h);
@@ -810,6 +842,46 @@ static void test_a2a_hostlib_exchanges_in_order(void **state)
         assert_int_equal(ranks[r].rc, 0);
         assert_int_equal(ranks[r].exchanges, 2 * 4);
     }
+}
+
+/* The recompute's exchanges (activation checkpointing) through the host
+ * library: the counts given again (the forward's), the forward's three
+ * exchanges again in backward, then the backward's two split by them. */
+static void test_a2a_hostlib_recompute_in_order(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    static lib_rank ranks[MAX_EP];
+    build_tables(&t, "ep4_lib_ac", 4, 2, 2, CP_BF16, 6, 5, 1);
+    lib_run(&t.plan, ranks, 2, 0);
+    for (int r = 0; r < 4; r++) {
+        if (ranks[r].rc) fprintf(stderr, "rank %d: %s\n", r, ranks[r].err);
+        assert_int_equal(ranks[r].rc, 0);
+        /* per step and micro-step: the forward's two, the recompute's two, the backward's two */
+        assert_int_equal(ranks[r].exchanges, 2 * 2 * 6);
+        assert_int_equal(ranks[r].a2a_calls, 2 * 2 * 8); /* the counts twice, six token exchanges */
+        assert_int_equal(ranks[r].counts_checked, 2 * 2 * 3 * 4 * 2);
+    }
+}
+
+/* Counts refused by cp_hostlib_set_expert_counts, the exchange made anyway:
+ * refused on every member, the refusing rank saying its own line again. */
+static void test_a2a_hostlib_refused_counts_said(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    static lib_rank ranks[MAX_EP];
+    build(&t, "ep2_refused", 2, 2, 1, CP_FP32, 5, 7);
+    lib_run(&t.plan, ranks, 1, 2);
+    for (int r = 0; r < 2; r++) {
+        if (ranks[r].rc) fprintf(stderr, "rank %d: %s\n", r, ranks[r].err);
+        assert_int_equal(ranks[r].rc, 0);
+    }
+    assert_string_equal(ranks[1].err, "rank 1: op 0 (a2a_counts of unit moe, micro-step 0): 8 tokens for ep member 0 "
+                                      "(rank 0, experts 0..1) exceed its capacity of 7 rows: raise the plan's expert "
+                                      "capacity or route fewer tokens");
+    assert_non_null(strstr(ranks[0].err, "rank 0: op 0 (a2a_counts of unit moe, micro-step 0): ep member 1 (rank 1) "
+                                         "refused its expert counts"));
 }
 
 /* Without an all-to-all callback the exchange is refused, one line. */
@@ -1015,6 +1087,8 @@ int main(void)
         cmocka_unit_test(test_a2a_set_expert_counts_checked),
         cmocka_unit_test(test_a2a_hostlib_counts_checked),
         cmocka_unit_test(test_a2a_hostlib_exchanges_in_order),
+        cmocka_unit_test(test_a2a_hostlib_recompute_in_order),
+        cmocka_unit_test(test_a2a_hostlib_refused_counts_said),
         cmocka_unit_test(test_a2a_hostlib_without_alltoall_refused),
         cmocka_unit_test(test_a2a_hostlib_order_checked),
         cmocka_unit_test(test_a2a_bad_tables_refused),

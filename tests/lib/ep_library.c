@@ -16,8 +16,9 @@
  * (cudaMemsetAsync on the caller's stream). Built against the emulator
  * (make emu-build: race detector) and against a real plan's library
  * (build/<plan>/ep_library on a GPU); launched like the plan's binary.
- * Exit 0 with one line per rank, 1 on a mismatch or a refused call, 2 on
- * a setup failure. Usage: ep_library [steps] */
+ * Exit 0 with one line per rank, 1 on a mismatch, a refused call or a
+ * plan without token exchanges (nothing checked), 2 on a setup failure.
+ * Usage: ep_library [steps] (1 to 1000, default 2) */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -187,7 +188,14 @@ static int exchange(run_ctx *c, const cp_op *op, const cp_op *a2a)
 
 int main(int argc, char **argv)
 {
-    int steps = argc > 1 ? atoi(argv[1]) : 2;
+    char *end = NULL;
+    long nsteps = argc > 1 ? strtol(argv[1], &end, 10) : 2;
+    if (argc > 2 || (argc > 1 && (*end || nsteps < 1 || nsteps > 1000))) {
+        fprintf(stderr, "ep_library: steps %s is not a whole number from 1 to 1000 (usage: ep_library [steps])\n",
+                argv[1]);
+        return 2;
+    }
+    int steps = (int)nsteps;
     cp_launch_env env;
     char err[512];
     if (cp_launch_from_env(&env, getenv, err, sizeof err) != 0 || cp_launch_export_comm_id(&env, err, sizeof err) != 0) {
@@ -216,7 +224,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "commplan: ep library run: out of memory\n");
         return 2;
     }
-    int calls = 0, exchanges = 0, rc = 0, ran_with_counts = -1;
+    int calls = 0, exchanges = 0, recomputes = 0, rc = 0, ran_with_counts = -1;
     for (c.step = 0; c.step < steps && !rc; c.step++) {
         memset(c.pairs, 0, (size_t)(p->nunits > 0 ? p->nunits : 1) * sizeof *c.pairs);
         for (int i = 0; i < p->nops && !rc; i++) {
@@ -243,6 +251,7 @@ int main(int argc, char **argv)
                 rc = exchange(&c, op, &p->ops[j]);
                 ran_with_counts = j;
                 calls++, exchanges++;
+                recomputes += op->a2a_counts_op >= 0; /* activation checkpointing's, in backward */
                 break;
             }
             case CP_OP_A2A:
@@ -263,9 +272,16 @@ int main(int argc, char **argv)
             rc = -1;
         }
     }
+    /* A plan whose tables lost their all-to-alls would check nothing: not a pass. */
+    if (!rc && exchanges == 0) {
+        fprintf(stderr, "commplan: ep library run of %s: rank %d: the plan has no token exchanges, so no row or "
+                "count was checked: run it on an expert-parallel plan (ep > 1)\n", p->name, c.rank);
+        rc = -1;
+    }
     if (!rc)
         printf("%s rank %d: library calls with expert exchanges in the plan's order for %d step(s): %d calls, %d "
-               "token exchanges, every row and count exact\n", p->name, c.rank, steps, calls, exchanges);
+               "token exchanges (%d recomputed counts exchanges), every row and count exact\n", p->name, c.rank,
+               steps, calls, exchanges, recomputes);
     free(c.host);
     free(c.counts);
     free(c.peer);

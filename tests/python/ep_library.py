@@ -135,8 +135,10 @@ class Driver:
                 for j in range(counts[e]):
                     isend[at:at + dim] = row_values(torch, self.rank, self.step, micro, u, e, j, dim, direction, bits)
                     at += dim
-            if op["kind"] == "a2a_counts":
-                lib.set_expert_counts(u, counts)
+            # (a refusal is raised by the exchange, on every member: none is left waiting in it)
+            if op["kind"] == "a2a_counts" and not lib.set_expert_counts(u, counts):
+                lib.exchange_tokens(u)
+                self.fail(op, "the exchange after set_expert_counts refused counts was let through")
             lib.exchange_tokens(u)
             self.calls += 1
             got = lib.exchange_counts(u)
@@ -246,6 +248,9 @@ def worker(args):
     passed = failed = 0
     for i, name in enumerate(args.plans.split(",")):
         rows = [out[r][i] for r in range(args.world) if i < len(out[r])]
+        for r in rows:  # a plan whose tables lost their all-to-alls would check nothing: not a pass
+            if not r["err"] and r["exchanges"] == 0:
+                r["err"] = "no token exchanges in the plan: nothing was checked (an EP plan, ep > 1?)"
         bad = [r for r in rows if r["err"]] + [None] * (args.world - len(rows))
         if not bad and rows:
             passed += 1
