@@ -83,7 +83,6 @@ end
 -- d: the plan's dims (the experts' FSDP placement; tp refused).
 function ds.units(ctx, model, d)
   local cfg = ds.config(ctx, model)
-  moe.refuse_tp(ctx, d, "deepseek_v3")
   local p = moe.param_fn(model.dtype)
   local D, H = cfg.dim, cfg.n_heads
   local qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
