@@ -80,7 +80,7 @@ function ds.config(ctx, model)
   return cfg
 end
 
--- d: the plan's dims (the experts' FSDP placement; tp refused).
+-- d: the plan's dims (the experts' FSDP placement; TP: gen/parallel/tp.lua's deepseek plan).
 function ds.units(ctx, model, d)
   local cfg = ds.config(ctx, model)
   local p = moe.param_fn(model.dtype)
