@@ -116,20 +116,25 @@ local function routed_rows(p, cfg, T)
   return math.min(T * cfg.top_k, e.size * cap), e.size
 end
 
--- An MoE family's unit: its activations { saved, transient }.
+-- An MoE family's unit: its activations { saved, transient }. Under TP
+-- (deepseek_v3's plan) approximately: the block's bytes divided by tp as
+-- the Llama model's are (sequence-sharded between blocks, head- or
+-- hidden-sharded inside), the routed rows of a rank's seq / tp tokens with
+-- ep > 1, the head's over the local vocabulary (loss parallel).
 local function moe_unit_acts(p, s, u, e)
   local cfg, T, ac = p.model_config, s.tokens, s.activation_checkpointing
+  local tp = (p.dims and p.dims.tp) or 1
   local i = u.name:match("^layers%.(%d+)")
   if not i then
     local holds_head = numel_of(u, function(q) return q.name == "lm_head.weight" end) > 0
     if not holds_head then return 0, 0 end
-    return head_acts(s, e, cfg.dim, cfg.vocab_size, 1)
+    return head_acts(s, e, cfg.dim, cfg.vocab_size, tp)
   end
-  local rows, ep = routed_rows(p, cfg, T)
-  local b = moe_acts.block(cfg, tonumber(i), e, T, rows, ep, ac)
+  local rows, ep = routed_rows(p, cfg, T // tp)
+  local b = moe_acts.block(cfg, tonumber(i), e, T, rows * (ep > 1 and 1 or tp), ep, ac)
   if u.expert then return b.routed, 0 end
   -- (ep = 1: one unit holds the block and its experts)
-  return b.saved + (ep > 1 and 0 or b.routed), b.transient
+  return (b.saved + (ep > 1 and 0 or b.routed)) / tp, b.transient / tp
 end
 
 -- The units activation checkpointing wraps, one rule for the recompute's
@@ -198,6 +203,8 @@ function compute.units(p, s)
       -- member), so a weight counts numel x top_k / its local experts.
       local top_k = p.model_config and p.model_config.top_k
       local P = 0
+      -- (with ep > 1 under TP an experts unit's rows come from each rank's seq / tp tokens)
+      local Tu = u.expert and T // tp or T
       for _, q in ipairs(u.params) do
         if top_k and q.name:find("routed_experts.inner_experts.", 1, true) and #q.shape == 3 and q.shape[1] > 0 then
           P = P + q.numel * top_k / q.shape[1]
@@ -205,7 +212,7 @@ function compute.units(p, s)
           P = P + q.numel
         end
       end
-      r.fwd = 2 * P * T
+      r.fwd = 2 * P * Tu
       r.bwd = 2 * r.fwd
       if ac == "full" and compute.checkpointed(p, u) then r.recompute = r.fwd
       elseif ac == "selective" and compute.checkpointed(p, u) then r.recompute = r.fwd / 2 end

@@ -211,6 +211,66 @@ static const cp_op ops_{{c}}[{{nops}}] = {
 static const int waits_{{c}}[{{nwaits_storage}}] = { {{waits}} };
 ]]
 
+-- With ep > 1 and tp > 1 the C mesh is the common refinement of the dense
+-- mesh and the expert mesh over the same ranks (row-major both, the
+-- outer pp and dp_replicate alike): the ranks of one dp_shard*cp*tp block
+-- cut at every stride either mesh has there (tp's, cp's, ep's and
+-- efsdp's), so that every family of either mesh -- the dense dp_shard and
+-- tp, the expert ep and efsdp -- is a set of whole axes (its axis_mask).
+-- The strides must divide one another (gen/parallel/ep.lua asks ep to be
+-- a multiple of tp: tp stays one axis, the runtime's TP coordinate).
+-- Returns { names, sizes, covers = { [dense or expert dim name] = {axis
+-- indices, 1-based} } }.
+function emit.refined_mesh(mesh)
+  local sp = mesh.sparse
+  local block = mesh.world_size
+  local names, sizes, covers = {}, {}, {}
+  -- the outer axes, each the same in both meshes
+  for _, n in ipairs({ "pp", "dp_replicate" }) do
+    local i = mesh.index[n]
+    if i then
+      names[#names + 1], sizes[#sizes + 1] = n, mesh.sizes[i]
+      covers[n] = { #names }
+      block = block // mesh.sizes[i]
+    end
+  end
+  local cuts, seen = {}, {}
+  local function cut(x) if not seen[x] then seen[x] = true; cuts[#cuts + 1] = x end end
+  cut(1); cut(block)
+  local spans = {} -- dim name -> { lo stride, hi stride }
+  for _, m in ipairs({ mesh, sp }) do
+    for i, n in ipairs(m.names) do
+      if n ~= "pp" and n ~= "dp_replicate" then
+        cut(m.strides[i]); cut(m.strides[i] * m.sizes[i])
+        spans[n] = { m.strides[i], m.strides[i] * m.sizes[i] }
+      end
+    end
+  end
+  table.sort(cuts, function(a, b) return a > b end)
+  local first = #names
+  for j = 1, #cuts - 1 do
+    local hi, lo = cuts[j], cuts[j + 1]
+    if hi % lo ~= 0 then
+      error(string.format("internal: the expert mesh's strides %d and %d do not nest", hi, lo), 0)
+    end
+    local label = {}
+    for _, n in ipairs({ "dp_shard", "cp", "tp", "efsdp", "ep" }) do
+      local s = spans[n]
+      if s and lo >= s[1] and hi <= s[2] then label[#label + 1] = n end
+    end
+    names[#names + 1], sizes[#sizes + 1] = table.concat(label, "."), hi // lo
+  end
+  for n, s in pairs(spans) do
+    covers[n] = {}
+    for i = first + 1, #names do
+      local lo = 1
+      for k = i + 1, #names do lo = lo * sizes[k] end
+      if lo >= s[1] and lo * sizes[i] <= s[2] then table.insert(covers[n], i) end
+    end
+  end
+  return { names = names, sizes = sizes, covers = covers }
+end
+
 function emit.vars(p, fp)
   local NAME = p.name:upper()
   local lay = p.layout
@@ -235,8 +295,17 @@ function emit.vars(p, fp)
   -- ranks; ep refuses tp, cp and pp): a dense family's dp_shard axis is
   -- efsdp and ep there, and ep and efsdp (f.sparse) index it already.
   local cmesh = p.mesh.sparse or p.mesh
+  local refined = p.mesh.sparse and p.dims.tp > 1 and emit.refined_mesh(p.mesh) or nil
+  if refined then cmesh = refined end
   local function axis_bits(f)
     local mask = 0
+    if refined then
+      local from = f.sparse and p.mesh.sparse or p.mesh
+      for _, a in ipairs(f.axes) do
+        for _, i in ipairs(refined.covers[from.names[a]]) do mask = mask | (1 << (i - 1)) end
+      end
+      return mask
+    end
     if not p.mesh.sparse or f.sparse then
       for _, a in ipairs(f.axes) do mask = mask | (1 << (a - 1)) end
       return mask
@@ -297,6 +366,11 @@ function emit.vars(p, fp)
   end
   v.class_of, v.nclass_of, v.tp_size = table.concat(of, ", "), #of, tp
   v.tp_mesh_dim = p.mesh.index.tp and (p.mesh.index.tp - 1) or -1
+  if refined then
+    local t = refined.covers.tp
+    if #t ~= 1 then error("internal: tp spans " .. #t .. " axes of the refined expert mesh", 0) end
+    v.tp_mesh_dim = t[1] - 1
+  end
   local mn, ms = {}, {}
   for i, n in ipairs(cmesh.names) do mn[i] = cstr(n); ms[i] = tostring(cmesh.sizes[i]) end
   local shard = p.groups.by_name.fsdp

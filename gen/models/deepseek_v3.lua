@@ -80,10 +80,9 @@ function ds.config(ctx, model)
   return cfg
 end
 
--- d: the plan's dims (the experts' FSDP placement; tp refused).
+-- d: the plan's dims (the experts' FSDP placement; TP: gen/parallel/tp.lua's deepseek plan).
 function ds.units(ctx, model, d)
   local cfg = ds.config(ctx, model)
-  moe.refuse_tp(ctx, d, "deepseek_v3")
   local p = moe.param_fn(model.dtype)
   local D, H = cfg.dim, cfg.n_heads
   local qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim

@@ -80,8 +80,10 @@ end
 
 -- torchtitan shards an MoE block over TP with its own plan (the router
 -- replicated, the experts' hidden dim split, the MoE input and output
--- redistributed: models/common/moe_sharding.py), which commplan does not
--- model: refused in one line.
+-- redistributed: models/common/moe_sharding.py). commplan models it for
+-- deepseek_v3 (gen/parallel/tp.lua, checked live); the GQA families'
+-- (mixtral, qwen3_moe: their attention's TP plan unrecorded) are refused
+-- in one line.
 function moe.refuse_tp(ctx, d, family)
   if d and d.tp > 1 then
     util.field_error(ctx, "parallel.tp", string.format("tp=%d: tensor parallelism of the %s family's MoE blocks "

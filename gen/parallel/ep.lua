@@ -29,9 +29,15 @@
 --    re-runs the forward's three (recompute = true: a2a_counts naming the
 --    forward's as its a2a_counts_op, a2a dispatch, a2a combine), and the
 --    backward's two split by the recompute's counts.
--- Refused with ep > 1, one line each: a model without routed experts, tp,
--- cp, pp (the MoE families refuse tp and pp already), and expert_parallel
--- settings on a plan without ep.
+-- With tp > 1 too (etp = 1, gen/dims.lua; the deepseek_v3 family, whose TP
+-- plan gen/parallel/tp.lua models): the experts are not TP-split, ep
+-- borrows TP's ranks, and the MoE input stays sequence-sharded, so each
+-- rank routes its own batch x seq / tp tokens: the all-to-alls are sized
+-- from those (torchtitan 0.3's moe_sharding.py with EP; recorded live:
+-- tests/ep/check_ep_live.sh's dp2_tp2_ep* cases).
+-- Refused with ep > 1, one line each: a model without routed experts, cp,
+-- pp (the MoE families refuse pp already; mixtral and qwen3_moe refuse
+-- tp), and expert_parallel settings on a plan without ep.
 local util = require("gen.util")
 local compute = require("gen.compute")
 
@@ -87,12 +93,17 @@ function ep.rules(ctx, d, p)
     util.field_error(ctx, "parallel.ep", string.format("ep=%d: expert parallelism needs routed experts; the %s "
       .. "family has none (mixtral, qwen3_moe and deepseek_v3 do); set ep=1", d.ep, p.model.family))
   end
-  for _, name in ipairs({ "tp", "cp", "pp" }) do
+  for _, name in ipairs({ "cp", "pp" }) do
     if d[name] > 1 then
       util.field_error(ctx, "parallel." .. name, string.format("%s=%d with ep=%d: expert parallel is planned with "
         .. "FSDP and HSDP only (torchtitan's ep with %s is not modelled); set %s=1 or ep=1", name, d[name], d.ep,
         name, name))
     end
+  end
+  if d.tp > 1 and d.ep % d.tp ~= 0 then
+    -- (the runtime's mesh refines the dense and expert meshes: tp must stay one axis of it, gen/emit.lua)
+    util.field_error(ctx, "parallel.ep", string.format("ep=%d with tp=%d: expert parallel over part of the TP "
+      .. "group is not planned (the expert mesh must hold whole TP groups); pick ep a multiple of tp", d.ep, d.tp))
   end
   if p.fsdp.grad_accumulation == "step_end" then
     util.field_error(ctx, "fsdp.grad_accumulation", "step_end is the pipeline schedules' accumulation; with ep > 1 "
@@ -175,12 +186,14 @@ end
 function ep.on_layout(_, lay, _, d, p, cfg)
   local s = compute.settings({ training = p.training, model = p.model, topology = p.topology })
   local policy = ep.policy(p)
+  -- under TP (sequence parallel) a rank routes its sequence shard's tokens
+  local tokens = s.tokens // d.tp
   lay.explicit_prefetch = true
-  lay.ep = { size = d.ep, efsdp = d.efsdp, policy = policy, tokens = s.tokens, top_k = cfg.top_k, dim = cfg.dim,
+  lay.ep = { size = d.ep, efsdp = d.efsdp, policy = policy, tokens = tokens, top_k = cfg.top_k, dim = cfg.dim,
              ac = s.activation_checkpointing }
   for _, u in ipairs(lay.units) do
     if u.expert then
-      local cap, rows, worst = ep.capacity(s.tokens, cfg.top_k, u.num_experts, d.ep, policy)
+      local cap, rows, worst = ep.capacity(tokens, cfg.top_k, u.num_experts, d.ep, policy)
       u.a2a = { per = u.num_experts // d.ep, rows = rows, capacity = cap, worst = worst, dim = cfg.dim,
                 uniform = util.ceil_div(rows, d.ep), recompute = ep.recomputes(s.activation_checkpointing) }
       u.a2a_numel = d.ep * cap * cfg.dim

@@ -132,13 +132,22 @@ function parallel.one(mods, hook, optional)
 end
 
 -- Every used module's unit_ops as one function; nil when none has any (the
--- schedule then inserts nothing).
+-- schedule then inserts nothing). The modules nest around a unit's
+-- compute: ahead of it ("forward_before", "backward_before") they run in
+-- application order, after it ("forward", "backward", "reduce") in the
+-- reverse (TP's shared-experts collectives of an experts unit after EP's
+-- combine, as torchtitan's MoE runs them: gen/parallel/tp_acts.lua).
+local BEFORE = { forward_before = true, backward_before = true }
 function parallel.unit_ops(mods)
   local hooks = {}
   for _, m in ipairs(mods) do hooks[#hooks + 1] = m.unit_ops end
   if #hooks <= 1 then return hooks[1] end
   return function(out, u, m, at)
-    for _, h in ipairs(hooks) do h(out, u, m, at) end
+    if BEFORE[at] then
+      for i = 1, #hooks do hooks[i](out, u, m, at) end
+    else
+      for i = #hooks, 1, -1 do hooks[i](out, u, m, at) end
+    end
   end
 end
 

@@ -110,6 +110,43 @@ function tp.llama_placements(units)
   end
 end
 
+-- torchtitan 0.3's DeepSeek-V3 plan (models/deepseek_v3/sharding.py,
+-- models/common/moe_sharding.py; recorded live: tests/ep/check_ep_live.sh's
+-- dp2_tp2* cases): MLA's wq / wq_b and wkv_b column-wise, wo row-wise, its
+-- low-rank wq_a, wkv_a and their norms replicated; the dense blocks'
+-- feed-forward and the shared experts as Llama's feed-forward; the
+-- router's gate replicated; at ep = 1 the routed experts split on their
+-- hidden dim (w1_EFD and w3_EFD Shard(1), w2_EDF Shard(2)), at ep > 1 not
+-- over TP at all (etp = 1: ExpertParallel puts them on the ep mesh, which
+-- borrows TP's ranks); the embedding row-wise on its vocab rows, lm_head
+-- column-wise, the norms replicated.
+local DEEPSEEK = {
+  ["attention.wq.weight"] = "colwise", ["attention.wq_b.weight"] = "colwise",
+  ["attention.wkv_b.weight"] = "colwise", ["attention.wo.weight"] = "rowwise",
+  ["feed_forward.w1.weight"] = "colwise", ["feed_forward.w2.weight"] = "rowwise",
+  ["feed_forward.w3.weight"] = "colwise",
+  ["moe.shared_experts.w1.weight"] = "colwise", ["moe.shared_experts.w2.weight"] = "rowwise",
+  ["moe.shared_experts.w3.weight"] = "colwise",
+  ["tok_embeddings.weight"] = "shard(0)", ["lm_head.weight"] = "colwise",
+}
+local DEEPSEEK_EXPERTS = {
+  ["moe.routed_experts.inner_experts.w1_EFD"] = "shard(1)", ["moe.routed_experts.inner_experts.w2_EDF"] = "shard(2)",
+  ["moe.routed_experts.inner_experts.w3_EFD"] = "shard(1)",
+}
+function tp.deepseek_placements(units, d)
+  for _, u in ipairs(units) do
+    for _, q in ipairs(u.params) do
+      local suffix = q.name:gsub("^layers%.%d+%.", "")
+      q.tp = q.tp or DEEPSEEK[suffix] or (d.ep == 1 and DEEPSEEK_EXPERTS[suffix]) or "replicate"
+    end
+  end
+end
+
+-- The families whose TP plan commplan models (placements and activation
+-- collectives); the MoE families mixtral and qwen3_moe refuse tp
+-- (gen/models/moe.lua).
+tp.FAMILIES = { llama = true, deepseek_v3 = true }
+
 -- The proof that TP classes cannot hang each other: the members of a TP
 -- group sit in different classes, so every class must issue the identical
 -- sequence of TP collectives (kind, dtype, count, reduce op). FSDP and
@@ -157,6 +194,20 @@ function tp.used(d) return d.tp > 1 end
 -- whose activations are modelled (only the llama family's).
 function tp.rules(ctx, d, p)
   local llama = p.model.family == "llama"
+  if d.tp > 1 and p.model.family == "deepseek_v3" then
+    -- torchtitan's defaults, the plan recorded live; the others not modelled
+    for _, k in ipairs({ "sequence_parallel", "loss_parallel" }) do
+      if p.parallel[k] == false then
+        util.field_error(ctx, "parallel." .. k, string.format("%s = false with the deepseek_v3 family: its TP plan "
+          .. "is modelled with torchtitan's defaults only (sequence and loss parallelism on); remove it", k))
+      end
+    end
+    if p.parallel.async_tp then
+      util.field_error(ctx, "parallel.async_tp", "async TP of the deepseek_v3 family's TP plan is not modelled; "
+        .. "remove it")
+    end
+    return
+  end
   if p.parallel.sequence_parallel ~= nil and (d.tp == 1 or not llama) then
     util.field_error(ctx, "parallel.sequence_parallel", d.tp == 1
       and "tp=1: there is no TP group to shard the sequence over; remove sequence_parallel or set tp"
@@ -181,7 +232,8 @@ end
 -- generic model, checked by gen/load.lua), on the plan's fresh units. A TP
 -- group with nothing to split would only cost time: refused.
 function tp.apply_units(ctx, units, d, p)
-  if p.model.family == "llama" then tp.llama_placements(units) end
+  if p.model.family == "llama" then tp.llama_placements(units)
+  elseif p.model.family == "deepseek_v3" then tp.deepseek_placements(units, d) end
   for _, u in ipairs(units) do
     for _, q in ipairs(u.params) do if tp.dim_of(q.tp) then return units end end
   end
@@ -211,6 +263,9 @@ function tp.on_layout(ctx, lay, units, d, p, cfg)
                                         sequence_parallel = p.parallel.sequence_parallel,
                                         loss_parallel = p.parallel.loss_parallel,
                                         async_tp = p.parallel.async_tp })
+  elseif p.model.family == "deepseek_v3" then
+    tp_acts.deepseek(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
+                                           seq_len = p.model.seq_len, ep = d.ep })
   end
   return lay
 end
@@ -219,15 +274,17 @@ end
 -- compute, on the compute stream, over the TP group; at = "reduce" (the
 -- post-backward of a micro-step that reduces, before FSDP's reduction):
 -- the Partial norm gradients' all-reduces (tp_acts' reducing_only ones,
--- listed after the unit's other backward collectives).
+-- listed after the unit's other backward collectives). An act with a
+-- point runs there instead (ep's experts units: "backward_before", ahead
+-- of the combine's gradient).
 function tp.unit_ops(out, u, m, at)
   local acts = u.tp_acts
   if not acts then return end
   local reduce = at == "reduce"
-  local phase = reduce and "backward" or at
+  local point = reduce and "backward" or at
   for _, a in ipairs(acts) do
-    if a.phase == phase and (a.reducing_only or false) == reduce then
-      out[#out + 1] = { kind = a.kind, unit = u.index, micro_step = m, phase = phase, group = "tp", dtype = a.dtype,
+    if (a.point or a.phase) == point and (a.reducing_only or false) == reduce then
+      out[#out + 1] = { kind = a.kind, unit = u.index, micro_step = m, phase = a.phase, group = "tp", dtype = a.dtype,
                         count = a.count, reduce_op = a.kind ~= "tp_all_gather" and (a.reduce_op or "sum") or nil,
                         what = a.what, loss = a.loss, mm_flops = a.mm_flops }
     end

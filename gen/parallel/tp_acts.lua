@@ -34,6 +34,19 @@ local function has(u, suffix)
   return false
 end
 
+-- A unit's acts, and act_numel: its largest TP buffer in ag_dtype
+-- elements (an op in a wider dtype takes more).
+local function finish(u, acts, T)
+  if #acts == 0 then return end
+  local ES, es_ag = util.DTYPE_BYTES, util.DTYPE_BYTES[u.ag_dtype]
+  local most = 0
+  for _, a in ipairs(acts) do
+    local elems = (a.kind == "tp_all_gather" or a.kind == "tp_reduce_scatter") and a.count * T or a.count
+    most = math.max(most, util.ceil_div(elems * ES[a.dtype], es_ag))
+  end
+  u.tp_acts, u.act_numel = acts, most
+end
+
 -- layout units (llama family), model config, tp, opts = { batch, seq_len,
 -- sequence_parallel } -> sets u.tp_acts = list of { kind, phase, count,
 -- dtype, what } and u.act_numel on every unit that has any.
@@ -128,17 +141,105 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
         end
       end
     end
-    if #acts > 0 then
-      -- act_numel counts ag_dtype elements: an op in a wider dtype takes more.
-      local ES, es_ag = util.DTYPE_BYTES, util.DTYPE_BYTES[u.ag_dtype]
-      local most = 0
-      for _, a in ipairs(acts) do
-        local elems = a.kind == "tp_all_gather" and a.count * T or (a.kind == "tp_reduce_scatter" and a.count * T)
-          or a.count
-        most = math.max(most, util.ceil_div(elems * ES[a.dtype], es_ag))
-      end
-      u.tp_acts, u.act_numel = acts, most
+    finish(u, acts, T)
+  end
+end
+
+-- DeepSeek-V3 (gen/models/deepseek_v3.lua) under torchtitan 0.3's TP plan
+-- (models/deepseek_v3/sharding.py, models/common/moe_sharding.py) with
+-- sequence and loss parallelism, its defaults; recorded live on gloo
+-- (tests/ep/check_ep_live.sh's dp2_tp2* cases). sets u.tp_acts as
+-- tp_acts.llama does; opts = { batch, seq_len, ep }.
+--  * the embedding, the output and the loss, the dense blocks' attention
+--    and feed-forward: as the Llama plan's (MLA's input gathered once,
+--    Shard(1) -> Replicate, its wo row-wise with Shard(1) output);
+--  * an MoE block at ep = 1 (the experts split over TP on their hidden
+--    dim): the MoE input gathered (its router and experts see every
+--    token), the routed experts' Partial output reduce-scattered, then the
+--    shared experts' w2 output; backward the shared experts' and the
+--    routed experts' output gradients gathered, the MoE input's gradient
+--    reduce-scattered;
+--  * an MoE block at ep > 1 (etp = 1: the experts on ep, not TP): the MoE
+--    input stays sequence-sharded, so each TP rank routes its own seq / tp
+--    tokens (gen/parallel/ep.lua sizes the all-to-alls from them); only
+--    the shared experts gather their input and reduce-scatter their
+--    output, after the combine (in backward their gradients' pair before
+--    the combine's gradient): those ops sit on the experts unit, at
+--    point "forward" after EP's combine and "backward_before" ahead of
+--    EP's (gen/parallel/init.lua's nested order);
+--  * every TP-replicated parameter's gradient (MLA's wkv_a, kv_norm,
+--    wq_a, q_norm, the norms, the router's gate) comes out Partial over TP
+--    and FSDP2's post-backward all-reduces it, in parameter order, on a
+--    reducing micro-step (as the Llama plan's norms).
+function tp_acts.deepseek(ctx, lay, cfg, T, opts)
+  if T <= 1 then return end
+  local seq = opts.seq_len
+  if not seq then
+    util.field_error(ctx, "model.seq_len", "tp > 1: seq_len is needed to size the TP activation collectives; "
+      .. "set model.seq_len (and training.local_batch_size, sequences per rank, default 1)")
+  end
+  local b = opts.batch or 1
+  local shard = b * seq * cfg.dim // T
+  local ep = opts.ep or 1
+  local shared = (cfg.num_shared_experts or 0) > 0
+  for _, u in ipairs(lay.units) do
+    local acts = {}
+    local function add(kind, phase, count, what, point)
+      acts[#acts + 1] = { kind = kind, phase = phase, count = count, dtype = u.ag_dtype, what = what, point = point }
     end
+    if has(u, "tok_embeddings.weight") then
+      add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards")
+      add("tp_all_gather", "backward", shard, "embedding output gradient")
+    end
+    if u.expert then
+      if shared then
+        add("tp_all_gather", "forward", shard, "shared experts' input sequence")
+        add("tp_reduce_scatter", "forward", shard, "shared experts' w2 output to sequence shards")
+        add("tp_all_gather", "backward", shard, "shared experts' w2 output gradient", "backward_before")
+        add("tp_reduce_scatter", "backward", shard, "shared experts' input gradient", "backward_before")
+      end
+    elseif has(u, "attention.wo.weight") then
+      local dense, moe = has(u, "feed_forward.w1.weight"), has(u, "moe.router.gate.weight")
+      add("tp_all_gather", "forward", shard, "attention input sequence")
+      add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards")
+      if dense then
+        add("tp_all_gather", "forward", shard, "feed-forward input sequence")
+        add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards")
+        add("tp_all_gather", "backward", shard, "w2 output gradient")
+        add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient")
+      elseif moe and ep == 1 then
+        add("tp_all_gather", "forward", shard, "MoE input sequence")
+        add("tp_reduce_scatter", "forward", shard, "routed experts' output to sequence shards")
+        if shared then
+          add("tp_reduce_scatter", "forward", shard, "shared experts' w2 output to sequence shards")
+          add("tp_all_gather", "backward", shard, "shared experts' w2 output gradient")
+        end
+        add("tp_all_gather", "backward", shard, "routed experts' output gradient")
+        add("tp_reduce_scatter", "backward", shard, "MoE input gradient")
+      end
+      add("tp_all_gather", "backward", shard, "wo output gradient")
+      add("tp_reduce_scatter", "backward", shard, "attention input gradient")
+    end
+    if has(u, "lm_head.weight") then
+      add("tp_all_gather", "forward", shard, "output input sequence")
+      add("tp_reduce_scatter", "backward", shard, "output input gradient")
+      for _, l in ipairs({ { "max", "loss_parallel: per-token max logit" },
+                           { "sum", "loss_parallel: per-token sum of exponentials" },
+                           { "sum", "loss_parallel: per-token target logit" } }) do
+        add("tp_all_reduce", "forward", b * seq, l[2])
+        acts[#acts].reduce_op, acts[#acts].dtype, acts[#acts].loss = l[1], "fp32", true
+      end
+    end
+    if not u.expert then
+      for _, q in ipairs(u.params) do
+        if q.tp_dim == nil then
+          add("tp_all_reduce", "backward", q.numel, q.name .. " gradient (Partial over TP)")
+          acts[#acts].reducing_only = true
+          acts[#acts].dtype = u.reduce_dtype
+        end
+      end
+    end
+    finish(u, acts, T)
   end
 end
 

@@ -5,7 +5,9 @@
 # dp_shard 4 x ep 2 (efsdp 2), dp_shard 4 x ep 4 (efsdp 1), and ep 2 with 2
 # experts (Shard(1) over efsdp), and dp_shard 4 x ep 2 under torchtitan's
 # full and selective activation checkpointing (the backward re-runs each MoE
-# block's counts exchange, dispatch and combine) — one forward + backward
+# block's counts exchange, dispatch and combine), and dp_shard 2 x tp 2 x
+# ep 2 under torchtitan's MoE TP plan (sequence and loss parallel; with
+# --cases also dp2_tp2 at ep 1 and dp2_tp2_ep4) — one forward + backward
 # with torchtitan's round-robin routing), every collective per rank recorded in
 # build/ep/live/<case>.json; one summary line per case (tests/ep/ep_summary.py).
 # Then tests/ep/compare_ep_live.lua holds commplan's tables for the same

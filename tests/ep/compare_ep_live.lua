@@ -18,6 +18,8 @@
 --     re-run), the row length
 --     (dim), and every per-member split of the recorded routing within the
 --     plan's capacity (the tables take the splits at run time);
+--   - with tp > 1 (the case's tp), TP's activation collectives on the tp
+--     group: kind, input and output numel, dtype, reduce op;
 -- nothing else may be issued. Also each parameter's local shard shape on
 -- every rank (the experts' split over ep and their Shard(0)/Shard(1) over
 -- efsdp) equals the plan's.
@@ -57,11 +59,11 @@ local function plan_source(c)
   end
   return fmt([[return {
   world_size = %d,
-  parallel = { dp_shard = %d, ep = %d },
+  parallel = { dp_shard = %d, ep = %d%s },
   model = { family = "deepseek_v3", dtype = "fp32", seq_len = %d, %s },
   fsdp = { reduce_op = "sum" },
   training = { local_batch_size = %d%s },
-}]], c.world, c.dp_shard, c.ep, c.seq, table.concat(m, ", "), c.batch,
+}]], c.world, c.dp_shard, c.ep, (c.tp or 1) > 1 and fmt(", tp = %d", c.tp) or "", c.seq, table.concat(m, ", "), c.batch,
     (c.ac and c.ac ~= "none") and fmt(", activation_checkpointing = %q", c.ac) or "")
 end
 
@@ -83,19 +85,36 @@ end
 
 local function layer_of(unit_name) return (unit_name:match("^(layers%.%d+)")) end
 
--- The expected events of one rank from the plan's ops.
+-- The TP class (its ops and layout) of global rank g: its coordinate in
+-- its TP group (one class without TP).
+local function class_of(p, g, fams)
+  if not fams.tp then return p.tp_classes and p.tp_classes[1] or p end
+  for i, r in ipairs(fams.tp[g]) do
+    if r == g then return p.tp_classes[p.class_of_tp[i - 1]] end
+  end
+end
+
+local TP_KIND = { tp_all_gather = "all_gather", tp_reduce_scatter = "reduce_scatter", tp_all_reduce = "all_reduce" }
+
+-- The expected events of one rank from its class's ops.
 local function expected(p, g, fams)
   local out = {}
-  for _, o in ipairs(p.ops) do
+  local cls = class_of(p, g, fams)
+  for _, o in ipairs(cls.ops) do
     if o.group and (o.kind == "all_gather" or o.kind == "reduce_scatter" or o.kind == "all_reduce"
-                    or o.kind == "a2a_counts" or o.kind == "a2a") then
+                    or o.kind == "a2a_counts" or o.kind == "a2a" or TP_KIND[o.kind]) then
       local ranks = fams[o.group][g]
       local n = #ranks
       -- an FSDP group of one rank issues nothing (FSDP2 skips it)
       if n > 1 or o.kind == "a2a" or o.kind == "a2a_counts" then
-        local unit = p.layout.units[o.unit + 1].name
+        local unit = cls.layout.units[o.unit + 1].name
         local e = { op = o, ranks = ranks, unit = unit, layer = layer_of(unit) }
-        if o.kind == "all_gather" then
+        if TP_KIND[o.kind] then
+          -- TP's activation collectives (count: a shard of the sequence, the whole for an all-reduce)
+          e.kind, e.dtype, e.tp, e.reduce_op = TP_KIND[o.kind], o.dtype, true, o.reduce_op
+          e.in_numel = o.kind == "tp_reduce_scatter" and o.count * n or o.count
+          e.out_numel = o.kind == "tp_all_gather" and o.count * n or o.count
+        elseif o.kind == "all_gather" then
           e.kind, e.in_numel, e.out_numel, e.dtype = "all_gather", o.count, o.count * n, o.dtype
         elseif o.kind == "reduce_scatter" then
           e.kind, e.in_numel, e.out_numel, e.dtype = "reduce_scatter", o.count * n, o.count, o.dtype
@@ -203,13 +222,14 @@ local function check_case(c, dumps)
   if not ok then return "commplan refuses the case: " .. tostring(p) end
   local fams = {}
   for name, f in pairs(p.groups.by_name) do fams[name] = members_of(f) end
-  local colls, a2a, recomputed = 0, 0, 0
+  local colls, a2a, recomputed, tpc = 0, 0, 0, 0
   for _, r in ipairs(c.ranks) do
     local g = r.rank
     local want = expected(p, g, fams)
     local got = {}
     for _, e in ipairs(r.events) do
-      if e.kind ~= "barrier" then got[#got + 1] = e end
+      -- (the recorder's "other": functional collectives' autograd wrappers, no collective)
+      if e.kind ~= "barrier" and e.kind ~= "other" then got[#got + 1] = e end
     end
     for i = 1, math.max(#got, #want) do
       local x, y = got[i], want[i]
@@ -237,6 +257,7 @@ local function check_case(c, dumps)
         end
       elseif same then
         same = x.in_numel == y.in_numel and x.out_numel == y.out_numel
+        if same and y.tp then same = (x.reduce_op or "-") == (y.reduce_op or "-") end
       end
       if not same then
         return fmt("rank %d event %d: recorded %s on [%s] in %s out %s %s (%s%s%s), plan %s [%s]", g, i - 1, x.kind,
@@ -248,11 +269,12 @@ local function check_case(c, dumps)
       if y.op.kind == "a2a" or y.op.kind == "a2a_counts" then
         a2a = a2a + 1
         if y.op.recompute then recomputed = recomputed + 1 end
+      elseif y.tp then tpc = tpc + 1
       else colls = colls + 1 end
     end
     -- every parameter's local shard
     local by_name = {}
-    for _, u in ipairs(p.layout.units) do
+    for _, u in ipairs(class_of(p, g, fams).layout.units) do
       for _, prm in ipairs(u.params) do by_name[prm.name] = { u, prm } end
     end
     for _, prm in ipairs(r.params) do
@@ -265,7 +287,7 @@ local function check_case(c, dumps)
       end
     end
   end
-  local res = { colls = colls, a2a = a2a, recomputed = recomputed, ranks = #c.ranks }
+  local res = { colls = colls, a2a = a2a, recomputed = recomputed, tp = tpc, ranks = #c.ranks }
   if dumps then
     local diff, n = check_grads(c, dumps)
     if diff then return diff end
@@ -321,7 +343,7 @@ local function main(argv)
       .. "       lua5.4 tests/ep/compare_ep_live.lua --write-plans DIR SPEC.json...\n")
     return 2
   end
-  local total = { cases = 0, ranks = 0, colls = 0, a2a = 0, recomputed = 0, params = 0, elements = 0 }
+  local total = { cases = 0, ranks = 0, colls = 0, a2a = 0, recomputed = 0, tp = 0, params = 0, elements = 0 }
   for _, path in ipairs(files) do
     local c = assert(read_json(path))
     local dumps, diff, res
@@ -335,17 +357,20 @@ local function main(argv)
       res.grads.params, res.grads.elements) or ""
     local ac = (c.ac and c.ac ~= "none") and fmt(", %s checkpointing", c.ac) or ""
     local rec = res.recomputed > 0 and fmt(", %d of them the recompute's in backward", res.recomputed) or ""
-    print(fmt("ep-live: %s (world %d, dp_shard %d, ep %d%s): %d ranks, FSDP collectives equal (%d), token all-to-alls "
-      .. "equal and within capacity (%d%s), every parameter's local shard equal%s", c.case, c.world, c.dp_shard, c.ep,
-      ac, res.ranks, res.colls, res.a2a, rec, grads))
+    local tp = (c.tp or 1) > 1 and fmt(", tp %d", c.tp) or ""
+    local tpc = (c.tp or 1) > 1 and fmt(", TP collectives equal (%d)", res.tp) or ""
+    print(fmt("ep-live: %s (world %d, dp_shard %d%s, ep %d%s): %d ranks, FSDP collectives equal (%d)%s, token "
+      .. "all-to-alls equal and within capacity (%d%s), every parameter's local shard equal%s", c.case, c.world,
+      c.dp_shard, tp, c.ep, ac, res.ranks, res.colls, tpc, res.a2a, rec, grads))
     total.cases, total.ranks = total.cases + 1, total.ranks + res.ranks
     total.colls, total.a2a = total.colls + res.colls, total.a2a + res.a2a
-    total.recomputed = total.recomputed + res.recomputed
+    total.recomputed, total.tp = total.recomputed + res.recomputed, total.tp + res.tp
     if res.grads then total.params, total.elements = total.params + res.grads.params, total.elements + res.grads.elements end
   end
-  print(fmt("ep-live: all %d cases equal: %d ranks, %d FSDP collectives, %d token all-to-alls (%d recomputed)%s",
-    total.cases, total.ranks, total.colls, total.a2a, total.recomputed, dumps_dir and fmt("; reduced gradients: %d ranks, %d parameter shards, "
-      .. "%d elements compared, 0 differ", total.ranks, total.params, total.elements) or ""))
+  print(fmt("ep-live: all %d cases equal: %d ranks, %d FSDP collectives, %d TP collectives, %d token all-to-alls "
+    .. "(%d recomputed)%s", total.cases, total.ranks, total.colls, total.tp, total.a2a, total.recomputed,
+    dumps_dir and fmt("; reduced gradients: %d ranks, %d parameter shards, %d elements compared, 0 differ",
+      total.ranks, total.params, total.elements) or ""))
   return 0
 end
 

@@ -3,11 +3,14 @@
 them; tests/ep/check_ep_live.sh drives both sides), without torch: with
 --specs DIR each case's model and mesh is written as DIR/<case>.json (the
 fields of the recording's header that tests/ep/compare_ep_live.lua makes
-commplan's plan of: case, world, dp_shard, ep, model, batch, seq), so that
+commplan's plan of: case, world, dp_shard, tp, ep, model, batch, seq), so that
 commplan's plan and its numbering of the parameters exist before torch
 runs.
 
     ep_cases.py --specs DIR [--cases a,b,...]   (other arguments ignored)
+
+Without --cases, every case but those marked extra (tests/ep/check_ep_live.sh
+--cases dp2_tp2,dp2_tp2_ep4 runs those).
 """
 import argparse
 import json
@@ -18,7 +21,8 @@ import sys
 BASE = dict(dim=16, n_layers=3, n_dense_layers=1, n_heads=2, vocab_size=64, q_lora_rank=0, kv_lora_rank=8,
             qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4, dense_hidden_dim=32, moe_hidden_dim=8,
             num_experts=8, num_shared_experts=1, top_k=2)
-# name: world, dp_shard, ep, model overrides, (batch, seq), ac (torchtitan's activation checkpointing:
+# name: world, dp_shard, ep, tp (1 unless given; torchtitan's TP with sequence and loss parallelism, its
+# defaults; ep borrows from dp_shard*tp), model overrides, (batch, seq), ac (torchtitan's activation checkpointing:
 # "none" unless given, "full" = FullAC, "selective" = SelectiveAC, each with its defaults)
 CASES = {
     # efsdp 2: expert weights on the efsdp mesh, Shard(0) (efsdp*ep 4 <= 8 experts)
@@ -31,12 +35,23 @@ CASES = {
     # backward re-runs each MoE block's counts exchange, dispatch and combine (the recorder marks them)
     "dp4_ep2_full": dict(world=4, dp_shard=4, ep=2, model={}, batch=1, seq=6, ac="full"),
     "dp4_ep2_sel": dict(world=4, dp_shard=4, ep=2, model={}, batch=1, seq=6, ac="selective"),
+    # TP (torchtitan's MoE TP plan, sequence parallel, loss parallel): ep 1, the experts split on their
+    # hidden dim over tp (moe_hidden_dim 16: torch._grouped_mm wants 16-byte strides, 8 bf16 per TP shard)
+    # (extra=True: run with --cases only; make test's lane runs the others, each new mesh costing ~25 s there)
+    "dp2_tp2": dict(world=4, dp_shard=2, tp=2, ep=1, model=dict(moe_hidden_dim=16), batch=1, seq=6, extra=True),
+    # ep 2 borrows the tp ranks (ep group = tp group), efsdp 2 = the dp_shard group
+    "dp2_tp2_ep2": dict(world=4, dp_shard=2, tp=2, ep=2, model={}, batch=1, seq=6),
+    # ep 4 over the whole world, efsdp 1; MLA with a query LoRA (wq_a and q_norm replicated over TP, wq_b colwise)
+    "dp2_tp2_ep4": dict(world=4, dp_shard=2, tp=2, ep=4, model=dict(q_lora_rank=8), batch=1, seq=6, extra=True),
 }
+# The cases run when none are named (make test's torch lane).
+DEFAULT = ",".join(n for n, c in CASES.items() if not c.get("extra"))
 
 
 def spec(name):
     case = CASES[name]
     return {"case": name, "world": case["world"], "dp_shard": case["dp_shard"], "ep": case["ep"],
+            "tp": case.get("tp", 1),
             "model": dict(BASE, **case["model"]), "batch": case["batch"], "seq": case["seq"],
             "ac": case.get("ac", "none")}
 
@@ -52,7 +67,7 @@ def names_of(cases):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--specs", required=True)
-    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--cases", default=DEFAULT)
     a, _ = ap.parse_known_args()
     os.makedirs(a.specs, exist_ok=True)
     for n in names_of(a.cases):

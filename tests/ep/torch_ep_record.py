@@ -19,7 +19,10 @@ rank, expert e receives #{(t, j): (t*K + j) mod E == e} tokens from each rank
 (recorded per layer as "routing").
 
 Parallelized exactly as torchtitan 0.3 does (its default spmd_backend
-"spmd_types", as the Trainer sets it): ParallelDims(dp_shard, ep)
+"spmd_types", as the Trainer sets it): ParallelDims(dp_shard, ep, tp; a
+case's tp > 1 runs torchtitan's TP plan of the model with its defaults,
+sequence and loss parallelism: model.parallelize applies the TP plan with
+the EP one, the loss is torchtitan's vocab-parallel cross-entropy)
 .build_mesh(), parallelize_deepseekv3 (model.parallelize: experts Shard(0)
 over ep, the AllToAllTokenDispatcher wired to the ep mesh;
 apply_fsdp_to_decoder: dense parameters on the dp_shard mesh, routed-expert
@@ -45,7 +48,7 @@ gets a torch.distributed whose all_to_all issues those as one
 all_to_all_single with the same per-peer split sizes on the same group
 (GlooDist below; recorded as c10d.alltoall_base_ with via "dist.all_to_all
 (uneven: all_to_all_single)"); the equal-chunk token-count exchange stays
-the list form (c10d.alltoall_). Each mesh (world, dp_shard, ep) runs in
+the list form (c10d.alltoall_). Each mesh (world, dp_shard, tp, ep) runs in
 its own process group, its cases one after the other on one ParallelDims:
 a second ParallelDims over the same dp_shard mesh in one process hands
 fully_shard a cached DeviceMesh that is not its parameters'.
@@ -114,7 +117,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "titan"))
 sys.path.insert(0, HERE)
-from ep_cases import BASE, CASES, names_of, spec  # noqa: E402 - the case matrix, torch-free
+from ep_cases import BASE, CASES, DEFAULT, names_of, spec  # noqa: E402 - the case matrix, torch-free
 
 try:
     import torch
@@ -242,7 +245,8 @@ def _record(func, args, kwargs, out):
             x, y = bound["input"], bound["output"]
             ev["in_splits"] = list(bound.get("input_split_sizes") or [])
             ev["out_splits"] = list(bound.get("output_split_sizes") or [])
-            ev["row"] = int(x[0].numel()) if x.dim() and x.shape[0] else 0
+            # (elements per row from the shape: a rank that receives no token sends an empty input)
+            ev["row"] = int(torch.Size(x.shape[1:]).numel()) if x.dim() else 0
     phase, module = REC.module()
     ev.update(phase=phase, module=module, fsdp=REC.fsdp, via=REC.via, ep=REC.ep, recompute=REC.recompute)
     ev["i"] = len(REC.events)
@@ -558,7 +562,11 @@ def named_parameters(model):
         yield n.replace(_CHECKPOINT_PREFIX, ""), p
 
 
-MESHES = {}  # (world, dp_shard, ep) -> the ParallelDims built for it in this process
+MESHES = {}  # mesh_key -> the ParallelDims built for it in this process
+
+
+def mesh_key(case):
+    return (case["world"], case["dp_shard"], case.get("tp", 1), case["ep"])
 
 
 def recompute_mark(lname, enter):
@@ -581,12 +589,13 @@ def run_case(rank, name, case, plan_json=None):
     from torchtitan.distributed.spmd_types import annotate_input_spmd_types
     from torchtitan.distributed.utils import get_spmd_context, set_spmd_backend
 
-    parallelism = ParallelismConfig(data_parallel_shard_degree=case["dp_shard"], expert_parallel_degree=case["ep"])
+    parallelism = ParallelismConfig(data_parallel_shard_degree=case["dp_shard"], expert_parallel_degree=case["ep"],
+                                    tensor_parallel_degree=case.get("tp", 1))
     set_spmd_backend(parallelism.spmd_backend)  # as Trainer.__init__ does
     training = TrainingConfig(local_batch_size=case["batch"], seq_len=case["seq"], dtype="float32",
                               mixed_precision_param="float32", mixed_precision_reduce="float32",
                               disable_cuda_graphs=True)  # CUDA graphs refuse the CPU-syncing all-to-all dispatcher
-    key = (case["world"], case["dp_shard"], case["ep"])
+    key = mesh_key(case)
     if key not in MESHES:   # cases of one mesh share its ParallelDims (see main)
         MESHES[key] = ParallelDims.from_config(parallelism, case["world"])
         MESHES[key].build_mesh()
@@ -629,7 +638,7 @@ def run_case(rank, name, case, plan_json=None):
         with get_spmd_context(parallel_dims=pd)(), tracker, make_mode():
             REC.tracker = tracker
             pred = model(inputs, **extra)
-            loss = cross_entropy_loss(pred, labels)
+            loss = cross_entropy_loss(pred, labels, global_vocab_size=m["vocab_size"])
             with spmd.no_typecheck():
                 loss.backward()
     finally:
@@ -658,7 +667,7 @@ def run_case(rank, name, case, plan_json=None):
             g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
             out["grads_local"][pname] = {"shape": list(g.shape), "values": g.detach().reshape(-1).double().tolist()}
     meshes = {}
-    for dim in ("dp_shard", "ep", "efsdp"):
+    for dim in ("dp_shard", "ep", "efsdp", "tp"):
         mesh = pd.get_optional_mesh(dim)
         if mesh is not None:
             meshes[dim] = [int(r) for r in dist.get_process_group_ranks(mesh.get_group())]
@@ -707,7 +716,7 @@ def free_port():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "build", "ep", "live"))
-    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--cases", default=DEFAULT)
     ap.add_argument("--plans", help="DIR/<case>/plan.json: commplan's plan of each case (its parameter ids); "
                     "with it every unsharded gradient is commplan's oracle pattern and the reduced shards are "
                     "recorded (grads_local)")
@@ -737,7 +746,7 @@ def main():
         groups = {}
         for name in names:
             c = CASES[name]
-            groups.setdefault((c["world"], c["dp_shard"], c["ep"]), []).append(name)
+            groups.setdefault(mesh_key(c), []).append(name)
         for group in groups.values():
             name = ",".join(group)
             try:

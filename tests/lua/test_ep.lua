@@ -16,6 +16,16 @@ local function mix(world, parallel, extra, model_extra)
     extra or "")
 end
 
+-- A tiny DeepSeek-V3 plan (MLA with a query LoRA, one dense block, two MoE
+-- blocks with a shared expert).
+local function ds(world, parallel)
+  return string.format([[return { world_size = %d, parallel = %s, model = { family = "deepseek_v3", dtype = "fp32",
+    seq_len = 8, dim = 16, n_layers = 3, n_dense_layers = 1, n_heads = 2, vocab_size = 37, q_lora_rank = 6,
+    kv_lora_rank = 8, qk_nope_head_dim = 4, qk_rope_head_dim = 2, v_head_dim = 4, dense_hidden_dim = 24,
+    moe_hidden_dim = 8, num_experts = 4, num_shared_experts = 1, top_k = 2 }, fsdp = { reduce_op = "sum" } }]],
+    world, parallel)
+end
+
 local function unit(p, name)
   for _, u in ipairs(p.layout.units) do if u.name == name then return u end end
   error("no unit " .. name)
@@ -248,7 +258,19 @@ function T.refusals_one_line_each()
     "expert_parallel.capacity_factor", "remove one")
   H.plan_fails(mix(4, "{ dp_shard = -1, ep = 2 }", ", expert_parallel = { capacity_factor = 0 }"),
     "expert_parallel.capacity_factor")
-  H.plan_fails(mix(8, "{ dp_shard = -1, tp = 2, ep = 2 }"), "parallel.tp", "set tp=1")
+  H.plan_fails(mix(8, "{ dp_shard = -1, tp = 2, ep = 2 }"), "parallel.tp", "mixtral family's MoE blocks", "set tp=1")
+  -- DeepSeek-V3 with TP: still refused with ep over part of a TP group, etp > 1, pp, cp, and TP settings
+  -- other than torchtitan's defaults
+  H.plan_fails((ds(8, "{ dp_shard = 2, tp = 4, ep = 2 }"):gsub("n_heads = 2", "n_heads = 4")), "parallel.ep",
+    "ep=2 with tp=4", "multiple of tp")
+  H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, ep = 2, etp = 2 }"), "parallel.etp", "experts are not tensor-parallel")
+  H.plan_fails((ds(8, "{ pp = 2, dp_shard = 2, tp = 2, ep = 2 }"):gsub("fsdp = {", 'pipeline = { schedule = "1F1B", '
+    .. "microbatches = 2 }, fsdp = {")), "parallel.pp")
+  H.plan_fails(ds(8, "{ cp = 2, dp_shard = 2, tp = 2, ep = 2 }"), "parallel.cp")
+  H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, ep = 2, sequence_parallel = false }"), "parallel.sequence_parallel",
+    "torchtitan's defaults only")
+  H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, loss_parallel = false }"), "parallel.loss_parallel")
+  H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, async_tp = true }"), "parallel.async_tp", "not modelled")
   H.plan_fails(mix(8, "{ dp_shard = -1, ep = 8 }"), "parallel.ep", "num_experts=4 not divisible by ep=8")
   H.plan_fails("return { world_size = 4, parallel = { dp_shard = -1, ep = 2 }, model = { family = 'llama', "
     .. "dim = 16, n_layers = 1, n_heads = 2, n_kv_heads = 2, vocab_size = 8 } }", "parallel.ep", "needs routed experts")
@@ -268,6 +290,66 @@ function T.c_mesh_is_the_expert_mesh()
   assert(v.families:find('.name = "efsdp", .axis_mask = 0x2u', 1, true), v.families)
   assert(v.families:find('.name = "dp_replicate", .axis_mask = 0x1u', 1, true), v.families)
   assert(v.units:find(".expert = 1", 1, true), "experts units carry their group")
+end
+
+-- DeepSeek-V3 under TP (torchtitan 0.3's plan, recorded live: tests/ep/check_ep_live.sh's dp2_tp2* cases):
+-- the placements, the TP collectives around the MoE at ep = 1 and ep > 1, the all-to-alls sized from the
+-- rank's seq / tp tokens, and the C mesh refining the dense and expert meshes.
+local function ops_of(p, unit_name, pred)
+  local out = {}
+  for _, o in ipairs(p.ops) do
+    if p.layout.units[o.unit + 1].name == unit_name and pred(o) then out[#out + 1] = o end
+  end
+  return out
+end
+
+local function kinds(list)
+  local t = {}
+  for _, o in ipairs(list) do t[#t + 1] = o.kind .. (o.phase == "backward" and "'" or "") end
+  return table.concat(t, " ")
+end
+
+function T.deepseek_tp_at_ep1_splits_the_experts_hidden_dim()
+  local p = plan.from_source(ds(4, "{ dp_shard = 2, tp = 2 }"), "plans/t.lua")
+  local u = unit(p, "layers.1")
+  local by = {}
+  for _, q in ipairs(u.params) do by[q.name:gsub("^layers%.1%.", "")] = q end
+  H.eq(by["moe.routed_experts.inner_experts.w1_EFD"].tp_dim, 1)
+  H.eq(by["moe.routed_experts.inner_experts.w2_EDF"].tp_dim, 2)
+  H.eq(by["moe.router.gate.weight"].tp_dim, nil)
+  H.eq(by["attention.wq_a.weight"].tp_dim, nil)
+  H.eq(by["attention.wq_b.weight"].tp_dim, 0)
+  H.eq(by["moe.shared_experts.w2.weight"].tp_dim, 1)
+  local tp = ops_of(p, "layers.1", function(o) return o.group == "tp" end)
+  -- attention, the MoE input gathered, routed and shared outputs reduce-scattered; backward mirrored;
+  -- then the Partial gradients of wq_a, q_norm, wkv_a, kv_norm, the two norms and the gate
+  H.eq(kinds(tp), "tp_all_gather tp_reduce_scatter tp_all_gather tp_reduce_scatter tp_reduce_scatter "
+    .. "tp_all_gather' tp_all_gather' tp_reduce_scatter' tp_all_gather' tp_reduce_scatter' "
+    .. "tp_all_reduce' tp_all_reduce' tp_all_reduce' tp_all_reduce' tp_all_reduce' tp_all_reduce' tp_all_reduce'")
+  H.eq(tp[1].count, 8 * 16 // 2, "a sequence shard")
+  H.eq(tp[#tp].count, 4 * 16, "the gate's whole gradient")
+end
+
+function T.deepseek_tp_with_ep_routes_the_sequence_shard()
+  local p = plan.from_source(ds(8, "{ dp_shard = 4, tp = 2, ep = 4 }"), "plans/t.lua")
+  H.eq(p.layout.ep.tokens, 8 // 2, "seq_len / tp tokens per rank")
+  local e = unit(p, "layers.1.experts")
+  H.eq(e.params[1].tp_dim, nil, "experts not TP-split (etp = 1)")
+  H.eq(e.a2a.capacity, 4 * 1, "tokens x min(top_k, experts per member)")
+  -- the shared experts' pair after the combine, and in backward before the combine's gradient
+  local seq = ops_of(p, "layers.1.experts", function(o) return o.group == "tp" or o.group == "ep" end)
+  H.eq(kinds(seq), "a2a_counts a2a a2a tp_all_gather tp_reduce_scatter tp_all_gather' tp_reduce_scatter' a2a' a2a'")
+  -- the dense part: attention only, its gate's Partial gradient still all-reduced
+  local tp = ops_of(p, "layers.1", function(o) return o.kind == "tp_all_reduce" end)
+  H.eq(#tp, 7)
+  local emit = require("gen.emit")
+  local v = emit.vars(p, "0")
+  H.eq(v.mesh_names, '"dp_shard.efsdp", "dp_shard.ep", "tp.ep"')
+  assert(v.families:find('.name = "tp", .axis_mask = 0x4u', 1, true), v.families)
+  assert(v.families:find('.name = "ep", .axis_mask = 0x6u', 1, true), v.families)
+  assert(v.families:find('.name = "dp_shard", .axis_mask = 0x3u', 1, true), v.families)
+  assert(v.families:find('.name = "efsdp", .axis_mask = 0x1u', 1, true), v.families)
+  H.eq(v.tp_mesh_dim, 2)
 end
 
 -- The model's parameter count counts every expert, whatever slice of them a

@@ -146,4 +146,43 @@ function T.a_wrong_gradient_is_caught()
   expect(function(c) c.grads_subset = nil end, "rank 0: commplan's dump has 3 parameters' gradients, torchtitan 41")
 end
 
+-- torchtitan's TP plan of the MoE (tests/ep/recorded/dp2_tp2.json: dp_shard 2 x tp 2, ep 1, the experts
+-- split over TP; dp2_tp2_ep2.json: ep 2 over the TP ranks, efsdp = dp_shard; events and shapes only):
+-- every TP collective equals the tables, and a missing or misplaced one is a difference.
+local function load_tp(name) return json.decode(H.read("tests/ep/recorded/" .. name .. ".json")) end
+
+function T.tp_recordings_equal_the_tables()
+  for _, name in ipairs({ "dp2_tp2", "dp2_tp2_ep2" }) do
+    local diff, res = live.check_case(load_tp(name))
+    H.eq(diff, nil, name)
+    assert(res.tp > 0 and res.colls > 0, name .. ": TP and FSDP collectives compared")
+    H.eq(res.a2a, name == "dp2_tp2" and 0 or 4 * 2 * 5, name .. ": all-to-alls")
+  end
+  assert(live.plan_source(load_tp("dp2_tp2_ep2")):find("ep = 2, tp = 2", 1, true))
+  local function expect(name, mutate, want)
+    local c = load_tp(name)
+    mutate(c)
+    local d = live.check_case(c)
+    assert(type(d) == "string" and d:find(want, 1, true), "want '" .. want .. "', got " .. tostring(d))
+  end
+  -- the router gate's Partial gradient all-reduce left out
+  expect("dp2_tp2", function(c)
+    local ev = c.ranks[2].events
+    for i, e in ipairs(ev) do
+      if e.kind == "all_reduce" and e.in_numel == 128 then table.remove(ev, i); break end
+    end
+  end, "rank 1 event")
+  -- the shared experts' gather before the combine
+  expect("dp2_tp2_ep2", function(c)
+    local ev = c.ranks[1].events
+    local i = first(c.ranks[1], function(e) return e.ep == "layers.1 combine" end)
+    ev[i], ev[i + 1] = ev[i + 1], ev[i]
+  end, "rank 0 event")
+  -- a loss-parallel MAX as a SUM
+  expect("dp2_tp2_ep2", function(c)
+    local _, e = first(c.ranks[3], function(x) return x.reduce_op == "max" end)
+    e.reduce_op = "sum"
+  end, "rank 2 event")
+end
+
 return T

@@ -245,8 +245,11 @@ function T.bad_inputs_one_line_each()
   -- parallelisms not planned for the MoE families: one line each, naming the field and the fix
   H.plan_fails(src('family = "mixtral", size = "8x7b"', "{ dp_shard = 4, tp = 2 }"), "parallel.tp",
     "tp=2: tensor parallelism of the mixtral family's MoE blocks", "set tp=1")
-  H.plan_fails(src('family = "deepseek_v3", size = "671b"', "{ dp_shard = -1, ep = 8, tp = 2 }"), "parallel.tp",
-    "tp=2", "set tp=1")
+  H.plan_fails(src('family = "qwen3_moe", size = "30b-a3b"', "{ dp_shard = -1, ep = 4, tp = 2 }"), "parallel.tp",
+    "tp=2: tensor parallelism of the qwen3_moe family's MoE blocks", "set tp=1")
+  -- deepseek_v3 plans tp (its TP plan, gen/parallel/tp.lua); ep over part of a TP group is not
+  H.plan_fails(src('family = "deepseek_v3", size = "671b"', "{ dp_shard = -1, ep = 2, tp = 4 }"), "parallel.ep",
+    "ep=2 with tp=4", "pick ep a multiple of tp")
   H.plan_fails(src('family = "qwen3_moe", size = "30b-a3b", num_experts = 6, top_k = 2', "{ dp_shard = -1, ep = 4 }"),
     "parallel.ep", "num_experts=6 not divisible by ep=4")
 end
