@@ -246,7 +246,7 @@ fi
 # reshard, reduce and cp_gpu_exchange_tokens in the plan's order with the
 # caller's rows written and read back, every row and count checked, on
 # every EP test plan (one under ASan+UBSan), 0 races.
-for p in ${EMU_EP_LIB_PLANS-ep2_mixtral ep4_mixtral_efsdp1 ep2_dsv3_shard1 ep2_mixtral_hsdp ep2_mixtral_ac}; do
+for p in ${EMU_EP_LIB_PLANS-ep2_mixtral ep4_mixtral_efsdp1 ep2_dsv3_shard1 ep2_mixtral_hsdp ep2_mixtral_ac ep4_dsv3_tp2}; do
   for tree in emu emu-asan; do
     bin=build/$tree/$p/ep_library
     [ "$tree" = emu-asan ] && [ ! -x "$bin" ] && continue
