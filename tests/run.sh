@@ -9,7 +9,13 @@ pass=0 fail=0 skip=0
 log=build/test-logs
 mkdir -p "$log"
 
-logname() { printf '%s/%s.log' "$log" "$(printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_')"; }
+# A check's log is named after its description, cut to 120 characters plus
+# the whole description's checksum (file names stop at 255 bytes).
+logname() {
+  local n; n=$(printf '%s' "$1" | tr -c 'A-Za-z0-9_.-' '_')
+  [ ${#n} -le 140 ] || n="${n:0:120}_$(printf '%s' "$1" | cksum | cut -d' ' -f1)"
+  printf '%s/%s.log' "$log" "$n"
+}
 ok()   { pass=$((pass + 1)); printf '  ok    %s\n' "$1"; }
 bad()  { fail=$((fail + 1)); printf '  FAIL  %s (log: %s)\n' "$1" "$2"; sed 's/^/        | /' "$2" | tail -n 15; }
 skipped() { skip=$((skip + 1)); printf '  SKIP  %s: %s\n' "$1" "$2"; }
