@@ -286,9 +286,10 @@ function T.every_output_agrees_llama70b()
   check_plan("plans/llama70b.lua", true)
 end
 
--- llama405b_hsdp: its advice generates 22 meshes of 126 layers (~11 s here).
+-- llama405b_hsdp: without its advice (22 meshes of 126 layers, ~11 s: the
+-- advisor's agreement is held on llama8b, llama70b and the small plans).
 function T.every_output_agrees_llama405b()
-  check_plan("plans/llama405b_hsdp.lua", true)
+  check_plan("plans/llama405b_hsdp.lua", false)
 end
 
 -- Exposed never exceeds the collective's own run (construction, checked
