@@ -86,7 +86,7 @@ torch_lane() {
   # tests/live/torch_env.sh, built once per machine outside the clone), the
   # torch 2.11 recordings' three models live (torch 2.15 against them), every
   # small plan, then the property test (random generic plans from seed
-  # LIVE_SEED_FROM, default 1, for LIVE_SECONDS, default 30). Where the
+  # LIVE_SEED_FROM, default 1, for LIVE_SECONDS, default 20). Where the
   # package registry cannot be reached each prints SKIP, never ok.
   section "live FSDP2 peer: PyTorch's fully_shard on gloo vs the binary's --dump (tests/live/)"
   live_check() {  # NAME CMD...: ok or FAIL, then the run's closing line
@@ -96,13 +96,13 @@ torch_lane() {
   }
   live_recs="live FSDP2 (torch 2.15) vs the torch 2.11 recordings fsdp4, hsdp2x2, fsdp2_tp2 (tests/oracle_check.lua)"
   live_plans="live FSDP2 vs every small plan in plans/ and tests/plans/ (tests/live/live.py plans)"
-  live_seeds="live FSDP2 property test: random generic plans from seed ${LIVE_SEED_FROM:-1} for ${LIVE_SECONDS:-30} s, at least ${LIVE_MIN_SEEDS:-10} seeds (tests/live/live.py seeds)"
+  live_seeds="live FSDP2 property test: random generic plans from seed ${LIVE_SEED_FROM:-1} for ${LIVE_SECONDS:-20} s, at least ${LIVE_MIN_SEEDS:-8} seeds (tests/live/live.py seeds)"
   if [ "$live_rc" = 0 ]; then
     ok "torch-env: $(printf '%s\n' "$live_out" | sed -n 's/^torch-env: torch /torch /p' | head -n 1)"
     live_check "$live_recs" timeout 600 "$live_py" tests/live/live.py recordings
     live_check "$live_plans" timeout 1800 "$live_py" tests/live/live.py plans
-    live_check "$live_seeds" timeout $(( ${LIVE_SECONDS:-30} + 300 )) "$live_py" tests/live/live.py seeds \
-      "${LIVE_SEED_FROM:-1}-$(( ${LIVE_SEED_FROM:-1} + 99999 ))" --budget "${LIVE_SECONDS:-30}" --min-seeds "${LIVE_MIN_SEEDS:-10}"
+    live_check "$live_seeds" timeout $(( ${LIVE_SECONDS:-20} + 300 )) "$live_py" tests/live/live.py seeds \
+      "${LIVE_SEED_FROM:-1}-$(( ${LIVE_SEED_FROM:-1} + 99999 ))" --budget "${LIVE_SECONDS:-20}" --min-seeds "${LIVE_MIN_SEEDS:-8}"
   elif [ "$live_rc" = 3 ]; then
     live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
     skipped "torch-env (make torch-env)" "$live_why"
@@ -195,9 +195,9 @@ torch_lane() {
   # Training driven by the plan on CPU: 20 AdamW steps x 2 micro-batches under
   # torchrun, 4 ranks on gloo, FSDP and HSDP 2x2, every collective and copy
   # from the plan's host library, bit for bit against fully_shard.
-  train_what="training driven by the plan on CPU: torchtitan's llama3, 20 AdamW steps, FSDP and HSDP 2x2 under torchrun, bit-identical to its own parallelize_llama (tests/python/train_cpu.py)"
+  train_what="training driven by the plan on CPU: torchtitan's llama3, 10 AdamW steps, FSDP and HSDP 2x2 under torchrun, bit-identical to its own parallelize_llama (tests/python/train_cpu.py)"
   if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
-    run "$train_what" timeout 900 "$live_py" tests/python/train_cpu.py "$(dirname "$live_py")/torchrun"
+    run "$train_what" timeout 900 "$live_py" tests/python/train_cpu.py "$(dirname "$live_py")/torchrun" --steps 10
     grep -ah "^ok \|^FAIL\|host time per step\|^train_cpu: " "$(logname "$train_what")" | sed "s/^/        /"
   else
     skipped "$train_what" "no torch environment with torchrun (make torch-env)"
