@@ -32,7 +32,7 @@ def main(argv):
         sys.exit("usage: trace_compare.py PREDICTED.json MEASURED.json")
     pmeta, pred = events(argv[1])
     mmeta, meas = events(argv[2])
-    if pmeta.get("fingerprint") != mmeta.get("fingerprint"):
+    if not pmeta.get("fingerprint") or pmeta.get("fingerprint") != mmeta.get("fingerprint"):
         sys.exit("trace_compare: %s and %s are different plans (fingerprints %s, %s): regenerate or rebuild"
                  % (argv[1], argv[2], pmeta.get("fingerprint"), mmeta.get("fingerprint")))
     rows = {}

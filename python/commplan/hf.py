@@ -216,7 +216,11 @@ def _moe_table(cfg, c, src, dtype):
         t.setdefault("q_lora_rank", 0)
         t.setdefault("num_shared_experts", 0)
         # one group (n_group 1) is no node-limited routing: torchtitan's num_expert_groups None
-        if t.get("n_expert_groups", 0) <= 1 or t.get("n_limited_groups", 0) <= 0:
+        if t.get("n_expert_groups", 0) > 1 and t.get("n_limited_groups", 0) <= 0:
+            raise PlanError("%s: n_group %s with topk_group %s: node-limited routing over groups needs "
+                            "topk_group >= 1 (the groups each token may use); set it, or n_group 1"
+                            % (src, cfg.get("n_group"), cfg.get("topk_group")))
+        if t.get("n_expert_groups", 0) <= 1:
             t.pop("n_expert_groups", None)
             t.pop("n_limited_groups", None)
         t["route_norm"] = bool(t.get("route_norm", False))

@@ -275,6 +275,10 @@ class HuggingFaceMoE(Tmp):
         one = commplan.hf_config(dict(cfg, n_group=1, topk_group=1, norm_topk_prob=False))
         self.assertEqual(one["route_norm"], False)
         self.assertNotIn("n_expert_groups", one)  # one group: no node-limited routing
+        with self.assertRaises(PlanError) as cm:  # groups without the groups to route within
+            commplan.hf_config(dict(cfg, n_group=2, topk_group=None))
+        self.assertIn("n_group 2 with topk_group None", str(cm.exception))
+        self.assertNotIn("\n", str(cm.exception))
         self.assertNotIn("dense_hidden_dim", model)
         plan = self.plan_json("ds_small", 4, model)
         names = [q["name"] for q in plan["units"][2]["params"]]
