@@ -47,16 +47,21 @@ local function finish(u, acts, T)
   u.tp_acts, u.act_numel = acts, most
 end
 
+-- The sequence length the TP collectives are sized by, or the one-line refusal.
+local function seq_len_of(ctx, opts)
+  if not opts.seq_len then
+    util.field_error(ctx, "model.seq_len", "tp > 1: seq_len is needed to size the TP activation collectives; "
+      .. "set model.seq_len (and training.local_batch_size, sequences per rank, default 1)")
+  end
+  return opts.seq_len
+end
+
 -- layout units (llama family), model config, tp, opts = { batch, seq_len,
 -- sequence_parallel } -> sets u.tp_acts = list of { kind, phase, count,
 -- dtype, what } and u.act_numel on every unit that has any.
 function tp_acts.llama(ctx, lay, cfg, T, opts)
   if T <= 1 then return end
-  local seq = opts.seq_len
-  if not seq then
-    util.field_error(ctx, "model.seq_len", "tp > 1: seq_len is needed to size the TP activation collectives; "
-      .. "set model.seq_len (and training.local_batch_size, sequences per rank, default 1)")
-  end
+  local seq = seq_len_of(ctx, opts)
   local b, sp = opts.batch or 1, opts.sequence_parallel ~= false
   local loss_parallel = opts.loss_parallel ~= false
   local full = b * seq * cfg.dim          -- one activation, every token
@@ -173,11 +178,7 @@ end
 --    reducing micro-step (as the Llama plan's norms).
 function tp_acts.deepseek(ctx, lay, cfg, T, opts)
   if T <= 1 then return end
-  local seq = opts.seq_len
-  if not seq then
-    util.field_error(ctx, "model.seq_len", "tp > 1: seq_len is needed to size the TP activation collectives; "
-      .. "set model.seq_len (and training.local_batch_size, sequences per rank, default 1)")
-  end
+  local seq = seq_len_of(ctx, opts)
   local b = opts.batch or 1
   local shard = b * seq * cfg.dim // T
   local ep = opts.ep or 1
