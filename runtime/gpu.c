@@ -754,7 +754,15 @@ static int run_unit_ops(cp_gpu *g, int unit, int call, const cp_op_kind *kinds, 
     g->streams[CP_STREAM_COMPUTE] = S;
     if (fork_join(g, 0)) return -1;
     call_ctx c = { g, -1 };
-    if (cp_run_call(p, unit, kinds, nkinds, &g->cursor[unit][call], run_call_op, &c) < 0) return -1;
+    if (cp_run_call(p, unit, kinds, nkinds, &g->cursor[unit][call], run_call_op, &c) < 0) {
+        /* Join what was issued anyway, so the caller's stream does not run
+         * ahead of side-stream work it hands back; the first error stands. */
+        char first[sizeof g->err];
+        memcpy(first, g->err, sizeof first);
+        (void)fork_join(g, 1);
+        memcpy(g->err, first, sizeof first);
+        return -1;
+    }
     return fork_join(g, 1);
 }
 
