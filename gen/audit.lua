@@ -649,7 +649,10 @@ function audit.md_collective_model(topo, w)
     w("- Hardware (topology.preset = %s, each figure overridable): %s, %d GPUs per node;", util.show(topo.preset),
       audit.preset_name(topo), topo.gpus_per_node)
     w("  NVLink %s;", audit.link_text(topo, "intra"))
-    w("  network %s.", audit.link_text(topo, "inter"))
+    w("  network %s;", audit.link_text(topo, "inter"))
+    w("  every NIC at its line rate with all rails busy: a fabric whose nccl-tests all_gather at k GPUs per node")
+    w("  reaches less than k x one GPU per node's is priced too fast; set nic_Gbps to what each rail reaches")
+    w("  there (docs/cost-model.md, \"the full-width rule\").")
   end
   w("- Links: collectives running at once share a rank's link, its NIC where their groups cross nodes, else its")
   w("  NVLink, equally (each at 1/n of its rate while n run).")
