@@ -1,6 +1,6 @@
 # commplan: make PLAN=<name>.lua builds build/<name>/<name> and lib<name>.a
 # from plans/<name>.lua (or PLAN=path/to/plan.lua); make test runs every
-# test that this machine can run.
+# test that this machine can run (make test-full: with every repetition).
 LUA      ?= lua5.4
 CC       ?= cc
 NVCC     ?= /usr/local/cuda/bin/nvcc
@@ -48,7 +48,7 @@ ALL_PLAN_NAMES := $(foreach n,$(basename $(notdir $(wildcard plans/*.lua))),$(ca
 SMALL_PLANS := $(patsubst %,plans/%.lua,$(filter-out llama%,$(ALL_PLAN_NAMES)))
 ALL_PLANS   := $(patsubst %,plans/%.lua,$(ALL_PLAN_NAMES))
 
-.PHONY: all deps deps-test test test-lua test-c test-e2e test-oracle test-cli check-generated lint clean regen-all diff-plan advise
+.PHONY: all deps deps-test test test-full test-lua test-c test-e2e test-oracle test-cli check-generated lint clean regen-all diff-plan advise
 
 all: deps $(BUILD)/$(NAME) $(BUILD)/lib$(NAME).a $(BUILD)/lib$(NAME).so
 	@echo "built $(BUILD)/$(NAME), lib$(NAME).a and lib$(NAME).so from $(PLAN_FILE) (tables in $(OUT)/)$(if $(HAVE_NVCC),, without the GPU backend: nvcc not found)"
@@ -159,8 +159,14 @@ $(BUILD)/$(NAME): $(BUILD)/main.o $(BUILD)/lib$(NAME).a
 
 # ---- tests ----
 
+# make test: the quick tier (what CI runs, .ci/run): every check at least
+# once, fewer seeds, cases, steps and sizes; make test-full: the same checks
+# with every repetition (tests/run.sh reads COMMPLAN_TEST_TIER and passes it
+# on; each check the quick tier trims says so in a "quick tier:" line).
 test: deps-test
-	@tests/run.sh
+	@COMMPLAN_TEST_TIER=quick tests/run.sh
+test-full: deps-test
+	@COMMPLAN_TEST_TIER=full tests/run.sh
 
 test-lua:
 	@$(LUA) tests/lua/run.lua

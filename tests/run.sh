@@ -1,6 +1,15 @@
 #!/usr/bin/env bash
 # make test: every suite this machine can run, one line per check, and a
 # closing "N passed, N failed" line. Exits non-zero if anything failed.
+#
+# Two tiers, one knob: COMMPLAN_TEST_TIER=quick (make test, and the default
+# here; CI runs it) or full (make test-full). Both run every check; the
+# quick tier runs each kind of check at least once but fewer repetitions
+# of it (seeds, cases, steps, sizes, seconds), and says so under the check
+# in one "quick tier: ...; make test-full ..." line. The knob is exported:
+# the scripts that hold a matrix of cases (tests/pp/, tests/ep/,
+# tests/titan/, tests/python/) read it too and print that line themselves
+# (run by hand, without it, they run the full matrix).
 set -u
 cd "$(dirname "$0")/.."
 LUA=${LUA:-lua5.4}
@@ -8,6 +17,20 @@ MAKE="make --no-print-directory -s"
 pass=0 fail=0 skip=0
 log=build/test-logs
 mkdir -p "$log"
+tier=${COMMPLAN_TEST_TIER:-quick}
+case $tier in
+  quick|full) ;;
+  *) echo "COMMPLAN_TEST_TIER=$tier: quick (make test) or full (make test-full)" >&2; exit 2 ;;
+esac
+export COMMPLAN_TEST_TIER=$tier
+# tiered QUICK FULL: the value for this tier.
+tiered() { if [ "$tier" = full ]; then printf '%s' "$2"; else printf '%s' "$1"; fi; }
+# full_adds TEXT: under a check trimmed in the quick tier, the one line
+# saying what it ran and what make test-full adds (nothing in the full tier).
+full_adds() { [ "$tier" = full ] || printf '        quick tier: %s\n' "$1"; }
+# tier_line LOG: a script's own "quick tier: ..." line (one per check), shown
+# under its check.
+tier_line() { [ "$tier" = full ] || grep -ah -m1 "^quick tier: " "$1" | sed "s/^/        /"; }
 
 # A check's log is named after its description, cut to 120 characters plus
 # the whole description's checksum (file names stop at 255 bytes).
@@ -62,6 +85,12 @@ check_plan_names() {
   return $rc
 }
 
+if [ "$tier" = full ]; then
+  echo "== the full tier (make test-full): every check with all its seeds, cases, steps and sizes"
+else
+  echo "== the quick tier (make test): every check, fewer repetitions; a \"quick tier:\" line under a check says what make test-full adds"
+fi
+
 # The torch environment (make torch-env), once: the torch lane below and
 # the emulator's torchrun launches use it.
 live_out=$(tests/live/torch_env.sh --python 2>&1); live_rc=$?
@@ -86,7 +115,8 @@ torch_lane() {
   # tests/live/torch_env.sh, built once per machine outside the clone), the
   # torch 2.11 recordings' three models live (torch 2.15 against them), every
   # small plan, then the property test (random generic plans from seed
-  # LIVE_SEED_FROM, default 1, for LIVE_SECONDS, default 20). Where the
+  # LIVE_SEED_FROM, default 1, for LIVE_SECONDS, default 10 and at least
+  # LIVE_MIN_SEEDS, default 4; make test-full 50 s and 15). Where the
   # package registry cannot be reached each prints SKIP, never ok.
   section "live FSDP2 peer: PyTorch's fully_shard on gloo vs the binary's --dump (tests/live/)"
   live_check() {  # NAME CMD...: ok or FAIL, then the run's closing line
@@ -96,13 +126,16 @@ torch_lane() {
   }
   live_recs="live FSDP2 (torch 2.15) vs the torch 2.11 recordings fsdp4, hsdp2x2, fsdp2_tp2 (tests/oracle_check.lua)"
   live_plans="live FSDP2 vs every small plan in plans/ and tests/plans/ (tests/live/live.py plans)"
-  live_seeds="live FSDP2 property test: random generic plans from seed ${LIVE_SEED_FROM:-1} for ${LIVE_SECONDS:-20} s, at least ${LIVE_MIN_SEEDS:-8} seeds (tests/live/live.py seeds)"
+  live_s=${LIVE_SECONDS:-$(tiered 10 50)} live_n=${LIVE_MIN_SEEDS:-$(tiered 4 15)}
+  live_seeds="live FSDP2 property test: random generic plans from seed ${LIVE_SEED_FROM:-1} for $live_s s, at least $live_n seeds (tests/live/live.py seeds)"
   if [ "$live_rc" = 0 ]; then
     ok "torch-env: $(printf '%s\n' "$live_out" | sed -n 's/^torch-env: torch /torch /p' | head -n 1)"
     live_check "$live_recs" timeout 600 "$live_py" tests/live/live.py recordings
     live_check "$live_plans" timeout 1800 "$live_py" tests/live/live.py plans
-    live_check "$live_seeds" timeout $(( ${LIVE_SECONDS:-20} + 300 )) "$live_py" tests/live/live.py seeds \
-      "${LIVE_SEED_FROM:-1}-$(( ${LIVE_SEED_FROM:-1} + 99999 ))" --budget "${LIVE_SECONDS:-20}" --min-seeds "${LIVE_MIN_SEEDS:-8}"
+    live_check "$live_seeds" timeout $(( live_s + 300 )) "$live_py" tests/live/live.py seeds \
+      "${LIVE_SEED_FROM:-1}-$(( ${LIVE_SEED_FROM:-1} + 99999 ))" --budget "$live_s" --min-seeds "$live_n"
+    [ -n "${LIVE_SECONDS:-}${LIVE_MIN_SEEDS:-}" ] ||
+      full_adds "property seeds for $live_s s, at least $live_n; make test-full runs them for 50 s, at least 15"
   elif [ "$live_rc" = 3 ]; then
     live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
     skipped "torch-env (make torch-env)" "$live_why"
@@ -140,6 +173,7 @@ torch_lane() {
       *) echo "exit status $3" >>"$2"; bad "$1" "$2" ;;
     esac
     grep -h "^\(parallel_dims\|llama_plan\|moe_plan\|moe_acts\|llama_acts\|chunked_loss\): " "$2" | sed "s/^/        /"
+    tier_line "$2"
   }
   if [ "$live_rc" = 0 ]; then
     titan_f1=$(logname "$titan_dims") titan_f2=$(logname "$titan_llama")
@@ -192,13 +226,16 @@ torch_lane() {
   else
     skipped "$torchrun_what" "no torch environment with torchrun (make torch-env)"
   fi
-  # Training driven by the plan on CPU: 20 AdamW steps x 2 micro-batches under
-  # torchrun, 4 ranks on gloo, FSDP and HSDP 2x2, every collective and copy
-  # from the plan's host library, bit for bit against fully_shard.
-  train_what="training driven by the plan on CPU: torchtitan's llama3, 10 AdamW steps, FSDP and HSDP 2x2 under torchrun, bit-identical to its own parallelize_llama (tests/python/train_cpu.py)"
+  # Training driven by the plan on CPU: AdamW steps x 2 micro-batches under
+  # torchrun (5 steps; make test-full 20), 4 ranks on gloo, FSDP and HSDP
+  # 2x2, every collective and copy from the plan's host library, bit for
+  # bit against fully_shard.
+  train_steps=$(tiered 5 20)
+  train_what="training driven by the plan on CPU: torchtitan's llama3, $train_steps AdamW steps, FSDP and HSDP 2x2 under torchrun, bit-identical to its own parallelize_llama (tests/python/train_cpu.py)"
   if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
-    run "$train_what" timeout 900 "$live_py" tests/python/train_cpu.py "$(dirname "$live_py")/torchrun" --steps 10
+    run "$train_what" timeout 900 "$live_py" tests/python/train_cpu.py "$(dirname "$live_py")/torchrun" --steps "$train_steps"
     grep -ah "^ok \|^FAIL\|host time per step\|^train_cpu: " "$(logname "$train_what")" | sed "s/^/        /"
+    full_adds "$train_steps AdamW steps per mesh; make test-full trains 20"
   else
     skipped "$train_what" "no torch environment with torchrun (make torch-env)"
   fi
@@ -242,7 +279,7 @@ torch_lane() {
       SKIP*) skipped "$tp_what" "${tr#SKIP tp_record: }" ;;
       *) f=$(logname "$tp_what"); printf '%s\n' "$tr" >"$f"
          if [ "$trc" = 0 ]; then ok "$tp_what"; else bad "$tp_what" "$f"; fi
-         grep -h "^tp_record: [0-9]" "$f" | sed "s/^/        /" ;;
+         grep -h "^tp_record: [0-9]" "$f" | sed "s/^/        /"; tier_line "$f" ;;
     esac
   else skipped "python package tests with PyTorch" "python3 not found"; fi
 
@@ -257,7 +294,7 @@ torch_lane() {
     file=$(logname "$what")
     PYTHON="${live_py:-}" timeout 300 "$script" >"$file" 2>&1; rc=$?
     case $rc in
-      0) ok "$what" $((SECONDS - t0)); grep -h "^$prefix: " "$file" | grep -v "$filter" | sed "s/^/        /" ;;
+      0) ok "$what" $((SECONDS - t0)); grep -h "^$prefix: " "$file" | grep -v "$filter" | sed "s/^/        /"; tier_line "$file" ;;
       77) skipped "$what" "$(sed -n "s/^SKIP $prefix: //p" "$file" | head -n 1)" ;;
       *) bad "$what" "$file" ;;
     esac
@@ -324,8 +361,11 @@ section "lint and generator unit tests"
 if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/pp tests/ep plans bench
 else skipped "luacheck" "not installed (apt-get install lua-check)"; fi
 run "lua unit tests" $LUA tests/lua/run.lua
-fzp="fuzz: random and mutated plan files for 12 s and at least 400 (tests/fuzz_plans.lua, fixed seed)"
-run "$fzp" timeout 600 $LUA tests/fuzz_plans.lua --seconds 12 --min-inputs 400; grep -h "^fuzz: [0-9]" "$(logname "$fzp")" | sed "s/^/        /"
+full_adds "llama405b_hsdp's outputs agree without its advice (tests/lua/test_agree.lua); make test-full checks its advice too"
+fzp_s=$(tiered 5 20) fzp_n=$(tiered 150 1000)
+fzp="fuzz: random and mutated plan files for $fzp_s s and at least $fzp_n (tests/fuzz_plans.lua, fixed seed)"
+run "$fzp" timeout 600 $LUA tests/fuzz_plans.lua --seconds "$fzp_s" --min-inputs "$fzp_n"; grep -h "^fuzz: [0-9]" "$(logname "$fzp")" | sed "s/^/        /"
+full_adds "$fzp_s s and at least $fzp_n inputs; make test-full fuzzes 20 s and at least 1000"
 
 section "golden: committed plans/*/ equal a fresh generation"
 run "plan file names in plans/ are [A-Za-z0-9_]+.lua" check_plan_names
@@ -390,8 +430,14 @@ run "expert all-to-all tests under ASan+UBSan" build/tests-asan/test_a2a
 run "host fast paths (copies, reductions, patterns) equal the per-element reference, every dtype triple, plain and ASan+UBSan (make test-fastpath)" \
   $MAKE test-fastpath
 run "build rendezvous tests" $MAKE build/tests/test_rendezvous build/tests-asan/test_rendezvous
-run "NCCL id channels: launcher env, shared id file (4 ranks), TCPStore client vs tests/fake_tcpstore.py" build/tests/test_rendezvous
-run "NCCL id channels under ASan+UBSan" build/tests-asan/test_rendezvous
+# The NCCL id channel tests mostly wait (hostile stores that hang, stall or
+# never answer, timeouts run out: ~20 s each for ~1 s of CPU): a lane of
+# their own beside the tests below, joined after the argv fuzz.
+rendezvous_lane() {
+  run "NCCL id channels: launcher env, shared id file (4 ranks), TCPStore client vs tests/fake_tcpstore.py" build/tests/test_rendezvous
+  run "NCCL id channels under ASan+UBSan" build/tests-asan/test_rendezvous
+}
+lane_start rendezvous rendezvous_lane
 run "build NCCL arithmetic tests" $MAKE build/tests/test_arith build/tests-asan/test_arith
 run "NCCL arithmetic (ncclAvg premultiply, ring order) against worked values" build/tests/test_arith
 run "NCCL arithmetic tests under ASan+UBSan" build/tests-asan/test_arith
@@ -411,11 +457,15 @@ for c in $(tests/cli_checks.sh --list); do
   run "binary hardening: $c (tests/cli_checks.sh)" timeout 120 tests/cli_checks.sh build/fsdp4/fsdp4 "$c"
 done
 if command -v python3 >/dev/null 2>&1; then
-  fzc="fuzz: the binary's argv and environment for 8 s and at least 800 cases under ASan+UBSan (tests/fuzz_cli.py, fixed seed)"
-  run "$fzc" timeout 300 python3 tests/fuzz_cli.py build/tests-asan/fsdp4_cli --seconds 8 --min-cases 800 --seed 20
+  fzc_s=$(tiered 4 15) fzc_n=$(tiered 300 2000)
+  fzc="fuzz: the binary's argv and environment for $fzc_s s and at least $fzc_n cases under ASan+UBSan (tests/fuzz_cli.py, fixed seed)"
+  run "$fzc" timeout 300 python3 tests/fuzz_cli.py build/tests-asan/fsdp4_cli --seconds "$fzc_s" --min-cases "$fzc_n" --seed 20
   grep -h "^fuzz-cli: " "$(logname "$fzc")" | sed "s/^/        /"
+  full_adds "$fzc_s s and at least $fzc_n cases; make test-full fuzzes 15 s and at least 2000"
 else skipped "fuzz: the binary's argv and environment (tests/fuzz_cli.py)" "python3 not found"; fi
 # ---- end of issue 20's runtime block ----
+printf '  (the NCCL id channel tests, run beside the checks above since the rendezvous build)\n'
+lane_join rendezvous
 
 section "end to end: every small plan generated, built and simulated on all ranks"
 for n in $(plan_names); do
@@ -614,13 +664,15 @@ section "the GPU path on an emulated CUDA runtime and NCCL (tests/emu, docs/emul
 # runtime/gpu.c, gpu_run.c, the launch and rendezvous code and the copy
 # kernels, unchanged, on tests/emu's stand-in CUDA and NCCL: every small
 # plan and the kernel plans, all ranks as processes, --check eager and
-# --graph, two seeds (make test-emu: three), 0 races; seeded faults caught; torchrun launches.
+# --graph, one seed (make test-full and make test-emu: three), 0 races;
+# seeded faults caught; torchrun launches.
 if run "build every plan's binary on the emulator (make emu-build)" $MAKE -j2 emu-build; then
   emu_log=$(logname "emu_check")
   emu_torchrun=none
   [ "${live_rc:-1}" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ] && emu_torchrun="$(dirname "$live_py")/torchrun"
-  # two seeds here (make test's time budget); make test-emu runs three
-  EMU_SEEDS=${EMU_SEEDS:-1 2} TORCHRUN=$emu_torchrun LUA=$LUA tests/emu_check.sh $($MAKE -s print-emu-plans) >"$emu_log" 2>&1
+  # one seed in the quick tier; make test-full and make test-emu run three
+  emu_seeds=${EMU_SEEDS:-$(tiered 1 "1 2 3")}
+  EMU_SEEDS=$emu_seeds TORCHRUN=$emu_torchrun LUA=$LUA tests/emu_check.sh $($MAKE -s print-emu-plans) >"$emu_log" 2>&1
   while IFS= read -r line; do
     case $line in
       "  ok    "*) ok "emulated GPU: ${line#  ok    }" ;;
@@ -629,6 +681,7 @@ if run "build every plan's binary on the emulator (make emu-build)" $MAKE -j2 em
     esac
   done <"$emu_log"
   grep -h "^emu: " "$emu_log" | sed "s/^/        /"
+  [ -n "${EMU_SEEDS:-}" ] || full_adds "seed $emu_seeds for every plan's --check runs and the all-to-all binaries; make test-full runs seeds 1, 2 and 3"
   grep -q "^emu: " "$emu_log" || bad "emulated GPU: tests/emu_check.sh did not finish" "$emu_log"
 fi
 section "bad input: one line, exit 2, nothing written"
@@ -867,8 +920,10 @@ section "Python package (python/commplan): plans from models, hf_config, names, 
 if command -v python3 >/dev/null 2>&1; then
   run "python: plans written from named parameters and config.json reproduce the committed tables; names; model/plan check (tests/python/test_plan_writer.py)" python3 tests/python/test_plan_writer.py
   run "python: bad config.json/options, FIFO/dir/device inputs, symlinked outputs, write errors, CLI (tests/python/test_input_validation.py)" timeout 300 python3 tests/python/test_input_validation.py
-  fzn="python: fuzz the writer's JSON input, fixed seed, at most 8 s (tests/python/fuzz_writer.py)"
-  run "$fzn" timeout 120 python3 tests/python/fuzz_writer.py --cases 4000 --seconds 8 --cli-every 200; grep -h "^fuzz_writer: [0-9]" "$(logname "$fzn")" | sed "s/^/        /"
+  fzn_s=$(tiered 4 20)
+  fzn="python: fuzz the writer's JSON input, fixed seed, at most $fzn_s s (tests/python/fuzz_writer.py)"
+  run "$fzn" timeout 120 python3 tests/python/fuzz_writer.py --cases 4000 --seconds "$fzn_s" --cli-every 200; grep -h "^fuzz_writer: [0-9]" "$(logname "$fzn")" | sed "s/^/        /"
+  full_adds "at most $fzn_s s of the 4000 cases; make test-full gives them 20 s"
   tc=$(python3 tests/python/train_compare.py --preflight 2>&1 | head -n 1)
   case $tc in
     SKIP*) skipped "python: 20 AdamW steps vs FSDP2 on 4 ranks (make test-train)" "${tc#*: }" ;;

@@ -9,6 +9,7 @@ kind, phase, element count and reduce op, against the TP collectives of the
 commplan plan generated for the same model and mesh.
 
     tests/tp_record.py            # 2 ranks (tp 2) and 4 ranks (dp_shard 2 x tp 2), SP on and off
+                                  # (COMMPLAN_TEST_TIER=quick, make test: tp2_sp and dp2_tp2_nosp)
     tests/tp_record.py --configs tp2_sp
 
 What it records: every functional collective (torch.distributed.
@@ -41,6 +42,10 @@ SEQ, BATCH = 32, 2
 CONFIGS = {  # name: (world, dp_shard, sequence_parallel)
     "tp2_sp": (2, 1, True), "tp2_nosp": (2, 1, False), "dp2_tp2_sp": (4, 2, True), "dp2_tp2_nosp": (4, 2, False),
 }
+# make test (COMMPLAN_TEST_TIER=quick): SP on at 2 ranks and off at 4 (each setting and each world once),
+# one "quick tier:" line; make test-full and a run by hand: all four.
+QUICK = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
+QUICK_CONFIGS = ("tp2_sp", "dp2_tp2_nosp")
 KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 COMMPLAN_KIND = {"all_gather": "tp_all_gather", "reduce_scatter": "tp_reduce_scatter", "all_reduce": "tp_all_reduce"}
 
@@ -283,7 +288,7 @@ def compare(name, rec, ours):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join(QUICK_CONFIGS if QUICK else CONFIGS))
     a = ap.parse_args()
     try:
         import torch
@@ -360,6 +365,9 @@ def main():
     from importlib.metadata import version
     print("tp_record: %d configs x ranks, %d TP collectives recorded from torchtitan %s (torch %s), %d differ"
           % (sum(CONFIGS[c][0] for c in names), total, version("torchtitan"), torch.__version__, bad))
+    if QUICK and len(names) < len(CONFIGS):
+        print("quick tier: %d of %d configs (%s); make test-full records all %d"
+              % (len(names), len(CONFIGS), ", ".join(names), len(CONFIGS)))
     sys.exit(1 if bad else 0)
 
 

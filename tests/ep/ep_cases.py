@@ -10,7 +10,9 @@ runs.
     ep_cases.py --specs DIR [--cases a,b,...]   (other arguments ignored)
 
 Without --cases, every case but those marked extra (tests/ep/check_ep_live.sh
---cases dp2_tp2,dp2_tp2_ep4 runs those).
+--cases dp2_tp2,dp2_tp2_ep4 runs those); under make test's quick tier
+(COMMPLAN_TEST_TIER=quick) the QUICK cases, with one "quick tier:" line; under
+make test-full (COMMPLAN_TEST_TIER=full) every case, the extra ones too.
 """
 import argparse
 import json
@@ -44,8 +46,16 @@ CASES = {
     # ep 4 over the whole world, efsdp 1; MLA with a query LoRA (wq_a and q_norm replicated over TP, wq_b colwise)
     "dp2_tp2_ep4": dict(world=4, dp_shard=2, tp=2, ep=4, model=dict(q_lora_rank=8), batch=1, seq=6, extra=True),
 }
-# The cases run when none are named (make test's torch lane).
-DEFAULT = ",".join(n for n, c in CASES.items() if not c.get("extra"))
+# The cases run when none are named: by hand, all but the extra ones; make test's quick tier one case
+# per mesh and activation checkpointing once (full AC); make test-full every case.
+TIER = os.environ.get("COMMPLAN_TEST_TIER", "")
+QUICK = ("dp4_ep2", "dp4_ep2_full", "dp4_ep4", "dp2_tp2_ep2")
+if TIER == "quick":
+    DEFAULT = ",".join(QUICK)
+elif TIER == "full":
+    DEFAULT = ",".join(CASES)
+else:
+    DEFAULT = ",".join(n for n, c in CASES.items() if not c.get("extra"))
 
 
 def spec(name):
@@ -69,6 +79,9 @@ def main():
     ap.add_argument("--specs", required=True)
     ap.add_argument("--cases", default=DEFAULT)
     a, _ = ap.parse_known_args()
+    if TIER == "quick" and a.cases == DEFAULT:
+        print("quick tier: %d of %d cases (%s); make test-full runs all %d (%s too)"
+              % (len(QUICK), len(CASES), ", ".join(QUICK), len(CASES), ", ".join(n for n in CASES if n not in QUICK)))
     os.makedirs(a.specs, exist_ok=True)
     for n in names_of(a.cases):
         with open(os.path.join(a.specs, n + ".json"), "w") as f:

@@ -286,10 +286,11 @@ function T.every_output_agrees_llama70b()
   check_plan("plans/llama70b.lua", true)
 end
 
--- llama405b_hsdp: without its advice (22 meshes of 126 layers, ~11 s: the
--- advisor's agreement is held on llama8b, llama70b and the small plans).
+-- llama405b_hsdp: its advice (22 meshes of 126 layers, ~11 s) under make
+-- test-full only (COMMPLAN_TEST_TIER=full); make test holds the advisor's
+-- agreement on llama8b, llama70b and the small plans.
 function T.every_output_agrees_llama405b()
-  check_plan("plans/llama405b_hsdp.lua", false)
+  check_plan("plans/llama405b_hsdp.lua", os.getenv("COMMPLAN_TEST_TIER") == "full")
 end
 
 -- Exposed never exceeds the collective's own run (construction, checked

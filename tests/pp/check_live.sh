@@ -19,16 +19,24 @@ mkdir -p build/pp
 "$LUA" tests/pp/compare.lua build/pp/torch_schedules.json || exit 1
 # The schedule CSVs `make pipeline PLAN=... CSV=FILE` writes (torch's
 # compute_only format), loaded and lowered by torch's own schedule classes
-# (_load_csv): the same lists commplan derived and proved.
-for v in "Interleaved1F1B 8 16" "ZBVZeroBubble 4 8" "InterleavedZeroBubble 2 4" "LoopedBFS 4 8" "DualPipeV 4 8"; do
+# (_load_csv; every CSV in one process): the same lists commplan derived and proved.
+csv_cases=("Interleaved1F1B 8 16" "ZBVZeroBubble 4 8" "InterleavedZeroBubble 2 4" "LoopedBFS 4 8" "DualPipeV 4 8")
+loads=()
+for v in "${csv_cases[@]}"; do
   read -r sched pp mb <<<"$v"
-  f=build/pp/csv_${sched}_${pp}_${mb}.lua
+  f=build/pp/csv_${sched}_${pp}_${mb}
   sed -e "s/world_size = 512/world_size = $((64 * pp))/" -e "s/pp = 8/pp = $pp/" \
     -e "s/schedule = \"Interleaved1F1B\"/schedule = \"$sched\"/" -e "s/microbatches = 16/microbatches = $mb/" \
-    bench/llama405b_pp.lua >"$f"
-  "$LUA" gen/verbs.lua pipeline "$f" --csv build/pp/schedule.csv >/dev/null || exit 1
-  "$PY" tests/pp/torch_load_csv.py build/pp/schedule.csv "$sched" "$pp" "$mb" 2 >build/pp/schedule.json || exit 1
-  "$LUA" tests/pp/compare_csv.lua "$f" build/pp/schedule.json | sed 's/^csv: /pp-live: csv: /' || exit 1
+    bench/llama405b_pp.lua >"$f.lua"
+  rm -f "$f.csv" "$f.json"
+  "$LUA" gen/verbs.lua pipeline "$f.lua" --csv "$f.csv" >/dev/null || exit 1
+  loads+=("$f.csv" "$sched" "$pp" "$mb" 2 "$f.json")
+done
+"$PY" tests/pp/torch_load_csv.py "${loads[@]}" || exit 1
+for v in "${csv_cases[@]}"; do
+  read -r sched pp mb <<<"$v"
+  f=build/pp/csv_${sched}_${pp}_${mb}
+  "$LUA" tests/pp/compare_csv.lua "$f.lua" "$f.json" | sed 's/^csv: /pp-live: csv: /' || exit 1
 done
 # torchtitan's stage split (gen/parallel/pp_stages.lua), where torchtitan imports
 if "$PY" -c "import torchtitan.distributed.pipeline_parallel" >/dev/null 2>&1; then

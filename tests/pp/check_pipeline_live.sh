@@ -2,9 +2,9 @@
 # Live check (issue 22, item 6): torch.distributed.pipelining run on CPU
 # (gloo) against commplan's derivation. tests/pp/torch_pipeline_record.py
 # runs one training step of a tiny decoder per case — every schedule x
-# microbatches 4 and 8 on pp 2, pp 4 and pp 2 x dp_shard 2 (fully_shard per
-# stage over 2 ranks), every schedule at 4 microbatches on pp 2 x HSDP 2 x 2
-# (8 ranks), and the multi-stage ones again on pp 2 x dp_shard 2
+# microbatches 4 and 8 on pp 2, pp 4, pp 2 x dp_shard 2 (fully_shard per
+# stage over 2 ranks), pp 2 x HSDP 2 x 2 (8 ranks) and pp 2 x HSDP 2 x 1,
+# and the multi-stage ones again on pp 2 x dp_shard 2
 # with max_active_stages 1 (stages resharded and gathered again mid-step) —
 # and records every send / receive and collective per
 # rank; tests/pp/compare_pipeline_live.lua requires them equal, in order, to
@@ -12,6 +12,9 @@
 # first difference (printed), 77 when torch cannot be imported (SKIP).
 #   PYTHON=  the torch environment's python (default: make torch-env's,
 #            /root/.cache/commplan/torch-env/bin/python, else python3)
+#   COMMPLAN_TEST_TIER=quick  (make test) microbatches 4 and 8 at pp 2
+#            without FSDP, 4 on the other meshes, and one "quick tier:"
+#            line; full (make test-full, and by hand) 4 and 8 on every mesh
 set -u -o pipefail
 # shellcheck source=tests/pp/torch_python.sh
 . "$(dirname "$0")/torch_python.sh"
@@ -30,16 +33,23 @@ start=$(date +%s)
 MULTI=Interleaved1F1B,LoopedBFS,InterleavedZeroBubble,ZBVZeroBubble,DualPipeV
 # pp dp_shard [max_active_stages|- [dp_replicate]]: "2 2 1" evicts (RESHARD, then UNSHARD
 # again mid-step); "2 2 - 2" is HSDP (fully_shard on a 2-D mesh: each reduce-scatter's
-# all-reduce across the replicas), 8 ranks, 4 microbatches; "2 1 - 2" replicas over
+# all-reduce across the replicas), 8 ranks; "2 1 - 2" replicas over
 # one-rank shard groups (only the all-reduces), 4 ranks
+quick=0; [ "${COMMPLAN_TEST_TIER:-full}" = quick ] && quick=1
+cases=0 full_cases=0
 for run in "2 1" "4 1" "2 2" "2 2 1" "2 2 - 2" "2 1 - 2"; do
   read -r pp dp mas dr <<<"$run"
   [ "$mas" = - ] && mas=
-  # 8 microbatches (a longer steady state) at pp 2 and pp 4 without FSDP; 4 with it (make test's time)
-  mb=4; [ "$dp" = 1 ] && mb=4,8
+  # 4 and 8 microbatches (8: a longer steady state) on every mesh; the
+  # quick tier 8 only at pp 2 without FSDP (the rest: more of the same)
+  mb=4,8
+  [ "$quick" = 1 ] && ! { [ "$pp" = 2 ] && [ "$dp" = 1 ] && [ -z "$dr" ]; } && mb=4
   args=(--pp "$pp" --dp-shard "$dp" --microbatches "$mb" --out-dir "$OUT")
-  [ -n "$dr" ] && args=(--pp "$pp" --dp-shard "$dp" --dp-replicate "$dr" --microbatches 4 --out-dir "$OUT")
+  [ -n "$dr" ] && args+=(--dp-replicate "$dr")
   [ -n "$mas" ] && args+=(--max-active-stages "$mas" --schedules "$MULTI")
+  n=7; [ -n "$mas" ] && n=5  # schedules
+  nmb=2; [ "$mb" = 4 ] && nmb=1
+  cases=$((cases + n * nmb)) full_cases=$((full_cases + 2 * n))
   log="$OUT/stderr-pp$pp${dr:+-dr$dr}-dp$dp${mas:+-mas$mas}.txt"
   if ! "$PY" -W ignore tests/pp/torch_pipeline_record.py "${args[@]}" 2>"$log"; then
     echo "pp-run: FAIL the recorder failed for ${args[*]}:"
@@ -49,3 +59,4 @@ for run in "2 1" "4 1" "2 2" "2 2 1" "2 2 - 2" "2 1 - 2"; do
 done
 "$LUA" tests/pp/compare_pipeline_live.lua "$OUT"/*.json || exit 1
 echo "pp-run: all cases equal in $(( $(date +%s) - start )) s"
+[ "$quick" = 0 ] || echo "quick tier: $cases of $full_cases cases (8 microbatches only at pp 2 without FSDP); make test-full runs 4 and 8 on every mesh"

@@ -49,6 +49,9 @@ Output: one JSON per case, build/pp/live/<Schedule>-pp<P>-dp<D>-mb<N>.json.
 Usage: torch_pipeline_record.py --pp 2 --dp-shard 1 [--microbatches 4,8]
        [--schedules GPipe,1F1B,...] [--out-dir build/pp/live]
        [--max-active-stages K]  (multi-stage schedules; torch's default 3)
+The rank processes are forked from this one, which has imported torch
+(spawning imported it again in every rank: ~3x the CPU of a run on a 2-core
+machine); PP_START=spawn spawns them instead.
 Exit 77 when torch.distributed.pipelining cannot be imported.
 """
 import argparse
@@ -468,9 +471,9 @@ def main():
         t0 = time.time()
         crashed = None
         try:
+            # forked: torch imported once, here (PP_START=spawn: imported again in every rank)
             mp.start_processes(worker, args=(world, pp, dp, dr, free_port(), cases, tmp, a.max_active_stages),
-                               nprocs=world, join=True,
-                               start_method="spawn")
+                               nprocs=world, join=True, start_method=os.environ.get("PP_START", "fork"))
         except Exception as e:  # noqa: BLE001 - what the ranks wrote is merged; the case says it failed
             crashed = "%s: %s" % (type(e).__name__, str(e).strip().splitlines()[-1] if str(e).strip() else "")
             sys.stderr.write("pp-run: a rank process failed (pp=%d dp_shard=%d): %s\n" % (pp, dp, crashed))

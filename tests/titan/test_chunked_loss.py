@@ -8,7 +8,7 @@ llama family), parallelize_llama at FSDP (dp_shard 4) and HSDP (2 x 2), bf16 all
 reductions (summed: set_force_sum_reduction_for_comms, gloo has no PREMUL_SUM), and the trainer's
 step body (Trainer._forward_backward_body: pred = model(...); loss = loss_fn(pred, labels,
 global_valid_tokens); loss.backward()) with the loss the trainer builds: CrossEntropyLoss, or
-ChunkedLossWrapper (num_chunks 8; 2 measured identical) with set_lm_head(model.lm_head) and
+ChunkedLossWrapper (num_chunks 2 and 8) with set_lm_head(model.lm_head) and
 model._skip_lm_head = True, as Trainer.__init__ does. 3 steps of 1 and of 2 micro-batches (torchtitan
 reduces on every backward). Every all_gather_into_tensor / reduce_scatter_tensor / all_reduce FSDP2
 issues is recorded per rank (count per rank, dtype, reduce op, the group's rank list).
@@ -51,10 +51,15 @@ NAME = "ChunkedLossWrapper vs CrossEntropyLoss, collectives vs commplan's tables
 OUT = os.path.join(E.ROOT, "build", "titan")
 WORLD = 4
 TITAN = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=250, multiple_of=16, ffn_dim_multiplier=1.3)
-SEQ, BATCH, STEPS = 16, 1, 3
+SEQ, BATCH = 16, 1
 MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
-CHUNKS = (1, 8)  # 2 chunks gave 8's sequence exactly when measured; make test's time budget
 MICRO = (1, 2)
+# make test (COMMPLAN_TEST_TIER=quick): 2 steps (a model's first and a steady-state one) and
+# ChunkedLossWrapper at 8 chunks (2 gave 8's sequence exactly when measured), one "quick tier:" line;
+# make test-full and a run by hand: 3 steps, 2 and 8 chunks.
+QUICK = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
+STEPS = 2 if QUICK else 3
+CHUNKS = (1, 8) if QUICK else (1, 2, 8)
 DT = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 
 
@@ -244,8 +249,18 @@ def main():
     import tempfile
     import torch.multiprocessing as mp
     plans = {(mn, m): plan_for(mn, m) for mn in MESHES for m in MICRO}
+    # The ranks are forked from this process with what they import imported once, here (spawning
+    # imported torch and torchtitan again in each rank); CHUNKED_START=spawn spawns them.
+    start = os.environ.get("CHUNKED_START", "fork")
+    if start == "fork":
+        import test_llama_plan  # noqa: F401
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401
+        import torchtitan.components.loss  # noqa: F401
+        import torchtitan.config  # noqa: F401
+        import torchtitan.distributed.utils  # noqa: F401
+        import torchtitan.models.common.attention  # noqa: F401
     with tempfile.TemporaryDirectory(dir=OUT) as tmp:
-        mp.spawn(worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD)
+        mp.start_processes(worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, start_method=start)
         rec = []
         for r in range(WORLD):
             with open(os.path.join(tmp, "rank%d.json" % r)) as fh:
@@ -285,6 +300,9 @@ def main():
           "ChunkedLossWrapper vs its order derived from them); declared gap: %d positions where "
           "ChunkedLossWrapper's steady-state steps differ from commplan's tables (loss_chunks > 1 not modelled)"
           % (compared, len(problems), gap))
+    if QUICK:
+        print("quick tier: %d steps per configuration, ChunkedLossWrapper at 8 chunks; make test-full runs 3 steps "
+              "and 2 chunks too" % STEPS)
     return 1 if problems else 0
 
 

@@ -22,6 +22,10 @@ not run): their meshes are compared like any other (pp since issue 22, ep
 since issue 23: torchtitan 0.3's convention, ep borrowed from
 dp_shard*cp*tp; docs/expert-parallel.md).
 
+make test's quick tier (COMMPLAN_TEST_TIER=quick) takes the worlds <= 32 and
+every large mesh, and says so in one "quick tier:" line; make test-full and a
+run by hand, every world <= 64.
+
 Verdicts:
   agreement      both accept with equal meshes, or both refuse;
   expected       torchtitan accepts a mesh with cp > 1, which commplan's
@@ -59,6 +63,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import titan_env as E  # noqa: E402
 
 NAME = "ParallelDims agreement (tests/titan/test_parallel_dims.py)"
+# make test (COMMPLAN_TEST_TIER=quick): every world up to 32, and the large meshes; make test-full
+# (and by hand): every world up to 64.
+QUICK = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
+MAX_WORLD = 32 if QUICK else 64
 FULL = 4096  # as dims_dump.lua: worlds up to this compare every group's ranks
 DEG = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
 
@@ -71,8 +79,8 @@ def mesh(w, dr, ds, cp=1, tp=1, pp=1, ep=1, etp=None):
     return {"world": w, "dp_replicate": dr, "dp_shard": ds, "cp": cp, "tp": tp, "pp": pp, "ep": ep, "etp": etp}
 
 
-def small_meshes():
-    """Every factorization of every world <= 64 under either reading of ep:
+def small_meshes(max_world=64):
+    """Every factorization of every world <= max_world (64) under either reading of ep:
     torchtitan 0.3's, which gen/dims.lua follows (dp_replicate*dp_shard*cp*tp*pp
     = world, ep dividing dp_shard*cp*tp, which it borrows from) and the seeds'
     (hyper_parallel's: ep multiplies the world; both refuse those); dp_shard
@@ -82,7 +90,7 @@ def small_meshes():
     dp_replicate, tp or ep, an ep past the world, a dp_shard that misses the
     world."""
     out = []
-    for w in range(1, 65):
+    for w in range(1, max_world + 1):
         D = divisors(w)
         for dr in D:
             for cp in D:
@@ -377,7 +385,7 @@ def compare_accepted(m, c, pd, legacy, stats, lists):
 def main():
     E.need_titan(NAME)
     t0 = time.time()
-    meshes = small_meshes() + large_meshes()
+    meshes = small_meshes(MAX_WORLD) + large_meshes()
     mine = commplan_side(meshes)
     t_lua = time.time() - t0
 
@@ -471,11 +479,15 @@ def main():
           f"accepted by both and equal ({stats['ep_meshes']} compared: dense and expert meshes, efsdp, "
           f"{stats['ep_families']} ep / efsdp group families among the rest), {ep_refuse} refused by both (the seeds' "
           f"reading, ep multiplying the world, among them)")
-    print(f"parallel_dims: {len(meshes)} meshes (worlds 1..64: {sum(m['world'] <= 64 for m in meshes)}; "
+    print(f"parallel_dims: {len(meshes)} meshes (worlds 1..{MAX_WORLD}: {sum(m['world'] <= 64 for m in meshes)}; "
           f"{', '.join(map(str, big))}: {sum(m['world'] > 64 for m in meshes)}): {both_accept} accepted, "
           f"{both_refuse} refused by both, {n_expected} expected refusals (cp; with pp {expected['pp']}, "
           f"with ep {expected['ep']}), {etp_only} etp-only refusals (torchtitan 0.3 has no etp), "
           f"{len(problems)} disagreements")
+    if QUICK:
+        print(f"quick tier: worlds 1..{MAX_WORLD} ({sum(m['world'] <= 64 for m in meshes)} of {len(small_meshes())} "
+              f"meshes of worlds up to 64) and the {sum(m['world'] > 64 for m in meshes)} large ones; make test-full runs "
+              f"every world up to 64")
     return 1 if problems else 0
 
 
