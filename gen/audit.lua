@@ -82,14 +82,16 @@ end
 -- An op's keys in plan.json after the first ones (ops_json), each with
 -- the text before its value.
 local OP_KEYS = {}
-for _, k in ipairs({ "times", "stream", "group", "dtype", "count", "input", "reduce_op", "size_bytes", "wire_bytes",
-                     "predicted_us", "algorithm", "waits_for", "a2a" }) do
+for _, k in ipairs({ "times", "stream", "group", "dtype", "count", "input", "reduce_op", "params", "size_bytes",
+                     "wire_bytes", "predicted_us", "algorithm", "waits_for", "a2a" }) do
   OP_KEYS[k] = ",\n   " .. json.quote(k) .. ": "
 end
 
 -- plan.json's ops: an object per op (seq, kind, unit, phase, micro_step,
--- times, stream, group, dtype, count, input, reduce_op, size_bytes,
--- wire_bytes, predicted_us, algorithm, waits_for; absent keys left out), written as
+-- times, stream, group, dtype, count, input, reduce_op, params (a partial
+-- reduction's or compute's parameters: ChunkedLossWrapper's [norm,
+-- lm_head] unit), size_bytes, wire_bytes, predicted_us, algorithm,
+-- waits_for; absent keys left out), written as
 -- json.encode(facts, " ") would write them at the top level of facts, a
 -- format per op rather than an object each (a step holds units x
 -- micro-steps of them, and plan.json is most of the generation's work).
@@ -111,6 +113,11 @@ local function ops_json(p)
     if o.count then out[n + 1], out[n + 2], n = K.count, num(o.count), n + 2 end
     if o.from_sharded then out[n + 1], out[n + 2], n = K.input, '"sharded"', n + 2 end
     if o.reduce_op then out[n + 1], out[n + 2], n = K.reduce_op, q[o.reduce_op], n + 2 end
+    if o.part_first then
+      local names, ps = {}, units[o.unit + 1].params
+      for j = o.part_first + 1, o.part_first + o.part_count do names[#names + 1] = q[ps[j].name] end
+      out[n + 1], out[n + 2], n = K.params, "[" .. table.concat(names, ", ") .. "]", n + 2
+    end
     if o.size_bytes then out[n + 1], out[n + 2], n = K.size_bytes, num(o.size_bytes), n + 2 end
     if o.wire_bytes then out[n + 1], out[n + 2], n = K.wire_bytes, num(o.wire_bytes), n + 2 end
     if o.predicted_us then out[n + 1], out[n + 2], n = K.predicted_us, us[o.predicted_us], n + 2 end
@@ -294,7 +301,12 @@ local function class_facts(p)
       t[#t + 1] = { u.total, u.grads_numel, u.act_numel or 0, q }
     end
     local ops = {}
-    for _, o in ipairs(cls.ops) do ops[#ops + 1] = { o.kind, o.count or 0, o.stream, cls.arena.waits[o.seq] or {} } end
+    for _, o in ipairs(cls.ops) do
+      -- (a part's ops: its parameters, as plan.json's class-0 ops name them)
+      ops[#ops + 1] = o.part_first and { o.kind, o.count or 0, o.stream, cls.arena.waits[o.seq] or {}, o.part_first,
+                                         o.part_count }
+        or { o.kind, o.count or 0, o.stream, cls.arena.waits[o.seq] or {} }
+    end
     t[#t + 1] = "ops"
     t[#t + 1] = ops
     t[#t + 1] = "arena"
