@@ -72,24 +72,24 @@ int main(int argc, char **argv)
     cp_host_backend_init(&be, w, 0);
     double fp = (double)n * 4, hp = (double)n * 2;
 
-    TIME(s, be.copy(&be, 0, 0, CP_STREAM_COMPUTE, a, b));
+    TIME(s, be.copy(&be, 0, 0, 0, 0, CP_STREAM_COMPUTE, a, b));
     report("copy-in fp32 -> bf16 (cast)", fp + hp, s);
     TIME(s, for (int64_t i = 0; i < n; i++) cp_store(CP_BF16, b, i, cp_load(CP_FP32, a, i)));
     report("  per-element path before (cp_load/cp_store)", fp + hp, s);
     U.ag_dtype = CP_FP32;
-    TIME(s, be.copy(&be, 0, 0, CP_STREAM_COMPUTE, a, b));
+    TIME(s, be.copy(&be, 0, 0, 0, 0, CP_STREAM_COMPUTE, a, b));
     report("copy-in fp32 -> fp32 (memcpy)", 2 * fp, s);
     U.ag_dtype = CP_BF16;
-    TIME(s, be.copy(&be, 1, 0, CP_STREAM_COMPUTE, a, b));
+    TIME(s, be.copy(&be, 1, 0, 0, 0, CP_STREAM_COMPUTE, a, b));
     report("copy-out bf16, 4 slots", 2 * W * hp, s);
-    TIME(s, be.copy(&be, 2, 0, CP_STREAM_COMPUTE, a, b));
+    TIME(s, be.copy(&be, 2, 0, 0, 0, CP_STREAM_COMPUTE, a, b));
     report("pack fp32 -> fp32, 4 slots (memcpy)", 2 * W * fp, s);
     U.pre_divide = 4.0;
-    TIME(s, be.copy(&be, 2, 0, CP_STREAM_COMPUTE, a, b));
+    TIME(s, be.copy(&be, 2, 0, 0, 0, CP_STREAM_COMPUTE, a, b));
     report("pack fp32 -> fp32 with pre-divide, 4 slots", 2 * W * fp, s);
     U.grad_dtype = CP_BF16;
     U.reduce_dtype = CP_BF16;
-    TIME(s, be.copy(&be, 2, 0, CP_STREAM_COMPUTE, a, b));
+    TIME(s, be.copy(&be, 2, 0, 0, 0, CP_STREAM_COMPUTE, a, b));
     report("pack bf16 -> bf16 with pre-divide, 4 slots", 2 * W * hp, s);
     TIME(s, for (int64_t i = 0; i < n * W; i++) {
         float v = cp_load(CP_BF16, a, i);
@@ -100,17 +100,17 @@ int main(int argc, char **argv)
     U.grad_dtype = CP_FP32;
     U.reduce_dtype = CP_FP32;
     U.pre_divide = 1.0;
-    TIME(s, be.copy(&be, 3, 0, CP_STREAM_COMPUTE, a, b));
+    TIME(s, be.copy(&be, 3, 0, 0, 0, CP_STREAM_COMPUTE, a, b));
     report("view-out fp32 -> fp32", 2 * fp, s);
     U.post_divide = 4.0;
-    TIME(s, be.copy(&be, 3, 0, CP_STREAM_COMPUTE, a, b));
+    TIME(s, be.copy(&be, 3, 0, 0, 0, CP_STREAM_COMPUTE, a, b));
     report("view-out fp32 -> fp32 with post-divide", 2 * fp, s);
     U.orig_dtype = CP_BF16;
-    TIME(s, be.copy(&be, 4, 0, CP_STREAM_COMPUTE, a, b));
+    TIME(s, be.copy(&be, 4, 0, 0, 0, CP_STREAM_COMPUTE, a, b));
     report("view-out adding fp32 -> bf16 with post-divide", fp + 2 * hp, s);
     U.orig_dtype = CP_FP32;
     U.post_divide = 1.0;
-    TIME(s, be.copy(&be, 6, 0, CP_STREAM_COMPUTE, a, b));
+    TIME(s, be.copy(&be, 6, 0, 0, 0, CP_STREAM_COMPUTE, a, b));
     report("flat add fp32", 3 * fp, s);
 
     /* Reductions as the backend runs them: W members' slots, one chain run at a time. */

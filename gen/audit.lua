@@ -82,14 +82,16 @@ end
 -- An op's keys in plan.json after the first ones (ops_json), each with
 -- the text before its value.
 local OP_KEYS = {}
-for _, k in ipairs({ "times", "stream", "group", "dtype", "count", "input", "reduce_op", "size_bytes", "wire_bytes",
-                     "predicted_us", "algorithm", "waits_for", "a2a" }) do
+for _, k in ipairs({ "times", "stream", "group", "dtype", "count", "input", "reduce_op", "params", "size_bytes",
+                     "wire_bytes", "predicted_us", "algorithm", "waits_for", "a2a" }) do
   OP_KEYS[k] = ",\n   " .. json.quote(k) .. ": "
 end
 
 -- plan.json's ops: an object per op (seq, kind, unit, phase, micro_step,
--- times, stream, group, dtype, count, input, reduce_op, size_bytes,
--- wire_bytes, predicted_us, algorithm, waits_for; absent keys left out), written as
+-- times, stream, group, dtype, count, input, reduce_op, params (a partial
+-- reduction's or compute's parameters: ChunkedLossWrapper's [norm,
+-- lm_head] unit), size_bytes, wire_bytes, predicted_us, algorithm,
+-- waits_for; absent keys left out), written as
 -- json.encode(facts, " ") would write them at the top level of facts, a
 -- format per op rather than an object each (a step holds units x
 -- micro-steps of them, and plan.json is most of the generation's work).
@@ -111,6 +113,11 @@ local function ops_json(p)
     if o.count then out[n + 1], out[n + 2], n = K.count, num(o.count), n + 2 end
     if o.from_sharded then out[n + 1], out[n + 2], n = K.input, '"sharded"', n + 2 end
     if o.reduce_op then out[n + 1], out[n + 2], n = K.reduce_op, q[o.reduce_op], n + 2 end
+    if o.part_first then
+      local names, ps = {}, units[o.unit + 1].params
+      for j = o.part_first + 1, o.part_first + o.part_count do names[#names + 1] = q[ps[j].name] end
+      out[n + 1], out[n + 2], n = K.params, "[" .. table.concat(names, ", ") .. "]", n + 2
+    end
     if o.size_bytes then out[n + 1], out[n + 2], n = K.size_bytes, num(o.size_bytes), n + 2 end
     if o.wire_bytes then out[n + 1], out[n + 2], n = K.wire_bytes, num(o.wire_bytes), n + 2 end
     if o.predicted_us then out[n + 1], out[n + 2], n = K.predicted_us, us[o.predicted_us], n + 2 end
@@ -294,7 +301,12 @@ local function class_facts(p)
       t[#t + 1] = { u.total, u.grads_numel, u.act_numel or 0, q }
     end
     local ops = {}
-    for _, o in ipairs(cls.ops) do ops[#ops + 1] = { o.kind, o.count or 0, o.stream, cls.arena.waits[o.seq] or {} } end
+    for _, o in ipairs(cls.ops) do
+      -- (a part's ops: its parameters, as plan.json's class-0 ops name them)
+      ops[#ops + 1] = o.part_first and { o.kind, o.count or 0, o.stream, cls.arena.waits[o.seq] or {}, o.part_first,
+                                         o.part_count }
+        or { o.kind, o.count or 0, o.stream, cls.arena.waits[o.seq] or {} }
+    end
     t[#t + 1] = "ops"
     t[#t + 1] = ops
     t[#t + 1] = "arena"
@@ -993,8 +1005,10 @@ local function settings_lines(p, s)
   end
   local loss = ""
   if require("gen.compute").activations_modeled(p) then
-    loss = s.loss_chunks > 1 and string.format("; loss: ChunkedLossWrapper, %d chunks of the sequence%s",
-      s.loss_chunks, s.defaulted.loss_chunks and " (torchtitan's configs)" or "")
+    -- (the collectives follow the wrapper only where the tables reduce a part: audit.chunked_ops)
+    loss = s.loss_chunks > 1 and string.format("; loss: ChunkedLossWrapper, %d chunks of the sequence%s%s",
+      s.loss_chunks, s.defaulted.loss_chunks and " (torchtitan's configs)" or "",
+      audit.chunked_ops(p) and "" or ", its memory only (the collectives keep CrossEntropyLoss's order)")
       or "; loss: CrossEntropyLoss on the whole logits"
   end
   return string.format("%s tokens per data-parallel rank (TP group) and micro-step (local batch %d x seq_len %d%s), "
@@ -1122,6 +1136,15 @@ function audit.schedule_md(p, fp)
   w("- Layouts and op order are PyTorch FSDP2's (fully_shard, torch 2.11): dim-k torch.chunk sharding with")
   w("  zero padding, one fused all-gather per unit, chunk_cat reduce-scatter, HSDP all-reduce after it.")
   w("- Backward prefetches one unit in reverse post-forward order; the root is never resharded after forward.")
+  if audit.chunked_ops(p) then
+    w("- The loss is torchtitan's ChunkedLossWrapper (training.loss_chunks; tests/titan/test_chunked_loss.py")
+    w("  measures it): per micro-step the [norm, lm_head] unit is all-gathered three times (the decoder's norm,")
+    w("  resharded after; the loss's lm_head.unshard(); the backward's pre-backward at the norm) and reduced in")
+    w("  two parts, FSDP2 packing only the parameters with a gradient: lm_head's in the loss (its last chunk's")
+    w("  backward), the norm's in the decoder's backward, on every micro-step (the wrapper syncs its last chunk).")
+    w("  A model's very first forward skips the loss's all-gather (the unit is still unsharded then). TP's")
+    w("  collectives of the head keep CrossEntropyLoss's (the chunks' own TP collectives are not modelled).")
+  end
   audit.md_collective_model(topo, w)
   if p.async_tp then
     w("- Async TP (parallel.async_tp, torchtitan's enable_async_tensor_parallel): each sequence-parallel TP")
@@ -1331,6 +1354,23 @@ function audit.md_tp_classes(p, w)
   w("")
 end
 
+-- Whether the step follows ChunkedLossWrapper's order: an op of a part of
+-- a unit (gen/parallel/fsdp_schedule.lua).
+function audit.chunked_ops(p)
+  for _, o in ipairs(p.ops) do
+    if o.part_first then return true end
+  end
+  return false
+end
+
+-- An op's kind, and a part's parameters (a partial reduction and its compute).
+local function op_text(p, o)
+  if not o.part_first then return o.kind end
+  local names, ps = {}, p.layout.units[o.unit + 1].params
+  for j = o.part_first + 1, o.part_first + o.part_count do names[#names + 1] = ps[j].name end
+  return o.kind .. " (" .. table.concat(names, ", ") .. ")"
+end
+
 -- An op's micro-step, or the micro-steps its row stands for.
 local function micro_text(o)
   if o.times then return string.format("%d-%d", o.micro_step, o.micro_step + o.times - 1) end
@@ -1344,7 +1384,8 @@ function audit.md_ops(p, w)
   w("before it, waits for the ops under \"waits for\" (a data dependency or a reuse of arena bytes")
   w("across streams); nothing else orders it. Folded rows stand for a run of ops, one per unit:")
   w("`#` reads first-last/step, and their waits are given relative to the op (-3: three ops earlier).")
-  w("Sizes and counts per op are in plan.json.")
+  w("Sizes and counts per op are in plan.json. An op naming parameters in parentheses covers those of its unit")
+  w("only: a partial reduction (packing, collectives, view-out) and the compute that makes their gradients.")
   if p.rep then
     w("Micro-steps %d-%d issue the same %s ops each: their rows (micro `%d-%d`) are listed once and run %d times,",
       p.rep.micro_first, p.rep.micro_last, commas(p.rep.n), p.rep.micro_first, p.rep.micro_last, p.rep.times)
@@ -1363,8 +1404,8 @@ function audit.md_ops(p, w)
       us = fold.template(unit_name(p, o.unit)) .. "|" .. unit_sig(p.layout.units[o.unit + 1])
       per_unit[o.unit] = us
     end
-    items[i] = { sig = table.concat({ o.kind, o.phase, o.micro_step, o.stream, o.group or "-", table.concat(rel, " "),
-      us }, "|"), unit = o.unit, rel = rel }
+    items[i] = { sig = table.concat({ op_text(p, o), o.phase, o.micro_step, o.stream, o.group or "-",
+      table.concat(rel, " "), us }, "|"), unit = o.unit, rel = rel }
   end
   for _, run in ipairs(fold.runs(items, 16)) do
     for j = 0, run.period - 1 do
@@ -1373,14 +1414,15 @@ function audit.md_ops(p, w)
       if run.reps == 1 then
         local waits = {}
         for k, s in ipairs(p.arena.waits[o.seq] or {}) do waits[k] = tostring(s) end
-        w("| %d | %s | %s | %s | %s | %s | %s | %s |", o.seq, micro_text(o), o.phase, o.kind, unit_name(p, o.unit),
-          o.stream, table.concat(waits, " "), o.group or "-")
+        w("| %d | %s | %s | %s | %s | %s | %s | %s |", o.seq, micro_text(o), o.phase, op_text(p, o),
+          unit_name(p, o.unit), o.stream, table.concat(waits, " "), o.group or "-")
       else
         local last = first + (run.reps - 1) * run.period
         local names = {}
         for r = 0, run.reps - 1 do names[#names + 1] = unit_name(p, p.ops[first + r * run.period].unit) end
         w("| %d-%d/%d | %s | %s | %s | %s | %s | %s | %s |", o.seq, p.ops[last].seq, run.period, micro_text(o),
-          o.phase, o.kind, fold.unit_range(names), o.stream, table.concat(items[first].rel, " "), o.group or "-")
+          o.phase, op_text(p, o), fold.unit_range(names), o.stream, table.concat(items[first].rel, " "),
+          o.group or "-")
       end
     end
   end

@@ -246,20 +246,36 @@ function compute.op_us(p, s, per_unit, o, extra_us)
   local k = o.kind
   local bytes_per_us = s.hbm_GBps * 1e3
   local us = 0
-  if k == "forward" then us = per_unit[u.index].fwd / s.flops_per_us
+  -- A part of the unit (ChunkedLossWrapper's [norm, lm_head] unit: the
+  -- loss runs lm_head, the decoder the norm): its share of the unit's
+  -- FLOPs by parameter elements (the head's FLOPs are its projection's),
+  -- and its own slot and grads for the copies.
+  local share, total, grads = 1, u.total, u.grads_numel
+  if o.part_first then
+    local numel, pn = 0, 0
+    total, grads = 0, 0
+    for j, q in ipairs(u.params) do
+      numel = numel + q.numel
+      if j > o.part_first and j <= o.part_first + o.part_count then
+        pn, total, grads = pn + q.numel, total + q.padded, grads + q.numel
+      end
+    end
+    share = numel > 0 and pn / numel or 0
+  end
+  if k == "forward" then us = share * per_unit[u.index].fwd / s.flops_per_us
   elseif k == "backward" then
     local r = per_unit[u.index]
-    us = (r.bwd + r.recompute) / s.flops_per_us
+    us = share * (r.bwd + r.recompute) / s.flops_per_us
   elseif k == "copy_in" then us = u.total * (ES[u.orig_dtype] + ES[u.ag_dtype]) / bytes_per_us
   elseif k == "copy_out" then us = 2 * W * u.total * ES[u.ag_dtype] / bytes_per_us
   elseif k == "pack" then
-    us = (u.grads_numel * ES[u.grad_dtype] + W * u.total * ES[u.reduce_dtype]) / bytes_per_us
-  elseif k == "view_out" then us = u.total * (ES[u.reduce_dtype] + ES[u.orig_dtype]) / bytes_per_us
-  elseif k == "view_out_add" then us = u.total * (ES[u.reduce_dtype] + 2 * ES[u.orig_dtype]) / bytes_per_us
+    us = (grads * ES[u.grad_dtype] + W * total * ES[u.reduce_dtype]) / bytes_per_us
+  elseif k == "view_out" then us = total * (ES[u.reduce_dtype] + ES[u.orig_dtype]) / bytes_per_us
+  elseif k == "view_out_add" then us = total * (ES[u.reduce_dtype] + 2 * ES[u.orig_dtype]) / bytes_per_us
   elseif k == "partial_save" then us = 2 * u.total * ES[u.reduce_dtype] / bytes_per_us
   elseif k == "partial_add" or k == "partial_fold" then us = 3 * u.total * ES[u.reduce_dtype] / bytes_per_us
   elseif (k == "all_gather" or k == "reduce_scatter") and not o.group then
-    us = 2 * u.total * ES[o.dtype] / bytes_per_us -- a one-rank group: a local copy
+    us = 2 * total * ES[o.dtype] / bytes_per_us -- a one-rank group: a local copy
   end
   return us + (extra_us and extra_us[o.seq] or 0)
 end

@@ -13,7 +13,7 @@ local BUF = { "CP_BUF_AG", "CP_BUF_UNSHARDED", "CP_BUF_GRADS", "CP_BUF_RS_IN", "
 
 -- The runtime table layout these tables are written for (runtime/commplan.h
 -- CP_TABLES_VERSION); plan.c refuses to compile against any other.
-emit.TABLES_VERSION = 9
+emit.TABLES_VERSION = 10
 
 -- Replace every {{key}}; a key the template names but vars lacks is a bug.
 function emit.fill(template, vars, template_name)
@@ -153,6 +153,12 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
     local tail = in_run and o.seq < rep.first + rep.n - 1 and " \\" or ""
     local event, first = slot[o.seq] or -1, nw > 0 and #wl or 0
     local direct = o.from_sharded and ", .from_sharded = 1" or ""
+    -- a partial reduction (and its compute): the unit's parameters part_first ..
+    -- part_first + part_count - 1; C's zero default (part_count 0) is the whole unit
+    if o.part_first then
+      direct = direct .. fmt(", .part_first = %d, .part_count = %d", opt_int(o.part_first, 0, 0, "op part_first"),
+        opt_int(o.part_count, 1, 1, "op part_count"))
+    end
     -- point-to-point (gen/parallel/pp_*.lua): peer -1 on every other op;
     -- batch and tag are 0 unless set (C's zero default keeps rows short)
     local p2p = o.peer and fmt(", .peer = %d, .batch = %d, .tag = %d", opt_int(o.peer, -1, -1, "op " .. o.seq .. "'s peer"),

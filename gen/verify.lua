@@ -56,59 +56,107 @@ end
 -- partial sums instead (partial_save, then partial_add, each after its
 -- reduce-scatter), which the last one folds in before its all-reduce: no
 -- reduce-scatter output is lost or counted twice.
+-- Per parameter: a backward, pack, collective or view-out of a part
+-- (op.part_first, part_count: ChunkedLossWrapper's [norm, lm_head] unit,
+-- gen/parallel/fsdp_schedule.lua) makes and reduces only its parameters'
+-- gradients, so every parameter is reduced as above on its own, whatever
+-- parts its unit's reductions cut it into; such a unit (u.chunked_loss)
+-- reduces on every micro-step (the wrapper syncs its last chunk).
 -- rep: a repeated micro-step (gen/repeat.lua), walked as the executor runs it.
 function verify.schedule(lay, ops, fsdp, rep)
   local micro_steps = fsdp.micro_steps
   local deferred = fsdp.grad_accumulation == "sync_last" or fsdp.grad_accumulation == "step_end"
-  local per_pack = deferred and micro_steps or 1
-  local state, reduced, grads, open, outs = {}, {}, {}, {}, {}
-  local scattered, held, parked = {}, {}, {} -- RS done in the open reduction; partial sums held; reductions parked
+  local state, par = {}, {}
   for _, u in ipairs(lay.units) do
-    state[u.index] = "sharded"; reduced[u.index] = 0; grads[u.index] = 0; outs[u.index] = 0
-    held[u.index] = 0; parked[u.index] = 0
+    state[u.index] = "sharded"
+    par[u.index] = {}
+    for j = 1, #u.params do
+      -- grads: backwards since the last pack; open: a reduction packed, not closed; scattered: its RS done;
+      -- held: partial sums held; parked: reductions parked in them; outs: view-outs this step
+      par[u.index][j] = { grads = 0, reduced = 0, open = false, scattered = false, held = 0, parked = 0, outs = 0 }
+    end
   end
   local name = function(i) return lay.units[i + 1].name end
+  -- the op's parameters (1-based, in the unit's order)
+  local function range(o)
+    local u = lay.units[o.unit + 1]
+    if not o.part_first then return 1, #u.params end
+    local lo, hi = o.part_first + 1, o.part_first + o.part_count
+    check(o.part_count >= 1 and lo >= 1 and hi <= #u.params, "op %d: part %d+%d of %s's %d parameters", o.seq,
+      o.part_first, o.part_count, u.name, #u.params)
+    return lo, hi
+  end
+  local function per_pack(u)
+    return (deferred and not lay.units[u + 1].chunked_loss) and micro_steps or 1
+  end
   rep_mod.each(ops, rep, function(o)
     local u, s = o.unit, state[o.unit]
     local k = o.kind
+    local ps = par[u]
     if k == "copy_in" then check(s == "sharded", "copy_in of %s while %s", name(u), s); state[u] = "copied_in"
     elseif k == "all_gather" then
       local want = o.from_sharded and "sharded" or "copied_in" -- zero copy-in reads the shards themselves
       check(s == want, "all_gather of %s while %s", name(u), s); state[u] = "gathered"
     elseif k == "copy_out" then check(s == "gathered", "copy_out of %s while %s", name(u), s); state[u] = "unsharded"
-    elseif k == "forward" then check(s == "unsharded", "forward of %s on %s params", name(u), s)
+    elseif k == "forward" then check(s == "unsharded", "forward of %s on %s params", name(u), s); range(o)
     elseif k == "backward" then
       check(s == "unsharded", "backward of %s on %s params", name(u), s)
-      grads[u] = grads[u] + 1
+      local lo, hi = range(o)
+      for j = lo, hi do ps[j].grads = ps[j].grads + 1 end
     elseif k == "reshard" then check(s == "unsharded", "reshard of %s while %s", name(u), s); state[u] = "sharded"
     elseif k == "pack" then
-      check(grads[u] == per_pack, "%s packed after %d backward passes, not %d", name(u), grads[u], per_pack)
-      check(not open[u], "%s packed again before its view-out", name(u))
-      reduced[u] = reduced[u] + 1; grads[u] = 0; open[u] = true; scattered[u] = false
+      local lo, hi = range(o)
+      for j = lo, hi do
+        local q = ps[j]
+        check(q.grads == per_pack(u), "%s (parameter %d) packed after %d backward passes, not %d", name(u), j,
+          q.grads, per_pack(u))
+        check(not q.open, "%s (parameter %d) packed again before its view-out", name(u), j)
+        q.reduced = q.reduced + 1; q.grads = 0; q.open = true; q.scattered = false
+      end
     elseif k == "reduce_scatter" or k == "all_reduce" then
-      check(open[u], "%s of %s before its pack", k, name(u))
-      check(k == "reduce_scatter" or held[u] == 0, "all_reduce of %s with %d partial sums not folded in", name(u), held[u])
-      if k == "reduce_scatter" then scattered[u] = true end
+      local lo, hi = range(o)
+      for j = lo, hi do
+        local q = ps[j]
+        check(q.open, "%s of %s (parameter %d) before its pack", k, name(u), j)
+        check(k == "reduce_scatter" or q.held == 0, "all_reduce of %s with %d partial sums not folded in", name(u),
+          q.held)
+        if k == "reduce_scatter" then q.scattered = true end
+      end
     elseif k == "partial_save" or k == "partial_add" or k == "partial_fold" then
-      check(open[u] and scattered[u], "%s of %s before its reduce-scatter", k, name(u))
-      check((k == "partial_save") == (held[u] == 0), "%s of %s holding %d partial sums", k, name(u), held[u])
-      if k == "partial_fold" then held[u] = 0
-      else held[u] = held[u] + 1; parked[u] = parked[u] + 1; open[u] = false end
+      local lo, hi = range(o)
+      for j = lo, hi do
+        local q = ps[j]
+        check(q.open and q.scattered, "%s of %s before its reduce-scatter", k, name(u))
+        check((k == "partial_save") == (q.held == 0), "%s of %s holding %d partial sums", k, name(u), q.held)
+        if k == "partial_fold" then q.held = 0
+        else q.held = q.held + 1; q.parked = q.parked + 1; q.open = false end
+      end
     elseif k == "view_out" or k == "view_out_add" then
-      check(open[u], "%s of %s before its pack", k, name(u))
-      check(held[u] == 0, "%s of %s with %d partial sums not folded in", k, name(u), held[u])
-      check((k == "view_out") == (outs[u] == 0), "%s of %s after %d view-outs this step", k, name(u), outs[u])
-      open[u] = false; outs[u] = outs[u] + 1
+      local lo, hi = range(o)
+      for j = lo, hi do
+        local q = ps[j]
+        check(q.open, "%s of %s (parameter %d) before its pack", k, name(u), j)
+        check(q.held == 0, "%s of %s with %d partial sums not folded in", k, name(u), q.held)
+        check((k == "view_out") == (q.outs == 0), "%s of %s (parameter %d) after %d view-outs this step", k, name(u),
+          j, q.outs)
+        q.open = false; q.outs = q.outs + 1
+      end
     elseif TP_KIND[k] or A2A_KIND[k] then check(s == "unsharded", "%s of %s on %s params", k, name(u), s)
     else check(false, "unknown op kind %s", tostring(k)) end
+    -- a collective's count is its part's (verify.order checks the sizes)
+    if o.part_first and not (k == "forward" or k == "backward" or k == "pack" or k == "reduce_scatter"
+      or k == "all_reduce" or k == "view_out" or k == "view_out_add") then
+      check(false, "op %d: %s of a part of %s", o.seq, k, name(u))
+    end
   end)
   for _, uu in ipairs(lay.units) do
     check(state[uu.index] == "sharded", "%s ends the step %s", uu.name, state[uu.index])
-    -- A unit without parameters has nothing to reduce.
-    local want = #uu.params > 0 and micro_steps // per_pack or 0
-    check(reduced[uu.index] == want, "%s reduced %d times, not %d", uu.name, reduced[uu.index], want)
-    check(grads[uu.index] == 0 and not open[uu.index] and held[uu.index] == 0
-      and outs[uu.index] + parked[uu.index] == reduced[uu.index], "%s ends the step with unreduced grads", uu.name)
+    local want = micro_steps // per_pack(uu.index)
+    for j, q in ipairs(par[uu.index]) do
+      check(q.reduced == want, "%s (parameter %d) reduced %d times, not %d", uu.name, j, q.reduced, want)
+      check(q.grads == 0 and not q.open and q.held == 0 and q.outs + q.parked == q.reduced,
+        "%s ends the step with unreduced grads", uu.name)
+    end
   end
 end
 
@@ -150,7 +198,14 @@ function verify.order(lay, fams, ops)
         check(elems * ES[o.dtype] <= (u.act_numel or 0) * ES[u.ag_dtype],
           "op %d: %d elements beyond the activation buffer", o.seq, elems)
       else
-        check(o.count == u.total, "op %d count %d != slot %d", o.seq, o.count, u.total)
+        -- (a part's collectives: its parameters' padded shards, gen/parallel/fsdp_schedule.lua)
+        local total = u.total
+        if o.part_first then
+          total = 0
+          for j = o.part_first + 1, o.part_first + o.part_count do total = total + u.params[j].padded end
+          check(o.kind ~= "all_gather", "op %d: an all-gather of a part", o.seq)
+        end
+        check(o.count == total, "op %d count %d != slot %d", o.seq, o.count, total)
         check(o.group ~= "fsdp" and o.group ~= "efsdp" or (u.shard_group or "fsdp") == o.group,
           "op %d: %s of %s on %s", o.seq, o.kind, u.name, o.group)
         local want = o.kind == "all_gather" and u.ag_dtype or u.reduce_dtype

@@ -625,17 +625,21 @@ static const char *host_last_error(cp_backend *b)
 static char *at(void *base, int64_t i, cp_dtype t) { return (char *)base + (size_t)i * cp_dtype_size(t); }
 
 /* sharded (total, orig dtype) -> this rank's slot of the all-gather buffer, cast. */
-static void copy_in(const cp_plan *p, int u, int shard_rank, const void *sharded, void *ag)
+static void copy_in(const cp_plan *p, int u, int pf, int pc, int shard_rank, const void *sharded, void *ag)
 {
     const cp_unit *U = &p->units[u];
+    (void)pf;
+    (void)pc;
     void *slot = at(ag, (int64_t)shard_rank * U->total, U->ag_dtype);
     cp_convert_n(U->ag_dtype, slot, U->orig_dtype, sharded, U->total); /* a memcpy when the dtype stays */
 }
 
 /* (W, total) all-gather output -> each parameter's (outer, W*run) buffer. */
-static void copy_out(const cp_plan *p, int u, int shard_rank, const void *ag, void *unsharded)
+static void copy_out(const cp_plan *p, int u, int pf, int pc, int shard_rank, const void *ag, void *unsharded)
 {
     const cp_unit *U = &p->units[u];
+    (void)pf;
+    (void)pc;
     int64_t W = cp_unit_shard_size(p, u);
     size_t es = cp_dtype_size(U->ag_dtype);
     (void)shard_rank;
@@ -667,21 +671,25 @@ CP_HOT static void divide_n(float *restrict v, int64_t n, double d)
  * in it, as FSDP2's foreach_reduce does (the copy-in casts,
  * _div_if_needed's div_ rounds to the reduce dtype). Each run in blocks:
  * load, round to the reduce dtype, divide, store (rounding again). */
-static void pack(const cp_plan *p, int u, int shard_rank, const void *grads, void *rs_in)
+static void pack(const cp_plan *p, int u, int pf, int pc, int shard_rank, const void *grads, void *rs_in)
 {
     const cp_unit *U = &p->units[u];
     int64_t W = cp_unit_shard_size(p, u);
     size_t ges = cp_dtype_size(U->grad_dtype), res = cp_dtype_size(U->reduce_dtype);
     int plain = U->grad_dtype == CP_FP32 && U->reduce_dtype == CP_FP32 && U->pre_divide == 1.0;
+    /* A part (foreach_reduce over the parameters with a gradient): its
+     * parameters only, each rank's row its total elements, offsets from its first. */
+    int64_t total = cp_part_total(p, u, pf, pc), base = cp_part_offset(p, u, pf, pc);
+    int j0 = pc > 0 ? pf : 0, j1 = pc > 0 ? pf + pc : U->nparams;
     float buf[CP_BLOCK];
     (void)shard_rank;
-    for (int j = 0; j < U->nparams; j++) {
+    for (int j = j0; j < j1; j++) {
         const cp_param *prm = &p->params[U->first_param + j];
         const char *g = (const char *)grads + (size_t)prm->grad_offset * ges;
         for (int64_t r = 0; r < W; r++)
             for (int64_t o = 0; o < prm->outer; o++) {
                 int64_t src = o * W * prm->run + r * prm->run;
-                int64_t dst = r * U->total + prm->offset + o * prm->run;
+                int64_t dst = r * total + prm->offset - base + o * prm->run;
                 int64_t real = prm->numel - src < 0 ? 0 : prm->numel - src < prm->run ? prm->numel - src : prm->run;
                 char *out = (char *)rs_in + (size_t)dst * res;
                 if (plain) { /* fp32 to fp32 undivided: the bits stay */
@@ -705,18 +713,21 @@ static void pack(const cp_plan *p, int u, int shard_rank, const void *grads, voi
 /* reduce-scatter output (reduce dtype) -> sharded grads (orig dtype): the
  * post-divide in the reduce dtype (rounded to it), then the cast, as
  * FSDP2's foreach_reduce does. */
-static void view_out(const cp_plan *p, int u, int shard_rank, const void *rs_out, void *sharded_grads)
+static void view_out(const cp_plan *p, int u, int pf, int pc, int shard_rank, const void *rs_out, void *sharded_grads)
 {
     const cp_unit *U = &p->units[u];
     size_t res = cp_dtype_size(U->reduce_dtype), oes = cp_dtype_size(U->orig_dtype);
+    /* a part: its total elements, into the sharded grads at its offset */
+    int64_t total = cp_part_total(p, u, pf, pc);
+    sharded_grads = (char *)sharded_grads + (size_t)cp_part_offset(p, u, pf, pc) * oes;
     float buf[CP_BLOCK];
     (void)shard_rank;
     if (U->post_divide == 1.0 && U->reduce_dtype == CP_FP32) {
-        cp_convert_n(U->orig_dtype, sharded_grads, CP_FP32, rs_out, U->total);
+        cp_convert_n(U->orig_dtype, sharded_grads, CP_FP32, rs_out, total);
         return;
     }
-    for (int64_t i = 0; i < U->total; i += CP_BLOCK) {
-        int64_t n = U->total - i < CP_BLOCK ? U->total - i : CP_BLOCK;
+    for (int64_t i = 0; i < total; i += CP_BLOCK) {
+        int64_t n = total - i < CP_BLOCK ? total - i : CP_BLOCK;
         cp_load_n(U->reduce_dtype, (const char *)rs_out + (size_t)i * res, n, buf);
         if (U->post_divide != 1.0) {
             divide_n(buf, n, U->post_divide);
@@ -729,14 +740,17 @@ static void view_out(const cp_plan *p, int u, int shard_rank, const void *rs_out
 /* A later reduction of the step: the view-out's value added into the
  * sharded grads in their dtype, as FSDP2's sharded_param.grad += new_sharded_grad
  * (the new grad cast to the parameter's dtype first). */
-static void view_out_add(const cp_plan *p, int u, int shard_rank, const void *rs_out, void *sharded_grads)
+static void view_out_add(const cp_plan *p, int u, int pf, int pc, int shard_rank, const void *rs_out,
+                         void *sharded_grads)
 {
     const cp_unit *U = &p->units[u];
     size_t res = cp_dtype_size(U->reduce_dtype), oes = cp_dtype_size(U->orig_dtype);
+    int64_t total = cp_part_total(p, u, pf, pc);
+    sharded_grads = (char *)sharded_grads + (size_t)cp_part_offset(p, u, pf, pc) * oes;
     float buf[CP_BLOCK], cur[CP_BLOCK];
     (void)shard_rank;
-    for (int64_t i = 0; i < U->total; i += CP_BLOCK) {
-        int64_t n = U->total - i < CP_BLOCK ? U->total - i : CP_BLOCK;
+    for (int64_t i = 0; i < total; i += CP_BLOCK) {
+        int64_t n = total - i < CP_BLOCK ? total - i : CP_BLOCK;
         char *sg = (char *)sharded_grads + (size_t)i * oes;
         cp_load_n(U->reduce_dtype, (const char *)rs_out + (size_t)i * res, n, buf);
         if (U->post_divide != 1.0) {
@@ -753,18 +767,22 @@ static void view_out_add(const cp_plan *p, int u, int shard_rank, const void *rs
 /* all_reduce_last's partial sums (FSDP2's partial_reduce_output): total
  * elements of the reduce dtype, copied bit for bit, or added into out with
  * one rounding to the reduce dtype (torch's += on two tensors of it). */
-static void flat_copy(const cp_plan *p, int u, int shard_rank, const void *in, void *out)
+static void flat_copy(const cp_plan *p, int u, int pf, int pc, int shard_rank, const void *in, void *out)
 {
     const cp_unit *U = &p->units[u];
+    (void)pf;
+    (void)pc;
     (void)shard_rank;
     memcpy(out, in, (size_t)U->total * cp_dtype_size(U->reduce_dtype));
 }
 
-static void flat_add(const cp_plan *p, int u, int shard_rank, const void *in, void *out)
+static void flat_add(const cp_plan *p, int u, int pf, int pc, int shard_rank, const void *in, void *out)
 {
     const cp_unit *U = &p->units[u];
     size_t es = cp_dtype_size(U->reduce_dtype);
     float a[CP_BLOCK], x[CP_BLOCK];
+    (void)pf;
+    (void)pc;
     (void)shard_rank;
     for (int64_t i = 0; i < U->total; i += CP_BLOCK) {
         int64_t n = U->total - i < CP_BLOCK ? U->total - i : CP_BLOCK;
@@ -778,16 +796,18 @@ static void flat_add(const cp_plan *p, int u, int shard_rank, const void *in, vo
 /* Indexed by kernel number (cp_gpu_kernels.h: copy-in, copy-out, pack, view-out, view-out adding, flat copy,
  * flat add). */
 #define HOST_KERNELS 7
-static void (*const HOST_COPIES[HOST_KERNELS])(const cp_plan *, int, int, const void *, void *) = {
+static void (*const HOST_COPIES[HOST_KERNELS])(const cp_plan *, int, int, int, int, const void *, void *) = {
     copy_in, copy_out, pack, view_out, view_out_add, flat_copy, flat_add
 };
 
-static int host_copy(cp_backend *b, int kernel, int unit, cp_stream s, const void *in, void *out)
+static int host_copy(cp_backend *b, int kernel, int unit, int part_first, int part_count, cp_stream s, const void *in,
+                     void *out)
 {
     rank_ctx *rc = b->ctx;
     (void)s;
-    if (kernel < 0 || kernel >= HOST_KERNELS) return -1;
-    HOST_COPIES[kernel](&rc->view, unit, cp_unit_shard_rank(&rc->view, unit, rc->rank), in, out);
+    if (kernel < 0 || kernel >= HOST_KERNELS || cp_part_check(&rc->view, unit, part_first, part_count)) return -1;
+    HOST_COPIES[kernel](&rc->view, unit, part_first, part_count, cp_unit_shard_rank(&rc->view, unit, rc->rank), in,
+                        out);
     return 0;
 }
 

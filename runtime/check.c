@@ -294,18 +294,45 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
     c->members = malloc((size_t)W * (size_t)R * sizeof(int));
     c->emembers = malloc((size_t)W * (size_t)R * sizeof(int)); /* (an experts group is no larger: efsdp <= dp_shard) */
     c->expect = malloc((size_t)biggest * sizeof(float));
-    size_t nu = (size_t)(p->nunits > 0 ? p->nunits : 1);
-    c->packs = calloc(nu * (size_t)M, 1);
-    c->order = malloc(nu * (size_t)M * sizeof(int));
-    c->pos = malloc(nu * (size_t)M * sizeof(int));
-    c->pack_pos = malloc(nu * (size_t)M * sizeof(int));
+    /* Cells: each unit's parameters cut where a part (cp_op.part_first /
+     * part_count: a partial reduction and the compute that makes its grads)
+     * begins or ends; a cell's grads are made and reduced together. */
+    c->cell_of = malloc((size_t)(p->nparams > 0 ? p->nparams : 1) * sizeof(int));
+    {
+        unsigned char *cut = calloc((size_t)p->nparams + 1, 1);
+        if (!c->cell_of || !cut) { free(cut); cp_checker_free(c); return -1; }
+        for (int i = 0; i < p->nops; i++) {
+            const cp_op *op = &p->ops[i];
+            if (op->part_count <= 0 || cp_part_check(p, op->unit, op->part_first, op->part_count)) continue;
+            const cp_unit *U = &p->units[op->unit];
+            cut[U->first_param + op->part_first] = 1;
+            cut[U->first_param + op->part_first + op->part_count] = 1;
+        }
+        int n = 0;
+        for (int u = 0; u < p->nunits; u++) {
+            const cp_unit *U = &p->units[u];
+            if (U->nparams == 0) { n++; continue; } /* (a row of its own all the same) */
+            for (int j = 0; j < U->nparams; j++) {
+                if (j == 0 || cut[U->first_param + j]) n++;
+                c->cell_of[U->first_param + j] = n - 1;
+            }
+        }
+        free(cut);
+        c->ncells = n > 0 ? n : 1;
+    }
+    size_t nc = (size_t)c->ncells;
+    c->cell_rs = calloc(2 * nc, sizeof(int64_t));
+    c->packs = calloc(nc * (size_t)M, 1);
+    c->order = malloc(nc * (size_t)M * sizeof(int));
+    c->pos = malloc(nc * (size_t)M * sizeof(int));
+    c->pack_pos = malloc(nc * (size_t)M * sizeof(int));
     c->acc = malloc((size_t)W * (size_t)R * sizeof(float));
     /* Blocks of CP_BLOCK floats: 4 of scratch, then expect_block's (every member's grads, a shard group's packed
      * values, the replicas' reduce-scatter values and partial sums, 3 more). */
     c->work_floats = ((size_t)W * (size_t)R + (size_t)W + 2 * (size_t)R + 7) * CP_BLOCK;
     c->work = malloc(c->work_floats * sizeof(float));
     if (!c->param_base || !c->members || !c->emembers || !c->expect || !c->packs || !c->order || !c->pos || !c->pack_pos || !c->acc ||
-        !c->work) {
+        !c->work || !c->cell_rs) {
         cp_checker_free(c);
         return -1;
     }
@@ -314,38 +341,60 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
      * where the step reduces it: after every backward (FSDP2's default),
      * after the last (set_requires_gradient_sync(False) before the others),
      * as the plan's ops say. */
-    for (size_t i = 0; i < nu * (size_t)M; i++) c->order[i] = c->pos[i] = c->pack_pos[i] = -1;
+    for (size_t i = 0; i < nc * (size_t)M; i++) c->order[i] = c->pos[i] = c->pack_pos[i] = -1;
     {
-        int *seen = calloc(nu, sizeof(int));
+        int *seen = calloc(nc, sizeof(int));
         if (!seen) { cp_checker_free(c); return -1; }
-        for (int i = 0; i < p->nops; i++) {
-            const cp_op *op = &p->ops[i];
-            if (op->micro_step < 0 || op->micro_step >= M || op->unit < 0 || op->unit >= p->nunits) continue;
-            size_t row = (size_t)op->unit * (size_t)M;
-            int k = seen[op->unit];
-            if (op->kind == CP_OP_BACKWARD && k < M) {
-                c->order[row + (size_t)k] = op->micro_step;
-                c->pos[row + (size_t)op->micro_step] = k;
-                seen[op->unit] = k + 1;
-            } else if (k > 0) {
-                unsigned char *at = &c->packs[row + (size_t)(k - 1)];
-                if (op->kind == CP_OP_PACK) { *at |= 1; c->pack_pos[row + (size_t)op->micro_step] = k - 1; }
-                if (op->kind == CP_OP_PARTIAL_SAVE || op->kind == CP_OP_PARTIAL_ADD) *at |= 2;
+        /* Per cell of the op's part (the whole unit without one). */
+        for (int pass = 0; pass < 2; pass++)
+            for (int i = 0; i < p->nops; i++) {
+                const cp_op *op = &p->ops[i];
+                if (op->micro_step < 0 || op->micro_step >= M || op->unit < 0 || op->unit >= p->nunits) continue;
+                if (cp_part_check(p, op->unit, op->part_first, op->part_count)) continue;
+                const cp_unit *U = &p->units[op->unit];
+                int j0 = op->part_count > 0 ? op->part_first : 0, j1 = op->part_count > 0 ? j0 + op->part_count
+                                                                                         : U->nparams;
+                for (int j = j0; j < j1; j++) {
+                    int cell = c->cell_of[U->first_param + j];
+                    if (j > j0 && cell == c->cell_of[U->first_param + j - 1]) continue; /* each cell once */
+                    size_t row = (size_t)cell * (size_t)M;
+                    if (op->kind == CP_OP_PACK) {
+                        c->cell_rs[2 * (size_t)cell] = cp_part_offset(p, op->unit, op->part_first, op->part_count);
+                        c->cell_rs[2 * (size_t)cell + 1] = cp_part_total(p, op->unit, op->part_first, op->part_count);
+                    }
+                    if (pass == 0) {
+                        /* Each cell's backwards in table order (a pipeline schedule runs the
+                         * micro-steps in its own order, and the grads accumulate in it) and
+                         * where the step reduces it: after every backward (FSDP2's default),
+                         * after the last (set_requires_gradient_sync(False) before the others),
+                         * as the plan's ops say. */
+                        int k = seen[cell];
+                        if (op->kind == CP_OP_BACKWARD && k < M) {
+                            c->order[row + (size_t)k] = op->micro_step;
+                            c->pos[row + (size_t)op->micro_step] = k;
+                            seen[cell] = k + 1;
+                        } else if (k > 0) {
+                            unsigned char *at = &c->packs[row + (size_t)(k - 1)];
+                            if (op->kind == CP_OP_PACK) { *at |= 1; c->pack_pos[row + (size_t)op->micro_step] = k - 1; }
+                            if (op->kind == CP_OP_PARTIAL_SAVE || op->kind == CP_OP_PARTIAL_ADD) *at |= 2;
+                        }
+                    } else if (seen[cell] <= 0) {
+                        /* A cell whose table has no backward (hand-written tables): its
+                         * micro-steps in order, packs where their labels say. */
+                        for (int m = 0; m < M; m++) c->order[row + (size_t)m] = c->pos[row + (size_t)m] = m;
+                        unsigned char *at = &c->packs[row + (size_t)op->micro_step];
+                        if (op->kind == CP_OP_PACK) { *at |= 1; c->pack_pos[row + (size_t)op->micro_step] = op->micro_step; }
+                        if (op->kind == CP_OP_PARTIAL_SAVE || op->kind == CP_OP_PARTIAL_ADD) *at |= 2;
+                    }
+                }
             }
-        }
-        /* A unit whose table has no backward (hand-written tables): its
-         * micro-steps in order, packs where their labels say. */
-        for (int i = 0; i < p->nops; i++) {
-            const cp_op *op = &p->ops[i];
-            if (op->micro_step < 0 || op->micro_step >= M || op->unit < 0 || op->unit >= p->nunits) continue;
-            if (seen[op->unit] > 0) continue;
-            size_t row = (size_t)op->unit * (size_t)M;
-            for (int m = 0; m < M; m++) c->order[row + (size_t)m] = c->pos[row + (size_t)m] = m;
-            unsigned char *at = &c->packs[row + (size_t)op->micro_step];
-            if (op->kind == CP_OP_PACK) { *at |= 1; c->pack_pos[row + (size_t)op->micro_step] = op->micro_step; }
-            if (op->kind == CP_OP_PARTIAL_SAVE || op->kind == CP_OP_PARTIAL_ADD) *at |= 2;
-        }
         free(seen);
+        /* A cell never packed: the unit's whole slot */
+        for (int u = 0; u < p->nunits; u++)
+            for (int j = 0; j < p->units[u].nparams; j++) {
+                size_t cell = (size_t)c->cell_of[p->units[u].first_param + j];
+                if (c->cell_rs[2 * cell + 1] == 0) c->cell_rs[2 * cell + 1] = p->units[u].total;
+            }
     }
     /* Patterns are functions of the full parameter's element index, so TP
      * ranks agree on every element they share. */
@@ -401,6 +450,10 @@ void cp_checker_free(cp_checker *c)
     c->emembers = NULL;
     free(c->expect);
     free(c->packs);
+    free(c->cell_of);
+    free(c->cell_rs);
+    c->cell_of = NULL;
+    c->cell_rs = NULL;
     free(c->order);
     free(c->pos);
     free(c->pack_pos);
@@ -467,6 +520,7 @@ typedef struct {
     void *mut;
     const char *when;
     int micro;
+    int part_first, part_count; /* a part of the unit's parameters (cp_op's); 0, 0: all of them */
 } unit_job;
 
 static void check_unsharded_part(cp_checker *c, void *arg, int part, int nparts)
@@ -505,43 +559,57 @@ void cp_checker_check_unsharded(cp_checker *c, int u, const void *unsharded, con
     cp_checker_in_parts(c, check_unsharded_part, &jb);
 }
 
-/* Positions k are unit u's backwards in table order (c->order). Whether
- * the k-th writes the unsharded grads afresh: the step's first, or the
- * first after a packing (which freed them). */
-static int fresh_at(const cp_checker *c, int u, int k)
+/* Rows are cells (c->cell_of: a unit's parameters whose grads are made and
+ * reduced together; the whole unit but where a part cuts it). Positions k
+ * are a cell's backwards in table order (c->order). Whether the k-th writes
+ * the unsharded grads afresh: the step's first, or the first after a
+ * packing (which freed them). */
+static int fresh_at(const cp_checker *c, int row, int k)
 {
-    return k == 0 || (c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)(k - 1)] & 1);
+    return k == 0 || (c->packs[(size_t)row * (size_t)c->plan->micro_steps + (size_t)(k - 1)] & 1);
 }
 
 /* The same for micro-step m's backward (the harness knows the op's micro-step). */
-static int fresh_grads(const cp_checker *c, int u, int m)
+static int fresh_grads(const cp_checker *c, int row, int m)
 {
-    int k = c->pos[(size_t)u * (size_t)c->plan->micro_steps + (size_t)m];
-    return k < 0 || fresh_at(c, u, k);
+    int k = c->pos[(size_t)row * (size_t)c->plan->micro_steps + (size_t)m];
+    return k < 0 || fresh_at(c, row, k);
 }
 
-static int reduces_at(const cp_checker *c, int u, int k)
+static int reduces_at(const cp_checker *c, int row, int k)
 {
-    return c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)k] & 1;
+    return c->packs[(size_t)row * (size_t)c->plan->micro_steps + (size_t)k] & 1;
 }
 
 /* Whether the k-th backward's reduce-scatter output is parked in the partial
  * sums (all_reduce_last before the last micro-step) instead of all-reduced. */
-static int parks_at(const cp_checker *c, int u, int k)
+static int parks_at(const cp_checker *c, int row, int k)
 {
-    return (c->packs[(size_t)u * (size_t)c->plan->micro_steps + (size_t)k] & 2) != 0;
+    return (c->packs[(size_t)row * (size_t)c->plan->micro_steps + (size_t)k] & 2) != 0;
 }
+
+/* The cell of parameter j of unit u. */
+static int row_of(const cp_checker *c, int u, int j) { return c->cell_of[c->plan->units[u].first_param + j]; }
 
 int cp_checker_grads_fresh(const cp_checker *c, int u, int micro)
 {
-    if (u < 0 || u >= c->plan->nunits || micro < 0 || micro >= c->plan->micro_steps) return 1;
-    return fresh_grads(c, u, micro);
+    return cp_checker_grads_fresh_part(c, u, 0, 0, micro);
 }
 
-/* The micro-step of unit u's k-th backward, -1 past its last. */
-static int micro_at(const cp_checker *c, int u, int k)
+int cp_checker_grads_fresh_part(const cp_checker *c, int u, int part_first, int part_count, int micro)
 {
-    return c->order[(size_t)u * (size_t)c->plan->micro_steps + (size_t)k];
+    if (u < 0 || u >= c->plan->nunits || micro < 0 || micro >= c->plan->micro_steps) return 1;
+    if (cp_part_check(c->plan, u, part_first, part_count)) return 1;
+    int j0 = part_count > 0 ? part_first : 0, j1 = part_count > 0 ? part_first + part_count : c->plan->units[u].nparams;
+    for (int j = j0; j < j1; j++)
+        if (!fresh_grads(c, row_of(c, u, j), micro)) return 0;
+    return 1;
+}
+
+/* The micro-step of a cell's k-th backward, -1 past its last. */
+static int micro_at(const cp_checker *c, int row, int k)
+{
+    return c->order[(size_t)row * (size_t)c->plan->micro_steps + (size_t)k];
 }
 
 static void add_grads_part(cp_checker *c, void *arg, int part, int nparts)
@@ -551,11 +619,14 @@ static void add_grads_part(cp_checker *c, void *arg, int part, int nparts)
     void *grads = jb->mut;
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
-    int fresh = fresh_grads(c, u, micro);
     size_t es = cp_dtype_size(U->grad_dtype);
     float *base = c->work, *gv = c->work + CP_BLOCK, *cur = c->work + 2 * CP_BLOCK;
-    for (int j = 0; j < U->nparams; j++) {
+    /* a part's backward: its parameters' grads only */
+    int j0 = jb->part_count > 0 ? jb->part_first : 0;
+    int j1 = jb->part_count > 0 ? jb->part_first + jb->part_count : U->nparams;
+    for (int j = j0; j < j1; j++) {
         int param = U->first_param + j;
+        int fresh = fresh_grads(c, row_of(c, u, j), micro);
         const cp_param *prm = &p->params[param];
         char *g = (char *)grads + (size_t)prm->grad_offset * es;
         int64_t k = cp_pattern_param_id(p, param), len, lo, hi;
@@ -582,7 +653,13 @@ static void add_grads_part(cp_checker *c, void *arg, int part, int nparts)
 
 void cp_checker_add_grads(cp_checker *c, int u, int micro, void *grads)
 {
-    unit_job jb = { .u = u, .mut = grads, .micro = micro };
+    cp_checker_add_grads_part(c, u, 0, 0, micro, grads);
+}
+
+void cp_checker_add_grads_part(cp_checker *c, int u, int part_first, int part_count, int micro, void *grads)
+{
+    if (cp_part_check(c->plan, u, part_first, part_count)) return;
+    unit_job jb = { .u = u, .mut = grads, .micro = micro, .part_first = part_first, .part_count = part_count };
     cp_checker_in_parts(c, add_grads_part, &jb);
 }
 
@@ -611,7 +688,7 @@ static float packed(const cp_unit *U, float acc)
  * replica's reduce-scatter value in its partial sum (assigned, then added in
  * the reduce dtype); the last adds its own value and the partial sum
  * (reduce_output += partial_reduce_output) before the all-reduce. */
-static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, int rs_key, int key)
+static float expect_element(const cp_checker *c, int u, int row, int64_t k, int64_t e, int rs_key, int key)
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
@@ -620,21 +697,21 @@ static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, in
     float sharded = 0.0f;
     int have = 0, held = 0;
     for (int kk = 0; kk < p->micro_steps; kk++) {
-        int m = micro_at(c, u, kk);
+        int m = micro_at(c, row, kk);
         if (m < 0) break;
-        int fresh = fresh_at(c, u, kk);
+        int fresh = fresh_at(c, row, kk);
         for (int i = 0; i < W * R; i++) {
             float g = round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, U_MEM(c, u)[i], m, c->step));
             g = round_to(U->grad_dtype, g);
             c->acc[i] = round_to(U->grad_dtype, fresh ? g : c->acc[i] + g);
         }
-        if (!reduces_at(c, u, kk)) continue;
+        if (!reduces_at(c, row, kk)) continue;
         for (int q = 0; q < R; q++) {
             for (int s = 0; s < W; s++) vals[s] = packed(U, c->acc[q * W + s]);
             rs[q] = W > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->rs_op, vals, W, rs_key) : vals[0];
         }
 
-        if (parks_at(c, u, kk)) {
+        if (parks_at(c, row, kk)) {
             for (int q = 0; q < R; q++) partial[q] = held ? round_to(U->reduce_dtype, partial[q] + rs[q]) : rs[q];
             held = 1;
             continue;
@@ -658,7 +735,8 @@ static float expect_element(const cp_checker *c, int u, int64_t k, int64_t e, in
  * consecutive elements under one pair of chains), into out: each member's
  * grads as a block, the reductions as blocks (cp_reduce_arith_f), the same
  * roundings in the same order, so the same bits. */
-static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64_t n, int rs_key, int key, float *out)
+static void expect_block(const cp_checker *c, int u, int row, int64_t k, int64_t e, int64_t n, int rs_key, int key,
+                         float *out)
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
@@ -669,9 +747,9 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
     const float *vp[W > R ? W : R];
     int have = 0, held = 0, q0 = c->replicate_rank;
     for (int kk = 0; kk < p->micro_steps; kk++) {
-        int m = micro_at(c, u, kk);
+        int m = micro_at(c, row, kk);
         if (m < 0) break;
-        int fresh = fresh_at(c, u, kk);
+        int fresh = fresh_at(c, row, kk);
         if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(U->ag_dtype, k, e, n, m, c->step, base);
         for (int i = 0; i < W * R; i++) {
             if (c->solo && i / W != q0) continue; /* the other replicas copy this one's */
@@ -683,7 +761,7 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
             else for (int64_t j = 0; j < n; j++) a[j] += g[j];
             cp_round_n(U->grad_dtype, a, n);
         }
-        if (!reduces_at(c, u, kk)) continue;
+        if (!reduces_at(c, row, kk)) continue;
         for (int q = 0; q < R; q++) {
             if (c->solo && q != q0) continue;
             for (int sh = 0; sh < W; sh++) {
@@ -700,7 +778,7 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
             if (W > 1) cp_reduce_arith_f(c->arith, U->reduce_dtype, U->rs_op, vp, W, rs_key, n, r);
             else memcpy(r, vals, (size_t)n * sizeof *r);
         }
-        if (parks_at(c, u, kk)) {
+        if (parks_at(c, row, kk)) {
             for (int q = 0; q < R; q++) {
                 if (c->solo && q != q0) continue;
                 float *pq = partial + (size_t)q * B, *r = rs + (size_t)q * B;
@@ -750,33 +828,40 @@ static void expect_block(const cp_checker *c, int u, int64_t k, int64_t e, int64
  * reduce-scatter input for this rank's slot at micro-step `micro`, in the
  * reduce dtype, as the checker's model has it: its grads accumulated over
  * the micro-steps as expect_block does, packed (cast, pre-divide), zero
- * padding. */
-void cp_checker_member_packed(cp_checker *c, int u, const int *members, int nmembers, int micro, void *const *out)
+ * padding. A part (part_count > 0): its parameters only, its total
+ * elements, offsets from its first parameter's. */
+void cp_checker_member_packed(cp_checker *c, int u, int part_first, int part_count, const int *members, int nmembers,
+                              int micro, void *const *out)
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
     size_t es = cp_dtype_size(U->reduce_dtype);
     enum { B = CP_BLOCK };
     float *base = c->work, *g = base + B, *acc = c->work + 4 * B; /* a block per member: expect_block's room */
+    if (cp_part_check(p, u, part_first, part_count)) return;
+    int64_t total = cp_part_total(p, u, part_first, part_count), at0 = cp_part_offset(p, u, part_first, part_count);
+    int j0 = part_count > 0 ? part_first : 0, j1 = part_count > 0 ? part_first + part_count : U->nparams;
     int64_t done = 0; /* elements written so far: the gaps and padding between are zeros */
-    for (int j = 0; j < U->nparams; j++) {
+    for (int j = j0; j < j1; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
         int64_t k = cp_pattern_param_id(p, param), valid = cp_param_valid(prm, U_SR(c, u)), len;
-        if (prm->offset > done)
+        int64_t off = prm->offset - at0;
+        int cell = row_of(c, u, j);
+        if (off > done)
             for (int q = 0; q < nmembers; q++)
-                memset((char *)out[q] + (size_t)done * es, 0, (size_t)(prm->offset - done) * es);
-        done = prm->offset + valid;
+                memset((char *)out[q] + (size_t)done * es, 0, (size_t)(off - done) * es);
+        done = off + valid;
         for (int64_t i = 0; i < valid; i += len) {
             int64_t e = shard_run(prm, U_W(c, u), U_SR(c, u), U_TR(c, u), i, valid, &len);
             if (len > CP_BLOCK) len = CP_BLOCK;
             /* the backwards up to the one this pack follows, in table order */
-            size_t row = (size_t)u * (size_t)p->micro_steps;
+            size_t row = (size_t)cell * (size_t)p->micro_steps;
             int last = micro >= 0 && micro < p->micro_steps ? c->pack_pos[row + (size_t)micro] : -1;
             if (last < 0 && micro >= 0 && micro < p->micro_steps) last = c->pos[row + (size_t)micro];
             for (int kk = 0; kk <= last; kk++) {
-                int m = micro_at(c, u, kk);
-                int fresh = fresh_at(c, u, kk);
+                int m = micro_at(c, cell, kk);
+                int fresh = fresh_at(c, cell, kk);
                 /* one hash per element, shared by every member (their grads differ by the rank factor) */
                 if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(U->ag_dtype, k, e, len, m, c->step, base);
                 for (int q = 0; q < nmembers; q++) {
@@ -796,13 +881,13 @@ void cp_checker_member_packed(cp_checker *c, int u, const int *members, int nmem
                     for (int64_t x = 0; x < len; x++) a[x] = (float)(a[x] / U->pre_divide);
                     cp_round_n(U->reduce_dtype, a, len);
                 }
-                cp_store_n(U->reduce_dtype, (char *)out[q] + (size_t)(prm->offset + i) * es, len, a);
+                cp_store_n(U->reduce_dtype, (char *)out[q] + (size_t)(off + i) * es, len, a);
             }
         }
     }
-    if (U->total > done)
+    if (total > done)
         for (int q = 0; q < nmembers; q++)
-            memset((char *)out[q] + (size_t)done * es, 0, (size_t)(U->total - done) * es);
+            memset((char *)out[q] + (size_t)done * es, 0, (size_t)(total - done) * es);
 }
 
 /* Every reduced grad element of unit u as this rank must hold it (padding
@@ -821,17 +906,19 @@ static void expect_unit_part(cp_checker *c, void *arg, int part, int nparts)
         const cp_param *prm = &p->params[param];
         int64_t k = cp_pattern_param_id(p, param);
         int64_t valid = cp_param_valid(prm, U_SR(c, u)), len, lo, hi;
+        /* the chains are its reduction's: positions in its part's buffer (the unit's slot without one) */
+        int row = row_of(c, u, j);
+        int64_t base = c->cell_rs[2 * (size_t)row], total = c->cell_rs[2 * (size_t)row + 1];
         part_range(valid, part, nparts, &lo, &hi);
         for (int64_t i = lo; i < hi; i += len) {
             int64_t e = shard_run(prm, U_W(c, u), U_SR(c, u), U_TR(c, u), i, hi, &len);
-            int64_t at = prm->offset + i, rs_end, ar_end;
-            int rs_key = cp_reduce_scatter_key_run(c->arith, U->reduce_dtype, U_SR(c, u), at, U->total,
-                                                   U_W(c, u), &rs_end);
-            int key = cp_all_reduce_key_run(c->arith, U->reduce_dtype, at, U->total, R, &ar_end);
+            int64_t at = prm->offset - base + i, rs_end, ar_end;
+            int rs_key = cp_reduce_scatter_key_run(c->arith, U->reduce_dtype, U_SR(c, u), at, total, U_W(c, u), &rs_end);
+            int key = cp_all_reduce_key_run(c->arith, U->reduce_dtype, at, total, R, &ar_end);
             if (rs_end - at < len) len = rs_end - at;
             if (ar_end - at < len) len = ar_end - at;
             if (len > CP_BLOCK) len = CP_BLOCK;
-            expect_block(c, u, k, e, len, rs_key, key, out + at);
+            expect_block(c, u, row, k, e, len, rs_key, key, out + prm->offset + i);
         }
     }
 }
@@ -847,13 +934,13 @@ static void expect_unit(cp_checker *c, int u, float *out)
  * choice: got may be the bits of any position that split can give it
  * (0 .. cp_nccl_all_reduce_max_key: the first 16 bytes always finish on
  * position 0), each position's value worked out in full; no other. */
-static int any_ring_order(const cp_checker *c, int u, int64_t k, int64_t e, int64_t at, float got)
+static int any_ring_order(const cp_checker *c, int u, int row, int64_t k, int64_t e, int64_t at, float got)
 {
     int R = c->plan->replicate_size;
     if (c->arith != CP_ARITH_NCCL || R < 2) return 0;
     int last = cp_nccl_all_reduce_max_key(c->plan->units[u].reduce_dtype, at, R);
     for (int key = 0; key <= last; key++)
-        if (same(expect_element(c, u, k, e, U_SR(c, u), key), got)) return 1;
+        if (same(expect_element(c, u, row, k, e, U_SR(c, u), key), got)) return 1;
     return 0;
 }
 
@@ -877,7 +964,9 @@ static void compare_grads(cp_checker *c, int u, const float *want, const void *s
                 if (same(w[q], got[q])) continue;
                 int64_t e = cp_param_full_index(prm, U_TR(c, u),
                                                 cp_param_global_index(prm, U_W(c, u), U_SR(c, u), i));
-                if (i < valid && any_ring_order(c, u, cp_pattern_param_id(p, param), e, prm->offset + i, got[q]))
+                int row = row_of(c, u, j);
+                if (i < valid && any_ring_order(c, u, row, cp_pattern_param_id(p, param), e,
+                                                prm->offset - c->cell_rs[2 * (size_t)row] + i, got[q]))
                     continue;
                 report(c, i < valid ? "reduced sharded grad" : "grad padding", u, param, i < valid ? e : -1, w[q],
                        got[q]);

@@ -38,13 +38,19 @@ typedef struct {
     int replica_set;     /* this rank's replicate group instance: who shares its expected grads */
     cp_expect_cache *cache; /* NULL: compute this rank's values alone */
     float *expect;          /* scratch: one unit's expected shard without a cache */
-    unsigned char *packs;   /* [unit * micro_steps + k]: bit 0, the step reduces unit u's grads after its k-th
+    /* Cells: a unit's parameters whose grads are made and reduced together
+     * (the whole unit, but where a partial reduction's part cuts it:
+     * ChunkedLossWrapper's [norm, lm_head] unit is two cells). */
+    int ncells;
+    int *cell_of;           /* [param]: its cell */
+    int64_t *cell_rs;       /* [2 * cell]: where its reduction's buffer starts in the unit's slot, and its elements */
+    unsigned char *packs;   /* [cell * micro_steps + k]: bit 0, the step reduces the cell's grads after its k-th
                                backward in table order; bit 1, that reduction ends in the partial sums
                                (all_reduce_last) (its ops) */
-    int *order;             /* [unit * micro_steps + k]: the micro-step of unit u's k-th backward in table order
+    int *order;             /* [cell * micro_steps + k]: the micro-step of the cell's k-th backward in table order
                                (a pipeline schedule runs them in its own order), -1 past the last */
-    int *pos;               /* [unit * micro_steps + m]: k of micro-step m's backward; its inverse */
-    int *pack_pos;          /* [unit * micro_steps + m]: k of the backward a pack labelled micro-step m follows */
+    int *pos;               /* [cell * micro_steps + m]: k of micro-step m's backward; its inverse */
+    int *pack_pos;          /* [cell * micro_steps + m]: k of the backward a pack labelled micro-step m follows */
     float *acc;             /* scratch: each of the W x R members' accumulated unsharded grad */
     float *work;            /* scratch: blocks of CP_BLOCK floats for the run-at-a-time checks */
     long mismatches;
@@ -76,7 +82,12 @@ void cp_checker_check_unsharded(cp_checker *c, int unit, const void *unsharded, 
  * grads afresh (the step's first backward of the unit in table order, or
  * the first after a packing) rather than adding into them. */
 int cp_checker_grads_fresh(const cp_checker *c, int u, int micro);
+/* The same for a backward of a part of the unit's parameters (cp_op's
+ * part_first, part_count; 0, 0: all): fresh when every one of them is. */
+int cp_checker_grads_fresh_part(const cp_checker *c, int u, int part_first, int part_count, int micro);
 void cp_checker_add_grads(cp_checker *c, int unit, int micro_step, void *grads);
+/* A part's backward: only its parameters' grads are written. */
+void cp_checker_add_grads_part(cp_checker *c, int unit, int part_first, int part_count, int micro_step, void *grads);
 void cp_checker_check_grads(cp_checker *c, int unit, const void *sharded_grads);
 /* TP activation collective op (this rank's TP index, the TP group's size):
  * write its input (the slot for a gather, the whole for a reduce-scatter,
@@ -122,7 +133,9 @@ void cp_checker_fill_shards_of(cp_checker *c, int unit, int shard_rank, void *sh
 /* The same shards as t (rounded to the unit's orig dtype first): what
  * that member's copy-in writes into its all-gather slot. */
 void cp_checker_fill_shards_as(cp_checker *c, int unit, int shard_rank, cp_dtype t, void *out);
-void cp_checker_member_packed(cp_checker *c, int unit, const int *members, int nmembers, int micro_step,
-                              void *const *out);
+/* A partial reduction's (part_count > 0): its parameters only, its
+ * cp_part_total elements each. */
+void cp_checker_member_packed(cp_checker *c, int unit, int part_first, int part_count, const int *members, int nmembers,
+                              int micro_step, void *const *out);
 
 #endif

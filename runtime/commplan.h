@@ -15,7 +15,7 @@ extern "C" {
 /* The layout of the tables below. A generated plan.c refuses to compile
  * against a runtime whose tables differ (nanopb's PB_PROTO_HEADER_VERSION
  * idea): bump it with every change to a table type or an enum. */
-#define CP_TABLES_VERSION 9
+#define CP_TABLES_VERSION 10
 
 #define CP_MAX_DIMS 8      /* tensor dims per parameter */
 #define CP_MAX_MESH_DIMS 6 /* dp_replicate, dp_shard, ep, cp, tp, pp */
@@ -202,6 +202,15 @@ typedef struct {
     int64_t a2a_capacity; /* rows per member each buffer holds: counts past it are refused, never sent */
     int64_t a2a_rows;     /* A2A_COUNTS: routed rows per rank (tokens x top_k) --simulate / --check draw; 0: half
                              the capacity */
+    /* A partial reduction (torchtitan's ChunkedLossWrapper: the [norm, lm_head]
+     * unit's lm_head reduced in the loss, its norm in the decoder's backward):
+     * PACK, REDUCE_SCATTER, ALL_REDUCE, VIEW_OUT(_ADD) over the unit's
+     * parameters part_first .. part_first + part_count - 1 only, packed as
+     * FSDP2's foreach_reduce packs the parameters that have a gradient (each
+     * one's padded shard, rank rows of cp_part_total elements; count is that
+     * total), and the FORWARD / BACKWARD that computes them. part_count 0 (C's
+     * zero default): the whole unit. */
+    int part_first, part_count;
 } cp_op;
 
 /* One class: the ranks whose tables agree (TP ranks whose TP-local shapes
@@ -391,6 +400,15 @@ int cp_unit_shard_size(const cp_plan *p, int unit);
 int cp_unit_shard_family(const cp_plan *p, int unit);
 int cp_unit_shard_rank(const cp_plan *p, int unit, int rank);
 int cp_unit_split_rank(const cp_plan *p, int unit, int rank);
+/* A part of the unit's parameters (cp_op.part_first, part_count; count 0:
+ * the whole unit): its parameters' padded shards back to back, total
+ * elements from offset in the unit's slot (the parameters are contiguous
+ * there). */
+int64_t cp_part_total(const cp_plan *p, int unit, int first, int count);
+int64_t cp_part_offset(const cp_plan *p, int unit, int first, int count);
+/* 0 when the part lies inside the unit (count 0, or first >= 0, count >= 1,
+ * first + count <= its nparams), else -1. */
+int cp_part_check(const cp_plan *p, int unit, int first, int count);
 
 /* ---- the buffer arena (arena.c) ---- */
 /* Bytes of any of a unit's buffers (cp_buffer), arena or persistent. */
@@ -428,8 +446,11 @@ struct cp_backend {
     void *ctx;
     void *(*alloc)(cp_backend *b, size_t bytes);           /* zeroed; NULL on failure */
     void (*free)(cp_backend *b, void *p);
-    /* A copy kernel of `unit` on stream s (cp_op_desc.kernel). */
-    int (*copy)(cp_backend *b, int kernel, int unit, cp_stream s, const void *in, void *out);
+    /* A copy kernel of `unit` on stream s (cp_op_desc.kernel), over the
+     * unit's parameters part_first .. part_first + part_count - 1 (pack,
+     * view-out; part_count 0: the whole unit, cp_op.part_count). */
+    int (*copy)(cp_backend *b, int kernel, int unit, int part_first, int part_count, cp_stream s, const void *in,
+                void *out);
     int (*copy_bytes)(cp_backend *b, cp_stream s, const void *in, void *out, size_t bytes);
     /* The op's collective over its group instance; in may alias out's own slot (in-place all-gather). */
     int (*collective[CP_COLLECTIVES])(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out);

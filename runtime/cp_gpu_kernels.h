@@ -21,10 +21,14 @@ enum cp_kernel_op {
 
 typedef struct {
     /* Enqueue one unit's copy, with the tables of TP class tp_class (0
-     * without TP), on a cudaStream_t; returns a cudaError_t. */
-    int (*launch)(int tp_class, int op, int unit, int shard_rank, const void *in, void *out, void *stream);
+     * without TP), on a cudaStream_t; returns a cudaError_t. part_first,
+     * part_count: a part of the unit's parameters (a partial reduction's
+     * pack and view-out, cp_op.part_first / part_count; 0, 0: the whole unit). */
+    int (*launch)(int tp_class, int op, int unit, int part_first, int part_count, int shard_rank, const void *in,
+                  void *out, void *stream);
     /* The same group bodies run on the CPU over host buffers (tests). */
-    int (*emulate)(int tp_class, int op, int unit, int shard_rank, const void *in, void *out);
+    int (*emulate)(int tp_class, int op, int unit, int part_first, int part_count, int shard_rank, const void *in,
+                   void *out);
     /* Builds the device copy of a class's tables; called once before the
      * first launch (cp_gpu_init does), never during a graph capture. 0 or a cudaError_t. */
     int (*prepare)(int tp_class);
@@ -33,9 +37,10 @@ typedef struct {
 /* The kernels themselves (runtime/cp_kernels.cu, compiled once), for any
  * plan's tables; a plan's generated plan_kernels.cu binds them to its name. */
 int cp_kernels_prepare(const cp_plan *plan, int tp_class);
-int cp_kernels_launch(const cp_plan *plan, int tp_class, int op, int unit, int shard_rank, const void *in, void *out,
-                      void *stream);
-int cp_kernels_emulate(const cp_plan *plan, int tp_class, int op, int unit, int shard_rank, const void *in, void *out);
+int cp_kernels_launch(const cp_plan *plan, int tp_class, int op, int unit, int part_first, int part_count,
+                      int shard_rank, const void *in, void *out, void *stream);
+int cp_kernels_emulate(const cp_plan *plan, int tp_class, int op, int unit, int part_first, int part_count,
+                       int shard_rank, const void *in, void *out);
 
 #ifdef __cplusplus
 }

@@ -39,15 +39,15 @@ cp_ktables *tables_of(const cp_plan *p, int tp_class, int host, cudaError_t *err
     return *err == cudaSuccess ? &found->tables : nullptr;
 }
 
-cudaError_t run(const cp_plan *p, int tp_class, int op, int unit, int shard_rank, const void *in, void *out,
-                cudaStream_t s, int host)
+cudaError_t run(const cp_plan *p, int tp_class, int op, int unit, int part_first, int part_count, int shard_rank,
+                const void *in, void *out, cudaStream_t s, int host)
 {
     int nclasses = p->nclasses > 0 ? p->nclasses : 1;
     if (tp_class < 0 || tp_class >= nclasses) return cudaErrorInvalidValue;
     cudaError_t e;
     cp_ktables *t = tables_of(p, tp_class, host, &e);
     if (!t) return e;
-    return cp_ktables_run(t, p, tp_class, op, unit, shard_rank, in, out, s, host);
+    return cp_ktables_run(t, p, tp_class, op, unit, part_first, part_count, shard_rank, in, out, s, host);
 }
 
 } // namespace
@@ -59,14 +59,14 @@ extern "C" int cp_kernels_prepare(const cp_plan *p, int tp_class)
     return (int)e;
 }
 
-extern "C" int cp_kernels_launch(const cp_plan *p, int tp_class, int op, int unit, int shard_rank, const void *in,
-                                 void *out, void *stream)
+extern "C" int cp_kernels_launch(const cp_plan *p, int tp_class, int op, int unit, int part_first, int part_count,
+                                 int shard_rank, const void *in, void *out, void *stream)
 {
-    return (int)run(p, tp_class, op, unit, shard_rank, in, out, (cudaStream_t)stream, 0);
+    return (int)run(p, tp_class, op, unit, part_first, part_count, shard_rank, in, out, (cudaStream_t)stream, 0);
 }
 
-extern "C" int cp_kernels_emulate(const cp_plan *p, int tp_class, int op, int unit, int shard_rank, const void *in,
-                                  void *out)
+extern "C" int cp_kernels_emulate(const cp_plan *p, int tp_class, int op, int unit, int part_first, int part_count,
+                                  int shard_rank, const void *in, void *out)
 {
-    return (int)run(p, tp_class, op, unit, shard_rank, in, out, 0, 1);
+    return (int)run(p, tp_class, op, unit, part_first, part_count, shard_rank, in, out, 0, 1);
 }

@@ -40,9 +40,14 @@ struct cp_kunit {
 };
 
 struct cp_kview {
-    const cp_kparam *params; /* this unit's parameters */
-    cp_kunit unit;
+    const cp_kparam *params; /* this unit's parameters (a part's: its first) */
+    cp_kunit unit;           /* a part's: its nparams, total (each rank's packed row) and tiles_pack */
     int W; /* the unit's shard group size (unit.W): the rank slots copy-out and packing cut */
+    /* A part of the unit (a partial reduction's pack: foreach_reduce over the
+     * parameters with a gradient): its first parameter's slot offset and
+     * first packing tile, which its rows and tiles count from; 0 for the unit. */
+    long long base;
+    int tile_base_pack;
 };
 
 template <typename T> __host__ __device__ inline float cp_to_float(T v);
@@ -60,7 +65,7 @@ __host__ __device__ inline int cp_kfind_tile(const cp_kview &v, int k, bool pack
     int lo = 0, hi = v.unit.nparams - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if ((pack ? v.params[mid].tile_pack : v.params[mid].tile_out) <= k) lo = mid; else hi = mid - 1;
+        if ((pack ? v.params[mid].tile_pack - v.tile_base_pack : v.params[mid].tile_out) <= k) lo = mid; else hi = mid - 1;
     }
     return lo;
 }
@@ -209,7 +214,7 @@ template <typename T> struct cp_map_copy_out {
     }
 };
 
-/* packing piece (r, p): rs_in[r][offset + j] <- grads of p at element
+/* packing piece (r, p): rs_in[r][offset - base + j] <- grads of p at element
  * o * W * run + r * run + t (o, t = j / run, j % run); zero past numel
  * (torch.chunk padding). */
 template <typename T> struct cp_map_pack {
@@ -229,7 +234,7 @@ template <typename T> struct cp_map_pack {
     __host__ __device__ const T *src(long long j) const { return in + elem(j); }
 };
 template <typename TI, typename TO> struct cp_map_pack_to : cp_map_pack<TI> {
-    TO *out; /* rs_in + r * total + offset */
+    TO *out; /* rs_in + r * total + offset - base */
     __host__ __device__ TO *dst(long long j) const { return out + j; }
 };
 
@@ -271,7 +276,7 @@ __host__ __device__ inline void cp_pack_tile(const cp_kview &v, const TI *grads,
 {
     int r = (int)(b / v.unit.tiles_pack), k = (int)(b - (long long)r * v.unit.tiles_pack);
     const cp_kparam &p = v.params[cp_kfind_tile(v, k, true)];
-    long long j0 = (long long)(k - p.tile_pack) * CP_KTILE_OF(V);
+    long long j0 = (long long)(k - (p.tile_pack - v.tile_base_pack)) * CP_KTILE_OF(V);
     long long end = j0 + CP_KTILE_OF(V) < p.padded ? j0 + CP_KTILE_OF(V) : p.padded;
     cp_map_pack_to<TI, TO> m;
     m.in = grads + p.grad_offset;
@@ -280,7 +285,7 @@ __host__ __device__ inline void cp_pack_tile(const cp_kview &v, const TI *grads,
     m.outer = p.outer;
     m.numel = p.numel;
     m.rrun = (long long)r * p.run;
-    m.out = rs_in + (long long)r * v.unit.total + p.offset;
+    m.out = rs_in + (long long)r * v.unit.total + (p.offset - v.base);
     cp_ktile<TI, TO, V>(m, j0, end, lane, 1.0f, v.unit.pre_divide);
 }
 
@@ -579,16 +584,38 @@ static inline cudaError_t cp_ktables_prepare(cp_ktables *t, const cp_plan *p, in
 /* One unit's copy for TP class c with that class's tables t: on the
  * device (host = 0; prepared on first use) or its group bodies on the CPU
  * (host = 1). shard_rank is this rank's key in the unit's own shard group
- * (cp_unit_shard_rank: an experts unit's efsdp key, else the plan's). */
-static inline cudaError_t cp_ktables_run(cp_ktables *t, const cp_plan *p, int c, int op, int unit, int shard_rank,
-                                         const void *in, void *out, cudaStream_t s, int host)
+ * (cp_unit_shard_rank: an experts unit's efsdp key, else the plan's).
+ * part_count > 0: a part of the unit's parameters, part_first .. part_first
+ * + part_count - 1 (a partial reduction: its pack rows hold those
+ * parameters' padded shards only, its view-out writes them at their offset
+ * in the sharded grads); packing and the view-outs only. */
+static inline cudaError_t cp_ktables_run(cp_ktables *t, const cp_plan *p, int c, int op, int unit, int part_first,
+                                         int part_count, int shard_rank, const void *in, void *out, cudaStream_t s,
+                                         int host)
 {
     int nclasses = p->nclasses > 0 ? p->nclasses : 1;
     if (c < 0 || c >= nclasses || unit < 0 || unit >= cp_kclass_nunits(p, c) || op < 0 || op > CP_K_FLAT_ADD)
         return cudaErrorInvalidValue;
     cudaError_t e = host ? cp_ktables_build_host(t, p, c) : cp_ktables_prepare(t, p, c);
     if (e != cudaSuccess) return e;
-    cp_kview v = { (host ? t->host : t->device) + t->units[unit].first_param, t->units[unit], t->units[unit].W };
+    const cp_kunit &U = t->units[unit];
+    cp_kview v = { (host ? t->host : t->device) + U.first_param, U, U.W, 0, 0 };
+    if (part_count != 0 || part_first != 0) {
+        if (part_count < 1 || part_first < 0 || part_first > U.nparams - part_count ||
+            (op != CP_K_PACK && op != CP_K_VIEW_OUT && op != CP_K_VIEW_OUT_ADD))
+            return cudaErrorInvalidValue;
+        const cp_kparam *hp = t->host + U.first_param; /* the host copy: where the part starts and ends */
+        const cp_kparam &a = hp[part_first], &z = hp[part_first + part_count - 1];
+        int tiles_end = part_first + part_count < U.nparams ? hp[part_first + part_count].tile_pack : U.tiles_pack;
+        v.params += part_first;
+        v.unit.nparams = part_count;
+        v.unit.total = z.offset + z.padded - a.offset;
+        v.unit.tiles_pack = tiles_end - a.tile_pack;
+        v.base = a.offset;
+        v.tile_base_pack = a.tile_pack;
+        if (op != CP_K_PACK) /* the view-outs: the part's elements, at its offset in the sharded grads */
+            out = static_cast<char *>(out) + (size_t)a.offset * (t->dtypes[unit][0] == 0 ? 4 : 2);
+    }
     return cp_kdispatch_dtypes(op, v, t->dtypes[unit], shard_rank, in, out, s, host);
 }
 #endif

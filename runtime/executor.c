@@ -824,6 +824,18 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op)
     cp_backend *b = ex->backend;
     int u = op->unit;
     long x = (long)(op - p->ops);
+    /* A part of the unit's parameters: inside it, on the ops that take one,
+     * a collective's count its elements. */
+    if (op->part_count != 0 || op->part_first != 0) {
+        int takes = op->kind == CP_OP_PACK || op->kind == CP_OP_REDUCE_SCATTER || op->kind == CP_OP_ALL_REDUCE ||
+                    op->kind == CP_OP_VIEW_OUT || op->kind == CP_OP_VIEW_OUT_ADD || op->kind == CP_OP_FORWARD ||
+                    op->kind == CP_OP_BACKWARD;
+        if (!takes || cp_part_check(p, u, op->part_first, op->part_count) ||
+            (d->action == CP_ACT_COLLECTIVE && op->count != cp_part_total(p, u, op->part_first, op->part_count)))
+            return ex_error(ex, "rank %d: op %ld (%s of unit %s) names parameters %d .. %d of the unit's %d (count %lld): "
+                            "regenerate the plan", ex->rank, x, d->name, p->units[u].name, op->part_first,
+                            op->part_first + op->part_count - 1, p->units[u].nparams, (long long)op->count);
+    }
     int in_table = x >= 0 && x < p->nops;
     /* Batches: a group opens before the batch's first op and closes after
      * its last (the next op in the table has another batch, or the step
@@ -865,7 +877,8 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op)
     void *out = cp_executor_op_buffer(ex, op, d->out, d->out_slot);
     switch (d->action) {
     case CP_ACT_COPY:
-        if (b->copy(b, d->kernel, u, op->stream, in, out)) return failed(ex, op, "the copy kernel");
+        if (b->copy(b, d->kernel, u, op->part_first, op->part_count, op->stream, in, out))
+            return failed(ex, op, "the copy kernel");
         if (d->out == CP_BUF_UNSHARDED) ex->unsharded_live[u] = 1;
         break;
     case CP_ACT_COLLECTIVE:

@@ -233,17 +233,20 @@ static void gpu_free(cp_backend *b, void *p)
     cudaFree(p);
 }
 
-static int gpu_copy(cp_backend *b, int kernel, int unit, cp_stream s, const void *in, void *out)
+static int gpu_copy(cp_backend *b, int kernel, int unit, int part_first, int part_count, cp_stream s, const void *in,
+                    void *out)
 {
     cp_gpu *g = b->ctx;
     /* The unit's own shard group: an experts unit's slot is its efsdp key,
      * not the plan's shard rank (cp_unit_shard_rank; the kernels' tables
-     * hold its group size). */
-    int e = g->k->launch(g->plan->view_class, kernel, unit, cp_unit_shard_rank(g->plan, unit, g->env.rank), in, out,
-                         g->streams[s]);
+     * hold its group size). A part (pack, view-out of a partial reduction):
+     * its parameters only. */
+    int e = g->k->launch(g->plan->view_class, kernel, unit, part_first, part_count,
+                         cp_unit_shard_rank(g->plan, unit, g->env.rank), in, out, g->streams[s]);
     if (e != 0) {
-        static const char *const names[] = { "copy-in", "copy-out", "pack", "view-out", "view-out (adding)" };
-        return fail(g, "%s kernel of unit %s failed: %s", kernel >= 0 && kernel < 5 ? names[kernel] : "?",
+        static const char *const names[] = { "copy-in", "copy-out", "pack", "view-out", "view-out (adding)",
+                                             "flat copy", "flat add" };
+        return fail(g, "%s kernel of unit %s failed: %s", kernel >= 0 && kernel < 7 ? names[kernel] : "?",
                     g->plan->units[unit].name, cudaGetErrorString((cudaError_t)e));
     }
     return 0;
@@ -1050,7 +1053,8 @@ int cp_gpu_bench_ops(cp_gpu *g, void *stream, int warmup, int iters, FILE *out)
         float ms = 0.0f;
         for (int it = -warmup; it < iters; it++) {
             if (it == 0) CUDA(cudaEventRecord(t0, S));
-            if (b->copy(b, d->kernel, big, CP_STREAM_COMPUTE, g->ex.buf[d->in][big], g->ex.buf[d->out][big])) return -1;
+            if (b->copy(b, d->kernel, big, 0, 0, CP_STREAM_COMPUTE, g->ex.buf[d->in][big], g->ex.buf[d->out][big]))
+                return -1;
         }
         CUDA(cudaEventRecord(t1, S));
         CUDA(cudaEventSynchronize(t1));

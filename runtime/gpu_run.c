@@ -41,7 +41,8 @@ static void CUDART_CB check_on_host(void *arg)
     char *grads = (char *)c->pinned + ((unsharded + 255) / 256) * 256;
     cp_checker_check_unsharded(chk, u, c->pinned,
                                c->op->kind == CP_OP_FORWARD ? "unsharded param in forward" : "unsharded param in backward");
-    if (c->op->kind == CP_OP_BACKWARD) cp_checker_add_grads(chk, u, c->op->micro_step, grads);
+    if (c->op->kind == CP_OP_BACKWARD) /* (a part's backward: its parameters' grads only) */
+        cp_checker_add_grads_part(chk, u, c->op->part_first, c->op->part_count, c->op->micro_step, grads);
 }
 
 /* A placeholder's CUDA call failed: say which (the executor adds rank, op and unit). */
@@ -65,7 +66,8 @@ static int gpu_check_compute(void *user, cp_executor *ex, const cp_op *op)
     if (op->stream != CP_STREAM_COMPUTE) return cuda_failed(ex, "a compute op off the compute stream", cudaErrorInvalidValue);
     if ((e = cudaMemcpyAsync(c->pinned, ex->buf[CP_BUF_UNSHARDED][u], unsharded, cudaMemcpyDeviceToHost, s)))
         return cuda_failed(ex, "copying the unsharded params to pinned memory", e);
-    if (op->kind == CP_OP_BACKWARD && !cp_checker_grads_fresh(&c->h->check, u, op->micro_step) &&
+    /* (a part's backward leaves the other parameters' grads as they are: read them too) */
+    if (op->kind == CP_OP_BACKWARD && (op->part_count > 0 || !cp_checker_grads_fresh(&c->h->check, u, op->micro_step)) &&
         (e = cudaMemcpyAsync(grads, ex->buf[CP_BUF_GRADS][u], grads_bytes, cudaMemcpyDeviceToHost, s)))
         return cuda_failed(ex, "copying the grads to pinned memory", e);
     if ((e = cudaLaunchHostFunc(s, check_on_host, c))) return cuda_failed(ex, "cudaLaunchHostFunc", e);

@@ -45,19 +45,21 @@ static int on_compute(void *user, cp_executor *ex, const cp_op *op)
         cp_checker_check_unsharded(&h->check, u, h->scratch, when);
     }
     if (op->kind != CP_OP_BACKWARD) return 0;
+    /* (a part's backward, ChunkedLossWrapper's: its parameters' grads only) */
     if ((mem = in_place(ex, u, CP_BUF_GRADS))) {
-        cp_checker_add_grads(&h->check, u, op->micro_step, mem);
+        cp_checker_add_grads_part(&h->check, u, op->part_first, op->part_count, op->micro_step, mem);
         return 0;
     }
     /* Autograd's .grad: written by the unit's first backward of the step
      * (in table order: a pipeline schedule's own), accumulated after (the
-     * checker reads the buffer back for that). */
-    if (!cp_checker_grads_fresh(&h->check, u, op->micro_step) &&
+     * checker reads the buffer back for that, and for a part's backward,
+     * which leaves the other parameters' grads as they are). */
+    if ((op->part_count > 0 || !cp_checker_grads_fresh(&h->check, u, op->micro_step)) &&
         cp_executor_read(ex, op->stream, u, CP_BUF_GRADS, h->scratch)) {
         h->error = 1;
         return -1;
     }
-    cp_checker_add_grads(&h->check, u, op->micro_step, h->scratch);
+    cp_checker_add_grads_part(&h->check, u, op->part_first, op->part_count, op->micro_step, h->scratch);
     if (cp_executor_write(ex, op->stream, u, CP_BUF_GRADS, h->scratch)) { h->error = 1; return -1; }
     return 0;
 }

@@ -229,6 +229,7 @@ static char *standin_room(sim_rank *sr, size_t bytes)
  * rank alone). */
 typedef struct {
     int unit, key, size, micro, n;
+    int part_first, part_count; /* a partial reduction's part (cp_op's) */
     cp_dtype t;
     char *out;
     size_t slot;
@@ -247,7 +248,8 @@ static void packed_part(cp_checker *c, void *arg, int part, int nparts)
 {
     const standin_job *j = arg;
     int lo = j->n * part / nparts, hi = j->n * (part + 1) / nparts;
-    if (hi > lo) cp_checker_member_packed(c, j->unit, j->who + lo, hi - lo, j->micro, j->where + lo);
+    if (hi > lo)
+        cp_checker_member_packed(c, j->unit, j->part_first, j->part_count, j->who + lo, hi - lo, j->micro, j->where + lo);
 }
 
 static int solo_collective(void *user, int coll, int family, int color, int key, int size, void *in, void *out,
@@ -311,7 +313,8 @@ static int solo_collective(void *user, int coll, int family, int color, int key,
         }
     }
     if (nwho) {
-        standin_job jp = { .unit = op->unit, .micro = op->micro_step, .n = nwho, .who = who, .where = where };
+        standin_job jp = { .unit = op->unit, .micro = op->micro_step, .n = nwho, .who = who, .where = where,
+                           .part_first = op->part_first, .part_count = op->part_count };
         cp_checker_in_parts(c, packed_part, &jp);
     }
     const void *at[size];

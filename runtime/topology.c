@@ -164,3 +164,26 @@ int cp_unit_split_rank(const cp_plan *p, int unit, int rank)
     cp_group_of(p, U->split_family, rank, &color, &key);
     return key;
 }
+
+int cp_part_check(const cp_plan *p, int unit, int first, int count)
+{
+    if (unit < 0 || unit >= p->nunits) return -1;
+    if (count == 0) return first == 0 ? 0 : -1;
+    return first >= 0 && count >= 1 && first <= p->units[unit].nparams - count ? 0 : -1;
+}
+
+int64_t cp_part_total(const cp_plan *p, int unit, int first, int count)
+{
+    const cp_unit *U = &p->units[unit];
+    if (count <= 0) return U->total;
+    int64_t total = 0;
+    for (int j = first; j < first + count; j++) total += p->params[U->first_param + j].padded;
+    return total;
+}
+
+int64_t cp_part_offset(const cp_plan *p, int unit, int first, int count)
+{
+    const cp_unit *U = &p->units[unit];
+    if (count <= 0) return 0;
+    return p->params[U->first_param + first].offset;
+}

@@ -67,7 +67,9 @@ function llama.units(ctx, model)
   -- torchtitan's apply_fsdp, in wrapping order: the embedding alone, one
   -- unit per block, [norm, output] together without reshard after forward
   -- (FSDP would all-gather them again at once for backward), and the root,
-  -- which then owns no parameters and issues no collectives.
+  -- which then owns no parameters and issues no collectives. loss_head:
+  -- the unit torchtitan's ChunkedLossWrapper runs lm_head of
+  -- (gen/parallel/fsdp_schedule.lua): its parameters [norm, lm_head].
   local units = { { name = "tok_embeddings", params = { p("tok_embeddings.weight", { cfg.vocab_size, cfg.dim }) } } }
   for i = 0, cfg.n_layers - 1 do
     local pre = "layers." .. i .. "."
@@ -83,7 +85,7 @@ function llama.units(ctx, model)
       p(pre .. "ffn_norm.weight", { cfg.dim }),
     } }
   end
-  units[#units + 1] = { name = "norm_output", reshard_after_forward = false, params = {
+  units[#units + 1] = { name = "norm_output", reshard_after_forward = false, loss_head = true, params = {
     p("norm.weight", { cfg.dim }),
     p("output.weight", { cfg.vocab_size, cfg.dim }),
   } }

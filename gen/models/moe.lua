@@ -118,13 +118,14 @@ end
 
 -- torchtitan's apply_fsdp_to_decoder around the blocks (untied
 -- embeddings): the embedding alone, the blocks (given), [norm, lm_head]
--- together without reshard after forward, and the root, which then owns no
--- parameters. Units in forward order; each parameter's numel (and the
+-- together without reshard after forward (loss_head: torchtitan's
+-- ChunkedLossWrapper runs its lm_head, gen/parallel/fsdp_schedule.lua), and
+-- the root, which then owns no parameters. Units in forward order; each parameter's numel (and the
 -- model's) checked against gen/load's limit, as the llama family does.
 function moe.wrap(ctx, cfg, p, blocks)
   local units = { { name = "tok_embeddings", params = { p("tok_embeddings.weight", { cfg.vocab_size, cfg.dim }) } } }
   for _, b in ipairs(blocks) do units[#units + 1] = b end
-  units[#units + 1] = { name = "norm_lm_head", reshard_after_forward = false, params = {
+  units[#units + 1] = { name = "norm_lm_head", reshard_after_forward = false, loss_head = true, params = {
     p("norm.weight", { cfg.dim }),
     p("lm_head.weight", { cfg.vocab_size, cfg.dim }),
   } }

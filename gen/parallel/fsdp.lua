@@ -10,6 +10,7 @@
 local layout = require("gen.parallel.fsdp_layout")
 local schedule = require("gen.parallel.fsdp_schedule")
 local verify = require("gen.verify")
+local util = require("gen.util")
 
 local fsdp = {
   name = "fsdp", label = "FSDP/HSDP", dims = { "dp_shard", "dp_replicate" },
@@ -17,6 +18,46 @@ local fsdp = {
 }
 
 function fsdp.used() return true end
+
+-- The decoder families torchtitan 0.3 trains with ChunkedLossWrapper
+-- (Trainer.__init__: training.loss_chunks, 8 by default, for llama3 and
+-- deepseek_v3; the MoE families share its Decoder and [norm, lm_head]
+-- wrapping, gen/models/moe.lua). A generic model's loss is the user's own
+-- (a plan of whatever units; the python bridge's CommplanFSDP runs
+-- CrossEntropyLoss on whole logits): today's order.
+local CHUNKED_FAMILIES = { llama = true, mixtral = true, qwen3_moe = true, deepseek_v3 = true }
+
+-- The loss's chunks when the step follows ChunkedLossWrapper's order
+-- (gen/parallel/fsdp_schedule.lua), else nil: training.loss_chunks (8 by
+-- default, gen/compute.lua) >= 2 on those families. Not with ep > 1: its
+-- explicit prefetching (lm_head prefetches the last block in backward) in
+-- the loss's chunks is not measured, so those plans keep CrossEntropyLoss's
+-- order (a pipeline plan too: gen/parallel/pp_tables.lua builds its own,
+-- and its stage mesh's plan, gen/parallel/pp_report.lua, says
+-- stage_of_pipeline; and step_end, torch.distributed.pipelining's
+-- accumulation, which a pipeline's stage runs).
+function fsdp.chunked_loss(p, d)
+  if not CHUNKED_FAMILIES[p.model.family] or (d and d.ep > 1) or p.stage_of_pipeline
+    or p.fsdp.grad_accumulation == "step_end" then
+    return nil
+  end
+  local n = p.training and p.training.loss_chunks or 8
+  return n >= 2 and n or nil
+end
+
+-- ChunkedLossWrapper reduces the [norm, lm_head] unit in two parts per
+-- micro-step; HSDP's set_requires_all_reduce(False) would keep partial sums
+-- of parameter subsets (torch 2.15 repacks them per parameter), which the
+-- tables do not model: refused rather than planned in the wrong order.
+function fsdp.rules(ctx, d, p)
+  if p.fsdp.grad_accumulation == "all_reduce_last" and d.dp_replicate > 1 and p.fsdp.micro_steps > 1
+    and d.pp == 1 and fsdp.chunked_loss(p, d) then
+    util.field_error(ctx, "fsdp.grad_accumulation", string.format("all_reduce_last with torchtitan's "
+      .. "ChunkedLossWrapper (training.loss_chunks = %d) reduces the [norm, lm_head] unit in two parts, whose "
+      .. "partial sums commplan does not model; set training.loss_chunks = 1 (CrossEntropyLoss) or another "
+      .. "grad_accumulation", fsdp.chunked_loss(p, d)))
+  end
+end
 
 -- TP-local units (or the model's, without a module that splits them) -> the class's layout.
 function fsdp.buffers(ctx, units, d, p)
@@ -26,7 +67,10 @@ end
 -- The step's op list; opts.unit_ops inserts the other modules' ops at
 -- each unit's compute and post-backward (fsdp_schedule.lua).
 function fsdp.step(lay, fams, p, opts)
-  return schedule.build(lay, fams, p.fsdp, opts)
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  o.chunked_loss = fsdp.chunked_loss(p, o.dims)
+  return schedule.build(lay, fams, p.fsdp, o)
 end
 
 function fsdp.prove_class(lay, ops, p, rep)

@@ -199,6 +199,9 @@ function layout.build(ctx, units, d, fsdp)
     end
     -- an FSDP state with several parameter groups (ep's MoE blocks): its name
     if u.state then out[fwd].state = u.state end
+    -- the decoder's [norm, lm_head] unit (gen/models: llama, moe), whose
+    -- lm_head torchtitan's ChunkedLossWrapper runs (fsdp_schedule.lua)
+    if u.loss_head then out[fwd].loss_head = true end
     arena = arena_bound(out[fwd], Wu, arena)
     if not arena then
       util.field_error(ctx, upath, string.format("one rank's buffers reach more than %s bytes by unit %q "

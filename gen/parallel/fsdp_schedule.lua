@@ -21,11 +21,42 @@
 -- accumulate; after the last backward, FSDPModule.finalize_backward runs
 -- each unit's pending post-backward (reshard, pack, RS, AR, view-out) in
 -- reversed state order: layers last to first, the root last.
+-- torchtitan's ChunkedLossWrapper (opts.chunked_loss; training.loss_chunks
+-- >= 2 on the llama and MoE families, gen/parallel/fsdp.lua) runs the
+-- decoder's [norm, lm_head] unit (u.loss_head) three times per micro-step,
+-- measured by tests/titan/test_chunked_loss.py: the decoder's forward
+-- gathers it for the norm alone and reshards it after (the wrapper's
+-- set_reshard_after_forward(True) of the step before stays set); the loss
+-- gathers it again (lm_head.unshard()), runs every chunk's lm_head forward
+-- and backward, and the last chunk's post-backward reduces lm_head.weight's
+-- gradient alone (FSDP2's foreach_reduce packs only the parameters that
+-- have a gradient: a partial reduction, op.part_first / part_count), then
+-- reshards (lm_head.reshard()); the decoder's backward gathers it a third
+-- time at the norm's pre-backward (before prefetching the last block) and
+-- its post-backward reduces norm.weight's gradient alone. The wrapper
+-- turns gradient sync on for its last chunk and leaves it on, so the unit
+-- reduces on every micro-step even under sync_last.
 local schedule = {}
 
 local opkinds = require("gen.opkinds")
 local repeat_mod = require("gen.repeat")
 
+
+-- A part of unit u's parameters (FSDP2's foreach_reduce over the ones
+-- with a gradient): params first .. first + count - 1 (0-based, in the
+-- unit's order, contiguous), their padded shards back to back: total
+-- elements per rank, at offset in the unit's slot.
+function schedule.part(u, first, count)
+  local total = 0
+  for j = first + 1, first + count do total = total + u.params[j].padded end
+  return { first = first, count = count, total = total, offset = u.params[first + 1].offset }
+end
+
+-- An op's fields for a part (nil: the whole unit).
+local function part_fields(part)
+  if not part then return nil end
+  return { part_first = part.first, part_count = part.count }
+end
 
 function schedule.build(lay, fams, fsdp, opts)
   -- ops: the micro-step being built (op() and unit_ops append to it);
@@ -35,6 +66,19 @@ function schedule.build(lay, fams, fsdp, opts)
   -- TP's activation collectives inside its compute); nil: none.
   local unit_ops = opts and opts.unit_ops
   local shard = fams.by_name.fsdp and fams.by_name.fsdp.size > 1 and fams.by_name.fsdp or nil
+  -- ChunkedLossWrapper's unit (the header): its parts, norm and lm_head
+  local head, head_norm, head_lm
+  if opts and opts.chunked_loss and not lay.explicit_prefetch then
+    for _, u in ipairs(lay.units) do
+      if u.loss_head then head = u end
+    end
+    if head then
+      assert(#head.params == 2, "internal: the loss head unit holds [norm, lm_head]")
+      -- (gen/verify.lua: it reduces on every micro-step)
+      head.chunked_loss = true
+      head_norm, head_lm = schedule.part(head, 0, 1), schedule.part(head, 1, 1)
+    end
+  end
   local replicate = fams.by_name.dp_replicate
   local micro_steps = fsdp.micro_steps
   local function op(kind, unit, micro, phase, extra)
@@ -105,11 +149,29 @@ function schedule.build(lay, fams, fsdp, opts)
         op("copy_out", u, m, "forward")
         unsharded[u.index] = true
       end
-      op("forward", u, m, "forward")
-      if unit_ops then unit_ops(ops, u, m, "forward") end
-      if u.reshard_after_forward then
+      if u == head then
+        -- the decoder's norm, then the loss (the header): lm_head.unshard(),
+        -- the chunks' lm_head forward and backward (the other parallelisms'
+        -- ops of the unit's compute: lm_head's and the loss's), the last
+        -- chunk's reduction of lm_head's gradient, lm_head.reshard()
+        op("forward", u, m, "forward", part_fields(head_norm))
         op("reshard", u, m, "forward")
+        all_gather(u, m, "forward")
+        op("copy_out", u, m, "forward")
+        op("forward", u, m, "forward", part_fields(head_lm))
+        if unit_ops then unit_ops(ops, u, m, "forward") end
+        op("backward", u, m, "backward", part_fields(head_lm))
+        if unit_ops then unit_ops(ops, u, m, "backward") end
+        schedule.reduction(ops, u, m, { first = m == 0, keep = true }, shard, replicate, true, head_lm)
+        op("reshard", u, m, "backward")
         unsharded[u.index] = false
+      else
+        op("forward", u, m, "forward")
+        if unit_ops then unit_ops(ops, u, m, "forward") end
+        if u.reshard_after_forward then
+          op("reshard", u, m, "forward")
+          unsharded[u.index] = false
+        end
       end
     end
     -- Backward. post_forward_order = layers in order, then root.
@@ -137,7 +199,7 @@ function schedule.build(lay, fams, fsdp, opts)
       wait(u)
       if i > 1 then unshard(pfo[i - 1], "backward") end
       if u ~= root then
-        op("backward", u, m, "backward")
+        op("backward", u, m, "backward", u == head and part_fields(head_norm) or nil)
       end
     end
     -- post-backward fires for layers in reverse order, root last (its
@@ -149,8 +211,11 @@ function schedule.build(lay, fams, fsdp, opts)
     -- backward, before the next unit's pre-backward. Rebuild the op list in
     -- that order below.
     ops = schedule.interleave_post_backward(ops, post, root, m, { reducing = reducing and not step_end,
-                                            first = first, partial = partial, keep = step_end }, shard, replicate,
-                                            unit_ops)
+                                            first = first, partial = partial, keep = step_end,
+                                            -- the loss head's norm: reduced on every micro-step (the header)
+                                            head = head and { index = head.index, part = head_norm,
+                                                              how = { reducing = true, first = m == 0 } } },
+                                            shard, replicate, unit_ops)
     if step_end and m == micro_steps - 1 then
       -- finalize_backward: every unit's pending post-backward, in post order
       for _, u in ipairs(post) do
@@ -318,27 +383,34 @@ end
 -- when reducing, its reduction: pack, RS, all_reduce_last's partial sums,
 -- AR, view-out (view_out_add where an earlier reduction of the step already
 -- set the sharded grads), appended to out.
-function schedule.reduction(out, u, m, how, shard, replicate, reducing)
+-- part (schedule.part; nil: the whole unit): a partial reduction, its
+-- pack, collectives (count: the part's elements) and view-out over the
+-- part's parameters only.
+function schedule.reduction(out, u, m, how, shard, replicate, reducing, part)
   local first, partial = how.first, how.partial
   if not how.keep then
     out[#out + 1] = { kind = "reshard", unit = u.index, micro_step = m, phase = "backward" }
   end
   if not reducing then return end
-  out[#out + 1] = { kind = "pack", unit = u.index, micro_step = m, phase = "backward" }
+  local pf, pc = part and part.first, part and part.count
+  local count = part and part.total or u.total
+  out[#out + 1] = { kind = "pack", unit = u.index, micro_step = m, phase = "backward", part_first = pf,
+                    part_count = pc }
   out[#out + 1] = { kind = "reduce_scatter", unit = u.index, micro_step = m, phase = "backward",
-                    group = schedule.shard_group(u, shard), dtype = u.reduce_dtype, count = u.total,
-                    reduce_op = u.rs_op }
+                    group = schedule.shard_group(u, shard), dtype = u.reduce_dtype, count = count,
+                    reduce_op = u.rs_op, part_first = pf, part_count = pc }
   if partial then
+    assert(not part, "internal: all_reduce_last's partial sums of a part")
     out[#out + 1] = { kind = "partial_" .. partial, unit = u.index, micro_step = m, phase = "backward" }
   end
   if partial == "save" or partial == "add" then return end -- no all-reduce until the last micro-step
   if replicate then
     out[#out + 1] = { kind = "all_reduce", unit = u.index, micro_step = m, phase = "backward",
-                      group = "dp_replicate", dtype = u.reduce_dtype, count = u.total,
-                      reduce_op = u.ar_op }
+                      group = "dp_replicate", dtype = u.reduce_dtype, count = count,
+                      reduce_op = u.ar_op, part_first = pf, part_count = pc }
   end
   out[#out + 1] = { kind = first and "view_out" or "view_out_add", unit = u.index, micro_step = m,
-                    phase = "backward" }
+                    phase = "backward", part_first = pf, part_count = pc }
 end
 
 function schedule.interleave_post_backward(ops, post, root, m, how, shard, replicate, unit_ops)
@@ -346,18 +418,26 @@ function schedule.interleave_post_backward(ops, post, root, m, how, shard, repli
   local by_index = {}
   for _, u in ipairs(post) do by_index[u.index] = u end
   local out = {}
+  local head = how.head -- ChunkedLossWrapper's unit: its norm's part (the header)
   local function post_backward(u)
+    local h = head and head.index == u.index and head or nil
+    local red = h and h.how.reducing or reducing
     -- The other parallelisms' ops inside the backward finish before its
-    -- post-backward hook (their "reduce" ones where it reduces).
+    -- post-backward hook (their "reduce" ones where it reduces); the loss
+    -- head's backward ones ran with lm_head's in the loss.
     if unit_ops then
-      unit_ops(out, u, m, "backward")
-      if reducing then unit_ops(out, u, m, "reduce") end
+      if not h then unit_ops(out, u, m, "backward") end
+      if red then unit_ops(out, u, m, "reduce") end
     end
-    schedule.reduction(out, u, m, how, shard, replicate, reducing)
+    schedule.reduction(out, u, m, h and h.how or how, shard, replicate, red, h and h.part)
   end
   for _, o in ipairs(ops) do
     out[#out + 1] = o
-    if o.kind == "backward" and o.micro_step == m then post_backward(by_index[o.unit]) end
+    -- (the loss head's lm_head backward in the loss reduced its own part there)
+    if o.kind == "backward" and o.micro_step == m
+      and (not o.part_first or head and head.index == o.unit and o.part_first == head.part.first) then
+      post_backward(by_index[o.unit])
+    end
   end
   -- Root: its backward compute closes the step, then its post-backward.
   if root then

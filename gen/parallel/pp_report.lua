@@ -81,6 +81,9 @@ local function stage_mesh_plan(loaded, pp, n)
   for k, v in pairs(loaded.training or {}) do training[k] = v end
   training.local_batch_size = training.local_batch_size // n
   sub.training = training
+  -- a pipeline's stages keep CrossEntropyLoss's FSDP order (gen/parallel/fsdp.lua's
+  -- chunked_loss: ChunkedLossWrapper on the last stage is not modelled)
+  sub.stage_of_pipeline = true
   return plan_mod.from_loaded(sub)
 end
 

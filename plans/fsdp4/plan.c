@@ -8,8 +8,8 @@
 #include "plan.h"
 
 /* The runtime these tables were generated for (runtime/commplan.h). */
-#if CP_TABLES_VERSION != 9
-#error "plan.c was generated for commplan tables version 9: regenerate it with this tree's gen/commplan.lua"
+#if CP_TABLES_VERSION != 10
+#error "plan.c was generated for commplan tables version 10: regenerate it with this tree's gen/commplan.lua"
 #endif
 _Static_assert(CP_OP_KIND_COUNT == 22 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 11,
                "runtime/commplan.h enums differ from the generator's (gen/opkinds.lua, gen/memplan.lua)");
@@ -126,7 +126,14 @@ static const cp_group_family families[5] = {
  * a2a_counts_op (an a2a's counts, by row index), a2a_combine (1: recv ->
  * send buffer, splits swapped), a2a_dim (row elements), a2a_capacity (rows
  * per member: counts past it are refused at run time) and a2a_rows (routed
- * rows per rank the checks draw); see docs/expert-parallel.md. Each op
+ * rows per rank the checks draw); see docs/expert-parallel.md. A partial
+ * reduction (torchtitan's ChunkedLossWrapper reduces its [norm, lm_head]
+ * unit's lm_head in the loss and its norm in the decoder's backward) names
+ * the unit's parameters part_first .. part_first + part_count - 1 on its
+ * pack, reduce-scatter, all-reduce and view-out (count: their padded
+ * shards' elements, packed as FSDP2's foreach_reduce packs the parameters
+ * with a gradient) and on the forward / backward compute that makes them;
+ * part_count 0 (C's default) is the whole unit. Each op
  * runs on `stream`; before it, that stream waits for the event slots
  * waits[wait_first .. wait_first + wait_count) and nothing else orders it
  * (gen/memplan.lua proves every data dependency and every reuse of arena

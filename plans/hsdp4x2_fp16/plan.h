@@ -8,8 +8,8 @@
 
 #include "commplan.h"
 
-#if CP_TABLES_VERSION != 9
-#error "plan.h was generated for commplan tables version 9: regenerate it with this tree's gen/commplan.lua"
+#if CP_TABLES_VERSION != 10
+#error "plan.h was generated for commplan tables version 10: regenerate it with this tree's gen/commplan.lua"
 #endif
 
 #define HSDP4X2_FP16_FINGERPRINT "26709664c3ca1588"

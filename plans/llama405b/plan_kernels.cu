@@ -9,20 +9,22 @@
 
 static int prepare(int tp_class) { return cp_kernels_prepare(&llama405b_plan, tp_class); }
 
-static int launch(int tp_class, int op, int unit, int shard_rank, const void *in, void *out, void *stream)
+static int launch(int tp_class, int op, int unit, int part_first, int part_count, int shard_rank, const void *in,
+                  void *out, void *stream)
 {
-    return cp_kernels_launch(&llama405b_plan, tp_class, op, unit, shard_rank, in, out, stream);
+    return cp_kernels_launch(&llama405b_plan, tp_class, op, unit, part_first, part_count, shard_rank, in, out, stream);
 }
 
-static int emulate(int tp_class, int op, int unit, int shard_rank, const void *in, void *out)
+static int emulate(int tp_class, int op, int unit, int part_first, int part_count, int shard_rank, const void *in,
+                   void *out)
 {
-    return cp_kernels_emulate(&llama405b_plan, tp_class, op, unit, shard_rank, in, out);
+    return cp_kernels_emulate(&llama405b_plan, tp_class, op, unit, part_first, part_count, shard_rank, in, out);
 }
 
 extern "C" const cp_gpu_kernels llama405b_kernels = { launch, emulate, prepare };
 
-/* Plain entry point for foreign callers (ctypes in bench/): TP class 0. */
+/* Plain entry point for foreign callers (ctypes in bench/): TP class 0, the whole unit. */
 extern "C" int llama405b_kernel_launch(int op, int unit, int shard_rank, const void *in, void *out, void *stream)
 {
-    return launch(0, op, unit, shard_rank, in, out, stream);
+    return launch(0, op, unit, 0, 0, shard_rank, in, out, stream);
 }

@@ -639,8 +639,11 @@ def plan_from_named_parameters(name, units, world_size, parallel=None, fsdp=None
     model: extra model numbers (n_heads, n_kv_heads, seq_len, num_experts; for the Llama family
     also multiple_of, ffn_dim_multiplier). family: "auto" writes a llama-family plan when the units
     are torchtitan's Llama exactly (and n_heads is given), else a generic one; "generic" or
-    "llama" force one (llama raises naming why it cannot). out: a path to write the plan to
-    (<dir>/<name>.lua); the text is returned either way."""
+    "llama" force one (llama raises naming why it cannot). A llama-family plan gets
+    training.loss_chunks = 1 unless training says otherwise: the loss on the whole logits, the
+    order CommplanFSDP drives (the family's default, 8, is torchtitan's ChunkedLossWrapper,
+    docs/plan-files.md). out: a path to write the plan to (<dir>/<name>.lua); the text is
+    returned either way."""
     check_plan_name(name)
     validate.check_world_size(world_size)
     family = validate.check_family(family, ("auto", "generic", "llama"))
@@ -664,6 +667,9 @@ def plan_from_named_parameters(name, units, world_size, parallel=None, fsdp=None
                             % (extra, ", ".join(GENERIC_MODEL_KEYS)))
     else:
         table = cfg
+        # the module hooks' loss (CommplanFSDP): whole logits, not torchtitan's ChunkedLossWrapper
+        training = dict(training or {})
+        training.setdefault("loss_chunks", 1)
     text = plan_text(name, world_size, table, parallel=parallel, fsdp=fsdp, topology=topology, training=training)
     if out is not None:
         path = os.path.join(out, name + ".lua") if os.path.isdir(out) else out

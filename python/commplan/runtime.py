@@ -581,6 +581,12 @@ class CommplanFSDP:
             raise PlanError("plan %s accumulates as torch.distributed.pipelining does (grad_accumulation = "
                             "\"step_end\"): its units stay unsharded across micro-batches, which FSDP2's module "
                             "hooks here do not model; use fsdp2_default, sync_last or all_reduce_last" % plan)
+        if any(op.get("params") for op in self.plan["ops"]):
+            raise PlanError("plan %s follows torchtitan's ChunkedLossWrapper (training.loss_chunks = %s: its "
+                            "[norm, lm_head] unit gathered three times and reduced in two parts per micro-step), "
+                            "which these module hooks do not drive; regenerate it with training = { loss_chunks = 1 } "
+                            "(a loss on the whole logits, as F.cross_entropy here)"
+                            % (plan, self.plan.get("audit", {}).get("settings", {}).get("loss_chunks", "> 1")))
         if self.plan.get("parallel", {}).get("tp", 1) != 1:
             raise PlanMismatch("plan %s uses tensor parallelism; the PyTorch runtime drives FSDP/HSDP plans only"
                                % plan)

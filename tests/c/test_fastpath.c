@@ -238,7 +238,7 @@ static void test_copies_every_dtype_triple(void **state)
                             fill_random(dtype_of(&U, k, 1), want, (int64_t)(ob / cp_dtype_size(dtype_of(&U, k, 1))));
                             memcpy(got, want, ob);
                             REF[k](&p, 0, 0, in, want);
-                            assert_int_equal(b.copy(&b, k, 0, CP_STREAM_COMPUTE, in, got), 0);
+                            assert_int_equal(b.copy(&b, k, 0, 0, 0, CP_STREAM_COMPUTE, in, got), 0);
                             cp_dtype ot = dtype_of(&U, k, 1);
                             int64_t at;
                             if (!same_bits(ot, want, got, (int64_t)(ob / cp_dtype_size(ot)), &at))

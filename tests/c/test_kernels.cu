@@ -62,7 +62,7 @@ static void compare(const char *plan, const char *what, int unit, int rank, cons
     std::vector<unsigned char> got(out0 == nullptr ? 0 : out_bytes);
     memcpy(got.data(), out0, out_bytes);
     checks++;
-    int rc = k->emulate(tp_class, op, unit, shard_rank, in, got.data());
+    int rc = k->emulate(tp_class, op, unit, 0, 0, shard_rank, in, got.data());
     if (rc != 0 || memcmp(got.data(), want, out_bytes) != 0) {
         size_t i = 0;
         while (i < out_bytes && got[i] == ((const unsigned char *)want)[i]) i++;
@@ -76,7 +76,7 @@ static void compare(const char *plan, const char *what, int unit, int rank, cons
     CUDA_OK(cudaMalloc(&dout, out_bytes ? out_bytes : 1));
     CUDA_OK(cudaMemcpy(din, in, in_bytes, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dout, out0, out_bytes, cudaMemcpyHostToDevice));
-    CUDA_OK((cudaError_t)k->launch(tp_class, op, unit, shard_rank, din, dout, nullptr));
+    CUDA_OK((cudaError_t)k->launch(tp_class, op, unit, 0, 0, shard_rank, din, dout, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(got.data(), dout, out_bytes, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaFree(din));
@@ -113,7 +113,7 @@ static void check_copy(const cp_plan *p, cp_backend *ref, const cp_gpu_kernels *
         fill_random(out0.data(), U->reduce_dtype, (int64_t)(out_bytes / cp_dtype_size(U->reduce_dtype)), seed);
         memcpy(want.data(), out0.data(), out_bytes);
     }
-    if (ref->copy(ref, kernel, u, CP_STREAM_COMPUTE, in.data(), want.data()) != 0) exit(1);
+    if (ref->copy(ref, kernel, u, 0, 0, CP_STREAM_COMPUTE, in.data(), want.data()) != 0) exit(1);
     compare(p->name, what, u, rank, k, p->view_class, kernel, shard_rank, in.data(), in_bytes, out0.data(), want.data(),
             out_bytes);
 }

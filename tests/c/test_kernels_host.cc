@@ -398,15 +398,17 @@ static bool check_op(const check_ctx &c, int rank, int oi, tally &t, std::string
 
     cp_backend b;
     cp_host_backend_init(&b, c.world, rank);
-    if (b.copy(&b, kernel, u, CP_STREAM_COMPUTE, in_at(1), out_at(1)) != 0) {
+    /* (a partial reduction's pack or view-out: its part of the unit, both ways) */
+    if (b.copy(&b, kernel, u, op->part_first, op->part_count, CP_STREAM_COMPUTE, in_at(1), out_at(1)) != 0) {
         fail("%s rank %d op %d: the host reference's copy failed", c.plan, rank, oi);
         return false;
     }
     std::string misaligned;
     check_pieces(&kview, u, kernel, sr, in_at(2), out_at(2), t, misaligned);
     long long w0 = words_checked, m0 = words_misaligned;
-    int rc = c.k ? c.k->emulate(kview.view_class, kernel, u, sr, in_at(2), out_at(2))
-                 : cp_kernels_emulate(c.ker_plan, kview.view_class, kernel, u, sr, in_at(2), out_at(2));
+    int rc = c.k ? c.k->emulate(kview.view_class, kernel, u, op->part_first, op->part_count, sr, in_at(2), out_at(2))
+                 : cp_kernels_emulate(c.ker_plan, kview.view_class, kernel, u, op->part_first, op->part_count, sr,
+                                      in_at(2), out_at(2));
     t.words += words_checked - w0;
     t.misaligned_words += words_misaligned - m0;
     if (DEVICE_WORDS && words_misaligned > m0 && misaligned.empty()) {

@@ -213,6 +213,53 @@ static void test_tp_activation_collectives_are_checked(void **state)
     }
 }
 
+/* ChunkedLossWrapper's partial reductions (llama_tiny_tp: the [norm,
+ * lm_head] unit's lm_head reduced in the loss, its norm in the backward):
+ * the n-th op of a kind with a part of first parameter `first`. */
+static int find_part_op(const plan_copy *c, cp_op_kind kind, int first)
+{
+    for (int i = 0; i < c->plan.nops; i++)
+        if (c->ops[i].kind == kind && c->ops[i].part_count > 0 && c->ops[i].part_first == first) return i;
+    fail_msg("part op not found");
+    return -1;
+}
+
+static void test_partial_reduction_is_checked(void **state)
+{
+    (void)state;
+    cp_sim_options o = quiet_opts();
+    plan_copy c = copy_class(&llama_tiny_tp_plan, 0);
+    assert_int_equal(cp_simulate(&c.plan, &o), 0);
+    free(c.ops);
+    /* lm_head's view-out written at the norm's offset: wrong reduced grads */
+    c = copy_class(&llama_tiny_tp_plan, 0);
+    c.ops[find_part_op(&c, CP_OP_VIEW_OUT, 1)].part_first = 0;
+    assert_int_equal(cp_simulate(&c.plan, &o), 1);
+    free(c.ops);
+    /* lm_head's packing as the norm's: its reduce-scatter reduces the wrong rows */
+    c = copy_class(&llama_tiny_tp_plan, 0);
+    c.ops[find_part_op(&c, CP_OP_PACK, 1)].part_first = 0;
+    assert_int_equal(cp_simulate(&c.plan, &o), 1);
+    free(c.ops);
+    /* a part past the unit's parameters, and a part's collective of the whole unit's count: refused */
+    c = copy_class(&llama_tiny_tp_plan, 0);
+    c.ops[find_part_op(&c, CP_OP_PACK, 1)].part_count = 2;
+    assert_int_equal(cp_simulate(&c.plan, &o), 2);
+    free(c.ops);
+    c = copy_class(&llama_tiny_tp_plan, 0);
+    int rs = find_part_op(&c, CP_OP_REDUCE_SCATTER, 1);
+    c.ops[rs].count = c.plan.units[c.ops[rs].unit].total;
+    assert_int_equal(cp_simulate(&c.plan, &o), 2);
+    free(c.ops);
+    /* a part on an op that takes none (an all-gather): refused */
+    c = copy_class(&llama_tiny_tp_plan, 0);
+    int ag = find_op(&c, CP_OP_ALL_GATHER, 0);
+    c.ops[ag].part_first = 0;
+    c.ops[ag].part_count = 1;
+    assert_int_equal(cp_simulate(&c.plan, &o), 2);
+    free(c.ops);
+}
+
 static void test_wait_on_unrecorded_event_is_refused(void **state)
 {
     (void)state;
@@ -1021,6 +1068,7 @@ int main(void)
         cmocka_unit_test(test_missing_all_gather_is_caught),
         cmocka_unit_test(test_wait_on_unrecorded_event_is_refused),
         cmocka_unit_test(test_tp_activation_collectives_are_checked),
+        cmocka_unit_test(test_partial_reduction_is_checked),
         cmocka_unit_test(test_wrong_reduce_op_is_caught),
         cmocka_unit_test(test_missing_all_reduce_is_caught),
         cmocka_unit_test(test_view_out_add_is_checked),

@@ -52,15 +52,18 @@ const cp_plan a2a_ep4_plan = {
 };
 
 /* No copy ops in these tables: a launch would be a table error. */
-static int no_kernel(int tp_class, int op, int unit, int shard_rank, const void *in, void *out, void *stream)
+static int no_kernel(int tp_class, int op, int unit, int part_first, int part_count, int shard_rank, const void *in,
+                     void *out, void *stream)
 {
-    (void)tp_class, (void)op, (void)unit, (void)shard_rank, (void)in, (void)out, (void)stream;
+    (void)tp_class, (void)op, (void)unit, (void)part_first, (void)part_count, (void)shard_rank, (void)in, (void)out,
+        (void)stream;
     return 1; /* cudaErrorInvalidValue */
 }
 
-static int no_emulate(int tp_class, int op, int unit, int shard_rank, const void *in, void *out)
+static int no_emulate(int tp_class, int op, int unit, int part_first, int part_count, int shard_rank, const void *in,
+                      void *out)
 {
-    return no_kernel(tp_class, op, unit, shard_rank, in, out, 0);
+    return no_kernel(tp_class, op, unit, part_first, part_count, shard_rank, in, out, 0);
 }
 
 static int prepare(int tp_class)

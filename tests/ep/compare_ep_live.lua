@@ -4,7 +4,8 @@
 --
 -- Per case: the plan of the recorded model (gen/models/deepseek_v3.lua with
 -- the recorder's dims, world, dp_shard and ep; gradients summed, as
--- torchtitan's divide factor 1 does) is generated; then per global rank the
+-- torchtitan's divide factor 1 does; the loss on whole logits, the
+-- recorder's cross_entropy_loss: training.loss_chunks = 1) is generated; then per global rank the
 -- step's collectives must be equal in order, one for one:
 --   - FSDP's all-gathers and reduce-scatters: kind, the group's global
 --     ranks (the dense groups on dp_shard, the experts' on efsdp), input and
@@ -62,7 +63,7 @@ local function plan_source(c)
   parallel = { dp_shard = %d, ep = %d%s },
   model = { family = "deepseek_v3", dtype = "fp32", seq_len = %d, %s },
   fsdp = { reduce_op = "sum" },
-  training = { local_batch_size = %d%s },
+  training = { local_batch_size = %d, loss_chunks = 1%s },
 }]], c.world, c.dp_shard, c.ep, (c.tp or 1) > 1 and fmt(", tp = %d", c.tp) or "", c.seq, table.concat(m, ", "), c.batch,
     (c.ac and c.ac ~= "none") and fmt(", activation_checkpointing = %q", c.ac) or "")
 end

@@ -281,7 +281,10 @@ def viewout_stage(plan, world, bin_dir, rec_dir=None):
     cast to the parameter's dtype: _fsdp_collectives.foreach_reduce) applied
     by torch to the binary's own last reduce output of each unit, against
     the binary's sharded grads: a view-out difference shows here even where
-    the reductions before it already differ. Returns the units that differ."""
+    the reductions before it already differ. Returns the units that differ.
+    A unit the plan reduces in parts (ChunkedLossWrapper's [norm, lm_head]:
+    plan.json's op "params"; under sync_last still on every micro-step) has
+    no one last reduce output that makes its grads: left out."""
     import torch
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     T = plan["parallel"]["tp"]
@@ -294,7 +297,8 @@ def viewout_stage(plan, world, bin_dir, rec_dir=None):
             tp_class[t] = c["class"]
         for u in c["units"]:
             offsets[(c["class"], u["name"])] = {q["name"]: q["offset"] for q in u["params"]}
-    units = {u["name"]: u for u in plan["units"]}
+    parted = {op["unit"] for op in plan["ops"] if op.get("params")}
+    units = {u["name"]: u for u in plan["units"] if u["name"] not in parted}
     bad = set()
     for r in range(world):
         d = load_dump(os.path.join(bin_dir, f"{plan['plan']}.rank{r}.json"))

@@ -40,6 +40,17 @@ Gradient accumulation modes (job["accumulation"]):
                      set_requires_gradient_sync(False); after the last, both
                      back on and finalize_backward() (perform_reduce_grad)
 Sharded grads are set to None before every step (optimizer.zero_grad()).
+
+torchtitan's ChunkedLossWrapper (a plan with partial reductions, plan.json's op "params": the llama
+and MoE families' training.loss_chunks >= 2, gen/parallel/fsdp_schedule.lua): the [norm, lm_head]
+unit is two modules under one grouped fully_shard, as torchtitan wraps it; the decoder's forward
+runs the norm alone and the loss runs the wrapper's protocol (components/loss.py): lm_head's
+reshard after forward and backward and its gradient sync off, lm_head.unshard(), each chunk's
+lm_head forward and backward on a detached copy of the hidden state (gradient sync on for the last:
+lm_head's gradient is the pattern there, zero on the others, so the reduced value is the pattern),
+the settings restored, lm_head.reshard(), and the decoder's backward from the chunks' summed input
+gradient. The unit reshards after forward from the first step on (what the wrapper's first loss
+leaves set: a model's very first forward, with it still off, skips the loss's all-gather).
 """
 import json
 import os
@@ -307,6 +318,40 @@ class Unit(nn.Module):
         return self.taps(x)
 
 
+class HeadUnit(nn.Module):
+    """ChunkedLossWrapper's [norm, lm_head] unit: its two parameters in two modules (one grouped
+    fully_shard); the decoder's forward runs the norm alone, the loss lm_head (run_job)."""
+
+    def __init__(self, params):
+        super().__init__()
+        self.norm = Unit(params[:1])
+        self.lm = Unit(params[1:])
+
+    def own_params(self):
+        return self.norm.own_params() + self.lm.own_params()
+
+    @property
+    def coefs(self):
+        return None
+
+    @coefs.setter
+    def coefs(self, coefs):
+        if coefs is not None:
+            self.norm.coefs = {m: c[:1] for m, c in coefs.items()}
+            self.lm.coefs = {m: c[1:] for m, c in coefs.items()}
+
+    @property
+    def micro(self):
+        return self.norm.micro
+
+    @micro.setter
+    def micro(self, m):
+        self.norm.micro = self.lm.micro = m
+
+    def forward(self, x):
+        return self.norm(x)
+
+
 class Root(Unit):
     def __init__(self, params, units):
         super().__init__(params)
@@ -396,7 +441,14 @@ def run_job(rank, job):
             base += numel
         infos.append((u, plist))
         modules.append(ps)
-    layer_units = [Unit(ps) for ps in modules[1:]]
+    # ChunkedLossWrapper's [norm, lm_head] unit, where the plan reduces parts of a unit
+    head_name = next((op["unit"] for op in plan["ops"] if op.get("params")), None)
+    chunks = int((plan.get("audit") or {}).get("settings", {}).get("loss_chunks") or 1) if head_name else 1
+    if head_name and (units[-1]["name"] != head_name or len(units[-1]["params"]) != 2):
+        raise NotImplementedError(f"partial reductions of {head_name}: the live peer runs ChunkedLossWrapper's "
+                                  "[norm, lm_head] unit, the last layer unit's two parameters, only")
+    layer_units = [HeadUnit(ps) if u["name"] == head_name else Unit(ps) for u, ps in zip(units[1:], modules[1:])]
+    head = layer_units[-1] if head_name else None
     root = Root(modules[0], layer_units)
 
     def mp_of(u):
@@ -404,14 +456,16 @@ def run_job(rank, job):
 
     for u, m in zip(units[1:], layer_units):
         raf = u["reshard_after_forward"]
-        fully_shard(m, mesh=dp_mesh, reshard_after_forward=raf, mp_policy=mp_of(u),
+        fully_shard([m.norm, m.lm] if m is head else m, mesh=dp_mesh, reshard_after_forward=raf, mp_policy=mp_of(u),
                     shard_placement_fn=_placement_fn(m, u))
+    if head is not None:
+        head.lm.set_reshard_after_forward(True)  # as the wrapper's first loss leaves it (the docstring)
     fully_shard(root, mesh=dp_mesh, mp_policy=mp_of(units[0]), shard_placement_fn=_placement_fn(root, units[0]))
     if reduce_sum:
         # commplan's reduce_op = "sum": divide factor 1. FSDP2 would reduce
         # fp32/bf16 with PREMUL_SUM(1.0), which gloo lacks; forcing SUM is the
         # same arithmetic (and what FSDP2 does for fp16 at factor 1).
-        for m in [root] + layer_units:
+        for m in [root] + [x.norm if x is head else x for x in layer_units]:
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)
 
@@ -478,6 +532,10 @@ def run_job(rank, job):
                 set_grads(step, micro)
                 x = torch.zeros(1, requires_grad=True)
                 out = root(x)
+                if head is not None:  # ChunkedLossWrapper's loss, then the decoder's backward (the docstring)
+                    chunked_loss(head, out, chunks, micro, lambda: REC.mark(f"step{step}_backward") if micro == 0
+                                 else None)
+                    continue
                 if micro == 0:
                     REC.mark(f"step{step}_backward")
                 if accumulation == "step_end":
@@ -505,6 +563,35 @@ def run_job(rank, job):
                        "torch": torch.__version__, "accumulation": accumulation, "steps": steps,
                        "pattern": pattern},
             "rank": rank, "world": world, "params_local": params_local, "grads_local": grads_local, "log": log}
+
+
+def chunked_loss(head, hidden, chunks, micro, mark):
+    """torchtitan 0.3's ChunkedLossWrapper.__call__ (components/loss.py) on the head unit's lm_head,
+    then the decoder's backward from the chunks' summed input gradient. mark(): after the loss's
+    unshard (where the binary's dump marks the backward: after the step's last forward op)."""
+    lm = head.lm
+    coefs = lm.coefs[micro]
+    zero = [(torch.zeros_like(c), pl) for c, pl in coefs]
+    lm.set_reshard_after_forward(False)
+    lm.set_reshard_after_backward(False)
+    lm.set_requires_gradient_sync(False, recurse=False)
+    lm.unshard()
+    mark()
+    acc = torch.zeros_like(hidden)
+    for i in range(chunks):
+        last = i == chunks - 1
+        if last:
+            lm.set_requires_gradient_sync(True, recurse=False)
+        lm.coefs = {micro: coefs if last else zero}  # lm_head's gradient: the pattern once, on the last chunk
+        h = hidden.detach().requires_grad_(True)
+        lm(h).float().sum().backward()
+        acc += h.grad
+    lm.coefs = {micro: coefs}
+    lm.set_reshard_after_forward(True)
+    lm.set_reshard_after_backward(True)
+    lm.set_requires_gradient_sync(True, recurse=False)
+    lm.reshard()
+    hidden.backward(acc)
 
 
 def _placement_fn(module, u):

@@ -90,6 +90,10 @@ class FromNamedParameters(Tmp):
                   model={"n_heads": 4, "seq_len": 128})
         text = commplan.plan_from_named_parameters("llama_tiny", units, **kw)
         self.assertIn('family = "llama"', text)
+        # the loss CommplanFSDP drives: whole logits, not torchtitan's ChunkedLossWrapper (the family's default)
+        self.assertIn("loss_chunks = 1", text)
+        self.assertIn("loss_chunks = 8", commplan.plan_from_named_parameters(
+            "llama_tiny", units, training={"loss_chunks": 8}, **kw))
         self.assert_same_tables(text, os.path.join(REPO, "plans", "llama_tiny.lua"), "llama_tiny")
         # deterministic: the same input writes the same bytes
         self.assertEqual(text, commplan.plan_from_named_parameters("llama_tiny", units, **kw))
@@ -156,8 +160,11 @@ class HuggingFace(Tmp):
         text = commplan.plan_text("llama8b", 64, model, parallel={"dp_shard": -1},
                                   fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32"})
         a = self.generate(self.write("g", "llama8b", text))
+        # (a generic model's loss is the user's: CrossEntropyLoss's order, the llama family's loss_chunks = 1)
         with open(os.path.join(REPO, "plans", "llama8b.lua")) as f:
-            b = self.generate(self.write("c", "llama8b", f.read()))
+            b = self.generate(self.write("c", "llama8b", "local p = (function() %s\nend)()\n"
+                                         "p.training = p.training or {}\np.training.loss_chunks = 1\nreturn p"
+                                         % f.read()))
         with open(os.path.join(a, "plan.c"), "rb") as fa, open(os.path.join(b, "plan.c"), "rb") as fb:
             self.assertTrue(fa.read() == fb.read())
 

@@ -155,6 +155,22 @@ class HostRuntime(unittest.TestCase):
         self.assertIn("layers.0.attention.wk.weight (32, 32) fp32", msg)
         self.assertIn("layers.0.attention.wk.weight (16, 32) fp32", msg)
 
+    def test_chunked_loss_plan_is_refused(self):
+        # torchtitan's ChunkedLossWrapper order (training.loss_chunks = 8): the hooks drive whole-logits losses only
+        from host_library import HostLibrary
+        _, b = self.models()
+        units = commplan.torchtitan_units(b)
+        text = commplan.plan_from_module(b, units, "host_cl", world_size=1, model_numbers={"n_heads": 4, "seq_len": 8},
+                                         training={"loss_chunks": 8})
+        self.assertIn('family = "llama"', text)
+        plan = generate(self.tmp, "host_cl", text)
+        with self.assertRaises(commplan.PlanError) as cm:
+            commplan.runtime.CommplanFSDP("host_cl", b, units, plan_json=plan, library=HostLibrary(plan))
+        msg = str(cm.exception)
+        self.assertNotIn("\n", msg)
+        self.assertIn("ChunkedLossWrapper", msg)
+        self.assertIn("loss_chunks = 1", msg)
+
     def test_forward_under_no_grad_is_refused(self):
         _, b = self.models()
         rt, lib, plan = self.attach("host_ng", b, commplan.torchtitan_units(b), {})

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """torchtitan 0.3's training step, CrossEntropyLoss and ChunkedLossWrapper, recorded on gloo against
 commplan's tables: every FSDP collective of every rank, in issue order, with its size, dtype,
-reduce op and group.
+reduce op and group; and every reduced gradient shard under ChunkedLossWrapper, element for element.
 
 torchtitan's own path on 4 CPU ranks over gloo: its llama3 (tiny numbers, unfused q/k/v as the
 llama family), parallelize_llama at FSDP (dp_shard 4) and HSDP (2 x 2), bf16 all-gathers and fp32
@@ -13,27 +13,34 @@ model._skip_lm_head = True, as Trainer.__init__ does. 3 steps of 1 and of 2 micr
 reduces on every backward). Every all_gather_into_tensor / reduce_scatter_tensor / all_reduce FSDP2
 issues is recorded per rank (count per rank, dtype, reduce op, the group's rank list).
 
-The commplan side: the llama plan of the same model and mesh (build/titan/plans/chunked_*.lua,
-fsdp.reduce_op "sum", fsdp.micro_steps, training.loss_chunks = 1), its plan.json op list's
-collectives per step, each group's rank list for that rank from plan.json's mesh.
+The commplan side: the llama plans of the same model and mesh (build/titan/plans/chunked_*_c1.lua
+and _c8.lua: fsdp.reduce_op "sum", fsdp.micro_steps, training.loss_chunks = 1 and 8), each plan.json's
+op list's collectives per step, each group's rank list for that rank from plan.json's mesh.
 
-What torchtitan does with ChunkedLossWrapper (measured here; components/loss.py lines 720-775 and
-torch 2.15's grouped fully_shard([norm, lm_head])): the decoder forward all-gathers the
-[norm, lm_head] unit at the norm as before; then the loss all-gathers it again (its explicit
-lm_head.unshard(): the unit was resharded in between -- except in a model's very first forward,
-where it is still unsharded and nothing is issued), runs the chunks with gradient sync off but for
-the last, whose backward reduce-scatters (and with HSDP all-reduces) lm_head.weight's gradient
-ALONE (the norm has none yet: FSDP2's foreach_reduce packs only parameters with a gradient), then
-reshards. The decoder backward then all-gathers the unit a third time at the norm's pre-backward
-(before prefetching the last block), and its post-backward reduces norm.weight's gradient alone.
-So per micro-batch the unit is all-gathered three times instead of once and reduced in two parts
-(lm_head, then norm) instead of once. num_chunks does not change any of it.
+What torchtitan does with ChunkedLossWrapper (components/loss.py lines 720-775 and torch 2.15's
+grouped fully_shard([norm, lm_head])), and what commplan's loss_chunks >= 2 tables issue
+(gen/parallel/fsdp_schedule.lua): the decoder forward all-gathers the [norm, lm_head] unit at the
+norm as before; then the loss all-gathers it again (its explicit lm_head.unshard(): the wrapper's
+set_reshard_after_forward(True) of the step before resharded it after the norm), runs the chunks
+with gradient sync off but for the last, whose backward reduce-scatters (and with HSDP all-reduces)
+lm_head.weight's gradient ALONE (the norm has none yet: FSDP2's foreach_reduce packs only
+parameters with a gradient: commplan's partial reduction, plan.json's op "params"), then reshards.
+The decoder backward then all-gathers the unit a third time at the norm's pre-backward (before
+prefetching the last block), and its post-backward reduces norm.weight's gradient alone. So per
+micro-batch the unit is all-gathered three times instead of once and reduced in two parts (lm_head,
+then norm). num_chunks does not change any of it. One difference is not the tables': in a model's
+very first forward the unit is still unsharded when the loss calls lm_head.unshard() (the
+reshard-after-forward is set by that first loss), which then issues nothing -- step 1's first
+micro-batch has one all-gather fewer, and the comparison leaves that one out of the tables' step.
 
-Checks: loss_chunks 1 (CrossEntropyLoss) equals commplan's tables, 0 differences; ChunkedLossWrapper
-equals the order above derived from the same tables (0 differences); and the differences of
-ChunkedLossWrapper's order against commplan's tables are counted and printed as a declared gap
-(commplan's tables follow CrossEntropyLoss's order whatever training.loss_chunks says: the split
-reductions need a partial-unit reduce-scatter the runtime does not have yet).
+Checks, 0 differences each: CrossEntropyLoss against the loss_chunks = 1 tables; ChunkedLossWrapper
+against the loss_chunks = 8 tables; those tables against the order derived from the loss_chunks = 1
+ones (the measured description above, applied to them). Gradients: every FSDP parameter's unsharded
+gradient, where FSDP2's post-backward takes it to reduce, is overwritten with commplan's oracle
+pattern (tests/ep/torch_ep_record.py's GradPattern: ((e + k) % 5 + 1) * (rank + 1) * (micro + 1), k
+the parameter's id in the plan), so after the last step every rank's every reduced gradient shard
+-- lm_head's reduced in the loss and the norm's in the decoder backward among them -- must equal,
+float32 bit for bit, the loss_chunks = 8 plan's binary's --simulate --pattern oracle --dump.
 Prints one "chunked_loss:" summary line; exit 0 when every check holds, 1 otherwise, 77 (SKIP)
 without torch and torchtitan.
 """
@@ -108,7 +115,47 @@ def install_recorder(log, on):
                 setattr(mod, name, wrap(fn, kind))
 
 
-def worker(rank, init, out_dir):
+def titan_to_plan(name):
+    """torchtitan 0.3's parameter name -> the llama family's (tests/titan/test_llama_plan.py's renaming)."""
+    return name.replace("attention.qkv_linear.", "attention.").replace("lm_head.", "output.")
+
+
+class GradPattern:
+    """commplan's --pattern oracle gradients in torchtitan's real step (tests/ep/torch_ep_record.py's):
+    each FSDP parameter's unsharded gradient, as FSDP2's post-backward takes it to reduce
+    (FSDPParamGroup._get_unsharded_grad_to_reduce, torch 2.15), is overwritten with ((e + k) % 5 + 1) *
+    (rank + 1) * (micro + 1): k the parameter's id in the plan (100 x its unit's index + its index in
+    the unit), e the element's flat index, rank the global rank, micro the micro-batch."""
+
+    def __init__(self):
+        self.k = None     # torchtitan's name -> commplan's id; None: no injection
+        self.names = {}   # id(sharded parameter) -> torchtitan's name
+        self.rank = 0
+        self.micro = 0
+        self.count = {}   # torchtitan's name -> times overwritten
+
+
+GP = GradPattern()
+
+
+def install_grad_pattern():
+    import torch
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as G
+    orig = G.FSDPParamGroup._get_unsharded_grad_to_reduce
+
+    def hooked(self, param):
+        g = orig(self, param)
+        if g is not None and GP.k is not None:
+            name = GP.names[id(param.sharded_param)]
+            idx = torch.arange(g.numel()).view(g.shape)
+            with torch.no_grad():
+                g.copy_((((idx + GP.k[name]) % 5 + 1) * (GP.rank + 1) * (GP.micro + 1)).to(torch.float32))
+            GP.count[name] = GP.count.get(name, 0) + 1
+        return g
+    G.FSDPParamGroup._get_unsharded_grad_to_reduce = hooked
+
+
+def worker(rank, init, out_dir, ids):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -122,7 +169,9 @@ def worker(rank, init, out_dir):
     from torchtitan.distributed.utils import get_spmd_context
     log, on = [], [False]
     install_recorder(log, on)
-    res = {}
+    install_grad_pattern()
+    GP.rank = rank
+    res, grads = {}, {}
     for mesh_name, par in MESHES.items():
         parallelism = ParallelismConfig(data_parallel_replicate_degree=par.get("dp_replicate", 1),
                                         data_parallel_shard_degree=par["dp_shard"], tensor_parallel_degree=1)
@@ -132,6 +181,7 @@ def worker(rank, init, out_dir):
         pd.build_mesh()
         for chunks in CHUNKS:
             for micro in MICRO:
+                key = "%s_c%d_m%d" % (mesh_name, chunks, micro)
                 torch.manual_seed(0)
                 model = TL.parallelize(TL.titan_config(None, TITAN, False), parallelism, training, pd, "cpu")
                 for m in model.modules():
@@ -143,6 +193,10 @@ def worker(rank, init, out_dir):
                     loss_fn = ChunkedLossWrapper(ChunkedLossWrapper.Config(num_chunks=chunks))
                     loss_fn.set_lm_head(model.lm_head)
                     model._skip_lm_head = True
+                # the oracle pattern's gradients (the ids of the plan of this mesh and micro-batches)
+                GP.names = {id(p): n for n, p in model.named_parameters()}
+                GP.k = {n: ids[key][titan_to_plan(n)] for n, p in model.named_parameters()}
+                GP.count = {}
                 positions = torch.arange(SEQ).repeat(BATCH, 1)
                 ctx = get_spmd_context(parallel_dims=pd)
                 steps = []
@@ -150,6 +204,7 @@ def worker(rank, init, out_dir):
                     del log[:]
                     on[0] = True
                     for mi in range(micro):
+                        GP.micro = mi
                         g = torch.Generator().manual_seed(1000 * rank + 10 * step + mi)
                         t = torch.randint(0, TITAN["vocab_size"], (BATCH, SEQ + 1), generator=g)
                         extra = {"positions": positions, "attention_masks": model.get_attention_masks(positions=positions)}
@@ -161,32 +216,70 @@ def worker(rank, init, out_dir):
                             loss.backward()
                     on[0] = False
                     steps.append(list(log))
+                    if step == STEPS - 1 and chunks > 1:
+                        # the last step's reduced shards (each parameter overwritten once per micro-batch and step)
+                        bad = {n: c for n, c in GP.count.items() if c != STEPS * micro}
+                        if bad or len(GP.count) != len(GP.k):
+                            raise AssertionError("gradient pattern: overwritten %s times, want %d each of %d"
+                                                 % (bad or GP.count, STEPS * micro, len(GP.k)))
+                        grads[key] = {titan_to_plan(n): (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad)
+                                      .detach().reshape(-1).double().tolist() for n, p in model.named_parameters()}
                     for p in model.parameters():  # optimizer.zero_grad()
                         p.grad = None
-                res["%s_c%d_m%d" % (mesh_name, chunks, micro)] = steps
+                res[key] = steps
+                GP.k = None
                 del model
     with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as fh:
-        json.dump(res, fh)
+        json.dump({"collectives": res, "grads": grads}, fh)
     dist.destroy_process_group()
 
 
 # ---- commplan's side ----
 
-def plan_for(mesh_name, micro):
+def plan_name(mesh_name, micro, chunks):
+    return "chunked_%s_m%d_c%d" % (mesh_name, micro, chunks)
+
+
+def write_plan(mesh_name, micro, chunks):
+    """The plan file (the plan writer's text) and its path."""
     from commplan import plan_text
-    name = "chunked_%s_m%d" % (mesh_name, micro)
+    name = plan_name(mesh_name, micro, chunks)
     model = dict(TITAN, family="llama", seq_len=SEQ)
     text = plan_text(name, WORLD, model, parallel=dict(MESHES[mesh_name]),
                      fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum", "micro_steps": micro},
-                     training={"loss_chunks": 1, "local_batch_size": BATCH})
+                     training={"loss_chunks": chunks, "local_batch_size": BATCH})
     os.makedirs(os.path.join(OUT, "plans"), exist_ok=True)
     path = os.path.join(OUT, "plans", name + ".lua")
     with open(path, "w") as fh:
         fh.write(text)
+    return name, path
+
+
+def plan_for(mesh_name, micro, chunks):
+    name, path = write_plan(mesh_name, micro, chunks)
     outdir = os.path.join(OUT, "gen", name)
     E.lua(["gen/commplan.lua", os.path.relpath(path, E.ROOT), os.path.relpath(outdir, E.ROOT)])
     with open(os.path.join(outdir, "plan.json")) as fh:
         return json.load(fh)
+
+
+def simulate_cmd(names):
+    """One shell command: each plan's binary built (make, its own OUT and BUILD) and simulated for STEPS
+    steps with the oracle pattern, dumping every rank's reduced gradient shards."""
+    cmds = []
+    for name in names:
+        plan = os.path.join("build", "titan", "plans", name + ".lua")
+        gen, bin_dir = os.path.join("build", "titan", "gen", name), os.path.join("build", "titan", "bin", name)
+        dump = os.path.join("build", "titan", "dump", name)
+        cmds.append("make --no-print-directory -s PLAN=%s OUT=%s BUILD=%s %s/%s && rm -rf %s && %s/%s --simulate "
+                    "--steps %d --pattern oracle --dump %s --quiet" % (plan, gen, bin_dir, bin_dir, name, dump, bin_dir,
+                                                                       name, STEPS, dump))
+    return " && ".join(cmds)
+
+
+def param_ids(plan):
+    """commplan's parameter ids (cp_pattern_param_id) by name, from plan.json."""
+    return {q["name"]: 100 * u["index"] + j for u in plan["units"] for j, q in enumerate(u["params"])}
 
 
 def group_ranks(plan, name, rank):
@@ -203,14 +296,21 @@ def group_ranks(plan, name, rank):
 
 
 def table_step(plan, rank):
-    """One step's collectives of rank from the tables: (kind, count, dtype, reduce op, ranks, unit)."""
+    """One step's collectives of rank from the tables: (kind, count, dtype, reduce op, ranks, unit,
+    micro-step, phase, params)."""
     out = []
     for o in plan["ops"]:
         if o["kind"] in ("all_gather", "reduce_scatter", "all_reduce") and o.get("group"):
             rop = o.get("reduce_op")
             out.append((o["kind"], o["count"], o["dtype"], rop, group_ranks(plan, o["group"], rank), o["unit"],
-                        o["micro_step"], o["phase"]))
+                        o["micro_step"], o["phase"], tuple(o.get("params", ()))))
     return out
+
+
+def head_unit(plan):
+    head = [u for u in plan["units"] if u["params"]][-1]
+    assert [q["name"] for q in head["params"]] == ["norm.weight", "output.weight"], head["params"]
+    return head
 
 
 def chunked_order(plan, step):
@@ -218,8 +318,7 @@ def chunked_order(plan, step):
     micro-step, after the forward's all-gathers, the head unit all-gathered again, lm_head's part
     reduced; the backward starts with a third all-gather of the head unit, and the head's own
     reduction covers the norm alone."""
-    head = [u for u in plan["units"] if u["params"]][-1]
-    assert [q["name"] for q in head["params"]] == ["norm.weight", "output.weight"], head["params"]
+    head = head_unit(plan)
     norm_n, out_n = (q["padded_numel"] for q in head["params"])
     res = []
     micros = sorted({s[6] for s in step})
@@ -237,6 +336,14 @@ def chunked_order(plan, step):
     return [s[:5] for s in res]
 
 
+def first_step(plan, table):
+    """The tables' step as a model's very first one runs it under ChunkedLossWrapper (module docstring):
+    micro-step 0's second all-gather of the head unit (the loss's lm_head.unshard()) issues nothing."""
+    head = head_unit(plan)["name"]
+    at = [i for i, s in enumerate(table) if s[6] == 0 and s[5] == head and s[0] == "all_gather"][1]
+    return [s[:5] for i, s in enumerate(table) if i != at]
+
+
 def diff(got, want):
     n = sum(1 for a, b in zip(got, want) if tuple(a) != tuple(b)) + abs(len(got) - len(want))
     first = next((i for i, (a, b) in enumerate(zip(got, want)) if tuple(a) != tuple(b)),
@@ -244,11 +351,50 @@ def diff(got, want):
     return n, first
 
 
+def compare_grads(key, name, rec, problems):
+    """Every rank's reduced gradient shards from torchtitan against the binary's --dump: (elements
+    compared, of them lm_head's and the norm's)."""
+    import struct
+    dump = os.path.join(OUT, "dump", name)
+    n, head = 0, 0
+    for r in range(WORLD):
+        path = os.path.join(dump, "%s.rank%d.json" % (name, r))
+        try:
+            with open(path) as fh:
+                d = json.load(fh)["grads_local"]
+        except (OSError, ValueError, KeyError) as e:
+            problems.append("%s rank %d: no dump of commplan's (%s)" % (key, r, e))
+            continue
+        got = rec[r]["grads"][key]
+        if sorted(got) != sorted(d):
+            problems.append("%s rank %d: torchtitan's parameters %s, commplan's dump %s" % (key, r, sorted(got), sorted(d)))
+        for pname in sorted(set(got) & set(d)):
+            a, b = got[pname], d[pname]["values"]
+            if len(a) != len(b):
+                problems.append("%s rank %d: %s reduced gradient shard has %d elements live, %d in commplan's dump"
+                                % (key, r, pname, len(a), len(b)))
+                continue
+            for i, (x, y) in enumerate(zip(a, b)):
+                if struct.pack("<f", x) != struct.pack("<f", y):
+                    problems.append("%s rank %d: %s reduced gradient element %d: torchtitan %r, commplan %r"
+                                    % (key, r, pname, i, x, y))
+                    break
+            n += len(a)
+            head += len(a) if pname in ("norm.weight", "output.weight") else 0
+    return n, head
+
+
 def main():
     E.need_titan(NAME)
+    import subprocess
     import tempfile
     import torch.multiprocessing as mp
-    plans = {(mn, m): plan_for(mn, m) for mn in MESHES for m in MICRO}
+    plans = {(mn, m, c): plan_for(mn, m, c) for mn in MESHES for m in MICRO for c in CHUNKS}
+    ids = {"%s_c%d_m%d" % (mn, c, m): param_ids(p) for (mn, m, c), p in plans.items()}
+    # the loss_chunks > 1 plans' binaries, built and simulated beside the torch run
+    sims = [plan_name(mn, m, c) for mn in MESHES for m in MICRO for c in CHUNKS if c > 1]
+    log = open(os.path.join(OUT, "chunked_sim.log"), "w")
+    sim = subprocess.Popen(["bash", "-c", simulate_cmd(sims)], cwd=E.ROOT, stdout=log, stderr=subprocess.STDOUT)
     # The ranks are forked from this process with what they import imported once, here (spawning
     # imported torch and torchtitan again in each rank); CHUNKED_START=spawn spawns them.
     start = os.environ.get("CHUNKED_START", "fork")
@@ -260,46 +406,61 @@ def main():
         import torchtitan.distributed.utils  # noqa: F401
         import torchtitan.models.common.attention  # noqa: F401
     with tempfile.TemporaryDirectory(dir=OUT) as tmp:
-        mp.start_processes(worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, start_method=start)
+        mp.start_processes(worker, args=(os.path.join(tmp, "init"), tmp, ids), nprocs=WORLD, start_method=start)
         rec = []
         for r in range(WORLD):
             with open(os.path.join(tmp, "rank%d.json" % r)) as fh:
                 rec.append(json.load(fh))
-    problems, compared, gap = [], 0, 0
-    for (mn, m), plan in sorted(plans.items()):
-        for chunks in CHUNKS:
-            key = "%s_c%d_m%d" % (mn, chunks, m)
-            for r in range(WORLD):
-                table = table_step(plan, r)
-                plain = [s[:5] for s in table]
-                want = plain if chunks == 1 else chunked_order(plan, table)
-                for step, got in enumerate(rec[r][key]):
-                    got = [tuple(x[:4]) + (tuple(x[4]),) for x in got]
-                    if chunks > 1 and step == 0:
-                        # a model's very first forward: the head unit is still unsharded when the loss
-                        # calls lm_head.unshard(), which then issues nothing (one all-gather fewer)
-                        first_ag = len([s for s in table if s[6] == 0 and s[7] == "forward"])
-                        want_s = want[:first_ag] + want[first_ag + 1:]
-                    else:
-                        want_s = want
-                    n, at = diff(got, want_s)
-                    compared += len(got)
-                    if n:
-                        problems.append("%s rank %d step %d: %d differences, first at collective %s: torchtitan %r, "
-                                        "expected %r" % (key, r, step + 1, n, at,
-                                                         got[at] if at is not None and at < len(got) else None,
-                                                         want_s[at] if at is not None and at < len(want_s) else None))
-                    if chunks > 1 and step > 0:
-                        gap += diff(got, plain)[0]
-            print("%-14s %d ranks x %d steps: %d collectives per rank-step (commplan's tables: %d)%s" % (
-                key, WORLD, STEPS, len(rec[0][key][-1]), len(plain),
-                "" if chunks == 1 else ", ChunkedLossWrapper's order derived from them"))
+    sim_rc = sim.wait()
+    log.close()
+    problems, compared, derived, grads, head_grads = [], 0, 0, 0, 0
+    if sim_rc != 0:
+        with open(os.path.join(OUT, "chunked_sim.log")) as fh:
+            problems.append("building or simulating %s failed: %s" % (", ".join(sims), fh.read()[-2000:]))
+    for mn in sorted(MESHES):
+        for m in MICRO:
+            for chunks in CHUNKS:
+                key = "%s_c%d_m%d" % (mn, chunks, m)
+                plan = plans[(mn, m, chunks)]
+                for r in range(WORLD):
+                    table = table_step(plan, r)
+                    want = [s[:5] for s in table]
+                    if chunks > 1:
+                        # the chunked tables are the measured order applied to CrossEntropyLoss's
+                        want_derived = chunked_order(plans[(mn, m, 1)], table_step(plans[(mn, m, 1)], r))
+                        n, at = diff(want, want_derived)
+                        derived += len(want)
+                        if n:
+                            problems.append("%s rank %d: commplan's loss_chunks = %d tables: %d differences from the "
+                                            "order derived from its loss_chunks = 1 tables, first at collective %s: %r vs "
+                                            "%r" % (key, r, chunks, n, at, want[at] if at < len(want) else None,
+                                                    want_derived[at] if at < len(want_derived) else None))
+                    for step, got in enumerate(rec[r]["collectives"][key]):
+                        got = [tuple(x[:4]) + (tuple(x[4]),) for x in got]
+                        want_s = first_step(plan, table) if chunks > 1 and step == 0 else want
+                        n, at = diff(got, want_s)
+                        compared += len(got)
+                        if n:
+                            problems.append("%s rank %d step %d: %d differences, first at collective %s: torchtitan %r, "
+                                            "commplan's tables %r" % (key, r, step + 1, n, at,
+                                                                      got[at] if at is not None and at < len(got) else None,
+                                                                      want_s[at] if at is not None and at < len(want_s)
+                                                                      else None))
+                parts = sum(1 for s in table_step(plan, 0) if s[8])
+                print("%-14s %d ranks x %d steps: %d collectives per rank-step (commplan's loss_chunks = %d tables: %d%s)"
+                      % (key, WORLD, STEPS, len(rec[0]["collectives"][key][-1]), chunks, len(table_step(plan, 0)),
+                         ", %d of them a partial reduction's" % parts if parts else ""))
+                if chunks > 1 and sim_rc == 0:
+                    n, h = compare_grads(key, plan_name(mn, m, chunks), rec, problems)
+                    grads, head_grads = grads + n, head_grads + h
     for p in problems[:20]:
         print("FAIL", p)
-    print("chunked_loss: %d collectives compared, %d differences (CrossEntropyLoss vs commplan's tables; "
-          "ChunkedLossWrapper vs its order derived from them); declared gap: %d positions where "
-          "ChunkedLossWrapper's steady-state steps differ from commplan's tables (loss_chunks > 1 not modelled)"
-          % (compared, len(problems), gap))
+    print("chunked_loss: %d collectives compared, %d differences (CrossEntropyLoss vs the loss_chunks = 1 tables, "
+          "ChunkedLossWrapper vs the loss_chunks = %s tables); %d collectives of those tables equal the order derived "
+          "from the loss_chunks = 1 ones; %d reduced gradient elements (%d of norm.weight and output.weight) equal "
+          "commplan's --simulate element for element; %d problems"
+          % (compared, len([p for p in problems if "step" in p]), "/".join(str(c) for c in CHUNKS if c > 1),
+             derived, grads, head_grads, len(problems)))
     if QUICK:
         print("quick tier: %d steps per configuration, ChunkedLossWrapper at 8 chunks; make test-full runs 3 steps "
               "and 2 chunks too" % STEPS)
