@@ -67,11 +67,12 @@ local util = require("gen.util")
 
 local parallel = {}
 
-parallel.MODULES = { require("gen.parallel.pp"), require("gen.parallel.tp"), require("gen.parallel.ep"),
-                     (require("gen.parallel.fsdp")) }
+parallel.MODULES = { require("gen.parallel.pp"), require("gen.parallel.tp"), require("gen.parallel.cp"),
+                     require("gen.parallel.ep"), (require("gen.parallel.fsdp")) }
 
 -- The degrees no module implements, in the order refusals have always
--- named them (pp and ep have modules: gen/parallel/pp.lua, gen/parallel/ep.lua).
+-- named them (each has a module now: gen/parallel/cp.lua, ep.lua, pp.lua;
+-- the combinations a module does not plan are refused by its rules).
 local UNIMPLEMENTED_ORDER = { "cp", "ep", "pp" }
 
 -- What commplan generates, in mesh order: "FSDP/HSDP/TP plans (dp_shard,

@@ -30,6 +30,8 @@ suites[#suites + 1] = "test_ep_live"
 suites[#suites + 1] = "test_moe_acts"
 -- The Llama block's and the output unit's activations (torchtitan 0.3's SAC, ChunkedLossWrapper).
 suites[#suites + 1] = "test_llama_acts"
+-- Context parallel (gen/parallel/cp.lua).
+suites[#suites + 1] = "test_cp"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)
