@@ -328,9 +328,66 @@ def show(rec, names):
                 e["shapes"]["out"], e["via"]))
 
 
+# ---- commplan's side ----
+
+TABLE_KIND = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce",
+        "tp_all_gather": "all_gather", "tp_reduce_scatter": "reduce_scatter", "tp_all_reduce": "all_reduce"}
+
+
+def plan_for(name, parallel):
+    """commplan's plan of the model and mesh: plan.json."""
+    from commplan import plan_text
+    model = dict(TITAN, family="llama", seq_len=SEQ)
+    text = plan_text(name, WORLD, model, parallel=dict(parallel),
+                     fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum"},
+                     training={"local_batch_size": BATCH, "loss_chunks": 1})
+    os.makedirs(os.path.join(OUT, "plans"), exist_ok=True)
+    path = os.path.join(OUT, "plans", name + ".lua")
+    with open(path, "w") as fh:
+        fh.write(text)
+    outdir = os.path.join(OUT, "gen", name)
+    E.lua(["gen/commplan.lua", os.path.relpath(path, E.ROOT), os.path.relpath(outdir, E.ROOT)])
+    with open(os.path.join(outdir, "plan.json")) as fh:
+        return json.load(fh)
+
+
+def group_ranks(plan, name, rank):
+    """A group's rank list for rank, from plan.json's groups (member dims' sizes and strides)."""
+    g = next(x for x in plan["groups"] if x["name"] == name)
+    sizes, strides = g["members"]["sizes"], g["members"]["strides"]
+    base = rank
+    for n, st in zip(sizes, strides):
+        base -= ((rank // st) % n) * st
+    out = [base]
+    for n, st in zip(sizes, strides):
+        out = [r + k * st for r in out for k in range(n)]
+    return sorted(out)
+
+
+def table_step(plan, rank):
+    """One step's collectives of rank from the tables: (kind, count, dtype, reduce op, ranks)."""
+    out = []
+    for o in plan["ops"]:
+        if o["kind"] in TABLE_KIND and o.get("group"):
+            out.append((TABLE_KIND[o["kind"]], o["count"], o["dtype"], o.get("reduce_op"),
+                        tuple(group_ranks(plan, o["group"], rank))))
+    return out
+
+
+def recorded(step):
+    return [(e["kind"], e["count"], e["dtype"], e["reduce_op"], tuple(sorted(e["ranks"]))) for e in step]
+
+
+def diff(got, want):
+    n = sum(1 for a, b in zip(got, want) if a != b) + abs(len(got) - len(want))
+    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
+                 None if len(got) == len(want) else min(len(got), len(want)))
+    return n, first
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--record-only", action="store_true")
+    ap.add_argument("--record-only", action="store_true", help="record and print the sequences; no commplan")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     a = ap.parse_args()
     E.need_titan(NAME)
@@ -338,9 +395,53 @@ def main():
     for c in names:
         if c not in CONFIGS:
             sys.exit("test_cp_record: unknown config %r; known: %s" % (c, ", ".join(CONFIGS)))
+    plans = {}
+    if not a.record_only:  # (commplan first: a refusal costs no torch run)
+        for c in names:
+            key = tuple(sorted(CONFIGS[c][0].items()))
+            if key not in plans:
+                plans[key] = plan_for("ctxrec_" + c, CONFIGS[c][0])
     rec = record(names, os.path.join(OUT, "cp_record"))
-    show(rec, names)
-    return 0
+    if a.record_only:
+        show(rec, names)
+        return 0
+    problems, compared, cp_ops = [], 0, 0
+    for c in names:
+        plan = plans[tuple(sorted(CONFIGS[c][0].items()))]
+        for r in range(WORLD):
+            want = table_step(plan, r)
+            on_cp = [i for i, o in enumerate(o for o in plan["ops"] if o["kind"] in TABLE_KIND and o.get("group"))
+                     if o["group"] == "cp"]
+            for step, got in enumerate(rec[r][c]["steps"]):
+                got = recorded(got)
+                n, at = diff(got, want)
+                compared += len(got)
+                cp_ops += sum(1 for i in on_cp if i < len(got) and got[i] == want[i])
+                if n:
+                    problems.append("%s rank %d step %d: %d differences, first at collective %s: torchtitan %r, "
+                                    "commplan %r" % (c, r, step + 1, n, at, got[at] if at is not None and at < len(got)
+                                                     else None, want[at] if at is not None and at < len(want) else None))
+        kinds = {}
+        for g in recorded(rec[0][c]["steps"][0]):
+            kinds[g[0]] = kinds.get(g[0], 0) + 1
+        print("  %-14s %-15s %d ranks x %d steps: %d collectives per rank-step (%s), commplan's tables %d" % (
+            c, CONFIGS[c][1], WORLD, STEPS, len(rec[0][c]["steps"][0]),
+            ", ".join("%d %s" % (v, k) for k, v in sorted(kinds.items())), len(table_step(plan, 0))))
+    # The comparison can fail: the dp2_cp2 recording against the plan without cp (FSDP over the 4 ranks).
+    first = names[0]
+    nocp = plan_for("ctxrec_nocp", {"dp_shard": WORLD})
+    n, _ = diff(recorded(rec[0][first]["steps"][0]), table_step(nocp, 0))
+    if n == 0:
+        problems.append("%s: the plan without cp (dp_shard %d) matched the recording too" % (first, WORLD))
+    else:
+        print("  %-14s against the plan without cp (dp_shard %d): %d differences, as it must" % (first, WORLD, n))
+    for p in problems[:20]:
+        print("FAIL", p)
+    from importlib.metadata import version
+    print("cp_record: %d collectives compared (%d of them cp's K/V all-gathers and reduce-scatters, equal) over %d configs x %d ranks x %d steps from "
+          "torchtitan %s (torch %s): %d differences" % (compared, cp_ops, len(names), WORLD, STEPS,
+                                                       version("torchtitan"), E.versions()[0], len(problems)))
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
