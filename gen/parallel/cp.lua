@@ -35,7 +35,9 @@ function cp.used(d) return d.cp > 1 end
 
 local function refuse(ctx, field, fmt, ...) util.field_error(ctx, field, string.format(fmt, ...)) end
 
-function cp.rules(ctx, d, p)
+-- The degrees alone (gen/parallel/init.lua's check_supported runs it, as
+-- tests/titan/dims_dump.lua does): Ulysses, and cp beside tp, pp or ep.
+function cp.check_dims(ctx, d)
   if d.cp == 1 then return end -- (ulysses_degree without cp: gen/dims.lua refuses it)
   if d.ulysses_degree ~= nil then
     refuse(ctx, "parallel.ulysses_degree", "ulysses_degree=%d: torch 2.15 and torchtitan 0.3 have no Ulysses "
@@ -48,6 +50,10 @@ function cp.rules(ctx, d, p)
         .. "(torchtitan's cp with %s is not modelled yet); set cp=1 or %s=1", d.cp, name, d[name], name, name)
     end
   end
+end
+
+function cp.rules(ctx, d, p)
+  if d.cp == 1 then return end
   if p.model.family ~= "llama" then
     refuse(ctx, "parallel.cp", "cp=%d: context parallel is planned for the llama family (its attention's K/V "
       .. "exchange); the %s family is not; set cp=1", d.cp, p.model.family)

@@ -6,7 +6,7 @@ local plan = require("gen.plan")
 local parallel = require("gen.parallel.init")
 local T = {}
 
-local HOOKS = { "used", "rules", "apply_units", "classes", "buffers", "on_layout", "step", "unit_ops",
+local HOOKS = { "used", "check_dims", "rules", "apply_units", "classes", "buffers", "on_layout", "step", "unit_ops",
                 "prove_class", "prove" }
 
 function T.every_module_keeps_the_contract()
@@ -67,10 +67,13 @@ function T.unused_module_leaves_no_trace()
 end
 
 -- Every degree has a module now; a combination a module does not plan is
--- refused by its rules, in one line naming the field and the fix.
+-- refused by its check_dims (in check_supported, before the mesh), in one
+-- line naming the field and the fix.
 function T.unplanned_combination_is_refused()
-  local d = require("gen.dims").infer(nil, { dp_shard = 2, cp = 2, tp = 2 }, 8)
-  parallel.check_supported(nil, d) -- (no degree is refused for want of a module)
+  local dims = require("gen.dims")
+  parallel.check_supported(nil, dims.infer(nil, { dp_shard = 2, cp = 2 }, 4)) -- (no degree wants a module)
+  H.plan_fails_with(function() parallel.check_supported(nil, dims.infer(nil, { dp_shard = 2, cp = 2, tp = 2 }, 8)) end,
+    "parallel.cp", "cp=2 with tp=2")
   H.plan_fails("return { world_size = 8, parallel = { dp_shard = -1, cp = 2, tp = 2 }, model = { family = 'llama', "
     .. "dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, seq_len = 512 } }",
     "parallel.cp", "cp=2 with tp=2: context parallel is planned with FSDP and HSDP only", "set cp=1 or tp=1")
