@@ -83,13 +83,13 @@ end
 -- the text before its value.
 local OP_KEYS = {}
 for _, k in ipairs({ "times", "stream", "group", "dtype", "count", "input", "reduce_op", "size_bytes", "wire_bytes",
-                     "predicted_us", "algorithm", "waits_for", "a2a" }) do
+                     "predicted_us", "algorithm", "waits_for", "a2a", "recompute" }) do
   OP_KEYS[k] = ",\n   " .. json.quote(k) .. ": "
 end
 
 -- plan.json's ops: an object per op (seq, kind, unit, phase, micro_step,
 -- times, stream, group, dtype, count, input, reduce_op, size_bytes,
--- wire_bytes, predicted_us, algorithm, waits_for; absent keys left out), written as
+-- wire_bytes, predicted_us, algorithm, recompute, waits_for; absent keys left out), written as
 -- json.encode(facts, " ") would write them at the top level of facts, a
 -- format per op rather than an object each (a step holds units x
 -- micro-steps of them, and plan.json is most of the generation's work).
@@ -127,6 +127,8 @@ local function ops_json(p)
         (o.kind == "a2a" or o.recompute) and tostring(o.a2a_counts_op) or "null", o.a2a_experts, o.a2a_capacity or 0,
         o.a2a_dim or 0, o.recompute and ', "recompute": true' or ""), n + 2
     end
+    -- (context parallel's K/V all-gathers re-run in backward under checkpointing)
+    if o.recompute and not o.a2a_experts then out[n + 1], out[n + 2], n = K.recompute, "true", n + 2 end
     local w = waits[o.seq]
     if w then out[n + 1], out[n + 2], n = K.waits_for, "[" .. table.concat(w, ",") .. "]", n + 2 end -- (op seqs)
     n = n + 1
@@ -968,12 +970,18 @@ local function collectives_text(p, fname, rec)
   local counts, order = {}, {}
   for _, o in ipairs(p.ops) do
     if o.group == fname then
-      if not counts[o.kind] then counts[o.kind] = 0; order[#order + 1] = o.kind end
-      counts[o.kind] = counts[o.kind] + (o.times or 1)
+      -- (cp's K/V all-gathers that checkpointing re-runs in backward: their own entry)
+      local k = (fname == "cp" and o.recompute) and o.kind .. "*" or o.kind
+      if not counts[k] then counts[k] = 0; order[#order + 1] = k end
+      counts[k] = counts[k] + (o.times or 1)
     end
   end
   local t = {}
-  for _, k in ipairs(order) do t[#t + 1] = counts[k] .. " " .. name_of(k) end
+  for _, k in ipairs(order) do
+    local base = k:match("^(.-)%*$")
+    t[#t + 1] = counts[k] .. " " .. (base and (name_of(base) .. " recomputed in backward (activation checkpointing)")
+      or name_of(k))
+  end
   local text = table.concat(t, ", ")
   if rec then
     local r = {}

@@ -19,6 +19,11 @@
 --    activation collectives' op kinds (gen/opkinds.lua's tp_all_gather,
 --    tp_reduce_scatter: in place on the unit's activation buffer, over the
 --    op's group, the rank's slot its key in that group) on group "cp".
+--    Under activation checkpointing (full or selective: torchtitan wraps
+--    every block) the backward re-runs the block's forward first, and with
+--    it the two all-gathers (spmd_types issues them as c10d all-gathers,
+--    which SelectiveAC's save list does not hold): recorded live, they
+--    come before the gradients' reduce-scatters (recompute = true).
 -- Refused, one line each: Ulysses (torch 2.15 and torchtitan 0.3 have
 -- none), cp with tp, pp or ep (not planned), a family other than llama (no
 -- attention to exchange), a seq_len torchtitan refuses (2 x cp chunks for
@@ -87,20 +92,28 @@ end
 -- (act_numel, ag_dtype elements) at least the gathered K (or V).
 function cp.on_layout(_, lay, _, d, p, cfg)
   local b = p.training and p.training.local_batch_size or 1
+  local ac = p.training and p.training.activation_checkpointing or "none"
+  local recompute = ac == "full" or ac == "selective"
   local count = b * (p.model.seq_len // d.cp) * cfg.n_kv_heads * cfg.head_dim
   for _, u in ipairs(lay.units) do
     if holds(u, "attention.wk.weight") then
       u.cp_acts = {
         { kind = "tp_all_gather", phase = "forward", what = "K over the sequence (cp)" },
         { kind = "tp_all_gather", phase = "forward", what = "V over the sequence (cp)" },
-        { kind = "tp_reduce_scatter", phase = "backward", what = "K/V gradient (cp)" },
-        { kind = "tp_reduce_scatter", phase = "backward", what = "K/V gradient (cp)" },
       }
+      if recompute then
+        u.cp_acts[3] = { kind = "tp_all_gather", phase = "backward", recompute = true,
+                         what = "K over the sequence (cp), recomputed (activation checkpointing)" }
+        u.cp_acts[4] = { kind = "tp_all_gather", phase = "backward", recompute = true,
+                         what = "V over the sequence (cp), recomputed (activation checkpointing)" }
+      end
+      u.cp_acts[#u.cp_acts + 1] = { kind = "tp_reduce_scatter", phase = "backward", what = "K/V gradient (cp)" }
+      u.cp_acts[#u.cp_acts + 1] = { kind = "tp_reduce_scatter", phase = "backward", what = "K/V gradient (cp)" }
       u.cp_count = count
       u.act_numel = math.max(u.act_numel or 0, count * d.cp)
     end
   end
-  lay.cp = { size = d.cp, count = count, blocks = 0 }
+  lay.cp = { size = d.cp, count = count, blocks = 0, recompute = recompute }
   for _, u in ipairs(lay.units) do
     if u.cp_acts then lay.cp.blocks = lay.cp.blocks + 1 end
   end
@@ -115,22 +128,25 @@ function cp.unit_ops(out, u, m, at)
     if a.phase == at then
       out[#out + 1] = { kind = a.kind, unit = u.index, micro_step = m, phase = a.phase, group = "cp",
                         dtype = u.ag_dtype, count = u.cp_count,
-                        reduce_op = a.kind == "tp_reduce_scatter" and "sum" or nil, what = a.what }
+                        reduce_op = a.kind == "tp_reduce_scatter" and "sum" or nil, what = a.what,
+                        recompute = a.recompute }
     end
   end
 end
 
 -- Every block issues its two all-gathers in each micro-step's forward and
--- its two reduce-scatters in its backward, nothing else runs on cp.
+-- its two reduce-scatters in its backward (after its two recomputed
+-- all-gathers under checkpointing), nothing else runs on cp.
 function cp.prove_class(lay, ops, p)
   local want, got = {}, {}
+  local per = lay.cp and lay.cp.recompute and 4 or 2
   for _, u in ipairs(lay.units) do
-    if u.cp_acts then want[u.index] = { forward = 2 * p.fsdp.micro_steps, backward = 2 * p.fsdp.micro_steps } end
+    if u.cp_acts then want[u.index] = { forward = 2 * p.fsdp.micro_steps, backward = per * p.fsdp.micro_steps } end
   end
   for _, o in ipairs(ops) do
     if o.group == "cp" then
       local w = want[o.unit]
-      local kind = o.phase == "forward" and "tp_all_gather" or "tp_reduce_scatter"
+      local kind = (o.phase == "forward" or o.recompute) and "tp_all_gather" or "tp_reduce_scatter"
       if not w or o.kind ~= kind or o.count ~= lay.units[o.unit + 1].cp_count then
         error(string.format("internal: cp op %d (%s of unit %d in %s) is no block's K/V exchange", o.seq, o.kind,
           o.unit, o.phase), 0)

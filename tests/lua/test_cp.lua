@@ -106,6 +106,33 @@ function T.op_counts_per_step()
   end
 end
 
+-- Activation checkpointing (full and selective: torchtitan wraps every
+-- block; recorded live) re-runs each block's two all-gathers in its
+-- backward, before the gradients' reduce-scatters; the timeline does not
+-- count them a second time.
+function T.checkpointing_recomputes_the_all_gathers()
+  local timeline = require("gen.timeline")
+  local compute = require("gen.compute")
+  for _, ac in ipairs({ "none", "selective", "full" }) do
+    local p = gen(4, "{ dp_shard = 2, cp = 2 }", "", nil)
+    if ac ~= "none" then
+      p = plan.from_source(llama(4, "{ dp_shard = 2, cp = 2 }", nil):gsub("training = { local_batch_size = 2 }",
+        "training = { local_batch_size = 2, activation_checkpointing = '" .. ac .. "' }"), "plans/t.lua")
+    end
+    local bwd = {}
+    for _, o in ipairs(cp_ops(p)) do
+      if o.phase == "backward" and o.unit == 2 then bwd[#bwd + 1] = o.kind .. (o.recompute and "*" or "") end
+    end
+    local want = ac == "none" and { "tp_reduce_scatter", "tp_reduce_scatter" }
+      or { "tp_all_gather*", "tp_all_gather*", "tp_reduce_scatter", "tp_reduce_scatter" }
+    H.list_eq(bwd, want, ac .. ": layers.0's backward on cp")
+    local s = compute.settings(p)
+    for _, o in ipairs(timeline.recomputed(p, s)) do
+      H.eq(o.group ~= "cp", true, ac .. ": op " .. o.seq .. " counted again by the timeline")
+    end
+  end
+end
+
 -- Each rank runs seq_len / cp tokens: the activation model divides, and
 -- the blocks keep flex's gathered K and V.
 function T.activations_per_rank()

@@ -32,12 +32,15 @@ PREMUL_SUM(1) instead of the forced SUM), and the compiled flex kernels. Not rec
 trainer's all-reduce of the global token count over the batch mesh before the step (one int64,
 outside the forward and backward; commplan models neither) and the optimizer.
 
-Meshes (world 4): dp2_cp2 (dp_shard 2 x cp 2), cp4 (cp 4), hsdp_cp2 (dp_replicate 2 x cp 2), and
-dp2_cp2 under partial_dtensor. 2 steps each; local batch 2, seq_len 512 (flex's CP block mask
-needs seq_len divisible by cp x 128).
+Meshes (world 4): dp2_cp2 (dp_shard 2 x cp 2), cp4 (cp 4), hsdp_cp2 (dp_replicate 2 x cp 2),
+dp2_cp2 under partial_dtensor, and dp2_cp2 under torchtitan's own activation checkpointing
+(SelectiveAC and FullAC as the Trainer builds them, applied by parallelize_llama to every block:
+the backward re-runs each block's K/V all-gathers before their gradients' reduce-scatters). 2 steps
+each; local batch 2, seq_len 512 (flex's CP block mask needs seq_len divisible by cp x 128).
 
-commplan's side: the llama plan of the same model and mesh (build/titan/plans/cp_*.lua,
-fsdp.reduce_op "sum", training.local_batch_size 2, loss_chunks 1), its plan.json op list's
+commplan's side: the llama plan of the same model and mesh (build/titan/plans/ctxrec_*.lua,
+fsdp.reduce_op "sum", training.local_batch_size 2, loss_chunks 1, activation_checkpointing as
+recorded), its plan.json op list's
 collectives in order, each group's rank list for that rank from plan.json's groups; its CP
 collectives are plan.json's tp_all_gather / tp_reduce_scatter ops on group "cp" (the activation
 collectives' op kinds, gen/parallel/cp.lua). Checks: every rank, every step, every collective
@@ -64,12 +67,14 @@ OUT = os.path.join(E.ROOT, "build", "titan")
 WORLD = 4
 TITAN = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=250, multiple_of=16, ffn_dim_multiplier=1.3)
 SEQ, BATCH, STEPS = 512, 2, 2
-# name: (parallel degrees, spmd_backend)
+# name: (parallel degrees, spmd_backend, activation checkpointing)
 CONFIGS = {
-    "dp2_cp2": ({"dp_shard": 2, "cp": 2}, "spmd_types"),
-    "cp4": ({"dp_shard": 1, "cp": 4}, "spmd_types"),
-    "hsdp_cp2": ({"dp_replicate": 2, "dp_shard": 1, "cp": 2}, "spmd_types"),
-    "dp2_cp2_legacy": ({"dp_shard": 2, "cp": 2}, "partial_dtensor"),
+    "dp2_cp2": ({"dp_shard": 2, "cp": 2}, "spmd_types", "none"),
+    "cp4": ({"dp_shard": 1, "cp": 4}, "spmd_types", "none"),
+    "hsdp_cp2": ({"dp_replicate": 2, "dp_shard": 1, "cp": 2}, "spmd_types", "none"),
+    "dp2_cp2_legacy": ({"dp_shard": 2, "cp": 2}, "partial_dtensor", "none"),
+    "dp2_cp2_sac": ({"dp_shard": 2, "cp": 2}, "spmd_types", "selective"),
+    "dp2_cp2_fullac": ({"dp_shard": 2, "cp": 2}, "spmd_types", "full"),
 }
 DT = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.int64": "int64"}
 KIND = (("allgather", "all_gather"), ("all_gather", "all_gather"), ("reduce_scatter", "reduce_scatter"),
@@ -234,6 +239,25 @@ def cpu_stand_ins():
     CA._compiled_create_block_mask = FA.create_block_mask
 
 
+def build_model(cfg, parallelism, training, pd, ac):
+    """tests/titan/test_llama_plan.py's parallelize on CPU, with torchtitan's own activation
+    checkpointing config (the Trainer's: SelectiveAC / FullAC with their defaults, which
+    parallelize_llama applies to every block before fully_shard)."""
+    import torch
+    from torchtitan.config import CompileConfig
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    from torchtitan.models.llama3 import model_registry, parallelize_llama
+    from torchtitan.trainer import Trainer
+    spec = model_registry("debugmodel")
+    spec.model = cfg
+    cfg.update_from_config(config=Trainer.Config(model_spec=spec, parallelism=parallelism, training=training))
+    with torch.device("cpu"):
+        model = cfg.build()
+    acc = {"none": None, "full": FullAC.Config(), "selective": SelectiveAC.Config()}[ac]
+    return parallelize_llama(model, parallel_dims=pd, training=training, parallelism=parallelism,
+                             compile_config=CompileConfig(), ac_config=acc, dump_folder=os.path.join(OUT, "dump"))
+
+
 def worker(rank, init, out_dir, names):
     import torch
     import torch.distributed as dist
@@ -252,18 +276,25 @@ def worker(rank, init, out_dir, names):
     from torchtitan.distributed.utils import get_spmd_context, set_spmd_backend
     mode = make_mode()
     res = {}
+    # One ParallelDims per mesh and backend, its configs one after the other on it: a second
+    # ParallelDims of the same mesh in one process hands fully_shard a cached DeviceMesh that is not
+    # its parameters' (as tests/ep/torch_ep_record.py does).
+    built = {}
     for name in names:
-        par, backend = CONFIGS[name]
+        par, backend, ac = CONFIGS[name]
         parallelism = ParallelismConfig(data_parallel_replicate_degree=par.get("dp_replicate", 1),
                                         data_parallel_shard_degree=par["dp_shard"],
                                         context_parallel_degree=par["cp"], spmd_backend=backend)
         training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
                                   mixed_precision_param="bfloat16", mixed_precision_reduce="float32")
         set_spmd_backend(backend)
-        pd = ParallelDims.from_config(parallelism, WORLD)
-        pd.build_mesh()
+        mesh_key = (tuple(sorted(par.items())), backend)
+        if mesh_key not in built:
+            built[mesh_key] = ParallelDims.from_config(parallelism, WORLD)
+            built[mesh_key].build_mesh()
+        pd = built[mesh_key]
         torch.manual_seed(0)
-        model = TL.parallelize(TL.titan_config(None, TITAN, False), parallelism, training, pd, "cpu")
+        model = build_model(TL.titan_config(None, TITAN, False), parallelism, training, pd, ac)
         for m in model.modules():
             if isinstance(m, FSDPModule):
                 m.set_force_sum_reduction_for_comms(True)
@@ -321,7 +352,8 @@ def record(names, out_dir):
 
 def show(rec, names):
     for name in names:
-        print("== %s (%s): cp groups %s" % (name, CONFIGS[name][1], sorted({tuple(r[name]["groups"]["cp"]) for r in rec})))
+        cp_groups = sorted({tuple(r[name]["groups"]["cp"]) for r in rec})
+        print("== %s (%s, checkpointing %s): cp groups %s" % (name, CONFIGS[name][1], CONFIGS[name][2], cp_groups))
         for e in rec[0][name]["steps"][0]:
             print("  %-8s %-14s %7d %-4s %-4s ranks %-12s %s -> %s  %s" % (
                 e["phase"], e["kind"], e["count"], e["dtype"], e["reduce_op"] or "", e["ranks"], e["shapes"]["in"],
@@ -334,13 +366,13 @@ TABLE_KIND = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "a
         "tp_all_gather": "all_gather", "tp_reduce_scatter": "reduce_scatter", "tp_all_reduce": "all_reduce"}
 
 
-def plan_for(name, parallel):
+def plan_for(name, parallel, ac="none"):
     """commplan's plan of the model and mesh: plan.json."""
     from commplan import plan_text
     model = dict(TITAN, family="llama", seq_len=SEQ)
     text = plan_text(name, WORLD, model, parallel=dict(parallel),
                      fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum"},
-                     training={"local_batch_size": BATCH, "loss_chunks": 1})
+                     training={"local_batch_size": BATCH, "loss_chunks": 1, "activation_checkpointing": ac})
     os.makedirs(os.path.join(OUT, "plans"), exist_ok=True)
     path = os.path.join(OUT, "plans", name + ".lua")
     with open(path, "w") as fh:
@@ -396,18 +428,20 @@ def main():
         if c not in CONFIGS:
             sys.exit("test_cp_record: unknown config %r; known: %s" % (c, ", ".join(CONFIGS)))
     plans = {}
+
+    def key(c):
+        return tuple(sorted(CONFIGS[c][0].items())) + (CONFIGS[c][2],)
     if not a.record_only:  # (commplan first: a refusal costs no torch run)
         for c in names:
-            key = tuple(sorted(CONFIGS[c][0].items()))
-            if key not in plans:
-                plans[key] = plan_for("ctxrec_" + c, CONFIGS[c][0])
+            if key(c) not in plans:
+                plans[key(c)] = plan_for("ctxrec_" + c, CONFIGS[c][0], CONFIGS[c][2])
     rec = record(names, os.path.join(OUT, "cp_record"))
     if a.record_only:
         show(rec, names)
         return 0
     problems, compared, cp_ops = [], 0, 0
     for c in names:
-        plan = plans[tuple(sorted(CONFIGS[c][0].items()))]
+        plan = plans[key(c)]
         for r in range(WORLD):
             want = table_step(plan, r)
             on_cp = [i for i, o in enumerate(o for o in plan["ops"] if o["kind"] in TABLE_KIND and o.get("group"))
@@ -424,8 +458,8 @@ def main():
         kinds = {}
         for g in recorded(rec[0][c]["steps"][0]):
             kinds[g[0]] = kinds.get(g[0], 0) + 1
-        print("  %-14s %-15s %d ranks x %d steps: %d collectives per rank-step (%s), commplan's tables %d" % (
-            c, CONFIGS[c][1], WORLD, STEPS, len(rec[0][c]["steps"][0]),
+        print("  %-14s %-15s %-9s %d ranks x %d steps: %d collectives per rank-step (%s), commplan's tables %d" % (
+            c, CONFIGS[c][1], CONFIGS[c][2], WORLD, STEPS, len(rec[0][c]["steps"][0]),
             ", ".join("%d %s" % (v, k) for k, v in sorted(kinds.items())), len(table_step(plan, 0))))
     # The comparison can fail: the dp2_cp2 recording against the plan without cp (FSDP over the 4 ranks).
     first = names[0]
