@@ -173,6 +173,24 @@ function T.refusals()
   H.plan_fails(llama(4, "{ dp_shard = 4, ulysses_degree = 2 }"), "parallel.ulysses_degree", "with cp=1")
 end
 
+-- The advisor keeps the plan's cp in every mesh it ranks (a cp group shares
+-- its sequences) and ranks no pipeline mesh (cp with pp is not planned).
+function T.advisor_keeps_cp()
+  local advisor = require("gen.advisor")
+  local load = require("gen.load")
+  local res = advisor.rank(load.source(llama(8, "{ dp_shard = -1, cp = 2 }"), "plans/t.lua"))
+  H.eq(res.pipeline, nil, "no pipeline meshes")
+  H.eq(res.plan_global, 2 * 8 // 2, "global batch: local batch x world / cp")
+  local own = 0
+  for _, x in ipairs(res.results) do
+    H.eq(x.mesh:find("cp=2", 1, true) ~= nil, true, x.mesh)
+    H.eq(x.t, 1, x.mesh .. ": cp with tp is refused")
+    own = own + (x.plan_mesh and 1 or 0)
+  end
+  H.eq(own, 1, "the plan's own mesh ranked once")
+  H.eq(#res.rejected > 0, true, "the tp > 1 meshes refused")
+end
+
 -- The audit names the K/V exchange and FSDP's group as dp_shard x cp.
 function T.audit_names_cp()
   local audit = require("gen.audit")
