@@ -119,7 +119,10 @@ function advisor.rank(loaded, opts)
   local base_batch = (loaded.training and loaded.training.local_batch_size) or 1
   -- (a pipeline plan's data-parallel ranks are world / (tp x pp))
   local base_pp = loaded.parallel.pp or 1
-  local plan_global = base_batch * (loaded.world_size // (base_tp * base_pp))
+  -- context parallel is the plan's: every candidate keeps its cp (a cp
+  -- group shares its sequences: data-parallel ranks are world / (tp x cp))
+  local cp = loaded.parallel.cp or 1
+  local plan_global = base_batch * (loaded.world_size // (base_tp * base_pp * cp))
   local global = opts.global_batch or plan_global
   local results, rejected = {}, {}
   -- TP degrees: the divisors of a node's GPUs, and the plan's own (tp=3
@@ -130,15 +133,15 @@ function advisor.rank(loaded, opts)
     table.sort(tps)
   end
   for _, t in ipairs(tps) do
-    if world % t == 0 then
-      for _, r in ipairs(divisors(world // t)) do
-        local s = world // (t * r)
+    if world % (t * cp) == 0 then
+      for _, r in ipairs(divisors(world // (t * cp))) do
+        local s = world // (t * r * cp)
         -- expert parallel is the plan's: ep borrows from each candidate's
         -- dp_shard (ParallelDims refuses a candidate it does not divide)
         local ep = (loaded.parallel.ep or 1) > 1 and loaded.parallel.ep or nil
-        local mesh = string.format("dp_replicate=%d x dp_shard=%d x tp=%d%s", r, s, t,
-          ep and string.format(" (ep %d)", ep) or "")
-        local dp = world // t
+        local mesh = string.format("dp_replicate=%d x dp_shard=%d x %stp=%d%s", r, s,
+          cp > 1 and string.format("cp=%d x ", cp) or "", t, ep and string.format(" (ep %d)", ep) or "")
+        local dp = world // (t * cp)
         if global % dp ~= 0 then
           rejected[#rejected + 1] = { mesh = mesh, why = string.format("its %d data-parallel ranks do not divide "
             .. "the global batch of %d sequences", dp, global) }
@@ -147,7 +150,8 @@ function advisor.rank(loaded, opts)
           cand.world_size = world
           cand.topology = topo
           cand.pipeline = nil -- these meshes have no pipeline (below: the ones with one)
-          cand.parallel = { dp_replicate = r, dp_shard = s, tp = t, ep = ep, etp = ep and loaded.parallel.etp }
+          cand.parallel = { dp_replicate = r, dp_shard = s, cp = cp > 1 and cp or nil, tp = t, ep = ep,
+                            etp = ep and loaded.parallel.etp }
           carry_tp_options(cand.parallel, loaded.parallel, t)
           cand.training = copy(loaded.training)
           cand.training.local_batch_size = global // dp
@@ -181,8 +185,11 @@ function advisor.rank(loaded, opts)
   end
   table.sort(results, advisor.before)
   local res = { results = results, rejected = rejected, world = world, topology = topo, global_batch = global,
-                plan_global = plan_global }
-  if loaded.model.family == "llama" and not opts.no_pipeline then res.pipeline = advisor.pipeline(loaded, res) end
+                plan_global = plan_global, cp = cp }
+  -- (pipeline meshes keep no cp: cp with pp is not planned, gen/parallel/cp.lua)
+  if loaded.model.family == "llama" and not opts.no_pipeline and cp == 1 then
+    res.pipeline = advisor.pipeline(loaded, res)
+  end
   return res
 end
 
@@ -299,7 +306,7 @@ local function human(b) return require("gen.audit").human(b) end
 local function us_text(us) return require("gen.audit").us_text(us) end
 
 local FAMILY_TEXT = { fsdp = "FSDP all-gather/reduce-scatter", dp_replicate = "HSDP all-reduce",
-                      tp = "TP activation collectives" }
+                      tp = "TP activation collectives", cp = "CP K/V collectives" }
 
 -- A mesh's figures as a phrase: compute + exposed communication (+ other
 -- waits), every time as the table prints it.
@@ -324,7 +331,7 @@ local function explain(top, res, out)
       top.mesh, top.ac, n_fit, t(top.step_us), parts_text(top), t(top.comm_us), human(top.memory.total_bytes),
       human(top.memory.gpu_bytes))
     local parts = {}
-    for _, k in ipairs({ "fsdp", "dp_replicate", "tp" }) do
+    for _, k in ipairs({ "fsdp", "dp_replicate", "tp", "cp" }) do
       if top.family_us[k] then parts[#parts + 1] = string.format("%s %s", FAMILY_TEXT[k], t(top.family_us[k])) end
     end
     w("- Its communication per step, in the step: %s; the shard group spans %d node(s)%s.", table.concat(parts, ", "),
@@ -404,7 +411,15 @@ function advisor.report(src, path, opts)
   w("# Mesh advice: %s (%s%s) on %s GPUs, %d per node", loaded.name, m.family,
     m.size and (" " .. m.size) or "", tostring(res.world), res.topology.gpus_per_node)
   w("")
-  if s0 then
+  if s0 and res.cp > 1 then
+    w("Global batch: %d sequences of %d tokens per step%s, the same for every mesh, each with the plan's context "
+      .. "parallel cp=%d: each data-parallel rank (a TP x cp group of t x %d GPUs) takes global / (world / (t x %d)); "
+      .. "pipeline meshes are not ranked (cp with pp is not planned). GPU: %g GB, %g TFLOPS, every FLOP at %.0f%% of "
+      .. "it (topology.mfu). Each mesh takes the fastest activation checkpointing (none, selective, full) that fits, "
+      .. "the plan's own mesh too.", res.global_batch, s0.seq_len,
+      res.global_batch == res.plan_global and " (the plan's)" or string.format(" (given; the plan's is %d)",
+      res.plan_global), res.cp, res.cp, res.cp, s0.gpu_memory_GB, s0.gpu_TFLOPS, 100 * s0.mfu)
+  elseif s0 then
     w("Global batch: %d sequences of %d tokens per step%s, the same for every mesh: each data-parallel rank "
       .. "(a TP group of t GPUs) takes global / (world / t). GPU: %g GB, %g TFLOPS, every FLOP at %.0f%% of it (topology.mfu). Each mesh takes "
       .. "the fastest activation checkpointing (none, selective, full) that fits, the plan's own mesh too.",

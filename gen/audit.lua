@@ -83,7 +83,7 @@ end
 -- the text before its value.
 local OP_KEYS = {}
 for _, k in ipairs({ "times", "stream", "group", "dtype", "count", "input", "reduce_op", "params", "size_bytes",
-                     "wire_bytes", "predicted_us", "algorithm", "waits_for", "a2a" }) do
+                     "wire_bytes", "predicted_us", "algorithm", "waits_for", "a2a", "recompute" }) do
   OP_KEYS[k] = ",\n   " .. json.quote(k) .. ": "
 end
 
@@ -91,7 +91,7 @@ end
 -- times, stream, group, dtype, count, input, reduce_op, params (a partial
 -- reduction's or compute's parameters: ChunkedLossWrapper's [norm,
 -- lm_head] unit), size_bytes, wire_bytes, predicted_us, algorithm,
--- waits_for; absent keys left out), written as
+-- recompute, waits_for; absent keys left out), written as
 -- json.encode(facts, " ") would write them at the top level of facts, a
 -- format per op rather than an object each (a step holds units x
 -- micro-steps of them, and plan.json is most of the generation's work).
@@ -134,6 +134,8 @@ local function ops_json(p)
         (o.kind == "a2a" or o.recompute) and tostring(o.a2a_counts_op) or "null", o.a2a_experts, o.a2a_capacity or 0,
         o.a2a_dim or 0, o.recompute and ', "recompute": true' or ""), n + 2
     end
+    -- (context parallel's K/V all-gathers re-run in backward under checkpointing)
+    if o.recompute and not o.a2a_experts then out[n + 1], out[n + 2], n = K.recompute, "true", n + 2 end
     local w = waits[o.seq]
     if w then out[n + 1], out[n + 2], n = K.waits_for, "[" .. table.concat(w, ",") .. "]", n + 2 end -- (op seqs)
     n = n + 1
@@ -552,7 +554,7 @@ local function unit_runs(p, indices)
 end
 
 local function family_label(f)
-  if f.name == "fsdp" then return "fsdp (dp_shard)" end
+  if f.name == "fsdp" then return #f.axis_names > 1 and "fsdp (dp_shard x cp)" or "fsdp (" .. f.axis_names[1] .. ")" end
   return f.name
 end
 
@@ -771,8 +773,8 @@ function audit.warnings(p, a)
       if gr.reason == "first" then why = "the step's first all-gather: no compute to hide behind"
       elseif gr.reason == "inline" then why = "it runs on the compute stream"
       elseif gr.reason == "recompute" then
-        why = "full checkpointing reruns the forward, its TP collectives included, in the unit's backward "
-          .. "on the compute stream"
+        why = string.format("full checkpointing reruns the forward, its %s collectives included, in the unit's "
+          .. "backward on the compute stream", (p.dims and (p.dims.cp or 1) > 1) and "K/V" or "TP")
       elseif gr.reason == "tail" then why = "the step ends with it"
       else
         local wk, kind = gr.reason:match("^(.-)|(.*)$")
@@ -846,8 +848,10 @@ function audit.critical_text(p, tl)
   local t = {}
   for _, st in ipairs(order) do
     if st == "compute" and tp_us > 0 then
-      t[#t + 1] = string.format("compute stream %s: %s compute + %s TP collectives", us_text(by[st]),
-        us_text(math.max(0, by[st] - tp_us)), us_text(tp_us))
+      t[#t + 1] = string.format("compute stream %s: %s compute + %s %s", us_text(by[st]),
+        us_text(math.max(0, by[st] - tp_us)), us_text(tp_us),
+        (p.dims and (p.dims.cp or 1) > 1) and (p.dims.tp > 1 and "TP and CP K/V collectives" or "CP K/V collectives")
+          or "TP collectives")
     else
       t[#t + 1] = string.format("%s %s", st, us_text(by[st]))
     end
@@ -949,6 +953,10 @@ local function mesh_text(p)
   local tp_kind = p.async_tp and "FSDP + async TP" or "FSDP + TP"
   local kind = d.tp > 1 and tp_kind or (d.dp_replicate > 1 and d.dp_shard > 1 and "HSDP")
     or (d.dp_shard > 1 and "FSDP") or (d.dp_replicate > 1 and "replicate only") or "one rank"
+  if (d.cp or 1) > 1 then
+    -- context parallel: FSDP over dp_shard x cp, HSDP's replicas over dp_replicate
+    kind = (d.dp_replicate > 1 and "HSDP" or "FSDP") .. " + CP"
+  end
   -- expert parallel: the routed experts' own mesh over the same ranks
   local experts = (d.ep or 1) > 1 and string.format("; experts on ep=%d x efsdp=%d (expert parallel)", d.ep, d.efsdp)
     or ""
@@ -969,20 +977,30 @@ local COLL_NAME = { all_gather = "all-gather", reduce_scatter = "reduce-scatter"
                     tp_all_gather = "TP all-gather", tp_reduce_scatter = "TP reduce-scatter",
                     tp_all_reduce = "TP all-reduce" }
 
+-- The cp group's activation collectives are context parallel's K/V exchange (gen/parallel/cp.lua).
+local CP_COLL_NAME = { tp_all_gather = "K/V all-gather", tp_reduce_scatter = "K/V-gradient reduce-scatter" }
+
 local function collectives_text(p, fname, rec)
+  local function name_of(k) return fname == "cp" and CP_COLL_NAME[k] or COLL_NAME[k] or k end
   local counts, order = {}, {}
   for _, o in ipairs(p.ops) do
     if o.group == fname then
-      if not counts[o.kind] then counts[o.kind] = 0; order[#order + 1] = o.kind end
-      counts[o.kind] = counts[o.kind] + (o.times or 1)
+      -- (cp's K/V all-gathers that checkpointing re-runs in backward: their own entry)
+      local k = (fname == "cp" and o.recompute) and o.kind .. "*" or o.kind
+      if not counts[k] then counts[k] = 0; order[#order + 1] = k end
+      counts[k] = counts[k] + (o.times or 1)
     end
   end
   local t = {}
-  for _, k in ipairs(order) do t[#t + 1] = counts[k] .. " " .. (COLL_NAME[k] or k) end
+  for _, k in ipairs(order) do
+    local base = k:match("^(.-)%*$")
+    t[#t + 1] = counts[k] .. " " .. (base and (name_of(base) .. " recomputed in backward (activation checkpointing)")
+      or name_of(k))
+  end
   local text = table.concat(t, ", ")
   if rec then
     local r = {}
-    for _, k in ipairs(rec.kind_order) do r[#r + 1] = rec.kinds[k] .. " " .. (COLL_NAME[k] or k) end
+    for _, k in ipairs(rec.kind_order) do r[#r + 1] = rec.kinds[k] .. " " .. name_of(k) end
     text = text .. " + " .. table.concat(r, ", ") .. " recomputed in backward (full checkpointing)"
   end
   return text
@@ -1010,6 +1028,12 @@ local function settings_lines(p, s)
       s.loss_chunks, s.defaulted.loss_chunks and " (torchtitan's configs)" or "",
       audit.chunked_ops(p) and "" or ", its memory only (the collectives keep CrossEntropyLoss's order)")
       or "; loss: CrossEntropyLoss on the whole logits"
+  end
+  if (s.cp or 1) > 1 then
+    return string.format("%s tokens per rank and micro-step (local batch %d x seq_len %d / cp %d: each rank of a cp "
+      .. "group holds 1/%d of every sequence), %d micro-step(s)%s; %s%s; %s",
+      commas(s.tokens), s.local_batch_size, s.seq_len, s.cp, s.cp, p.fsdp.micro_steps, acc,
+      ac[s.activation_checkpointing], loss, opt)
   end
   return string.format("%s tokens per data-parallel rank (TP group) and micro-step (local batch %d x seq_len %d%s), "
     .. "%d micro-step(s)%s; %s%s; %s",

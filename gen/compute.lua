@@ -20,7 +20,9 @@
 -- configs, or 1: CrossEntropyLoss on the whole logits); its transient is
 -- the loss's peak. Checkpointing wraps the layers only.
 -- With tp > 1 (sequence parallel) a block's terms are divided by tp; the
--- head's logits are the local vocabulary's (loss parallel).
+-- head's logits are the local vocabulary's (loss parallel). With cp > 1
+-- every term is the rank's seq_len / cp tokens' and a block keeps flex
+-- attention's gathered K and V (llama_acts.block's cp).
 -- The MoE families (mixtral, qwen3_moe, deepseek_v3): each block's bytes
 -- from gen/models/moe_acts.lua (attention, dense FFN or MoE, each mode as
 -- torchtitan 0.3 keeps them), the routed experts' rows on the block's
@@ -65,7 +67,10 @@ function compute.settings(p)
   end
   pick("mfu", topo.mfu)
   s.defaulted = defaulted
-  s.tokens = s.local_batch_size * s.seq_len
+  -- a rank's tokens: context parallel gives each rank of a cp group
+  -- seq_len / cp of every sequence (gen/parallel/cp.lua)
+  s.cp = p.dims and p.dims.cp or 1
+  s.tokens = s.local_batch_size * s.seq_len // s.cp
   s.flops_per_us = s.gpu_TFLOPS * 1e6 * s.mfu
   s.gpu_memory_bytes = s.gpu_memory_GB * 1e9
   return s
@@ -176,7 +181,7 @@ function compute.units(p, s)
       local attn = 4 * T * seq * heads * cfg.head_dim
       r.fwd = 2 * P * T + attn
       r.bwd = 2 * r.fwd
-      local b = llama_acts.block(cfg, e, T, ac, false)
+      local b = llama_acts.block(cfg, e, T, ac, false, s.cp)
       r.saved, r.transient = b.saved / tp, b.transient / tp
       if ac == "full" then
         r.recompute = r.fwd

@@ -2,7 +2,7 @@
 -- defines it: degree validation, dp_shard = -1 inference, model checks, the
 -- canonical mesh (pp > dp_replicate > dp_shard > cp > tp, only dims > 1:
 -- torchtitan 0.3's dense mesh puts pp outermost)
--- and the flattened aliases fsdp / dp / loss. Messages follow the Python.
+-- and the flattened aliases fsdp (dp_shard x cp) / dp / loss. Messages follow the Python.
 --
 -- Expert parallel follows torchtitan 0.3 (parallel_dims.py's build_mesh,
 -- not the seeds' peer mesh dim): ep is not a dim of the world; it borrows
@@ -160,7 +160,11 @@ function dims.mesh(d)
   -- Alias -> list of base dim names, registered as _register_flatten_aliases does.
   local aliases, alias_order = {}, {}
   local function add(alias, src) aliases[alias] = src; alias_order[#alias_order + 1] = alias end
-  if has("dp_shard") then add("fsdp", { "dp_shard" }) end
+  -- FSDP shards over dp_shard x cp (torchtitan 0.3's fsdp mesh, fully_shard's
+  -- ("dp_shard", "cp") under spmd_types: gen/parallel/cp.lua)
+  if has("dp_shard") and has("cp") then add("fsdp", { "dp_shard", "cp" })
+  elseif has("dp_shard") then add("fsdp", { "dp_shard" })
+  elseif has("cp") then add("fsdp", { "cp" }) end
   if has("dp_replicate") and has("dp_shard") then add("dp", { "dp_replicate", "dp_shard" })
   elseif has("dp_replicate") then add("dp", { "dp_replicate" })
   elseif has("dp_shard") then add("dp", { "dp_shard" }) end

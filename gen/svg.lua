@@ -594,10 +594,18 @@ function svg.render(p, a, fp)
   local present = {}
   for _, o in ipairs(p.ops) do present[CLASS_OF[o.kind]] = true end
   for _, sp in ipairs(a.timeline.idle) do present[sp.by >= 0 and CLASS_OF.exposed or CLASS_OF.wait] = true end
+  -- The activation collectives' class: TP's, or context parallel's K/V
+  -- exchange on the cp group (the same op kinds: gen/parallel/cp.lua).
+  local groups_of_act = {}
+  for _, o in ipairs(p.ops) do
+    if CLASS_OF[o.kind].id == "tp" then groups_of_act[o.group] = true end
+  end
+  local act_label = groups_of_act.cp and (groups_of_act.tp and "TP and CP K/V collectives (exposed)"
+    or "CP K/V collectives (exposed)") or nil
   local legend, lx, ly = {}, 16, 70
   for _, c in ipairs(svg.CLASSES) do
     if present[c] then
-      local tw = 16 + text_px(c.label) + 12
+      local tw = 16 + text_px(c.id == "tp" and act_label or c.label) + 12
       if lx + tw > svg.WIDTH - 16 then lx, ly = 16, ly + 18 end
       legend[#legend + 1] = { c = c, x = lx, y = ly }
       lx = lx + tw
@@ -663,7 +671,7 @@ function svg.render(p, a, fp)
     #p.ops, repeated, #m.lanes, #m.lanes == 1 and "" or "s", svg.esc(fp), svg.esc(p.source_file))
   for _, l in ipairs(legend) do
     w('<rect class="%s key" x="%s" y="%d" width="12" height="12"/><text x="%s" y="%d">%s</text>', l.c.id, f1(l.x), l.y,
-      f1(l.x + 16), l.y + 10, svg.esc(l.c.label))
+      f1(l.x + 16), l.y + 10, svg.esc(l.c.id == "tp" and act_label or l.c.label))
   end
   w('<path class="cpath" d="M%s %dh24"/><text x="%s" y="%d">critical path</text>', f1(cp_legend.x), cp_legend.y + 6,
     f1(cp_legend.x + 30), cp_legend.y + 10)

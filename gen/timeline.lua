@@ -360,15 +360,22 @@ function timeline.exposed_tp_us(o, s, tp)
   return math.max(c - m, 0) + math.min(c, m) / tp
 end
 
+-- A unit's collectives of a group the tables already re-issue in backward
+-- (ops marked recompute: context parallel's K/V all-gathers) are not
+-- counted again.
 function timeline.recomputed(p, s)
   local out = {}
   if s.activation_checkpointing ~= "full" then return out end
-  local block = {}
+  local block, listed = {}, {}
   for _, u in ipairs(p.layout.units) do
     if compute.checkpointed(p, u) then block[u.index] = true end
   end
   for _, o in ipairs(p.ops) do
-    if o.group and o.stream == "compute" and o.phase == "forward" and block[o.unit] then out[#out + 1] = o end
+    if o.recompute and o.group then listed[o.unit .. " " .. o.group] = true end
+  end
+  for _, o in ipairs(p.ops) do
+    if o.group and o.stream == "compute" and o.phase == "forward" and block[o.unit]
+      and not listed[o.unit .. " " .. o.group] then out[#out + 1] = o end
   end
   return out
 end

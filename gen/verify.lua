@@ -187,8 +187,9 @@ function verify.order(lay, fams, ops)
             "op %d: a2a_counts names op %s as the forward it recomputes", o.seq, tostring(o.a2a_counts_op))
         end
       elseif TP_KIND[o.kind] then
-        -- TP activation collectives: on the TP group, inside the unit's activation buffer.
-        check(o.group == "tp", "op %d: %s on group %s", o.seq, o.kind, o.group)
+        -- Activation collectives: TP's on the TP group, CP's K/V exchange on
+        -- the cp group (gen/parallel/cp.lua), inside the unit's activation buffer.
+        check(o.group == "tp" or o.group == "cp", "op %d: %s on group %s", o.seq, o.kind, o.group)
         -- In ag_dtype, or (the norm gradients' all-reduce) the unit's reduce dtype;
         -- act_numel counts ag_dtype elements.
         local elems = o.kind == "tp_all_reduce" and o.count or o.count * f.size

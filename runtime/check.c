@@ -1160,6 +1160,22 @@ static void act_output_part(cp_checker *c, void *arg, int part, int nparts)
     }
 }
 
+int cp_checker_act_group(cp_checker *c, const cp_op *op, int *key, int *size)
+{
+    const cp_plan *p = c->plan;
+    const char *name = op->family >= 0 && op->family < p->nfamilies ? p->families[op->family].name : NULL;
+    if (name && (strcmp(name, "tp") == 0 || strcmp(name, "cp") == 0)) {
+        *key = cp_op_group_key(p, op, c->rank);
+        *size = cp_op_group_size(p, op);
+        return 0;
+    }
+    if (c->mismatches++ == 0)
+        fprintf(stderr, "commplan: mismatch: rank %d step %d unit %s op %ld (%s): an activation collective on %s%s, "
+                "not the tp or cp group\n", c->rank, c->step, p->units[op->unit].name, (long)(op - p->ops),
+                cp_op_kind_name(op->kind), name ? "group " : "", name ? name : "no group (issued locally)");
+    return -1;
+}
+
 void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, const void *out)
 {
     act_job jb = { .op = op, .tp_rank = tp_rank, .tp_size = tp_size, .out = out };

@@ -89,9 +89,15 @@ void cp_checker_add_grads(cp_checker *c, int unit, int micro_step, void *grads);
 /* A part's backward: only its parameters' grads are written. */
 void cp_checker_add_grads_part(cp_checker *c, int unit, int part_first, int part_count, int micro_step, void *grads);
 void cp_checker_check_grads(cp_checker *c, int unit, const void *sharded_grads);
-/* TP activation collective op (this rank's TP index, the TP group's size):
- * write its input (the slot for a gather, the whole for a reduce-scatter,
- * the buffer for an all-reduce) and check its output exactly. */
+/* An activation collective's group, from the tables' family names, not the
+ * op's own claim alone: TP's on "tp", context parallel's K/V exchange on
+ * "cp" (gen/parallel/cp.lua). Sets this rank's key in it and its size and
+ * returns 0; an op on any other group (or none: issued locally) is counted
+ * as a mismatch, named on one line, and returns -1. */
+int cp_checker_act_group(cp_checker *c, const cp_op *op, int *key, int *size);
+/* Activation collective op (this rank's index in its group, the group's
+ * size): write its input (the slot for a gather, the whole for a
+ * reduce-scatter, the buffer for an all-reduce) and check its output exactly. */
 void cp_checker_act_input(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, void *in);
 void cp_checker_act_output(cp_checker *c, const cp_op *op, int tp_rank, int tp_size, const void *out);
 /* Elements first .. first+len-1 of TP rank tp_rank's input of op into out. */

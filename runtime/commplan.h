@@ -373,6 +373,9 @@ void cp_group_of(const cp_plan *p, int family, int rank, int *color, int *key);
 int cp_group_member(const cp_plan *p, int family, int color, int key);
 int cp_shard_rank(const cp_plan *p, int rank);
 int cp_tp_rank(const cp_plan *p, int rank);
+/* An activation collective's (TP's, CP's) group: rank's key in it (its slot) and its size. */
+int cp_op_group_key(const cp_plan *p, const cp_op *op, int rank);
+int cp_op_group_size(const cp_plan *p, const cp_op *op);
 /* The rank's coordinate on the pp mesh dim (0 without PP). */
 int cp_pp_rank(const cp_plan *p, int rank);
 /* The global rank whose coordinates are rank's with the pp coordinate

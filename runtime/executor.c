@@ -336,7 +336,7 @@ void *cp_executor_op_buffer(const cp_executor *ex, const cp_op *op, cp_buffer k,
     }
     int r = slot == CP_SLOT_SHARD ? (ex->plan->units[op->unit].expert ? cp_unit_shard_rank(ex->plan, op->unit, ex->rank)
                                                                        : ex->shard_rank)
-            : slot == CP_SLOT_TP ? ex->tp_rank : 0;
+            : slot == CP_SLOT_TP ? cp_op_group_key(ex->plan, op, ex->rank) : 0;
     return base + (size_t)r * (size_t)op->count * es;
 }
 

@@ -84,20 +84,22 @@ static double now_us(void)
     return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
 }
 
-/* TP activation collectives, the same way: a host function writes the
+/* Activation collectives (TP's, CP's), the same way: a host function writes the
  * pattern into pinned memory, copied into the op's input on the stream;
  * after the op its output is copied back and a host function checks it. */
 static void CUDART_CB act_fill_on_host(void *arg)
 {
     compute_call *c = arg;
-    cp_checker_act_input(&c->h->check, c->op, c->h->ex->tp_rank, c->h->ex->plan->tp_size,
+    cp_checker_act_input(&c->h->check, c->op, cp_op_group_key(c->h->ex->plan, c->op, c->h->ex->rank),
+                         cp_op_group_size(c->h->ex->plan, c->op),
                          c->pinned);
 }
 
 static void CUDART_CB act_check_on_host(void *arg)
 {
     compute_call *c = arg;
-    cp_checker_act_output(&c->h->check, c->op, c->h->ex->tp_rank, c->h->ex->plan->tp_size,
+    cp_checker_act_output(&c->h->check, c->op, cp_op_group_key(c->h->ex->plan, c->op, c->h->ex->rank),
+                          cp_op_group_size(c->h->ex->plan, c->op),
                           c->pinned);
 }
 
@@ -106,10 +108,13 @@ static int gpu_check_activation(void *user, cp_executor *ex, const cp_op *op, in
     check_state *cs = user;
     compute_call *c = &cs->calls[op - ex->plan->ops];
     const cp_op_desc *d = &cp_op_descs[op->kind];
-    size_t n = (size_t)ex->plan->tp_size, es = cp_dtype_size(op->dtype); /* the plan's TP group */
+    int key, size;
+    if (cp_checker_act_group(&cs->harness.check, op, &key, &size)) return 0; /* counted; the op runs unchecked */
+    size_t n = (size_t)size, es = cp_dtype_size(op->dtype); /* the op's group */
     cudaError_t e;
+    (void)key;
     /* The generator puts them on the compute stream, which the pinned scratch's uses are ordered on. */
-    if (op->stream != CP_STREAM_COMPUTE) return cuda_failed(ex, "a TP activation off the compute stream", cudaErrorInvalidValue);
+    if (op->stream != CP_STREAM_COMPUTE) return cuda_failed(ex, "an activation collective off the compute stream", cudaErrorInvalidValue);
     if (!after) {
         size_t len = (size_t)op->count * (op->kind == CP_OP_TP_REDUCE_SCATTER ? n : 1);
         if ((e = cudaLaunchHostFunc(cs->stream, act_fill_on_host, c))) return cuda_failed(ex, "cudaLaunchHostFunc", e);

@@ -64,25 +64,27 @@ static int on_compute(void *user, cp_executor *ex, const cp_op *op)
     return 0;
 }
 
-/* Around a TP activation collective: the input written from the pattern,
- * the output checked exactly, each through the backend on the op's stream. */
+/* Around an activation collective (TP's, CP's K/V exchange): the input
+ * written from the pattern, the output checked exactly, each through the
+ * backend on the op's stream. */
 static int on_activation(void *user, cp_executor *ex, const cp_op *op, int after)
 {
     cp_harness *h = user;
     const cp_op_desc *d = &cp_op_descs[op->kind];
-    int n = ex->plan->tp_size; /* the plan's TP group, whatever the op claims */
+    int n, key;
     size_t es = cp_dtype_size(op->dtype);
     cp_backend *b = ex->backend;
+    if (cp_checker_act_group(&h->check, op, &key, &n)) return 0; /* counted; the op runs unchecked */
     if (!after) {
         void *in = cp_executor_op_buffer(ex, op, d->in, d->in_slot);
         size_t len = (size_t)op->count * (op->kind == CP_OP_TP_REDUCE_SCATTER ? (size_t)n : 1);
-        cp_checker_act_input(&h->check, op, ex->tp_rank, n, h->scratch);
+        cp_checker_act_input(&h->check, op, key, n, h->scratch);
         return b->write(b, op->stream, in, h->scratch, len * es);
     }
     const void *out = cp_executor_op_buffer(ex, op, d->out, d->out_slot);
     size_t len = (size_t)op->count * (op->kind == CP_OP_TP_ALL_GATHER ? (size_t)n : 1);
     if (b->read(b, op->stream, out, h->scratch, len * es)) return -1;
-    cp_checker_act_output(&h->check, op, ex->tp_rank, n, h->scratch);
+    cp_checker_act_output(&h->check, op, key, n, h->scratch);
     return 0;
 }
 

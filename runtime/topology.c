@@ -56,6 +56,19 @@ int cp_tp_rank(const cp_plan *p, int rank)
     return c.coords[p->tp_mesh_dim];
 }
 
+int cp_op_group_key(const cp_plan *p, const cp_op *op, int rank)
+{
+    if (op->family < 0) return 0;
+    int color, key;
+    cp_group_of(p, op->family, rank, &color, &key);
+    return key;
+}
+
+int cp_op_group_size(const cp_plan *p, const cp_op *op)
+{
+    return op->family < 0 ? 1 : p->families[op->family].size;
+}
+
 int cp_pp_rank(const cp_plan *p, int rank)
 {
     if (p->pp_size <= 1 || p->pp_mesh_dim < 0) return 0;

@@ -205,6 +205,12 @@ torch_lane() {
     skipped "$titan_closs" "$titan_why"
   fi
   # ---- end of torchtitan as the peer ----
+  # Context parallel (docs/context-parallel.md): torchtitan 0.3's CP step on gloo vs commplan's tables.
+  titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 4, dp_replicate 2 x cp 2; spmd_types and partial_dtensor; SelectiveAC, FullAC): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_f7=$(logname "$titan_cp"); timeout 600 "$live_py" tests/titan/test_cp_record.py >"$titan_f7" 2>&1
+    titan_result "$titan_cp" "$titan_f7" $?; grep -h "^cp_record: " "$titan_f7" | sed "s/^/        /"
+  else skipped "$titan_cp" "no torch environment (make torch-env exit $live_rc)"; fi
 
   # torch 2.15's own torchrun launching plan binaries on CPU: the launch path
   # up to NCCL (--rendezvous-only): torchrun's store as the id channel with
@@ -469,14 +475,14 @@ lane_join rendezvous
 
 section "end to end: every small plan generated, built and simulated on all ranks"
 for n in $(plan_names); do
-  case $n in llama8b|llama70b|llama405b|llama405b_hsdp|deepseek_v3|mixtral8x7b) continue ;; esac
+  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|mixtral8x7b) continue ;; esac
   run "build $n" $MAKE PLAN="$n.lua"
   run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2
 done
 # The same plans with NCCL's arithmetic (ncclAvg premultiplies; ring order):
 # the host backend and the checks' independent emulation must agree on it too.
 for n in $(plan_names); do
-  case $n in llama8b|llama70b|llama405b|llama405b_hsdp|deepseek_v3|mixtral8x7b) continue ;; esac
+  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|mixtral8x7b) continue ;; esac
   run "simulate $n with NCCL's arithmetic (--arith nccl)" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
 done
 # tests/plans/kernels_all_dtypes.lua: every (orig, param, reduce) dtype

@@ -30,19 +30,31 @@
 -- commplan's llama plans declare torchtitan's unfused layout (wq, wk, wv),
 -- so they use the unfused bytes; torchtitan's registry flavors fuse qkv,
 -- which keeps 2*e*T*kv more per block under "selective".
+-- Context parallel (cp > 1, gen/parallel/cp.lua; derived from the terms
+-- above, not measured): T is the rank's tokens (seq_len / cp of each
+-- sequence) and flex attention's k and v are the all-gathered ones, cp x
+-- T tokens each, so "none" keeps 2*e*T*kv*(cp - 1) more; "selective" keeps
+-- them too and wv's own output, which is no longer flex's v (unfused: the
+-- 3rd mm's output is saved): e*T*kv*(2cp - 1) more (fused: the projection
+-- stays, the rotated k and v's copy become the gathered ones:
+-- 2*e*T*kv*(cp - 1) more); "full" keeps the block's input only.
 local acts = {}
 
 local F32 = 4
 
 -- One block: { saved, transient } for ac ("none" | "selective" | "full").
--- cfg: dim, n_heads, n_kv_heads, head_dim, hidden.
-function acts.block(cfg, e, T, ac, fused)
+-- cfg: dim, n_heads, n_kv_heads, head_dim, hidden; cp: the context-parallel
+-- degree (default 1).
+function acts.block(cfg, e, T, ac, fused, cp)
   local d, h, f = cfg.dim, cfg.n_heads, cfg.hidden
   local Q, kv = h * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-  local none = e * T * (4 * d + 2 * Q + 2 * kv + 4 * f) + F32 * T * (h + 2)
+  cp = cp or 1
+  local gathered = 2 * e * T * kv * (cp - 1) -- flex's k and v: cp x T tokens each
+  local none = e * T * (4 * d + 2 * Q + 2 * kv + 4 * f) + F32 * T * (h + 2) + gathered
   if ac == "full" then return { saved = e * T * d, transient = none } end
   if ac == "selective" then
-    local saved = e * T * (2 * d + 3 * Q + (fused and 4 or 2) * kv + f) + F32 * T * h
+    local saved = e * T * (2 * d + 3 * Q + (fused and 4 or 2) * kv + f) + F32 * T * h + gathered
+      + ((cp > 1 and not fused) and e * T * kv or 0)
     return { saved = saved, transient = none - saved }
   end
   return { saved = none, transient = 0 }

@@ -119,7 +119,7 @@ end
 -- units (wrap order, root last) -> layout units in forward order (root first).
 function layout.build(ctx, units, d, fsdp)
   check_counts(ctx, units, fsdp)
-  local W, R = d.dp_shard, d.dp_replicate
+  local W, R = d.dp_shard * d.cp, d.dp_replicate -- (FSDP shards over dp_shard x cp: gen/parallel/cp.lua)
   local arena = 0
   local out = {}
   local order = { #units }

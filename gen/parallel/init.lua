@@ -18,6 +18,10 @@
 --                 builds every family of the mesh; tests/lua/test_parallel
 --                 checks each op's group is declared by a used module)
 --   used(d)       whether a plan with degrees d uses it (omitted: never)
+--   check_dims(ctx, d)
+--                 its refusals from the degrees alone (a combination it
+--                 does not plan: cp beside tp, pp or ep), run by
+--                 check_supported below for every plan, before the mesh
 --   rules(ctx, d, p)
 --                 its checks of the plan's settings against the degrees
 --                 and the model, after gen/dims.lua's ParallelDims ones;
@@ -67,11 +71,12 @@ local util = require("gen.util")
 
 local parallel = {}
 
-parallel.MODULES = { require("gen.parallel.pp"), require("gen.parallel.tp"), require("gen.parallel.ep"),
-                     (require("gen.parallel.fsdp")) }
+parallel.MODULES = { require("gen.parallel.pp"), require("gen.parallel.tp"), require("gen.parallel.cp"),
+                     require("gen.parallel.ep"), (require("gen.parallel.fsdp")) }
 
 -- The degrees no module implements, in the order refusals have always
--- named them (pp and ep have modules: gen/parallel/pp.lua, gen/parallel/ep.lua).
+-- named them (each has a module now: gen/parallel/cp.lua, ep.lua, pp.lua;
+-- the combinations a module does not plan are refused by its rules).
 local UNIMPLEMENTED_ORDER = { "cp", "ep", "pp" }
 
 -- What commplan generates, in mesh order: "FSDP/HSDP/TP plans (dp_shard,
@@ -94,7 +99,8 @@ local function generated_text()
   return string.format("%s plans (%s)", table.concat(labels, "/"), table.concat(names, ", "))
 end
 
--- Refuses a degree > 1 that no module implements. tests/titan/dims_dump.lua
+-- Refuses a degree > 1 that no module implements, then each module's
+-- check_dims (the combinations it does not plan). tests/titan/dims_dump.lua
 -- runs it (as gen/plan.lua.check_supported) after gen/dims.lua's infer.
 function parallel.check_supported(ctx, d)
   local implemented = {}
@@ -106,6 +112,9 @@ function parallel.check_supported(ctx, d)
       util.field_error(ctx, "parallel." .. name, string.format(
         "%s=%d: commplan generates %s only so far; set %s=1", name, d[name], generated_text(), name))
     end
+  end
+  for _, m in ipairs(parallel.MODULES) do
+    if m.check_dims then m.check_dims(ctx, d) end
   end
 end
 

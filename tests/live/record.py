@@ -382,11 +382,15 @@ def run_job(rank, job):
     this rank's record (None for ranks outside the plan's world)."""
     plan = json.load(open(job["plan_json"]))
     par = plan["parallel"]
-    R, S, T = par["dp_replicate"], par["dp_shard"], par["tp"]
+    # Context parallel: FSDP shards over dp_shard x cp (torchtitan 0.3), consecutive in the row-major
+    # mesh, so they fold into one shard dim here; cp's K/V exchange is an activation collective
+    # (tp_* op kinds on group cp), left out of the comparison as TP's are (live.py).
+    R, S, T = par["dp_replicate"], par["dp_shard"] * par.get("cp", 1), par["tp"]
     world = plan["world_size"]
-    for k in ("cp", "pp", "ep"):
+    for k in ("pp", "ep"):
         if par.get(k, 1) != 1:
-            raise NotImplementedError(f"{k} = {par[k]}: the live peer builds dp_replicate x dp_shard x tp meshes only")
+            raise NotImplementedError(f"{k} = {par[k]}: the live peer builds dp_replicate x dp_shard (x cp) x tp "
+                                      "meshes only")
     if R * S * T != world:
         raise ValueError(f"mesh {R} x {S} x {T} is not world {world}")
     if world > dist.get_world_size():

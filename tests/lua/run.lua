@@ -32,6 +32,8 @@ suites[#suites + 1] = "test_moe_acts"
 suites[#suites + 1] = "test_llama_acts"
 -- torchtitan's ChunkedLossWrapper in the step: the partial reductions of the [norm, lm_head] unit.
 suites[#suites + 1] = "test_chunked_loss"
+-- Context parallel (gen/parallel/cp.lua).
+suites[#suites + 1] = "test_cp"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

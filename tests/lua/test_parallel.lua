@@ -6,7 +6,7 @@ local plan = require("gen.plan")
 local parallel = require("gen.parallel.init")
 local T = {}
 
-local HOOKS = { "used", "rules", "apply_units", "classes", "buffers", "on_layout", "step", "unit_ops",
+local HOOKS = { "used", "check_dims", "rules", "apply_units", "classes", "buffers", "on_layout", "step", "unit_ops",
                 "prove_class", "prove" }
 
 function T.every_module_keeps_the_contract()
@@ -27,13 +27,13 @@ function T.every_module_keeps_the_contract()
   -- wraps them.
   local order = {}
   for i, m in ipairs(parallel.MODULES) do order[i] = m.name end
-  H.list_eq(order, { "pp", "tp", "ep", "fsdp" }, "application order")
+  H.list_eq(order, { "pp", "tp", "cp", "ep", "fsdp" }, "application order")
 end
 
 -- Every op's group is one a module the plan uses declares.
 function T.ops_name_only_declared_groups()
   for _, f in ipairs({ "plans/fsdp4.lua", "plans/hsdp2x2.lua", "plans/llama_tiny_tp.lua", "plans/tp3_uneven.lua",
-                       "plans/hsdp3x2_arlast.lua" }) do
+                       "plans/hsdp3x2_arlast.lua", "tests/plans/llama_tiny_cp.lua" }) do
     local p = plan.from_file(f)
     local declared = {}
     for _, m in ipairs(parallel.used(p.dims)) do
@@ -52,8 +52,8 @@ end
 function T.unused_module_leaves_no_trace()
   local p = plan.from_file("plans/llama_tiny.lua")
   H.eq(p.dims.tp, 1, "llama_tiny has no TP")
-  H.list_eq(parallel.used(p.dims), { parallel.MODULES[4] }, "modules used")
-  H.eq(parallel.MODULES[4].name, "fsdp", "FSDP is the last module")
+  H.list_eq(parallel.used(p.dims), { parallel.MODULES[#parallel.MODULES] }, "modules used")
+  H.eq(parallel.MODULES[#parallel.MODULES].name, "fsdp", "FSDP is the last module")
   H.eq(#p.tp_classes, 1, "one class")
   H.eq(p.class_of_tp[0], 1, "rank's class")
   for _, u in ipairs(p.layout.units) do
@@ -66,11 +66,17 @@ function T.unused_module_leaves_no_trace()
   for _, o in ipairs(p.ops) do H.eq(o.group ~= "tp", true, "op " .. o.seq .. " on a TP group") end
 end
 
--- A degree no module implements is refused, naming what is generated.
-function T.unimplemented_degree_is_refused()
-  H.plan_fails("return { world_size = 4, parallel = { dp_shard = -1, cp = 2 }, model = { units = { "
-    .. "{ name = 'root', params = { { name = 'w', shape = { 8 } } } } } } }",
-    "parallel.cp", "cp=2: commplan generates FSDP/HSDP/TP/EP plans (dp_shard, dp_replicate, tp, ep) only so far; set cp=1")
+-- Every degree has a module now; a combination a module does not plan is
+-- refused by its check_dims (in check_supported, before the mesh), in one
+-- line naming the field and the fix.
+function T.unplanned_combination_is_refused()
+  local dims = require("gen.dims")
+  parallel.check_supported(nil, dims.infer(nil, { dp_shard = 2, cp = 2 }, 4)) -- (no degree wants a module)
+  H.plan_fails_with(function() parallel.check_supported(nil, dims.infer(nil, { dp_shard = 2, cp = 2, tp = 2 }, 8)) end,
+    "parallel.cp", "cp=2 with tp=2")
+  H.plan_fails("return { world_size = 8, parallel = { dp_shard = -1, cp = 2, tp = 2 }, model = { family = 'llama', "
+    .. "dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, seq_len = 512 } }",
+    "parallel.cp", "cp=2 with tp=2: context parallel is planned with FSDP and HSDP only", "set cp=1 or tp=1")
 end
 
 return T

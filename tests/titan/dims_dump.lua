@@ -15,7 +15,7 @@
 --     list in color order, world <= FULL) or s1, s2, s3 (checksums over every
 --     group) and samples [[rank, first 32 ranks of its group, the rest's last 32]] } ] }
 -- The generator's own code decides everything: dims.infer, plan.check_supported
--- (cp has no module yet), dims.mesh and groups.build, as gen/plan.lua runs
+-- (with the modules' check_dims: cp beside tp, pp or ep), dims.mesh and groups.build, as gen/plan.lua runs
 -- them (pp and ep are taken there; their modules refuse to generate later,
 -- in their rules, which this does not run).
 local script_dir = arg and arg[0] and arg[0]:match("^(.*)/tests/titan/[^/]*$") or "."

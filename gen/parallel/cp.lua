@@ -1,0 +1,167 @@
+-- Context parallel, the module (gen/parallel/init.lua's contract), as
+-- torchtitan 0.3 runs it on its llama3 (docs/context-parallel.md; recorded
+-- live on gloo by tests/titan/test_cp_record.py):
+--  * the mesh: cp is a dim of the dense mesh between dp_shard and tp
+--    (gen/dims.lua), and FSDP shards over dp_shard x cp (gen/dims.lua's
+--    fsdp alias, gen/parallel/fsdp_layout.lua's W): torchtitan's fsdp mesh,
+--    fully_shard's ("dp_shard", "cp") under its default spmd_types backend;
+--    HSDP replicates over dp_replicate as without cp;
+--  * each rank runs seq_len / cp tokens of every sequence (the head-tail
+--    load balancer shards inputs, labels, positions and the block mask: no
+--    collective), so the activation model's tokens divide by cp
+--    (gen/compute.lua);
+--  * unit_ops: every transformer block's attention all-gathers K and V over
+--    the cp group before flex attention (spmd_types' S(1) -> R on cp, one
+--    all_gather_into_tensor each), and its backward reduce-scatters their
+--    gradients (SUM), inside the block's compute: per rank
+--    local_batch_size x seq_len / cp x n_kv_heads x head_dim elements each,
+--    in the block's compute dtype (its all-gather dtype). They are the
+--    activation collectives' op kinds (gen/opkinds.lua's tp_all_gather,
+--    tp_reduce_scatter: in place on the unit's activation buffer, over the
+--    op's group, the rank's slot its key in that group) on group "cp".
+--    Under activation checkpointing (full or selective: torchtitan wraps
+--    every block) the backward re-runs the block's forward first, and with
+--    it the two all-gathers (spmd_types issues them as c10d all-gathers,
+--    which SelectiveAC's save list does not hold): recorded live, they
+--    come before the gradients' reduce-scatters (recompute = true).
+-- Refused, one line each: Ulysses (torch 2.15 and torchtitan 0.3 have
+-- none), cp with tp, pp or ep (not planned), a family other than llama (no
+-- attention to exchange), a seq_len torchtitan refuses (2 x cp chunks for
+-- the head-tail balancer; flex's CP block mask needs cp x 128).
+local util = require("gen.util")
+
+local cp = { name = "cp", label = "CP", dims = { "cp" }, groups = { "cp" } }
+
+-- flex attention's query block (torch's _DEFAULT_SPARSE_BLOCK_SIZE): the CP
+-- block mask needs seq_len divisible by cp x it (_create_cp_block_mask).
+cp.FLEX_BLOCK = 128
+
+function cp.used(d) return d.cp > 1 end
+
+local function refuse(ctx, field, fmt, ...) util.field_error(ctx, field, string.format(fmt, ...)) end
+
+-- The degrees alone (gen/parallel/init.lua's check_supported runs it, as
+-- tests/titan/dims_dump.lua does): Ulysses, and cp beside tp, pp or ep.
+function cp.check_dims(ctx, d)
+  if d.cp == 1 then return end -- (ulysses_degree without cp: gen/dims.lua refuses it)
+  if d.ulysses_degree ~= nil then
+    refuse(ctx, "parallel.ulysses_degree", "ulysses_degree=%d: torch 2.15 and torchtitan 0.3 have no Ulysses "
+      .. "(all-to-all over heads) context parallel; their cp all-gathers K and V over the sequence "
+      .. "(docs/context-parallel.md): remove ulysses_degree", d.ulysses_degree)
+  end
+  for _, name in ipairs({ "tp", "pp", "ep" }) do
+    if d[name] > 1 then
+      refuse(ctx, "parallel.cp", "cp=%d with %s=%d: context parallel is planned with FSDP and HSDP only "
+        .. "(torchtitan's cp with %s is not modelled yet); set cp=1 or %s=1", d.cp, name, d[name], name, name)
+    end
+  end
+end
+
+function cp.rules(ctx, d, p)
+  if d.cp == 1 then return end
+  if p.model.family ~= "llama" then
+    refuse(ctx, "parallel.cp", "cp=%d: context parallel is planned for the llama family (its attention's K/V "
+      .. "exchange); the %s family is not; set cp=1", d.cp, p.model.family)
+  end
+  local seq = p.model.seq_len
+  if not seq then
+    refuse(ctx, "model.seq_len", "cp=%d: seq_len is needed to size the K/V all-gathers; set model.seq_len (and "
+      .. "training.local_batch_size, sequences per rank, default 1)", d.cp)
+  end
+  -- torchtitan's Trainer: seq_len % (2 * cp) (the head-tail balancer's 2 x cp chunks)
+  if seq % (2 * d.cp) ~= 0 then
+    refuse(ctx, "model.seq_len", "seq_len=%d is not divisible by 2 x cp=%d (torchtitan's head-tail load balancer "
+      .. "cuts each sequence into 2 x cp chunks); pick seq_len a multiple of %d", seq, 2 * d.cp, 2 * d.cp)
+  end
+  -- torch's _create_cp_block_mask: Q_LEN % (cp * flex's query block)
+  local block = d.cp * cp.FLEX_BLOCK
+  if seq % block ~= 0 then
+    refuse(ctx, "model.seq_len", "seq_len=%d is not divisible by cp x %d = %d (torch's CP block mask for flex "
+      .. "attention, torchtitan's llama3 attention); pick seq_len a multiple of %d", seq, cp.FLEX_BLOCK, block, block)
+  end
+end
+
+local function holds(u, suffix)
+  for _, q in ipairs(u.params) do
+    if q.name:sub(-#suffix) == suffix then return true end
+  end
+  return false
+end
+
+-- Each block's K/V exchange: u.cp_acts, and the unit's activation buffer
+-- (act_numel, ag_dtype elements) at least the gathered K (or V).
+function cp.on_layout(_, lay, _, d, p, cfg)
+  local b = p.training and p.training.local_batch_size or 1
+  local ac = p.training and p.training.activation_checkpointing or "none"
+  local recompute = ac == "full" or ac == "selective"
+  local count = b * (p.model.seq_len // d.cp) * cfg.n_kv_heads * cfg.head_dim
+  for _, u in ipairs(lay.units) do
+    if holds(u, "attention.wk.weight") then
+      u.cp_acts = {
+        { kind = "tp_all_gather", phase = "forward", what = "K over the sequence (cp)" },
+        { kind = "tp_all_gather", phase = "forward", what = "V over the sequence (cp)" },
+      }
+      if recompute then
+        u.cp_acts[3] = { kind = "tp_all_gather", phase = "backward", recompute = true,
+                         what = "K over the sequence (cp), recomputed (activation checkpointing)" }
+        u.cp_acts[4] = { kind = "tp_all_gather", phase = "backward", recompute = true,
+                         what = "V over the sequence (cp), recomputed (activation checkpointing)" }
+      end
+      u.cp_acts[#u.cp_acts + 1] = { kind = "tp_reduce_scatter", phase = "backward", what = "K/V gradient (cp)" }
+      u.cp_acts[#u.cp_acts + 1] = { kind = "tp_reduce_scatter", phase = "backward", what = "K/V gradient (cp)" }
+      u.cp_count = count
+      u.act_numel = math.max(u.act_numel or 0, count * d.cp)
+    end
+  end
+  lay.cp = { size = d.cp, count = count, blocks = 0, recompute = recompute }
+  for _, u in ipairs(lay.units) do
+    if u.cp_acts then lay.cp.blocks = lay.cp.blocks + 1 end
+  end
+  return lay
+end
+
+-- Inside the block's compute, on the compute stream, over the cp group.
+function cp.unit_ops(out, u, m, at)
+  local acts = u.cp_acts
+  if not acts or (at ~= "forward" and at ~= "backward") then return end
+  for _, a in ipairs(acts) do
+    if a.phase == at then
+      out[#out + 1] = { kind = a.kind, unit = u.index, micro_step = m, phase = a.phase, group = "cp",
+                        dtype = u.ag_dtype, count = u.cp_count,
+                        reduce_op = a.kind == "tp_reduce_scatter" and "sum" or nil, what = a.what,
+                        recompute = a.recompute }
+    end
+  end
+end
+
+-- Every block issues its two all-gathers in each micro-step's forward and
+-- its two reduce-scatters in its backward (after its two recomputed
+-- all-gathers under checkpointing), nothing else runs on cp.
+function cp.prove_class(lay, ops, p)
+  local want, got = {}, {}
+  local per = lay.cp and lay.cp.recompute and 4 or 2
+  for _, u in ipairs(lay.units) do
+    if u.cp_acts then want[u.index] = { forward = 2 * p.fsdp.micro_steps, backward = per * p.fsdp.micro_steps } end
+  end
+  for _, o in ipairs(ops) do
+    if o.group == "cp" then
+      local w = want[o.unit]
+      local kind = (o.phase == "forward" or o.recompute) and "tp_all_gather" or "tp_reduce_scatter"
+      if not w or o.kind ~= kind or o.count ~= lay.units[o.unit + 1].cp_count then
+        error(string.format("internal: cp op %d (%s of unit %d in %s) is no block's K/V exchange", o.seq, o.kind,
+          o.unit, o.phase), 0)
+      end
+      got[o.unit] = got[o.unit] or { forward = 0, backward = 0 }
+      got[o.unit][o.phase] = got[o.unit][o.phase] + (o.times or 1)
+    end
+  end
+  for i, w in pairs(want) do
+    local g = got[i] or { forward = 0, backward = 0 }
+    if g.forward ~= w.forward or g.backward ~= w.backward then
+      error(string.format("internal: unit %d issues %d/%d cp collectives in forward/backward, not %d/%d", i,
+        g.forward, g.backward, w.forward, w.backward), 0)
+    end
+  end
+end
+
+return cp

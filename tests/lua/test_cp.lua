@@ -1,0 +1,206 @@
+-- Context parallel (gen/parallel/cp.lua, docs/context-parallel.md): the
+-- groups (FSDP over dp_shard x cp, the cp groups), each block's K/V
+-- all-gathers and reduce-scatters (order, counts, dtype, per micro-step),
+-- the activation model's tokens, and the refusals, one line each.
+local H = require("helpers")
+local plan = require("gen.plan")
+local groups = require("gen.groups")
+
+local T = {}
+
+-- A tiny Llama: world ranks, parallel, extra top-level text, seq_len; CrossEntropyLoss
+-- (loss_chunks 1), as tests/titan/test_cp_record.py records it.
+local function llama(world, parallel, extra, seq)
+  return string.format([[return { world_size = %d, parallel = %s, model = { family = "llama", dim = 64,
+    n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 250, multiple_of = 16, ffn_dim_multiplier = 1.3,
+    seq_len = %d }, fsdp = { param_dtype = "bf16", reduce_dtype = "fp32", reduce_op = "sum" },
+    training = { local_batch_size = 2, loss_chunks = 1 }%s }]], world, parallel, seq or 512, extra or "")
+end
+
+local function gen(world, parallel, extra, seq)
+  return plan.from_source(llama(world, parallel, extra, seq), "plans/t.lua")
+end
+
+local function cp_ops(p)
+  local out = {}
+  for _, o in ipairs(p.ops) do
+    if o.group == "cp" then out[#out + 1] = o end
+  end
+  return out
+end
+
+local function ranks_of(p, name, r)
+  local f = p.groups.by_name[name]
+  for c = 0, f.count - 1 do
+    local m = groups.members(f, c)
+    for _, x in ipairs(m) do if x == r then return m end end
+  end
+end
+
+function T.fsdp_shards_over_dp_shard_x_cp()
+  local p = gen(4, "{ dp_shard = 2, cp = 2 }")
+  H.list_eq(p.mesh.names, { "dp_shard", "cp" }, "mesh")
+  H.eq(p.layout.W, 4, "FSDP's shard group: dp_shard x cp")
+  H.list_eq(ranks_of(p, "fsdp", 3), { 0, 1, 2, 3 }, "fsdp group")
+  H.list_eq(ranks_of(p, "cp", 2), { 2, 3 }, "cp group of rank 2: consecutive ranks")
+  H.list_eq(ranks_of(p, "dp_shard", 1), { 1, 3 }, "dp_shard group")
+  -- cp alone: the fsdp group is the cp group's ranks
+  local q = gen(4, "{ dp_shard = 1, cp = 4 }")
+  H.eq(q.layout.W, 4, "cp 4: FSDP over the four")
+  H.list_eq(q.groups.by_name.fsdp.axis_names, { "cp" }, "fsdp over cp")
+  -- HSDP: shards over cp, replicates over dp_replicate
+  local h = gen(4, "{ dp_replicate = 2, dp_shard = 1, cp = 2 }")
+  H.eq(h.layout.W, 2, "HSDP x cp: shard group of cp ranks")
+  H.eq(h.layout.R, 2, "replicas")
+  H.list_eq(ranks_of(h, "fsdp", 2), { 2, 3 }, "shard group")
+  H.list_eq(ranks_of(h, "dp_replicate", 1), { 1, 3 }, "replicate group")
+  local ar = 0
+  for _, o in ipairs(h.ops) do ar = ar + (o.kind == "all_reduce" and 1 or 0) end
+  H.eq(ar, 4, "one HSDP all-reduce per unit with parameters")
+end
+
+-- The recorded order (tests/titan/test_cp_record.py): in each block's
+-- forward, after its FSDP all-gather, K then V all-gathered over cp; in its
+-- backward, after FSDP's prefetch of the block before it and before its
+-- reduce-scatter, the two gradients reduce-scattered.
+function T.kv_exchange_inside_each_block()
+  local p = gen(4, "{ dp_shard = 2, cp = 2 }")
+  local seq = {}
+  for _, o in ipairs(p.ops) do
+    if o.group then seq[#seq + 1] = string.format("%s %s %s %d", o.phase, o.kind, o.group, o.count) end
+  end
+  local kv = 2 * (512 // 2) * 2 * 16 -- batch x seq/cp x n_kv_heads x head_dim
+  H.list_eq(seq, {
+    "forward all_gather fsdp 4032",
+    "forward all_gather fsdp 13856", "forward tp_all_gather cp " .. kv, "forward tp_all_gather cp " .. kv,
+    "forward all_gather fsdp 13856", "forward tp_all_gather cp " .. kv, "forward tp_all_gather cp " .. kv,
+    "forward all_gather fsdp 4048",
+    "backward all_gather fsdp 13856", "backward reduce_scatter fsdp 4048",
+    "backward all_gather fsdp 13856", "backward tp_reduce_scatter cp " .. kv, "backward tp_reduce_scatter cp " .. kv,
+    "backward reduce_scatter fsdp 13856",
+    "backward all_gather fsdp 4032", "backward tp_reduce_scatter cp " .. kv, "backward tp_reduce_scatter cp " .. kv,
+    "backward reduce_scatter fsdp 13856", "backward reduce_scatter fsdp 4032",
+  }, "step")
+  for _, o in ipairs(cp_ops(p)) do
+    H.eq(o.dtype, "bf16", "in the compute (all-gather) dtype")
+    H.eq(o.stream, "compute", "on the compute stream")
+    H.eq(o.reduce_op, o.kind == "tp_reduce_scatter" and "sum" or nil, "reduce op")
+  end
+  -- the unit's activation buffer holds the gathered K (or V)
+  for _, u in ipairs(p.layout.units) do
+    H.eq(u.act_numel or 0, u.name:match("^layers") and 2 * kv or 0, u.name .. " act_numel")
+  end
+end
+
+-- 2 L M all-gathers and 2 L M reduce-scatters; with M >= 6 the repeated
+-- micro-step's rows count `times` each.
+function T.op_counts_per_step()
+  for _, m in ipairs({ 1, 2, 8 }) do
+    local p = gen(8, "{ dp_shard = 2, cp = 4 }", string.format(", fsdp = { micro_steps = %d }", m))
+    local ag, rs = 0, 0
+    for _, o in ipairs(cp_ops(p)) do
+      if o.kind == "tp_all_gather" then ag = ag + (o.times or 1) else rs = rs + (o.times or 1) end
+      H.eq(o.count, 2 * (512 // 4) * 2 * 16, "count per rank at cp 4")
+    end
+    H.eq(ag, 2 * 2 * m, m .. " micro-steps: all-gathers")
+    H.eq(rs, 2 * 2 * m, m .. " micro-steps: reduce-scatters")
+  end
+end
+
+-- Activation checkpointing (full and selective: torchtitan wraps every
+-- block; recorded live) re-runs each block's two all-gathers in its
+-- backward, before the gradients' reduce-scatters; the timeline does not
+-- count them a second time.
+function T.checkpointing_recomputes_the_all_gathers()
+  local timeline = require("gen.timeline")
+  local compute = require("gen.compute")
+  for _, ac in ipairs({ "none", "selective", "full" }) do
+    local p = gen(4, "{ dp_shard = 2, cp = 2 }", "", nil)
+    if ac ~= "none" then
+      p = plan.from_source(llama(4, "{ dp_shard = 2, cp = 2 }", nil):gsub("training = { local_batch_size = 2, loss_chunks = 1 }",
+        "training = { local_batch_size = 2, loss_chunks = 1, activation_checkpointing = '" .. ac .. "' }"), "plans/t.lua")
+    end
+    local bwd = {}
+    for _, o in ipairs(cp_ops(p)) do
+      if o.phase == "backward" and o.unit == 2 then bwd[#bwd + 1] = o.kind .. (o.recompute and "*" or "") end
+    end
+    local want = ac == "none" and { "tp_reduce_scatter", "tp_reduce_scatter" }
+      or { "tp_all_gather*", "tp_all_gather*", "tp_reduce_scatter", "tp_reduce_scatter" }
+    H.list_eq(bwd, want, ac .. ": layers.0's backward on cp")
+    local s = compute.settings(p)
+    for _, o in ipairs(timeline.recomputed(p, s)) do
+      H.eq(o.group ~= "cp", true, ac .. ": op " .. o.seq .. " counted again by the timeline")
+    end
+  end
+end
+
+-- Each rank runs seq_len / cp tokens: the activation model divides, and
+-- the blocks keep flex's gathered K and V.
+function T.activations_per_rank()
+  local compute = require("gen.compute")
+  local acts = require("gen.models.llama_acts")
+  local p = gen(4, "{ dp_shard = 2, cp = 2 }")
+  local s = compute.settings(p)
+  H.eq(s.tokens, 2 * 512 // 2, "tokens per rank")
+  local cfg = p.model_config
+  local one = acts.block(cfg, 2, s.tokens, "none", false)
+  local two = acts.block(cfg, 2, s.tokens, "none", false, 2)
+  H.eq(two.saved - one.saved, 2 * 2 * s.tokens * cfg.n_kv_heads * cfg.head_dim, "gathered K and V kept")
+  local sel1 = acts.block(cfg, 2, s.tokens, "selective", false)
+  local sel2 = acts.block(cfg, 2, s.tokens, "selective", false, 2)
+  H.eq(sel2.saved - sel1.saved, 2 * s.tokens * cfg.n_kv_heads * cfg.head_dim * 3, "selective: K, V gathered + wv's")
+  H.eq(acts.block(cfg, 2, s.tokens, "full", false, 2).saved, 2 * s.tokens * cfg.dim, "full: the block's input")
+end
+
+function T.refusals()
+  H.plan_fails(llama(8, "{ dp_shard = 2, cp = 4, ulysses_degree = 2 }"), "parallel.ulysses_degree",
+    "no Ulysses", "remove ulysses_degree")
+  H.plan_fails(llama(8, "{ dp_shard = 2, cp = 2, tp = 2 }"), "parallel.cp", "cp=2 with tp=2", "set cp=1 or tp=1")
+  H.plan_fails(llama(8, "{ dp_shard = 2, cp = 2, pp = 2 }", ", pipeline = { schedule = '1F1B', microbatches = 2 }"),
+    "parallel.cp", "cp=2 with pp=2", "set cp=1 or pp=1")
+  H.plan_fails([[return { world_size = 4, parallel = { dp_shard = 2, cp = 2 }, model = { family = "generic",
+    seq_len = 512, units = { { name = "root", params = { { name = "w", shape = { 8 } } } } } } }]],
+    "parallel.cp", "planned for the llama family", "set cp=1")
+  H.plan_fails([[return { world_size = 4, parallel = { dp_shard = 2, cp = 2 }, model = { family = "llama",
+    dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 250 } }]], "model.seq_len",
+    "seq_len is needed", "set model.seq_len")
+  -- torchtitan's Trainer: 2 x cp chunks (seq_len 260 is a multiple of cp = 2 but not of 4)
+  H.plan_fails(llama(4, "{ dp_shard = 2, cp = 2 }", nil, 258), "model.seq_len", "not divisible by 2 x cp=4",
+    "multiple of 4")
+  -- torch's CP block mask: cp x 128
+  H.plan_fails(llama(4, "{ dp_shard = 2, cp = 2 }", nil, 384), "model.seq_len", "not divisible by cp x 128 = 256",
+    "multiple of 256")
+  -- ulysses_degree without cp: gen/dims.lua
+  H.plan_fails(llama(4, "{ dp_shard = 4, ulysses_degree = 2 }"), "parallel.ulysses_degree", "with cp=1")
+end
+
+-- The advisor keeps the plan's cp in every mesh it ranks (a cp group shares
+-- its sequences) and ranks no pipeline mesh (cp with pp is not planned).
+function T.advisor_keeps_cp()
+  local advisor = require("gen.advisor")
+  local load = require("gen.load")
+  local res = advisor.rank(load.source(llama(8, "{ dp_shard = -1, cp = 2 }"), "plans/t.lua"))
+  H.eq(res.pipeline, nil, "no pipeline meshes")
+  H.eq(res.plan_global, 2 * 8 // 2, "global batch: local batch x world / cp")
+  local own = 0
+  for _, x in ipairs(res.results) do
+    H.eq(x.mesh:find("cp=2", 1, true) ~= nil, true, x.mesh)
+    H.eq(x.t, 1, x.mesh .. ": cp with tp is refused")
+    own = own + (x.plan_mesh and 1 or 0)
+  end
+  H.eq(own, 1, "the plan's own mesh ranked once")
+  H.eq(#res.rejected > 0, true, "the tp > 1 meshes refused")
+end
+
+-- The audit names the K/V exchange and FSDP's group as dp_shard x cp.
+function T.audit_names_cp()
+  local audit = require("gen.audit")
+  local p = gen(4, "{ dp_shard = 2, cp = 2 }")
+  local md = audit.schedule_md(p, audit.fingerprint(p))
+  for _, want in ipairs({ "(FSDP + CP)", "fsdp (dp_shard x cp)", "4 K/V all-gather, 4 K/V-gradient reduce-scatter",
+                          "local batch 2 x seq_len 512 / cp 2" }) do
+    H.eq(md:find(want, 1, true) ~= nil, true, "SCHEDULE.md says " .. want)
+  end
+end
+
+return T
