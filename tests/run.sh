@@ -170,6 +170,16 @@ torch_lane() {
     skipped "$titan_lacts" "$titan_why"
     skipped "$titan_closs" "$titan_why"
   fi
+  # the dense Qwen3 family against torchtitan's qwen3 (its own block, as test_moe_plan.py's)
+  titan_qwen3="torchtitan qwen3 dense (tied and untied) + parallelize_qwen3 vs the qwen3 family: FSDP/HSDP units, parameters, registry counts, one step's collectives on gloo, block bytes (tests/titan/test_qwen3_plan.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_f7=$(logname "$titan_qwen3")
+    timeout 600 "$live_py" tests/titan/test_qwen3_plan.py >"$titan_f7" 2>&1; titan_r7=$?
+    titan_result "$titan_qwen3" "$titan_f7" "$titan_r7"
+    [ "$titan_r7" = 77 ] || grep -h "^qwen3_plan: [0-9]" "$titan_f7" | sed "s/^/        /"
+  else
+    skipped "$titan_qwen3" "$titan_why"
+  fi
   # ---- end of torchtitan as the peer ----
 
   # torch 2.15's own torchrun launching plan binaries on CPU: the launch path

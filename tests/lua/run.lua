@@ -30,6 +30,8 @@ suites[#suites + 1] = "test_ep_live"
 suites[#suites + 1] = "test_moe_acts"
 -- The Llama block's and the output unit's activations (torchtitan 0.3's SAC, ChunkedLossWrapper).
 suites[#suites + 1] = "test_llama_acts"
+-- The dense Qwen3 family (torchtitan 0.3's qwen3 0.6B .. 32B, tied embeddings).
+suites[#suites + 1] = "test_qwen3"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)
