@@ -29,11 +29,16 @@
 -- experts unit where ep > 1 splits them off (the block's recompute on the
 -- block's unit), the [norm, lm_head] unit's as Llama's output unit's;
 -- checkpointing wraps the blocks only (tp is refused for them).
+-- The qwen3 family (dense, gen/models/qwen3.lua): Llama's FLOPs (each
+-- block's matmuls and attention, lm_head's matmul, the embedding a lookup)
+-- and its blocks' bytes from qwen3.block_acts (moe_acts' GQA attention with
+-- q/k norms and dense FeedForward); the output unit's as Llama's.
 -- Generic units: activations are not modeled (no dims to derive them).
 local util = require("gen.util")
 local hardware = require("gen.hardware")
 local moe_acts = require("gen.models.moe_acts")
 local llama_acts = require("gen.models.llama_acts")
+local qwen3 = require("gen.models.qwen3")
 
 local compute = {}
 
@@ -99,7 +104,7 @@ local MOE = { mixtral = true, qwen3_moe = true, deepseek_v3 = true }
 -- families; a generic model declares no dims).
 function compute.activations_modeled(p)
   local fam = p.model and p.model.family
-  return fam == "llama" or MOE[fam] == true
+  return fam == "llama" or fam == "qwen3" or MOE[fam] == true
 end
 
 -- The output unit's activations (Llama's and the MoE families' decoders
@@ -159,7 +164,9 @@ function compute.checkpointed(p, u)
     end
     return wq
   end
-  if p.model and MOE[p.model.family] and p.model_config then return u.name:match("^layers%.%d+") ~= nil end
+  if p.model and (MOE[p.model.family] or p.model.family == "qwen3") and p.model_config then
+    return u.name:match("^layers%.%d+") ~= nil
+  end
   return not u.is_root
 end
 
@@ -169,7 +176,8 @@ function compute.units(p, s)
   local tp = (p.dims and p.dims.tp) or 1
   local T, seq = s.tokens, s.seq_len
   local ac = s.activation_checkpointing
-  local cfg = p.model and p.model.family == "llama" and p.model_config or nil
+  local fam = p.model and p.model.family
+  local cfg = (fam == "llama" or fam == "qwen3") and p.model_config or nil
   local out = {}
   for _, u in ipairs(p.layout.units) do
     local e = ES[u.ag_dtype]
@@ -181,23 +189,24 @@ function compute.units(p, s)
       local attn = 4 * T * seq * heads * cfg.head_dim
       r.fwd = 2 * P * T + attn
       r.bwd = 2 * r.fwd
-      local b = llama_acts.block(cfg, e, T, ac, false, s.cp)
+      local b = fam == "qwen3" and qwen3.block_acts(cfg, e, T, ac) or llama_acts.block(cfg, e, T, ac, false, s.cp)
       r.saved, r.transient = b.saved / tp, b.transient / tp
       if ac == "full" then
         r.recompute = r.fwd
       elseif ac == "selective" then
         -- the unfused block's 2nd, 4th and 6th matmuls (SelectiveAC's every
-        -- second aten.mm): wk, wo, w3
+        -- second aten.mm): wk, wo, w3 (qwen3's unfused qkv_linear.wk too; fused: wo, w3)
         local again = numel_of(u, function(q)
           local n = suffix(q.name)
-          return n == "attention.wk.weight" or n == "attention.wo.weight" or n == "feed_forward.w3.weight"
+          return n == "attention.wk.weight" or n == "attention.qkv_linear.wk.weight" or n == "attention.wo.weight"
+            or n == "feed_forward.w3.weight"
         end)
         r.recompute = 2 * again * T
       end
     elseif cfg then
       -- The embedding (a lookup) and the empty root: no FLOPs; the unit
       -- holding the output projection: its matmul, the final norm and logits.
-      local P = numel_of(u, function(q) return suffix(q.name) == "output.weight" end)
+      local P = numel_of(u, function(q) return q.name == "output.weight" or q.name == "lm_head.weight" end)
       r.fwd = 2 * P * T
       r.bwd = 2 * r.fwd
       if P > 0 then r.saved, r.transient = head_acts(s, e, cfg.dim, cfg.vocab_size, tp) end
@@ -290,17 +299,21 @@ end
 -- models/llama3/model.py with head_dims = 2 * head_dim): 6 x the
 -- parameters outside nn.Embedding plus 6 x layers x heads x head_dims x
 -- seq_len for attention; no recompute (hardware FLOPs count it, model
--- FLOPs do not). The llama family only (nil otherwise: a generic model
--- declares no attention).
+-- FLOPs do not). The llama and qwen3 families (nil otherwise: a generic
+-- model declares no attention). qwen3 (models/qwen3/model.py through
+-- get_moe_model_nparams_and_flops, the same sum for a dense model): with
+-- tied embeddings torchtitan counts the shared table once and keeps it, as
+-- lm_head's matmul -- the plan's tok_embeddings.weight is what it leaves
+-- out either way.
 function compute.model_flops_per_token(p, s)
   local cfg = p.model_config
-  if p.model.family ~= "llama" or not cfg then return nil end
+  if (p.model.family ~= "llama" and p.model.family ~= "qwen3") or not cfg then return nil end
   local nparams, embedding = 0, 0
   for _, u in ipairs(p.layout.units) do
     for _, q in ipairs(u.params) do
       local n = q.full_numel or q.numel
       nparams = nparams + n
-      if u.name == "tok_embeddings" then embedding = embedding + n end
+      if q.name == "tok_embeddings.weight" then embedding = embedding + n end
     end
   end
   return 6 * (nparams - embedding) + 6 * cfg.n_layers * cfg.n_heads * (2 * cfg.head_dim) * s.seq_len
@@ -314,14 +327,16 @@ function compute.step_flops(p, per_unit)
 end
 
 -- Parameters of the model (TP-local numel x tp for a TP plan's face; an
--- expert weight's ep slice x ep: every expert counts).
+-- expert weight's ep slice x ep: every expert counts; a tied qwen3's
+-- lm_head.weight is tok_embeddings.weight: counted once, as torchtitan does).
 function compute.model_params(p)
   local n = 0
+  local tied = p.model.family == "qwen3" and p.model_config and p.model_config.enable_weight_tying
   for _, u in ipairs(p.layout.units) do
     for _, q in ipairs(u.params) do
       local k = q.full_numel or q.numel
       if q.ep_full and q.shape[1] and q.shape[1] > 0 then k = k * q.ep_full // q.shape[1] end
-      n = n + k
+      if not (tied and q.name == "lm_head.weight") then n = n + k end
     end
   end
   return n

@@ -95,7 +95,7 @@ local SCHEMA = {
     loss_chunks = { "int", min = 1, max = 1 << 20 },
   },
   model = {
-    family = { "enum", enum = { "llama", "generic", "mixtral", "qwen3_moe", "deepseek_v3" } }, size = { "string" },
+    family = { "enum", enum = { "llama", "generic", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3" } }, size = { "string" },
     dtype = { "enum", enum = DTYPES }, seq_len = { "int", min = 1, max = LIM.model_int },
     dim = { "int", min = 1, max = LIM.model_int },
     n_layers = { "int", min = 1, max = LIM.units - 3,
@@ -117,6 +117,9 @@ local SCHEMA = {
     -- DeepSeek-V3's router: top-k weights renormalised, node-limited routing's groups
     route_norm = { "bool" }, n_expert_groups = { "int", min = 0, max = LIM.model_int },
     n_limited_groups = { "int", min = 0, max = LIM.model_int },
+    -- the qwen3 family (gen/models/qwen3.lua): the FFN's hidden size as given, and torchtitan's
+    -- enable_weight_tying (tok_embeddings.weight and lm_head.weight tied; one unit holds both ends)
+    hidden_dim = { "int", min = 1, max = LIM.model_int }, enable_weight_tying = { "bool" },
     units = { "list", max = LIM.units,
               why = "the generator holds units x micro-steps in memory, at most "
                 .. util.pow2_text(LIM.unit_steps) .. " of them" },
@@ -151,6 +154,7 @@ local FAMILY_KEYS = {
   generic = { "n_heads", "n_kv_heads", "num_experts", "units" },
 }
 for fam, keys in pairs(require("gen.models.moe").FIELDS) do FAMILY_KEYS[fam] = keys end
+FAMILY_KEYS.qwen3 = require("gen.models.qwen3").FIELDS
 
 -- A model key the family does not read: refused, naming the family and the keys it reads.
 local function check_family_keys(ctx, model)
@@ -503,6 +507,10 @@ function load_plan.normalize(ctx, raw)
     if model.num_experts ~= nil and model.family == "llama" then
       util.field_error(ctx, "model.num_experts", "Llama 3 is a dense model (no experts), so num_experts would "
         .. "be ignored: remove it, or use family = \"mixtral\" | \"qwen3_moe\" | \"deepseek_v3\" (or \"generic\")")
+    end
+    if model.num_experts ~= nil and model.family == "qwen3" then
+      util.field_error(ctx, "model.num_experts", "family \"qwen3\" is torchtitan's dense Qwen3 (no experts), so "
+        .. "num_experts would be ignored: remove it, or use family = \"qwen3_moe\" for the Qwen3 MoE flavours")
     end
   end
   check_family_keys(ctx, model)

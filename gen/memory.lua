@@ -9,6 +9,10 @@
 --   comm        the memory plan's arena (every all-gather, unsharded and
 --               reduce-scatter buffer at its generated offset)
 --   activations gen/compute.lua's peak of one micro-step
+-- A tied qwen3 model's lm_head.weight shares tok_embeddings.weight's
+-- sharded tensor once the trainer re-ties them (gen/models/qwen3.lua): its
+-- shard is counted once in params, grads and optimizer; both are gathered
+-- and reduced (the arena has both).
 local util = require("gen.util")
 local compute = require("gen.compute")
 
@@ -20,9 +24,16 @@ local ES = util.DTYPE_BYTES
 local function state(p, s, per_unit)
   local params = 0
   local sharded_numel = 0
+  local tied = p.model and p.model.family == "qwen3" and p.model_config and p.model_config.enable_weight_tying
   for _, u in ipairs(p.layout.units) do
-    params = params + u.total * ES[u.orig_dtype]
-    sharded_numel = sharded_numel + u.total
+    local total = u.total
+    if tied then
+      for _, q in ipairs(u.params) do
+        if q.name == "lm_head.weight" then total = total - q.padded end
+      end
+    end
+    params = params + total * ES[u.orig_dtype]
+    sharded_numel = sharded_numel + total
   end
   local optimizer = 0
   if s.optimizer == "adamw" then

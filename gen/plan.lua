@@ -19,6 +19,7 @@ local plan = {}
 -- the root last (d: the plan's dims, which the MoE families' expert
 -- placement reads).
 plan.MODELS = { llama = require("gen.models.llama"), generic = require("gen.models.generic"),
+                qwen3 = require("gen.models.qwen3"),
                 mixtral = require("gen.models.mixtral"), qwen3_moe = require("gen.models.qwen3_moe"),
                 deepseek_v3 = require("gen.models.deepseek_v3") }
 

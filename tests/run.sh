@@ -204,6 +204,16 @@ torch_lane() {
     skipped "$titan_lacts" "$titan_why"
     skipped "$titan_closs" "$titan_why"
   fi
+  # the dense Qwen3 family against torchtitan's qwen3 (its own block, as test_moe_plan.py's)
+  titan_qwen3="torchtitan qwen3 dense (tied and untied) + parallelize_qwen3 vs the qwen3 family: FSDP/HSDP units, parameters, registry counts, one step's collectives on gloo, block bytes (tests/titan/test_qwen3_plan.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_f7=$(logname "$titan_qwen3")
+    timeout 600 "$live_py" tests/titan/test_qwen3_plan.py >"$titan_f7" 2>&1; titan_r7=$?
+    titan_result "$titan_qwen3" "$titan_f7" "$titan_r7"
+    [ "$titan_r7" = 77 ] || grep -h "^qwen3_plan: [0-9]" "$titan_f7" | sed "s/^/        /"
+  else
+    skipped "$titan_qwen3" "$titan_why"
+  fi
   # ---- end of torchtitan as the peer ----
   # Context parallel (docs/context-parallel.md): torchtitan 0.3's CP step on gloo vs commplan's tables.
   titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 4, dp_replicate 2 x cp 2; spmd_types and partial_dtensor; SelectiveAC, FullAC): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"
@@ -475,14 +485,14 @@ lane_join rendezvous
 
 section "end to end: every small plan generated, built and simulated on all ranks"
 for n in $(plan_names); do
-  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|mixtral8x7b) continue ;; esac
+  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|mixtral8x7b|qwen3_8b) continue ;; esac
   run "build $n" $MAKE PLAN="$n.lua"
   run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2
 done
 # The same plans with NCCL's arithmetic (ncclAvg premultiplies; ring order):
 # the host backend and the checks' independent emulation must agree on it too.
 for n in $(plan_names); do
-  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|mixtral8x7b) continue ;; esac
+  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|mixtral8x7b|qwen3_8b) continue ;; esac
   run "simulate $n with NCCL's arithmetic (--arith nccl)" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
 done
 # tests/plans/kernels_all_dtypes.lua: every (orig, param, reduce) dtype
@@ -545,7 +555,7 @@ rank 2: 2/3/0 commplan-rank2 127.0.0.1 lo 1" ]'
 run "gpu_ranks.sh fails when one rank fails and names it" bash -c '
   out=$(TMPDIR=build tests/gpu_ranks.sh 3 sh -c "echo done \$RANK; [ \$RANK != 2 ] || exit 7"); rc=$?; echo "$out"
   [ "$rc" = 1 ] && printf "%s" "$out" | grep -qF "failed ranks: 2(exit 7)" && printf "%s" "$out" | grep -qxF "rank 2: done 2"'
-for n in llama8b llama70b llama405b_hsdp llama405b mixtral8x7b deepseek_v3; do
+for n in llama8b llama70b llama405b_hsdp llama405b mixtral8x7b deepseek_v3 qwen3_8b; do
   run "build $n and print its schedule" bash -c "$MAKE PLAN=$n.lua >/dev/null && build/$n/$n --dry-run >/dev/null"
 done
 # ---- host-built copy kernels (issue 18, item 1) ----
@@ -881,7 +891,7 @@ hostile_names() (
   # regeneration below would take them all four times)
   mkdir -p ../aside || exit 2
   trap 'mv ../aside/*.lua plans/ 2>/dev/null' EXIT
-  for n in llama8b llama405b llama405b_hsdp deepseek_v3 mixtral8x7b; do  # (llama70b: the Makefile's default PLAN)
+  for n in llama8b llama405b llama405b_hsdp deepseek_v3 mixtral8x7b qwen3_8b; do  # (llama70b: the Makefile's default PLAN)
     [ ! -f "plans/$n.lua" ] || mv "plans/$n.lua" ../aside/ || exit 2
   done
   good=$(plan_names | wc -l)

@@ -51,7 +51,7 @@ def _parser():
         s.add_argument("--name", required=True, help="the plan's name (its file stem and C prefix)")
         s.add_argument("--world-size", required=True, type=int, help="ranks (GPUs) the plan is for")
         s.add_argument("--family", default="auto", choices=("auto", "llama", "generic") + (
-            ("mixtral", "qwen3_moe", "deepseek_v3") if verb == "hf" else ()))
+            ("qwen3", "mixtral", "qwen3_moe", "deepseek_v3") if verb == "hf" else ()))
         s.add_argument("--options", metavar="OPTIONS.json", help="parallel / fsdp / topology / training%s"
                        % (" / model" if verb == "units" else ""))
         s.add_argument("-o", "--out", metavar="OUT.lua", help="write here (<dir>/<name>.lua) instead of stdout")

@@ -1,4 +1,4 @@
-"""Hugging Face config.json (Llama, Mistral, Qwen2; Mixtral, Qwen3-MoE, DeepSeek-V3) -> a plan's model table.
+"""Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3; Mixtral, Qwen3-MoE, DeepSeek-V3) -> a plan's model table.
 
 The Llama family of the generator (gen/models/llama.lua) takes dim, n_layers, n_heads,
 n_kv_heads, vocab_size, ffn_dim_multiplier and multiple_of, with torchtitan's names and
@@ -15,6 +15,10 @@ read into the table, required to have the one value the family expresses (tied e
 attention biases, MoE layers skipped), or known not to change the parameters (routing, RoPE,
 dropout, tokens, ...) -- and any other key is refused in one line, since it may describe a
 parameter the family would not have.
+
+Qwen3 (model_type "qwen3", the dense models) becomes a table of the generator's qwen3 family
+(gen/models/qwen3.lua), read as strictly: head_dim, intermediate_size as hidden_dim and
+tie_word_embeddings as torchtitan's enable_weight_tying (the 0.6B, 1.7B and 4B checkpoints tie).
 """
 
 import os
@@ -28,7 +32,7 @@ from .validate import MODEL_INT, Spec, check_family, check_hf_config, check_opti
 __all__ = ["hf_config", "hf_units"]
 
 MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3")
-SUPPORTED = ("llama", "mistral", "qwen2") + MOE_TYPES
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3") + MOE_TYPES
 
 _POS = dict(lo=1, hi=MODEL_INT)
 # Keys of any config.json that do not change an MoE model's parameters: PretrainedConfig's own,
@@ -250,16 +254,65 @@ def _moe_table(cfg, c, src, dtype):
     return t
 
 
+# Qwen3 (dense): keys that do not change its parameters besides _MOE_IGNORED's.
+_QWEN3_IGNORED = frozenset(("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"))
+
+
+def _qwen3_table(cfg, c, src, dtype):
+    """The qwen3 family's model table of a checked Qwen3 config (c: check_hf_config's fields)."""
+    base = {"hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
+            "num_key_value_heads", "head_dim", "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act"}
+    known = base | _QWEN3_IGNORED | _MOE_IGNORED
+    for k in sorted(cfg):
+        if k not in known:
+            hint = did_you_mean(k, sorted(known))
+            raise PlanError("%s: %s: unknown to the qwen3 writer, and it may give the model parameters the qwen3 family "
+                            "does not have; remove it if it does not change the parameters%s"
+                            % (src, k, "; did you mean %s?" % hint if hint else ""))
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise PlanError("%s: hidden_act: %s is not expressible by the qwen3 family (torchtitan's FeedForward is "
+                        "SwiGLU); it must be \"silu\"" % (src, describe(cfg["hidden_act"], True)))
+    for k, why in (("attention_bias", "torchtitan's Qwen3 attention has no biases"),
+                   ("mlp_bias", "torchtitan's FeedForward has no biases")):
+        if c[k]:
+            raise PlanError("%s: %s: true is not expressible by the qwen3 family (%s); it must be false"
+                            % (src, k, why))
+    t = {"family": "qwen3", "dim": c["hidden_size"], "n_layers": c["num_hidden_layers"],
+         "n_heads": c["num_attention_heads"], "vocab_size": c["vocab_size"], "hidden_dim": c["intermediate_size"]}
+    kv = c["num_key_value_heads"] if c["num_key_value_heads"] is not None else t["n_heads"]
+    if t["n_heads"] % kv:
+        raise PlanError("%s: num_attention_heads %d is not divisible by num_key_value_heads %d"
+                        % (src, t["n_heads"], kv))
+    t["n_kv_heads"] = kv
+    if c["head_dim"] is not None:
+        t["head_dim"] = c["head_dim"]
+    elif t["dim"] % t["n_heads"]:
+        raise PlanError("%s: hidden_size %d is not divisible by num_attention_heads %d and head_dim is not given"
+                        % (src, t["dim"], t["n_heads"]))
+    t["enable_weight_tying"] = bool(c["tie_word_embeddings"])
+    t["dtype"] = dtype
+    return t
+
+
 def hf_config(path_or_dict, dtype="fp32", seq_len=None, family="auto"):
     """A plan's model table from a Hugging Face config.json (a path, a directory holding one, or
     the parsed dict): {"family": "llama", ...} where the Llama family expresses it exactly, else
     {"family": "generic", "units": [...], "n_heads": ..., "n_kv_heads": ...}. dtype: the
     parameters' (training) dtype, not the checkpoint's torch_dtype; seq_len: for the audit."""
-    family = check_family(family, ("auto", "llama", "generic") + tuple(_FAMILY_OF.values()))
+    family = check_family(family, ("auto", "llama", "generic", "qwen3") + tuple(_FAMILY_OF.values()))
     seq_len = check_optional_int(seq_len, "seq_len", hi=MODEL_INT)
     dtype = dtype_name(dtype, "dtype")
     cfg, src = _load(path_or_dict)
     c = check_hf_config(cfg, src, SUPPORTED)
+    if c["model_type"] == "qwen3" or family == "qwen3":
+        if c["model_type"] != "qwen3" or family not in ("auto", "qwen3"):
+            raise PlanError("%s: model_type %s is written as family \"%s\"; use family=\"auto\""
+                            % (src, c["model_type"], "qwen3" if c["model_type"] == "qwen3" else
+                               _FAMILY_OF.get(c["model_type"], "llama or generic")))
+        table = _qwen3_table(cfg, c, src, dtype)
+        if seq_len is not None:
+            table["seq_len"] = seq_len
+        return table
     if c["model_type"] in MOE_TYPES or family in _FAMILY_OF.values():
         mine = _FAMILY_OF.get(c["model_type"])
         if family not in ("auto", mine):

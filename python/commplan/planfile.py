@@ -74,7 +74,15 @@ MOE_MODEL_KEYS = {
 }
 MOE_SIZES = {"mixtral": ("8x7b", "8x22b"), "qwen3_moe": ("30b-a3b", "235b-a22b"),
              "deepseek_v3": ("16b", "236b", "671b")}
-FAMILIES = ("llama", "generic") + tuple(MOE_MODEL_KEYS)
+# The dense Qwen3 family's keys (gen/models/qwen3.lua FIELDS, size apart) plus seq_len, and its sizes
+# (torchtitan 0.3's qwen3 registry).
+QWEN3_MODEL_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "hidden_dim", "fuse_qkv",
+                    "enable_weight_tying", "seq_len")
+QWEN3_SIZES = ("0.6b", "1.7b", "4b", "8b", "14b", "32b")
+# The families whose model table is a size and/or named numbers (plan_text writes them alike).
+NUMBERED_FAMILIES = dict(MOE_MODEL_KEYS, qwen3=QWEN3_MODEL_KEYS)
+NUMBERED_SIZES = dict(MOE_SIZES, qwen3=QWEN3_SIZES)
+FAMILIES = ("llama", "generic") + tuple(NUMBERED_FAMILIES)
 
 
 
@@ -504,7 +512,7 @@ def _check_model_numbers(model, allowed, family):
         raise PlanError("model settings %s are not taken by a %s plan; use %s" % (unknown, family,
                                                                                  ", ".join(allowed)))
     for k, v in model.items():
-        if k in ("fuse_qkv", "route_norm"):
+        if k in ("fuse_qkv", "route_norm", "enable_weight_tying"):
             validate.check_value(v, validate.Spec("bool", null=True), validate.OPTIONS_SRC, "model." + k)
             continue
         if k in ("n_dense_layers", "num_shared_experts", "q_lora_rank", "n_expert_groups", "n_limited_groups"):
@@ -522,7 +530,8 @@ def _check_model_numbers(model, allowed, family):
 def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, training=None, comment=None):
     """A plan file's text. model: a llama-family table ({"family": "llama", "dim": ...}), an MoE
     family's ({"family": "mixtral" | "qwen3_moe" | "deepseek_v3", "size": ... or the numbers of
-    MOE_MODEL_KEYS}) or a generic one ({"family": "generic", "units": [...], "n_heads": ...}); the
+    MOE_MODEL_KEYS}), the dense Qwen3 family's ({"family": "qwen3", "size": ... or the numbers of
+    QWEN3_MODEL_KEYS}) or a generic one ({"family": "generic", "units": [...], "n_heads": ...}); the
     rest as in docs/plan-files.md,
     parallel defaulting to {"dp_shard": -1} (FSDP over every rank, as fully_shard on the world)."""
     check_plan_name(name)
@@ -563,12 +572,12 @@ def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, 
         if model.get("dtype"):
             fields.append("dtype = %s" % lua_string(dtype_name(model["dtype"], "model.dtype")))
         out.append("  model = { %s }," % ", ".join(fields))
-    elif family in MOE_MODEL_KEYS:
-        keys = MOE_MODEL_KEYS[family]
+    elif family in NUMBERED_FAMILIES:
+        keys = NUMBERED_FAMILIES[family]
         _check_model_numbers({k: v for k, v in model.items() if k not in ("dtype", "size")}, keys, family)
         fields = ['family = %s' % lua_string(family)]
         if model.get("size") is not None:
-            validate.check_value(model["size"], validate.Spec("enum", enum=MOE_SIZES[family]), validate.OPTIONS_SRC,
+            validate.check_value(model["size"], validate.Spec("enum", enum=NUMBERED_SIZES[family]), validate.OPTIONS_SRC,
                                  "model.size")
             fields.append("size = %s" % lua_string(model["size"]))
         for k in keys:

@@ -34,6 +34,8 @@ suites[#suites + 1] = "test_llama_acts"
 suites[#suites + 1] = "test_chunked_loss"
 -- Context parallel (gen/parallel/cp.lua).
 suites[#suites + 1] = "test_cp"
+-- The dense Qwen3 family (torchtitan 0.3's qwen3 0.6B .. 32B, tied embeddings).
+suites[#suites + 1] = "test_qwen3"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

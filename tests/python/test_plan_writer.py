@@ -361,6 +361,49 @@ def run_lua(code):
     return r.stdout
 
 
+class HuggingFaceQwen3(Tmp):
+    """Qwen3 (dense) config.json -> the qwen3 family: the same tables as torchtitan's registry size."""
+    FSDP = HuggingFaceMoE.FSDP
+    refused = HuggingFaceMoE.refused
+
+    def same_as_size(self, fixture_name, size, world):
+        model = commplan.hf_config(os.path.join(FIX, fixture_name), dtype="bf16")
+        self.assertEqual(model["family"], "qwen3")
+        text = commplan.plan_text("qwen3", world, model, parallel={"dp_shard": -1}, fsdp=self.FSDP)
+        sized = commplan.plan_text("qwen3", world, {"family": "qwen3", "size": size, "dtype": "bf16"},
+                                   parallel={"dp_shard": -1}, fsdp=self.FSDP)
+        a = self.generate(self.write("written", "qwen3", text))
+        b = self.generate(self.write("sized", "qwen3", sized))
+        for t in TABLES:
+            with open(os.path.join(a, t), "rb") as fa, open(os.path.join(b, t), "rb") as fb:
+                self.assertTrue(fa.read() == fb.read(), "%s: %s differs from size %s's" % (fixture_name, t, size))
+        with open(os.path.join(a, "plan.json")) as f:
+            return model, json.load(f)
+
+    def test_qwen3_0_6b_tied(self):
+        model, plan = self.same_as_size("qwen3_0_6b_config.json", "0.6b", 8)
+        self.assertTrue(model["enable_weight_tying"])
+        self.assertEqual(model["head_dim"], 128)
+        self.assertEqual([q["name"] for q in plan["units"][1]["params"]],
+                         ["tok_embeddings.weight", "norm.weight", "lm_head.weight"])
+        self.assertFalse(plan["units"][1]["reshard_after_forward"])
+
+    def test_qwen3_8b_untied(self):
+        model, plan = self.same_as_size("qwen3_8b_config.json", "8b", 64)
+        self.assertFalse(model["enable_weight_tying"])
+        self.assertEqual(plan["units"][1]["name"], "tok_embeddings")
+        self.assertEqual(plan["units"][-1]["name"], "norm_lm_head")
+
+    def test_qwen3_refusals(self):
+        q = fixture("qwen3_0_6b_config.json")
+        self.refused(dict(q, attention_bias=True), "attention_bias", "no biases")
+        self.refused(dict(q, hidden_act="gelu"), "hidden_act", "SwiGLU")
+        self.refused(dict(q, num_experts=8), "num_experts", "unknown to the qwen3 writer")
+        with self.assertRaises(PlanError) as cm:
+            commplan.hf_config(q, family="llama")
+        self.assertIn('family "qwen3"', str(cm.exception))
+
+
 class Names(Tmp):
     def test_lua_string_round_trips_every_byte(self):
         every = bytes(range(256)) + b"\\0\\\"]]--[[\n\r\x00123"
