@@ -41,7 +41,6 @@ local schedule = {}
 local opkinds = require("gen.opkinds")
 local repeat_mod = require("gen.repeat")
 
-
 -- A part of unit u's parameters (FSDP2's foreach_reduce over the ones
 -- with a gradient): params first .. first + count - 1 (0-based, in the
 -- unit's order, contiguous), their padded shards back to back: total

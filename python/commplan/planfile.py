@@ -638,7 +638,7 @@ def write_plan(path, text):
 
 
 def plan_from_named_parameters(name, units, world_size, parallel=None, fsdp=None, model=None, topology=None,
-                               training=None, family="auto", out=None):
+                               training=None, family="auto", out=None, loss_chunks_default=1):
     """The plan file (Lua text) for a model given as its fully_shard units.
 
     units: in wrapping order, the root last; each {"name", "params", "reshard_after_forward"} or
@@ -649,10 +649,10 @@ def plan_from_named_parameters(name, units, world_size, parallel=None, fsdp=None
     also multiple_of, ffn_dim_multiplier). family: "auto" writes a llama-family plan when the units
     are torchtitan's Llama exactly (and n_heads is given), else a generic one; "generic" or
     "llama" force one (llama raises naming why it cannot). A llama-family plan gets
-    training.loss_chunks = 1 unless training says otherwise: the loss on the whole logits, the
-    order CommplanFSDP drives (the family's default, 8, is torchtitan's ChunkedLossWrapper,
-    docs/plan-files.md). out: a path to write the plan to (<dir>/<name>.lua); the text is
-    returned either way."""
+    training.loss_chunks = loss_chunks_default (1) unless training says otherwise: the loss on the
+    whole logits, the order CommplanFSDP drives (None leaves it out: the family's default, 8,
+    torchtitan's ChunkedLossWrapper, docs/plan-files.md; plan_from_titan's). out: a path to write
+    the plan to (<dir>/<name>.lua); the text is returned either way."""
     check_plan_name(name)
     validate.check_world_size(world_size)
     family = validate.check_family(family, ("auto", "generic", "llama"))
@@ -677,8 +677,9 @@ def plan_from_named_parameters(name, units, world_size, parallel=None, fsdp=None
     else:
         table = cfg
         # the module hooks' loss (CommplanFSDP): whole logits, not torchtitan's ChunkedLossWrapper
-        training = dict(training or {})
-        training.setdefault("loss_chunks", 1)
+        if loss_chunks_default is not None:
+            training = dict(training or {})
+            training.setdefault("loss_chunks", loss_chunks_default)
     text = plan_text(name, world_size, table, parallel=parallel, fsdp=fsdp, topology=topology, training=training)
     if out is not None:
         path = os.path.join(out, name + ".lua") if os.path.isdir(out) else out

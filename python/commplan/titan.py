@@ -211,5 +211,7 @@ def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=
         units = _llama_units(units)
     else:
         family = "generic"
+    # (torchtitan's trainer: ChunkedLossWrapper, the llama family's default loss_chunks)
     return plan_from_named_parameters(name, units, world_size, parallel=parallel, fsdp=fsdp, model=extra,
-                                      topology=topology, training=training, family=family, out=out)
+                                      topology=topology, training=training, family=family, out=out,
+                                      loss_chunks_default=None)
