@@ -140,11 +140,14 @@ def build_plan(plan_file, name, out=None):
     """make the plan's binary only (no libraries), generated into
     build/live/gen/<name> and built in build/live/bin/<name>: never into
     plans/<name>/ or build/<name>/, which make test and other builds use at
-    the same time. Returns (binary, plan.json) or raises BuildError."""
+    the same time. Without the GPU backend (NVCC=/nonexistent): only
+    --simulate runs here, the same host code either way, and nvcc's build of
+    the plan's kernels cost seconds a plan. Returns (binary, plan.json) or
+    raises BuildError."""
     out = out or f"build/live/gen/{name}"
     bdir = f"build/live/bin/{name}"
-    r = sh(["make", "--no-print-directory", "-s", f"PLAN={plan_file}", f"OUT={out}", f"BUILD={bdir}",
-            f"{bdir}/{name}"])
+    r = sh(["make", "--no-print-directory", "-s", "NVCC=/nonexistent", f"PLAN={plan_file}", f"OUT={out}",
+            f"BUILD={bdir}", f"{bdir}/{name}"])
     if r.returncode != 0:
         raise BuildError((r.stderr or r.stdout).strip(), r.returncode)
     return os.path.join(TREE, bdir, name), os.path.join(TREE, out, "plan.json")

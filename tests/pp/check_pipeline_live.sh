@@ -18,14 +18,20 @@
 set -u -o pipefail
 # shellcheck source=tests/pp/torch_python.sh
 . "$(dirname "$0")/torch_python.sh"
-if ! "$PY" -c "import torch.distributed.pipelining, torch.distributed.fsdp" >/dev/null 2>&1; then
-  echo "SKIP pp-run: torch.distributed.pipelining does not import with $PY"
-  exit 77
-fi
-if ! "$PY" -c "import torch.distributed as d; import sys; sys.exit(0 if d.is_gloo_available() else 1)" >/dev/null 2>&1; then
-  echo "SKIP pp-run: torch has no gloo backend ($PY)"
-  exit 77
-fi
+# (one python for both: exit 3 when pipelining does not import, 4 without gloo)
+"$PY" -c "
+import sys
+try:
+    import torch.distributed.pipelining, torch.distributed.fsdp  # noqa: F401
+except Exception:
+    sys.exit(3)
+import torch.distributed as d
+sys.exit(0 if d.is_gloo_available() else 4)" >/dev/null 2>&1
+case $? in
+  0) ;;
+  4) echo "SKIP pp-run: torch has no gloo backend ($PY)"; exit 77 ;;
+  *) echo "SKIP pp-run: torch.distributed.pipelining does not import with $PY"; exit 77 ;;
+esac
 OUT=build/pp/live
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -36,7 +42,7 @@ MULTI=Interleaved1F1B,LoopedBFS,InterleavedZeroBubble,ZBVZeroBubble,DualPipeV
 # all-reduce across the replicas), 8 ranks; "2 1 - 2" replicas over
 # one-rank shard groups (only the all-reduces), 4 ranks
 quick=0; [ "${COMMPLAN_TEST_TIER:-full}" = quick ] && quick=1
-cases=0 full_cases=0
+cases=0 full_cases=0 all=()
 for run in "2 1" "4 1" "2 2" "2 2 1" "2 2 - 2" "2 1 - 2"; do
   read -r pp dp mas dr <<<"$run"
   [ "$mas" = - ] && mas=
@@ -50,13 +56,15 @@ for run in "2 1" "4 1" "2 2" "2 2 1" "2 2 - 2" "2 1 - 2"; do
   n=7; [ -n "$mas" ] && n=5  # schedules
   nmb=2; [ "$mb" = 4 ] && nmb=1
   cases=$((cases + n * nmb)) full_cases=$((full_cases + 2 * n))
-  log="$OUT/stderr-pp$pp${dr:+-dr$dr}-dp$dp${mas:+-mas$mas}.txt"
-  if ! "$PY" -W ignore tests/pp/torch_pipeline_record.py "${args[@]}" 2>"$log"; then
-    echo "pp-run: FAIL the recorder failed for ${args[*]}:"
-    tail -n 20 "$log"
-    exit 1
-  fi
+  [ ${#all[@]} = 0 ] || all+=(--then)
+  all+=("${args[@]}")
 done
+# every mesh in one recorder process (torch imported once; its ranks forked)
+if ! "$PY" -W ignore tests/pp/torch_pipeline_record.py "${all[@]}" 2>"$OUT/stderr.txt"; then
+  echo "pp-run: FAIL the recorder failed for ${all[*]}:"
+  tail -n 20 "$OUT/stderr.txt"
+  exit 1
+fi
 "$LUA" tests/pp/compare_pipeline_live.lua "$OUT"/*.json || exit 1
 echo "pp-run: all cases equal in $(( $(date +%s) - start )) s"
 [ "$quick" = 0 ] || echo "quick tier: $cases of $full_cases cases (8 microbatches only at pp 2 without FSDP); make test-full runs 4 and 8 on every mesh"

@@ -46,9 +46,10 @@ phase "step" (the rest of step()):
 
 Output: one JSON per case, build/pp/live/<Schedule>-pp<P>-dp<D>-mb<N>.json.
 
-Usage: torch_pipeline_record.py --pp 2 --dp-shard 1 [--microbatches 4,8]
+Usage: torch_pipeline_record.py --pp 2 --dp-shard 1 [--dp-replicate R] [--microbatches 4,8]
        [--schedules GPipe,1F1B,...] [--out-dir build/pp/live]
        [--max-active-stages K]  (multi-stage schedules; torch's default 3)
+       [--then --pp 4 ...]      (more meshes, one after the other, in this process)
 The rank processes are forked from this one, which has imported torch
 (spawning imported it again in every rank: ~3x the CPU of a run on a 2-core
 machine); PP_START=spawn spawns them instead.
@@ -462,7 +463,18 @@ def main():
     ap.add_argument("--out-dir", default="build/pp/live")
     ap.add_argument("--max-active-stages", type=int, default=None,
                     help="the multi-stage schedules' max_active_stages (torch's default 3; torchtitan keeps it)")
-    a = ap.parse_args()
+    # Several meshes in one process (torch imported once): their arguments separated by --then.
+    argv, runs = sys.argv[1:], [[]]
+    for x in argv:
+        if x == "--then":
+            runs.append([])
+        else:
+            runs[-1].append(x)
+    for run in runs:
+        record(ap.parse_args(run))
+
+
+def record(a):
     pp, dp, dr = a.pp, a.dp_shard, a.dp_replicate
     world = pp * dr * dp
     cases = [(s, int(n)) for s in a.schedules.split(",") for n in a.microbatches.split(",")]

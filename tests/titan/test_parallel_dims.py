@@ -22,7 +22,7 @@ not run): their meshes are compared like any other (pp since issue 22, ep
 since issue 23: torchtitan 0.3's convention, ep borrowed from
 dp_shard*cp*tp; docs/expert-parallel.md).
 
-make test's quick tier (COMMPLAN_TEST_TIER=quick) takes the worlds <= 32 and
+make test's quick tier (COMMPLAN_TEST_TIER=quick) takes the worlds <= 16 and
 every large mesh, and says so in one "quick tier:" line; make test-full and a
 run by hand, every world <= 64.
 
@@ -66,10 +66,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import titan_env as E  # noqa: E402
 
 NAME = "ParallelDims agreement (tests/titan/test_parallel_dims.py)"
-# make test (COMMPLAN_TEST_TIER=quick): every world up to 32, and the large meshes; make test-full
+# make test (COMMPLAN_TEST_TIER=quick): every world up to 16, and the large meshes; make test-full
 # (and by hand): every world up to 64.
 QUICK = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
-MAX_WORLD = 32 if QUICK else 64
+MAX_WORLD = 16 if QUICK else 64
 FULL = 4096  # as dims_dump.lua: worlds up to this compare every group's ranks
 DEG = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")
 
