@@ -4,10 +4,14 @@
  * whose signatures differ fail loudly instead of exchanging wrong data.
  * Point-to-point: a mailbox per (sender, receiver), first in first out; a
  * send queues a copy of its bytes and returns, a receive takes the head
- * of its peer's queue and refuses one that is not the message it names. */
+ * of its peer's queue and refuses one that is not the message it names.
+ * One job: the first rank that fails stops the world (cp_host_world_stop),
+ * and every rank blocked in it, or blocking later, fails at once with that
+ * rank's reason instead of waiting for a peer that will never come. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,8 +21,18 @@
 #include "cp_simd.h"
 #include "host.h"
 
+/* A barrier a stopped job can leave (pthread_barrier_wait cannot be
+ * interrupted): members arrive under the lock; the last one starts the
+ * next generation and wakes the others. */
 typedef struct {
-    pthread_barrier_t barrier;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    unsigned size, arrived;
+    unsigned long generation;
+} host_barrier;
+
+typedef struct {
+    host_barrier barrier;
     const void **ptrs;      /* per member */
     const cp_op **sigs;     /* per member */
     void **slices;          /* per member: its share of an all-reduce's result */
@@ -71,7 +85,7 @@ typedef struct {
      * so the group's sends (which never block) are all posted first. */
     int in_group, npending, cap_pending;
     p2p_pending *pending;
-    char err[400]; /* the last point-to-point failure (last_error) */
+    char err[1024]; /* the last failure (last_error) */
 } rank_ctx;
 
 struct cp_host_world {
@@ -81,7 +95,57 @@ struct cp_host_world {
     rank_ctx *ranks;
     p2p_inbox *inbox;  /* per receiving rank; NULL without PP */
     double p2p_timeout_s; /* how long a receive waits for its message */
+    /* The job's first failure: set once (stop_lock), then read without it. */
+    atomic_int stopped;
+    pthread_mutex_t stop_lock;
+    int stop_rank;
+    char stop_why[1024];
 };
+
+static int barrier_init(host_barrier *b, unsigned size)
+{
+    memset(b, 0, sizeof *b);
+    b->size = size;
+    if (pthread_mutex_init(&b->lock, NULL) != 0) return -1;
+    if (pthread_cond_init(&b->cv, NULL) != 0) {
+        pthread_mutex_destroy(&b->lock);
+        return -1;
+    }
+    return 0;
+}
+
+static void barrier_destroy(host_barrier *b)
+{
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->lock);
+}
+
+/* 0 once every member arrived. Stoppable (the first barrier of an
+ * exchange, where a member may never come): -1 when the job was stopped
+ * before the generation completed; this member then withdraws, so no
+ * member passes without all of them. The later barriers of an exchange
+ * are not stoppable: every member is inside it and will arrive. */
+static int barrier_wait(cp_host_world *w, host_barrier *b, int stoppable)
+{
+    pthread_mutex_lock(&b->lock);
+    if (stoppable && atomic_load(&w->stopped)) {
+        pthread_mutex_unlock(&b->lock);
+        return -1;
+    }
+    unsigned long gen = b->generation;
+    if (++b->arrived == b->size) {
+        b->arrived = 0;
+        b->generation++;
+        pthread_cond_broadcast(&b->cv);
+        pthread_mutex_unlock(&b->lock);
+        return 0;
+    }
+    while (b->generation == gen && !(stoppable && atomic_load(&w->stopped))) pthread_cond_wait(&b->cv, &b->lock);
+    int left = b->generation == gen;
+    if (left) b->arrived--;
+    pthread_mutex_unlock(&b->lock);
+    return left ? -1 : 0;
+}
 
 /* COMMPLAN_P2P_TIMEOUT (seconds) or 30: a receive that waits longer fails. */
 static double default_p2p_timeout(void)
@@ -122,6 +186,7 @@ cp_host_world *cp_host_world_create(const cp_plan *p)
     cp_host_world *w = calloc(1, sizeof *w);
     if (!w) return NULL;
     w->plan = p;
+    if (pthread_mutex_init(&w->stop_lock, NULL) != 0) { free(w); return NULL; }
     w->fam = calloc((size_t)p->nfamilies, sizeof *w->fam);
     w->ranks = calloc((size_t)p->world_size, sizeof *w->ranks);
     if (!w->fam || !w->ranks) { cp_host_world_destroy(w); return NULL; }
@@ -137,7 +202,7 @@ cp_host_world *cp_host_world_create(const cp_plan *p)
             g->slices = calloc((size_t)size, sizeof *g->slices);
             g->rows = calloc((size_t)size, sizeof *g->rows);
             if (!g->ptrs || !g->sigs || !g->slices || !g->rows ||
-                pthread_barrier_init(&g->barrier, NULL, (unsigned)size) != 0) {
+                barrier_init(&g->barrier, (unsigned)size) != 0) {
                 free(g->ptrs); free(g->sigs); free(g->slices); free(g->rows);
                 g->ptrs = NULL; g->sigs = NULL; g->slices = NULL; g->rows = NULL;
                 cp_host_world_destroy(w);
@@ -174,7 +239,7 @@ void cp_host_world_destroy(cp_host_world *w)
         for (int f = 0; f < w->plan->nfamilies; f++) {
             family_state *fs = &w->fam[f];
             for (int i = 0; i < fs->ninstances; i++) {
-                pthread_barrier_destroy(&fs->inst[i].barrier);
+                barrier_destroy(&fs->inst[i].barrier);
                 free(fs->inst[i].ptrs);
                 free(fs->inst[i].sigs);
                 free(fs->inst[i].slices);
@@ -206,7 +271,45 @@ void cp_host_world_destroy(cp_host_world *w)
             pthread_cond_destroy(&in->arrived);
         }
     free(w->inbox);
+    pthread_mutex_destroy(&w->stop_lock);
     free(w);
+}
+
+int cp_host_world_stop(cp_host_world *w, int rank, const char *why)
+{
+    pthread_mutex_lock(&w->stop_lock);
+    int first = !atomic_load(&w->stopped);
+    if (first) {
+        w->stop_rank = rank;
+        snprintf(w->stop_why, sizeof w->stop_why, "%s", why && why[0] ? why : "(no reason given)");
+        atomic_store(&w->stopped, 1);
+    }
+    pthread_mutex_unlock(&w->stop_lock);
+    if (!first) return 0;
+    /* Wake every waiter: each checks the flag under its own lock, so one
+     * that saw it unset is already waiting when this broadcast comes. */
+    for (int f = 0; w->fam && f < w->plan->nfamilies; f++)
+        for (int i = 0; i < w->fam[f].ninstances; i++) {
+            host_barrier *b = &w->fam[f].inst[i].barrier;
+            pthread_mutex_lock(&b->lock);
+            pthread_cond_broadcast(&b->cv);
+            pthread_mutex_unlock(&b->lock);
+        }
+    for (int r = 0; w->inbox && r < w->plan->world_size; r++) {
+        p2p_inbox *in = &w->inbox[r];
+        if (!in->head) continue;
+        pthread_mutex_lock(&in->lock);
+        pthread_cond_broadcast(&in->arrived);
+        pthread_mutex_unlock(&in->lock);
+    }
+    return 1;
+}
+
+const char *cp_host_world_stopped(cp_host_world *w, int *rank)
+{
+    if (!atomic_load(&w->stopped)) return NULL;
+    if (rank) *rank = w->stop_rank;
+    return w->stop_why;
 }
 
 void cp_host_world_set_p2p_timeout(cp_host_world *w, double seconds)
@@ -214,32 +317,57 @@ void cp_host_world_set_p2p_timeout(cp_host_world *w, double seconds)
     w->p2p_timeout_s = seconds > 0 ? seconds : default_p2p_timeout();
 }
 
+static int p2p_error(rank_ctx *rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int p2p_error(rank_ctx *rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rc->err, sizeof rc->err, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* A rank stopped because another failed first: that rank and its reason. */
+static int stopped_error(rank_ctx *rc)
+{
+    int first = -1;
+    const char *why = cp_host_world_stopped(rc->world, &first);
+    return p2p_error(rc, "rank %d: stopped: rank %d failed first: %s", rc->rank, first, why ? why : "?");
+}
+
+static cp_host_world *rc_world(cp_backend *b) { return ((rank_ctx *)b->ctx)->world; }
+
 static cp_arith rc_arith(cp_backend *b) { return ((rank_ctx *)b->ctx)->world->arith; }
 
 void cp_host_world_set_arith(cp_host_world *w, cp_arith a) { w->arith = a; }
 
-/* Post, wait, check signatures. Returns the instance and this rank's key. */
+/* Post, wait, check signatures. Returns the instance and this rank's key,
+ * or NULL when the job stopped before every member came (nothing read). */
 static group_instance *rendezvous(cp_backend *b, const cp_op *op, const void *ptr, int *key_out, int *size_out,
                                   int *bad)
 {
     rank_ctx *rc = b->ctx;
     const cp_plan *p = rc->world->plan;
     int color, key;
+    rc->err[0] = '\0';
     cp_group_of(p, op->family, rc->rank, &color, &key);
     group_instance *g = &rc->world->fam[op->family].inst[color];
     g->ptrs[key] = ptr;
     g->sigs[key] = op;
-    pthread_barrier_wait(&g->barrier);
+    if (barrier_wait(rc->world, &g->barrier, 1)) {
+        stopped_error(rc);
+        return NULL;
+    }
     int size = p->families[op->family].size;
     *bad = 0;
-    for (int m = 0; m < size; m++) {
+    for (int m = 0; m < size && !*bad; m++) {
         const cp_op *o = g->sigs[m];
-        if (o->kind != op->kind || o->count != op->count || o->dtype != op->dtype || o->reduce_op != op->reduce_op) {
-            fprintf(stderr, "commplan: rank %d: %s on group %s disagrees with member %d (rank %d): %s count %ld\n",
-                    rc->rank, cp_op_kind_name(op->kind), p->families[op->family].name, m,
-                    cp_group_member(p, op->family, color, m), cp_op_kind_name(o->kind), (long)o->count);
-            *bad = 1;
-        }
+        if (o->kind != op->kind || o->count != op->count || o->dtype != op->dtype || o->reduce_op != op->reduce_op)
+            *bad = p2p_error(rc, "rank %d: %s on group %s disagrees with member %d (rank %d): %s count %ld; here "
+                             "count %ld: the ranks' tables disagree; regenerate the plan", rc->rank,
+                             cp_op_kind_name(op->kind), p->families[op->family].name, m,
+                             cp_group_member(p, op->family, color, m), cp_op_kind_name(o->kind), (long)o->count,
+                             (long)op->count) != 0;
     }
     *key_out = key;
     *size_out = size;
@@ -251,13 +379,14 @@ static int host_all_gather(cp_backend *b, const cp_op *op, cp_stream s, const vo
     (void)s;
     int key, size, bad;
     group_instance *g = rendezvous(b, op, in, &key, &size, &bad);
+    if (!g) return -1;
     size_t bytes = (size_t)op->count * cp_dtype_size(op->dtype);
     if (!bad)
         for (int m = 0; m < size; m++) {
             char *dst = (char *)out + (size_t)m * bytes;
             if (dst != g->ptrs[m]) memcpy(dst, g->ptrs[m], bytes);
         }
-    pthread_barrier_wait(&g->barrier);
+    barrier_wait(rc_world(b), &g->barrier, 0);
     return bad ? -1 : 0;
 }
 
@@ -266,6 +395,7 @@ static int host_reduce_scatter(cp_backend *b, const cp_op *op, cp_stream s, cons
     (void)s;
     int key, size, bad;
     group_instance *g = rendezvous(b, op, in, &key, &size, &bad);
+    if (!g) return -1;
     if (!bad) {
         /* Runs of elements that share one chain: each a typed loop. */
         size_t es = cp_dtype_size(op->dtype);
@@ -281,7 +411,7 @@ static int host_reduce_scatter(cp_backend *b, const cp_op *op, cp_stream s, cons
             }
         }
     }
-    pthread_barrier_wait(&g->barrier);
+    barrier_wait(rc_world(b), &g->barrier, 0);
     return bad ? -1 : 0;
 }
 
@@ -294,6 +424,7 @@ static int host_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const vo
     (void)in; /* in place: in == buf */
     int key, size, bad;
     group_instance *g = rendezvous(b, op, buf, &key, &size, &bad);
+    if (!g) return -1;
     size_t es = cp_dtype_size(op->dtype);
     int64_t share = (op->count + size - 1) / size;
     int64_t lo = (int64_t)key * share < op->count ? (int64_t)key * share : op->count;
@@ -319,7 +450,7 @@ static int host_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const vo
     }
     g->slices[key] = mine;
     /* Everyone has read every input (and posted its share) before anyone overwrites its own. */
-    pthread_barrier_wait(&g->barrier);
+    barrier_wait(rc_world(b), &g->barrier, 0);
     for (int m = 0; m < size && !bad; m++) {
         int64_t mlo = (int64_t)m * share < op->count ? (int64_t)m * share : op->count;
         int64_t mhi = mlo + share < op->count ? mlo + share : op->count;
@@ -327,7 +458,7 @@ static int host_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const vo
         memcpy((char *)buf + (size_t)mlo * es, g->slices[m], (size_t)(mhi - mlo) * es);
     }
     /* No share is freed while a peer still copies it. */
-    pthread_barrier_wait(&g->barrier);
+    barrier_wait(rc_world(b), &g->barrier, 0);
     g->slices[key] = NULL;
     free(mine);
     return bad ? -1 : 0;
@@ -364,16 +495,6 @@ static int cb_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const void
 }
 
 /* ---- point-to-point: mailboxes per (sender, receiver) ---- */
-
-static int p2p_error(rank_ctx *rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int p2p_error(rank_ctx *rc, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(rc->err, sizeof rc->err, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static long op_index(const rank_ctx *rc, const cp_op *op)
 {
@@ -437,8 +558,14 @@ static int recv_now(rank_ctx *rc, const cp_op *op, void *buf, int peer_rank)
     p2p_inbox *in = &rc->world->inbox[rc->rank];
     pthread_mutex_lock(&in->lock);
     int late = 0;
-    while (!in->head[from] && !late) late = pthread_cond_timedwait(&in->arrived, &in->lock, &until) == ETIMEDOUT;
+    /* A stopped job ends the wait at once: the sender may be the rank that failed. */
+    while (!in->head[from] && !late && !atomic_load(&rc->world->stopped))
+        late = pthread_cond_timedwait(&in->arrived, &in->lock, &until) == ETIMEDOUT;
     p2p_msg *m = in->head[from];
+    if (atomic_load(&rc->world->stopped)) {
+        pthread_mutex_unlock(&in->lock); /* a message left queued: the world frees it */
+        return stopped_error(rc);
+    }
     if (!m) {
         pthread_mutex_unlock(&in->lock);
         return p2p_error(rc, "rank %d: recv of tag %d micro %d (op %ld) from rank %d: no message within %.3g s (rank %d "
@@ -528,13 +655,14 @@ static int host_a2a_counts(cp_backend *b, const cp_op *op, cp_stream s, const vo
     rc->err[0] = '\0';
     int key, size, bad;
     group_instance *g = rendezvous(b, op, in, &key, &size, &bad);
+    if (!g) return -1;
     if (!bad) bad = a2a_agree(rc, g, op, size) != 0;
     size_t share = (size_t)op->a2a_experts;
     if (!bad) /* member m's counts for this rank's experts */
         for (int m = 0; m < size; m++)
             memcpy((int64_t *)out + (size_t)m * share, (const int64_t *)g->ptrs[m] + (size_t)key * share,
                    share * sizeof(int64_t));
-    pthread_barrier_wait(&g->barrier);
+    barrier_wait(rc_world(b), &g->barrier, 0);
     return bad ? -1 : 0;
 }
 
@@ -550,6 +678,7 @@ static int host_a2a(cp_backend *b, const cp_op *op, cp_stream s, const void *in,
     rc->world->fam[op->family].inst[color].rows[key0] = send_rows; /* posted before the rendezvous' barrier */
     int key, size, bad;
     group_instance *g = rendezvous(b, op, in, &key, &size, &bad);
+    if (!g) return -1;
     if (!bad) bad = a2a_agree(rc, g, op, size) != 0;
     /* What each member sends this rank must be what this rank's counts say it receives. */
     for (int m = 0; m < size && !bad; m++)
@@ -564,7 +693,7 @@ static int host_a2a(cp_backend *b, const cp_op *op, cp_stream s, const void *in,
         memcpy((char *)out + at * row, (const char *)g->ptrs[m] + from * row, (size_t)recv_rows[m] * row);
         at += (size_t)recv_rows[m];
     }
-    pthread_barrier_wait(&g->barrier);
+    barrier_wait(rc_world(b), &g->barrier, 0);
     return bad ? -1 : 0;
 }
 
@@ -612,6 +741,13 @@ static int cb_a2a(cp_backend *b, const cp_op *op, cp_stream s, const void *in, v
 {
     (void)s;
     return cb_alltoall(b, op, in, out, send_rows, recv_rows, op->a2a_dim * (int64_t)cp_dtype_size(op->dtype));
+}
+
+/* This rank failed: the whole job stops with the first such reason. */
+static void host_abort(cp_backend *b, const char *why)
+{
+    rank_ctx *rc = b->ctx;
+    cp_host_world_stop(rc->world, rc->rank, why);
 }
 
 static const char *host_last_error(cp_backend *b)
@@ -929,6 +1065,7 @@ void cp_host_backend_init(cp_backend *b, cp_host_world *w, int rank)
     b->a2a_counts = host_a2a_counts;
     b->a2a = host_a2a;
     b->last_error = host_last_error;
+    b->abort = host_abort;
 }
 
 void cp_host_backend_init_cb(cp_backend *b, cp_host_world *w, int rank, cp_host_collective_cb cb, void *user)

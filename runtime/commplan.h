@@ -488,6 +488,11 @@ struct cp_backend {
     int (*a2a_counts)(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out);
     int (*a2a)(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out, const int64_t *send_rows,
                const int64_t *recv_rows);
+    /* This rank failed with `why` (one line; the executor calls it with
+     * every failure it reports). A backend whose ranks share a process (the
+     * host backend's threads) stops them all with the first reason; NULL:
+     * the failure reaches the peers as the ops carry it (a refusal's -1s). */
+    void (*abort)(cp_backend *b, const char *why);
 };
 
 /* ---- executor (executor.c): the one op walker every backend runs ---- */

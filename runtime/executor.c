@@ -139,6 +139,13 @@ const char *cp_stream_name(cp_stream s)
     return (unsigned)s < CP_STREAM_COUNT ? names[s] : "?";
 }
 
+/* Every failure this rank reports is the job's: the backend stops the
+ * ranks that share its process with the first one (cp_backend.abort). */
+static void ex_abort(cp_executor *ex, const char *why)
+{
+    if (ex->backend && ex->backend->abort) ex->backend->abort(ex->backend, why);
+}
+
 /* One line into ex->err (and stderr unless quiet), with the backend's detail. */
 static int ex_error(cp_executor *ex, const char *fmt, ...)
 {
@@ -150,6 +157,7 @@ static int ex_error(cp_executor *ex, const char *fmt, ...)
     if (detail && detail[0] && n > 0 && (size_t)n < sizeof ex->err)
         snprintf(ex->err + n, sizeof ex->err - (size_t)n, ": %s", detail);
     if (!ex->quiet) fprintf(stderr, "commplan: %s\n", ex->err);
+    ex_abort(ex, ex->err);
     return -1;
 }
 
@@ -159,6 +167,7 @@ static int ex_refuse(cp_executor *ex, const char *line)
 {
     if (line != ex->err) snprintf(ex->err, sizeof ex->err, "%s", line);
     if (!ex->quiet) fprintf(stderr, "commplan: %s\n", ex->err);
+    ex_abort(ex, ex->err);
     return -1;
 }
 
@@ -688,8 +697,12 @@ static int run_a2a_counts(cp_executor *ex, const cp_op *op)
         a2a_check_counts(ex, op, host, 0, refused, sizeof refused);
     }
     ex->a2a_has_pending[op->unit] = 0;
-    if (refused[0])
+    if (refused[0]) {
         for (size_t e = 0; e < E; e++) host[e] = -1;
+        /* Known now, before the exchange: ranks sharing this process stop with this line (the refusal is
+         * the cause; a member's "refused its counts" after the exchange is its echo). */
+        ex_abort(ex, refused);
+    }
     int rc = b->write(b, op->stream, dev, host, E * sizeof *host);
     if (rc == 0) {
         if (op->family < 0) rc = b->copy_bytes(b, op->stream, dev, dev + E * sizeof *host, E * sizeof *host);
@@ -697,8 +710,8 @@ static int run_a2a_counts(cp_executor *ex, const cp_op *op)
         else rc = b->a2a_counts(b, op, op->stream, dev, dev + E * sizeof *host);
     }
     if (rc == 0) rc = b->read(b, op->stream, dev + E * sizeof *host, host + E, E * sizeof *host);
+    if (refused[0]) return ex_refuse(ex, refused); /* whatever the exchange did: the refusal is the reason */
     if (rc) return failed(ex, op, "the counts all-to-all");
-    if (refused[0]) return ex_refuse(ex, refused);
     /* A member that refused sent -1s: it said why; everyone else stops here too. */
     for (int m = 0; m < n; m++)
         if (host[E + (size_t)m * (size_t)op->a2a_experts] == -1) {

@@ -20,6 +20,15 @@ void cp_host_world_set_arith(cp_host_world *w, cp_arith a);
 /* How long a point-to-point receive waits for its message before it fails
  * naming both ranks (COMMPLAN_P2P_TIMEOUT seconds, else 30; <= 0: that). */
 void cp_host_world_set_p2p_timeout(cp_host_world *w, double seconds);
+/* The job's first failure: every rank of the world blocked in it (a
+ * collective's or all-to-all's rendezvous, a receive) or blocking in it
+ * later fails at once with "rank R: stopped: rank F failed first: <why>",
+ * not after a timeout or never. Returns 1 for the first call, 0 after (the
+ * first reason stays). Each rank's backend calls it through cp_backend.abort
+ * when the executor fails; a driver calls it for failures of its own. */
+int cp_host_world_stop(cp_host_world *w, int rank, const char *why);
+/* NULL while running; else the first failure's line (and its rank). */
+const char *cp_host_world_stopped(cp_host_world *w, int *rank);
 /* b->ctx is owned by the world; valid until cp_host_world_destroy. */
 void cp_host_backend_init(cp_backend *b, cp_host_world *w, int rank);
 

@@ -185,6 +185,21 @@ static int run_step(sim_rank *sr, int step, int reports)
     return b->join(b);
 }
 
+/* A rank's failure stops every rank (cp_host_world_stop): the executor's
+ * line, or for a failure of the checks themselves (they said why above)
+ * one naming the rank. Only the first is printed, once, by cp_simulate. */
+static void rank_failed(sim_rank *sr)
+{
+    char why[128];
+    sr->error = 1;
+    if (sr->ex.err[0]) {
+        cp_host_world_stop(sr->sw->host, sr->rank, sr->ex.err);
+        return;
+    }
+    snprintf(why, sizeof why, "rank %d: its checks failed (the line above says why)", sr->rank);
+    cp_host_world_stop(sr->sw->host, sr->rank, why);
+}
+
 static void *rank_main(void *arg)
 {
     sim_rank *sr = arg;
@@ -193,12 +208,12 @@ static void *rank_main(void *arg)
     for (int s = 0; s < opt->steps && !sr->error; s++) {
         if (cp_harness_begin_step(&sr->harness, s) || run_step(sr, s, reports) ||
             cp_harness_end_step(&sr->harness)) {
-            sr->error = 1;
+            rank_failed(sr);
             break;
         }
         if (reports) sim_progress(sr->sw, s + 1);
     }
-    if (!sr->error && cp_harness_finish(&sr->harness)) sr->error = 1;
+    if (!sr->error && cp_harness_finish(&sr->harness)) rank_failed(sr);
     return NULL;
 }
 
@@ -439,7 +454,9 @@ int cp_simulate(const cp_plan *p, const cp_sim_options *opt)
         sr->sw = &sw;
         sr->rank = r;
         cp_host_backend_init(&sr->backend, sw.host, r);
-        if (cp_executor_init(&sr->ex, p, r, &sr->backend) != 0) goto join;
+        /* Quiet: the first failure stops every rank, and only its line is printed (below). */
+        sr->ex.quiet = 1;
+        if (cp_executor_init(&sr->ex, p, r, &sr->backend) != 0) goto join; /* its line: the stop's, below */
         if (cp_harness_init(&sr->harness, &sr->ex, opt->pattern) != 0) goto join;
         sr->harness.check.arith = opt->arith;
         sr->harness.check.cache = sw.expect;
@@ -449,15 +466,19 @@ int cp_simulate(const cp_plan *p, const cp_sim_options *opt)
     }
     for (; started < p->world_size; started++) {
         if (pthread_create(&sw.ranks[started].thread, NULL, rank_main, &sw.ranks[started]) != 0) {
-            fprintf(stderr, "commplan: cannot start thread for rank %d; lower the plan's world size\n", started);
-            /* Ranks already running would wait forever on absent peers. */
-            exit(2);
+            /* The ranks already running would wait on the absent ones: stop them. */
+            char why[128];
+            snprintf(why, sizeof why, "cannot start the thread of rank %d; lower the plan's world size", started);
+            cp_host_world_stop(sw.host, started, why);
+            break;
         }
     }
 join:
     for (int r = 0; r < started; r++) pthread_join(sw.ranks[r].thread, NULL);
     long bad = 0;
     int err = started < p->world_size;
+    const char *why = cp_host_world_stopped(sw.host, NULL);
+    if (why) fprintf(stderr, "commplan: %s\n", why); /* the first failure, once: the other ranks stopped on it */
     for (int r = 0; r < p->world_size; r++) {
         bad += sw.ranks[r].harness.check.mismatches;
         err |= sw.ranks[r].error;
