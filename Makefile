@@ -249,7 +249,7 @@ $(eval $(call cmocka_test,build/tests-asan,$(SAN)))
 # Pipeline parallelism's runtime half (tests/c/test_pp.c): hand-written 2-
 # and 4-stage tables on the host backend, plain and under ASan+UBSan.
 define pp_test
-$(1)/test_pp: tests/c/test_pp.c $(call rt_objs,$(1)) $(RUNTIME_HDR)
+$(1)/test_pp: tests/c/test_pp.c tests/c/bounded.h $(call rt_objs,$(1)) $(RUNTIME_HDR)
 	@mkdir -p $(1)
 	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ tests/c/test_pp.c $(call rt_objs,$(1)) -lcmocka -lm
 endef
@@ -259,7 +259,7 @@ $(eval $(call pp_test,build/tests-asan,$(SAN)))
 # Expert parallelism's runtime half (tests/c/test_a2a.c): hand-written ep 2
 # and ep 4 tables' all-to-alls on the host backend, plain and under ASan+UBSan.
 define a2a_test
-$(1)/test_a2a: tests/c/test_a2a.c $(call rt_objs,$(1)) $(RUNTIME_HDR)
+$(1)/test_a2a: tests/c/test_a2a.c tests/c/bounded.h $(call rt_objs,$(1)) $(RUNTIME_HDR)
 	@mkdir -p $(1)
 	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ tests/c/test_a2a.c $(call rt_objs,$(1)) -lcmocka -lm
 endef

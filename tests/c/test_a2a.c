@@ -8,7 +8,7 @@
  * (refused on every rank, one line from the rank that routed it), a round
  * trip returning every token to its origin, a backend that lands rows at
  * the wrong offset (caught), and the executor's refusals of bad tables. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* pthread_timedjoin_np: a test that fails instead of hanging */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -25,6 +27,7 @@
 #include "harness.h"
 #include "host.h"
 #include "simulate.h"
+#include "bounded.h"
 
 /* ---- hand-written tables ---- */
 
@@ -34,6 +37,7 @@
 typedef struct {
     cp_plan plan;
     cp_group_family family;
+    cp_group_family families[2]; /* build_two_groups' */
     cp_unit unit;
     cp_unit units[2]; /* the order check's: unit, and a second whose buffer overlaps its tokens */
     cp_op ops[MAX_OPS];
@@ -201,6 +205,10 @@ out:
     return NULL;
 }
 
+/* The job's first failure after run_ranks (its world's cp_host_world_stopped): -1 and "" when none. */
+static int first_rank = -1;
+static char first_why[1024];
+
 static void run_ranks(const cp_plan *p, ep_rank *ranks, int steps, test_hook hook, int shift)
 {
     cp_host_world *w = cp_host_world_create(p);
@@ -221,7 +229,10 @@ static void run_ranks(const cp_plan *p, ep_rank *ranks, int steps, test_hook hoo
     }
     for (int r = 0; r < p->world_size; r++)
         assert_int_equal(pthread_create(&ranks[r].thread, NULL, rank_main, &ranks[r]), 0);
-    for (int r = 0; r < p->world_size; r++) pthread_join(ranks[r].thread, NULL);
+    join_bounded(&ranks[0].thread, sizeof ranks[0], p->world_size, 10.0);
+    const char *why = cp_host_world_stopped(w, &first_rank);
+    snprintf(first_why, sizeof first_why, "%s", why ? why : "");
+    if (!why) first_rank = -1;
     cp_host_world_destroy(w);
 }
 
@@ -428,9 +439,12 @@ static void test_a2a_past_capacity_refused(void **state)
     assert_string_equal(ranks[1].err, "rank 1: op 0 (a2a_counts of unit moe, micro-step 0): 8 tokens for ep "
                                       "member 0 (rank 0, experts 0..1) exceed its capacity of 7 rows: raise the plan's "
                                       "expert capacity or route fewer tokens");
+    /* rank 0 stops on rank 1's line (the host backend's threads share one job; over processes it would
+     * refuse the layer on the -1s rank 1 sent: test_a2a_hostlib_refused_counts_said) */
     assert_int_equal(ranks[0].rc, -1);
-    assert_non_null(strstr(ranks[0].err, "rank 0: op 0 (a2a_counts of unit moe, micro-step 0): ep member 1 (rank 1) "
-                                         "refused its expert counts"));
+    assert_non_null(strstr(ranks[0].err, "rank 0: stopped: rank 1 failed first: rank 1: op 0 (a2a_counts of unit moe, "
+                                         "micro-step 0): 8 tokens"));
+    assert_int_equal(first_rank, 1);
     run_ranks(&t.plan, ranks, 1, negative_hook, 0);
     assert_int_equal(ranks[0].rc, -1);
     assert_non_null(strstr(ranks[0].err, "expert 3's count -2 for ep member 1 (rank 1) is negative"));
@@ -440,6 +454,105 @@ static void test_a2a_past_capacity_refused(void **state)
     run_ranks(&t.plan, ranks, 1, over_hook, 0); /* 3 + 2 = 5 to member 0 from rank 0; rank 1's 8 still refused */
     assert_int_equal(ranks[1].rc, -1);
     assert_non_null(strstr(ranks[1].err, "exceed its capacity of 5 rows"));
+}
+
+/* ---- one rank's failure stops every rank of the job, not only its ep group's ---- */
+
+/* Two ep groups and an exchange across them: world 4 on the mesh (x 2, ep 2);
+ * unit "moe" exchanges over ep ({0,1}, {2,3}), then unit "moe_x" over x
+ * ({0,2}, {1,3}), so after its own group's exchange every rank waits for a
+ * member of the other ep group (as a dense collective over efsdp would). */
+static void build_two_groups(ep_tables *t)
+{
+    build_tables(t, "ep2x2", 2, 2, 1, CP_FP32, 5, 7, 0);
+    cp_plan *p = &t->plan;
+    p->world_size = 4;
+    p->mesh_ndim = 2;
+    p->mesh_names[0] = "x", p->mesh_sizes[0] = 2;
+    p->mesh_names[1] = "ep", p->mesh_sizes[1] = 2;
+    t->families[0] = (cp_group_family){ .name = "ep", .axis_mask = 0x2u, .size = 2 };
+    t->families[1] = (cp_group_family){ .name = "x", .axis_mask = 0x1u, .size = 2 };
+    p->families = t->families;
+    p->nfamilies = 2;
+    t->units[0] = t->unit;
+    t->units[1] = t->unit;
+    t->units[1].name = "moe_x";
+    for (int k = 0; k < CP_ARENA_BUFFERS; k++) t->units[1].arena_offset[k] += p->arena_bytes;
+    p->arena_bytes *= 2;
+    p->units = t->units;
+    p->nunits = 2;
+    int n = p->nops;
+    for (int i = 0; i < n; i++) {
+        cp_op o = t->ops[i];
+        o.unit = 1, o.family = 1;
+        if (o.a2a_counts_op >= 0) o.a2a_counts_op += n;
+        assert_true(p->nops < MAX_OPS);
+        t->ops[p->nops++] = o;
+    }
+}
+
+#define REFUSAL_1 "rank 1: op 0 (a2a_counts of unit moe, micro-step 0): 8 tokens for ep member 0 (rank 0, experts 0..1) " \
+                  "exceed its capacity of 7 rows: raise the plan's expert capacity or route fewer tokens"
+
+/* Rank 1 routes 8 rows to member 0 (capacity 7) in unit moe; every other count the harness's. */
+static int refuse_one_hook(ep_rank *r, cp_executor *ex, const cp_op *op, int after)
+{
+    if (op->kind != CP_OP_A2A_COUNTS || after || r->rank != 1 || op->unit != 0)
+        return cp_harness_on_a2a(&r->harness, ex, op, after);
+    int64_t c[4] = { 6, 2, 1, 0 };
+    return cp_executor_set_expert_counts(ex, 0, c, 4);
+}
+
+static void test_a2a_refusal_stops_other_ep_groups(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build_two_groups(&t);
+    static ep_rank ranks[4];
+    /* the tables run clean: the harness's draws on both units, ranks of both ep groups meeting in moe_x */
+    run_ranks(&t.plan, ranks, 2, NULL, 0);
+    expect_clean(&t.plan, ranks, 2);
+    assert_int_equal(first_rank, -1);
+    /* rank 1's counts refused: its group refuses the layer, and ranks 2 and 3 (the other ep group), which
+     * would wait in moe_x's exchange for ranks 0 and 1, stop at once with rank 1's line */
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    run_ranks(&t.plan, ranks, 1, refuse_one_hook, 0);
+    double secs = since(&t0);
+    if (secs >= 5.0) fail_msg("the ranks took %.1f s to stop", secs);
+    assert_string_equal(ranks[1].err, REFUSAL_1);
+    assert_int_equal(first_rank, 1);
+    assert_string_equal(first_why, REFUSAL_1);
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(ranks[r].rc, -1);
+        if (r == 1) continue;
+        char want[64];
+        snprintf(want, sizeof want, "rank %d: stopped: rank 1 failed first: ", r);
+        const char *at = strstr(ranks[r].err, want);
+        if (!at || strcmp(at + strlen(want), REFUSAL_1) != 0) fail_msg("rank %d: %s", r, ranks[r].err);
+    }
+}
+
+/* The same through --simulate (COMMPLAN_A2A_OVERFLOW=1: rank 1 routes one row past a member's capacity):
+ * exit status 2 at once, and the first rank's line printed once, nothing from the ranks it stopped. */
+static void test_a2a_simulate_refusal_stops_every_rank(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    build_two_groups(&t);
+    cp_sim_options opt = { .steps = 2, .pattern = CP_PATTERN_UNIQUE, .arith = CP_ARITH_GLOO };
+    char out[4096];
+    double secs;
+    assert_int_equal(simulate_captured(&t.plan, &opt, 10.0, &secs, out, sizeof out), 0);
+    setenv("COMMPLAN_A2A_OVERFLOW", "1", 1);
+    int rc = simulate_captured(&t.plan, &opt, 10.0, &secs, out, sizeof out);
+    unsetenv("COMMPLAN_A2A_OVERFLOW");
+    assert_int_equal(rc, 2);
+    if (secs >= 5.0) fail_msg("--simulate took %.1f s to stop", secs);
+    const char *want = "commplan: rank 1: op ";
+    if (strncmp(out, want, strlen(want)) != 0 || !strstr(out, "exceed its capacity of 7 rows") ||
+        strchr(out, '\n') != out + strlen(out) - 1)
+        fail_msg("stderr, want rank 1's refusal once: %s", out);
 }
 
 /* The binary's path: COMMPLAN_A2A_OVERFLOW=<rank> makes that rank's draw one row past a member's capacity. */
@@ -993,8 +1106,8 @@ static void test_a2a_recompute_counts_differ_refused(void **state)
                                       "forward's tokens, so the counts given again must be the forward's");
     for (int r = 0; r < 4; r += 2) {
         assert_int_equal(ranks[r].rc, -1);
-        assert_non_null(strstr(ranks[r].err, "op 6 (a2a_counts of unit moe, micro-step 1): ep member 1 (rank 1) "
-                                             "refused its expert counts"));
+        assert_non_null(strstr(ranks[r].err, "stopped: rank 1 failed first: rank 1: op 6 (a2a_counts of unit moe, "
+                                             "micro-step 1): the recompute's count for expert 0 is 2"));
     }
 }
 
@@ -1083,6 +1196,8 @@ int main(void)
         cmocka_unit_test(test_a2a_round_trip_exact),
         cmocka_unit_test(test_a2a_past_capacity_refused),
         cmocka_unit_test(test_a2a_simulate_overflow_refused),
+        cmocka_unit_test(test_a2a_refusal_stops_other_ep_groups),
+        cmocka_unit_test(test_a2a_simulate_refusal_stops_every_rank),
         cmocka_unit_test(test_a2a_wrong_offset_caught),
         cmocka_unit_test(test_a2a_set_expert_counts_checked),
         cmocka_unit_test(test_a2a_hostlib_counts_checked),

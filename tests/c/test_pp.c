@@ -4,7 +4,7 @@
  * harness; a receive that disagrees with its sender, a receive nobody
  * sends, a corrupted message, and the executor's group bracketing of
  * batches (counted by a fake backend). */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* pthread_timedjoin_np (bounded.h) */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +21,7 @@
 #include "harness.h"
 #include "host.h"
 #include "simulate.h"
+#include "bounded.h"
 
 /* ---- hand-written tables ---- */
 
@@ -245,7 +246,11 @@ out:
     return NULL;
 }
 
-/* Runs every rank for `steps` steps; timeout_s > 0 lowers the receive timeout. */
+/* The job's first failure after run_ranks (cp_host_world_stopped): -1 and "" when none. */
+static int first_rank = -1;
+static char first_why[1024];
+
+/* Runs every rank for `steps` steps; timeout_s > 0 sets the receive timeout. */
 static void run_ranks(const cp_plan *p, pp_rank *ranks, int steps, double timeout_s, int corrupt)
 {
     cp_host_world *w = cp_host_world_create(p);
@@ -260,7 +265,10 @@ static void run_ranks(const cp_plan *p, pp_rank *ranks, int steps, double timeou
         ranks[r].corrupt = corrupt;
         assert_int_equal(pthread_create(&ranks[r].thread, NULL, rank_main, &ranks[r]), 0);
     }
-    for (int r = 0; r < p->world_size; r++) pthread_join(ranks[r].thread, NULL);
+    join_bounded(&ranks[0].thread, sizeof ranks[0], p->world_size, 40.0);
+    const char *why = cp_host_world_stopped(w, &first_rank);
+    snprintf(first_why, sizeof first_why, "%s", why ? why : "");
+    if (!why) first_rank = -1;
     cp_host_world_destroy(w); /* frees any message nobody received */
 }
 
@@ -414,6 +422,11 @@ static void test_pp_corrupted_message_is_caught(void **state)
     }
 }
 
+#define MISMATCH_1 "rank 1: recv of tag 2 micro 1 (op 1) from rank 0 got tag 0 micro 1"
+
+/* A failed receive stops every rank at once with the first rank's reason:
+ * rank 0, waiting for grads rank 1 will never send, stops on rank 1's line
+ * instead of waiting out its receive's timeout (20 s here). */
 static void test_pp_tag_mismatch_refused(void **state)
 {
     (void)state;
@@ -421,13 +434,46 @@ static void test_pp_tag_mismatch_refused(void **state)
     build_pp2(&t);
     t.ops[1][1].tag = 2; /* rank 1's second receive names another message than rank 0 sends */
     pp_rank ranks[2];
-    run_ranks(&t.plan, ranks, 1, 2.0, 0);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    run_ranks(&t.plan, ranks, 1, 20.0, 0);
+    double secs = since(&t0);
     assert_int_equal(ranks[1].rc, -1);
-    assert_non_null(strstr(ranks[1].err, "rank 1: recv of tag 2 micro 1 (op 1) from rank 0 got tag 0 micro 1"));
+    assert_non_null(strstr(ranks[1].err, MISMATCH_1));
     assert_non_null(strstr(ranks[1].err, "the two ranks' tables disagree; regenerate the plan"));
-    /* rank 0 then waits for grads rank 1 never sends: its timeout names both */
+    assert_int_equal(first_rank, 1);
+    assert_string_equal(first_why, ranks[1].err);
     assert_int_equal(ranks[0].rc, -1);
-    assert_non_null(strstr(ranks[0].err, "from rank 1: no message within"));
+    const char *at = strstr(ranks[0].err, "rank 0: stopped: rank 1 failed first: ");
+    if (!at || strcmp(at + strlen("rank 0: stopped: rank 1 failed first: "), ranks[1].err) != 0)
+        fail_msg("rank 0: %s", ranks[0].err);
+    if (secs >= 5.0) fail_msg("the ranks took %.1f s to stop (the receive's timeout: 20 s)", secs);
+}
+
+/* The same through --simulate on 4 stages (rank 2's first receive names another message): exit status 2 at
+ * once, rank 2's line printed once, nothing from the three ranks it stopped. */
+static void test_pp_simulate_failed_receive_stops_every_rank(void **state)
+{
+    (void)state;
+    static pp_tables t;
+    build_pp4(&t);
+    cp_sim_options opt = { .steps = 1, .pattern = CP_PATTERN_UNIQUE, .arith = CP_ARITH_GLOO };
+    char out[4096];
+    double secs;
+    int first = -1;
+    for (int i = 0; i < t.classes[2].nops && first < 0; i++)
+        if (t.ops[2][i].kind == CP_OP_RECV) first = i;
+    assert_true(first >= 0);
+    t.ops[2][first].tag += 2;
+    setenv("COMMPLAN_P2P_TIMEOUT", "20", 1);
+    int rc = simulate_captured(&t.plan, &opt, 40.0, &secs, out, sizeof out);
+    unsetenv("COMMPLAN_P2P_TIMEOUT");
+    assert_int_equal(rc, 2);
+    if (secs >= 5.0) fail_msg("--simulate took %.1f s to stop (the receive's timeout: 20 s)", secs);
+    const char *want = "commplan: rank 2: ";
+    if (strncmp(out, want, strlen(want)) != 0 || !strstr(out, "the two ranks' tables disagree") ||
+        strchr(out, '\n') != out + strlen(out) - 1)
+        fail_msg("stderr, want rank 2's line once: %s", out);
 }
 
 static void test_pp_recv_nobody_sends_times_out(void **state)
@@ -613,6 +659,7 @@ int main(void)
         cmocka_unit_test(test_pp4_messages_checked),
         cmocka_unit_test(test_pp_corrupted_message_is_caught),
         cmocka_unit_test(test_pp_tag_mismatch_refused),
+        cmocka_unit_test(test_pp_simulate_failed_receive_stops_every_rank),
         cmocka_unit_test(test_pp_recv_nobody_sends_times_out),
         cmocka_unit_test(test_pp_batch_bracketing),
         cmocka_unit_test(test_pp_peer_outside_pipeline_refused),
