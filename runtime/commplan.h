@@ -594,6 +594,12 @@ int cp_run_call(const cp_plan *p, int unit, const cp_op_kind *kinds, int nkinds,
  * a2a_capacity rows, is refused with one line in ex->err naming rank, op,
  * member, count and capacity (0 or -1). */
 int cp_executor_set_expert_counts(cp_executor *ex, int unit, const int64_t *counts, int n);
+/* The caller's own refusal of the counts for the unit's next A2A_COUNTS
+ * (values it could not pass as int64: a fraction, a bool, past 2^63 - 1):
+ * why, one line naming the rank, is what that exchange then refuses with,
+ * as for counts cp_executor_set_expert_counts refused (every member
+ * refuses the layer). Always -1 (a refusal), why in ex->err. */
+int cp_executor_refuse_expert_counts(cp_executor *ex, int unit, const char *why);
 /* The host copy of the unit's counts slot: [0, a2a_experts) sent, then
  * [a2a_experts, 2 x a2a_experts) received; NULL when out of range. */
 const int64_t *cp_executor_a2a_counts(const cp_executor *ex, int unit, int slot);

@@ -137,6 +137,10 @@ void cp_gpu_set_trace(cp_gpu *g, void *events);
  * step run the op): it sends -1s instead, so every member refuses with
  * this rank's line; returning early leaves the others waiting in it. */
 int cp_gpu_set_expert_counts(cp_gpu *g, int unit, const int64_t *counts, int n);
+/* The caller refuses its own counts (values it could not pass as int64):
+ * the unit's next exchange refuses with why, on every member, as after a
+ * refused cp_gpu_set_expert_counts. Always -1. Then make the exchange. */
+int cp_gpu_refuse_expert_counts(cp_gpu *g, int unit, const char *why);
 /* Capture one step as a CUDA graph (on stream), then replay it; refused
  * for a plan with expert-parallel all-to-alls (run-time split sizes). */
 int cp_gpu_graph_capture(cp_gpu *g, void *stream);

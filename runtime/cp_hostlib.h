@@ -51,6 +51,10 @@ void cp_hostlib_set_alltoall(cp_hostlib *h, cp_host_alltoall_cb cb, void *user);
  * cp_gpu_set_expert_counts checks them (0, or -1 with one line; after -1
  * still make the exchange, which then refuses on every member). */
 int cp_hostlib_set_expert_counts(cp_hostlib *h, int unit, const int64_t *counts, int n);
+/* The caller refuses its own counts (cp_executor_refuse_expert_counts):
+ * the next exchange refuses with why on this rank, and on every member.
+ * Always -1, why in cp_hostlib_last_error. Then make the exchange. */
+int cp_hostlib_refuse_expert_counts(cp_hostlib *h, int unit, const char *why);
 /* The unit's next token exchange, in the plan's order: forward, the counts'
  * exchange and the dispatch in one call (send buffer -> receive buffer),
  * then the combine (receive -> send); backward, the combine's gradient,

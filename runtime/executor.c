@@ -551,16 +551,42 @@ static const cp_op *next_counts_op(const cp_executor *ex, int unit)
     return NULL;
 }
 
+/* The unit's next A2A_COUNTS, or NULL after one line (a unit without one). */
+static const cp_op *counts_unit(cp_executor *ex, int unit)
+{
+    const cp_plan *p = ex->plan;
+    if (unit < 0 || unit >= p->nunits) {
+        ex_error(ex, "rank %d: expert counts for unit %d, outside the plan's %d units", ex->rank, unit, p->nunits);
+        return NULL;
+    }
+    const cp_op *op = next_counts_op(ex, unit);
+    if (!op || !ex->a2a_pending[unit]) {
+        ex_error(ex, "rank %d: expert counts for unit %s, which has no expert-parallel all-to-all", ex->rank,
+                 p->units[unit].name);
+        return NULL;
+    }
+    return op;
+}
+
+int cp_executor_refuse_expert_counts(cp_executor *ex, int unit, const char *why)
+{
+    if (!counts_unit(ex, unit)) return -1;
+    ex->a2a_has_pending[unit] = 2;
+    ex->a2a_refused_unit = unit;
+    if (why && why[0]) snprintf(ex->a2a_refused, sizeof ex->a2a_refused, "%s", why);
+    else snprintf(ex->a2a_refused, sizeof ex->a2a_refused, "rank %d: the caller refused its expert counts for unit %s",
+                  ex->rank, ex->plan->units[unit].name);
+    /* One line: a newline or other control character in the caller's text is shown as '?'. */
+    for (char *c = ex->a2a_refused; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    return ex_refuse(ex, ex->a2a_refused);
+}
+
 int cp_executor_set_expert_counts(cp_executor *ex, int unit, const int64_t *counts, int n)
 {
     const cp_plan *p = ex->plan;
-    if (unit < 0 || unit >= p->nunits)
-        return ex_error(ex, "rank %d: expert counts for unit %d, outside the plan's %d units", ex->rank, unit,
-                        p->nunits);
-    const cp_op *op = next_counts_op(ex, unit);
-    if (!op || !ex->a2a_pending[unit])
-        return ex_error(ex, "rank %d: expert counts for unit %s, which has no expert-parallel all-to-all", ex->rank,
-                        p->units[unit].name);
+    const cp_op *op = counts_unit(ex, unit);
+    if (!op) return -1;
     /* Refused from here on: the counts given before are dropped too, and the exchange this call was for
      * refuses (on every member) with this line rather than running with them. */
     ex->a2a_has_pending[unit] = 2;

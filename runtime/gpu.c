@@ -871,6 +871,14 @@ int cp_gpu_set_expert_counts(cp_gpu *g, int unit, const int64_t *counts, int n)
     return -1;
 }
 
+int cp_gpu_refuse_expert_counts(cp_gpu *g, int unit, const char *why)
+{
+    if (!g->have_ex) return fail(g, "cp_gpu_refuse_expert_counts before cp_gpu_init finished");
+    cp_executor_refuse_expert_counts(&g->ex, unit, why);
+    snprintf(g->err, sizeof g->err, "%s", g->ex.err);
+    return -1;
+}
+
 int cp_gpu_graph_capture(cp_gpu *g, void *stream)
 {
     cudaStream_t S = (cudaStream_t)stream;

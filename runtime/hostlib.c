@@ -141,6 +141,12 @@ int cp_hostlib_set_expert_counts(cp_hostlib *h, int unit, const int64_t *counts,
     return fail(h, "%s", h->ex.err);
 }
 
+int cp_hostlib_refuse_expert_counts(cp_hostlib *h, int unit, const char *why)
+{
+    cp_executor_refuse_expert_counts(&h->ex, unit, why);
+    return fail(h, "%s", h->ex.err);
+}
+
 int cp_hostlib_unshard(cp_hostlib *h, int unit) { return call(h, "cp_hostlib_unshard", unit, CALL_UNSHARD, cp_call_unshard, 3); }
 int cp_hostlib_reshard(cp_hostlib *h, int unit) { return call(h, "cp_hostlib_reshard", unit, CALL_RESHARD, cp_call_reshard, 1); }
 int cp_hostlib_reduce_grads(cp_hostlib *h, int unit)

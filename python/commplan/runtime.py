@@ -53,6 +53,7 @@ except ImportError as e:  # the plan writer needs no torch; this module does
 from .match import PlanMismatch, check_units_match_plan, find_plan_json, load_plan_json, plan_units
 from .modules import named_units, units_from_module
 from .planfile import PlanError
+from .validate import check_expert_counts
 
 __all__ = ["CommplanFSDP", "GpuLibrary", "HostLibrary", "library_calls", "PlanOrderError"]
 
@@ -178,15 +179,24 @@ class _ExpertCalls:
 
     def set_expert_counts(self, unit, counts):
         """This rank's tokens per global expert for the unit's next counts exchange, checked.
-        Returns True, or False when they are refused (a negative count, a member's share past the
-        capacity, the wrong length): the refusal is not raised here but by the exchange_tokens
-        that follows, which every member of the ep group still makes and every member then
-        raises from (this rank with the refusal's own line), so none is left waiting in it."""
-        vals = [int(c) for c in (counts.tolist() if hasattr(counts, "tolist") else counts)]
+        Returns True, or False when they are refused: a count that is not an exact integer in
+        int64 (2.5, 2.0, True, 2^64 + 1: validate.check_expert_counts; never truncated or wrapped
+        as int() and ctypes would), a negative count, a member's share past the capacity, the
+        wrong length. The refusal is not raised here but by the exchange_tokens that follows,
+        which every member of the ep group still makes and every member then raises from (this
+        rank with the refusal's own line), so none is left waiting in it."""
+        u = self.unit_index(unit)
+        try:
+            vals = check_expert_counts(counts, "rank %d: set_expert_counts(unit %s)" % (self.rank, unit))
+        except PlanError as e:  # the library still gets the refusal: the exchange says it on every member
+            refuse = self._ep_fn("refuse_expert_counts", [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p],
+                                 ctypes.c_int)
+            refuse(self.g, u, str(e).encode("utf-8", "replace"))
+            return False
         arr = (ctypes.c_int64 * max(len(vals), 1))(*vals)
         fn = self._ep_fn("set_expert_counts", [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64),
                                                ctypes.c_int], ctypes.c_int)
-        return fn(self.g, self.unit_index(unit), arr, len(vals)) == 0
+        return fn(self.g, u, arr, len(vals)) == 0
 
     def exchange_counts(self, unit):
         """The counts the unit's last exchange split by, a torch int64 tensor (a copy) of 2 x E:

@@ -16,17 +16,20 @@ JSON sources (config.json, the CLI's files) are described in JSON's words (true,
 
 import math
 import numbers
+import operator
 
 from .errors import PlanError
 
 __all__ = ["Spec", "SECTIONS", "CONFIG_FIELDS", "describe", "check_value", "check_dict", "check_sections",
            "check_hf_config", "check_world_size", "check_family", "check_optional_int", "check_bool_or_none",
-           "check_plan_json", "OPTIONS_SRC", "did_you_mean"]
+           "check_plan_json", "OPTIONS_SRC", "did_you_mean", "check_expert_counts", "INT64_MAX"]
 
 OPTIONS_SRC = "writer options"
 MODEL_INT = (1 << 31) - 1          # gen/util.lua LIMITS.model_int
 MAX_LAYERS = (1 << 17) - 3         # gen/load.lua: n_layers <= units - 3 (2^17 units)
 DTYPES = ("fp32", "bf16", "fp16")
+INT64_MAX = (1 << 63) - 1          # the libraries' count type (int64_t): cp_*_set_expert_counts
+MAX_EXPERT_COUNTS = 1 << 20        # far above any plan's experts; bounds the work before the length check
 
 
 class Spec:
@@ -457,4 +460,56 @@ def executed_plan(plan, src="plan.json"):
     out = dict(plan)
     out["ops"] = executed
     del out["repeat"]
+    return out
+
+
+# ---- expert parallelism's token counts (the libraries' set_expert_counts) -------------------
+
+def _count_kind(c):
+    """None when c is an exact integer token count's type, else what it is instead."""
+    if isinstance(c, bool) or type(c).__name__ in ("bool_", "bool"):
+        return "bool %r" % c
+    dtype = getattr(c, "dtype", None)  # a torch / numpy scalar: its dtype says what it is
+    if dtype is not None and "bool" in str(dtype):
+        return "a bool %s" % type(c).__name__
+    try:
+        operator.index(c)  # int, numpy and torch integers; never a float (2.0 included) or a string
+    except TypeError:
+        return describe(c, False) if isinstance(c, (float, str, bytes)) else \
+            "%s %s" % (type(c).__name__, short_repr(c, 30))
+    return None
+
+
+def check_expert_counts(counts, where="set_expert_counts"):
+    """This rank's tokens per global expert as a list of Python ints, each exact and in the
+    libraries' int64 range; else one PlanError line naming the expert, the value and the fix.
+    Accepted: a list or tuple of ints (numpy and torch integer scalars too), a 1-D integer torch
+    tensor or numpy array. Refused: a bool (True is not 1 token), a float (2.5, and 2.0: a count
+    computed in floating point may have been rounded), a string, a nested list, a count outside
+    int64 (ctypes would keep its low 64 bits: 2^64 + 1 would route 1 token). Negative counts
+    and a member's share past the plan's capacity are the library's to refuse (its line names
+    the member and the capacity), as is a wrong length."""
+    if hasattr(counts, "tolist") and getattr(counts, "ndim", 1) != 1:
+        raise PlanError("%s: counts: expected a 1-D sequence (one count per global expert), got %d dimensions"
+                        % (where, counts.ndim))
+    vals = counts.tolist() if hasattr(counts, "tolist") else counts
+    if isinstance(vals, (str, bytes, dict)) or not hasattr(vals, "__len__") or not hasattr(vals, "__iter__"):
+        raise PlanError("%s: counts: expected a list of token counts (one per global expert), got %s"
+                        % (where, describe(vals, False)))
+    if len(vals) > MAX_EXPERT_COUNTS:
+        raise PlanError("%s: counts: %d entries, more than any plan's experts (at most %d); give one count per "
+                        "global expert" % (where, len(vals), MAX_EXPERT_COUNTS))
+    out = []
+    for e, c in enumerate(vals):
+        kind = _count_kind(c)
+        if kind is not None:
+            raise PlanError("%s: count for expert %d is %s, not a whole number of tokens; pass integers (int, "
+                            "or an integer numpy/torch value)" % (where, e, kind))
+        v = operator.index(c)
+        if not -INT64_MAX - 1 <= v <= INT64_MAX:
+            shown = "%d" % v if abs(v) < 10 ** 30 else "an integer of %d digits" % len(str(abs(v)))
+            raise PlanError("%s: count for expert %d is %s, outside the libraries' int64 counts (|count| < 2^63) "
+                            "and past any expert capacity; route 0 up to the plan's capacity (SCHEDULE.md, expert "
+                            "parallelism) per ep member" % (where, e, shown))
+        out.append(v)
     return out

@@ -662,7 +662,7 @@ typedef struct {
     mailbox *box;
     cp_hostlib *h;
     int rank, steps, step, pairs, no_alltoall, rc;
-    int conflict; /* 0: the plan's order (lib_steps), 1: lib_conflict, 2: lib_refused */
+    int conflict; /* 0: the plan's order (lib_steps), 1: lib_conflict, 2: lib_refused, 3: lib_refused, the caller's line */
     long calls, exchanges, rows_checked, counts_checked, a2a_calls;
     char err[700];
     pthread_t thread;
@@ -873,7 +873,12 @@ static void lib_refused(lib_rank *r)
         counts[0] = p->ops[0].a2a_capacity + 1;
         for (int e = 1; e < p->ops[0].a2a_experts; e++) counts[e] = 0;
     }
-    int set = cp_hostlib_set_expert_counts(r->h, 0, counts, p->units[0].a2a_experts);
+    /* conflict 3: the caller refuses its own counts (a value it could not pass as int64), its line with a
+     * newline in it (shown as '?': one line) */
+    int set = r->conflict == 3 && r->rank == 1
+                  ? cp_hostlib_refuse_expert_counts(r->h, 0, "rank 1: set_expert_counts(unit 0): count for expert 0 "
+                                                             "is float 2.5,\nnot a whole number of tokens")
+                  : cp_hostlib_set_expert_counts(r->h, 0, counts, p->units[0].a2a_experts);
     char said[sizeof r->err];
     snprintf(said, sizeof said, "%s", cp_hostlib_last_error(r->h));
     if (cp_hostlib_exchange_tokens(r->h, 0) == 0) {
@@ -901,7 +906,7 @@ static void *lib_main(void *arg)
     if (!r->no_alltoall) cp_hostlib_set_alltoall(r->h, mailbox_alltoall, r);
     if (cp_hostlib_exchange_counts(r->h, 0) != NULL) lib_fail(r, "exchange counts before any exchange");
     else if (cp_hostlib_tokens(r->h, 1, 0) != NULL && !r->conflict) lib_fail(r, "tokens of a unit out of range");
-    else if (r->conflict == 2) lib_refused(r);
+    else if (r->conflict >= 2) lib_refused(r);
     else if (r->conflict) lib_conflict(r);
     else lib_steps(r);
     cp_hostlib_destroy(r->h);
@@ -995,6 +1000,32 @@ static void test_a2a_hostlib_refused_counts_said(void **state)
                                       "capacity or route fewer tokens");
     assert_non_null(strstr(ranks[0].err, "rank 0: op 0 (a2a_counts of unit moe, micro-step 0): ep member 1 (rank 1) "
                                          "refused its expert counts"));
+}
+
+/* Counts the caller refused itself (cp_hostlib_refuse_expert_counts: Python's set_expert_counts with 2.5,
+ * True or 2^64 + 1), the exchange made anyway: refused on every member with the caller's line, one line. */
+static void test_a2a_hostlib_caller_refusal_said(void **state)
+{
+    (void)state;
+    static ep_tables t;
+    static lib_rank ranks[MAX_EP];
+    build(&t, "ep2_refused", 2, 2, 1, CP_FP32, 5, 7);
+    lib_run(&t.plan, ranks, 1, 3);
+    for (int r = 0; r < 2; r++) {
+        if (ranks[r].rc) fprintf(stderr, "rank %d: %s\n", r, ranks[r].err);
+        assert_int_equal(ranks[r].rc, 0);
+    }
+    assert_string_equal(ranks[1].err, "rank 1: set_expert_counts(unit 0): count for expert 0 is float 2.5,?not a "
+                                      "whole number of tokens");
+    assert_non_null(strstr(ranks[0].err, "rank 0: op 0 (a2a_counts of unit moe, micro-step 0): ep member 1 (rank 1) "
+                                         "refused its expert counts"));
+    /* a unit without all-to-alls: refused with the library's line, not recorded */
+    cp_hostlib *h;
+    char err[256];
+    assert_int_equal(cp_hostlib_init(&h, &t.plan, 0, no_collectives, NULL, err, sizeof err), 0);
+    assert_int_equal(cp_hostlib_refuse_expert_counts(h, 4, "why"), -1);
+    assert_string_equal(cp_hostlib_last_error(h), "rank 0: expert counts for unit 4, outside the plan's 1 units");
+    cp_hostlib_destroy(h);
 }
 
 /* Without an all-to-all callback the exchange is refused, one line. */
@@ -1204,6 +1235,7 @@ int main(void)
         cmocka_unit_test(test_a2a_hostlib_exchanges_in_order),
         cmocka_unit_test(test_a2a_hostlib_recompute_in_order),
         cmocka_unit_test(test_a2a_hostlib_refused_counts_said),
+        cmocka_unit_test(test_a2a_hostlib_caller_refusal_said),
         cmocka_unit_test(test_a2a_hostlib_without_alltoall_refused),
         cmocka_unit_test(test_a2a_hostlib_order_checked),
         cmocka_unit_test(test_a2a_bad_tables_refused),

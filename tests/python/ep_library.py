@@ -15,6 +15,13 @@ on the ep group's process group), as tests/lib/ep_library.c drives the GPU libra
   backward  the same with the gradient rows (another direction), split by that micro-step's
             forward counts.
 
+Then, on ep2_mixtral, counts refused and accepted at the edges (set_expert_counts through the
+ctypes bridge): rank 1 gives 2.5, 2.0, True, -1, 2^64 + 1, numpy's uint64 2^64 - 1, or one row past
+a member's capacity in the first experts unit's counts; set_expert_counts returns False, rank 1
+still makes the exchange, and it raises on both members of that ep group (rank 1 with its own one
+line, rank 0 naming rank 1), while the other ep group's exchange runs; numpy and torch integer
+counts (an int64 array, numpy scalars, an int tensor) are taken exactly.
+
 Values are the unit's ag dtype's bits (an integer view of the token view): no arithmetic on
 them, so bf16 rows are compared exactly too. Every rank checks all of its rows and counts; rank 0
 prints one line per plan and a closing count line.
@@ -88,9 +95,43 @@ def expert_key(e, bits):
 INT_OF = {16: lambda t: t.int16, 32: lambda t: t.int32}
 
 
+class CaseDone(Exception):
+    """A counts case ends after its first exchange: whether set_expert_counts took the counts, and
+    what exchange_tokens raised (None: it ran)."""
+
+    def __init__(self, taken, raised):
+        super().__init__(raised)
+        self.taken, self.raised = taken, raised
+
+
+REFUSER = 1  # the rank whose counts each case changes
+
+
+def counts_cases(torch, np):
+    """(name, counts rank REFUSER gives from its drawn counts and the capacity, the words of its
+    refusal or None: taken exactly)."""
+    def at0(v):
+        return lambda c, cap: [v] + c[1:]
+
+    def over(c, cap):  # one row past member 0's capacity, all to expert 0
+        return [cap + 1] + [0] * (len(c) // 2 - 1) + c[len(c) // 2:]
+    return [
+        ("2.5", at0(2.5), "count for expert 0 is float 2.5, not a whole number of tokens"),
+        ("2.0", at0(2.0), "count for expert 0 is float 2.0, not a whole number of tokens"),
+        ("True", at0(True), "count for expert 0 is bool True, not a whole number of tokens"),
+        ("-1", at0(-1), "expert 0's count -1 for ep member 0 (rank 0) is negative"),
+        ("2^64+1", at0((1 << 64) + 1), "count for expert 0 is 18446744073709551617, outside the libraries' int64"),
+        ("numpy uint64 2^64-1", at0(np.uint64((1 << 64) - 1)), "outside the libraries' int64 counts"),
+        ("past capacity", over, "exceed its capacity of"),
+        ("numpy int64 array", lambda c, cap: np.array(c, dtype=np.int64), None),
+        ("numpy scalars", lambda c, cap: [np.int32(x) for x in c], None),
+        ("torch int64 tensor", lambda c, cap: torch.tensor(c, dtype=torch.int64), None),
+    ]
+
+
 class Driver:
-    def __init__(self, torch, lib, plan, rank):
-        self.torch, self.lib, self.plan, self.rank = torch, lib, plan, rank
+    def __init__(self, torch, lib, plan, rank, case=None):
+        self.torch, self.lib, self.plan, self.rank, self.case = torch, lib, plan, rank, case
         self.units = {u["name"]: u for u in plan["units"]}
         self.groups = {g["name"]: g for g in plan["groups"]}
         self.by_seq = {o["seq"]: o for o in plan["ops"]}
@@ -135,6 +176,19 @@ class Driver:
                 for j in range(counts[e]):
                     isend[at:at + dim] = row_values(torch, self.rank, self.step, micro, u, e, j, dim, direction, bits)
                     at += dim
+            if op["kind"] == "a2a_counts" and self.case is not None:  # a counts case: its one exchange
+                given = self.case[1](list(counts), counts_op["a2a"]["capacity_rows"]) \
+                    if self.rank == REFUSER else counts
+                taken = lib.set_expert_counts(u, given)
+                try:
+                    lib.exchange_tokens(u)  # made whatever set_expert_counts said: the rank joins it
+                except RuntimeError as e:
+                    raise CaseDone(taken, str(e)) from None
+                got = lib.exchange_counts(u)
+                if got is None or got[:E].tolist() != counts:
+                    self.fail(op, "exchange_counts' sent counts %r, given %r" % (
+                        None if got is None else got[:E].tolist(), counts))
+                raise CaseDone(taken, None)
             # (a refusal is raised by the exchange, on every member: none is left waiting in it)
             if op["kind"] == "a2a_counts" and not lib.set_expert_counts(u, counts):
                 lib.exchange_tokens(u)
@@ -213,6 +267,47 @@ class Driver:
                 self.calls += 1
 
 
+def counts_refusals(torch, HostLibrary, rank):
+    """Every counts case on ep2_mixtral, a fresh library each; this rank's report row."""
+    import numpy as np
+    name = "ep2_mixtral"
+    with open(os.path.join(REPO, OUT, "gen", name, "plan.json")) as f:
+        pj = json.load(f)
+    errs, ran = [], 0
+    for case in counts_cases(torch, np):
+        lib = HostLibrary(os.path.join(REPO, OUT, "bin", name, "lib%s.so" % name), name, plan_json=pj)
+        lib.init()
+        d = Driver(torch, lib, pj, rank, case)
+        try:
+            d.run(1)
+            errs.append("%s: the plan has no counts exchange" % case[0])
+        except CaseDone as done:
+            ran += 1
+            first = next(op for op in pj["ops"] if op["kind"] == "a2a_counts")
+            members, _ = d.ep_group(first)
+            want = case[2]
+            why = None
+            if REFUSER not in members or want is None:  # the other ep group, or counts taken: the exchange ran
+                if not done.taken or done.raised is not None:
+                    why = "set_expert_counts gave %s, the exchange raised %r" % (done.taken, done.raised)
+            elif rank == REFUSER:  # refused here: False, and the exchange raises with this rank's own line
+                if done.taken or done.raised is None or want not in done.raised or "\n" in done.raised:
+                    why = "set_expert_counts gave %s, the exchange raised %r; want False and %r" % (
+                        done.taken, done.raised, want)
+            elif not done.taken or done.raised is None or \
+                    "ep member %d (rank %d) refused its expert counts" % (members.index(REFUSER), REFUSER) \
+                    not in done.raised:
+                why = "set_expert_counts gave %s, the exchange raised %r; want rank %d's refusal named" % (
+                    done.taken, done.raised, REFUSER)
+            if why:
+                errs.append("%s: %s" % (case[0], why))
+        except Exception as e:  # noqa: BLE001 - reported, as every rank's
+            errs.append("%s: %s: %s" % (case[0], type(e).__name__, e))
+        lib.close()
+    return dict(plan=name + " counts", rank=rank, err="; ".join(errs) or None, calls=0, exchanges=ran, rows=0,
+                counts=ran, ep=pj["expert_parallel"]["ep"], dtype="cases", cases=len(counts_cases(torch, np)))
+
+
 def worker(args):
     import torch
     import torch.distributed as dist
@@ -240,14 +335,33 @@ def worker(args):
                            dtype=next(u["ag_dtype"] for u in pj["units"] if u["arena"]["a2a_send"]["bytes"])))
         if err:
             break  # a peer may be waiting in a collective this rank will not make: stop here
+    if not any(r["err"] for r in report) and "ep2_mixtral" in args.plans.split(","):
+        report.append(counts_refusals(torch, HostLibrary, rank))
     out = [None] * args.world
     dist.all_gather_object(out, report)
     dist.destroy_process_group()
     if rank != 0:
         return 0
     passed = failed = 0
-    for i, name in enumerate(args.plans.split(",")):
+    names = args.plans.split(",") + ([out[0][-1]["plan"]] if out[0] and out[0][-1]["plan"].endswith(" counts")
+                                     else [])
+    for i, name in enumerate(names):
         rows = [out[r][i] for r in range(args.world) if i < len(out[r])]
+        if name.endswith(" counts"):
+            bad = [r for r in rows if r["err"]] + [None] * (args.world - len(rows))
+            if not bad:
+                passed += 1
+                print("ok   %s: %d cases through set_expert_counts (2.5, 2.0, True, -1, 2^64+1, numpy uint64 "
+                      "2^64-1, one row past capacity refused on rank %d, the exchange still made and raised on "
+                      "both members of its ep group, the other group's run; numpy and torch integers taken "
+                      "exactly), on %d ranks" % (name, rows[0]["cases"], REFUSER, args.world))
+            else:
+                failed += 1
+                print("FAIL %s" % name)
+                for r in rows:
+                    if r["err"]:
+                        print("  rank %d: %s" % (r["rank"], r["err"]))
+            continue
         for r in rows:  # a plan whose tables lost their all-to-alls would check nothing: not a pass
             if not r["err"] and r["exchanges"] == 0:
                 r["err"] = "no token exchanges in the plan: nothing was checked (an EP plan, ep > 1?)"

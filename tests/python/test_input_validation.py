@@ -634,6 +634,74 @@ class Cli(Case):
 
 # ---- the validator's schema is the generator's -------------------------------------------
 
+# ---- expert counts (the libraries' set_expert_counts, before ctypes) ----------------------
+
+class ExpertCounts(Case):
+    """commplan.validate.check_expert_counts: what HostLibrary / GpuLibrary.set_expert_counts
+    pass to the library's int64 counts. Exact integers in int64 or one PlanError line naming the
+    expert and the value; int() would have truncated 2.5 to 2 and True to 1, and ctypes would
+    have kept the low 64 bits of 2^64 + 1 (1 token). tests/python/ep_library.py holds the same
+    cases through the library under torchrun: refused on every member of the exchange."""
+
+    def check(self, counts):
+        from commplan.validate import check_expert_counts
+        return check_expert_counts(counts, "rank 1: set_expert_counts(unit 3)")
+
+    def test_exact_integers_pass_unchanged(self):
+        self.assertEqual(self.check([0, 7, 3, 0]), [0, 7, 3, 0])
+        self.assertEqual(self.check((1, 2)), [1, 2])
+        got = self.check([(1 << 63) - 1, -(1 << 63)])  # the int64 ends pass: the library says range and capacity
+        self.assertEqual(got, [(1 << 63) - 1, -(1 << 63)])
+        self.assertTrue(all(type(v) is int for v in got))
+        self.assertEqual(self.check([-1]), [-1])  # the library refuses it, naming the member and capacity
+
+    def test_integer_like_scalars_pass(self):
+        class Index:  # any exact integer type (numpy's and torch's integer scalars have __index__)
+            def __index__(self):
+                return 5
+        self.assertEqual(self.check([Index(), 2]), [5, 2])
+
+    def test_fractions_bools_and_strings_are_refused(self):
+        for bad, word in ((2.5, "float 2.5"), (2.0, "float 2.0"), (float("nan"), "float nan"),
+                          (float("inf"), "float inf"), (True, "bool True"), (False, "bool False"),
+                          ("3", "str '3'"), (None, "NoneType"), ([1], "list")):
+            msg = self.refused(lambda: self.check([1, bad, 0]), "rank 1: set_expert_counts(unit 3): count for "
+                               "expert 1 is ", word, "not a whole number of tokens", "pass integers")
+            self.assertTrue(msg.startswith("rank 1: set_expert_counts(unit 3): "), msg)
+
+    def test_past_int64_is_refused_not_wrapped(self):
+        for v in (1 << 64 | 1, 1 << 63, -(1 << 63) - 1, -(1 << 64) + 1, 10 ** 40):
+            self.refused(lambda: self.check([0, v]), "count for expert 1 is ", "outside the libraries' int64 counts",
+                         "capacity")
+        self.refused(lambda: self.check([10 ** 40]), "an integer of 41 digits")
+
+    def test_shapes_are_refused(self):
+        self.refused(lambda: self.check(5), "expected a list of token counts", "int 5")
+        self.refused(lambda: self.check("12"), "expected a list of token counts")
+        self.refused(lambda: self.check({0: 1}), "expected a list of token counts")
+        self.refused(lambda: self.check(range(1 << 21)), "entries, more than any plan's experts")
+
+        class Array2D:  # a numpy array or torch tensor of two dimensions
+            ndim = 2
+
+            def tolist(self):
+                return [[1, 2]]
+        self.refused(lambda: self.check(Array2D()), "expected a 1-D sequence", "2 dimensions")
+
+    def test_numpy_values(self):
+        try:
+            import numpy as np
+        except ImportError:
+            self.skipTest("numpy is not installed for %s (ep_library.py checks it under torch)" % sys.executable)
+        self.assertEqual(self.check(np.array([3, 0, 4], dtype=np.int64)), [3, 0, 4])
+        self.assertEqual(self.check([np.int32(2), np.uint8(1)]), [2, 1])
+        self.refused(lambda: self.check([np.float64(2.0)]), "expert 0", "not a whole number")
+        self.refused(lambda: self.check([np.bool_(True)]), "expert 0", "bool")
+        self.refused(lambda: self.check([np.uint64((1 << 64) - 1)]), "outside the libraries' int64 counts")
+        self.refused(lambda: self.check(np.array([[1, 2]])), "2 dimensions")
+        self.refused(lambda: self.check(np.array([1.5, 2.0])), "float 1.5")
+
+
 class SchemaAgreesWithGenerator(unittest.TestCase):
     def test_option_sections_match_gen_load(self):
         from commplan import validate
