@@ -526,6 +526,14 @@ for f in tests/ep/plans/*.lua; do
   run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2 --quiet
   run "simulate $n with NCCL's arithmetic" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
 done
+# One refusal stops the whole job (issue 33): ep2_mixtral's ep groups are {0,1}
+# and {2,3}; rank 1's counts refused, ranks 2 and 3 must not wait for it in
+# their next collective: exit 2 within seconds, rank 1's line printed once.
+run "simulate ep2_mixtral with rank 1's expert counts refused: every rank of both ep groups stops at once, its line once" bash -c '
+  out=$(COMMPLAN_A2A_OVERFLOW=1 timeout 20 build/ep2_mixtral/ep2_mixtral --simulate --steps 2 --quiet 2>&1); rc=$?
+  printf "%s\n" "$out"
+  [ "$rc" = 2 ] && [ "$(printf "%s\n" "$out" | wc -l)" = 1 ] &&
+    printf "%s" "$out" | grep -q "^commplan: rank 1: op [0-9]* (a2a_counts of unit .*): .* exceed its capacity of"'
 run "kernel plan: all 27 (orig, param, reduce) triples, each on a vector and a scalar unit" $LUA -e '
   package.path = "./?.lua;" .. package.path
   local json, seen, triples = require("gen.json"), 0, {}
