@@ -688,6 +688,25 @@ class ExpertCounts(Case):
                 return [[1, 2]]
         self.refused(lambda: self.check(Array2D()), "expected a 1-D sequence", "2 dimensions")
 
+    def test_fuzzed_counts_exact_or_one_line(self):
+        """Seeded mixed inputs (ints at and past the int64 ends, floats, bools, strings, nesting):
+        each list comes back exactly (same ints, same length) or is refused with one PlanError
+        line naming the first bad expert; nothing is truncated, wrapped or raised raw."""
+        import random
+        rnd = random.Random(33)
+        edges = [0, 1, 7, (1 << 63) - 1, 1 << 63, -(1 << 63), -(1 << 63) - 1, 1 << 64, (1 << 64) + 1, -1]
+        others = [0.5, 2.0, -0.0, float("nan"), True, False, "1", b"1", None, [1], (2,), {}]
+        n = 0
+        for _ in range(2000):
+            vals = [rnd.choice(edges) if rnd.random() < 0.8 else rnd.choice(others) for _ in range(rnd.randint(0, 6))]
+            bad = next((e for e, v in enumerate(vals) if type(v) is not int or not -(1 << 63) <= v < (1 << 63)), None)
+            if bad is None:
+                self.assertEqual(self.check(vals), vals)
+            else:
+                self.refused(lambda: self.check(vals), "count for expert %d is " % bad)
+            n += 1
+        self.assertEqual(n, 2000)
+
     def test_numpy_values(self):
         try:
             import numpy as np
