@@ -186,6 +186,7 @@ cp_host_world *cp_host_world_create(const cp_plan *p)
     cp_host_world *w = calloc(1, sizeof *w);
     if (!w) return NULL;
     w->plan = p;
+    atomic_init(&w->stopped, 0);
     if (pthread_mutex_init(&w->stop_lock, NULL) != 0) { free(w); return NULL; }
     w->fam = calloc((size_t)p->nfamilies, sizeof *w->fam);
     w->ranks = calloc((size_t)p->world_size, sizeof *w->ranks);
