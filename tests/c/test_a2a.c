@@ -606,6 +606,14 @@ static void test_a2a_set_expert_counts_checked(void **state)
     assert_non_null(strstr(ex.err, "for ep member 1 (rank 1, experts 2..3) exceed its capacity of 7 rows"));
     assert_int_equal(cp_executor_set_expert_counts(&ex, 0, ok, 3), -1);
     assert_non_null(strstr(ex.err, "3 expert counts for unit moe, which has 4 experts"));
+    /* the int64 ends: INT64_MIN is negative, not a wrapped large count; no counts at all */
+    int64_t low[4] = { 0, 0, INT64_MIN, 0 };
+    assert_int_equal(cp_executor_set_expert_counts(&ex, 0, low, 4), -1);
+    assert_non_null(strstr(ex.err, "expert 2's count -9223372036854775808 for ep member 1 (rank 1) is negative"));
+    assert_int_equal(cp_executor_set_expert_counts(&ex, 0, NULL, 4), -1);
+    assert_non_null(strstr(ex.err, "0 expert counts for unit moe, which has 4 experts"));
+    assert_int_equal(cp_executor_set_expert_counts(&ex, 0, ok, -1), -1);
+    assert_non_null(strstr(ex.err, "-1 expert counts for unit moe"));
     assert_int_equal(cp_executor_set_expert_counts(&ex, 1, ok, 4), -1);
     /* a token all-to-all before its counts this step: refused, no exchange */
     assert_int_equal(cp_executor_run_op(&ex, &t.ops[1]), -1);
