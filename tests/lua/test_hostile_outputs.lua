@@ -8,6 +8,9 @@
 local H = require("helpers")
 local fsio = require("gen.fsio")
 local util = require("gen.util")
+local plan = require("gen.plan")
+local audit = require("gen.audit")
+local json = require("gen.json")
 local T = {}
 
 local function sh(cmd) return os.execute(cmd) == true end
@@ -161,6 +164,127 @@ function T.no_writer_outside_fsio()
   end
   ph:close()
   H.eq(table.concat(bad, "; "), "", "writers outside gen/fsio.lua")
+end
+
+-- ---- network figures: range-checked where they enter, rendered finitely ----
+
+-- plans/llama_tiny_tp.lua (8 ranks, TP's activation collectives) over four
+-- nodes of 2 GPUs, with a topology section: every output, in memory.
+local function tp_plan(topology)
+  return (H.read("plans/llama_tiny_tp.lua"):gsub("training = {", "topology = { gpus_per_node = 2, " .. topology
+    .. " },\n  training = {", 1))
+end
+local function all_outputs(src)
+  return pcall(function()
+    local p = plan.from_source(src, "plans/t.lua")
+    local fp = audit.fingerprint(p)
+    return { ["plan.json"] = audit.json(p, fp), ["SCHEDULE.md"] = audit.schedule_md(p, fp),
+             ["trace.json"] = audit.trace_json(p, fp), ["timeline.svg"] = audit.timeline_svg(p, fp) }
+  end)
+end
+-- Outputs free of inf and NaN, plan.json and trace.json valid JSON.
+local function finite(files, what)
+  for name, text in pairs(files) do
+    for _, bad in ipairs({ "%f[%w]inf%f[%W]", "%f[%w]nan%f[%W]", "%f[%w]NaN%f[%W]", "%f[%w]Infinity%f[%W]" }) do
+      local at = text:find(bad)
+      if at then error(string.format("%s: %s holds %q", what, name, text:sub(math.max(1, at - 40), at + 10)), 2) end
+    end
+  end
+  json.decode(files["plan.json"])
+  json.decode(files["trace.json"])
+end
+
+-- Each figure of gen/hardware.lua's BOUNDS: tiny, huge, zero, negative,
+-- NaN and infinite values are refused at load in one line naming the field;
+-- the bounds themselves generate, every output finite.
+function T.network_figures_refused_at_load_or_rendered_finitely()
+  local bounds = require("gen.hardware").BOUNDS
+  local alpha_beta = { intra_node_GBps = true, inter_node_GBps = true, latency_us = true }
+  local fields = {}
+  for f in pairs(bounds) do fields[#fields + 1] = f end
+  table.sort(fields)
+  for _, field in ipairs(fields) do
+    local b = bounds[field]
+    local section = (alpha_beta[field] and "collectives = 'alpha_beta', " or "") .. field .. " = "
+    for _, v in ipairs({ "5e-324", "1e-300", "0", "-1", "0/0", "-(0/0)", "math.huge", "-math.huge", "1e308",
+                         string.format("%.17g", b.min / 2), string.format("%.17g", b.max * 2) }) do
+      local val = load("return " .. v)()
+      local inside = val == val and val >= b.min and val <= b.max and (not b.int or math.tointeger(val))
+      local ok, res = all_outputs(tp_plan(section .. v))
+      if ok then
+        assert(inside, string.format("%s = %s: accepted outside %s..%s", field, v, b.min, b.max))
+        finite(res, field .. " = " .. v)
+      else
+        assert(util.is_plan_error(res), string.format("%s = %s: not a plan error: %s", field, v, tostring(res)))
+        local msg = tostring(res)
+        assert(not msg:find("\n") and msg:find("topology." .. field, 1, true), field .. " = " .. v .. ": " .. msg)
+      end
+    end
+    for _, v in ipairs({ b.min, b.max }) do
+      local ok, res = all_outputs(tp_plan(section .. string.format("%.17g", v)))
+      assert(ok, string.format("%s = %s (a bound): %s", field, v, tostring(res)))
+      finite(res, field .. " at its bound " .. v)
+    end
+  end
+end
+
+-- The slowest network every bound allows at once, on a multi-node plan:
+-- every figure finite in every output (the step runs to ~1e10 us).
+function T.slowest_network_renders_finitely()
+  local ok, res = all_outputs(tp_plan("collectives = 'alpha_beta', intra_node_GBps = 0.01, inter_node_GBps = 0.01, "
+    .. "latency_us = 1e6, gpu_TFLOPS = 0.01, mfu = 0.001, hbm_GBps = 0.1, gpu_memory_GB = 1e-9"))
+  assert(ok, tostring(res))
+  finite(res, "alpha-beta at its bounds")
+  ok, res = all_outputs(tp_plan("nic_Gbps = 10, nvlink_GBps = 5, nvlinks = 1, nics_per_node = 1, pci_GBps = 1, "
+    .. "net_latency_us = 1e6"))
+  assert(ok, tostring(res))
+  finite(res, "NCCL's model at its bounds")
+end
+
+-- Where a figure enters other than through a plan (a caller's own
+-- topology), and where a renderer would take one: an internal error that
+-- says what, never invalid JSON, a nil crash or "inf" in an SVG.
+function T.renderers_refuse_non_finite_numbers()
+  local nccl = require("gen.nccl_model")
+  for _, over in ipairs({ { nic_Gbps = 0 }, { pci_GBps = 0 / 0 }, { nvlink_GBps = math.huge }, { nvlinks = 0.5 },
+                          { net_latency_us = -1 } }) do
+    local ok, err = pcall(nccl.topology, "h100", over)
+    assert(not ok and tostring(err):find("internal error: gen/nccl_model.lua topology: .* is outside"), tostring(err))
+  end
+  for _, v in ipairs({ 0 / 0, math.huge, -math.huge, "nil" }) do
+    local x = v ~= "nil" and v or nil
+    local ok, err = pcall(json.number, x)
+    assert(not ok and tostring(err):find("internal error: gen/json.lua: cannot write", 1, true), tostring(err))
+    ok, err = pcall(json.encode, { a = { 1, x or 0 / 0 } })
+    assert(not ok and tostring(err):find("not a finite number", 1, true), tostring(err))
+    ok, err = pcall(require("gen.figures").round, v ~= "nil" and v or "x")
+    assert(not ok and tostring(err):find("internal error: gen/figures.lua", 1, true), tostring(err))
+  end
+  H.eq(require("gen.figures").round(nil), nil, "a figure the plan does not have")
+end
+
+-- ---- loss_chunks without seq_len ----
+
+-- training.loss_chunks on a plan without model.seq_len is judged on the
+-- seq_len the rest of the plan assumes (torchtitan's default, gen/compute.lua's
+-- DEFAULTS): refused or accepted exactly as the same plan with it given.
+function T.loss_chunks_without_seq_len_as_with_the_default()
+  local default = require("gen.compute").DEFAULTS.seq_len
+  H.eq(default, 2048, "torchtitan's training.seq_len")
+  local base = H.read("plans/llama_tiny.lua")
+  local without = base:gsub(", seq_len = 128", "", 1)
+  assert(not without:find("seq_len", 1, true), "the base without seq_len")
+  local given = base:gsub("seq_len = 128", "seq_len = " .. default, 1)
+  for _, chunks in ipairs({ 1, 2, 3, 5, 7, 16, 24, 2048, 4096, 1 << 20 }) do
+    local a_ok, a = pcall(plan.from_source, (without:gsub("loss_chunks = 1", "loss_chunks = " .. chunks)), "plans/t.lua")
+    local b_ok, b = pcall(plan.from_source, (given:gsub("loss_chunks = 1", "loss_chunks = " .. chunks)), "plans/t.lua")
+    H.eq(a_ok, b_ok, string.format("loss_chunks = %d without seq_len as with seq_len = %d (%s | %s)", chunks, default,
+      a_ok and "ok" or tostring(a), b_ok and "ok" or tostring(b)))
+    if not a_ok then
+      assert(util.is_plan_error(a) and tostring(a):find("training.loss_chunks: loss_chunks=" .. chunks
+        .. " does not divide seq_len=2048 (model.seq_len not set", 1, true), tostring(a))
+    end
+  end
 end
 
 return T
