@@ -287,4 +287,72 @@ function T.loss_chunks_without_seq_len_as_with_the_default()
   end
 end
 
+-- ---- buffer sizes from a huge local_batch_size x seq_len ----
+
+-- A TP, a CP, a pipeline and an EP plan (the shipped small plans), with the
+-- local batch and seq_len given.
+local BIG_BASES = {
+  tp = function(b, seq)
+    return (H.read("plans/llama_tiny_tp.lua"):gsub("local_batch_size = 2", "local_batch_size = " .. b)
+      :gsub("seq_len = 32", "seq_len = " .. seq))
+  end,
+  cp = function(b, seq)
+    return (H.read("tests/plans/llama_tiny_cp.lua"):gsub("local_batch_size = 2", "local_batch_size = " .. b)
+      :gsub("seq_len = 512", "seq_len = " .. seq))
+  end,
+  pp = function(b, seq)
+    return (H.read("plans/llama_tiny.lua"):gsub("parallel = { dp_shard = %-1 }", "parallel = { dp_shard = 2, pp = 2 },\n"
+      .. "  pipeline = { schedule = '1F1B', microbatches = 2 }"):gsub("seq_len = 128", "seq_len = " .. seq)
+      :gsub("loss_chunks = 1", "loss_chunks = 1, local_batch_size = " .. b))
+  end,
+  ep = function(b, seq)
+    return (H.read("tests/plans/moe_mixtral_hsdp.lua"):gsub("dp_replicate = 2, dp_shard = %-1", "dp_shard = -1, ep = 2")
+      :gsub("top_k = 2,", "top_k = 2, seq_len = " .. seq .. ",")
+      :gsub("fsdp = {", "training = { local_batch_size = " .. b .. " },\n  fsdp = {"))
+  end,
+}
+
+-- Past 2^53 elements (the proofs' bound) and past the activation bound:
+-- one plan-error line naming training.local_batch_size, never an internal
+-- error. The bases themselves, and a batch just inside, still generate.
+function T.huge_batch_times_seq_len_is_a_plan_error()
+  for _, kind in ipairs({ "tp", "cp", "pp", "ep" }) do
+    local make = BIG_BASES[kind]
+    for _, c in ipairs({ { 1 << 20, 1 << 30 }, { 1 << 20, 1 << 24 }, { 1024, 1 << 30 }, { 1 << 16, 1 << 24 },
+                         { 4, 1 << 29 } }) do
+      local ok, err = pcall(plan.from_source, make(c[1], c[2]), "plans/t.lua")
+      H.eq(ok, false, string.format("%s plan, local_batch_size %d x seq_len %d", kind, c[1], c[2]))
+      assert(util.is_plan_error(err), string.format("%s plan, %d x %d: not a plan error: %s", kind, c[1], c[2],
+        tostring(err)))
+      local msg = tostring(err)
+      assert(not msg:find("\n") and msg:find("training.local_batch_size: local_batch_size " .. c[1] .. " x seq_len "
+        .. c[2], 1, true) and msg:find("; lower training.local_batch_size", 1, true), msg)
+    end
+    -- inside the bounds: generated, every output finite (no count past 2^53 reaches the proofs)
+    local ok, res = all_outputs(make(64, 1 << 16))
+    if kind == "pp" then
+      -- a pipeline plan's own outputs (gen/parallel/pp_build.lua), in memory
+      ok, res = pcall(plan.from_source, make(64, 1 << 16), "plans/t.lua")
+    else
+      finite(ok and res or {}, kind .. " plan inside the bounds")
+    end
+    assert(ok, kind .. " plan inside the bounds: " .. tostring(res))
+  end
+end
+
+-- The CLI says it in one line, exit 2 (the proof caught it before as
+-- "internal error (plan verification failed)").
+function T.huge_batch_cli_one_line()
+  local d = tmpdir()
+  for _, kind in ipairs({ "tp", "ep" }) do
+    write(d .. "/" .. kind .. ".lua", BIG_BASES[kind](1 << 20, 1 << 30))
+    local rc, err = run("lua5.4 gen/commplan.lua " .. q(d .. "/" .. kind .. ".lua") .. " " .. q(d .. "/out"))
+    H.eq(rc, 2, kind .. ": " .. err)
+    one_line(err, kind .. " plan")
+    assert(err:find("training.local_batch_size:", 1, true), err)
+    assert(not exists(d .. "/out"), "nothing written")
+  end
+  sh("rm -rf " .. q(d))
+end
+
 return T
