@@ -187,7 +187,7 @@ local function step_flops_within(units, cfg, tokens, seq, micro_steps)
   return f and util.mul_within(f, micro_steps, L)
 end
 
-function dims.check_tokens(ctx, d, p, cfg, units)
+function dims.check_tokens(ctx, d, p, cfg)
   local tr = p.training or {}
   local b = tr.local_batch_size or 1
   local seq = p.model.seq_len or require("gen.compute").DEFAULTS.seq_len
@@ -198,14 +198,7 @@ function dims.check_tokens(ctx, d, p, cfg, units)
   local layers = cfg and cfg.n_layers or 1
   local all = elems and util.mul_within(elems * 4, layers + 3, util.LIMITS.bytes)
   local field = tr.local_batch_size and "training.local_batch_size" or "model.seq_len"
-  if all then
-    if step_flops_within(units, cfg, tokens, seq, p.fsdp and p.fsdp.micro_steps or 1) then return end
-    util.field_error(ctx, field, string.format("local_batch_size %d x seq_len %d%s tokens per rank and micro-step "
-      .. "make more than %s FLOPs a step (6 x tokens x parameters, attention's tokens x seq_len, x %d micro-steps), "
-      .. "past what the predicted step counts exactly; lower training.local_batch_size, model.seq_len or "
-      .. "fsdp.micro_steps", b, seq, p.model.seq_len and "" or " (torchtitan's default)",
-      util.pow2_text(dims.STEP_FLOPS), p.fsdp and p.fsdp.micro_steps or 1))
-  end
+  if all then return end
   util.field_error(ctx, field, string.format("local_batch_size %d x seq_len %d%s tokens per rank and micro-step, "
     .. "times the widest row an activation holds per token (%s: %d), is %s; lower training.local_batch_size or "
     .. "model.seq_len", b, seq, p.model.seq_len and "" or " (torchtitan's default)", what, w,
@@ -215,10 +208,28 @@ function dims.check_tokens(ctx, d, p, cfg, units)
       .. "sized from it)", util.pow2_text(dims.ACT_NUMEL))))
 end
 
+-- The step's FLOPs (units: the model's, before any parallelism splits them).
+function dims.check_flops(ctx, p, cfg, units)
+  local tr = p.training or {}
+  local b = tr.local_batch_size or 1
+  local seq = p.model.seq_len or require("gen.compute").DEFAULTS.seq_len
+  local micro = p.fsdp and p.fsdp.micro_steps or 1
+  -- (check_tokens ran first: b x seq fits)
+  if step_flops_within(units, cfg, b * seq, seq, micro) then return end
+  util.field_error(ctx, tr.local_batch_size and "training.local_batch_size" or "model.seq_len", string.format(
+    "local_batch_size %d x seq_len %d%s tokens per rank and micro-step make more than %s FLOPs a step (6 x tokens "
+    .. "x parameters, attention's tokens x seq_len, x %d micro-steps), past what the predicted step counts "
+    .. "exactly; lower training.local_batch_size, model.seq_len or fsdp.micro_steps", b, seq,
+    p.model.seq_len and "" or " (torchtitan's default)", util.pow2_text(dims.STEP_FLOPS), micro))
+end
+
 -- validate_against_model: runs for every number the model gives, and
 -- (given the plan) bounds its activations (dims.check_tokens).
 function dims.validate_model(ctx, d, model, p, units)
-  if p then dims.check_tokens(ctx, d, p, model.config, units) end
+  if p then
+    dims.check_tokens(ctx, d, p, model.config)
+    dims.check_flops(ctx, p, model.config, units)
+  end
   local heads, kv, experts, seq = model.n_heads, model.n_kv_heads, model.num_experts, model.seq_len
   if heads and d.tp > 1 and heads % d.tp ~= 0 then
     fail(ctx, "parallel.tp", string.format(
