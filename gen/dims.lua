@@ -120,8 +120,116 @@ function dims.infer(ctx, parallel, world_size)
   return d
 end
 
--- validate_against_model: runs for every number the model gives.
-function dims.validate_model(ctx, d, model)
+-- A rank's activations, bounded where their sizes enter: one rank's tokens
+-- per micro-step (training.local_batch_size x seq_len: the plan's, else
+-- torchtitan's default, gen/compute.lua's DEFAULTS) times the widest row an
+-- activation buffer holds per token -- the model's dim, vocabulary, FFN or
+-- attention width, an MoE layer's routed rows (top_k, or top_k x ep rows
+-- gathered by expert parallel's all-to-alls, at most every expert) -- is
+-- the largest buffer TP, CP, EP and the pipeline size from it, and the
+-- memory model's largest term. At most ACT_NUMEL elements (as a unit's
+-- slot, util.LIMITS.unit_slot: 4 TiB in fp32, past any GPU), and every
+-- layer's at 4 bytes at most util.LIMITS.bytes in all; else one line
+-- naming both fields, before any buffer is sized (the proofs would
+-- otherwise find counts past 2^53, or integers wrap).
+dims.ACT_NUMEL = 1 << 40
+
+local function widest_row(cfg, ep)
+  local huge = math.maxinteger
+  local function mul(a, b) return util.mul_within(a or 0, b or 0, 1 << 62) or huge end
+  local rows = {
+    { cfg.dim, "dim" }, { cfg.vocab_size, "vocab_size" }, { cfg.hidden or cfg.hidden_dim, "the FFN's hidden dim" },
+    { cfg.dense_hidden_dim, "dense_hidden_dim" },
+    { mul(cfg.n_heads, cfg.head_dim), "n_heads x head_dim" }, { mul(cfg.n_kv_heads, cfg.head_dim), "n_kv_heads x head_dim" },
+    { mul(cfg.n_heads, (cfg.qk_nope_head_dim or 0) + (cfg.qk_rope_head_dim or 0)), "n_heads x the q/k head dims" },
+    { mul(cfg.n_heads, cfg.v_head_dim), "n_heads x v_head_dim" },
+  }
+  if cfg.top_k then
+    -- routed rows per token: top_k for the experts' compute, up to top_k x ep in the all-to-alls' buffers
+    local routed = math.max(cfg.top_k, math.min(mul(cfg.top_k, ep), math.max(cfg.num_experts or 0, cfg.top_k)))
+    rows[#rows + 1] = { mul(routed, math.max(cfg.dim or 0, cfg.moe_hidden_dim or 0)),
+                        string.format("%d routed rows x max(dim, moe_hidden_dim)", routed) }
+  end
+  local w, what = 1, "one element"
+  for _, r in ipairs(rows) do
+    if r[1] and r[1] > w then w, what = r[1], r[2] end
+  end
+  return w, what
+end
+
+-- The FLOPs the figures count per step stay integers that do not wrap:
+-- 6 x tokens x parameters (an expert weight's share: top_k of its
+-- experts), plus attention's 12 x tokens x seq_len x width per layer,
+-- times the micro-steps, at most 2^62.
+dims.STEP_FLOPS = 1 << 62
+
+local function step_flops_within(units, cfg, tokens, seq, micro_steps)
+  local L = dims.STEP_FLOPS
+  local P = 0
+  for _, u in ipairs(units or {}) do
+    for _, q in ipairs(u.params) do
+      local n = util.product_within(q.shape, 1 << 53) or (1 << 53)
+      if cfg and cfg.top_k and #q.shape == 3 and q.name:find("routed_experts.inner_experts.", 1, true) then
+        n = util.ceil_div(n, q.shape[1]) * math.min(cfg.top_k, q.shape[1])
+      end
+      P = P + n -- (at most 2^53 in all: the model's bound)
+    end
+  end
+  local f = util.mul_within(6 * P, tokens, L)
+  if cfg then
+    local width = math.max((cfg.n_heads or 0) * math.max(cfg.head_dim or 0, (cfg.qk_nope_head_dim or 0)
+      + (cfg.qk_rope_head_dim or 0)), cfg.dim or 0)
+    local attn = util.mul_within(tokens, seq, L)
+    attn = attn and util.mul_within(attn, width, L)
+    attn = attn and util.mul_within(attn, 12 * (cfg.n_layers or 1), L)
+    f = f and attn and util.add_within(f, attn, L)
+  end
+  return f and util.mul_within(f, micro_steps, L)
+end
+
+function dims.check_tokens(ctx, d, p, cfg)
+  local tr = p.training or {}
+  local b = tr.local_batch_size or 1
+  local seq = p.model.seq_len or require("gen.compute").DEFAULTS.seq_len
+  local w, what = 1, "one element"
+  if cfg then w, what = widest_row(cfg, d.ep) end
+  local tokens = util.mul_within(b, seq, dims.ACT_NUMEL)
+  local elems = tokens and util.mul_within(tokens, w, dims.ACT_NUMEL)
+  local layers = cfg and cfg.n_layers or 1
+  local all = elems and util.mul_within(elems * 4, layers + 3, util.LIMITS.bytes)
+  local field = tr.local_batch_size and "training.local_batch_size" or "model.seq_len"
+  if all then return end
+  util.field_error(ctx, field, string.format("local_batch_size %d x seq_len %d%s tokens per rank and micro-step, "
+    .. "times the widest row an activation holds per token (%s: %d), is %s; lower training.local_batch_size or "
+    .. "model.seq_len", b, seq, p.model.seq_len and "" or " (torchtitan's default)", what, w,
+    elems and string.format("more than %s bytes of activations over %d layers", util.pow2_text(util.LIMITS.bytes),
+      layers)
+      or string.format("more than %s elements in one activation buffer (TP's, CP's, EP's and the pipeline's are "
+      .. "sized from it)", util.pow2_text(dims.ACT_NUMEL))))
+end
+
+-- The step's FLOPs (units: the model's, before any parallelism splits them).
+function dims.check_flops(ctx, p, cfg, units)
+  local tr = p.training or {}
+  local b = tr.local_batch_size or 1
+  local seq = p.model.seq_len or require("gen.compute").DEFAULTS.seq_len
+  local micro = p.fsdp and p.fsdp.micro_steps or 1
+  -- (check_tokens ran first: b x seq fits)
+  if step_flops_within(units, cfg, b * seq, seq, micro) then return end
+  util.field_error(ctx, tr.local_batch_size and "training.local_batch_size" or "model.seq_len", string.format(
+    "local_batch_size %d x seq_len %d%s tokens per rank and micro-step make more than %s FLOPs a step (6 x tokens "
+    .. "x parameters, attention's tokens x seq_len, x %d micro-steps), past what the predicted step counts "
+    .. "exactly; lower training.local_batch_size, model.seq_len or fsdp.micro_steps", b, seq,
+    p.model.seq_len and "" or " (torchtitan's default)", util.pow2_text(dims.STEP_FLOPS), micro))
+end
+
+-- validate_against_model: runs for every number the model gives, and
+-- (given the plan) bounds its activations (dims.check_tokens).
+function dims.validate_model(ctx, d, model, p, units)
+  if p then
+    dims.check_tokens(ctx, d, p, model.config)
+    dims.check_flops(ctx, p, model.config, units)
+  end
   local heads, kv, experts, seq = model.n_heads, model.n_kv_heads, model.num_experts, model.seq_len
   if heads and d.tp > 1 and heads % d.tp ~= 0 then
     fail(ctx, "parallel.tp", string.format(

@@ -45,8 +45,18 @@ local memplan = require("gen.memplan")
 
 local figures = {}
 
--- A figure as every output holds it: microseconds to the nanosecond.
-function figures.round(x) return x and tonumber(string.format("%.3f", x)) end
+-- A figure as every output holds it: microseconds to the nanosecond (nil
+-- stays nil: a figure a plan does not have). Every input is range-checked
+-- where it enters (gen/hardware.lua's BOUNDS, the size limits), so a
+-- figure that is not a finite number is this generator's bug: said so.
+function figures.round(x)
+  if x == nil then return nil end
+  if type(x) ~= "number" or x ~= x or x == math.huge or x == -math.huge then
+    error(string.format("internal error: gen/figures.lua: a figure is %s, not a finite number (an input escaped "
+      .. "its range check)", tostring(x)), 0)
+  end
+  return tonumber(string.format("%.3f", x))
+end
 local r3 = figures.round
 
 -- p: the plan (its training settings as they stand) -> the figures, with

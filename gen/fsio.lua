@@ -67,6 +67,60 @@ end
 -- A path as a message may show it: control characters as '?'.
 function fsio.shown(path) return (path:gsub("[%c]", "?")) end
 
+-- The one writer of every file the Lua side writes (the generator's
+-- published files, the audit verbs' outputs): text goes to an exclusive
+-- temporary beside path (mktemp's O_EXCL: never a file or link already
+-- there, whatever its name), is written and closed with every step
+-- checked, then renamed over path (a rename replaces a name, it never
+-- writes through it). A path that already names anything but a regular
+-- file -- a symbolic link, a directory, a device -- is refused before a
+-- byte is written, as is opts.not_over (the plan an output is made from)
+-- under another name. true, or nil and why (the caller's one line).
+local function umask_mode()
+  return "$(printf %o $((0666 & ~$(umask))))" -- (the mode a plain open would give, for sh)
+end
+
+function fsio.check_target(path, opts)
+  if path == "" or path:find("%z") then return nil, "is not a path" end
+  local kind, inode = fsio.identity(path)
+  if kind and kind ~= "regular file" and kind ~= "regular empty file" then
+    return nil, "is a " .. kind .. ", not a regular file (commplan never writes through a link, a device or a "
+      .. "directory)"
+  end
+  if kind and opts and opts.not_over then
+    local _, other = fsio.identity(opts.not_over)
+    if other and other == inode then return nil, "is the plan file itself" end
+  end
+  return true
+end
+
+function fsio.write_file(path, text, opts)
+  local ok, why = fsio.check_target(path, opts)
+  if not ok then return nil, why end
+  local dir, base = path:match("^(.*)/([^/]*)$")
+  if not dir then dir, base = ".", path end
+  if dir == "" then dir = "/" end
+  if base == "" or base == "." or base == ".." then return nil, "names a directory, not a file" end
+  local ph = io.popen("t=$(mktemp -- " .. sh_quote(dir .. "/." .. base:sub(1, 64) .. ".XXXXXXXX") .. " 2>/dev/null) && chmod "
+    .. umask_mode() .. " \"$t\" && printf '%s' \"$t\"")
+  local tmp = ph and ph:read("a") or ""
+  if ph then ph:close() end
+  if tmp == "" then return nil, "cannot be written (no such directory, or it is read-only)" end
+  local fh, err = io.open(tmp, "wb")
+  local wrote = fh and fh:write(text)
+  local closed = fh and fh:close()
+  if not (wrote and closed) then
+    os.remove(tmp)
+    return nil, "cannot be written (" .. (err and tostring(err):gsub("^[^:]*: ", "") or "disk full?") .. ")"
+  end
+  local renamed, rerr = os.rename(tmp, path)
+  if not renamed then
+    os.remove(tmp)
+    return nil, "cannot be written (" .. tostring(rerr):gsub("^[^:]*: ", "") .. ")"
+  end
+  return true
+end
+
 -- Flushes stdout; nil and why when the bytes did not all get out.
 function fsio.flush_stdout()
   local ok, err = io.stdout:flush()

@@ -36,6 +36,26 @@ hardware.NETWORK_FIELDS = {
 hardware.NETWORK_ORDER = { "nvlink_GBps", "nvlinks", "nvls", "nics_per_node", "nic_Gbps", "pci_GBps",
                            "net_latency_us", "sharp" }
 
+-- Every number a plan's topology section gives, with its documented
+-- bounds (gen/load.lua's schema is built from this table: one place). The
+-- network's are gen/nccl_model.lua's BOUNDS. The others keep every
+-- predicted time and ratio finite (bytes are at most 2^53, ops at most a
+-- few million), so no output ever has to render inf or NaN:
+--   intra_node_GBps, inter_node_GBps (collectives = "alpha_beta"): 0.01
+--     GB/s (10 MB/s, below any link NCCL runs on: its graph search's
+--     slowest is 0.12 GB/s) .. 1e6;
+--   latency_us: 0 .. 1e6 (a second per log2 step);
+--   gpu_memory_GB: 1e-9 (one byte: the memory verdict divides by it; the
+--     memory tests squeeze tiny plans into a few KB) .. 1e6;
+--   gpu_TFLOPS 0.01 .. 1e6, mfu 0.001 .. 1, hbm_GBps 0.1 .. 1e6.
+hardware.BOUNDS = {
+  intra_node_GBps = { min = 0.01, max = 1e6 }, inter_node_GBps = { min = 0.01, max = 1e6 },
+  latency_us = { min = 0, max = 1e6 },
+  gpu_memory_GB = { min = 1e-9, max = 1e6 }, gpu_TFLOPS = { min = 0.01, max = 1e6 },
+  mfu = { min = 0.001, max = 1 }, hbm_GBps = { min = 0.1, max = 1e6 },
+}
+for field, b in pairs(nccl_model.BOUNDS) do hardware.BOUNDS[field] = b end
+
 -- The GPU figure `key` for a topology: the plan's own value, else the preset's.
 function hardware.gpu_default(topo, key)
   return hardware.GPUS[topo.preset or hardware.DEFAULT_PRESET][key]

@@ -29,9 +29,15 @@ end
 -- A string as JSON text (quoted and escaped).
 json.quote = function(s) return esc(s) end
 
+-- JSON has no inf or NaN, and every figure is range-checked where it
+-- enters: a non-finite number (or a missing one) reaching here is the
+-- generator's bug, refused rather than written as invalid JSON.
 local function num(v)
   if math.type(v) == "integer" then return tostring(v) end
-  if v ~= v or v == math.huge or v == -math.huge then error("json: non-finite number") end
+  if type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge then
+    error(string.format("internal error: gen/json.lua: cannot write %s as a JSON number (not a finite number: an "
+      .. "input escaped its range check)", tostring(v)), 0)
+  end
   if v == math.floor(v) and math.abs(v) < 2^53 then return string.format("%d", v) end
   -- The shortest of 15, 16 or 17 digits that reads back as the same double.
   for _, digits in ipairs({ "%.15g", "%.16g" }) do

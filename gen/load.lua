@@ -73,17 +73,14 @@ local SCHEMA = {
     -- how collectives are priced: "nccl" (gen/nccl_model.lua, NCCL's own tuning model) or
     -- "alpha_beta" (one bandwidth inside a node, one across, a latency per log2 step)
     collectives = { "enum", enum = { "nccl", "alpha_beta" } },
-    -- (lower bounds: the slowest links NCCL's graph search has speeds for, src/graph/search.cc:976-989)
-    nics_per_node = { "int", min = 1, max = 64 }, nic_Gbps = { "num", min = 10, max = 1e6 },
-    nvlink_GBps = { "num", min = 5, max = 1e6 }, nvlinks = { "int", min = 1, max = 64 }, nvls = { "bool" },
-    pci_GBps = { "num", min = 1, max = 1e6 }, net_latency_us = { "num", min = 0, max = 1e6 }, sharp = { "bool" },
+    -- (every number's bounds: gen/hardware.lua's BOUNDS, documented there and filled in below;
+    -- the network's lower bounds are the slowest links NCCL's graph search has speeds for)
+    nics_per_node = { "int" }, nic_Gbps = { "num" }, nvlink_GBps = { "num" }, nvlinks = { "int" }, nvls = { "bool" },
+    pci_GBps = { "num" }, net_latency_us = { "num" }, sharp = { "bool" },
     -- collectives = "alpha_beta" only
-    intra_node_GBps = { "num", gt = 0, max = 1e6 }, inter_node_GBps = { "num", gt = 0, max = 1e6 },
-    latency_us = { "num", min = 0, max = 1e6 },
+    intra_node_GBps = { "num" }, inter_node_GBps = { "num" }, latency_us = { "num" },
     -- audit only (gen/compute.lua): the GPU's memory, peak dense rate, MFU and HBM rate
-    -- (lower bounds keep a step's predicted microseconds finite and far from the float limits)
-    gpu_memory_GB = { "num", gt = 0, max = 1e6 }, gpu_TFLOPS = { "num", min = 0.01, max = 1e6 },
-    mfu = { "num", min = 0.001, max = 1 }, hbm_GBps = { "num", min = 0.1, max = 1e6 },
+    gpu_memory_GB = { "num" }, gpu_TFLOPS = { "num" }, mfu = { "num" }, hbm_GBps = { "num" },
   },
   -- audit only (gen/compute.lua, gen/memory.lua): activation checkpointing, optimizer state
   training = {
@@ -135,6 +132,12 @@ local SCHEMA = {
             tp = { "enum", enum = { "colwise", "rowwise", "replicate", "shard(0)", "shard(1)", "shard(2)", "shard(3)",
                                     "shard(4)", "shard(5)", "shard(6)", "shard(7)" } } },
 }
+-- The topology's figures: one set of documented bounds (gen/hardware.lua).
+for field, b in pairs(require("gen.hardware").BOUNDS) do
+  local spec = SCHEMA.topology[field]
+  spec.min, spec.max = b.min, b.max
+  spec.why = "the documented range (gen/hardware.lua's BOUNDS) keeps every predicted time finite"
+end
 -- Parallel degrees: -1 (dp_shard only) .. world limit; dims.infer gives
 -- torchtitan's messages for the values below 1.
 for _, spec in pairs(SCHEMA.parallel) do
@@ -448,11 +451,17 @@ function load_plan.normalize(ctx, raw)
   plan.expert_parallel = plan.expert_parallel and check_table(ctx, "expert_parallel", "expert_parallel",
     plan.expert_parallel)
   local model = check_table(ctx, "model", "model", plan.model)
+  -- Judged on the sequence length the rest of the plan assumes: the plan's,
+  -- else torchtitan's default training.seq_len (gen/compute.lua's DEFAULTS,
+  -- which the memory model and EP's token buffers take too), so a plan
+  -- without seq_len is refused exactly where the same plan with it is.
   local chunks = plan.training.loss_chunks
-  if chunks and model.seq_len and model.seq_len % chunks ~= 0 then
-    util.field_error(ctx, "training.loss_chunks", string.format("loss_chunks=%d does not divide seq_len=%d "
-      .. "(torchtitan's ChunkedLossWrapper splits each sequence into equal chunks); pick a divisor of %d",
-      chunks, model.seq_len, model.seq_len))
+  local seq = model.seq_len or require("gen.compute").DEFAULTS.seq_len
+  if chunks and seq % chunks ~= 0 then
+    util.field_error(ctx, "training.loss_chunks", string.format("loss_chunks=%d does not divide seq_len=%d%s "
+      .. "(torchtitan's ChunkedLossWrapper splits each sequence into equal chunks); pick a divisor of %d%s",
+      chunks, seq, model.seq_len and "" or " (model.seq_len not set: torchtitan's default)", seq,
+      model.seq_len and "" or " or set model.seq_len"))
   end
   model.family = model.family or (model.units and "generic" or nil)
   if not model.family then util.field_error(ctx, "model.family", "missing; set family = \"llama\" or give units = { ... }") end

@@ -100,12 +100,40 @@ M.PRESETS = {
            nic_Gbps = 200, nics_per_node = 8, pci_GBps = 24, net_latency_us = 0, cpu = "amd" },
 }
 
+-- The network figures' documented bounds, checked where they enter: a
+-- plan's topology fields (gen/load.lua's schema takes these, so a plan
+-- gets one line naming the field) and every topology made here, presets
+-- and overrides alike. Lower bounds: the slowest links NCCL's graph search
+-- has speeds for (S:976-989); with them every predicted time stays finite
+-- (bytes are at most 2^53) and every output renders it.
+M.BOUNDS = {
+  nvlink_GBps = { min = 5, max = 1e6 }, nvlinks = { min = 1, max = 64, int = true },
+  nic_Gbps = { min = 10, max = 1e6 }, nics_per_node = { min = 1, max = 64, int = true },
+  pci_GBps = { min = 1, max = 1e6 }, net_latency_us = { min = 0, max = 1e6 },
+}
+
+-- A figure within its bound: nil, or why not ("nic_Gbps = 0.1 is outside 10..1e+06").
+function M.out_of_bounds(field, v)
+  local b = M.BOUNDS[field]
+  if not b then return nil end
+  if type(v) ~= "number" or v ~= v or v < b.min or v > b.max or (b.int and math.tointeger(v) == nil) then
+    return string.format("%s = %s is outside %s..%s%s", field, tostring(v), tostring(b.min), tostring(b.max),
+      b.int and " (an integer)" or "")
+  end
+  return nil
+end
+
 function M.topology(preset, overrides)
   local base = type(preset) == "table" and preset or assert(M.PRESETS[preset], "unknown topology preset " .. tostring(preset))
   local t = {}
   for k, v in pairs(base) do t[k] = v end
   for k, v in pairs(overrides or {}) do t[k] = v end
   if t.tree_pattern_balanced == nil then t.tree_pattern_balanced = true end
+  -- (a plan's fields were refused at load with their names; here a caller's own table)
+  for _, field in ipairs({ "nvlink_GBps", "nvlinks", "nic_Gbps", "nics_per_node", "pci_GBps", "net_latency_us" }) do
+    local why = M.out_of_bounds(field, t[field])
+    if why then error("internal error: gen/nccl_model.lua topology: " .. why .. " (M.BOUNDS)", 0) end
+  end
   return t
 end
 

@@ -86,8 +86,12 @@ local function comment_text(s)
   return s
 end
 
--- A coordinate: one decimal, never "-0.0".
+-- A coordinate: one decimal, never "-0.0"; never inf, NaN or nil (the
+-- figures are range-checked where they enter: one here is a bug, said so).
 local function f1(x)
+  if type(x) ~= "number" or x ~= x or x == math.huge or x == -math.huge then
+    error(string.format("internal error: gen/svg.lua: a coordinate is %s, not a finite number", tostring(x)), 0)
+  end
   local s = string.format("%.1f", x)
   if s == "-0.0" then s = "0.0" end
   return s

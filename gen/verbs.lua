@@ -117,7 +117,9 @@ function verbs.main(argv)
 end
 
 -- diff --svg DIR: DIR/before.svg and DIR/after.svg (DIR made if need
--- be); returns the lines that say so.
+-- be), each through fsio.write_file; returns the lines that say so. Both
+-- targets are checked before either is written, and DIR itself must be a
+-- directory, not a link to one: a refusal writes nothing.
 function verbs.write_svgs(plandiff, dir, sa, pa, sb, pb)
   local lines = { "", "timeline:" }
   local out = {}
@@ -126,48 +128,33 @@ function verbs.write_svgs(plandiff, dir, sa, pa, sb, pb)
     out[#out + 1] = { dir .. "/" .. side[1] .. ".svg", text }
     if note then lines[#lines + 1] = "  (" .. note .. ")" end
   end
+  local kind = fsio.identity(dir)
+  if kind and kind ~= "directory" then
+    util.plan_error(fsio.shown(dir) .. ": is a " .. kind .. ", not a directory; give --svg (SVG=) a directory for "
+      .. "the timelines")
+  end
   local q = "'" .. dir:gsub("'", "'\\''") .. "'"
-  if os.execute("mkdir -p -- " .. q .. " 2>/dev/null") ~= true then
+  if not kind and os.execute("mkdir -p -- " .. q .. " 2>/dev/null") ~= true then
     util.plan_error(fsio.shown(dir) .. ": cannot create the directory for the timelines")
   end
   for _, f in ipairs(out) do
-    local fh = io.open(f[1], "wb")
-    local ok = fh and fh:write(f[2])
-    if not (fh and fh:close() and ok) then
-      util.plan_error(fsio.shown(f[1]) .. ": cannot write it (disk full or read-only?)")
-    end
+    local ok, why = fsio.check_target(f[1])
+    if not ok then util.plan_error(fsio.shown(f[1]) .. ": " .. why .. "; remove it or give another --svg directory") end
+  end
+  for _, f in ipairs(out) do
+    verbs.write_file(f[1], f[2], "the timeline")
     lines[#lines + 1] = "  wrote " .. fsio.shown(f[1])
   end
   return table.concat(lines, "\n") .. "\n"
 end
 
--- text written to path through a temporary name beside it, renamed only
--- once whole (a failed write leaves nothing half written); the line to print.
+-- text written to path by fsio.write_file (a new or regular file, never
+-- through a link; never the file not_over, the plan it was made from);
+-- the line to print, or the one-line refusal.
 function verbs.write_file(path, text, what, not_over)
-  -- a new file, or an existing regular one; never a link, a device, a
-  -- directory, or the file not_over (the plan it was made from)
-  local kind, inode = fsio.identity(path)
-  if kind and kind ~= "regular file" and kind ~= "regular empty file" then
-    util.plan_error(fsio.shown(path) .. ": is a " .. kind .. ", not a regular file; give the path of a new or regular "
-      .. "file for " .. what)
-  end
-  if kind and not_over then
-    local _, plan_inode = fsio.identity(not_over)
-    if plan_inode and plan_inode == inode then
-      util.plan_error(fsio.shown(path) .. ": is the plan file itself; give another path for " .. what)
-    end
-  end
-  local tmp = path .. ".tmp." .. tostring(os.time()) .. "." .. tostring(math.random(1 << 30))
-  local fh = io.open(tmp, "wb")
-  local ok = fh and fh:write(text)
-  if not (fh and fh:close() and ok) then
-    os.remove(tmp)
-    util.plan_error(fsio.shown(path) .. ": cannot write " .. what .. " there (no such directory, disk full or read-only?)")
-  end
-  local renamed, err = os.rename(tmp, path)
-  if not renamed then
-    os.remove(tmp)
-    util.plan_error(fsio.shown(path) .. ": cannot write " .. what .. " there (" .. tostring(err) .. ")")
+  local ok, why = fsio.write_file(path, text, { not_over = not_over })
+  if not ok then
+    util.plan_error(fsio.shown(path) .. ": " .. why .. "; give the path of a new or regular file for " .. what)
   end
   return "wrote " .. fsio.shown(path) .. " (" .. what .. ")\n"
 end

@@ -91,7 +91,7 @@ local HOSTILE_NUMBERS = {
   "0", "-1", "1", "2", "3", "4", "7", "8", "1.5", "-0.0", "0/0", "-(0/0)", "math.huge", "-math.huge", "1e300",
   "-1e300", "2^63", "2^53", "2^53 + 1", "math.maxinteger", "math.mininteger", "4611686018427387904",
   "262144", "262145", "1 << 40", "1 << 53", "(1 << 53) + 1", "0x7fffffff", "2147483648", "1025", "513",
-  "1024", "131073", "1e-300", "2.0", "'4'", "true", "{}", "nil",
+  "1024", "131073", "1e-300", "2.0", "'4'", "true", "{}", "nil", "5e-324", "0.01", "1e6", "1 << 20",
 }
 
 local HOSTILE_NAMES = {
@@ -221,6 +221,12 @@ local MUTATIONS = {
       "parallel = { dp_replicate = " .. pick(HOSTILE_NUMBERS) .. ", dp_shard = -1 }",
       "fsdp = { param_dtype = 'bf16', reduce_dtype = 'fp16', reduce_op = 'sum' }",
       "topology = { gpus_per_node = " .. pick(HOSTILE_NUMBERS) .. " }",
+      -- issue 33: every network figure (gen/hardware.lua's BOUNDS), the activations' sizes, loss_chunks
+      "topology = { collectives = 'alpha_beta', " .. pick({ "intra_node_GBps", "inter_node_GBps", "latency_us" })
+        .. " = " .. pick(HOSTILE_NUMBERS) .. " }",
+      "topology = { " .. pick({ "nic_Gbps", "nvlink_GBps", "pci_GBps", "net_latency_us", "nvlinks", "nics_per_node",
+        "gpu_memory_GB", "hbm_GBps", "gpu_TFLOPS", "mfu" }) .. " = " .. pick(HOSTILE_NUMBERS) .. " }",
+      "training = { local_batch_size = " .. pick(HOSTILE_NUMBERS) .. ", loss_chunks = " .. pick(HOSTILE_NUMBERS) .. " }",
     })
     return replace_at(src, p[1], p[2], "return { " .. set .. ",")
   end,

@@ -398,6 +398,11 @@ run "make diff-plan: llama70b against itself with dp_replicate halved" bash -c '
   out=$($1 diff-plan A=plans/llama70b.lua B=build/audit/llama70b.lua) && echo "$out" &&
   printf "%s" "$out" | grep -qF "dp_replicate: size 16 -> 8"' _ "$MAKE"
 run "make diff-plan REV=HEAD B=plans/fsdp4.lua: the plan against its committed plan.json" $MAKE diff-plan REV=HEAD B=plans/fsdp4.lua
+run "make diff-plan SVG=DIR refuses links planted in DIR (issue 33): one line from commplan, make fails, the linked SCHEDULE.md untouched" bash -c '
+  d=build/audit/svg_links && rm -rf "$d" && mkdir -p "$d" && cp plans/fsdp4/SCHEDULE.md build/audit/victim.md &&
+  ln -s ../victim.md "$d/before.svg" && ln -s ../victim.md "$d/after.svg" &&
+  out=$($1 -s --no-print-directory diff-plan A=plans/fsdp4.lua B=plans/llama_tiny.lua SVG=$d 2>&1 >/dev/null); rc=$?; echo "$out"
+  [ "$rc" != 0 ] && [ "$(printf "%s\n" "$out" | grep -c "symbolic link")" = 1 ] && cmp -s plans/fsdp4/SCHEDULE.md build/audit/victim.md' _ "$MAKE"
 expect_rc "diff-plan: a revision name with shell syntax exits 2" 2 $LUA gen/verbs.lua diff 'HEAD$(id):plans/x/plan.json' plans/fsdp4.lua
 run "make advise PLAN=llama8b.lua: a ranked table whose top choice is explained" bash -c '
   out=$($1 advise PLAN=llama8b.lua) && echo "$out" && printf "%s" "$out" | grep -qF "Top choice:"' _ "$MAKE"

@@ -234,8 +234,9 @@ function T.numel_and_bytes_are_bounded()
   -- One rank's slot above 2^40 (world 1), and buffers above 2^53 bytes.
   local one = OK:gsub("world_size = 4", "world_size = 1"):gsub("dp_shard = %-1", "dp_shard = 1")
   fails(one:gsub("shape = { 5, 3 }", "shape = { 1 << 41 }"), "model.units[1].params[1]", "2^40")
-  fails(OK:gsub("world_size = 4", "world_size = 131072"):gsub("shape = { 5, 3 }", "shape = { 1 << 50 }"),
-    "model.units[1]", "(2^53) bytes")
+  -- (seq_len 1: at torchtitan's default 2048 a step of 2^50 parameters is refused first, past 2^62 FLOPs)
+  fails(OK:gsub("world_size = 4", "world_size = 131072"):gsub("shape = { 5, 3 }", "shape = { 1 << 50 }")
+    :gsub("family = \"generic\",", "family = \"generic\", seq_len = 1,"), "model.units[1]", "(2^53) bytes")
   -- A llama whose config multiplies past 2^53.
   fails("return { world_size = 8, parallel = { dp_shard = -1 }, model = { family = 'llama', size = '8b', dim = 1 << 30, vocab_size = 1 << 30, "
     .. "n_heads = 1, n_kv_heads = 1 } }", "model.dim", "2^53")
