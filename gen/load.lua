@@ -33,8 +33,9 @@ local SCHEMA = {
   pipeline = {
     schedule = { "enum", enum = { "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
                                   "ZBVZeroBubble", "DualPipeV" } },
-    microbatches = { "int", min = 1, max = 4096,
-                     why = "each rank's actions grow with microbatches x stages; torchtitan runs tens to hundreds" },
+    microbatches = { "int", min = 1, max = LIM.pp_actions // 2,
+                     why = "the generator's work grows with microbatches x stages, at most "
+                       .. util.pow2_text(LIM.pp_actions) .. " (two stages or more); torchtitan runs tens to hundreds" },
     layers_per_stage = { "int", min = 1, max = LIM.units },
     first_stage_less_layers = { "int", min = 0, max = LIM.units },
     last_stage_less_layers = { "int", min = 0, max = LIM.units },
@@ -448,6 +449,7 @@ function load_plan.normalize(ctx, raw)
   plan.expert_parallel = plan.expert_parallel and check_table(ctx, "expert_parallel", "expert_parallel",
     plan.expert_parallel)
   local model = check_table(ctx, "model", "model", plan.model)
+  load_plan.check_pipeline_size(ctx, plan)
   local chunks = plan.training.loss_chunks
   if chunks and model.seq_len and model.seq_len % chunks ~= 0 then
     util.field_error(ctx, "training.loss_chunks", string.format("loss_chunks=%d does not divide seq_len=%d "
@@ -532,6 +534,20 @@ function load_plan.normalize(ctx, raw)
     t.latency_us = t.latency_us or 10
   end
   return plan
+end
+
+-- A pipeline's work grows with microbatches x stages, and there are at
+-- least pp stages: refused here, before anything is built (the bound with
+-- the stage count and the data-parallel copies: pp_stages.check_size).
+function load_plan.check_pipeline_size(ctx, plan)
+  local pp, n = plan.parallel.pp, plan.pipeline and plan.pipeline.microbatches
+  if not (pp and pp > 1 and n) then return end
+  if not util.mul_within(n, pp, LIM.pp_actions) then
+    util.field_error(ctx, "pipeline.microbatches", string.format("%d microbatches x pp=%d (at least %d stages) is "
+      .. "more than %s microbatch-stages, the most the generator plans (its work and memory grow with them); "
+      .. "%s", n, pp, pp, util.pow2_text(LIM.pp_actions), pp > LIM.pp_actions // 2 and "use a smaller pp"
+      or string.format("use at most %d microbatches, or a smaller pp", LIM.pp_actions // pp)))
+  end
 end
 
 -- Each cost model reads its own fields: a field of the other one would be

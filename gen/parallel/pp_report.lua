@@ -373,6 +373,13 @@ local function checked(loaded)
       n == 1 and "" or "s", lbs and string.format("local_batch_size is %d: give a "
       .. "divisor of it", lbs) or "set training.local_batch_size"))
   end
+  -- the pipeline's size, bounded before anything is built (pp_stages.check_size)
+  local d = require("gen.dims").infer(ctx, loaded.parallel, loaded.world_size)
+  local n_layers = require("gen.models.llama").config(ctx, loaded.model).n_layers
+  stages_mod.check_size(ctx, { microbatches = n, dp = d.dp_shard * d.dp_replicate, units = n_layers + 3,
+    num_stages = stages_mod.stage_count({ pp = pp, schedule = pl.schedule, n_layers = n_layers,
+      layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
+      last_stage_less_layers = pl.last_stage_less_layers }) })
   local p = stage_mesh_plan(loaded, pp, n)
   if pl.csv then
     -- read and checked here, once: its refusals are the plan's own
