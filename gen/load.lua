@@ -449,7 +449,7 @@ function load_plan.normalize(ctx, raw)
   plan.expert_parallel = plan.expert_parallel and check_table(ctx, "expert_parallel", "expert_parallel",
     plan.expert_parallel)
   local model = check_table(ctx, "model", "model", plan.model)
-  load_plan.check_pipeline_size(ctx, plan)
+  load_plan.check_sizes(ctx, plan, model)
   local chunks = plan.training.loss_chunks
   if chunks and model.seq_len and model.seq_len % chunks ~= 0 then
     util.field_error(ctx, "training.loss_chunks", string.format("loss_chunks=%d does not divide seq_len=%d "
@@ -536,10 +536,20 @@ function load_plan.normalize(ctx, raw)
   return plan
 end
 
--- A pipeline's work grows with microbatches x stages, and there are at
--- least pp stages: refused here, before anything is built (the bound with
--- the stage count and the data-parallel copies: pp_stages.check_size).
-function load_plan.check_pipeline_size(ctx, plan)
+-- Sizes whose product drives the generator's work, refused here before
+-- anything is built (docs/plan-files.md, "Numbers"). Under expert
+-- parallelism each MoE layer's dispatched tokens stay live until its
+-- backward, so the memory plan's work grows with the square of the layers
+-- (512 layers: ~8 s, ~1 GiB). A pipeline's work grows with microbatches x
+-- stages, and there are at least pp stages (the bound with the stage count
+-- and the data-parallel copies: pp_stages.check_size).
+function load_plan.check_sizes(ctx, plan, model)
+  local ep = plan.parallel.ep
+  if ep and ep > 1 and model.n_layers and model.n_layers > LIM.ep_layers then
+    util.field_error(ctx, "model.n_layers", string.format("%d layers with parallel.ep=%d: above the limit %s for "
+      .. "expert parallelism (its memory plan's work grows with the square of the MoE layers); use at most %d "
+      .. "layers", model.n_layers, ep, util.pow2_text(LIM.ep_layers), LIM.ep_layers))
+  end
   local pp, n = plan.parallel.pp, plan.pipeline and plan.pipeline.microbatches
   if not (pp and pp > 1 and n) then return end
   if not util.mul_within(n, pp, LIM.pp_actions) then

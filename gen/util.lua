@@ -32,6 +32,10 @@ util.LIMITS = {
   -- plans/llama405b.lua: 32 x 16 = 512 and 8 x (512 + 129) = 5,128.
   pp_actions = 1 << 11,
   pp_events = 1 << 16,
+  -- layers of a MoE model under expert parallelism (gen/load.lua's
+  -- check_sizes): its memory plan's work grows with their square, ~8 s and
+  -- ~1 GiB at 2^9 (the largest published, Qwen3-235B-A22B, has 94)
+  ep_layers = 1 << 9,
   params = 32768,            -- parameters in the whole model
   dims = 8,                  -- tensor dims: runtime/commplan.h CP_MAX_DIMS
   name_len = 200,            -- bytes in a unit or parameter name
