@@ -36,6 +36,8 @@ suites[#suites + 1] = "test_chunked_loss"
 suites[#suites + 1] = "test_cp"
 -- The dense Qwen3 family (torchtitan 0.3's qwen3 0.6B .. 32B, tied embeddings).
 suites[#suites + 1] = "test_qwen3"
+-- Issue 33: sizes bounded before the work they drive; pipeline CSVs read beside the plan, bounded, never echoed.
+suites[#suites + 1] = "test_bounds"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)
