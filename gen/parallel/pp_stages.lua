@@ -68,7 +68,8 @@ end
 
 -- The pipeline's size, bounded before any of its work starts
 -- (util.LIMITS.pp_actions, pp_events; docs/plan-files.md, "Numbers"):
--- o = { microbatches, num_stages, dp (dp_replicate x dp_shard: the
+-- o = { microbatches, num_stages (the most any schedule class gives:
+-- make pipeline's audit, in SCHEDULE.md, plans them all), dp (dp_replicate x dp_shard: the
 -- data-parallel copies of the pipeline the whole-step proof runs), units }.
 -- Each rank's tables, its memory plan and the lowering grow with
 -- microbatches x stages; the proof's events with that and the units, once
@@ -77,9 +78,10 @@ function stages.check_size(ctx, o)
   local LIM = util.LIMITS
   local actions = util.mul_within(o.microbatches, o.num_stages, LIM.pp_actions)
   if not actions then
-    err(ctx, "pipeline.microbatches", "%d microbatches x %s is more than %s microbatch-stages, the most the "
-      .. "generator plans (each rank's tables and memory plan grow with them); use at most %d microbatches, or "
-      .. "fewer stages (pipeline.layers_per_stage, parallel.pp)", o.microbatches, count_of(o.num_stages, "stage"),
+    err(ctx, "pipeline.microbatches", "%d microbatches x %s (the most a schedule class splits this model into: "
+      .. "the generator plans every class for the audit) is more than %s microbatch-stages, the most it plans "
+      .. "(each rank's tables and memory plan grow with them); use at most %d microbatches, or fewer stages "
+      .. "(pipeline.layers_per_stage, parallel.pp)", o.microbatches, count_of(o.num_stages, "stage"),
       util.pow2_text(LIM.pp_actions), math.max(1, LIM.pp_actions // o.num_stages))
   end
   local per_copy = util.add_within(actions, o.units, LIM.pp_events)
