@@ -209,4 +209,62 @@ function T.csv_refusal_does_not_echo_the_file()
   os.execute("rm -rf " .. dir)
 end
 
+-- A fixed-seed fuzz of the CSV surface: valid schedules' CSVs mutated as a
+-- careless or hostile file would be (cells swapped for huge, negative,
+-- fractional, long, quoted or secret text, or harmlessly quoted and
+-- padded; rows dropped, doubled, truncated; line ends changed). Every
+-- input ends in an import or one plan error line, within the time the
+-- bounds promise, never an internal error, and no refusal shows the
+-- planted secret.
+function T.csv_fuzz()
+  local seed = 33
+  local function R(n) seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n + 1 end
+  local bases = {}
+  for _, c in ipairs({ { "Interleaved1F1B", 2, 4 }, { "ZBVZeroBubble", 2, 4 }, { "DualPipeV", 2, 4 },
+                       { "InterleavedZeroBubble", 4, 8 }, { "LoopedBFS", 4, 4 } }) do
+    local d = pps.derive({ schedule = c[1], pp = c[2], microbatches = c[3] })
+    bases[#bases + 1] = { text = pps.to_csv(d.torch_order), pp = c[2], mb = c[3], stages = d.num_stages }
+  end
+  local SECRET = "SECRETxyzzy"
+  local cells = { SECRET, "0F" .. SECRET, "(" .. SECRET .. ")F", "(0F0;" .. SECRET .. ")OVERLAP_F_B", "0F0" .. SECRET,
+                  "9223372036854775808F0", "0F18446744073709551617", "0F-1", "0F1.5", "1e3F0", "-0F0", "0F0x",
+                  (" "):rep(5000) .. "0F0", "0" .. (" "):rep(5000) .. "F0", '"0F0', '"0F""0"', '""', "", " ",
+                  "(0F0;1B0)OVERLAP_F_B", "()OVERLAP_F_B", "0SEND_F0", "0UNSHARD", "7F0", "0F7", "2147483647F0",
+                  "0F2147483647", "\\0F0", "0W0", "0I0", "0B3", "1F0" }
+  local accepted, refused = 0, 0
+  for i = 1, 1500 do
+    local b = bases[R(#bases)]
+    local rows = {}
+    for line in b.text:gmatch("([^\n]*)\n") do rows[#rows + 1] = line end
+    for _ = 1, R(3) - 1 do
+      local k, r = R(8), R(#rows)
+      local cs = {}
+      for c in ((rows[r] or "") .. ","):gmatch("([^,]*),") do cs[#cs + 1] = c end
+      local at = R(#cs)
+      if k <= 3 then cs[at] = cells[R(#cells)]
+      elseif k == 4 then cs[at] = '"' .. cs[at]:gsub("\r", "") .. '"'     -- quoted: still the same action
+      elseif k == 5 then cs[at] = " " .. cs[at]:gsub("\r", "") .. "\t"    -- padded: likewise
+      elseif k == 6 then table.remove(rows, r); cs = nil
+      elseif k == 7 then table.insert(rows, r, rows[r] or ""); cs = nil
+      else rows[r] = (rows[r] or ""):sub(1, R(40)); cs = nil end
+      if cs then rows[r] = table.concat(cs, ",") end
+    end
+    local text = table.concat(rows, "\n") .. (R(3) == 1 and "" or "\n")
+    if R(2) == 1 then text = text:gsub("\r\n", "\n") end
+    local t0 = os.clock()
+    local ok, e = pcall(pps.import_csv, text, { pp = b.pp, microbatches = b.mb, num_stages = b.stages, file = "F" })
+    if os.clock() - t0 > 0.5 then error(string.format("input %d took %.2f s", i, os.clock() - t0)) end
+    if ok then accepted = accepted + 1
+    else
+      if not util.is_plan_error(e) then error(string.format("input %d: internal error: %s", i, tostring(e))) end
+      local msg = tostring(e)
+      if msg:find("\n") or msg:find(SECRET, 1, true) or #msg > 600 then
+        error(string.format("input %d: refusal not one short line without the file's text: %q", i, msg))
+      end
+      refused = refused + 1
+    end
+  end
+  assert(accepted > 200 and refused > 500, string.format("fuzz: %d accepted, %d refused", accepted, refused))
+end
+
 return T
