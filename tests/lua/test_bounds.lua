@@ -68,6 +68,18 @@ function T.moe_layers_under_ep_refused_at_load()
     "expert parallelism", "use at most 512 layers")
 end
 
+-- TP over 2^20 ranks of a model of 4,096 TP-split parameters: TP's
+-- classes took every parameter's rows on every TP rank (no answer in 20 s,
+-- ~1 GB): refused once the units are known, before any class is built.
+function T.tp_times_params_refused_before_classes()
+  local ps = {}
+  for i = 1, 4096 do ps[i] = string.format("{ name = 'w%d', shape = { 1 << 20, 1 }, tp = 'colwise' }", i) end
+  local src = "return { world_size = 1 << 20, parallel = { dp_shard = 1, tp = 1 << 20 }, model = { family = 'generic', "
+    .. "units = { { name = 'a', params = { " .. table.concat(ps, ", ") .. " } }, { name = 'root', params = {} } } } }"
+  refused_within(2, function() plan.from_source(src, "plans/t.lua") end, "parallel.tp",
+    "tp=1048576 x 4096 parameters is more than 4194304 (2^22)", "use a smaller tp")
+end
+
 -- A pipeline of 512 microbatches on pp 8 (44 s and 3.6 GB before): refused
 -- at load by microbatches x pp; 256 microbatches x 16 stages after the
 -- stage count is known, before any stage is planned.
