@@ -27,16 +27,16 @@ end
 
 -- The bounds a CSV is held to before any of it is lowered (opts of
 -- from_csv / import_csv): its rows (opts.pp, the plan's pipeline ranks),
--- the cells of a row (a rank's steps: at most every compute action of the
--- step, 3 x microbatches x stages, or idle steps among them; without the
--- plan's counts, the generator's bound on them) and each cell's bytes
--- (pp_schedule.MAX_ACTION). Stage and microbatch numbers are held to
--- opts.num_stages and opts.microbatches where given.
+-- the cells of a row (a rank's steps: every compute action of the step is
+-- at most 3 x microbatches x stages, idle steps among them; 8 x leaves room
+-- for a compute_comms row's transfers and FSDP actions), each cell's bytes
+-- (pp_schedule.MAX_ACTION), and stage and microbatch numbers
+-- (opts.num_stages, opts.microbatches). Without the plan's counts, the
+-- generator's own bound on them (util.LIMITS.pp_actions).
 local function bounds(opts)
   local LIM = util.LIMITS
   local n, s = opts.microbatches, opts.num_stages
   local steps = (n and s) and util.mul_within(n, s, LIM.pp_actions) or LIM.pp_actions
-  -- (a compute_comms row also holds each step's sends, receives, waits and FSDP actions)
   return { rows = opts.pp or LIM.pp_actions, cells = 8 * steps, stages = s or LIM.pp_actions,
            microbatches = n or LIM.pp_actions }
 end
