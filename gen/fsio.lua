@@ -128,4 +128,45 @@ function fsio.flush_stdout()
   return true
 end
 
+-- A file a plan names beside itself (pipeline.csv): rel, relative to dir
+-- (the plan file's directory), read as read_regular reads, only when it is
+-- below dir: components of letters, digits and . _ - (no "." or "..", no
+-- absolute path), each one a directory, the last a regular file, none a
+-- symlink (stat without -L on every component: a link planted below dir
+-- cannot lead the read to another file). Returns the contents, or nil and
+-- why; why shows only rel's components, which the rule above made safe to
+-- print. (A component swapped for a link between the check and the open
+-- is not caught: Lua cannot open with O_NOFOLLOW.)
+function fsio.read_below(dir, rel, max_bytes)
+  local rule = "give a path below the plan file's directory: names of letters, digits and . _ - joined by /"
+  if rel:sub(1, 1) == "/" then return nil, "is an absolute path; " .. rule end
+  local parts, paths = {}, {}
+  for part in (rel .. "/"):gmatch("([^/]*)/") do
+    if part == "" or part == "." or part == ".." or not part:match("^[%w._%-]+$") or #part > 255 then
+      return nil, "has a component that is not a plain name (empty, . or .., or another character); " .. rule
+    end
+    parts[#parts + 1] = part
+    paths[#paths + 1] = sh_quote(dir .. "/" .. table.concat(parts, "/"))
+  end
+  if #parts > 32 then return nil, "has more than 32 components; " .. rule end
+  local ph = io.popen("for p in " .. table.concat(paths, " ") .. "; do LC_ALL=C stat -c '%F' -- \"$p\" 2>/dev/null "
+    .. "|| echo missing; done")
+  local out = ph and ph:read(64 * #parts + 64) or ""
+  if ph then ph:close() end
+  local i = 0
+  for kind in out:gmatch("([^\n]*)\n") do
+    i = i + 1
+    local shown = table.concat(parts, "/", 1, i)
+    local last = i == #parts
+    if kind == "missing" then return nil, (last and "does not exist" or shown .. " does not exist") end
+    if kind == "symbolic link" then
+      return nil, string.format("is reached through a symlink (%s); a plan reads only files below its directory, "
+        .. "not through links: copy the file there", shown)
+    end
+    if not last and kind ~= "directory" then return nil, string.format("%s is not a directory", shown) end
+  end
+  if i ~= #parts then return nil, "cannot be checked (stat failed)" end
+  return fsio.read_regular(dir .. "/" .. rel, max_bytes)
+end
+
 return fsio

@@ -33,8 +33,9 @@ local SCHEMA = {
   pipeline = {
     schedule = { "enum", enum = { "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
                                   "ZBVZeroBubble", "DualPipeV" } },
-    microbatches = { "int", min = 1, max = 4096,
-                     why = "each rank's actions grow with microbatches x stages; torchtitan runs tens to hundreds" },
+    microbatches = { "int", min = 1, max = LIM.pp_actions // 2,
+                     why = "the generator's work grows with microbatches x stages, at most "
+                       .. util.pow2_text(LIM.pp_actions) .. " (two stages or more); torchtitan runs tens to hundreds" },
     layers_per_stage = { "int", min = 1, max = LIM.units },
     first_stage_less_layers = { "int", min = 0, max = LIM.units },
     last_stage_less_layers = { "int", min = 0, max = LIM.units },
@@ -451,6 +452,7 @@ function load_plan.normalize(ctx, raw)
   plan.expert_parallel = plan.expert_parallel and check_table(ctx, "expert_parallel", "expert_parallel",
     plan.expert_parallel)
   local model = check_table(ctx, "model", "model", plan.model)
+  load_plan.check_sizes(ctx, plan, model)
   -- Judged on the sequence length the rest of the plan assumes: the plan's,
   -- else torchtitan's default training.seq_len (gen/compute.lua's DEFAULTS,
   -- which the memory model and EP's token buffers take too), so a plan
@@ -541,6 +543,44 @@ function load_plan.normalize(ctx, raw)
     t.latency_us = t.latency_us or 10
   end
   return plan
+end
+
+-- Sizes whose product drives the generator's work, refused here before
+-- anything is built (docs/plan-files.md, "Numbers"). Under expert
+-- parallelism each MoE layer's dispatched tokens stay live until its
+-- backward, so the memory plan's work grows with the square of the layers
+-- (512 layers: ~8 s, ~1 GiB). A pipeline's work grows with microbatches x
+-- stages, and there are at least pp stages (the bound with the stage count
+-- and the data-parallel copies: pp_stages.check_size).
+function load_plan.check_sizes(ctx, plan, model)
+  local ep = plan.parallel.ep
+  if ep and ep > 1 and model.n_layers and model.n_layers > LIM.ep_layers then
+    util.field_error(ctx, "model.n_layers", string.format("%d layers with parallel.ep=%d: above the limit %s for "
+      .. "expert parallelism (its memory plan's work grows with the square of the MoE layers); use at most %d "
+      .. "layers", model.n_layers, ep, util.pow2_text(LIM.ep_layers), LIM.ep_layers))
+  end
+  local pp, n = plan.parallel.pp, plan.pipeline and plan.pipeline.microbatches
+  if not (pp and pp > 1 and n) then return end
+  if not util.mul_within(n, pp, LIM.pp_actions) then
+    util.field_error(ctx, "pipeline.microbatches", string.format("%d microbatches x pp=%d (at least %d stages) is "
+      .. "more than %s microbatch-stages, the most the generator plans (its work and memory grow with them); "
+      .. "%s", n, pp, pp, util.pow2_text(LIM.pp_actions), pp > LIM.pp_actions // 2 and "use a smaller pp"
+      or string.format("use at most %d microbatches, or a smaller pp", LIM.pp_actions // pp)))
+  end
+end
+
+-- TP's classes (gen/parallel/tp.lua) take every parameter's TP-local rows
+-- on every TP rank: work of tp x the parameters, bounded once the model's
+-- units are known (gen/plan.lua), before any class is built.
+function load_plan.check_tp_work(ctx, units, tp)
+  if tp <= 1 then return end
+  local params = 0
+  for _, u in ipairs(units) do params = params + #u.params end
+  if not util.mul_within(params, tp, LIM.tp_splits) then
+    util.field_error(ctx, "parallel.tp", string.format("tp=%d x %d parameters is more than %s, the most the "
+      .. "generator places over TP (it takes every parameter's rows on every TP rank); use a smaller tp or fewer "
+      .. "parameters", tp, params, util.pow2_text(LIM.tp_splits)))
+  end
 end
 
 -- Each cost model reads its own fields: a field of the other one would be

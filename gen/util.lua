@@ -14,14 +14,32 @@ util.DTYPE_BYTES = { fp32 = 4, bf16 = 2, fp16 = 2 }
 -- each one is what it is).
 util.LIMITS = {
   world = 1 << 20,           -- ranks: generation is O(1) in the world (closed-form groups); 1M ranks tested
-  -- units x micro-steps ("unit-steps"): generation is linear in them, and
-  -- the generator holds the whole step (every op, its lifetimes, waits and
-  -- rendered text) in memory, ~100 KB per unit-step for a TP plan (bench/
-  -- RESULTS.md): 2^17 of them is ~13 GiB, where a 16 GiB machine ends
-  unit_steps = 1 << 17,
-  unit_step_kib = 100,       -- that memory per unit-step, for the message
-  units = 1 << 17,           -- fully_shard units: unit_steps at one micro-step
-  micro_steps = 1 << 17,     -- gradient-accumulation micro-steps: unit_steps for one unit
+  -- units x micro-steps ("unit-steps"): generation is linear in them
+  -- (time and memory: ~2 ms and ~200 KB per unit-step for a TP plan on the
+  -- 2-core development VM, bench/RESULTS.md). The bounds keep the largest
+  -- plan they allow under ~30 s and ~2 GiB: 2^14 unit-steps (llama405b at
+  -- 64 micro-steps, bench/llama405b_m64.lua, is 8,256) and 2^13 units (a
+  -- 1,000-layer model is 1,003; the largest Llama, 126 layers)
+  unit_steps = 1 << 14,
+  unit_step_kib = 128,       -- that memory per unit-step, for the message
+  units = 1 << 13,           -- fully_shard units (n_layers <= units - 3)
+  micro_steps = 1 << 14,     -- gradient-accumulation micro-steps: unit_steps for one unit
+  -- A pipeline (gen/parallel/pp_stages.lua's check_size, before any of its
+  -- work): each rank's tables and memory plan, and the lowering, grow with
+  -- microbatches x stages (~3 ms and ~0.5 MB each at pp 8); the whole-step
+  -- proof with that per data-parallel copy of the pipeline, plus the units
+  -- each copy gathers and reduces (~50 us an event, a few events each).
+  -- plans/llama405b.lua: 32 x 16 = 512 and 8 x (512 + 129) = 5,128.
+  pp_actions = 1 << 11,
+  pp_events = 1 << 16,
+  -- layers of a MoE model under expert parallelism (gen/load.lua's
+  -- check_sizes): its memory plan's work grows with their square, ~8 s and
+  -- ~1 GiB at 2^9 (the largest published, Qwen3-235B-A22B, has 94)
+  ep_layers = 1 << 9,
+  -- tp x the model's parameters (gen/load.lua's check_tp_work): TP's
+  -- classes take each one's rows on every TP rank (~1 s at 2^22; llama405b
+  -- at tp 8: ~9,000)
+  tp_splits = 1 << 22,
   params = 32768,            -- parameters in the whole model
   dims = 8,                  -- tensor dims: runtime/commplan.h CP_MAX_DIMS
   name_len = 200,            -- bytes in a unit or parameter name

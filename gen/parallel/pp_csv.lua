@@ -25,31 +25,82 @@ function M.to_csv(lists)
   return table.concat(rows)
 end
 
+-- The bounds a CSV is held to before any of it is lowered (opts of
+-- from_csv / import_csv): its rows (opts.pp, the plan's pipeline ranks),
+-- the cells of a row (a rank's steps: every compute action of the step is
+-- at most 3 x microbatches x stages, idle steps among them; 8 x leaves room
+-- for a compute_comms row's transfers and FSDP actions), each cell's bytes
+-- (pp_schedule.MAX_ACTION), and stage and microbatch numbers
+-- (opts.num_stages, opts.microbatches). Without the plan's counts, the
+-- generator's own bound on them (util.LIMITS.pp_actions).
+local function bounds(opts)
+  local LIM = util.LIMITS
+  local n, s = opts.microbatches, opts.num_stages
+  local steps = (n and s) and util.mul_within(n, s, LIM.pp_actions) or LIM.pp_actions
+  return { rows = opts.pp or LIM.pp_actions, cells = 8 * steps, stages = s or LIM.pp_actions,
+           microbatches = n or LIM.pp_actions }
+end
+
 -- The rows of a CSV written by torch (or by M.to_csv) as action lists;
--- quoted cells are accepted.
-function M.from_csv(text)
+-- quoted cells are accepted. opts.file names the CSV in refusals
+-- ("FILE:ROW:COLUMN: ..."; default "CSV"); no refusal quotes the file's
+-- text (a plan may name any file: its contents must not reach a log).
+function M.from_csv(text, opts)
+  opts = opts or {}
+  local file = opts.file or "CSV"
+  local lim = bounds(opts)
+  local body = text:gsub("\r\n", "\n") .. (text:sub(-1) == "\n" and "" or "\n")
+  local rows = select(2, body:gsub("\n", "\n"))
+  if rows > lim.rows or (opts.pp and rows ~= opts.pp) then
+    err(fmt("%s has %d rows; %s", file, rows, opts.pp and fmt("the plan's pipeline has %d ranks (parallel.pp), "
+      .. "one row each: write the CSV for this plan", opts.pp) or fmt("at most %d (one per pipeline rank)", lim.rows)))
+  end
   local lists = {}
-  for line in (text:gsub("\r\n", "\n") .. (text:sub(-1) == "\n" and "" or "\n")):gmatch("([^\n]*)\n") do
+  for line in body:gmatch("([^\n]*)\n") do
+    local row = #lists + 1
+    local function bad(col, why) err(fmt("%s:%d:%d: %s", file, row, col, why)) end
     local list, i = {}, 1
     while i <= #line + 1 do
+      local col = #list + 1
+      if col > lim.cells then
+        bad(col, fmt("more than %d cells in a row, more steps than a rank runs %s", lim.cells,
+          (opts.microbatches and opts.num_stages) and "at the plan's microbatches x stages" or "in the largest "
+          .. "pipeline the generator plans"))
+      end
       local cell
       if line:sub(i, i) == '"' then
         local j, buf = i + 1, {}
         while true do
           local c = line:sub(j, j)
-          if c == "" then err(fmt("CSV row %d: unterminated quote; fix the file", #lists)) end
+          if c == "" then bad(col, "unterminated quote") end
           if c == '"' then
             if line:sub(j + 1, j + 1) == '"' then buf[#buf + 1] = '"'; j = j + 2 else j = j + 1; break end
           else buf[#buf + 1] = c; j = j + 1 end
+          if #buf > pps.MAX_ACTION then
+            bad(col, fmt("a quoted cell of more than %d bytes; an action has at most %d", pps.MAX_ACTION, pps.MAX_ACTION))
+          end
         end
         cell, i = table.concat(buf), j + 1
       else
         local j = line:find(",", i, true) or (#line + 1)
         cell, i = line:sub(i, j - 1), j + 1
       end
-      list[#list + 1] = pps.parse_action(cell)
+      local a, why = pps.try_parse_action(cell)
+      if a == nil then bad(col, why) end
+      -- numbers past the plan's, before any work that counts up to them
+      for _, p in ipairs(a and parts(a) or {}) do
+        if p.stage >= lim.stages then
+          bad(col, fmt("%s names stage %d, and %s 0..%d", key(p), p.stage, opts.num_stages and "the plan has stages"
+            or "the generator plans stages", lim.stages - 1))
+        end
+        if p.mb and p.mb >= lim.microbatches then
+          bad(col, fmt("%s names microbatch %d, and %s 0..%d", key(p), p.mb, opts.microbatches
+            and "the step has microbatches" or "the generator plans microbatches", lim.microbatches - 1))
+        end
+      end
+      list[col] = a
     end
-    lists[#lists + 1] = list
+    lists[row] = list
   end
   return lists
 end
@@ -109,7 +160,7 @@ end
 -- row count. opts.microbatches defaults to stage 0's forward count.
 function M.import_csv(text, opts)
   opts = opts or {}
-  local lists = M.from_csv(text)
+  local lists = M.from_csv(text, opts)
   if #lists == 0 then err("CSV has no rows; one row per pipeline rank") end
   local format = opts.format or "compute_only"
   local n = opts.microbatches

@@ -200,34 +200,37 @@ local function prove_step(p, sched, costs, act_numel, act_dtype)
   return step_proof.prove(events)
 end
 
--- pipeline.csv: torch's CSV schedule, read relative to the plan file
--- (gen/fsio.lua: a regular file, bounded) and imported as torch's
--- _load_csv takes it (gen/parallel/pp_csv.lua): validated, lowered, and
--- held to the plan's pp, microbatches and the stage count its schedule
--- class splits the model into.
-local MAX_CSV = 16 << 20
+-- pipeline.csv: torch's CSV schedule, read beside the plan file (below
+-- its directory, no symlinks: gen/fsio.lua's read_below; a regular file,
+-- bounded) and imported as torch's _load_csv takes it
+-- (gen/parallel/pp_csv.lua): its rows, cells and numbers bounded by the
+-- plan's pp, microbatches and stages before anything is lowered, then
+-- validated, lowered, and held to the stage count its schedule class
+-- splits the model into. No refusal quotes the file's text.
+local MAX_CSV = 4 << 20
 local function csv_schedule(ctx, pl, pp, n, num_stages)
   local fsio = require("gen.fsio")
-  local dir = ctx.file:match("^(.*)/[^/]*$")
-  local path = (pl.csv:sub(1, 1) == "/" or not dir) and pl.csv or (dir .. "/" .. pl.csv)
+  local dir = ctx.file:match("^(.*)/[^/]*$") or "."
   if pl.csv == "" or pl.csv:find("%c") then
     util.field_error(ctx, "pipeline.csv", string.format("%s is not a path (%s); give the CSV file's path relative to "
       .. "the plan file", util.show(pl.csv), pl.csv == "" and "empty" or "it holds a control character"))
   end
-  local text, why = fsio.read_regular(path, MAX_CSV)
+  local text, why = fsio.read_below(dir, pl.csv, MAX_CSV)
+  -- (read_below refuses any name but letters, digits and . _ - /: pl.csv is safe to show once read)
+  local path = fsio.shown(pl.csv)
   if not text then
     util.field_error(ctx, "pipeline.csv", string.format("%s %s; give torch's CSV schedule (one row per pipeline "
-      .. "rank, _dump_csv's format), relative to the plan file", fsio.shown(path), why))
+      .. "rank, _dump_csv's format) beside the plan file", pl.csv:match("^[%w._%-/]+$") and path or "the path", why))
   end
   if not text:find("%S") then
     util.field_error(ctx, "pipeline.csv", string.format("%s is empty; give torch's CSV schedule (one row per "
-      .. "pipeline rank; make pipeline CSV=... writes one to start from)", fsio.shown(path)))
+      .. "pipeline rank; make pipeline CSV=... writes one to start from)", path))
   end
-  local ok, sched = pcall(csv_mod.import_csv, text, { microbatches = n })
+  local ok, sched = pcall(csv_mod.import_csv, text, { microbatches = n, pp = pp, num_stages = num_stages, file = path })
   if not ok then
     if not util.is_plan_error(sched) then error(sched, 0) end
-    util.field_error(ctx, "pipeline.csv", string.format("%s: %s; fix the file (make pipeline CSV=... writes a "
-      .. "schedule's CSV to start from)", fsio.shown(path), (tostring(sched.msg or sched):gsub("^pp_schedule: ", ""))))
+    util.field_error(ctx, "pipeline.csv", string.format("%s; fix the file (make pipeline CSV=... writes a schedule's CSV to start "
+      .. "from)", (tostring(sched.msg or sched):gsub("^pp_schedule: ", ""))))
   end
   local function differ(what, got, want)
     util.field_error(ctx, "pipeline.csv", string.format("%s has %s %d where the plan has %d; write the CSV for "
@@ -373,6 +376,14 @@ local function checked(loaded)
       n == 1 and "" or "s", lbs and string.format("local_batch_size is %d: give a "
       .. "divisor of it", lbs) or "set training.local_batch_size"))
   end
+  -- the pipeline's size, bounded before anything is built (pp_stages.check_size)
+  local d = require("gen.dims").infer(ctx, loaded.parallel, loaded.world_size)
+  local n_layers = require("gen.models.llama").config(ctx, loaded.model).n_layers
+  stages_mod.check_size(ctx, { microbatches = n, dp = d.dp_shard * d.dp_replicate, units = n_layers + 3,
+    -- (the most stages any schedule class splits the model into: the audit in SCHEDULE.md runs them all)
+    num_stages = stages_mod.stage_count({ pp = pp, n_layers = n_layers,
+      layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
+      last_stage_less_layers = pl.last_stage_less_layers }) })
   local p = stage_mesh_plan(loaded, pp, n)
   if pl.csv then
     -- read and checked here, once: its refusals are the plan's own

@@ -63,17 +63,52 @@ local function key(a)
 end
 local function k3(stage, ty, mb) return stage .. ty .. (mb or "") end
 
+-- s without leading and trailing whitespace, in time linear in #s (a
+-- pattern like "^%s*(.-)%s*$" retries the lazy match at every byte: a long
+-- cell took time quadratic in its length).
+local function trim(s)
+  local i = s:find("%S")
+  if not i then return "" end
+  local j = #s
+  while s:find("^%s", j) do j = j - 1 end
+  return s:sub(i, j)
+end
+M.trim = trim
+
+-- The longest action text taken (the longest torch writes, an OVERLAP_F_B
+-- of two ten-digit actions, has 57 bytes) and the largest stage or
+-- microbatch number (C int; the plan's own bounds are far lower).
+M.MAX_ACTION = 64
+M.MAX_NUMBER = (1 << 31) - 1
+
+-- A stage or microbatch number: digits only, at most MAX_NUMBER, or nil
+-- and why (the text is never quoted: it comes from a file).
+local function number(digits, what)
+  if #digits > 10 or tonumber(digits) > M.MAX_NUMBER then
+    return nil, fmt("its %s number has %d digits, more than %d (2^31 - 1) allows", what, #digits, M.MAX_NUMBER)
+  end
+  return math.tointeger(tonumber(digits))
+end
+
 -- _Action.from_str (schedules.py:164), strict: the whole string must be one
 -- action (torch's re.match ignores trailing text). "" -> false (None).
-function M.parse_action(s)
-  s = s:match("^%s*(.-)%s*$")
+-- Returns the action, or nil and why; why names no part of s (s may come
+-- from any file: a refusal must not print its contents).
+function M.try_parse_action(s)
+  if #s > M.MAX_ACTION then
+    return nil, fmt("a cell of %d bytes; an action has at most %d (e.g. 2F0, 1UNSHARD, 3SEND_F1)", #s, M.MAX_ACTION)
+  end
+  s = trim(s)
   if s == "" then return false end
   local inner, ty = s:match("^%((.*)%)(%u[%u_]*)$")
   if inner then
-    if not IS_TYPE[ty] then err(fmt("action %s: unknown type %s; use one of %s", util.show(s), ty, table.concat(TYPES, ", "))) end
+    if not IS_TYPE[ty] then
+      return nil, fmt("a combined action (...)TYPE of an unknown type; use one of %s", table.concat(TYPES, ", "))
+    end
     local sub = {}
     for part in (inner .. ";"):gmatch("([^;]*);") do
-      local a = M.parse_action(part)
+      local a, why = M.try_parse_action(part)
+      if a == nil then return nil, why end
       if a then sub[#sub + 1] = a end
     end
     return { type = ty, stage = -1, sub = #sub > 0 and sub or nil }
@@ -83,12 +118,24 @@ function M.parse_action(s)
     for _, t in ipairs(TYPES) do
       if rest:sub(1, #t) == t then
         local mb = rest:sub(#t + 1)
-        if mb == "" then return act(tonumber(stage), t, nil) end
-        if mb:match("^%d+$") then return act(tonumber(stage), t, tonumber(mb)) end
+        if mb == "" or mb:match("^%d+$") then
+          local st, why = number(stage, "stage")
+          if not st then return nil, why end
+          if mb == "" then return act(st, t, nil) end
+          local m, why_mb = number(mb, "microbatch")
+          if not m then return nil, why_mb end
+          return act(st, t, m)
+        end
       end
     end
   end
-  err(fmt("action %s is not [stage][type][microbatch] (e.g. 2F0, 1UNSHARD, 3SEND_F1); fix the CSV cell", util.show(s)))
+  return nil, "not an action: [stage][type][microbatch] with whole numbers (e.g. 2F0, 1UNSHARD, 3SEND_F1)"
+end
+
+function M.parse_action(s)
+  local a, why = M.try_parse_action(s)
+  if a == nil then err("action: " .. why .. "; fix the CSV cell") end
+  return a
 end
 
 -- ---------------------------------------------------------------- mapping
@@ -772,7 +819,7 @@ end
 -- proof (gen/parallel/pp_proof.lua), each its own module; required when
 -- called (they use this module's action strings and lowering).
 function M.to_csv(lists) return require("gen.parallel.pp_csv").to_csv(lists) end
-function M.from_csv(text) return require("gen.parallel.pp_csv").from_csv(text) end
+function M.from_csv(text, opts) return require("gen.parallel.pp_csv").from_csv(text, opts) end
 function M.import_csv(text, opts) return require("gen.parallel.pp_csv").import_csv(text, opts) end
 function M.prove_p2p(lowered, s2r, num_stages, opts)
   return require("gen.parallel.pp_proof").prove_p2p(lowered, s2r, num_stages, opts)

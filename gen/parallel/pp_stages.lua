@@ -25,16 +25,23 @@ end
 -- default), first_stage_less_layers (input_weight, default 1),
 -- last_stage_less_layers (output_weight, default 1) } -> number of stages,
 -- stages per rank (_get_pipeline_metadata).
+-- The stage count alone, unchecked (check_size bounds it before count's
+-- refusals, which depend on the schedule).
+function stages.stage_count(o)
+  local inw, outw = o.first_stage_less_layers or 1, o.last_stage_less_layers or 1
+  -- "For multi-stage schedules, default is 2 virtual stages per rank"
+  if o.layers_per_stage == nil then return o.pp * (stages.SINGLE[o.schedule] and 1 or 2) end
+  return (o.n_layers + inw + outw + o.layers_per_stage - 1) // o.layers_per_stage -- math.ceil((num_layers + in + out) / lps)
+end
+
 function stages.count(ctx, o)
   local single = stages.SINGLE[o.schedule]
-  local inw, outw = o.first_stage_less_layers or 1, o.last_stage_less_layers or 1
   if o.layers_per_stage == nil then
-    -- "For multi-stage schedules, default is 2 virtual stages per rank"
-    local per = single and 1 or 2
-    return o.pp * per, per
+    local n = stages.stage_count(o)
+    return n, n // o.pp
   end
   local lps = o.layers_per_stage
-  local n = (o.n_layers + inw + outw + lps - 1) // lps -- math.ceil((num_layers + in + out) / lps)
+  local n = stages.stage_count(o)
   local info = string.format("%s at layers_per_stage=%d give %s over pp=%d", count_of(o.n_layers, "layer"), lps,
     count_of(n, "stage"), o.pp)
   if n % o.pp ~= 0 then
@@ -49,13 +56,43 @@ function stages.count(ctx, o)
   if stages.V_STYLE[o.schedule] and per ~= 2 then
     err(ctx, "pipeline.layers_per_stage", "%s: %s per rank, but %s's V runs exactly two per rank; give "
       .. "layers_per_stage %d", info, count_of(per, "stage"), o.schedule,
-      (o.n_layers + inw + outw + 2 * o.pp - 1) // (2 * o.pp))
+      (stages.stage_count({ n_layers = o.n_layers, layers_per_stage = 1, first_stage_less_layers = o.first_stage_less_layers,
+        last_stage_less_layers = o.last_stage_less_layers }) + 2 * o.pp - 1) // (2 * o.pp))
   end
   if not single and per < 2 then
     err(ctx, "pipeline.layers_per_stage", "%s: 1 stage per rank, but %s runs at least two per rank; give a "
       .. "smaller layers_per_stage", info, o.schedule)
   end
   return n, per
+end
+
+-- The pipeline's size, bounded before any of its work starts
+-- (util.LIMITS.pp_actions, pp_events; docs/plan-files.md, "Numbers"):
+-- o = { microbatches, num_stages (the most any schedule class gives:
+-- make pipeline's audit, in SCHEDULE.md, plans them all), dp (dp_replicate x dp_shard: the
+-- data-parallel copies of the pipeline the whole-step proof runs), units }.
+-- Each rank's tables, its memory plan and the lowering grow with
+-- microbatches x stages; the proof's events with that and the units, once
+-- per copy.
+function stages.check_size(ctx, o)
+  local LIM = util.LIMITS
+  local actions = util.mul_within(o.microbatches, o.num_stages, LIM.pp_actions)
+  if not actions then
+    err(ctx, "pipeline.microbatches", "%d microbatches x %s (the most a schedule class splits this model into: "
+      .. "the generator plans every class for the audit) is more than %s microbatch-stages, the most it plans "
+      .. "(each rank's tables and memory plan grow with them); use at most %d microbatches, or fewer stages "
+      .. "(pipeline.layers_per_stage, parallel.pp)", o.microbatches, count_of(o.num_stages, "stage"),
+      util.pow2_text(LIM.pp_actions), math.max(1, LIM.pp_actions // o.num_stages))
+  end
+  local per_copy = util.add_within(actions, o.units, LIM.pp_events)
+  local events = per_copy and util.mul_within(o.dp, per_copy, LIM.pp_events)
+  if not events then
+    err(ctx, o.dp > 1 and "parallel.dp_shard" or "model.n_layers", "%d data-parallel copies of the pipeline x (%d "
+      .. "microbatch-stages + %d units) is more than %s, the most the whole-step proof covers (it checks every "
+      .. "rank of pp x dp_replicate x dp_shard); use fewer data-parallel ranks (a smaller world_size or a larger "
+      .. "tp), fewer microbatches or fewer layers", o.dp, actions, o.units, util.pow2_text(LIM.pp_events))
+  end
+  return actions, events
 end
 
 -- Each stage's modules, torchtitan's names: "tok_embeddings",

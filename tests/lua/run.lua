@@ -38,6 +38,8 @@ suites[#suites + 1] = "test_cp"
 suites[#suites + 1] = "test_qwen3"
 -- Issue 33: outputs never through a link, huge buffers and network figures refused in one line.
 suites[#suites + 1] = "test_hostile_outputs"
+-- Issue 33: sizes bounded before the work they drive; pipeline CSVs read beside the plan, bounded, never echoed.
+suites[#suites + 1] = "test_bounds"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

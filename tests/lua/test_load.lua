@@ -200,13 +200,13 @@ function T.numbers_are_bounded()
     fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, topology = { collectives = \"alpha_beta\", intra_node_GBps = "
       .. v .. " }"), "topology.intra_node_GBps")
   end
-  fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, fsdp = { micro_steps = (1 << 17) + 1 }"), "fsdp.micro_steps",
-    "131072 (2^17)", "units x micro-steps")
+  fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, fsdp = { micro_steps = (1 << 14) + 1 }"), "fsdp.micro_steps",
+    "16384 (2^14)", "units x micro-steps")
   fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, fsdp = { micro_steps = 0 }"), "fsdp.micro_steps", ">= 1")
   fails(OK:gsub("shape = { 5, 3 }", "shape = { 5, 3 }, shard_dim = 0/0"), "shard_dim", "NaN")
   fails("return { world_size = 8, model = { family = 'llama', size = '8b', ffn_dim_multiplier = 0/0 } }",
     "model.ffn_dim_multiplier", "NaN")
-  fails("return { world_size = 8, model = { family = 'llama', size = '8b', n_layers = 1 << 17 } }", "model.n_layers",
+  fails("return { world_size = 8, model = { family = 'llama', size = '8b', n_layers = 1 << 13 } }", "model.n_layers",
     "units")
 end
 
@@ -245,9 +245,9 @@ end
 -- Units x micro-steps is bounded where the generator's memory ends (one
 -- line naming the field and the fix); the unit list by the same bound.
 function T.counts_bound_generator_memory()
-  fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, fsdp = { micro_steps = 70000 }"):gsub("units = {",
+  fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, fsdp = { micro_steps = 10000 }"):gsub("units = {",
     "units = { { name = 'a', params = { { name = 'a.w', shape = { 4 } } } },"), "fsdp.micro_steps",
-    "2 units x 70000 micro-steps is more than 131072 (2^17) unit-steps", "GiB", "use fewer micro-steps")
+    "2 units x 10000 micro-steps is more than 16384 (2^14) unit-steps", "GiB", "use fewer micro-steps")
   local spec = require("gen.load").SCHEMA.model.units
   local saved_max = spec.max
   spec.max = 3

@@ -207,8 +207,8 @@ function T.csv_round_trip_and_import()
   H.list_eq(strings(q[1]), { "0F0", "", "0B0" }, "quoted row")
   -- Refusals, one line each.
   for _, case in ipairs({
-    { "0F0,0X1\n", "action \"0X1\" is not [stage][type][microbatch]" },
-    { "0F0x\n", "action \"0F0x\"" },
+    { "0F0,0X1\n", "CSV:1:2: not an action: [stage][type][microbatch]" },
+    { "0F0x\n", "CSV:1:1: not an action" },
     { "0F0,0B0\n0F1,0B1\n", "stage 0 is also on rank 0" },
     { "0F0,0B0\n1B0,1F0\n", "1B0 runs before 1F0" },
     { "0F0,0B0,0SEND_F0\n", "0SEND_F0 is not a compute action" },

@@ -158,10 +158,14 @@ function T.csv_schedule_in_the_plan_file()
     H.eq(#ea[g], #eb[g], "events of rank " .. (g - 1))
     for i = 1, #eb[g] do H.eq(ea[g][i].op .. tostring(ea[g][i].peer), eb[g][i].op .. tostring(eb[g][i].peer), "event") end
   end
-  -- a third row repeating the first: its stages on two ranks
+  -- a third row repeating the first: refused by its row count, before anything is lowered
   fh = assert(io.open(dir .. "/s.csv", "w")); fh:write(csv .. csv:match("^[^\n]*\n")); fh:close()
   H.plan_fails_with(function() report.tables(load.source(with, path)) end, "pipeline.csv:",
-    "rank 2 step 0: stage 0 is also on rank 0", "fix the file")
+    "s.csv has 3 rows; the plan's pipeline has 2 ranks (parallel.pp)")
+  -- the second row holding the first row's first cell: two ranks run stage 0
+  fh = assert(io.open(dir .. "/s.csv", "w")); fh:write((csv:gsub("\n,1F0,", "\n,0F0,", 1))); fh:close()
+  H.plan_fails_with(function() report.tables(load.source(with, path)) end, "pipeline.csv:",
+    "stage 0 is also on rank 0", "fix the file")
   H.plan_fails_with(function() report.tables(load.source(with:gsub('"Interleaved1F1B"', '"1F1B"'), path)) end,
     "pipeline.csv:", "torch loads no CSV for it")
   H.plan_fails_with(function() report.tables(load.source(with:gsub('"s.csv"', '"none.csv"'), path)) end,
