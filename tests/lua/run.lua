@@ -36,6 +36,10 @@ suites[#suites + 1] = "test_chunked_loss"
 suites[#suites + 1] = "test_cp"
 -- The dense Qwen3 family (torchtitan 0.3's qwen3 0.6B .. 32B, tied embeddings).
 suites[#suites + 1] = "test_qwen3"
+-- Issue 42: memory figures, collective prices and capacity rounding against hand-computed values.
+suites[#suites + 1] = "test_memory_figures"
+suites[#suites + 1] = "test_prices"
+suites[#suites + 1] = "test_capacity"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)
