@@ -35,6 +35,7 @@ local CASES = {
   { 8, 2, 4, 2, 101, 100, "1.01 x 16 / 2 = 8.08" },
   { 7, 2, 8, 4, 5, 4, "1.25 x 14 / 4 = 4.375" },
   { 3, 1, 8, 2, 1, 3, "1/3 x 3 / 2 = 0.5" },
+  { 8, 2, 4, 2, 1, 3, "1/3 x 16 / 2 = 2.67 (no short decimal: the double's own ceiling)" },
   { 10, 3, 12, 4, 11, 10, "1.1 x 30 / 4 = 8.25" },
   -- exactly whole (including factors whose double is a hair above the decimal)
   { 8, 2, 4, 2, 5, 4, "1.25 x 16 / 2 = 10" },
