@@ -526,6 +526,10 @@ for f in tests/ep/plans/*.lua; do
   run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2 --quiet
   run "simulate $n with NCCL's arithmetic" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
 done
+# Issue 42: a capacity factor's binary routes what its capacity admits and
+# refuses one row past it, the capacity the exact ceiling the check computes.
+run "ep4_mixtral_efsdp1: capacity ceil(1.5 x 12 / 4) = 5 rows: counts within it routed, 6 refused (tests/ep/capacity_sim.sh)" \
+  env LUA="$LUA" tests/ep/capacity_sim.sh build/ep4_mixtral_efsdp1/ep4_mixtral_efsdp1 build/gen/ep4_mixtral_efsdp1/plan.json
 run "kernel plan: all 27 (orig, param, reduce) triples, each on a vector and a scalar unit" $LUA -e '
   package.path = "./?.lua;" .. package.path
   local json, seen, triples = require("gen.json"), 0, {}
