@@ -214,6 +214,12 @@ torch_lane() {
   else
     skipped "$titan_qwen3" "$titan_why"
   fi
+  # Issue 42: a rank's parameter, gradient and optimizer bytes and sync_last's unsharded gradients vs torch's tensors.
+  titan_mem="a rank's parameter, gradient, AdamW and unsharded-gradient bytes of torchtitan's llama3 after a step (FSDP, HSDP sync_last) vs plan.json's memory figures (tests/titan/test_memory_terms.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_f8=$(logname "$titan_mem"); timeout 300 "$live_py" tests/titan/test_memory_terms.py >"$titan_f8" 2>&1
+    titan_result "$titan_mem" "$titan_f8" $?; grep -h "^memory_terms: " "$titan_f8" | sed "s/^/        /"
+  else skipped "$titan_mem" "no torch environment (make torch-env exit $live_rc)"; fi
   # ---- end of torchtitan as the peer ----
   # Context parallel (docs/context-parallel.md): torchtitan 0.3's CP step on gloo vs commplan's tables.
   titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 4, dp_replicate 2 x cp 2; spmd_types and partial_dtensor; SelectiveAC, FullAC): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"
