@@ -358,6 +358,18 @@ function T.pipeline_worst_rank()
     end
     if bytes > worst then worst, worst_rank = bytes, r - 1 end
   end
+  -- the tables: each pipeline rank's units accumulate their unsharded
+  -- gradients in fp32 over the microbatches (step_end), as torch does
+  local p = plan.from_source(H.read(path), path)
+  for _, cls in ipairs(p.tp_classes) do
+    for _, u in ipairs(cls.layout.units) do
+      H.eq(u.grad_dtype, "fp32", "pp_tiny: " .. u.name .. "'s unsharded grads accumulate in reduce_dtype")
+      local b = cls.arena.by_unit[u.index].grads
+      local numel = 0
+      for _, q in ipairs(u.params) do numel = numel + q.numel end
+      H.eq(b.bytes, numel * 4, "pp_tiny: " .. u.name .. "'s grads buffer")
+    end
+  end
   H.eq(row.mem_rank, worst_rank, "pp_tiny: the worst rank")
   H.eq(row.mem, worst, "pp_tiny: the worst rank's memory")
   H.eq(row.fits, true, "pp_tiny fits an 80 GB GPU")
