@@ -36,6 +36,10 @@ local function shard_numel(shape, W, dim)
   return cdiv(shape[dim], W) * prod(shape, dim)
 end
 
+-- The unsharded grads buffer: each parameter's gradient compact, its start
+-- rounded up to 8 elements (the packing kernel's 16-byte loads).
+local function grad_numel(shape) return cdiv(prod(shape), 8) * 8 end
+
 local function gen(src, path)
   local p = plan.from_source(src, path)
   local doc = json.decode(audit.json(p, audit.fingerprint(p)))
@@ -115,7 +119,7 @@ local function llama_expect(m, o)
     local slot, numel = 0, 0
     for _, shape in ipairs(u.params) do
       slot = slot + shard_numel(shape, o.W)
-      numel = numel + prod(shape)
+      numel = numel + grad_numel(shape)
     end
     sharded = sharded + slot
     numel_all = numel_all + numel
@@ -262,6 +266,36 @@ function T.context_parallel()
   end
 end
 
+-- Generic models (no activation model): uneven FSDP over 8 (empty ranks,
+-- a column-sharded parameter: FSDP2's Shard(1)) in fp32, and HSDP 4 x 2
+-- in fp16 (AdamW's moments in the parameters' dtype).
+local function generic_case(name, path, W, es, units)
+  local _, doc = gen(H.read(path), path)
+  local sharded, buffers = 0, {}
+  for uname, params in pairs(units) do
+    local slot, numel = 0, 0
+    for _, q in ipairs(params) do
+      slot = slot + shard_numel(q[1], W, q[2])
+      numel = numel + grad_numel(q[1])
+    end
+    sharded = sharded + slot
+    buffers[uname] = { ag = W * slot * es, unsharded = W * slot * es, rs_in = W * slot * es, rs_out = slot * es,
+                       grads = numel * es }
+  end
+  H.eq(doc.audit.memory.activations_modeled, false, name .. ": generic units have no activation model")
+  check_figures(name, doc, { params = sharded * es, grads = sharded * es, optimizer = 2 * sharded * es,
+                             activation = 0, buffers = buffers })
+end
+
+function T.generic_uneven_and_fp16()
+  generic_case("fsdp8_uneven", "plans/fsdp8_uneven.lua", 8, 4, {
+    ["blocks.0"] = { { { 3, 5 } }, { { 1 } }, { { 17, 3 } }, { { 4, 16 }, 2 } },
+    ["blocks.1"] = { { { 9 } }, { { 5, 2, 3 } } },
+    root = { { { 10, 7 } } } })
+  generic_case("hsdp4x2_fp16", "plans/hsdp4x2_fp16.lua", 2, 2, {
+    enc = { { { 7, 3 } }, { { 3 } } }, root = { { { 5, 5 } } } })
+end
+
 -- ---- expert parallel ----
 
 -- Mixtral 8x7B on 64 ranks, ep 8: the dense units over dp_shard 64, the
@@ -352,7 +386,7 @@ function T.pipeline_worst_rank()
       local slot, numel = 0, 0
       for _, shape in ipairs(u.params) do
         slot = slot + shard_numel(shape, W)
-        numel = numel + prod(shape)
+        numel = numel + grad_numel(shape)
       end
       bytes = bytes + 4 * slot * 4 + W * slot * 2 + numel * 4
     end
@@ -366,7 +400,7 @@ function T.pipeline_worst_rank()
       H.eq(u.grad_dtype, "fp32", "pp_tiny: " .. u.name .. "'s unsharded grads accumulate in reduce_dtype")
       local b = cls.arena.by_unit[u.index].grads
       local numel = 0
-      for _, q in ipairs(u.params) do numel = numel + q.numel end
+      for _, q in ipairs(u.params) do numel = numel + cdiv(q.numel, 8) * 8 end
       H.eq(b.bytes, numel * 4, "pp_tiny: " .. u.name .. "'s grads buffer")
     end
   end
