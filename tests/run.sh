@@ -214,6 +214,12 @@ torch_lane() {
   else
     skipped "$titan_qwen3" "$titan_why"
   fi
+  # Issue 42: a rank's parameter, gradient and optimizer bytes and sync_last's unsharded gradients vs torch's tensors.
+  titan_mem="a rank's parameter, gradient, AdamW and unsharded-gradient bytes of torchtitan's llama3 after a step (FSDP, HSDP sync_last) vs plan.json's memory figures (tests/titan/test_memory_terms.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_f8=$(logname "$titan_mem"); timeout 300 "$live_py" tests/titan/test_memory_terms.py >"$titan_f8" 2>&1
+    titan_result "$titan_mem" "$titan_f8" $?; grep -h "^memory_terms: " "$titan_f8" | sed "s/^/        /"
+  else skipped "$titan_mem" "no torch environment (make torch-env exit $live_rc)"; fi
   # ---- end of torchtitan as the peer ----
   # Context parallel (docs/context-parallel.md): torchtitan 0.3's CP step on gloo vs commplan's tables.
   titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 4, dp_replicate 2 x cp 2; spmd_types and partial_dtensor; SelectiveAC, FullAC): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"
@@ -539,6 +545,10 @@ run "simulate ep2_mixtral with rank 1's expert counts refused: every rank of bot
   printf "%s\n" "$out"
   [ "$rc" = 2 ] && [ "$(printf "%s\n" "$out" | wc -l)" = 1 ] &&
     printf "%s" "$out" | grep -q "^commplan: rank 1: op [0-9]* (a2a_counts of unit .*): .* exceed its capacity of"'
+# Issue 42: a capacity factor's binary routes what its capacity admits and
+# refuses one row past it, the capacity the exact ceiling the check computes.
+run "ep4_mixtral_efsdp1: capacity ceil(1.5 x 12 / 4) = 5 rows: counts within it routed, 6 refused (tests/ep/capacity_sim.sh)" \
+  env LUA="$LUA" tests/ep/capacity_sim.sh build/ep4_mixtral_efsdp1/ep4_mixtral_efsdp1 build/gen/ep4_mixtral_efsdp1/plan.json
 run "kernel plan: all 27 (orig, param, reduce) triples, each on a vector and a scalar unit" $LUA -e '
   package.path = "./?.lua;" .. package.path
   local json, seen, triples = require("gen.json"), 0, {}

@@ -69,12 +69,26 @@ end
 -- routing fits: torchtitan's default dispatcher drops nothing) is
 -- tokens x min(top_k, E/ep); "factor" is ceil(factor x tokens x top_k / ep)
 -- (the uniform share times the factor), never above dropless.
+-- The ceiling is taken on the factor as the plan wrote it (the fewest
+-- decimals that give its double, up to 6): 1.1 x 50 / 5 is 11 rows, where
+-- the double 1.1's excess would round 11.000000000000002 up to 12.
+local function ceil_factor(f, rows, n)
+  for digits = 0, 6 do
+    local den = math.tointeger(10 ^ digits)
+    local m = math.tointeger(math.floor(f * den + 0.5))
+    if m and m > 0 and m / den == f and rows <= math.maxinteger // m // den then
+      return (m * rows + den * n - 1) // (den * n)
+    end
+  end
+  return math.ceil(f * rows / n)
+end
+
 function ep.capacity(tokens, top_k, experts, ep_size, policy)
   local per = experts // ep_size
   local rows = tokens * top_k
   local worst = tokens * math.min(top_k, per)
   if policy.name == "factor" then
-    local c = math.ceil(policy.factor * rows / ep_size)
+    local c = ceil_factor(policy.factor, rows, ep_size)
     return math.max(1, math.min(worst, math.tointeger(c) or worst)), rows, worst
   end
   return worst, rows, worst

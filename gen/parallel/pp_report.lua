@@ -292,6 +292,10 @@ local function evaluate(p, loaded, pp, n, name, opts)
     -- PP torchtitan does not reshard after forward, and the gradients
     -- accumulate unsharded until the end: FSDP2 with step_end), the saved
     -- activations the schedule keeps in flight, one layer's transient.
+    -- The gradients accumulate in reduce_dtype: every backward of a stage
+    -- runs without gradient sync, and FSDP2's post_backward then casts them
+    -- to it (FSDPParamGroup._set_unsharded_grad_dtypes, torch 2.15), where
+    -- the stage mesh's one-microbatch layout reduces them in ag_dtype.
     local ES, W = util.DTYPE_BYTES, p.layout.W
     local worst_mem, worst_mem_rank = -1, 0
     for r = 0, pp - 1 do
@@ -301,7 +305,7 @@ local function evaluate(p, loaded, pp, n, name, opts)
         for _, u in ipairs(costs[st].units) do
           local sharded = u.total * ES[u.orig_dtype]
           local opt = s.optimizer == "adamw" and (2 * sharded + (s.fp32_master and 4 * u.total or 0)) or 0
-          bytes = bytes + 2 * sharded + opt + W * u.total * ES[u.ag_dtype] + u.grads_numel * ES[u.grad_dtype]
+          bytes = bytes + 2 * sharded + opt + W * u.total * ES[u.ag_dtype] + u.grads_numel * ES[u.reduce_dtype]
         end
       end
       bytes = bytes + transient

@@ -64,6 +64,11 @@ local function copy_unit(u, index)
   local c = {}
   for k, v in pairs(u) do c[k] = v end
   c.index, c.global, c.pp_numel = index, u.index, 0
+  -- Every backward of a stage runs without gradient sync (step_end), so
+  -- FSDP2 keeps its unsharded grads in reduce_dtype to accumulate them
+  -- (gen/parallel/fsdp_layout.lua's rule for accumulating micro-steps);
+  -- the stage mesh's one-microbatch layout has them in ag_dtype.
+  c.grad_dtype = u.reduce_dtype
   return c
 end
 

@@ -40,6 +40,10 @@ suites[#suites + 1] = "test_qwen3"
 suites[#suites + 1] = "test_hostile_outputs"
 -- Issue 33: sizes bounded before the work they drive; pipeline CSVs read beside the plan, bounded, never echoed.
 suites[#suites + 1] = "test_bounds"
+-- Issue 42: memory figures, collective prices and capacity rounding against hand-computed values.
+suites[#suites + 1] = "test_memory_figures"
+suites[#suites + 1] = "test_prices"
+suites[#suites + 1] = "test_capacity"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)
