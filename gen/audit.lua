@@ -505,6 +505,14 @@ end
 
 local function unit_name(p, index) return p.layout.units[index + 1].name end
 
+-- A unit's folding item: its signature with its name's template, keyed by
+-- the number in its name (gen/fold.lua: an MoE layer's two units fold
+-- beside each other).
+local function unit_item(p, index, sig)
+  local tpl, key = fold.numbered(unit_name(p, index), index)
+  return { sig = tpl .. "|" .. sig, unit = key, index = index }
+end
+
 -- A unit's layout signature: units with equal signatures are folded.
 local function layout_sig(u)
   local t = { #u.params, u.total, u.grads_numel, u.orig_dtype, u.ag_dtype, u.reduce_dtype, u.grad_dtype, u.rs_op, u.ar_op,
@@ -543,12 +551,12 @@ end
 -- Runs of units, each given as a list of unit indices in the order met.
 local function unit_runs(p, indices)
   local items = {}
-  for i, ix in ipairs(indices) do items[i] = { sig = unit_sig(p.layout.units[ix + 1]), unit = ix } end
+  for i, ix in ipairs(indices) do items[i] = unit_item(p, ix, unit_sig(p.layout.units[ix + 1])) end
   local out = {}
-  for _, run in ipairs(fold.runs(items, 1)) do
+  for _, row in ipairs(fold.rows(items, 4)) do
     local names = {}
-    for j = run.first, run.first + run.reps - 1 do names[#names + 1] = unit_name(p, items[j].unit) end
-    out[#out + 1] = { first = run.first, n = run.reps, text = fold.unit_range(names) }
+    for _, j in ipairs(row.members) do names[#names + 1] = unit_name(p, items[j].index) end
+    out[#out + 1] = { first = row.first, n = #row.members, text = fold.unit_range(names) }
   end
   return out
 end
@@ -1273,12 +1281,12 @@ function audit.md_units(p, w)
   w("| unit | params | numel | sharded slot | all-gather buffer | dtypes (gather, reduce) | reduce | padding | copy kernels |")
   w("|---|---|---|---|---|---|---|---|---|")
   local items = {}
-  for i, u in ipairs(p.layout.units) do items[i] = { sig = unit_sig(u), unit = u.index } end
+  for i, u in ipairs(p.layout.units) do items[i] = unit_item(p, u.index, unit_sig(u)) end
   local shown = {}
-  for _, run in ipairs(fold.runs(items, 1)) do
-    local u = p.layout.units[items[run.first].unit + 1]
+  for _, row in ipairs(fold.rows(items, 4)) do
+    local u = p.layout.units[items[row.first].index + 1]
     local names = {}
-    for j = run.first, run.first + run.reps - 1 do names[#names + 1] = p.layout.units[j].name end
+    for _, j in ipairs(row.members) do names[#names + 1] = unit_name(p, items[j].index) end
     local Wu = u.W or W -- (expert parallelism's experts: their efsdp group)
     local pad, numel = padding_of(u, Wu)
     w("| %s%s | %d | %s | %s | %s | %s, %s | %s%s | %s | %s |", fold.unit_range(names),
@@ -1362,15 +1370,16 @@ function audit.md_tp_classes(p, w)
         local slot = u.total == u0.total and string.format("slot %s as TP rank 0's", human(u.total * ES[u.orig_dtype]))
           or string.format("slot %s, all-gather buffer %s (TP rank 0: %s, %s)", human(u.total * ES[u.orig_dtype]),
             human(W * u.total * ES[u.ag_dtype]), human(u0.total * ES[u0.orig_dtype]), human(W * u0.total * ES[u0.ag_dtype]))
-        items[#items + 1] = { unit = u.index, name = u.name,
-                              sig = slot .. (#shapes > 0 and ("; " .. table.concat(shapes, ", ")) or "") }
+        local it = unit_item(p, u.index, slot .. (#shapes > 0 and ("; " .. table.concat(shapes, ", ")) or ""))
+        it.text = slot .. (#shapes > 0 and ("; " .. table.concat(shapes, ", ")) or "")
+        items[#items + 1] = it
       end
     end
     local parts = {}
-    for _, run in ipairs(fold.runs(items, 1)) do
+    for _, row in ipairs(fold.rows(items, 4)) do
       local names = {}
-      for j = run.first, run.first + run.reps - 1 do names[#names + 1] = items[j].name end
-      parts[#parts + 1] = fold.unit_range(names) .. ": " .. items[run.first].sig
+      for _, j in ipairs(row.members) do names[#names + 1] = unit_name(p, items[j].index) end
+      parts[#parts + 1] = fold.unit_range(names) .. ": " .. items[row.first].text
     end
     w("- %s (class %d; arena %s): %s", ranks_text(cls.coords), c - 1, human(cls.memory.arena_bytes),
       #parts > 0 and table.concat(parts, "; ") or "slots as TP rank 0's")
@@ -1425,13 +1434,13 @@ function audit.md_ops(p, w)
     for j, s in ipairs(p.arena.waits[o.seq] or {}) do rel[j] = tostring(s - o.seq) end
     local us = per_unit[o.unit]
     if not us then
-      us = fold.template(unit_name(p, o.unit)) .. "|" .. unit_sig(p.layout.units[o.unit + 1])
+      us = unit_item(p, o.unit, unit_sig(p.layout.units[o.unit + 1]))
       per_unit[o.unit] = us
     end
     items[i] = { sig = table.concat({ op_text(p, o), o.phase, o.micro_step, o.stream, o.group or "-",
-      table.concat(rel, " "), us }, "|"), unit = o.unit, rel = rel }
+      table.concat(rel, " "), us.sig }, "|"), unit = us.unit, rel = rel }
   end
-  for _, run in ipairs(fold.runs(items, 16)) do
+  for _, run in ipairs(fold.runs(items, 32)) do
     for j = 0, run.period - 1 do
       local first = run.first + j
       local o = p.ops[first]
@@ -1464,11 +1473,11 @@ function audit.md_timeline(p, a, w)
   w("| unit | forward | backward (with recompute) | activations saved |")
   w("|---|---|---|---|")
   local items = {}
-  for i, u in ipairs(p.layout.units) do items[i] = { sig = unit_sig(u), unit = u.index } end
-  for _, run in ipairs(fold.runs(items, 1)) do
-    local u = p.layout.units[items[run.first].unit + 1]
+  for i, u in ipairs(p.layout.units) do items[i] = unit_item(p, u.index, unit_sig(u)) end
+  for _, row in ipairs(fold.rows(items, 4)) do
+    local u = p.layout.units[items[row.first].index + 1]
     local names = {}
-    for j = run.first, run.first + run.reps - 1 do names[#names + 1] = p.layout.units[j].name end
+    for _, j in ipairs(row.members) do names[#names + 1] = unit_name(p, items[j].index) end
     local r = a.per_unit[u.index]
     w("| %s | %s | %s | %s |", fold.unit_range(names), us_text(r.fwd / a.settings.flops_per_us),
       us_text((r.bwd + r.recompute) / a.settings.flops_per_us),

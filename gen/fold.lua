@@ -1,6 +1,10 @@
 -- Folding runs of identical rows for SCHEDULE.md: a block of k rows that
 -- repeats for the next unit (unit index +1 or -1 in every row of the
--- block) is shown once, with its unit ranges (`layers.0-79`).
+-- block) is shown once, with its unit ranges (`layers.0-79`). Callers
+-- whose units interleave (an MoE layer is two units, layers.N and
+-- layers.N.experts) give a unit's number in its name as its index
+-- (fold.numbered), so a block of both folds as `layers.0-31` and
+-- `layers.0-31.experts`.
 local fold = {}
 
 -- items[i] = { sig = string (everything shown but the unit), unit = index }.
@@ -36,6 +40,31 @@ function fold.runs(items, max_period)
     i = i + best_k * best_r
   end
   return out
+end
+
+-- The rows a folded table shows, in order: for each run, one row per
+-- place in its block, { first = the item shown, members = the items it
+-- stands for (one per repetition) }.
+function fold.rows(items, max_period)
+  local out = {}
+  for _, run in ipairs(fold.runs(items, max_period)) do
+    for j = 0, run.period - 1 do
+      local members = {}
+      for r = 0, run.reps - 1 do members[#members + 1] = run.first + j + r * run.period end
+      out[#out + 1] = { first = run.first + j, members = members }
+    end
+  end
+  return out
+end
+
+-- A unit's place for folding: a numbered name (`layers.7.experts`) gives
+-- its template and number, so units of one template number consecutively
+-- whatever units lie between them; any other name keeps its index and a
+-- template of its own (it folds with nothing else).
+function fold.numbered(name, index)
+  local tpl, num = fold.template(name)
+  if num then return tpl, num end
+  return name, index
 end
 
 -- A unit name's template: its last run of digits replaced by '#'.

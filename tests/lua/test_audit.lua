@@ -585,6 +585,37 @@ function T.fold_runs_and_names()
   local runs = fold.runs(items, 4)
   H.eq(#runs, 1, "one run"); H.eq(runs[1].period, 2, "period"); H.eq(runs[1].reps, 4, "reps")
   H.eq(json.encode(219.993), "219.993", "shortest round-trip number")
+  -- fold.rows: one row per place in a folded block, standing for its reps.
+  local rows = fold.rows(items, 4)
+  H.eq(#rows, 2, "a block of two folds to two rows")
+  H.eq(table.concat(rows[1].members, ","), "1,3,5,7", "x's rows"); H.eq(table.concat(rows[2].members, ","), "2,4,6,8", "y's")
+  -- fold.numbered: an MoE layer's two units number alike, unnumbered names keep their index.
+  H.eq(select(2, fold.numbered("layers.7.experts", 15)), 7, "experts keyed by their layer")
+  H.eq(fold.numbered("layers.7.experts", 15), "layers.#.experts", "and templated")
+  H.eq(select(2, fold.numbered("norm_lm_head", 66)), 66, "an unnumbered unit keeps its index")
+end
+
+-- Issue 34, item 3: an MoE plan's report folds its interleaved units
+-- (layers.N, layers.N.experts) as a dense plan folds its layers, so it
+-- reads in one sitting; breaking the numbered keys (folding by unit index
+-- again) brings mixtral back to ~1,500 lines.
+function T.moe_schedule_md_folds_interleaved_units()
+  for _, name in ipairs({ "mixtral8x7b", "deepseek_v3" }) do
+    local path = "plans/" .. name .. ".lua"
+    local p, fp = gen(read(path), path)
+    local md = audit.schedule_md(p, fp)
+    local _, n = md:gsub("\n", "")
+    assert(n <= 400, string.format("%s: SCHEDULE.md has %d lines (at most 400)", name, n))
+    local last = p.layout.units[#p.layout.units - 1].name:match("^layers%.(%d+)") -- the last block's number
+    assert(last, name .. ": a numbered last block")
+    for _, want in ipairs({ "| layers.%s-" .. last .. " |", "| layers.%s-" .. last .. ".experts |" }) do
+      local found = md:find(want:format("0"), 1, true) or md:find(want:format("1"), 1, true)
+        or md:find(want:format("3"), 1, true)
+      assert(found, name .. ": the units table folds " .. want:format("N"))
+    end
+    assert(md:find("layers.31-0.experts", 1, true) or name ~= "mixtral8x7b",
+      name .. ": warnings name the experts' run, not three of them and 'and 29 more'")
+  end
 end
 
 return T
