@@ -194,7 +194,7 @@ local function big() return expr(pick({ "1000", "4000", "20000", "100000", "1 <<
 
 local HOSTILE_STRINGS = {
   "", " ", "x", "1F1B ", "1f1b", "GPipe\0", "Schedule1F1B", "ScheduleGPipe", "../1F1B", "%s", "\27[31m", "\255",
-  string.rep("Z", 5000), "nil", "a\nb", SECRET,
+  string.rep("Z", 5000), "nil", "a\nb", "secret",
 }
 
 -- ---- per-input files ------------------------------------------------------
