@@ -28,6 +28,7 @@
 --
 --   lua5.4 tests/fuzz_surfaces.lua [--seconds 20] [--min-inputs 200] [--seed N] [--only I]
 --                                  [--max-failures 20] [--per-input 10] [--mem-mb 2048]
+--                                  [--surface pipeline|csv|network|ep|diff-plan] (that one only)
 --
 -- Input I depends only on (seed, I), so a failure reproduces with
 -- --seed N --only I; its files are also kept under build/fuzz/surfaces-fail-N-I/.
@@ -38,7 +39,7 @@ local opts = { seconds = 20, seed = 20261129, only = nil, min_inputs = 200, max_
 do
   local i = 1
   local usage = "usage: lua5.4 tests/fuzz_surfaces.lua [--seconds S] [--min-inputs N] [--seed N] [--only I] "
-    .. "[--max-failures K] [--per-input S] [--mem-mb M]\n"
+    .. "[--max-failures K] [--per-input S] [--mem-mb M] [--surface NAME]\n"
   while i <= #arg do
     local a, v = arg[i], math.tointeger(tonumber(arg[i + 1] or ""))
     if a == "--seconds" and v then opts.seconds = v
@@ -48,6 +49,7 @@ do
     elseif a == "--max-failures" and v then opts.max_failures = v
     elseif a == "--per-input" and v then opts.per_input = v
     elseif a == "--mem-mb" and v then opts.mem_mb = v
+    elseif a == "--surface" and arg[i + 1] then opts.surface = arg[i + 1]
     else io.stderr:write(usage); os.exit(2) end
     i = i + 2
   end
@@ -55,7 +57,8 @@ do
 end
 
 local LUA = os.getenv("LUA") or "lua5.4"
-local TOP = "build/fuzz/surf"
+-- (its own directory: two runs at once do not share files)
+local TOP = "build/fuzz/surf." .. assert(io.popen("echo $PPID"):read("l"))
 local W = TOP .. "/w" -- the current input's files: plan/, outside/, ops/, svg/, canary/, out
 local SECRET = "SECRET_hD_7f3a" -- planted where no plan may read it; never printed
 
@@ -223,6 +226,12 @@ local function set(t, sec, key, v)
   t[sec][key] = v
 end
 
+-- Sizes whose product passes 2^53 elements, each within its own bound.
+local function batch_times_seq(t)
+  set(t, "training", "local_batch_size", expr(pick({ "1 << 20", "1 << 16", "65535" })))
+  set(t, "model", "seq_len", expr(pick({ "1 << 30", "1 << 34", "(1 << 31) - 1", "1 << 40" })))
+end
+
 -- (a) pipeline fields: returns argv, how, checks
 local function gen_pipeline()
   local base = pick(PP_BASES)
@@ -245,7 +254,9 @@ local function gen_pipeline()
       hows[#hows + 1] = "pp"
     elseif k == 6 then set(t, "model", "n_layers", R(2) == 1 and big() or num()); hows[#hows + 1] = "n_layers"
     elseif k == 7 then set(t, "training", "local_batch_size", R(2) == 1 and big() or num()); hows[#hows + 1] = "local_batch_size"
-    elseif k == 8 then set(t, "model", "seq_len", R(2) == 1 and big() or num()); hows[#hows + 1] = "seq_len"
+    elseif k == 8 then
+      if R(2) == 1 then set(t, "model", "seq_len", R(2) == 1 and big() or num()); hows[#hows + 1] = "seq_len"
+      else batch_times_seq(t); hows[#hows + 1] = "local_batch_size x seq_len past 2^53" end
     elseif k == 9 then t.pipeline = pick({ expr("'1F1B'"), expr("{}"), expr("{ 1, 2 }"), expr("true"), nil }); hows[#hows + 1] = "pipeline table"
     elseif k == 10 then set(t, "pipeline", pick({ "schedul", "micro_batches", "stages_per_rank", "csv_format", "[1]" }), num())
       hows[#hows + 1] = "unknown key"
@@ -352,6 +363,16 @@ local NET_FIELDS = { "gpus_per_node", "preset", "collectives", "nics_per_node", 
   "pci_GBps", "net_latency_us", "sharp", "intra_node_GBps", "inter_node_GBps", "latency_us", "gpu_memory_GB",
   "gpu_TFLOPS", "mfu", "hbm_GBps" }
 local TINY = { "1e-300", "5e-324", "1e-9", "1e-6", "0.001", "0.01", "0.1", "1e-30" }
+-- Values at the edges of each figure's documented range (gen/load.lua), accepted by the
+-- loader: what reaches the cost model and the renderers.
+local EDGES = {
+  gpus_per_node = { "1", "2", "3" }, nics_per_node = { "1", "64", "3" }, nvlinks = { "1", "64" },
+  nic_Gbps = { "10", "10.000001", "1e6" }, nvlink_GBps = { "5", "5.0000001", "1e6" }, pci_GBps = { "1", "1e6" },
+  net_latency_us = { "0", "5e-324", "1e6" }, intra_node_GBps = { "5e-324", "1e-300", "1e-12", "1e6" },
+  inter_node_GBps = { "5e-324", "1e-300", "1e-12", "1e6" }, latency_us = { "0", "5e-324", "1e6" },
+  gpu_memory_GB = { "5e-324", "1e-300", "1e6" }, gpu_TFLOPS = { "0.01", "1e6" }, mfu = { "0.001", "1" },
+  hbm_GBps = { "0.1", "1e6" },
+}
 local function gen_network()
   local base = pick(NET_BASES)
   local t = copy(base.t)
@@ -364,9 +385,11 @@ local function gen_network()
     local v
     if f == "preset" then v = R(2) == 1 and pick({ "h100", "h200", "b200", "a100" }) or pick(HOSTILE_STRINGS)
     elseif f == "collectives" then v = R(2) == 1 and pick({ "nccl", "alpha_beta" }) or pick(HOSTILE_STRINGS)
+    elseif f == "nvls" or f == "sharp" then v = R(3) == 1 and num() or R(2) == 1
+    elseif R(3) ~= 1 and EDGES[f] then v = expr(pick(EDGES[f])); f = f .. " (edge)"
     elseif R(3) == 1 then v = expr(pick(TINY))
     else v = num() end
-    topo[f] = v
+    topo[f:match("^%S+")] = v
     hows[#hows + 1] = f
   end
   if R(15) == 1 then t.topology = pick({ expr("'h100'"), expr("{ 1 }"), expr("true") }); hows = { "topology not a table" } end
@@ -392,7 +415,9 @@ local function gen_ep()
       hows[#hows + 1] = "experts / top_k"
     elseif k == 5 then set(t, "model", pick({ "moe_hidden_dim", "dim" }), R(2) == 1 and big() or num()); hows[#hows + 1] = "dims"
     elseif k == 6 then set(t, "training", "local_batch_size", R(2) == 1 and big() or num()); hows[#hows + 1] = "local_batch_size"
-    elseif k == 7 then set(t, "model", "seq_len", R(2) == 1 and big() or num()); hows[#hows + 1] = "seq_len"
+    elseif k == 7 then
+      if R(2) == 1 then set(t, "model", "seq_len", R(2) == 1 and big() or num()); hows[#hows + 1] = "seq_len"
+      else batch_times_seq(t); hows[#hows + 1] = "local_batch_size x seq_len past 2^53" end
     elseif k == 8 then set(t, "expert_parallel", pick({ "capacity_factr", "dispatcher", "[1]" }), num()); hows[#hows + 1] = "unknown key"
     elseif k == 9 then set(t, "model", pick({ "n_expert_groups", "n_limited_groups" }), num()); hows[#hows + 1] = "expert groups"
     else set(t, "parallel", "etp", num()); hows[#hows + 1] = "etp" end
@@ -561,6 +586,11 @@ local function one(i)
     if r <= s.w then surface = s; break end
     r = r - s.w
   end
+  if opts.surface then
+    surface = nil
+    for _, s in ipairs(SURFACES) do if s.name:find(opts.surface, 1, true) == 1 then surface = s end end
+    if not surface then io.stderr:write("--surface: pipeline, csv, network, ep or diff-plan\n"); os.exit(2) end
+  end
   fresh()
   local c = surface.gen()
   tried = tried + 1
@@ -600,8 +630,8 @@ else
     i = i + 1
     one(i)
   end
-  sh("rm -rf " .. sh_quote(W))
 end
+sh("rm -rf " .. sh_quote(TOP))
 if #class_order > 0 then
   io.stdout:write("fuzz-surfaces: failure classes (surface | class: count, first):\n")
   for _, k in ipairs(class_order) do
