@@ -30,7 +30,8 @@
 --                                  [--max-failures 20] [--per-input 10] [--mem-mb 2048]
 --                                  [--surface pipeline|csv|network|ep|diff-plan] (that one only)
 --
--- Input I depends only on (seed, I), so a failure reproduces with
+-- Inputs 1..#CORPUS are fixed shapes, one per class known to have broken a
+-- surface; every later input I depends only on (seed, I), so a failure reproduces with
 -- --seed N --only I; its files are also kept under build/fuzz/surfaces-fail-N-I/.
 package.path = "./?.lua;" .. package.path
 
@@ -314,12 +315,15 @@ local function mutate_csv(csv)
 end
 
 -- Where the CSV sits and how the plan names it; must_refuse: a placement the plan may not read.
-local function gen_csv()
-  local base = pick(CSV_BASES)
+-- force (the corpus below): { base = i, text = function(csv) -> text, how, place = 1..12 }
+local function gen_csv(force)
+  force = force or {}
+  local base = force.base and CSV_BASES[math.min(force.base, #CSV_BASES)] or pick(CSV_BASES)
   local t = copy(base.t)
   local text, how = base.csv, "valid"
-  if R(5) ~= 1 then text, how = mutate_csv(base.csv) end
-  local place = R(12)
+  if force.text then text, how = force.text(base.csv)
+  elseif not force.place and R(5) ~= 1 then text, how = mutate_csv(base.csv) end
+  local place = force.place or R(12)
   local must_refuse, where
   local abs_outside = ROOT .. "/" .. W .. "/outside/s.csv"
   if place <= 4 then write(W .. "/plan/s.csv", text); t.pipeline.csv = "s.csv"; where = "beside"
@@ -428,7 +432,9 @@ end
 
 -- (d) diff-plan's operands and --svg outputs
 local HUGE_LUA = TOP .. "/huge.lua" -- past the 16 MiB a plan file may have, made once
-local function gen_diff()
+-- force (the corpus below): { a = k, b = k, svg = k } for operand() and the --svg DIR setup
+local function gen_diff(force)
+  force = force or {}
   local ops = W .. "/ops"
   assert(os.execute("mkdir -p " .. ops))
   local function plan_operand(name, from)
@@ -436,8 +442,8 @@ local function gen_diff()
     write(p, assert(read(from)))
     return p
   end
-  local function operand()
-    local k = R(16)
+  local function operand(forced)
+    local k = forced or R(16)
     if k <= 4 then return plan_operand("a" .. R(99) .. ".lua", pick({ "plans/fsdp4.lua", "plans/hsdp2x2.lua",
       "plans/llama_tiny.lua", "plans/single.lua", "tests/ep/plans/ep2_mixtral.lua" })), "plan"
     elseif k == 5 then return plan_operand("pp" .. R(99) .. ".lua", pick({ "tests/pp/plans/pp_tiny.lua",
@@ -472,14 +478,14 @@ local function gen_diff()
       "HEAD~999999:plans/fsdp4/plan.json", "HEAD:plans/fsdp4.lua", "$(id):x", "" }), "REV:path"
     else return W .. "/canary/c1", "a non-plan file (a canary)" end
   end
-  local a, ha = operand()
-  local b, hb = operand()
+  local a, ha = operand(force.a)
+  local b, hb = operand(force.b)
   local argv = { LUA, R(3) == 1 and "gen/commplan.lua" or "gen/verbs.lua", "diff" }
   local how = ha .. " vs " .. hb
   local svg
-  if R(4) ~= 1 then
+  if force.svg or (force.svg == nil and R(4) ~= 1) then
     svg = W .. "/svg"
-    local k = R(10)
+    local k = force.svg or R(10)
     if k >= 2 then assert(os.execute("mkdir -p " .. svg)) end
     if k == 1 then how = how .. ", --svg new dir"
     elseif k == 2 then how = how .. ", --svg empty dir"
@@ -507,6 +513,61 @@ local SURFACES = {
   { name = "network", gen = gen_network, w = 2 },
   { name = "ep", gen = gen_ep, w = 2 },
   { name = "diff-plan", gen = gen_diff, w = 2 },
+}
+
+-- The first inputs: one of each shape known to have broken a surface (issue 33's classes and
+-- what this fuzzer found), so that the quick tier's few inputs hold every class.
+local function plan_case(t, how)
+  local p = plan_file(t)
+  return { argv = { LUA, "gen/commplan.lua", p, W .. "/out" }, plan = p, how = "corpus: " .. how }
+end
+local function with(base, edit)
+  local t = copy(base)
+  edit(t)
+  return t
+end
+local function first_row_with(cells)
+  return function(csv) return (csv:gsub("^([^\r\n]*)", function(row) return cells(row) end, 1)), "corpus" end
+end
+local function diff_case(a, b, how)
+  local ops = W .. "/ops"
+  assert(os.execute("mkdir -p " .. ops))
+  return { argv = { LUA, "gen/verbs.lua", "diff", a, b }, diff = true, how = "corpus: " .. how }
+end
+local CORPUS = {
+  { "pipeline fields", function() return plan_case(with(PP_BASES[3].t, function(t) t.model.n_layers = 100000 end),
+    "a pipeline plan with 100000 layers") end },
+  { "pipeline fields", function() return plan_case(with(PP_BASES[4].t, function(t)
+    t.model.n_layers = 2000; t.pipeline.microbatches = 4096; t.training.local_batch_size = 4096 end),
+    "2000 layers x 4096 microbatches") end },
+  { "pipeline fields", function() return plan_case(with(PP_BASES[1].t, function(t)
+    t.training.local_batch_size = 1 << 20; t.model.seq_len = 1 << 30 end), "local_batch_size x seq_len = 2^50 (x dim past 2^53)") end },
+  { "pipeline fields", function() return plan_case(with(PP_BASES[1].t, function(t)
+    t.model.n_layers = 20000; t.parallel.pp = 1; t.pipeline = nil end), "a dense Llama with 20000 layers") end },
+  { "csv", function() return gen_csv({ base = 1, place = 1, text = first_row_with(function(r) return "0F9223372036854775808," .. r end) }) end },
+  -- (an action twice in a row: torch's _validate_schedule counts each once)
+  { "csv", function() return gen_csv({ base = 2, place = 1, text = first_row_with(function(r)
+    return r .. "," .. r:match("([^,]+),*$") end) }) end },
+  { "csv", function() return gen_csv({ base = 1, place = 1, text = first_row_with(function(r)
+    return "0F0" .. string.rep(" ", 30000) .. "x," .. r end) }) end },
+  { "csv", function() return gen_csv({ base = 1, place = 1, text = function(csv) return csv:rep(20000), "20000 copies" end }) end },
+  { "csv", function() return gen_csv({ base = 1, place = 8 }) end },
+  { "csv", function() return gen_csv({ base = 1, place = 6 }) end },
+  { "csv", function() return gen_csv({ base = 1, place = 10 }) end },
+  { "csv", function() return gen_csv({ base = 1, place = 1, text = first_row_with(function(r) return SECRET .. "," .. r end) }) end },
+  { "network", function() return plan_case(with(NET_BASES[2].t, function(t)
+    t.topology = { collectives = "alpha_beta", gpus_per_node = 2, intra_node_GBps = expr("5e-324") } end),
+    "alpha_beta with intra_node_GBps = 5e-324") end },
+  { "ep", function() return plan_case(with(EP_BASES[2].t, function(t)
+    t.training = { local_batch_size = 1 << 20 }; t.model.seq_len = 1 << 30 end), "ep: local_batch_size x seq_len past 2^53") end },
+  { "diff-plan", function() return gen_diff({ a = 1, b = 2, svg = 3 }) end },
+  { "diff-plan", function() return gen_diff({ a = 1, b = 2, svg = 10 }) end },
+  { "diff-plan", function() return gen_diff({ a = 1, b = 2, svg = 6 }) end },
+  { "diff-plan", function()
+    write(W .. "/j.json", '{"ops": [], "schema": 2}')
+    return diff_case(W .. "/j.json", "plans/fsdp4.lua", "a plan.json of schema 2 with no mesh")
+  end },
+  { "diff-plan", function() return diff_case("", "plans/fsdp4.lua", "an empty operand") end },
 }
 
 -- ---- running and judging --------------------------------------------------
@@ -592,7 +653,13 @@ local function one(i)
     if not surface then io.stderr:write("--surface: pipeline, csv, network, ep or diff-plan\n"); os.exit(2) end
   end
   fresh()
-  local c = surface.gen()
+  local c
+  if i <= #CORPUS and not opts.surface then
+    for _, x in ipairs(SURFACES) do if x.name == CORPUS[i][1] then surface = x end end
+    c = CORPUS[i][2]()
+  else
+    c = surface.gen()
+  end
   tried = tried + 1
   counts[surface.name] = (counts[surface.name] or 0) + 1
   local before = { canaries = listing(W .. "/canary"), svg = c.svg and listing(c.svg) or "" }
