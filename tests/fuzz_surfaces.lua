@@ -693,6 +693,15 @@ io.stdout:write(string.format("fuzz-surfaces: seed %d, %d s, at least %d inputs,
   .. "(reproduce: %s tests/fuzz_surfaces.lua --seed %d --only I)\n", opts.seed, opts.seconds, opts.min_inputs,
   opts.per_input, opts.mem_mb, LUA, opts.seed))
 io.stdout:flush()
+-- The committed tree (plans/ and tests/) as git sees it: no input may change it.
+local function committed_state()
+  local ph = io.popen("git status --porcelain --untracked-files=no -- plans tests 2>/dev/null | LC_ALL=C sort; "
+    .. "git diff -- plans tests 2>/dev/null | cksum")
+  local st = ph:read("a")
+  ph:close()
+  return st
+end
+local committed_before = committed_state()
 if opts.only then
   one(opts.only)
 else
@@ -704,6 +713,10 @@ else
   end
 end
 sh("rm -rf " .. sh_quote(TOP))
+if committed_state() ~= committed_before then
+  failures[#failures + 1] = "a committed file under plans/ or tests/ changed during the run (git status)"
+  io.stdout:write("FAIL " .. failures[#failures] .. "\n")
+end
 if #class_order > 0 then
   io.stdout:write("fuzz-surfaces: failure classes (surface | class: count, first):\n")
   for _, k in ipairs(class_order) do
