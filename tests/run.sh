@@ -277,6 +277,23 @@ torch_lane() {
   else
     skipped "$eplib_what" "no torch environment with torchrun (make torch-env)"
   fi
+  # Expert counts fuzzed where they enter the libraries (the C call and
+  # HostLibrary.set_expert_counts), 4 ranks on gloo, after ep_library.py
+  # built the library (tests/fuzz_ep_counts.py, fixed seed; 77: SKIP).
+  fze_s=$(tiered 3 20) fze_n=$(tiered 200 1500)
+  fze_what="fuzz: EP expert counts through the C library and Python, $fze_s s and at least $fze_n cases on 4 ranks: exact or refused with the rank still in the exchange (tests/fuzz_ep_counts.py, fixed seed)"
+  if [ "$live_rc" = 0 ]; then
+    fze_f=$(logname "$fze_what")
+    timeout 900 "$live_py" tests/fuzz_ep_counts.py --seconds "$fze_s" --min-cases "$fze_n" >"$fze_f" 2>&1
+    case $? in
+      0) ok "$fze_what"; grep -ah "^fuzz_ep_counts: " "$fze_f" | sed "s/^/        /" ;;
+      77) skipped "$fze_what" "$(sed -n 's/^SKIP fuzz_ep_counts: //p' "$fze_f" | head -n 1)" ;;
+      *) bad "$fze_what" "$fze_f" ;;
+    esac
+    full_adds "$fze_s s and at least $fze_n cases; make test-full fuzzes 20 s and at least 1500"
+  else
+    skipped "$fze_what" "no torch environment (make torch-env)"
+  fi
 
   section "Python package with PyTorch: runtime hooks, torchtitan's TP live (tests/python/test_runtime_host.py, tests/tp_record.py)"
   if command -v python3 >/dev/null 2>&1; then
@@ -388,6 +405,14 @@ fzp_s=$(tiered 5 20) fzp_n=$(tiered 150 1000)
 fzp="fuzz: random and mutated plan files for $fzp_s s and at least $fzp_n (tests/fuzz_plans.lua, fixed seed)"
 run "$fzp" timeout 600 $LUA tests/fuzz_plans.lua --seconds "$fzp_s" --min-inputs "$fzp_n"; grep -h "^fuzz: [0-9]" "$(logname "$fzp")" | sed "s/^/        /"
 full_adds "$fzp_s s and at least $fzp_n inputs; make test-full fuzzes 20 s and at least 1000"
+# The surfaces added since (pipeline fields and CSVs, network figures and
+# presets, expert parallelism's fields, diff-plan's operands and --svg
+# outputs), each input through the CLI under a time and memory limit
+# (tests/fuzz_surfaces.lua, fixed seed).
+fzs_s=$(tiered 5 30) fzs_n=$(tiered 120 800)
+fzs="fuzz: pipeline fields and CSVs, network figures, EP fields, diff-plan operands and outputs for $fzs_s s and at least $fzs_n inputs through the CLI (tests/fuzz_surfaces.lua, fixed seed)"
+run "$fzs" timeout 900 $LUA tests/fuzz_surfaces.lua --seconds "$fzs_s" --min-inputs "$fzs_n"; grep -h "^fuzz-surfaces: [0-9]" "$(logname "$fzs")" | sed "s/^/        /"
+full_adds "$fzs_s s and at least $fzs_n inputs; make test-full fuzzes 30 s and at least 800"
 
 section "golden: committed plans/*/ equal a fresh generation"
 run "plan file names in plans/ are [A-Za-z0-9_]+.lua" check_plan_names
