@@ -69,7 +69,10 @@ local function operand_source(spec)
   local src = read_operand(spec)
   if src then return src, spec, nil end
   local rev, path = spec:match("^([^:]+):(.+)$")
-  if not rev then fail(spec .. ": no such file; give a plan file, a plan.json or REV:plans/<name>/plan.json") end
+  if not rev then
+    fail((spec == "" and "an empty operand" or fsio.shown(spec))
+      .. ": no such file; give a plan file, a plan.json or REV:plans/<name>/plan.json")
+  end
   return git_show(rev, path), path, rev
 end
 
@@ -129,7 +132,27 @@ function plandiff.load(spec)
     fail(string.format("%s: plan.json schema %s; this diff reads schema 2 (regenerate it: make regen-all)",
       spec, tostring(doc.schema)))
   end
+  -- A plan.json is input like any other: held to its published schema
+  -- before the diff reads a field of it (a document with schema 2 and no
+  -- mesh was an internal error).
+  local err = require("gen.jsonschema").validate(doc, plandiff.schema())
+  if err then
+    fail(string.format("%s: not a plan.json commplan wrote (%s); regenerate it with make regen-all or name the "
+      .. "committed one", spec, fsio.shown(err):sub(1, 160)))
+  end
   return doc, spec
+end
+
+-- docs/plan-json.schema.json, found beside gen/ (read once).
+local SCHEMA
+function plandiff.schema()
+  if not SCHEMA then
+    local root = debug.getinfo(1, "S").source:match("^@(.*)/gen/plandiff%.lua$") or "."
+    local text, why = fsio.read_regular(root .. "/docs/plan-json.schema.json", 1 << 20)
+    if not text then fail("docs/plan-json.schema.json " .. why .. "; it ships with commplan, restore it") end
+    SCHEMA = json.decode(text)
+  end
+  return SCHEMA
 end
 
 -- An operand's timeline.svg (gen/svg.lua) and a note, or nil: a plan

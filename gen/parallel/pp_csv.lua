@@ -136,6 +136,12 @@ local function validate_schedule(lists, n)
           if need and not st[need][p.mb] then
             err(fmt("rank %d step %d: %s runs before %s%s%d; reorder the schedule", r - 1, i - 1, key(p), s, need, p.mb))
           end
+          -- (torch's validation counts distinct actions, so a repeated one
+          -- would run twice; the step has each once)
+          if st[p.type][p.mb] then
+            err(fmt("rank %d step %d: %s runs a second time; give each action of each stage and microbatch once",
+              r - 1, i - 1, key(p)))
+          end
           st[p.type][p.mb] = true
         end
       end

@@ -13,6 +13,7 @@ local trace = require("gen.trace")
 local compute = require("gen.compute")
 local fold = require("gen.fold")
 local plandiff = require("gen.plandiff")
+local util = require("gen.util")
 local T = {}
 
 local read = H.read
@@ -238,6 +239,16 @@ function T.plan_diff_loads_files_and_json()
   assert(not ok and tostring(err.msg or err):find("git show", 1, true), tostring(err))
   ok, err = pcall(plandiff.load, "HEAD;rm -rf /:plans/x")
   assert(not ok and tostring(err.msg or err):find("revision", 1, true), tostring(err))
+  -- a plan.json is held to its schema before a field is read (issue 33:
+  -- schema 2 with no mesh was an internal error); an empty operand is named
+  write("build/test_audit/no_mesh.json", '{"ops": [], "schema": 2}')
+  ok, err = pcall(plandiff.load, "build/test_audit/no_mesh.json")
+  assert(not ok and util.is_plan_error(err), tostring(err))
+  assert(tostring(err.msg or err):find("build/test_audit/no_mesh.json: not a plan.json commplan wrote (", 1, true),
+    tostring(err))
+  ok, err = pcall(plandiff.load, "")
+  assert(not ok and util.is_plan_error(err) and tostring(err.msg or err):find("^an empty operand: no such file"),
+    tostring(err))
   H.eq(plandiff.names_text({ "layers.0", "layers.1", "layers.2", "layers.5", "root" }), "layers.0-2,5, root", "names")
   H.eq(plandiff.names_text({ "layers.0", "layers.0", "layers.1", "layers.1" }), "layers.0-1", "each unit once")
   -- a pipeline plan against a plan without pp (as REV:plans/llama405b.lua

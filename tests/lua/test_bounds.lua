@@ -161,6 +161,17 @@ function T.csv_numbers_range_checked()
   refused_within(0.5, function() pps.import_csv("2000000000F0,2000000000B0\n") end, "names stage 2000000000")
 end
 
+-- A repeated action (torch's validation counts distinct ones, so it would
+-- run twice): refused naming its rank and step, not an internal error
+-- from the memory plan ("grads ... still live at the end of the step").
+function T.csv_repeated_action_refused()
+  local two = { pp = 2, microbatches = 1, num_stages = 2 }
+  refused_within(0.5, function() pps.import_csv("0F0,0F0,0B0\n1F0,1B0\n", two) end,
+    "rank 0 step 1: 0F0 runs a second time")
+  refused_within(0.5, function() pps.import_csv("0F0,0B0,0B0\n1F0,1B0\n", two) end,
+    "rank 0 step 2: 0B0 runs a second time")
+end
+
 -- ---- the CSV: where it is read from, and what a refusal shows -------------
 
 local function tmpdir()
