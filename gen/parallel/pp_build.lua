@@ -264,45 +264,105 @@ function M.schedule_md(p, fp)
   w("```")
   w("")
   w("## Ops per pipeline rank")
+  w("")
+  w("Each rank's ops in issue order, folded: a unit's compute and the TP collectives inside it are one")
+  w("row (`with tp: ...`); a block of rows repeated for the next layer is one row (`layers.0-6`, `#`")
+  w("first-last/step, or first-last where rows hold several ops); a block of those repeated for the next")
+  w("microbatch is one row again (micro-batch `8-13`, `#` the first .. last op it stands for). Every op")
+  w("of every rank, unfolded, is in plan.json (`pipeline.ranks[].ops`).")
   for _, c in ipairs(p.tp_classes) do
     w("")
     w("### Pipeline rank %d%s", c.pp_rank, p.dims.tp > 1 and fmt(", TP class %d", c.tp_class) or "")
     w("")
     w("| # | kind | unit | micro-batch | stream | detail |")
     w("|---|---|---|---|---|---|")
-    -- A block of rows repeated for the next layer is one row
-    -- (`layers.0-6`, ops `first-last/period`), as the dense plans' op table.
-    local items, details = {}, {}
-    for i, o in ipairs(c.ops) do
-      local detail = ""
-      if o.kind == "send" or o.kind == "recv" then
-        detail = fmt("%s pipeline rank %d, %d %s, tag %d%s", o.kind == "send" and "to" or "from", o.peer, o.count,
-          o.dtype, o.tag, o.batch > 0 and fmt(", batch %d", o.batch) or "")
-      elseif o.group then
-        detail = fmt("%s, %d %s per rank", o.group, o.count, o.dtype)
-      end
-      details[i] = detail
-      local name = c.layout.units[o.unit + 1].name
-      items[i] = { sig = table.concat({ o.kind, o.micro_step, o.stream, detail, (fold.template(name)) }, "|"),
-                   unit = o.unit }
-    end
-    for _, run in ipairs(fold.runs(items, 16)) do
-      for j = 0, run.period - 1 do
-        local first = run.first + j
-        local o = c.ops[first]
-        if run.reps == 1 then
-          w("| %d | %s | %s | %d | %s | %s |", o.seq, o.kind, c.layout.units[o.unit + 1].name, o.micro_step,
-            o.stream, details[first])
-        else
-          local names = {}
-          for r = 0, run.reps - 1 do names[#names + 1] = c.layout.units[c.ops[first + r * run.period].unit + 1].name end
-          w("| %d-%d/%d | %s | %s | %d | %s | %s |", o.seq, c.ops[first + (run.reps - 1) * run.period].seq,
-            run.period, o.kind, fold.unit_range(names), o.micro_step, o.stream, details[first])
-        end
-      end
+    for _, r in ipairs(M.folded_ops(c)) do
+      w("| %s | %s | %s | %s | %s | %s |", r.seq, r.kind, r.units, r.micro, r.stream, r.detail)
     end
   end
   return table.concat(L, "\n") .. "\n"
+end
+
+-- A pipeline rank's op table, folded twice: first a block of ops repeated
+-- for the next unit (`layers.0-6`, ops `first-last/period`, as the dense
+-- plans' op table), then a block of those rows repeated for the next
+-- microbatch (micro-batch `0-31`, `#` the first and last op it covers).
+-- Rows { seq, kind, units, micro, stream, detail } of text, and n: the ops
+-- a row stands for.
+function M.folded_ops(c)
+  -- A unit's compute and the activation collectives inside it (TP's, on
+  -- the compute stream, same unit and microbatch) are one entry.
+  local entries = {}
+  for _, o in ipairs(c.ops) do
+    local e = entries[#entries]
+    if e and (o.kind:match("^tp_") or o.kind:match("^cp_")) and e.compute and o.unit == e.o.unit
+      and o.micro_step == e.o.micro_step and o.stream == e.o.stream then
+      e.inner[#e.inner + 1] = o
+      e.last = o
+    else
+      entries[#entries + 1] = { o = o, last = o, inner = {}, compute = o.kind == "forward" or o.kind == "backward" }
+    end
+  end
+  local items, details = {}, {}
+  for i, e in ipairs(entries) do
+    local o, detail = e.o, ""
+    if o.kind == "send" or o.kind == "recv" then
+      detail = fmt("%s pipeline rank %d, %d %s, tag %d%s", o.kind == "send" and "to" or "from", o.peer, o.count,
+        o.dtype, o.tag, o.batch > 0 and fmt(", batch %d", o.batch) or "")
+    elseif o.group then
+      detail = fmt("%s, %d %s per rank", o.group, o.count, o.dtype)
+    end
+    if #e.inner > 0 then
+      local kinds = {}
+      for _, x in ipairs(e.inner) do kinds[#kinds + 1] = x.kind:gsub("^tp_", "") end
+      local x = e.inner[1]
+      detail = fmt("with %s: %s, %d %s per rank", x.group, table.concat(kinds, ", "), x.count, x.dtype)
+    end
+    details[i] = detail
+    local name = c.layout.units[o.unit + 1].name
+    items[i] = { sig = table.concat({ o.kind, o.micro_step, o.stream, detail, (fold.template(name)) }, "|"),
+                 unit = o.unit }
+  end
+  local rows = {}
+  for _, run in ipairs(fold.runs(items, 16)) do
+    for j = 0, run.period - 1 do
+      local first = run.first + j
+      local o = entries[first].o
+      local last, names = first + (run.reps - 1) * run.period, {}
+      for r = 0, run.reps - 1 do names[#names + 1] = c.layout.units[entries[first + r * run.period].o.unit + 1].name end
+      -- (a period in ops only where no entry merged several ops)
+      local plain = run.reps > 1 and #entries[first].inner == 0 and entries[first].o.seq + run.period == entries[first
+        + run.period].o.seq
+      local n = 0
+      for r = 0, run.reps - 1 do n = n + 1 + #entries[first + r * run.period].inner end
+      rows[#rows + 1] = { n = n, first = o.seq, last = entries[last].last.seq, period = plain and run.period or nil,
+                          kind = o.kind, units = fold.unit_range(names), micro = o.micro_step, stream = o.stream,
+                          detail = details[first] }
+    end
+  end
+  -- the second fold: the same rows (all but their ops and microbatch) for
+  -- the next microbatch; a send's or receive's tag and peer are in detail
+  local ritems = {}
+  for i, r in ipairs(rows) do
+    ritems[i] = { sig = table.concat({ r.kind, r.units, r.stream, r.detail, r.period or "" }, "|"), unit = r.micro }
+  end
+  local out = {}
+  for _, run in ipairs(fold.runs(ritems, 64)) do
+    for j = 0, run.period - 1 do
+      local a = rows[run.first + j]
+      local z = rows[run.first + j + (run.reps - 1) * run.period]
+      local ops
+      if run.reps > 1 then ops = fmt("%d .. %d", a.first, z.last)
+      elseif a.period then ops = fmt("%d-%d/%d", a.first, a.last, a.period)
+      elseif a.last > a.first then ops = fmt("%d-%d", a.first, a.last)
+      else ops = tostring(a.first) end
+      local n = 0
+      for r = 0, run.reps - 1 do n = n + rows[run.first + j + r * run.period].n end
+      out[#out + 1] = { n = n, seq = ops, kind = a.kind, units = a.units, stream = a.stream, detail = a.detail,
+                        micro = run.reps > 1 and fmt("%d-%d", a.micro, z.micro) or tostring(a.micro) }
+    end
+  end
+  return out
 end
 
 return M

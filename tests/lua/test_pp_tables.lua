@@ -8,6 +8,7 @@ local load = require("gen.load")
 local report = require("gen.parallel.pp_report")
 local tables = require("gen.parallel.pp_tables")
 local seq = require("gen.parallel.pp_sequence")
+local build = require("gen.parallel.pp_build")
 local T = {}
 
 local SRC = H.read("tests/pp/plans/pp_tiny.lua")
@@ -236,6 +237,30 @@ function T.generator_builds_pipeline_tables()
   end
   H.eq(tp.pipeline_build.act.numel, 16 * 64 // 2, "the activation sent: one microbatch's, TP rank's shard")
   H.plan_fails(SRC:gsub('schedule = "1F1B", ', ""), "pipeline.schedule:", "add pipeline = { schedule")
+end
+
+-- SCHEDULE.md's op table of a pipeline rank (issue 34, item 3): folded
+-- twice, and still every op of the rank's tables stands in exactly one row,
+-- in issue order; llama405b's report shrinks from 7,612 lines to ~1,200.
+function T.folded_op_tables_cover_every_op()
+  for _, path in ipairs({ "tests/pp/plans/pp_tiny.lua", "tests/pp/plans/pp_tiny_tp.lua", "plans/llama405b.lua" }) do
+    local p = require("gen.plan").from_source(H.read(path), path)
+    for _, c in ipairs(p.tp_classes) do
+      local rows, n, prev = build.folded_ops(c), 0, -1
+      for _, r in ipairs(rows) do
+        n = n + r.n
+        local first = tonumber(r.seq:match("^(%d+)"))
+        assert(first > prev, path .. ": rows in issue order at " .. r.seq)
+        prev = first
+      end
+      H.eq(n, #c.ops, path .. " pipeline rank " .. c.pp_rank .. ": ops the folded rows stand for")
+    end
+  end
+  local md = H.read("plans/llama405b/SCHEDULE.md")
+  local _, lines = md:gsub("\n", "")
+  assert(lines < 1300, "llama405b's SCHEDULE.md has " .. lines .. " lines")
+  assert(md:find("| forward | layers.0-6 | 0-7 | compute | with tp: all_gather, reduce_scatter", 1, true),
+    "a stage's forwards of microbatches 0-7, TP inside, one row")
 end
 
 return T
