@@ -271,6 +271,22 @@ torch_lane() {
   else
     skipped "$eplib_what" "no torch environment with torchrun (make torch-env)"
   fi
+  # The bridge over every dtype x accumulation combination (issue 42): fp32 /
+  # bf16 / fp16 parameters, param_dtype and reduce_dtype, every mode of
+  # grad_accumulation, each against fully_shard on gloo bit for bit
+  # (tests/python/test_bridge_dtypes.py; 77: SKIP; quick tier: a subset).
+  bd_what="the bridge (CommplanFSDP over the host library) over dtype x reduce dtype x accumulation mode vs fully_shard on gloo, 4 ranks under torchrun (tests/python/test_bridge_dtypes.py)"
+  if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
+    bd_f=$(logname "$bd_what"); t0=$SECONDS
+    timeout 1800 "$live_py" tests/python/test_bridge_dtypes.py "$(dirname "$live_py")/torchrun" >"$bd_f" 2>&1
+    case $? in
+      0) ok "$bd_what" $((SECONDS - t0)); grep -ah "^bridge_dtypes: " "$bd_f" | sed "s/^/        /"; tier_line "$bd_f" ;;
+      77) skipped "$bd_what" "$(sed -n 's/^SKIP bridge_dtypes: //p' "$bd_f" | head -n 1)" ;;
+      *) bad "$bd_what" "$bd_f" ;;
+    esac
+  else
+    skipped "$bd_what" "no torch environment with torchrun (make torch-env)"
+  fi
 
   section "Python package with PyTorch: runtime hooks, torchtitan's TP live (tests/python/test_runtime_host.py, tests/tp_record.py)"
   if command -v python3 >/dev/null 2>&1; then
