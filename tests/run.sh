@@ -106,7 +106,7 @@ live_py=$(printf '%s\n' "$live_out" | tail -n 1)
 # Everything it shares with the foreground is built before it starts
 # (the prebuild below): the runtime objects and fsdp4 / hsdp2x2, which torchrun
 # launches; its own builds go to build/live/, build/titan/, build/tp_record/
-# and build/train_cpu*.
+# and build/train_cpu*, build/bridge_dtypes/ and build/bd_*.
 torch_lane() {
   # ---- live FSDP2 peer (issue 16, items 1 and 2) ----
   # PyTorch's fully_shard on gloo, one process per rank, against the binary's
@@ -946,6 +946,15 @@ run "simulate: a long run shows a progress line per step on stderr (none with --
   err=$(build/llama_tiny/llama_tiny --simulate --steps 1000 2>&1 >/dev/null) || exit 1; echo "$err"
   printf "%s\n" "$err" | grep -qE "^llama_tiny: step 1000/1000 simulated on [0-9]+ ranks" &&
     [ -z "$(build/llama_tiny/llama_tiny --simulate --steps 2 --quiet 2>&1)" ]'
+
+# The mutation pass (issue 42; make mutate): full tier only, it takes tens of
+# minutes. It passes when it ran; the kill rate is shown under it.
+if [ "$tier" = full ]; then
+  section "mutation pass: listed bugs in gen/ and runtime/, each in a scratch copy (tests/mutate.sh)"
+  mut_what="mutation pass over gen/ and runtime/, golden check excluded (tests/mutate.sh)"
+  run "$mut_what" tests/mutate.sh
+  grep -ah "^mutate: [0-9]* of [0-9]* killed\|^mutate: survived" "$(logname "$mut_what")" | sed "s/^/        /"
+fi
 
 echo
 section "Python package (python/commplan): plans from models, hf_config, names, model/plan check"
