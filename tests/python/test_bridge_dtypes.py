@@ -15,6 +15,8 @@ plan can have (docs/plan-files.md, fsdp.micro_steps and grad_accumulation):
                 unsharded grads accumulate in the plan's grad_dtype (reduce_dtype)
     noreshard   sync_last, micro_steps 2, reshard_after_forward false
     ar_last     all_reduce_last, micro_steps 2 on HSDP 2x2 (set_requires_all_reduce(False))
+    sum         fsdp2_default, micro_steps 2, reduce_op "sum" (FSDP2: gradient divide factor 1,
+                SUM in the collectives)
 
 and grad_accumulation = "step_end", which the bridge refuses with one line (checked once).
 The model has an uneven shard, an empty one (rank 3) and a root owning a parameter.
@@ -54,11 +56,12 @@ MODES = {
     "sync_last": ("fsdp", 3, {"micro_steps": 3, "grad_accumulation": "sync_last"}),
     "noreshard": ("fsdp", 2, {"micro_steps": 2, "grad_accumulation": "sync_last", "reshard_after_forward": False}),
     "ar_last": ("hsdp", 2, {"micro_steps": 2, "grad_accumulation": "all_reduce_last"}),
+    "sum": ("fsdp", 2, {"micro_steps": 2, "reduce_op": "sum"}),
 }
 MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
 # The quick tier: each mode once, each dtype family once, bf16 params + fp32 reduce + sync_last kept.
 QUICK = ["fp32_bf16_fp32_sync_last", "bf16_x_fp32_noreshard", "fp32_fp16_fp16_default",
-         "fp32_bf16_bf16_ar_last", "fp16_x_x_every", "fp32_x_fp16_sync_last"]
+         "fp32_bf16_bf16_ar_last", "fp16_x_x_every", "fp32_x_fp16_sync_last", "bf16_x_x_sum"]
 STEPS = {"quick": 2, "full": 3}
 
 
@@ -210,6 +213,10 @@ def run_case(name, dt, mode, rank, steps):
     for m in units_of(a):
         fully_shard(m, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
     fully_shard(a, mesh=mesh, mp_policy=mp)
+    if opts.get("reduce_op") == "sum":
+        for m in units_of(a) + [a]:  # divide factor 1 and SUM (gloo has no PREMUL_SUM)
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
     acc = opts.get("grad_accumulation", "fsdp2_default")
 
     def fsdp2_micro(k, n):
