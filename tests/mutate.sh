@@ -11,8 +11,8 @@
 #   tests/mutate.sh --list          the catalogue: id, file:line, what, tests
 #   tests/mutate.sh --only 3,17     those ids
 #   tests/mutate.sh --seed S --count N
-#                                   N of them picked by seed S (a fixed LCG:
-#                                   the same S and N pick the same ones)
+#                                   N of them picked by seed S (MINSTD: the
+#                                   same S and N pick the same ones)
 #
 # make mutate runs it; make test-full too. Ends with
 # "mutate: K of N killed (golden check excluded)" and the survivors. Exit 0
@@ -113,11 +113,12 @@ if [ -n "$only" ]; then
   ids=$(tr ',' '\n' <<<"$only")
 elif [ -n "$seed$count" ]; then
   [ -n "$seed" ] && [ -n "$count" ] || { echo "tests/mutate.sh: --seed and --count go together" >&2; exit 2; }
-  # A fixed LCG (glibc's constants) shuffles 1..total: the same seed, the same order.
+  # MINSTD (x * 48271 mod 2^31 - 1: exact in awk's doubles) shuffles 1..total:
+  # the same seed, the same order, on any awk.
   ids=$(awk -v s="$seed" -v n="$total" -v c="$count" 'BEGIN {
     for (i = 1; i <= n; i++) a[i] = i
-    x = s % 2147483648
-    for (i = n; i > 1; i--) { x = (1103515245 * x + 12345) % 2147483648; j = 1 + x % i; t = a[i]; a[i] = a[j]; a[j] = t }
+    x = 1 + s % 2147483646
+    for (i = n; i > 1; i--) { x = (x * 48271) % 2147483647; j = 1 + x % i; t = a[i]; a[i] = a[j]; a[j] = t }
     for (i = 1; i <= c && i <= n; i++) print a[i] }')
 fi
 for id in $ids; do
