@@ -167,6 +167,11 @@ test: deps-test
 	@COMMPLAN_TEST_TIER=quick tests/run.sh
 test-full: deps-test
 	@COMMPLAN_TEST_TIER=full tests/run.sh
+# The mutation pass (tests/mutate.sh): listed bugs put into gen/ and runtime/
+# one at a time in build/mutate/, the kill rate printed (golden check excluded).
+.PHONY: mutate
+mutate: deps-test
+	@tests/mutate.sh
 
 test-lua:
 	@$(LUA) tests/lua/run.lua

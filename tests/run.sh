@@ -106,7 +106,7 @@ live_py=$(printf '%s\n' "$live_out" | tail -n 1)
 # Everything it shares with the foreground is built before it starts
 # (the prebuild below): the runtime objects and fsdp4 / hsdp2x2, which torchrun
 # launches; its own builds go to build/live/, build/titan/, build/tp_record/
-# and build/train_cpu*.
+# and build/train_cpu*, build/bridge_dtypes/ and build/bd_*.
 torch_lane() {
   # ---- live FSDP2 peer (issue 16, items 1 and 2) ----
   # PyTorch's fully_shard on gloo, one process per rank, against the binary's
@@ -293,6 +293,22 @@ torch_lane() {
     full_adds "$fze_s s and at least $fze_n cases; make test-full fuzzes 20 s and at least 1500"
   else
     skipped "$fze_what" "no torch environment (make torch-env)"
+  fi
+  # The bridge over every dtype x accumulation combination (issue 42): fp32 /
+  # bf16 / fp16 parameters, param_dtype and reduce_dtype, every mode of
+  # grad_accumulation, each against fully_shard on gloo bit for bit
+  # (tests/python/test_bridge_dtypes.py; 77: SKIP; quick tier: a subset).
+  bd_what="the bridge (CommplanFSDP over the host library) over dtype x reduce dtype x accumulation mode vs fully_shard on gloo, 4 ranks under torchrun (tests/python/test_bridge_dtypes.py)"
+  if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
+    bd_f=$(logname "$bd_what"); t0=$SECONDS
+    timeout 1800 "$live_py" tests/python/test_bridge_dtypes.py "$(dirname "$live_py")/torchrun" >"$bd_f" 2>&1
+    case $? in
+      0) ok "$bd_what" $((SECONDS - t0)); grep -ah "^bridge_dtypes: " "$bd_f" | sed "s/^/        /"; tier_line "$bd_f" ;;
+      77) skipped "$bd_what" "$(sed -n 's/^SKIP bridge_dtypes: //p' "$bd_f" | head -n 1)" ;;
+      *) bad "$bd_what" "$bd_f" ;;
+    esac
+  else
+    skipped "$bd_what" "no torch environment with torchrun (make torch-env)"
   fi
 
   section "Python package with PyTorch: runtime hooks, torchtitan's TP live (tests/python/test_runtime_host.py, tests/tp_record.py)"
@@ -978,6 +994,15 @@ run "simulate: a long run shows a progress line per step on stderr (none with --
   err=$(build/llama_tiny/llama_tiny --simulate --steps 1000 2>&1 >/dev/null) || exit 1; echo "$err"
   printf "%s\n" "$err" | grep -qE "^llama_tiny: step 1000/1000 simulated on [0-9]+ ranks" &&
     [ -z "$(build/llama_tiny/llama_tiny --simulate --steps 2 --quiet 2>&1)" ]'
+
+# The mutation pass (issue 42; make mutate): full tier only, it takes tens of
+# minutes. It passes when it ran; the kill rate is shown under it.
+if [ "$tier" = full ]; then
+  section "mutation pass: listed bugs in gen/ and runtime/, each in a scratch copy (tests/mutate.sh)"
+  mut_what="mutation pass over gen/ and runtime/, golden check excluded (tests/mutate.sh)"
+  run "$mut_what" tests/mutate.sh
+  grep -ah "^mutate: [0-9]* of [0-9]* killed\|^mutate: survived" "$(logname "$mut_what")" | sed "s/^/        /"
+fi
 
 echo
 section "Python package (python/commplan): plans from models, hf_config, names, model/plan check"
