@@ -82,7 +82,7 @@ def hostile_python(rng, base, E, epp, cap, np, torch):
         v[i] = rng.choice([-1, -(1 << 31), -(1 << 63), -(1 << 64) - 1])
         return v, "negative %d" % v[i], v, False
     if k == 5:
-        v[i] = rng.choice([(1 << 64) + 1, (1 << 64) + base[i], 1 << 63, 1 << 64, (1 << 32) + base[i], I64_MAX, 10 ** 30])
+        v[i] = rng.choice([(1 << 64) + 1, (1 << 64) + base[i], 1 << 63, 1 << 64, (1 << 32) + base[i], I64_MAX, 10 ** 30, 1 << 20000])
         return v, "%d (past int64 or the capacity)" % v[i], v, False
     if k == 6:
         v[i] = cap + 1 + rng.randrange(4)

@@ -188,7 +188,8 @@ class _ExpertCalls:
         u = self.unit_index(unit)
         try:
             vals = check_expert_counts(counts, "rank %d: set_expert_counts(unit %s)" % (self.rank, unit))
-        except PlanError as e:  # the library still gets the refusal: the exchange says it on every member
+        except Exception as e:  # noqa: BLE001 -- any refusal still reaches the library: the exchange says it on
+            # every member (a PlanError, or whatever an exotic count object raised while being read)
             refuse = self._ep_fn("refuse_expert_counts", [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p],
                                  ctypes.c_int)
             refuse(self.g, u, str(e).encode("utf-8", "replace"))

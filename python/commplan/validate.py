@@ -110,7 +110,7 @@ def describe(v, js):
         if isinstance(v, bool):
             return "true" if v else "false"
         if isinstance(v, int):
-            return "%d" % v if abs(v) < 10 ** 30 else "an integer of %d digits" % len(str(abs(v)))
+            return "%d" % v if abs(v) < 10 ** 30 else "an integer of %d bits" % v.bit_length()
         if isinstance(v, float):
             return "number %s" % _short(json.dumps(v) if math.isfinite(v) else repr(v))
         if isinstance(v, str):
@@ -209,7 +209,7 @@ def _bounds(v, spec, src, path):
     bad = (spec.lo is not None and v < spec.lo) or (spec.hi is not None and v > spec.hi) or \
         (spec.gt is not None and v <= spec.gt)
     if bad:
-        shown = ("%d" % v if abs(v) < 10 ** 30 else "an integer of %d digits" % len(str(abs(v)))) \
+        shown = ("%d" % v if abs(v) < 10 ** 30 else "an integer of %d bits" % v.bit_length()) \
             if isinstance(v, int) else repr(v)
         _fail(src, path, "%s is out of range; give %s %s%s" % (
             shown, "an integer" if spec.kind == "int" else "a number", _range_text(spec),
@@ -492,13 +492,14 @@ def check_expert_counts(counts, where="set_expert_counts"):
     if hasattr(counts, "tolist") and getattr(counts, "ndim", 1) != 1:
         raise PlanError("%s: counts: expected a 1-D sequence (one count per global expert), got %d dimensions"
                         % (where, counts.ndim))
-    vals = counts.tolist() if hasattr(counts, "tolist") else counts
-    if isinstance(vals, (str, bytes, dict)) or not hasattr(vals, "__len__") or not hasattr(vals, "__iter__"):
+    if isinstance(counts, (str, bytes, dict)) or not hasattr(counts, "__len__") or not hasattr(counts, "__iter__"):
         raise PlanError("%s: counts: expected a list of token counts (one per global expert), got %s"
-                        % (where, describe(vals, False)))
-    if len(vals) > MAX_EXPERT_COUNTS:
+                        % (where, describe(counts, False)))
+    # bounded before tolist() copies an array of any size into Python ints
+    if len(counts) > MAX_EXPERT_COUNTS:
         raise PlanError("%s: counts: %d entries, more than any plan's experts (at most %d); give one count per "
-                        "global expert" % (where, len(vals), MAX_EXPERT_COUNTS))
+                        "global expert" % (where, len(counts), MAX_EXPERT_COUNTS))
+    vals = counts.tolist() if hasattr(counts, "tolist") else counts
     out = []
     for e, c in enumerate(vals):
         kind = _count_kind(c)
@@ -507,7 +508,8 @@ def check_expert_counts(counts, where="set_expert_counts"):
                             "or an integer numpy/torch value)" % (where, e, kind))
         v = operator.index(c)
         if not -INT64_MAX - 1 <= v <= INT64_MAX:
-            shown = "%d" % v if abs(v) < 10 ** 30 else "an integer of %d digits" % len(str(abs(v)))
+            # (bit_length: str() of an int past 4,300 digits raises in Python 3.11+)
+            shown = "%d" % v if abs(v) < 10 ** 30 else "an integer of %d bits" % v.bit_length()
             raise PlanError("%s: count for expert %d is %s, outside the libraries' int64 counts (|count| < 2^63) "
                             "and past any expert capacity; route 0 up to the plan's capacity (SCHEDULE.md, expert "
                             "parallelism) per ep member" % (where, e, shown))
