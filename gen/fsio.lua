@@ -149,13 +149,17 @@ function fsio.read_below(dir, rel, max_bytes)
     paths[#paths + 1] = sh_quote(dir .. "/" .. table.concat(parts, "/"))
   end
   if #parts > 32 then return nil, "has more than 32 components; " .. rule end
-  local ph = io.popen("for p in " .. table.concat(paths, " ") .. "; do LC_ALL=C stat -c '%F' -- \"$p\" 2>/dev/null "
-    .. "|| echo missing; done")
+  local ph = io.popen("for p in " .. table.concat(paths, " ") .. "; do LC_ALL=C stat -c '%h|%F' -- \"$p\" 2>/dev/null "
+    .. "|| echo '0|missing'; done")
   local out = ph and ph:read(64 * #parts + 64) or ""
   if ph then ph:close() end
   local i = 0
-  for kind in out:gmatch("([^\n]*)\n") do
+  for links, kind in out:gmatch("(%d+)|([^\n]*)\n") do
     i = i + 1
+    -- a second name of a file elsewhere (a hard link) is as foreign as a symlink
+    if i == #parts and kind:match("^regular") and tonumber(links) > 1 then
+      return nil, "has other hard links; a plan reads only its own files: copy the file there"
+    end
     local shown = table.concat(parts, "/", 1, i)
     local last = i == #parts
     if kind == "missing" then return nil, (last and "does not exist" or shown .. " does not exist") end

@@ -121,6 +121,12 @@ end
 -- targets are checked before either is written, and DIR itself must be a
 -- directory, not a link to one: a refusal writes nothing.
 function verbs.write_svgs(plandiff, dir, sa, pa, sb, pb)
+  -- `link/` and `link/.` name the directory a link points at (stat follows
+  -- it): the link itself is what must not be one
+  repeat
+    local before = dir
+    dir = dir:gsub("/%.$", ""):gsub("([^/])/+$", "%1")
+  until dir == before
   local lines = { "", "timeline:" }
   local out = {}
   for _, side in ipairs({ { "before", sa, pa }, { "after", sb, pb } }) do

@@ -215,6 +215,9 @@ function T.csv_read_only_beside_the_plan()
   refused_within(1, function() tables("/etc/passwd") end, "pipeline.csv:", "is an absolute path")
   refused_within(1, function() tables("sub") end, "pipeline.csv:", "a directory, not a regular file")
   refused_within(1, function() tables("real.csv/x") end, "pipeline.csv:", "real.csv is not a directory")
+  -- a hard link to a file elsewhere (as /etc/passwd could be): its rows are not counted back
+  assert(os.execute("ln " .. outside .. "/o.csv " .. dir .. "/hard.csv"))
+  refused_within(1, function() tables("hard.csv") end, "pipeline.csv:", "has other hard links")
   os.execute("rm -rf " .. dir .. " " .. outside)
 end
 

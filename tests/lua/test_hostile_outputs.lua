@@ -107,6 +107,13 @@ function T.diff_svg_refuses_planted_links()
   one_line(err, "diff --svg DIR a link")
   assert(err:find("is a symbolic link, not a directory", 1, true), err)
   assert(not exists(d .. "/real/before.svg"), "nothing written through DIR's link")
+  -- the same link named with a trailing / or /. (stat follows those to the directory)
+  for _, form in ipairs({ "/linkdir/", "/linkdir/.", "/linkdir//./" }) do
+    rc, err = run("lua5.4 gen/verbs.lua diff --svg " .. q(d .. form) .. " plans/fsdp4.lua plans/llama_tiny.lua")
+    H.eq(rc, 2, "DIR a link as " .. form .. ": " .. err)
+    assert(err:find("is a symbolic link, not a directory", 1, true), err)
+    assert(not exists(d .. "/real/before.svg"), "nothing written through DIR's link as " .. form)
+  end
   -- a clean directory: both written, regular files
   rc, err = run("lua5.4 gen/verbs.lua diff --svg " .. q(d .. "/new") .. " plans/fsdp4.lua plans/llama_tiny.lua")
   H.eq(rc, 0, "a new directory: " .. err)
