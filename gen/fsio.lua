@@ -137,18 +137,28 @@ end
 -- why; why shows only rel's components, which the rule above made safe to
 -- print. (A component swapped for a link between the check and the open
 -- is not caught: Lua cannot open with O_NOFOLLOW.)
-function fsio.read_below(dir, rel, max_bytes)
+-- A path below a plan's directory as read_below takes it: its components
+-- (plain names only), or nil and why.
+function fsio.below_parts(rel)
   local rule = "give a path below the plan file's directory: names of letters, digits and . _ - joined by /"
   if rel:sub(1, 1) == "/" then return nil, "is an absolute path; " .. rule end
-  local parts, paths = {}, {}
+  if #rel > 4096 then return nil, "is longer than 4096 bytes; " .. rule end
+  local parts = {}
   for part in (rel .. "/"):gmatch("([^/]*)/") do
     if part == "" or part == "." or part == ".." or not part:match("^[%w._%-]+$") or #part > 255 then
       return nil, "has a component that is not a plain name (empty, . or .., or another character); " .. rule
     end
     parts[#parts + 1] = part
-    paths[#paths + 1] = sh_quote(dir .. "/" .. table.concat(parts, "/"))
   end
   if #parts > 32 then return nil, "has more than 32 components; " .. rule end
+  return parts
+end
+
+function fsio.read_below(dir, rel, max_bytes)
+  local parts, why = fsio.below_parts(rel)
+  if not parts then return nil, why end
+  local paths = {}
+  for i = 1, #parts do paths[i] = sh_quote(dir .. "/" .. table.concat(parts, "/", 1, i)) end
   local ph = io.popen("for p in " .. table.concat(paths, " ") .. "; do LC_ALL=C stat -c '%h|%F' -- \"$p\" 2>/dev/null "
     .. "|| echo '0|missing'; done")
   local out = ph and ph:read(64 * #parts + 64) or ""

@@ -858,9 +858,13 @@ function load_plan.file(path)
   return load_plan.source(source, path)
 end
 
-function load_plan.source(source, path)
+-- read_beside(rel, max_bytes): how the plan's own files (pipeline.csv) are
+-- read, text or nil and why; by default below the plan file's directory
+-- on disk (gen/fsio.lua's read_below), for a plan at a git revision from
+-- that revision (gen/plandiff.lua).
+function load_plan.source(source, path, read_beside)
   local stem = path:match("([^/]+)%.lua$") or path:match("([^/]+)$") or path
-  local ctx = { file = path, source = source, stem = stem }
+  local ctx = { file = path, source = source, stem = stem, read_beside = read_beside }
   if #source > LIM.plan_source then
     util.plan_error(string.format("%s:1: plan: the file has more than %d MiB; plan files are small Lua programs",
       path, LIM.plan_source >> 20))

@@ -156,7 +156,7 @@ function plan.from_file(path)
 end
 
 function plan.from_source(source, path, opts)
-  return plan.from_loaded(load_plan.source(source, path), opts)
+  return plan.from_loaded(load_plan.source(source, path, opts and opts.read_beside), opts)
 end
 
 -- A 64-bit hash of a string, as 16 hex digits: FNV-1a's offset basis and

@@ -54,12 +54,39 @@ local function git_show(rev, path, optional)
   return out
 end
 
+-- How a plan at a git revision reads its own files (pipeline.csv): from
+-- that revision's tree, under the rule a plan on disk follows (plain names
+-- below its directory, a regular file: a link's tree entry is refused,
+-- bounded), never from today's working tree.
+function plandiff.rev_reader(rev, plan_path)
+  local dir = plan_path:match("^(.*)/[^/]*$")
+  return function(rel, max_bytes)
+    local parts, why = fsio.below_parts(rel)
+    if not parts then return nil, why end
+    local path = (dir and (dir .. "/") or "") .. table.concat(parts, "/")
+    local ph = io.popen("git ls-tree " .. sh_quote(rev) .. " -- " .. sh_quote(path) .. " 2>/dev/null")
+    local out = ph and ph:read(8192) or ""
+    if ph then ph:close() end
+    local mode, kind, hash = out:match("^(%d+) (%a+) (%x+)\t")
+    if not mode then return nil, "does not exist at revision " .. rev end
+    if mode == "120000" then return nil, "is a symlink at revision " .. rev .. "; a plan reads only its own files" end
+    if kind ~= "blob" then return nil, "is not a regular file at revision " .. rev end
+    ph = io.popen("git cat-file blob " .. hash .. " 2>/dev/null")
+    local text = ph and ph:read(max_bytes + 1) or ""
+    if ph then ph:close() end
+    if #text > max_bytes then
+      return nil, string.format("has more than the %s allowed at revision %s", fsio.human(max_bytes), rev)
+    end
+    return text
+  end
+end
+
 -- A plan.json document from a plan file's source (generated in memory),
--- and the plan.
-function plandiff.doc_from_source(src, path)
+-- and the plan; rev: the git revision it was read at, if any.
+function plandiff.doc_from_source(src, path, rev)
   local plan = require("gen.plan")
   local audit = require("gen.audit")
-  local p = plan.from_source(src, path)
+  local p = plan.from_source(src, path, rev and { read_beside = plandiff.rev_reader(rev, path) } or nil)
   p.source_file = path
   return json.decode(audit.json(p, audit.fingerprint(p))), p
 end
@@ -86,9 +113,9 @@ function plandiff.pipeline_compare(sa, sb)
   local load = require("gen.load")
   local sides = {}
   for i, spec in ipairs({ sa, sb }) do
-    local src, path = operand_source(spec)
+    local src, path, rev = operand_source(spec)
     if path:match("%.lua$") then
-      local loaded = load.source(src, path)
+      local loaded = load.source(src, path, rev and plandiff.rev_reader(rev, path) or nil)
       if (loaded.parallel.pp or 1) > 1 then sides[i] = loaded end
     end
   end
@@ -121,9 +148,9 @@ function plandiff.pipeline_compare(sa, sb)
 end
 
 function plandiff.load(spec)
-  local src, path = operand_source(spec)
+  local src, path, rev = operand_source(spec)
   if path:match("%.lua$") then
-    local doc, p = plandiff.doc_from_source(src, path)
+    local doc, p = plandiff.doc_from_source(src, path, rev)
     return doc, spec, p
   end
   local ok, doc = pcall(json.decode, src)
@@ -178,7 +205,8 @@ function plandiff.svg_of(spec, p)
     fail(string.format("%s: no timeline.svg beside it and no plan file %s%s to draw one from; give the plan file",
       spec, rev and (rev .. ":") or "", plan_path))
   end
-  local q = require("gen.plan").from_source(src, plan_path)
+  local q = require("gen.plan").from_source(src, plan_path,
+    rev and { read_beside = plandiff.rev_reader(rev, plan_path) } or nil)
   q.source_file = plan_path
   return audit.timeline_svg(q, audit.fingerprint(q)),
     string.format("%s has no timeline.svg (generated before it existed): drawn from %s%s by this generator", spec,

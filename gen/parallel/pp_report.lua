@@ -215,7 +215,9 @@ local function csv_schedule(ctx, pl, pp, n, num_stages)
     util.field_error(ctx, "pipeline.csv", string.format("%s is not a path (%s); give the CSV file's path relative to "
       .. "the plan file", util.show(pl.csv), pl.csv == "" and "empty" or "it holds a control character"))
   end
-  local text, why = fsio.read_below(dir, pl.csv, MAX_CSV)
+  local text, why
+  if ctx.read_beside then text, why = ctx.read_beside(pl.csv, MAX_CSV)
+  else text, why = fsio.read_below(dir, pl.csv, MAX_CSV) end
   -- (read_below refuses any name but letters, digits and . _ - /: pl.csv is safe to show once read)
   local path = fsio.shown(pl.csv)
   if not text then

@@ -221,6 +221,38 @@ function T.csv_read_only_beside_the_plan()
   os.execute("rm -rf " .. dir .. " " .. outside)
 end
 
+-- A plan at a git revision (make diff-plan REV=..., `diff REV:path`) reads
+-- its pipeline.csv from that revision, not from today's working tree (a
+-- CSV removed or changed since then), and a link committed in its place
+-- is refused as on disk.
+function T.csv_of_a_plan_at_a_revision_read_at_that_revision()
+  local repo = tmpdir()
+  assert(os.execute("mkdir -p " .. repo .. "/p"))
+  local ph = io.popen("pwd")
+  local root = ph:read("l")
+  ph:close()
+  local good = report.csv(load.source(pp_variant("Interleaved1F1B", 2, 4, 4), "tests/pp/plans/pp_tiny.lua"))
+  write(repo .. "/p/c1.lua", with_csv("s.csv"))
+  write(repo .. "/p/s.csv", good)
+  write(repo .. "/p/c2.lua", with_csv("l.csv"))
+  assert(os.execute("cd " .. repo .. " && ln -s s.csv p/l.csv && git init -q && git add -A && "
+    .. "git -c user.name=t -c user.email=t@t commit -qm plans"))
+  os.remove(repo .. "/p/s.csv") -- the working tree no longer has it
+  local function diff(a, b)
+    local dp = io.popen("cd " .. repo .. " && lua5.4 " .. root .. "/gen/verbs.lua diff " .. a .. " " .. b .. " 2>&1")
+    local out = dp:read("a")
+    local ok = dp:close()
+    return ok, out
+  end
+  local ok, out = diff("HEAD:p/c1.lua", "HEAD:p/c1.lua")
+  assert(ok and out:find("pipeline", 1, true), "the CSV read at HEAD, absent from the working tree: " .. out)
+  ok, out = diff("HEAD:p/c2.lua", "HEAD:p/c2.lua")
+  assert(not ok and out:find("pipeline.csv: l.csv is a symlink at revision HEAD", 1, true), out)
+  local _, n = out:gsub("\n", "")
+  H.eq(n, 1, "one line")
+  os.execute("rm -rf " .. repo)
+end
+
 -- A refusal never prints the file's text: a CSV whose first cell is a
 -- secret (as the first field of a system file would be) is refused
 -- naming the row and column only, whatever the secret looks like.
