@@ -45,7 +45,7 @@ function build_class(ctx, cls, d, fams, p, cfg, mods, expand, face)
   for _, m in ipairs(mods) do
     if m.on_layout then lay = m.on_layout(ctx, lay, cls.units, d, p, cfg) end
   end
-  local ops, rep = parallel.one(mods, "step").step(lay, fams, p, { expand = expand, dims = d,
+  local ops, rep = parallel.one(mods, "step").step(lay, fams, p, { expand = expand, dims = d, ctx = ctx,
                                                                     unit_ops = parallel.unit_ops(mods) })
   verify.bounds(lay, fams, ops, p.fsdp, rep)
   for _, m in ipairs(mods) do

@@ -14,15 +14,18 @@ util.DTYPE_BYTES = { fp32 = 4, bf16 = 2, fp16 = 2 }
 -- each one is what it is).
 util.LIMITS = {
   world = 1 << 20,           -- ranks: generation is O(1) in the world (closed-form groups); 1M ranks tested
-  -- units x micro-steps ("unit-steps"): generation is linear in them
-  -- (time and memory: ~2 ms and ~200 KB per unit-step for a TP plan on the
-  -- 2-core development VM, bench/RESULTS.md). The bounds keep the largest
-  -- plan they allow under ~30 s and ~2 GiB: 2^14 unit-steps (llama405b at
-  -- 64 micro-steps, bench/llama405b_m64.lua, is 8,256) and 2^13 units (a
-  -- 1,000-layer model is 1,003; the largest Llama, 126 layers)
+  -- units x micro-steps ("unit-steps"): generation is linear in them.
+  -- Measured again (issue 33's review): ~4 ms and ~370 KB a planned
+  -- unit-step at 4,096 units (18 s, 1.5 GB), so the planned ones -- units
+  -- x the micro-steps the tables hold: all below 6, else 5 (gen/repeat.lua
+  -- keeps three copies of the repeated one and the last) -- are at most
+  -- 2^12 (~1.5 GiB, ~20 s); the nominal units x micro-steps at most 2^14
+  -- (llama405b at 64 micro-steps: 129 x 5 planned, 8,256 nominal); 2^12
+  -- units (a 1,000-layer model is 1,003; the largest Llama, 126 layers).
   unit_steps = 1 << 14,
-  unit_step_kib = 128,       -- that memory per unit-step, for the message
-  units = 1 << 13,           -- fully_shard units (n_layers <= units - 3)
+  planned_unit_steps = 1 << 12,
+  unit_step_kib = 384,       -- the memory per planned unit-step, for the message
+  units = 1 << 12,           -- fully_shard units (n_layers <= units - 3)
   micro_steps = 1 << 14,     -- gradient-accumulation micro-steps: unit_steps for one unit
   -- A pipeline (gen/parallel/pp_stages.lua's check_size, before any of its
   -- work): each rank's tables and memory plan, and the lowering, grow with

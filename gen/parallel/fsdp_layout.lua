@@ -86,15 +86,28 @@ local LIM = util.LIMITS
 -- (the generator's memory, linear in it), and per unit the slot (the copy
 -- kernels number its tiles in int) and every buffer's bytes (exact in a
 -- double and in int64, with room for the arena's sum over all units).
-local function check_counts(ctx, units, fsdp)
-  local steps = util.mul_within(#units, fsdp.micro_steps, LIM.unit_steps)
-  if not steps then
-    local field = fsdp.micro_steps > 1 and "fsdp.micro_steps" or "model.units"
+-- The micro-steps a step's tables plan: every one below 6, else 5 when
+-- the repeated ones fold (gen/parallel/fsdp_schedule.lua; if they do not,
+-- it checks the whole count before planning them all).
+function layout.planned_micro_steps(micro_steps) return micro_steps >= 6 and 5 or micro_steps end
+
+function layout.check_unit_steps(ctx, n_units, micro_steps, planned)
+  local field = micro_steps > 1 and "fsdp.micro_steps" or "model.units"
+  if not util.mul_within(n_units, micro_steps, LIM.unit_steps) then
     util.field_error(ctx, field, string.format("%d units x %d micro-steps is more than %s unit-steps, the most "
-      .. "the generator holds in memory (~%d KB each, ~%d GiB in all); use fewer micro-steps or wrap more layers "
-      .. "per unit", #units, fsdp.micro_steps, util.pow2_text(LIM.unit_steps), LIM.unit_step_kib,
-      LIM.unit_steps * LIM.unit_step_kib // (1024 * 1024)))
+      .. "the generator takes; use fewer micro-steps or wrap more layers per unit", n_units, micro_steps,
+      util.pow2_text(LIM.unit_steps)))
   end
+  if not util.mul_within(n_units, planned, LIM.planned_unit_steps) then
+    util.field_error(ctx, field, string.format("%d units x %d micro-steps planned is more than %s unit-steps, the "
+      .. "most the generator plans (~%d KB each, ~%.1f GiB in all); use fewer micro-steps or wrap more layers per "
+      .. "unit", n_units, planned, util.pow2_text(LIM.planned_unit_steps), LIM.unit_step_kib,
+      LIM.planned_unit_steps * LIM.unit_step_kib / (1024 * 1024)))
+  end
+end
+
+local function check_counts(ctx, units, fsdp)
+  layout.check_unit_steps(ctx, #units, fsdp.micro_steps, layout.planned_micro_steps(fsdp.micro_steps))
 end
 
 -- Upper bound of one rank's arena (every buffer at once, aligned); nil

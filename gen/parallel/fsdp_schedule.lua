@@ -247,6 +247,8 @@ function schedule.build(lay, fams, fsdp, opts)
     end
   end
   if not rep then
+    -- every micro-step planned: the whole count is the planned one
+    require("gen.parallel.fsdp_layout").check_unit_steps(opts and opts.ctx, #lay.units, micro_steps, micro_steps)
     for m = 0, micro_steps - 1 do built[m + 1] = micro(m) end
   end
   for i, list in ipairs(built) do

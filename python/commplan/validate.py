@@ -26,7 +26,7 @@ __all__ = ["Spec", "SECTIONS", "CONFIG_FIELDS", "describe", "check_value", "chec
 
 OPTIONS_SRC = "writer options"
 MODEL_INT = (1 << 31) - 1          # gen/util.lua LIMITS.model_int
-MAX_LAYERS = (1 << 13) - 3         # gen/load.lua: n_layers <= units - 3 (2^13 units, gen/util.lua)
+MAX_LAYERS = (1 << 12) - 3         # gen/load.lua: n_layers <= units - 3 (2^12 units, gen/util.lua)
 DTYPES = ("fp32", "bf16", "fp16")
 INT64_MAX = (1 << 63) - 1          # the libraries' count type (int64_t): cp_*_set_expert_counts
 MAX_EXPERT_COUNTS = 1 << 20        # far above any plan's experts; bounds the work before the length check
@@ -79,7 +79,7 @@ CONFIG_FIELDS = {
     "intermediate_size": Spec("int", required=True, **_POS),
     "num_attention_heads": Spec("int", required=True, **_POS),
     "num_hidden_layers": Spec("int", required=True, lo=1, hi=MAX_LAYERS,
-                              why="a plan has one unit per layer and up to three more, 2^13 units in all"),
+                              why="a plan has one unit per layer and up to three more, 2^12 units in all"),
     "vocab_size": Spec("int", required=True, **_POS),
     "num_key_value_heads": Spec("int", null=True, **_POS),
     "head_dim": Spec("int", null=True, **_POS),

@@ -322,6 +322,21 @@ local BIG_BASES = {
 -- Past 2^53 elements (the proofs' bound) and past the activation bound:
 -- one plan-error line naming training.local_batch_size, never an internal
 -- error. The bases themselves, and a batch just inside, still generate.
+-- An activation past 2^40 elements where the step's FLOPs stay under
+-- 2^62 (a tiny model, a wide vocabulary): refused by the activations'
+-- own bound, naming the widest row (without it the plan was accepted with
+-- a 2^42-element buffer).
+function T.activation_bound_alone()
+  local src = "return { world_size = 4, parallel = { dp_shard = 4 }, model = { family = 'llama', dim = 64, "
+    .. "n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 4096, seq_len = 1024 }, "
+    .. "training = { local_batch_size = 1 << 20 } }"
+  local ok, err = pcall(plan.from_source, src, "plans/t.lua")
+  assert(not ok and util.is_plan_error(err), tostring(err))
+  local msg = tostring(err)
+  assert(msg:find("(vocab_size: 4096), is more than 1099511627776 (2^40) elements in one activation buffer", 1, true),
+    msg)
+end
+
 function T.huge_batch_times_seq_len_is_a_plan_error()
   for _, kind in ipairs({ "tp", "cp", "pp", "ep" }) do
     local make = BIG_BASES[kind]

@@ -206,7 +206,7 @@ function T.numbers_are_bounded()
   fails(OK:gsub("shape = { 5, 3 }", "shape = { 5, 3 }, shard_dim = 0/0"), "shard_dim", "NaN")
   fails("return { world_size = 8, model = { family = 'llama', size = '8b', ffn_dim_multiplier = 0/0 } }",
     "model.ffn_dim_multiplier", "NaN")
-  fails("return { world_size = 8, model = { family = 'llama', size = '8b', n_layers = 1 << 13 } }", "model.n_layers",
+  fails("return { world_size = 8, model = { family = 'llama', size = '8b', n_layers = 1 << 12 } }", "model.n_layers",
     "units")
 end
 
@@ -247,7 +247,13 @@ end
 function T.counts_bound_generator_memory()
   fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, fsdp = { micro_steps = 10000 }"):gsub("units = {",
     "units = { { name = 'a', params = { { name = 'a.w', shape = { 4 } } } },"), "fsdp.micro_steps",
-    "2 units x 10000 micro-steps is more than 16384 (2^14) unit-steps", "GiB", "use fewer micro-steps")
+    "2 units x 10000 micro-steps is more than 16384 (2^14) unit-steps", "use fewer micro-steps")
+  -- the planned ones (all below 6 micro-steps, else 5): 1,000 units x 5 planned, stated with the memory
+  local thousand = {}
+  for i = 1, 1000 do thousand[i] = string.format("{ name = 'u%d', params = { { name = 'p%d', shape = { 4 } } } }", i, i) end
+  fails("return { world_size = 4, parallel = { dp_shard = -1 }, fsdp = { micro_steps = 8 }, model = { units = { "
+    .. table.concat(thousand, ", ") .. " } } }", "fsdp.micro_steps",
+    "1000 units x 5 micro-steps planned is more than 4096 (2^12) unit-steps", "GiB", "use fewer micro-steps")
   local spec = require("gen.load").SCHEMA.model.units
   local saved_max = spec.max
   spec.max = 3

@@ -93,6 +93,23 @@ end
 local AB = "p.topology = p.topology or {}; p.topology.collectives = 'alpha_beta'; p.topology.latency_us = 7; "
   .. "p.topology.intra_node_GBps = 300; p.topology.inter_node_GBps = 40; "
 
+-- An all-reduce over 3 ranks sends 2 x 2/3 of its buffer: fractional
+-- bytes, rounded to the nearest, never truncated (DDP over 3: 25 and 7
+-- bf16 elements, 66.67 and 18.67 bytes on the wire; a gather's or
+-- scatter's size is n shares, so its wire bytes are whole).
+function T.wire_bytes_of_three_rounded()
+  local src = "return { world_size = 3, parallel = { dp_replicate = 3 }, topology = { collectives = 'alpha_beta', "
+    .. "latency_us = 7, intra_node_GBps = 300, inter_node_GBps = 40 }, model = { family = 'generic', dtype = 'bf16', "
+    .. "units = { { name = 'a', params = { { name = 'a.w', shape = { 5, 5 } } } }, "
+    .. "{ name = 'root', params = { { name = 'r.w', shape = { 7 } } } } } } }"
+  local p = plan.from_source(src, "plans/ddp3.lua")
+  check_ops("ddp3", p, { dp_replicate = 3 }, { dp_replicate = true }, { lat = 7, intra = 300, inter = 40 })
+  local wires = {}
+  for _, o in ipairs(p.ops) do if o.kind == "all_reduce" then wires[#wires + 1] = o.wire_bytes end end
+  table.sort(wires)
+  H.eq(table.concat(wires, ","), "19,67", "2 x 2/3 of 14 and 50 bytes, to the nearest byte")
+end
+
 -- FSDP all-gathers and reduce-scatters over 4 (bf16 / fp32), one node.
 function T.fsdp_collectives()
   local p = plan.from_source(variant("plans/llama_tiny.lua", AB), "plans/llama_tiny.lua")

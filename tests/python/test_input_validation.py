@@ -135,7 +135,7 @@ class ConfigJson(Case):
         for bad, word in ((32.0, "number 32.0"), (True, "true"), (0, "0"), (-4, "-4"), (None, "null"),
                           ([32], "array"), (2 ** 31, "2147483648")):
             self.refused(lambda: commplan.hf_config(self.cfg(hidden_size=bad)), "hidden_size", word)
-        self.refused(lambda: commplan.hf_config(self.cfg(num_hidden_layers=10 ** 9)), "num_hidden_layers", "8189")
+        self.refused(lambda: commplan.hf_config(self.cfg(num_hidden_layers=10 ** 9)), "num_hidden_layers", "4093")
         self.refused(lambda: commplan.hf_config(self.cfg(num_key_value_heads="8")), "num_key_value_heads")
         self.refused(lambda: commplan.hf_config(self.cfg(head_dim=1.5)), "head_dim")
         self.assertEqual(commplan.hf_config(self.cfg(num_key_value_heads=None))["family"], "llama")
