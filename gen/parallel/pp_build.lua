@@ -287,8 +287,8 @@ end
 -- for the next unit (`layers.0-6`, ops `first-last/period`, as the dense
 -- plans' op table), then a block of those rows repeated for the next
 -- microbatch (micro-batch `0-31`, `#` the first and last op it covers).
--- Rows { seq, kind, units, micro, stream, detail } of text, and n: the ops
--- a row stands for.
+-- Rows { seq, kind, units, micro, stream, detail } of text, n: how many
+-- ops a row stands for, and ops: those ops.
 function M.folded_ops(c)
   -- A unit's compute and the activation collectives inside it (TP's, on
   -- the compute stream, same unit and microbatch) are one entry.
@@ -307,8 +307,9 @@ function M.folded_ops(c)
   for i, e in ipairs(entries) do
     local o, detail = e.o, ""
     if o.kind == "send" or o.kind == "recv" then
-      detail = fmt("%s pipeline rank %d, %d %s, tag %d%s", o.kind == "send" and "to" or "from", o.peer, o.count,
-        o.dtype, o.tag, o.batch > 0 and fmt(", batch %d", o.batch) or "")
+      -- (its batch, which moves with the microbatch, is shown apart: folded as a range)
+      detail = fmt("%s pipeline rank %d, %d %s, tag %d", o.kind == "send" and "to" or "from", o.peer, o.count,
+        o.dtype, o.tag)
     elseif o.group then
       detail = fmt("%s, %d %s per rank", o.group, o.count, o.dtype)
     end
@@ -320,8 +321,8 @@ function M.folded_ops(c)
     end
     details[i] = detail
     local name = c.layout.units[o.unit + 1].name
-    items[i] = { sig = table.concat({ o.kind, o.micro_step, o.stream, detail, (fold.template(name)) }, "|"),
-                 unit = o.unit }
+    items[i] = { sig = table.concat({ o.kind, o.micro_step, o.stream, detail, o.batch or 0, (fold.template(name)) },
+      "|"), unit = o.unit }
   end
   local rows = {}
   for _, run in ipairs(fold.runs(items, 16)) do
@@ -333,32 +334,46 @@ function M.folded_ops(c)
       -- (a period in ops only where no entry merged several ops)
       local plain = run.reps > 1 and #entries[first].inner == 0 and entries[first].o.seq + run.period == entries[first
         + run.period].o.seq
-      local n = 0
-      for r = 0, run.reps - 1 do n = n + 1 + #entries[first + r * run.period].inner end
-      rows[#rows + 1] = { n = n, first = o.seq, last = entries[last].last.seq, period = plain and run.period or nil,
+      local n, ops = 0, {}
+      for r = 0, run.reps - 1 do
+        local e = entries[first + r * run.period]
+        n = n + 1 + #e.inner
+        ops[#ops + 1] = e.o
+        for _, x in ipairs(e.inner) do ops[#ops + 1] = x end
+      end
+      rows[#rows + 1] = { n = n, ops = ops, first = o.seq, last = entries[last].last.seq, period = plain and run.period or nil,
                           kind = o.kind, units = fold.unit_range(names), micro = o.micro_step, stream = o.stream,
-                          detail = details[first] }
+                          detail = details[first], batch = (o.batch or 0) > 0 and o.batch or nil }
     end
   end
   -- the second fold: the same rows (all but their ops and microbatch) for
   -- the next microbatch; a send's or receive's tag and peer are in detail
   local ritems = {}
   for i, r in ipairs(rows) do
-    ritems[i] = { sig = table.concat({ r.kind, r.units, r.stream, r.detail, r.period or "" }, "|"), unit = r.micro }
+    ritems[i] = { sig = table.concat({ r.kind, r.units, r.stream, r.detail, r.period or "",
+      r.batch and (r.batch - r.micro) or "-" }, "|"), unit = r.micro }
   end
   local out = {}
   for _, run in ipairs(fold.runs(ritems, 64)) do
     for j = 0, run.period - 1 do
       local a = rows[run.first + j]
       local z = rows[run.first + j + (run.reps - 1) * run.period]
-      local ops
-      if run.reps > 1 then ops = fmt("%d .. %d", a.first, z.last)
-      elseif a.period then ops = fmt("%d-%d/%d", a.first, a.last, a.period)
-      elseif a.last > a.first then ops = fmt("%d-%d", a.first, a.last)
-      else ops = tostring(a.first) end
-      local n = 0
-      for r = 0, run.reps - 1 do n = n + rows[run.first + j + r * run.period].n end
-      out[#out + 1] = { n = n, seq = ops, kind = a.kind, units = a.units, stream = a.stream, detail = a.detail,
+      local ops_text
+      if run.reps > 1 then ops_text = fmt("%d .. %d", a.first, z.last)
+      elseif a.period then ops_text = fmt("%d-%d/%d", a.first, a.last, a.period)
+      elseif a.last > a.first then ops_text = fmt("%d-%d", a.first, a.last)
+      else ops_text = tostring(a.first) end
+      local n, ops = 0, {}
+      for r = 0, run.reps - 1 do
+        local x = rows[run.first + j + r * run.period]
+        n = n + x.n
+        table.move(x.ops, 1, #x.ops, #ops + 1, ops)
+      end
+      local detail = a.detail
+      if a.batch then
+        detail = detail .. (run.reps > 1 and fmt(", batch %d-%d", a.batch, z.batch) or fmt(", batch %d", a.batch))
+      end
+      out[#out + 1] = { n = n, ops = ops, seq = ops_text, kind = a.kind, units = a.units, stream = a.stream, detail = detail,
                         micro = run.reps > 1 and fmt("%d-%d", a.micro, z.micro) or tostring(a.micro) }
     end
   end

@@ -9,6 +9,7 @@ local report = require("gen.parallel.pp_report")
 local tables = require("gen.parallel.pp_tables")
 local seq = require("gen.parallel.pp_sequence")
 local build = require("gen.parallel.pp_build")
+local fold = require("gen.fold")
 local T = {}
 
 local SRC = H.read("tests/pp/plans/pp_tiny.lua")
@@ -246,15 +247,48 @@ function T.folded_op_tables_cover_every_op()
   for _, path in ipairs({ "tests/pp/plans/pp_tiny.lua", "tests/pp/plans/pp_tiny_tp.lua", "plans/llama405b.lua" }) do
     local p = require("gen.plan").from_source(H.read(path), path)
     for _, c in ipairs(p.tp_classes) do
-      local rows, n, prev = build.folded_ops(c), 0, -1
+      local rows, n, prev, seen = build.folded_ops(c), 0, -1, {}
       for _, r in ipairs(rows) do
         n = n + r.n
         local first = tonumber(r.seq:match("^(%d+)"))
         assert(first > prev, path .. ": rows in issue order at " .. r.seq)
         prev = first
+        -- what the row says of every op it stands for: each op once, the row's first op first, its
+        -- compute ops of the row's kind (the rest the TP collectives inside them), their microbatches
+        -- inside the row's range and their units among the row's
+        H.eq(#r.ops, r.n, path .. ": row " .. r.seq .. " lists its ops")
+        H.eq(r.ops[1].seq, first, path .. ": row " .. r.seq .. " starts at its first op")
+        local lo, hi = r.micro:match("^(%d+)%-(%d+)$")
+        lo, hi = tonumber(lo or r.micro), tonumber(hi or r.micro)
+        for _, o in ipairs(r.ops) do
+          assert(not seen[o.seq], path .. ": op " .. o.seq .. " in two rows")
+          seen[o.seq] = true
+          assert(o.kind == r.kind or o.kind:match("^tp_"), path .. ": op " .. o.seq .. " (" .. o.kind .. ") in a "
+            .. r.kind .. " row")
+          assert(o.micro_step >= lo and o.micro_step <= hi, path .. ": op " .. o.seq .. " microbatch " .. o.micro_step
+            .. " outside row " .. r.seq .. "'s " .. r.micro)
+          local name = c.layout.units[o.unit + 1].name
+          local tpl, num = fold.template(name)
+          local a, b = r.units:match("(%d+)%-(%d+)")
+          a, b = tonumber(a), tonumber(b)
+          assert(r.units == name or r.units:find(" .. ", 1, true) or (a and tpl == fold.template((r.units:gsub(
+            "%d+%-%d+", "0"))) and num >= math.min(a, b) and num <= math.max(a, b)), path .. ": op " .. o.seq .. " of "
+            .. name .. " in a row of " .. r.units)
+        end
       end
       H.eq(n, #c.ops, path .. " pipeline rank " .. c.pp_rank .. ": ops the folded rows stand for")
     end
+  end
+  -- 1F1B at 32 microbatches: the steady state (forward k, backward k-1, their sends and receives and
+  -- batches moving with them) folds to one row each; every op still stands in one row
+  local src32 = H.read("tests/pp/plans/pp_tiny.lua"):gsub("microbatches = 4", "microbatches = 32")
+    :gsub("local_batch_size = 4", "local_batch_size = 32")
+  local p32 = require("gen.plan").from_source(src32, "tests/pp/plans/pp_tiny.lua")
+  for _, c in ipairs(p32.tp_classes) do
+    local rows, n = build.folded_ops(c), 0
+    for _, r in ipairs(rows) do n = n + r.n end
+    H.eq(n, #c.ops, "pp_tiny x 32: ops the folded rows stand for")
+    assert(#rows < 40, "pp_tiny x 32, pipeline rank " .. c.pp_rank .. ": " .. #rows .. " rows")
   end
   local md = H.read("plans/llama405b/SCHEDULE.md")
   local _, lines = md:gsub("\n", "")
