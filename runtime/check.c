@@ -1293,6 +1293,18 @@ void cp_checker_a2a_counts(const cp_checker *c, const cp_op *op, int rank, int n
 done:
     free(load);
     free(on);
+    /* COMMPLAN_A2A_FULL=<rank>: that rank routes its rows member after member, each exactly to capacity until the
+     * rows run out (the largest counts the plan admits, deterministically; a test of the capacity's rounding). */
+    const char *fill = getenv("COMMPLAN_A2A_FULL");
+    if (fill && fill[0] && atoi(fill) == rank && E > 0) {
+        int64_t left = rows;
+        for (int e = 0; e < E; e++) counts[e] = 0;
+        for (int m = 0; m < n && left > 0; m++) {
+            int64_t give = cap < left ? cap : left;
+            for (int64_t i = 0; i < give; i++) counts[m * epp + (int)(i % epp)]++;
+            left -= give;
+        }
+    }
     /* COMMPLAN_A2A_OVERFLOW=<rank>: that rank routes one row past the next member's capacity (a test of the refusal). */
     const char *over = getenv("COMMPLAN_A2A_OVERFLOW");
     if (over && over[0] && atoi(over) == rank && E > 0) {

@@ -119,7 +119,8 @@ int cp_checker_p2p_check(cp_checker *c, const cp_op *op, int sender, const void 
  * from a generator seeded by (rank, step, micro-step, slot, unit); some
  * experts get none, one draw in four fills a member exactly to capacity
  * and leaves the next empty; never past capacity (COMMPLAN_A2A_OVERFLOW=R
- * makes rank R route one row past a member's: the refusal's test). */
+ * makes rank R route one row past a member's: the refusal's test;
+ * COMMPLAN_A2A_FULL=R fills its members to capacity in turn). */
 void cp_checker_a2a_counts(const cp_checker *c, const cp_op *op, int rank, int n, int64_t *counts);
 /* Row `row` (op->a2a_dim elements of op->dtype) of global expert `expert`'s
  * tokens that rank sender sends rank receiver at A2A op: a hash of all of
