@@ -138,4 +138,29 @@ function T.plans_size_their_buffers_by_the_capacity()
   check_plan(mix(4, "{ dp_shard = -1, ep = 2 }", 1, "8"), 2, 2, 12, 2, "8 x 2 / 2 capped at dropless")
 end
 
+-- The all-to-all's uniform share (what each member is sent when the
+-- counts are even, the size priced and sized): rounded up. 7 tokens x
+-- top_k 2 = 14 rows over ep 4: 4 rows a member (3.5 up), 4 x dim 8
+-- elements each op, 4 members x 32 bf16 = 256 bytes.
+function T.uniform_share_rounded_up()
+  local src = H.read("tests/ep/plans/ep4_mixtral_efsdp1.lua"):gsub("seq_len = 6", "seq_len = 7")
+  local p = plan.from_source(src, "tests/ep/plans/ep4_mixtral_efsdp1.lua")
+  local units, a2as = 0, 0
+  for _, u in ipairs(p.layout.units) do
+    if u.a2a then
+      units = units + 1
+      H.eq(u.a2a.rows, 14, u.name .. ": rows")
+      H.eq(u.a2a.uniform, 4, u.name .. ": ceil(14 / 4) rows a member")
+    end
+  end
+  for _, o in ipairs(p.ops) do
+    if o.kind == "a2a" then
+      a2as = a2as + 1
+      H.eq(o.a2a_uniform, 4 * 8, "op " .. o.seq .. ": 4 rows x dim 8")
+      H.eq(o.size_bytes, 4 * 4 * 8 * 2, "op " .. o.seq .. ": 4 members x 4 rows x 8 x bf16")
+    end
+  end
+  assert(units > 0 and a2as > 0, "expert units and all-to-alls")
+end
+
 return T

@@ -40,4 +40,23 @@ function T.transfers_delay_the_receiver()
   assert(b.step_us >= a.step_us + 2 * 3 * 0.5 - 1e-9, "at least the fill and drain latency: " .. b.step_us)
 end
 
+-- Every schedule does the same work, only in another order: a rank's busy
+-- time, (1 - bubble) x step, is one figure for all seven on the 405B
+-- pipeline (zero bubble's split backward is its input half plus its weight
+-- half, I + W = B; costing W as a whole backward made the zero-bubble
+-- schedules busier and moved their bubble and step).
+function T.every_schedule_does_the_same_work()
+  local load = require("gen.load")
+  local report = require("gen.parallel.pp_report")
+  local l = load.source(H.read("bench/llama405b_pp.lua"), "bench/llama405b_pp.lua")
+  local want
+  for _, r in ipairs(report.rows(l).rows) do
+    assert(r.sim, r.name .. ": timed")
+    local busy = (1 - r.sim.bubble) * r.sim.step_us
+    want = want or busy
+    assert(math.abs(busy - want) <= 1e-6 * want, string.format("%s: busy %.6g us a rank, the others %.6g", r.name,
+      busy, want))
+  end
+end
+
 return T
