@@ -83,7 +83,8 @@ def hostile_python(rng, base, E, epp, cap, np, torch):
         return v, "negative %d" % v[i], v, False
     if k == 5:
         v[i] = rng.choice([(1 << 64) + 1, (1 << 64) + base[i], 1 << 63, 1 << 64, (1 << 32) + base[i], I64_MAX, 10 ** 30, 1 << 20000])
-        return v, "%d (past int64 or the capacity)" % v[i], v, False
+        shown = "%d" % v[i] if v[i] < 10 ** 30 else "an integer of %d bits" % v[i].bit_length()
+        return v, "%s (past int64 or the capacity)" % shown, v, False
     if k == 6:
         v[i] = cap + 1 + rng.randrange(4)
         return v, "a member's share past the capacity %d" % cap, v, False
