@@ -10,8 +10,10 @@ local fold = {}
 -- items[i] = { sig = string (everything shown but the unit), unit = index }.
 -- Returns runs { first = i, period = k, reps = r } covering items in order;
 -- greedy: at each position the period that covers the most rows.
-function fold.runs(items, max_period)
-  max_period = max_period or 16
+-- step: the unit distance between repetitions (1: consecutive units; a
+-- pipeline's rounds of microbatches fold with step pp).
+function fold.runs(items, max_period, step)
+  max_period, step = max_period or 16, step or 1
   local out, i, n = {}, 1, #items
   while i <= n do
     local best_k, best_r = 1, 1
@@ -27,7 +29,7 @@ function fold.runs(items, max_period)
           local d = y.unit - x.unit
           if d0 == nil then d0 = d elseif d ~= d0 then ok = false; break end
         end
-        if ok and (d0 == 1 or d0 == -1) and (delta == nil or delta == d0) then
+        if ok and (d0 == step or d0 == -step) and (delta == nil or delta == d0) then
           delta = d0
           r = r + 1
         else

@@ -268,15 +268,16 @@ function M.schedule_md(p, fp)
   w("Each rank's ops in issue order, folded: a unit's compute and the TP collectives inside it are one")
   w("row (`with tp: ...`); a block of rows repeated for the next layer is one row (`layers.0-6`, `#`")
   w("first-last/step, or first-last where rows hold several ops); a block of those repeated for the next")
-  w("microbatch is one row again (micro-batch `8-13`, `#` the first .. last op it stands for). Every op")
-  w("of every rank, unfolded, is in plan.json (`pipeline.ranks[].ops`).")
+  w("microbatch is one row again (micro-batch `8-13`, `#` the first .. last op it stands for), and a")
+  w("block of those repeated for the next round of pp microbatches once more (`3-6 .. 11-14 (every 8)`:")
+  w("microbatches 3-6 and 11-14). Every op of every rank, unfolded, is in plan.json (`pipeline.ranks[].ops`).")
   for _, c in ipairs(p.tp_classes) do
     w("")
     w("### Pipeline rank %d%s", c.pp_rank, p.dims.tp > 1 and fmt(", TP class %d", c.tp_class) or "")
     w("")
     w("| # | kind | unit | micro-batch | stream | detail |")
     w("|---|---|---|---|---|---|")
-    for _, r in ipairs(M.folded_ops(c)) do
+    for _, r in ipairs(M.folded_ops(c, p.dims.pp)) do
       w("| %s | %s | %s | %s | %s | %s |", r.seq, r.kind, r.units, r.micro, r.stream, r.detail)
     end
   end
@@ -289,7 +290,7 @@ end
 -- microbatch (micro-batch `0-31`, `#` the first and last op it covers).
 -- Rows { seq, kind, units, micro, stream, detail } of text, n: how many
 -- ops a row stands for, and ops: those ops.
-function M.folded_ops(c)
+function M.folded_ops(c, pp)
   -- A unit's compute and the activation collectives inside it (TP's, on
   -- the compute stream, same unit and microbatch) are one entry.
   local entries = {}
@@ -374,10 +375,41 @@ function M.folded_ops(c)
         detail = detail .. (run.reps > 1 and fmt(", batch %d-%d", a.batch, z.batch) or fmt(", batch %d", a.batch))
       end
       out[#out + 1] = { n = n, ops = ops, seq = ops_text, kind = a.kind, units = a.units, stream = a.stream, detail = detail,
-                        micro = run.reps > 1 and fmt("%d-%d", a.micro, z.micro) or tostring(a.micro) }
+                        micro = run.reps > 1 and fmt("%d-%d", a.micro, z.micro) or tostring(a.micro),
+                        m0 = a.micro, reps = run.reps, base = a.detail, batch = a.batch, zbatch = z.batch,
+                        first = a.first, last = z.last }
     end
   end
-  return out
+  -- the third fold: an interleaved schedule's rounds (the same rows for
+  -- the next pp microbatches)
+  local D = pp or 1
+  if D <= 1 then return out end
+  local titems = {}
+  for i, r in ipairs(out) do
+    titems[i] = { sig = table.concat({ r.kind, r.units, r.stream, r.base, r.reps, r.seq:find(" .. ", 1, true) and "r"
+      or r.seq:gsub("%d+", "#"), r.batch and (r.batch - r.m0) or "-" }, "|"), unit = r.m0 }
+  end
+  local final = {}
+  for _, run in ipairs(fold.runs(titems, 64, D)) do
+    for j = 0, run.period - 1 do
+      local a = out[run.first + j]
+      if run.reps == 1 then
+        final[#final + 1] = a
+      else
+        local z = out[run.first + j + (run.reps - 1) * run.period]
+        local n, ops = 0, {}
+        for r = 0, run.reps - 1 do
+          local x = out[run.first + j + r * run.period]
+          n = n + x.n
+          table.move(x.ops, 1, #x.ops, #ops + 1, ops)
+        end
+        final[#final + 1] = { n = n, ops = ops, seq = fmt("%d .. %d", a.first, z.last), kind = a.kind, units = a.units,
+                              stream = a.stream, micro = fmt("%s .. %s (every %d)", a.micro, z.micro, D),
+                              detail = a.base .. (a.batch and fmt(", batch %d .. %d", a.batch, z.zbatch) or "") }
+      end
+    end
+  end
+  return final
 end
 
 return M
