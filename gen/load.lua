@@ -569,20 +569,6 @@ function load_plan.check_sizes(ctx, plan, model)
   end
 end
 
--- TP's classes (gen/parallel/tp.lua) take every parameter's TP-local rows
--- on every TP rank: work of tp x the parameters, bounded once the model's
--- units are known (gen/plan.lua), before any class is built.
-function load_plan.check_tp_work(ctx, units, tp)
-  if tp <= 1 then return end
-  local params = 0
-  for _, u in ipairs(units) do params = params + #u.params end
-  if not util.mul_within(params, tp, LIM.tp_splits) then
-    util.field_error(ctx, "parallel.tp", string.format("tp=%d x %d parameters is more than %s, the most the "
-      .. "generator places over TP (it takes every parameter's rows on every TP rank); use a smaller tp or fewer "
-      .. "parameters", tp, params, util.pow2_text(LIM.tp_splits)))
-  end
-end
-
 -- Each cost model reads its own fields: a field of the other one would be
 -- silently ignored, so it is refused.
 local ALPHA_BETA_ONLY = { "intra_node_GBps", "inter_node_GBps", "latency_us" }

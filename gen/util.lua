@@ -39,7 +39,7 @@ util.LIMITS = {
   -- check_sizes): its memory plan's work grows with their square, ~8 s and
   -- ~1 GiB at 2^9 (the largest published, Qwen3-235B-A22B, has 94)
   ep_layers = 1 << 9,
-  -- tp x the model's parameters (gen/load.lua's check_tp_work): TP's
+  -- tp x the model's parameters (gen/parallel/tp.lua's apply_units): TP's
   -- classes take each one's rows on every TP rank (~1 s at 2^22; llama405b
   -- at tp 8: ~9,000)
   tp_splits = 1 << 22,

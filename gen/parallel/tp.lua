@@ -232,6 +232,15 @@ end
 -- generic model, checked by gen/load.lua), on the plan's fresh units. A TP
 -- group with nothing to split would only cost time: refused.
 function tp.apply_units(ctx, units, d, p)
+  -- TP's classes take every parameter's TP-local rows on every TP rank:
+  -- work of tp x the parameters, bounded before any placement or class
+  local params = 0
+  for _, u in ipairs(units) do params = params + #u.params end
+  if not util.mul_within(params, d.tp, util.LIMITS.tp_splits) then
+    util.field_error(ctx, "parallel.tp", string.format("tp=%d x %d parameters is more than %s, the most the "
+      .. "generator places over TP (it takes every parameter's rows on every TP rank); use a smaller tp or fewer "
+      .. "parameters", d.tp, params, util.pow2_text(util.LIMITS.tp_splits)))
+  end
   if p.model.family == "llama" then tp.llama_placements(units)
   elseif p.model.family == "deepseek_v3" then tp.deepseek_placements(units, d) end
   for _, u in ipairs(units) do
