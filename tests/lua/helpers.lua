@@ -86,4 +86,22 @@ function H.dense_plan_files()
   return out
 end
 
+
+-- A fresh temporary directory (mktemp -d).
+function H.tmpdir()
+  local ph = assert(io.popen("mktemp -d"))
+  local d = ph:read("l")
+  ph:close()
+  return d
+end
+
+-- Writes text to path, creating its directory first.
+function H.write(path, text)
+  local dir = path:match("^(.*)/[^/]*$")
+  if dir then assert(os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")) end
+  local fh = assert(io.open(path, "wb"))
+  fh:write(text)
+  fh:close()
+end
+
 return H

@@ -174,18 +174,7 @@ end
 
 -- ---- the CSV: where it is read from, and what a refusal shows -------------
 
-local function tmpdir()
-  local dir = os.tmpname()
-  os.remove(dir)
-  assert(os.execute("mkdir -p " .. dir .. "/sub"))
-  return dir
-end
-
-local function write(path, text)
-  local fh = assert(io.open(path, "w"))
-  fh:write(text)
-  fh:close()
-end
+local tmpdir, write = H.tmpdir, H.write
 
 local function with_csv(rel)
   return pp_variant("Interleaved1F1B", 2, 4, 4):gsub("pipeline = {", string.format("pipeline = { csv = %q,", rel))
@@ -227,7 +216,6 @@ end
 -- is refused as on disk.
 function T.csv_of_a_plan_at_a_revision_read_at_that_revision()
   local repo = tmpdir()
-  assert(os.execute("mkdir -p " .. repo .. "/p"))
   local ph = io.popen("pwd")
   local root = ph:read("l")
   ph:close()

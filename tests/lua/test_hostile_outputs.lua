@@ -15,17 +15,7 @@ local T = {}
 
 local function sh(cmd) return os.execute(cmd) == true end
 local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-local function tmpdir()
-  local ph = assert(io.popen("mktemp -d"))
-  local d = ph:read("l")
-  ph:close()
-  return d
-end
-local function write(path, text)
-  local fh = assert(io.open(path, "wb"))
-  fh:write(text)
-  fh:close()
-end
+local tmpdir, write = H.tmpdir, H.write
 -- Runs a command under a 60 s bound: exit status, stderr (stdout dropped).
 local function run(cmd)
   local ph = assert(io.popen("timeout 60 " .. cmd .. " 2>&1 >/dev/null; echo \"rc=$?\""))
