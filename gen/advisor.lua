@@ -199,7 +199,7 @@ end
 -- microbatch size), every torch schedule (gen/parallel/pp_report.lua);
 -- each candidate's fastest schedule that fits, else its smallest.
 function advisor.pipeline(loaded, res)
-  local report = require("gen.parallel.pp_report")
+  local report = require("gen.pipeline")
   local world, global = res.world, res.global_batch
   local tps, seen = {}, {}
   for _, t in ipairs({ res.results[1] and res.results[1].t or 1, loaded.parallel.tp or 1 }) do
@@ -267,7 +267,7 @@ end
 local function pipeline_text(res, w)
   local pl = res.pipeline
   if not pl then return end
-  local report = require("gen.parallel.pp_report")
+  local report = require("gen.pipeline")
   w("")
   w("## With pipeline parallel")
   w("")
@@ -345,7 +345,7 @@ local function explain(top, res, out)
       w("- The plan's own mesh pipelines (pp %d x dp_shard %d x tp %d): #%d of the pipeline meshes below, %s with "
         .. "its fastest schedule there (%s, %d microbatches), by the pipeline's timed run of each rank's actions "
         .. "(not this table's timeline: compare with care).", x.pp, x.dp, x.t, i,
-        require("gen.parallel.pp_report").human_us(x.row.sim.step_us), x.row.name, x.n)
+        require("gen.pipeline").human_us(x.row.sim.step_us), x.row.name, x.n)
       break
     end
   end

@@ -100,7 +100,7 @@ local function generate(plan_path)
   collectgarbage("restart")
   if not ok then error(p, 0) end
   p.source_file = display_path(plan_path)
-  local pipeline = p.pipeline_build and require("gen.parallel.pp_build")
+  local pipeline = p.pipeline and require("gen.parallel.pp_build")
   local fp = pipeline and pipeline.fingerprint(p) or audit.fingerprint(p)
   local templates = {}
   for _, t in ipairs({ "plan.h.in", "plan.c.in", "plan_kernels.cu.in" }) do

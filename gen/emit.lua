@@ -361,11 +361,10 @@ function emit.vars(p, fp)
   v.pp_mesh_dim = opt_int(pp.mesh_dim, -1, -1, "pp.mesh_dim")
   v.pp_family = opt_int(pp.family, -1, -1, "pp.family")
   -- A rank's class by its (pp, TP) coordinates, [pp * tp_size + tp]: the
-  -- plan's class_of (1-based classes) where the pp modules give one, else
-  -- the TP classes' for every pp coordinate.
+  -- plan's class_of (1-based classes, gen/plan.lua).
   local of, tp = {}, p.dims.tp
   for i = 0, pp_size * tp - 1 do
-    local c = p.class_of and p.class_of[i] or p.class_of_tp[i % tp]
+    local c = p.class_of[i]
     c = opt_int(c, nil, 1, "class_of[" .. i .. "]")
     if c > #classes then error(string.format("internal: class_of[%d] is %d of %d classes", i, c, #classes), 0) end
     of[#of + 1] = tostring(c - 1)

@@ -39,20 +39,36 @@ end
 
 local build_class
 -- One class of ranks (one table set): its layout, schedule, proofs, cost
--- and memory plan. mods: the plan's parallelisms (parallel.used).
-function build_class(ctx, cls, d, fams, p, cfg, mods, expand, face)
-  local lay = parallel.one(mods, "buffers").buffers(ctx, cls.units, d, p)
-  for _, m in ipairs(mods) do
-    if m.on_layout then lay = m.on_layout(ctx, lay, cls.units, d, p, cfg) end
+-- and memory plan. mods: the plan's parallelisms (parallel.used); mine:
+-- each module's prepared facts (its prepare hook's), by module.
+function build_class(ctx, cls, d, fams, p, cfg, mods, expand, face, mine)
+  -- A class laid out on an inner mesh brings its layout (PP: the stage
+  -- mesh's, gen/parallel/pp.lua); the others are laid out here.
+  local lay = cls.layout
+  if not lay then
+    lay = parallel.first(mods, "buffers").buffers(ctx, cls.units, d, p)
+    for _, m in ipairs(mods) do
+      if m.on_layout then lay = m.on_layout(ctx, lay, cls.units, d, p, cfg) end
+    end
   end
-  local ops, rep = parallel.one(mods, "step").step(lay, fams, p, { expand = expand, dims = d, ctx = ctx,
-                                                                    unit_ops = parallel.unit_ops(mods) })
+  local orderer = parallel.first(mods, "step")
+  local ops, rep = orderer.step(lay, fams, p, { expand = expand, dims = d, ctx = ctx, class = cls,
+                                                mine = mine[orderer], unit_ops = parallel.unit_ops(mods) })
   verify.bounds(lay, fams, ops, p.fsdp, rep)
   for _, m in ipairs(mods) do
     if m.prove_class then m.prove_class(lay, ops, p, rep) end
   end
   verify.order(lay, fams, ops)
   local predicted = cost.predict(ops, fams, p.topology)
+  local out = { coords = cls.coords, layout = lay, ops = ops, rep = rep, predicted = predicted }
+  for k, v in pairs(cls.facts or {}) do out[k] = v end
+  -- A step the audit's timeline does not model (its orderer says so:
+  -- PP's, priced by its own timed run) reuses bytes at once.
+  if orderer.predicts == false then
+    out.arena = memplan.build(lay, ops, { micro_steps = p.fsdp.micro_steps })
+    out.memory = cost.memory(lay, ops, out.arena)
+    return out
+  end
   -- The memory plan places buffers for overlap where the rank's memory
   -- has room: it predicts the class's step (gen/timeline.lua, the audit's
   -- own model) with the waits it weighs, and takes the memory verdict's
@@ -75,7 +91,7 @@ function build_class(ctx, cls, d, fams, p, cfg, mods, expand, face)
     -- A repeated micro-step's rows must mean the same on every
     -- repetition (gen/repeat.lua); where they would not, the step is
     -- planned in full.
-    if repeat_mod.check(arena.needs, rep) then return build_class(ctx, cls, d, fams, p, cfg, mods, true, face) end
+    if repeat_mod.check(arena.needs, rep) then return build_class(ctx, cls, d, fams, p, cfg, mods, true, face, mine) end
     repeat_mod.share_events(ops, arena, rep)
     -- The predicted step counts the third copy once per repetition: exact
     -- when it runs as the copy before it did, shifted by one micro-step
@@ -87,12 +103,11 @@ function build_class(ctx, cls, d, fams, p, cfg, mods, expand, face)
   view.arena = arena
   local tl = (face or rep) and planned_step(view, s, per_unit, predictions)
   if rep and not repeat_mod.periodic(tl, rep) then
-    return build_class(ctx, cls, d, fams, p, cfg, mods, true, face)
+    return build_class(ctx, cls, d, fams, p, cfg, mods, true, face, mine)
   end
-  local memory = cost.memory(lay, ops, arena)
-  return { coords = cls.coords, layout = lay, ops = ops, rep = rep, predicted = predicted, arena = arena,
-           memory = memory,
-           timeline = face and { tl = tl, key = compute.settings_key(s), ops = ops, waits = arena.waits } }
+  out.arena, out.memory = arena, cost.memory(lay, ops, arena)
+  out.timeline = face and { tl = tl, key = compute.settings_key(s), ops = ops, waits = arena.waits }
+  return out
 end
 
 -- opts.expand: plan a repeated micro-step in full (gen/repeat.lua; the tests compare the two).
@@ -108,21 +123,32 @@ function plan.from_loaded(p, opts)
   for _, m in ipairs(parallel.MODULES) do
     if m.rules then m.rules(ctx, d, p) end
   end
-  -- A pipeline: a class per pipeline rank over the stages' own plan
-  -- (gen/parallel/pp_build.lua).
-  if d.pp > 1 then return require("gen.parallel.pp_build").plan(p) end
   local mods = parallel.used(d)
+  -- A module that runs each rank's share of the model on a smaller mesh
+  -- names that mesh's plan (PP: the stage mesh, world / pp ranks), which
+  -- this same pipeline plans; then each module prepares what its hooks
+  -- share (PP: the stage split and the schedule) and says how the plan's
+  -- settings run under it (PP: FSDP's micro-steps are the microbatches).
+  local nester = parallel.first(mods, "inner_plan", true)
+  local inner = nester and plan.from_loaded(nester.inner_plan(ctx, d, p))
+  local mine = {}
+  for _, m in ipairs(mods) do
+    if m.prepare then mine[m] = m.prepare(ctx, d, p, inner) end
+  end
+  for _, m in ipairs(mods) do
+    if m.settings then p = m.settings(p, mine[m]) end
+  end
   for _, m in ipairs(mods) do
     if m.apply_units then units = m.apply_units(ctx, units, d, p) end
   end
   -- Without a module that tells ranks apart, every rank holds one table set.
-  local splitter = parallel.one(mods, "classes", true)
-  local split = splitter and splitter.classes(units, d)
+  local splitter = parallel.first(mods, "classes", true)
+  local split = splitter and splitter.classes(units, d, mine[splitter])
     or { classes = { { coords = { 0 }, units = units } }, class_of = { [0] = 1 } }
   local classes = {}
   local expand = opts and opts.expand
   for c, cls in ipairs(split.classes) do
-    classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config, mods, expand, c == 1)
+    classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config, mods, expand, c == 1, mine)
   end
   -- Every class repeats a micro-step or none does (the tables' op
   -- sequences must agree across classes: a class planned in full beside
@@ -131,23 +157,27 @@ function plan.from_loaded(p, opts)
   for _, cls in ipairs(classes) do repeating = repeating + (cls.rep and 1 or 0) end
   if repeating > 0 and repeating < #classes then
     for c, cls in ipairs(split.classes) do
-      classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config, mods, true, c == 1)
+      classes[c] = build_class(ctx, cls, d, fams, p, model_numbers.config, mods, true, c == 1, mine)
     end
   end
   for _, m in ipairs(mods) do
-    if m.prove then m.prove(classes) end
+    if m.prove then m.prove(classes, mine[m]) end
   end
   -- Class 0 (rank 0's) is the plan's face for the audit; every class is in
-  -- the tables (named as the runtime's are: classes over the TP coordinate).
+  -- the tables, and class_of gives each rank's by its (pp, TP)
+  -- coordinates, [pp x tp + tp] (gen/emit.lua).
   local first = classes[1]
-  return {
+  local out = {
     name = p.name, source_file = p.source_file, world_size = p.world_size, dims = d, mesh = mesh,
-    async_tp = d.tp > 1 and p.parallel.async_tp or nil,
     model = p.model, model_config = model_numbers.config, fsdp = p.fsdp, topology = p.topology, training = p.training,
     layout = first.layout, groups = fams, ops = first.ops, rep = first.rep, planned_timeline = first.timeline,
     predicted = first.predicted, memory = first.memory,
-    arena = first.arena, tp_classes = classes, class_of_tp = split.class_of,
+    arena = first.arena, tp_classes = classes, class_of = split.class_of,
   }
+  for _, m in ipairs(mods) do
+    if m.describe then out = m.describe(out, p, mine[m]) end
+  end
+  return out
 end
 
 function plan.from_file(path)

@@ -126,7 +126,7 @@ function plandiff.pipeline_compare(sa, sb)
       .. "two plans without pp (at a git revision, a plan of the same name may have been the other kind)", other,
       piped))
   end
-  local report = require("gen.parallel.pp_report")
+  local report = require("gen.pipeline")
   local a, b = report.plan_row(sides[1]), report.plan_row(sides[2])
   local L = { string.format("pipeline %s -> %s (make pipeline shows every schedule)", sa, sb) }
   local function row(label, x, y) L[#L + 1] = string.format("  %s: %s", label, x == y and x or (x .. " -> " .. y)) end

@@ -52,7 +52,7 @@ function verbs.main(argv)
     local src, why = fsio.read_regular(path, verbs.PLAN_MAX_BYTES)
     if not src then util.plan_error(string.format("%s: the plan file %s", fsio.shown(path), why)) end
     local loaded = require("gen.load").source(src, path)
-    local report = require("gen.parallel.pp_report")
+    local report = require("gen.pipeline")
     local text = report.text(loaded)
     if csv then text = text .. verbs.write_file(csv, report.csv(loaded), "the schedule's CSV", path) end
     io.stdout:write(text)

@@ -17,7 +17,10 @@ local verify = {}
 local ES = require("gen.util").DTYPE_BYTES
 local TP_KIND = {} -- kind -> true for TP's activation collectives
 local A2A_KIND = {} -- kind -> true for expert parallelism's all-to-alls
-for _, d in ipairs(require("gen.opkinds").LIST) do TP_KIND[d.name] = d.tp or nil; A2A_KIND[d.name] = d.a2a or nil end
+local P2P_KIND = {} -- kind -> true for pipeline parallelism's sends and receives
+for _, d in ipairs(require("gen.opkinds").LIST) do
+  TP_KIND[d.name], A2A_KIND[d.name], P2P_KIND[d.name] = d.tp or nil, d.a2a or nil, d.p2p or nil
+end
 
 local function check(cond, fmt, ...)
   if not cond then error("internal error (plan verification failed): " .. string.format(fmt, ...), 0) end
@@ -103,6 +106,10 @@ function verify.schedule(lay, ops, fsdp, rep)
       check(s == "unsharded", "backward of %s on %s params", name(u), s)
       local lo, hi = range(o)
       for j = lo, hi do ps[j].grads = ps[j].grads + 1 end
+    elseif k == "backward_input" then
+      -- (zero bubble's input gradient: the weight gradient is its W, a backward)
+      check(s == "unsharded", "backward_input of %s on %s params", name(u), s)
+    elseif P2P_KIND[k] then -- luacheck: ignore 542 (a stage's activation: no parameter state)
     elseif k == "reshard" then check(s == "unsharded", "reshard of %s while %s", name(u), s); state[u] = "sharded"
     elseif k == "pack" then
       local lo, hi = range(o)

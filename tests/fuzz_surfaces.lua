@@ -175,7 +175,7 @@ end
 local CSV_BASES = {}
 do
   local load = require("gen.load")
-  local report = require("gen.parallel.pp_report")
+  local report = require("gen.pipeline")
   for _, sched in ipairs({ "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV" }) do
     local t = copy(PP_BASES[1].t)
     t.pipeline.schedule = sched

@@ -27,23 +27,43 @@
 --                 and the model, after gen/dims.lua's ParallelDims ones;
 --                 run for every plan: a setting that would be ignored is
 --                 refused
+--   inner_plan(ctx, d, p) -> plan file
+--                 a module that runs each rank's share of the model on a
+--                 smaller mesh names that mesh's plan (PP: the stage mesh,
+--                 world / pp ranks, one microbatch); gen/plan.lua plans it
+--                 as it plans any and hands it to prepare
+--   prepare(ctx, d, p, inner) -> mine
+--                 what its hooks share, worked out once (PP: the stage
+--                 split, the schedule, the activation); its other hooks
+--                 get it as `mine`
+--   settings(p, mine) -> p
+--                 the plan's settings as they run under it (PP: FSDP's
+--                 micro-steps are the microbatches, no reshard after
+--                 forward, gradients reduced after the last one)
 --   apply_units(ctx, units, d, p) -> units
 --                 what it does to the model's units and parameters before
 --                 ranks are told apart (TP: placements)
---   classes(units, d) -> { classes = { { coords, units } ... }, class_of }
---                 the ranks whose tables differ and each class's units
---                 (TP: TP-local shapes; keyed by the TP coordinate, as the
---                 runtime's class_of_tp is); at most one module splits
+--   classes(units, d, mine) -> { classes = { { coords, units | layout,
+--                 facts } ... }, class_of }
+--                 the ranks whose tables differ: each class's units (TP:
+--                 TP-local shapes), or its layout where it was laid out on
+--                 an inner mesh (PP: a pipeline rank's stages as the stage
+--                 mesh's class lays them out), and facts copied onto the
+--                 built class (PP: pp_rank, stages); class_of[pp x tp + tp
+--                 coordinate] -> class, as the runtime's class_of is
 --   buffers(ctx, units, d, p) -> layout
---                 one class's storage: exactly one used module owns it (FSDP)
+--                 one class's storage (FSDP)
 --   on_layout(ctx, lay, units, d, p, cfg) -> layout
 --                 facts it adds to a class's layout (TP: TP dims and
 --                 chunks per parameter, activation collectives per unit)
 --   step(lay, fams, p, opts) -> ops, rep
---                 one class's step in issue order: exactly one used module
---                 orders it (FSDP2's order); opts.unit_ops is every other
---                 module's unit_ops, which it calls at each unit's
---                 points
+--                 one class's step in issue order (FSDP2's order; PP's
+--                 lowered actions, which call FSDP's pieces); opts.unit_ops
+--                 is every used module's unit_ops, which it calls at each
+--                 unit's points; opts.class the class, opts.mine its own
+--   predicts      false where the audit's timeline (gen/timeline.lua,
+--                 FSDP's overlap on one rank) does not model the step it
+--                 orders (PP): the memory plan then reuses bytes at once
 --   unit_ops(out, u, m, at)
 --                 appends the ops it runs at unit u's point `at` of
 --                 micro-step m: "forward" and "backward" (inside the
@@ -56,16 +76,19 @@
 --                 every kind is an opkinds descriptor (reads, writes,
 --                 stream, ring passes) with its C side in runtime/
 --   prove_class(lay, ops, p, rep)   its proofs over one class's step
---   prove(classes)                  its proofs across classes
+--   prove(classes, mine)            its proofs across classes
+--   describe(plan, p, mine) -> plan its facts on the built plan (TP:
+--                 async_tp; PP: p.pp for the tables, p.pipeline for the
+--                 audit)
 --
--- Costs need no hook yet: gen/cost.lua and gen/timeline.lua price every op
--- from its kind's descriptor and its group's links. How the next ones plug
--- in (docs/parallelisms.md): PP's apply_units splits the units into stages
--- and its classes are stages (crossed with TP's), it orders the step (its
--- per-rank action lists, gen/parallel/pp_schedule.lua) and calls FSDP's
--- unshard / reshard / reduce pieces at its UNSHARD, RESHARD and
--- REDUCE_GRAD actions, and inserts send/recv ops; EP and CP add placements
--- and unit_ops (all-to-alls, ring or all-gather attention) the same way.
+-- inner_plan, classes, buffers and step are each taken from the outermost
+-- used module that provides them (application order): an outer module
+-- takes them over and calls the inner ones' pieces, as torchtitan's
+-- pipeline schedule runs fully_shard'ed stages. Nothing else knows a
+-- module by name: gen/plan.lua runs these hooks in the order above.
+--
+-- Costs need no hook yet: gen/cost.lua prices every collective from its
+-- kind's descriptor and its group's links.
 local dims = require("gen.dims")
 local util = require("gen.util")
 
@@ -127,17 +150,15 @@ function parallel.used(d)
   return out
 end
 
--- The one used module that provides `hook` (buffers, step), or nil for classes.
-function parallel.one(mods, hook, optional)
-  local found
+-- The outermost used module that provides `hook` (inner_plan, classes,
+-- buffers, step): it takes the hook over from the modules inside it. nil
+-- where none does and optional, else an internal error.
+function parallel.first(mods, hook, optional)
   for _, m in ipairs(mods) do
-    if m[hook] then
-      if found then error(string.format("internal: %s and %s both provide %s", found.name, m.name, hook), 0) end
-      found = m
-    end
+    if m[hook] then return m end
   end
-  if not found and not optional then error("internal: no parallelism provides " .. hook, 0) end
-  return found
+  if not optional then error("internal: no parallelism provides " .. hook, 0) end
+  return nil
 end
 
 -- Every used module's unit_ops as one function; nil when none has any (the

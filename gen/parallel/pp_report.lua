@@ -18,7 +18,6 @@
 -- pp outermost in the mesh). The tables themselves come from
 -- gen/parallel/pp_build.lua.
 local util = require("gen.util")
-local plan_mod = require("gen.plan")
 local compute = require("gen.compute")
 local stages_mod = require("gen.parallel.pp_stages")
 local sched_mod = require("gen.parallel.pp_schedule")
@@ -60,11 +59,13 @@ local function human_bytes(b)
   return i == 1 and string.format("%d B", b) or string.format("%.2f %s", b, units[i])
 end
 
--- The plan of one stage's mesh: the loaded plan with pp = 1 on world / pp,
--- for one microbatch of the n (local_batch_size / n sequences): each
+-- The plan file of one stage's mesh: the loaded plan with pp = 1 on world
+-- / pp, for one microbatch of the n (local_batch_size / n sequences): each
 -- microbatch's forward and backward run TP's activation collectives on
 -- its own activations (torch's stage runs the module once per microbatch).
-local function stage_mesh_plan(loaded, pp, n)
+-- gen/plan.lua plans it as it plans any (PP's inner_plan hook,
+-- gen/parallel/pp.lua), as does the verb (gen/pipeline.lua).
+local function stage_loaded(loaded, pp, n)
   local ctx = loaded.ctx
   if loaded.world_size % pp ~= 0 then
     util.field_error(ctx, "parallel.pp", string.format("pp=%d does not divide world_size=%d; give a divisor", pp,
@@ -84,7 +85,7 @@ local function stage_mesh_plan(loaded, pp, n)
   -- a pipeline's stages keep CrossEntropyLoss's FSDP order (gen/parallel/fsdp.lua's
   -- chunked_loss: ChunkedLossWrapper on the last stage is not modelled)
   sub.stage_of_pipeline = true
-  return plan_mod.from_loaded(sub)
+  return sub
 end
 
 -- Per stage (0-based) of one split: its units, and the costs the timed run
@@ -339,12 +340,9 @@ local function evaluate(p, loaded, pp, n, name, opts)
   return res
 end
 
--- The plan's refusals (one line each, file and field) and the plan of one
--- stage's mesh, built once per loaded plan (text, csv and plan_row share it).
-local CHECKED = setmetatable({}, { __mode = "k" })
-local function checked(loaded)
-  local hit = CHECKED[loaded]
-  if hit then return table.unpack(hit) end
+-- The plan's refusals (one line each, file and field), before the stage
+-- mesh is planned: -> ctx, pp, pipeline section, microbatches.
+function report.refuse(loaded)
   local ctx = loaded.ctx
   local pp = loaded.parallel.pp or 1
   if pp <= 1 then
@@ -390,7 +388,23 @@ local function checked(loaded)
     num_stages = stages_mod.stage_count({ pp = pp, n_layers = n_layers,
       layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
       last_stage_less_layers = pl.last_stage_less_layers }) })
-  local p = stage_mesh_plan(loaded, pp, n)
+  return ctx, pp, pl, n
+end
+
+-- The plan file of the loaded pipeline plan's stage mesh (refused first).
+function report.stage_loaded(loaded)
+  local _, pp, _, n = report.refuse(loaded)
+  return stage_loaded(loaded, pp, n)
+end
+
+-- The stage mesh's plan p (gen/plan.lua's, of report.stage_loaded) taken
+-- for the loaded plan, once: text, csv, plan_row and tables read it, and
+-- the plan's CSV schedule is read and checked here (its refusals are the
+-- plan's own).
+local CHECKED = setmetatable({}, { __mode = "k" })
+function report.adopt(loaded, p)
+  if CHECKED[loaded] then return end
+  local ctx, pp, pl, n = report.refuse(loaded)
   if pl.csv then
     -- read and checked here, once: its refusals are the plan's own
     local num = stages_mod.count(ctx, { pp = pp, schedule = pl.schedule, n_layers = p.model_config.n_layers,
@@ -399,7 +413,14 @@ local function checked(loaded)
     CSV_SCHEDULE[pl] = csv_schedule(ctx, pl, pp, n, num)
   end
   CHECKED[loaded] = { ctx, pp, pl, n, p }
-  return ctx, pp, pl, n, p
+end
+
+local function checked(loaded)
+  local hit = CHECKED[loaded]
+  if not hit then
+    error("internal: the stage mesh's plan is not adopted (gen/pipeline.lua or gen/parallel/pp.lua adopts it)", 0)
+  end
+  return table.unpack(hit)
 end
 
 -- The plan's schedule (pipeline.schedule) as torch's CSV: each rank's

@@ -15,7 +15,7 @@
 --       the stage's FSDP collectives in issue order (each { unit, count },
 --       count = elements per rank; a reduce's kind: "reduce_scatter" over
 --       the shard group, or HSDP's "all_reduce" over the replicas), e.g.
---       M.stage_fsdp_from_plan; nil or a data-parallel degree of 1: no FSDP.
+--       gen/pipeline.lua's stage_fsdp_from_plan; nil or a data-parallel degree of 1: no FSDP.
 --   An event: { op = "send" | "recv", peer (global rank), numel, dtype,
 --     batch (the lowered action's batch number, nil when issued alone),
 --     action } or { op = "all_gather" | "reduce_scatter", ranks (the FSDP
@@ -47,7 +47,7 @@
 --     (layers last to first, the root last);
 --   - RESHARD frees, WAIT_REDUCE_GRAD waits: no collective.
 -- The gathers and reduces per unit are the generator's own (a plan of the
--- stage's units with grad_accumulation = "step_end": M.stage_fsdp_from_plan).
+-- stage's units with grad_accumulation = "step_end": gen/pipeline.lua's stage_fsdp_from_plan).
 local dims = require("gen.dims")
 local groups = require("gen.groups")
 local pps = require("gen.parallel.pp_schedule")
@@ -147,47 +147,6 @@ function M.expected(sched, o)
     out[g + 1] = ev
   end
   return out
-end
-
--- A stage's FSDP collectives as the generator plans them: the plan of the
--- stage's units (units in wrap order, the root last) on dp_replicate x
--- dp_shard ranks with torch.distributed.pipelining's accumulation
--- ("step_end") over the microbatches; its all-gathers of micro-step 0 and
--- its reduce-scatters (and HSDP's all-reduces), in the plan's order, each
--- { unit = name, count = elements per rank, dtype, kind }.
--- units: { { name, params = { { name, shape, dtype? } ... } } ... }.
-function M.stage_fsdp_from_plan(units, dp_shard, microbatches, dtype, dp_replicate)
-  local plan = require("gen.plan")
-  local parts = {}
-  for _, u in ipairs(units) do
-    local ps = {}
-    for _, p in ipairs(u.params) do
-      ps[#ps + 1] = fmt("{ name = %q, shape = { %s } }", p.name, table.concat(p.shape, ", "))
-    end
-    parts[#parts + 1] = fmt("{ name = %q, params = { %s } }", u.name, table.concat(ps, ", "))
-  end
-  local R = dp_replicate or 1
-  local src = fmt([[return { world_size = %d, parallel = { dp_shard = -1, dp_replicate = %d },
-  model = { family = "generic", dtype = %q, units = { %s } },
-  fsdp = { reshard_after_forward = false, grad_accumulation = "step_end", micro_steps = %d } }]],
-    dp_shard * R, R, dtype or "fp32", table.concat(parts, ",\n"), microbatches)
-  local p = plan.from_source(src, "pp_stage.lua")
-  local res = { gathers = {}, reduces = {} }
-  for _, op in ipairs(p.ops) do
-    local u = p.layout.units[op.unit + 1]
-    if op.kind == "all_gather" and op.micro_step == 0 then
-      res.gathers[#res.gathers + 1] = { unit = u.name, count = op.count, dtype = op.dtype }
-    elseif op.kind == "reduce_scatter" then
-      res.reduces[#res.reduces + 1] = { unit = u.name, count = op.count or u.total, dtype = u.reduce_dtype,
-                                        kind = "reduce_scatter" }
-    elseif op.kind == "all_reduce" and R > 1 then
-      res.reduces[#res.reduces + 1] = { unit = u.name, count = op.count, dtype = u.reduce_dtype, kind = "all_reduce" }
-    elseif op.kind == "all_gather" or op.kind == "all_reduce" then
-      error(fmt("pp_sequence: the stage plan has a %s in micro-step %d, which this module does not place",
-        op.kind, op.micro_step))
-    end
-  end
-  return res
 end
 
 return M

@@ -74,7 +74,7 @@ end
 
 -- The pipeline rank's stages in increasing order and its unit copies,
 -- stage by stage; unit_of[stage][global index] = the copy.
-local function rank_units(sched, stage_units, r)
+function M.rank_units(sched, stage_units, r)
   local stages, units, unit_of = {}, {}, {}
   for s = 0, sched.num_stages - 1 do
     if sched.stage_to_rank[s] == r then
@@ -95,6 +95,24 @@ end
 -- "reduce" ones before the unit's reduction), as gen/parallel/fsdp_schedule.lua
 -- calls them.
 function M.rank_tables(p, sched, stage_units, act, opts)
+  local bad = M.unsupported_action(sched)
+  if bad then
+    error(fmt("pp_tables: %s's lowered actions include %s, which the tables do not run yet", sched.schedule, bad), 0)
+  end
+  local out = {}
+  for r = 0, sched.pp - 1 do
+    local stages, units, unit_of = M.rank_units(sched, stage_units, r)
+    local rank = { pp_rank = r, stages = stages, units = units, unit_of = unit_of }
+    rank.ops = M.rank_ops(p, sched, stage_units, act, rank, opts)
+    out[r + 1] = rank
+  end
+  return out
+end
+
+-- One pipeline rank's ops in issue order. rank: { pp_rank, stages,
+-- unit_of } (M.rank_units'); its unit copies take their pp_numel here.
+function M.rank_ops(p, sched, stage_units, act, rank, opts)
+  local r, stages, unit_of = rank.pp_rank, rank.stages, rank.unit_of
   local unit_ops = opts and opts.unit_ops
   local bad = M.unsupported_action(sched)
   if bad then
@@ -103,114 +121,109 @@ function M.rank_tables(p, sched, stage_units, act, opts)
   local shard = p.groups.by_name.fsdp and p.groups.by_name.fsdp.size > 1 and p.groups.by_name.fsdp or nil
   local replicate = p.groups.by_name.dp_replicate
   local last_mb = sched.microbatches - 1
-  local out = {}
-  for r = 0, sched.pp - 1 do
-    local stages, units, unit_of = rank_units(sched, stage_units, r)
-    local ops = {}
-    local function op(kind, u, m, phase, extra)
-      local o = { kind = kind, unit = u.index, micro_step = m, phase = phase }
-      for k, v in pairs(extra or {}) do o[k] = v end
-      ops[#ops + 1] = o
-      return o
-    end
-    -- the stage's units that FSDP manages (a unit without parameters, the
-    -- Llama root, has no FSDP param group), forward order
-    local function managed(s)
-      local list = {}
-      for _, u in ipairs(stage_units[s]) do
-        if #u.params > 0 then list[#list + 1] = unit_of[s][u.index] end
-      end
-      return list
-    end
-    local unsharded = {}
-    local function unshard(s, m, phase)
-      for _, u in ipairs(managed(s)) do
-        if not unsharded[u.index] then
-          local direct = u.orig_dtype == u.ag_dtype
-          if not direct then op("copy_in", u, m, phase) end
-          op("all_gather", u, m, phase, { group = shard and "fsdp" or nil, dtype = u.ag_dtype, count = u.total,
-                                          from_sharded = direct or nil })
-          op("copy_out", u, m, phase)
-          unsharded[u.index] = true
-        end
-      end
-    end
-    local function reshard(s, m)
-      for _, u in ipairs(managed(s)) do
-        if unsharded[u.index] then
-          op("reshard", u, m, "backward")
-          unsharded[u.index] = false
-        end
-      end
-    end
-    -- a message's unit: the stage's first unit receives activations and
-    -- sends gradients, its last sends activations and receives gradients
-    local function boundary(s, last)
-      local list = stage_units[s]
-      local u = unit_of[s][list[last and #list or 1].index]
-      u.pp_numel = act.numel
-      return u
-    end
-    local single = sched.runtime == "single"
-    local batch_of, nbatch = {}, 0
-    for _, a in ipairs(sched.lowered[r + 1]) do
-      for _, q in ipairs(a.sub or { a }) do
-        local t, s, m = q.type, q.stage, q.mb
-        if NO_OP[t] then -- luacheck: ignore 542 (nothing to issue)
-        elseif t == "UNSHARD" then unshard(s, 0, "forward")
-        elseif t == "F" then
-          if single then unshard(s, m, "forward") end
-          for _, u in ipairs(managed(s)) do
-            op("forward", u, m, "forward")
-            if unit_ops then unit_ops(ops, u, m, "forward") end
-          end
-        elseif t == "B" or t == "I" then
-          -- (TP's backward collectives carry the input gradient: with I)
-          local list = managed(s)
-          for i = #list, 1, -1 do
-            op(t == "B" and "backward" or "backward_input", list[i], m, "backward")
-            if unit_ops then unit_ops(ops, list[i], m, "backward") end
-          end
-        elseif t == "W" then
-          local list = managed(s)
-          for i = #list, 1, -1 do op("backward", list[i], m, "backward") end
-        elseif t == "REDUCE_GRAD" then
-          -- finalize_backward: layers last to first, the root last
-          local list, post = managed(s), {}
-          local root = list[1] and list[1].is_root and list[1] or nil
-          for i = #list, root and 2 or 1, -1 do post[#post + 1] = list[i] end
-          post[#post + 1] = root
-          for _, u in ipairs(post) do
-            if unit_ops then unit_ops(ops, u, last_mb, "reduce") end
-            fsdp_schedule.reduction(ops, u, last_mb, { first = true, keep = true }, shard, replicate, true)
-          end
-        elseif t == "RESHARD" then reshard(s, last_mb)
-        else -- SEND_F, RECV_F, SEND_B, RECV_B
-          local grad = t == "SEND_B" or t == "RECV_B"
-          local send = t == "SEND_F" or t == "SEND_B"
-          local peer_stage = (t == "SEND_F" or t == "RECV_B") and s + 1 or s - 1
-          local from_stage = send and s or peer_stage
-          local u = boundary(s, t == "SEND_F" or t == "RECV_B")
-          local batch = 0
-          if q.batch ~= nil then
-            local key = a.batch or q.batch
-            if not batch_of[key] then nbatch = nbatch + 1; batch_of[key] = nbatch end
-            batch = batch_of[key]
-          end
-          op(send and "send" or "recv", u, m, grad and "backward" or "forward",
-            { dtype = act.dtype, count = act.numel, peer = sched.stage_to_rank[peer_stage], batch = batch,
-              tag = 2 * from_stage + (grad and 1 or 0) })
-        end
-      end
-    end
-    for _, s in ipairs(stages) do reshard(s, last_mb) end
-    for i, o in ipairs(ops) do
-      o.seq = i - 1
-      o.stream = opkinds.stream_of(o, replicate ~= nil)
-    end
-    out[r + 1] = { pp_rank = r, stages = stages, units = units, ops = ops }
+  local ops = {}
+  local function op(kind, u, m, phase, extra)
+    local o = { kind = kind, unit = u.index, micro_step = m, phase = phase }
+    for k, v in pairs(extra or {}) do o[k] = v end
+    ops[#ops + 1] = o
+    return o
   end
-  return out
+  -- the stage's units that FSDP manages (a unit without parameters, the
+  -- Llama root, has no FSDP param group), forward order
+  local function managed(s)
+    local list = {}
+    for _, u in ipairs(stage_units[s]) do
+      if #u.params > 0 then list[#list + 1] = unit_of[s][u.index] end
+    end
+    return list
+  end
+  local unsharded = {}
+  local function unshard(s, m, phase)
+    for _, u in ipairs(managed(s)) do
+      if not unsharded[u.index] then
+        local direct = u.orig_dtype == u.ag_dtype
+        if not direct then op("copy_in", u, m, phase) end
+        op("all_gather", u, m, phase, { group = shard and "fsdp" or nil, dtype = u.ag_dtype, count = u.total,
+                                        from_sharded = direct or nil })
+        op("copy_out", u, m, phase)
+        unsharded[u.index] = true
+      end
+    end
+  end
+  local function reshard(s, m)
+    for _, u in ipairs(managed(s)) do
+      if unsharded[u.index] then
+        op("reshard", u, m, "backward")
+        unsharded[u.index] = false
+      end
+    end
+  end
+  -- a message's unit: the stage's first unit receives activations and
+  -- sends gradients, its last sends activations and receives gradients
+  local function boundary(s, last)
+    local list = stage_units[s]
+    local u = unit_of[s][list[last and #list or 1].index]
+    u.pp_numel = act.numel
+    return u
+  end
+  local single = sched.runtime == "single"
+  local batch_of, nbatch = {}, 0
+  for _, a in ipairs(sched.lowered[r + 1]) do
+    for _, q in ipairs(a.sub or { a }) do
+      local t, s, m = q.type, q.stage, q.mb
+      if NO_OP[t] then -- luacheck: ignore 542 (nothing to issue)
+      elseif t == "UNSHARD" then unshard(s, 0, "forward")
+      elseif t == "F" then
+        if single then unshard(s, m, "forward") end
+        for _, u in ipairs(managed(s)) do
+          op("forward", u, m, "forward")
+          if unit_ops then unit_ops(ops, u, m, "forward") end
+        end
+      elseif t == "B" or t == "I" then
+        -- (TP's backward collectives carry the input gradient: with I)
+        local list = managed(s)
+        for i = #list, 1, -1 do
+          op(t == "B" and "backward" or "backward_input", list[i], m, "backward")
+          if unit_ops then unit_ops(ops, list[i], m, "backward") end
+        end
+      elseif t == "W" then
+        local list = managed(s)
+        for i = #list, 1, -1 do op("backward", list[i], m, "backward") end
+      elseif t == "REDUCE_GRAD" then
+        -- finalize_backward: layers last to first, the root last
+        local list, post = managed(s), {}
+        local root = list[1] and list[1].is_root and list[1] or nil
+        for i = #list, root and 2 or 1, -1 do post[#post + 1] = list[i] end
+        post[#post + 1] = root
+        for _, u in ipairs(post) do
+          if unit_ops then unit_ops(ops, u, last_mb, "reduce") end
+          fsdp_schedule.reduction(ops, u, last_mb, { first = true, keep = true }, shard, replicate, true)
+        end
+      elseif t == "RESHARD" then reshard(s, last_mb)
+      else -- SEND_F, RECV_F, SEND_B, RECV_B
+        local grad = t == "SEND_B" or t == "RECV_B"
+        local send = t == "SEND_F" or t == "SEND_B"
+        local peer_stage = (t == "SEND_F" or t == "RECV_B") and s + 1 or s - 1
+        local from_stage = send and s or peer_stage
+        local u = boundary(s, t == "SEND_F" or t == "RECV_B")
+        local batch = 0
+        if q.batch ~= nil then
+          local key = a.batch or q.batch
+          if not batch_of[key] then nbatch = nbatch + 1; batch_of[key] = nbatch end
+          batch = batch_of[key]
+        end
+        op(send and "send" or "recv", u, m, grad and "backward" or "forward",
+          { dtype = act.dtype, count = act.numel, peer = sched.stage_to_rank[peer_stage], batch = batch,
+            tag = 2 * from_stage + (grad and 1 or 0) })
+      end
+    end
+  end
+  for _, s in ipairs(stages) do reshard(s, last_mb) end
+  for i, o in ipairs(ops) do
+    o.seq = i - 1
+    o.stream = opkinds.stream_of(o, replicate ~= nil)
+  end
+  return ops
 end
 
 -- What each global rank of pp x dp_replicate x dp_shard issues, from the tables: the

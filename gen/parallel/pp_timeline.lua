@@ -24,11 +24,11 @@ local function r3(x) return tonumber(string.format("%.3f", x)) end
 -- The timed actions by lane: lanes[rank + 1] = { compute = {...}, reduce =
 -- { [stage] = {...} }, stages = {stage, ...} }, each list in start order.
 local function lanes_of(p)
-  local b = p.pipeline_build
+  local b = p.pipeline
   local lanes = {}
   for r = 1, b.sched.pp do lanes[r] = { compute = {}, reduce = {}, stages = {} } end
   local order = {}
-  for i, e in ipairs(b.timed_actions or {}) do
+  for i, e in ipairs(b.record or {}) do
     order[e] = i
     local lane = lanes[e.rank + 1]
     if e.type == "REDUCE_GRAD" then
@@ -62,7 +62,7 @@ end
 -- per stage for the gradient reduction (Chrome trace events, as the dense
 -- plans' gen/trace.lua writes them; otherData.kind "predicted").
 function M.trace_json(p, fp)
-  local b = p.pipeline_build
+  local b = p.pipeline
   local th = require("gen.parallel.pp_build").throughput(p)
   local lanes = lanes_of(p)
   local events = {}
@@ -117,7 +117,7 @@ end
 
 -- timeline.svg: the classic pipeline diagram, drawn from the timed run.
 function M.svg(p, fp)
-  local b = p.pipeline_build
+  local b = p.pipeline
   local th = require("gen.parallel.pp_build").throughput(p)
   local lanes = lanes_of(p)
   local step = th and th.step_us or 0

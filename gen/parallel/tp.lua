@@ -150,7 +150,10 @@ tp.FAMILIES = { llama = true, deepseek_v3 = true }
 -- The proof that TP classes cannot hang each other: the members of a TP
 -- group sit in different classes, so every class must issue the identical
 -- sequence of TP collectives (kind, dtype, count, reduce op). FSDP and
--- replicate groups never span classes (their members share a TP coordinate).
+-- replicate groups never span classes (their members share a TP
+-- coordinate). A TP group's members share every other coordinate: under
+-- an outer module (PP) the classes are compared within each outer place
+-- (cls.outer, the pipeline rank).
 function tp.check_same_tp_sequence(classes)
   local function seq(cls)
     local t = {}
@@ -161,13 +164,18 @@ function tp.check_same_tp_sequence(classes)
     end
     return t
   end
-  local want = seq(classes[1])
-  for c = 2, #classes do
-    local got = seq(classes[c])
-    for i = 1, math.max(#want, #got) do
-      if want[i] ~= got[i] then
-        error(string.format("internal: TP class %d issues %s as its TP collective %d, class 1 %s", c,
-          tostring(got[i]), i, tostring(want[i])), 0)
+  local first = {}
+  for c, cls in ipairs(classes) do
+    local at = cls.outer or 0
+    if not first[at] then
+      first[at] = { c = c, seq = seq(cls) }
+    else
+      local want, got = first[at].seq, seq(cls)
+      for i = 1, math.max(#want, #got) do
+        if want[i] ~= got[i] then
+          error(string.format("internal: TP class %d issues %s as its TP collective %d, class %d %s", c,
+            tostring(got[i]), i, first[at].c, tostring(want[i])), 0)
+        end
       end
     end
   end
@@ -226,6 +234,13 @@ function tp.rules(ctx, d, p)
       and "tp=1: there is no TP group to shard the logits over; remove loss_parallel or set tp"
       or "a generic model declares no loss (only the llama family's TP collectives are modelled); remove it")
   end
+end
+
+-- Async TP (torchtitan's enable_async_tensor_parallel) on the plan: the
+-- audit prices TP's collectives under the matmuls it fuses them with.
+function tp.describe(out, p)
+  out.async_tp = p.parallel.async_tp or nil
+  return out
 end
 
 -- The placements (torchtitan's plan for llama; the plan file's own for a

@@ -91,7 +91,7 @@ local function layer_of(unit_name) return (unit_name:match("^(layers%.%d+)")) en
 local function class_of(p, g, fams)
   if not fams.tp then return p.tp_classes and p.tp_classes[1] or p end
   for i, r in ipairs(fams.tp[g]) do
-    if r == g then return p.tp_classes[p.class_of_tp[i - 1]] end
+    if r == g then return p.tp_classes[p.class_of[i - 1]] end
   end
 end
 

@@ -118,7 +118,7 @@ function T.pipeline_plan_json_holds_every_rank()
   local n = 0
   for _, path in ipairs(plan_files()) do
     local p = plan.from_file(path)
-    if p.pipeline_build then
+    if p.pipeline then
       n = n + 1
       local b = require("gen.parallel.pp_build")
       local doc = json.decode(b.json(p, b.fingerprint(p)))

@@ -7,7 +7,7 @@ local load = require("gen.load")
 local plan = require("gen.plan")
 local util = require("gen.util")
 local pps = require("gen.parallel.pp_schedule")
-local report = require("gen.parallel.pp_report")
+local report = require("gen.pipeline")
 local T = {}
 
 -- fn() must raise a one-line plan error holding every text given, within

@@ -369,7 +369,7 @@ end
 function T.pipeline_worst_rank()
   local path = "tests/pp/plans/pp_tiny.lua"
   local loaded = load.source(H.read(path), path)
-  local row = require("gen.parallel.pp_report").plan_row(loaded)
+  local row = require("gen.pipeline").plan_row(loaded)
   local c = llama_cfg(loaded.model)
   local units = llama_units(c, 1)
   local W, e, Tk = 2, 2, 16

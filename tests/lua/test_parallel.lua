@@ -55,7 +55,7 @@ function T.unused_module_leaves_no_trace()
   H.list_eq(parallel.used(p.dims), { parallel.MODULES[#parallel.MODULES] }, "modules used")
   H.eq(parallel.MODULES[#parallel.MODULES].name, "fsdp", "FSDP is the last module")
   H.eq(#p.tp_classes, 1, "one class")
-  H.eq(p.class_of_tp[0], 1, "rank's class")
+  H.eq(p.class_of[0], 1, "rank's class")
   for _, u in ipairs(p.layout.units) do
     H.eq(u.tp_acts, nil, u.name .. " TP activation collectives")
     for _, q in ipairs(u.params) do

@@ -47,7 +47,7 @@ end
 -- schedules busier and moved their bubble and step).
 function T.every_schedule_does_the_same_work()
   local load = require("gen.load")
-  local report = require("gen.parallel.pp_report")
+  local report = require("gen.pipeline")
   local l = load.source(H.read("bench/llama405b_pp.lua"), "bench/llama405b_pp.lua")
   local want
   for _, r in ipairs(report.rows(l).rows) do

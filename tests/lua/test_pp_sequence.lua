@@ -78,7 +78,7 @@ function T.mesh_puts_pp_outermost()
     if e.op == "reduce_scatter" then H.eq(e.action, "0REDUCE_GRAD", "at REDUCE_GRAD"); reduces = reduces + 1 end
   end
   H.eq(sends, 2, "one send per microbatch"); H.eq(gathers, 1, "gathered once"); H.eq(reduces, 1, "reduced once")
-  local f = seq.stage_fsdp_from_plan({ { name = "l", params = { { name = "w", shape = { 5, 3 } } } },
+  local f = require("gen.pipeline").stage_fsdp_from_plan({ { name = "l", params = { { name = "w", shape = { 5, 3 } } } },
                                        { name = "root", params = {} } }, 2, 4, "fp32")
   H.eq(#f.gathers, 1, "one unit gathered"); H.eq(f.gathers[1].count, 9, "ceil(5/2) rows x 3 per rank")
   H.eq(#f.reduces, 1, "one unit reduced"); H.eq(f.reduces[1].count, 9, "reduce-scatter output per rank")
@@ -90,7 +90,7 @@ end
 -- REDUCE_GRAD; the mesh pp x dp_replicate x dp_shard, pp outermost.
 function T.hsdp_all_reduces_follow_their_reduce_scatters()
   local s = pps.derive({ schedule = "1F1B", pp = 2, microbatches = 2 })
-  local f = seq.stage_fsdp_from_plan({ { name = "l", params = { { name = "w", shape = { 5, 3 } } } },
+  local f = require("gen.pipeline").stage_fsdp_from_plan({ { name = "l", params = { { name = "w", shape = { 5, 3 } } } },
                                        { name = "root", params = {} } }, 2, 2, "fp32", 2)
   H.eq(#f.reduces, 2, "a reduce-scatter and an all-reduce")
   H.eq(f.reduces[1].kind, "reduce_scatter", "first the reduce-scatter")

@@ -90,7 +90,7 @@ end
 
 function T.counts_for_llama405b_pp()
   local load = require("gen.load")
-  local report = require("gen.parallel.pp_report")
+  local report = require("gen.pipeline")
   local text = report.text(load.source(H.read("bench/llama405b_pp.lua"), "bench/llama405b_pp.lua"))
   local line = text:match("\n(whole%-step proof[^\n]*)")
   H.eq(line, "whole-step proof (gen/parallel/pp_step_proof.lua), one queue per rank on pp 8 x dp_shard 8 = 64 ranks "
@@ -102,7 +102,7 @@ function T.report_refuses_a_failing_step()
   -- make pipeline refuses the plan's schedule when the whole-step proof
   -- fails (here a stand-in verdict), in one line naming the file and field.
   local load = require("gen.load")
-  local report = require("gen.parallel.pp_report")
+  local report = require("gen.pipeline")
   local real = proof.prove
   proof.prove = function() return nil, "deadlock (one queue per rank): stand-in" end
   local ok, e = pcall(report.text, load.source(H.read("bench/llama405b_pp.lua"), "bench/llama405b_pp.lua"))
@@ -133,7 +133,7 @@ function T.too_few_microbatches()
     .. "place (3F2;0B0)OVERLAP_F_B: its input is never received (_add_send_recv, schedules.py:2403); fix the compute "
     .. "order", "DualPipeV below what its order runs")
   local load = require("gen.load")
-  local report = require("gen.parallel.pp_report")
+  local report = require("gen.pipeline")
   local src = H.read("bench/llama405b_pp.lua"):gsub("Interleaved1F1B", "DualPipeV"):gsub("microbatches = 16",
     "microbatches = 8"):gsub("local_batch_size = 16", "local_batch_size = 8")
   local ok, e = pcall(report.text, load.source(src, "dpv8.lua"))

@@ -5,7 +5,7 @@
 -- collectives, in order, field by field.
 local H = require("helpers")
 local load = require("gen.load")
-local report = require("gen.parallel.pp_report")
+local report = require("gen.pipeline")
 local tables = require("gen.parallel.pp_tables")
 local seq = require("gen.parallel.pp_sequence")
 local build = require("gen.parallel.pp_build")
@@ -89,7 +89,7 @@ function T.tables_issue_what_torch_issues()
   local kinds = {}
   for _, e in ipairs(want[1]) do kinds[e.op] = (kinds[e.op] or 0) + 1 end
   assert(kinds.all_reduce and not kinds.all_gather and not kinds.reduce_scatter, "only all-reduces")
-  assert(require("gen.plan").from_source(src, "pp_tiny_lbfs_dr2.lua").pipeline_build, "the plan builds")
+  assert(require("gen.plan").from_source(src, "pp_tiny_lbfs_dr2.lua").pipeline, "the plan builds")
 end
 
 -- Each rank holds its stages' units, renumbered, and only them; the step
@@ -211,7 +211,7 @@ function T.generator_builds_pipeline_tables()
   -- throughput from make pipeline's step for the plan's schedule, torchtitan's formulas
   local th = doc.pipeline.throughput
   assert(th and th.step_us > 0 and th.mfu > 0 and th.mfu < 1, "plan.json: throughput")
-  local s = require("gen.compute").settings(p.pipeline_build.stage_plan)
+  local s = require("gen.compute").settings(p.pipeline.stage_plan)
   -- (the stage plan is one microbatch's: 4 of them per step)
   H.eq(th.tokens_per_s_per_gpu, s.tokens * 4 / (th.step_us / 1e6 * 2), "tokens per step / (step x tp x pp)")
   assert(md:find("Throughput: ", 1, true), "SCHEDULE.md: throughput")
@@ -236,7 +236,7 @@ function T.generator_builds_pipeline_tables()
       end
     end
   end
-  H.eq(tp.pipeline_build.act.numel, 16 * 64 // 2, "the activation sent: one microbatch's, TP rank's shard")
+  H.eq(tp.pipeline.act.numel, 16 * 64 // 2, "the activation sent: one microbatch's, TP rank's shard")
   H.plan_fails(SRC:gsub('schedule = "1F1B", ', ""), "pipeline.schedule:", "add pipeline = { schedule")
 end
 

@@ -237,7 +237,7 @@ end
 -- job fits one node (world 4 <= 8 GPUs), over a NIC once it does not.
 function T.pipeline_p2p_link()
   local path = "tests/pp/plans/pp_tiny.lua"
-  local report = require("gen.parallel.pp_report")
+  local report = require("gen.pipeline")
   local act = 16 * 64 * 2
   local one = report.plan_row(load.source(H.read(path), path))
   H.eq(one.act, act, "a microbatch's activation bytes")

@@ -354,7 +354,7 @@ function T.pipeline_timeline_draws_every_timed_action()
     H.eq(ppt.svg(p, fp), text, path .. ": the same bytes twice")
     local root, elems = xml_parse(text)
     H.eq(root, "svg", path .. ": root")
-    local acts = p.pipeline_build.timed_actions
+    local acts = p.pipeline.record
     local compute, reduce = 0, 0
     for _, a in ipairs(acts) do
       if a.type == "REDUCE_GRAD" then reduce = reduce + 1 else compute = compute + 1 end

@@ -16,8 +16,8 @@ end
 function T.fsdp2_tp2_classes_and_slots()
   local p = plan.from_file("tests/plans/fsdp2_tp2.lua")
   H.eq(#p.tp_classes, 2, "TP classes")
-  H.eq(p.class_of_tp[0], 1, "TP rank 0's class")
-  H.eq(p.class_of_tp[1], 2, "TP rank 1's class")
+  H.eq(p.class_of[0], 1, "TP rank 0's class")
+  H.eq(p.class_of[1], 2, "TP rank 1's class")
   local root = { 246, 222 }
   for c, cls in ipairs(p.tp_classes) do
     for _, u in ipairs(cls.layout.units) do
@@ -42,7 +42,7 @@ function T.even_split_is_one_class()
     .. "{ name = 'l0', params = { { name = 'a', shape = { 64, 16 }, tp = 'colwise' } } }, "
     .. "{ name = 'root', params = { { name = 'b', shape = { 32 } } } } } } }", "plans/t.lua")
   H.eq(#p.tp_classes, 1, "classes")
-  for t = 0, 3 do H.eq(p.class_of_tp[t], 1, "class of TP rank " .. t) end
+  for t = 0, 3 do H.eq(p.class_of[t], 1, "class of TP rank " .. t) end
 end
 
 -- Llama under TP: torchtitan's placements; heads must divide by tp.

@@ -102,7 +102,7 @@ local function check_case(c)
   local expected = seq.expected(sched, {
     dp_shard = c.dp_shard, dp_replicate = replicas(c), act_numel = mb * model.seq * model.dim, act_dtype = "fp32",
     stage_fsdp = function(s)
-      per_stage[s] = per_stage[s] or seq.stage_fsdp_from_plan(stage_units(split[s + 1], model), c.dp_shard,
+      per_stage[s] = per_stage[s] or require("gen.pipeline").stage_fsdp_from_plan(stage_units(split[s + 1], model), c.dp_shard,
         c.microbatches, "fp32", replicas(c))
       return per_stage[s]
     end,
