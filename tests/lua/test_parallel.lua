@@ -6,8 +6,8 @@ local plan = require("gen.plan")
 local parallel = require("gen.parallel.init")
 local T = {}
 
-local HOOKS = { "used", "check_dims", "rules", "apply_units", "classes", "buffers", "on_layout", "step", "unit_ops",
-                "prove_class", "prove" }
+local HOOKS = { "used", "check_dims", "rules", "inner_plan", "prepare", "settings", "apply_units", "classes", "buffers",
+                "on_layout", "step", "unit_ops", "prove_class", "prove", "describe" }
 
 function T.every_module_keeps_the_contract()
   local seen = {}
@@ -31,6 +31,40 @@ function T.every_module_keeps_the_contract()
 end
 
 -- Every op's group is one a module the plan uses declares.
+-- One pipeline for every plan (issue 34): gen/plan.lua names no
+-- parallelism and no module of gen/parallel/ reaches back up to the
+-- generator or the audit (the verbs plan a pipeline's stage mesh through
+-- gen/pipeline.lua). Read from the sources, as a reviewer would check it.
+function T.no_fork_and_no_back_edge()
+  local function read(path)
+    local fh = assert(io.open(path, "rb"))
+    local s = fh:read("a")
+    fh:close()
+    return s
+  end
+  local src = read("gen/plan.lua"):gsub("%-%-[^\n]*", "")
+  for _, m in ipairs(parallel.MODULES) do
+    for _, n in ipairs(m.dims) do
+      assert(not src:find("%f[%w_]d%." .. n .. "%f[^%w_]"), "gen/plan.lua branches on d." .. n)
+    end
+    assert(not src:find("gen%.parallel%." .. m.name .. "[\"_]"), "gen/plan.lua requires module " .. m.name)
+  end
+  for _, word in ipairs({ "pp_build", "async_tp", "pipeline" }) do
+    assert(not src:find(word, 1, true), "gen/plan.lua names " .. word)
+  end
+  local ph = assert(io.popen("ls gen/parallel/*.lua"))
+  local n = 0
+  for path in ph:lines() do
+    local code = read(path)
+    for _, up in ipairs({ "gen.plan", "gen.audit", "gen.pipeline", "gen.commplan", "gen.figures" }) do
+      assert(not code:find('require%("' .. up:gsub("%.", "%%.") .. '"%)'), path .. " requires " .. up)
+    end
+    n = n + 1
+  end
+  ph:close()
+  assert(n >= 10, "read the modules")
+end
+
 function T.ops_name_only_declared_groups()
   for _, f in ipairs({ "plans/fsdp4.lua", "plans/hsdp2x2.lua", "plans/llama_tiny_tp.lua", "plans/tp3_uneven.lua",
                        "plans/hsdp3x2_arlast.lua", "tests/plans/llama_tiny_cp.lua" }) do
