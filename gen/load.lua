@@ -33,6 +33,9 @@ local SCHEMA = {
   pipeline = {
     schedule = { "enum", enum = { "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
                                   "ZBVZeroBubble", "DualPipeV" } },
+    -- torchtitan's pipeline_parallel_microbatch_size: sequences per microbatch (microbatches =
+    -- local_batch_size / it where microbatches is not given)
+    microbatch_size = { "int", min = 1, max = 1 << 20 },
     microbatches = { "int", min = 1, max = LIM.pp_actions // 2,
                      why = "the generator's work grows with microbatches x stages, at most "
                        .. util.pow2_text(LIM.pp_actions) .. " (two stages or more); torchtitan runs tens to hundreds" },
@@ -452,6 +455,7 @@ function load_plan.normalize(ctx, raw)
   plan.expert_parallel = plan.expert_parallel and check_table(ctx, "expert_parallel", "expert_parallel",
     plan.expert_parallel)
   local model = check_table(ctx, "model", "model", plan.model)
+  load_plan.pipeline_defaults(ctx, plan)
   load_plan.check_sizes(ctx, plan, model)
   -- Judged on the sequence length the rest of the plan assumes: the plan's,
   -- else torchtitan's default training.seq_len (gen/compute.lua's DEFAULTS,
@@ -543,6 +547,33 @@ function load_plan.normalize(ctx, raw)
     t.latency_us = t.latency_us or 10
   end
   return plan
+end
+
+-- A plan with pp > 1 runs torchtitan's defaults where it gives less: the
+-- 1F1B schedule and microbatches of one sequence (config/configs.py:210
+-- and :226, pipeline_parallel_schedule = "1F1B",
+-- pipeline_parallel_microbatch_size = 1), so local_batch_size /
+-- microbatch_size microbatches (distributed/pipeline_parallel.py:303-311,
+-- which refuses a batch the microbatch size does not divide).
+function load_plan.pipeline_defaults(ctx, plan)
+  if (plan.parallel.pp or 1) <= 1 then return end
+  local pl = plan.pipeline or {}
+  pl.schedule = pl.schedule or "1F1B"
+  local lbs, size = plan.training.local_batch_size, pl.microbatch_size
+  if size and not lbs then
+    util.field_error(ctx, "pipeline.microbatch_size", "divides training.local_batch_size, which the plan does not "
+      .. "give; set training.local_batch_size")
+  end
+  if size and lbs % size ~= 0 then
+    util.field_error(ctx, "pipeline.microbatch_size", string.format("%d does not divide local_batch_size=%d "
+      .. "(torchtitan refuses it: pipeline_parallel.py:306); give a divisor of %d", size, lbs, lbs))
+  end
+  if size and pl.microbatches and pl.microbatches ~= lbs // size then
+    util.field_error(ctx, "pipeline.microbatches", string.format("%d microbatches, while local_batch_size=%d / "
+      .. "microbatch_size=%d makes %d; give one of the two", pl.microbatches, lbs, size, lbs // size))
+  end
+  if not pl.microbatches and lbs then pl.microbatches = lbs // (size or 1) end
+  plan.pipeline = pl
 end
 
 -- Sizes whose product drives the generator's work, refused here before

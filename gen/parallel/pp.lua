@@ -7,7 +7,7 @@
 -- or the plan's CSV: pp_csv.lua) over pipeline.microbatches.
 --
 -- What it implements of the contract:
---   rules        the pipeline section against pp (a schedule to run)
+--   rules        no pipeline section without a pipeline
 --   inner_plan   the stage mesh's plan file: pp = 1 on world / pp ranks,
 --                one microbatch's batch (gen/parallel/pp_report.lua);
 --                gen/plan.lua plans it like any plan (FSDP, HSDP, TP)
@@ -48,12 +48,9 @@ local pp = {
 
 function pp.used(d) return d.pp > 1 end
 
+-- (a plan with pp > 1 and no schedule runs torchtitan's default, 1F1B:
+-- gen/load.lua's pipeline_defaults)
 function pp.rules(ctx, d, p)
-  if d.pp > 1 and not (p.pipeline and p.pipeline.schedule) then
-    util.field_error(ctx, p.pipeline and "pipeline.schedule" or "pipeline", string.format("pp=%d: the tables run "
-      .. "one of torch's schedules; add pipeline = { schedule = \"1F1B\", microbatches = N } (`make pipeline "
-      .. "PLAN=...` compares them, docs/pipeline.md)", d.pp))
-  end
   if d.pp == 1 and p.pipeline ~= nil then
     util.field_error(ctx, "pipeline", "pp=1: there is no pipeline to schedule; remove the pipeline section or set "
       .. "parallel.pp > 1")

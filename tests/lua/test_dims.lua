@@ -39,7 +39,8 @@ function T.degree_rules()
   fails("{ tp = 0 }", 8, "Parallel degree tp=0 must be >= 1")
   fails("{ dp_shard = 0 }", 8, "dp_shard=0 must be -1 (auto) or a positive int")
   fails("{ dp_shard = -2 }", 8, "dp_shard=-2 must be -1")
-  fails("{ dp_shard = -1, pp = 2 }", 8, "pipeline:", "pp=2: the tables run one of torch's schedules", "add pipeline = {")
+  -- (pp > 1 without a pipeline section runs torchtitan's 1F1B; the stage split needs a decoder)
+  fails("{ dp_shard = -1, pp = 2 }", 8, "model.family:", "use the llama family")
   fails("{ dp_shard = 2, ep = 2, tp = 2, etp = 3 }", 4, "parallel.etp", "etp=3 must equal tp=2 or 1")
   fails("{ dp_shard = 2, cp = 4, ulysses_degree = 8 }", 8, "ulysses_degree=8 must be <= cp=4")
   fails("{ dp_shard = 2, cp = 4, ulysses_degree = 3 }", 8, "cp=4 must be divisible by ulysses_degree=3")
@@ -223,8 +224,8 @@ function T.ep_needs_experts()
   local msg = fails("{ dp_shard = 4, ep = 4 }", 4, "parallel.ep", "ep=4:", "needs routed experts", "generic",
     "set ep=1")
   H.eq(msg:find("etp", 1, true), nil, "no etp in the message")
-  -- pp's rules come first (its module is applied first): no schedule; then cp's (before ep's).
-  fails("{ pp = 2, dp_shard = 2, ep = 2 }", 4, "pipeline:", "the tables run one of torch's schedules")
+  -- cp's rules come before ep's (its module is applied first).
+  fails("{ pp = 2, dp_shard = 2, ep = 2 }", 4, "parallel.ep", "needs routed experts")
   fails("{ dp_shard = 2, cp = 2, ep = 4 }", 4, "parallel.cp", "set cp=1")
 end
 

@@ -5,6 +5,7 @@
 -- collectives, in order, field by field.
 local H = require("helpers")
 local load = require("gen.load")
+local plan = require("gen.plan")
 local report = require("gen.pipeline")
 local tables = require("gen.parallel.pp_tables")
 local seq = require("gen.parallel.pp_sequence")
@@ -89,7 +90,7 @@ function T.tables_issue_what_torch_issues()
   local kinds = {}
   for _, e in ipairs(want[1]) do kinds[e.op] = (kinds[e.op] or 0) + 1 end
   assert(kinds.all_reduce and not kinds.all_gather and not kinds.reduce_scatter, "only all-reduces")
-  assert(require("gen.plan").from_source(src, "pp_tiny_lbfs_dr2.lua").pipeline, "the plan builds")
+  assert(plan.from_source(src, "pp_tiny_lbfs_dr2.lua").pipeline, "the plan builds")
 end
 
 -- Each rank holds its stages' units, renumbered, and only them; the step
@@ -189,7 +190,6 @@ end
 -- every class and the runtime's class map; the same input gives the same
 -- bytes; what the tables cannot run yet is refused with the field.
 function T.generator_builds_pipeline_tables()
-  local plan = require("gen.plan")
   local p = plan.from_source(SRC, "tests/pp/plans/pp_tiny.lua")
   H.eq(#p.tp_classes, 2, "a class per pipeline rank")
   H.eq(p.pp.size, 2, "pp")
@@ -237,7 +237,30 @@ function T.generator_builds_pipeline_tables()
     end
   end
   H.eq(tp.pipeline.act.numel, 16 * 64 // 2, "the activation sent: one microbatch's, TP rank's shard")
-  H.plan_fails(SRC:gsub('schedule = "1F1B", ', ""), "pipeline.schedule:", "add pipeline = { schedule")
+end
+
+-- torchtitan's defaults (config/configs.py: pipeline_parallel_schedule
+-- "1F1B", pipeline_parallel_microbatch_size 1): a plan that gives only pp
+-- runs 1F1B over local_batch_size microbatches, the same tables as the plan
+-- that names them; microbatch_size divides the batch, as torchtitan checks.
+function T.torchtitan_pipeline_defaults()
+  local named = plan.from_source(SRC, "tests/pp/plans/pp_tiny.lua")
+  local bare = plan.from_source((SRC:gsub("pipeline = %b{},?", "")), "tests/pp/plans/pp_tiny.lua")
+  H.eq(bare.pipeline.sched.schedule, "1F1B", "the default schedule")
+  H.eq(bare.pipeline.sched.microbatches, 4, "local_batch_size / 1 microbatches")
+  for c, cls in ipairs(named.tp_classes) do
+    H.eq(#bare.tp_classes[c].ops, #cls.ops, "class " .. c .. "'s ops")
+    for i, o in ipairs(cls.ops) do
+      local x = bare.tp_classes[c].ops[i]
+      H.eq(x.kind .. x.micro_step .. x.unit, o.kind .. o.micro_step .. o.unit, "class " .. c .. " op " .. i)
+    end
+  end
+  local by_size = plan.from_source((SRC:gsub("microbatches = 4", "microbatch_size = 2")), "tests/pp/plans/pp_tiny.lua")
+  H.eq(by_size.pipeline.sched.microbatches, 2, "local_batch_size 4 / microbatch_size 2")
+  H.plan_fails((SRC:gsub("microbatches = 4", "microbatch_size = 3")), "pipeline.microbatch_size:",
+    "3 does not divide local_batch_size=4", "pipeline_parallel.py:306")
+  H.plan_fails((SRC:gsub("microbatches = 4", "microbatches = 4, microbatch_size = 2")), "pipeline.microbatches:",
+    "local_batch_size=4 / microbatch_size=2 makes 2")
 end
 
 -- SCHEDULE.md's op table of a pipeline rank (issue 34, item 3): folded
@@ -245,7 +268,7 @@ end
 -- in issue order; llama405b's report shrinks from 7,612 lines to ~1,200.
 function T.folded_op_tables_cover_every_op()
   for _, path in ipairs({ "tests/pp/plans/pp_tiny.lua", "tests/pp/plans/pp_tiny_tp.lua", "plans/llama405b.lua" }) do
-    local p = require("gen.plan").from_source(H.read(path), path)
+    local p = plan.from_source(H.read(path), path)
     for _, c in ipairs(p.tp_classes) do
       local rows, n, prev, seen = build.folded_ops(c, p.dims.pp), 0, -1, {}
       for _, r in ipairs(rows) do
@@ -285,7 +308,7 @@ function T.folded_op_tables_cover_every_op()
   -- batches moving with them) folds to one row each; every op still stands in one row
   local src32 = H.read("tests/pp/plans/pp_tiny.lua"):gsub("microbatches = 4", "microbatches = 32")
     :gsub("local_batch_size = 4", "local_batch_size = 32")
-  local p32 = require("gen.plan").from_source(src32, "tests/pp/plans/pp_tiny.lua")
+  local p32 = plan.from_source(src32, "tests/pp/plans/pp_tiny.lua")
   for _, c in ipairs(p32.tp_classes) do
     local rows, n = build.folded_ops(c, p32.dims.pp), 0
     for _, r in ipairs(rows) do n = n + r.n end
