@@ -343,7 +343,6 @@ end
 -- microbatch, well-formed, the same bytes every time, the step the
 -- figures state.
 function T.pipeline_timeline_draws_every_timed_action()
-  local audit = require("gen.audit")
   local trace = require("gen.trace")
   local json = require("gen.json")
   for _, path in ipairs({ "tests/pp/plans/pp_tiny_tp.lua", "tests/pp/plans/pp_tiny_zbv.lua" }) do
