@@ -240,7 +240,7 @@ function M.svg(p, a, fp)
   end
   local y = panel(w, lanes, sched, plot, 0, step, 62, "the whole step")
   if zoom < step then
-    y = panel(w, lanes, sched, plot, 0, zoom, y, string.format("the step's first %s, every box labelled", us_text(zoom)))
+    y = panel(w, lanes, sched, plot, 0, zoom, y, string.format("the step's first %s, at a scale that labels its boxes", us_text(zoom)))
   end
   w("</svg>")
   local H = y + 10
