@@ -458,7 +458,7 @@ KHOST_CXX   := $(CXX) -std=c++17 -Wall -Wextra -Werror -pthread -Itests/c/kernel
 build/gen/%/plan.c: tests/plans/%.lua $(GEN_SRC)
 	@$(MAKE) --no-print-directory -s PLAN=tests/plans/$*.lua OUT=build/gen/$* build/$*/.generated >/dev/null
 build/gen/%/plan_kernels.cu: build/gen/%/plan.c ;
-# tests/pp/plans pipeline plans (gen/parallel/pp_build.lua: a class of tables per pipeline rank).
+# tests/pp/plans pipeline plans (gen/parallel/pp.lua: a class of tables per pipeline rank).
 build/gen/pp_%/plan.c: tests/pp/plans/pp_%.lua $(GEN_SRC)
 	@$(MAKE) --no-print-directory -s PLAN=tests/pp/plans/pp_$*.lua OUT=build/gen/pp_$* build/pp_$*/.generated >/dev/null
 # tests/ep/plans expert-parallel plans (gen/parallel/ep.lua), named ep<...>.

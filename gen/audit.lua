@@ -13,6 +13,7 @@ local opkinds = require("gen.opkinds")
 local rep_mod = require("gen.repeat")
 local hardware_mod = require("gen.hardware")
 local nccl_model_mod = require("gen.nccl_model")
+local pipeline_audit = require("gen.pipeline_audit")
 
 local audit = {}
 
@@ -29,7 +30,7 @@ local r3 = figures.round
 function audit.analysis(p)
   if not p._audit then
     local a = figures.of(p)
-    a.warnings = audit.warnings(p, a)
+    a.warnings = a.pipeline and pipeline_audit.warnings(p, a, audit) or audit.warnings(p, a)
     p._audit = a
   end
   return p._audit
@@ -147,7 +148,8 @@ end
 -- The plan's facts as the fingerprint covers them: not where the plan file
 -- lies (moving a plan must not change what ranks compare), not the TP
 -- classes' layouts (tp_classes_facts; class_facts hashes them).
-local function facts(p)
+local function facts(p, face)
+  face = face or p
   local d = p.dims
   local fam_list = {}
   for _, f in ipairs(p.groups.list) do
@@ -185,11 +187,11 @@ local function facts(p)
   end
   local per_family = {}
   for _, f in ipairs(p.groups.list) do
-    local a = p.predicted.per_family[f.name]
+    local a = face.predicted.per_family[f.name]
     if a then
-      local sh = p.predicted.shape[f.name]
+      local sh = face.predicted.shape[f.name]
       per_family[#per_family + 1] = O({ "group", f.name, "ops", a.ops, "size_bytes", a.size_bytes,
-        "wire_bytes", a.wire_bytes, "intra_node", p.predicted.intra[f.name], "nodes", sh.nodes,
+        "wire_bytes", a.wire_bytes, "intra_node", face.predicted.intra[f.name], "nodes", sh.nodes,
         "gpus_per_node", sh.gpus_per_node, "predicted_us", r3(a.us) })
     end
   end
@@ -211,11 +213,12 @@ local function facts(p)
     "executed_ops", p.rep and rep_mod.executed_count(p.ops, p.rep), "ops", ops_json(p),
     "expert_parallel", audit.ep_json(p),
     "per_rank_per_step", O({ "by_group", per_family,
-      "predicted_comm_us", r3(p.predicted.total_us) }),
-    "memory", O({ "persistent_bytes", p.memory.persistent_bytes, "peak_transient_bytes", p.memory.peak_transient_bytes,
-                  "peak_bytes", p.memory.peak_bytes, "peak_at_op", p.memory.peak_at_op,
-                  "arena_bytes", p.memory.arena_bytes, "unplanned_bytes", p.memory.unplanned_bytes,
-                  "allocated_bytes", p.memory.allocated_bytes }),
+      "predicted_comm_us", r3(face.predicted.total_us) }),
+    "memory", O({ "persistent_bytes", face.memory.persistent_bytes,
+                  "peak_transient_bytes", face.memory.peak_transient_bytes,
+                  "peak_bytes", face.memory.peak_bytes, "peak_at_op", face.memory.peak_at_op,
+                  "arena_bytes", face.memory.arena_bytes, "unplanned_bytes", face.memory.unplanned_bytes,
+                  "allocated_bytes", face.memory.allocated_bytes }),
   })
 end
 
@@ -248,7 +251,8 @@ local function audit_facts(p)
     end
   end
   local path = {}
-  for _, seg in ipairs(audit.critical_segments(p, tl)) do
+  -- (a pipeline's step is its ranks' timed run: no stream-level critical path)
+  for _, seg in ipairs(tl and audit.critical_segments(p, tl) or {}) do
     path[#path + 1] = O({ "stream", seg.stream, "first_op", seg.first, "last_op", seg.last, "ops", seg.n,
                           "us", r3(seg.us) })
   end
@@ -263,7 +267,8 @@ local function audit_facts(p)
                "predicted_us", c.us })
   end
   return O({
-    "settings", O({ "local_batch_size", s.local_batch_size, "seq_len", s.seq_len,
+    "settings", O({ "local_batch_size", a.pipeline and s.local_batch_size * a.pipeline.facts.sched.microbatches
+                      or s.local_batch_size, "seq_len", s.seq_len,
       "activation_checkpointing", s.activation_checkpointing, "optimizer", s.optimizer,
       "fp32_master", s.fp32_master, "gpu_memory_GB", s.gpu_memory_GB, "gpu_TFLOPS", s.gpu_TFLOPS, "mfu", s.mfu,
       "hbm_GBps", s.hbm_GBps, "loss_chunks", s.loss_chunks }),
@@ -333,6 +338,8 @@ local function facts_text(p)
 end
 
 function audit.fingerprint(p)
+  -- a pipeline's tables: every pipeline rank's, hashed as they always were
+  if p.pipeline then return plan_mod.hash64(pipeline_audit.fingerprint_text(p)) end
   local text = facts_text(p)
   p._facts_text = text
   local extra = class_facts(p)
@@ -355,7 +362,12 @@ local function key_at(text, keys)
 end
 
 function audit.json(p, fp)
-  local text = p._facts_text or facts_text(p)
+  -- A pipeline plan: its top-level sections describe pipeline rank 0's
+  -- tables (as a dense plan's describe class 0's), its `pipeline` section
+  -- every rank's.
+  local a = audit.analysis(p)
+  local text = a.pipeline and json.encode(facts(p, { predicted = a.predicted, memory = a.face_memory }), " ")
+    or p._facts_text or facts_text(p)
   p._facts_text = nil
   -- The header, the source and the TP classes spliced in and the audit
   -- appended in one concatenation: the facts are megabytes, and every
@@ -365,12 +377,12 @@ function audit.json(p, fp)
     { at = key_at(text, { "plan" }), text = pair_text("fingerprint", fp) .. "," },
     { at = key_at(text, { "world_size" }), text = pair_text("source", p.source_file) .. "," },
   }
-  local tp_classes = tp_classes_facts(p)
+  local tp_classes = not a.pipeline and tp_classes_facts(p)
   if tp_classes then
     cuts[#cuts + 1] = { at = key_at(text, { "repeat", "ops" }), text = pair_text("tp_classes", tp_classes) .. "," }
   end
   for i, c in ipairs(cuts) do c.i = i end
-  table.sort(cuts, function(a, b) return a.at < b.at or (a.at == b.at and a.i < b.i) end)
+  table.sort(cuts, function(x, y) return x.at < y.at or (x.at == y.at and x.i < y.i) end)
   local pieces, from = {}, 1
   for _, c in ipairs(cuts) do
     pieces[#pieces + 1] = text:sub(from, c.at - 1)
@@ -378,17 +390,23 @@ function audit.json(p, fp)
     from = c.at
   end
   pieces[#pieces + 1] = text:sub(from, -3) -- (without the closing "\n}")
+  if a.pipeline then pieces[#pieces + 1] = "," .. pair_text("pipeline", pipeline_audit.json_section(p, a)) end
   pieces[#pieces + 1] = "," .. pair_text("audit", audit_facts(p)) .. "\n}\n"
   return table.concat(pieces)
 end
 
+-- (a pipeline plan's: its ranks' timed run, gen/pipeline_timeline.lua)
 function audit.trace_json(p, fp)
-  return trace.render(p, audit.analysis(p), fp)
+  local a = audit.analysis(p)
+  if a.pipeline then return require("gen.pipeline_timeline").trace_json(p, a, fp) end
+  return trace.render(p, a, fp)
 end
 
 -- timeline.svg: the predicted step drawn (gen/svg.lua).
 function audit.timeline_svg(p, fp)
-  return require("gen.svg").render(p, audit.analysis(p), fp)
+  local a = audit.analysis(p)
+  if a.pipeline then return require("gen.pipeline_timeline").svg(p, a, fp) end
+  return require("gen.svg").render(p, a, fp)
 end
 
 -- Every file audit renders, by name (gen/commplan.lua writes them beside
@@ -965,6 +983,7 @@ local function mesh_text(p)
     -- context parallel: FSDP over dp_shard x cp, HSDP's replicas over dp_replicate
     kind = (d.dp_replicate > 1 and "HSDP" or "FSDP") .. " + CP"
   end
+  if (d.pp or 1) > 1 then kind = kind .. " + PP" end
   -- expert parallel: the routed experts' own mesh over the same ranks
   local experts = (d.ep or 1) > 1 and string.format("; experts on ep=%d x efsdp=%d (expert parallel)", d.ep, d.efsdp)
     or ""
@@ -1062,8 +1081,10 @@ function audit.schedule_md(p, fp)
   w("")
   w("| | |")
   w("|---|---|")
-  w("| model | %s |", model_text(p))
-  w("| tokens | %s |", settings_lines(p, s))
+  local pl = a.pipeline
+  -- (a pipeline plan's model: the stage plan holds every unit; rank 0 its stages')
+  w("| model | %s |", model_text(pl and pl.facts.stage_plan or p))
+  w("| tokens | %s |", pl and pipeline_audit.tokens_text(a, audit) or settings_lines(p, s))
   w("| GPU | %s: %g GB, %g TFLOPS dense, every FLOP executed at %.0f%% of it (topology.mfu, assumed); HBM %g GB/s; "
     .. "%d GPUs per node, NVLink %s; network %s |", audit.preset_name(topo),
     s.gpu_memory_GB, s.gpu_TFLOPS, 100 * s.mfu, s.hbm_GBps, topo.gpus_per_node, audit.link_text(topo, "intra"),
@@ -1071,10 +1092,13 @@ function audit.schedule_md(p, fp)
   local nodes = (p.world_size + topo.gpus_per_node - 1) // topo.gpus_per_node
   w("| world | %s ranks on %s node(s); mesh %s; reduce %s |", commas(p.world_size), commas(nodes), mesh_text(p),
     p.fsdp.reduce_op)
-  w("| memory | %s of %s (%g GB) per rank: %s |", human(m.total_bytes), human(m.gpu_bytes), s.gpu_memory_GB,
-    m.fits and string.format("fits, %s free", human(m.gpu_bytes - m.total_bytes))
-      or string.format("**does not fit**, %s over", human(m.total_bytes - m.gpu_bytes)))
-  w("| memory plan | %s |", audit.memory_plan_text(p, a))
+  if m then
+    w("| memory | %s of %s (%g GB) per rank%s: %s |", human(m.total_bytes), human(m.gpu_bytes), s.gpu_memory_GB,
+      pl and string.format(" on pipeline rank %d, the most at its peak of any rank", m.rank) or "",
+      m.fits and string.format("fits, %s free", human(m.gpu_bytes - m.total_bytes))
+        or string.format("**does not fit**, %s over", human(m.total_bytes - m.gpu_bytes)))
+  end
+  w("| memory plan | %s |", pl and pipeline_audit.memory_plan_text(a, audit) or audit.memory_plan_text(p, a))
   local th = a.throughput
   if th.tokens_per_s_per_gpu and th.mfu then -- (the llama family: a generic model's compute is not modelled)
     w("| throughput | %s tokens/s per GPU%s (torchtitan's tps and MFU for the predicted step, so they follow from "
@@ -1083,9 +1107,13 @@ function audit.schedule_md(p, fp)
       th.mfu and string.format(", MFU %.1f%% (%s model FLOPs per token: 6 x non-embedding parameters + attention)",
         100 * th.mfu, string.format("%.3g", th.model_flops_per_token)) or "", 100 * s.mfu, s.gpu_TFLOPS)
   end
-  w("| step | %s |", audit.step_text(a) .. "; critical path " .. (p.rep and string.format("of the step as drawn "
-    .. "(micro-steps %d-%d once, timeline.svg): ", p.rep.micro_first, p.rep.micro_last) or "")
-    .. audit.critical_text(p, tl))
+  if pl then
+    w("| step | %s |", pipeline_audit.step_text(a, audit))
+  else
+    w("| step | %s |", audit.step_text(a) .. "; critical path " .. (p.rep and string.format("of the step as drawn "
+      .. "(micro-steps %d-%d once, timeline.svg): ", p.rep.micro_first, p.rep.micro_last) or "")
+      .. audit.critical_text(p, tl))
+  end
   local zc = audit.zero_copy_in(p)
   if zc.ops > 0 then
     w("| copy-in | zero copy-in: %d of %d all-gathers read the sharded storage itself (stored dtype = all-gather dtype), "
@@ -1093,6 +1121,10 @@ function audit.schedule_md(p, fp)
       zc.all_gathers, zc.ops, human(zc.bytes))
   end
   w("")
+  if pl then
+    pipeline_audit.md_body(p, a, w, audit)
+    return table.concat(L, "\n") .. "\n"
+  end
   w("### Communication per rank per step")
   w("")
   w("| group | ranks | link | collectives | buffer bytes | wire bytes | alone | in the step | exposed |")

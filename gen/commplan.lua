@@ -100,23 +100,13 @@ local function generate(plan_path)
   collectgarbage("restart")
   if not ok then error(p, 0) end
   p.source_file = display_path(plan_path)
-  local pipeline = p.pipeline and require("gen.parallel.pp_build")
-  local fp = pipeline and pipeline.fingerprint(p) or audit.fingerprint(p)
+  local fp = audit.fingerprint(p)
   local templates = {}
   for _, t in ipairs({ "plan.h.in", "plan.c.in", "plan_kernels.cu.in" }) do
     templates[t] = read(script_dir .. "/templates/" .. t) or fail("missing template templates/" .. t)
   end
   local files = emit.render(p, fp, templates)
-  if pipeline then
-    -- a pipeline's tables, its proofs and `make pipeline`'s audit; its
-    -- predicted step per pipeline rank (gen/parallel/pp_timeline.lua)
-    files["plan.json"] = pipeline.json(p, fp)
-    files["SCHEDULE.md"] = pipeline.schedule_md(p, fp)
-    local pp_timeline = require("gen.parallel.pp_timeline")
-    files["trace.json"] = pp_timeline.trace_json(p, fp)
-    files["timeline.svg"] = pp_timeline.svg(p, fp)
-    return files, p
-  end
+  -- (every plan, a pipeline's too: gen/audit.lua renders them all)
   files["plan.json"] = audit.json(p, fp)
   files["SCHEDULE.md"] = audit.schedule_md(p, fp)
   files["trace.json"] = audit.trace_json(p, fp)

@@ -356,18 +356,11 @@ local function unsafe(msg) error(setmetatable({ msg = msg }, Unsafe), 0) end
 
 local function in_process(src, path)
   local p = plan.from_source(src, path)
-  -- a pipeline plan's outputs are gen/parallel/pp_build.lua's (gen/commplan.lua)
-  local pipeline = p.pipeline_build and require("gen.parallel.pp_build")
-  local fp = pipeline and pipeline.fingerprint(p) or audit.fingerprint(p)
+  -- (every plan's outputs are gen/audit.lua's, a pipeline plan's too: gen/commplan.lua)
+  local fp = audit.fingerprint(p)
   local files = emit.render(p, fp, TEMPLATES)
-  if pipeline then
-    p.source_file = path
-    files["plan.json"] = pipeline.json(p, fp)
-    files["SCHEDULE.md"] = pipeline.schedule_md(p, fp)
-  else
-    files["plan.json"] = audit.json(p, fp)
-    files["SCHEDULE.md"] = audit.schedule_md(p, fp)
-  end
+  files["plan.json"] = audit.json(p, fp)
+  files["SCHEDULE.md"] = audit.schedule_md(p, fp)
   -- What the C compiler will see: printable ASCII only, no trigraph (??x
   -- would rewrite a string literal under plain -std=c11), one enumerator
   -- per name.
@@ -379,7 +372,7 @@ local function in_process(src, path)
   end
   -- timeline.svg: printable ASCII, every '&' an entity, every '<' one of
   -- the elements gen/svg.lua writes (a name never opens a tag).
-  local svg = pipeline and require("gen.parallel.pp_timeline").svg(p, fp) or audit.timeline_svg(p, fp)
+  local svg = audit.timeline_svg(p, fp)
   local bad = svg:find("[^\n -~]")
   if bad then unsafe(string.format("timeline.svg holds byte %d at %d", svg:byte(bad), bad)) end
   for ref in svg:gmatch("&([^;&<]*)") do

@@ -156,9 +156,24 @@ end
 function pp.prove(classes, mine)
   mine.counts = prove_sequence(mine, classes)
   mine.record = {}
-  mine.row = report.plan_row(mine.loaded, { record = mine.record, skip_step_proof = true })
+  local ok, row = pcall(report.plan_row, mine.loaded, { record = mine.record, skip_step_proof = true })
+  if not ok then
+    if not util.is_plan_error(row) then error(row, 0) end
+    row = { refused = tostring(row.msg or row) }
+  end
+  mine.row = row
 end
 
+-- p.pp = { size, mesh_dim, family } (gen/emit.lua's pipeline fields);
+-- p.pipeline, what the audit reads of the pipeline (gen/figures.lua,
+-- gen/pipeline_audit.lua, gen/pipeline_timeline.lua):
+--   { sched (the schedule's lowered actions, pp, microbatches, num_stages),
+--     act = { numel, dtype } (one microbatch's activation between stages),
+--     counts (the whole-step proof's), stage_plan (the stage mesh's plan,
+--     one microbatch), loaded (the plan as loaded), row (pp_report's
+--     plan_row: sim, mem, mem_rank, fits, p2p_us, ...; or { refused = why }
+--     where the timed run refuses), record (the timed run's actions: rank,
+--     stage, type, mb, start, finish) }
 function pp.describe(out, _, mine)
   out.pp = { size = mine.t.sched.pp, mesh_dim = out.mesh.index.pp - 1, family = out.groups.by_name.pp.id }
   out.pipeline = { sched = mine.t.sched, act = mine.t.act, counts = mine.counts, stage_plan = mine.inner, loaded = mine.loaded,

@@ -41,7 +41,7 @@ local COMPUTE = { F = true, B = true, I = true, W = true }
 -- record (optional): a list the run appends its timed actions to, in the
 -- order it runs them: { rank (0-based), stage, type (F, B, I, W or
 -- REDUCE_GRAD), mb, start, finish } (trace.json and timeline.svg of a
--- pipeline plan: gen/parallel/pp_timeline.lua).
+-- pipeline plan: gen/pipeline_timeline.lua).
 function audit.simulate(sched, cost, p2p_us, reduce_us, act_bytes, record)
   local pp = sched.pp
   local t, busy, pos = {}, {}, {}

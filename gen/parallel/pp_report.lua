@@ -16,7 +16,7 @@
 -- microbatches, the gradient reduction's collectives from gen/cost.lua,
 -- each activation transfer at the inter-node bandwidth (torchtitan puts
 -- pp outermost in the mesh). The tables themselves come from
--- gen/parallel/pp_build.lua.
+-- gen/parallel/pp.lua.
 local util = require("gen.util")
 local compute = require("gen.compute")
 local stages_mod = require("gen.parallel.pp_stages")

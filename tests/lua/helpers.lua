@@ -76,7 +76,7 @@ end
 
 -- The shipped plans without a pipeline (parallel.pp absent or 1): the
 -- plans whose tables, timeline and plan.json are the dense ones (a
--- pipeline plan's are gen/parallel/pp_build.lua's: tests/lua/test_pp_tables.lua).
+-- pipeline plan's are gen/parallel/pp.lua's: tests/lua/test_pp_tables.lua).
 function H.dense_plan_files()
   local out = {}
   for _, path in ipairs(H.plan_files()) do

@@ -112,18 +112,50 @@ function T.every_plan_json_matches_the_schema()
   end
 end
 
--- A shipped pipeline plan's plan.json (gen/parallel/pp_build.lua's): every
--- pipeline rank's tables and the throughput SCHEDULE.md states.
+-- A shipped pipeline plan's plan.json (gen/audit.lua's, as every plan's):
+-- the schema's sections, the audit included, and every pipeline rank's
+-- tables, every op of each; its SCHEDULE.md has the dense summary's rows,
+-- their numbers the figures'.
 function T.pipeline_plan_json_holds_every_rank()
   local n = 0
   for _, path in ipairs(plan_files()) do
     local p = plan.from_file(path)
     if p.pipeline then
       n = n + 1
-      local b = require("gen.parallel.pp_build")
-      local doc = json.decode(b.json(p, b.fingerprint(p)))
-      H.eq(#doc.pipeline.ranks, p.pp.size, path .. ": a rank entry per pipeline rank")
+      p.source_file = path
+      local fp = audit.fingerprint(p)
+      local doc = json.decode(audit.json(p, fp))
+      local err = jsonschema.validate(doc, schema())
+      if err then error(path .. ": " .. err) end
+      H.eq(#doc.pipeline.ranks, #p.tp_classes, path .. ": a rank entry per pipeline rank (x TP class)")
+      for i, c in ipairs(p.tp_classes) do
+        H.eq(#doc.pipeline.ranks[i].ops, #c.ops, path .. ": every op of pipeline rank " .. c.pp_rank)
+      end
+      H.eq(#doc.ops, #p.tp_classes[1].ops, path .. ": the top-level ops are pipeline rank 0's")
+      local a = audit.analysis(p)
       assert(doc.pipeline.throughput.tokens_per_s_per_gpu > 0, path .. ": throughput")
+      H.eq(doc.audit.timeline.step_us, a.step_us, path .. ": the audit's step")
+      H.eq(doc.audit.timeline.step_us, doc.pipeline.throughput.step_us, path .. ": one step")
+      H.eq(doc.audit.timeline.exposed_comm_us, a.exposed_us, path .. ": exposed communication")
+      H.eq(doc.audit.memory.fits, a.memory.fits, path .. ": the verdict")
+      local md = audit.schedule_md(p, fp)
+      local us, human = audit.us_text, audit.human
+      for _, want in ipairs({
+        "| step | " .. us(a.step_us) .. " predicted = compute " .. us(a.compute_us) .. " + exposed communication "
+          .. us(a.exposed_us),
+        string.format("bubble %.1f%% over every rank", 100 * a.pipeline.bubble),
+        "| memory | " .. human(a.memory.total_bytes) .. " of " .. human(a.memory.gpu_bytes),
+        string.format("on pipeline rank %d, the most at its peak of any rank: %s", a.memory.rank,
+          a.memory.fits and "fits" or "**does not fit**"),
+        "| throughput | " .. audit.commas(math.floor(a.throughput.tokens_per_s_per_gpu + 0.5)) .. " tokens/s per GPU",
+        string.format("MFU %.1f%%", 100 * a.throughput.mfu),
+        "### Pipeline", "### Pipeline rank 0's ops in issue order",
+      }) do
+        assert(md:find(want, 1, true), path .. ": SCHEDULE.md lacks " .. want)
+      end
+      assert(not md:find("## Audit (make pipeline)", 1, true), path .. ": no embedded make pipeline text")
+      local _, lines = md:gsub("\n", "")
+      assert(lines <= 400, path .. ": SCHEDULE.md has " .. lines .. " lines")
     end
   end
   assert(n >= 1, "shipped pipeline plans: " .. n)

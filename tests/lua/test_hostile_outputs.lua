@@ -343,7 +343,7 @@ function T.huge_batch_times_seq_len_is_a_plan_error()
     -- inside the bounds: generated, every output finite (no count past 2^53 reaches the proofs)
     local ok, res = all_outputs(make(64, 1 << 16))
     if kind == "pp" then
-      -- a pipeline plan's own outputs (gen/parallel/pp_build.lua), in memory
+      -- a pipeline plan's tables, in memory
       ok, res = pcall(plan.from_source, make(64, 1 << 16), "plans/t.lua")
     else
       finite(ok and res or {}, kind .. " plan inside the bounds")

@@ -9,7 +9,7 @@ local plan = require("gen.plan")
 local report = require("gen.pipeline")
 local tables = require("gen.parallel.pp_tables")
 local seq = require("gen.parallel.pp_sequence")
-local build = require("gen.parallel.pp_build")
+local pipeline_audit = require("gen.pipeline_audit")
 local fold = require("gen.fold")
 local T = {}
 
@@ -194,9 +194,10 @@ function T.generator_builds_pipeline_tables()
   H.eq(#p.tp_classes, 2, "a class per pipeline rank")
   H.eq(p.pp.size, 2, "pp")
   H.eq(p.mesh.names[1], "pp", "pp outermost")
-  local b = require("gen.parallel.pp_build")
-  local fp = b.fingerprint(p)
-  H.eq(b.fingerprint(plan.from_source(SRC, "tests/pp/plans/pp_tiny.lua")), fp, "deterministic")
+  local audit = require("gen.audit")
+  p.source_file = "tests/pp/plans/pp_tiny.lua"
+  local fp = audit.fingerprint(p)
+  H.eq(audit.fingerprint(plan.from_source(SRC, "tests/pp/plans/pp_tiny.lua")), fp, "deterministic")
   local templates = {}
   for _, t in ipairs({ "plan.h.in", "plan.c.in", "plan_kernels.cu.in" }) do templates[t] = H.read("templates/" .. t) end
   local files = require("gen.emit").render(p, fp, templates)
@@ -204,17 +205,19 @@ function T.generator_builds_pipeline_tables()
   assert(c:find("static const int class_of%[2%] = { 0, 1 };"), "class map by pp coordinate")
   assert(c:find(".pp_size = 2", 1, true) and c:find("CP_OP_SEND", 1, true) and c:find("CP_OP_RECV", 1, true), "p2p ops")
   assert(c:find(".batch = 1", 1, true), "a coalesced batch (1F1B's)")
-  local md = b.schedule_md(p, fp)
+  local md = audit.schedule_md(p, fp)
   assert(md:find("cannot deadlock", 1, true) and md:find("| 1 | 1 | layers.2-3, norm_output |", 1, true), md)
-  local doc = require("gen.json").decode(b.json(p, fp))
+  local doc = require("gen.json").decode(audit.json(p, fp))
   H.eq(#doc.pipeline.ranks, 2, "plan.json: the ranks")
-  -- throughput from make pipeline's step for the plan's schedule, torchtitan's formulas
+  -- throughput from the timed run of the plan's schedule, torchtitan's formulas
   local th = doc.pipeline.throughput
   assert(th and th.step_us > 0 and th.mfu > 0 and th.mfu < 1, "plan.json: throughput")
   local s = require("gen.compute").settings(p.pipeline.stage_plan)
   -- (the stage plan is one microbatch's: 4 of them per step)
-  H.eq(th.tokens_per_s_per_gpu, s.tokens * 4 / (th.step_us / 1e6 * 2), "tokens per step / (step x tp x pp)")
-  assert(md:find("Throughput: ", 1, true), "SCHEDULE.md: throughput")
+  H.eq(th.tokens_per_s_per_gpu, tonumber(string.format("%.1f", s.tokens * 4 / (th.step_us / 1e6 * 2))),
+    "tokens per step / (step x tp x pp)")
+  H.eq(doc.audit.throughput.tokens_per_s_per_gpu, th.tokens_per_s_per_gpu, "the audit's throughput is the pipeline's")
+  assert(md:find("| throughput | ", 1, true), "SCHEDULE.md: throughput")
   local zbv = plan.from_source(SRC:gsub('"1F1B"', '"ZBVZeroBubble"'), "tests/pp/plans/pp_tiny.lua")
   H.eq(#zbv.tp_classes, 2, "zero bubble builds")
   -- FSDP x TP x PP: a class per (pipeline rank, TP class); TP's activation
@@ -264,13 +267,14 @@ function T.torchtitan_pipeline_defaults()
 end
 
 -- SCHEDULE.md's op table of a pipeline rank (issue 34, item 3): folded
--- twice, and still every op of the rank's tables stands in exactly one row,
--- in issue order; llama405b's report shrinks from 7,612 lines to ~1,200.
+-- three times, and still every op of the rank's tables stands in exactly
+-- one row, in issue order; llama405b's report (rank 0's table, the others'
+-- counts) shrinks from 7,612 lines to ~200.
 function T.folded_op_tables_cover_every_op()
   for _, path in ipairs({ "tests/pp/plans/pp_tiny.lua", "tests/pp/plans/pp_tiny_tp.lua", "plans/llama405b.lua" }) do
     local p = plan.from_source(H.read(path), path)
     for _, c in ipairs(p.tp_classes) do
-      local rows, n, prev, seen = build.folded_ops(c, p.dims.pp), 0, -1, {}
+      local rows, n, prev, seen = pipeline_audit.folded_ops(c, p.dims.pp), 0, -1, {}
       for _, r in ipairs(rows) do
         n = n + r.n
         local first = tonumber(r.seq:match("^(%d+)"))
@@ -310,14 +314,14 @@ function T.folded_op_tables_cover_every_op()
     :gsub("local_batch_size = 4", "local_batch_size = 32")
   local p32 = plan.from_source(src32, "tests/pp/plans/pp_tiny.lua")
   for _, c in ipairs(p32.tp_classes) do
-    local rows, n = build.folded_ops(c, p32.dims.pp), 0
+    local rows, n = pipeline_audit.folded_ops(c, p32.dims.pp), 0
     for _, r in ipairs(rows) do n = n + r.n end
     H.eq(n, #c.ops, "pp_tiny x 32: ops the folded rows stand for")
     assert(#rows < 40, "pp_tiny x 32, pipeline rank " .. c.pp_rank .. ": " .. #rows .. " rows")
   end
   local md = H.read("plans/llama405b/SCHEDULE.md")
   local _, lines = md:gsub("\n", "")
-  assert(lines < 900, "llama405b's SCHEDULE.md has " .. lines .. " lines")
+  assert(lines <= 400, "llama405b's SCHEDULE.md has " .. lines .. " lines")
   assert(md:find("| forward | layers.0-6 | 0-7 | compute | with tp: all_gather, reduce_scatter", 1, true),
     "a stage's forwards of microbatches 0-7, TP inside, one row")
 end

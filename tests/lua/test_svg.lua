@@ -337,47 +337,63 @@ function T.diff_svg_of_an_older_revision()
 end
 
 
--- A pipeline plan's trace.json and timeline.svg (gen/parallel/pp_timeline.lua):
--- every timed action of make pipeline's run of the plan's schedule, a box
--- and an event each, well-formed, the same bytes every time, the step the
--- throughput states.
+-- A pipeline plan's trace.json and timeline.svg (gen/audit.lua through
+-- gen/pipeline_timeline.lua): every timed action of the plan's schedule's
+-- run, a box and an event each, its boxes labelled with stage and
+-- microbatch, well-formed, the same bytes every time, the step the
+-- figures state.
 function T.pipeline_timeline_draws_every_timed_action()
-  local ppt = require("gen.parallel.pp_timeline")
-  local build = require("gen.parallel.pp_build")
   local trace = require("gen.trace")
   local json = require("gen.json")
   for _, path in ipairs({ "tests/pp/plans/pp_tiny_tp.lua", "tests/pp/plans/pp_tiny_zbv.lua" }) do
     local p = plan.from_file(path)
     p.source_file = path
-    local fp = build.fingerprint(p)
-    local text = ppt.svg(p, fp)
-    H.eq(ppt.svg(p, fp), text, path .. ": the same bytes twice")
+    local fp = audit.fingerprint(p)
+    local text = audit.timeline_svg(p, fp)
+    H.eq(audit.timeline_svg(p, fp), text, path .. ": the same bytes twice")
     local root, elems = xml_parse(text)
     H.eq(root, "svg", path .. ": root")
-    local acts = p.pipeline.record
-    local compute, reduce = 0, 0
-    for _, a in ipairs(acts) do
-      if a.type == "REDUCE_GRAD" then reduce = reduce + 1 else compute = compute + 1 end
+    local a = audit.analysis(p)
+    local acts = a.pipeline.facts.record
+    local compute, reduce, want = 0, 0, {}
+    for _, x in ipairs(acts) do
+      if x.type == "REDUCE_GRAD" then reduce = reduce + 1 else compute = compute + 1 end
+      want[x.type == "REDUCE_GRAD" and string.format("reduce stage %d", x.stage)
+        or string.format("%s stage %d microbatch %d", x.type, x.stage, x.mb)] = true
     end
     assert(compute > 0 and reduce > 0, path .. ": timed actions")
-    local boxes = 0
+    -- (the whole step's panel draws each once; a zoomed panel some again)
+    local drawn, labels = {}, 0
     for _, e in ipairs(elems) do
-      if e.name == "title" and (e.text:match("^[FBIW]%d+ mb%d+:") or e.text:match("^reduce stage %d+:")) then
-        boxes = boxes + 1
+      local name = e.name == "title" and e.text:match("^(.-):")
+      if name then
+        assert(want[name], path .. ": a box for no timed action: " .. e.text)
+        drawn[name] = true
       end
+      if e.name == "text" and (e.text:match("^s%d+ m%d+$") or e.text:match("^s%d+$")) then labels = labels + 1 end
     end
-    H.eq(boxes, compute + reduce, path .. ": a box per timed action")
-    local doc = json.decode(ppt.trace_json(p, fp))
+    local n = 0
+    for _ in pairs(drawn) do n = n + 1 end
+    local distinct = 0
+    for _ in pairs(want) do distinct = distinct + 1 end
+    H.eq(n, distinct, path .. ": a box per timed action")
+    assert(labels > 0, path .. ": boxes labelled with stage and microbatch")
+    local doc = json.decode(audit.trace_json(p, fp))
     H.eq(trace.validate(doc), nil, path .. ": trace events well-formed, no overlap on a track")
     local x = 0
-    for _, e in ipairs(doc.traceEvents) do if e.ph == "X" then x = x + 1 end end
+    for _, e in ipairs(doc.traceEvents) do
+      if e.ph == "X" then
+        x = x + 1
+        assert(e.args.stage and (e.args.microbatch or e.args.action == "REDUCE_GRAD"), "stage and microbatch")
+      end
+    end
     H.eq(x, compute + reduce, path .. ": an event per timed action")
-    local th = build.throughput(p)
-    H.eq(doc.otherData.step_us, tonumber(string.format("%.3f", th.step_us)), path .. ": the throughput's step")
+    H.eq(doc.otherData.step_us, a.step_us, path .. ": the figures' step")
+    H.eq(doc.otherData.bubble, a.pipeline.bubble, path .. ": the figures' bubble")
     if path:find("zbv") then
       assert(text:find("backward (input gradient)", 1, true), "legend")
       local has_i = false
-      for _, a in ipairs(acts) do has_i = has_i or a.type == "I" end
+      for _, e in ipairs(acts) do has_i = has_i or e.type == "I" end
       assert(has_i, "zero bubble's I actions drawn")
     end
   end
