@@ -322,11 +322,13 @@ torch_lane() {
     if [ -n "$py_torch" ]; then
       run "python: runtime hooks on one-rank plans vs plain AdamW training, bit for bit (host stand-in library, $py_torch)" "$py_torch" tests/python/test_runtime_host.py
     else skipped "python: runtime hooks vs plain training (tests/python/test_runtime_host.py)" "torch is not installed (apt-get install python3-torch)"; fi
-    # torchtitan's TP recorded live (tests/tp_record.py): its llama3 under its own
-    # parallelize_llama (TP with and without sequence parallelism, FSDP2 over
-    # dp_shard 1 and 2) and its loss_parallel cross-entropy on gloo, 2 and 4
-    # ranks; every TP collective in order against the plan's.
-    tp_what="torchtitan's TP collectives live (SP on/off, 2 and 4 ranks, loss_parallel) vs the plan's, in order (tests/tp_record.py)"
+    # torchtitan's TP recorded live (tests/tp_record.py): its llama3 and dense
+    # qwen3 (tied and untied) under its own parallelize_llama / parallelize_qwen3
+    # (TP with and without sequence parallelism, FSDP2 over dp_shard 1 and 2)
+    # and its loss_parallel cross-entropy on gloo, 2 and 4 ranks; every TP
+    # collective in order and every parameter's placements and TP-local shape
+    # against the plan's.
+    tp_what="torchtitan's TP collectives and placements live (llama3, qwen3; SP on/off, 2 and 4 ranks, loss_parallel) vs the plan's, in order (tests/tp_record.py)"
     if [ "${live_rc:-1}" = 0 ]; then
       tr=$(timeout 900 "$live_py" tests/tp_record.py 2>&1); trc=$?
     else tr="SKIP tp_record: no torch environment with torchtitan (make torch-env)"; trc=0; fi

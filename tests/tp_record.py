@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""torchtitan's tensor parallelism recorded live (issue 17, item 3): its own
-llama3 (a tiny one), parallelized by its own parallelize_llama (TP plan,
-sequence parallelism on or off, fully_shard over dp_shard, no activation
+"""torchtitan's tensor parallelism recorded live (issue 17, item 3; issue 35: dense Qwen3):
+its own llama3 and qwen3 (tiny ones; qwen3 tied and untied), parallelized by its own parallelize_llama /
+parallelize_qwen3 (TP plan, sequence parallelism on or off, fully_shard over dp_shard, no activation
 checkpointing) on gloo, one process per rank, one training step with
 torchtitan's own cross_entropy_loss (loss_parallel: three TP all-reduces,
 a MAX and two SUMs); every collective over the TP group, in order, with its
 kind, phase, element count and reduce op, against the TP collectives of the
-commplan plan generated for the same model and mesh.
+commplan plan generated for the same model and mesh; and every FSDP parameter
+as the rank holds it (name, DTensor placements over dp_shard and tp, TP-local
+shape) against plan.json's TP class of the rank's TP coordinate.
 
     tests/tp_record.py            # 2 ranks (tp 2) and 4 ranks (dp_shard 2 x tp 2), SP on and off
-                                  # (COMMPLAN_TEST_TIER=quick, make test: tp2_sp and dp2_tp2_nosp)
+                                  # (COMMPLAN_TEST_TIER=quick, make test: tp2_sp, dp2_tp2_nosp and
+                                  # qwen3_tied_tp2_sp, about 14 s more than llama's two alone)
     tests/tp_record.py --configs tp2_sp
 
 What it records: every functional collective (torch.distributed.
@@ -38,14 +41,21 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 # A tiny Llama: dims divisible by tp; vocab not, so loss_parallel's uneven shards are covered.
 MODEL = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 250, "multiple_of": 16,
          "ffn_dim_multiplier": 1.3}
+# A tiny dense Qwen3 (tests/titan/test_qwen3_plan.py's TINY: head_dim 16 given, fused wqkv, q/k norms).
+QWEN3 = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "vocab_size": 250,
+         "hidden_dim": 96}
 SEQ, BATCH = 32, 2
-CONFIGS = {  # name: (world, dp_shard, sequence_parallel)
-    "tp2_sp": (2, 1, True), "tp2_nosp": (2, 1, False), "dp2_tp2_sp": (4, 2, True), "dp2_tp2_nosp": (4, 2, False),
+CONFIGS = {  # name: (world, dp_shard, sequence_parallel, family, tied embeddings)
+    "tp2_sp": (2, 1, True, "llama", False), "tp2_nosp": (2, 1, False, "llama", False),
+    "dp2_tp2_sp": (4, 2, True, "llama", False), "dp2_tp2_nosp": (4, 2, False, "llama", False),
+    "qwen3_tp2_sp": (2, 1, True, "qwen3", False), "qwen3_tp2_nosp": (2, 1, False, "qwen3", False),
+    "qwen3_dp2_tp2_sp": (4, 2, True, "qwen3", False), "qwen3_tied_tp2_sp": (2, 1, True, "qwen3", True),
+    "qwen3_tied_dp2_tp2_nosp": (4, 2, False, "qwen3", True),
 }
 # make test (COMMPLAN_TEST_TIER=quick): SP on at 2 ranks and off at 4 (each setting and each world once),
 # one "quick tier:" line; make test-full and a run by hand: all four.
 QUICK = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
-QUICK_CONFIGS = ("tp2_sp", "dp2_tp2_nosp")
+QUICK_CONFIGS = ("tp2_sp", "dp2_tp2_nosp", "qwen3_tied_tp2_sp")
 KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 COMMPLAN_KIND = {"all_gather": "tp_all_gather", "reduce_scatter": "tp_reduce_scatter", "all_reduce": "tp_all_reduce"}
 
@@ -176,6 +186,27 @@ def install(rec):
     return Ops()
 
 
+def build(family, tied, parallelism, training, pd):
+    """torchtitan's model for the config, parallelized by its own parallelize_llama / parallelize_qwen3.
+    Qwen3 in the trainer's order (meta device, parallelize, to_empty, init_weights: which re-ties a
+    tied model's tok_embeddings and lm_head, models/common/decoder.py:215-221). Returns the model and
+    every FSDP unit's parameters (placements, TP-local shapes) as parallelize left them, before the
+    re-tie makes lm_head's FSDP parameter nameless."""
+    import torch
+    import test_llama_plan as TL
+    if family == "llama":
+        model = TL.parallelize(TL.titan_config(None, MODEL, False), parallelism, training, pd, "cpu")
+        return model, TL.titan_units(model)
+    import test_qwen3_plan as TQ
+    model = TQ.parallelize(TQ.titan_config(None, QWEN3, tied), parallelism, training, pd)
+    units = TL.titan_units(model)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    model.train()
+    return model, units
+
+
 def rank_main(rank, world, init_file, configs, out_dir):
     import torch
     import torch.distributed as dist
@@ -193,7 +224,7 @@ def rank_main(rank, world, init_file, configs, out_dir):
     rec = Recorder()
     mode = install(rec)
     for name in configs:
-        _, dp, sp = CONFIGS[name]
+        _, dp, sp, family, tied = CONFIGS[name]
         parallelism = ParallelismConfig(data_parallel_shard_degree=dp, tensor_parallel_degree=2,
                                         enable_sequence_parallel=sp)
         training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
@@ -201,7 +232,7 @@ def rank_main(rank, world, init_file, configs, out_dir):
         pd = ParallelDims.from_config(parallelism, world)
         pd.build_mesh()
         torch.manual_seed(0)
-        model = TL.parallelize(TL.titan_config(None, MODEL, False), parallelism, training, pd, "cpu")
+        model, units = build(family, tied, parallelism, training, pd)
         # torchtitan sets FSDP2's gradient divide factor, which reduces with PREMUL_SUM: NCCL has it,
         # gloo does not. A SUM with the divides around it changes only the dp collectives.
         from torch.distributed.fsdp import FSDPModule
@@ -209,7 +240,8 @@ def rank_main(rank, world, init_file, configs, out_dir):
             if isinstance(m, FSDPModule):
                 m.set_force_sum_reduction_for_comms(True)
         tp_ranks = [int(r) for r in dist.get_process_group_ranks(pd.get_mesh("tp").get_group())]
-        tokens = torch.randint(0, MODEL["vocab_size"], (BATCH, SEQ), generator=torch.Generator().manual_seed(dp))
+        vocab = (MODEL if family == "llama" else QWEN3)["vocab_size"]
+        tokens = torch.randint(0, vocab, (BATCH, SEQ), generator=torch.Generator().manual_seed(dp))
         rec.log = []
         # The trainer's step (Trainer._forward_backward_body): its SPMD context, inputs annotated
         # as post_dataloading_process does, the model, torchtitan's loss, backward.
@@ -222,7 +254,7 @@ def rank_main(rank, world, init_file, configs, out_dir):
             rec.phase = "forward"
             pred = model(inputs, **extra)
             rec.phase = "loss"
-            loss = cross_entropy_loss(pred, labels, global_vocab_size=MODEL["vocab_size"])
+            loss = cross_entropy_loss(pred, labels, global_vocab_size=vocab)
             rec.phase = "backward"
             with spmd.no_typecheck():
                 loss.backward()
@@ -230,6 +262,7 @@ def rank_main(rank, world, init_file, configs, out_dir):
         other = [e for e in rec.log if e["ranks"] != tp_ranks]
         with open(os.path.join(out_dir, "%s.rank%d.json" % (name, rank)), "w") as f:
             json.dump({"config": name, "rank": rank, "tp_ranks": tp_ranks, "tp": tp_log, "other": other,
+                       "tp_coord": pd.get_mesh("tp").get_local_rank(), "units": units,
                        "torch": torch.__version__}, f, indent=1)
         del model
     dist.destroy_process_group()
@@ -237,21 +270,33 @@ def rank_main(rank, world, init_file, configs, out_dir):
 
 # ------------------------------------------------------------------ commplan side
 
-def plan_ops(name, out_dir, loss_parallel=True):
-    """The TP collectives of the plan commplan generates for the config (micro-step 0, in order)."""
-    import titan_env as E
-    world, dp, sp = CONFIGS[name]
+def plan_text(name, loss_parallel=True):
+    """The commplan plan file for the config: torchtitan's tiny model on its mesh."""
+    world, dp, sp, family, tied = CONFIGS[name]
     lp = "" if loss_parallel else ", loss_parallel = false"
-    text = "\n".join([
-        "-- tests/tp_record.py: torchtitan's tiny llama3 at %s" % name,
+    if family == "llama":
+        model = ("family = \"llama\", dim = %(dim)d, n_layers = %(n_layers)d, n_heads = %(n_heads)d, "
+                 "n_kv_heads = %(n_kv_heads)d, vocab_size = %(vocab_size)d, multiple_of = %(multiple_of)d, "
+                 "ffn_dim_multiplier = %(ffn_dim_multiplier)s, seq_len = %(seq)d" % dict(MODEL, seq=SEQ))
+    else:
+        model = ("family = \"qwen3\", dim = %(dim)d, n_layers = %(n_layers)d, n_heads = %(n_heads)d, "
+                 "n_kv_heads = %(n_kv_heads)d, head_dim = %(head_dim)d, vocab_size = %(vocab_size)d, "
+                 "hidden_dim = %(hidden_dim)d, enable_weight_tying = %(tied)s, seq_len = %(seq)d"
+                 % dict(QWEN3, seq=SEQ, tied="true" if tied else "false"))
+    return "\n".join([
+        "-- tests/tp_record.py: torchtitan's tiny %s at %s" % (family, name),
         "return {",
         "  world_size = %d," % world,
         "  parallel = { dp_shard = %d, tp = 2, sequence_parallel = %s%s }," % (dp, "true" if sp else "false", lp),
-        "  model = { family = \"llama\", dim = %(dim)d, n_layers = %(n_layers)d, n_heads = %(n_heads)d, "
-        "n_kv_heads = %(n_kv_heads)d, vocab_size = %(vocab_size)d, multiple_of = %(multiple_of)d, "
-        "ffn_dim_multiplier = %(ffn_dim_multiplier)s, seq_len = %(seq)d }," % dict(MODEL, seq=SEQ),
+        "  model = { %s }," % model,
         "  training = { local_batch_size = %d }," % BATCH,
         "}", ""])
+
+
+def plan_json(name, out_dir, loss_parallel=True):
+    """The plan.json commplan generates for the config."""
+    import titan_env as E
+    text = plan_text(name, loss_parallel)
     name = name + ("" if loss_parallel else "_nolp")
     lua_path = os.path.join(out_dir, "tp_record_%s.lua" % name)
     with open(lua_path, "w") as f:
@@ -259,8 +304,38 @@ def plan_ops(name, out_dir, loss_parallel=True):
     gen = os.path.join(out_dir, "gen", name)
     E.lua(["gen/commplan.lua", os.path.relpath(lua_path, ROOT), os.path.relpath(gen, ROOT)])
     with open(os.path.join(gen, "plan.json")) as f:
-        plan = json.load(f)
+        return json.load(f)
+
+
+def plan_ops(plan):
+    """The plan's TP collectives (micro-step 0, in order)."""
     return [o for o in plan["ops"] if o.get("group") == "tp" and o.get("micro_step", 0) == 0]
+
+
+def compare_units(plan, rec):
+    """Every FSDP unit's parameters as the rank holds them live (name, placements over dp_shard and
+    tp, TP-local shape) against plan.json's TP class of the rank's TP coordinate
+    (test_llama_plan.commplan_units). Returns (parameters compared, differences)."""
+    import test_llama_plan as TL
+    # llama's declared renames (tests/titan/test_llama_plan.py: qkv_linear., lm_head); qwen3's names agree
+    ours = TL.expected(TL.commplan_units(plan, rec["tp_coord"]), False, plan["parallel"]["tp"],
+                       {"names": 0, "fused": 0})
+    ours = [u for u in ours if u["params"]]
+    theirs = [u for u in rec["units"] if u["params"]]
+    diffs, n = [], 0
+    if len(ours) != len(theirs):
+        diffs.append("%d FSDP units with parameters in commplan, %d live" % (len(ours), len(theirs)))
+    for a, b in zip(ours, theirs):
+        for q, r in zip(a["params"], b["params"]):
+            n += 1
+            got = (q["name"], [list(x) for x in q["placements"]], q["local"])
+            want = (r["name"], [list(x) for x in r["placements"]], r["local"])
+            if got != want:
+                diffs.append("parameter: commplan %s, torchtitan %s" % (got, want))
+        if len(a["params"]) != len(b["params"]):
+            diffs.append("unit %s: %d parameters in commplan, %d live" % (a["name"], len(a["params"]),
+                                                                         len(b["params"])))
+    return n, diffs
 
 
 def compare(name, rec, ours):
@@ -318,6 +393,7 @@ def main():
     if start == "fork":
         E.cpu_training()
         import test_llama_plan  # noqa: F401
+        import test_qwen3_plan  # noqa: F401
         import spmd_types  # noqa: F401
         import torchtitan.components.loss  # noqa: F401
         import torchtitan.distributed.spmd_types  # noqa: F401
@@ -328,14 +404,18 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             mp.start_processes(rank_main, args=(CONFIGS[c][0], os.path.join(tmp, "init"), [c], out_dir),
                                nprocs=CONFIGS[c][0], join=True, start_method=start)
-    bad, total, lines = 0, 0, []
+    bad, total, params, lines = 0, 0, 0, []
     for c in names:
-        ours = plan_ops(c, out_dir)
+        plan = plan_json(c, out_dir)
+        ours = plan_ops(plan)
         world = CONFIGS[c][0]
         for r in range(world):
             with open(os.path.join(out_dir, "%s.rank%d.json" % (c, r))) as f:
                 rec = json.load(f)
             matched, diffs = compare(c, rec, ours)
+            n, pdiffs = compare_units(plan, rec)
+            diffs += pdiffs
+            params += n
             total += len(rec["tp"])
             loss = [e for e in rec["tp"] if e["phase"] == "loss"]
             if diffs:
@@ -354,7 +434,7 @@ def main():
                                               len(loss), len(ours)))
     # The comparison can fail: the first config against its plan without loss_parallel must differ.
     with open(os.path.join(out_dir, "%s.rank0.json" % names[0])) as f:
-        _, diffs = compare(names[0], json.load(f), plan_ops(names[0], out_dir, loss_parallel=False))
+        _, diffs = compare(names[0], json.load(f), plan_ops(plan_json(names[0], out_dir, loss_parallel=False)))
     if not diffs:
         bad += 1
         print("  FAIL  %s: the plan without loss_parallel matched the recording too" % names[0])
@@ -363,8 +443,9 @@ def main():
                      % (names[0], len(diffs)))
     print("\n".join(lines))
     from importlib.metadata import version
-    print("tp_record: %d configs x ranks, %d TP collectives recorded from torchtitan %s (torch %s), %d differ"
-          % (sum(CONFIGS[c][0] for c in names), total, version("torchtitan"), torch.__version__, bad))
+    print("tp_record: %d configs x ranks, %d TP collectives recorded from torchtitan %s (torch %s), "
+          "%d parameters' placements and TP-local shapes, %d differ"
+          % (sum(CONFIGS[c][0] for c in names), total, version("torchtitan"), torch.__version__, params, bad))
     if QUICK and len(names) < len(CONFIGS):
         print("quick tier: %d of %d configs (%s); make test-full records all %d"
               % (len(names), len(CONFIGS), ", ".join(names), len(CONFIGS)))

@@ -111,21 +111,11 @@ function qwen3.config(ctx, model)
   return cfg
 end
 
--- torchtitan 0.3 has a TP plan for dense Qwen3 (models/qwen3/sharding.py:
--- the decoder's, q/k norms replicated on a head-sharded input), but
--- commplan has not recorded it live (its fused wqkv, the q/k norms'
--- gradients, the tied embedding under TP): refused in one line.
-function qwen3.refuse_tp(ctx, d)
-  if d and d.tp > 1 then
-    util.field_error(ctx, "parallel.tp", string.format("tp=%d: the qwen3 family's tensor-parallel plan "
-      .. "(torchtitan's models/qwen3/sharding.py) is not planned yet; set tp=1 (FSDP and HSDP are)", d.tp))
-  end
-end
-
--- d: the plan's dims (tp refused).
-function qwen3.units(ctx, model, d)
+-- The units before TP: gen/parallel/tp.lua places them over tp (torchtitan
+-- 0.3's models/qwen3/sharding.py) and gen/parallel/tp_acts.lua gives them
+-- their activation collectives.
+function qwen3.units(ctx, model)
   local cfg = qwen3.config(ctx, model)
-  qwen3.refuse_tp(ctx, d)
   local p = moe.param_fn(model.dtype)
   local q, kv, D = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.dim
   local blocks = {}

@@ -142,10 +142,42 @@ function tp.deepseek_placements(units, d)
   end
 end
 
+-- torchtitan 0.3's dense Qwen3 plan (models/qwen3/sharding.py:54-102, the
+-- decoder plan it shares with llama3: models/common/decoder_sharding.py):
+-- the fused wqkv -- or wq, wk, wv unfused (wk and wv built from one wkv
+-- config, both colwise: decoder_sharding.py:148-152) -- and w1, w3
+-- column-wise (colwise_config, S(0): decoder_sharding.py:70-78), wo and w2
+-- row-wise (S(1): :81-98), the embedding on its vocab rows and lm_head
+-- column-wise (S(0): :320-336), every norm replicated -- attention_norm,
+-- ffn_norm and norm R under SP, I without (:101-139), q_norm and k_norm R
+-- whatever SP, on head-sharded S(2) activations (qwen3/sharding.py:81-89).
+-- The fused wqkv's rows are grouped per KV head (FusedQKVLinear,
+-- models/common/attention.py:787-832: [n_kv_heads, R, head_dim]), so its
+-- S(0) split hands each TP rank whole KV groups; n_kv_heads % tp == 0 is
+-- gen/dims.lua's GQA check.
+local QWEN3 = {
+  ["attention.qkv_linear.wqkv.weight"] = "colwise", ["attention.qkv_linear.wq.weight"] = "colwise",
+  ["attention.qkv_linear.wk.weight"] = "colwise", ["attention.qkv_linear.wv.weight"] = "colwise",
+  ["attention.wo.weight"] = "rowwise", ["feed_forward.w1.weight"] = "colwise",
+  ["feed_forward.w2.weight"] = "rowwise", ["feed_forward.w3.weight"] = "colwise",
+  ["tok_embeddings.weight"] = "shard(0)", ["lm_head.weight"] = "colwise",
+}
+function tp.qwen3_placements(units)
+  for _, u in ipairs(units) do
+    for _, q in ipairs(u.params) do
+      local suffix = q.name:gsub("^layers%.%d+%.", "")
+      q.tp = q.tp or QWEN3[suffix] or "replicate"
+    end
+  end
+end
+
 -- The families whose TP plan commplan models (placements and activation
 -- collectives); the MoE families mixtral and qwen3_moe refuse tp
--- (gen/models/moe.lua).
-tp.FAMILIES = { llama = true, deepseek_v3 = true }
+-- (gen/models/moe.lua). DENSE: the decoders whose activations are
+-- gen/parallel/tp_acts.lua's tp_acts.dense (sequence_parallel,
+-- loss_parallel and async_tp apply to them).
+tp.FAMILIES = { llama = true, deepseek_v3 = true, qwen3 = true }
+tp.DENSE = { llama = true, qwen3 = true }
 
 -- The proof that TP classes cannot hang each other: the members of a TP
 -- group sit in different classes, so every class must issue the identical
@@ -199,9 +231,9 @@ function tp.used(d) return d.tp > 1 end
 
 -- The TP settings, checked for every plan (a setting that would be ignored
 -- is refused): sequence and loss parallelism need a TP group and a model
--- whose activations are modelled (only the llama family's).
+-- whose activations are modelled (the dense decoders': llama, qwen3).
 function tp.rules(ctx, d, p)
-  local llama = p.model.family == "llama"
+  local dense = tp.DENSE[p.model.family] or false
   if d.tp > 1 and p.model.family == "deepseek_v3" then
     -- torchtitan's defaults, the plan recorded live; the others not modelled
     for _, k in ipairs({ "sequence_parallel", "loss_parallel" }) do
@@ -216,23 +248,25 @@ function tp.rules(ctx, d, p)
     end
     return
   end
-  if p.parallel.sequence_parallel ~= nil and (d.tp == 1 or not llama) then
+  if p.parallel.sequence_parallel ~= nil and (d.tp == 1 or not dense) then
     util.field_error(ctx, "parallel.sequence_parallel", d.tp == 1
       and "tp=1: there is no TP group to shard the sequence over; remove sequence_parallel or set tp"
-      or "a generic model declares no activations (only the llama family's TP collectives are modelled); remove it")
+      or "a generic model declares no activations (only the llama and qwen3 families' TP collectives are "
+        .. "modelled); remove it")
   end
-  if p.parallel.async_tp and (d.tp == 1 or not llama or p.parallel.sequence_parallel == false) then
+  if p.parallel.async_tp and (d.tp == 1 or not dense or p.parallel.sequence_parallel == false) then
     util.field_error(ctx, "parallel.async_tp", d.tp == 1
       and "tp=1: there is no TP collective to overlap; remove async_tp or set tp"
-      or not llama and "a generic model declares no matmuls (only the llama family's TP collectives are modelled); "
-        .. "remove it"
+      or not dense and "a generic model declares no matmuls (only the llama and qwen3 families' TP collectives are "
+        .. "modelled); remove it"
       or "async TP fuses sequence parallelism's all-gathers and reduce-scatters with their matmuls, and "
         .. "sequence_parallel = false leaves only all-reduces; remove async_tp or sequence_parallel = false")
   end
-  if p.parallel.loss_parallel ~= nil and (d.tp == 1 or not llama) then
+  if p.parallel.loss_parallel ~= nil and (d.tp == 1 or not dense) then
     util.field_error(ctx, "parallel.loss_parallel", d.tp == 1
       and "tp=1: there is no TP group to shard the logits over; remove loss_parallel or set tp"
-      or "a generic model declares no loss (only the llama family's TP collectives are modelled); remove it")
+      or "a generic model declares no loss (only the llama and qwen3 families' TP collectives are modelled); "
+        .. "remove it")
   end
 end
 
@@ -257,6 +291,7 @@ function tp.apply_units(ctx, units, d, p)
       .. "parameters", d.tp, params, util.pow2_text(util.LIMITS.tp_splits)))
   end
   if p.model.family == "llama" then tp.llama_placements(units)
+  elseif p.model.family == "qwen3" then tp.qwen3_placements(units)
   elseif p.model.family == "deepseek_v3" then tp.deepseek_placements(units, d) end
   for _, u in ipairs(units) do
     for _, q in ipairs(u.params) do if tp.dim_of(q.tp) then return units end end
@@ -281,9 +316,9 @@ function tp.on_layout(ctx, lay, units, d, p, cfg)
       q.full_numel = util.product(src.full_shape)
     end
   end
-  if p.model.family == "llama" then
-    tp_acts.llama(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
-                                        seq_len = p.model.seq_len,
+  if tp.DENSE[p.model.family] then
+    tp_acts.dense(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
+                                        seq_len = p.model.seq_len, family = p.model.family,
                                         sequence_parallel = p.parallel.sequence_parallel,
                                         loss_parallel = p.parallel.loss_parallel,
                                         async_tp = p.parallel.async_tp })

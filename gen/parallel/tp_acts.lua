@@ -56,11 +56,59 @@ local function seq_len_of(ctx, opts)
   return opts.seq_len
 end
 
--- layout units (llama family), model config, tp, opts = { batch, seq_len,
--- sequence_parallel } -> sets u.tp_acts = list of { kind, phase, count,
--- dtype, what } and u.act_numel on every unit that has any.
-function tp_acts.llama(ctx, lay, cfg, T, opts)
+-- The dense decoders' TP plans as data: torchtitan 0.3 shares one
+-- decoder plan between llama3 and qwen3 (models/common/decoder_sharding.py:
+-- set_decoder_sharding_config, set_gqa_attention_sharding,
+-- set_dense_ffn_sharding; models/llama3/sharding.py:39-74,
+-- models/qwen3/sharding.py:54-102). Per family: the parameter marking the
+-- unit that holds the embedding, a block (its attention's wo), the output
+-- projection; and which TP-replicated parameters' gradients come out
+-- Partial over TP -- the norms under sequence parallelism (their weight R:
+-- decoder_sharding.py:106, I without it), and Qwen3's q/k norms always
+-- (weight R on a head-sharded S(2) input whatever SP: qwen3/sharding.py:81-89).
+tp_acts.DENSE = {
+  llama = { embedding = "tok_embeddings.weight", block = "attention.wo.weight", output = "output.weight",
+            partial_sp = "norm%.weight$" },
+  qwen3 = { embedding = "tok_embeddings.weight", block = "attention.wo.weight", output = "lm_head.weight",
+            partial_sp = "norm%.weight$", partial_always = "attention%.[qk]_norm%.weight$" },
+}
+
+-- Whether TP-replicated parameter q's gradient is Partial over TP (FSDP2's
+-- post-backward all-reduces it).
+local function partial_grad(q, fam, sp)
+  if q.tp_dim ~= nil then return false end
+  if fam.partial_always and q.name:match(fam.partial_always) then return true end
+  return sp and q.name:match(fam.partial_sp) ~= nil
+end
+
+-- The unit whose acts hold the output projection's and the loss's: the one
+-- holding it, or -- a tied model's one unit for both ends (gen/models/
+-- qwen3.lua), whose lm_head runs after every block -- the last block's unit
+-- (recorded live: tests/tp_record.py's qwen3_tied_tp2_sp).
+local function output_unit(units, fam)
+  local last_block
+  for _, u in ipairs(units) do
+    if has(u, fam.block) then last_block = u end
+  end
+  for _, u in ipairs(units) do
+    if has(u, fam.output) then return has(u, fam.embedding) and last_block or u end
+  end
+end
+
+-- Moves acts[from..#acts] to sit at position at (before acts[at]).
+local function move(acts, from, at)
+  local tail = {}
+  for i = #acts, from, -1 do table.insert(tail, 1, table.remove(acts, i)) end
+  for i, a in ipairs(tail) do table.insert(acts, at + i - 1, a) end
+end
+
+-- layout units (a tp_acts.DENSE family), model config, tp, opts = { batch,
+-- seq_len, sequence_parallel, loss_parallel, async_tp, family } -> sets
+-- u.tp_acts = list of { kind, phase, count, dtype, what } and u.act_numel
+-- on every unit that has any.
+function tp_acts.dense(ctx, lay, cfg, T, opts)
   if T <= 1 then return end
+  local fam = tp_acts.DENSE[opts.family or "llama"]
   local seq = seq_len_of(ctx, opts)
   local b, sp = opts.batch or 1, opts.sequence_parallel ~= false
   local loss_parallel = opts.loss_parallel ~= false
@@ -69,21 +117,26 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
   -- Async TP (parallel.async_tp): the forward FLOPs per rank of the matmuls
   -- each sequence-parallel collective is fused with (torch's
   -- fused_all_gather_matmul / fused_matmul_reduce_scatter), in forward and
-  -- in its backward mirror (dX = dY W^T: the same FLOPs).
+  -- in its backward mirror (dX = dY W^T: the same FLOPs). q: the query
+  -- width, n_heads x head_dim (Qwen3's head_dim is given: not always dim).
   local mm
   if opts.async_tp and sp then
     local tokens, d, kv = b * seq, cfg.dim, cfg.n_kv_heads * cfg.head_dim
+    local q = cfg.n_heads * cfg.head_dim
     local function flops(out_dim, in_dim) return 2 * tokens * in_dim * out_dim // T end
-    mm = { qkv = flops(d + 2 * kv, d), wo = flops(d, d), w13 = flops(2 * cfg.hidden, d), w2 = flops(d, cfg.hidden),
+    mm = { qkv = flops(q + 2 * kv, d), wo = flops(d, q), w13 = flops(2 * cfg.hidden, d), w2 = flops(d, cfg.hidden),
            output = flops(cfg.vocab_size, d) }
   end
+  local head = output_unit(lay.units, fam)
   for _, u in ipairs(lay.units) do
     local acts = {}
     local function add(kind, phase, count, what, fused)
       acts[#acts + 1] = { kind = kind, phase = phase, count = count, dtype = u.ag_dtype, what = what,
                           mm_flops = mm and fused and mm[fused] }
     end
-    if has(u, "tok_embeddings.weight") then
+    local carried = u == head and not has(u, fam.output)
+    local cut -- a carried output's acts go between the last block's forward and backward ones
+    if has(u, fam.embedding) then
       if sp then
         add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards")
         add("tp_all_gather", "backward", shard, "embedding output gradient")
@@ -91,12 +144,13 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
         add("tp_all_reduce", "forward", full, "embedding output partial sums")
       end
     end
-    if has(u, "attention.wq.weight") then
+    if has(u, fam.block) then
       if sp then
         add("tp_all_gather", "forward", shard, "attention input sequence", "qkv")
         add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards", "wo")
         add("tp_all_gather", "forward", shard, "feed-forward input sequence", "w13")
         add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards", "w2")
+        cut = #acts + 1
         add("tp_all_gather", "backward", shard, "w2 output gradient", "w2")
         add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient", "w13")
         add("tp_all_gather", "backward", shard, "wo output gradient", "wo")
@@ -104,11 +158,13 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
       else
         add("tp_all_reduce", "forward", full, "wo output partial sums")
         add("tp_all_reduce", "forward", full, "w2 output partial sums")
+        cut = #acts + 1
         add("tp_all_reduce", "backward", full, "feed-forward input gradient")
         add("tp_all_reduce", "backward", full, "attention input gradient")
       end
     end
-    if has(u, "output.weight") then
+    local before = #acts
+    if u == head then
       if sp then
         add("tp_all_gather", "forward", shard, "output input sequence", "output")
         add("tp_reduce_scatter", "backward", shard, "output input gradient", "output")
@@ -128,8 +184,9 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
         end
       end
     end
-    -- Under sequence parallelism the replicated norm weights' gradients come
-    -- out Partial over TP; FSDP2's post-backward redistributes them to
+    if carried then move(acts, before + 1, cut) end
+    -- The replicated weights whose gradients come out Partial over TP
+    -- (partial_grad); FSDP2's post-backward redistributes them to
     -- Replicate (FSDPParam._get_grad_inner_tensor): an all-reduce of each,
     -- in parameter order, after the unit's backward collectives and before
     -- its packing, on a reducing micro-step only (accumulation keeps them
@@ -137,13 +194,11 @@ function tp_acts.llama(ctx, lay, cfg, T, opts)
     -- parameters' gradients in their grad_dtype (reduce_dtype) from autograd
     -- on (FSDPParam.may_reduce_grad_outside_dp), so the reduction over TP
     -- runs in the wider dtype too.
-    if sp then
-      for _, q in ipairs(u.params) do
-        if q.tp_dim == nil and q.name:match("norm%.weight$") then
-          add("tp_all_reduce", "backward", q.numel, q.name .. " gradient (Partial over TP)")
-          acts[#acts].reducing_only = true
-          acts[#acts].dtype = u.reduce_dtype
-        end
+    for _, q in ipairs(u.params) do
+      if partial_grad(q, fam, sp) then
+        add("tp_all_reduce", "backward", q.numel, q.name .. " gradient (Partial over TP)")
+        acts[#acts].reducing_only = true
+        acts[#acts].dtype = u.reduce_dtype
       end
     end
     finish(u, acts, T)

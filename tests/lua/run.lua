@@ -36,6 +36,8 @@ suites[#suites + 1] = "test_chunked_loss"
 suites[#suites + 1] = "test_cp"
 -- The dense Qwen3 family (torchtitan 0.3's qwen3 0.6B .. 32B, tied embeddings).
 suites[#suites + 1] = "test_qwen3"
+-- Issue 35: TP on the dense Qwen3 family (torchtitan 0.3's models/qwen3/sharding.py).
+suites[#suites + 1] = "test_qwen3_tp"
 -- Issue 33: outputs never through a link, huge buffers and network figures refused in one line.
 suites[#suites + 1] = "test_hostile_outputs"
 -- Issue 33: sizes bounded before the work they drive; pipeline CSVs read beside the plan, bounded, never echoed.
