@@ -558,8 +558,13 @@ end
 function load_plan.pipeline_defaults(ctx, plan)
   if (plan.parallel.pp or 1) <= 1 then return end
   local pl = plan.pipeline or {}
-  pl.schedule = pl.schedule or "1F1B"
+  -- (a CSV names its schedule class: without one it is refused as such, gen/parallel/pp_report.lua)
+  if not pl.csv then pl.schedule = pl.schedule or "1F1B" end
   local lbs, size = plan.training.local_batch_size, pl.microbatch_size
+  if not pl.microbatches and not lbs then
+    util.field_error(ctx, "training.local_batch_size", "missing; with pp > 1 the step runs local_batch_size / "
+      .. "pipeline.microbatch_size microbatches (torchtitan's; microbatch_size defaults to 1): set it")
+  end
   if size and not lbs then
     util.field_error(ctx, "pipeline.microbatch_size", "divides training.local_batch_size, which the plan does not "
       .. "give; set training.local_batch_size")
@@ -572,7 +577,16 @@ function load_plan.pipeline_defaults(ctx, plan)
     util.field_error(ctx, "pipeline.microbatches", string.format("%d microbatches, while local_batch_size=%d / "
       .. "microbatch_size=%d makes %d; give one of the two", pl.microbatches, lbs, size, lbs // size))
   end
-  if not pl.microbatches and lbs then pl.microbatches = lbs // (size or 1) end
+  if not pl.microbatches then
+    local n = lbs // (size or 1)
+    if not util.mul_within(n, plan.parallel.pp, LIM.pp_actions) then
+      util.field_error(ctx, size and "pipeline.microbatch_size" or "training.local_batch_size", string.format(
+        "local_batch_size=%d / microbatch_size=%d makes %d microbatches, x pp=%d more than %s microbatch-stages, "
+        .. "the most the generator plans; %s", lbs, size or 1, n, plan.parallel.pp, util.pow2_text(LIM.pp_actions),
+        size and "give a larger microbatch_size" or "set pipeline.microbatch_size (sequences per microbatch)"))
+    end
+    pl.microbatches = n
+  end
   plan.pipeline = pl
 end
 

@@ -16,7 +16,7 @@ M.SCHEDULES, M.human_us, M.human_bytes = report.SCHEDULES, report.human_us, repo
 -- The loaded pipeline plan's stage mesh planned and adopted (once: the
 -- report caches it per loaded plan), after the plan's refusals.
 local function prepared(loaded)
-  report.adopt(loaded, plan.from_loaded(report.stage_loaded(loaded)))
+  if not report.adopted(loaded) then report.adopt(loaded, plan.from_loaded(report.stage_loaded(loaded))) end
   return loaded
 end
 

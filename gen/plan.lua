@@ -138,7 +138,8 @@ function plan.from_loaded(p, opts)
   for _, m in ipairs(mods) do
     if m.settings then p = m.settings(p, mine[m]) end
   end
-  for _, m in ipairs(mods) do
+  -- (under an inner plan the units are placed there: its classes carry them)
+  for _, m in ipairs(nester and {} or mods) do
     if m.apply_units then units = m.apply_units(ctx, units, d, p) end
   end
   -- Without a module that tells ranks apart, every rank holds one table set.

@@ -403,7 +403,7 @@ end
 -- plan's own).
 local CHECKED = setmetatable({}, { __mode = "k" })
 function report.adopt(loaded, p)
-  if CHECKED[loaded] then return end
+  if CHECKED[loaded] and CHECKED[loaded][5] == p then return end
   local ctx, pp, pl, n = report.refuse(loaded)
   if pl.csv then
     -- read and checked here, once: its refusals are the plan's own
@@ -414,6 +414,9 @@ function report.adopt(loaded, p)
   end
   CHECKED[loaded] = { ctx, pp, pl, n, p }
 end
+
+-- Whether the loaded plan's stage mesh is planned and adopted already.
+function report.adopted(loaded) return CHECKED[loaded] ~= nil end
 
 local function checked(loaded)
   local hit = CHECKED[loaded]
