@@ -177,7 +177,7 @@ test-lua:
 	@$(LUA) tests/lua/run.lua
 
 lint:
-	luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/pp plans bench
+	luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/byte_identity.lua tests/pp plans bench
 
 # Every plans/*.lua, each name taken by the shell's own glob and always
 # quoted: a file name holding spaces, $$(...), backticks or quotes is

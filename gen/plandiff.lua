@@ -308,7 +308,122 @@ local function sorted_keys_of(...)
   return out
 end
 
+-- Entries that say the same thing of several names, as one: entries
+-- { name = ..., ... } grouped by key(entry), in the order first met ->
+-- { first = the first entry, names = every entry's name }.
+function plandiff.fold_same(entries, key)
+  local out, at = {}, {}
+  for _, e in ipairs(entries) do
+    local k = key(e)
+    if not at[k] then
+      at[k] = { first = e, names = {} }
+      out[#out + 1] = at[k]
+    end
+    table.insert(at[k].names, e.name)
+  end
+  return out
+end
+
+-- A word that is a figure (`291.48`, `(12.95`, `62,`), and that figure.
+local function figure_of(word)
+  if not word then return nil end
+  local core = word:gsub("^%(", ""):gsub("[,;:%)]+$", "")
+  return core:match("^%d[%d%.]*$")
+end
+
+-- The units the audit writes after a figure: a figure and its unit are
+-- one token, so `511.18 ms` and `1.92 s` are the same place in a text.
+local UNITS = { B = true, KiB = true, MiB = true, GiB = true, TiB = true, us = true, ms = true, s = true }
+
+-- A text as tokens: { text = the words as written, figure = the figure
+-- and its unit (`511.18 ms`) or nil, shape = the words with '#' for the
+-- figure and its unit }.
+local function tokens(text)
+  local words, out = {}, {}
+  for word in text:gmatch("%S+") do words[#words + 1] = word end
+  local i = 1
+  while i <= #words do
+    local word, fig = words[i], figure_of(words[i])
+    local unit = fig and word:match("%d$") and words[i + 1] and words[i + 1]:match("^(%a+)[,;:%)]*$")
+    if unit and UNITS[unit] then
+      local tail = words[i + 1]:sub(#unit + 1)
+      out[#out + 1] = { text = word .. " " .. words[i + 1], figure = fig .. " " .. unit, shape = "#" .. tail,
+                        lead = word:match("^%(") or "", tail = tail }
+      i = i + 2
+    else
+      local lead, tail = "", ""
+      if fig then lead, tail = word:match("^(%(?)"), word:match("([,;:%)]*)$") end
+      out[#out + 1] = { text = word, figure = fig, shape = fig and (lead .. "#" .. tail) or word, lead = lead,
+                        tail = tail }
+      i = i + 1
+    end
+  end
+  return out
+end
+
+-- A text's shape: its words with every figure (and its unit) as '#': two
+-- warnings of one shape say the same thing (the op kind, units and cause)
+-- with other figures.
+function plandiff.figure_shape(text)
+  local t = {}
+  for _, tok in ipairs(tokens(text)) do t[#t + 1] = tok.shape end
+  return table.concat(t, " ")
+end
+
+-- Two texts of one shape as one, each figure that changed as `a -> b`.
+function plandiff.figures_text(a, b)
+  local ta, out = tokens(a), {}
+  for i, tok in ipairs(tokens(b)) do
+    local x = ta[i] and ta[i].figure
+    out[#out + 1] = (x and tok.figure and x ~= tok.figure) and (tok.lead .. x .. " -> " .. tok.figure .. tok.tail)
+      or tok.text
+  end
+  return table.concat(out, " ")
+end
+
+-- Warnings that went (-), came (+), and those that stayed with other
+-- figures (~, one line each: a one-knob change moves every figure of a
+-- warning, and a - line beside its + line would say it twice).
+function plandiff.warnings_lines(list_a, list_b)
+  local in_a, in_b = {}, {}
+  for _, s in ipairs(list_a) do in_a[s] = true end
+  for _, s in ipairs(list_b) do in_b[s] = true end
+  local came = {}
+  for i, s in ipairs(list_b) do
+    if not in_a[s] then
+      local k = plandiff.figure_shape(s)
+      came[k] = came[k] or {}
+      table.insert(came[k], i)
+    end
+  end
+  local L, paired = {}, {}
+  for _, s in ipairs(list_a) do
+    if not in_b[s] then
+      local j = table.remove(came[plandiff.figure_shape(s)] or {}, 1)
+      if j then
+        paired[j] = true
+        L[#L + 1] = "  ~ " .. plandiff.figures_text(s, list_b[j])
+      else
+        L[#L + 1] = "  - " .. s
+      end
+    end
+  end
+  for i, s in ipairs(list_b) do
+    if not in_a[s] and not paired[i] then L[#L + 1] = "  + " .. s end
+  end
+  return L
+end
+
 -- ---- the comparison ----
+
+-- The plan's own settings in plan.json sections that also hold derived
+-- figures: a one-knob change there (capacity, schedule, microbatches) is
+-- named in the settings line, as a parallel or fsdp setting is.
+plandiff.SECTION_KNOBS = {
+  { "expert_parallel", { "capacity_policy", "capacity_factor" } },
+  { "pipeline", { "schedule", "microbatches", "layers_per_stage", "first_stage_less_layers", "last_stage_less_layers",
+                  "csv" } },
+}
 
 function plandiff.compare(a, b, la, lb)
   local L = {}
@@ -327,6 +442,11 @@ function plandiff.compare(a, b, la, lb)
       changed[#changed + 1] = sec .. "." .. d
     end
   end
+  -- A section's knobs, not its derived figures (expert_parallel's bytes and
+  -- rows follow from ep and these; they show in the rows below).
+  for _, sk in ipairs(plandiff.SECTION_KNOBS) do
+    for _, d in ipairs(scalar_diffs(a[sk[1]], b[sk[1]], sk[2])) do changed[#changed + 1] = sk[1] .. "." .. d end
+  end
   local sa, sb = a.audit and a.audit.settings, b.audit and b.audit.settings
   for _, d in ipairs(scalar_diffs(sa, sb, sorted_keys_of(sa, sb))) do changed[#changed + 1] = d end
   if #changed > 0 then w("settings: %s", table.concat(changed, "; ")) end
@@ -334,23 +454,28 @@ function plandiff.compare(a, b, la, lb)
   w("")
   w("groups:")
   local ga, gb = by_key(a.groups, "name"), by_key(b.groups, "name")
-  local ng = 0
+  local glines = {}
   for _, name in ipairs(keys_union(ga, gb, names_of(a.groups, "name"), names_of(b.groups, "name"))) do
     local x, y = ga[name], gb[name]
     if not x then
-      w("  + %s: %d ranks x %d groups, %s", name, y.size, y.count, y.intra_node and "intra-node" or
-        (y.nodes_per_group .. " nodes per group")); ng = ng + 1
+      glines[#glines + 1] = { prefix = "+ ", name = name, text = string.format(": %d ranks x %d groups, %s", y.size,
+        y.count, y.intra_node and "intra-node" or (y.nodes_per_group .. " nodes per group")) }
     elseif not y then
-      w("  - %s (was %d ranks x %d groups)", name, x.size, x.count); ng = ng + 1
+      glines[#glines + 1] = { prefix = "- ", name = name, text = string.format(" (was %d ranks x %d groups)", x.size,
+        x.count) }
     elseif x.size ~= y.size or x.count ~= y.count or x.nodes_per_group ~= y.nodes_per_group
         or x.intra_node ~= y.intra_node then
-      w("  %s: size %s, groups %s, nodes per group %s%s", name, arrow(x.size, y.size), arrow(x.count, y.count),
-        arrow(x.nodes_per_group, y.nodes_per_group),
-        x.intra_node ~= y.intra_node and (y.intra_node and "; now intra-node" or "; now crosses nodes") or "")
-      ng = ng + 1
+      glines[#glines + 1] = { prefix = "", name = name, text = string.format(": size %s, groups %s, nodes per group %s%s",
+        arrow(x.size, y.size), arrow(x.count, y.count), arrow(x.nodes_per_group, y.nodes_per_group),
+        x.intra_node ~= y.intra_node and (y.intra_node and "; now intra-node" or "; now crosses nodes") or "") }
     end
   end
-  if ng == 0 then w("  unchanged") end
+  -- a mesh change resizes every group over the same dimensions alike
+  -- (dp_shard, fsdp, dp, loss): one line for them
+  for _, e in ipairs(plandiff.fold_same(glines, function(e) return e.prefix .. e.text end)) do
+    w("  %s%s%s", e.first.prefix, table.concat(e.names, ", "), e.first.text)
+  end
+  if #glines == 0 then w("  unchanged") end
   -- Bytes and time per family: plan.json's audit.by_group, SCHEDULE.md's
   -- rows (gen/figures.lua).
   w("")
@@ -403,21 +528,11 @@ function plandiff.compare(a, b, la, lb)
   plandiff.ops_diff(a, b, w)
   plandiff.units_diff(a, b, w)
   -- Warnings.
-  local wa, wb = {}, {}
-  for _, s in ipairs(a.audit and a.audit.warnings or {}) do wa[s] = true end
-  for _, s in ipairs(b.audit and b.audit.warnings or {}) do wb[s] = true end
-  local nw = 0
-  for _, s in ipairs(a.audit and a.audit.warnings or {}) do
-    if not wb[s] then
-      if nw == 0 then w(""); w("warnings:") end
-      w("  - %s", s); nw = nw + 1
-    end
-  end
-  for _, s in ipairs(b.audit and b.audit.warnings or {}) do
-    if not wa[s] then
-      if nw == 0 then w(""); w("warnings:") end
-      w("  + %s", s); nw = nw + 1
-    end
+  local wl = plandiff.warnings_lines(a.audit and a.audit.warnings or {}, b.audit and b.audit.warnings or {})
+  if #wl > 0 then
+    w("")
+    w("warnings (- gone, + new, ~ the same with other figures):")
+    for _, line in ipairs(wl) do w("%s", line) end
   end
   return table.concat(L, "\n") .. "\n"
 end
@@ -504,16 +619,46 @@ function plandiff.ops_diff(a, b, w)
   for _, o in ipairs(b.ops) do wb = wb + #(o.waits_for or {}) end
   w("ops: %s; event waits %s", arrow(#a.ops, #b.ops), arrow(wa, wb))
   if #order == 0 then w("  no op added, removed or resized") end
+  -- Op kinds added (or removed) as many times over the same units fold
+  -- into one line: an expert block's fourteen kinds are one change.
+  local lines = {}
   for _, g in ipairs(order) do
     local sign, name = g:sub(1, 1), g:sub(2)
     if sign == "~" then
       local c = changes[name]
-      w("  changed %s: %s x%d: %s", name, table.concat(c.kind_order, ", "), c.n, plandiff.names_text(c.units))
+      lines[#lines + 1] = { name = g, text = string.format("  changed %s: %s x%d: %s", name,
+        table.concat(c.kind_order, ", "), c.n, plandiff.names_text(c.units)) }
     else
       local units = sign == "+" and added[name] or removed[name]
-      w("  %s %s x%d: %s", sign == "+" and "added" or "removed", name, #units, plandiff.names_text(units))
+      lines[#lines + 1] = { name = name, n = #units, text = string.format("%s x%%s%%s: %s",
+        sign == "+" and "added" or "removed", plandiff.names_text(units)) }
     end
   end
+  for _, e in ipairs(plandiff.fold_same(lines, function(e) return e.n and (e.n .. e.text) or e.name end)) do
+    local f = e.first
+    if not f.n then w("%s", f.text)
+    else
+      local verb, rest = f.text:match("^(%a+)(.*)$")
+      w("  %s %s%s", verb, plandiff.kinds_text(e.names), string.format(rest, f.n, #e.names > 1 and " each" or ""))
+    end
+  end
+end
+
+-- Op kinds as `kind (phase)` names, those of one phase together:
+-- `copy_in, all_gather (forward); copy_in (backward)`.
+function plandiff.kinds_text(names)
+  local out, kinds, phase = {}, {}, nil
+  local function flush()
+    if phase then out[#out + 1] = table.concat(kinds, ", ") .. " (" .. phase .. ")" end
+  end
+  for _, n in ipairs(names) do
+    local kind, ph = n:match("^(.-) %((.*)%)$")
+    if not kind then kind, ph = n, "" end
+    if ph ~= phase then flush(); kinds, phase = {}, ph end
+    kinds[#kinds + 1] = kind
+  end
+  flush()
+  return table.concat(out, "; ")
 end
 
 -- Units of one layout (a list of units in forward order) against

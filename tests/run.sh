@@ -440,6 +440,43 @@ done
 run "generation is deterministic (llama405b_hsdp and the pipeline plan llama405b, twice each)" bash -c "
   rm -rf build/det && for n in llama405b_hsdp llama405b; do $LUA gen/commplan.lua plans/\$n.lua build/det/a/\$n &&
   $LUA gen/commplan.lua plans/\$n.lua build/det/b/\$n || exit 1; done && diff -r build/det/a build/det/b"
+# Issue 34, item 4: the golden checks above prove plans/<name>/ equal a
+# fresh generation, so the committed tables stand for this generator here
+# (nothing generated twice): every one against the generator before the
+# pipeline move (c7c89b2), byte for byte, a pipeline plan's plan.json op
+# tables field by field (tests/byte_identity.lua).
+bid="byte identity: every plan's plan.c, plan.h, plan.json as c7c89b2 generated them (pipeline plans: their per-rank op tables field by field) (tests/byte_identity.lua)"
+run "$bid" $LUA tests/byte_identity.lua; grep -h "^byte_identity: against" "$(logname "$bid")" | sed "s/^/        /"
+# The test of that test: a temporary copy of fsdp4's and llama405b's tables
+# with one byte of plan.c and one op's peer in plan.json changed is refused,
+# naming the file, the pipeline rank, the op and the field; a base revision
+# the clone lacks is one line saying how to fetch it (exit 2).
+byte_identity_refuses() (
+  d=$(mktemp -d /tmp/commplan-bi.XXXXXX) || exit 2
+  trap 'rm -rf "$d"' EXIT
+  for n in fsdp4 llama405b; do mkdir -p "$d/$n" && cp "plans/$n/plan.c" "plans/$n/plan.h" "plans/$n/plan.json" "$d/$n/" || exit 2; done
+  sed -i 's/\.numel = 144, \.chunk = 3/.numel = 145, .chunk = 3/' "$d/fsdp4/plan.c" &&
+    sed -i '0,/"peer": 1,/s//"peer": 2,/' "$d/llama405b/plan.json" || exit 2
+  out=$($LUA tests/byte_identity.lua --dir "$d" fsdp4 llama405b); rc=$?; echo "$out"
+  [ "$rc" = 1 ] && printf '%s\n' "$out" | grep -q "^$d/fsdp4/plan.c: not byte-identical to c7c89b2's .*line [0-9]*, column [0-9]*: base .*numel = 144.*, now .*numel = 145" &&
+    printf '%s\n' "$out" | grep -q "^$d/llama405b/plan.json: pipeline rank 0: ops: first difference at op [0-9]* (seq [0-9]*, [a-z_]* of [a-z_.0-9]*): field peer: base 1, now 2$" &&
+    [ "$(printf '%s\n' "$out" | grep -c "^$d/")" = 2 ] || exit 1
+  out=$($LUA tests/byte_identity.lua --base 0123456789abcdef0123456789abcdef01234567 fsdp4 2>&1); rc=$?; echo "$out"
+  [ "$rc" = 2 ] && [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] &&
+    printf '%s' "$out" | grep -qF "byte_identity: base revision 0123456789abcdef0123456789abcdef01234567 " &&
+    printf '%s' "$out" | grep -qF "git fetch --unshallow"
+)
+run "byte identity's test: a changed plan.c byte and a changed pipeline op field fail, naming file, rank, op and field; a missing base says how to fetch it" byte_identity_refuses
+# Issue 34, item 3: every shipped report reads in one sitting.
+schedule_lines() {
+  local n f c rc=0
+  for n in $(plan_names); do
+    f=plans/$n/SCHEDULE.md; c=$(wc -l <"$f") || { rc=1; continue; }
+    [ "$c" -le 400 ] || { echo "$f: $c lines, over 400; fold its repeated units, experts, stages and micro-steps (the full lists belong in plan.json)"; rc=1; }
+  done
+  return $rc
+}
+run "every plans/*/SCHEDULE.md is at most 400 lines" schedule_lines
 
 section "audit verbs: plan diff and mesh advisor (the Lua suite covers trace.json, the schema and 1M ranks)"
 run "make diff-plan: llama70b against itself with dp_replicate halved" bash -c '

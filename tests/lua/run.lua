@@ -46,6 +46,8 @@ suites[#suites + 1] = "test_bounds"
 suites[#suites + 1] = "test_memory_figures"
 suites[#suites + 1] = "test_prices"
 suites[#suites + 1] = "test_capacity"
+-- Issue 34, item 3: one-knob diffs of pipeline and MoE plans read in under 60 lines.
+suites[#suites + 1] = "test_plan_diff_lines"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)
