@@ -561,10 +561,6 @@ function load_plan.pipeline_defaults(ctx, plan)
   -- (a CSV names its schedule class: without one it is refused as such, gen/parallel/pp_report.lua)
   if not pl.csv then pl.schedule = pl.schedule or "1F1B" end
   local lbs, size = plan.training.local_batch_size, pl.microbatch_size
-  if not pl.microbatches and not lbs then
-    util.field_error(ctx, "training.local_batch_size", "missing; with pp > 1 the step runs local_batch_size / "
-      .. "pipeline.microbatch_size microbatches (torchtitan's; microbatch_size defaults to 1): set it")
-  end
   if size and not lbs then
     util.field_error(ctx, "pipeline.microbatch_size", "divides training.local_batch_size, which the plan does not "
       .. "give; set training.local_batch_size")
@@ -577,7 +573,9 @@ function load_plan.pipeline_defaults(ctx, plan)
     util.field_error(ctx, "pipeline.microbatches", string.format("%d microbatches, while local_batch_size=%d / "
       .. "microbatch_size=%d makes %d; give one of the two", pl.microbatches, lbs, size, lbs // size))
   end
-  if not pl.microbatches then
+  -- (without a batch it stays unset: refused with the other pipeline checks, naming
+  -- training.local_batch_size, after the plan's other refusals: gen/parallel/pp_report.lua)
+  if not pl.microbatches and lbs then
     local n = lbs // (size or 1)
     if not util.mul_within(n, plan.parallel.pp, LIM.pp_actions) then
       util.field_error(ctx, size and "pipeline.microbatch_size" or "training.local_batch_size", string.format(

@@ -355,8 +355,10 @@ function report.refuse(loaded)
   local pl = loaded.pipeline or {}
   local n = pl.microbatches
   if not n then
-    util.field_error(ctx, "pipeline.microbatches", "missing; give the microbatches per step (torchtitan's "
-      .. "local_batch_size / microbatch size)")
+    -- (gen/load.lua derives them from the batch where it is given)
+    util.field_error(ctx, "training.local_batch_size", "missing; with pp > 1 the step runs local_batch_size / "
+      .. "pipeline.microbatch_size microbatches (torchtitan's; microbatch_size defaults to 1): set it, or give "
+      .. "pipeline.microbatches")
   end
   if pl.csv and (not pl.schedule or stages_mod.SINGLE[pl.schedule]) then
     util.field_error(ctx, "pipeline.csv", pl.schedule and string.format("%s runs one stage per rank and torch "
