@@ -86,16 +86,7 @@ function schedule.build(lay, fams, fsdp, opts)
     ops[#ops + 1] = o
     return o
   end
-  local function all_gather(u, m, phase)
-    -- Zero copy-in (gen/opkinds.lua): without a cast the all-gather reads
-    -- the sharded storage itself; the collective's bytes are the same.
-    local direct = u.orig_dtype == u.ag_dtype
-    if not direct then op("copy_in", u, m, phase) end
-    -- A shard group of one rank issues no collective (FSDP2's world-size-1
-    -- path); the executor copies the slot locally.
-    op("all_gather", u, m, phase, { group = schedule.shard_group(u, shard), dtype = u.ag_dtype, count = u.total,
-                                    from_sharded = direct or nil })
-  end
+  local function all_gather(u, m, phase) schedule.gather(ops, u, m, phase, shard) end
   local units = lay.units
   -- A unit without parameters (torchtitan's Llama root) has no FSDP param
   -- group: FSDP2 issues nothing for it, so neither does the schedule.
@@ -274,6 +265,20 @@ end
 function schedule.shard_group(u, shard)
   if u.shard_group then return u.W > 1 and u.shard_group or nil end
   return shard and "fsdp" or nil
+end
+
+-- Unit u's all-gather at micro-step m, appended to out (the pipeline's
+-- UNSHARD calls it too, gen/parallel/pp_tables.lua): its copy-in, then the
+-- collective. Zero copy-in (gen/opkinds.lua): without a cast the
+-- all-gather reads the sharded storage itself; the collective's bytes are
+-- the same. A shard group of one rank issues no collective (FSDP2's
+-- world-size-1 path); the executor copies the slot locally.
+function schedule.gather(out, u, m, phase, shard)
+  local direct = u.orig_dtype == u.ag_dtype
+  if not direct then out[#out + 1] = { kind = "copy_in", unit = u.index, micro_step = m, phase = phase } end
+  out[#out + 1] = { kind = "all_gather", unit = u.index, micro_step = m, phase = phase,
+                    group = schedule.shard_group(u, shard), dtype = u.ag_dtype, count = u.total,
+                    from_sharded = direct or nil }
 end
 
 -- Positions inside one micro-step's list, so that repeat.same_micro

@@ -141,10 +141,7 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
   local function unshard(s, m, phase)
     for _, u in ipairs(managed(s)) do
       if not unsharded[u.index] then
-        local direct = u.orig_dtype == u.ag_dtype
-        if not direct then op("copy_in", u, m, phase) end
-        op("all_gather", u, m, phase, { group = shard and "fsdp" or nil, dtype = u.ag_dtype, count = u.total,
-                                        from_sharded = direct or nil })
+        fsdp_schedule.gather(ops, u, m, phase, shard)
         op("copy_out", u, m, phase)
         unsharded[u.index] = true
       end

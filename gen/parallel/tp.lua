@@ -101,14 +101,6 @@ local LLAMA = {
   ["feed_forward.w2.weight"] = "rowwise", ["feed_forward.w3.weight"] = "colwise",
   ["tok_embeddings.weight"] = "shard(0)", ["output.weight"] = "colwise",
 }
-function tp.llama_placements(units)
-  for _, u in ipairs(units) do
-    for _, q in ipairs(u.params) do
-      local suffix = q.name:gsub("^layers%.%d+%.", "")
-      q.tp = q.tp or LLAMA[suffix] or "replicate"
-    end
-  end
-end
 
 -- torchtitan 0.3's DeepSeek-V3 plan (models/deepseek_v3/sharding.py,
 -- models/common/moe_sharding.py; recorded live: tests/ep/check_ep_live.sh's
@@ -133,14 +125,6 @@ local DEEPSEEK_EXPERTS = {
   ["moe.routed_experts.inner_experts.w1_EFD"] = "shard(1)", ["moe.routed_experts.inner_experts.w2_EDF"] = "shard(2)",
   ["moe.routed_experts.inner_experts.w3_EFD"] = "shard(1)",
 }
-function tp.deepseek_placements(units, d)
-  for _, u in ipairs(units) do
-    for _, q in ipairs(u.params) do
-      local suffix = q.name:gsub("^layers%.%d+%.", "")
-      q.tp = q.tp or DEEPSEEK[suffix] or (d.ep == 1 and DEEPSEEK_EXPERTS[suffix]) or "replicate"
-    end
-  end
-end
 
 -- torchtitan 0.3's dense Qwen3 plan (models/qwen3/sharding.py:54-102, the
 -- decoder plan it shares with llama3: models/common/decoder_sharding.py):
@@ -162,21 +146,31 @@ local QWEN3 = {
   ["feed_forward.w2.weight"] = "rowwise", ["feed_forward.w3.weight"] = "colwise",
   ["tok_embeddings.weight"] = "shard(0)", ["lm_head.weight"] = "colwise",
 }
-function tp.qwen3_placements(units)
+-- Each family's TP plan, by parameter name within its block; `experts`:
+-- the routed experts' placements, which apply at ep = 1 only (at ep > 1
+-- ExpertParallel takes those ranks).
+local PLANS = { llama = { names = LLAMA }, qwen3 = { names = QWEN3 },
+                deepseek_v3 = { names = DEEPSEEK, experts = DEEPSEEK_EXPERTS } }
+
+-- Every parameter's placement from its family's plan (the plan file's own,
+-- q.tp, first; a name the plan does not list is replicated).
+function tp.place(units, family, d)
+  local plan = PLANS[family]
+  if not plan then return end
+  local experts = d.ep == 1 and plan.experts or {}
   for _, u in ipairs(units) do
     for _, q in ipairs(u.params) do
       local suffix = q.name:gsub("^layers%.%d+%.", "")
-      q.tp = q.tp or QWEN3[suffix] or "replicate"
+      q.tp = q.tp or plan.names[suffix] or experts[suffix] or "replicate"
     end
   end
 end
 
--- The families whose TP plan commplan models (placements and activation
--- collectives); the MoE families mixtral and qwen3_moe refuse tp
--- (gen/models/moe.lua). DENSE: the decoders whose activations are
--- gen/parallel/tp_acts.lua's tp_acts.dense (sequence_parallel,
--- loss_parallel and async_tp apply to them).
-tp.FAMILIES = { llama = true, deepseek_v3 = true, qwen3 = true }
+-- (PLANS holds the families whose TP plan commplan models; the MoE
+-- families mixtral and qwen3_moe refuse tp: gen/models/moe.lua.) DENSE:
+-- the decoders whose activations are gen/parallel/tp_acts.lua's
+-- tp_acts.dense (sequence_parallel, loss_parallel and async_tp apply to
+-- them).
 tp.DENSE = { llama = true, qwen3 = true }
 
 -- The proof that TP classes cannot hang each other: the members of a TP
@@ -290,9 +284,7 @@ function tp.apply_units(ctx, units, d, p)
       .. "generator places over TP (it takes every parameter's rows on every TP rank); use a smaller tp or fewer "
       .. "parameters", d.tp, params, util.pow2_text(util.LIMITS.tp_splits)))
   end
-  if p.model.family == "llama" then tp.llama_placements(units)
-  elseif p.model.family == "qwen3" then tp.qwen3_placements(units)
-  elseif p.model.family == "deepseek_v3" then tp.deepseek_placements(units, d) end
+  tp.place(units, p.model.family, d)
   for _, u in ipairs(units) do
     for _, q in ipairs(u.params) do if tp.dim_of(q.tp) then return units end end
   end
