@@ -1175,15 +1175,7 @@ function audit.schedule_md(p, fp)
     w("| activations | not modeled for generic units (no model dims) |")
   end
   w("")
-  w("### Warnings")
-  w("")
-  if #a.warnings == 0 then w("None.") end
-  for _, text in ipairs(a.warnings) do w("- %s", text) end
-  w("")
-  w("### Predicted step")
-  w("")
-  w("![predicted step](timeline.svg)")
-  w("")
+  audit.md_warnings_and_step(a, w)
   w("timeline.svg: a lane per stream, ops coloured by kind; hatched where the compute stream waits (red: for a")
   w("collective, named above the lane), the critical path as a black line.")
   w("")
@@ -1233,6 +1225,20 @@ function audit.schedule_md(p, fp)
     w("- Defaults used (the plan does not set them): %s.", table.concat(defaults, ", "))
   end
   return table.concat(L, "\n") .. "\n"
+end
+
+-- SCHEDULE.md's warnings, then the predicted step's heading and figure
+-- (every plan's; the caption under it is the plan's own).
+function audit.md_warnings_and_step(a, w)
+  w("### Warnings")
+  w("")
+  if #a.warnings == 0 then w("None.") end
+  for _, text in ipairs(a.warnings) do w("- %s", text) end
+  w("")
+  w("### Predicted step")
+  w("")
+  w("![predicted step](timeline.svg)")
+  w("")
 end
 
 function audit.md_ep(p, w)

@@ -193,15 +193,7 @@ function pipeline_audit.md_body(p, a, w, A)
       A.human(m.activation_saved_bytes), A.human(m.activation_transient_bytes), A.human(m.activation_bytes))
     w("")
   end
-  w("### Warnings")
-  w("")
-  if #a.warnings == 0 then w("None.") end
-  for _, text in ipairs(a.warnings) do w("- %s", text) end
-  w("")
-  w("### Predicted step")
-  w("")
-  w("![predicted step](timeline.svg)")
-  w("")
+  A.md_warnings_and_step(a, w)
   w("timeline.svg: the timed run, a lane per pipeline rank (its stages) of one data-parallel replica; each box a")
   w("stage's F, B, I or W of one microbatch, labelled stage and microbatch (`s8 m12`) where it is wide enough")
   w("(the second panel zooms into the step's start); the gaps are the bubble; each stage's gradient reduction")
