@@ -16,7 +16,7 @@
 -- around them. A plan BASE does not have is new, and only counted.
 -- Exit 0 when all agree; 1 with one line per differing file; 2 when BASE
 -- is missing (a shallow clone) or an argument is wrong.
-package.path = "./?.lua;" .. package.path
+package.path = "./?.lua;./tests/lua/?.lua;" .. package.path
 local json = require("gen.json")
 
 local DEFAULT_BASE = "c7c89b2"
@@ -67,13 +67,7 @@ local function shipped_names()
   return names
 end
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = require("helpers").try_read
 
 -- Where two texts first differ: line and column, and both sides from a
 -- little before that column (a generated line runs to hundreds of

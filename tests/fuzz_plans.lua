@@ -16,7 +16,7 @@
 --
 -- Input I depends only on (seed, I), so a failure reproduces with
 -- --seed N --only I (the input is also saved under build/fuzz/).
-package.path = "./?.lua;" .. package.path
+package.path = "./?.lua;./tests/lua/?.lua;" .. package.path
 
 local util = require("gen.util")
 local plan = require("gen.plan")
@@ -46,19 +46,8 @@ local LUA = os.getenv("LUA") or "lua5.4"
 local DIR = "build/fuzz"
 local PER_INPUT_SECONDS = 60 -- CPU seconds in-process, wall seconds through the CLI
 
-local function read(path)
-  local fh = io.open(path, "rb")
-  if not fh then return nil end
-  local s = fh:read("a")
-  fh:close()
-  return s
-end
-
-local function write(path, s)
-  local fh = assert(io.open(path, "wb"))
-  fh:write(s)
-  fh:close()
-end
+local H = require("helpers")
+local read, write = H.try_read, H.write
 
 local function sh_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 

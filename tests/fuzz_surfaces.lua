@@ -33,7 +33,7 @@
 -- Inputs 1..#CORPUS are fixed shapes, one per class known to have broken a
 -- surface; every later input I depends only on (seed, I), so a failure reproduces with
 -- --seed N --only I; its files are also kept under build/fuzz/surfaces-fail-N-I/.
-package.path = "./?.lua;" .. package.path
+package.path = "./?.lua;./tests/lua/?.lua;" .. package.path
 
 -- per_input: CPU seconds (ulimit -t: a loaded machine does not fail a bounded input), and 1.5
 -- times that in wall-clock seconds (a process blocked in a FIFO uses no CPU). The issue's own
@@ -72,19 +72,8 @@ local function sh(cmd)
   return rc
 end
 
-local function read(path)
-  local fh = io.open(path, "rb")
-  if not fh then return nil end
-  local s = fh:read("a")
-  fh:close()
-  return s
-end
-
-local function write(path, s)
-  local fh = assert(io.open(path, "wb"), path)
-  fh:write(s)
-  fh:close()
-end
+local H = require("helpers")
+local read, write = H.try_read, H.write
 
 -- What a path is, without following a symlink: "symbolic link", "regular file", ... or nil.
 local function kind_of(path)

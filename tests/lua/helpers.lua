@@ -57,12 +57,18 @@ function H.generic(world, parallel, units, fsdp)
   return table.concat(lines, "\n")
 end
 
--- A file's bytes.
-function H.read(path)
-  local fh = assert(io.open(path, "rb"))
+-- A file's bytes, or nil where it cannot be opened.
+function H.try_read(path)
+  local fh = io.open(path, "rb")
+  if not fh then return nil end
   local s = fh:read("a")
   fh:close()
   return s
+end
+
+-- A file's bytes (it must exist).
+function H.read(path)
+  return (assert(H.try_read(path), path))
 end
 
 -- The shipped plan files, sorted.
@@ -95,11 +101,15 @@ function H.tmpdir()
   return d
 end
 
--- Writes text to path, creating its directory first.
+-- Writes text to path, creating its directory where it is missing.
 function H.write(path, text)
-  local dir = path:match("^(.*)/[^/]*$")
-  if dir then assert(os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")) end
-  local fh = assert(io.open(path, "wb"))
+  local fh = io.open(path, "wb")
+  local dir = not fh and path:match("^(.*)/[^/]*$")
+  if dir then
+    assert(os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'"))
+    fh = io.open(path, "wb")
+  end
+  fh = assert(fh, path)
   fh:write(text)
   fh:close()
 end
