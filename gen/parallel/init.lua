@@ -12,8 +12,8 @@
 --
 --   name, label   "tp", "TP": its name, and how refusals name it
 --   dims          the ParallelDims degrees it implements ({ "tp" }); a
---                 degree > 1 that no module implements is refused
---                 (check_supported below)
+--                 degree without a module is an internal error
+--                 (check_supported below: every one has a module)
 --   groups        the process-group families its ops name (gen/groups.lua
 --                 builds every family of the mesh; tests/lua/test_parallel
 --                 checks each op's group is declared by a used module)
@@ -90,51 +90,24 @@
 -- Costs need no hook yet: gen/cost.lua prices every collective from its
 -- kind's descriptor and its group's links.
 local dims = require("gen.dims")
-local util = require("gen.util")
 
 local parallel = {}
 
 parallel.MODULES = { require("gen.parallel.pp"), require("gen.parallel.tp"), require("gen.parallel.cp"),
                      require("gen.parallel.ep"), (require("gen.parallel.fsdp")) }
 
--- The degrees no module implements, in the order refusals have always
--- named them (each has a module now: gen/parallel/cp.lua, ep.lua, pp.lua;
--- the combinations a module does not plan are refused by its rules).
-local UNIMPLEMENTED_ORDER = { "cp", "ep", "pp" }
-
--- What commplan generates, in mesh order: "FSDP/HSDP/TP plans (dp_shard,
--- dp_replicate, tp)".
-local function generated_text()
-  local pos = {}
-  for i, n in ipairs(dims.ORDER) do pos[n] = i end
-  pos.ep = #dims.ORDER + 1 -- (ep is no dim of the dense mesh: it borrows dp_shard's ranks)
-  local mods = {}
-  -- (a module that plans but does not generate yet is not named: PP)
-  for _, m in ipairs(parallel.MODULES) do
-    if not m.plans_only then mods[#mods + 1] = m end
-  end
-  table.sort(mods, function(a, b) return pos[a.dims[1]] < pos[b.dims[1]] end)
-  local labels, names = {}, {}
-  for _, m in ipairs(mods) do
-    labels[#labels + 1] = m.label
-    for _, n in ipairs(m.dims) do names[#names + 1] = n end
-  end
-  return string.format("%s plans (%s)", table.concat(labels, "/"), table.concat(names, ", "))
-end
-
--- Refuses a degree > 1 that no module implements, then each module's
--- check_dims (the combinations it does not plan). tests/titan/dims_dump.lua
--- runs it (as gen/plan.lua.check_supported) after gen/dims.lua's infer.
+-- Each module's check_dims (the combinations it does not plan), after
+-- the invariant that every ParallelDims degree has a module (every one
+-- does: a degree without one would be this generator's bug, not the
+-- plan's). tests/titan/dims_dump.lua runs it (as gen/plan.lua's
+-- check_supported) after gen/dims.lua's infer.
 function parallel.check_supported(ctx, d)
   local implemented = {}
   for _, m in ipairs(parallel.MODULES) do
     for _, n in ipairs(m.dims) do implemented[n] = true end
   end
-  for _, name in ipairs(UNIMPLEMENTED_ORDER) do
-    if not implemented[name] and d[name] > 1 then
-      util.field_error(ctx, "parallel." .. name, string.format(
-        "%s=%d: commplan generates %s only so far; set %s=1", name, d[name], generated_text(), name))
-    end
+  for _, name in ipairs(dims.ORDER) do
+    if d[name] > 1 and not implemented[name] then error("internal: no parallelism module implements " .. name, 0) end
   end
   for _, m in ipairs(parallel.MODULES) do
     if m.check_dims then m.check_dims(ctx, d) end

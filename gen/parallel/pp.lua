@@ -42,7 +42,6 @@ local fmt = string.format
 
 local pp = {
   name = "pp", label = "PP", dims = { "pp" }, groups = { "pp" },
-  plans_only = true, -- (not named among what commplan generates)
   predicts = false,
 }
 
