@@ -227,6 +227,9 @@ function advisor.pipeline(loaded, res)
         cand.training.local_batch_size = global // dp
         cand.fsdp = copy(loaded.fsdp)
         cand.fsdp.micro_steps = 1 -- under PP the microbatches are the pipeline's
+        -- (FSDP as torchtitan runs it under PP, whatever the plan sets for its own mesh)
+        cand.ctx = copy(loaded.ctx)
+        cand.ctx.fsdp_given = nil
         cand.pipeline = { microbatches = global // dp }
         local ok, r = pcall(report.rows, cand, { skip_step_proof = true })
         if not ok then

@@ -531,6 +531,8 @@ function load_plan.normalize(ctx, raw)
   check_family_keys(ctx, model)
   plan.model = model
   local f = plan.fsdp
+  -- (as given, before the defaults: a module whose own setting differs refuses a given one)
+  ctx.fsdp_given = { reshard_after_forward = f.reshard_after_forward, grad_accumulation = f.grad_accumulation }
   if f.reshard_after_forward == nil then f.reshard_after_forward = true end
   f.micro_steps = f.micro_steps or 1
   f.reduce_op = f.reduce_op or "avg"

@@ -366,6 +366,19 @@ function report.refuse(loaded)
       pl.schedule) or "needs pipeline.schedule: the multi-stage schedule class whose actions the CSV gives "
       .. "(torch's schedule._load_csv)")
   end
+  -- FSDP as torchtitan applies it under PP (gen/parallel/pp.lua's settings): a
+  -- plan's own setting that would be overridden is refused
+  local given = ctx and ctx.fsdp_given or {}
+  if given.reshard_after_forward == true then
+    util.field_error(ctx, "fsdp.reshard_after_forward", "true: under PP torchtitan keeps each stage's parameters "
+      .. "unsharded from forward to backward (distributed/fsdp.py:74, the \"default\" policy: not pp_enabled), "
+      .. "and the pipeline's tables plan that; its \"always\" policy is not planned: remove the setting")
+  end
+  if given.grad_accumulation and given.grad_accumulation ~= "step_end" then
+    util.field_error(ctx, "fsdp.grad_accumulation", string.format("%q: under PP each stage reduces its gradients "
+      .. "once, after the last microbatch (torch's pipelining: no sync in backward, REDUCE_GRAD), which is "
+      .. "\"step_end\"; remove the setting", given.grad_accumulation))
+  end
   if loaded.fsdp and (loaded.fsdp.micro_steps or 1) > 1 then
     util.field_error(ctx, "fsdp.micro_steps", string.format("micro_steps=%d: under PP the step's microbatches are "
       .. "the pipeline's (pipeline.microbatches, torch's schedule runs them); remove fsdp.micro_steps",

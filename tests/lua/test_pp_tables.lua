@@ -273,6 +273,23 @@ function T.torchtitan_pipeline_defaults()
     "pipeline.csv:", "needs pipeline.schedule")
 end
 
+-- FSDP as torchtitan runs it under PP (no reshard after forward,
+-- gradients reduced after the last microbatch): a plan that sets either
+-- otherwise is refused, naming the field, not silently overridden; the
+-- values PP runs anyway are accepted.
+function T.fsdp_settings_pp_would_override_are_refused()
+  local function with(extra)
+    local src, n = SRC:gsub('fsdp = {', "fsdp = { " .. extra .. ",", 1)
+    H.eq(n, 1, "the plan's fsdp section")
+    return src
+  end
+  H.plan_fails(with("reshard_after_forward = true"), "fsdp.reshard_after_forward:", "distributed/fsdp.py:74")
+  H.plan_fails(with("grad_accumulation = \"sync_last\""), "fsdp.grad_accumulation:", "\"sync_last\"", "step_end")
+  local p = plan.from_source(with("reshard_after_forward = false, grad_accumulation = \"step_end\""),
+    "tests/pp/plans/pp_tiny.lua")
+  H.eq(p.fsdp.reshard_after_forward, false, "runs without reshard after forward")
+end
+
 -- SCHEDULE.md's op table of a pipeline rank (issue 34, item 3): folded
 -- three times, and still every op of the rank's tables stands in exactly
 -- one row, in issue order; llama405b's report (rank 0's table, the others'
