@@ -227,6 +227,14 @@ torch_lane() {
     titan_f7=$(logname "$titan_cp"); timeout 600 "$live_py" tests/titan/test_cp_record.py >"$titan_f7" 2>&1
     titan_result "$titan_cp" "$titan_f7" $?; grep -h "^cp_record: " "$titan_f7" | sed "s/^/        /"
   else skipped "$titan_cp" "no torch environment (make torch-env exit $live_rc)"; fi
+  # Issue 35: every mesh of degrees 1 and 2 over (dp_replicate, dp_shard, cp, tp, pp, ep) per family,
+  # commplan's generator against torchtitan's own Trainer path (fake process group), and a sample simulated.
+  titan_matrix="the composition matrix: 5 families x every mesh of degrees 1 and 2 over dp_replicate, dp_shard, cp, tp, pp, ep, planned (proofs, simulated in both arithmetics) or refused exactly where torchtitan 0.3's own Trainer path refuses it (tests/matrix/test_matrix.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_f9=$(logname "$titan_matrix"); timeout 900 "$live_py" tests/matrix/test_matrix.py >"$titan_f9" 2>&1
+    titan_result "$titan_matrix" "$titan_f9" $?
+    grep -h "^matrix: \|^DISAGREEMENT \|^SIMULATION FAILED " "$titan_f9" | head -n 12 | sed "s/^/        /"
+  else skipped "$titan_matrix" "no torch environment (make torch-env exit $live_rc)"; fi
 
   # torch 2.15's own torchrun launching plan binaries on CPU: the launch path
   # up to NCCL (--rendezvous-only): torchrun's store as the id channel with

@@ -188,10 +188,10 @@ local function check_advise(path, src, step_text, doc)
   else
     local row = text:match("\n(| %d+ |[^\n]*%(the plan's mesh%) |)")
     local c = cells_of(row)
-    H.eq(c[5], doc.audit.settings.activation_checkpointing, path .. " advise: the plan's policy")
-    agrees(c[6], tl.step_us, path .. " advise: the plan's step")
-    agrees(c[7], tl.compute_us, path .. " advise: the plan's compute")
-    agrees(c[8], tl.exposed_comm_us, path .. " advise: the plan's exposed")
+    H.eq(c[7], doc.audit.settings.activation_checkpointing, path .. " advise: the plan's policy")
+    agrees(c[8], tl.step_us, path .. " advise: the plan's step")
+    agrees(c[9], tl.compute_us, path .. " advise: the plan's compute")
+    agrees(c[10], tl.exposed_comm_us, path .. " advise: the plan's exposed")
   end
   -- The printed order: the rule it states.
   local prev
@@ -199,16 +199,18 @@ local function check_advise(path, src, step_text, doc)
   -- (the main table: the pipeline section's own table comes after it)
   for row in (text:match("^(.-)\n## With pipeline parallel") or text):gmatch("\n(| %d+ | [^\n]*)") do
     local c = cells_of(row)
-    local step = parse_us(c[6], path)
-    local mv, mu = c[9]:match("^(%S+) (%a+)$")
-    local x = { rank = tonumber(c[1]), fits = c[10]:sub(1, 3) == "yes", step = step, mem = tonumber(mv) * GIB[mu],
-                t = tonumber(c[4]), r = tonumber(c[2]) }
+    -- (| # | dp_replicate | dp_shard | cp | tp | ep | checkpointing | step | compute | exposed | memory | fits |)
+    local step = parse_us(c[8], path)
+    local mv, mu = c[11]:match("^(%S+) (%a+)$")
+    local x = { rank = tonumber(c[1]), fits = c[12]:sub(1, 3) == "yes", step = step, mem = tonumber(mv) * GIB[mu],
+                t = tonumber(c[5]), cp = tonumber(c[4]), e = tonumber(c[6]), r = tonumber(c[2]) }
     if prev then
       H.eq(x.rank, prev.rank + 1, path .. " advise rows in rank order")
       assert(prev.fits or not x.fits, path .. ": a mesh that fits after one that does not")
       if x.fits and prev.fits then
         assert(prev.step < x.step or (prev.step == x.step and (prev.mem < x.mem or (prev.mem == x.mem and
-          (prev.t < x.t or (prev.t == x.t and prev.r <= x.r))))), path .. ": out of order:\n" .. row)
+          (prev.t < x.t or (prev.t == x.t and (prev.cp < x.cp or (prev.cp == x.cp and (prev.e < x.e
+            or (prev.e == x.e and prev.r <= x.r))))))))), path .. ": out of order:\n" .. row)
       elseif not x.fits and not prev.fits then
         assert(prev.mem <= x.mem, path .. ": meshes that do not fit by memory")
       end
@@ -218,7 +220,7 @@ local function check_advise(path, src, step_text, doc)
   local top = text:match("Fastest predicted step of the %d+ meshes that fit: (%S+ %a+)")
   if top then
     local first = cells_of(text:match("\n(| 1 | [^\n]*)"))
-    H.eq(top, first[6], path .. " advise: the top choice is row 1")
+    H.eq(top, first[8], path .. " advise: the top choice is row 1")
   end
 end
 
@@ -270,10 +272,15 @@ local function check_plan(path, with_advise)
   if with_advise then check_advise(path, src, step, doc) end
 end
 
+-- (deepseek_v3's advice, 104 meshes of 512 ranks with ep explored, ~30 s,
+-- under make test-full only, as llama405b_hsdp's)
+local ADVISE_FULL_ONLY = { ["plans/deepseek_v3.lua"] = true }
+
 function T.every_output_agrees_small_plans()
   local n = 0
+  local full = os.getenv("COMMPLAN_TEST_TIER") == "full"
   for _, path in ipairs(plan_files()) do
-    if not path:match("^plans/llama%d") then check_plan(path, true); n = n + 1 end
+    if not path:match("^plans/llama%d") then check_plan(path, full or not ADVISE_FULL_ONLY[path]); n = n + 1 end
   end
   assert(n >= 10, "small plans checked: " .. n)
 end

@@ -661,4 +661,31 @@ function T.moe_schedule_md_folds_interleaved_units()
   end
 end
 
+-- The advisor explores cp for a long-context plan and ep for an MoE plan
+-- (issue 35, item 4): llama8b_cp (seq_len 131,072, cp 8) ranks meshes of
+-- every cp it can run, with and without cp; mixtral8x7b (8 experts, ep 8)
+-- ranks ep 1, 2, 4 and 8, and no mesh is refused for an ep its dp_shard x
+-- cp x tp does not hold (such an ep is no mesh of that world); llama8b
+-- (seq_len 8,192) keeps cp 1 and has no ep.
+function T.advisor_explores_cp_and_ep()
+  local advisor = require("gen.advisor")
+  local function rank(path) return advisor.rank(require("gen.load").source(read(path), path), { no_pipeline = true }) end
+  local res = rank("plans/llama8b_cp.lua")
+  H.eq(table.concat(res.cps, ","), "1,2,4,8,16", "cp degrees of a long-context plan")
+  local cps = {}
+  for _, x in ipairs(res.results) do cps[x.cp] = true end
+  assert(cps[1] and cps[8] and cps[16], "meshes with and without cp ranked")
+  local text = advisor.report(read("plans/llama8b_cp.lua"), "plans/llama8b_cp.lua", { top = 1000 })
+  assert(text:find("Explored: cp over 1, 2, 4, 8, 16", 1, true), "the report says cp was explored")
+  res = rank("plans/mixtral8x7b.lua")
+  H.eq(table.concat(res.eps, ","), "1,2,4,8", "ep degrees of mixtral's 8 experts")
+  local eps = {}
+  for _, x in ipairs(res.results) do eps[x.e] = true end
+  assert(eps[1] and eps[2] and eps[4] and eps[8], "every ep ranked")
+  for _, x in ipairs(res.rejected) do assert(not x.why:find("must divide dp_shard", 1, true), x.mesh .. ": " .. x.why) end
+  res = rank("plans/llama8b.lua")
+  H.eq(table.concat(res.cps, ","), "1", "a short-context plan keeps cp 1")
+  H.eq(table.concat(res.eps, ","), "1", "a dense model has no ep")
+end
+
 return T
