@@ -24,7 +24,8 @@ Accepted, or refused with its exception.
 Verdicts, per mesh:
   planned     both accept; commplan's plan passed its proofs (gen/plan.lua raises otherwise);
               the simulation sample below builds and runs it;
-  refused     both refuse;
+  refused     both refuse, for the same reason (CAUSES: torchtitan's exception against the plan
+              field commplan's one line names);
   ignored     torchtitan accepts ep > 1 on a family without routed experts (llama, qwen3) and
               leaves it unused -- checked live: every parameter's placements and mesh are those of
               the same mesh at ep = 1 -- and commplan refuses the setting that would be ignored
@@ -258,6 +259,26 @@ def titan_side(cs, jobs):
 
 # ---- the comparison ----
 
+# torchtitan's refusals by what they are about, and the plan fields commplan's refusal of the same
+# mesh must name: both must refuse for the same reason, not just both refuse. A torchtitan
+# refusal matching none is a disagreement until it is classified here.
+CAUSES = (
+    # ParallelDims.build_mesh: efsdp = dp_shard * cp * tp // ep is 0 (ep does not divide what it borrows)
+    ("unflatten", ("parallel.ep",)),
+    # trainer.py:306-315, pipeline_parallel.py's batch / microbatch checks, the CP block mask
+    ("sequence length", ("model.seq_len",)),
+    ("microbatch", ("pipeline.microbatch_size", "training.local_batch_size", "pipeline.microbatches")),
+    ("stages", ("parallel.pp", "pipeline.schedule", "pipeline.layers_per_stage")),
+    ("CP is not supported", ("parallel.cp",)),
+)
+
+
+def same_cause(why, field):
+    for needle, fields in CAUSES:
+        if needle in why:
+            return field in fields
+    return False
+
 def ep_ignored(fam, d, titan):
     """torchtitan accepted ep > 1 on a family without routed experts and left it unused: every
     parameter's placements, mesh and shape equal those at ep = 1 (the same mesh otherwise)."""
@@ -325,15 +346,16 @@ def main():
         if m["ok"] and t["ok"]:
             v = "planned"
             planned.append((cid, fam, d))
-        elif not m["ok"] and not t["ok"]:
+        elif not m["ok"] and not t["ok"] and same_cause(t["why"], m["field"]):
             v = "refused"
-        elif not m["ok"] and ep_ignored(fam, d, titan):
+        elif not m["ok"] and "needs routed experts" in m["msg"] and ep_ignored(fam, d, titan):
             v = "ignored"
         else:
             v = "disagreement"
-            bad.append("%s: commplan %s; torchtitan %s" % (
+            bad.append("%s: commplan %s; torchtitan %s%s" % (
                 fmt(fam, d), "plans it" if m["ok"] else "refuses: " + m["msg"],
-                "accepts it" if t["ok"] else "refuses: " + t["why"]))
+                "accepts it" if t["ok"] else "refuses: " + t["why"],
+                " (both refuse, for different reasons)" if not m["ok"] and not t["ok"] else ""))
         counts[v] += 1
         per_fam[fam][v] += 1
         if a.table:
