@@ -49,7 +49,7 @@ function cp.check_dims(ctx, d)
       .. "(all-to-all over heads) context parallel; their cp all-gathers K and V over the sequence "
       .. "(docs/context-parallel.md): remove ulysses_degree", d.ulysses_degree)
   end
-  for _, name in ipairs({ "tp", "pp", "ep" }) do
+  for _, name in ipairs({ "tp", "ep" }) do
     if d[name] > 1 then
       refuse(ctx, "parallel.cp", "cp=%d with %s=%d: context parallel is planned with FSDP and HSDP only "
         .. "(torchtitan's cp with %s is not modelled yet); set cp=1 or %s=1", d.cp, name, d[name], name, name)

@@ -90,7 +90,7 @@ end
 
 -- Per stage (0-based) of one split: its units, and the costs the timed run
 -- takes for one microbatch (p is one microbatch's plan): compute, and TP's
--- activation collectives on the compute stream (forward's in F, backward's
+-- activation collectives on the compute stream (and CP's K/V exchange; forward's in F, backward's
 -- and full checkpointing's rerun of the forward's in B and in zero
 -- bubble's I; under async TP what of each its matmul does not hide,
 -- gen/timeline.lua's exposed_tp_us).
@@ -98,7 +98,9 @@ local function stage_costs(p, split)
   local s = compute.settings(p)
   local per_unit = compute.units(p, s)
   local tp_fwd, tp_bwd = {}, {}
-  if p.dims.tp > 1 then
+  -- (CP's K/V all-gathers and reduce-scatters run on the compute stream
+  -- too, gen/parallel/cp.lua: counted as TP's, a plan without either has none)
+  do
     local timeline = require("gen.timeline")
     for _, o in ipairs(p.ops) do
       if o.group and o.stream == "compute" and o.micro_step == 0 then
@@ -195,7 +197,7 @@ end
 local function prove_step(p, sched, costs, act_numel, act_dtype)
   local of_units = stage_fsdp_of(p)
   local function stage_fsdp(stage) return of_units(costs[stage].units) end
-  local events = pp_sequence.expected(sched, { dp_shard = p.dims.dp_shard, dp_replicate = p.dims.dp_replicate,
+  local events = pp_sequence.expected(sched, { dp_shard = p.layout.W, dp_replicate = p.dims.dp_replicate,
                                                act_numel = act_numel,
                                                act_dtype = act_dtype, stage_fsdp = stage_fsdp })
   return step_proof.prove(events)
@@ -398,7 +400,7 @@ function report.refuse(loaded)
   -- the pipeline's size, bounded before anything is built (pp_stages.check_size)
   local d = require("gen.dims").infer(ctx, loaded.parallel, loaded.world_size)
   local n_layers = require("gen.models.llama").config(ctx, loaded.model).n_layers
-  stages_mod.check_size(ctx, { microbatches = n, dp = d.dp_shard * d.dp_replicate, units = n_layers + 3,
+  stages_mod.check_size(ctx, { microbatches = n, dp = d.dp_shard * d.cp * d.dp_replicate, units = n_layers + 3,
     -- (the most stages any schedule class splits the model into: the audit in SCHEDULE.md runs them all)
     num_stages = stages_mod.stage_count({ pp = pp, n_layers = n_layers,
       layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
@@ -590,10 +592,11 @@ function report.text(loaded)
   end
   local c = shown.step
   local R = p.dims.dp_replicate or 1
-  w("whole-step proof (gen/parallel/pp_step_proof.lua), one queue per rank on pp %d x %sdp_shard %d = %d ranks (TP "
+  w("whole-step proof (gen/parallel/pp_step_proof.lua), one queue per rank on pp %d x %sdp_shard %d%s = %d ranks (TP "
     .. "ranks alike): %s's %d events, %d FSDP collectives on %d groups and %d sends matched to their receives"
     .. "%s cannot deadlock; every schedule with a row passed it", pp,
-    R > 1 and string.format("dp_replicate %d x ", R) or "", p.dims.dp_shard, c.ranks, shown.name,
+    R > 1 and string.format("dp_replicate %d x ", R) or "", p.dims.dp_shard,
+    p.dims.cp > 1 and string.format(" x cp %d (FSDP's shard group)", p.dims.cp) or "", c.ranks, shown.name,
     c.events, c.collectives, c.groups, c.p2p, c.batches > 0 and string.format(" (%d coalesced batches)", c.batches)
     or "")
   w("")
