@@ -784,6 +784,11 @@ run "generate bench/llama405b_pp (512 ranks, FSDP 8 x TP 8 x PP 8, 16 microbatch
 run "build tests/pp/plans/pp_tiny_tp (pipeline: pp 2 x dp_shard 2 x tp 2, Interleaved1F1B)" $MAKE PLAN=tests/pp/plans/pp_tiny_tp.lua OUT=build/gen/pp_tiny_tp
 run "simulate pp_tiny_tp: 8 ranks, 2 steps, every message, TP activation and reduced grad exact (both arithmetics)" bash -c "
   build/pp_tiny_tp/pp_tiny_tp --simulate --steps 2 && build/pp_tiny_tp/pp_tiny_tp --simulate --steps 2 --arith nccl"
+# CP x PP (docs/pipeline.md): pp 2 x cp 2, 1F1B, the K/V exchange inside each stage
+# (tests/titan/test_cppp_record.py holds its tables to torchtitan's pipeline live).
+run "build tests/plans/llama_tiny_cppp (pipeline: pp 2 x cp 2, 1F1B)" $MAKE PLAN=tests/plans/llama_tiny_cppp.lua OUT=build/gen/llama_tiny_cppp
+run "simulate llama_tiny_cppp: 4 ranks, 2 steps, every message, K/V exchange and reduced grad exact (both arithmetics)" bash -c "
+  build/llama_tiny_cppp/llama_tiny_cppp --simulate --steps 2 && build/llama_tiny_cppp/llama_tiny_cppp --simulate --steps 2 --arith nccl"
 
 section "the GPU path on an emulated CUDA runtime and NCCL (tests/emu, docs/emulator.md): no GPU needed"
 # runtime/gpu.c, gpu_run.c, the launch and rendezvous code and the copy

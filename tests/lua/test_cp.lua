@@ -173,7 +173,7 @@ function T.refusals()
 end
 
 -- The advisor keeps the plan's cp in every mesh it ranks (a cp group shares
--- its sequences) and ranks no pipeline mesh (cp with pp is not planned).
+-- its sequences) and ranks no pipeline mesh (gen/advisor.lua does not rank pipeline meshes with cp yet).
 function T.advisor_keeps_cp()
   local advisor = require("gen.advisor")
   local load = require("gen.load")
