@@ -24,8 +24,9 @@ the CP K/V exchange is the tp_all_gather / tp_reduce_scatter ops on group "cp".
 
 Checks: every rank, every step, every event equal: 0 differences; and the comparison can fail: the
 recording against the plan without cp (pp 2 x dp_shard 2: the same FSDP groups, no K/V exchange, the
-activations seq_len long) differs. Schedules: 1F1B and GPipe (COMMPLAN_TEST_TIER=quick: 1F1B;
---schedules picks).
+activations seq_len long) differs. Schedules: 1F1B, GPipe (single-stage), Interleaved1F1B and
+ZBVZeroBubble (two stages per rank: UNSHARD / REDUCE_GRAD actions, zero bubble's I and W);
+COMMPLAN_TEST_TIER=quick: 1F1B and Interleaved1F1B; --schedules picks.
 
 Prints one "cppp_record:" line; exit 0 when every check holds, 1 otherwise, 77 (SKIP) without torch and
 torchtitan. --record-only records and prints the sequences.
@@ -45,7 +46,8 @@ NAME = "CP x PP collectives and sends/receives vs commplan's tables (tests/titan
 OUT = os.path.join(E.ROOT, "build", "titan")
 WORLD, PP, CP = 4, 2, 2
 SEQ, BATCH, MB_SIZE, STEPS = C.SEQ, C.BATCH, 1, 2
-SCHEDULES = ("1F1B", "GPipe")
+SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble")
+QUICK = ("1F1B", "Interleaved1F1B")  # make test's quick tier: a single-stage and a multi-stage schedule
 
 
 # ---- torchtitan's side (one process per rank) ----
@@ -255,7 +257,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--record-only", action="store_true", help="record and print the sequences; no commplan")
     quick = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
-    ap.add_argument("--schedules", default="1F1B" if quick else ",".join(SCHEDULES))
+    ap.add_argument("--schedules", default=",".join(QUICK if quick else SCHEDULES))
     a = ap.parse_args()
     E.need_titan(NAME)
     schedules = [s for s in a.schedules.split(",") if s]
@@ -292,7 +294,7 @@ def main():
                                             None, want[at] if at is not None and at < len(want) else None))
         print("  %-5s %d ranks x %d steps: %d events per step on rank 0, commplan's tables %d; losses %s" % (
             s, WORLD, STEPS, len(rec[0][s]["steps"][0]), len(table_step(plans[s], 0)),
-            ", ".join("%.4f" % x for x in rec[WORLD - 1][s]["losses"])))
+            ", ".join("%.4f" % x for x in next(r[s]["losses"] for r in rec if r[s]["losses"]))))
     # The comparison can fail: the recording against the plan without cp (dp_shard 2 in its place).
     first = schedules[0]
     nocp = plan_for("cppp_nocp", {"pp": PP, "dp_shard": CP}, first)
@@ -310,7 +312,7 @@ def main():
               compared, ", ".join("%d %s" % (v, k) for k, v in sorted(kinds.items())), len(schedules), WORLD, STEPS,
               PP, CP, version("torchtitan"), E.versions()[0], len(problems)))
     if quick:
-        print("quick tier: 1F1B only; make test-full runs %s" % ", ".join(SCHEDULES))
+        print("quick tier: %s; make test-full runs %s" % (", ".join(QUICK), ", ".join(SCHEDULES)))
     return 1 if problems else 0
 
 
