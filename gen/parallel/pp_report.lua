@@ -89,8 +89,9 @@ local function stage_loaded(loaded, pp, n)
 end
 
 -- Per stage (0-based) of one split: its units, and the costs the timed run
--- takes for one microbatch (p is one microbatch's plan): compute, and TP's
--- activation collectives on the compute stream (and CP's K/V exchange; forward's in F, backward's
+-- takes for one microbatch (p is one microbatch's plan): compute, and the
+-- collectives on the compute stream, TP's activation collectives and CP's
+-- K/V exchange (forward's in F, backward's
 -- and full checkpointing's rerun of the forward's in B and in zero
 -- bubble's I; under async TP what of each its matmul does not hide,
 -- gen/timeline.lua's exposed_tp_us).
@@ -98,20 +99,16 @@ local function stage_costs(p, split)
   local s = compute.settings(p)
   local per_unit = compute.units(p, s)
   local tp_fwd, tp_bwd = {}, {}
-  -- (CP's K/V all-gathers and reduce-scatters run on the compute stream
-  -- too, gen/parallel/cp.lua: counted as TP's, a plan without either has none)
-  do
-    local timeline = require("gen.timeline")
-    for _, o in ipairs(p.ops) do
-      if o.group and o.stream == "compute" and o.micro_step == 0 then
-        local us = timeline.exposed_tp_us(o, s, p.dims.tp)
-        local into = o.phase == "forward" and tp_fwd or tp_bwd
-        into[o.unit] = (into[o.unit] or 0) + us
-      end
+  local timeline = require("gen.timeline")
+  for _, o in ipairs(p.ops) do
+    if o.group and o.stream == "compute" and o.micro_step == 0 then
+      local us = timeline.exposed_tp_us(o, s, p.dims.tp)
+      local into = o.phase == "forward" and tp_fwd or tp_bwd
+      into[o.unit] = (into[o.unit] or 0) + us
     end
-    for _, o in ipairs(timeline.recomputed(p, s)) do
-      if o.micro_step == 0 then tp_bwd[o.unit] = (tp_bwd[o.unit] or 0) + timeline.exposed_tp_us(o, s, p.dims.tp) end
-    end
+  end
+  for _, o in ipairs(timeline.recomputed(p, s)) do
+    if o.micro_step == 0 then tp_bwd[o.unit] = (tp_bwd[o.unit] or 0) + timeline.exposed_tp_us(o, s, p.dims.tp) end
   end
   local by_name = {}
   for _, u in ipairs(p.layout.units) do by_name[u.name] = u end
