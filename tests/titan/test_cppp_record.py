@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Context parallel inside a pipeline (CP x PP), torchtitan 0.3 recorded live on gloo, against plan.json.
 
-torchtitan's own path on 4 CPU ranks over gloo, mesh [pp 2, cp 2] (ParallelDims, pp outermost): its
-llama3 (tests/titan/test_cp_record.py's tiny model and CPU stand-ins), split and parallelized by the
+torchtitan's own path on CPU ranks over gloo, ParallelDims' mesh [pp 2, cp 2] (world 4) and, in the
+full tier, [pp 2, dp_shard 2, cp 2] (world 8: FSDP over dp_shard x cp, 4 ranks, beside the cp pairs),
+pp outermost: its llama3 (tests/titan/test_cp_record.py's tiny model and CPU stand-ins), split and
+parallelized by the
 model's pipelining_fn, pipeline_llm (distributed/pipeline_parallel.py:65: _pipeline_module_split into
 stages with torchtitan's own split, parallelize_llama on every stage's module, so FSDP over
 dp_shard x cp and the CP attention inside each stage; _build_pipeline_schedule with
@@ -23,10 +25,10 @@ for that rank, its sends and receives with the peer pipeline rank's global rank 
 the CP K/V exchange is the tp_all_gather / tp_reduce_scatter ops on group "cp".
 
 Checks: every rank, every step, every event equal: 0 differences; and the comparison can fail: the
-recording against the plan without cp (pp 2 x dp_shard 2: the same FSDP groups, no K/V exchange, the
-activations seq_len long) differs. Schedules: 1F1B, GPipe (single-stage), Interleaved1F1B and
+recording against the plan without cp (dp_shard x cp as dp_shard: the same FSDP groups, no K/V
+exchange, the activations seq_len long) differs. Schedules: 1F1B, GPipe (single-stage), Interleaved1F1B and
 ZBVZeroBubble (two stages per rank: UNSHARD / REDUCE_GRAD actions, zero bubble's I and W);
-COMMPLAN_TEST_TIER=quick: 1F1B and Interleaved1F1B; --schedules picks.
+COMMPLAN_TEST_TIER=quick: pp 2 x cp 2 with 1F1B and Interleaved1F1B; --cases MESH:SCHEDULE,... picks.
 
 Prints one "cppp_record:" line; exit 0 when every check holds, 1 otherwise, 77 (SKIP) without torch and
 torchtitan. --record-only records and prints the sequences.
@@ -44,10 +46,17 @@ import test_cp_record as C  # noqa: E402 (its recorder, stand-ins, model and pla
 E = C.E
 NAME = "CP x PP collectives and sends/receives vs commplan's tables (tests/titan/test_cppp_record.py)"
 OUT = os.path.join(E.ROOT, "build", "titan")
-WORLD, PP, CP = 4, 2, 2
+# name: the degrees (mesh [pp, dp_shard, cp], pp outermost); its world is their product
+MESHES = {"pp2_cp2": {"pp": 2, "cp": 2}, "pp2_dp2_cp2": {"pp": 2, "dp_shard": 2, "cp": 2}}
 SEQ, BATCH, MB_SIZE, STEPS = C.SEQ, C.BATCH, 1, 2
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble")
 QUICK = ("1F1B", "Interleaved1F1B")  # make test's quick tier: a single-stage and a multi-stage schedule
+# (the 8-rank mesh, FSDP over dp_shard x cp = 4 ranks beside the cp pairs, in the full tier: 1F1B)
+FULL_MESHES = {"pp2_cp2": SCHEDULES, "pp2_dp2_cp2": ("1F1B",)}
+
+
+def world_of(par):
+    return par["pp"] * par.get("dp_shard", 1) * par.get("cp", 1)
 
 
 # ---- torchtitan's side (one process per rank) ----
@@ -89,11 +98,12 @@ def paused_init(sched):
         setattr(sched, name, hooked)
 
 
-def worker(rank, init, out_dir, schedules):
+def worker(rank, init, out_dir, par, schedules):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=WORLD)
+    world, ds, cp = world_of(par), par.get("dp_shard", 1), par["cp"]
+    dist.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=world)
     C.cpu_stand_ins()
     record_p2p()
     import test_llama_plan as TL
@@ -110,14 +120,14 @@ def worker(rank, init, out_dir, schedules):
     set_spmd_backend("spmd_types")
     res, pd = {}, None
     for schedule in schedules:
-        parallelism = ParallelismConfig(data_parallel_shard_degree=1, context_parallel_degree=CP,
-                                        pipeline_parallel_degree=PP, pipeline_parallel_schedule=schedule,
+        parallelism = ParallelismConfig(data_parallel_shard_degree=ds, context_parallel_degree=cp,
+                                        pipeline_parallel_degree=par["pp"], pipeline_parallel_schedule=schedule,
                                         pipeline_parallel_microbatch_size=MB_SIZE, spmd_backend="spmd_types")
         training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
                                   mixed_precision_param="bfloat16", mixed_precision_reduce="float32",
                                   disable_cuda_graphs=True)  # (trainer.py:184: CUDA graphs refuse PP)
         if pd is None:  # one ParallelDims for every case (a second of the same mesh confuses fully_shard)
-            pd = ParallelDims.from_config(parallelism, WORLD)
+            pd = ParallelDims.from_config(parallelism, world)
             pd.build_mesh()
         torch.manual_seed(0)
         cfg = TL.titan_config(None, C.TITAN, False)
@@ -139,7 +149,8 @@ def worker(rank, init, out_dir, schedules):
         cp_mesh = pd.get_mesh("cp")
         steps, losses_out = [], []
         for step in range(STEPS):
-            g = torch.Generator().manual_seed(1000 + step)  # dp 1: every rank reads the same batch
+            # the data shard (mesh [pp, dp_shard, cp]): a cp group's ranks read the same batch
+            g = torch.Generator().manual_seed(1000 * ((rank // cp) % ds) + step)
             t = torch.randint(0, C.TITAN["vocab_size"], (BATCH, SEQ + 1), generator=g)
             arg_mbs, kwarg_mbs, target_mbs = [], [], []
             for i in range(BATCH // MB_SIZE):  # the trainer fetches each microbatch on its own
@@ -177,14 +188,14 @@ def _ranks(pd, name):
     return C._pg_ranks(pd.get_mesh(name).get_group())
 
 
-def record(schedules, out_dir):
+def record(par, schedules, out_dir):
     import tempfile
     import torch.multiprocessing as mp
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        mp.spawn(worker, args=(os.path.join(tmp, "init"), out_dir, schedules), nprocs=WORLD)
+        mp.spawn(worker, args=(os.path.join(tmp, "init"), out_dir, par, schedules), nprocs=world_of(par))
     out = []
-    for r in range(WORLD):
+    for r in range(world_of(par)):
         with open(os.path.join(out_dir, "rank%d.json" % r)) as fh:
             out.append(json.load(fh))
     return out
@@ -196,7 +207,7 @@ def plan_for(name, parallel, schedule):
     """commplan's plan.json of the model, mesh and schedule (test_cp_record's plan, with a pipeline)."""
     from commplan import plan_text
     model = dict(C.TITAN, family="llama", seq_len=SEQ)
-    text = plan_text(name, WORLD, model, parallel=dict(parallel),
+    text = plan_text(name, world_of(parallel), model, parallel=dict(parallel),
                      fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum"},
                      training={"local_batch_size": BATCH, "loss_chunks": 1})
     # (plan_text has no pipeline section: appended as docs/plan-files.md writes it)
@@ -257,62 +268,75 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--record-only", action="store_true", help="record and print the sequences; no commplan")
     quick = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
-    ap.add_argument("--schedules", default=",".join(QUICK if quick else SCHEDULES))
+    ap.add_argument("--cases", default=None, help="MESH:SCHEDULE,... (default: the tier's; meshes %s, schedules %s)"
+                    % (", ".join(MESHES), ", ".join(SCHEDULES)))
     a = ap.parse_args()
     E.need_titan(NAME)
-    schedules = [s for s in a.schedules.split(",") if s]
-    for s in schedules:
-        if s not in SCHEDULES:
-            sys.exit("test_cppp_record: schedule %r: the live check runs %s" % (s, ", ".join(SCHEDULES)))
+    if a.cases:
+        cases = [tuple(c.split(":", 1)) for c in a.cases.split(",") if c]
+    else:
+        cases = [("pp2_cp2", s) for s in QUICK] if quick else [(m, s) for m, ss in FULL_MESHES.items() for s in ss]
+    for m, s in cases:
+        if m not in MESHES or s not in SCHEDULES:
+            sys.exit("test_cppp_record: case %s:%s: meshes %s, schedules %s" % (m, s, ", ".join(MESHES),
+                                                                              ", ".join(SCHEDULES)))
+    meshes = sorted({m for m, _ in cases}, key=list(MESHES).index)
     plans = {}
     if not a.record_only:  # (commplan first: a refusal costs no torch run)
-        for s in schedules:
-            plans[s] = plan_for("cppp_" + s.lower(), {"pp": PP, "cp": CP}, s)
-    rec = record(schedules, os.path.join(OUT, "cppp_record"))
+        for m, s in cases:
+            plans[m, s] = plan_for("cppp_%s_%s" % (m, s.lower()), MESHES[m], s)
+    rec = {}
+    for m in meshes:  # one launch per mesh, its schedules one after the other
+        rec[m] = record(MESHES[m], [s for x, s in cases if x == m], os.path.join(OUT, "cppp_record", m))
     if a.record_only:
-        for s in schedules:
-            for r in range(WORLD):
-                print("== %s rank %d (pp %s, cp %s)" % (s, r, rec[r][s]["pp"], rec[r][s]["cp"]))
-                for e in rec[r][s]["steps"][0]:
+        for m, s in cases:
+            for r, rr in enumerate(rec[m]):
+                print("== %s %s rank %d (pp %s, cp %s)" % (m, s, r, rr[s]["pp"], rr[s]["cp"]))
+                for e in rr[s]["steps"][0]:
                     print("  ", e["kind"], e.get("peer", e.get("ranks")), e["count"], e["dtype"], e["shapes"],
                           e["via"])
         return 0
-    problems, compared, kinds = [], 0, {}
-    for s in schedules:
-        for r in range(WORLD):
-            want = table_step(plans[s], r)
-            for step, got in enumerate(rec[r][s]["steps"]):
+    problems, compared, kinds, ranks = [], 0, {}, 0
+    for m, s in cases:
+        for r, rr in enumerate(rec[m]):
+            want = table_step(plans[m, s], r)
+            ranks += 1
+            for step, got in enumerate(rr[s]["steps"]):
                 got = recorded(got)
                 n, at = C.diff(got, want)
                 compared += len(got)
                 if not n:
-                    for key in table_kinds(plans[s], r):
+                    for key in table_kinds(plans[m, s], r):
                         kinds[key] = kinds.get(key, 0) + 1
                 else:
-                    problems.append("%s rank %d step %d: %d differences, first at event %s: torchtitan %r, commplan "
-                                    "%r" % (s, r, step + 1, n, at, got[at] if at is not None and at < len(got) else
-                                            None, want[at] if at is not None and at < len(want) else None))
-        print("  %-5s %d ranks x %d steps: %d events per step on rank 0, commplan's tables %d; losses %s" % (
-            s, WORLD, STEPS, len(rec[0][s]["steps"][0]), len(table_step(plans[s], 0)),
-            ", ".join("%.4f" % x for x in next(r[s]["losses"] for r in rec if r[s]["losses"]))))
-    # The comparison can fail: the recording against the plan without cp (dp_shard 2 in its place).
-    first = schedules[0]
-    nocp = plan_for("cppp_nocp", {"pp": PP, "dp_shard": CP}, first)
-    n, at = C.diff(recorded(rec[0][first]["steps"][0]), table_step(nocp, 0))
+                    problems.append("%s %s rank %d step %d: %d differences, first at event %s: torchtitan %r, "
+                                    "commplan %r" % (m, s, r, step + 1, n, at, got[at] if at is not None and
+                                                     at < len(got) else None, want[at] if at is not None and
+                                                     at < len(want) else None))
+        print("  %-12s %-15s %d ranks x %d steps: %d events per step on rank 0, commplan's tables %d; losses %s" % (
+            m, s, len(rec[m]), STEPS, len(rec[m][0][s]["steps"][0]), len(table_step(plans[m, s], 0)),
+            ", ".join("%.4f" % x for x in next(rr[s]["losses"] for rr in rec[m] if rr[s]["losses"]))))
+    # The comparison can fail: the recording against the plan without cp (dp_shard in its place).
+    m, s = cases[0]
+    par = MESHES[m]
+    nocp = {"pp": par["pp"], "dp_shard": par.get("dp_shard", 1) * par["cp"]}
+    other = plan_for("cppp_nocp", nocp, s)
+    n, at = C.diff(recorded(rec[m][0][s]["steps"][0]), table_step(other, 0))
     if n == 0:
-        problems.append("%s: the plan without cp (pp %d x dp_shard %d) matched the recording too" % (first, PP, CP))
+        problems.append("%s %s: the plan without cp (%s) matched the recording too" % (m, s, nocp))
     else:
-        print("  %-5s against the plan without cp (pp %d x dp_shard %d): %d differences (first at event %d), as it "
-              "must" % (first, PP, CP, n, at))
+        print("  %-12s %-15s against the plan without cp (pp %d x dp_shard %d): %d differences (first at event %d), "
+              "as it must" % (m, s, nocp["pp"], nocp["dp_shard"], n, at))
     for p in problems[:20]:
         print("FAIL", p)
     from importlib.metadata import version
-    print("cppp_record: %d events compared (equal: %s) over %d schedule(s) x %d ranks x %d steps of pp %d x cp %d from "
-          "torchtitan %s (torch %s): %d differences" % (
-              compared, ", ".join("%d %s" % (v, k) for k, v in sorted(kinds.items())), len(schedules), WORLD, STEPS,
-              PP, CP, version("torchtitan"), E.versions()[0], len(problems)))
-    if quick:
-        print("quick tier: %s; make test-full runs %s" % (", ".join(QUICK), ", ".join(SCHEDULES)))
+    print("cppp_record: %d events compared (equal: %s) over %d cases (%s) x %d steps, %d rank-cases, from torchtitan %s "
+          "(torch %s): %d differences" % (
+              compared, ", ".join("%d %s" % (v, k) for k, v in sorted(kinds.items())), len(cases),
+              ", ".join("%s %s" % c for c in cases), STEPS, ranks, version("torchtitan"), E.versions()[0], len(problems)))
+    if quick and not a.cases:
+        print("quick tier: pp2_cp2 with %s; make test-full runs %s" % (
+            ", ".join(QUICK), "; ".join("%s with %s" % (m, ", ".join(ss)) for m, ss in FULL_MESHES.items())))
     return 1 if problems else 0
 
 
