@@ -186,7 +186,7 @@ function advisor.rank(loaded, opts)
   table.sort(results, advisor.before)
   local res = { results = results, rejected = rejected, world = world, topology = topo, global_batch = global,
                 plan_global = plan_global, cp = cp }
-  -- (pipeline meshes keep no cp: cp with pp is not planned, gen/parallel/cp.lua)
+  -- (pipeline meshes with cp are planned, docs/pipeline.md, but not ranked here yet)
   if loaded.model.family == "llama" and not opts.no_pipeline and cp == 1 then
     res.pipeline = advisor.pipeline(loaded, res)
   end
@@ -417,9 +417,9 @@ function advisor.report(src, path, opts)
   if s0 and res.cp > 1 then
     w("Global batch: %d sequences of %d tokens per step%s, the same for every mesh, each with the plan's context "
       .. "parallel cp=%d: each data-parallel rank (a TP x cp group of t x %d GPUs) takes global / (world / (t x %d)); "
-      .. "pipeline meshes are not ranked (cp with pp is not planned). GPU: %g GB, %g TFLOPS, every FLOP at %.0f%% of "
-      .. "it (topology.mfu). Each mesh takes the fastest activation checkpointing (none, selective, full) that fits, "
-      .. "the plan's own mesh too.", res.global_batch, s0.seq_len,
+      .. "pipeline meshes are not ranked with cp yet (make pipeline compares a cp plan's schedules). GPU: %g GB, "
+      .. "%g TFLOPS, every FLOP at %.0f%% of it (topology.mfu). Each mesh takes the fastest activation "
+      .. "checkpointing (none, selective, full) that fits, the plan's own mesh too.", res.global_batch, s0.seq_len,
       res.global_batch == res.plan_global and " (the plan's)" or string.format(" (given; the plan's is %d)",
       res.plan_global), res.cp, res.cp, res.cp, s0.gpu_memory_GB, s0.gpu_TFLOPS, 100 * s0.mfu)
   elseif s0 then
