@@ -105,17 +105,19 @@ function pipeline_audit.memory_plan_text(a, A)
     .. "the timed run does not model the arena's waits", A.human(lo), A.human(hi), hi_rank, a.memory_plan.policy)
 end
 
-function pipeline_audit.step_text(a, A)
+-- d: the plan's degrees (CP's K/V exchange runs inside the stages' compute too)
+function pipeline_audit.step_text(a, A, d)
   local pl = a.pipeline
   if not a.step_us then return "not predicted: " .. pl.refused end
   return fmt("%s predicted = compute %s + exposed communication %s (%.0f%% of the step) + pipeline waits %s, on "
     .. "pipeline rank %d (its clock ends last); bubble %.1f%% over every rank. Exposed communication is what the "
     .. "timed run leaves on that rank's path: its waits for activations and gradients on the wire (%s: of each "
     .. "wait for a received input, at most the transfer's %s) and for its last gradient reduction (%s); FSDP's "
-    .. "all-gathers are taken as prefetched, TP's collectives run inside each stage's compute (counted in it)",
+    .. "all-gathers are taken as prefetched, %s run inside each stage's compute (counted in it)",
     A.us_text(a.step_us), A.us_text(a.compute_us), A.us_text(a.exposed_us),
     a.step_us > 0 and 100 * a.exposed_us / a.step_us or 0, A.us_text(a.waits_us), pl.critical_rank,
-    100 * pl.bubble, A.us_text(pl.p2p_exposed_us), A.us_text(pl.facts.row.p2p_us), A.us_text(pl.reduce_wait_us))
+    100 * pl.bubble, A.us_text(pl.p2p_exposed_us), A.us_text(pl.facts.row.p2p_us), A.us_text(pl.reduce_wait_us),
+    d and d.cp > 1 and "TP's collectives and CP's K/V all-gathers and reduce-scatters" or "TP's collectives")
 end
 
 -- Warnings: a pipeline rank that does not fit, a refused timed run.

@@ -235,6 +235,12 @@ torch_lane() {
     titan_result "$titan_matrix" "$titan_f9" $?
     grep -h "^matrix: \|^DISAGREEMENT \|^SIMULATION FAILED " "$titan_f9" | head -n 12 | sed "s/^/        /"
   else skipped "$titan_matrix" "no torch environment (make torch-env exit $live_rc)"; fi
+  # CP x PP (docs/pipeline.md): torchtitan 0.3's pipeline_llm with CP inside each stage on gloo vs plan.json.
+  titan_cppp="torchtitan's pipeline with context parallel on gloo (pipeline_llm + parallelize_llama, pp 2 x cp 2, 1F1B and Interleaved1F1B; the full tier GPipe, ZBVZeroBubble and pp 2 x dp_shard 2 x cp 2 too): every rank's collectives and sends/receives in order vs plan.json (tests/titan/test_cppp_record.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_fcppp=$(logname "$titan_cppp"); timeout 600 "$live_py" tests/titan/test_cppp_record.py >"$titan_fcppp" 2>&1
+    titan_result "$titan_cppp" "$titan_fcppp" $?; grep -h "^cppp_record: " "$titan_fcppp" | sed "s/^/        /"
+  else skipped "$titan_cppp" "no torch environment (make torch-env exit $live_rc)"; fi
 
   # torch 2.15's own torchrun launching plan binaries on CPU: the launch path
   # up to NCCL (--rendezvous-only): torchrun's store as the id channel with
@@ -786,6 +792,11 @@ run "generate bench/llama405b_pp (512 ranks, FSDP 8 x TP 8 x PP 8, 16 microbatch
 run "build tests/pp/plans/pp_tiny_tp (pipeline: pp 2 x dp_shard 2 x tp 2, Interleaved1F1B)" $MAKE PLAN=tests/pp/plans/pp_tiny_tp.lua OUT=build/gen/pp_tiny_tp
 run "simulate pp_tiny_tp: 8 ranks, 2 steps, every message, TP activation and reduced grad exact (both arithmetics)" bash -c "
   build/pp_tiny_tp/pp_tiny_tp --simulate --steps 2 && build/pp_tiny_tp/pp_tiny_tp --simulate --steps 2 --arith nccl"
+# CP x PP (docs/pipeline.md): pp 2 x cp 2, 1F1B, the K/V exchange inside each stage
+# (tests/titan/test_cppp_record.py holds its tables to torchtitan's pipeline live).
+run "build tests/plans/llama_tiny_cppp (pipeline: pp 2 x cp 2, 1F1B)" $MAKE PLAN=tests/plans/llama_tiny_cppp.lua OUT=build/gen/llama_tiny_cppp
+run "simulate llama_tiny_cppp: 4 ranks, 2 steps, every message, K/V exchange and reduced grad exact (both arithmetics)" bash -c "
+  build/llama_tiny_cppp/llama_tiny_cppp --simulate --steps 2 && build/llama_tiny_cppp/llama_tiny_cppp --simulate --steps 2 --arith nccl"
 
 section "the GPU path on an emulated CUDA runtime and NCCL (tests/emu, docs/emulator.md): no GPU needed"
 # runtime/gpu.c, gpu_run.c, the launch and rendezvous code and the copy

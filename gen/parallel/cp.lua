@@ -25,9 +25,14 @@
 --    which SelectiveAC's save list does not hold): recorded live, they
 --    come before the gradients' reduce-scatters (recompute = true).
 -- Refused, one line each: Ulysses (torch 2.15 and torchtitan 0.3 have
--- none), cp with tp, pp or ep (not planned), a family other than llama (no
+-- none), cp with tp or ep (not planned), a family other than llama (no
 -- attention to exchange), a seq_len torchtitan refuses (2 x cp chunks for
 -- the head-tail balancer; flex's CP block mask needs cp x 128).
+-- Inside a pipeline (pp > 1: torchtitan's pipeline_llm runs parallelize_llama
+-- on every stage's module, distributed/pipeline_parallel.py:111) PP's stage
+-- mesh keeps cp: these hooks plan each stage (one microbatch, so the K/V
+-- counts and the activations between stages are the microbatch's seq_len / cp
+-- tokens) and PP's step calls unit_ops inside every F and B (docs/pipeline.md).
 local util = require("gen.util")
 
 local cp = { name = "cp", label = "CP", dims = { "cp" }, groups = { "cp" } }
@@ -41,7 +46,7 @@ function cp.used(d) return d.cp > 1 end
 local function refuse(ctx, field, fmt, ...) util.field_error(ctx, field, string.format(fmt, ...)) end
 
 -- The degrees alone (gen/parallel/init.lua's check_supported runs it, as
--- tests/titan/dims_dump.lua does): Ulysses, and cp beside tp, pp or ep.
+-- tests/titan/dims_dump.lua does): Ulysses, and cp beside tp or ep.
 function cp.check_dims(ctx, d)
   if d.cp == 1 then return end -- (ulysses_degree without cp: gen/dims.lua refuses it)
   if d.ulysses_degree ~= nil then
@@ -49,7 +54,7 @@ function cp.check_dims(ctx, d)
       .. "(all-to-all over heads) context parallel; their cp all-gathers K and V over the sequence "
       .. "(docs/context-parallel.md): remove ulysses_degree", d.ulysses_degree)
   end
-  for _, name in ipairs({ "tp", "pp", "ep" }) do
+  for _, name in ipairs({ "tp", "ep" }) do
     if d[name] > 1 then
       refuse(ctx, "parallel.cp", "cp=%d with %s=%d: context parallel is planned with FSDP and HSDP only "
         .. "(torchtitan's cp with %s is not modelled yet); set cp=1 or %s=1", d.cp, name, d[name], name, name)

@@ -20,7 +20,7 @@
 --   used(d)       whether a plan with degrees d uses it (omitted: never)
 --   check_dims(ctx, d)
 --                 its refusals from the degrees alone (a combination it
---                 does not plan: cp beside tp, pp or ep), run by
+--                 does not plan: cp beside tp or ep), run by
 --                 check_supported below for every plan, before the mesh
 --   rules(ctx, d, p)
 --                 its checks of the plan's settings against the degrees

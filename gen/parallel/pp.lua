@@ -118,7 +118,9 @@ end
 -- error naming the first difference.
 local function prove_sequence(mine, classes)
   local t, inner = mine.t, mine.inner
-  local W, R = inner.dims.dp_shard, inner.dims.dp_replicate
+  -- FSDP's shard group: dp_shard x cp (gen/dims.lua's fsdp alias; CP's
+  -- ranks shard the parameters too), the comparison mesh's "dp_shard"
+  local W, R = inner.layout.W, inner.dims.dp_replicate
   local ntp = #inner.tp_classes
   local first_tp = {}
   for r = 0, t.sched.pp - 1 do

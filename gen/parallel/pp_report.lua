@@ -89,8 +89,9 @@ local function stage_loaded(loaded, pp, n)
 end
 
 -- Per stage (0-based) of one split: its units, and the costs the timed run
--- takes for one microbatch (p is one microbatch's plan): compute, and TP's
--- activation collectives on the compute stream (forward's in F, backward's
+-- takes for one microbatch (p is one microbatch's plan): compute, and the
+-- collectives on the compute stream, TP's activation collectives and CP's
+-- K/V exchange (forward's in F, backward's
 -- and full checkpointing's rerun of the forward's in B and in zero
 -- bubble's I; under async TP what of each its matmul does not hide,
 -- gen/timeline.lua's exposed_tp_us).
@@ -98,18 +99,16 @@ local function stage_costs(p, split)
   local s = compute.settings(p)
   local per_unit = compute.units(p, s)
   local tp_fwd, tp_bwd = {}, {}
-  if p.dims.tp > 1 then
-    local timeline = require("gen.timeline")
-    for _, o in ipairs(p.ops) do
-      if o.group and o.stream == "compute" and o.micro_step == 0 then
-        local us = timeline.exposed_tp_us(o, s, p.dims.tp)
-        local into = o.phase == "forward" and tp_fwd or tp_bwd
-        into[o.unit] = (into[o.unit] or 0) + us
-      end
+  local timeline = require("gen.timeline")
+  for _, o in ipairs(p.ops) do
+    if o.group and o.stream == "compute" and o.micro_step == 0 then
+      local us = timeline.exposed_tp_us(o, s, p.dims.tp)
+      local into = o.phase == "forward" and tp_fwd or tp_bwd
+      into[o.unit] = (into[o.unit] or 0) + us
     end
-    for _, o in ipairs(timeline.recomputed(p, s)) do
-      if o.micro_step == 0 then tp_bwd[o.unit] = (tp_bwd[o.unit] or 0) + timeline.exposed_tp_us(o, s, p.dims.tp) end
-    end
+  end
+  for _, o in ipairs(timeline.recomputed(p, s)) do
+    if o.micro_step == 0 then tp_bwd[o.unit] = (tp_bwd[o.unit] or 0) + timeline.exposed_tp_us(o, s, p.dims.tp) end
   end
   local by_name = {}
   for _, u in ipairs(p.layout.units) do by_name[u.name] = u end
@@ -195,7 +194,7 @@ end
 local function prove_step(p, sched, costs, act_numel, act_dtype)
   local of_units = stage_fsdp_of(p)
   local function stage_fsdp(stage) return of_units(costs[stage].units) end
-  local events = pp_sequence.expected(sched, { dp_shard = p.dims.dp_shard, dp_replicate = p.dims.dp_replicate,
+  local events = pp_sequence.expected(sched, { dp_shard = p.layout.W, dp_replicate = p.dims.dp_replicate,
                                                act_numel = act_numel,
                                                act_dtype = act_dtype, stage_fsdp = stage_fsdp })
   return step_proof.prove(events)
@@ -398,7 +397,7 @@ function report.refuse(loaded)
   -- the pipeline's size, bounded before anything is built (pp_stages.check_size)
   local d = require("gen.dims").infer(ctx, loaded.parallel, loaded.world_size)
   local n_layers = require("gen.models.llama").config(ctx, loaded.model).n_layers
-  stages_mod.check_size(ctx, { microbatches = n, dp = d.dp_shard * d.dp_replicate, units = n_layers + 3,
+  stages_mod.check_size(ctx, { microbatches = n, dp = d.dp_shard * d.cp * d.dp_replicate, units = n_layers + 3,
     -- (the most stages any schedule class splits the model into: the audit in SCHEDULE.md runs them all)
     num_stages = stages_mod.stage_count({ pp = pp, n_layers = n_layers,
       layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
@@ -590,10 +589,11 @@ function report.text(loaded)
   end
   local c = shown.step
   local R = p.dims.dp_replicate or 1
-  w("whole-step proof (gen/parallel/pp_step_proof.lua), one queue per rank on pp %d x %sdp_shard %d = %d ranks (TP "
+  w("whole-step proof (gen/parallel/pp_step_proof.lua), one queue per rank on pp %d x %sdp_shard %d%s = %d ranks (TP "
     .. "ranks alike): %s's %d events, %d FSDP collectives on %d groups and %d sends matched to their receives"
     .. "%s cannot deadlock; every schedule with a row passed it", pp,
-    R > 1 and string.format("dp_replicate %d x ", R) or "", p.dims.dp_shard, c.ranks, shown.name,
+    R > 1 and string.format("dp_replicate %d x ", R) or "", p.dims.dp_shard,
+    p.dims.cp > 1 and string.format(" x cp %d (FSDP's shard group)", p.dims.cp) or "", c.ranks, shown.name,
     c.events, c.collectives, c.groups, c.p2p, c.batches > 0 and string.format(" (%d coalesced batches)", c.batches)
     or "")
   w("")
@@ -601,7 +601,8 @@ function report.text(loaded)
     .. "1 - busy / (pp x step), the last gradient reduction's wait included; activations in flight: the most saved "
     .. "activation bytes (gen/compute.lua) a rank holds at once over its stages, forwards whose backward (B, or W "
     .. "after zero bubble's I) has not run, and the microbatches its stages hold at their peaks; p2p: the "
-    .. "activations and gradients rank 0 sends (a TP rank's sequence shard under sequence parallel); memory: the "
+    .. "activations and gradients rank 0 sends (a TP rank's sequence shard under sequence parallel, a cp rank's "
+    .. "seq_len / cp); memory: the "
     .. "rank's stages' sharded parameters, gradients and optimizer state, their unsharded parameters and "
     .. "gradients held all step (no reshard after forward under PP; gradients reduced at the end), the "
     .. "activations in flight and one layer's transient, against the GPU's memory. Every schedule with a row "

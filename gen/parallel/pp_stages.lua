@@ -69,7 +69,7 @@ end
 -- The pipeline's size, bounded before any of its work starts
 -- (util.LIMITS.pp_actions, pp_events; docs/plan-files.md, "Numbers"):
 -- o = { microbatches, num_stages (the most any schedule class gives:
--- make pipeline's audit, in SCHEDULE.md, plans them all), dp (dp_replicate x dp_shard: the
+-- make pipeline's audit, in SCHEDULE.md, plans them all), dp (dp_replicate x dp_shard x cp: the
 -- data-parallel copies of the pipeline the whole-step proof runs), units }.
 -- Each rank's tables, its memory plan and the lowering grow with
 -- microbatches x stages; the proof's events with that and the units, once

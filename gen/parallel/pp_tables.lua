@@ -24,7 +24,7 @@
 -- torch's batch_isend_irecv), tag (2 x the sending stage, + 1 for a
 -- gradient). Where FSDP communicates (pp_sequence.lua, with the torch
 -- lines it cites): a multi-stage schedule's UNSHARD gathers every unit of
--- the stage; GPipe and 1F1B gather each unit at the stage's first forward;
+-- the stage; GPipe and 1F1B gather each unit in the stage's first forward, just before the unit runs it;
 -- nothing reshards after forward or backward and no backward reduces;
 -- REDUCE_GRAD reduces every unit once (layers last to first, the root
 -- last); RESHARD frees. The step ends sharded: units still unsharded after
@@ -138,14 +138,15 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
     return list
   end
   local unsharded = {}
-  local function unshard(s, m, phase)
-    for _, u in ipairs(managed(s)) do
-      if not unsharded[u.index] then
-        fsdp_schedule.gather(ops, u, m, phase, shard)
-        op("copy_out", u, m, phase)
-        unsharded[u.index] = true
-      end
+  local function gather(u, m, phase)
+    if not unsharded[u.index] then
+      fsdp_schedule.gather(ops, u, m, phase, shard)
+      op("copy_out", u, m, phase)
+      unsharded[u.index] = true
     end
+  end
+  local function unshard(s, m, phase)
+    for _, u in ipairs(managed(s)) do gather(u, m, phase) end
   end
   local function reshard(s, m)
     for _, u in ipairs(managed(s)) do
@@ -171,8 +172,12 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
       if NO_OP[t] then -- luacheck: ignore 542 (nothing to issue)
       elseif t == "UNSHARD" then unshard(s, 0, "forward")
       elseif t == "F" then
-        if single then unshard(s, m, "forward") end
         for _, u in ipairs(managed(s)) do
+          -- GPipe / 1F1B: each unit's pre-forward hook gathers it, after
+          -- the unit before it ran its forward (and its collectives: CP's
+          -- K/V all-gathers come before the next unit's gather, recorded
+          -- live by tests/titan/test_cppp_record.py)
+          if single then gather(u, m, "forward") end
           op("forward", u, m, "forward")
           if unit_ops then unit_ops(ops, u, m, "forward") end
         end

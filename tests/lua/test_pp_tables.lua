@@ -350,4 +350,72 @@ function T.folded_op_tables_cover_every_op()
     "a stage's forwards of microbatches 0-7, TP inside, one row")
 end
 
+-- CP x PP (docs/pipeline.md, docs/context-parallel.md): the stage mesh
+-- carries cp (FSDP over dp_shard x cp), each block's K/V all-gathers (one
+-- microbatch x seq_len / cp x n_kv_heads x head_dim) and their gradients'
+-- reduce-scatters run inside every microbatch's F and B of the stage, the
+-- activations sent between stages are seq_len / cp long; the sequences are
+-- tests/titan/test_cppp_record.py's (torchtitan's pipeline_llm on gloo).
+function T.cp_inside_pipeline_stages()
+  local SRC_CP = H.read("tests/plans/llama_tiny_cppp.lua")
+  local p = plan.from_source(SRC_CP, "tests/plans/llama_tiny_cppp.lua")
+  H.list_eq(p.mesh.names, { "pp", "cp" }, "mesh: pp outermost, then cp")
+  local stage = p.pipeline.stage_plan
+  H.eq(stage.dims.cp, 2, "the stage mesh carries cp")
+  H.eq(stage.layout.W, 2, "FSDP inside a stage over dp_shard x cp")
+  local kv, act = 1 * (512 // 2) * 2 * 16, 1 * (512 // 2) * 64 -- microbatch x seq/cp x (kv heads x head_dim | dim)
+  H.eq(p.pipeline.act.numel, act, "the activation between stages: seq_len / cp tokens")
+  local nocp = plan.from_source(SRC_CP:gsub("cp = 2", "dp_shard = 2"), "tests/plans/llama_tiny_cppp.lua")
+  H.eq(nocp.pipeline.act.numel, 2 * act, "without cp the same mesh sends the whole sequence")
+  local function seq_of(cls)
+    local out = {}
+    for _, o in ipairs(cls.ops) do
+      if o.kind == "send" or o.kind == "recv" then out[#out + 1] = string.format("%s %d %d", o.kind, o.peer, o.count)
+      elseif o.group then out[#out + 1] = string.format("%s %s %d", o.kind, o.group, o.count) end
+    end
+    return out
+  end
+  local AG, RS = "tp_all_gather cp " .. kv, "tp_reduce_scatter cp " .. kv
+  local send0, recv0, send1, recv1 = "send 1 " .. act, "recv 1 " .. act, "send 0 " .. act, "recv 0 " .. act
+  H.list_eq(seq_of(p.tp_classes[1]), { "all_gather fsdp 8000", "all_gather fsdp 27712", AG, AG, send0, AG, AG, send0,
+    recv0, RS, RS, recv0, RS, RS, "reduce_scatter fsdp 27712", "reduce_scatter fsdp 8000" },
+    "pipeline rank 0 (tok_embeddings, layers.0), 1F1B over 2 microbatches")
+  -- (1F1B: layers.1's pre-forward gathers it, its K/V exchange runs, then norm_output is gathered)
+  H.list_eq(seq_of(p.tp_classes[2]), { recv1, "all_gather fsdp 27712", AG, AG, "all_gather fsdp 8032", RS, RS, send1,
+    recv1, AG, AG, RS, RS, send1, "reduce_scatter fsdp 8032", "reduce_scatter fsdp 27712" },
+    "pipeline rank 1 (layers.1, norm_output)")
+  -- every schedule, with FSDP and HSDP beside cp and activation checkpointing:
+  -- each pipeline rank's blocks exchange K/V in every microbatch (cp.prove_class per rank)
+  local cp_mod = require("gen.parallel.cp")
+  for _, v in ipairs({ { "Interleaved1F1B", "dp_shard = 2", "none" }, { "ZBVZeroBubble", "dp_replicate = 2", "full" },
+                       { "DualPipeV", "dp_shard = 2", "selective" } }) do
+    local src = SRC_CP:gsub('"1F1B", microbatches = 2', string.format("%q, microbatches = 4", v[1]))
+      :gsub("cp = 2 }", "cp = 2, " .. v[2] .. " }"):gsub("world_size = 4", "world_size = 8")
+      :gsub("n_layers = 2", "n_layers = 4"):gsub("local_batch_size = 2", string.format("local_batch_size = 4, "
+      .. "activation_checkpointing = %q", v[3]))
+    local q = plan.from_source(src, "tests/plans/llama_tiny_cppp.lua")
+    local per = v[3] == "none" and 4 or 6 -- K, V (and their recompute) gathered, 2 gradients scattered
+    for _, cls in ipairs(q.tp_classes) do
+      local n, blocks = 0, 0
+      for _, o in ipairs(cls.ops) do n = n + (o.group == "cp" and 1 or 0) end
+      for _, u in ipairs(cls.layout.units) do blocks = blocks + (u.cp_acts and 1 or 0) end
+      H.eq(n, per * 4 * blocks, v[1] .. " pipeline rank " .. cls.pp_rank .. ": cp collectives per block per microbatch")
+    end
+  end
+  -- the proof can fail: a pipeline rank's tables missing one K/V all-gather
+  local cls = p.tp_classes[2]
+  local ops = {}
+  for _, o in ipairs(cls.ops) do ops[#ops + 1] = o end
+  for i, o in ipairs(ops) do
+    if o.group == "cp" then table.remove(ops, i); break end
+  end
+  local ok, err = pcall(cp_mod.prove_class, cls.layout, ops, { fsdp = p.fsdp })
+  assert(not ok and tostring(err):find("cp collectives in forward/backward", 1, true), tostring(err))
+  -- the audit prices the K/V exchange inside each stage's compute
+  local audit = require("gen.audit")
+  local md = audit.schedule_md(p, audit.fingerprint(p))
+  assert(md:find("CP's K/V all-gathers and reduce-scatters run inside each stage's compute", 1, true), "SCHEDULE.md")
+  assert(p.pipeline.row.sim and nocp.pipeline.row.sim, "timed runs")
+end
+
 return T
