@@ -28,7 +28,7 @@
 -- torchtitan 0.3 keeps them), the routed experts' rows on the block's
 -- experts unit where ep > 1 splits them off (the block's recompute on the
 -- block's unit), the [norm, lm_head] unit's as Llama's output unit's;
--- checkpointing wraps the blocks only (tp is refused for them).
+-- checkpointing wraps the blocks only (under TP: moe_unit_acts below).
 -- The qwen3 family (dense, gen/models/qwen3.lua): Llama's FLOPs (each
 -- block's matmuls and attention, lm_head's matmul, the embedding a lookup)
 -- and its blocks' bytes from qwen3.block_acts (moe_acts' GQA attention with

@@ -29,15 +29,15 @@
 --    re-runs the forward's three (recompute = true: a2a_counts naming the
 --    forward's as its a2a_counts_op, a2a dispatch, a2a combine), and the
 --    backward's two split by the recompute's counts.
--- With tp > 1 too (etp = 1, gen/dims.lua; the deepseek_v3 family, whose TP
--- plan gen/parallel/tp.lua models): the experts are not TP-split, ep
+-- With tp > 1 too (etp = 1, gen/dims.lua; every MoE family's TP plan,
+-- gen/parallel/tp.lua, models/common/moe_sharding.py): the experts are not TP-split, ep
 -- borrows TP's ranks, and the MoE input stays sequence-sharded, so each
 -- rank routes its own batch x seq / tp tokens: the all-to-alls are sized
 -- from those (torchtitan 0.3's moe_sharding.py with EP; recorded live:
--- tests/ep/check_ep_live.sh's dp2_tp2_ep* cases).
+-- tests/ep/check_ep_live.sh's dp2_tp2_ep* and *_tp2_ep2 cases).
 -- Refused with ep > 1, one line each: a model without routed experts, cp,
--- pp (the MoE families refuse pp already; mixtral and qwen3_moe refuse
--- tp), and expert_parallel settings on a plan without ep.
+-- pp (the MoE families refuse pp already), and expert_parallel settings on
+-- a plan without ep.
 local util = require("gen.util")
 local compute = require("gen.compute")
 

@@ -66,18 +66,41 @@ end
 -- Partial over TP -- the norms under sequence parallelism (their weight R:
 -- decoder_sharding.py:106, I without it), and Qwen3's q/k norms always
 -- (weight R on a head-sharded S(2) input whatever SP: qwen3/sharding.py:81-89).
+--
+-- The GQA MoE families (mixtral, qwen3_moe: torchtitan's Qwen3 MoE
+-- decoder, models/qwen3/sharding.py:59-111) are qwen3's plan with an MoE
+-- (`moe`: its router's gate) where the feed-forward is
+-- (models/common/moe_sharding.py): at ep = 1 the MoE wrapper takes its
+-- input from the sequence shards to Replicate and its Partial output back
+-- (_moe_sharding_config, :267-296) -- the feed-forward's all-gather and
+-- reduce-scatter, in the same places, or without sequence parallelism its
+-- forward and backward all-reduces; at ep > 1 its input stays on the
+-- sequence shards and its output comes back on them from the experts
+-- (desired_input_layout = sp_layout, experts_output_layout S(1)), so the
+-- block issues no TP collective for it. The router's gate weight is R on
+-- an R input at ep = 1 whose gradient comes back Partial from the routed
+-- experts' local_map (experts_input_grad_layout P, :219), and on the
+-- sequence shard at ep > 1: its gradient is Partial over TP either way.
+local QWEN3_PARTIAL = { "attention%.[qk]_norm%.weight$" }
+local MOE_PARTIAL = { "attention%.[qk]_norm%.weight$", "moe%.router%.gate%.weight$" }
 tp_acts.DENSE = {
   llama = { embedding = "tok_embeddings.weight", block = "attention.wo.weight", output = "output.weight",
             partial_sp = "norm%.weight$" },
   qwen3 = { embedding = "tok_embeddings.weight", block = "attention.wo.weight", output = "lm_head.weight",
-            partial_sp = "norm%.weight$", partial_always = "attention%.[qk]_norm%.weight$" },
+            partial_sp = "norm%.weight$", partial_always = QWEN3_PARTIAL },
+  mixtral = { embedding = "tok_embeddings.weight", block = "attention.wo.weight", output = "lm_head.weight",
+              moe = "moe.router.gate.weight", partial_sp = "norm%.weight$", partial_always = MOE_PARTIAL },
+  qwen3_moe = { embedding = "tok_embeddings.weight", block = "attention.wo.weight", output = "lm_head.weight",
+                moe = "moe.router.gate.weight", partial_sp = "norm%.weight$", partial_always = MOE_PARTIAL },
 }
 
 -- Whether TP-replicated parameter q's gradient is Partial over TP (FSDP2's
 -- post-backward all-reduces it).
 local function partial_grad(q, fam, sp)
   if q.tp_dim ~= nil then return false end
-  if fam.partial_always and q.name:match(fam.partial_always) then return true end
+  for _, pat in ipairs(fam.partial_always or {}) do
+    if q.name:match(pat) then return true end
+  end
   return sp and q.name:match(fam.partial_sp) ~= nil
 end
 
@@ -103,7 +126,7 @@ local function move(acts, from, at)
 end
 
 -- layout units (a tp_acts.DENSE family), model config, tp, opts = { batch,
--- seq_len, sequence_parallel, loss_parallel, async_tp, family } -> sets
+-- seq_len, sequence_parallel, loss_parallel, async_tp, family, ep } -> sets
 -- u.tp_acts = list of { kind, phase, count, dtype, what } and u.act_numel
 -- on every unit that has any.
 function tp_acts.dense(ctx, lay, cfg, T, opts)
@@ -111,6 +134,7 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
   local fam = tp_acts.DENSE[opts.family or "llama"]
   local seq = seq_len_of(ctx, opts)
   local b, sp = opts.batch or 1, opts.sequence_parallel ~= false
+  local ep = opts.ep or 1
   local loss_parallel = opts.loss_parallel ~= false
   local full = b * seq * cfg.dim          -- one activation, every token
   local shard = full // T                 -- one sequence shard (seq % tp == 0: gen/dims checks)
@@ -145,21 +169,33 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
       end
     end
     if has(u, fam.block) then
+      -- the block's feed-forward, or its MoE: redistributed at ep = 1 only
+      -- (the MoE's gathered input feeds the router and the grouped experts,
+      -- no fused matmul: priced unfused under async TP)
+      local moe = fam.moe and has(u, fam.moe)
+      local ffn = not moe or ep == 1
+      local ffn_in, ffn_out = "feed-forward input", "w2 output"
+      local w13, w2 = "w13", "w2"
+      if moe then ffn_in, ffn_out, w13, w2 = "MoE input", "routed experts' output", nil, nil end
       if sp then
         add("tp_all_gather", "forward", shard, "attention input sequence", "qkv")
         add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards", "wo")
-        add("tp_all_gather", "forward", shard, "feed-forward input sequence", "w13")
-        add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards", "w2")
+        if ffn then
+          add("tp_all_gather", "forward", shard, ffn_in .. " sequence", w13)
+          add("tp_reduce_scatter", "forward", shard, ffn_out .. " to sequence shards", w2)
+        end
         cut = #acts + 1
-        add("tp_all_gather", "backward", shard, "w2 output gradient", "w2")
-        add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient", "w13")
+        if ffn then
+          add("tp_all_gather", "backward", shard, ffn_out .. " gradient", w2)
+          add("tp_reduce_scatter", "backward", shard, ffn_in .. " gradient", w13)
+        end
         add("tp_all_gather", "backward", shard, "wo output gradient", "wo")
         add("tp_reduce_scatter", "backward", shard, "attention input gradient", "qkv")
       else
         add("tp_all_reduce", "forward", full, "wo output partial sums")
-        add("tp_all_reduce", "forward", full, "w2 output partial sums")
+        add("tp_all_reduce", "forward", full, ffn_out .. " partial sums")
         cut = #acts + 1
-        add("tp_all_reduce", "backward", full, "feed-forward input gradient")
+        add("tp_all_reduce", "backward", full, ffn_in .. " gradient")
         add("tp_all_reduce", "backward", full, "attention input gradient")
       end
     end

@@ -258,7 +258,6 @@ function T.refusals_one_line_each()
     "expert_parallel.capacity_factor", "remove one")
   H.plan_fails(mix(4, "{ dp_shard = -1, ep = 2 }", ", expert_parallel = { capacity_factor = 0 }"),
     "expert_parallel.capacity_factor")
-  H.plan_fails(mix(8, "{ dp_shard = -1, tp = 2, ep = 2 }"), "parallel.tp", "mixtral family's MoE blocks", "set tp=1")
   -- DeepSeek-V3 with TP: still refused with ep over part of a TP group, etp > 1, pp, cp, and TP settings
   -- other than torchtitan's defaults
   H.plan_fails((ds(8, "{ dp_shard = 2, tp = 4, ep = 2 }"):gsub("n_heads = 2", "n_heads = 4")), "parallel.ep",
