@@ -127,7 +127,7 @@ local function routed_rows(p, cfg, T)
 end
 
 -- An MoE family's unit: its activations { saved, transient }. Under TP
--- (deepseek_v3's plan) approximately: the block's bytes divided by tp as
+-- (every MoE family's plan) approximately: the block's bytes divided by tp as
 -- the Llama model's are (sequence-sharded between blocks, head- or
 -- hidden-sharded inside), the routed rows of a rank's seq / tp tokens with
 -- ep > 1, the head's over the local vocabulary (loss parallel).
