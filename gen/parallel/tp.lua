@@ -255,15 +255,6 @@ function tp.rules(ctx, d, p)
     end
     return
   end
-  if d.tp > 1 and d.ep > 1 and p.parallel.sequence_parallel == false and tp_acts.DENSE[p.model.family].moe then
-    -- without SP at ep > 1 torchtitan slices the MoE's replicated input to
-    -- the sequence shards and all-reduces its Partial output
-    -- (models/common/moe_sharding.py:201-209, :274-286): not recorded live
-    util.field_error(ctx, "parallel.sequence_parallel", string.format("sequence_parallel = false with ep=%d on the "
-      .. "%s family: the MoE block's redistributions without sequence parallelism under EP (torchtitan's "
-      .. "moe_sharding.py:201-209) are not modelled; remove it (torchtitan's default is on) or set ep=1", d.ep,
-      p.model.family))
-  end
   if p.parallel.sequence_parallel ~= nil and (d.tp == 1 or not dense) then
     util.field_error(ctx, "parallel.sequence_parallel", d.tp == 1
       and "tp=1: there is no TP group to shard the sequence over; remove sequence_parallel or set tp"

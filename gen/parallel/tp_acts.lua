@@ -77,7 +77,9 @@ end
 -- forward and backward all-reduces; at ep > 1 its input stays on the
 -- sequence shards and its output comes back on them from the experts
 -- (desired_input_layout = sp_layout, experts_output_layout S(1)), so the
--- block issues no TP collective for it. The router's gate weight is R on
+-- block issues no TP collective for it; without sequence parallelism its
+-- input is sliced to them and its output all-reduced (below, on the
+-- experts unit). The router's gate weight is R on
 -- an R input at ep = 1 whose gradient comes back Partial from the routed
 -- experts' local_map (experts_input_grad_layout P, :219), and on the
 -- sequence shard at ep > 1: its gradient is Partial over TP either way.
@@ -193,11 +195,21 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
         add("tp_reduce_scatter", "backward", shard, "attention input gradient", "qkv")
       else
         add("tp_all_reduce", "forward", full, "wo output partial sums")
-        add("tp_all_reduce", "forward", full, ffn_out .. " partial sums")
+        if ffn then add("tp_all_reduce", "forward", full, ffn_out .. " partial sums") end
         cut = #acts + 1
-        add("tp_all_reduce", "backward", full, ffn_in .. " gradient")
+        if ffn then add("tp_all_reduce", "backward", full, ffn_in .. " gradient") end
         add("tp_all_reduce", "backward", full, "attention input gradient")
       end
+    end
+    if u.expert and not sp then
+      -- ep > 1 without SP (recorded live: tests/ep/ep_cases.py's q3m_dp2_tp2_ep2_nosp): the MoE's
+      -- replicated input sliced to the sequence shards for the router and the routed experts (I -> S(1),
+      -- moe_sharding.py:89-112, :201-209), its Partial output all-reduced after the combine (P -> I,
+      -- :282-295); in backward, after the dispatch's gradient, each slice's gradient gathered
+      -- (the routed experts' input first, then the router's): on the experts unit, around EP's
+      add("tp_all_reduce", "forward", full, "MoE output partial sums")
+      add("tp_all_gather", "backward", shard, "routed experts' input gradient")
+      add("tp_all_gather", "backward", shard, "router input gradient")
     end
     local before = #acts
     if u == head then

@@ -60,7 +60,8 @@ CASES = {
     "mix_dp2_tp2": dict(family="mixtral", world=4, dp_shard=2, tp=2, ep=1, model={}, batch=1, seq=6),
     "mix_dp2_tp2_ep2": dict(family="mixtral", world=4, dp_shard=2, tp=2, ep=2, model={}, batch=1, seq=6),
     # without sequence parallelism (torchtitan's enable_sequence_parallel = False; "sp": False): at ep 1 the MoE's
-    # output all-reduced, its input's gradient all-reduced, as the dense feed-forward's
+    # output all-reduced, its input's gradient all-reduced, as the dense feed-forward's; at ep 2 its output
+    # all-reduced after the combine, its input's two slices' gradients (experts', router's) gathered
     "q3m_dp2_tp2_nosp": dict(family="qwen3_moe", world=4, dp_shard=2, tp=2, ep=1, sp=False, model={}, batch=1, seq=6,
                              extra=True),
     "q3m_dp2_tp2_ep2_nosp": dict(family="qwen3_moe", world=4, dp_shard=2, tp=2, ep=2, sp=False, model={}, batch=1,
