@@ -242,12 +242,10 @@ function tp.used(d) return d.tp > 1 end
 function tp.rules(ctx, d, p)
   local dense = tp.DENSE[p.model.family] or false
   if d.tp > 1 and p.model.family == "deepseek_v3" then
-    -- torchtitan's defaults, the plan recorded live; the others not modelled
-    for _, k in ipairs({ "sequence_parallel", "loss_parallel" }) do
-      if p.parallel[k] == false then
-        util.field_error(ctx, "parallel." .. k, string.format("%s = false with the deepseek_v3 family: its TP plan "
-          .. "is modelled with torchtitan's defaults only (sequence and loss parallelism on); remove it", k))
-      end
+    -- torchtitan's plan with or without sequence parallelism, recorded live; loss parallelism on
+    if p.parallel.loss_parallel == false then
+      util.field_error(ctx, "parallel.loss_parallel", "loss_parallel = false with the deepseek_v3 family: its TP "
+        .. "plan is modelled with torchtitan's loss parallelism only (its default); remove it")
     end
     if p.parallel.async_tp then
       util.field_error(ctx, "parallel.async_tp", "async TP of the deepseek_v3 family's TP plan is not modelled; "
@@ -329,7 +327,8 @@ function tp.on_layout(ctx, lay, units, d, p, cfg)
                                         async_tp = p.parallel.async_tp, ep = d.ep })
   elseif p.model.family == "deepseek_v3" then
     tp_acts.deepseek(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
-                                           seq_len = p.model.seq_len, ep = d.ep })
+                                           seq_len = p.model.seq_len, ep = d.ep,
+                                           sequence_parallel = p.parallel.sequence_parallel })
   end
   return lay
 end

@@ -254,10 +254,10 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
 end
 
 -- DeepSeek-V3 (gen/models/deepseek_v3.lua) under torchtitan 0.3's TP plan
--- (models/deepseek_v3/sharding.py, models/common/moe_sharding.py) with
--- sequence and loss parallelism, its defaults; recorded live on gloo
--- (tests/ep/check_ep_live.sh's dp2_tp2* cases). sets u.tp_acts as
--- tp_acts.llama does; opts = { batch, seq_len, ep }.
+-- (models/deepseek_v3/sharding.py, models/common/moe_sharding.py), recorded
+-- live on gloo (tests/ep/check_ep_live.sh's dp2_tp2* cases). sets u.tp_acts
+-- as tp_acts.dense does; opts = { batch, seq_len, ep, sequence_parallel }.
+-- With sequence parallelism (torchtitan's default):
 --  * the embedding, the output and the loss, the dense blocks' attention
 --    and feed-forward: as the Llama plan's (MLA's input gathered once,
 --    Shard(1) -> Replicate, its wo row-wise with Shard(1) output);
@@ -279,12 +279,33 @@ end
 --    wq_a, q_norm, the norms, the router's gate) comes out Partial over TP
 --    and FSDP2's post-backward all-reduces it, in parameter order, on a
 --    reducing micro-step (as the Llama plan's norms).
+-- Without it (parallel.sequence_parallel = false; recorded live:
+-- dp2_tp2_nosp, dp2_tp2_ep2_nosp): activations between blocks are whole
+-- (I); the embedding, wo, the dense w2 and the MoE all-reduce their Partial
+-- outputs in forward, and the attention's, the feed-forward's and (ep = 1)
+-- the MoE's input gradients are all-reduced in backward (I -> R); at ep > 1
+-- the MoE's output is all-reduced after the combine, the shared experts'
+-- input gradient all-reduced before the combine's gradient, and after the
+-- dispatch's gradient the routed experts' and the router's input slices'
+-- gradients gathered (I -> S(1): moe_sharding.py:89-112, :201-209); the
+-- output's input gradient all-reduced; the block norms and the final norm
+-- keep whole gradients (norm_config without SP), the other replicated
+-- weights' are Partial as with it.
+local NORMS = { "attention_norm%.weight$", "ffn_norm%.weight$", "^norm%.weight$" }
+
+local function is_norm(q)
+  for _, pat in ipairs(NORMS) do if q.name:match(pat) then return true end end
+  return false
+end
+
 function tp_acts.deepseek(ctx, lay, cfg, T, opts)
   if T <= 1 then return end
   local seq = seq_len_of(ctx, opts)
   local b = opts.batch or 1
-  local shard = b * seq * cfg.dim // T
+  local full = b * seq * cfg.dim
+  local shard = full // T
   local ep = opts.ep or 1
+  local sp = opts.sequence_parallel ~= false
   local shared = (cfg.num_shared_experts or 0) > 0
   for _, u in ipairs(lay.units) do
     local acts = {}
@@ -292,41 +313,67 @@ function tp_acts.deepseek(ctx, lay, cfg, T, opts)
       acts[#acts + 1] = { kind = kind, phase = phase, count = count, dtype = u.ag_dtype, what = what, point = point }
     end
     if has(u, "tok_embeddings.weight") then
-      add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards")
-      add("tp_all_gather", "backward", shard, "embedding output gradient")
+      if sp then
+        add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards")
+        add("tp_all_gather", "backward", shard, "embedding output gradient")
+      else
+        add("tp_all_reduce", "forward", full, "embedding output partial sums")
+      end
     end
     if u.expert then
-      if shared then
+      if sp and shared then
         add("tp_all_gather", "forward", shard, "shared experts' input sequence")
         add("tp_reduce_scatter", "forward", shard, "shared experts' w2 output to sequence shards")
         add("tp_all_gather", "backward", shard, "shared experts' w2 output gradient", "backward_before")
         add("tp_reduce_scatter", "backward", shard, "shared experts' input gradient", "backward_before")
+      elseif not sp then
+        add("tp_all_reduce", "forward", full, "MoE output partial sums")
+        if shared then
+          add("tp_all_reduce", "backward", full, "shared experts' input gradient", "backward_before")
+        end
+        add("tp_all_gather", "backward", shard, "routed experts' input gradient")
+        add("tp_all_gather", "backward", shard, "router input gradient")
       end
     elseif has(u, "attention.wo.weight") then
       local dense, moe = has(u, "feed_forward.w1.weight"), has(u, "moe.router.gate.weight")
-      add("tp_all_gather", "forward", shard, "attention input sequence")
-      add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards")
-      if dense then
-        add("tp_all_gather", "forward", shard, "feed-forward input sequence")
-        add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards")
-        add("tp_all_gather", "backward", shard, "w2 output gradient")
-        add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient")
-      elseif moe and ep == 1 then
-        add("tp_all_gather", "forward", shard, "MoE input sequence")
-        add("tp_reduce_scatter", "forward", shard, "routed experts' output to sequence shards")
-        if shared then
-          add("tp_reduce_scatter", "forward", shard, "shared experts' w2 output to sequence shards")
-          add("tp_all_gather", "backward", shard, "shared experts' w2 output gradient")
+      local ffn = dense or (moe and ep == 1)
+      if sp then
+        add("tp_all_gather", "forward", shard, "attention input sequence")
+        add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards")
+        if dense then
+          add("tp_all_gather", "forward", shard, "feed-forward input sequence")
+          add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards")
+          add("tp_all_gather", "backward", shard, "w2 output gradient")
+          add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient")
+        elseif moe and ep == 1 then
+          add("tp_all_gather", "forward", shard, "MoE input sequence")
+          add("tp_reduce_scatter", "forward", shard, "routed experts' output to sequence shards")
+          if shared then
+            add("tp_reduce_scatter", "forward", shard, "shared experts' w2 output to sequence shards")
+            add("tp_all_gather", "backward", shard, "shared experts' w2 output gradient")
+          end
+          add("tp_all_gather", "backward", shard, "routed experts' output gradient")
+          add("tp_reduce_scatter", "backward", shard, "MoE input gradient")
         end
-        add("tp_all_gather", "backward", shard, "routed experts' output gradient")
-        add("tp_reduce_scatter", "backward", shard, "MoE input gradient")
+        add("tp_all_gather", "backward", shard, "wo output gradient")
+        add("tp_reduce_scatter", "backward", shard, "attention input gradient")
+      else
+        local what = dense and "w2 output" or "MoE output"
+        add("tp_all_reduce", "forward", full, "wo output partial sums")
+        if ffn then
+          add("tp_all_reduce", "forward", full, what .. " partial sums")
+          add("tp_all_reduce", "backward", full, (dense and "feed-forward" or "MoE") .. " input gradient")
+        end
+        add("tp_all_reduce", "backward", full, "attention input gradient")
       end
-      add("tp_all_gather", "backward", shard, "wo output gradient")
-      add("tp_reduce_scatter", "backward", shard, "attention input gradient")
     end
     if has(u, "lm_head.weight") then
-      add("tp_all_gather", "forward", shard, "output input sequence")
-      add("tp_reduce_scatter", "backward", shard, "output input gradient")
+      if sp then
+        add("tp_all_gather", "forward", shard, "output input sequence")
+        add("tp_reduce_scatter", "backward", shard, "output input gradient")
+      else
+        add("tp_all_reduce", "backward", full, "output input gradient")
+      end
       for _, l in ipairs({ { "max", "loss_parallel: per-token max logit" },
                            { "sum", "loss_parallel: per-token sum of exponentials" },
                            { "sum", "loss_parallel: per-token target logit" } }) do
@@ -336,7 +383,7 @@ function tp_acts.deepseek(ctx, lay, cfg, T, opts)
     end
     if not u.expert then
       for _, q in ipairs(u.params) do
-        if q.tp_dim == nil then
+        if q.tp_dim == nil and (sp or not is_norm(q)) then
           add("tp_all_reduce", "backward", q.numel, q.name .. " gradient (Partial over TP)")
           acts[#acts].reducing_only = true
           acts[#acts].dtype = u.reduce_dtype

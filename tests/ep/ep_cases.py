@@ -50,6 +50,11 @@ CASES = {
     "dp2_tp2_ep2": dict(world=4, dp_shard=2, tp=2, ep=2, model={}, batch=1, seq=6),
     # ep 4 over the whole world, efsdp 1; MLA with a query LoRA (wq_a and q_norm replicated over TP, wq_b colwise)
     "dp2_tp2_ep4": dict(world=4, dp_shard=2, tp=2, ep=4, model=dict(q_lora_rank=8), batch=1, seq=6, extra=True),
+    # without sequence parallelism ("sp": False)
+    "dp2_tp2_nosp": dict(world=4, dp_shard=2, tp=2, ep=1, sp=False, model=dict(moe_hidden_dim=16), batch=1, seq=6,
+                         extra=True),
+    "dp2_tp2_ep2_nosp": dict(world=4, dp_shard=2, tp=2, ep=2, sp=False, model=dict(q_lora_rank=8), batch=1, seq=6,
+                             extra=True),
     # torchtitan's Qwen3 MoE TP plan (models/qwen3/sharding.py, models/common/moe_sharding.py) on its
     # qwen3_moe decoder (q3m_*) and without q/k norms (mix_*, commplan's mixtral): tp alone, dp_shard x tp at
     # ep 1 (the experts split over TP on their hidden dim), and ep 2 borrowing the TP ranks
