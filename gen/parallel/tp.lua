@@ -242,10 +242,13 @@ function tp.used(d) return d.tp > 1 end
 function tp.rules(ctx, d, p)
   local dense = tp.DENSE[p.model.family] or false
   if d.tp > 1 and p.model.family == "deepseek_v3" then
-    -- torchtitan's plan with or without sequence parallelism, recorded live; loss parallelism on
+    -- torchtitan's plan with or without sequence parallelism, recorded live; loss parallelism always:
+    -- torchtitan 0.3 has no switch for it (components/loss.py:51-58: under spmd_types with tp > 1 its
+    -- cross_entropy_loss is the vocab-parallel one)
     if p.parallel.loss_parallel == false then
-      util.field_error(ctx, "parallel.loss_parallel", "loss_parallel = false with the deepseek_v3 family: its TP "
-        .. "plan is modelled with torchtitan's loss parallelism only (its default); remove it")
+      util.field_error(ctx, "parallel.loss_parallel", "loss_parallel = false with the deepseek_v3 family: "
+        .. "torchtitan 0.3 has no such switch (components/loss.py:51-58: with tp > 1 its cross-entropy is always "
+        .. "vocab-parallel); remove it")
     end
     if p.parallel.async_tp then
       util.field_error(ctx, "parallel.async_tp", "async TP of the deepseek_v3 family's TP plan is not modelled; "

@@ -267,7 +267,7 @@ function T.refusals_one_line_each()
     .. "microbatches = 2 }, fsdp = {")), "parallel.pp")
   H.plan_fails(ds(8, "{ cp = 2, dp_shard = 2, tp = 2, ep = 2 }"), "parallel.cp")
   H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, loss_parallel = false }"), "parallel.loss_parallel",
-    "torchtitan's loss parallelism only")
+    "torchtitan 0.3 has no such switch", "components/loss.py:51-58")
   H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, async_tp = true }"), "parallel.async_tp", "not modelled")
   H.plan_fails(mix(8, "{ dp_shard = -1, ep = 8 }"), "parallel.ep", "num_experts=4 not divisible by ep=8")
   H.plan_fails("return { world_size = 4, parallel = { dp_shard = -1, ep = 2 }, model = { family = 'llama', "
