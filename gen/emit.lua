@@ -372,9 +372,13 @@ function emit.vars(p, fp)
   v.class_of, v.nclass_of, v.tp_size = table.concat(of, ", "), #of, tp
   v.tp_mesh_dim = p.mesh.index.tp and (p.mesh.index.tp - 1) or -1
   if refined then
+    -- tp is one axis of the refined mesh, or (ep groups inside TP's) consecutive axes from t[1]:
+    -- the runtime's cp_tp_rank reads -2 - t[1] as that span
     local t = refined.covers.tp
-    if #t ~= 1 then error("internal: tp spans " .. #t .. " axes of the refined expert mesh", 0) end
-    v.tp_mesh_dim = t[1] - 1
+    for i = 2, #t do
+      if t[i] ~= t[i - 1] + 1 then error("internal: tp spans non-consecutive axes of the refined expert mesh", 0) end
+    end
+    v.tp_mesh_dim = #t == 1 and t[1] - 1 or -2 - (t[1] - 1)
   end
   local mn, ms = {}, {}
   for i, n in ipairs(cmesh.names) do mn[i] = cstr(n); ms[i] = tostring(cmesh.sizes[i]) end

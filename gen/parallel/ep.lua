@@ -114,11 +114,12 @@ function ep.rules(ctx, d, p)
         name, name))
     end
   end
-  if d.tp > 1 and d.ep % d.tp ~= 0 then
-    -- (the runtime's mesh refines the dense and expert meshes: tp must stay one axis of it, gen/emit.lua)
-    util.field_error(ctx, "parallel.ep", string.format("ep=%d with tp=%d: ep groups inside a TP group would split "
-      .. "the runtime's TP axis (a rank's TP coordinate is one mesh axis of its tables: runtime/topology.c "
-      .. "cp_tp_rank), though torchtitan 0.3 accepts it; pick ep a multiple of tp", d.ep, d.tp))
+  if d.tp > 1 and d.ep % d.tp ~= 0 and d.tp % d.ep ~= 0 then
+    -- (the runtime's mesh refines the dense and expert meshes into whole axes, gen/emit.lua: an ep group
+    -- must hold whole TP groups or lie inside one)
+    util.field_error(ctx, "parallel.ep", string.format("ep=%d with tp=%d: the ep groups (ep consecutive ranks of "
+      .. "dp_shard*tp) would cut TP groups unevenly, which the runtime's mesh of whole axes cannot hold, though "
+      .. "torchtitan 0.3 accepts it; pick ep a multiple or a divisor of tp", d.ep, d.tp))
   end
   if p.fsdp.grad_accumulation == "step_end" then
     util.field_error(ctx, "fsdp.grad_accumulation", "step_end is the pipeline schedules' accumulation; with ep > 1 "

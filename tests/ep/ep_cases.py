@@ -64,6 +64,9 @@ CASES = {
     "mix_tp2": dict(family="mixtral", world=2, dp_shard=1, tp=2, ep=1, model={}, batch=1, seq=6),
     "mix_dp2_tp2": dict(family="mixtral", world=4, dp_shard=2, tp=2, ep=1, model={}, batch=1, seq=6),
     "mix_dp2_tp2_ep2": dict(family="mixtral", world=4, dp_shard=2, tp=2, ep=2, model={}, batch=1, seq=6),
+    # ep 2 inside TP's groups of 4 (torchtitan 0.3 accepts ep < tp): efsdp 4 = dp_shard x half a TP group
+    "mix_dp2_tp4_ep2": dict(family="mixtral", world=8, dp_shard=2, tp=4, ep=2, model=dict(n_kv_heads=4), batch=1, seq=8,
+                            extra=True),
     # without sequence parallelism (torchtitan's enable_sequence_parallel = False; "sp": False): at ep 1 the MoE's
     # output all-reduced, its input's gradient all-reduced, as the dense feed-forward's; at ep 2 its output
     # all-reduced after the combine, its input's two slices' gradients (experts', router's) gathered

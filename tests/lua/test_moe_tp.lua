@@ -140,6 +140,24 @@ function T.ep_x_tp()
   H.eq(unit(p, "layers.0.experts").params[1].shape[1], 1, "one expert a rank")
 end
 
+-- ep 2 inside TP groups of 4 (torchtitan 0.3 accepts ep < tp; recorded live: mix_dp2_tp4_ep2): the ep
+-- groups are pairs of consecutive TP ranks, efsdp (4) spans dp_shard and the TP groups' halves; the
+-- runtime's mesh cuts tp into two axes, its TP coordinate read over both (tp_mesh_dim -2 - first axis).
+function T.ep_inside_tp_groups()
+  local src4 = (src("mixtral", 8, "{ dp_shard = 2, tp = 4, ep = 2 }"):gsub("n_kv_heads = 2", "n_kv_heads = 4"))
+  local p = plan.from_source(src4, "plans/t.lua")
+  local groups = require("gen.groups")
+  H.list_eq(groups.members(p.groups.by_name.ep, 0), { 0, 1 }, "an ep group inside tp's {0..3}")
+  H.list_eq(groups.members(p.groups.by_name.efsdp, 0), { 0, 2, 4, 6 }, "efsdp across dp_shard and the TP halves")
+  H.eq(p.dims.efsdp, 4)
+  local v = require("gen.emit").vars(p, "0")
+  H.eq(v.mesh_names, '"dp_shard.efsdp", "tp.efsdp", "tp.ep"')
+  H.eq(v.tp_mesh_dim, -3, "tp over the axes from 1")
+  -- and ep groups that would cut TP groups unevenly stay refused
+  H.plan_fails((string.format(SRC, 6, "{ dp_shard = 3, tp = 2, ep = 3 }", "mixtral"):gsub("num_experts = 4",
+    "num_experts = 6")), "parallel.ep", "ep=3 with tp=2", "cut TP groups unevenly")
+end
+
 -- ep > 1 without sequence parallelism (recorded live: q3m_dp2_tp2_ep2_nosp): the attention's all-reduces
 -- on the block; on the experts unit the MoE's output all-reduced after the combine and, after the
 -- dispatch's gradient, the routed experts' and the router's input gradients gathered.
