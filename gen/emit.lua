@@ -224,7 +224,9 @@ static const int waits_{{c}}[{{nwaits_storage}}] = { {{waits}} };
 -- efsdp's), so that every family of either mesh -- the dense dp_shard and
 -- tp, the expert ep and efsdp -- is a set of whole axes (its axis_mask).
 -- The strides must divide one another (gen/parallel/ep.lua asks ep to be
--- a multiple of tp: tp stays one axis, the runtime's TP coordinate).
+-- a multiple or a divisor of tp): tp stays one axis, or with ep groups
+-- inside TP's a span of consecutive axes (the runtime's TP coordinate,
+-- plan.c's tp_mesh_dim: see emit.vars).
 -- Returns { names, sizes, covers = { [dense or expert dim name] = {axis
 -- indices, 1-based} } }.
 function emit.refined_mesh(mesh)
