@@ -42,7 +42,7 @@ PP_PLANS=${PP_PLANS:-pp_tiny pp_tiny_tp pp_tiny_zbv pp_tiny_lbfs pp_tiny_gpipe p
 # tests/ep/plans: the expert-parallel plans (experts units over their own
 # efsdp communicator, ncclSend / ncclRecv all-to-alls): eager only, --graph
 # is refused for plans with all-to-alls
-EP_PLANS=${EP_PLANS:-ep2_mixtral ep4_mixtral_efsdp1 ep2_dsv3_shard1 ep2_mixtral_hsdp ep2_mixtral_ac ep4_dsv3_tp2}
+EP_PLANS=${EP_PLANS:-ep2_mixtral ep4_mixtral_efsdp1 ep2_dsv3_shard1 ep2_mixtral_hsdp ep2_mixtral_ac ep4_dsv3_tp2 ep1_mixtral_tp2_hsdp ep4_qwen3moe_tp2_hsdp ep2_mixtral_tp4}
 GPU_PLANS=${ONLY_PLANS:-$GPU_PLANS}
 {
   make -s PLAN=single.lua && make -s -j16 build/tests/test_kernels &&

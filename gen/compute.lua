@@ -28,7 +28,7 @@
 -- torchtitan 0.3 keeps them), the routed experts' rows on the block's
 -- experts unit where ep > 1 splits them off (the block's recompute on the
 -- block's unit), the [norm, lm_head] unit's as Llama's output unit's;
--- checkpointing wraps the blocks only (tp is refused for them).
+-- checkpointing wraps the blocks only (under TP: moe_unit_acts below).
 -- The qwen3 family (dense, gen/models/qwen3.lua): Llama's FLOPs (each
 -- block's matmuls and attention, lm_head's matmul, the embedding a lookup)
 -- and its blocks' bytes from qwen3.block_acts (moe_acts' GQA attention with
@@ -127,7 +127,7 @@ local function routed_rows(p, cfg, T)
 end
 
 -- An MoE family's unit: its activations { saved, transient }. Under TP
--- (deepseek_v3's plan) approximately: the block's bytes divided by tp as
+-- (every MoE family's plan) approximately: the block's bytes divided by tp as
 -- the Llama model's are (sequence-sharded between blocks, head- or
 -- hidden-sharded inside), the routed rows of a rank's seq / tp tokens with
 -- ep > 1, the head's over the local vocabulary (loss parallel).

@@ -91,10 +91,6 @@ function dims.infer(ctx, parallel, world_size)
       d.dp_replicate, d.dp_shard, d.cp, d.tp, d.pp,
       product and tostring(product) or ("more than " .. world_size), world_size))
   end
-  if d.ep > 1 and d.etp ~= d.tp and d.etp ~= 1 then
-    fail(ctx, f .. "etp", string.format(
-      "etp=%d must equal tp=%d or 1 (expert tensor-parallel must align with TP or be inactive)", d.etp, d.tp))
-  end
   if d.ep > 1 then
     -- dp_shard*cp*tp divides world_size here: no wrap.
     local pool = d.dp_shard * d.cp * d.tp
@@ -104,8 +100,13 @@ function dims.infer(ctx, parallel, world_size)
         d.ep, pool, pool))
     end
     if d.etp > 1 then
-      fail(ctx, f .. "etp", string.format("etp=%d: torchtitan 0.3's expert parallel borrows tp's ranks too "
-        .. "(ep from dp_shard*cp*tp), so its experts are not tensor-parallel; set etp=1 or remove it", d.etp))
+      -- torchtitan 0.3 has no etp (ParallelismConfig, config/configs.py:112-279: tensor_parallel_degree and
+      -- expert_parallel_degree only); at ep > 1 its experts' placement has no TP axis (models/common/
+      -- moe_sharding.py:29-47: EP Shard(0)), ep borrowing tp's ranks (parallel_dims.py:279)
+      fail(ctx, f .. "etp", string.format("etp=%d: torchtitan 0.3 has no expert tensor-parallel degree (its "
+        .. "ParallelismConfig, config/configs.py:112-279); at ep > 1 its experts are not tensor-parallel (EP "
+        .. "Shard(0), no TP axis: models/common/moe_sharding.py:29-47; ep from dp_shard*cp*tp); set etp=1 or "
+        .. "remove it", d.etp))
     end
     d.efsdp = pool // d.ep
   end

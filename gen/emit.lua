@@ -224,7 +224,9 @@ static const int waits_{{c}}[{{nwaits_storage}}] = { {{waits}} };
 -- efsdp's), so that every family of either mesh -- the dense dp_shard and
 -- tp, the expert ep and efsdp -- is a set of whole axes (its axis_mask).
 -- The strides must divide one another (gen/parallel/ep.lua asks ep to be
--- a multiple of tp: tp stays one axis, the runtime's TP coordinate).
+-- a multiple or a divisor of tp): tp stays one axis, or with ep groups
+-- inside TP's a span of consecutive axes (the runtime's TP coordinate,
+-- plan.c's tp_mesh_dim: see emit.vars).
 -- Returns { names, sizes, covers = { [dense or expert dim name] = {axis
 -- indices, 1-based} } }.
 function emit.refined_mesh(mesh)
@@ -372,9 +374,13 @@ function emit.vars(p, fp)
   v.class_of, v.nclass_of, v.tp_size = table.concat(of, ", "), #of, tp
   v.tp_mesh_dim = p.mesh.index.tp and (p.mesh.index.tp - 1) or -1
   if refined then
+    -- tp is one axis of the refined mesh, or (ep groups inside TP's) consecutive axes from t[1]:
+    -- the runtime's cp_tp_rank reads -2 - t[1] as that span
     local t = refined.covers.tp
-    if #t ~= 1 then error("internal: tp spans " .. #t .. " axes of the refined expert mesh", 0) end
-    v.tp_mesh_dim = t[1] - 1
+    for i = 2, #t do
+      if t[i] ~= t[i - 1] + 1 then error("internal: tp spans non-consecutive axes of the refined expert mesh", 0) end
+    end
+    v.tp_mesh_dim = #t == 1 and t[1] - 1 or -2 - (t[1] - 1)
   end
   local mn, ms = {}, {}
   for i, n in ipairs(cmesh.names) do mn[i] = cstr(n); ms[i] = tostring(cmesh.sizes[i]) end

@@ -292,7 +292,10 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
     int M = p->micro_steps > 0 ? p->micro_steps : 1;
     c->param_base = calloc((size_t)p->nparams + 1, sizeof(int64_t));
     c->members = malloc((size_t)W * (size_t)R * sizeof(int));
-    c->emembers = malloc((size_t)W * (size_t)R * sizeof(int)); /* (an experts group is no larger: efsdp <= dp_shard) */
+    int We_max = W; /* an experts unit's shard group (efsdp) is larger than dp_shard where ep < tp */
+    for (int u = 0; u < p->nunits; u++)
+        if (p->units[u].expert && p->units[u].shard_size > We_max) We_max = p->units[u].shard_size;
+    c->emembers = malloc((size_t)We_max * (size_t)R * sizeof(int));
     c->expect = malloc((size_t)biggest * sizeof(float));
     /* Cells: each unit's parameters cut where a part (cp_op.part_first /
      * part_count: a partial reduction and the compute that makes its grads)
@@ -329,7 +332,7 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
     c->acc = malloc((size_t)W * (size_t)R * sizeof(float));
     /* Blocks of CP_BLOCK floats: 4 of scratch, then expect_block's (every member's grads, a shard group's packed
      * values, the replicas' reduce-scatter values and partial sums, 3 more). */
-    c->work_floats = ((size_t)W * (size_t)R + (size_t)W + 2 * (size_t)R + 7) * CP_BLOCK;
+    c->work_floats = ((size_t)We_max * (size_t)R + (size_t)We_max + 2 * (size_t)R + 7) * CP_BLOCK;
     c->work = malloc(c->work_floats * sizeof(float));
     if (!c->param_base || !c->members || !c->emembers || !c->expect || !c->packs || !c->order || !c->pos || !c->pack_pos || !c->acc ||
         !c->work || !c->cell_rs) {

@@ -253,7 +253,8 @@ typedef struct {
      * rank runs its own class's tables (cp_plan_view). Without TP and PP:
      * tp_size 1, pp_size 1, one class. */
     int tp_size;
-    int tp_mesh_dim;          /* index of "tp" in the mesh, -1 without TP */
+    int tp_mesh_dim;          /* index of "tp" in the mesh, -1 without TP; -2 - i where tp spans the
+                                 consecutive axes from i (ep groups inside TP's: cp_tp_rank) */
     int nclasses;
     const cp_class *classes;
     const int *class_of;      /* pp_size x tp_size entries: [pp coordinate * tp_size + tp coordinate] */

@@ -50,10 +50,18 @@ int cp_shard_rank(const cp_plan *p, int rank)
 
 int cp_tp_rank(const cp_plan *p, int rank)
 {
-    if (p->tp_size <= 1 || p->tp_mesh_dim < 0) return 0;
+    if (p->tp_size <= 1 || p->tp_mesh_dim == -1) return 0;
     cp_rank_coords c;
     cp_rank_coords_of(p, rank, &c);
-    return c.coords[p->tp_mesh_dim];
+    if (p->tp_mesh_dim >= 0) return c.coords[p->tp_mesh_dim];
+    /* tp over the consecutive axes from -2 - tp_mesh_dim whose sizes make
+     * tp_size (an expert mesh whose ep groups split TP's: gen/emit.lua) */
+    int t = 0, n = 1;
+    for (int d = -2 - p->tp_mesh_dim; d < p->mesh_ndim && n < p->tp_size; d++) {
+        t = t * p->mesh_sizes[d] + c.coords[d];
+        n *= p->mesh_sizes[d];
+    }
+    return t;
 }
 
 int cp_op_group_key(const cp_plan *p, const cp_op *op, int rank)

@@ -379,12 +379,13 @@ torch_lane() {
     pp-run tests/pp/check_pipeline_live.sh "recorded"
   # torchtitan 0.3's expert parallelism run for real on gloo (its DeepSeek-V3
   # decoder, tiny; ep 2 and 4, FSDP over efsdp, Shard(1); ep 2 with tp 2 under
-  # torchtitan's MoE TP plan): every rank's
+  # torchtitan's MoE TP plan, on DeepSeek-V3 and on its Qwen3 MoE decoder
+  # (qwen3_moe; mixtral's and the other TP meshes under the full tier)): every rank's
   # collectives and token all-to-alls in order, and every local shard, vs
   # commplan's tables; every reduced gradient shard (unsharded gradients made
   # commplan's oracle pattern) vs the plan's --simulate --dump, element for
   # element (tests/ep/check_ep_live.sh)
-  script_check "ep run: torchtitan's expert parallel + fully_shard on gloo, ep 2 and 4, with and without activation checkpointing (its recompute's all-to-alls), ep 2 with tp 2 (its MoE TP plan), each rank's FSDP and TP collectives, token all-to-alls, shards and reduced gradients vs commplan's tables and simulation (tests/ep/check_ep_live.sh)" \
+  script_check "ep run: torchtitan's expert parallel + fully_shard on gloo, ep 2 and 4, with and without activation checkpointing (its recompute's all-to-alls), ep 2 with tp 2 (its MoE TP plans, deepseek_v3 and qwen3_moe), each rank's FSDP and TP collectives, token all-to-alls, shards and reduced gradients vs commplan's tables and simulation (tests/ep/check_ep_live.sh)" \
     ep-live tests/ep/check_ep_live.sh "events per rank"
 }
 # ---- end of the torch lane ----

@@ -8,9 +8,9 @@
 --
 -- At ep = 1 the experts are ordinary parameters of their block's unit
 -- (the three grouped 3-D weights, sharded over the FSDP group like every
--- other parameter). Splitting them over ep and sharding them over efsdp, a
--- second parameter group per unit, is issue 23 item 3; ep > 1 stays
--- refused (gen/parallel/ep.lua).
+-- other parameter; under TP split on their hidden dim: gen/parallel/
+-- tp.lua). With ep > 1 gen/parallel/ep.lua splits them over ep and shards
+-- them over efsdp, a second parameter group per unit.
 local util = require("gen.util")
 
 local moe = {}
@@ -76,19 +76,6 @@ end
 function moe.expert_shard_dim(d, num_experts)
   if not d then return 0 end
   return d.dp_replicate * d.dp_shard * d.cp * d.tp > num_experts and 1 or 0
-end
-
--- torchtitan shards an MoE block over TP with its own plan (the router
--- replicated, the experts' hidden dim split, the MoE input and output
--- redistributed: models/common/moe_sharding.py). commplan models it for
--- deepseek_v3 (gen/parallel/tp.lua, checked live); the GQA families'
--- (mixtral, qwen3_moe: their attention's TP plan unrecorded) are refused
--- in one line.
-function moe.refuse_tp(ctx, d, family)
-  if d and d.tp > 1 then
-    util.field_error(ctx, "parallel.tp", string.format("tp=%d: tensor parallelism of the %s family's MoE blocks "
-      .. "(torchtitan's MoE TP plan) is not planned; set tp=1 (FSDP and HSDP are)", d.tp, family))
-  end
 end
 
 -- The MoE module of layer pre ("layers.<i>."), torchtitan 0.3's order:
@@ -183,10 +170,9 @@ function moe.gqa_family(spec)
     return cfg
   end
 
-  -- d: the plan's dims (the experts' FSDP placement; tp refused).
+  -- d: the plan's dims (the experts' FSDP placement; TP: gen/parallel/tp.lua's Qwen3 MoE plan).
   function fam.units(ctx, model, d)
     local cfg = fam.config(ctx, model)
-    moe.refuse_tp(ctx, d, spec.name)
     local p = moe.param_fn(model.dtype)
     local q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     local sd = moe.expert_shard_dim(d, cfg.num_experts)

@@ -29,15 +29,15 @@
 --    re-runs the forward's three (recompute = true: a2a_counts naming the
 --    forward's as its a2a_counts_op, a2a dispatch, a2a combine), and the
 --    backward's two split by the recompute's counts.
--- With tp > 1 too (etp = 1, gen/dims.lua; the deepseek_v3 family, whose TP
--- plan gen/parallel/tp.lua models): the experts are not TP-split, ep
+-- With tp > 1 too (etp = 1, gen/dims.lua; every MoE family's TP plan,
+-- gen/parallel/tp.lua, models/common/moe_sharding.py): the experts are not TP-split, ep
 -- borrows TP's ranks, and the MoE input stays sequence-sharded, so each
 -- rank routes its own batch x seq / tp tokens: the all-to-alls are sized
 -- from those (torchtitan 0.3's moe_sharding.py with EP; recorded live:
--- tests/ep/check_ep_live.sh's dp2_tp2_ep* cases).
+-- tests/ep/check_ep_live.sh's dp2_tp2_ep* and *_tp2_ep2 cases).
 -- Refused with ep > 1, one line each: a model without routed experts, cp,
--- pp (the MoE families refuse pp already; mixtral and qwen3_moe refuse
--- tp), and expert_parallel settings on a plan without ep.
+-- pp (the MoE families refuse pp already), and expert_parallel settings on
+-- a plan without ep.
 local util = require("gen.util")
 local compute = require("gen.compute")
 
@@ -114,10 +114,12 @@ function ep.rules(ctx, d, p)
         name, name))
     end
   end
-  if d.tp > 1 and d.ep % d.tp ~= 0 then
-    -- (the runtime's mesh refines the dense and expert meshes: tp must stay one axis of it, gen/emit.lua)
-    util.field_error(ctx, "parallel.ep", string.format("ep=%d with tp=%d: expert parallel over part of the TP "
-      .. "group is not planned (the expert mesh must hold whole TP groups); pick ep a multiple of tp", d.ep, d.tp))
+  if d.tp > 1 and d.ep % d.tp ~= 0 and d.tp % d.ep ~= 0 then
+    -- (the runtime's mesh refines the dense and expert meshes into whole axes, gen/emit.lua: an ep group
+    -- must hold whole TP groups or lie inside one)
+    util.field_error(ctx, "parallel.ep", string.format("ep=%d with tp=%d: the ep groups (ep consecutive ranks of "
+      .. "dp_shard*tp) would cut TP groups unevenly, which the runtime's mesh of whole axes cannot hold, though "
+      .. "torchtitan 0.3 accepts it; pick ep a multiple or a divisor of tp", d.ep, d.tp))
   end
   if p.fsdp.grad_accumulation == "step_end" then
     util.field_error(ctx, "fsdp.grad_accumulation", "step_end is the pipeline schedules' accumulation; with ep > 1 "

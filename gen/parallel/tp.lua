@@ -121,7 +121,10 @@ local DEEPSEEK = {
   ["moe.shared_experts.w3.weight"] = "colwise",
   ["tok_embeddings.weight"] = "shard(0)", ["lm_head.weight"] = "colwise",
 }
-local DEEPSEEK_EXPERTS = {
+-- The routed experts at ep = 1 (every MoE family's GroupedExperts:
+-- _GROUPED_EXPERTS_PARAM_LAYOUT, models/qwen3/sharding.py:30-34 and
+-- models/deepseek_v3/sharding.py; moe_sharding.py:50-68 puts it on TP).
+local GROUPED_EXPERTS = {
   ["moe.routed_experts.inner_experts.w1_EFD"] = "shard(1)", ["moe.routed_experts.inner_experts.w2_EDF"] = "shard(2)",
   ["moe.routed_experts.inner_experts.w3_EFD"] = "shard(1)",
 }
@@ -146,11 +149,22 @@ local QWEN3 = {
   ["feed_forward.w2.weight"] = "rowwise", ["feed_forward.w3.weight"] = "colwise",
   ["tok_embeddings.weight"] = "shard(0)", ["lm_head.weight"] = "colwise",
 }
+-- torchtitan 0.3's Qwen3 MoE plan is its dense Qwen3 plan above for the
+-- attention, norms, embedding and lm_head (set_qwen3_sharding_config:
+-- models/qwen3/sharding.py:54-89, every block) and the MoE plan for the
+-- MoE block (:104-111, set_moe_sharding_config: models/common/
+-- moe_sharding.py:299-371): the router's gate replicated (:89-120), no
+-- shared experts, the routed experts GROUPED_EXPERTS at ep = 1 and not on
+-- TP at ep > 1 (:201-209: the sparse placement, EP S(0), no TP axis).
+-- commplan's mixtral is that decoder without q/k norms (gen/models/
+-- mixtral.lua; torchtitan has no Mixtral), so it takes the same plan.
 -- Each family's TP plan, by parameter name within its block; `experts`:
 -- the routed experts' placements, which apply at ep = 1 only (at ep > 1
 -- ExpertParallel takes those ranks).
 local PLANS = { llama = { names = LLAMA }, qwen3 = { names = QWEN3 },
-                deepseek_v3 = { names = DEEPSEEK, experts = DEEPSEEK_EXPERTS } }
+                mixtral = { names = QWEN3, experts = GROUPED_EXPERTS },
+                qwen3_moe = { names = QWEN3, experts = GROUPED_EXPERTS },
+                deepseek_v3 = { names = DEEPSEEK, experts = GROUPED_EXPERTS } }
 
 -- Every parameter's placement from its family's plan (the plan file's own,
 -- q.tp, first; a name the plan does not list is replicated).
@@ -166,12 +180,11 @@ function tp.place(units, family, d)
   end
 end
 
--- (PLANS holds the families whose TP plan commplan models; the MoE
--- families mixtral and qwen3_moe refuse tp: gen/models/moe.lua.) DENSE:
--- the decoders whose activations are gen/parallel/tp_acts.lua's
+-- DENSE: the decoders whose activations are gen/parallel/tp_acts.lua's
 -- tp_acts.dense (sequence_parallel, loss_parallel and async_tp apply to
--- them).
-tp.DENSE = { llama = true, qwen3 = true }
+-- them): llama, qwen3, and the GQA MoE families, whose blocks are qwen3's
+-- with the MoE's pair of redistributions where the feed-forward's are.
+tp.DENSE = { llama = true, qwen3 = true, mixtral = true, qwen3_moe = true }
 
 -- The proof that TP classes cannot hang each other: the members of a TP
 -- group sit in different classes, so every class must issue the identical
@@ -229,12 +242,13 @@ function tp.used(d) return d.tp > 1 end
 function tp.rules(ctx, d, p)
   local dense = tp.DENSE[p.model.family] or false
   if d.tp > 1 and p.model.family == "deepseek_v3" then
-    -- torchtitan's defaults, the plan recorded live; the others not modelled
-    for _, k in ipairs({ "sequence_parallel", "loss_parallel" }) do
-      if p.parallel[k] == false then
-        util.field_error(ctx, "parallel." .. k, string.format("%s = false with the deepseek_v3 family: its TP plan "
-          .. "is modelled with torchtitan's defaults only (sequence and loss parallelism on); remove it", k))
-      end
+    -- torchtitan's plan with or without sequence parallelism, recorded live; loss parallelism always:
+    -- torchtitan 0.3 has no switch for it (components/loss.py:51-58: under spmd_types with tp > 1 its
+    -- cross_entropy_loss is the vocab-parallel one)
+    if p.parallel.loss_parallel == false then
+      util.field_error(ctx, "parallel.loss_parallel", "loss_parallel = false with the deepseek_v3 family: "
+        .. "torchtitan 0.3 has no such switch (components/loss.py:51-58: with tp > 1 its cross-entropy is always "
+        .. "vocab-parallel); remove it")
     end
     if p.parallel.async_tp then
       util.field_error(ctx, "parallel.async_tp", "async TP of the deepseek_v3 family's TP plan is not modelled; "
@@ -245,22 +259,22 @@ function tp.rules(ctx, d, p)
   if p.parallel.sequence_parallel ~= nil and (d.tp == 1 or not dense) then
     util.field_error(ctx, "parallel.sequence_parallel", d.tp == 1
       and "tp=1: there is no TP group to shard the sequence over; remove sequence_parallel or set tp"
-      or "a generic model declares no activations (only the llama and qwen3 families' TP collectives are "
-        .. "modelled); remove it")
+      or "a generic model declares no activations (only the llama, qwen3, mixtral and qwen3_moe families' TP "
+        .. "collectives are modelled); remove it")
   end
   if p.parallel.async_tp and (d.tp == 1 or not dense or p.parallel.sequence_parallel == false) then
     util.field_error(ctx, "parallel.async_tp", d.tp == 1
       and "tp=1: there is no TP collective to overlap; remove async_tp or set tp"
-      or not dense and "a generic model declares no matmuls (only the llama and qwen3 families' TP collectives are "
-        .. "modelled); remove it"
+      or not dense and "a generic model declares no matmuls (only the llama, qwen3, mixtral and qwen3_moe families' "
+        .. "TP collectives are modelled); remove it"
       or "async TP fuses sequence parallelism's all-gathers and reduce-scatters with their matmuls, and "
         .. "sequence_parallel = false leaves only all-reduces; remove async_tp or sequence_parallel = false")
   end
   if p.parallel.loss_parallel ~= nil and (d.tp == 1 or not dense) then
     util.field_error(ctx, "parallel.loss_parallel", d.tp == 1
       and "tp=1: there is no TP group to shard the logits over; remove loss_parallel or set tp"
-      or "a generic model declares no loss (only the llama and qwen3 families' TP collectives are modelled); "
-        .. "remove it")
+      or "a generic model declares no loss (only the llama, qwen3, mixtral and qwen3_moe families' TP collectives "
+        .. "are modelled); remove it")
   end
 end
 
@@ -313,10 +327,11 @@ function tp.on_layout(ctx, lay, units, d, p, cfg)
                                         seq_len = p.model.seq_len, family = p.model.family,
                                         sequence_parallel = p.parallel.sequence_parallel,
                                         loss_parallel = p.parallel.loss_parallel,
-                                        async_tp = p.parallel.async_tp })
+                                        async_tp = p.parallel.async_tp, ep = d.ep })
   elseif p.model.family == "deepseek_v3" then
     tp_acts.deepseek(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
-                                           seq_len = p.model.seq_len, ep = d.ep })
+                                           seq_len = p.model.seq_len, ep = d.ep,
+                                           sequence_parallel = p.parallel.sequence_parallel })
   end
   return lay
 end

@@ -66,18 +66,43 @@ end
 -- Partial over TP -- the norms under sequence parallelism (their weight R:
 -- decoder_sharding.py:106, I without it), and Qwen3's q/k norms always
 -- (weight R on a head-sharded S(2) input whatever SP: qwen3/sharding.py:81-89).
+--
+-- The GQA MoE families (mixtral, qwen3_moe: torchtitan's Qwen3 MoE
+-- decoder, models/qwen3/sharding.py:59-111) are qwen3's plan with an MoE
+-- (`moe`: its router's gate) where the feed-forward is
+-- (models/common/moe_sharding.py): at ep = 1 the MoE wrapper takes its
+-- input from the sequence shards to Replicate and its Partial output back
+-- (_moe_sharding_config, :267-296) -- the feed-forward's all-gather and
+-- reduce-scatter, in the same places, or without sequence parallelism its
+-- forward and backward all-reduces; at ep > 1 its input stays on the
+-- sequence shards and its output comes back on them from the experts
+-- (desired_input_layout = sp_layout, experts_output_layout S(1)), so the
+-- block issues no TP collective for it; without sequence parallelism its
+-- input is sliced to them and its output all-reduced (below, on the
+-- experts unit). The router's gate weight is R on
+-- an R input at ep = 1 whose gradient comes back Partial from the routed
+-- experts' local_map (experts_input_grad_layout P, :219), and on the
+-- sequence shard at ep > 1: its gradient is Partial over TP either way.
+local QWEN3_PARTIAL = { "attention%.[qk]_norm%.weight$" }
+local MOE_PARTIAL = { "attention%.[qk]_norm%.weight$", "moe%.router%.gate%.weight$" }
 tp_acts.DENSE = {
   llama = { embedding = "tok_embeddings.weight", block = "attention.wo.weight", output = "output.weight",
             partial_sp = "norm%.weight$" },
   qwen3 = { embedding = "tok_embeddings.weight", block = "attention.wo.weight", output = "lm_head.weight",
-            partial_sp = "norm%.weight$", partial_always = "attention%.[qk]_norm%.weight$" },
+            partial_sp = "norm%.weight$", partial_always = QWEN3_PARTIAL },
+  mixtral = { embedding = "tok_embeddings.weight", block = "attention.wo.weight", output = "lm_head.weight",
+              moe = "moe.router.gate.weight", partial_sp = "norm%.weight$", partial_always = MOE_PARTIAL },
+  qwen3_moe = { embedding = "tok_embeddings.weight", block = "attention.wo.weight", output = "lm_head.weight",
+                moe = "moe.router.gate.weight", partial_sp = "norm%.weight$", partial_always = MOE_PARTIAL },
 }
 
 -- Whether TP-replicated parameter q's gradient is Partial over TP (FSDP2's
 -- post-backward all-reduces it).
 local function partial_grad(q, fam, sp)
   if q.tp_dim ~= nil then return false end
-  if fam.partial_always and q.name:match(fam.partial_always) then return true end
+  for _, pat in ipairs(fam.partial_always or {}) do
+    if q.name:match(pat) then return true end
+  end
   return sp and q.name:match(fam.partial_sp) ~= nil
 end
 
@@ -103,7 +128,7 @@ local function move(acts, from, at)
 end
 
 -- layout units (a tp_acts.DENSE family), model config, tp, opts = { batch,
--- seq_len, sequence_parallel, loss_parallel, async_tp, family } -> sets
+-- seq_len, sequence_parallel, loss_parallel, async_tp, family, ep } -> sets
 -- u.tp_acts = list of { kind, phase, count, dtype, what } and u.act_numel
 -- on every unit that has any.
 function tp_acts.dense(ctx, lay, cfg, T, opts)
@@ -111,6 +136,7 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
   local fam = tp_acts.DENSE[opts.family or "llama"]
   local seq = seq_len_of(ctx, opts)
   local b, sp = opts.batch or 1, opts.sequence_parallel ~= false
+  local ep = opts.ep or 1
   local loss_parallel = opts.loss_parallel ~= false
   local full = b * seq * cfg.dim          -- one activation, every token
   local shard = full // T                 -- one sequence shard (seq % tp == 0: gen/dims checks)
@@ -145,23 +171,45 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
       end
     end
     if has(u, fam.block) then
+      -- the block's feed-forward, or its MoE: redistributed at ep = 1 only
+      -- (the MoE's gathered input feeds the router and the grouped experts,
+      -- no fused matmul: priced unfused under async TP)
+      local moe = fam.moe and has(u, fam.moe)
+      local ffn = not moe or ep == 1
+      local ffn_in, ffn_out = "feed-forward input", "w2 output"
+      local w13, w2 = "w13", "w2"
+      if moe then ffn_in, ffn_out, w13, w2 = "MoE input", "routed experts' output", nil, nil end
       if sp then
         add("tp_all_gather", "forward", shard, "attention input sequence", "qkv")
         add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards", "wo")
-        add("tp_all_gather", "forward", shard, "feed-forward input sequence", "w13")
-        add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards", "w2")
+        if ffn then
+          add("tp_all_gather", "forward", shard, ffn_in .. " sequence", w13)
+          add("tp_reduce_scatter", "forward", shard, ffn_out .. " to sequence shards", w2)
+        end
         cut = #acts + 1
-        add("tp_all_gather", "backward", shard, "w2 output gradient", "w2")
-        add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient", "w13")
+        if ffn then
+          add("tp_all_gather", "backward", shard, ffn_out .. " gradient", w2)
+          add("tp_reduce_scatter", "backward", shard, ffn_in .. " gradient", w13)
+        end
         add("tp_all_gather", "backward", shard, "wo output gradient", "wo")
         add("tp_reduce_scatter", "backward", shard, "attention input gradient", "qkv")
       else
         add("tp_all_reduce", "forward", full, "wo output partial sums")
-        add("tp_all_reduce", "forward", full, "w2 output partial sums")
+        if ffn then add("tp_all_reduce", "forward", full, ffn_out .. " partial sums") end
         cut = #acts + 1
-        add("tp_all_reduce", "backward", full, "feed-forward input gradient")
+        if ffn then add("tp_all_reduce", "backward", full, ffn_in .. " gradient") end
         add("tp_all_reduce", "backward", full, "attention input gradient")
       end
+    end
+    if u.expert and not sp then
+      -- ep > 1 without SP (recorded live: tests/ep/ep_cases.py's q3m_dp2_tp2_ep2_nosp): the MoE's
+      -- replicated input sliced to the sequence shards for the router and the routed experts (I -> S(1),
+      -- moe_sharding.py:89-112, :201-209), its Partial output all-reduced after the combine (P -> I,
+      -- :282-295); in backward, after the dispatch's gradient, each slice's gradient gathered
+      -- (the routed experts' input first, then the router's): on the experts unit, around EP's
+      add("tp_all_reduce", "forward", full, "MoE output partial sums")
+      add("tp_all_gather", "backward", shard, "routed experts' input gradient")
+      add("tp_all_gather", "backward", shard, "router input gradient")
     end
     local before = #acts
     if u == head then
@@ -206,10 +254,10 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
 end
 
 -- DeepSeek-V3 (gen/models/deepseek_v3.lua) under torchtitan 0.3's TP plan
--- (models/deepseek_v3/sharding.py, models/common/moe_sharding.py) with
--- sequence and loss parallelism, its defaults; recorded live on gloo
--- (tests/ep/check_ep_live.sh's dp2_tp2* cases). sets u.tp_acts as
--- tp_acts.llama does; opts = { batch, seq_len, ep }.
+-- (models/deepseek_v3/sharding.py, models/common/moe_sharding.py), recorded
+-- live on gloo (tests/ep/check_ep_live.sh's dp2_tp2* cases). sets u.tp_acts
+-- as tp_acts.dense does; opts = { batch, seq_len, ep, sequence_parallel }.
+-- With sequence parallelism (torchtitan's default):
 --  * the embedding, the output and the loss, the dense blocks' attention
 --    and feed-forward: as the Llama plan's (MLA's input gathered once,
 --    Shard(1) -> Replicate, its wo row-wise with Shard(1) output);
@@ -231,12 +279,33 @@ end
 --    wq_a, q_norm, the norms, the router's gate) comes out Partial over TP
 --    and FSDP2's post-backward all-reduces it, in parameter order, on a
 --    reducing micro-step (as the Llama plan's norms).
+-- Without it (parallel.sequence_parallel = false; recorded live:
+-- dp2_tp2_nosp, dp2_tp2_ep2_nosp): activations between blocks are whole
+-- (I); the embedding, wo, the dense w2 and the MoE all-reduce their Partial
+-- outputs in forward, and the attention's, the feed-forward's and (ep = 1)
+-- the MoE's input gradients are all-reduced in backward (I -> R); at ep > 1
+-- the MoE's output is all-reduced after the combine, the shared experts'
+-- input gradient all-reduced before the combine's gradient, and after the
+-- dispatch's gradient the routed experts' and the router's input slices'
+-- gradients gathered (I -> S(1): moe_sharding.py:89-112, :201-209); the
+-- output's input gradient all-reduced; the block norms and the final norm
+-- keep whole gradients (norm_config without SP), the other replicated
+-- weights' are Partial as with it.
+local NORMS = { "attention_norm%.weight$", "ffn_norm%.weight$", "^norm%.weight$" }
+
+local function is_norm(q)
+  for _, pat in ipairs(NORMS) do if q.name:match(pat) then return true end end
+  return false
+end
+
 function tp_acts.deepseek(ctx, lay, cfg, T, opts)
   if T <= 1 then return end
   local seq = seq_len_of(ctx, opts)
   local b = opts.batch or 1
-  local shard = b * seq * cfg.dim // T
+  local full = b * seq * cfg.dim
+  local shard = full // T
   local ep = opts.ep or 1
+  local sp = opts.sequence_parallel ~= false
   local shared = (cfg.num_shared_experts or 0) > 0
   for _, u in ipairs(lay.units) do
     local acts = {}
@@ -244,41 +313,67 @@ function tp_acts.deepseek(ctx, lay, cfg, T, opts)
       acts[#acts + 1] = { kind = kind, phase = phase, count = count, dtype = u.ag_dtype, what = what, point = point }
     end
     if has(u, "tok_embeddings.weight") then
-      add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards")
-      add("tp_all_gather", "backward", shard, "embedding output gradient")
+      if sp then
+        add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards")
+        add("tp_all_gather", "backward", shard, "embedding output gradient")
+      else
+        add("tp_all_reduce", "forward", full, "embedding output partial sums")
+      end
     end
     if u.expert then
-      if shared then
+      if sp and shared then
         add("tp_all_gather", "forward", shard, "shared experts' input sequence")
         add("tp_reduce_scatter", "forward", shard, "shared experts' w2 output to sequence shards")
         add("tp_all_gather", "backward", shard, "shared experts' w2 output gradient", "backward_before")
         add("tp_reduce_scatter", "backward", shard, "shared experts' input gradient", "backward_before")
+      elseif not sp then
+        add("tp_all_reduce", "forward", full, "MoE output partial sums")
+        if shared then
+          add("tp_all_reduce", "backward", full, "shared experts' input gradient", "backward_before")
+        end
+        add("tp_all_gather", "backward", shard, "routed experts' input gradient")
+        add("tp_all_gather", "backward", shard, "router input gradient")
       end
     elseif has(u, "attention.wo.weight") then
       local dense, moe = has(u, "feed_forward.w1.weight"), has(u, "moe.router.gate.weight")
-      add("tp_all_gather", "forward", shard, "attention input sequence")
-      add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards")
-      if dense then
-        add("tp_all_gather", "forward", shard, "feed-forward input sequence")
-        add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards")
-        add("tp_all_gather", "backward", shard, "w2 output gradient")
-        add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient")
-      elseif moe and ep == 1 then
-        add("tp_all_gather", "forward", shard, "MoE input sequence")
-        add("tp_reduce_scatter", "forward", shard, "routed experts' output to sequence shards")
-        if shared then
-          add("tp_reduce_scatter", "forward", shard, "shared experts' w2 output to sequence shards")
-          add("tp_all_gather", "backward", shard, "shared experts' w2 output gradient")
+      local ffn = dense or (moe and ep == 1)
+      if sp then
+        add("tp_all_gather", "forward", shard, "attention input sequence")
+        add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards")
+        if dense then
+          add("tp_all_gather", "forward", shard, "feed-forward input sequence")
+          add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards")
+          add("tp_all_gather", "backward", shard, "w2 output gradient")
+          add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient")
+        elseif moe and ep == 1 then
+          add("tp_all_gather", "forward", shard, "MoE input sequence")
+          add("tp_reduce_scatter", "forward", shard, "routed experts' output to sequence shards")
+          if shared then
+            add("tp_reduce_scatter", "forward", shard, "shared experts' w2 output to sequence shards")
+            add("tp_all_gather", "backward", shard, "shared experts' w2 output gradient")
+          end
+          add("tp_all_gather", "backward", shard, "routed experts' output gradient")
+          add("tp_reduce_scatter", "backward", shard, "MoE input gradient")
         end
-        add("tp_all_gather", "backward", shard, "routed experts' output gradient")
-        add("tp_reduce_scatter", "backward", shard, "MoE input gradient")
+        add("tp_all_gather", "backward", shard, "wo output gradient")
+        add("tp_reduce_scatter", "backward", shard, "attention input gradient")
+      else
+        local what = dense and "w2 output" or "MoE output"
+        add("tp_all_reduce", "forward", full, "wo output partial sums")
+        if ffn then
+          add("tp_all_reduce", "forward", full, what .. " partial sums")
+          add("tp_all_reduce", "backward", full, (dense and "feed-forward" or "MoE") .. " input gradient")
+        end
+        add("tp_all_reduce", "backward", full, "attention input gradient")
       end
-      add("tp_all_gather", "backward", shard, "wo output gradient")
-      add("tp_reduce_scatter", "backward", shard, "attention input gradient")
     end
     if has(u, "lm_head.weight") then
-      add("tp_all_gather", "forward", shard, "output input sequence")
-      add("tp_reduce_scatter", "backward", shard, "output input gradient")
+      if sp then
+        add("tp_all_gather", "forward", shard, "output input sequence")
+        add("tp_reduce_scatter", "backward", shard, "output input gradient")
+      else
+        add("tp_all_reduce", "backward", full, "output input gradient")
+      end
       for _, l in ipairs({ { "max", "loss_parallel: per-token max logit" },
                            { "sum", "loss_parallel: per-token sum of exponentials" },
                            { "sum", "loss_parallel: per-token target logit" } }) do
@@ -288,7 +383,7 @@ function tp_acts.deepseek(ctx, lay, cfg, T, opts)
     end
     if not u.expert then
       for _, q in ipairs(u.params) do
-        if q.tp_dim == nil then
+        if q.tp_dim == nil and (sp or not is_norm(q)) then
           add("tp_all_reduce", "backward", q.numel, q.name .. " gradient (Partial over TP)")
           acts[#acts].reducing_only = true
           acts[#acts].dtype = u.reduce_dtype

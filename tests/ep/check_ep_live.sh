@@ -7,7 +7,10 @@
 # full and selective activation checkpointing (the backward re-runs each MoE
 # block's counts exchange, dispatch and combine), and dp_shard 2 x tp 2 x
 # ep 2 under torchtitan's MoE TP plan (sequence and loss parallel; with
-# --cases also dp2_tp2 at ep 1 and dp2_tp2_ep4) — one forward + backward
+# --cases also dp2_tp2 at ep 1 and dp2_tp2_ep4), and torchtitan's Qwen3 MoE
+# decoder (qwen3_moe, and without q/k norms commplan's mixtral) under its TP
+# plan: tp 2, dp_shard 2 x tp 2 at ep 1 and 2, without sequence parallelism,
+# ep 2 inside tp 4 (tests/ep/ep_cases.py) — one forward + backward
 # with torchtitan's round-robin routing), every collective per rank recorded in
 # build/ep/live/<case>.json; one summary line per case (tests/ep/ep_summary.py).
 # Then tests/ep/compare_ep_live.lua holds commplan's tables for the same

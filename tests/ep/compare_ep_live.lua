@@ -2,7 +2,8 @@
 -- (tests/ep/torch_ep_record.py, one JSON per case) with commplan's tables
 -- for the same model and mesh (issue 23, item 6).
 --
--- Per case: the plan of the recorded model (gen/models/deepseek_v3.lua with
+-- Per case: the plan of the recorded model (its family's, c.family:
+-- gen/models/deepseek_v3.lua, or mixtral / qwen3_moe's gen/models/moe.lua, with
 -- the recorder's dims, world, dp_shard and ep; gradients summed, as
 -- torchtitan's divide factor 1 does; the loss on whole logits, the
 -- recorder's cross_entropy_loss: training.loss_chunks = 1) is generated; then per global rank the
@@ -43,9 +44,13 @@ local groups = require("gen.groups")
 
 local fmt = string.format
 local DTYPE = { float32 = "fp32", bfloat16 = "bf16", float16 = "fp16", int64 = "int64" }
-local KEYS = { "dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank", "kv_lora_rank",
-               "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "dense_hidden_dim", "moe_hidden_dim",
-               "num_experts", "num_shared_experts", "top_k" }
+-- The model keys of each recorded family (tests/ep/ep_cases.py's BASE and GQA_BASE).
+local DS_KEYS = { "dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank", "kv_lora_rank",
+                  "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "dense_hidden_dim", "moe_hidden_dim",
+                  "num_experts", "num_shared_experts", "top_k" }
+local GQA_KEYS = { "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "moe_hidden_dim", "num_experts",
+                   "top_k" }
+local KEYS = { deepseek_v3 = DS_KEYS, qwen3_moe = GQA_KEYS, mixtral = GQA_KEYS }
 
 -- The plan of a case is named ep_live_<case> (its binary, its dump files).
 local function plan_name(c) return "ep_live_" .. c.case end
@@ -53,7 +58,8 @@ local function plan_name(c) return "ep_live_" .. c.case end
 -- The plan file of a recorded case.
 local function plan_source(c)
   local m = {}
-  for _, k in ipairs(KEYS) do
+  local family = c.family or "deepseek_v3"
+  for _, k in ipairs(assert(KEYS[family], "case family")) do
     local v = c.model[k]
     assert(math.type(v) == "integer", "case model field " .. k)
     m[#m + 1] = fmt("%s = %d", k, v)
@@ -61,10 +67,12 @@ local function plan_source(c)
   return fmt([[return {
   world_size = %d,
   parallel = { dp_shard = %d, ep = %d%s },
-  model = { family = "deepseek_v3", dtype = "fp32", seq_len = %d, %s },
+  model = { family = %q, dtype = "fp32", seq_len = %d, %s },
   fsdp = { reduce_op = "sum" },
   training = { local_batch_size = %d, loss_chunks = 1%s },
-}]], c.world, c.dp_shard, c.ep, (c.tp or 1) > 1 and fmt(", tp = %d", c.tp) or "", c.seq, table.concat(m, ", "), c.batch,
+}]], c.world, c.dp_shard, c.ep, ((c.tp or 1) > 1 and fmt(", tp = %d", c.tp) or "")
+    .. (c.sp == false and ", sequence_parallel = false" or ""), family, c.seq, table.concat(m, ", "),
+    c.batch,
     (c.ac and c.ac ~= "none") and fmt(", activation_checkpointing = %q", c.ac) or "")
 end
 
@@ -153,7 +161,9 @@ local function local_shape(u, prm, g, fams)
   -- / ep on dim 0, prm.ep_full the whole)
   local shape = {}
   for i, d in ipairs(prm.shape) do shape[i] = d end
-  local group = fams[u.shard_group or "fsdp"][g]
+  -- (no shard family at dp_shard 1: tp alone, every parameter whole on its rank)
+  local fam = fams[u.shard_group or "fsdp"]
+  local group = fam and fam[g] or { g }
   local n = #group
   if n > 1 then
     local pos

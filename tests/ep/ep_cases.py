@@ -19,12 +19,17 @@ import json
 import os
 import sys
 
-# The model: torchtitan's DeepSeek-V3 decoder, tiny (see torch_ep_record.py).
+# The model: torchtitan's DeepSeek-V3 decoder, tiny (see torch_ep_record.py); a case with family
+# "qwen3_moe" or "mixtral" torchtitan's Qwen3 MoE decoder (mixtral: without its q/k norms), tiny: GQA_BASE.
 BASE = dict(dim=16, n_layers=3, n_dense_layers=1, n_heads=2, vocab_size=64, q_lora_rank=0, kv_lora_rank=8,
             qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4, dense_hidden_dim=32, moe_hidden_dim=8,
             num_experts=8, num_shared_experts=1, top_k=2)
+# 4 heads of 4 (2 kv heads: tp 2 splits them), 8 experts of hidden 16 (16-byte strides for torch._grouped_mm
+# at 8 bf16 per TP shard), top 2
+GQA_BASE = dict(dim=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=4, vocab_size=64, moe_hidden_dim=16,
+                num_experts=8, top_k=2)
 # name: world, dp_shard, ep, tp (1 unless given; torchtitan's TP with sequence and loss parallelism, its
-# defaults; ep borrows from dp_shard*tp), model overrides, (batch, seq), ac (torchtitan's activation checkpointing:
+# defaults, or "sp": False without sequence parallelism; ep borrows from dp_shard*tp), model overrides, (batch, seq), ac (torchtitan's activation checkpointing:
 # "none" unless given, "full" = FullAC, "selective" = SelectiveAC, each with its defaults)
 CASES = {
     # efsdp 2: expert weights on the efsdp mesh, Shard(0) (efsdp*ep 4 <= 8 experts)
@@ -45,11 +50,36 @@ CASES = {
     "dp2_tp2_ep2": dict(world=4, dp_shard=2, tp=2, ep=2, model={}, batch=1, seq=6),
     # ep 4 over the whole world, efsdp 1; MLA with a query LoRA (wq_a and q_norm replicated over TP, wq_b colwise)
     "dp2_tp2_ep4": dict(world=4, dp_shard=2, tp=2, ep=4, model=dict(q_lora_rank=8), batch=1, seq=6, extra=True),
+    # without sequence parallelism ("sp": False)
+    "dp2_tp2_nosp": dict(world=4, dp_shard=2, tp=2, ep=1, sp=False, model=dict(moe_hidden_dim=16), batch=1, seq=6,
+                         extra=True),
+    "dp2_tp2_ep2_nosp": dict(world=4, dp_shard=2, tp=2, ep=2, sp=False, model=dict(q_lora_rank=8), batch=1, seq=6,
+                             extra=True),
+    # torchtitan's Qwen3 MoE TP plan (models/qwen3/sharding.py, models/common/moe_sharding.py) on its
+    # qwen3_moe decoder (q3m_*) and without q/k norms (mix_*, commplan's mixtral): tp alone, dp_shard x tp at
+    # ep 1 (the experts split over TP on their hidden dim), and ep 2 borrowing the TP ranks
+    "q3m_tp2": dict(family="qwen3_moe", world=2, dp_shard=1, tp=2, ep=1, model={}, batch=1, seq=6),
+    "q3m_dp2_tp2": dict(family="qwen3_moe", world=4, dp_shard=2, tp=2, ep=1, model={}, batch=1, seq=6),
+    "q3m_dp2_tp2_ep2": dict(family="qwen3_moe", world=4, dp_shard=2, tp=2, ep=2, model={}, batch=1, seq=6),
+    "mix_tp2": dict(family="mixtral", world=2, dp_shard=1, tp=2, ep=1, model={}, batch=1, seq=6),
+    "mix_dp2_tp2": dict(family="mixtral", world=4, dp_shard=2, tp=2, ep=1, model={}, batch=1, seq=6),
+    "mix_dp2_tp2_ep2": dict(family="mixtral", world=4, dp_shard=2, tp=2, ep=2, model={}, batch=1, seq=6),
+    # ep 2 inside TP's groups of 4 (torchtitan 0.3 accepts ep < tp): efsdp 4 = dp_shard x half a TP group
+    "mix_dp2_tp4_ep2": dict(family="mixtral", world=8, dp_shard=2, tp=4, ep=2, model=dict(n_kv_heads=4), batch=1, seq=8,
+                            extra=True),
+    # without sequence parallelism (torchtitan's enable_sequence_parallel = False; "sp": False): at ep 1 the MoE's
+    # output all-reduced, its input's gradient all-reduced, as the dense feed-forward's; at ep 2 its output
+    # all-reduced after the combine, its input's two slices' gradients (experts', router's) gathered
+    "q3m_dp2_tp2_nosp": dict(family="qwen3_moe", world=4, dp_shard=2, tp=2, ep=1, sp=False, model={}, batch=1, seq=6,
+                             extra=True),
+    "q3m_dp2_tp2_ep2_nosp": dict(family="qwen3_moe", world=4, dp_shard=2, tp=2, ep=2, sp=False, model={}, batch=1,
+                                 seq=6, extra=True),
 }
 # The cases run when none are named: by hand, all but the extra ones; make test's quick tier one case
-# per mesh and activation checkpointing once (full AC); make test-full every case.
+# per mesh and activation checkpointing once (full AC), and the Qwen3 MoE TP plan once (EP x TP, on the
+# dp2_tp2_ep2 mesh); make test-full every case.
 TIER = os.environ.get("COMMPLAN_TEST_TIER", "")
-QUICK = ("dp4_ep2", "dp4_ep2_full", "dp4_ep4", "dp2_tp2_ep2")
+QUICK = ("dp4_ep2", "dp4_ep2_full", "dp4_ep4", "dp2_tp2_ep2", "q3m_dp2_tp2_ep2")
 if TIER == "quick":
     DEFAULT = ",".join(QUICK)
 elif TIER == "full":
@@ -58,12 +88,21 @@ else:
     DEFAULT = ",".join(n for n, c in CASES.items() if not c.get("extra"))
 
 
+def family(case):
+    return case.get("family", "deepseek_v3")
+
+
+def model_of(case):
+    """The case's model numbers: its family's base with the case's overrides."""
+    return dict(BASE if family(case) == "deepseek_v3" else GQA_BASE, **case["model"])
+
+
 def spec(name):
     case = CASES[name]
-    return {"case": name, "world": case["world"], "dp_shard": case["dp_shard"], "ep": case["ep"],
-            "tp": case.get("tp", 1),
-            "model": dict(BASE, **case["model"]), "batch": case["batch"], "seq": case["seq"],
-            "ac": case.get("ac", "none")}
+    return {"case": name, "family": family(case), "world": case["world"], "dp_shard": case["dp_shard"],
+            "ep": case["ep"], "tp": case.get("tp", 1),
+            "model": model_of(case), "batch": case["batch"], "seq": case["seq"],
+            "ac": case.get("ac", "none"), "sp": case.get("sp", True)}
 
 
 def names_of(cases):

@@ -4,7 +4,12 @@
 training step (forward + backward, no optimizer step), for a comparison with
 commplan's EP tables.
 
-The model: torchtitan's own DeepSeek-V3 decoder (DeepSeekV3Model built from
+The model (a case's "family"; tests/ep/ep_cases.py): torchtitan's own
+Qwen3 MoE decoder (Qwen3Model from _build_qwen3_moe_layers: GQA attention
+with q/k norms, an MoE without shared experts in every block; "mixtral",
+commplan's, is it without the q/k norms: torchtitan has no Mixtral),
+parallelized by parallelize_qwen3 (its TP plan models/qwen3/sharding.py);
+or torchtitan's own DeepSeek-V3 decoder (DeepSeekV3Model built from
 torchtitan's _build_dsv3_layers), tiny: dim 16, 3 layers, the first dense
 (FeedForward), the others MoE (torchtitan's MoE: TokenChoiceTopKRouter,
 RoutedExperts = GroupedExperts + AllToAllTokenDispatcher, one shared expert),
@@ -117,7 +122,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "titan"))
 sys.path.insert(0, HERE)
-from ep_cases import BASE, CASES, DEFAULT, names_of, spec  # noqa: E402 - the case matrix, torch-free
+from ep_cases import CASES, DEFAULT, family, model_of, names_of, spec  # noqa: E402 - the case matrix, torch-free
 
 try:
     import torch
@@ -471,6 +476,25 @@ def install_grad_pattern():
 
 # -------------------------------------------------------------------- model
 
+def titan_gqa_moe_config(m, fam):
+    """torchtitan's Qwen3 MoE decoder from its own layer builder (_build_qwen3_moe_layers, as
+    tests/titan/test_moe_plan.py builds it); commplan's mixtral is it without the q/k norms."""
+    import torchtitan.models.qwen3 as Q
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+    hd, d, v = m["head_dim"], m["dim"], m["vocab_size"]
+    layers = Q._build_qwen3_moe_layers(
+        fuse_qkv=True, n_layers=m["n_layers"], dim=d, n_heads=m["n_heads"], n_kv_heads=m["n_kv_heads"], head_dim=hd,
+        moe_hidden_dim=m["moe_hidden_dim"], num_experts=m["num_experts"], top_k=m["top_k"], attn_backend="flex",
+        moe_comm_backend="standard", rope=CosSinRoPE.Config(dim=hd, max_seq_len=64, theta=1000000.0))
+    if fam == "mixtral":
+        for lc in layers:
+            lc.attention.qk_norm = None
+    return Q.Qwen3Model.Config(
+        vocab_size=v, dim=d, norm=Q._qwen3_norm(d),
+        tok_embeddings=Embedding.Config(num_embeddings=v, embedding_dim=d, param_init=Q._EMBEDDING_INIT),
+        lm_head=Linear.Config(in_features=d, out_features=v, param_init=Q._LINEAR_INIT), layers=layers)
+
+
 def titan_model_config(m):
     import torchtitan.models.deepseek_v3 as DS
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
@@ -501,10 +525,16 @@ def ac_config(mode):
 
 def build(case, pd, parallelism, training):
     from torchtitan.config import CompileConfig, DebugConfig
-    from torchtitan.models.deepseek_v3 import model_registry, parallelize_deepseekv3
     from torchtitan.trainer import Trainer
-    cfg = titan_model_config(dict(BASE, **case["model"]))
-    spec = model_registry("debugmodel")
+    fam = family(case)
+    if fam == "deepseek_v3":
+        from torchtitan.models.deepseek_v3 import model_registry, parallelize_deepseekv3 as parallelize
+        cfg = titan_model_config(model_of(case))
+        spec = model_registry("debugmodel")
+    else:
+        from torchtitan.models.qwen3 import model_registry, parallelize_qwen3 as parallelize
+        cfg = titan_gqa_moe_config(model_of(case), fam)
+        spec = model_registry("debugmodel_moe")
     spec.model = cfg
     # --debug.moe_force_load_balance: torchtitan's round-robin routing (update_from_config sets every router's
     # _debug_force_load_balance from it): the fixed, known routing
@@ -512,9 +542,9 @@ def build(case, pd, parallelism, training):
                                                  debug=DebugConfig(moe_force_load_balance=True)))
     with torch.device("meta"):
         model = cfg.build()
-    model = parallelize_deepseekv3(model, parallel_dims=pd, training=training, parallelism=parallelism,
-                                   compile_config=CompileConfig(), ac_config=ac_config(case.get("ac", "none")),
-                                   dump_folder=os.path.join(ROOT, "build", "ep", "dump"))
+    model = parallelize(model, parallel_dims=pd, training=training, parallelism=parallelism,
+                        compile_config=CompileConfig(), ac_config=ac_config(case.get("ac", "none")),
+                        dump_folder=os.path.join(ROOT, "build", "ep", "dump"))
     model.to_empty(device="cpu")
     torch.manual_seed(1234)
     with torch.no_grad():
@@ -590,7 +620,8 @@ def run_case(rank, name, case, plan_json=None):
     from torchtitan.distributed.utils import get_spmd_context, set_spmd_backend
 
     parallelism = ParallelismConfig(data_parallel_shard_degree=case["dp_shard"], expert_parallel_degree=case["ep"],
-                                    tensor_parallel_degree=case.get("tp", 1))
+                                    tensor_parallel_degree=case.get("tp", 1),
+                                    enable_sequence_parallel=case.get("sp", True))
     set_spmd_backend(parallelism.spmd_backend)  # as Trainer.__init__ does
     training = TrainingConfig(local_batch_size=case["batch"], seq_len=case["seq"], dtype="float32",
                               mixed_precision_param="float32", mixed_precision_reduce="float32",
@@ -605,7 +636,7 @@ def run_case(rank, name, case, plan_json=None):
     GP.k = plan_param_ids(plan_json) if plan_json else None
     GP.names = {id(p): n for n, p in named_parameters(model)}
     GP.rank, GP.micro, GP.injected = rank, 0, {}
-    m = dict(BASE, **case["model"])
+    m = model_of(case)
     B, L = case["batch"], case["seq"]
     tokens = torch.randint(0, m["vocab_size"], (B, L + 1), generator=torch.Generator().manual_seed(100 + rank))
     inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

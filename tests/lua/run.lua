@@ -38,6 +38,8 @@ suites[#suites + 1] = "test_cp"
 suites[#suites + 1] = "test_qwen3"
 -- Issue 35: TP on the dense Qwen3 family (torchtitan 0.3's models/qwen3/sharding.py).
 suites[#suites + 1] = "test_qwen3_tp"
+-- Issue 35: TP and EP x TP on the GQA MoE families (torchtitan 0.3's Qwen3 MoE plan).
+suites[#suites + 1] = "test_moe_tp"
 -- Issue 33: outputs never through a link, huge buffers and network figures refused in one line.
 suites[#suites + 1] = "test_hostile_outputs"
 -- Issue 33: sizes bounded before the work they drive; pipeline CSVs read beside the plan, bounded, never echoed.

@@ -41,7 +41,8 @@ function T.degree_rules()
   fails("{ dp_shard = -2 }", 8, "dp_shard=-2 must be -1")
   -- (pp > 1 without a pipeline section runs torchtitan's 1F1B; the stage split needs a decoder)
   fails("{ dp_shard = -1, pp = 2 }", 8, "model.family:", "use the llama family")
-  fails("{ dp_shard = 2, ep = 2, tp = 2, etp = 3 }", 4, "parallel.etp", "etp=3 must equal tp=2 or 1")
+  fails("{ dp_shard = 2, ep = 2, tp = 2, etp = 3 }", 4, "parallel.etp", "etp=3: torchtitan 0.3 has no expert "
+    .. "tensor-parallel degree", "config/configs.py:112-279")
   fails("{ dp_shard = 2, cp = 4, ulysses_degree = 8 }", 8, "ulysses_degree=8 must be <= cp=4")
   fails("{ dp_shard = 2, cp = 4, ulysses_degree = 3 }", 8, "cp=4 must be divisible by ulysses_degree=3")
 end
@@ -207,8 +208,8 @@ function T.ep_refusals()
   fails("{ dp_replicate = 4, ep = 2 }", 4, "parallel.ep", "ep=2 must divide dp_shard*cp*tp=1")
   fails("{ dp_shard = 6, ep = 4 }", 6, "parallel.ep", "ep=4 must divide dp_shard*cp*tp=6", "divisors of 6")
   fails("{ dp_shard = 2, tp = 2, ep = 2, etp = 2 }", 4, "parallel.etp", "etp=2:", "ep from dp_shard*cp*tp",
-    "experts are not tensor-parallel", "set etp=1 or remove it")
-  fails("{ dp_shard = 4, ep = 2, etp = 2 }", 4, "parallel.etp", "etp=2 must equal tp=1 or 1")
+    "its experts are not tensor-parallel", "moe_sharding.py:29-47", "set etp=1 or remove it")
+  fails("{ dp_shard = 4, ep = 2, etp = 2 }", 4, "parallel.etp", "etp=2: torchtitan 0.3 has no expert tensor-parallel")
   fails("{ dp_shard = 4, etp = 1 }", 4, "parallel.etp", "applies only with ep > 1", "remove it")
   fails("{ dp_shard = 4, ep = 0 }", 4, "parallel.ep", "Parallel degree ep=0 must be >= 1")
   -- the model's experts

@@ -258,18 +258,16 @@ function T.refusals_one_line_each()
     "expert_parallel.capacity_factor", "remove one")
   H.plan_fails(mix(4, "{ dp_shard = -1, ep = 2 }", ", expert_parallel = { capacity_factor = 0 }"),
     "expert_parallel.capacity_factor")
-  H.plan_fails(mix(8, "{ dp_shard = -1, tp = 2, ep = 2 }"), "parallel.tp", "mixtral family's MoE blocks", "set tp=1")
-  -- DeepSeek-V3 with TP: still refused with ep over part of a TP group, etp > 1, pp, cp, and TP settings
-  -- other than torchtitan's defaults
-  H.plan_fails((ds(8, "{ dp_shard = 2, tp = 4, ep = 2 }"):gsub("n_heads = 2", "n_heads = 4")), "parallel.ep",
-    "ep=2 with tp=4", "multiple of tp")
+  -- DeepSeek-V3 with TP: still refused with ep groups cutting TP groups unevenly, etp > 1, pp, cp,
+  -- loss_parallel = false and async TP
+  H.plan_fails((ds(6, "{ dp_shard = 3, tp = 2, ep = 3 }"):gsub("num_experts = 4", "num_experts = 6")), "parallel.ep",
+    "ep=3 with tp=2", "cut TP groups unevenly", "torchtitan 0.3 accepts it", "pick ep a multiple or a divisor of tp")
   H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, ep = 2, etp = 2 }"), "parallel.etp", "experts are not tensor-parallel")
   H.plan_fails((ds(8, "{ pp = 2, dp_shard = 2, tp = 2, ep = 2 }"):gsub("fsdp = {", 'pipeline = { schedule = "1F1B", '
     .. "microbatches = 2 }, fsdp = {")), "parallel.pp")
   H.plan_fails(ds(8, "{ cp = 2, dp_shard = 2, tp = 2, ep = 2 }"), "parallel.cp")
-  H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, ep = 2, sequence_parallel = false }"), "parallel.sequence_parallel",
-    "torchtitan's defaults only")
-  H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, loss_parallel = false }"), "parallel.loss_parallel")
+  H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, loss_parallel = false }"), "parallel.loss_parallel",
+    "torchtitan 0.3 has no such switch", "components/loss.py:51-58")
   H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, async_tp = true }"), "parallel.async_tp", "not modelled")
   H.plan_fails(mix(8, "{ dp_shard = -1, ep = 8 }"), "parallel.ep", "num_experts=4 not divisible by ep=8")
   H.plan_fails("return { world_size = 4, parallel = { dp_shard = -1, ep = 2 }, model = { family = 'llama', "
@@ -328,6 +326,23 @@ function T.deepseek_tp_at_ep1_splits_the_experts_hidden_dim()
     .. "tp_all_reduce' tp_all_reduce' tp_all_reduce' tp_all_reduce' tp_all_reduce' tp_all_reduce' tp_all_reduce'")
   H.eq(tp[1].count, 8 * 16 // 2, "a sequence shard")
   H.eq(tp[#tp].count, 4 * 16, "the gate's whole gradient")
+end
+
+-- Without sequence parallelism (recorded live: tests/ep/ep_cases.py's dp2_tp2_nosp, dp2_tp2_ep2_nosp): the
+-- Partial outputs all-reduced in forward, the inputs' gradients in backward; at ep > 1 the MoE's output
+-- after the combine, the shared experts' input gradient before the combine's, the two input slices'
+-- gradients gathered after the dispatch's; the block norms' gradients whole (no all-reduce).
+function T.deepseek_tp_without_sequence_parallel()
+  local p = plan.from_source(ds(4, "{ dp_shard = 2, tp = 2, sequence_parallel = false }"), "plans/t.lua")
+  local tp = ops_of(p, "layers.1", function(o) return o.group == "tp" end)
+  -- wo, MoE; MoE input, attention input; wq_a, q_norm, wkv_a, kv_norm, the gate (not the two block norms)
+  H.eq(kinds(tp), "tp_all_reduce tp_all_reduce tp_all_reduce' tp_all_reduce' tp_all_reduce' tp_all_reduce' "
+    .. "tp_all_reduce' tp_all_reduce' tp_all_reduce'")
+  H.eq(tp[1].count, 8 * 16, "the whole activation")
+  p = plan.from_source(ds(4, "{ dp_shard = 2, tp = 2, ep = 2, sequence_parallel = false }"), "plans/t.lua")
+  local seq = ops_of(p, "layers.1.experts", function(o) return o.group == "tp" or o.group == "ep" end)
+  H.eq(kinds(seq), "a2a_counts a2a a2a tp_all_reduce tp_all_reduce' a2a' a2a' tp_all_gather' tp_all_gather'")
+  H.eq(seq[#seq].count, 8 * 16 // 2, "a sequence shard's gradient gathered")
 end
 
 function T.deepseek_tp_with_ep_routes_the_sequence_shard()

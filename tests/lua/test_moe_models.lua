@@ -242,14 +242,8 @@ function T.bad_inputs_one_line_each()
     "units are only for family")
   H.plan_fails(src('family = "mixtral", size = "8x7b", fuse_qkv = 1'), "model.fuse_qkv")
   H.plan_fails(src('family = "moe"'), "model.family")
-  -- parallelisms not planned for the MoE families: one line each, naming the field and the fix
-  H.plan_fails(src('family = "mixtral", size = "8x7b"', "{ dp_shard = 4, tp = 2 }"), "parallel.tp",
-    "tp=2: tensor parallelism of the mixtral family's MoE blocks", "set tp=1")
-  H.plan_fails(src('family = "qwen3_moe", size = "30b-a3b"', "{ dp_shard = -1, ep = 4, tp = 2 }"), "parallel.tp",
-    "tp=2: tensor parallelism of the qwen3_moe family's MoE blocks", "set tp=1")
-  -- deepseek_v3 plans tp (its TP plan, gen/parallel/tp.lua); ep over part of a TP group is not
-  H.plan_fails(src('family = "deepseek_v3", size = "671b"', "{ dp_shard = -1, ep = 2, tp = 4 }"), "parallel.ep",
-    "ep=2 with tp=4", "pick ep a multiple of tp")
+  -- (TP on mixtral and qwen3_moe, and EP x TP: tests/lua/test_moe_tp.lua)
+  -- (ep with tp: tests/lua/test_moe_tp.lua and test_ep.lua)
   H.plan_fails(src('family = "qwen3_moe", size = "30b-a3b", num_experts = 6, top_k = 2', "{ dp_shard = -1, ep = 4 }"),
     "parallel.ep", "num_experts=6 not divisible by ep=4")
 end

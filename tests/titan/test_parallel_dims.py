@@ -35,10 +35,9 @@ Verdicts:
                  with cp alone beside dp_replicate and dp_shard are: FSDP's
                  fsdp family, dp_shard x cp, against torchtitan's fsdp mesh);
   etp-only       torchtitan accepts and commplan refuses only for etp
-                 (parallel.etp): etp given with ep = 1, an etp that is neither
-                 tp nor 1 (the seeds' rule), or etp = tp > 1 with ep > 1
-                 (torchtitan 0.3 has no etp setting at all: its experts are
-                 never tensor-parallel with ep > 1);
+                 (parallel.etp): etp given with ep = 1, or an etp other than
+                 1 with ep > 1 (torchtitan 0.3 has no etp setting at all:
+                 its experts are never tensor-parallel with ep > 1);
   disagreement   anything else: the test fails and names the mesh.
 
 Cost: every mesh commplan accepts is built by torchtitan on every run. The
