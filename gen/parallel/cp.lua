@@ -24,10 +24,24 @@
 --    it the two all-gathers (spmd_types issues them as c10d all-gathers,
 --    which SelectiveAC's save list does not hold): recorded live, they
 --    come before the gradients' reduce-scatters (recompute = true).
+--  * beside TP (with or without sequence parallelism; recorded live:
+--    test_cp_record.py's cp2_tp2, cp2_tp2_nosp): the mesh is (.., cp, tp),
+--    TP the inner dim of FSDP's dp_shard x cp storage mesh
+--    (distributed/full_dtensor.py:56, :92-95); the inputs are S(1) on cp
+--    and R on tp (full_dtensor.py:145-152), so TP's activation
+--    collectives carry the rank's seq_len / cp tokens (gen/parallel/tp.lua),
+--    and the K/V the attention exchanges are its TP-local kv heads,
+--    n_kv_heads / tp (S(2) on tp, S(1) -> R on cp at the inner attention's
+--    local_map: models/common/decoder_sharding.py:225-260). The exchange
+--    sits between TP's attention-input gather and wo's output collective
+--    (backward: between wo's output-gradient one and the attention input
+--    gradient's): each op names its region in the block and
+--    gen/parallel/init.lua's unit_ops merges the two modules' ops by it.
 -- Refused, one line each: Ulysses (torch 2.15 and torchtitan 0.3 have
--- none), cp with tp, pp or ep (not planned), a family other than llama (no
--- attention to exchange), a seq_len torchtitan refuses (2 x cp chunks for
--- the head-tail balancer; flex's CP block mask needs cp x 128).
+-- none), cp with pp or ep (not planned), a family other than llama (no
+-- attention to exchange), a seq_len torchtitan refuses (its Trainer's
+-- tp (under SP) x 2 x cp, trainer.py:306-315; flex's CP block mask needs
+-- cp x 128).
 local util = require("gen.util")
 
 local cp = { name = "cp", label = "CP", dims = { "cp" }, groups = { "cp" } }
@@ -41,7 +55,7 @@ function cp.used(d) return d.cp > 1 end
 local function refuse(ctx, field, fmt, ...) util.field_error(ctx, field, string.format(fmt, ...)) end
 
 -- The degrees alone (gen/parallel/init.lua's check_supported runs it, as
--- tests/titan/dims_dump.lua does): Ulysses, and cp beside tp, pp or ep.
+-- tests/titan/dims_dump.lua does): Ulysses, and cp beside pp or ep.
 function cp.check_dims(ctx, d)
   if d.cp == 1 then return end -- (ulysses_degree without cp: gen/dims.lua refuses it)
   if d.ulysses_degree ~= nil then
@@ -49,9 +63,9 @@ function cp.check_dims(ctx, d)
       .. "(all-to-all over heads) context parallel; their cp all-gathers K and V over the sequence "
       .. "(docs/context-parallel.md): remove ulysses_degree", d.ulysses_degree)
   end
-  for _, name in ipairs({ "tp", "pp", "ep" }) do
+  for _, name in ipairs({ "pp", "ep" }) do
     if d[name] > 1 then
-      refuse(ctx, "parallel.cp", "cp=%d with %s=%d: context parallel is planned with FSDP and HSDP only "
+      refuse(ctx, "parallel.cp", "cp=%d with %s=%d: context parallel is planned with FSDP, HSDP and TP only "
         .. "(torchtitan's cp with %s is not modelled yet); set cp=1 or %s=1", d.cp, name, d[name], name, name)
     end
   end
@@ -68,10 +82,15 @@ function cp.rules(ctx, d, p)
     refuse(ctx, "model.seq_len", "cp=%d: seq_len is needed to size the K/V all-gathers; set model.seq_len (and "
       .. "training.local_batch_size, sequences per rank, default 1)", d.cp)
   end
-  -- torchtitan's Trainer: seq_len % (2 * cp) (the head-tail balancer's 2 x cp chunks)
-  if seq % (2 * d.cp) ~= 0 then
-    refuse(ctx, "model.seq_len", "seq_len=%d is not divisible by 2 x cp=%d (torchtitan's head-tail load balancer "
-      .. "cuts each sequence into 2 x cp chunks); pick seq_len a multiple of %d", seq, 2 * d.cp, 2 * d.cp)
+  -- torchtitan's Trainer (trainer.py:306-315): seq_len % (tp under sequence
+  -- parallelism x 2 x cp): the head-tail balancer's 2 x cp chunks, each
+  -- rank's seq_len / cp tokens then cut in tp sequence shards
+  local sp = d.tp > 1 and p.parallel.sequence_parallel ~= false
+  local div = (sp and d.tp or 1) * 2 * d.cp
+  if seq % div ~= 0 then
+    refuse(ctx, "model.seq_len", "seq_len=%d is not divisible by %s2 x cp=%d (torchtitan's Trainer, trainer.py:306: "
+      .. "the head-tail load balancer cuts each sequence into 2 x cp chunks%s); pick seq_len a multiple of %d", seq,
+      sp and string.format("tp=%d x ", d.tp) or "", div, sp and ", sequence parallelism each rank's in tp" or "", div)
   end
   -- torch's _create_cp_block_mask: Q_LEN % (cp * flex's query block)
   local block = d.cp * cp.FLEX_BLOCK
@@ -94,21 +113,26 @@ function cp.on_layout(_, lay, _, d, p, cfg)
   local b = p.training and p.training.local_batch_size or 1
   local ac = p.training and p.training.activation_checkpointing or "none"
   local recompute = ac == "full" or ac == "selective"
-  local count = b * (p.model.seq_len // d.cp) * cfg.n_kv_heads * cfg.head_dim
+  -- K and V as the attention sees them: the rank's seq_len / cp tokens, its
+  -- TP-local kv heads (n_kv_heads / tp: TP's colwise wk, wv, the heads
+  -- S(2) on tp, models/common/decoder_sharding.py:241-245)
+  local count = b * (p.model.seq_len // d.cp) * (cfg.n_kv_heads // d.tp) * cfg.head_dim
   for _, u in ipairs(lay.units) do
     if holds(u, "attention.wk.weight") then
       u.cp_acts = {
-        { kind = "tp_all_gather", phase = "forward", what = "K over the sequence (cp)" },
-        { kind = "tp_all_gather", phase = "forward", what = "V over the sequence (cp)" },
+        { kind = "tp_all_gather", phase = "forward", what = "K over the sequence (cp)", region = "attention" },
+        { kind = "tp_all_gather", phase = "forward", what = "V over the sequence (cp)", region = "attention" },
       }
       if recompute then
-        u.cp_acts[3] = { kind = "tp_all_gather", phase = "backward", recompute = true,
+        u.cp_acts[3] = { kind = "tp_all_gather", phase = "backward", recompute = true, region = "recompute",
                          what = "K over the sequence (cp), recomputed (activation checkpointing)" }
-        u.cp_acts[4] = { kind = "tp_all_gather", phase = "backward", recompute = true,
+        u.cp_acts[4] = { kind = "tp_all_gather", phase = "backward", recompute = true, region = "recompute",
                          what = "V over the sequence (cp), recomputed (activation checkpointing)" }
       end
-      u.cp_acts[#u.cp_acts + 1] = { kind = "tp_reduce_scatter", phase = "backward", what = "K/V gradient (cp)" }
-      u.cp_acts[#u.cp_acts + 1] = { kind = "tp_reduce_scatter", phase = "backward", what = "K/V gradient (cp)" }
+      for _ = 1, 2 do
+        u.cp_acts[#u.cp_acts + 1] = { kind = "tp_reduce_scatter", phase = "backward", what = "K/V gradient (cp)",
+                                      region = "attention" }
+      end
       u.cp_count = count
       u.act_numel = math.max(u.act_numel or 0, count * d.cp)
     end
@@ -129,7 +153,7 @@ function cp.unit_ops(out, u, m, at)
       out[#out + 1] = { kind = a.kind, unit = u.index, micro_step = m, phase = a.phase, group = "cp",
                         dtype = u.ag_dtype, count = u.cp_count,
                         reduce_op = a.kind == "tp_reduce_scatter" and "sum" or nil, what = a.what,
-                        recompute = a.recompute }
+                        recompute = a.recompute, region = a.region }
     end
   end
 end

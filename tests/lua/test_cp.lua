@@ -155,7 +155,6 @@ end
 function T.refusals()
   H.plan_fails(llama(8, "{ dp_shard = 2, cp = 4, ulysses_degree = 2 }"), "parallel.ulysses_degree",
     "no Ulysses", "remove ulysses_degree")
-  H.plan_fails(llama(8, "{ dp_shard = 2, cp = 2, tp = 2 }"), "parallel.cp", "cp=2 with tp=2", "set cp=1 or tp=1")
   H.plan_fails(llama(8, "{ dp_shard = 2, cp = 2, pp = 2 }", ", pipeline = { schedule = '1F1B', microbatches = 2 }"),
     "parallel.cp", "cp=2 with pp=2", "set cp=1 or pp=1")
   H.plan_fails([[return { world_size = 4, parallel = { dp_shard = 2, cp = 2 }, model = { family = "generic",
@@ -175,21 +174,100 @@ function T.refusals()
 end
 
 -- The advisor keeps the plan's cp in every mesh it ranks (a cp group shares
--- its sequences) and ranks no pipeline mesh (cp with pp is not planned).
+-- its sequences), ranks cp beside tp (planned), refuses the tp that GQA
+-- refuses, and ranks no pipeline mesh (cp with pp is not planned).
 function T.advisor_keeps_cp()
   local advisor = require("gen.advisor")
   local load = require("gen.load")
   local res = advisor.rank(load.source(llama(8, "{ dp_shard = -1, cp = 2 }"), "plans/t.lua"))
   H.eq(res.pipeline, nil, "no pipeline meshes")
   H.eq(res.plan_global, 2 * 8 // 2, "global batch: local batch x world / cp")
-  local own = 0
+  local own, with_tp = 0, 0
   for _, x in ipairs(res.results) do
     H.eq(x.mesh:find("cp=2", 1, true) ~= nil, true, x.mesh)
-    H.eq(x.t, 1, x.mesh .. ": cp with tp is refused")
+    with_tp = with_tp + (x.t == 2 and 1 or 0)
     own = own + (x.plan_mesh and 1 or 0)
   end
   H.eq(own, 1, "the plan's own mesh ranked once")
-  H.eq(#res.rejected > 0, true, "the tp > 1 meshes refused")
+  H.eq(with_tp, 2, "cp 2 x tp 2 ranked beside dp_shard 2 and beside dp_replicate 2")
+  H.eq(#res.rejected, 1, "tp 4 refused (n_kv_heads 2: GQA)")
+  H.eq(res.rejected[1].mesh:find("tp=4", 1, true) ~= nil, true, "the refused mesh is tp 4")
+end
+
+-- CP beside TP (sequence parallelism on), as recorded live
+-- (tests/titan/test_cp_record.py's cp2_tp2): TP's activation collectives
+-- over the rank's seq_len / cp tokens, cut in tp sequence shards; the K/V
+-- all-gathers of the TP-local kv heads (n_kv_heads / tp) between TP's
+-- attention-input gather and wo's reduce-scatter; their gradients'
+-- reduce-scatters between wo's output-gradient gather and the attention
+-- input gradient's reduce-scatter.
+local function block_seq(p, unit)
+  local out = {}
+  for _, o in ipairs(p.ops) do
+    if o.unit == unit and (o.group == "tp" or o.group == "cp") then
+      out[#out + 1] = string.format("%s %s %s %d", o.phase:sub(1, 1), o.kind:gsub("^tp_", ""), o.group, o.count)
+    end
+  end
+  return out
+end
+
+function T.cp_beside_tp_sp()
+  local p = gen(4, "{ dp_shard = 1, cp = 2, tp = 2 }")
+  H.list_eq(p.mesh.names, { "cp", "tp" }, "mesh: cp outside tp")
+  H.list_eq(ranks_of(p, "cp", 1), { 1, 3 }, "cp group of rank 1")
+  H.list_eq(ranks_of(p, "tp", 2), { 2, 3 }, "tp group of rank 2")
+  H.list_eq(ranks_of(p, "fsdp", 1), { 1, 3 }, "FSDP over dp_shard x cp, TP inner")
+  local kv = 2 * (512 // 2) * (2 // 2) * 16 -- batch x seq/cp x n_kv_heads/tp x head_dim
+  local sh = 2 * (512 // 2) * 64 // 2       -- batch x seq/cp x dim / tp
+  H.list_eq(block_seq(p, 2), {
+    "f all_gather tp " .. sh, "f all_gather cp " .. kv, "f all_gather cp " .. kv, "f reduce_scatter tp " .. sh,
+    "f all_gather tp " .. sh, "f reduce_scatter tp " .. sh,
+    "b all_gather tp " .. sh, "b reduce_scatter tp " .. sh, "b all_gather tp " .. sh,
+    "b reduce_scatter cp " .. kv, "b reduce_scatter cp " .. kv, "b reduce_scatter tp " .. sh,
+    "b all_reduce tp 64", "b all_reduce tp 64",
+  }, "layers.0 on tp and cp")
+  -- loss_parallel's per-token all-reduces: the rank's batch x seq_len / cp tokens
+  local loss = 0
+  for _, o in ipairs(p.ops) do
+    if o.loss then loss = loss + 1; H.eq(o.count, 2 * 512 // 2, "loss all-reduce per token of the rank") end
+  end
+  H.eq(loss, 3, "three loss_parallel all-reduces")
+  for _, u in ipairs(p.layout.units) do
+    if u.cp_acts then H.eq(u.act_numel >= 2 * kv and u.act_numel >= 2 * sh, true, u.name .. " act_numel") end
+  end
+end
+
+-- Without sequence parallelism: wo and w2 all-reduce the rank's seq_len / cp
+-- tokens, the K/V exchange between wo's attention and its all-reduce.
+function T.cp_beside_tp_no_sp()
+  local p = gen(4, "{ dp_shard = 1, cp = 2, tp = 2, sequence_parallel = false }")
+  local kv, full = 2 * 256 * 1 * 16, 2 * 256 * 64
+  H.list_eq(block_seq(p, 2), {
+    "f all_gather cp " .. kv, "f all_gather cp " .. kv, "f all_reduce tp " .. full, "f all_reduce tp " .. full,
+    "b all_reduce tp " .. full, "b reduce_scatter cp " .. kv, "b reduce_scatter cp " .. kv,
+    "b all_reduce tp " .. full,
+  }, "layers.0 without SP")
+end
+
+-- The 3D and 4D meshes: FSDP over dp_shard x cp with TP inner, HSDP
+-- replicating over dp_replicate; the K/V counts as at dp 1.
+function T.cp_beside_tp_with_fsdp_and_hsdp()
+  local kv = 2 * 256 * 1 * 16
+  local p = gen(8, "{ dp_shard = 2, cp = 2, tp = 2 }")
+  H.list_eq(p.mesh.names, { "dp_shard", "cp", "tp" }, "3D mesh")
+  H.eq(p.layout.W, 4, "FSDP's shard group: dp_shard x cp")
+  H.list_eq(ranks_of(p, "fsdp", 3), { 1, 3, 5, 7 }, "fsdp group of rank 3: dp_shard x cp, tp fixed")
+  H.list_eq(ranks_of(p, "cp", 5), { 5, 7 }, "cp group")
+  local h = gen(8, "{ dp_replicate = 2, dp_shard = 1, cp = 2, tp = 2 }")
+  H.list_eq(h.mesh.names, { "dp_replicate", "cp", "tp" }, "HSDP x CP x TP mesh")
+  H.eq(h.layout.W, 2, "shard group: the cp ranks")
+  H.eq(h.layout.R, 2, "replicas")
+  H.list_eq(ranks_of(h, "dp_replicate", 1), { 1, 5 }, "replicate group")
+  for _, q in ipairs({ p, h }) do
+    local n = 0
+    for _, o in ipairs(cp_ops(q)) do n = n + 1; H.eq(o.count, kv, "K/V count") end
+    H.eq(n, 8, "2 blocks x (2 all-gathers + 2 reduce-scatters)")
+  end
 end
 
 -- The audit names the K/V exchange and FSDP's group as dp_shard x cp.

@@ -15,7 +15,7 @@ the group's rank list, phase, and the tensors' shapes (what docs/context-paralle
 
 What is recorded: every op of the c10d namespace (torch.distributed's eager collectives, which
 spmd_types' redistributions and FSDP2 call) and of _c10d_functional (wait_tensor left out), by a
-TorchDispatchMode; and funcol.all_gather_single / reduce_scatter_single called inside
+TorchDispatchMode (funcol's _wrap_tensor_autograd, no collective, left out too); and funcol.all_gather_single / reduce_scatter_single called inside
 torch's custom ops (cplib::flex_cp_allgather, the legacy backend's K/V exchange, runs its
 collectives below the dispatch mode), by wrapping them.
 
@@ -75,7 +75,12 @@ CONFIGS = {
     "dp2_cp2_legacy": ({"dp_shard": 2, "cp": 2}, "partial_dtensor", "none"),
     "dp2_cp2_sac": ({"dp_shard": 2, "cp": 2}, "spmd_types", "selective"),
     "dp2_cp2_fullac": ({"dp_shard": 2, "cp": 2}, "spmd_types", "full"),
+    # CP beside TP: sequence parallelism on (torchtitan's default) and off
+    "cp2_tp2": ({"dp_shard": 1, "cp": 2, "tp": 2}, "spmd_types", "none"),
+    "cp2_tp2_nosp": ({"dp_shard": 1, "cp": 2, "tp": 2, "sp": False}, "spmd_types", "none"),
 }
+# The quick tier (make test) runs these; COMMPLAN_TEST_TIER=full every config.
+QUICK = ("dp2_cp2", "cp4", "hsdp_cp2", "dp2_cp2_legacy", "dp2_cp2_sac", "dp2_cp2_fullac", "cp2_tp2")
 DT = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.int64": "int64"}
 KIND = (("allgather", "all_gather"), ("all_gather", "all_gather"), ("reduce_scatter", "reduce_scatter"),
         ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"), ("alltoall", "all_to_all"),
@@ -183,7 +188,8 @@ def make_mode():
             out = func(*args, **kwargs)
             ns = getattr(func, "namespace", None)  # (a higher-order op has none: it issues no collective)
             if REC.log is not None and not getattr(REC.tls, "inside", False) and (
-                    ns == "c10d" or (ns == "_c10d_functional" and "wait" not in func.overloadpacket.__name__)):
+                    ns == "c10d" or (ns == "_c10d_functional" and not any(
+                        w in func.overloadpacket.__name__ for w in ("wait", "wrap_tensor_autograd")))):
                 _record_dispatch(func, args, kwargs, out)
             return out
     return CommMode()
@@ -282,13 +288,15 @@ def worker(rank, init, out_dir, names):
     built = {}
     for name in names:
         par, backend, ac = CONFIGS[name]
+        tp = par.get("tp", 1)
         parallelism = ParallelismConfig(data_parallel_replicate_degree=par.get("dp_replicate", 1),
                                         data_parallel_shard_degree=par["dp_shard"],
-                                        context_parallel_degree=par["cp"], spmd_backend=backend)
+                                        context_parallel_degree=par["cp"], tensor_parallel_degree=tp,
+                                        enable_sequence_parallel=par.get("sp", True), spmd_backend=backend)
         training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
                                   mixed_precision_param="bfloat16", mixed_precision_reduce="float32")
         set_spmd_backend(backend)
-        mesh_key = (tuple(sorted(par.items())), backend)
+        mesh_key = (tuple(sorted((k, v) for k, v in par.items() if k != "sp")), backend)
         if mesh_key not in built:
             built[mesh_key] = ParallelDims.from_config(parallelism, WORLD)
             built[mesh_key].build_mesh()
@@ -298,9 +306,9 @@ def worker(rank, init, out_dir, names):
         for m in model.modules():
             if isinstance(m, FSDPModule):
                 m.set_force_sum_reduction_for_comms(True)
-        loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
+        loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config(global_vocab_size=TITAN["vocab_size"]))
         cp_mesh = pd.get_mesh("cp")
-        dp_index = rank // par["cp"]  # the data shard: ranks of one cp group read the same batch
+        dp_index = rank // (par["cp"] * tp)  # the data shard: ranks of one cp x tp block read the same batch
         steps, losses = [], []
         for step in range(STEPS):
             g = torch.Generator().manual_seed(1000 * dp_index + step)
@@ -312,7 +320,7 @@ def worker(rank, init, out_dir, names):
             inputs, labels, extra = prepare_context_parallel_input(inputs, labels, extra, cp_mesh, "cpu", "headtail")
             if backend == "spmd_types":
                 inputs, labels, extra = annotate_input_spmd_types(pd, inputs, labels, extra)
-            gvt = torch.tensor(BATCH * SEQ * WORLD // par["cp"])
+            gvt = torch.tensor(BATCH * SEQ * WORLD // (par["cp"] * tp))
             REC.log = []
             with get_spmd_context(parallel_dims=pd)(), mode:  # Trainer._forward_backward_body
                 REC.phase = "forward"
@@ -370,7 +378,10 @@ def plan_for(name, parallel, ac="none"):
     """commplan's plan of the model and mesh: plan.json."""
     from commplan import plan_text
     model = dict(TITAN, family="llama", seq_len=SEQ)
-    text = plan_text(name, WORLD, model, parallel=dict(parallel),
+    parallel = dict(parallel)
+    if "sp" in parallel:
+        parallel["sequence_parallel"] = parallel.pop("sp")
+    text = plan_text(name, WORLD, model, parallel=parallel,
                      fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum"},
                      training={"local_batch_size": BATCH, "loss_chunks": 1, "activation_checkpointing": ac})
     os.makedirs(os.path.join(OUT, "plans"), exist_ok=True)
@@ -420,8 +431,12 @@ def diff(got, want):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--record-only", action="store_true", help="record and print the sequences; no commplan")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    full = os.environ.get("COMMPLAN_TEST_TIER") == "full"
+    ap.add_argument("--configs", default=",".join(CONFIGS if full else QUICK))
     a = ap.parse_args()
+    if not full and a.configs == ",".join(QUICK):
+        print("quick tier: %s; COMMPLAN_TEST_TIER=full adds %s" % (
+            ", ".join(QUICK), ", ".join(c for c in CONFIGS if c not in QUICK)))
     E.need_titan(NAME)
     names = [c for c in a.configs.split(",") if c]
     for c in names:
@@ -469,6 +484,24 @@ def main():
         problems.append("%s: the plan without cp (dp_shard %d) matched the recording too" % (first, WORLD))
     else:
         print("  %-14s against the plan without cp (dp_shard %d): %d differences, as it must" % (first, WORLD, n))
+    # CP beside TP: a plan whose K/V exchange ignores TP (every rank's whole kv heads), or runs it after
+    # the attention's TP collectives instead of between them, differs from the recording.
+    for c in (x for x in names if CONFIGS[x][0].get("tp", 1) > 1):
+        got, want = recorded(rec[0][c]["steps"][0]), table_step(plans[key(c)], 0)
+        on_cp = [i for i, o in enumerate(o for o in plans[key(c)]["ops"] if o["kind"] in TABLE_KIND and o.get("group"))
+                 if o["group"] == "cp"]
+        tp = CONFIGS[c][0]["tp"]
+        wide = [(w[0], w[1] * tp) + w[2:] if i in on_cp else w for i, w in enumerate(want)]
+        late = list(want)
+        for i in reversed(on_cp):
+            if i + 1 < len(late) and i + 1 not in on_cp:
+                late[i], late[i + 1] = late[i + 1], late[i]
+        for what, mutant in (("K/V counts not divided by tp", wide), ("K/V exchange out of place among the TP collectives", late)):
+            n, _ = diff(got, mutant)
+            if n == 0:
+                problems.append("%s: the plan with its %s matched the recording too" % (c, what))
+            else:
+                print("  %-14s against its plan with the %s: %d differences, as it must" % (c, what, n))
     for p in problems[:20]:
         print("FAIL", p)
     from importlib.metadata import version
