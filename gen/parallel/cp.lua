@@ -1,6 +1,6 @@
 -- Context parallel, the module (gen/parallel/init.lua's contract), as
--- torchtitan 0.3 runs it on its llama3 (docs/context-parallel.md; recorded
--- live on gloo by tests/titan/test_cp_record.py):
+-- torchtitan 0.3 runs it on its llama3 and qwen3 (docs/context-parallel.md;
+-- recorded live on gloo by tests/titan/test_cp_record.py):
 --  * the mesh: cp is a dim of the dense mesh between dp_shard and tp
 --    (gen/dims.lua), and FSDP shards over dp_shard x cp (gen/dims.lua's
 --    fsdp alias, gen/parallel/fsdp_layout.lua's W): torchtitan's fsdp mesh,
@@ -38,8 +38,8 @@
 --    gradient's): each op names its region in the block and
 --    gen/parallel/init.lua's unit_ops merges the two modules' ops by it.
 -- Refused, one line each: Ulysses (torch 2.15 and torchtitan 0.3 have
--- none), cp with pp or ep (not planned), a family other than llama (no
--- attention to exchange), a seq_len torchtitan refuses (its Trainer's
+-- none), cp with pp or ep (not planned), a family other than llama and
+-- qwen3 (cp.FAMILIES), a seq_len torchtitan refuses (its Trainer's
 -- tp (under SP) x 2 x cp, trainer.py:306-315; flex's CP block mask needs
 -- cp x 128).
 local util = require("gen.util")
@@ -71,11 +71,20 @@ function cp.check_dims(ctx, d)
   end
 end
 
+-- The families whose attention exchanges K/V over cp, by the suffix of the
+-- parameter that marks a block: torchtitan 0.3's llama3 and qwen3 registries
+-- build FlexAttention (attn_backend="flex" by default: models/llama3/
+-- __init__.py, models/qwen3/__init__.py:613-622 -> models/common/
+-- config_utils.py:83-84), which distributed/full_dtensor.py:43-53
+-- (validate_config) accepts under CP; qwen3's q_norm / k_norm run before
+-- the exchange (it is at the inner attention's boundary) and add none.
+cp.FAMILIES = { llama = "attention.wo.weight", qwen3 = "attention.wo.weight" }
+
 function cp.rules(ctx, d, p)
   if d.cp == 1 then return end
-  if p.model.family ~= "llama" then
-    refuse(ctx, "parallel.cp", "cp=%d: context parallel is planned for the llama family (its attention's K/V "
-      .. "exchange); the %s family is not; set cp=1", d.cp, p.model.family)
+  if not cp.FAMILIES[p.model.family] then
+    refuse(ctx, "parallel.cp", "cp=%d: context parallel is planned for the llama and qwen3 families (their "
+      .. "attention's K/V exchange); the %s family is not; set cp=1", d.cp, p.model.family)
   end
   local seq = p.model.seq_len
   if not seq then
@@ -117,8 +126,9 @@ function cp.on_layout(_, lay, _, d, p, cfg)
   -- TP-local kv heads (n_kv_heads / tp: TP's colwise wk, wv, the heads
   -- S(2) on tp, models/common/decoder_sharding.py:241-245)
   local count = b * (p.model.seq_len // d.cp) * (cfg.n_kv_heads // d.tp) * cfg.head_dim
+  local block = cp.FAMILIES[p.model.family]
   for _, u in ipairs(lay.units) do
-    if holds(u, "attention.wk.weight") then
+    if holds(u, block) then
       u.cp_acts = {
         { kind = "tp_all_gather", phase = "forward", what = "K over the sequence (cp)", region = "attention" },
         { kind = "tp_all_gather", phase = "forward", what = "V over the sequence (cp)", region = "attention" },

@@ -159,7 +159,7 @@ function T.refusals()
     "parallel.cp", "cp=2 with pp=2", "set cp=1 or pp=1")
   H.plan_fails([[return { world_size = 4, parallel = { dp_shard = 2, cp = 2 }, model = { family = "generic",
     seq_len = 512, units = { { name = "root", params = { { name = "w", shape = { 8 } } } } } } }]],
-    "parallel.cp", "planned for the llama family", "set cp=1")
+    "parallel.cp", "planned for the llama and qwen3 families", "set cp=1")
   H.plan_fails([[return { world_size = 4, parallel = { dp_shard = 2, cp = 2 }, model = { family = "llama",
     dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 250 } }]], "model.seq_len",
     "seq_len is needed", "set model.seq_len")
@@ -268,6 +268,44 @@ function T.cp_beside_tp_with_fsdp_and_hsdp()
     for _, o in ipairs(cp_ops(q)) do n = n + 1; H.eq(o.count, kv, "K/V count") end
     H.eq(n, 8, "2 blocks x (2 all-gathers + 2 reduce-scatters)")
   end
+end
+
+-- Qwen3 (torchtitan's qwen3 registry builds flex attention, which
+-- validate_config accepts under CP): the fused wqkv, the q/k norms before
+-- the exchange (no collective of their own); recorded live
+-- (test_cp_record.py's qwen3_dp2_cp2, qwen3_cp2_tp2).
+local function qwen3(world, parallel)
+  return plan.from_source(string.format([[return { world_size = %d, parallel = %s, model = { family = "qwen3",
+    dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, head_dim = 16, vocab_size = 250, hidden_dim = 96,
+    enable_weight_tying = false, seq_len = 512 }, fsdp = { param_dtype = "bf16", reduce_dtype = "fp32",
+    reduce_op = "sum" }, training = { local_batch_size = 2, loss_chunks = 1 } }]], world, parallel), "plans/t.lua")
+end
+
+function T.qwen3_cp()
+  local kv = 2 * 256 * 2 * 16
+  local p = qwen3(4, "{ dp_shard = 2, cp = 2 }")
+  H.eq(p.layout.W, 4, "FSDP over dp_shard x cp")
+  H.list_eq(block_seq(p, 2), { "f all_gather cp " .. kv, "f all_gather cp " .. kv, "b reduce_scatter cp " .. kv,
+    "b reduce_scatter cp " .. kv }, "layers.0's K/V exchange")
+  local n = 0
+  for _, o in ipairs(cp_ops(p)) do n = n + 1; H.eq(p.layout.units[o.unit + 1].name:match("^layers") ~= nil, true) end
+  H.eq(n, 8, "2 blocks x 4")
+  -- beside TP: as llama's, then the q/k norms' Partial gradients (whatever SP) and the norms'
+  local q = qwen3(4, "{ dp_shard = 1, cp = 2, tp = 2 }")
+  local sh, kv1 = 2 * 256 * 64 // 2, 2 * 256 * 1 * 16
+  H.list_eq(block_seq(q, 2), {
+    "f all_gather tp " .. sh, "f all_gather cp " .. kv1, "f all_gather cp " .. kv1, "f reduce_scatter tp " .. sh,
+    "f all_gather tp " .. sh, "f reduce_scatter tp " .. sh,
+    "b all_gather tp " .. sh, "b reduce_scatter tp " .. sh, "b all_gather tp " .. sh,
+    "b reduce_scatter cp " .. kv1, "b reduce_scatter cp " .. kv1, "b reduce_scatter tp " .. sh,
+    "b all_reduce tp 16", "b all_reduce tp 16", "b all_reduce tp 64", "b all_reduce tp 64",
+  }, "qwen3 layers.0 on tp and cp")
+  -- the activation model keeps flex's gathered K and V
+  local compute = require("gen.compute")
+  local m = require("gen.models.qwen3")
+  local cfg, s = p.model_config, compute.settings(p)
+  H.eq(m.block_acts(cfg, 2, s.tokens, "none", 2).saved - m.block_acts(cfg, 2, s.tokens, "none").saved,
+    2 * 2 * s.tokens * cfg.n_kv_heads * cfg.head_dim, "gathered K and V kept")
 end
 
 -- The audit names the K/V exchange and FSDP's group as dp_shard x cp.

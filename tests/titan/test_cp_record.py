@@ -78,9 +78,17 @@ CONFIGS = {
     # CP beside TP: sequence parallelism on (torchtitan's default) and off
     "cp2_tp2": ({"dp_shard": 1, "cp": 2, "tp": 2}, "spmd_types", "none"),
     "cp2_tp2_nosp": ({"dp_shard": 1, "cp": 2, "tp": 2, "sp": False}, "spmd_types", "none"),
+    # qwen3 (fused wqkv, q/k norms; flex attention, its registry's default)
+    "qwen3_dp2_cp2": ({"dp_shard": 2, "cp": 2, "family": "qwen3"}, "spmd_types", "none"),
+    "qwen3_cp2_tp2": ({"dp_shard": 1, "cp": 2, "tp": 2, "family": "qwen3"}, "spmd_types", "none"),
 }
+# tests/titan/test_qwen3_plan.py's tiny qwen3 (TITAN's vocabulary)
+QWEN3 = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, vocab_size=250, hidden_dim=96)
+# keys of a config's degrees that are not ParallelDims degrees
+NOT_DEGREES = ("sp", "family")
 # The quick tier (make test) runs these; COMMPLAN_TEST_TIER=full every config.
-QUICK = ("dp2_cp2", "cp4", "hsdp_cp2", "dp2_cp2_legacy", "dp2_cp2_sac", "dp2_cp2_fullac", "cp2_tp2")
+QUICK = ("dp2_cp2", "cp4", "hsdp_cp2", "dp2_cp2_legacy", "dp2_cp2_sac", "dp2_cp2_fullac", "cp2_tp2",
+         "qwen3_dp2_cp2")
 DT = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.int64": "int64"}
 KIND = (("allgather", "all_gather"), ("all_gather", "all_gather"), ("reduce_scatter", "reduce_scatter"),
         ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"), ("alltoall", "all_to_all"),
@@ -264,6 +272,19 @@ def build_model(cfg, parallelism, training, pd, ac):
                              compile_config=CompileConfig(), ac_config=acc, dump_folder=os.path.join(OUT, "dump"))
 
 
+def build_qwen3(parallelism, training, pd):
+    """torchtitan's qwen3 in the trainer's order (tests/tp_record.py's): meta device,
+    parallelize_qwen3, to_empty, init_weights."""
+    import torch
+    import test_qwen3_plan as TQ
+    model = TQ.parallelize(TQ.titan_config(None, QWEN3, False), parallelism, training, pd)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    model.train()
+    return model
+
+
 def worker(rank, init, out_dir, names):
     import torch
     import torch.distributed as dist
@@ -296,13 +317,16 @@ def worker(rank, init, out_dir, names):
         training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
                                   mixed_precision_param="bfloat16", mixed_precision_reduce="float32")
         set_spmd_backend(backend)
-        mesh_key = (tuple(sorted((k, v) for k, v in par.items() if k != "sp")), backend)
+        mesh_key = (tuple(sorted((k, v) for k, v in par.items() if k not in NOT_DEGREES)), backend)
         if mesh_key not in built:
             built[mesh_key] = ParallelDims.from_config(parallelism, WORLD)
             built[mesh_key].build_mesh()
         pd = built[mesh_key]
         torch.manual_seed(0)
-        model = build_model(TL.titan_config(None, TITAN, False), parallelism, training, pd, ac)
+        if par.get("family") == "qwen3":
+            model = build_qwen3(parallelism, training, pd)
+        else:
+            model = build_model(TL.titan_config(None, TITAN, False), parallelism, training, pd, ac)
         for m in model.modules():
             if isinstance(m, FSDPModule):
                 m.set_force_sum_reduction_for_comms(True)
@@ -377,8 +401,9 @@ TABLE_KIND = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "a
 def plan_for(name, parallel, ac="none"):
     """commplan's plan of the model and mesh: plan.json."""
     from commplan import plan_text
-    model = dict(TITAN, family="llama", seq_len=SEQ)
     parallel = dict(parallel)
+    family = parallel.pop("family", "llama")
+    model = dict(TITAN if family == "llama" else dict(QWEN3, enable_weight_tying=False), family=family, seq_len=SEQ)
     if "sp" in parallel:
         parallel["sequence_parallel"] = parallel.pop("sp")
     text = plan_text(name, WORLD, model, parallel=parallel,
@@ -478,7 +503,8 @@ def main():
             ", ".join("%d %s" % (v, k) for k, v in sorted(kinds.items())), len(table_step(plan, 0))))
     # The comparison can fail: the dp2_cp2 recording against the plan without cp (FSDP over the 4 ranks).
     first = names[0]
-    nocp = plan_for("ctxrec_nocp", {"dp_shard": WORLD})
+    fam = CONFIGS[first][0].get("family", "llama")
+    nocp = plan_for("ctxrec_nocp_" + fam, {"dp_shard": WORLD, "family": fam})
     n, _ = diff(recorded(rec[0][first]["steps"][0]), table_step(nocp, 0))
     if n == 0:
         problems.append("%s: the plan without cp (dp_shard %d) matched the recording too" % (first, WORLD))
