@@ -37,9 +37,15 @@
 --    (backward: between wo's output-gradient one and the attention input
 --    gradient's): each op names its region in the block and
 --    gen/parallel/init.lua's unit_ops merges the two modules' ops by it.
+--  * on the MoE families (mixtral, qwen3_moe: torchtitan's Qwen3 MoE
+--    decoder, flex attention; recorded live: mixtral_dp2_cp2) the same
+--    exchange in each block's attention; beside EP (ep borrows the
+--    innermost ranks of dp_shard x cp x tp, gen/dims.lua) each rank routes
+--    its own seq_len / cp tokens (gen/parallel/ep.lua), the dispatch after
+--    the block's K/V all-gathers (recorded: mixtral_dp2_cp2_ep2).
 -- Refused, one line each: Ulysses (torch 2.15 and torchtitan 0.3 have
--- none), cp with pp or ep (not planned), a family other than llama and
--- qwen3 (cp.FAMILIES), a seq_len torchtitan refuses (its Trainer's
+-- none), cp with pp (not planned), ep and cp x tp that do not nest (the
+-- runtime's refined mesh), a family not in cp.FAMILIES, a seq_len torchtitan refuses (its Trainer's
 -- tp (under SP) x 2 x cp, trainer.py:306-315; flex's CP block mask needs
 -- cp x 128).
 local util = require("gen.util")
@@ -55,7 +61,8 @@ function cp.used(d) return d.cp > 1 end
 local function refuse(ctx, field, fmt, ...) util.field_error(ctx, field, string.format(fmt, ...)) end
 
 -- The degrees alone (gen/parallel/init.lua's check_supported runs it, as
--- tests/titan/dims_dump.lua does): Ulysses, and cp beside pp or ep.
+-- tests/titan/dims_dump.lua does): Ulysses, ep across cp groups without
+-- nesting, and cp beside pp.
 function cp.check_dims(ctx, d)
   if d.cp == 1 then return end -- (ulysses_degree without cp: gen/dims.lua refuses it)
   if d.ulysses_degree ~= nil then
@@ -63,9 +70,19 @@ function cp.check_dims(ctx, d)
       .. "(all-to-all over heads) context parallel; their cp all-gathers K and V over the sequence "
       .. "(docs/context-parallel.md): remove ulysses_degree", d.ulysses_degree)
   end
-  for _, name in ipairs({ "pp", "ep" }) do
+  -- ep borrows the innermost ranks of dp_shard x cp x tp (gen/dims.lua);
+  -- the runtime's mesh refines the dense and expert meshes
+  -- (gen/emit.lua's refined_mesh), whose strides must nest: ep a multiple
+  -- or a divisor of cp x tp (every power-of-two choice is)
+  local inner = d.cp * d.tp
+  if d.ep > 1 and d.ep % inner ~= 0 and inner % d.ep ~= 0 then
+    refuse(ctx, "parallel.cp", "cp=%d x tp=%d with ep=%d: the expert mesh's ep groups would cut across cp groups "
+      .. "without nesting (commplan's runtime mesh refines the two meshes; torchtitan runs it); pick ep a multiple "
+      .. "or a divisor of %d, or set cp=1", d.cp, d.tp, d.ep, inner)
+  end
+  for _, name in ipairs({ "pp" }) do
     if d[name] > 1 then
-      refuse(ctx, "parallel.cp", "cp=%d with %s=%d: context parallel is planned with FSDP, HSDP and TP only "
+      refuse(ctx, "parallel.cp", "cp=%d with %s=%d: context parallel is planned with FSDP, HSDP, TP and EP only "
         .. "(torchtitan's cp with %s is not modelled yet); set cp=1 or %s=1", d.cp, name, d[name], name, name)
     end
   end
@@ -78,7 +95,8 @@ end
 -- config_utils.py:83-84), which distributed/full_dtensor.py:43-53
 -- (validate_config) accepts under CP; qwen3's q_norm / k_norm run before
 -- the exchange (it is at the inner attention's boundary) and add none.
-cp.FAMILIES = { llama = "attention.wo.weight", qwen3 = "attention.wo.weight" }
+cp.FAMILIES = { llama = "attention.wo.weight", qwen3 = "attention.wo.weight", mixtral = "attention.wo.weight",
+                qwen3_moe = "attention.wo.weight" }
 
 function cp.rules(ctx, d, p)
   if d.cp == 1 then return end

@@ -308,6 +308,64 @@ function T.qwen3_cp()
     2 * 2 * s.tokens * cfg.n_kv_heads * cfg.head_dim, "gathered K and V kept")
 end
 
+-- The MoE families on torchtitan's Qwen3 MoE decoder (flex attention):
+-- the K/V exchange in each block's attention, the experts' compute local;
+-- with ep the dispatch and combine after the block's K/V all-gathers, each
+-- rank routing its own seq_len / cp tokens (recorded live:
+-- test_cp_record.py's mixtral_dp2_cp2, mixtral_dp2_cp2_ep2).
+local function moe(world, parallel, family, extra)
+  return plan.from_source(string.format([[return { world_size = %d, parallel = %s, model = { family = %q,
+    dim = 64, n_layers = 3, n_heads = 4, n_kv_heads = 2, vocab_size = 250, moe_hidden_dim = 48, num_experts = 8,
+    top_k = 2, seq_len = 512%s }, fsdp = { param_dtype = "bf16", reduce_dtype = "fp32", reduce_op = "sum" },
+    training = { local_batch_size = 2, loss_chunks = 1 } }]], world, parallel, family, extra or ""), "plans/t.lua")
+end
+
+function T.moe_families_cp()
+  for _, fam in ipairs({ "mixtral", "qwen3_moe" }) do
+    local p = moe(4, "{ dp_shard = 2, cp = 2 }", fam, fam == "qwen3_moe" and ", head_dim = 8" or nil)
+    local hd = fam == "qwen3_moe" and 8 or 16
+    local n = 0
+    for _, o in ipairs(cp_ops(p)) do
+      n = n + 1
+      H.eq(o.count, 2 * 256 * 2 * hd, fam .. ": batch x seq/cp x n_kv_heads x head_dim")
+    end
+    H.eq(n, 3 * 4, fam .. ": 3 blocks x 4")
+    H.eq(p.layout.W, 4, fam .. ": FSDP over dp_shard x cp")
+  end
+end
+
+local function ep_block(p, unit)
+  local out = {}
+  for _, o in ipairs(p.ops) do
+    local name = p.layout.units[o.unit + 1].name
+    if (name == unit or name == unit .. ".experts") and (o.group == "cp" or o.group == "ep") then
+      out[#out + 1] = string.format("%s %s %s %d", o.phase:sub(1, 1), o.kind:gsub("^tp_", ""), o.group, o.count)
+    end
+  end
+  return out
+end
+
+function T.ep_beside_cp()
+  local p = moe(4, "{ dp_shard = 2, cp = 2, ep = 2 }", "mixtral")
+  H.list_eq(ranks_of(p, "ep", 1), { 0, 1 }, "ep borrows the innermost ranks: the cp group's")
+  H.list_eq(ranks_of(p, "efsdp", 1), { 1, 3 }, "efsdp")
+  H.list_eq(ranks_of(p, "fsdp", 1), { 0, 1, 2, 3 }, "dense FSDP over dp_shard x cp")
+  local kv, rows = 2 * 256 * 2 * 16, 2 * 256 * 2 -- the rank's tokens x top_k
+  H.list_eq(ep_block(p, "layers.0"), {
+    "f all_gather cp " .. kv, "f all_gather cp " .. kv, "f a2a_counts ep 4", "f a2a ep " .. rows * 64,
+    "f a2a ep " .. rows * 64, "b a2a ep " .. rows * 64, "b a2a ep " .. rows * 64,
+    "b reduce_scatter cp " .. kv, "b reduce_scatter cp " .. kv,
+  }, "layers.0: K/V exchange, then the dispatch and combine; backward mirrored")
+  -- without cp the rank routes the whole sequence: twice the rows
+  local q = moe(4, "{ dp_shard = 4, ep = 2 }", "mixtral")
+  H.eq(q.layout.ep.tokens, 2 * p.layout.ep.tokens, "tokens per rank: seq_len / cp")
+  -- the meshes nest (commplan's runtime mesh refines both): ep 3 across cp 2 refused
+  H.plan_fails(string.format([[return { world_size = 6, parallel = { dp_shard = 3, cp = 2, ep = 3 }, model = {
+    family = "mixtral", dim = 64, n_layers = 3, n_heads = 4, n_kv_heads = 2, vocab_size = 250, moe_hidden_dim = 48,
+    num_experts = 6, top_k = 2, seq_len = 512 } }]]), "parallel.cp", "cp=2 x tp=1 with ep=3",
+    "multiple or a divisor of 2")
+end
+
 -- The audit names the K/V exchange and FSDP's group as dp_shard x cp.
 function T.audit_names_cp()
   local audit = require("gen.audit")

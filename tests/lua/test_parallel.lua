@@ -119,7 +119,7 @@ function T.unplanned_combination_is_refused()
   H.plan_fails("return { world_size = 8, parallel = { dp_shard = -1, cp = 2, pp = 2 }, model = { family = 'llama', "
     .. "dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, seq_len = 512 }, "
     .. "pipeline = { schedule = '1F1B', microbatches = 2 } }",
-    "parallel.cp", "cp=2 with pp=2: context parallel is planned with FSDP, HSDP and TP only", "set cp=1 or pp=1")
+    "parallel.cp", "cp=2 with pp=2: context parallel is planned with FSDP, HSDP, TP and EP only", "set cp=1 or pp=1")
 end
 
 return T

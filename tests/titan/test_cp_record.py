@@ -81,14 +81,19 @@ CONFIGS = {
     # qwen3 (fused wqkv, q/k norms; flex attention, its registry's default)
     "qwen3_dp2_cp2": ({"dp_shard": 2, "cp": 2, "family": "qwen3"}, "spmd_types", "none"),
     "qwen3_cp2_tp2": ({"dp_shard": 1, "cp": 2, "tp": 2, "family": "qwen3"}, "spmd_types", "none"),
+    # an MoE family (torchtitan's Qwen3 MoE decoder without q/k norms, flex attention), ep = 1 and ep 2
+    "mixtral_dp2_cp2": ({"dp_shard": 2, "cp": 2, "family": "mixtral"}, "spmd_types", "none"),
+    "mixtral_dp2_cp2_ep2": ({"dp_shard": 2, "cp": 2, "ep": 2, "family": "mixtral"}, "spmd_types", "none"),
 }
+# tests/titan/test_moe_plan.py's tiny mixtral (TITAN's vocabulary)
+MIXTRAL = dict(dim=64, n_layers=3, n_heads=4, n_kv_heads=2, vocab_size=250, moe_hidden_dim=48, num_experts=8, top_k=2)
 # tests/titan/test_qwen3_plan.py's tiny qwen3 (TITAN's vocabulary)
 QWEN3 = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, vocab_size=250, hidden_dim=96)
 # keys of a config's degrees that are not ParallelDims degrees
 NOT_DEGREES = ("sp", "family")
 # The quick tier (make test) runs these; COMMPLAN_TEST_TIER=full every config.
 QUICK = ("dp2_cp2", "cp4", "hsdp_cp2", "dp2_cp2_legacy", "dp2_cp2_sac", "dp2_cp2_fullac", "cp2_tp2",
-         "qwen3_dp2_cp2")
+         "mixtral_dp2_cp2_ep2")
 DT = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.int64": "int64"}
 KIND = (("allgather", "all_gather"), ("all_gather", "all_gather"), ("reduce_scatter", "reduce_scatter"),
         ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"), ("alltoall", "all_to_all"),
@@ -285,6 +290,30 @@ def build_qwen3(parallelism, training, pd):
     return model
 
 
+def build_mixtral(parallelism, training, pd):
+    """tests/titan/test_moe_plan.py's mixtral through parallelize_qwen3, in the trainer's order, with
+    torchtitan's round-robin routing (--debug.moe_force_load_balance: the routing fixed and known)."""
+    import torch
+    import test_moe_plan as TM
+    from torchtitan.config import CompileConfig, DebugConfig
+    from torchtitan.models.qwen3 import model_registry, parallelize_qwen3
+    from torchtitan.trainer import Trainer
+    cfg = TM.titan_config("mixtral", None, MIXTRAL)
+    spec = model_registry("debugmodel_moe")
+    spec.model = cfg
+    cfg.update_from_config(config=Trainer.Config(model_spec=spec, parallelism=parallelism, training=training,
+                                                 debug=DebugConfig(moe_force_load_balance=True)))
+    with torch.device("meta"):
+        model = cfg.build()
+    model = parallelize_qwen3(model, parallel_dims=pd, training=training, parallelism=parallelism,
+                              compile_config=CompileConfig(), ac_config=None, dump_folder=os.path.join(OUT, "dump"))
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device("cpu"))
+    model.train()
+    return model
+
+
 def worker(rank, init, out_dir, names):
     import torch
     import torch.distributed as dist
@@ -313,9 +342,11 @@ def worker(rank, init, out_dir, names):
         parallelism = ParallelismConfig(data_parallel_replicate_degree=par.get("dp_replicate", 1),
                                         data_parallel_shard_degree=par["dp_shard"],
                                         context_parallel_degree=par["cp"], tensor_parallel_degree=tp,
+                                        expert_parallel_degree=par.get("ep", 1),
                                         enable_sequence_parallel=par.get("sp", True), spmd_backend=backend)
         training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
-                                  mixed_precision_param="bfloat16", mixed_precision_reduce="float32")
+                                  mixed_precision_param="bfloat16", mixed_precision_reduce="float32",
+                                  disable_cuda_graphs=True)  # CUDA graphs refuse the CPU-syncing all-to-all dispatcher
         set_spmd_backend(backend)
         mesh_key = (tuple(sorted((k, v) for k, v in par.items() if k not in NOT_DEGREES)), backend)
         if mesh_key not in built:
@@ -325,6 +356,8 @@ def worker(rank, init, out_dir, names):
         torch.manual_seed(0)
         if par.get("family") == "qwen3":
             model = build_qwen3(parallelism, training, pd)
+        elif par.get("family") == "mixtral":
+            model = build_mixtral(parallelism, training, pd)
         else:
             model = build_model(TL.titan_config(None, TITAN, False), parallelism, training, pd, ac)
         for m in model.modules():
@@ -369,16 +402,36 @@ def worker(rank, init, out_dir, names):
     dist.destroy_process_group()
 
 
+def batches(names):
+    """The configs in runs of one process set each: two ParallelDims of one dense mesh (the same degrees
+    but ep) cannot share a process (fully_shard would get the first one's cached DeviceMesh)."""
+    def dense(n):
+        return tuple((k, v) for k, v in sorted(CONFIGS[n][0].items()) if k not in NOT_DEGREES + ("ep",))
+
+    def full(n):
+        return tuple((k, v) for k, v in sorted(CONFIGS[n][0].items()) if k not in NOT_DEGREES)
+    out = []
+    for n in names:
+        for b in out:
+            if all(dense(n) != dense(m) or full(n) == full(m) for m in b):
+                b.append(n)
+                break
+        else:
+            out.append([n])
+    return out
+
+
 def record(names, out_dir):
     import tempfile
     import torch.multiprocessing as mp
     os.makedirs(out_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        mp.spawn(worker, args=(os.path.join(tmp, "init"), out_dir, names), nprocs=WORLD)
-    rec = []
-    for r in range(WORLD):
-        with open(os.path.join(out_dir, "rank%d.json" % r)) as fh:
-            rec.append(json.load(fh))
+    rec = [{} for _ in range(WORLD)]
+    for batch in batches(names):
+        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+            mp.spawn(worker, args=(os.path.join(tmp, "init"), out_dir, batch), nprocs=WORLD)
+        for r in range(WORLD):
+            with open(os.path.join(out_dir, "rank%d.json" % r)) as fh:
+                rec[r].update(json.load(fh))
     return rec
 
 
@@ -395,7 +448,8 @@ def show(rec, names):
 # ---- commplan's side ----
 
 TABLE_KIND = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce",
-        "tp_all_gather": "all_gather", "tp_reduce_scatter": "reduce_scatter", "tp_all_reduce": "all_reduce"}
+        "tp_all_gather": "all_gather", "tp_reduce_scatter": "reduce_scatter", "tp_all_reduce": "all_reduce",
+        "a2a_counts": "all_to_all", "a2a": "all_to_all"}
 
 
 def plan_for(name, parallel, ac="none"):
@@ -403,7 +457,8 @@ def plan_for(name, parallel, ac="none"):
     from commplan import plan_text
     parallel = dict(parallel)
     family = parallel.pop("family", "llama")
-    model = dict(TITAN if family == "llama" else dict(QWEN3, enable_weight_tying=False), family=family, seq_len=SEQ)
+    model = dict({"llama": TITAN, "qwen3": dict(QWEN3, enable_weight_tying=False), "mixtral": MIXTRAL}[family],
+                 family=family, seq_len=SEQ)
     if "sp" in parallel:
         parallel["sequence_parallel"] = parallel.pop("sp")
     text = plan_text(name, WORLD, model, parallel=parallel,
@@ -433,12 +488,18 @@ def group_ranks(plan, name, rank):
 
 
 def table_step(plan, rank):
-    """One step's collectives of rank from the tables: (kind, count, dtype, reduce op, ranks)."""
+    """One step's collectives of rank from the tables: (kind, count, dtype, reduce op, ranks). EP's
+    all-to-alls (torchtitan's spmd_types dispatcher: c10d.alltoall_ of lists, its count the list's
+    elements): the counts exchange sends each member its experts' int64 counts (per member x ep), the
+    dispatch and combine capacity x dim rows (under torchtitan's forced round-robin routing, exactly)."""
     out = []
     for o in plan["ops"]:
         if o["kind"] in TABLE_KIND and o.get("group"):
-            out.append((TABLE_KIND[o["kind"]], o["count"], o["dtype"], o.get("reduce_op"),
-                        tuple(group_ranks(plan, o["group"], rank))))
+            ranks = tuple(group_ranks(plan, o["group"], rank))
+            count, dtype = o["count"], o["dtype"]
+            if o["kind"] == "a2a_counts":
+                count, dtype = count * len(ranks), "int64"
+            out.append((TABLE_KIND[o["kind"]], count, dtype, o.get("reduce_op"), ranks))
     return out
 
 
@@ -528,6 +589,17 @@ def main():
                 problems.append("%s: the plan with its %s matched the recording too" % (c, what))
             else:
                 print("  %-14s against its plan with the %s: %d differences, as it must" % (c, what, n))
+    # EP beside CP: a plan routing every token of the sequence (not the rank's seq_len / cp) differs.
+    for c in (x for x in names if CONFIGS[x][0].get("ep", 1) > 1):
+        got, want = recorded(rec[0][c]["steps"][0]), table_step(plans[key(c)], 0)
+        cpd = CONFIGS[c][0]["cp"]
+        wide = [(w[0], w[1] * cpd) + w[2:] if w[0] == "all_to_all" and w[2] != "int64" else w for w in want]
+        n, _ = diff(got, wide)
+        if n == 0:
+            problems.append("%s: the plan routing whole sequences matched the recording too" % c)
+        else:
+            print("  %-14s against its plan routing whole sequences (not seq_len / cp): %d differences, as it must"
+                  % (c, n))
     for p in problems[:20]:
         print("FAIL", p)
     from importlib.metadata import version
