@@ -13,7 +13,7 @@
 --  * unit_ops: every transformer block's attention all-gathers K and V over
 --    the cp group before flex attention (spmd_types' S(1) -> R on cp, one
 --    all_gather_into_tensor each), and its backward reduce-scatters their
---    gradients (SUM), inside the block's compute: per rank
+--    gradients (SUM; V's first), inside the block's compute: per rank
 --    local_batch_size x seq_len / cp x n_kv_heads x head_dim elements each,
 --    in the block's compute dtype (its all-gather dtype). They are the
 --    activation collectives' op kinds (gen/opkinds.lua's tp_all_gather,
@@ -37,6 +37,8 @@
 --    (backward: between wo's output-gradient one and the attention input
 --    gradient's): each op names its region in the block and
 --    gen/parallel/init.lua's unit_ops merges the two modules' ops by it.
+--  * on DeepSeek-V3 (MLA: K and V of different widths, cp.FAMILIES;
+--    recorded: dsv3_dp2_cp2, dsv3_cp2_tp2) the same, V's gradient first;
 --  * on the MoE families (mixtral, qwen3_moe: torchtitan's Qwen3 MoE
 --    decoder, flex attention; recorded live: mixtral_dp2_cp2) the same
 --    exchange in each block's attention; beside EP (ep borrows the
@@ -88,21 +90,35 @@ function cp.check_dims(ctx, d)
   end
 end
 
--- The families whose attention exchanges K/V over cp, by the suffix of the
--- parameter that marks a block: torchtitan 0.3's llama3 and qwen3 registries
--- build FlexAttention (attn_backend="flex" by default: models/llama3/
--- __init__.py, models/qwen3/__init__.py:613-622 -> models/common/
--- config_utils.py:83-84), which distributed/full_dtensor.py:43-53
--- (validate_config) accepts under CP; qwen3's q_norm / k_norm run before
--- the exchange (it is at the inner attention's boundary) and add none.
-cp.FAMILIES = { llama = "attention.wo.weight", qwen3 = "attention.wo.weight", mixtral = "attention.wo.weight",
-                qwen3_moe = "attention.wo.weight" }
+-- The families whose attention exchanges K/V over cp: the suffix of the
+-- parameter that marks a block, and the per-token widths of K and V as the
+-- inner attention gets them on a TP rank (tp: the TP degree). torchtitan
+-- 0.3's llama3, qwen3 (and its MoE decoder: mixtral, qwen3_moe) and
+-- deepseek_v3 registries build FlexAttention (attn_backend="flex" by
+-- default: models/qwen3/__init__.py:613-622, models/deepseek_v3/__init__.py:
+-- 618 -> models/common/config_utils.py:83-84), which distributed/
+-- full_dtensor.py:43-53 (validate_config) accepts under CP. GQA: K and V
+-- of the TP-local kv heads (n_kv_heads / tp; qwen3's q_norm / k_norm run
+-- before the exchange, at the inner attention's boundary, and add none).
+-- MLA (models/deepseek_v3/model.py:127-143): K = [k_nope, k_pe expanded]
+-- and V of the TP-local heads (n_heads / tp: wkv_b colwise), qk_nope +
+-- qk_rope and v_head_dim wide.
+local function gqa(cfg, tp) local w = cfg.n_kv_heads // tp * cfg.head_dim; return w, w end
+local function mla(cfg, tp)
+  local h = cfg.n_heads // tp
+  return h * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim), h * cfg.v_head_dim
+end
+local ATTN = "attention.wo.weight"
+cp.FAMILIES = { llama = { block = ATTN, widths = gqa }, qwen3 = { block = ATTN, widths = gqa },
+                mixtral = { block = ATTN, widths = gqa }, qwen3_moe = { block = ATTN, widths = gqa },
+                deepseek_v3 = { block = ATTN, widths = mla } }
 
 function cp.rules(ctx, d, p)
   if d.cp == 1 then return end
   if not cp.FAMILIES[p.model.family] then
-    refuse(ctx, "parallel.cp", "cp=%d: context parallel is planned for the llama and qwen3 families (their "
-      .. "attention's K/V exchange); the %s family is not; set cp=1", d.cp, p.model.family)
+    refuse(ctx, "parallel.cp", "cp=%d: context parallel is planned for the families whose attention exchanges K "
+      .. "and V over cp (llama, qwen3, mixtral, qwen3_moe, deepseek_v3); the %s family has none; set cp=1", d.cp,
+      p.model.family)
   end
   local seq = p.model.seq_len
   if not seq then
@@ -123,7 +139,7 @@ function cp.rules(ctx, d, p)
   local block = d.cp * cp.FLEX_BLOCK
   if seq % block ~= 0 then
     refuse(ctx, "model.seq_len", "seq_len=%d is not divisible by cp x %d = %d (torch's CP block mask for flex "
-      .. "attention, torchtitan's llama3 attention); pick seq_len a multiple of %d", seq, cp.FLEX_BLOCK, block, block)
+      .. "attention, torchtitan's attention under CP); pick seq_len a multiple of %d", seq, cp.FLEX_BLOCK, block, block)
   end
 end
 
@@ -134,38 +150,42 @@ local function holds(u, suffix)
   return false
 end
 
--- Each block's K/V exchange: u.cp_acts, and the unit's activation buffer
--- (act_numel, ag_dtype elements) at least the gathered K (or V).
+-- Each block's K/V exchange: u.cp_acts (each act its count), and the
+-- unit's activation buffer (act_numel, ag_dtype elements) at least the
+-- gathered K and V.
 function cp.on_layout(_, lay, _, d, p, cfg)
   local b = p.training and p.training.local_batch_size or 1
   local ac = p.training and p.training.activation_checkpointing or "none"
   local recompute = ac == "full" or ac == "selective"
-  -- K and V as the attention sees them: the rank's seq_len / cp tokens, its
-  -- TP-local kv heads (n_kv_heads / tp: TP's colwise wk, wv, the heads
-  -- S(2) on tp, models/common/decoder_sharding.py:241-245)
-  local count = b * (p.model.seq_len // d.cp) * (cfg.n_kv_heads // d.tp) * cfg.head_dim
-  local block = cp.FAMILIES[p.model.family]
+  -- K and V as the attention sees them: the rank's seq_len / cp tokens of
+  -- its TP-local heads (S(2) on tp, S(1) -> R on cp at the inner
+  -- attention's local_map: models/common/decoder_sharding.py:225-260)
+  local fam = cp.FAMILIES[p.model.family]
+  local kw, vw = fam.widths(cfg, d.tp)
+  local tokens = b * (p.model.seq_len // d.cp)
+  local k, v = tokens * kw, tokens * vw
+  local function act(kind, phase, count, what, region, again)
+    return { kind = kind, phase = phase, count = count, what = what, region = region, recompute = again }
+  end
   for _, u in ipairs(lay.units) do
-    if holds(u, block) then
-      u.cp_acts = {
-        { kind = "tp_all_gather", phase = "forward", what = "K over the sequence (cp)", region = "attention" },
-        { kind = "tp_all_gather", phase = "forward", what = "V over the sequence (cp)", region = "attention" },
-      }
+    if holds(u, fam.block) then
+      u.cp_acts = { act("tp_all_gather", "forward", k, "K over the sequence (cp)", "attention"),
+                    act("tp_all_gather", "forward", v, "V over the sequence (cp)", "attention") }
       if recompute then
-        u.cp_acts[3] = { kind = "tp_all_gather", phase = "backward", recompute = true, region = "recompute",
-                         what = "K over the sequence (cp), recomputed (activation checkpointing)" }
-        u.cp_acts[4] = { kind = "tp_all_gather", phase = "backward", recompute = true, region = "recompute",
-                         what = "V over the sequence (cp), recomputed (activation checkpointing)" }
+        for _, a in ipairs({ { k, "K" }, { v, "V" } }) do
+          u.cp_acts[#u.cp_acts + 1] = act("tp_all_gather", "backward", a[1], a[2] .. " over the sequence (cp), "
+            .. "recomputed (activation checkpointing)", "recompute", true)
+        end
       end
-      for _ = 1, 2 do
-        u.cp_acts[#u.cp_acts + 1] = { kind = "tp_reduce_scatter", phase = "backward", what = "K/V gradient (cp)",
-                                      region = "attention" }
+      -- the gradients in the reverse order: V's, then K's (autograd runs the
+      -- later redistribution's backward first; recorded on MLA, where they differ)
+      for _, a in ipairs({ { v, "V" }, { k, "K" } }) do
+        u.cp_acts[#u.cp_acts + 1] = act("tp_reduce_scatter", "backward", a[1], a[2] .. " gradient (cp)", "attention")
       end
-      u.cp_count = count
-      u.act_numel = math.max(u.act_numel or 0, count * d.cp)
+      u.act_numel = math.max(u.act_numel or 0, math.max(k, v) * d.cp)
     end
   end
-  lay.cp = { size = d.cp, count = count, blocks = 0, recompute = recompute }
+  lay.cp = { size = d.cp, k = k, v = v, blocks = 0, recompute = recompute }
   for _, u in ipairs(lay.units) do
     if u.cp_acts then lay.cp.blocks = lay.cp.blocks + 1 end
   end
@@ -179,7 +199,7 @@ function cp.unit_ops(out, u, m, at)
   for _, a in ipairs(acts) do
     if a.phase == at then
       out[#out + 1] = { kind = a.kind, unit = u.index, micro_step = m, phase = a.phase, group = "cp",
-                        dtype = u.ag_dtype, count = u.cp_count,
+                        dtype = u.ag_dtype, count = a.count,
                         reduce_op = a.kind == "tp_reduce_scatter" and "sum" or nil, what = a.what,
                         recompute = a.recompute, region = a.region }
     end
@@ -199,7 +219,7 @@ function cp.prove_class(lay, ops, p)
     if o.group == "cp" then
       local w = want[o.unit]
       local kind = (o.phase == "forward" or o.recompute) and "tp_all_gather" or "tp_reduce_scatter"
-      if not w or o.kind ~= kind or o.count ~= lay.units[o.unit + 1].cp_count then
+      if not w or o.kind ~= kind or (o.count ~= lay.cp.k and o.count ~= lay.cp.v) then
         error(string.format("internal: cp op %d (%s of unit %d in %s) is no block's K/V exchange", o.seq, o.kind,
           o.unit, o.phase), 0)
       end

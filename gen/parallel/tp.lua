@@ -319,7 +319,7 @@ function tp.on_layout(ctx, lay, units, d, p, cfg)
                                         async_tp = p.parallel.async_tp })
   elseif p.model.family == "deepseek_v3" then
     tp_acts.deepseek(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
-                                           seq_len = p.model.seq_len, ep = d.ep })
+                                           seq_len = p.model.seq_len and p.model.seq_len // d.cp, ep = d.ep })
   end
   return lay
 end

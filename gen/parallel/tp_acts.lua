@@ -240,12 +240,13 @@ function tp_acts.deepseek(ctx, lay, cfg, T, opts)
   local shared = (cfg.num_shared_experts or 0) > 0
   for _, u in ipairs(lay.units) do
     local acts = {}
-    local function add(kind, phase, count, what, point)
-      acts[#acts + 1] = { kind = kind, phase = phase, count = count, dtype = u.ag_dtype, what = what, point = point }
+    local function add(kind, phase, count, what, point, region)
+      acts[#acts + 1] = { kind = kind, phase = phase, count = count, dtype = u.ag_dtype, what = what, point = point,
+                          region = region }
     end
     if has(u, "tok_embeddings.weight") then
-      add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards")
-      add("tp_all_gather", "backward", shard, "embedding output gradient")
+      add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards", nil, "embedding")
+      add("tp_all_gather", "backward", shard, "embedding output gradient", nil, "embedding")
     end
     if u.expert then
       if shared then
@@ -256,33 +257,34 @@ function tp_acts.deepseek(ctx, lay, cfg, T, opts)
       end
     elseif has(u, "attention.wo.weight") then
       local dense, moe = has(u, "feed_forward.w1.weight"), has(u, "moe.router.gate.weight")
-      add("tp_all_gather", "forward", shard, "attention input sequence")
-      add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards")
+      add("tp_all_gather", "forward", shard, "attention input sequence", nil, "attention_input")
+      add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards", nil, "attention_output")
       if dense then
-        add("tp_all_gather", "forward", shard, "feed-forward input sequence")
-        add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards")
-        add("tp_all_gather", "backward", shard, "w2 output gradient")
-        add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient")
+        add("tp_all_gather", "forward", shard, "feed-forward input sequence", nil, "ffn_input")
+        add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards", nil, "ffn_output")
+        add("tp_all_gather", "backward", shard, "w2 output gradient", nil, "ffn_output")
+        add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient", nil, "ffn_input")
       elseif moe and ep == 1 then
-        add("tp_all_gather", "forward", shard, "MoE input sequence")
-        add("tp_reduce_scatter", "forward", shard, "routed experts' output to sequence shards")
+        add("tp_all_gather", "forward", shard, "MoE input sequence", nil, "ffn_input")
+        add("tp_reduce_scatter", "forward", shard, "routed experts' output to sequence shards", nil, "ffn_output")
         if shared then
-          add("tp_reduce_scatter", "forward", shard, "shared experts' w2 output to sequence shards")
-          add("tp_all_gather", "backward", shard, "shared experts' w2 output gradient")
+          add("tp_reduce_scatter", "forward", shard, "shared experts' w2 output to sequence shards", nil,
+            "ffn_output")
+          add("tp_all_gather", "backward", shard, "shared experts' w2 output gradient", nil, "ffn_output")
         end
-        add("tp_all_gather", "backward", shard, "routed experts' output gradient")
-        add("tp_reduce_scatter", "backward", shard, "MoE input gradient")
+        add("tp_all_gather", "backward", shard, "routed experts' output gradient", nil, "ffn_output")
+        add("tp_reduce_scatter", "backward", shard, "MoE input gradient", nil, "ffn_input")
       end
-      add("tp_all_gather", "backward", shard, "wo output gradient")
-      add("tp_reduce_scatter", "backward", shard, "attention input gradient")
+      add("tp_all_gather", "backward", shard, "wo output gradient", nil, "attention_output")
+      add("tp_reduce_scatter", "backward", shard, "attention input gradient", nil, "attention_input")
     end
     if has(u, "lm_head.weight") then
-      add("tp_all_gather", "forward", shard, "output input sequence")
-      add("tp_reduce_scatter", "backward", shard, "output input gradient")
+      add("tp_all_gather", "forward", shard, "output input sequence", nil, "output")
+      add("tp_reduce_scatter", "backward", shard, "output input gradient", nil, "output")
       for _, l in ipairs({ { "max", "loss_parallel: per-token max logit" },
                            { "sum", "loss_parallel: per-token sum of exponentials" },
                            { "sum", "loss_parallel: per-token target logit" } }) do
-        add("tp_all_reduce", "forward", b * seq, l[2])
+        add("tp_all_reduce", "forward", b * seq, l[2], nil, "loss")
         acts[#acts].reduce_op, acts[#acts].dtype, acts[#acts].loss = l[1], "fp32", true
       end
     end

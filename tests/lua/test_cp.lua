@@ -159,7 +159,7 @@ function T.refusals()
     "parallel.cp", "cp=2 with pp=2", "set cp=1 or pp=1")
   H.plan_fails([[return { world_size = 4, parallel = { dp_shard = 2, cp = 2 }, model = { family = "generic",
     seq_len = 512, units = { { name = "root", params = { { name = "w", shape = { 8 } } } } } } }]],
-    "parallel.cp", "planned for the llama and qwen3 families", "set cp=1")
+    "parallel.cp", "families whose attention exchanges K", "set cp=1")
   H.plan_fails([[return { world_size = 4, parallel = { dp_shard = 2, cp = 2 }, model = { family = "llama",
     dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 250 } }]], "model.seq_len",
     "seq_len is needed", "set model.seq_len")
@@ -364,6 +364,36 @@ function T.ep_beside_cp()
     family = "mixtral", dim = 64, n_layers = 3, n_heads = 4, n_kv_heads = 2, vocab_size = 250, moe_hidden_dim = 48,
     num_experts = 6, top_k = 2, seq_len = 512 } }]]), "parallel.cp", "cp=2 x tp=1 with ep=3",
     "multiple or a divisor of 2")
+end
+
+-- DeepSeek-V3 (MLA, flex attention): K is n_heads x (qk_nope + qk_rope)
+-- wide, V n_heads x v_head_dim, each of the TP-local heads; the gradients'
+-- reduce-scatters V's first (recorded live: dsv3_dp2_cp2, dsv3_cp2_tp2).
+local function dsv3(world, parallel)
+  return plan.from_source(string.format([[return { world_size = %d, parallel = %s, model = {
+    family = "deepseek_v3", dim = 64, n_layers = 4, n_dense_layers = 2, n_heads = 4, vocab_size = 250,
+    q_lora_rank = 16, kv_lora_rank = 32, qk_nope_head_dim = 8, qk_rope_head_dim = 8, v_head_dim = 8,
+    dense_hidden_dim = 96, moe_hidden_dim = 32, num_experts = 4, num_shared_experts = 2, top_k = 2, seq_len = 512 },
+    fsdp = { param_dtype = "bf16", reduce_dtype = "fp32", reduce_op = "sum" },
+    training = { local_batch_size = 2, loss_chunks = 1 } }]], world, parallel), "plans/t.lua")
+end
+
+function T.deepseek_v3_cp()
+  local p = dsv3(4, "{ dp_shard = 2, cp = 2 }")
+  local k, v = 2 * 256 * 4 * 16, 2 * 256 * 4 * 8
+  H.list_eq(block_seq(p, 2), { "f all_gather cp " .. k, "f all_gather cp " .. v, "b reduce_scatter cp " .. v,
+    "b reduce_scatter cp " .. k }, "layers.0: K then V gathered, V's gradient first")
+  -- beside TP: the TP-local heads, inside the MLA block's TP collectives (an MoE block: layers.2)
+  local q = dsv3(4, "{ dp_shard = 1, cp = 2, tp = 2 }")
+  local sh = 2 * 256 * 64 // 2
+  H.list_eq(block_seq(q, 4), {
+    "f all_gather tp " .. sh, "f all_gather cp " .. k // 2, "f all_gather cp " .. v // 2, "f reduce_scatter tp " .. sh,
+    "f all_gather tp " .. sh, "f reduce_scatter tp " .. sh, "f reduce_scatter tp " .. sh,
+    "b all_gather tp " .. sh, "b all_gather tp " .. sh, "b reduce_scatter tp " .. sh, "b all_gather tp " .. sh,
+    "b reduce_scatter cp " .. v // 2, "b reduce_scatter cp " .. k // 2, "b reduce_scatter tp " .. sh,
+    "b all_reduce tp 1024", "b all_reduce tp 16", "b all_reduce tp 2560", "b all_reduce tp 32", "b all_reduce tp 64",
+    "b all_reduce tp 64", "b all_reduce tp 256",
+  }, "layers.2 (MoE) on tp and cp")
 end
 
 -- The audit names the K/V exchange and FSDP's group as dp_shard x cp.

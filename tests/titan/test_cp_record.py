@@ -84,7 +84,14 @@ CONFIGS = {
     # an MoE family (torchtitan's Qwen3 MoE decoder without q/k norms, flex attention), ep = 1 and ep 2
     "mixtral_dp2_cp2": ({"dp_shard": 2, "cp": 2, "family": "mixtral"}, "spmd_types", "none"),
     "mixtral_dp2_cp2_ep2": ({"dp_shard": 2, "cp": 2, "ep": 2, "family": "mixtral"}, "spmd_types", "none"),
+    # DeepSeek-V3 (MLA: K and V of different widths; flex attention, its registry's default)
+    "dsv3_dp2_cp2": ({"dp_shard": 2, "cp": 2, "family": "deepseek_v3"}, "spmd_types", "none"),
+    "dsv3_cp2_tp2": ({"dp_shard": 1, "cp": 2, "tp": 2, "family": "deepseek_v3"}, "spmd_types", "none"),
 }
+# tests/titan/test_moe_plan.py's tiny DeepSeek-V3 (TITAN's vocabulary)
+DSV3 = dict(dim=64, n_layers=4, n_dense_layers=2, n_heads=4, vocab_size=250, q_lora_rank=16, kv_lora_rank=32,
+            qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, dense_hidden_dim=96, moe_hidden_dim=32,
+            num_experts=4, num_shared_experts=2, top_k=2)
 # tests/titan/test_moe_plan.py's tiny mixtral (TITAN's vocabulary)
 MIXTRAL = dict(dim=64, n_layers=3, n_heads=4, n_kv_heads=2, vocab_size=250, moe_hidden_dim=48, num_experts=8, top_k=2)
 # tests/titan/test_qwen3_plan.py's tiny qwen3 (TITAN's vocabulary)
@@ -219,6 +226,8 @@ def wrap_funcol():
             return
 
         def hooked(x, *a, **k):
+            if REC.log is None:  # (not recording: DTensor's own redistributions while the model initializes)
+                return fn(x, *a, **k)
             # all_gather_single(self, gather_dim, group); reduce_scatter_single(self, reduceOp,
             # scatter_dim, group)
             group = a[-1] if len(a) >= (3 if kind == "reduce_scatter" else 2) else k.get("group")
@@ -290,23 +299,27 @@ def build_qwen3(parallelism, training, pd):
     return model
 
 
-def build_mixtral(parallelism, training, pd):
-    """tests/titan/test_moe_plan.py's mixtral through parallelize_qwen3, in the trainer's order, with
-    torchtitan's round-robin routing (--debug.moe_force_load_balance: the routing fixed and known)."""
+def build_moe(family, parallelism, training, pd):
+    """tests/titan/test_moe_plan.py's mixtral (through parallelize_qwen3) or DeepSeek-V3 (through
+    parallelize_deepseekv3), in the trainer's order, with torchtitan's round-robin routing
+    (--debug.moe_force_load_balance: the routing fixed and known)."""
     import torch
     import test_moe_plan as TM
     from torchtitan.config import CompileConfig, DebugConfig
-    from torchtitan.models.qwen3 import model_registry, parallelize_qwen3
     from torchtitan.trainer import Trainer
-    cfg = TM.titan_config("mixtral", None, MIXTRAL)
-    spec = model_registry("debugmodel_moe")
+    if family == "deepseek_v3":
+        from torchtitan.models.deepseek_v3 import model_registry, parallelize_deepseekv3 as fn
+        cfg, spec = TM.titan_config(family, None, DSV3), model_registry("debugmodel")
+    else:
+        from torchtitan.models.qwen3 import model_registry, parallelize_qwen3 as fn
+        cfg, spec = TM.titan_config(family, None, MIXTRAL), model_registry("debugmodel_moe")
     spec.model = cfg
     cfg.update_from_config(config=Trainer.Config(model_spec=spec, parallelism=parallelism, training=training,
                                                  debug=DebugConfig(moe_force_load_balance=True)))
     with torch.device("meta"):
         model = cfg.build()
-    model = parallelize_qwen3(model, parallel_dims=pd, training=training, parallelism=parallelism,
-                              compile_config=CompileConfig(), ac_config=None, dump_folder=os.path.join(OUT, "dump"))
+    model = fn(model, parallel_dims=pd, training=training, parallelism=parallelism, compile_config=CompileConfig(),
+               ac_config=None, dump_folder=os.path.join(OUT, "dump"))
     model.to_empty(device="cpu")
     with torch.no_grad():
         model.init_weights(buffer_device=torch.device("cpu"))
@@ -356,8 +369,8 @@ def worker(rank, init, out_dir, names):
         torch.manual_seed(0)
         if par.get("family") == "qwen3":
             model = build_qwen3(parallelism, training, pd)
-        elif par.get("family") == "mixtral":
-            model = build_mixtral(parallelism, training, pd)
+        elif par.get("family") in ("mixtral", "deepseek_v3"):
+            model = build_moe(par["family"], parallelism, training, pd)
         else:
             model = build_model(TL.titan_config(None, TITAN, False), parallelism, training, pd, ac)
         for m in model.modules():
@@ -457,7 +470,8 @@ def plan_for(name, parallel, ac="none"):
     from commplan import plan_text
     parallel = dict(parallel)
     family = parallel.pop("family", "llama")
-    model = dict({"llama": TITAN, "qwen3": dict(QWEN3, enable_weight_tying=False), "mixtral": MIXTRAL}[family],
+    model = dict({"llama": TITAN, "qwen3": dict(QWEN3, enable_weight_tying=False), "mixtral": MIXTRAL,
+                  "deepseek_v3": DSV3}[family],
                  family=family, seq_len=SEQ)
     if "sp" in parallel:
         parallel["sequence_parallel"] = parallel.pop("sp")
