@@ -1,6 +1,7 @@
 -- Context parallel, the module (gen/parallel/init.lua's contract), as
--- torchtitan 0.3 runs it on its llama3 and qwen3 (docs/context-parallel.md;
--- recorded live on gloo by tests/titan/test_cp_record.py):
+-- torchtitan 0.3 runs it on every family with an attention (cp.FAMILIES;
+-- docs/context-parallel.md; recorded live on gloo by
+-- tests/titan/test_cp_record.py):
 --  * the mesh: cp is a dim of the dense mesh between dp_shard and tp
 --    (gen/dims.lua), and FSDP shards over dp_shard x cp (gen/dims.lua's
 --    fsdp alias, gen/parallel/fsdp_layout.lua's W): torchtitan's fsdp mesh,
@@ -47,9 +48,9 @@
 --    the block's K/V all-gathers (recorded: mixtral_dp2_cp2_ep2).
 -- Refused, one line each: Ulysses (torch 2.15 and torchtitan 0.3 have
 -- none), cp with pp (not planned), ep and cp x tp that do not nest (the
--- runtime's refined mesh), a family not in cp.FAMILIES, a seq_len torchtitan refuses (its Trainer's
--- tp (under SP) x 2 x cp, trainer.py:306-315; flex's CP block mask needs
--- cp x 128).
+-- runtime's refined mesh), a family not in cp.FAMILIES, a seq_len
+-- torchtitan refuses (its Trainer's tp (under SP) x 2 x cp,
+-- trainer.py:306-315; flex's CP block mask needs cp x 128).
 local util = require("gen.util")
 
 local cp = { name = "cp", label = "CP", dims = { "cp" }, groups = { "cp" } }
@@ -82,11 +83,9 @@ function cp.check_dims(ctx, d)
       .. "without nesting (commplan's runtime mesh refines the two meshes; torchtitan runs it); pick ep a multiple "
       .. "or a divisor of %d, or set cp=1", d.cp, d.tp, d.ep, inner)
   end
-  for _, name in ipairs({ "pp" }) do
-    if d[name] > 1 then
-      refuse(ctx, "parallel.cp", "cp=%d with %s=%d: context parallel is planned with FSDP, HSDP, TP and EP only "
-        .. "(torchtitan's cp with %s is not modelled yet); set cp=1 or %s=1", d.cp, name, d[name], name, name)
-    end
+  if d.pp > 1 then
+    refuse(ctx, "parallel.cp", "cp=%d with pp=%d: context parallel is planned with FSDP, HSDP, TP and EP only "
+      .. "(torchtitan's cp with pp is not modelled yet); set cp=1 or pp=1", d.cp, d.pp)
   end
 end
 
@@ -131,9 +130,9 @@ function cp.rules(ctx, d, p)
   local sp = d.tp > 1 and p.parallel.sequence_parallel ~= false
   local div = (sp and d.tp or 1) * 2 * d.cp
   if seq % div ~= 0 then
-    refuse(ctx, "model.seq_len", "seq_len=%d is not divisible by %s2 x cp=%d (torchtitan's Trainer, trainer.py:306: "
-      .. "the head-tail load balancer cuts each sequence into 2 x cp chunks%s); pick seq_len a multiple of %d", seq,
-      sp and string.format("tp=%d x ", d.tp) or "", div, sp and ", sequence parallelism each rank's in tp" or "", div)
+    refuse(ctx, "model.seq_len", "seq_len=%d is not divisible by %s%d (torchtitan's Trainer, trainer.py:306: the "
+      .. "head-tail load balancer cuts each sequence into 2 x cp chunks%s); pick seq_len a multiple of %d", seq,
+      sp and "tp x 2 x cp = " or "2 x cp=", div, sp and ", sequence parallelism each rank's tokens in tp" or "", div)
   end
   -- torch's _create_cp_block_mask: Q_LEN % (cp * flex's query block)
   local block = d.cp * cp.FLEX_BLOCK

@@ -74,7 +74,11 @@
 --                 (before the unit's compute: EP's dispatch, the combine's
 --                 gradient);
 --                 every kind is an opkinds descriptor (reads, writes,
---                 stream, ring passes) with its C side in runtime/
+--                 stream, ring passes) with its C side in runtime/; an
+--                 op inside a block's compute may name its `region`
+--                 (parallel.REGIONS below), by which two modules' ops at
+--                 one point are merged (CP's K/V exchange inside TP's
+--                 attention)
 --   prove_class(lay, ops, p, rep)   its proofs over one class's step
 --   prove(classes, mine)            its proofs across classes
 --   describe(plan, p, mine) -> plan its facts on the built plan (TP:
