@@ -189,7 +189,7 @@ function compute.units(p, s)
       local attn = 4 * T * seq * heads * cfg.head_dim
       r.fwd = 2 * P * T + attn
       r.bwd = 2 * r.fwd
-      local b = fam == "qwen3" and qwen3.block_acts(cfg, e, T, ac) or llama_acts.block(cfg, e, T, ac, false, s.cp)
+      local b = fam == "qwen3" and qwen3.block_acts(cfg, e, T, ac, s.cp) or llama_acts.block(cfg, e, T, ac, false, s.cp)
       r.saved, r.transient = b.saved / tp, b.transient / tp
       if ac == "full" then
         r.recompute = r.fwd

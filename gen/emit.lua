@@ -217,16 +217,17 @@ static const cp_op ops_{{c}}[{{nops}}] = {
 static const int waits_{{c}}[{{nwaits_storage}}] = { {{waits}} };
 ]]
 
--- With ep > 1 and tp > 1 the C mesh is the common refinement of the dense
+-- With ep > 1 and tp > 1 or cp > 1 the C mesh is the common refinement of the dense
 -- mesh and the expert mesh over the same ranks (row-major both, the
 -- outer pp and dp_replicate alike): the ranks of one dp_shard*cp*tp block
 -- cut at every stride either mesh has there (tp's, cp's, ep's and
 -- efsdp's), so that every family of either mesh -- the dense dp_shard and
 -- tp, the expert ep and efsdp -- is a set of whole axes (its axis_mask).
 -- The strides must divide one another (gen/parallel/ep.lua asks ep to be
--- a multiple or a divisor of tp): tp stays one axis, or with ep groups
--- inside TP's a span of consecutive axes (the runtime's TP coordinate,
--- plan.c's tp_mesh_dim: see emit.vars).
+-- a multiple or a divisor of tp; gen/parallel/cp.lua that ep and cp x tp
+-- nest): tp stays one axis, or with ep groups inside TP's a span of
+-- consecutive axes (the runtime's TP coordinate, plan.c's tp_mesh_dim: see
+-- emit.vars).
 -- Returns { names, sizes, covers = { [dense or expert dim name] = {axis
 -- indices, 1-based} } }.
 function emit.refined_mesh(mesh)
@@ -300,10 +301,10 @@ function emit.vars(p, fp)
   local ge, fl = {}, {}
   -- With ep > 1 the C mesh is the expert mesh (gen/dims.lua's sparse mesh:
   -- dp_shard split into efsdp x ep, ep innermost, row-major over the same
-  -- ranks; ep refuses tp, cp and pp): a dense family's dp_shard axis is
+  -- ranks; with tp or cp the mesh both refine, emit.refined_mesh): a dense family's dp_shard axis is
   -- efsdp and ep there, and ep and efsdp (f.sparse) index it already.
   local cmesh = p.mesh.sparse or p.mesh
-  local refined = p.mesh.sparse and p.dims.tp > 1 and emit.refined_mesh(p.mesh) or nil
+  local refined = p.mesh.sparse and (p.dims.tp > 1 or p.dims.cp > 1) and emit.refined_mesh(p.mesh) or nil
   if refined then cmesh = refined end
   local function axis_bits(f)
     local mask = 0
@@ -373,7 +374,7 @@ function emit.vars(p, fp)
   end
   v.class_of, v.nclass_of, v.tp_size = table.concat(of, ", "), #of, tp
   v.tp_mesh_dim = p.mesh.index.tp and (p.mesh.index.tp - 1) or -1
-  if refined then
+  if refined and refined.covers.tp then
     -- tp is one axis of the refined mesh, or (ep groups inside TP's) consecutive axes from t[1]:
     -- the runtime's cp_tp_rank reads -2 - t[1] as that span
     local t = refined.covers.tp

@@ -222,10 +222,10 @@ torch_lane() {
   else skipped "$titan_mem" "no torch environment (make torch-env exit $live_rc)"; fi
   # ---- end of torchtitan as the peer ----
   # Context parallel (docs/context-parallel.md): torchtitan 0.3's CP step on gloo vs commplan's tables.
-  titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 4, dp_replicate 2 x cp 2; spmd_types and partial_dtensor; SelectiveAC, FullAC): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"
+  titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 4, dp_replicate 2 x cp 2, cp 2 x tp 2, mixtral dp_shard 2 x cp 2 x ep 2; spmd_types and partial_dtensor; SelectiveAC, FullAC): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"
   if [ "$live_rc" = 0 ]; then
     titan_f7=$(logname "$titan_cp"); timeout 600 "$live_py" tests/titan/test_cp_record.py >"$titan_f7" 2>&1
-    titan_result "$titan_cp" "$titan_f7" $?; grep -h "^cp_record: " "$titan_f7" | sed "s/^/        /"
+    titan_result "$titan_cp" "$titan_f7" $?; grep -h "^cp_record: " "$titan_f7" | sed "s/^/        /"; tier_line "$titan_f7"
   else skipped "$titan_cp" "no torch environment (make torch-env exit $live_rc)"; fi
   # Issue 35: every mesh of degrees 1 and 2 over (dp_replicate, dp_shard, cp, tp, pp, ep) per family,
   # commplan's generator against torchtitan's own Trainer path (fake process group), and a sample simulated.

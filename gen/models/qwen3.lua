@@ -164,10 +164,14 @@ end
 -- other matmul's output -- fused: wqkv, w1, w2; unfused: wq, wv, w1, w2 --
 -- and flex's compiled region's outputs under "selective"). Measured on
 -- torchtitan's own dense Qwen3 block by tests/titan/test_qwen3_plan.py.
-function qwen3.block_acts(cfg, e, T, ac)
+-- cp: context parallel's degree (default 1): flex attention keeps the
+-- gathered K and V, cp x T tokens each (gen/models/llama_acts.lua's term,
+-- derived, not measured), except under full checkpointing.
+function qwen3.block_acts(cfg, e, T, ac, cp)
   local dense = setmetatable({ n_dense_layers = 1, dense_hidden_dim = cfg.hidden }, { __index = cfg })
   local b = moe_acts.block(dense, 0, e, T, 0, 1, ac)
-  return { saved = b.saved + b.routed, transient = b.transient }
+  local gathered = ac == "full" and 0 or 2 * e * T * cfg.n_kv_heads * cfg.head_dim * ((cp or 1) - 1)
+  return { saved = b.saved + b.routed + gathered, transient = b.transient }
 end
 
 -- The model's parameters as torchtitan counts them (model.parameters() of

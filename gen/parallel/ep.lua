@@ -35,9 +35,13 @@
 -- rank routes its own batch x seq / tp tokens: the all-to-alls are sized
 -- from those (torchtitan 0.3's moe_sharding.py with EP; recorded live:
 -- tests/ep/check_ep_live.sh's dp2_tp2_ep* and *_tp2_ep2 cases).
--- Refused with ep > 1, one line each: a model without routed experts, cp,
--- pp (the MoE families refuse pp already), and expert_parallel settings on
--- a plan without ep.
+-- With cp > 1 too (ep borrows from dp_shard x cp x tp): each rank routes
+-- its own batch x seq / cp tokens (/ tp under SP), the all-to-alls sized
+-- from those (recorded live: tests/titan/test_cp_record.py's
+-- mixtral_dp2_cp2_ep2; gen/parallel/cp.lua has the rest).
+-- Refused with ep > 1, one line each: a model without routed experts, pp
+-- (the MoE families refuse pp already), and expert_parallel settings on a
+-- plan without ep.
 local util = require("gen.util")
 local compute = require("gen.compute")
 
@@ -107,7 +111,7 @@ function ep.rules(ctx, d, p)
     util.field_error(ctx, "parallel.ep", string.format("ep=%d: expert parallelism needs routed experts; the %s "
       .. "family has none (mixtral, qwen3_moe and deepseek_v3 do); set ep=1", d.ep, p.model.family))
   end
-  for _, name in ipairs({ "cp", "pp" }) do
+  for _, name in ipairs({ "pp" }) do
     if d[name] > 1 then
       util.field_error(ctx, "parallel." .. name, string.format("%s=%d with ep=%d: expert parallel is planned with "
         .. "FSDP and HSDP only (torchtitan's ep with %s is not modelled); set %s=1 or ep=1", name, d[name], d.ep,
@@ -200,9 +204,10 @@ end
 
 -- The all-to-alls' geometry on each experts unit, and the explicit prefetch.
 function ep.on_layout(_, lay, _, d, p, cfg)
-  local s = compute.settings({ training = p.training, model = p.model, topology = p.topology })
+  local s = compute.settings({ training = p.training, model = p.model, topology = p.topology, dims = d })
   local policy = ep.policy(p)
-  -- under TP (sequence parallel) a rank routes its sequence shard's tokens
+  -- a rank routes its own tokens: seq_len / cp of each sequence (context
+  -- parallel), of them its sequence shard under TP (sequence parallel)
   local tokens = s.tokens // d.tp
   lay.explicit_prefetch = true
   lay.ep = { size = d.ep, efsdp = d.efsdp, policy = policy, tokens = tokens, top_k = cfg.top_k, dim = cfg.dim,

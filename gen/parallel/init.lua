@@ -74,7 +74,11 @@
 --                 (before the unit's compute: EP's dispatch, the combine's
 --                 gradient);
 --                 every kind is an opkinds descriptor (reads, writes,
---                 stream, ring passes) with its C side in runtime/
+--                 stream, ring passes) with its C side in runtime/; an
+--                 op inside a block's compute may name its `region`
+--                 (parallel.REGIONS below), by which two modules' ops at
+--                 one point are merged (CP's K/V exchange inside TP's
+--                 attention)
 --   prove_class(lay, ops, p, rep)   its proofs over one class's step
 --   prove(classes, mine)            its proofs across classes
 --   describe(plan, p, mine) -> plan its facts on the built plan (TP:
@@ -134,23 +138,79 @@ function parallel.first(mods, hook, optional)
   return nil
 end
 
+-- Where a collective sits inside a block's compute: modules tag the ops
+-- they issue inside a unit's compute with one of these regions (in
+-- forward order; backward runs them in reverse, a recomputed forward
+-- first), so that two modules' ops at one point interleave as the block
+-- issues them (CP's K/V all-gathers between TP's attention-input gather
+-- and its wo reduce-scatter: torchtitan's attention, models/common/
+-- decoder_sharding.py:225-260, redistributes k and v at the inner
+-- attention's local_map boundary).
+parallel.REGIONS = { "embedding", "attention_input", "attention", "attention_output", "ffn_input", "ffn_output",
+                     "output", "loss" }
+local RANK = {}
+for i, r in ipairs(parallel.REGIONS) do RANK[r] = i end
+
+local function region_key(o)
+  if o.region == "recompute" then return -math.huge end -- the backward's re-run forward comes first
+  local r = RANK[o.region] or error("internal: op region " .. tostring(o.region), 0)
+  return o.phase == "backward" and -r or r
+end
+
+-- Several hooks' ops at one point: where every op names its region, the
+-- hooks' lists (each in its own issue order) merged by region, ties in
+-- hook order; else one after the other. The region is the merge's only:
+-- cleared on the way out.
+local function merge(lists)
+  local all, tagged, nonempty = {}, true, 0
+  for _, l in ipairs(lists) do
+    if #l > 0 then nonempty = nonempty + 1 end
+    for _, o in ipairs(l) do tagged = tagged and o.region ~= nil end
+  end
+  if nonempty > 1 and tagged then
+    local at = {}
+    for i = 1, #lists do at[i] = 1 end
+    while true do
+      local best, key
+      for i, l in ipairs(lists) do
+        local o = l[at[i]]
+        if o and (not best or region_key(o) < key) then best, key = i, region_key(o) end
+      end
+      if not best then break end
+      all[#all + 1] = lists[best][at[best]]
+      at[best] = at[best] + 1
+    end
+  else
+    for _, l in ipairs(lists) do
+      for _, o in ipairs(l) do all[#all + 1] = o end
+    end
+  end
+  for _, o in ipairs(all) do o.region = nil end
+  return all
+end
+
 -- Every used module's unit_ops as one function; nil when none has any (the
 -- schedule then inserts nothing). The modules nest around a unit's
 -- compute: ahead of it ("forward_before", "backward_before") they run in
 -- application order, after it ("forward", "backward", "reduce") in the
 -- reverse (TP's shared-experts collectives of an experts unit after EP's
--- combine, as torchtitan's MoE runs them: gen/parallel/tp_acts.lua).
+-- combine, as torchtitan's MoE runs them: gen/parallel/tp_acts.lua);
+-- ops that name their region inside the block interleave by it (merge).
 local BEFORE = { forward_before = true, backward_before = true }
 function parallel.unit_ops(mods)
   local hooks = {}
   for _, m in ipairs(mods) do hooks[#hooks + 1] = m.unit_ops end
-  if #hooks <= 1 then return hooks[1] end
+  if #hooks == 0 then return nil end
   return function(out, u, m, at)
-    if BEFORE[at] then
-      for i = 1, #hooks do hooks[i](out, u, m, at) end
-    else
-      for i = #hooks, 1, -1 do hooks[i](out, u, m, at) end
+    local lists = {}
+    local first, last, step = #hooks, 1, -1
+    if BEFORE[at] then first, last, step = 1, #hooks, 1 end
+    for i = first, last, step do
+      local l = {}
+      hooks[i](l, u, m, at)
+      lists[#lists + 1] = l
     end
+    for _, o in ipairs(merge(lists)) do out[#out + 1] = o end
   end
 end
 

@@ -323,14 +323,17 @@ function tp.on_layout(ctx, lay, units, d, p, cfg)
     end
   end
   if tp.DENSE[p.model.family] then
+    -- a rank's tokens: seq_len / cp of each sequence under context parallel
+    -- (gen/parallel/cp.lua: torchtitan shards the batch on the sequence over
+    -- cp before TP's sequence shards, distributed/full_dtensor.py:148-149)
     tp_acts.dense(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
-                                        seq_len = p.model.seq_len, family = p.model.family,
+                                        seq_len = p.model.seq_len and p.model.seq_len // d.cp, family = p.model.family,
                                         sequence_parallel = p.parallel.sequence_parallel,
                                         loss_parallel = p.parallel.loss_parallel,
                                         async_tp = p.parallel.async_tp, ep = d.ep })
   elseif p.model.family == "deepseek_v3" then
     tp_acts.deepseek(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
-                                           seq_len = p.model.seq_len, ep = d.ep,
+                                           seq_len = p.model.seq_len and p.model.seq_len // d.cp, ep = d.ep,
                                            sequence_parallel = p.parallel.sequence_parallel })
   end
   return lay
@@ -352,7 +355,7 @@ function tp.unit_ops(out, u, m, at)
     if (a.point or a.phase) == point and (a.reducing_only or false) == reduce then
       out[#out + 1] = { kind = a.kind, unit = u.index, micro_step = m, phase = a.phase, group = "tp", dtype = a.dtype,
                         count = a.count, reduce_op = a.kind ~= "tp_all_gather" and (a.reduce_op or "sum") or nil,
-                        what = a.what, loss = a.loss, mm_flops = a.mm_flops }
+                        what = a.what, loss = a.loss, mm_flops = a.mm_flops, region = a.region }
     end
   end
 end

@@ -156,18 +156,18 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
   local head = output_unit(lay.units, fam)
   for _, u in ipairs(lay.units) do
     local acts = {}
-    local function add(kind, phase, count, what, fused)
+    local function add(kind, phase, count, what, fused, region)
       acts[#acts + 1] = { kind = kind, phase = phase, count = count, dtype = u.ag_dtype, what = what,
-                          mm_flops = mm and fused and mm[fused] }
+                          mm_flops = mm and fused and mm[fused], region = region }
     end
     local carried = u == head and not has(u, fam.output)
     local cut -- a carried output's acts go between the last block's forward and backward ones
     if has(u, fam.embedding) then
       if sp then
-        add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards")
-        add("tp_all_gather", "backward", shard, "embedding output gradient")
+        add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards", nil, "embedding")
+        add("tp_all_gather", "backward", shard, "embedding output gradient", nil, "embedding")
       else
-        add("tp_all_reduce", "forward", full, "embedding output partial sums")
+        add("tp_all_reduce", "forward", full, "embedding output partial sums", nil, "embedding")
       end
     end
     if has(u, fam.block) then
@@ -180,25 +180,25 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
       local w13, w2 = "w13", "w2"
       if moe then ffn_in, ffn_out, w13, w2 = "MoE input", "routed experts' output", nil, nil end
       if sp then
-        add("tp_all_gather", "forward", shard, "attention input sequence", "qkv")
-        add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards", "wo")
+        add("tp_all_gather", "forward", shard, "attention input sequence", "qkv", "attention_input")
+        add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards", "wo", "attention_output")
         if ffn then
-          add("tp_all_gather", "forward", shard, ffn_in .. " sequence", w13)
-          add("tp_reduce_scatter", "forward", shard, ffn_out .. " to sequence shards", w2)
+          add("tp_all_gather", "forward", shard, ffn_in .. " sequence", w13, "ffn_input")
+          add("tp_reduce_scatter", "forward", shard, ffn_out .. " to sequence shards", w2, "ffn_output")
         end
         cut = #acts + 1
         if ffn then
-          add("tp_all_gather", "backward", shard, ffn_out .. " gradient", w2)
-          add("tp_reduce_scatter", "backward", shard, ffn_in .. " gradient", w13)
+          add("tp_all_gather", "backward", shard, ffn_out .. " gradient", w2, "ffn_output")
+          add("tp_reduce_scatter", "backward", shard, ffn_in .. " gradient", w13, "ffn_input")
         end
-        add("tp_all_gather", "backward", shard, "wo output gradient", "wo")
-        add("tp_reduce_scatter", "backward", shard, "attention input gradient", "qkv")
+        add("tp_all_gather", "backward", shard, "wo output gradient", "wo", "attention_output")
+        add("tp_reduce_scatter", "backward", shard, "attention input gradient", "qkv", "attention_input")
       else
-        add("tp_all_reduce", "forward", full, "wo output partial sums")
-        if ffn then add("tp_all_reduce", "forward", full, ffn_out .. " partial sums") end
+        add("tp_all_reduce", "forward", full, "wo output partial sums", nil, "attention_output")
+        if ffn then add("tp_all_reduce", "forward", full, ffn_out .. " partial sums", nil, "ffn_output") end
         cut = #acts + 1
-        if ffn then add("tp_all_reduce", "backward", full, ffn_in .. " gradient") end
-        add("tp_all_reduce", "backward", full, "attention input gradient")
+        if ffn then add("tp_all_reduce", "backward", full, ffn_in .. " gradient", nil, "ffn_input") end
+        add("tp_all_reduce", "backward", full, "attention input gradient", nil, "attention_input")
       end
     end
     if u.expert and not sp then
@@ -214,20 +214,20 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
     local before = #acts
     if u == head then
       if sp then
-        add("tp_all_gather", "forward", shard, "output input sequence", "output")
-        add("tp_reduce_scatter", "backward", shard, "output input gradient", "output")
+        add("tp_all_gather", "forward", shard, "output input sequence", "output", "output")
+        add("tp_reduce_scatter", "backward", shard, "output input gradient", "output", "output")
       else
-        add("tp_all_reduce", "backward", full, "output input gradient")
+        add("tp_all_reduce", "backward", full, "output input gradient", nil, "output")
       end
       if not loss_parallel then
         -- ColwiseParallel(output_layouts=Replicate()): the whole logits gathered
         -- over the vocab dim (uneven vocab shards padded to ceil(vocab / tp))
-        add("tp_all_gather", "forward", b * seq * util.ceil_div(cfg.vocab_size, T), "output logits (no loss_parallel)")
+        add("tp_all_gather", "forward", b * seq * util.ceil_div(cfg.vocab_size, T), "output logits (no loss_parallel)", nil, "output")
       else
         for _, l in ipairs({ { "max", "loss_parallel: per-token max logit" },
                              { "sum", "loss_parallel: per-token sum of exponentials" },
                              { "sum", "loss_parallel: per-token target logit" } }) do
-          add("tp_all_reduce", "forward", b * seq, l[2])
+          add("tp_all_reduce", "forward", b * seq, l[2], nil, "loss")
           acts[#acts].reduce_op, acts[#acts].dtype, acts[#acts].loss = l[1], "fp32", true
         end
       end
@@ -309,15 +309,16 @@ function tp_acts.deepseek(ctx, lay, cfg, T, opts)
   local shared = (cfg.num_shared_experts or 0) > 0
   for _, u in ipairs(lay.units) do
     local acts = {}
-    local function add(kind, phase, count, what, point)
-      acts[#acts + 1] = { kind = kind, phase = phase, count = count, dtype = u.ag_dtype, what = what, point = point }
+    local function add(kind, phase, count, what, point, region)
+      acts[#acts + 1] = { kind = kind, phase = phase, count = count, dtype = u.ag_dtype, what = what, point = point,
+                          region = region }
     end
     if has(u, "tok_embeddings.weight") then
       if sp then
-        add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards")
-        add("tp_all_gather", "backward", shard, "embedding output gradient")
+        add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards", nil, "embedding")
+        add("tp_all_gather", "backward", shard, "embedding output gradient", nil, "embedding")
       else
-        add("tp_all_reduce", "forward", full, "embedding output partial sums")
+        add("tp_all_reduce", "forward", full, "embedding output partial sums", nil, "embedding")
       end
     end
     if u.expert then
@@ -338,46 +339,48 @@ function tp_acts.deepseek(ctx, lay, cfg, T, opts)
       local dense, moe = has(u, "feed_forward.w1.weight"), has(u, "moe.router.gate.weight")
       local ffn = dense or (moe and ep == 1)
       if sp then
-        add("tp_all_gather", "forward", shard, "attention input sequence")
-        add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards")
+        add("tp_all_gather", "forward", shard, "attention input sequence", nil, "attention_input")
+        add("tp_reduce_scatter", "forward", shard, "wo output to sequence shards", nil, "attention_output")
         if dense then
-          add("tp_all_gather", "forward", shard, "feed-forward input sequence")
-          add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards")
-          add("tp_all_gather", "backward", shard, "w2 output gradient")
-          add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient")
+          add("tp_all_gather", "forward", shard, "feed-forward input sequence", nil, "ffn_input")
+          add("tp_reduce_scatter", "forward", shard, "w2 output to sequence shards", nil, "ffn_output")
+          add("tp_all_gather", "backward", shard, "w2 output gradient", nil, "ffn_output")
+          add("tp_reduce_scatter", "backward", shard, "feed-forward input gradient", nil, "ffn_input")
         elseif moe and ep == 1 then
-          add("tp_all_gather", "forward", shard, "MoE input sequence")
-          add("tp_reduce_scatter", "forward", shard, "routed experts' output to sequence shards")
+          add("tp_all_gather", "forward", shard, "MoE input sequence", nil, "ffn_input")
+          add("tp_reduce_scatter", "forward", shard, "routed experts' output to sequence shards", nil, "ffn_output")
           if shared then
-            add("tp_reduce_scatter", "forward", shard, "shared experts' w2 output to sequence shards")
-            add("tp_all_gather", "backward", shard, "shared experts' w2 output gradient")
+            add("tp_reduce_scatter", "forward", shard, "shared experts' w2 output to sequence shards", nil,
+              "ffn_output")
+            add("tp_all_gather", "backward", shard, "shared experts' w2 output gradient", nil, "ffn_output")
           end
-          add("tp_all_gather", "backward", shard, "routed experts' output gradient")
-          add("tp_reduce_scatter", "backward", shard, "MoE input gradient")
+          add("tp_all_gather", "backward", shard, "routed experts' output gradient", nil, "ffn_output")
+          add("tp_reduce_scatter", "backward", shard, "MoE input gradient", nil, "ffn_input")
         end
-        add("tp_all_gather", "backward", shard, "wo output gradient")
-        add("tp_reduce_scatter", "backward", shard, "attention input gradient")
+        add("tp_all_gather", "backward", shard, "wo output gradient", nil, "attention_output")
+        add("tp_reduce_scatter", "backward", shard, "attention input gradient", nil, "attention_input")
       else
         local what = dense and "w2 output" or "MoE output"
-        add("tp_all_reduce", "forward", full, "wo output partial sums")
+        add("tp_all_reduce", "forward", full, "wo output partial sums", nil, "attention_output")
         if ffn then
-          add("tp_all_reduce", "forward", full, what .. " partial sums")
-          add("tp_all_reduce", "backward", full, (dense and "feed-forward" or "MoE") .. " input gradient")
+          add("tp_all_reduce", "forward", full, what .. " partial sums", nil, "ffn_output")
+          add("tp_all_reduce", "backward", full, (dense and "feed-forward" or "MoE") .. " input gradient", nil,
+            "ffn_input")
         end
-        add("tp_all_reduce", "backward", full, "attention input gradient")
+        add("tp_all_reduce", "backward", full, "attention input gradient", nil, "attention_input")
       end
     end
     if has(u, "lm_head.weight") then
       if sp then
-        add("tp_all_gather", "forward", shard, "output input sequence")
-        add("tp_reduce_scatter", "backward", shard, "output input gradient")
+        add("tp_all_gather", "forward", shard, "output input sequence", nil, "output")
+        add("tp_reduce_scatter", "backward", shard, "output input gradient", nil, "output")
       else
-        add("tp_all_reduce", "backward", full, "output input gradient")
+        add("tp_all_reduce", "backward", full, "output input gradient", nil, "output")
       end
       for _, l in ipairs({ { "max", "loss_parallel: per-token max logit" },
                            { "sum", "loss_parallel: per-token sum of exponentials" },
                            { "sum", "loss_parallel: per-token target logit" } }) do
-        add("tp_all_reduce", "forward", b * seq, l[2])
+        add("tp_all_reduce", "forward", b * seq, l[2], nil, "loss")
         acts[#acts].reduce_op, acts[#acts].dtype, acts[#acts].loss = l[1], "fp32", true
       end
     end

@@ -155,10 +155,9 @@ end
 function T.refusals()
   H.plan_fails(llama(8, "{ dp_shard = 2, cp = 4, ulysses_degree = 2 }"), "parallel.ulysses_degree",
     "no Ulysses", "remove ulysses_degree")
-  H.plan_fails(llama(8, "{ dp_shard = 2, cp = 2, tp = 2 }"), "parallel.cp", "cp=2 with tp=2", "set cp=1 or tp=1")
   H.plan_fails([[return { world_size = 4, parallel = { dp_shard = 2, cp = 2 }, model = { family = "generic",
     seq_len = 512, units = { { name = "root", params = { { name = "w", shape = { 8 } } } } } } }]],
-    "parallel.cp", "planned for the llama family", "set cp=1")
+    "parallel.cp", "families whose attention exchanges K", "set cp=1")
   H.plan_fails([[return { world_size = 4, parallel = { dp_shard = 2, cp = 2 }, model = { family = "llama",
     dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 250 } }]], "model.seq_len",
     "seq_len is needed", "set model.seq_len")
@@ -172,22 +171,234 @@ function T.refusals()
   H.plan_fails(llama(4, "{ dp_shard = 4, ulysses_degree = 2 }"), "parallel.ulysses_degree", "with cp=1")
 end
 
--- The advisor keeps the plan's cp in every mesh it ranks (a cp group shares
--- its sequences) and ranks no pipeline mesh (gen/advisor.lua does not rank pipeline meshes with cp yet).
-function T.advisor_keeps_cp()
+-- The advisor on a plan with cp (gen/advisor.lua): cp is explored (the
+-- plan's cp > 1 makes it a long-context plan), the global batch counts
+-- world / (tp x cp) data-parallel ranks, cp beside tp is ranked (planned),
+-- the tp that GQA refuses is refused with the generator's line, and the
+-- pipeline meshes keep the plan's cp.
+function T.advisor_explores_cp()
   local advisor = require("gen.advisor")
   local load = require("gen.load")
   local res = advisor.rank(load.source(llama(8, "{ dp_shard = -1, cp = 2 }"), "plans/t.lua"))
-  H.eq(res.pipeline, nil, "no pipeline meshes")
   H.eq(res.plan_global, 2 * 8 // 2, "global batch: local batch x world / cp")
-  local own = 0
+  local own, cps, cp_tp = 0, {}, 0
   for _, x in ipairs(res.results) do
-    H.eq(x.mesh:find("cp=2", 1, true) ~= nil, true, x.mesh)
-    H.eq(x.t, 1, x.mesh .. ": cp with tp is refused")
+    cps[x.cp] = true
+    if x.cp == 2 and x.t == 2 then cp_tp = cp_tp + 1 end
     own = own + (x.plan_mesh and 1 or 0)
   end
   H.eq(own, 1, "the plan's own mesh ranked once")
-  H.eq(#res.rejected > 0, true, "the tp > 1 meshes refused")
+  assert(cps[1] and cps[2], "meshes with and without cp ranked")
+  assert(cp_tp >= 1, "cp 2 x tp 2 ranked")
+  local tp4
+  for _, x in ipairs(res.rejected) do
+    assert(not x.why:find("internal", 1, true), x.why)
+    if x.mesh:find("tp=4", 1, true) then tp4 = x end
+  end
+  assert(tp4, "tp 4 refused (n_kv_heads 2: GQA)")
+  for _, x in ipairs(res.pipeline.results) do H.eq(x.cp, 2, "a pipeline mesh keeps the plan's cp") end
+end
+
+-- CP beside TP (sequence parallelism on), as recorded live
+-- (tests/titan/test_cp_record.py's cp2_tp2): TP's activation collectives
+-- over the rank's seq_len / cp tokens, cut in tp sequence shards; the K/V
+-- all-gathers of the TP-local kv heads (n_kv_heads / tp) between TP's
+-- attention-input gather and wo's reduce-scatter; their gradients'
+-- reduce-scatters between wo's output-gradient gather and the attention
+-- input gradient's reduce-scatter.
+local function block_seq(p, unit)
+  local out = {}
+  for _, o in ipairs(p.ops) do
+    if o.unit == unit and (o.group == "tp" or o.group == "cp") then
+      out[#out + 1] = string.format("%s %s %s %d", o.phase:sub(1, 1), o.kind:gsub("^tp_", ""), o.group, o.count)
+    end
+  end
+  return out
+end
+
+function T.cp_beside_tp_sp()
+  local p = gen(4, "{ dp_shard = 1, cp = 2, tp = 2 }")
+  H.list_eq(p.mesh.names, { "cp", "tp" }, "mesh: cp outside tp")
+  H.list_eq(ranks_of(p, "cp", 1), { 1, 3 }, "cp group of rank 1")
+  H.list_eq(ranks_of(p, "tp", 2), { 2, 3 }, "tp group of rank 2")
+  H.list_eq(ranks_of(p, "fsdp", 1), { 1, 3 }, "FSDP over dp_shard x cp, TP inner")
+  local kv = 2 * (512 // 2) * (2 // 2) * 16 -- batch x seq/cp x n_kv_heads/tp x head_dim
+  local sh = 2 * (512 // 2) * 64 // 2       -- batch x seq/cp x dim / tp
+  H.list_eq(block_seq(p, 2), {
+    "f all_gather tp " .. sh, "f all_gather cp " .. kv, "f all_gather cp " .. kv, "f reduce_scatter tp " .. sh,
+    "f all_gather tp " .. sh, "f reduce_scatter tp " .. sh,
+    "b all_gather tp " .. sh, "b reduce_scatter tp " .. sh, "b all_gather tp " .. sh,
+    "b reduce_scatter cp " .. kv, "b reduce_scatter cp " .. kv, "b reduce_scatter tp " .. sh,
+    "b all_reduce tp 64", "b all_reduce tp 64",
+  }, "layers.0 on tp and cp")
+  -- loss_parallel's per-token all-reduces: the rank's batch x seq_len / cp tokens
+  local loss = 0
+  for _, o in ipairs(p.ops) do
+    if o.loss then loss = loss + 1; H.eq(o.count, 2 * 512 // 2, "loss all-reduce per token of the rank") end
+  end
+  H.eq(loss, 3, "three loss_parallel all-reduces")
+  for _, u in ipairs(p.layout.units) do
+    if u.cp_acts then H.eq(u.act_numel >= 2 * kv and u.act_numel >= 2 * sh, true, u.name .. " act_numel") end
+  end
+end
+
+-- Without sequence parallelism: wo and w2 all-reduce the rank's seq_len / cp
+-- tokens, the K/V exchange between wo's attention and its all-reduce.
+function T.cp_beside_tp_no_sp()
+  local p = gen(4, "{ dp_shard = 1, cp = 2, tp = 2, sequence_parallel = false }")
+  local kv, full = 2 * 256 * 1 * 16, 2 * 256 * 64
+  H.list_eq(block_seq(p, 2), {
+    "f all_gather cp " .. kv, "f all_gather cp " .. kv, "f all_reduce tp " .. full, "f all_reduce tp " .. full,
+    "b all_reduce tp " .. full, "b reduce_scatter cp " .. kv, "b reduce_scatter cp " .. kv,
+    "b all_reduce tp " .. full,
+  }, "layers.0 without SP")
+end
+
+-- The 3D and 4D meshes: FSDP over dp_shard x cp with TP inner, HSDP
+-- replicating over dp_replicate; the K/V counts as at dp 1.
+function T.cp_beside_tp_with_fsdp_and_hsdp()
+  local kv = 2 * 256 * 1 * 16
+  local p = gen(8, "{ dp_shard = 2, cp = 2, tp = 2 }")
+  H.list_eq(p.mesh.names, { "dp_shard", "cp", "tp" }, "3D mesh")
+  H.eq(p.layout.W, 4, "FSDP's shard group: dp_shard x cp")
+  H.list_eq(ranks_of(p, "fsdp", 3), { 1, 3, 5, 7 }, "fsdp group of rank 3: dp_shard x cp, tp fixed")
+  H.list_eq(ranks_of(p, "cp", 5), { 5, 7 }, "cp group")
+  local h = gen(8, "{ dp_replicate = 2, dp_shard = 1, cp = 2, tp = 2 }")
+  H.list_eq(h.mesh.names, { "dp_replicate", "cp", "tp" }, "HSDP x CP x TP mesh")
+  H.eq(h.layout.W, 2, "shard group: the cp ranks")
+  H.eq(h.layout.R, 2, "replicas")
+  H.list_eq(ranks_of(h, "dp_replicate", 1), { 1, 5 }, "replicate group")
+  for _, q in ipairs({ p, h }) do
+    local n = 0
+    for _, o in ipairs(cp_ops(q)) do n = n + 1; H.eq(o.count, kv, "K/V count") end
+    H.eq(n, 8, "2 blocks x (2 all-gathers + 2 reduce-scatters)")
+  end
+end
+
+-- Qwen3 (torchtitan's qwen3 registry builds flex attention, which
+-- validate_config accepts under CP): the fused wqkv, the q/k norms before
+-- the exchange (no collective of their own); recorded live
+-- (test_cp_record.py's qwen3_dp2_cp2, qwen3_cp2_tp2).
+local function qwen3(world, parallel)
+  return plan.from_source(string.format([[return { world_size = %d, parallel = %s, model = { family = "qwen3",
+    dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, head_dim = 16, vocab_size = 250, hidden_dim = 96,
+    enable_weight_tying = false, seq_len = 512 }, fsdp = { param_dtype = "bf16", reduce_dtype = "fp32",
+    reduce_op = "sum" }, training = { local_batch_size = 2, loss_chunks = 1 } }]], world, parallel), "plans/t.lua")
+end
+
+function T.qwen3_cp()
+  local kv = 2 * 256 * 2 * 16
+  local p = qwen3(4, "{ dp_shard = 2, cp = 2 }")
+  H.eq(p.layout.W, 4, "FSDP over dp_shard x cp")
+  H.list_eq(block_seq(p, 2), { "f all_gather cp " .. kv, "f all_gather cp " .. kv, "b reduce_scatter cp " .. kv,
+    "b reduce_scatter cp " .. kv }, "layers.0's K/V exchange")
+  local n = 0
+  for _, o in ipairs(cp_ops(p)) do n = n + 1; H.eq(p.layout.units[o.unit + 1].name:match("^layers") ~= nil, true) end
+  H.eq(n, 8, "2 blocks x 4")
+  -- beside TP: as llama's, then the q/k norms' Partial gradients (whatever SP) and the norms'
+  local q = qwen3(4, "{ dp_shard = 1, cp = 2, tp = 2 }")
+  local sh, kv1 = 2 * 256 * 64 // 2, 2 * 256 * 1 * 16
+  H.list_eq(block_seq(q, 2), {
+    "f all_gather tp " .. sh, "f all_gather cp " .. kv1, "f all_gather cp " .. kv1, "f reduce_scatter tp " .. sh,
+    "f all_gather tp " .. sh, "f reduce_scatter tp " .. sh,
+    "b all_gather tp " .. sh, "b reduce_scatter tp " .. sh, "b all_gather tp " .. sh,
+    "b reduce_scatter cp " .. kv1, "b reduce_scatter cp " .. kv1, "b reduce_scatter tp " .. sh,
+    "b all_reduce tp 16", "b all_reduce tp 16", "b all_reduce tp 64", "b all_reduce tp 64",
+  }, "qwen3 layers.0 on tp and cp")
+  -- the activation model keeps flex's gathered K and V
+  local compute = require("gen.compute")
+  local m = require("gen.models.qwen3")
+  local cfg, s = p.model_config, compute.settings(p)
+  H.eq(m.block_acts(cfg, 2, s.tokens, "none", 2).saved - m.block_acts(cfg, 2, s.tokens, "none").saved,
+    2 * 2 * s.tokens * cfg.n_kv_heads * cfg.head_dim, "gathered K and V kept")
+end
+
+-- The MoE families on torchtitan's Qwen3 MoE decoder (flex attention):
+-- the K/V exchange in each block's attention, the experts' compute local;
+-- with ep the dispatch and combine after the block's K/V all-gathers, each
+-- rank routing its own seq_len / cp tokens (recorded live:
+-- test_cp_record.py's mixtral_dp2_cp2, mixtral_dp2_cp2_ep2).
+local function moe(world, parallel, family, extra)
+  return plan.from_source(string.format([[return { world_size = %d, parallel = %s, model = { family = %q,
+    dim = 64, n_layers = 3, n_heads = 4, n_kv_heads = 2, vocab_size = 250, moe_hidden_dim = 48, num_experts = 8,
+    top_k = 2, seq_len = 512%s }, fsdp = { param_dtype = "bf16", reduce_dtype = "fp32", reduce_op = "sum" },
+    training = { local_batch_size = 2, loss_chunks = 1 } }]], world, parallel, family, extra or ""), "plans/t.lua")
+end
+
+function T.moe_families_cp()
+  for _, fam in ipairs({ "mixtral", "qwen3_moe" }) do
+    local p = moe(4, "{ dp_shard = 2, cp = 2 }", fam, fam == "qwen3_moe" and ", head_dim = 8" or nil)
+    local hd = fam == "qwen3_moe" and 8 or 16
+    local n = 0
+    for _, o in ipairs(cp_ops(p)) do
+      n = n + 1
+      H.eq(o.count, 2 * 256 * 2 * hd, fam .. ": batch x seq/cp x n_kv_heads x head_dim")
+    end
+    H.eq(n, 3 * 4, fam .. ": 3 blocks x 4")
+    H.eq(p.layout.W, 4, fam .. ": FSDP over dp_shard x cp")
+  end
+end
+
+local function ep_block(p, unit)
+  local out = {}
+  for _, o in ipairs(p.ops) do
+    local name = p.layout.units[o.unit + 1].name
+    if (name == unit or name == unit .. ".experts") and (o.group == "cp" or o.group == "ep") then
+      out[#out + 1] = string.format("%s %s %s %d", o.phase:sub(1, 1), o.kind:gsub("^tp_", ""), o.group, o.count)
+    end
+  end
+  return out
+end
+
+function T.ep_beside_cp()
+  local p = moe(4, "{ dp_shard = 2, cp = 2, ep = 2 }", "mixtral")
+  H.list_eq(ranks_of(p, "ep", 1), { 0, 1 }, "ep borrows the innermost ranks: the cp group's")
+  H.list_eq(ranks_of(p, "efsdp", 1), { 1, 3 }, "efsdp")
+  H.list_eq(ranks_of(p, "fsdp", 1), { 0, 1, 2, 3 }, "dense FSDP over dp_shard x cp")
+  local kv, rows = 2 * 256 * 2 * 16, 2 * 256 * 2 -- the rank's tokens x top_k
+  H.list_eq(ep_block(p, "layers.0"), {
+    "f all_gather cp " .. kv, "f all_gather cp " .. kv, "f a2a_counts ep 4", "f a2a ep " .. rows * 64,
+    "f a2a ep " .. rows * 64, "b a2a ep " .. rows * 64, "b a2a ep " .. rows * 64,
+    "b reduce_scatter cp " .. kv, "b reduce_scatter cp " .. kv,
+  }, "layers.0: K/V exchange, then the dispatch and combine; backward mirrored")
+  -- without cp the rank routes the whole sequence: twice the rows
+  local q = moe(4, "{ dp_shard = 4, ep = 2 }", "mixtral")
+  H.eq(q.layout.ep.tokens, 2 * p.layout.ep.tokens, "tokens per rank: seq_len / cp")
+  -- the meshes nest (commplan's runtime mesh refines both): ep 3 across cp 2 refused
+  H.plan_fails(string.format([[return { world_size = 6, parallel = { dp_shard = 3, cp = 2, ep = 3 }, model = {
+    family = "mixtral", dim = 64, n_layers = 3, n_heads = 4, n_kv_heads = 2, vocab_size = 250, moe_hidden_dim = 48,
+    num_experts = 6, top_k = 2, seq_len = 512 } }]]), "parallel.cp", "cp=2 x tp=1 with ep=3",
+    "multiple or a divisor of 2")
+end
+
+-- DeepSeek-V3 (MLA, flex attention): K is n_heads x (qk_nope + qk_rope)
+-- wide, V n_heads x v_head_dim, each of the TP-local heads; the gradients'
+-- reduce-scatters V's first (recorded live: dsv3_dp2_cp2, dsv3_cp2_tp2).
+local function dsv3(world, parallel)
+  return plan.from_source(string.format([[return { world_size = %d, parallel = %s, model = {
+    family = "deepseek_v3", dim = 64, n_layers = 4, n_dense_layers = 2, n_heads = 4, vocab_size = 250,
+    q_lora_rank = 16, kv_lora_rank = 32, qk_nope_head_dim = 8, qk_rope_head_dim = 8, v_head_dim = 8,
+    dense_hidden_dim = 96, moe_hidden_dim = 32, num_experts = 4, num_shared_experts = 2, top_k = 2, seq_len = 512 },
+    fsdp = { param_dtype = "bf16", reduce_dtype = "fp32", reduce_op = "sum" },
+    training = { local_batch_size = 2, loss_chunks = 1 } }]], world, parallel), "plans/t.lua")
+end
+
+function T.deepseek_v3_cp()
+  local p = dsv3(4, "{ dp_shard = 2, cp = 2 }")
+  local k, v = 2 * 256 * 4 * 16, 2 * 256 * 4 * 8
+  H.list_eq(block_seq(p, 2), { "f all_gather cp " .. k, "f all_gather cp " .. v, "b reduce_scatter cp " .. v,
+    "b reduce_scatter cp " .. k }, "layers.0: K then V gathered, V's gradient first")
+  -- beside TP: the TP-local heads, inside the MLA block's TP collectives (an MoE block: layers.2)
+  local q = dsv3(4, "{ dp_shard = 1, cp = 2, tp = 2 }")
+  local sh = 2 * 256 * 64 // 2
+  H.list_eq(block_seq(q, 4), {
+    "f all_gather tp " .. sh, "f all_gather cp " .. k // 2, "f all_gather cp " .. v // 2, "f reduce_scatter tp " .. sh,
+    "f all_gather tp " .. sh, "f reduce_scatter tp " .. sh, "f reduce_scatter tp " .. sh,
+    "b all_gather tp " .. sh, "b all_gather tp " .. sh, "b reduce_scatter tp " .. sh, "b all_gather tp " .. sh,
+    "b reduce_scatter cp " .. v // 2, "b reduce_scatter cp " .. k // 2, "b reduce_scatter tp " .. sh,
+    "b all_reduce tp 1024", "b all_reduce tp 16", "b all_reduce tp 2560", "b all_reduce tp 32", "b all_reduce tp 64",
+    "b all_reduce tp 64", "b all_reduce tp 256",
+  }, "layers.2 (MoE) on tp and cp")
 end
 
 -- The audit names the K/V exchange and FSDP's group as dp_shard x cp.

@@ -55,7 +55,8 @@ end
 
 -- cp > 1 is generated for the llama family (gen/parallel/cp.lua; tests/lua/test_cp.lua has the rest).
 function T.cp_needs_llama()
-  fails("{ dp_shard = 2, cp = 2 }", 4, "parallel.cp", "cp=2", "planned for the llama family", "generic", "set cp=1")
+  fails("{ dp_shard = 2, cp = 2 }", 4, "parallel.cp", "cp=2", "families whose attention exchanges K", "generic",
+    "set cp=1")
 end
 
 function T.mesh_order_and_aliases()

@@ -265,7 +265,8 @@ function T.refusals_one_line_each()
   H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, ep = 2, etp = 2 }"), "parallel.etp", "experts are not tensor-parallel")
   H.plan_fails((ds(8, "{ pp = 2, dp_shard = 2, tp = 2, ep = 2 }"):gsub("fsdp = {", 'pipeline = { schedule = "1F1B", '
     .. "microbatches = 2 }, fsdp = {")), "parallel.pp")
-  H.plan_fails(ds(8, "{ cp = 2, dp_shard = 2, tp = 2, ep = 2 }"), "parallel.cp")
+  -- (cp beside ep and tp is planned: gen/parallel/cp.lua; here its seq_len rule)
+  H.plan_fails(ds(8, "{ cp = 2, dp_shard = 2, tp = 2, ep = 2 }"), "model.seq_len", "cp x 128")
   H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, loss_parallel = false }"), "parallel.loss_parallel",
     "torchtitan 0.3 has no such switch", "components/loss.py:51-58")
   H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, async_tp = true }"), "parallel.async_tp", "not modelled")

@@ -15,7 +15,7 @@ the group's rank list, phase, and the tensors' shapes (what docs/context-paralle
 
 What is recorded: every op of the c10d namespace (torch.distributed's eager collectives, which
 spmd_types' redistributions and FSDP2 call) and of _c10d_functional (wait_tensor left out), by a
-TorchDispatchMode; and funcol.all_gather_single / reduce_scatter_single called inside
+TorchDispatchMode (funcol's _wrap_tensor_autograd, no collective, left out too); and funcol.all_gather_single / reduce_scatter_single called inside
 torch's custom ops (cplib::flex_cp_allgather, the legacy backend's K/V exchange, runs its
 collectives below the dispatch mode), by wrapping them.
 
@@ -75,7 +75,32 @@ CONFIGS = {
     "dp2_cp2_legacy": ({"dp_shard": 2, "cp": 2}, "partial_dtensor", "none"),
     "dp2_cp2_sac": ({"dp_shard": 2, "cp": 2}, "spmd_types", "selective"),
     "dp2_cp2_fullac": ({"dp_shard": 2, "cp": 2}, "spmd_types", "full"),
+    # CP beside TP: sequence parallelism on (torchtitan's default) and off
+    "cp2_tp2": ({"dp_shard": 1, "cp": 2, "tp": 2}, "spmd_types", "none"),
+    "cp2_tp2_nosp": ({"dp_shard": 1, "cp": 2, "tp": 2, "sp": False}, "spmd_types", "none"),
+    # qwen3 (fused wqkv, q/k norms; flex attention, its registry's default)
+    "qwen3_dp2_cp2": ({"dp_shard": 2, "cp": 2, "family": "qwen3"}, "spmd_types", "none"),
+    "qwen3_cp2_tp2": ({"dp_shard": 1, "cp": 2, "tp": 2, "family": "qwen3"}, "spmd_types", "none"),
+    # an MoE family (torchtitan's Qwen3 MoE decoder without q/k norms, flex attention), ep = 1 and ep 2
+    "mixtral_dp2_cp2": ({"dp_shard": 2, "cp": 2, "family": "mixtral"}, "spmd_types", "none"),
+    "mixtral_dp2_cp2_ep2": ({"dp_shard": 2, "cp": 2, "ep": 2, "family": "mixtral"}, "spmd_types", "none"),
+    # DeepSeek-V3 (MLA: K and V of different widths; flex attention, its registry's default)
+    "dsv3_dp2_cp2": ({"dp_shard": 2, "cp": 2, "family": "deepseek_v3"}, "spmd_types", "none"),
+    "dsv3_cp2_tp2": ({"dp_shard": 1, "cp": 2, "tp": 2, "family": "deepseek_v3"}, "spmd_types", "none"),
 }
+# tests/titan/test_moe_plan.py's tiny DeepSeek-V3 (TITAN's vocabulary)
+DSV3 = dict(dim=64, n_layers=4, n_dense_layers=2, n_heads=4, vocab_size=250, q_lora_rank=16, kv_lora_rank=32,
+            qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, dense_hidden_dim=96, moe_hidden_dim=32,
+            num_experts=4, num_shared_experts=2, top_k=2)
+# tests/titan/test_moe_plan.py's tiny mixtral (TITAN's vocabulary)
+MIXTRAL = dict(dim=64, n_layers=3, n_heads=4, n_kv_heads=2, vocab_size=250, moe_hidden_dim=48, num_experts=8, top_k=2)
+# tests/titan/test_qwen3_plan.py's tiny qwen3 (TITAN's vocabulary)
+QWEN3 = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, vocab_size=250, hidden_dim=96)
+# keys of a config's degrees that are not ParallelDims degrees
+NOT_DEGREES = ("sp", "family")
+# The quick tier (make test) runs these; COMMPLAN_TEST_TIER=full every config.
+QUICK = ("dp2_cp2", "cp4", "hsdp_cp2", "dp2_cp2_legacy", "dp2_cp2_sac", "dp2_cp2_fullac", "cp2_tp2",
+         "mixtral_dp2_cp2_ep2")
 DT = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.int64": "int64"}
 KIND = (("allgather", "all_gather"), ("all_gather", "all_gather"), ("reduce_scatter", "reduce_scatter"),
         ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"), ("alltoall", "all_to_all"),
@@ -183,7 +208,8 @@ def make_mode():
             out = func(*args, **kwargs)
             ns = getattr(func, "namespace", None)  # (a higher-order op has none: it issues no collective)
             if REC.log is not None and not getattr(REC.tls, "inside", False) and (
-                    ns == "c10d" or (ns == "_c10d_functional" and "wait" not in func.overloadpacket.__name__)):
+                    ns == "c10d" or (ns == "_c10d_functional" and not any(
+                        w in func.overloadpacket.__name__ for w in ("wait", "wrap_tensor_autograd")))):
                 _record_dispatch(func, args, kwargs, out)
             return out
     return CommMode()
@@ -200,6 +226,8 @@ def wrap_funcol():
             return
 
         def hooked(x, *a, **k):
+            if REC.log is None:  # (not recording: DTensor's own redistributions while the model initializes)
+                return fn(x, *a, **k)
             # all_gather_single(self, gather_dim, group); reduce_scatter_single(self, reduceOp,
             # scatter_dim, group)
             group = a[-1] if len(a) >= (3 if kind == "reduce_scatter" else 2) else k.get("group")
@@ -258,6 +286,47 @@ def build_model(cfg, parallelism, training, pd, ac):
                              compile_config=CompileConfig(), ac_config=acc, dump_folder=os.path.join(OUT, "dump"))
 
 
+def build_qwen3(parallelism, training, pd):
+    """torchtitan's qwen3 in the trainer's order (tests/tp_record.py's): meta device,
+    parallelize_qwen3, to_empty, init_weights."""
+    import torch
+    import test_qwen3_plan as TQ
+    model = TQ.parallelize(TQ.titan_config(None, QWEN3, False), parallelism, training, pd)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    model.train()
+    return model
+
+
+def build_moe(family, parallelism, training, pd):
+    """tests/titan/test_moe_plan.py's mixtral (through parallelize_qwen3) or DeepSeek-V3 (through
+    parallelize_deepseekv3), in the trainer's order, with torchtitan's round-robin routing
+    (--debug.moe_force_load_balance: the routing fixed and known)."""
+    import torch
+    import test_moe_plan as TM
+    from torchtitan.config import CompileConfig, DebugConfig
+    from torchtitan.trainer import Trainer
+    if family == "deepseek_v3":
+        from torchtitan.models.deepseek_v3 import model_registry, parallelize_deepseekv3 as fn
+        cfg, spec = TM.titan_config(family, None, DSV3), model_registry("debugmodel")
+    else:
+        from torchtitan.models.qwen3 import model_registry, parallelize_qwen3 as fn
+        cfg, spec = TM.titan_config(family, None, MIXTRAL), model_registry("debugmodel_moe")
+    spec.model = cfg
+    cfg.update_from_config(config=Trainer.Config(model_spec=spec, parallelism=parallelism, training=training,
+                                                 debug=DebugConfig(moe_force_load_balance=True)))
+    with torch.device("meta"):
+        model = cfg.build()
+    model = fn(model, parallel_dims=pd, training=training, parallelism=parallelism, compile_config=CompileConfig(),
+               ac_config=None, dump_folder=os.path.join(OUT, "dump"))
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device("cpu"))
+    model.train()
+    return model
+
+
 def worker(rank, init, out_dir, names):
     import torch
     import torch.distributed as dist
@@ -282,25 +351,34 @@ def worker(rank, init, out_dir, names):
     built = {}
     for name in names:
         par, backend, ac = CONFIGS[name]
+        tp = par.get("tp", 1)
         parallelism = ParallelismConfig(data_parallel_replicate_degree=par.get("dp_replicate", 1),
                                         data_parallel_shard_degree=par["dp_shard"],
-                                        context_parallel_degree=par["cp"], spmd_backend=backend)
+                                        context_parallel_degree=par["cp"], tensor_parallel_degree=tp,
+                                        expert_parallel_degree=par.get("ep", 1),
+                                        enable_sequence_parallel=par.get("sp", True), spmd_backend=backend)
         training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
-                                  mixed_precision_param="bfloat16", mixed_precision_reduce="float32")
+                                  mixed_precision_param="bfloat16", mixed_precision_reduce="float32",
+                                  disable_cuda_graphs=True)  # CUDA graphs refuse the CPU-syncing all-to-all dispatcher
         set_spmd_backend(backend)
-        mesh_key = (tuple(sorted(par.items())), backend)
+        mesh_key = (tuple(sorted((k, v) for k, v in par.items() if k not in NOT_DEGREES)), backend)
         if mesh_key not in built:
             built[mesh_key] = ParallelDims.from_config(parallelism, WORLD)
             built[mesh_key].build_mesh()
         pd = built[mesh_key]
         torch.manual_seed(0)
-        model = build_model(TL.titan_config(None, TITAN, False), parallelism, training, pd, ac)
+        if par.get("family") == "qwen3":
+            model = build_qwen3(parallelism, training, pd)
+        elif par.get("family") in ("mixtral", "deepseek_v3"):
+            model = build_moe(par["family"], parallelism, training, pd)
+        else:
+            model = build_model(TL.titan_config(None, TITAN, False), parallelism, training, pd, ac)
         for m in model.modules():
             if isinstance(m, FSDPModule):
                 m.set_force_sum_reduction_for_comms(True)
-        loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
+        loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config(global_vocab_size=TITAN["vocab_size"]))
         cp_mesh = pd.get_mesh("cp")
-        dp_index = rank // par["cp"]  # the data shard: ranks of one cp group read the same batch
+        dp_index = rank // (par["cp"] * tp)  # the data shard: ranks of one cp x tp block read the same batch
         steps, losses = [], []
         for step in range(STEPS):
             g = torch.Generator().manual_seed(1000 * dp_index + step)
@@ -312,7 +390,7 @@ def worker(rank, init, out_dir, names):
             inputs, labels, extra = prepare_context_parallel_input(inputs, labels, extra, cp_mesh, "cpu", "headtail")
             if backend == "spmd_types":
                 inputs, labels, extra = annotate_input_spmd_types(pd, inputs, labels, extra)
-            gvt = torch.tensor(BATCH * SEQ * WORLD // par["cp"])
+            gvt = torch.tensor(BATCH * SEQ * WORLD // (par["cp"] * tp))
             REC.log = []
             with get_spmd_context(parallel_dims=pd)(), mode:  # Trainer._forward_backward_body
                 REC.phase = "forward"
@@ -337,16 +415,36 @@ def worker(rank, init, out_dir, names):
     dist.destroy_process_group()
 
 
+def batches(names):
+    """The configs in runs of one process set each: two ParallelDims of one dense mesh (the same degrees
+    but ep) cannot share a process (fully_shard would get the first one's cached DeviceMesh)."""
+    def dense(n):
+        return tuple((k, v) for k, v in sorted(CONFIGS[n][0].items()) if k not in NOT_DEGREES + ("ep",))
+
+    def full(n):
+        return tuple((k, v) for k, v in sorted(CONFIGS[n][0].items()) if k not in NOT_DEGREES)
+    out = []
+    for n in names:
+        for b in out:
+            if all(dense(n) != dense(m) or full(n) == full(m) for m in b):
+                b.append(n)
+                break
+        else:
+            out.append([n])
+    return out
+
+
 def record(names, out_dir):
     import tempfile
     import torch.multiprocessing as mp
     os.makedirs(out_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        mp.spawn(worker, args=(os.path.join(tmp, "init"), out_dir, names), nprocs=WORLD)
-    rec = []
-    for r in range(WORLD):
-        with open(os.path.join(out_dir, "rank%d.json" % r)) as fh:
-            rec.append(json.load(fh))
+    rec = [{} for _ in range(WORLD)]
+    for batch in batches(names):
+        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+            mp.spawn(worker, args=(os.path.join(tmp, "init"), out_dir, batch), nprocs=WORLD)
+        for r in range(WORLD):
+            with open(os.path.join(out_dir, "rank%d.json" % r)) as fh:
+                rec[r].update(json.load(fh))
     return rec
 
 
@@ -363,14 +461,21 @@ def show(rec, names):
 # ---- commplan's side ----
 
 TABLE_KIND = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce",
-        "tp_all_gather": "all_gather", "tp_reduce_scatter": "reduce_scatter", "tp_all_reduce": "all_reduce"}
+        "tp_all_gather": "all_gather", "tp_reduce_scatter": "reduce_scatter", "tp_all_reduce": "all_reduce",
+        "a2a_counts": "all_to_all", "a2a": "all_to_all"}
 
 
 def plan_for(name, parallel, ac="none"):
     """commplan's plan of the model and mesh: plan.json."""
     from commplan import plan_text
-    model = dict(TITAN, family="llama", seq_len=SEQ)
-    text = plan_text(name, WORLD, model, parallel=dict(parallel),
+    parallel = dict(parallel)
+    family = parallel.pop("family", "llama")
+    model = dict({"llama": TITAN, "qwen3": dict(QWEN3, enable_weight_tying=False), "mixtral": MIXTRAL,
+                  "deepseek_v3": DSV3}[family],
+                 family=family, seq_len=SEQ)
+    if "sp" in parallel:
+        parallel["sequence_parallel"] = parallel.pop("sp")
+    text = plan_text(name, WORLD, model, parallel=parallel,
                      fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum"},
                      training={"local_batch_size": BATCH, "loss_chunks": 1, "activation_checkpointing": ac})
     os.makedirs(os.path.join(OUT, "plans"), exist_ok=True)
@@ -397,12 +502,18 @@ def group_ranks(plan, name, rank):
 
 
 def table_step(plan, rank):
-    """One step's collectives of rank from the tables: (kind, count, dtype, reduce op, ranks)."""
+    """One step's collectives of rank from the tables: (kind, count, dtype, reduce op, ranks). EP's
+    all-to-alls (torchtitan's spmd_types dispatcher: c10d.alltoall_ of lists, its count the list's
+    elements): the counts exchange sends each member its experts' int64 counts (per member x ep), the
+    dispatch and combine capacity x dim rows (under torchtitan's forced round-robin routing, exactly)."""
     out = []
     for o in plan["ops"]:
         if o["kind"] in TABLE_KIND and o.get("group"):
-            out.append((TABLE_KIND[o["kind"]], o["count"], o["dtype"], o.get("reduce_op"),
-                        tuple(group_ranks(plan, o["group"], rank))))
+            ranks = tuple(group_ranks(plan, o["group"], rank))
+            count, dtype = o["count"], o["dtype"]
+            if o["kind"] == "a2a_counts":
+                count, dtype = count * len(ranks), "int64"
+            out.append((TABLE_KIND[o["kind"]], count, dtype, o.get("reduce_op"), ranks))
     return out
 
 
@@ -420,8 +531,12 @@ def diff(got, want):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--record-only", action="store_true", help="record and print the sequences; no commplan")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    full = os.environ.get("COMMPLAN_TEST_TIER") == "full"
+    ap.add_argument("--configs", default=",".join(CONFIGS if full else QUICK))
     a = ap.parse_args()
+    if not full and a.configs == ",".join(QUICK):
+        print("quick tier: %s; COMMPLAN_TEST_TIER=full adds %s" % (
+            ", ".join(QUICK), ", ".join(c for c in CONFIGS if c not in QUICK)))
     E.need_titan(NAME)
     names = [c for c in a.configs.split(",") if c]
     for c in names:
@@ -463,12 +578,42 @@ def main():
             ", ".join("%d %s" % (v, k) for k, v in sorted(kinds.items())), len(table_step(plan, 0))))
     # The comparison can fail: the dp2_cp2 recording against the plan without cp (FSDP over the 4 ranks).
     first = names[0]
-    nocp = plan_for("ctxrec_nocp", {"dp_shard": WORLD})
+    fam = CONFIGS[first][0].get("family", "llama")
+    nocp = plan_for("ctxrec_nocp_" + fam, {"dp_shard": WORLD, "family": fam})
     n, _ = diff(recorded(rec[0][first]["steps"][0]), table_step(nocp, 0))
     if n == 0:
         problems.append("%s: the plan without cp (dp_shard %d) matched the recording too" % (first, WORLD))
     else:
         print("  %-14s against the plan without cp (dp_shard %d): %d differences, as it must" % (first, WORLD, n))
+    # CP beside TP: a plan whose K/V exchange ignores TP (every rank's whole kv heads), or runs it after
+    # the attention's TP collectives instead of between them, differs from the recording.
+    for c in (x for x in names if CONFIGS[x][0].get("tp", 1) > 1):
+        got, want = recorded(rec[0][c]["steps"][0]), table_step(plans[key(c)], 0)
+        on_cp = [i for i, o in enumerate(o for o in plans[key(c)]["ops"] if o["kind"] in TABLE_KIND and o.get("group"))
+                 if o["group"] == "cp"]
+        tp = CONFIGS[c][0]["tp"]
+        wide = [(w[0], w[1] * tp) + w[2:] if i in on_cp else w for i, w in enumerate(want)]
+        late = list(want)
+        for i in reversed(on_cp):
+            if i + 1 < len(late) and i + 1 not in on_cp:
+                late[i], late[i + 1] = late[i + 1], late[i]
+        for what, mutant in (("K/V counts not divided by tp", wide), ("K/V exchange out of place among the TP collectives", late)):
+            n, _ = diff(got, mutant)
+            if n == 0:
+                problems.append("%s: the plan with its %s matched the recording too" % (c, what))
+            else:
+                print("  %-14s against its plan with the %s: %d differences, as it must" % (c, what, n))
+    # EP beside CP: a plan routing every token of the sequence (not the rank's seq_len / cp) differs.
+    for c in (x for x in names if CONFIGS[x][0].get("ep", 1) > 1):
+        got, want = recorded(rec[0][c]["steps"][0]), table_step(plans[key(c)], 0)
+        cpd = CONFIGS[c][0]["cp"]
+        wide = [(w[0], w[1] * cpd) + w[2:] if w[0] == "all_to_all" and w[2] != "int64" else w for w in want]
+        n, _ = diff(got, wide)
+        if n == 0:
+            problems.append("%s: the plan routing whole sequences matched the recording too" % c)
+        else:
+            print("  %-14s against its plan routing whole sequences (not seq_len / cp): %d differences, as it must"
+                  % (c, n))
     for p in problems[:20]:
         print("FAIL", p)
     from importlib.metadata import version
