@@ -121,6 +121,15 @@ function fsio.write_file(path, text, opts)
   return true
 end
 
+-- Writes text to stdout; nil and why when the write fails (a buffered
+-- write whose error the final flush would no longer see: the failed bytes
+-- are gone from the buffer by then).
+function fsio.write_stdout(text)
+  local ok, err = io.stdout:write(text)
+  if not ok then return nil, "cannot write standard output (" .. tostring(err) .. ")" end
+  return true
+end
+
 -- Flushes stdout; nil and why when the bytes did not all get out.
 function fsio.flush_stdout()
   local ok, err = io.stdout:flush()

@@ -36,6 +36,12 @@ local function int_arg(v, name)
   return n
 end
 
+-- stdout, refusing (one line, exit 2) when it cannot be written.
+local function out(text)
+  local ok, why = fsio.write_stdout(text)
+  if not ok then util.plan_error("commplan: " .. why .. "; check the disk or pipe it writes to") end
+end
+
 function verbs.main(argv)
   local verb = argv[1]
   if verb == "pipeline" then
@@ -55,7 +61,7 @@ function verbs.main(argv)
     local report = require("gen.pipeline")
     local text = report.text(loaded)
     if csv then text = text .. verbs.write_file(csv, report.csv(loaded), "the schedule's CSV", path) end
-    io.stdout:write(text)
+    out(text)
     return 0
   end
   if verb == "diff" then
@@ -82,14 +88,14 @@ function verbs.main(argv)
     local plandiff = require("gen.plandiff")
     local piped = plandiff.pipeline_compare(sa, sb)
     if piped then
-      io.stdout:write(piped)
+      out(piped)
       return 0
     end
     local a, la, pa = plandiff.load(sa)
     local b, lb, pb = plandiff.load(sb)
     local text = plandiff.compare(a, b, la, lb)
     if svg_dir then text = text .. verbs.write_svgs(plandiff, svg_dir, sa, pa, sb, pb) end
-    io.stdout:write(text)
+    out(text)
     return 0
   elseif verb == "advise" then
     local opts, path = {}, nil
@@ -109,7 +115,7 @@ function verbs.main(argv)
       util.plan_error(string.format("%s: the plan file %s; give the path of a plan file (plans/<name>.lua)",
         fsio.shown(path), why))
     end
-    io.stdout:write(require("gen.advisor").report(src, path, opts))
+    out(require("gen.advisor").report(src, path, opts))
     return 0
   end
   io.stderr:write(verbs.USAGE)

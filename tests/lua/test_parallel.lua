@@ -113,13 +113,14 @@ end
 function T.unplanned_combination_is_refused()
   local dims = require("gen.dims")
   parallel.check_supported(nil, dims.infer(nil, { dp_shard = 2, cp = 2 }, 4)) -- (no degree wants a module)
-  parallel.check_supported(nil, dims.infer(nil, { dp_shard = 2, cp = 2, tp = 2 }, 8)) -- CP x TP: planned
-  H.plan_fails_with(function() parallel.check_supported(nil, dims.infer(nil, { dp_shard = 2, cp = 2, pp = 2 }, 8)) end,
-    "parallel.cp", "cp=2 with pp=2")
-  H.plan_fails("return { world_size = 8, parallel = { dp_shard = -1, cp = 2, pp = 2 }, model = { family = 'llama', "
-    .. "dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, vocab_size = 256, seq_len = 512 }, "
-    .. "pipeline = { schedule = '1F1B', microbatches = 2 } }",
-    "parallel.cp", "cp=2 with pp=2: context parallel is planned with FSDP, HSDP, TP and EP only", "set cp=1 or pp=1")
+  -- every composition torchtitan runs is planned (issue 35): CP x TP, CP x PP, EP x CP, the 5-D mesh
+  parallel.check_supported(nil, dims.infer(nil, { dp_shard = 2, cp = 2, tp = 2 }, 8))
+  parallel.check_supported(nil, dims.infer(nil, { dp_shard = 2, cp = 2, pp = 2 }, 8))
+  parallel.check_supported(nil, dims.infer(nil, { dp_shard = 2, cp = 2, ep = 4 }, 4))
+  parallel.check_supported(nil, dims.infer(nil, { dp_replicate = 2, dp_shard = 2, cp = 2, tp = 2, pp = 2, ep = 2 }, 32))
+  -- what is left: an ep whose groups cut across cp groups without nesting (the runtime's refined mesh)
+  H.plan_fails_with(function() parallel.check_supported(nil, dims.infer(nil, { dp_shard = 3, cp = 2, ep = 3 }, 6)) end,
+    "parallel.cp", "cp=2 x tp=1 with ep=3", "pick ep a multiple or a divisor of 2")
 end
 
 return T
