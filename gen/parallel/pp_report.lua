@@ -33,8 +33,27 @@ local report = {}
 report.SCHEDULES = { "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
                      "DualPipeV" }
 
--- torchtitan's module names -> commplan's llama units (gen/models/llama.lua).
-local UNIT_OF = { tok_embeddings = "tok_embeddings", norm = "norm_output", lm_head = "norm_output" }
+-- A stage's modules (torchtitan's names, pp_stages.split) -> the family's
+-- FSDP units that hold them (gen/models/*.lua), one rule for every decoder
+-- family: the unit holding the module's parameters (names "<module>."...),
+-- and lm_head the loss head unit (loss_head: [norm, lm_head], which the
+-- llama family's names output.weight as torchtitan's older llama did).
+-- torchtitan's pipeline_llm (distributed/pipeline_parallel.py:88-92) splits
+-- every decoder it ships -- llama3, qwen3, deepseek_v3 -- by these names
+-- (_generate_llm_fqn_per_model_part, :366-476); a MoE block is one module,
+-- its routed experts (under ep > 1 the unit "layers.<i>.experts") go with it.
+function report.unit_names(units, module)
+  local out = {}
+  for _, u in ipairs(units) do
+    local holds = module == "lm_head" and u.loss_head
+    for _, q in ipairs(u.params) do
+      if holds then break end
+      holds = q.name:sub(1, #module + 1) == module .. "."
+    end
+    if holds or u.state == module then out[#out + 1] = u.name end
+  end
+  return out
+end
 
 -- How an activation travels between stages, in words (gen/cost.lua's p2p_us).
 local function p2p_text(topo, world)
@@ -124,10 +143,13 @@ local function stage_costs(p, split)
   for i, mods in ipairs(split) do
     local seen, units = {}, {}
     for _, m in ipairs(mods) do
-      local name = UNIT_OF[m] or m
-      if not seen[name] then
-        seen[name] = true
-        units[#units + 1] = assert(by_name[name], "no unit " .. name)
+      local names = report.unit_names(p.layout.units, m)
+      assert(#names > 0, "no unit holds " .. m)
+      for _, name in ipairs(names) do
+        if not seen[name] then
+          seen[name] = true
+          units[#units + 1] = assert(by_name[name], "no unit " .. name)
+        end
       end
     end
     local c = { units = units, fwd = 0, bwd = 0, rec = 0, saved = 0, reduce_us = 0, transient = 0, tp_F = 0,
@@ -348,9 +370,18 @@ function report.refuse(loaded)
   if pp <= 1 then
     util.field_error(ctx, "parallel.pp", "pp=1: no pipeline to plan; set pp > 1 (and pipeline.microbatches)")
   end
-  if loaded.model.family ~= "llama" then
-    util.field_error(ctx, "model.family", "pipeline stages are split as torchtitan splits a decoder: use the llama "
-      .. "family")
+  local family = require("gen.plan").MODELS[loaded.model.family]
+  if not family.config then
+    util.field_error(ctx, "model.family", string.format("%s: pipeline stages are split by a decoder's module names "
+      .. "(tok_embeddings, layers.<i>, norm, lm_head: torchtitan's pipeline_llm, distributed/pipeline_parallel.py:88); "
+      .. "a generic model has none: use a decoder family (llama, qwen3, mixtral, qwen3_moe, deepseek_v3)",
+      loaded.model.family))
+  end
+  local cfg = family.config(ctx, loaded.model)
+  if cfg.enable_weight_tying then
+    util.field_error(ctx, "model.enable_weight_tying", "true with pp > 1: torchtitan refuses it (\"Weight tying is "
+      .. "not supported with Pipeline Parallel.\", models/common/decoder.py:139-142; the tied 0.6b, 1.7b and 4b "
+      .. "flavours tie it); set enable_weight_tying = false or pp = 1")
   end
   local pl = loaded.pipeline or {}
   local n = pl.microbatches
@@ -397,7 +428,7 @@ function report.refuse(loaded)
   end
   -- the pipeline's size, bounded before anything is built (pp_stages.check_size)
   local d = require("gen.dims").infer(ctx, loaded.parallel, loaded.world_size)
-  local n_layers = require("gen.models.llama").config(ctx, loaded.model).n_layers
+  local n_layers = cfg.n_layers
   stages_mod.check_size(ctx, { microbatches = n, dp = d.dp_shard * d.dp_replicate, units = n_layers + 3,
     -- (the most stages any schedule class splits the model into: the audit in SCHEDULE.md runs them all)
     num_stages = stages_mod.stage_count({ pp = pp, n_layers = n_layers,
