@@ -105,17 +105,18 @@ function pipeline_audit.memory_plan_text(a, A)
     .. "the timed run does not model the arena's waits", A.human(lo), A.human(hi), hi_rank, a.memory_plan.policy)
 end
 
-function pipeline_audit.step_text(a, A)
+function pipeline_audit.step_text(a, A, p)
   local pl = a.pipeline
   if not a.step_us then return "not predicted: " .. pl.refused end
   return fmt("%s predicted = compute %s + exposed communication %s (%.0f%% of the step) + pipeline waits %s, on "
     .. "pipeline rank %d (its clock ends last); bubble %.1f%% over every rank. Exposed communication is what the "
     .. "timed run leaves on that rank's path: its waits for activations and gradients on the wire (%s: of each "
     .. "wait for a received input, at most the transfer's %s) and for its last gradient reduction (%s); FSDP's "
-    .. "all-gathers are taken as prefetched, TP's collectives run inside each stage's compute (counted in it)",
+    .. "all-gathers are taken as prefetched, TP's collectives%s run inside each stage's compute (counted in it)",
     A.us_text(a.step_us), A.us_text(a.compute_us), A.us_text(a.exposed_us),
     a.step_us > 0 and 100 * a.exposed_us / a.step_us or 0, A.us_text(a.waits_us), pl.critical_rank,
-    100 * pl.bubble, A.us_text(pl.p2p_exposed_us), A.us_text(pl.facts.row.p2p_us), A.us_text(pl.reduce_wait_us))
+    100 * pl.bubble, A.us_text(pl.p2p_exposed_us), A.us_text(pl.facts.row.p2p_us), A.us_text(pl.reduce_wait_us),
+    p and p.dims.ep > 1 and " and EP's token all-to-alls (each microbatch's, priced at the uniform routing)" or "")
 end
 
 -- Warnings: a pipeline rank that does not fit, a refused timed run.
@@ -154,13 +155,17 @@ function pipeline_audit.md_body(p, a, w, A)
   w("")
   w("%s: %d microbatches through %d stages, %d per pipeline rank; each pipeline rank runs its own tables (a "
     .. "class per rank in plan.c). One microbatch's activation between stages: %s %s elements per rank, sent "
-    .. "point to point in %s. Proved: every rank's sends, receives and FSDP collectives equal what "
-    .. "torch.distributed.pipelining + fully_shard issue (gen/parallel/pp_sequence.lua, held to torch live); the "
+    .. "point to point in %s. Proved: every rank's sends, receives and FSDP collectives%s equal what "
+    .. "torch.distributed.pipelining + fully_shard%s issue (gen/parallel/pp_sequence.lua, held to torch live); the "
     .. "whole step (%s events, %s collectives, %s messages, %d coalesced batches on the %s ranks of pp x "
-    .. "dp_replicate x dp_shard; each TP rank runs a copy) cannot deadlock (gen/parallel/pp_step_proof.lua).",
+    .. "dp_replicate x dp_shard%s) cannot deadlock (gen/parallel/pp_step_proof.lua).",
     sched.schedule, sched.microbatches, sched.num_stages, sched.num_stages // sched.pp, A.commas(pf.act.numel),
-    pf.act.dtype, pf.row.p2p_us and A.us_text(pf.row.p2p_us) or "(not timed)", A.commas(c.events),
-    A.commas(c.collectives), A.commas(c.p2p), c.batches or 0, A.commas(c.ranks or p.world_size))
+    pf.act.dtype, pf.row.p2p_us and A.us_text(pf.row.p2p_us) or "(not timed)",
+    p.dims.ep > 1 and " and EP's token all-to-alls (inside each microbatch's F and B)" or "",
+    p.dims.ep > 1 and " + torchtitan's ExpertParallel" or "", A.commas(c.events),
+    A.commas(c.collectives), A.commas(c.p2p), c.batches or 0, A.commas(c.ranks or p.world_size),
+    -- (gen/parallel/pp_sequence.lua's mesh: TP's ranks in it where EP's all-to-alls cross them)
+    p.dims.ep > 1 and p.dims.tp > 1 and " x tp, every TP rank with TP class 0's events" or "; each TP rank runs a copy")
   w("")
   w("| pipeline rank%s | stages | units | ops | sends | receives | all-gathers | reduce-scatters | arena | busy | "
     .. "exposed p2p | reduction wait | clock ends |", p.dims.tp > 1 and " (TP class)" or "")

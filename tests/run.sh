@@ -778,6 +778,14 @@ run "generate bench/llama405b_pp (512 ranks, FSDP 8 x TP 8 x PP 8, 16 microbatch
 run "build tests/pp/plans/pp_tiny_tp (pipeline: pp 2 x dp_shard 2 x tp 2, Interleaved1F1B)" $MAKE PLAN=tests/pp/plans/pp_tiny_tp.lua OUT=build/gen/pp_tiny_tp
 run "simulate pp_tiny_tp: 8 ranks, 2 steps, every message, TP activation and reduced grad exact (both arithmetics)" bash -c "
   build/pp_tiny_tp/pp_tiny_tp --simulate --steps 2 && build/pp_tiny_tp/pp_tiny_tp --simulate --steps 2 --arith nccl"
+# PP beyond llama (issue 35): qwen3 split as torchtitan splits it, and PP x
+# EP, each stage's token all-to-alls inside every microbatch's F and B.
+for spec in "qwen3_tiny:qwen3, pp 2 x dp_shard 2, 1F1B" "ep_mixtral:mixtral, pp 2 x dp_shard 2 x ep 2, 1F1B"; do
+  n=pp_${spec%%:*}
+  run "build tests/pp/plans/$n (pipeline: ${spec#*:})" $MAKE PLAN=tests/pp/plans/$n.lua OUT=build/gen/$n
+  run "simulate $n: 4 ranks, 2 steps, every message, all-to-all and reduced grad exact (both arithmetics)" bash -c "
+    build/$n/$n --simulate --steps 2 && build/$n/$n --simulate --steps 2 --arith nccl"
+done
 
 section "the GPU path on an emulated CUDA runtime and NCCL (tests/emu, docs/emulator.md): no GPU needed"
 # runtime/gpu.c, gpu_run.c, the launch and rendezvous code and the copy

@@ -125,9 +125,11 @@ local function prove_sequence(mine, classes)
     local cls = classes[r * ntp + 1]
     first_tp[r + 1] = { pp_rank = r, stages = cls.stages, units = cls.layout.units, ops = cls.ops }
   end
-  local got = tables.events(first_tp, seq.mesh(t.sched.pp, W, R), W)
-  local want = seq.expected(t.sched, { dp_shard = W, dp_replicate = R, act_numel = t.act.numel,
-                                       act_dtype = t.act.dtype, stage_fsdp = t.stage_fsdp })
+  local E, T = inner.dims.ep, inner.dims.tp
+  local got = tables.events(first_tp, seq.mesh(t.sched.pp, W, R, E, T), W)
+  local want = seq.expected(t.sched, { dp_shard = W, dp_replicate = R, ep = E, tp = T, act_numel = t.act.numel,
+                                       act_dtype = t.act.dtype, stage_fsdp = t.stage_fsdp,
+                                       stage_compute = t.stage_compute })
   for g = 1, #want do
     for i = 1, math.max(#got[g], #want[g]) do
       local x, y = got[g][i], want[g][i]

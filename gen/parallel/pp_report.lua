@@ -116,8 +116,10 @@ end
 local function stage_costs(p, split)
   local s = compute.settings(p)
   local per_unit = compute.units(p, s)
+  -- (the collectives inside a unit's compute: TP's, CP's and EP's token
+  -- all-to-alls, each microbatch's own, on the compute stream)
   local tp_fwd, tp_bwd = {}, {}
-  if p.dims.tp > 1 then
+  do
     local timeline = require("gen.timeline")
     for _, o in ipairs(p.ops) do
       if o.group and o.stream == "compute" and o.micro_step == 0 then
@@ -191,20 +193,25 @@ end
 local function stage_fsdp_of(p)
   local first_ag, rs, ar = {}, {}, {}
   for _, o in ipairs(p.ops) do
-    if o.micro_step == 0 and o.kind == "all_gather" and not first_ag[o.unit] then first_ag[o.unit] = o end
-    if o.micro_step == 0 and o.kind == "reduce_scatter" then rs[o.unit] = o end
+    -- (a collective without a group is a one-rank group's: FSDP2 issues none)
+    if o.micro_step == 0 and o.kind == "all_gather" and o.group and not first_ag[o.unit] then first_ag[o.unit] = o end
+    if o.micro_step == 0 and o.kind == "reduce_scatter" and o.group then rs[o.unit] = o end
     -- HSDP: the all-reduce of the reduce-scatter's output across replicas
     if o.micro_step == 0 and o.kind == "all_reduce" and o.group ~= "tp" then ar[o.unit] = o end
   end
   return function(units)
     local f = { gathers = {}, reduces = {} }
+    -- (an experts unit's on the expert FSDP group: pp_sequence's group "efsdp")
+    local function group(o) return o.group == "efsdp" and "efsdp" or nil end
     for _, u in ipairs(units) do
       local o = first_ag[u.index]
-      if o then f.gathers[#f.gathers + 1] = { unit = u.name, count = o.count, dtype = o.dtype } end
+      if o then f.gathers[#f.gathers + 1] = { unit = u.name, count = o.count, dtype = o.dtype, group = group(o) } end
     end
     for k = #units, 1, -1 do
       local o = rs[units[k].index]
-      if o then f.reduces[#f.reduces + 1] = { unit = units[k].name, count = o.count, dtype = o.dtype } end
+      if o then
+        f.reduces[#f.reduces + 1] = { unit = units[k].name, count = o.count, dtype = o.dtype, group = group(o) }
+      end
       local a = ar[units[k].index]
       if a then
         f.reduces[#f.reduces + 1] = { unit = units[k].name, count = a.count, dtype = a.dtype, kind = "all_reduce" }
@@ -214,12 +221,43 @@ local function stage_fsdp_of(p)
   end
 end
 
+-- The collectives inside a stage's compute of one microbatch, as the
+-- stage mesh's plan p issues them (its first micro-step): EP's token
+-- all-to-alls on the ep group, forward and backward, per unit in issue
+-- order (gen/parallel/pp_sequence.lua's stage_compute). Indexes p's ops
+-- once; the result takes a stage's units.
+local A2A = { a2a = true, a2a_counts = true }
+local function stage_compute_of(p)
+  local fwd, bwd = {}, {}
+  for _, o in ipairs(p.ops) do
+    if o.micro_step == 0 and A2A[o.kind] then
+      local into = o.phase == "forward" and fwd or bwd
+      into[o.unit] = into[o.unit] or {}
+      table.insert(into[o.unit], { op = o.kind, count = o.count, dtype = o.dtype })
+    end
+  end
+  return function(units)
+    local c = { forward = {}, backward = {} }
+    local function add(list, u)
+      for _, x in ipairs(list[u.index] or {}) do
+        c[list == fwd and "forward" or "backward"][#c[list == fwd and "forward" or "backward"] + 1] =
+          { op = x.op, count = x.count, dtype = x.dtype, unit = u.name }
+      end
+    end
+    for _, u in ipairs(units) do add(fwd, u) end
+    for k = #units, 1, -1 do add(bwd, units[k]) end
+    return c
+  end
+end
+
 local function prove_step(p, sched, costs, act_numel, act_dtype)
-  local of_units = stage_fsdp_of(p)
+  local of_units, compute_of = stage_fsdp_of(p), stage_compute_of(p)
   local function stage_fsdp(stage) return of_units(costs[stage].units) end
   local events = pp_sequence.expected(sched, { dp_shard = p.dims.dp_shard, dp_replicate = p.dims.dp_replicate,
-                                               act_numel = act_numel,
-                                               act_dtype = act_dtype, stage_fsdp = stage_fsdp })
+                                               ep = p.dims.ep, tp = p.dims.tp, act_numel = act_numel,
+                                               act_dtype = act_dtype,
+                                               stage_fsdp = stage_fsdp,
+                                               stage_compute = function(st) return compute_of(costs[st].units) end })
   return step_proof.prove(events)
 end
 
@@ -370,7 +408,7 @@ function report.refuse(loaded)
   if pp <= 1 then
     util.field_error(ctx, "parallel.pp", "pp=1: no pipeline to plan; set pp > 1 (and pipeline.microbatches)")
   end
-  local family = require("gen.plan").MODELS[loaded.model.family]
+  local family = require("gen.models.families")[loaded.model.family]
   if not family.config then
     util.field_error(ctx, "model.family", string.format("%s: pipeline stages are split by a decoder's module names "
       .. "(tok_embeddings, layers.<i>, norm, lm_head: torchtitan's pipeline_llm, distributed/pipeline_parallel.py:88); "
@@ -547,7 +585,7 @@ function report.tables(loaded, schedule, opts)
   local stage_units = {}
   for st = 0, sched.num_stages - 1 do stage_units[st] = costs[st].units end
   local tables = require("gen.parallel.pp_tables")
-  local of_units = stage_fsdp_of(p)
+  local of_units, compute_of = stage_fsdp_of(p), stage_compute_of(p)
   local bad = tables.unsupported_action(sched)
   if bad then
     util.field_error(ctx, "pipeline.schedule", string.format("%s has a %s action, which the tables do not run; "
@@ -555,7 +593,8 @@ function report.tables(loaded, schedule, opts)
   end
   return { p = p, sched = sched, act = act, stage_units = stage_units,
            classes = not (opts and opts.skip_classes) and tables.rank_tables(p, sched, stage_units, act) or nil,
-           stage_fsdp = function(st) return of_units(costs[st].units) end }
+           stage_fsdp = function(st) return of_units(costs[st].units) end,
+           stage_compute = function(st) return compute_of(costs[st].units) end }
 end
 
 

@@ -31,7 +31,6 @@
 -- the last action are resharded there (the next step gathers again, as
 -- the first step does).
 local fsdp_schedule = require("gen.parallel.fsdp_schedule")
-local opkinds = require("gen.opkinds")
 local pps = require("gen.parallel.pp_schedule")
 
 local M = {}
@@ -60,7 +59,7 @@ function M.unsupported_action(sched)
   return nil
 end
 
-local function copy_unit(u, index)
+local function copy_unit(u, index, microbatches)
   local c = {}
   for k, v in pairs(u) do c[k] = v end
   c.index, c.global, c.pp_numel = index, u.index, 0
@@ -69,6 +68,10 @@ local function copy_unit(u, index)
   -- (gen/parallel/fsdp_layout.lua's rule for accumulating micro-steps);
   -- the stage mesh's one-microbatch layout has them in ag_dtype.
   c.grad_dtype = u.reduce_dtype
+  -- EP's token counts live from a microbatch's dispatch to its backward,
+  -- and a schedule keeps several microbatches in flight: a counts slot per
+  -- microbatch (the stage mesh's one-microbatch layout has one)
+  if u.a2a_slots then c.a2a_slots = microbatches end
   return c
 end
 
@@ -81,7 +84,7 @@ function M.rank_units(sched, stage_units, r)
       stages[#stages + 1] = s
       unit_of[s] = {}
       for _, u in ipairs(stage_units[s]) do
-        local c = copy_unit(u, #units)
+        local c = copy_unit(u, #units, sched.microbatches)
         units[#units + 1] = c
         unit_of[s][u.index] = c
       end
@@ -173,13 +176,17 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
       elseif t == "F" then
         if single then unshard(s, m, "forward") end
         for _, u in ipairs(managed(s)) do
+          if unit_ops then unit_ops(ops, u, m, "forward_before") end
           op("forward", u, m, "forward")
           if unit_ops then unit_ops(ops, u, m, "forward") end
         end
       elseif t == "B" or t == "I" then
-        -- (TP's backward collectives carry the input gradient: with I)
+        -- (TP's and EP's backward collectives carry the input gradient: with
+        -- I; EP's recompute under activation checkpointing too, as the
+        -- stage's backward re-runs the checkpointed forward)
         local list = managed(s)
         for i = #list, 1, -1 do
+          if unit_ops then unit_ops(ops, list[i], m, "backward_before") end
           op(t == "B" and "backward" or "backward_input", list[i], m, "backward")
           if unit_ops then unit_ops(ops, list[i], m, "backward") end
         end
@@ -216,20 +223,23 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
     end
   end
   for _, s in ipairs(stages) do reshard(s, last_mb) end
-  for i, o in ipairs(ops) do
-    o.seq = i - 1
-    o.stream = opkinds.stream_of(o, replicate ~= nil)
-  end
+  fsdp_schedule.seal(ops, replicate)
   return ops
 end
 
 -- What each global rank of pp x dp_replicate x dp_shard issues, from the tables: the
 -- same event records as gen/parallel/pp_sequence.lua's expected (which the
 -- live checks hold to torch), so the two compare field by field.
--- classes: M.rank_tables's result; mesh: pp_sequence.mesh(pp, dp_shard, dp_replicate); W: dp_shard.
+-- classes: M.rank_tables's result; mesh: pp_sequence.mesh(pp, dp_shard,
+-- dp_replicate, ep); W: dp_shard. An experts unit's FSDP collectives run on
+-- its efsdp group, EP's all-to-alls on the ep group.
+local A2A = { a2a = true, a2a_counts = true }
 function M.events(classes, mesh, W)
   local groups = require("gen.groups")
   local dims = require("gen.dims")
+  local seq = require("gen.parallel.pp_sequence")
+  local ep_of, efsdp_of = seq.groups_of(mesh.ep), seq.groups_of(mesh.efsdp)
+  local WE = mesh.efsdp and mesh.efsdp.size or 1
   local pp_of, fsdp_of, replicas_of = {}, {}, {}
   if mesh.replicate then
     for c = 0, mesh.replicate.count - 1 do
@@ -259,9 +269,14 @@ function M.events(classes, mesh, W)
         ev[#ev + 1] = { op = o.kind, peer = members[o.peer + 1], numel = o.count, dtype = o.dtype,
                         batch = o.batch > 0 and o.batch or nil }
       elseif (o.kind == "all_gather" or o.kind == "reduce_scatter") and o.group then
-        ev[#ev + 1] = { op = o.kind, ranks = fsdp_of[g], unit = u.name, dtype = o.dtype,
-                        in_numel = o.kind == "all_gather" and o.count or W * o.count,
-                        out_numel = o.kind == "all_gather" and W * o.count or o.count }
+        local n, ranks = W, fsdp_of[g]
+        if o.group == "efsdp" then n, ranks = WE, efsdp_of(g) end
+        ev[#ev + 1] = { op = o.kind, ranks = ranks, unit = u.name, dtype = o.dtype,
+                        in_numel = o.kind == "all_gather" and o.count or n * o.count,
+                        out_numel = o.kind == "all_gather" and n * o.count or o.count }
+      elseif A2A[o.kind] then
+        ev[#ev + 1] = { op = o.kind, ranks = ep_of(g), unit = u.name, dtype = o.dtype, in_numel = o.count,
+                        out_numel = o.count }
       elseif o.kind == "all_reduce" and o.group and o.group ~= "tp" then
         -- HSDP: the reduced shard across the replicas
         ev[#ev + 1] = { op = o.kind, ranks = replicas_of[g], unit = u.name, dtype = o.dtype, in_numel = o.count,

@@ -259,13 +259,11 @@ function T.refusals_one_line_each()
   H.plan_fails(mix(4, "{ dp_shard = -1, ep = 2 }", ", expert_parallel = { capacity_factor = 0 }"),
     "expert_parallel.capacity_factor")
   H.plan_fails(mix(8, "{ dp_shard = -1, tp = 2, ep = 2 }"), "parallel.tp", "mixtral family's MoE blocks", "set tp=1")
-  -- DeepSeek-V3 with TP: still refused with ep over part of a TP group, etp > 1, pp, cp, and TP settings
-  -- other than torchtitan's defaults
+  -- DeepSeek-V3 with TP: still refused with ep over part of a TP group, etp > 1, cp, and TP settings
+  -- other than torchtitan's defaults (PP x EP x TP plans: tests/lua/test_pp_families.lua)
   H.plan_fails((ds(8, "{ dp_shard = 2, tp = 4, ep = 2 }"):gsub("n_heads = 2", "n_heads = 4")), "parallel.ep",
     "ep=2 with tp=4", "multiple of tp")
   H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, ep = 2, etp = 2 }"), "parallel.etp", "experts are not tensor-parallel")
-  H.plan_fails((ds(8, "{ pp = 2, dp_shard = 2, tp = 2, ep = 2 }"):gsub("fsdp = {", 'pipeline = { schedule = "1F1B", '
-    .. "microbatches = 2 }, fsdp = {")), "parallel.pp")
   H.plan_fails(ds(8, "{ cp = 2, dp_shard = 2, tp = 2, ep = 2 }"), "parallel.cp")
   H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, ep = 2, sequence_parallel = false }"), "parallel.sequence_parallel",
     "torchtitan's defaults only")

@@ -127,4 +127,133 @@ function T.pp_refusals_by_family()
   H.eq(p.pp.size, 2, "untied qwen3 plans")
 end
 
+-- ------------------------------------------------------------- PP x EP
+local tables = require("gen.parallel.pp_tables")
+local seq = require("gen.parallel.pp_sequence")
+local step_proof = require("gen.parallel.pp_step_proof")
+
+local PPEP = H.read("tests/pp/plans/pp_ep_mixtral.lua")
+
+local function ppep(edit) return plan.from_source(edit and edit(PPEP) or PPEP, "tests/pp/plans/pp_ep_mixtral.lua") end
+
+-- The tables' events (TP class 0 of each pipeline rank) and torch's
+-- expected sequence for plan p, as gen/parallel/pp.lua's proof builds them.
+local function events(p)
+  local pl, inner = p.pipeline, p.pipeline.stage_plan
+  local W, R, E, TP = inner.dims.dp_shard, inner.dims.dp_replicate, inner.dims.ep, inner.dims.tp
+  local ntp = #inner.tp_classes
+  local first = {}
+  for _, c in ipairs(p.tp_classes) do
+    if (c.tp_class or 0) == 0 then first[c.pp_rank + 1] = { pp_rank = c.pp_rank, units = c.layout.units, ops = c.ops } end
+  end
+  H.eq(#first, pl.sched.pp, "a class per pipeline rank (" .. ntp .. " TP classes)")
+  local t = report.tables(pl.loaded, nil, { skip_classes = true })
+  local got = tables.events(first, seq.mesh(pl.sched.pp, W, R, E, TP), W)
+  local want = seq.expected(pl.sched, { dp_shard = W, dp_replicate = R, ep = E, tp = TP, act_numel = t.act.numel,
+                                        act_dtype = t.act.dtype, stage_fsdp = t.stage_fsdp,
+                                        stage_compute = t.stage_compute })
+  return got, want, first
+end
+
+local function differ(got, want)
+  for g = 1, math.max(#got, #want) do
+    for i = 1, math.max(#got[g], #want[g]) do
+      local x, y = got[g][i], want[g][i]
+      if not x or not y then return string.format("rank %d event %d", g - 1, i - 1) end
+      for _, k in ipairs({ "op", "peer", "numel", "dtype", "batch", "unit", "in_numel", "out_numel" }) do
+        if x[k] ~= y[k] then return string.format("rank %d event %d %s", g - 1, i - 1, k) end
+      end
+    end
+  end
+  return nil
+end
+
+local function count_kind(ops, kind, phase)
+  local n = 0
+  for _, o in ipairs(ops) do if o.kind == kind and (not phase or o.phase == phase) then n = n + 1 end end
+  return n
+end
+
+-- Each stage's token all-to-alls inside every microbatch's forward and
+-- backward (EP's unit_ops at forward_before / forward / backward_before /
+-- backward in pp_tables), a counts slot per microbatch, gradients reduced
+-- once (step_end); the tables' events (all-to-alls on the ep group,
+-- experts' FSDP on efsdp) equal torch's sequence and the whole step is
+-- deadlock-free; a table without one all-to-all differs and fails the proof.
+function T.pp_x_ep_all_to_alls_inside_each_microbatch()
+  local p = ppep()
+  H.eq(p.pp.size, 2, "pp"); H.eq(p.dims.ep, 2, "ep")
+  H.eq(p.fsdp.grad_accumulation, "step_end", "FSDP as PP runs it")
+  for _, c in ipairs(p.tp_classes) do
+    -- one MoE block per stage (2 layers over 2 stages), 4 microbatches
+    H.eq(count_kind(c.ops, "a2a_counts"), 4, "counts exchanges: one per microbatch")
+    H.eq(count_kind(c.ops, "a2a", "forward"), 8, "dispatch and combine per microbatch")
+    H.eq(count_kind(c.ops, "a2a", "backward"), 8, "their gradients per microbatch")
+    for _, u in ipairs(c.layout.units) do
+      if u.a2a then H.eq(u.a2a_slots, 4, "a counts slot per microbatch") end
+    end
+    H.eq(count_kind(c.ops, "reduce_scatter") + count_kind(c.ops, "all_gather") > 0, true, "FSDP")
+  end
+  local got, want, first = events(p)
+  H.eq(differ(got, want), nil, "tables = torch's sequence")
+  local a2a = 0
+  for _, e in ipairs(want[1]) do if e.op == "a2a" or e.op == "a2a_counts" then a2a = a2a + 1 end end
+  H.eq(a2a, 20, "rank 0's all-to-alls in torch's sequence: 4 microbatches x (counts, dispatch, combine, 2 gradients)")
+  assert(step_proof.prove(got), "deadlock-free")
+  -- mutant: pipeline rank 0 drops its first dispatch
+  for i, o in ipairs(first[1].ops) do
+    if o.kind == "a2a" then table.remove(first[1].ops, i); break end
+  end
+  local W, inner = p.pipeline.stage_plan.dims.dp_shard, p.pipeline.stage_plan
+  local bad = tables.events(first, seq.mesh(2, W, 1, inner.dims.ep, 1), W)
+  assert(differ(bad, want), "a dropped all-to-all differs from torch's sequence")
+  -- (only rank 0's copy dropped it: its ep peer waits on it)
+  bad[2] = got[2]
+  local ok = step_proof.prove(bad)
+  H.eq(ok, nil, "the proof fails on a one-sided all-to-all")
+end
+
+-- Under activation checkpointing every microbatch's backward first re-runs
+-- the block's three exchanges (ep.recomputes); zero bubble's I carries the
+-- all-to-alls' gradients, W none; HSDP, efsdp 2 and the V schedules alike
+function T.pp_x_ep_recompute_and_schedules()
+  for _, case in ipairs({ { "1F1B", "full", 4, "" }, { "ZBVZeroBubble", "selective", 8, "" },
+                          { "DualPipeV", "full", 8, "dp_replicate = 2," }, { "InterleavedZeroBubble", "none", 8, "" },
+                          { "LoopedBFS", "full", 8, "" } }) do
+    local sch, ac, world, extra = table.unpack(case)
+    local p = ppep(function(s)
+      return (s:gsub('schedule = "1F1B"', string.format("schedule = %q", sch))
+        :gsub("local_batch_size = 4 }", string.format("local_batch_size = 4, activation_checkpointing = %q }", ac))
+        :gsub("world_size = 4", "world_size = " .. world):gsub("dp_shard = %-1", extra .. " dp_shard = -1")
+        :gsub("n_layers = 2", "n_layers = 6"))
+    end)
+    local got, want = events(p)
+    H.eq(differ(got, want), nil, sch .. " " .. ac .. " tables = torch's sequence")
+    local rec = count_kind(p.tp_classes[1].ops, "a2a_counts", "backward")
+    H.eq(rec > 0, ac ~= "none", sch .. " " .. ac .. ": recomputed counts exchanges")
+  end
+end
+
+-- DeepSeek-V3 with TP x EP x PP (ep borrows TP's ranks: the proof's mesh
+-- holds them, gen/parallel/pp_sequence.lua's mesh)
+function T.pp_x_ep_x_tp_deepseek()
+  local p = plan.from_source(src("deepseek_v3", { world = 8, par = "tp = 2, ep = 2,", schedule = "Interleaved1F1B",
+    training = ', activation_checkpointing = "selective"' }), "x.lua")
+  H.eq(p.dims.ep * 10 + p.dims.tp, 22, "ep 2 x tp 2")
+  local got, want = events(p)
+  H.eq(differ(got, want), nil, "tables = torch's sequence")
+  H.eq(#got, 8, "every rank of pp x dp_shard x tp")
+end
+
+-- EP's refusals as PP changes them: step_end is PP's own accumulation (no
+-- refusal under a pipeline), still refused without one; cp with ep stays
+-- refused (gen/parallel/ep.lua)
+function T.pp_x_ep_refusals()
+  local p = ppep(function(s) return (s:gsub('reduce_op = "sum"', 'reduce_op = "sum", grad_accumulation = "step_end"')) end)
+  H.eq(p.dims.ep, 2, "step_end accepted under PP")
+  local no_pp = PPEP:gsub("pp = 2, ", ""):gsub("pipeline = %b{},?", "")
+    :gsub('reduce_op = "sum"', 'reduce_op = "sum", grad_accumulation = "step_end"')
+  H.plan_fails(no_pp, "fsdp.grad_accumulation:", "step_end", "parallel.pp > 1")
+end
+
 return T
