@@ -131,19 +131,25 @@ function pipeline_audit.warnings(_, a, A)
   return w
 end
 
--- A rank's units, consecutive layers as one range (layers.0-6).
+-- A rank's units, consecutive layers as one range (layers.0-6); an MoE
+-- block's experts group (ep > 1: "layers.<i>.experts") counted with its
+-- block, once at the end.
 local function units_text(c)
-  local items, names = {}, {}
-  for i, u in ipairs(c.layout.units) do
+  local items, names, units, experts = {}, {}, {}, 0
+  for _, u in ipairs(c.layout.units) do
+    if u.expert then experts = experts + 1 else units[#units + 1] = u end
+  end
+  for i, u in ipairs(units) do
     local tpl, num = fold.template(u.name)
     items[i] = { sig = tpl, unit = num }
   end
   for _, run in ipairs(fold.runs(items, 1)) do
     local run_names = {}
-    for r = 0, run.reps - 1 do run_names[#run_names + 1] = c.layout.units[run.first + r].name end
+    for r = 0, run.reps - 1 do run_names[#run_names + 1] = units[run.first + r].name end
     names[#names + 1] = fold.unit_range(run_names)
   end
-  return table.concat(names, ", ")
+  return table.concat(names, ", ") .. (experts > 0 and string.format(" (%d MoE blocks with their experts groups)",
+    experts) or "")
 end
 
 -- SCHEDULE.md after the summary for a pipeline plan: the pipeline's
@@ -274,8 +280,10 @@ function pipeline_audit.folded_ops(c, pp)
     end
     details[i] = detail
     local name = c.layout.units[o.unit + 1].name
-    items[i] = { sig = table.concat({ o.kind, o.micro_step, o.stream, detail, o.batch or 0, (fold.template(name)) },
-      "|"), unit = o.unit }
+    -- (numbered by name: an MoE block's two units, layers.N and
+    -- layers.N.experts, fold as layers.0-6 and layers.0-6.experts)
+    local tpl, num = fold.numbered(name, o.unit)
+    items[i] = { sig = table.concat({ o.kind, o.micro_step, o.stream, detail, o.batch or 0, tpl }, "|"), unit = num }
   end
   local rows = {}
   for _, run in ipairs(fold.runs(items, 16)) do

@@ -36,7 +36,7 @@
 -- from those (torchtitan 0.3's moe_sharding.py with EP; recorded live:
 -- tests/ep/check_ep_live.sh's dp2_tp2_ep* cases).
 -- With pp > 1 (torchtitan's pipeline_llm runs parallelize on each stage's
--- module, distributed/pipeline_parallel.py:107-117, so every stage's MoE
+-- module, distributed/pipeline_parallel.py:109-123, so every stage's MoE
 -- blocks get ExpertParallel on the stage mesh's ep group): the pipeline's
 -- tables (gen/parallel/pp_tables.lua) call these unit_ops inside each
 -- microbatch's F and B (zero bubble's I: the all-to-alls' backward carries
