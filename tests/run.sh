@@ -363,6 +363,11 @@ torch_lane() {
   # FSDP collectives, in order, against gen/parallel/pp_sequence.lua
   script_check "pp run: torch.distributed.pipelining + fully_shard on gloo, every schedule, each rank's p2p and FSDP collectives vs gen/parallel/pp_sequence.lua (tests/pp/check_pipeline_live.sh)" \
     pp-run tests/pp/check_pipeline_live.sh "recorded"
+  # torchtitan's own pipeline_llm on gloo beyond llama (issue 35): PP x EP on
+  # its DeepSeek-V3 (quick tier), PP on qwen3 (full tier): every rank's p2p,
+  # FSDP collectives and token all-to-alls in order vs commplan's tables
+  script_check "pp on torchtitan's models: pipeline_llm on gloo, PP x EP (DeepSeek-V3) and PP on qwen3, each rank's p2p, FSDP collectives and all-to-alls vs the pipeline tables (tests/pp/check_titan_pp.sh)" \
+    pp-titan tests/pp/check_titan_pp.sh "^pp-titan: [a-z0-9_]* equal"
   # torchtitan 0.3's expert parallelism run for real on gloo (its DeepSeek-V3
   # decoder, tiny; ep 2 and 4, FSDP over efsdp, Shard(1); ep 2 with tp 2 under
   # torchtitan's MoE TP plan): every rank's

@@ -275,8 +275,15 @@ function M.events(classes, mesh, W)
                         in_numel = o.kind == "all_gather" and o.count or n * o.count,
                         out_numel = o.kind == "all_gather" and n * o.count or o.count }
       elseif A2A[o.kind] then
+        -- exchange: which of the token dispatcher's steps (torchtitan's
+        -- AllToAllTokenDispatcher: counts, dispatch, combine; " bwd" their
+        -- autograd backward; a recompute re-runs the forward's), for the
+        -- live comparison (tests/pp/compare_titan_pp.lua)
+        local step = o.kind == "a2a_counts" and "counts" or (o.a2a_combine == 1) == (o.phase == "forward" or
+          o.recompute == true) and "combine" or "dispatch"
         ev[#ev + 1] = { op = o.kind, ranks = ep_of(g), unit = u.name, dtype = o.dtype, in_numel = o.count,
-                        out_numel = o.count }
+                        out_numel = o.count,
+                        exchange = step .. ((o.phase == "forward" or o.recompute) and "" or " bwd") }
       elseif o.kind == "all_reduce" and o.group and o.group ~= "tp" then
         -- HSDP: the reduced shard across the replicas
         ev[#ev + 1] = { op = o.kind, ranks = replicas_of[g], unit = u.name, dtype = o.dtype, in_numel = o.count,

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Live check (issue 35): torchtitan 0.3's own pipeline (pipeline_llm, each
+# stage parallelized by the family's parallelize_*) run on CPU (gloo) for
+# qwen3 and for DeepSeek-V3 with expert parallel inside each stage
+# (tests/pp/torch_pp_titan_record.py, cases in tests/pp/pp_titan_cases.py),
+# against commplan's pipeline tables for the same job
+# (tests/pp/compare_titan_pp.lua): every rank's sends, receives, FSDP
+# collectives and token all-to-alls, in order. Exit 0 when every case
+# matches, 1 on the first difference, 77 when torch or torchtitan cannot be
+# imported (SKIP).
+#   PYTHON=  the torch environment's python (tests/pp/torch_python.sh)
+#   COMMPLAN_TEST_TIER=quick  (make test) the PP x EP case only, with one
+#            "quick tier:" line; full (make test-full, and by hand) every case
+set -u -o pipefail
+# shellcheck source=tests/pp/torch_python.sh
+. "$(dirname "$0")/torch_python.sh"
+OUT=build/pp/titan
+rm -rf "$OUT"
+mkdir -p "$OUT"
+start=$(date +%s)
+all=$("$PY" -c "import sys; sys.path.insert(0, 'tests/pp'); import pp_titan_cases as C; print(C.DEFAULT)")
+quick=$("$PY" -c "import sys; sys.path.insert(0, 'tests/pp'); import pp_titan_cases as C; print(C.QUICK)")
+cases=$all
+[ "${COMMPLAN_TEST_TIER:-full}" = quick ] && cases=$quick
+"$PY" -W ignore tests/pp/torch_pp_titan_record.py --cases "$cases" --out-dir "$OUT" >"$OUT/stdout.txt" 2>"$OUT/stderr.txt"
+rc=$?
+if [ "$rc" = 77 ]; then grep "^SKIP" "$OUT/stdout.txt"; exit 77; fi
+if [ "$rc" != 0 ]; then
+  echo "pp-titan: FAIL the recorder failed for $cases:"
+  grep "^pp-titan" "$OUT/stdout.txt"
+  tail -n 20 "$OUT/stderr.txt"
+  exit 1
+fi
+"$LUA" tests/pp/compare_titan_pp.lua "$OUT"/*.json || exit 1
+echo "pp-titan: all cases equal in $(( $(date +%s) - start )) s"
+n_all=$(tr ',' '\n' <<<"$all" | grep -c .)
+[ "$cases" = "$all" ] || echo "quick tier: 1 of $n_all cases ($quick: PP x EP); make test-full runs PP on qwen3 and the others"
