@@ -20,6 +20,9 @@ CASES = {
     # Interleaved1F1B: 2 stages per rank (4 over 3 layers + 2)
     "dsv3_pp2_ep2_i1f1b": dict(family="deepseek_v3", world=4, pp=2, dp_shard=2, ep=2, schedule="Interleaved1F1B",
                                batch=2, seq=6, model=DSV3),
+    # efsdp 2: pp 2 x dp_shard 4 with ep 2 (world 8): the experts' FSDP on the efsdp groups
+    "dsv3_pp2_dp4_ep2": dict(family="deepseek_v3", world=8, pp=2, dp_shard=4, ep=2, schedule="1F1B", batch=2,
+                             seq=6, model=DSV3),
     # PP on qwen3: pp 2 x dp_shard 2
     "qwen3_pp2": dict(family="qwen3", world=4, pp=2, dp_shard=2, ep=1, schedule="1F1B", batch=2, seq=8,
                       model=QWEN3),
