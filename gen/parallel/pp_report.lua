@@ -467,7 +467,9 @@ function report.refuse(loaded)
   -- the pipeline's size, bounded before anything is built (pp_stages.check_size)
   local d = require("gen.dims").infer(ctx, loaded.parallel, loaded.world_size)
   local n_layers = cfg.n_layers
-  stages_mod.check_size(ctx, { microbatches = n, dp = d.dp_shard * d.dp_replicate, units = n_layers + 3,
+  -- (the units: the blocks, the embedding, the output and the root; with ep > 1 an experts group per block at most)
+  stages_mod.check_size(ctx, { microbatches = n, dp = d.dp_shard * d.dp_replicate,
+    units = n_layers * (d.ep > 1 and 2 or 1) + 3,
     -- (the most stages any schedule class splits the model into: the audit in SCHEDULE.md runs them all)
     num_stages = stages_mod.stage_count({ pp = pp, n_layers = n_layers,
       layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
