@@ -132,6 +132,7 @@ local function prove_sequence(mine, classes)
   local got = tables.events(first_tp, seq.mesh(t.sched.pp, W, R, E, T), W)
   local want = seq.expected(t.sched, { dp_shard = W, dp_replicate = R, ep = E, tp = T, act_numel = t.act.numel,
                                        act_dtype = t.act.dtype, stage_fsdp = t.stage_fsdp,
+                                       explicit_prefetch = t.explicit_prefetch,
                                        stage_compute = t.stage_compute })
   for g = 1, #want do
     for i = 1, math.max(#got[g], #want[g]) do

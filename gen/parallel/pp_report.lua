@@ -203,9 +203,16 @@ local function stage_fsdp_of(p)
     local f = { gathers = {}, reduces = {} }
     -- (an experts unit's on the expert FSDP group: pp_sequence's group "efsdp")
     local function group(o) return o.group == "efsdp" and "efsdp" or nil end
+    -- (each unit's FSDP state, a block and its experts group one: the
+    -- states in forward order, for explicit prefetching's gathers)
+    f.states = {}
     for _, u in ipairs(units) do
+      local st = u.state or u.name
+      if #u.params > 0 and f.states[#f.states] ~= st then f.states[#f.states + 1] = st end
       local o = first_ag[u.index]
-      if o then f.gathers[#f.gathers + 1] = { unit = u.name, count = o.count, dtype = o.dtype, group = group(o) } end
+      if o then
+        f.gathers[#f.gathers + 1] = { unit = u.name, count = o.count, dtype = o.dtype, group = group(o), state = st }
+      end
     end
     for k = #units, 1, -1 do
       local o = rs[units[k].index]
@@ -241,7 +248,7 @@ local function stage_compute_of(p)
     local function add(list, u)
       for _, x in ipairs(list[u.index] or {}) do
         c[list == fwd and "forward" or "backward"][#c[list == fwd and "forward" or "backward"] + 1] =
-          { op = x.op, count = x.count, dtype = x.dtype, unit = u.name }
+          { op = x.op, count = x.count, dtype = x.dtype, unit = u.name, state = u.state or u.name }
       end
     end
     for _, u in ipairs(units) do add(fwd, u) end
@@ -255,7 +262,7 @@ local function prove_step(p, sched, costs, act_numel, act_dtype)
   local function stage_fsdp(stage) return of_units(costs[stage].units) end
   local events = pp_sequence.expected(sched, { dp_shard = p.dims.dp_shard, dp_replicate = p.dims.dp_replicate,
                                                ep = p.dims.ep, tp = p.dims.tp, act_numel = act_numel,
-                                               act_dtype = act_dtype,
+                                               act_dtype = act_dtype, explicit_prefetch = p.layout.explicit_prefetch,
                                                stage_fsdp = stage_fsdp,
                                                stage_compute = function(st) return compute_of(costs[st].units) end })
   return step_proof.prove(events)
@@ -596,7 +603,8 @@ function report.tables(loaded, schedule, opts)
   return { p = p, sched = sched, act = act, stage_units = stage_units,
            classes = not (opts and opts.skip_classes) and tables.rank_tables(p, sched, stage_units, act) or nil,
            stage_fsdp = function(st) return of_units(costs[st].units) end,
-           stage_compute = function(st) return compute_of(costs[st].units) end }
+           stage_compute = function(st) return compute_of(costs[st].units) end,
+           explicit_prefetch = p.layout.explicit_prefetch }
 end
 
 

@@ -18,6 +18,13 @@
 --       gen/pipeline.lua's stage_fsdp_from_plan; nil or a data-parallel degree of 1: no FSDP.
 --       A gather or reduce with group = "efsdp" is an experts unit's (ep >
 --       1): it runs on the expert FSDP group (efsdp ranks) instead;
+--     o.explicit_prefetch: torchtitan's explicit forward prefetching (ep >
+--       1, distributed/fsdp.py:331-348): GPipe's and 1F1B's first forward
+--       of a stage gathers state by state (a unit and its experts group:
+--       stage_fsdp's f.states, each gather's and compute's `state`), each
+--       state's pre-forward unsharding it, then the stage's next state,
+--       before its compute; without it every unit at the forward's start
+--       (the events are the same where no collective runs inside compute);
 --     o.ep, o.tp: expert parallel's degree (default 1; it borrows from
 --       dp_shard and tp, gen/dims.lua) and, with ep > 1, TP's (M.mesh);
 --     o.stage_compute(stage) -> { forward = { c... }, backward = { c... } }:
@@ -174,6 +181,7 @@ function M.expected(sched, o)
       local k = pps.format_action(a)
       if pps.IS_COMPUTE[a.type] or a.type == "REDUCE_GRAD" then label = k end
       local op = P2P_OP[a.type]
+      local issued = false
       if op then
         ev[#ev + 1] = { op = op, peer = pp_members[sched.stage_to_rank[peer_stage(a)] + 1], numel = o.act_numel,
                         dtype = o.act_dtype, batch = a.batch, action = single and label or k }
@@ -184,13 +192,42 @@ function M.expected(sched, o)
         local f = stage_fsdp(a.stage)
         if f then colls(f.reduces, "reduce_scatter", a.stage, k) end
         gathered[a.stage] = nil
+      elseif single and a.type == "F" and not gathered[a.stage] and o.explicit_prefetch then
+        gathered[a.stage] = true
+        local f = stage_fsdp(a.stage) or { gathers = {}, states = {} }
+        local c = stage_compute(a.stage) or { forward = {} }
+        local done = {}
+        local function gather(st)
+          if not st or done[st] then return end
+          done[st] = true
+          local list = {}
+          for _, x in ipairs(f.gathers) do if x.state == st then list[#list + 1] = x end end
+          colls(list, "all_gather", a.stage, label)
+        end
+        local states = f.states
+        if #states == 0 then -- (no FSDP: the compute's units in order)
+          for _, x in ipairs(c.forward) do if states[#states] ~= x.state then states[#states + 1] = x.state end end
+        end
+        for i, st in ipairs(states) do
+          gather(st)
+          gather(states[i + 1])
+          for _, x in ipairs(c.forward) do
+            if x.state == st then
+              ev[#ev + 1] = { op = x.op, ranks = ep_ranks, unit = x.unit, dtype = x.dtype, in_numel = x.count,
+                              out_numel = x.count, action = label, stage = a.stage }
+            end
+          end
+        end
+        issued = true -- (its compute's collectives, above)
       elseif single and a.type == "F" and not gathered[a.stage] then
         local f = stage_fsdp(a.stage)
         if f then colls(f.gathers, "all_gather", a.stage, k) end
         gathered[a.stage] = true
       end
       -- (OVERLAP_F_B runs its parts in turn)
-      for _, q in ipairs(a.sub or { a }) do inside(q, single and label or k) end
+      if not issued then
+        for _, q in ipairs(a.sub or { a }) do inside(q, single and label or k) end
+      end
     end
     out[g + 1] = ev
   end

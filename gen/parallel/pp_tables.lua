@@ -167,6 +167,21 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
     return u
   end
   local single = sched.runtime == "single"
+  local explicit = p.layout.explicit_prefetch
+  local function state_of(u) return u.state or u.name end
+  -- the units of list's state at i (consecutive), each gathered once
+  local function gather_state(list, i, m)
+    local st = state_of(list[i])
+    while list[i] and state_of(list[i]) == st do
+      local u = list[i]
+      if not unsharded[u.index] then
+        fsdp_schedule.gather(ops, u, m, "forward", shard)
+        op("copy_out", u, m, "forward")
+        unsharded[u.index] = true
+      end
+      i = i + 1
+    end
+  end
   local batch_of, nbatch = {}, 0
   for _, a in ipairs(sched.lowered[r + 1]) do
     for _, q in ipairs(a.sub or { a }) do
@@ -174,8 +189,19 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
       if NO_OP[t] then -- luacheck: ignore 542 (nothing to issue)
       elseif t == "UNSHARD" then unshard(s, 0, "forward")
       elseif t == "F" then
-        if single then unshard(s, m, "forward") end
-        for _, u in ipairs(managed(s)) do
+        local list = managed(s)
+        if single and not explicit then unshard(s, m, "forward") end
+        for i, u in ipairs(list) do
+          if single and explicit and (i == 1 or state_of(list[i - 1]) ~= state_of(u)) then
+            -- torchtitan's explicit forward prefetch (ep > 1: distributed/
+            -- fsdp.py:331-348): a state's pre-forward unshards it, then the
+            -- stage's next state (its block, or [norm, lm_head] after the
+            -- last); a state is a unit and its experts group
+            gather_state(list, i, m)
+            local j = i
+            while list[j] and state_of(list[j]) == state_of(u) do j = j + 1 end
+            if list[j] then gather_state(list, j, m) end
+          end
           if unit_ops then unit_ops(ops, u, m, "forward_before") end
           op("forward", u, m, "forward")
           if unit_ops then unit_ops(ops, u, m, "forward") end

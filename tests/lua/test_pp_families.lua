@@ -151,7 +151,7 @@ local function events(p)
   local got = tables.events(first, seq.mesh(pl.sched.pp, W, R, E, TP), W)
   local want = seq.expected(pl.sched, { dp_shard = W, dp_replicate = R, ep = E, tp = TP, act_numel = t.act.numel,
                                         act_dtype = t.act.dtype, stage_fsdp = t.stage_fsdp,
-                                        stage_compute = t.stage_compute })
+                                        stage_compute = t.stage_compute, explicit_prefetch = t.explicit_prefetch })
   return got, want, first
 end
 
@@ -232,6 +232,27 @@ function T.pp_x_ep_recompute_and_schedules()
     local rec = count_kind(p.tp_classes[1].ops, "a2a_counts", "backward")
     H.eq(rec > 0, ac ~= "none", sch .. " " .. ac .. ": recomputed counts exchanges")
   end
+end
+
+-- GPipe's and 1F1B's first forward of a stage under torchtitan's explicit
+-- prefetch (ep > 1, distributed/fsdp.py:331-348): each block's pre-forward
+-- gathers it, then the next block, before its all-to-alls (recorded live:
+-- tests/pp/check_titan_pp.sh's mixtral and qwen3_moe cases); without the
+-- rule torch's sequence differs from the tables
+function T.pp_x_ep_explicit_prefetch_interleaves_gathers()
+  local p = ppep(function(s) return (s:gsub("n_layers = 2", "n_layers = 6")) end)
+  local got, want = events(p)
+  H.eq(differ(got, want), nil, "tables = torch's sequence")
+  local head = {}
+  for i = 1, 8 do head[i] = want[1][i].op .. " " .. want[1][i].unit end
+  H.list_eq(head, { "all_gather tok_embeddings", "all_gather layers.0", "all_gather layers.1",
+                    "a2a_counts layers.0.experts", "a2a layers.0.experts", "a2a layers.0.experts",
+                    "all_gather layers.2", "a2a_counts layers.1.experts" }, "rank 0's first forward")
+  local t = report.tables(p.pipeline.loaded, nil, { skip_classes = true })
+  local inner = p.pipeline.stage_plan
+  local implicit = seq.expected(p.pipeline.sched, { dp_shard = inner.dims.dp_shard, ep = inner.dims.ep,
+    act_numel = t.act.numel, act_dtype = t.act.dtype, stage_fsdp = t.stage_fsdp, stage_compute = t.stage_compute })
+  assert(differ(got, implicit), "every gather first: not what torch issues under EP")
 end
 
 -- DeepSeek-V3 with TP x EP x PP (ep borrows TP's ranks: the proof's mesh

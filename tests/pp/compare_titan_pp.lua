@@ -32,7 +32,10 @@ local seq = require("gen.parallel.pp_sequence")
 
 local fmt = string.format
 local DTYPE = { float32 = "fp32", bfloat16 = "bf16", int64 = "int64" }
+local GQA_MOE = { "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "moe_hidden_dim", "num_experts",
+                 "top_k" }
 local FIELDS = { qwen3 = { "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "hidden_dim" },
+                 qwen3_moe = GQA_MOE, mixtral = GQA_MOE,
                  deepseek_v3 = { "dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank",
                                  "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                                  "dense_hidden_dim", "moe_hidden_dim", "num_experts", "num_shared_experts",

@@ -9,6 +9,8 @@ each. QUICK: make test's quick tier; the rest under make test-full."""
 DSV3 = dict(dim=16, n_layers=3, n_dense_layers=1, n_heads=2, vocab_size=64, q_lora_rank=0, kv_lora_rank=8,
             qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=4, dense_hidden_dim=32, moe_hidden_dim=8,
             num_experts=8, num_shared_experts=1, top_k=2)
+GQA_MOE = dict(dim=16, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=4, vocab_size=64, moe_hidden_dim=8, num_experts=4,
+               top_k=2)
 QWEN3 = dict(dim=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, vocab_size=64, hidden_dim=48)
 CASES = {
     # PP x EP: pp 2 x dp_shard 2 with ep 2 (efsdp 1) in each stage, 1F1B over 2 microbatches
@@ -23,6 +25,12 @@ CASES = {
     # efsdp 2: pp 2 x dp_shard 4 with ep 2 (world 8): the experts' FSDP on the efsdp groups
     "dsv3_pp2_dp4_ep2": dict(family="deepseek_v3", world=8, pp=2, dp_shard=4, ep=2, schedule="1F1B", batch=2,
                              seq=6, model=DSV3),
+    # PP x EP on torchtitan's Qwen3 MoE (qwen3_moe) and without its q/k norms (commplan's mixtral): 4 layers, an
+    # MoE in every block
+    "qwen3_moe_pp2_ep2": dict(family="qwen3_moe", world=4, pp=2, dp_shard=2, ep=2, schedule="1F1B", batch=2, seq=6,
+                              model=GQA_MOE),
+    "mixtral_pp2_ep2": dict(family="mixtral", world=4, pp=2, dp_shard=2, ep=2, schedule="1F1B", batch=2, seq=6,
+                            model=GQA_MOE),
     # PP on qwen3: pp 2 x dp_shard 2
     "qwen3_pp2": dict(family="qwen3", world=4, pp=2, dp_shard=2, ep=1, schedule="1F1B", batch=2, seq=8,
                       model=QWEN3),

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """torchtitan 0.3's own pipeline (distributed/pipeline_parallel.py
 pipeline_llm) run live on CPU (gloo) for the families beyond llama, recorded
-(issue 35): PP on qwen3, and PP x EP on DeepSeek-V3 (torchtitan's MoE with
-its ExpertParallel inside each stage). tests/pp/compare_titan_pp.lua holds
+(issue 35): PP on qwen3, and PP x EP on DeepSeek-V3 and Qwen3 MoE (torchtitan's
+MoE with its ExpertParallel inside each stage). tests/pp/compare_titan_pp.lua holds
 each rank's events, in order, to commplan's pipeline tables.
 
 Per case, as torchtitan's Trainer builds a pipeline (trainer.py:443-478):
@@ -102,6 +102,10 @@ def model_config(case):
     if case["family"] == "qwen3":
         from test_qwen3_plan import titan_config
         return titan_config(None, m, tied=False, fused=True)
+    if case["family"] in ("qwen3_moe", "mixtral"):
+        # torchtitan's Qwen3 MoE builder (mixtral: without q/k norms), tests/titan/test_moe_plan.py's
+        import test_moe_plan
+        return test_moe_plan.titan_config(case["family"], None, m)
     return EPR.titan_model_config(m)
 
 
@@ -114,8 +118,10 @@ def run_case(rank, case):
     from torchtitan.distributed.spmd_types import annotate_input_spmd_types
     from torchtitan.distributed.utils import get_spmd_context, set_spmd_backend
     from torchtitan.trainer import Trainer
-    if case["family"] == "qwen3":
+    registry = "debugmodel"
+    if case["family"] in ("qwen3", "qwen3_moe", "mixtral"):
         from torchtitan.models.qwen3 import model_registry, parallelize_qwen3 as parallelize_fn
+        registry = "debugmodel" if case["family"] == "qwen3" else "debugmodel_moe"
     else:
         from torchtitan.models.deepseek_v3 import model_registry, parallelize_deepseekv3 as parallelize_fn
 
@@ -136,7 +142,7 @@ def run_case(rank, case):
         MESHES[key].build_mesh()
     pd = MESHES[key]
     cfg = model_config(case)
-    spec = model_registry("debugmodel")
+    spec = model_registry(registry)
     spec.model = cfg
     cfg.update_from_config(config=Trainer.Config(model_spec=spec, parallelism=parallelism, training=training,
                                                  debug=DebugConfig(moe_force_load_balance=True)))
