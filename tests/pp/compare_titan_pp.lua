@@ -127,9 +127,93 @@ local function compare(path)
   return n, a2a, #rec.ranks
 end
 
-local cases, events, a2as = 0, 0, 0
-for _, path in ipairs(arg) do
+-- --write-plans DIR SPEC.json...: each case's plan file (DIR/pp_titan_<case>.lua)
+-- and commplan's parameter ids per global rank (DIR/<case>.ids.json: the
+-- oracle pattern's k, cp_pattern_param_id: 100 x the unit's index in the
+-- rank's pipeline class + the parameter's index in the unit), for the
+-- recorder's --ids before torch runs.
+if arg[1] == "--write-plans" then
+  local dir = arg[2]
+  for i = 3, #arg do
+    local rec = json.decode(assert(io.open(arg[i])):read("a"))
+    local src = plan_source(rec.spec)
+    local fh = assert(io.open(fmt("%s/pp_titan_%s.lua", dir, rec.case), "w"))
+    fh:write(src, "\n")
+    fh:close()
+    local p = plan.from_source(src, "pp_titan_" .. rec.case .. ".lua")
+    local by_pp = {}
+    for _, c in ipairs(p.tp_classes) do
+      local ids = {}
+      for ui, u in ipairs(c.layout.units) do
+        for j, q in ipairs(u.params) do ids[q.name] = 100 * (ui - 1) + (j - 1) end
+      end
+      by_pp[c.pp_rank] = ids
+    end
+    local ranks = {}
+    local per = rec.spec.world // rec.spec.pp
+    for g = 0, rec.spec.world - 1 do ranks[#ranks + 1] = by_pp[g // per] end
+    fh = assert(io.open(fmt("%s/%s.ids.json", dir, rec.case), "w"))
+    fh:write(json.encode({ case = rec.case, microbatches = rec.spec.batch, ranks = ranks }), "\n")
+    fh:close()
+  end
+  os.exit(0)
+end
+
+-- --dumps DIR: the reduced gradients too, every rank's every parameter's
+-- local shard, element for element (float32), against DIR/pp_titan_<case>.rank<r>.json
+-- (the plan's binary's --simulate --pattern oracle --dump).
+local dumps_dir
+local files = {}
+do
+  local i = 1
+  while i <= #arg do
+    if arg[i] == "--dumps" then dumps_dir, i = arg[i + 1], i + 2 else files[#files + 1] = arg[i]; i = i + 1 end
+  end
+end
+
+local function f32(x) return string.unpack("<f", string.pack("<f", x)) end
+
+local function check_grads(path)
+  local rec = json.decode(assert(io.open(path)):read("a"))
+  local n = 0
+  for g, r in ipairs(rec.ranks) do
+    local fh = io.open(fmt("%s/pp_titan_%s.rank%d.json", dumps_dir, rec.case, g - 1))
+    if not fh then error(fmt("%s: rank %d: no dump of commplan's", rec.case, g - 1), 0) end
+    local want = json.decode(fh:read("a")).grads_local
+    fh:close()
+    if type(r.grads_local) ~= "table" then error(fmt("%s: rank %d: no reduced gradients recorded", rec.case, g - 1), 0) end
+    local names, dumped = {}, 0
+    for name in pairs(r.grads_local) do names[#names + 1] = name end
+    for _ in pairs(want) do dumped = dumped + 1 end
+    table.sort(names)
+    if dumped ~= #names then
+      error(fmt("%s: rank %d: commplan's dump has %d parameters' gradients, torchtitan %d", rec.case, g - 1, dumped,
+        #names), 0)
+    end
+    for _, name in ipairs(names) do
+      local a, b = r.grads_local[name].values, want[name] and want[name].values
+      if not b then error(fmt("%s: rank %d: %s has no gradient in commplan's dump", rec.case, g - 1, name), 0) end
+      if #a ~= #b then error(fmt("%s: rank %d: %s: %d elements live, %d in commplan's dump", rec.case, g - 1, name,
+        #a, #b), 0) end
+      for i = 1, #a do
+        if f32(a[i]) ~= f32(b[i]) then
+          error(fmt("%s: rank %d: %s reduced gradient element %d: torchtitan %.9g, commplan %.9g", rec.case, g - 1,
+            name, i - 1, a[i], b[i]), 0)
+        end
+      end
+      n = n + #a
+    end
+  end
+  return n
+end
+
+local cases, events, a2as, elements = 0, 0, 0, 0
+for _, path in ipairs(files) do
   local ok, n, a2a, ranks = pcall(compare, path)
+  if ok and dumps_dir then
+    local good, e = pcall(check_grads, path)
+    if not good then ok, n = false, e else elements = elements + e end
+  end
   if not ok then
     print("pp-titan: FAIL " .. tostring(n))
     os.exit(1)
@@ -138,4 +222,5 @@ for _, path in ipairs(arg) do
     a2a))
   cases, events, a2as = cases + 1, events + n, a2as + a2a
 end
-print(fmt("pp-titan: %d cases, %d events (%d all-to-alls) equal to torchtitan's, in order", cases, events, a2as))
+print(fmt("pp-titan: %d cases, %d events (%d all-to-alls) equal to torchtitan's, in order%s", cases, events, a2as,
+  dumps_dir and fmt("; reduced gradients: %d elements equal, float32 bit for bit", elements) or ""))

@@ -39,3 +39,23 @@ CASES = {
 }
 QUICK = "dsv3_pp2_ep2"
 DEFAULT = ",".join(CASES)
+
+
+def main():
+    """pp_titan_cases.py --specs DIR [--cases a,b]: each case as DIR/<case>.json ({"case", "spec"}), for
+    tests/pp/compare_titan_pp.lua --write-plans (commplan's plan and parameter ids before torch runs)."""
+    import argparse
+    import json
+    import os
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--specs", required=True)
+    ap.add_argument("--cases", default=DEFAULT)
+    a = ap.parse_args()
+    os.makedirs(a.specs, exist_ok=True)
+    for n in [n for n in a.cases.split(",") if n]:
+        with open(os.path.join(a.specs, n + ".json"), "w") as f:
+            json.dump({"case": n, "spec": CASES[n]}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -109,7 +109,7 @@ def model_config(case):
     return EPR.titan_model_config(m)
 
 
-def run_case(rank, case):
+def run_case(rank, case, ids=None):
     import spmd_types as spmd  # noqa: F401
     from torchtitan.components.loss import cross_entropy_loss
     from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig
@@ -186,6 +186,14 @@ def run_case(rank, case):
         arg_mbs.append((inputs,))
         kwarg_mbs.append(extra)
         target_mbs.append(labels)
+    GP = EPR.GP
+    if ids is not None:
+        # commplan's oracle gradients (tests/ep/torch_ep_record.py's GradPattern) at each parameter's one
+        # reduction (REDUCE_GRAD, after the last microbatch): commplan's simulation accumulates micro-step m's
+        # pattern x (m + 1) over the M microbatches, sum M(M + 1) / 2, which the pattern's (micro + 1) factor takes
+        M = case["batch"]
+        GP.k, GP.rank, GP.micro, GP.injected = ids["ranks"][rank], rank, M * (M + 1) // 2 - 1, {}
+        GP.names = {id(p): n for m in parts for n, p in EPR.named_parameters(m)}
     REC.events = []
     try:
         with get_spmd_context(parallel_dims=pd)(), make_mode():
@@ -194,12 +202,25 @@ def run_case(rank, case):
                        target_mbs=target_mbs if has_last else None, losses=losses, return_outputs=False)
     finally:
         events, REC.events = REC.events, None
+        pattern, GP.k = GP.k, None
+    out = {}
+    if ids is not None:
+        if sorted(GP.injected) != sorted(pattern) or any(n != 1 for n in GP.injected.values()):
+            raise AssertionError("gradient pattern: overwritten %s, commplan's parameters %s" % (
+                GP.injected, sorted(pattern)))
+        out["grads_local"] = {}
+        for m in parts:
+            for pname, p in EPR.named_parameters(m):
+                g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                out["grads_local"][pname] = {"shape": list(g.shape),
+                                             "values": g.detach().reshape(-1).double().tolist()}
     keep = ("i", "kind", "op", "ranks", "group", "in_numel", "out_numel", "dtype", "reduce_op", "in_splits",
             "out_splits", "row", "peer", "numel", "fsdp", "ep", "via", "recompute", "phase")
-    return {"rank": rank, "events": [{k: e[k] for k in keep if k in e} for e in events]}
+    out.update(rank=rank, events=[{k: e[k] for k in keep if k in e} for e in events])
+    return out
 
 
-def worker(rank, world, port, names, tmpdir):
+def worker(rank, world, port, names, tmpdir, ids_dir=None):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     import logging
@@ -210,6 +231,8 @@ def worker(rank, world, port, names, tmpdir):
     E.cpu_training()
     EPR.install_labels()
     EPR.install_ep_labels()
+    if ids_dir:
+        EPR.install_grad_pattern()
     import spmd_types._dist
     spmd_types._dist.set_dist(EPR.GlooDist())
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world,
@@ -217,7 +240,11 @@ def worker(rank, world, port, names, tmpdir):
     for name in names:
         dist.barrier()
         try:
-            res = run_case(rank, CASES[name])
+            ids = None
+            if ids_dir:
+                with open(os.path.join(ids_dir, name + ".ids.json")) as f:
+                    ids = json.load(f)
+            res = run_case(rank, CASES[name], ids)
         except Exception as e:  # noqa: BLE001 - recorded, the wrapper reports it
             res = {"rank": rank, "failed": "%s: %s" % (type(e).__name__, e), "traceback": traceback.format_exc()}
         with open(os.path.join(tmpdir, "%s-r%d.json" % (name, rank)), "w") as f:
@@ -232,6 +259,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "build", "pp", "titan"))
     ap.add_argument("--cases", default=DEFAULT)
+    ap.add_argument("--ids", help="DIR/<case>.ids.json: commplan's parameter ids per rank "
+                    "(tests/pp/compare_titan_pp.lua --write-plans): the reduced gradients of its oracle pattern")
     a = ap.parse_args()
     names = [n for n in a.cases.split(",") if n]
     for n in names:
@@ -248,7 +277,7 @@ def main():
     for (world, _, _, _), group in sorted(by_mesh.items()):
         with tempfile.TemporaryDirectory() as tmp:
             port = EPR.free_port()
-            mp.start_processes(worker, args=(world, port, group, tmp), nprocs=world, join=True,
+            mp.start_processes(worker, args=(world, port, group, tmp, a.ids), nprocs=world, join=True,
                                start_method=os.environ.get("PP_START", "fork"))
             for n in group:
                 ranks = []
