@@ -378,7 +378,7 @@ test-gpu: build/tests/test_kernels
 # torchrun (tests/gpu_torchrun.sh). Without a GPU every check prints SKIP.
 # Closes with "gpu ranks: N passed, N failed" (bench/gpu_session.sh reads it).
 GPU_RUNS     ?= 3
-GPU_PLANS    := $(filter-out llama8b llama8b_cp llama70b llama405b llama405b_hsdp deepseek_v3 mixtral8x7b qwen3_8b,$(basename $(notdir $(ALL_PLANS))))
+GPU_PLANS    := $(filter-out llama8b llama8b_cp llama70b llama405b llama405b_hsdp deepseek_v3 deepseek_v3_pp mixtral8x7b qwen3_8b,$(basename $(notdir $(ALL_PLANS))))
 KERNEL_PLANS := $(basename $(notdir $(wildcard tests/plans/kernels_*_*.lua)))
 .PHONY: test-gpu-ranks
 test-gpu-ranks:
@@ -443,7 +443,7 @@ build/%/ep_library: tests/lib/ep_library.c $(RUNTIME_HDR)
 # (-D__CUDA_ARCH__: every 8- and 16-byte word's alignment checked as it is
 # made; UBSan's own alignment check is off in the kernels' object only,
 # where the negative test makes misaligned words on purpose).
-KHOST_PLANS := $(filter-out llama8b llama8b_cp llama70b llama405b llama405b_hsdp deepseek_v3 mixtral8x7b qwen3_8b,$(basename $(notdir $(ALL_PLANS))))
+KHOST_PLANS := $(filter-out llama8b llama8b_cp llama70b llama405b llama405b_hsdp deepseek_v3 deepseek_v3_pp mixtral8x7b qwen3_8b,$(basename $(notdir $(ALL_PLANS))))
 # tests/ep/plans expert-parallel plans (issue 23): experts units sharded over
 # their own group (efsdp), the kernels' tables carry each unit's group size.
 EP_PLANS    := $(basename $(notdir $(wildcard tests/ep/plans/ep*.lua)))
@@ -505,8 +505,10 @@ EMU_CFLAGS := -O1 -g
 EMU_CC      = $(CC) $(CSTD) $(EMU_CFLAGS) -Itests/emu -Iruntime
 EMU_CXX     = $(CXX) -std=c++17 -Wall -Wextra -Werror -pthread $(EMU_CFLAGS) -include tests/emu/cuda_runtime.h \
               -Itests/emu -Itests/c/kernel_standin -Iruntime
-EMU_EXTRA  := $(KHOST_EXTRA) fsdp3 fsdp2_tp2 pp_tiny pp_tiny_tp pp_tiny_zbv pp_tiny_lbfs pp_tiny_gpipe pp_tiny_izb pp_tiny_dpv
-EMU_PLANS  := $(KHOST_ALL) fsdp3 fsdp2_tp2 pp_tiny pp_tiny_tp pp_tiny_zbv pp_tiny_lbfs pp_tiny_gpipe pp_tiny_izb pp_tiny_dpv
+EMU_EXTRA  := $(KHOST_EXTRA) fsdp3 fsdp2_tp2 pp_tiny pp_tiny_tp pp_tiny_zbv pp_tiny_lbfs pp_tiny_gpipe pp_tiny_izb pp_tiny_dpv \
+              pp_qwen3_tiny pp_ep_mixtral
+EMU_PLANS  := $(KHOST_ALL) fsdp3 fsdp2_tp2 pp_tiny pp_tiny_tp pp_tiny_zbv pp_tiny_lbfs pp_tiny_gpipe pp_tiny_izb pp_tiny_dpv \
+              pp_qwen3_tiny pp_ep_mixtral
 EMU_DIR     = $(if $(filter $(1),$(EMU_EXTRA)),build/gen/$(1),plans/$(1))
 EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven llama_tiny_tp
 # The same under ASan+UBSan (the GPU path's own memory errors: a freed

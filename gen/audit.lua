@@ -1108,7 +1108,7 @@ function audit.schedule_md(p, fp)
         100 * th.mfu, string.format("%.3g", th.model_flops_per_token)) or "", 100 * s.mfu, s.gpu_TFLOPS)
   end
   if pl then
-    w("| step | %s |", pipeline_audit.step_text(a, audit, p.dims))
+    w("| step | %s |", pipeline_audit.step_text(a, audit, p))
   else
     w("| step | %s |", audit.step_text(a) .. "; critical path " .. (p.rep and string.format("of the step as drawn "
       .. "(micro-steps %d-%d once, timeline.svg): ", p.rep.micro_first, p.rep.micro_last) or "")

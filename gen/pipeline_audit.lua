@@ -105,19 +105,20 @@ function pipeline_audit.memory_plan_text(a, A)
     .. "the timed run does not model the arena's waits", A.human(lo), A.human(hi), hi_rank, a.memory_plan.policy)
 end
 
--- d: the plan's degrees (CP's K/V exchange runs inside the stages' compute too)
-function pipeline_audit.step_text(a, A, d)
+-- p: the plan (CP's K/V exchange and EP's all-to-alls run inside the stages' compute too)
+function pipeline_audit.step_text(a, A, p)
   local pl = a.pipeline
   if not a.step_us then return "not predicted: " .. pl.refused end
   return fmt("%s predicted = compute %s + exposed communication %s (%.0f%% of the step) + pipeline waits %s, on "
     .. "pipeline rank %d (its clock ends last); bubble %.1f%% over every rank. Exposed communication is what the "
     .. "timed run leaves on that rank's path: its waits for activations and gradients on the wire (%s: of each "
     .. "wait for a received input, at most the transfer's %s) and for its last gradient reduction (%s); FSDP's "
-    .. "all-gathers are taken as prefetched, %s run inside each stage's compute (counted in it)",
+    .. "all-gathers are taken as prefetched, %s%s run inside each stage's compute (counted in it)",
     A.us_text(a.step_us), A.us_text(a.compute_us), A.us_text(a.exposed_us),
     a.step_us > 0 and 100 * a.exposed_us / a.step_us or 0, A.us_text(a.waits_us), pl.critical_rank,
     100 * pl.bubble, A.us_text(pl.p2p_exposed_us), A.us_text(pl.facts.row.p2p_us), A.us_text(pl.reduce_wait_us),
-    d and d.cp > 1 and "TP's collectives and CP's K/V all-gathers and reduce-scatters" or "TP's collectives")
+    p and p.dims.cp > 1 and "TP's collectives and CP's K/V all-gathers and reduce-scatters" or "TP's collectives",
+    p and p.dims.ep > 1 and " and EP's token all-to-alls (each microbatch's, priced at the uniform routing)" or "")
 end
 
 -- Warnings: a pipeline rank that does not fit, a refused timed run.
@@ -132,19 +133,25 @@ function pipeline_audit.warnings(_, a, A)
   return w
 end
 
--- A rank's units, consecutive layers as one range (layers.0-6).
+-- A rank's units, consecutive layers as one range (layers.0-6); an MoE
+-- block's experts group (ep > 1: "layers.<i>.experts") counted with its
+-- block, once at the end.
 local function units_text(c)
-  local items, names = {}, {}
-  for i, u in ipairs(c.layout.units) do
+  local items, names, units, experts = {}, {}, {}, 0
+  for _, u in ipairs(c.layout.units) do
+    if u.expert then experts = experts + 1 else units[#units + 1] = u end
+  end
+  for i, u in ipairs(units) do
     local tpl, num = fold.template(u.name)
     items[i] = { sig = tpl, unit = num }
   end
   for _, run in ipairs(fold.runs(items, 1)) do
     local run_names = {}
-    for r = 0, run.reps - 1 do run_names[#run_names + 1] = c.layout.units[run.first + r].name end
+    for r = 0, run.reps - 1 do run_names[#run_names + 1] = units[run.first + r].name end
     names[#names + 1] = fold.unit_range(run_names)
   end
-  return table.concat(names, ", ")
+  return table.concat(names, ", ") .. (experts > 0 and string.format(" (%d MoE blocks with their experts groups)",
+    experts) or "")
 end
 
 -- SCHEDULE.md after the summary for a pipeline plan: the pipeline's
@@ -156,13 +163,17 @@ function pipeline_audit.md_body(p, a, w, A)
   w("")
   w("%s: %d microbatches through %d stages, %d per pipeline rank; each pipeline rank runs its own tables (a "
     .. "class per rank in plan.c). One microbatch's activation between stages: %s %s elements per rank, sent "
-    .. "point to point in %s. Proved: every rank's sends, receives and FSDP collectives equal what "
-    .. "torch.distributed.pipelining + fully_shard issue (gen/parallel/pp_sequence.lua, held to torch live); the "
+    .. "point to point in %s. Proved: every rank's sends, receives and FSDP collectives%s equal what "
+    .. "torch.distributed.pipelining + fully_shard%s issue (gen/parallel/pp_sequence.lua, held to torch live); the "
     .. "whole step (%s events, %s collectives, %s messages, %d coalesced batches on the %s ranks of pp x "
-    .. "dp_replicate x dp_shard; each TP rank runs a copy) cannot deadlock (gen/parallel/pp_step_proof.lua).",
+    .. "dp_replicate x dp_shard%s) cannot deadlock (gen/parallel/pp_step_proof.lua).",
     sched.schedule, sched.microbatches, sched.num_stages, sched.num_stages // sched.pp, A.commas(pf.act.numel),
-    pf.act.dtype, pf.row.p2p_us and A.us_text(pf.row.p2p_us) or "(not timed)", A.commas(c.events),
-    A.commas(c.collectives), A.commas(c.p2p), c.batches or 0, A.commas(c.ranks or p.world_size))
+    pf.act.dtype, pf.row.p2p_us and A.us_text(pf.row.p2p_us) or "(not timed)",
+    p.dims.ep > 1 and " and EP's token all-to-alls (inside each microbatch's F and B)" or "",
+    p.dims.ep > 1 and " + torchtitan's ExpertParallel" or "", A.commas(c.events),
+    A.commas(c.collectives), A.commas(c.p2p), c.batches or 0, A.commas(c.ranks or p.world_size),
+    -- (gen/parallel/pp_sequence.lua's mesh: TP's ranks in it where EP's all-to-alls cross them)
+    p.dims.ep > 1 and p.dims.tp > 1 and " x tp, every TP rank with TP class 0's events" or "; each TP rank runs a copy")
   w("")
   w("| pipeline rank%s | stages | units | ops | sends | receives | all-gathers | reduce-scatters | arena | busy | "
     .. "exposed p2p | reduction wait | clock ends |", p.dims.tp > 1 and " (TP class)" or "")
@@ -271,8 +282,10 @@ function pipeline_audit.folded_ops(c, pp)
     end
     details[i] = detail
     local name = c.layout.units[o.unit + 1].name
-    items[i] = { sig = table.concat({ o.kind, o.micro_step, o.stream, detail, o.batch or 0, (fold.template(name)) },
-      "|"), unit = o.unit }
+    -- (numbered by name: an MoE block's two units, layers.N and
+    -- layers.N.experts, fold as layers.0-6 and layers.0-6.experts)
+    local tpl, num = fold.numbered(name, o.unit)
+    items[i] = { sig = table.concat({ o.kind, o.micro_step, o.stream, detail, o.batch or 0, tpl }, "|"), unit = num }
   end
   local rows = {}
   for _, run in ipairs(fold.runs(items, 16)) do

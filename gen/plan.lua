@@ -15,13 +15,8 @@ local repeat_mod = require("gen.repeat")
 
 local plan = {}
 
--- Each family's units(ctx, model, d): the fully_shard units in forward order,
--- the root last (d: the plan's dims, which the MoE families' expert
--- placement reads).
-plan.MODELS = { llama = require("gen.models.llama"), generic = require("gen.models.generic"),
-                qwen3 = require("gen.models.qwen3"),
-                mixtral = require("gen.models.mixtral"), qwen3_moe = require("gen.models.qwen3_moe"),
-                deepseek_v3 = require("gen.models.deepseek_v3") }
+-- Each family's units(ctx, model, d) (gen/models/families.lua).
+plan.MODELS = require("gen.models.families")
 
 -- tests/titan/dims_dump.lua: the dims stage as the generator runs it.
 plan.check_supported = parallel.check_supported

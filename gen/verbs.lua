@@ -37,7 +37,7 @@ local function int_arg(v, name)
 end
 
 -- stdout, refusing (one line, exit 2) when it cannot be written.
-local function out(text)
+local function write_out(text)
   local ok, why = fsio.write_stdout(text)
   if not ok then util.plan_error("commplan: " .. why .. "; check the disk or pipe it writes to") end
 end
@@ -61,7 +61,7 @@ function verbs.main(argv)
     local report = require("gen.pipeline")
     local text = report.text(loaded)
     if csv then text = text .. verbs.write_file(csv, report.csv(loaded), "the schedule's CSV", path) end
-    out(text)
+    write_out(text)
     return 0
   end
   if verb == "diff" then
@@ -88,14 +88,14 @@ function verbs.main(argv)
     local plandiff = require("gen.plandiff")
     local piped = plandiff.pipeline_compare(sa, sb)
     if piped then
-      out(piped)
+      write_out(piped)
       return 0
     end
     local a, la, pa = plandiff.load(sa)
     local b, lb, pb = plandiff.load(sb)
     local text = plandiff.compare(a, b, la, lb)
     if svg_dir then text = text .. verbs.write_svgs(plandiff, svg_dir, sa, pa, sb, pb) end
-    out(text)
+    write_out(text)
     return 0
   elseif verb == "advise" then
     local opts, path = {}, nil
@@ -115,7 +115,7 @@ function verbs.main(argv)
       util.plan_error(string.format("%s: the plan file %s; give the path of a plan file (plans/<name>.lua)",
         fsio.shown(path), why))
     end
-    out(require("gen.advisor").report(src, path, opts))
+    write_out(require("gen.advisor").report(src, path, opts))
     return 0
   end
   io.stderr:write(verbs.USAGE)

@@ -377,6 +377,12 @@ torch_lane() {
   # FSDP collectives, in order, against gen/parallel/pp_sequence.lua
   script_check "pp run: torch.distributed.pipelining + fully_shard on gloo, every schedule, each rank's p2p and FSDP collectives vs gen/parallel/pp_sequence.lua (tests/pp/check_pipeline_live.sh)" \
     pp-run tests/pp/check_pipeline_live.sh "recorded"
+  # torchtitan's own pipeline_llm on gloo beyond llama (issue 35): PP x EP on
+  # its DeepSeek-V3 (quick tier), PP on qwen3 (full tier): every rank's p2p,
+  # FSDP collectives and token all-to-alls in order vs commplan's tables, and
+  # every reduced gradient shard vs the plan's --simulate --pattern oracle
+  script_check "pp on torchtitan's models: pipeline_llm on gloo, PP x EP (DeepSeek-V3) and PP on qwen3, each rank's p2p, FSDP collectives and all-to-alls vs the pipeline tables, reduced gradients element for element (tests/pp/check_titan_pp.sh)" \
+    pp-titan tests/pp/check_titan_pp.sh "^pp-titan: [a-z0-9_]* equal"
   # torchtitan 0.3's expert parallelism run for real on gloo (its DeepSeek-V3
   # decoder, tiny; ep 2 and 4, FSDP over efsdp, Shard(1); ep 2 with tp 2 under
   # torchtitan's MoE TP plan, on DeepSeek-V3 and on its Qwen3 MoE decoder
@@ -591,14 +597,14 @@ lane_join rendezvous
 
 section "end to end: every small plan generated, built and simulated on all ranks"
 for n in $(plan_names); do
-  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|mixtral8x7b|qwen3_8b) continue ;; esac
+  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|deepseek_v3_pp|mixtral8x7b|qwen3_8b) continue ;; esac
   run "build $n" $MAKE PLAN="$n.lua"
   run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2
 done
 # The same plans with NCCL's arithmetic (ncclAvg premultiplies; ring order):
 # the host backend and the checks' independent emulation must agree on it too.
 for n in $(plan_names); do
-  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|mixtral8x7b|qwen3_8b) continue ;; esac
+  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|deepseek_v3_pp|mixtral8x7b|qwen3_8b) continue ;; esac
   run "simulate $n with NCCL's arithmetic (--arith nccl)" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
 done
 # tests/plans/kernels_all_dtypes.lua: every (orig, param, reduce) dtype
@@ -673,7 +679,7 @@ rank 2: 2/3/0 commplan-rank2 127.0.0.1 lo 1" ]'
 run "gpu_ranks.sh fails when one rank fails and names it" bash -c '
   out=$(TMPDIR=build tests/gpu_ranks.sh 3 sh -c "echo done \$RANK; [ \$RANK != 2 ] || exit 7"); rc=$?; echo "$out"
   [ "$rc" = 1 ] && printf "%s" "$out" | grep -qF "failed ranks: 2(exit 7)" && printf "%s" "$out" | grep -qxF "rank 2: done 2"'
-for n in llama8b llama70b llama405b_hsdp llama405b mixtral8x7b deepseek_v3 qwen3_8b; do
+for n in llama8b llama70b llama405b_hsdp llama405b mixtral8x7b deepseek_v3 deepseek_v3_pp qwen3_8b; do
   run "build $n and print its schedule" bash -c "$MAKE PLAN=$n.lua >/dev/null && build/$n/$n --dry-run >/dev/null"
 done
 # ---- host-built copy kernels (issue 18, item 1) ----
@@ -798,6 +804,14 @@ run "simulate pp_tiny_tp: 8 ranks, 2 steps, every message, TP activation and red
 run "build tests/plans/llama_tiny_cppp (pipeline: pp 2 x cp 2, 1F1B)" $MAKE PLAN=tests/plans/llama_tiny_cppp.lua OUT=build/gen/llama_tiny_cppp
 run "simulate llama_tiny_cppp: 4 ranks, 2 steps, every message, K/V exchange and reduced grad exact (both arithmetics)" bash -c "
   build/llama_tiny_cppp/llama_tiny_cppp --simulate --steps 2 && build/llama_tiny_cppp/llama_tiny_cppp --simulate --steps 2 --arith nccl"
+# PP beyond llama (issue 35): qwen3 split as torchtitan splits it, and PP x
+# EP, each stage's token all-to-alls inside every microbatch's F and B.
+for spec in "qwen3_tiny:qwen3, pp 2 x dp_shard 2, 1F1B" "ep_mixtral:mixtral, pp 2 x dp_shard 2 x ep 2, 1F1B"; do
+  n=pp_${spec%%:*}
+  run "build tests/pp/plans/$n (pipeline: ${spec#*:})" $MAKE PLAN=tests/pp/plans/$n.lua OUT=build/gen/$n
+  run "simulate $n: 4 ranks, 2 steps, every message, all-to-all and reduced grad exact (both arithmetics)" bash -c "
+    build/$n/$n --simulate --steps 2 && build/$n/$n --simulate --steps 2 --arith nccl"
+done
 
 section "the GPU path on an emulated CUDA runtime and NCCL (tests/emu, docs/emulator.md): no GPU needed"
 # runtime/gpu.c, gpu_run.c, the launch and rendezvous code and the copy
@@ -1014,7 +1028,7 @@ hostile_names() (
   # regeneration below would take them all four times)
   mkdir -p ../aside || exit 2
   trap 'mv ../aside/*.lua plans/ 2>/dev/null' EXIT
-  for n in llama8b llama405b llama405b_hsdp deepseek_v3 mixtral8x7b qwen3_8b; do  # (llama70b: the Makefile's default PLAN)
+  for n in llama8b llama405b llama405b_hsdp deepseek_v3 deepseek_v3_pp mixtral8x7b qwen3_8b; do  # (llama70b: the Makefile's default PLAN)
     [ ! -f "plans/$n.lua" ] || mv "plans/$n.lua" ../aside/ || exit 2
   done
   good=$(plan_names | wc -l)

@@ -39,9 +39,21 @@
 -- its own batch x seq / cp tokens (/ tp under SP), the all-to-alls sized
 -- from those (recorded live: tests/titan/test_cp_record.py's
 -- mixtral_dp2_cp2_ep2; gen/parallel/cp.lua has the rest).
--- Refused with ep > 1, one line each: a model without routed experts, pp
--- (the MoE families refuse pp already), and expert_parallel settings on a
--- plan without ep.
+-- With pp > 1 (torchtitan's pipeline_llm runs parallelize on each stage's
+-- module, distributed/pipeline_parallel.py:109-123, so every stage's MoE
+-- blocks get ExpertParallel on the stage mesh's ep group): the pipeline's
+-- tables (gen/parallel/pp_tables.lua) call these unit_ops inside each
+-- microbatch's F and B (zero bubble's I: the all-to-alls' backward carries
+-- the input gradient; W none), a counts slot per microbatch; FSDP reduces
+-- once, after the last microbatch (step_end: torch's pipelining runs each
+-- backward without gradient sync and REDUCE_GRAD at the end; torchtitan's
+-- fsdp.py:74 keeps the stages unsharded). gen/parallel/pp_sequence.lua
+-- states the all-to-alls torch issues per F and B, from the stage mesh's
+-- plan, and the pipeline's proofs hold the tables to it.
+-- Refused with ep > 1, one line each: a model without routed experts,
+-- step_end without a pipeline, an ep neither a multiple nor a divisor of
+-- tp (the runtime's mesh), and expert_parallel settings on a plan without
+-- ep.
 local util = require("gen.util")
 local compute = require("gen.compute")
 
@@ -111,13 +123,6 @@ function ep.rules(ctx, d, p)
     util.field_error(ctx, "parallel.ep", string.format("ep=%d: expert parallelism needs routed experts; the %s "
       .. "family has none (mixtral, qwen3_moe and deepseek_v3 do); set ep=1", d.ep, p.model.family))
   end
-  for _, name in ipairs({ "pp" }) do
-    if d[name] > 1 then
-      util.field_error(ctx, "parallel." .. name, string.format("%s=%d with ep=%d: expert parallel is planned with "
-        .. "FSDP and HSDP only (torchtitan's ep with %s is not modelled); set %s=1 or ep=1", name, d[name], d.ep,
-        name, name))
-    end
-  end
   if d.tp > 1 and d.ep % d.tp ~= 0 and d.tp % d.ep ~= 0 then
     -- (the runtime's mesh refines the dense and expert meshes into whole axes, gen/emit.lua: an ep group
     -- must hold whole TP groups or lie inside one)
@@ -125,9 +130,13 @@ function ep.rules(ctx, d, p)
       .. "dp_shard*tp) would cut TP groups unevenly, which the runtime's mesh of whole axes cannot hold, though "
       .. "torchtitan 0.3 accepts it; pick ep a multiple or a divisor of tp", d.ep, d.tp))
   end
-  if p.fsdp.grad_accumulation == "step_end" then
+  -- (under PP step_end is what runs: each stage's backwards accumulate
+  -- without gradient sync and REDUCE_GRAD reduces once, after the last
+  -- microbatch, gen/parallel/pp.lua's settings; the all-to-alls run inside
+  -- every microbatch's forward and backward all the same)
+  if p.fsdp.grad_accumulation == "step_end" and d.pp == 1 and not p.stage_of_pipeline then
     util.field_error(ctx, "fsdp.grad_accumulation", "step_end is the pipeline schedules' accumulation; with ep > 1 "
-      .. "use fsdp2_default, sync_last or all_reduce_last")
+      .. "and no pipeline use fsdp2_default, sync_last or all_reduce_last (or set parallel.pp > 1)")
   end
   if e then
     if e.capacity == "factor" and not e.capacity_factor then

@@ -246,16 +246,23 @@ function schedule.build(lay, fams, fsdp, opts)
     if rep and i == 4 then rep.first, rep.n = #step, #list end
     table.move(list, 1, #list, #step + 1, step)
   end
+  schedule.seal(step, replicate)
+  return step, rep
+end
+
+-- A built step's ops numbered in issue order (seq), each on its stream,
+-- and an all-to-all's counts op named by its row (gen/parallel/ep.lua's
+-- a2a_counts_of): the last pass of every step builder (this one's, the
+-- pipeline's gen/parallel/pp_tables.lua).
+function schedule.seal(step, replicate)
   for i, o in ipairs(step) do
     o.seq = i - 1
     o.stream = opkinds.stream_of(o, replicate ~= nil)
   end
-  -- an all-to-all's counts op by its row (gen/parallel/ep.lua)
   for _, o in ipairs(step) do
     if o.a2a_counts_of then o.a2a_counts_op, o.a2a_counts_of = o.a2a_counts_of.seq, nil end
     o.a2a_pos = nil
   end
-  return step, rep
 end
 
 -- The group an FSDP collective of unit u runs on: the unit's own

@@ -1,6 +1,8 @@
 -- Pipeline parallel, the module (gen/parallel/init.lua's contract), as
--- torchtitan's pipeline_llama applies it: the model split into stages
--- (gen/parallel/pp_stages.lua, torchtitan's split), each stage a
+-- torchtitan's pipeline_llm applies it to every decoder family (llama,
+-- qwen3, the MoE families: distributed/pipeline_parallel.py:65-141): the
+-- model split into stages (gen/parallel/pp_stages.lua, torchtitan's split;
+-- pp_report.unit_names, its modules as the family's units), each stage a
 -- fully_shard'ed module on the stage mesh (world / pp ranks: pp is the
 -- mesh's outermost dim, gen/dims.lua), run by one of
 -- torch.distributed.pipelining's schedules (gen/parallel/pp_schedule.lua,
@@ -21,8 +23,9 @@
 --                lays them out (TP-local shapes)
 --   step         the rank's lowered actions as ops (pp_tables.lua):
 --                FSDP's unshard / reduce pieces at UNSHARD and REDUCE_GRAD,
---                the other modules' unit_ops inside each stage's compute,
---                sends and receives between stages
+--                the other modules' unit_ops inside each stage's compute
+--                (TP's collectives; EP's token all-to-alls, before and
+--                after a unit's F and B), sends and receives between stages
 --   prove        every rank's communication equal to what torch issues
 --                (pp_sequence.lua, held to torch live) and the whole step
 --                deadlock-free (pp_step_proof.lua); the plan's schedule's
@@ -127,9 +130,12 @@ local function prove_sequence(mine, classes)
     local cls = classes[r * ntp + 1]
     first_tp[r + 1] = { pp_rank = r, stages = cls.stages, units = cls.layout.units, ops = cls.ops }
   end
-  local got = tables.events(first_tp, seq.mesh(t.sched.pp, W, R), W)
-  local want = seq.expected(t.sched, { dp_shard = W, dp_replicate = R, act_numel = t.act.numel,
-                                       act_dtype = t.act.dtype, stage_fsdp = t.stage_fsdp })
+  local E, T = inner.dims.ep, inner.dims.tp
+  local got = tables.events(first_tp, seq.mesh(t.sched.pp, W, R, E, T), W)
+  local want = seq.expected(t.sched, { dp_shard = W, dp_replicate = R, ep = E, tp = T, act_numel = t.act.numel,
+                                       act_dtype = t.act.dtype, stage_fsdp = t.stage_fsdp,
+                                       explicit_prefetch = t.explicit_prefetch,
+                                       stage_compute = t.stage_compute })
   for g = 1, #want do
     for i = 1, math.max(#got[g], #want[g]) do
       local x, y = got[g][i], want[g][i]

@@ -33,8 +33,27 @@ local report = {}
 report.SCHEDULES = { "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
                      "DualPipeV" }
 
--- torchtitan's module names -> commplan's llama units (gen/models/llama.lua).
-local UNIT_OF = { tok_embeddings = "tok_embeddings", norm = "norm_output", lm_head = "norm_output" }
+-- A stage's modules (torchtitan's names, pp_stages.split) -> the family's
+-- FSDP units that hold them (gen/models/*.lua), one rule for every decoder
+-- family: the unit holding the module's parameters (names "<module>."...),
+-- and lm_head the loss head unit (loss_head: [norm, lm_head], which the
+-- llama family's names output.weight as torchtitan's older llama did).
+-- torchtitan's pipeline_llm (distributed/pipeline_parallel.py:88-92) splits
+-- every decoder it ships -- llama3, qwen3, deepseek_v3 -- by these names
+-- (_generate_llm_fqn_per_model_part, :366-476); a MoE block is one module,
+-- its routed experts (under ep > 1 the unit "layers.<i>.experts") go with it.
+function report.unit_names(units, module)
+  local out = {}
+  for _, u in ipairs(units) do
+    local holds = module == "lm_head" and u.loss_head
+    for _, q in ipairs(u.params) do
+      if holds then break end
+      holds = q.name:sub(1, #module + 1) == module .. "."
+    end
+    if holds or u.state == module then out[#out + 1] = u.name end
+  end
+  return out
+end
 
 -- How an activation travels between stages, in words (gen/cost.lua's p2p_us).
 local function p2p_text(topo, world)
@@ -98,6 +117,8 @@ end
 local function stage_costs(p, split)
   local s = compute.settings(p)
   local per_unit = compute.units(p, s)
+  -- (the collectives inside a unit's compute: TP's, CP's and EP's token
+  -- all-to-alls, each microbatch's own, on the compute stream)
   local tp_fwd, tp_bwd = {}, {}
   local timeline = require("gen.timeline")
   for _, o in ipairs(p.ops) do
@@ -123,10 +144,13 @@ local function stage_costs(p, split)
   for i, mods in ipairs(split) do
     local seen, units = {}, {}
     for _, m in ipairs(mods) do
-      local name = UNIT_OF[m] or m
-      if not seen[name] then
-        seen[name] = true
-        units[#units + 1] = assert(by_name[name], "no unit " .. name)
+      local names = report.unit_names(p.layout.units, m)
+      assert(#names > 0, "no unit holds " .. m)
+      for _, name in ipairs(names) do
+        if not seen[name] then
+          seen[name] = true
+          units[#units + 1] = assert(by_name[name], "no unit " .. name)
+        end
       end
     end
     local c = { units = units, fwd = 0, bwd = 0, rec = 0, saved = 0, reduce_us = 0, transient = 0, tp_F = 0,
@@ -168,20 +192,32 @@ end
 local function stage_fsdp_of(p)
   local first_ag, rs, ar = {}, {}, {}
   for _, o in ipairs(p.ops) do
-    if o.micro_step == 0 and o.kind == "all_gather" and not first_ag[o.unit] then first_ag[o.unit] = o end
-    if o.micro_step == 0 and o.kind == "reduce_scatter" then rs[o.unit] = o end
+    -- (a collective without a group is a one-rank group's: FSDP2 issues none)
+    if o.micro_step == 0 and o.kind == "all_gather" and o.group and not first_ag[o.unit] then first_ag[o.unit] = o end
+    if o.micro_step == 0 and o.kind == "reduce_scatter" and o.group then rs[o.unit] = o end
     -- HSDP: the all-reduce of the reduce-scatter's output across replicas
     if o.micro_step == 0 and o.kind == "all_reduce" and o.group ~= "tp" then ar[o.unit] = o end
   end
   return function(units)
     local f = { gathers = {}, reduces = {} }
+    -- (an experts unit's on the expert FSDP group: pp_sequence's group "efsdp")
+    local function group(o) return o.group == "efsdp" and "efsdp" or nil end
+    -- (each unit's FSDP state, a block and its experts group one: the
+    -- states in forward order, for explicit prefetching's gathers)
+    f.states = {}
     for _, u in ipairs(units) do
+      local st = u.state or u.name
+      if #u.params > 0 and f.states[#f.states] ~= st then f.states[#f.states + 1] = st end
       local o = first_ag[u.index]
-      if o then f.gathers[#f.gathers + 1] = { unit = u.name, count = o.count, dtype = o.dtype } end
+      if o then
+        f.gathers[#f.gathers + 1] = { unit = u.name, count = o.count, dtype = o.dtype, group = group(o), state = st }
+      end
     end
     for k = #units, 1, -1 do
       local o = rs[units[k].index]
-      if o then f.reduces[#f.reduces + 1] = { unit = units[k].name, count = o.count, dtype = o.dtype } end
+      if o then
+        f.reduces[#f.reduces + 1] = { unit = units[k].name, count = o.count, dtype = o.dtype, group = group(o) }
+      end
       local a = ar[units[k].index]
       if a then
         f.reduces[#f.reduces + 1] = { unit = units[k].name, count = a.count, dtype = a.dtype, kind = "all_reduce" }
@@ -191,12 +227,44 @@ local function stage_fsdp_of(p)
   end
 end
 
+-- The collectives inside a stage's compute of one microbatch, as the
+-- stage mesh's plan p issues them (its first micro-step): EP's token
+-- all-to-alls on the ep group, forward and backward, per unit in issue
+-- order (gen/parallel/pp_sequence.lua's stage_compute). Indexes p's ops
+-- once; the result takes a stage's units.
+local A2A = { a2a = true, a2a_counts = true }
+local function stage_compute_of(p)
+  local fwd, bwd = {}, {}
+  for _, o in ipairs(p.ops) do
+    if o.micro_step == 0 and A2A[o.kind] then
+      local into = o.phase == "forward" and fwd or bwd
+      into[o.unit] = into[o.unit] or {}
+      table.insert(into[o.unit], { op = o.kind, count = o.count, dtype = o.dtype })
+    end
+  end
+  return function(units)
+    local c = { forward = {}, backward = {} }
+    local function add(list, u)
+      for _, x in ipairs(list[u.index] or {}) do
+        c[list == fwd and "forward" or "backward"][#c[list == fwd and "forward" or "backward"] + 1] =
+          { op = x.op, count = x.count, dtype = x.dtype, unit = u.name, state = u.state or u.name }
+      end
+    end
+    for _, u in ipairs(units) do add(fwd, u) end
+    for k = #units, 1, -1 do add(bwd, units[k]) end
+    return c
+  end
+end
+
 local function prove_step(p, sched, costs, act_numel, act_dtype)
-  local of_units = stage_fsdp_of(p)
+  local of_units, compute_of = stage_fsdp_of(p), stage_compute_of(p)
   local function stage_fsdp(stage) return of_units(costs[stage].units) end
+  -- (FSDP's shard group inside a stage: dp_shard x cp, p.layout.W; ep borrows from it and tp)
   local events = pp_sequence.expected(sched, { dp_shard = p.layout.W, dp_replicate = p.dims.dp_replicate,
-                                               act_numel = act_numel,
-                                               act_dtype = act_dtype, stage_fsdp = stage_fsdp })
+                                               ep = p.dims.ep, tp = p.dims.tp, act_numel = act_numel,
+                                               act_dtype = act_dtype, explicit_prefetch = p.layout.explicit_prefetch,
+                                               stage_fsdp = stage_fsdp,
+                                               stage_compute = function(st) return compute_of(costs[st].units) end })
   return step_proof.prove(events)
 end
 
@@ -347,9 +415,18 @@ function report.refuse(loaded)
   if pp <= 1 then
     util.field_error(ctx, "parallel.pp", "pp=1: no pipeline to plan; set pp > 1 (and pipeline.microbatches)")
   end
-  if loaded.model.family ~= "llama" then
-    util.field_error(ctx, "model.family", "pipeline stages are split as torchtitan splits a decoder: use the llama "
-      .. "family")
+  local family = require("gen.models.families")[loaded.model.family]
+  if not family.config then
+    util.field_error(ctx, "model.family", string.format("%s: pipeline stages are split by a decoder's module names "
+      .. "(tok_embeddings, layers.<i>, norm, lm_head: torchtitan's pipeline_llm, distributed/pipeline_parallel.py:88); "
+      .. "a generic model has none: use a decoder family (llama, qwen3, mixtral, qwen3_moe, deepseek_v3)",
+      loaded.model.family))
+  end
+  local cfg = family.config(ctx, loaded.model)
+  if cfg.enable_weight_tying then
+    util.field_error(ctx, "model.enable_weight_tying", "true with pp > 1: torchtitan refuses it (\"Weight tying is "
+      .. "not supported with Pipeline Parallel.\", models/common/decoder.py:139-142; the tied 0.6b, 1.7b and 4b "
+      .. "flavours tie it); set enable_weight_tying = false or pp = 1")
   end
   local pl = loaded.pipeline or {}
   local n = pl.microbatches
@@ -396,8 +473,10 @@ function report.refuse(loaded)
   end
   -- the pipeline's size, bounded before anything is built (pp_stages.check_size)
   local d = require("gen.dims").infer(ctx, loaded.parallel, loaded.world_size)
-  local n_layers = require("gen.models.llama").config(ctx, loaded.model).n_layers
-  stages_mod.check_size(ctx, { microbatches = n, dp = d.dp_shard * d.cp * d.dp_replicate, units = n_layers + 3,
+  local n_layers = cfg.n_layers
+  -- (the units: the blocks, the embedding, the output and the root; with ep > 1 an experts group per block at most)
+  stages_mod.check_size(ctx, { microbatches = n, dp = d.dp_shard * d.cp * d.dp_replicate,
+    units = n_layers * (d.ep > 1 and 2 or 1) + 3,
     -- (the most stages any schedule class splits the model into: the audit in SCHEDULE.md runs them all)
     num_stages = stages_mod.stage_count({ pp = pp, n_layers = n_layers,
       layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
@@ -515,7 +594,7 @@ function report.tables(loaded, schedule, opts)
   local stage_units = {}
   for st = 0, sched.num_stages - 1 do stage_units[st] = costs[st].units end
   local tables = require("gen.parallel.pp_tables")
-  local of_units = stage_fsdp_of(p)
+  local of_units, compute_of = stage_fsdp_of(p), stage_compute_of(p)
   local bad = tables.unsupported_action(sched)
   if bad then
     util.field_error(ctx, "pipeline.schedule", string.format("%s has a %s action, which the tables do not run; "
@@ -523,7 +602,9 @@ function report.tables(loaded, schedule, opts)
   end
   return { p = p, sched = sched, act = act, stage_units = stage_units,
            classes = not (opts and opts.skip_classes) and tables.rank_tables(p, sched, stage_units, act) or nil,
-           stage_fsdp = function(st) return of_units(costs[st].units) end }
+           stage_fsdp = function(st) return of_units(costs[st].units) end,
+           stage_compute = function(st) return compute_of(costs[st].units) end,
+           explicit_prefetch = p.layout.explicit_prefetch }
 end
 
 

@@ -16,6 +16,26 @@
 --       count = elements per rank; a reduce's kind: "reduce_scatter" over
 --       the shard group, or HSDP's "all_reduce" over the replicas), e.g.
 --       gen/pipeline.lua's stage_fsdp_from_plan; nil or a data-parallel degree of 1: no FSDP.
+--       A gather or reduce with group = "efsdp" is an experts unit's (ep >
+--       1): it runs on the expert FSDP group (efsdp ranks) instead;
+--     o.explicit_prefetch: torchtitan's explicit forward prefetching (ep >
+--       1, distributed/fsdp.py:331-348): GPipe's and 1F1B's first forward
+--       of a stage gathers state by state (a unit and its experts group:
+--       stage_fsdp's f.states, each gather's and compute's `state`), each
+--       state's pre-forward unsharding it, then the stage's next state,
+--       before its compute; without it every unit at the forward's start
+--       (the events are the same where no collective runs inside compute);
+--     o.ep, o.tp: expert parallel's degree (default 1; it borrows from
+--       dp_shard and tp, gen/dims.lua) and, with ep > 1, TP's (M.mesh);
+--     o.stage_compute(stage) -> { forward = { c... }, backward = { c... } }:
+--       the collectives a stage's forward and backward of one microbatch
+--       issue inside its compute (EP's token all-to-alls: each c = { op =
+--       "a2a_counts" | "a2a", unit, count, dtype } on the ep group), in
+--       issue order; torch's stage runs its module once per microbatch, so
+--       every F issues the forward's, every B (or zero bubble's I, the
+--       input gradient: the all-to-alls' backward carries it) the
+--       backward's, W none (stage.py backward_weight_one_chunk: the saved
+--       graph's weight gradients only).
 --   An event: { op = "send" | "recv", peer (global rank), numel, dtype,
 --     batch (the lowered action's batch number, nil when issued alone),
 --     action } or { op = "all_gather" | "reduce_scatter", ranks (the FSDP
@@ -69,14 +89,27 @@ end
 
 -- The mesh of pp x dp_replicate x dp_shard (pp outermost, gen/dims.lua)
 -- and its pp, fsdp (shard) and dp_replicate families.
-function M.mesh(pp, dp_shard, dp_replicate)
+-- With ep > 1 also its ep and efsdp families (ep borrows dp_shard's ranks,
+-- and TP's where tp > 1: then the mesh holds TP's ranks too, each running
+-- TP class 0's events, as the all-to-alls cross them; elsewhere TP's
+-- collectives stay inside each TP rank's copy of the events and the mesh
+-- leaves tp out).
+function M.mesh(pp, dp_shard, dp_replicate, ep, tp)
   dp_replicate = dp_replicate or 1
-  local world = pp * dp_replicate * dp_shard
-  local d = dims.infer(nil, { pp = pp, dp_shard = dp_shard, dp_replicate = dp_replicate }, world)
+  tp = (ep or 1) > 1 and tp or 1
+  local world = pp * dp_replicate * dp_shard * tp
+  local d = dims.infer(nil, { pp = pp, dp_shard = dp_shard, dp_replicate = dp_replicate, ep = ep or 1, tp = tp },
+    world)
   local mesh = dims.mesh(d)
   local fams = groups.build(mesh)
   return { d = d, mesh = mesh, pp = fams.by_name.pp, fsdp = fams.by_name.fsdp,
-           replicate = fams.by_name.dp_replicate, world = world }
+           replicate = fams.by_name.dp_replicate, ep = fams.by_name.ep, efsdp = fams.by_name.efsdp, world = world }
+end
+
+-- Per global rank, its group of family f (nil: f absent, the rank alone).
+function M.groups_of(f)
+  if not f then return function(g) return { g } end end
+  return groups_by_rank(f)
 end
 
 local P2P_OP = { SEND_F = "send", SEND_B = "send", RECV_F = "recv", RECV_B = "recv" }
@@ -89,7 +122,15 @@ end
 
 function M.expected(sched, o)
   local W, R = o.dp_shard or 1, o.dp_replicate or 1
-  local m = M.mesh(sched.pp, W, R)
+  local m = M.mesh(sched.pp, W, R, o.ep, o.tp)
+  local ep_of, efsdp_of = M.groups_of(m.ep), M.groups_of(m.efsdp)
+  local WE = m.efsdp and m.efsdp.size or 1
+  local compute_of = {}
+  local function stage_compute(s)
+    if not o.stage_compute then return nil end
+    if compute_of[s] == nil then compute_of[s] = o.stage_compute(s) or false end
+    return compute_of[s] or nil
+  end
   local fsdp_of = {}
   local function stage_fsdp(s)
     if W * R == 1 or not o.stage_fsdp then return nil end
@@ -107,27 +148,40 @@ function M.expected(sched, o)
     local coords = dims.coords(m.mesh, g)
     local pp_rank = m.mesh.index.pp and coords[m.mesh.index.pp] or 0
     local ev, label, gathered = {}, "", {}
+    local ep_ranks, efsdp_ranks = ep_of(g), efsdp_of(g)
     local function colls(list, kind, s, action)
       for _, c in ipairs(list) do
         local k = c.kind or kind
+        local n, ranks = W, fsdp_ranks
+        if c.group == "efsdp" then n, ranks = WE, efsdp_ranks end
         if k == "all_reduce" then
           ev[#ev + 1] = { op = k, ranks = replicas, unit = c.unit, dtype = c.dtype, action = action,
                           in_numel = c.count, out_numel = c.count, stage = s }
-        elseif W > 1 then
+        elseif n > 1 then
           -- (a shard group of one rank, dp_replicate alone: FSDP2 issues no
           -- all-gather or reduce-scatter, only the all-reduce;
           -- _fsdp_param_group.py and foreach_reduce's world_size > 1)
-          local full = W * c.count
-          ev[#ev + 1] = { op = k, ranks = fsdp_ranks, unit = c.unit, dtype = c.dtype, action = action,
+          local full = n * c.count
+          ev[#ev + 1] = { op = k, ranks = ranks, unit = c.unit, dtype = c.dtype, action = action,
                           in_numel = k == "all_gather" and c.count or full,
                           out_numel = k == "all_gather" and full or c.count, stage = s }
         end
+      end
+    end
+    -- the collectives inside one compute action (EP's all-to-alls)
+    local function inside(q, action)
+      local c = stage_compute(q.stage)
+      local list = c and (q.type == "F" and c.forward or (q.type == "B" or q.type == "I") and c.backward)
+      for _, x in ipairs(list or {}) do
+        ev[#ev + 1] = { op = x.op, ranks = ep_ranks, unit = x.unit, dtype = x.dtype, in_numel = x.count,
+                        out_numel = x.count, action = action, stage = q.stage }
       end
     end
     for _, a in ipairs(sched.lowered[pp_rank + 1]) do
       local k = pps.format_action(a)
       if pps.IS_COMPUTE[a.type] or a.type == "REDUCE_GRAD" then label = k end
       local op = P2P_OP[a.type]
+      local issued = false
       if op then
         ev[#ev + 1] = { op = op, peer = pp_members[sched.stage_to_rank[peer_stage(a)] + 1], numel = o.act_numel,
                         dtype = o.act_dtype, batch = a.batch, action = single and label or k }
@@ -138,10 +192,41 @@ function M.expected(sched, o)
         local f = stage_fsdp(a.stage)
         if f then colls(f.reduces, "reduce_scatter", a.stage, k) end
         gathered[a.stage] = nil
+      elseif single and a.type == "F" and not gathered[a.stage] and o.explicit_prefetch then
+        gathered[a.stage] = true
+        local f = stage_fsdp(a.stage) or { gathers = {}, states = {} }
+        local c = stage_compute(a.stage) or { forward = {} }
+        local done = {}
+        local function gather(st)
+          if not st or done[st] then return end
+          done[st] = true
+          local list = {}
+          for _, x in ipairs(f.gathers) do if x.state == st then list[#list + 1] = x end end
+          colls(list, "all_gather", a.stage, label)
+        end
+        local states = f.states
+        if #states == 0 then -- (no FSDP: the compute's units in order)
+          for _, x in ipairs(c.forward) do if states[#states] ~= x.state then states[#states + 1] = x.state end end
+        end
+        for i, st in ipairs(states) do
+          gather(st)
+          gather(states[i + 1])
+          for _, x in ipairs(c.forward) do
+            if x.state == st then
+              ev[#ev + 1] = { op = x.op, ranks = ep_ranks, unit = x.unit, dtype = x.dtype, in_numel = x.count,
+                              out_numel = x.count, action = label, stage = a.stage }
+            end
+          end
+        end
+        issued = true -- (its compute's collectives, above)
       elseif single and a.type == "F" and not gathered[a.stage] then
         local f = stage_fsdp(a.stage)
         if f then colls(f.gathers, "all_gather", a.stage, k) end
         gathered[a.stage] = true
+      end
+      -- (OVERLAP_F_B runs its parts in turn)
+      if not issued then
+        for _, q in ipairs(a.sub or { a }) do inside(q, single and label or k) end
       end
     end
     out[g + 1] = ev

@@ -31,7 +31,6 @@
 -- the last action are resharded there (the next step gathers again, as
 -- the first step does).
 local fsdp_schedule = require("gen.parallel.fsdp_schedule")
-local opkinds = require("gen.opkinds")
 local pps = require("gen.parallel.pp_schedule")
 
 local M = {}
@@ -60,7 +59,7 @@ function M.unsupported_action(sched)
   return nil
 end
 
-local function copy_unit(u, index)
+local function copy_unit(u, index, microbatches)
   local c = {}
   for k, v in pairs(u) do c[k] = v end
   c.index, c.global, c.pp_numel = index, u.index, 0
@@ -69,6 +68,10 @@ local function copy_unit(u, index)
   -- (gen/parallel/fsdp_layout.lua's rule for accumulating micro-steps);
   -- the stage mesh's one-microbatch layout has them in ag_dtype.
   c.grad_dtype = u.reduce_dtype
+  -- EP's token counts live from a microbatch's dispatch to its backward,
+  -- and a schedule keeps several microbatches in flight: a counts slot per
+  -- microbatch (the stage mesh's one-microbatch layout has one)
+  if u.a2a_slots then c.a2a_slots = microbatches end
   return c
 end
 
@@ -81,7 +84,7 @@ function M.rank_units(sched, stage_units, r)
       stages[#stages + 1] = s
       unit_of[s] = {}
       for _, u in ipairs(stage_units[s]) do
-        local c = copy_unit(u, #units)
+        local c = copy_unit(u, #units, sched.microbatches)
         units[#units + 1] = c
         unit_of[s][u.index] = c
       end
@@ -165,6 +168,16 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
     return u
   end
   local single = sched.runtime == "single"
+  local explicit = p.layout.explicit_prefetch
+  local function state_of(u) return u.state or u.name end
+  -- the units of list's state at i (consecutive), each gathered once
+  local function gather_state(list, i, m)
+    local st = state_of(list[i])
+    while list[i] and state_of(list[i]) == st do
+      gather(list[i], m, "forward")
+      i = i + 1
+    end
+  end
   local batch_of, nbatch = {}, 0
   for _, a in ipairs(sched.lowered[r + 1]) do
     for _, q in ipairs(a.sub or { a }) do
@@ -172,19 +185,35 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
       if NO_OP[t] then -- luacheck: ignore 542 (nothing to issue)
       elseif t == "UNSHARD" then unshard(s, 0, "forward")
       elseif t == "F" then
-        for _, u in ipairs(managed(s)) do
-          -- GPipe / 1F1B: each unit's pre-forward hook gathers it, after
-          -- the unit before it ran its forward (and its collectives: CP's
-          -- K/V all-gathers come before the next unit's gather, recorded
-          -- live by tests/titan/test_cppp_record.py)
-          if single then gather(u, m, "forward") end
+        local list = managed(s)
+        for i, u in ipairs(list) do
+          if single and explicit and (i == 1 or state_of(list[i - 1]) ~= state_of(u)) then
+            -- torchtitan's explicit forward prefetch (ep > 1: distributed/
+            -- fsdp.py:331-348): a state's pre-forward unshards it, then the
+            -- stage's next state (its block, or [norm, lm_head] after the
+            -- last); a state is a unit and its experts group
+            gather_state(list, i, m)
+            local j = i
+            while list[j] and state_of(list[j]) == state_of(u) do j = j + 1 end
+            if list[j] then gather_state(list, j, m) end
+          elseif single and not explicit then
+            -- GPipe / 1F1B: each unit's pre-forward hook gathers it, after
+            -- the unit before it ran its forward (and its collectives: CP's
+            -- K/V all-gathers come before the next unit's gather, recorded
+            -- live by tests/titan/test_cppp_record.py)
+            gather(u, m, "forward")
+          end
+          if unit_ops then unit_ops(ops, u, m, "forward_before") end
           op("forward", u, m, "forward")
           if unit_ops then unit_ops(ops, u, m, "forward") end
         end
       elseif t == "B" or t == "I" then
-        -- (TP's backward collectives carry the input gradient: with I)
+        -- (TP's and EP's backward collectives carry the input gradient: with
+        -- I; EP's recompute under activation checkpointing too, as the
+        -- stage's backward re-runs the checkpointed forward)
         local list = managed(s)
         for i = #list, 1, -1 do
+          if unit_ops then unit_ops(ops, list[i], m, "backward_before") end
           op(t == "B" and "backward" or "backward_input", list[i], m, "backward")
           if unit_ops then unit_ops(ops, list[i], m, "backward") end
         end
@@ -221,20 +250,23 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
     end
   end
   for _, s in ipairs(stages) do reshard(s, last_mb) end
-  for i, o in ipairs(ops) do
-    o.seq = i - 1
-    o.stream = opkinds.stream_of(o, replicate ~= nil)
-  end
+  fsdp_schedule.seal(ops, replicate)
   return ops
 end
 
 -- What each global rank of pp x dp_replicate x dp_shard issues, from the tables: the
 -- same event records as gen/parallel/pp_sequence.lua's expected (which the
 -- live checks hold to torch), so the two compare field by field.
--- classes: M.rank_tables's result; mesh: pp_sequence.mesh(pp, dp_shard, dp_replicate); W: dp_shard.
+-- classes: M.rank_tables's result; mesh: pp_sequence.mesh(pp, dp_shard,
+-- dp_replicate, ep); W: dp_shard. An experts unit's FSDP collectives run on
+-- its efsdp group, EP's all-to-alls on the ep group.
+local A2A = { a2a = true, a2a_counts = true }
 function M.events(classes, mesh, W)
   local groups = require("gen.groups")
   local dims = require("gen.dims")
+  local seq = require("gen.parallel.pp_sequence")
+  local ep_of, efsdp_of = seq.groups_of(mesh.ep), seq.groups_of(mesh.efsdp)
+  local WE = mesh.efsdp and mesh.efsdp.size or 1
   local pp_of, fsdp_of, replicas_of = {}, {}, {}
   if mesh.replicate then
     for c = 0, mesh.replicate.count - 1 do
@@ -264,9 +296,21 @@ function M.events(classes, mesh, W)
         ev[#ev + 1] = { op = o.kind, peer = members[o.peer + 1], numel = o.count, dtype = o.dtype,
                         batch = o.batch > 0 and o.batch or nil }
       elseif (o.kind == "all_gather" or o.kind == "reduce_scatter") and o.group then
-        ev[#ev + 1] = { op = o.kind, ranks = fsdp_of[g], unit = u.name, dtype = o.dtype,
-                        in_numel = o.kind == "all_gather" and o.count or W * o.count,
-                        out_numel = o.kind == "all_gather" and W * o.count or o.count }
+        local n, ranks = W, fsdp_of[g]
+        if o.group == "efsdp" then n, ranks = WE, efsdp_of(g) end
+        ev[#ev + 1] = { op = o.kind, ranks = ranks, unit = u.name, dtype = o.dtype,
+                        in_numel = o.kind == "all_gather" and o.count or n * o.count,
+                        out_numel = o.kind == "all_gather" and n * o.count or o.count }
+      elseif A2A[o.kind] then
+        -- exchange: which of the token dispatcher's steps (torchtitan's
+        -- AllToAllTokenDispatcher: counts, dispatch, combine; " bwd" their
+        -- autograd backward; a recompute re-runs the forward's), for the
+        -- live comparison (tests/pp/compare_titan_pp.lua)
+        local step = o.kind == "a2a_counts" and "counts" or (o.a2a_combine == 1) == (o.phase == "forward" or
+          o.recompute == true) and "combine" or "dispatch"
+        ev[#ev + 1] = { op = o.kind, ranks = ep_of(g), unit = u.name, dtype = o.dtype, in_numel = o.count,
+                        out_numel = o.count,
+                        exchange = step .. ((o.phase == "forward" or o.recompute) and "" or " bwd") }
       elseif o.kind == "all_reduce" and o.group and o.group ~= "tp" then
         -- HSDP: the reduced shard across the replicas
         ev[#ev + 1] = { op = o.kind, ranks = replicas_of[g], unit = u.name, dtype = o.dtype, in_numel = o.count,

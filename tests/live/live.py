@@ -384,7 +384,8 @@ def accumulation_of(plan):
 
 # ---------------------------------------------------------------- plans
 
-SKIP_PLANS = {"llama8b", "llama8b_cp", "llama70b", "llama405b", "llama405b_hsdp", "deepseek_v3", "mixtral8x7b", "qwen3_8b"}
+SKIP_PLANS = {"llama8b", "llama8b_cp", "llama70b", "llama405b", "llama405b_hsdp", "deepseek_v3", "deepseek_v3_pp",
+              "mixtral8x7b", "qwen3_8b"}
 
 
 def small_plans(names=None):

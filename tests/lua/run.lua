@@ -16,6 +16,7 @@ suites[#suites + 1] = "test_pp_audit"
 suites[#suites + 1] = "test_pp_sequence"
 suites[#suites + 1] = "test_pp_step_proof"
 suites[#suites + 1] = "test_pp_tables"
+suites[#suites + 1] = "test_pp_families"
 -- Issue 22, step 0: the parallelisms as modules.
 suites[#suites + 1] = "test_parallel"
 -- Issue 21: NCCL's tuning model and the published calibration rows.

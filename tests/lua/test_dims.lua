@@ -40,7 +40,7 @@ function T.degree_rules()
   fails("{ dp_shard = 0 }", 8, "dp_shard=0 must be -1 (auto) or a positive int")
   fails("{ dp_shard = -2 }", 8, "dp_shard=-2 must be -1")
   -- (pp > 1 without a pipeline section runs torchtitan's 1F1B; the stage split needs a decoder)
-  fails("{ dp_shard = -1, pp = 2 }", 8, "model.family:", "use the llama family")
+  fails("{ dp_shard = -1, pp = 2 }", 8, "model.family:", "a generic model has none: use a decoder family")
   fails("{ dp_shard = 2, ep = 2, tp = 2, etp = 3 }", 4, "parallel.etp", "etp=3: torchtitan 0.3 has no expert "
     .. "tensor-parallel degree", "config/configs.py:112-279")
   fails("{ dp_shard = 2, cp = 4, ulysses_degree = 8 }", 8, "ulysses_degree=8 must be <= cp=4")

@@ -258,13 +258,11 @@ function T.refusals_one_line_each()
     "expert_parallel.capacity_factor", "remove one")
   H.plan_fails(mix(4, "{ dp_shard = -1, ep = 2 }", ", expert_parallel = { capacity_factor = 0 }"),
     "expert_parallel.capacity_factor")
-  -- DeepSeek-V3 with TP: still refused with ep groups cutting TP groups unevenly, etp > 1, pp, cp,
-  -- loss_parallel = false and async TP
+  -- DeepSeek-V3 with TP: still refused with ep groups cutting TP groups unevenly, etp > 1,
+  -- loss_parallel = false and async TP (PP x EP x TP plans: tests/lua/test_pp_families.lua)
   H.plan_fails((ds(6, "{ dp_shard = 3, tp = 2, ep = 3 }"):gsub("num_experts = 4", "num_experts = 6")), "parallel.ep",
     "ep=3 with tp=2", "cut TP groups unevenly", "torchtitan 0.3 accepts it", "pick ep a multiple or a divisor of tp")
   H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, ep = 2, etp = 2 }"), "parallel.etp", "experts are not tensor-parallel")
-  H.plan_fails((ds(8, "{ pp = 2, dp_shard = 2, tp = 2, ep = 2 }"):gsub("fsdp = {", 'pipeline = { schedule = "1F1B", '
-    .. "microbatches = 2 }, fsdp = {")), "parallel.pp")
   -- (cp beside ep and tp is planned: gen/parallel/cp.lua; here its seq_len rule)
   H.plan_fails(ds(8, "{ cp = 2, dp_shard = 2, tp = 2, ep = 2 }"), "model.seq_len", "cp x 128")
   H.plan_fails(ds(4, "{ dp_shard = 2, tp = 2, loss_parallel = false }"), "parallel.loss_parallel",

@@ -1,0 +1,226 @@
+-- Compares what torchtitan 0.3's own pipeline (pipeline_llm, live on gloo:
+-- tests/pp/torch_pp_titan_record.py) issued with commplan's pipeline tables
+-- for the same model, mesh and schedule (issue 35): PP on qwen3, PP x EP on
+-- DeepSeek-V3.
+--
+-- Per case the plan of the recorded job is generated (its proofs run: the
+-- tables equal gen/parallel/pp_sequence.lua's sequence, the whole step
+-- deadlock-free); then per global rank the step's events (phase "step":
+-- the schedule's shape inference is not part of a step) must equal the
+-- tables' (gen/parallel/pp_tables.lua's events, every pipeline rank's TP
+-- class 0), in order, one for one:
+--   - sends and receives: the peer's global rank, numel, dtype;
+--   - FSDP's all-gathers and reduce-scatters (HSDP's all-reduces): the
+--     group's global ranks (dense units on dp_shard, experts on efsdp),
+--     input and output numel, dtype;
+--   - EP's token counts' all-to-all: the ep group, int64, num_experts
+--     elements (experts per member x ep);
+--   - EP's token all-to-alls: the ep group, which of the dispatcher's steps
+--     (dispatch / combine, " bwd" their gradients, the recompute's under
+--     activation checkpointing), rows of dim elements, every recorded
+--     per-member split within the plan's capacity (the tables take the
+--     splits at run time);
+-- nothing else may be issued.
+--   lua5.4 tests/pp/compare_titan_pp.lua CASE.json...
+-- One line per case and a closing line with the totals; exit 1 on the first
+-- difference.
+package.path = "./?.lua;" .. package.path
+local json = require("gen.json")
+local plan = require("gen.plan")
+local tables = require("gen.parallel.pp_tables")
+local seq = require("gen.parallel.pp_sequence")
+
+local fmt = string.format
+local DTYPE = { float32 = "fp32", bfloat16 = "bf16", int64 = "int64" }
+local GQA_MOE = { "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "moe_hidden_dim", "num_experts",
+                 "top_k" }
+local FIELDS = { qwen3 = { "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "hidden_dim" },
+                 qwen3_moe = GQA_MOE, mixtral = GQA_MOE,
+                 deepseek_v3 = { "dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank",
+                                 "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                                 "dense_hidden_dim", "moe_hidden_dim", "num_experts", "num_shared_experts",
+                                 "top_k" } }
+
+-- commplan's plan file of a recorded case (fp32, gradients summed: the
+-- recorder forces SUM, torchtitan's divide factor is 1).
+local function plan_source(s)
+  local m = {}
+  for _, k in ipairs(FIELDS[s.family]) do m[#m + 1] = fmt("%s = %d", k, s.model[k]) end
+  if s.family == "qwen3" then m[#m + 1] = "enable_weight_tying = false" end
+  return fmt([[return { world_size = %d, parallel = { pp = %d, dp_shard = %d%s },
+  model = { family = %q, dtype = "fp32", seq_len = %d, %s },
+  fsdp = { reduce_op = "sum" },
+  training = { local_batch_size = %d, activation_checkpointing = %q },
+  pipeline = { schedule = %q, microbatches = %d } }]], s.world, s.pp, s.dp_shard,
+    s.ep > 1 and fmt(", ep = %d", s.ep) or "", s.family, s.seq, table.concat(m, ", "), s.batch, s.ac or "none",
+    s.schedule, s.batch)
+end
+
+local function same_list(a, b)
+  if #a ~= #b then return false end
+  for i = 1, #a do if a[i] ~= b[i] then return false end end
+  return true
+end
+
+local function compare(path)
+  local rec = json.decode(assert(io.open(path)):read("a"))
+  local s = rec.spec
+  local p = plan.from_source(plan_source(s), "pp_titan_" .. rec.case .. ".lua")
+  local inner = p.pipeline.stage_plan
+  local W, R, E, TP = inner.dims.dp_shard, inner.dims.dp_replicate, inner.dims.ep, inner.dims.tp
+  local first = {}
+  for _, c in ipairs(p.tp_classes) do
+    if (c.tp_class or 0) == 0 then first[c.pp_rank + 1] = { pp_rank = c.pp_rank, units = c.layout.units, ops = c.ops } end
+  end
+  -- (each a2a op's combine flag and phase, which events() reads from the ops)
+  local want = tables.events(first, seq.mesh(s.pp, W, R, E, TP), W)
+  local n, a2a = 0, 0
+  for g, r in ipairs(rec.ranks) do
+    local got = {}
+    for _, e in ipairs(r.events) do
+      if e.phase == "step" then got[#got + 1] = e end
+    end
+    local w = want[g]
+    local function fail(i, why)
+      error(fmt("%s: global rank %d, event %d: %s (torchtitan: %s %s, commplan: %s %s)", rec.case, g - 1, i - 1,
+        why, got[i] and got[i].kind or "nothing", got[i] and (got[i].ep or got[i].fsdp or "") or "",
+        w[i] and w[i].op or "nothing", w[i] and (w[i].exchange or w[i].unit or "") or ""), 0)
+    end
+    for i = 1, math.max(#got, #w) do
+      local x, y = got[i], w[i]
+      if not x or not y then fail(i, "one side ends") end
+      local dt = DTYPE[x.dtype] or x.dtype
+      if y.op == "send" or y.op == "recv" then
+        if x.kind ~= y.op or x.peer ~= y.peer or x.numel ~= y.numel or dt ~= y.dtype then
+          fail(i, fmt("p2p: peer %s numel %s %s vs peer %s numel %s %s", tostring(x.peer), tostring(x.numel), dt,
+            tostring(y.peer), tostring(y.numel), y.dtype))
+        end
+      elseif y.op == "a2a_counts" then
+        if x.kind ~= "all_to_all" or not same_list(x.ranks, y.ranks) or dt ~= "int64"
+          or x.in_numel ~= y.in_numel * #y.ranks or not (x.ep or ""):match(" counts$") then
+          fail(i, "the token counts' exchange")
+        end
+        a2a = a2a + 1
+      elseif y.op == "a2a" then
+        local label = (x.ep or ""):match("^%S+ (.*)$")
+        if x.kind ~= "all_to_all" or not same_list(x.ranks, y.ranks) or dt ~= y.dtype or label ~= y.exchange
+          or x.row ~= s.model.dim then
+          fail(i, fmt("token exchange %s (row %s) vs %s", tostring(label), tostring(x.row), y.exchange))
+        end
+        -- every member's rows within the plan's capacity (count = capacity x dim per member)
+        for _, splits in ipairs({ x.in_splits or {}, x.out_splits or {} }) do
+          for _, rows in ipairs(splits) do
+            if rows * s.model.dim > y.in_numel then fail(i, fmt("%d rows beyond the capacity", rows)) end
+          end
+        end
+        a2a = a2a + 1
+      else
+        if x.kind ~= y.op or not same_list(x.ranks, y.ranks) or x.in_numel ~= y.in_numel
+          or x.out_numel ~= y.out_numel or dt ~= y.dtype then
+          fail(i, fmt("%s in %s out %s %s vs %s in %s out %s %s", tostring(x.kind), tostring(x.in_numel),
+            tostring(x.out_numel), dt, y.op, tostring(y.in_numel), tostring(y.out_numel), y.dtype))
+        end
+      end
+      n = n + 1
+    end
+  end
+  return n, a2a, #rec.ranks
+end
+
+-- --write-plans DIR SPEC.json...: each case's plan file (DIR/pp_titan_<case>.lua)
+-- and commplan's parameter ids per global rank (DIR/<case>.ids.json: the
+-- oracle pattern's k, cp_pattern_param_id: 100 x the unit's index in the
+-- rank's pipeline class + the parameter's index in the unit), for the
+-- recorder's --ids before torch runs.
+if arg[1] == "--write-plans" then
+  local dir = arg[2]
+  for i = 3, #arg do
+    local rec = json.decode(assert(io.open(arg[i])):read("a"))
+    local src = plan_source(rec.spec)
+    local fh = assert(io.open(fmt("%s/pp_titan_%s.lua", dir, rec.case), "w"))
+    fh:write(src, "\n")
+    fh:close()
+    local p = plan.from_source(src, "pp_titan_" .. rec.case .. ".lua")
+    local by_pp = {}
+    for _, c in ipairs(p.tp_classes) do
+      local ids = {}
+      for ui, u in ipairs(c.layout.units) do
+        for j, q in ipairs(u.params) do ids[q.name] = 100 * (ui - 1) + (j - 1) end
+      end
+      by_pp[c.pp_rank] = ids
+    end
+    local ranks = {}
+    local per = rec.spec.world // rec.spec.pp
+    for g = 0, rec.spec.world - 1 do ranks[#ranks + 1] = by_pp[g // per] end
+    fh = assert(io.open(fmt("%s/%s.ids.json", dir, rec.case), "w"))
+    fh:write(json.encode({ case = rec.case, microbatches = rec.spec.batch, ranks = ranks }), "\n")
+    fh:close()
+  end
+  os.exit(0)
+end
+
+-- --dumps DIR: the reduced gradients too, every rank's every parameter's
+-- local shard, element for element (float32), against DIR/pp_titan_<case>.rank<r>.json
+-- (the plan's binary's --simulate --pattern oracle --dump).
+local dumps_dir
+local files = {}
+do
+  local i = 1
+  while i <= #arg do
+    if arg[i] == "--dumps" then dumps_dir, i = arg[i + 1], i + 2 else files[#files + 1] = arg[i]; i = i + 1 end
+  end
+end
+
+local function f32(x) return string.unpack("<f", string.pack("<f", x)) end
+
+local function check_grads(path)
+  local rec = json.decode(assert(io.open(path)):read("a"))
+  local n = 0
+  for g, r in ipairs(rec.ranks) do
+    local fh = io.open(fmt("%s/pp_titan_%s.rank%d.json", dumps_dir, rec.case, g - 1))
+    if not fh then error(fmt("%s: rank %d: no dump of commplan's", rec.case, g - 1), 0) end
+    local want = json.decode(fh:read("a")).grads_local
+    fh:close()
+    if type(r.grads_local) ~= "table" then error(fmt("%s: rank %d: no reduced gradients recorded", rec.case, g - 1), 0) end
+    local names, dumped = {}, 0
+    for name in pairs(r.grads_local) do names[#names + 1] = name end
+    for _ in pairs(want) do dumped = dumped + 1 end
+    table.sort(names)
+    if dumped ~= #names then
+      error(fmt("%s: rank %d: commplan's dump has %d parameters' gradients, torchtitan %d", rec.case, g - 1, dumped,
+        #names), 0)
+    end
+    for _, name in ipairs(names) do
+      local a, b = r.grads_local[name].values, want[name] and want[name].values
+      if not b then error(fmt("%s: rank %d: %s has no gradient in commplan's dump", rec.case, g - 1, name), 0) end
+      if #a ~= #b then error(fmt("%s: rank %d: %s: %d elements live, %d in commplan's dump", rec.case, g - 1, name,
+        #a, #b), 0) end
+      for i = 1, #a do
+        if f32(a[i]) ~= f32(b[i]) then
+          error(fmt("%s: rank %d: %s reduced gradient element %d: torchtitan %.9g, commplan %.9g", rec.case, g - 1,
+            name, i - 1, a[i], b[i]), 0)
+        end
+      end
+      n = n + #a
+    end
+  end
+  return n
+end
+
+local cases, events, a2as, elements = 0, 0, 0, 0
+for _, path in ipairs(files) do
+  local ok, n, a2a, ranks = pcall(compare, path)
+  if ok and dumps_dir then
+    local good, e = pcall(check_grads, path)
+    if not good then ok, n = false, e else elements = elements + e end
+  end
+  if not ok then
+    print("pp-titan: FAIL " .. tostring(n))
+    os.exit(1)
+  end
+  print(fmt("pp-titan: %s equal: %d events on %d ranks (%d all-to-alls)", path:match("([^/]+)%.json$"), n, ranks,
+    a2a))
+  cases, events, a2as = cases + 1, events + n, a2as + a2a
+end
+print(fmt("pp-titan: %d cases, %d events (%d all-to-alls) equal to torchtitan's, in order%s", cases, events, a2as,
+  dumps_dir and fmt("; reduced gradients: %d elements equal, float32 bit for bit", elements) or ""))
