@@ -378,7 +378,7 @@ test-gpu: build/tests/test_kernels
 # torchrun (tests/gpu_torchrun.sh). Without a GPU every check prints SKIP.
 # Closes with "gpu ranks: N passed, N failed" (bench/gpu_session.sh reads it).
 GPU_RUNS     ?= 3
-GPU_PLANS    := $(filter-out llama8b llama8b_cp llama70b llama405b llama405b_hsdp deepseek_v3 deepseek_v3_pp mixtral8x7b qwen3_8b,$(basename $(notdir $(ALL_PLANS))))
+GPU_PLANS    := $(filter-out llama8b llama8b_cp llama70b llama405b llama405b_hsdp deepseek_v3 deepseek_v3_pp llama405b_4d mixtral8x7b qwen3_8b,$(basename $(notdir $(ALL_PLANS))))
 KERNEL_PLANS := $(basename $(notdir $(wildcard tests/plans/kernels_*_*.lua)))
 .PHONY: test-gpu-ranks
 test-gpu-ranks:
@@ -443,7 +443,7 @@ build/%/ep_library: tests/lib/ep_library.c $(RUNTIME_HDR)
 # (-D__CUDA_ARCH__: every 8- and 16-byte word's alignment checked as it is
 # made; UBSan's own alignment check is off in the kernels' object only,
 # where the negative test makes misaligned words on purpose).
-KHOST_PLANS := $(filter-out llama8b llama8b_cp llama70b llama405b llama405b_hsdp deepseek_v3 deepseek_v3_pp mixtral8x7b qwen3_8b,$(basename $(notdir $(ALL_PLANS))))
+KHOST_PLANS := $(filter-out llama8b llama8b_cp llama70b llama405b llama405b_hsdp deepseek_v3 deepseek_v3_pp llama405b_4d mixtral8x7b qwen3_8b,$(basename $(notdir $(ALL_PLANS))))
 # tests/ep/plans expert-parallel plans (issue 23): experts units sharded over
 # their own group (efsdp), the kernels' tables carry each unit's group size.
 EP_PLANS    := $(basename $(notdir $(wildcard tests/ep/plans/ep*.lua)))

@@ -166,12 +166,14 @@ function pipeline_audit.md_body(p, a, w, A)
     .. "point to point in %s. Proved: every rank's sends, receives and FSDP collectives%s equal what "
     .. "torch.distributed.pipelining + fully_shard%s issue (gen/parallel/pp_sequence.lua, held to torch live); the "
     .. "whole step (%s events, %s collectives, %s messages, %d coalesced batches on the %s ranks of pp x "
-    .. "dp_replicate x dp_shard%s) cannot deadlock (gen/parallel/pp_step_proof.lua).",
+    .. "dp_replicate x dp_shard%s%s) cannot deadlock (gen/parallel/pp_step_proof.lua).",
     sched.schedule, sched.microbatches, sched.num_stages, sched.num_stages // sched.pp, A.commas(pf.act.numel),
     pf.act.dtype, pf.row.p2p_us and A.us_text(pf.row.p2p_us) or "(not timed)",
     p.dims.ep > 1 and " and EP's token all-to-alls (inside each microbatch's F and B)" or "",
     p.dims.ep > 1 and " + torchtitan's ExpertParallel" or "", A.commas(c.events),
     A.commas(c.collectives), A.commas(c.p2p), c.batches or 0, A.commas(c.ranks or p.world_size),
+    -- (FSDP's shard group inside a stage is dp_shard x cp: the proof's mesh takes it whole)
+    p.dims.cp > 1 and " x cp" or "",
     -- (gen/parallel/pp_sequence.lua's mesh: TP's ranks in it where EP's all-to-alls cross them)
     p.dims.ep > 1 and p.dims.tp > 1 and " x tp, every TP rank with TP class 0's events" or "; each TP rank runs a copy")
   w("")

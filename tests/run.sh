@@ -597,14 +597,14 @@ lane_join rendezvous
 
 section "end to end: every small plan generated, built and simulated on all ranks"
 for n in $(plan_names); do
-  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|deepseek_v3_pp|mixtral8x7b|qwen3_8b) continue ;; esac
+  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|deepseek_v3_pp|llama405b_4d|mixtral8x7b|qwen3_8b) continue ;; esac
   run "build $n" $MAKE PLAN="$n.lua"
   run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2
 done
 # The same plans with NCCL's arithmetic (ncclAvg premultiplies; ring order):
 # the host backend and the checks' independent emulation must agree on it too.
 for n in $(plan_names); do
-  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|deepseek_v3_pp|mixtral8x7b|qwen3_8b) continue ;; esac
+  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|deepseek_v3_pp|llama405b_4d|mixtral8x7b|qwen3_8b) continue ;; esac
   run "simulate $n with NCCL's arithmetic (--arith nccl)" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
 done
 # tests/plans/kernels_all_dtypes.lua: every (orig, param, reduce) dtype
@@ -679,7 +679,7 @@ rank 2: 2/3/0 commplan-rank2 127.0.0.1 lo 1" ]'
 run "gpu_ranks.sh fails when one rank fails and names it" bash -c '
   out=$(TMPDIR=build tests/gpu_ranks.sh 3 sh -c "echo done \$RANK; [ \$RANK != 2 ] || exit 7"); rc=$?; echo "$out"
   [ "$rc" = 1 ] && printf "%s" "$out" | grep -qF "failed ranks: 2(exit 7)" && printf "%s" "$out" | grep -qxF "rank 2: done 2"'
-for n in llama8b llama70b llama405b_hsdp llama405b mixtral8x7b deepseek_v3 deepseek_v3_pp qwen3_8b; do
+for n in llama8b llama70b llama405b_hsdp llama405b llama405b_4d mixtral8x7b deepseek_v3 deepseek_v3_pp qwen3_8b; do
   run "build $n and print its schedule" bash -c "$MAKE PLAN=$n.lua >/dev/null && build/$n/$n --dry-run >/dev/null"
 done
 # ---- host-built copy kernels (issue 18, item 1) ----
@@ -1028,7 +1028,7 @@ hostile_names() (
   # regeneration below would take them all four times)
   mkdir -p ../aside || exit 2
   trap 'mv ../aside/*.lua plans/ 2>/dev/null' EXIT
-  for n in llama8b llama405b llama405b_hsdp deepseek_v3 deepseek_v3_pp mixtral8x7b qwen3_8b; do  # (llama70b: the Makefile's default PLAN)
+  for n in llama8b llama405b llama405b_hsdp llama405b_4d deepseek_v3 deepseek_v3_pp mixtral8x7b qwen3_8b; do  # (llama70b: the Makefile's default PLAN)
     [ ! -f "plans/$n.lua" ] || mv "plans/$n.lua" ../aside/ || exit 2
   done
   good=$(plan_names | wc -l)

@@ -384,7 +384,7 @@ def accumulation_of(plan):
 
 # ---------------------------------------------------------------- plans
 
-SKIP_PLANS = {"llama8b", "llama8b_cp", "llama70b", "llama405b", "llama405b_hsdp", "deepseek_v3", "deepseek_v3_pp",
+SKIP_PLANS = {"llama8b", "llama8b_cp", "llama70b", "llama405b", "llama405b_hsdp", "deepseek_v3", "deepseek_v3_pp", "llama405b_4d",
               "mixtral8x7b", "qwen3_8b"}
 
 
