@@ -28,13 +28,14 @@ run by hand, every world <= 64.
 
 Verdicts:
   agreement      both accept with equal meshes, or both refuse;
-  expected       torchtitan accepts a mesh with cp > 1 beside pp, or beside an
-                 ep that neither divides nor is a multiple of cp x tp, which
+  expected       torchtitan accepts a mesh with cp > 1 beside an ep that
+                 neither divides nor is a multiple of cp x tp, which
                  commplan's check_supported refuses (gen/parallel/cp.lua's
-                 check_dims: not planned yet); the day commplan accepts one,
-                 it is compared like any other and must be equal (the meshes
-                 with cp beside dp_replicate, dp_shard, tp and ep are: FSDP's
-                 fsdp family, dp_shard x cp, against torchtitan's fsdp mesh);
+                 check_dims: its runtime mesh refines the dense and expert
+                 meshes, whose strides must nest); every other mesh with cp
+                 (beside dp_replicate, dp_shard, tp, pp and ep) is compared
+                 like any other and must be equal (FSDP's fsdp family,
+                 dp_shard x cp, against torchtitan's fsdp mesh);
   etp-only       torchtitan accepts and commplan refuses only for etp
                  (parallel.etp): etp given with ep = 1, or an etp other than
                  1 with ep > 1 (torchtitan 0.3 has no etp setting at all:
@@ -484,7 +485,7 @@ def main():
           f"reading, ep multiplying the world, among them)")
     print(f"parallel_dims: {len(meshes)} meshes (worlds 1..{MAX_WORLD}: {sum(m['world'] <= 64 for m in meshes)}; "
           f"{', '.join(map(str, big))}: {sum(m['world'] > 64 for m in meshes)}): {both_accept} accepted, "
-          f"{both_refuse} refused by both, {n_expected} expected refusals (cp beside pp or a non-nesting ep: not planned; with pp {expected['pp']}, "
+          f"{both_refuse} refused by both, {n_expected} expected refusals (cp beside a non-nesting ep: the runtime's mesh; with pp {expected['pp']}, "
           f"with ep {expected['ep']}), {etp_only} etp-only refusals (torchtitan 0.3 has no etp), "
           f"{len(problems)} disagreements")
     if QUICK:
