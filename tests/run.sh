@@ -804,6 +804,13 @@ run "simulate pp_tiny_tp: 8 ranks, 2 steps, every message, TP activation and red
 run "build tests/plans/llama_tiny_cppp (pipeline: pp 2 x cp 2, 1F1B)" $MAKE PLAN=tests/plans/llama_tiny_cppp.lua OUT=build/gen/llama_tiny_cppp
 run "simulate llama_tiny_cppp: 4 ranks, 2 steps, every message, K/V exchange and reduced grad exact (both arithmetics)" bash -c "
   build/llama_tiny_cppp/llama_tiny_cppp --simulate --steps 2 && build/llama_tiny_cppp/llama_tiny_cppp --simulate --steps 2 --arith nccl"
+# CP x TP and the 4D mesh (issue 35): cp 2 x tp 2 (the live check's plan) and FSDP 2 x CP 2 x TP 2 x PP 2.
+for spec in "llama_tiny_cptp:cp 2 x tp 2, 4 ranks" "llama_tiny_4d:pp 2 x dp_shard 2 x cp 2 x tp 2, 16 ranks"; do
+  n=${spec%%:*}
+  run "build tests/plans/$n (${spec#*:})" $MAKE PLAN=tests/plans/$n.lua OUT=build/gen/$n
+  run "simulate $n: every rank, 2 steps, every collective and reduced grad exact (both arithmetics)" bash -c "
+    build/$n/$n --simulate --steps 2 --quiet && build/$n/$n --simulate --steps 2 --arith nccl --quiet"
+done
 # PP beyond llama (issue 35): qwen3 split as torchtitan splits it, and PP x
 # EP, each stage's token all-to-alls inside every microbatch's F and B.
 for spec in "qwen3_tiny:qwen3, pp 2 x dp_shard 2, 1F1B" "ep_mixtral:mixtral, pp 2 x dp_shard 2 x ep 2, 1F1B"; do
