@@ -735,6 +735,12 @@ def main():
                 if plan["world_size"] > POOL_RANKS or numel > MAX_PLAN_NUMEL:
                     print(f"  SKIP  {name}: world {plan['world_size']}, {numel} elements (too big for the live peer)")
                     continue
+                if (plan.get("parallel") or {}).get("pp", 1) > 1:
+                    # (a pipeline plan is held live by tests/pp/ and tests/titan/test_cppp_record.py, which run
+                    # torch's schedules; this peer builds dp_replicate x dp_shard (x cp) x tp meshes only)
+                    print(f"  SKIP  {name}: pp {plan['parallel']['pp']} (pipeline plans: tests/pp/, "
+                          "tests/titan/test_cppp_record.py)")
+                    continue
                 steps = a.steps
                 a.pattern = a.pattern or "oracle"
                 ok, summary, bad, _ = check_one(pool, name, binary, pj, steps, a.accumulation, a.verbose, a.pattern)

@@ -34,8 +34,8 @@ Verdicts, per mesh:
 
 The simulation sample: planned meshes built with make (the plan's C tables and runtime) and run on
 every rank with --simulate --steps 2 in the runtime's own arithmetic and with --arith nccl (NCCL's
-reduction order); the quick tier takes one per family (its largest world) plus every 4D/5D mesh of
-llama, make test-full every planned mesh. With --emu, also the emulated GPU path
+reduction order); the quick tier takes one per family (its largest world: every degree at 2), make
+test-full every planned mesh. With --emu, also the emulated GPU path
 (tests/emu_check.sh) on the sample's first mesh.
 
 torchtitan's verdicts are memoized beside the torch environment
@@ -313,15 +313,14 @@ def simulate(cid, plan_dir, log):
 
 def sample(planned):
     """The quick tier's simulation sample: per family its planned mesh of the largest world (ties:
-    the most degrees > 1), and llama's every planned mesh with four or more degrees > 1."""
-    out, by = [], {}
+    the most degrees > 1): llama's and qwen3's every dense degree at 2 (5-D, 32 ranks), the MoE
+    families' 6-D meshes with ep 2."""
+    by = {}
     for cid, fam, d in planned:
         score = (world(d), sum(d[k] > 1 for k in DEG))
         if fam not in by or score > by[fam][0]:
             by[fam] = (score, cid)
-    out = [cid for _, cid in by.values()]
-    out += [cid for cid, fam, d in planned if fam == "llama" and sum(d[k] > 1 for k in DEG) >= 4 and cid not in out]
-    return sorted(out)
+    return sorted(cid for _, cid in by.values())
 
 
 def main():
@@ -380,7 +379,7 @@ def main():
                     sim_bad.append("%s: %s" % (cid, why))
                     print("SIMULATION FAILED " + sim_bad[-1])
         if QUICK and not a.all:
-            print("quick tier: simulated %d planned meshes (each family's largest, llama's 4D/5D); "
+            print("quick tier: simulated %d planned meshes (each family's largest, every degree at 2); "
                   "make test-full simulates all %d" % (len(sims), len(planned)))
     print("matrix: %d meshes over %d families: %d planned (proofs passed; %d simulated on every rank in both "
           "arithmetics, %d failed), %d refused as torchtitan refuses, %d ep on a dense family (ignored by "

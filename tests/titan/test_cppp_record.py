@@ -46,17 +46,20 @@ import test_cp_record as C  # noqa: E402 (its recorder, stand-ins, model and pla
 E = C.E
 NAME = "CP x PP collectives and sends/receives vs commplan's tables (tests/titan/test_cppp_record.py)"
 OUT = os.path.join(E.ROOT, "build", "titan")
-# name: the degrees (mesh [pp, dp_shard, cp], pp outermost); its world is their product
-MESHES = {"pp2_cp2": {"pp": 2, "cp": 2}, "pp2_dp2_cp2": {"pp": 2, "dp_shard": 2, "cp": 2}}
+# name: the degrees (mesh [pp, dp_shard, cp, tp], pp outermost); its world is their product
+MESHES = {"pp2_cp2": {"pp": 2, "cp": 2}, "pp2_dp2_cp2": {"pp": 2, "dp_shard": 2, "cp": 2},
+          "pp2_cp2_tp2": {"pp": 2, "cp": 2, "tp": 2}, "pp2_dp2_cp2_tp2": {"pp": 2, "dp_shard": 2, "cp": 2, "tp": 2}}
 SEQ, BATCH, MB_SIZE, STEPS = C.SEQ, C.BATCH, 1, 2
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble")
 QUICK = ("1F1B", "Interleaved1F1B")  # make test's quick tier: a single-stage and a multi-stage schedule
-# (the 8-rank mesh, FSDP over dp_shard x cp = 4 ranks beside the cp pairs, in the full tier: 1F1B)
-FULL_MESHES = {"pp2_cp2": SCHEDULES, "pp2_dp2_cp2": ("1F1B",)}
+# (the full tier: the 8-rank meshes, FSDP over dp_shard x cp = 4 ranks beside the cp pairs, and CP x TP
+# inside the stages (sequence parallel); the 16-rank 4D mesh, FSDP 2 x CP 2 x TP 2 x PP 2: 1F1B)
+FULL_MESHES = {"pp2_cp2": SCHEDULES, "pp2_dp2_cp2": ("1F1B",), "pp2_cp2_tp2": ("1F1B",),
+               "pp2_dp2_cp2_tp2": ("1F1B",)}
 
 
 def world_of(par):
-    return par["pp"] * par.get("dp_shard", 1) * par.get("cp", 1)
+    return par["pp"] * par.get("dp_shard", 1) * par.get("cp", 1) * par.get("tp", 1)
 
 
 # ---- torchtitan's side (one process per rank) ----
@@ -102,7 +105,7 @@ def worker(rank, init, out_dir, par, schedules):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    world, ds, cp = world_of(par), par.get("dp_shard", 1), par["cp"]
+    world, ds, cp, tp = world_of(par), par.get("dp_shard", 1), par["cp"], par.get("tp", 1)
     dist.init_process_group("gloo", init_method="file://" + init, rank=rank, world_size=world)
     C.cpu_stand_ins()
     record_p2p()
@@ -121,6 +124,7 @@ def worker(rank, init, out_dir, par, schedules):
     res, pd = {}, None
     for schedule in schedules:
         parallelism = ParallelismConfig(data_parallel_shard_degree=ds, context_parallel_degree=cp,
+                                        tensor_parallel_degree=tp, enable_sequence_parallel=True,
                                         pipeline_parallel_degree=par["pp"], pipeline_parallel_schedule=schedule,
                                         pipeline_parallel_microbatch_size=MB_SIZE, spmd_backend="spmd_types")
         training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
@@ -149,8 +153,8 @@ def worker(rank, init, out_dir, par, schedules):
         cp_mesh = pd.get_mesh("cp")
         steps, losses_out = [], []
         for step in range(STEPS):
-            # the data shard (mesh [pp, dp_shard, cp]): a cp group's ranks read the same batch
-            g = torch.Generator().manual_seed(1000 * ((rank // cp) % ds) + step)
+            # the data shard (mesh [pp, dp_shard, cp, tp]): a cp x tp group's ranks read the same batch
+            g = torch.Generator().manual_seed(1000 * ((rank // (cp * tp)) % ds) + step)
             t = torch.randint(0, C.TITAN["vocab_size"], (BATCH, SEQ + 1), generator=g)
             arg_mbs, kwarg_mbs, target_mbs = [], [], []
             for i in range(BATCH // MB_SIZE):  # the trainer fetches each microbatch on its own
@@ -320,6 +324,8 @@ def main():
     m, s = cases[0]
     par = MESHES[m]
     nocp = {"pp": par["pp"], "dp_shard": par.get("dp_shard", 1) * par["cp"]}
+    if par.get("tp", 1) > 1:
+        nocp["tp"] = par["tp"]
     other = plan_for("cppp_nocp", nocp, s)
     n, at = C.diff(recorded(rec[m][0][s]["steps"][0]), table_step(other, 0))
     if n == 0:
