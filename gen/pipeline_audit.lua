@@ -53,7 +53,9 @@ function pipeline_audit.json_section(p, a)
     local ops = {}
     for j, o in ipairs(c.ops) do
       ops[j] = O({ "seq", o.seq, "kind", o.kind, "unit", c.layout.units[o.unit + 1].name, "micro_step", o.micro_step,
-                   "stream", o.stream, "group", o.group, "dtype", o.dtype, "count", o.count, "peer", o.peer,
+                   "stream", o.stream, "group", o.group, "dtype", o.dtype, "count", o.count,
+                   -- (loss parallelism's max; a sum or avg is the tables' default, left out as before)
+                   "reduce_op", o.reduce_op == "max" and "max" or nil, "peer", o.peer,
                    "batch", o.batch, "tag", o.tag, "waits_for", c.arena.waits[o.seq] })
     end
     ranks[i] = O({ "pp_rank", c.pp_rank, "tp_class", p.dims.tp > 1 and c.tp_class or nil, "stages", c.stages,

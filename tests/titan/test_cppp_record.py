@@ -140,7 +140,8 @@ def worker(rank, init, out_dir, par, schedules):
         cfg.update_from_config(config=Trainer.Config(model_spec=spec, parallelism=parallelism, training=training))
         with torch.device("cpu"):
             model = cfg.build()
-        loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
+        # (the vocabulary, which loss parallelism's vocab shards need under TP, as test_cp_record.py gives it)
+        loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config(global_vocab_size=C.TITAN["vocab_size"]))
         sched, parts, has_first, has_last = spec.pipelining_fn(
             model, parallel_dims=pd, training=training, parallelism=parallelism, compile_config=CompileConfig(),
             ac_config=None, dump_folder=os.path.join(OUT, "dump"), device=torch.device("cpu"), model_config=cfg,
@@ -244,7 +245,7 @@ def table_step(plan, rank):
     """One step of global rank `rank` from plan.json: its pipeline rank's ops (pp outermost: the pp
     group's index of rank), collectives as (kind, count, dtype, reduce op, group ranks), sends and
     receives as (send|recv, peer global rank, count, dtype). (A pipeline rank's op list in plan.json
-    carries no reduce_op: gen/emit.lua's default, sum, as the C tables take it.)"""
+    carries a reduce_op only where it is not the default, sum: loss parallelism's max.)"""
     pp_ranks = C.group_ranks(plan, "pp", rank)
     ops = plan["pipeline"]["ranks"][pp_ranks.index(rank)]["ops"]
     out = []
