@@ -3,7 +3,8 @@
 
 torchtitan's own path on CPU ranks over gloo, ParallelDims' mesh [pp 2, cp 2] (world 4) and, in the
 full tier, [pp 2, dp_shard 2, cp 2] (world 8: FSDP over dp_shard x cp, 4 ranks, beside the cp pairs),
-pp outermost: its llama3 (tests/titan/test_cp_record.py's tiny model and CPU stand-ins), split and
+[pp 2, cp 2, tp 2] (world 8: CP x TP inside the stages, sequence parallel, loss parallel on the last)
+and the 4D mesh [pp 2, dp_shard 2, cp 2, tp 2] (world 16), pp outermost: its llama3 (tests/titan/test_cp_record.py's tiny model and CPU stand-ins), split and
 parallelized by the
 model's pipelining_fn, pipeline_llm (distributed/pipeline_parallel.py:65: _pipeline_module_split into
 stages with torchtitan's own split, parallelize_llama on every stage's module, so FSDP over
