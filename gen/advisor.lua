@@ -282,11 +282,11 @@ function advisor.pipeline(loaded, res)
   for _, t in ipairs(tps) do
     for _, pp in ipairs({ 2, 4, 8, 16 }) do
       local dp = world // (t * pp * cp)
-      local extra = (cp > 1 and string.format(" x cp=%d", cp) or "") .. (ep and string.format(" (ep %d)", ep) or "")
-      local mesh = string.format("pp=%d x dp_shard=%d%s x tp=%d", pp, dp, cp > 1 and string.format(" x cp=%d", cp)
-        or "", t) .. (ep and string.format(" (ep %d)", ep) or "")
+      local cp_text = cp > 1 and string.format(" x cp=%d", cp) or ""
+      local ep_text = ep and string.format(" (ep %d)", ep) or ""
+      local mesh = string.format("pp=%d x dp_shard=%d%s x tp=%d%s", pp, dp, cp_text, t, ep_text)
       if world % (t * pp * cp) ~= 0 or dp < 1 then
-        mesh = string.format("pp=%d x tp=%d%s", pp, t, extra)
+        mesh = string.format("pp=%d x tp=%d%s%s", pp, t, cp_text, ep_text)
         refused[#refused + 1] = { mesh = mesh, why = string.format("pp x tp x cp = %d does not divide the world of %d",
           pp * t * cp, world) }
       elseif global % dp ~= 0 then
@@ -386,7 +386,8 @@ local function human(b) return require("gen.audit").human(b) end
 local function us_text(us) return require("gen.audit").us_text(us) end
 
 local FAMILY_TEXT = { fsdp = "FSDP all-gather/reduce-scatter", dp_replicate = "HSDP all-reduce",
-                      tp = "TP activation collectives", cp = "CP K/V collectives" }
+                      tp = "TP activation collectives", cp = "CP K/V collectives", ep = "EP token all-to-alls",
+                      efsdp = "the experts' FSDP all-gather/reduce-scatter" }
 
 -- A mesh's figures as a phrase: compute + exposed communication (+ other
 -- waits), every time as the table prints it.
@@ -411,7 +412,7 @@ local function explain(top, res, out)
       top.mesh, top.ac, n_fit, t(top.step_us), parts_text(top), t(top.comm_us), human(top.memory.total_bytes),
       human(top.memory.gpu_bytes))
     local parts = {}
-    for _, k in ipairs({ "fsdp", "dp_replicate", "tp", "cp" }) do
+    for _, k in ipairs({ "fsdp", "efsdp", "dp_replicate", "tp", "cp", "ep" }) do
       if top.family_us[k] then parts[#parts + 1] = string.format("%s %s", FAMILY_TEXT[k], t(top.family_us[k])) end
     end
     w("- Its communication per step, in the step: %s; the shard group spans %d node(s)%s.", table.concat(parts, ", "),
@@ -422,9 +423,9 @@ local function explain(top, res, out)
   -- (the pipeline table below), so the headline is not read as "drop pp".
   for i, x in ipairs(res.pipeline and res.pipeline.results or {}) do
     if x.plan_mesh then
-      w("- The plan's own mesh pipelines (pp %d x dp_shard %d x tp %d): #%d of the pipeline meshes below, %s with "
+      w("- The plan's own mesh pipelines (%s): #%d of the pipeline meshes below, %s with "
         .. "its fastest schedule there (%s, %d microbatches), by the pipeline's timed run of each rank's actions "
-        .. "(not this table's timeline: compare with care).", x.pp, x.dp, x.t, i,
+        .. "(not this table's timeline: compare with care).", x.mesh, i,
         require("gen.pipeline").human_us(x.row.sim.step_us), x.row.name, x.n)
       break
     end
@@ -445,7 +446,7 @@ local function explain(top, res, out)
       local dm = second.memory.total_bytes - top.memory.total_bytes
       w("- Runner-up %s (%s checkpointing) predicts %s too, a tie as printed: %s.", second.mesh, second.ac,
         t(second.step_us), dm > 0 and string.format("the top choice needs %s less memory per rank", human(dm))
-          or "the same memory per rank, the top choice has the smaller tp, then dp_replicate")
+          or "the same memory per rank, the top choice has the smaller tp, cp, ep, then dp_replicate")
     else
       w("- Runner-up %s (%s checkpointing) predicts %s: the top choice is %s faster%s.", second.mesh, second.ac,
         t(second.step_us), t(second.step_us - top.step_us),

@@ -143,8 +143,16 @@ local function moe_unit_acts(p, s, u, e)
   local rows, ep = routed_rows(p, cfg, T // tp)
   local b = moe_acts.block(cfg, tonumber(i), e, T, rows * (ep > 1 and 1 or tp), ep, ac)
   if u.expert then return b.routed, 0 end
+  -- Context parallel: flex attention keeps the all-gathered K and V, cp x T
+  -- tokens each (qwen3.block_acts' term; the widths per token are CP's own,
+  -- gen/parallel/cp.lua's FAMILIES: GQA's kv heads, MLA's K and V)
+  local gathered = 0
+  if (s.cp or 1) > 1 and ac ~= "full" then
+    local kw, vw = require("gen.parallel.cp").FAMILIES[p.model.family].widths(cfg, 1)
+    gathered = e * T * (kw + vw) * (s.cp - 1)
+  end
   -- (ep = 1: one unit holds the block and its experts)
-  return (b.saved + (ep > 1 and 0 or b.routed)) / tp, b.transient / tp
+  return (b.saved + gathered + (ep > 1 and 0 or b.routed)) / tp, b.transient / tp
 end
 
 -- The units activation checkpointing wraps, one rule for the recompute's

@@ -329,7 +329,7 @@ int cp_checker_init(cp_checker *c, const cp_plan *p, cp_pattern pattern, int ran
     c->order = malloc(nc * (size_t)M * sizeof(int));
     c->pos = malloc(nc * (size_t)M * sizeof(int));
     c->pack_pos = malloc(nc * (size_t)M * sizeof(int));
-    c->acc = malloc((size_t)W * (size_t)R * sizeof(float));
+    c->acc = malloc((size_t)We_max * (size_t)R * sizeof(float)); /* (expect_element: an experts unit's efsdp x R) */
     /* Blocks of CP_BLOCK floats: 4 of scratch, then expect_block's (every member's grads, a shard group's packed
      * values, the replicas' reduce-scatter values and partial sums, 3 more). */
     c->work_floats = ((size_t)We_max * (size_t)R + (size_t)We_max + 2 * (size_t)R + 7) * CP_BLOCK;

@@ -19,8 +19,9 @@
 --                 checks each op's group is declared by a used module)
 --   used(d)       whether a plan with degrees d uses it (omitted: never)
 --   check_dims(ctx, d)
---                 its refusals from the degrees alone (a combination it
---                 does not plan: cp beside tp or ep), run by
+--                 its refusals from the degrees alone (a combination the
+--                 runtime's mesh cannot hold: an ep cutting cp groups
+--                 without nesting), run by
 --                 check_supported below for every plan, before the mesh
 --   rules(ctx, d, p)
 --                 its checks of the plan's settings against the degrees

@@ -579,7 +579,7 @@ function T.advisor_on_a_pipeline_plan()
   local text = advisor.report(src, "tests/pp/plans/pp_tiny.lua", {})
   assert(text:find("(the plan's mesh) |", 1, true), text)
   -- the headline's top choice (no pipeline) says where the plan's own mesh ranks
-  assert(text:find("- The plan's own mesh pipelines (pp 2 x dp_shard 2 x tp 1): #", 1, true), text)
+  assert(text:find("- The plan's own mesh pipelines (pp=2 x dp_shard=2 x tp=1): #", 1, true), text)
 end
 
 -- The advisor keeps the plan's global batch (local batch x data-parallel
