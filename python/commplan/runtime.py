@@ -899,6 +899,16 @@ class CommplanFSDP:
         aborts instead of hanging after timeout_s)."""
         self.lib.synchronize(timeout_s)
 
+    def state_dict(self, mesh=None):
+        """fully_shard's sharded state dict (DTensors, the model's FQNs): commplan.checkpoint."""
+        from .checkpoint import state_dict
+        return state_dict(self, mesh)
+
+    def load_state_dict(self, sd, strict=True, mesh=None):
+        """Loads fully_shard's form (or full tensors) into the plan's shards: commplan.checkpoint."""
+        from .checkpoint import load_state_dict
+        return load_state_dict(self, sd, strict, mesh)
+
     def close(self):
         for h in self._handles:
             h.remove()
