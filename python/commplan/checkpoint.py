@@ -24,7 +24,8 @@ wraps each per-element state (exp_avg, exp_avg_sq: the parameter's local shape) 
 parameter's DTensor and leaves scalars (step) plain, as fully_shard's DTensor parameters make
 them; load_optim_state_dict unwraps and calls set_optimizer_state_dict.
 
-Call these between steps (every unit resharded), on every rank (the mesh is made once, a
+The model's DTensors view the plan's storage: they follow training, and close() frees them
+(clone what must outlive the bridge). Call these between steps (every unit resharded), on every rank (the mesh is made once, a
 collective, unless passed as mesh=).
 """
 

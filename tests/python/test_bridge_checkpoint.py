@@ -13,6 +13,9 @@ an empty one on rank 3, a root owning a parameter); AdamW; K steps, save, K more
                    and trains K more, bit-identical to the bridge continuing
     resharded      fully_shard's FSDP 4 checkpoint into the bridge on HSDP 2x2 (plan dp_replicate 2
                    x dp_shard 2), bit-identical to fully_shard on HSDP 2x2 loading the same one
+    form           one step each: the bridge's state_dict() and optim_state_dict() are what
+                   get_state_dict gives on fully_shard (keys, DTensor placements, global shape and
+                   stride, local tensors), FSDP 4 and HSDP 2x2
     no_optim       the control: fs_to_bridge with the model loaded but not the optimizer state
                    (dcp.load given the model's template alone) must differ (the comparison can fail, and the optimizer state is what it holds)
 
@@ -216,6 +219,52 @@ def worker(tmp):
         finally:
             f.close()
 
+    def form():
+        """One step each from the same model: the bridge's model and optimizer state dicts are
+        fully_shard's (get_state_dict): keys, DTensor or not, placements, global shape and stride,
+        local tensors, on FSDP 4 and HSDP 2x2."""
+        from commplan.checkpoint import optim_state_dict
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        bad, n = [], 0
+        for plan, mesh in (("ck_fsdp", fsdp_mesh), ("ck_hsdp", hsdp_mesh)):
+            x = fully_sharded(mesh)
+            opt_x = make_opt(x)
+            train(x, opt_x, rank, range(1), {})
+            want = get_state_dict(x, opt_x)
+            y = bd.make_model("fp32")
+            f = bridge(plan, y)
+            try:
+                opt_y = make_opt(y)
+                train(y, opt_y, rank, range(1), {})
+                got = (f.state_dict(), optim_state_dict(f, opt_y))
+                # the model's DTensors view the plan's storage, which close() frees: copy them first
+                got = ({k: v.clone() for k, v in got[0].items()}, got[1])
+            finally:
+                f.close()
+            flat = [(plan + " model " + k, want[0][k], got[0].get(k)) for k in want[0]] + \
+                [(plan + " optim %s.%s" % (k, sk), v, got[1]["state"].get(k, {}).get(sk))
+                 for k, st in want[1]["state"].items() for sk, v in st.items()]
+            if set(want[0]) != set(got[0]) or set(want[1]["state"]) != set(got[1]["state"]):
+                bad.append("%s: keys %s vs %s" % (plan, sorted(want[0]), sorted(got[0])))
+            if [g["params"] for g in want[1]["param_groups"]] != [g["params"] for g in got[1]["param_groups"]]:
+                bad.append("%s: optimizer param_groups' FQNs differ" % plan)
+            for key, a_, b_ in flat:
+                n += 1
+                da, db = hasattr(a_, "placements"), hasattr(b_, "placements")
+                if b_ is None or da != db:
+                    bad.append("%s: %s vs %s" % (key, type(a_).__name__, type(b_).__name__))
+                elif da and (tuple(a_.placements) != tuple(b_.placements) or a_.shape != b_.shape
+                             or a_.stride() != b_.stride() or tuple(a_.device_mesh.shape) != tuple(b_.device_mesh.shape)
+                             or not torch.equal(a_.to_local(), b_.to_local())):
+                    bad.append("%s: %s %s stride %s mesh %s vs %s %s stride %s mesh %s%s" % (
+                        key, a_.placements, tuple(a_.shape), a_.stride(), tuple(a_.device_mesh.shape), b_.placements,
+                        tuple(b_.shape), b_.stride(), tuple(b_.device_mesh.shape),
+                        "" if torch.equal(a_.to_local(), b_.to_local()) else ", local tensors differ"))
+                elif not da and not torch.equal(torch.as_tensor(a_), torch.as_tensor(b_)):
+                    bad.append("%s differs" % key)
+        return bad, n
+
+    case("form", form)
     case("fs_to_bridge", fs_to_bridge)
     case("bridge_to_fs", bridge_to_fs)
     case("resharded", resharded)
@@ -225,12 +274,14 @@ def worker(tmp):
     dist.destroy_process_group()
     if rank != 0:
         return 0
-    what = {"fs_to_bridge": "fully_shard (FSDP 4) -> DCP -> bridge (FSDP 4)",
+    what = {"form": "the bridge's state_dict() and optim_state_dict() against get_state_dict on fully_shard",
+            "fs_to_bridge": "fully_shard (FSDP 4) -> DCP -> bridge (FSDP 4)",
             "bridge_to_fs": "bridge (FSDP 4) -> DCP -> fully_shard (FSDP 4)",
             "resharded": "fully_shard (FSDP 4) -> DCP -> bridge (HSDP 2x2), vs fully_shard HSDP 2x2 loading it",
             "no_optim": "control: the model loaded without the optimizer state"}
     failed = 0
-    for name in ("fs_to_bridge", "bridge_to_fs", "resharded", "no_optim"):
+    names = ("form", "fs_to_bridge", "bridge_to_fs", "resharded", "no_optim")
+    for name in names:
         nbad = sum(len(out[r][name][0]) for r in range(WORLD))
         n = sum(out[r][name][1] for r in range(WORLD))
         if name == "no_optim":
@@ -240,13 +291,15 @@ def worker(tmp):
         else:
             ok = nbad == 0
             print("%s %s: %s" % ("ok  " if ok else "FAIL", what[name],
+                                 "FSDP 4 and HSDP 2x2: keys, placements, shapes, strides and local tensors "
+                                 "equal (%d entries x ranks)" % n if ok and name == "form" else
                                  "%d steps continued, losses, sharded grads and parameters bit-identical "
                                  "(%d tensors x ranks)" % (K, n) if ok else "%d differences" % nbad))
             for r in range(WORLD):
                 for x in out[r][name][0][:3]:
                     print("  rank %d: %s" % (r, x))
         failed += not ok
-    print("bridge_checkpoint_ranks: %d passed, %d failed" % (4 - failed, failed))
+    print("bridge_checkpoint_ranks: %d passed, %d failed" % (len(names) - failed, failed))
     return 0 if failed == 0 else 1
 
 
