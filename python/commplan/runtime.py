@@ -35,6 +35,10 @@ is checked against the order derived from plan.json's ops, and a model that runs
 another order (a unit called twice, activation-checkpoint recompute, forward under no_grad) is
 refused with one line instead of racing.
 
+state_dict() / load_state_dict() are fully_shard's sharded (DTensor) state dict, for
+torch.distributed.checkpoint both ways with fully_shard (commplan.checkpoint; the optimizer's
+too).
+
 Needs torch with CUDA and a plan built where nvcc was found (make PLAN=...). Tensor parallel
 plans (tp > 1) are refused.
 """
