@@ -327,7 +327,7 @@ torch_lane() {
   fi
   # Checkpoints (issue 36, item 3): the bridge's state_dict / load_state_dict
   # in fully_shard's DTensor form, DCP saves from fully_shard loaded into the
-  # bridge and the reverse (FSDP 4, and FSDP 4 -> HSDP 2x2), training continued
+  # bridge and the reverse (FSDP 4; FSDP 4 -> HSDP 2x2 and -> Shard(1)), training continued
   # bit for bit (tests/python/test_bridge_checkpoint.py; 77: SKIP; ~20 s).
   ck_what="checkpoints: the bridge's state dicts in fully_shard's DTensor form, DCP round trips both ways and resharded, training continued bit-identically, on gloo, 4 ranks under torchrun (tests/python/test_bridge_checkpoint.py)"
   if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then

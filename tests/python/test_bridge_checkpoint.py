@@ -13,9 +13,12 @@ an empty one on rank 3, a root owning a parameter); AdamW; K steps, save, K more
                    and trains K more, bit-identical to the bridge continuing
     resharded      fully_shard's FSDP 4 checkpoint into the bridge on HSDP 2x2 (plan dp_replicate 2
                    x dp_shard 2), bit-identical to fully_shard on HSDP 2x2 loading the same one
+    dim1           the same checkpoint into the bridge with inp.weight sharded on dim 1 (plan
+                   shard_dim; fully_shard's shard_placement_fn Shard(1)), against fully_shard so
+                   sharded loading it
     form           one step each: the bridge's state_dict() and optim_state_dict() are what
                    get_state_dict gives on fully_shard (keys, DTensor placements, global shape and
-                   stride, local tensors), FSDP 4 and HSDP 2x2
+                   stride, local tensors), FSDP 4, HSDP 2x2 and FSDP 4 with inp.weight on Shard(1)
     no_optim       the control: fs_to_bridge with the model loaded but not the optimizer state
                    (dcp.load given the model's template alone) must differ (the comparison can fail, and the optimizer state is what it holds)
 
@@ -39,7 +42,10 @@ import test_bridge_dtypes as bd  # noqa: E402  (the model, its units and batches
 WORLD = 4
 K = 2
 BUILD = os.path.join("build", "bridge_ckpt")
-PLANS = {"ck_fsdp": {"dp_shard": 4}, "ck_hsdp": {"dp_replicate": 2, "dp_shard": 2}}
+PLANS = {"ck_fsdp": {"dp_shard": 4}, "ck_hsdp": {"dp_replicate": 2, "dp_shard": 2}, "ck_dim1": {"dp_shard": 4}}
+# ck_dim1 shards inp.weight (13, 12) on dim 1 (FSDP2's shard_placement_fn Shard(1); 3 columns a
+# rank: fully_shard refuses uneven shards on dim > 0, _fsdp_param.py _init_sharded_param)
+SHARD_DIM = {"ck_dim1": {"inp.weight": 1}}
 
 
 def skip(why):
@@ -84,12 +90,15 @@ def perturbed():
     return m
 
 
-def fully_sharded(mesh, model=None):
+def fully_sharded(mesh, model=None, plan=None):
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
     m = model if model is not None else bd.make_model("fp32")
+    dims = {id(p): d for n, p in m.named_parameters() for k, d in SHARD_DIM.get(plan, {}).items() if n == k}
+    fn = (lambda p: Shard(dims[id(p)]) if id(p) in dims else None) if dims else None
     for u in bd.units_of(m):
-        fully_shard(u, mesh=mesh)
-    fully_shard(m, mesh=mesh)
+        fully_shard(u, mesh=mesh, shard_placement_fn=fn)
+    fully_shard(m, mesh=mesh, shard_placement_fn=fn)
     return m
 
 
@@ -98,7 +107,7 @@ def bridge(plan, model):
     from commplan.runtime import CommplanFSDP, HostLibrary
     pj = load_plan_json(find_plan_json(plan, REPO))
     lib = HostLibrary(os.path.join(REPO, "build", plan, "lib%s.so" % plan), plan, plan_json=pj)
-    return CommplanFSDP(plan, model, bd.units_of(model), root=REPO, library=lib)
+    return CommplanFSDP(plan, model, bd.units_of(model), root=REPO, library=lib, shard_dim=SHARD_DIM.get(plan))
 
 
 def fs_save(m, opt, path):
@@ -205,13 +214,13 @@ def worker(tmp):
         bad2, n2 = compare(ref, train(d, opt_d, rank, then, {}))
         return bad + bad2, n + n2
 
-    def resharded():
-        e = fully_sharded(hsdp_mesh, perturbed())
+    def resharded(plan, mesh):
+        e = fully_sharded(mesh, perturbed(), plan)
         opt_e = make_opt(e)
         fs_load(e, opt_e, ck_fs)
         ref = train(e, opt_e, rank, then, {})
         g = perturbed()
-        f = bridge("ck_hsdp", g)
+        f = bridge(plan, g)
         try:
             opt = make_opt(g)
             bridge_load(f, opt, ck_fs)
@@ -226,8 +235,8 @@ def worker(tmp):
         from commplan.checkpoint import optim_state_dict
         from torch.distributed.checkpoint.state_dict import get_state_dict
         bad, n = [], 0
-        for plan, mesh in (("ck_fsdp", fsdp_mesh), ("ck_hsdp", hsdp_mesh)):
-            x = fully_sharded(mesh)
+        for plan, mesh in (("ck_fsdp", fsdp_mesh), ("ck_hsdp", hsdp_mesh), ("ck_dim1", fsdp_mesh)):
+            x = fully_sharded(mesh, plan=plan)
             opt_x = make_opt(x)
             train(x, opt_x, rank, range(1), {})
             want = get_state_dict(x, opt_x)
@@ -267,7 +276,8 @@ def worker(tmp):
     case("form", form)
     case("fs_to_bridge", fs_to_bridge)
     case("bridge_to_fs", bridge_to_fs)
-    case("resharded", resharded)
+    case("resharded", lambda: resharded("ck_hsdp", hsdp_mesh))
+    case("dim1", lambda: resharded("ck_dim1", fsdp_mesh))
     case("no_optim", lambda: fs_to_bridge(optim=False))
     out = [None] * WORLD
     dist.all_gather_object(out, results)
@@ -278,9 +288,11 @@ def worker(tmp):
             "fs_to_bridge": "fully_shard (FSDP 4) -> DCP -> bridge (FSDP 4)",
             "bridge_to_fs": "bridge (FSDP 4) -> DCP -> fully_shard (FSDP 4)",
             "resharded": "fully_shard (FSDP 4) -> DCP -> bridge (HSDP 2x2), vs fully_shard HSDP 2x2 loading it",
+            "dim1": "fully_shard (FSDP 4) -> DCP -> bridge (FSDP 4, inp.weight on Shard(1)), vs fully_shard so "
+                    "sharded loading it",
             "no_optim": "control: the model loaded without the optimizer state"}
     failed = 0
-    names = ("form", "fs_to_bridge", "bridge_to_fs", "resharded", "no_optim")
+    names = ("form", "fs_to_bridge", "bridge_to_fs", "resharded", "dim1", "no_optim")
     for name in names:
         nbad = sum(len(out[r][name][0]) for r in range(WORLD))
         n = sum(out[r][name][1] for r in range(WORLD))
@@ -291,7 +303,7 @@ def worker(tmp):
         else:
             ok = nbad == 0
             print("%s %s: %s" % ("ok  " if ok else "FAIL", what[name],
-                                 "FSDP 4 and HSDP 2x2: keys, placements, shapes, strides and local tensors "
+                                 "FSDP 4, HSDP 2x2, FSDP 4 with a Shard(1): keys, placements, shapes, strides and local tensors "
                                  "equal (%d entries x ranks)" % n if ok and name == "form" else
                                  "%d steps continued, losses, sharded grads and parameters bit-identical "
                                  "(%d tensors x ranks)" % (K, n) if ok else "%d differences" % nbad))
@@ -325,7 +337,7 @@ def main():
         m = bd.make_model("fp32")
         path = os.path.join(REPO, BUILD, name + ".lua")
         commplan.plan_from_module(m, bd.units_of(m), name, world_size=WORLD, parallel=dict(par),
-                                  fsdp={"micro_steps": 1}, out=path)
+                                  fsdp={"micro_steps": 1}, shard_dim=SHARD_DIM.get(name), out=path)
         r = subprocess.run(["make", "--no-print-directory", "-s", "PLAN=%s/%s.lua" % (BUILD, name)], cwd=REPO,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
         if r.returncode != 0:
@@ -336,7 +348,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="bridge-ckpt-") as tmp:
         r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(WORLD), os.path.abspath(__file__),
                             "--worker", tmp], cwd=REPO, env=env, timeout=900)
-    print("bridge_checkpoint: DCP round trips fully_shard <-> bridge (same mesh both ways, FSDP 4 -> HSDP 2x2) %s"
+    print("bridge_checkpoint: DCP round trips fully_shard <-> bridge (same mesh both ways, FSDP 4 -> HSDP 2x2, Shard(0) -> Shard(1)) %s"
           % ("passed" if r.returncode == 0 else "FAILED"))
     sys.exit(0 if r.returncode == 0 else 1)
 
