@@ -18,7 +18,8 @@ an empty one on rank 3, a root owning a parameter); AdamW; K steps, save, K more
                    sharded loading it
     form           one step each: the bridge's state_dict() and optim_state_dict() are what
                    get_state_dict gives on fully_shard (keys, DTensor placements, global shape and
-                   stride, local tensors), FSDP 4, HSDP 2x2 and FSDP 4 with inp.weight on Shard(1)
+                   stride, local tensors), FSDP 4, HSDP 2x2 and FSDP 4 with inp.weight on Shard(1);
+                   a mesh of another shape refused in one line
     no_optim       the control: fs_to_bridge with the model loaded but not the optimizer state
                    (dcp.load given the model's template alone) must differ (the comparison can fail, and the optimizer state is what it holds)
 
@@ -232,7 +233,8 @@ def worker(tmp):
         """One step each from the same model: the bridge's model and optimizer state dicts are
         fully_shard's (get_state_dict): keys, DTensor or not, placements, global shape and stride,
         local tensors, on FSDP 4 and HSDP 2x2."""
-        from commplan.checkpoint import optim_state_dict
+        from commplan import PlanError
+        from commplan.checkpoint import dp_mesh, optim_state_dict
         from torch.distributed.checkpoint.state_dict import get_state_dict
         bad, n = [], 0
         for plan, mesh in (("ck_fsdp", fsdp_mesh), ("ck_hsdp", hsdp_mesh), ("ck_dim1", fsdp_mesh)):
@@ -245,6 +247,12 @@ def worker(tmp):
             try:
                 opt_y = make_opt(y)
                 train(y, opt_y, rank, range(1), {})
+                try:  # the other mesh: refused in one line naming the plan
+                    dp_mesh(f, hsdp_mesh if mesh is fsdp_mesh else fsdp_mesh)
+                    bad.append("%s: a state dict on the wrong mesh was made" % plan)
+                except PlanError as e:
+                    if "\n" in str(e) or plan not in str(e):
+                        bad.append("%s: the wrong mesh refused with %r" % (plan, str(e)))
                 got = (f.state_dict(), optim_state_dict(f, opt_y))
                 # the model's DTensors view the plan's storage, which close() frees: copy them first
                 got = ({k: v.clone() for k, v in got[0].items()}, got[1])
