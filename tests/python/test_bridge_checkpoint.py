@@ -32,6 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -346,8 +347,16 @@ def main():
         path = os.path.join(REPO, BUILD, name + ".lua")
         commplan.plan_from_module(m, bd.units_of(m), name, world_size=WORLD, parallel=dict(par),
                                   fsdp={"micro_steps": 1}, shard_dim=SHARD_DIM.get(name), out=path)
-        r = subprocess.run(["make", "--no-print-directory", "-s", "PLAN=%s/%s.lua" % (BUILD, name)], cwd=REPO,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+
+    def build(name):
+        return name, subprocess.run(["make", "--no-print-directory", "-s", "PLAN=%s/%s.lua" % (BUILD, name)],
+                                    cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    universal_newlines=True)
+    names = list(PLANS)
+    built = [build(names[0])]  # the first alone (it may build the shared runtime objects), then two at a time
+    with ThreadPoolExecutor(2) as ex:
+        built += list(ex.map(build, names[1:]))
+    for name, r in built:
         if r.returncode != 0:
             print(r.stdout)
             sys.exit("test_bridge_checkpoint: make PLAN=%s/%s.lua failed" % (BUILD, name))
