@@ -106,7 +106,8 @@ live_py=$(printf '%s\n' "$live_out" | tail -n 1)
 # Everything it shares with the foreground is built before it starts
 # (the prebuild below): the runtime objects and fsdp4 / hsdp2x2, which torchrun
 # launches; its own builds go to build/live/, build/titan/, build/tp_record/
-# and build/train_cpu*, build/bridge_dtypes/ and build/bd_*.
+# and build/train_cpu*, build/bridge_dtypes/ and build/bd_*, build/bridge_ckpt/
+# and build/ck_*.
 torch_lane() {
   # ---- live FSDP2 peer (issue 16, items 1 and 2) ----
   # PyTorch's fully_shard on gloo, one process per rank, against the binary's
@@ -323,6 +324,22 @@ torch_lane() {
     esac
   else
     skipped "$bd_what" "no torch environment with torchrun (make torch-env)"
+  fi
+  # Checkpoints (issue 36, item 3): the bridge's state_dict / load_state_dict
+  # in fully_shard's DTensor form, DCP saves from fully_shard loaded into the
+  # bridge and the reverse (FSDP 4; FSDP 4 -> HSDP 2x2 and -> Shard(1)), training continued
+  # bit for bit (tests/python/test_bridge_checkpoint.py; 77: SKIP; ~20 s).
+  ck_what="checkpoints: the bridge's state dicts in fully_shard's DTensor form, DCP round trips both ways and resharded, training continued bit-identically, on gloo, 4 ranks under torchrun (tests/python/test_bridge_checkpoint.py)"
+  if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
+    ck_f=$(logname "$ck_what"); t0=$SECONDS
+    timeout 900 "$live_py" tests/python/test_bridge_checkpoint.py "$(dirname "$live_py")/torchrun" >"$ck_f" 2>&1
+    case $? in
+      0) ok "$ck_what" $((SECONDS - t0)); grep -ah "^bridge_checkpoint: \|^ok " "$ck_f" | sed "s/^/        /" ;;
+      77) skipped "$ck_what" "$(sed -n 's/^SKIP bridge_checkpoint: //p' "$ck_f" | head -n 1)" ;;
+      *) bad "$ck_what" "$ck_f" ;;
+    esac
+  else
+    skipped "$ck_what" "no torch environment with torchrun (make torch-env)"
   fi
 
   section "Python package with PyTorch: runtime hooks, torchtitan's TP live (tests/python/test_runtime_host.py, tests/tp_record.py)"

@@ -35,6 +35,10 @@ is checked against the order derived from plan.json's ops, and a model that runs
 another order (a unit called twice, activation-checkpoint recompute, forward under no_grad) is
 refused with one line instead of racing.
 
+state_dict() / load_state_dict() are fully_shard's sharded (DTensor) state dict, for
+torch.distributed.checkpoint both ways with fully_shard (commplan.checkpoint; the optimizer's
+too).
+
 Needs torch with CUDA and a plan built where nvcc was found (make PLAN=...). Tensor parallel
 plans (tp > 1) are refused.
 """
@@ -898,6 +902,16 @@ class CommplanFSDP:
         """Waits for this rank's communication on the current stream (polling NCCL for errors;
         aborts instead of hanging after timeout_s)."""
         self.lib.synchronize(timeout_s)
+
+    def state_dict(self, mesh=None):
+        """fully_shard's sharded state dict (DTensors, the model's FQNs): commplan.checkpoint."""
+        from .checkpoint import state_dict
+        return state_dict(self, mesh)
+
+    def load_state_dict(self, sd, strict=True, mesh=None):
+        """Loads fully_shard's form (or full tensors) into the plan's shards: commplan.checkpoint."""
+        from .checkpoint import load_state_dict
+        return load_state_dict(self, sd, strict, mesh)
 
     def close(self):
         for h in self._handles:
