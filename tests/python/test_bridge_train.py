@@ -15,6 +15,10 @@ dp_shard 2), bit for bit:
 * an evaluation forward under torch.no_grad() before every step and under
   torch.inference_mode() after the last: outputs equal to fully_shard's, the following
   training step still bit-identical (losses, clipped gradients, parameters after AdamW);
+* a torch clip mixing the bridge's gradients with another tensor's is refused in one line, and
+  torch's clip of plain tensors stays torch's own while the bridge is open;
+* the shard group the GPU library's path makes from plan.json's mesh has the host library's
+  members (cp_hostlib_group_member);
 * the order check still refuses an order the plan does not cover after an evaluation forward
   (a second training forward before backward);
 * the plan's root: a plan found nowhere is refused with one line naming root= and every path
@@ -147,6 +151,7 @@ def run_case(mesh_kind, rank, steps):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    import commplan
     import commplan.training as training
     from commplan.match import find_plan_json, load_plan_json
     from commplan.runtime import CommplanFSDP, HostLibrary, PlanOrderError
@@ -190,6 +195,28 @@ def run_case(mesh_kind, rank, steps):
         inf_a = torch.stack([p.detach().full_tensor().abs().max() for p in a.parameters()]).max()
         if not torch.equal(inf_a, inf_b):
             bad.append("inf norm of the parameters: fully_shard %r, bridge %r" % (inf_a.item(), inf_b.item()))
+        # a clip mixing the bridge's gradients with others is refused in one line (their norm
+        # would be reduced as if sharded); torch's clip on other tensors stays torch's own
+        x, y = batch(rank, 0, 0)
+        torch.nn.functional.mse_loss(b(x), y).backward()
+        extra = torch.nn.Parameter(torch.ones(3))
+        extra.grad = torch.ones(3)
+        try:
+            torch.nn.utils.clip_grad_norm_(list(b.parameters()) + [extra], 1.0)
+            bad.append("a clip mixing the bridge's gradients with another was accepted")
+        except commplan.PlanError as e:
+            if "\n" in str(e) or pn not in str(e):
+                bad.append("the mixed clip's refusal: %r" % str(e))
+        if not torch.equal(torch.nn.utils.clip_grad_norm_([extra], 1.0), torch.tensor(3.0).sqrt()):
+            bad.append("torch's clip on a plain tensor changed while the bridge is open")
+        for q in b.parameters():
+            q.grad = None
+        # the GPU library's groups (made from plan.json's mesh) are the host library's members
+        fam = training._shard_family(pj)
+        mine = [g for g in training._members_by_mesh(pj, fam) if lib.rank in g]
+        color = [c for (fi, c) in lib._groups if fi == fam["id"]][0]
+        if mine != [sorted(lib.group_members(fam["id"], color))]:
+            bad.append("group from the mesh %s, the host library's %s" % (mine, lib.group_members(fam["id"], color)))
         # the order check still refuses what the plan does not cover, after evaluation
         try:
             x, _ = batch(rank, 0, 0)
