@@ -107,7 +107,7 @@ live_py=$(printf '%s\n' "$live_out" | tail -n 1)
 # (the prebuild below): the runtime objects and fsdp4 / hsdp2x2, which torchrun
 # launches; its own builds go to build/live/, build/titan/, build/tp_record/
 # and build/train_cpu*, build/bridge_dtypes/ and build/bd_*, build/bridge_ckpt/
-# and build/ck_*.
+# and build/ck_*, build/bridge_train/ and build/bt_*.
 torch_lane() {
   # ---- live FSDP2 peer (issue 16, items 1 and 2) ----
   # PyTorch's fully_shard on gloo, one process per rank, against the binary's
@@ -340,6 +340,22 @@ torch_lane() {
     esac
   else
     skipped "$ck_what" "no torch environment with torchrun (make torch-env)"
+  fi
+  # The bridge's clipping by the global norm, eval forwards under no_grad /
+  # inference_mode and the plan's root= error (issue 36): FSDP and HSDP
+  # against fully_shard + torch.nn.utils.clip_grad_norm_ on gloo bit for bit
+  # (tests/python/test_bridge_train.py; 77: SKIP; ~20 s, the same in both tiers).
+  bt_what="the bridge's clipping by the global norm and eval forwards vs fully_shard, and its root= error, on gloo, 4 ranks under torchrun (tests/python/test_bridge_train.py)"
+  if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
+    bt_f=$(logname "$bt_what"); t0=$SECONDS
+    timeout 900 "$live_py" tests/python/test_bridge_train.py "$(dirname "$live_py")/torchrun" >"$bt_f" 2>&1
+    case $? in
+      0) ok "$bt_what" $((SECONDS - t0)); grep -ah "^bridge_train: " "$bt_f" | sed "s/^/        /" ;;
+      77) skipped "$bt_what" "$(sed -n 's/^SKIP bridge_train: //p' "$bt_f" | head -n 1)" ;;
+      *) bad "$bt_what" "$bt_f" ;;
+    esac
+  else
+    skipped "$bt_what" "no torch environment with torchrun (make torch-env)"
   fi
 
   section "Python package with PyTorch: runtime hooks, torchtitan's TP live (tests/python/test_runtime_host.py, tests/tp_record.py)"

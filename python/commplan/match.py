@@ -11,21 +11,52 @@ from .errors import PlanError
 from .planfile import normalize_units
 from .validate import check_plan_json, describe
 
-__all__ = ["PlanMismatch", "load_plan_json", "find_plan_json", "plan_units", "check_units_match_plan"]
+__all__ = ["PlanMismatch", "load_plan_json", "find_plan_json", "find_plan_root", "checkout_root", "plan_units", "check_units_match_plan"]
 
 
 class PlanMismatch(PlanError):
     """The model's parameters differ from the plan's (name, shape, dtype, order or units)."""
 
 
-def find_plan_json(name, root="."):
-    """plans/<name>/plan.json for a committed plan, else build/<name>/gen/plan.json (make PLAN=path)."""
-    for d in (os.path.join(root, "plans", name), os.path.join(root, "build", name, "gen")):
-        path = os.path.join(d, "plan.json")
-        if os.path.isfile(path):
-            return path
-    raise PlanError("no plan.json for plan %s under %s/plans/%s/ or %s/build/%s/gen/; run make PLAN=%s.lua first"
-                    % (name, root, name, root, name, name))
+def checkout_root():
+    """The commplan checkout holding this package (python/commplan/ under it, gen/commplan.lua
+    beside), or None where the package is installed elsewhere."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return here if os.path.isfile(os.path.join(here, "gen", "commplan.lua")) else None
+
+
+def _candidates(name, root):
+    return [os.path.join(root, "plans", name, "plan.json"), os.path.join(root, "build", name, "gen", "plan.json")]
+
+
+def find_plan_root(name, root=None):
+    """(root, path of plan.json) for plan `name`: plans/<name>/plan.json (a committed plan), else
+    build/<name>/gen/plan.json (make PLAN=path), under `root`. root=None: under the working
+    directory and under the commplan checkout this package comes from (checkout_root); used
+    where exactly one of them has it (or both are the same file), refused where they hold
+    different ones (pass root=)."""
+    roots = [root] if root is not None else list(dict.fromkeys(
+        r for r in (os.getcwd(), checkout_root()) if r is not None))
+    searched, found = [], []
+    for r in roots:
+        for path in _candidates(name, r):
+            searched.append(path)
+            if os.path.isfile(path):
+                if not any(os.path.samefile(path, p) for _, p in found):
+                    found.append((r, path))
+                break
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise PlanError("plan %s is under both %s and %s; pass root= (the commplan checkout whose plans/ and build/ "
+                        "hold it) to choose" % (name, found[0][1], found[1][1]))
+    raise PlanError("no plan.json for plan %s (searched %s): pass root= (the commplan checkout whose plans/ and "
+                    "build/ hold it), or generate it there with make PLAN=%s.lua" % (name, ", ".join(searched), name))
+
+
+def find_plan_json(name, root=None):
+    """The path of plan `name`'s plan.json, as find_plan_root finds it."""
+    return find_plan_root(name, root)[1]
 
 
 def load_plan_json(path_or_dict):

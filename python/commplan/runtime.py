@@ -32,8 +32,12 @@ What it does, as FSDP2's fully_shard does it:
 
 The library calls must come in the plan's order (their event waits are the plan's): every call
 is checked against the order derived from plan.json's ops, and a model that runs its units in
-another order (a unit called twice, activation-checkpoint recompute, forward under no_grad) is
-refused with one line instead of racing.
+another order (a unit called twice, activation-checkpoint recompute) is refused with one line
+instead of racing. A forward under no_grad / inference_mode (evaluation) makes no library call:
+commplan.training gathers each unit into temporary tensors over the plan's shard group and drops
+them after the unit. clip_grad_norm_ (and torch.nn.utils.clip_grad_norm_ on the model's
+parameters, while the bridge is open) clips by the global norm over the plan's shard group
+(commplan.training).
 
 state_dict() / load_state_dict() are fully_shard's sharded (DTensor) state dict, for
 torch.distributed.checkpoint both ways with fully_shard (commplan.checkpoint; the optimizer's
@@ -54,10 +58,11 @@ except ImportError as e:  # the plan writer needs no torch; this module does
                       "(2.x with CUDA); the plan writer (commplan.plan_text, plan_from_named_parameters) does "
                       "not: %s" % e) from None
 
-from .match import PlanMismatch, check_units_match_plan, find_plan_json, load_plan_json, plan_units
+from .match import PlanMismatch, check_units_match_plan, find_plan_json, find_plan_root, load_plan_json, plan_units
 from .modules import named_units, units_from_module
 from .planfile import PlanError
 from .validate import check_expert_counts
+from . import training
 
 __all__ = ["CommplanFSDP", "GpuLibrary", "HostLibrary", "library_calls", "PlanOrderError"]
 
@@ -151,7 +156,7 @@ class _ExpertCalls:
 
     def _plan_json_loaded(self):
         if self._plan_json is None:
-            self._plan_json = load_plan_json(find_plan_json(self.name, "."))
+            self._plan_json = load_plan_json(find_plan_json(self.name))
         return self._plan_json
 
     def unit_index(self, unit):
@@ -560,6 +565,13 @@ def _tensors_in(obj, out):
     return out
 
 
+def _eval_cast(unit, args, kwargs, with_kwargs):
+    if unit["cast"]:
+        args = _cast_floats(args, unit["ag_dtype"])
+        kwargs = _cast_floats(kwargs, unit["ag_dtype"]) if with_kwargs else kwargs
+    return (args, kwargs) if with_kwargs else args
+
+
 def _cast_floats(obj, dtype):
     if isinstance(obj, torch.Tensor):
         return obj.to(dtype) if obj.is_floating_point() and obj.dtype != dtype else obj
@@ -581,14 +593,18 @@ class CommplanFSDP:
     """FSDP2 for `model` under `units` (its fully_shard calls in order, as plan_from_module takes
     them), driven by the generated plan `plan` (a name under plans/ or built by make PLAN=path).
 
-    root: the commplan checkout (plans/, build/). library: a loaded library object (tests pass a
+    root: the commplan checkout (plans/, build/); None: the working directory or the checkout this
+    package comes from, whichever holds the plan (commplan.match.find_plan_root). library: a loaded library object (tests pass a
     host stand-in). shard_dim: as plan_from_module's. check_order: refuse library calls out of
     the plan's order (leave on). Call close() when done (frees the plan's GPU memory)."""
 
-    def __init__(self, plan, model, units, root=".", plan_json=None, library=None, shard_dim=None,
+    def __init__(self, plan, model, units, root=None, plan_json=None, library=None, shard_dim=None,
                  check_order=True):
         self.name = plan
-        self.plan = load_plan_json(plan_json or find_plan_json(plan, root))
+        if plan_json is None:
+            root, plan_json = find_plan_root(plan, root)
+        root = root if root is not None else "."
+        self.plan = load_plan_json(plan_json)
         self.model = model
         wrapped = units_from_module(model, units)
         check_units_match_plan(named_units(model, units, shard_dim), self.plan)
@@ -635,7 +651,9 @@ class CommplanFSDP:
         self._pos = 0
         self._micro = 0
         self._reset_pass()
+        self._eval = training.EvalForward(self)
         self._install_hooks()
+        training.register(self)
 
     # -- setup --
 
@@ -762,10 +780,9 @@ class CommplanFSDP:
 
     def _pre_forward_hook(self, u, with_kwargs=True):
         def hook(module, args, kwargs=None):
-            if not torch.is_grad_enabled():
-                raise PlanOrderError("commplan: forward of %s under no_grad: the plan's step is forward then "
-                                     "backward; run evaluation on another copy of the model"
-                                     % self.units[u]["name"])
+            if not torch.is_grad_enabled():  # evaluation: gathered apart from the plan (training.py)
+                self._eval.pre_forward(u)
+                return _eval_cast(self.units[u], args, kwargs, with_kwargs)
             if self._in_backward:
                 raise PlanOrderError("commplan: forward of %s during backward (activation-checkpoint recompute) "
                                      "is not in the plan's order" % self.units[u]["name"])
@@ -788,6 +805,8 @@ class CommplanFSDP:
 
     def _post_forward_hook(self, u):
         def hook(module, args, output):
+            if not torch.is_grad_enabled():
+                return self._eval.post_forward(u)
             unit = self.units[u]
             for t in _tensors_in(output, []):
                 if t.requires_grad:
@@ -913,7 +932,14 @@ class CommplanFSDP:
         from .checkpoint import load_state_dict
         return load_state_dict(self, sd, strict, mesh)
 
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+        """torchtitan's clip_grad_norm_ over the model's sharded gradients: the global norm over the
+        plan's shard group (commplan.training), every shard scaled; returns the total norm."""
+        return training.clip_grad_norm_([P.sharded for P in self.params], max_norm, norm_type, error_if_nonfinite,
+                                        foreach, fsdp=self)
+
     def close(self):
+        training.unregister(self)
         for h in self._handles:
             h.remove()
         self._handles = []

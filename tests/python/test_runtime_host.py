@@ -171,12 +171,20 @@ class HostRuntime(unittest.TestCase):
         self.assertIn("ChunkedLossWrapper", msg)
         self.assertIn("loss_chunks = 1", msg)
 
-    def test_forward_under_no_grad_is_refused(self):
-        _, b = self.models()
+    def test_forward_under_no_grad_evaluates(self):
+        """A forward under no_grad (evaluation, commplan.training) gathers without a library call:
+        the plain model's output, the plan's order untouched (a second training forward before
+        backward is still refused)."""
+        a, b = self.models()
         rt, lib, plan = self.attach("host_ng", b, commplan.torchtitan_units(b), {})
+        x = torch.arange(4, dtype=torch.long).view(1, 4)
         with torch.no_grad():
-            with self.assertRaises(commplan.runtime.PlanOrderError):
-                b(torch.zeros(1, 4, dtype=torch.long))
+            self.assertTrue(torch.equal(a(x), b(x)))
+        with torch.inference_mode():
+            self.assertTrue(torch.equal(a(x), b(x)))
+        b(x)
+        with self.assertRaises(commplan.runtime.PlanOrderError):
+            b(x)
         rt.close()
 
 
