@@ -132,10 +132,7 @@ local function prove_sequence(mine, classes)
   end
   local E, T = inner.dims.ep, inner.dims.tp
   local got = tables.events(first_tp, seq.mesh(t.sched.pp, W, R, E, T), W)
-  local want = seq.expected(t.sched, { dp_shard = W, dp_replicate = R, ep = E, tp = T, act_numel = t.act.numel,
-                                       act_dtype = t.act.dtype, stage_fsdp = t.stage_fsdp,
-                                       explicit_prefetch = t.explicit_prefetch,
-                                       stage_compute = t.stage_compute })
+  local want = seq.expected(t.sched, seq.options(inner, t.act, t.stage_fsdp, t.stage_compute))
   for g = 1, #want do
     for i = 1, math.max(#got[g], #want[g]) do
       local x, y = got[g][i], want[g][i]

@@ -259,12 +259,8 @@ end
 local function prove_step(p, sched, costs, act_numel, act_dtype)
   local of_units, compute_of = stage_fsdp_of(p), stage_compute_of(p)
   local function stage_fsdp(stage) return of_units(costs[stage].units) end
-  -- (FSDP's shard group inside a stage: dp_shard x cp, p.layout.W; ep borrows from it and tp)
-  local events = pp_sequence.expected(sched, { dp_shard = p.layout.W, dp_replicate = p.dims.dp_replicate,
-                                               ep = p.dims.ep, tp = p.dims.tp, act_numel = act_numel,
-                                               act_dtype = act_dtype, explicit_prefetch = p.layout.explicit_prefetch,
-                                               stage_fsdp = stage_fsdp,
-                                               stage_compute = function(st) return compute_of(costs[st].units) end })
+  local events = pp_sequence.expected(sched, pp_sequence.options(p, { numel = act_numel, dtype = act_dtype },
+    stage_fsdp, function(st) return compute_of(costs[st].units) end))
   return step_proof.prove(events)
 end
 
@@ -603,8 +599,7 @@ function report.tables(loaded, schedule, opts)
   return { p = p, sched = sched, act = act, stage_units = stage_units,
            classes = not (opts and opts.skip_classes) and tables.rank_tables(p, sched, stage_units, act) or nil,
            stage_fsdp = function(st) return of_units(costs[st].units) end,
-           stage_compute = function(st) return compute_of(costs[st].units) end,
-           explicit_prefetch = p.layout.explicit_prefetch }
+           stage_compute = function(st) return compute_of(costs[st].units) end }
 end
 
 

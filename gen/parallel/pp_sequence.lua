@@ -120,6 +120,18 @@ local function peer_stage(a)
   return a.stage + 1
 end
 
+-- M.expected's options for the stage mesh's plan p: FSDP's shard group
+-- (dp_shard x cp, p.layout.W: CP's ranks shard the parameters too),
+-- the replicas, ep and tp, explicit prefetching, one microbatch's
+-- activation act { numel, dtype }, the stages' FSDP and in-compute
+-- collectives (stage_fsdp, stage_compute). One builder for both callers,
+-- the pipeline module's comparison and the report's whole-step proof.
+function M.options(p, act, stage_fsdp, stage_compute)
+  return { dp_shard = p.layout.W, dp_replicate = p.dims.dp_replicate, ep = p.dims.ep, tp = p.dims.tp,
+           act_numel = act.numel, act_dtype = act.dtype, explicit_prefetch = p.layout.explicit_prefetch,
+           stage_fsdp = stage_fsdp, stage_compute = stage_compute }
+end
+
 function M.expected(sched, o)
   local W, R = o.dp_shard or 1, o.dp_replicate or 1
   local m = M.mesh(sched.pp, W, R, o.ep, o.tp)

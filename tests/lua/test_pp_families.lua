@@ -149,9 +149,7 @@ local function events(p)
   H.eq(#first, pl.sched.pp, "a class per pipeline rank (" .. ntp .. " TP classes)")
   local t = report.tables(pl.loaded, nil, { skip_classes = true })
   local got = tables.events(first, seq.mesh(pl.sched.pp, W, R, E, TP), W)
-  local want = seq.expected(pl.sched, { dp_shard = W, dp_replicate = R, ep = E, tp = TP, act_numel = t.act.numel,
-                                        act_dtype = t.act.dtype, stage_fsdp = t.stage_fsdp,
-                                        stage_compute = t.stage_compute, explicit_prefetch = t.explicit_prefetch })
+  local want = seq.expected(pl.sched, seq.options(inner, t.act, t.stage_fsdp, t.stage_compute))
   return got, want, first
 end
 
