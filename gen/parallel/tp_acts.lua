@@ -120,6 +120,18 @@ local function output_unit(units, fam)
   end
 end
 
+-- The embedding's TP collectives, the same in every family's plan (its
+-- output Partial over the vocab shards: reduce-scattered to the sequence
+-- shards under SP, else all-reduced). add(kind, phase, count, what, _, region).
+local function embedding_acts(add, sp, shard, full)
+  if sp then
+    add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards", nil, "embedding")
+    add("tp_all_gather", "backward", shard, "embedding output gradient", nil, "embedding")
+  else
+    add("tp_all_reduce", "forward", full, "embedding output partial sums", nil, "embedding")
+  end
+end
+
 -- Moves acts[from..#acts] to sit at position at (before acts[at]).
 local function move(acts, from, at)
   local tail = {}
@@ -163,12 +175,7 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
     local carried = u == head and not has(u, fam.output)
     local cut -- a carried output's acts go between the last block's forward and backward ones
     if has(u, fam.embedding) then
-      if sp then
-        add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards", nil, "embedding")
-        add("tp_all_gather", "backward", shard, "embedding output gradient", nil, "embedding")
-      else
-        add("tp_all_reduce", "forward", full, "embedding output partial sums", nil, "embedding")
-      end
+      embedding_acts(add, sp, shard, full)
     end
     if has(u, fam.block) then
       -- the block's feed-forward, or its MoE: redistributed at ep = 1 only
@@ -314,12 +321,7 @@ function tp_acts.deepseek(ctx, lay, cfg, T, opts)
                           region = region }
     end
     if has(u, "tok_embeddings.weight") then
-      if sp then
-        add("tp_reduce_scatter", "forward", shard, "embedding output to sequence shards", nil, "embedding")
-        add("tp_all_gather", "backward", shard, "embedding output gradient", nil, "embedding")
-      else
-        add("tp_all_reduce", "forward", full, "embedding output partial sums", nil, "embedding")
-      end
+      embedding_acts(add, sp, shard, full)
     end
     if u.expert then
       if sp and shared then
