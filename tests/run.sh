@@ -309,54 +309,39 @@ torch_lane() {
   else
     skipped "$fze_what" "no torch environment (make torch-env)"
   fi
+  # bridge_check NAME TAG SECONDS SCRIPT: one of the bridge's torchrun checks
+  # (tests/python/<SCRIPT>, 4 ranks on gloo against fully_shard): ok with
+  # its "TAG: " lines and its quick-tier line, SKIP (77) or FAIL.
+  bridge_check() {
+    local what=$1 tag=$2 secs=$3 script=$4 f t0 rc
+    if [ "$live_rc" != 0 ] || [ ! -x "$(dirname "$live_py")/torchrun" ]; then
+      skipped "$what" "no torch environment with torchrun (make torch-env)"; return
+    fi
+    f=$(logname "$what"); t0=$SECONDS
+    timeout "$secs" "$live_py" "tests/python/$script" "$(dirname "$live_py")/torchrun" >"$f" 2>&1; rc=$?
+    case $rc in
+      0) ok "$what" $((SECONDS - t0)); grep -ah "^$tag: " "$f" | sed "s/^/        /"; tier_line "$f" ;;
+      77) skipped "$what" "$(sed -n "s/^SKIP $tag: //p" "$f" | head -n 1)" ;;
+      *) bad "$what" "$f" ;;
+    esac
+  }
   # The bridge over every dtype x accumulation combination (issue 42): fp32 /
   # bf16 / fp16 parameters, param_dtype and reduce_dtype, every mode of
   # grad_accumulation, each against fully_shard on gloo bit for bit
-  # (tests/python/test_bridge_dtypes.py; 77: SKIP; quick tier: a subset).
-  bd_what="the bridge (CommplanFSDP over the host library) over dtype x reduce dtype x accumulation mode vs fully_shard on gloo, 4 ranks under torchrun (tests/python/test_bridge_dtypes.py)"
-  if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
-    bd_f=$(logname "$bd_what"); t0=$SECONDS
-    timeout 1800 "$live_py" tests/python/test_bridge_dtypes.py "$(dirname "$live_py")/torchrun" >"$bd_f" 2>&1
-    case $? in
-      0) ok "$bd_what" $((SECONDS - t0)); grep -ah "^bridge_dtypes: " "$bd_f" | sed "s/^/        /"; tier_line "$bd_f" ;;
-      77) skipped "$bd_what" "$(sed -n 's/^SKIP bridge_dtypes: //p' "$bd_f" | head -n 1)" ;;
-      *) bad "$bd_what" "$bd_f" ;;
-    esac
-  else
-    skipped "$bd_what" "no torch environment with torchrun (make torch-env)"
-  fi
+  # (tests/python/test_bridge_dtypes.py; quick tier: a subset).
+  bridge_check "the bridge (CommplanFSDP over the host library) over dtype x reduce dtype x accumulation mode vs fully_shard on gloo, 4 ranks under torchrun (tests/python/test_bridge_dtypes.py)" \
+    bridge_dtypes 1800 test_bridge_dtypes.py
   # Checkpoints (issue 36, item 3): the bridge's state_dict / load_state_dict
   # in fully_shard's DTensor form, DCP saves from fully_shard loaded into the
-  # bridge and the reverse (FSDP 4; FSDP 4 -> HSDP 2x2 and -> Shard(1)), training continued
-  # bit for bit (tests/python/test_bridge_checkpoint.py; 77: SKIP; ~20 s).
-  ck_what="checkpoints: the bridge's state dicts in fully_shard's DTensor form, DCP round trips both ways and resharded, training continued bit-identically, on gloo, 4 ranks under torchrun (tests/python/test_bridge_checkpoint.py)"
-  if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
-    ck_f=$(logname "$ck_what"); t0=$SECONDS
-    timeout 900 "$live_py" tests/python/test_bridge_checkpoint.py "$(dirname "$live_py")/torchrun" >"$ck_f" 2>&1
-    case $? in
-      0) ok "$ck_what" $((SECONDS - t0)); grep -ah "^bridge_checkpoint: \|^ok " "$ck_f" | sed "s/^/        /" ;;
-      77) skipped "$ck_what" "$(sed -n 's/^SKIP bridge_checkpoint: //p' "$ck_f" | head -n 1)" ;;
-      *) bad "$ck_what" "$ck_f" ;;
-    esac
-  else
-    skipped "$ck_what" "no torch environment with torchrun (make torch-env)"
-  fi
+  # bridge and the reverse (FSDP 4; FSDP 4 -> HSDP 2x2 and -> Shard(1)),
+  # training continued bit for bit (~20 s).
+  bridge_check "checkpoints: the bridge's state dicts in fully_shard's DTensor form, DCP round trips both ways and resharded, training continued bit-identically, on gloo, 4 ranks under torchrun (tests/python/test_bridge_checkpoint.py)" \
+    bridge_checkpoint 900 test_bridge_checkpoint.py
   # The bridge's clipping by the global norm, eval forwards under no_grad /
   # inference_mode and the plan's root= error (issue 36): FSDP and HSDP
-  # against fully_shard + torch.nn.utils.clip_grad_norm_ on gloo bit for bit
-  # (tests/python/test_bridge_train.py; 77: SKIP; ~20 s, the same in both tiers).
-  bt_what="the bridge's clipping by the global norm and eval forwards vs fully_shard, and its root= error, on gloo, 4 ranks under torchrun (tests/python/test_bridge_train.py)"
-  if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
-    bt_f=$(logname "$bt_what"); t0=$SECONDS
-    timeout 900 "$live_py" tests/python/test_bridge_train.py "$(dirname "$live_py")/torchrun" >"$bt_f" 2>&1
-    case $? in
-      0) ok "$bt_what" $((SECONDS - t0)); grep -ah "^bridge_train: " "$bt_f" | sed "s/^/        /" ;;
-      77) skipped "$bt_what" "$(sed -n 's/^SKIP bridge_train: //p' "$bt_f" | head -n 1)" ;;
-      *) bad "$bt_what" "$bt_f" ;;
-    esac
-  else
-    skipped "$bt_what" "no torch environment with torchrun (make torch-env)"
-  fi
+  # against fully_shard + torch.nn.utils.clip_grad_norm_ bit for bit (~20 s).
+  bridge_check "the bridge's clipping by the global norm and eval forwards vs fully_shard, and its root= error, on gloo, 4 ranks under torchrun (tests/python/test_bridge_train.py)" \
+    bridge_train 900 test_bridge_train.py
 
   section "Python package with PyTorch: runtime hooks, torchtitan's TP live (tests/python/test_runtime_host.py, tests/tp_record.py)"
   if command -v python3 >/dev/null 2>&1; then
