@@ -342,6 +342,12 @@ torch_lane() {
   # against fully_shard + torch.nn.utils.clip_grad_norm_ bit for bit (~20 s).
   bridge_check "the bridge's clipping by the global norm and eval forwards vs fully_shard, and its root= error, on gloo, 4 ranks under torchrun (tests/python/test_bridge_train.py)" \
     bridge_train 900 test_bridge_train.py
+  # Overlap (issue 36, item 1): the bridge's split calls (unshard issue/wait,
+  # reductions left in flight) with gloo's asynchronous collectives, FSDP and
+  # HSDP against fully_shard bit for bit, the prefetch seen in flight across
+  # a neighbour's backward, an early issue refused by the library (~20 s).
+  bridge_check "overlap: the bridge's prefetched unshards and in-flight reductions (split library calls, async gloo) vs fully_shard bit for bit, an early issue refused, 4 ranks under torchrun (tests/python/test_bridge_overlap.py)" \
+    bridge_overlap 900 test_bridge_overlap.py
 
   section "Python package with PyTorch: runtime hooks, torchtitan's TP live (tests/python/test_runtime_host.py, tests/tp_record.py)"
   if command -v python3 >/dev/null 2>&1; then
