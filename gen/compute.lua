@@ -66,7 +66,7 @@ function compute.settings(p)
   pick("fp32_master", tr.fp32_master)
   pick("loss_chunks", tr.loss_chunks)
   -- the GPU's figures default to its preset's (gen/hardware.lua)
-  for _, key in ipairs({ "gpu_memory_GB", "gpu_TFLOPS", "hbm_GBps" }) do
+  for _, key in ipairs({ "gpu_TFLOPS", "hbm_GBps" }) do
     pick(key, topo[key] == nil and hardware.gpu_default(topo, key) or topo[key])
     defaulted[key] = topo[key] == nil or nil
   end
@@ -77,7 +77,10 @@ function compute.settings(p)
   s.cp = p.dims and p.dims.cp or 1
   s.tokens = s.local_batch_size * s.seq_len // s.cp
   s.flops_per_us = s.gpu_TFLOPS * 1e6 * s.mfu
-  s.gpu_memory_bytes = s.gpu_memory_GB * 1e9
+  -- (the preset's memory as the device reports it, in MiB; the plan's in decimal GB)
+  s.gpu_memory_bytes, s.gpu_memory_MiB = hardware.gpu_memory(topo)
+  s.gpu_memory_GB = s.gpu_memory_bytes / 1e9
+  defaulted.gpu_memory_MiB = s.gpu_memory_MiB and true or nil
   return s
 end
 
