@@ -14,6 +14,7 @@ local rep_mod = require("gen.repeat")
 local hardware_mod = require("gen.hardware")
 local nccl_model_mod = require("gen.nccl_model")
 local pipeline_audit = require("gen.pipeline_audit")
+local timeline_mod = require("gen.timeline")
 
 local audit = {}
 
@@ -769,6 +770,7 @@ function audit.warnings(p, a)
       order[#order + 1] = key
     end
     local gr = seen[key]
+    if o.group then gr.families = gr.families or {}; gr.families[o.group] = true end
     if gr.units[#gr.units] ~= o.unit then gr.units[#gr.units + 1] = o.unit end
     gr.ops = (gr.ops or 0) + (o.times or 1)
     gr.total = gr.total + us
@@ -809,8 +811,8 @@ function audit.warnings(p, a)
       if gr.reason == "first" then why = "the step's first all-gather: no compute to hide behind"
       elseif gr.reason == "inline" then why = "it runs on the compute stream"
       elseif gr.reason == "recompute" then
-        why = string.format("full checkpointing reruns the forward, its %s collectives included, in the unit's "
-          .. "backward on the compute stream", (p.dims and (p.dims.cp or 1) > 1) and "K/V" or "TP")
+        why = string.format("full checkpointing reruns the forward, its %s included, in the unit's "
+          .. "backward on the compute stream", timeline_mod.inline_labels(gr.families or {}))
       elseif gr.reason == "tail" then why = "the step ends with it"
       else
         local wk, kind = gr.reason:match("^(.-)|(.*)$")
@@ -914,29 +916,48 @@ function audit.critical_segments(p, tl)
 end
 
 -- One line: the step's critical path time by stream. The compute
--- stream's share names its TP collectives (and full checkpointing's rerun
--- of them inside backward ops) apart from its compute.
+-- stream's share names its collectives (TP's, CP's K/V exchange, the
+-- expert all-to-alls: gen/timeline.lua's labels, each family's time) and
+-- full checkpointing's rerun of them inside backward ops apart from its
+-- compute.
 function audit.critical_text(p, tl)
   local by, order = {}, {}
   for _, sg in ipairs(audit.critical_segments(p, tl)) do
     if not by[sg.stream] then by[sg.stream] = 0; order[#order + 1] = sg.stream end
     by[sg.stream] = by[sg.stream] + sg.us
   end
-  local tp_us = 0
+  local inline, fam_us, fams = 0, {}, {}
+  local function add(f, us)
+    if not fam_us[f] then fam_us[f] = 0; fams[#fams + 1] = f end
+    fam_us[f] = fam_us[f] + us
+    inline = inline + us
+  end
   for _, seq in ipairs(tl.critical) do
     local o, r = p.ops[seq + 1], tl.ops[seq]
     if o.stream == "compute" then
-      tp_us = tp_us + (o.group and r.dur or (r.extra_comm or 0))
+      if o.group then add(o.group, r.dur)
+      else
+        for _, x in ipairs(timeline_mod.rerun_by_family(r)) do add(x[1], x[2]) end
+      end
     end
   end
+  local rank = {}
+  for i, f in ipairs(timeline_mod.INLINE_ORDER) do rank[f] = i end
+  table.sort(fams, function(x, y)
+    local rx, ry = rank[x] or math.huge, rank[y] or math.huge
+    if rx ~= ry then return rx < ry end
+    return x < y
+  end)
   table.sort(order, function(x, y) return by[x] > by[y] or (by[x] == by[y] and x < y) end)
   local t = {}
   for _, st in ipairs(order) do
-    if st == "compute" and tp_us > 0 then
-      t[#t + 1] = string.format("compute stream %s: %s compute + %s %s", us_text(by[st]),
-        us_text(math.max(0, by[st] - tp_us)), us_text(tp_us),
-        (p.dims and (p.dims.cp or 1) > 1) and (p.dims.tp > 1 and "TP and CP K/V collectives" or "CP K/V collectives")
-          or "TP collectives")
+    if st == "compute" and inline > 0 then
+      local parts = {}
+      for _, f in ipairs(fams) do
+        parts[#parts + 1] = string.format(" + %s %s", us_text(fam_us[f]), timeline_mod.inline_label(f))
+      end
+      t[#t + 1] = string.format("compute stream %s: %s compute%s", us_text(by[st]),
+        us_text(math.max(0, by[st] - inline)), table.concat(parts))
     else
       t[#t + 1] = string.format("%s %s", st, us_text(by[st]))
     end
@@ -1121,10 +1142,21 @@ local function settings_lines(p, s)
       commas(s.tokens), s.local_batch_size, s.seq_len, s.cp, s.cp, p.fsdp.micro_steps, acc,
       ac[s.activation_checkpointing], loss, opt)
   end
-  return string.format("%s tokens per data-parallel rank (TP group) and micro-step (local batch %d x seq_len %d%s), "
+  return string.format("%s tokens per data-parallel rank%s and micro-step (local batch %d x seq_len %d%s), "
     .. "%d micro-step(s)%s; %s%s; %s",
-    commas(s.tokens), s.local_batch_size, s.seq_len, s.defaulted.seq_len and ", assumed" or "", p.fsdp.micro_steps,
+    commas(s.tokens), (p.dims and (p.dims.tp or 1) > 1) and " (TP group)" or "", s.local_batch_size, s.seq_len,
+    s.defaulted.seq_len and ", assumed" or "", p.fsdp.micro_steps,
     acc, ac[s.activation_checkpointing], loss, opt)
+end
+
+-- The parameters torchtitan's model FLOPs count (gen/compute.lua's
+-- model_flops_per_token): an MoE model's active ones.
+function audit.flops_params_text(p)
+  local cfg = p.model_config or {}
+  if cfg.num_experts then
+    return string.format("active non-embedding parameters (top_k %d of %d routed experts)", cfg.top_k, cfg.num_experts)
+  end
+  return "non-embedding parameters"
 end
 
 function audit.schedule_md(p, fp)
@@ -1163,8 +1195,9 @@ function audit.schedule_md(p, fp)
     w("| throughput | %s tokens/s per GPU%s (torchtitan's tps and MFU for the predicted step, so they follow from "
       .. "the assumed %g%% of %g TFLOPS on every FLOP executed, recompute included) |",
       commas(math.floor(th.tokens_per_s_per_gpu + 0.5)),
-      th.mfu and string.format(", MFU %.1f%% (%s model FLOPs per token: 6 x non-embedding parameters + attention)",
-        100 * th.mfu, string.format("%.3g", th.model_flops_per_token)) or "", 100 * s.mfu, s.gpu_TFLOPS)
+      th.mfu and string.format(", MFU %.1f%% (%s model FLOPs per token: 6 x %s + attention)",
+        100 * th.mfu, string.format("%.3g", th.model_flops_per_token), audit.flops_params_text(p)) or "",
+      100 * s.mfu, s.gpu_TFLOPS)
   end
   if pl then
     w("| step | %s |", pipeline_audit.step_text(a, audit, p))
