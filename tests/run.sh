@@ -1090,6 +1090,23 @@ hostile_names() (
     out=$($MAKE regen-all 2>&1) && [ "$out" = "regen-all: $good plans regenerated" ] || { echo "$out"; exit 1; }
 )
 run "hostile plan file names: make check-generated, regen-all, PLAN= and the test loops refuse, never run them" hostile_names
+# ---- issue 37, item 4: a plan that does not fit, said at once ----
+# make PLAN= prints gen/commplan.lua's one line after the build (a cached
+# build's too), still building; STRICT=1 makes it an error; a plan that
+# fits prints nothing on stderr (tests/lua/test_fit.lua: the line's terms).
+fit_said_at_once() (
+  cd "$S" || exit 2
+  big="NVCC=/nonexistent PLAN=tests/plans/too_big.lua OUT=build/gen/too_big"
+  out=$($MAKE $big 2>&1 >/dev/null) || { echo "$out"; exit 1; }
+  echo "$out"
+  [ "$(printf '%s\n' "$out" | grep -c '^tests/plans/too_big.lua: does not fit: each rank needs ')" = 1 ] &&
+    [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] && [ -x build/too_big/too_big ] || exit 1
+  again=$($MAKE $big 2>&1 >/dev/null) && [ "$again" = "$out" ] || { echo "cached build: $again"; exit 1; }
+  ! $MAKE $big STRICT=1 >/dev/null 2>&1 || { echo "STRICT=1 passed a plan that does not fit"; exit 1; }
+  msg=$($MAKE NVCC=/nonexistent PLAN=fsdp4.lua 2>&1 >/dev/null) && [ -z "$msg" ] || { echo "fsdp4: $msg"; exit 1; }
+)
+run "make PLAN=: a plan that does not fit says so in one line (a cached build too), STRICT=1 fails it" fit_said_at_once
+# ---- end of issue 37, item 4 ----
 
 section "--simulate: refused up front when it will not fit, progress on long runs"
 # sim_refuses NAME RANKS: one line with the figure and this machine's
