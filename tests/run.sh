@@ -343,6 +343,12 @@ torch_lane() {
   # against fully_shard + torch.nn.utils.clip_grad_norm_ bit for bit (~20 s).
   bridge_check "the bridge's clipping by the global norm and eval forwards vs fully_shard, and its root= error, on gloo, 4 ranks under torchrun (tests/python/test_bridge_train.py)" \
     bridge_train 900 test_bridge_train.py
+  # Overlap (issue 36, item 1): the bridge's split calls (unshard issue/wait,
+  # reductions left in flight) with gloo's asynchronous collectives, FSDP and
+  # HSDP against fully_shard bit for bit, the prefetch seen in flight across
+  # a neighbour's backward, an early issue refused by the library (~20 s).
+  bridge_check "overlap: the bridge's prefetched unshards and in-flight reductions (split library calls, async gloo) vs fully_shard bit for bit, an early issue refused, 4 ranks under torchrun (tests/python/test_bridge_overlap.py)" \
+    bridge_overlap 900 test_bridge_overlap.py
   # torchtitan's own training step with the bridge in place of fully_shard
   # (issue 36, item 4): Trainer.train_step on its llama3 debug model, FSDP /
   # HSDP / FSDP x TP / HSDP x TP x selective / full AC x ChunkedLossWrapper,
@@ -1084,6 +1090,23 @@ hostile_names() (
     out=$($MAKE regen-all 2>&1) && [ "$out" = "regen-all: $good plans regenerated" ] || { echo "$out"; exit 1; }
 )
 run "hostile plan file names: make check-generated, regen-all, PLAN= and the test loops refuse, never run them" hostile_names
+# ---- issue 37, item 4: a plan that does not fit, said at once ----
+# make PLAN= prints gen/commplan.lua's one line after the build (a cached
+# build's too), still building; STRICT=1 makes it an error; a plan that
+# fits prints nothing on stderr (tests/lua/test_fit.lua: the line's terms).
+fit_said_at_once() (
+  cd "$S" || exit 2
+  big="NVCC=/nonexistent PLAN=tests/plans/too_big.lua OUT=build/gen/too_big"
+  out=$($MAKE $big 2>&1 >/dev/null) || { echo "$out"; exit 1; }
+  echo "$out"
+  [ "$(printf '%s\n' "$out" | grep -c '^tests/plans/too_big.lua: does not fit: each rank needs ')" = 1 ] &&
+    [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] && [ -x build/too_big/too_big ] || exit 1
+  again=$($MAKE $big 2>&1 >/dev/null) && [ "$again" = "$out" ] || { echo "cached build: $again"; exit 1; }
+  ! $MAKE $big STRICT=1 >/dev/null 2>&1 || { echo "STRICT=1 passed a plan that does not fit"; exit 1; }
+  msg=$($MAKE NVCC=/nonexistent PLAN=fsdp4.lua 2>&1 >/dev/null) && [ -z "$msg" ] || { echo "fsdp4: $msg"; exit 1; }
+)
+run "make PLAN=: a plan that does not fit says so in one line (a cached build too), STRICT=1 fails it" fit_said_at_once
+# ---- end of issue 37, item 4 ----
 
 section "--simulate: refused up front when it will not fit, progress on long runs"
 # sim_refuses NAME RANKS: one line with the figure and this machine's

@@ -10,7 +10,9 @@ _fsdp_state.py: the module's state_dict with its sharded DTensor parameters): th
 FQNs (every name a parameter has, tied ones included; buffers as plain tensors), each parameter
 a DTensor over the data-parallel mesh with fully_shard's placements (_fsdp_param.py
 _init_sharded_param): (Shard(d),) on the dp_shard mesh, (Replicate(), Shard(d)) on HSDP's
-(dp_replicate, dp_shard) mesh, d the plan's shard dim (0, or the param's shard_dim). Its local
+(dp_replicate, dp_shard) mesh, d the plan's shard dim (0, or the param's shard_dim); under
+tensor parallelism fully_shard + TP's 2-D / 3-D placements on the (dp_replicate,) dp_shard, tp
+mesh, e.g. (_StridedShard(0, sf=tp), Shard(0)) for a colwise weight (commplan.tensor_parallel). Its local
 tensor is this rank's unpadded shard, a view of the plan's sharded storage (no copy): the chunk
 torch.chunk gives (ceil(n / W) rows per rank, the last ranks' shorter or empty), which is both
 FSDP2's and DTensor's uneven Shard, so DCP's offsets agree and a checkpoint written by fully_shard
@@ -42,6 +44,8 @@ __all__ = ["dp_mesh", "state_dict", "load_state_dict", "optim_state_dict", "load
 def dp_mesh(fsdp, mesh=None):
     """The data-parallel DeviceMesh the DTensors live on: fully_shard's (dp_shard,) or HSDP's
     (dp_replicate, dp_shard), made with init_device_mesh from plan.json's parallel unless given."""
+    if getattr(fsdp, "_tp", None) is not None:  # under TP: fully_shard + TP's storage mesh (tensor_parallel)
+        return fsdp._tp.mesh if mesh is None else fsdp._tp.check_mesh(mesh)
     if mesh is None:
         mesh = getattr(fsdp, "_ckpt_mesh", None)
     par = fsdp.plan.get("parallel", {})
@@ -66,6 +70,8 @@ def dp_mesh(fsdp, mesh=None):
 def _specs(fsdp, mesh):
     """id(sharded parameter) -> (param, placements, global shape)."""
     from torch.distributed.tensor import Replicate, Shard
+    if getattr(fsdp, "_tp", None) is not None:
+        return fsdp._tp.specs()
     out = {}
     metas = [m for u in plan_units(fsdp.plan) for m in u["params"]]
     for P, meta in zip(fsdp.params, metas):
@@ -154,6 +160,9 @@ def _local_of(v, P, placements, mesh, key):
         if tuple(v.placements) == tuple(placements) and tuple(v.device_mesh.shape) == tuple(mesh.shape):
             return v.to_local()
         v = v.full_tensor()
+    if mesh.ndim > 1 and mesh.mesh_dim_names[-1] == "tp":  # FSDP x TP: this rank's piece, as DTensor slices it
+        from torch.distributed.tensor import distribute_tensor
+        return distribute_tensor(v, mesh, placements, src_data_rank=None).to_local()
     k = placements[-1].dim
     n, W, r = v.shape[k], mesh.size(mesh.ndim - 1), mesh.get_local_rank(mesh.ndim - 1)
     chunk = -(-n // W)
