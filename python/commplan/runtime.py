@@ -23,7 +23,10 @@ What it does, as FSDP2's fully_shard does it:
   unit's last parameter gradient arrives: copy the gradients into the plan's unsharded-grads
   buffer (first micro-batch) or add them (later ones, for plans with micro_steps > 1, in the
   unit's grad_dtype, as torch 2.15's FSDP2 sets the unsharded parameter's), reshard, and reduce
-  where the plan reduces;
+  where the plan reduces; by default (overlap=True) as the split calls (cp_gpu_unshard_issue /
+  _wait, cp_gpu_reduce_issue / _wait) at the plan's places, prefetching the unshards the plan
+  issues ahead and leaving reductions in flight until the unit's next reduction or the final
+  callback, as FSDP2 does (commplan.overlap);
 * sets each sharded parameter's .grad to this rank's reduced shard (a view of the plan's
   sharded-grads storage, zero copy); a later reduce before the optimizer consumed it (gradient
   accumulation as torchtitan does it: reduce-scatter every micro-batch) first moves the
@@ -404,6 +407,7 @@ class HostLibrary(_ExpertCalls):
         from . import overlap
         self.split = overlap.bind(self, "cp_hostlib_", False)  # the split calls (commplan.overlap)
         self._async = None  # overlap.AsyncCollectives once init made this rank
+        self._views = {}
         try:
             self._plan = ctypes.addressof(ctypes.c_char.in_dll(lib, plan_name + "_plan"))
         except ValueError:
@@ -450,11 +454,18 @@ class HostLibrary(_ExpertCalls):
                     self._groups[(fi, color)] = pg
 
     def _view(self, ptr, numel, dtype):
-        dt = TORCH_DTYPES[_DTYPE_CODES[dtype]]
-        if numel == 0:
-            return torch.empty(0, dtype=dt)
-        es = torch.empty(0, dtype=dt).element_size()
-        return torch.frombuffer((ctypes.c_char * (numel * es)).from_address(ptr), dtype=dt)
+        # the plan's buffers never move (a fixed arena): one view per (pointer, length, dtype)
+        key = (ptr, numel, dtype)
+        v = self._views.get(key)
+        if v is None:
+            dt = TORCH_DTYPES[_DTYPE_CODES[dtype]]
+            if numel == 0:
+                v = torch.empty(0, dtype=dt)
+            else:
+                es = torch.empty(0, dtype=dt).element_size()
+                v = torch.frombuffer((ctypes.c_char * (numel * es)).from_address(ptr), dtype=dt)
+            self._views[key] = v
+        return v
 
     def _collective(self, user, coll, family, color, key, size, inp, out, count, dtype, reduce_op):
         """torch.distributed's collective for one of the plan's: the executor's pointers as
@@ -731,6 +742,10 @@ class CommplanFSDP:
                 unit["params"].append(P)
                 self.params.append(P)
                 pindex += 1
+            # _use's assignments, made once (host time: one list walk per unit and call)
+            unit["use"] = {flag: [(mod._parameters, attr, P.unsharded if flag else P.sharded)
+                                  for P in unit["params"] for mod, attr in P.owners] for flag in (True, False)}
+            unit["n_grads"] = sum(1 for P in unit["params"] if P.requires_grad)
             self.units.append(unit)
         self.live = [False] * len(self.units)
 
@@ -778,10 +793,8 @@ class CommplanFSDP:
         self.lib.call(lib_call or call, u)
 
     def _use(self, unit, unsharded):
-        for P in unit["params"]:
-            t = P.unsharded if unsharded else P.sharded
-            for mod, attr in P.owners:
-                mod._parameters[attr] = t
+        for params, attr, t in unit["use"][unsharded]:
+            params[attr] = t
 
     def _unshard(self, u, phase="forward"):
         if self._overlap is not None:
@@ -875,8 +888,7 @@ class CommplanFSDP:
             if not P.arrived:
                 P.arrived = True
                 self._arrived[P.unit] += 1
-                unit = self.units[P.unit]
-                if self._arrived[P.unit] == sum(1 for q in unit["params"] if q.requires_grad):
+                if self._arrived[P.unit] == self.units[P.unit]["n_grads"]:
                     self._post_backward(P.unit)
             return None
         return hook
