@@ -46,8 +46,11 @@ state_dict() / load_state_dict() are fully_shard's sharded (DTensor) state dict,
 torch.distributed.checkpoint both ways with fully_shard (commplan.checkpoint; the optimizer's
 too).
 
-Needs torch with CUDA and a plan built where nvcc was found (make PLAN=...). Tensor parallel
-plans (tp > 1) are refused.
+Tensor parallel plans (tp > 1): the model comes parallelized for TP as torchtitan does it, in
+place of fully_shard the bridge drives the FSDP/HSDP collectives, torch the TP ones
+(commplan.tensor_parallel).
+
+Needs torch with CUDA and a plan built where nvcc was found (make PLAN=...).
 """
 
 import ctypes
@@ -61,11 +64,11 @@ except ImportError as e:  # the plan writer needs no torch; this module does
                       "(2.x with CUDA); the plan writer (commplan.plan_text, plan_from_named_parameters) does "
                       "not: %s" % e) from None
 
-from .match import PlanMismatch, check_units_match_plan, find_plan_json, find_plan_root, load_plan_json, plan_units
+from .match import check_units_match_plan, find_plan_json, find_plan_root, load_plan_json, plan_units
 from .modules import named_units, units_from_module
 from .planfile import PlanError
 from .validate import check_expert_counts
-from . import training
+from . import tensor_parallel, training
 
 __all__ = ["CommplanFSDP", "GpuLibrary", "HostLibrary", "library_calls", "PlanOrderError"]
 
@@ -636,6 +639,8 @@ class CommplanFSDP:
         self.plan = load_plan_json(plan_json)
         self.model = model
         wrapped = units_from_module(model, units)
+        if self.plan.get("parallel", {}).get("tp", 1) != 1:  # the model's TP layout first (tensor_parallel)
+            tensor_parallel.check_model(self.plan, wrapped)
         check_units_match_plan(named_units(model, units, shard_dim), self.plan)
         if self.plan.get("fsdp", {}).get("grad_accumulation") == "step_end":
             raise PlanError("plan %s accumulates as torch.distributed.pipelining does (grad_accumulation = "
@@ -647,9 +652,6 @@ class CommplanFSDP:
                             "which these module hooks do not drive; regenerate it with training = { loss_chunks = 1 } "
                             "(a loss on the whole logits, as F.cross_entropy here)"
                             % (plan, self.plan.get("audit", {}).get("settings", {}).get("loss_chunks", "> 1")))
-        if self.plan.get("parallel", {}).get("tp", 1) != 1:
-            raise PlanMismatch("plan %s uses tensor parallelism; the PyTorch runtime drives FSDP/HSDP plans only"
-                               % plan)
         frozen = [fqn for _, ps in wrapped for fqn, p in ps if not p.requires_grad]
         if frozen:
             raise PlanError("parameter %s does not require grad; the plan reduces every parameter it shards "
@@ -664,6 +666,7 @@ class CommplanFSDP:
             self.lib.init()
         self.check_order = check_order
         self._build(model, wrapped)
+        self._tp = tensor_parallel.attach(self, wrapped)  # FSDP/HSDP x TP; None without TP
         calls = library_calls(self.plan)
         self._calls = [(c, self._unit_index[u], m) for c, u, m, _ in calls]
         self._micro_steps = self.plan["fsdp"].get("micro_steps", 1)
@@ -917,6 +920,8 @@ class CommplanFSDP:
                     # an earlier micro-batch's reduced shard not yet consumed: move it out of the
                     # plan's storage before this reduce overwrites it (stream-ordered before the pack)
                     P.sharded.grad = P.alias.clone()
+            if self._tp is not None:  # TP-replicated parameters' partial gradients, over tp (in torch)
+                self._tp.before_reduce(self.units[u])
             for P in self.units[u]["params"]:
                 P.accumulated = False
 
