@@ -72,6 +72,8 @@ from . import tensor_parallel, training
 
 __all__ = ["CommplanFSDP", "GpuLibrary", "HostLibrary", "library_calls", "PlanOrderError"]
 
+# torch >= 2.1: the gradient hooks run after accumulation and clear the unsharded parameter's .grad
+_POST_ACCUMULATE = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<i2"}  # bf16 travels as int16 bits, then .view()
 
@@ -831,7 +833,7 @@ class CommplanFSDP:
                 raise PlanOrderError("commplan: a second forward of %s before backward: the plan's micro-step is "
                                      "one forward and one backward" % unit["name"])
             if self._fwd_started[u] == 0:
-                if u == 0:
+                if u == 0 and not _POST_ACCUMULATE:
                     for P in self.params:  # torch < 2.1 left the last backward's grads on the unsharded params
                         P.unsharded.grad = None
                 self._unshard(u)
