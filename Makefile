@@ -52,6 +52,7 @@ ALL_PLANS   := $(patsubst %,plans/%.lua,$(ALL_PLAN_NAMES))
 
 all: deps $(BUILD)/$(NAME) $(BUILD)/lib$(NAME).a $(BUILD)/lib$(NAME).so
 	@echo "built $(BUILD)/$(NAME), lib$(NAME).a and lib$(NAME).so from $(PLAN_FILE) (tables in $(OUT)/)$(if $(HAVE_NVCC),, without the GPU backend: nvcc not found)"
+	@if [ -s '$(BUILD)/.fit' ]; then cat '$(BUILD)/.fit' >&2;$(if $(value STRICT), echo 'STRICT=1: a plan that does not fit is an error' >&2; exit 2;) fi
 
 # Debian packages: the build needs lua5.4 only; the tests also need cmocka
 # and luacheck. Installed when running as root, otherwise named in one command.
@@ -87,9 +88,13 @@ $(BUILD)/.source: FORCE
 	@{ printf '%s\n' '$(abspath $(PLAN_FILE))' '$(OUT)'; cksum <'$(PLAN_FILE)'; } >'$@.new' 2>/dev/null; \
 	if cmp -s '$@.new' '$@'; then rm -f '$@.new'; else mv -f '$@.new' '$@'; fi
 
+# The generator's one line for a plan that does not fit its GPU is kept in
+# $(BUILD)/.fit and printed after every build, a cached one's too (STRICT=1:
+# the generator refuses such a plan, and a cached build fails).
 $(BUILD)/.generated: $(PLAN_FILE) $(GEN_SRC) $(BUILD)/.source
 	@mkdir -p '$(BUILD)'
-	$(LUA) gen/commplan.lua '$(PLAN_FILE)' '$(OUT)'
+	$(LUA) gen/commplan.lua $(if $(value STRICT),--strict )'$(PLAN_FILE)' '$(OUT)' 2>'$(BUILD)/.fit' \
+	  || { cat '$(BUILD)/.fit' >&2; rm -f '$(BUILD)/.fit'; exit 2; }
 	@touch '$@'
 
 # CUDA toolkit and NCCL: the GPU backend and kernels are built when nvcc is

@@ -275,6 +275,10 @@ class GpuLibrary(_ExpertCalls):
             getattr(lib, f).restype = ci
         lib.cp_gpu_synchronize.argtypes = [vp, vp, ctypes.c_double]
         lib.cp_gpu_synchronize.restype = ci
+        self.lib = lib
+        self._fns = {"unshard": lib.cp_gpu_unshard, "reshard": lib.cp_gpu_reshard, "reduce": lib.cp_gpu_reduce_grads}
+        from . import overlap
+        self.split = overlap.bind(self, "cp_gpu_", True)  # the split calls (commplan.overlap)
         try:
             self._plan = ctypes.addressof(ctypes.c_char.in_dll(lib, plan_name + "_plan"))
             self._kernels = ctypes.addressof(ctypes.c_char.in_dll(lib, plan_name + "_kernels"))
@@ -327,9 +331,7 @@ class GpuLibrary(_ExpertCalls):
             raise RuntimeError("commplan: " + self.last_error())
 
     def call(self, call, unit):
-        fn = {"unshard": self.lib.cp_gpu_unshard, "reshard": self.lib.cp_gpu_reshard,
-              "reduce": self.lib.cp_gpu_reduce_grads}[call]
-        if fn(self.g, unit, ctypes.c_void_p(self.stream())) != 0:
+        if self._fns[call](self.g, unit, ctypes.c_void_p(self.stream())) != 0:
             raise RuntimeError("commplan: " + self.last_error())
 
     def last_error(self):
@@ -399,6 +401,12 @@ class HostLibrary(_ExpertCalls):
         for f in ("cp_hostlib_unshard", "cp_hostlib_reshard", "cp_hostlib_reduce_grads"):
             getattr(lib, f).argtypes = [vp, ci]
             getattr(lib, f).restype = ci
+        self.lib = lib
+        self._fns = {"unshard": lib.cp_hostlib_unshard, "reshard": lib.cp_hostlib_reshard,
+                     "reduce": lib.cp_hostlib_reduce_grads}
+        from . import overlap
+        self.split = overlap.bind(self, "cp_hostlib_", False)  # the split calls (commplan.overlap)
+        self._async = None  # overlap.AsyncCollectives once init made this rank
         try:
             self._plan = ctypes.addressof(ctypes.c_char.in_dll(lib, plan_name + "_plan"))
         except ValueError:
@@ -427,6 +435,9 @@ class HostLibrary(_ExpertCalls):
             self.lib.cp_hostlib_set_alltoall.argtypes = [ctypes.c_void_p, _ALLTOALL_CB, ctypes.c_void_p]
             self.lib.cp_hostlib_set_alltoall.restype = None
             self.lib.cp_hostlib_set_alltoall(g, self._a2a_cb, None)
+        if self.split and hasattr(self.lib, "cp_hostlib_set_async"):
+            from . import overlap
+            self._async = overlap.AsyncCollectives(self)
         # One process group per instance of every family the plan's collectives use, made in the
         # same order on every rank (new_group is collective).
         plan = self._plan_json_loaded()
@@ -455,19 +466,24 @@ class HostLibrary(_ExpertCalls):
         try:
             pg = self._groups[(family, color)]
             op = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX)[reduce_op]
+            # a split call's collective may run on (async_op=True: gloo's threads) until the library
+            # waits for its ticket (commplan.overlap.AsyncCollectives)
+            t = self._async.ticket(self.g) if self._async is not None else 0
             if coll == _COLL_ALL_GATHER:
                 o = self._view(out, count * size, dtype)
                 i = o[key * count:(key + 1) * count].clone() if inp == out + key * count * o.element_size() \
                     else self._view(inp, count, dtype)
-                dist.all_gather_into_tensor(o, i, group=pg)
+                work = dist.all_gather_into_tensor(o, i, group=pg, async_op=bool(t))
             elif coll == _COLL_REDUCE_SCATTER:
-                dist.reduce_scatter_tensor(self._view(out, count, dtype), self._view(inp, count * size, dtype), op=op,
-                                           group=pg)
+                o, i = self._view(out, count, dtype), self._view(inp, count * size, dtype)
+                work = dist.reduce_scatter_tensor(o, i, op=op, group=pg, async_op=bool(t))
             else:
-                o = self._view(out, count, dtype)
+                o = i = self._view(out, count, dtype)
                 if inp != out:
                     o.copy_(self._view(inp, count, dtype))
-                dist.all_reduce(o, op=op, group=pg)
+                work = dist.all_reduce(o, op=op, group=pg, async_op=bool(t))
+            if t:
+                self._async.add(t, work, (o, i), coll)
             return 0
         except Exception as e:  # noqa: BLE001 - reported through last_error, never across the C frame
             self._error = "torch.distributed %s on group %d/%d failed: %s: %s" % (
@@ -525,9 +541,7 @@ class HostLibrary(_ExpertCalls):
         return self._view(ptr, numel, _DTYPE_CODES.index(dtype))
 
     def call(self, call, unit):
-        fn = {"unshard": self.lib.cp_hostlib_unshard, "reshard": self.lib.cp_hostlib_reshard,
-              "reduce": self.lib.cp_hostlib_reduce_grads}[call]
-        if fn(self.g, unit) != 0:
+        if self._fns[call](self.g, unit) != 0:
             raise RuntimeError("commplan: " + self.last_error())
 
     def last_error(self):
@@ -542,6 +556,8 @@ class HostLibrary(_ExpertCalls):
         pass  # every call is synchronous
 
     def close(self):
+        if self._async is not None:
+            self._async.drain()  # no collective may still write into the buffers freed below
         if self.g is not None:
             self.lib.cp_hostlib_destroy(self.g)
             self.g = None
@@ -599,10 +615,12 @@ class CommplanFSDP:
     root: the commplan checkout (plans/, build/); None: the working directory or the checkout this
     package comes from, whichever holds the plan (commplan.match.find_plan_root). library: a loaded library object (tests pass a
     host stand-in). shard_dim: as plan_from_module's. check_order: refuse library calls out of
-    the plan's order (leave on). Call close() when done (frees the plan's GPU memory)."""
+    the plan's order (leave on). overlap: prefetch unshards and leave reductions in flight as FSDP2
+    does (commplan.overlap; False: every call blocking). Call close() when done (frees the plan's
+    GPU memory)."""
 
     def __init__(self, plan, model, units, root=None, plan_json=None, library=None, shard_dim=None,
-                 check_order=True):
+                 check_order=True, overlap=True):
         self.name = plan
         if plan_json is None:
             root, plan_json = find_plan_root(plan, root)
@@ -651,6 +669,10 @@ class CommplanFSDP:
         # earlier ones end in the plan's partial sums (HSDP's set_requires_all_reduce(False))
         self._reduce_views = {(self._unit_index[op["unit"]], op.get("micro_step", 0))
                               for op in self.plan["ops"] if op["kind"] in ("view_out", "view_out_add")}
+        self._overlap = None
+        if overlap and getattr(self.lib, "split", False):
+            from .overlap import Overlap
+            self._overlap = Overlap(self)  # the split calls' order replaces _calls
         self._pos = 0
         self._micro = 0
         self._reset_pass()
@@ -745,7 +767,7 @@ class CommplanFSDP:
         self._post_bwd_done = [False] * len(getattr(self, "units", []))
         self._arrived = [0] * len(getattr(self, "units", []))
 
-    def _call(self, call, u):
+    def _call(self, call, u, lib_call=None):
         if self.check_order:
             exp = self._calls[self._pos] if self._pos < len(self._calls) else None
             if exp is None or exp[0] != call or exp[1] != u:
@@ -756,7 +778,7 @@ class CommplanFSDP:
                     "activation-checkpoint recompute, a forward under no_grad)"
                     % (call, self.units[u]["name"], self.name, want, self._micro))
         self._pos += 1
-        self.lib.call(call, u)
+        self.lib.call(lib_call or call, u)
 
     def _use(self, unit, unsharded):
         for P in unit["params"]:
@@ -764,7 +786,9 @@ class CommplanFSDP:
             for mod, attr in P.owners:
                 mod._parameters[attr] = t
 
-    def _unshard(self, u):
+    def _unshard(self, u, phase="forward"):
+        if self._overlap is not None:
+            return self._overlap.unshard(u, phase)
         unit = self.units[u]
         if not self.live[u]:
             if unit["params"]:
@@ -833,7 +857,7 @@ class CommplanFSDP:
             self._enter_backward()
             if not self._pre_bwd_done[u]:
                 self._pre_bwd_done[u] = True
-                self._unshard(u)
+                self._unshard(u, "backward")
             return None
         return hook
 
@@ -866,9 +890,15 @@ class CommplanFSDP:
         self._reshard(u, "backward")
         if not unit["params"] or ("reduce", u, self._micro, "backward") not in self._plan_calls:
             return
-        adds = (u, self._micro) in self._reduce_adds
+        if self._overlap is not None:
+            return self._overlap.reduce(u)  # issued, waited later (commplan.overlap)
+        self._before_reduce(u, (u, self._micro) in self._reduce_adds)
+        self._call("reduce", u)
+        self._after_reduce(u)
+
+    def _before_reduce(self, u, adds):
         with torch.no_grad():
-            for P in unit["params"]:
+            for P in self.units[u]["params"]:
                 aliased = P.alias is not None and P.sharded.grad is P.alias
                 if adds and not aliased:
                     # the plan adds this reduction into its storage: start it from zero, so the
@@ -879,14 +909,18 @@ class CommplanFSDP:
                     # plan's storage before this reduce overwrites it (stream-ordered before the pack)
                     P.sharded.grad = P.alias.clone()
             if self._tp is not None:  # TP-replicated parameters' partial gradients, over tp (in torch)
-                self._tp.before_reduce(unit)
-            self._call("reduce", u)
-            if (u, self._micro) not in self._reduce_views:
-                for P in unit["params"]:
-                    P.accumulated = False
-                return  # parked in the plan's partial sums until the last micro-step's all-reduce
-            for P in unit["params"]:
+                self._tp.before_reduce(self.units[u])
+            for P in self.units[u]["params"]:
                 P.accumulated = False
+
+    def _after_reduce(self, u, micro=None):
+        """The reduced shard into .grad, once the reduction is done (or waited for)."""
+        micro = self._micro if micro is None else micro
+        unit = self.units[u]
+        if (u, micro) not in self._reduce_views:
+            return  # parked in the plan's partial sums until the last micro-step's all-reduce
+        with torch.no_grad():
+            for P in unit["params"]:
                 if P.sharded.grad is None:
                     P.alias = P.shard_grad
                     P.sharded.grad = P.alias
@@ -896,6 +930,8 @@ class CommplanFSDP:
 
     def _finish_backward(self):
         try:
+            if self._overlap is not None:
+                self._overlap.finish()  # FSDP2's final callback waits for every reduction
             for unit in self.units:
                 u = unit["index"]
                 if self._post_bwd_done[u] or not any(P.requires_grad for P in unit["params"]):
