@@ -343,6 +343,14 @@ torch_lane() {
   # against fully_shard + torch.nn.utils.clip_grad_norm_ bit for bit (~20 s).
   bridge_check "the bridge's clipping by the global norm and eval forwards vs fully_shard, and its root= error, on gloo, 4 ranks under torchrun (tests/python/test_bridge_train.py)" \
     bridge_train 900 test_bridge_train.py
+  # FSDP x TP through the bridge (issue 36, item 2): torchtitan's llama3 under
+  # its own TP (SP, loss_parallel, spmd_types) with CommplanFSDP in place of
+  # fully_shard, against torchtitan + fully_shard bit for bit: losses, clipped
+  # global norms, sharded grads and params, DCP round trips both ways, refusals
+  # and a mutant (quick tier: FSDP 2 x TP 2, 3 steps, ~50 s; full: + HSDP
+  # 2 x 2 x TP 2 on 8 ranks, 20 steps).
+  bridge_check "FSDP x TP through the bridge: torchtitan's TP + CommplanFSDP vs torchtitan's TP + fully_shard, clipping and DCP round trips, on gloo under torchrun (tests/python/test_bridge_tp.py)" \
+    bridge_tp 1800 test_bridge_tp.py
   # Overlap (issue 36, item 1): the bridge's split calls (unshard issue/wait,
   # reductions left in flight) with gloo's asynchronous collectives, FSDP and
   # HSDP against fully_shard bit for bit, the prefetch seen in flight across

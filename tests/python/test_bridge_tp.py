@@ -195,15 +195,20 @@ def worker(args, tmp):
     from torchtitan.distributed.parallel_dims import ParallelDims
     from commplan import checkpoint as ck
     from commplan import tensor_parallel
-    from commplan.match import find_plan_json, load_plan_json
+    from commplan.match import PlanMismatch, find_plan_json, load_plan_json
+    from commplan.modules import units_from_module
+    from commplan.planfile import PlanError
     from commplan.runtime import CommplanFSDP, HostLibrary
     from commplan.titan import titan_fsdp_units
 
+    mine = [c for c in args.configs.split(",") if CONFIGS[c][0] == world]
+    if rank == 0:  # the plans, written and built here (torchtitan is imported once, by the ranks)
+        for cfg in mine:
+            build_plan(cfg)
+    dist.barrier()
     results = []
-    for cfg in args.configs.split(","):
+    for cfg in mine:
         cw, par = CONFIGS[cfg]
-        if cw != world:
-            continue
         parallelism = ParallelismConfig(data_parallel_replicate_degree=par.get("dp_replicate", 1),
                                         data_parallel_shard_degree=par["dp_shard"], tensor_parallel_degree=par["tp"])
         training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
@@ -327,6 +332,30 @@ def worker(args, tmp):
             finally:
                 B.fsdp.close()
 
+        def refusals():
+            """One line each: the model without its TP (a plain torchtitan model), a plan whose TP is
+            uneven (tp_classes), a mesh of another shape for the DTensors."""
+            bad, n = [], 0
+            name = plan_name(cfg)
+            pj = load_plan_json(find_plan_json(name, REPO))
+            plain = titan_model().build()
+            uneven = dict(pj, tp_classes=[{"tp_ranks": [1], "units": []}])
+            for what, fn, words in (
+                    ("no TP on the model", lambda: tensor_parallel.check_model(
+                        pj, units_from_module(plain, titan_fsdp_units(plain))), "carries no TP layout"),
+                    ("uneven TP", lambda: tensor_parallel.check_plan(uneven), "tp_classes"),
+                    ("another mesh", lambda: tensor_parallel.storage_mesh(
+                        pj, "cpu", pd.get_mesh("tp")), "storage mesh")):
+                n += 1
+                try:
+                    fn()
+                    bad.append("%s: not refused" % what)
+                except (PlanError, PlanMismatch) as e:
+                    if words not in str(e) or "\n" in str(e):
+                        bad.append("%s: refused as %r" % (what, str(e)))
+            return bad, n
+
+        case("refusals", refusals)
         case("train", train_match)
         case("titan_to_bridge", titan_to_bridge)
         case("bridge_to_titan", bridge_to_titan)
@@ -346,7 +375,8 @@ def worker(args, tmp):
             bad = [(r, x) for r in range(world) for x in out[r][ci]["rows"][what][0]]
             n = sum(out[r][ci]["rows"][what][1] for r in range(world))
             failed += bool(bad)
-            good = "differs from torchtitan, as it must" if what == "mutant" else "bit-identical"
+            good = {"mutant": "differs from torchtitan, as it must",
+                    "refusals": "each refused in one line"}.get(what, "bit-identical")
             print("%s bridge_tp %s %s: %s (%d values x ranks compared)" % (
                 "ok  " if not bad else "FAIL", cfg, what, good if not bad else "%d differences" % len(bad), n))
             for r, x in bad[:5]:
@@ -380,7 +410,6 @@ def main():
     for cfg in cfgs:
         if cfg not in CONFIGS:
             sys.exit("test_bridge_tp: unknown config %r; known: %s" % (cfg, ", ".join(CONFIGS)))
-        build_plan(cfg)
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([os.path.join(REPO, "python"), HERE, os.environ.get("PYTHONPATH", "")]))
     rc = 0
