@@ -4,7 +4,7 @@ by CommplanFSDP's hooks at the places of the plan's op order.
 
 torch 2.15's FSDP2 (torch/distributed/fsdp/_fully_shard/), which the plan's op order already is:
 
-* pre-forward of a unit: ``unshard(async_op)`` then ``wait_for_unshard()``
+* pre-forward of a unit: ``unshard(async_op)`` (:458) then ``wait_for_unshard()`` (:505)
   (_fsdp_param_group.py:637-651): the all-gather on its own streams, the copy-out on the current
   stream; the next unit's all-gather is issued by the next pre-forward (implicit prefetch: on a
   GPU the host runs ahead of the compute), or earlier where the plan has an explicit forward
@@ -17,8 +17,8 @@ torch 2.15's FSDP2 (torch/distributed/fsdp/_fully_shard/), which the plan's op o
 * post-backward: the reduce-scatter (and HSDP all-reduce) on their own streams, after waiting for
   the unit's previous reduction (_wait_for_post_backward, _fsdp_param_group.py:759, 1050-1059);
   the root's final callback waits for them all before the optimizer
-  (_fsdp_state.py:422-460, _end_backward_iteration: current_stream.wait_event of every
-  post-reduce event): here, reduce_issue in post-backward, reduce_wait before the unit's next
+  (_fsdp_state.py:422-460, wait_for_gradient_reduction :568 -> _end_backward_iteration :547:
+  current_stream.wait_event of every post-reduce event): here, reduce_issue in post-backward, reduce_wait before the unit's next
   reduction and in the final callback;
 * the step's first all-gather after the current stream (_root_pre_forward,
   _fsdp_state.py:161-162): the library's issue that starts a step forks its side streams from
