@@ -342,6 +342,13 @@ torch_lane() {
   # against fully_shard + torch.nn.utils.clip_grad_norm_ bit for bit (~20 s).
   bridge_check "the bridge's clipping by the global norm and eval forwards vs fully_shard, and its root= error, on gloo, 4 ranks under torchrun (tests/python/test_bridge_train.py)" \
     bridge_train 900 test_bridge_train.py
+  # Activation checkpointing (torchtitan's FullAC, per-op SelectiveAC,
+  # every-k-th-block) and ChunkedLossWrapper through the bridge (issue 36,
+  # item 2): torchtitan's llama3 under its own parallelize + fully_shard vs
+  # CommplanFSDP, every loss, sharded parameter, gradient and FSDP collective
+  # identical (tests/python/test_bridge_ac.py; quick tier: 2 of its 8 cases).
+  bridge_check "activation checkpointing (full, selective, every k-th block) and ChunkedLossWrapper through the bridge vs torchtitan's parallelize + fully_shard, on gloo, 4 ranks under torchrun (tests/python/test_bridge_ac.py)" \
+    bridge_ac 1800 test_bridge_ac.py
 
   section "Python package with PyTorch: runtime hooks, torchtitan's TP live (tests/python/test_runtime_host.py, tests/tp_record.py)"
   if command -v python3 >/dev/null 2>&1; then

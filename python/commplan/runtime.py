@@ -32,8 +32,13 @@ What it does, as FSDP2's fully_shard does it:
 
 The library calls must come in the plan's order (their event waits are the plan's): every call
 is checked against the order derived from plan.json's ops, and a model that runs its units in
-another order (a unit called twice, activation-checkpoint recompute) is refused with one line
-instead of racing. A forward under no_grad / inference_mode (evaluation) makes no library call:
+another order (a unit called twice, a loss the plan does not describe) is refused with one line
+instead of racing. Activation checkpointing as torchtitan applies it (checkpoint_wrapper around
+blocks): parameter names without the wrapper's segment, and a recompute during backward makes no
+call, as FSDP2's in PRE_BACKWARD state (commplan.recompute). torchtitan's ChunkedLossWrapper on a
+plan with training.loss_chunks >= 2: the loss head's modules answer its FSDPModule calls, its
+chunks' backwards accumulate lm_head's gradient and the last one reduces it (commplan.chunked_loss).
+A forward under no_grad / inference_mode (evaluation) makes no library call:
 commplan.training gathers each unit into temporary tensors over the plan's shard group and drops
 them after the unit. clip_grad_norm_ (and torch.nn.utils.clip_grad_norm_ on the model's
 parameters, while the bridge is open) clips by the global norm over the plan's shard group
@@ -62,7 +67,7 @@ from .match import PlanMismatch, check_units_match_plan, find_plan_json, find_pl
 from .modules import named_units, units_from_module
 from .planfile import PlanError
 from .validate import check_expert_counts
-from . import training
+from . import chunked_loss, recompute, training
 
 __all__ = ["CommplanFSDP", "GpuLibrary", "HostLibrary", "library_calls", "PlanOrderError"]
 
@@ -612,12 +617,6 @@ class CommplanFSDP:
             raise PlanError("plan %s accumulates as torch.distributed.pipelining does (grad_accumulation = "
                             "\"step_end\"): its units stay unsharded across micro-batches, which FSDP2's module "
                             "hooks here do not model; use fsdp2_default, sync_last or all_reduce_last" % plan)
-        if any(op.get("params") for op in self.plan["ops"]):
-            raise PlanError("plan %s follows torchtitan's ChunkedLossWrapper (training.loss_chunks = %s: its "
-                            "[norm, lm_head] unit gathered three times and reduced in two parts per micro-step), "
-                            "which these module hooks do not drive; regenerate it with training = { loss_chunks = 1 } "
-                            "(a loss on the whole logits, as F.cross_entropy here)"
-                            % (plan, self.plan.get("audit", {}).get("settings", {}).get("loss_chunks", "> 1")))
         if self.plan.get("parallel", {}).get("tp", 1) != 1:
             raise PlanMismatch("plan %s uses tensor parallelism; the PyTorch runtime drives FSDP/HSDP plans only"
                                % plan)
@@ -650,6 +649,8 @@ class CommplanFSDP:
                               for op in self.plan["ops"] if op["kind"] in ("view_out", "view_out_add")}
         self._pos = 0
         self._micro = 0
+        # torchtitan's ChunkedLossWrapper on the plan's loss head (training.loss_chunks >= 2), else None
+        self._head = chunked_loss.attach(self)
         self._reset_pass()
         self._eval = training.EvalForward(self)
         self._install_hooks()
@@ -734,6 +735,8 @@ class CommplanFSDP:
     # -- state --
 
     def _reset_pass(self):
+        if getattr(self, "_head", None) is not None:
+            self._head.new_micro_step()
         self._in_backward = False
         self._callback_queued = False
         self._fwd_started = [0] * len(getattr(self, "units", []))
@@ -750,7 +753,7 @@ class CommplanFSDP:
                 raise PlanOrderError(
                     "commplan: %s(%s) called, but plan %s expects %s next (micro-step %d; the op order of its "
                     "SCHEDULE.md): the model runs its units in another order than the plan (a unit called twice, "
-                    "activation-checkpoint recompute, a forward under no_grad)"
+                    "a loss other than the one training.loss_chunks says, a forward under no_grad)"
                     % (call, self.units[u]["name"], self.name, want, self._micro))
         self._pos += 1
         self.lib.call(call, u)
@@ -783,13 +786,18 @@ class CommplanFSDP:
             if not torch.is_grad_enabled():  # evaluation: gathered apart from the plan (training.py)
                 self._eval.pre_forward(u)
                 return _eval_cast(self.units[u], args, kwargs, with_kwargs)
-            if self._in_backward:
-                raise PlanOrderError("commplan: forward of %s during backward (activation-checkpoint recompute) "
-                                     "is not in the plan's order" % self.units[u]["name"])
+            if self._in_backward:  # activation checkpointing's recompute: no call (commplan.recompute)
+                recompute.recompute_pre_forward(self, u)
+                return _eval_cast(self.units[u], args, kwargs, with_kwargs)
+            if self._head is not None and self._head.in_loss(u):  # a ChunkedLossWrapper chunk (chunked_loss)
+                self._head.pre_forward(u)
+                return _eval_cast(self.units[u], args, kwargs, with_kwargs)
             unit = self.units[u]
             if self._fwd_done[u] >= len(unit["modules"]):
                 raise PlanOrderError("commplan: a second forward of %s before backward: the plan's micro-step is "
-                                     "one forward and one backward" % unit["name"])
+                                     "one forward and one backward (torchtitan's ChunkedLossWrapper runs lm_head once "
+                                     "per chunk: write the plan with training.loss_chunks = its num_chunks)"
+                                     % unit["name"])
             if self._fwd_started[u] == 0:
                 if u == 0:
                     for P in self.params:  # torch < 2.1 left the last backward's grads on the unsharded params
@@ -807,6 +815,10 @@ class CommplanFSDP:
         def hook(module, args, output):
             if not torch.is_grad_enabled():
                 return self._eval.post_forward(u)
+            if self._in_backward:
+                return recompute.recompute_post_forward(self, u)
+            if self._head is not None and self._head.in_loss(u):
+                return None
             unit = self.units[u]
             for t in _tensors_in(output, []):
                 if t.requires_grad:
@@ -814,6 +826,8 @@ class CommplanFSDP:
             self._fwd_done[u] += 1
             if self._fwd_done[u] == len(unit["modules"]) and u != 0 and unit["reshard_after_forward"]:
                 self._reshard(u, "forward")
+            if u == 0:  # units whose modules did not all run (lm_head under _skip_lm_head): chunked_loss
+                chunked_loss.complete_forward(self, output, self._pre_backward_hook)
             return None
         return hook
 
@@ -836,7 +850,9 @@ class CommplanFSDP:
 
     def _grad_hook(self, P, post_accumulate):
         def hook(arg):
-            self._enter_backward()
+            in_loss = self._head is not None and self._head.in_loss(P.unit)  # a chunk's backward
+            if not in_loss:
+                self._enter_backward()
             g = arg.grad if post_accumulate else arg
             with torch.no_grad():
                 # cast to the buffer's dtype first, then added in it: AccumulateGrad with the
@@ -848,6 +864,9 @@ class CommplanFSDP:
             P.accumulated = True
             if post_accumulate:
                 arg.grad = None
+            if in_loss:
+                self._head.chunk_grad(P)
+                return None
             if not P.arrived:
                 P.arrived = True
                 self._arrived[P.unit] += 1
@@ -863,9 +882,16 @@ class CommplanFSDP:
         self._reshard(u, "backward")
         if not unit["params"] or ("reduce", u, self._micro, "backward") not in self._plan_calls:
             return
+        # the loss head's last part (its norm) under ChunkedLossWrapper, else the whole unit
+        self._reduce(u, self._head.next_part() if self._head is not None and self._head.u == u else unit["params"])
+
+    def _reduce(self, u, params):
+        """The unit's next reduction (of `params`: the unit's, or the part the plan reduces)."""
         adds = (u, self._micro) in self._reduce_adds
+        if self._head is not None and self._head.u == u:
+            self._head.reduced()
         with torch.no_grad():
-            for P in unit["params"]:
+            for P in params:
                 aliased = P.alias is not None and P.sharded.grad is P.alias
                 if adds and not aliased:
                     # the plan adds this reduction into its storage: start it from zero, so the
@@ -877,10 +903,10 @@ class CommplanFSDP:
                     P.sharded.grad = P.alias.clone()
             self._call("reduce", u)
             if (u, self._micro) not in self._reduce_views:
-                for P in unit["params"]:
+                for P in params:
                     P.accumulated = False
                 return  # parked in the plan's partial sums until the last micro-step's all-reduce
-            for P in unit["params"]:
+            for P in params:
                 P.accumulated = False
                 if P.sharded.grad is None:
                     P.alias = P.shard_grad
@@ -939,6 +965,8 @@ class CommplanFSDP:
                                         foreach, fsdp=self)
 
     def close(self):
+        if self._head is not None:
+            self._head.close()
         training.unregister(self)
         for h in self._handles:
             h.remove()
