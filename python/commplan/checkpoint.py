@@ -207,7 +207,8 @@ def as_dtensor(fsdp, fqn, local, mesh=None):
     state.{fqn}.{name}, torchtitan/components/optimizer/utils.py:71)."""
     mesh = dp_mesh(fsdp, mesh)
     specs = _specs(fsdp, mesh)
-    p = dict(fsdp.model.named_parameters(remove_duplicate=False)).get(fqn)
+    from .recompute import clean_fqn  # fqn as the model's own (checkpoint_wrapper's segment dropped)
+    p = {clean_fqn(n): p for n, p in fsdp.model.named_parameters(remove_duplicate=False)}.get(clean_fqn(fqn))
     s = specs.get(id(p)) if p is not None else None
     if s is None or not isinstance(local, torch.Tensor) or local.dim() == 0 or local.shape != p.shape:
         return local

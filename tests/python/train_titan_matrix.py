@@ -76,8 +76,10 @@ def entry(mesh, ac, loss, ckpt=False):
 # the baseline that ran first (no AC, CrossEntropyLoss), with the checkpoint round trips.
 CONFIGS = [entry(m, "none", "ce", ckpt=True) for m in MESHES]
 CONFIGS += [entry(m, ac, "chunked", ckpt=(ac == "selective")) for m in MESHES for ac in ("selective", "full")]
+# AC with the whole-logits loss (each AC mode, with and without TP): AC apart from the chunked loss
+CONFIGS += [entry("hsdp", "selective", "ce", ckpt=True), entry("fsdp_tp", "full", "ce")]
 # make test's quick tier: these configs at QUICK_STEPS steps (checkpoint after step QUICK_STEPS // 2).
-QUICK = ["hsdp/none/ce", "fsdp_tp/none/ce"]
+QUICK = ["hsdp/selective/ce", "fsdp_tp/full/ce"]
 QUICK_STEPS, FULL_STEPS = 4, 20
 
 # What each feature of a config needs from the bridge, and whether it has landed.
@@ -86,7 +88,7 @@ NEEDS = {
     "ac": "torchtitan's activation checkpointing (apply_ac) through the bridge",
     "chunked": "ChunkedLossWrapper through the bridge (the plan's training.loss_chunks)",
 }
-LANDED = {"tp"}
+LANDED = {"tp", "ac", "chunked"}
 
 
 def features(cfg):
@@ -167,14 +169,14 @@ def piece(full, mesh, placements):
 
 
 def copy_values(model, full):
+    """full's values (by the model's FQNs, checkpoint_wrapper's segment dropped) into model."""
     import torch
     from torch.distributed.tensor import DTensor
+    from commplan.recompute import clean_fqn
     with torch.no_grad():
         for n, p in model.named_parameters():
-            if isinstance(p, DTensor):
-                p.to_local().copy_(piece(full[n], p.device_mesh, p.placements))
-            else:
-                p.copy_(full[n])
+            v = full[clean_fqn(n)]
+            p.copy_(v) if not isinstance(p, DTensor) else p.to_local().copy_(piece(v, p.device_mesh, p.placements))
 
 
 def titan_parallelized(cfg, pd, confs, seed):
@@ -386,6 +388,9 @@ def bridge_states(t, fsdp):
 
 # ---- the ranks ---------------------------------------------------------------------------
 
+_PD = {}
+
+
 def run_config(cfg, steps, rank, tmp):
     """One config on this rank: A, B, and the round trips. Returns a report dict."""
     import torch
@@ -394,8 +399,10 @@ def run_config(cfg, steps, rank, tmp):
     from torchtitan.distributed.parallel_dims import ParallelDims
     world = world_of(cfg["mesh"])
     confs = titan_configs(cfg, steps)
-    pd = ParallelDims.from_config(confs[0], world)
-    pd.build_mesh()
+    if cfg["mesh"] not in _PD:  # one per mesh and process: torchtitan reuses the first mesh of a layout, and
+        _PD[cfg["mesh"]] = ParallelDims.from_config(confs[0], world)  # fully_shard refuses another mesh object
+        _PD[cfg["mesh"]].build_mesh()
+    pd = _PD[cfg["mesh"]]
     C = steps // 2
     ck_a = os.path.join(tmp, plan_name(cfg) + "_titan")
     ck_b = os.path.join(tmp, plan_name(cfg) + "_bridge")
@@ -507,9 +514,13 @@ def build_plan(cfg, steps):
     par = {k: v for k, v in MESHES[cfg["mesh"]].items()}
     # AC changes no FSDP collective (the plan is the model's without it); the chunked loss's order is
     # the plan's training.loss_chunks
-    training = {"loss_chunks": LOSS_CHUNKS} if cfg["loss"] == "chunked" else None
+    training = {}
+    if cfg["loss"] == "chunked":
+        training["loss_chunks"] = LOSS_CHUNKS
+    if cfg["ac"] != "none":  # the memory model's (training.activation_checkpointing); no op changes
+        training["activation_checkpointing"] = cfg["ac"]
     plan_from_titan(titan_model(), name, world_of(cfg["mesh"]), parallel=par,
-                    fsdp={"micro_steps": MICRO, "reduce_op": "sum"}, seq_len=SEQ, training=training,
+                    fsdp={"micro_steps": MICRO, "reduce_op": "sum"}, seq_len=SEQ, training=training or None,
                     out=os.path.join(d, name + ".lua"))
     r = subprocess.run(["make", "--no-print-directory", "-s", "PLAN=%s/%s.lua" % (BUILD, name)], cwd=REPO,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
