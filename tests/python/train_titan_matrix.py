@@ -8,14 +8,16 @@ over the batch mesh), its gradient accumulation loop (forward_backward_step per 
 post_dataloading_process with its SPMD input annotation and attention masks, _forward_backward_body
 under its SPMD context), its loss (config.loss.build: CrossEntropyLoss, or ChunkedLossWrapper with
 set_lm_head / _skip_lm_head as Trainer.__init__ does it, trainer.py:513), its clip_grad_norm_
-(torchtitan/distributed/utils.py:599, max_norm 1.0: on the bridge, torch's get_total_norm made
-global by commplan.training), its OptimizersContainer (AdamW, default_adamw) and its
-LRSchedulersContainer (warmup), on torchtitan's llama3 (debug-sized: dim 64, 2 layers, vocab 250,
+(torchtitan/distributed/utils.py:599, max_norm 0.25 so that every step clips: on the bridge,
+torch's get_total_norm made global by commplan.training), its OptimizersContainer (AdamW,
+default_adamw) and its LRSchedulersContainer (llama3_debugmodel's), on torchtitan's llama3 (debug-sized: dim 64, 2 layers, vocab 250,
 seq 16, batch 2; FlexAttention swapped for causal SDPA on both sides, titan_env.cpu_training).
 
     side A   torchtitan's own parallelize_llama (fully_shard, TP, apply_ac as the config says)
-    side B   the same model and initial values, the bridge (CommplanFSDP over the plan's host
-             library, HostLibrary) doing every FSDP collective and copy from the generated plan
+    side B   the same model and initial values (TP by commplan.tensor_parallel.titan_tp_model,
+             torchtitan's AC applied where parallelize_llama applies it), the bridge
+             (CommplanFSDP over the plan's host library, HostLibrary, its default overlap) doing
+             every FSDP collective and copy from the plan written by plan_from_titan
 
 Every micro-batch's loss, every step's gradient norm and, after every step, every sharded
 parameter and its gradient (local shards) are compared bit for bit. Checkpoint round trips
@@ -28,7 +30,11 @@ continue bit-identically to A.
 
 A config is one entry of CONFIGS (mesh, AC mode, loss, ckpt). One torchrun launch per world
 size runs all of its configs. A config whose bridge support has not landed (NEEDS / LANDED)
-prints a SKIP naming what is missing; it never passes.
+prints a SKIP naming what is missing; it never passes. The matrix: FSDP 4, HSDP 2x2, FSDP 2 x
+TP 2, HSDP 2x2 x TP 2 (8 ranks), each with no AC and the whole-logits loss (DCP round trips) and
+with selective and full AC under ChunkedLossWrapper (round trips under selective), and AC on the
+whole-logits loss (HSDP selective with round trips, FSDP x TP full). A mutant whose clipping takes
+the local norm (commplan.training unregistered) differs in every parameter after step 0.
 
     tests/python/train_titan_matrix.py [TORCHRUN] [--tier quick|full] [--configs a,b]
 
