@@ -347,8 +347,8 @@ torch_lane() {
   # its own TP (SP, loss_parallel, spmd_types) with CommplanFSDP in place of
   # fully_shard, against torchtitan + fully_shard bit for bit: losses, clipped
   # global norms, sharded grads and params, DCP round trips both ways, refusals
-  # and a mutant (quick tier: FSDP 2 x TP 2, 3 steps, ~50 s; full: + HSDP
-  # 2 x 2 x TP 2 on 8 ranks, 20 steps).
+  # and a mutant (quick tier: FSDP 2 x TP 2, vocab 250 and 251 (uneven TP),
+  # 3 steps, ~50 s; full: + HSDP 2 x 2 x TP 2 on 8 ranks, 20 steps).
   bridge_check "FSDP x TP through the bridge: torchtitan's TP + CommplanFSDP vs torchtitan's TP + fully_shard, clipping and DCP round trips, on gloo under torchrun (tests/python/test_bridge_tp.py)" \
     bridge_tp 1800 test_bridge_tp.py
   # Overlap (issue 36, item 1): the bridge's split calls (unshard issue/wait,
