@@ -1,9 +1,13 @@
 """FSDP x TP and HSDP x TP under the bridge (issue 36, item 2): a model parallelized for tensor
 parallelism as torchtitan 0.3 does it, then handed to CommplanFSDP in place of fully_shard.
 
-    model.parallelize(parallel_dims)            # torchtitan's TP (+ SP, loss_parallel), no fully_shard
-    fsdp = CommplanFSDP(name, model, titan_fsdp_units(model), ...)   # a plan with parallel.tp > 1
-    # or, from torchtitan's config: commplan.tensor_parallel.titan_tp_model(cfg, parallelism, training, pd)
+    plan_from_titan(cfg, name, world, parallel={"dp_shard": 2, "tp": 2}, seq_len=..., out=...)  # make PLAN=
+    pd = ParallelDims.from_config(parallelism, world); pd.build_mesh()   # once per mesh and process
+    model = titan_tp_model(cfg, parallelism, training, pd)   # parallelize_llama without apply_fsdp_to_decoder
+    # (torchtitan's apply_ac goes here, between TP and FSDP, as parallelize_llama applies it)
+    copy_full_(model, values, pd.get_mesh("tp"))             # optional: global values -> TP-local pieces
+    fsdp = CommplanFSDP(name, model, titan_fsdp_units(model), root=..., library=...)
+    # then torchtitan's step unchanged: its SPMD context, loss, clip_grad_norm_, optimizer
 
 Who runs which collective: the library drives the FSDP / HSDP collectives (the plan's all-gathers,
 reduce-scatters and all-reduces over dp_shard / dp_replicate: its unit calls); the TP collectives
@@ -62,7 +66,8 @@ import torch
 from .planfile import PlanError
 from .match import PlanMismatch, plan_units
 
-__all__ = ["attach", "check_model", "check_plan", "copy_full_", "local_piece", "rank_plan", "TensorParallel", "storage_mesh", "titan_tp_model"]
+__all__ = ["attach", "check_model", "check_plan", "copy_full_", "local_piece", "rank_plan", "TensorParallel",
+           "storage_mesh", "titan_tp_model"]
 
 # the data-parallel and TP axes of torchtitan's dense storage mesh, outer to inner
 # (torchtitan/distributed/full_dtensor.py:72 _DENSE_STORAGE_AXES, cp refused below)

@@ -80,7 +80,8 @@ def build_plan(cfg):
     name = plan_name(cfg)
     os.makedirs(os.path.join(REPO, BUILD), exist_ok=True)
     out = os.path.join(REPO, BUILD, name + ".lua")
-    plan_from_titan(titan_model(vocab), name, world, parallel=dict(par), fsdp={"micro_steps": MICRO, "reduce_op": "sum"},
+    plan_from_titan(titan_model(vocab), name, world, parallel=dict(par),
+                    fsdp={"micro_steps": MICRO, "reduce_op": "sum"},
                     seq_len=SEQ, out=out)
     r = subprocess.run(["make", "--no-print-directory", "-s", "PLAN=%s/%s.lua" % (BUILD, name)], cwd=REPO,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
@@ -115,7 +116,8 @@ class Side:
         extra = {"positions": positions, "attention_masks": self.model.get_attention_masks(positions=positions)}
         with self.ctx():
             tok, lab, extra = annotate_input_spmd_types(self.pd, tok, lab, extra)
-            loss = cross_entropy_loss(self.model(tok, **extra), lab, global_vocab_size=self.vocab) / (BATCH * SEQ * MICRO)
+            pred = self.model(tok, **extra)
+            loss = cross_entropy_loss(pred, lab, global_vocab_size=self.vocab) / (BATCH * SEQ * MICRO)
             with spmd.no_typecheck():
                 loss.backward()
         return loss.detach()
@@ -276,7 +278,8 @@ def worker(args, tmp):
                     got = (tuple(w.placements), w.shape, w.stride()) if isinstance(w, DTensor) else type(w).__name__
                     if got != (pl, shape, stride) or not torch.equal(w.to_local(), loc):
                         bad.append("state_dict[%s]: commplan %s, fully_shard + TP %s%s" % (
-                            k, got, (pl, shape, stride), "" if got != (pl, shape, stride) else ", local tensors differ"))
+                            k, got, (pl, shape, stride),
+                            "" if got != (pl, shape, stride) else ", local tensors differ"))
                         break
                 n += len(form_a) if ckpt else 0
                 # the bridge's save, for fully_shard + TP to load
