@@ -129,7 +129,11 @@ local SCHEMA = {
            -- overrides fsdp.reshard_after_forward for this unit (the root never reshards after forward)
            reshard_after_forward = { "bool" },
            -- this unit's MixedPrecisionPolicy (fully_shard's mp_policy), overriding fsdp's
-           param_dtype = { "enum", enum = DTYPES }, reduce_dtype = { "enum", enum = DTYPES } },
+           param_dtype = { "enum", enum = DTYPES }, reduce_dtype = { "enum", enum = DTYPES },
+           -- the generic family: this unit is torchtitan's [norm, lm_head] (its fully_shard of the
+           -- decoder's head, distributed/fsdp.py:202-207), which its ChunkedLossWrapper runs
+           -- (training.loss_chunks, gen/parallel/fsdp.lua chunked_loss)
+           loss_head = { "bool" } },
   param = { name = { "name" }, shape = { "list", max = LIM.dims, why = "runtime/commplan.h CP_MAX_DIMS is 8" },
             dtype = { "enum", enum = DTYPES }, shard_dim = { "int", min = 0, max = LIM.dims - 1 },
             -- tensor-parallel placement (gen/parallel/tp.lua): colwise = Shard(0), rowwise = Shard(1)

@@ -343,6 +343,14 @@ torch_lane() {
   # against fully_shard + torch.nn.utils.clip_grad_norm_ bit for bit (~20 s).
   bridge_check "the bridge's clipping by the global norm and eval forwards vs fully_shard, and its root= error, on gloo, 4 ranks under torchrun (tests/python/test_bridge_train.py)" \
     bridge_train 900 test_bridge_train.py
+  # FSDP x TP through the bridge (issue 36, item 2): torchtitan's llama3 under
+  # its own TP (SP, loss_parallel, spmd_types) with CommplanFSDP in place of
+  # fully_shard, against torchtitan + fully_shard bit for bit: losses, clipped
+  # global norms, sharded grads and params, DCP round trips both ways, refusals
+  # and a mutant (quick tier: FSDP 2 x TP 2, 3 steps, ~50 s; full: + HSDP
+  # 2 x 2 x TP 2 on 8 ranks, 20 steps).
+  bridge_check "FSDP x TP through the bridge: torchtitan's TP + CommplanFSDP vs torchtitan's TP + fully_shard, clipping and DCP round trips, on gloo under torchrun (tests/python/test_bridge_tp.py)" \
+    bridge_tp 1800 test_bridge_tp.py
   # Overlap (issue 36, item 1): the bridge's split calls (unshard issue/wait,
   # reductions left in flight) with gloo's asynchronous collectives, FSDP and
   # HSDP against fully_shard bit for bit, the prefetch seen in flight across
@@ -358,6 +366,13 @@ torch_lane() {
   # 4 steps, ~45 s; make test-full: the whole matrix at 20 steps).
   bridge_check "torchtitan's training step (Trainer.train_step: its loss, accumulation, clip_grad_norm_, optimizer container) with the bridge vs its own parallelize, the configuration matrix and DCP round trips, on gloo under torchrun (tests/python/train_titan_matrix.py)" \
     train_titan_matrix 2400 train_titan_matrix.py
+  # Activation checkpointing (torchtitan's FullAC, per-op SelectiveAC,
+  # every-k-th-block) and ChunkedLossWrapper through the bridge (issue 36,
+  # item 2): torchtitan's llama3 under its own parallelize + fully_shard vs
+  # CommplanFSDP, every loss, sharded parameter, gradient and FSDP collective
+  # identical (tests/python/test_bridge_ac.py; quick tier: 2 of its 8 cases).
+  bridge_check "activation checkpointing (full, selective, every k-th block) and ChunkedLossWrapper through the bridge vs torchtitan's parallelize + fully_shard, on gloo, 4 ranks under torchrun (tests/python/test_bridge_ac.py)" \
+    bridge_ac 1800 test_bridge_ac.py
 
   section "Python package with PyTorch: runtime hooks, torchtitan's TP live (tests/python/test_runtime_host.py, tests/tp_record.py)"
   if command -v python3 >/dev/null 2>&1; then

@@ -160,9 +160,9 @@ def _local_of(v, P, placements, mesh, key):
         if tuple(v.placements) == tuple(placements) and tuple(v.device_mesh.shape) == tuple(mesh.shape):
             return v.to_local()
         v = v.full_tensor()
-    if mesh.ndim > 1 and mesh.mesh_dim_names[-1] == "tp":  # FSDP x TP: this rank's piece, as DTensor slices it
-        from torch.distributed.tensor import distribute_tensor
-        return distribute_tensor(v, mesh, placements, src_data_rank=None).to_local()
+    if mesh.ndim > 1 and mesh.mesh_dim_names[-1] == "tp":  # FSDP x TP: this rank's piece of the global tensor
+        from .tensor_parallel import local_piece
+        return local_piece(v, mesh, placements)
     k = placements[-1].dim
     n, W, r = v.shape[k], mesh.size(mesh.ndim - 1), mesh.get_local_rank(mesh.ndim - 1)
     chunk = -(-n // W)

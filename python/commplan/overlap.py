@@ -156,7 +156,7 @@ class Overlap:
                 self.compute.setdefault((ui[op["unit"]], op.get("micro_step", 0), op["kind"]), op["seq"])
         n = len(fsdp.units)
         self.prefetched = [False] * n
-        self.reducing = [False] * n
+        self.reducing = [None] * n  # the params of each unit's reduction in flight
         self.log = None
 
     def _make(self, call, u, lib_call=None):
@@ -185,22 +185,24 @@ class Overlap:
             self._make("unshard_issue", v)
             self.prefetched[v] = True
 
-    def reduce(self, u):
-        """post-backward's reduction, issued and left in flight (after the unit's previous one)."""
+    def reduce(self, u, params):
+        """post-backward's reduction of `params` (the unit's, or the part the plan reduces), issued
+        and left in flight (after the unit's previous one)."""
         self.wait_reduce(u)
         adds = (u, self.f._micro) in self.f._reduce_adds
-        self.f._before_reduce(u, adds)
+        self.f._before_reduce(u, adds, params)
         self._make("reduce", u, "reduce_issue")
-        self.reducing[u] = True
+        self.reducing[u] = params
 
     def wait_reduce(self, u):
-        if not self.reducing[u]:
+        params = self.reducing[u]
+        if params is None:
             return
-        self.reducing[u] = False
+        self.reducing[u] = None
         self.f.lib.call("reduce_wait", u)
         if self.log is not None:
             self.log.append(("reduce_wait", self.f.units[u]["name"]))
-        self.f._after_reduce(u)
+        self.f._after_reduce(u, params)
 
     def finish(self):
         """The root's final callback: every reduction waited for, before the optimizer."""

@@ -61,7 +61,7 @@ import torch
 from .planfile import PlanError
 from .match import PlanMismatch, plan_units
 
-__all__ = ["attach", "check_model", "check_plan", "TensorParallel", "storage_mesh", "titan_tp_model"]
+__all__ = ["attach", "check_model", "check_plan", "copy_full_", "local_piece", "TensorParallel", "storage_mesh", "titan_tp_model"]
 
 # the data-parallel and TP axes of torchtitan's dense storage mesh, outer to inner
 # (torchtitan/distributed/full_dtensor.py:72 _DENSE_STORAGE_AXES, cp refused below)
@@ -263,12 +263,12 @@ class TensorParallel:
 
     # -- the step --
 
-    def before_reduce(self, unit):
+    def before_reduce(self, params):
         """A replicated parameter's gradient is a partial sum over tp: all-reduced (SUM) over tp
         before the plan reduces it over dp, as fully_shard's _get_grad_inner_tensor redistributes
         Partial -> Replicate on the tp dim (_fsdp_param.py:1245)."""
         import torch.distributed as dist
-        for P in unit["params"]:
+        for P in params:
             if P.index in self.partial_grad:
                 dist.all_reduce(P.grad_buf, op=dist.ReduceOp.SUM, group=self.tp_group)
 
@@ -294,6 +294,36 @@ class TensorParallel:
         dts = [self.dtensor(by_grad[id(g)], g) for g in grads]
         total = orig(dts, norm_type, error_if_nonfinite, foreach)
         return total.full_tensor() if isinstance(total, DTensor) else total
+
+
+def local_piece(full, mesh, placements):
+    """This rank's local tensor of the global tensor `full` under fully_shard + TP's placements on
+    the storage mesh: the innermost dim (tp) first, then dp_shard on the TP-local piece (what
+    _StridedShard(d, split_factor=tp) on dp_shard with Shard(d) on tp means:
+    torch/distributed/fsdp/_fully_shard/_fsdp_param.py:640), each as torch.chunk cuts (uneven
+    shards included, which distribute_tensor refuses for _StridedShard: placement_types.py:1015)."""
+    t = full
+    for d in reversed(range(mesh.ndim)):
+        p = placements[d]
+        if hasattr(p, "dim"):
+            chunks = torch.chunk(t, mesh.size(d), dim=p.dim)
+            r = mesh.get_local_rank(d)
+            t = chunks[r] if r < len(chunks) else t.narrow(p.dim, 0, 0)
+    return t
+
+
+def copy_full_(model, values, tp_mesh):
+    """Sets a TP-parallelized model's parameters (plain TP-local tensors, torchtitan's spmd_types
+    layout) from global tensors {FQN: tensor}: each its TP piece on its TP dim (its PartitionSpec)
+    at this rank's tp coordinate, as spmd_distribute_tensor cuts it (torch.chunk)."""
+    import spmd_types as spmd
+    axis = spmd.MeshAxis.of(tp_mesh.get_group())
+    r = tp_mesh.get_local_rank()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            got = _model_tp_dim(p, axis)
+            d = got[1] if got is not None else None
+            p.copy_(values[n] if d is None else torch.chunk(values[n], tp_mesh.size(), dim=d)[r])
 
 
 def attach(fsdp, wrapped, mesh=None):

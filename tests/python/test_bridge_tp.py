@@ -1,5 +1,5 @@
 """FSDP x TP through the bridge (issue 36, item 2), on gloo under torchrun: torchtitan 0.3's llama3
-(tiny; tests/python/train_cpu.py's numbers) at dp_shard 2 x tp 2 (4 ranks; HSDP 2 x 2 x tp 2 on 8
+(tiny, fused wqkv: tests/python/train_cpu.py's titan_model) at dp_shard 2 x tp 2 (4 ranks; HSDP 2 x 2 x tp 2 on 8
 ranks under COMMPLAN_TEST_TIER=full), with sequence parallelism and loss_parallel, under its
 spmd_types backend and SPMD context, torchtitan's cross_entropy_loss and clip_grad_norm_ (max_norm
 small enough that every step clips), AdamW, N steps x 2 micro-batches, two sides from the same
@@ -12,7 +12,9 @@ initial values:
 
 Every rank compares, bit for bit: every micro-batch's loss, every step's total gradient norm, and
 after every step every sharded gradient (after clipping) and parameter (the local tensor of
-fully_shard's DTensor against the bridge's shard). Then checkpoints (commplan.checkpoint, DCP):
+fully_shard's DTensor against the bridge's shard). Then checkpoints (commplan.checkpoint, DCP;
+torchtitan's side as its checkpointer takes them: the module's state_dict with its hooks, the
+fused wqkv saved as wq / wk / wv):
 the bridge's state_dict() and optim_state_dict() in fully_shard + TP's form (keys, placements,
 global shapes, local tensors); fully_shard + TP's save loaded into the bridge and the bridge's save
 loaded into fully_shard + TP, each side training on bit-identically to the other. A mutant (the
@@ -51,15 +53,9 @@ def skip(why):
 
 
 def titan_model():
-    """train_cpu.py's tiny llama3 config with q, k, v unfused: the fused wqkv's state_dict hooks
-    (models/common/attention.py:817 _split_qkv_on_save) split it into wq / wk / wv keys that
-    torch.distributed.checkpoint's get_state_dict cannot map back to parameters."""
+    """train_cpu.py's tiny llama3 config (fused wqkv, as torchtitan's registry builds it)."""
     import train_cpu as T
-    T.sys_path_titan()
-    import titan_env as E
-    import test_llama_plan as TL
-    E.cpu_training()
-    return TL.titan_config(None, T.TITAN, False)
+    return T.titan_model()
 
 
 def plan_name(cfg):
@@ -136,26 +132,6 @@ class Side:
         return torch.stack(losses), torch.stack(norms)
 
 
-def piece(full, mesh, placements):
-    """This rank's local tensor of `full` under fully_shard + TP's placements: the innermost mesh dim
-    (tp) first, then dp_shard on the TP-local piece (what _StridedShard(d, sf=tp) with Shard(d) on
-    tp means, torch/distributed/fsdp/_fully_shard/_fsdp_param.py:640), torch.chunk's pieces
-    (distribute_tensor asserts on uneven _StridedShard)."""
-    t = full
-    for d in reversed(range(mesh.ndim)):
-        p = placements[d]
-        if hasattr(p, "dim"):
-            chunks = torch_chunk(t, mesh.size(d), p.dim)
-            r = mesh.get_local_rank(d)
-            t = chunks[r] if r < len(chunks) else t.narrow(p.dim, 0, 0)
-    return t
-
-
-def torch_chunk(t, n, dim):
-    import torch
-    return torch.chunk(t, n, dim=dim)
-
-
 def compare(a, b):
     """Differences between two runs' (losses, norms, snaps): one line each."""
     import torch
@@ -188,22 +164,27 @@ def worker(args, tmp):
     E.cpu_training()
     import test_llama_plan as TL
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
     from torchtitan.config import ParallelismConfig, TrainingConfig
     from torchtitan.distributed.parallel_dims import ParallelDims
     from commplan import checkpoint as ck
     from commplan import tensor_parallel
-    from commplan.match import find_plan_json, load_plan_json
+    from commplan.match import PlanMismatch, find_plan_json, load_plan_json
+    from commplan.modules import units_from_module
+    from commplan.planfile import PlanError
     from commplan.runtime import CommplanFSDP, HostLibrary
     from commplan.titan import titan_fsdp_units
 
+    mine = [c for c in args.configs.split(",") if CONFIGS[c][0] == world]
+    if rank == 0:  # the plans, written and built here (torchtitan is imported once, by the ranks)
+        for cfg in mine:
+            build_plan(cfg)
+    dist.barrier()
     results = []
-    for cfg in args.configs.split(","):
+    for cfg in mine:
         cw, par = CONFIGS[cfg]
-        if cw != world:
-            continue
         parallelism = ParallelismConfig(data_parallel_replicate_degree=par.get("dp_replicate", 1),
                                         data_parallel_shard_degree=par["dp_shard"], tensor_parallel_degree=par["tp"])
         training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
@@ -211,7 +192,6 @@ def worker(args, tmp):
         pd = ParallelDims.from_config(parallelism, world)
         pd.build_mesh()
         dp_rank = rank // par["tp"]  # the batch a TP column shares: the (dp_replicate, dp_shard) coordinate
-        tp_rank = rank % par["tp"]
         torch.manual_seed(1234)
         full = {n: p.detach().clone() for n, p in titan_model().build().named_parameters()}
         first, then = range(args.steps), range(args.steps, args.steps + 2)
@@ -221,7 +201,7 @@ def worker(args, tmp):
             a = TL.parallelize(titan_model(), parallelism, training, pd, "cpu")
             with torch.no_grad():
                 for n, p in a.named_parameters():
-                    p.to_local().copy_(piece(values[n], p.device_mesh, p.placements))
+                    p.to_local().copy_(tensor_parallel.local_piece(values[n], p.device_mesh, p.placements))
             for m in a.modules():
                 if isinstance(m, FSDPModule):  # PREMUL_SUM(1 / 1) is a SUM; gloo has only the latter
                     m.set_force_sum_reduction_for_comms(True)
@@ -230,11 +210,7 @@ def worker(args, tmp):
         def bridge_side(values=full, mutant=False):
             """torchtitan's TP alone, TP-local values from the full tensors, then CommplanFSDP."""
             b = tensor_parallel.titan_tp_model(titan_model(), parallelism, training, pd)
-            with torch.no_grad():
-                for n, p in b.named_parameters():
-                    v = values[n]
-                    d = next((d for d in range(v.dim()) if v.shape[d] != p.shape[d]), None)
-                    p.copy_(v if d is None else torch.chunk(v, par["tp"], dim=d)[tp_rank])
+            tensor_parallel.copy_full_(b, values, pd.get_mesh("tp"))
             name = plan_name(cfg)
             pj = load_plan_json(find_plan_json(name, REPO))
             lib = HostLibrary(os.path.join(REPO, "build", name, "lib%s.so" % name), name, plan_json=pj)
@@ -244,6 +220,12 @@ def worker(args, tmp):
             return Side(b, pd, f)
 
         rows = {}
+
+        def titan_state(side):
+            """(model, optimizer) state as torchtitan's checkpointer takes them: the module's own
+            state_dict, its hooks applied (ModelWrapper, components/checkpointer/base.py:118: the
+            fused wqkv saved as wq / wk / wv), and the optimizer's by FQN."""
+            return side.model.state_dict(), get_optimizer_state_dict(side.model, side.opt)
 
         def case(what, fn):
             try:
@@ -258,7 +240,7 @@ def worker(args, tmp):
         sa = {}
         la, na = A.train(first, dp_rank, sa)
         ck_a = os.path.join(tmp, cfg + "_titan")
-        msd, osd = get_state_dict(A.model, A.opt)
+        msd, osd = titan_state(A)
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=ck_a)
         form_a = {k: (tuple(v.placements), v.shape, v.stride(), v.to_local().clone()) for k, v in msd.items()}
         st_a = {}
@@ -309,10 +291,11 @@ def worker(args, tmp):
             if ref is None:
                 return ["no bridge checkpoint (train_match failed)"], 0
             C = titan_side({k: v + 1 for k, v in full.items()})
-            msd, osd = get_state_dict(C.model, C.opt)
+            msd, osd = titan_state(C)
             sd = {"model": msd, "optim": osd}
             dcp.load(sd, checkpoint_id=os.path.join(tmp, cfg + "_bridge"))
-            set_state_dict(C.model, C.opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+            C.model.load_state_dict(sd["model"])
+            set_optimizer_state_dict(C.model, C.opt, sd["optim"])
             st = {}
             lc, nc = C.train(then, dp_rank, st)
             return compare(ref, (lc, nc, st))
@@ -327,6 +310,30 @@ def worker(args, tmp):
             finally:
                 B.fsdp.close()
 
+        def refusals():
+            """One line each: the model without its TP (a plain torchtitan model), a plan whose TP is
+            uneven (tp_classes), a mesh of another shape for the DTensors."""
+            bad, n = [], 0
+            name = plan_name(cfg)
+            pj = load_plan_json(find_plan_json(name, REPO))
+            plain = titan_model().build()
+            uneven = dict(pj, tp_classes=[{"tp_ranks": [1], "units": []}])
+            for what, fn, words in (
+                    ("no TP on the model", lambda: tensor_parallel.check_model(
+                        pj, units_from_module(plain, titan_fsdp_units(plain))), "carries no TP layout"),
+                    ("uneven TP", lambda: tensor_parallel.check_plan(uneven), "tp_classes"),
+                    ("another mesh", lambda: tensor_parallel.storage_mesh(
+                        pj, "cpu", pd.get_mesh("tp")), "storage mesh")):
+                n += 1
+                try:
+                    fn()
+                    bad.append("%s: not refused" % what)
+                except (PlanError, PlanMismatch) as e:
+                    if words not in str(e) or "\n" in str(e):
+                        bad.append("%s: refused as %r" % (what, str(e)))
+            return bad, n
+
+        case("refusals", refusals)
         case("train", train_match)
         case("titan_to_bridge", titan_to_bridge)
         case("bridge_to_titan", bridge_to_titan)
@@ -346,7 +353,8 @@ def worker(args, tmp):
             bad = [(r, x) for r in range(world) for x in out[r][ci]["rows"][what][0]]
             n = sum(out[r][ci]["rows"][what][1] for r in range(world))
             failed += bool(bad)
-            good = "differs from torchtitan, as it must" if what == "mutant" else "bit-identical"
+            good = {"mutant": "differs from torchtitan, as it must",
+                    "refusals": "each refused in one line"}.get(what, "bit-identical")
             print("%s bridge_tp %s %s: %s (%d values x ranks compared)" % (
                 "ok  " if not bad else "FAIL", cfg, what, good if not bad else "%d differences" % len(bad), n))
             for r, x in bad[:5]:
@@ -380,7 +388,6 @@ def main():
     for cfg in cfgs:
         if cfg not in CONFIGS:
             sys.exit("test_bridge_tp: unknown config %r; known: %s" % (cfg, ", ".join(CONFIGS)))
-        build_plan(cfg)
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([os.path.join(REPO, "python"), HERE, os.environ.get("PYTHONPATH", "")]))
     rc = 0
