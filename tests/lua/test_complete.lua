@@ -87,6 +87,9 @@ function T.generic_models_say_what_is_missing()
   assert(th.mfu and th.tokens_per_s_per_gpu, "tokens/s and MFU")
   local f2 = audit.schedule_md(shaped, "fp"):match("|%-%-%-|%-%-%-|\n(| [^\n]*)")
   assert(f2:find("activations per rank not computed", 1, true) and not f2:find("MFU not computed", 1, true), f2)
+  -- make advise: a generic mesh's "fits" says it counts no activations
+  local adv = require("gen.advisor").report(src, "plans/fsdp4.lua")
+  assert(adv:find("| yes without activations (the plan's mesh) |", 1, true), adv)
   -- A generic model under TP: its activation collectives have no shape, said so.
   local tp = audit.schedule_md(plan.from_source(read("plans/tp3_uneven.lua"), "plans/tp3_uneven.lua"), "fp")
   assert(tp:match("| %*%*incomplete%*%* | [^\n]*TP's activation collectives not planned: tp = 3"), "tp3_uneven")
