@@ -545,7 +545,9 @@ function advisor.report(src, path, opts)
       if skipped > 0 then w("| ... | %d more | | | | | | | | | | |", skipped); skipped = 0 end
       w("| %d | %d | %d | %d | %d | %d | %s | %s | %s | %s | %s | %s%s |", i, x.r, x.s, x.cp, x.t, x.e, x.ac,
         t(x.step_us),
-        t(x.compute_us), t(x.exposed_us), human(x.memory.total_bytes), x.fits and "yes" or "**no**",
+        t(x.compute_us), t(x.exposed_us), human(x.memory.total_bytes),
+        -- (a generic model's activations are not known: its "fits" counts none)
+        x.fits and (x.memory.activations_modeled == false and "yes without activations" or "yes") or "**no**",
         x.plan_mesh and " (the plan's mesh)" or "")
     else
       skipped = skipped + 1

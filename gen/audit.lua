@@ -1149,6 +1149,35 @@ local function settings_lines(p, s)
     acc, ac[s.activation_checkpointing], loss, opt)
 end
 
+-- The figures a plan's audit cannot give, each with why and what would
+-- give it (SCHEDULE.md's summary says them first): a generic model's
+-- activations (so no memory verdict while it fits without them), its model
+-- FLOPs per token, tokens/s and MFU without its attention shape, and TP's
+-- activation collectives that a generic unit's shapes cannot place.
+function audit.missing_figures(p, a)
+  local out = {}
+  local m, th = a.memory, a.throughput
+  if m and not m.activations_modeled then
+    out[#out + 1] = "activations per rank not computed (a generic model's units give no activation shapes), so "
+      .. (m.fits and "no memory verdict" or "the memory verdict counts none")
+  end
+  if not a.pipeline and not th.mfu then
+    out[#out + 1] = "model FLOPs per token and MFU not computed: give model.n_heads, head_dim and n_layers (the "
+      .. "attention shape torchtitan's formula needs)"
+  end
+  if p.model and p.model.family == "generic" and p.dims and (p.dims.tp or 1) > 1 then
+    local tp_ops = false
+    for _, o in ipairs(p.ops) do
+      if o.group == "tp" then tp_ops = true; break end
+    end
+    if not tp_ops then
+      out[#out + 1] = string.format("TP's activation collectives not planned: tp = %d, but a generic unit's "
+        .. "activations have no shape (the step's TP time is missing)", p.dims.tp)
+    end
+  end
+  return out
+end
+
 -- The parameters torchtitan's model FLOPs count (gen/compute.lua's
 -- model_flops_per_token): an MoE model's active ones.
 function audit.flops_params_text(p)
@@ -1173,6 +1202,10 @@ function audit.schedule_md(p, fp)
   w("| | |")
   w("|---|---|")
   local pl = a.pipeline
+  local missing = audit.missing_figures(p, a)
+  if #missing > 0 then
+    w("| **incomplete** | %s |", table.concat(missing, "; "))
+  end
   -- (a pipeline plan's model: the stage plan holds every unit; rank 0 its stages')
   w("| model | %s |", model_text(pl and pl.facts.stage_plan or p))
   w("| tokens | %s |", pl and pipeline_audit.tokens_text(a, audit) or settings_lines(p, s))
@@ -1183,7 +1216,11 @@ function audit.schedule_md(p, fp)
   local nodes = (p.world_size + topo.gpus_per_node - 1) // topo.gpus_per_node
   w("| world | %s ranks on %s node(s); mesh %s; reduce %s |", commas(p.world_size), commas(nodes), mesh_text(p),
     p.fsdp.reduce_op)
-  if m then
+  if m and not m.activations_modeled and m.fits then
+    -- (no verdict computed without the activations)
+    w("| memory | at least %s of %s per rank without the activations: no verdict (a generic model's activations "
+      .. "are not known) |", human(m.total_bytes), human(m.gpu_bytes))
+  elseif m then
     w("| memory | %s of %s per rank%s: %s |", human(m.total_bytes), human(m.gpu_bytes),
       pl and string.format(" on pipeline rank %d, the most at its peak of any rank", m.rank) or "",
       m.fits and string.format("fits, %s free", human(m.gpu_bytes - m.total_bytes))

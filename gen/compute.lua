@@ -319,7 +319,7 @@ end
 -- torchtitan counts the shared table once and keeps it, as lm_head's
 -- matmul. nil for a model without attention dims (a generic one).
 function compute.model_flops_per_token(p, s)
-  local cfg = p.model_config
+  local cfg = p.model_config or compute.generic_attention(p)
   if not (cfg and cfg.n_layers and cfg.n_heads) then return nil end
   local head_dims = cfg.qk_nope_head_dim and (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
     or 2 * (cfg.head_dim or cfg.dim // cfg.n_heads)
@@ -327,7 +327,8 @@ function compute.model_flops_per_token(p, s)
   local dense, embedding, sparse_whole, experts = 0, 0, 0, 0
   for _, q in ipairs(compute.param_counts(p)) do
     local name, n = q[1], q[2]
-    if name:find("embedding", 1, true) then embedding, dense = embedding + n, dense + n
+    if name:find("embedding", 1, true) or name:find("embed_tokens", 1, true) then
+      embedding, dense = embedding + n, dense + n
     elseif name:find("moe.shared_experts", 1, true) or name:find("moe.router", 1, true) then
       sparse_whole = sparse_whole + n
     elseif name:find("moe.routed_experts", 1, true) then experts = experts + n
@@ -336,6 +337,18 @@ function compute.model_flops_per_token(p, s)
   local active = sparse_whole + (cfg.num_experts and experts * cfg.top_k // cfg.num_experts or experts)
   local tied = cfg.enable_weight_tying
   return 6 * (dense - (tied and 0 or embedding) + active) + 6 * cfg.n_layers * cfg.n_heads * head_dims * s.seq_len
+end
+
+-- A generic model's attention shape where the plan gives it (model.n_heads,
+-- head_dim, n_layers; enable_weight_tying), as the families' configs hold
+-- it; nil otherwise.
+function compute.generic_attention(p)
+  local m = p.model
+  if m and m.family == "generic" and m.n_heads and m.head_dim and m.n_layers then
+    return { n_heads = m.n_heads, head_dim = m.head_dim, n_layers = m.n_layers,
+             enable_weight_tying = m.enable_weight_tying }
+  end
+  return nil
 end
 
 -- FLOPs of one whole step on one rank.

@@ -162,7 +162,9 @@ local LLAMA_ONLY = { size = true, dim = true, n_layers = true, vocab_size = true
 -- MoE families: gen/models/moe.lua's FIELDS); any other is refused.
 local FAMILY_KEYS = {
   llama = { "size", "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim_multiplier", "multiple_of" },
-  generic = { "n_heads", "n_kv_heads", "num_experts", "units" },
+  -- (a generic model's attention shape, for the audit's model FLOPs per token, tokens/s and MFU:
+  -- n_heads, head_dim, n_layers, enable_weight_tying; gen/compute.lua's model_flops_per_token)
+  generic = { "n_heads", "n_kv_heads", "num_experts", "units", "head_dim", "n_layers", "enable_weight_tying" },
 }
 for fam, keys in pairs(require("gen.models.moe").FIELDS) do FAMILY_KEYS[fam] = keys end
 FAMILY_KEYS.qwen3 = require("gen.models.qwen3").FIELDS
@@ -479,9 +481,16 @@ function load_plan.normalize(ctx, raw)
   model.dtype = model.dtype or "fp32"
   if model.family == "generic" then
     for _, k in ipairs(util.sorted_keys(LLAMA_ONLY)) do
-      if model[k] ~= nil then
+      if model[k] ~= nil and k ~= "n_layers" then -- (n_layers: the attention shape's, for the audit)
         util.field_error(ctx, "model." .. k, string.format("a generic model takes its shapes from units; "
           .. "%s is a llama setting it would ignore: remove it", k))
+      end
+    end
+    -- (the attention shape is read whole or not at all: a part alone would be ignored)
+    for _, k in ipairs({ "head_dim", "n_layers", "enable_weight_tying" }) do
+      if model[k] ~= nil and not (model.n_heads and model.head_dim and model.n_layers) then
+        util.field_error(ctx, "model." .. k, "a generic model's attention shape (for the audit's FLOPs per token and "
+          .. "MFU) is n_heads, head_dim and n_layers together; give all three or remove it")
       end
     end
     local n = model.units and #model.units or 0
