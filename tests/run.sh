@@ -362,8 +362,8 @@ torch_lane() {
   # HSDP / FSDP x TP / HSDP x TP x selective / full AC x ChunkedLossWrapper,
   # clipping on, 2 micro-batches a step, DCP round trips both ways, every
   # loss, norm, shard and gradient bit for bit; a config whose bridge
-  # support is missing prints SKIP naming it (quick tier: FSDP and HSDP at
-  # 4 steps, ~45 s; make test-full: the whole matrix at 20 steps).
+  # support is missing prints SKIP naming it (quick tier: HSDP and FSDP x TP
+  # at 4 steps, ~50 s; make test-full: the whole matrix at 20 steps, ~5 min).
   bridge_check "torchtitan's training step (Trainer.train_step: its loss, accumulation, clip_grad_norm_, optimizer container) with the bridge vs its own parallelize, the configuration matrix and DCP round trips, on gloo under torchrun (tests/python/train_titan_matrix.py)" \
     train_titan_matrix 2400 train_titan_matrix.py
   # Activation checkpointing (torchtitan's FullAC, per-op SelectiveAC,
