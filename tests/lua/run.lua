@@ -51,6 +51,8 @@ suites[#suites + 1] = "test_prices"
 suites[#suites + 1] = "test_capacity"
 -- Issue 34, item 3: one-knob diffs of pipeline and MoE plans read in under 60 lines.
 suites[#suites + 1] = "test_plan_diff_lines"
+-- Issue 37, items 2 and 3: compute priced from shapes, held to torchtitan's published rows.
+suites[#suites + 1] = "test_compute_model"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)
