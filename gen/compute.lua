@@ -1,6 +1,13 @@
 -- The compute side of the audit: the settings the plan gives for it (with
--- stated defaults), FLOPs per unit and per op, and activation bytes per
--- unit. Everything is per rank and per micro-step unless named otherwise.
+-- stated defaults), FLOPs and times per unit and per op, and activation
+-- bytes per unit. Everything is per rank and per micro-step unless named
+-- otherwise.
+--
+-- Times (issue 37, docs/compute-model.md): each unit's fwd_us, bwd_us and
+-- recompute_us priced from its shapes (gen/unit_time.lua: its linears'
+-- GEMMs at TP-local shapes, attention, memory-bound work; torch.compile and
+-- float8 from training), so MFU and tokens/s are outputs; topology.mfu, where
+-- a plan gives it, overrides them: every FLOP at gpu_TFLOPS x mfu.
 --
 -- FLOPs (torchtitan's get_num_flop_per_token): a matmul over T tokens with
 -- P weights is 2*P*T forward and 4*P*T backward; Llama's attention adds
