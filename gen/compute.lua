@@ -97,9 +97,8 @@ function compute.settings(p)
   -- the rate a matmul known only by its FLOPs runs at (async TP's fused
   -- matmuls, gen/timeline.lua): the override's, else a large GEMM's in the
   -- block's GEMM dtype
-  local g = s.kernels.gemm[s.float8 ~= "none" and "fp8" or "bf16"] or s.kernels.gemm.bf16
   s.flops_per_us = s.mfu and s.gpu_TFLOPS * 1e6 * s.mfu
-    or s.gpu_TFLOPS * 1e6 * g.emax * (s.float8 ~= "none" and s.kernels.fp8 or 1)
+    or gemm_model.large_rate(s.kernels, s.gpu_TFLOPS, s.float8 ~= "none" and "fp8" or "bf16")
   s.gpu_memory_bytes = s.gpu_memory_GB * 1e9
   return s
 end
@@ -351,7 +350,6 @@ function compute.units(p, s)
         local spec = { T = Tu, linears = {}, flops = 0, recompute = rec == "full" and "full" or "none" }
         for _, q in ipairs(u.params) do
           if top_k and q.name:find("routed_experts.inner_experts.", 1, true) and #q.shape == 3 and q.shape[1] > 0 then
-            spec.experts = (spec.experts or 0) + 1
             local rows = Tu * top_k // q.shape[1]
             local t = { T = rows, linears = { { out = q.shape[2], ["in"] = q.shape[3] } } }
             local f, b = unit_time.of(s, t)

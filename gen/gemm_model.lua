@@ -23,6 +23,14 @@ function gemm_model.table(preset)
   return tables[preset] or tables.h100
 end
 
+-- FLOPs per microsecond of a large GEMM in dtype: what a matmul known only
+-- by its FLOPs runs at (async TP's fused matmuls, a generic unit's other
+-- parameters).
+function gemm_model.large_rate(kt, TFLOPS, dtype)
+  local g = kt.gemm[dtype] or kt.gemm.bf16
+  return TFLOPS * 1e6 * (kt.clock or 1) * (dtype == "fp8" and kt.fp8 or 1) * g.emax
+end
+
 -- The fraction of the dtype's peak a GEMM of this shape reaches (the
 -- roofline aside).
 function gemm_model.efficiency(kt, M, N, K, dtype)

@@ -65,7 +65,10 @@ function timeline.build(p, s, per_unit, opts)
     local by_micro = recompute_tp[o.unit] or {}
     recompute_tp[o.unit] = by_micro
     local acc = by_micro[o.micro_step] or { us = 0, list = {} }
-    acc.us = acc.us + timeline.exposed_tp_us(o, s, tp)
+    -- (selective: the gather alone; only the recomputed matmuls (wk, w3)
+    -- consume it again, so async TP's fused pair is not rerun)
+    acc.us = acc.us + (s.activation_checkpointing == "selective" and (o.predicted_us or 0)
+      or timeline.exposed_tp_us(o, s, tp))
     acc.list[#acc.list + 1] = o
     by_micro[o.micro_step] = acc
   end

@@ -81,7 +81,7 @@ function unit_time.of(s, spec)
   local mem_b = mem_f * kt.elementwise.bwd_factor
   -- the cross-entropy's passes over the logits: half in forward, half in backward
   local logits = gemm_model.bytes_us(rates, (e.logits or 0) * ew.logits)
-  local other = (spec.flops or 0) / (s.gpu_TFLOPS * 1e6 * kt.gemm.bf16.emax)
+  local other = (spec.flops or 0) / gemm_model.large_rate(kt, s.gpu_TFLOPS, "bf16")
   local cf, cb = gemm_model.bytes_us(rates, cast_f), gemm_model.bytes_us(rates, cast_b)
   local f = fwd + attn_f + mem_f + cf + logits / 2 + other / 3
   local b = bwd + attn_b + mem_b + cb + logits / 2 + 2 * other / 3
