@@ -3,6 +3,7 @@
 local H = require("helpers")
 local plan = require("gen.plan")
 local figures = require("gen.figures")
+local compute = require("gen.compute")
 local gemm_model = require("gen.gemm_model")
 
 local T = {}
@@ -92,6 +93,67 @@ function T.refusals_cite_torchtitan()
     "float8.py:86-96")
   H.plan_fails((string.format(SRC, "", ", compile = false"):gsub("dp_shard = %-1", "dp_shard = -1, tp = 2, async_tp = true")),
     "training.compile", "configs.py:304-310")
+end
+
+local TP_SRC = [[return {
+  world_size = 16, parallel = { dp_shard = -1, tp = 8%s },
+  model = { family = "llama", size = "8b", seq_len = 8192 },
+  fsdp = { param_dtype = "bf16", reduce_dtype = "fp32" },
+  topology = { gpus_per_node = 8 },
+  training = { activation_checkpointing = %q, local_batch_size = 2, compile = true%s },
+}]]
+
+local function tp_plan(ac, float8, async)
+  return plan.from_source(string.format(TP_SRC, async and ", async_tp = true" or "", ac,
+    float8 and string.format(", float8 = %q", float8) or ""), "plans/t.lua")
+end
+
+-- Checkpointing reruns TP's collectives in backward: full all of the
+-- blocks' forward ones, selective (op SAC, which saves reduce-scatters
+-- only) the all-gathers; none, nothing.
+function T.checkpointing_regathers_tp_inputs()
+  local timeline = require("gen.timeline")
+  local kinds = {}
+  for _, ac in ipairs({ "none", "selective", "full" }) do
+    local p = tp_plan(ac)
+    local k = {}
+    for _, o in ipairs(timeline.recomputed(p, compute.settings(p))) do k[o.kind] = (k[o.kind] or 0) + 1 end
+    kinds[ac] = k
+  end
+  H.eq(next(kinds.none), nil, "none reruns nothing")
+  H.eq(kinds.selective.tp_reduce_scatter, nil, "SAC keeps the reduce-scatters' outputs")
+  H.eq(kinds.selective.tp_all_gather, 64, "SAC regathers each block's two inputs")
+  H.eq(kinds.full.tp_all_gather, 64, "full regathers them")
+  H.eq(kinds.full.tp_reduce_scatter, 64, "full reruns the reduce-scatters")
+end
+
+-- Float8 tensorwise gathers the blocks' linears' inputs (and their output
+-- gradients) in float8: half the bytes of bf16; rowwise gathers bf16.
+function T.tensorwise_gathers_in_float8()
+  local function ag_bytes(f8)
+    local p = tp_plan("selective", f8)
+    local n = 0
+    for _, o in ipairs(p.ops) do
+      if o.kind == "tp_all_gather" and o.f8_gather then n = n + o.size_bytes end
+    end
+    return n
+  end
+  local bf16, tw, rw = ag_bytes(nil), ag_bytes("tensorwise"), ag_bytes("rowwise")
+  assert(bf16 > 0, "gathers feeding linears")
+  H.eq(tw * 2, bf16, "tensorwise bytes")
+  H.eq(rw, bf16, "rowwise bytes")
+end
+
+-- torch.compile defaults to async TP's setting (torchtitan runs async TP
+-- compiled only); eager otherwise.
+function T.compile_follows_async_tp()
+  local p = plan.from_source(string.format(TP_SRC, ", async_tp = true", "selective", ""):gsub(", compile = true", ""),
+    "plans/t.lua")
+  local s = compute.settings(p)
+  H.eq(s.compile, true, "async TP compiles")
+  H.eq(s.defaulted.compile, true, "defaulted")
+  p = plan.from_source(string.format(TP_SRC, "", "selective", ""):gsub(", compile = true", ""), "plans/t.lua")
+  H.eq(compute.settings(p).compile, false, "eager by default")
 end
 
 -- Issue 37, item 3: every published row within 15% (tests/compute_rows.lua
