@@ -166,6 +166,17 @@ local function recomputed_by_sac(q)
     or n == "feed_forward.w3.weight"
 end
 
+-- An MoE family's attention per rank: local heads and the head width the
+-- FLOPs count (the mean of the query-key and value widths: MLA's differ).
+local function moe_attention(cfg, tp)
+  if not cfg or not cfg.n_heads then return nil end
+  local heads = math.max(1, cfg.n_heads // tp)
+  if cfg.qk_nope_head_dim then
+    return { heads = heads, hd = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) / 2 }
+  end
+  return cfg.head_dim and { heads = heads, hd = cfg.head_dim } or nil
+end
+
 -- A unit's 2-D weights as linears (gen/unit_time.lua's spec), TP-local
 -- [out, in]; block: float8 converts them (torchtitan's module_filter_fn:
 -- both dims multiples of 16, components/quantization/utils.py:22-25), and
@@ -338,7 +349,12 @@ function compute.units(p, s)
           P = P + q.numel
         end
       end
-      r.fwd = 2 * P * Tu
+      -- An MoE family's block: its attention too (Llama's count: QK^T and
+      -- AV over the whole sequence, 4 x seq x head width per head and token
+      -- forward; MLA's query-key width is qk_nope + qk_rope, its value
+      -- width v_head_dim), on the block's unit, not its experts'
+      local attn = MOE[fam] and not u.expert and u.name:match("^layers%.%d+$") and moe_attention(p.model_config, tp)
+      r.fwd = 2 * P * Tu + (attn and 4 * T * seq * attn.heads * attn.hd or 0)
       r.bwd = 2 * r.fwd
       local rec = compute.checkpointed(p, u) and ac or "none"
       if rec == "full" then r.recompute = r.fwd
@@ -347,7 +363,8 @@ function compute.units(p, s)
         -- each 2-D weight a linear over the unit's tokens; a routed expert
         -- weight (E local experts) E GEMMs over its share of the rows;
         -- anything else at a large GEMM's rate
-        local spec = { T = Tu, linears = {}, flops = 0, recompute = rec == "full" and "full" or "none" }
+        local spec = { T = Tu, linears = {}, flops = 0, recompute = rec == "full" and "full" or "none",
+                       attention = attn and { q_tokens = T, kv_len = seq, heads = attn.heads, hd = attn.hd } }
         for _, q in ipairs(u.params) do
           if top_k and q.name:find("routed_experts.inner_experts.", 1, true) and #q.shape == 3 and q.shape[1] > 0 then
             local rows = Tu * top_k // q.shape[1]

@@ -156,6 +156,25 @@ function T.compile_follows_async_tp()
   H.eq(compute.settings(p).compile, false, "eager by default")
 end
 
+-- An MoE block prices its attention (quadratic in the sequence: twice the
+-- tokens in half the sequences leave its matmuls' FLOPs and double its
+-- attention's); its experts unit has none.
+function T.moe_blocks_price_their_attention()
+  local src = H.read("plans/mixtral8x7b.lua")
+  local function block(seq, lbs)
+    local p = plan.from_source(src:gsub("seq_len = 4096", "seq_len = " .. seq)
+      :gsub("local_batch_size = 4", "local_batch_size = " .. lbs), "plans/mixtral8x7b.lua")
+    local per = compute.units(p, compute.settings(p))
+    for _, u in ipairs(p.layout.units) do
+      if u.name == "layers.0" then return per[u.index], p.model_config, p.dims.tp or 1 end
+    end
+  end
+  local a, cfg, tp = block(4096, 4)
+  local b = block(8192, 2)
+  H.eq(b.fwd - a.fwd, 4 * 4 * 4096 * 4096 * (cfg.n_heads // tp) * cfg.head_dim, "attention FLOPs added")
+  assert(b.fwd_us > a.fwd_us, "longer sequences: slower attention")
+end
+
 -- Issue 37, item 3: every published row within 15% (tests/compute_rows.lua
 -- prints them); the mfu = 0.4 override misses some by more: the rows can fail.
 function T.published_rows_within_15_percent()
