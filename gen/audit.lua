@@ -15,6 +15,7 @@ local hardware_mod = require("gen.hardware")
 local nccl_model_mod = require("gen.nccl_model")
 local pipeline_audit = require("gen.pipeline_audit")
 local timeline_mod = require("gen.timeline")
+local compute = require("gen.compute")
 
 local audit = {}
 
@@ -272,8 +273,8 @@ local function audit_facts(p)
                       or s.local_batch_size, "seq_len", s.seq_len,
       "activation_checkpointing", s.activation_checkpointing, "optimizer", s.optimizer,
       "fp32_master", s.fp32_master, "gpu_memory_GB", s.gpu_memory_GB, "gpu_memory_MiB", s.gpu_memory_MiB,
-      "gpu_TFLOPS", s.gpu_TFLOPS, "mfu", s.mfu,
-      "hbm_GBps", s.hbm_GBps, "loss_chunks", s.loss_chunks }),
+      "gpu_TFLOPS", s.gpu_TFLOPS, "hbm_GBps", s.hbm_GBps, "loss_chunks", s.loss_chunks, "compile", s.compile,
+      "float8", s.float8, "mfu", s.mfu }),
     "compute", O({ "tokens_per_micro_step", s.tokens, "flops_per_step", a.step_flops,
       "compute_us", a.compute_us }),
     "throughput", O({ "tokens_per_s_per_gpu", a.throughput.tokens_per_s_per_gpu,
@@ -1209,9 +1210,9 @@ function audit.schedule_md(p, fp)
   -- (a pipeline plan's model: the stage plan holds every unit; rank 0 its stages')
   w("| model | %s |", model_text(pl and pl.facts.stage_plan or p))
   w("| tokens | %s |", pl and pipeline_audit.tokens_text(a, audit) or settings_lines(p, s))
-  w("| GPU | %s: %s, %g TFLOPS dense, every FLOP executed at %.0f%% of it (topology.mfu, assumed); HBM %g GB/s; "
+  w("| GPU | %s: %s, %g TFLOPS dense, %s; HBM %g GB/s; "
     .. "%d GPUs per node, NVLink %s; network %s |", audit.preset_name(topo),
-    audit.gpu_memory_text(s), s.gpu_TFLOPS, 100 * s.mfu, s.hbm_GBps, topo.gpus_per_node, audit.link_text(topo, "intra"),
+    audit.gpu_memory_text(s), s.gpu_TFLOPS, compute.pricing_text(s), s.hbm_GBps, topo.gpus_per_node, audit.link_text(topo, "intra"),
     audit.link_text(topo, "inter"))
   local nodes = (p.world_size + topo.gpus_per_node - 1) // topo.gpus_per_node
   w("| world | %s ranks on %s node(s); mesh %s; reduce %s |", commas(p.world_size), commas(nodes), mesh_text(p),
@@ -1229,12 +1230,12 @@ function audit.schedule_md(p, fp)
   w("| memory plan | %s |", pl and pipeline_audit.memory_plan_text(a, audit) or audit.memory_plan_text(p, a))
   local th = a.throughput
   if th.tokens_per_s_per_gpu and th.mfu then -- (the llama family: a generic model's compute is not modelled)
-    w("| throughput | %s tokens/s per GPU%s (torchtitan's tps and MFU for the predicted step, so they follow from "
-      .. "the assumed %g%% of %g TFLOPS on every FLOP executed, recompute included) |",
+    w("| throughput | %s tokens/s per GPU%s (torchtitan's tps and MFU for the predicted step%s) |",
       commas(math.floor(th.tokens_per_s_per_gpu + 0.5)),
       th.mfu and string.format(", MFU %.1f%% (%s model FLOPs per token: 6 x %s + attention)",
         100 * th.mfu, string.format("%.3g", th.model_flops_per_token), audit.flops_params_text(p)) or "",
-      100 * s.mfu, s.gpu_TFLOPS)
+      s.mfu and string.format(", so they follow from the assumed %g%% of %g TFLOPS on every FLOP executed, recompute "
+        .. "included", 100 * s.mfu, s.gpu_TFLOPS) or ", computed: MFU is an output of the shapes' prices")
   end
   if pl then
     w("| step | %s |", pipeline_audit.step_text(a, audit, p))
@@ -1646,8 +1647,8 @@ function audit.md_timeline(p, a, w)
     local names = {}
     for _, j in ipairs(row.members) do names[#names + 1] = unit_name(p, items[j].index) end
     local r = a.per_unit[u.index]
-    w("| %s | %s | %s | %s |", fold.unit_range(names), us_text(r.fwd / a.settings.flops_per_us),
-      us_text((r.bwd + r.recompute) / a.settings.flops_per_us),
+    w("| %s | %s | %s | %s |", fold.unit_range(names), us_text(r.fwd_us),
+      us_text(r.bwd_us + r.recompute_us),
       a.memory.activations_modeled and human(r.saved) or "not modeled")
   end
   w("")
