@@ -584,7 +584,8 @@ EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8
 EMU_EP_LIB_PLANS := ep2_mixtral ep4_mixtral_efsdp1 ep2_dsv3_shard1 ep2_mixtral_hsdp ep2_mixtral_ac ep4_dsv3_tp2
 emu-build: build/emu/emu_selftest $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p)) $(foreach p,$(EMU_LIB_PLANS),build/emu/$(p)/library_run) build/emu/single/example build/emu/pp_tiny/library_run \
            $(foreach p,$(EMU_EP_LIB_PLANS),build/emu/$(p)/ep_library) build/emu-asan/ep2_mixtral_hsdp/ep_library \
-           $(foreach p,$(EMU_ASAN_PLANS),build/emu-asan/$(p)/$(p)) build/emu/a2a_ep4/a2a_ep4 build/emu-asan/a2a_ep4/a2a_ep4
+           $(foreach p,$(EMU_ASAN_PLANS),build/emu-asan/$(p)/$(p)) build/emu/a2a_ep4/a2a_ep4 build/emu-asan/a2a_ep4/a2a_ep4 \
+           build/emu-asan/fsdp4/library_run
 # make test-emu: every small plan and the kernel plans on the emulator
 # (tests/emu_check.sh): all ranks, --check eager and --graph, three seeds,
 # then the seeded faults.

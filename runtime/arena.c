@@ -244,6 +244,8 @@ struct cp_order {
     long (*acc)[CP_ARENA_BUFFERS][S][2]; /* per unit, buffer, stream: its last read [0] and write [1] there */
     int (*acc_op)[CP_ARENA_BUFFERS][S][2];
     long (*done_vc)[S];    /* per unit: the clock at the end of its last issued reduction */
+    int *ov_first, *ov;    /* per (unit, buffer): the (unit, buffer) pairs sharing bytes with it, itself
+                              included (v * CP_ARENA_BUFFERS + j), ov[ov_first[i] .. ov_first[i + 1]) */
 };
 
 cp_order *cp_order_new(const cp_plan *p)
@@ -264,6 +266,29 @@ cp_order *cp_order_new(const cp_plan *p)
         return NULL;
     }
     for (size_t e = 0; e < ne; e++) o->ev_gen[e] = -1;
+    /* Which buffers share bytes, once (a call's checks then walk only those). */
+    int nb = p->nunits * CP_ARENA_BUFFERS, n = 0;
+    if (!(o->ov_first = calloc((size_t)nb + 1, sizeof *o->ov_first))) {
+        cp_order_free(o);
+        return NULL;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        n = 0;
+        for (int a = 0; a < nb; a++) {
+            if (pass) o->ov_first[a] = n;
+            for (int b = 0; b < nb; b++)
+                if (a == b || overlap(p, a / CP_ARENA_BUFFERS, (cp_arena_buffer)(a % CP_ARENA_BUFFERS),
+                                      b / CP_ARENA_BUFFERS, (cp_arena_buffer)(b % CP_ARENA_BUFFERS))) {
+                    if (pass) o->ov[n] = b;
+                    n++;
+                }
+        }
+        if (pass) o->ov_first[nb] = n;
+        else if (!(o->ov = calloc((size_t)(n > 0 ? n : 1), sizeof *o->ov))) {
+            cp_order_free(o);
+            return NULL;
+        }
+    }
     return o;
 }
 
@@ -276,6 +301,8 @@ void cp_order_free(cp_order *o)
     free(o->acc);
     free(o->acc_op);
     free(o->done_vc);
+    free(o->ov_first);
+    free(o->ov);
     free(o);
 }
 
@@ -311,26 +338,25 @@ static int order_access(order_ctx *c, int i, const long *vc, int k, int write)
     cp_order *o = c->o;
     const cp_plan *p = o->p;
     const cp_op *op = &p->ops[i];
-    int s = (int)op->stream, u = op->unit;
-    for (int v = 0; v < p->nunits; v++)
-        for (int j = 0; j < CP_ARENA_BUFFERS; j++) {
-            if (!(v == u && j == k) && !overlap(p, u, (cp_arena_buffer)k, v, (cp_arena_buffer)j)) continue;
-            for (int t = 0; t < S; t++) {
-                if (t == s) continue; /* stream order */
-                for (int w = write ? 0 : 1; w < 2; w++) {
-                    if (o->acc[v][j][t][w] <= vc[t]) continue;
-                    const cp_op *h = &p->ops[o->acc_op[v][j][t][w]];
-                    snprintf(c->out, c->n, "%s(%s) would issue its %s (op %d, %s stream), which %s the %s of unit %s, "
-                             "while %s's %s (op %d, %s stream) may still %s them: no wait of the plan orders it "
-                             "first; make the calls in the order of plans/%s/SCHEDULE.md",
-                             c->call, p->units[c->unit].name, cp_op_kind_name(op->kind), i, cp_stream_name(op->stream),
-                             write ? "writes" : "reads", buf_names[k], p->units[u].name, p->units[v].name,
-                             cp_op_kind_name(h->kind), o->acc_op[v][j][t][w], cp_stream_name(h->stream),
-                             w ? "write" : "read", p->name);
-                    return -1;
-                }
+    int s = (int)op->stream, u = op->unit, a = u * CP_ARENA_BUFFERS + k;
+    for (int q = o->ov_first[a]; q < o->ov_first[a + 1]; q++) {
+        int v = o->ov[q] / CP_ARENA_BUFFERS, j = o->ov[q] % CP_ARENA_BUFFERS;
+        for (int t = 0; t < S; t++) {
+            if (t == s) continue; /* stream order */
+            for (int w = write ? 0 : 1; w < 2; w++) {
+                if (o->acc[v][j][t][w] <= vc[t]) continue;
+                const cp_op *h = &p->ops[o->acc_op[v][j][t][w]];
+                snprintf(c->out, c->n, "%s(%s) would issue its %s (op %d, %s stream), which %s the %s of unit %s, "
+                         "while %s's %s (op %d, %s stream) may still %s them: no wait of the plan orders it "
+                         "first; make the calls in the order of plans/%s/SCHEDULE.md",
+                         c->call, p->units[c->unit].name, cp_op_kind_name(op->kind), i, cp_stream_name(op->stream),
+                         write ? "writes" : "reads", buf_names[k], p->units[u].name, p->units[v].name,
+                         cp_op_kind_name(h->kind), o->acc_op[v][j][t][w], cp_stream_name(h->stream),
+                         w ? "write" : "read", p->name);
+                return -1;
             }
         }
+    }
     return 0;
 }
 

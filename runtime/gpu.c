@@ -798,7 +798,7 @@ static int unit_call(cp_gpu *g, const char *name, int unit, const part *parts, i
         cp[k] = (cp_call_part){ parts[k].kinds, parts[k].nkinds, g->cursor[unit][parts[k].call] };
         cp_call_effect_of(p, unit, parts[k].kinds, parts[k].nkinds, cp[k].cursor, &ek);
         cp_call_effect_merge(&e, &ek);
-        for (int i = 0; i < p->nops; i++)
+        for (int i = ek.first; ek.ops && i <= ek.last; i++)
             if (p->ops[i].unit == unit && p->ops[i].stream != CP_STREAM_COMPUTE)
                 for (int j = 0; j < parts[k].nkinds; j++) side |= p->ops[i].kind == parts[k].kinds[j];
     }

@@ -249,6 +249,12 @@ for p in $LIB_PLANS; do
     ok "$p: split calls (prefetched all-gathers, reductions in flight) around the caller's kernels, $n ranks, 2 steps: 0 races"
   else bad "$p: split calls on the emulator" "$log.0"; fi
 done
+if [ -x build/emu-asan/fsdp4/library_run ]; then
+  log=$dir/split_asan.fsdp4
+  if launch 4 "$log" build/emu-asan/fsdp4/library_run 2 split && clean_summaries 4 "$log" && sanitizer_clean 4 "$log"; then
+    ok "fsdp4 under ASan+UBSan: split calls, 4 ranks, 2 steps: 0 races, no sanitizer report"
+  else bad "fsdp4 under ASan+UBSan: split calls" "$log.0"; fi
+fi
 if [ -x build/emu/fsdp4/library_run ]; then
   log=$dir/split_early.fsdp4
   if ! launch 4 "$log" build/emu/fsdp4/library_run 2 split-early && ! crashed 4 "$log" >/dev/null &&

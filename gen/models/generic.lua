@@ -52,8 +52,15 @@ function generic.units(ctx, model)
       check_c_name(ctx, param_ids, "parameter", "PARAM", p.name, ppath)
       params[j] = { name = p.name, shape = p.shape, dtype = p.dtype, shard_dim = p.shard_dim, tp = p.tp }
     end
+    -- torchtitan's [norm, lm_head] unit (ChunkedLossWrapper's, gen/parallel/fsdp_schedule.lua):
+    -- the norm's weight, then lm_head's, as fully_shard([norm, lm_head]) orders them
+    if u.loss_head and #u.params ~= 2 then
+      util.field_error(ctx, path .. ".loss_head", string.format("unit %q has %d parameters; the loss head is "
+        .. "torchtitan's [norm, lm_head] (distributed/fsdp.py:202-207): the norm's weight, then lm_head's, "
+        .. "without biases; drop loss_head or wrap those two modules alone", u.name, #u.params))
+    end
     units[i] = { name = u.name, params = params, reshard_after_forward = u.reshard_after_forward,
-                 param_dtype = u.param_dtype, reduce_dtype = u.reduce_dtype }
+                 param_dtype = u.param_dtype, reduce_dtype = u.reduce_dtype, loss_head = u.loss_head or nil }
   end
   return units, { n_heads = model.n_heads, n_kv_heads = model.n_kv_heads, num_experts = model.num_experts,
                   seq_len = model.seq_len }

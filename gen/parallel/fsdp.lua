@@ -23,9 +23,18 @@ function fsdp.used() return true end
 -- (Trainer.__init__: training.loss_chunks, 8 by default, for llama3 and
 -- deepseek_v3; the MoE families share its Decoder and [norm, lm_head]
 -- wrapping, gen/models/moe.lua). A generic model's loss is the user's own
--- (a plan of whatever units; the python bridge's CommplanFSDP runs
--- CrossEntropyLoss on whole logits): today's order.
+-- (a plan of whatever units): CrossEntropyLoss's order, unless one of its
+-- units says loss_head (torchtitan's [norm, lm_head], as commplan.titan's
+-- plan_from_titan writes it for a model trained with ChunkedLossWrapper,
+-- which the python bridge drives: python/commplan/chunked_loss.py).
 local CHUNKED_FAMILIES = { llama = true, mixtral = true, qwen3_moe = true, deepseek_v3 = true }
+
+local function has_loss_head(model)
+  for _, u in ipairs(model.family == "generic" and model.units or {}) do
+    if u.loss_head then return true end
+  end
+  return false
+end
 
 -- The loss's chunks when the step follows ChunkedLossWrapper's order
 -- (gen/parallel/fsdp_schedule.lua), else nil: training.loss_chunks (8 by
@@ -37,7 +46,7 @@ local CHUNKED_FAMILIES = { llama = true, mixtral = true, qwen3_moe = true, deeps
 -- stage_of_pipeline; and step_end, torch.distributed.pipelining's
 -- accumulation, which a pipeline's stage runs).
 function fsdp.chunked_loss(p, d)
-  if not CHUNKED_FAMILIES[p.model.family] or (d and d.ep > 1) or p.stage_of_pipeline
+  if not (CHUNKED_FAMILIES[p.model.family] or has_loss_head(p.model)) or (d and d.ep > 1) or p.stage_of_pipeline
     or p.fsdp.grad_accumulation == "step_end" then
     return nil
   end

@@ -6,6 +6,7 @@ imports torch, so the unit tests run it on stand-in modules where torch is absen
 
 from . import validate
 from .errors import PlanError
+from .recompute import clean_fqn
 from .planfile import dtype_name, plan_from_named_parameters
 
 __all__ = ["Unit", "resolve_units", "units_from_module", "torchtitan_units", "plan_from_module"]
@@ -31,13 +32,14 @@ class Unit:
 
 
 def _module_names(model):
-    return {id(m): n for n, m in model.named_modules()}
+    # the model's FQNs: without activation checkpointing's wrapper segment (commplan.recompute)
+    return {id(m): clean_fqn(n) for n, m in model.named_modules()}
 
 
 def _param_names(model):
     names = {}
     for n, p in model.named_parameters():  # dedups shared parameters: the first name wins, as in FSDP2
-        names.setdefault(id(p), n)
+        names.setdefault(id(p), clean_fqn(n))
     return names
 
 

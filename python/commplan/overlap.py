@@ -4,7 +4,7 @@ by CommplanFSDP's hooks at the places of the plan's op order.
 
 torch 2.15's FSDP2 (torch/distributed/fsdp/_fully_shard/), which the plan's op order already is:
 
-* pre-forward of a unit: ``unshard(async_op)`` then ``wait_for_unshard()``
+* pre-forward of a unit: ``unshard(async_op)`` (:458) then ``wait_for_unshard()`` (:505)
   (_fsdp_param_group.py:637-651): the all-gather on its own streams, the copy-out on the current
   stream; the next unit's all-gather is issued by the next pre-forward (implicit prefetch: on a
   GPU the host runs ahead of the compute), or earlier where the plan has an explicit forward
@@ -17,8 +17,8 @@ torch 2.15's FSDP2 (torch/distributed/fsdp/_fully_shard/), which the plan's op o
 * post-backward: the reduce-scatter (and HSDP all-reduce) on their own streams, after waiting for
   the unit's previous reduction (_wait_for_post_backward, _fsdp_param_group.py:759, 1050-1059);
   the root's final callback waits for them all before the optimizer
-  (_fsdp_state.py:422-460, _end_backward_iteration: current_stream.wait_event of every
-  post-reduce event): here, reduce_issue in post-backward, reduce_wait before the unit's next
+  (_fsdp_state.py:422-460, wait_for_gradient_reduction :568 -> _end_backward_iteration :547:
+  current_stream.wait_event of every post-reduce event): here, reduce_issue in post-backward, reduce_wait before the unit's next
   reduction and in the final callback;
 * the step's first all-gather after the current stream (_root_pre_forward,
   _fsdp_state.py:161-162): the library's issue that starts a step forks its side streams from
@@ -156,7 +156,7 @@ class Overlap:
                 self.compute.setdefault((ui[op["unit"]], op.get("micro_step", 0), op["kind"]), op["seq"])
         n = len(fsdp.units)
         self.prefetched = [False] * n
-        self.reducing = [False] * n
+        self.reducing = [None] * n  # the params of each unit's reduction in flight
         self.log = None
 
     def _make(self, call, u, lib_call=None):
@@ -185,22 +185,24 @@ class Overlap:
             self._make("unshard_issue", v)
             self.prefetched[v] = True
 
-    def reduce(self, u):
-        """post-backward's reduction, issued and left in flight (after the unit's previous one)."""
+    def reduce(self, u, params):
+        """post-backward's reduction of `params` (the unit's, or the part the plan reduces), issued
+        and left in flight (after the unit's previous one)."""
         self.wait_reduce(u)
         adds = (u, self.f._micro) in self.f._reduce_adds
-        self.f._before_reduce(u, adds)
+        self.f._before_reduce(u, adds, params)
         self._make("reduce", u, "reduce_issue")
-        self.reducing[u] = True
+        self.reducing[u] = params
 
     def wait_reduce(self, u):
-        if not self.reducing[u]:
+        params = self.reducing[u]
+        if params is None:
             return
-        self.reducing[u] = False
+        self.reducing[u] = None
         self.f.lib.call("reduce_wait", u)
         if self.log is not None:
             self.log.append(("reduce_wait", self.f.units[u]["name"]))
-        self.f._after_reduce(u)
+        self.f._after_reduce(u, params)
 
     def finish(self):
         """The root's final callback: every reduction waited for, before the optimizer."""

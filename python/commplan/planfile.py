@@ -57,7 +57,9 @@ LLAMA3_CONFIGS = {
 }
 
 # Model numbers a generic plan may carry for the generator's checks and audit.
-GENERIC_MODEL_KEYS = ("n_heads", "n_kv_heads", "num_experts", "seq_len")
+GENERIC_MODEL_KEYS = ("n_heads", "n_kv_heads", "num_experts", "seq_len",
+                      # the attention shape the audit's model FLOPs per token, tokens/s and MFU need
+                      "head_dim", "n_layers", "enable_weight_tying")
 # Llama-family keys (gen/models/llama.lua) plus the audit's seq_len.
 LLAMA_MODEL_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim_multiplier",
                     "multiple_of", "seq_len")
@@ -328,23 +330,29 @@ def normalize_units(units):
     for i, u in enumerate(units):
         where = "unit %d" % (i + 1)
         if isinstance(u, dict):
-            unknown = sorted(set(u) - {"name", "params", "reshard_after_forward"})
+            unknown = sorted(set(u) - {"name", "params", "reshard_after_forward", "loss_head"})
             if unknown:
-                raise PlanError("%s: unknown unit keys %s; use name, params, reshard_after_forward" % (where, unknown))
+                raise PlanError("%s: unknown unit keys %s; use name, params, reshard_after_forward, loss_head"
+                                % (where, unknown))
             name, params, raf = u.get("name"), u.get("params", []), u.get("reshard_after_forward")
+            head = u.get("loss_head")
         elif isinstance(u, (list, tuple)) and len(u) in (2, 3):
             name, params = u[0], u[1]
             raf = u[2] if len(u) == 3 else None
+            head = None
         else:
             raise PlanError("%s: a unit is {name, params, reshard_after_forward} or (name, params), got %s"
                             % (where, validate.short_repr(u)))
         _check_name("unit", name, where)
         validate.check_bool_or_none(raf, "reshard_after_forward", src="%s (%s)" % (where, name))
+        validate.check_bool_or_none(head, "loss_head", src="%s (%s)" % (where, name))
         if not isinstance(params, (list, tuple)):
             raise PlanError("%s (%s): params: expected a list of parameters, got %s"
                             % (where, name, validate.describe(params, False)))
         ps = [_param(p, "%s (%s) parameter %d" % (where, name, j + 1)) for j, p in enumerate(params)]
         out.append({"name": name, "params": ps, "reshard_after_forward": raf})
+        if head:  # torchtitan's [norm, lm_head], run by its ChunkedLossWrapper (docs/plan-files.md)
+            out[-1]["loss_head"] = True
     for i, u in enumerate(out[:-1]):
         if not u["params"]:
             raise PlanError("unit %d (%s) has no parameters; only the root (the last unit) may have none"
@@ -483,6 +491,8 @@ def _unit_text(u, default_raf, is_root, dtype_default):
     head = "      { name = %s," % lua_string(u["name"])
     if not is_root and u["reshard_after_forward"] is not None and u["reshard_after_forward"] != default_raf:
         head += " reshard_after_forward = %s," % ("true" if u["reshard_after_forward"] else "false")
+    if u.get("loss_head"):
+        head += " loss_head = true,"
     if not u["params"]:
         lines.append(head + " params = {} },")
         return lines
@@ -603,8 +613,9 @@ def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, 
         if dtype_default:
             head += ", dtype = %s" % lua_string(dtype_default)
         for k in GENERIC_MODEL_KEYS:
-            if numbers.get(k) is not None:
-                head += ", %s = %d" % (k, numbers[k])
+            v = numbers.get(k)
+            if v is not None:
+                head += ", %s = %s" % (k, ("true" if v else "false") if isinstance(v, bool) else "%d" % v)
         out.append(head + ",")
         out.append("    -- fully_shard units in wrapping order, the root last; parameters in registration order")
         out.append("    units = {")

@@ -23,7 +23,10 @@ What it does, as FSDP2's fully_shard does it:
   unit's last parameter gradient arrives: copy the gradients into the plan's unsharded-grads
   buffer (first micro-batch) or add them (later ones, for plans with micro_steps > 1, in the
   unit's grad_dtype, as torch 2.15's FSDP2 sets the unsharded parameter's), reshard, and reduce
-  where the plan reduces;
+  where the plan reduces; by default (overlap=True) as the split calls (cp_gpu_unshard_issue /
+  _wait, cp_gpu_reduce_issue / _wait) at the plan's places, prefetching the unshards the plan
+  issues ahead and leaving reductions in flight until the unit's next reduction or the final
+  callback, as FSDP2 does (commplan.overlap);
 * sets each sharded parameter's .grad to this rank's reduced shard (a view of the plan's
   sharded-grads storage, zero copy); a later reduce before the optimizer consumed it (gradient
   accumulation as torchtitan does it: reduce-scatter every micro-batch) first moves the
@@ -32,8 +35,13 @@ What it does, as FSDP2's fully_shard does it:
 
 The library calls must come in the plan's order (their event waits are the plan's): every call
 is checked against the order derived from plan.json's ops, and a model that runs its units in
-another order (a unit called twice, activation-checkpoint recompute) is refused with one line
-instead of racing. A forward under no_grad / inference_mode (evaluation) makes no library call:
+another order (a unit called twice, a loss the plan does not describe) is refused with one line
+instead of racing. Activation checkpointing as torchtitan applies it (checkpoint_wrapper around
+blocks): parameter names without the wrapper's segment, and a recompute during backward makes no
+call, as FSDP2's in PRE_BACKWARD state (commplan.recompute). torchtitan's ChunkedLossWrapper on a
+plan with training.loss_chunks >= 2: the loss head's modules answer its FSDPModule calls, its
+chunks' backwards accumulate lm_head's gradient and the last one reduces it (commplan.chunked_loss).
+A forward under no_grad / inference_mode (evaluation) makes no library call:
 commplan.training gathers each unit into temporary tensors over the plan's shard group and drops
 them after the unit. clip_grad_norm_ (and torch.nn.utils.clip_grad_norm_ on the model's
 parameters, while the bridge is open) clips by the global norm over the plan's shard group
@@ -65,10 +73,12 @@ from .match import check_units_match_plan, find_plan_json, find_plan_root, load_
 from .modules import named_units, units_from_module
 from .planfile import PlanError
 from .validate import check_expert_counts
-from . import tensor_parallel, training
+from . import chunked_loss, recompute, tensor_parallel, training
 
 __all__ = ["CommplanFSDP", "GpuLibrary", "HostLibrary", "library_calls", "PlanOrderError"]
 
+# torch >= 2.1: the gradient hooks run after accumulation and clear the unsharded parameter's .grad
+_POST_ACCUMULATE = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<i2"}  # bf16 travels as int16 bits, then .view()
 
@@ -407,6 +417,7 @@ class HostLibrary(_ExpertCalls):
         from . import overlap
         self.split = overlap.bind(self, "cp_hostlib_", False)  # the split calls (commplan.overlap)
         self._async = None  # overlap.AsyncCollectives once init made this rank
+        self._views = {}
         try:
             self._plan = ctypes.addressof(ctypes.c_char.in_dll(lib, plan_name + "_plan"))
         except ValueError:
@@ -453,11 +464,18 @@ class HostLibrary(_ExpertCalls):
                     self._groups[(fi, color)] = pg
 
     def _view(self, ptr, numel, dtype):
-        dt = TORCH_DTYPES[_DTYPE_CODES[dtype]]
-        if numel == 0:
-            return torch.empty(0, dtype=dt)
-        es = torch.empty(0, dtype=dt).element_size()
-        return torch.frombuffer((ctypes.c_char * (numel * es)).from_address(ptr), dtype=dt)
+        # the plan's buffers never move (a fixed arena): one view per (pointer, length, dtype)
+        key = (ptr, numel, dtype)
+        v = self._views.get(key)
+        if v is None:
+            dt = TORCH_DTYPES[_DTYPE_CODES[dtype]]
+            if numel == 0:
+                v = torch.empty(0, dtype=dt)
+            else:
+                es = torch.empty(0, dtype=dt).element_size()
+                v = torch.frombuffer((ctypes.c_char * (numel * es)).from_address(ptr), dtype=dt)
+            self._views[key] = v
+        return v
 
     def _collective(self, user, coll, family, color, key, size, inp, out, count, dtype, reduce_op):
         """torch.distributed's collective for one of the plan's: the executor's pointers as
@@ -635,12 +653,6 @@ class CommplanFSDP:
             raise PlanError("plan %s accumulates as torch.distributed.pipelining does (grad_accumulation = "
                             "\"step_end\"): its units stay unsharded across micro-batches, which FSDP2's module "
                             "hooks here do not model; use fsdp2_default, sync_last or all_reduce_last" % plan)
-        if any(op.get("params") for op in self.plan["ops"]):
-            raise PlanError("plan %s follows torchtitan's ChunkedLossWrapper (training.loss_chunks = %s: its "
-                            "[norm, lm_head] unit gathered three times and reduced in two parts per micro-step), "
-                            "which these module hooks do not drive; regenerate it with training = { loss_chunks = 1 } "
-                            "(a loss on the whole logits, as F.cross_entropy here)"
-                            % (plan, self.plan.get("audit", {}).get("settings", {}).get("loss_chunks", "> 1")))
         frozen = [fqn for _, ps in wrapped for fqn, p in ps if not p.requires_grad]
         if frozen:
             raise PlanError("parameter %s does not require grad; the plan reduces every parameter it shards "
@@ -675,6 +687,8 @@ class CommplanFSDP:
             self._overlap = Overlap(self)  # the split calls' order replaces _calls
         self._pos = 0
         self._micro = 0
+        # torchtitan's ChunkedLossWrapper on the plan's loss head (training.loss_chunks >= 2), else None
+        self._head = chunked_loss.attach(self)
         self._reset_pass()
         self._eval = training.EvalForward(self)
         self._install_hooks()
@@ -734,6 +748,10 @@ class CommplanFSDP:
                 unit["params"].append(P)
                 self.params.append(P)
                 pindex += 1
+            # _use's assignments, made once (host time: one list walk per unit and call)
+            unit["use"] = {flag: [(mod._parameters, attr, P.unsharded if flag else P.sharded)
+                                  for P in unit["params"] for mod, attr in P.owners] for flag in (True, False)}
+            unit["n_grads"] = sum(1 for P in unit["params"] if P.requires_grad)
             self.units.append(unit)
         self.live = [False] * len(self.units)
 
@@ -759,6 +777,8 @@ class CommplanFSDP:
     # -- state --
 
     def _reset_pass(self):
+        if getattr(self, "_head", None) is not None:
+            self._head.new_micro_step()
         self._in_backward = False
         self._callback_queued = False
         self._fwd_started = [0] * len(getattr(self, "units", []))
@@ -775,16 +795,14 @@ class CommplanFSDP:
                 raise PlanOrderError(
                     "commplan: %s(%s) called, but plan %s expects %s next (micro-step %d; the op order of its "
                     "SCHEDULE.md): the model runs its units in another order than the plan (a unit called twice, "
-                    "activation-checkpoint recompute, a forward under no_grad)"
+                    "a loss other than the one training.loss_chunks says, a forward under no_grad)"
                     % (call, self.units[u]["name"], self.name, want, self._micro))
         self._pos += 1
         self.lib.call(lib_call or call, u)
 
     def _use(self, unit, unsharded):
-        for P in unit["params"]:
-            t = P.unsharded if unsharded else P.sharded
-            for mod, attr in P.owners:
-                mod._parameters[attr] = t
+        for params, attr, t in unit["use"][unsharded]:
+            params[attr] = t
 
     def _unshard(self, u, phase="forward"):
         if self._overlap is not None:
@@ -810,15 +828,20 @@ class CommplanFSDP:
             if not torch.is_grad_enabled():  # evaluation: gathered apart from the plan (training.py)
                 self._eval.pre_forward(u)
                 return _eval_cast(self.units[u], args, kwargs, with_kwargs)
-            if self._in_backward:
-                raise PlanOrderError("commplan: forward of %s during backward (activation-checkpoint recompute) "
-                                     "is not in the plan's order" % self.units[u]["name"])
+            if self._in_backward:  # activation checkpointing's recompute: no call (commplan.recompute)
+                recompute.recompute_pre_forward(self, u)
+                return _eval_cast(self.units[u], args, kwargs, with_kwargs)
+            if self._head is not None and self._head.in_loss(u):  # a ChunkedLossWrapper chunk (chunked_loss)
+                self._head.pre_forward(u)
+                return _eval_cast(self.units[u], args, kwargs, with_kwargs)
             unit = self.units[u]
             if self._fwd_done[u] >= len(unit["modules"]):
                 raise PlanOrderError("commplan: a second forward of %s before backward: the plan's micro-step is "
-                                     "one forward and one backward" % unit["name"])
+                                     "one forward and one backward (torchtitan's ChunkedLossWrapper runs lm_head once "
+                                     "per chunk: write the plan with training.loss_chunks = its num_chunks)"
+                                     % unit["name"])
             if self._fwd_started[u] == 0:
-                if u == 0:
+                if u == 0 and not _POST_ACCUMULATE:
                     for P in self.params:  # torch < 2.1 left the last backward's grads on the unsharded params
                         P.unsharded.grad = None
                 self._unshard(u)
@@ -834,6 +857,10 @@ class CommplanFSDP:
         def hook(module, args, output):
             if not torch.is_grad_enabled():
                 return self._eval.post_forward(u)
+            if self._in_backward:
+                return recompute.recompute_post_forward(self, u)
+            if self._head is not None and self._head.in_loss(u):
+                return None
             unit = self.units[u]
             for t in _tensors_in(output, []):
                 if t.requires_grad:
@@ -841,6 +868,8 @@ class CommplanFSDP:
             self._fwd_done[u] += 1
             if self._fwd_done[u] == len(unit["modules"]) and u != 0 and unit["reshard_after_forward"]:
                 self._reshard(u, "forward")
+            if u == 0:  # units whose modules did not all run (lm_head under _skip_lm_head): chunked_loss
+                chunked_loss.complete_forward(self, output, self._pre_backward_hook)
             return None
         return hook
 
@@ -863,7 +892,9 @@ class CommplanFSDP:
 
     def _grad_hook(self, P, post_accumulate):
         def hook(arg):
-            self._enter_backward()
+            in_loss = self._head is not None and self._head.in_loss(P.unit)  # a chunk's backward
+            if not in_loss:
+                self._enter_backward()
             g = arg.grad if post_accumulate else arg
             with torch.no_grad():
                 # cast to the buffer's dtype first, then added in it: AccumulateGrad with the
@@ -875,11 +906,13 @@ class CommplanFSDP:
             P.accumulated = True
             if post_accumulate:
                 arg.grad = None
+            if in_loss:
+                self._head.chunk_grad(P)
+                return None
             if not P.arrived:
                 P.arrived = True
                 self._arrived[P.unit] += 1
-                unit = self.units[P.unit]
-                if self._arrived[P.unit] == sum(1 for q in unit["params"] if q.requires_grad):
+                if self._arrived[P.unit] == self.units[P.unit]["n_grads"]:
                     self._post_backward(P.unit)
             return None
         return hook
@@ -890,15 +923,23 @@ class CommplanFSDP:
         self._reshard(u, "backward")
         if not unit["params"] or ("reduce", u, self._micro, "backward") not in self._plan_calls:
             return
-        if self._overlap is not None:
-            return self._overlap.reduce(u)  # issued, waited later (commplan.overlap)
-        self._before_reduce(u, (u, self._micro) in self._reduce_adds)
-        self._call("reduce", u)
-        self._after_reduce(u)
+        # the loss head's last part (its norm) under ChunkedLossWrapper, else the whole unit
+        self._reduce(u, self._head.next_part() if self._head is not None and self._head.u == u else unit["params"])
 
-    def _before_reduce(self, u, adds):
+    def _reduce(self, u, params):
+        """The unit's next reduction (of `params`: the unit's, or the part the plan reduces): issued
+        and left in flight under overlap (commplan.overlap, waited later), else made at once."""
+        if self._head is not None and self._head.u == u:
+            self._head.reduced()
+        if self._overlap is not None:
+            return self._overlap.reduce(u, params)
+        self._before_reduce(u, (u, self._micro) in self._reduce_adds, params)
+        self._call("reduce", u)
+        self._after_reduce(u, params)
+
+    def _before_reduce(self, u, adds, params):
         with torch.no_grad():
-            for P in self.units[u]["params"]:
+            for P in params:
                 aliased = P.alias is not None and P.sharded.grad is P.alias
                 if adds and not aliased:
                     # the plan adds this reduction into its storage: start it from zero, so the
@@ -909,18 +950,17 @@ class CommplanFSDP:
                     # plan's storage before this reduce overwrites it (stream-ordered before the pack)
                     P.sharded.grad = P.alias.clone()
             if self._tp is not None:  # TP-replicated parameters' partial gradients, over tp (in torch)
-                self._tp.before_reduce(self.units[u])
-            for P in self.units[u]["params"]:
+                self._tp.before_reduce(params)
+            for P in params:
                 P.accumulated = False
 
-    def _after_reduce(self, u, micro=None):
-        """The reduced shard into .grad, once the reduction is done (or waited for)."""
+    def _after_reduce(self, u, params, micro=None):
+        """The reduced shard of `params` into .grad, once the reduction is done (or waited for)."""
         micro = self._micro if micro is None else micro
-        unit = self.units[u]
         if (u, micro) not in self._reduce_views:
             return  # parked in the plan's partial sums until the last micro-step's all-reduce
         with torch.no_grad():
-            for P in unit["params"]:
+            for P in params:
                 if P.sharded.grad is None:
                     P.alias = P.shard_grad
                     P.sharded.grad = P.alias
@@ -980,6 +1020,8 @@ class CommplanFSDP:
                                         foreach, fsdp=self)
 
     def close(self):
+        if self._head is not None:
+            self._head.close()
         training.unregister(self)
         for h in self._handles:
             h.remove()

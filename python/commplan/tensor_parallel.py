@@ -305,12 +305,12 @@ class TensorParallel:
 
     # -- the step --
 
-    def before_reduce(self, unit):
+    def before_reduce(self, params):
         """A replicated parameter's gradient is a partial sum over tp: all-reduced (SUM) over tp
         before the plan reduces it over dp, as fully_shard's _get_grad_inner_tensor redistributes
         Partial -> Replicate on the tp dim (_fsdp_param.py:1245)."""
         import torch.distributed as dist
-        for P in unit["params"]:
+        for P in params:
             if P.index in self.partial_grad:
                 dist.all_reduce(P.grad_buf, op=dist.ReduceOp.SUM, group=self.tp_group)
 

@@ -34,6 +34,7 @@ torch and torchtitan are imported only when a config is given; a model is read d
 
 from . import validate
 from .errors import PlanError
+from .recompute import clean_fqn
 from .planfile import dtype_name, plan_from_named_parameters
 
 __all__ = ["TITAN_FSDP", "plan_from_titan", "titan_fsdp_units", "titan_units", "titan_model_numbers"]
@@ -122,7 +123,7 @@ def titan_units(model):
     a post-order walk of its modules that stops at other units' modules, each module's own
     parameters in registration order, a shared parameter once."""
     model = _as_model(model)
-    mod_name = {id(m): n for n, m in model.named_modules()}
+    mod_name = {id(m): clean_fqn(n) for n, m in model.named_modules()}  # checkpoint_wrapper's segment dropped
     wrapping = _wrapping(model)
     unit_roots = {id(m) for _, ms, _ in wrapping for m in ms}
     seen, out = set(), []
@@ -211,6 +212,14 @@ def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=
         units = _llama_units(units)
     else:
         family = "generic"
+        chunks = (training or {}).get("loss_chunks") if isinstance(training, dict) else None
+        if isinstance(chunks, int) and not isinstance(chunks, bool) and chunks >= 2:
+            # torchtitan's ChunkedLossWrapper runs the [norm, lm_head] unit (components/loss.py:730-775):
+            # the generic plan follows its order there (gen/parallel/fsdp.lua chunked_loss), which
+            # CommplanFSDP drives (commplan.chunked_loss)
+            for u in units:
+                if u["name"] == "norm_lm_head":
+                    u["loss_head"] = True
     # (torchtitan's trainer: ChunkedLossWrapper, the llama family's default loss_chunks)
     return plan_from_named_parameters(name, units, world_size, parallel=parallel, fsdp=fsdp, model=extra,
                                       topology=topology, training=training, family=family, out=out,

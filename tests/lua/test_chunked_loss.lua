@@ -123,6 +123,41 @@ function T.which_plans_follow_it()
     "p.fsdp.micro_steps = 2 p.fsdp.grad_accumulation = 'step_end'"), "plans/llama_tiny_tp.lua")), false, "step_end")
 end
 
+-- A generic plan's [norm, lm_head] unit that says loss_head (commplan.titan's
+-- plan_from_titan for a model trained with ChunkedLossWrapper, which the
+-- python bridge drives) follows the wrapper as the llama family does: the
+-- same words for the head unit; without loss_head, or with loss_chunks = 1,
+-- CrossEntropyLoss's; a loss head of other than two parameters is refused.
+local GENERIC_HEAD = [[
+return {
+  world_size = 4,
+  parallel = { dp_shard = 4 },
+  model = { family = "generic", seq_len = 16, units = {
+    { name = "tok_embeddings", params = { { name = "tok_embeddings.weight", shape = { 37, 32 } } } },
+    { name = "layers.0", params = { { name = "layers.0.w", shape = { 32, 32 } } } },
+    { name = "norm_lm_head", reshard_after_forward = false, loss_head = true, params = {
+      { name = "norm.weight", shape = { 32 } }, { name = "lm_head.weight", shape = { 37, 32 } } } },
+    { name = "root", params = {} },
+  } },
+  training = { loss_chunks = 4 },
+}
+]]
+
+function T.generic_loss_head_follows_the_wrapper()
+  local p = plan.from_source(GENERIC_HEAD, "generic_head.lua")
+  -- (fp32 all-gathers in place: no copy-in)
+  H.eq(words(ops_of(p, "norm_lm_head"), 0), "all_gather copy_out forward[0] reshard all_gather copy_out forward[1] "
+    .. "backward[1] pack[1] reduce_scatter[1] view_out[1] reshard all_gather copy_out backward[0] reshard pack[0] "
+    .. "reduce_scatter[0] view_out[0]", "the generic head unit's micro-step")
+  local function src(edit)
+    return "local p = (function() " .. GENERIC_HEAD .. "\nend)()\n" .. edit .. "\nreturn p"
+  end
+  H.eq(has_parts(plan.from_source(src("p.training.loss_chunks = 1"), "g.lua")), false, "loss_chunks = 1")
+  H.eq(has_parts(plan.from_source(src("p.model.units[3].loss_head = nil"), "g.lua")), false, "no loss_head")
+  H.plan_fails(src("p.model.units[3].params[2] = nil"), "model.units[3].loss_head", "1 parameters",
+    "[norm, lm_head]")
+end
+
 -- HSDP's all_reduce_last would keep partial sums of parameter subsets:
 -- refused with the wrapper, planned with loss_chunks = 1.
 function T.all_reduce_last_with_the_wrapper_is_refused()

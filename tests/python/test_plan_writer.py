@@ -129,6 +129,31 @@ class FromNamedParameters(Tmp):
             with open(os.path.join(a, t), "rb") as fa, open(os.path.join(b, t), "rb") as fb:
                 self.assertTrue(fa.read() == fb.read(), t)
 
+    def test_generic_loss_head_has_the_llama_chunked_c_tables(self):
+        # a generic unit that says loss_head (torchtitan's [norm, lm_head]) follows ChunkedLossWrapper as
+        # the llama family does at loss_chunks = 8: the same C tables; without it, the loss's whole-logits order
+        units = fixture("llama_tiny_named_params.json")["units"]
+        for u in units:
+            if (u["name"] if isinstance(u, dict) else u[0]) == "norm_output":
+                head = u
+        units = [dict(u, loss_head=True) if u is head else u for u in units]
+        kw = dict(world_size=4, parallel={"dp_shard": -1}, fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32"},
+                  model={"n_heads": 4, "seq_len": 128}, training={"loss_chunks": 8}, family="generic")
+        text = commplan.plan_from_named_parameters("llama_tiny", units, **kw)
+        self.assertIn("loss_head = true", text)
+        a = self.generate(self.write("g", "llama_tiny", text))
+        with open(os.path.join(REPO, "plans", "llama_tiny.lua")) as f:
+            src = f.read().replace("loss_chunks = 1", "loss_chunks = 8")
+        b = self.generate(self.write("c", "llama_tiny", src))
+        for t in ("plan.c", "plan.h"):
+            with open(os.path.join(a, t), "rb") as fa, open(os.path.join(b, t), "rb") as fb:
+                self.assertTrue(fa.read() == fb.read(), t)
+        with open(os.path.join(a, "plan.json")) as f:
+            self.assertTrue(any(o.get("params") for o in json.load(f)["ops"]), "the head reduced in parts")
+        with self.assertRaises(PlanError) as cm:
+            commplan.plan_from_named_parameters("t", [dict(head, loss_head="yes")], world_size=4)
+        self.assertIn("loss_head", str(cm.exception))
+
     def test_without_n_heads_llama_family_is_not_guessed(self):
         units = fixture("llama_tiny_named_params.json")["units"]
         text = commplan.plan_from_named_parameters("t", units, world_size=4)
