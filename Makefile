@@ -52,6 +52,7 @@ ALL_PLANS   := $(patsubst %,plans/%.lua,$(ALL_PLAN_NAMES))
 
 all: deps $(BUILD)/$(NAME) $(BUILD)/lib$(NAME).a $(BUILD)/lib$(NAME).so
 	@echo "built $(BUILD)/$(NAME), lib$(NAME).a and lib$(NAME).so from $(PLAN_FILE) (tables in $(OUT)/)$(if $(HAVE_NVCC),, without the GPU backend: nvcc not found)"
+	@if [ -s '$(BUILD)/.fit' ]; then cat '$(BUILD)/.fit' >&2;$(if $(value STRICT), echo 'STRICT=1: a plan that does not fit is an error' >&2; exit 2;) fi
 
 # Debian packages: the build needs lua5.4 only; the tests also need cmocka
 # and luacheck. Installed when running as root, otherwise named in one command.
@@ -87,9 +88,13 @@ $(BUILD)/.source: FORCE
 	@{ printf '%s\n' '$(abspath $(PLAN_FILE))' '$(OUT)'; cksum <'$(PLAN_FILE)'; } >'$@.new' 2>/dev/null; \
 	if cmp -s '$@.new' '$@'; then rm -f '$@.new'; else mv -f '$@.new' '$@'; fi
 
+# The generator's one line for a plan that does not fit its GPU is kept in
+# $(BUILD)/.fit and printed after every build, a cached one's too (STRICT=1:
+# the generator refuses such a plan, and a cached build fails).
 $(BUILD)/.generated: $(PLAN_FILE) $(GEN_SRC) $(BUILD)/.source
 	@mkdir -p '$(BUILD)'
-	$(LUA) gen/commplan.lua '$(PLAN_FILE)' '$(OUT)'
+	$(LUA) gen/commplan.lua $(if $(value STRICT),--strict )'$(PLAN_FILE)' '$(OUT)' 2>'$(BUILD)/.fit' \
+	  || { cat '$(BUILD)/.fit' >&2; rm -f '$(BUILD)/.fit'; exit 2; }
 	@touch '$@'
 
 # CUDA toolkit and NCCL: the GPU backend and kernels are built when nvcc is
@@ -579,7 +584,8 @@ EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8
 EMU_EP_LIB_PLANS := ep2_mixtral ep4_mixtral_efsdp1 ep2_dsv3_shard1 ep2_mixtral_hsdp ep2_mixtral_ac ep4_dsv3_tp2
 emu-build: build/emu/emu_selftest $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p)) $(foreach p,$(EMU_LIB_PLANS),build/emu/$(p)/library_run) build/emu/single/example build/emu/pp_tiny/library_run \
            $(foreach p,$(EMU_EP_LIB_PLANS),build/emu/$(p)/ep_library) build/emu-asan/ep2_mixtral_hsdp/ep_library \
-           $(foreach p,$(EMU_ASAN_PLANS),build/emu-asan/$(p)/$(p)) build/emu/a2a_ep4/a2a_ep4 build/emu-asan/a2a_ep4/a2a_ep4
+           $(foreach p,$(EMU_ASAN_PLANS),build/emu-asan/$(p)/$(p)) build/emu/a2a_ep4/a2a_ep4 build/emu-asan/a2a_ep4/a2a_ep4 \
+           build/emu-asan/fsdp4/library_run
 # make test-emu: every small plan and the kernel plans on the emulator
 # (tests/emu_check.sh): all ranks, --check eager and --graph, three seeds,
 # then the seeded faults.

@@ -398,13 +398,25 @@ local function parts_text(x)
 end
 
 -- Why the top choice wins, from the numbers the table prints.
-local function explain(top, res, out)
+function advisor.explain(top, res, out)
   local t = advisor.step_text
   local function w(fmt, ...) out[#out + 1] = string.format(fmt, ...) end
   local n_fit = 0
   for _, x in ipairs(res.results) do if x.fits then n_fit = n_fit + 1 end end
-  if not top.fits then
-    w("No mesh fits in %g GB: the smallest is %s with %s checkpointing at %s per rank.", top.settings.gpu_memory_GB,
+  -- (a pipeline mesh that fits outranks every mesh above that does not)
+  local pfit
+  for i, x in ipairs(res.pipeline and res.pipeline.results or {}) do
+    if x.row.fits then pfit = { i = i, x = x }; break end
+  end
+  if not top.fits and pfit then
+    w("**Top choice: %s, the pipeline meshes' #%d (below), %s schedule, %d microbatches**: no mesh without "
+      .. "pipeline parallel fits in %s (the smallest, %s with %s checkpointing, needs %s per rank); it predicts %s "
+      .. "in %s per rank by the pipeline's timed run of each rank's actions.", pfit.x.mesh, pfit.i, pfit.x.row.name,
+      pfit.x.n, require("gen.audit").gpu_memory_text(top.settings), top.mesh, top.ac, human(top.memory.total_bytes),
+      require("gen.pipeline").human_us(pfit.x.row.sim.step_us), human(pfit.x.row.mem))
+  elseif not top.fits then
+    w("No mesh fits in %s: the smallest is %s with %s checkpointing at %s per rank.",
+      require("gen.audit").gpu_memory_text(top.settings),
       top.mesh, top.ac, human(top.memory.total_bytes))
   else
     w("**Top choice: %s, %s activation checkpointing.** Fastest predicted step of the %d meshes that fit: %s "
@@ -503,12 +515,12 @@ function advisor.report(src, path, opts)
         .. "and the plan's; ep borrows from dp_shard x cp x tp)", table.concat(res.eps, ", "))
     end
     w("Global batch: %d sequences of %d tokens per step%s, the same for every mesh: each data-parallel rank "
-      .. "(a TP x CP group of t x cp GPUs) takes global / (world / (t x cp)). %sGPU: %g GB, %g TFLOPS, every FLOP "
+      .. "(a TP x CP group of t x cp GPUs) takes global / (world / (t x cp)). %sGPU: %s, %g TFLOPS, every FLOP "
       .. "at %.0f%% of it (topology.mfu). Each mesh takes the fastest activation checkpointing (none, selective, "
       .. "full) that fits, the plan's own mesh too.", res.global_batch, s0.seq_len,
       res.global_batch == res.plan_global and " (the plan's)" or string.format(" (given; the plan's is %d)",
       res.plan_global), #explored > 0 and ("Explored: " .. table.concat(explored, "; ") .. ". ") or "",
-      s0.gpu_memory_GB, s0.gpu_TFLOPS, 100 * s0.mfu)
+      require("gen.audit").gpu_memory_text(s0), s0.gpu_TFLOPS, 100 * s0.mfu)
   end
   w("%d meshes accepted by ParallelDims with tp inside a node (tp divides %d, or is the plan's); %d refused (the model checks, or "
     .. "a data-parallel size that does not divide the global batch of %d).",
@@ -542,7 +554,7 @@ function advisor.report(src, path, opts)
   if skipped > 0 then w("| ... | %d more | | | | | | | | | | |", skipped) end
   w("")
   end
-  if res.results[1] then explain(res.results[1], res, out) end
+  if res.results[1] then advisor.explain(res.results[1], res, out) end
   if #res.rejected > 0 then
     w("")
     w("Refused:")

@@ -14,6 +14,7 @@ local rep_mod = require("gen.repeat")
 local hardware_mod = require("gen.hardware")
 local nccl_model_mod = require("gen.nccl_model")
 local pipeline_audit = require("gen.pipeline_audit")
+local timeline_mod = require("gen.timeline")
 
 local audit = {}
 
@@ -270,7 +271,8 @@ local function audit_facts(p)
     "settings", O({ "local_batch_size", a.pipeline and s.local_batch_size * a.pipeline.facts.sched.microbatches
                       or s.local_batch_size, "seq_len", s.seq_len,
       "activation_checkpointing", s.activation_checkpointing, "optimizer", s.optimizer,
-      "fp32_master", s.fp32_master, "gpu_memory_GB", s.gpu_memory_GB, "gpu_TFLOPS", s.gpu_TFLOPS, "mfu", s.mfu,
+      "fp32_master", s.fp32_master, "gpu_memory_GB", s.gpu_memory_GB, "gpu_memory_MiB", s.gpu_memory_MiB,
+      "gpu_TFLOPS", s.gpu_TFLOPS, "mfu", s.mfu,
       "hbm_GBps", s.hbm_GBps, "loss_chunks", s.loss_chunks }),
     "compute", O({ "tokens_per_micro_step", s.tokens, "flops_per_step", a.step_flops,
       "compute_us", a.compute_us }),
@@ -641,6 +643,15 @@ function audit.preset_name(topo)
   return hardware_mod.network(topo).name
 end
 
+-- The GPU's memory as the settings give it: the preset's as the device
+-- reports it (nvidia-smi's MiB, gen/hardware.lua), or the plan's decimal GB.
+function audit.gpu_memory_text(s)
+  if s.gpu_memory_MiB then
+    return string.format("%s MiB as the device reports it (%s)", commas(s.gpu_memory_MiB), human(s.gpu_memory_bytes))
+  end
+  return string.format("%g GB (topology.gpu_memory_GB: %s)", s.gpu_memory_GB, human(s.gpu_memory_bytes))
+end
+
 -- One link class of the topology in a few words: "intra" (NVLink inside a
 -- node) or "inter" (the network between nodes).
 function audit.link_text(topo, class)
@@ -759,6 +770,7 @@ function audit.warnings(p, a)
       order[#order + 1] = key
     end
     local gr = seen[key]
+    if o.group then gr.families = gr.families or {}; gr.families[o.group] = true end
     if gr.units[#gr.units] ~= o.unit then gr.units[#gr.units + 1] = o.unit end
     gr.ops = (gr.ops or 0) + (o.times or 1)
     gr.total = gr.total + us
@@ -799,8 +811,8 @@ function audit.warnings(p, a)
       if gr.reason == "first" then why = "the step's first all-gather: no compute to hide behind"
       elseif gr.reason == "inline" then why = "it runs on the compute stream"
       elseif gr.reason == "recompute" then
-        why = string.format("full checkpointing reruns the forward, its %s collectives included, in the unit's "
-          .. "backward on the compute stream", (p.dims and (p.dims.cp or 1) > 1) and "K/V" or "TP")
+        why = string.format("full checkpointing reruns the forward, its %s included, in the unit's "
+          .. "backward on the compute stream", timeline_mod.inline_labels(gr.families or {}))
       elseif gr.reason == "tail" then why = "the step ends with it"
       else
         local wk, kind = gr.reason:match("^(.-)|(.*)$")
@@ -826,11 +838,60 @@ function audit.warnings(p, a)
   end
   local m = a.memory
   if not m.fits then
-    table.insert(w, 1, string.format("memory: a rank needs %s, more than the GPU's %g GB (%s): reduce activations "
-      .. "(activation checkpointing, smaller batch), or shard wider", human(m.total_bytes), a.settings.gpu_memory_GB,
-      human(m.gpu_bytes)))
+    table.insert(w, 1, string.format("memory: a rank needs %s, more than the GPU's %s: reduce activations "
+      .. "(activation checkpointing, smaller batch), or shard wider", human(m.total_bytes),
+      audit.gpu_memory_text(a.settings)))
   end
   return w
+end
+
+-- ---- the fit verdict, said at once ----
+
+-- The memory terms of a rank, largest first: { name, bytes, fix }. Each
+-- fix names the plan field that shrinks that term.
+local function memory_terms(p, s, m)
+  local ac = s.activation_checkpointing
+  local act_fix
+  if ac ~= "full" then
+    act_fix = string.format('set training.activation_checkpointing = "full" (it is "%s"), or a smaller '
+      .. "training.local_batch_size", ac)
+  else
+    act_fix = "lower training.local_batch_size or model.seq_len, or split the sequence (parallel.cp) or the "
+      .. "layers (parallel.tp, parallel.pp)"
+  end
+  -- (a pipeline rank's arena holds its stages' unsharded parameters and
+  -- gradients all step; a flat plan's, the units in flight)
+  local comm_fix = p.pipeline and "more pipeline stages (parallel.pp), each holding fewer layers unsharded"
+    or (p.fsdp and p.fsdp.reshard_after_forward == false and "set fsdp.reshard_after_forward = true")
+    or "smaller FSDP units (split the model into more units)"
+  local shard_fix = "shard wider: more ranks in parallel.dp_shard (a larger world_size), or parallel.tp / parallel.pp"
+  local t = {
+    { "activations", m.activation_bytes, act_fix },
+    { "optimizer state", m.optimizer_bytes, shard_fix .. (s.fp32_master and ", or drop training.fp32_master" or "") },
+    { "parameters", m.params_bytes, shard_fix },
+    { "gradients", m.grads_bytes, shard_fix },
+    { "communication buffers", m.comm_bytes, comm_fix },
+  }
+  if not m.activations_modeled then table.remove(t, 1) end
+  table.sort(t, function(x, y) return x[2] > y[2] or (x[2] == y[2] and x[1] < y[1]) end)
+  return t
+end
+
+-- One line when a plan does not fit its GPU (nil when it does): the worst
+-- rank, the bytes it needs against the GPU's, the largest term and its
+-- fix. gen/commplan.lua prints it (an error under --strict); make PLAN=
+-- prints it after the build.
+function audit.fit_line(p, shown)
+  local a = audit.analysis(p)
+  local m, s = a.memory, a.settings
+  if not m or m.fits then return nil end
+  local terms = memory_terms(p, s, m)
+  local top = terms[1]
+  return string.format("%s: does not fit: %s needs %s%s, the GPU has %s: %s over; largest term %s %s; fix: %s "
+    .. "(make advise PLAN=%s ranks the meshes that fit)",
+    shown, a.pipeline and string.format("pipeline rank %d", m.rank) or "each rank", human(m.total_bytes),
+    m.activations_modeled and "" or " without its activations (a generic model's are not known)",
+    audit.gpu_memory_text(s), human(m.total_bytes - m.gpu_bytes), top[1], human(top[2]), top[3], shown)
 end
 
 -- ---- critical path ----
@@ -855,29 +916,48 @@ function audit.critical_segments(p, tl)
 end
 
 -- One line: the step's critical path time by stream. The compute
--- stream's share names its TP collectives (and full checkpointing's rerun
--- of them inside backward ops) apart from its compute.
+-- stream's share names its collectives (TP's, CP's K/V exchange, the
+-- expert all-to-alls: gen/timeline.lua's labels, each family's time) and
+-- full checkpointing's rerun of them inside backward ops apart from its
+-- compute.
 function audit.critical_text(p, tl)
   local by, order = {}, {}
   for _, sg in ipairs(audit.critical_segments(p, tl)) do
     if not by[sg.stream] then by[sg.stream] = 0; order[#order + 1] = sg.stream end
     by[sg.stream] = by[sg.stream] + sg.us
   end
-  local tp_us = 0
+  local inline, fam_us, fams = 0, {}, {}
+  local function add(f, us)
+    if not fam_us[f] then fam_us[f] = 0; fams[#fams + 1] = f end
+    fam_us[f] = fam_us[f] + us
+    inline = inline + us
+  end
   for _, seq in ipairs(tl.critical) do
     local o, r = p.ops[seq + 1], tl.ops[seq]
     if o.stream == "compute" then
-      tp_us = tp_us + (o.group and r.dur or (r.extra_comm or 0))
+      if o.group then add(o.group, r.dur)
+      else
+        for _, x in ipairs(timeline_mod.rerun_by_family(r)) do add(x[1], x[2]) end
+      end
     end
   end
+  local rank = {}
+  for i, f in ipairs(timeline_mod.INLINE_ORDER) do rank[f] = i end
+  table.sort(fams, function(x, y)
+    local rx, ry = rank[x] or math.huge, rank[y] or math.huge
+    if rx ~= ry then return rx < ry end
+    return x < y
+  end)
   table.sort(order, function(x, y) return by[x] > by[y] or (by[x] == by[y] and x < y) end)
   local t = {}
   for _, st in ipairs(order) do
-    if st == "compute" and tp_us > 0 then
-      t[#t + 1] = string.format("compute stream %s: %s compute + %s %s", us_text(by[st]),
-        us_text(math.max(0, by[st] - tp_us)), us_text(tp_us),
-        (p.dims and (p.dims.cp or 1) > 1) and (p.dims.tp > 1 and "TP and CP K/V collectives" or "CP K/V collectives")
-          or "TP collectives")
+    if st == "compute" and inline > 0 then
+      local parts = {}
+      for _, f in ipairs(fams) do
+        parts[#parts + 1] = string.format(" + %s %s", us_text(fam_us[f]), timeline_mod.inline_label(f))
+      end
+      t[#t + 1] = string.format("compute stream %s: %s compute%s", us_text(by[st]),
+        us_text(math.max(0, by[st] - inline)), table.concat(parts))
     else
       t[#t + 1] = string.format("%s %s", st, us_text(by[st]))
     end
@@ -1062,10 +1142,21 @@ local function settings_lines(p, s)
       commas(s.tokens), s.local_batch_size, s.seq_len, s.cp, s.cp, p.fsdp.micro_steps, acc,
       ac[s.activation_checkpointing], loss, opt)
   end
-  return string.format("%s tokens per data-parallel rank (TP group) and micro-step (local batch %d x seq_len %d%s), "
+  return string.format("%s tokens per data-parallel rank%s and micro-step (local batch %d x seq_len %d%s), "
     .. "%d micro-step(s)%s; %s%s; %s",
-    commas(s.tokens), s.local_batch_size, s.seq_len, s.defaulted.seq_len and ", assumed" or "", p.fsdp.micro_steps,
+    commas(s.tokens), (p.dims and (p.dims.tp or 1) > 1) and " (TP group)" or "", s.local_batch_size, s.seq_len,
+    s.defaulted.seq_len and ", assumed" or "", p.fsdp.micro_steps,
     acc, ac[s.activation_checkpointing], loss, opt)
+end
+
+-- The parameters torchtitan's model FLOPs count (gen/compute.lua's
+-- model_flops_per_token): an MoE model's active ones.
+function audit.flops_params_text(p)
+  local cfg = p.model_config or {}
+  if cfg.num_experts then
+    return string.format("active non-embedding parameters (top_k %d of %d routed experts)", cfg.top_k, cfg.num_experts)
+  end
+  return "non-embedding parameters"
 end
 
 function audit.schedule_md(p, fp)
@@ -1085,15 +1176,15 @@ function audit.schedule_md(p, fp)
   -- (a pipeline plan's model: the stage plan holds every unit; rank 0 its stages')
   w("| model | %s |", model_text(pl and pl.facts.stage_plan or p))
   w("| tokens | %s |", pl and pipeline_audit.tokens_text(a, audit) or settings_lines(p, s))
-  w("| GPU | %s: %g GB, %g TFLOPS dense, every FLOP executed at %.0f%% of it (topology.mfu, assumed); HBM %g GB/s; "
+  w("| GPU | %s: %s, %g TFLOPS dense, every FLOP executed at %.0f%% of it (topology.mfu, assumed); HBM %g GB/s; "
     .. "%d GPUs per node, NVLink %s; network %s |", audit.preset_name(topo),
-    s.gpu_memory_GB, s.gpu_TFLOPS, 100 * s.mfu, s.hbm_GBps, topo.gpus_per_node, audit.link_text(topo, "intra"),
+    audit.gpu_memory_text(s), s.gpu_TFLOPS, 100 * s.mfu, s.hbm_GBps, topo.gpus_per_node, audit.link_text(topo, "intra"),
     audit.link_text(topo, "inter"))
   local nodes = (p.world_size + topo.gpus_per_node - 1) // topo.gpus_per_node
   w("| world | %s ranks on %s node(s); mesh %s; reduce %s |", commas(p.world_size), commas(nodes), mesh_text(p),
     p.fsdp.reduce_op)
   if m then
-    w("| memory | %s of %s (%g GB) per rank%s: %s |", human(m.total_bytes), human(m.gpu_bytes), s.gpu_memory_GB,
+    w("| memory | %s of %s per rank%s: %s |", human(m.total_bytes), human(m.gpu_bytes),
       pl and string.format(" on pipeline rank %d, the most at its peak of any rank", m.rank) or "",
       m.fits and string.format("fits, %s free", human(m.gpu_bytes - m.total_bytes))
         or string.format("**does not fit**, %s over", human(m.total_bytes - m.gpu_bytes)))
@@ -1104,8 +1195,9 @@ function audit.schedule_md(p, fp)
     w("| throughput | %s tokens/s per GPU%s (torchtitan's tps and MFU for the predicted step, so they follow from "
       .. "the assumed %g%% of %g TFLOPS on every FLOP executed, recompute included) |",
       commas(math.floor(th.tokens_per_s_per_gpu + 0.5)),
-      th.mfu and string.format(", MFU %.1f%% (%s model FLOPs per token: 6 x non-embedding parameters + attention)",
-        100 * th.mfu, string.format("%.3g", th.model_flops_per_token)) or "", 100 * s.mfu, s.gpu_TFLOPS)
+      th.mfu and string.format(", MFU %.1f%% (%s model FLOPs per token: 6 x %s + attention)",
+        100 * th.mfu, string.format("%.3g", th.model_flops_per_token), audit.flops_params_text(p)) or "",
+      100 * s.mfu, s.gpu_TFLOPS)
   end
   if pl then
     w("| step | %s |", pipeline_audit.step_text(a, audit, p))
@@ -1212,8 +1304,8 @@ function audit.schedule_md(p, fp)
   w("  seq_len per token for Llama, a third forward; generic units 6 x params x tokens) at GPU TFLOPS x MFU;")
   w("  checkpointing adds its recompute to backward. Copies move bytes read plus written at the HBM rate.")
   w("  The host issues ahead of the GPU (a CUDA graph); streams wait only as plan.json ops[].waits_for says.")
-  w("- Memory: the GPU's %g GB are decimal (%s); the CUDA context, NCCL's own buffers and fragmentation",
-    s.gpu_memory_GB, human(m.gpu_bytes))
+  w("- Memory: the GPU's %s; the CUDA context, NCCL's own buffers and fragmentation",
+    audit.gpu_memory_text(s))
   w("  are not counted. Optimizer moments take the parameters' dtype (torch.optim.AdamW). Activations: see")
   w("  gen/models/llama_acts.lua (Llama: norms, q/k/v, attention output and logsumexp, the SwiGLU intermediates;")
   w("  the head: the final norm, and the logits whole or one chunk at a time as training.loss_chunks says).")

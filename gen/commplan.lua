@@ -3,6 +3,10 @@
 --   lua5.4 gen/commplan.lua --check PLAN.lua OUTDIR  exit 1 if OUTDIR differs from a fresh generation (writes nothing)
 --   lua5.4 gen/commplan.lua --version                "commplan <version>" (from the VERSION file)
 -- Errors: one line on stderr, exit 2, nothing written.
+-- A plan that does not fit its GPU (SCHEDULE.md's memory verdict): one line
+-- on stderr (the worst rank, GiB needed and available, the largest term and
+-- its fix: gen/audit.lua's fit_line), the plan still generated, exit 0;
+-- with --strict it is an error (exit 2, nothing written).
 --
 -- Publication is all-or-nothing for the directory as a whole: every file is
 -- written into a new sibling directory (.<name>.new.<pid>.tmp), which then
@@ -18,7 +22,7 @@ local emit = require("gen.emit")
 local audit = require("gen.audit")
 local fsio = require("gen.fsio")
 
-local USAGE = "usage: lua5.4 gen/commplan.lua [--check] PLAN.lua OUTDIR | --version | --help\n"
+local USAGE = "usage: lua5.4 gen/commplan.lua [--check] [--strict] PLAN.lua OUTDIR | --version | --help\n"
 
 local function read(path)
   local fh = io.open(path, "rb")
@@ -368,10 +372,11 @@ local function main(argv)
   collectgarbage("incremental", 400, 400)
   -- Audit verbs: lua5.4 gen/commplan.lua diff A B | advise PLAN [--world-size N]
   if argv[1] == "diff" or argv[1] == "advise" or argv[1] == "pipeline" then return require("gen.verbs").main(argv) end
-  local check = false
+  local check, strict = false, false
   local args = {}
   for _, a in ipairs(argv) do
     if a == "--check" then check = true
+    elseif a == "--strict" then strict = true
     elseif a == "--version" then
       io.stdout:write("commplan " .. version() .. "\n")
       return 0
@@ -388,9 +393,14 @@ local function main(argv)
     return 2
   end
   local plan_path, outdir = args[1], args[2]
-  local files = generate(plan_path)
+  local files, p = generate(plan_path)
   local names = util.sorted_keys(files)
   if check then return check_mode(files, names, plan_path, outdir) end
+  local unfit = audit.fit_line(p, plan_path)
+  if unfit then
+    io.stderr:write(unfit .. (strict and "; refused under --strict, nothing written" or "") .. "\n")
+    if strict then return 2 end
+  end
   local pub = publisher(outdir)
   local ok, err = pcall(function()
     pub:acquire()

@@ -66,7 +66,7 @@ function compute.settings(p)
   pick("fp32_master", tr.fp32_master)
   pick("loss_chunks", tr.loss_chunks)
   -- the GPU's figures default to its preset's (gen/hardware.lua)
-  for _, key in ipairs({ "gpu_memory_GB", "gpu_TFLOPS", "hbm_GBps" }) do
+  for _, key in ipairs({ "gpu_TFLOPS", "hbm_GBps" }) do
     pick(key, topo[key] == nil and hardware.gpu_default(topo, key) or topo[key])
     defaulted[key] = topo[key] == nil or nil
   end
@@ -77,7 +77,10 @@ function compute.settings(p)
   s.cp = p.dims and p.dims.cp or 1
   s.tokens = s.local_batch_size * s.seq_len // s.cp
   s.flops_per_us = s.gpu_TFLOPS * 1e6 * s.mfu
-  s.gpu_memory_bytes = s.gpu_memory_GB * 1e9
+  -- (the preset's memory as the device reports it, in MiB; the plan's in decimal GB)
+  s.gpu_memory_bytes, s.gpu_memory_MiB = hardware.gpu_memory(topo)
+  s.gpu_memory_GB = s.gpu_memory_bytes / 1e9
+  defaulted.gpu_memory_MiB = s.gpu_memory_MiB and true or nil
   return s
 end
 
@@ -304,27 +307,35 @@ end
 
 -- Model FLOPs per token as torchtitan 0.3 counts them for MFU
 -- (models/utils.py get_dense_model_nparams_and_flops, called by
--- models/llama3/model.py with head_dims = 2 * head_dim): 6 x the
--- parameters outside nn.Embedding plus 6 x layers x heads x head_dims x
--- seq_len for attention; no recompute (hardware FLOPs count it, model
--- FLOPs do not). The llama and qwen3 families (nil otherwise: a generic
--- model declares no attention). qwen3 (models/qwen3/model.py through
--- get_moe_model_nparams_and_flops, the same sum for a dense model): with
--- tied embeddings torchtitan counts the shared table once and keeps it, as
--- lm_head's matmul -- the plan's tok_embeddings.weight is what it leaves
--- out either way.
+-- models/llama3/model.py with head_dims = 2 * head_dim; and
+-- get_moe_model_nparams_and_flops, called by models/qwen3/model.py for
+-- qwen3 and qwen3_moe -- the mixtral family is its decoder -- and by
+-- models/deepseek_v3/model.py with head_dims = qk_nope_head_dim +
+-- qk_rope_head_dim + v_head_dim): 6 x the active parameters outside the
+-- embedding (the routed experts' as top_k / num_experts of them, integer
+-- division as torchtitan's; the router and shared experts whole) plus 6 x
+-- layers x heads x head_dims x seq_len for attention; no recompute
+-- (hardware FLOPs count it, model FLOPs do not). With tied embeddings
+-- torchtitan counts the shared table once and keeps it, as lm_head's
+-- matmul. nil for a model without attention dims (a generic one).
 function compute.model_flops_per_token(p, s)
   local cfg = p.model_config
-  if (p.model.family ~= "llama" and p.model.family ~= "qwen3") or not cfg then return nil end
-  local nparams, embedding = 0, 0
-  for _, u in ipairs(p.layout.units) do
-    for _, q in ipairs(u.params) do
-      local n = q.full_numel or q.numel
-      nparams = nparams + n
-      if q.name == "tok_embeddings.weight" then embedding = embedding + n end
-    end
+  if not (cfg and cfg.n_layers and cfg.n_heads) then return nil end
+  local head_dims = cfg.qk_nope_head_dim and (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
+    or 2 * (cfg.head_dim or cfg.dim // cfg.n_heads)
+  -- (torchtitan's name tests, models/utils.py: "embedding", "moe.shared_experts", "moe.router", "moe.routed_experts")
+  local dense, embedding, sparse_whole, experts = 0, 0, 0, 0
+  for _, q in ipairs(compute.param_counts(p)) do
+    local name, n = q[1], q[2]
+    if name:find("embedding", 1, true) then embedding, dense = embedding + n, dense + n
+    elseif name:find("moe.shared_experts", 1, true) or name:find("moe.router", 1, true) then
+      sparse_whole = sparse_whole + n
+    elseif name:find("moe.routed_experts", 1, true) then experts = experts + n
+    else dense = dense + n end
   end
-  return 6 * (nparams - embedding) + 6 * cfg.n_layers * cfg.n_heads * (2 * cfg.head_dim) * s.seq_len
+  local active = sparse_whole + (cfg.num_experts and experts * cfg.top_k // cfg.num_experts or experts)
+  local tied = cfg.enable_weight_tying
+  return 6 * (dense - (tied and 0 or embedding) + active) + 6 * cfg.n_layers * cfg.n_heads * head_dims * s.seq_len
 end
 
 -- FLOPs of one whole step on one rank.
@@ -339,15 +350,23 @@ end
 -- lm_head.weight is tok_embeddings.weight: counted once, as torchtitan does).
 function compute.model_params(p)
   local n = 0
+  for _, q in ipairs(compute.param_counts(p)) do n = n + q[2] end
+  return n
+end
+
+-- Each parameter of the model once, whole: { {name, numel}, ... } (as
+-- model_params counts them).
+function compute.param_counts(p)
+  local out = {}
   local tied = p.model.family == "qwen3" and p.model_config and p.model_config.enable_weight_tying
   for _, u in ipairs(p.layout.units) do
     for _, q in ipairs(u.params) do
       local k = q.full_numel or q.numel
       if q.ep_full and q.shape[1] and q.shape[1] > 0 then k = k * q.ep_full // q.shape[1] end
-      if not (tied and q.name == "lm_head.weight") then n = n + k end
+      if not (tied and q.name == "lm_head.weight") then out[#out + 1] = { q.name, k } end
     end
   end
-  return n
+  return out
 end
 
 return compute

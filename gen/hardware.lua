@@ -7,19 +7,27 @@ local nccl_model = require("gen.nccl_model")
 
 local hardware = {}
 
--- GPU figures per preset. gpu_TFLOPS: dense BF16 tensor-core peak;
+-- GPU figures per preset. gpu_memory_MiB: the memory as the device
+-- reports it (nvidia-smi's memory.total, MiB = 2^20 bytes), the whole-rank
+-- verdict's limit unless the plan sets topology.gpu_memory_GB; the
+-- datasheets' "80 GB" is not what the device has (an H100's 81,559 MiB are
+-- 85.52e9 bytes, 79.65 GiB). gpu_TFLOPS: dense BF16 tensor-core peak;
 -- hbm_GBps: what a copy kernel reaches, ~90% of the datasheet's peak (the
 -- H100's 3000 of 3350 GB/s, measured by bench/ in an earlier session; the
 -- others scaled by the same fraction).
---   H100 SXM: 80 GB HBM3, 989 TFLOPS, 3.35 TB/s (NVIDIA H100 datasheet)
---   H200 SXM: 141 GB HBM3e, 989 TFLOPS, 4.8 TB/s (NVIDIA H200 datasheet)
---   B200 (HGX B200): 180 GB HBM3e, 2,250 TFLOPS dense, 7.7 TB/s (NVIDIA HGX B200 datasheet, per GPU)
---   A100 SXM 80GB: 80 GB HBM2e, 312 TFLOPS, 2.04 TB/s (NVIDIA A100 datasheet)
+--   H100 SXM: 80 GB HBM3 (nvidia-smi: 81559MiB), 989 TFLOPS, 3.35 TB/s (NVIDIA H100 datasheet)
+--   H200 SXM: 141 GB HBM3e (nvidia-smi: 143771MiB), 989 TFLOPS, 4.8 TB/s (NVIDIA H200 datasheet)
+--   B200 (HGX B200): 180 GB HBM3e (nvidia-smi: 183359MiB, e.g. NVIDIA/TensorRT-LLM#10278), 2,250 TFLOPS
+--     dense, 7.7 TB/s (NVIDIA HGX B200 datasheet, per GPU)
+--   A100 SXM 80GB: 80 GB HBM2e (nvidia-smi: 81920MiB), 312 TFLOPS, 2.04 TB/s (NVIDIA A100 datasheet)
+-- (torch.cuda.get_device_properties().total_memory is a little less: the
+-- driver's own reservation; the audit's assumptions say the CUDA context
+-- and NCCL's buffers are not counted.)
 hardware.GPUS = {
-  h100 = { gpu_memory_GB = 80, gpu_TFLOPS = 989, hbm_GBps = 3000 },
-  h200 = { gpu_memory_GB = 141, gpu_TFLOPS = 989, hbm_GBps = 4300 },
-  b200 = { gpu_memory_GB = 180, gpu_TFLOPS = 2250, hbm_GBps = 6900 },
-  a100 = { gpu_memory_GB = 80, gpu_TFLOPS = 312, hbm_GBps = 1830 },
+  h100 = { gpu_memory_MiB = 81559, gpu_TFLOPS = 989, hbm_GBps = 3000 },
+  h200 = { gpu_memory_MiB = 143771, gpu_TFLOPS = 989, hbm_GBps = 4300 },
+  b200 = { gpu_memory_MiB = 183359, gpu_TFLOPS = 2250, hbm_GBps = 6900 },
+  a100 = { gpu_memory_MiB = 81920, gpu_TFLOPS = 312, hbm_GBps = 1830 },
 }
 
 hardware.PRESET_NAMES = { "h100", "h200", "b200", "a100" }
@@ -59,6 +67,15 @@ for field, b in pairs(nccl_model.BOUNDS) do hardware.BOUNDS[field] = b end
 -- The GPU figure `key` for a topology: the plan's own value, else the preset's.
 function hardware.gpu_default(topo, key)
   return hardware.GPUS[topo.preset or hardware.DEFAULT_PRESET][key]
+end
+
+-- The GPU's memory: bytes, and the MiB the device reports where the
+-- preset gives it (nil where the plan sets topology.gpu_memory_GB, decimal
+-- GB: 1e9 bytes each).
+function hardware.gpu_memory(topo)
+  if topo.gpu_memory_GB ~= nil then return topo.gpu_memory_GB * 1e9, nil end
+  local mib = hardware.gpu_default(topo, "gpu_memory_MiB")
+  return mib * 1048576, mib
 end
 
 -- The network gen/nccl_model.lua prices collectives on: the preset with the

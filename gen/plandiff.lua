@@ -522,6 +522,7 @@ function plandiff.compare(a, b, la, lb)
         w("  %s: %s -> %s%s", k[2], t(x), t(y), (x and y) and pct(x, y) or "")
       end
     end
+    plandiff.throughput_lines(a.audit.throughput, b.audit.throughput, w)
   end
   -- Ops.
   w("")
@@ -535,6 +536,27 @@ function plandiff.compare(a, b, la, lb)
     for _, line in ipairs(wl) do w("%s", line) end
   end
   return table.concat(L, "\n") .. "\n"
+end
+
+-- Throughput before and after (plan.json's audit.throughput, torchtitan's
+-- tps and MFU for the predicted step): a step that doubles with the tokens
+-- it carries reads as the same tokens/s. "-" where a side has no figure
+-- (a plan.json from before it, or a model whose FLOPs per token are not known).
+function plandiff.throughput_lines(ta, tb, w)
+  ta, tb = ta or {}, tb or {}
+  local function tps(v) return v == nil and "-" or plandiff.commas(v) end
+  local function mfu(v) return v == nil and "-" or string.format("%.2f%%", 100 * v) end
+  local x, y = ta.tokens_per_s_per_gpu, tb.tokens_per_s_per_gpu
+  w("  tokens/s per GPU: %s -> %s%s", tps(x), tps(y), (x and y) and pct(x, y) or "")
+  x, y = ta.mfu, tb.mfu
+  w("  MFU: %s -> %s%s", mfu(x), mfu(y), (x and y) and string.format(" (%+.2f points)", 100 * (y - x)) or "")
+end
+
+-- A number rounded to a whole and written with thousands separators.
+function plandiff.commas(n)
+  local s = string.format("%d", math.floor(n + 0.5))
+  local out = s:reverse():gsub("(%d%d%d)", "%1,"):reverse()
+  return (out:gsub("^,", ""):gsub("^%-,", "-"))
 end
 
 -- A plan.json's figures per group family: audit.by_group (gen/figures.lua,

@@ -22,6 +22,7 @@
 -- escaped (svg.esc) before it reaches text or an attribute.
 local opkinds = require("gen.opkinds")
 local fold = require("gen.fold")
+local timeline = require("gen.timeline")
 
 local svg = {}
 
@@ -98,6 +99,13 @@ local function f1(x)
 end
 
 local function us_text(us) return require("gen.audit").us_text(us) end
+
+-- The families (group names) of a list of ops, as a set.
+function svg.families_of(ops)
+  local t = {}
+  for _, o in ipairs(ops or {}) do if o.group then t[o.group] = true end end
+  return t
+end
 
 -- ---- the model: what is drawn, in plan terms (tests read it) ----
 
@@ -316,13 +324,14 @@ function svg.model(p, a, t0, t1)
       end
       for _, cl in ipairs(clusters_of(items, x)) do
         local cells = cells_of(cl, H, x_to_t)
-        local kinds, names, exp_kinds, exp_names, exp_us = {}, {}, {}, {}, 0
+        local kinds, names, exp_kinds, exp_names, exp_us, exp_fams = {}, {}, {}, {}, 0, {}
         for _, it in ipairs(cl.items) do
           if it.op then kinds[#kinds + 1] = it.op.kind; names[#names + 1] = unit_name(p, it.op) end
           local eo = it.span and it.span.by >= 0 and p.ops[it.span.by + 1] or (it.op and it.op.group and s == "compute" and it.op)
           if eo then
             exp_kinds[#exp_kinds + 1] = eo.kind
             exp_names[#exp_names + 1] = unit_name(p, eo)
+            if eo.group then exp_fams[eo.group] = true end
             exp_us = exp_us + (it.hi - it.lo)
           end
         end
@@ -334,7 +343,7 @@ function svg.model(p, a, t0, t1)
             title = string.format("%s %s (%s%s): %s from %s%s", o.kind, unit_name(p, o), o.phase,
               p.fsdp.micro_steps > 1 and (", micro-step " .. o.micro_step) or "", us_text(r.finish - r.start),
               us_text(r.start), r.extra_comm and (", with " .. us_text(r.extra_comm)
-                .. " of TP collectives recomputed") or "")
+                .. " of " .. timeline.inline_labels(svg.families_of(r.extra_ops)) .. " recomputed") or "")
           else
             local sp = it.span
             local wo = sp.waiting and p.ops[sp.waiting + 1]
@@ -372,9 +381,13 @@ function svg.model(p, a, t0, t1)
           local sig
           if #ukinds == 1 then sig = ukinds[1]
           else
-            local all_tp = true
-            for _, k in ipairs(ukinds) do if not opkinds.BY_NAME[k].tp then all_tp = false end end
-            sig = all_tp and "TP collectives" or "collectives"
+            -- (the compute stream's own collectives by what they are: gen/timeline.lua's labels)
+            local inline = true
+            for _, k in ipairs(ukinds) do
+              local d = opkinds.BY_NAME[k]
+              if not (d.tp or k == "a2a" or k == "a2a_counts") then inline = false end
+            end
+            sig = inline and timeline.inline_labels(exp_fams) or "collectives"
           end
           label_cands[#label_cands + 1] = { us = exp_us, x0 = x0, x1 = x1, sig = sig, n = #exp_kinds,
             text = #exp_kinds == 1 and (exp_kinds[1] .. " " .. exp_names[1]) or (sig .. " x" .. #exp_kinds) }
@@ -448,14 +461,19 @@ local function notes_of(p, a)
       fams[k].us, fams[k].n = fams[k].us + e, fams[k].n + (o.times or 1)
     end
   end
-  local rec = 0
-  for _, o in ipairs(p.ops) do rec = rec + (tl.recompute_by[o.seq] or 0) end
+  local rec, rec_fams = 0, {}
+  for _, o in ipairs(p.ops) do
+    if (tl.recompute_by[o.seq] or 0) > 0 then rec, rec_fams[o.group] = rec + tl.recompute_by[o.seq], true end
+  end
   table.sort(order, function(u, v) return fams[u].us > fams[v].us or (fams[u].us == fams[v].us and u < v) end)
   local parts = {}
   for _, k in ipairs(order) do
     parts[#parts + 1] = string.format("%s %s (%d op%s)", k, us_text(fams[k].us), fams[k].n, fams[k].n == 1 and "" or "s")
   end
-  if rec > 0 then parts[#parts + 1] = "TP collectives recomputed inside backward " .. us_text(rec) .. " (not drawn apart)" end
+  if rec > 0 then
+    parts[#parts + 1] = timeline.inline_labels(rec_fams) .. " recomputed inside backward " .. us_text(rec)
+      .. " (not drawn apart)"
+  end
   local text = "Exposed communication " .. us_text(a.exposed_us) .. (#parts > 0 and (": " .. table.concat(parts, ", ")) or "")
     .. (us_text(a.waits_us) ~= us_text(0) and ("; other waits " .. us_text(a.waits_us)) or "") .. "."
   local lines, cur = {}, ""
@@ -604,8 +622,7 @@ function svg.render(p, a, fp)
   for _, o in ipairs(p.ops) do
     if CLASS_OF[o.kind].id == "tp" then groups_of_act[o.group] = true end
   end
-  local act_label = groups_of_act.cp and (groups_of_act.tp and "TP and CP K/V collectives (exposed)"
-    or "CP K/V collectives (exposed)") or nil
+  local act_label = groups_of_act.cp and (timeline.inline_labels(groups_of_act) .. " (exposed)") or nil
   local legend, lx, ly = {}, 16, 70
   for _, c in ipairs(svg.CLASSES) do
     if present[c] then

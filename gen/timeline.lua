@@ -21,6 +21,61 @@ local timeline = {}
 local EPS = 1e-9
 local NO_WAITS = {}
 
+-- The collectives that run on the compute stream (the compute waits for
+-- them: exposed by nature), by their group's family, each named as what it
+-- is: TP's activation collectives, context parallel's K/V exchange (the
+-- same op kinds on the cp group, gen/parallel/cp.lua), expert parallel's
+-- token all-to-alls (gen/parallel/ep.lua). SCHEDULE.md, timeline.svg and
+-- trace.json take their names from here.
+timeline.INLINE_ORDER = { "tp", "cp", "ep" }
+timeline.INLINE_LABELS = { tp = "TP collectives", cp = "CP K/V collectives", ep = "expert all-to-alls" }
+
+-- A family's compute-stream collectives as a phrase.
+function timeline.inline_label(family)
+  return timeline.INLINE_LABELS[family] or (tostring(family) .. " collectives")
+end
+
+-- A backward op's rerun of its block's forward collectives (full
+-- checkpointing: r.extra_comm over r.extra_ops) split by family, each
+-- family's share by its ops' own times: { {family, us}, ... } in
+-- INLINE_ORDER, then by name; {} for an op without a rerun.
+function timeline.rerun_by_family(r)
+  local out = {}
+  if not r.extra_comm then return out end
+  local sum, by = 0, {}
+  for _, fo in ipairs(r.extra_ops) do sum = sum + (fo.predicted_us or 0) end
+  for _, fo in ipairs(r.extra_ops) do
+    local share = sum > 0 and r.extra_comm * (fo.predicted_us or 0) / sum or r.extra_comm / #r.extra_ops
+    by[fo.group] = (by[fo.group] or 0) + share
+  end
+  local rank = {}
+  for i, f in ipairs(timeline.INLINE_ORDER) do rank[f] = i end
+  for f, us in pairs(by) do out[#out + 1] = { f, us } end
+  table.sort(out, function(x, y)
+    local rx, ry = rank[x[1]] or math.huge, rank[y[1]] or math.huge
+    if rx ~= ry then return rx < ry end
+    return x[1] < y[1]
+  end)
+  return out
+end
+
+-- A set of families (family -> true) as one phrase, in INLINE_ORDER then
+-- by name: "TP collectives and expert all-to-alls".
+function timeline.inline_labels(set)
+  local names, known = {}, {}
+  for _, f in ipairs(timeline.INLINE_ORDER) do
+    known[f] = true
+    if set[f] then names[#names + 1] = timeline.inline_label(f) end
+  end
+  local rest = {}
+  for f in pairs(set) do if not known[f] then rest[#rest + 1] = f end end
+  table.sort(rest)
+  for _, f in ipairs(rest) do names[#names + 1] = timeline.inline_label(f) end
+  if #names == 0 then return "collectives" end
+  if #names == 1 then return names[1] end
+  return table.concat(names, ", ", 1, #names - 1) .. " and " .. names[#names]
+end
+
 -- An op's dependencies, in order: before (the op before it on its
 -- stream), then its waits (list), by their info. ok: all finished; bind:
 -- the one that finished last (the later op on a tie); else false and the

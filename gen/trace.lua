@@ -6,11 +6,13 @@
 -- so both open side by side. Deterministic: fixed key order, times rounded
 -- to nanoseconds, no timestamps of the generation itself. otherData holds
 -- the step's figures as plan.json's audit.timeline (gen/figures.lua); a
--- backward op's args name the TP collectives full checkpointing reruns
--- inside it (recompute_tp_us), so the durations add up to SCHEDULE.md's
--- "in the step" per group.
+-- backward op's args give the collectives full checkpointing reruns
+-- inside it (recompute_comm_us, and recompute_by_group: TP's, CP's K/V,
+-- the expert all-to-alls, each under its group), so the durations add up
+-- to SCHEDULE.md's "in the step" per group.
 local json = require("gen.json")
 local opkinds = require("gen.opkinds")
+local timeline = require("gen.timeline")
 
 local trace = {}
 
@@ -104,10 +106,18 @@ function trace.render(p, fig, fp)
     local args = fmt('"seq":%d,"unit":%s,"micro_step":%d,"phase":%s', o.seq, quoted[u.name], o.micro_step,
       quoted[o.phase])
     if o.group then args = args .. ',"group":' .. quoted[o.group] end
+    -- (a collective on the compute stream, named as what it is: gen/timeline.lua)
+    if o.group and o.stream == "compute" then args = args .. ',"label":' .. quoted[timeline.inline_label(o.group)] end
     -- a repeated micro-step's row (gen/repeat.lua): drawn once, run times times
     if o.times then args = args .. ',"times":' .. o.times end
     if o.size_bytes then args = args .. ',"size_bytes":' .. json.number(o.size_bytes) end
-    if r.extra_comm then args = args .. ',"recompute_tp_us":' .. r3_text(r.extra_comm) end
+    if r.extra_comm then
+      -- (full checkpointing's rerun of the block's forward collectives, by group: gen/timeline.lua)
+      local parts = {}
+      for _, x in ipairs(timeline.rerun_by_family(r)) do parts[#parts + 1] = quoted[x[1]] .. ":" .. r3_text(x[2]) end
+      args = args .. ',"recompute_comm_us":' .. r3_text(r.extra_comm) .. ',"recompute_by_group":{'
+        .. concat(parts, ",") .. "}"
+    end
     local waits = p.arena.waits[o.seq]
     if waits then args = args .. ',"waits_for":[' .. concat(waits, ",") .. "]" end
     w.raw(fmt(',\n{"name":%s,"cat":%s,"ph":"X","ts":%s,"dur":%s,"pid":%d,"tid":%d,"args":{%s}}',

@@ -433,6 +433,35 @@ void cp_call_effect_of(const cp_plan *p, int unit, const cp_op_kind *kinds, int 
  * never conflict. */
 int cp_call_conflict(const cp_plan *p, int unit, const cp_call_effect *e, const unsigned *live, int *wrote,
                      int *held);
+/* Split calls (issue / wait: cp_gpu_unshard_issue & co): the order of the
+ * GPU work they issue on the plan's streams, followed on the host with a
+ * vector clock per stream (arena.c). cp_order_call checks the ops a call
+ * would issue (kinds from cursor, as cp_run_call picks them, each after
+ * the one before, part after part): 0, or -1 with one line in out when one of them waits
+ * for an event no op of this step recorded yet, or touches arena bytes an
+ * earlier op on another stream may still use, unordered before it; apply:
+ * records them (call it again with apply = 1 once checked). FORK: the side
+ * streams wait for the caller's first (a blocking call's fork; a call that
+ * starts a step forks anyway); JOIN: the caller's stream waits for every
+ * side stream after. */
+typedef struct cp_order cp_order;
+enum { CP_ORDER_FORK = 1, CP_ORDER_JOIN = 2 };
+cp_order *cp_order_new(const cp_plan *p); /* NULL: out of memory */
+void cp_order_free(cp_order *o);
+typedef struct {
+    const cp_op_kind *kinds;
+    int nkinds, cursor;
+} cp_call_part; /* a call's op group: a blocking unshard is its issue's part, then its wait's */
+int cp_order_call(cp_order *o, const char *call, int unit, const cp_call_part *parts, int nparts, int flags, int apply,
+                  char *out, size_t n);
+/* a's effect followed by b's (a blocking unshard: its issue's, then its wait's). */
+void cp_call_effect_merge(cp_call_effect *a, const cp_call_effect *b);
+/* Whether issuing op starts a new step (it was issued in this one already). */
+int cp_order_starts_step(const cp_order *o, int op);
+/* The caller's stream waits for the unit's last issued call (a reduction's wait). */
+void cp_order_wait_unit(cp_order *o, int unit);
+/* The caller's stream waits for every side stream. */
+void cp_order_join(cp_order *o);
 /* After the call ran: its unit's live bits. */
 void cp_call_apply(const cp_call_effect *e, unsigned *live_of_unit);
 /* One line for a refused call ("cp_gpu_unshard(blocks.1) would write ..."). */
@@ -583,6 +612,8 @@ void *cp_executor_op_buffer(const cp_executor *ex, const cp_op *op, cp_buffer k,
  * present, wrapping to the step's start after the last instance; each op
  * through run(ctx, op). The library call kinds, in their ops' order: */
 extern const cp_op_kind cp_call_unshard[3], cp_call_reshard[1], cp_call_reduce[8], cp_call_exchange[2];
+/* The split unshard: its issue (copy-in, all-gather) and its wait (copy-out). */
+extern const cp_op_kind cp_call_unshard_issue[2], cp_call_unshard_wait[1];
 /* Returns 0, 1 when the plan has no such op for the unit (nothing to do), or
  * run's failure (-1). *cursor is left where the next search starts. */
 int cp_run_call(const cp_plan *p, int unit, const cp_op_kind *kinds, int nkinds, int *cursor,

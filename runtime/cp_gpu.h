@@ -55,7 +55,7 @@ void *cp_gpu_grad(cp_gpu *g, int param);
 void *cp_gpu_sharded_grad(cp_gpu *g, int param);
 
 /* The pieces of a step, for training loops that drive FSDP themselves.
- * Each call forks its side streams from `stream` and joins them back into it
+ * Each of these blocking calls forks its side streams from `stream` and joins them back into it
  * before returning: the GPU runs its work after everything issued earlier
  * on `stream` and before everything issued later, so calls never overlap
  * one another or the caller's compute (cp_gpu_step overlaps them; these do
@@ -73,6 +73,41 @@ void *cp_gpu_sharded_grad(cp_gpu *g, int param);
 int cp_gpu_unshard(cp_gpu *g, int unit, void *stream);      /* copy-in + all-gather on side streams, copy-out on stream */
 int cp_gpu_reshard(cp_gpu *g, int unit, void *stream);
 int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream); /* pack on stream, RS (+HSDP AR), view-out; stream waits */
+
+/* The same calls split into issue and wait, as FSDP2 splits them
+ * (FSDPParamGroup.unshard(async_op) / wait_for_unshard, and the
+ * post-backward reduce-scatter on its own stream that the next
+ * post-backward or the root's final callback waits for: torch
+ * distributed/fsdp/_fully_shard/_fsdp_param_group.py), so that the plan's
+ * own streams and event waits order them as they do in cp_gpu_step: an
+ * all-gather prefetched under the caller's compute, a reduce-scatter
+ * overlapped with the next backward.
+ *   cp_gpu_unshard_issue: the copy-in and the all-gather on the plan's side
+ *     streams, after the plan's waits only (no fork from `stream`, except
+ *     where the call starts a step: then every side stream first waits for
+ *     `stream`, as FSDP2's root pre-forward makes its all-gather streams
+ *     wait for the current stream); the all-gather buffer holds the unit's
+ *     data until its wait.
+ *   cp_gpu_unshard_wait: the copy-out on `stream` (its plan wait: the
+ *     all-gather's event); the parameters are then as after cp_gpu_unshard.
+ *   cp_gpu_reduce_issue: the pack on `stream`, the reduce-scatter, partial
+ *     sums, all-reduce and view-out on the plan's side streams; nothing
+ *     joins `stream`.
+ *   cp_gpu_reduce_wait: `stream` waits for the unit's last issued reduction
+ *     (a no-op if none is outstanding); read the sharded grads after it.
+ * Every issue is checked before it issues anything (arena.c cp_order_call,
+ * besides the check above): refused with one line when one of its ops waits
+ * for an event no op of this step recorded yet (a call made before the one
+ * the plan orders it after: on a GPU the wait would order nothing), or
+ * touches arena bytes that an op still in flight on another stream may
+ * write (or read) with no wait of the plan ordering it first. The blocking
+ * calls are an issue and its wait with a fork and a join around them
+ * (cp_gpu_reshard, all on `stream`, has neither). Mixing them is allowed:
+ * a blocking call's join also waits for whatever split work is in flight. */
+int cp_gpu_unshard_issue(cp_gpu *g, int unit, void *stream);
+int cp_gpu_unshard_wait(cp_gpu *g, int unit, void *stream);
+int cp_gpu_reduce_issue(cp_gpu *g, int unit, void *stream);
+int cp_gpu_reduce_wait(cp_gpu *g, int unit, void *stream);
 
 /* Expert parallelism through the same calls: an experts unit's token
  * all-to-alls, on its ep communicator, in the plan's order (SCHEDULE.md):

@@ -3,7 +3,8 @@
  * on gloo, through python/commplan/runtime.py's HostLibrary), so that
  * PyTorch training on CPU runs the very op sequence, buffers and copies the
  * NCCL backend runs: the same executor, the same per-unit calls as
- * cp_gpu.h's, in the plan's order. Calls are synchronous. */
+ * cp_gpu.h's, in the plan's order. The blocking calls are synchronous;
+ * the split ones below may leave collectives in flight. */
 #ifndef COMMPLAN_HOSTLIB_H
 #define COMMPLAN_HOSTLIB_H
 
@@ -39,6 +40,31 @@ void *cp_hostlib_sharded_grad(cp_hostlib *h, int param);
 int cp_hostlib_unshard(cp_hostlib *h, int unit);
 int cp_hostlib_reshard(cp_hostlib *h, int unit);
 int cp_hostlib_reduce_grads(cp_hostlib *h, int unit);
+/* The split calls, as cp_gpu.h's (cp_gpu_unshard_issue & co: the same
+ * checks, the same order), over one thread: an issue runs its copy-in or
+ * pack at once and hands its first collective out asynchronous where the
+ * caller set cp_hostlib_set_async (HostLibrary: torch.distributed with
+ * async_op=True, gloo running it on its own threads); whatever the plan
+ * orders after a collective (a later op of its stream, an op waiting for
+ * an event recorded after it) first waits for it through sync_cb, and
+ * the rest of an issue whose next op would wait (a reduction's view-out,
+ * its HSDP all-reduce) is deferred, in order, until a later op needs it,
+ * the unit's wait, a blocking call or the next step. Without
+ * cp_hostlib_set_async every collective is synchronous.
+ *   unshard_wait: the copy-out (after its all-gather); reduce_wait: the
+ *   unit's deferred ops and collectives done, its sharded grads final.
+ * The blocking calls above wait for everything in flight first. */
+int cp_hostlib_unshard_issue(cp_hostlib *h, int unit);
+int cp_hostlib_unshard_wait(cp_hostlib *h, int unit);
+int cp_hostlib_reduce_issue(cp_hostlib *h, int unit);
+int cp_hostlib_reduce_wait(cp_hostlib *h, int unit);
+/* sync_cb(user, t) must return once the caller's asynchronous collectives
+ * with tickets up to t are done; during a collective callback,
+ * cp_hostlib_async_ticket is its ticket (> 0) when it may return before
+ * the collective is done (then the caller keeps its buffers' views alive
+ * until sync_cb), else 0. */
+void cp_hostlib_set_async(cp_hostlib *h, cp_host_sync_cb cb, void *user);
+long cp_hostlib_async_ticket(const cp_hostlib *h);
 /* Expert parallelism through the same calls, as cp_gpu.h's (its comment
  * "Expert parallelism through the same calls" says the order): the
  * all-to-alls go to the caller's all-to-all callback (host.h

@@ -77,6 +77,8 @@ const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
 };
 
 const cp_op_kind cp_call_unshard[3] = { CP_OP_COPY_IN, CP_OP_ALL_GATHER, CP_OP_COPY_OUT };
+const cp_op_kind cp_call_unshard_issue[2] = { CP_OP_COPY_IN, CP_OP_ALL_GATHER };
+const cp_op_kind cp_call_unshard_wait[1] = { CP_OP_COPY_OUT };
 const cp_op_kind cp_call_reshard[1] = { CP_OP_RESHARD };
 /* A dispatch exchanges the counts first; every other exchange is one A2A. */
 const cp_op_kind cp_call_exchange[2] = { CP_OP_A2A_COUNTS, CP_OP_A2A };

@@ -49,7 +49,7 @@ static void *watchdog_main(void *arg)
 }
 
 /* Library calls run one unit's next instance of an op group. */
-enum { CALL_UNSHARD, CALL_RESHARD, CALL_REDUCE, CALL_EXCHANGE, CALLS };
+enum { CALL_UNSHARD, CALL_RESHARD, CALL_REDUCE, CALL_EXCHANGE, CALL_UNSHARD_WAIT, CALLS };
 
 struct cp_gpu {
     const cp_plan *plan;
@@ -69,6 +69,9 @@ struct cp_gpu {
     unsigned *live;       /* per unit, library calls: bit k, arena buffer k holds data across calls (arena.c) */
     int (*cursor)[CALLS]; /* per unit and call: next op to scan from */
     int *last_exchange;   /* per unit: the A2A op its last cp_gpu_exchange_tokens ran, or -1 */
+    cp_order *order;      /* the split calls' order check (arena.c) */
+    cudaEvent_t *reduce_done; /* per unit: recorded after its last cp_gpu_reduce_issue's ops */
+    unsigned char *reduce_pending; /* per unit: issued, not waited */
     cp_gpu_compute_fn compute;
     void *compute_user;
     double *profile;      /* cp_gpu_step_profiled's per-kind host time, or NULL */
@@ -613,6 +616,17 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
             fail(g, "cudaEventCreate failed");
             goto out;
         }
+    if (!(g->order = cp_order_new(p)) ||
+        !(g->reduce_done = calloc((size_t)(p->nunits > 0 ? p->nunits : 1), sizeof *g->reduce_done)) ||
+        !(g->reduce_pending = calloc((size_t)(p->nunits > 0 ? p->nunits : 1), 1))) {
+        fail(g, "out of host memory");
+        goto out;
+    }
+    for (int u = 0; u < p->nunits; u++)
+        if (cudaEventCreateWithFlags(&g->reduce_done[u], cudaEventDisableTiming) != cudaSuccess) {
+            fail(g, "cudaEventCreate failed");
+            goto out;
+        }
     g->ex.on_compute = on_compute;
     g->ex.user = g;
     /* gpu_alloc's cudaMemsets and the kernel tables' cudaMemcpy ran on the
@@ -642,6 +656,11 @@ void cp_gpu_destroy(cp_gpu *g)
     if (g->events)
         for (int i = 0; i < g->plan->nevents; i++) if (g->events[i]) cudaEventDestroy(g->events[i]);
     free(g->events);
+    if (g->reduce_done)
+        for (int u = 0; u < g->plan->nunits; u++) if (g->reduce_done[u]) cudaEventDestroy(g->reduce_done[u]);
+    free(g->reduce_done);
+    free(g->reduce_pending);
+    cp_order_free(g->order);
     free(g->live);
     free(g->cursor);
     free(g->last_exchange);
@@ -744,37 +763,26 @@ static int run_call_op(void *ctx, const cp_op *op)
     return run_op(g, op);
 }
 
-static int run_unit_ops(cp_gpu *g, int unit, int call, const cp_op_kind *kinds, int nkinds, cudaStream_t S)
-{
-    const cp_plan *p = g->plan;
-    if (unit < 0 || unit >= p->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, p->nunits);
-    /* Nothing to issue (e.g. a unit that is never resharded): no fork either. */
-    int first = -1; /* any of the group's kinds: a zero copy-in unshard has no copy-in */
-    for (int i = 0; i < p->nops && first < 0; i++)
-        for (int k = 0; k < nkinds && first < 0; k++)
-            if (p->ops[i].unit == unit && p->ops[i].kind == kinds[k]) first = i;
-    if (first < 0) return 0;
-    g->streams[CP_STREAM_COMPUTE] = S;
-    if (fork_join(g, 0)) return -1;
-    call_ctx c = { g, -1 };
-    if (cp_run_call(p, unit, kinds, nkinds, &g->cursor[unit][call], run_call_op, &c) < 0) {
-        /* Join what was issued anyway, so the caller's stream does not run
-         * ahead of side-stream work it hands back; the first error stands. */
-        char first[sizeof g->err];
-        memcpy(first, g->err, sizeof first);
-        (void)fork_join(g, 1);
-        memcpy(g->err, first, sizeof first);
-        return -1;
-    }
-    return fork_join(g, 1);
-}
+/* One call: its parts (op groups, each from its unit's cursor for that
+ * call; a blocking unshard is its issue's group, then its wait's), checked
+ * first and refused before anything is issued when its ops would write
+ * arena bytes another buffer holds data in across calls (arena.c
+ * cp_call_conflict) or touch bytes an op still in flight may use unordered
+ * before them, or wait for an event not recorded yet in this step (arena.c
+ * cp_order_call). blocking: forked from and joined into the caller's
+ * stream (cp_gpu_unshard & co.; a call whose ops all run on the caller's
+ * stream needs neither); else issued on the plan's streams with the
+ * plan's waits alone (the split calls), the side streams forked from the
+ * caller's only where the call starts a step, as FSDP2's root pre-forward
+ * makes its all-gather streams wait for the current stream. */
+typedef struct {
+    int call;
+    const cp_op_kind *kinds;
+    int nkinds;
+} part;
 
-/* Every library call: refused before it issues anything when its ops would
- * write arena bytes another buffer holds data in across calls (arena.c:
- * each call forks from and joins into the caller's stream, so the calls'
- * order on that stream, not the plan's waits, is what orders them). */
-static int library_call(cp_gpu *g, const char *name, int unit, int call, const cp_op_kind *kinds, int nkinds,
-                        void *stream)
+static int unit_call(cp_gpu *g, const char *name, int unit, const part *parts, int nparts, int blocking, void *stream,
+                     int *last_stream)
 {
     const cp_plan *p = g->plan;
     /* A pipeline rank's step is its sends and receives between the units'
@@ -783,30 +791,75 @@ static int library_call(cp_gpu *g, const char *name, int unit, int call, const c
         return fail(g, "%s: plan %s is a pipeline plan (pp %d): the library calls do not run its sends and "
                     "receives; run its binary, or drive a plan without pp", name, p->name, p->pp_size);
     if (unit < 0 || unit >= p->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, p->nunits);
-    cp_call_effect e;
-    cp_call_effect_of(p, unit, kinds, nkinds, g->cursor[unit][call], &e);
+    cp_call_effect e = { 0 }, ek;
+    cp_call_part cp[2];
+    int side = 0;
+    for (int k = 0; k < nparts; k++) {
+        cp[k] = (cp_call_part){ parts[k].kinds, parts[k].nkinds, g->cursor[unit][parts[k].call] };
+        cp_call_effect_of(p, unit, parts[k].kinds, parts[k].nkinds, cp[k].cursor, &ek);
+        cp_call_effect_merge(&e, &ek);
+        for (int i = ek.first; ek.ops && i <= ek.last; i++)
+            if (p->ops[i].unit == unit && p->ops[i].stream != CP_STREAM_COMPUTE)
+                for (int j = 0; j < parts[k].nkinds; j++) side |= p->ops[i].kind == parts[k].kinds[j];
+    }
     int wrote = 0, held = 0, v = cp_call_conflict(p, unit, &e, g->live, &wrote, &held);
     if (v >= 0) {
         char m[sizeof g->err];
         cp_call_conflict_message(p, name, unit, v, wrote, held, m, sizeof m);
         return fail(g, "%s", m);
     }
-    if (run_unit_ops(g, unit, call, kinds, nkinds, (cudaStream_t)stream)) return -1;
+    /* Nothing to issue (e.g. a unit that is never resharded): no fork either. */
+    if (!e.ops) return 0;
+    int flags = blocking && side ? CP_ORDER_FORK | CP_ORDER_JOIN : 0;
+    char m[sizeof g->err];
+    if (cp_order_call(g->order, name, unit, cp, nparts, flags, 0, m, sizeof m)) return fail(g, "%s", m);
+    cudaStream_t S = (cudaStream_t)stream;
+    g->streams[CP_STREAM_COMPUTE] = S;
+    if (((flags & CP_ORDER_FORK) || cp_order_starts_step(g->order, e.first)) && fork_join(g, 0)) return -1;
+    (void)cp_order_call(g->order, name, unit, cp, nparts, flags, 1, m, sizeof m);
+    call_ctx c = { g, -1 };
+    for (int k = 0; k < nparts; k++)
+        if (cp_run_call(p, unit, parts[k].kinds, parts[k].nkinds, &g->cursor[unit][parts[k].call], run_call_op, &c) < 0) {
+            /* Join what was issued anyway, so the caller's stream does not run
+             * ahead of side-stream work it hands back; the first error stands. */
+            char first[sizeof g->err];
+            memcpy(first, g->err, sizeof first);
+            (void)fork_join(g, 1);
+            memcpy(g->err, first, sizeof first);
+            return -1;
+        }
+    if ((flags & CP_ORDER_JOIN) && fork_join(g, 1)) return -1;
     cp_call_apply(&e, &g->live[unit]);
-    if (call == CALL_EXCHANGE && e.ops) g->last_exchange[unit] = e.last;
+    if (last_stream) *last_stream = c.prev_stream;
     return 0;
 }
 
+static const part unshard_issue = { CALL_UNSHARD, cp_call_unshard_issue, 2 },
+                  unshard_wait = { CALL_UNSHARD_WAIT, cp_call_unshard_wait, 1 },
+                  reshard = { CALL_RESHARD, cp_call_reshard, 1 }, reduce = { CALL_REDUCE, cp_call_reduce, 8 },
+                  exchange = { CALL_EXCHANGE, cp_call_exchange, 2 };
+
 int cp_gpu_unshard(cp_gpu *g, int unit, void *stream)
 {
-    return library_call(g, "cp_gpu_unshard", unit, CALL_UNSHARD, cp_call_unshard, 3, stream);
+    const part both[2] = { unshard_issue, unshard_wait };
+    return unit_call(g, "cp_gpu_unshard", unit, both, 2, 1, stream, NULL);
+}
+
+int cp_gpu_unshard_issue(cp_gpu *g, int unit, void *stream)
+{
+    return unit_call(g, "cp_gpu_unshard_issue", unit, &unshard_issue, 1, 0, stream, NULL);
+}
+
+int cp_gpu_unshard_wait(cp_gpu *g, int unit, void *stream)
+{
+    return unit_call(g, "cp_gpu_unshard_wait", unit, &unshard_wait, 1, 0, stream, NULL);
 }
 
 /* Frees nothing (the arena is fixed) but marks, on the stream, the point
  * after which other units may reuse this unit's unsharded bytes. */
 int cp_gpu_reshard(cp_gpu *g, int unit, void *stream)
 {
-    return library_call(g, "cp_gpu_reshard", unit, CALL_RESHARD, cp_call_reshard, 1, stream);
+    return unit_call(g, "cp_gpu_reshard", unit, &reshard, 1, 1, stream, NULL);
 }
 
 /* Pack, reduce-scatter, the HSDP all-reduce where the plan has one, view-out
@@ -816,7 +869,27 @@ int cp_gpu_reshard(cp_gpu *g, int unit, void *stream)
  * folds them in before its all-reduce. */
 int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream)
 {
-    return library_call(g, "cp_gpu_reduce_grads", unit, CALL_REDUCE, cp_call_reduce, 8, stream);
+    return unit_call(g, "cp_gpu_reduce_grads", unit, &reduce, 1, 1, stream, NULL);
+}
+
+int cp_gpu_reduce_issue(cp_gpu *g, int unit, void *stream)
+{
+    int last = -1;
+    if (unit_call(g, "cp_gpu_reduce_issue", unit, &reduce, 1, 0, stream, &last)) return -1;
+    if (last < 0) return 0; /* nothing issued */
+    CUDA(cudaEventRecord(g->reduce_done[unit], g->streams[last]));
+    g->reduce_pending[unit] = 1;
+    return 0;
+}
+
+int cp_gpu_reduce_wait(cp_gpu *g, int unit, void *stream)
+{
+    if (unit < 0 || unit >= g->plan->nunits) return fail(g, "unit %d is outside the plan's %d units", unit, g->plan->nunits);
+    if (!g->reduce_pending[unit]) return 0;
+    CUDA(cudaStreamWaitEvent((cudaStream_t)stream, g->reduce_done[unit], 0));
+    cp_order_wait_unit(g->order, unit);
+    g->reduce_pending[unit] = 0;
+    return 0;
 }
 
 /* The unit's next token all-to-all, in the plan's order: forward, its
@@ -825,7 +898,12 @@ int cp_gpu_reduce_grads(cp_gpu *g, int unit, void *stream)
 int cp_gpu_exchange_tokens(cp_gpu *g, int unit, void *stream)
 {
     if (!g->have_ex) return fail(g, "cp_gpu_exchange_tokens before cp_gpu_init finished");
-    return library_call(g, "cp_gpu_exchange_tokens", unit, CALL_EXCHANGE, cp_call_exchange, 2, stream);
+    int before = unit >= 0 && unit < g->plan->nunits ? g->cursor[unit][CALL_EXCHANGE] : 0;
+    cp_call_effect e = { 0 };
+    if (unit >= 0 && unit < g->plan->nunits) cp_call_effect_of(g->plan, unit, cp_call_exchange, 2, before, &e);
+    if (unit_call(g, "cp_gpu_exchange_tokens", unit, &exchange, 1, 1, stream, NULL)) return -1;
+    if (e.ops) g->last_exchange[unit] = e.last;
+    return 0;
 }
 
 void *cp_gpu_tokens(cp_gpu *g, int unit, int receive)

@@ -42,6 +42,9 @@ void cp_host_backend_init(cp_backend *b, cp_host_world *w, int rank);
  * the callee has said why. */
 typedef int (*cp_host_collective_cb)(void *user, int coll, int family, int color, int key, int size, void *in,
                                      void *out, int64_t count, int dtype, int reduce_op);
+/* Waits until the caller's asynchronous collectives up to `ticket` are
+ * done (cp_hostlib_set_async). Returns 0, or -1 after saying why. */
+typedef int (*cp_host_sync_cb)(void *user, long ticket);
 /* Rank `rank`'s backend with the host copies, memory and event checks of
  * cp_host_backend_init and every collective through cb. */
 void cp_host_backend_init_cb(cp_backend *b, cp_host_world *w, int rank, cp_host_collective_cb cb, void *user);

@@ -232,6 +232,38 @@ for p in $LIB_PLANS; do
   else bad "$p: library mode on the emulator" "$log.0"; fi
 done
 
+# The split calls (cp_gpu_unshard_issue / _wait, cp_gpu_reduce_issue /
+# _wait) as the bridge makes them (tests/emu/library_run.c split): no fork
+# from or join into the caller's stream, only the plan's waits order the
+# prefetched all-gathers and the reduce-scatters left in flight against
+# the caller's compute; the race detector must find nothing. A wrong order
+# (the next unit's all-gather issued before this unit's copy-out) is
+# refused on every rank with the one line.
+echo "== the split calls (issue / wait) in the plan's order around the caller's compute"
+for p in $LIB_PLANS; do
+  bin=build/emu/$p/library_run
+  [ -x "$bin" ] || continue
+  n=$(world "$p")
+  log=$dir/split.$p
+  if launch "$n" "$log" "$bin" 2 split && clean_summaries "$n" "$log"; then
+    ok "$p: split calls (prefetched all-gathers, reductions in flight) around the caller's kernels, $n ranks, 2 steps: 0 races"
+  else bad "$p: split calls on the emulator" "$log.0"; fi
+done
+if [ -x build/emu-asan/fsdp4/library_run ]; then
+  log=$dir/split_asan.fsdp4
+  if launch 4 "$log" build/emu-asan/fsdp4/library_run 2 split && clean_summaries 4 "$log" && sanitizer_clean 4 "$log"; then
+    ok "fsdp4 under ASan+UBSan: split calls, 4 ranks, 2 steps: 0 races, no sanitizer report"
+  else bad "fsdp4 under ASan+UBSan: split calls" "$log.0"; fi
+fi
+if [ -x build/emu/fsdp4/library_run ]; then
+  log=$dir/split_early.fsdp4
+  if ! launch 4 "$log" build/emu/fsdp4/library_run 2 split-early && ! crashed 4 "$log" >/dev/null &&
+     grep -q "cp_gpu_unshard_issue(.*) would write its all-gather buffer over the all-gather buffer of unit .*, gathered by its unshard's issue and not yet copied out" "$log.0" &&
+     grep -q "not yet copied out" "$log.3"; then
+    ok "fsdp4: a prefetch issued before the previous unit's copy-out is refused on every rank with one line"
+  else bad "fsdp4: split calls out of order" "$log.0"; fi
+fi
+
 # A pipeline plan's library calls are refused on every rank with the one
 # line (its sends and receives are the binary's), never a hang.
 if [ -x build/emu/pp_tiny/library_run ]; then

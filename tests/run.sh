@@ -107,7 +107,8 @@ live_py=$(printf '%s\n' "$live_out" | tail -n 1)
 # (the prebuild below): the runtime objects and fsdp4 / hsdp2x2, which torchrun
 # launches; its own builds go to build/live/, build/titan/, build/tp_record/
 # and build/train_cpu*, build/bridge_dtypes/ and build/bd_*, build/bridge_ckpt/
-# and build/ck_*, build/bridge_train/ and build/bt_*.
+# and build/ck_*, build/bridge_train/ and build/bt_*, build/titan_matrix/
+# and build/ttm_*.
 torch_lane() {
   # ---- live FSDP2 peer (issue 16, items 1 and 2) ----
   # PyTorch's fully_shard on gloo, one process per rank, against the binary's
@@ -342,6 +343,29 @@ torch_lane() {
   # against fully_shard + torch.nn.utils.clip_grad_norm_ bit for bit (~20 s).
   bridge_check "the bridge's clipping by the global norm and eval forwards vs fully_shard, and its root= error, on gloo, 4 ranks under torchrun (tests/python/test_bridge_train.py)" \
     bridge_train 900 test_bridge_train.py
+  # FSDP x TP through the bridge (issue 36, item 2): torchtitan's llama3 under
+  # its own TP (SP, loss_parallel, spmd_types) with CommplanFSDP in place of
+  # fully_shard, against torchtitan + fully_shard bit for bit: losses, clipped
+  # global norms, sharded grads and params, DCP round trips both ways, refusals
+  # and a mutant (quick tier: FSDP 2 x TP 2, 3 steps, ~50 s; full: + HSDP
+  # 2 x 2 x TP 2 on 8 ranks, 20 steps).
+  bridge_check "FSDP x TP through the bridge: torchtitan's TP + CommplanFSDP vs torchtitan's TP + fully_shard, clipping and DCP round trips, on gloo under torchrun (tests/python/test_bridge_tp.py)" \
+    bridge_tp 1800 test_bridge_tp.py
+  # Overlap (issue 36, item 1): the bridge's split calls (unshard issue/wait,
+  # reductions left in flight) with gloo's asynchronous collectives, FSDP and
+  # HSDP against fully_shard bit for bit, the prefetch seen in flight across
+  # a neighbour's backward, an early issue refused by the library (~20 s).
+  bridge_check "overlap: the bridge's prefetched unshards and in-flight reductions (split library calls, async gloo) vs fully_shard bit for bit, an early issue refused, 4 ranks under torchrun (tests/python/test_bridge_overlap.py)" \
+    bridge_overlap 900 test_bridge_overlap.py
+  # torchtitan's own training step with the bridge in place of fully_shard
+  # (issue 36, item 4): Trainer.train_step on its llama3 debug model, FSDP /
+  # HSDP / FSDP x TP / HSDP x TP x selective / full AC x ChunkedLossWrapper,
+  # clipping on, 2 micro-batches a step, DCP round trips both ways, every
+  # loss, norm, shard and gradient bit for bit; a config whose bridge
+  # support is missing prints SKIP naming it (quick tier: FSDP and HSDP at
+  # 4 steps, ~45 s; make test-full: the whole matrix at 20 steps).
+  bridge_check "torchtitan's training step (Trainer.train_step: its loss, accumulation, clip_grad_norm_, optimizer container) with the bridge vs its own parallelize, the configuration matrix and DCP round trips, on gloo under torchrun (tests/python/train_titan_matrix.py)" \
+    train_titan_matrix 2400 train_titan_matrix.py
   # Activation checkpointing (torchtitan's FullAC, per-op SelectiveAC,
   # every-k-th-block) and ChunkedLossWrapper through the bridge (issue 36,
   # item 2): torchtitan's llama3 under its own parallelize + fully_shard vs
@@ -1081,6 +1105,23 @@ hostile_names() (
     out=$($MAKE regen-all 2>&1) && [ "$out" = "regen-all: $good plans regenerated" ] || { echo "$out"; exit 1; }
 )
 run "hostile plan file names: make check-generated, regen-all, PLAN= and the test loops refuse, never run them" hostile_names
+# ---- issue 37, item 4: a plan that does not fit, said at once ----
+# make PLAN= prints gen/commplan.lua's one line after the build (a cached
+# build's too), still building; STRICT=1 makes it an error; a plan that
+# fits prints nothing on stderr (tests/lua/test_fit.lua: the line's terms).
+fit_said_at_once() (
+  cd "$S" || exit 2
+  big="NVCC=/nonexistent PLAN=tests/plans/too_big.lua OUT=build/gen/too_big"
+  out=$($MAKE $big 2>&1 >/dev/null) || { echo "$out"; exit 1; }
+  echo "$out"
+  [ "$(printf '%s\n' "$out" | grep -c '^tests/plans/too_big.lua: does not fit: each rank needs ')" = 1 ] &&
+    [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] && [ -x build/too_big/too_big ] || exit 1
+  again=$($MAKE $big 2>&1 >/dev/null) && [ "$again" = "$out" ] || { echo "cached build: $again"; exit 1; }
+  ! $MAKE $big STRICT=1 >/dev/null 2>&1 || { echo "STRICT=1 passed a plan that does not fit"; exit 1; }
+  msg=$($MAKE NVCC=/nonexistent PLAN=fsdp4.lua 2>&1 >/dev/null) && [ -z "$msg" ] || { echo "fsdp4: $msg"; exit 1; }
+)
+run "make PLAN=: a plan that does not fit says so in one line (a cached build too), STRICT=1 fails it" fit_said_at_once
+# ---- end of issue 37, item 4 ----
 
 section "--simulate: refused up front when it will not fit, progress on long runs"
 # sim_refuses NAME RANKS: one line with the figure and this machine's

@@ -10,7 +10,9 @@ _fsdp_state.py: the module's state_dict with its sharded DTensor parameters): th
 FQNs (every name a parameter has, tied ones included; buffers as plain tensors), each parameter
 a DTensor over the data-parallel mesh with fully_shard's placements (_fsdp_param.py
 _init_sharded_param): (Shard(d),) on the dp_shard mesh, (Replicate(), Shard(d)) on HSDP's
-(dp_replicate, dp_shard) mesh, d the plan's shard dim (0, or the param's shard_dim). Its local
+(dp_replicate, dp_shard) mesh, d the plan's shard dim (0, or the param's shard_dim); under
+tensor parallelism fully_shard + TP's 2-D / 3-D placements on the (dp_replicate,) dp_shard, tp
+mesh, e.g. (_StridedShard(0, sf=tp), Shard(0)) for a colwise weight (commplan.tensor_parallel). Its local
 tensor is this rank's unpadded shard, a view of the plan's sharded storage (no copy): the chunk
 torch.chunk gives (ceil(n / W) rows per rank, the last ranks' shorter or empty), which is both
 FSDP2's and DTensor's uneven Shard, so DCP's offsets agree and a checkpoint written by fully_shard
@@ -29,18 +31,22 @@ The model's DTensors view the plan's storage: they follow training, and close() 
 collective, unless passed as mesh=).
 """
 
+import contextlib
+
 import torch
 
 from .planfile import PlanError
 from .match import plan_units
 from .recompute import clean_fqn
 
-__all__ = ["dp_mesh", "state_dict", "load_state_dict", "optim_state_dict", "load_optim_state_dict"]
+__all__ = ["dp_mesh", "state_dict", "load_state_dict", "optim_state_dict", "load_optim_state_dict", "as_dtensor"]
 
 
 def dp_mesh(fsdp, mesh=None):
     """The data-parallel DeviceMesh the DTensors live on: fully_shard's (dp_shard,) or HSDP's
     (dp_replicate, dp_shard), made with init_device_mesh from plan.json's parallel unless given."""
+    if getattr(fsdp, "_tp", None) is not None:  # under TP: fully_shard + TP's storage mesh (tensor_parallel)
+        return fsdp._tp.mesh if mesh is None else fsdp._tp.check_mesh(mesh)
     if mesh is None:
         mesh = getattr(fsdp, "_ckpt_mesh", None)
     par = fsdp.plan.get("parallel", {})
@@ -65,6 +71,8 @@ def dp_mesh(fsdp, mesh=None):
 def _specs(fsdp, mesh):
     """id(sharded parameter) -> (param, placements, global shape)."""
     from torch.distributed.tensor import Replicate, Shard
+    if getattr(fsdp, "_tp", None) is not None:
+        return fsdp._tp.specs()
     out = {}
     metas = [m for u in plan_units(fsdp.plan) for m in u["params"]]
     for P, meta in zip(fsdp.params, metas):
@@ -85,16 +93,64 @@ def _check_resharded(fsdp, what):
                         % (what, fsdp.name, fsdp.units[fsdp.live.index(True)]["name"]))
 
 
+@contextlib.contextmanager
+def _as_dtensors(fsdp, mesh):
+    """The model as fully_shard leaves it: every sharded parameter replaced, in each module holding
+    it, by a DTensor parameter over its local shard (a view, no copy), so that the model's own
+    state-dict hooks see what they see under fully_shard (torchtitan's fused wqkv is saved split
+    into wq / wk / wv by a hook that reshapes the global tensor: torchtitan/models/common/
+    attention.py:871 _split_qkv_on_save, which on a plain local shard fails)."""
+    specs = _specs(fsdp, mesh)
+    swapped, made = [], {}
+    for mod in fsdp.model.modules():
+        for attr, p in list(mod._parameters.items()):
+            s = specs.get(id(p)) if p is not None else None
+            if s is None:
+                continue
+            if id(p) not in made:
+                made[id(p)] = torch.nn.Parameter(_dtensor(p.detach(), s[1], s[2], mesh), requires_grad=p.requires_grad)
+            mod._parameters[attr] = made[id(p)]
+            swapped.append((mod, attr, p))
+    try:
+        yield
+    finally:
+        for mod, attr, p in swapped:
+            mod._parameters[attr] = p
+
+
+def _load_pre_hooks(model, sd):
+    """sd as the model's load_state_dict pre-hooks leave it (torchtitan's merge of wq / wk / wv into
+    the fused wqkv, attention.py:901 _merge_qkv_on_load), each module's hooks with its prefix, as
+    torch's Module.load_state_dict runs them; on a shallow copy."""
+    sd = dict(sd)
+    for name, mod in model.named_modules():
+        for hook in mod._load_state_dict_pre_hooks.values():
+            hook(sd, name + "." if name else "", {}, True, [], [], [])
+    return sd
+
+
+def _own_entries(model):
+    """{FQN: parameter or persistent buffer} as Module.state_dict(keep_vars=True) names them before
+    its hooks (which may reshape the tensors: _as_dtensors)."""
+    out = {}
+    for name, mod in model.named_modules(remove_duplicate=False):
+        pre = name + "." if name else ""
+        for attr, p in mod._parameters.items():
+            if p is not None:
+                out[pre + attr] = p
+        for attr, b in mod._buffers.items():
+            if b is not None and attr not in mod._non_persistent_buffers_set:
+                out[pre + attr] = b
+    return out
+
+
 def state_dict(fsdp, mesh=None):
-    """The model's state dict as fully_shard's: {FQN: DTensor (parameters), tensor (buffers)}."""
+    """The model's state dict as fully_shard's: {FQN: DTensor (parameters), tensor (buffers)},
+    the model's state-dict hooks applied as under fully_shard (_as_dtensors)."""
     _check_resharded(fsdp, "state_dict")
     mesh = dp_mesh(fsdp, mesh)
-    specs = _specs(fsdp, mesh)
-    out = {}
-    for k, v in fsdp.model.state_dict(keep_vars=True).items():
-        s = specs.get(id(v))
-        out[k] = _dtensor(v.detach(), s[1], s[2], mesh) if s is not None else v.detach()
-    return out
+    with _as_dtensors(fsdp, mesh):
+        return fsdp.model.state_dict()
 
 
 def _local_of(v, P, placements, mesh, key):
@@ -105,6 +161,9 @@ def _local_of(v, P, placements, mesh, key):
         if tuple(v.placements) == tuple(placements) and tuple(v.device_mesh.shape) == tuple(mesh.shape):
             return v.to_local()
         v = v.full_tensor()
+    if mesh.ndim > 1 and mesh.mesh_dim_names[-1] == "tp":  # FSDP x TP: this rank's piece of the global tensor
+        from .tensor_parallel import local_piece
+        return local_piece(v, mesh, placements)
     k = placements[-1].dim
     n, W, r = v.shape[k], mesh.size(mesh.ndim - 1), mesh.get_local_rank(mesh.ndim - 1)
     chunk = -(-n // W)
@@ -116,7 +175,8 @@ def load_state_dict(fsdp, sd, strict=True, mesh=None):
     _check_resharded(fsdp, "load_state_dict")
     mesh = dp_mesh(fsdp, mesh)
     specs = _specs(fsdp, mesh)
-    own = fsdp.model.state_dict(keep_vars=True)
+    own = _own_entries(fsdp.model)
+    sd = _load_pre_hooks(fsdp.model, sd)
     if strict:
         missing = [k for k in own if k not in sd]
         extra = [k for k in sd if k not in own]
@@ -139,6 +199,20 @@ def load_state_dict(fsdp, sd, strict=True, mesh=None):
             local = _local_of(v, P, placements, mesh, k)
             if local.data_ptr() != P.sharded.data_ptr() or local.numel() == 0:
                 P.sharded.copy_(local)
+
+
+def as_dtensor(fsdp, fqn, local, mesh=None):
+    """local (a tensor of parameter fqn's local shard shape: an optimizer's per-element state) as a
+    DTensor in that parameter's layout, a view; any other value unchanged. For optimizer state
+    dicts in other forms than torch's (torchtitan's OptimizersContainer: flat keys
+    state.{fqn}.{name}, torchtitan/components/optimizer/utils.py:71)."""
+    mesh = dp_mesh(fsdp, mesh)
+    specs = _specs(fsdp, mesh)
+    p = dict(fsdp.model.named_parameters(remove_duplicate=False)).get(fqn)
+    s = specs.get(id(p)) if p is not None else None
+    if s is None or not isinstance(local, torch.Tensor) or local.dim() == 0 or local.shape != p.shape:
+        return local
+    return _dtensor(local, s[1], s[2], mesh)
 
 
 def optim_state_dict(fsdp, optimizer, mesh=None):

@@ -90,15 +90,15 @@ def check_units_match_plan(units, plan):
     """Raises PlanMismatch naming the first difference between the model's units (wrapping order,
     the root last; as plan_from_named_parameters takes them) and the plan (plan.json's dict or
     path). Compares unit order and names, then each parameter's name, shape, dtype and shard dim
-    in order, then the units' reshard_after_forward where the model sets it."""
+    in order, then the units' reshard_after_forward where the model sets it. Under tensor
+    parallelism (parallel.tp > 1) the shapes are TP-local: the model's as its TP left them,
+    plan.json's `shape` (its `full_shape` is the global one; commplan.tensor_parallel checks the TP
+    dims)."""
     plan = load_plan_json(plan)
     name = plan.get("plan", "?")
     model_units = normalize_units(units)
     model_units = [model_units[-1]] + model_units[:-1]  # table order: the root runs first
     punits = plan_units(plan)
-    if plan.get("parallel", {}).get("tp", 1) != 1:
-        raise PlanMismatch("plan %s shards over tensor parallelism (tp = %d): the PyTorch runtime drives "
-                           "FSDP/HSDP plans only" % (name, plan["parallel"]["tp"]))
     if len(model_units) != len(punits):
         raise PlanMismatch("model does not match plan %s: the model has %d units (%s), the plan %d (%s)"
                            % (name, len(model_units), ", ".join(u["name"] for u in model_units), len(punits),

@@ -23,7 +23,10 @@ What it does, as FSDP2's fully_shard does it:
   unit's last parameter gradient arrives: copy the gradients into the plan's unsharded-grads
   buffer (first micro-batch) or add them (later ones, for plans with micro_steps > 1, in the
   unit's grad_dtype, as torch 2.15's FSDP2 sets the unsharded parameter's), reshard, and reduce
-  where the plan reduces;
+  where the plan reduces; by default (overlap=True) as the split calls (cp_gpu_unshard_issue /
+  _wait, cp_gpu_reduce_issue / _wait) at the plan's places, prefetching the unshards the plan
+  issues ahead and leaving reductions in flight until the unit's next reduction or the final
+  callback, as FSDP2 does (commplan.overlap);
 * sets each sharded parameter's .grad to this rank's reduced shard (a view of the plan's
   sharded-grads storage, zero copy); a later reduce before the optimizer consumed it (gradient
   accumulation as torchtitan does it: reduce-scatter every micro-batch) first moves the
@@ -48,8 +51,11 @@ state_dict() / load_state_dict() are fully_shard's sharded (DTensor) state dict,
 torch.distributed.checkpoint both ways with fully_shard (commplan.checkpoint; the optimizer's
 too).
 
-Needs torch with CUDA and a plan built where nvcc was found (make PLAN=...). Tensor parallel
-plans (tp > 1) are refused.
+Tensor parallel plans (tp > 1): the model comes parallelized for TP as torchtitan does it, in
+place of fully_shard the bridge drives the FSDP/HSDP collectives, torch the TP ones
+(commplan.tensor_parallel).
+
+Needs torch with CUDA and a plan built where nvcc was found (make PLAN=...).
 """
 
 import ctypes
@@ -63,14 +69,16 @@ except ImportError as e:  # the plan writer needs no torch; this module does
                       "(2.x with CUDA); the plan writer (commplan.plan_text, plan_from_named_parameters) does "
                       "not: %s" % e) from None
 
-from .match import PlanMismatch, check_units_match_plan, find_plan_json, find_plan_root, load_plan_json, plan_units
+from .match import check_units_match_plan, find_plan_json, find_plan_root, load_plan_json, plan_units
 from .modules import named_units, units_from_module
 from .planfile import PlanError
 from .validate import check_expert_counts
-from . import chunked_loss, recompute, training
+from . import chunked_loss, recompute, tensor_parallel, training
 
 __all__ = ["CommplanFSDP", "GpuLibrary", "HostLibrary", "library_calls", "PlanOrderError"]
 
+# torch >= 2.1: the gradient hooks run after accumulation and clear the unsharded parameter's .grad
+_POST_ACCUMULATE = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<i2"}  # bf16 travels as int16 bits, then .view()
 
@@ -277,6 +285,10 @@ class GpuLibrary(_ExpertCalls):
             getattr(lib, f).restype = ci
         lib.cp_gpu_synchronize.argtypes = [vp, vp, ctypes.c_double]
         lib.cp_gpu_synchronize.restype = ci
+        self.lib = lib
+        self._fns = {"unshard": lib.cp_gpu_unshard, "reshard": lib.cp_gpu_reshard, "reduce": lib.cp_gpu_reduce_grads}
+        from . import overlap
+        self.split = overlap.bind(self, "cp_gpu_", True)  # the split calls (commplan.overlap)
         try:
             self._plan = ctypes.addressof(ctypes.c_char.in_dll(lib, plan_name + "_plan"))
             self._kernels = ctypes.addressof(ctypes.c_char.in_dll(lib, plan_name + "_kernels"))
@@ -329,9 +341,7 @@ class GpuLibrary(_ExpertCalls):
             raise RuntimeError("commplan: " + self.last_error())
 
     def call(self, call, unit):
-        fn = {"unshard": self.lib.cp_gpu_unshard, "reshard": self.lib.cp_gpu_reshard,
-              "reduce": self.lib.cp_gpu_reduce_grads}[call]
-        if fn(self.g, unit, ctypes.c_void_p(self.stream())) != 0:
+        if self._fns[call](self.g, unit, ctypes.c_void_p(self.stream())) != 0:
             raise RuntimeError("commplan: " + self.last_error())
 
     def last_error(self):
@@ -401,6 +411,13 @@ class HostLibrary(_ExpertCalls):
         for f in ("cp_hostlib_unshard", "cp_hostlib_reshard", "cp_hostlib_reduce_grads"):
             getattr(lib, f).argtypes = [vp, ci]
             getattr(lib, f).restype = ci
+        self.lib = lib
+        self._fns = {"unshard": lib.cp_hostlib_unshard, "reshard": lib.cp_hostlib_reshard,
+                     "reduce": lib.cp_hostlib_reduce_grads}
+        from . import overlap
+        self.split = overlap.bind(self, "cp_hostlib_", False)  # the split calls (commplan.overlap)
+        self._async = None  # overlap.AsyncCollectives once init made this rank
+        self._views = {}
         try:
             self._plan = ctypes.addressof(ctypes.c_char.in_dll(lib, plan_name + "_plan"))
         except ValueError:
@@ -429,6 +446,9 @@ class HostLibrary(_ExpertCalls):
             self.lib.cp_hostlib_set_alltoall.argtypes = [ctypes.c_void_p, _ALLTOALL_CB, ctypes.c_void_p]
             self.lib.cp_hostlib_set_alltoall.restype = None
             self.lib.cp_hostlib_set_alltoall(g, self._a2a_cb, None)
+        if self.split and hasattr(self.lib, "cp_hostlib_set_async"):
+            from . import overlap
+            self._async = overlap.AsyncCollectives(self)
         # One process group per instance of every family the plan's collectives use, made in the
         # same order on every rank (new_group is collective).
         plan = self._plan_json_loaded()
@@ -444,11 +464,18 @@ class HostLibrary(_ExpertCalls):
                     self._groups[(fi, color)] = pg
 
     def _view(self, ptr, numel, dtype):
-        dt = TORCH_DTYPES[_DTYPE_CODES[dtype]]
-        if numel == 0:
-            return torch.empty(0, dtype=dt)
-        es = torch.empty(0, dtype=dt).element_size()
-        return torch.frombuffer((ctypes.c_char * (numel * es)).from_address(ptr), dtype=dt)
+        # the plan's buffers never move (a fixed arena): one view per (pointer, length, dtype)
+        key = (ptr, numel, dtype)
+        v = self._views.get(key)
+        if v is None:
+            dt = TORCH_DTYPES[_DTYPE_CODES[dtype]]
+            if numel == 0:
+                v = torch.empty(0, dtype=dt)
+            else:
+                es = torch.empty(0, dtype=dt).element_size()
+                v = torch.frombuffer((ctypes.c_char * (numel * es)).from_address(ptr), dtype=dt)
+            self._views[key] = v
+        return v
 
     def _collective(self, user, coll, family, color, key, size, inp, out, count, dtype, reduce_op):
         """torch.distributed's collective for one of the plan's: the executor's pointers as
@@ -457,19 +484,24 @@ class HostLibrary(_ExpertCalls):
         try:
             pg = self._groups[(family, color)]
             op = (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX)[reduce_op]
+            # a split call's collective may run on (async_op=True: gloo's threads) until the library
+            # waits for its ticket (commplan.overlap.AsyncCollectives)
+            t = self._async.ticket(self.g) if self._async is not None else 0
             if coll == _COLL_ALL_GATHER:
                 o = self._view(out, count * size, dtype)
                 i = o[key * count:(key + 1) * count].clone() if inp == out + key * count * o.element_size() \
                     else self._view(inp, count, dtype)
-                dist.all_gather_into_tensor(o, i, group=pg)
+                work = dist.all_gather_into_tensor(o, i, group=pg, async_op=bool(t))
             elif coll == _COLL_REDUCE_SCATTER:
-                dist.reduce_scatter_tensor(self._view(out, count, dtype), self._view(inp, count * size, dtype), op=op,
-                                           group=pg)
+                o, i = self._view(out, count, dtype), self._view(inp, count * size, dtype)
+                work = dist.reduce_scatter_tensor(o, i, op=op, group=pg, async_op=bool(t))
             else:
-                o = self._view(out, count, dtype)
+                o = i = self._view(out, count, dtype)
                 if inp != out:
                     o.copy_(self._view(inp, count, dtype))
-                dist.all_reduce(o, op=op, group=pg)
+                work = dist.all_reduce(o, op=op, group=pg, async_op=bool(t))
+            if t:
+                self._async.add(t, work, (o, i), coll)
             return 0
         except Exception as e:  # noqa: BLE001 - reported through last_error, never across the C frame
             self._error = "torch.distributed %s on group %d/%d failed: %s: %s" % (
@@ -527,9 +559,7 @@ class HostLibrary(_ExpertCalls):
         return self._view(ptr, numel, _DTYPE_CODES.index(dtype))
 
     def call(self, call, unit):
-        fn = {"unshard": self.lib.cp_hostlib_unshard, "reshard": self.lib.cp_hostlib_reshard,
-              "reduce": self.lib.cp_hostlib_reduce_grads}[call]
-        if fn(self.g, unit) != 0:
+        if self._fns[call](self.g, unit) != 0:
             raise RuntimeError("commplan: " + self.last_error())
 
     def last_error(self):
@@ -544,6 +574,8 @@ class HostLibrary(_ExpertCalls):
         pass  # every call is synchronous
 
     def close(self):
+        if self._async is not None:
+            self._async.drain()  # no collective may still write into the buffers freed below
         if self.g is not None:
             self.lib.cp_hostlib_destroy(self.g)
             self.g = None
@@ -601,10 +633,12 @@ class CommplanFSDP:
     root: the commplan checkout (plans/, build/); None: the working directory or the checkout this
     package comes from, whichever holds the plan (commplan.match.find_plan_root). library: a loaded library object (tests pass a
     host stand-in). shard_dim: as plan_from_module's. check_order: refuse library calls out of
-    the plan's order (leave on). Call close() when done (frees the plan's GPU memory)."""
+    the plan's order (leave on). overlap: prefetch unshards and leave reductions in flight as FSDP2
+    does (commplan.overlap; False: every call blocking). Call close() when done (frees the plan's
+    GPU memory)."""
 
     def __init__(self, plan, model, units, root=None, plan_json=None, library=None, shard_dim=None,
-                 check_order=True):
+                 check_order=True, overlap=True):
         self.name = plan
         if plan_json is None:
             root, plan_json = find_plan_root(plan, root)
@@ -612,14 +646,13 @@ class CommplanFSDP:
         self.plan = load_plan_json(plan_json)
         self.model = model
         wrapped = units_from_module(model, units)
+        if self.plan.get("parallel", {}).get("tp", 1) != 1:  # the model's TP layout first (tensor_parallel)
+            tensor_parallel.check_model(self.plan, wrapped)
         check_units_match_plan(named_units(model, units, shard_dim), self.plan)
         if self.plan.get("fsdp", {}).get("grad_accumulation") == "step_end":
             raise PlanError("plan %s accumulates as torch.distributed.pipelining does (grad_accumulation = "
                             "\"step_end\"): its units stay unsharded across micro-batches, which FSDP2's module "
                             "hooks here do not model; use fsdp2_default, sync_last or all_reduce_last" % plan)
-        if self.plan.get("parallel", {}).get("tp", 1) != 1:
-            raise PlanMismatch("plan %s uses tensor parallelism; the PyTorch runtime drives FSDP/HSDP plans only"
-                               % plan)
         frozen = [fqn for _, ps in wrapped for fqn, p in ps if not p.requires_grad]
         if frozen:
             raise PlanError("parameter %s does not require grad; the plan reduces every parameter it shards "
@@ -634,6 +667,7 @@ class CommplanFSDP:
             self.lib.init()
         self.check_order = check_order
         self._build(model, wrapped)
+        self._tp = tensor_parallel.attach(self, wrapped)  # FSDP/HSDP x TP; None without TP
         calls = library_calls(self.plan)
         self._calls = [(c, self._unit_index[u], m) for c, u, m, _ in calls]
         self._micro_steps = self.plan["fsdp"].get("micro_steps", 1)
@@ -647,6 +681,10 @@ class CommplanFSDP:
         # earlier ones end in the plan's partial sums (HSDP's set_requires_all_reduce(False))
         self._reduce_views = {(self._unit_index[op["unit"]], op.get("micro_step", 0))
                               for op in self.plan["ops"] if op["kind"] in ("view_out", "view_out_add")}
+        self._overlap = None
+        if overlap and getattr(self.lib, "split", False):
+            from .overlap import Overlap
+            self._overlap = Overlap(self)  # the split calls' order replaces _calls
         self._pos = 0
         self._micro = 0
         # torchtitan's ChunkedLossWrapper on the plan's loss head (training.loss_chunks >= 2), else None
@@ -710,6 +748,10 @@ class CommplanFSDP:
                 unit["params"].append(P)
                 self.params.append(P)
                 pindex += 1
+            # _use's assignments, made once (host time: one list walk per unit and call)
+            unit["use"] = {flag: [(mod._parameters, attr, P.unsharded if flag else P.sharded)
+                                  for P in unit["params"] for mod, attr in P.owners] for flag in (True, False)}
+            unit["n_grads"] = sum(1 for P in unit["params"] if P.requires_grad)
             self.units.append(unit)
         self.live = [False] * len(self.units)
 
@@ -745,7 +787,7 @@ class CommplanFSDP:
         self._post_bwd_done = [False] * len(getattr(self, "units", []))
         self._arrived = [0] * len(getattr(self, "units", []))
 
-    def _call(self, call, u):
+    def _call(self, call, u, lib_call=None):
         if self.check_order:
             exp = self._calls[self._pos] if self._pos < len(self._calls) else None
             if exp is None or exp[0] != call or exp[1] != u:
@@ -756,15 +798,15 @@ class CommplanFSDP:
                     "a loss other than the one training.loss_chunks says, a forward under no_grad)"
                     % (call, self.units[u]["name"], self.name, want, self._micro))
         self._pos += 1
-        self.lib.call(call, u)
+        self.lib.call(lib_call or call, u)
 
     def _use(self, unit, unsharded):
-        for P in unit["params"]:
-            t = P.unsharded if unsharded else P.sharded
-            for mod, attr in P.owners:
-                mod._parameters[attr] = t
+        for params, attr, t in unit["use"][unsharded]:
+            params[attr] = t
 
-    def _unshard(self, u):
+    def _unshard(self, u, phase="forward"):
+        if self._overlap is not None:
+            return self._overlap.unshard(u, phase)
         unit = self.units[u]
         if not self.live[u]:
             if unit["params"]:
@@ -799,7 +841,7 @@ class CommplanFSDP:
                                      "per chunk: write the plan with training.loss_chunks = its num_chunks)"
                                      % unit["name"])
             if self._fwd_started[u] == 0:
-                if u == 0:
+                if u == 0 and not _POST_ACCUMULATE:
                     for P in self.params:  # torch < 2.1 left the last backward's grads on the unsharded params
                         P.unsharded.grad = None
                 self._unshard(u)
@@ -844,7 +886,7 @@ class CommplanFSDP:
             self._enter_backward()
             if not self._pre_bwd_done[u]:
                 self._pre_bwd_done[u] = True
-                self._unshard(u)
+                self._unshard(u, "backward")
             return None
         return hook
 
@@ -870,8 +912,7 @@ class CommplanFSDP:
             if not P.arrived:
                 P.arrived = True
                 self._arrived[P.unit] += 1
-                unit = self.units[P.unit]
-                if self._arrived[P.unit] == sum(1 for q in unit["params"] if q.requires_grad):
+                if self._arrived[P.unit] == self.units[P.unit]["n_grads"]:
                     self._post_backward(P.unit)
             return None
         return hook
@@ -886,10 +927,17 @@ class CommplanFSDP:
         self._reduce(u, self._head.next_part() if self._head is not None and self._head.u == u else unit["params"])
 
     def _reduce(self, u, params):
-        """The unit's next reduction (of `params`: the unit's, or the part the plan reduces)."""
-        adds = (u, self._micro) in self._reduce_adds
+        """The unit's next reduction (of `params`: the unit's, or the part the plan reduces): issued
+        and left in flight under overlap (commplan.overlap, waited later), else made at once."""
         if self._head is not None and self._head.u == u:
             self._head.reduced()
+        if self._overlap is not None:
+            return self._overlap.reduce(u, params)
+        self._before_reduce(u, (u, self._micro) in self._reduce_adds, params)
+        self._call("reduce", u)
+        self._after_reduce(u, params)
+
+    def _before_reduce(self, u, adds, params):
         with torch.no_grad():
             for P in params:
                 aliased = P.alias is not None and P.sharded.grad is P.alias
@@ -901,13 +949,18 @@ class CommplanFSDP:
                     # an earlier micro-batch's reduced shard not yet consumed: move it out of the
                     # plan's storage before this reduce overwrites it (stream-ordered before the pack)
                     P.sharded.grad = P.alias.clone()
-            self._call("reduce", u)
-            if (u, self._micro) not in self._reduce_views:
-                for P in params:
-                    P.accumulated = False
-                return  # parked in the plan's partial sums until the last micro-step's all-reduce
+            if self._tp is not None:  # TP-replicated parameters' partial gradients, over tp (in torch)
+                self._tp.before_reduce(params)
             for P in params:
                 P.accumulated = False
+
+    def _after_reduce(self, u, params, micro=None):
+        """The reduced shard of `params` into .grad, once the reduction is done (or waited for)."""
+        micro = self._micro if micro is None else micro
+        if (u, micro) not in self._reduce_views:
+            return  # parked in the plan's partial sums until the last micro-step's all-reduce
+        with torch.no_grad():
+            for P in params:
                 if P.sharded.grad is None:
                     P.alias = P.shard_grad
                     P.sharded.grad = P.alias
@@ -917,6 +970,8 @@ class CommplanFSDP:
 
     def _finish_backward(self):
         try:
+            if self._overlap is not None:
+                self._overlap.finish()  # FSDP2's final callback waits for every reduction
             for unit in self.units:
                 u = unit["index"]
                 if self._post_bwd_done[u] or not any(P.requires_grad for P in unit["params"]):

@@ -12,7 +12,10 @@ reduction over the plan's shard group -- the family of its all_gather ops (fsdp:
 times cp where the plan has it), never dp_replicate, whose members hold the same shard (HSDP's
 Replicate placement) -- then torch.nn.utils.clip_grads_with_norm_ (clip_coef = max_norm /
 (total + 1e-6), clamped to 1.0). The norm and the clipped gradients are bit-identical to
-fully_shard's (tests/python/test_bridge_train.py).
+fully_shard's (tests/python/test_bridge_train.py). Under tensor parallelism the gradients go to
+torch's own get_total_norm as fully_shard + TP's DTensors (commplan.tensor_parallel): the norm
+over dp_shard and tp for TP-sharded gradients, over dp_shard alone for TP-replicated ones
+(tests/python/test_bridge_tp.py).
 
 The reduction runs on the group the bridge's collectives use: HostLibrary's process group of
 that family (the one its gloo all-gathers run on); on the GPU library, whose NCCL communicators
@@ -138,6 +141,9 @@ def total_norm(fsdp, grads, norm_type=2.0, error_if_nonfinite=False, foreach=Non
     grads = list(grads)
     if not grads:
         return torch.tensor(0.0)
+    if getattr(fsdp, "_tp", None) is not None:  # under TP: torch's own on fully_shard + TP's DTensors
+        return fsdp._tp.total_norm(grads, norm_type, error_if_nonfinite, foreach,
+                                   _ORIG.get("get_total_norm", torch.nn.utils.get_total_norm))
     norms = _local_norms(grads, norm_type, foreach)
     first = grads[0].device
     stack = torch.stack([n.to(first) for n in norms])

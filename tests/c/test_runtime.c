@@ -1056,6 +1056,181 @@ static void test_ranks_alone(void **state)
     free(c.ops);
 }
 
+/* ---- the split calls (cp_hostlib_*_issue / _wait; cp_gpu.h's twins run
+ * the same checks, arena.c cp_order_call) ----
+ * Rank 0 of a plan alone, its collectives a no-op handed out asynchronous:
+ * the log says which tickets were handed out and which the library waited
+ * for, and when. */
+typedef struct {
+    cp_hostlib *h;
+    long handed, synced;
+} async_log;
+
+static int async_collective(void *user, int coll, int family, int color, int key, int size, void *in, void *out,
+                            int64_t count, int dtype, int reduce_op)
+{
+    async_log *l = user;
+    (void)coll, (void)family, (void)color, (void)key, (void)size, (void)in, (void)out, (void)count;
+    (void)dtype, (void)reduce_op;
+    long t = cp_hostlib_async_ticket(l->h);
+    if (t) {
+        assert_int_equal(t, l->handed + 1); /* tickets in issue order */
+        l->handed = t;
+    }
+    return 0;
+}
+
+static int async_sync(void *user, long t)
+{
+    async_log *l = user;
+    assert_true(t <= l->handed);
+    if (t > l->synced) l->synced = t;
+    return 0;
+}
+
+/* The plan's ops as the bridge makes the split calls (tests/emu/library_run.c
+ * split, python/commplan/overlap.py): each unshard issued at its all-gather
+ * and waited at its copy-out, each reduction issued at its pack (after
+ * waiting for the unit's previous one), every reduction waited at the
+ * step's end when end_waits. Ops [from, to); 0, or the op whose call failed
+ * + 1 negated. */
+static int split_ops(cp_hostlib *h, const cp_plan *p, int from, int to, int end_waits)
+{
+    for (int i = from; i < to; i++) {
+        const cp_op *op = &p->ops[i];
+        int u = op->unit, rc = 0;
+        switch (op->kind) {
+        case CP_OP_ALL_GATHER: rc = cp_hostlib_unshard_issue(h, u); break;
+        case CP_OP_COPY_OUT: rc = cp_hostlib_unshard_wait(h, u); break;
+        case CP_OP_RESHARD: rc = cp_hostlib_reshard(h, u); break;
+        case CP_OP_PACK: rc = cp_hostlib_reduce_wait(h, u) || cp_hostlib_reduce_issue(h, u); break;
+        default: break;
+        }
+        if (rc) return -(i + 1);
+    }
+    for (int u = 0; end_waits && to == p->nops && u < p->nunits; u++)
+        if (cp_hostlib_reduce_wait(h, u)) return -(p->nops + 1);
+    return 0;
+}
+
+static const cp_plan *const SPLIT_PLANS[] = { &fsdp8_uneven_plan, &hsdp2x3_bf16_plan, &hsdp4x2_fp16_plan,
+                                              &llama_tiny_tp_plan };
+
+static cp_hostlib *split_lib(const cp_plan *plan, async_log *l, cp_plan *view)
+{
+    char err[600];
+    cp_hostlib *h;
+    assert_int_equal(cp_hostlib_init(&h, plan, 0, async_collective, l, err, sizeof err), 0);
+    l->h = h;
+    l->handed = l->synced = 0;
+    cp_hostlib_set_async(h, async_sync, l);
+    cp_plan_view(plan, 0, view);
+    return h;
+}
+
+/* The plan's own order, split: accepted for two steps; the collectives are
+ * handed out asynchronous and left in flight past their issue (an
+ * all-gather still running when its unshard_issue returns: the prefetch),
+ * and every one is waited for by the step's end. */
+static void test_split_calls_in_the_plans_order(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < sizeof SPLIT_PLANS / sizeof SPLIT_PLANS[0]; k++) {
+        async_log l;
+        cp_plan view;
+        cp_hostlib *h = split_lib(SPLIT_PLANS[k], &l, &view);
+        int in_flight = 0;
+        for (int step = 0; step < 2; step++) {
+            for (int i = 0; i < view.nops; i++) {
+                int rc = split_ops(h, &view, i, i + 1, 0);
+                if (rc) fail_msg("plan %s step %d op %d: %s", view.name, step, i, cp_hostlib_last_error(h));
+                if (view.ops[i].kind == CP_OP_ALL_GATHER && l.synced < l.handed) in_flight++;
+            }
+            assert_int_equal(split_ops(h, &view, view.nops, view.nops, 1), 0);
+            assert_int_equal(l.synced, l.handed); /* everything waited for by the step's end */
+        }
+        if (!l.handed || !in_flight) fail_msg("plan %s: %ld collectives handed out, %d all-gathers in flight after "
+                                              "their issue", view.name, l.handed, in_flight);
+        cp_hostlib_destroy(h);
+    }
+}
+
+/* Orders the plan's waits do not cover, refused before anything runs, with
+ * one line naming the op, what it waits for or would overwrite, and where
+ * the order is:
+ *   a wait before its issue (the copy-out's all-gather not issued);
+ *   a prefetch issued before the other unit's copy-out (or reshard) whose
+ *   bytes its all-gather reuses (the plan's wait names that op's event,
+ *   not yet recorded);
+ *   the next step's first all-gather while last step's reductions are in
+ *   flight, unwaited, over bytes they still read. */
+static void test_split_calls_refused_out_of_order(void **state)
+{
+    (void)state;
+    int early = 0, stale = 0;
+    for (size_t k = 0; k < sizeof SPLIT_PLANS / sizeof SPLIT_PLANS[0]; k++) {
+        async_log l;
+        cp_plan view;
+        cp_hostlib *h = split_lib(SPLIT_PLANS[k], &l, &view);
+        int first_ag = -1;
+        for (int i = 0; i < view.nops && first_ag < 0; i++)
+            if (view.ops[i].kind == CP_OP_COPY_OUT) first_ag = i;
+        assert_int_equal(cp_hostlib_unshard_wait(h, view.ops[first_ag].unit), -1);
+        if (!strstr(cp_hostlib_last_error(h), "cp_hostlib_unshard_wait(") ||
+            !strstr(cp_hostlib_last_error(h), "not issued yet in this step"))
+            fail_msg("%s", cp_hostlib_last_error(h));
+        cp_hostlib_destroy(h);
+
+        /* an all-gather waiting for another unit's op (the copy-out that frees
+         * the bytes it reuses, a reshard) issued before that op's call */
+        int ag = -1, rs = -1;
+        for (int i = 0; i < view.nops && ag < 0; i++) {
+            const cp_op *op = &view.ops[i];
+            if (op->kind != CP_OP_ALL_GATHER) continue;
+            for (int w = 0; w < op->wait_count && ag < 0; w++)
+                for (int j = i - 1; j >= 0; j--)
+                    if (view.ops[j].event == view.waits[op->wait_first + w]) {
+                        if (view.ops[j].unit != op->unit) ag = i, rs = j;
+                        break;
+                    }
+        }
+        if (ag >= 0) {
+            h = split_lib(SPLIT_PLANS[k], &l, &view);
+            assert_int_equal(split_ops(h, &view, 0, rs, 0), 0);
+            assert_int_equal(cp_hostlib_unshard_issue(h, view.ops[ag].unit), -1);
+            /* the all-gather buffer the other unit's issue filled is held
+             * until its wait (its copy-out); else the wait names the op */
+            char want[200];
+            if (view.ops[rs].kind == CP_OP_COPY_OUT)
+                snprintf(want, sizeof want, "over the all-gather buffer of unit %s, gathered by its unshard's issue and "
+                         "not yet copied out: the plan's arena reuses those bytes; wait for %s's unshard first",
+                         view.units[view.ops[rs].unit].name, view.units[view.ops[rs].unit].name);
+            else
+                snprintf(want, sizeof want, "which waits for op %d (%s of %s), not issued yet in this step", rs,
+                         cp_op_kind_name(view.ops[rs].kind), view.units[view.ops[rs].unit].name);
+            if (!strstr(cp_hostlib_last_error(h), want) || !strstr(cp_hostlib_last_error(h), "SCHEDULE.md"))
+                fail_msg("%s: %s", view.name, cp_hostlib_last_error(h));
+            /* nothing ran: the plan's order still goes on from here */
+            assert_int_equal(split_ops(h, &view, rs, view.nops, 1), 0);
+            cp_hostlib_destroy(h);
+            early++;
+        }
+
+        /* last step's reductions left in flight */
+        h = split_lib(SPLIT_PLANS[k], &l, &view);
+        assert_int_equal(split_ops(h, &view, 0, view.nops, 0), 0);
+        int rc = split_ops(h, &view, 0, view.nops, 0);
+        if (rc) {
+            const char *m = cp_hostlib_last_error(h);
+            if (!strstr(m, "may still read them: no wait of the plan orders it first") || !strstr(m, "SCHEDULE.md"))
+                fail_msg("%s: %s", view.name, m);
+            stale++;
+        }
+        cp_hostlib_destroy(h);
+    }
+    if (!early || !stale) fail_msg("early prefetches refused in %d plans, unwaited reductions in %d", early, stale);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1077,6 +1252,8 @@ int main(void)
         cmocka_unit_test(test_library_order_of_plans),
         cmocka_unit_test(test_library_order_refused),
         cmocka_unit_test(test_library_order_guards_grads),
+        cmocka_unit_test(test_split_calls_in_the_plans_order),
+        cmocka_unit_test(test_split_calls_refused_out_of_order),
         cmocka_unit_test(test_divides_in_reduce_dtype_then_cast),
         cmocka_unit_test(test_micro_steps_accumulate_in_reduce_dtype),
         cmocka_unit_test(test_fsdp2_default_adds_each_reduction),

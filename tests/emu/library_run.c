@@ -43,6 +43,15 @@ static void compute_body(const void *p)
 int main(int argc, char **argv)
 {
     int steps = argc > 1 ? atoi(argv[1]) : 2;
+    /* split: the issue / wait calls at the plan's places, as the bridge
+     * makes them: each unshard issued at its all-gather, waited at its
+     * copy-out; each reduction issued at its pack, waited before the unit's
+     * next reduction and at the step's end (FSDP2's final callback). */
+    int split = argc > 2 && strncmp(argv[2], "split", 5) == 0;
+    /* split-early: a wrong order, the next unit's unshard issued before this
+     * unit's copy-out (its all-gather would reuse the bytes still holding
+     * this one's): the library must refuse it on every rank. */
+    int early = argc > 2 && strcmp(argv[2], "split-early") == 0;
     cp_launch_env env;
     char err[512];
     /* As docs/example.c: NCCL_COMM_ID set before any thread starts. */
@@ -67,9 +76,24 @@ int main(int argc, char **argv)
             /* cp_gpu_unshard does copy-in, all-gather and copy-out in one call:
              * at the copy-out's place, after the reshard whose bytes it reuses
              * (a prefetch at the copy-in's place is refused). */
-            case CP_OP_COPY_OUT: rc = cp_gpu_unshard(g, u, s); calls++; break;
+            case CP_OP_ALL_GATHER:
+                if (split) rc = cp_gpu_unshard_issue(g, u, s), calls++;
+                break;
+            case CP_OP_COPY_OUT:
+                for (int j = i + 1; early && j < p->nops; j++)
+                    if (p->ops[j].kind == CP_OP_ALL_GATHER && p->ops[j].unit != u) {
+                        rc = cp_gpu_unshard_issue(g, p->ops[j].unit, s);
+                        break;
+                    }
+                if (rc == 0) rc = split ? cp_gpu_unshard_wait(g, u, s) : cp_gpu_unshard(g, u, s);
+                calls++;
+                break;
             case CP_OP_RESHARD: rc = cp_gpu_reshard(g, u, s); calls++; break;
-            case CP_OP_PACK: rc = cp_gpu_reduce_grads(g, u, s); calls++; break;
+            case CP_OP_PACK:
+                if (split) rc = cp_gpu_reduce_wait(g, u, s) || cp_gpu_reduce_issue(g, u, s);
+                else rc = cp_gpu_reduce_grads(g, u, s);
+                calls++;
+                break;
             case CP_OP_FORWARD:
             case CP_OP_BACKWARD: {
                 const cp_unit *U = &p->units[u];
@@ -95,14 +119,20 @@ int main(int argc, char **argv)
                 return 1;
             }
         }
+        for (int u = 0; split && u < p->nunits; u++)
+            if (cp_gpu_reduce_wait(g, u, s) != 0) {
+                fprintf(stderr, "commplan: %s\n", cp_gpu_last_error(g));
+                cp_gpu_destroy(g);
+                return 1;
+            }
         if (cp_gpu_synchronize(g, s, 60.0) != 0) {
             fprintf(stderr, "commplan: %s\n", cp_gpu_last_error(g));
             cp_gpu_destroy(g);
             return 1;
         }
     }
-    printf("%s rank %d: library calls in the plan's order for %d step(s): %d calls, %d compute kernels\n", p->name,
-           cp_gpu_rank(g), steps, calls, computes);
+    printf("%s rank %d: %slibrary calls in the plan's order for %d step(s): %d calls, %d compute kernels\n", p->name,
+           cp_gpu_rank(g), split ? "split " : "", steps, calls, computes);
     cudaStreamDestroy(s);
     cp_gpu_destroy(g);
     return 0;

@@ -51,6 +51,12 @@ suites[#suites + 1] = "test_prices"
 suites[#suites + 1] = "test_capacity"
 -- Issue 34, item 3: one-knob diffs of pipeline and MoE plans read in under 60 lines.
 suites[#suites + 1] = "test_plan_diff_lines"
+-- Issue 37, item 4: a plan that does not fit said at once; the presets' memory as the devices report it.
+suites[#suites + 1] = "test_fit"
+-- Issue 37, item 5: the compute stream's collectives named as what they are (expert all-to-alls, CP K/V, TP).
+suites[#suites + 1] = "test_labels"
+-- Issue 37, item 1: every model's audit complete (MoE tokens/s and MFU from torchtitan's active parameters).
+suites[#suites + 1] = "test_complete"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -126,11 +126,11 @@ local function check_trace(path, text, doc)
       -- a repeated micro-step's row counts once per repetition
       local times = e.args.times or 1
       if g then per[g] = (per[g] or 0) + e.dur * times; n[g] = (n[g] or 0) + 1 end
-      if e.args.recompute_tp_us then
-        per.tp = (per.tp or 0) + e.args.recompute_tp_us * times
-        n.tp = (n.tp or 0) + 1
+      for rg, us in pairs(e.args.recompute_by_group or {}) do
+        per[rg] = (per[rg] or 0) + us * times
+        n[rg] = (n[rg] or 0) + 1
       end
-      if e.tid == 1 and not g then compute = compute + (e.dur - (e.args.recompute_tp_us or 0)) * times end
+      if e.tid == 1 and not g then compute = compute + (e.dur - (e.args.recompute_comm_us or 0)) * times end
       last = math.max(last, e.ts + e.dur)
     end
   end

@@ -1,0 +1,64 @@
+-- Issue 37, item 1: every model's audit complete. MoE plans' model FLOPs
+-- per token (torchtitan 0.3's get_moe_model_nparams_and_flops, models/utils.py:
+-- active parameters), tokens/s and MFU.
+local H = require("helpers")
+local plan = require("gen.plan")
+local audit = require("gen.audit")
+local compute = require("gen.compute")
+
+local T = {}
+
+local function read(path)
+  local fh = assert(io.open(path, "rb"))
+  local s = fh:read("a")
+  fh:close()
+  return s
+end
+
+local function load(path) return plan.from_source(read(path), path) end
+
+-- Mixtral 8x7B by hand from its config (dim 4096, 32 layers, 32 heads of
+-- 128, 8 KV heads, 8 experts of 14336, top_k 2, vocab 32000): torchtitan's
+-- active non-embedding parameters and attention term.
+function T.mixtral_flops_are_torchtitans_active_parameters()
+  local p = load("plans/mixtral8x7b.lua")
+  local s = compute.settings(p)
+  local D, L, F, E, V = 4096, 32, 14336, 8, 32000
+  local per_layer_dense = (32 + 2 * 8) * 128 * D + D * D + 2 * D -- wqkv, wo, the two norms
+  local router = E * D
+  local experts = 3 * F * D * E
+  local dense = L * per_layer_dense + D + V * D -- + norm, lm_head (tok_embeddings left out)
+  local active = L * router + L * experts * 2 // E
+  local want = 6 * (dense + active) + 6 * L * 32 * (2 * 128) * 4096
+  H.eq(compute.model_flops_per_token(p, s), want, "model FLOPs per token")
+  local th = audit.analysis(p).throughput
+  H.eq(th.model_flops_per_token, want, "the audit's")
+  assert(th.tokens_per_s_per_gpu and th.mfu, "tokens/s and MFU")
+  -- (the MFU is the figure torchtitan's metrics compute from them)
+  local s2 = audit.analysis(p).settings
+  assert(math.abs(th.mfu - want * th.tokens_per_s_per_gpu / (s2.gpu_TFLOPS * 1e12)) < 1e-4, "MFU = FLOPs x tps / peak")
+  local md = audit.schedule_md(p, "fp")
+  assert(md:find("| throughput | [%d,]+ tokens/s per GPU, MFU [%d.]+%% %([%d.e+]+ model FLOPs per token: 6 x active "
+    .. "non%-embedding parameters %(top_k 2 of 8 routed experts%)"), "SCHEDULE.md's throughput line")
+end
+
+-- Every shipped MoE plan, pipeline included: tokens/s and MFU present.
+function T.moe_plans_print_tokens_and_mfu()
+  for _, name in ipairs({ "mixtral8x7b", "deepseek_v3", "deepseek_v3_pp" }) do
+    local p = load("plans/" .. name .. ".lua")
+    local th = audit.analysis(p).throughput
+    assert(th.tokens_per_s_per_gpu and th.mfu and th.model_flops_per_token, name .. ": throughput")
+    assert(audit.schedule_md(p, "fp"):find("| throughput |", 1, true), name .. ": SCHEDULE.md's throughput line")
+  end
+  -- DeepSeek V3: head_dims = qk_nope + qk_rope + v (models/deepseek_v3/model.py), active = top_k / num_experts
+  local p = load("plans/deepseek_v3.lua")
+  local cfg = p.model_config
+  local s = compute.settings(p)
+  local attn = 6 * cfg.n_layers * cfg.n_heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
+    * s.seq_len
+  local nonattn = compute.model_flops_per_token(p, s) - attn
+  -- ~37B active parameters (DeepSeek-V3's report: 37B activated of 671B), less the 0.93B embedding
+  assert(nonattn / 6 > 35e9 and nonattn / 6 < 38e9, string.format("active non-embedding parameters %.4g", nonattn / 6))
+end
+
+return T
