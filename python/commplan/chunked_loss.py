@@ -28,8 +28,9 @@ come in parts) and makes each module of that unit an FSDPModule, the way fully_s
 does (its class swapped for a subclass of FSDPModule and the module's class,
 _fully_shard.py:330-345; torchtitan's isinstance check holds). FSDPModule is a plain class,
 not an ABC, so a virtual subclass (ABCMeta.register) is not available; the subclass overrides
-the five methods the wrapper calls and refuses every other FSDPModule method that would reach
-FSDP2's state (there is none). close() gives the modules their classes back. Between
+the five methods the wrapper calls, and every other FSDPModule method, which would reach
+FSDP2's state through _get_fsdp_state, is refused there in one line (there is no FSDP2 state).
+close() gives the modules their classes back. Between
 ``unshard()`` and ``reshard()`` (the loss), a forward of the unit makes no library call and
 registers no pre-backward hook (FSDP2's group post-forward does not run in full for lm_head
 alone, _fsdp_state.py:735-748), the chunks' backwards accumulate lm_head's gradient in the
