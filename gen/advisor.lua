@@ -515,12 +515,12 @@ function advisor.report(src, path, opts)
         .. "and the plan's; ep borrows from dp_shard x cp x tp)", table.concat(res.eps, ", "))
     end
     w("Global batch: %d sequences of %d tokens per step%s, the same for every mesh: each data-parallel rank "
-      .. "(a TP x CP group of t x cp GPUs) takes global / (world / (t x cp)). %sGPU: %s, %g TFLOPS, every FLOP "
-      .. "at %.0f%% of it (topology.mfu). Each mesh takes the fastest activation checkpointing (none, selective, "
-      .. "full) that fits, the plan's own mesh too.", res.global_batch, s0.seq_len,
+      .. "(a TP x CP group of t x cp GPUs) takes global / (world / (t x cp)). %sGPU: %s, %g TFLOPS, "
+      .. "%s. Each mesh takes the fastest activation checkpointing (none, selective, full) that fits, the plan's "
+      .. "own mesh too.", res.global_batch, s0.seq_len,
       res.global_batch == res.plan_global and " (the plan's)" or string.format(" (given; the plan's is %d)",
       res.plan_global), #explored > 0 and ("Explored: " .. table.concat(explored, "; ") .. ". ") or "",
-      require("gen.audit").gpu_memory_text(s0), s0.gpu_TFLOPS, 100 * s0.mfu)
+      require("gen.audit").gpu_memory_text(s0), s0.gpu_TFLOPS, require("gen.compute").pricing_text(s0))
   end
   w("%d meshes accepted by ParallelDims with tp inside a node (tp divides %d, or is the plan's); %d refused (the model checks, or "
     .. "a data-parallel size that does not divide the global batch of %d).",
@@ -545,7 +545,9 @@ function advisor.report(src, path, opts)
       if skipped > 0 then w("| ... | %d more | | | | | | | | | | |", skipped); skipped = 0 end
       w("| %d | %d | %d | %d | %d | %d | %s | %s | %s | %s | %s | %s%s |", i, x.r, x.s, x.cp, x.t, x.e, x.ac,
         t(x.step_us),
-        t(x.compute_us), t(x.exposed_us), human(x.memory.total_bytes), x.fits and "yes" or "**no**",
+        t(x.compute_us), t(x.exposed_us), human(x.memory.total_bytes),
+        -- (a generic model's activations are not known: its "fits" counts none)
+        x.fits and (x.memory.activations_modeled == false and "yes without activations" or "yes") or "**no**",
         x.plan_mesh and " (the plan's mesh)" or "")
     else
       skipped = skipped + 1
@@ -565,7 +567,7 @@ function advisor.report(src, path, opts)
   end
   pipeline_text(res, w)
   w("")
-  w("Predictions: gen/timeline.lua (collectives priced by %s, sharing each link; compute at TFLOPS x topology.mfu;",
+  w("Predictions: gen/timeline.lua (collectives priced by %s, sharing each link; compute priced by gen/compute.lua;",
     res.topology.collectives == "alpha_beta" and "the alpha-beta model (topology.collectives)"
       or "NCCL's tuning model on " .. require("gen.hardware").network(res.topology).name)
   w("the memory plan's waits); memory: gen/memory.lua. They rank meshes; measure the winner (--trace).")

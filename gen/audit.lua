@@ -15,6 +15,7 @@ local hardware_mod = require("gen.hardware")
 local nccl_model_mod = require("gen.nccl_model")
 local pipeline_audit = require("gen.pipeline_audit")
 local timeline_mod = require("gen.timeline")
+local compute = require("gen.compute")
 
 local audit = {}
 
@@ -272,8 +273,8 @@ local function audit_facts(p)
                       or s.local_batch_size, "seq_len", s.seq_len,
       "activation_checkpointing", s.activation_checkpointing, "optimizer", s.optimizer,
       "fp32_master", s.fp32_master, "gpu_memory_GB", s.gpu_memory_GB, "gpu_memory_MiB", s.gpu_memory_MiB,
-      "gpu_TFLOPS", s.gpu_TFLOPS, "mfu", s.mfu,
-      "hbm_GBps", s.hbm_GBps, "loss_chunks", s.loss_chunks }),
+      "gpu_TFLOPS", s.gpu_TFLOPS, "hbm_GBps", s.hbm_GBps, "loss_chunks", s.loss_chunks, "compile", s.compile,
+      "float8", s.float8, "mfu", s.mfu }),
     "compute", O({ "tokens_per_micro_step", s.tokens, "flops_per_step", a.step_flops,
       "compute_us", a.compute_us }),
     "throughput", O({ "tokens_per_s_per_gpu", a.throughput.tokens_per_s_per_gpu,
@@ -1149,6 +1150,35 @@ local function settings_lines(p, s)
     acc, ac[s.activation_checkpointing], loss, opt)
 end
 
+-- The figures a plan's audit cannot give, each with why and what would
+-- give it (SCHEDULE.md's summary says them first): a generic model's
+-- activations (so no memory verdict while it fits without them), its model
+-- FLOPs per token, tokens/s and MFU without its attention shape, and TP's
+-- activation collectives that a generic unit's shapes cannot place.
+function audit.missing_figures(p, a)
+  local out = {}
+  local m, th = a.memory, a.throughput
+  if m and not m.activations_modeled then
+    out[#out + 1] = "activations per rank not computed (a generic model's units give no activation shapes), so "
+      .. (m.fits and "no memory verdict" or "the memory verdict counts none")
+  end
+  if not a.pipeline and not th.mfu then
+    out[#out + 1] = "model FLOPs per token and MFU not computed: give model.n_heads, head_dim and n_layers (the "
+      .. "attention shape torchtitan's formula needs)"
+  end
+  if p.model and p.model.family == "generic" and p.dims and (p.dims.tp or 1) > 1 then
+    local tp_ops = false
+    for _, o in ipairs(p.ops) do
+      if o.group == "tp" then tp_ops = true; break end
+    end
+    if not tp_ops then
+      out[#out + 1] = string.format("TP's activation collectives not planned: tp = %d, but a generic unit's "
+        .. "activations have no shape (the step's TP time is missing)", p.dims.tp)
+    end
+  end
+  return out
+end
+
 -- The parameters torchtitan's model FLOPs count (gen/compute.lua's
 -- model_flops_per_token): an MoE model's active ones.
 function audit.flops_params_text(p)
@@ -1173,17 +1203,25 @@ function audit.schedule_md(p, fp)
   w("| | |")
   w("|---|---|")
   local pl = a.pipeline
+  local missing = audit.missing_figures(p, a)
+  if #missing > 0 then
+    w("| **incomplete** | %s |", table.concat(missing, "; "))
+  end
   -- (a pipeline plan's model: the stage plan holds every unit; rank 0 its stages')
   w("| model | %s |", model_text(pl and pl.facts.stage_plan or p))
   w("| tokens | %s |", pl and pipeline_audit.tokens_text(a, audit) or settings_lines(p, s))
-  w("| GPU | %s: %s, %g TFLOPS dense, every FLOP executed at %.0f%% of it (topology.mfu, assumed); HBM %g GB/s; "
+  w("| GPU | %s: %s, %g TFLOPS dense, %s; HBM %g GB/s; "
     .. "%d GPUs per node, NVLink %s; network %s |", audit.preset_name(topo),
-    audit.gpu_memory_text(s), s.gpu_TFLOPS, 100 * s.mfu, s.hbm_GBps, topo.gpus_per_node, audit.link_text(topo, "intra"),
+    audit.gpu_memory_text(s), s.gpu_TFLOPS, compute.pricing_text(s), s.hbm_GBps, topo.gpus_per_node, audit.link_text(topo, "intra"),
     audit.link_text(topo, "inter"))
   local nodes = (p.world_size + topo.gpus_per_node - 1) // topo.gpus_per_node
   w("| world | %s ranks on %s node(s); mesh %s; reduce %s |", commas(p.world_size), commas(nodes), mesh_text(p),
     p.fsdp.reduce_op)
-  if m then
+  if m and not m.activations_modeled and m.fits then
+    -- (no verdict computed without the activations)
+    w("| memory | at least %s of %s per rank without the activations: no verdict (a generic model's activations "
+      .. "are not known) |", human(m.total_bytes), human(m.gpu_bytes))
+  elseif m then
     w("| memory | %s of %s per rank%s: %s |", human(m.total_bytes), human(m.gpu_bytes),
       pl and string.format(" on pipeline rank %d, the most at its peak of any rank", m.rank) or "",
       m.fits and string.format("fits, %s free", human(m.gpu_bytes - m.total_bytes))
@@ -1192,12 +1230,12 @@ function audit.schedule_md(p, fp)
   w("| memory plan | %s |", pl and pipeline_audit.memory_plan_text(a, audit) or audit.memory_plan_text(p, a))
   local th = a.throughput
   if th.tokens_per_s_per_gpu and th.mfu then -- (the llama family: a generic model's compute is not modelled)
-    w("| throughput | %s tokens/s per GPU%s (torchtitan's tps and MFU for the predicted step, so they follow from "
-      .. "the assumed %g%% of %g TFLOPS on every FLOP executed, recompute included) |",
+    w("| throughput | %s tokens/s per GPU%s (torchtitan's tps and MFU for the predicted step%s) |",
       commas(math.floor(th.tokens_per_s_per_gpu + 0.5)),
       th.mfu and string.format(", MFU %.1f%% (%s model FLOPs per token: 6 x %s + attention)",
         100 * th.mfu, string.format("%.3g", th.model_flops_per_token), audit.flops_params_text(p)) or "",
-      100 * s.mfu, s.gpu_TFLOPS)
+      s.mfu and string.format(", so they follow from the assumed %g%% of %g TFLOPS on every FLOP executed, recompute "
+        .. "included", 100 * s.mfu, s.gpu_TFLOPS) or ", computed: MFU is an output of the shapes' prices")
   end
   if pl then
     w("| step | %s |", pipeline_audit.step_text(a, audit, p))
@@ -1609,8 +1647,8 @@ function audit.md_timeline(p, a, w)
     local names = {}
     for _, j in ipairs(row.members) do names[#names + 1] = unit_name(p, items[j].index) end
     local r = a.per_unit[u.index]
-    w("| %s | %s | %s | %s |", fold.unit_range(names), us_text(r.fwd / a.settings.flops_per_us),
-      us_text((r.bwd + r.recompute) / a.settings.flops_per_us),
+    w("| %s | %s | %s | %s |", fold.unit_range(names), us_text(r.fwd_us),
+      us_text(r.bwd_us + r.recompute_us),
       a.memory.activations_modeled and human(r.saved) or "not modeled")
   end
   w("")

@@ -1,6 +1,13 @@
 -- The compute side of the audit: the settings the plan gives for it (with
--- stated defaults), FLOPs per unit and per op, and activation bytes per
--- unit. Everything is per rank and per micro-step unless named otherwise.
+-- stated defaults), FLOPs and times per unit and per op, and activation
+-- bytes per unit. Everything is per rank and per micro-step unless named
+-- otherwise.
+--
+-- Times (issue 37, docs/compute-model.md): each unit's fwd_us, bwd_us and
+-- recompute_us priced from its shapes (gen/unit_time.lua: its linears'
+-- GEMMs at TP-local shapes, attention, memory-bound work; torch.compile and
+-- float8 from training), so MFU and tokens/s are outputs; topology.mfu, where
+-- a plan gives it, overrides them: every FLOP at gpu_TFLOPS x mfu.
 --
 -- FLOPs (torchtitan's get_num_flop_per_token): a matmul over T tokens with
 -- P weights is 2*P*T forward and 4*P*T backward; Llama's attention adds
@@ -39,6 +46,8 @@ local hardware = require("gen.hardware")
 local moe_acts = require("gen.models.moe_acts")
 local llama_acts = require("gen.models.llama_acts")
 local qwen3 = require("gen.models.qwen3")
+local gemm_model = require("gen.gemm_model")
+local unit_time = require("gen.unit_time")
 
 local compute = {}
 
@@ -47,7 +56,7 @@ local ES = util.DTYPE_BYTES
 -- Defaults, each stated in SCHEDULE.md when used.
 compute.DEFAULTS = {
   local_batch_size = 1, seq_len = 2048, activation_checkpointing = "none", optimizer = "adamw",
-  fp32_master = false, mfu = 0.4, loss_chunks = 8,
+  fp32_master = false, loss_chunks = 8, float8 = "none",
 }
 
 -- The audit's inputs: plan.training and plan.topology with defaults.
@@ -70,13 +79,26 @@ function compute.settings(p)
     pick(key, topo[key] == nil and hardware.gpu_default(topo, key) or topo[key])
     defaulted[key] = topo[key] == nil or nil
   end
-  pick("mfu", topo.mfu)
+  -- torch.compile (training.compile): defaults to async TP's setting, which
+  -- torchtitan only runs compiled (config/configs.py:304-310)
+  s.compile = tr.compile
+  if s.compile == nil then s.compile, defaulted.compile = compute.async_tp(p), true end
+  pick("float8", tr.float8)
+  -- topology.mfu: an override (every FLOP at TFLOPS x mfu, nothing else
+  -- priced); without it compute is priced from shapes (gen/gemm_model.lua)
+  s.mfu = topo.mfu
   s.defaulted = defaulted
+  s.preset = topo.preset or hardware.DEFAULT_PRESET
+  s.kernels = gemm_model.table(s.preset)
   -- a rank's tokens: context parallel gives each rank of a cp group
   -- seq_len / cp of every sequence (gen/parallel/cp.lua)
   s.cp = p.dims and p.dims.cp or 1
   s.tokens = s.local_batch_size * s.seq_len // s.cp
-  s.flops_per_us = s.gpu_TFLOPS * 1e6 * s.mfu
+  -- the rate a matmul known only by its FLOPs runs at (async TP's fused
+  -- matmuls, gen/timeline.lua): the override's, else a large GEMM's in the
+  -- block's GEMM dtype
+  s.flops_per_us = s.mfu and s.gpu_TFLOPS * 1e6 * s.mfu
+    or gemm_model.large_rate(s.kernels, s.gpu_TFLOPS, s.float8 ~= "none" and "fp8" or "bf16")
   -- (the preset's memory as the device reports it, in MiB; the plan's in decimal GB)
   s.gpu_memory_bytes, s.gpu_memory_MiB = hardware.gpu_memory(topo)
   s.gpu_memory_GB = s.gpu_memory_bytes / 1e9
@@ -84,11 +106,46 @@ function compute.settings(p)
   return s
 end
 
+-- Whether the plan runs async TP: its TP collectives carry the matmuls
+-- they are fused with (gen/parallel/tp_acts.lua's mm_flops).
+function compute.async_tp(p)
+  if p.parallel then return p.parallel.async_tp == true end
+  for _, u in ipairs(p.layout and p.layout.units or {}) do
+    for _, a in ipairs(u.tp_acts or {}) do
+      if a.mm_flops then return true end
+    end
+  end
+  return false
+end
+
+-- Whether TP shards the sequence between blocks (sequence parallel: the
+-- block's norms and residual adds run on seq / tp tokens).
+function compute.sequence_parallel(p)
+  for _, u in ipairs(p.layout.units) do
+    for _, a in ipairs(u.tp_acts or {}) do
+      if a.kind == "tp_reduce_scatter" then return true end
+    end
+  end
+  return false
+end
+
+-- How the plan's compute is priced, as SCHEDULE.md and make advise say it.
+function compute.pricing_text(s)
+  if s.mfu then
+    return string.format("every FLOP executed at %.0f%% of it (topology.mfu, an override)", 100 * s.mfu)
+  end
+  return string.format("compute priced from shapes (gen/gemm_model.lua: GEMMs at a tensor-core efficiency by "
+    .. "shape%s, FlashAttention by sequence length, memory-bound work at HBM speed; %s%s)",
+    s.kernels.clock and string.format(" at the %.0f%% clock its power limit sustains", 100 * s.kernels.clock) or "",
+    s.compile and "torch.compile" or "eager", s.float8 ~= "none" and (", float8 " .. s.float8) or "")
+end
+
 -- The settings as one string: a timeline predicted with them still holds
 -- while the key is the same (gen/figures.lua).
 function compute.settings_key(s)
   return table.concat({ s.local_batch_size, s.seq_len, s.activation_checkpointing, tostring(s.optimizer),
-                        tostring(s.fp32_master), s.gpu_memory_GB, s.gpu_TFLOPS, s.mfu, s.hbm_GBps, s.loss_chunks }, "|")
+                        tostring(s.fp32_master), s.gpu_memory_GB, s.gpu_TFLOPS, tostring(s.mfu), s.hbm_GBps, s.loss_chunks,
+                        tostring(s.compile), s.float8, s.preset }, "|")
 end
 
 local function numel_of(u, pred)
@@ -102,6 +159,41 @@ end
 local function suffix(name) return (name:gsub("^layers%.%d+%.", "")) end
 
 local MOE = { mixtral = true, qwen3_moe = true, deepseek_v3 = true }
+
+-- The weights torchtitan's op-level SAC recomputes in backward: the unfused
+-- block's 2nd, 4th and 6th matmuls (SelectiveAC's every second aten.mm):
+-- wk, wo, w3 (qwen3's unfused qkv_linear.wk too; fused: wo, w3).
+local function recomputed_by_sac(q)
+  local n = suffix(q.name)
+  return n == "attention.wk.weight" or n == "attention.qkv_linear.wk.weight" or n == "attention.wo.weight"
+    or n == "feed_forward.w3.weight"
+end
+
+-- An MoE family's attention per rank: local heads and the head width the
+-- FLOPs count (the mean of the query-key and value widths: MLA's differ).
+local function moe_attention(cfg, tp)
+  if not cfg or not cfg.n_heads then return nil end
+  local heads = math.max(1, cfg.n_heads // tp)
+  if cfg.qk_nope_head_dim then
+    return { heads = heads, hd = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) / 2 }
+  end
+  return cfg.head_dim and { heads = heads, hd = cfg.head_dim } or nil
+end
+
+-- A unit's 2-D weights as linears (gen/unit_time.lua's spec), TP-local
+-- [out, in]; block: float8 converts them (torchtitan's module_filter_fn:
+-- both dims multiples of 16, components/quantization/utils.py:22-25), and
+-- SAC's recompute marks them; pred: which weights (default all 2-D ones).
+local function linears(u, block, pred)
+  local out = {}
+  for _, q in ipairs(u.params) do
+    if #q.shape == 2 and (not pred or pred(q)) then
+      out[#out + 1] = { out = q.shape[1], ["in"] = q.shape[2], again = block and recomputed_by_sac(q),
+                        fp8 = block and q.shape[1] % 16 == 0 and q.shape[2] % 16 == 0 }
+    end
+  end
+  return out
+end
 
 -- Whether the plan's model has an activation model (the llama and MoE
 -- families; a generic model declares no dims).
@@ -185,6 +277,11 @@ end
 -- activation bytes { saved, transient } the unit holds.
 function compute.units(p, s)
   local tp = (p.dims and p.dims.tp) or 1
+  local sp = tp > 1 and compute.sequence_parallel(p)
+  -- r's times from a spec (gen/unit_time.lua)
+  local function times(r, spec)
+    r.fwd_us, r.bwd_us, r.recompute_us = unit_time.of(s, spec)
+  end
   local T, seq = s.tokens, s.seq_len
   local ac = s.activation_checkpointing
   local fam = p.model and p.model.family
@@ -205,14 +302,22 @@ function compute.units(p, s)
       if ac == "full" then
         r.recompute = r.fwd
       elseif ac == "selective" then
-        -- the unfused block's 2nd, 4th and 6th matmuls (SelectiveAC's every
-        -- second aten.mm): wk, wo, w3 (qwen3's unfused qkv_linear.wk too; fused: wo, w3)
-        local again = numel_of(u, function(q)
-          local n = suffix(q.name)
-          return n == "attention.wk.weight" or n == "attention.qkv_linear.wk.weight" or n == "attention.wo.weight"
-            or n == "feed_forward.w3.weight"
-        end)
-        r.recompute = 2 * again * T
+        r.recompute = 2 * numel_of(u, recomputed_by_sac) * T
+      end
+      if not s.mfu then
+        -- (sequence parallel: the norms and residual adds on seq / tp tokens)
+        local res = T * cfg.dim // (sp and tp or 1)
+        local q_w, kv_w = heads * cfg.head_dim, math.max(1, cfg.n_kv_heads // tp) * cfg.head_dim
+        local hidden = 0
+        for _, q in ipairs(u.params) do
+          if suffix(q.name) == "feed_forward.w1.weight" or suffix(q.name) == "feed_forward.w13.weight" then
+            hidden = hidden + q.shape[1]
+          end
+        end
+        times(r, { T = T, linears = linears(u, true),
+                   attention = { q_tokens = T, kv_len = seq, heads = heads, hd = cfg.head_dim },
+                   elems = { norm = 2 * res, rope = T * (q_w + kv_w), swiglu = T * hidden, attn_out = T * q_w },
+                   recompute = ac })
       end
     elseif cfg then
       -- The embedding (a lookup) and the empty root: no FLOPs; the unit
@@ -221,6 +326,16 @@ function compute.units(p, s)
       r.fwd = 2 * P * T
       r.bwd = 2 * r.fwd
       if P > 0 then r.saved, r.transient = head_acts(s, e, cfg.dim, cfg.vocab_size, tp) end
+      if not s.mfu then
+        -- the output projection (bf16: torchtitan's float8 filter keeps it,
+        -- models/llama3/config_registry.py:304), the final norm, the loss's
+        -- passes over the local logits
+        local ls = linears(u, false, function(q) return q.name == "output.weight" or q.name == "lm_head.weight" end)
+        local V = 0
+        for _, l in ipairs(ls) do V = V + l.out end
+        times(r, { T = T, linears = ls, elems = { norm = P > 0 and T * cfg.dim // (sp and tp or 1) or 0,
+                                                   logits = T * V } })
+      end
     else
       -- A MoE's routed experts (grouped weights, local experts on dim 0)
       -- each see their share of the tokens: a rank's experts process T x
@@ -237,13 +352,47 @@ function compute.units(p, s)
           P = P + q.numel
         end
       end
-      r.fwd = 2 * P * Tu
+      -- An MoE family's block: its attention too (Llama's count: QK^T and
+      -- AV over the whole sequence, 4 x seq x head width per head and token
+      -- forward; MLA's query-key width is qk_nope + qk_rope, its value
+      -- width v_head_dim), on the block's unit, not its experts'
+      local attn = MOE[fam] and not u.expert and u.name:match("^layers%.%d+$") and moe_attention(p.model_config, tp)
+      r.fwd = 2 * P * Tu + (attn and 4 * T * seq * attn.heads * attn.hd or 0)
       r.bwd = 2 * r.fwd
-      if ac == "full" and compute.checkpointed(p, u) then r.recompute = r.fwd
-      elseif ac == "selective" and compute.checkpointed(p, u) then r.recompute = r.fwd / 2 end
+      local rec = compute.checkpointed(p, u) and ac or "none"
+      if rec == "full" then r.recompute = r.fwd
+      elseif rec == "selective" then r.recompute = r.fwd / 2 end
+      if not s.mfu then
+        -- each 2-D weight a linear over the unit's tokens; a routed expert
+        -- weight (E local experts) E GEMMs over its share of the rows;
+        -- anything else at a large GEMM's rate
+        local spec = { T = Tu, linears = {}, flops = 0, recompute = rec == "full" and "full" or "none",
+                       attention = attn and { q_tokens = T, kv_len = seq, heads = attn.heads, hd = attn.hd } }
+        for _, q in ipairs(u.params) do
+          if top_k and q.name:find("routed_experts.inner_experts.", 1, true) and #q.shape == 3 and q.shape[1] > 0 then
+            local rows = Tu * top_k // q.shape[1]
+            local t = { T = rows, linears = { { out = q.shape[2], ["in"] = q.shape[3] } } }
+            local f, b = unit_time.of(s, t)
+            r.fwd_us, r.bwd_us = (r.fwd_us or 0) + f * q.shape[1], (r.bwd_us or 0) + b * q.shape[1]
+          elseif #q.shape == 2 then
+            spec.linears[#spec.linears + 1] = { out = q.shape[1], ["in"] = q.shape[2] }
+          else
+            spec.flops = spec.flops + 6 * q.numel * Tu
+          end
+        end
+        local ef, eb = r.fwd_us or 0, r.bwd_us or 0
+        times(r, spec)
+        r.fwd_us, r.bwd_us = r.fwd_us + ef, r.bwd_us + eb
+        -- selective: half the forward again, as its FLOPs count it
+        if rec == "selective" then r.recompute_us = r.fwd_us / 2 elseif rec == "full" then r.recompute_us = r.fwd_us end
+      end
       if p.model and MOE[p.model.family] and p.model_config then
         r.saved, r.transient = moe_unit_acts(p, s, u, e)
       end
+    end
+    if s.mfu then
+      -- topology.mfu: every FLOP at TFLOPS x mfu
+      r.fwd_us, r.bwd_us, r.recompute_us = r.fwd / s.flops_per_us, r.bwd / s.flops_per_us, r.recompute / s.flops_per_us
     end
     out[u.index] = r
   end
@@ -287,10 +436,10 @@ function compute.op_us(p, s, per_unit, o, extra_us)
     end
     share = numel > 0 and pn / numel or 0
   end
-  if k == "forward" then us = share * per_unit[u.index].fwd / s.flops_per_us
+  if k == "forward" then us = share * per_unit[u.index].fwd_us
   elseif k == "backward" then
     local r = per_unit[u.index]
-    us = share * (r.bwd + r.recompute) / s.flops_per_us
+    us = share * (r.bwd_us + r.recompute_us)
   elseif k == "copy_in" then us = u.total * (ES[u.orig_dtype] + ES[u.ag_dtype]) / bytes_per_us
   elseif k == "copy_out" then us = 2 * W * u.total * ES[u.ag_dtype] / bytes_per_us
   elseif k == "pack" then
@@ -319,7 +468,7 @@ end
 -- torchtitan counts the shared table once and keeps it, as lm_head's
 -- matmul. nil for a model without attention dims (a generic one).
 function compute.model_flops_per_token(p, s)
-  local cfg = p.model_config
+  local cfg = p.model_config or compute.generic_attention(p)
   if not (cfg and cfg.n_layers and cfg.n_heads) then return nil end
   local head_dims = cfg.qk_nope_head_dim and (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
     or 2 * (cfg.head_dim or cfg.dim // cfg.n_heads)
@@ -327,7 +476,8 @@ function compute.model_flops_per_token(p, s)
   local dense, embedding, sparse_whole, experts = 0, 0, 0, 0
   for _, q in ipairs(compute.param_counts(p)) do
     local name, n = q[1], q[2]
-    if name:find("embedding", 1, true) then embedding, dense = embedding + n, dense + n
+    if name:find("embedding", 1, true) or name:find("embed_tokens", 1, true) then
+      embedding, dense = embedding + n, dense + n
     elseif name:find("moe.shared_experts", 1, true) or name:find("moe.router", 1, true) then
       sparse_whole = sparse_whole + n
     elseif name:find("moe.routed_experts", 1, true) then experts = experts + n
@@ -336,6 +486,18 @@ function compute.model_flops_per_token(p, s)
   local active = sparse_whole + (cfg.num_experts and experts * cfg.top_k // cfg.num_experts or experts)
   local tied = cfg.enable_weight_tying
   return 6 * (dense - (tied and 0 or embedding) + active) + 6 * cfg.n_layers * cfg.n_heads * head_dims * s.seq_len
+end
+
+-- A generic model's attention shape where the plan gives it (model.n_heads,
+-- head_dim, n_layers; enable_weight_tying), as the families' configs hold
+-- it; nil otherwise.
+function compute.generic_attention(p)
+  local m = p.model
+  if m and m.family == "generic" and m.n_heads and m.head_dim and m.n_layers then
+    return { n_heads = m.n_heads, head_dim = m.head_dim, n_layers = m.n_layers,
+             enable_weight_tying = m.enable_weight_tying }
+  end
+  return nil
 end
 
 -- FLOPs of one whole step on one rank.

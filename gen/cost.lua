@@ -14,8 +14,13 @@ local ES = util.DTYPE_BYTES
 -- RS in, AR buffer).
 cost.bus_factor = require("gen.opkinds").bus_factor
 
-function cost.op_size_bytes(o, fams)
+-- training (optional): the plan's training section; under float8's
+-- tensorwise recipe the TP all-gathers feeding a block's linears move
+-- float8 (torchao's float8 TP: the input cast before its gather, the
+-- gradient cast before the backward's), one byte an element.
+function cost.op_size_bytes(o, fams, training)
   local es = ES[o.dtype]
+  if o.f8_gather and training and training.float8 == "tensorwise" then es = 1 end
   local n = o.group and fams.by_name[o.group].size or 1
   -- expert parallelism: the counts are int64; the tokens at the uniform share
   if o.kind == "a2a_counts" then return n * o.count * 8 end
@@ -68,7 +73,7 @@ end
 -- topo.collectives = "nccl": gen/nccl_model.lua, NCCL 2.28's own tuning
 -- model on the group's shape (nodes x GPUs per node); "alpha_beta":
 -- latency x ceil(log2 n) + wire bytes / the bandwidth inside a node or across.
-function cost.predict(ops, fams, topo)
+function cost.predict(ops, fams, topo, training)
   local intra, shape = {}, {}
   for _, f in ipairs(fams.list) do
     intra[f.name] = groups.intra_node(f, topo.gpus_per_node)
@@ -81,7 +86,7 @@ function cost.predict(ops, fams, topo)
     if o.group then
       local f = fams.by_name[o.group]
       local sh = shape[o.group]
-      local size = cost.op_size_bytes(o, fams)
+      local size = cost.op_size_bytes(o, fams, training)
       local wire = size * cost.bus_factor(o.kind, f.size)
       o.size_bytes = size
       o.wire_bytes = math.floor(wire + 0.5)

@@ -227,7 +227,7 @@ end
 -- Pipeline rank 0's collectives per family, each alone (the face the
 -- tables' top-level ops show).
 local function pipeline_families(p)
-  local predicted = cost.predict(p.ops, p.groups, p.topology)
+  local predicted = cost.predict(p.ops, p.groups, p.topology, p.training)
   local rows, by_name = {}, {}
   local links = { intra = { ops = 0, size_bytes = 0, wire_bytes = 0, alone_us = 0, us = 0 },
                   inter = { ops = 0, size_bytes = 0, wire_bytes = 0, alone_us = 0, us = 0 } }

@@ -19,6 +19,16 @@ local hardware = {}
 --   H200 SXM: 141 GB HBM3e (nvidia-smi: 143771MiB), 989 TFLOPS, 4.8 TB/s (NVIDIA H200 datasheet)
 --   B200 (HGX B200): 180 GB HBM3e (nvidia-smi: 183359MiB, e.g. NVIDIA/TensorRT-LLM#10278), 2,250 TFLOPS
 --     dense, 7.7 TB/s (NVIDIA HGX B200 datasheet, per GPU)
+--   H100 96 GB HBM2e at 500 W (h100_hbm2e, Meta's Grand Teton hosts that
+--     ran torchtitan's published benchmarks: benchmarks/
+--     llama3_h100_202412_torchtitan.md, "Hardware": 96 GB HBM2e, 2.4 TB/s,
+--     the default 500 W power limit (memory: 97,871 MiB assumed, as GH200's
+--     96 GB reports; not seen here); its footnote 2: the peak is "between
+--     SXM and NVL", unknown): 96 GB; 989 TFLOPS, the peak torchtitan's MFU
+--     divides by for any H100 but the NVL and PCIe (tools/utils.py:163-171),
+--     so the MFU printed is the benchmark's (its "33% to 39%"); what the
+--     500 W limit sustains is the kernel table's clock (gen/kernel_tables.lua);
+--     2,160 GB/s (90% of 2.4 TB/s)
 --   A100 SXM 80GB: 80 GB HBM2e (nvidia-smi: 81920MiB), 312 TFLOPS, 2.04 TB/s (NVIDIA A100 datasheet)
 -- (torch.cuda.get_device_properties().total_memory is a little less: the
 -- driver's own reservation; the audit's assumptions say the CUDA context
@@ -28,9 +38,10 @@ hardware.GPUS = {
   h200 = { gpu_memory_MiB = 143771, gpu_TFLOPS = 989, hbm_GBps = 4300 },
   b200 = { gpu_memory_MiB = 183359, gpu_TFLOPS = 2250, hbm_GBps = 6900 },
   a100 = { gpu_memory_MiB = 81920, gpu_TFLOPS = 312, hbm_GBps = 1830 },
+  h100_hbm2e = { gpu_memory_MiB = 97871, gpu_TFLOPS = 989, hbm_GBps = 2160 },
 }
 
-hardware.PRESET_NAMES = { "h100", "h200", "b200", "a100" }
+hardware.PRESET_NAMES = { "h100", "h200", "b200", "a100", "h100_hbm2e" }
 hardware.DEFAULT_PRESET = "h100"
 
 -- The plan's topology fields that override a network figure of the preset

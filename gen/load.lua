@@ -73,7 +73,7 @@ local SCHEMA = {
   topology = {
     gpus_per_node = { "int", min = 1, max = LIM.world },
     -- the hardware (gen/hardware.lua): GPU figures and the node's network, each overridable below
-    preset = { "enum", enum = { "h100", "h200", "b200", "a100" } },
+    preset = { "enum", enum = require("gen.hardware").PRESET_NAMES },
     -- how collectives are priced: "nccl" (gen/nccl_model.lua, NCCL's own tuning model) or
     -- "alpha_beta" (one bandwidth inside a node, one across, a latency per log2 step)
     collectives = { "enum", enum = { "nccl", "alpha_beta" } },
@@ -94,6 +94,9 @@ local SCHEMA = {
     local_batch_size = { "int", min = 1, max = 1 << 20 },
     -- the loss's chunks (torchtitan's ChunkedLossWrapper num_chunks; 1: CrossEntropyLoss): the output unit's activations
     loss_chunks = { "int", min = 1, max = 1 << 20 },
+    -- how compute runs (gen/compute.lua prices it from shapes): torch.compile (torchtitan's
+    -- compile.enable; default: async TP's setting) and torchao's float8 Linear recipe
+    compile = { "bool" }, float8 = { "enum", enum = { "none", "tensorwise", "rowwise", "rowwise_with_gw_hp" } },
   },
   model = {
     family = { "enum", enum = { "llama", "generic", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3" } }, size = { "string" },
@@ -162,7 +165,9 @@ local LLAMA_ONLY = { size = true, dim = true, n_layers = true, vocab_size = true
 -- MoE families: gen/models/moe.lua's FIELDS); any other is refused.
 local FAMILY_KEYS = {
   llama = { "size", "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim_multiplier", "multiple_of" },
-  generic = { "n_heads", "n_kv_heads", "num_experts", "units" },
+  -- (a generic model's attention shape, for the audit's model FLOPs per token, tokens/s and MFU:
+  -- n_heads, head_dim, n_layers, enable_weight_tying; gen/compute.lua's model_flops_per_token)
+  generic = { "n_heads", "n_kv_heads", "num_experts", "units", "head_dim", "n_layers", "enable_weight_tying" },
 }
 for fam, keys in pairs(require("gen.models.moe").FIELDS) do FAMILY_KEYS[fam] = keys end
 FAMILY_KEYS.qwen3 = require("gen.models.qwen3").FIELDS
@@ -465,6 +470,7 @@ function load_plan.normalize(ctx, raw)
   -- else torchtitan's default training.seq_len (gen/compute.lua's DEFAULTS,
   -- which the memory model and EP's token buffers take too), so a plan
   -- without seq_len is refused exactly where the same plan with it is.
+  load_plan.check_compute(ctx, plan)
   local chunks = plan.training.loss_chunks
   local seq = model.seq_len or require("gen.compute").DEFAULTS.seq_len
   if chunks and seq % chunks ~= 0 then
@@ -479,9 +485,16 @@ function load_plan.normalize(ctx, raw)
   model.dtype = model.dtype or "fp32"
   if model.family == "generic" then
     for _, k in ipairs(util.sorted_keys(LLAMA_ONLY)) do
-      if model[k] ~= nil then
+      if model[k] ~= nil and k ~= "n_layers" then -- (n_layers: the attention shape's, for the audit)
         util.field_error(ctx, "model." .. k, string.format("a generic model takes its shapes from units; "
           .. "%s is a llama setting it would ignore: remove it", k))
+      end
+    end
+    -- (the attention shape is read whole or not at all: a part alone would be ignored)
+    for _, k in ipairs({ "head_dim", "n_layers", "enable_weight_tying" }) do
+      if model[k] ~= nil and not (model.n_heads and model.head_dim and model.n_layers) then
+        util.field_error(ctx, "model." .. k, "a generic model's attention shape (for the audit's FLOPs per token and "
+          .. "MFU) is n_heads, head_dim and n_layers together; give all three or remove it")
       end
     end
     local n = model.units and #model.units or 0
@@ -615,6 +628,25 @@ function load_plan.check_sizes(ctx, plan, model)
       .. "more than %s microbatch-stages, the most the generator plans (its work and memory grow with them); "
       .. "%s", n, pp, pp, util.pow2_text(LIM.pp_actions), pp > LIM.pp_actions // 2 and "use a smaller pp"
       or string.format("use at most %d microbatches, or a smaller pp", LIM.pp_actions // pp)))
+  end
+end
+
+-- The compute settings torchtitan itself refuses: async TP without
+-- torch.compile (config/configs.py:304-310, CompileConfig.__post_init__),
+-- float8 on a GPU without FP8 tensor cores (components/quantization/
+-- float8.py:86-96: SM89 or later).
+function load_plan.check_compute(ctx, plan)
+  local tr, par = plan.training, plan.parallel or {}
+  if par.async_tp and tr.compile == false then
+    util.field_error(ctx, "training.compile", "async TP runs only compiled (torchtitan's CompileConfig: \"Async TP "
+      .. "requires 'model' in --compile.components and --compile.enable\", config/configs.py:304-310); remove "
+      .. "compile = false or async_tp")
+  end
+  local preset = plan.topology and plan.topology.preset or require("gen.hardware").DEFAULT_PRESET
+  if tr.float8 and tr.float8 ~= "none" and require("gen.kernel_tables")[preset].fp8 == 0 then
+    util.field_error(ctx, "training.float8", string.format("the %s has no FP8 tensor cores (torchtitan: \"float8 is "
+      .. "only supported on NVIDIA SM89 or later\", components/quantization/float8.py:86-96); remove float8 or pick "
+      .. "an H100, H200 or B200 preset", preset))
   end
 end
 

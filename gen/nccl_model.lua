@@ -88,6 +88,10 @@ M.PRESETS = {
   -- H200 SXM: the H100's NVLink4 / NVSwitch fabric and NICs (HGX H200 datasheet); only HBM differs.
   h200 = { name = "H200 SXM", cc = 90, nvlink_GBps = 20.6, nvlinks = 18, nvls = true,
            nic_Gbps = 400, nics_per_node = 8, pci_GBps = 48, net_latency_us = 0, cpu = "intel" },
+  -- H100 96 GB HBM2e (Grand Teton, gen/hardware.lua): the H100 SXM's NVLink4 fabric and a 400 Gb/s
+  -- RDMA NIC per GPU (torchtitan's benchmarks/llama3_h100_202412_torchtitan.md, "Hardware").
+  h100_hbm2e = { name = "H100 96GB HBM2e 500W", cc = 90, nvlink_GBps = 20.6, nvlinks = 18, nvls = true,
+                 nic_Gbps = 400, nics_per_node = 8, pci_GBps = 48, net_latency_us = 0, cpu = "intel" },
   -- B200: NVLink5, 18 links x 50 GB/s/dir = 1.8 TB/s bidirectional (B200 datasheet); NCCL counts
   -- 18 x 40.1 (TH:21). 8 x 800 Gb/s NICs (ConnectX-8) on PCIe Gen6 x16 = 96 GB/s in NCCL's units
   -- (TC:425 "64.0 GT/s PCIe" = 480 -> 16*480/80); a DGX B200 with 400 Gb/s ConnectX-7 wants

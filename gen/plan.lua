@@ -54,7 +54,7 @@ function build_class(ctx, cls, d, fams, p, cfg, mods, expand, face, mine)
     if m.prove_class then m.prove_class(lay, ops, p, rep) end
   end
   verify.order(lay, fams, ops)
-  local predicted = cost.predict(ops, fams, p.topology)
+  local predicted = cost.predict(ops, fams, p.topology, p.training)
   local out = { coords = cls.coords, layout = lay, ops = ops, rep = rep, predicted = predicted }
   for k, v in pairs(cls.facts or {}) do out[k] = v end
   -- A step the audit's timeline does not model (its orderer says so:

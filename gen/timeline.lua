@@ -120,7 +120,10 @@ function timeline.build(p, s, per_unit, opts)
     local by_micro = recompute_tp[o.unit] or {}
     recompute_tp[o.unit] = by_micro
     local acc = by_micro[o.micro_step] or { us = 0, list = {} }
-    acc.us = acc.us + timeline.exposed_tp_us(o, s, tp)
+    -- (selective: the gather alone; only the recomputed matmuls (wk, w3)
+    -- consume it again, so async TP's fused pair is not rerun)
+    acc.us = acc.us + (s.activation_checkpointing == "selective" and (o.predicted_us or 0)
+      or timeline.exposed_tp_us(o, s, tp))
     acc.list[#acc.list + 1] = o
     by_micro[o.micro_step] = acc
   end
@@ -418,9 +421,13 @@ end
 -- A unit's collectives of a group the tables already re-issue in backward
 -- (ops marked recompute: context parallel's K/V all-gathers) are not
 -- counted again.
+-- Selective (op-level SAC) saves the reduce-scatters' outputs but not the
+-- all-gathers' (torchtitan's save list, distributed/activation_checkpoint.py:
+-- 60-63), so the backward's recompute gathers TP's inputs again.
 function timeline.recomputed(p, s)
   local out = {}
-  if s.activation_checkpointing ~= "full" then return out end
+  local ac = s.activation_checkpointing
+  if ac ~= "full" and ac ~= "selective" then return out end
   local block, listed = {}, {}
   for _, u in ipairs(p.layout.units) do
     if compute.checkpointed(p, u) then block[u.index] = true end
@@ -430,7 +437,9 @@ function timeline.recomputed(p, s)
   end
   for _, o in ipairs(p.ops) do
     if o.group and o.stream == "compute" and o.phase == "forward" and block[o.unit]
-      and not listed[o.unit .. " " .. o.group] then out[#out + 1] = o end
+      and not listed[o.unit .. " " .. o.group] and (ac == "full" or o.kind == "tp_all_gather") then
+      out[#out + 1] = o
+    end
   end
   return out
 end

@@ -154,21 +154,23 @@ local function stage_costs(p, split)
       end
     end
     local c = { units = units, fwd = 0, bwd = 0, rec = 0, saved = 0, reduce_us = 0, transient = 0, tp_F = 0,
-                tp_B = 0 }
+                tp_B = 0, fwd_us = 0, bwd_us = 0, rec_us = 0 }
     for _, u in ipairs(units) do
       local r = per_unit[u.index]
       c.fwd, c.bwd, c.rec, c.saved = c.fwd + r.fwd, c.bwd + r.bwd, c.rec + r.recompute, c.saved + r.saved
+      c.fwd_us, c.bwd_us, c.rec_us = c.fwd_us + r.fwd_us, c.bwd_us + r.bwd_us, c.rec_us + r.recompute_us
       c.transient = math.max(c.transient, r.transient)
       c.reduce_us = c.reduce_us + (reduce_of[u.index] or 0)
       c.tp_F, c.tp_B = c.tp_F + (tp_fwd[u.index] or 0), c.tp_B + (tp_bwd[u.index] or 0)
     end
-    c.F = c.fwd / s.flops_per_us + c.tp_F
-    c.B = (c.bwd + c.rec) / s.flops_per_us + c.tp_B
+    -- (each unit's times priced by gen/compute.lua)
+    c.F = c.fwd_us + c.tp_F
+    c.B = c.bwd_us + c.rec_us + c.tp_B
     -- zero bubble's split backward: the input gradient (half the backward,
     -- with the recompute and TP's collectives: they carry activation
     -- gradients) and the weight gradient (the other half)
-    c.I = (c.bwd / 2 + c.rec) / s.flops_per_us + c.tp_B
-    c.W = (c.bwd / 2) / s.flops_per_us
+    c.I = c.bwd_us / 2 + c.rec_us + c.tp_B
+    c.W = c.bwd_us / 2
     out[i - 1] = c
   end
   return out, s

@@ -355,7 +355,8 @@ function tp.unit_ops(out, u, m, at)
     if (a.point or a.phase) == point and (a.reducing_only or false) == reduce then
       out[#out + 1] = { kind = a.kind, unit = u.index, micro_step = m, phase = a.phase, group = "tp", dtype = a.dtype,
                         count = a.count, reduce_op = a.kind ~= "tp_all_gather" and (a.reduce_op or "sum") or nil,
-                        what = a.what, loss = a.loss, mm_flops = a.mm_flops, region = a.region }
+                        what = a.what, loss = a.loss, mm_flops = a.mm_flops, region = a.region,
+                        f8_gather = a.f8_gather }
     end
   end
 end

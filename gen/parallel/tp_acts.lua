@@ -169,8 +169,12 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
   for _, u in ipairs(lay.units) do
     local acts = {}
     local function add(kind, phase, count, what, fused, region)
+      -- f8_gather: an all-gather feeding a block's linear, which torchao's
+      -- Float8ColwiseParallel / Float8RowwiseParallel gather in float8 under
+      -- the tensorwise recipe (priced so by gen/cost.lua)
       acts[#acts + 1] = { kind = kind, phase = phase, count = count, dtype = u.ag_dtype, what = what,
-                          mm_flops = mm and fused and mm[fused], region = region }
+                          mm_flops = mm and fused and mm[fused], region = region,
+                          f8_gather = kind == "tp_all_gather" and fused ~= nil and fused ~= "output" or nil }
     end
     local carried = u == head and not has(u, fam.output)
     local cut -- a carried output's acts go between the last block's forward and backward ones

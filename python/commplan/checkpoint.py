@@ -37,6 +37,7 @@ import torch
 
 from .planfile import PlanError
 from .match import plan_units
+from .recompute import clean_fqn
 
 __all__ = ["dp_mesh", "state_dict", "load_state_dict", "optim_state_dict", "load_optim_state_dict", "as_dtensor"]
 
@@ -226,8 +227,8 @@ def optim_state_dict(fsdp, optimizer, mesh=None):
     specs = _specs(fsdp, mesh)
     by_fqn = {}
     for k, v in fsdp.model.named_parameters(remove_duplicate=False):
-        if id(v) in specs:
-            by_fqn[k] = specs[id(v)]
+        if id(v) in specs:  # the model's FQNs, as get_optimizer_state_dict keys them under AC (recompute.py)
+            by_fqn[clean_fqn(k)] = specs[id(v)]
     osd = get_optimizer_state_dict(fsdp.model, optimizer)
     state = {}
     for fqn, st in osd["state"].items():
@@ -245,7 +246,8 @@ def load_optim_state_dict(fsdp, optimizer, osd, mesh=None):
     _check_resharded(fsdp, "load_optim_state_dict")
     mesh = dp_mesh(fsdp, mesh)
     specs = _specs(fsdp, mesh)
-    by_fqn = {k: specs[id(v)] for k, v in fsdp.model.named_parameters(remove_duplicate=False) if id(v) in specs}
+    by_fqn = {clean_fqn(k): specs[id(v)] for k, v in fsdp.model.named_parameters(remove_duplicate=False)
+              if id(v) in specs}
     state = {}
     for fqn, st in osd["state"].items():
         P, placements, _ = by_fqn[fqn]

@@ -28,8 +28,9 @@ come in parts) and makes each module of that unit an FSDPModule, the way fully_s
 does (its class swapped for a subclass of FSDPModule and the module's class,
 _fully_shard.py:330-345; torchtitan's isinstance check holds). FSDPModule is a plain class,
 not an ABC, so a virtual subclass (ABCMeta.register) is not available; the subclass overrides
-the five methods the wrapper calls and refuses every other FSDPModule method that would reach
-FSDP2's state (there is none). close() gives the modules their classes back. Between
+the five methods the wrapper calls, and every other FSDPModule method, which would reach
+FSDP2's state through _get_fsdp_state, is refused there in one line (there is no FSDP2 state).
+close() gives the modules their classes back. Between
 ``unshard()`` and ``reshard()`` (the loss), a forward of the unit makes no library call and
 registers no pre-backward hook (FSDP2's group post-forward does not run in full for lm_head
 alone, _fsdp_state.py:735-748), the chunks' backwards accumulate lm_head's gradient in the
@@ -40,7 +41,6 @@ give, and a loss that runs otherwise is refused by the order check.
 """
 
 import torch
-from torch.distributed.fsdp import FSDPModule
 
 from .errors import PlanError
 
@@ -59,8 +59,20 @@ def _parts(fsdp):
     return parts
 
 
-class _HeadModule(FSDPModule):
-    """FSDPModule's interface on the loss head unit's modules, answered by the plan (LossHead)."""
+def _fsdp_module(plan):
+    """torch's FSDPModule class (torch >= 2.6 exports it where torchtitan imports it from)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        raise PlanError("plan %s follows torchtitan's ChunkedLossWrapper (training.loss_chunks >= 2), whose loss "
+                        "head must be an FSDPModule (components/loss.py:655), which torch %s does not have; use torch "
+                        ">= 2.6 or write the plan with training.loss_chunks = 1" % (plan, torch.__version__)) from None
+    return FSDPModule
+
+
+class _HeadCalls:
+    """FSDPModule's interface on the loss head unit's modules, answered by the plan (LossHead);
+    mixed in ahead of FSDPModule (attach)."""
 
     def unshard(self, async_op=False):
         self._commplan_head.unshard()
@@ -100,9 +112,11 @@ class LossHead:
         self.reshard_after_backward = True
         self.done = 0           # the unit's reductions this micro-step
         self.classes = []
+        fsdp_module = _fsdp_module(fsdp.name)
         for mod in self.unit["modules"]:
             cls = type(mod)
-            sub = type("Commplan" + cls.__name__, (_HeadModule, cls), {"_orig_cls_mro_index": 3})
+            # [Commplan<cls>, _HeadCalls, FSDPModule, cls, ...]: FSDPModule.__new__ finds cls at index 3
+            sub = type("Commplan" + cls.__name__, (_HeadCalls, fsdp_module, cls), {"_orig_cls_mro_index": 3})
             self.classes.append((mod, cls))
             mod.__class__ = sub
             mod._commplan_head = self

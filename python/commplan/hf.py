@@ -339,8 +339,12 @@ def hf_config(path_or_dict, dtype="fp32", seq_len=None, family="auto"):
     if why is None and family != "generic":
         table = llama_table(s["dim"], s["n_layers"], s["n_heads"], s["n_kv_heads"], s["vocab"], ffn, dtype)
     else:
+        # (with the attention shape: the audit's model FLOPs per token, tokens/s and MFU, torchtitan's
+        # get_dense_model_nparams_and_flops, models/utils.py; a tied model keeps the shared table)
         table = {"family": "generic", "units": hf_units(s, dtype), "n_heads": s["n_heads"],
-                 "n_kv_heads": s["n_kv_heads"]}
+                 "n_kv_heads": s["n_kv_heads"], "head_dim": s["head_dim"], "n_layers": s["n_layers"]}
+        if s["tied"]:
+            table["enable_weight_tying"] = True
     if seq_len is not None:
         table["seq_len"] = seq_len
     return table

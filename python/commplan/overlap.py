@@ -149,11 +149,12 @@ class Overlap:
         fsdp._calls = [(c, ui[u], m) for c, u, m, _, _ in calls]
         self.pos = [p for _, _, _, _, p in calls]
         fsdp._micro_end = [sum(1 for c in fsdp._calls if c[2] <= m) for m in range(fsdp._micro_steps)]
-        # (unit, micro-step, phase) -> the plan op of its compute (its first module's)
+        # (unit, micro-step, phase) -> the plan ops of its computes, in order (one, but the loss
+        # head's under ChunkedLossWrapper: the norm's, then lm_head's in the loss; commplan.chunked_loss)
         self.compute = {}
         for op in fsdp.plan["ops"]:
             if op["kind"] in ("forward", "backward"):
-                self.compute.setdefault((ui[op["unit"]], op.get("micro_step", 0), op["kind"]), op["seq"])
+                self.compute.setdefault((ui[op["unit"]], op.get("micro_step", 0), op["kind"]), []).append(op["seq"])
         n = len(fsdp.units)
         self.prefetched = [False] * n
         self.reducing = [None] * n  # the params of each unit's reduction in flight
@@ -177,8 +178,10 @@ class Overlap:
                 self._make("unshard_wait", u)
             f.live[u] = True
         f._use(unit, True)
-        limit = self.compute.get((u, f._micro, phase))
         calls, pos = f._calls, self.pos
+        # the unit's next compute after the calls made so far
+        done = pos[f._pos - 1] if 0 < f._pos <= len(pos) else -1
+        limit = next((s for s in self.compute.get((u, f._micro, phase), ()) if s > done), None)
         while limit is not None and f._pos < len(calls) and calls[f._pos][0] == "unshard_issue" \
                 and pos[f._pos] < limit:
             v = calls[f._pos][1]

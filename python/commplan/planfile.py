@@ -57,7 +57,9 @@ LLAMA3_CONFIGS = {
 }
 
 # Model numbers a generic plan may carry for the generator's checks and audit.
-GENERIC_MODEL_KEYS = ("n_heads", "n_kv_heads", "num_experts", "seq_len")
+GENERIC_MODEL_KEYS = ("n_heads", "n_kv_heads", "num_experts", "seq_len",
+                      # the attention shape the audit's model FLOPs per token, tokens/s and MFU need
+                      "head_dim", "n_layers", "enable_weight_tying")
 # Llama-family keys (gen/models/llama.lua) plus the audit's seq_len.
 LLAMA_MODEL_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim_multiplier",
                     "multiple_of", "seq_len")
@@ -611,8 +613,9 @@ def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, 
         if dtype_default:
             head += ", dtype = %s" % lua_string(dtype_default)
         for k in GENERIC_MODEL_KEYS:
-            if numbers.get(k) is not None:
-                head += ", %s = %d" % (k, numbers[k])
+            v = numbers.get(k)
+            if v is not None:
+                head += ", %s = %s" % (k, ("true" if v else "false") if isinstance(v, bool) else "%d" % v)
         out.append(head + ",")
         out.append("    -- fully_shard units in wrapping order, the root last; parameters in registration order")
         out.append("    units = {")

@@ -647,7 +647,7 @@ class CommplanFSDP:
         self.model = model
         wrapped = units_from_module(model, units)
         if self.plan.get("parallel", {}).get("tp", 1) != 1:  # the model's TP layout first (tensor_parallel)
-            tensor_parallel.check_model(self.plan, wrapped)
+            self.plan = tensor_parallel.check_model(self.plan, wrapped)  # as this rank's TP class holds it
         check_units_match_plan(named_units(model, units, shard_dim), self.plan)
         if self.plan.get("fsdp", {}).get("grad_accumulation") == "step_end":
             raise PlanError("plan %s accumulates as torch.distributed.pipelining does (grad_accumulation = "

@@ -1,9 +1,13 @@
 """FSDP x TP and HSDP x TP under the bridge (issue 36, item 2): a model parallelized for tensor
 parallelism as torchtitan 0.3 does it, then handed to CommplanFSDP in place of fully_shard.
 
-    model.parallelize(parallel_dims)            # torchtitan's TP (+ SP, loss_parallel), no fully_shard
-    fsdp = CommplanFSDP(name, model, titan_fsdp_units(model), ...)   # a plan with parallel.tp > 1
-    # or, from torchtitan's config: commplan.tensor_parallel.titan_tp_model(cfg, parallelism, training, pd)
+    plan_from_titan(cfg, name, world, parallel={"dp_shard": 2, "tp": 2}, seq_len=..., out=...)  # make PLAN=
+    pd = ParallelDims.from_config(parallelism, world); pd.build_mesh()   # once per mesh and process
+    model = titan_tp_model(cfg, parallelism, training, pd)   # parallelize_llama without apply_fsdp_to_decoder
+    # (torchtitan's apply_ac goes here, between TP and FSDP, as parallelize_llama applies it)
+    copy_full_(model, values, pd.get_mesh("tp"))             # optional: global values -> TP-local pieces
+    fsdp = CommplanFSDP(name, model, titan_fsdp_units(model), root=..., library=...)
+    # then torchtitan's step unchanged: its SPMD context, loss, clip_grad_norm_, optimizer
 
 Who runs which collective: the library drives the FSDP / HSDP collectives (the plan's all-gathers,
 reduce-scatters and all-reduces over dp_shard / dp_replicate: its unit calls); the TP collectives
@@ -50,7 +54,8 @@ checkpoints move between the bridge and fully_shard + TP both ways.
 
 Checks, each one line naming the first difference: the model is TP-parallelized as the plan says
 (every parameter's TP-local shape is plan.json's `shape`, its TP dim plan.json's `tp_dim`, or none
-where the plan replicates it); the plan shards TP evenly (no tp_classes); the storage mesh has the
+where the plan replicates it; a rank in one of plan.json's tp_classes, a dim not divisible by tp,
+against its class's shapes, which it then drives: rank_plan); the storage mesh has the
 plan's mesh order; and every family the library's collectives run on (fsdp: dp_shard within a tp
 column, dp_replicate, ...) has, for this rank, the same members as that family's axes of the mesh
 fully_shard + TP would use (plan.json "mesh", runtime/topology.c).
@@ -61,7 +66,8 @@ import torch
 from .planfile import PlanError
 from .match import PlanMismatch, plan_units
 
-__all__ = ["attach", "check_model", "check_plan", "copy_full_", "local_piece", "TensorParallel", "storage_mesh", "titan_tp_model"]
+__all__ = ["attach", "check_model", "check_plan", "copy_full_", "local_piece", "rank_plan", "TensorParallel",
+           "storage_mesh", "titan_tp_model"]
 
 # the data-parallel and TP axes of torchtitan's dense storage mesh, outer to inner
 # (torchtitan/distributed/full_dtensor.py:72 _DENSE_STORAGE_AXES, cp refused below)
@@ -81,16 +87,49 @@ def check_plan(plan):
         if par.get(ax, 1) != 1:
             raise PlanError("plan %s: parallel.%s = %d with tp = %d: the bridge drives dp_replicate x dp_shard x tp "
                             "(FSDP / HSDP x TP); set parallel.%s = 1" % (name, ax, par[ax], _tp(plan), ax))
-    if plan.get("tp_classes"):
-        cls = plan["tp_classes"][0]
-        raise PlanError("plan %s: tp_classes: TP ranks %s hold other TP-local shapes than rank 0 (a dim not divisible "
-                        "by tp = %d); the bridge takes one TP-local layout for every rank: make the model's TP-sharded "
-                        "dims divisible by tp" % (name, cls.get("tp_ranks"), _tp(plan)))
     from .runtime import CALL_KINDS
     kinds = {k for ks in CALL_KINDS.values() for k in ks}
     bad = [k for k in _TP_OP_KINDS if k in kinds]
     if bad:  # the TP collectives are torch's: no unit call may issue one
         raise PlanError("commplan: runtime.CALL_KINDS holds the TP op %s; TP collectives run in torch" % bad[0])
+
+
+# what a TP class (plan.json tp_classes: TP ranks whose TP-local shapes differ from TP rank 0's,
+# a dim not divisible by tp) sets for its ranks; the rest (name, dtype, shard_dim, tp_dim,
+# full_shape) is every rank's
+_CLASS_UNIT_KEYS = ("slot_numel", "grads_numel", "vec_ok")
+_CLASS_PARAM_KEYS = ("shape", "numel", "chunk", "padded_numel", "offset", "outer", "run", "grad_offset")
+
+
+def _my_rank():
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    import os
+    return int(os.environ.get("RANK", "0"))
+
+
+def rank_plan(plan, rank=None):
+    """plan.json as this rank's TP class holds it: where tp_classes lists the rank's TP
+    coordinate (plan.json mesh), every unit's and parameter's per-class fields (TP-local shape,
+    numel, FSDP chunk, padding, offsets) replaced by the class's; plan itself where the rank is in
+    class 0. The library's tables hold the same per class (runtime/commplan.h, TP classes)."""
+    rank = _my_rank() if rank is None else rank
+    mesh = plan["mesh"]
+    i = mesh["names"].index("tp")
+    t = (rank // mesh["strides"][i]) % mesh["sizes"][i]
+    cls = next((c for c in plan.get("tp_classes") or [] if t in c["tp_ranks"]), None)
+    if cls is None:
+        return plan
+    by_unit = {u["name"]: u for u in cls["units"]}
+    units = []
+    for u in plan["units"]:
+        cu = by_unit[u["name"]]
+        cps = {q["name"]: q for q in cu["params"]}
+        params = [dict(q, **{k: cps[q["name"]][k] for k in _CLASS_PARAM_KEYS if k in cps[q["name"]]})
+                  for q in u["params"]]
+        units.append(dict(u, params=params, **{k: cu[k] for k in _CLASS_UNIT_KEYS if k in cu}))
+    return dict(plan, units=units)
 
 
 def _tp_axis(plan):
@@ -121,8 +160,10 @@ def _model_tp_dim(p, axis):
 def check_model(plan, wrapped):
     """The model (its parameters as torchtitan's TP left them, before the bridge takes them)
     against plan.json under TP: one line on the first difference. wrapped: units_from_module's
-    [(unit, [(fqn, param)])], the root last."""
+    [(unit, [(fqn, param)])], the root last. Returns the plan as this rank's TP class holds it
+    (rank_plan), which the bridge then drives."""
     check_plan(plan)
+    plan = rank_plan(plan)
     from torch.distributed.tensor import DTensor
     name = plan.get("plan", "?")
     axis = _tp_axis(plan)
@@ -148,6 +189,7 @@ def check_model(plan, wrapped):
                                    "regenerate the plan from the model at this tp (plan_from_titan(..., "
                                    "parallel={..., \"tp\": %d}))" % (name, fqn, shape, dim, t, pu["name"],
                                                                      list(meta["shape"]), want, _tp(plan)))
+    return plan
 
 
 def storage_mesh(plan, device, mesh=None):

@@ -20,7 +20,11 @@ replicated). A config whose sharding is not declared yet gets torchtitan's own
 - ``"auto"`` (default) and ``"generic"``: a generic plan holding exactly torchtitan's names,
   shapes, order and placements (``layers.N.attention.qkv_linear.wqkv.weight``, fused as
   torchtitan 0.3's registry flavors build it, and ``lm_head.weight``), so the runtime's module
-  matching finds every parameter by its name.
+  matching finds every parameter by its name. With ``training={"loss_chunks": N}``, N >= 2,
+  its ``norm_lm_head`` unit says ``loss_head``: the plan follows torchtitan's ChunkedLossWrapper
+  (gen/parallel/fsdp.lua), which CommplanFSDP drives (commplan.chunked_loss). Parameter and
+  module names drop activation checkpointing's ``_checkpoint_wrapped_module`` segment
+  (commplan.recompute), so a model with AC applied gives the same plan.
 - ``"llama"``: commplan's llama family (``gen/models/llama.lua``, which also models the TP
   activation collectives) when the model is one: q/k/v unfused (``fuse_qkv=False``), no biases,
   no weight tying, torchtitan's FFN sizing. The family keeps torchtitan <= 0.2's names:

@@ -57,6 +57,8 @@ suites[#suites + 1] = "test_fit"
 suites[#suites + 1] = "test_labels"
 -- Issue 37, item 1: every model's audit complete (MoE tokens/s and MFU from torchtitan's active parameters).
 suites[#suites + 1] = "test_complete"
+-- Issue 37, items 2 and 3: compute priced from shapes, held to torchtitan's published rows.
+suites[#suites + 1] = "test_compute_model"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -249,7 +249,9 @@ function T.mesh_change_is_a_short_diff()
   write("build/test_audit/a/SCHEDULE.md", audit.schedule_md(pa, fa))
   write("build/test_audit/b/SCHEDULE.md", audit.schedule_md(pb, fb))
   local n = tonumber(sh("diff build/test_audit/a/SCHEDULE.md build/test_audit/b/SCHEDULE.md | wc -l"))
-  assert(n > 0 and n < 60, "SCHEDULE.md diff of " .. n .. " lines")
+  -- (under 70: with compute priced from shapes the two meshes' critical
+  -- paths split a layer apart, two rows more than the figures' own)
+  assert(n > 0 and n < 70, "SCHEDULE.md diff of " .. n .. " lines")
   local text = plandiff.compare(json.decode(audit.json(pa, fa)), json.decode(audit.json(pb, fb)), "a", "b")
   for _, want in ipairs({ string.format("dp_replicate: size %d -> %d", rep, rep // 2), "memory per rank:",
                           "total:", "communication exposed:", "ops:" }) do

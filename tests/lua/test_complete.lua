@@ -61,4 +61,38 @@ function T.moe_plans_print_tokens_and_mfu()
   assert(nonattn / 6 > 35e9 and nonattn / 6 < 38e9, string.format("active non-embedding parameters %.4g", nonattn / 6))
 end
 
+-- A generic model: its attention shape given (model.n_heads, head_dim,
+-- n_layers), torchtitan's dense formula; not given, the summary's first row
+-- says which figures are missing, and no memory verdict is printed without
+-- the activations.
+function T.generic_models_say_what_is_missing()
+  local src = read("plans/fsdp4.lua")
+  local p = plan.from_source(src, "plans/fsdp4.lua")
+  local md = audit.schedule_md(p, "fp")
+  local first = md:match("|%-%-%-|%-%-%-|\n(| [^\n]*)")
+  assert(first:find("^| %*%*incomplete%*%* | activations per rank not computed"), first)
+  assert(first:find("give model.n_heads, head_dim and n_layers", 1, true), first)
+  local mem = md:match("\n| memory | ([^\n]*)")
+  assert(mem:find("no verdict", 1, true) and not mem:find("fits", 1, true), mem)
+  H.eq(audit.analysis(p).throughput.mfu, nil, "no MFU without the attention shape")
+  -- with it: 6 x (params - embedding) + 6 x layers x heads x 2 x head_dim x seq_len
+  local shaped = plan.from_source(src:gsub('family = "generic",', 'family = "generic", n_heads = 3, head_dim = 4, '
+    .. "n_layers = 3,", 1), "plans/fsdp4.lua")
+  local s = compute.settings(shaped)
+  local n = 0
+  for _, q in ipairs(compute.param_counts(shaped)) do n = n + q[2] end
+  H.eq(compute.model_flops_per_token(shaped, s), 6 * (n - 37 * 12) + 6 * 3 * 3 * 8 * s.seq_len,
+    "generic FLOPs (root.tok_embeddings, 37 x 12, left out as torchtitan leaves the embedding out)")
+  local th = audit.analysis(shaped).throughput
+  assert(th.mfu and th.tokens_per_s_per_gpu, "tokens/s and MFU")
+  local f2 = audit.schedule_md(shaped, "fp"):match("|%-%-%-|%-%-%-|\n(| [^\n]*)")
+  assert(f2:find("activations per rank not computed", 1, true) and not f2:find("MFU not computed", 1, true), f2)
+  -- make advise: a generic mesh's "fits" says it counts no activations
+  local adv = require("gen.advisor").report(src, "plans/fsdp4.lua")
+  assert(adv:find("| yes without activations (the plan's mesh) |", 1, true), adv)
+  -- A generic model under TP: its activation collectives have no shape, said so.
+  local tp = audit.schedule_md(plan.from_source(read("plans/tp3_uneven.lua"), "plans/tp3_uneven.lua"), "fp")
+  assert(tp:match("| %*%*incomplete%*%* | [^\n]*TP's activation collectives not planned: tp = 3"), "tp3_uneven")
+end
+
 return T

@@ -31,7 +31,7 @@ end
 -- nvidia-smi's memory.total of each preset's GPU, in MiB: the bytes the
 -- verdict compares with, never the datasheet's decimal GB.
 function T.presets_take_the_memory_the_device_reports()
-  local want = { h100 = 81559, h200 = 143771, b200 = 183359, a100 = 81920 }
+  local want = { h100 = 81559, h200 = 143771, b200 = 183359, a100 = 81920, h100_hbm2e = 97871 }
   for _, name in ipairs(hardware.PRESET_NAMES) do
     local p = tiny(string.format('preset = "%s"', name))
     local s = compute.settings(p)

@@ -136,10 +136,13 @@ function T.ignored_keys_are_refused()
   fails(OK:gsub("dp_shard = %-1", "dp_shard = -1, ulysses_degree = 1"), "parallel.ulysses_degree")
   fails(OK:gsub("dp_shard = %-1", "dp_shard = -1, etp = 1"), "parallel.etp", "ep > 1")
   fails(OK:gsub("dp_shard = %-1", "dp_shard = 4, dp = 4"), "parallel.dp", "legacy")
-  for _, k in ipairs({ "size = '8b'", "dim = 64", "n_layers = 2", "vocab_size = 10", "ffn_dim_multiplier = 1.3",
+  for _, k in ipairs({ "size = '8b'", "dim = 64", "vocab_size = 10", "ffn_dim_multiplier = 1.3",
                        "multiple_of = 16" }) do
     fails(OK:gsub('family = "generic",', 'family = "generic", ' .. k .. ','), "llama setting")
   end
+  -- (n_layers: part of a generic model's attention shape, given whole or not at all; issue 37)
+  fails(OK:gsub('family = "generic",', 'family = "generic", n_layers = 2,'), "model.n_layers", "n_heads, head_dim and n_layers together")
+  fails(OK:gsub('family = "generic",', 'family = "generic", n_heads = 2, head_dim = 4,'), "model.head_dim", "give all three")
   fails(OK:gsub('units = {', 'dtype = "bf16", units = {'):gsub("shape = { 5, 3 }", 'shape = { 5, 3 }, dtype = "fp32"'),
     "model.dtype", "unused")
   fails(OK:gsub("dp_shard = %-1 }", "dp_shard = -1 }, fsdp = { reshard_after_forward = false }"),

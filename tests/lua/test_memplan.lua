@@ -149,11 +149,12 @@ function T.llama70b_compute_never_waits_for_reused_bytes()
   end
   H.eq(#fig.memory_plan.waits, 0, "costly waits")
   H.eq(fig.step_us, figures.round(a.free_step_us), "the step is the one with no arena waits")
-  if fig.step_us > 2.2e6 or fig.exposed_us > 0.45e6 then
+  -- (compute priced from shapes, gen/gemm_model.lua: 1.61 s, 462 ms exposed)
+  if fig.step_us > 1.8e6 or fig.exposed_us > 0.5e6 then
     error(string.format("llama70b: step %.0f us, exposed %.0f us", fig.step_us, fig.exposed_us))
   end
   -- The trade, stated: the bytes it holds against the waits it avoids.
-  if not (a.reuse_step_us > 2.7e6 and a.reuse_wait_us > 0.6e6 and a.arena_bytes > a.reuse_bytes) then
+  if not (a.reuse_step_us > 2.0e6 and a.reuse_wait_us > 0.6e6 and a.arena_bytes > a.reuse_bytes) then
     error(string.format("llama70b: reusing at once: step %.0f us, compute waits %.0f us, %d vs %d bytes",
       a.reuse_step_us, a.reuse_wait_us, a.reuse_bytes, a.arena_bytes))
   end
@@ -161,7 +162,7 @@ function T.llama70b_compute_never_waits_for_reused_bytes()
   local row = md:match("\n| memory plan | ([^\n]*) |\n")
   assert(row, "SCHEDULE.md has a memory plan row")
   for _, want in ipairs({ "reduce-scatter inputs", "more than reusing them at once (1.28 GiB)",
-                          "which would make the compute stream wait 649.15 ms (step 2.72 s instead of 2.09 s)",
+                          "which would make the compute stream wait 649.15 ms (step 2.18 s instead of 1.61 s)",
                           "no reuse of arena bytes delays an op" }) do
     if not row:find(want, 1, true) then error(string.format("memory plan row %q lacks %q", row, want)) end
   end
@@ -215,7 +216,7 @@ function T.short_memory_reuses_and_reports_its_waits()
   local md = audit.schedule_md(p, audit.fingerprint(p))
   local row = md:match("\n| memory plan | ([^\n]*) |\n")
   for _, want in ipairs({ "reuses bytes at once", "(memory short)", "82 waits for reused arena bytes delay ops, "
-                          .. "the compute stream by 642.19 ms", "2.08 s with room to keep them" }) do
+                          .. "the compute stream by 642.19 ms", "1.60 s with room to keep them" }) do
     if not row:find(want, 1, true) then error(string.format("memory plan row %q lacks %q", row, want)) end
   end
   local warned

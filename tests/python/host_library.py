@@ -44,9 +44,10 @@ class HostLibrary:
         # sharded grads (view_out_add, a later reduction of the step) or assigns them.
         index = {u["name"]: u["index"] for u in units}
         self.reduce_adds = {u["index"]: [] for u in units}
+        # and the parameters it covers (plan.json's op "params": a part, ChunkedLossWrapper's; None: all)
         for op in self.plan["ops"]:
             if op["kind"] in ("view_out", "view_out_add"):
-                self.reduce_adds[index[op["unit"]]].append(op["kind"] == "view_out_add")
+                self.reduce_adds[index[op["unit"]]].append((op["kind"] == "view_out_add", op.get("params")))
         self.reduce_cursor = {u["index"]: 0 for u in units}
 
     def tensor(self, kind, param, numel, dtype):
@@ -61,10 +62,10 @@ class HostLibrary:
         # .data: the library writes device memory behind autograd's back (no version-counter bump),
         # as the GPU library's kernels do
         b = {k: [t.data for t in v] for k, v in self.buf.items()}
-        adds = False
+        adds, part = False, None
         if call == "reduce":
             seq = self.reduce_adds[u["index"]]
-            adds = seq[self.reduce_cursor[u["index"]] % len(seq)]
+            adds, part = seq[self.reduce_cursor[u["index"]] % len(seq)]
             self.reduce_cursor[u["index"]] += 1
         with torch.no_grad():
             for i, p in zip(idx, u["params"]):
@@ -73,6 +74,8 @@ class HostLibrary:
                     b["unsharded"][i].copy_(b["sharded"][i][:n].to(DT[u["ag_dtype"]]))
                 elif call == "reshard":
                     b["unsharded"][i].fill_(nan)
+                elif call == "reduce" and part is not None and p["name"] not in part:
+                    continue
                 elif call == "reduce":  # pack (cast to reduce dtype), AVG over one rank, view-out (cast back)
                     red = b["grad"][i].to(DT[u["reduce_dtype"]]).to(DT[p["dtype"]])
                     if adds:  # view_out_add: into the sharded grads, in their dtype

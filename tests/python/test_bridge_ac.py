@@ -17,7 +17,9 @@ wrapper's FSDPModule calls from the plan (training.loss_chunks = N). Each case r
 steps x 2 micro-batches (every backward reduces, as torchtitan accumulates) and compares every
 loss and, after every step's backward and its update, every sharded parameter and gradient.
 
-Also, per case: torchtitan's every FSDP collective on every rank (kind, elements, dtype, reduce
+Also, per case: the bridge's model and optimizer state dicts (commplan.checkpoint) equal to
+fully_shard's after training, keyed by the model's FQNs (no checkpoint-wrapper segment);
+torchtitan's every FSDP collective on every rank (kind, elements, dtype, reduce
 op, group ranks; tests/titan/test_chunked_loss.py's recorder) equal to the plan's collectives in
 plan.json's order (a model's very first step under ChunkedLossWrapper issues one all-gather
 fewer: test_chunked_loss.first_step), and the plan's FSDP op list equal with
@@ -296,12 +298,13 @@ def run_case(case, rank, steps, log, on):
         recomputes[0] += 1
         return orig(f, u)
     RC.recompute_pre_forward = counted
+    bad = []
     try:
         lb, _ = TC.train(opt_b, rank, steps, MICRO, snapper("b", b), loss_b)
+        bad += state_dicts_agree(fsdp, a, opt_a, opt_b)
     finally:
         RC.recompute_pre_forward = orig
         fsdp.close()
-    bad = []
     if not torch.equal(la, lb):
         i = int((la != lb).nonzero()[0])
         bad.append("loss %d: torchtitan %r, commplan %r" % (i, la[i].item(), lb[i].item()))
@@ -327,6 +330,34 @@ def run_case(case, rank, steps, log, on):
         bad.append("%d recompute forwards seen by the bridge's hooks, want one per block and backward" % recomputes[0])
     return dict(case=case, rank=rank, bad=bad, checked=len(snaps["a"]), collectives=coll, losses=la.tolist(),
                 plan_ops=len(pj["ops"]), recomputes=recomputes[0])
+
+
+def state_dicts_agree(fsdp, a, opt_a, opt_b):
+    """The bridge's model and optimizer state dicts (commplan.checkpoint) against fully_shard's under
+    AC: the same FQNs (the wrapper's segment dropped, as torch's own state-dict hooks drop it) and the
+    same local shards. Returns the differences."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    from commplan.checkpoint import optim_state_dict
+    bad = []
+    sa, sb = a.state_dict(), fsdp.state_dict()
+    pa = {k for k in sa if not k.endswith("cache")}  # rope's buffer is not persistent in both
+    pb = {k for k in sb if not k.endswith("cache")}
+    if pa != pb:
+        bad.append("state_dict keys: fully_shard's only %s, the bridge's only %s" % (sorted(pa - pb)[:3],
+                                                                                   sorted(pb - pa)[:3]))
+    for k in sorted(pa & pb):
+        if not torch.equal(TC.local(sa[k]), TC.local(sb[k])):
+            bad.append("state_dict %s differs" % k)
+    oa, ob = get_optimizer_state_dict(a, opt_a), optim_state_dict(fsdp, opt_b)
+    if set(oa["state"]) != set(ob["state"]):
+        bad.append("optimizer state keys differ: %s vs %s" % (sorted(oa["state"])[:3], sorted(ob["state"])[:3]))
+    for k in sorted(set(oa["state"]) & set(ob["state"])):
+        for n, x in oa["state"][k].items():
+            y = ob["state"][k].get(n)
+            if y is None or not torch.equal(TC.local(x), TC.local(y)):
+                bad.append("optimizer state %s.%s differs" % (k, n))
+    return bad
 
 
 def bridge_units(model, inner=False):

@@ -37,12 +37,19 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, HERE)
 
 QUICK = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
-CONFIGS = {"fsdp_tp": (4, {"dp_shard": 2, "tp": 2}), "hsdp_tp": (8, {"dp_replicate": 2, "dp_shard": 2, "tp": 2})}
-QUICK_CONFIGS, FULL_CONFIGS = "fsdp_tp", "fsdp_tp,hsdp_tp"
+# name: (world, mesh, vocab, checkpoints). fsdp_tp_uneven's vocab 251 splits 126 / 125 over tp
+# (plan.json tp_classes: TP rank 1 holds other shapes) and then over dp_shard (63 / 63 and 63 / 62
+# rows); its state dicts and checkpoints are not compared: under uneven TP, fully_shard + TP's
+# DTensors give the global shape as the TP-local one times tp (252 rows on TP rank 0, 250 on rank
+# 1, where the bridge's say 251), and torch's own DCP save of them refuses the chunks ("overlapping
+# chunks", torch/distributed/checkpoint/default_planner.py:160; torch 2.15).
+CONFIGS = {"fsdp_tp": (4, {"dp_shard": 2, "tp": 2}, 250, True),
+           "fsdp_tp_uneven": (4, {"dp_shard": 2, "tp": 2}, 251, False),
+           "hsdp_tp": (8, {"dp_replicate": 2, "dp_shard": 2, "tp": 2}, 250, True)}
+QUICK_CONFIGS, FULL_CONFIGS = "fsdp_tp,fsdp_tp_uneven", "fsdp_tp,fsdp_tp_uneven,hsdp_tp"
 STEPS = 3 if QUICK else 20
 MICRO = 2
 SEQ, BATCH = 16, 2
-VOCAB = 250
 MAX_NORM = 0.5
 BUILD = os.path.join("build", "bridge_tp")
 
@@ -52,10 +59,14 @@ def skip(why):
     sys.exit(77)
 
 
-def titan_model():
-    """train_cpu.py's tiny llama3 config (fused wqkv, as torchtitan's registry builds it)."""
+def titan_model(vocab):
+    """train_cpu.py's tiny llama3 config (fused wqkv, as torchtitan's registry builds it) at vocab."""
     import train_cpu as T
-    return T.titan_model()
+    T.sys_path_titan()
+    import titan_env as E
+    import test_llama_plan as TL
+    E.cpu_training()
+    return TL.titan_config(None, dict(T.TITAN, vocab_size=vocab), True)
 
 
 def plan_name(cfg):
@@ -65,11 +76,12 @@ def plan_name(cfg):
 def build_plan(cfg):
     """The plan written by plan_from_titan from torchtitan's model at the config (tp = 2), built."""
     from commplan.titan import plan_from_titan
-    world, par = CONFIGS[cfg]
+    world, par, vocab, _ = CONFIGS[cfg]
     name = plan_name(cfg)
     os.makedirs(os.path.join(REPO, BUILD), exist_ok=True)
     out = os.path.join(REPO, BUILD, name + ".lua")
-    plan_from_titan(titan_model(), name, world, parallel=dict(par), fsdp={"micro_steps": MICRO, "reduce_op": "sum"},
+    plan_from_titan(titan_model(vocab), name, world, parallel=dict(par),
+                    fsdp={"micro_steps": MICRO, "reduce_op": "sum"},
                     seq_len=SEQ, out=out)
     r = subprocess.run(["make", "--no-print-directory", "-s", "PLAN=%s/%s.lua" % (BUILD, name)], cwd=REPO,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
@@ -88,10 +100,10 @@ class Side:
     """One side's model, its loss step and AdamW (torchtitan's SPMD context around forward and loss,
     backward outside the type check, as Trainer._forward_backward_body: trainer.py:806)."""
 
-    def __init__(self, model, pd, fsdp=None):
+    def __init__(self, model, pd, vocab, fsdp=None):
         import torch
         from torchtitan.distributed.utils import get_spmd_context
-        self.model, self.pd, self.fsdp = model, pd, fsdp
+        self.model, self.pd, self.fsdp, self.vocab = model, pd, fsdp, vocab
         self.ctx = get_spmd_context(parallel_dims=pd)
         self.opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
 
@@ -104,7 +116,8 @@ class Side:
         extra = {"positions": positions, "attention_masks": self.model.get_attention_masks(positions=positions)}
         with self.ctx():
             tok, lab, extra = annotate_input_spmd_types(self.pd, tok, lab, extra)
-            loss = cross_entropy_loss(self.model(tok, **extra), lab, global_vocab_size=VOCAB) / (BATCH * SEQ * MICRO)
+            pred = self.model(tok, **extra)
+            loss = cross_entropy_loss(pred, lab, global_vocab_size=self.vocab) / (BATCH * SEQ * MICRO)
             with spmd.no_typecheck():
                 loss.backward()
         return loss.detach()
@@ -118,7 +131,7 @@ class Side:
         for s in steps:
             for m in range(MICRO):
                 g = torch.Generator().manual_seed(10_000 + 1000 * dp_rank + 10 * s + m)
-                t = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+                t = torch.randint(0, self.vocab, (BATCH, SEQ + 1), generator=g)
                 losses.append(self.loss(t[:, :-1], t[:, 1:]))
             norms.append(clip_grad_norm_(list(self.model.parameters()), MAX_NORM, foreach=True).detach().clone())
             if snaps is not None:
@@ -183,33 +196,38 @@ def worker(args, tmp):
             build_plan(cfg)
     dist.barrier()
     results = []
+    meshes = {}
     for cfg in mine:
-        cw, par = CONFIGS[cfg]
+        cw, par, vocab, ckpt = CONFIGS[cfg]
         parallelism = ParallelismConfig(data_parallel_replicate_degree=par.get("dp_replicate", 1),
                                         data_parallel_shard_degree=par["dp_shard"], tensor_parallel_degree=par["tp"])
         training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
                                   mixed_precision_param="float32", mixed_precision_reduce="float32")
-        pd = ParallelDims.from_config(parallelism, world)
-        pd.build_mesh()
+        key = tuple(sorted(par.items()))
+        if key not in meshes:  # one ParallelDims per mesh: a second one's meshes are other objects than
+            # the ones torchtitan's spmd_types state keeps, which fully_shard refuses (_fsdp_param.py:609)
+            meshes[key] = ParallelDims.from_config(parallelism, world)
+            meshes[key].build_mesh()
+        pd = meshes[key]
         dp_rank = rank // par["tp"]  # the batch a TP column shares: the (dp_replicate, dp_shard) coordinate
         torch.manual_seed(1234)
-        full = {n: p.detach().clone() for n, p in titan_model().build().named_parameters()}
+        full = {n: p.detach().clone() for n, p in titan_model(vocab).build().named_parameters()}
         first, then = range(args.steps), range(args.steps, args.steps + 2)
 
         def titan_side(values=full):
             """torchtitan's parallelize_llama (TP + fully_shard), values set from the full tensors."""
-            a = TL.parallelize(titan_model(), parallelism, training, pd, "cpu")
+            a = TL.parallelize(titan_model(vocab), parallelism, training, pd, "cpu")
             with torch.no_grad():
                 for n, p in a.named_parameters():
                     p.to_local().copy_(tensor_parallel.local_piece(values[n], p.device_mesh, p.placements))
             for m in a.modules():
                 if isinstance(m, FSDPModule):  # PREMUL_SUM(1 / 1) is a SUM; gloo has only the latter
                     m.set_force_sum_reduction_for_comms(True)
-            return Side(a, pd)
+            return Side(a, pd, vocab)
 
         def bridge_side(values=full, mutant=False):
             """torchtitan's TP alone, TP-local values from the full tensors, then CommplanFSDP."""
-            b = tensor_parallel.titan_tp_model(titan_model(), parallelism, training, pd)
+            b = tensor_parallel.titan_tp_model(titan_model(vocab), parallelism, training, pd)
             tensor_parallel.copy_full_(b, values, pd.get_mesh("tp"))
             name = plan_name(cfg)
             pj = load_plan_json(find_plan_json(name, REPO))
@@ -217,7 +235,7 @@ def worker(args, tmp):
             f = CommplanFSDP(name, b, titan_fsdp_units(b), root=REPO, library=lib)
             if mutant:
                 f._tp.partial_grad = set()
-            return Side(b, pd, f)
+            return Side(b, pd, vocab, f)
 
         rows = {}
 
@@ -241,7 +259,8 @@ def worker(args, tmp):
         la, na = A.train(first, dp_rank, sa)
         ck_a = os.path.join(tmp, cfg + "_titan")
         msd, osd = titan_state(A)
-        dcp.save({"model": msd, "optim": osd}, checkpoint_id=ck_a)
+        if ckpt:
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=ck_a)
         form_a = {k: (tuple(v.placements), v.shape, v.stride(), v.to_local().clone()) for k, v in msd.items()}
         st_a = {}
         ref_la, ref_na = A.train(then, dp_rank, st_a)
@@ -254,17 +273,19 @@ def worker(args, tmp):
                 bad, n = compare((la, na, sa), (lb, nb, sb))
                 # the state dict's form: fully_shard + TP's (keys, placements, global shape, local tensors)
                 mine = B.fsdp.state_dict()
-                for k, (pl, shape, stride, loc) in form_a.items():
+                for k, (pl, shape, stride, loc) in (form_a if ckpt else {}).items():
                     w = mine.get(k)
                     got = (tuple(w.placements), w.shape, w.stride()) if isinstance(w, DTensor) else type(w).__name__
                     if got != (pl, shape, stride) or not torch.equal(w.to_local(), loc):
                         bad.append("state_dict[%s]: commplan %s, fully_shard + TP %s%s" % (
-                            k, got, (pl, shape, stride), "" if got != (pl, shape, stride) else ", local tensors differ"))
+                            k, got, (pl, shape, stride),
+                            "" if got != (pl, shape, stride) else ", local tensors differ"))
                         break
-                n += len(form_a)
+                n += len(form_a) if ckpt else 0
                 # the bridge's save, for fully_shard + TP to load
                 ck_b = os.path.join(tmp, cfg + "_bridge")
-                dcp.save({"model": mine, "optim": ck.optim_state_dict(B.fsdp, B.opt)}, checkpoint_id=ck_b)
+                if ckpt:
+                    dcp.save({"model": mine, "optim": ck.optim_state_dict(B.fsdp, B.opt)}, checkpoint_id=ck_b)
                 st_b = {}
                 lb2, nb2 = B.train(then, dp_rank, st_b)
                 rows["_bridge_then"] = (lb2, nb2, st_b)
@@ -311,17 +332,17 @@ def worker(args, tmp):
                 B.fsdp.close()
 
         def refusals():
-            """One line each: the model without its TP (a plain torchtitan model), a plan whose TP is
-            uneven (tp_classes), a mesh of another shape for the DTensors."""
+            """One line each: the model without its TP (a plain torchtitan model), a plan with cp
+            beside tp, a mesh of another shape for the DTensors."""
             bad, n = [], 0
             name = plan_name(cfg)
             pj = load_plan_json(find_plan_json(name, REPO))
-            plain = titan_model().build()
-            uneven = dict(pj, tp_classes=[{"tp_ranks": [1], "units": []}])
+            plain = titan_model(vocab).build()
+            with_cp = dict(pj, parallel=dict(pj["parallel"], cp=2))
             for what, fn, words in (
                     ("no TP on the model", lambda: tensor_parallel.check_model(
                         pj, units_from_module(plain, titan_fsdp_units(plain))), "carries no TP layout"),
-                    ("uneven TP", lambda: tensor_parallel.check_plan(uneven), "tp_classes"),
+                    ("cp", lambda: tensor_parallel.check_plan(with_cp), "parallel.cp"),
                     ("another mesh", lambda: tensor_parallel.storage_mesh(
                         pj, "cpu", pd.get_mesh("tp")), "storage mesh")):
                 n += 1
@@ -335,8 +356,9 @@ def worker(args, tmp):
 
         case("refusals", refusals)
         case("train", train_match)
-        case("titan_to_bridge", titan_to_bridge)
-        case("bridge_to_titan", bridge_to_titan)
+        if ckpt:
+            case("titan_to_bridge", titan_to_bridge)
+            case("bridge_to_titan", bridge_to_titan)
         case("mutant", mutant)
         rows.pop("_bridge_then", None)
         results.append({"cfg": cfg, "rank": rank, "rows": rows, "first_norm": float(na[0]), "first_loss": float(la[0])})
@@ -399,7 +421,8 @@ def main():
                                timeout=1200)
         rc = rc or r.returncode
     if QUICK:
-        print("quick tier: bridge_tp runs FSDP 2 x TP 2 (4 ranks) for %d steps x %d micro-batches; "
+        print("quick tier: bridge_tp runs FSDP 2 x TP 2 (4 ranks; vocab 250, and 251: uneven TP) for %d steps x %d "
+              "micro-batches; "
               "COMMPLAN_TEST_TIER=full adds HSDP 2 x 2 x TP 2 (8 ranks) and %d steps" % (STEPS, MICRO, 20))
     print("bridge_tp: torchtitan's llama3 under its TP + CommplanFSDP vs its TP + fully_shard (%s), training, "
           "clipping and DCP round trips both ways %s" % (", ".join(cfgs), "passed" if rc == 0 else "FAILED"))

@@ -155,21 +155,119 @@ class HostRuntime(unittest.TestCase):
         self.assertIn("layers.0.attention.wk.weight (32, 32) fp32", msg)
         self.assertIn("layers.0.attention.wk.weight (16, 32) fp32", msg)
 
-    def test_chunked_loss_plan_is_refused(self):
-        # torchtitan's ChunkedLossWrapper order (training.loss_chunks = 8): the hooks drive whole-logits losses only
+    @staticmethod
+    def chunked_step(model, tok, lab, n):
+        """torchtitan's ChunkedLossWrapper's protocol (components/loss.py:720-775) on tiny_llama: the
+        decoder without its head, the head's FSDPModule calls where it is one, a backward per chunk."""
+        model._skip_lm_head = True
+        head = model.output
+        fsdp = hasattr(head, "set_requires_gradient_sync")
+        h = model(tok)
+        chunks = [c.detach().requires_grad_(True) for c in h.split(h.shape[1] // n, dim=1)]
+        labs = lab.split(lab.shape[1] // n, dim=1)
+        if fsdp:
+            head.set_reshard_after_forward(False)
+            head.set_reshard_after_backward(False)
+            head.set_requires_gradient_sync(False, recurse=False)
+            head.unshard()
+        total, grads = 0.0, []
+        for i, (c, y) in enumerate(zip(chunks, labs)):
+            if fsdp and i == n - 1:
+                head.set_requires_gradient_sync(True, recurse=False)
+            loss = F.cross_entropy(head(c).flatten(0, 1).float(), y.flatten(), reduction="sum") / lab.numel()
+            loss.backward()
+            grads.append(c.grad)
+            total = total + loss.detach()
+        if fsdp:
+            head.set_reshard_after_forward(True)
+            head.set_reshard_after_backward(True)
+            head.set_requires_gradient_sync(True, recurse=False)
+            head.reshard()
+        h.backward(torch.cat(grads, dim=1))
+        return total
+
+    def test_chunked_loss_wrapper_protocol(self):
+        # a plan in torchtitan's ChunkedLossWrapper order (training.loss_chunks = 2): the head answers
+        # isinstance(head, FSDPModule) and the wrapper's calls; bit-identical to plain training, the
+        # head gathered three times and reduced in two parts per micro-step; a whole-logits loss on
+        # the same plan is refused by the order check in one line
+        from torch.distributed.fsdp import FSDPModule
         from host_library import HostLibrary
-        _, b = self.models()
+        a, b = self.models()
         units = commplan.torchtitan_units(b)
-        text = commplan.plan_from_module(b, units, "host_cl", world_size=1, model_numbers={"n_heads": 4, "seq_len": 8},
-                                         training={"loss_chunks": 8})
+        text = commplan.plan_from_module(b, units, "host_cl", world_size=1, fsdp={"micro_steps": 2},
+                                         model_numbers={"n_heads": 4, "seq_len": 8}, training={"loss_chunks": 2})
         self.assertIn('family = "llama"', text)
         plan = generate(self.tmp, "host_cl", text)
-        with self.assertRaises(commplan.PlanError) as cm:
-            commplan.runtime.CommplanFSDP("host_cl", b, units, plan_json=plan, library=HostLibrary(plan))
-        msg = str(cm.exception)
-        self.assertNotIn("\n", msg)
-        self.assertIn("ChunkedLossWrapper", msg)
-        self.assertIn("loss_chunks = 1", msg)
+        lib = HostLibrary(plan)
+        rt = commplan.runtime.CommplanFSDP("host_cl", b, units, plan_json=plan, library=lib)
+        self.assertIsInstance(b.output, FSDPModule)
+        self.assertIsInstance(b.output, torch.nn.Linear)
+        opt_a = torch.optim.AdamW(a.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+        opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+        g = torch.Generator().manual_seed(3)
+        acc = {}
+        for step in range(3):
+            for _ in range(2):
+                tok = torch.randint(0, self.CFG["vocab_size"], (2, 9), generator=g)
+                la = self.chunked_step(a, tok[:, :-1], tok[:, 1:], 2)
+                lb = self.chunked_step(b, tok[:, :-1], tok[:, 1:], 2)
+                self.assertTrue(torch.equal(la, lb), "step %d: loss %r != %r" % (step, la.item(), lb.item()))
+                # FSDP2 reduces each micro-batch's gradient (its chunks summed first), then adds it
+                # into the sharded grad: the plain model's grads summed the same way
+                for p in a.parameters():
+                    acc[p] = p.grad if acc.get(p) is None else acc[p] + p.grad
+                    p.grad = None
+            for p in a.parameters():
+                p.grad, acc[p] = acc[p], None
+            for (n, p), q in zip(a.named_parameters(), b.parameters()):
+                self.assertTrue(torch.equal(p.grad, q.grad), "step %d: grad of %s" % (step, n))
+            opt_a.step()
+            opt_b.step()
+            opt_a.zero_grad(set_to_none=True)
+            opt_b.zero_grad(set_to_none=True)
+            for (n, p), q in zip(a.named_parameters(), b.parameters()):
+                self.assertTrue(torch.equal(p, q), "step %d: %s" % (step, n))
+        head = plan["units"][-1]["index"]
+        self.assertEqual(sum(1 for c, u in lib.calls if c == "unshard" and u == head), 3 * 2 * 3)
+        self.assertEqual(sum(1 for c, u in lib.calls if c == "reduce" and u == head), 3 * 2 * 2)
+        b._skip_lm_head = False
+        tok = torch.randint(0, self.CFG["vocab_size"], (2, 9), generator=g)
+        with self.assertRaises(commplan.runtime.PlanOrderError) as cm:
+            F.cross_entropy(b(tok[:, :-1]).flatten(0, 1).float(), tok[:, 1:].flatten()).backward()
+        self.assertNotIn("\n", str(cm.exception))
+        self.assertIn("training.loss_chunks", str(cm.exception))
+        rt.close()
+        self.assertNotIsInstance(b.output, FSDPModule)
+
+    def test_activation_checkpointing(self):
+        # torchtitan's AC (checkpoint_wrapper around each block, full and per-op selective): the plan
+        # written from the wrapped model holds the model's FQNs; the recompute makes no library call,
+        # hooks on the wrappers or on the blocks inside them; bit-identical to the plain model
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+        def sac():
+            return create_selective_checkpoint_contexts(
+                lambda ctx, op, *a, **k: CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+        for kind, inner in (("full", False), ("selective", True)):
+            a, b = self.models()
+            for m in (a, b):  # the plain model recomputes as well (the same arithmetic)
+                for k in list(m.layers.keys()):
+                    blk = m.layers[k]
+                    m.layers[k] = checkpoint_wrapper(blk, context_fn=sac) if kind == "selective" \
+                        else checkpoint_wrapper(blk)
+            self.assertIn("layers.0._checkpoint_wrapped_module.attention.wq.weight", dict(b.named_parameters()))
+            units = commplan.torchtitan_units(b)
+            if inner:
+                units = [commplan.Unit([getattr(m, "_checkpoint_wrapped_module", m) for m in u.modules],
+                                       reshard_after_forward=u.reshard_after_forward) for u in units]
+            rt, lib, plan = self.attach("host_ac_" + kind, b, units, {"micro_steps": 2})
+            self.assertIn("layers.0.attention.wq.weight", [q["name"] for u in plan["units"] for q in u["params"]])
+            self.train(a, b, micro=2)
+            self.assertEqual(sum(1 for c, _ in lib.calls if c == "unshard"), 3 * 2 * (2 * 4 - 1))
+            rt.close()
 
     def test_forward_under_no_grad_evaluates(self):
         """A forward under no_grad (evaluation, commplan.training) gathers without a library call:

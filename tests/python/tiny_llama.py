@@ -97,7 +97,9 @@ class Transformer(nn.Module):
         h = self.tok_embeddings(tokens)
         for layer in self.layers.values():
             h = layer(h)
-        return self.output(self.norm(h))
+        h = self.norm(h)
+        # torchtitan's _skip_lm_head (models/common/decoder.py:242-247): ChunkedLossWrapper runs the head
+        return h if getattr(self, "_skip_lm_head", False) else self.output(h)
 
 
 def init_weights(model, seed):
