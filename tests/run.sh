@@ -363,8 +363,8 @@ torch_lane() {
   # clipping on, 2 micro-batches a step, DCP round trips both ways, every
   # loss, norm, shard and gradient bit for bit; a config whose bridge
   # support is missing prints SKIP naming it (quick tier: HSDP x selective AC
-  # and FSDP x TP x full AC at 4 steps, ~50 s; make test-full: the whole
-  # matrix at 20 steps, ~10 min).
+  # and FSDP x TP x full AC, both with ChunkedLossWrapper, at 4 steps, ~50 s;
+  # make test-full: the whole matrix at 20 steps, ~10 min).
   bridge_check "torchtitan's training step (Trainer.train_step: its loss, accumulation, clip_grad_norm_, optimizer container) with the bridge vs its own parallelize, the configuration matrix and DCP round trips, on gloo under torchrun (tests/python/train_titan_matrix.py)" \
     train_titan_matrix 2400 train_titan_matrix.py
   # Activation checkpointing (torchtitan's FullAC, per-op SelectiveAC,

@@ -85,7 +85,7 @@ CONFIGS += [entry(m, ac, "chunked", ckpt=(ac == "selective")) for m in MESHES fo
 # AC with the whole-logits loss (each AC mode, with and without TP): AC apart from the chunked loss
 CONFIGS += [entry("hsdp", "selective", "ce", ckpt=True), entry("fsdp_tp", "full", "ce")]
 # make test's quick tier: these configs at QUICK_STEPS steps (checkpoint after step QUICK_STEPS // 2).
-QUICK = ["hsdp/selective/ce", "fsdp_tp/full/ce"]
+QUICK = ["hsdp/selective/chunked", "fsdp_tp/full/chunked"]
 QUICK_STEPS, FULL_STEPS = 4, 20
 
 # What each feature of a config needs from the bridge, and whether it has landed.
