@@ -208,7 +208,7 @@ def as_dtensor(fsdp, fqn, local, mesh=None):
     state.{fqn}.{name}, torchtitan/components/optimizer/utils.py:71)."""
     mesh = dp_mesh(fsdp, mesh)
     specs = _specs(fsdp, mesh)
-    from .recompute import clean_fqn  # fqn as the model's own (checkpoint_wrapper's segment dropped)
+    # by the model's own FQN (checkpoint_wrapper's segment dropped, recompute.py)
     p = {clean_fqn(n): p for n, p in fsdp.model.named_parameters(remove_duplicate=False)}.get(clean_fqn(fqn))
     s = specs.get(id(p)) if p is not None else None
     if s is None or not isinstance(local, torch.Tensor) or local.dim() == 0 or local.shape != p.shape:
