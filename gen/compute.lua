@@ -13,7 +13,8 @@
 -- P weights is 2*P*T forward and 4*P*T backward; Llama's attention adds
 -- 4*s*hd per head and token forward (QK^T and AV), twice that backward.
 -- The root's embedding is a lookup (no FLOPs); its output projection is a
--- matmul. Generic units: 6*params*tokens, a third forward.
+-- matmul. Generic units: 6*params*tokens, a third forward (a generic
+-- model of decoder blocks: Llama's count, below).
 -- With tensor parallelism the layout is TP-local, so params are already
 -- divided by tp; attention heads are divided here.
 --
