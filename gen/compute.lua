@@ -13,7 +13,8 @@
 -- P weights is 2*P*T forward and 4*P*T backward; Llama's attention adds
 -- 4*s*hd per head and token forward (QK^T and AV), twice that backward.
 -- The root's embedding is a lookup (no FLOPs); its output projection is a
--- matmul. Generic units: 6*params*tokens, a third forward.
+-- matmul. Generic units: 6*params*tokens, a third forward (a generic
+-- model of decoder blocks: Llama's count, below).
 -- With tensor parallelism the layout is TP-local, so params are already
 -- divided by tp; attention heads are divided here.
 --
@@ -193,11 +194,12 @@ end
 -- [out, in]; block: float8 converts them (torchtitan's module_filter_fn:
 -- both dims multiples of 16, components/quantization/utils.py:22-25), and
 -- SAC's recompute marks them; pred: which weights (default all 2-D ones).
-local function linears(u, block, pred)
+local function linears(u, block, pred, again)
+  again = again or recomputed_by_sac
   local out = {}
   for _, q in ipairs(u.params) do
     if #q.shape == 2 and (not pred or pred(q)) then
-      out[#out + 1] = { out = q.shape[1], ["in"] = q.shape[2], again = block and recomputed_by_sac(q),
+      out[#out + 1] = { out = q.shape[1], ["in"] = q.shape[2], again = block and again(q),
                         fp8 = block and q.shape[1] % 16 == 0 and q.shape[2] % 16 == 0 }
     end
   end
@@ -213,15 +215,16 @@ function compute.activations_modeled(p)
 end
 
 -- A unit's 2-D weights' shapes as Llama block's, given Q = n_heads x
--- head_dim and kv = n_kv_heads x head_dim: wq [Q, d], wk and wv [kv, d],
--- wo [d, Q], w1 and w3 [f, d], w2 [d, f], in any order and under any
--- names. d, f, or nil.
+-- head_dim and kv = n_kv_heads x head_dim: wq [Q, d], wk and wv [kv, d]
+-- (or torchtitan's fused wqkv [Q + 2kv, d]), wo [d, Q], w1 and w3 [f, d],
+-- w2 [d, f], in any order and under any names. d, f, fused; or nil.
 local function block_shape(u, Q, kv)
   local ws = {}
   for _, q in ipairs(u.params) do
     if #q.shape == 2 then ws[#ws + 1] = q.shape end
   end
-  if #ws ~= 7 then return nil end
+  if #ws ~= 7 and #ws ~= 5 then return nil end
+  local fused = #ws == 5
   local function take(pool, o, i)
     for j, w in ipairs(pool) do
       if w[1] == o and w[2] == i then table.remove(pool, j); return true end
@@ -232,9 +235,11 @@ local function block_shape(u, Q, kv)
     local d = cand[2]
     local pool = {}
     for j, w in ipairs(ws) do pool[j] = w end
-    if take(pool, Q, d) and take(pool, kv, d) and take(pool, kv, d) and take(pool, d, Q) and #pool == 3 then
+    local qkv = fused and take(pool, Q + 2 * kv, d)
+      or not fused and take(pool, Q, d) and take(pool, kv, d) and take(pool, kv, d)
+    if qkv and take(pool, d, Q) and #pool == 3 then
       local f = pool[1][1] == d and pool[1][2] or pool[1][1]
-      if take(pool, f, d) and take(pool, f, d) and take(pool, d, f) then return d, f end
+      if take(pool, f, d) and take(pool, f, d) and take(pool, d, f) then return d, f, fused end
     end
   end
   return nil
@@ -243,8 +248,9 @@ end
 -- A generic model's decoder structure where its attention shape is given
 -- and its units have it (cached per layout): { cfg = { dim, hidden,
 -- n_heads, n_kv_heads, head_dim, n_layers, vocab_size, enable_weight_tying },
--- block = { [unit] = true }, head = the unit holding the output projection,
--- head_weight = that weight's name } -- every unit a block of one d and f
+-- block = { [unit] = true }, sac = { [param] = true } (the weights SAC
+-- recomputes), fused = whether the blocks fuse wqkv, head =
+-- the unit holding the output projection, head_weight = that weight's name } -- every unit a block of one d and f
 -- (n_layers of them), the embedding's (its 2-D weight named *embed*), the
 -- head's or holding only 1-D parameters; nil otherwise, or with tp > 1.
 local generic_cache = setmetatable({}, { __mode = "k" })
@@ -255,13 +261,26 @@ function compute.generic_blocks(p)
   if hit ~= nil then return hit or nil end
   local kvh = p.model.n_kv_heads or g.n_heads
   local Q, kv = g.n_heads * g.head_dim, kvh * g.head_dim
-  local r = { block = {}, cfg = { n_heads = g.n_heads, n_kv_heads = kvh, head_dim = g.head_dim,
+  local r = { block = {}, sac = {}, cfg = { n_heads = g.n_heads, n_kv_heads = kvh, head_dim = g.head_dim,
                                   n_layers = g.n_layers, enable_weight_tying = g.enable_weight_tying } }
   local others, n = {}, 0
   for _, u in ipairs(p.layout.units) do
-    local d, f = block_shape(u, Q, kv)
-    if d and (not r.cfg.dim or (r.cfg.dim == d and r.cfg.hidden == f)) then
-      r.cfg.dim, r.cfg.hidden, r.block[u] = d, f, true
+    local d, f, fused = block_shape(u, Q, kv)
+    if d and (not r.cfg.dim or (r.cfg.dim == d and r.cfg.hidden == f and r.fused == fused)) then
+      r.cfg.dim, r.cfg.hidden, r.fused, r.block[u] = d, f, fused, true
+      -- SelectiveAC's every second mm in forward order (wq, wk, wv, wo, w1, w3, w2; fused:
+      -- wqkv, wo, w1, w3, w2): wk, wo, w3 -- one weight of each shape, [kv, d] (unfused), [d, Q],
+      -- [f, d], whichever holds it (their cost is their shape's)
+      local want = {}
+      for _, k in ipairs({ not fused and (kv .. "x" .. d) or nil, d .. "x" .. Q, f .. "x" .. d }) do
+        want[k] = (want[k] or 0) + 1
+      end
+      for _, q in ipairs(u.params) do
+        local key = #q.shape == 2 and (q.shape[1] .. "x" .. q.shape[2])
+        if key and (want[key] or 0) > 0 then
+          want[key], r.sac[q] = want[key] - 1, true
+        end
+      end
       n = n + 1
     else
       others[#others + 1] = u
@@ -381,6 +400,9 @@ function compute.units(p, s)
     if gen then return q.name == gen.head_weight end
     return q.name == "output.weight" or q.name == "lm_head.weight"
   end
+  -- the weights SAC recomputes: by torchtitan's names, or a generic
+  -- block's by shape (compute.generic_blocks' sac)
+  local sac = gen and function(q) return gen.sac[q] == true end or recomputed_by_sac
   local out = {}
   for _, u in ipairs(p.layout.units) do
     local e = ES[u.ag_dtype]
@@ -392,12 +414,13 @@ function compute.units(p, s)
       local attn = 4 * T * seq * heads * cfg.head_dim
       r.fwd = 2 * P * T + attn
       r.bwd = 2 * r.fwd
-      local b = fam == "qwen3" and qwen3.block_acts(cfg, e, T, ac, s.cp) or llama_acts.block(cfg, e, T, ac, false, s.cp)
+      local b = fam == "qwen3" and qwen3.block_acts(cfg, e, T, ac, s.cp)
+        or llama_acts.block(cfg, e, T, ac, gen and gen.fused, s.cp)
       r.saved, r.transient = b.saved / tp, b.transient / tp
       if ac == "full" then
         r.recompute = r.fwd
       elseif ac == "selective" then
-        r.recompute = 2 * numel_of(u, recomputed_by_sac) * T
+        r.recompute = 2 * numel_of(u, sac) * T
       end
       if not s.mfu then
         -- (sequence parallel: the norms and residual adds on seq / tp tokens)
@@ -409,7 +432,7 @@ function compute.units(p, s)
             hidden = hidden + q.shape[1]
           end
         end
-        times(r, { T = T, linears = linears(u, true),
+        times(r, { T = T, linears = linears(u, true, nil, sac),
                    attention = { q_tokens = T, kv_len = seq, heads = heads, hd = cfg.head_dim },
                    elems = { norm = 2 * res, rope = T * (q_w + kv_w), swiglu = T * hidden, attn_out = T * q_w },
                    recompute = ac })

@@ -147,12 +147,36 @@ function T.generic_decoder_blocks_are_priced_as_llama()
   local blk = by["layers.0"]
   H.eq(blk.fwd, 2 * (12 * 16 + 2 * 4 * 16 + 16 * 12 + 3 * 40 * 16) * 64 + 4 * 64 * 64 * 3 * 4, "block forward FLOPs")
   H.eq(by.tok_embeddings.fwd, 0, "the embedding: a lookup")
+  -- selective: SAC's wk, wo and w3 again, by shape (any names)
+  H.eq(blk.recompute, 2 * (4 * 16 + 16 * 12 + 40 * 16) * 64, "selective recompute FLOPs")
+  local renamed = plan.from_source(blocks_src("16, 40"):gsub("attention%.w(%a)%.", "self_attn.%1_proj."), "hf.lua")
+  local rg = assert(compute.generic_blocks(renamed), "Hugging Face's names: blocks by shape")
+  local rper = compute.units(renamed, compute.settings(renamed))
+  for _, u in ipairs(renamed.layout.units) do
+    if rg.block[u] then
+      H.eq(rper[u.index].recompute, blk.recompute, "the same recompute under other names")
+      H.eq(rper[u.index].recompute_us, blk.recompute_us, "and its time")
+    end
+  end
   H.eq(by.norm_output.fwd, 2 * 40 * 16 * 64, "the output projection")
   -- w2 transposed: no longer a Llama block's shapes, so not modeled, and said why
   local bad = plan.from_source(blocks_src("40, 16"), "bad.lua")
   assert(not compute.generic_blocks(bad), "a wrong shape")
   local first = audit.schedule_md(bad, "fp"):match("|%-%-%-|%-%-%-|\n(| [^\n]*)")
   assert(first:find("its units are not 2 decoder blocks", 1, true), first)
+  -- torchtitan's fused wqkv [Q + 2kv, d]: found too, with its selective-AC bytes (llama_acts' fused)
+  local fsrc = blocks_src("16, 40"):gsub('{ name = "layers%.(%d)%.attention%.wq%.weight", shape = { 12, 16 } }, '
+    .. '{ name = "layers%.%d%.attention%.wq%.bias", shape = { 12 } }, { name = "layers%.%d%.attention%.wk%.weight", '
+    .. 'shape = { 4, 16 } }, { name = "layers%.%d%.attention%.wv%.weight", shape = { 4, 16 } }',
+    '{ name = "layers.%1.attention.qkv_linear.wqkv.weight", shape = { 20, 16 } }')
+  local fp = plan.from_source(fsrc, "fused.lua")
+  local fg = assert(compute.generic_blocks(fp), "fused blocks found")
+  assert(fg.fused, "fused")
+  local fb = acts.block(fg.cfg, e, 64, "selective", true, 1)
+  local fsaved = 0
+  for _, r in pairs(compute.units(fp, compute.settings(fp))) do fsaved = fsaved + r.saved end
+  H.eq(fsaved, 2 * fb.saved + h.saved, "fused blocks' selective bytes")
+  assert(fb.saved > b.saved, "fused keeps more under selective")
   -- tp > 1: where TP shards a generic model's activations is not known
   -- (4 heads of 3, 2 KV heads: the same weights, divisible by tp 2)
   local tp = plan.from_source(blocks_src("16, 40", ", tp = 2"):gsub('shape = { 40, 16 } } } },\n    { name = "root"',
