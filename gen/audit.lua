@@ -1340,9 +1340,10 @@ function audit.schedule_md(p, fp)
     w("  TP), so it costs max(comm, matmul) + min(comm, matmul) / tp less the matmul in the step; the embedding's,")
     w("  the loss's and the norm gradients' collectives stay exposed. The tables still issue every TP collective.")
   end
-  w("- Compute: FLOPs as torchtitan counts them (6 x params x tokens, attention 12 x layers x heads x head_dim x")
-  w("  seq_len per token for Llama, a third forward; generic units 6 x params x tokens) at GPU TFLOPS x MFU;")
-  w("  checkpointing adds its recompute to backward. Copies move bytes read plus written at the HBM rate.")
+  w("- Compute model: %s; checkpointing adds its recompute to backward", compute.pricing_text(s))
+  w("  (docs/compute-model.md). MFU and tokens/s divide torchtitan's model FLOPs (6 x params x tokens, attention")
+  w("  12 x layers x heads x head_dim x seq_len per token) by the predicted step: outputs, not inputs.")
+  w("  Copies move bytes read plus written at the HBM rate.")
   w("  The host issues ahead of the GPU (a CUDA graph); streams wait only as plan.json ops[].waits_for says.")
   w("- Memory: the GPU's %s; the CUDA context, NCCL's own buffers and fragmentation",
     audit.gpu_memory_text(s))

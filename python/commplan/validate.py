@@ -57,7 +57,7 @@ SECTIONS = {
     },
     "topology": dict({"gpus_per_node": Spec("int"), "nics_per_node": Spec("int"), "nvlinks": Spec("int"),
                       "nvls": Spec("bool"), "sharp": Spec("bool"),
-                      "preset": Spec("enum", enum=("h100", "h200", "b200", "a100")),
+                      "preset": Spec("enum", enum=("h100", "h200", "b200", "a100", "h100_hbm2e")),
                       "collectives": Spec("enum", enum=("nccl", "alpha_beta"))},
                      **{k: Spec("num") for k in ("intra_node_GBps", "inter_node_GBps", "latency_us", "gpu_memory_GB",
                                                  "gpu_TFLOPS", "mfu", "hbm_GBps", "nic_Gbps", "nvlink_GBps",
@@ -68,6 +68,8 @@ SECTIONS = {
         "fp32_master": Spec("bool"),
         "local_batch_size": Spec("int"),
         "loss_chunks": Spec("int"),
+        "compile": Spec("bool"),
+        "float8": Spec("enum", enum=("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")),
     },
 }
 
