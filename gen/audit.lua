@@ -1159,8 +1159,8 @@ function audit.missing_figures(p, a)
   local out = {}
   local m, th = a.memory, a.throughput
   if m and not m.activations_modeled then
-    out[#out + 1] = "activations per rank not computed (a generic model's units give no activation shapes), so "
-      .. (m.fits and "no memory verdict" or "the memory verdict counts none")
+    out[#out + 1] = string.format("activations per rank not computed (%s), so %s", compute.generic_unmodeled(p),
+      m.fits and "no memory verdict" or "the memory verdict counts none")
   end
   if not a.pipeline and not th.mfu then
     out[#out + 1] = "model FLOPs per token and MFU not computed: give model.n_heads, head_dim and n_layers (the "
@@ -1172,8 +1172,10 @@ function audit.missing_figures(p, a)
       if o.group == "tp" then tp_ops = true; break end
     end
     if not tp_ops then
-      out[#out + 1] = string.format("TP's activation collectives not planned: tp = %d, but a generic unit's "
-        .. "activations have no shape (the step's TP time is missing)", p.dims.tp)
+      out[#out + 1] = string.format("TP's activation collectives not planned: tp = %d, and a generic model gives "
+        .. "each parameter's placement but not its modules' input and output layouts, which decide TP's "
+        .. "redistributions (torchtitan's come from its models' plans, models/common/decoder_sharding.py:301); the "
+        .. "step's TP time is missing: use the llama or qwen3 family where the model is one", p.dims.tp)
     end
   end
   return out
@@ -1302,7 +1304,7 @@ function audit.schedule_md(p, fp)
       and "no checkpointing" or (s.activation_checkpointing .. " checkpointing"),
       human(m.activation_saved_bytes), human(m.activation_transient_bytes), human(m.activation_bytes))
   else
-    w("| activations | not modeled for generic units (no model dims) |")
+    w("| activations | not modeled: %s |", compute.generic_unmodeled(p))
   end
   w("")
   audit.md_warnings_and_step(a, w)

@@ -13,7 +13,8 @@
 -- P weights is 2*P*T forward and 4*P*T backward; Llama's attention adds
 -- 4*s*hd per head and token forward (QK^T and AV), twice that backward.
 -- The root's embedding is a lookup (no FLOPs); its output projection is a
--- matmul. Generic units: 6*params*tokens, a third forward.
+-- matmul. Generic units: 6*params*tokens, a third forward (a generic
+-- model of decoder blocks: Llama's count, below).
 -- With tensor parallelism the layout is TP-local, so params are already
 -- divided by tp; attention heads are divided here.
 --
@@ -40,7 +41,16 @@
 -- block's matmuls and attention, lm_head's matmul, the embedding a lookup)
 -- and its blocks' bytes from qwen3.block_acts (moe_acts' GQA attention with
 -- q/k norms and dense FeedForward); the output unit's as Llama's.
--- Generic units: activations are not modeled (no dims to derive them).
+-- A generic model whose attention shape the plan gives (model.n_heads,
+-- head_dim, n_layers: compute.generic_attention) and whose units are
+-- decoder blocks of that shape (compute.generic_blocks: the seven 2-D
+-- weights of a Llama block, found by shape) is priced as the llama family:
+-- each block's FLOPs, attention and bytes from llama_acts.block (a bias
+-- adds no saved tensor: addmm's output is the linear's), the unit holding
+-- the output projection (tied: the embedding's table) as Llama's output
+-- unit, the embedding a lookup. Any other generic model: activations not
+-- modeled (no dims to derive them); with tp > 1 neither (a generic unit's
+-- TP placements are the plan's own, its sequence sharding unknown).
 local util = require("gen.util")
 local hardware = require("gen.hardware")
 local moe_acts = require("gen.models.moe_acts")
@@ -184,11 +194,12 @@ end
 -- [out, in]; block: float8 converts them (torchtitan's module_filter_fn:
 -- both dims multiples of 16, components/quantization/utils.py:22-25), and
 -- SAC's recompute marks them; pred: which weights (default all 2-D ones).
-local function linears(u, block, pred)
+local function linears(u, block, pred, again)
+  again = again or recomputed_by_sac
   local out = {}
   for _, q in ipairs(u.params) do
     if #q.shape == 2 and (not pred or pred(q)) then
-      out[#out + 1] = { out = q.shape[1], ["in"] = q.shape[2], again = block and recomputed_by_sac(q),
+      out[#out + 1] = { out = q.shape[1], ["in"] = q.shape[2], again = block and again(q),
                         fp8 = block and q.shape[1] % 16 == 0 and q.shape[2] % 16 == 0 }
     end
   end
@@ -196,10 +207,104 @@ local function linears(u, block, pred)
 end
 
 -- Whether the plan's model has an activation model (the llama and MoE
--- families; a generic model declares no dims).
+-- families; a generic model whose units are decoder blocks of its given
+-- attention shape, compute.generic_blocks).
 function compute.activations_modeled(p)
   local fam = p.model and p.model.family
-  return fam == "llama" or fam == "qwen3" or MOE[fam] == true
+  return fam == "llama" or fam == "qwen3" or MOE[fam] == true or compute.generic_blocks(p) ~= nil
+end
+
+-- A unit's 2-D weights' shapes as Llama block's, given Q = n_heads x
+-- head_dim and kv = n_kv_heads x head_dim: wq [Q, d], wk and wv [kv, d]
+-- (or torchtitan's fused wqkv [Q + 2kv, d]), wo [d, Q], w1 and w3 [f, d],
+-- w2 [d, f], in any order and under any names. d, f, fused; or nil.
+local function block_shape(u, Q, kv)
+  local ws = {}
+  for _, q in ipairs(u.params) do
+    if #q.shape == 2 then ws[#ws + 1] = q.shape end
+  end
+  if #ws ~= 7 and #ws ~= 5 then return nil end
+  local fused = #ws == 5
+  local function take(pool, o, i)
+    for j, w in ipairs(pool) do
+      if w[1] == o and w[2] == i then table.remove(pool, j); return true end
+    end
+    return false
+  end
+  for _, cand in ipairs(ws) do
+    local d = cand[2]
+    local pool = {}
+    for j, w in ipairs(ws) do pool[j] = w end
+    local qkv = fused and take(pool, Q + 2 * kv, d)
+      or not fused and take(pool, Q, d) and take(pool, kv, d) and take(pool, kv, d)
+    if qkv and take(pool, d, Q) and #pool == 3 then
+      local f = pool[1][1] == d and pool[1][2] or pool[1][1]
+      if take(pool, f, d) and take(pool, f, d) and take(pool, d, f) then return d, f, fused end
+    end
+  end
+  return nil
+end
+
+-- A generic model's decoder structure where its attention shape is given
+-- and its units have it (cached per layout): { cfg = { dim, hidden,
+-- n_heads, n_kv_heads, head_dim, n_layers, vocab_size, enable_weight_tying },
+-- block = { [unit] = true }, sac = { [param] = true } (the weights SAC
+-- recomputes), fused = whether the blocks fuse wqkv, head =
+-- the unit holding the output projection, head_weight = that weight's name } -- every unit a block of one d and f
+-- (n_layers of them), the embedding's (its 2-D weight named *embed*), the
+-- head's or holding only 1-D parameters; nil otherwise, or with tp > 1.
+local generic_cache = setmetatable({}, { __mode = "k" })
+function compute.generic_blocks(p)
+  local g = compute.generic_attention(p)
+  if not g or not p.layout or ((p.dims and p.dims.tp) or 1) > 1 then return nil end
+  local hit = generic_cache[p.layout]
+  if hit ~= nil then return hit or nil end
+  local kvh = p.model.n_kv_heads or g.n_heads
+  local Q, kv = g.n_heads * g.head_dim, kvh * g.head_dim
+  local r = { block = {}, sac = {}, cfg = { n_heads = g.n_heads, n_kv_heads = kvh, head_dim = g.head_dim,
+                                  n_layers = g.n_layers, enable_weight_tying = g.enable_weight_tying } }
+  local others, n = {}, 0
+  for _, u in ipairs(p.layout.units) do
+    local d, f, fused = block_shape(u, Q, kv)
+    if d and (not r.cfg.dim or (r.cfg.dim == d and r.cfg.hidden == f and r.fused == fused)) then
+      r.cfg.dim, r.cfg.hidden, r.fused, r.block[u] = d, f, fused, true
+      -- SelectiveAC's every second mm in forward order (wq, wk, wv, wo, w1, w3, w2; fused:
+      -- wqkv, wo, w1, w3, w2): wk, wo, w3 -- one weight of each shape, [kv, d] (unfused), [d, Q],
+      -- [f, d], whichever holds it (their cost is their shape's)
+      local want = {}
+      for _, k in ipairs({ not fused and (kv .. "x" .. d) or nil, d .. "x" .. Q, f .. "x" .. d }) do
+        want[k] = (want[k] or 0) + 1
+      end
+      for _, q in ipairs(u.params) do
+        local key = #q.shape == 2 and (q.shape[1] .. "x" .. q.shape[2])
+        if key and (want[key] or 0) > 0 then
+          want[key], r.sac[q] = want[key] - 1, true
+        end
+      end
+      n = n + 1
+    else
+      others[#others + 1] = u
+    end
+  end
+  local ok = n == g.n_layers and n > 0
+  local d = r.cfg.dim
+  for _, u in ipairs(ok and others or {}) do
+    for _, q in ipairs(u.params) do
+      if #q.shape == 2 then
+        local embed = q.name:find("embed", 1, true) ~= nil
+        if q.shape[2] ~= d or (r.cfg.vocab_size and r.cfg.vocab_size ~= q.shape[1]) then ok = false
+        elseif not embed or g.enable_weight_tying then
+          -- the output projection: output.weight, or the tied embedding's table
+          if r.head then ok = false end
+          r.head, r.head_weight, r.cfg.vocab_size = u, q.name, q.shape[1]
+        end
+        r.cfg.vocab_size = q.shape[1]
+      elseif #q.shape > 2 then ok = false end
+    end
+  end
+  ok = ok and r.head ~= nil
+  generic_cache[p.layout] = ok and r or false
+  return ok and r or nil
 end
 
 -- The output unit's activations (Llama's and the MoE families' decoders
@@ -270,6 +375,8 @@ function compute.checkpointed(p, u)
   if p.model and (MOE[p.model.family] or p.model.family == "qwen3") and p.model_config then
     return u.name:match("^layers%.%d+") ~= nil
   end
+  local g = compute.generic_blocks(p)
+  if g then return g.block[u] == true end
   return not u.is_root
 end
 
@@ -286,6 +393,16 @@ function compute.units(p, s)
   local ac = s.activation_checkpointing
   local fam = p.model and p.model.family
   local cfg = (fam == "llama" or fam == "qwen3") and p.model_config or nil
+  -- (a generic model of decoder blocks: the llama family's pricing)
+  local gen = not cfg and compute.generic_blocks(p)
+  if gen then cfg = gen.cfg end
+  local function is_head(q)
+    if gen then return q.name == gen.head_weight end
+    return q.name == "output.weight" or q.name == "lm_head.weight"
+  end
+  -- the weights SAC recomputes: by torchtitan's names, or a generic
+  -- block's by shape (compute.generic_blocks' sac)
+  local sac = gen and function(q) return gen.sac[q] == true end or recomputed_by_sac
   local out = {}
   for _, u in ipairs(p.layout.units) do
     local e = ES[u.ag_dtype]
@@ -297,24 +414,25 @@ function compute.units(p, s)
       local attn = 4 * T * seq * heads * cfg.head_dim
       r.fwd = 2 * P * T + attn
       r.bwd = 2 * r.fwd
-      local b = fam == "qwen3" and qwen3.block_acts(cfg, e, T, ac, s.cp) or llama_acts.block(cfg, e, T, ac, false, s.cp)
+      local b = fam == "qwen3" and qwen3.block_acts(cfg, e, T, ac, s.cp)
+        or llama_acts.block(cfg, e, T, ac, gen and gen.fused, s.cp)
       r.saved, r.transient = b.saved / tp, b.transient / tp
       if ac == "full" then
         r.recompute = r.fwd
       elseif ac == "selective" then
-        r.recompute = 2 * numel_of(u, recomputed_by_sac) * T
+        r.recompute = 2 * numel_of(u, sac) * T
       end
       if not s.mfu then
         -- (sequence parallel: the norms and residual adds on seq / tp tokens)
         local res = T * cfg.dim // (sp and tp or 1)
         local q_w, kv_w = heads * cfg.head_dim, math.max(1, cfg.n_kv_heads // tp) * cfg.head_dim
-        local hidden = 0
-        for _, q in ipairs(u.params) do
+        local hidden = gen and cfg.hidden or 0
+        for _, q in ipairs(gen and {} or u.params) do
           if suffix(q.name) == "feed_forward.w1.weight" or suffix(q.name) == "feed_forward.w13.weight" then
             hidden = hidden + q.shape[1]
           end
         end
-        times(r, { T = T, linears = linears(u, true),
+        times(r, { T = T, linears = linears(u, true, nil, sac),
                    attention = { q_tokens = T, kv_len = seq, heads = heads, hd = cfg.head_dim },
                    elems = { norm = 2 * res, rope = T * (q_w + kv_w), swiglu = T * hidden, attn_out = T * q_w },
                    recompute = ac })
@@ -322,7 +440,7 @@ function compute.units(p, s)
     elseif cfg then
       -- The embedding (a lookup) and the empty root: no FLOPs; the unit
       -- holding the output projection: its matmul, the final norm and logits.
-      local P = numel_of(u, function(q) return q.name == "output.weight" or q.name == "lm_head.weight" end)
+      local P = numel_of(u, is_head)
       r.fwd = 2 * P * T
       r.bwd = 2 * r.fwd
       if P > 0 then r.saved, r.transient = head_acts(s, e, cfg.dim, cfg.vocab_size, tp) end
@@ -330,7 +448,7 @@ function compute.units(p, s)
         -- the output projection (bf16: torchtitan's float8 filter keeps it,
         -- models/llama3/config_registry.py:304), the final norm, the loss's
         -- passes over the local logits
-        local ls = linears(u, false, function(q) return q.name == "output.weight" or q.name == "lm_head.weight" end)
+        local ls = linears(u, false, is_head)
         local V = 0
         for _, l in ipairs(ls) do V = V + l.out end
         times(r, { T = T, linears = ls, elems = { norm = P > 0 and T * cfg.dim // (sp and tp or 1) or 0,
@@ -498,6 +616,20 @@ function compute.generic_attention(p)
              enable_weight_tying = m.enable_weight_tying }
   end
   return nil
+end
+
+-- Why a generic model's activations are not computed (SCHEDULE.md says it
+-- first): what compute.generic_blocks needs that the plan lacks.
+function compute.generic_unmodeled(p)
+  if not compute.generic_attention(p) then
+    return "a generic model's units give no activation shapes without model.n_heads, head_dim and n_layers"
+  end
+  if ((p.dims and p.dims.tp) or 1) > 1 then
+    return "tp > 1: a generic model's placements do not say where TP shards its activations (sequence parallel or not)"
+  end
+  return string.format("its units are not %d decoder blocks of model.n_heads x head_dim (a Llama block's seven "
+    .. "weights, any names), an embedding (a weight named *embed*), the output projection and norms",
+    p.model.n_layers)
 end
 
 -- FLOPs of one whole step on one rank.

@@ -1163,7 +1163,7 @@ if command -v python3 >/dev/null 2>&1; then
   run "python: plans written from named parameters and config.json reproduce the committed tables; names; model/plan check (tests/python/test_plan_writer.py)" python3 tests/python/test_plan_writer.py
   run "python: bad config.json/options, FIFO/dir/device inputs, symlinked outputs, write errors, CLI (tests/python/test_input_validation.py)" timeout 300 python3 tests/python/test_input_validation.py
   # issue 37, item 1: every model's audit from its config.json (prints tokens/s per GPU and MFU per model)
-  acn="python: every config.json's plan audited: FLOPs per token, tokens/s, MFU, labels; a generic model's gaps said (tests/python/test_audit_complete.py)"
+  acn="python: every config.json's plan audited: FLOPs per token, tokens/s, MFU, labels; a generic model of decoder blocks priced as Llama's (activations, memory verdict), other generic models' gaps said; DeepSeek-V2-Lite (tests/python/test_audit_complete.py)"
   run "$acn" timeout 300 python3 tests/python/test_audit_complete.py; grep -h "^  [a-z0-9_]*_config.json" "$(logname "$acn")" | sed "s/^/      /"
   fzn_s=$(tiered 4 20)
   fzn="python: fuzz the writer's JSON input, fixed seed, at most $fzn_s s (tests/python/fuzz_writer.py)"

@@ -1,4 +1,4 @@
-"""Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3; Mixtral, Qwen3-MoE, DeepSeek-V3) -> a plan's model table.
+"""Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3; Mixtral, Qwen3-MoE, DeepSeek-V2/V3) -> a plan's model table.
 
 The Llama family of the generator (gen/models/llama.lua) takes dim, n_layers, n_heads,
 n_kv_heads, vocab_size, ffn_dim_multiplier and multiple_of, with torchtitan's names and
@@ -9,7 +9,8 @@ shapes the Hugging Face model has (q/k/v biases for Qwen2, attention_bias and ml
 Llama, tied embeddings as one unit that holds the embedding, the final norm and the output).
 
 The MoE model types (MOE_TYPES) become a table of the generator's MoE family of the same
-architecture (gen/models/moe.lua: "mixtral", "qwen3_moe", "deepseek_v3"), with torchtitan's
+architecture (gen/models/moe.lua: "mixtral", "qwen3_moe", "deepseek_v3"; DeepSeek-V2 and V2-Lite,
+model_type "deepseek_v2", are torchtitan's deepseek_v3 model), with torchtitan's
 names and wrapping. Their config.json is read strictly: every key is one the writer knows --
 read into the table, required to have the one value the family expresses (tied embeddings,
 attention biases, MoE layers skipped), or known not to change the parameters (routing, RoPE,
@@ -19,6 +20,10 @@ parameter the family would not have.
 Qwen3 (model_type "qwen3", the dense models) becomes a table of the generator's qwen3 family
 (gen/models/qwen3.lua), read as strictly: head_dim, intermediate_size as hidden_dim and
 tie_word_embeddings as torchtitan's enable_weight_tying (the 0.6B, 1.7B and 4B checkpoints tie).
+
+family= overrides model_type only where the family's model has the config's parameters (a
+deepseek_v2 config as "deepseek_v3", a llama / mistral / qwen2 config as "generic"); any other is
+refused naming both models' shapes (_family_mismatch).
 """
 
 import os
@@ -31,7 +36,7 @@ from .validate import MODEL_INT, Spec, check_family, check_hf_config, check_opti
 
 __all__ = ["hf_config", "hf_units"]
 
-MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3")
+MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3", "deepseek_v2")
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3") + MOE_TYPES
 
 _POS = dict(lo=1, hi=MODEL_INT)
@@ -90,7 +95,14 @@ _MOE = {
                     "num_nextn_predict_layers"),
     },
 }
-_FAMILY_OF = {"mixtral": "mixtral", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3"}
+# DeepSeek-V2 (and V2-Lite) is torchtitan's deepseek_v3 model: MLA with or without q_lora_rank,
+# first_k_dense_replace dense blocks, shared experts, node-limited routing by n_group / topk_group;
+# torchtitan's "16B" flavor is V2-Lite's shape with V2's softmax router
+# (models/deepseek_v3/__init__.py:389-436). Its keys are V3's but for the router's scoring
+# (scoring_func softmax, topk_method greedy / group_limited_greedy), which change no parameter.
+_MOE["deepseek_v2"] = _MOE["deepseek_v3"]
+_FAMILY_OF = {"mixtral": "mixtral", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3",
+              "deepseek_v2": "deepseek_v3"}
 
 
 def _load(path_or_dict):
@@ -216,7 +228,7 @@ def _moe_table(cfg, c, src, dtype):
         v = check_value(cfg[k], sp, src, k, js=True)
         if v is not None:
             t[key] = v
-    if mt == "deepseek_v3":
+    if family == "deepseek_v3":
         t.setdefault("q_lora_rank", 0)
         t.setdefault("num_shared_experts", 0)
         # one group (n_group 1) is no node-limited routing: torchtitan's num_expert_groups None
@@ -294,6 +306,30 @@ def _qwen3_table(cfg, c, src, dtype):
     return t
 
 
+# What each model type's parameters are, for a family= that does not match them: the shapes a
+# family's model has that the config's does not (or the reverse).
+_SHAPES_OF = {
+    "llama": "GQA attention without q/k norms, a dense SwiGLU FeedForward",
+    "mistral": "GQA attention without q/k norms, a dense SwiGLU FeedForward",
+    "qwen2": "GQA attention with q/k/v biases and without q/k norms, a dense SwiGLU FeedForward",
+    "qwen3": "GQA attention with per-head q/k RMSNorms, a dense SwiGLU FeedForward",
+    "mixtral": "GQA attention without q/k norms, routed experts",
+    "qwen3_moe": "GQA attention with per-head q/k RMSNorms, routed experts",
+    "deepseek_v3": "MLA attention (wkv_a, kv_norm, wkv_b), dense first blocks, routed and shared experts",
+    "deepseek_v2": "MLA attention (wkv_a, kv_norm, wkv_b), dense first blocks, routed and shared experts",
+}
+_FAMILY_SHAPES = {"llama": "llama", "generic": "llama", "qwen3": "qwen3", "mixtral": "mixtral",
+                  "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3"}
+
+
+def _family_mismatch(src, mt, family):
+    """Refuses family= overriding model_type where their parameters differ, naming both."""
+    auto = "qwen3" if mt == "qwen3" else _FAMILY_OF.get(mt, "llama or generic")
+    raise PlanError("%s: family \"%s\" does not match model_type %s (the family's model: %s; the config's: %s); "
+                    "use family=\"auto\" (%s)" % (src, family, mt, _SHAPES_OF[_FAMILY_SHAPES[family]],
+                                                   _SHAPES_OF[mt], auto))
+
+
 def hf_config(path_or_dict, dtype="fp32", seq_len=None, family="auto"):
     """A plan's model table from a Hugging Face config.json (a path, a directory holding one, or
     the parsed dict): {"family": "llama", ...} where the Llama family expresses it exactly, else
@@ -306,9 +342,7 @@ def hf_config(path_or_dict, dtype="fp32", seq_len=None, family="auto"):
     c = check_hf_config(cfg, src, SUPPORTED)
     if c["model_type"] == "qwen3" or family == "qwen3":
         if c["model_type"] != "qwen3" or family not in ("auto", "qwen3"):
-            raise PlanError("%s: model_type %s is written as family \"%s\"; use family=\"auto\""
-                            % (src, c["model_type"], "qwen3" if c["model_type"] == "qwen3" else
-                               _FAMILY_OF.get(c["model_type"], "llama or generic")))
+            _family_mismatch(src, c["model_type"], family)
         table = _qwen3_table(cfg, c, src, dtype)
         if seq_len is not None:
             table["seq_len"] = seq_len
@@ -316,9 +350,7 @@ def hf_config(path_or_dict, dtype="fp32", seq_len=None, family="auto"):
     if c["model_type"] in MOE_TYPES or family in _FAMILY_OF.values():
         mine = _FAMILY_OF.get(c["model_type"])
         if family not in ("auto", mine):
-            raise PlanError("%s: model_type %s is written as family \"%s\"%s; use family=\"auto\""
-                            % (src, c["model_type"], mine or "llama or generic",
-                               "" if mine else " (not an MoE family)"))
+            _family_mismatch(src, c["model_type"], family)
         table = _moe_table(cfg, c, src, dtype)
         if seq_len is not None:
             table["seq_len"] = seq_len

@@ -91,7 +91,7 @@ CONFIG_FIELDS = {
 _CONFIG_FIX = {
     "hidden_size": "the model's hidden size", "intermediate_size": "the MLP's hidden size",
     "num_attention_heads": "the attention heads per layer", "num_hidden_layers": "the decoder layers",
-    "vocab_size": "the vocabulary size", "model_type": "the model family (llama, mistral, qwen2, mixtral, qwen3_moe or deepseek_v3)",
+    "vocab_size": "the vocabulary size", "model_type": "the model family (llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, deepseek_v2 or deepseek_v3)",
 }
 
 

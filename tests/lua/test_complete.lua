@@ -95,4 +95,96 @@ function T.generic_models_say_what_is_missing()
   assert(tp:match("| %*%*incomplete%*%* | [^\n]*TP's activation collectives not planned: tp = 3"), "tp3_uneven")
 end
 
+-- A generic model whose units are decoder blocks of its given attention
+-- shape (compute.generic_blocks): priced as the llama family -- each
+-- block's bytes llama_acts.block's, the output unit's llama_acts.head's, the
+-- blocks' attention FLOPs -- so its memory verdict is said; one weight of
+-- another shape, or tp > 1, and it is not (said why in the first row).
+local function blocks_src(w2_rows, extra)
+  local function layer(b)
+    local pre = "layers." .. b .. "."
+    local function q(name, shape) return string.format("{ name = %q, shape = { %s } }", pre .. name, shape) end
+    return string.format("{ name = %q, params = { %s } }", "layers." .. b, table.concat({
+      q("attention.wq.weight", "12, 16"), q("attention.wq.bias", "12"), q("attention.wk.weight", "4, 16"),
+      q("attention.wv.weight", "4, 16"), q("attention.wo.weight", "16, 12"), q("feed_forward.w1.weight", "40, 16"),
+      q("feed_forward.w2.weight", w2_rows), q("feed_forward.w3.weight", "40, 16"), q("attention_norm.weight", "16"),
+      q("ffn_norm.weight", "16") }, ", "))
+  end
+  return "return { world_size = 4, parallel = { dp_shard = -1 " .. (extra or "") .. " },\n"
+    .. "  model = { family = \"generic\", dtype = \"fp32\", seq_len = 64, n_heads = 3, n_kv_heads = 1, head_dim = 4, "
+    .. "n_layers = 2, units = {\n"
+    .. '    { name = "tok_embeddings", params = { { name = "tok_embeddings.weight", shape = { 40, 16 } } } },\n'
+    .. "    " .. layer(0) .. ",\n    " .. layer(1) .. ",\n"
+    .. '    { name = "norm_output", params = { { name = "norm.weight", shape = { 16 } }, '
+    .. '{ name = "output.weight", shape = { 40, 16 } } } },\n'
+    .. '    { name = "root", params = {} } } },\n'
+    .. '  training = { activation_checkpointing = "selective", loss_chunks = 1 } }\n'
+end
+
+function T.generic_decoder_blocks_are_priced_as_llama()
+  local acts = require("gen.models.llama_acts")
+  local p = plan.from_source(blocks_src("16, 40"), "blocks.lua")
+  local g = compute.generic_blocks(p)
+  assert(g, "two decoder blocks found")
+  H.eq(g.cfg.dim, 16, "d"); H.eq(g.cfg.hidden, 40, "f"); H.eq(g.cfg.vocab_size, 40, "vocab")
+  H.eq(g.head_weight, "output.weight", "the output projection (the embedding a lookup)")
+  local s = compute.settings(p)
+  local per = compute.units(p, s)
+  local e = require("gen.util").DTYPE_BYTES[p.layout.units[1].ag_dtype] -- the compute dtype's bytes
+  local b = acts.block(g.cfg, e, 64, "selective", false, 1)
+  local h = acts.head(64, e, 16, 40, 1, 1)
+  local saved = 0
+  for _, r in pairs(per) do saved = saved + r.saved end
+  H.eq(saved, 2 * b.saved + h.saved, "two blocks' and the head's saved bytes")
+  local m = audit.analysis(p).memory
+  assert(m.activations_modeled, "modeled")
+  local md = audit.schedule_md(p, "fp")
+  assert(not md:find("**incomplete**", 1, true), "complete")
+  assert(md:match("\n| memory | [^\n]*: fits, "), "the verdict")
+  -- a block's FLOPs: its matmuls and the attention (4 x T x seq x heads x head_dim forward)
+  local by = {}
+  for _, u in ipairs(p.layout.units) do by[u.name] = per[u.index] end
+  local blk = by["layers.0"]
+  H.eq(blk.fwd, 2 * (12 * 16 + 2 * 4 * 16 + 16 * 12 + 3 * 40 * 16) * 64 + 4 * 64 * 64 * 3 * 4, "block forward FLOPs")
+  H.eq(by.tok_embeddings.fwd, 0, "the embedding: a lookup")
+  -- selective: SAC's wk, wo and w3 again, by shape (any names)
+  H.eq(blk.recompute, 2 * (4 * 16 + 16 * 12 + 40 * 16) * 64, "selective recompute FLOPs")
+  local renamed = plan.from_source(blocks_src("16, 40"):gsub("attention%.w(%a)%.", "self_attn.%1_proj."), "hf.lua")
+  local rg = assert(compute.generic_blocks(renamed), "Hugging Face's names: blocks by shape")
+  local rper = compute.units(renamed, compute.settings(renamed))
+  for _, u in ipairs(renamed.layout.units) do
+    if rg.block[u] then
+      H.eq(rper[u.index].recompute, blk.recompute, "the same recompute under other names")
+      H.eq(rper[u.index].recompute_us, blk.recompute_us, "and its time")
+    end
+  end
+  H.eq(by.norm_output.fwd, 2 * 40 * 16 * 64, "the output projection")
+  -- w2 transposed: no longer a Llama block's shapes, so not modeled, and said why
+  local bad = plan.from_source(blocks_src("40, 16"), "bad.lua")
+  assert(not compute.generic_blocks(bad), "a wrong shape")
+  local first = audit.schedule_md(bad, "fp"):match("|%-%-%-|%-%-%-|\n(| [^\n]*)")
+  assert(first:find("its units are not 2 decoder blocks", 1, true), first)
+  -- torchtitan's fused wqkv [Q + 2kv, d]: found too, with its selective-AC bytes (llama_acts' fused)
+  local fsrc = blocks_src("16, 40"):gsub('{ name = "layers%.(%d)%.attention%.wq%.weight", shape = { 12, 16 } }, '
+    .. '{ name = "layers%.%d%.attention%.wq%.bias", shape = { 12 } }, { name = "layers%.%d%.attention%.wk%.weight", '
+    .. 'shape = { 4, 16 } }, { name = "layers%.%d%.attention%.wv%.weight", shape = { 4, 16 } }',
+    '{ name = "layers.%1.attention.qkv_linear.wqkv.weight", shape = { 20, 16 } }')
+  local fp = plan.from_source(fsrc, "fused.lua")
+  local fg = assert(compute.generic_blocks(fp), "fused blocks found")
+  assert(fg.fused, "fused")
+  local fb = acts.block(fg.cfg, e, 64, "selective", true, 1)
+  local fsaved = 0
+  for _, r in pairs(compute.units(fp, compute.settings(fp))) do fsaved = fsaved + r.saved end
+  H.eq(fsaved, 2 * fb.saved + h.saved, "fused blocks' selective bytes")
+  assert(fb.saved > b.saved, "fused keeps more under selective")
+  -- tp > 1: where TP shards a generic model's activations is not known
+  -- (4 heads of 3, 2 KV heads: the same weights, divisible by tp 2)
+  local tp = plan.from_source(blocks_src("16, 40", ", tp = 2"):gsub('shape = { 40, 16 } } } },\n    { name = "root"',
+    'shape = { 40, 16 }, tp = "colwise" } } },\n    { name = "root"', 1):gsub("n_heads = 3, n_kv_heads = 1, head_dim = 4",
+    "n_heads = 4, n_kv_heads = 2, head_dim = 3", 1), "tp.lua")
+  assert(not compute.generic_blocks(tp), "tp > 1")
+  first = audit.schedule_md(tp, "fp"):match("|%-%-%-|%-%-%-|\n(| [^\n]*)")
+  assert(first:find("tp > 1: a generic model's placements", 1, true), first)
+end
+
 return T

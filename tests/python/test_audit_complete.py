@@ -38,7 +38,11 @@ MODELS = (
     ("mixtral_8x7b_config.json", "mixtral", 8, {"dp_shard": -1, "ep": 8}),
     ("qwen3_30b_a3b_config.json", "qwen3_moe", 8, {"dp_shard": -1, "ep": 8}),
     ("deepseek_v3_config.json", "deepseek_v3", 64, {"dp_shard": -1, "ep": 8}),
+    ("deepseek_v2_lite_config.json", "deepseek_v3", 16, {"dp_shard": -1, "ep": 8}),  # model_type deepseek_v2
 )
+# The generic plans whose units are decoder blocks of their given attention shape: priced as the
+# llama family (gen/compute.lua's generic_blocks), so they get activations and a memory verdict.
+GENERIC_BLOCKS = ("llama3_2_1b_config.json", "qwen2_0_5b_config.json", "qwen2_5_32b_config.json")
 SEQ = 4096
 
 
@@ -99,6 +103,8 @@ class AuditComplete(unittest.TestCase):
                     self.assertIn("6 x active non-embedding parameters (top_k", cells["throughput"])
                 # the memory verdict: said only where the activations are counted
                 mem = au["memory"]
+                if fixture in GENERIC_BLOCKS:
+                    self.assertTrue(mem["activations_modeled"], "%s: decoder blocks of the given shape" % fixture)
                 if mem["activations_modeled"]:
                     self.assertNotIn("**incomplete**", cells)
                     self.assertRegex(cells["memory"], r"(: fits, |\*\*does not fit\*\*)")
@@ -132,6 +138,61 @@ class AuditComplete(unittest.TestCase):
         per_layer = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f + 2 * d
         nparams = v * d + L * per_layer + d
         self.assertEqual(doc["audit"]["throughput"]["model_flops_per_token"], 6 * nparams + 6 * L * h * 2 * hd * SEQ)
+
+    def generic_doc(self, fixture, world, parallel=None, n_heads=None, ac="full"):
+        """plan.json of a config's generic plan, its model table changed as given."""
+        model = commplan.hf_config(os.path.join(FIX, fixture), dtype="fp32", seq_len=SEQ, family="generic")
+        if n_heads:
+            model["n_heads"] = n_heads
+        name = "g_" + re.sub(r"[^A-Za-z0-9_]", "_", fixture[:-len("_config.json")])
+        text = commplan.plan_text(name, world, model, parallel=parallel or {"dp_shard": -1},
+                                  fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32"},
+                                  training={"activation_checkpointing": ac, "local_batch_size": 1})
+        path = os.path.join(self.tmp, name + ".lua")
+        with open(path, "w") as f:
+            f.write(text)
+        out = os.path.join(self.tmp, name)
+        r = subprocess.run([LUA, os.path.join(REPO, "gen", "commplan.lua"), path, out], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(out, "plan.json")) as f:
+            doc = json.load(f)
+        with open(os.path.join(out, "SCHEDULE.md")) as f:
+            return doc, f.read()
+
+    def test_generic_blocks_priced_as_llama(self):
+        """Llama 3 8B written as a generic plan (family="generic": the same units, no family) gets the
+        llama family's activations to the byte and its attention's FLOPs and time,
+        not the generic 6 x params x tokens without attention (which made Qwen2 0.5B's MFU 36.9%
+        where the families' are ~28%); a wrong n_heads finds no decoder blocks, and says so."""
+        fam = self.generate("llama3_8b_config.json", 8, {"dp_shard": -1})[2]["audit"]
+        for ac in ("full", "selective", "none"):
+            if ac != "full":
+                model = commplan.hf_config(os.path.join(FIX, "llama3_8b_config.json"), dtype="fp32", seq_len=SEQ)
+                text = commplan.plan_text("fam_" + ac, 8, model, parallel={"dp_shard": -1},
+                                          fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32"},
+                                          training={"activation_checkpointing": ac, "local_batch_size": 1})
+                path = os.path.join(self.tmp, "fam_%s.lua" % ac)
+                with open(path, "w") as f:
+                    f.write(text)
+                subprocess.run([LUA, os.path.join(REPO, "gen", "commplan.lua"), path, path[:-4]], cwd=REPO,
+                               check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                with open(os.path.join(path[:-4], "plan.json")) as f:
+                    fam = json.load(f)["audit"]
+            doc, _ = self.generic_doc("llama3_8b_config.json", 8, ac=ac)
+            gen = doc["audit"]
+            with self.subTest(ac=ac):
+                self.assertTrue(gen["memory"]["activations_modeled"])
+                self.assertGreater(gen["memory"]["activation_bytes"], 0)
+                self.assertEqual(gen["memory"]["activation_bytes"], fam["memory"]["activation_bytes"])
+                # the same FLOPs and compute time (within 0.5%: the family's [norm, lm_head] is ChunkedLoss's
+                # loss_head unit, priced in parts; its extra all-gathers are the steps' difference)
+                self.assertEqual(gen["compute"]["flops_per_step"], fam["compute"]["flops_per_step"])
+                self.assertLess(abs(gen["compute"]["compute_us"] / fam["compute"]["compute_us"] - 1), 0.005)
+        doc, md = self.generic_doc("llama3_8b_config.json", 8, n_heads=16)  # 16 x 128 != wq's 4096 rows
+        self.assertFalse(doc["audit"]["memory"]["activations_modeled"])
+        self.assertIn("its units are not 32 decoder blocks of model.n_heads x head_dim", summary(md)[0][1])
+        self.assertIn("no verdict", dict(summary(md))["memory"])
 
 
 if __name__ == "__main__":

@@ -232,6 +232,11 @@ class HuggingFace(Tmp):
         self.assertIn("llama, mistral, qwen2", str(cm.exception))
 
 
+# DeepSeek-V2-Lite's and V2's parameters as the family counts them (15.7 B and 236 B published)
+COUNT_V2_LITE = 15706484224
+COUNT_V2 = 235741434880
+
+
 class HuggingFaceMoE(Tmp):
     """Mixtral, Qwen3-MoE and DeepSeek-V3 config.json (the published ones) -> the MoE families."""
     FSDP = {"param_dtype": "bf16", "reduce_dtype": "fp32"}
@@ -295,6 +300,23 @@ class HuggingFaceMoE(Tmp):
         self.assertIn("layers.3.attention.wq_a.weight", units["layers.3"])
         self.assertFalse(any("expert_bias" in n for ns in units.values() for n in ns))
 
+    def test_deepseek_v2_lite_and_v2(self):
+        """model_type deepseek_v2 is torchtitan's deepseek_v3 model: V2-Lite (MLA without q_lora_rank,
+        n_group 1) is the registry's 16B flavour (models/deepseek_v3/__init__.py:389-436), 15.7 B
+        parameters as DeepSeek publishes; V2 (q_lora_rank 1536, n_group 8 / topk_group 3 as
+        node-limited routing) the family's 236b."""
+        plan = self.assert_same_as_size("deepseek_v2_lite_config.json", "deepseek_v3", "16b", 64, COUNT_V2_LITE)
+        units = {u["name"]: [q["name"] for q in u["params"]] for u in plan["units"]}
+        self.assertIn("layers.0.feed_forward.w1.weight", units["layers.0"])  # first_k_dense_replace 1
+        self.assertIn("layers.1.moe.shared_experts.w1.weight", units["layers.1"])
+        self.assertIn("layers.1.attention.wq.weight", units["layers.1"])  # q_lora_rank null: one wq
+        self.assertNotIn("layers.1.attention.wq_a.weight", units["layers.1"])
+        v2 = commplan.hf_config(os.path.join(FIX, "deepseek_v2_config.json"))
+        self.assertEqual((v2["q_lora_rank"], v2["n_expert_groups"], v2["n_limited_groups"], v2["num_experts"],
+                          v2["num_shared_experts"], v2["n_dense_layers"]), (1536, 8, 3, 160, 2, 1))
+        self.assertEqual(commplan.hf_config(os.path.join(FIX, "deepseek_v2_config.json"), family="deepseek_v3"), v2)
+        self.assert_same_as_size("deepseek_v2_config.json", "deepseek_v3", "236b", 64, COUNT_V2)
+
     def test_small_configs_and_defaults(self):
         cfg = dict(fixture("deepseek_v3_config.json"), hidden_size=64, num_hidden_layers=2, first_k_dense_replace=0,
                    q_lora_rank=None, n_shared_experts=None, n_routed_experts=4, num_experts_per_tok=2,
@@ -348,10 +370,14 @@ class HuggingFaceMoE(Tmp):
         # an MoE type is written as its own family only
         with self.assertRaises(PlanError) as cm:
             commplan.hf_config(mix, family="llama")
-        self.assertIn('family "mixtral"', str(cm.exception))
+        self.assertIn('use family="auto" (mixtral)', str(cm.exception))
+        self.assertIn("routed experts", str(cm.exception))
         with self.assertRaises(PlanError) as cm:
             commplan.hf_config(fixture("llama3_8b_config.json"), family="deepseek_v3")
-        self.assertIn("not an MoE family", str(cm.exception))
+        self.assertIn("the family's model: MLA attention", str(cm.exception))
+        with self.assertRaises(PlanError) as cm:  # the same routed experts, not the same attention
+            commplan.hf_config(mix, family="qwen3_moe")
+        self.assertIn("q/k RMSNorms", str(cm.exception))
 
     def test_writer_refuses_what_the_families_do_not_read(self):
         for model, words in (({"family": "mixtral", "size": "8x7b", "multiple_of": 256}, "multiple_of"),
@@ -426,7 +452,7 @@ class HuggingFaceQwen3(Tmp):
         self.refused(dict(q, num_experts=8), "num_experts", "unknown to the qwen3 writer")
         with self.assertRaises(PlanError) as cm:
             commplan.hf_config(q, family="llama")
-        self.assertIn('family "qwen3"', str(cm.exception))
+        self.assertIn('use family="auto" (qwen3)', str(cm.exception))
 
 
 class Names(Tmp):
