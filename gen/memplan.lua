@@ -441,8 +441,16 @@ function memplan.simulate(ops, needs, fixed)
   local S = #STREAMS
   local index = {}
   for k, name in ipairs(STREAMS) do index[name] = k end
-  local clock = {} -- (s - 1) * S + t: what stream s knows of stream t
-  for k = 1, S * S do clock[k] = 0 end
+  -- (s - 1) * S + t: what stream s knows of stream t, from the waits of
+  -- the ops the library's calls issue too (clock) and from every op's
+  -- (full). An activation collective (TP's, CP's) is run by the caller
+  -- outside those calls (torch's TP under the Python bridge), so its
+  -- waits order later ops only in the binary's step: it needs and waits
+  -- in the full view, every other op in the library's, so the waits
+  -- chosen hold under both executors.
+  local lib, full = {}, {}
+  for k = 1, S * S do lib[k], full[k] = 0, 0 end
+  local clock
   local on = {}    -- op seq -> its stream's index, once issued
   local after = {} -- seq * S + t: its stream's clock after it
   local function wait_for(base, j)
@@ -459,6 +467,13 @@ function memplan.simulate(ops, needs, fixed)
     local s = index[o.stream]
     local base = (s - 1) * S
     local set = needs[seq]
+    local foreign = opkinds.BY_NAME[o.kind].tp
+    clock = foreign and full or lib
+    if foreign then -- the full view knows all the library's view knows
+      for t = 1, S do
+        if lib[base + t] > full[base + t] then full[base + t] = lib[base + t] end
+      end
+    end
     if fixed then
       for _, j in ipairs(fixed[seq] or {}) do wait_for(base, j) end
       if set then
@@ -498,6 +513,9 @@ function memplan.simulate(ops, needs, fixed)
       end
     end
     clock[base + s] = clock[base + s] + 1
+    if foreign then
+      lib[base + s] = clock[base + s]
+    end
     on[seq] = s
     local at = seq * S
     for t = 1, S do after[at + t] = clock[base + t] end
