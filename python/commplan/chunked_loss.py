@@ -125,13 +125,15 @@ class LossHead:
         return self.active and u == self.u
 
     def unshard(self):
-        if not torch.is_grad_enabled():
-            return  # an eval loss: each chunk's forward gathers apart from the plan (commplan.training)
+        if not torch.is_grad_enabled():  # the validation path: gathered apart from the plan (commplan.training)
+            self.fsdp._eval.hold(self.u)
+            return
         self.fsdp._unshard(self.u)
         self.active = True
 
     def reshard(self):
         if not torch.is_grad_enabled():
+            self.fsdp._eval.release(self.u)
             return
         self.active = False
         self.fsdp._reshard(self.u, "backward")
