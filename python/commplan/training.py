@@ -33,7 +33,9 @@ parameters into temporary tensors (one all_gather_into_tensor of the unit's padd
 the same group, cast to the unit's param_dtype, as FSDP2's unshard) and drops them after the
 unit's forward, without any library call: the plan's calls, buffers and order are untouched,
 so the next training micro-step runs as if no evaluation had happened (and its order check
-still refuses an order the plan does not cover).
+still refuses an order the plan does not cover). Under TP the temporaries carry the training
+path's SPMD types, and under ChunkedLossWrapper the loss head is held across the chunks
+(EvalForward; tests/python/test_bridge_tp.py, test_bridge_ac.py).
 """
 
 import math
