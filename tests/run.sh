@@ -346,8 +346,9 @@ torch_lane() {
   # FSDP x TP through the bridge (issue 36, item 2): torchtitan's llama3 under
   # its own TP (SP, loss_parallel, spmd_types) with CommplanFSDP in place of
   # fully_shard, against torchtitan + fully_shard bit for bit: losses, clipped
-  # global norms, sharded grads and params, DCP round trips both ways, refusals
-  # and a mutant (quick tier: FSDP 2 x TP 2, vocab 250 and 251 (uneven TP),
+  # global norms, sharded grads and params, eval forwards between steps
+  # (no_grad / inference_mode: logits, loss, the temporaries' SPMD types), DCP
+  # round trips both ways, refusals and a mutant (quick tier: FSDP 2 x TP 2, vocab 250 and 251 (uneven TP),
   # 3 steps, ~50 s; full: + HSDP 2 x 2 x TP 2 on 8 ranks, 20 steps).
   bridge_check "FSDP x TP through the bridge: torchtitan's TP + CommplanFSDP vs torchtitan's TP + fully_shard, clipping and DCP round trips, on gloo under torchrun (tests/python/test_bridge_tp.py)" \
     bridge_tp 1800 test_bridge_tp.py
@@ -371,7 +372,9 @@ torch_lane() {
   # every-k-th-block) and ChunkedLossWrapper through the bridge (issue 36,
   # item 2): torchtitan's llama3 under its own parallelize + fully_shard vs
   # CommplanFSDP, every loss, sharded parameter, gradient and FSDP collective
-  # identical (tests/python/test_bridge_ac.py; quick tier: 2 of its 8 cases).
+  # identical, and an eval forward between steps (no_grad; ChunkedLossWrapper's
+  # chunked forward only) identical (tests/python/test_bridge_ac.py; quick
+  # tier: 2 of its 8 cases).
   bridge_check "activation checkpointing (full, selective, every k-th block) and ChunkedLossWrapper through the bridge vs torchtitan's parallelize + fully_shard, on gloo, 4 ranks under torchrun (tests/python/test_bridge_ac.py)" \
     bridge_ac 1800 test_bridge_ac.py
 

@@ -37,7 +37,9 @@ alone, _fsdp_state.py:735-748), the chunks' backwards accumulate lm_head's gradi
 plan's unsharded-grad buffer (as AccumulateGrad on FSDP2's unsharded parameter) without ending
 the micro-step, and the gradient that arrives with sync on is reduced at once: the plan's
 reduction of that part. The settings themselves issue nothing: the plan holds the order they
-give, and a loss that runs otherwise is refused by the order check.
+give, and a loss that runs otherwise is refused by the order check. Under no_grad (the wrapper's
+validation path: pred without grad, chunked forward only, components/loss.py:656) unshard() /
+reshard() hold and drop the unit's evaluation gather instead (commplan.training.EvalForward).
 """
 
 import torch
@@ -125,13 +127,15 @@ class LossHead:
         return self.active and u == self.u
 
     def unshard(self):
-        if not torch.is_grad_enabled():
-            return  # an eval loss: each chunk's forward gathers apart from the plan (commplan.training)
+        if not torch.is_grad_enabled():  # the validation path: gathered apart from the plan (commplan.training)
+            self.fsdp._eval.hold(self.u)
+            return
         self.fsdp._unshard(self.u)
         self.active = True
 
     def reshard(self):
         if not torch.is_grad_enabled():
+            self.fsdp._eval.release(self.u)
             return
         self.active = False
         self.fsdp._reshard(self.u, "backward")

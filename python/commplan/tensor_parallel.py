@@ -314,6 +314,12 @@ class TensorParallel:
             if P.index in self.partial_grad:
                 dist.all_reduce(P.grad_buf, op=dist.ReduceOp.SUM, group=self.tp_group)
 
+    def type_like_unsharded(self, t, P):
+        """An evaluation forward's gathered temporary of P (commplan.training.EvalForward) typed as
+        the training path's unsharded parameter: its SPMD type and PartitionSpec."""
+        from spmd_types.runtime import assert_type_like
+        assert_type_like(t, P.unsharded)
+
     # -- DTensor views --
 
     def dtensor(self, P, local):

@@ -33,7 +33,9 @@ parameters into temporary tensors (one all_gather_into_tensor of the unit's padd
 the same group, cast to the unit's param_dtype, as FSDP2's unshard) and drops them after the
 unit's forward, without any library call: the plan's calls, buffers and order are untouched,
 so the next training micro-step runs as if no evaluation had happened (and its order check
-still refuses an order the plan does not cover).
+still refuses an order the plan does not cover). Under TP the temporaries carry the training
+path's SPMD types, and under ChunkedLossWrapper the loss head is held across the chunks
+(EvalForward; tests/python/test_bridge_tp.py, test_bridge_ac.py).
 """
 
 import math
@@ -233,12 +235,26 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
 class EvalForward:
     """A CommplanFSDP's forwards under no_grad: each unit's parameters gathered into temporary
     tensors at its first module's forward and dropped after its last, on the shard group; no
-    library call, nothing of the plan's state touched."""
+    library call, nothing of the plan's state touched.
+
+    A unit whose modules do not all run (the loss head's lm_head under torchtitan's
+    _skip_lm_head, models/common/decoder.py:242-247) is dropped at the root's post-forward, as
+    FSDP2's _force_complete_incomplete_states reshards it (torch 2.15 _fsdp_state.py:382-397).
+    ChunkedLossWrapper's validation path (pred without grad: chunked forward only,
+    components/loss.py:656, :729-772) calls lm_head.unshard() / reshard() around its chunks:
+    hold() gathers the unit once and keeps it across the chunks' forwards, release() drops it.
+
+    Under tensor parallelism each temporary carries the SPMD type and PartitionSpec of the
+    training path's unsharded parameter (spmd_types' assert_type_like, as
+    commplan.tensor_parallel gives them: fully_shard's _restore_spmd_types,
+    torch/distributed/fsdp/_fully_shard/_fsdp_param.py:557), so torchtitan's TP code and its
+    SPMD type checking run on it as in training; its TP collectives run in torch."""
 
     def __init__(self, fsdp):
         self.f = fsdp
-        self.started = [0] * len(fsdp.units)
-        self.done = [0] * len(fsdp.units)
+        self.held = [False] * len(fsdp.units)    # gathered, its temporaries in the modules
+        self.ran = [0] * len(fsdp.units)         # the unit's module forwards since the gather
+        self.pinned = [False] * len(fsdp.units)  # held by the loss head's unshard() until reshard()
 
     def pre_forward(self, u):
         f = self.f
@@ -246,21 +262,47 @@ class EvalForward:
             raise PlanError("commplan: forward of %s under no_grad inside a training micro-step of plan %s (its "
                             "forward ran, its backward not yet): evaluate between micro-steps"
                             % (f.units[u]["name"], f.name))
-        if self.started[u] == 0 and f.units[u]["params"]:
-            with torch.inference_mode(False), torch.no_grad():
-                full = self._gather(f.units[u])
-            for P, t in zip(f.units[u]["params"], full):
-                p = nn.Parameter(t, requires_grad=False)
-                for mod, attr in P.owners:
-                    mod._parameters[attr] = p
-        self.started[u] += 1
+        self._gather_unit(u)
 
     def post_forward(self, u):
         f = self.f
-        self.done[u] += 1
-        if self.done[u] == len(f.units[u]["modules"]):
-            f._use(f.units[u], False)
-            self.started[u] = self.done[u] = 0
+        self.ran[u] += 1
+        if self.ran[u] >= len(f.units[u]["modules"]) and not self.pinned[u]:
+            self._drop(u)
+        if u == 0:  # the root's post-forward: units whose modules did not all run
+            for v in range(1, len(f.units)):
+                if self.held[v] and not self.pinned[v]:
+                    self._drop(v)
+
+    def hold(self, u):
+        """The loss head's unshard() under no_grad: the unit gathered until release()."""
+        self._gather_unit(u)
+        self.pinned[u] = True
+
+    def release(self, u):
+        self.pinned[u] = False
+        if self.held[u]:
+            self._drop(u)
+
+    def _gather_unit(self, u):
+        f = self.f
+        if self.held[u]:
+            return
+        unit = f.units[u]
+        if unit["params"]:
+            with torch.inference_mode(False), torch.no_grad():
+                full = self._gather(unit)
+            for P, t in zip(unit["params"], full):
+                p = nn.Parameter(t, requires_grad=False)
+                if f._tp is not None:
+                    f._tp.type_like_unsharded(p, P)
+                for mod, attr in P.owners:
+                    mod._parameters[attr] = p
+        self.held[u], self.ran[u] = True, 0
+
+    def _drop(self, u):
+        self.f._use(self.f.units[u], False)
+        self.held[u], self.ran[u] = False, 0
 
     def _gather(self, unit):
         """The unit's parameters, full, in its param_dtype: one all-gather of the padded shards

@@ -12,7 +12,10 @@ initial values:
 
 Every rank compares, bit for bit: every micro-batch's loss, every step's total gradient norm, and
 after every step every sharded gradient (after clipping) and parameter (the local tensor of
-fully_shard's DTensor against the bridge's shard). Then checkpoints (commplan.checkpoint, DCP;
+fully_shard's DTensor against the bridge's shard); after steps 0 and 1 an eval forward (no_grad,
+then inference_mode, as torchtitan's validator runs it) whose logits (vocab-sharded) and loss are
+compared, every gathered temporary checked to carry the training path's SPMD type and PartitionSpec
+(eval_type_check), the next steps' training compared as before. Then checkpoints (commplan.checkpoint, DCP;
 torchtitan's side as its checkpointer takes them: the module's state_dict with its hooks, the
 fused wqkv saved as wq / wk / wv):
 the bridge's state_dict() and optim_state_dict() in fully_shard + TP's form (keys, placements,
@@ -51,6 +54,7 @@ STEPS = 3 if QUICK else 20
 MICRO = 2
 SEQ, BATCH = 16, 2
 MAX_NORM = 0.5
+EVALS = (0, 1)  # eval forwards after these steps' updates: no_grad after step 0, inference_mode after 1
 BUILD = os.path.join("build", "bridge_tp")
 
 
@@ -107,7 +111,7 @@ class Side:
         self.ctx = get_spmd_context(parallel_dims=pd)
         self.opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
 
-    def loss(self, tok, lab):
+    def loss(self, tok, lab, keep=None):
         import torch
         import spmd_types as spmd
         from torchtitan.components.loss import cross_entropy_loss
@@ -118,13 +122,30 @@ class Side:
             tok, lab, extra = annotate_input_spmd_types(self.pd, tok, lab, extra)
             pred = self.model(tok, **extra)
             loss = cross_entropy_loss(pred, lab, global_vocab_size=self.vocab) / (BATCH * SEQ * MICRO)
+            if keep is not None:  # an eval forward: no backward
+                keep.append(local(pred).detach().clone())
+                return loss.detach()
             with spmd.no_typecheck():
                 loss.backward()
         return loss.detach()
 
-    def train(self, steps, dp_rank, snaps=None):
+    def evaluate(self, s, dp_rank, snaps):
+        """An eval forward between training steps, as torchtitan's validator runs it
+        (components/validate.py:215: under no_grad; inference_mode after odd steps): this TP rank's
+        logits (vocab-sharded under loss_parallel) and the loss."""
+        import torch
+        g = torch.Generator().manual_seed(50_000 + 1000 * dp_rank + s)
+        t = torch.randint(0, self.vocab, (BATCH, SEQ + 1), generator=g)
+        keep = []
+        with (torch.inference_mode() if s % 2 else torch.no_grad()):
+            loss = self.loss(t[:, :-1], t[:, 1:], keep)
+        snaps[(s, "eval", "loss")] = loss.clone()
+        snaps[(s, "eval", "logits")] = keep[0]
+
+    def train(self, steps, dp_rank, snaps=None, evals=()):
         """steps x MICRO micro-batches, torchtitan's clip_grad_norm_, AdamW. Returns (losses, norms);
-        snaps[(step, what, name)]: every local gradient (after clipping) and parameter."""
+        snaps[(step, what, name)]: every local gradient (after clipping) and parameter; after each
+        step in evals, an eval forward (evaluate)."""
         import torch
         from torchtitan.distributed.utils import clip_grad_norm_
         losses, norms = [], []
@@ -142,6 +163,8 @@ class Side:
             if snaps is not None:
                 for n, p in self.model.named_parameters():
                     snaps[(s, "param", n)] = local(p).detach().clone()
+            if s in evals:
+                self.evaluate(s, dp_rank, snaps)
         return torch.stack(losses), torch.stack(norms)
 
 
@@ -162,6 +185,37 @@ def compare(a, b):
         if (x is None) != (y is None) or (x is not None and (x.shape != y.shape or not torch.equal(x, y))):
             bad.append("step %d %s of %s differs" % key)
     return bad, len(la) + len(na) + len(sa)
+
+
+def eval_type_check(fsdp):
+    """Forward pre-hooks, after the bridge's, that check under no_grad every gathered temporary of
+    the unit (commplan.training.EvalForward) against the training path's unsharded parameter: the
+    same SPMD type and PartitionSpec (spmd_types), the same TP-local shape. Returns (checked,
+    differences), filled as the eval forwards run."""
+    import torch
+    from spmd_types.runtime import get_local_type, get_partition_spec, has_local_type
+    out = [0, []]
+
+    def typed(t):
+        return (dict(get_local_type(t)) if has_local_type(t) else None, get_partition_spec(t), tuple(t.shape))
+
+    def hook_for(unit):
+        def hook(module, args):
+            if torch.is_grad_enabled():
+                return
+            for P in unit["params"]:
+                for mod, attr in P.owners:
+                    t = mod._parameters[attr]
+                    out[0] += 1
+                    if t is P.sharded or typed(t) != typed(P.unsharded):
+                        out[1].append("eval temporary of %s: %s, the unsharded parameter's %s"
+                                      % (P.fqn, "the sharded parameter" if t is P.sharded else typed(t),
+                                         typed(P.unsharded)))
+        return hook
+    for unit in fsdp.units:
+        for m in unit["modules"]:
+            fsdp._handles.append(m.register_forward_pre_hook(hook_for(unit)))
+    return out
 
 
 def worker(args, tmp):
@@ -235,7 +289,9 @@ def worker(args, tmp):
             f = CommplanFSDP(name, b, titan_fsdp_units(b), root=REPO, library=lib)
             if mutant:
                 f._tp.partial_grad = set()
-            return Side(b, pd, vocab, f)
+            side = Side(b, pd, vocab, f)
+            side.eval_types = eval_type_check(f)
+            return side
 
         rows = {}
 
@@ -256,7 +312,7 @@ def worker(args, tmp):
         # torchtitan + fully_shard: the reference, saved after `first`
         A = titan_side()
         sa = {}
-        la, na = A.train(first, dp_rank, sa)
+        la, na = A.train(first, dp_rank, sa, EVALS)
         ck_a = os.path.join(tmp, cfg + "_titan")
         msd, osd = titan_state(A)
         if ckpt:
@@ -269,8 +325,13 @@ def worker(args, tmp):
             B = bridge_side()
             try:
                 sb = {}
-                lb, nb = B.train(first, dp_rank, sb)
+                lb, nb = B.train(first, dp_rank, sb, EVALS)
                 bad, n = compare((la, na, sa), (lb, nb, sb))
+                seen, wrong = B.eval_types
+                bad += wrong[:3]
+                if not seen:
+                    bad.append("the eval forwards gathered no parameter")
+                n += seen
                 # the state dict's form: fully_shard + TP's (keys, placements, global shape, local tensors)
                 mine = B.fsdp.state_dict()
                 for k, (pl, shape, stride, loc) in (form_a if ckpt else {}).items():
