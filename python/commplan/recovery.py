@@ -7,7 +7,7 @@ all-gathers and reductions in flight, and the library's own cursors in the plan'
 its state is set again by the next forward (_fsdp_state.py:145-177 _root_pre_forward, each
 group's pre_forward, _fsdp_param_group.py), so a training loop that catches the exception just
 calls the model again. The bridge does the same: the root unit's next pre-forward that finds the
-previous pass unfinished calls reset_step() first (CommplanFSDP._pre_forward_hook; a root unit of
+previous pass raised (unfinished()) calls reset_step() first (CommplanFSDP._pre_forward_hook; a root unit of
 one module, as fully_shard(model) makes it); a caller may also call ``fsdp.reset_step()`` itself
 (a root of several modules, or before an evaluation after a failed step).
 
@@ -23,12 +23,14 @@ collective, as it does under FSDP2).
 
 
 def unfinished(fsdp):
-    """True when the previous pass did not finish (read at the root's training pre-forward, where
-    a finished pass left nothing started and the position at its micro-step's start)."""
+    """True when the previous pass raised (read at the root's training pre-forward): the root's
+    forward started and never ended, or a backward began and its final callback never ran. A
+    second forward after a finished one is no exception: it stays refused (one forward, one
+    backward a micro-step), and a backward that raised before any unit's hook leaves nothing to
+    see: fsdp.reset_step() then."""
     if len(fsdp.units[0]["modules"]) != 1 or (fsdp._head is not None and fsdp._head.in_loss(0)):
         return False  # a root of several modules (or the loss head's): its next module's forward is no new pass
-    start = fsdp._micro_end[fsdp._micro - 1] if fsdp._micro else 0
-    return fsdp._in_backward or any(fsdp._fwd_started) or fsdp._pos != start
+    return fsdp._in_backward or fsdp._fwd_started[0] > fsdp._fwd_done[0]
 
 
 def reset_step(fsdp):

@@ -849,7 +849,8 @@ class CommplanFSDP:
             if self._fwd_done[u] >= len(unit["modules"]):
                 raise PlanOrderError("commplan: a second forward of %s before backward: the plan's micro-step is "
                                      "one forward and one backward (torchtitan's ChunkedLossWrapper runs lm_head once "
-                                     "per chunk: write the plan with training.loss_chunks = its num_chunks)"
+                                     "per chunk: write the plan with training.loss_chunks = its num_chunks; after an "
+                                     "exception in a backward: fsdp.reset_step())"
                                      % unit["name"])
             if self._fwd_started[u] == 0:
                 if u == 0 and not _POST_ACCUMULATE:
