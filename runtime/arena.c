@@ -313,13 +313,17 @@ static void vc_max(long *a, const long *b)
 
 int cp_order_starts_step(const cp_order *o, int op) { return op >= 0 && op < o->p->nops && o->ran[op]; }
 
+/* Events one call's ops may record (today's calls record at most 8); a call
+ * recording more is refused with one line, never checked partly. */
+#define CP_ORDER_MAX_RECORDS 32
+
 typedef struct {
     cp_order *o;
     const char *call;
     int unit, flags, apply, prev, failed, step_start;
     long vc[S][S];        /* the streams' clocks as this call leaves them */
-    int nrec, rec_ev[32]; /* events this call's earlier ops record (checked before they are applied) */
-    long rec_vc[32][S];
+    int nrec, rec_ev[CP_ORDER_MAX_RECORDS]; /* events this call's earlier ops record (checked before applied) */
+    long rec_vc[CP_ORDER_MAX_RECORDS][S];
     char *out;
     size_t n;
 } order_ctx;
@@ -406,7 +410,13 @@ static int order_op(void *ctx, const cp_op *op)
     int in = op->kind == CP_OP_ALL_GATHER && op->from_sharded ? -1 : (int)d->in, out = (int)d->out;
     if (in >= 0 && in < CP_ARENA_BUFFERS && order_access(c, i, vc, in, 0)) return -1;
     if (out >= 0 && out < CP_ARENA_BUFFERS && order_access(c, i, vc, out, 1)) return -1;
-    if (op->event >= 0 && c->nrec < 32) {
+    if (op->event >= 0) {
+        if (c->nrec == CP_ORDER_MAX_RECORDS) {
+            snprintf(c->out, c->n, "%s(%s) records more than %d events in one call (op %d): the order check "
+                     "cannot follow them; raise CP_ORDER_MAX_RECORDS in runtime/arena.c", c->call,
+                     p->units[c->unit].name, CP_ORDER_MAX_RECORDS, i);
+            return -1;
+        }
         c->rec_ev[c->nrec] = op->event;
         memcpy(c->rec_vc[c->nrec++], vc, sizeof c->rec_vc[0]);
     }

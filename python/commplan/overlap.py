@@ -37,7 +37,7 @@ backward, a reduce-scatter during the next unit's backward.
 import collections
 import ctypes
 
-from .runtime import CALL_KINDS
+from .runtime import CALL_KINDS, group_calls
 
 # The split calls' op groups (runtime/cp_gpu.h): an unshard's issue and wait, a reduction's issue.
 SPLIT_KINDS = (
@@ -56,28 +56,8 @@ _SYNC_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_long)
 
 def split_calls(plan):
     """The plan's step as split calls: [(call, unit_name, micro_step, phase, position)], position
-    the plan op (seq) at which the call is made: an op group's instance is made once its last op
-    may be issued, so calls are ordered by their last op."""
-    insts, open_ = [], {}
-    for op in plan["ops"]:
-        for call, kinds in SPLIT_KINDS:
-            if op["kind"] not in kinds:
-                continue
-            k = kinds.index(op["kind"])
-            key = (op["unit"], call)
-            cur = open_.get(key)
-            if k == 0 or cur is None or k < cur["k"]:
-                if cur is not None:
-                    insts.append(cur)
-                cur = open_[key] = {"call": call, "unit": op["unit"], "k": k, "last": op["seq"],
-                                    "micro": op.get("micro_step", 0), "phase": op.get("phase")}
-            else:
-                cur["k"], cur["last"] = k, op["seq"]
-            if k == len(kinds) - 1:
-                insts.append(open_.pop(key))
-    insts += open_.values()
-    insts.sort(key=lambda c: c["last"])
-    return [(c["call"], c["unit"], c["micro"], c["phase"], c["last"]) for c in insts]
+    the plan op (seq) at which the call is made (runtime.group_calls with SPLIT_KINDS)."""
+    return group_calls(plan, SPLIT_KINDS)
 
 
 def bind(library, prefix, with_stream):

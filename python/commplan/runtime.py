@@ -73,7 +73,7 @@ from .match import check_units_match_plan, find_plan_json, find_plan_root, load_
 from .modules import named_units, units_from_module
 from .planfile import PlanError
 from .validate import check_expert_counts
-from . import chunked_loss, recompute, tensor_parallel, training
+from . import chunked_loss, recompute, recovery, tensor_parallel, training
 
 __all__ = ["CommplanFSDP", "GpuLibrary", "HostLibrary", "library_calls", "PlanOrderError"]
 
@@ -95,17 +95,18 @@ class PlanOrderError(RuntimeError):
     """A library call out of the plan's order."""
 
 
-def library_calls(plan):
-    """The plan's step as library calls, in the order they must be made: [(call, unit_name,
-    micro_step, phase)]. Each call runs its unit's next instance of an op group; it may be made
-    once the ops its last op waits for have been issued, so calls are ordered by their last op."""
-    insts = []
-    open_ = {}
+def group_calls(plan, kinds):
+    """The plan's step as calls grouping its ops, in the order they must be made:
+    [(call, unit_name, micro_step, phase, position)]. kinds: ((call, (op kinds in order)), ...),
+    CALL_KINDS's blocking calls or commplan.overlap's SPLIT_KINDS. Each call runs its unit's next
+    instance of an op group; it may be made once the ops its last op waits for have been issued,
+    so calls are ordered by their last op, position (the plan op's seq)."""
+    insts, open_ = [], {}
     for op in plan["ops"]:
-        for call, kinds in CALL_KINDS.items():
-            if op["kind"] not in kinds:
+        for call, group in kinds:
+            if op["kind"] not in group:
                 continue
-            k = kinds.index(op["kind"])
+            k = group.index(op["kind"])
             key = (op["unit"], call)
             cur = open_.get(key)
             if k == 0 or cur is None or k < cur["k"]:
@@ -115,11 +116,16 @@ def library_calls(plan):
                                     "micro": op.get("micro_step", 0), "phase": op.get("phase")}
             else:
                 cur["k"], cur["last"] = k, op["seq"]
-            if k == len(kinds) - 1:
+            if k == len(group) - 1:
                 insts.append(open_.pop(key))
     insts += open_.values()
     insts.sort(key=lambda c: c["last"])
-    return [(c["call"], c["unit"], c["micro"], c["phase"]) for c in insts]
+    return [(c["call"], c["unit"], c["micro"], c["phase"], c["last"]) for c in insts]
+
+
+def library_calls(plan):
+    """The plan's step as blocking library calls: [(call, unit_name, micro_step, phase)] (group_calls)."""
+    return [c[:4] for c in group_calls(plan, CALL_KINDS.items())]
 
 
 # ---- the generated library through ctypes -------------------------------------------------
@@ -571,7 +577,10 @@ class HostLibrary(_ExpertCalls):
         return msg.decode(errors="replace") if msg else "(no message)"
 
     def synchronize(self, timeout_s):
-        pass  # every call is synchronous
+        """Waits for this rank's communication: the blocking calls are synchronous, but under overlap
+        prefetched all-gathers and reductions may still be in flight on gloo (commplan.overlap)."""
+        if self._async is not None:
+            self._async.drain()
 
     def close(self):
         if self._async is not None:
@@ -828,6 +837,8 @@ class CommplanFSDP:
             if not torch.is_grad_enabled():  # evaluation: gathered apart from the plan (training.py)
                 self._eval.pre_forward(u)
                 return _eval_cast(self.units[u], args, kwargs, with_kwargs)
+            if u == 0 and recovery.unfinished(self):  # the previous pass raised: start anew, as FSDP2
+                recovery.reset_step(self)
             if self._in_backward:  # activation checkpointing's recompute: no call (commplan.recompute)
                 recompute.recompute_pre_forward(self, u)
                 return _eval_cast(self.units[u], args, kwargs, with_kwargs)
@@ -838,7 +849,8 @@ class CommplanFSDP:
             if self._fwd_done[u] >= len(unit["modules"]):
                 raise PlanOrderError("commplan: a second forward of %s before backward: the plan's micro-step is "
                                      "one forward and one backward (torchtitan's ChunkedLossWrapper runs lm_head once "
-                                     "per chunk: write the plan with training.loss_chunks = its num_chunks)"
+                                     "per chunk: write the plan with training.loss_chunks = its num_chunks; after an "
+                                     "exception in a backward: fsdp.reset_step())"
                                      % unit["name"])
             if self._fwd_started[u] == 0:
                 if u == 0 and not _POST_ACCUMULATE:
@@ -1002,6 +1014,12 @@ class CommplanFSDP:
         """Waits for this rank's communication on the current stream (polling NCCL for errors;
         aborts instead of hanging after timeout_s)."""
         self.lib.synchronize(timeout_s)
+
+    def reset_step(self):
+        """After an exception mid-step: waits for the communication in flight, completes the step's
+        calls in the plan's order and starts the next forward at a new step (commplan.recovery; made
+        by the root's next forward when the previous pass did not finish, as FSDP2 needs nothing)."""
+        recovery.reset_step(self)
 
     def state_dict(self, mesh=None):
         """fully_shard's sharded state dict (DTensors, the model's FQNs): commplan.checkpoint."""

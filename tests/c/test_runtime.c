@@ -1164,6 +1164,35 @@ static void test_split_calls_in_the_plans_order(void **state)
  *   not yet recorded);
  *   the next step's first all-gather while last step's reductions are in
  *   flight, unwaited, over bytes they still read. */
+/* A call whose ops record more events than the order check follows
+ * (arena.c CP_ORDER_MAX_RECORDS, 32) is refused in one line, never checked
+ * partly: one unshard instance of 40 copy-ins, each recording an event. */
+static void test_order_refuses_too_many_records(void **state)
+{
+    (void)state;
+    plan_copy c = copy_plan(&fsdp8_uneven_plan);
+    assert_true(c.plan.nops >= 41 && c.plan.nevents > 0);
+    cp_op proto = c.ops[0];
+    for (int i = 0; i < c.plan.nops; i++)
+        if (c.ops[i].kind == CP_OP_COPY_IN) proto = c.ops[i];
+    for (int i = 0; i < 40; i++) {
+        c.ops[i] = proto;
+        c.ops[i].unit = 0;
+        c.ops[i].wait_count = 0;
+        c.ops[i].event = i % c.plan.nevents;
+    }
+    c.ops[40].unit = 1; /* the instance ends at the plan's next op of unit 0's group */
+    cp_order *o = cp_order_new(&c.plan);
+    assert_non_null(o);
+    char err[600] = "";
+    cp_call_part part = { cp_call_unshard, 3, 0 };
+    assert_int_equal(cp_order_call(o, "cp_hostlib_unshard", 0, &part, 1, 0, 0, err, sizeof err), -1);
+    assert_non_null(strstr(err, "records more than 32 events in one call"));
+    assert_null(strchr(err, '\n'));
+    cp_order_free(o);
+    free(c.ops);
+}
+
 static void test_split_calls_refused_out_of_order(void **state)
 {
     (void)state;
@@ -1254,6 +1283,7 @@ int main(void)
         cmocka_unit_test(test_library_order_guards_grads),
         cmocka_unit_test(test_split_calls_in_the_plans_order),
         cmocka_unit_test(test_split_calls_refused_out_of_order),
+        cmocka_unit_test(test_order_refuses_too_many_records),
         cmocka_unit_test(test_divides_in_reduce_dtype_then_cast),
         cmocka_unit_test(test_micro_steps_accumulate_in_reduce_dtype),
         cmocka_unit_test(test_fsdp2_default_adds_each_reduction),

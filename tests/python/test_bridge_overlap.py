@@ -12,6 +12,11 @@ PyTorch's own FSDP2 (fully_shard on gloo, 4 ranks under torchrun), FSDP (dp_shar
   (its reshard), waited for only at the unit's own unshard_wait; and some unit's reduce-scatter is
   still in flight when the next unit's backward ends;
   (and none once the bridge's prefetches are taken out: the mutant the count must tell apart);
+* recovery (commplan.recovery): before the last step, micro-batch 0's backward raises in the mid
+  unit's backward with collectives in flight (the bridge's synchronize leaves none: HostLibrary.
+  synchronize drains them), then a forward raises inside mid's forward; the root's next forward
+  resets the step each time, and the step made again is bit-identical to fully_shard's;
+* the calls are one grouping of the plan's ops (runtime.group_calls) with two kinds tables;
 * the order check is kept: with the bridge's own order check bypassed, the next unit's unshard
   issued at the step's start before the root's is waited for is refused by the library with its
   one line on every rank, before anything is issued.
@@ -63,11 +68,44 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def run_side(model, rank, steps, snaps):
+class Boom(RuntimeError):
+    """The exception raised inside a unit's forward (the recovery check)."""
+
+
+def run_side(model, rank, steps, snaps, fail=None):
+    """fail: (step, fsdp, info): before that step, micro-batch 0's backward raising in mid's
+    backward (a prefetched all-gather and a reduction in flight: the bridge's synchronize must
+    leave none), then a forward raising inside mid's forward, the gradients zeroed: the step is
+    then made in full, each forward after an unfinished pass reset by the bridge (commplan.recovery)."""
     import torch
     import torch.nn.functional as F
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
     for s in range(steps):
+        if fail is not None and s == fail[0]:
+            fsdp, info = fail[1], fail[2]
+            x, y = batch(rank, s, 0)
+
+            def boom_bwd(grad):  # after the bridge's pre-backward of mid (its prefetch issued)
+                info["in_flight"] = len(fsdp.lib._async.pending)
+                fsdp.synchronize()
+                info["after_sync"] = len(fsdp.lib._async.pending)
+                raise Boom("raised in mid's backward")
+            h = model.mid.register_forward_hook(lambda m, a, out: [out.register_hook(boom_bwd), None][1])
+            try:
+                (F.mse_loss(model(x), y) / 2).backward()
+            except Boom:
+                info["raised"] = 1
+            h.remove()
+
+            def boom(module, args):
+                raise Boom("raised inside mid's forward")
+            h = model.mid.register_forward_pre_hook(boom)
+            try:
+                model(batch(rank, s, 1)[0])
+            except Boom:
+                info["raised"] += 1
+            h.remove()
+            opt.zero_grad(set_to_none=True)
         for k in range(2):
             x, y = batch(rank, s, k)
             loss = F.mse_loss(model(x), y) / 2
@@ -137,10 +175,22 @@ def run_case(mesh_kind, rank, steps):
     if fsdp._overlap is None or lib._async is None:
         bad.append("the bridge made no split calls (overlap off or the library without them)")
         return dict(bad=bad, checked=0, pre=0, red=0, refused="", pre_mutant=-1)
+    # one grouping of the plan's ops into calls (runtime.group_calls), the kinds table apart
+    from commplan.overlap import SPLIT_KINDS, split_calls
+    from commplan.runtime import CALL_KINDS, group_calls, library_calls
+    plan = load_plan_json(pj)
+    if split_calls(plan) != group_calls(plan, SPLIT_KINDS) or \
+            library_calls(plan) != [c[:4] for c in group_calls(plan, CALL_KINDS.items())]:
+        bad.append("split_calls / library_calls are not runtime.group_calls with their kinds table")
     log = []
     fsdp._overlap.log = lib._async.log = log
     snaps_b = {}
-    run_side(b, rank, steps, snaps_b)
+    info = {}
+    run_side(b, rank, steps, snaps_b, fail=(steps - 1, fsdp, info))
+    if info.get("raised") != 2 or info.get("in_flight", 0) == 0 or info.get("after_sync") != 0:
+        bad.append("recovery: %s of 2 exceptions raised (backward, forward); %s collectives in flight in mid's "
+                   "backward, %s left after synchronize (want > 0, 0)" % (info.get("raised"), info.get("in_flight"),
+                                                                            info.get("after_sync")))
     pre, red = in_flight(log)
     if os.environ.get("BO_DEBUG") and rank == 0:
         print("log:", log)
@@ -175,7 +225,8 @@ def run_case(mesh_kind, rank, steps):
     except RuntimeError as e:
         refused = str(e)
     fsdp.close()
-    return dict(bad=bad, checked=checked, pre=pre, red=red, refused=refused, pre_mutant=pre_mutant)
+    return dict(bad=bad, checked=checked, pre=pre, red=red, refused=refused, pre_mutant=pre_mutant,
+                in_flight=info.get("in_flight", 0))
 
 
 def worker(args):
@@ -223,8 +274,11 @@ def worker(args):
         failed += bool(bad)
         print("%s %s: %d steps x 2 micro-batches through the split calls, losses, grads and parameters bit-identical "
               "to FSDP2 (%d tensors x ranks); per rank >= %d all-gathers prefetched in flight across a neighbour's "
-              "backward (0 without the prefetches), >= %d reduce-scatters across the next backward; an early issue refused: %s" % (
+              "backward (0 without the prefetches), >= %d reduce-scatters across the next backward; after exceptions in a "
+              "unit's backward (>= %d collectives in flight, drained by synchronize) and forward the step again bit-identical; an "
+              "early issue refused: %s" % (
                   "ok  " if not bad else "FAIL", mesh, args.steps, sum(r["checked"] for r in rows), pre, red,
+                  min(r.get("in_flight", 0) for r in rows),
                   ref[0].split(": ", 1)[-1][:200]))
         for x in bad[:6]:
             print("  %s" % x)
