@@ -3,7 +3,9 @@
 -- generator before pipeline parallel became a module (c7c89b2), since
 -- issue 37 the one that priced compute from shapes (cd5a596: its step
 -- times re-decided the memory plan's holds, so nine plans' arena offsets
--- and event waits moved; nothing else in any table).
+-- and event waits moved; nothing else in any table), since issue 36 the
+-- one whose waits hold for the library's calls too (9897b8f: five TP / CP
+-- plans' packs wait for the previous reduce-scatter themselves).
 --
 --   lua5.4 tests/byte_identity.lua [--base REV] [--dir DIR] [NAME...]
 --
@@ -23,7 +25,7 @@
 package.path = "./?.lua;./tests/lua/?.lua;" .. package.path
 local json = require("gen.json")
 
-local DEFAULT_BASE = "cd5a596"
+local DEFAULT_BASE = "9897b8f"
 -- The fields of a pipeline op, in the order a difference is looked for.
 local OP_FIELDS = { "seq", "kind", "unit", "micro_step", "stream", "group", "dtype", "count", "peer", "batch", "tag",
                     "waits_for" }
