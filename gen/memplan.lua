@@ -58,6 +58,37 @@ memplan.POOL = { ag = "copy_in", unsharded = "compute", grads = "compute", rs_in
 
 local ES = util.DTYPE_BYTES
 local STREAMS = opkinds.STREAMS
+-- The op kinds each library call issues together (runtime/executor.c
+-- cp_call_unshard / cp_call_reduce; the Python bridge's CALL_KINDS).
+-- kind -> { call, position in the call's kinds }.
+local CALL_OF = {
+  copy_in = { "unshard", 1 }, all_gather = { "unshard", 2 }, copy_out = { "unshard", 3 },
+  pack = { "reduce", 1 }, reduce_scatter = { "reduce", 2 }, partial_save = { "reduce", 3 },
+  partial_add = { "reduce", 4 }, partial_fold = { "reduce", 5 }, all_reduce = { "reduce", 6 },
+  view_out = { "reduce", 7 }, view_out_add = { "reduce", 8 },
+}
+
+-- op seq -> the library call instance that issues it (nil: no call does),
+-- grouped as runtime/executor.c cp_run_call groups them: a unit's next
+-- instance starts at its call's first kind or at an earlier kind.
+local function call_instances(ops)
+  local inst, open, n = {}, {}, 0
+  for _, o in ipairs(ops) do
+    local c = CALL_OF[o.kind]
+    if c then
+      local key = o.unit .. "\0" .. c[1]
+      local cur = open[key]
+      if not cur or c[2] == 1 or c[2] < cur.k then
+        n = n + 1
+        cur = { id = n }
+        open[key] = cur
+      end
+      cur.k = c[2]
+      inst[o.seq] = cur.id
+    end
+  end
+  return inst
+end
 
 -- micro_steps: the step's (the pp buffer holds a message per direction
 -- and micro-step, runtime/arena.c); 1 where the caller does not say.
@@ -461,7 +492,8 @@ function memplan.simulate(ops, needs, fixed)
       if v > clock[base + t] then clock[base + t] = v end
     end
   end
-  local waits, need = {}, {}
+  local waits, need, own = {}, {}, {}
+  local inst = call_instances(ops)
   for _, o in ipairs(ops) do
     local seq = o.seq
     local s = index[o.stream]
@@ -483,12 +515,19 @@ function memplan.simulate(ops, needs, fixed)
         end
       end
     elseif set then
-      for t = 1, S do need[t] = false end
+      for t = 1, S do need[t], own[t] = false, false end
       for j in pairs(set) do
         local d = on[j]
-        if clock[base + d] < after[j * S + d] then
+        -- A need across streams inside one library call of the op's unit
+        -- (a copy-out on its all-gather, an all-reduce on its
+        -- reduce-scatter) is waited for directly: the library issues a
+        -- unit's call alone, in another order than the step's, so another
+        -- unit's wait cannot stand for it there (ep2_mixtral: the experts'
+        -- copy-out counted on the dense unit's, issued before its gather).
+        local mine = d ~= s and inst[j] ~= nil and inst[j] == inst[seq]
+        if mine or clock[base + d] < after[j * S + d] then
           local had = need[d]
-          if not had or j > had then need[d] = j end
+          if not had or j > had then need[d], own[d] = j, mine end
         end
       end
       local list
@@ -500,7 +539,7 @@ function memplan.simulate(ops, needs, fixed)
             local k = need[e]
             if k and e ~= d and after[k * S + d] >= mine then covered = true end
           end
-          if not covered then
+          if own[d] or not covered then
             list = list or {}
             list[#list + 1] = j
           end
