@@ -5,7 +5,7 @@
 -- times re-decided the memory plan's holds, so nine plans' arena offsets
 -- and event waits moved; nothing else in any table), since issue 36 the
 -- one whose waits hold for the library's calls too (9897b8f: five TP / CP
--- plans' packs wait for the previous reduce-scatter themselves).
+-- plans' packs wait for the previous reduce-scatter themselves; then af77aa9: the MoE plans' copy-outs wait for their own all-gathers).
 --
 --   lua5.4 tests/byte_identity.lua [--base REV] [--dir DIR] [NAME...]
 --
@@ -25,7 +25,7 @@
 package.path = "./?.lua;./tests/lua/?.lua;" .. package.path
 local json = require("gen.json")
 
-local DEFAULT_BASE = "9897b8f"
+local DEFAULT_BASE = "af77aa9"
 -- The fields of a pipeline op, in the order a difference is looked for.
 local OP_FIELDS = { "seq", "kind", "unit", "micro_step", "stream", "group", "dtype", "count", "peer", "batch", "tag",
                     "waits_for" }
