@@ -69,9 +69,15 @@ class AuditComplete(unittest.TestCase):
     def generate(self, fixture, world, parallel):
         model = commplan.hf_config(os.path.join(FIX, fixture), dtype="fp32", seq_len=SEQ)
         name = re.sub(r"[^A-Za-z0-9_]", "_", fixture[:-len("_config.json")])
+        doc, md, stderr = self.written(name, world, model, parallel, "full")
+        return model, md, doc, stderr
+
+    def written(self, name, world, model, parallel, ac):
+        """The model's plan written (bf16 / fp32 reduce, local batch 1, ac) and generated: (plan.json,
+        SCHEDULE.md, the generator's stderr)."""
         text = commplan.plan_text(name, world, model, parallel=parallel,
                                   fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32"},
-                                  training={"activation_checkpointing": "full", "local_batch_size": 1})
+                                  training={"activation_checkpointing": ac, "local_batch_size": 1})
         path = os.path.join(self.tmp, name + ".lua")
         with open(path, "w") as f:
             f.write(text)
@@ -79,11 +85,10 @@ class AuditComplete(unittest.TestCase):
         r = subprocess.run([LUA, os.path.join(REPO, "gen", "commplan.lua"), path, out], cwd=REPO,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
         self.assertEqual(r.returncode, 0, r.stderr)
-        with open(os.path.join(out, "SCHEDULE.md")) as f:
-            md = f.read()
         with open(os.path.join(out, "plan.json")) as f:
             doc = json.load(f)
-        return model, md, doc, r.stderr
+        with open(os.path.join(out, "SCHEDULE.md")) as f:
+            return doc, f.read(), r.stderr
 
     def test_every_model_is_audited(self):
         for fixture, family, world, parallel in MODELS:
@@ -145,20 +150,8 @@ class AuditComplete(unittest.TestCase):
         if n_heads:
             model["n_heads"] = n_heads
         name = "g_" + re.sub(r"[^A-Za-z0-9_]", "_", fixture[:-len("_config.json")])
-        text = commplan.plan_text(name, world, model, parallel=parallel or {"dp_shard": -1},
-                                  fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32"},
-                                  training={"activation_checkpointing": ac, "local_batch_size": 1})
-        path = os.path.join(self.tmp, name + ".lua")
-        with open(path, "w") as f:
-            f.write(text)
-        out = os.path.join(self.tmp, name)
-        r = subprocess.run([LUA, os.path.join(REPO, "gen", "commplan.lua"), path, out], cwd=REPO,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        with open(os.path.join(out, "plan.json")) as f:
-            doc = json.load(f)
-        with open(os.path.join(out, "SCHEDULE.md")) as f:
-            return doc, f.read()
+        doc, md, _ = self.written(name, world, model, parallel or {"dp_shard": -1}, ac)
+        return doc, md
 
     def test_generic_blocks_priced_as_llama(self):
         """Llama 3 8B written as a generic plan (family="generic": the same units, no family) gets the
