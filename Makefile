@@ -597,7 +597,7 @@ test-emu: emu-build
 # virtual environment outside the clone at
 # ${COMMPLAN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/commplan}/torch-env,
 # built from python/requirements-live.txt under a lock and only when that
-# file changes (tests/live/torch_env.sh; README: cost and removal). make
+# file changes (tests/live/torch_env.sh; docs/testing.md: cost and removal). make
 # test runs the same script (tests/run.sh) and prints SKIP where the
 # package registry cannot be reached.
 # make test-live: PyTorch's fully_shard on gloo, one process per rank

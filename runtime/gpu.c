@@ -533,7 +533,7 @@ int cp_gpu_init(cp_gpu **out, const cp_plan *p, const cp_gpu_kernels *k, const c
     }
     if (env->world_size != p->world_size && strcmp(env->source, "none") == 0) {
         fail(g, "not started by a launcher, but plan %s has %d ranks: start %d processes under torchrun, srun or "
-             "mpirun (README, On GPUs), or use --simulate to run them all on this host", p->name, p->world_size,
+             "mpirun (docs/gpus.md), or use --simulate to run them all on this host", p->name, p->world_size,
              p->world_size);
         goto out;
     }

@@ -1179,6 +1179,19 @@ if command -v python3 >/dev/null 2>&1; then
   esac
 else skipped "python package tests" "python3 not found"; fi
 
+# ---- the README's commands (issue 38, item 5) ----
+# Every command README.md shows, run (or run in a cheap form, or listed with
+# the reason it is not); the quick start in a scratch home outside this
+# tree; the README under 150 lines; its links and docs/testing.md's resolve.
+echo
+section "README: every command it shows, run; its links (tests/readme_commands.py)"
+if command -v python3 >/dev/null 2>&1; then
+  rcn="README: every fenced command run as written, in a cheap form or listed with its reason; the quick start outside this tree; under 150 lines; links resolve (tests/readme_commands.py)"
+  run "$rcn" timeout 600 python3 tests/readme_commands.py
+  grep -ah "^SKIP: " "$(logname "$rcn")" | while IFS= read -r l; do printf '  SKIP  %s\n' "${l#SKIP: }"; done
+  skip=$((skip + $(grep -ac "^SKIP: " "$(logname "$rcn")")))
+else skipped "README commands" "python3 not found"; fi
+
 
 echo
 printf '== the torch lane (started at [%ds], its output kept until now)  [%ds]\n' "$lane_t0" "$SECONDS"

@@ -9,7 +9,7 @@
   torchtitan counts them), and keys they do not know or cannot express are refused.
 * Hostile names are escaped for any byte or refused as the generator refuses them.
 * The model/plan check names the first difference.
-* README's "Training with PyTorch" snippet: its plan-writing half runs here.
+* docs/python.md's "Training with PyTorch" snippet: its plan-writing half runs here.
 """
 import json
 import os
@@ -659,15 +659,15 @@ class FromModule(Tmp):
 
 
 class Readme(Tmp):
-    """README.md's "Training with PyTorch": the first python block after that heading is run with
+    """docs/python.md's "Training with PyTorch" (the README's section until issue 38): the first python block after that heading is run with
     `model` a stand-in of tests/python/tiny_llama.py's llama_tiny; the training half (the second
     block) needs torch 2.x and a GPU: tests/python/train_compare.py runs the same calls."""
 
     def test_plan_writing_snippet(self):
-        with open(os.path.join(REPO, "README.md")) as f:
+        with open(os.path.join(REPO, "docs", "python.md")) as f:
             readme = f.read()
         sec = readme.split("## Training with PyTorch", 1)
-        self.assertEqual(len(sec), 2, "README.md has no '## Training with PyTorch' section")
+        self.assertEqual(len(sec), 2, "docs/python.md has no '## Training with PyTorch' section")
         blocks = re.findall(r"```python\n(.*?)```", sec[1], re.S)
         self.assertGreaterEqual(len(blocks), 2)
         model = fake_llama(fixture("llama_tiny_named_params.json")["units"])
@@ -675,7 +675,7 @@ class Readme(Tmp):
         os.makedirs(os.path.join(self.tmp, "plans"))
         try:
             os.chdir(self.tmp)
-            exec(compile(blocks[0], "README.md snippet", "exec"), {"model": model})
+            exec(compile(blocks[0], "docs/python.md snippet", "exec"), {"model": model})
         finally:
             os.chdir(cwd)
         written = [f for f in os.listdir(os.path.join(self.tmp, "plans")) if f.endswith(".lua")]
