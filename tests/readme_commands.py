@@ -12,8 +12,10 @@ The README's fenced blocks are read in order:
     tests/python/fixtures/ as the user's, and must write nothing into this checkout;
   * a ```lua block is a plan file: it is generated (gen/commplan.lua) and must succeed;
   * a ```text block is output, not run; any other block fails the test.
-It also checks that the README is under MAX_LINES lines and that every relative link in
-README.md and docs/testing.md names an existing file (and, into a .md file, heading).
+After the quick start its `commplan check` runs again with config.json edited (exit 1, one
+line, as the README says) and restored (exit 0). It also checks that the README is under
+MAX_LINES lines and that every relative link in README.md, docs/testing.md and the pages that
+took the README's sections (LINKED) names an existing file (and, into a .md file, heading).
 
 Until h38a's `commplan` CLI lands (`python3 -m commplan write --help` fails), the quick start
 and the links to its docs page print a SKIP line each instead (tests/run.sh shows them); the
@@ -32,7 +34,9 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
-LINKED = ["README.md", "docs/testing.md"]
+# README.md, docs/testing.md and the pages that took the README's other sections
+LINKED = ["README.md", "docs/testing.md", "docs/building.md", "docs/plans.md", "docs/generated-output.md",
+          "docs/binary.md", "docs/gpus.md", "docs/python.md"]
 MAX_LINES = 150
 BLOCK_TIMEOUT = 300
 CONFIG = os.path.join(REPO, "tests", "python", "fixtures", "llama3_8b_config.json")
@@ -188,10 +192,56 @@ def shell_block(body, start, quick, used, scratch, listing):
             after = git_status()
             if before is None or after != before:
                 fail("%s wrote into this checkout:\n%s" % (what, after))
-            svgs = [os.path.join(dp, f) for dp, _, fs in os.walk(env["HOME"]) for f in fs]
+            files = [os.path.join(dp, f) for dp, _, fs in os.walk(env["HOME"]) for f in fs]
             for want in ("SCHEDULE.md", "timeline.svg"):
-                if not any(p.endswith(os.sep + want) for p in svgs):
+                if not any(p.endswith(os.sep + want) for p in files):
                     fail("%s: no %s written under the scratch home" % (what, want))
+            check_after_edit(body, env, what)
+
+
+def check_after_edit(body, env, what):
+    """The README's CI step as it says: its check command exits 1 with one line once config.json
+    changes, and 0 again once it is back (the block's commands up to its cd run first)."""
+    cmds = commands(body)
+    checks = [i for i, (_, w) in enumerate(cmds) if w[:2] == ["commplan", "check"]]
+    cds = [w[1] for _, w in cmds if w[0] == "cd" and len(w) == 2 and w[1].startswith("~/")]
+    if not checks or not cds:
+        return
+    config = os.path.join(env["HOME"], cds[-1][2:], "config.json")
+    if not os.path.exists(config):
+        return
+    prefix = []   # the block's setup: its cheap forms (the install) and its cd's
+    for line, words in cmds:
+        e = entry(words)
+        if e and e[1] == "cheap":
+            prefix.append(e[3])
+        elif words[0] == "cd":
+            prefix.append(line)
+    check = cmds[checks[-1]][0].split("#")[0].strip()
+    with open(config, "rb") as f:
+        orig = f.read()
+    try:
+        edited = orig.replace(b'"num_hidden_layers": 32', b'"num_hidden_layers": 30')
+        if edited == orig:
+            fail("%s: %s has no \"num_hidden_layers\": 32 to edit" % (what, CONFIG))
+            return
+        with open(config, "wb") as f:
+            f.write(edited)
+        r = subprocess.run(["bash", "-c", "\n".join(prefix) + "\n" + check], cwd=REPO, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=BLOCK_TIMEOUT)
+        out = [l for l in r.stdout.split("\n") if l and not l.startswith("+ ")]
+        if r.returncode != 1 or len(out) != 1:
+            fail("%s: `%s` after config.json changed: exit %d, %d lines (the README says exit 1, one line)"
+                 "\n%s" % (what, check, r.returncode, len(out), "\n".join(out[-5:])))
+        else:
+            print("ok: %s: `%s` after config.json changed: exit 1, one line: %s" % (what, check, out[0]))
+    finally:
+        with open(config, "wb") as f:
+            f.write(orig)
+    r = subprocess.run(["bash", "-c", "\n".join(prefix) + "\n" + check], cwd=REPO, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=BLOCK_TIMEOUT)
+    if r.returncode != 0:
+        fail("%s: `%s` with config.json restored: exit %d\n%s" % (what, check, r.returncode, r.stdout[-600:]))
 
 
 def lua_block(body, start, scratch):
