@@ -249,7 +249,7 @@ def lua_block(body, start, scratch):
     with open(plan, "w") as f:
         f.write(body)
     out = os.path.join(scratch, "readme_plan%d" % start)
-    r = subprocess.run(["lua5.4", os.path.join(REPO, "gen", "commplan.lua"), plan, out], cwd=scratch,
+    r = subprocess.run([os.environ.get("LUA", "lua5.4"), os.path.join(REPO, "gen", "commplan.lua"), plan, out], cwd=scratch,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=BLOCK_TIMEOUT)
     if r.returncode != 0 or not os.path.exists(os.path.join(out, "SCHEDULE.md")):
         fail("README.md:%d: the plan file block does not generate: %s" % (start, r.stdout.strip()[-600:]))
