@@ -742,7 +742,7 @@ class CommplanFSDP:
                     if not p.is_meta:
                         flat[:nvalid].view(local).copy_(_shard_of(p.detach(), W, r, k, local))
                 P.sharded = nn.Parameter(flat[:nvalid].view(local), requires_grad=p.requires_grad)
-                P.unsharded = nn.Parameter(self.lib.tensor("unsharded", pindex, numel, ag).view(shape),
+                P.unsharded = nn.Parameter(self.lib.tensor("unsharded", pindex, numel, meta.get("ag_dtype", ag)).view(shape),
                                            requires_grad=p.requires_grad)
                 # in the unit's grad_dtype (torch 2.15's grad_dtype of the unsharded parameter:
                 # copy_ casts the first micro-batch's gradient, add_ sums later ones there)
