@@ -285,6 +285,11 @@ $(1)/test_mixed: tests/c/test_mixed.c $(call rt_objs,$(1)) $(RUNTIME_HDR)
 endef
 $(eval $(call mixed_test,build/tests,))
 $(eval $(call mixed_test,build/tests-asan,$(SAN)))
+# tests/plans/mixed_ag.lua's binary under ASan+UBSan: its simulation checks every byte offset
+build/tests-asan/mixed_ag: runtime/main.c $(RUNTIME_SRC) $(RUNTIME_HDR) build/gen/mixed_ag/plan.c VERSION
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -Ibuild/gen/mixed_ag -DCP_PLAN=mixed_ag_plan -DCP_VERSION='"$(CP_VERSION)"' \
+	  -o $@ runtime/main.c $(RUNTIME_SRC) build/gen/mixed_ag/plan.c -lm
 
 # The NCCL id channels (launch.c, rendezvous.c) alone, plain and under
 # ASan+UBSan; the TCPStore tests start tests/fake_tcpstore.py (python3).

@@ -619,6 +619,10 @@ run "build mixed all-gather dtype tests" $MAKE build/tests/test_mixed build/test
 run "mixed all-gather dtypes on the host backend: copy-in casts per parameter at byte offsets, copy-out by bytes (Shard(1) rows), arena bytes" \
   build/tests/test_mixed
 run "mixed all-gather dtype tests under ASan+UBSan" build/tests-asan/test_mixed
+run "mixed all-gather dtypes: tests/plans/mixed_ag.lua simulated under ASan+UBSan (all ranks, NCCL arithmetic, one rank with stand-in peers)" \
+  bash -c "$MAKE build/tests-asan/mixed_ag && build/tests-asan/mixed_ag --simulate --steps 2 --quiet &&
+    build/tests-asan/mixed_ag --simulate --steps 2 --arith nccl --pattern unique --quiet &&
+    build/tests-asan/mixed_ag --simulate --steps 2 --ranks 1 --quiet"
 run "host fast paths (copies, reductions, patterns) equal the per-element reference, every dtype triple, plain and ASan+UBSan (make test-fastpath)" \
   $MAKE test-fastpath
 run "build rendezvous tests" $MAKE build/tests/test_rendezvous build/tests-asan/test_rendezvous
