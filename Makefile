@@ -276,6 +276,21 @@ endef
 $(eval $(call a2a_test,build/tests,))
 $(eval $(call a2a_test,build/tests-asan,$(SAN)))
 
+# A unit of mixed all-gather dtypes on the host backend (tests/c/test_mixed.c,
+# issue 39): copy-in and copy-out by byte offsets, plain and under ASan+UBSan.
+define mixed_test
+$(1)/test_mixed: tests/c/test_mixed.c $(call rt_objs,$(1)) $(RUNTIME_HDR)
+	@mkdir -p $(1)
+	$$(CC) $$(CSTD) $(2) -O1 -g -Iruntime -o $$@ tests/c/test_mixed.c $(call rt_objs,$(1)) -lcmocka -lm
+endef
+$(eval $(call mixed_test,build/tests,))
+$(eval $(call mixed_test,build/tests-asan,$(SAN)))
+# tests/plans/mixed_ag.lua's binary under ASan+UBSan: its simulation checks every byte offset
+build/tests-asan/mixed_ag: runtime/main.c $(RUNTIME_SRC) $(RUNTIME_HDR) build/gen/mixed_ag/plan.c VERSION
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -Ibuild/gen/mixed_ag -DCP_PLAN=mixed_ag_plan -DCP_VERSION='"$(CP_VERSION)"' \
+	  -o $@ runtime/main.c $(RUNTIME_SRC) build/gen/mixed_ag/plan.c -lm
+
 # The NCCL id channels (launch.c, rendezvous.c) alone, plain and under
 # ASan+UBSan; the TCPStore tests start tests/fake_tcpstore.py (python3).
 RDZV_SRC := tests/c/test_rendezvous.c runtime/rendezvous.c runtime/launch.c runtime/safeio.c
@@ -315,13 +330,16 @@ build/tests-asan/fsdp4_cli: runtime/main.c $(RUNTIME_SRC) $(RUNTIME_HDR) plans/f
 test-c: build/tests/test_runtime build/tests-asan/test_runtime build/tests/test_rendezvous build/tests-asan/test_rendezvous \
         build/tests/test_arith build/tests-asan/test_arith \
         build/tests/test_safeio build/tests-asan/test_safeio \
-        build/tests/test_pp build/tests-asan/test_pp build/tests/test_a2a build/tests-asan/test_a2a
+        build/tests/test_pp build/tests-asan/test_pp build/tests/test_a2a build/tests-asan/test_a2a \
+        build/tests/test_mixed build/tests-asan/test_mixed
 	build/tests/test_runtime
 	build/tests-asan/test_runtime
 	build/tests/test_pp
 	build/tests-asan/test_pp
 	build/tests/test_a2a
 	build/tests-asan/test_a2a
+	build/tests/test_mixed
+	build/tests-asan/test_mixed
 	build/tests/test_rendezvous
 	build/tests-asan/test_rendezvous
 	build/tests/test_arith
@@ -511,9 +529,9 @@ EMU_CC      = $(CC) $(CSTD) $(EMU_CFLAGS) -Itests/emu -Iruntime
 EMU_CXX     = $(CXX) -std=c++17 -Wall -Wextra -Werror -pthread $(EMU_CFLAGS) -include tests/emu/cuda_runtime.h \
               -Itests/emu -Itests/c/kernel_standin -Iruntime
 EMU_EXTRA  := $(KHOST_EXTRA) fsdp3 fsdp2_tp2 pp_tiny pp_tiny_tp pp_tiny_zbv pp_tiny_lbfs pp_tiny_gpipe pp_tiny_izb pp_tiny_dpv \
-              pp_qwen3_tiny pp_ep_mixtral llama_tiny_cptp llama_tiny_cppp
+              pp_qwen3_tiny pp_ep_mixtral llama_tiny_cptp llama_tiny_cppp mixed_ag
 EMU_PLANS  := $(KHOST_ALL) fsdp3 fsdp2_tp2 pp_tiny pp_tiny_tp pp_tiny_zbv pp_tiny_lbfs pp_tiny_gpipe pp_tiny_izb pp_tiny_dpv \
-              pp_qwen3_tiny pp_ep_mixtral llama_tiny_cptp llama_tiny_cppp
+              pp_qwen3_tiny pp_ep_mixtral llama_tiny_cptp llama_tiny_cppp mixed_ag
 EMU_DIR     = $(if $(filter $(1),$(EMU_EXTRA)),build/gen/$(1),plans/$(1))
 EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven llama_tiny_tp
 # The same under ASan+UBSan (the GPU path's own memory errors: a freed

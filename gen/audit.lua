@@ -71,6 +71,10 @@ local function tp_classes_facts(p)
           params[#params + 1] = O({ "name", q.name, "shape", q.shape, "numel", q.numel, "chunk", q.chunk,
             "padded_numel", q.padded, "offset", q.offset, "outer", q.outer, "run", q.run,
             "grad_offset", q.grad_offset })
+          if u.ag_bytes then
+            local o = params[#params]
+            for _, v in ipairs({ "ag_dtype", q.ag_dtype, "ag_offset", q.ag_offset }) do o[#o + 1] = v end
+          end
         end
         cu[#cu + 1] = O({ "name", u.name, "slot_numel", u.total, "grads_numel", u.grads_numel, "vec_ok", u.vec_ok,
           "params", params })
@@ -165,10 +169,17 @@ local function facts(p, face)
   for _, u in ipairs(p.layout.units) do
     local params = {}
     for _, q in ipairs(u.params) do
-      params[#params + 1] = O({ "name", q.name, "shape", q.shape, "dtype", q.dtype, "numel", q.numel,
+      -- (a unit of mixed all-gather dtypes: this parameter's, its byte offset in the slot and in the
+      -- unsharded buffer; "tp_dim" and the rest last, as nil drops them)
+      local mixed = u.ag_bytes and { "ag_dtype", q.ag_dtype, "ag_offset", q.ag_offset,
+        "unsharded_offset", q.unsharded_offset } or {}
+      local kv = { "name", q.name, "shape", q.shape, "dtype", q.dtype, "numel", q.numel,
         "shard_dim", q.shard_dim, "chunk", q.chunk, "padded_numel", q.padded, "offset", q.offset,
-        "outer", q.outer, "run", q.run, "grad_offset", q.grad_offset,
-        "tp_dim", q.tp_dim, "tp_chunk", q.tp_chunk, "full_shape", q.tp_dim and q.full_shape or nil })
+        "outer", q.outer, "run", q.run, "grad_offset", q.grad_offset, table.unpack(mixed) }
+      for _, f in ipairs({ { "tp_dim", q.tp_dim }, { "tp_chunk", q.tp_chunk }, { "full_shape", q.tp_dim and q.full_shape } }) do
+        if f[2] ~= nil then kv[#kv + 1], kv[#kv + 2] = f[1], f[2] end
+      end
+      params[#params + 1] = O(kv)
     end
     local arena = {}
     for _, kind in ipairs(memplan.KINDS) do
@@ -186,6 +197,11 @@ local function facts(p, face)
       "reduce_dtype", u.reduce_dtype, "grad_dtype", u.grad_dtype, "slot_numel", u.total, "grads_numel", u.grads_numel,
       "vec_ok", u.vec_ok, "rs_op", u.rs_op, "ar_op", u.ar_op,
       "pre_divide", u.pre_divide, "post_divide", u.post_divide, "arena", O(arena), "params", params })
+    if u.ag_bytes then -- (FSDP2's uint8 all-gather of a unit of mixed all-gather dtypes: its slot's bytes)
+      local o = units[#units]
+      table.insert(o, #o - 1, "ag_bytes")
+      table.insert(o, #o - 1, u.ag_bytes)
+    end
   end
   local per_family = {}
   for _, f in ipairs(p.groups.list) do
@@ -538,7 +554,9 @@ end
 local function layout_sig(u)
   local t = { #u.params, u.total, u.grads_numel, u.orig_dtype, u.ag_dtype, u.reduce_dtype, u.grad_dtype, u.rs_op, u.ar_op,
               tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide }
-  for _, q in ipairs(u.params) do t[#t + 1] = table.concat(q.shape, "x") .. "/" .. q.shard_dim end
+  for _, q in ipairs(u.params) do
+    t[#t + 1] = table.concat(q.shape, "x") .. "/" .. q.shard_dim .. (u.ag_bytes and "/" .. q.ag_dtype or "")
+  end
   return table.concat(t, "|")
 end
 
@@ -1442,6 +1460,16 @@ function audit.md_groups(p, w)
   w("")
 end
 
+-- A unit of mixed all-gather dtypes (per-parameter param_dtype): its
+-- parameters' dtypes, gathered as raw bytes as FSDP2 does.
+local function mixed_gather_text(u)
+  local n = {}
+  for _, q in ipairs(u.params) do n[q.ag_dtype] = (n[q.ag_dtype] or 0) + 1 end
+  local t = {}
+  for _, d in ipairs(util.sorted_keys(n)) do t[#t + 1] = string.format("%d %s", n[d], d) end
+  return table.concat(t, " + ") .. " as uint8"
+end
+
 function audit.md_units(p, w)
   local W = p.layout.W
   w("### Units and buffer layout (per rank)")
@@ -1462,8 +1490,9 @@ function audit.md_units(p, w)
     local pad, numel = padding_of(u, Wu)
     w("| %s%s | %d | %s | %s | %s | %s, %s | %s%s | %s | %s |", fold.unit_range(names),
       (u.is_root and u.name ~= "root") and " (root)" or "",
-      #u.params, commas(numel), human(u.total * ES[u.orig_dtype]), human(Wu * u.total * ES[u.ag_dtype]),
-      u.ag_dtype, u.reduce_dtype .. (u.grad_dtype ~= u.ag_dtype and string.format(" (micro-steps accumulate grads in %s)",
+      #u.params, commas(numel), human(u.total * ES[u.orig_dtype]), human(Wu * (u.ag_bytes or u.total * ES[u.ag_dtype])),
+      u.ag_bytes and mixed_gather_text(u) or u.ag_dtype, u.reduce_dtype .. (u.grad_dtype ~= u.ag_dtype and string.format(
+        u.ag_bytes and " (grads held in %s)" or " (micro-steps accumulate grads in %s)",
         u.grad_dtype) or ""), u.rs_op, u.pre_divide ~= 1 and string.format(" (/%g, /%g)", u.pre_divide, u.post_divide) or "",
       pad > 0 and string.format("%.1f%%", 100 * pad / (Wu * u.total)) or "0",
       u.vec_ok and "16-byte" or "scalar")

@@ -6,7 +6,7 @@ local rep_mod = require("gen.repeat")
 
 local emit = {}
 
-local DT = { fp32 = "CP_FP32", bf16 = "CP_BF16", fp16 = "CP_FP16" }
+local DT = { fp32 = "CP_FP32", bf16 = "CP_BF16", fp16 = "CP_FP16", u8 = "CP_U8" }
 local RED = { sum = "CP_SUM", avg = "CP_AVG", max = "CP_MAX" }
 local BUF = { "CP_BUF_AG", "CP_BUF_UNSHARDED", "CP_BUF_GRADS", "CP_BUF_RS_IN", "CP_BUF_RS_OUT", "CP_BUF_ACT",
               "CP_BUF_PARTIAL", "CP_BUF_PP", "CP_BUF_A2A_COUNTS", "CP_BUF_A2A_SEND", "CP_BUF_A2A_RECV" } -- memplan.KINDS order
@@ -83,6 +83,11 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
       local row = string.format(".name = %s, .ndim = %s, .shape = { %s }, .shard_dim = %s, .numel = %s, .chunk = %s, "
         .. ".outer = %s, .run = %s, .padded = %s, .offset = %s, .grad_offset = %s", cstr(q.name), #q.shape,
         table.concat(shape, ", "), q.shard_dim, q.numel, q.chunk, q.outer, q.run, q.padded, q.offset, q.grad_offset)
+      if u.ag_bytes then
+        -- mixed all-gather dtypes (runtime/commplan.h): this parameter's dtype and byte offset in the slot
+        row = row .. string.format(", .ag_dtype = %s, .ag_offset = %s, .unsharded_offset = %s", DT[q.ag_dtype],
+          q.ag_offset, q.unsharded_offset)
+      end
       if q.ep_chunk then
         -- expert parallelism: the experts' dim 0 split over ep (runtime/commplan.h:
         -- the unit's split_family key picks the rows, as the TP coordinate does)
@@ -113,6 +118,8 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
         .. (u.a2a_numel and ", " .. fields({ "a2a_numel", opt_int(u.a2a_numel, 0, 0, "unit " .. u.name .. "'s a2a_numel"),
                "a2a_slots", opt_int(u.a2a_slots, 0, 0, "unit " .. u.name .. "'s a2a_slots"),
                "a2a_experts", opt_int(u.a2a_experts, 0, 0, "unit " .. u.name .. "'s a2a_experts") }) or "")
+        -- mixed all-gather dtypes: the slot's bytes (FSDP2's uint8 all-gather input)
+        .. (u.ag_bytes and ", " .. fields({ "ag_bytes", u.ag_bytes, "unsharded_bytes", u.unsharded_bytes }) or "")
         -- expert parallelism's experts: their own FSDP group (efsdp), rows split over ep
         .. (u.expert and ", " .. fields({ "expert", 1,
                "shard_family", u.W > 1 and p.groups.by_name[u.shard_group].id or -1, "shard_size", u.W,

@@ -139,6 +139,9 @@ local SCHEMA = {
            loss_head = { "bool" } },
   param = { name = { "name" }, shape = { "list", max = LIM.dims, why = "runtime/commplan.h CP_MAX_DIMS is 8" },
             dtype = { "enum", enum = DTYPES }, shard_dim = { "int", min = 0, max = LIM.dims - 1 },
+            -- this parameter's all-gather / compute dtype: its unit's param_dtype or its own dtype
+            -- (MixedPrecisionPolicy.param_dtype_override_fn; gen/parallel/fsdp_layout.lua)
+            param_dtype = { "enum", enum = DTYPES },
             -- tensor-parallel placement (gen/parallel/tp.lua): colwise = Shard(0), rowwise = Shard(1)
             tp = { "enum", enum = { "colwise", "rowwise", "replicate", "shard(0)", "shard(1)", "shard(2)", "shard(3)",
                                     "shard(4)", "shard(5)", "shard(6)", "shard(7)" } } },

@@ -702,7 +702,9 @@ local function unit_changes(a, b, list_a, list_b)
       if x.slot_numel ~= y.slot_numel then
         parts[#parts + 1] = string.format("slot %d -> %d elements per rank", x.slot_numel, y.slot_numel)
       end
-      for _, f in ipairs({ "ag_dtype", "reduce_dtype", "grad_dtype", "rs_op", "ar_op", "reshard_after_forward", "vec_ok" }) do
+      -- (ag_bytes: mixed all-gather dtypes, gathered as raw bytes; absent otherwise)
+      for _, f in ipairs({ "ag_dtype", "reduce_dtype", "grad_dtype", "rs_op", "ar_op", "reshard_after_forward", "vec_ok",
+                           "ag_bytes" }) do
         -- plan.json before grad_dtype: the unsharded grads were in ag_dtype
         local xf, yf = x[f], y[f]
         if f == "grad_dtype" then xf, yf = xf or x.ag_dtype, yf or y.ag_dtype end

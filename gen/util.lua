@@ -4,8 +4,9 @@
 -- between calls.
 local util = {}
 
--- Bytes per element of each dtype a plan names.
-util.DTYPE_BYTES = { fp32 = 4, bf16 = 2, fp16 = 2 }
+-- Bytes per element of each dtype a plan names, and u8: the raw bytes FSDP2
+-- all-gathers for a unit of mixed all-gather dtypes (gen/parallel/fsdp_layout.lua).
+util.DTYPE_BYTES = { fp32 = 4, bf16 = 2, fp16 = 2, u8 = 1 }
 
 -- ---- limits ----------------------------------------------------------------
 -- Every number a plan gives is bounded before any arithmetic uses it, so no

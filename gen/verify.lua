@@ -207,7 +207,7 @@ function verify.order(lay, fams, ops)
           "op %d: %d elements beyond the activation buffer", o.seq, elems)
       else
         -- (a part's collectives: its parameters' padded shards, gen/parallel/fsdp_schedule.lua)
-        local total = u.total
+        local total = o.kind == "all_gather" and u.ag_bytes or u.total
         if o.part_first then
           total = 0
           for j = o.part_first + 1, o.part_first + o.part_count do total = total + u.params[j].padded end
@@ -216,7 +216,7 @@ function verify.order(lay, fams, ops)
         check(o.count == total, "op %d count %d != slot %d", o.seq, o.count, total)
         check(o.group ~= "fsdp" and o.group ~= "efsdp" or (u.shard_group or "fsdp") == o.group,
           "op %d: %s of %s on %s", o.seq, o.kind, u.name, o.group)
-        local want = o.kind == "all_gather" and u.ag_dtype or u.reduce_dtype
+        local want = o.kind == "all_gather" and (u.ag_bytes and "u8" or u.ag_dtype) or u.reduce_dtype
         check(o.dtype == want, "op %d dtype %s != %s", o.seq, o.dtype, want)
       end
     end

@@ -11,8 +11,8 @@ int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_buffer k)
     switch (k) {
     case CP_BUF_SHARDED:
     case CP_BUF_SHARDED_GRADS: return U->total * (int64_t)cp_dtype_size(U->orig_dtype);
-    case CP_BUF_AG:
-    case CP_BUF_UNSHARDED: return W * U->total * (int64_t)cp_dtype_size(U->ag_dtype);
+    case CP_BUF_AG: return W * cp_unit_ag_bytes(U);
+    case CP_BUF_UNSHARDED: return U->ag_bytes > 0 ? U->unsharded_bytes : W * cp_unit_ag_bytes(U);
     case CP_BUF_GRADS: return U->grads_numel * (int64_t)cp_dtype_size(U->grad_dtype);
     case CP_BUF_RS_IN: return W * U->total * (int64_t)cp_dtype_size(U->reduce_dtype);
     case CP_BUF_ACT: return U->act_numel * (int64_t)cp_dtype_size(U->ag_dtype);

@@ -767,6 +767,15 @@ static void copy_in(const cp_plan *p, int u, int pf, int pc, int shard_rank, con
     const cp_unit *U = &p->units[u];
     (void)pf;
     (void)pc;
+    if (U->ag_bytes > 0) { /* mixed all-gather dtypes: each shard cast to its own at its byte offset */
+        char *slot = (char *)ag + (size_t)shard_rank * (size_t)U->ag_bytes;
+        for (int j = 0; j < U->nparams; j++) {
+            const cp_param *prm = &p->params[U->first_param + j];
+            cp_convert_n(prm->ag_dtype, slot + prm->ag_offset, U->orig_dtype, at((void *)sharded, prm->offset, U->orig_dtype),
+                         prm->padded);
+        }
+        return;
+    }
     void *slot = at(ag, (int64_t)shard_rank * U->total, U->ag_dtype);
     cp_convert_n(U->ag_dtype, slot, U->orig_dtype, sharded, U->total); /* a memcpy when the dtype stays */
 }
@@ -778,21 +787,26 @@ static void copy_out(const cp_plan *p, int u, int pf, int pc, int shard_rank, co
     (void)pf;
     (void)pc;
     int64_t W = cp_unit_shard_size(p, u);
-    size_t es = cp_dtype_size(U->ag_dtype);
+    /* By bytes: a unit of mixed all-gather dtypes has each parameter in its
+     * own at its byte offset of a rank's slot (ag_bytes per rank), as
+     * FSDP2's copy-out views the uint8 output (_copy_all_gather_outputs). */
+    int64_t slot = cp_unit_ag_bytes(U);
     (void)shard_rank;
     for (int j = 0; j < U->nparams; j++) {
         const cp_param *prm = &p->params[U->first_param + j];
-        char *dst = at(unsharded, W * prm->offset, U->ag_dtype);
+        size_t es = cp_dtype_size(cp_param_ag_dtype(U, prm));
+        int64_t off = cp_param_ag_offset(U, prm);
+        char *dst = (char *)unsharded + cp_param_unsharded_offset(U, prm, W);
         if (prm->outer == 1) { /* rows in rank order already: one copy per rank */
             for (int64_t r = 0; r < W; r++)
-                memcpy(dst + (size_t)(r * prm->run) * es, (const char *)ag + (size_t)(r * U->total + prm->offset) * es,
+                memcpy(dst + (size_t)(r * prm->run) * es, (const char *)ag + (size_t)(r * slot + off),
                        (size_t)prm->run * es);
             continue;
         }
         for (int64_t r = 0; r < W; r++)
             for (int64_t o = 0; o < prm->outer; o++)
                 memcpy(dst + (size_t)(o * W * prm->run + r * prm->run) * es,
-                       (const char *)ag + (size_t)(r * U->total + prm->offset + o * prm->run) * es,
+                       (const char *)ag + (size_t)(r * slot + off) + (size_t)(o * prm->run) * es,
                        (size_t)prm->run * es);
     }
 }

@@ -497,6 +497,23 @@ void cp_checker_fill_shards_as(cp_checker *c, int u, int shard_rank, cp_dtype t,
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
+    if (t == CP_U8) { /* a unit of mixed all-gather dtypes: each shard in its own at its byte offset */
+        memset(out, 0, (size_t)U->ag_bytes);
+        for (int j = 0; j < U->nparams; j++) {
+            int param = U->first_param + j;
+            const cp_param *prm = &p->params[param];
+            int64_t valid = cp_param_valid(prm, shard_rank), k = cp_pattern_param_id(p, param), len;
+            for (int64_t i = 0; i < valid; i += len) {
+                int64_t e = shard_run(prm, U_W(c, u), shard_rank, U_TR(c, u), i, valid, &len);
+                if (len > CP_BLOCK) len = CP_BLOCK;
+                param_n(c->pattern, U->orig_dtype, k, c->param_base[param], e, len, c->step, c->work);
+                cp_round_n(U->orig_dtype, c->work, len);
+                cp_store_n(prm->ag_dtype, (char *)out + prm->ag_offset + (size_t)i * cp_dtype_size(prm->ag_dtype), len,
+                           c->work);
+            }
+        }
+        return;
+    }
     size_t es = cp_dtype_size(t);
     float *v = c->work;
     int64_t done = 0; /* elements written so far: the gaps and padding between are zeros */
@@ -534,12 +551,13 @@ static void check_unsharded_part(cp_checker *c, void *arg, int part, int nparts)
     const char *when = jb->when;
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
-    size_t es = cp_dtype_size(U->ag_dtype);
     float *want = c->work, *got = c->work + CP_BLOCK;
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
-        const char *full = (const char *)unsharded + (size_t)(U_W(c, u) * prm->offset) * es;
+        cp_dtype ad = cp_param_ag_dtype(U, prm); /* (a unit of mixed all-gather dtypes: the parameter's own) */
+        size_t es = cp_dtype_size(ad);
+        const char *full = (const char *)unsharded + cp_param_unsharded_offset(U, prm, U_W(c, u));
         int64_t k = cp_pattern_param_id(p, param), len, lo, hi;
         part_range(prm->numel, part, nparts, &lo, &hi);
         for (int64_t i = lo; i < hi; i += len) {
@@ -547,8 +565,8 @@ static void check_unsharded_part(cp_checker *c, void *arg, int part, int nparts)
             if (len > CP_BLOCK) len = CP_BLOCK;
             param_n(c->pattern, U->orig_dtype, k, c->param_base[param], e, len, c->step, want);
             cp_round_n(U->orig_dtype, want, len);
-            cp_round_n(U->ag_dtype, want, len);
-            cp_load_n(U->ag_dtype, full + (size_t)i * es, len, got);
+            cp_round_n(ad, want, len);
+            cp_load_n(ad, full + (size_t)i * es, len, got);
             if (differ_n(want, got, len))
                 for (int64_t q = 0; q < len; q++)
                     if (!same(want[q], got[q])) report(c, when, u, param, e + q, want[q], got[q]);
@@ -641,9 +659,10 @@ static void add_grads_part(cp_checker *c, void *arg, int part, int nparts)
              * buffer (grad_dtype) as autograd's AccumulateGrad does with
              * the unsharded parameter's grad_dtype (torch 2.15): cast to it,
              * then assigned afresh or added in it. */
-            if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(U->ag_dtype, k, e, len, micro, c->step, base);
-            grad_n(c->pattern, U->ag_dtype, k, e, len, c->rank, micro, c->step, base, gv);
-            cp_round_n(U->ag_dtype, gv, len);
+            cp_dtype cd = cp_param_ag_dtype(U, prm); /* its compute dtype */
+            if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(cd, k, e, len, micro, c->step, base);
+            grad_n(c->pattern, cd, k, e, len, c->rank, micro, c->step, base, gv);
+            cp_round_n(cd, gv, len);
             cp_round_n(U->grad_dtype, gv, len);
             if (!fresh) {
                 cp_load_n(U->grad_dtype, g + (size_t)i * es, len, cur);
@@ -691,7 +710,7 @@ static float packed(const cp_unit *U, float acc)
  * replica's reduce-scatter value in its partial sum (assigned, then added in
  * the reduce dtype); the last adds its own value and the partial sum
  * (reduce_output += partial_reduce_output) before the all-reduce. */
-static float expect_element(const cp_checker *c, int u, int row, int64_t k, int64_t e, int rs_key, int key)
+static float expect_element(const cp_checker *c, int u, cp_dtype cd, int row, int64_t k, int64_t e, int rs_key, int key)
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
@@ -704,7 +723,7 @@ static float expect_element(const cp_checker *c, int u, int row, int64_t k, int6
         if (m < 0) break;
         int fresh = fresh_at(c, row, kk);
         for (int i = 0; i < W * R; i++) {
-            float g = round_to(U->ag_dtype, cp_pattern_grad(c->pattern, U->ag_dtype, k, e, U_MEM(c, u)[i], m, c->step));
+            float g = round_to(cd, cp_pattern_grad(c->pattern, cd, k, e, U_MEM(c, u)[i], m, c->step));
             g = round_to(U->grad_dtype, g);
             c->acc[i] = round_to(U->grad_dtype, fresh ? g : c->acc[i] + g);
         }
@@ -738,8 +757,8 @@ static float expect_element(const cp_checker *c, int u, int row, int64_t k, int6
  * consecutive elements under one pair of chains), into out: each member's
  * grads as a block, the reductions as blocks (cp_reduce_arith_f), the same
  * roundings in the same order, so the same bits. */
-static void expect_block(const cp_checker *c, int u, int row, int64_t k, int64_t e, int64_t n, int rs_key, int key,
-                         float *out)
+static void expect_block(const cp_checker *c, int u, cp_dtype cd, int row, int64_t k, int64_t e, int64_t n, int rs_key,
+                         int key, float *out)
 {
     const cp_plan *p = c->plan;
     const cp_unit *U = &p->units[u];
@@ -753,12 +772,12 @@ static void expect_block(const cp_checker *c, int u, int row, int64_t k, int64_t
         int m = micro_at(c, row, kk);
         if (m < 0) break;
         int fresh = fresh_at(c, row, kk);
-        if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(U->ag_dtype, k, e, n, m, c->step, base);
+        if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(cd, k, e, n, m, c->step, base);
         for (int i = 0; i < W * R; i++) {
             if (c->solo && i / W != q0) continue; /* the other replicas copy this one's */
             float *a = acc + (size_t)i * B;
-            grad_n(c->pattern, U->ag_dtype, k, e, n, U_MEM(c, u)[i], m, c->step, base, g);
-            cp_round_n(U->ag_dtype, g, n);
+            grad_n(c->pattern, cd, k, e, n, U_MEM(c, u)[i], m, c->step, base, g);
+            cp_round_n(cd, g, n);
             cp_round_n(U->grad_dtype, g, n);
             if (fresh) memcpy(a, g, (size_t)n * sizeof *a);
             else for (int64_t j = 0; j < n; j++) a[j] += g[j];
@@ -866,11 +885,12 @@ void cp_checker_member_packed(cp_checker *c, int u, int part_first, int part_cou
                 int m = micro_at(c, cell, kk);
                 int fresh = fresh_at(c, cell, kk);
                 /* one hash per element, shared by every member (their grads differ by the rank factor) */
-                if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(U->ag_dtype, k, e, len, m, c->step, base);
+                cp_dtype cd = cp_param_ag_dtype(U, prm);
+                if (c->pattern != CP_PATTERN_ORACLE) grad_base_n(cd, k, e, len, m, c->step, base);
                 for (int q = 0; q < nmembers; q++) {
                     float *a = acc + (size_t)q * B;
-                    grad_n(c->pattern, U->ag_dtype, k, e, len, members[q], m, c->step, base, g);
-                    cp_round_n(U->ag_dtype, g, len);
+                    grad_n(c->pattern, cd, k, e, len, members[q], m, c->step, base, g);
+                    cp_round_n(cd, g, len);
                     cp_round_n(U->grad_dtype, g, len);
                     if (fresh) memcpy(a, g, (size_t)len * sizeof *a);
                     else for (int64_t x = 0; x < len; x++) a[x] += g[x];
@@ -921,7 +941,7 @@ static void expect_unit_part(cp_checker *c, void *arg, int part, int nparts)
             if (rs_end - at < len) len = rs_end - at;
             if (ar_end - at < len) len = ar_end - at;
             if (len > CP_BLOCK) len = CP_BLOCK;
-            expect_block(c, u, row, k, e, len, rs_key, key, out + prm->offset + i);
+            expect_block(c, u, cp_param_ag_dtype(U, prm), row, k, e, len, rs_key, key, out + prm->offset + i);
         }
     }
 }
@@ -937,13 +957,13 @@ static void expect_unit(cp_checker *c, int u, float *out)
  * choice: got may be the bits of any position that split can give it
  * (0 .. cp_nccl_all_reduce_max_key: the first 16 bytes always finish on
  * position 0), each position's value worked out in full; no other. */
-static int any_ring_order(const cp_checker *c, int u, int row, int64_t k, int64_t e, int64_t at, float got)
+static int any_ring_order(const cp_checker *c, int u, cp_dtype cd, int row, int64_t k, int64_t e, int64_t at, float got)
 {
     int R = c->plan->replicate_size;
     if (c->arith != CP_ARITH_NCCL || R < 2) return 0;
     int last = cp_nccl_all_reduce_max_key(c->plan->units[u].reduce_dtype, at, R);
     for (int key = 0; key <= last; key++)
-        if (same(expect_element(c, u, row, k, e, U_SR(c, u), key), got)) return 1;
+        if (same(expect_element(c, u, cd, row, k, e, U_SR(c, u), key), got)) return 1;
     return 0;
 }
 
@@ -968,7 +988,7 @@ static void compare_grads(cp_checker *c, int u, const float *want, const void *s
                 int64_t e = cp_param_full_index(prm, U_TR(c, u),
                                                 cp_param_global_index(prm, U_W(c, u), U_SR(c, u), i));
                 int row = row_of(c, u, j);
-                if (i < valid && any_ring_order(c, u, row, cp_pattern_param_id(p, param), e,
+                if (i < valid && any_ring_order(c, u, cp_param_ag_dtype(U, prm), row, cp_pattern_param_id(p, param), e,
                                                 prm->offset - c->cell_rs[2 * (size_t)row] + i, got[q]))
                     continue;
                 report(c, i < valid ? "reduced sharded grad" : "grad padding", u, param, i < valid ? e : -1, w[q],

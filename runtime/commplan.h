@@ -20,7 +20,9 @@ extern "C" {
 #define CP_MAX_DIMS 8      /* tensor dims per parameter */
 #define CP_MAX_MESH_DIMS 6 /* dp_replicate, dp_shard, ep, cp, tp, pp */
 
-typedef enum { CP_FP32 = 0, CP_BF16 = 1, CP_FP16 = 2 } cp_dtype;
+/* CP_U8: raw bytes, the dtype of the all-gather of a unit whose parameters
+ * gather in different dtypes (cp_unit.ag_bytes; FSDP2's uint8 all-gather). */
+typedef enum { CP_FP32 = 0, CP_BF16 = 1, CP_FP16 = 2, CP_U8 = 3 } cp_dtype;
 typedef enum { CP_SUM = 0, CP_AVG = 1, CP_MAX = 2 /* loss_parallel's per-token max */ } cp_reduce_op;
 
 /* An op kind's facts live in one descriptor (cp_op_descs, executor.c; the
@@ -85,6 +87,13 @@ typedef struct {
      * rank; full_numel is the full parameter's. */
     int tp_sharded, tp_dim;
     int64_t tp_full, tp_chunk, full_numel;
+    /* A unit of mixed all-gather dtypes (its ag_bytes > 0; per-parameter
+     * MixedPrecisionPolicy param_dtype): this parameter's all-gather and
+     * compute dtype and its byte offset in the unit's all-gather slot;
+     * elsewhere unused (C's zero default): cp_param_ag_dtype / cp_param_ag_offset. */
+    cp_dtype ag_dtype;
+    int64_t ag_offset;
+    int64_t unsharded_offset; /* its byte offset in the unit's unsharded buffer (16-byte aligned) */
 } cp_param;
 
 /* A unit's buffers. The first eight are transient, placed in one arena per
@@ -160,7 +169,34 @@ typedef struct {
      * does for a TP-split one (tp_sharded, tp_full, tp_chunk). */
     int expert;
     int shard_family, shard_size, split_family;
+    /* > 0: the parameters gather in different dtypes (each its cp_param.ag_dtype;
+     * ag_dtype stays the unit's compute dtype): the all-gather slot is ag_bytes
+     * bytes per rank, each parameter's padded shard at its ag_offset, gathered as
+     * CP_U8 (torch 2.15 _fsdp_collectives.py:369-379); 0: total elements of ag_dtype. */
+    int64_t ag_bytes;
+    int64_t unsharded_bytes; /* with ag_bytes: the unsharded buffer's bytes (each parameter 16-byte aligned) */
 } cp_unit;
+
+/* A parameter's all-gather dtype, its byte offset in its unit's slot, and
+ * the slot's bytes per rank, for either kind of unit. */
+static inline cp_dtype cp_param_ag_dtype(const cp_unit *U, const cp_param *prm)
+{
+    return U->ag_bytes > 0 ? prm->ag_dtype : U->ag_dtype;
+}
+static inline int64_t cp_param_ag_offset(const cp_unit *U, const cp_param *prm)
+{
+    return U->ag_bytes > 0 ? prm->ag_offset : prm->offset * (U->ag_dtype == CP_FP32 ? 4 : 2);
+}
+static inline int64_t cp_unit_ag_bytes(const cp_unit *U)
+{
+    return U->ag_bytes > 0 ? U->ag_bytes : U->total * (U->ag_dtype == CP_FP32 ? 4 : 2);
+}
+/* Where a parameter's unsharded (W x padded) tensor starts in the unit's
+ * unsharded buffer, in bytes, on a shard group of W ranks. */
+static inline int64_t cp_param_unsharded_offset(const cp_unit *U, const cp_param *prm, int64_t W)
+{
+    return U->ag_bytes > 0 ? prm->unsharded_offset : W * prm->offset * (U->ag_dtype == CP_FP32 ? 4 : 2);
+}
 
 typedef struct {
     const char *name;

@@ -581,6 +581,70 @@ static inline cudaError_t cp_ktables_prepare(cp_ktables *t, const cp_plan *p, in
 #endif
 }
 
+/* A unit of mixed all-gather dtypes (cp_unit.ag_bytes > 0: per-parameter
+ * param_dtype, FSDP2's uint8 all-gather, _fsdp_collectives.py:369-379):
+ * its copy-in casts each parameter's shard to that parameter's own dtype at
+ * its byte offset of the rank's slot (a one-parameter view of the copy-in
+ * kernel, or a byte copy when the dtype stays), and its copy-out copies
+ * each rank's run of bytes to the parameter's unsharded tensor, as FSDP2's
+ * split_with_sizes_copy of the uint8 output does: byte offsets in the slot
+ * need not be multiples of an fp32 element. A cast to a 4-byte dtype at a
+ * byte offset that is not a multiple of 4 (16-bit parameters with a fp32
+ * param_dtype, some kept in 16 bits) cannot be stored by the device kernel:
+ * cudaErrorInvalidValue (the host bodies do it). */
+static inline cudaError_t cp_kbytes(void *dst, const void *src, size_t n, cudaStream_t s, int host)
+{
+    if (n == 0) return cudaSuccess;
+    if (host) {
+        memcpy(dst, src, n);
+        return cudaSuccess;
+    }
+#if defined(__CUDACC__) || defined(CP_CUDA_EMULATOR)
+    return cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s);
+#else
+    (void)s;
+    return cudaErrorNotSupported;
+#endif
+}
+
+static inline cudaError_t cp_kmixed_run(cp_ktables *t, const cp_unit &PU, const cp_param *pparams, int op, int unit,
+                                        int shard_rank, const void *in, void *out, cudaStream_t s, int host)
+{
+    const cp_kunit &U = t->units[unit];
+    size_t oes = PU.orig_dtype == CP_FP32 ? 4 : 2;
+    for (int j = 0; j < PU.nparams; j++) {
+        const cp_param &q = pparams[PU.first_param + j];
+        size_t es = q.ag_dtype == CP_FP32 ? 4 : 2;
+        cudaError_t e = cudaSuccess;
+        if (op == CP_K_COPY_IN) {
+            const char *src = static_cast<const char *>(in) + (size_t)q.offset * oes;
+            char *dst = static_cast<char *>(out) + (size_t)shard_rank * (size_t)PU.ag_bytes + (size_t)q.ag_offset;
+            if (q.ag_dtype == PU.orig_dtype) e = cp_kbytes(dst, src, (size_t)q.padded * es, s, host);
+            else if (!host && (size_t)q.ag_offset % es != 0) e = cudaErrorInvalidValue;
+            else {
+                cp_kunit one = U;
+                one.first_param = PU.first_param + j;
+                one.nparams = 1;
+                one.total = q.padded;
+                one.vec_ok = 0;
+                cp_kview v = { (host ? t->host : t->device) + PU.first_param + j, one, U.W, 0, 0 };
+                int dt[4] = { (int)PU.orig_dtype, (int)q.ag_dtype, (int)PU.reduce_dtype, (int)PU.grad_dtype };
+                e = cp_kdispatch_dtypes(CP_K_COPY_IN, v, dt, 0, src, dst, s, host);
+            }
+        } else {
+            char *dst = static_cast<char *>(out) + (size_t)q.unsharded_offset;
+            for (int r = 0; r < U.W && e == cudaSuccess; r++)
+                for (long long o = 0; o < q.outer && e == cudaSuccess; o++)
+                    e = cp_kbytes(dst + (size_t)(o * U.W * q.run + (long long)r * q.run) * es,
+                                  static_cast<const char *>(in) + (size_t)r * (size_t)PU.ag_bytes + (size_t)q.ag_offset +
+                                      (size_t)(o * q.run) * es,
+                                  (size_t)q.run * es, s, host);
+        }
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
 /* One unit's copy for TP class c with that class's tables t: on the
  * device (host = 0; prepared on first use) or its group bodies on the CPU
  * (host = 1). shard_rank is this rank's key in the unit's own shard group
@@ -599,6 +663,9 @@ static inline cudaError_t cp_ktables_run(cp_ktables *t, const cp_plan *p, int c,
     cudaError_t e = host ? cp_ktables_build_host(t, p, c) : cp_ktables_prepare(t, p, c);
     if (e != cudaSuccess) return e;
     const cp_kunit &U = t->units[unit];
+    const cp_unit &PU = cp_kclass_units(p, c)[unit];
+    if (PU.ag_bytes > 0 && (op == CP_K_COPY_IN || op == CP_K_COPY_OUT))
+        return cp_kmixed_run(t, PU, cp_kclass_params(p, c), op, unit, shard_rank, in, out, s, host);
     cp_kview v = { (host ? t->host : t->device) + U.first_param, U, U.W, 0, 0 };
     if (part_count != 0 || part_first != 0) {
         if (part_count < 1 || part_first < 0 || part_first > U.nparams - part_count ||

@@ -8,7 +8,7 @@
 #include "commplan.h"
 #include "cp_simd.h"
 
-size_t cp_dtype_size(cp_dtype t) { return t == CP_FP32 ? 4 : 2; }
+size_t cp_dtype_size(cp_dtype t) { return t == CP_FP32 ? 4 : t == CP_U8 ? 1 : 2; }
 
 const char *cp_dtype_name(cp_dtype t)
 {
@@ -16,6 +16,7 @@ const char *cp_dtype_name(cp_dtype t)
     case CP_FP32: return "fp32";
     case CP_BF16: return "bf16";
     case CP_FP16: return "fp16";
+    case CP_U8: return "u8";
     }
     return "?";
 }
@@ -66,9 +67,12 @@ float cp_fp16_to_float(uint16_t h)
     return u2f(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+/* CP_U8 (raw bytes: a mixed-dtype unit's all-gather) loads and stores a
+ * byte's value, 0..255, as the recordings print torch's uint8. */
 float cp_load(cp_dtype t, const void *base, int64_t i)
 {
     if (t == CP_FP32) return ((const float *)base)[i];
+    if (t == CP_U8) return (float)((const unsigned char *)base)[i];
     uint16_t h = ((const uint16_t *)base)[i];
     return t == CP_BF16 ? cp_bf16_to_float(h) : cp_fp16_to_float(h);
 }
@@ -76,6 +80,7 @@ float cp_load(cp_dtype t, const void *base, int64_t i)
 void cp_store(cp_dtype t, void *base, int64_t i, float v)
 {
     if (t == CP_FP32) ((float *)base)[i] = v;
+    else if (t == CP_U8) ((unsigned char *)base)[i] = (unsigned char)v;
     else ((uint16_t *)base)[i] = t == CP_BF16 ? cp_float_to_bf16(v) : cp_float_to_fp16(v);
 }
 

@@ -323,7 +323,7 @@ void *cp_executor_param_ptr(const cp_executor *ex, int param, cp_buffer k)
     const cp_param *prm = &p->params[param];
     char *base = ex->buf[k][u];
     switch (k) {
-    case CP_BUF_UNSHARDED: return base + (size_t)(cp_unit_shard_size(p, u) * prm->offset) * cp_dtype_size(U->ag_dtype);
+    case CP_BUF_UNSHARDED: return base + (size_t)cp_param_unsharded_offset(U, prm, cp_unit_shard_size(p, u));
     case CP_BUF_GRADS: return base + (size_t)prm->grad_offset * cp_dtype_size(U->grad_dtype);
     default: return base + (size_t)prm->offset * cp_dtype_size(U->orig_dtype);
     }

@@ -105,7 +105,11 @@ static int fail(cp_gpu *g, const char *fmt, ...)
                         ncclGetLastError(NULL));                                                                       \
     } while (0)
 
-static ncclDataType_t nccl_type(cp_dtype t) { return t == CP_FP32 ? ncclFloat32 : t == CP_BF16 ? ncclBfloat16 : ncclFloat16; }
+/* CP_U8: the raw-byte all-gather of a unit of mixed all-gather dtypes (ncclUint8, as FSDP2's torch.uint8). */
+static ncclDataType_t nccl_type(cp_dtype t)
+{
+    return t == CP_FP32 ? ncclFloat32 : t == CP_BF16 ? ncclBfloat16 : t == CP_U8 ? ncclUint8 : ncclFloat16;
+}
 static ncclRedOp_t nccl_op(cp_reduce_op op) { return op == CP_AVG ? ncclAvg : op == CP_MAX ? ncclMax : ncclSum; }
 
 /* Whether any rank issues work on family f: any class's ops name it, or

@@ -211,7 +211,7 @@ static void dump_values(FILE *f, cp_dtype t, const void *base, int64_t off, int6
 
 static const char *torch_dtype(cp_dtype t)
 {
-    return t == CP_FP32 ? "torch.float32" : t == CP_BF16 ? "torch.bfloat16" : "torch.float16";
+    return t == CP_FP32 ? "torch.float32" : t == CP_BF16 ? "torch.bfloat16" : t == CP_U8 ? "torch.uint8" : "torch.float16";
 }
 
 /* JSON string of a name: the plan's names are printable ASCII, but any

@@ -288,7 +288,8 @@ static int solo_collective(void *user, int coll, int family, int color, int key,
                 if (m != key) memset(o + (size_t)m * slot, 0, slot);
             return 0;
         }
-        standin_job j = { .unit = op->unit, .key = key, .size = size, .t = U->ag_dtype, .out = o, .slot = slot };
+        standin_job j = { .unit = op->unit, .key = key, .size = size, .t = U->ag_bytes > 0 ? CP_U8 : U->ag_dtype, .out = o,
+                          .slot = slot };
         cp_checker_in_parts(c, gather_part, &j);
         return 0;
     }

@@ -614,6 +614,15 @@ run "build expert-parallel all-to-all tests" $MAKE build/tests/test_a2a build/te
 run "expert all-to-alls on the host backend: ep 2 and 4, drawn and given counts (zero, full, one past capacity refused), round trip, backward splits" \
   build/tests/test_a2a
 run "expert all-to-all tests under ASan+UBSan" build/tests-asan/test_a2a
+# Issue 39: a unit of mixed all-gather dtypes (FSDP2's uint8 all-gather): copies by byte offsets.
+run "build mixed all-gather dtype tests" $MAKE build/tests/test_mixed build/tests-asan/test_mixed
+run "mixed all-gather dtypes on the host backend: copy-in casts per parameter at byte offsets, copy-out by bytes (Shard(1) rows), arena bytes" \
+  build/tests/test_mixed
+run "mixed all-gather dtype tests under ASan+UBSan" build/tests-asan/test_mixed
+run "mixed all-gather dtypes: tests/plans/mixed_ag.lua simulated under ASan+UBSan (all ranks, NCCL arithmetic, one rank with stand-in peers)" \
+  bash -c "$MAKE build/tests-asan/mixed_ag && build/tests-asan/mixed_ag --simulate --steps 2 --quiet &&
+    build/tests-asan/mixed_ag --simulate --steps 2 --arith nccl --pattern unique --quiet &&
+    build/tests-asan/mixed_ag --simulate --steps 2 --ranks 1 --quiet"
 run "host fast paths (copies, reductions, patterns) equal the per-element reference, every dtype triple, plain and ASan+UBSan (make test-fastpath)" \
   $MAKE test-fastpath
 run "build rendezvous tests" $MAKE build/tests/test_rendezvous build/tests-asan/test_rendezvous
@@ -790,6 +799,8 @@ if command -v valgrind >/dev/null 2>&1; then
     valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/tests/test_pp
   run "valgrind: expert all-to-all tests (refused layers included) have no leaks or errors" \
     valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/tests/test_a2a
+  run "valgrind: mixed all-gather dtype tests (byte-offset copies) have no leaks or errors" \
+    valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/tests/test_mixed
 else skipped "valgrind" "not installed"; fi
 
 section "FSDP2 recordings (tests/oracle): layouts, collectives, shards and grads byte for byte"

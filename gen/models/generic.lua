@@ -50,7 +50,8 @@ function generic.units(ctx, model)
       end
       seen_param[p.name] = u.name
       check_c_name(ctx, param_ids, "parameter", "PARAM", p.name, ppath)
-      params[j] = { name = p.name, shape = p.shape, dtype = p.dtype, shard_dim = p.shard_dim, tp = p.tp }
+      params[j] = { name = p.name, shape = p.shape, dtype = p.dtype, shard_dim = p.shard_dim, tp = p.tp,
+                    param_dtype = p.param_dtype }
     end
     -- torchtitan's [norm, lm_head] unit (ChunkedLossWrapper's, gen/parallel/fsdp_schedule.lua):
     -- the norm's weight, then lm_head's, as fully_shard([norm, lm_head]) orders them

@@ -80,6 +80,33 @@ function layout.reduction(reduce_op, reduce_dtype, W, R)
   return { rs_op = "sum", ar_op = "sum", pre_divide = pre, post_divide = dp / pre }
 end
 
+-- Each parameter's all-gather dtype: the unit's param_dtype, or the
+-- parameter's own param_dtype (torch 2.15 MixedPrecisionPolicy's
+-- param_dtype_override_fn, _fsdp_api.py:68-110: it may return the unit's
+-- param_dtype or the parameter's own dtype, nothing else). Returns the list
+-- and whether they differ: then FSDP2's foreach_all_gather sees inputs of
+-- several dtypes and all-gathers their bytes as uint8
+-- (_fsdp_collectives.py:369-372, 922-942).
+function layout.param_ag_dtypes(ctx, u, upath, ag_dtype)
+  local out, mixed = {}, false
+  for j, p in ipairs(u.params) do
+    local d = p.param_dtype or ag_dtype
+    if d ~= ag_dtype and d ~= p.dtype then
+      util.field_error(ctx, string.format("%s.params[%d].param_dtype", upath, j), string.format(
+        "%s's param_dtype %s is neither the unit's param_dtype (%s) nor its own dtype (%s), and FSDP2 refuses any "
+        .. "other (torch 2.15 _fsdp_api.py:98-104, MixedPrecisionPolicy.param_dtype_override_fn): use %s or %s",
+        p.name, d, ag_dtype, p.dtype, ag_dtype, p.dtype))
+    end
+    out[j] = d
+    mixed = mixed or d ~= ag_dtype
+  end
+  return out, mixed
+end
+
+-- The all-gather slot's bytes per rank, and each parameter's all-gather
+-- dtype and byte offset in it (one dtype per unit unless ag_bytes).
+function layout.ag_slot_bytes(u) return u.ag_bytes or u.total * layout.DTYPE_BYTES[u.ag_dtype] end
+
 local LIM = util.LIMITS
 
 -- Bounds before the arithmetic that depends on them: units x micro-steps
@@ -115,8 +142,10 @@ end
 local function arena_bound(u, W, running)
   local es_ag, es_red = layout.DTYPE_BYTES[u.ag_dtype], layout.DTYPE_BYTES[u.reduce_dtype]
   local full = util.mul_within(W, u.total, LIM.bytes)
+  local ag_full = u.ag_bytes and util.mul_within(W, u.ag_bytes, LIM.bytes)
   local terms = {
-    full and util.mul_within(full, 2 * es_ag, LIM.bytes),
+    u.ag_bytes and ag_full and util.add_within(ag_full, u.unsharded_bytes, LIM.bytes)
+      or not u.ag_bytes and full and util.mul_within(full, 2 * es_ag, LIM.bytes),
     full and util.mul_within(full, es_red, LIM.bytes),
     util.mul_within(u.grads_numel, layout.DTYPE_BYTES[u.grad_dtype], LIM.bytes),
     util.mul_within(u.total, es_red, LIM.bytes),
@@ -150,7 +179,9 @@ function layout.build(ctx, units, d, fsdp)
     for j, p in ipairs(u.params) do
       if p.dtype ~= orig then
         util.field_error(ctx, string.format("%s.params[%d].dtype", upath, j), string.format(
-          "unit %q mixes dtypes (%s is %s, %s is %s); FSDP2 needs one dtype per unit: set the same dtype",
+          "unit %q mixes parameter dtypes (%s is %s, %s is %s), which FSDP2 refuses for trainable parameters "
+          .. "(torch 2.15 _fsdp_param_group.py:344-348, 'FSDP expects uniform original parameter dtype'): set the "
+          .. "same dtype, and keep a parameter in its dtype for the all-gather with its param_dtype instead",
           u.name, u.params[1].name, orig, p.name, p.dtype))
       end
     end
@@ -159,6 +190,7 @@ function layout.build(ctx, units, d, fsdp)
     -- grad dtype, their original dtype (before 2.15: in param_dtype).
     local ag_dtype = u.param_dtype or fsdp.param_dtype or orig
     local reduce_dtype = u.reduce_dtype or fsdp.reduce_dtype or orig
+    local ag, mixed = layout.param_ag_dtypes(ctx, u, upath, ag_dtype)
     -- The unsharded grads' dtype (torch 2.15: the unsharded parameter's
     -- grad_dtype is reduce_dtype, so autograd casts each backward's gradient,
     -- computed in ag_dtype, to it and accumulates in it). A reduce_dtype
@@ -170,10 +202,14 @@ function layout.build(ctx, units, d, fsdp)
       or fsdp.grad_accumulation == "step_end")
     local wider = layout.DTYPE_BYTES[reduce_dtype] > layout.DTYPE_BYTES[ag_dtype]
     local grad_dtype = (wider and not accumulating) and ag_dtype or reduce_dtype
+    -- A mixed unit's gradients are computed in each parameter's own dtype;
+    -- reduce_dtype holds every one of them exactly as its packing reads it
+    -- (FSDP2 casts each to reduce_dtype there: foreach_reduce_scatter_copy_in).
+    if mixed then grad_dtype = reduce_dtype end
     -- Expert parallelism's experts group (gen/parallel/ep.lua): sharded
     -- over efsdp, its own FSDP mesh; every other unit over dp_shard.
     local Wu = u.expert and d.efsdp or W
-    local params, offset, grad_offset, vec_ok = {}, 0, 0, true
+    local params, offset, grad_offset, vec_ok, ag_bytes, unsharded_bytes = {}, 0, 0, true, 0, 0
     for j, p in ipairs(u.params) do
       local q = layout.param(ctx, p, Wu, string.format("%s.params[%d]", upath, j), u.expert and "efsdp" or nil)
       if p.ep_chunk then q.ep_chunk, q.ep_full = p.ep_chunk, p.full_shape[1] end
@@ -184,6 +220,15 @@ function layout.build(ctx, units, d, fsdp)
       q.grad_offset = grad_offset
       grad_offset = grad_offset + util.ceil_div(q.numel, layout.GRAD_ALIGN) * layout.GRAD_ALIGN
       vec_ok = vec_ok and q.offset % layout.VEC == 0 and q.run % layout.VEC == 0
+      -- The all-gather slot in bytes: each parameter's padded shard in its
+      -- own all-gather dtype, back to back (FSDP2's uint8 all-gather input).
+      q.ag_dtype, q.ag_offset = ag[j], ag_bytes
+      ag_bytes = ag_bytes + q.padded * layout.DTYPE_BYTES[ag[j]]
+      -- The unsharded parameters (commplan's one buffer; FSDP2 allocates
+      -- each apart): a mixed unit's start at 16-byte multiples, so an fp32
+      -- one after an odd number of bf16 elements is still aligned.
+      q.unsharded_offset = unsharded_bytes
+      unsharded_bytes = unsharded_bytes + util.ceil_div(Wu * q.padded * layout.DTYPE_BYTES[ag[j]], 16) * 16
       offset = util.add_within(offset, q.padded, LIM.unit_slot)
       if not offset then
         util.field_error(ctx, string.format("%s.params[%d]", upath, j), string.format(
@@ -195,7 +240,10 @@ function layout.build(ctx, units, d, fsdp)
     local red = layout.reduction(fsdp.reduce_op, reduce_dtype, Wu, R)
     out[fwd] = {
       name = u.name, index = fwd - 1, is_root = (ui == #units), params = params, total = offset,
-      grads_numel = grad_offset, vec_ok = vec_ok and offset % layout.VEC == 0,
+      grads_numel = grad_offset, vec_ok = vec_ok and offset % layout.VEC == 0 and not mixed,
+      -- mixed all-gather dtypes (per-parameter param_dtype): FSDP2 all-gathers
+      -- the slot as raw bytes (uint8), ag_bytes per rank; nil otherwise
+      ag_bytes = mixed and ag_bytes or nil, unsharded_bytes = mixed and unsharded_bytes or nil,
       orig_dtype = orig, ag_dtype = ag_dtype, reduce_dtype = reduce_dtype, grad_dtype = grad_dtype,
       -- The root never reshards after forward (FSDP2); a unit may override the plan's default.
       reshard_after_forward = (ui ~= #units) and (u.reshard_after_forward == nil and fsdp.reshard_after_forward

@@ -281,11 +281,13 @@ end
 -- the same. A shard group of one rank issues no collective (FSDP2's
 -- world-size-1 path); the executor copies the slot locally.
 function schedule.gather(out, u, m, phase, shard)
-  local direct = u.orig_dtype == u.ag_dtype
+  local direct = u.orig_dtype == u.ag_dtype and not u.ag_bytes
   if not direct then out[#out + 1] = { kind = "copy_in", unit = u.index, micro_step = m, phase = phase } end
+  -- Mixed all-gather dtypes: FSDP2 all-gathers the slot's bytes as uint8
+  -- (torch 2.15 _fsdp_collectives.py:369-379).
   out[#out + 1] = { kind = "all_gather", unit = u.index, micro_step = m, phase = phase,
-                    group = schedule.shard_group(u, shard), dtype = u.ag_dtype, count = u.total,
-                    from_sharded = direct or nil }
+                    group = schedule.shard_group(u, shard), dtype = u.ag_bytes and "u8" or u.ag_dtype,
+                    count = u.ag_bytes or u.total, from_sharded = direct or nil }
 end
 
 -- Positions inside one micro-step's list, so that repeat.same_micro

@@ -14,10 +14,14 @@ __all__ = ["Unit", "resolve_units", "units_from_module", "torchtitan_units", "pl
 
 class Unit:
     """One fully_shard call: a module or a list of modules (torchtitan's [norm, output]), an
-    optional name (default: the modules' names joined by "_", "root" for the model itself) and
-    reshard_after_forward (None: the plan's default; the root never reshards after forward)."""
+    optional name (default: the modules' names joined by "_", "root" for the model itself),
+    reshard_after_forward (None: the plan's default; the root never reshards after forward) and
+    mp_policy: the MixedPrecisionPolicy given to that fully_shard call (None: the plan's fsdp
+    dtypes), read duck-typed: its param_dtype and reduce_dtype become the unit's, and its
+    param_dtype_override_fn (torch 2.15 _fsdp_api.py:68-110) each parameter's own param_dtype
+    (docs/plan-files.md, mixed all-gather dtypes in one unit)."""
 
-    def __init__(self, modules, name=None, reshard_after_forward=None):
+    def __init__(self, modules, name=None, reshard_after_forward=None, mp_policy=None):
         self.modules = list(modules) if isinstance(modules, (list, tuple)) else [modules]
         if not self.modules:
             raise PlanError("a unit needs at least one module")
@@ -26,6 +30,7 @@ class Unit:
         validate.check_bool_or_none(reshard_after_forward, "reshard_after_forward", src="Unit")
         self.name = name
         self.reshard_after_forward = reshard_after_forward
+        self.mp_policy = mp_policy
 
     def __repr__(self):
         return "Unit(%r, reshard_after_forward=%r)" % (self.name, self.reshard_after_forward)
@@ -146,8 +151,32 @@ def named_units(model, units, shard_dim=None):
     for u, params in units_from_module(model, units):
         ps = [(fqn, tuple(int(d) for d in p.shape), dtype_name(p.dtype, fqn), _shard_dim_of(shard_dim, fqn, p))
               for fqn, p in params]
-        out.append({"name": u.name, "params": ps, "reshard_after_forward": u.reshard_after_forward})
+        entry = {"name": u.name, "params": ps, "reshard_after_forward": u.reshard_after_forward}
+        mp = getattr(u, "mp_policy", None)
+        if mp is not None:
+            _mp_of(entry, mp, params)
+        out.append(entry)
     return out
+
+
+def _mp_of(entry, mp, params):
+    """A unit's MixedPrecisionPolicy into its writer entry: param_dtype / reduce_dtype, and each
+    parameter's param_dtype_override_fn result (None: the unit's, as FSDP2 reads it)."""
+    for key in ("param_dtype", "reduce_dtype"):
+        v = getattr(mp, key, None)
+        if v is not None:
+            entry[key] = dtype_name(v, "%s's mp_policy.%s" % (entry["name"], key))
+    fn = getattr(mp, "param_dtype_override_fn", None)
+    if fn is None:
+        return
+    ps = []
+    for (fqn, shape, dt, sd), (_, p) in zip(entry["params"], params):
+        q = {"name": fqn, "shape": shape, "dtype": dt, "shard_dim": sd}
+        got = fn(p)
+        if got is not None:
+            q["param_dtype"] = dtype_name(got, "%s: mp_policy.param_dtype_override_fn" % fqn)
+        ps.append(q)
+    entry["params"] = ps
 
 
 def torchtitan_units(model):

@@ -270,9 +270,11 @@ def _param(entry, where):
         name, shape, dtype, shard_dim = entry.get("name"), entry.get("shape"), entry.get("dtype"), \
             entry.get("shard_dim", 0)
         tp = entry.get("tp")
-        unknown = sorted(set(entry) - {"name", "shape", "dtype", "shard_dim", "tp"})
+        own = entry.get("param_dtype")  # its own all-gather dtype (param_dtype_override_fn; docs/plan-files.md)
+        unknown = sorted(set(entry) - {"name", "shape", "dtype", "shard_dim", "tp", "param_dtype"})
         if unknown:
-            raise PlanError("%s: unknown parameter keys %s; use name, shape, dtype, shard_dim, tp" % (where, unknown))
+            raise PlanError("%s: unknown parameter keys %s; use name, shape, dtype, shard_dim, tp, param_dtype"
+                            % (where, unknown))
     else:
         if not isinstance(entry, (list, tuple)) or len(entry) not in (3, 4):
             raise PlanError("%s: a parameter is (name, shape, dtype) or (name, shape, dtype, shard_dim), got %s"
@@ -307,6 +309,10 @@ def _param(entry, where):
     if isinstance(shard_dim, bool) or not isinstance(shard_dim, int) or not 0 <= shard_dim < len(dims):
         raise PlanError("%s: shard_dim %s is not a dim of shape %r" % (where, validate.short_repr(shard_dim),
                                                                       tuple(dims)))
+    if isinstance(entry, dict) and own is not None:
+        own = dtype_name(own, "%s: param_dtype" % where)
+    else:
+        own = None
     if tp is not None:
         if not isinstance(tp, str) or not re.fullmatch(r"colwise|rowwise|replicate|shard\([0-7]\)", tp):
             raise PlanError("%s: tp %s; a TP placement is colwise, rowwise, replicate or shard(k)"
@@ -314,7 +320,10 @@ def _param(entry, where):
         k = {"colwise": 0, "rowwise": 1}.get(tp, int(tp[6]) if tp.startswith("shard(") else None)
         if k is not None and k >= len(dims):
             raise PlanError("%s: tp %s splits dim %d but shape %r has %d dims" % (where, tp, k, tuple(dims), len(dims)))
-    return {"name": name, "shape": dims, "dtype": dtype_name(dtype, where), "shard_dim": shard_dim, "tp": tp}
+    out = {"name": name, "shape": dims, "dtype": dtype_name(dtype, where), "shard_dim": shard_dim, "tp": tp}
+    if own is not None:
+        out["param_dtype"] = own
+    return out
 
 
 def normalize_units(units):
@@ -330,10 +339,11 @@ def normalize_units(units):
     for i, u in enumerate(units):
         where = "unit %d" % (i + 1)
         if isinstance(u, dict):
-            unknown = sorted(set(u) - {"name", "params", "reshard_after_forward", "loss_head"})
+            unknown = sorted(set(u) - {"name", "params", "reshard_after_forward", "loss_head", "param_dtype",
+                                       "reduce_dtype"})
             if unknown:
-                raise PlanError("%s: unknown unit keys %s; use name, params, reshard_after_forward, loss_head"
-                                % (where, unknown))
+                raise PlanError("%s: unknown unit keys %s; use name, params, reshard_after_forward, loss_head, "
+                                "param_dtype, reduce_dtype" % (where, unknown))
             name, params, raf = u.get("name"), u.get("params", []), u.get("reshard_after_forward")
             head = u.get("loss_head")
         elif isinstance(u, (list, tuple)) and len(u) in (2, 3):
@@ -351,6 +361,9 @@ def normalize_units(units):
                             % (where, name, validate.describe(params, False)))
         ps = [_param(p, "%s (%s) parameter %d" % (where, name, j + 1)) for j, p in enumerate(params)]
         out.append({"name": name, "params": ps, "reshard_after_forward": raf})
+        for key in ("param_dtype", "reduce_dtype"):  # the unit's own MixedPrecisionPolicy
+            if isinstance(u, dict) and u.get(key) is not None:
+                out[-1][key] = dtype_name(u[key], "%s (%s): %s" % (where, name, key))
         if head:  # torchtitan's [norm, lm_head], run by its ChunkedLossWrapper (docs/plan-files.md)
             out[-1]["loss_head"] = True
     for i, u in enumerate(out[:-1]):
@@ -493,6 +506,9 @@ def _unit_text(u, default_raf, is_root, dtype_default):
         head += " reshard_after_forward = %s," % ("true" if u["reshard_after_forward"] else "false")
     if u.get("loss_head"):
         head += " loss_head = true,"
+    for key in ("param_dtype", "reduce_dtype"):
+        if u.get(key):
+            head += " %s = %s," % (key, lua_string(u[key]))
     if not u["params"]:
         lines.append(head + " params = {} },")
         return lines
@@ -505,6 +521,8 @@ def _unit_text(u, default_raf, is_root, dtype_default):
             fields.append("shard_dim = %d" % p["shard_dim"])
         if p.get("tp"):
             fields.append("tp = %s" % lua_string(p["tp"]))
+        if p.get("param_dtype"):
+            fields.append("param_dtype = %s" % lua_string(p["param_dtype"]))
         lines.append("        { %s }," % ", ".join(fields))
     lines.append("      } },")
     return lines
@@ -674,7 +692,13 @@ def plan_from_named_parameters(name, units, world_size, parallel=None, fsdp=None
     units = normalize_units(units)
     default_raf = fsdp.get("reshard_after_forward", True)
     cfg = None
-    if family in ("auto", "llama"):
+    # a unit's own MixedPrecisionPolicy (or a parameter's param_dtype) has no llama-family field
+    own_mp = next((u["name"] for u in units if u.get("param_dtype") or u.get("reduce_dtype")
+                   or any(p.get("param_dtype") for p in u["params"])), None)
+    if own_mp is not None and family == "llama":
+        raise PlanError("unit %s sets its own mixed precision, which a llama-family plan cannot hold; use "
+                        "family=\"generic\" (or the plan's fsdp param_dtype / reduce_dtype)" % own_mp)
+    if family in ("auto", "llama") and own_mp is None:
         cfg, why = llama_config_from_units(units, model, default_raf)
         if cfg is None and family == "llama":
             raise PlanError("not expressible as a llama-family plan: %s; use family=\"generic\"" % why)

@@ -79,8 +79,9 @@ __all__ = ["CommplanFSDP", "GpuLibrary", "HostLibrary", "library_calls", "PlanOr
 
 # torch >= 2.1: the gradient hooks run after accumulation and clear the unsharded parameter's .grad
 _POST_ACCUMULATE = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<i2"}  # bf16 travels as int16 bits, then .view()
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+                "u8": torch.uint8}  # (u8: the raw bytes FSDP2 all-gathers for a unit of mixed all-gather dtypes)
+_TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<i2", "u8": "|u1"}  # bf16 travels as int16 bits, then .view()
 
 # One library call is a group of the plan's ops for one unit (runtime/gpu.c run_unit_ops).
 CALL_KINDS = {
@@ -371,7 +372,7 @@ _COLLECTIVE_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, c
 _ALLTOALL_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64),
                                 ctypes.POINTER(ctypes.c_int64), ctypes.c_int64)
-_DTYPE_CODES = ("fp32", "bf16", "fp16")  # cp_dtype
+_DTYPE_CODES = ("fp32", "bf16", "fp16", "u8")  # cp_dtype (u8: a mixed-dtype unit's raw-byte all-gather)
 _COLL_ALL_GATHER, _COLL_REDUCE_SCATTER, _COLL_ALL_REDUCE = 0, 1, 2  # cp_collective
 
 
@@ -742,7 +743,7 @@ class CommplanFSDP:
                     if not p.is_meta:
                         flat[:nvalid].view(local).copy_(_shard_of(p.detach(), W, r, k, local))
                 P.sharded = nn.Parameter(flat[:nvalid].view(local), requires_grad=p.requires_grad)
-                P.unsharded = nn.Parameter(self.lib.tensor("unsharded", pindex, numel, ag).view(shape),
+                P.unsharded = nn.Parameter(self.lib.tensor("unsharded", pindex, numel, meta.get("ag_dtype", ag)).view(shape),
                                            requires_grad=p.requires_grad)
                 # in the unit's grad_dtype (torch 2.15's grad_dtype of the unsharded parameter:
                 # copy_ casts the first micro-batch's gradient, add_ sums later ones there)

@@ -560,6 +560,7 @@ def gen_seed(seed, attempt=0):
 
     fsdp = {"micro_steps": micro, "reduce_op": reduce_op}
     fsdp.update(plan_mp)
+    mixed_ag = draw_mixed_ag(seed, attempt, units, plan_mp)
     lines = [f"-- live property test seed {seed} (attempt {attempt}): tests/live/live.py seed {seed}",
              "return {", f"  world_size = {world},", f"  parallel = {lua(par)},",
              "  model = { family = \"generic\", units = {"]
@@ -580,8 +581,36 @@ def gen_seed(seed, attempt=0):
     lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
     desc = (f"{kind} {'x'.join(str(x) for x in (R, S, T))}, {n_units}+root units, micro {micro}"
             f"{' ' + fsdp['grad_accumulation'] if 'grad_accumulation' in fsdp else ''}, steps {steps}, "
-            f"{reduce_op}, pattern {pattern}")
+            f"{reduce_op}, pattern {pattern}{', mixed all-gather dtypes in ' + str(mixed_ag) + ' units' if mixed_ag else ''}")
     return "\n".join(lines) + "\n", steps, desc, pattern
+
+
+def draw_mixed_ag(seed, attempt, units, plan_mp):
+    """Issue 39: a parameter's own param_dtype (MixedPrecisionPolicy's
+    param_dtype_override_fn keeping it in its dtype), which makes FSDP2
+    all-gather the unit as raw bytes (uint8). Drawn from a stream of its
+    own, so every other draw of a seed stays as it was; combined with
+    whatever the seed drew (HSDP, TP, micro-steps, accumulation, reduce
+    dtypes). Returns how many units it made mixed."""
+    if not tree_knows("param_dtype_override_fn"):
+        return 0
+    rng = random.Random(seed * 7919 + attempt * 104729 + 39)
+    if rng.random() >= 0.45:
+        return 0
+    n = 0
+    for u in units:
+        ag = u.get("param_dtype") or plan_mp.get("param_dtype")
+        ps = u["params"]
+        if not ag or len(ps) < 2 or all(p["dtype"] == ag for p in ps):
+            continue
+        keep = [p for p in ps if p["dtype"] != ag and rng.random() < 0.5]
+        if not keep or len(keep) == len(ps):
+            keep = [rng.choice([p for p in ps if p["dtype"] != ag])]
+        if len(keep) < len(ps):
+            for p in keep:
+                p["param_dtype"] = p["dtype"]
+            n += 1
+    return n
 
 
 def prepare_seed(seed, keep=False):

@@ -455,16 +455,21 @@ def run_job(rank, job):
     head = layer_units[-1] if head_name else None
     root = Root(modules[0], layer_units)
 
-    def mp_of(u):
-        return MixedPrecisionPolicy(param_dtype=DTYPES[u["ag_dtype"]], reduce_dtype=DTYPES[u["reduce_dtype"]])
+    def mp_of(u, module):
+        # A unit of mixed all-gather dtypes (plan.json: each parameter's ag_dtype):
+        # MixedPrecisionPolicy.param_dtype_override_fn (torch 2.15 _fsdp_api.py:68-110)
+        # keeps those parameters in their own dtype, and FSDP2 all-gathers uint8.
+        own = {id(p): DTYPES[q["ag_dtype"]] for p, q in zip(module.own_params(), u["params"]) if "ag_dtype" in q}
+        kw = {"param_dtype_override_fn": lambda p: own.get(id(p))} if own else {}
+        return MixedPrecisionPolicy(param_dtype=DTYPES[u["ag_dtype"]], reduce_dtype=DTYPES[u["reduce_dtype"]], **kw)
 
     for u, m in zip(units[1:], layer_units):
         raf = u["reshard_after_forward"]
-        fully_shard([m.norm, m.lm] if m is head else m, mesh=dp_mesh, reshard_after_forward=raf, mp_policy=mp_of(u),
+        fully_shard([m.norm, m.lm] if m is head else m, mesh=dp_mesh, reshard_after_forward=raf, mp_policy=mp_of(u, m),
                     shard_placement_fn=_placement_fn(m, u))
     if head is not None:
         head.lm.set_reshard_after_forward(True)  # as the wrapper's first loss leaves it (the docstring)
-    fully_shard(root, mesh=dp_mesh, mp_policy=mp_of(units[0]), shard_placement_fn=_placement_fn(root, units[0]))
+    fully_shard(root, mesh=dp_mesh, mp_policy=mp_of(units[0], root), shard_placement_fn=_placement_fn(root, units[0]))
     if reduce_sum:
         # commplan's reduce_op = "sum": divide factor 1. FSDP2 would reduce
         # fp32/bf16 with PREMUL_SUM(1.0), which gloo lacks; forcing SUM is the
@@ -496,7 +501,7 @@ def run_job(rank, job):
             want = param_values(pattern, loc.dtype, k, pbase, local, 0)
             if not torch.equal(loc.detach().float(), want.float()):
                 raise AssertionError(f"{q['name']}: fully_shard's local shard is not the torch.chunk of its TP-local tensor")
-            um.append((q, k, local, tp_local.contiguous(), pbase, DTYPES[u["ag_dtype"]]))
+            um.append((q, k, local, tp_local.contiguous(), pbase, DTYPES[q.get("ag_dtype", u["ag_dtype"])]))
         maps.append(um)
 
     def set_grads(step, micro):

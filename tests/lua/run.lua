@@ -59,6 +59,8 @@ suites[#suites + 1] = "test_labels"
 suites[#suites + 1] = "test_complete"
 -- Issue 37, items 2 and 3: compute priced from shapes, held to torchtitan's published rows.
 suites[#suites + 1] = "test_compute_model"
+-- Issue 39: mixed all-gather dtypes in one unit (per-parameter param_dtype, FSDP2's uint8 all-gather).
+suites[#suites + 1] = "test_mixed_dtype"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -101,7 +101,7 @@ end
 function T.mixed_dtype_unit_rejected()
   local src = [[return { world_size = 2, parallel = { dp_shard = 2 }, model = { family = "generic", units = {
     { name = "root", params = { { name = "a", shape = { 4 } }, { name = "b", shape = { 4 }, dtype = "bf16" } } } } } }]]
-  H.plan_fails(src, "mixes dtypes", "one dtype per unit")
+  H.plan_fails(src, "mixes parameter dtypes", "FSDP expects uniform original parameter dtype")
 end
 
 function T.llama_shapes()

@@ -48,7 +48,10 @@ LUA = os.environ.get("LUA", "lua5.4")
 DTYPES = [("fp32", None, None), ("fp32", None, "bf16"), ("fp32", None, "fp16"),
           ("fp32", "bf16", "fp32"), ("fp32", "bf16", "bf16"), ("fp32", "bf16", "fp16"),
           ("fp32", "fp16", "fp32"), ("fp32", "fp16", "fp16"), ("fp32", "fp16", "bf16"),
-          ("bf16", None, None), ("bf16", None, "fp32"), ("fp16", None, None), ("fp16", None, "fp32")]
+          ("bf16", None, None), ("bf16", None, "fp32"), ("fp16", None, None), ("fp16", None, "fp32"),
+          # issue 39: "keep" -- MixedPrecisionPolicy.param_dtype_override_fn keeps the gains (inp.g, out.g)
+          # in fp32 while their units' Linear layers gather in bf16: FSDP2's uint8 all-gather (make_model)
+          ("fp32", "bf16", "fp32", "keep"), ("fp32", "bf16", "bf16", "keep")]
 # mode: (mesh, micro-batches per optimizer step, plan's fsdp options besides the dtypes)
 MODES = {
     "every": ("fsdp", 2, {"micro_steps": 1}),
@@ -61,12 +64,13 @@ MODES = {
 MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
 # The quick tier: each mode once, each dtype family once, bf16 params + fp32 reduce + sync_last kept.
 QUICK = ["fp32_bf16_fp32_sync_last", "bf16_x_fp32_noreshard", "fp32_fp16_fp16_default",
-         "fp32_bf16_bf16_ar_last", "fp16_x_x_every", "fp32_x_fp16_sync_last", "bf16_x_x_sum"]
+         "fp32_bf16_bf16_ar_last", "fp16_x_x_every", "fp32_x_fp16_sync_last", "bf16_x_x_sum",
+         "fp32_bf16_fp32_every_keep"]
 STEPS = {"quick": 2, "full": 3}
 
 
 def case_name(dt, mode):
-    return "%s_%s_%s_%s" % (dt[0], dt[1] or "x", dt[2] or "x", mode)
+    return "%s_%s_%s_%s%s" % (dt[0], dt[1] or "x", dt[2] or "x", mode, "_" + dt[3] if len(dt) > 3 else "")
 
 
 def all_cases():
@@ -78,11 +82,23 @@ def skip(why):
     sys.exit(77)
 
 
-def make_model(dtype):
+def make_model(dtype, keep=False):
     """Three units and a root owning a parameter: in.weight (13, 12) shards 4,4,4,1 over 4 ranks,
-    out.weight (5, 10) 2,2,1,0 (rank 3's shard is empty)."""
+    out.weight (5, 10) 2,2,1,0 (rank 3's shard is empty). keep: inp and out are a Linear and a
+    gain g applied in the Linear's output dtype (a norm's fp32 weight), the gains kept in their
+    dtype by keep_fn."""
     import torch
     import torch.nn as nn
+
+    class Gained(nn.Module):
+        def __init__(self, lin):
+            super().__init__()
+            self.lin = lin
+            self.g = nn.Parameter(torch.ones(lin.out_features) + 0.01 * torch.arange(lin.out_features))
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y * self.g.to(y.dtype)
 
     class Net(nn.Module):
         def __init__(self):
@@ -98,6 +114,8 @@ def make_model(dtype):
 
     torch.manual_seed(1234)
     m = Net()
+    if keep:
+        m.inp, m.out = Gained(m.inp), Gained(m.out)
     with torch.no_grad():
         m.scale.add_(torch.randn(12) * 0.1)
     return m.to({"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
@@ -105,6 +123,12 @@ def make_model(dtype):
 
 def units_of(m):
     return [m.inp, m.mid, m.out]
+
+
+def keep_fn(m):
+    """param_dtype_override_fn keeping m's gains in their own dtype (None: the unit's param_dtype)."""
+    kept = {id(p) for n, p in m.named_parameters() if n.endswith(".g")}
+    return lambda p: p.dtype if id(p) in kept else None
 
 
 def plan_fsdp(dt, mode):
@@ -122,8 +146,16 @@ def plan_name(case):
 
 def write_plan(name, dt, mode, out_dir):
     import commplan
-    m = make_model(dt[0])
-    commplan.plan_from_module(m, units_of(m), plan_name(name), world_size=WORLD, parallel=dict(MESHES[MODES[mode][0]]),
+    keep = len(dt) > 3
+    m = make_model(dt[0], keep)
+    units = units_of(m)
+    if keep:  # the units' own MixedPrecisionPolicy, read by the plan writer (commplan.Unit's mp_policy)
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        from commplan.runtime import TORCH_DTYPES
+        mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[dt[1]], reduce_dtype=TORCH_DTYPES[dt[2]],
+                                  param_dtype_override_fn=keep_fn(m))
+        units = [commplan.Unit(u, mp_policy=mp) for u in units]
+    commplan.plan_from_module(m, units, plan_name(name), world_size=WORLD, parallel=dict(MESHES[MODES[mode][0]]),
                               fsdp=plan_fsdp(dt, mode), out=os.path.join(out_dir, plan_name(name) + ".lua"))
 
 
@@ -206,9 +238,11 @@ def run_case(name, dt, mode, rank, steps):
     # the compute dtype of the inputs: what the first unit sees (FSDP2 casts them to param_dtype)
     in_dtype = TORCH_DTYPES[dt[0]]
     # PyTorch's side: fully_shard with the plan's MixedPrecisionPolicy and accumulation
-    a = make_model(dt[0])
+    keep = len(dt) > 3
+    a = make_model(dt[0], keep)
     mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[dt[1]] if dt[1] else None,
-                              reduce_dtype=TORCH_DTYPES[dt[2]] if dt[2] else None)
+                              reduce_dtype=TORCH_DTYPES[dt[2]] if dt[2] else None,
+                              param_dtype_override_fn=keep_fn(a) if keep else None)
     raf = opts.get("reshard_after_forward", True)
     for m in units_of(a):
         fully_shard(m, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
@@ -228,7 +262,7 @@ def run_case(name, dt, mode, rank, steps):
     snaps_a, snaps_b = {}, {}
     la = run_side(a, rank, steps, micro, in_dtype, fsdp2_micro, snaps_a)
     # the bridge's side: the same model, every collective and copy from the plan's host library
-    b = make_model(dt[0])
+    b = make_model(dt[0], keep)
     pn = plan_name(name)
     pj = load_plan_json(find_plan_json(pn, REPO))
     lib = HostLibrary(os.path.join(REPO, "build", pn, "lib%s.so" % pn), pn, plan_json=pj)

@@ -688,5 +688,46 @@ class Readme(Tmp):
         self.assert_same_tables(text, os.path.join(self.write("ref", name, ref)), name)
 
 
+class MixedPrecisionUnits(Tmp):
+    """Issue 39: a unit's MixedPrecisionPolicy (commplan.Unit(mp_policy=...), read duck-typed) and
+    its param_dtype_override_fn's per-parameter dtypes, written into the plan; a unit whose
+    parameters then gather in several dtypes generates FSDP2's uint8 all-gather."""
+
+    class MP:  # MixedPrecisionPolicy's fields, as fully_shard reads them
+        def __init__(self, param_dtype=None, reduce_dtype=None, param_dtype_override_fn=None):
+            self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
+            self.param_dtype_override_fn = param_dtype_override_fn
+
+    def test_override_written_and_gathered_as_bytes(self):
+        norm, w = FakeParam((6,)), FakeParam((7, 6))
+        l0 = FakeModule(norm=FakeModule(weight=norm), lin=FakeModule(weight=w))
+        model = FakeModule(l0=l0, emb=FakeModule(weight=FakeParam((11, 6))))
+        mp = self.MP("torch.bfloat16", None, lambda p: "torch.float32" if p is norm else None)
+        text = commplan.plan_from_module(model, [commplan.Unit(l0, mp_policy=mp), model], "wmix", world_size=4)
+        self.assertIn('{ name = "l0", param_dtype = "bf16", params = {', text)
+        self.assertIn('{ name = "l0.norm.weight", shape = { 6 }, param_dtype = "fp32" }', text)
+        self.assertIn('{ name = "l0.lin.weight", shape = { 7, 6 } }', text)
+        out = self.generate(self.write("mixed", "wmix", text))
+        with open(os.path.join(out, "plan.json")) as f:
+            plan = json.load(f)
+        u = next(u for u in plan["units"] if u["name"] == "l0")
+        # norm: 2 fp32 (8 bytes), then lin.weight 2 rows x 6 in bf16 (24 bytes) per rank
+        self.assertEqual(u["ag_bytes"], 32)
+        self.assertEqual([(p["ag_dtype"], p["ag_offset"]) for p in u["params"]], [("fp32", 0), ("bf16", 8)])
+        ag = [o for o in plan["ops"] if o["kind"] == "all_gather" and o["unit"] == "l0"]
+        self.assertTrue(ag and all(o["dtype"] == "u8" and o["count"] == 32 for o in ag), ag)
+
+    def test_llama_family_refused_with_own_mp(self):
+        units = [{"name": "root", "params": [{"name": "w", "shape": [4], "dtype": "fp32", "param_dtype": "fp32"}],
+                  "param_dtype": "bf16"}]
+        with self.assertRaises(PlanError) as e:
+            commplan.plan_from_named_parameters("x", units, 2, family="llama")
+        self.assertIn("sets its own mixed precision", str(e.exception))
+        with self.assertRaises(PlanError) as e:
+            commplan.plan_from_named_parameters("x", [{"name": "root", "params": [
+                {"name": "w", "shape": [4], "dtype": "fp32", "param_dtype": "int8"}]}], 2)
+        self.assertIn("param_dtype", str(e.exception))
+
+
 if __name__ == "__main__":
     unittest.main()
