@@ -91,7 +91,7 @@ def _add_verbs(sub):
         v.add_argument(flag, metavar="N")
     c = sub.add_parser("check", help="exit 1 with one line when <dir>/<name>/ is stale or the config changed",
                        allow_abbrev=False)
-    c.add_argument("plan", metavar="PLAN.lua")
+    c.add_argument("plan", metavar="PLAN.lua", nargs="+", help="one or more plan files (CI: plans/*.lua)")
 
 
 def _parser():

@@ -109,6 +109,15 @@ _STRICT_SECTIONS = ("parallelism",)
 _PARALLELISM_IGNORED = ("spmd_backend",)
 
 
+def _shown(v):
+    """A TOML value as TOML writes it (true, "text", 3)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"%s"' % v if len(v) <= 40 and all(" " <= c <= "~" for c in v) else validate.short_repr(v)
+    return validate.short_repr(v)
+
+
 def _fail(where, msg):
     raise PlanError("%s: %s" % (where, msg))
 
@@ -147,8 +156,8 @@ def _convert(s, v, where, from_toml):
         return v
     if not isinstance(v, str) or v not in s.enum:
         hint = validate.did_you_mean(v, s.enum) if isinstance(v, str) else None
-        _fail(where, "%s is not one of %s%s" % (validate.short_repr(v), ", ".join(s.enum),
-                                                 "; did you mean %s?" % hint if hint else ""))
+        _fail(where, "%s is not one of %s; give %s" % (validate.short_repr(v), ", ".join(s.enum),
+                                                        hint if hint else "one of them"))
     return v
 
 
@@ -214,7 +223,7 @@ def read_job_config(path):
                         not (v is None and None in _REFUSED[key]):
                     _fail(where, "%s changes the communication in a way `commplan write` cannot write; set it to "
                           "torchtitan's default (%s) or remove it, and write that part of the plan by hand "
-                          "(docs/plan-files.md)" % (validate.short_repr(v), validate.short_repr(_REFUSED[key][0])))
+                          "(docs/plan-files.md)" % (_shown(v), _shown(_REFUSED[key][0])))
             elif section in _STRICT_SECTIONS and k not in _PARALLELISM_IGNORED:
                 known = [t.split(".", 1)[1] for t in list(by_toml) + list(_NEGATED) + list(_REFUSED)
                          if t.startswith(section + ".")]
@@ -253,10 +262,10 @@ def plan_settings(st, from_toml=()):
                                       rest * dp_shard, rest * dp_shard))
     parallel = {}
     for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp"):
-        if k in st and not (k == "dp_shard" and st[k] == -1 and "dp_shard" not in st):
+        if k == "dp_shard" and k not in st and world > 1:
+            parallel[k] = -1  # torchtitan's default: FSDP over the ranks left
+        elif k in st and (st[k] != 1 or k == "etp" or (k == "dp_shard" and world == 1)):  # 1: the generator's default
             parallel[k] = st[k]
-    if "dp_shard" not in parallel and world > 1:
-        parallel["dp_shard"] = -1
     for k in ("async_tp", "sequence_parallel", "loss_parallel"):
         if k in st:
             if d["tp"] < 2 and st[k]:
