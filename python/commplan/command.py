@@ -151,11 +151,14 @@ def build_plan(args, base):
     argv = ["commplan", "write"]
     header = []
     if args.config is not None:
-        cfg_abs = _abs(args.config, base)
+        cfg_abs = _abs(_ascii_path(args.config, "CONFIG"), base)
         cfg_file = os.path.join(cfg_abs, "config.json") if os.path.isdir(cfg_abs) else cfg_abs
         given_file = args.config if cfg_file == cfg_abs else os.path.join(args.config, "config.json")
-        header.append("source: config %s sha256 %s" % (_rel(cfg_file, given_file, plan_dir),
-                                                      jobconfig.sha256_file(cfg_file, "config.json")))
+        try:
+            sha = jobconfig.sha256_file(cfg_file, "config.json")
+        except PlanError as e:
+            raise PlanError(str(e).replace(safeio.show_path(cfg_file), given_file)) from None
+        header.append("source: config %s sha256 %s" % (_rel(cfg_file, given_file, plan_dir), sha))
         argv.append(_rel(cfg_abs, args.config, plan_dir))
     else:
         header.append("source: torchtitan %s" % titan)
@@ -180,8 +183,12 @@ def build_plan(args, base):
     header.append("command (run in this file's directory): " + " ".join(shlex.quote(a) for a in argv))
     comment = "\n".join(header)
     if args.config is not None:
-        model = commplan.hf_config(_abs(args.config, base), dtype=sec["dtype"] or "fp32", seq_len=sec["seq_len"],
-                                   family=sec["family"])
+        cfg_abs = _abs(args.config, base)
+        try:
+            model = commplan.hf_config(cfg_abs, dtype=sec["dtype"] or "fp32", seq_len=sec["seq_len"],
+                                       family=sec["family"])
+        except PlanError as e:  # named as the user gave it, not as this machine's absolute path
+            raise PlanError(str(e).replace(safeio.show_path(cfg_abs), args.config)) from None
         text = commplan.plan_text(args.name, st["world_size"], model, parallel=sec["parallel"], fsdp=sec["fsdp"],
                                   topology=sec["topology"], training=sec["training"], pipeline=sec["pipeline"],
                                   comment=comment)
