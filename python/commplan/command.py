@@ -99,10 +99,17 @@ def _titan_text(spec, args, sec, comment):
     except (KeyError, ValueError) as e:
         raise PlanError("--titan %s: torchtitan's llama3 has no flavor %s (%s); give one of its registry's"
                         % (spec, flavor, " ".join(str(e).split())[:120])) from None
-    from .titan import plan_from_titan
-    text = plan_from_titan(ms, args.name, sec["world_size"], parallel=sec["parallel"], fsdp=sec["fsdp"],
+    from .titan import TITAN_FSDP, plan_from_titan
+    if sec["dtype"] not in (None, "fp32"):
+        raise PlanError("--dtype: a --titan plan stores the parameters as torchtitan's model builds them (fp32, "
+                        "all-gathered in bf16 as its parallelize does); drop it, or set --param-dtype")
+    if sec["family"] not in ("auto", "generic", "llama"):
+        raise PlanError("--family: a --titan plan is generic (torchtitan's names) or llama (commplan's llama "
+                        "family); give --family generic or llama, or drop it")
+    fsdp = dict(TITAN_FSDP, **(sec["fsdp"] or {}))  # torchtitan's MixedPrecisionPolicy unless a flag says otherwise
+    text = plan_from_titan(ms, args.name, sec["world_size"], parallel=sec["parallel"], fsdp=fsdp,
                            topology=sec["topology"], training=sec["training"], seq_len=sec["seq_len"],
-                           pipeline=sec["pipeline"])
+                           pipeline=sec["pipeline"], family=sec["family"])
     lines = text.split("\n")
     return "\n".join(lines[:1] + ["-- " + c for c in comment.split("\n")] + lines[1:])
 
