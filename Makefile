@@ -30,6 +30,8 @@ ifeq ($(abspath $(PLAN_FILE)),$(abspath plans/$(NAME).lua))
 OUT      := plans/$(NAME)
 else
 OUT      := build/$(NAME)/gen
+# said once per generation (stdout): build/ is git-ignored, the output is this build's, not one to commit
+OUT_NOTE := note: the files generated from $(PLAN_FILE) go to build/$(NAME)/gen/ (git-ignored, for this build only); commplan generate $(PLAN_FILE) writes them beside the plan, to commit (docs/your-repository.md)
 endif
 ifneq ($(call cp_bad_path,$(value OUT)),)
 $(error OUT=$(value OUT): an output directory is named with A-Z a-z 0-9 _ . / + - only)
@@ -95,6 +97,7 @@ $(BUILD)/.generated: $(PLAN_FILE) $(GEN_SRC) $(BUILD)/.source
 	@mkdir -p '$(BUILD)'
 	$(LUA) gen/commplan.lua $(if $(value STRICT),--strict )'$(PLAN_FILE)' '$(OUT)' 2>'$(BUILD)/.fit' \
 	  || { cat '$(BUILD)/.fit' >&2; rm -f '$(BUILD)/.fit'; exit 2; }
+	@$(if $(and $(OUT_NOTE),$(filter file,$(origin OUT))),echo '$(OUT_NOTE)')
 	@touch '$@'
 
 # CUDA toolkit and NCCL: the GPU backend and kernels are built when nvcc is

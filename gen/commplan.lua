@@ -1,6 +1,9 @@
 -- commplan generator CLI.
 --   lua5.4 gen/commplan.lua PLAN.lua OUTDIR          generate OUTDIR/{plan.h,plan.c,plan.json,SCHEDULE.md,trace.json,timeline.svg,plan_kernels.cu}
---   lua5.4 gen/commplan.lua --check PLAN.lua OUTDIR  exit 1 if OUTDIR differs from a fresh generation (writes nothing)
+--   lua5.4 gen/commplan.lua --check PLAN.lua OUTDIR  exit 1 if OUTDIR differs from a fresh generation (writes nothing);
+--       its one line names the command that regenerates OUTDIR: make PLAN=<name>.lua for this tree's
+--       plans/<name>.lua into plans/<name>, else this generator on PLAN and OUTDIR, or
+--       --regen-command CMD's CMD (the `commplan check` verb passes `commplan generate PLAN`)
 --   lua5.4 gen/commplan.lua --version                "commplan <version>" (from the VERSION file)
 -- Errors: one line on stderr, exit 2, nothing written.
 -- A plan that does not fit its GPU (SCHEDULE.md's memory verdict): one line
@@ -22,7 +25,7 @@ local emit = require("gen.emit")
 local audit = require("gen.audit")
 local fsio = require("gen.fsio")
 
-local USAGE = "usage: lua5.4 gen/commplan.lua [--check] [--strict] PLAN.lua OUTDIR | --version | --help\n"
+local USAGE = "usage: lua5.4 gen/commplan.lua [--check [--regen-command CMD]] [--strict] PLAN.lua OUTDIR | --version | --help\n"
 
 local function read(path)
   local fh = io.open(path, "rb")
@@ -345,7 +348,20 @@ end
 
 -- ---- main ----
 
-local function check_mode(files, names, plan_path, outdir)
+-- The command that regenerates OUTDIR from PLAN, for --check's line: make for
+-- this tree's own plans/<name>.lua into plans/<name> (what make check-generated
+-- checks), else the generator itself on the same operands (make would write
+-- build/<name>/gen/, not OUTDIR).
+local function regen_command(plan_path, outdir)
+  local root = absolute(script_dir)
+  local name = plan_path:match("([^/]+)%.lua$")
+  if name and absolute(plan_path) == root .. "/plans/" .. name .. ".lua" and absolute(outdir) == root .. "/plans/" .. name then
+    return "make PLAN=" .. name .. ".lua"
+  end
+  return "lua5.4 " .. arg[0] .. " " .. plan_path .. " " .. outdir
+end
+
+local function check_mode(files, names, plan_path, outdir, regen)
   local stale, missing = {}, {}
   for _, n in ipairs(names) do
     local kind = fsio.stat(outdir .. "/" .. n)
@@ -357,8 +373,8 @@ local function check_mode(files, names, plan_path, outdir)
     local what = {}
     if #stale > 0 then what[#what + 1] = "stale generated files: " .. table.concat(stale, ", ") end
     if #missing > 0 then what[#what + 1] = "never generated: " .. table.concat(missing, ", ") end
-    io.stderr:write(string.format("%s: %s; run make PLAN=%s and commit\n",
-      plan_path, table.concat(what, "; "), plan_path:match("([^/]+)$")))
+    io.stderr:write(string.format("%s: %s; run %s and commit\n",
+      plan_path, table.concat(what, "; "), regen or regen_command(plan_path, outdir)))
     return 1
   end
   return 0
@@ -372,10 +388,20 @@ local function main(argv)
   collectgarbage("incremental", 400, 400)
   -- Audit verbs: lua5.4 gen/commplan.lua diff A B | advise PLAN [--world-size N]
   if argv[1] == "diff" or argv[1] == "advise" or argv[1] == "pipeline" then return require("gen.verbs").main(argv) end
-  local check, strict = false, false
+  local check, strict, regen = false, false, nil
   local args = {}
-  for _, a in ipairs(argv) do
+  local i = 0
+  while i < #argv do
+    i = i + 1
+    local a = argv[i]
     if a == "--check" then check = true
+    elseif a == "--regen-command" then
+      regen = argv[i + 1]
+      if not regen or regen == "" or regen:find("[%c]") then
+        io.stderr:write("commplan: --regen-command takes the command that regenerates OUTDIR (one line); " .. USAGE)
+        return 2
+      end
+      i = i + 1
     elseif a == "--strict" then strict = true
     elseif a == "--version" then
       io.stdout:write("commplan " .. version() .. "\n")
@@ -395,7 +421,11 @@ local function main(argv)
   local plan_path, outdir = args[1], args[2]
   local files, p = generate(plan_path)
   local names = util.sorted_keys(files)
-  if check then return check_mode(files, names, plan_path, outdir) end
+  if regen and not check then
+    io.stderr:write("commplan: --regen-command goes with --check; " .. USAGE)
+    return 2
+  end
+  if check then return check_mode(files, names, plan_path, outdir, regen) end
   local unfit = audit.fit_line(p, plan_path)
   if unfit then
     io.stderr:write(unfit .. (strict and "; refused under --strict, nothing written" or "") .. "\n")

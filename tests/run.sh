@@ -1176,6 +1176,12 @@ section "Python package (python/commplan): plans from models, hf_config, names, 
 if command -v python3 >/dev/null 2>&1; then
   run "python: plans written from named parameters and config.json reproduce the committed tables; names; model/plan check (tests/python/test_plan_writer.py)" python3 tests/python/test_plan_writer.py
   run "python: bad config.json/options, FIFO/dir/device inputs, symlinked outputs, write errors, CLI (tests/python/test_input_validation.py)" timeout 300 python3 tests/python/test_input_validation.py
+  # issue 38: the `commplan` command: every write flag's bad value, the TOML job config, reproducible
+  # headers, the pipeline section, check / generate beside the plan; then the new user's path through
+  # the pip-installed command in a scratch git repository outside this tree
+  run "python: the commplan command's verbs: a bad value for every flag, torchtitan TOML job configs, reproducible plan headers, the pipeline section, check and generate beside the plan (tests/python/test_cli_verbs.py)" timeout 300 python3 tests/python/test_cli_verbs.py
+  nun="python: the new user's path: pip install ./python offline, then config.json -> write -> generate -> audit -> check in a scratch git repository, check failing after the config's edit and passing after rewrite + generate (tests/python/test_new_user.py)"
+  run "$nun" timeout 300 python3 tests/python/test_new_user.py; grep -h "^new user: ok" "$(logname "$nun")" | sed "s/^/        /"
   # issue 37, item 1: every model's audit from its config.json (prints tokens/s per GPU and MFU per model)
   acn="python: every config.json's plan audited: FLOPs per token, tokens/s, MFU, labels; a generic model of decoder blocks priced as Llama's (activations, memory verdict), other generic models' gaps said; DeepSeek-V2-Lite (tests/python/test_audit_complete.py)"
   run "$acn" timeout 300 python3 tests/python/test_audit_complete.py; grep -h "^  [a-z0-9_]*_config.json" "$(logname "$acn")" | sed "s/^/      /"

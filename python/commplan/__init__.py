@@ -11,8 +11,10 @@ Writing plans needs only the standard library (no torch import):
     plan_text / write_plan      any model table (llama, an MoE family or generic) as plan file text / a file
     check_units_match_plan      a model's units against a generated plan.json, first difference
 
-From the shell: ``python3 -m commplan hf CONFIG --name NAME --world-size N [-o OUT.lua]`` or
-``python3 -m commplan units UNITS.json ...`` (commplan/cli.py; --help).
+From the shell: the ``commplan`` command (``pip install ./python``; ``python3 -m commplan`` is
+the same): ``commplan write CONFIG.json --name NAME --world-size N [--tp T ...] -o PLAN.lua``, then
+``generate``, ``audit``, ``diff``, ``advise``, ``check`` (commplan/cli.py, command.py;
+docs/your-repository.md), and ``hf`` / ``units`` with an ``--options`` JSON.
 
 Every input is checked for type and shape in one place (commplan/validate.py: config.json, the
 writer's options, plan.json), every file read and written through one module (commplan/safeio.py:

@@ -1,18 +1,30 @@
-"""python3 -m commplan: write a plan file from a Hugging Face config.json or named-parameter lists.
+"""The `commplan` command (and python3 -m commplan): a model's communication plan, from its
+config.json to a reviewed, generated, checked plan (commplan/command.py; docs/your-repository.md).
 
-    python3 -m commplan hf CONFIG --name NAME --world-size N [--dtype D] [--seq-len N] [--family F]
+    commplan write CONFIG.json --name NAME --world-size N [--dp-replicate R] [--dp-shard S] [--tp T]
+        [--cp C] [--pp P] [--ep E] [--schedule NAME] [--microbatches M] [--seq-len L]
+        [--local-batch-size B] [--ac none|selective|full] [--dtype D] [--preset P] [--family F]
+        [--job-config TOML] -o PLAN.lua        (or --titan MODEL:FLAVOR instead of CONFIG.json)
+    commplan generate PLAN.lua      writes PLAN's output beside it: <dir>/<name>/ (SCHEDULE.md ...)
+    commplan audit PLAN.lua         prints the summary (SCHEDULE.md's first section)
+    commplan diff OLD.lua NEW.lua
+    commplan advise PLAN.lua
+    commplan check PLAN.lua         exit 1 with one line if <dir>/<name>/ is stale or the config changed
+
+    commplan hf CONFIG --name NAME --world-size N [--dtype D] [--seq-len N] [--family F]
                           [--options OPTIONS.json] [-o OUT.lua]
-    python3 -m commplan units UNITS.json --name NAME --world-size N [--family F]
-                          [--options OPTIONS.json] [-o OUT.lua]
+    commplan units UNITS.json --name NAME --world-size N [--family F] [--options OPTIONS.json] [-o OUT.lua]
 
-CONFIG: a config.json or a directory holding one. UNITS.json: {"units": [...]}, the units as
-plan_from_named_parameters takes them (tests/python/fixtures/*_named_params.json).
-OPTIONS.json: {"parallel": {...}, "fsdp": {...}, "topology": {...}, "training": {...}} (and, for
-units, "model": {"n_heads": ..., "seq_len": ...}), as docs/plan-files.md describes them.
-The plan goes to stdout, or to OUT through a temporary file and a rename.
+`commplan VERB --help` lists a verb's flags. CONFIG: a config.json or a directory holding one.
+UNITS.json: {"units": [...]}, the units as plan_from_named_parameters takes them
+(tests/python/fixtures/*_named_params.json). OPTIONS.json: {"parallel": {...}, "fsdp": {...},
+"topology": {...}, "training": {...}, "pipeline": {...}} (and, for units, "model": {"n_heads": ...,
+"seq_len": ...}), as docs/plan-files.md describes them. A plan goes to stdout, or to OUT through a
+temporary file and a rename.
 
-Exit status: 0 written; 2 bad input (one line on stderr naming the file, the field and the fix,
-nothing written); 1 the output could not be written (a full disk, a closed pipe, /dev/full).
+Exit status: 0 done; 1 check: stale (one line saying what and the command that fixes it), or the
+output could not be written (a full disk, a closed pipe, /dev/full); 2 bad input (one line on
+stderr naming the flag, file or field and the fix, nothing written).
 """
 
 import argparse
@@ -22,8 +34,8 @@ import sys
 from . import safeio, validate
 from .errors import OutputError, PlanError
 
-PROG = "python3 -m commplan"
-OPTION_KEYS = ("parallel", "fsdp", "topology", "training", "model")
+PROG = "commplan"
+OPTION_KEYS = ("parallel", "fsdp", "topology", "training", "pipeline", "model")
 UNITS_KEYS = ("units", "source")
 
 
@@ -39,11 +51,56 @@ class _Parser(argparse.ArgumentParser):
         safeio.write_stdout(self.format_help())
 
 
+VERBS = ("write", "generate", "audit", "diff", "advise", "check")
+
+
+def _add_verbs(sub):
+    """commplan write / generate / audit / diff / advise / check (commplan/command.py)."""
+    from . import jobconfig
+    w = sub.add_parser("write", help="write a plan file from a config.json, a torchtitan model or job config",
+                       allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Write PLAN.lua from a Hugging Face config.json (or --titan MODEL:FLAVOR), the "
+                                   "settings as flags, named as torchtitan's job config names them, or read from a "
+                                   "torchtitan TOML job config (--job-config; a flag overrides it). The plan's "
+                                   "header records the source, its sha256, the settings and the command.")
+    w.add_argument("config", metavar="CONFIG", nargs="?", help="a config.json or a directory holding one")
+    w.add_argument("--titan", metavar="MODEL:FLAVOR", help="torchtitan's own model instead (llama3:8B; needs torch)")
+    w.add_argument("--name", required=True, help="the plan's name (its file stem and C prefix)")
+    for s in jobconfig.SETTINGS:
+        meta = "{%s}" % ",".join(s.enum) if s.enum else {"int": "N", "bool": "true|false", "dtype": "DTYPE",
+                                                           "family": "FAMILY"}[s.kind]
+        w.add_argument(s.flag, dest=s.key, metavar=meta,
+                       help=s.what + ("; torchtitan's %s" % s.toml[0] if s.toml else ""))
+    w.add_argument("--job-config", metavar="TOML", help="a torchtitan job config (train_configs/*.toml)")
+    w.add_argument("-o", "--out", metavar="PLAN.lua", help="write here (<dir>/<name>.lua) instead of stdout")
+    g = sub.add_parser("generate", help="generate PLAN's output beside it: <dir>/<name>/", allow_abbrev=False)
+    g.add_argument("plan", metavar="PLAN.lua")
+    g.add_argument("--strict", action="store_true", help="refuse a plan that does not fit its GPU")
+    g.add_argument("--ignored-ok", action="store_true", help="write even where git ignores the output")
+    a = sub.add_parser("audit", help="print the plan's summary (SCHEDULE.md's first section)", allow_abbrev=False)
+    a.add_argument("plan", metavar="PLAN.lua")
+    a.add_argument("--full", action="store_true", help="all of SCHEDULE.md")
+    d = sub.add_parser("diff", help="what changed between two plans (plan files, plan.json or REV:path)",
+                       allow_abbrev=False)
+    d.add_argument("old", metavar="OLD")
+    d.add_argument("new", metavar="NEW")
+    d.add_argument("--svg", metavar="DIR", help="also write DIR/before.svg and DIR/after.svg")
+    v = sub.add_parser("advise", help="rank the meshes torchtitan accepts for PLAN's model", allow_abbrev=False)
+    v.add_argument("plan", metavar="PLAN.lua")
+    for flag in ("--world-size", "--gpus-per-node", "--global-batch", "--top"):
+        v.add_argument(flag, metavar="N")
+    c = sub.add_parser("check", help="exit 1 with one line when <dir>/<name>/ is stale or the config changed",
+                       allow_abbrev=False)
+    c.add_argument("plan", metavar="PLAN.lua", nargs="+", help="one or more plan files (CI: plans/*.lua)")
+
+
 def _parser():
-    p = _Parser(prog=PROG, description="Write a commplan plan file (Lua) from a Hugging Face config.json or "
-                                       "named-parameter lists.", epilog=__doc__.split("\n\n", 1)[1],
+    p = _Parser(prog=PROG, description="commplan: plan a model's FSDP2 / torchtitan communication. Write a plan file "
+                                       "from a Hugging Face config.json, generate it, audit it, diff two, check "
+                                       "the committed output.", epilog=__doc__.split("\n\n", 1)[1],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="verb", metavar="{hf,units}")
+    sub = p.add_subparsers(dest="verb", metavar="{write,generate,audit,diff,advise,check,hf,units}")
+    _add_verbs(sub)
     for verb, operand, text in (("hf", "CONFIG", "a config.json (Llama, Mistral, Qwen2, Mixtral, Qwen3-MoE, DeepSeek-V3) or a directory holding one"),
                                 ("units", "UNITS", 'a JSON file {"units": [...]} of named parameters')):
         s = sub.add_parser(verb, help=text, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,7 +122,7 @@ def _options(path, verb):
     if path is None:
         return {}
     doc, src = safeio.read_json(path, "the options file", safeio.OPTIONS_JSON_MAX)
-    doc = validate.check_dict(doc, src, "", js=True, what="of parallel, fsdp, topology, training")
+    doc = validate.check_dict(doc, src, "", js=True, what="of parallel, fsdp, topology, training, pipeline")
     allowed = OPTION_KEYS if verb == "units" else OPTION_KEYS[:-1]
     for k in doc:
         if k not in allowed:
@@ -98,9 +155,12 @@ def run(argv):
     import commplan  # the package's public functions, as a user calls them
     args = _parser().parse_args(argv)
     if args.verb is None:
-        raise _Usage("give a verb: hf or units")
+        raise _Usage("give a verb: write, generate, audit, diff, advise, check (or hf, units)")
+    if args.verb in VERBS:
+        from . import command
+        return command.run_verb(args.verb, args, lambda a: _parser().parse_args(["write"] + list(a)))
     opts = _options(args.options, args.verb)
-    kw = {k: opts.get(k) for k in ("parallel", "fsdp", "topology", "training")}
+    kw = {k: opts.get(k) for k in ("parallel", "fsdp", "topology", "training", "pipeline")}
     if args.verb == "hf":
         model = commplan.hf_config(args.config, dtype=args.dtype, seq_len=args.seq_len, family=args.family)
         text = commplan.plan_text(args.name, args.world_size, model, **kw)

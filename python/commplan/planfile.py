@@ -555,17 +555,19 @@ def _check_model_numbers(model, allowed, family):
         validate.check_value(v, spec, validate.OPTIONS_SRC, "model." + k)
 
 
-def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, training=None, comment=None):
+def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, training=None, comment=None,
+              pipeline=None):
     """A plan file's text. model: a llama-family table ({"family": "llama", "dim": ...}), an MoE
     family's ({"family": "mixtral" | "qwen3_moe" | "deepseek_v3", "size": ... or the numbers of
     MOE_MODEL_KEYS}), the dense Qwen3 family's ({"family": "qwen3", "size": ... or the numbers of
     QWEN3_MODEL_KEYS}) or a generic one ({"family": "generic", "units": [...], "n_heads": ...}); the
-    rest as in docs/plan-files.md,
+    rest as in docs/plan-files.md (pipeline: docs/pipeline.md, with parallel.pp > 1),
     parallel defaulting to {"dp_shard": -1} (FSDP over every rank, as fully_shard on the world)."""
     check_plan_name(name)
     validate.check_world_size(world_size)
-    sec = validate.check_sections(parallel=parallel, fsdp=fsdp, topology=topology, training=training)
-    parallel, topology, training = sec["parallel"], sec["topology"], sec["training"]
+    sec = validate.check_sections(parallel=parallel, fsdp=fsdp, topology=topology, training=training,
+                                  pipeline=pipeline)
+    parallel, topology, training, pipeline = sec["parallel"], sec["topology"], sec["training"], sec["pipeline"]
     fsdp = sec["fsdp"] or {}
     if comment is not None and not isinstance(comment, str):
         raise PlanError("%s: comment: expected a str, got %s" % (validate.OPTIONS_SRC,
@@ -647,6 +649,7 @@ def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, 
     out += _section("fsdp", fsdp)
     out += _section("topology", topology)
     out += _section("training", training)
+    out += _section("pipeline", pipeline)
     out.append("}")
     return "\n".join(out) + "\n"
 
@@ -667,7 +670,7 @@ def write_plan(path, text):
 
 
 def plan_from_named_parameters(name, units, world_size, parallel=None, fsdp=None, model=None, topology=None,
-                               training=None, family="auto", out=None, loss_chunks_default=1):
+                               training=None, family="auto", out=None, loss_chunks_default=1, pipeline=None):
     """The plan file (Lua text) for a model given as its fully_shard units.
 
     units: in wrapping order, the root last; each {"name", "params", "reshard_after_forward"} or
@@ -715,7 +718,8 @@ def plan_from_named_parameters(name, units, world_size, parallel=None, fsdp=None
         if loss_chunks_default is not None:
             training = dict(training or {})
             training.setdefault("loss_chunks", loss_chunks_default)
-    text = plan_text(name, world_size, table, parallel=parallel, fsdp=fsdp, topology=topology, training=training)
+    text = plan_text(name, world_size, table, parallel=parallel, fsdp=fsdp, topology=topology, training=training,
+                     pipeline=pipeline)
     if out is not None:
         path = os.path.join(out, name + ".lua") if os.path.isdir(out) else out
         stem = os.path.splitext(os.path.basename(path))[0]

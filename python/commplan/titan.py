@@ -192,7 +192,7 @@ def _llama_units(units):
 
 
 def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=None, training=None,
-                    seq_len=None, family="auto", out=None):
+                    seq_len=None, family="auto", out=None, pipeline=None):
     """The plan file (Lua text) for a torchtitan Llama model, its config or ModelSpec (module
     docstring). parallel, fsdp, topology, training: as in docs/plan-files.md, fsdp defaulting to
     what torchtitan's parallelize gives fully_shard (TITAN_FSDP: bf16 all-gathers, fp32
@@ -227,4 +227,4 @@ def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=
     # (torchtitan's trainer: ChunkedLossWrapper, the llama family's default loss_chunks)
     return plan_from_named_parameters(name, units, world_size, parallel=parallel, fsdp=fsdp, model=extra,
                                       topology=topology, training=training, family=family, out=out,
-                                      loss_chunks_default=None)
+                                      loss_chunks_default=None, pipeline=pipeline)

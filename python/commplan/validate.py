@@ -62,6 +62,18 @@ SECTIONS = {
                      **{k: Spec("num") for k in ("intra_node_GBps", "inter_node_GBps", "latency_us", "gpu_memory_GB",
                                                  "gpu_TFLOPS", "mfu", "hbm_GBps", "nic_Gbps", "nvlink_GBps",
                                                  "pci_GBps", "net_latency_us")}),
+    # with parallel.pp > 1 (docs/pipeline.md): torch.distributed.pipelining's schedule class without
+    # "Schedule", torchtitan's microbatch size or the microbatches, and its stage split options
+    "pipeline": {
+        "schedule": Spec("enum", enum=("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+                                       "ZBVZeroBubble", "DualPipeV")),
+        "microbatch_size": Spec("int"),
+        "microbatches": Spec("int"),
+        "layers_per_stage": Spec("int"),
+        "first_stage_less_layers": Spec("int"),
+        "last_stage_less_layers": Spec("int"),
+        "csv": Spec("string"),  # torch's CSV schedule, a path relative to the plan file
+    },
     "training": {
         "activation_checkpointing": Spec("enum", enum=("none", "full", "selective")),
         "optimizer": Spec("enum", enum=("adamw", "sgd", "none")),

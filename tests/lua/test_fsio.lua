@@ -80,6 +80,24 @@ function T.fifo_in_outdir_is_not_read()
   sh("rm -rf " .. d)
 end
 
+-- --check's line names the command that regenerates OUTDIR: make only for this
+-- tree's plans/<name>.lua into plans/<name> (make writes nowhere else); the
+-- generator itself on PLAN and OUTDIR otherwise; --regen-command's when given.
+function T.check_names_the_regenerating_command()
+  local d = tmpdir()
+  local rc, err = run("lua5.4 gen/commplan.lua --check plans/single.lua " .. d .. "/single")
+  H.eq(rc, 1, "never generated: " .. err)
+  assert(err:find("run lua5.4 gen/commplan.lua plans/single.lua " .. d .. "/single and commit", 1, true), err)
+  assert(not err:find("make PLAN", 1, true), err)
+  rc, err = run("lua5.4 gen/commplan.lua --check --regen-command 'commplan generate x/single.lua' plans/single.lua "
+    .. d .. "/single")
+  H.eq(rc, 1, "never generated: " .. err)
+  assert(err:find("run commplan generate x/single.lua and commit", 1, true), err)
+  rc, err = run("lua5.4 gen/commplan.lua --regen-command x plans/single.lua " .. d .. "/single")
+  H.eq(rc, 2, "--regen-command without --check: " .. err)
+  sh("rm -rf " .. d)
+end
+
 function T.stdout_write_errors_exit_2()
   for _, cmd in ipairs({ "lua5.4 gen/commplan.lua --version", "lua5.4 gen/verbs.lua diff plans/fsdp4.lua plans/fsdp4.lua",
                          "lua5.4 gen/verbs.lua advise plans/llama8b.lua" }) do

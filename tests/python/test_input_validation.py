@@ -745,7 +745,7 @@ class SchemaAgreesWithGenerator(unittest.TestCase):
         lua = os.environ.get("LUA", "lua5.4")
         code = ("package.path = %r .. '/?.lua;' .. package.path\n"
                 "local S = require('gen.load').SCHEMA\n"
-                "for _, sec in ipairs({'parallel', 'fsdp', 'topology', 'training'}) do\n"
+                "for _, sec in ipairs({'parallel', 'fsdp', 'topology', 'training', 'pipeline'}) do\n"
                 "  for k, spec in pairs(S[sec]) do\n"
                 "    print(sec .. ' ' .. k .. ' ' .. spec[1] .. ' ' .. table.concat(spec.enum or {}, ','))\n"
                 "  end\nend\n" % REPO)

@@ -1,0 +1,348 @@
+"""The `commplan` command's verbs (python/commplan/command.py, jobconfig.py; issue 38 items 1-4).
+
+Every write flag with a bad value: exit 2, one line naming the flag and the fix, nothing written.
+The torchtitan TOML job config: read, flags over it, a bad value, an unknown or a refused key.
+Reproducible plans: the header's source and sha256, the recorded command writing the same bytes
+from anywhere. The pipeline section. --family overriding model_type. check: the config edited,
+the output stale, the plan edited by hand. generate beside the plan, never silently into a
+git-ignored directory. Run as python3 -m commplan from this checkout (tests/python/test_new_user.py
+runs the pip-installed command).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIX = os.path.join(REPO, "tests", "python", "fixtures")
+sys.path.insert(0, os.path.join(REPO, "python"))
+
+from commplan import jobconfig  # noqa: E402
+
+ENV = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+ENV.pop("COMMPLAN_ROOT", None)
+TIMEOUT = 300
+
+JOB_TOML = """# torchtitan's train_configs/llama3_8b.toml, as torchtitan <= 0.2 reads it
+[job]
+dump_folder = "./outputs"
+
+[model]
+name = "llama3"
+flavor = "8B"
+
+[optimizer]
+name = "AdamW"
+lr = 3e-4
+
+[training]
+local_batch_size = 2
+seq_len = 4096
+steps = 1000
+dataset = "c4"
+
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 2
+pipeline_parallel_degree = 1
+context_parallel_degree = 1
+pipeline_parallel_schedule = "1F1B"
+
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "op"
+
+[compile]
+enable = false
+"""
+
+
+def read(path, mode="r"):
+    with open(path, mode) as f:
+        return f.read()
+
+
+def cp(args, cwd):
+    r = subprocess.run([sys.executable, "-m", "commplan"] + args, cwd=cwd, env=ENV, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True, timeout=TIMEOUT)
+    return r.returncode, r.stdout, r.stderr
+
+
+class Scratch(unittest.TestCase):
+    def setUp(self):
+        self.d = tempfile.mkdtemp(prefix="commplan-cli-")
+        os.makedirs(os.path.join(self.d, "models"))
+        shutil.copy(os.path.join(FIX, "llama3_8b_config.json"), os.path.join(self.d, "models", "config.json"))
+
+    def tearDown(self):
+        shutil.rmtree(self.d, ignore_errors=True)
+
+    def path(self, *p):
+        return os.path.join(self.d, *p)
+
+    def refused(self, args, *words, rc=2):
+        got, out, err = cp(args, self.d)
+        self.assertEqual(got, rc, "%s: rc %d, stderr %r" % (args, got, err))
+        lines = err.strip().splitlines()
+        self.assertEqual(len(lines), 1, "%s: not one line: %r" % (args, err))
+        for w in words:
+            self.assertIn(w, lines[0], args)
+        return lines[0]
+
+
+BASE = ["models/config.json", "--name", "p", "--world-size", "8"]
+
+# flag -> bad values (each refused naming the flag); "FLAG" stands for the flag itself.
+BAD = {
+    "world_size": ["x", "0", "-2", "1.5", "99999999999999"],
+    "dp_replicate": ["x", "0", "-1"], "dp_shard": ["0", "-2", "y"], "tp": ["two", "0"], "cp": ["0", "z"],
+    "pp": ["0", "p"], "ep": ["0", "e"], "etp": ["0", "q"], "schedule": ["1f1b", "Bogus"],
+    "microbatches": ["0", "m", "2000"], "microbatch_size": ["0", "s"], "layers_per_stage": ["0", "l"],
+    "first_stage_less_layers": ["-1", "f"], "last_stage_less_layers": ["-1", "g"],
+    "seq_len": ["0", "4k"], "local_batch_size": ["0", "b"], "global_batch_size": ["0", "-3", "g"],
+    "ac": ["some", "on"], "dtype": ["int8", "float64"], "param_dtype": ["int8"], "reduce_dtype": ["fp8"],
+    "reshard_after_forward": ["sometimes"], "async_tp": ["yes", "1"], "sequence_parallel": ["no"],
+    "loss_parallel": ["maybe"], "compile": ["on"], "preset": ["v100", "H100x"], "gpus_per_node": ["0", "n"],
+    "family": ["gpt2", "llama4"],
+}
+
+
+class Flags(Scratch):
+    def test_every_flag_has_a_bad_value_test(self):
+        self.assertEqual(set(BAD), {s.key for s in jobconfig.SETTINGS})
+
+    def test_every_flag_bad_value_one_line_nothing_written(self):
+        for s in jobconfig.SETTINGS:
+            for v in BAD[s.key]:
+                args = [a for a in BASE] + ["-o", "plans/p.lua"]
+                if s.key == "world_size":
+                    args[args.index("--world-size") + 1] = v
+                else:
+                    args += [s.flag, v]
+                line = self.refused(["write"] + args, s.flag)
+                self.assertRegex(line, r"give|set|drop", args)
+                self.assertFalse(os.path.exists(self.path("plans")), "%s wrote something" % args)
+
+    def test_cross_checks_name_the_flag(self):
+        cases = [
+            (["--tp", "3"], "--world-size", "parallel_dims.py"),          # 8 ranks not a multiple of 3
+            (["--dp-shard", "2", "--tp", "2"], "--world-size", "give --world-size 4"),
+            (["--schedule", "1F1B"], "--schedule", "--pp"),
+            (["--microbatches", "4"], "--microbatches", "--pp"),
+            (["--async-tp", "true"], "--async-tp", "--tp"),
+            (["--local-batch-size", "2", "--global-batch-size", "6"], "--global-batch-size", "trainer.py"),
+            # the generator's own refusal, the flag named after it
+            (["--pp", "2", "--local-batch-size", "8", "--microbatches", "3"], "--microbatches", "pipeline."),
+            (["--ep", "3"], "parallel.ep", "--ep"),
+        ]
+        for extra, *words in cases:
+            self.refused(["write"] + BASE + extra + ["-o", "plans/p.lua"], *words)
+            self.assertFalse(os.path.exists(self.path("plans")), extra)
+
+    def test_other_arguments(self):
+        self.refused(["write", "models/config.json", "--world-size", "8"], "--name")
+        self.refused(["write", "--name", "p", "--world-size", "8"], "CONFIG", "give a config.json")
+        self.refused(["write", "models/nope.json", "--name", "p", "--world-size", "8"], "nope.json")
+        self.refused(["write"] + BASE + ["-o", "plans/q.lua"], "-o", "p.lua")
+        self.refused(["write"] + BASE[:2] + ["bad name"] + BASE[3:], "plan name")
+        self.refused(["write"] + BASE + ["--job-config", "nope.toml"], "nope.toml")
+        self.refused(["write"] + BASE + ["--titan", "gpt2:small"], "--titan")
+        self.refused(["write"] + BASE + ["--tpp", "2"], "--tpp")
+        for verb in ("generate", "audit", "check", "advise"):
+            self.refused([verb, "plans/nope.lua"], "nope.lua", "give the path")
+        self.refused(["generate", "models/config.json"], "<name>.lua")
+        self.refused(["advise", "models/config.json", "--top", "x"], "--top", "give")
+        self.refused(["frobnicate"], "frobnicate")
+
+
+class JobConfig(Scratch):
+    def job(self, text):
+        with open(self.path("job.toml"), "w") as f:
+            f.write(text)
+
+    def test_read_and_flags_override(self):
+        self.job(JOB_TOML)
+        rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml", "-o", "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        text = read(self.path("plans", "p.lua"))
+        self.assertIn("parallel = { dp_shard = -1, tp = 2 }", text)
+        self.assertIn('training = { local_batch_size = 2, activation_checkpointing = "selective", compile = false }',
+                      text)
+        self.assertIn("seq_len = 4096", text)
+        self.assertIn("-- job config: ../job.toml sha256 ", text)
+        self.assertNotIn("pipeline =", text)  # the job config's 1F1B without pp: torchtitan's default, unused
+        rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml", "--tp", "1", "--ac", "full", "-o",
+                                              "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        text = read(self.path("plans", "p.lua"))
+        self.assertIn("parallel = { dp_shard = -1 }", text)
+        self.assertIn('activation_checkpointing = "full"', text)
+
+    def test_model_from_the_job_config_needs_torchtitan_or_a_config(self):
+        self.job(JOB_TOML)
+        rc, out, err = cp(["write", "--name", "p", "--world-size", "8", "--job-config", "job.toml"], self.d)
+        try:
+            import torchtitan  # noqa: F401
+            self.assertEqual(rc, 0, err)
+            self.assertIn("-- source: torchtitan llama3:8B", out)
+        except ImportError:
+            self.assertEqual(rc, 2)
+            self.assertIn("--titan: torchtitan is not importable", err)
+
+    def test_bad_keys(self):
+        cases = [
+            ("tensor_parallel_degree = 2", "tensor_parallel_degree = \"2\"", "parallelism.tensor_parallel_degree"),
+            ("tensor_parallel_degree = 2", "tensor_paralel_degree = 2", "did you mean tensor_parallel_degree"),
+            ("tensor_parallel_degree = 2", "tensor_parallel_degree = 2\nenable_fsdp_symm_mem = true",
+             "enable_fsdp_symm_mem"),
+            ("seq_len = 4096", "seq_len = 0", "training.seq_len"),
+            ("mode = \"selective\"", "mode = \"sometimes\"", "activation_checkpoint.mode"),
+            ("enable = false", "enable = 1", "compile.enable"),
+            ("seq_len = 4096", "seq_len = 4096\nenable_cpu_offload = true", "training.enable_cpu_offload"),
+            ("[job]", "[job", "not TOML"),
+        ]
+        for old, new, word in cases:
+            self.assertIn(old, JOB_TOML)
+            self.job(JOB_TOML.replace(old, new, 1))
+            self.refused(["write"] + BASE + ["--job-config", "job.toml", "-o", "plans/p.lua"], "job.toml", word)
+            self.assertFalse(os.path.exists(self.path("plans")), new)
+        # ignored: keys with no communication in them, sections commplan does not read
+        self.job(JOB_TOML.replace("steps = 1000", "steps = 1000\nmax_norm = 1.0\ngc_freq = 50")
+                 + "\n[metrics]\nlog_freq = 10\n[checkpoint]\nenable = true\n")
+        rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml"], self.d)
+        self.assertEqual(rc, 0, err)
+        with open(self.path("big.toml"), "wb") as f:
+            f.write(b"# " + b"x" * (jobconfig.JOB_CONFIG_MAX + 10) + b"\n")
+        self.refused(["write"] + BASE + ["--job-config", "big.toml"], "big.toml")
+
+
+class Reproducible(Scratch):
+    def test_header_and_command_reproduce_the_bytes(self):
+        args = BASE + ["--tp", "2", "--seq-len", "4096", "--local-batch-size", "2", "--ac", "selective",
+                       "--dtype", "bf16", "-o", "plans/p.lua"]
+        rc, out, err = cp(["write"] + args, self.d)
+        self.assertEqual(rc, 0, err)
+        first = read(self.path("plans", "p.lua"), "rb")
+        text = first.decode()
+        import hashlib
+        sha = hashlib.sha256(read(self.path("models", "config.json"), "rb")).hexdigest()
+        self.assertIn("-- source: config ../models/config.json sha256 %s\n" % sha, text)
+        self.assertIn("-- settings: world_size=8 tp=2 seq_len=4096 local_batch_size=2 ac=selective dtype=bf16\n", text)
+        cmd = ("-- command (run in this file's directory): commplan write ../models/config.json --name p "
+               "--world-size 8 --tp 2 --seq-len 4096 --local-batch-size 2 --ac selective --dtype bf16 -o p.lua\n")
+        self.assertIn(cmd, text)
+        self.assertNotIn(self.d, text)  # no path of this machine
+        # the same plan from another directory, and the recorded command run where it says
+        os.remove(self.path("plans", "p.lua"))
+        rc, out, err = cp(["write", "../models/config.json"] + args[1:-1] + ["p.lua"], self.path("plans"))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(read(self.path("plans", "p.lua"), "rb"), first)
+        recorded = cmd.split(": ", 1)[1].split()[1:]
+        os.remove(self.path("plans", "p.lua"))
+        rc, out, err = cp(recorded, self.path("plans"))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(read(self.path("plans", "p.lua"), "rb"), first)
+        # a changed setting changes the bytes (the test can fail)
+        rc, out, err = cp(["write"] + args[:-2] + ["--seq-len", "2048", "-o", "plans/p.lua"], self.d)
+        self.assertNotEqual(read(self.path("plans", "p.lua"), "rb"), first)
+
+
+class Pipeline(Scratch):
+    def test_pipeline_section_written_and_generated(self):
+        rc, out, err = cp(["write"] + BASE + ["--pp", "2", "--schedule", "Interleaved1F1B", "--microbatches", "4",
+                                              "--local-batch-size", "8", "--ac", "full", "-o", "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        text = read(self.path("plans", "p.lua"))
+        self.assertIn('pipeline = { schedule = "Interleaved1F1B", microbatches = 4 },', text)
+        self.assertIn("parallel = { dp_shard = -1, pp = 2 }", text)
+        rc, out, err = cp(["generate", "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        sched = read(self.path("plans", "p", "SCHEDULE.md"))
+        self.assertIn("Interleaved1F1B", sched)
+
+    def test_options_json_takes_pipeline(self):
+        with open(self.path("opts.json"), "w") as f:
+            json.dump({"parallel": {"pp": 2}, "training": {"local_batch_size": 4},
+                       "pipeline": {"schedule": "GPipe", "microbatches": 2}}, f)
+        rc, out, err = cp(["hf", "models/config.json", "--name", "p", "--world-size", "8", "--options", "opts.json"],
+                          self.d)
+        self.assertEqual(rc, 0, err)
+        self.assertIn('pipeline = { schedule = "GPipe", microbatches = 2 },', out)
+
+
+class Families(Scratch):
+    def test_family_override_and_refusal(self):
+        for fx, fam, want in (("deepseek_v2_lite_config.json", None, 'family = "deepseek_v3"'),
+                              ("deepseek_v2_config.json", "deepseek_v3", 'family = "deepseek_v3"'),
+                              ("llama3_8b_config.json", "generic", 'family = "generic"'),
+                              ("llama3_2_1b_config.json", None, "enable_weight_tying = true"),
+                              ("qwen2_5_32b_config.json", None, 'family = "generic"')):
+            args = ["write", os.path.join(FIX, fx), "--name", "p", "--world-size", "8"]
+            rc, out, err = cp(args + (["--family", fam] if fam else []), self.d)
+            self.assertEqual(rc, 0, "%s: %s" % (fx, err))
+            self.assertIn(want, out, fx)
+        self.refused(["write", os.path.join(FIX, "llama3_8b_config.json"), "--name", "p", "--world-size", "8",
+                      "--family", "mixtral"], "mixtral")
+
+
+class Check(Scratch):
+    def test_check_config_output_and_hand_edits(self):
+        subprocess.run(["git", "init", "-q", self.d], check=True)
+        args = ["write"] + BASE + ["--seq-len", "2048", "-o", "plans/p.lua"]
+        self.assertEqual(cp(args, self.d)[0], 0)
+        line = self.refused(["check", "plans/p.lua"], "never generated", "run commplan generate plans/p.lua",
+                            rc=1)
+        self.assertNotIn("make", line)
+        rc, out, err = cp(["generate", "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(os.path.isfile(self.path("plans", "p", "SCHEDULE.md")))
+        rc, out, err = cp(["check", "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("up to date", out)
+        rc, out, err = cp(["audit", "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("## Summary", out)
+        self.assertNotIn("## Details", out)
+        # the config edited: check names it and the command that rewrites the plan
+        cfg = json.loads(read(self.path("models", "config.json")))
+        cfg["num_hidden_layers"] = 30
+        with open(self.path("models", "config.json"), "w") as f:
+            json.dump(cfg, f)
+        self.refused(["check", "plans/p.lua"], "config ../models/config.json changed", "commplan write", rc=1)
+        self.assertEqual(cp(args, self.d)[0], 0)
+        self.refused(["check", "plans/p.lua"], "stale generated files", rc=1)
+        self.assertEqual(cp(["generate", "plans/p.lua"], self.d)[0], 0)
+        self.assertEqual(cp(["check", "plans/p.lua"], self.d)[0], 0)
+        # edited by hand
+        with open(self.path("plans", "p.lua"), "a") as f:
+            f.write("-- a reviewer's note\n")
+        self.refused(["check", "plans/p.lua"], "differs from what its command writes", rc=1)
+
+    def test_generate_never_silently_into_ignored(self):
+        subprocess.run(["git", "init", "-q", self.d], check=True)
+        with open(self.path(".gitignore"), "w") as f:
+            f.write("build/\n")
+        self.assertEqual(cp(["write"] + BASE + ["-o", "build/p.lua"], self.d)[0], 0)
+        self.refused(["generate", "build/p.lua"], "git ignores", "--ignored-ok")
+        self.assertFalse(os.path.exists(self.path("build", "p")))
+        rc, out, err = cp(["generate", "--ignored-ok", "build/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(os.path.isfile(self.path("build", "p", "plan.json")))
+
+    def test_help_lists_the_verbs(self):
+        rc, out, err = cp(["--help"], self.d)
+        self.assertEqual(rc, 0)
+        for v in ("write", "generate", "audit", "diff", "advise", "check", "hf", "units"):
+            self.assertIn(v, out)
+        rc, out, err = cp(["write", "--help"], self.d)
+        for s in jobconfig.SETTINGS:
+            self.assertIn(s.flag, out)
+
+
+if __name__ == "__main__":
+    unittest.main()
