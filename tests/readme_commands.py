@@ -17,9 +17,9 @@ line, as the README says) and restored (exit 0). It also checks that the README 
 MAX_LINES lines and that every relative link in README.md, docs/testing.md and the pages that
 took the README's sections (LINKED) names an existing file (and, into a .md file, heading).
 
-Until h38a's `commplan` CLI lands (`python3 -m commplan write --help` fails), the quick start
-and the links to its docs page print a SKIP line each instead (tests/run.sh shows them); the
-lead removes that fallback (CLI_PENDING) once the CLI is merged.
+`pip install ./python` runs for real, offline, into a scratch virtual environment (the
+package's build backend is the standard library's, so --no-index needs nothing from an index),
+and the quick start runs through the `commplan` command it installed.
 
 Usage: python3 tests/readme_commands.py [--list]   (--list: print each command and its entry)
 Exit status 0 when everything ran; 1 otherwise, naming what failed.
@@ -41,11 +41,10 @@ MAX_LINES = 150
 BLOCK_TIMEOUT = 300
 CONFIG = os.path.join(REPO, "tests", "python", "fixtures", "llama3_8b_config.json")
 
-# The shim that stands in for `pip install ./python`: the command the package installs,
-# from this checkout's sources.
-SHIM = ('mkdir -p "$RC_BIN" && printf \'#!/bin/sh\\nPYTHONPATH="%s${PYTHONPATH:+:$PYTHONPATH}" '
-        'exec python3 -m commplan "$@"\\n\' "$RC_PY" >"$RC_BIN/commplan" && chmod +x "$RC_BIN/commplan" '
-        '&& export PATH="$RC_BIN:$PATH"')
+# `pip install ./python` as the README runs it, into a scratch virtual environment so the
+# user's Python is untouched (offline: --no-index; the build backend is python/commplan_build.py).
+SHIM = ('python3 -m venv --system-site-packages "$RC_VENV" && "$RC_VENV/bin/python" -m pip install -q '
+        '--no-index --disable-pip-version-check ./python && export PATH="$RC_VENV/bin:$PATH"')
 
 # (pattern over the command's words joined by one space, kind, reason or replacement).
 # kind "run": run as written. "cheap": the line replaced by the third field's text.
@@ -54,15 +53,11 @@ COMMANDS = [
     (r"make PLAN=[A-Za-z0-9_]+\.lua", "run", "builds the plan (seconds; nothing to do when built)"),
     (r"make test", "skip", "the suite this test runs inside (tests/run.sh; CI runs it as .ci/run)"),
     (r"pip install \./python", "cheap",
-     "installing into the user's environment needs setuptools and wheel from a package index: "
-     "a `commplan` on PATH runs python3 -m commplan from this checkout instead", SHIM),
+     "run into a scratch virtual environment (offline, --no-index), not the user's Python", SHIM),
     (r"cd ~/[A-Za-z0-9_.-]+", "run", "the scratch home's directory, holding config.json"),
     (r"commplan (write|generate|audit|advise|check|diff) .*", "run", "the commplan command"),
     (r"python3 -m commplan (write|generate|audit|advise|check|diff|hf|units) .*", "run", "the commplan command"),
 ]
-
-# Links the CLI's lane (h38a) adds; until its CLI lands they may be missing (a SKIP line).
-CLI_PENDING = {"docs/your-repository.md"}
 
 failures = []
 skips = []
@@ -124,13 +119,6 @@ def entry(words):
     return None
 
 
-def cli_present():
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
-    r = subprocess.run([sys.executable, "-m", "commplan", "write", "--help"], cwd=REPO, env=env,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return r.returncode == 0
-
-
 def git_status():
     r = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True)
     return r.stdout if r.returncode == 0 else None
@@ -173,7 +161,9 @@ def shell_block(body, start, quick, used, scratch, listing):
     if listing or not script:
         return
     what = "README.md:%d: the %s block" % (start, "quick start" if quick else "shell")
-    env = dict(os.environ, RC_BIN=os.path.join(scratch, "bin"), RC_PY=os.path.join(REPO, "python"))
+    # the installed command, not this checkout's sources
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COMMPLAN_ROOT", "VIRTUAL_ENV")}
+    env["RC_VENV"] = os.path.join(scratch, "venv")
     cwd = REPO
     if quick:
         home = os.path.join(scratch, "home")
@@ -269,8 +259,7 @@ def anchors(path):
     return {slug(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", text, re.M)}
 
 
-def check_links(cli):
-    pending = set()
+def check_links():
     for rel in LINKED:
         path = os.path.join(REPO, rel)
         with open(path) as f:
@@ -285,11 +274,6 @@ def check_links(cli):
             dest = os.path.normpath(os.path.join(os.path.dirname(path), file_part)) if file_part else path
             n += 1
             if not os.path.exists(dest):
-                if not cli and os.path.relpath(dest, REPO) in CLI_PENDING:
-                    if (rel, target) not in pending:
-                        pending.add((rel, target))
-                        skip("%s links to %s, which h38a's CLI lane adds" % (rel, target))
-                    continue
                 fail("%s: the link %s names no file" % (rel, target))
                 continue
             if anchor and dest.endswith(".md") and anchor not in anchors(dest):
@@ -304,7 +288,6 @@ def main():
     nlines = text.count("\n")
     if nlines >= MAX_LINES:
         fail("README.md has %d lines: keep it under %d (the rest belongs in docs/)" % (nlines, MAX_LINES))
-    cli = cli_present()
     used = set()
     scratch = tempfile.mkdtemp(prefix="readme_commands.")
     try:
@@ -312,16 +295,6 @@ def main():
             fail("README.md has no quick start block (<!-- quickstart --> ... <!-- /quickstart -->)")
         for lang, body, start, quick in blocks(text):
             if lang in ("sh", "bash", "shell"):
-                if quick and not cli and not listing:
-                    for _, words in commands(body):   # its commands still need entries
-                        e = entry(words)
-                        if e:
-                            used.add(e[0])
-                        else:
-                            fail("README.md:%d: `%s`: no entry in COMMANDS" % (start, " ".join(words)))
-                    skip("README.md:%d: the quick start block: `commplan write` is not here yet "
-                         "(python3 -m commplan write --help fails; h38a's CLI)" % start)
-                    continue
                 shell_block(body, start, quick, used, scratch, listing)
             elif lang == "lua":
                 if not listing:
@@ -335,7 +308,7 @@ def main():
             if e[1] in ("cheap", "skip") and e[0] not in used:
                 fail("COMMANDS entry %r (%s) matches no README command: remove it" % (e[0], e[1]))
         if not listing:
-            check_links(cli)
+            check_links()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if failures:
