@@ -57,6 +57,7 @@ local moe_acts = require("gen.models.moe_acts")
 local llama_acts = require("gen.models.llama_acts")
 local qwen3 = require("gen.models.qwen3")
 local gemm_model = require("gen.gemm_model")
+local generic = require("gen.models.generic")
 local unit_time = require("gen.unit_time")
 
 local compute = {}
@@ -214,97 +215,31 @@ function compute.activations_modeled(p)
   return fam == "llama" or fam == "qwen3" or MOE[fam] == true or compute.generic_blocks(p) ~= nil
 end
 
--- A unit's 2-D weights' shapes as Llama block's, given Q = n_heads x
--- head_dim and kv = n_kv_heads x head_dim: wq [Q, d], wk and wv [kv, d]
--- (or torchtitan's fused wqkv [Q + 2kv, d]), wo [d, Q], w1 and w3 [f, d],
--- w2 [d, f], in any order and under any names. d, f, fused; or nil.
-local function block_shape(u, Q, kv)
-  local ws = {}
-  for _, q in ipairs(u.params) do
-    if #q.shape == 2 then ws[#ws + 1] = q.shape end
-  end
-  if #ws ~= 7 and #ws ~= 5 then return nil end
-  local fused = #ws == 5
-  local function take(pool, o, i)
-    for j, w in ipairs(pool) do
-      if w[1] == o and w[2] == i then table.remove(pool, j); return true end
-    end
-    return false
-  end
-  for _, cand in ipairs(ws) do
-    local d = cand[2]
-    local pool = {}
-    for j, w in ipairs(ws) do pool[j] = w end
-    local qkv = fused and take(pool, Q + 2 * kv, d)
-      or not fused and take(pool, Q, d) and take(pool, kv, d) and take(pool, kv, d)
-    if qkv and take(pool, d, Q) and #pool == 3 then
-      local f = pool[1][1] == d and pool[1][2] or pool[1][1]
-      if take(pool, f, d) and take(pool, f, d) and take(pool, d, f) then return d, f, fused end
-    end
-  end
-  return nil
-end
-
 -- A generic model's decoder structure where its attention shape is given
--- and its units have it (cached per layout): { cfg = { dim, hidden,
--- n_heads, n_kv_heads, head_dim, n_layers, vocab_size, enable_weight_tying },
--- block = { [unit] = true }, sac = { [param] = true } (the weights SAC
--- recomputes), fused = whether the blocks fuse wqkv, head =
--- the unit holding the output projection, head_weight = that weight's name } -- every unit a block of one d and f
--- (n_layers of them), the embedding's (its 2-D weight named *embed*), the
--- head's or holding only 1-D parameters; nil otherwise, or with tp > 1.
+-- and its units have it (gen/models/generic.lua's decoder, by parameter
+-- name, cached per layout), as the layout's units and parameters: { cfg,
+-- block = { [unit] = true }, sac = { [param] = true }, fused, head,
+-- head_weight }; nil without one.
 local generic_cache = setmetatable({}, { __mode = "k" })
 function compute.generic_blocks(p)
   local g = compute.generic_attention(p)
-  if not g or not p.layout or ((p.dims and p.dims.tp) or 1) > 1 then return nil end
+  if not g or not p.layout then return nil end
   local hit = generic_cache[p.layout]
   if hit ~= nil then return hit or nil end
-  local kvh = p.model.n_kv_heads or g.n_heads
-  local Q, kv = g.n_heads * g.head_dim, kvh * g.head_dim
-  local r = { block = {}, sac = {}, cfg = { n_heads = g.n_heads, n_kv_heads = kvh, head_dim = g.head_dim,
-                                  n_layers = g.n_layers, enable_weight_tying = g.enable_weight_tying } }
-  local others, n = {}, 0
-  for _, u in ipairs(p.layout.units) do
-    local d, f, fused = block_shape(u, Q, kv)
-    if d and (not r.cfg.dim or (r.cfg.dim == d and r.cfg.hidden == f and r.fused == fused)) then
-      r.cfg.dim, r.cfg.hidden, r.fused, r.block[u] = d, f, fused, true
-      -- SelectiveAC's every second mm in forward order (wq, wk, wv, wo, w1, w3, w2; fused:
-      -- wqkv, wo, w1, w3, w2): wk, wo, w3 -- one weight of each shape, [kv, d] (unfused), [d, Q],
-      -- [f, d], whichever holds it (their cost is their shape's)
-      local want = {}
-      for _, k in ipairs({ not fused and (kv .. "x" .. d) or nil, d .. "x" .. Q, f .. "x" .. d }) do
-        want[k] = (want[k] or 0) + 1
-      end
+  local dec = generic.decoder(p.model, p.layout.units, (p.dims and p.dims.tp) or 1)
+  local r = false
+  if dec then
+    r = { cfg = dec.cfg, fused = dec.fused, block = {}, sac = {}, head_weight = dec.head_weight }
+    for _, u in ipairs(p.layout.units) do
+      if dec.block[u.name] then r.block[u] = true end
+      if dec.head == u.name then r.head = u end
       for _, q in ipairs(u.params) do
-        local key = #q.shape == 2 and (q.shape[1] .. "x" .. q.shape[2])
-        if key and (want[key] or 0) > 0 then
-          want[key], r.sac[q] = want[key] - 1, true
-        end
+        if dec.sac[q.name] then r.sac[q] = true end
       end
-      n = n + 1
-    else
-      others[#others + 1] = u
     end
   end
-  local ok = n == g.n_layers and n > 0
-  local d = r.cfg.dim
-  for _, u in ipairs(ok and others or {}) do
-    for _, q in ipairs(u.params) do
-      if #q.shape == 2 then
-        local embed = q.name:find("embed", 1, true) ~= nil
-        if q.shape[2] ~= d or (r.cfg.vocab_size and r.cfg.vocab_size ~= q.shape[1]) then ok = false
-        elseif not embed or g.enable_weight_tying then
-          -- the output projection: output.weight, or the tied embedding's table
-          if r.head then ok = false end
-          r.head, r.head_weight, r.cfg.vocab_size = u, q.name, q.shape[1]
-        end
-        r.cfg.vocab_size = q.shape[1]
-      elseif #q.shape > 2 then ok = false end
-    end
-  end
-  ok = ok and r.head ~= nil
-  generic_cache[p.layout] = ok and r or false
-  return ok and r or nil
+  generic_cache[p.layout] = r
+  return r or nil
 end
 
 -- The output unit's activations (Llama's and the MoE families' decoders
@@ -426,7 +361,7 @@ function compute.units(p, s)
         -- (sequence parallel: the norms and residual adds on seq / tp tokens)
         local res = T * cfg.dim // (sp and tp or 1)
         local q_w, kv_w = heads * cfg.head_dim, math.max(1, cfg.n_kv_heads // tp) * cfg.head_dim
-        local hidden = gen and cfg.hidden or 0
+        local hidden = gen and cfg.hidden // tp or 0
         for _, q in ipairs(gen and {} or u.params) do
           if suffix(q.name) == "feed_forward.w1.weight" or suffix(q.name) == "feed_forward.w13.weight" then
             hidden = hidden + q.shape[1]
@@ -624,12 +559,15 @@ function compute.generic_unmodeled(p)
   if not compute.generic_attention(p) then
     return "a generic model's units give no activation shapes without model.n_heads, head_dim and n_layers"
   end
-  if ((p.dims and p.dims.tp) or 1) > 1 then
-    return "tp > 1: a generic model's placements do not say where TP shards its activations (sequence parallel or not)"
-  end
-  return string.format("its units are not %d decoder blocks of model.n_heads x head_dim (a Llama block's seven "
+  local what = string.format("its units are not %d decoder blocks of model.n_heads x head_dim (a Llama block's seven "
     .. "weights, any names), an embedding (a weight named *embed*), the output projection and norms",
     p.model.n_layers)
+  if ((p.dims and p.dims.tp) or 1) > 1 and generic.decoder(p.model, p.layout.units, 1) then
+    what = "tp > 1 and its blocks' weights are not named as torchtitan's Llama's (attention.wq .. wo, "
+      .. "feed_forward.w1 .. w3, output.weight or a tied tok_embeddings.weight), so where TP shards its "
+      .. "activations is not known"
+  end
+  return what
 end
 
 -- FLOPs of one whole step on one rank.

@@ -135,6 +135,53 @@ class AuditComplete(unittest.TestCase):
                     th["model_flops_per_token"], "; missing: " + rows[0][1][:60] + "..."
                     if rows[0][0] == "**incomplete**" else ""))
 
+    def test_generic_decoders_at_tp8(self):
+        """Qwen2.5-32B (q/k/v biases) and Llama-3.2-3B (tied embeddings) at TP 8: generic plans under
+        torchtitan's Llama names, placed by its Llama plan (biases as torch's styles place them, the tied
+        table one Shard(0) parameter), with the TP activation collectives, activations, FLOPs, tokens/s and
+        MFU the llama family's plans have (issue 37: before, "2% exposed" and no TP collectives at all)."""
+        for fixture, world in (("qwen2_5_32b_config.json", 16), ("llama3_2_3b_config.json", 8)):
+            with self.subTest(model=fixture):
+                model = commplan.hf_config(os.path.join(FIX, fixture), dtype="fp32", seq_len=SEQ)
+                self.assertEqual(model["family"], "generic")
+                name = "tp8_" + re.sub(r"[^A-Za-z0-9_]", "_", fixture[:-len("_config.json")])
+                doc, md, _ = self.written(name, world, model, {"dp_shard": -1, "tp": 8}, "full")
+                au, rows = doc["audit"], summary(md)
+                cells = dict(rows)
+                self.assertNotEqual(rows[0][0], "**incomplete**", rows[0])
+                th = au["throughput"]
+                for k in ("tokens_per_s_per_gpu", "model_flops_per_token", "mfu"):
+                    self.assertTrue(th.get(k), "%s: audit.throughput.%s" % (fixture, k))
+                self.assertRegex(cells["throughput"], r"^[\d,]+ tokens/s per GPU, MFU [\d.]+% ")
+                self.assertTrue(au["memory"]["activations_modeled"])
+                self.assertGreater(au["memory"]["activation_bytes"], 0)
+                self.assertRegex(cells["memory"], r": fits, ")
+                # TP's activation collectives, on the critical path and labelled as TP's
+                tp_ops = [o for o in doc["ops"] if o.get("group") == "tp"]
+                kinds = {o["kind"] for o in tp_ops}
+                self.assertEqual(kinds, {"tp_all_gather", "tp_reduce_scatter", "tp_all_reduce"})
+                self.assertRegex(cells["step"], r"[\d.]+ ms TP collectives")
+                self.assertRegex(md, r"\n\| tp \| 8 \| intra-node; [^|]+\| \d+ TP reduce-scatter, \d+ TP all-gather")
+                # placements: torchtitan's Llama plan; biases colwise Shard(0); the tied table Shard(0) once
+                place = {q["name"]: q.get("tp_dim") for u in doc["units"] for q in u["params"]}
+                self.assertEqual(place["layers.0.attention.wq.weight"], 0)
+                self.assertEqual(place["layers.0.attention.wo.weight"], 1)
+                self.assertEqual(place["layers.0.feed_forward.w2.weight"], 1)
+                self.assertIsNone(place["layers.0.attention_norm.weight"])
+                self.assertEqual(place["tok_embeddings.weight"], 0)
+                if "qwen2" in fixture:
+                    self.assertEqual(place["layers.0.attention.wq.bias"], 0)
+                    self.assertEqual(place["layers.0.attention.wv.bias"], 0)
+                    self.assertEqual(place["output.weight"], 0)
+                else:
+                    self.assertNotIn("output.weight", place)
+                # the loss's three all-reduces (loss_parallel: a MAX and two SUMs of one fp32 per token)
+                loss = [o for o in tp_ops if o["kind"] == "tp_all_reduce" and o["count"] == SEQ and o["dtype"] == "fp32"]
+                self.assertEqual(sorted(o["reduce_op"] for o in loss), ["max", "sum", "sum"])
+                print("  %-28s tp 8: tokens/s per GPU %8s, MFU %5.1f%%, %d TP collectives, %s" % (
+                    fixture, "{:,.0f}".format(th["tokens_per_s_per_gpu"]), 100 * th["mfu"], len(tp_ops),
+                    cells["step"].split("critical path")[1][:80] if "critical path" in cells["step"] else ""))
+
     def test_tied_generic_flops_are_torchtitans(self):
         """Llama 3.2 1B (tied): torchtitan's get_dense_model_nparams_and_flops counts the shared
         table once and keeps it (models/utils.py), plus 6 x layers x heads x 2 x head_dim x seq."""
