@@ -590,7 +590,10 @@ end
 -- model_params counts them).
 function compute.param_counts(p)
   local out = {}
+  -- (a generic plan from torchtitan 0.3's tied model, commplan.plan_from_titan: its lm_head.weight
+  -- is the embedding's table, untied only while fully_shard wraps them, gen/models/qwen3.lua)
   local tied = p.model.family == "qwen3" and p.model_config and p.model_config.enable_weight_tying
+    or p.model.family == "generic" and p.model.enable_weight_tying
   for _, u in ipairs(p.layout.units) do
     for _, q in ipairs(u.params) do
       local k = q.full_numel or q.numel

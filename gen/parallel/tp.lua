@@ -183,13 +183,14 @@ local PLANS = { llama = { names = LLAMA }, qwen3 = { names = QWEN3 },
                 deepseek_v3 = { names = DEEPSEEK, experts = GROUPED_EXPERTS } }
 
 -- The family whose TP plan and activation collectives a plan's model
--- takes: its own, or "llama" for a generic model that is a decoder under
--- Llama's names (gen/models/generic.lua's decoder); nil for any other
--- generic model (its placements are the plan file's own).
+-- takes: its own, or for a generic model that is a decoder under a
+-- family's names (gen/models/generic.lua's decoder and NAMES: torchtitan
+-- <= 0.2's Llama names, "llama", or 0.3's decoder's, "qwen3") that family;
+-- nil for any other generic model (its placements are the plan file's own).
 function tp.family(model, units, T)
   if model.family ~= "generic" then return model.family end
   local dec = generic.decoder(model, units, T)
-  return dec and dec.llama_names and "llama" or nil, dec
+  return dec and dec.names, dec
 end
 
 -- Every parameter's placement from its family's plan (the plan file's own,
@@ -369,7 +370,7 @@ function tp.on_layout(ctx, lay, units, d, p, cfg)
     -- cp before TP's sequence shards, distributed/full_dtensor.py:148-149)
     tp_acts.dense(ctx, lay, dec and dec.cfg or cfg, d.tp, { batch = p.training and p.training.local_batch_size,
                                         seq_len = p.model.seq_len and p.model.seq_len // d.cp, family = fam,
-                                        tied = dec and dec.cfg.enable_weight_tying,
+                                        tied = dec and dec.head_weight == "tok_embeddings.weight",
                                         sequence_parallel = p.parallel.sequence_parallel,
                                         loss_parallel = p.parallel.loss_parallel,
                                         async_tp = p.parallel.async_tp, ep = d.ep })

@@ -182,6 +182,46 @@ class AuditComplete(unittest.TestCase):
                     fixture, "{:,.0f}".format(th["tokens_per_s_per_gpu"]), 100 * th["mfu"], len(tp_ops),
                     cells["step"].split("critical path")[1][:80] if "critical path" in cells["step"] else ""))
 
+    def test_plan_from_titan_is_complete(self):
+        """commplan.plan_from_titan's generic plans of torchtitan 0.3's own Llama 3 (8B; 1B tied, fused
+        wqkv, lm_head) write head_dim, n_layers and enable_weight_tying, so the audit is complete:
+        activations, FLOPs per token (torchtitan's: the tied table once), tokens/s, MFU and, at tp 2,
+        torchtitan 0.3's decoder TP collectives. Needs torchtitan (skipped without it)."""
+        try:
+            import torchtitan.models.llama3 as L
+            from commplan.titan import plan_from_titan
+        except Exception as e:  # noqa: BLE001
+            self.skipTest("torchtitan is not importable (%s)" % e)
+        for flavor, par in (("8B", {"dp_shard": -1}), ("1B", {"dp_shard": -1}), ("1B", {"dp_shard": -1, "tp": 2})):
+            with self.subTest(flavor=flavor, tp=par.get("tp", 1)):
+                name = "titan_%s_tp%d" % (flavor.lower(), par.get("tp", 1))
+                text = plan_from_titan(L.model_registry(flavor).model, name, 8, parallel=par, seq_len=SEQ,
+                                       training={"activation_checkpointing": "full", "local_batch_size": 1})
+                self.assertRegex(text, r"head_dim = \d+")
+                self.assertRegex(text, r"n_layers = \d+")
+                path = os.path.join(self.tmp, name + ".lua")
+                with open(path, "w") as f:
+                    f.write(text)
+                out = os.path.join(self.tmp, name)
+                subprocess.run([LUA, os.path.join(REPO, "gen", "commplan.lua"), path, out], cwd=REPO, check=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                with open(os.path.join(out, "plan.json")) as f:
+                    doc = json.load(f)
+                with open(os.path.join(out, "SCHEDULE.md")) as f:
+                    rows = summary(f.read())
+                au = doc["audit"]
+                self.assertNotEqual(rows[0][0], "**incomplete**", rows[0])
+                self.assertTrue(au["memory"]["activations_modeled"])
+                for k in ("tokens_per_s_per_gpu", "model_flops_per_token", "mfu"):
+                    self.assertTrue(au["throughput"].get(k), k)
+                if flavor == "1B":
+                    d, Ly, h, kv, hd, f, v = 2048, 16, 32, 8, 64, 8192, 128256
+                    per_layer = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f + 2 * d
+                    self.assertEqual(au["throughput"]["model_flops_per_token"],
+                                     6 * (v * d + Ly * per_layer + d) + 6 * Ly * h * 2 * hd * SEQ)
+                tp_ops = [o for o in doc["ops"] if o.get("group") == "tp"]
+                self.assertEqual(bool(tp_ops), par.get("tp", 1) > 1)
+
     def test_tied_generic_flops_are_torchtitans(self):
         """Llama 3.2 1B (tied): torchtitan's get_dense_model_nparams_and_flops counts the shared
         table once and keeps it (models/utils.py), plus 6 x layers x heads x 2 x head_dim x seq."""
