@@ -43,14 +43,17 @@
 -- q/k norms and dense FeedForward); the output unit's as Llama's.
 -- A generic model whose attention shape the plan gives (model.n_heads,
 -- head_dim, n_layers: compute.generic_attention) and whose units are
--- decoder blocks of that shape (compute.generic_blocks: the seven 2-D
--- weights of a Llama block, found by shape) is priced as the llama family:
+-- decoder blocks of that shape (compute.generic_blocks, gen/models/
+-- generic.lua's decoder: the seven 2-D weights of a Llama block, found by
+-- shape) is priced as the llama family:
 -- each block's FLOPs, attention and bytes from llama_acts.block (a bias
 -- adds no saved tensor: addmm's output is the linear's), the unit holding
 -- the output projection (tied: the embedding's table) as Llama's output
--- unit, the embedding a lookup. Any other generic model: activations not
--- modeled (no dims to derive them); with tp > 1 neither (a generic unit's
--- TP placements are the plan's own, its sequence sharding unknown).
+-- unit, the embedding a lookup; with tp > 1 where its names are a
+-- family's (gen/models/generic.lua's NAMES: its TP plan and collectives are
+-- then that family's, gen/parallel/tp.lua), TP-local as Llama's. Any other
+-- generic model: activations not modeled (no dims to derive them, or under
+-- tp > 1 no names that say where TP shards them).
 local util = require("gen.util")
 local hardware = require("gen.hardware")
 local moe_acts = require("gen.models.moe_acts")
