@@ -222,6 +222,43 @@ class AuditComplete(unittest.TestCase):
                 tp_ops = [o for o in doc["ops"] if o.get("group") == "tp"]
                 self.assertEqual(bool(tp_ops), par.get("tp", 1) > 1)
 
+    def test_writer_compile_float8(self):
+        """The writer writes training.compile and training.float8 (torchtitan's compile and float8
+        Linear, issue 37 item 2) for a config.json's plan, family and generic alike; the generator
+        prices them (torch.compile fused, the GEMMs at FP8 peak): faster steps, said in SCHEDULE.md.
+        A float8 recipe torchtitan does not have is refused by the writer in one line."""
+        for fixture in ("llama3_8b_config.json", "qwen2_5_32b_config.json"):
+            with self.subTest(model=fixture):
+                model = commplan.hf_config(os.path.join(FIX, fixture), dtype="fp32", seq_len=SEQ)
+                base = re.sub(r"[^A-Za-z0-9_]", "_", fixture[:-len("_config.json")])
+                steps = {}
+                for mode, tr in (("eager", {}), ("compile", {"compile": True}),
+                                 ("float8", {"compile": True, "float8": "tensorwise"})):
+                    tr = dict(tr, activation_checkpointing="full", local_batch_size=1)
+                    text = commplan.plan_text("cf_%s_%s" % (base, mode), 16, model, parallel={"dp_shard": -1, "tp": 2},
+                                              fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32"}, training=tr)
+                    if mode != "eager":
+                        self.assertIn("compile = true", text)
+                    if mode == "float8":
+                        self.assertIn('float8 = "tensorwise"', text)
+                    path = os.path.join(self.tmp, "cf_%s_%s.lua" % (base, mode))
+                    with open(path, "w") as f:
+                        f.write(text)
+                    subprocess.run([LUA, os.path.join(REPO, "gen", "commplan.lua"), path, path[:-4]], cwd=REPO,
+                                   check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                    with open(os.path.join(path[:-4], "SCHEDULE.md")) as f:
+                        md = f.read()
+                    with open(os.path.join(path[:-4], "plan.json")) as f:
+                        steps[mode] = json.load(f)["audit"]["compute"]["compute_us"]
+                    gpu = dict(summary(md))["GPU"]
+                    self.assertIn("torch.compile" if mode != "eager" else "eager", gpu)
+                    if mode == "float8":
+                        self.assertIn("float8 tensorwise", gpu)
+                self.assertLess(steps["compile"], steps["eager"])
+                self.assertLess(steps["float8"], steps["compile"])
+        with self.assertRaises(commplan.PlanError):
+            commplan.plan_text("bad", 8, {"family": "llama", "size": "8b"}, training={"float8": "mxfp8"})
+
     def test_tied_generic_flops_are_torchtitans(self):
         """Llama 3.2 1B (tied): torchtitan's get_dense_model_nparams_and_flops counts the shared
         table once and keeps it (models/utils.py), plus 6 x layers x heads x 2 x head_dim x seq."""
