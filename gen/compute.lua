@@ -149,7 +149,7 @@ function compute.pricing_text(s)
     return string.format("every FLOP executed at %.0f%% of it (topology.mfu, an override)", 100 * s.mfu)
   end
   return string.format("compute priced from shapes (gen/gemm_model.lua: GEMMs at a tensor-core efficiency by "
-    .. "shape%s, FlashAttention by sequence length, memory-bound work at HBM speed; %s%s)",
+    .. "shape%s, FlashAttention by sequence length, memory-bound work and the optimizer step at HBM speed; %s%s)",
     s.kernels.clock and string.format(" at the %.0f%% clock its power limit sustains", 100 * s.kernels.clock) or "",
     s.compile and "torch.compile" or "eager", s.float8 ~= "none" and (", float8 " .. s.float8) or "")
 end
@@ -436,6 +436,20 @@ function compute.units(p, s)
             spec.flops = spec.flops + 6 * q.numel * Tu
           end
         end
+        -- the MoE's memory-bound work, at HBM speed (gen/unit_time.lua's bytes): the
+        -- router's fp32 scores over the experts (softmax written, read by top-k and the
+        -- gather: 3 passes), the routed rows permuted into expert order and back (each read
+        -- and written: torchtitan's token dispatcher, models/common/token_dispatcher.py),
+        -- and the combine's weighted sum (top_k rows read per token, one row written)
+        local e_act = ES[u.ag_dtype]
+        for _, q in ipairs(u.params) do
+          if q.name:find("moe.router.gate.weight", 1, true) and #q.shape == 2 then
+            spec.bytes = (spec.bytes or 0) + 3 * 4 * Tu * q.shape[1]
+          elseif top_k and q.name:find("routed_experts.inner_experts.w2_EDF", 1, true) and #q.shape == 3 then
+            local rows, D = Tu * top_k, q.shape[2]
+            spec.bytes = (spec.bytes or 0) + (5 * rows + Tu) * D * e_act
+          end
+        end
         local ef, eb = r.fwd_us or 0, r.bwd_us or 0
         times(r, spec)
         r.fwd_us, r.bwd_us = r.fwd_us + ef, r.bwd_us + eb
@@ -571,6 +585,30 @@ function compute.generic_unmodeled(p)
       .. "activations is not known"
   end
   return what
+end
+
+-- The optimizer step's microseconds on one rank (issue 37, item 2): memory-
+-- bound, at HBM speed, once per step after the last reduction, over the
+-- rank's sharded parameters. torchtitan's default implementation is
+-- "fused" (components/optimizer/optimizer.py:109-111): torch's fused AdamW
+-- reads the parameter, its gradient and both moments and writes the
+-- parameter and the moments in one kernel (moments in the parameters'
+-- dtype, torch.optim.AdamW; an fp32 master copy read and written too);
+-- SGD without momentum reads the parameter and gradient, writes the
+-- parameter. 0 under the topology.mfu override (it prices FLOPs only) and
+-- without an optimizer.
+function compute.optimizer_us(p, s)
+  if s.mfu or s.optimizer == "none" or not p.layout then return 0 end
+  local bytes = 0
+  for _, u in ipairs(p.layout.units) do
+    local e = ES[u.orig_dtype]
+    local per = 3 * e -- parameter read and written, gradient read (in the parameter's dtype)
+    if s.optimizer == "adamw" then
+      per = per + 4 * e + (s.fp32_master and 8 or 0)
+    end
+    bytes = bytes + per * (u.total or 0)
+  end
+  return bytes / (s.hbm_GBps * 1e3)
 end
 
 -- FLOPs of one whole step on one rank.
