@@ -221,6 +221,29 @@ class AuditComplete(unittest.TestCase):
                                      6 * (v * d + Ly * per_layer + d) + 6 * Ly * h * 2 * hd * SEQ)
                 tp_ops = [o for o in doc["ops"] if o.get("group") == "tp"]
                 self.assertEqual(bool(tp_ops), par.get("tp", 1) > 1)
+        # torchtitan 0.3's 8B at tp 2 as a generic plan issues the llama family's TP collectives (recorded
+        # live against torchtitan by tests/tp_record.py), op for op
+        seqs = []
+        for fam in ("titan", "llama"):
+            name = "tp2_%s_8b" % fam
+            if fam == "titan":
+                text = plan_from_titan(L.model_registry("8B").model, name, 8, parallel={"dp_shard": -1, "tp": 2},
+                                       seq_len=SEQ, training={"activation_checkpointing": "full", "local_batch_size": 1})
+            else:
+                model = commplan.hf_config(os.path.join(FIX, "llama3_8b_config.json"), dtype="fp32", seq_len=SEQ)
+                text = commplan.plan_text(name, 8, model, parallel={"dp_shard": -1, "tp": 2},
+                                          fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32"},
+                                          training={"activation_checkpointing": "full", "local_batch_size": 1})
+            path = os.path.join(self.tmp, name + ".lua")
+            with open(path, "w") as f:
+                f.write(text)
+            subprocess.run([LUA, os.path.join(REPO, "gen", "commplan.lua"), path, path[:-4]], cwd=REPO, check=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            with open(os.path.join(path[:-4], "plan.json")) as f:
+                seqs.append([(o["kind"], o["phase"], o["count"], o.get("reduce_op")) for o in json.load(f)["ops"]
+                             if o.get("group") == "tp"])
+        self.assertTrue(seqs[0])
+        self.assertEqual(seqs[0], seqs[1])
 
     def test_writer_compile_float8(self):
         """The writer writes training.compile and training.float8 (torchtitan's compile and float8
