@@ -212,6 +212,14 @@ function T.generic_decoder_blocks_are_priced_as_llama()
   first = audit.schedule_md(other, "fp"):match("|%-%-%-|%-%-%-|\n(| [^\n]*)")
   assert(first:find("tp > 1 and its blocks' weights are not named as torchtitan's Llama's", 1, true), first)
   assert(first:find("TP's activation collectives not planned", 1, true), first)
+  -- and a setting naming those collectives is refused there, not ignored
+  H.plan_fails(tp_src(true):gsub("tp = 2", "tp = 2, sequence_parallel = false", 1), "parallel.sequence_parallel",
+    "not a decoder under torchtitan's Llama names")
+  -- under Llama's names it is planned: without sequence parallelism, all-reduces only
+  local nosp = plan.from_source(tp_src(false):gsub("tp = 2", "tp = 2, sequence_parallel = false", 1), "nosp.lua")
+  for _, o in ipairs(nosp.ops) do
+    if o.group == "tp" then assert(o.kind == "tp_all_reduce", "no sequence shards: " .. o.kind) end
+  end
 end
 
 return T
