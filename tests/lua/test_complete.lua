@@ -215,6 +215,15 @@ function T.generic_decoder_blocks_are_priced_as_llama()
   -- and a setting naming those collectives is refused there, not ignored
   H.plan_fails(tp_src(true):gsub("tp = 2", "tp = 2, sequence_parallel = false", 1), "parallel.sequence_parallel",
     "not a decoder under torchtitan's Llama names")
+  -- context parallel likewise: a Llama-named decoder gets its K/V exchange, another generic model is
+  -- refused by name
+  local function with_cp(src) return src:gsub("tp = 2", "tp = 2, cp = 2", 1):gsub("world_size = 4", "world_size = 8", 1)
+    :gsub("seq_len = 64", "seq_len = 256", 1) end
+  H.plan_fails(with_cp(tp_src(true)), "parallel.cp", "not a decoder under torchtitan's Llama or decoder names")
+  local cpp = plan.from_source(with_cp(tp_src(false)), "ctx.lua")
+  local kv = 0
+  for _, o in ipairs(cpp.ops) do if o.group == "cp" then kv = kv + 1 end end
+  H.eq(kv, 2 * 6, "two blocks: K and V gathered, recomputed (selective) and their gradients reduce-scattered")
   -- under Llama's names it is planned: without sequence parallelism, all-reduces only
   local nosp = plan.from_source(tp_src(false):gsub("tp = 2", "tp = 2, sequence_parallel = false", 1), "nosp.lua")
   for _, o in ipairs(nosp.ops) do

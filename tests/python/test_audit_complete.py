@@ -245,6 +245,30 @@ class AuditComplete(unittest.TestCase):
         self.assertTrue(seqs[0])
         self.assertEqual(seqs[0], seqs[1])
 
+    def test_generic_decoders_under_cp(self):
+        """Context parallel on a generic decoder under Llama's names: Llama 3 8B written as a generic plan
+        issues the llama family's CP K/V exchange and TP collectives op for op at cp 2 x tp 2 (the family's
+        are recorded live against torchtitan: tests/titan/test_cp_record.py), with the same activations;
+        Qwen2.5-32B at cp 2 x tp 8 gets every figure."""
+        par = {"dp_shard": -1, "cp": 2, "tp": 2}
+        fam_doc = self.written("ctx_fam_8b", 8, commplan.hf_config(os.path.join(FIX, "llama3_8b_config.json"),
+                                                                  dtype="fp32", seq_len=SEQ), par, "full")[0]
+        gen_doc = self.generic_doc("llama3_8b_config.json", 8, par)[0]
+
+        def seq(doc, group):
+            return [(o["kind"], o["phase"], o["count"], o.get("reduce_op")) for o in doc["ops"] if o.get("group") == group]
+        for g in ("cp", "tp"):
+            self.assertTrue(seq(fam_doc, g), g)
+            self.assertEqual(seq(gen_doc, g), seq(fam_doc, g), g)
+        self.assertEqual(gen_doc["audit"]["memory"]["activation_bytes"], fam_doc["audit"]["memory"]["activation_bytes"])
+        model = commplan.hf_config(os.path.join(FIX, "qwen2_5_32b_config.json"), dtype="fp32", seq_len=SEQ)
+        doc, md, _ = self.written("ctx_q25", 32, model, {"dp_shard": -1, "cp": 2, "tp": 8}, "full")
+        rows = summary(md)
+        self.assertNotEqual(rows[0][0], "**incomplete**", rows[0])
+        self.assertTrue(seq(doc, "cp"))
+        self.assertTrue(doc["audit"]["memory"]["activations_modeled"])
+        self.assertTrue(doc["audit"]["throughput"].get("mfu"))
+
     def test_writer_compile_float8(self):
         """The writer writes training.compile and training.float8 (torchtitan's compile and float8
         Linear, issue 37 item 2) for a config.json's plan, family and generic alike; the generator
