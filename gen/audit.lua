@@ -1193,7 +1193,8 @@ function audit.missing_figures(p, a)
       out[#out + 1] = string.format("TP's activation collectives not planned: tp = %d, and a generic model gives "
         .. "each parameter's placement but not its modules' input and output layouts, which decide TP's "
         .. "redistributions (torchtitan's come from its models' plans, models/common/decoder_sharding.py:301); the "
-        .. "step's TP time is missing: use the llama or qwen3 family where the model is one", p.dims.tp)
+        .. "step's TP time is missing: use the llama or qwen3 family where the model is one, or give model.n_heads, "
+        .. "head_dim and n_layers and torchtitan's Llama names (commplan.hf_config writes them)", p.dims.tp)
     end
   end
   return out

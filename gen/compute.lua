@@ -43,20 +43,24 @@
 -- q/k norms and dense FeedForward); the output unit's as Llama's.
 -- A generic model whose attention shape the plan gives (model.n_heads,
 -- head_dim, n_layers: compute.generic_attention) and whose units are
--- decoder blocks of that shape (compute.generic_blocks: the seven 2-D
--- weights of a Llama block, found by shape) is priced as the llama family:
+-- decoder blocks of that shape (compute.generic_blocks, gen/models/
+-- generic.lua's decoder: the seven 2-D weights of a Llama block, found by
+-- shape) is priced as the llama family:
 -- each block's FLOPs, attention and bytes from llama_acts.block (a bias
 -- adds no saved tensor: addmm's output is the linear's), the unit holding
 -- the output projection (tied: the embedding's table) as Llama's output
--- unit, the embedding a lookup. Any other generic model: activations not
--- modeled (no dims to derive them); with tp > 1 neither (a generic unit's
--- TP placements are the plan's own, its sequence sharding unknown).
+-- unit, the embedding a lookup; with tp > 1 where its names are a
+-- family's (gen/models/generic.lua's NAMES: its TP plan and collectives are
+-- then that family's, gen/parallel/tp.lua), TP-local as Llama's. Any other
+-- generic model: activations not modeled (no dims to derive them, or under
+-- tp > 1 no names that say where TP shards them).
 local util = require("gen.util")
 local hardware = require("gen.hardware")
 local moe_acts = require("gen.models.moe_acts")
 local llama_acts = require("gen.models.llama_acts")
 local qwen3 = require("gen.models.qwen3")
 local gemm_model = require("gen.gemm_model")
+local generic = require("gen.models.generic")
 local unit_time = require("gen.unit_time")
 
 local compute = {}
@@ -145,7 +149,7 @@ function compute.pricing_text(s)
     return string.format("every FLOP executed at %.0f%% of it (topology.mfu, an override)", 100 * s.mfu)
   end
   return string.format("compute priced from shapes (gen/gemm_model.lua: GEMMs at a tensor-core efficiency by "
-    .. "shape%s, FlashAttention by sequence length, memory-bound work at HBM speed; %s%s)",
+    .. "shape%s, FlashAttention by sequence length, memory-bound work and the optimizer step at HBM speed; %s%s)",
     s.kernels.clock and string.format(" at the %.0f%% clock its power limit sustains", 100 * s.kernels.clock) or "",
     s.compile and "torch.compile" or "eager", s.float8 ~= "none" and (", float8 " .. s.float8) or "")
 end
@@ -214,97 +218,31 @@ function compute.activations_modeled(p)
   return fam == "llama" or fam == "qwen3" or MOE[fam] == true or compute.generic_blocks(p) ~= nil
 end
 
--- A unit's 2-D weights' shapes as Llama block's, given Q = n_heads x
--- head_dim and kv = n_kv_heads x head_dim: wq [Q, d], wk and wv [kv, d]
--- (or torchtitan's fused wqkv [Q + 2kv, d]), wo [d, Q], w1 and w3 [f, d],
--- w2 [d, f], in any order and under any names. d, f, fused; or nil.
-local function block_shape(u, Q, kv)
-  local ws = {}
-  for _, q in ipairs(u.params) do
-    if #q.shape == 2 then ws[#ws + 1] = q.shape end
-  end
-  if #ws ~= 7 and #ws ~= 5 then return nil end
-  local fused = #ws == 5
-  local function take(pool, o, i)
-    for j, w in ipairs(pool) do
-      if w[1] == o and w[2] == i then table.remove(pool, j); return true end
-    end
-    return false
-  end
-  for _, cand in ipairs(ws) do
-    local d = cand[2]
-    local pool = {}
-    for j, w in ipairs(ws) do pool[j] = w end
-    local qkv = fused and take(pool, Q + 2 * kv, d)
-      or not fused and take(pool, Q, d) and take(pool, kv, d) and take(pool, kv, d)
-    if qkv and take(pool, d, Q) and #pool == 3 then
-      local f = pool[1][1] == d and pool[1][2] or pool[1][1]
-      if take(pool, f, d) and take(pool, f, d) and take(pool, d, f) then return d, f, fused end
-    end
-  end
-  return nil
-end
-
 -- A generic model's decoder structure where its attention shape is given
--- and its units have it (cached per layout): { cfg = { dim, hidden,
--- n_heads, n_kv_heads, head_dim, n_layers, vocab_size, enable_weight_tying },
--- block = { [unit] = true }, sac = { [param] = true } (the weights SAC
--- recomputes), fused = whether the blocks fuse wqkv, head =
--- the unit holding the output projection, head_weight = that weight's name } -- every unit a block of one d and f
--- (n_layers of them), the embedding's (its 2-D weight named *embed*), the
--- head's or holding only 1-D parameters; nil otherwise, or with tp > 1.
+-- and its units have it (gen/models/generic.lua's decoder, by parameter
+-- name, cached per layout), as the layout's units and parameters: { cfg,
+-- block = { [unit] = true }, sac = { [param] = true }, fused, head,
+-- head_weight }; nil without one.
 local generic_cache = setmetatable({}, { __mode = "k" })
 function compute.generic_blocks(p)
   local g = compute.generic_attention(p)
-  if not g or not p.layout or ((p.dims and p.dims.tp) or 1) > 1 then return nil end
+  if not g or not p.layout then return nil end
   local hit = generic_cache[p.layout]
   if hit ~= nil then return hit or nil end
-  local kvh = p.model.n_kv_heads or g.n_heads
-  local Q, kv = g.n_heads * g.head_dim, kvh * g.head_dim
-  local r = { block = {}, sac = {}, cfg = { n_heads = g.n_heads, n_kv_heads = kvh, head_dim = g.head_dim,
-                                  n_layers = g.n_layers, enable_weight_tying = g.enable_weight_tying } }
-  local others, n = {}, 0
-  for _, u in ipairs(p.layout.units) do
-    local d, f, fused = block_shape(u, Q, kv)
-    if d and (not r.cfg.dim or (r.cfg.dim == d and r.cfg.hidden == f and r.fused == fused)) then
-      r.cfg.dim, r.cfg.hidden, r.fused, r.block[u] = d, f, fused, true
-      -- SelectiveAC's every second mm in forward order (wq, wk, wv, wo, w1, w3, w2; fused:
-      -- wqkv, wo, w1, w3, w2): wk, wo, w3 -- one weight of each shape, [kv, d] (unfused), [d, Q],
-      -- [f, d], whichever holds it (their cost is their shape's)
-      local want = {}
-      for _, k in ipairs({ not fused and (kv .. "x" .. d) or nil, d .. "x" .. Q, f .. "x" .. d }) do
-        want[k] = (want[k] or 0) + 1
-      end
+  local dec = generic.decoder(p.model, p.layout.units, (p.dims and p.dims.tp) or 1)
+  local r = false
+  if dec then
+    r = { cfg = dec.cfg, fused = dec.fused, block = {}, sac = {}, head_weight = dec.head_weight }
+    for _, u in ipairs(p.layout.units) do
+      if dec.block[u.name] then r.block[u] = true end
+      if dec.head == u.name then r.head = u end
       for _, q in ipairs(u.params) do
-        local key = #q.shape == 2 and (q.shape[1] .. "x" .. q.shape[2])
-        if key and (want[key] or 0) > 0 then
-          want[key], r.sac[q] = want[key] - 1, true
-        end
+        if dec.sac[q.name] then r.sac[q] = true end
       end
-      n = n + 1
-    else
-      others[#others + 1] = u
     end
   end
-  local ok = n == g.n_layers and n > 0
-  local d = r.cfg.dim
-  for _, u in ipairs(ok and others or {}) do
-    for _, q in ipairs(u.params) do
-      if #q.shape == 2 then
-        local embed = q.name:find("embed", 1, true) ~= nil
-        if q.shape[2] ~= d or (r.cfg.vocab_size and r.cfg.vocab_size ~= q.shape[1]) then ok = false
-        elseif not embed or g.enable_weight_tying then
-          -- the output projection: output.weight, or the tied embedding's table
-          if r.head then ok = false end
-          r.head, r.head_weight, r.cfg.vocab_size = u, q.name, q.shape[1]
-        end
-        r.cfg.vocab_size = q.shape[1]
-      elseif #q.shape > 2 then ok = false end
-    end
-  end
-  ok = ok and r.head ~= nil
-  generic_cache[p.layout] = ok and r or false
-  return ok and r or nil
+  generic_cache[p.layout] = r
+  return r or nil
 end
 
 -- The output unit's activations (Llama's and the MoE families' decoders
@@ -426,7 +364,7 @@ function compute.units(p, s)
         -- (sequence parallel: the norms and residual adds on seq / tp tokens)
         local res = T * cfg.dim // (sp and tp or 1)
         local q_w, kv_w = heads * cfg.head_dim, math.max(1, cfg.n_kv_heads // tp) * cfg.head_dim
-        local hidden = gen and cfg.hidden or 0
+        local hidden = gen and cfg.hidden // tp or 0
         for _, q in ipairs(gen and {} or u.params) do
           if suffix(q.name) == "feed_forward.w1.weight" or suffix(q.name) == "feed_forward.w13.weight" then
             hidden = hidden + q.shape[1]
@@ -496,6 +434,20 @@ function compute.units(p, s)
             spec.linears[#spec.linears + 1] = { out = q.shape[1], ["in"] = q.shape[2] }
           else
             spec.flops = spec.flops + 6 * q.numel * Tu
+          end
+        end
+        -- the MoE's memory-bound work, at HBM speed (gen/unit_time.lua's bytes): the
+        -- router's fp32 scores over the experts (softmax written, read by top-k and the
+        -- gather: 3 passes), the routed rows permuted into expert order and back (each read
+        -- and written: torchtitan's token dispatcher, models/common/token_dispatcher.py),
+        -- and the combine's weighted sum (top_k rows read per token, one row written)
+        local e_act = ES[u.ag_dtype]
+        for _, q in ipairs(u.params) do
+          if q.name:find("moe.router.gate.weight", 1, true) and #q.shape == 2 then
+            spec.bytes = (spec.bytes or 0) + 3 * 4 * Tu * q.shape[1]
+          elseif top_k and q.name:find("routed_experts.inner_experts.w2_EDF", 1, true) and #q.shape == 3 then
+            local rows, D = Tu * top_k, q.shape[2]
+            spec.bytes = (spec.bytes or 0) + (5 * rows + Tu) * D * e_act
           end
         end
         local ef, eb = r.fwd_us or 0, r.bwd_us or 0
@@ -624,12 +576,39 @@ function compute.generic_unmodeled(p)
   if not compute.generic_attention(p) then
     return "a generic model's units give no activation shapes without model.n_heads, head_dim and n_layers"
   end
-  if ((p.dims and p.dims.tp) or 1) > 1 then
-    return "tp > 1: a generic model's placements do not say where TP shards its activations (sequence parallel or not)"
-  end
-  return string.format("its units are not %d decoder blocks of model.n_heads x head_dim (a Llama block's seven "
+  local what = string.format("its units are not %d decoder blocks of model.n_heads x head_dim (a Llama block's seven "
     .. "weights, any names), an embedding (a weight named *embed*), the output projection and norms",
     p.model.n_layers)
+  if ((p.dims and p.dims.tp) or 1) > 1 and generic.decoder(p.model, p.layout.units, 1) then
+    what = "tp > 1 and its blocks' weights are not named as torchtitan's Llama's (attention.wq .. wo, "
+      .. "feed_forward.w1 .. w3, output.weight or a tied tok_embeddings.weight), so where TP shards its "
+      .. "activations is not known"
+  end
+  return what
+end
+
+-- The optimizer step's microseconds on one rank (issue 37, item 2): memory-
+-- bound, at HBM speed, once per step after the last reduction, over the
+-- rank's sharded parameters. torchtitan's default implementation is
+-- "fused" (components/optimizer/optimizer.py:109-111): torch's fused AdamW
+-- reads the parameter, its gradient and both moments and writes the
+-- parameter and the moments in one kernel (moments in the parameters'
+-- dtype, torch.optim.AdamW; an fp32 master copy read and written too);
+-- SGD without momentum reads the parameter and gradient, writes the
+-- parameter. 0 under the topology.mfu override (it prices FLOPs only) and
+-- without an optimizer.
+function compute.optimizer_us(p, s)
+  if s.mfu or s.optimizer == "none" or not p.layout then return 0 end
+  local bytes = 0
+  for _, u in ipairs(p.layout.units) do
+    local e = ES[u.orig_dtype]
+    local per = 3 * e -- parameter read and written, gradient read (in the parameter's dtype)
+    if s.optimizer == "adamw" then
+      per = per + 4 * e + (s.fp32_master and 8 or 0)
+    end
+    bytes = bytes + per * (u.total or 0)
+  end
+  return bytes / (s.hbm_GBps * 1e3)
 end
 
 -- FLOPs of one whole step on one rank.
@@ -652,7 +631,10 @@ end
 -- model_params counts them).
 function compute.param_counts(p)
   local out = {}
+  -- (a generic plan from torchtitan 0.3's tied model, commplan.plan_from_titan: its lm_head.weight
+  -- is the embedding's table, untied only while fully_shard wraps them, gen/models/qwen3.lua)
   local tied = p.model.family == "qwen3" and p.model_config and p.model_config.enable_weight_tying
+    or p.model.family == "generic" and p.model.enable_weight_tying
   for _, u in ipairs(p.layout.units) do
     for _, q in ipairs(u.params) do
       local k = q.full_numel or q.numel

@@ -239,7 +239,7 @@ function timeline.build(p, s, per_unit, opts)
   if finished ~= #ops then
     error(string.format("internal: the predicted timeline stalls after %d of %d ops", finished, #ops), 0)
   end
-  return timeline.summarize(p, info, by_seq)
+  return timeline.summarize(p, info, by_seq, compute.optimizer_us(p, s))
 end
 
 -- The step with p's waits (p.arena.waits), from a step tl predicted with
@@ -275,10 +275,12 @@ function timeline.replay(p, tl)
     end
     info[seq], by_seq[seq], prev[o.stream] = r, o, seq
   end
-  return rebound and timeline.summarize(p, info, by_seq) or tl
+  return rebound and timeline.summarize(p, info, by_seq, tl.optimizer_us) or tl
 end
 
-function timeline.summarize(p, info, by_seq)
+-- opt_us: the optimizer step after the last op (compute.optimizer_us), on
+-- the compute stream: the step's end and its compute both grow by it.
+function timeline.summarize(p, info, by_seq, opt_us)
   local ops = p.ops
   local step, last = 0, nil
   for _, o in ipairs(ops) do
@@ -391,9 +393,12 @@ function timeline.summarize(p, info, by_seq)
   if step > cend + EPS then attribute(last, cend, step, nil) end
   -- The step with every repetition (the tail after the compute stream's
   -- last op is the step's end, run once).
-  local drawn_step = step
-  step = step + repeated
+  opt_us = opt_us or 0
+  local drawn_step = step + opt_us
+  step = step + repeated + opt_us
+  busy = busy + opt_us
   return { ops = info, step_us = step, drawn_step_us = drawn_step, compute_busy_us = busy, exposed_us = step - busy,
+           optimizer_us = opt_us,
            comm_serial_us = comm_serial, exposed_by = exposed_by, exposed_drawn = drawn, recompute_by = recompute_by,
            waiter = waiter,
            idle = idle, critical = path, compute_end_us = cend }

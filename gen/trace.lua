@@ -124,6 +124,13 @@ function trace.render(p, fig, fp)
       quoted[o.kind .. " " .. u.name], quoted[o.group and "collective" or CATEGORY[o.kind] or "other"], ts, dur,
       trace.PID, tid[o.stream] or trace.tid_of(o.stream), args))
   end
+  -- the optimizer step after the last op, on the compute stream (compute.optimizer_us)
+  local opt = tl.optimizer_us or 0
+  if opt > 0 then
+    local ts = r3_text(tl.drawn_step_us - opt)
+    w.raw(fmt(',\n{"name":"optimizer step","cat":"compute","ph":"X","ts":%s,"dur":%s,"pid":%d,"tid":%d,'
+      .. '"args":{"phase":"optimizer"}}', ts, r3_text(opt), trace.PID, tid.compute))
+  end
   w.raw("\n]}\n")
   return w.text()
 end

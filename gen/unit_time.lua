@@ -13,6 +13,8 @@
 --              micro-step each memory-bound op touches (the kernel table's
 --              bytes per element, eager or compiled)
 --   flops      FLOPs of anything else, at a large bf16 GEMM's rate
+--   bytes      bytes of other memory-bound work per micro-step (an MoE's
+--              router, permutation and combine), at HBM speed
 --   recompute  "none" | "selective" | "full": what the backward reruns
 -- }
 --
@@ -76,7 +78,7 @@ function unit_time.of(s, spec)
   end
   local e = spec.elems or {}
   local bytes = (e.norm or 0) * ew.norm + (e.rope or 0) * ew.rope + (e.swiglu or 0) * ew.swiglu
-    + (e.attn_out or 0) * ew.attn_out
+    + (e.attn_out or 0) * ew.attn_out + (spec.bytes or 0)
   local mem_f = gemm_model.bytes_us(rates, bytes)
   local mem_b = mem_f * kt.elementwise.bwd_factor
   -- the cross-entropy's passes over the logits: half in forward, half in backward

@@ -405,6 +405,21 @@ torch_lane() {
          if [ "$trc" = 0 ]; then ok "$tp_what"; else bad "$tp_what" "$f"; fi
          grep -h "^tp_record: [0-9]" "$f" | sed "s/^/        /"; tier_line "$f" ;;
     esac
+    # Generic decoders from a config.json under TP (issue 37, tests/tp_generic_record.py):
+    # Qwen2's q/k/v biases, Llama's attention_bias / mlp_bias and tied embeddings, written by
+    # commplan.hf_config, parallelized by torch's own TP styles as torchtitan's Llama plan applies
+    # them and fully_shard on gloo; every TP collective in order and every parameter's placements
+    # and TP-local shape against the plan's (quick tier: 2 of its 6 configs).
+    tg_what="generic decoders (biases, tied embeddings) under torch's TP styles + FSDP2 live vs the plan's TP collectives and placements (tests/tp_generic_record.py)"
+    if [ "${live_rc:-1}" = 0 ]; then
+      tg=$(timeout 900 "$live_py" tests/tp_generic_record.py 2>&1); tgc=$?
+    else tg="SKIP tp_generic_record: no torch environment (make torch-env)"; tgc=0; fi
+    case $tg in
+      SKIP*) skipped "$tg_what" "${tg#SKIP tp_generic_record: }" ;;
+      *) f=$(logname "$tg_what"); printf '%s\n' "$tg" >"$f"
+         if [ "$tgc" = 0 ]; then ok "$tg_what"; else bad "$tg_what" "$f"; fi
+         grep -h "^tp_generic_record: [0-9]" "$f" | sed "s/^/        /"; tier_line "$f" ;;
+    esac
   else skipped "python package tests with PyTorch" "python3 not found"; fi
 
   # ---- pipeline schedules vs live torch (issue 22) ----

@@ -28,6 +28,151 @@ local function check_c_name(ctx, seen, kind, enum, name, path)
   seen[id] = { name = name, path = path }
 end
 
+-- A unit's 2-D weights' shapes as Llama block's, given Q = n_heads x
+-- head_dim and kv = n_kv_heads x head_dim: wq [Q, d], wk and wv [kv, d]
+-- (or torchtitan's fused wqkv [Q + 2kv, d]), wo [d, Q], w1 and w3 [f, d],
+-- w2 [d, f], in any order and under any names. d, f, fused; or nil.
+local function full(q) return q.full_shape or q.shape end
+
+local function block_shape(u, Q, kv)
+  local ws = {}
+  for _, q in ipairs(u.params) do
+    if #full(q) == 2 then ws[#ws + 1] = full(q) end
+  end
+  if #ws ~= 7 and #ws ~= 5 then return nil end
+  local fused = #ws == 5
+  local function take(pool, o, i)
+    for j, w in ipairs(pool) do
+      if w[1] == o and w[2] == i then table.remove(pool, j); return true end
+    end
+    return false
+  end
+  for _, cand in ipairs(ws) do
+    local d = cand[2]
+    local pool = {}
+    for j, w in ipairs(ws) do pool[j] = w end
+    local qkv = fused and take(pool, Q + 2 * kv, d)
+      or not fused and take(pool, Q, d) and take(pool, kv, d) and take(pool, kv, d)
+    if qkv and take(pool, d, Q) and #pool == 3 then
+      local f = pool[1][1] == d and pool[1][2] or pool[1][1]
+      if take(pool, f, d) and take(pool, f, d) and take(pool, d, f) then return d, f, fused end
+    end
+  end
+  return nil
+end
+
+-- The decoders' names whose TP plan and activation collectives are known,
+-- by the family that has them (gen/parallel/tp.lua, tp_acts.lua): "llama",
+-- torchtitan <= 0.2's Llama (the names commplan.hf_config writes: Qwen2's
+-- q/k/v biases, Llama's attention_bias / mlp_bias and tied embeddings), and
+-- "qwen3", torchtitan 0.3's decoder (models/common/decoder_sharding.py, the
+-- plan llama3 and qwen3 share; the names commplan.plan_from_titan writes:
+-- qkv_linear's fused wqkv or wq, wk, wv, lm_head). Each: the block's 2-D
+-- weights (one of the sets) and the output projection's name.
+generic.NAMES = {
+  llama = { blocks = { { "attention.wq.weight", "attention.wk.weight", "attention.wv.weight", "attention.wo.weight",
+                         "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight" } },
+            output = "output.weight" },
+  qwen3 = { blocks = { { "attention.qkv_linear.wqkv.weight", "attention.wo.weight", "feed_forward.w1.weight",
+                         "feed_forward.w2.weight", "feed_forward.w3.weight" },
+                       { "attention.qkv_linear.wq.weight", "attention.qkv_linear.wk.weight",
+                         "attention.qkv_linear.wv.weight", "attention.wo.weight", "feed_forward.w1.weight",
+                         "feed_forward.w2.weight", "feed_forward.w3.weight" } },
+            output = "lm_head.weight" },
+}
+
+-- Which generic.NAMES a block's 2-D weights' names (suffix -> true, n of them) are.
+local function names_of(set, n)
+  for fam, spec in pairs(generic.NAMES) do
+    for _, b in ipairs(spec.blocks) do
+      local all = #b == n
+      for _, w in ipairs(b) do all = all and set[w] == true end
+      if all then return fam end
+    end
+  end
+  return nil
+end
+
+-- A generic model's decoder structure, where model gives its attention
+-- shape (n_heads, head_dim, n_layers; n_kv_heads, enable_weight_tying) and
+-- its units have it, found by the parameters' (full, pre-TP) shapes: n_layers
+-- units each a decoder block of one d and f (a Llama block's seven 2-D
+-- weights, or five with a fused wqkv, any names, any 1-D parameters: norms,
+-- biases), the others holding the embedding (its 2-D weight named *embed*),
+-- the output projection (output.weight; tied: the embedding's table) or only
+-- 1-D parameters. Returns { cfg = { dim, hidden, n_heads, n_kv_heads,
+-- head_dim, n_layers, vocab_size, enable_weight_tying }, block = { [unit
+-- name] = true }, sac = { [param name] = true } (the weights torchtitan's
+-- SAC recomputes), fused, head (the unit name holding the output
+-- projection), head_weight, names (the family of generic.NAMES every block's
+-- and the output's names are, or nil) }, or nil. With tp > 1 only a decoder
+-- under those names: its TP plan is then that family's; under other names
+-- where TP shards its activations is not known.
+function generic.decoder(model, units, tp)
+  if not (model and model.n_heads and model.head_dim and model.n_layers) then return nil end
+  local kvh = model.n_kv_heads or model.n_heads
+  local Q, kv = model.n_heads * model.head_dim, kvh * model.head_dim
+  local r = { block = {}, sac = {},
+              cfg = { n_heads = model.n_heads, n_kv_heads = kvh, head_dim = model.head_dim, n_layers = model.n_layers,
+                      enable_weight_tying = model.enable_weight_tying } }
+  local others, n = {}, 0
+  for _, u in ipairs(units) do
+    local d, f, fused = block_shape(u, Q, kv)
+    if d and (not r.cfg.dim or (r.cfg.dim == d and r.cfg.hidden == f and r.fused == fused)) then
+      r.cfg.dim, r.cfg.hidden, r.fused, r.block[u.name] = d, f, fused, true
+      -- SelectiveAC's every second mm in forward order (wq, wk, wv, wo, w1, w3, w2; fused:
+      -- wqkv, wo, w1, w3, w2): wk, wo, w3 -- one weight of each shape, [kv, d] (unfused), [d, Q],
+      -- [f, d], whichever holds it (their cost is their shape's)
+      local want = {}
+      for _, k in ipairs({ not fused and (kv .. "x" .. d) or nil, d .. "x" .. Q, f .. "x" .. d }) do
+        want[k] = (want[k] or 0) + 1
+      end
+      local names, n2 = {}, 0
+      for _, q in ipairs(u.params) do
+        local s = full(q)
+        local key = #s == 2 and (s[1] .. "x" .. s[2])
+        if key and (want[key] or 0) > 0 then
+          want[key], r.sac[q.name] = want[key] - 1, true
+        end
+        if #s == 2 then names[q.name:gsub("^layers%.%d+%.", "")], n2 = true, n2 + 1 end
+      end
+      local fam = names_of(names, n2)
+      if n == 0 then r.names = fam elseif r.names ~= fam then r.names = nil end
+      n = n + 1
+    else
+      others[#others + 1] = u
+    end
+  end
+  local ok = n == model.n_layers and n > 0
+  local d = r.cfg.dim
+  local tables = {} -- the embedding's tables (tied: the output projection where no other is)
+  for _, u in ipairs(ok and others or {}) do
+    for _, q in ipairs(u.params) do
+      local s = full(q)
+      if #s == 2 then
+        if s[2] ~= d or (r.cfg.vocab_size and r.cfg.vocab_size ~= s[1]) then ok = false
+        elseif q.name:find("embed", 1, true) then tables[#tables + 1] = { u.name, q.name }
+        else
+          -- the output projection (output.weight, lm_head.weight: any name but *embed*)
+          if r.head then ok = false end
+          r.head, r.head_weight = u.name, q.name
+        end
+        r.cfg.vocab_size = s[1]
+      elseif #s > 2 then ok = false end
+    end
+  end
+  -- tied embeddings: one table for both ends (commplan.hf_config's), or torchtitan 0.3's
+  -- lm_head.weight beside it (untied under spmd_types before fully_shard, gen/models/qwen3.lua)
+  if not r.head and model.enable_weight_tying and #tables == 1 then r.head, r.head_weight = tables[1][1], tables[1][2] end
+  ok = ok and r.head ~= nil
+  if r.names and r.head_weight ~= generic.NAMES[r.names].output
+     and not (model.enable_weight_tying and r.head_weight == "tok_embeddings.weight") then
+    r.names = nil
+  end
+  if not ok or (tp > 1 and not r.names) then return nil end
+  return r
+end
+
 function generic.units(ctx, model)
   local seen_unit, seen_param = {}, {}
   local unit_ids, param_ids = {}, {}

@@ -1,5 +1,6 @@
 -- Context parallel, the module (gen/parallel/init.lua's contract), as
--- torchtitan 0.3 runs it on every family with an attention (cp.FAMILIES;
+-- torchtitan 0.3 runs it on every family with an attention (cp.FAMILIES,
+-- and a generic decoder under one's names: gen/models/generic.lua's decoder;
 -- docs/context-parallel.md; recorded live on gloo by
 -- tests/titan/test_cp_record.py):
 --  * the mesh: cp is a dim of the dense mesh between dp_shard and tp
@@ -57,6 +58,7 @@
 -- counts and the activations between stages are the microbatch's seq_len / cp
 -- tokens) and PP's step calls unit_ops inside every F and B (docs/pipeline.md).
 local util = require("gen.util")
+local generic = require("gen.models.generic")
 
 local cp = { name = "cp", label = "CP", dims = { "cp" }, groups = { "cp" } }
 
@@ -115,7 +117,11 @@ cp.FAMILIES = { llama = { block = ATTN, widths = gqa }, qwen3 = { block = ATTN, 
 
 function cp.rules(ctx, d, p)
   if d.cp == 1 then return end
-  if not cp.FAMILIES[p.model.family] then
+  -- (a generic model giving its attention shape may be a decoder under a
+  -- family's names: cp.on_layout refuses it where it is not)
+  local m = p.model
+  local maybe = m.family == "generic" and m.n_heads ~= nil and m.head_dim ~= nil and m.n_layers ~= nil
+  if not cp.FAMILIES[m.family] and not maybe then
     refuse(ctx, "parallel.cp", "cp=%d: context parallel is planned for the families whose attention exchanges K "
       .. "and V over cp (llama, qwen3, mixtral, qwen3_moe, deepseek_v3); the %s family has none; set cp=1", d.cp,
       p.model.family)
@@ -153,14 +159,26 @@ end
 -- Each block's K/V exchange: u.cp_acts (each act its count), and the
 -- unit's activation buffer (act_numel, ag_dtype elements) at least the
 -- gathered K and V.
-function cp.on_layout(_, lay, _, d, p, cfg)
+function cp.on_layout(ctx, lay, units, d, p, cfg)
   local b = p.training and p.training.local_batch_size or 1
+  local family = p.model.family
+  if family == "generic" then
+    -- a decoder under torchtitan's Llama or decoder names (gen/models/generic.lua's decoder,
+    -- the decision TP's placements take too): that family's attention, K and V of its shape
+    local dec = generic.decoder(p.model, units, d.tp)
+    if not (dec and dec.names) then
+      refuse(ctx, "parallel.cp", "cp=%d: this generic model is not a decoder under torchtitan's Llama or decoder "
+        .. "names (attention.wq .. wo or qkv_linear, feed_forward.w1 .. w3, output.weight or lm_head.weight) with "
+        .. "model.n_heads x head_dim blocks, so its attention's K and V are not known; set cp=1", d.cp)
+    end
+    family, cfg = dec.names, dec.cfg
+  end
   local ac = p.training and p.training.activation_checkpointing or "none"
   local recompute = ac == "full" or ac == "selective"
   -- K and V as the attention sees them: the rank's seq_len / cp tokens of
   -- its TP-local heads (S(2) on tp, S(1) -> R on cp at the inner
   -- attention's local_map: models/common/decoder_sharding.py:225-260)
-  local fam = cp.FAMILIES[p.model.family]
+  local fam = cp.FAMILIES[family]
   local kw, vw = fam.widths(cfg, d.tp)
   local tokens = b * (p.model.seq_len // d.cp)
   local k, v = tokens * kw, tokens * vw

@@ -9,6 +9,7 @@
 -- compute) is gen/parallel/tp_acts.lua.
 local util = require("gen.util")
 local tp_acts = require("gen.parallel.tp_acts")
+local generic = require("gen.models.generic")
 
 local tp = { name = "tp", label = "TP", dims = { "tp" }, groups = { "tp" } }
 
@@ -95,11 +96,26 @@ end
 -- torchtitan's Llama plan: attention wq/wk/wv and feed-forward w1/w3
 -- column-wise, wo and w2 row-wise, the embedding row-wise (nn.Embedding:
 -- its vocab rows, dim 0), the output column-wise, norms replicated.
+-- A generic model under Llama's names (gen/models/generic.lua's decoder:
+-- Qwen2's q/k/v biases, Llama's attention_bias / mlp_bias, tied embeddings,
+-- as commplan.hf_config writes them) takes this plan too, its biases as
+-- torch's styles place them (torch/distributed/tensor/parallel/style.py:
+-- ColwiseParallel._partition_linear_fn shards weight and bias Shard(0),
+-- :121-132; RowwiseParallel._partition_linear_fn weight Shard(1), bias
+-- Replicate, :250-279). A tied table is one parameter with one placement,
+-- Shard(0): RowwiseParallel's on the embedding (_partition_embedding_fn,
+-- its vocab rows) and ColwiseParallel's on the output are both Shard(0) of
+-- the [vocab, dim] table, so the output re-tied to the embedding's DTensor
+-- after parallelize_module (as Hugging Face's tie_weights does) is valid
+-- for both styles.
 local LLAMA = {
   ["attention.wq.weight"] = "colwise", ["attention.wk.weight"] = "colwise", ["attention.wv.weight"] = "colwise",
   ["attention.wo.weight"] = "rowwise", ["feed_forward.w1.weight"] = "colwise",
   ["feed_forward.w2.weight"] = "rowwise", ["feed_forward.w3.weight"] = "colwise",
   ["tok_embeddings.weight"] = "shard(0)", ["output.weight"] = "colwise",
+  ["attention.wq.bias"] = "colwise", ["attention.wk.bias"] = "colwise", ["attention.wv.bias"] = "colwise",
+  ["attention.wo.bias"] = "replicate", ["feed_forward.w1.bias"] = "colwise",
+  ["feed_forward.w2.bias"] = "replicate", ["feed_forward.w3.bias"] = "colwise",
 }
 
 -- torchtitan 0.3's DeepSeek-V3 plan (models/deepseek_v3/sharding.py,
@@ -166,10 +182,21 @@ local PLANS = { llama = { names = LLAMA }, qwen3 = { names = QWEN3 },
                 qwen3_moe = { names = QWEN3, experts = GROUPED_EXPERTS },
                 deepseek_v3 = { names = DEEPSEEK, experts = GROUPED_EXPERTS } }
 
+-- The family whose TP plan and activation collectives a plan's model
+-- takes: its own, or for a generic model that is a decoder under a
+-- family's names (gen/models/generic.lua's decoder and NAMES: torchtitan
+-- <= 0.2's Llama names, "llama", or 0.3's decoder's, "qwen3") that family;
+-- nil for any other generic model (its placements are the plan file's own).
+function tp.family(model, units, T)
+  if model.family ~= "generic" then return model.family end
+  local dec = generic.decoder(model, units, T)
+  return dec and dec.names, dec
+end
+
 -- Every parameter's placement from its family's plan (the plan file's own,
 -- q.tp, first; a name the plan does not list is replicated).
 function tp.place(units, family, d)
-  local plan = PLANS[family]
+  local plan = PLANS[family or false]
   if not plan then return end
   local experts = d.ep == 1 and plan.experts or {}
   for _, u in ipairs(units) do
@@ -240,7 +267,10 @@ function tp.used(d) return d.tp > 1 end
 -- is refused): sequence and loss parallelism need a TP group and a model
 -- whose activations are modelled (the dense decoders': llama, qwen3).
 function tp.rules(ctx, d, p)
-  local dense = tp.DENSE[p.model.family] or false
+  -- (a generic model giving its attention shape may be a decoder under
+  -- Llama's names: tp.on_layout refuses these settings where it is not)
+  local dense = tp.DENSE[p.model.family] or (p.model.family == "generic" and p.model.n_heads ~= nil
+    and p.model.head_dim ~= nil and p.model.n_layers ~= nil) or false
   if d.tp > 1 and p.model.family == "deepseek_v3" then
     -- torchtitan's plan with or without sequence parallelism, recorded live; loss parallelism always:
     -- torchtitan 0.3 has no switch for it (components/loss.py:51-58: under spmd_types with tp > 1 its
@@ -298,7 +328,7 @@ function tp.apply_units(ctx, units, d, p)
       .. "generator places over TP (it takes every parameter's rows on every TP rank); use a smaller tp or fewer "
       .. "parameters", d.tp, params, util.pow2_text(util.LIMITS.tp_splits)))
   end
-  tp.place(units, p.model.family, d)
+  tp.place(units, tp.family(p.model, units, d.tp), d)
   for _, u in ipairs(units) do
     for _, q in ipairs(u.params) do if tp.dim_of(q.tp) then return units end end
   end
@@ -322,12 +352,25 @@ function tp.on_layout(ctx, lay, units, d, p, cfg)
       q.full_numel = util.product(src.full_shape)
     end
   end
-  if tp.DENSE[p.model.family] then
+  local fam, dec = tp.family(p.model, units, d.tp)
+  if p.model.family == "generic" and not fam then
+    -- (sequence, loss parallelism and async TP name the block's and the loss's
+    -- collectives, which only a decoder under Llama's names has)
+    for _, k in ipairs({ "sequence_parallel", "loss_parallel", "async_tp" }) do
+      if p.parallel[k] ~= nil then
+        util.field_error(ctx, "parallel." .. k, string.format("%s: this generic model is not a decoder under "
+          .. "torchtitan's Llama names (%s), so its activations' TP collectives are not known; remove it", k,
+          require("gen.compute").generic_unmodeled({ model = p.model, layout = { units = units }, dims = d })))
+      end
+    end
+  end
+  if tp.DENSE[fam] then
     -- a rank's tokens: seq_len / cp of each sequence under context parallel
     -- (gen/parallel/cp.lua: torchtitan shards the batch on the sequence over
     -- cp before TP's sequence shards, distributed/full_dtensor.py:148-149)
-    tp_acts.dense(ctx, lay, cfg, d.tp, { batch = p.training and p.training.local_batch_size,
-                                        seq_len = p.model.seq_len and p.model.seq_len // d.cp, family = p.model.family,
+    tp_acts.dense(ctx, lay, dec and dec.cfg or cfg, d.tp, { batch = p.training and p.training.local_batch_size,
+                                        seq_len = p.model.seq_len and p.model.seq_len // d.cp, family = fam,
+                                        tied = dec and dec.head_weight == "tok_embeddings.weight",
                                         sequence_parallel = p.parallel.sequence_parallel,
                                         loss_parallel = p.parallel.loss_parallel,
                                         async_tp = p.parallel.async_tp, ep = d.ep })

@@ -140,12 +140,15 @@ local function move(acts, from, at)
 end
 
 -- layout units (a tp_acts.DENSE family), model config, tp, opts = { batch,
--- seq_len, sequence_parallel, loss_parallel, async_tp, family, ep } -> sets
+-- seq_len, sequence_parallel, loss_parallel, async_tp, family, ep, tied } -> sets
 -- u.tp_acts = list of { kind, phase, count, dtype, what } and u.act_numel
 -- on every unit that has any.
 function tp_acts.dense(ctx, lay, cfg, T, opts)
   if T <= 1 then return end
   local fam = tp_acts.DENSE[opts.family or "llama"]
+  -- a generic Llama-named decoder with tied embeddings (gen/models/generic.lua's
+  -- decoder): the output projection is the embedding's table, its unit the first
+  if opts.tied then fam = setmetatable({ output = fam.embedding }, { __index = fam }) end
   local seq = seq_len_of(ctx, opts)
   local b, sp = opts.batch or 1, opts.sequence_parallel ~= false
   local ep = opts.ep or 1

@@ -6,7 +6,11 @@ wrapping. A config it can express exactly (no biases, untied embeddings, head_di
 n_heads, an intermediate_size that some multiple_of / ffn_dim_multiplier yields) becomes such a
 table; any other becomes a generic model with torchtitan's parameter names and wrapping and the
 shapes the Hugging Face model has (q/k/v biases for Qwen2, attention_bias and mlp_bias for
-Llama, tied embeddings as one unit that holds the embedding, the final norm and the output).
+Llama, tied embeddings as one unit that holds the embedding, the final norm and the output), and
+its attention shape (n_heads, n_kv_heads, head_dim, n_layers): the generator finds its decoder
+blocks by shape and, under these torchtitan Llama names, places it over TP by torchtitan's Llama
+plan with its activation collectives (gen/models/generic.lua's decoder, gen/parallel/tp.lua), so
+its audit is the llama family's at any tp (recorded live: tests/tp_generic_record.py).
 
 The MoE model types (MOE_TYPES) become a table of the generator's MoE family of the same
 architecture (gen/models/moe.lua: "mixtral", "qwen3_moe", "deepseek_v3"; DeepSeek-V2 and V2-Lite,

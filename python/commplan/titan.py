@@ -159,14 +159,20 @@ def titan_units(model):
 
 
 def titan_model_numbers(model):
-    """n_heads, n_kv_heads (and fuse_qkv) of a torchtitan decoder's first block."""
+    """n_heads, n_kv_heads, head_dim (and fuse_qkv) of a torchtitan decoder's first block, its
+    n_layers and enable_weight_tying (models/common/decoder.py:206; attention.py's head_dim)."""
     model = _as_model(model)
     blocks = list(model.layers.values()) if hasattr(model.layers, "values") else list(model.layers)
     att = blocks[0].attention
     n_heads = getattr(att, "n_heads", None)
     n_kv = getattr(att, "n_kv_heads", None) or n_heads
     fused = hasattr(getattr(att, "qkv_linear", None), "wqkv")
-    return {"n_heads": n_heads, "n_kv_heads": n_kv, "fuse_qkv": fused}
+    hd = getattr(att, "head_dim", None)
+    if not isinstance(hd, int) and n_heads:
+        wo = getattr(att, "wo", None)
+        hd = int(wo.weight.shape[1]) // n_heads if wo is not None and hasattr(wo, "weight") else None
+    return {"n_heads": n_heads, "n_kv_heads": n_kv, "fuse_qkv": fused, "head_dim": hd, "n_layers": len(blocks),
+            "enable_weight_tying": bool(getattr(model, "enable_weight_tying", False))}
 
 
 def _llama_units(units):
@@ -210,6 +216,14 @@ def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=
         fsdp = dict(TITAN_FSDP)
     numbers = titan_model_numbers(model)
     extra = {"n_heads": numbers["n_heads"], "n_kv_heads": numbers["n_kv_heads"]}
+    if family != "llama":
+        # the attention shape the audit needs for a generic plan (gen/models/generic.lua's decoder:
+        # activations, FLOPs per token, tokens/s, MFU; torchtitan 0.3's decoder TP plan at tp > 1)
+        for k in ("head_dim", "n_layers"):
+            if numbers[k]:
+                extra[k] = numbers[k]
+        if numbers["enable_weight_tying"]:
+            extra["enable_weight_tying"] = True
     if seq_len is not None:
         extra["seq_len"] = seq_len
     if family == "llama":

@@ -462,7 +462,10 @@ function T.trace_is_valid_chrome_trace_events()
     H.eq(doc.otherData.fingerprint, fp, "fingerprint")
     local x, names = 0, {}
     for _, e in ipairs(doc.traceEvents) do
-      if e.ph == "X" then
+      if e.ph == "X" and e.name == "optimizer step" then
+        -- (the step's optimizer, after the last op: compute.optimizer_us)
+        H.eq(e.tid, 1, "the optimizer on the compute stream")
+      elseif e.ph == "X" then
         x = x + 1
         assert(e.tid >= 1 and e.tid <= 5, "a track per stream")
       elseif e.name == "thread_name" then names[e.tid] = e.args.name end

@@ -175,6 +175,51 @@ function T.moe_blocks_price_their_attention()
   assert(b.fwd_us > a.fwd_us, "longer sequences: slower attention")
 end
 
+-- The optimizer step at HBM speed: fused AdamW over the rank's sharded
+-- parameters (param, grad, two moments read; param, moments written: 7 x
+-- their bytes), SGD 3 x, none without an optimizer or under the mfu
+-- override; it ends the step (and the trace) on the compute stream.
+function T.optimizer_step_at_hbm_speed()
+  local f, p = step()
+  local s = f.settings
+  local numel = 0
+  for _, u in ipairs(p.layout.units) do numel = numel + u.total end
+  H.eq(compute.optimizer_us(p, s), 7 * 4 * numel / (s.hbm_GBps * 1e3), "fused AdamW: 28 bytes per fp32 element")
+  local g = step(nil, ", optimizer = \"sgd\"")
+  local n = step(nil, ", optimizer = \"none\"")
+  H.eq(g.timeline.optimizer_us, 3 * 4 * numel / (s.hbm_GBps * 1e3), "SGD: 12 bytes")
+  H.eq(n.timeline.optimizer_us, 0, "no optimizer")
+  local d = f.step_us - n.step_us
+  assert(math.abs(d - compute.optimizer_us(p, s)) < 1, "the step grows by it: " .. d)
+  H.eq(step(", mfu = 0.4").timeline.optimizer_us, 0, "the mfu override prices FLOPs only")
+end
+
+-- An MoE block's memory-bound work (router, permutation, combine) at HBM
+-- speed: the experts' unit costs more than its GEMMs and attention alone,
+-- by the bytes of its routed rows.
+function T.moe_memory_bound_work()
+  local p = plan.from_source(H.read("plans/mixtral8x7b.lua"), "plans/mixtral8x7b.lua")
+  local s = compute.settings(p)
+  local per = compute.units(p, s)
+  local unit_time = require("gen.unit_time")
+  local orig = unit_time.of
+  local seen = 0
+  unit_time.of = function(st, spec)
+    seen = seen + (spec.bytes or 0)
+    return orig(st, spec)
+  end
+  local ok, err = pcall(compute.units, p, s)
+  unit_time.of = orig
+  assert(ok, err)
+  local cfg = p.model_config
+  local T_ = s.tokens // ((p.dims and p.dims.tp) or 1)
+  -- every block: (5 x top_k + 1) rows of dim and the router's 3 fp32 passes over its scores
+  local e = require("gen.util").DTYPE_BYTES[p.layout.units[2].ag_dtype]
+  local want = cfg.n_layers * ((5 * T_ * cfg.top_k + T_) * cfg.dim * e + 12 * T_ * cfg.num_experts)
+  H.eq(seen, want, "the MoE bytes priced")
+  assert(per[p.layout.units[2].index].fwd_us > 0, "priced")
+end
+
 -- Issue 37, item 3: every published row within 15% (tests/compute_rows.lua
 -- prints them); the mfu = 0.4 override misses some by more: the rows can fail.
 function T.published_rows_within_15_percent()
