@@ -292,6 +292,11 @@ def plan_settings(st, from_toml=()):
     if "compile" in st:
         training["compile"] = st["compile"]
     fsdp = {}
+    # torchtitan's MixedPrecisionPolicy defaults (job config training.mixed_precision_param = "bfloat16",
+    # mixed_precision_reduce = "float32") for fp32-stored parameters: a job that sets neither all-gathers
+    # in bf16, so the plan does too unless a flag or the job config says otherwise.
+    if st.get("dtype") in (None, "fp32"):
+        fsdp["param_dtype"], fsdp["reduce_dtype"] = "bf16", "fp32"
     if "param_dtype" in st:
         fsdp["param_dtype"] = st["param_dtype"]
     if "reduce_dtype" in st:
