@@ -293,6 +293,21 @@ torch_lane() {
   else
     skipped "$eplib_what" "no torch environment with torchrun (make torch-env)"
   fi
+  # ---- hang diagnosis against the plan (issue 40) ----
+  # Provoked faults, FSDP2 on gloo under torchrun (4 ranks) with Flight
+  # Recorder on: each job's dumps diagnosed against the plan (python -m
+  # commplan.diagnose) and torch's fr_trace.py run on the same dumps, its
+  # verdict printed beside (tests/diagnose/faults.py; quick tier: a rank
+  # skipping a unit's all-gather and a rank killed mid-step).
+  diag_what="hang diagnosis: provoked faults (FSDP2 on gloo, 4 ranks, Flight Recorder dumps) diagnosed against the plan, fr_trace.py's verdict beside (tests/diagnose/faults.py)"
+  if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
+    run "$diag_what" timeout 900 "$live_py" tests/diagnose/faults.py --tier "$tier"
+    grep -ah "^fault \|^diagnose faults: \|fr_trace.py with" "$(logname "$diag_what")" | sed "s/^/        /"
+    full_adds "skip_unit and kill; make test-full adds none, shape, micro and slow"
+  else
+    skipped "$diag_what" "no torch environment with torchrun (make torch-env)"
+  fi
+  # ---- end of hang diagnosis ----
   # Expert counts fuzzed where they enter the libraries (the C call and
   # HostLibrary.set_expert_counts), 4 ranks on gloo, after ep_library.py
   # built the library (tests/fuzz_ep_counts.py, fixed seed; 77: SKIP).

@@ -128,6 +128,9 @@ def _line(msg):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["diagnose"], ["expect"]):  # issue 40's verbs (commplan/diagnose.py)
+        from . import diagnose
+        return diagnose.main(argv[1:] if argv[0] == "diagnose" else argv)
     try:
         return run(argv)
     except _Usage as e:

@@ -1,0 +1,170 @@
+"""The provoked-fault matrix (issue 40): real FSDP2 jobs on gloo under
+torchrun (4 ranks, tests/diagnose/fault_job.py) with Flight Recorder on,
+each with one fault; their dumps diagnosed against the plan
+(python/commplan/diagnose.py), and torch's own analyzer fr_trace.py run on
+the same dumps, its verdict printed beside.
+
+  faults.py [--tier quick|full] [--keep DIR] [NAME...]
+
+quick: skip_unit and kill; full: every case below. Each case's check: the
+diagnosis names the right rank, the plan's op and the cause. fr_trace.py
+cannot read gloo's dumps as torch 2.15 writes them (their pg_config keys
+the groups by '' while the entries name them '0', '1', ...: a KeyError in
+builder.py's build_collectives); it is run on them as written, and on a
+copy whose pg_config is written from the entries (each group's ranks the
+plan's instance), and that verdict is the one printed.
+
+Closing line: "diagnose faults: P provoked, D diagnosed right, fr_trace: ..."
+Exit status 0 when every case was provoked and diagnosed right.
+"""
+import argparse
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from commplan import diagnose  # noqa: E402
+
+LUA = os.environ.get("LUA", "lua5.4")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# name -> (plan, env, checks on the report: regexes every one of which must match a line)
+CASES = {
+    "none": ("fr4.lua", {}, [r"agree with the plan everywhere they reach; nothing is pending"]),
+    "skip_unit": ("fr4.lua", {"FAULT_RANK": "1"},
+                  [r"first departure from the plan: rank 1 posted all_gather 82 -> 328 .*\(step 1\) where the plan has "
+                   r"all-gather of layers\.1's parameters \(forward.*skipped"]),
+    "shape": ("fr4.lua", {"FAULT_RANK": "2"},
+              [r"first departure from the plan: rank 2 posted all_gather 58 -> 232 .*\(step 0\) where the plan has "
+               r"all-gather of layers\.0's parameters \(forward.*a wrong size"]),
+    "micro": ("fr4_sync.lua", {"FAULT_RANK": "1", "FAULT_RANK2": "2"},
+              [r"first departure from the plan: rank 2 posted all_reduce 328 -> 328 .*#25 \(step 1\) where the plan "
+               r"has all-gather of layers\.0's parameters \(backward, micro-step 0.*a collective the plan does not "
+               r"have there; the plan issues all_reduce of this size as reduce-scatter of layers\.2's gradients "
+               r"\(backward, micro-step 1"]),
+    "slow": ("fr4.lua", {"FAULT_RANK": "1", "SLOW_S": "10"},
+             [r"ranks 0,2,3 wait in #14 \(all-gather of layers\.1's parameters \(forward.* for rank 1 \(last posted "
+              r"#13, all-gather of layers\.0's parameters, completed\)",
+              r"the dumps agree with the plan everywhere they reach: the plan cannot see"]),
+    "kill": ("fr4.lua", {"FAULT_RANK": "3"},
+             [r"rank 3: no dump", r"wait in #\d+ \(.*layers\.2's parameters \(backward.* for rank 3 \(no dump\)"]),
+}
+QUICK = ["skip_unit", "kill"]
+
+
+def generate(plan, out):
+    d = os.path.join(out, "plans", os.path.splitext(plan)[0])
+    if not os.path.exists(os.path.join(d, "plan.json")):
+        subprocess.run([LUA, os.path.join(ROOT, "gen", "commplan.lua"), os.path.join(HERE, plan), d],
+                       check=True, capture_output=True)
+    return os.path.join(d, "plan.json")
+
+
+def provoke(name, plan_json, env, dumps, log):
+    os.makedirs(dumps)
+    e = dict(os.environ, FAULT=name, PLAN_JSON=plan_json, DUMP_DIR=dumps, TORCH_FR_BUFFER_SIZE="2000",
+             TORCH_FR_DUMP_TEMP_FILE=os.path.join(dumps, "rank_"), GLOO_TIMEOUT_S="3", DEADLINE_S="30",
+             OMP_NUM_THREADS="1", **env)
+    port = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "free_port.py")], capture_output=True,
+                          text=True).stdout.strip() or "29655"
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    with open(log, "w") as f:
+        p = subprocess.run(["timeout", "90", torchrun, "--nproc-per-node", "4", "--master-port", port,
+                            os.path.join(HERE, "fault_job.py")], env=e, stdout=f, stderr=subprocess.STDOUT)
+    return p.returncode
+
+
+def fr_trace_verdict(dumps, exp, work):
+    """fr_trace.py's verdict on the dumps as written, and on a copy with pg_config from the entries."""
+    cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", dumps, "-p", "rank_"]
+    raw = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    raw_v = _verdict(raw)
+    fixed = os.path.join(work, "fr_fixed")
+    os.makedirs(fixed)
+    loaded = diagnose.read_dir(dumps)
+    place = diagnose.place_groups(loaded, {x["rank"]: x["rows"] for x in exp["ranks"]}, exp["world_size"])
+    for r, d in loaded.items():
+        cfg = {}
+        for e in d["entries"]:
+            name, desc = e["process_group"]
+            ranks = place.get((r, name)) or tuple(range(exp["world_size"]))
+            cfg[name] = {"name": name, "desc": desc, "ranks": str(list(ranks))}
+        d = dict(d, pg_config=cfg)
+        with open(os.path.join(fixed, f"rank_{r}"), "wb") as f:
+            pickle.dump(d, f)
+    fixed_p = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", fixed, "-p",
+                              "rank_", "--allow-incomplete-ranks"], capture_output=True, text=True, timeout=120)
+    return raw_v, _verdict(fixed_p), fixed_p.stdout + fixed_p.stderr
+
+
+def _verdict(p):
+    text = (p.stdout + "\n" + p.stderr).strip()
+    if p.returncode != 0:
+        last = [x for x in text.splitlines() if x.strip()][-1:] or ["(no output)"]
+        return "fails: " + last[0][:160]
+    lines = [x.strip() for x in text.splitlines()
+             if x.strip() and "tabulate" not in x and not x.startswith("Traceback")]
+    keep = [x for x in lines if re.search(r"mismatch|not present|missing|timeout|hang|error|desync|not match"
+                                          r"|Collective|collective", x, re.I)]
+    return (" | ".join(keep[:3]) or ("no finding" + (": " + lines[-1][:120] if lines else "")))[:400]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tier", default=os.environ.get("COMMPLAN_TEST_TIER", "quick"))
+    ap.add_argument("--keep")
+    ap.add_argument("names", nargs="*")
+    a = ap.parse_args()
+    names = a.names or (QUICK if a.tier == "quick" else list(CASES))
+    work = a.keep or tempfile.mkdtemp(prefix="commplan-faults.")
+    provoked = right = fr_named = 0
+    for name in names:
+        plan, env, checks = CASES[name]
+        t0 = time.time()
+        case = os.path.join(work, name)
+        shutil.rmtree(case, ignore_errors=True)
+        os.makedirs(case)
+        plan_json = generate(plan, work)
+        dumps = os.path.join(case, "dumps")
+        rc = provoke(name, plan_json, env, dumps, os.path.join(case, "job.log"))
+        try:
+            loaded = diagnose.read_dir(dumps)
+            exp = diagnose.expected(plan_json, list(range(4)))
+            lines, _ = diagnose.diagnose(loaded, exp)
+        except diagnose.BadInput as e:
+            print(f"fault {name}: FAIL no diagnosis ({e}); job exit {rc}, log {case}/job.log")
+            continue
+        ok_provoked = (name == "none") == (rc == 0)
+        provoked += ok_provoked
+        report = "\n".join(lines)
+        good = ok_provoked and all(re.search(c, report) for c in checks)
+        right += good
+        raw_v, fixed_v, fr_full = fr_trace_verdict(dumps, exp, case)
+        with open(os.path.join(case, "diagnosis.txt"), "w") as f:
+            f.write(report + "\n")
+        with open(os.path.join(case, "fr_trace.txt"), "w") as f:
+            f.write(fr_full)
+        fr_named += bool(re.search(r"rank", fixed_v, re.I) and "no finding" not in fixed_v)
+        print(f"fault {name}: {'ok' if good else 'FAIL'} (job exit {rc}, {time.time() - t0:.0f} s, "
+              f"{len(loaded)} dumps)")
+        for x in lines:
+            print("    " + x)
+        print(f"    fr_trace.py on the dumps as written: {raw_v}")
+        print(f"    fr_trace.py with pg_config from the entries: {fixed_v}")
+        if not good:
+            print(f"    expected lines matching: {checks}; files in {case}")
+    print(f"diagnose faults: {len(names)} cases, {provoked} provoked, {right} diagnosed right, "
+          f"fr_trace named a rank in {fr_named}")
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if right == len(names) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
