@@ -19,8 +19,9 @@
 -- tensors record them: all-gather in = count, out = count x group size;
 -- reduce-scatter in = count x group size, out = count (gloo records
 -- FSDP2's reduce-scatter as an all_reduce of the whole input:
--- diagnose.py accepts it as that); an all-to-all's splits follow the
--- data (expert routing), so only its group and dtype are checked.
+-- diagnose.py accepts it as that); the expert-count exchange moves every
+-- expert's count (count per member x EP degree, in and out); a token
+-- all-to-all's splits follow the routing: only its group and dtype count.
 --
 -- A pipeline plan's rank runs its pipeline rank's tables (plan.json's
 -- pipeline.ranks[]: each pipeline rank x TP class, unfolded); a send or
@@ -186,6 +187,9 @@ function expect.rows(doc, r)
       end
       if coll == "all_gather" then row.numel_in, row.numel_out = count, count * gsize
       elseif coll == "reduce_scatter" then row.numel_in, row.numel_out = count * gsize, count
+      elseif o.kind == "a2a_counts" then
+        -- torchtitan's exchange of num_tokens_per_expert: every expert's count, all_to_all_single
+        row.numel_in, row.numel_out = count * gsize, count * gsize
       elseif coll ~= "all_to_all" then row.numel_in, row.numel_out = count, count end
       row.reduce_op = o.reduce_op
       rows[#rows + 1] = row

@@ -299,6 +299,8 @@ torch_lane() {
   # commplan.diagnose) and torch's fr_trace.py run on the same dumps, its
   # verdict printed beside (tests/diagnose/faults.py; quick tier: a rank
   # skipping a unit's all-gather and a rank killed mid-step).
+  run "hang diagnosis without torch: dumps made from the expected trace (agreement, a wrong plan, a skipped op, a rank behind, a missing rank) and hostile dumps refused in one line (tests/python/test_diagnose.py)" \
+    python3 tests/python/test_diagnose.py
   diag_what="hang diagnosis: provoked faults (FSDP2 on gloo, 4 ranks, Flight Recorder dumps) diagnosed against the plan, fr_trace.py's verdict beside (tests/diagnose/faults.py)"
   if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
     run "$diag_what" timeout 900 "$live_py" tests/diagnose/faults.py --tier "$tier"

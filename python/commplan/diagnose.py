@@ -215,7 +215,7 @@ def matches(row, e):
     gloo_rs = want == "reduce_scatter" and op == "all_reduce" and nin == row.get("numel_in") and nout == nin
     if op != want and not gloo_rs:
         return "collective"
-    if want != "all_to_all" and not gloo_rs and (nin != row.get("numel_in") or nout != row.get("numel_out")):
+    if row.get("numel_in") is not None and not gloo_rs and (nin != row.get("numel_in") or nout != row.get("numel_out")):
         return "size"
     if row.get("dtype") and dt and dt != row["dtype"]:
         return "dtype"
