@@ -184,6 +184,8 @@ function expect.rows(doc, r)
         local key = coll .. "@" .. row.peer
         per_group[key] = (per_group[key] or 0) + 1
         row.group_seq = per_group[key]
+        -- the process group the message goes over: the rank's pipeline group
+        if groups.pp then row.pg, row.pg_ranks = "pp", (expect.instance(groups.pp, r)) end
       end
       if coll == "all_gather" then row.numel_in, row.numel_out = count, count * gsize
       elseif coll == "reduce_scatter" then row.numel_in, row.numel_out = count * gsize, count
@@ -222,6 +224,7 @@ local function row_object(row)
   local kv = { "seq", row.seq, "op", row.op, "kind", row.kind }
   local function add(k, v) if v ~= nil then kv[#kv + 1] = k; kv[#kv + 1] = v end end
   add("group", row.group); add("instance", row.instance); add("ranks", row.ranks); add("peer", row.peer)
+  add("pg", row.pg); add("pg_ranks", row.pg_ranks)
   add("group_seq", row.group_seq); add("times", row.times); add("stride", row.stride)
   add("numel_in", row.numel_in); add("numel_out", row.numel_out); add("dtype", row.dtype)
   add("reduce_op", row.reduce_op); add("unit", row.unit); add("phase", row.phase)

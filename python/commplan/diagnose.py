@@ -171,7 +171,7 @@ def expand(rows):
     for pos, row in enumerate(rows):
         if "ranks" not in row:
             continue
-        key = tuple(row["ranks"])
+        key = group_key(row["group"], row["ranks"])
         ids = by.setdefault(key, {})
         for k in range(row.get("times", 1)):
             i = row["group_seq"] + k * row.get("stride", 0)
@@ -239,31 +239,46 @@ class Group:
         self.name, self.desc, self.ranks = name, desc, None
 
 
+WORLD_SIZE = [0]
+
+
+def group_key(family, ranks):
+    """A plan group instance as torch's process groups tell them apart: a
+    mesh dim's own group (family, ranks), and every dim spanning the whole
+    world the default group, which DeviceMesh reuses for it
+    (torch/distributed/device_mesh.py, "Reuse default_group")."""
+    ranks = tuple(ranks)
+    return ("world", ranks) if len(ranks) == WORLD_SIZE[0] else (family, ranks)
+
+
 def place_groups(dumps, plan_rows, world):
-    """{(rank, pg name): rank tuple of the plan instance} for every entry's group."""
+    """{(rank, pg name): group_key of the plan instance} for every entry's group."""
+    WORLD_SIZE[0] = world
     seen = {}
     for r, d in dumps.items():
         for e in d["entries"]:
-            seen.setdefault(e["process_group"][0], (e["process_group"][1], set()))[1].add(r)
+            seen.setdefault(tuple(e["process_group"]), set()).add(r)
     fam = {}  # plan group family -> {rank: tuple}
     for r, rows in plan_rows.items():
         for row in rows:
             if "ranks" in row:
-                fam.setdefault(row["group"], {})[r] = tuple(row["ranks"])
+                fam.setdefault(row["group"], {})[r] = group_key(row["group"], row["ranks"])
+            elif "pg_ranks" in row:
+                fam.setdefault(row["pg"], {})[r] = group_key(row["pg"], row["pg_ranks"])
     place = {}
-    for name, (desc, ranks_seen) in seen.items():
+    for (name, desc), ranks_seen in seen.items():
         family = desc[5:] if desc.startswith("mesh_") else desc
         for r in ranks_seen:
             key = None
             if family in fam and r in fam[family]:
                 key = fam[family][r]
             elif desc in ("default_pg", "mesh_default") or name == "0":
-                key = tuple(range(world))
+                key = ("world", tuple(range(world)))
             else:
                 # the plan instances that hold r and every rank seen on this group
-                cands = {t for f in fam.values() for rr, t in f.items() if rr == r and ranks_seen <= set(t)}
-                if len(cands) >= 1:
-                    key = min(cands, key=len)
+                cands = {t for f in fam.values() for rr, t in f.items() if rr == r and ranks_seen <= set(t[1])}
+                if len(cands) == 1:
+                    key = cands.pop()
             place[(r, name)] = key
     return place
 
@@ -285,6 +300,7 @@ def _pending(d, e):
 def diagnose(dumps, exp):
     """The report's lines and whether something departed or hangs."""
     world = exp["world_size"]
+    WORLD_SIZE[0] = world
     plan_rows = {x["rank"]: x["rows"] for x in exp["ranks"]}
     place = place_groups(dumps, plan_rows, world)
     lines = [f"plan {exp['plan']} ({exp['fingerprint']}), world {world}: {len(dumps)} dumps "
@@ -297,8 +313,34 @@ def diagnose(dumps, exp):
         by, per = expand(plan_rows.get(r, []))
         first = None
         last = None
+        p2p_rows = {}  # pg rank tuple -> the rank's sends and receives over it, in the plan's order
+        for row in plan_rows.get(r, []):
+            if "pg_ranks" in row:
+                p2p_rows.setdefault(group_key(row["pg"], row["pg_ranks"]), []).extend([row] * row.get("times", 1))
+        p2p_seen = {}
         for e in sorted(d["entries"], key=lambda e: (_int(e.get("record_id", 0)), _int(e["collective_seq_id"]))):
             if e.get("is_p2p"):
+                key = place.get((r, e["process_group"][0]))
+                t = _int(e.get("time_created_ns", 0)) or 0
+                plist = p2p_rows.get(key)
+                if not plist:
+                    if first is None:
+                        first = (10 ** 9, 0, t, r, f"posted {entry_text(e)} on process group {e['process_group'][0]} "
+                                                   f"({e['process_group'][1]}): the plan has no messages there")
+                    continue
+                k = p2p_seen.get(key, 0)
+                p2p_seen[key] = k + 1
+                step, row = k // len(plist), plist[k % len(plist)]
+                op = fr_op(e)
+                n = max(numel(e.get("input_sizes", [])), numel(e.get("output_sizes", [])))
+                if (op != row["op"] or n != row["numel_in"]) and first is None:
+                    kind = "a wrong size" if op == row["op"] else "a message the plan does not have there"
+                    nxt = plist[(k + 1) % len(plist)]
+                    if nxt["op"] == op and nxt["numel_in"] == n:
+                        kind = f"its schedule differs: the plan has this {op} next ({nxt['name']})"
+                    first = (step, row.get("seq", 0), t, r,
+                             f"posted {op} of {n} elements as its message {k % len(plist) + 1} of the step (step "
+                             f"{step}) where the plan has {row['name']}: {row['op']} of {row['numel_in']}; {kind}")
                 continue
             seq = _int(e["collective_seq_id"])
             key = place.get((r, e["process_group"][0]))
@@ -360,7 +402,7 @@ def diagnose(dumps, exp):
         # posted it; on gloo a timed-out one reads as completed)
         top = max(v[0] for v in per_rank.values())
         at_top = sorted(r for r, v in per_rank.items() if v[0] == top)
-        behind = sorted(set(key) - set(at_top))
+        behind = sorted(set(key[1]) - set(at_top))
         waiting = at_top if behind else sorted(r for r in at_top if per_rank[r][1])
         if not waiting:
             continue
@@ -370,7 +412,7 @@ def diagnose(dumps, exp):
         for r in at_top:
             posts.setdefault(entry_text(per_rank[r][2]), []).append(r)
         if len(posts) > 1:
-            waits.append(f"{row['group']} group {row['instance']} [ranks {_fold(key)}]: its members posted different "
+            waits.append(f"{row['group']} group {row['instance']} [ranks {_fold(key[1])}]: its members posted different "
                          f"collectives as #{top}: " + ", ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {_fold(rs)} {t}"
                                                                 for t, rs in posts.items())
                          + f"; the plan has {row_text(row)} ({row['name'].split(' on ')[0]})")
@@ -385,12 +427,12 @@ def diagnose(dumps, exp):
                                f"{', not completed' if s[1] else ', completed'})")
                 else:
                     why.append(f"rank {b} (posted nothing on it)")
-            waits.append(f"{row['group']} group {row['instance']} [ranks {_fold(key)}]: ranks {_fold(waiting)} "
+            waits.append(f"{row['group']} group {row['instance']} [ranks {_fold(key[1])}]: ranks {_fold(waiting)} "
                          f"wait in #{top} ({row['name'].split(' on ')[0]}) for " + ", ".join(why))
         else:
             t0 = min(per_rank[r][5] for r in waiting)
             times = ", ".join(f"r{r} +{(per_rank[r][5] - t0) / 1e9:.3f} s" for r in waiting)
-            waits.append(f"{row['group']} group {row['instance']} [ranks {_fold(key)}]: every member posted #{top} "
+            waits.append(f"{row['group']} group {row['instance']} [ranks {_fold(key[1])}]: every member posted #{top} "
                          f"({row['name'].split(' on ')[0]}) and it did not complete: entry times {times}")
     if departures:
         departures.sort()

@@ -5,8 +5,12 @@ group_desc "mesh_<family>", as DeviceMesh names its groups), STEPS steps,
 Flight Recorder on; for plans whose torchtitan job does not run here (the
 expert all-to-alls of a MoE plan). Dumps as fault_job.py writes them.
 
+Sends and receives (a pipeline plan's) are isend / irecv on the rank's
+pipeline group, waited at the end of the step.
+
 Faults (FAULT): none; withhold_counts: FAULT_RANK skips its first
-expert-count exchange (a2a_counts) of FAULT_STEP.
+expert-count exchange (a2a_counts) of FAULT_STEP; pp_schedule: FAULT_RANK's
+2nd and 3rd messages of FAULT_STEP swapped (a schedule that differs).
 """
 import datetime
 import json
@@ -36,6 +40,8 @@ def main():
         for row in x["rows"]:
             if "ranks" in row:
                 inst.setdefault(tuple(row["ranks"]), row["group"])
+            elif "pg_ranks" in row:
+                inst.setdefault(tuple(row["pg_ranks"]), row["pg"])
     groups = {}
     for ranks in sorted(inst, key=lambda t: (len(t), t)):
         g = dist.new_group(list(ranks), timeout=timeout, group_desc="mesh_" + inst[ranks])
@@ -46,7 +52,20 @@ def main():
     try:
         for step in range(fault_job.STEPS):
             withheld = False
-            for row in rows:
+            order = list(rows)
+            if fault == "pp_schedule" and faulty and step == fstep:
+                # this pipeline rank's schedule differs: its 2nd and 3rd messages swapped
+                msgs = [i for i, row in enumerate(order) if "peer" in row]
+                a, b = msgs[1], msgs[2]
+                order[a], order[b] = order[b], order[a]
+            pending = []
+            for row in order:
+                if "peer" in row:
+                    g = groups[tuple(row["pg_ranks"])]
+                    t = torch.zeros(row["numel_in"], dtype=DTYPES.get(row["dtype"], torch.float32))
+                    fn = dist.isend if row["op"] == "send" else dist.irecv
+                    pending.append(fn(t, row["peer"], group=g))
+                    continue
                 for _ in range(row.get("times", 1)):
                     g = groups[tuple(row["ranks"])]
                     dt = DTYPES.get(row["dtype"], torch.float32)
@@ -63,6 +82,8 @@ def main():
                     elif row["op"] == "all_to_all":
                         k = row["numel_in"] if row.get("numel_in") is not None else 4 * n
                         dist.all_to_all_single(torch.zeros(k, dtype=dt), torch.ones(k, dtype=dt), group=g)
+            for w in pending:
+                w.wait()
     except Exception as e:  # noqa: BLE001
         open(fault_job.FLAG, "a").close()
         fault_job.dump_once()

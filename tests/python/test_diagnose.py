@@ -58,11 +58,13 @@ def entries_of(rows, steps=1, drop=(), resize=None, stop=None):
 
 
 def write(dirname, rank, entries, completed=None, as_json=False):
-    last = entries[-1]["collective_seq_id"] if entries else 0
+    status = {}
+    for e in entries:
+        last = max(e["collective_seq_id"], status.get(str(e["pg_id"]), {}).get("last_enqueued_collective", 0))
+        status[str(e["pg_id"])] = {"last_enqueued_collective": last, "last_started_collective": -1,
+                                   "last_completed_collective": last if completed is None else completed}
     d = {"version": "2.10", "pg_config": {"": {"name": "", "desc": "", "ranks": "[0, 1, 2, 3]"}},
-         "pg_status": {"0": {"last_enqueued_collective": last, "last_started_collective": -1,
-                             "last_completed_collective": last if completed is None else completed}},
-         "entries": entries}
+         "pg_status": status, "entries": entries}
     if as_json:
         with open(os.path.join(dirname, f"rank_{rank}.json"), "w") as f:
             json.dump(d, f)
@@ -126,6 +128,52 @@ def case_missing_rank():
             write(d, r, e, completed=e[-1]["collective_seq_id"] - 1)
         rc, out, _ = run(d)
         assert rc == 1 and "rank 3: no dump" in out and "for rank 3 (no dump)" in out, out
+
+
+def entries_pp(rows, swap=None):
+    """A pipeline rank's entries: each group by its DeviceMesh description, messages as p2p entries."""
+    out, seq, p2p, t = [], {}, 0, 1_000_000_000
+    order = list(rows)
+    if swap:
+        msgs = [i for i, row in enumerate(order) if "peer" in row]
+        a, b = msgs[swap[0]], msgs[swap[1]]
+        order[a], order[b] = order[b], order[a]
+    pgs = {}
+    for row in order:
+        for _ in range(row.get("times", 1)):
+            t += 1000
+            fam = row.get("group") or row["pg"]
+            name = pgs.setdefault(fam, str(len(pgs) + 1))
+            e = {"record_id": len(out), "pg_id": int(name), "process_group": [name, "mesh_" + fam],
+                 "time_created_ns": t, "input_dtypes": [row["dtype"]], "output_dtypes": [row["dtype"]],
+                 "state": "scheduled", "p2p_seq_id": 0, "collective_seq_id": 0}
+            if "peer" in row:
+                p2p += 1
+                e.update(is_p2p=True, p2p_seq_id=p2p, profiling_name="gloo:" + row["op"],
+                         input_sizes=[[row["numel_in"]]], output_sizes=[[row["numel_in"]]])
+            else:
+                seq[fam] = seq.get(fam, 0) + 1
+                e.update(is_p2p=False, collective_seq_id=seq[fam], profiling_name="gloo:" + row["op"],
+                         input_sizes=[[row["numel_in"]]], output_sizes=[[row["numel_out"]]])
+            out.append(e)
+    return out
+
+
+def case_pp_schedule():
+    plan = os.path.join(ROOT, "tests", "plans", "llama_tiny_cppp.lua")
+    exp = exp_of(plan)
+    with tempfile.TemporaryDirectory() as d:
+        for x in exp["ranks"]:
+            write(d, x["rank"], entries_pp(x["rows"]))
+        rc, out, _ = run(d, plan)
+        assert rc == 0 and "nothing is pending" in out, out
+    with tempfile.TemporaryDirectory() as d:
+        for x in exp["ranks"]:
+            write(d, x["rank"], entries_pp(x["rows"], swap=(1, 2) if x["rank"] == 2 else None))
+        rc, out, _ = run(d, plan)
+        assert rc == 1 and ("first departure from the plan: rank 2 posted recv of 16384 elements as its message 2 "
+                            "of the step (step 0) where the plan has send of layers.") in out, out
+        assert "its schedule differs: the plan has this recv next" in out, out
 
 
 def refused(make, want):
