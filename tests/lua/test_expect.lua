@@ -108,6 +108,42 @@ function T.pipeline_messages_pair()
   agree(doc)
 end
 
+-- Expert parallelism: the count exchange moves every expert's count over
+-- the ep instance; the token all-to-alls carry no sizes (routing decides).
+function T.expert_counts_sized()
+  local doc = plandiff.doc_from_source(H.read("tests/ep/plans/ep2_mixtral.lua"), "tests/ep/plans/ep2_mixtral.lua")
+  local counts, tokens = 0, 0
+  for _, row in ipairs(expect.rows(doc, 1)) do
+    if row.kind == "a2a_counts" then
+      counts = counts + 1
+      H.eq(row.numel_in, 4, "every expert's count (2 per member x ep 2)"); H.eq(row.numel_out, 4)
+      H.eq(table.concat(row.ranks, ","), "0,1")
+    elseif row.kind == "a2a" then
+      tokens = tokens + 1
+      H.eq(row.numel_in, nil, "a token all-to-all's size")
+    end
+  end
+  assert(counts > 0 and tokens > 0, "ep rows")
+  agree(doc)
+end
+
+-- A pipeline message goes over the rank's pipeline group, its peer in it.
+function T.pipeline_pg()
+  local doc = plandiff.doc_from_source(H.read("tests/plans/llama_tiny_cppp.lua"), "tests/plans/llama_tiny_cppp.lua")
+  for r = 0, doc.world_size - 1 do
+    for _, row in ipairs(expect.rows(doc, r)) do
+      if row.peer then
+        H.eq(row.pg, "pp")
+        local has_r, has_peer = false, false
+        for _, x in ipairs(row.pg_ranks) do
+          has_r = has_r or x == r; has_peer = has_peer or x == row.peer
+        end
+        assert(has_r and has_peer and row.peer ~= r, "rank " .. r .. ": peer " .. row.peer .. " outside its pp group")
+      end
+    end
+  end
+end
+
 -- A mutant: one unit's parameter of another shape moves that unit's counts, not the others'.
 function T.mutant_shape_moves_counts()
   local src = H.read("plans/fsdp4.lua")
