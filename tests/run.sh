@@ -305,7 +305,7 @@ torch_lane() {
   if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
     run "$diag_what" timeout 900 "$live_py" tests/diagnose/faults.py --tier "$tier"
     grep -ah "^fault \|^diagnose faults: \|fr_trace.py with" "$(logname "$diag_what")" | sed "s/^/        /"
-    full_adds "skip_unit and kill; make test-full adds none, shape, micro and slow"
+    full_adds "skip_unit and kill; make test-full adds none, shape, micro, slow, withhold_counts and pp_schedule"
   else
     skipped "$diag_what" "no torch environment with torchrun (make torch-env)"
   fi
