@@ -35,18 +35,22 @@ def main():
     dist.init_process_group("gloo", timeout=timeout)
     threading.Thread(target=fault_job.watcher, daemon=True).start()
     # every rank creates every instance, in one order
-    inst = {}
+    # a mesh dim's group per (family, ranks); every world-sized dim the
+    # default group, as DeviceMesh reuses it (diagnose.group_key)
+    def key(family, ranks):
+        return ("world",) if len(ranks) == WORLD else (family, tuple(ranks))
+    inst = set()
     for x in exp["ranks"]:
         for row in x["rows"]:
             if "ranks" in row:
-                inst.setdefault(tuple(row["ranks"]), row["group"])
+                inst.add(key(row["group"], row["ranks"]))
             elif "pg_ranks" in row:
-                inst.setdefault(tuple(row["pg_ranks"]), row["pg"])
-    groups = {}
-    for ranks in sorted(inst, key=lambda t: (len(t), t)):
-        g = dist.new_group(list(ranks), timeout=timeout, group_desc="mesh_" + inst[ranks])
-        if RANK in ranks:
-            groups[ranks] = g
+                inst.add(key(row["pg"], row["pg_ranks"]))
+    groups = {("world",): dist.group.WORLD}
+    for k in sorted(i for i in inst if i != ("world",)):
+        g = dist.new_group(list(k[1]), timeout=timeout, group_desc="mesh_" + k[0])
+        if RANK in k[1]:
+            groups[k] = g
     rows = [x for x in exp["ranks"] if x["rank"] == RANK][0]["rows"]
     fault, faulty, fstep = fault_job.FAULT, fault_job.FAULTY, fault_job.FAULT_STEP
     try:
@@ -61,13 +65,13 @@ def main():
             pending = []
             for row in order:
                 if "peer" in row:
-                    g = groups[tuple(row["pg_ranks"])]
+                    g = groups[key(row["pg"], row["pg_ranks"])]
                     t = torch.zeros(row["numel_in"], dtype=DTYPES.get(row["dtype"], torch.float32))
                     fn = dist.isend if row["op"] == "send" else dist.irecv
                     pending.append(fn(t, row["peer"], group=g))
                     continue
                 for _ in range(row.get("times", 1)):
-                    g = groups[tuple(row["ranks"])]
+                    g = groups[key(row["group"], row["ranks"])]
                     dt = DTYPES.get(row["dtype"], torch.float32)
                     n = len(row["ranks"])
                     if (fault == "withhold_counts" and faulty and step == fstep and row["kind"] == "a2a_counts"
