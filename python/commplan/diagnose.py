@@ -308,7 +308,8 @@ def diagnose(dumps, exp):
     missing = [r for r in range(world) if r not in dumps]
     state = {}      # rank -> (step, row, entry, pending)
     departures = []  # (step, pos, time, rank, text)
-    posted = {}     # rank tuple -> {rank: (seq, pending, entry, row, step)}
+    posted = {}     # group key -> {rank: (seq, pending, entry, row, step, time)}
+    unseen = {}     # sends and receives per step -> ranks whose dump records none
     for r, d in sorted(dumps.items()):
         by, per = expand(plan_rows.get(r, []))
         first = None
@@ -381,6 +382,9 @@ def diagnose(dumps, exp):
             departures.append(first)
         if last:
             state[r] = last
+        n_msgs = sum(len(v) for v in p2p_rows.values())
+        if n_msgs and not p2p_seen:
+            unseen.setdefault(n_msgs, []).append(r)
     # which step and op each rank reached
     groups = {}
     for r, (step, row, e, pend, _) in state.items():
@@ -393,6 +397,10 @@ def diagnose(dumps, exp):
                      f"#{seq} {name}{rep_t}{off} ({'not completed' if pend else 'completed'})")
     for r in missing:
         lines.append(f"rank {r}: no dump (killed, or it wrote none)")
+    for n, rs in sorted(unseen.items()):
+        lines.append(f"{'rank' if len(rs) == 1 else 'ranks'} {_fold(rs)}: the plan has {n} sends and receives per "
+                     "step; the dump records none (gloo's Flight Recorder records no point-to-point ops), so the "
+                     "pipeline's messages are not checked")
     # who waits for whom
     hang = False
     waits = []

@@ -60,13 +60,15 @@ CASES = {
                          r"where the plan has expert-count exchange of layers\.0\.experts \(forward.*: all_to_all 4 "
                          r"-> 4 Float; it skipped the plan's expert-count exchange of layers\.0\.experts"]),
     "pp_schedule": ("../plans/llama_tiny_cppp.lua", {"FAULT_RANK": "2", "JOB": "replay_job.py"},
-                    [r"first departure from the plan: rank 2 posted recv of 16384 elements as its message 2 of the "
-                     r"step \(step 1\) where the plan has send of layers\.\d+'s activations .*its schedule differs: "
-                     r"the plan has this recv next"]),
+                    [r"ranks 0-3: the plan has 4 sends and receives per step; the dump records none \(gloo's "
+                     r"Flight Recorder records no point-to-point ops\), so the pipeline's messages are not checked"]),
 }
 QUICK = ["skip_unit", "kill"]
 # cases whose job may finish: gloo's isend / irecv let a swapped schedule complete
 NO_HANG_OK = {"pp_schedule"}
+# provoked but invisible in gloo's dumps (torch 2.15's gloo Flight Recorder records no sends or
+# receives): the check is that the diagnosis says so; counted apart from "diagnosed right"
+BLIND = {"pp_schedule"}
 # the rank at fault: the one fr_trace.py must blame alone to count as right
 CULPRIT = {"skip_unit": 1, "shape": 2, "micro": 2, "slow": 1, "kill": 3, "withhold_counts": 1, "pp_schedule": 2}
 
@@ -154,7 +156,7 @@ def main():
     a = ap.parse_args()
     names = a.names or (QUICK if a.tier == "quick" else list(CASES))
     work = a.keep or tempfile.mkdtemp(prefix="commplan-faults.")
-    provoked = right = fr_named = 0
+    provoked = right = fr_named = blind_said = 0
     for name in names:
         plan, env, checks = CASES[name]
         t0 = time.time()
@@ -175,7 +177,8 @@ def main():
         provoked += ok_provoked
         report = "\n".join(lines)
         good = ok_provoked and all(re.search(c, report) for c in checks)
-        right += good
+        right += good and name not in BLIND
+        blind_said += good and name in BLIND
         raw_v, fixed_v, fr_full = fr_trace_verdict(dumps, exp, case)
         with open(os.path.join(case, "diagnosis.txt"), "w") as f:
             f.write(report + "\n")
@@ -183,7 +186,7 @@ def main():
             f.write(fr_full)
         fixed_v, blamed = fixed_v
         fr_named += blamed == {CULPRIT[name]} if name in CULPRIT else not blamed
-        print(f"fault {name}: {'ok' if good else 'FAIL'} (job exit {rc}, {time.time() - t0:.0f} s, "
+        print(f"fault {name}: {('ok (not visible in the dumps, said so)' if name in BLIND else 'ok') if good else 'FAIL'} (job exit {rc}, {time.time() - t0:.0f} s, "
               f"{len(loaded)} dumps)")
         for x in lines:
             print("    " + x)
@@ -191,11 +194,14 @@ def main():
         print(f"    fr_trace.py with pg_config from the entries: {fixed_v}")
         if not good:
             print(f"    expected lines matching: {checks}; files in {case}")
-    print(f"diagnose faults: {len(names)} cases, {provoked} provoked, {right} diagnosed right, "
+    blind = [n for n in names if n in BLIND]
+    print(f"diagnose faults: {len(names)} cases, {provoked} provoked, {right} diagnosed right"
+          + (f", {blind_said} of {len(blind)} not visible in gloo's dumps said so ({', '.join(blind)})" if blind else "")
+          + ", "
           f"fr_trace.py's verdict right (the culprit alone, or nothing where nothing failed) in {fr_named}")
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
-    return 0 if right == len(names) else 1
+    return 0 if right + blind_said == len(names) else 1
 
 
 if __name__ == "__main__":
