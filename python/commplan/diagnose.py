@@ -305,7 +305,7 @@ def diagnose(dumps, exp):
     place = place_groups(dumps, plan_rows, world)
     lines = [f"plan {exp['plan']} ({exp['fingerprint']}), world {world}: {len(dumps)} dumps "
              f"(ranks {_fold(dumps)})"]
-    missing = [r for r in range(world) if r not in dumps]
+    missing = [r for r in sorted(plan_rows) if r not in dumps]
     state = {}      # rank -> (step, row, entry, pending)
     departures = []  # (step, pos, time, rank, text)
     posted = {}     # group key -> {rank: (seq, pending, entry, row, step, time)}
@@ -489,13 +489,20 @@ def main(argv=None):
         exp = expected(argv[1], [0])
         if max(dumps) >= exp["world_size"]:
             raise BadInput(f"rank {max(dumps)}'s dump: plan {exp['plan']} has world_size {exp['world_size']}")
-        if exp["world_size"] <= 4096:
-            exp = expected(argv[1], list(range(exp["world_size"])))
+        lo, hi = (0, exp["world_size"] - 1) if exp["world_size"] <= 4096 else (min(dumps), max(dumps))
+        if hi - lo >= 4096:
+            raise BadInput(f"dumps of ranks {lo}..{hi}: one diagnosis reads a span of at most 4096 ranks "
+                           "(the expected trace of each); give the dumps of one region of the job")
+        exp = expected(argv[1], [lo, hi])
         lines, bad = diagnose(dumps, exp)
     except BadInput as e:
         print(f"diagnose: {e}", file=sys.stderr)
         return 2
-    print("\n".join(lines))
+    try:
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (| head): what it read is the report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 1 if bad else 0
 
 
