@@ -309,6 +309,12 @@ torch_lane() {
   else
     skipped "$diag_what" "no torch environment with torchrun (make torch-env)"
   fi
+  cursor_what="the runtime's cursor: fsdp4's --simulate signalled (SIGUSR1), every rank's step and op written and diagnosed against the plan (tests/diagnose/cursor_check.sh)"
+  if [ -x build/fsdp4/fsdp4 ]; then
+    run "$cursor_what" tests/diagnose/cursor_check.sh build/fsdp4/fsdp4 plans/fsdp4.lua
+  else
+    skipped "$cursor_what" "build/fsdp4/fsdp4 not built (make PLAN=plans/fsdp4.lua)"
+  fi
   # ---- end of hang diagnosis ----
   # Expert counts fuzzed where they enter the libraries (the C call and
   # HostLibrary.set_expert_counts), 4 ranks on gloo, after ep_library.py

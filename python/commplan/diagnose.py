@@ -127,8 +127,27 @@ def read_dump(path):
     return d
 
 
+def read_cursors(path, data):
+    """The runtime's cursor file (runtime/executor.c cp_cursor_write: one JSON line per rank)."""
+    name = os.path.basename(path)
+    out = []
+    for i, line in enumerate(data.decode("utf-8", "replace").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            c = json.loads(line)
+        except ValueError:
+            raise BadInput(f"{name}: line {i + 1}: not a JSON object (a cursor line cut short?)") from None
+        for k in ("rank", "step", "op", "in_op"):
+            if not isinstance(c, dict) or _int(c.get(k)) is None:
+                raise BadInput(f"{name}: line {i + 1}.{k}: expected an integer")
+        out.append(c)
+    return out
+
+
 def read_dir(path, prefix=None):
-    """{rank: dump} of the files in path whose name ends in the rank."""
+    """{rank: dump} of the files in path whose name ends in the rank; the
+    runtime's cursor files (any name) under the key "cursors"."""
     if not os.path.isdir(path):
         raise BadInput(f"{path}: not a directory of Flight Recorder dumps")
     names = sorted(n for n in os.listdir(path) if not n.startswith("."))
@@ -141,6 +160,13 @@ def read_dir(path, prefix=None):
             continue
         if prefix is not None and not n.startswith(prefix):
             continue
+        if os.path.getsize(full) <= MAX_FILE_BYTES:
+            with open(full, "rb") as f:
+                head = f.read(20)
+            if head.startswith(b'{"commplan_cursor"'):
+                with open(full, "rb") as f:
+                    dumps.setdefault("cursors", []).extend(read_cursors(full, f.read(MAX_FILE_BYTES)))
+                continue
         m = _RANK_RE.search(n)
         if not m:
             continue
@@ -435,8 +461,9 @@ def diagnose(dumps, exp):
                                f"{', not completed' if s[1] else ', completed'})")
                 else:
                     why.append(f"rank {b} (posted nothing on it)")
-            waits.append(f"{row['group']} group {row['instance']} [ranks {_fold(key[1])}]: ranks {_fold(waiting)} "
-                         f"wait in #{top} ({row['name'].split(' on ')[0]}) for " + ", ".join(why))
+            waits.append(f"{row['group']} group {row['instance']} [ranks {_fold(key[1])}]: "
+                         f"{'rank' if len(waiting) == 1 else 'ranks'} {_fold(waiting)} "
+                         f"wait{'s' if len(waiting) == 1 else ''} in #{top} ({row['name'].split(' on ')[0]}) for " + ", ".join(why))
         else:
             t0 = min(per_rank[r][5] for r in waiting)
             times = ", ".join(f"r{r} +{(per_rank[r][5] - t0) / 1e9:.3f} s" for r in waiting)
@@ -466,6 +493,50 @@ def diagnose(dumps, exp):
     return lines, bool(departures) or hang or bool(missing)
 
 
+def diagnose_cursors(cursors, exp):
+    """The runtime's cursors (step, table op, in it or done) against the plan."""
+    world = exp["world_size"]
+    by_rank = {}
+    for c in cursors:
+        by_rank[_int(c["rank"])] = c
+    rows_by_seq = {}
+    for x in exp["ranks"]:
+        for row in x["rows"]:
+            rows_by_seq.setdefault(x["rank"], {})[row["seq"]] = row
+    lines = [f"plan {exp['plan']} ({exp['fingerprint']}), world {world}: the runtime's cursors of ranks "
+             f"{_fold(by_rank)}"]
+    if any(c.get("plan") != exp["plan"] for c in cursors):
+        lines.append(f"the cursors name plan {sorted({str(c.get('plan')) for c in cursors})}, not {exp['plan']}")
+    groups = {}
+    for r, c in by_rank.items():
+        what = (f"op {c['op']} ({c.get('kind', '?')} of {c.get('unit', '?')}, micro-step {c.get('micro_step', '?')})")
+        groups.setdefault((_int(c["step"]), _int(c["op"]), what, _int(c["in_op"])), []).append(r)
+    for (step, op, what, inside), rs in sorted(groups.items()):
+        lines.append(f"{'rank' if len(rs) == 1 else 'ranks'} {_fold(rs)}: step {step}, {'in' if inside else 'done with'} "
+                     f"{what}")
+    for r in range(world):
+        if r not in by_rank and len(by_rank) < world:
+            lines.append(f"rank {r}: no cursor (another process's file, or it wrote none)")
+    pos = {r: (_int(c["step"]), _int(c["op"])) for r, c in by_rank.items()}
+    waits = []
+    for r, c in sorted(by_rank.items()):
+        row = rows_by_seq.get(r, {}).get(_int(c["op"]))
+        if not (row and _int(c["in_op"]) and "ranks" in row):
+            continue
+        behind = [m for m in row["ranks"] if m in pos and pos[m] < pos[r]]
+        if behind:
+            waits.append((row["name"], tuple(behind), r))
+    folded = {}
+    for name, behind, r in waits:
+        folded.setdefault((name, behind), []).append(r)
+    for (name, behind), rs in folded.items():
+        lines.append(f"{'rank' if len(rs) == 1 else 'ranks'} {_fold(rs)} wait{'s' if len(rs) == 1 else ''} in {name} for "
+                     + ", ".join(f"rank {b} (step {pos[b][0]}, op {pos[b][1]})" for b in behind))
+    if not waits:
+        lines.append("no rank waits in a collective for a member behind it: the cursors agree with the plan's order")
+    return lines, bool(waits)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["expect"]:
@@ -487,6 +558,14 @@ def main(argv=None):
     try:
         dumps = read_dir(argv[0], prefix)
         exp = expected(argv[1], [0])
+        cursors = dumps.pop("cursors", None)
+        if cursors and not dumps:
+            exp = expected(argv[1], [0, exp["world_size"] - 1] if exp["world_size"] <= 4096 else [0])
+            lines, bad = diagnose_cursors(cursors, exp)
+            sys.stdout.write("\n".join(lines) + "\n")
+            return 1 if bad else 0
+        if not dumps:
+            raise BadInput(f"{argv[0]}: no dump files (<prefix><rank>, as TORCH_FR_DUMP_TEMP_FILE names them)")
         if max(dumps) >= exp["world_size"]:
             raise BadInput(f"rank {max(dumps)}'s dump: plan {exp['plan']} has world_size {exp['world_size']}")
         lo, hi = (0, exp["world_size"] - 1) if exp["world_size"] <= 4096 else (min(dumps), max(dumps))

@@ -176,6 +176,24 @@ def case_pp_schedule():
         assert "its schedule differs: the plan has this recv next" in out, out
 
 
+def case_runtime_cursor():
+    """The runtime's cursor file (cp_cursor_write's lines): who waits in which collective for whom."""
+    plan = os.path.join(ROOT, "tests", "diagnose", "fr4.lua")
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "cursor_4242"), "w") as f:
+            for r, (op, kind, unit) in enumerate([(3, "all_gather", "layers.0"), (3, "all_gather", "layers.0"),
+                                                  (2, "forward", "root"), (3, "all_gather", "layers.0")]):
+                f.write(json.dumps({"commplan_cursor": 1, "plan": "fr4", "rank": r, "step": 5, "op": op,
+                                    "kind": kind, "unit": unit, "micro_step": 0, "in_op": 1}) + "\n")
+        rc, out, _ = run(d)
+        assert rc == 1 and "ranks 0,1,3 wait in all-gather of layers.0's parameters (forward, micro-step 0" in out, out
+        assert "for rank 2 (step 5, op 2)" in out and "rank 2: step 5, in op 2 (forward of root" in out, out
+        with open(os.path.join(d, "cursor_4242"), "a") as f:
+            f.write('{"commplan_cursor": 1, "rank": "x"}\n')
+        rc, out, err = run(d)
+        assert rc == 2 and "cursor_4242: line 5.rank: expected an integer" in err, (out, err)
+
+
 def refused(make, want):
     with tempfile.TemporaryDirectory() as d:
         make(d)
