@@ -387,7 +387,8 @@ local function main(argv)
   -- more peak memory, still linear in the ops (bench/gen_time.sh).
   collectgarbage("incremental", 400, 400)
   -- Audit verbs: lua5.4 gen/commplan.lua diff A B | advise PLAN [--world-size N]
-  if argv[1] == "diff" or argv[1] == "advise" or argv[1] == "pipeline" then return require("gen.verbs").main(argv) end
+  if argv[1] == "diff" or argv[1] == "advise" or argv[1] == "pipeline"
+     or argv[1] == "expect" then return require("gen.verbs").main(argv) end
   local check, strict, regen = false, false, nil
   local args = {}
   local i = 0

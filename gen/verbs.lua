@@ -27,6 +27,7 @@ verbs.JSON_MAX_BYTES = 256 << 20
 verbs.USAGE = "usage: lua5.4 gen/verbs.lua diff [--svg DIR] A B | diff [--svg DIR] --rev REV PLAN.lua\n"
   .. "       lua5.4 gen/verbs.lua advise PLAN.lua [--world-size N] [--gpus-per-node G] [--global-batch B] [--top K]\n"
   .. "       lua5.4 gen/verbs.lua pipeline PLAN.lua [--csv FILE]   (a plan with parallel.pp > 1 and pipeline.microbatches)\n"
+  .. "       lua5.4 gen/verbs.lua expect PLAN.lua|plan.json [--rank R | --ranks A-B | --ranks all] [--json]\n"
 
 local function int_arg(v, name)
   local n = v and v:match("^%d+$") and tonumber(v)
@@ -64,6 +65,7 @@ function verbs.main(argv)
     write_out(text)
     return 0
   end
+  if verb == "expect" then return verbs.expect(argv) end
   if verb == "diff" then
     local args, svg_dir = {}, nil
     local i = 2
@@ -158,6 +160,50 @@ function verbs.write_svgs(plandiff, dir, sa, pa, sb, pb)
     lines[#lines + 1] = "  wrote " .. fsio.shown(f[1])
   end
   return table.concat(lines, "\n") .. "\n"
+end
+
+-- expect PLAN [--rank R | --ranks A-B | --ranks all] [--json]: the
+-- expected trace of one step in Flight Recorder's terms (gen/expect.lua);
+-- text for one rank (default 0), --json for the ranks asked (at most
+-- verbs.EXPECT_MAX_RANKS of them: python/commplan/diagnose.py asks for
+-- the ranks it has dumps of).
+verbs.EXPECT_MAX_RANKS = 4096
+function verbs.expect(argv)
+  local path, as_json, ranks = nil, false, nil
+  local i = 2
+  while i <= #argv do
+    local x = argv[i]
+    if x == "--json" then as_json = true; i = i + 1
+    elseif x == "--rank" then
+      local v = argv[i + 1]
+      ranks = { v and v:match("^%d+$") and tonumber(v) or int_arg(v, x) }; i = i + 2
+    elseif x == "--ranks" and argv[i + 1] then ranks = argv[i + 1]; i = i + 2
+    elseif x:sub(1, 2) == "--" or path then io.stderr:write(verbs.USAGE); return 2
+    else path = x; i = i + 1 end
+  end
+  if not path then io.stderr:write(verbs.USAGE); return 2 end
+  local doc = require("gen.plandiff").load(path)
+  local expect = require("gen.expect")
+  if type(ranks) == "string" then
+    local a, b = ranks:match("^(%d+)%-(%d+)$")
+    if ranks == "all" then a, b = 0, doc.world_size - 1 end
+    a, b = tonumber(a), tonumber(b)
+    if not a or b < a or b >= doc.world_size or b - a + 1 > verbs.EXPECT_MAX_RANKS then
+      util.plan_error(string.format("--ranks %s: give A-B within 0..%d (at most %d ranks) or all (a world of at "
+        .. "most %d)", ranks, doc.world_size - 1, verbs.EXPECT_MAX_RANKS, verbs.EXPECT_MAX_RANKS))
+    end
+    ranks = {}
+    for r = a, b do ranks[#ranks + 1] = r end
+  end
+  ranks = ranks or { 0 }
+  if as_json then
+    write_out(require("gen.json").encode(expect.document(doc, ranks)) .. "\n")
+  else
+    local parts = {}
+    for _, r in ipairs(ranks) do parts[#parts + 1] = expect.text(doc, r) end
+    write_out(table.concat(parts))
+  end
+  return 0
 end
 
 -- text written to path by fsio.write_file (a new or regular file, never

@@ -625,6 +625,11 @@ struct cp_executor {
     int64_t *a2a_rows;
     int quiet;                      /* failures only into err (a library), not also on stderr */
     char err[512];                  /* the last failure: one line naming rank, op, unit and why */
+    /* The cursor (issue 40): the step (ops run past the table's end start
+     * the next), the table index of the op last entered, 1 while inside
+     * it; read by cp_cursor_write from a signal handler. */
+    volatile long cur_step, cur_op;
+    volatile int cur_in;
 };
 
 /* Allocates this rank's shards and arena through the backend. */
@@ -634,6 +639,10 @@ void cp_executor_free(cp_executor *ex);
 int cp_executor_step(cp_executor *ex);
 /* One op: its waits, its work on its stream, its event. */
 int cp_executor_run_op(cp_executor *ex, const cp_op *op);
+/* Every live executor's cursor as JSON lines (one per rank: plan, rank,
+ * step, op, kind, unit, micro-step, in_op) on fd; async-signal-safe (a
+ * SIGUSR1 handler's; python -m commplan diagnose reads the file). */
+void cp_cursor_write(int fd);
 /* Where parameter `param` lives in buffer k (sharded, unsharded, grads,
  * sharded grads) of its unit, or NULL for a parameter out of range. */
 void *cp_executor_param_ptr(const cp_executor *ex, int param, cp_buffer k);

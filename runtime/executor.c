@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "commplan.h"
 
@@ -174,6 +175,11 @@ static int ex_refuse(cp_executor *ex, const char *line)
 }
 
 static int fail_init(cp_executor *ex);
+static int cp_executor_run_op_(cp_executor *ex, const cp_op *op);
+/* The executors of this process, for cp_cursor_write (threads of
+ * --simulate: one per rank). */
+#define CP_CURSOR_MAX 256
+static cp_executor *volatile cursor_ex[CP_CURSOR_MAX];
 
 int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
 {
@@ -186,6 +192,7 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
     cp_plan_view(p, rank, &ex->view);
     ex->plan = p = &ex->view;
     ex->rank = rank;
+    ex->cur_op = -1;
     ex->shard_rank = cp_shard_rank(p, rank);
     ex->replicate_rank = cp_replicate_rank(p, rank);
     ex->tp_rank = cp_tp_rank(p, rank);
@@ -286,6 +293,7 @@ static int fail_init(cp_executor *ex)
 void cp_executor_free(cp_executor *ex)
 {
     if (!ex->plan) return;
+    if (cursor_ex[ex->rank % CP_CURSOR_MAX] == ex) cursor_ex[ex->rank % CP_CURSOR_MAX] = NULL;
     cp_backend *b = ex->backend;
     for (int k = CP_BUF_SHARDED; k < CP_BUFFERS; k++)
         if (ex->buf[k])
@@ -853,9 +861,27 @@ static int close_batch(cp_executor *ex, const cp_op *last)
     return 0;
 }
 
+
+static void cursor_enter(cp_executor *ex, long x)
+{
+    if (x >= 0 && x <= ex->cur_op && ex->cur_op >= 0 && !ex->cur_in) ex->cur_step++;
+    ex->cur_op = x;
+    ex->cur_in = 1;
+    int slot = ex->rank % CP_CURSOR_MAX;
+    if (cursor_ex[slot] != ex) cursor_ex[slot] = ex;
+}
+
 int cp_executor_run_op(cp_executor *ex, const cp_op *op)
 {
+    int rc = cp_executor_run_op_(ex, op);
+    if (rc == 0) ex->cur_in = 0;
+    return rc;
+}
+
+static int cp_executor_run_op_(cp_executor *ex, const cp_op *op)
+{
     const cp_plan *p = ex->plan;
+    cursor_enter(ex, (long)(op - p->ops));
     if ((unsigned)op->kind >= CP_OP_KIND_COUNT || op->unit < 0 || op->unit >= p->nunits ||
         (unsigned)op->stream >= CP_STREAM_COUNT) {
         return ex_error(ex, "rank %d: op %ld of plan %s is malformed (kind %d, unit %d, stream %d): regenerate the plan",
@@ -960,4 +986,67 @@ int cp_executor_step(cp_executor *ex)
         if (cp_executor_run_op(ex, &ex->plan->ops[i]) != 0) return -1;
     if (b->join(b)) return ex_error(ex, "rank %d: joining the side streams failed", ex->rank);
     return 0;
+}
+
+/* cp_cursor_write's pieces: text appended to a fixed buffer, no allocation,
+ * no stdio (async-signal-safe). */
+static size_t cur_put(char *b, size_t at, size_t cap, const char *t)
+{
+    while (*t && at + 1 < cap) b[at++] = *t++;
+    return at;
+}
+
+static size_t cur_name(char *b, size_t at, size_t cap, const char *t)
+{
+    at = cur_put(b, at, cap, "\"");
+    for (; t && *t && at + 2 < cap; t++)
+        if (*t != '"' && *t != '\\' && (unsigned char)*t >= 0x20) b[at++] = *t;
+    return cur_put(b, at, cap, "\"");
+}
+
+static size_t cur_long(char *b, size_t at, size_t cap, long v)
+{
+    char d[24];
+    int n = 0;
+    unsigned long u = v < 0 ? 0UL - (unsigned long)v : (unsigned long)v;
+    do { d[n++] = (char)('0' + u % 10); u /= 10; } while (u && n < 23);
+    if (v < 0) d[n++] = '-';
+    while (n && at + 1 < cap) b[at++] = d[--n];
+    return at;
+}
+
+void cp_cursor_write(int fd)
+{
+    for (int i = 0; i < CP_CURSOR_MAX; i++) {
+        cp_executor *ex = cursor_ex[i];
+        if (!ex || !ex->plan) continue;
+        const cp_plan *p = ex->plan;
+        long x = ex->cur_op;
+        const cp_op *op = x >= 0 && x < p->nops ? &p->ops[x] : NULL;
+        char b[512];
+        size_t at = cur_put(b, 0, sizeof b, "{\"commplan_cursor\": 1, \"plan\": ");
+        at = cur_name(b, at, sizeof b, p->name);
+        at = cur_put(b, at, sizeof b, ", \"rank\": ");
+        at = cur_long(b, at, sizeof b, ex->rank);
+        at = cur_put(b, at, sizeof b, ", \"step\": ");
+        at = cur_long(b, at, sizeof b, ex->cur_step);
+        at = cur_put(b, at, sizeof b, ", \"op\": ");
+        at = cur_long(b, at, sizeof b, x);
+        if (op) {
+            at = cur_put(b, at, sizeof b, ", \"kind\": ");
+            at = cur_name(b, at, sizeof b, cp_op_kind_name(op->kind));
+            at = cur_put(b, at, sizeof b, ", \"unit\": ");
+            at = cur_name(b, at, sizeof b, op->unit >= 0 && op->unit < p->nunits ? p->units[op->unit].name : "?");
+            at = cur_put(b, at, sizeof b, ", \"micro_step\": ");
+            at = cur_long(b, at, sizeof b, op->micro_step);
+        }
+        at = cur_put(b, at, sizeof b, ", \"in_op\": ");
+        at = cur_long(b, at, sizeof b, ex->cur_in);
+        at = cur_put(b, at, sizeof b, "}\n");
+        for (size_t off = 0; off < at;) {
+            ssize_t w = write(fd, b + off, at - off);
+            if (w <= 0) break;
+            off += (size_t)w;
+        }
+    }
 }

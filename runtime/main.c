@@ -2,9 +2,12 @@
  * table (e.g. -DCP_PLAN=llama70b_plan). */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "commplan.h"
 #include "launch.h"
@@ -464,8 +467,44 @@ static int run(int argc, char **argv)
     }
 }
 
+/* COMMPLAN_CURSOR_DUMP=PREFIX: on SIGUSR1, every rank's cursor of this
+ * process (its step and op) into PREFIX<pid> (cp_cursor_write; read by
+ * python -m commplan diagnose DIR PLAN, docs/diagnosis.md). */
+static char cursor_path[4096];
+
+static void cursor_signal(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    int fd = open(cursor_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+        cp_cursor_write(fd);
+        close(fd);
+    }
+    errno = saved;
+}
+
+static void cursor_install(void)
+{
+    const char *prefix = getenv("COMMPLAN_CURSOR_DUMP");
+    if (!prefix || !*prefix) return;
+    int n = snprintf(cursor_path, sizeof cursor_path, "%s%ld", prefix, (long)getpid());
+    if (n <= 0 || (size_t)n >= sizeof cursor_path) {
+        cp_error("COMMPLAN_CURSOR_DUMP: a path of at most %zu bytes", sizeof cursor_path - 24);
+        cursor_path[0] = 0;
+        return;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = cursor_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
 int main(int argc, char **argv)
 {
+    cursor_install();
     int rc = run(argc, argv);
     /* Every line this program printed must have reached its reader: a full
      * disk or a closed pipe is an error, as coreutils' close_stdout. */

@@ -293,6 +293,29 @@ torch_lane() {
   else
     skipped "$eplib_what" "no torch environment with torchrun (make torch-env)"
   fi
+  # ---- hang diagnosis against the plan (issue 40) ----
+  # Provoked faults, FSDP2 on gloo under torchrun (4 ranks) with Flight
+  # Recorder on: each job's dumps diagnosed against the plan (python -m
+  # commplan.diagnose) and torch's fr_trace.py run on the same dumps, its
+  # verdict printed beside (tests/diagnose/faults.py; quick tier: a rank
+  # skipping a unit's all-gather and a rank killed mid-step).
+  run "hang diagnosis without torch: dumps made from the expected trace (agreement, a wrong plan, a skipped op, a rank behind, a missing rank) and hostile dumps refused in one line (tests/python/test_diagnose.py)" \
+    python3 tests/python/test_diagnose.py
+  diag_what="hang diagnosis: provoked faults (FSDP2 on gloo, 4 ranks, Flight Recorder dumps) diagnosed against the plan, fr_trace.py's verdict beside (tests/diagnose/faults.py)"
+  if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
+    run "$diag_what" timeout 900 "$live_py" tests/diagnose/faults.py --tier "$tier"
+    grep -ah "^fault \|^diagnose faults: \|fr_trace.py with" "$(logname "$diag_what")" | sed "s/^/        /"
+    full_adds "skip_unit and kill; make test-full adds none, shape, micro, slow, withhold_counts and pp_schedule"
+  else
+    skipped "$diag_what" "no torch environment with torchrun (make torch-env)"
+  fi
+  cursor_what="the runtime's cursor: fsdp4's --simulate signalled (SIGUSR1), every rank's step and op written and diagnosed against the plan (tests/diagnose/cursor_check.sh)"
+  if [ -x build/fsdp4/fsdp4 ]; then
+    run "$cursor_what" tests/diagnose/cursor_check.sh build/fsdp4/fsdp4 plans/fsdp4.lua
+  else
+    skipped "$cursor_what" "build/fsdp4/fsdp4 not built (make PLAN=plans/fsdp4.lua)"
+  fi
+  # ---- end of hang diagnosis ----
   # Expert counts fuzzed where they enter the libraries (the C call and
   # HostLibrary.set_expert_counts), 4 ranks on gloo, after ep_library.py
   # built the library (tests/fuzz_ep_counts.py, fixed seed; 77: SKIP).

@@ -92,6 +92,12 @@ def _add_verbs(sub):
     c = sub.add_parser("check", help="exit 1 with one line when <dir>/<name>/ is stale or the config changed",
                        allow_abbrev=False)
     c.add_argument("plan", metavar="PLAN.lua", nargs="+", help="one or more plan files (CI: plans/*.lua)")
+    # issue 40's verbs: main() hands them to commplan/diagnose.py before this parser runs; listed here
+    # so --help names them (their own --help has the flags)
+    sub.add_parser("expect", help="the expected trace of a step in Flight Recorder's terms (PLAN [--rank R])",
+                   add_help=False)
+    sub.add_parser("diagnose", help="a hang or mismatch: Flight Recorder dumps (or the runtime's cursors) "
+                                    "against the plan (DUMP_DIR PLAN)", add_help=False)
 
 
 def _parser():
@@ -99,7 +105,7 @@ def _parser():
                                        "from a Hugging Face config.json, generate it, audit it, diff two, check "
                                        "the committed output.", epilog=__doc__.split("\n\n", 1)[1],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="verb", metavar="{write,generate,audit,diff,advise,check,hf,units}")
+    sub = p.add_subparsers(dest="verb", metavar="{write,generate,audit,diff,advise,check,expect,diagnose,hf,units}")
     _add_verbs(sub)
     for verb, operand, text in (("hf", "CONFIG", "a config.json (Llama, Mistral, Qwen2, Mixtral, Qwen3-MoE, DeepSeek-V3) or a directory holding one"),
                                 ("units", "UNITS", 'a JSON file {"units": [...]} of named parameters')):
@@ -188,6 +194,9 @@ def _line(msg):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["diagnose"], ["expect"]):  # issue 40's verbs (commplan/diagnose.py)
+        from . import diagnose
+        return diagnose.main(argv[1:] if argv[0] == "diagnose" else argv)
     try:
         return run(argv)
     except _Usage as e:

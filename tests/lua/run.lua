@@ -61,6 +61,8 @@ suites[#suites + 1] = "test_complete"
 suites[#suites + 1] = "test_compute_model"
 -- Issue 39: mixed all-gather dtypes in one unit (per-parameter param_dtype, FSDP2's uint8 all-gather).
 suites[#suites + 1] = "test_mixed_dtype"
+-- Issue 40: the expected trace in Flight Recorder's terms (gen/expect.lua).
+suites[#suites + 1] = "test_expect"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)
