@@ -181,11 +181,17 @@ local function facts(p, face)
       arena[#arena + 1] = O({ "offset", b.offset, "bytes", b.bytes, "live_ops", lives })
       ::next_kind::
     end
-    units[#units + 1] = O({ "name", u.name, "index", u.index, "root", u.is_root,
+    local uj = { "name", u.name, "index", u.index, "root", u.is_root,
       "reshard_after_forward", u.reshard_after_forward and true or false, "orig_dtype", u.orig_dtype, "ag_dtype", u.ag_dtype,
       "reduce_dtype", u.reduce_dtype, "grad_dtype", u.grad_dtype, "slot_numel", u.total, "grads_numel", u.grads_numel,
       "vec_ok", u.vec_ok, "rs_op", u.rs_op, "ar_op", u.ar_op,
-      "pre_divide", u.pre_divide, "post_divide", u.post_divide, "arena", O(arena), "params", params })
+      "pre_divide", u.pre_divide, "post_divide", u.post_divide }
+    -- FSDPModule's reduction setters where the plan sets them (FSDP2's defaults leave them out)
+    if u.premul then uj[#uj + 1], uj[#uj + 2] = "premul_factor", u.premul end
+    if u.gradient_divide_factor then uj[#uj + 1], uj[#uj + 2] = "gradient_divide_factor", u.gradient_divide_factor end
+    if u.force_sum_reduction_for_comms then uj[#uj + 1], uj[#uj + 2] = "force_sum_reduction_for_comms", true end
+    uj[#uj + 1], uj[#uj + 2], uj[#uj + 3], uj[#uj + 4] = "arena", O(arena), "params", params
+    units[#units + 1] = O(uj)
   end
   local per_family = {}
   for _, f in ipairs(p.groups.list) do
@@ -205,7 +211,9 @@ local function facts(p, face)
     "mesh", O({ "names", p.mesh.names, "sizes", p.mesh.sizes, "strides", p.mesh.strides }),
     "fsdp", O({ "reshard_after_forward", p.fsdp.reshard_after_forward, "micro_steps", p.fsdp.micro_steps,
                 "reduce_op", p.fsdp.reduce_op, "param_dtype", p.fsdp.param_dtype, "reduce_dtype", p.fsdp.reduce_dtype,
-                "grad_accumulation", p.fsdp.grad_accumulation }),
+                "grad_accumulation", p.fsdp.grad_accumulation,
+                "gradient_divide_factor", p.fsdp.gradient_divide_factor,
+                "force_sum_reduction_for_comms", p.fsdp.force_sum_reduction_for_comms or nil }),
     "topology", audit.topology_json(p.topology),
     "groups", fam_list, "units", units,
     -- a repeated micro-step (gen/repeat.lua): ops[first_seq .. first_seq + ops - 1] run times times, for

@@ -64,6 +64,11 @@ local SCHEMA = {
                       .. util.pow2_text(LIM.unit_steps) .. " of them" },
     reduce_op = { "enum", enum = { "avg", "sum" } },
     param_dtype = { "enum", enum = DTYPES }, reduce_dtype = { "enum", enum = DTYPES },
+    -- FSDPModule.set_gradient_divide_factor(f) and set_force_sum_reduction_for_comms(True) on every
+    -- unit (torch 2.15 _fully_shard.py:846-878; a unit may override either): gen/parallel/fsdp_layout.lua
+    gradient_divide_factor = { "num", gt = 0, max = LIM.model_int,
+                               why = "a divide factor is a data-parallel size or a token count" },
+    force_sum_reduction_for_comms = { "bool" },
     -- gradient accumulation over micro-steps: "fsdp2_default" reduces on every backward and adds into
     -- the sharded grads; "sync_last" is set_requires_gradient_sync(False) before all but the last;
     -- "all_reduce_last" is HSDP's set_requires_all_reduce(False) before all but the last
@@ -133,6 +138,11 @@ local SCHEMA = {
            reshard_after_forward = { "bool" },
            -- this unit's MixedPrecisionPolicy (fully_shard's mp_policy), overriding fsdp's
            param_dtype = { "enum", enum = DTYPES }, reduce_dtype = { "enum", enum = DTYPES },
+           -- this unit's set_gradient_divide_factor / set_force_sum_reduction_for_comms (per
+           -- FSDPModule, not recursive: _fully_shard.py:846-878), overriding fsdp's
+           gradient_divide_factor = { "num", gt = 0, max = LIM.model_int,
+                                      why = "a divide factor is a data-parallel size or a token count" },
+           force_sum_reduction_for_comms = { "bool" },
            -- the generic family: this unit is torchtitan's [norm, lm_head] (its fully_shard of the
            -- decoder's head, distributed/fsdp.py:202-207), which its ChunkedLossWrapper runs
            -- (training.loss_chunks, gen/parallel/fsdp.lua chunked_loss)
@@ -520,6 +530,12 @@ function load_plan.normalize(ctx, raw)
         util.field_error(ctx, upath .. ".reshard_after_forward", "the root (last unit) never reshards after "
           .. "forward (FSDP2), so this setting changes nothing: remove it")
       end
+      for _, k in ipairs({ "gradient_divide_factor", "force_sum_reduction_for_comms" }) do
+        if np == 0 and q[k] ~= nil then
+          util.field_error(ctx, upath .. "." .. k, "unit " .. util.show(q.name) .. " has no parameters, so FSDP2 "
+            .. "reduces nothing for it and this setting changes nothing: remove it")
+        end
+      end
       q.params = check_params(ctx, upath, q.params, np, model.dtype, budget)
       units[i] = q
     end
@@ -552,6 +568,11 @@ function load_plan.normalize(ctx, raw)
   ctx.fsdp_given = { reshard_after_forward = f.reshard_after_forward, grad_accumulation = f.grad_accumulation }
   if f.reshard_after_forward == nil then f.reshard_after_forward = true end
   f.micro_steps = f.micro_steps or 1
+  if f.gradient_divide_factor ~= nil and f.reduce_op ~= nil then
+    util.field_error(ctx, "fsdp.gradient_divide_factor", "reduce_op = " .. util.show(f.reduce_op) .. " already "
+      .. "decides the divide factor (\"sum\" is set_gradient_divide_factor(1.0), \"avg\" FSDP2's default): "
+      .. "remove one of them")
+  end
   f.reduce_op = f.reduce_op or "avg"
   f.grad_accumulation = f.grad_accumulation or "fsdp2_default"
   local t = plan.topology

@@ -65,19 +65,49 @@ function layout.local_rows(param, r)
   return layout.valid(param, r) // param.row_numel
 end
 
--- FSDP2's _get_gradient_divide_factors (newest): AVG in the collective for
--- fp32/bf16, SUM with a power-of-two pre-divide and a post-divide for fp16.
-function layout.reduction(reduce_op, reduce_dtype, W, R)
+-- FSDP2's _get_gradient_divide_factors (torch 2.15 _fsdp_collectives.py:945-1002)
+-- for one unit: factor is its set_gradient_divide_factor (nil: FSDP2's
+-- default, the data-parallel size W x R), force its
+-- set_force_sum_reduction_for_comms; W the reduce-scatter group's ranks, R
+-- the all-reduce's. fp32/bf16 without force: AVG in the collectives (SUM at
+-- one rank), and with a factor the reduce-scatter AVG where the factor is
+-- W, else PREMUL_SUM(1 / factor) (premul: the factor), the all-reduce SUM.
+-- fp16 or force: SUM on the wire with the division around it, for fp16 a
+-- power-of-two pre-divide and the rest after, else all of it after.
+-- PREMUL_SUM(1.0) sums exactly, so a factor of 1 is SUM. A one-rank shard
+-- group issues no reduce-scatter and divides its copy by the factor
+-- (:688-691, after the pre-divide): pre_divide here. Returns the
+-- reduction, or nil and a message where FSDP2 divides twice before the
+-- all-reduce (fp16 at one shard rank), which one pre_divide cannot hold.
+function layout.reduction(factor, force, reduce_dtype, W, R)
   local dp = W * R
-  if reduce_op == "sum" or dp == 1 then
-    return { rs_op = "sum", ar_op = "sum", pre_divide = 1, post_divide = 1 }
+  local risk = reduce_dtype ~= "fp32" and reduce_dtype ~= "bf16" -- :967-968 overflow_risk
+  if not risk and not force then
+    if factor == nil then
+      if dp == 1 then return { rs_op = "sum", ar_op = "sum", pre_divide = 1, post_divide = 1 } end
+      return { rs_op = "avg", ar_op = "avg", pre_divide = 1, post_divide = 1 }
+    end
+    local red = { rs_op = "sum", ar_op = "sum", pre_divide = 1, post_divide = 1 }
+    if W == 1 then red.pre_divide = factor
+    elseif factor == W then red.rs_op = "avg"
+    elseif factor ~= 1 then red.rs_op, red.premul = "premul_sum", factor end
+    return red
   end
-  if reduce_dtype ~= "fp16" then
-    return { rs_op = "avg", ar_op = "avg", pre_divide = 1, post_divide = 1 }
+  local f = factor or dp
+  local pre, post = 1, f
+  if risk then -- :990-996: divide by ~sqrt(f) before and after
+    while f % pre == 0 and f / pre > pre do pre = pre * 2 end
+    post = f / pre
   end
-  local pre = 1
-  while dp % pre == 0 and dp / pre > pre do pre = pre * 2 end
-  return { rs_op = "sum", ar_op = "sum", pre_divide = pre, post_divide = dp / pre }
+  if W == 1 and factor and factor ~= 1 then
+    if pre ~= 1 then
+      return nil, string.format("an fp16 reduction over a one-rank shard group with a divide factor divides "
+        .. "twice before the all-reduce (pre-divide %g, then the copy's / %g: _fsdp_collectives.py:679-691); "
+        .. "give dp_shard > 1, reduce_dtype fp32 or bf16, or no gradient_divide_factor", pre, factor)
+    end
+    pre = factor
+  end
+  return { rs_op = "sum", ar_op = "sum", pre_divide = pre, post_divide = post }
 end
 
 local LIM = util.LIMITS
@@ -192,7 +222,16 @@ function layout.build(ctx, units, d, fsdp)
       end
       params[j] = q
     end
-    local red = layout.reduction(fsdp.reduce_op, reduce_dtype, Wu, R)
+    -- the unit's divide factor and forced sum (its own, else the plan's; reduce_op "sum" is factor 1)
+    local factor = u.gradient_divide_factor or fsdp.gradient_divide_factor
+      or (fsdp.reduce_op == "sum" and 1 or nil)
+    local force = u.force_sum_reduction_for_comms
+    if force == nil then force = fsdp.force_sum_reduction_for_comms or false end
+    local red, why = layout.reduction(factor, force, reduce_dtype, Wu, R)
+    if not red then
+      util.field_error(ctx, u.gradient_divide_factor and (upath .. ".gradient_divide_factor")
+        or "fsdp.gradient_divide_factor", why)
+    end
     out[fwd] = {
       name = u.name, index = fwd - 1, is_root = (ui == #units), params = params, total = offset,
       grads_numel = grad_offset, vec_ok = vec_ok and offset % layout.VEC == 0,
@@ -201,6 +240,10 @@ function layout.build(ctx, units, d, fsdp)
       reshard_after_forward = (ui ~= #units) and (u.reshard_after_forward == nil and fsdp.reshard_after_forward
                                                   or u.reshard_after_forward),
       rs_op = red.rs_op, ar_op = red.ar_op, pre_divide = red.pre_divide, post_divide = red.post_divide,
+      premul = red.premul,
+      -- as set (plan.json, the live peer): nil where the plan left FSDP2's default
+      gradient_divide_factor = u.gradient_divide_factor or fsdp.gradient_divide_factor,
+      force_sum_reduction_for_comms = force or nil,
       -- all_reduce_last under HSDP: the reduce-scatter outputs wait in a
       -- buffer of their own (partial_reduce_output) for the last micro-step.
       partial = #params > 0 and R > 1 and fsdp.micro_steps > 1 and fsdp.grad_accumulation == "all_reduce_last"

@@ -411,7 +411,7 @@ function schedule.reduction(out, u, m, how, shard, replicate, reducing, part)
                     part_count = pc }
   out[#out + 1] = { kind = "reduce_scatter", unit = u.index, micro_step = m, phase = "backward",
                     group = schedule.shard_group(u, shard), dtype = u.reduce_dtype, count = count,
-                    reduce_op = u.rs_op, part_first = pf, part_count = pc }
+                    reduce_op = u.rs_op, premul = u.premul, part_first = pf, part_count = pc }
   if partial then
     assert(not part, "internal: all_reduce_last's partial sums of a part")
     out[#out + 1] = { kind = "partial_" .. partial, unit = u.index, micro_step = m, phase = "backward" }

@@ -54,17 +54,43 @@ function T.forward_order_root_first()
 end
 
 function T.reduction_factors()
-  local r = layout.reduction("avg", "fp32", 4, 2)
+  local r = layout.reduction(nil, false, "fp32", 4, 2)
   H.eq(r.rs_op, "avg"); H.eq(r.ar_op, "avg")
-  H.eq(layout.reduction("avg", "fp32", 1, 1).rs_op, "sum", "dp == 1 uses SUM")
+  H.eq(layout.reduction(nil, false, "fp32", 1, 1).rs_op, "sum", "dp == 1 uses SUM")
   local pre_post = { [8] = { 4, 2 }, [16] = { 4, 4 }, [32] = { 8, 4 }, [64] = { 8, 8 }, [128] = { 16, 8 } }
   for dp, want in pairs(pre_post) do
-    local f = layout.reduction("avg", "fp16", dp, 1)
+    local f = layout.reduction(nil, false, "fp16", dp, 1)
     H.eq(f.rs_op, "sum", "fp16 uses SUM")
     H.eq(f.pre_divide, want[1], "pre for " .. dp); H.eq(f.post_divide, want[2], "post for " .. dp)
   end
-  local six = layout.reduction("avg", "fp16", 6, 1)
+  local six = layout.reduction(nil, false, "fp16", 6, 1)
   H.eq(six.pre_divide, 4, "pre for 6 overshoots"); H.eq(six.post_divide, 1.5, "post for 6")
+end
+
+-- set_gradient_divide_factor / set_force_sum_reduction_for_comms, each
+-- branch of torch 2.15's _get_gradient_divide_factors (_fsdp_collectives.py:945-1002).
+function T.reduction_factor_and_forced_sum()
+  local function red(...)
+    local r = assert(layout.reduction(...))
+    return string.format("%s %s %g %g %s", r.rs_op, r.ar_op, r.pre_divide, r.post_divide,
+      r.premul and string.format("%g", r.premul) or "nil")
+  end
+  -- fp32/bf16, a factor: AVG where it is the shard group's size, else PREMUL_SUM(1/f); the all-reduce SUM
+  H.eq(red(4, false, "fp32", 4, 2), "avg sum 1 1 nil", "factor == W: AVG then SUM")
+  H.eq(red(8, false, "bf16", 4, 2), "premul_sum sum 1 1 8", "factor != W: PREMUL_SUM(1/8)")
+  H.eq(red(1.5, false, "fp32", 2, 1), "premul_sum sum 1 1 1.5", "non-integer factor")
+  H.eq(red(1, false, "fp32", 4, 1), "sum sum 1 1 nil", "factor 1: PREMUL_SUM(1.0) is a SUM")
+  H.eq(red(3, false, "fp32", 1, 2), "sum sum 3 1 nil", "one shard rank: the copy divides")
+  -- forced sum: everything after the collectives (fp32/bf16), or fp16's split
+  H.eq(red(nil, true, "fp32", 4, 2), "sum sum 1 8 nil", "force: post-divide by the dp size")
+  H.eq(red(6, true, "bf16", 3, 1), "sum sum 1 6 nil", "force with a factor")
+  H.eq(red(nil, true, "fp32", 1, 1), "sum sum 1 1 nil", "force at one rank divides by 1")
+  H.eq(red(3, true, "fp32", 1, 2), "sum sum 3 3 nil", "force at one shard rank: copy and post-divide both")
+  H.eq(red(12, false, "fp16", 4, 1), "sum sum 4 3 nil", "fp16 with a factor: its own split")
+  H.eq(red(2.5, true, "fp16", 4, 1), "sum sum 1 2.5 nil", "a factor no power of two divides")
+  local none, why = layout.reduction(4, false, "fp16", 1, 2)
+  H.eq(none, nil, "fp16 at one shard rank with a factor divides twice")
+  assert(why:find("_fsdp_collectives.py", 1, true), why)
 end
 
 -- torch 2.15's FSDP2 keeps unsharded grads in reduce_dtype (the unsharded
