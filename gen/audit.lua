@@ -545,7 +545,7 @@ end
 -- A unit's layout signature: units with equal signatures are folded.
 local function layout_sig(u)
   local t = { #u.params, u.total, u.grads_numel, u.orig_dtype, u.ag_dtype, u.reduce_dtype, u.grad_dtype, u.rs_op, u.ar_op,
-              tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide }
+              tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide, tostring(u.premul) }
   for _, q in ipairs(u.params) do t[#t + 1] = table.concat(q.shape, "x") .. "/" .. q.shard_dim end
   return table.concat(t, "|")
 end
@@ -1472,7 +1472,9 @@ function audit.md_units(p, w)
       (u.is_root and u.name ~= "root") and " (root)" or "",
       #u.params, commas(numel), human(u.total * ES[u.orig_dtype]), human(Wu * u.total * ES[u.ag_dtype]),
       u.ag_dtype, u.reduce_dtype .. (u.grad_dtype ~= u.ag_dtype and string.format(" (micro-steps accumulate grads in %s)",
-        u.grad_dtype) or ""), u.rs_op, u.pre_divide ~= 1 and string.format(" (/%g, /%g)", u.pre_divide, u.post_divide) or "",
+        u.grad_dtype) or ""), u.rs_op .. (u.premul and string.format(" (x 1/%g)", u.premul) or "")
+        .. (u.ar_op ~= u.rs_op and ", all-reduce " .. u.ar_op or ""),
+      (u.pre_divide ~= 1 or u.post_divide ~= 1) and string.format(" (/%g, /%g)", u.pre_divide, u.post_divide) or "",
       pad > 0 and string.format("%.1f%%", 100 * pad / (Wu * u.total)) or "0",
       u.vec_ok and "16-byte" or "scalar")
     shown[#shown + 1] = { u = u, names = names }

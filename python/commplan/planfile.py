@@ -317,6 +317,12 @@ def _param(entry, where):
     return {"name": name, "shape": dims, "dtype": dtype_name(dtype, where), "shard_dim": shard_dim, "tp": tp}
 
 
+# FSDPModule.set_gradient_divide_factor / set_force_sum_reduction_for_comms on one unit
+# (gen/load.lua's unit keys of the same names)
+UNIT_REDUCTION = {"gradient_divide_factor": validate.Spec("num", gt=0),
+                  "force_sum_reduction_for_comms": validate.Spec("bool")}
+
+
 def normalize_units(units):
     """Units in wrapping order (root last): each a dict {name, params, reshard_after_forward} or a
     tuple (name, params[, reshard_after_forward]); params as ``_param`` takes them."""
@@ -330,7 +336,7 @@ def normalize_units(units):
     for i, u in enumerate(units):
         where = "unit %d" % (i + 1)
         if isinstance(u, dict):
-            unknown = sorted(set(u) - {"name", "params", "reshard_after_forward", "loss_head"})
+            unknown = sorted(set(u) - {"name", "params", "reshard_after_forward", "loss_head"} - set(UNIT_REDUCTION))
             if unknown:
                 raise PlanError("%s: unknown unit keys %s; use name, params, reshard_after_forward, loss_head"
                                 % (where, unknown))
@@ -353,6 +359,10 @@ def normalize_units(units):
         out.append({"name": name, "params": ps, "reshard_after_forward": raf})
         if head:  # torchtitan's [norm, lm_head], run by its ChunkedLossWrapper (docs/plan-files.md)
             out[-1]["loss_head"] = True
+        if isinstance(u, dict):  # the unit's FSDPModule reduction setters (docs/plan-files.md "fsdp")
+            for k, spec in UNIT_REDUCTION.items():
+                if u.get(k) is not None:
+                    out[-1][k] = validate.check_value(u[k], spec, "%s (%s)" % (where, name), k)
     for i, u in enumerate(out[:-1]):
         if not u["params"]:
             raise PlanError("unit %d (%s) has no parameters; only the root (the last unit) may have none"
@@ -493,6 +503,10 @@ def _unit_text(u, default_raf, is_root, dtype_default):
         head += " reshard_after_forward = %s," % ("true" if u["reshard_after_forward"] else "false")
     if u.get("loss_head"):
         head += " loss_head = true,"
+    if u.get("gradient_divide_factor") is not None:
+        head += " gradient_divide_factor = %r," % float(u["gradient_divide_factor"])
+    if u.get("force_sum_reduction_for_comms") is not None:
+        head += " force_sum_reduction_for_comms = %s," % ("true" if u["force_sum_reduction_for_comms"] else "false")
     if not u["params"]:
         lines.append(head + " params = {} },")
         return lines

@@ -561,11 +561,6 @@ def gen_seed(seed, attempt=0):
 
     fsdp = {"micro_steps": micro, "reduce_op": reduce_op}
     fsdp.update(plan_mp)
-    lines = [f"-- live property test seed {seed} (attempt {attempt}): tests/live/live.py seed {seed}",
-             "return {", f"  world_size = {world},", f"  parallel = {lua(par)},",
-             "  model = { family = \"generic\", units = {"]
-    for u in units:
-        lines.append(f"    {lua(u)},")
     pattern = "unique" if rng.random() < 0.5 else "oracle"
     if kind == "mp_divide":  # the oracle pattern's sums divide exactly by 1.5, 2.5 and 3.5
         pattern = "unique"
@@ -578,11 +573,51 @@ def gen_seed(seed, attempt=0):
         # pipelining's end-of-step reduction, drawn last for the same reason
         elif fsdp["grad_accumulation"] == "sync_last" and tree_knows("step_end") and rng.random() < 0.4:
             fsdp["grad_accumulation"] = "step_end"
+    reduction = draw_reduction(rng, fsdp, units, S) if tree_knows("force_sum_reduction_for_comms") else ""
+    lines = [f"-- live property test seed {seed} (attempt {attempt}): tests/live/live.py seed {seed}",
+             "return {", f"  world_size = {world},", f"  parallel = {lua(par)},",
+             "  model = { family = \"generic\", units = {"]
+    for u in units:
+        lines.append(f"    {lua(u)},")
     lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
     desc = (f"{kind} {'x'.join(str(x) for x in (R, S, T))}, {n_units}+root units, micro {micro}"
             f"{' ' + fsdp['grad_accumulation'] if 'grad_accumulation' in fsdp else ''}, steps {steps}, "
-            f"{reduce_op}, pattern {pattern}")
+            f"{fsdp.get('reduce_op', 'factor')}{reduction}, pattern {pattern}")
     return "\n".join(lines) + "\n", steps, desc, pattern
+
+
+def draw_reduction(rng, fsdp, units, S):
+    """FSDPModule's reduction setters (issue 39): set_gradient_divide_factor and
+    set_force_sum_reduction_for_comms, plan-wide (fsdp) and per unit, drawn last so
+    earlier draws keep their plans. gloo has no PREMUL_SUM (FSDP2's reduce-scatter op
+    for a factor other than the shard group's size on fp32/bf16), so such a unit is
+    forced to sum; the emulated GPU path checks PREMUL_SUM. Returns the description's part."""
+    if rng.random() >= 0.4:
+        return ""
+    choices = [S, S, 1, 2, 3, 1.5, 2.5, 6, 7, 12]
+    if rng.random() < 0.5:
+        fsdp.pop("reduce_op", None)  # reduce_op decides the factor too: one of the two
+        fsdp["gradient_divide_factor"] = rng.choice(choices)
+    if rng.random() < 0.5:
+        fsdp["force_sum_reduction_for_comms"] = rng.random() < 0.7
+    for u in units:
+        if u["params"] and rng.random() < 0.4:
+            u["gradient_divide_factor"] = rng.choice(choices)
+        if u["params"] and rng.random() < 0.3:
+            u["force_sum_reduction_for_comms"] = rng.random() < 0.5
+    plan_factor = fsdp.get("gradient_divide_factor", 1 if fsdp.get("reduce_op") == "sum" else None)
+    n = 0
+    for u in units:
+        if not u["params"]:
+            continue
+        red = u.get("reduce_dtype") or fsdp.get("reduce_dtype") or u["params"][0]["dtype"]
+        f = u.get("gradient_divide_factor", plan_factor)
+        force = u.get("force_sum_reduction_for_comms", fsdp.get("force_sum_reduction_for_comms", False))
+        if f is not None and not force and red != "fp16" and S > 1 and f not in (S, 1):
+            u["force_sum_reduction_for_comms"] = True
+        n += "gradient_divide_factor" in u or "force_sum_reduction_for_comms" in u
+    return (f", divide factor {fsdp.get('gradient_divide_factor', '-')}"
+            f"{' forced' if fsdp.get('force_sum_reduction_for_comms') else ''}, {n} units' own")
 
 
 def prepare_seed(seed, keep=False):

@@ -467,10 +467,11 @@ def run_job(rank, job):
     fully_shard(root, mesh=dp_mesh, mp_policy=mp_of(units[0]), shard_placement_fn=_placement_fn(root, units[0]))
     for u, m in zip(units, [root] + [x.norm if x is head else x for x in layer_units]):
         factor, force = u.get("gradient_divide_factor"), bool(u.get("force_sum_reduction_for_comms"))
-        if factor is None and reduce_sum:
+        if (factor is None and reduce_sum) or (factor is not None and float(factor) == 1.0 and not force):
             # commplan's reduce_op = "sum": divide factor 1. FSDP2 would reduce
             # fp32/bf16 with PREMUL_SUM(1.0), which gloo lacks; forcing SUM is the
-            # same arithmetic (and what FSDP2 does for fp16 at factor 1).
+            # same arithmetic (and what FSDP2 does for fp16 at factor 1); so for a
+            # unit's own factor 1.
             factor, force = 1.0, True
         # the plan's set_gradient_divide_factor / set_force_sum_reduction_for_comms
         # (plan.json's units: each unit's own, else the plan's)

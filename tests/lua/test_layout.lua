@@ -93,6 +93,51 @@ function T.reduction_factor_and_forced_sum()
   assert(why:find("_fsdp_collectives.py", 1, true), why)
 end
 
+-- The setters as plan fields: plan-wide, a unit's own overriding them, and
+-- the reduce-scatter ops carrying PREMUL_SUM's factor; refusals in one line.
+local function gdiv_plan(unit_extra, fsdp, parallel, reduce_dtype)
+  return string.format([[return { world_size = 8, parallel = %s,
+  model = { family = "generic", units = {
+    { name = "a", params = { { name = "a.w", shape = { 8, 3 } } }%s },
+    { name = "root", params = { { name = "r.w", shape = { 6 } } } } } },
+  fsdp = { %s reduce_dtype = %q } }]], parallel or "{ dp_replicate = 2, dp_shard = 4 }", unit_extra or "", fsdp or "",
+    reduce_dtype or "fp32")
+end
+
+function T.divide_factor_plan_fields()
+  local p = plan.from_source(gdiv_plan(", gradient_divide_factor = 3", "gradient_divide_factor = 4,"), "plans/t.lua")
+  local by = {}
+  for _, u in ipairs(p.layout.units) do by[u.name] = u end
+  H.eq(by.root.rs_op, "avg", "the plan's factor 4 = dp_shard: AVG"); H.eq(by.root.ar_op, "sum", "then SUM")
+  H.eq(by.a.rs_op, "premul_sum", "the unit's own factor 3"); H.eq(by.a.premul, 3, "its factor")
+  local premul_ops = 0
+  for _, o in ipairs(p.ops) do
+    if o.kind == "reduce_scatter" and o.unit == by.a.index then
+      H.eq(o.reduce_op, "premul_sum", "the unit's reduce-scatter"); H.eq(o.premul, 3, "carries the factor")
+      premul_ops = premul_ops + 1
+    end
+  end
+  H.eq(premul_ops, 1, "one reduce-scatter of unit a")
+  -- forced sum plan-wide, a unit opting out
+  local q = plan.from_source(gdiv_plan(", force_sum_reduction_for_comms = false",
+    "force_sum_reduction_for_comms = true,"), "plans/t.lua")
+  for _, u in ipairs(q.layout.units) do by[u.name] = u end
+  H.eq(by.root.post_divide, 8, "forced: SUM, divide by W x R after"); H.eq(by.root.rs_op, "sum", "forced SUM")
+  H.eq(by.a.rs_op, "avg", "the unit's own false keeps FSDP2's AVG")
+end
+
+function T.divide_factor_refusals()
+  H.plan_fails(gdiv_plan(nil, "gradient_divide_factor = 2, reduce_op = \"sum\","), "fsdp.gradient_divide_factor",
+    "reduce_op")
+  H.plan_fails(gdiv_plan(", gradient_divide_factor = 0"), "model.units[1].gradient_divide_factor", "> 0")
+  H.plan_fails(gdiv_plan(", gradient_divide_factor = 4", nil, "{ dp_replicate = 8 }", "fp16"),
+    "model.units[1].gradient_divide_factor", "_fsdp_collectives.py")
+  H.plan_fails([[return { world_size = 2, parallel = { dp_shard = 2 }, model = { family = "generic", units = {
+    { name = "a", params = { { name = "a.w", shape = { 4 } } } },
+    { name = "root", params = {}, force_sum_reduction_for_comms = true } } } }]],
+    "model.units[2].force_sum_reduction_for_comms", "no parameters")
+end
+
 -- torch 2.15's FSDP2 keeps unsharded grads in reduce_dtype (the unsharded
 -- parameter's grad_dtype), a wider one only while micro-steps accumulate:
 -- the grads buffer takes that dtype and its bytes.
