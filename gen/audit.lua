@@ -190,6 +190,7 @@ local function facts(p, face)
     if u.premul then uj[#uj + 1], uj[#uj + 2] = "premul_factor", u.premul end
     if u.gradient_divide_factor then uj[#uj + 1], uj[#uj + 2] = "gradient_divide_factor", u.gradient_divide_factor end
     if u.force_sum_reduction_for_comms then uj[#uj + 1], uj[#uj + 2] = "force_sum_reduction_for_comms", true end
+    if u.grad_accumulation then uj[#uj + 1], uj[#uj + 2] = "grad_accumulation", u.grad_accumulation end
     uj[#uj + 1], uj[#uj + 2], uj[#uj + 3], uj[#uj + 4] = "arena", O(arena), "params", params
     units[#units + 1] = O(uj)
   end

@@ -143,6 +143,10 @@ local SCHEMA = {
            gradient_divide_factor = { "num", gt = 0, max = LIM.model_int,
                                       why = "a divide factor is a data-parallel size or a token count" },
            force_sum_reduction_for_comms = { "bool" },
+           -- this unit's own gradient accumulation (its set_requires_gradient_sync /
+           -- set_requires_all_reduce(False, recurse=False) before all micro-steps but the last),
+           -- overriding fsdp.grad_accumulation (gen/parallel/fsdp_layout.lua unit_accumulation)
+           grad_accumulation = { "enum", enum = { "fsdp2_default", "sync_last", "all_reduce_last" } },
            -- the generic family: this unit is torchtitan's [norm, lm_head] (its fully_shard of the
            -- decoder's head, distributed/fsdp.py:202-207), which its ChunkedLossWrapper runs
            -- (training.loss_chunks, gen/parallel/fsdp.lua chunked_loss)
@@ -530,7 +534,7 @@ function load_plan.normalize(ctx, raw)
         util.field_error(ctx, upath .. ".reshard_after_forward", "the root (last unit) never reshards after "
           .. "forward (FSDP2), so this setting changes nothing: remove it")
       end
-      for _, k in ipairs({ "gradient_divide_factor", "force_sum_reduction_for_comms" }) do
+      for _, k in ipairs({ "gradient_divide_factor", "force_sum_reduction_for_comms", "grad_accumulation" }) do
         if np == 0 and q[k] ~= nil then
           util.field_error(ctx, upath .. "." .. k, "unit " .. util.show(q.name) .. " has no parameters, so FSDP2 "
             .. "reduces nothing for it and this setting changes nothing: remove it")

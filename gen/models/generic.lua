@@ -62,7 +62,8 @@ function generic.units(ctx, model)
     units[i] = { name = u.name, params = params, reshard_after_forward = u.reshard_after_forward,
                  param_dtype = u.param_dtype, reduce_dtype = u.reduce_dtype, loss_head = u.loss_head or nil,
                  gradient_divide_factor = u.gradient_divide_factor,
-                 force_sum_reduction_for_comms = u.force_sum_reduction_for_comms }
+                 force_sum_reduction_for_comms = u.force_sum_reduction_for_comms,
+                 grad_accumulation = u.grad_accumulation }
   end
   return units, { n_heads = model.n_heads, n_kv_heads = model.n_kv_heads, num_experts = model.num_experts,
                   seq_len = model.seq_len }

@@ -110,6 +110,15 @@ function layout.reduction(factor, force, reduce_dtype, W, R)
   return { rs_op = "sum", ar_op = "sum", pre_divide = pre, post_divide = post }
 end
 
+-- A unit's gradient accumulation: its own (set_requires_gradient_sync /
+-- set_requires_all_reduce(False, recurse=False) on its FSDPModule, torch
+-- 2.15 _fully_shard.py:597-648: each sets its param groups' reduce_grads /
+-- all_reduce_grads, so the unit's setting is what results whatever a
+-- recursive call on an outer module set before), else the plan's.
+function layout.unit_accumulation(u, fsdp)
+  return u.grad_accumulation or fsdp.grad_accumulation
+end
+
 local LIM = util.LIMITS
 
 -- Bounds before the arithmetic that depends on them: units x micro-steps
@@ -196,8 +205,8 @@ function layout.build(ctx, units, d, fsdp)
     -- that is reduced by the backward that made it in ag_dtype
     -- (FSDPParamGroup._set_unsharded_grad_dtypes): ag_dtype unless
     -- micro-steps accumulate (sync_last).
-    local accumulating = fsdp.micro_steps > 1 and (fsdp.grad_accumulation == "sync_last"
-      or fsdp.grad_accumulation == "step_end")
+    local mode = layout.unit_accumulation(u, fsdp)
+    local accumulating = fsdp.micro_steps > 1 and (mode == "sync_last" or mode == "step_end")
     local wider = layout.DTYPE_BYTES[reduce_dtype] > layout.DTYPE_BYTES[ag_dtype]
     local grad_dtype = (wider and not accumulating) and ag_dtype or reduce_dtype
     -- Expert parallelism's experts group (gen/parallel/ep.lua): sharded
@@ -246,8 +255,9 @@ function layout.build(ctx, units, d, fsdp)
       force_sum_reduction_for_comms = force or nil,
       -- all_reduce_last under HSDP: the reduce-scatter outputs wait in a
       -- buffer of their own (partial_reduce_output) for the last micro-step.
-      partial = #params > 0 and R > 1 and fsdp.micro_steps > 1 and fsdp.grad_accumulation == "all_reduce_last"
-        or nil,
+      partial = #params > 0 and R > 1 and fsdp.micro_steps > 1 and mode == "all_reduce_last" or nil,
+      -- the unit's own accumulation where it sets one (the schedule's and proofs' per-unit flags)
+      grad_accumulation = u.grad_accumulation,
     }
     if u.expert then
       local o = out[fwd]

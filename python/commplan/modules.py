@@ -17,10 +17,12 @@ class Unit:
     optional name (default: the modules' names joined by "_", "root" for the model itself) and
     reshard_after_forward (None: the plan's default; the root never reshards after forward);
     gradient_divide_factor and force_sum_reduction_for_comms: what the unit's
-    FSDPModule.set_gradient_divide_factor / set_force_sum_reduction_for_comms set (None: the plan's)."""
+    FSDPModule.set_gradient_divide_factor / set_force_sum_reduction_for_comms set (None: the plan's);
+    grad_accumulation: its own set_requires_gradient_sync / set_requires_all_reduce between
+    micro-steps ("sync_last", "all_reduce_last", "fsdp2_default"; None: the plan's)."""
 
     def __init__(self, modules, name=None, reshard_after_forward=None, gradient_divide_factor=None,
-                 force_sum_reduction_for_comms=None):
+                 force_sum_reduction_for_comms=None, grad_accumulation=None):
         self.modules = list(modules) if isinstance(modules, (list, tuple)) else [modules]
         if not self.modules:
             raise PlanError("a unit needs at least one module")
@@ -31,6 +33,7 @@ class Unit:
         self.reshard_after_forward = reshard_after_forward
         self.gradient_divide_factor = gradient_divide_factor
         self.force_sum_reduction_for_comms = force_sum_reduction_for_comms
+        self.grad_accumulation = grad_accumulation  # the unit's own set_requires_gradient_sync / _all_reduce
 
     def __repr__(self):
         return "Unit(%r, reshard_after_forward=%r)" % (self.name, self.reshard_after_forward)
@@ -152,7 +155,7 @@ def named_units(model, units, shard_dim=None):
         ps = [(fqn, tuple(int(d) for d in p.shape), dtype_name(p.dtype, fqn), _shard_dim_of(shard_dim, fqn, p))
               for fqn, p in params]
         out.append({"name": u.name, "params": ps, "reshard_after_forward": u.reshard_after_forward})
-        for k in ("gradient_divide_factor", "force_sum_reduction_for_comms"):
+        for k in ("gradient_divide_factor", "force_sum_reduction_for_comms", "grad_accumulation"):
             if getattr(u, k, None) is not None:
                 out[-1][k] = getattr(u, k)
     return out

@@ -320,7 +320,9 @@ def _param(entry, where):
 # FSDPModule.set_gradient_divide_factor / set_force_sum_reduction_for_comms on one unit
 # (gen/load.lua's unit keys of the same names)
 UNIT_REDUCTION = {"gradient_divide_factor": validate.Spec("num", gt=0),
-                  "force_sum_reduction_for_comms": validate.Spec("bool")}
+                  "force_sum_reduction_for_comms": validate.Spec("bool"),
+                  # its set_requires_gradient_sync / set_requires_all_reduce(recurse=False) between micro-steps
+                  "grad_accumulation": validate.Spec("enum", enum=("fsdp2_default", "sync_last", "all_reduce_last"))}
 
 
 def normalize_units(units):
@@ -507,6 +509,8 @@ def _unit_text(u, default_raf, is_root, dtype_default):
         head += " gradient_divide_factor = %r," % float(u["gradient_divide_factor"])
     if u.get("force_sum_reduction_for_comms") is not None:
         head += " force_sum_reduction_for_comms = %s," % ("true" if u["force_sum_reduction_for_comms"] else "false")
+    if u.get("grad_accumulation") is not None:
+        head += " grad_accumulation = %s," % lua_string(u["grad_accumulation"])
     if not u["params"]:
         lines.append(head + " params = {} },")
         return lines

@@ -301,7 +301,9 @@ def viewout_stage(plan, world, bin_dir, rec_dir=None):
         for u in c["units"]:
             offsets[(c["class"], u["name"])] = {q["name"]: q["offset"] for q in u["params"]}
     parted = {op["unit"] for op in plan["ops"] if op.get("params")}
-    units = {u["name"]: u for u in plan["units"] if u["name"] not in parted}
+    # (a unit with its own accumulation other than sync_last adds several reductions into its grads)
+    units = {u["name"]: u for u in plan["units"] if u["name"] not in parted
+             and u.get("grad_accumulation", "sync_last") == "sync_last"}
     bad = set()
     for r in range(world):
         d = load_dump(os.path.join(bin_dir, f"{plan['plan']}.rank{r}.json"))
@@ -574,6 +576,8 @@ def gen_seed(seed, attempt=0):
         elif fsdp["grad_accumulation"] == "sync_last" and tree_knows("step_end") and rng.random() < 0.4:
             fsdp["grad_accumulation"] = "step_end"
     reduction = draw_reduction(rng, fsdp, units, S) if tree_knows("force_sum_reduction_for_comms") else ""
+    if micro > 1 and tree_knows("unit_accumulation"):
+        reduction += draw_unit_accumulation(rng, fsdp, units, R)
     lines = [f"-- live property test seed {seed} (attempt {attempt}): tests/live/live.py seed {seed}",
              "return {", f"  world_size = {world},", f"  parallel = {lua(par)},",
              "  model = { family = \"generic\", units = {"]
@@ -584,6 +588,21 @@ def gen_seed(seed, attempt=0):
             f"{' ' + fsdp['grad_accumulation'] if 'grad_accumulation' in fsdp else ''}, steps {steps}, "
             f"{fsdp.get('reduce_op', 'factor')}{reduction}, pattern {pattern}")
     return "\n".join(lines) + "\n", steps, desc, pattern
+
+
+def draw_unit_accumulation(rng, fsdp, units, R):
+    """Per-unit set_requires_gradient_sync / set_requires_all_reduce (recurse=False) over the
+    plan's grad_accumulation (issue 39), drawn after the others. Not under step_end
+    (pipelining reduces every unit at its end, whatever a unit set). Returns the description's part."""
+    if fsdp.get("grad_accumulation") == "step_end" or rng.random() >= 0.4:
+        return ""
+    modes = ["fsdp2_default", "sync_last"] + (["all_reduce_last"] if R > 1 else [])
+    n = 0
+    for u in units:
+        if u["params"] and rng.random() < 0.5:
+            u["grad_accumulation"] = rng.choice(modes)
+            n += 1
+    return f", {n} units' own accumulation" if n else ""
 
 
 def draw_reduction(rng, fsdp, units, S):

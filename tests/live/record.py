@@ -540,6 +540,14 @@ def run_job(rank, job):
                     root.set_requires_all_reduce(last)
                 elif accumulation == "step_end":  # _PipelineStageBase.forward_one_chunk / backward_maybe_with_nosync
                     root.set_manual_backward_finalization(True)
+                # a unit's own accumulation (plan.json's units): its FSDPModule's setters alone,
+                # after the recursive call above
+                for u, m in zip(units, [root] + [x.norm if x is head else x for x in layer_units]):
+                    own = u.get("grad_accumulation")
+                    if own:
+                        m.set_requires_gradient_sync(last or own != "sync_last", recurse=False)
+                        if own == "all_reduce_last":
+                            m.set_requires_all_reduce(last, recurse=False)
                 set_grads(step, micro)
                 x = torch.zeros(1, requires_grad=True)
                 out = root(x)

@@ -138,6 +138,44 @@ function T.divide_factor_refusals()
     "model.units[2].force_sum_reduction_for_comms", "no parameters")
 end
 
+-- A unit's own grad_accumulation (set_requires_gradient_sync /
+-- set_requires_all_reduce with recurse=False): its reductions follow it,
+-- the others the plan's; refusals where FSDP2 or the pipeline overrides it.
+local function acc_plan(units_extra, fsdp, parallel)
+  return string.format([[return { world_size = 4, parallel = %s,
+  model = { family = "generic", units = {
+    { name = "a", params = { { name = "a.w", shape = { 8, 3 } } }%s },
+    { name = "b", params = { { name = "b.w", shape = { 4 } } }%s },
+    { name = "root", params = { { name = "r.w", shape = { 6 } } } } } },
+  fsdp = { micro_steps = 3, %s } }]], parallel or "{ dp_replicate = 2, dp_shard = 2 }", units_extra[1] or "",
+    units_extra[2] or "", fsdp or "")
+end
+
+function T.unit_grad_accumulation()
+  local p = plan.from_source(acc_plan({ ', grad_accumulation = "sync_last"', ', grad_accumulation = "all_reduce_last"' },
+    'grad_accumulation = "fsdp2_default"'), "plans/t.lua")
+  local idx = {}
+  for _, u in ipairs(p.layout.units) do idx[u.index] = u.name end
+  local seen = {}
+  for _, o in ipairs(p.ops) do
+    local k = idx[o.unit] .. ":" .. o.kind
+    if o.kind == "reduce_scatter" or o.kind == "all_reduce" or o.kind:find("^partial_") then
+      seen[k] = (seen[k] or "") .. o.micro_step
+    end
+  end
+  H.eq(seen["a:reduce_scatter"], "2", "sync_last unit: the last micro-step only")
+  H.eq(seen["b:reduce_scatter"], "012", "all_reduce_last: every micro-step reduce-scatters")
+  H.eq(seen["b:all_reduce"], "2", "... and all-reduces on the last")
+  H.eq((seen["b:partial_save"] or "") .. (seen["b:partial_add"] or "") .. seen["b:partial_fold"], "012",
+    "its partial sums")
+  H.eq(seen["root:all_reduce"], "012", "the plan's fsdp2_default for the rest")
+  H.plan_fails(acc_plan({ ', grad_accumulation = "all_reduce_last"' }, nil, "{ dp_shard = 4 }"),
+    "model.units[1].grad_accumulation", "dp_replicate")
+  H.plan_fails(acc_plan({ ', grad_accumulation = "step_end"' }), "model.units[1].grad_accumulation")
+  H.plan_fails(acc_plan({ ', grad_accumulation = "sync_last"' }, 'grad_accumulation = "step_end"'),
+    "model.units[1].grad_accumulation", "step_end")
+end
+
 -- torch 2.15's FSDP2 keeps unsharded grads in reduce_dtype (the unsharded
 -- parameter's grad_dtype), a wider one only while micro-steps accumulate:
 -- the grads buffer takes that dtype and its bytes.
