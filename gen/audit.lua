@@ -191,6 +191,13 @@ local function facts(p, face)
     if u.gradient_divide_factor then uj[#uj + 1], uj[#uj + 2] = "gradient_divide_factor", u.gradient_divide_factor end
     if u.force_sum_reduction_for_comms then uj[#uj + 1], uj[#uj + 2] = "force_sum_reduction_for_comms", true end
     if u.grad_accumulation then uj[#uj + 1], uj[#uj + 2] = "grad_accumulation", u.grad_accumulation end
+    if u.ignored then -- fully_shard's ignored_params: whole on every rank, never communicated
+      local ig = {}
+      for _, q in ipairs(u.ignored) do
+        ig[#ig + 1] = O({ "name", q.name, "shape", q.shape, "dtype", q.dtype, "numel", q.numel })
+      end
+      uj[#uj + 1], uj[#uj + 2] = "ignored_params", ig
+    end
     uj[#uj + 1], uj[#uj + 2], uj[#uj + 3], uj[#uj + 4] = "arena", O(arena), "params", params
     units[#units + 1] = O(uj)
   end
@@ -1481,6 +1488,19 @@ function audit.md_units(p, w)
     shown[#shown + 1] = { u = u, names = names }
   end
   w("")
+  -- fully_shard's ignored_params (docs/plan-files.md): listed, never in a slot or a collective
+  local ignored = {}
+  for _, u in ipairs(p.layout.units) do
+    for _, q in ipairs(u.ignored or {}) do
+      ignored[#ignored + 1] = string.format("`%s` (%s, %s, unit %s)", q.name, table.concat(q.shape, "x"), q.dtype,
+        u.name)
+    end
+  end
+  if #ignored > 0 then
+    w("Ignored by FSDP (`fully_shard(ignored_params=...)`), whole on every rank and never communicated "
+      .. "(the whole-rank memory counts them, their gradients and optimizer state): %s.", table.concat(ignored, ", "))
+    w("")
+  end
   audit.md_tp_classes(p, w)
   w("Copy kernels move 16 bytes per thread where every slot offset and run is a multiple of 8 elements;")
   w("otherwise they copy element by element. Offsets are never padded for alignment: the layout stays FSDP2's.")

@@ -153,6 +153,9 @@ local SCHEMA = {
            loss_head = { "bool" } },
   param = { name = { "name" }, shape = { "list", max = LIM.dims, why = "runtime/commplan.h CP_MAX_DIMS is 8" },
             dtype = { "enum", enum = DTYPES }, shard_dim = { "int", min = 0, max = LIM.dims - 1 },
+            -- fully_shard(module, ignored_params={...}): neither sharded nor communicated, kept whole on
+            -- every rank (torch 2.15 _fully_shard.py:239-241; gen/models/generic.lua)
+            ignored = { "bool" },
             -- tensor-parallel placement (gen/parallel/tp.lua): colwise = Shard(0), rowwise = Shard(1)
             tp = { "enum", enum = { "colwise", "rowwise", "replicate", "shard(0)", "shard(1)", "shard(2)", "shard(3)",
                                     "shard(4)", "shard(5)", "shard(6)", "shard(7)" } } },
@@ -409,6 +412,10 @@ local function check_params(ctx, upath, params, n, default_dtype, budget)
     q.shape = shape
     if q.dtype then budget.own_dtype = budget.own_dtype + 1 end
     q.dtype = q.dtype or default_dtype
+    if q.ignored and q.shard_dim ~= nil then
+      util.field_error(ctx, ppath .. ".shard_dim", string.format("parameter %q is ignored by FSDP (ignored = true), "
+        .. "which never shards it, so shard_dim changes nothing: remove it", q.name))
+    end
     q.shard_dim = q.shard_dim or 0
     if q.shard_dim >= #shape then
       util.field_error(ctx, ppath .. ".shard_dim", string.format("shard_dim=%d but %s has %d dims; use 0..%d",

@@ -40,7 +40,7 @@ function generic.units(ctx, model)
     end
     seen_unit[u.name] = i
     check_c_name(ctx, unit_ids, "unit", "UNIT", u.name, path .. ".name")
-    local params = {}
+    local params, ignored = {}, {}
     for j, p in ipairs(u.params) do
       local ppath = string.format("%s.params[%d].name", path, j)
       if seen_param[p.name] then
@@ -50,7 +50,18 @@ function generic.units(ctx, model)
       end
       seen_param[p.name] = u.name
       check_c_name(ctx, param_ids, "parameter", "PARAM", p.name, ppath)
-      params[j] = { name = p.name, shape = p.shape, dtype = p.dtype, shard_dim = p.shard_dim, tp = p.tp }
+      local q = { name = p.name, shape = p.shape, dtype = p.dtype, shard_dim = p.shard_dim, tp = p.tp }
+      if p.ignored then
+        -- fully_shard's ignored_params (torch 2.15 _fsdp_init.py:342-360: left out of the managed
+        -- parameters): no FSDP param, no collective; whole on every rank (the audit's memory counts it)
+        if u.loss_head then
+          util.field_error(ctx, string.format("%s.params[%d].ignored", path, j), "the loss head is torchtitan's "
+            .. "[norm, lm_head] with both parameters sharded (distributed/fsdp.py:202-207): remove ignored")
+        end
+        ignored[#ignored + 1] = q
+      else
+        params[#params + 1] = q
+      end
     end
     -- torchtitan's [norm, lm_head] unit (ChunkedLossWrapper's, gen/parallel/fsdp_schedule.lua):
     -- the norm's weight, then lm_head's, as fully_shard([norm, lm_head]) orders them
@@ -59,7 +70,8 @@ function generic.units(ctx, model)
         .. "torchtitan's [norm, lm_head] (distributed/fsdp.py:202-207): the norm's weight, then lm_head's, "
         .. "without biases; drop loss_head or wrap those two modules alone", u.name, #u.params))
     end
-    units[i] = { name = u.name, params = params, reshard_after_forward = u.reshard_after_forward,
+    units[i] = { name = u.name, params = params, ignored = ignored[1] and ignored or nil,
+                 reshard_after_forward = u.reshard_after_forward,
                  param_dtype = u.param_dtype, reduce_dtype = u.reduce_dtype, loss_head = u.loss_head or nil,
                  gradient_divide_factor = u.gradient_divide_factor,
                  force_sum_reduction_for_comms = u.force_sum_reduction_for_comms,

@@ -119,6 +119,24 @@ function layout.unit_accumulation(u, fsdp)
   return u.grad_accumulation or fsdp.grad_accumulation
 end
 
+-- fully_shard's ignored_params of a unit (gen/models/generic.lua): each
+-- {name, shape, dtype, numel}, numel the elements one rank holds, whole
+-- (a TP placement's largest TP-local share: ceil(rows / tp) rows).
+local function ignored_of(u, T)
+  if not u.ignored then return nil end
+  local out = {}
+  for _, q in ipairs(u.ignored) do
+    local tp_dim = q.tp == "colwise" and 0 or q.tp == "rowwise" and 1
+      or q.tp and tonumber(q.tp:match("^shard%((%d)%)$")) or nil
+    local numel = 1
+    for k, x in ipairs(q.shape) do
+      numel = numel * ((tp_dim == k - 1 and T > 1) and util.ceil_div(x, T) or x)
+    end
+    out[#out + 1] = { name = q.name, shape = q.shape, dtype = q.dtype, numel = numel }
+  end
+  return out
+end
+
 local LIM = util.LIMITS
 
 -- Bounds before the arithmetic that depends on them: units x micro-steps
@@ -258,6 +276,8 @@ function layout.build(ctx, units, d, fsdp)
       partial = #params > 0 and R > 1 and fsdp.micro_steps > 1 and mode == "all_reduce_last" or nil,
       -- the unit's own accumulation where it sets one (the schedule's and proofs' per-unit flags)
       grad_accumulation = u.grad_accumulation,
+      -- fully_shard's ignored_params: outside the slot, whole on every rank (audit, memory)
+      ignored = ignored_of(u, d.tp or 1),
     }
     if u.expert then
       local o = out[fwd]

@@ -19,10 +19,11 @@ class Unit:
     gradient_divide_factor and force_sum_reduction_for_comms: what the unit's
     FSDPModule.set_gradient_divide_factor / set_force_sum_reduction_for_comms set (None: the plan's);
     grad_accumulation: its own set_requires_gradient_sync / set_requires_all_reduce between
-    micro-steps ("sync_last", "all_reduce_last", "fsdp2_default"; None: the plan's)."""
+    micro-steps ("sync_last", "all_reduce_last", "fsdp2_default"; None: the plan's);
+    ignored_params: the parameters its fully_shard call ignores (kept whole, never communicated)."""
 
     def __init__(self, modules, name=None, reshard_after_forward=None, gradient_divide_factor=None,
-                 force_sum_reduction_for_comms=None, grad_accumulation=None):
+                 force_sum_reduction_for_comms=None, grad_accumulation=None, ignored_params=None):
         self.modules = list(modules) if isinstance(modules, (list, tuple)) else [modules]
         if not self.modules:
             raise PlanError("a unit needs at least one module")
@@ -34,6 +35,8 @@ class Unit:
         self.gradient_divide_factor = gradient_divide_factor
         self.force_sum_reduction_for_comms = force_sum_reduction_for_comms
         self.grad_accumulation = grad_accumulation  # the unit's own set_requires_gradient_sync / _all_reduce
+        # fully_shard(..., ignored_params=): parameter objects of its modules left whole and uncommunicated
+        self.ignored_params = list(ignored_params or [])
 
     def __repr__(self):
         return "Unit(%r, reshard_after_forward=%r)" % (self.name, self.reshard_after_forward)
@@ -152,7 +155,10 @@ def named_units(model, units, shard_dim=None):
     """The plan writer's units: [{name, params: [(fqn, shape, dtype, shard_dim)], reshard_after_forward}]."""
     out = []
     for u, params in units_from_module(model, units):
-        ps = [(fqn, tuple(int(d) for d in p.shape), dtype_name(p.dtype, fqn), _shard_dim_of(shard_dim, fqn, p))
+        ign = {id(p) for p in getattr(u, "ignored_params", [])}
+        ps = [{"name": fqn, "shape": tuple(int(d) for d in p.shape), "dtype": dtype_name(p.dtype, fqn),
+               "ignored": True} if id(p) in ign else
+              (fqn, tuple(int(d) for d in p.shape), dtype_name(p.dtype, fqn), _shard_dim_of(shard_dim, fqn, p))
               for fqn, p in params]
         out.append({"name": u.name, "params": ps, "reshard_after_forward": u.reshard_after_forward})
         for k in ("gradient_divide_factor", "force_sum_reduction_for_comms", "grad_accumulation"):

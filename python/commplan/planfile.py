@@ -265,14 +265,17 @@ def dtype_name(dtype, what="dtype"):
 def _param(entry, where):
     """(name, shape, dtype[, shard_dim]) or a dict with those keys (and an optional tensor-parallel
     placement "tp": colwise | rowwise | replicate | shard(k)) -> normalized dict."""
-    tp = None
+    tp, ignored = None, False
     if isinstance(entry, dict):
         name, shape, dtype, shard_dim = entry.get("name"), entry.get("shape"), entry.get("dtype"), \
             entry.get("shard_dim", 0)
         tp = entry.get("tp")
-        unknown = sorted(set(entry) - {"name", "shape", "dtype", "shard_dim", "tp"})
+        # fully_shard(ignored_params=...): neither sharded nor communicated (docs/plan-files.md)
+        ignored = validate.check_value(entry.get("ignored", False), validate.Spec("bool"), where, "ignored")
+        unknown = sorted(set(entry) - {"name", "shape", "dtype", "shard_dim", "tp", "ignored"})
         if unknown:
-            raise PlanError("%s: unknown parameter keys %s; use name, shape, dtype, shard_dim, tp" % (where, unknown))
+            raise PlanError("%s: unknown parameter keys %s; use name, shape, dtype, shard_dim, tp, ignored"
+                            % (where, unknown))
     else:
         if not isinstance(entry, (list, tuple)) or len(entry) not in (3, 4):
             raise PlanError("%s: a parameter is (name, shape, dtype) or (name, shape, dtype, shard_dim), got %s"
@@ -314,7 +317,13 @@ def _param(entry, where):
         k = {"colwise": 0, "rowwise": 1}.get(tp, int(tp[6]) if tp.startswith("shard(") else None)
         if k is not None and k >= len(dims):
             raise PlanError("%s: tp %s splits dim %d but shape %r has %d dims" % (where, tp, k, tuple(dims), len(dims)))
-    return {"name": name, "shape": dims, "dtype": dtype_name(dtype, where), "shard_dim": shard_dim, "tp": tp}
+    out = {"name": name, "shape": dims, "dtype": dtype_name(dtype, where), "shard_dim": shard_dim, "tp": tp}
+    if ignored:
+        if shard_dim:
+            raise PlanError("%s: an ignored parameter is never sharded, so shard_dim %d changes nothing: remove it"
+                            % (where, shard_dim))
+        out["ignored"] = True
+    return out
 
 
 # FSDPModule.set_gradient_divide_factor / set_force_sum_reduction_for_comms on one unit
@@ -523,6 +532,8 @@ def _unit_text(u, default_raf, is_root, dtype_default):
             fields.append("shard_dim = %d" % p["shard_dim"])
         if p.get("tp"):
             fields.append("tp = %s" % lua_string(p["tp"]))
+        if p.get("ignored"):
+            fields.append("ignored = true")
         lines.append("        { %s }," % ", ".join(fields))
     lines.append("      } },")
     return lines

@@ -578,6 +578,8 @@ def gen_seed(seed, attempt=0):
     reduction = draw_reduction(rng, fsdp, units, S) if tree_knows("force_sum_reduction_for_comms") else ""
     if micro > 1 and tree_knows("unit_accumulation"):
         reduction += draw_unit_accumulation(rng, fsdp, units, R)
+    if tree_knows("ignored_params"):
+        reduction += draw_ignored(rng, units)
     lines = [f"-- live property test seed {seed} (attempt {attempt}): tests/live/live.py seed {seed}",
              "return {", f"  world_size = {world},", f"  parallel = {lua(par)},",
              "  model = { family = \"generic\", units = {"]
@@ -603,6 +605,20 @@ def draw_unit_accumulation(rng, fsdp, units, R):
             u["grad_accumulation"] = rng.choice(modes)
             n += 1
     return f", {n} units' own accumulation" if n else ""
+
+
+def draw_ignored(rng, units):
+    """fully_shard's ignored_params (issue 39): some parameters without a shard_dim or a TP
+    placement marked ignored (a unit may lose all of its own), drawn after the others."""
+    if rng.random() >= 0.3:
+        return ""
+    n = 0
+    for u in units:
+        for p in u["params"]:
+            if "shard_dim" not in p and "tp" not in p and rng.random() < 0.4:
+                p["ignored"] = True
+                n += 1
+    return f", {n} ignored params" if n else ""
 
 
 def draw_reduction(rng, fsdp, units, S):

@@ -458,13 +458,27 @@ def run_job(rank, job):
     def mp_of(u):
         return MixedPrecisionPolicy(param_dtype=DTYPES[u["ag_dtype"]], reduce_dtype=DTYPES[u["reduce_dtype"]])
 
+    # fully_shard's ignored_params (plan.json's units): whole parameters on a submodule of the unit's
+    # module (a ParameterList, outside own_params), unused by the forward, handed to fully_shard
+    ignored = {}
+    for u, m in zip(units, [root] + layer_units):
+        if u.get("ignored_params"):
+            m.ignored = nn.ParameterList([nn.Parameter(torch.zeros(q["shape"], dtype=DTYPES[q["dtype"]]))
+                                          for q in u["ignored_params"]])
+            ignored[u["name"]] = set(m.ignored.parameters())
+
     for u, m in zip(units[1:], layer_units):
         raf = u["reshard_after_forward"]
         fully_shard([m.norm, m.lm] if m is head else m, mesh=dp_mesh, reshard_after_forward=raf, mp_policy=mp_of(u),
-                    shard_placement_fn=_placement_fn(m, u))
+                    shard_placement_fn=_placement_fn(m, u), ignored_params=ignored.get(u["name"]))
     if head is not None:
         head.lm.set_reshard_after_forward(True)  # as the wrapper's first loss leaves it (the docstring)
-    fully_shard(root, mesh=dp_mesh, mp_policy=mp_of(units[0]), shard_placement_fn=_placement_fn(root, units[0]))
+    fully_shard(root, mesh=dp_mesh, mp_policy=mp_of(units[0]), shard_placement_fn=_placement_fn(root, units[0]),
+                ignored_params=ignored.get(units[0]["name"]))
+    for name, ps in ignored.items():  # FSDP2 left them whole: plain tensors, every element
+        for p in ps:
+            if isinstance(p, DTensor) or p.numel() != p.data.numel():
+                raise AssertionError(f"unit {name}: fully_shard sharded an ignored parameter")
     for u, m in zip(units, [root] + [x.norm if x is head else x for x in layer_units]):
         factor, force = u.get("gradient_divide_factor"), bool(u.get("force_sum_reduction_for_comms"))
         if (factor is None and reduce_sum) or (factor is not None and float(factor) == 1.0 and not force):

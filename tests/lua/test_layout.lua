@@ -176,6 +176,29 @@ function T.unit_grad_accumulation()
     "model.units[1].grad_accumulation", "step_end")
 end
 
+-- fully_shard's ignored_params: out of the slot and every collective, whole
+-- in the whole-rank memory; a unit left with none issues nothing.
+function T.ignored_params()
+  local src = [[return { world_size = 4, parallel = { dp_shard = 4 }, model = { family = "generic", units = {
+    { name = "a", params = { { name = "a.w", shape = { 8, 3 } }, { name = "a.f", shape = { 5, 2 }%s } } },
+    { name = "b", params = { { name = "b.t", shape = { 10 }, ignored = true } } },
+    { name = "root", params = { { name = "r.w", shape = { 6 } } } } } } }]]
+  local with = plan.from_source(string.format(src, ", ignored = true"), "plans/t.lua")
+  local without = plan.from_source(string.format(src, ""), "plans/t.lua")
+  local function unit(p, n) for _, u in ipairs(p.layout.units) do if u.name == n then return u end end end
+  H.eq(#unit(with, "a").params, 1, "a's slot holds a.w alone"); H.eq(unit(with, "a").total, 6, "a.w's 24 / 4")
+  H.eq(unit(without, "a").total, 6 + 4, "a.f sharded too without ignored (2 of its 5 rows)")
+  H.eq(unit(with, "a").ignored[1].numel, 10, "a.f whole"); H.eq(#unit(with, "b").params, 0, "b: nothing sharded")
+  for _, o in ipairs(with.ops) do H.eq(o.unit ~= unit(with, "b").index, true, "b issues nothing") end
+  local memory = require("gen.memory")
+  local s = { optimizer = "none", gpu_memory_bytes = 1e12 }
+  local pw = memory.whole_rank(with, s, {}).params_bytes
+  local pwo = memory.whole_rank(without, s, {}).params_bytes
+  H.eq(pw - pwo, 4 * (10 - 4), "a.f ignored: whole (10) instead of its shard (4)")
+  H.plan_fails(string.format(src, ", ignored = true, shard_dim = 1"), "model.units[1].params[2].shard_dim",
+    "ignored")
+end
+
 -- torch 2.15's FSDP2 keeps unsharded grads in reduce_dtype (the unsharded
 -- parameter's grad_dtype), a wider one only while micro-steps accumulate:
 -- the grads buffer takes that dtype and its bytes.

@@ -679,6 +679,21 @@ class ReductionSetters(Tmp):
             commplan.plan_from_named_parameters("gdw", [{"name": "root", "params": [("w", (4,), "fp32", 0)],
                                                          "gradient_divide_factor": 0}], 2)
 
+    def test_ignored_params(self):
+        f = FakeParam((5, 2))
+        a = FakeModule(w=FakeParam((8, 3)), f=f)
+        model = FakeModule(a=a, head=FakeParam((6,)))
+        text = commplan.plan_from_module(model, [commplan.Unit(a, ignored_params=[f],
+                                                               grad_accumulation="sync_last")], "igw", 4,
+                                         fsdp={"micro_steps": 2})
+        self.assertIn('{ name = "a.f", shape = { 5, 2 }, ignored = true }', text)
+        self.assertIn('grad_accumulation = "sync_last"', text)
+        out = self.generate(self.write("w", "igw", text))
+        with open(os.path.join(out, "plan.json")) as fh:
+            units = {u["name"]: u for u in json.load(fh)["units"]}
+        self.assertEqual([q["name"] for q in units["a"]["params"]], ["a.w"])
+        self.assertEqual(units["a"]["ignored_params"][0]["numel"], 10)
+
 
 class Readme(Tmp):
     """README.md's "Training with PyTorch": the first python block after that heading is run with
