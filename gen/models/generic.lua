@@ -77,6 +77,12 @@ function generic.units(ctx, model)
                  force_sum_reduction_for_comms = u.force_sum_reduction_for_comms,
                  grad_accumulation = u.grad_accumulation }
   end
+  local sharded = 0
+  for _, u in ipairs(units) do sharded = sharded + #u.params end
+  if sharded == 0 then
+    util.field_error(ctx, "model.units", "every parameter is ignored (ignored = true), so FSDP2 shards and "
+      .. "communicates nothing and there is nothing to plan: leave at least one parameter to FSDP")
+  end
   return units, { n_heads = model.n_heads, n_kv_heads = model.n_kv_heads, num_experts = model.num_experts,
                   seq_len = model.seq_len }
 end

@@ -618,6 +618,15 @@ def draw_ignored(rng, units):
             if "shard_dim" not in p and "tp" not in p and rng.random() < 0.4:
                 p["ignored"] = True
                 n += 1
+    if all(p.get("ignored") for u in units for p in u["params"]):  # some parameter FSDP shards (else refused)
+        for u in units:
+            for p in u["params"]:
+                p.pop("ignored", None)
+                n -= 1
+                break
+            else:
+                continue
+            break
     return f", {n} ignored params" if n else ""
 
 

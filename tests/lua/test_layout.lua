@@ -197,6 +197,9 @@ function T.ignored_params()
   H.eq(pw - pwo, 4 * (10 - 4), "a.f ignored: whole (10) instead of its shard (4)")
   H.plan_fails(string.format(src, ", ignored = true, shard_dim = 1"), "model.units[1].params[2].shard_dim",
     "ignored")
+  H.plan_fails([[return { world_size = 2, model = { family = "generic", units = {
+    { name = "root", params = { { name = "r.w", shape = { 6 }, ignored = true } } } } } }]], "model.units",
+    "every parameter is ignored")
 end
 
 -- torch 2.15's FSDP2 keeps unsharded grads in reduce_dtype (the unsharded
