@@ -532,9 +532,11 @@ EMU_CC      = $(CC) $(CSTD) $(EMU_CFLAGS) -Itests/emu -Iruntime
 EMU_CXX     = $(CXX) -std=c++17 -Wall -Wextra -Werror -pthread $(EMU_CFLAGS) -include tests/emu/cuda_runtime.h \
               -Itests/emu -Itests/c/kernel_standin -Iruntime
 EMU_EXTRA  := $(KHOST_EXTRA) fsdp3 fsdp2_tp2 pp_tiny pp_tiny_tp pp_tiny_zbv pp_tiny_lbfs pp_tiny_gpipe pp_tiny_izb pp_tiny_dpv \
-              pp_qwen3_tiny pp_ep_mixtral llama_tiny_cptp llama_tiny_cppp mixed_ag
+              pp_qwen3_tiny pp_ep_mixtral llama_tiny_cptp llama_tiny_cppp mixed_ag \
+              gdiv_premul gdiv_hsdp gacc_units ignored_params
 EMU_PLANS  := $(KHOST_ALL) fsdp3 fsdp2_tp2 pp_tiny pp_tiny_tp pp_tiny_zbv pp_tiny_lbfs pp_tiny_gpipe pp_tiny_izb pp_tiny_dpv \
-              pp_qwen3_tiny pp_ep_mixtral llama_tiny_cptp llama_tiny_cppp mixed_ag
+              pp_qwen3_tiny pp_ep_mixtral llama_tiny_cptp llama_tiny_cppp mixed_ag \
+              gdiv_premul gdiv_hsdp gacc_units ignored_params
 EMU_DIR     = $(if $(filter $(1),$(EMU_EXTRA)),build/gen/$(1),plans/$(1))
 EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven llama_tiny_tp
 # The same under ASan+UBSan (the GPU path's own memory errors: a freed

@@ -192,16 +192,27 @@ local function facts(p, face)
       arena[#arena + 1] = O({ "offset", b.offset, "bytes", b.bytes, "live_ops", lives })
       ::next_kind::
     end
-    units[#units + 1] = O({ "name", u.name, "index", u.index, "root", u.is_root,
+    local uj = { "name", u.name, "index", u.index, "root", u.is_root,
       "reshard_after_forward", u.reshard_after_forward and true or false, "orig_dtype", u.orig_dtype, "ag_dtype", u.ag_dtype,
       "reduce_dtype", u.reduce_dtype, "grad_dtype", u.grad_dtype, "slot_numel", u.total, "grads_numel", u.grads_numel,
       "vec_ok", u.vec_ok, "rs_op", u.rs_op, "ar_op", u.ar_op,
-      "pre_divide", u.pre_divide, "post_divide", u.post_divide, "arena", O(arena), "params", params })
-    if u.ag_bytes then -- (FSDP2's uint8 all-gather of a unit of mixed all-gather dtypes: its slot's bytes)
-      local o = units[#units]
-      table.insert(o, #o - 1, "ag_bytes")
-      table.insert(o, #o - 1, u.ag_bytes)
+      "pre_divide", u.pre_divide, "post_divide", u.post_divide }
+    -- FSDPModule's reduction setters where the plan sets them (FSDP2's defaults leave them out)
+    if u.premul then uj[#uj + 1], uj[#uj + 2] = "premul_factor", u.premul end
+    if u.gradient_divide_factor then uj[#uj + 1], uj[#uj + 2] = "gradient_divide_factor", u.gradient_divide_factor end
+    if u.force_sum_reduction_for_comms then uj[#uj + 1], uj[#uj + 2] = "force_sum_reduction_for_comms", true end
+    if u.grad_accumulation then uj[#uj + 1], uj[#uj + 2] = "grad_accumulation", u.grad_accumulation end
+    if u.ignored then -- fully_shard's ignored_params: whole on every rank, never communicated
+      local ig = {}
+      for _, q in ipairs(u.ignored) do
+        ig[#ig + 1] = O({ "name", q.name, "shape", q.shape, "dtype", q.dtype, "numel", q.numel })
+      end
+      uj[#uj + 1], uj[#uj + 2] = "ignored_params", ig
     end
+    -- FSDP2's uint8 all-gather of a unit of mixed all-gather dtypes: its slot's bytes
+    if u.ag_bytes then uj[#uj + 1], uj[#uj + 2] = "ag_bytes", u.ag_bytes end
+    uj[#uj + 1], uj[#uj + 2], uj[#uj + 3], uj[#uj + 4] = "arena", O(arena), "params", params
+    units[#units + 1] = O(uj)
   end
   local per_family = {}
   for _, f in ipairs(p.groups.list) do
@@ -221,7 +232,9 @@ local function facts(p, face)
     "mesh", O({ "names", p.mesh.names, "sizes", p.mesh.sizes, "strides", p.mesh.strides }),
     "fsdp", O({ "reshard_after_forward", p.fsdp.reshard_after_forward, "micro_steps", p.fsdp.micro_steps,
                 "reduce_op", p.fsdp.reduce_op, "param_dtype", p.fsdp.param_dtype, "reduce_dtype", p.fsdp.reduce_dtype,
-                "grad_accumulation", p.fsdp.grad_accumulation }),
+                "grad_accumulation", p.fsdp.grad_accumulation,
+                "gradient_divide_factor", p.fsdp.gradient_divide_factor,
+                "force_sum_reduction_for_comms", p.fsdp.force_sum_reduction_for_comms or nil }),
     "topology", audit.topology_json(p.topology),
     "groups", fam_list, "units", units,
     -- a repeated micro-step (gen/repeat.lua): ops[first_seq .. first_seq + ops - 1] run times times, for
@@ -553,7 +566,7 @@ end
 -- A unit's layout signature: units with equal signatures are folded.
 local function layout_sig(u)
   local t = { #u.params, u.total, u.grads_numel, u.orig_dtype, u.ag_dtype, u.reduce_dtype, u.grad_dtype, u.rs_op, u.ar_op,
-              tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide }
+              tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide, tostring(u.premul) }
   for _, q in ipairs(u.params) do
     t[#t + 1] = table.concat(q.shape, "x") .. "/" .. q.shard_dim .. (u.ag_bytes and "/" .. q.ag_dtype or "")
   end
@@ -1494,12 +1507,27 @@ function audit.md_units(p, w)
       #u.params, commas(numel), human(u.total * ES[u.orig_dtype]), human(Wu * (u.ag_bytes or u.total * ES[u.ag_dtype])),
       u.ag_bytes and mixed_gather_text(u) or u.ag_dtype, u.reduce_dtype .. (u.grad_dtype ~= u.ag_dtype and string.format(
         u.ag_bytes and " (grads held in %s)" or " (micro-steps accumulate grads in %s)",
-        u.grad_dtype) or ""), u.rs_op, u.pre_divide ~= 1 and string.format(" (/%g, /%g)", u.pre_divide, u.post_divide) or "",
+        u.grad_dtype) or ""), u.rs_op .. (u.premul and string.format(" (x 1/%g)", u.premul) or "")
+        .. (u.ar_op ~= u.rs_op and ", all-reduce " .. u.ar_op or ""),
+      (u.pre_divide ~= 1 or u.post_divide ~= 1) and string.format(" (/%g, /%g)", u.pre_divide, u.post_divide) or "",
       pad > 0 and string.format("%.1f%%", 100 * pad / (Wu * u.total)) or "0",
       u.vec_ok and "16-byte" or "scalar")
     shown[#shown + 1] = { u = u, names = names }
   end
   w("")
+  -- fully_shard's ignored_params (docs/plan-files.md): listed, never in a slot or a collective
+  local ignored = {}
+  for _, u in ipairs(p.layout.units) do
+    for _, q in ipairs(u.ignored or {}) do
+      ignored[#ignored + 1] = string.format("`%s` (%s, %s, unit %s)", q.name, table.concat(q.shape, "x"), q.dtype,
+        u.name)
+    end
+  end
+  if #ignored > 0 then
+    w("Ignored by FSDP (`fully_shard(ignored_params=...)`), whole on every rank and never communicated "
+      .. "(the whole-rank memory counts them, their gradients and optimizer state): %s.", table.concat(ignored, ", "))
+    w("")
+  end
   audit.md_tp_classes(p, w)
   w("Copy kernels move 16 bytes per thread where every slot offset and run is a multiple of 8 elements;")
   w("otherwise they copy element by element. Offsets are never padded for alignment: the layout stays FSDP2's.")

@@ -7,7 +7,7 @@ local rep_mod = require("gen.repeat")
 local emit = {}
 
 local DT = { fp32 = "CP_FP32", bf16 = "CP_BF16", fp16 = "CP_FP16", u8 = "CP_U8" }
-local RED = { sum = "CP_SUM", avg = "CP_AVG", max = "CP_MAX" }
+local RED = { sum = "CP_SUM", avg = "CP_AVG", max = "CP_MAX", premul_sum = "CP_PREMUL_SUM" }
 local BUF = { "CP_BUF_AG", "CP_BUF_UNSHARDED", "CP_BUF_GRADS", "CP_BUF_RS_IN", "CP_BUF_RS_OUT", "CP_BUF_ACT",
               "CP_BUF_PARTIAL", "CP_BUF_PP", "CP_BUF_A2A_COUNTS", "CP_BUF_A2A_SEND", "CP_BUF_A2A_RECV" } -- memplan.KINDS order
 
@@ -123,7 +123,9 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
         -- expert parallelism's experts: their own FSDP group (efsdp), rows split over ep
         .. (u.expert and ", " .. fields({ "expert", 1,
                "shard_family", u.W > 1 and p.groups.by_name[u.shard_group].id or -1, "shard_size", u.W,
-               "split_family", p.groups.by_name.ep.id }) or ""),
+               "split_family", p.groups.by_name.ep.id }) or "")
+        -- set_gradient_divide_factor's PREMUL_SUM: its factor (C's zero default: none)
+        .. (u.premul and ", " .. fields({ "premul_factor", num(u.premul * 1.0) }) or ""),
       fields({ "arena_offset", "{ " .. arena_offsets(arena, u) .. " }" }))
   end
   -- Ops whose completion a later op waits on get an event slot; an op's
@@ -160,6 +162,7 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
     local tail = in_run and o.seq < rep.first + rep.n - 1 and " \\" or ""
     local event, first = slot[o.seq] or -1, nw > 0 and #wl or 0
     local direct = o.from_sharded and ", .from_sharded = 1" or ""
+    if o.premul then direct = direct .. ", .premul_factor = " .. num(o.premul * 1.0) end
     -- a partial reduction (and its compute): the unit's parameters part_first ..
     -- part_first + part_count - 1; C's zero default (part_count 0) is the whole unit
     if o.part_first then

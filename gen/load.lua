@@ -64,6 +64,11 @@ local SCHEMA = {
                       .. util.pow2_text(LIM.unit_steps) .. " of them" },
     reduce_op = { "enum", enum = { "avg", "sum" } },
     param_dtype = { "enum", enum = DTYPES }, reduce_dtype = { "enum", enum = DTYPES },
+    -- FSDPModule.set_gradient_divide_factor(f) and set_force_sum_reduction_for_comms(True) on every
+    -- unit (torch 2.15 _fully_shard.py:846-878; a unit may override either): gen/parallel/fsdp_layout.lua
+    gradient_divide_factor = { "num", gt = 0, max = LIM.model_int,
+                               why = "a divide factor is a data-parallel size or a token count" },
+    force_sum_reduction_for_comms = { "bool" },
     -- gradient accumulation over micro-steps: "fsdp2_default" reduces on every backward and adds into
     -- the sharded grads; "sync_last" is set_requires_gradient_sync(False) before all but the last;
     -- "all_reduce_last" is HSDP's set_requires_all_reduce(False) before all but the last
@@ -133,6 +138,15 @@ local SCHEMA = {
            reshard_after_forward = { "bool" },
            -- this unit's MixedPrecisionPolicy (fully_shard's mp_policy), overriding fsdp's
            param_dtype = { "enum", enum = DTYPES }, reduce_dtype = { "enum", enum = DTYPES },
+           -- this unit's set_gradient_divide_factor / set_force_sum_reduction_for_comms (per
+           -- FSDPModule, not recursive: _fully_shard.py:846-878), overriding fsdp's
+           gradient_divide_factor = { "num", gt = 0, max = LIM.model_int,
+                                      why = "a divide factor is a data-parallel size or a token count" },
+           force_sum_reduction_for_comms = { "bool" },
+           -- this unit's own gradient accumulation (its set_requires_gradient_sync /
+           -- set_requires_all_reduce(False, recurse=False) before all micro-steps but the last),
+           -- overriding fsdp.grad_accumulation (gen/parallel/fsdp_layout.lua unit_accumulation)
+           grad_accumulation = { "enum", enum = { "fsdp2_default", "sync_last", "all_reduce_last" } },
            -- the generic family: this unit is torchtitan's [norm, lm_head] (its fully_shard of the
            -- decoder's head, distributed/fsdp.py:202-207), which its ChunkedLossWrapper runs
            -- (training.loss_chunks, gen/parallel/fsdp.lua chunked_loss)
@@ -142,6 +156,9 @@ local SCHEMA = {
             -- this parameter's all-gather / compute dtype: its unit's param_dtype or its own dtype
             -- (MixedPrecisionPolicy.param_dtype_override_fn; gen/parallel/fsdp_layout.lua)
             param_dtype = { "enum", enum = DTYPES },
+            -- fully_shard(module, ignored_params={...}): neither sharded nor communicated, kept whole on
+            -- every rank (torch 2.15 _fully_shard.py:239-241; gen/models/generic.lua)
+            ignored = { "bool" },
             -- tensor-parallel placement (gen/parallel/tp.lua): colwise = Shard(0), rowwise = Shard(1)
             tp = { "enum", enum = { "colwise", "rowwise", "replicate", "shard(0)", "shard(1)", "shard(2)", "shard(3)",
                                     "shard(4)", "shard(5)", "shard(6)", "shard(7)" } } },
@@ -398,6 +415,10 @@ local function check_params(ctx, upath, params, n, default_dtype, budget)
     q.shape = shape
     if q.dtype then budget.own_dtype = budget.own_dtype + 1 end
     q.dtype = q.dtype or default_dtype
+    if q.ignored and q.shard_dim ~= nil then
+      util.field_error(ctx, ppath .. ".shard_dim", string.format("parameter %q is ignored by FSDP (ignored = true), "
+        .. "which never shards it, so shard_dim changes nothing: remove it", q.name))
+    end
     q.shard_dim = q.shard_dim or 0
     if q.shard_dim >= #shape then
       util.field_error(ctx, ppath .. ".shard_dim", string.format("shard_dim=%d but %s has %d dims; use 0..%d",
@@ -523,6 +544,12 @@ function load_plan.normalize(ctx, raw)
         util.field_error(ctx, upath .. ".reshard_after_forward", "the root (last unit) never reshards after "
           .. "forward (FSDP2), so this setting changes nothing: remove it")
       end
+      for _, k in ipairs({ "gradient_divide_factor", "force_sum_reduction_for_comms", "grad_accumulation" }) do
+        if np == 0 and q[k] ~= nil then
+          util.field_error(ctx, upath .. "." .. k, "unit " .. util.show(q.name) .. " has no parameters, so FSDP2 "
+            .. "reduces nothing for it and this setting changes nothing: remove it")
+        end
+      end
       q.params = check_params(ctx, upath, q.params, np, model.dtype, budget)
       units[i] = q
     end
@@ -555,6 +582,11 @@ function load_plan.normalize(ctx, raw)
   ctx.fsdp_given = { reshard_after_forward = f.reshard_after_forward, grad_accumulation = f.grad_accumulation }
   if f.reshard_after_forward == nil then f.reshard_after_forward = true end
   f.micro_steps = f.micro_steps or 1
+  if f.gradient_divide_factor ~= nil and f.reduce_op ~= nil then
+    util.field_error(ctx, "fsdp.gradient_divide_factor", "reduce_op = " .. util.show(f.reduce_op) .. " already "
+      .. "decides the divide factor (\"sum\" is set_gradient_divide_factor(1.0), \"avg\" FSDP2's default): "
+      .. "remove one of them")
+  end
   f.reduce_op = f.reduce_op or "avg"
   f.grad_accumulation = f.grad_accumulation or "fsdp2_default"
   local t = plan.topology

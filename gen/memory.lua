@@ -9,6 +9,7 @@
 --   comm        the memory plan's arena (every all-gather, unsharded and
 --               reduce-scatter buffer at its generated offset)
 --   activations gen/compute.lua's peak of one micro-step
+-- fully_shard's ignored_params count whole in params, grads and optimizer.
 -- A tied qwen3 model's lm_head.weight shares tok_embeddings.weight's
 -- sharded tensor once the trainer re-ties them (gen/models/qwen3.lua): its
 -- shard is counted once in params, grads and optimizer; both are gathered
@@ -34,6 +35,11 @@ local function state(p, s, per_unit)
     end
     params = params + total * ES[u.orig_dtype]
     sharded_numel = sharded_numel + total
+    -- fully_shard's ignored_params: whole on every rank, their grads and optimizer state too
+    for _, q in ipairs(u.ignored or {}) do
+      params = params + q.numel * ES[q.dtype]
+      sharded_numel = sharded_numel + q.numel
+    end
   end
   local optimizer = 0
   if s.optimizer == "adamw" then

@@ -90,7 +90,10 @@ function verify.schedule(lay, ops, fsdp, rep)
     return lo, hi
   end
   local function per_pack(u)
-    return (deferred and not lay.units[u + 1].chunked_loss) and micro_steps or 1
+    local own = lay.units[u + 1].grad_accumulation -- a unit's own (gen/parallel/fsdp_layout.lua)
+    local d = deferred
+    if own then d = own == "sync_last" end
+    return (d and not lay.units[u + 1].chunked_loss) and micro_steps or 1
   end
   rep_mod.each(ops, rep, function(o)
     local u, s = o.unit, state[o.unit]

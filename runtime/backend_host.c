@@ -405,8 +405,8 @@ static int host_reduce_scatter(cp_backend *b, const cp_op *op, cp_stream s, cons
         for (int64_t i = 0; i < op->count && !bad; i = end) {
             int chain = cp_reduce_scatter_key_run(rc_arith(b), op->dtype, key, i, op->count, size, &end);
             for (int m = 0; m < size; m++) in_at[m] = (const char *)g->ptrs[m] + ((size_t)key * (size_t)op->count + (size_t)i) * es;
-            if (cp_reduce_arith_n(rc_arith(b), op->dtype, op->reduce_op, in_at, size, chain, end - i,
-                                  (char *)out + (size_t)i * es)) {
+            if (cp_reduce_arith_n_pm(rc_arith(b), op->dtype, op->reduce_op, op->premul_factor, in_at, size, chain,
+                                     end - i, (char *)out + (size_t)i * es)) {
                 fprintf(stderr, "commplan: out of host memory in reduce_scatter\n");
                 bad = 1;
             }
@@ -442,8 +442,8 @@ static int host_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const vo
             int chain = cp_all_reduce_key_run(rc_arith(b), op->dtype, i, op->count, size, &end);
             if (end > hi) end = hi;
             for (int m = 0; m < size; m++) in_at[m] = (const char *)g->ptrs[m] + (size_t)i * es;
-            if (cp_reduce_arith_n(rc_arith(b), op->dtype, op->reduce_op, in_at, size, chain, end - i,
-                                  (char *)mine + (size_t)(i - lo) * es)) {
+            if (cp_reduce_arith_n_pm(rc_arith(b), op->dtype, op->reduce_op, op->premul_factor, in_at, size, chain,
+                                     end - i, (char *)mine + (size_t)(i - lo) * es)) {
                 fprintf(stderr, "commplan: out of host memory in all_reduce\n");
                 bad = 1;
             }
@@ -473,8 +473,28 @@ static int cb_collective(cp_backend *b, int coll, const cp_op *op, const void *i
     const cp_plan *p = rc->world->plan;
     int color, key;
     cp_group_of(p, op->family, rc->rank, &color, &key);
-    return rc->cb(rc->cb_user, coll, op->family, color, key, p->families[op->family].size, (void *)in, out,
-                  op->count, (int)op->dtype, (int)op->reduce_op);
+    int size = p->families[op->family].size, red = (int)op->reduce_op;
+    if (op->reduce_op == CP_PREMUL_SUM) {
+        /* The caller's library (torch.distributed on gloo) has no
+         * PREMUL_SUM: this rank's input premultiplied in place (the
+         * reduce-scatter's packed input, dead after it; an all-reduce's
+         * buffer), rounded to the dtype, then a SUM, as gloo's arithmetic
+         * here (cp_reduce_arith_pm). */
+        int64_t n = op->count * (coll == CP_COLL_REDUCE_SCATTER ? size : 1);
+        float blk[CP_BLOCK];
+        blk[0] = (float)(1.0 / op->premul_factor);
+        cp_round_n(op->dtype, blk, 1);
+        float s = blk[0];
+        for (int64_t i = 0; i < n; i += CP_BLOCK) {
+            int64_t m = n - i < CP_BLOCK ? n - i : CP_BLOCK;
+            void *at = (char *)in + (size_t)i * cp_dtype_size(op->dtype);
+            cp_load_n(op->dtype, at, m, blk);
+            for (int64_t j = 0; j < m; j++) blk[j] *= s;
+            cp_store_n(op->dtype, at, m, blk); /* rounds each product to the dtype */
+        }
+        red = CP_SUM;
+    }
+    return rc->cb(rc->cb_user, coll, op->family, color, key, size, (void *)in, out, op->count, (int)op->dtype, red);
 }
 
 static int cb_all_gather(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)

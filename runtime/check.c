@@ -730,7 +730,8 @@ static float expect_element(const cp_checker *c, int u, cp_dtype cd, int row, in
         if (!reduces_at(c, row, kk)) continue;
         for (int q = 0; q < R; q++) {
             for (int s = 0; s < W; s++) vals[s] = packed(U, c->acc[q * W + s]);
-            rs[q] = W > 1 ? cp_reduce_arith(c->arith, U->reduce_dtype, U->rs_op, vals, W, rs_key) : vals[0];
+            rs[q] = W > 1 ? cp_reduce_arith_pm(c->arith, U->reduce_dtype, U->rs_op, U->premul_factor, vals, W, rs_key)
+                          : vals[0];
         }
 
         if (parks_at(c, row, kk)) {
@@ -797,7 +798,7 @@ static void expect_block(const cp_checker *c, int u, cp_dtype cd, int row, int64
                 vp[sh] = x;
             }
             float *r = rs + (size_t)q * B;
-            if (W > 1) cp_reduce_arith_f(c->arith, U->reduce_dtype, U->rs_op, vp, W, rs_key, n, r);
+            if (W > 1) cp_reduce_arith_f_pm(c->arith, U->reduce_dtype, U->rs_op, U->premul_factor, vp, W, rs_key, n, r);
             else memcpy(r, vals, (size_t)n * sizeof *r);
         }
         if (parks_at(c, row, kk)) {

@@ -23,7 +23,11 @@ extern "C" {
 /* CP_U8: raw bytes, the dtype of the all-gather of a unit whose parameters
  * gather in different dtypes (cp_unit.ag_bytes; FSDP2's uint8 all-gather). */
 typedef enum { CP_FP32 = 0, CP_BF16 = 1, CP_FP16 = 2, CP_U8 = 3 } cp_dtype;
-typedef enum { CP_SUM = 0, CP_AVG = 1, CP_MAX = 2 /* loss_parallel's per-token max */ } cp_reduce_op;
+/* CP_PREMUL_SUM: NCCL's PreMulSum, each input multiplied by 1 / the op's
+ * premul_factor, then summed (FSDP2's set_gradient_divide_factor on
+ * fp32/bf16: ReduceOp.PREMUL_SUM(1 / factor), torch 2.15
+ * _fsdp_collectives.py:983). */
+typedef enum { CP_SUM = 0, CP_AVG = 1, CP_MAX = 2 /* loss_parallel's per-token max */, CP_PREMUL_SUM = 3 } cp_reduce_op;
 
 /* An op kind's facts live in one descriptor (cp_op_descs, executor.c; the
  * generator's twin is gen/opkinds.lua): nothing else switches on the kind. */
@@ -175,6 +179,9 @@ typedef struct {
      * CP_U8 (torch 2.15 _fsdp_collectives.py:369-379); 0: total elements of ag_dtype. */
     int64_t ag_bytes;
     int64_t unsharded_bytes; /* with ag_bytes: the unsharded buffer's bytes (each parameter 16-byte aligned) */
+    /* rs_op CP_PREMUL_SUM: the divide factor f (the reduce-scatter
+     * premultiplies by 1 / f); 0 (C's zero default) otherwise. */
+    double premul_factor;
 } cp_unit;
 
 /* A parameter's all-gather dtype, its byte offset in its unit's slot, and
@@ -247,6 +254,9 @@ typedef struct {
      * total), and the FORWARD / BACKWARD that computes them. part_count 0 (C's
      * zero default): the whole unit. */
     int part_first, part_count;
+    /* reduce_op CP_PREMUL_SUM: the divide factor f (scalar 1 / f); 0 (C's
+     * zero default) on every other op. */
+    double premul_factor;
 } cp_op;
 
 /* One class: the ranks whose tables agree (TP ranks whose TP-local shapes
@@ -337,6 +347,11 @@ int cp_nccl_all_reduce_key(cp_dtype t, int64_t i, int64_t count, int n);
  * min(n - 1, i / (16 / size)) can, no other (dtype.c). */
 int cp_nccl_all_reduce_max_key(cp_dtype t, int64_t i, int n);
 float cp_reduce_arith(cp_arith a, cp_dtype t, cp_reduce_op op, const float *v, int n, int key);
+/* The same with CP_PREMUL_SUM's factor f (ignored by the other ops): NCCL
+ * premultiplies each input by its scalar t(float(1 / f)) as it does
+ * ncclAvg's; gloo has no PREMUL_SUM (torch refuses it there), so gloo's
+ * arithmetic premultiplies each input, rounds to t and sums as its SUM. */
+float cp_reduce_arith_pm(cp_arith a, cp_dtype t, cp_reduce_op op, double f, const float *v, int n, int key);
 /* The key cp_reduce_arith takes for element i of an all-reduce of count
  * elements, and for element i of member key's count-element share of a
  * reduce-scatter (gloo's is an all-reduce of the n x count input). */
@@ -361,6 +376,11 @@ void cp_reduce_arith_f(cp_arith a, cp_dtype t, cp_reduce_op op, const float *con
  * when scratch for more than 16 members cannot be had. */
 int cp_reduce_arith_n(cp_arith a, cp_dtype t, cp_reduce_op op, const void *const *in, int n, int key, int64_t len,
                       void *out);
+/* cp_reduce_arith_f / _n with CP_PREMUL_SUM's factor (cp_reduce_arith_pm). */
+void cp_reduce_arith_f_pm(cp_arith a, cp_dtype t, cp_reduce_op op, double f, const float *const *v, int n, int key,
+                          int64_t len, float *out);
+int cp_reduce_arith_n_pm(cp_arith a, cp_dtype t, cp_reduce_op op, double f, const void *const *in, int n, int key,
+                         int64_t len, void *out);
 const char *cp_op_kind_name(cp_op_kind k);
 const char *cp_stream_name(cp_stream s);
 

@@ -269,8 +269,33 @@ int cp_reduce_scatter_key(cp_arith a, cp_dtype t, int key, int64_t i, int64_t co
 
 float cp_reduce_arith(cp_arith a, cp_dtype t, cp_reduce_op op, const float *v, int n, int key)
 {
+    return cp_reduce_arith_pm(a, t, op, 0.0, v, n, key);
+}
+
+/* PREMUL_SUM's scalar in t: torch 2.15's ProcessGroupNCCL makes the
+ * PreMulSum op with the scalar 1 / factor (a double) converted to the
+ * tensor's type (ncclRedOpCreatePreMulSum, ncclScalarHostImmediate), as
+ * ncclAvg's float(1.0 / nRanks). */
+static float premul_scalar(cp_dtype t, double f) { return round_to(t, (float)(1.0 / f)); }
+
+float cp_reduce_arith_pm(cp_arith a, cp_dtype t, cp_reduce_op op, double f, const float *v, int n, int key)
+{
     if (op == CP_MAX) return max_of(v, n);
-    return a == CP_ARITH_NCCL ? cp_reduce_values_nccl(t, op, v, n, key) : cp_reduce_values_gloo(t, op, v, n, key);
+    if (op != CP_PREMUL_SUM)
+        return a == CP_ARITH_NCCL ? cp_reduce_values_nccl(t, op, v, n, key) : cp_reduce_values_gloo(t, op, v, n, key);
+    float s = premul_scalar(t, f);
+    if (a == CP_ARITH_NCCL) { /* cp_reduce_values_nccl's ncclAvg chain with this scalar */
+        int m = (key + 1) % n;
+        float acc = round_to(t, v[m] * s);
+        for (int j = 2; j <= n; j++) {
+            m = (key + j) % n;
+            acc = fma_to(t, v[m], s, acc);
+        }
+        return acc;
+    }
+    float acc = round_to(t, round_to(t, v[((key - 1) % n + n) % n] * s));
+    for (int j = 2; j <= n; j++) acc = round_to(t, acc + round_to(t, v[((key - j) % n + n) % n] * s));
+    return acc;
 }
 
 /* ---- the same arithmetic over runs of elements (the host backend's copies
@@ -427,22 +452,38 @@ static void fma_block(float *restrict acc, const float *restrict x, float s, int
 }
 
 /* One block (len <= CP_BLOCK) of cp_reduce_arith with one key. */
-static void reduce_block(cp_arith a, cp_dtype t, cp_reduce_op op, const float *const *v, int n, int key, int64_t off,
-                         int64_t len, float *restrict out)
+static void reduce_block(cp_arith a, cp_dtype t, cp_reduce_op op, double f, const float *const *v, int n, int key,
+                         int64_t off, int64_t len, float *restrict out)
 {
     if (op == CP_MAX) { max_block(v, n, off, len, out); return; }
+    int pm = op == CP_AVG || op == CP_PREMUL_SUM; /* NCCL premultiplies */
     if (a == CP_ARITH_NCCL) {
-        if (n == 1) { memcpy(out, v[0] + off, (size_t)len * sizeof *out); round_block(t, out, len); return; }
-        float s = op == CP_AVG ? nccl_avg_scalar(t, n) : 1.0f;
+        if (n == 1 && op != CP_PREMUL_SUM) {
+            memcpy(out, v[0] + off, (size_t)len * sizeof *out);
+            round_block(t, out, len);
+            return;
+        }
+        float s = op == CP_AVG ? nccl_avg_scalar(t, n) : op == CP_PREMUL_SUM ? premul_scalar(t, f) : 1.0f;
         const float *x = v[(key + 1) % n] + off;
-        if (op == CP_AVG) for (int64_t i = 0; i < len; i++) out[i] = x[i] * s;
+        if (pm) for (int64_t i = 0; i < len; i++) out[i] = x[i] * s;
         else memcpy(out, x, (size_t)len * sizeof *out);
         round_block(t, out, len);
         for (int j = 2; j <= n; j++) {
             x = v[(key + j) % n] + off;
-            if (op == CP_AVG && t == CP_FP32) fma_block(out, x, s, len);
-            else if (op == CP_AVG) for (int64_t i = 0; i < len; i++) out[i] = fma_to(t, x[i], s, out[i]);
+            if (pm && t == CP_FP32) fma_block(out, x, s, len);
+            else if (pm) for (int64_t i = 0; i < len; i++) out[i] = fma_to(t, x[i], s, out[i]);
             else add_round_block(t, out, x, len);
+        }
+        return;
+    }
+    if (op == CP_PREMUL_SUM) { /* gloo has none: each input premultiplied and rounded, then its SUM */
+        float s = premul_scalar(t, f), x[CP_BLOCK];
+        for (int j = 1; j <= n; j++) {
+            const float *in = v[((key - j) % n + n) % n] + off;
+            float *dst = j == 1 ? out : x;
+            for (int64_t i = 0; i < len; i++) dst[i] = in[i] * s;
+            round_block(t, dst, len);
+            if (j > 1) add_round_block(t, out, x, len);
         }
         return;
     }
@@ -459,12 +500,24 @@ static void reduce_block(cp_arith a, cp_dtype t, cp_reduce_op op, const float *c
 void cp_reduce_arith_f(cp_arith a, cp_dtype t, cp_reduce_op op, const float *const *v, int n, int key, int64_t len,
                        float *out)
 {
+    cp_reduce_arith_f_pm(a, t, op, 0.0, v, n, key, len, out);
+}
+
+void cp_reduce_arith_f_pm(cp_arith a, cp_dtype t, cp_reduce_op op, double f, const float *const *v, int n, int key,
+                          int64_t len, float *out)
+{
     for (int64_t i = 0; i < len; i += CP_BLOCK)
-        reduce_block(a, t, op, v, n, key, i, len - i < CP_BLOCK ? len - i : CP_BLOCK, out + i);
+        reduce_block(a, t, op, f, v, n, key, i, len - i < CP_BLOCK ? len - i : CP_BLOCK, out + i);
 }
 
 int cp_reduce_arith_n(cp_arith a, cp_dtype t, cp_reduce_op op, const void *const *in, int n, int key, int64_t len,
                       void *out)
+{
+    return cp_reduce_arith_n_pm(a, t, op, 0.0, in, n, key, len, out);
+}
+
+int cp_reduce_arith_n_pm(cp_arith a, cp_dtype t, cp_reduce_op op, double f, const void *const *in, int n, int key,
+                         int64_t len, void *out)
 {
     enum { MAX_STACK = 16 };
     float stack[MAX_STACK][CP_BLOCK], *heap = NULL, res[CP_BLOCK];
@@ -483,7 +536,7 @@ int cp_reduce_arith_n(cp_arith a, cp_dtype t, cp_reduce_op op, const void *const
             load_block(t, (const char *)in[q] + (size_t)i * es, m, rows + (size_t)q * CP_BLOCK);
             vp[q] = rows + (size_t)q * CP_BLOCK;
         }
-        reduce_block(a, t, op, vp, n, key, 0, m, res);
+        reduce_block(a, t, op, f, vp, n, key, 0, m, res);
         store_block(t, (char *)out + (size_t)i * es, m, res);
     }
     free(heap);

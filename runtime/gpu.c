@@ -273,19 +273,43 @@ static int gpu_all_gather(cp_backend *b, const cp_op *op, cp_stream s, const voi
     return 0;
 }
 
+/* The op's NCCL reduction; CP_PREMUL_SUM makes one (*made set): PreMulSum
+ * with the host scalar 1 / premul_factor in the op's dtype, as torch 2.15's
+ * ProcessGroupNCCL makes ReduceOp.PREMUL_SUM(1 / factor) for FSDP2's
+ * set_gradient_divide_factor; destroyed after the call is enqueued (NCCL
+ * allows it). */
+static int reduce_op_for(cp_gpu *g, const cp_op *op, ncclRedOp_t *red, int *made)
+{
+    *made = 0;
+    if (op->reduce_op != CP_PREMUL_SUM) { *red = nccl_op(op->reduce_op); return 0; }
+    float f = (float)(1.0 / op->premul_factor);
+    uint16_t h = op->dtype == CP_BF16 ? cp_float_to_bf16(f) : cp_float_to_fp16(f);
+    void *scalar = op->dtype == CP_FP32 ? (void *)&f : (void *)&h;
+    NCCL(ncclRedOpCreatePreMulSum(red, scalar, nccl_type(op->dtype), ncclScalarHostImmediate, g->comms[op->family]));
+    *made = 1;
+    return 0;
+}
+
 static int gpu_reduce_scatter(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)
 {
     cp_gpu *g = b->ctx;
-    NCCL(ncclReduceScatter(in, out, (size_t)op->count, nccl_type(op->dtype), nccl_op(op->reduce_op),
-                           g->comms[op->family], g->streams[s]));
+    ncclRedOp_t red;
+    int made;
+    if (reduce_op_for(g, op, &red, &made)) return -1;
+    NCCL(ncclReduceScatter(in, out, (size_t)op->count, nccl_type(op->dtype), red, g->comms[op->family],
+                           g->streams[s]));
+    if (made) NCCL(ncclRedOpDestroy(red, g->comms[op->family]));
     return 0;
 }
 
 static int gpu_all_reduce(cp_backend *b, const cp_op *op, cp_stream s, const void *in, void *out)
 {
     cp_gpu *g = b->ctx;
-    NCCL(ncclAllReduce(in, out, (size_t)op->count, nccl_type(op->dtype), nccl_op(op->reduce_op),
-                       g->comms[op->family], g->streams[s]));
+    ncclRedOp_t red;
+    int made;
+    if (reduce_op_for(g, op, &red, &made)) return -1;
+    NCCL(ncclAllReduce(in, out, (size_t)op->count, nccl_type(op->dtype), red, g->comms[op->family], g->streams[s]));
+    if (made) NCCL(ncclRedOpDestroy(red, g->comms[op->family]));
     return 0;
 }
 

@@ -268,7 +268,7 @@ void cp_harness_on_collective(void *user, cp_executor *ex, const cp_op *op, cons
     for (int m = 0; m < p->families[op->family].size; m++)
         fprintf(f, "%s%d", m ? "," : "", cp_group_member(p, op->family, color, m));
     fprintf(f, "],\"dtype\":\"%s\"", torch_dtype(op->dtype));
-    if (op->kind != CP_OP_ALL_GATHER) fprintf(f, ",\"reduce_op\":\"RedOpType.%s\"", op->reduce_op == CP_AVG ? "AVG" : op->reduce_op == CP_MAX ? "MAX" : "SUM");
+    if (op->kind != CP_OP_ALL_GATHER) fprintf(f, ",\"reduce_op\":\"RedOpType.%s\"", op->reduce_op == CP_AVG ? "AVG" : op->reduce_op == CP_MAX ? "MAX" : op->reduce_op == CP_PREMUL_SUM ? "PREMUL_SUM" : "SUM");
     fprintf(f, ",\"in_numel\":%ld,\"out_numel\":%ld,\"in\":", (long)in_n, (long)out_n);
     dump_values(f, op->dtype, in, 0, in_n);
     fputs(",\"out\":", f);

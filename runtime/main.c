@@ -142,7 +142,7 @@ static void dry_run(const cp_plan *p)
         printf("  %-5d %-5d %-17s %-24s %-14s %-5s %12ld %s\n", i, o->micro_step, cp_op_kind_name(o->kind),
                p->units[o->unit].name, coll ? (o->family >= 0 ? p->families[o->family].name : "local") : p2p ? peer : "-",
                coll || p2p ? cp_dtype_name(o->dtype) : "-", coll || p2p ? (long)o->count : 0L,
-               coll && cp_op_descs[o->kind].collective != CP_COLL_ALL_GATHER ? (o->reduce_op == CP_AVG ? "avg" : o->reduce_op == CP_MAX ? "max" : "sum")
+               coll && cp_op_descs[o->kind].collective != CP_COLL_ALL_GATHER ? (o->reduce_op == CP_AVG ? "avg" : o->reduce_op == CP_MAX ? "max" : o->reduce_op == CP_PREMUL_SUM ? "premul_sum" : "sum")
                                                                               : "-");
     }
 }

@@ -138,6 +138,11 @@ torch_lane() {
       "${LIVE_SEED_FROM:-1}-$(( ${LIVE_SEED_FROM:-1} + 99999 ))" --budget "$live_s" --min-seeds "$live_n"
     [ -n "${LIVE_SECONDS:-}${LIVE_MIN_SEEDS:-}" ] ||
       full_adds "property seeds for $live_s s, at least $live_n; make test-full runs them for 50 s, at least 15"
+    # Issue 39's reduction knobs (set_gradient_divide_factor, set_force_sum_reduction_for_comms, a
+    # unit's own set_requires_gradient_sync / set_requires_all_reduce, ignored_params): seeds 27-29
+    # draw all of them with the other options, whatever seed the run above starts from.
+    live_check "live FSDP2: issue 39's reduction knobs drawn by the property test (seeds 27-29)" \
+      timeout 600 "$live_py" tests/live/live.py seeds 27-29
   elif [ "$live_rc" = 3 ]; then
     live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
     skipped "torch-env (make torch-env)" "$live_why"

@@ -185,7 +185,7 @@ function generic.units(ctx, model)
     end
     seen_unit[u.name] = i
     check_c_name(ctx, unit_ids, "unit", "UNIT", u.name, path .. ".name")
-    local params = {}
+    local params, ignored = {}, {}
     for j, p in ipairs(u.params) do
       local ppath = string.format("%s.params[%d].name", path, j)
       if seen_param[p.name] then
@@ -195,8 +195,19 @@ function generic.units(ctx, model)
       end
       seen_param[p.name] = u.name
       check_c_name(ctx, param_ids, "parameter", "PARAM", p.name, ppath)
-      params[j] = { name = p.name, shape = p.shape, dtype = p.dtype, shard_dim = p.shard_dim, tp = p.tp,
-                    param_dtype = p.param_dtype }
+      local q = { name = p.name, shape = p.shape, dtype = p.dtype, shard_dim = p.shard_dim, tp = p.tp,
+                  param_dtype = p.param_dtype }
+      if p.ignored then
+        -- fully_shard's ignored_params (torch 2.15 _fsdp_init.py:342-360: left out of the managed
+        -- parameters): no FSDP param, no collective; whole on every rank (the audit's memory counts it)
+        if u.loss_head then
+          util.field_error(ctx, string.format("%s.params[%d].ignored", path, j), "the loss head is torchtitan's "
+            .. "[norm, lm_head] with both parameters sharded (distributed/fsdp.py:202-207): remove ignored")
+        end
+        ignored[#ignored + 1] = q
+      else
+        params[#params + 1] = q
+      end
     end
     -- torchtitan's [norm, lm_head] unit (ChunkedLossWrapper's, gen/parallel/fsdp_schedule.lua):
     -- the norm's weight, then lm_head's, as fully_shard([norm, lm_head]) orders them
@@ -205,8 +216,18 @@ function generic.units(ctx, model)
         .. "torchtitan's [norm, lm_head] (distributed/fsdp.py:202-207): the norm's weight, then lm_head's, "
         .. "without biases; drop loss_head or wrap those two modules alone", u.name, #u.params))
     end
-    units[i] = { name = u.name, params = params, reshard_after_forward = u.reshard_after_forward,
-                 param_dtype = u.param_dtype, reduce_dtype = u.reduce_dtype, loss_head = u.loss_head or nil }
+    units[i] = { name = u.name, params = params, ignored = ignored[1] and ignored or nil,
+                 reshard_after_forward = u.reshard_after_forward,
+                 param_dtype = u.param_dtype, reduce_dtype = u.reduce_dtype, loss_head = u.loss_head or nil,
+                 gradient_divide_factor = u.gradient_divide_factor,
+                 force_sum_reduction_for_comms = u.force_sum_reduction_for_comms,
+                 grad_accumulation = u.grad_accumulation }
+  end
+  local sharded = 0
+  for _, u in ipairs(units) do sharded = sharded + #u.params end
+  if sharded == 0 then
+    util.field_error(ctx, "model.units", "every parameter is ignored (ignored = true), so FSDP2 shards and "
+      .. "communicates nothing and there is nothing to plan: leave at least one parameter to FSDP")
   end
   return units, { n_heads = model.n_heads, n_kv_heads = model.n_kv_heads, num_experts = model.num_experts,
                   seq_len = model.seq_len }

@@ -59,6 +59,23 @@ end
 -- of parameter subsets (torch 2.15 repacks them per parameter), which the
 -- tables do not model: refused rather than planned in the wrong order.
 function fsdp.rules(ctx, d, p)
+  -- a generic unit's own grad_accumulation (gen/parallel/fsdp_layout.lua unit_accumulation)
+  for i, u in ipairs(p.model.family == "generic" and p.model.units or {}) do
+    local path = string.format("model.units[%d].grad_accumulation", i)
+    if u.grad_accumulation and (p.fsdp.grad_accumulation == "step_end" or d.pp > 1) then
+      util.field_error(ctx, path, "torch.distributed.pipelining's stage reduces every unit once after its last "
+        .. "backward (fsdp.grad_accumulation = \"step_end\", stage.py perform_reduce_grad), whatever a unit set: "
+        .. "remove it")
+    end
+    if u.grad_accumulation and u.loss_head and fsdp.chunked_loss(p, d) then
+      util.field_error(ctx, path, "torchtitan's ChunkedLossWrapper sets this unit's gradient sync itself "
+        .. "(components/loss.py:731-771: off for all chunks but the last, every micro-step): remove it")
+    end
+    if u.grad_accumulation == "all_reduce_last" and d.dp_replicate == 1 then
+      util.field_error(ctx, path, "set_requires_all_reduce acts on HSDP's replicate all-reduce, and dp_replicate "
+        .. "is 1 (FSDP2 ignores it): remove it or use \"sync_last\"")
+    end
+  end
   if p.fsdp.grad_accumulation == "all_reduce_last" and d.dp_replicate > 1 and p.fsdp.micro_steps > 1
     and d.pp == 1 and fsdp.chunked_loss(p, d) then
     util.field_error(ctx, "fsdp.grad_accumulation", string.format("all_reduce_last with torchtitan's "

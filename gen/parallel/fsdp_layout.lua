@@ -65,19 +65,76 @@ function layout.local_rows(param, r)
   return layout.valid(param, r) // param.row_numel
 end
 
--- FSDP2's _get_gradient_divide_factors (newest): AVG in the collective for
--- fp32/bf16, SUM with a power-of-two pre-divide and a post-divide for fp16.
-function layout.reduction(reduce_op, reduce_dtype, W, R)
+-- FSDP2's _get_gradient_divide_factors (torch 2.15 _fsdp_collectives.py:945-1002)
+-- for one unit: factor is its set_gradient_divide_factor (nil: FSDP2's
+-- default, the data-parallel size W x R), force its
+-- set_force_sum_reduction_for_comms; W the reduce-scatter group's ranks, R
+-- the all-reduce's. fp32/bf16 without force: AVG in the collectives (SUM at
+-- one rank), and with a factor the reduce-scatter AVG where the factor is
+-- W, else PREMUL_SUM(1 / factor) (premul: the factor), the all-reduce SUM.
+-- fp16 or force: SUM on the wire with the division around it, for fp16 a
+-- power-of-two pre-divide and the rest after, else all of it after.
+-- PREMUL_SUM(1.0) sums exactly, so a factor of 1 is SUM. A one-rank shard
+-- group issues no reduce-scatter and divides its copy by the factor
+-- (:688-691, after the pre-divide): pre_divide here. Returns the
+-- reduction, or nil and a message where FSDP2 divides twice before the
+-- all-reduce (fp16 at one shard rank), which one pre_divide cannot hold.
+function layout.reduction(factor, force, reduce_dtype, W, R)
   local dp = W * R
-  if reduce_op == "sum" or dp == 1 then
-    return { rs_op = "sum", ar_op = "sum", pre_divide = 1, post_divide = 1 }
+  local risk = reduce_dtype ~= "fp32" and reduce_dtype ~= "bf16" -- :967-968 overflow_risk
+  if not risk and not force then
+    if factor == nil then
+      if dp == 1 then return { rs_op = "sum", ar_op = "sum", pre_divide = 1, post_divide = 1 } end
+      return { rs_op = "avg", ar_op = "avg", pre_divide = 1, post_divide = 1 }
+    end
+    local red = { rs_op = "sum", ar_op = "sum", pre_divide = 1, post_divide = 1 }
+    if W == 1 then red.pre_divide = factor
+    elseif factor == W then red.rs_op = "avg"
+    elseif factor ~= 1 then red.rs_op, red.premul = "premul_sum", factor end
+    return red
   end
-  if reduce_dtype ~= "fp16" then
-    return { rs_op = "avg", ar_op = "avg", pre_divide = 1, post_divide = 1 }
+  local f = factor or dp
+  local pre, post = 1, f
+  if risk then -- :990-996: divide by ~sqrt(f) before and after
+    while f % pre == 0 and f / pre > pre do pre = pre * 2 end
+    post = f / pre
   end
-  local pre = 1
-  while dp % pre == 0 and dp / pre > pre do pre = pre * 2 end
-  return { rs_op = "sum", ar_op = "sum", pre_divide = pre, post_divide = dp / pre }
+  if W == 1 and factor and factor ~= 1 then
+    if pre ~= 1 then
+      return nil, string.format("an fp16 reduction over a one-rank shard group with a divide factor divides "
+        .. "twice before the all-reduce (pre-divide %g, then the copy's / %g: _fsdp_collectives.py:679-691); "
+        .. "give dp_shard > 1, reduce_dtype fp32 or bf16, or no gradient_divide_factor", pre, factor)
+    end
+    pre = factor
+  end
+  return { rs_op = "sum", ar_op = "sum", pre_divide = pre, post_divide = post }
+end
+
+-- A unit's gradient accumulation: its own (set_requires_gradient_sync /
+-- set_requires_all_reduce(False, recurse=False) on its FSDPModule, torch
+-- 2.15 _fully_shard.py:597-648: each sets its param groups' reduce_grads /
+-- all_reduce_grads, so the unit's setting is what results whatever a
+-- recursive call on an outer module set before), else the plan's.
+function layout.unit_accumulation(u, fsdp)
+  return u.grad_accumulation or fsdp.grad_accumulation
+end
+
+-- fully_shard's ignored_params of a unit (gen/models/generic.lua): each
+-- {name, shape, dtype, numel}, numel the elements one rank holds, whole
+-- (a TP placement's largest TP-local share: ceil(rows / tp) rows).
+local function ignored_of(u, T)
+  if not u.ignored then return nil end
+  local out = {}
+  for _, q in ipairs(u.ignored) do
+    local tp_dim = q.tp == "colwise" and 0 or q.tp == "rowwise" and 1
+      or q.tp and tonumber(q.tp:match("^shard%((%d)%)$")) or nil
+    local numel = 1
+    for k, x in ipairs(q.shape) do
+      numel = numel * ((tp_dim == k - 1 and T > 1) and util.ceil_div(x, T) or x)
+    end
+    out[#out + 1] = { name = q.name, shape = q.shape, dtype = q.dtype, numel = numel }
+  end
+  return out
 end
 
 -- Each parameter's all-gather dtype: the unit's param_dtype, or the
@@ -198,8 +255,8 @@ function layout.build(ctx, units, d, fsdp)
     -- that is reduced by the backward that made it in ag_dtype
     -- (FSDPParamGroup._set_unsharded_grad_dtypes): ag_dtype unless
     -- micro-steps accumulate (sync_last).
-    local accumulating = fsdp.micro_steps > 1 and (fsdp.grad_accumulation == "sync_last"
-      or fsdp.grad_accumulation == "step_end")
+    local mode = layout.unit_accumulation(u, fsdp)
+    local accumulating = fsdp.micro_steps > 1 and (mode == "sync_last" or mode == "step_end")
     local wider = layout.DTYPE_BYTES[reduce_dtype] > layout.DTYPE_BYTES[ag_dtype]
     local grad_dtype = (wider and not accumulating) and ag_dtype or reduce_dtype
     -- A mixed unit's gradients are computed in each parameter's own dtype;
@@ -237,7 +294,16 @@ function layout.build(ctx, units, d, fsdp)
       end
       params[j] = q
     end
-    local red = layout.reduction(fsdp.reduce_op, reduce_dtype, Wu, R)
+    -- the unit's divide factor and forced sum (its own, else the plan's; reduce_op "sum" is factor 1)
+    local factor = u.gradient_divide_factor or fsdp.gradient_divide_factor
+      or (fsdp.reduce_op == "sum" and 1 or nil)
+    local force = u.force_sum_reduction_for_comms
+    if force == nil then force = fsdp.force_sum_reduction_for_comms or false end
+    local red, why = layout.reduction(factor, force, reduce_dtype, Wu, R)
+    if not red then
+      util.field_error(ctx, u.gradient_divide_factor and (upath .. ".gradient_divide_factor")
+        or "fsdp.gradient_divide_factor", why)
+    end
     out[fwd] = {
       name = u.name, index = fwd - 1, is_root = (ui == #units), params = params, total = offset,
       grads_numel = grad_offset, vec_ok = vec_ok and offset % layout.VEC == 0 and not mixed,
@@ -249,10 +315,17 @@ function layout.build(ctx, units, d, fsdp)
       reshard_after_forward = (ui ~= #units) and (u.reshard_after_forward == nil and fsdp.reshard_after_forward
                                                   or u.reshard_after_forward),
       rs_op = red.rs_op, ar_op = red.ar_op, pre_divide = red.pre_divide, post_divide = red.post_divide,
+      premul = red.premul,
+      -- as set (plan.json, the live peer): nil where the plan left FSDP2's default
+      gradient_divide_factor = u.gradient_divide_factor or fsdp.gradient_divide_factor,
+      force_sum_reduction_for_comms = force or nil,
       -- all_reduce_last under HSDP: the reduce-scatter outputs wait in a
       -- buffer of their own (partial_reduce_output) for the last micro-step.
-      partial = #params > 0 and R > 1 and fsdp.micro_steps > 1 and fsdp.grad_accumulation == "all_reduce_last"
-        or nil,
+      partial = #params > 0 and R > 1 and fsdp.micro_steps > 1 and mode == "all_reduce_last" or nil,
+      -- the unit's own accumulation where it sets one (the schedule's and proofs' per-unit flags)
+      grad_accumulation = u.grad_accumulation,
+      -- fully_shard's ignored_params: outside the slot, whole on every rank (audit, memory)
+      ignored = ignored_of(u, d.tp or 1),
     }
     if u.expert then
       local o = out[fwd]

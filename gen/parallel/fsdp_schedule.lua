@@ -101,6 +101,18 @@ function schedule.build(lay, fams, fsdp, opts)
   local step_end = fsdp.grad_accumulation == "step_end"
   local every = fsdp.grad_accumulation ~= "sync_last" and not step_end
   local partial_mode = fsdp.grad_accumulation == "all_reduce_last" and replicate ~= nil and micro_steps > 1
+  -- A unit with its own grad_accumulation (set_requires_gradient_sync /
+  -- set_requires_all_reduce on its FSDPModule alone): its flags for
+  -- micro-step m (reducing, first, partial as below), else nil (the plan's).
+  local function own_how(u, m)
+    if not u.grad_accumulation then return nil end
+    local mode = u.grad_accumulation
+    local u_every = mode ~= "sync_last"
+    local u_partial = mode == "all_reduce_last" and replicate ~= nil and micro_steps > 1
+      and (m == micro_steps - 1 and "fold" or m == 0 and "save" or "add") or nil
+    return { reducing = u_every or m == micro_steps - 1, partial = u_partial,
+             first = not u_every or m == 0 or u_partial == "fold" }
+  end
   local unsharded = {}
   local micro
   -- With explicit prefetching and FSDP states of several parameter groups
@@ -114,7 +126,8 @@ function schedule.build(lay, fams, fsdp, opts)
       local first = not every or m == 0 or partial == "fold"
       unsharded = {}
       schedule.explicit_micro(ops, states, m, { op = op, all_gather = all_gather, unit_ops = unit_ops,
-        unsharded = unsharded, how = { reducing = reducing, first = first, partial = partial },
+        unsharded = unsharded, how = { reducing = reducing, first = first, partial = partial,
+                                       own = function(u) return own_how(u, m) end },
         shard = shard, replicate = replicate })
       return ops
     end
@@ -202,6 +215,7 @@ function schedule.build(lay, fams, fsdp, opts)
     -- that order below.
     ops = schedule.interleave_post_backward(ops, post, root, m, { reducing = reducing and not step_end,
                                             first = first, partial = partial, keep = step_end,
+                                            own = function(u) return own_how(u, m) end,
                                             -- the loss head's norm: reduced on every micro-step (the header)
                                             head = head and { index = head.index, part = head_norm,
                                                               how = { reducing = true, first = m == 0 } } },
@@ -382,8 +396,9 @@ function schedule.explicit_micro(ops, states, m, k)
     end
     for j = #st.units, 1, -1 do
       local u = st.units[j]
-      if unit_ops and k.how.reducing then unit_ops(ops, u, m, "reduce") end
-      schedule.reduction(ops, u, m, k.how, k.shard, k.replicate, k.how.reducing)
+      local how = k.how.own and k.how.own(u) or k.how
+      if unit_ops and how.reducing then unit_ops(ops, u, m, "reduce") end
+      schedule.reduction(ops, u, m, how, k.shard, k.replicate, how.reducing)
     end
   end
 end
@@ -413,7 +428,7 @@ function schedule.reduction(out, u, m, how, shard, replicate, reducing, part)
                     part_count = pc }
   out[#out + 1] = { kind = "reduce_scatter", unit = u.index, micro_step = m, phase = "backward",
                     group = schedule.shard_group(u, shard), dtype = u.reduce_dtype, count = count,
-                    reduce_op = u.rs_op, part_first = pf, part_count = pc }
+                    reduce_op = u.rs_op, premul = u.premul, part_first = pf, part_count = pc }
   if partial then
     assert(not part, "internal: all_reduce_last's partial sums of a part")
     out[#out + 1] = { kind = "partial_" .. partial, unit = u.index, micro_step = m, phase = "backward" }
@@ -436,7 +451,8 @@ function schedule.interleave_post_backward(ops, post, root, m, how, shard, repli
   local head = how.head -- ChunkedLossWrapper's unit: its norm's part (the header)
   local function post_backward(u)
     local h = head and head.index == u.index and head or nil
-    local red = h and h.how.reducing or reducing
+    local own = not h and how.own and how.own(u) -- the unit's own accumulation (schedule.build own_how)
+    local red = h and h.how.reducing or own and own.reducing or (not own and reducing)
     -- The other parallelisms' ops inside the backward finish before its
     -- post-backward hook (their "reduce" ones where it reduces); the loss
     -- head's backward ones ran with lm_head's in the loss.
@@ -444,7 +460,7 @@ function schedule.interleave_post_backward(ops, post, root, m, how, shard, repli
       if not h then unit_ops(out, u, m, "backward") end
       if red then unit_ops(out, u, m, "reduce") end
     end
-    schedule.reduction(out, u, m, h and h.how or how, shard, replicate, red, h and h.part)
+    schedule.reduction(out, u, m, h and h.how or own or how, shard, replicate, red, h and h.part)
   end
   for _, o in ipairs(ops) do
     out[#out + 1] = o

@@ -73,7 +73,9 @@ function pp.settings(p, mine)
   local out = {}
   for k, v in pairs(p) do out[k] = v end
   out.fsdp = { micro_steps = mine.t.sched.microbatches, reshard_after_forward = false, grad_accumulation = "step_end",
-               reduce_op = f.reduce_op, param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype }
+               reduce_op = f.reduce_op, param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype,
+               gradient_divide_factor = f.gradient_divide_factor,
+               force_sum_reduction_for_comms = f.force_sum_reduction_for_comms }
   return out
 end
 

@@ -15,13 +15,19 @@ __all__ = ["Unit", "resolve_units", "units_from_module", "torchtitan_units", "pl
 class Unit:
     """One fully_shard call: a module or a list of modules (torchtitan's [norm, output]), an
     optional name (default: the modules' names joined by "_", "root" for the model itself),
-    reshard_after_forward (None: the plan's default; the root never reshards after forward) and
+    reshard_after_forward (None: the plan's default; the root never reshards after forward),
     mp_policy: the MixedPrecisionPolicy given to that fully_shard call (None: the plan's fsdp
     dtypes), read duck-typed: its param_dtype and reduce_dtype become the unit's, and its
     param_dtype_override_fn (torch 2.15 _fsdp_api.py:68-110) each parameter's own param_dtype
-    (docs/plan-files.md, mixed all-gather dtypes in one unit)."""
+    (docs/plan-files.md, mixed all-gather dtypes in one unit);
+    gradient_divide_factor and force_sum_reduction_for_comms: what the unit's
+    FSDPModule.set_gradient_divide_factor / set_force_sum_reduction_for_comms set (None: the plan's);
+    grad_accumulation: its own set_requires_gradient_sync / set_requires_all_reduce between
+    micro-steps ("sync_last", "all_reduce_last", "fsdp2_default"; None: the plan's);
+    ignored_params: the parameters its fully_shard call ignores (kept whole, never communicated)."""
 
-    def __init__(self, modules, name=None, reshard_after_forward=None, mp_policy=None):
+    def __init__(self, modules, name=None, reshard_after_forward=None, mp_policy=None, gradient_divide_factor=None,
+                 force_sum_reduction_for_comms=None, grad_accumulation=None, ignored_params=None):
         self.modules = list(modules) if isinstance(modules, (list, tuple)) else [modules]
         if not self.modules:
             raise PlanError("a unit needs at least one module")
@@ -31,6 +37,11 @@ class Unit:
         self.name = name
         self.reshard_after_forward = reshard_after_forward
         self.mp_policy = mp_policy
+        self.gradient_divide_factor = gradient_divide_factor
+        self.force_sum_reduction_for_comms = force_sum_reduction_for_comms
+        self.grad_accumulation = grad_accumulation  # the unit's own set_requires_gradient_sync / _all_reduce
+        # fully_shard(..., ignored_params=): parameter objects of its modules left whole and uncommunicated
+        self.ignored_params = list(ignored_params or [])
 
     def __repr__(self):
         return "Unit(%r, reshard_after_forward=%r)" % (self.name, self.reshard_after_forward)
@@ -149,12 +160,18 @@ def named_units(model, units, shard_dim=None):
     """The plan writer's units: [{name, params: [(fqn, shape, dtype, shard_dim)], reshard_after_forward}]."""
     out = []
     for u, params in units_from_module(model, units):
-        ps = [(fqn, tuple(int(d) for d in p.shape), dtype_name(p.dtype, fqn), _shard_dim_of(shard_dim, fqn, p))
+        ign = {id(p) for p in getattr(u, "ignored_params", [])}
+        ps = [{"name": fqn, "shape": tuple(int(d) for d in p.shape), "dtype": dtype_name(p.dtype, fqn),
+               "ignored": True} if id(p) in ign else
+              (fqn, tuple(int(d) for d in p.shape), dtype_name(p.dtype, fqn), _shard_dim_of(shard_dim, fqn, p))
               for fqn, p in params]
         entry = {"name": u.name, "params": ps, "reshard_after_forward": u.reshard_after_forward}
         mp = getattr(u, "mp_policy", None)
         if mp is not None:
             _mp_of(entry, mp, params)
+        for k in ("gradient_divide_factor", "force_sum_reduction_for_comms", "grad_accumulation"):
+            if getattr(u, k, None) is not None:
+                entry[k] = getattr(u, k)
         out.append(entry)
     return out
 

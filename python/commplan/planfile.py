@@ -265,15 +265,17 @@ def dtype_name(dtype, what="dtype"):
 def _param(entry, where):
     """(name, shape, dtype[, shard_dim]) or a dict with those keys (and an optional tensor-parallel
     placement "tp": colwise | rowwise | replicate | shard(k)) -> normalized dict."""
-    tp = None
+    tp, ignored = None, False
     if isinstance(entry, dict):
         name, shape, dtype, shard_dim = entry.get("name"), entry.get("shape"), entry.get("dtype"), \
             entry.get("shard_dim", 0)
         tp = entry.get("tp")
         own = entry.get("param_dtype")  # its own all-gather dtype (param_dtype_override_fn; docs/plan-files.md)
-        unknown = sorted(set(entry) - {"name", "shape", "dtype", "shard_dim", "tp", "param_dtype"})
+        # fully_shard(ignored_params=...): neither sharded nor communicated (docs/plan-files.md)
+        ignored = validate.check_value(entry.get("ignored", False), validate.Spec("bool"), where, "ignored")
+        unknown = sorted(set(entry) - {"name", "shape", "dtype", "shard_dim", "tp", "param_dtype", "ignored"})
         if unknown:
-            raise PlanError("%s: unknown parameter keys %s; use name, shape, dtype, shard_dim, tp, param_dtype"
+            raise PlanError("%s: unknown parameter keys %s; use name, shape, dtype, shard_dim, tp, param_dtype, ignored"
                             % (where, unknown))
     else:
         if not isinstance(entry, (list, tuple)) or len(entry) not in (3, 4):
@@ -323,7 +325,20 @@ def _param(entry, where):
     out = {"name": name, "shape": dims, "dtype": dtype_name(dtype, where), "shard_dim": shard_dim, "tp": tp}
     if own is not None:
         out["param_dtype"] = own
+    if ignored:
+        if shard_dim:
+            raise PlanError("%s: an ignored parameter is never sharded, so shard_dim %d changes nothing: remove it"
+                            % (where, shard_dim))
+        out["ignored"] = True
     return out
+
+
+# FSDPModule.set_gradient_divide_factor / set_force_sum_reduction_for_comms on one unit
+# (gen/load.lua's unit keys of the same names)
+UNIT_REDUCTION = {"gradient_divide_factor": validate.Spec("num", gt=0),
+                  "force_sum_reduction_for_comms": validate.Spec("bool"),
+                  # its set_requires_gradient_sync / set_requires_all_reduce(recurse=False) between micro-steps
+                  "grad_accumulation": validate.Spec("enum", enum=("fsdp2_default", "sync_last", "all_reduce_last"))}
 
 
 def normalize_units(units):
@@ -340,7 +355,7 @@ def normalize_units(units):
         where = "unit %d" % (i + 1)
         if isinstance(u, dict):
             unknown = sorted(set(u) - {"name", "params", "reshard_after_forward", "loss_head", "param_dtype",
-                                       "reduce_dtype"})
+                                       "reduce_dtype"} - set(UNIT_REDUCTION))
             if unknown:
                 raise PlanError("%s: unknown unit keys %s; use name, params, reshard_after_forward, loss_head, "
                                 "param_dtype, reduce_dtype" % (where, unknown))
@@ -366,6 +381,10 @@ def normalize_units(units):
                 out[-1][key] = dtype_name(u[key], "%s (%s): %s" % (where, name, key))
         if head:  # torchtitan's [norm, lm_head], run by its ChunkedLossWrapper (docs/plan-files.md)
             out[-1]["loss_head"] = True
+        if isinstance(u, dict):  # the unit's FSDPModule reduction setters (docs/plan-files.md "fsdp")
+            for k, spec in UNIT_REDUCTION.items():
+                if u.get(k) is not None:
+                    out[-1][k] = validate.check_value(u[k], spec, "%s (%s)" % (where, name), k)
     for i, u in enumerate(out[:-1]):
         if not u["params"]:
             raise PlanError("unit %d (%s) has no parameters; only the root (the last unit) may have none"
@@ -509,6 +528,12 @@ def _unit_text(u, default_raf, is_root, dtype_default):
     for key in ("param_dtype", "reduce_dtype"):
         if u.get(key):
             head += " %s = %s," % (key, lua_string(u[key]))
+    if u.get("gradient_divide_factor") is not None:
+        head += " gradient_divide_factor = %r," % float(u["gradient_divide_factor"])
+    if u.get("force_sum_reduction_for_comms") is not None:
+        head += " force_sum_reduction_for_comms = %s," % ("true" if u["force_sum_reduction_for_comms"] else "false")
+    if u.get("grad_accumulation") is not None:
+        head += " grad_accumulation = %s," % lua_string(u["grad_accumulation"])
     if not u["params"]:
         lines.append(head + " params = {} },")
         return lines
@@ -523,6 +548,8 @@ def _unit_text(u, default_raf, is_root, dtype_default):
             fields.append("tp = %s" % lua_string(p["tp"]))
         if p.get("param_dtype"):
             fields.append("param_dtype = %s" % lua_string(p["param_dtype"]))
+        if p.get("ignored"):
+            fields.append("ignored = true")
         lines.append("        { %s }," % ", ".join(fields))
     lines.append("      } },")
     return lines

@@ -54,6 +54,8 @@ SECTIONS = {
         "param_dtype": Spec("enum", enum=DTYPES),
         "reduce_dtype": Spec("enum", enum=DTYPES),
         "grad_accumulation": Spec("enum", enum=("fsdp2_default", "sync_last", "all_reduce_last", "step_end")),
+        "gradient_divide_factor": Spec("num", gt=0),
+        "force_sum_reduction_for_comms": Spec("bool"),
     },
     "topology": dict({"gpus_per_node": Spec("int"), "nics_per_node": Spec("int"), "nvlinks": Spec("int"),
                       "nvls": Spec("bool"), "sharp": Spec("bool"),

@@ -292,10 +292,43 @@ static void gloo_all_reduce_key_large(void **state)
     assert_int_equal(cp_gloo_all_reduce_key(CP_BF16, 0, 0, 3), 0);
 }
 
+/* PREMUL_SUM(1 / f) (set_gradient_divide_factor): NCCL's chain is
+ * ncclAvg's with the scalar t(float(1 / f)), so f = n gives AVG's bits;
+ * gloo's (it has none) premultiplies each input, rounds, and sums as SUM.
+ * The block path gives the scalar path's bits. */
+static void premul_sum(void **state)
+{
+    (void)state;
+    const float v[3] = { 211910.0f, 22975.0f, 125606.0f };
+    for (int t = 0; t < 3; t++)
+        for (int k = 0; k < 3; k++)
+            assert_bits(cp_reduce_arith_pm(CP_ARITH_NCCL, (cp_dtype)t, CP_PREMUL_SUM, 3.0, v, 3, k),
+                        cp_reduce_values_nccl((cp_dtype)t, CP_AVG, v, 3, k));
+    const float w[2] = { 3.0f, 5.0f };
+    assert_bits(cp_reduce_arith_pm(CP_ARITH_GLOO, CP_FP32, CP_PREMUL_SUM, 4.0, w, 2, 0), 2.0f);
+    /* 1/3 rounds in fp32: 3 x float(1/3) + 5 x float(1/3), each product rounded, then summed */
+    float s = (float)(1.0 / 3.0), a = 3.0f * s, b = 5.0f * s;
+    assert_bits(cp_reduce_arith_pm(CP_ARITH_GLOO, CP_FP32, CP_PREMUL_SUM, 3.0, w, 2, 0), b + a);
+    float x[3][40], out[40];
+    const float *vp[3] = { x[0], x[1], x[2] };
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 40; j++) x[i][j] = (float)((i * 7919 + j * 104729) % 2003) / 17.0f - 50.0f;
+    for (int a2 = 0; a2 < 2; a2++)
+        for (int t = 0; t < 3; t++) {
+            cp_reduce_arith_f_pm((cp_arith)a2, (cp_dtype)t, CP_PREMUL_SUM, 2.5, vp, 3, 1, 40, out);
+            for (int j = 0; j < 40; j++) {
+                float col[3] = { x[0][j], x[1][j], x[2][j] };
+                float want = cp_reduce_arith_pm((cp_arith)a2, (cp_dtype)t, CP_PREMUL_SUM, 2.5, col, 3, 1);
+                assert_bits(out[j], want);
+            }
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fp32_avg_three_ranks_as_recorded),
+        cmocka_unit_test(premul_sum),
         cmocka_unit_test(fp32_avg_is_fused),
         cmocka_unit_test(bf16_avg_each_ring_start),
         cmocka_unit_test(fp16_avg_is_fused),

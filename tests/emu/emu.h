@@ -19,6 +19,7 @@ typedef struct {
     uint64_t seq; /* the op's number on its communicator (eager: at issue; graphs: at each launch); a send's or
                      receive's: its message's number between the two ranks, in that direction */
     int peer;     /* EMU_SEND / EMU_RECV: the other rank on comm */
+    double premul; /* a PreMulSum op's factor f (its scalar 1 / f in the dtype), taken at issue; else 0 */
 } emu_coll;
 enum { EMU_ALL_GATHER = 1, EMU_REDUCE_SCATTER = 2, EMU_ALL_REDUCE = 3, EMU_SPLIT = 4, EMU_SEND = 5, EMU_RECV = 6 };
 

@@ -81,6 +81,7 @@ struct ncclComm {
     emu_coll held_op;
     cudaStream_t held_stream;
     char held_label[80];
+    double premul[16]; /* PreMulSum ops ncclNumOps + i: the factor 1 / scalar; 0 where free */
 };
 
 static __thread char last_msg[512];
@@ -366,7 +367,10 @@ static void finish(struct ncclComm *c, uint64_t seq, int ok)
 static const char *part(struct ncclComm *c, int q) { return c->data + (size_t)q * c->h->slot_bytes; }
 
 static cp_dtype cp_type(ncclDataType_t t) { return t == ncclFloat32 ? CP_FP32 : t == ncclBfloat16 ? CP_BF16 : CP_FP16; }
-static cp_reduce_op reduce_op_of(ncclRedOp_t op) { return op == ncclAvg ? CP_AVG : op == ncclMax ? CP_MAX : CP_SUM; }
+static cp_reduce_op reduce_op_of(ncclRedOp_t op)
+{
+    return op == ncclAvg ? CP_AVG : op == ncclMax ? CP_MAX : op >= ncclNumOps ? CP_PREMUL_SUM : CP_SUM;
+}
 static size_t type_size(ncclDataType_t t)
 {
     switch (t) {
@@ -418,7 +422,8 @@ int emu_coll_run(const emu_coll *k, const char *label)
                 /* NCCL's ring: reduce-scatter's chunk r ends on rank r; all-reduce's per chunk. */
                 int key = k->kind == EMU_REDUCE_SCATTER ? c->rank
                                                         : cp_all_reduce_key(CP_ARITH_NCCL, t, (int64_t)i, (int64_t)count, (int)n);
-                cp_store(t, out, (int64_t)i, cp_reduce_arith(CP_ARITH_NCCL, t, reduce_op_of(k->op), v, (int)n, key));
+                cp_store(t, out, (int64_t)i,
+                         cp_reduce_arith_pm(CP_ARITH_NCCL, t, reduce_op_of(k->op), k->premul, v, (int)n, key));
             }
             free(v);
         }
@@ -562,7 +567,16 @@ static ncclResult_t issue(int kind, const char *what, const void *send, void *re
     char label[80];
     snprintf(label, sizeof label, "%s %zu x %s on %s", what, count,
              t == ncclFloat32 ? "fp32" : t == ncclBfloat16 ? "bf16" : t == ncclFloat16 ? "fp16" : "bytes", c->name);
-    emu_coll k = { c, kind, send, recv, count, t, op, 0, -1 };
+    emu_coll k = { c, kind, send, recv, count, t, op, 0, -1, 0.0 };
+    if (op >= ncclNumOps) {
+        int i = (int)op - (int)ncclNumOps;
+        if (i >= 16 || c->premul[i] == 0.0) {
+            say("emulated NCCL: %s with reduction op %ld, which this communicator never created or destroyed",
+                what, (long)op);
+            return ncclInvalidArgument;
+        }
+        k.premul = c->premul[i];
+    }
     if (emu_stream_capturing(s)) {
         if (!c->used_eagerly && !c->warned_cold++)
             emu_finding("CAPTURE", "%s: communicator %s is first used inside a stream capture: NCCL connects "
@@ -584,6 +598,39 @@ static ncclResult_t issue(int kind, const char *what, const void *send, void *re
         c->held_op.seq = emu_coll_next_seq(c);
         if (emu_enqueue_coll(c->held_stream, &c->held_op, c->held_label)) return ncclUnhandledCudaError;
     }
+    return ncclSuccess;
+}
+
+ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t t, ncclScalarResidence_t residence,
+                                      ncclComm_t c)
+{
+    emu_rank();
+    if (!c || c->destroyed || !op || !scalar) { say("emulated NCCL: %s: bad argument%.0ld", "ncclRedOpCreatePreMulSum", 0); return ncclInvalidArgument; }
+    if (residence != ncclScalarHostImmediate || (t != ncclFloat32 && t != ncclBfloat16 && t != ncclFloat16)) {
+        say("emulated NCCL: %s: only host-immediate fp32, bf16 and fp16 scalars here (dtype %ld)", "ncclRedOpCreatePreMulSum", (long)t);
+        return ncclInvalidArgument;
+    }
+    float s = cp_load(cp_type(t), scalar, 0);
+    if (!(s != 0.0f)) { say("emulated NCCL: %s: a zero or NaN scalar%.0ld", "ncclRedOpCreatePreMulSum", 0); return ncclInvalidArgument; }
+    for (int i = 0; i < 16; i++)
+        if (c->premul[i] == 0.0) {
+            c->premul[i] = 1.0 / (double)s;
+            *op = (ncclRedOp_t)((int)ncclNumOps + i);
+            return ncclSuccess;
+        }
+    say("emulated NCCL: %s: more than 16 live ops on one communicator%.0ld", "ncclRedOpCreatePreMulSum", 0);
+    return ncclInternalError;
+}
+
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t c)
+{
+    emu_rank();
+    int i = (int)op - (int)ncclNumOps;
+    if (!c || i < 0 || i >= 16 || c->premul[i] == 0.0) {
+        say("emulated NCCL: %s of op %ld, not a live PreMulSum of this communicator", "ncclRedOpDestroy", (long)op);
+        return ncclInvalidArgument;
+    }
+    c->premul[i] = 0.0;
     return ncclSuccess;
 }
 
@@ -639,7 +686,7 @@ static ncclResult_t p2p_issue(int kind, const char *what, const void *send, void
         return ncclInvalidArgument;
     }
     held_p2p h = { .s = s };
-    h.k = (emu_coll){ c, kind, send, recv, count, t, ncclSum, 0, peer };
+    h.k = (emu_coll){ c, kind, send, recv, count, t, ncclSum, 0, peer, 0.0 };
     snprintf(h.label, sizeof h.label, "%s %zu x %s with rank %d on %s", what, count,
              t == ncclFloat32 ? "fp32" : t == ncclBfloat16 ? "bf16" : t == ncclFloat16 ? "fp16" : "bytes", peer,
              c->name);

@@ -301,7 +301,9 @@ def viewout_stage(plan, world, bin_dir, rec_dir=None):
         for u in c["units"]:
             offsets[(c["class"], u["name"])] = {q["name"]: q["offset"] for q in u["params"]}
     parted = {op["unit"] for op in plan["ops"] if op.get("params")}
-    units = {u["name"]: u for u in plan["units"] if u["name"] not in parted}
+    # (a unit with its own accumulation other than sync_last adds several reductions into its grads)
+    units = {u["name"]: u for u in plan["units"] if u["name"] not in parted
+             and u.get("grad_accumulation", "sync_last") == "sync_last"}
     bad = set()
     for r in range(world):
         d = load_dump(os.path.join(bin_dir, f"{plan['plan']}.rank{r}.json"))
@@ -385,7 +387,8 @@ def accumulation_of(plan):
 # ---------------------------------------------------------------- plans
 
 SKIP_PLANS = {"llama8b", "llama8b_cp", "llama70b", "llama405b", "llama405b_hsdp", "deepseek_v3", "deepseek_v3_pp", "llama405b_4d",
-              "mixtral8x7b", "qwen3_8b"}
+              "mixtral8x7b", "qwen3_8b",
+              "gdiv_premul"}  # PREMUL_SUM (set_gradient_divide_factor on fp32/bf16): gloo has none; the emulated GPU path checks it
 
 
 def small_plans(names=None):
@@ -561,11 +564,6 @@ def gen_seed(seed, attempt=0):
     fsdp = {"micro_steps": micro, "reduce_op": reduce_op}
     fsdp.update(plan_mp)
     mixed_ag = draw_mixed_ag(seed, attempt, units, plan_mp)
-    lines = [f"-- live property test seed {seed} (attempt {attempt}): tests/live/live.py seed {seed}",
-             "return {", f"  world_size = {world},", f"  parallel = {lua(par)},",
-             "  model = { family = \"generic\", units = {"]
-    for u in units:
-        lines.append(f"    {lua(u)},")
     pattern = "unique" if rng.random() < 0.5 else "oracle"
     if kind == "mp_divide":  # the oracle pattern's sums divide exactly by 1.5, 2.5 and 3.5
         pattern = "unique"
@@ -578,11 +576,94 @@ def gen_seed(seed, attempt=0):
         # pipelining's end-of-step reduction, drawn last for the same reason
         elif fsdp["grad_accumulation"] == "sync_last" and tree_knows("step_end") and rng.random() < 0.4:
             fsdp["grad_accumulation"] = "step_end"
+    reduction = draw_reduction(rng, fsdp, units, S) if tree_knows("force_sum_reduction_for_comms") else ""
+    if micro > 1 and tree_knows("unit_accumulation"):
+        reduction += draw_unit_accumulation(rng, fsdp, units, R)
+    if tree_knows("ignored_params"):
+        reduction += draw_ignored(rng, units)
+    lines = [f"-- live property test seed {seed} (attempt {attempt}): tests/live/live.py seed {seed}",
+             "return {", f"  world_size = {world},", f"  parallel = {lua(par)},",
+             "  model = { family = \"generic\", units = {"]
+    for u in units:
+        lines.append(f"    {lua(u)},")
     lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
     desc = (f"{kind} {'x'.join(str(x) for x in (R, S, T))}, {n_units}+root units, micro {micro}"
             f"{' ' + fsdp['grad_accumulation'] if 'grad_accumulation' in fsdp else ''}, steps {steps}, "
-            f"{reduce_op}, pattern {pattern}{', mixed all-gather dtypes in ' + str(mixed_ag) + ' units' if mixed_ag else ''}")
+            f"{fsdp.get('reduce_op', 'factor')}{reduction}, pattern {pattern}"
+            f"{', mixed all-gather dtypes in ' + str(mixed_ag) + ' units' if mixed_ag else ''}")
     return "\n".join(lines) + "\n", steps, desc, pattern
+
+
+def draw_unit_accumulation(rng, fsdp, units, R):
+    """Per-unit set_requires_gradient_sync / set_requires_all_reduce (recurse=False) over the
+    plan's grad_accumulation (issue 39), drawn after the others. Not under step_end
+    (pipelining reduces every unit at its end, whatever a unit set). Returns the description's part."""
+    if fsdp.get("grad_accumulation") == "step_end" or rng.random() >= 0.4:
+        return ""
+    modes = ["fsdp2_default", "sync_last"] + (["all_reduce_last"] if R > 1 else [])
+    n = 0
+    for u in units:
+        if u["params"] and rng.random() < 0.5:
+            u["grad_accumulation"] = rng.choice(modes)
+            n += 1
+    return f", {n} units' own accumulation" if n else ""
+
+
+def draw_ignored(rng, units):
+    """fully_shard's ignored_params (issue 39): some parameters without a shard_dim or a TP
+    placement marked ignored (a unit may lose all of its own), drawn after the others."""
+    if rng.random() >= 0.3:
+        return ""
+    n = 0
+    for u in units:
+        for p in u["params"]:
+            if "shard_dim" not in p and "tp" not in p and rng.random() < 0.4:
+                p["ignored"] = True
+                n += 1
+    if all(p.get("ignored") for u in units for p in u["params"]):  # some parameter FSDP shards (else refused)
+        for u in units:
+            for p in u["params"]:
+                p.pop("ignored", None)
+                n -= 1
+                break
+            else:
+                continue
+            break
+    return f", {n} ignored params" if n else ""
+
+
+def draw_reduction(rng, fsdp, units, S):
+    """FSDPModule's reduction setters (issue 39): set_gradient_divide_factor and
+    set_force_sum_reduction_for_comms, plan-wide (fsdp) and per unit, drawn last so
+    earlier draws keep their plans. gloo has no PREMUL_SUM (FSDP2's reduce-scatter op
+    for a factor other than the shard group's size on fp32/bf16), so such a unit is
+    forced to sum; the emulated GPU path checks PREMUL_SUM. Returns the description's part."""
+    if rng.random() >= 0.4:
+        return ""
+    choices = [S, S, 1, 2, 3, 1.5, 2.5, 6, 7, 12]
+    if rng.random() < 0.5:
+        fsdp.pop("reduce_op", None)  # reduce_op decides the factor too: one of the two
+        fsdp["gradient_divide_factor"] = rng.choice(choices)
+    if rng.random() < 0.5:
+        fsdp["force_sum_reduction_for_comms"] = rng.random() < 0.7
+    for u in units:
+        if u["params"] and rng.random() < 0.4:
+            u["gradient_divide_factor"] = rng.choice(choices)
+        if u["params"] and rng.random() < 0.3:
+            u["force_sum_reduction_for_comms"] = rng.random() < 0.5
+    plan_factor = fsdp.get("gradient_divide_factor", 1 if fsdp.get("reduce_op") == "sum" else None)
+    n = 0
+    for u in units:
+        if not u["params"]:
+            continue
+        red = u.get("reduce_dtype") or fsdp.get("reduce_dtype") or u["params"][0]["dtype"]
+        f = u.get("gradient_divide_factor", plan_factor)
+        force = u.get("force_sum_reduction_for_comms", fsdp.get("force_sum_reduction_for_comms", False))
+        if f is not None and not force and red != "fp16" and S > 1 and f not in (S, 1):
+            u["force_sum_reduction_for_comms"] = True
+        n += "gradient_divide_factor" in u or "force_sum_reduction_for_comms" in u
+    return (f", divide factor {fsdp.get('gradient_divide_factor', '-')}"
+            f"{' forced' if fsdp.get('force_sum_reduction_for_comms') else ''}, {n} units' own")
 
 
 def draw_mixed_ag(seed, attempt, units, plan_mp):

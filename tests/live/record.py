@@ -463,19 +463,40 @@ def run_job(rank, job):
         kw = {"param_dtype_override_fn": lambda p: own.get(id(p))} if own else {}
         return MixedPrecisionPolicy(param_dtype=DTYPES[u["ag_dtype"]], reduce_dtype=DTYPES[u["reduce_dtype"]], **kw)
 
+    # fully_shard's ignored_params (plan.json's units): whole parameters on a submodule of the unit's
+    # module (a ParameterList, outside own_params), unused by the forward, handed to fully_shard
+    ignored = {}
+    for u, m in zip(units, [root] + layer_units):
+        if u.get("ignored_params"):
+            m.ignored = nn.ParameterList([nn.Parameter(torch.zeros(q["shape"], dtype=DTYPES[q["dtype"]]))
+                                          for q in u["ignored_params"]])
+            ignored[u["name"]] = set(m.ignored.parameters())
+
     for u, m in zip(units[1:], layer_units):
         raf = u["reshard_after_forward"]
         fully_shard([m.norm, m.lm] if m is head else m, mesh=dp_mesh, reshard_after_forward=raf, mp_policy=mp_of(u, m),
-                    shard_placement_fn=_placement_fn(m, u))
+                    shard_placement_fn=_placement_fn(m, u), ignored_params=ignored.get(u["name"]))
     if head is not None:
         head.lm.set_reshard_after_forward(True)  # as the wrapper's first loss leaves it (the docstring)
-    fully_shard(root, mesh=dp_mesh, mp_policy=mp_of(units[0], root), shard_placement_fn=_placement_fn(root, units[0]))
-    if reduce_sum:
-        # commplan's reduce_op = "sum": divide factor 1. FSDP2 would reduce
-        # fp32/bf16 with PREMUL_SUM(1.0), which gloo lacks; forcing SUM is the
-        # same arithmetic (and what FSDP2 does for fp16 at factor 1).
-        for m in [root] + [x.norm if x is head else x for x in layer_units]:
-            m.set_gradient_divide_factor(1.0)
+    fully_shard(root, mesh=dp_mesh, mp_policy=mp_of(units[0], root), shard_placement_fn=_placement_fn(root, units[0]),
+                ignored_params=ignored.get(units[0]["name"]))
+    for name, ps in ignored.items():  # FSDP2 left them whole: plain tensors, every element
+        for p in ps:
+            if isinstance(p, DTensor) or p.numel() != p.data.numel():
+                raise AssertionError(f"unit {name}: fully_shard sharded an ignored parameter")
+    for u, m in zip(units, [root] + [x.norm if x is head else x for x in layer_units]):
+        factor, force = u.get("gradient_divide_factor"), bool(u.get("force_sum_reduction_for_comms"))
+        if (factor is None and reduce_sum) or (factor is not None and float(factor) == 1.0 and not force):
+            # commplan's reduce_op = "sum": divide factor 1. FSDP2 would reduce
+            # fp32/bf16 with PREMUL_SUM(1.0), which gloo lacks; forcing SUM is the
+            # same arithmetic (and what FSDP2 does for fp16 at factor 1); so for a
+            # unit's own factor 1.
+            factor, force = 1.0, True
+        # the plan's set_gradient_divide_factor / set_force_sum_reduction_for_comms
+        # (plan.json's units: each unit's own, else the plan's)
+        if factor is not None:
+            m.set_gradient_divide_factor(float(factor))
+        if force:
             m.set_force_sum_reduction_for_comms(True)
 
     # Index maps: local shard element -> full flat index (torch.chunk over
@@ -538,6 +559,14 @@ def run_job(rank, job):
                     root.set_requires_all_reduce(last)
                 elif accumulation == "step_end":  # _PipelineStageBase.forward_one_chunk / backward_maybe_with_nosync
                     root.set_manual_backward_finalization(True)
+                # a unit's own accumulation (plan.json's units): its FSDPModule's setters alone,
+                # after the recursive call above
+                for u, m in zip(units, [root] + [x.norm if x is head else x for x in layer_units]):
+                    own = u.get("grad_accumulation")
+                    if own:
+                        m.set_requires_gradient_sync(last or own != "sync_last", recurse=False)
+                        if own == "all_reduce_last":
+                            m.set_requires_all_reduce(last, recurse=False)
                 set_grads(step, micro)
                 x = torch.zeros(1, requires_grad=True)
                 out = root(x)

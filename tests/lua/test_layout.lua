@@ -54,17 +54,152 @@ function T.forward_order_root_first()
 end
 
 function T.reduction_factors()
-  local r = layout.reduction("avg", "fp32", 4, 2)
+  local r = layout.reduction(nil, false, "fp32", 4, 2)
   H.eq(r.rs_op, "avg"); H.eq(r.ar_op, "avg")
-  H.eq(layout.reduction("avg", "fp32", 1, 1).rs_op, "sum", "dp == 1 uses SUM")
+  H.eq(layout.reduction(nil, false, "fp32", 1, 1).rs_op, "sum", "dp == 1 uses SUM")
   local pre_post = { [8] = { 4, 2 }, [16] = { 4, 4 }, [32] = { 8, 4 }, [64] = { 8, 8 }, [128] = { 16, 8 } }
   for dp, want in pairs(pre_post) do
-    local f = layout.reduction("avg", "fp16", dp, 1)
+    local f = layout.reduction(nil, false, "fp16", dp, 1)
     H.eq(f.rs_op, "sum", "fp16 uses SUM")
     H.eq(f.pre_divide, want[1], "pre for " .. dp); H.eq(f.post_divide, want[2], "post for " .. dp)
   end
-  local six = layout.reduction("avg", "fp16", 6, 1)
+  local six = layout.reduction(nil, false, "fp16", 6, 1)
   H.eq(six.pre_divide, 4, "pre for 6 overshoots"); H.eq(six.post_divide, 1.5, "post for 6")
+end
+
+-- set_gradient_divide_factor / set_force_sum_reduction_for_comms, each
+-- branch of torch 2.15's _get_gradient_divide_factors (_fsdp_collectives.py:945-1002).
+function T.reduction_factor_and_forced_sum()
+  local function red(...)
+    local r = assert(layout.reduction(...))
+    return string.format("%s %s %g %g %s", r.rs_op, r.ar_op, r.pre_divide, r.post_divide,
+      r.premul and string.format("%g", r.premul) or "nil")
+  end
+  -- fp32/bf16, a factor: AVG where it is the shard group's size, else PREMUL_SUM(1/f); the all-reduce SUM
+  H.eq(red(4, false, "fp32", 4, 2), "avg sum 1 1 nil", "factor == W: AVG then SUM")
+  H.eq(red(8, false, "bf16", 4, 2), "premul_sum sum 1 1 8", "factor != W: PREMUL_SUM(1/8)")
+  H.eq(red(1.5, false, "fp32", 2, 1), "premul_sum sum 1 1 1.5", "non-integer factor")
+  H.eq(red(1, false, "fp32", 4, 1), "sum sum 1 1 nil", "factor 1: PREMUL_SUM(1.0) is a SUM")
+  H.eq(red(3, false, "fp32", 1, 2), "sum sum 3 1 nil", "one shard rank: the copy divides")
+  -- forced sum: everything after the collectives (fp32/bf16), or fp16's split
+  H.eq(red(nil, true, "fp32", 4, 2), "sum sum 1 8 nil", "force: post-divide by the dp size")
+  H.eq(red(6, true, "bf16", 3, 1), "sum sum 1 6 nil", "force with a factor")
+  H.eq(red(nil, true, "fp32", 1, 1), "sum sum 1 1 nil", "force at one rank divides by 1")
+  H.eq(red(3, true, "fp32", 1, 2), "sum sum 3 3 nil", "force at one shard rank: copy and post-divide both")
+  H.eq(red(12, false, "fp16", 4, 1), "sum sum 4 3 nil", "fp16 with a factor: its own split")
+  H.eq(red(2.5, true, "fp16", 4, 1), "sum sum 1 2.5 nil", "a factor no power of two divides")
+  local none, why = layout.reduction(4, false, "fp16", 1, 2)
+  H.eq(none, nil, "fp16 at one shard rank with a factor divides twice")
+  assert(why:find("_fsdp_collectives.py", 1, true), why)
+end
+
+-- The setters as plan fields: plan-wide, a unit's own overriding them, and
+-- the reduce-scatter ops carrying PREMUL_SUM's factor; refusals in one line.
+local function gdiv_plan(unit_extra, fsdp, parallel, reduce_dtype)
+  return string.format([[return { world_size = 8, parallel = %s,
+  model = { family = "generic", units = {
+    { name = "a", params = { { name = "a.w", shape = { 8, 3 } } }%s },
+    { name = "root", params = { { name = "r.w", shape = { 6 } } } } } },
+  fsdp = { %s reduce_dtype = %q } }]], parallel or "{ dp_replicate = 2, dp_shard = 4 }", unit_extra or "", fsdp or "",
+    reduce_dtype or "fp32")
+end
+
+function T.divide_factor_plan_fields()
+  local p = plan.from_source(gdiv_plan(", gradient_divide_factor = 3", "gradient_divide_factor = 4,"), "plans/t.lua")
+  local by = {}
+  for _, u in ipairs(p.layout.units) do by[u.name] = u end
+  H.eq(by.root.rs_op, "avg", "the plan's factor 4 = dp_shard: AVG"); H.eq(by.root.ar_op, "sum", "then SUM")
+  H.eq(by.a.rs_op, "premul_sum", "the unit's own factor 3"); H.eq(by.a.premul, 3, "its factor")
+  local premul_ops = 0
+  for _, o in ipairs(p.ops) do
+    if o.kind == "reduce_scatter" and o.unit == by.a.index then
+      H.eq(o.reduce_op, "premul_sum", "the unit's reduce-scatter"); H.eq(o.premul, 3, "carries the factor")
+      premul_ops = premul_ops + 1
+    end
+  end
+  H.eq(premul_ops, 1, "one reduce-scatter of unit a")
+  -- forced sum plan-wide, a unit opting out
+  local q = plan.from_source(gdiv_plan(", force_sum_reduction_for_comms = false",
+    "force_sum_reduction_for_comms = true,"), "plans/t.lua")
+  for _, u in ipairs(q.layout.units) do by[u.name] = u end
+  H.eq(by.root.post_divide, 8, "forced: SUM, divide by W x R after"); H.eq(by.root.rs_op, "sum", "forced SUM")
+  H.eq(by.a.rs_op, "avg", "the unit's own false keeps FSDP2's AVG")
+end
+
+function T.divide_factor_refusals()
+  H.plan_fails(gdiv_plan(nil, "gradient_divide_factor = 2, reduce_op = \"sum\","), "fsdp.gradient_divide_factor",
+    "reduce_op")
+  H.plan_fails(gdiv_plan(", gradient_divide_factor = 0"), "model.units[1].gradient_divide_factor", "> 0")
+  H.plan_fails(gdiv_plan(", gradient_divide_factor = 4", nil, "{ dp_replicate = 8 }", "fp16"),
+    "model.units[1].gradient_divide_factor", "_fsdp_collectives.py")
+  H.plan_fails([[return { world_size = 2, parallel = { dp_shard = 2 }, model = { family = "generic", units = {
+    { name = "a", params = { { name = "a.w", shape = { 4 } } } },
+    { name = "root", params = {}, force_sum_reduction_for_comms = true } } } }]],
+    "model.units[2].force_sum_reduction_for_comms", "no parameters")
+end
+
+-- A unit's own grad_accumulation (set_requires_gradient_sync /
+-- set_requires_all_reduce with recurse=False): its reductions follow it,
+-- the others the plan's; refusals where FSDP2 or the pipeline overrides it.
+local function acc_plan(units_extra, fsdp, parallel)
+  return string.format([[return { world_size = 4, parallel = %s,
+  model = { family = "generic", units = {
+    { name = "a", params = { { name = "a.w", shape = { 8, 3 } } }%s },
+    { name = "b", params = { { name = "b.w", shape = { 4 } } }%s },
+    { name = "root", params = { { name = "r.w", shape = { 6 } } } } } },
+  fsdp = { micro_steps = 3, %s } }]], parallel or "{ dp_replicate = 2, dp_shard = 2 }", units_extra[1] or "",
+    units_extra[2] or "", fsdp or "")
+end
+
+function T.unit_grad_accumulation()
+  local p = plan.from_source(acc_plan({ ', grad_accumulation = "sync_last"', ', grad_accumulation = "all_reduce_last"' },
+    'grad_accumulation = "fsdp2_default"'), "plans/t.lua")
+  local idx = {}
+  for _, u in ipairs(p.layout.units) do idx[u.index] = u.name end
+  local seen = {}
+  for _, o in ipairs(p.ops) do
+    local k = idx[o.unit] .. ":" .. o.kind
+    if o.kind == "reduce_scatter" or o.kind == "all_reduce" or o.kind:find("^partial_") then
+      seen[k] = (seen[k] or "") .. o.micro_step
+    end
+  end
+  H.eq(seen["a:reduce_scatter"], "2", "sync_last unit: the last micro-step only")
+  H.eq(seen["b:reduce_scatter"], "012", "all_reduce_last: every micro-step reduce-scatters")
+  H.eq(seen["b:all_reduce"], "2", "... and all-reduces on the last")
+  H.eq((seen["b:partial_save"] or "") .. (seen["b:partial_add"] or "") .. seen["b:partial_fold"], "012",
+    "its partial sums")
+  H.eq(seen["root:all_reduce"], "012", "the plan's fsdp2_default for the rest")
+  H.plan_fails(acc_plan({ ', grad_accumulation = "all_reduce_last"' }, nil, "{ dp_shard = 4 }"),
+    "model.units[1].grad_accumulation", "dp_replicate")
+  H.plan_fails(acc_plan({ ', grad_accumulation = "step_end"' }), "model.units[1].grad_accumulation")
+  H.plan_fails(acc_plan({ ', grad_accumulation = "sync_last"' }, 'grad_accumulation = "step_end"'),
+    "model.units[1].grad_accumulation", "step_end")
+end
+
+-- fully_shard's ignored_params: out of the slot and every collective, whole
+-- in the whole-rank memory; a unit left with none issues nothing.
+function T.ignored_params()
+  local src = [[return { world_size = 4, parallel = { dp_shard = 4 }, model = { family = "generic", units = {
+    { name = "a", params = { { name = "a.w", shape = { 8, 3 } }, { name = "a.f", shape = { 5, 2 }%s } } },
+    { name = "b", params = { { name = "b.t", shape = { 10 }, ignored = true } } },
+    { name = "root", params = { { name = "r.w", shape = { 6 } } } } } } }]]
+  local with = plan.from_source(string.format(src, ", ignored = true"), "plans/t.lua")
+  local without = plan.from_source(string.format(src, ""), "plans/t.lua")
+  local function unit(p, n) for _, u in ipairs(p.layout.units) do if u.name == n then return u end end end
+  H.eq(#unit(with, "a").params, 1, "a's slot holds a.w alone"); H.eq(unit(with, "a").total, 6, "a.w's 24 / 4")
+  H.eq(unit(without, "a").total, 6 + 4, "a.f sharded too without ignored (2 of its 5 rows)")
+  H.eq(unit(with, "a").ignored[1].numel, 10, "a.f whole"); H.eq(#unit(with, "b").params, 0, "b: nothing sharded")
+  for _, o in ipairs(with.ops) do H.eq(o.unit ~= unit(with, "b").index, true, "b issues nothing") end
+  local memory = require("gen.memory")
+  local s = { optimizer = "none", gpu_memory_bytes = 1e12 }
+  local pw = memory.whole_rank(with, s, {}).params_bytes
+  local pwo = memory.whole_rank(without, s, {}).params_bytes
+  H.eq(pw - pwo, 4 * (10 - 4), "a.f ignored: whole (10) instead of its shard (4)")
+  H.plan_fails(string.format(src, ", ignored = true, shard_dim = 1"), "model.units[1].params[2].shard_dim",
+    "ignored")
+  H.plan_fails([[return { world_size = 2, model = { family = "generic", units = {
+    { name = "root", params = { { name = "r.w", shape = { 6 }, ignored = true } } } } } }]], "model.units",
+    "every parameter is ignored")
 end
 
 -- torch 2.15's FSDP2 keeps unsharded grads in reduce_dtype (the unsharded

@@ -658,6 +658,43 @@ class FromModule(Tmp):
                           ("layers.0", ["layers.0.w"], None), ("root", [], None)])
 
 
+class ReductionSetters(Tmp):
+    """FSDPModule.set_gradient_divide_factor / set_force_sum_reduction_for_comms as the writer
+    takes them: per Unit and plan-wide, written, generated, and the reduction the plan then has."""
+
+    def test_unit_and_plan_setters(self):
+        a = FakeModule(w=FakeParam((8, 3)))
+        model = FakeModule(a=a, head=FakeParam((6,)))
+        text = commplan.plan_from_module(
+            model, [commplan.Unit(a, gradient_divide_factor=3, force_sum_reduction_for_comms=False)], "gdw", 8,
+            parallel={"dp_replicate": 2, "dp_shard": 4}, fsdp={"force_sum_reduction_for_comms": True})
+        self.assertIn("gradient_divide_factor = 3.0, force_sum_reduction_for_comms = false", text)
+        self.assertIn("force_sum_reduction_for_comms = true", text)
+        out = self.generate(self.write("w", "gdw", text))
+        with open(os.path.join(out, "plan.json")) as f:
+            units = {u["name"]: u for u in json.load(f)["units"]}
+        self.assertEqual((units["a"]["rs_op"], units["a"]["premul_factor"]), ("premul_sum", 3))
+        self.assertEqual((units["root"]["rs_op"], units["root"]["post_divide"]), ("sum", 8))
+        with self.assertRaises(PlanError):
+            commplan.plan_from_named_parameters("gdw", [{"name": "root", "params": [("w", (4,), "fp32", 0)],
+                                                         "gradient_divide_factor": 0}], 2)
+
+    def test_ignored_params(self):
+        f = FakeParam((5, 2))
+        a = FakeModule(w=FakeParam((8, 3)), f=f)
+        model = FakeModule(a=a, head=FakeParam((6,)))
+        text = commplan.plan_from_module(model, [commplan.Unit(a, ignored_params=[f],
+                                                               grad_accumulation="sync_last")], "igw", 4,
+                                         fsdp={"micro_steps": 2})
+        self.assertIn('{ name = "a.f", shape = { 5, 2 }, ignored = true }', text)
+        self.assertIn('grad_accumulation = "sync_last"', text)
+        out = self.generate(self.write("w", "igw", text))
+        with open(os.path.join(out, "plan.json")) as fh:
+            units = {u["name"]: u for u in json.load(fh)["units"]}
+        self.assertEqual([q["name"] for q in units["a"]["params"]], ["a.w"])
+        self.assertEqual(units["a"]["ignored_params"][0]["numel"], 10)
+
+
 class Readme(Tmp):
     """docs/python.md's "Training with PyTorch" (the README's section until issue 38): the first python block after that heading is run with
     `model` a stand-in of tests/python/tiny_llama.py's llama_tiny; the training half (the second
