@@ -46,6 +46,12 @@ world() { $LUA -e "print(dofile('$(plan_file "$1")').world_size)"; }
 # Expert parallel (ep > 1): the plan has all-to-alls, which --graph refuses
 # by design (their split sizes are read back to the host every step).
 expert_parallel() { [ "$($LUA -e "print((dofile('$(plan_file "$1")').parallel or {}).ep or 1)")" -gt 1 ]; }
+# CPU offload (fsdp.cpu_offload or a unit's): --graph is refused as FSDP2
+# refuses it (a later reduction's D2H is waited for by the host, which adds).
+offloads() {
+  [ "$($LUA -e "local p = dofile('$(plan_file "$1")'); local o = (p.fsdp or {}).cpu_offload
+    for _, u in ipairs((p.model or {}).units or {}) do o = o or u.cpu_offload end; print(o and 1 or 0)")" = 1 ]
+}
 
 # launch N LOG BIN ARGS...: N rank processes with torchrun's variables; the
 # logs are LOG.<rank>; returns the number of ranks that failed.
@@ -116,6 +122,19 @@ for p in "$@"; do
     refused=$(cat "$log".*[0-9] | grep -c -- "--graph: plan $p has expert-parallel all-to-alls")
     if [ "$failed_ranks" = "$n" ] && [ "$refused" = "$n" ] && ! crashed "$n" "$log" >/dev/null; then
       ok "$p --graph: not run, refused on all $n ranks with its one line as designed (expert all-to-alls' run-time split sizes)"
+    else
+      plan_ok=0
+      bad "$p ($n ranks) --graph: not refused on every rank ($refused of $n said so)" "$log.0"
+    fi
+  elif offloads "$p"; then
+    modes=eager
+    log=$dir/$p.graph
+    runs=$((runs + 1))
+    launch "$n" "$log" "$bin" --check --steps 2 --graph
+    failed_ranks=$?
+    refused=$(cat "$log".*[0-9] | grep -c -- "offloads unit .* to the CPU (cpu_offload): a CUDA graph cannot capture")
+    if [ "$failed_ranks" = "$n" ] && [ "$refused" = "$n" ] && ! crashed "$n" "$log" >/dev/null; then
+      ok "$p --graph: not run, refused on all $n ranks with its one line as FSDP2 refuses it (CPU offload's host copies)"
     else
       plan_ok=0
       bad "$p ($n ranks) --graph: not refused on every rank ($refused of $n said so)" "$log.0"

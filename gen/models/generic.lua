@@ -60,7 +60,8 @@ function generic.units(ctx, model)
         .. "without biases; drop loss_head or wrap those two modules alone", u.name, #u.params))
     end
     units[i] = { name = u.name, params = params, reshard_after_forward = u.reshard_after_forward,
-                 param_dtype = u.param_dtype, reduce_dtype = u.reduce_dtype, loss_head = u.loss_head or nil }
+                 param_dtype = u.param_dtype, reduce_dtype = u.reduce_dtype, loss_head = u.loss_head or nil,
+                 cpu_offload = u.cpu_offload, pin_memory = u.pin_memory }
   end
   return units, { n_heads = model.n_heads, n_kv_heads = model.n_kv_heads, num_experts = model.num_experts,
                   seq_len = model.seq_len }

@@ -186,7 +186,8 @@ function ep.apply_units(ctx, units, d, _)
       du.params, du.state = dense, u.name
       local eu = { name = u.name .. ".experts", params = local_params, expert = true, state = u.name,
                    reshard_after_forward = u.reshard_after_forward, param_dtype = u.param_dtype,
-                   reduce_dtype = u.reduce_dtype, num_experts = E }
+                   reduce_dtype = u.reduce_dtype, num_experts = E, cpu_offload = u.cpu_offload,
+                   pin_memory = u.pin_memory }
       out[#out + 1] = du
       out[#out + 1] = eu
     end

@@ -73,7 +73,8 @@ function pp.settings(p, mine)
   local out = {}
   for k, v in pairs(p) do out[k] = v end
   out.fsdp = { micro_steps = mine.t.sched.microbatches, reshard_after_forward = false, grad_accumulation = "step_end",
-               reduce_op = f.reduce_op, param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype }
+               reduce_op = f.reduce_op, param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype,
+               cpu_offload = f.cpu_offload, pin_memory = f.pin_memory }
   return out
 end
 

@@ -14,10 +14,12 @@ __all__ = ["Unit", "resolve_units", "units_from_module", "torchtitan_units", "pl
 
 class Unit:
     """One fully_shard call: a module or a list of modules (torchtitan's [norm, output]), an
-    optional name (default: the modules' names joined by "_", "root" for the model itself) and
-    reshard_after_forward (None: the plan's default; the root never reshards after forward)."""
+    optional name (default: the modules' names joined by "_", "root" for the model itself),
+    reshard_after_forward (None: the plan's default; the root never reshards after forward) and
+    offload_policy as fully_shard takes it (None: the plan's default; torch's CPUOffloadPolicy(
+    pin_memory=...) or OffloadPolicy(), the plan's unit cpu_offload and pin_memory)."""
 
-    def __init__(self, modules, name=None, reshard_after_forward=None):
+    def __init__(self, modules, name=None, reshard_after_forward=None, offload_policy=None):
         self.modules = list(modules) if isinstance(modules, (list, tuple)) else [modules]
         if not self.modules:
             raise PlanError("a unit needs at least one module")
@@ -26,9 +28,24 @@ class Unit:
         validate.check_bool_or_none(reshard_after_forward, "reshard_after_forward", src="Unit")
         self.name = name
         self.reshard_after_forward = reshard_after_forward
+        self.cpu_offload, self.pin_memory = _offload_of(offload_policy)
 
     def __repr__(self):
         return "Unit(%r, reshard_after_forward=%r)" % (self.name, self.reshard_after_forward)
+
+
+def _offload_of(policy):
+    """(cpu_offload, pin_memory) of a fully_shard offload_policy: torch 2.15 _fsdp_api.py:231-255
+    (OffloadPolicy: none; CPUOffloadPolicy(pin_memory=True))."""
+    if policy is None:
+        return None, None
+    kind = type(policy).__name__
+    if kind == "CPUOffloadPolicy":
+        return True, bool(policy.pin_memory)
+    if kind == "OffloadPolicy":
+        return False, None
+    raise PlanError("Unit: offload_policy: expected torch's CPUOffloadPolicy or OffloadPolicy (fully_shard's "
+                    "offload_policy), got %s" % validate.describe(policy, False))
 
 
 def _module_names(model):
@@ -147,6 +164,10 @@ def named_units(model, units, shard_dim=None):
         ps = [(fqn, tuple(int(d) for d in p.shape), dtype_name(p.dtype, fqn), _shard_dim_of(shard_dim, fqn, p))
               for fqn, p in params]
         out.append({"name": u.name, "params": ps, "reshard_after_forward": u.reshard_after_forward})
+        if u.cpu_offload is not None:  # the unit's own offload_policy
+            out[-1]["cpu_offload"] = u.cpu_offload
+            if u.cpu_offload:
+                out[-1]["pin_memory"] = u.pin_memory
     return out
 
 

@@ -330,10 +330,11 @@ def normalize_units(units):
     for i, u in enumerate(units):
         where = "unit %d" % (i + 1)
         if isinstance(u, dict):
-            unknown = sorted(set(u) - {"name", "params", "reshard_after_forward", "loss_head"})
+            unknown = sorted(set(u) - {"name", "params", "reshard_after_forward", "loss_head", "cpu_offload",
+                                       "pin_memory"})
             if unknown:
-                raise PlanError("%s: unknown unit keys %s; use name, params, reshard_after_forward, loss_head"
-                                % (where, unknown))
+                raise PlanError("%s: unknown unit keys %s; use name, params, reshard_after_forward, loss_head, "
+                                "cpu_offload, pin_memory" % (where, unknown))
             name, params, raf = u.get("name"), u.get("params", []), u.get("reshard_after_forward")
             head = u.get("loss_head")
         elif isinstance(u, (list, tuple)) and len(u) in (2, 3):
@@ -353,6 +354,11 @@ def normalize_units(units):
         out.append({"name": name, "params": ps, "reshard_after_forward": raf})
         if head:  # torchtitan's [norm, lm_head], run by its ChunkedLossWrapper (docs/plan-files.md)
             out[-1]["loss_head"] = True
+        if isinstance(u, dict):  # the unit's offload_policy (CPUOffloadPolicy: docs/plan-files.md)
+            for key in ("cpu_offload", "pin_memory"):
+                if u.get(key) is not None:
+                    validate.check_bool_or_none(u[key], key, src="%s (%s)" % (where, name))
+                    out[-1][key] = u[key]
     for i, u in enumerate(out[:-1]):
         if not u["params"]:
             raise PlanError("unit %d (%s) has no parameters; only the root (the last unit) may have none"
@@ -493,6 +499,9 @@ def _unit_text(u, default_raf, is_root, dtype_default):
         head += " reshard_after_forward = %s," % ("true" if u["reshard_after_forward"] else "false")
     if u.get("loss_head"):
         head += " loss_head = true,"
+    for key in ("cpu_offload", "pin_memory"):  # the unit's own offload_policy (CPUOffloadPolicy)
+        if u.get(key) is not None:
+            head += " %s = %s," % (key, "true" if u[key] else "false")
     if not u["params"]:
         lines.append(head + " params = {} },")
         return lines

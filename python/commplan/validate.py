@@ -54,13 +54,15 @@ SECTIONS = {
         "param_dtype": Spec("enum", enum=DTYPES),
         "reduce_dtype": Spec("enum", enum=DTYPES),
         "grad_accumulation": Spec("enum", enum=("fsdp2_default", "sync_last", "all_reduce_last", "step_end")),
+        # fully_shard(offload_policy=CPUOffloadPolicy(pin_memory=...)) on every unit
+        "cpu_offload": Spec("bool"), "pin_memory": Spec("bool"),
     },
     "topology": dict({"gpus_per_node": Spec("int"), "nics_per_node": Spec("int"), "nvlinks": Spec("int"),
                       "nvls": Spec("bool"), "sharp": Spec("bool"),
                       "preset": Spec("enum", enum=("h100", "h200", "b200", "a100", "h100_hbm2e")),
                       "collectives": Spec("enum", enum=("nccl", "alpha_beta"))},
                      **{k: Spec("num") for k in ("intra_node_GBps", "inter_node_GBps", "latency_us", "gpu_memory_GB",
-                                                 "gpu_TFLOPS", "mfu", "hbm_GBps", "nic_Gbps", "nvlink_GBps",
+                                                 "gpu_TFLOPS", "mfu", "hbm_GBps", "host_GBps", "nic_Gbps", "nvlink_GBps",
                                                  "pci_GBps", "net_latency_us")}),
     "training": {
         "activation_checkpointing": Spec("enum", enum=("none", "full", "selective")),

@@ -577,10 +577,27 @@ def gen_seed(seed, attempt=0):
         # pipelining's end-of-step reduction, drawn last for the same reason
         elif fsdp["grad_accumulation"] == "sync_last" and tree_knows("step_end") and rng.random() < 0.4:
             fsdp["grad_accumulation"] = "step_end"
+    # CPUOffloadPolicy (issue 39), drawn last so earlier seeds keep their plans: plan-wide
+    # and per unit, with every option above (on gloo its copies are no-ops: the draw checks
+    # the collectives and reduced gradients under the policy; record.py offload_of)
+    if tree_knows("cpu_offload") and rng.random() < 0.35:
+        if rng.random() < 0.5:
+            fsdp["cpu_offload"] = True
+            if rng.random() < 0.3:
+                fsdp["pin_memory"] = False
+        off = [u for u in units if u["params"]]
+        for u in off:
+            if rng.random() < 0.4:
+                u["cpu_offload"] = rng.random() < 0.7
+                if u["cpu_offload"] and rng.random() < 0.3:
+                    u["pin_memory"] = False
+        for i, u in enumerate(units):
+            lines[5 + i] = f"    {lua(u)},"
     lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
     desc = (f"{kind} {'x'.join(str(x) for x in (R, S, T))}, {n_units}+root units, micro {micro}"
             f"{' ' + fsdp['grad_accumulation'] if 'grad_accumulation' in fsdp else ''}, steps {steps}, "
-            f"{reduce_op}, pattern {pattern}")
+            f"{reduce_op}, pattern {pattern}"
+            f"{', cpu_offload' if fsdp.get('cpu_offload') or any(u.get('cpu_offload') for u in units) else ''}")
     return "\n".join(lines) + "\n", steps, desc, pattern
 
 

@@ -50,7 +50,7 @@ class HostLibrary:
                 self.reduce_adds[index[op["unit"]]].append((op["kind"] == "view_out_add", op.get("params")))
         self.reduce_cursor = {u["index"]: 0 for u in units}
 
-    def tensor(self, kind, param, numel, dtype):
+    def tensor(self, kind, param, numel, dtype, host=False):  # (host: CPU offload; all host memory here)
         t = self.buf[kind][param]
         assert t.dtype == DT[dtype] and t.numel() >= numel, (kind, param, numel, dtype)
         return t[:numel]
