@@ -61,6 +61,23 @@ function T.schedule_places_the_copies()
   end
 end
 
+-- Without a cast (the stored dtype is the all-gather's) a unit that does
+-- not offload all-gathers its shards directly (zero copy-in); one that
+-- offloads still copies in from the H2D's device copy (FSDP2's
+-- use_foreach_copy is False for it, _fsdp_collectives.py:414-419).
+function T.no_zero_copy_in_from_host_memory()
+  local p = plan.from_source(src('{ cpu_offload = true }', ", cpu_offload = false"), "plans/t.lua")
+  for _, u in ipairs(p.layout.units) do
+    local ks = kinds_of(p, u.index)
+    if u.offload then
+      H.eq(select(2, ks:gsub("h2d copy_in all_gather", "")), select(2, ks:gsub("all_gather", "")),
+        u.name .. ": every all-gather after an h2d and a copy-in")
+    else
+      H.eq(ks:find("copy_in"), nil, u.name .. ": zero copy-in")
+    end
+  end
+end
+
 -- The proof refuses a step that drops an H2D or adds on the first reduction.
 function T.proof_catches_mutants()
   local p = plan.from_source(src(OFF), "plans/t.lua")
@@ -144,4 +161,27 @@ function T.refusals()
     { name = "root", params = {}, cpu_offload = true } } } }]], "model.units[2].cpu_offload", "no parameters")
 end
 
+
+
+-- Where no mesh fits, the advisor plans the smallest again with
+-- fsdp.cpu_offload = true and says what it then needs (GPU and host).
+function T.advisor_tries_cpu_offload()
+  local advisor = require("gen.advisor")
+  local load = require("gen.load")
+  local text = src(PLAIN, nil, "{ gpu_memory_GB = 0.000001 }")
+  local res = advisor.rank(load.source(text, "plans/t.lua"), { no_pipeline = true })
+  local top = res.results[1]
+  H.eq(top.fits, false, "nothing fits in 1 kB")
+  local o = res.offload
+  assert(o and o.mesh == top.mesh and o.ac == top.ac, "the smallest mesh tried with cpu_offload")
+  assert(o.host_bytes > 0, "its sharded state in host memory")
+  local out = {}
+  advisor.explain(top, res, out)
+  local all = table.concat(out, "\n")
+  assert(all:find("With fsdp.cpu_offload = true (FSDP2's CPUOffloadPolicy", 1, true), all)
+  -- a plan that offloads already gets no such line
+  local res2 = advisor.rank(load.source(src(OFF, nil, "{ gpu_memory_GB = 0.000001 }"), "plans/t.lua"),
+    { no_pipeline = true })
+  H.eq(res2.offload, nil, "already offloading")
+end
 return T
