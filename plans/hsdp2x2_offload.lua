@@ -1,10 +1,12 @@
 -- CPU offload (fully_shard(offload_policy=CPUOffloadPolicy()), docs/plan-files.md
 -- "CPU offload"): hsdp2x2's model with every unit's sharded parameters and
--- gradients in host memory, bf16 all-gathers from fp32 shards, two
--- micro-steps of FSDP2's default accumulation (the second reduction's D2H
--- adds on the host). Per unit: layers.1 keeps its shards on the device
--- (cpu_offload = false), layers.2 offloads to pageable memory
--- (pin_memory = false).
+-- gradients in host memory, bf16 shards gathered as they are (an
+-- offloading unit still copies in, from the H2D's device copy) and
+-- reduced in fp32, two micro-steps of FSDP2's default accumulation (the
+-- second reduction's D2H adds on the host). Per unit: layers.1 keeps its
+-- shards on the device (cpu_offload = false: a zero copy-in), layers.2
+-- offloads to pageable memory (pin_memory = false), layers.0 gathers in
+-- fp32 (a cast in its copy-in).
 local function layer(b, extra)
   local pre = "layers." .. b .. ".p."
   local function p(name, shape) return { name = pre .. name, shape = shape } end
@@ -20,11 +22,11 @@ end
 return {
   world_size = 4,
   parallel = { dp_replicate = 2, dp_shard = 2 },
-  fsdp = { cpu_offload = true, micro_steps = 2, param_dtype = "bf16", reduce_dtype = "fp32" },
+  fsdp = { cpu_offload = true, micro_steps = 2, reduce_dtype = "fp32" },
   model = {
-    family = "generic", dtype = "fp32",
+    family = "generic", dtype = "bf16",
     units = {
-      layer(0), layer(1, { cpu_offload = false }), layer(2, { pin_memory = false }),
+      layer(0, { param_dtype = "fp32" }), layer(1, { cpu_offload = false }), layer(2, { pin_memory = false }),
       { name = "root", params = {
         { name = "root.tok_embeddings", shape = { 37, 12 } },
         { name = "root.norm", shape = { 12 } },

@@ -208,7 +208,7 @@ for bin in build/emu/a2a_ep4/a2a_ep4 build/emu-asan/a2a_ep4/a2a_ep4; do
   else bad "$bin: --graph not refused" "$log.0"; fi
 done
 
-ASAN_PLANS=${EMU_ASAN_PLANS-fsdp4 llama_tiny_tp hsdp3x2_arlast ep2_mixtral_hsdp}
+ASAN_PLANS=${EMU_ASAN_PLANS-fsdp4 llama_tiny_tp hsdp3x2_arlast ep2_mixtral_hsdp hsdp2x2_offload}
 echo "== the GPU path under ASan+UBSan on the emulator (build/emu-asan)"
 for p in $ASAN_PLANS; do
   bin=build/emu-asan/$p/$p
@@ -217,6 +217,7 @@ for p in $ASAN_PLANS; do
   plan_ok=1
   asan_modes="eager graph" asan_said="eager and --graph"
   expert_parallel "$p" && asan_modes=eager asan_said="eager (--graph is refused with all-to-alls)"
+  offloads "$p" && asan_modes=eager asan_said="eager (--graph is refused with CPU offload)"
   for m in $asan_modes; do
     mode=""
     [ "$m" = graph ] && mode=--graph
@@ -239,7 +240,7 @@ if [ -x build/emu-asan/fsdp4/fsdp4 ]; then
   else bad "fsdp4 under ASan+UBSan: a failed step's teardown" "$log.0"; fi
 fi
 
-LIB_PLANS=${EMU_LIB_PLANS-fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven llama_tiny_tp}
+LIB_PLANS=${EMU_LIB_PLANS-fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven llama_tiny_tp hsdp2x2_offload}
 echo "== the GPU library (cp_gpu_unshard, _reshard, _reduce_grads) driven in the plan's order around the caller's compute"
 for p in $LIB_PLANS; do
   bin=build/emu/$p/library_run

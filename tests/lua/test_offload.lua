@@ -136,6 +136,25 @@ function T.memory_plan_and_host_bytes()
   H.eq(mq.host_bytes, 0, "no offload: no host bytes")
 end
 
+-- Under a pipeline (torchtitan passes cpu_offload to every stage's
+-- fully_shard): every stage's units offload, the step's copies come with
+-- FSDP's pieces, and the pipeline's memory row leaves the sharded state out.
+function T.pipeline_stages_offload()
+  local figures = require("gen.figures")
+  local text = H.read("tests/pp/plans/pp_tiny.lua")
+  local off = text:gsub('fsdp = { param_dtype = "bf16", reduce_dtype = "fp32" }',
+    'fsdp = { param_dtype = "bf16", reduce_dtype = "fp32", cpu_offload = true }')
+  assert(off ~= text, "pp_tiny's fsdp line changed: update this test")
+  local a, b = plan.from_source(text, "tests/pp/plans/pp_tiny.lua"), plan.from_source(off, "tests/pp/plans/pp_tiny.lua")
+  local n = 0
+  for _, o in ipairs(b.ops) do if o.kind == "h2d" or o.kind == "d2h" then n = n + 1 end end
+  assert(n > 0, "pipeline rank 0's tables hold the host copies")
+  local fa, fb = figures.of(a).memory, figures.of(b).memory
+  assert(fa.params_bytes > 0, "pp_tiny holds its shards on the GPU")
+  H.eq(fb.params_bytes, 0, "offloaded: none on the GPU")
+  H.eq(fb.optimizer_bytes, 0, "nor optimizer state")
+end
+
 -- The copies cost bytes / host_GBps.
 function T.host_link_prices_the_copies()
   local p = plan.from_source(src(OFF, nil, "{ host_GBps = 10 }"), "plans/t.lua")
