@@ -284,7 +284,10 @@ local function audit_facts(p)
     "memory", O({ "params_bytes", m.params_bytes, "grads_bytes", m.grads_bytes, "optimizer_bytes", m.optimizer_bytes,
       "comm_bytes", m.comm_bytes, "activation_bytes", math.floor(m.activation_bytes + 0.5),
       "activations_modeled", m.activations_modeled, "total_bytes", math.floor(m.total_bytes + 0.5),
-      "gpu_bytes", math.floor(m.gpu_bytes + 0.5), "fits", m.fits }),
+      "gpu_bytes", math.floor(m.gpu_bytes + 0.5), "fits", m.fits,
+      -- CPU offload: the host's share (gen/memory.lua), only where a unit offloads
+      "host_bytes", (m.host_bytes or 0) > 0 and m.host_bytes or nil,
+      "host_pinned_bytes", (m.host_bytes or 0) > 0 and m.host_pinned_bytes or nil }),
     "memory_plan", memory_plan_facts(a.memory_plan),
     "by_group", by_group,
     "by_link", O({ "intra_node", link(a.links.intra), "inter_node", link(a.links.inter) }),
