@@ -694,6 +694,8 @@ class CommplanFSDP:
         # (d2h_add: the same on an offloading unit, added on the host)
         self._reduce_adds = {(self._unit_index[op["unit"]], op.get("micro_step", 0))
                              for op in self.plan["ops"] if op["kind"] in ("view_out_add", "d2h_add")}
+        # CPU offload: some unit's sharded grads are host memory, filled by D2H copies
+        self._offloads = any(u.get("cpu_offload") for u in self.plan["units"])
         # (unit, micro-step) whose reduction ends in the sharded grads; under all_reduce_last the
         # earlier ones end in the plan's partial sums (HSDP's set_requires_all_reduce(False))
         self._reduce_views = {(self._unit_index[op["unit"]], op.get("micro_step", 0))
@@ -1009,6 +1011,11 @@ class CommplanFSDP:
                 c, u, _ = self._calls[self._pos]
                 raise PlanOrderError("commplan: backward ended before %s(%s), which plan %s issues in micro-step %d"
                                      % (c, self.units[u]["name"], self.name, self._micro))
+            if self._offloads:
+                # CPU offload: the host's sharded grads are complete only when their D2H copies are;
+                # FSDP2's finalize_backward waits for them the same way (grad_offload_event, torch
+                # 2.15 _fsdp_param_group.py:894-896), before the optimizer steps on the host
+                self.lib.synchronize(300.0)
         finally:
             for P in self.params:
                 P.arrived = False
