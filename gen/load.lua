@@ -445,13 +445,16 @@ local function check_unit_offload(ctx, upath, q, np, f)
   end
 end
 
-local function check_offload(ctx, model, f)
-  if f.pin_memory == nil then return end
+local function check_offload(ctx, model, f, topo)
   local any = f.cpu_offload
   for _, u in ipairs(model.units or {}) do any = any or u.cpu_offload end
-  if not any then
+  if f.pin_memory ~= nil and not any then
     util.field_error(ctx, "fsdp.pin_memory", "pin_memory is CPUOffloadPolicy's (torch _fsdp_api.py:255) and no "
       .. "unit offloads: remove it or set fsdp.cpu_offload = true")
+  end
+  if topo and topo.host_GBps ~= nil and not any then
+    util.field_error(ctx, "topology.host_GBps", "the host link prices CPU offload's copies only and no unit "
+      .. "offloads: remove it or set fsdp.cpu_offload = true")
   end
 end
 
@@ -584,7 +587,7 @@ function load_plan.normalize(ctx, raw)
   check_family_keys(ctx, model)
   plan.model = model
   local f = plan.fsdp
-  check_offload(ctx, model, f)
+  check_offload(ctx, model, f, plan.topology)
   -- (as given, before the defaults: a module whose own setting differs refuses a given one)
   ctx.fsdp_given = { reshard_after_forward = f.reshard_after_forward, grad_accumulation = f.grad_accumulation }
   if f.reshard_after_forward == nil then f.reshard_after_forward = true end

@@ -175,6 +175,7 @@ function T.refusals()
   H.plan_fails(src('{ pin_memory = false }'), "fsdp.pin_memory", "no unit offloads", "cpu_offload = true")
   H.plan_fails(src('{}', ", pin_memory = true"), "model.units[2].pin_memory", "does not offload")
   H.plan_fails(src(OFF, ", cpu_offload = false, pin_memory = false"), "model.units[2].pin_memory")
+  H.plan_fails(src(PLAIN, nil, "{ host_GBps = 20 }"), "topology.host_GBps", "no unit offloads")
   H.plan_fails([[return { world_size = 2, parallel = { dp_shard = 2 }, model = { family = "generic", units = {
     { name = "a", params = { { name = "a.w", shape = { 4, 4 } } } },
     { name = "root", params = {}, cpu_offload = true } } } }]], "model.units[2].cpu_offload", "no parameters")
