@@ -538,10 +538,10 @@ EMU_PLANS  := $(KHOST_ALL) fsdp3 fsdp2_tp2 pp_tiny pp_tiny_tp pp_tiny_zbv pp_tin
               pp_qwen3_tiny pp_ep_mixtral llama_tiny_cptp llama_tiny_cppp mixed_ag \
               gdiv_premul gdiv_hsdp gacc_units ignored_params
 EMU_DIR     = $(if $(filter $(1),$(EMU_EXTRA)),build/gen/$(1),plans/$(1))
-EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven llama_tiny_tp
+EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven llama_tiny_tp hsdp2x2_offload
 # The same under ASan+UBSan (the GPU path's own memory errors: a freed
 # buffer a queued host function still reads), for a few plans.
-EMU_ASAN_PLANS := fsdp4 llama_tiny_tp hsdp3x2_arlast ep2_mixtral_hsdp
+EMU_ASAN_PLANS := fsdp4 llama_tiny_tp hsdp3x2_arlast ep2_mixtral_hsdp hsdp2x2_offload
 # $(1): build tree; $(2): extra compiler flags; $(3): plans. Objects of the
 # emulator, the GPU runtime and the host runtime, then each plan's binary
 # (and library_run where $(4) names the plan).
@@ -602,7 +602,7 @@ print-emu-plans:
 	@echo $(EMU_PLANS)
 print-emu-asan-plans:
 	@echo $(EMU_ASAN_PLANS)
-EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven llama_tiny_tp
+EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven llama_tiny_tp hsdp2x2_offload
 # tests/lib/ep_library.c: the library's token exchanges (every EP test plan; one under ASan)
 EMU_EP_LIB_PLANS := ep2_mixtral ep4_mixtral_efsdp1 ep2_dsv3_shard1 ep2_mixtral_hsdp ep2_mixtral_ac ep4_dsv3_tp2
 emu-build: build/emu/emu_selftest $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p)) $(foreach p,$(EMU_LIB_PLANS),build/emu/$(p)/library_run) build/emu/single/example build/emu/pp_tiny/library_run \

@@ -68,6 +68,9 @@ ranks_job() {
       n=$(lua5.4 -e "print(dofile('$f').world_size)")
       modes="eager --graph"
       case " $EP_PLANS " in *" $p "*) modes=eager ;; esac # all-to-alls: --graph is refused by design
+      # CPU offload (issue 39): --graph is refused as FSDP2 refuses it; eager runs the pinned
+      # and pageable cudaMemcpyAsync H2D / D2H copies against real streams
+      case $p in *_offload) modes=eager ;; esac
       for mode in $modes; do
         port=$((port + 7))
         echo "$run $p $n $mode $port" >>"$jobs"

@@ -208,10 +208,30 @@ function advisor.rank(loaded, opts)
   table.sort(results, advisor.before)
   local res = { results = results, rejected = rejected, world = world, topology = topo, global_batch = global,
                 plan_global = plan_global, cp = base_cp, cps = cps, eps = eps }
+  res.offload = advisor.offload(loaded, results[1])
   if not opts.no_pipeline then
     res.pipeline = advisor.pipeline(loaded, res)
   end
   return res
+end
+
+-- Where no mesh fits and the plan offloads nothing: the smallest mesh
+-- again with fsdp.cpu_offload = true (CPUOffloadPolicy on every unit: the
+-- sharded state in host memory, gen/memory.lua), under its policy: what it
+-- then needs per rank, on the GPU and in host memory, and its step.
+function advisor.offload(loaded, top)
+  if not top or top.fits or not top.cand or require("gen.compute").offloads(loaded) then return nil end
+  local c = copy(top.cand)
+  c.fsdp = copy(c.fsdp or {})
+  c.fsdp.cpu_offload = true
+  local ok, p = pcall(plan_mod.from_loaded, c)
+  if not ok then
+    if not util.is_plan_error(p) then error(p, 0) end
+    return nil
+  end
+  local r = audit_policies(c, p, { top.ac })
+  return { mesh = top.mesh, ac = top.ac, fits = r.fits, total_bytes = r.memory.total_bytes,
+           host_bytes = r.memory.host_bytes, step_us = r.step_us }
 end
 
 -- One mesh (m: its degrees and the ranking's context) planned, audited
@@ -260,6 +280,7 @@ function advisor.try_mesh(loaded, m, results, rejected)
   best.shard_nodes = p.groups.by_name.fsdp and groups.nodes_spanned(p.groups.by_name.fsdp, m.topo.gpus_per_node) or 1
   best.tp_intra = not p.groups.by_name.tp or groups.intra_node(p.groups.by_name.tp, m.topo.gpus_per_node)
   best.plan_mesh, best.written = plan_mesh, written
+  best.cand = cand -- (advisor.offload plans it again)
   results[#results + 1] = best
 end
 
@@ -418,6 +439,12 @@ function advisor.explain(top, res, out)
     w("No mesh fits in %s: the smallest is %s with %s checkpointing at %s per rank.",
       require("gen.audit").gpu_memory_text(top.settings),
       top.mesh, top.ac, human(top.memory.total_bytes))
+    local o = res.offload
+    if o then
+      w("- With fsdp.cpu_offload = true (FSDP2's CPUOffloadPolicy: sharded parameters, gradients and optimizer "
+        .. "state in host memory) %s needs %s per rank on the GPU and %s in host memory, and %s; predicted step %s.",
+        o.mesh, human(o.total_bytes), human(o.host_bytes), o.fits and "fits" or "still does not fit", t(o.step_us))
+    end
   else
     w("**Top choice: %s, %s activation checkpointing.** Fastest predicted step of the %d meshes that fit: %s "
       .. "(%s; communication %s in the step, links shared); %s of %s per rank.",

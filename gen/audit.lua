@@ -185,8 +185,8 @@ local function facts(p, face)
     for _, kind in ipairs(memplan.KINDS) do
       local b = p.arena.by_unit[u.index][kind]
       local lives = {}
-      -- all_reduce_last under HSDP only; pipeline messages under PP only
-      if (kind == "partial" or kind == "pp") and b.bytes == 0 then goto next_kind end
+      -- all_reduce_last under HSDP only; pipeline messages under PP only; CPU offload's device copies
+      if (kind == "partial" or kind == "pp" or kind == "h2d" or kind == "d2h") and b.bytes == 0 then goto next_kind end
       for _, iv in ipairs(b.lives) do lives[#lives + 1] = { iv.first, iv.last } end
       arena[#arena + 1] = kind
       arena[#arena + 1] = O({ "offset", b.offset, "bytes", b.bytes, "live_ops", lives })
@@ -212,6 +212,11 @@ local function facts(p, face)
     -- FSDP2's uint8 all-gather of a unit of mixed all-gather dtypes: its slot's bytes
     if u.ag_bytes then uj[#uj + 1], uj[#uj + 2] = "ag_bytes", u.ag_bytes end
     uj[#uj + 1], uj[#uj + 2], uj[#uj + 3], uj[#uj + 4] = "arena", O(arena), "params", params
+    -- CPU offload (CPUOffloadPolicy): only on offloading units
+    if u.offload then
+      uj[#uj + 1], uj[#uj + 2] = "cpu_offload", true
+      if u.pin_memory then uj[#uj + 1], uj[#uj + 2] = "pin_memory", true end
+    end
     units[#units + 1] = O(uj)
   end
   local per_family = {}
@@ -311,7 +316,10 @@ local function audit_facts(p)
     "memory", O({ "params_bytes", m.params_bytes, "grads_bytes", m.grads_bytes, "optimizer_bytes", m.optimizer_bytes,
       "comm_bytes", m.comm_bytes, "activation_bytes", math.floor(m.activation_bytes + 0.5),
       "activations_modeled", m.activations_modeled, "total_bytes", math.floor(m.total_bytes + 0.5),
-      "gpu_bytes", math.floor(m.gpu_bytes + 0.5), "fits", m.fits }),
+      "gpu_bytes", math.floor(m.gpu_bytes + 0.5), "fits", m.fits,
+      -- CPU offload: the host's share (gen/memory.lua), only where a unit offloads
+      "host_bytes", (m.host_bytes or 0) > 0 and m.host_bytes or nil,
+      "host_pinned_bytes", (m.host_bytes or 0) > 0 and m.host_pinned_bytes or nil }),
     "memory_plan", memory_plan_facts(a.memory_plan),
     "by_group", by_group,
     "by_link", O({ "intra_node", link(a.links.intra), "inter_node", link(a.links.inter) }),
@@ -351,8 +359,8 @@ local function class_facts(p)
     t[#t + 1] = "arena"
     local offs = {}
     for _, b in ipairs(cls.arena.buffers) do
-      -- a plan without pipeline messages hashes as it did before they existed
-      if b.kind ~= "pp" or b.bytes > 0 then offs[#offs + 1] = b.offset end
+      -- a plan without pipeline messages (or CPU offload's device copies) hashes as it did before they existed
+      if (b.kind ~= "pp" and b.kind ~= "h2d" and b.kind ~= "d2h") or b.bytes > 0 then offs[#offs + 1] = b.offset end
     end
     t[#t + 1] = { cls.arena.arena_bytes, offs }
     out[#out + 1] = O(t)
@@ -457,6 +465,30 @@ local function human(bytes)
   return i == 1 and string.format("%d B", math.floor(bytes + 0.5)) or string.format("%.2f %s", v, units[i])
 end
 audit.human = human
+
+-- CPU offload (CPUOffloadPolicy): the host memory the offloading units'
+-- sharded state takes (not on the GPU: the rows above leave it out) and
+-- the step's copies over the host link at topology.host_GBps.
+function audit.md_host(p, s, m, w)
+  if not m.host_bytes or m.host_bytes == 0 then return end
+  local n = 0
+  for _, u in ipairs(p.layout.units) do if u.offload then n = n + 1 end end
+  local bytes = { h2d = 0, d2h = 0 }
+  for _, o in ipairs(p.ops) do
+    local d = opkinds.BY_NAME[o.kind]
+    if d.host then
+      local u = p.layout.units[o.unit + 1]
+      local k = o.kind == "h2d" and "h2d" or "d2h"
+      bytes[k] = bytes[k] + (o.times or 1) * u.total * ES[u.orig_dtype]
+    end
+  end
+  local us = (bytes.h2d + bytes.d2h) / (s.host_GBps * 1e3)
+  w("| host memory (CPU offload, %d unit%s: their sharded parameters, gradients and optimizer state, not on the "
+    .. "GPU; %s of it pinned) | %s |", n, n == 1 and "" or "s", human(m.host_pinned_bytes),
+    human(m.host_bytes))
+  w("| host link per step: H2D %s before all-gathers, D2H %s after reductions, %.1f us at %s GB/s (topology.host_GBps) "
+    .. "| - |", human(bytes.h2d), human(bytes.d2h), us, tostring(s.host_GBps))
+end
 
 -- Zero copy-in (gen/opkinds.lua): the all-gathers that read the sharded
 -- storage itself, of all the step's all-gathers, and the copy bytes (read
@@ -1338,6 +1370,7 @@ function audit.schedule_md(p, fp)
   else
     w("| activations | not modeled: %s |", compute.generic_unmodeled(p))
   end
+  audit.md_host(p, s, m, w)
   w("")
   audit.md_warnings_and_step(a, w)
   w("timeline.svg: a lane per stream, ops coloured by kind; hatched where the compute stream waits (red: for a")

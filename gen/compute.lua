@@ -62,6 +62,7 @@ local qwen3 = require("gen.models.qwen3")
 local gemm_model = require("gen.gemm_model")
 local generic = require("gen.models.generic")
 local unit_time = require("gen.unit_time")
+local opkinds = require("gen.opkinds")
 
 local compute = {}
 
@@ -89,10 +90,12 @@ function compute.settings(p)
   pick("fp32_master", tr.fp32_master)
   pick("loss_chunks", tr.loss_chunks)
   -- the GPU's figures default to its preset's (gen/hardware.lua)
-  for _, key in ipairs({ "gpu_TFLOPS", "hbm_GBps" }) do
+  for _, key in ipairs({ "gpu_TFLOPS", "hbm_GBps", "host_GBps" }) do
     pick(key, topo[key] == nil and hardware.gpu_default(topo, key) or topo[key])
     defaulted[key] = topo[key] == nil or nil
   end
+  -- the host link prices CPU offload's copies only: named where a unit offloads
+  if not compute.offloads(p) then defaulted.host_GBps = nil end
   -- torch.compile (training.compile): defaults to async TP's setting, which
   -- torchtitan only runs compiled (config/configs.py:304-310)
   s.compile = tr.compile
@@ -154,12 +157,22 @@ function compute.pricing_text(s)
     s.compile and "torch.compile" or "eager", s.float8 ~= "none" and (", float8 " .. s.float8) or "")
 end
 
+-- Whether any unit offloads to the CPU (fsdp.cpu_offload, a unit's cpu_offload).
+function compute.offloads(p)
+  local f = p.fsdp or {}
+  if f.cpu_offload then return true end
+  for _, u in ipairs(p.model and p.model.units or {}) do
+    if u.cpu_offload then return true end
+  end
+  return false
+end
+
 -- The settings as one string: a timeline predicted with them still holds
 -- while the key is the same (gen/figures.lua).
 function compute.settings_key(s)
   return table.concat({ s.local_batch_size, s.seq_len, s.activation_checkpointing, tostring(s.optimizer),
                         tostring(s.fp32_master), s.gpu_memory_GB, s.gpu_TFLOPS, tostring(s.mfu), s.hbm_GBps, s.loss_chunks,
-                        tostring(s.compile), s.float8, s.preset }, "|")
+                        tostring(s.compile), s.float8, s.preset, s.host_GBps }, "|")
 end
 
 local function numel_of(u, pred)
@@ -518,6 +531,10 @@ function compute.op_us(p, s, per_unit, o, extra_us)
   elseif k == "view_out_add" then us = total * (ES[u.reduce_dtype] + 2 * ES[u.orig_dtype]) / bytes_per_us
   elseif k == "partial_save" then us = 2 * u.total * ES[u.reduce_dtype] / bytes_per_us
   elseif k == "partial_add" or k == "partial_fold" then us = 3 * u.total * ES[u.reduce_dtype] / bytes_per_us
+  elseif opkinds.BY_NAME[k].host then
+    -- CPU offload's H2D / D2H copies: the shard (its part's) over the host
+    -- link at host_GBps (gen/hardware.lua), in the stored dtype
+    us = total * ES[u.orig_dtype] / (s.host_GBps * 1e3)
   elseif (k == "all_gather" or k == "reduce_scatter") and not o.group then
     us = 2 * total * ES[o.dtype] / bytes_per_us -- a one-rank group: a local copy
   end

@@ -9,7 +9,8 @@ local emit = {}
 local DT = { fp32 = "CP_FP32", bf16 = "CP_BF16", fp16 = "CP_FP16", u8 = "CP_U8" }
 local RED = { sum = "CP_SUM", avg = "CP_AVG", max = "CP_MAX", premul_sum = "CP_PREMUL_SUM" }
 local BUF = { "CP_BUF_AG", "CP_BUF_UNSHARDED", "CP_BUF_GRADS", "CP_BUF_RS_IN", "CP_BUF_RS_OUT", "CP_BUF_ACT",
-              "CP_BUF_PARTIAL", "CP_BUF_PP", "CP_BUF_A2A_COUNTS", "CP_BUF_A2A_SEND", "CP_BUF_A2A_RECV" } -- memplan.KINDS order
+              "CP_BUF_PARTIAL", "CP_BUF_PP", "CP_BUF_A2A_COUNTS", "CP_BUF_A2A_SEND", "CP_BUF_A2A_RECV",
+              "CP_BUF_H2D", "CP_BUF_D2H" } -- memplan.KINDS order
 
 -- The runtime table layout these tables are written for (runtime/commplan.h
 -- CP_TABLES_VERSION); plan.c refuses to compile against any other.
@@ -125,7 +126,9 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
                "shard_family", u.W > 1 and p.groups.by_name[u.shard_group].id or -1, "shard_size", u.W,
                "split_family", p.groups.by_name.ep.id }) or "")
         -- set_gradient_divide_factor's PREMUL_SUM: its factor (C's zero default: none)
-        .. (u.premul and ", " .. fields({ "premul_factor", num(u.premul * 1.0) }) or ""),
+        .. (u.premul and ", " .. fields({ "premul_factor", num(u.premul * 1.0) }) or "")
+        -- CPUOffloadPolicy: only on offloading units (C's zero default elsewhere)
+        .. (u.offload and ", " .. fields({ "offload", 1, "pin_memory", u.pin_memory and 1 or 0 }) or ""),
       fields({ "arena_offset", "{ " .. arena_offsets(arena, u) .. " }" }))
   end
   -- Ops whose completion a later op waits on get an event slot; an op's

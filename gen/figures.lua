@@ -212,8 +212,11 @@ local function pipeline_memory(p, pf, s)
   local params, optimizer, comm = 0, 0, 0
   for _, u in ipairs(cls.layout.units) do
     local sharded = u.total * ES[u.orig_dtype]
-    params = params + sharded
-    optimizer = optimizer + (s.optimizer == "adamw" and (2 * sharded + (s.fp32_master and 4 * u.total or 0)) or 0)
+    -- (CPU offload: an offloading unit's sharded state is in host memory, gen/memory.lua)
+    if not u.offload then
+      params = params + sharded
+      optimizer = optimizer + (s.optimizer == "adamw" and (2 * sharded + (s.fp32_master and 4 * u.total or 0)) or 0)
+    end
     comm = comm + W * u.total * ES[u.ag_dtype] + u.grads_numel * ES[u.reduce_dtype]
   end
   local saved = row.sim.rank_peak_bytes[row.mem_rank + 1]

@@ -30,15 +30,23 @@ local hardware = {}
 --     500 W limit sustains is the kernel table's clock (gen/kernel_tables.lua);
 --     2,160 GB/s (90% of 2.4 TB/s)
 --   A100 SXM 80GB: 80 GB HBM2e (nvidia-smi: 81920MiB), 312 TFLOPS, 2.04 TB/s (NVIDIA A100 datasheet)
+-- host_GBps: the host link's rate per direction, what CPU offload's H2D
+-- and D2H copies of pinned memory are priced at (gen/compute.lua op_us):
+-- the datasheets' PCIe figure, both directions, halved (no measurement
+-- here yet: a pinned cudaMemcpyAsync reaches somewhat less)
+--   H100 SXM, H200 SXM: "PCIe Gen5: 128GB/s" (NVIDIA H100 / H200 datasheets) -> 64
+--   B200 (HGX B200): PCIe Gen5 x16 to the host, 128 GB/s both ways (NVIDIA HGX B200 datasheet) -> 64
+--   A100 SXM: "PCIe Gen4: 64GB/s" (NVIDIA A100 datasheet) -> 32
+--   H100 96 GB HBM2e (h100_hbm2e): an H100's PCIe Gen5 -> 64
 -- (torch.cuda.get_device_properties().total_memory is a little less: the
 -- driver's own reservation; the audit's assumptions say the CUDA context
 -- and NCCL's buffers are not counted.)
 hardware.GPUS = {
-  h100 = { gpu_memory_MiB = 81559, gpu_TFLOPS = 989, hbm_GBps = 3000 },
-  h200 = { gpu_memory_MiB = 143771, gpu_TFLOPS = 989, hbm_GBps = 4300 },
-  b200 = { gpu_memory_MiB = 183359, gpu_TFLOPS = 2250, hbm_GBps = 6900 },
-  a100 = { gpu_memory_MiB = 81920, gpu_TFLOPS = 312, hbm_GBps = 1830 },
-  h100_hbm2e = { gpu_memory_MiB = 97871, gpu_TFLOPS = 989, hbm_GBps = 2160 },
+  h100 = { gpu_memory_MiB = 81559, gpu_TFLOPS = 989, hbm_GBps = 3000, host_GBps = 64 },
+  h200 = { gpu_memory_MiB = 143771, gpu_TFLOPS = 989, hbm_GBps = 4300, host_GBps = 64 },
+  b200 = { gpu_memory_MiB = 183359, gpu_TFLOPS = 2250, hbm_GBps = 6900, host_GBps = 64 },
+  a100 = { gpu_memory_MiB = 81920, gpu_TFLOPS = 312, hbm_GBps = 1830, host_GBps = 32 },
+  h100_hbm2e = { gpu_memory_MiB = 97871, gpu_TFLOPS = 989, hbm_GBps = 2160, host_GBps = 64 },
 }
 
 hardware.PRESET_NAMES = { "h100", "h200", "b200", "a100", "h100_hbm2e" }
@@ -71,7 +79,7 @@ hardware.BOUNDS = {
   intra_node_GBps = { min = 0.01, max = 1e6 }, inter_node_GBps = { min = 0.01, max = 1e6 },
   latency_us = { min = 0, max = 1e6 },
   gpu_memory_GB = { min = 1e-9, max = 1e6 }, gpu_TFLOPS = { min = 0.01, max = 1e6 },
-  mfu = { min = 0.001, max = 1 }, hbm_GBps = { min = 0.1, max = 1e6 },
+  mfu = { min = 0.001, max = 1 }, hbm_GBps = { min = 0.1, max = 1e6 }, host_GBps = { min = 0.1, max = 1e6 },
 }
 for field, b in pairs(nccl_model.BOUNDS) do hardware.BOUNDS[field] = b end
 

@@ -74,6 +74,10 @@ local SCHEMA = {
     -- "all_reduce_last" is HSDP's set_requires_all_reduce(False) before all but the last
     -- "step_end" is torch.distributed.pipelining's: no reshard or sync per backward, one reduction at the end
     grad_accumulation = { "enum", enum = { "fsdp2_default", "sync_last", "all_reduce_last", "step_end" } },
+    -- fully_shard(offload_policy=CPUOffloadPolicy(pin_memory=...)) on every unit (torchtitan's
+    -- training.enable_cpu_offload, distributed/fsdp.py:173-174): sharded parameters and gradients in host
+    -- memory, copied H2D before each all-gather and D2H after each reduction (gen/parallel/fsdp_schedule.lua)
+    cpu_offload = { "bool" }, pin_memory = { "bool" },
   },
   topology = {
     gpus_per_node = { "int", min = 1, max = LIM.world },
@@ -90,6 +94,8 @@ local SCHEMA = {
     intra_node_GBps = { "num" }, inter_node_GBps = { "num" }, latency_us = { "num" },
     -- audit only (gen/compute.lua): the GPU's memory, peak dense rate, MFU and HBM rate
     gpu_memory_GB = { "num" }, gpu_TFLOPS = { "num" }, mfu = { "num" }, hbm_GBps = { "num" },
+    -- CPU offload's host link (gen/hardware.lua host_GBps)
+    host_GBps = { "num" },
   },
   -- audit only (gen/compute.lua, gen/memory.lua): activation checkpointing, optimizer state
   training = {
@@ -147,6 +153,8 @@ local SCHEMA = {
            -- set_requires_all_reduce(False, recurse=False) before all micro-steps but the last),
            -- overriding fsdp.grad_accumulation (gen/parallel/fsdp_layout.lua unit_accumulation)
            grad_accumulation = { "enum", enum = { "fsdp2_default", "sync_last", "all_reduce_last" } },
+           -- this unit's offload_policy (fully_shard's, per call): CPUOffloadPolicy(pin_memory) or none
+           cpu_offload = { "bool" }, pin_memory = { "bool" },
            -- the generic family: this unit is torchtitan's [norm, lm_head] (its fully_shard of the
            -- decoder's head, distributed/fsdp.py:202-207), which its ChunkedLossWrapper runs
            -- (training.loss_chunks, gen/parallel/fsdp.lua chunked_loss)
@@ -444,6 +452,36 @@ end
 -- The plan's name is its file stem (the Makefile, the output directory and
 -- the C prefix all use it): a C identifier that cannot collide with the
 -- runtime's cp_* / CP_* names or reserved identifiers.
+-- CPUOffloadPolicy (torch 2.15 _fsdp_api.py:239-255): pin_memory is a field
+-- of the policy, so without an offloading unit it would be ignored; a unit
+-- without parameters has no FSDP param group (_fsdp_init.py) and offloads
+-- nothing.
+local function check_unit_offload(ctx, upath, q, np, f)
+  if q.cpu_offload ~= nil and np == 0 then
+    util.field_error(ctx, upath .. ".cpu_offload", "the unit has no parameters, so its offload_policy moves "
+      .. "nothing: remove it")
+  end
+  local offloads = q.cpu_offload
+  if offloads == nil then offloads = f.cpu_offload end
+  if q.pin_memory ~= nil and not offloads then
+    util.field_error(ctx, upath .. ".pin_memory", "pin_memory is CPUOffloadPolicy's (torch _fsdp_api.py:255) and "
+      .. "this unit does not offload: remove it or set cpu_offload = true")
+  end
+end
+
+local function check_offload(ctx, model, f, topo)
+  local any = f.cpu_offload
+  for _, u in ipairs(model.units or {}) do any = any or u.cpu_offload end
+  if f.pin_memory ~= nil and not any then
+    util.field_error(ctx, "fsdp.pin_memory", "pin_memory is CPUOffloadPolicy's (torch _fsdp_api.py:255) and no "
+      .. "unit offloads: remove it or set fsdp.cpu_offload = true")
+  end
+  if topo and topo.host_GBps ~= nil and not any then
+    util.field_error(ctx, "topology.host_GBps", "the host link prices CPU offload's copies only and no unit "
+      .. "offloads: remove it or set fsdp.cpu_offload = true")
+  end
+end
+
 local function check_plan_name(ctx, given)
   local stem = ctx.stem
   local field = "name"
@@ -551,6 +589,7 @@ function load_plan.normalize(ctx, raw)
         end
       end
       q.params = check_params(ctx, upath, q.params, np, model.dtype, budget)
+      check_unit_offload(ctx, upath, q, np, plan.fsdp)
       units[i] = q
     end
     if dtype_given and budget.own_dtype == budget.params then
@@ -578,6 +617,7 @@ function load_plan.normalize(ctx, raw)
   check_family_keys(ctx, model)
   plan.model = model
   local f = plan.fsdp
+  check_offload(ctx, model, f, plan.topology)
   -- (as given, before the defaults: a module whose own setting differs refuses a given one)
   ctx.fsdp_given = { reshard_after_forward = f.reshard_after_forward, grad_accumulation = f.grad_accumulation }
   if f.reshard_after_forward == nil then f.reshard_after_forward = true end

@@ -10,6 +10,15 @@
 --               reduce-scatter buffer at its generated offset)
 --   activations gen/compute.lua's peak of one micro-step
 -- fully_shard's ignored_params count whole in params, grads and optimizer.
+-- CPU offload (a unit's u.offload, CPUOffloadPolicy): its sharded
+-- parameters, gradients and optimizer state live in host memory (torch
+-- 2.15 _fsdp_api.py:239-255: "the optimizer step runs on CPU with CPU
+-- optimizer states"), so they leave the GPU's figures for host_bytes; the
+-- parameters and gradients are pinned where pin_memory
+-- (_fsdp_param.py:362-365; the D2H's non_blocking copy lands in pinned
+-- memory), the optimizer's state is not (torch.optim allocates it with
+-- zeros_like): host_pinned_bytes. The device copies the H2D and D2H use are
+-- arena buffers (gen/memplan.lua h2d, d2h).
 -- A tied qwen3 model's lm_head.weight shares tok_embeddings.weight's
 -- sharded tensor once the trainer re-ties them (gen/models/qwen3.lua): its
 -- shard is counted once in params, grads and optimizer; both are gathered
@@ -21,7 +30,32 @@ local memory = {}
 
 local ES = util.DTYPE_BYTES
 
--- Everything but the arena: the sharded state and the activations.
+-- One unit's sharded state in bytes: parameters (= gradients) and the
+-- optimizer's, for `total` elements per rank.
+function memory.unit_state(u, s, total)
+  local params = total * ES[u.orig_dtype]
+  local optimizer = 0
+  if s.optimizer == "adamw" then
+    optimizer = 2 * params + (s.fp32_master and 4 * total or 0)
+  end
+  return params, optimizer
+end
+
+-- The host's share (CPU offload): bytes in all, and pinned.
+local function host_state(p, s)
+  local bytes, pinned = 0, 0
+  for _, u in ipairs(p.layout.units) do
+    if u.offload then
+      local params, optimizer = memory.unit_state(u, s, u.total)
+      bytes = bytes + 2 * params + optimizer
+      if u.pin_memory then pinned = pinned + 2 * params end
+    end
+  end
+  return bytes, pinned
+end
+memory.host_state = host_state
+
+-- Everything but the arena: the device's sharded state and the activations.
 local function state(p, s, per_unit)
   local params = 0
   local sharded_numel = 0
@@ -33,9 +67,12 @@ local function state(p, s, per_unit)
         if q.name == "lm_head.weight" then total = total - q.padded end
       end
     end
-    params = params + total * ES[u.orig_dtype]
-    sharded_numel = sharded_numel + total
-    -- fully_shard's ignored_params: whole on every rank, their grads and optimizer state too
+    if not u.offload then
+      params = params + total * ES[u.orig_dtype]
+      sharded_numel = sharded_numel + total
+    end
+    -- fully_shard's ignored_params: whole on every rank (FSDP2 does not manage them, so no
+    -- offload either), their grads and optimizer state too
     for _, q in ipairs(u.ignored or {}) do
       params = params + q.numel * ES[q.dtype]
       sharded_numel = sharded_numel + q.numel
@@ -67,6 +104,7 @@ function memory.whole_rank(p, s, per_unit)
     activation_transient_bytes = transient, gpu_bytes = s.gpu_memory_bytes,
   }
   r.total_bytes = params + params + optimizer + r.comm_bytes + act
+  r.host_bytes, r.host_pinned_bytes = host_state(p, s)
   r.fits = r.total_bytes <= r.gpu_bytes
   r.activations_modeled = compute.activations_modeled(p)
   return r

@@ -19,6 +19,10 @@
 --              partial_add)
 --   partial    partial_save .. partial_fold (all_reduce_last: the reduce-
 --              scatter outputs awaiting the last micro-step's all-reduce)
+--   h2d        h2d .. copy_in (CPU offload: the device copy of the host's
+--              sharded parameters, their stored dtype)
+--   d2h        view_out .. d2h (or d2h_add; CPU offload: the device's
+--              viewed-out gradient awaiting its copy to the host)
 --   act        each TP activation collective alone (the compute around it
 --              owns its activations; this buffer is the collective's)
 -- Offsets come from greedy placement by size (largest first, lowest free
@@ -45,7 +49,7 @@ local memplan = {}
 
 memplan.ALIGN = 256 -- bytes: cudaMalloc's alignment, and 16-byte vector access
 memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act", "partial", "pp", "a2a_counts", "a2a_send",
-                  "a2a_recv" }
+                  "a2a_recv", "h2d", "d2h" }
 
 -- The stream whose allocations a buffer belongs to: the one running the op
 -- that opens its lifetimes. As in PyTorch's caching allocator (a pool per
@@ -54,7 +58,8 @@ memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act", "partial
 -- that copy-out would wait for the all-reduce, and compute behind it.
 memplan.POOL = { ag = "copy_in", unsharded = "compute", grads = "compute", rs_in = "compute",
                  rs_out = "reduce_scatter", act = "compute", partial = "reduce_scatter", pp = "compute",
-                 a2a_counts = "compute", a2a_send = "compute", a2a_recv = "compute" }
+                 a2a_counts = "compute", a2a_send = "compute", a2a_recv = "compute", h2d = "copy_in",
+                 d2h = "reduce_scatter" }
 
 local ES = util.DTYPE_BYTES
 local STREAMS = opkinds.STREAMS
@@ -62,10 +67,10 @@ local STREAMS = opkinds.STREAMS
 -- cp_call_unshard / cp_call_reduce; the Python bridge's CALL_KINDS).
 -- kind -> { call, position in the call's kinds }.
 local CALL_OF = {
-  copy_in = { "unshard", 1 }, all_gather = { "unshard", 2 }, copy_out = { "unshard", 3 },
+  h2d = { "unshard", 1 }, copy_in = { "unshard", 2 }, all_gather = { "unshard", 3 }, copy_out = { "unshard", 4 },
   pack = { "reduce", 1 }, reduce_scatter = { "reduce", 2 }, partial_save = { "reduce", 3 },
   partial_add = { "reduce", 4 }, partial_fold = { "reduce", 5 }, all_reduce = { "reduce", 6 },
-  view_out = { "reduce", 7 }, view_out_add = { "reduce", 8 },
+  view_out = { "reduce", 7 }, view_out_add = { "reduce", 8 }, d2h = { "reduce", 9 }, d2h_add = { "reduce", 10 },
 }
 
 -- op seq -> the library call instance that issues it (nil: no call does),
@@ -104,6 +109,8 @@ local function sizes_of(lay, u, micro_steps)
     -- expert parallelism (runtime/arena.c): [slot][sent, received][expert] int64, and two token buffers
     a2a_counts = 2 * (u.a2a_slots or 0) * (u.a2a_experts or 0) * 8,
     a2a_send = (u.a2a_numel or 0) * ES[u.ag_dtype], a2a_recv = (u.a2a_numel or 0) * ES[u.ag_dtype],
+    -- CPU offload's device copies (runtime/arena.c): the shard in its stored dtype
+    h2d = u.offload and u.total * ES[u.orig_dtype] or 0, d2h = u.offload and u.total * ES[u.orig_dtype] or 0,
   }
 end
 
@@ -112,7 +119,7 @@ local function lifetimes(lay, ops)
   local life, open = {}, {}
   for _, u in ipairs(lay.units) do
     life[u.index] = { ag = {}, unsharded = {}, grads = {}, rs_in = {}, rs_out = {}, act = {}, partial = {}, pp = {},
-                      a2a_counts = {}, a2a_send = {}, a2a_recv = {} }
+                      a2a_counts = {}, a2a_send = {}, a2a_recv = {}, h2d = {}, d2h = {} }
     open[u.index] = {}
   end
   local function start(u, kind, seq)
@@ -132,7 +139,9 @@ local function lifetimes(lay, ops)
   local a2a_last = {} -- unit -> its last all-to-all (its counts live from the first to the last)
   for _, o in ipairs(ops) do
     local u, k, s = o.unit, o.kind, o.seq
-    if k == "copy_in" or (k == "all_gather" and o.from_sharded) then start(u, "ag", s)
+    if k == "h2d" then start(u, "h2d", s)
+    elseif k == "copy_in" or (k == "all_gather" and o.from_sharded) then
+      stop(u, "h2d", s); start(u, "ag", s)
     elseif k == "copy_out" then
       stop(u, "ag", s); start(u, "unsharded", s); last_copy_out[u] = s
       at_out[u], own_at_out[u] = computes, own[u] or 0
@@ -152,7 +161,10 @@ local function lifetimes(lay, ops)
       end
     elseif k == "pack" then stop(u, "grads", s); start(u, "rs_in", s)
     elseif k == "reduce_scatter" then stop(u, "rs_in", s); start(u, "rs_out", s)
-    elseif k == "view_out" or k == "view_out_add" or k == "partial_add" then stop(u, "rs_out", s)
+    elseif k == "view_out" or k == "view_out_add" or k == "partial_add" then
+      stop(u, "rs_out", s)
+      if o.offload then start(u, "d2h", s) end
+    elseif k == "d2h" or k == "d2h_add" then stop(u, "d2h", s)
     elseif k == "partial_save" then stop(u, "rs_out", s); start(u, "partial", s)
     elseif k == "partial_fold" then stop(u, "partial", s)
     elseif opkinds.BY_NAME[k].tp then start(u, "act", s); stop(u, "act", s) -- one collective's worth
@@ -599,7 +611,7 @@ function memplan.data_needs(ops)
     if k == "reduce_scatter" then prev_rs = o.seq end
     -- The unshard's first op (its copy-in, or the all-gather where none
     -- copies in) follows the latest copy-out.
-    if (k == "copy_in" or k == "all_gather") and not gathering[o.unit] then
+    if (k == "h2d" or k == "copy_in" or k == "all_gather") and not gathering[o.unit] then
       gathering[o.unit] = true
       if prev_out then add(o.seq, prev_out) end
     elseif k == "copy_out" then

@@ -61,7 +61,22 @@ opkinds.LIST = {
   { name = "a2a_counts", reads = { "a2a_counts" }, writes = { "a2a_counts" }, a2a = true, ring_passes = 1 },
   { name = "a2a", reads = { "a2a_counts", "a2a_send", "a2a_recv" }, writes = { "a2a_send", "a2a_recv" }, a2a = true,
     ring_passes = 1 },
+  -- CPUOffloadPolicy (runtime/commplan.h CP_OP_H2D / CP_OP_D2H / CP_OP_D2H_ADD):
+  -- the host's sharded parameters copied to the device before the copy-in
+  -- (h2d: `sharded_param_data.to(device, non_blocking=True)`, torch 2.15
+  -- _fsdp_param.py:1143-1146), the device's viewed-out gradient copied to
+  -- the host's sharded grads after the reduction (d2h assigns, d2h_add adds
+  -- on the host after a blocking copy: _fsdp_collectives.py:779-824).
+  -- host = true: a copy over the host link (priced at topology.host_GBps).
+  { name = "h2d", reads = { "sharded" }, writes = { "h2d" }, host = true },
+  { name = "d2h", reads = { "d2h" }, writes = { "sharded_grads" }, host = true },
+  { name = "d2h_add", reads = { "d2h", "sharded_grads" }, writes = { "sharded_grads" }, host = true },
 }
+
+-- An offloaded unit's copy-in reads the device copy h2d made, and its
+-- view-out writes the device copy d2h then moves (op.offload).
+local OFFLOADED = { copy_in = { reads = { "h2d" }, writes = { "ag" } },
+                    view_out = { reads = { "rs_out" }, writes = { "d2h" } } }
 
 opkinds.BY_NAME = {}
 for i, d in ipairs(opkinds.LIST) do
@@ -84,11 +99,12 @@ opkinds.STREAMS = { "compute", "copy_in", "all_gather", "reduce_scatter", "all_r
 -- here; the executor obeys.
 function opkinds.stream_of(o, hsdp)
   local k = o.kind
-  if k == "copy_in" then return "copy_in"
+  if k == "copy_in" or k == "h2d" then return "copy_in"
   elseif k == "all_gather" then return o.group and "all_gather" or "copy_in"
   elseif k == "reduce_scatter" or k:sub(1, 8) == "partial_" then return "reduce_scatter"
   elseif k == "all_reduce" then return "all_reduce"
-  elseif k == "view_out" or k == "view_out_add" then return hsdp and "all_reduce" or "reduce_scatter"
+  elseif k == "view_out" or k == "view_out_add" or k == "d2h" or k == "d2h_add" then
+    return hsdp and "all_reduce" or "reduce_scatter"
   end
   return "compute"
 end
@@ -110,6 +126,7 @@ end
 -- from the sharded storage.
 function opkinds.access(o)
   if o.from_sharded then return FROM_SHARDED end
+  if o.offload and OFFLOADED[o.kind] then return OFFLOADED[o.kind] end
   return opkinds.BY_NAME[o.kind]
 end
 

@@ -40,6 +40,8 @@ svg.CLASSES = {
   { id = "bw", label = "backward", fill = "#3b6ea8", kinds = { "backward", "backward_input" } },
   { id = "cp", label = "copies", fill = "#b9aea7",
     kinds = { "copy_in", "copy_out", "pack", "view_out", "view_out_add", "partial_save", "partial_add", "partial_fold" } },
+  { id = "hl", label = "host copies (CPU offload)", fill = "#edc948", kinds = { "h2d", "d2h", "d2h_add" },
+    optional = true },
   { id = "rh", label = "reshard", fill = "#dcdcdc", kinds = { "reshard" } },
   { id = "ag", label = "all-gather", fill = "#59a14f", kinds = { "all_gather" } },
   { id = "rs", label = "reduce-scatter", fill = "#f28e2b", kinds = { "reduce_scatter" } },

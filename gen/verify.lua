@@ -65,6 +65,11 @@ end
 -- gradients, so every parameter is reduced as above on its own, whatever
 -- parts its unit's reductions cut it into; such a unit (u.chunked_loss)
 -- reduces on every micro-step (the wrapper syncs its last chunk).
+-- CPU offload (u.offload): each unshard starts with the shards' H2D copy
+-- (h2d, then the copy-in from it; never a zero copy-in from host memory),
+-- and each reduction's view-out fills the device copy that its D2H then
+-- assigns (d2h, the step's first) or adds (d2h_add) into the host's sharded
+-- grads; a unit that does not offload issues neither.
 -- rep: a repeated micro-step (gen/repeat.lua), walked as the executor runs it.
 function verify.schedule(lay, ops, fsdp, rep)
   local micro_steps = fsdp.micro_steps
@@ -99,8 +104,15 @@ function verify.schedule(lay, ops, fsdp, rep)
     local u, s = o.unit, state[o.unit]
     local k = o.kind
     local ps = par[u]
-    if k == "copy_in" then check(s == "sharded", "copy_in of %s while %s", name(u), s); state[u] = "copied_in"
+    local off = lay.units[u + 1].offload
+    if k == "h2d" then
+      check(off, "h2d of %s, which does not offload", name(u))
+      check(s == "sharded", "h2d of %s while %s", name(u), s); state[u] = "staged"
+    elseif k == "copy_in" then
+      local want = off and "staged" or "sharded"
+      check(s == want, "copy_in of %s while %s", name(u), s); state[u] = "copied_in"
     elseif k == "all_gather" then
+      check(not (off and o.from_sharded), "all_gather of %s reads its host shards", name(u))
       local want = o.from_sharded and "sharded" or "copied_in" -- zero copy-in reads the shards themselves
       check(s == want, "all_gather of %s while %s", name(u), s); state[u] = "gathered"
     elseif k == "copy_out" then check(s == "gathered", "copy_out of %s while %s", name(u), s); state[u] = "unsharded"
@@ -147,15 +159,30 @@ function verify.schedule(lay, ops, fsdp, rep)
         local q = ps[j]
         check(q.open, "%s of %s (parameter %d) before its pack", k, name(u), j)
         check(q.held == 0, "%s of %s with %d partial sums not folded in", k, name(u), q.held)
-        check((k == "view_out") == (q.outs == 0), "%s of %s (parameter %d) after %d view-outs this step", k, name(u),
-          j, q.outs)
-        q.open = false; q.outs = q.outs + 1
+        check(not (off and k == "view_out_add"), "view_out_add of %s, which offloads", name(u))
+        if off then
+          q.open = false; q.staged = true
+        else
+          check((k == "view_out") == (q.outs == 0), "%s of %s (parameter %d) after %d view-outs this step", k,
+            name(u), j, q.outs)
+          q.open = false; q.outs = q.outs + 1
+        end
+      end
+    elseif k == "d2h" or k == "d2h_add" then
+      check(off, "%s of %s, which does not offload", k, name(u))
+      local lo, hi = range(o)
+      for j = lo, hi do
+        local q = ps[j]
+        check(q.staged, "%s of %s (parameter %d) before its view-out", k, name(u), j)
+        check((k == "d2h") == (q.outs == 0), "%s of %s (parameter %d) after %d copies this step", k, name(u), j,
+          q.outs)
+        q.staged = false; q.outs = q.outs + 1
       end
     elseif TP_KIND[k] or A2A_KIND[k] then check(s == "unsharded", "%s of %s on %s params", k, name(u), s)
     else check(false, "unknown op kind %s", tostring(k)) end
     -- a collective's count is its part's (verify.order checks the sizes)
     if o.part_first and not (k == "forward" or k == "backward" or k == "pack" or k == "reduce_scatter"
-      or k == "all_reduce" or k == "view_out" or k == "view_out_add") then
+      or k == "all_reduce" or k == "view_out" or k == "view_out_add" or k == "d2h" or k == "d2h_add") then
       check(false, "op %d: %s of a part of %s", o.seq, k, name(u))
     end
   end)
@@ -164,7 +191,7 @@ function verify.schedule(lay, ops, fsdp, rep)
     local want = micro_steps // per_pack(uu.index)
     for j, q in ipairs(par[uu.index]) do
       check(q.reduced == want, "%s (parameter %d) reduced %d times, not %d", uu.name, j, q.reduced, want)
-      check(q.grads == 0 and not q.open and q.held == 0 and q.outs + q.parked == q.reduced,
+      check(q.grads == 0 and not q.open and not q.staged and q.held == 0 and q.outs + q.parked == q.reduced,
         "%s ends the step with unreduced grads", uu.name)
     end
   end

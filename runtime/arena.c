@@ -11,6 +11,9 @@ int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_buffer k)
     switch (k) {
     case CP_BUF_SHARDED:
     case CP_BUF_SHARDED_GRADS: return U->total * (int64_t)cp_dtype_size(U->orig_dtype);
+    /* CPU offload's device copies of the shards and the viewed-out grads (none without it) */
+    case CP_BUF_H2D:
+    case CP_BUF_D2H: return U->offload ? U->total * (int64_t)cp_dtype_size(U->orig_dtype) : 0;
     case CP_BUF_AG: return W * cp_unit_ag_bytes(U);
     case CP_BUF_UNSHARDED: return U->ag_bytes > 0 ? U->unsharded_bytes : W * cp_unit_ag_bytes(U);
     case CP_BUF_GRADS: return U->grads_numel * (int64_t)cp_dtype_size(U->grad_dtype);

@@ -70,6 +70,11 @@ typedef enum {
                               into the unit's counts slot a2a_slot ([sent][received]) */
     CP_OP_A2A,             /* all-to-all of token rows (a2a_dim elements each) split by the counts that
                               op a2a_counts_op exchanged: dispatch send -> recv buffer, combine recv -> send */
+    /* CPUOffloadPolicy (cp_unit.offload): the host's sharded params and
+     * grads meet the device through these copies over the host link. */
+    CP_OP_H2D,             /* host sharded params -> the unit's device copy (CP_BUF_H2D), which its copy-in reads */
+    CP_OP_D2H,             /* the view-out's device copy (CP_BUF_D2H) -> the host's sharded grads (assigns) */
+    CP_OP_D2H_ADD,         /* the same, then added into the host's sharded grads on the host (a later reduction) */
     CP_OP_KIND_COUNT
 } cp_op_kind;
 
@@ -120,9 +125,11 @@ typedef enum {
                           then expert (torch's all_to_all_single input), at most a2a_capacity rows per member */
     CP_BUF_A2A_RECV,   /* a2a_numel, ag dtype: the tokens for this rank's experts, packed by source member,
                           then local expert */
+    CP_BUF_H2D,        /* total, orig dtype: CPU offload's device copy of the host's shards (h2d .. copy-in) */
+    CP_BUF_D2H,        /* total, orig dtype: CPU offload's viewed-out grads awaiting their D2H (view-out .. d2h) */
     CP_ARENA_BUFFERS,
-    CP_BUF_SHARDED = CP_ARENA_BUFFERS, /* total, orig dtype: this rank's shards */
-    CP_BUF_SHARDED_GRADS,              /* total, orig dtype: this rank's reduced grads */
+    CP_BUF_SHARDED = CP_ARENA_BUFFERS, /* total, orig dtype: this rank's shards (host memory on an offloading unit) */
+    CP_BUF_SHARDED_GRADS,              /* total, orig dtype: this rank's reduced grads (likewise) */
     CP_BUFFERS,
     CP_BUF_NONE = -1
 } cp_buffer;
@@ -182,6 +189,10 @@ typedef struct {
     /* rs_op CP_PREMUL_SUM: the divide factor f (the reduce-scatter
      * premultiplies by 1 / f); 0 (C's zero default) otherwise. */
     double premul_factor;
+    /* fully_shard(offload_policy=CPUOffloadPolicy(pin_memory)): the sharded
+     * params and grads in host memory (pinned where pin_memory), copied by
+     * CP_OP_H2D / CP_OP_D2H(_ADD); 0, 0 elsewhere. */
+    int offload, pin_memory;
 } cp_unit;
 
 /* A parameter's all-gather dtype, its byte offset in its unit's slot, and
@@ -391,7 +402,8 @@ typedef enum {
     CP_ACT_COMPUTE,    /* the caller's forward / backward */
     CP_ACT_NONE,       /* bookkeeping only (reshard: the arena keeps the bytes) */
     CP_ACT_P2P,        /* a send to or a receive from the op's pp peer (in: a send, out: a receive) */
-    CP_ACT_A2A         /* expert parallelism's all-to-alls (counts, tokens) */
+    CP_ACT_A2A,        /* expert parallelism's all-to-alls (counts, tokens) */
+    CP_ACT_HOST        /* CPU offload: a copy between the host's sharded buffers and the unit's device copy */
 } cp_op_action;
 
 typedef enum { CP_COLL_ALL_GATHER = 0, CP_COLL_REDUCE_SCATTER, CP_COLL_ALL_REDUCE, CP_COLLECTIVES } cp_collective;
@@ -579,6 +591,17 @@ struct cp_backend {
      * host backend's threads) stops them all with the first reason; NULL:
      * the failure reaches the peers as the ops carry it (a refusal's -1s). */
     void (*abort)(cp_backend *b, const char *why);
+    /* CPU offload (optional; NULL: alloc / free, memory the host reaches
+     * already, as the host backend's): host memory for an offloading
+     * unit's sharded buffers, pinned where asked. */
+    void *(*alloc_host)(cp_backend *b, size_t bytes, int pinned);
+    void (*free_host)(cp_backend *b, void *p, int pinned);
+    /* CPU offload's copy over the host link on stream s (to_host: device
+     * -> host, else host -> device); finish: done on return (the host then
+     * reads the bytes). NULL: copy_bytes, then nothing to wait for. */
+    int (*host_copy)(cp_backend *b, cp_stream s, const void *in, void *out, size_t bytes, int to_host, int finish);
+    /* The host waits for stream s's work so far (NULL: nothing to wait for). */
+    int (*sync)(cp_backend *b, cp_stream s);
 };
 
 /* ---- executor (executor.c): the one op walker every backend runs ---- */
@@ -676,9 +699,9 @@ void *cp_executor_op_buffer(const cp_executor *ex, const cp_op *op, cp_buffer k,
  * the unit's previous call of this kind ended) to the group's last kind
  * present, wrapping to the step's start after the last instance; each op
  * through run(ctx, op). The library call kinds, in their ops' order: */
-extern const cp_op_kind cp_call_unshard[3], cp_call_reshard[1], cp_call_reduce[8], cp_call_exchange[2];
+extern const cp_op_kind cp_call_unshard[4], cp_call_reshard[1], cp_call_reduce[10], cp_call_exchange[2];
 /* The split unshard: its issue (copy-in, all-gather) and its wait (copy-out). */
-extern const cp_op_kind cp_call_unshard_issue[2], cp_call_unshard_wait[1];
+extern const cp_op_kind cp_call_unshard_issue[3], cp_call_unshard_wait[1];
 /* Returns 0, 1 when the plan has no such op for the unit (nothing to do), or
  * run's failure (-1). *cursor is left where the next search starts. */
 int cp_run_call(const cp_plan *p, int unit, const cp_op_kind *kinds, int nkinds, int *cursor,

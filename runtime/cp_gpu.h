@@ -48,7 +48,10 @@ void cp_gpu_use_stream(cp_gpu *g, void *stream);
  *       as autograd's AccumulateGrad does with torch 2.15 FSDP2's grad_dtype: each micro-step's
  *       gradient, computed in the all-gather dtype, cast to grad_dtype, then assigned or added
  *       in grad_dtype;
- * sharded_grad: this rank's reduced gradient shard (orig dtype) after reduce_grads. */
+ * sharded_grad: this rank's reduced gradient shard (orig dtype) after reduce_grads.
+ * CPU offload (the unit's cpu_offload, CPUOffloadPolicy): sharded and sharded_grad are host
+ * memory (page-locked where pin_memory), as FSDP2 keeps them; the optimizer steps them on the
+ * host, after cp_gpu_synchronize (a reduction's D2H may be in flight until then). */
 void *cp_gpu_sharded(cp_gpu *g, int param);
 void *cp_gpu_unsharded(cp_gpu *g, int param);
 void *cp_gpu_grad(cp_gpu *g, int param);

@@ -75,19 +75,30 @@ const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
                            .out = CP_BUF_A2A_COUNTS, .frees = CP_BUF_NONE },
     [CP_OP_A2A] = { .name = "a2a", .action = CP_ACT_A2A, .in = CP_BUF_A2A_SEND, .out = CP_BUF_A2A_RECV,
                     .frees = CP_BUF_NONE },
+    /* CPU offload (torch 2.15 _fsdp_param.py:1143-1146, _fsdp_collectives.py:779-824): the
+     * host's shards to the device copy the copy-in reads; the viewed-out grads to the host's
+     * sharded grads, assigned, or (a later reduction) added on the host after the copy. */
+    [CP_OP_H2D] = { .name = "h2d", .action = CP_ACT_HOST, .in = CP_BUF_SHARDED, .out = CP_BUF_H2D,
+                    .frees = CP_BUF_NONE },
+    [CP_OP_D2H] = { .name = "d2h", .action = CP_ACT_HOST, .in = CP_BUF_D2H, .out = CP_BUF_SHARDED_GRADS,
+                    .frees = CP_BUF_D2H },
+    [CP_OP_D2H_ADD] = { .name = "d2h_add", .action = CP_ACT_HOST, .in = CP_BUF_D2H, .out = CP_BUF_SHARDED_GRADS,
+                        .frees = CP_BUF_D2H, .adds = 1 },
 };
 
-const cp_op_kind cp_call_unshard[3] = { CP_OP_COPY_IN, CP_OP_ALL_GATHER, CP_OP_COPY_OUT };
-const cp_op_kind cp_call_unshard_issue[2] = { CP_OP_COPY_IN, CP_OP_ALL_GATHER };
+/* (CP_OP_H2D first: an offloading unit's unshard starts with its shards' copy to the device) */
+const cp_op_kind cp_call_unshard[4] = { CP_OP_H2D, CP_OP_COPY_IN, CP_OP_ALL_GATHER, CP_OP_COPY_OUT };
+const cp_op_kind cp_call_unshard_issue[3] = { CP_OP_H2D, CP_OP_COPY_IN, CP_OP_ALL_GATHER };
 const cp_op_kind cp_call_unshard_wait[1] = { CP_OP_COPY_OUT };
 const cp_op_kind cp_call_reshard[1] = { CP_OP_RESHARD };
 /* A dispatch exchanges the counts first; every other exchange is one A2A. */
 const cp_op_kind cp_call_exchange[2] = { CP_OP_A2A_COUNTS, CP_OP_A2A };
 /* Pack, reduce-scatter, all_reduce_last's partial sums, the HSDP all-reduce,
  * the view-out (assigning, or adding on a later reduction of the step). */
-const cp_op_kind cp_call_reduce[8] = { CP_OP_PACK,        CP_OP_REDUCE_SCATTER, CP_OP_PARTIAL_SAVE,
-                                       CP_OP_PARTIAL_ADD, CP_OP_PARTIAL_FOLD,   CP_OP_ALL_REDUCE,
-                                       CP_OP_VIEW_OUT,    CP_OP_VIEW_OUT_ADD };
+const cp_op_kind cp_call_reduce[10] = { CP_OP_PACK,        CP_OP_REDUCE_SCATTER, CP_OP_PARTIAL_SAVE,
+                                        CP_OP_PARTIAL_ADD, CP_OP_PARTIAL_FOLD,   CP_OP_ALL_REDUCE,
+                                        CP_OP_VIEW_OUT,    CP_OP_VIEW_OUT_ADD,   CP_OP_D2H,
+                                        CP_OP_D2H_ADD };
 
 int cp_run_call(const cp_plan *p, int unit, const cp_op_kind *kinds, int nkinds, int *cursor,
                 int (*run)(void *ctx, const cp_op *op), void *ctx)
@@ -265,7 +276,10 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
         for (int k = 0; k < CP_ARENA_BUFFERS; k++) ex->buf[k][u] = ex->arena + U->arena_offset[k];
         for (int k = CP_BUF_SHARDED; k < CP_BUFFERS; k++) {
             size_t bytes = (size_t)cp_arena_buffer_bytes(p, u, (cp_buffer)k);
-            if (!(ex->buf[k][u] = b->alloc(b, bytes ? bytes : 16))) {
+            /* CPU offload: the unit's shards and reduced grads in host memory */
+            void *mem = U->offload && b->alloc_host ? b->alloc_host(b, bytes ? bytes : 16, U->pin_memory)
+                                                    : b->alloc(b, bytes ? bytes : 16);
+            if (!(ex->buf[k][u] = mem)) {
                 ex_error(ex, "rank %d: allocating %zu bytes for unit %s of plan %s failed (use more ranks)", rank,
                          bytes, U->name, p->name);
                 return fail_init(ex);
@@ -298,7 +312,11 @@ void cp_executor_free(cp_executor *ex)
     for (int k = CP_BUF_SHARDED; k < CP_BUFFERS; k++)
         if (ex->buf[k])
             for (int u = 0; u < ex->plan->nunits; u++)
-                if (ex->buf[k][u]) b->free(b, ex->buf[k][u]);
+                if (ex->buf[k][u]) {
+                    const cp_unit *U = &ex->plan->units[u];
+                    if (U->offload && b->free_host) b->free_host(b, ex->buf[k][u], U->pin_memory);
+                    else b->free(b, ex->buf[k][u]);
+                }
     if (ex->arena) b->free(b, ex->arena);
     for (int k = 0; k < CP_BUFFERS; k++) free(ex->buf[k]);
     free(ex->unsharded_live);
@@ -347,6 +365,12 @@ void *cp_executor_op_buffer(const cp_executor *ex, const cp_op *op, cp_buffer k,
     if (k == CP_BUF_NONE) return NULL;
     /* Zero copy-in: the all-gather's input slot is the sharded storage itself. */
     if (op->from_sharded && k == CP_BUF_AG && slot == CP_SLOT_SHARD) return ex->buf[CP_BUF_SHARDED][op->unit];
+    /* CPU offload: the copy-in reads the device copy of the host's shards, the
+     * view-out writes the device copy the D2H then moves to the host. */
+    if (ex->plan->units[op->unit].offload) {
+        if (op->kind == CP_OP_COPY_IN && k == CP_BUF_SHARDED) return ex->buf[CP_BUF_H2D][op->unit];
+        if (op->kind == CP_OP_VIEW_OUT && k == CP_BUF_SHARDED_GRADS) return ex->buf[CP_BUF_D2H][op->unit];
+    }
     char *base = ex->buf[k][op->unit];
     size_t es = cp_dtype_size(op->dtype);
     if (slot == CP_SLOT_PP) { /* [direction][micro-step] messages of op->count elements */
@@ -359,13 +383,32 @@ void *cp_executor_op_buffer(const cp_executor *ex, const cp_op *op, cp_buffer k,
     return base + (size_t)r * (size_t)op->count * es;
 }
 
+/* An offloading unit's sharded buffers are host memory: the host reads and
+ * writes them in place, after the stream's work (a D2H) is done. */
+static int host_side(cp_executor *ex, int u, cp_buffer k)
+{
+    return ex->plan->units[u].offload && (k == CP_BUF_SHARDED || k == CP_BUF_SHARDED_GRADS);
+}
+
 int cp_executor_read(cp_executor *ex, cp_stream s, int u, cp_buffer k, void *host)
 {
+    if (host_side(ex, u, k)) {
+        cp_backend *b = ex->backend;
+        if (b->sync && b->sync(b, s)) return -1;
+        memcpy(host, ex->buf[k][u], (size_t)cp_arena_buffer_bytes(ex->plan, u, k));
+        return 0;
+    }
     return ex->backend->read(ex->backend, s, ex->buf[k][u], host, (size_t)cp_arena_buffer_bytes(ex->plan, u, k));
 }
 
 int cp_executor_write(cp_executor *ex, cp_stream s, int u, cp_buffer k, const void *host)
 {
+    if (host_side(ex, u, k)) {
+        cp_backend *b = ex->backend;
+        if (b->sync && b->sync(b, s)) return -1;
+        memcpy(ex->buf[k][u], host, (size_t)cp_arena_buffer_bytes(ex->plan, u, k));
+        return 0;
+    }
     return ex->backend->write(ex->backend, s, ex->buf[k][u], host, (size_t)cp_arena_buffer_bytes(ex->plan, u, k));
 }
 
@@ -861,7 +904,6 @@ static int close_batch(cp_executor *ex, const cp_op *last)
     return 0;
 }
 
-
 static void cursor_enter(cp_executor *ex, long x)
 {
     if (x >= 0 && x <= ex->cur_op && ex->cur_op >= 0 && !ex->cur_in) ex->cur_step++;
@@ -869,6 +911,42 @@ static void cursor_enter(cp_executor *ex, long x)
     ex->cur_in = 1;
     int slot = ex->rank % CP_CURSOR_MAX;
     if (cursor_ex[slot] != ex) cursor_ex[slot] = ex;
+}
+
+/* CPU offload's copies (CP_ACT_HOST) on an offloading unit: the whole
+ * slot (h2d), or the part's parameters' span of it (d2h, d2h_add), in the
+ * stored dtype; d2h_add copies into host scratch, waits for the copy, and
+ * adds on the host in that dtype (FSDP2: a blocking D2H, then
+ * `sharded_param.grad._local_tensor += new_sharded_grad` on the CPU). */
+static int run_host_copy(cp_executor *ex, const cp_op *op, const void *in, void *out)
+{
+    const cp_plan *p = ex->plan;
+    const cp_unit *U = &p->units[op->unit];
+    cp_backend *b = ex->backend;
+    if (!U->offload)
+        return ex_error(ex, "rank %d: %s of unit %s (op %ld), which does not offload: regenerate the plan", ex->rank,
+                        cp_op_kind_name(op->kind), U->name, (long)(op - p->ops));
+    size_t es = cp_dtype_size(U->orig_dtype);
+    int64_t from = 0, n = U->total;
+    if (op->part_count > 0) {
+        const cp_param *a = &p->params[U->first_param + op->part_first];
+        const cp_param *z = &p->params[U->first_param + op->part_first + op->part_count - 1];
+        from = a->offset, n = z->offset + z->padded - a->offset;
+    }
+    const char *src = (const char *)in + (size_t)from * es;
+    char *dst = (char *)out + (size_t)from * es;
+    size_t bytes = (size_t)n * es;
+    int to_host = op->kind != CP_OP_H2D, adds = cp_op_descs[op->kind].adds;
+    void *tmp = NULL;
+    if (adds && !(tmp = malloc(bytes ? bytes : 1))) return failed(ex, op, "host scratch for the add");
+    void *target = adds ? tmp : (void *)dst;
+    int rc = b->host_copy ? b->host_copy(b, op->stream, src, target, bytes, to_host, adds)
+                          : b->copy_bytes(b, op->stream, src, target, bytes);
+    if (rc == 0 && adds)
+        for (int64_t i = 0; i < n; i++)
+            cp_store(U->orig_dtype, dst, i, cp_load(U->orig_dtype, dst, i) + cp_load(U->orig_dtype, tmp, i));
+    free(tmp);
+    return rc ? failed(ex, op, to_host ? "the D2H copy" : "the H2D copy") : 0;
 }
 
 int cp_executor_run_op(cp_executor *ex, const cp_op *op)
@@ -896,7 +974,7 @@ static int cp_executor_run_op_(cp_executor *ex, const cp_op *op)
     if (op->part_count != 0 || op->part_first != 0) {
         int takes = op->kind == CP_OP_PACK || op->kind == CP_OP_REDUCE_SCATTER || op->kind == CP_OP_ALL_REDUCE ||
                     op->kind == CP_OP_VIEW_OUT || op->kind == CP_OP_VIEW_OUT_ADD || op->kind == CP_OP_FORWARD ||
-                    op->kind == CP_OP_BACKWARD;
+                    op->kind == CP_OP_BACKWARD || op->kind == CP_OP_D2H || op->kind == CP_OP_D2H_ADD;
         if (!takes || cp_part_check(p, u, op->part_first, op->part_count) ||
             (d->action == CP_ACT_COLLECTIVE && op->count != cp_part_total(p, u, op->part_first, op->part_count)))
             return ex_error(ex, "rank %d: op %ld (%s of unit %s) names parameters %d .. %d of the unit's %d (count %lld): "
@@ -947,6 +1025,13 @@ static int cp_executor_run_op_(cp_executor *ex, const cp_op *op)
         if (b->copy(b, d->kernel, u, op->part_first, op->part_count, op->stream, in, out))
             return failed(ex, op, "the copy kernel");
         if (d->out == CP_BUF_UNSHARDED) ex->unsharded_live[u] = 1;
+        /* CPU offload: the device copy of the shards is dead once copied in */
+        if (op->kind == CP_OP_COPY_IN && p->units[u].offload &&
+            b->release(b, ex->buf[CP_BUF_H2D][u], (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_H2D)))
+            return failed(ex, op, "releasing a buffer");
+        break;
+    case CP_ACT_HOST:
+        if (run_host_copy(ex, op, in, out)) return -1;
         break;
     case CP_ACT_COLLECTIVE:
         if (run_collective(ex, op, d, in, out)) return -1;

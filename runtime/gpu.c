@@ -503,6 +503,52 @@ static int gpu_write(cp_backend *b, cp_stream s, void *dst, const void *host, si
     return 0;
 }
 
+/* CPU offload (cp_unit.offload): the unit's sharded params and grads in
+ * host memory, page-locked where pin_memory (cudaMallocHost: what torch's
+ * pin_memory() allocates), else plain host memory. */
+static void *gpu_alloc_host(cp_backend *b, size_t bytes, int pinned)
+{
+    cp_gpu *g = b->ctx;
+    void *p = NULL;
+    if (!pinned) {
+        if (!(p = calloc(1, bytes ? bytes : 16))) fail(g, "allocating %zu bytes of host memory failed", bytes);
+        return p;
+    }
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        fail(g, "cudaMallocHost of %zu bytes failed: %s (CPU offload's pinned shards: set pin_memory = false or free "
+             "host memory)", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    memset(p, 0, bytes ? bytes : 16);
+    return p;
+}
+
+static void gpu_free_host(cp_backend *b, void *p, int pinned)
+{
+    (void)b;
+    if (pinned) cudaFreeHost(p);
+    else free(p);
+}
+
+/* CPU offload's copy over the host link on stream s, ordered by the
+ * plan's waits like any op; finish: the host waits for it (d2h_add's add on
+ * the host, FSDP2's blocking D2H before `grad += ...`). */
+static int gpu_host_copy(cp_backend *b, cp_stream s, const void *in, void *out, size_t bytes, int to_host, int finish)
+{
+    cp_gpu *g = b->ctx;
+    CUDA(cudaMemcpyAsync(out, in, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, g->streams[s]));
+    if (finish) CUDA(cudaStreamSynchronize(g->streams[s]));
+    return 0;
+}
+
+static int gpu_sync(cp_backend *b, cp_stream s)
+{
+    cp_gpu *g = b->ctx;
+    CUDA(cudaStreamSynchronize(g->streams[s]));
+    return 0;
+}
+
 static const char *gpu_last_error(cp_backend *b)
 {
     cp_gpu *g = b->ctx;
@@ -518,6 +564,10 @@ static void backend_init(cp_gpu *g)
     b->free = gpu_free;
     b->copy = gpu_copy;
     b->copy_bytes = gpu_copy_bytes;
+    b->alloc_host = gpu_alloc_host;
+    b->free_host = gpu_free_host;
+    b->host_copy = gpu_host_copy;
+    b->sync = gpu_sync;
     b->collective[CP_COLL_ALL_GATHER] = gpu_all_gather;
     b->collective[CP_COLL_REDUCE_SCATTER] = gpu_reduce_scatter;
     b->collective[CP_COLL_ALL_REDUCE] = gpu_all_reduce;
@@ -862,9 +912,9 @@ static int unit_call(cp_gpu *g, const char *name, int unit, const part *parts, i
     return 0;
 }
 
-static const part unshard_issue = { CALL_UNSHARD, cp_call_unshard_issue, 2 },
+static const part unshard_issue = { CALL_UNSHARD, cp_call_unshard_issue, 3 },
                   unshard_wait = { CALL_UNSHARD_WAIT, cp_call_unshard_wait, 1 },
-                  reshard = { CALL_RESHARD, cp_call_reshard, 1 }, reduce = { CALL_REDUCE, cp_call_reduce, 8 },
+                  reshard = { CALL_RESHARD, cp_call_reshard, 1 }, reduce = { CALL_REDUCE, cp_call_reduce, 10 },
                   exchange = { CALL_EXCHANGE, cp_call_exchange, 2 };
 
 int cp_gpu_unshard(cp_gpu *g, int unit, void *stream)
@@ -996,6 +1046,15 @@ int cp_gpu_graph_capture(cp_gpu *g, void *stream)
     if (cp_plan_has_a2a(g->plan))
         return fail(g, "plan %s has expert-parallel all-to-alls, whose split sizes are read back to the host every "
                     "step: a CUDA graph cannot capture them (run without --graph)", g->plan->name);
+    /* CPU offload: the host adds a later reduction's gradient after a
+     * synchronising copy, which no graph can hold; FSDP2 says the same
+     * ("CUDA graph capture does not support CPU gradient offload", torch
+     * 2.15 _fully_shard.py:524). Refused. */
+    for (int u = 0; u < g->plan->nunits; u++)
+        if (g->plan->units[u].offload)
+            return fail(g, "plan %s offloads unit %s to the CPU (cpu_offload): a CUDA graph cannot capture its host "
+                        "copies and adds, as FSDP2's capture does not (torch _fully_shard.py:524); run without --graph",
+                        g->plan->name, g->plan->units[u].name);
     CUDA(cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal));
     int rc = cp_gpu_step(g, stream);
     cudaError_t e = cudaStreamEndCapture(S, &graph);

@@ -274,7 +274,7 @@ static int split_call(cp_hostlib *h, const char *name, int unit, int which, cons
 
 int cp_hostlib_unshard_issue(cp_hostlib *h, int unit)
 {
-    return split_call(h, "cp_hostlib_unshard_issue", unit, CALL_UNSHARD, cp_call_unshard_issue, 2, 1, 0);
+    return split_call(h, "cp_hostlib_unshard_issue", unit, CALL_UNSHARD, cp_call_unshard_issue, 3, 1, 0);
 }
 
 int cp_hostlib_unshard_wait(cp_hostlib *h, int unit)
@@ -285,7 +285,7 @@ int cp_hostlib_unshard_wait(cp_hostlib *h, int unit)
 int cp_hostlib_reduce_issue(cp_hostlib *h, int unit)
 {
     if (unit >= 0 && unit < h->plan->nunits) h->unit_ticket[unit] = 0;
-    return split_call(h, "cp_hostlib_reduce_issue", unit, CALL_REDUCE, cp_call_reduce, 8, 1, 0);
+    return split_call(h, "cp_hostlib_reduce_issue", unit, CALL_REDUCE, cp_call_reduce, 10, 1, 0);
 }
 
 int cp_hostlib_reduce_wait(cp_hostlib *h, int unit)
@@ -323,14 +323,14 @@ int cp_hostlib_unshard(cp_hostlib *h, int unit)
     cp_call_effect e;
     if (unit >= 0 && unit < h->plan->nunits) {
         /* refused as one call, before either half runs */
-        cp_call_effect_of(h->plan, unit, cp_call_unshard, 3, h->cursor[unit][CALL_UNSHARD], &e);
+        cp_call_effect_of(h->plan, unit, cp_call_unshard, 4, h->cursor[unit][CALL_UNSHARD], &e);
         int wrote = 0, held = 0, v = cp_call_conflict(h->plan, unit, &e, h->live, &wrote, &held);
         if (v >= 0) {
             cp_call_conflict_message(h->plan, "cp_hostlib_unshard", unit, v, wrote, held, h->err, sizeof h->err);
             return -1;
         }
     }
-    if (split_call(h, "cp_hostlib_unshard", unit, CALL_UNSHARD, cp_call_unshard_issue, 2, 0, CP_ORDER_FORK)) return -1;
+    if (split_call(h, "cp_hostlib_unshard", unit, CALL_UNSHARD, cp_call_unshard_issue, 3, 0, CP_ORDER_FORK)) return -1;
     return split_call(h, "cp_hostlib_unshard", unit, CALL_UNSHARD_WAIT, cp_call_unshard_wait, 1, 0, CP_ORDER_JOIN);
 }
 int cp_hostlib_reshard(cp_hostlib *h, int unit)
@@ -340,7 +340,7 @@ int cp_hostlib_reshard(cp_hostlib *h, int unit)
 int cp_hostlib_reduce_grads(cp_hostlib *h, int unit)
 {
     return settle(h) ? -1
-                     : split_call(h, "cp_hostlib_reduce_grads", unit, CALL_REDUCE, cp_call_reduce, 8, 0,
+                     : split_call(h, "cp_hostlib_reduce_grads", unit, CALL_REDUCE, cp_call_reduce, 10, 0,
                                   CP_ORDER_FORK | CP_ORDER_JOIN);
 }
 

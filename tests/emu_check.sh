@@ -46,6 +46,12 @@ world() { $LUA -e "print(dofile('$(plan_file "$1")').world_size)"; }
 # Expert parallel (ep > 1): the plan has all-to-alls, which --graph refuses
 # by design (their split sizes are read back to the host every step).
 expert_parallel() { [ "$($LUA -e "print((dofile('$(plan_file "$1")').parallel or {}).ep or 1)")" -gt 1 ]; }
+# CPU offload (fsdp.cpu_offload or a unit's): --graph is refused as FSDP2
+# refuses it (a later reduction's D2H is waited for by the host, which adds).
+offloads() {
+  [ "$($LUA -e "local p = dofile('$(plan_file "$1")'); local o = (p.fsdp or {}).cpu_offload
+    for _, u in ipairs((p.model or {}).units or {}) do o = o or u.cpu_offload end; print(o and 1 or 0)")" = 1 ]
+}
 
 # launch N LOG BIN ARGS...: N rank processes with torchrun's variables; the
 # logs are LOG.<rank>; returns the number of ranks that failed.
@@ -120,6 +126,19 @@ for p in "$@"; do
       plan_ok=0
       bad "$p ($n ranks) --graph: not refused on every rank ($refused of $n said so)" "$log.0"
     fi
+  elif offloads "$p"; then
+    modes=eager
+    log=$dir/$p.graph
+    runs=$((runs + 1))
+    launch "$n" "$log" "$bin" --check --steps 2 --graph
+    failed_ranks=$?
+    refused=$(cat "$log".*[0-9] | grep -c -- "offloads unit .* to the CPU (cpu_offload): a CUDA graph cannot capture")
+    if [ "$failed_ranks" = "$n" ] && [ "$refused" = "$n" ] && ! crashed "$n" "$log" >/dev/null; then
+      ok "$p --graph: not run, refused on all $n ranks with its one line as FSDP2 refuses it (CPU offload's host copies)"
+    else
+      plan_ok=0
+      bad "$p ($n ranks) --graph: not refused on every rank ($refused of $n said so)" "$log.0"
+    fi
   fi
   for mode in $modes; do
     flags="--check --steps 2"
@@ -189,7 +208,7 @@ for bin in build/emu/a2a_ep4/a2a_ep4 build/emu-asan/a2a_ep4/a2a_ep4; do
   else bad "$bin: --graph not refused" "$log.0"; fi
 done
 
-ASAN_PLANS=${EMU_ASAN_PLANS-fsdp4 llama_tiny_tp hsdp3x2_arlast ep2_mixtral_hsdp}
+ASAN_PLANS=${EMU_ASAN_PLANS-fsdp4 llama_tiny_tp hsdp3x2_arlast ep2_mixtral_hsdp hsdp2x2_offload}
 echo "== the GPU path under ASan+UBSan on the emulator (build/emu-asan)"
 for p in $ASAN_PLANS; do
   bin=build/emu-asan/$p/$p
@@ -198,6 +217,7 @@ for p in $ASAN_PLANS; do
   plan_ok=1
   asan_modes="eager graph" asan_said="eager and --graph"
   expert_parallel "$p" && asan_modes=eager asan_said="eager (--graph is refused with all-to-alls)"
+  offloads "$p" && asan_modes=eager asan_said="eager (--graph is refused with CPU offload)"
   for m in $asan_modes; do
     mode=""
     [ "$m" = graph ] && mode=--graph
@@ -220,7 +240,7 @@ if [ -x build/emu-asan/fsdp4/fsdp4 ]; then
   else bad "fsdp4 under ASan+UBSan: a failed step's teardown" "$log.0"; fi
 fi
 
-LIB_PLANS=${EMU_LIB_PLANS-fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven llama_tiny_tp}
+LIB_PLANS=${EMU_LIB_PLANS-fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven llama_tiny_tp hsdp2x2_offload}
 echo "== the GPU library (cp_gpu_unshard, _reshard, _reduce_grads) driven in the plan's order around the caller's compute"
 for p in $LIB_PLANS; do
   bin=build/emu/$p/library_run

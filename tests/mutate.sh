@@ -93,6 +93,8 @@ gen/dims.lua @@ 1 @@ if all then return end @@ if all or true then return end @@
 gen/parallel/pp_csv.lua @@ 1 @@ if st[p.type][p.mb] then @@ if false then @@ lua=test_bounds @@ skipped check: a pipeline CSV's repeated action taken (issue 33)
 gen/fsio.lua @@ 1 @@ local ok, why = fsio.check_target(path, opts) @@ local ok, why = true, nil @@ lua=test_hostile_outputs @@ skipped check: the safe writer writes through a planted link (issue 33)
 gen/fold.lua @@ 1 @@ if num then return tpl, num end @@ if num then return tpl, index end @@ lua=test_audit @@ folding keyed by unit index: an MoE layer's two units no longer fold (issue 34)
+runtime/executor.c @@ 1 @@ cp_load(U->orig_dtype, dst, i) + cp_load(U->orig_dtype, tmp, i) @@ cp_load(U->orig_dtype, tmp, i) @@ sim=hsdp2x2_offload @@ CPU offload's d2h_add assigns the host grad instead of adding (issue 39)
+gen/parallel/fsdp_schedule.lua @@ 1 @@ local direct = u.orig_dtype == u.ag_dtype and not u.offload @@ local direct = u.orig_dtype == u.ag_dtype @@ lua=test_offload sim=hsdp2x2_offload @@ an offloading unit's all-gather reads its host shards directly (no copy-in after the H2D, issue 39)
 EOF
 )
 

@@ -221,7 +221,8 @@ function generic.units(ctx, model)
                  param_dtype = u.param_dtype, reduce_dtype = u.reduce_dtype, loss_head = u.loss_head or nil,
                  gradient_divide_factor = u.gradient_divide_factor,
                  force_sum_reduction_for_comms = u.force_sum_reduction_for_comms,
-                 grad_accumulation = u.grad_accumulation }
+                 grad_accumulation = u.grad_accumulation,
+                 cpu_offload = u.cpu_offload, pin_memory = u.pin_memory }
   end
   local sharded = 0
   for _, u in ipairs(units) do sharded = sharded + #u.params end

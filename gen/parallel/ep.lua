@@ -190,7 +190,8 @@ function ep.apply_units(ctx, units, d, _)
                    -- the module's setters reach every parameter group of its state (_fully_shard.py:856-878)
                    gradient_divide_factor = u.gradient_divide_factor,
                    force_sum_reduction_for_comms = u.force_sum_reduction_for_comms,
-                   grad_accumulation = u.grad_accumulation }
+                   grad_accumulation = u.grad_accumulation,
+                   cpu_offload = u.cpu_offload, pin_memory = u.pin_memory }
       out[#out + 1] = du
       out[#out + 1] = eu
     end

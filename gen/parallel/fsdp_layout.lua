@@ -336,6 +336,18 @@ function layout.build(ctx, units, d, fsdp)
     -- the decoder's [norm, lm_head] unit (gen/models: llama, moe), whose
     -- lm_head torchtitan's ChunkedLossWrapper runs (fsdp_schedule.lua)
     if u.loss_head then out[fwd].loss_head = true end
+    -- CPUOffloadPolicy (the unit's fully_shard offload_policy, else the
+    -- plan's): its sharded parameters and gradients live in host memory
+    -- (pinned unless pin_memory = false, torch 2.15 _fsdp_param.py:362-365),
+    -- so every all-gather starts with their H2D copy and every reduction
+    -- ends with the gradient's D2H copy (fsdp_schedule.gather / reduction)
+    local offload = u.cpu_offload
+    if offload == nil then offload = fsdp.cpu_offload end
+    if offload and #params > 0 then
+      local pin = u.pin_memory
+      if pin == nil then pin = fsdp.pin_memory end
+      out[fwd].offload, out[fwd].pin_memory = true, pin ~= false
+    end
     arena = arena_bound(out[fwd], Wu, arena)
     if not arena then
       util.field_error(ctx, upath, string.format("one rank's buffers reach more than %s bytes by unit %q "

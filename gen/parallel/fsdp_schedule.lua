@@ -294,9 +294,20 @@ end
 -- all-gather reads the sharded storage itself; the collective's bytes are
 -- the same. A shard group of one rank issues no collective (FSDP2's
 -- world-size-1 path); the executor copies the slot locally.
+--
+-- CPU offload (u.offload): the sharded parameters are in host memory, so
+-- the all-gather inputs are first copied to the device
+-- (`sharded_param_data.to(device, non_blocking=True)`, torch 2.15
+-- _fsdp_param.py:1143-1146, inside foreach_all_gather's copy-in stream,
+-- _fsdp_collectives.py:362-363): op h2d, then the copy-in from that device
+-- copy (FSDP2 never takes the foreach fast path for an offloaded
+-- parameter, _fsdp_collectives.py:414-419: there is always a copy-in).
 function schedule.gather(out, u, m, phase, shard)
-  local direct = u.orig_dtype == u.ag_dtype and not u.ag_bytes
-  if not direct then out[#out + 1] = { kind = "copy_in", unit = u.index, micro_step = m, phase = phase } end
+  local direct = u.orig_dtype == u.ag_dtype and not u.ag_bytes and not u.offload
+  if u.offload then out[#out + 1] = { kind = "h2d", unit = u.index, micro_step = m, phase = phase } end
+  if not direct then
+    out[#out + 1] = { kind = "copy_in", unit = u.index, micro_step = m, phase = phase, offload = u.offload or nil }
+  end
   -- Mixed all-gather dtypes: FSDP2 all-gathers the slot's bytes as uint8
   -- (torch 2.15 _fsdp_collectives.py:369-379).
   out[#out + 1] = { kind = "all_gather", unit = u.index, micro_step = m, phase = phase,
@@ -438,6 +449,18 @@ function schedule.reduction(out, u, m, how, shard, replicate, reducing, part)
     out[#out + 1] = { kind = "all_reduce", unit = u.index, micro_step = m, phase = "backward",
                       group = "dp_replicate", dtype = u.reduce_dtype, count = count,
                       reduce_op = u.ar_op, part_first = pf, part_count = pc }
+  end
+  if u.offload then
+    -- CPU offload: the reduced gradient is viewed out (cast) on the device,
+    -- copied D2H and assigned to, or added into, the host's sharded grad
+    -- (torch 2.15 _fsdp_collectives.py:779-824; the copy is non_blocking
+    -- only into pinned memory and when it assigns, else the host waits for
+    -- it before its add: d2h_add)
+    out[#out + 1] = { kind = "view_out", unit = u.index, micro_step = m, phase = "backward", part_first = pf,
+                      part_count = pc, offload = true }
+    out[#out + 1] = { kind = first and "d2h" or "d2h_add", unit = u.index, micro_step = m, phase = "backward",
+                      part_first = pf, part_count = pc }
+    return
   end
   out[#out + 1] = { kind = first and "view_out" or "view_out_add", unit = u.index, micro_step = m,
                     phase = "backward", part_first = pf, part_count = pc }

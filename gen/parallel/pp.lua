@@ -75,7 +75,8 @@ function pp.settings(p, mine)
   out.fsdp = { micro_steps = mine.t.sched.microbatches, reshard_after_forward = false, grad_accumulation = "step_end",
                reduce_op = f.reduce_op, param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype,
                gradient_divide_factor = f.gradient_divide_factor,
-               force_sum_reduction_for_comms = f.force_sum_reduction_for_comms }
+               force_sum_reduction_for_comms = f.force_sum_reduction_for_comms,
+               cpu_offload = f.cpu_offload, pin_memory = f.pin_memory }
   return out
 end
 

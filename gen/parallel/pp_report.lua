@@ -373,7 +373,9 @@ local function evaluate(p, loaded, pp, n, name, opts)
         for _, u in ipairs(costs[st].units) do
           local sharded = u.total * ES[u.orig_dtype]
           local opt = s.optimizer == "adamw" and (2 * sharded + (s.fp32_master and 4 * u.total or 0)) or 0
-          bytes = bytes + 2 * sharded + opt + W * u.total * ES[u.ag_dtype] + u.grads_numel * ES[u.reduce_dtype]
+          -- (CPU offload: an offloading unit's sharded state is in host memory, gen/memory.lua)
+          local state = u.offload and 0 or 2 * sharded + opt
+          bytes = bytes + state + W * u.total * ES[u.ag_dtype] + u.grads_numel * ES[u.reduce_dtype]
         end
       end
       bytes = bytes + transient

@@ -24,10 +24,13 @@ class Unit:
     FSDPModule.set_gradient_divide_factor / set_force_sum_reduction_for_comms set (None: the plan's);
     grad_accumulation: its own set_requires_gradient_sync / set_requires_all_reduce between
     micro-steps ("sync_last", "all_reduce_last", "fsdp2_default"; None: the plan's);
-    ignored_params: the parameters its fully_shard call ignores (kept whole, never communicated)."""
+    ignored_params: the parameters its fully_shard call ignores (kept whole, never communicated);
+    offload_policy as fully_shard takes it (None: the plan's default; torch's CPUOffloadPolicy(
+    pin_memory=...) or OffloadPolicy(), the plan's unit cpu_offload and pin_memory)."""
 
     def __init__(self, modules, name=None, reshard_after_forward=None, mp_policy=None, gradient_divide_factor=None,
-                 force_sum_reduction_for_comms=None, grad_accumulation=None, ignored_params=None):
+                 force_sum_reduction_for_comms=None, grad_accumulation=None, ignored_params=None,
+                 offload_policy=None):
         self.modules = list(modules) if isinstance(modules, (list, tuple)) else [modules]
         if not self.modules:
             raise PlanError("a unit needs at least one module")
@@ -42,9 +45,24 @@ class Unit:
         self.grad_accumulation = grad_accumulation  # the unit's own set_requires_gradient_sync / _all_reduce
         # fully_shard(..., ignored_params=): parameter objects of its modules left whole and uncommunicated
         self.ignored_params = list(ignored_params or [])
+        self.cpu_offload, self.pin_memory = _offload_of(offload_policy)
 
     def __repr__(self):
         return "Unit(%r, reshard_after_forward=%r)" % (self.name, self.reshard_after_forward)
+
+
+def _offload_of(policy):
+    """(cpu_offload, pin_memory) of a fully_shard offload_policy: torch 2.15 _fsdp_api.py:231-255
+    (OffloadPolicy: none; CPUOffloadPolicy(pin_memory=True))."""
+    if policy is None:
+        return None, None
+    kind = type(policy).__name__
+    if kind == "CPUOffloadPolicy":
+        return True, bool(policy.pin_memory)
+    if kind == "OffloadPolicy":
+        return False, None
+    raise PlanError("Unit: offload_policy: expected torch's CPUOffloadPolicy or OffloadPolicy (fully_shard's "
+                    "offload_policy), got %s" % validate.describe(policy, False))
 
 
 def _module_names(model):
@@ -172,6 +190,10 @@ def named_units(model, units, shard_dim=None):
         for k in ("gradient_divide_factor", "force_sum_reduction_for_comms", "grad_accumulation"):
             if getattr(u, k, None) is not None:
                 entry[k] = getattr(u, k)
+        if getattr(u, "cpu_offload", None) is not None:  # the unit's own offload_policy
+            entry["cpu_offload"] = u.cpu_offload
+            if u.cpu_offload:
+                entry["pin_memory"] = u.pin_memory
         out.append(entry)
     return out
 

@@ -41,7 +41,7 @@ from .runtime import CALL_KINDS, group_calls
 
 # The split calls' op groups (runtime/cp_gpu.h): an unshard's issue and wait, a reduction's issue.
 SPLIT_KINDS = (
-    ("unshard_issue", ("copy_in", "all_gather")),
+    ("unshard_issue", ("h2d", "copy_in", "all_gather")),
     ("unshard_wait", ("copy_out",)),
     ("reshard", CALL_KINDS["reshard"]),
     ("reduce", CALL_KINDS["reduce"]),

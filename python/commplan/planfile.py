@@ -355,10 +355,11 @@ def normalize_units(units):
         where = "unit %d" % (i + 1)
         if isinstance(u, dict):
             unknown = sorted(set(u) - {"name", "params", "reshard_after_forward", "loss_head", "param_dtype",
-                                       "reduce_dtype"} - set(UNIT_REDUCTION))
+                                       "reduce_dtype", "cpu_offload", "pin_memory"} - set(UNIT_REDUCTION))
             if unknown:
                 raise PlanError("%s: unknown unit keys %s; use name, params, reshard_after_forward, loss_head, "
-                                "param_dtype, reduce_dtype" % (where, unknown))
+                                "param_dtype, reduce_dtype, cpu_offload, pin_memory, %s"
+                                % (where, unknown, ", ".join(UNIT_REDUCTION)))
             name, params, raf = u.get("name"), u.get("params", []), u.get("reshard_after_forward")
             head = u.get("loss_head")
         elif isinstance(u, (list, tuple)) and len(u) in (2, 3):
@@ -385,6 +386,11 @@ def normalize_units(units):
             for k, spec in UNIT_REDUCTION.items():
                 if u.get(k) is not None:
                     out[-1][k] = validate.check_value(u[k], spec, "%s (%s)" % (where, name), k)
+        if isinstance(u, dict):  # the unit's offload_policy (CPUOffloadPolicy: docs/plan-files.md)
+            for key in ("cpu_offload", "pin_memory"):
+                if u.get(key) is not None:
+                    validate.check_bool_or_none(u[key], key, src="%s (%s)" % (where, name))
+                    out[-1][key] = u[key]
     for i, u in enumerate(out[:-1]):
         if not u["params"]:
             raise PlanError("unit %d (%s) has no parameters; only the root (the last unit) may have none"
@@ -534,6 +540,9 @@ def _unit_text(u, default_raf, is_root, dtype_default):
         head += " force_sum_reduction_for_comms = %s," % ("true" if u["force_sum_reduction_for_comms"] else "false")
     if u.get("grad_accumulation") is not None:
         head += " grad_accumulation = %s," % lua_string(u["grad_accumulation"])
+    for key in ("cpu_offload", "pin_memory"):  # the unit's own offload_policy (CPUOffloadPolicy)
+        if u.get(key) is not None:
+            head += " %s = %s," % (key, "true" if u[key] else "false")
     if not u["params"]:
         lines.append(head + " params = {} },")
         return lines

@@ -85,10 +85,10 @@ _TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<i2", "u8": "|u1"}  # bf16 tr
 
 # One library call is a group of the plan's ops for one unit (runtime/gpu.c run_unit_ops).
 CALL_KINDS = {
-    "unshard": ("copy_in", "all_gather", "copy_out"),
+    "unshard": ("h2d", "copy_in", "all_gather", "copy_out"),
     "reshard": ("reshard",),
     "reduce": ("pack", "reduce_scatter", "partial_save", "partial_add", "partial_fold", "all_reduce", "view_out",
-               "view_out_add"),
+               "view_out_add", "d2h", "d2h_add"),
 }
 
 
@@ -323,14 +323,20 @@ class GpuLibrary(_ExpertCalls):
         self.rank = self.lib.cp_gpu_rank(g)
         self.shard_rank = self.lib.cp_gpu_shard_rank(g)
 
-    def tensor(self, kind, param, numel, dtype):
+    def tensor(self, kind, param, numel, dtype, host=False):
         """A 1-D torch view of `numel` elements of param's storage: kind is sharded, unsharded, grad
-        or sharded_grad (runtime/cp_gpu.h)."""
+        or sharded_grad (runtime/cp_gpu.h). host: the storage is host memory (CPU offload: an
+        offloading unit's sharded params and grads, as FSDP2's CPUOffloadPolicy keeps them; the
+        optimizer then steps them on the CPU)."""
         if numel == 0:
-            return torch.empty(0, dtype=TORCH_DTYPES[dtype], device=self.device)
+            return torch.empty(0, dtype=TORCH_DTYPES[dtype], device="cpu" if host else self.device)
         ptr = getattr(self.lib, "cp_gpu_" + kind)(self.g, param)
         if not ptr:
             raise RuntimeError("commplan: cp_gpu_%s(%d) returned NULL" % (kind, param))
+        if host:
+            tdt = TORCH_DTYPES[dtype]
+            buf = (ctypes.c_char * (numel * torch.empty(0, dtype=tdt).element_size())).from_address(ptr)
+            return torch.frombuffer(buf, dtype=tdt, count=numel)
         t = torch.as_tensor(_CudaArray(ptr, numel, _TYPESTR[dtype]), device=self.device)
         return t.view(torch.bfloat16) if dtype == "bf16" else t
 
@@ -555,9 +561,10 @@ class HostLibrary(_ExpertCalls):
         size = next(f["size"] for f in self._plan_json_loaded()["groups"] if f["id"] == family)
         return [self.lib.cp_hostlib_group_member(self.g, family, color, k) for k in range(size)]
 
-    def tensor(self, kind, param, numel, dtype):
+    def tensor(self, kind, param, numel, dtype, host=False):
         """A 1-D torch view (no copy) of `numel` elements of param's storage: kind is sharded,
-        unsharded, grad or sharded_grad (runtime/cp_hostlib.h)."""
+        unsharded, grad or sharded_grad (runtime/cp_hostlib.h); host: CPU offload's host storage,
+        which every storage of this library already is."""
         if numel == 0:
             return torch.empty(0, dtype=TORCH_DTYPES[dtype])
         ptr = getattr(self.lib, "cp_hostlib_" + kind)(self.g, param)
@@ -685,8 +692,11 @@ class CommplanFSDP:
         self._plan_calls = {(c, self._unit_index[u], m, ph) for c, u, m, ph in calls}
         # (unit, micro-step) whose reduction adds into the plan's sharded-grads storage
         # (view_out_add: FSDP2's default accumulation, a later reduction of the step)
+        # (d2h_add: the same on an offloading unit, added on the host)
         self._reduce_adds = {(self._unit_index[op["unit"]], op.get("micro_step", 0))
-                             for op in self.plan["ops"] if op["kind"] == "view_out_add"}
+                             for op in self.plan["ops"] if op["kind"] in ("view_out_add", "d2h_add")}
+        # CPU offload: some unit's sharded grads are host memory, filled by D2H copies
+        self._offloads = any(u.get("cpu_offload") for u in self.plan["units"])
         # (unit, micro-step) whose reduction ends in the sharded grads; under all_reduce_last the
         # earlier ones end in the plan's partial sums (HSDP's set_requires_all_reduce(False))
         self._reduce_views = {(self._unit_index[op["unit"]], op.get("micro_step", 0))
@@ -737,7 +747,9 @@ class CommplanFSDP:
                 P = _Param()
                 P.index, P.fqn, P.unit, P.owners = pindex, fqn, pu["index"], owners[id(p)]
                 P.requires_grad = p.requires_grad
-                flat = self.lib.tensor("sharded", pindex, meta["padded_numel"], meta["dtype"])
+                # CPU offload (plan.json's unit cpu_offload): the shards and their grads in host memory
+                host = {"host": True} if pu.get("cpu_offload") else {}
+                flat = self.lib.tensor("sharded", pindex, meta["padded_numel"], meta["dtype"], **host)
                 with torch.no_grad():
                     flat.zero_()
                     if not p.is_meta:
@@ -749,7 +761,7 @@ class CommplanFSDP:
                 # copy_ casts the first micro-batch's gradient, add_ sums later ones there)
                 P.grad_buf = self.lib.tensor("grad", pindex, numel, pu.get("grad_dtype", ag)).view(shape)
                 P.shard_grad = self.lib.tensor("sharded_grad", pindex, meta["padded_numel"],
-                                               meta["dtype"])[:nvalid].view(local)
+                                               meta["dtype"], **host)[:nvalid].view(local)
                 P.alias = None
                 P.accumulated = False
                 P.arrived = False
@@ -1000,6 +1012,11 @@ class CommplanFSDP:
                 c, u, _ = self._calls[self._pos]
                 raise PlanOrderError("commplan: backward ended before %s(%s), which plan %s issues in micro-step %d"
                                      % (c, self.units[u]["name"], self.name, self._micro))
+            if self._offloads:
+                # CPU offload: the host's sharded grads are complete only when their D2H copies are;
+                # FSDP2's finalize_backward waits for them the same way (grad_offload_event, torch
+                # 2.15 _fsdp_param_group.py:894-896), before the optimizer steps on the host
+                self.lib.synchronize(300.0)
         finally:
             for P in self.params:
                 P.arrived = False

@@ -56,13 +56,15 @@ SECTIONS = {
         "grad_accumulation": Spec("enum", enum=("fsdp2_default", "sync_last", "all_reduce_last", "step_end")),
         "gradient_divide_factor": Spec("num", gt=0),
         "force_sum_reduction_for_comms": Spec("bool"),
+        # fully_shard(offload_policy=CPUOffloadPolicy(pin_memory=...)) on every unit
+        "cpu_offload": Spec("bool"), "pin_memory": Spec("bool"),
     },
     "topology": dict({"gpus_per_node": Spec("int"), "nics_per_node": Spec("int"), "nvlinks": Spec("int"),
                       "nvls": Spec("bool"), "sharp": Spec("bool"),
                       "preset": Spec("enum", enum=("h100", "h200", "b200", "a100", "h100_hbm2e")),
                       "collectives": Spec("enum", enum=("nccl", "alpha_beta"))},
                      **{k: Spec("num") for k in ("intra_node_GBps", "inter_node_GBps", "latency_us", "gpu_memory_GB",
-                                                 "gpu_TFLOPS", "mfu", "hbm_GBps", "nic_Gbps", "nvlink_GBps",
+                                                 "gpu_TFLOPS", "mfu", "hbm_GBps", "host_GBps", "nic_Gbps", "nvlink_GBps",
                                                  "pci_GBps", "net_latency_us")}),
     # with parallel.pp > 1 (docs/pipeline.md): torch.distributed.pipelining's schedule class without
     # "Schedule", torchtitan's microbatch size or the microbatches, and its stage split options

@@ -664,7 +664,7 @@ typedef struct {
 } call_inst;
 
 static const cp_op_kind *const CALL_KINDS[3] = { cp_call_unshard, cp_call_reshard, cp_call_reduce };
-static const int CALL_NKINDS[3] = { 3, 1, 8 };
+static const int CALL_NKINDS[3] = { 4, 1, 10 };
 static const char *const CALL_NAMES[3] = { "unshard", "reshard", "reduce" };
 
 static int by_last(const void *a, const void *b)
@@ -797,7 +797,7 @@ static void test_library_order_guards_grads(void **state)
     assert_int_equal(live[tok], 1u << CP_BUF_GRADS);
     for (int u = 0; u < p->nunits; u++) assert_false(live[u] & (1u << CP_BUF_UNSHARDED));
     cp_call_effect e;
-    cp_call_effect_of(p, l0, cp_call_unshard, 3, cursor[l0][0], &e);
+    cp_call_effect_of(p, l0, cp_call_unshard, 4, cursor[l0][0], &e);
     int wrote = -1, held = -1;
     assert_int_equal(cp_call_conflict(p, l0, &e, live, &wrote, &held), tok);
     assert_int_equal(held, CP_BUF_GRADS);
@@ -1185,7 +1185,7 @@ static void test_order_refuses_too_many_records(void **state)
     cp_order *o = cp_order_new(&c.plan);
     assert_non_null(o);
     char err[600] = "";
-    cp_call_part part = { cp_call_unshard, 3, 0 };
+    cp_call_part part = { cp_call_unshard, 4, 0 };
     assert_int_equal(cp_order_call(o, "cp_hostlib_unshard", 0, &part, 1, 0, 0, err, sizeof err), -1);
     assert_non_null(strstr(err, "records more than 32 events in one call"));
     assert_null(strchr(err, '\n'));

@@ -581,6 +581,21 @@ def gen_seed(seed, attempt=0):
         reduction += draw_unit_accumulation(rng, fsdp, units, R)
     if tree_knows("ignored_params"):
         reduction += draw_ignored(rng, units)
+    # CPUOffloadPolicy (issue 39), drawn last so earlier seeds keep their plans: plan-wide
+    # and per unit, with every option above (on gloo its copies are no-ops: the draw checks
+    # the collectives and reduced gradients under the policy; record.py offload_of)
+    if tree_knows("cpu_offload") and rng.random() < 0.35:
+        if rng.random() < 0.5:
+            fsdp["cpu_offload"] = True
+            if rng.random() < 0.3:
+                fsdp["pin_memory"] = False
+        for u in units:
+            if any(not p.get("ignored") for p in u["params"]) and rng.random() < 0.4:
+                u["cpu_offload"] = rng.random() < 0.7
+                if u["cpu_offload"] and rng.random() < 0.3:
+                    u["pin_memory"] = False
+        if fsdp.get("cpu_offload") or any(u.get("cpu_offload") for u in units):
+            reduction += ", cpu_offload"
     lines = [f"-- live property test seed {seed} (attempt {attempt}): tests/live/live.py seed {seed}",
              "return {", f"  world_size = {world},", f"  parallel = {lua(par)},",
              "  model = { family = \"generic\", units = {"]

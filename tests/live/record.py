@@ -66,7 +66,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -472,14 +472,27 @@ def run_job(rank, job):
                                           for q in u["ignored_params"]])
             ignored[u["name"]] = set(m.ignored.parameters())
 
+    def offload_of(u):
+        # CPU offload (plan.json's unit "cpu_offload"): on a CPU mesh FSDP2's H2D and D2H are
+        # .to("cpu") no-ops, so this shows its collectives and reduced gradients under the
+        # policy, not the copies; pin_memory=True needs a CUDA driver (tensor.pin_memory()
+        # raises without one), so pinned units run unpinned here: pinning moves no value.
+        return CPUOffloadPolicy(pin_memory=False) if u.get("cpu_offload") else OffloadPolicy()
+
     for u, m in zip(units[1:], layer_units):
         raf = u["reshard_after_forward"]
         fully_shard([m.norm, m.lm] if m is head else m, mesh=dp_mesh, reshard_after_forward=raf, mp_policy=mp_of(u, m),
-                    shard_placement_fn=_placement_fn(m, u), ignored_params=ignored.get(u["name"]))
+                    shard_placement_fn=_placement_fn(m, u), ignored_params=ignored.get(u["name"]),
+                    offload_policy=offload_of(u))
     if head is not None:
         head.lm.set_reshard_after_forward(True)  # as the wrapper's first loss leaves it (the docstring)
     fully_shard(root, mesh=dp_mesh, mp_policy=mp_of(units[0], root), shard_placement_fn=_placement_fn(root, units[0]),
-                ignored_params=ignored.get(units[0]["name"]))
+                ignored_params=ignored.get(units[0]["name"]), offload_policy=offload_of(units[0]))
+    # FSDP2 took each unit's policy as the plan says (torch 2.15 _fsdp_param.py:241)
+    for u, m in zip(units, [root] + [x.norm if x is head else x for x in layer_units]):
+        pg = m._get_fsdp_state()._fsdp_param_group
+        if pg is not None and any(fp.offload_to_cpu != bool(u.get("cpu_offload")) for fp in pg.fsdp_params):
+            raise AssertionError(f"unit {u['name']}: FSDP2's offload_to_cpu is not the plan's cpu_offload")
     for name, ps in ignored.items():  # FSDP2 left them whole: plain tensors, every element
         for p in ps:
             if isinstance(p, DTensor) or p.numel() != p.data.numel():

@@ -63,6 +63,8 @@ suites[#suites + 1] = "test_compute_model"
 suites[#suites + 1] = "test_mixed_dtype"
 -- Issue 40: the expected trace in Flight Recorder's terms (gen/expect.lua).
 suites[#suites + 1] = "test_expect"
+-- Issue 39: CPUOffloadPolicy (the H2D / D2H copies, host memory, host_GBps).
+suites[#suites + 1] = "test_offload"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -168,8 +168,11 @@ end
 -- plans/llama_tiny_tp.lua (8 ranks, TP's activation collectives) over four
 -- nodes of 2 GPUs, with a topology section: every output, in memory.
 local function tp_plan(topology)
-  return (H.read("plans/llama_tiny_tp.lua"):gsub("training = {", "topology = { gpus_per_node = 2, " .. topology
-    .. " },\n  training = {", 1))
+  local src = H.read("plans/llama_tiny_tp.lua"):gsub("training = {", "topology = { gpus_per_node = 2, " .. topology
+    .. " },\n  training = {", 1)
+  -- (the host link prices CPU offload's copies only: a plan that offloads)
+  if topology:find("host_GBps", 1, true) then src = src:gsub("fsdp = {", "fsdp = { cpu_offload = true,", 1) end
+  return src
 end
 local function all_outputs(src)
   return pcall(function()

@@ -45,12 +45,15 @@ class HostLibrary:
         index = {u["name"]: u["index"] for u in units}
         self.reduce_adds = {u["index"]: [] for u in units}
         # and the parameters it covers (plan.json's op "params": a part, ChunkedLossWrapper's; None: all)
+        # (CPU offload: an offloading unit's reduction ends in its D2H, d2h or d2h_add, which adds)
+        offload = {u["name"] for u in units if u.get("cpu_offload")}
         for op in self.plan["ops"]:
-            if op["kind"] in ("view_out", "view_out_add"):
-                self.reduce_adds[index[op["unit"]]].append((op["kind"] == "view_out_add", op.get("params")))
+            ends = ("d2h", "d2h_add") if op["unit"] in offload else ("view_out", "view_out_add")
+            if op["kind"] in ends:
+                self.reduce_adds[index[op["unit"]]].append((op["kind"].endswith("_add"), op.get("params")))
         self.reduce_cursor = {u["index"]: 0 for u in units}
 
-    def tensor(self, kind, param, numel, dtype):
+    def tensor(self, kind, param, numel, dtype, host=False):  # (host: CPU offload; all host memory here)
         t = self.buf[kind][param]
         assert t.dtype == DT[dtype] and t.numel() >= numel, (kind, param, numel, dtype)
         return t[:numel]

@@ -129,6 +129,21 @@ class HostRuntime(unittest.TestCase):
         self.assertEqual(sum(1 for c, _ in lib.calls if c == "reduce"), 3 * 2 * 4)  # 3 steps x 2 micro x 4 units
         rt.close()
 
+    def test_cpu_offload_reducing_every_micro_step(self):
+        # CPUOffloadPolicy on every unit but the first block (Unit(offload_policy=OffloadPolicy())):
+        # h2d in each unshard call, the reduce call ending in d2h, then d2h_add (added on the host)
+        from torch.distributed.fsdp import OffloadPolicy
+        a, b = self.models()
+        units = commplan.torchtitan_units(b)
+        units[1] = commplan.Unit(units[1].modules, name=units[1].name, offload_policy=OffloadPolicy())
+        rt, lib, plan = self.attach("host_offload", b, units, {"micro_steps": 2, "cpu_offload": True})
+        kinds = {op["kind"] for op in plan["ops"]}
+        self.assertTrue({"h2d", "d2h", "d2h_add"} <= kinds, kinds)
+        self.assertEqual([u.get("cpu_offload", False) for u in plan["units"]].count(False), 1)
+        self.train(a, b, micro=2)
+        self.assertEqual(sum(1 for c, _ in lib.calls if c == "reduce"), 3 * 2 * 4)  # 3 steps x 2 micro x 4 units
+        rt.close()
+
     def test_root_with_parameters_no_reshard(self):
         # only the blocks are units; the root owns embedding, norm and output; blocks keep their params
         a, b = self.models()
