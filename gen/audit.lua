@@ -82,6 +82,13 @@ local function tp_classes_facts(p)
   return tp_classes
 end
 
+-- false where a setting is false, else nil (plan.json leaves out a
+-- default-true setting: set_reshard_after_backward(False)'s)
+function audit.false_or_nil(v)
+  if v == false then return false end
+  return nil
+end
+
 -- An op's keys in plan.json after the first ones (ops_json), each with
 -- the text before its value.
 local OP_KEYS = {}
@@ -182,7 +189,8 @@ local function facts(p, face)
       ::next_kind::
     end
     units[#units + 1] = O({ "name", u.name, "index", u.index, "root", u.is_root,
-      "reshard_after_forward", u.reshard_after_forward and true or false, "orig_dtype", u.orig_dtype, "ag_dtype", u.ag_dtype,
+      "reshard_after_forward", u.reshard_after_forward and true or false, "reshard_after_backward", audit.false_or_nil(u.reshard_after_backward),
+      "orig_dtype", u.orig_dtype, "ag_dtype", u.ag_dtype,
       "reduce_dtype", u.reduce_dtype, "grad_dtype", u.grad_dtype, "slot_numel", u.total, "grads_numel", u.grads_numel,
       "vec_ok", u.vec_ok, "rs_op", u.rs_op, "ar_op", u.ar_op,
       "pre_divide", u.pre_divide, "post_divide", u.post_divide, "arena", O(arena), "params", params })
@@ -203,7 +211,9 @@ local function facts(p, face)
     "parallel", O({ "dp_replicate", d.dp_replicate, "dp_shard", d.dp_shard, "cp", d.cp, "tp", d.tp,
                     "pp", d.pp, "ep", d.ep, "async_tp", p.async_tp }),
     "mesh", O({ "names", p.mesh.names, "sizes", p.mesh.sizes, "strides", p.mesh.strides }),
-    "fsdp", O({ "reshard_after_forward", p.fsdp.reshard_after_forward, "micro_steps", p.fsdp.micro_steps,
+    "fsdp", O({ "reshard_after_forward", p.fsdp.reshard_after_forward,
+                "reshard_after_backward", audit.false_or_nil(p.fsdp.reshard_after_backward),
+                "micro_steps", p.fsdp.micro_steps,
                 "reduce_op", p.fsdp.reduce_op, "param_dtype", p.fsdp.param_dtype, "reduce_dtype", p.fsdp.reduce_dtype,
                 "grad_accumulation", p.fsdp.grad_accumulation }),
     "topology", audit.topology_json(p.topology),
@@ -537,7 +547,8 @@ end
 -- A unit's layout signature: units with equal signatures are folded.
 local function layout_sig(u)
   local t = { #u.params, u.total, u.grads_numel, u.orig_dtype, u.ag_dtype, u.reduce_dtype, u.grad_dtype, u.rs_op, u.ar_op,
-              tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide }
+              tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide,
+              u.reshard_after_backward == false and "keep" or "" }
   for _, q in ipairs(u.params) do t[#t + 1] = table.concat(q.shape, "x") .. "/" .. q.shard_dim end
   return table.concat(t, "|")
 end
@@ -864,6 +875,7 @@ local function memory_terms(p, s, m)
   -- gradients all step; a flat plan's, the units in flight)
   local comm_fix = p.pipeline and "more pipeline stages (parallel.pp), each holding fewer layers unsharded"
     or (p.fsdp and p.fsdp.reshard_after_forward == false and "set fsdp.reshard_after_forward = true")
+    or (p.fsdp and p.fsdp.reshard_after_backward == false and "set fsdp.reshard_after_backward = true")
     or "smaller FSDP units (split the model into more units)"
   local shard_fix = "shard wider: more ranks in parallel.dp_shard (a larger world_size), or parallel.tp / parallel.pp"
   local t = {
@@ -1114,6 +1126,21 @@ local function collectives_text(p, fname, rec)
   return text
 end
 
+-- set_reshard_after_backward(False) (fsdp.reshard_after_backward, a unit's
+-- own): the units kept unsharded from a backward into the next forward.
+function audit.kept_text(p)
+  local n, all = 0, 0
+  for _, u in ipairs(p.layout and p.layout.units or {}) do
+    if #u.params > 0 then
+      all = all + 1
+      if u.reshard_after_backward == false then n = n + 1 end
+    end
+  end
+  if n == 0 or p.fsdp.grad_accumulation == "step_end" then return "" end
+  return string.format("; %d of %d units kept unsharded from each backward into the next forward but the last "
+    .. "(set_reshard_after_backward(False)): no all-gather in those forwards", n, all)
+end
+
 local function settings_lines(p, s)
   local ac = { none = "no activation checkpointing", full = "full activation checkpointing",
                selective = "selective (op) activation checkpointing" }
@@ -1128,6 +1155,7 @@ local function settings_lines(p, s)
       or ga == "all_reduce_last" and " each reduce-scattering, the all-reduce on the last only (HSDP's "
         .. "set_requires_all_reduce(False) before the others)"
       or " each reducing and adding into the sharded grads (FSDP2's default)"
+    acc = acc .. audit.kept_text(p)
   end
   local loss = ""
   if require("gen.compute").activations_modeled(p) then

@@ -200,6 +200,10 @@ function layout.build(ctx, units, d, fsdp)
       -- The root never reshards after forward (FSDP2); a unit may override the plan's default.
       reshard_after_forward = (ui ~= #units) and (u.reshard_after_forward == nil and fsdp.reshard_after_forward
                                                   or u.reshard_after_forward),
+      -- set_reshard_after_backward(False) on every micro-step but the last (gen/load.lua): kept
+      -- unsharded from a backward into the next micro-step's forward (fsdp_schedule.lua)
+      reshard_after_backward = u.reshard_after_backward == nil and fsdp.reshard_after_backward ~= false
+                                 or u.reshard_after_backward == true,
       rs_op = red.rs_op, ar_op = red.ar_op, pre_divide = red.pre_divide, post_divide = red.post_divide,
       -- all_reduce_last under HSDP: the reduce-scatter outputs wait in a
       -- buffer of their own (partial_reduce_output) for the last micro-step.

@@ -21,6 +21,10 @@
 -- accumulate; after the last backward, FSDPModule.finalize_backward runs
 -- each unit's pending post-backward (reshard, pack, RS, AR, view-out) in
 -- reversed state order: layers last to first, the root last.
+-- A unit with reshard_after_backward false (FSDPModule.set_reshard_after_backward(False)
+-- on every micro-step but the last, fsdp.reshard_after_backward / the unit's own)
+-- skips its post-backward reshard there, so the next micro-step's forward
+-- gathers nothing for it; the last micro-step reshards it.
 -- torchtitan's ChunkedLossWrapper (opts.chunked_loss; training.loss_chunks
 -- >= 2 on the llama and MoE families, gen/parallel/fsdp.lua) runs the
 -- decoder's [norm, lm_head] unit (u.loss_head) three times per micro-step,
@@ -102,6 +106,20 @@ function schedule.build(lay, fams, fsdp, opts)
   local every = fsdp.grad_accumulation ~= "sync_last" and not step_end
   local partial_mode = fsdp.grad_accumulation == "all_reduce_last" and replicate ~= nil and micro_steps > 1
   local unsharded = {}
+  -- What micro-step m finds unsharded from the one before: the units with
+  -- set_reshard_after_backward(False) (u.reshard_after_backward false: every
+  -- backward but the step's last keeps them, torch 2.15 _fsdp_param_group.py
+  -- post_backward: "if self.reshard_after_backward: self.reshard()"), so
+  -- FSDP2's pre-forward unshard finds them unsharded and gathers nothing.
+  local function held_from(m)
+    local kept = {}
+    if m > 0 then
+      for _, u in ipairs(units) do
+        if not u.reshard_after_backward and u ~= head then kept[u.index] = true end
+      end
+    end
+    return kept
+  end
   local micro
   -- With explicit prefetching and FSDP states of several parameter groups
   -- (expert parallelism, gen/parallel/ep.lua): schedule.explicit_micro.
@@ -112,9 +130,10 @@ function schedule.build(lay, fams, fsdp, opts)
       local reducing = every or (m == micro_steps - 1)
       local partial = partial_mode and (m == micro_steps - 1 and "fold" or m == 0 and "save" or "add") or nil
       local first = not every or m == 0 or partial == "fold"
-      unsharded = {}
+      unsharded = held_from(m)
       schedule.explicit_micro(ops, states, m, { op = op, all_gather = all_gather, unit_ops = unit_ops,
-        unsharded = unsharded, how = { reducing = reducing, first = first, partial = partial },
+        unsharded = unsharded, how = { reducing = reducing, first = first, partial = partial,
+                                       hold = m < micro_steps - 1 },
         shard = shard, replicate = replicate })
       return ops
     end
@@ -131,7 +150,7 @@ function schedule.build(lay, fams, fsdp, opts)
     local first = not every or m == 0 or partial == "fold"
     -- step_end keeps what the last backward left unsharded; otherwise every
     -- post-backward resharded everything
-    if not step_end then unsharded = {} end
+    if not step_end then unsharded = held_from(m) end
     -- Forward: root's pre-forward first (it wraps the whole model).
     for _, u in ipairs(units) do
       if not unsharded[u.index] then
@@ -202,6 +221,7 @@ function schedule.build(lay, fams, fsdp, opts)
     -- that order below.
     ops = schedule.interleave_post_backward(ops, post, root, m, { reducing = reducing and not step_end,
                                             first = first, partial = partial, keep = step_end,
+                                            hold = m < micro_steps - 1,
                                             -- the loss head's norm: reduced on every micro-step (the header)
                                             head = head and { index = head.index, part = head_norm,
                                                               how = { reducing = true, first = m == 0 } } },
@@ -399,9 +419,11 @@ end
 -- part (schedule.part; nil: the whole unit): a partial reduction, its
 -- pack, collectives (count: the part's elements) and view-out over the
 -- part's parameters only.
+-- how.hold: not the step's last micro-step, where a unit with
+-- reshard_after_backward false keeps its parameters unsharded.
 function schedule.reduction(out, u, m, how, shard, replicate, reducing, part)
   local first, partial = how.first, how.partial
-  if not how.keep then
+  if not (how.keep or how.hold and not u.reshard_after_backward) then
     out[#out + 1] = { kind = "reshard", unit = u.index, micro_step = m, phase = "backward" }
   end
   if not reducing then return end

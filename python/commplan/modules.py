@@ -15,17 +15,21 @@ __all__ = ["Unit", "resolve_units", "units_from_module", "torchtitan_units", "pl
 class Unit:
     """One fully_shard call: a module or a list of modules (torchtitan's [norm, output]), an
     optional name (default: the modules' names joined by "_", "root" for the model itself) and
-    reshard_after_forward (None: the plan's default; the root never reshards after forward)."""
+    reshard_after_forward (None: the plan's default; the root never reshards after forward) and
+    reshard_after_backward (None: the plan's default; False: FSDPModule.set_reshard_after_backward(False)
+    on every micro-step but the last, docs/plan-files.md)."""
 
-    def __init__(self, modules, name=None, reshard_after_forward=None):
+    def __init__(self, modules, name=None, reshard_after_forward=None, reshard_after_backward=None):
         self.modules = list(modules) if isinstance(modules, (list, tuple)) else [modules]
         if not self.modules:
             raise PlanError("a unit needs at least one module")
         if name is not None and not isinstance(name, str):
             raise PlanError("Unit: name: expected a str or None, got %s" % validate.describe(name, False))
         validate.check_bool_or_none(reshard_after_forward, "reshard_after_forward", src="Unit")
+        validate.check_bool_or_none(reshard_after_backward, "reshard_after_backward", src="Unit")
         self.name = name
         self.reshard_after_forward = reshard_after_forward
+        self.reshard_after_backward = reshard_after_backward
 
     def __repr__(self):
         return "Unit(%r, reshard_after_forward=%r)" % (self.name, self.reshard_after_forward)
@@ -147,6 +151,8 @@ def named_units(model, units, shard_dim=None):
         ps = [(fqn, tuple(int(d) for d in p.shape), dtype_name(p.dtype, fqn), _shard_dim_of(shard_dim, fqn, p))
               for fqn, p in params]
         out.append({"name": u.name, "params": ps, "reshard_after_forward": u.reshard_after_forward})
+        if u.reshard_after_backward is not None:
+            out[-1]["reshard_after_backward"] = u.reshard_after_backward
     return out
 
 

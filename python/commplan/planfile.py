@@ -330,22 +330,25 @@ def normalize_units(units):
     for i, u in enumerate(units):
         where = "unit %d" % (i + 1)
         if isinstance(u, dict):
-            unknown = sorted(set(u) - {"name", "params", "reshard_after_forward", "loss_head"})
+            unknown = sorted(set(u) - {"name", "params", "reshard_after_forward", "loss_head",
+                                       "reshard_after_backward"})
             if unknown:
-                raise PlanError("%s: unknown unit keys %s; use name, params, reshard_after_forward, loss_head"
-                                % (where, unknown))
+                raise PlanError("%s: unknown unit keys %s; use name, params, reshard_after_forward, loss_head, "
+                                "reshard_after_backward" % (where, unknown))
             name, params, raf = u.get("name"), u.get("params", []), u.get("reshard_after_forward")
             head = u.get("loss_head")
+            rab = u.get("reshard_after_backward")
         elif isinstance(u, (list, tuple)) and len(u) in (2, 3):
             name, params = u[0], u[1]
             raf = u[2] if len(u) == 3 else None
-            head = None
+            head = rab = None
         else:
             raise PlanError("%s: a unit is {name, params, reshard_after_forward} or (name, params), got %s"
                             % (where, validate.short_repr(u)))
         _check_name("unit", name, where)
         validate.check_bool_or_none(raf, "reshard_after_forward", src="%s (%s)" % (where, name))
         validate.check_bool_or_none(head, "loss_head", src="%s (%s)" % (where, name))
+        validate.check_bool_or_none(rab, "reshard_after_backward", src="%s (%s)" % (where, name))
         if not isinstance(params, (list, tuple)):
             raise PlanError("%s (%s): params: expected a list of parameters, got %s"
                             % (where, name, validate.describe(params, False)))
@@ -353,6 +356,8 @@ def normalize_units(units):
         out.append({"name": name, "params": ps, "reshard_after_forward": raf})
         if head:  # torchtitan's [norm, lm_head], run by its ChunkedLossWrapper (docs/plan-files.md)
             out[-1]["loss_head"] = True
+        if rab is not None:  # set_reshard_after_backward(rab, recurse=False) on the unit (docs/plan-files.md)
+            out[-1]["reshard_after_backward"] = rab
     for i, u in enumerate(out[:-1]):
         if not u["params"]:
             raise PlanError("unit %d (%s) has no parameters; only the root (the last unit) may have none"
@@ -439,6 +444,9 @@ def llama_config_from_units(units, model, default_raf):
     for u in units[:-2]:
         if u["reshard_after_forward"] not in (None, default_raf):
             return None, "unit %s sets its own reshard_after_forward" % u["name"]
+    for u in units:
+        if u.get("reshard_after_backward") is not None:
+            return None, "unit %s sets its own reshard_after_backward" % u["name"]
     if dim % n_heads:
         return None, "dim %d is not divisible by n_heads %d" % (dim, n_heads)
     head_dim = dim // n_heads
@@ -493,6 +501,8 @@ def _unit_text(u, default_raf, is_root, dtype_default):
         head += " reshard_after_forward = %s," % ("true" if u["reshard_after_forward"] else "false")
     if u.get("loss_head"):
         head += " loss_head = true,"
+    if u.get("reshard_after_backward") is not None:
+        head += " reshard_after_backward = %s," % ("true" if u["reshard_after_backward"] else "false")
     if not u["params"]:
         lines.append(head + " params = {} },")
         return lines

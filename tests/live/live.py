@@ -577,10 +577,23 @@ def gen_seed(seed, attempt=0):
         # pipelining's end-of-step reduction, drawn last for the same reason
         elif fsdp["grad_accumulation"] == "sync_last" and tree_knows("step_end") and rng.random() < 0.4:
             fsdp["grad_accumulation"] = "step_end"
+    # issue 39 (h39a): set_reshard_after_backward(False) before all but the last micro-step, plan-wide
+    # and per unit, over every mode above (not step_end, which sets it itself); drawn after the
+    # others so earlier seeds keep their plans
+    knobs = ""
+    if micro > 1 and fsdp.get("grad_accumulation") != "step_end" and tree_knows("reshard_after_backward") \
+            and rng.random() < 0.4:
+        if rng.random() < 0.5:
+            fsdp["reshard_after_backward"] = False
+        for u in units:
+            if rng.random() < 0.4:
+                u["reshard_after_backward"] = rng.random() < 0.5
+        lines = lines[:5] + [f"    {lua(u)}," for u in units]
+        knobs += " reshard_after_backward"
     lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
     desc = (f"{kind} {'x'.join(str(x) for x in (R, S, T))}, {n_units}+root units, micro {micro}"
             f"{' ' + fsdp['grad_accumulation'] if 'grad_accumulation' in fsdp else ''}, steps {steps}, "
-            f"{reduce_op}, pattern {pattern}")
+            f"{reduce_op}, pattern {pattern}{knobs}")
     return "\n".join(lines) + "\n", steps, desc, pattern
 
 

@@ -513,6 +513,7 @@ def run_job(rank, job):
             params_local[q["name"]] = {"shape": list(loc.shape), "stride": list(loc.stride()),
                                        "placements": str(getattr(p, "placements", "")), "values": _values(loc)}
 
+    kept = [(u, m) for u, m in zip(units, all_mods) if u.get("reshard_after_backward") is False and m is not head]
     log = []
     REC.log = log
     try:
@@ -533,6 +534,10 @@ def run_job(rank, job):
                     root.set_requires_all_reduce(last)
                 elif accumulation == "step_end":  # _PipelineStageBase.forward_one_chunk / backward_maybe_with_nosync
                     root.set_manual_backward_finalization(True)
+                # set_reshard_after_backward(False) on the units the plan keeps unsharded from one
+                # backward into the next forward, back on for the step's last (docs/plan-files.md)
+                for u, m in kept:
+                    m.set_reshard_after_backward(last, recurse=False)
                 set_grads(step, micro)
                 x = torch.zeros(1, requires_grad=True)
                 out = root(x)

@@ -59,6 +59,8 @@ suites[#suites + 1] = "test_labels"
 suites[#suites + 1] = "test_complete"
 -- Issue 37, items 2 and 3: compute priced from shapes, held to torchtitan's published rows.
 suites[#suites + 1] = "test_compute_model"
+-- Issue 39 (h39a): FSDPModule's schedule knobs (set_reshard_after_backward, ...).
+suites[#suites + 1] = "test_fsdp_knobs"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -17,6 +17,8 @@ plan can have (docs/plan-files.md, fsdp.micro_steps and grad_accumulation):
     ar_last     all_reduce_last, micro_steps 2 on HSDP 2x2 (set_requires_all_reduce(False))
     sum         fsdp2_default, micro_steps 2, reduce_op "sum" (FSDP2: gradient divide factor 1,
                 SUM in the collectives)
+    keep        fsdp2_default, micro_steps 3 on HSDP 2x2, reshard_after_backward false
+                (set_reshard_after_backward(False) but on the last micro-batch)
 
 and grad_accumulation = "step_end", which the bridge refuses with one line (checked once).
 The model has an uneven shard, an empty one (rank 3) and a root owning a parameter.
@@ -57,11 +59,14 @@ MODES = {
     "noreshard": ("fsdp", 2, {"micro_steps": 2, "grad_accumulation": "sync_last", "reshard_after_forward": False}),
     "ar_last": ("hsdp", 2, {"micro_steps": 2, "grad_accumulation": "all_reduce_last"}),
     "sum": ("fsdp", 2, {"micro_steps": 2, "reduce_op": "sum"}),
+    # issue 39: set_reshard_after_backward(False) but on the last micro-batch (every unit and the root)
+    "keep": ("hsdp", 3, {"micro_steps": 3, "grad_accumulation": "fsdp2_default", "reshard_after_backward": False}),
 }
 MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
 # The quick tier: each mode once, each dtype family once, bf16 params + fp32 reduce + sync_last kept.
 QUICK = ["fp32_bf16_fp32_sync_last", "bf16_x_fp32_noreshard", "fp32_fp16_fp16_default",
-         "fp32_bf16_bf16_ar_last", "fp16_x_x_every", "fp32_x_fp16_sync_last", "bf16_x_x_sum"]
+         "fp32_bf16_bf16_ar_last", "fp16_x_x_every", "fp32_x_fp16_sync_last", "bf16_x_x_sum",
+         "fp32_bf16_fp32_keep"]
 STEPS = {"quick": 2, "full": 3}
 
 
@@ -225,6 +230,8 @@ def run_case(name, dt, mode, rank, steps):
             a.set_requires_gradient_sync(last)
         elif acc == "all_reduce_last":
             a.set_requires_all_reduce(last)
+        if opts.get("reshard_after_backward") is False:
+            a.set_reshard_after_backward(last)
     snaps_a, snaps_b = {}, {}
     la = run_side(a, rank, steps, micro, in_dtype, fsdp2_micro, snaps_a)
     # the bridge's side: the same model, every collective and copy from the plan's host library

@@ -688,5 +688,31 @@ class Readme(Tmp):
         self.assert_same_tables(text, os.path.join(self.write("ref", name, ref)), name)
 
 
+class ScheduleKnobs(Tmp):
+    """Issue 39: FSDPModule's schedule knobs the writer carries into the plan (docs/plan-files.md)."""
+
+    def test_reshard_after_backward_per_unit_and_plan_wide(self):
+        units = [{"name": "a", "params": [("a.w", (6, 4), "fp32")], "reshard_after_backward": True},
+                 {"name": "b", "params": [("b.w", (5,), "fp32")]},
+                 {"name": "root", "params": [("r.w", (3,), "fp32")]}]
+        text = commplan.plan_from_named_parameters("rab", units, 2, fsdp={"micro_steps": 2,
+                                                                          "reshard_after_backward": False})
+        self.assertIn("reshard_after_backward = true", text)
+        out = self.generate(self.write("w", "rab", text))
+        with open(os.path.join(out, "plan.json")) as f:
+            pj = json.load(f)
+        self.assertIs(pj["fsdp"]["reshard_after_backward"], False)
+        kept = {u["name"]: u.get("reshard_after_backward", True) for u in pj["units"]}
+        self.assertEqual(kept, {"root": False, "a": True, "b": False})
+        with self.assertRaises(PlanError):
+            commplan.plan_from_named_parameters("rab", [dict(units[0], reshard_after_backward="no")] + units[1:], 2)
+
+    def test_unit_reshard_after_backward_from_modules(self):
+        u = commplan.Unit([object()], name="x", reshard_after_backward=False)
+        self.assertIs(u.reshard_after_backward, False)
+        with self.assertRaises(PlanError):
+            commplan.Unit([object()], reshard_after_backward=1)
+
+
 if __name__ == "__main__":
     unittest.main()
