@@ -89,6 +89,14 @@ function audit.false_or_nil(v)
   return nil
 end
 
+-- Layout indices as unit names (nil: none).
+function audit.unit_names(p, list)
+  if not list then return nil end
+  local out = {}
+  for i, k in ipairs(list) do out[i] = p.layout.units[k + 1].name end
+  return out
+end
+
 -- An op's keys in plan.json after the first ones (ops_json), each with
 -- the text before its value.
 local OP_KEYS = {}
@@ -190,6 +198,7 @@ local function facts(p, face)
     end
     units[#units + 1] = O({ "name", u.name, "index", u.index, "root", u.is_root,
       "reshard_after_forward", u.reshard_after_forward and true or false, "reshard_after_backward", audit.false_or_nil(u.reshard_after_backward),
+      "forward_prefetch", audit.unit_names(p, u.fwd_prefetch), "backward_prefetch", audit.unit_names(p, u.bwd_prefetch),
       "orig_dtype", u.orig_dtype, "ag_dtype", u.ag_dtype,
       "reduce_dtype", u.reduce_dtype, "grad_dtype", u.grad_dtype, "slot_numel", u.total, "grads_numel", u.grads_numel,
       "vec_ok", u.vec_ok, "rs_op", u.rs_op, "ar_op", u.ar_op,
@@ -1351,7 +1360,13 @@ function audit.schedule_md(p, fp)
   w("")
   w("- Layouts and op order are PyTorch FSDP2's (fully_shard, torch 2.11): dim-k torch.chunk sharding with")
   w("  zero padding, one fused all-gather per unit, chunk_cat reduce-scatter, HSDP all-reduce after it.")
-  w("- Backward prefetches one unit in reverse post-forward order; the root is never resharded after forward.")
+  if p.layout.explicit_prefetch and not p.layout.ep then
+    w("- Explicit prefetching (set_modules_to_forward_prefetch / _backward_prefetch, the units' lists): each")
+    w("  unit's pre-forward and pre-backward issue its lists' all-gathers after its own; units without a backward")
+    w("  list prefetch the unit before them in post-forward order; the root is never resharded after forward.")
+  else
+    w("- Backward prefetches one unit in reverse post-forward order; the root is never resharded after forward.")
+  end
   if audit.chunked_ops(p) then
     w("- The loss is torchtitan's ChunkedLossWrapper (training.loss_chunks; tests/titan/test_chunked_loss.py")
     w("  measures it): per micro-step the [norm, lm_head] unit is all-gathered three times (the decoder's norm,")

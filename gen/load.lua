@@ -137,6 +137,9 @@ local SCHEMA = {
            reshard_after_forward = { "bool" },
            -- overrides fsdp.reshard_after_backward for this unit (set_reshard_after_backward(False, recurse=False))
            reshard_after_backward = { "bool" },
+           -- FSDPModule.set_modules_to_forward_prefetch / _backward_prefetch: the units (by name) whose
+           -- all-gathers this unit issues after its own (gen/parallel/fsdp_layout.lua checks the names)
+           forward_prefetch = { "list", max = LIM.units }, backward_prefetch = { "list", max = LIM.units },
            -- this unit's MixedPrecisionPolicy (fully_shard's mp_policy), overriding fsdp's
            param_dtype = { "enum", enum = DTYPES }, reduce_dtype = { "enum", enum = DTYPES },
            -- the generic family: this unit is torchtitan's [norm, lm_head] (its fully_shard of the

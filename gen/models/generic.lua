@@ -61,6 +61,7 @@ function generic.units(ctx, model)
     end
     units[i] = { name = u.name, params = params, reshard_after_forward = u.reshard_after_forward,
                  reshard_after_backward = u.reshard_after_backward,
+                 forward_prefetch = u.forward_prefetch, backward_prefetch = u.backward_prefetch,
                  param_dtype = u.param_dtype, reduce_dtype = u.reduce_dtype, loss_head = u.loss_head or nil }
   end
   return units, { n_heads = model.n_heads, n_kv_heads = model.n_kv_heads, num_experts = model.num_experts,

@@ -124,7 +124,7 @@ function schedule.build(lay, fams, fsdp, opts)
   -- With explicit prefetching and FSDP states of several parameter groups
   -- (expert parallelism, gen/parallel/ep.lua): schedule.explicit_micro.
   if lay.explicit_prefetch then
-    local states = schedule.states(units, root)
+    local states = schedule.prefetch_lists(schedule.states(units, root), lay)
     micro = function(m)
       ops = {}
       local reducing = every or (m == micro_steps - 1)
@@ -317,6 +317,38 @@ function schedule.number(list)
   return list
 end
 
+-- Each state's prefetch lists (schedule.explicit_micro): expert
+-- parallelism's torchtitan lists (lay.ep: every state the next forward and
+-- the previous backward, gen/parallel/ep.lua), else the units' own
+-- (fsdp_layout.prefetch: fwd_prefetch / bwd_prefetch, layout indices) and
+-- where a unit gives no backward list FSDP2's default (_backward_prefetch,
+-- _fsdp_param_group.py:1061-1096): the group before it in post-forward
+-- order (layers in order, the root last), none for the first layer.
+function schedule.prefetch_lists(states, lay)
+  local of = {}
+  for _, st in ipairs(states) do
+    for _, u in ipairs(st.units) do of[u.index] = st end
+  end
+  local function resolve(list)
+    local out = {}
+    for _, i in ipairs(list) do out[#out + 1] = of[i] end
+    return out
+  end
+  local root = states[1] and states[1].is_root and states[1] or nil
+  for i, st in ipairs(states) do
+    if lay.ep then
+      st.fwd, st.bwd = { states[i + 1] }, { states[i - 1] }
+    else
+      local u = st.units[1]
+      st.fwd = resolve(u.fwd_prefetch or {})
+      local default = st == root and states[#states] ~= root and states[#states]
+        or (i > 1 and states[i - 1] ~= root and states[i - 1]) or nil
+      st.bwd = u.bwd_prefetch and resolve(u.bwd_prefetch) or { default }
+    end
+  end
+  return states
+end
+
 -- The FSDP states in forward order (the root without parameters is none):
 -- each { units = its parameter groups in order }. A unit's state is
 -- u.state (ep's MoE blocks: the dense group, then the experts), else itself.
@@ -350,6 +382,12 @@ end
 -- forwards in order (the dense part, then the experts inside the MoE, the
 -- all-to-alls around them: unit_ops "forward_before" / "forward") and in
 -- backward the reverse ("backward_before" / "backward").
+-- A state's lists (schedule.prefetch_lists): st.fwd, the states whose
+-- groups its pre-forward prefetches in order; st.bwd, the states its
+-- pre-backward prefetches (each's groups in reversed order). The root's
+-- pre-backward runs right after the last unit's (the model returns that
+-- unit's output: the root's hook on it fires after the unit's, as in
+-- torchtitan's models), its backward compute and post-backward last.
 function schedule.explicit_micro(ops, states, m, k)
   local op, all_gather, unit_ops, unsharded = k.op, k.all_gather, k.unit_ops, k.unsharded
   local gathering = {}
@@ -367,11 +405,10 @@ function schedule.explicit_micro(ops, states, m, k)
       unsharded[u.index] = true
     end
   end
-  for i, st in ipairs(states) do
+  for _, st in ipairs(states) do
     for _, u in ipairs(st.units) do wait(u, "forward") end
-    local nxt = states[i + 1]
-    if nxt then
-      for _, u in ipairs(nxt.units) do issue(u, "forward") end
+    for _, t in ipairs(st.fwd) do
+      for _, u in ipairs(t.units) do issue(u, "forward") end
     end
     for _, u in ipairs(st.units) do
       if unit_ops then unit_ops(ops, u, m, "forward_before") end
@@ -385,13 +422,20 @@ function schedule.explicit_micro(ops, states, m, k)
       end
     end
   end
+  local function pre_backward(st)
+    for _, u in ipairs(st.units) do wait(u, "backward") end
+    for _, t in ipairs(st.bwd) do
+      for j = #t.units, 1, -1 do issue(t.units[j], "backward") end
+    end
+  end
+  local root_state = states[1] and states[1].is_root and states[1] or nil
   for i = #states, 1, -1 do
     local st = states[i]
-    for _, u in ipairs(st.units) do wait(u, "backward") end
-    local prev = i > 1 and states[i - 1] or nil
-    if prev and i > 1 then
-      for j = #prev.units, 1, -1 do issue(prev.units[j], "backward") end
-    end
+    if st ~= root_state then pre_backward(st) end
+    -- the root's pre-backward: its hook is on the model's output, the last
+    -- unit's output tensor, hooked after that unit's (FSDP2 registers
+    -- both in post-forward order; a tensor's hooks fire in that order)
+    if root_state and (i == #states) then pre_backward(root_state) end
     for j = #st.units, 1, -1 do
       local u = st.units[j]
       if unit_ops then unit_ops(ops, u, m, "backward_before") end

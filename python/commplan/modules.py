@@ -17,9 +17,12 @@ class Unit:
     optional name (default: the modules' names joined by "_", "root" for the model itself) and
     reshard_after_forward (None: the plan's default; the root never reshards after forward) and
     reshard_after_backward (None: the plan's default; False: FSDPModule.set_reshard_after_backward(False)
-    on every micro-step but the last, docs/plan-files.md)."""
+    on every micro-step but the last, docs/plan-files.md); forward_prefetch / backward_prefetch: the units
+    (Units, their modules, or unit names) FSDPModule.set_modules_to_forward_prefetch /
+    set_modules_to_backward_prefetch names for this one."""
 
-    def __init__(self, modules, name=None, reshard_after_forward=None, reshard_after_backward=None):
+    def __init__(self, modules, name=None, reshard_after_forward=None, reshard_after_backward=None,
+                 forward_prefetch=None, backward_prefetch=None):
         self.modules = list(modules) if isinstance(modules, (list, tuple)) else [modules]
         if not self.modules:
             raise PlanError("a unit needs at least one module")
@@ -30,6 +33,8 @@ class Unit:
         self.name = name
         self.reshard_after_forward = reshard_after_forward
         self.reshard_after_backward = reshard_after_backward
+        self.forward_prefetch = None if forward_prefetch is None else list(forward_prefetch)
+        self.backward_prefetch = None if backward_prefetch is None else list(backward_prefetch)
 
     def __repr__(self):
         return "Unit(%r, reshard_after_forward=%r)" % (self.name, self.reshard_after_forward)
@@ -153,7 +158,24 @@ def named_units(model, units, shard_dim=None):
         out.append({"name": u.name, "params": ps, "reshard_after_forward": u.reshard_after_forward})
         if u.reshard_after_backward is not None:
             out[-1]["reshard_after_backward"] = u.reshard_after_backward
+    resolved = resolve_units(model, units)
+    for u, entry in zip(resolved, out):
+        for k in ("forward_prefetch", "backward_prefetch"):
+            targets = getattr(u, k, None)
+            if targets is not None:
+                entry[k] = [_unit_name_of(t, resolved, u.name, k) for t in targets]
     return out
+
+
+def _unit_name_of(t, units, owner, key):
+    """A prefetch target (a Unit, its module or list of modules, or a unit name) -> the unit's name."""
+    if isinstance(t, str):
+        return t
+    for v in units:
+        if t is v or v.modules == (t if isinstance(t, list) else [t]) or (not isinstance(t, list) and
+                                                                          len(v.modules) == 1 and v.modules[0] is t):
+            return v.name
+    raise PlanError("unit %s: %s names %s, which is not one of the units" % (owner, key, validate.describe(t, False)))
 
 
 def torchtitan_units(model):

@@ -331,17 +331,19 @@ def normalize_units(units):
         where = "unit %d" % (i + 1)
         if isinstance(u, dict):
             unknown = sorted(set(u) - {"name", "params", "reshard_after_forward", "loss_head",
-                                       "reshard_after_backward"})
+                                       "reshard_after_backward", "forward_prefetch", "backward_prefetch"})
             if unknown:
                 raise PlanError("%s: unknown unit keys %s; use name, params, reshard_after_forward, loss_head, "
-                                "reshard_after_backward" % (where, unknown))
+                                "reshard_after_backward, forward_prefetch, backward_prefetch" % (where, unknown))
             name, params, raf = u.get("name"), u.get("params", []), u.get("reshard_after_forward")
             head = u.get("loss_head")
             rab = u.get("reshard_after_backward")
+            prefetch = {k: u[k] for k in ("forward_prefetch", "backward_prefetch") if u.get(k) is not None}
         elif isinstance(u, (list, tuple)) and len(u) in (2, 3):
             name, params = u[0], u[1]
             raf = u[2] if len(u) == 3 else None
             head = rab = None
+            prefetch = {}
         else:
             raise PlanError("%s: a unit is {name, params, reshard_after_forward} or (name, params), got %s"
                             % (where, validate.short_repr(u)))
@@ -358,6 +360,11 @@ def normalize_units(units):
             out[-1]["loss_head"] = True
         if rab is not None:  # set_reshard_after_backward(rab, recurse=False) on the unit (docs/plan-files.md)
             out[-1]["reshard_after_backward"] = rab
+        for k, names in prefetch.items():  # set_modules_to_forward/backward_prefetch (docs/plan-files.md)
+            if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+                raise PlanError("%s (%s): %s: expected a list of unit names, got %s"
+                                % (where, name, k, validate.short_repr(names)))
+            out[-1][k] = list(names)
     for i, u in enumerate(out[:-1]):
         if not u["params"]:
             raise PlanError("unit %d (%s) has no parameters; only the root (the last unit) may have none"
@@ -445,8 +452,9 @@ def llama_config_from_units(units, model, default_raf):
         if u["reshard_after_forward"] not in (None, default_raf):
             return None, "unit %s sets its own reshard_after_forward" % u["name"]
     for u in units:
-        if u.get("reshard_after_backward") is not None:
-            return None, "unit %s sets its own reshard_after_backward" % u["name"]
+        for k in ("reshard_after_backward", "forward_prefetch", "backward_prefetch"):
+            if u.get(k) is not None:
+                return None, "unit %s sets its own %s" % (u["name"], k)
     if dim % n_heads:
         return None, "dim %d is not divisible by n_heads %d" % (dim, n_heads)
     head_dim = dim // n_heads
@@ -503,6 +511,9 @@ def _unit_text(u, default_raf, is_root, dtype_default):
         head += " loss_head = true,"
     if u.get("reshard_after_backward") is not None:
         head += " reshard_after_backward = %s," % ("true" if u["reshard_after_backward"] else "false")
+    for k in ("forward_prefetch", "backward_prefetch"):
+        if u.get(k) is not None:
+            head += " %s = { %s }," % (k, ", ".join(lua_string(n) for n in u[k]))
     if not u["params"]:
         lines.append(head + " params = {} },")
         return lines

@@ -590,6 +590,25 @@ def gen_seed(seed, attempt=0):
                 u["reshard_after_backward"] = rng.random() < 0.5
         lines = lines[:5] + [f"    {lua(u)}," for u in units]
         knobs += " reshard_after_backward"
+    # issue 39 (h39a): explicit prefetching (set_modules_to_forward_prefetch / _backward_prefetch) on
+    # some units: forward lists of later units, backward lists of earlier ones (the root's: any layer),
+    # over every mode above but step_end; drawn last for the same reason
+    if fsdp.get("grad_accumulation") != "step_end" and tree_knows("forward_prefetch") and rng.random() < 0.35:
+        names = [u["name"] for u in units if u["params"]]
+        layers = [n for n in names if n != "root"]
+        for i, u in enumerate(units):
+            if not u["params"] or rng.random() < 0.4:
+                continue
+            me = u["name"]
+            later = layers if me == "root" else layers[layers.index(me) + 1:]
+            earlier = layers if me == "root" else layers[:layers.index(me)]
+            if later and rng.random() < 0.6:
+                u["forward_prefetch"] = rng.sample(later, rng.randint(1, min(2, len(later))))
+            if earlier and rng.random() < 0.6:
+                u["backward_prefetch"] = rng.sample(earlier, rng.randint(1, min(2, len(earlier))))
+        if any("forward_prefetch" in u or "backward_prefetch" in u for u in units):
+            lines = lines[:5] + [f"    {lua(u)}," for u in units]
+            knobs += " prefetch"
     lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
     desc = (f"{kind} {'x'.join(str(x) for x in (R, S, T))}, {n_units}+root units, micro {micro}"
             f"{' ' + fsdp['grad_accumulation'] if 'grad_accumulation' in fsdp else ''}, steps {steps}, "

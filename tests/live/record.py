@@ -514,6 +514,13 @@ def run_job(rank, job):
                                        "placements": str(getattr(p, "placements", "")), "values": _values(loc)}
 
     kept = [(u, m) for u, m in zip(units, all_mods) if u.get("reshard_after_backward") is False and m is not head]
+    # explicit prefetching: FSDPModule.set_modules_to_forward_prefetch / _backward_prefetch, as plan.json names them
+    mod_of = {u["name"]: m for u, m in zip(units, all_mods)}
+    for u, m in zip(units, all_mods):
+        if u.get("forward_prefetch"):
+            m.set_modules_to_forward_prefetch([mod_of[n] for n in u["forward_prefetch"]])
+        if u.get("backward_prefetch"):
+            m.set_modules_to_backward_prefetch([mod_of[n] for n in u["backward_prefetch"]])
     log = []
     REC.log = log
     try:

@@ -66,4 +66,55 @@ function T.reshard_after_backward_refusals()
   H.plan_fails(src, "model.units[2].reshard_after_backward", "micro_steps = 1")
 end
 
+local function collectives(p)
+  local out = {}
+  for _, o in ipairs(p.ops) do
+    if o.group then out[#out + 1] = o.micro_step .. ":" .. o.kind .. ":" .. p.layout.units[o.unit + 1].name end
+  end
+  return table.concat(out, " ")
+end
+
+local function with_lists(src, lists)
+  for name, l in pairs(lists) do
+    src = src:gsub('{ name = "' .. name .. '",', '{ name = "' .. name .. '", ' .. l .. ',')
+  end
+  return src
+end
+
+local U4 = { { "l0", { { "a", { 4 } } } }, { "l1", { { "b", { 6 } } } }, { "l2", { { "d", { 5 } } } },
+             { "root", { { "c", { 4 } } } } }
+
+-- set_modules_to_forward_prefetch / _backward_prefetch naming what FSDP2
+-- does by default (each layer the next in forward; the root the last layer
+-- and each layer the one before in backward) plan the default's collectives;
+-- other lists move the all-gathers (the root prefetching l2 and l0 in
+-- backward: l0's all-gather before l2's reduce-scatter).
+function T.explicit_prefetch_lists()
+  local base = H.generic(4, "{ dp_replicate = 2, dp_shard = 2 }", U4, "{ micro_steps = 2 }")
+  local default = collectives(plan.from_source(base, "t.lua"))
+  local same = plan.from_source(with_lists(base, {
+    root = 'forward_prefetch = { "l0" }, backward_prefetch = { "l2" }',
+    l0 = 'forward_prefetch = { "l1" }', l1 = 'forward_prefetch = { "l2" }, backward_prefetch = { "l0" }',
+    l2 = 'backward_prefetch = { "l1" }' }), "t.lua")
+  H.eq(same.layout.explicit_prefetch, true)
+  H.eq(collectives(same), default, "the default's lists plan the default's collectives")
+  local moved = collectives(plan.from_source(with_lists(base, { root = 'backward_prefetch = { "l2", "l0" }' }),
+    "t.lua"))
+  assert(moved ~= default, "other lists move the all-gathers")
+  -- (l2, the last unit, keeps the default: its pre-backward prefetches l1; the root's runs after it,
+  -- on the same output tensor)
+  assert(moved:find("0:all_gather:l2 0:all_gather:l1 0:all_gather:l0 0:reduce_scatter:l2", 1, true), moved)
+end
+
+function T.explicit_prefetch_refusals()
+  local base = H.generic(2, "{ dp_shard = 2 }", U4, "{}")
+  H.plan_fails(with_lists(base, { l0 = 'forward_prefetch = { "l9" }' }), "model.units[1].forward_prefetch[1]",
+    "not a unit")
+  H.plan_fails(with_lists(base, { l0 = 'forward_prefetch = { "l0" }' }), "forward_prefetch[1]", "the unit itself")
+  H.plan_fails(with_lists(base, { l1 = 'backward_prefetch = { "l0", "l0" }' }), "backward_prefetch[2]", "twice")
+  H.plan_fails(with_lists(base, { l1 = "backward_prefetch = {}" }), "backward_prefetch", "empty list")
+  H.plan_fails(with_lists(H.generic(2, "{ dp_shard = 2 }", U4, "{ micro_steps = 2, grad_accumulation = 'step_end' }"),
+    { l1 = 'backward_prefetch = { "l0" }' }), "model.units[2].backward_prefetch", "step_end")
+end
+
 return T
