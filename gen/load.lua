@@ -435,7 +435,7 @@ end
 -- _fully_shard.py:687-712: "Call reshard on each FSDP module ... before
 -- updating its sharded parameters"). Refused where it changes nothing or
 -- where the accumulation sets it itself.
-local function check_reshard_after_backward(ctx, f, model)
+local function check_reshard_after_backward(ctx, f, model, pp)
   local given = f.reshard_after_backward == false and "fsdp.reshard_after_backward" or nil
   for i, u in ipairs(model.family == "generic" and model.units or {}) do
     if u.reshard_after_backward ~= nil then
@@ -443,9 +443,10 @@ local function check_reshard_after_backward(ctx, f, model)
     end
   end
   if not given then return end
-  if f.grad_accumulation == "step_end" then
-    util.field_error(ctx, given, "grad_accumulation = \"step_end\" already runs every backward with "
-      .. "set_reshard_after_backward(False) (torch 2.15 pipelining/stage.py backward_maybe_with_nosync): remove it")
+  if f.grad_accumulation == "step_end" or (pp or 1) > 1 then
+    util.field_error(ctx, given, string.format("%s already runs every backward with "
+      .. "set_reshard_after_backward(False) (torch 2.15 pipelining/stage.py backward_maybe_with_nosync): remove it",
+      (pp or 1) > 1 and "a pipeline stage (parallel.pp > 1)" or "grad_accumulation = \"step_end\""))
   end
   if f.micro_steps == 1 then
     util.field_error(ctx, given, "with fsdp.micro_steps = 1 the one backward is the step's last, which reshards "
@@ -588,7 +589,7 @@ function load_plan.normalize(ctx, raw)
   f.micro_steps = f.micro_steps or 1
   f.reduce_op = f.reduce_op or "avg"
   f.grad_accumulation = f.grad_accumulation or "fsdp2_default"
-  check_reshard_after_backward(ctx, f, model)
+  check_reshard_after_backward(ctx, f, model, plan.parallel and plan.parallel.pp)
   if f.reshard_after_backward == nil then f.reshard_after_backward = true end
   local t = plan.topology
   ctx.nodes_given = t.gpus_per_node ~= nil

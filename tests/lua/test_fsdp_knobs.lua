@@ -64,6 +64,8 @@ function T.reshard_after_backward_refusals()
   local src = H.generic(2, "{ dp_shard = 2 }", UNITS, "{}")
   src = src:gsub('{ name = "l1",', '{ name = "l1", reshard_after_backward = true,')
   H.plan_fails(src, "model.units[2].reshard_after_backward", "micro_steps = 1")
+  local pp = H.read("tests/pp/plans/pp_tiny.lua"):gsub("fsdp = {", "fsdp = { reshard_after_backward = false,", 1)
+  H.plan_fails(pp, "fsdp.reshard_after_backward", "pipeline stage", "stage.py")
 end
 
 local function collectives(p)
