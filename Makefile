@@ -539,6 +539,10 @@ EMU_PLANS  := $(KHOST_ALL) fsdp3 fsdp2_tp2 pp_tiny pp_tiny_tp pp_tiny_zbv pp_tin
               gdiv_premul gdiv_hsdp gacc_units ignored_params
 EMU_DIR     = $(if $(filter $(1),$(EMU_EXTRA)),build/gen/$(1),plans/$(1))
 EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven llama_tiny_tp hsdp2x2_offload
+# issue 39 (FSDPModule's schedule knobs)
+EMU_EXTRA  += hsdp_keep_unsharded fsdp4_prefetch
+EMU_PLANS  += hsdp_keep_unsharded fsdp4_prefetch
+EMU_LIB_PLANS += hsdp_keep_unsharded fsdp4_prefetch
 # The same under ASan+UBSan (the GPU path's own memory errors: a freed
 # buffer a queued host function still reads), for a few plans.
 EMU_ASAN_PLANS := fsdp4 llama_tiny_tp hsdp3x2_arlast ep2_mixtral_hsdp hsdp2x2_offload

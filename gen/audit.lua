@@ -20,6 +20,16 @@ local compute = require("gen.compute")
 local audit = {}
 
 local O = json.object
+
+-- k1, v1, k2, v2, ... -> a list of the pairs whose value is not nil, without holes (the
+-- pairs a unit leaves at FSDP2's default drop out; later pairs are appended at #t + 1)
+local function kv_list(...)
+  local t, a = {}, table.pack(...)
+  for i = 1, a.n, 2 do
+    if a[i + 1] ~= nil then t[#t + 1], t[#t + 2] = a[i], a[i + 1] end
+  end
+  return t
+end
 local ES = util.DTYPE_BYTES
 
 audit.SCHEMA_VERSION = 2
@@ -84,6 +94,21 @@ local function tp_classes_facts(p)
     end
   end
   return tp_classes
+end
+
+-- false where a setting is false, else nil (plan.json leaves out a
+-- default-true setting: set_reshard_after_backward(False)'s)
+function audit.false_or_nil(v)
+  if v == false then return false end
+  return nil
+end
+
+-- Layout indices as unit names (nil: none).
+function audit.unit_names(p, list)
+  if not list then return nil end
+  local out = {}
+  for i, k in ipairs(list) do out[i] = p.layout.units[k + 1].name end
+  return out
 end
 
 -- An op's keys in plan.json after the first ones (ops_json), each with
@@ -192,11 +217,13 @@ local function facts(p, face)
       arena[#arena + 1] = O({ "offset", b.offset, "bytes", b.bytes, "live_ops", lives })
       ::next_kind::
     end
-    local uj = { "name", u.name, "index", u.index, "root", u.is_root,
-      "reshard_after_forward", u.reshard_after_forward and true or false, "orig_dtype", u.orig_dtype, "ag_dtype", u.ag_dtype,
+    local uj = kv_list("name", u.name, "index", u.index, "root", u.is_root,
+      "reshard_after_forward", u.reshard_after_forward and true or false, "reshard_after_backward", audit.false_or_nil(u.reshard_after_backward),
+      "forward_prefetch", audit.unit_names(p, u.fwd_prefetch), "backward_prefetch", audit.unit_names(p, u.bwd_prefetch),
+      "orig_dtype", u.orig_dtype, "ag_dtype", u.ag_dtype,
       "reduce_dtype", u.reduce_dtype, "grad_dtype", u.grad_dtype, "slot_numel", u.total, "grads_numel", u.grads_numel,
       "vec_ok", u.vec_ok, "rs_op", u.rs_op, "ar_op", u.ar_op,
-      "pre_divide", u.pre_divide, "post_divide", u.post_divide }
+      "pre_divide", u.pre_divide, "post_divide", u.post_divide)
     -- FSDPModule's reduction setters where the plan sets them (FSDP2's defaults leave them out)
     if u.premul then uj[#uj + 1], uj[#uj + 2] = "premul_factor", u.premul end
     if u.gradient_divide_factor then uj[#uj + 1], uj[#uj + 2] = "gradient_divide_factor", u.gradient_divide_factor end
@@ -235,7 +262,9 @@ local function facts(p, face)
     "parallel", O({ "dp_replicate", d.dp_replicate, "dp_shard", d.dp_shard, "cp", d.cp, "tp", d.tp,
                     "pp", d.pp, "ep", d.ep, "async_tp", p.async_tp }),
     "mesh", O({ "names", p.mesh.names, "sizes", p.mesh.sizes, "strides", p.mesh.strides }),
-    "fsdp", O({ "reshard_after_forward", p.fsdp.reshard_after_forward, "micro_steps", p.fsdp.micro_steps,
+    "fsdp", O({ "reshard_after_forward", p.fsdp.reshard_after_forward,
+                "reshard_after_backward", audit.false_or_nil(p.fsdp.reshard_after_backward),
+                "micro_steps", p.fsdp.micro_steps,
                 "reduce_op", p.fsdp.reduce_op, "param_dtype", p.fsdp.param_dtype, "reduce_dtype", p.fsdp.reduce_dtype,
                 "grad_accumulation", p.fsdp.grad_accumulation,
                 "gradient_divide_factor", p.fsdp.gradient_divide_factor,
@@ -598,7 +627,8 @@ end
 -- A unit's layout signature: units with equal signatures are folded.
 local function layout_sig(u)
   local t = { #u.params, u.total, u.grads_numel, u.orig_dtype, u.ag_dtype, u.reduce_dtype, u.grad_dtype, u.rs_op, u.ar_op,
-              tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide, tostring(u.premul) }
+              tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide, tostring(u.premul),
+              u.reshard_after_backward == false and "keep" or "" }
   for _, q in ipairs(u.params) do
     t[#t + 1] = table.concat(q.shape, "x") .. "/" .. q.shard_dim .. (u.ag_bytes and "/" .. q.ag_dtype or "")
   end
@@ -927,6 +957,7 @@ local function memory_terms(p, s, m)
   -- gradients all step; a flat plan's, the units in flight)
   local comm_fix = p.pipeline and "more pipeline stages (parallel.pp), each holding fewer layers unsharded"
     or (p.fsdp and p.fsdp.reshard_after_forward == false and "set fsdp.reshard_after_forward = true")
+    or (p.fsdp and p.fsdp.reshard_after_backward == false and "set fsdp.reshard_after_backward = true")
     or "smaller FSDP units (split the model into more units)"
   local shard_fix = "shard wider: more ranks in parallel.dp_shard (a larger world_size), or parallel.tp / parallel.pp"
   local t = {
@@ -1177,6 +1208,21 @@ local function collectives_text(p, fname, rec)
   return text
 end
 
+-- set_reshard_after_backward(False) (fsdp.reshard_after_backward, a unit's
+-- own): the units kept unsharded from a backward into the next forward.
+function audit.kept_text(p)
+  local n, all = 0, 0
+  for _, u in ipairs(p.layout and p.layout.units or {}) do
+    if #u.params > 0 then
+      all = all + 1
+      if u.reshard_after_backward == false then n = n + 1 end
+    end
+  end
+  if n == 0 or p.fsdp.grad_accumulation == "step_end" then return "" end
+  return string.format("; %d of %d units kept unsharded from each backward into the next forward but the last "
+    .. "(set_reshard_after_backward(False)): no all-gather in those forwards", n, all)
+end
+
 local function settings_lines(p, s)
   local ac = { none = "no activation checkpointing", full = "full activation checkpointing",
                selective = "selective (op) activation checkpointing" }
@@ -1191,6 +1237,7 @@ local function settings_lines(p, s)
       or ga == "all_reduce_last" and " each reduce-scattering, the all-reduce on the last only (HSDP's "
         .. "set_requires_all_reduce(False) before the others)"
       or " each reducing and adding into the sharded grads (FSDP2's default)"
+    acc = acc .. audit.kept_text(p)
   end
   local loss = ""
   if require("gen.compute").activations_modeled(p) then
@@ -1388,7 +1435,13 @@ function audit.schedule_md(p, fp)
   w("")
   w("- Layouts and op order are PyTorch FSDP2's (fully_shard, torch 2.11): dim-k torch.chunk sharding with")
   w("  zero padding, one fused all-gather per unit, chunk_cat reduce-scatter, HSDP all-reduce after it.")
-  w("- Backward prefetches one unit in reverse post-forward order; the root is never resharded after forward.")
+  if p.layout.explicit_prefetch and not p.layout.ep then
+    w("- Explicit prefetching (set_modules_to_forward_prefetch / _backward_prefetch, the units' lists): each")
+    w("  unit's pre-forward and pre-backward issue its lists' all-gathers after its own; units without a backward")
+    w("  list prefetch the unit before them in post-forward order; the root is never resharded after forward.")
+  else
+    w("- Backward prefetches one unit in reverse post-forward order; the root is never resharded after forward.")
+  end
   if audit.chunked_ops(p) then
     w("- The loss is torchtitan's ChunkedLossWrapper (training.loss_chunks; tests/titan/test_chunked_loss.py")
     w("  measures it): per micro-step the [norm, lm_head] unit is all-gathered three times (the decoder's norm,")

@@ -59,6 +59,10 @@ local SCHEMA = {
   },
   fsdp = {
     reshard_after_forward = { "bool" },
+    -- false: FSDPModule.set_reshard_after_backward(False) on every micro-step's backward but the last
+    -- (units stay unsharded into the next micro-step's forward; the last reshards, as FSDP2 needs
+    -- before the optimizer step: torch 2.15 _fully_shard.py:687-712)
+    reshard_after_backward = { "bool" },
     micro_steps = { "int", min = 1, max = LIM.micro_steps,
                     why = "the generator holds units x micro-steps in memory, at most "
                       .. util.pow2_text(LIM.unit_steps) .. " of them" },
@@ -142,6 +146,11 @@ local SCHEMA = {
   unit = { name = { "name" }, params = { "list", max = LIM.params },
            -- overrides fsdp.reshard_after_forward for this unit (the root never reshards after forward)
            reshard_after_forward = { "bool" },
+           -- overrides fsdp.reshard_after_backward for this unit (set_reshard_after_backward(False, recurse=False))
+           reshard_after_backward = { "bool" },
+           -- FSDPModule.set_modules_to_forward_prefetch / _backward_prefetch: the units (by name) whose
+           -- all-gathers this unit issues after its own (gen/parallel/fsdp_layout.lua checks the names)
+           forward_prefetch = { "list", max = LIM.units }, backward_prefetch = { "list", max = LIM.units },
            -- this unit's MixedPrecisionPolicy (fully_shard's mp_policy), overriding fsdp's
            param_dtype = { "enum", enum = DTYPES }, reduce_dtype = { "enum", enum = DTYPES },
            -- this unit's set_gradient_divide_factor / set_force_sum_reduction_for_comms (per
@@ -482,6 +491,32 @@ local function check_offload(ctx, model, f, topo)
   end
 end
 
+-- set_reshard_after_backward(False) (fsdp.reshard_after_backward, a unit's
+-- own): kept on every micro-step's backward but the last, whose reshard
+-- FSDP2 needs before the optimizer updates the shards (torch 2.15
+-- _fully_shard.py:687-712: "Call reshard on each FSDP module ... before
+-- updating its sharded parameters"). Refused where it changes nothing or
+-- where the accumulation sets it itself.
+local function check_reshard_after_backward(ctx, f, model, pp)
+  local given = f.reshard_after_backward == false and "fsdp.reshard_after_backward" or nil
+  for i, u in ipairs(model.family == "generic" and model.units or {}) do
+    if u.reshard_after_backward ~= nil then
+      given = given or string.format("model.units[%d].reshard_after_backward", i)
+    end
+  end
+  if not given then return end
+  if f.grad_accumulation == "step_end" or (pp or 1) > 1 then
+    util.field_error(ctx, given, string.format("%s already runs every backward with "
+      .. "set_reshard_after_backward(False) (torch 2.15 pipelining/stage.py backward_maybe_with_nosync): remove it",
+      (pp or 1) > 1 and "a pipeline stage (parallel.pp > 1)" or "grad_accumulation = \"step_end\""))
+  end
+  if f.micro_steps == 1 then
+    util.field_error(ctx, given, "with fsdp.micro_steps = 1 the one backward is the step's last, which reshards "
+      .. "before the optimizer step (torch 2.15 _fully_shard.py:697), so this changes nothing: remove it or set "
+      .. "fsdp.micro_steps > 1")
+  end
+end
+
 local function check_plan_name(ctx, given)
   local stem = ctx.stem
   local field = "name"
@@ -629,6 +664,8 @@ function load_plan.normalize(ctx, raw)
   end
   f.reduce_op = f.reduce_op or "avg"
   f.grad_accumulation = f.grad_accumulation or "fsdp2_default"
+  check_reshard_after_backward(ctx, f, model, plan.parallel and plan.parallel.pp)
+  if f.reshard_after_backward == nil then f.reshard_after_backward = true end
   local t = plan.topology
   ctx.nodes_given = t.gpus_per_node ~= nil
   t.gpus_per_node = t.gpus_per_node or 8

@@ -71,7 +71,7 @@ static int overlap(const cp_plan *p, int u, cp_arena_buffer ku, int v, cp_arena_
 /* The next op of unit u after op i among BACKWARD, PACK and COPY_OUT: whether
  * the caller's backward writes the grads before anything packs or regathers.
  * own: and no other unit's forward or backward comes first (the unshard at
- * op i serves that backward). */
+ * op i serves that backward); own == 2: and not the unit's own forward. */
 static int backward_next(const cp_plan *p, int u, int i, int own)
 {
     for (int j = i + 1; j < p->nops; j++) {
@@ -82,6 +82,9 @@ static int backward_next(const cp_plan *p, int u, int i, int own)
         }
         if (o->kind == CP_OP_BACKWARD) return 1;
         if (o->kind == CP_OP_PACK || o->kind == CP_OP_COPY_OUT) return 0;
+        /* its next micro-step's forward first (set_reshard_after_backward(False):
+         * kept unsharded, no copy-out): the backward after it writes them */
+        if (o->kind == CP_OP_FORWARD && own == 2) return 0;
     }
     return 0;
 }
@@ -152,7 +155,7 @@ void cp_call_effect_of(const cp_plan *p, int unit, const cp_op_kind *kinds, int 
     cp_run_call(p, unit, kinds, nkinds, &cur, scan_op, &c);
     /* A reduction after which the unit, still unsharded, runs backward
      * again: the caller may write the grads as soon as the call returns. */
-    if (e->ops && (e->closes & (1u << CP_BUF_GRADS)) && backward_next(p, unit, e->last, 0))
+    if (e->ops && (e->closes & (1u << CP_BUF_GRADS)) && backward_next(p, unit, e->last, 2))
         e->opens |= 1u << CP_BUF_GRADS;
 }
 

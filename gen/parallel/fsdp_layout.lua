@@ -314,6 +314,10 @@ function layout.build(ctx, units, d, fsdp)
       -- The root never reshards after forward (FSDP2); a unit may override the plan's default.
       reshard_after_forward = (ui ~= #units) and (u.reshard_after_forward == nil and fsdp.reshard_after_forward
                                                   or u.reshard_after_forward),
+      -- set_reshard_after_backward(False) on every micro-step but the last (gen/load.lua): kept
+      -- unsharded from a backward into the next micro-step's forward (fsdp_schedule.lua)
+      reshard_after_backward = u.reshard_after_backward == nil and fsdp.reshard_after_backward ~= false
+                                 or u.reshard_after_backward == true,
       rs_op = red.rs_op, ar_op = red.ar_op, pre_divide = red.pre_divide, post_divide = red.post_divide,
       premul = red.premul,
       -- as set (plan.json, the live peer): nil where the plan left FSDP2's default
@@ -355,7 +359,58 @@ function layout.build(ctx, units, d, fsdp)
         util.pow2_text(LIM.bytes), u.name, W, offset))
     end
   end
-  return { units = out, W = W, R = R }
+  return { units = out, W = W, R = R, explicit_prefetch = layout.prefetch(ctx, units, out, fsdp, d) or nil }
+end
+
+-- FSDPModule.set_modules_to_forward_prefetch / set_modules_to_backward_prefetch
+-- (torch 2.15 _fully_shard.py; _fsdp_state.py:346-350 issues the forward
+-- list's all-gathers after the unit's own copy-out, in list order;
+-- :411-418 the backward list's, replacing the default one-unit prefetch of
+-- _fsdp_param_group.py:1061-1096): each layout unit's lists as layout
+-- indices (fwd_prefetch, bwd_prefetch; nil: none given). true when any unit
+-- gives one (the schedule then follows fsdp_schedule.explicit_micro).
+function layout.prefetch(ctx, units, out, fsdp, d)
+  local by_name, any = {}, false
+  for _, o in ipairs(out) do by_name[o.name] = o end
+  for ui, u in ipairs(units) do
+    for _, key in ipairs({ "forward_prefetch", "backward_prefetch" }) do
+      local list = u[key]
+      if list then
+        local path = string.format("model.units[%d].%s", ui, key)
+        local why = (fsdp.grad_accumulation == "step_end" and "grad_accumulation = \"step_end\" (a pipeline "
+          .. "stage's accumulation, which commplan plans with FSDP2's default prefetching)")
+          or ((d.pp or 1) > 1 and "parallel.pp > 1 (the pipeline's tables order each stage's all-gathers)")
+          or (u.loss_head and "loss_head (ChunkedLossWrapper's order is planned with the default prefetching)")
+        if why then util.field_error(ctx, path, "explicit prefetching with " .. why .. ": remove " .. key) end
+        if #u.params == 0 then
+          util.field_error(ctx, path, string.format("unit %q owns no parameters, so FSDP2 has no parameter "
+            .. "group to hook the prefetch on here: give the list to the unit that runs first instead", u.name))
+        end
+        if #list == 0 then
+          util.field_error(ctx, path, "an empty list changes nothing (FSDP2 keeps its default prefetching): remove it")
+        end
+        local idx, seen = {}, {}
+        for j, name in ipairs(list) do
+          local t = type(name) == "string" and by_name[name]
+          local at = string.format("%s[%d]", path, j)
+          if not t then
+            util.field_error(ctx, at, string.format("%s is not a unit of this model: name the units whose "
+              .. "all-gathers %q issues (set_modules_to_%s takes FSDP modules)", util.show(name), u.name, key))
+          end
+          if name == u.name or seen[name] or #t.params == 0 then
+            util.field_error(ctx, at, string.format("%q %s, so its prefetch issues nothing: remove it", name,
+              name == u.name and "is the unit itself (its own all-gather comes first)"
+              or seen[name] and "is named twice" or "owns no parameters"))
+          end
+          seen[name] = true
+          idx[#idx + 1] = t.index
+        end
+        by_name[u.name][key == "forward_prefetch" and "fwd_prefetch" or "bwd_prefetch"] = idx
+        any = true
+      end
+    end
+  end
+  return any
 end
 
 return layout

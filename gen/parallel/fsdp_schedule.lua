@@ -21,6 +21,10 @@
 -- accumulate; after the last backward, FSDPModule.finalize_backward runs
 -- each unit's pending post-backward (reshard, pack, RS, AR, view-out) in
 -- reversed state order: layers last to first, the root last.
+-- A unit with reshard_after_backward false (FSDPModule.set_reshard_after_backward(False)
+-- on every micro-step but the last, fsdp.reshard_after_backward / the unit's own)
+-- skips its post-backward reshard there, so the next micro-step's forward
+-- gathers nothing for it; the last micro-step reshards it.
 -- torchtitan's ChunkedLossWrapper (opts.chunked_loss; training.loss_chunks
 -- >= 2 on the llama and MoE families, gen/parallel/fsdp.lua) runs the
 -- decoder's [norm, lm_head] unit (u.loss_head) three times per micro-step,
@@ -114,20 +118,35 @@ function schedule.build(lay, fams, fsdp, opts)
              first = not u_every or m == 0 or u_partial == "fold" }
   end
   local unsharded = {}
+  -- What micro-step m finds unsharded from the one before: the units with
+  -- set_reshard_after_backward(False) (u.reshard_after_backward false: every
+  -- backward but the step's last keeps them, torch 2.15 _fsdp_param_group.py
+  -- post_backward: "if self.reshard_after_backward: self.reshard()"), so
+  -- FSDP2's pre-forward unshard finds them unsharded and gathers nothing.
+  local function held_from(m)
+    local kept = {}
+    if m > 0 then
+      for _, u in ipairs(units) do
+        if not u.reshard_after_backward and u ~= head then kept[u.index] = true end
+      end
+    end
+    return kept
+  end
   local micro
   -- With explicit prefetching and FSDP states of several parameter groups
   -- (expert parallelism, gen/parallel/ep.lua): schedule.explicit_micro.
   if lay.explicit_prefetch then
-    local states = schedule.states(units, root)
+    local states = schedule.prefetch_lists(schedule.states(units, root), lay)
     micro = function(m)
       ops = {}
       local reducing = every or (m == micro_steps - 1)
       local partial = partial_mode and (m == micro_steps - 1 and "fold" or m == 0 and "save" or "add") or nil
       local first = not every or m == 0 or partial == "fold"
-      unsharded = {}
+      unsharded = held_from(m)
       schedule.explicit_micro(ops, states, m, { op = op, all_gather = all_gather, unit_ops = unit_ops,
         unsharded = unsharded, how = { reducing = reducing, first = first, partial = partial,
-                                       own = function(u) return own_how(u, m) end },
+                                       own = function(u) return own_how(u, m) end,
+                                       hold = m < micro_steps - 1 },
         shard = shard, replicate = replicate })
       return ops
     end
@@ -144,7 +163,7 @@ function schedule.build(lay, fams, fsdp, opts)
     local first = not every or m == 0 or partial == "fold"
     -- step_end keeps what the last backward left unsharded; otherwise every
     -- post-backward resharded everything
-    if not step_end then unsharded = {} end
+    if not step_end then unsharded = held_from(m) end
     -- Forward: root's pre-forward first (it wraps the whole model).
     for _, u in ipairs(units) do
       if not unsharded[u.index] then
@@ -216,6 +235,7 @@ function schedule.build(lay, fams, fsdp, opts)
     ops = schedule.interleave_post_backward(ops, post, root, m, { reducing = reducing and not step_end,
                                             first = first, partial = partial, keep = step_end,
                                             own = function(u) return own_how(u, m) end,
+                                            hold = m < micro_steps - 1,
                                             -- the loss head's norm: reduced on every micro-step (the header)
                                             head = head and { index = head.index, part = head_norm,
                                                               how = { reducing = true, first = m == 0 } } },
@@ -324,6 +344,38 @@ function schedule.number(list)
   return list
 end
 
+-- Each state's prefetch lists (schedule.explicit_micro): expert
+-- parallelism's torchtitan lists (lay.ep: every state the next forward and
+-- the previous backward, gen/parallel/ep.lua), else the units' own
+-- (fsdp_layout.prefetch: fwd_prefetch / bwd_prefetch, layout indices) and
+-- where a unit gives no backward list FSDP2's default (_backward_prefetch,
+-- _fsdp_param_group.py:1061-1096): the group before it in post-forward
+-- order (layers in order, the root last), none for the first layer.
+function schedule.prefetch_lists(states, lay)
+  local of = {}
+  for _, st in ipairs(states) do
+    for _, u in ipairs(st.units) do of[u.index] = st end
+  end
+  local function resolve(list)
+    local out = {}
+    for _, i in ipairs(list) do out[#out + 1] = of[i] end
+    return out
+  end
+  local root = states[1] and states[1].is_root and states[1] or nil
+  for i, st in ipairs(states) do
+    if lay.ep then
+      st.fwd, st.bwd = { states[i + 1] }, { states[i - 1] }
+    else
+      local u = st.units[1]
+      st.fwd = resolve(u.fwd_prefetch or {})
+      local default = st == root and states[#states] ~= root and states[#states]
+        or (i > 1 and states[i - 1] ~= root and states[i - 1]) or nil
+      st.bwd = u.bwd_prefetch and resolve(u.bwd_prefetch) or { default }
+    end
+  end
+  return states
+end
+
 -- The FSDP states in forward order (the root without parameters is none):
 -- each { units = its parameter groups in order }. A unit's state is
 -- u.state (ep's MoE blocks: the dense group, then the experts), else itself.
@@ -357,6 +409,12 @@ end
 -- forwards in order (the dense part, then the experts inside the MoE, the
 -- all-to-alls around them: unit_ops "forward_before" / "forward") and in
 -- backward the reverse ("backward_before" / "backward").
+-- A state's lists (schedule.prefetch_lists): st.fwd, the states whose
+-- groups its pre-forward prefetches in order; st.bwd, the states its
+-- pre-backward prefetches (each's groups in reversed order). The root's
+-- pre-backward runs right after the last unit's (the model returns that
+-- unit's output: the root's hook on it fires after the unit's, as in
+-- torchtitan's models), its backward compute and post-backward last.
 function schedule.explicit_micro(ops, states, m, k)
   local op, all_gather, unit_ops, unsharded = k.op, k.all_gather, k.unit_ops, k.unsharded
   local gathering = {}
@@ -374,11 +432,10 @@ function schedule.explicit_micro(ops, states, m, k)
       unsharded[u.index] = true
     end
   end
-  for i, st in ipairs(states) do
+  for _, st in ipairs(states) do
     for _, u in ipairs(st.units) do wait(u, "forward") end
-    local nxt = states[i + 1]
-    if nxt then
-      for _, u in ipairs(nxt.units) do issue(u, "forward") end
+    for _, t in ipairs(st.fwd) do
+      for _, u in ipairs(t.units) do issue(u, "forward") end
     end
     for _, u in ipairs(st.units) do
       if unit_ops then unit_ops(ops, u, m, "forward_before") end
@@ -392,13 +449,20 @@ function schedule.explicit_micro(ops, states, m, k)
       end
     end
   end
+  local function pre_backward(st)
+    for _, u in ipairs(st.units) do wait(u, "backward") end
+    for _, t in ipairs(st.bwd) do
+      for j = #t.units, 1, -1 do issue(t.units[j], "backward") end
+    end
+  end
+  local root_state = states[1] and states[1].is_root and states[1] or nil
   for i = #states, 1, -1 do
     local st = states[i]
-    for _, u in ipairs(st.units) do wait(u, "backward") end
-    local prev = i > 1 and states[i - 1] or nil
-    if prev and i > 1 then
-      for j = #prev.units, 1, -1 do issue(prev.units[j], "backward") end
-    end
+    if st ~= root_state then pre_backward(st) end
+    -- the root's pre-backward: its hook is on the model's output, the last
+    -- unit's output tensor, hooked after that unit's (FSDP2 registers
+    -- both in post-forward order; a tensor's hooks fire in that order)
+    if root_state and (i == #states) then pre_backward(root_state) end
     for j = #st.units, 1, -1 do
       local u = st.units[j]
       if unit_ops then unit_ops(ops, u, m, "backward_before") end
@@ -427,9 +491,11 @@ end
 -- part (schedule.part; nil: the whole unit): a partial reduction, its
 -- pack, collectives (count: the part's elements) and view-out over the
 -- part's parameters only.
+-- how.hold: not the step's last micro-step, where a unit with
+-- reshard_after_backward false keeps its parameters unsharded.
 function schedule.reduction(out, u, m, how, shard, replicate, reducing, part)
   local first, partial = how.first, how.partial
-  if not how.keep then
+  if not (how.keep or how.hold and not u.reshard_after_backward) then
     out[#out + 1] = { kind = "reshard", unit = u.index, micro_step = m, phase = "backward" }
   end
   if not reducing then return end

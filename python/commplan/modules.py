@@ -26,17 +26,22 @@ class Unit:
     micro-steps ("sync_last", "all_reduce_last", "fsdp2_default"; None: the plan's);
     ignored_params: the parameters its fully_shard call ignores (kept whole, never communicated);
     offload_policy as fully_shard takes it (None: the plan's default; torch's CPUOffloadPolicy(
-    pin_memory=...) or OffloadPolicy(), the plan's unit cpu_offload and pin_memory)."""
+    pin_memory=...) or OffloadPolicy(), the plan's unit cpu_offload and pin_memory);
+    reshard_after_backward (None: the plan's default; False: FSDPModule.set_reshard_after_backward(False)
+    on every micro-step but the last, docs/plan-files.md); forward_prefetch / backward_prefetch: the units
+    (Units, their modules, or unit names) FSDPModule.set_modules_to_forward_prefetch /
+    set_modules_to_backward_prefetch names for this one."""
 
     def __init__(self, modules, name=None, reshard_after_forward=None, mp_policy=None, gradient_divide_factor=None,
                  force_sum_reduction_for_comms=None, grad_accumulation=None, ignored_params=None,
-                 offload_policy=None):
+                 offload_policy=None, reshard_after_backward=None, forward_prefetch=None, backward_prefetch=None):
         self.modules = list(modules) if isinstance(modules, (list, tuple)) else [modules]
         if not self.modules:
             raise PlanError("a unit needs at least one module")
         if name is not None and not isinstance(name, str):
             raise PlanError("Unit: name: expected a str or None, got %s" % validate.describe(name, False))
         validate.check_bool_or_none(reshard_after_forward, "reshard_after_forward", src="Unit")
+        validate.check_bool_or_none(reshard_after_backward, "reshard_after_backward", src="Unit")
         self.name = name
         self.reshard_after_forward = reshard_after_forward
         self.mp_policy = mp_policy
@@ -46,6 +51,9 @@ class Unit:
         # fully_shard(..., ignored_params=): parameter objects of its modules left whole and uncommunicated
         self.ignored_params = list(ignored_params or [])
         self.cpu_offload, self.pin_memory = _offload_of(offload_policy)
+        self.reshard_after_backward = reshard_after_backward
+        self.forward_prefetch = None if forward_prefetch is None else list(forward_prefetch)
+        self.backward_prefetch = None if backward_prefetch is None else list(backward_prefetch)
 
     def __repr__(self):
         return "Unit(%r, reshard_after_forward=%r)" % (self.name, self.reshard_after_forward)
@@ -194,8 +202,27 @@ def named_units(model, units, shard_dim=None):
             entry["cpu_offload"] = u.cpu_offload
             if u.cpu_offload:
                 entry["pin_memory"] = u.pin_memory
+        if getattr(u, "reshard_after_backward", None) is not None:
+            entry["reshard_after_backward"] = u.reshard_after_backward
         out.append(entry)
+    resolved = resolve_units(model, units)
+    for u, entry in zip(resolved, out):
+        for k in ("forward_prefetch", "backward_prefetch"):
+            targets = getattr(u, k, None)
+            if targets is not None:
+                entry[k] = [_unit_name_of(t, resolved, u.name, k) for t in targets]
     return out
+
+
+def _unit_name_of(t, units, owner, key):
+    """A prefetch target (a Unit, its module or list of modules, or a unit name) -> the unit's name."""
+    if isinstance(t, str):
+        return t
+    for v in units:
+        if t is v or v.modules == (t if isinstance(t, list) else [t]) or (not isinstance(t, list) and
+                                                                          len(v.modules) == 1 and v.modules[0] is t):
+            return v.name
+    raise PlanError("unit %s: %s names %s, which is not one of the units" % (owner, key, validate.describe(t, False)))
 
 
 def _mp_of(entry, mp, params):

@@ -355,23 +355,29 @@ def normalize_units(units):
         where = "unit %d" % (i + 1)
         if isinstance(u, dict):
             unknown = sorted(set(u) - {"name", "params", "reshard_after_forward", "loss_head", "param_dtype",
-                                       "reduce_dtype", "cpu_offload", "pin_memory"} - set(UNIT_REDUCTION))
+                                       "reduce_dtype", "cpu_offload", "pin_memory", "reshard_after_backward",
+                                       "forward_prefetch", "backward_prefetch"} - set(UNIT_REDUCTION))
             if unknown:
                 raise PlanError("%s: unknown unit keys %s; use name, params, reshard_after_forward, loss_head, "
-                                "param_dtype, reduce_dtype, cpu_offload, pin_memory, %s"
+                                "param_dtype, reduce_dtype, cpu_offload, pin_memory, reshard_after_backward, "
+                                "forward_prefetch, backward_prefetch, %s"
                                 % (where, unknown, ", ".join(UNIT_REDUCTION)))
             name, params, raf = u.get("name"), u.get("params", []), u.get("reshard_after_forward")
             head = u.get("loss_head")
+            rab = u.get("reshard_after_backward")
+            prefetch = {k: u[k] for k in ("forward_prefetch", "backward_prefetch") if u.get(k) is not None}
         elif isinstance(u, (list, tuple)) and len(u) in (2, 3):
             name, params = u[0], u[1]
             raf = u[2] if len(u) == 3 else None
-            head = None
+            head = rab = None
+            prefetch = {}
         else:
             raise PlanError("%s: a unit is {name, params, reshard_after_forward} or (name, params), got %s"
                             % (where, validate.short_repr(u)))
         _check_name("unit", name, where)
         validate.check_bool_or_none(raf, "reshard_after_forward", src="%s (%s)" % (where, name))
         validate.check_bool_or_none(head, "loss_head", src="%s (%s)" % (where, name))
+        validate.check_bool_or_none(rab, "reshard_after_backward", src="%s (%s)" % (where, name))
         if not isinstance(params, (list, tuple)):
             raise PlanError("%s (%s): params: expected a list of parameters, got %s"
                             % (where, name, validate.describe(params, False)))
@@ -391,6 +397,13 @@ def normalize_units(units):
                 if u.get(key) is not None:
                     validate.check_bool_or_none(u[key], key, src="%s (%s)" % (where, name))
                     out[-1][key] = u[key]
+        if rab is not None:  # set_reshard_after_backward(rab, recurse=False) on the unit (docs/plan-files.md)
+            out[-1]["reshard_after_backward"] = rab
+        for k, names in prefetch.items():  # set_modules_to_forward/backward_prefetch (docs/plan-files.md)
+            if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+                raise PlanError("%s (%s): %s: expected a list of unit names, got %s"
+                                % (where, name, k, validate.short_repr(names)))
+            out[-1][k] = list(names)
     for i, u in enumerate(out[:-1]):
         if not u["params"]:
             raise PlanError("unit %d (%s) has no parameters; only the root (the last unit) may have none"
@@ -477,6 +490,10 @@ def llama_config_from_units(units, model, default_raf):
     for u in units[:-2]:
         if u["reshard_after_forward"] not in (None, default_raf):
             return None, "unit %s sets its own reshard_after_forward" % u["name"]
+    for u in units:
+        for k in ("reshard_after_backward", "forward_prefetch", "backward_prefetch"):
+            if u.get(k) is not None:
+                return None, "unit %s sets its own %s" % (u["name"], k)
     if dim % n_heads:
         return None, "dim %d is not divisible by n_heads %d" % (dim, n_heads)
     head_dim = dim // n_heads
@@ -543,6 +560,11 @@ def _unit_text(u, default_raf, is_root, dtype_default):
     for key in ("cpu_offload", "pin_memory"):  # the unit's own offload_policy (CPUOffloadPolicy)
         if u.get(key) is not None:
             head += " %s = %s," % (key, "true" if u[key] else "false")
+    if u.get("reshard_after_backward") is not None:
+        head += " reshard_after_backward = %s," % ("true" if u["reshard_after_backward"] else "false")
+    for k in ("forward_prefetch", "backward_prefetch"):
+        if u.get(k) is not None:
+            head += " %s = { %s }," % (k, ", ".join(lua_string(n) for n in u[k]))
     if not u["params"]:
         lines.append(head + " params = {} },")
         return lines

@@ -735,6 +735,7 @@ class CommplanFSDP:
             ag, orig = pu["ag_dtype"], pu["orig_dtype"]
             unit = {"name": pu["name"], "index": pu["index"], "modules": u.modules, "params": [],
                     "reshard_after_forward": pu["reshard_after_forward"], "root": pu.get("root", False),
+                    "reshard_after_backward": pu.get("reshard_after_backward", True),
                     "ag_dtype": TORCH_DTYPES[ag], "cast": ag != orig}
             for (fqn, p), meta in zip(params, pu["params"]):
                 k, shape, chunk = meta.get("shard_dim", 0), list(meta["shape"]), meta["chunk"]
@@ -840,6 +841,8 @@ class CommplanFSDP:
         unit = self.units[u]
         if unit["params"] and ("reshard", u, self._micro, phase) in self._plan_calls:
             self._call("reshard", u)
+        elif unit["params"] and phase == "backward" and unit["reshard_after_backward"] is False:
+            return  # set_reshard_after_backward(False): unsharded into the next forward, which gathers nothing
         self.live[u] = False
         self._use(unit, False)
 

@@ -49,6 +49,7 @@ SECTIONS = {
                      sequence_parallel=Spec("bool"), loss_parallel=Spec("bool"), async_tp=Spec("bool")),
     "fsdp": {
         "reshard_after_forward": Spec("bool"),
+        "reshard_after_backward": Spec("bool"),
         "micro_steps": Spec("int"),
         "reduce_op": Spec("enum", enum=("avg", "sum")),
         "param_dtype": Spec("enum", enum=DTYPES),

@@ -596,6 +596,36 @@ def gen_seed(seed, attempt=0):
                     u["pin_memory"] = False
         if fsdp.get("cpu_offload") or any(u.get("cpu_offload") for u in units):
             reduction += ", cpu_offload"
+    # issue 39 (h39a): set_reshard_after_backward(False) before all but the last micro-step, plan-wide
+    # and per unit, over every mode above (not step_end, which sets it itself); drawn after the
+    # others so earlier seeds keep their plans
+    knobs = ""
+    if micro > 1 and fsdp.get("grad_accumulation") != "step_end" and tree_knows("reshard_after_backward") \
+            and rng.random() < 0.4:
+        if rng.random() < 0.5:
+            fsdp["reshard_after_backward"] = False
+        for u in units:
+            if rng.random() < 0.4:
+                u["reshard_after_backward"] = rng.random() < 0.5
+        knobs += " reshard_after_backward"
+    # issue 39 (h39a): explicit prefetching (set_modules_to_forward_prefetch / _backward_prefetch) on
+    # some units: forward lists of later units, backward lists of earlier ones (the root's: any layer),
+    # over every mode above but step_end; drawn last for the same reason
+    if fsdp.get("grad_accumulation") != "step_end" and tree_knows("forward_prefetch") and rng.random() < 0.35:
+        names = [u["name"] for u in units if any(not p.get("ignored") for p in u["params"])]
+        layers = [n for n in names if n != "root"]
+        for i, u in enumerate(units):
+            if u["name"] not in names or rng.random() < 0.4:
+                continue
+            me = u["name"]
+            later = layers if me == "root" else layers[layers.index(me) + 1:]
+            earlier = layers if me == "root" else layers[:layers.index(me)]
+            if later and rng.random() < 0.6:
+                u["forward_prefetch"] = rng.sample(later, rng.randint(1, min(2, len(later))))
+            if earlier and rng.random() < 0.6:
+                u["backward_prefetch"] = rng.sample(earlier, rng.randint(1, min(2, len(earlier))))
+        if any("forward_prefetch" in u or "backward_prefetch" in u for u in units):
+            knobs += " prefetch"
     lines = [f"-- live property test seed {seed} (attempt {attempt}): tests/live/live.py seed {seed}",
              "return {", f"  world_size = {world},", f"  parallel = {lua(par)},",
              "  model = { family = \"generic\", units = {"]
@@ -604,7 +634,7 @@ def gen_seed(seed, attempt=0):
     lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
     desc = (f"{kind} {'x'.join(str(x) for x in (R, S, T))}, {n_units}+root units, micro {micro}"
             f"{' ' + fsdp['grad_accumulation'] if 'grad_accumulation' in fsdp else ''}, steps {steps}, "
-            f"{fsdp.get('reduce_op', 'factor')}{reduction}, pattern {pattern}"
+            f"{fsdp.get('reduce_op', 'factor')}{reduction}, pattern {pattern}{knobs}"
             f"{', mixed all-gather dtypes in ' + str(mixed_ag) + ' units' if mixed_ag else ''}")
     return "\n".join(lines) + "\n", steps, desc, pattern
 

@@ -552,6 +552,14 @@ def run_job(rank, job):
             params_local[q["name"]] = {"shape": list(loc.shape), "stride": list(loc.stride()),
                                        "placements": str(getattr(p, "placements", "")), "values": _values(loc)}
 
+    kept = [(u, m) for u, m in zip(units, all_mods) if u.get("reshard_after_backward") is False and m is not head]
+    # explicit prefetching: FSDPModule.set_modules_to_forward_prefetch / _backward_prefetch, as plan.json names them
+    mod_of = {u["name"]: m for u, m in zip(units, all_mods)}
+    for u, m in zip(units, all_mods):
+        if u.get("forward_prefetch"):
+            m.set_modules_to_forward_prefetch([mod_of[n] for n in u["forward_prefetch"]])
+        if u.get("backward_prefetch"):
+            m.set_modules_to_backward_prefetch([mod_of[n] for n in u["backward_prefetch"]])
     log = []
     REC.log = log
     try:
@@ -580,6 +588,10 @@ def run_job(rank, job):
                         m.set_requires_gradient_sync(last or own != "sync_last", recurse=False)
                         if own == "all_reduce_last":
                             m.set_requires_all_reduce(last, recurse=False)
+                # set_reshard_after_backward(False) on the units the plan keeps unsharded from one
+                # backward into the next forward, back on for the step's last (docs/plan-files.md)
+                for u, m in kept:
+                    m.set_reshard_after_backward(last, recurse=False)
                 set_grads(step, micro)
                 x = torch.zeros(1, requires_grad=True)
                 out = root(x)

@@ -65,6 +65,8 @@ suites[#suites + 1] = "test_mixed_dtype"
 suites[#suites + 1] = "test_expect"
 -- Issue 39: CPUOffloadPolicy (the H2D / D2H copies, host memory, host_GBps).
 suites[#suites + 1] = "test_offload"
+-- Issue 39 (h39a): FSDPModule's schedule knobs (set_reshard_after_backward, ...).
+suites[#suites + 1] = "test_fsdp_knobs"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -17,6 +17,10 @@ plan can have (docs/plan-files.md, fsdp.micro_steps and grad_accumulation):
     ar_last     all_reduce_last, micro_steps 2 on HSDP 2x2 (set_requires_all_reduce(False))
     sum         fsdp2_default, micro_steps 2, reduce_op "sum" (FSDP2: gradient divide factor 1,
                 SUM in the collectives)
+    keep        fsdp2_default, micro_steps 3 on HSDP 2x2, reshard_after_backward false
+                (set_reshard_after_backward(False) but on the last micro-batch)
+    prefetch    fsdp2_default, micro_steps 2, explicit prefetching (set_modules_to_forward_prefetch /
+                set_modules_to_backward_prefetch on three of the four units)
 
 and grad_accumulation = "step_end", which the bridge refuses with one line (checked once).
 The model has an uneven shard, an empty one (rank 3) and a root owning a parameter.
@@ -29,6 +33,7 @@ reduce under sync_last (the view of the unsharded-grads buffer in grad_dtype) an
 FSDP2 and torchrun (make torch-env); anywhere else one SKIP line and exit 77.
 """
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -60,12 +65,16 @@ MODES = {
     "noreshard": ("fsdp", 2, {"micro_steps": 2, "grad_accumulation": "sync_last", "reshard_after_forward": False}),
     "ar_last": ("hsdp", 2, {"micro_steps": 2, "grad_accumulation": "all_reduce_last"}),
     "sum": ("fsdp", 2, {"micro_steps": 2, "reduce_op": "sum"}),
+    # issue 39: set_reshard_after_backward(False) but on the last micro-batch (every unit and the root)
+    "keep": ("hsdp", 3, {"micro_steps": 3, "grad_accumulation": "fsdp2_default", "reshard_after_backward": False}),
+    # issue 39: explicit prefetching (set_modules_to_forward_prefetch / _backward_prefetch: prefetch_units)
+    "prefetch": ("fsdp", 2, {"micro_steps": 2}),
 }
 MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
 # The quick tier: each mode once, each dtype family once, bf16 params + fp32 reduce + sync_last kept.
 QUICK = ["fp32_bf16_fp32_sync_last", "bf16_x_fp32_noreshard", "fp32_fp16_fp16_default",
          "fp32_bf16_bf16_ar_last", "fp16_x_x_every", "fp32_x_fp16_sync_last", "bf16_x_x_sum",
-         "fp32_bf16_fp32_every_keep"]
+         "fp32_bf16_fp32_every_keep", "fp32_bf16_fp32_keep", "fp32_bf16_fp32_prefetch"]
 STEPS = {"quick": 2, "full": 3}
 
 
@@ -144,17 +153,33 @@ def plan_name(case):
     return "bd_" + case
 
 
+def prefetch_units(m, unit_class=None):
+    """The prefetch mode's lists: inp forward-prefetches mid and out, mid backward-prefetches inp, the
+    root backward-prefetches out then inp. unit_class: commplan.Unit (the plan), else FSDP2's setters."""
+    if unit_class is not None:
+        U = unit_class
+        return [U(m.inp, forward_prefetch=[m.mid, m.out]), U(m.mid, backward_prefetch=[m.inp]), U(m.out),
+                U(m, backward_prefetch=[m.out, m.inp])]
+    m.inp.set_modules_to_forward_prefetch([m.mid, m.out])
+    m.mid.set_modules_to_backward_prefetch([m.inp])
+    m.set_modules_to_backward_prefetch([m.out, m.inp])
+    return None
+
+
 def write_plan(name, dt, mode, out_dir):
     import commplan
     keep = len(dt) > 3
     m = make_model(dt[0], keep)
-    units = units_of(m)
+    kw = {}
     if keep:  # the units' own MixedPrecisionPolicy, read by the plan writer (commplan.Unit's mp_policy)
         from torch.distributed.fsdp import MixedPrecisionPolicy
         from commplan.runtime import TORCH_DTYPES
-        mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[dt[1]], reduce_dtype=TORCH_DTYPES[dt[2]],
-                                  param_dtype_override_fn=keep_fn(m))
-        units = [commplan.Unit(u, mp_policy=mp) for u in units]
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[dt[1]], reduce_dtype=TORCH_DTYPES[dt[2]],
+                                               param_dtype_override_fn=keep_fn(m))
+    if mode == "prefetch":
+        units = prefetch_units(m, functools.partial(commplan.Unit, **kw))
+    else:
+        units = [commplan.Unit(u, **kw) for u in units_of(m)] if kw else units_of(m)
     commplan.plan_from_module(m, units, plan_name(name), world_size=WORLD, parallel=dict(MESHES[MODES[mode][0]]),
                               fsdp=plan_fsdp(dt, mode), out=os.path.join(out_dir, plan_name(name) + ".lua"))
 
@@ -247,6 +272,8 @@ def run_case(name, dt, mode, rank, steps):
     for m in units_of(a):
         fully_shard(m, mesh=mesh, reshard_after_forward=raf, mp_policy=mp)
     fully_shard(a, mesh=mesh, mp_policy=mp)
+    if mode == "prefetch":
+        prefetch_units(a)
     if opts.get("reduce_op") == "sum":
         for m in units_of(a) + [a]:  # divide factor 1 and SUM (gloo has no PREMUL_SUM)
             m.set_gradient_divide_factor(1.0)
@@ -259,6 +286,8 @@ def run_case(name, dt, mode, rank, steps):
             a.set_requires_gradient_sync(last)
         elif acc == "all_reduce_last":
             a.set_requires_all_reduce(last)
+        if opts.get("reshard_after_backward") is False:
+            a.set_reshard_after_backward(last)
     snaps_a, snaps_b = {}, {}
     la = run_side(a, rank, steps, micro, in_dtype, fsdp2_micro, snaps_a)
     # the bridge's side: the same model, every collective and copy from the plan's host library

@@ -766,5 +766,50 @@ class MixedPrecisionUnits(Tmp):
         self.assertIn("param_dtype", str(e.exception))
 
 
+class ScheduleKnobs(Tmp):
+    """Issue 39: FSDPModule's schedule knobs the writer carries into the plan (docs/plan-files.md)."""
+
+    def test_reshard_after_backward_per_unit_and_plan_wide(self):
+        units = [{"name": "a", "params": [("a.w", (6, 4), "fp32")], "reshard_after_backward": True},
+                 {"name": "b", "params": [("b.w", (5,), "fp32")]},
+                 {"name": "root", "params": [("r.w", (3,), "fp32")]}]
+        text = commplan.plan_from_named_parameters("rab", units, 2, fsdp={"micro_steps": 2,
+                                                                          "reshard_after_backward": False})
+        self.assertIn("reshard_after_backward = true", text)
+        out = self.generate(self.write("w", "rab", text))
+        with open(os.path.join(out, "plan.json")) as f:
+            pj = json.load(f)
+        self.assertIs(pj["fsdp"]["reshard_after_backward"], False)
+        kept = {u["name"]: u.get("reshard_after_backward", True) for u in pj["units"]}
+        self.assertEqual(kept, {"root": False, "a": True, "b": False})
+        with self.assertRaises(PlanError):
+            commplan.plan_from_named_parameters("rab", [dict(units[0], reshard_after_backward="no")] + units[1:], 2)
+
+    def test_prefetch_lists(self):
+        units = [{"name": "a", "params": [("a.w", (6, 4), "fp32")], "forward_prefetch": ["b"]},
+                 {"name": "b", "params": [("b.w", (5,), "fp32")], "backward_prefetch": ["a"]},
+                 {"name": "root", "params": [("r.w", (3,), "fp32")], "backward_prefetch": ["b", "a"]}]
+        text = commplan.plan_from_named_parameters("pf", units, 2)
+        self.assertIn('backward_prefetch = { "b", "a" }', text)
+        out = self.generate(self.write("w", "pf", text))
+        with open(os.path.join(out, "plan.json")) as f:
+            pj = json.load(f)
+        got = {u["name"]: (u.get("forward_prefetch"), u.get("backward_prefetch")) for u in pj["units"]}
+        self.assertEqual(got, {"root": (None, ["b", "a"]), "a": (["b"], None), "b": (None, ["a"])})
+        with self.assertRaises(PlanError):
+            commplan.plan_from_named_parameters("pf", [dict(units[0], forward_prefetch="b")] + units[1:], 2)
+        # a name the generator does not know: its one-line refusal
+        r = gen(self.write("w2", "pf2", text.replace('forward_prefetch = { "b" }', 'forward_prefetch = { "c" }')),
+                os.path.join(self.tmp, "o2"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("forward_prefetch[1]", r.stderr)
+
+    def test_unit_reshard_after_backward_from_modules(self):
+        u = commplan.Unit([object()], name="x", reshard_after_backward=False)
+        self.assertIs(u.reshard_after_backward, False)
+        with self.assertRaises(PlanError):
+            commplan.Unit([object()], reshard_after_backward=1)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,122 @@
+-- Issue 39: FSDPModule's schedule knobs as plan options (docs/plan-files.md).
+local H = require("helpers")
+local plan = require("gen.plan")
+local T = {}
+
+local UNITS = { { "l0", { { "a", { 4 } } } }, { "l1", { { "b", { 6 } } } }, { "root", { { "c", { 4 } } } } }
+
+-- ops per micro-step and phase:kind, and per unit
+local function tally(p)
+  local per = {}
+  for _, o in ipairs(p.ops) do
+    local k = per[o.micro_step] or {}
+    per[o.micro_step] = k
+    local key = o.phase .. ":" .. o.kind .. ":" .. p.layout.units[o.unit + 1].name
+    k[key] = (k[key] or 0) + 1
+  end
+  return per
+end
+
+-- set_reshard_after_backward(False) on all but the last micro-step (torch
+-- 2.15 _fsdp_param_group.py post_backward): the kept units stay unsharded
+-- into the next forward, which gathers nothing for them; a unit resharded
+-- after forward is gathered again in backward; the last micro-step
+-- reshards every unit; the reductions are FSDP2's default's (every backward).
+function T.reshard_after_backward_false_keeps_units_unsharded_between_micro_steps()
+  local p = plan.from_source(H.generic(4, "{ dp_replicate = 2, dp_shard = 2 }", UNITS,
+    "{ micro_steps = 3, reshard_after_backward = false }"), "t.lua")
+  local per = tally(p)
+  for _, u in ipairs({ "root", "l0", "l1" }) do
+    H.eq(per[0]["forward:all_gather:" .. u], 1, "micro-step 0 gathers " .. u)
+    H.eq(per[0]["backward:reshard:" .. u], nil, "micro-step 0 keeps " .. u)
+    H.eq(per[2]["backward:reshard:" .. u], 1, "the last micro-step reshards " .. u)
+    for m = 1, 2 do
+      H.eq(per[m]["forward:all_gather:" .. u], nil, "micro-step " .. m .. " gathers nothing for " .. u)
+      H.eq(per[m]["backward:reduce_scatter:" .. u], 1, "micro-step " .. m .. " reduces " .. u)
+    end
+  end
+  H.eq(per[1]["backward:all_gather:l1"], 1, "resharded after forward: gathered again in backward")
+  H.eq(p.layout.units[1].reshard_after_backward, false)
+  -- the mutant: without the knob every micro-step's forward gathers every unit
+  local q = tally(plan.from_source(H.generic(4, "{ dp_replicate = 2, dp_shard = 2 }", UNITS,
+    "{ micro_steps = 3 }"), "t.lua"))
+  H.eq(q[1]["forward:all_gather:l0"], 1, "the default gathers again")
+end
+
+-- A unit's own setting overrides the plan's, either way (set_reshard_after_backward(x, recurse=False)).
+function T.reshard_after_backward_per_unit()
+  local src = H.generic(2, "{ dp_shard = 2 }", UNITS, "{ micro_steps = 2, grad_accumulation = 'sync_last' }")
+  src = src:gsub('{ name = "l1",', '{ name = "l1", reshard_after_backward = false,')
+  local p = plan.from_source(src, "t.lua")
+  local per = tally(p)
+  H.eq(per[1]["forward:all_gather:l1"], nil, "l1 kept")
+  H.eq(per[1]["forward:all_gather:l0"], 1, "l0 resharded as the plan's default")
+  H.eq(per[0]["backward:reshard:l1"], nil)
+  H.eq(per[0]["backward:reshard:l0"], 1)
+end
+
+function T.reshard_after_backward_refusals()
+  H.plan_fails(H.generic(2, "{ dp_shard = 2 }", UNITS, "{ reshard_after_backward = false }"),
+    "fsdp.reshard_after_backward", "micro_steps = 1", "_fully_shard.py:697")
+  H.plan_fails(H.generic(2, "{ dp_shard = 2 }", UNITS,
+    "{ micro_steps = 2, grad_accumulation = 'step_end', reshard_after_backward = false }"),
+    "fsdp.reshard_after_backward", "step_end", "stage.py")
+  local src = H.generic(2, "{ dp_shard = 2 }", UNITS, "{}")
+  src = src:gsub('{ name = "l1",', '{ name = "l1", reshard_after_backward = true,')
+  H.plan_fails(src, "model.units[2].reshard_after_backward", "micro_steps = 1")
+  local pp = H.read("tests/pp/plans/pp_tiny.lua"):gsub("fsdp = {", "fsdp = { reshard_after_backward = false,", 1)
+  H.plan_fails(pp, "fsdp.reshard_after_backward", "pipeline stage", "stage.py")
+end
+
+local function collectives(p)
+  local out = {}
+  for _, o in ipairs(p.ops) do
+    if o.group then out[#out + 1] = o.micro_step .. ":" .. o.kind .. ":" .. p.layout.units[o.unit + 1].name end
+  end
+  return table.concat(out, " ")
+end
+
+local function with_lists(src, lists)
+  for name, l in pairs(lists) do
+    src = src:gsub('{ name = "' .. name .. '",', '{ name = "' .. name .. '", ' .. l .. ',')
+  end
+  return src
+end
+
+local U4 = { { "l0", { { "a", { 4 } } } }, { "l1", { { "b", { 6 } } } }, { "l2", { { "d", { 5 } } } },
+             { "root", { { "c", { 4 } } } } }
+
+-- set_modules_to_forward_prefetch / _backward_prefetch naming what FSDP2
+-- does by default (each layer the next in forward; the root the last layer
+-- and each layer the one before in backward) plan the default's collectives;
+-- other lists move the all-gathers (the root prefetching l2 and l0 in
+-- backward: l0's all-gather before l2's reduce-scatter).
+function T.explicit_prefetch_lists()
+  local base = H.generic(4, "{ dp_replicate = 2, dp_shard = 2 }", U4, "{ micro_steps = 2 }")
+  local default = collectives(plan.from_source(base, "t.lua"))
+  local same = plan.from_source(with_lists(base, {
+    root = 'forward_prefetch = { "l0" }, backward_prefetch = { "l2" }',
+    l0 = 'forward_prefetch = { "l1" }', l1 = 'forward_prefetch = { "l2" }, backward_prefetch = { "l0" }',
+    l2 = 'backward_prefetch = { "l1" }' }), "t.lua")
+  H.eq(same.layout.explicit_prefetch, true)
+  H.eq(collectives(same), default, "the default's lists plan the default's collectives")
+  local moved = collectives(plan.from_source(with_lists(base, { root = 'backward_prefetch = { "l2", "l0" }' }),
+    "t.lua"))
+  assert(moved ~= default, "other lists move the all-gathers")
+  -- (l2, the last unit, keeps the default: its pre-backward prefetches l1; the root's runs after it,
+  -- on the same output tensor)
+  assert(moved:find("0:all_gather:l2 0:all_gather:l1 0:all_gather:l0 0:reduce_scatter:l2", 1, true), moved)
+end
+
+function T.explicit_prefetch_refusals()
+  local base = H.generic(2, "{ dp_shard = 2 }", U4, "{}")
+  H.plan_fails(with_lists(base, { l0 = 'forward_prefetch = { "l9" }' }), "model.units[1].forward_prefetch[1]",
+    "not a unit")
+  H.plan_fails(with_lists(base, { l0 = 'forward_prefetch = { "l0" }' }), "forward_prefetch[1]", "the unit itself")
+  H.plan_fails(with_lists(base, { l1 = 'backward_prefetch = { "l0", "l0" }' }), "backward_prefetch[2]", "twice")
+  H.plan_fails(with_lists(base, { l1 = "backward_prefetch = {}" }), "backward_prefetch", "empty list")
+  H.plan_fails(with_lists(H.generic(2, "{ dp_shard = 2 }", U4, "{ micro_steps = 2, grad_accumulation = 'step_end' }"),
+    { l1 = 'backward_prefetch = { "l0" }' }), "model.units[2].backward_prefetch", "step_end")
+end
+
+return T
