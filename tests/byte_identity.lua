@@ -5,7 +5,9 @@
 -- times re-decided the memory plan's holds, so nine plans' arena offsets
 -- and event waits moved; nothing else in any table), since issue 36 the
 -- one whose waits hold for the library's calls too (9897b8f: five TP / CP
--- plans' packs wait for the previous reduce-scatter themselves; then af77aa9: the MoE plans' copy-outs wait for their own all-gathers).
+-- plans' packs wait for the previous reduce-scatter themselves; then af77aa9: the MoE plans' copy-outs wait for their own all-gathers;
+-- then be01654: issue 39's CPU offload adds op kinds and arena buffers, which
+-- changes only each plan.c's _Static_assert line).
 --
 --   lua5.4 tests/byte_identity.lua [--base REV] [--dir DIR] [NAME...]
 --
@@ -25,7 +27,7 @@
 package.path = "./?.lua;./tests/lua/?.lua;" .. package.path
 local json = require("gen.json")
 
-local DEFAULT_BASE = "be01654" -- issue 39's merge: CPU offload's three op kinds and two arena buffers change every plan.c's _Static_assert counts (nothing else)
+local DEFAULT_BASE = "be01654"
 -- The fields of a pipeline op, in the order a difference is looked for.
 local OP_FIELDS = { "seq", "kind", "unit", "micro_step", "stream", "group", "dtype", "count", "peer", "batch", "tag",
                     "waits_for" }
