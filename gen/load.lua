@@ -617,14 +617,21 @@ function load_plan.normalize(ctx, raw)
         util.field_error(ctx, upath .. ".reshard_after_forward", "the root (last unit) never reshards after "
           .. "forward (FSDP2), so this setting changes nothing: remove it")
       end
-      for _, k in ipairs({ "gradient_divide_factor", "force_sum_reduction_for_comms", "grad_accumulation" }) do
-        if np == 0 and q[k] ~= nil then
-          util.field_error(ctx, upath .. "." .. k, "unit " .. util.show(q.name) .. " has no parameters, so FSDP2 "
-            .. "reduces nothing for it and this setting changes nothing: remove it")
+      -- the parameters FSDP2 manages: fully_shard's ignored_params leave the
+      -- unit's parameter group (a unit of ignored ones alone has none)
+      local managed = 0
+      for _, p in ipairs(type(q.params) == "table" and q.params or {}) do
+        if not (type(p) == "table" and p.ignored == true) then managed = managed + 1 end
+      end
+      for _, k in ipairs({ "gradient_divide_factor", "force_sum_reduction_for_comms", "grad_accumulation",
+                           "reshard_after_backward" }) do
+        if managed == 0 and q[k] ~= nil then
+          util.field_error(ctx, upath .. "." .. k, "unit " .. util.show(q.name) .. " has no parameters FSDP2 "
+            .. "manages (none, or only ignored ones), so this setting changes nothing: remove it")
         end
       end
       q.params = check_params(ctx, upath, q.params, np, model.dtype, budget)
-      check_unit_offload(ctx, upath, q, np, plan.fsdp)
+      check_unit_offload(ctx, upath, q, managed, plan.fsdp)
       units[i] = q
     end
     if dtype_given and budget.own_dtype == budget.params then

@@ -100,7 +100,7 @@ end
 local function sizes_of(lay, u, micro_steps)
   local W = u.W or lay.W -- (expert parallelism's experts: their efsdp group)
   return {
-    -- (a unit of mixed all-gather dtypes: its slot's bytes, fsdp_layout.ag_slot_bytes)
+    -- (a unit of mixed all-gather dtypes: its slot's bytes, u.ag_bytes)
     ag = W * (u.ag_bytes or u.total * ES[u.ag_dtype]), unsharded = u.unsharded_bytes or W * u.total * ES[u.ag_dtype],
     grads = u.grads_numel * ES[u.grad_dtype], rs_in = W * u.total * ES[u.reduce_dtype],
     rs_out = u.total * ES[u.reduce_dtype], act = (u.act_numel or 0) * ES[u.ag_dtype],

@@ -200,6 +200,10 @@ function generic.units(ctx, model)
       if p.ignored then
         -- fully_shard's ignored_params (torch 2.15 _fsdp_init.py:342-360: left out of the managed
         -- parameters): no FSDP param, no collective; whole on every rank (the audit's memory counts it)
+        if p.param_dtype then
+          util.field_error(ctx, string.format("%s.params[%d].param_dtype", path, j), "an ignored parameter is "
+            .. "never all-gathered, so its param_dtype changes nothing: remove it")
+        end
         if u.loss_head then
           util.field_error(ctx, string.format("%s.params[%d].ignored", path, j), "the loss head is torchtitan's "
             .. "[norm, lm_head] with both parameters sharded (distributed/fsdp.py:202-207): remove ignored")

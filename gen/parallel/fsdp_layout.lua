@@ -155,14 +155,13 @@ function layout.param_ag_dtypes(ctx, u, upath, ag_dtype)
         p.name, d, ag_dtype, p.dtype, ag_dtype, p.dtype))
     end
     out[j] = d
-    mixed = mixed or d ~= ag_dtype
+    -- uint8 only where the all-gather inputs differ from each other
+    -- (_fsdp_collectives.py:927-933): every parameter overridden alike
+    -- gathers in that one dtype
+    mixed = mixed or d ~= out[1]
   end
   return out, mixed
 end
-
--- The all-gather slot's bytes per rank, and each parameter's all-gather
--- dtype and byte offset in it (one dtype per unit unless ag_bytes).
-function layout.ag_slot_bytes(u) return u.ag_bytes or u.total * layout.DTYPE_BYTES[u.ag_dtype] end
 
 local LIM = util.LIMITS
 
@@ -248,6 +247,9 @@ function layout.build(ctx, units, d, fsdp)
     local ag_dtype = u.param_dtype or fsdp.param_dtype or orig
     local reduce_dtype = u.reduce_dtype or fsdp.reduce_dtype or orig
     local ag, mixed = layout.param_ag_dtypes(ctx, u, upath, ag_dtype)
+    -- every parameter kept in its own (the unit's original) dtype: the unit
+    -- gathers and computes in it, as without a param_dtype
+    if not mixed and ag[1] then ag_dtype = ag[1] end
     -- The unsharded grads' dtype (torch 2.15: the unsharded parameter's
     -- grad_dtype is reduce_dtype, so autograd casts each backward's gradient,
     -- computed in ag_dtype, to it and accumulates in it). A reduce_dtype
@@ -372,6 +374,10 @@ end
 function layout.prefetch(ctx, units, out, fsdp, d)
   local by_name, any = {}, false
   for _, o in ipairs(out) do by_name[o.name] = o end
+  -- ChunkedLossWrapper's head anywhere in the model: its order (the header of
+  -- fsdp_schedule.lua) is planned with the default prefetching only
+  local head_unit
+  for _, u in ipairs(units) do head_unit = head_unit or (u.loss_head and u.name) end
   for ui, u in ipairs(units) do
     for _, key in ipairs({ "forward_prefetch", "backward_prefetch" }) do
       local list = u[key]
@@ -380,7 +386,8 @@ function layout.prefetch(ctx, units, out, fsdp, d)
         local why = (fsdp.grad_accumulation == "step_end" and "grad_accumulation = \"step_end\" (a pipeline "
           .. "stage's accumulation, which commplan plans with FSDP2's default prefetching)")
           or ((d.pp or 1) > 1 and "parallel.pp > 1 (the pipeline's tables order each stage's all-gathers)")
-          or (u.loss_head and "loss_head (ChunkedLossWrapper's order is planned with the default prefetching)")
+          or (head_unit and string.format("the loss_head unit %q (ChunkedLossWrapper's order is planned with "
+            .. "the default prefetching; drop loss_head for CrossEntropyLoss's order)", head_unit))
         if why then util.field_error(ctx, path, "explicit prefetching with " .. why .. ": remove " .. key) end
         if #u.params == 0 then
           util.field_error(ctx, path, string.format("unit %q owns no parameters, so FSDP2 has no parameter "

@@ -114,8 +114,10 @@ function schedule.build(lay, fams, fsdp, opts)
     local u_every = mode ~= "sync_last"
     local u_partial = mode == "all_reduce_last" and replicate ~= nil and micro_steps > 1
       and (m == micro_steps - 1 and "fold" or m == 0 and "save" or "add") or nil
+    -- hold as the plan's flags have it: a unit's own accumulation leaves its
+    -- set_reshard_after_backward as it is
     return { reducing = u_every or m == micro_steps - 1, partial = u_partial,
-             first = not u_every or m == 0 or u_partial == "fold" }
+             first = not u_every or m == 0 or u_partial == "fold", hold = m < micro_steps - 1 }
   end
   local unsharded = {}
   -- What micro-step m finds unsharded from the one before: the units with

@@ -605,7 +605,8 @@ def gen_seed(seed, attempt=0):
         if rng.random() < 0.5:
             fsdp["reshard_after_backward"] = False
         for u in units:
-            if rng.random() < 0.4:
+            # (a unit FSDP2 manages no parameter of has nothing to keep: refused)
+            if rng.random() < 0.4 and any(not p.get("ignored") for p in u["params"]):
                 u["reshard_after_backward"] = rng.random() < 0.5
         knobs += " reshard_after_backward"
     # issue 39 (h39a): explicit prefetching (set_modules_to_forward_prefetch / _backward_prefetch) on
@@ -662,9 +663,15 @@ def draw_ignored(rng, units):
     n = 0
     for u in units:
         for p in u["params"]:
-            if "shard_dim" not in p and "tp" not in p and rng.random() < 0.4:
+            if "shard_dim" not in p and "tp" not in p and "param_dtype" not in p and rng.random() < 0.4:
                 p["ignored"] = True
                 n += 1
+        # a unit with its own reduction setters keeps a parameter FSDP2 manages
+        # (else the setters change nothing, which the generator refuses)
+        own = ("gradient_divide_factor", "force_sum_reduction_for_comms", "grad_accumulation")
+        if u["params"] and all(p.get("ignored") for p in u["params"]) and any(k in u for k in own):
+            u["params"][0].pop("ignored", None)
+            n -= 1
     if all(p.get("ignored") for u in units for p in u["params"]):  # some parameter FSDP shards (else refused)
         for u in units:
             for p in u["params"]:
