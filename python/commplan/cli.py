@@ -194,10 +194,10 @@ def _line(msg):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] in (["diagnose"], ["expect"]):  # issue 40's verbs (commplan/diagnose.py)
-        from . import diagnose
-        return diagnose.main(argv[1:] if argv[0] == "diagnose" else argv)
     try:
+        if argv[:1] in (["diagnose"], ["expect"]):  # issue 40's verbs (commplan/diagnose.py)
+            from . import diagnose
+            return diagnose.main(argv[1:] if argv[0] == "diagnose" else argv)
         return run(argv)
     except _Usage as e:
         msg, rc = "%s; see %s --help" % (e, PROG), 2
