@@ -88,7 +88,8 @@ def _titan_text(spec, args, sec, comment):
     model, _, flavor = spec.partition(":")
     if model != "llama3" or not flavor:
         raise PlanError("--titan %s: give llama3:FLAVOR (torchtitan 0.3's llama3 model_registry flavors: "
-                        "debugmodel, 1B, 3B, 8B, 70B, 405B); for other models give their config.json" % spec)
+                        "debugmodel, 1B, 3B, 8B, 70B, 405B); for other models give their config.json"
+                        % validate.printable(spec, 80))
     try:
         from torchtitan.models.llama3 import model_registry
     except ImportError as e:
@@ -98,7 +99,8 @@ def _titan_text(spec, args, sec, comment):
         ms = model_registry(flavor)
     except (KeyError, ValueError) as e:
         raise PlanError("--titan %s: torchtitan's llama3 has no flavor %s (%s); give one of its registry's"
-                        % (spec, flavor, " ".join(str(e).split())[:120])) from None
+                        % (validate.printable(spec, 80), validate.printable(flavor, 60),
+                           " ".join(str(e).split())[:120])) from None
     from .titan import TITAN_FSDP, plan_from_titan
     if sec["dtype"] not in (None, "fp32"):
         raise PlanError("--dtype: a --titan plan stores the parameters as torchtitan's model builds them (fp32, "

@@ -216,6 +216,15 @@ class JobConfig(Scratch):
                  + "\n[metrics]\nlog_freq = 10\n[checkpoint]\nenable = true\n")
         rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml"], self.d)
         self.assertEqual(rc, 0, err)
+        # a 10,000-character key or [model] name: the line shows a bounded part of it
+        self.job(JOB_TOML.replace("tensor_parallel_degree = 2", "%s = 2" % ("k" * 10000), 1))
+        line = self.refused(["write"] + BASE + ["--job-config", "job.toml"], "job.toml: parallelism.kkk",
+                            "unknown key")
+        self.assertLess(len(line), 400, line)
+        self.job(JOB_TOML.replace('name = "llama3"', 'name = "%s"' % ("m" * 10000), 1))
+        line = self.refused(["write", "--name", "p", "--world-size", "8", "--job-config", "job.toml"], "mmm",
+                            "give llama3:FLAVOR")
+        self.assertLess(len(line), 400, line)
         with open(self.path("big.toml"), "wb") as f:
             f.write(b"# " + b"x" * (jobconfig.JOB_CONFIG_MAX + 10) + b"\n")
         self.refused(["write"] + BASE + ["--job-config", "big.toml"], "big.toml")
