@@ -332,6 +332,26 @@ class Check(Scratch):
             f.write("-- a reviewer's note\n")
         self.refused(["check", "plans/p.lua"], "differs from what its command writes", rc=1)
 
+    def test_check_keeps_going_past_a_bad_plan(self):
+        subprocess.run(["git", "init", "-q", self.d], check=True)
+        self.assertEqual(cp(["write"] + BASE + ["-o", "plans/p.lua"], self.d)[0], 0)
+        self.assertEqual(cp(["write", "models/config.json", "--name", "q", "--world-size", "8", "-o",
+                             "plans/q.lua"], self.d)[0], 0)
+        self.assertEqual(cp(["generate", "plans/q.lua"], self.d)[0], 0)
+        os.makedirs(self.path("plans", "d.lua"))
+        rc, out, err = cp(["check", "plans/nope.lua", "plans/d.lua", "plans/p.lua", "plans/q.lua"], self.d)
+        lines = err.strip().splitlines()
+        self.assertEqual(rc, 2, err)  # bad input outranks stale
+        self.assertEqual(len(lines), 3, err)
+        self.assertTrue(lines[0].startswith("commplan: plans/nope.lua: cannot read the plan file"), lines)
+        self.assertTrue(lines[1].startswith("commplan: plans/d.lua"), lines)
+        self.assertIn("plans/p.lua", lines[2])
+        self.assertIn("never generated", lines[2])
+        self.assertIn("up to date", out)  # q, after the bad ones
+        rc, out, err = cp(["check", "plans/p.lua", "plans/q.lua"], self.d)
+        self.assertEqual(rc, 1, err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+
     def test_generate_never_silently_into_ignored(self):
         subprocess.run(["git", "init", "-q", self.d], check=True)
         with open(self.path(".gitignore"), "w") as f:
