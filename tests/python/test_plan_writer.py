@@ -792,6 +792,29 @@ class MixedPrecisionUnits(Tmp):
         ag = [o for o in plan["ops"] if o["kind"] == "all_gather" and o["unit"] == "l0"]
         self.assertTrue(ag and all(o["dtype"] == "u8" and o["count"] == 32 for o in ag), ag)
 
+    def test_override_with_ignored_params(self):
+        """ignored_params beside param_dtype_override_fn: the ignored parameter kept as it is (whole,
+        uncommunicated), the function never called on it (finding 6)."""
+        f, w = FakeParam((5, 2)), FakeParam((8, 3))
+        a = FakeModule(w=w, f=f)
+        model = FakeModule(a=a, head=FakeParam((6,)))
+        seen = []
+
+        def fn(p):
+            seen.append(p)
+            return "torch.float32" if p is w else None
+        mp = self.MP("torch.bfloat16", None, fn)
+        text = commplan.plan_from_module(model, [commplan.Unit(a, ignored_params=[f], mp_policy=mp), model],
+                                         "wign", world_size=4)
+        self.assertEqual(seen, [w])
+        self.assertIn('{ name = "a.f", shape = { 5, 2 }, ignored = true }', text)
+        self.assertIn('{ name = "a.w", shape = { 8, 3 }, param_dtype = "fp32" }', text)
+        out = self.generate(self.write("mixed", "wign", text))
+        with open(os.path.join(out, "plan.json")) as fh:
+            units = {u["name"]: u for u in json.load(fh)["units"]}
+        self.assertEqual([q["name"] for q in units["a"]["params"]], ["a.w"])
+        self.assertEqual(units["a"]["ignored_params"][0]["numel"], 10)
+
     def test_llama_family_refused_with_own_mp(self):
         units = [{"name": "root", "params": [{"name": "w", "shape": [4], "dtype": "fp32", "param_dtype": "fp32"}],
                   "param_dtype": "bf16"}]
