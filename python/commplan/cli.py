@@ -24,7 +24,8 @@ temporary file and a rename.
 
 Exit status: 0 done; 1 check: stale (one line saying what and the command that fixes it), or the
 output could not be written (a full disk, a closed pipe, /dev/full); 2 bad input (one line on
-stderr naming the flag, file or field and the fix, nothing written).
+stderr naming the flag, file or field and the fix, nothing written). `check PLAN...` checks every
+plan, a line for each that is stale or bad, and exits 2 if any was bad input, else 1 if any stale.
 """
 
 import argparse

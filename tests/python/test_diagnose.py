@@ -294,6 +294,24 @@ def case_bounds_and_errors():
             os.chmod(os.path.join(d, "rank_0"), 0)
         refused(unreadable, "rank_0: cannot read it: Permission denied")
 
+    # an OSError reading a dump (EIO; as root chmod 0 reads anyway) and a plan's trace without a
+    # field: one line each, exit 2, no traceback
+    import errno
+    saved_rd, saved_exp = diagnose.read_dump, diagnose.expected
+
+    def eio(path):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+    diagnose.read_dump = eio
+    try:
+        refused(lambda d: write(d, 0, entries_of(rows)), "rank_0: cannot read it: Input/output error")
+    finally:
+        diagnose.read_dump = saved_rd
+    diagnose.expected = lambda plan, ranks: {"plan": "fr4"}
+    try:
+        refused(lambda d: write(d, 0, entries_of(rows)), "unexpected KeyError: 'world_size'")
+    finally:
+        diagnose.expected = saved_exp
+
     import subprocess
     with tempfile.TemporaryDirectory() as d:
         write(d, 0, entries_of(rows))
