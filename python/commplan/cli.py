@@ -24,7 +24,8 @@ temporary file and a rename.
 
 Exit status: 0 done; 1 check: stale (one line saying what and the command that fixes it), or the
 output could not be written (a full disk, a closed pipe, /dev/full); 2 bad input (one line on
-stderr naming the flag, file or field and the fix, nothing written).
+stderr naming the flag, file or field and the fix, nothing written). `check PLAN...` checks every
+plan, a line for each that is stale or bad, and exits 2 if any was bad input, else 1 if any stale.
 """
 
 import argparse
@@ -194,10 +195,10 @@ def _line(msg):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] in (["diagnose"], ["expect"]):  # issue 40's verbs (commplan/diagnose.py)
-        from . import diagnose
-        return diagnose.main(argv[1:] if argv[0] == "diagnose" else argv)
     try:
+        if argv[:1] in (["diagnose"], ["expect"]):  # issue 40's verbs (commplan/diagnose.py)
+            from . import diagnose
+            return diagnose.main(argv[1:] if argv[0] == "diagnose" else argv)
         return run(argv)
     except _Usage as e:
         msg, rc = "%s; see %s --help" % (e, PROG), 2

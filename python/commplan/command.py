@@ -88,7 +88,8 @@ def _titan_text(spec, args, sec, comment):
     model, _, flavor = spec.partition(":")
     if model != "llama3" or not flavor:
         raise PlanError("--titan %s: give llama3:FLAVOR (torchtitan 0.3's llama3 model_registry flavors: "
-                        "debugmodel, 1B, 3B, 8B, 70B, 405B); for other models give their config.json" % spec)
+                        "debugmodel, 1B, 3B, 8B, 70B, 405B); for other models give their config.json"
+                        % validate.printable(spec, 80))
     try:
         from torchtitan.models.llama3 import model_registry
     except ImportError as e:
@@ -98,7 +99,8 @@ def _titan_text(spec, args, sec, comment):
         ms = model_registry(flavor)
     except (KeyError, ValueError) as e:
         raise PlanError("--titan %s: torchtitan's llama3 has no flavor %s (%s); give one of its registry's"
-                        % (spec, flavor, " ".join(str(e).split())[:120])) from None
+                        % (validate.printable(spec, 80), validate.printable(flavor, 60),
+                           " ".join(str(e).split())[:120])) from None
     from .titan import TITAN_FSDP, plan_from_titan
     if sec["dtype"] not in (None, "fp32"):
         raise PlanError("--dtype: a --titan plan stores the parameters as torchtitan's model builds them (fp32, "
@@ -366,15 +368,27 @@ def read_header(text):
 
 
 def verb_check(args, parser_for_write):
-    """Each plan in turn: 0 when every one is up to date, 1 (a line for each stale one) if any is not."""
+    """Each plan in turn, every one checked: 0 when every one is up to date; else a line for each
+    that is not, and 2 if any could not be checked (bad input: PlanError, a header's command that
+    does not parse), else 1 (stale)."""
+    from .cli import PROG, _Usage
     rc = 0
     for plan in args.plan:
         try:
             check_one(plan, parser_for_write)
+            continue
         except _Stale as e:
-            sys.stderr.write("commplan: %s\n" % " ".join(str(e).split("\n")))
-            sys.stderr.flush()
-            rc = 1
+            msg, bad = str(e), 1
+        except _Usage as e:
+            msg, bad = "%s; see %s --help" % (e, PROG), 2
+        except PlanError as e:
+            msg, bad = str(e), 2
+        shown = safeio.show_path(plan)
+        if bad == 2 and not msg.startswith(shown):
+            msg = "%s: %s" % (shown, msg)
+        sys.stderr.write("commplan: %s\n" % " ".join(msg.replace("\r", " ").split("\n")))
+        sys.stderr.flush()
+        rc = max(rc, bad)
     return rc
 
 

@@ -24,7 +24,8 @@ with the plan's row there. The report, a few lines:
     library), with the time each rank entered the op.
 
 Input is bounded: at most MAX_FILES dumps of at most MAX_FILE_BYTES each,
-checked before a byte is parsed; a pickle is read by an unpickler that
+MAX_TOTAL_BYTES in all and MAX_CURSOR_FILES cursor files, checked before a
+byte is parsed; a pickle is read by an unpickler that
 builds no object but dicts, lists, tuples, strings and numbers; a bad dump
 is one line naming the file and the field. Exit status: 0 the dumps agree
 with the plan, 1 a departure or a hang was found, 2 bad input.
@@ -40,8 +41,32 @@ import sys
 MAX_FILES = 4096
 MAX_FILE_BYTES = 64 << 20
 MAX_ENTRIES = 1 << 20
-ROOT = os.environ.get("COMMPLAN_ROOT") or os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-LUA = os.environ.get("LUA", "lua5.4")
+MAX_TOTAL_BYTES = 2 << 30  # all the dumps and cursor files of one diagnosis, from st_size before parsing
+MAX_CURSOR_FILES = 64
+
+
+def _verbs(plan=None):
+    """[lua, <root>/gen/verbs.lua]: the generator as the `commplan` command finds it
+    (commplan/generator.py: COMMPLAN_ROOT, the checkout, or the copy installed as commplan/_root/;
+    COMMPLAN_LUA, else LUA (the Makefile's), else lua5.4 on PATH)."""
+    from . import generator
+    from .errors import PlanError
+    try:
+        exe = os.environ.get("COMMPLAN_LUA") or os.environ.get("LUA") or generator.lua()
+        return [exe, os.path.join(generator.find_root(plan), "gen", "verbs.lua")]
+    except PlanError as e:
+        raise BadInput(str(e)) from None
+
+
+def _run_lua(cmd, **kw):
+    try:
+        return subprocess.run(cmd, **kw)
+    except OSError as e:
+        raise BadInput(f"{cmd[0]}: cannot run the Lua interpreter: {e.strerror or e}; install Lua 5.4 "
+                       "or set COMMPLAN_LUA to it") from None
+    except subprocess.TimeoutExpired:
+        raise BadInput(f"{cmd[1]}: the expect verb ran past {kw.get('timeout')} s; give a smaller plan "
+                       "or fewer ranks") from None
 
 
 class BadInput(Exception):
@@ -153,24 +178,38 @@ def read_dir(path, prefix=None):
     names = sorted(n for n in os.listdir(path) if not n.startswith("."))
     if len(names) > MAX_FILES:
         raise BadInput(f"{path}: {len(names)} files, over the {MAX_FILES} dumps one diagnosis reads")
-    dumps = {}
+    # First what will be read and its size (st_size, before a byte is parsed), then the reading.
+    cursor_files, dump_files, total = [], [], 0
     for n in names:
         full = os.path.join(path, n)
         if not os.path.isfile(full) or os.path.islink(full):
             continue
         if prefix is not None and not n.startswith(prefix):
             continue
-        if os.path.getsize(full) <= MAX_FILE_BYTES:
+        size = os.path.getsize(full)
+        if size <= MAX_FILE_BYTES:
             with open(full, "rb") as f:
                 head = f.read(20)
             if head.startswith(b'{"commplan_cursor"'):
-                with open(full, "rb") as f:
-                    dumps.setdefault("cursors", []).extend(read_cursors(full, f.read(MAX_FILE_BYTES)))
+                cursor_files.append(full)
+                total += size
                 continue
         m = _RANK_RE.search(n)
         if not m:
             continue
-        r = int(m.group(1))
+        dump_files.append((n, full, int(m.group(1))))
+        total += min(size, MAX_FILE_BYTES + 1)
+    if len(cursor_files) > MAX_CURSOR_FILES:
+        raise BadInput(f"{path}: {len(cursor_files)} cursor files, over the {MAX_CURSOR_FILES} one diagnosis "
+                       "reads; give the directory of one job's cursors")
+    if total > MAX_TOTAL_BYTES:
+        raise BadInput(f"{path}: {total} bytes of dumps and cursors, over the {MAX_TOTAL_BYTES >> 20} MiB one "
+                       "diagnosis reads; give the dumps of one job (or --prefix)")
+    dumps = {}
+    for full in cursor_files:
+        with open(full, "rb") as f:
+            dumps.setdefault("cursors", []).extend(read_cursors(full, f.read(MAX_FILE_BYTES)))
+    for n, full, r in dump_files:
         if r in dumps:
             raise BadInput(f"{n}: a second dump of rank {r}; give the dump directory of one job (or --prefix)")
         dumps[r] = read_dump(full)
@@ -184,11 +223,15 @@ def read_dir(path, prefix=None):
 def expected(plan, ranks):
     """The expected trace (gen/expect.lua) of ranks lo..hi of the plan."""
     lo, hi = min(ranks), max(ranks)
-    cmd = [LUA, os.path.join(ROOT, "gen", "verbs.lua"), "expect", plan, "--ranks", f"{lo}-{hi}", "--json"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    cmd = _verbs(plan) + ["expect", plan, "--ranks", f"{lo}-{hi}", "--json"]
+    p = _run_lua(cmd, capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         raise BadInput((p.stderr.strip().splitlines() or ["the expect verb failed"])[-1])
-    return json.loads(p.stdout)
+    try:
+        return json.loads(p.stdout)
+    except ValueError as e:
+        raise BadInput(f"{plan}: the expect verb's output is not JSON ({str(e)[:80]}); "
+                       "is the generator a commplan checkout's?") from None
 
 
 def expand(rows):
@@ -537,11 +580,18 @@ def diagnose_cursors(cursors, exp):
     return lines, bool(waits)
 
 
+def _one_line(msg):
+    return " ".join(str(msg).split())
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["expect"]:
-        p = subprocess.run([LUA, os.path.join(ROOT, "gen", "verbs.lua")] + argv)
-        return p.returncode
+        try:
+            return _run_lua(_verbs() + argv).returncode
+        except BadInput as e:
+            print(f"diagnose: {_one_line(e)}", file=sys.stderr)
+            return 2
     prefix = None
     if "--prefix" in argv:
         i = argv.index("--prefix")
@@ -575,7 +625,15 @@ def main(argv=None):
         exp = expected(argv[1], [lo, hi])
         lines, bad = diagnose(dumps, exp)
     except BadInput as e:
-        print(f"diagnose: {e}", file=sys.stderr)
+        print(f"diagnose: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:  # an unreadable dump or directory: bad input, one line
+        print(f"diagnose: {e.filename or argv[0]}: cannot read it: {e.strerror or e}; give a readable dump "
+              "directory", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError) as e:  # a dump or plan this reader did not foresee: still one line
+        print(f"diagnose: {argv[0]} against {argv[1]}: unexpected {type(e).__name__}: {_one_line(str(e)[:200])}; "
+              "are these Flight Recorder dumps of this plan's job?", file=sys.stderr)
         return 2
     try:
         sys.stdout.write("\n".join(lines) + "\n")

@@ -207,7 +207,7 @@ def read_job_config(path):
             continue
         for k, v in table.items():
             key = "%s.%s" % (section, k)
-            where = "%s: %s" % (src, key)
+            where = "%s: %s" % (src, validate.printable(key, 80))  # a TOML key may be any length
             if section == "model" and k in _MODEL_KEYS:
                 if not isinstance(v, str) or not v:
                     _fail(where, "expected the model's %s as a string (torchtitan's model.%s)" % (k, k))

@@ -227,7 +227,8 @@ def _unit_name_of(t, units, owner, key):
 
 def _mp_of(entry, mp, params):
     """A unit's MixedPrecisionPolicy into its writer entry: param_dtype / reduce_dtype, and each
-    parameter's param_dtype_override_fn result (None: the unit's, as FSDP2 reads it)."""
+    parameter's param_dtype_override_fn result (None: the unit's, as FSDP2 reads it); an ignored
+    parameter's entry (a dict) as it is, the function not called on it."""
     for key in ("param_dtype", "reduce_dtype"):
         v = getattr(mp, key, None)
         if v is not None:
@@ -236,7 +237,11 @@ def _mp_of(entry, mp, params):
     if fn is None:
         return
     ps = []
-    for (fqn, shape, dt, sd), (_, p) in zip(entry["params"], params):
+    for e, (_, p) in zip(entry["params"], params):
+        if isinstance(e, dict):  # an ignored parameter ({..., "ignored": True}): FSDP2 never casts it
+            ps.append(e)
+            continue
+        fqn, shape, dt, sd = e
         q = {"name": fqn, "shape": shape, "dtype": dt, "shard_dim": sd}
         got = fn(p)
         if got is not None:

@@ -341,6 +341,26 @@ UNIT_REDUCTION = {"gradient_divide_factor": validate.Spec("num", gt=0),
                   "grad_accumulation": validate.Spec("enum", enum=("fsdp2_default", "sync_last", "all_reduce_last"))}
 
 
+# A unit's own knobs the llama-family table has no field for: a plan with any of them is generic.
+UNIT_OWN_KEYS = ("param_dtype", "reduce_dtype", "cpu_offload", "pin_memory") + tuple(UNIT_REDUCTION) + \
+    ("reshard_after_backward", "forward_prefetch", "backward_prefetch")
+PARAM_OWN_KEYS = ("param_dtype", "ignored")
+
+
+def own_knob(units):
+    """(unit name, key) of the first unit or parameter setting its own knob (UNIT_OWN_KEYS,
+    PARAM_OWN_KEYS), which a llama-family plan cannot hold; None when none does."""
+    for u in units:
+        for k in UNIT_OWN_KEYS:
+            if u.get(k) is not None:
+                return u["name"], k
+        for p in u["params"]:
+            for k in PARAM_OWN_KEYS:
+                if p.get(k):
+                    return u["name"], "parameter %s's %s" % (p["name"], k)
+    return None
+
+
 def normalize_units(units):
     """Units in wrapping order (root last): each a dict {name, params, reshard_after_forward} or a
     tuple (name, params[, reshard_after_forward]); params as ``_param`` takes them."""
@@ -490,10 +510,9 @@ def llama_config_from_units(units, model, default_raf):
     for u in units[:-2]:
         if u["reshard_after_forward"] not in (None, default_raf):
             return None, "unit %s sets its own reshard_after_forward" % u["name"]
-    for u in units:
-        for k in ("reshard_after_backward", "forward_prefetch", "backward_prefetch"):
-            if u.get(k) is not None:
-                return None, "unit %s sets its own %s" % (u["name"], k)
+    own = own_knob(units)
+    if own is not None:
+        return None, "unit %s sets its own %s" % own
     if dim % n_heads:
         return None, "dim %d is not divisible by n_heads %d" % (dim, n_heads)
     head_dim = dim // n_heads
@@ -759,7 +778,11 @@ def plan_from_named_parameters(name, units, world_size, parallel=None, fsdp=None
     if own_mp is not None and family == "llama":
         raise PlanError("unit %s sets its own mixed precision, which a llama-family plan cannot hold; use "
                         "family=\"generic\" (or the plan's fsdp param_dtype / reduce_dtype)" % own_mp)
-    if family in ("auto", "llama") and own_mp is None:
+    own = own_knob(units)
+    if own is not None and family == "llama":
+        raise PlanError("unit %s sets its own %s, which a llama-family plan cannot hold; use family=\"generic\" "
+                        "(or family=\"auto\"), or the plan-wide fsdp setting" % own)
+    if family in ("auto", "llama") and own is None:
         cfg, why = llama_config_from_units(units, model, default_raf)
         if cfg is None and family == "llama":
             raise PlanError("not expressible as a llama-family plan: %s; use family=\"generic\"" % why)

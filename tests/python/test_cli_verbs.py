@@ -216,6 +216,15 @@ class JobConfig(Scratch):
                  + "\n[metrics]\nlog_freq = 10\n[checkpoint]\nenable = true\n")
         rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml"], self.d)
         self.assertEqual(rc, 0, err)
+        # a 10,000-character key or [model] name: the line shows a bounded part of it
+        self.job(JOB_TOML.replace("tensor_parallel_degree = 2", "%s = 2" % ("k" * 10000), 1))
+        line = self.refused(["write"] + BASE + ["--job-config", "job.toml"], "job.toml: parallelism.kkk",
+                            "unknown key")
+        self.assertLess(len(line), 400, line)
+        self.job(JOB_TOML.replace('name = "llama3"', 'name = "%s"' % ("m" * 10000), 1))
+        line = self.refused(["write", "--name", "p", "--world-size", "8", "--job-config", "job.toml"], "mmm",
+                            "give llama3:FLAVOR")
+        self.assertLess(len(line), 400, line)
         with open(self.path("big.toml"), "wb") as f:
             f.write(b"# " + b"x" * (jobconfig.JOB_CONFIG_MAX + 10) + b"\n")
         self.refused(["write"] + BASE + ["--job-config", "big.toml"], "big.toml")
@@ -322,6 +331,26 @@ class Check(Scratch):
         with open(self.path("plans", "p.lua"), "a") as f:
             f.write("-- a reviewer's note\n")
         self.refused(["check", "plans/p.lua"], "differs from what its command writes", rc=1)
+
+    def test_check_keeps_going_past_a_bad_plan(self):
+        subprocess.run(["git", "init", "-q", self.d], check=True)
+        self.assertEqual(cp(["write"] + BASE + ["-o", "plans/p.lua"], self.d)[0], 0)
+        self.assertEqual(cp(["write", "models/config.json", "--name", "q", "--world-size", "8", "-o",
+                             "plans/q.lua"], self.d)[0], 0)
+        self.assertEqual(cp(["generate", "plans/q.lua"], self.d)[0], 0)
+        os.makedirs(self.path("plans", "d.lua"))
+        rc, out, err = cp(["check", "plans/nope.lua", "plans/d.lua", "plans/p.lua", "plans/q.lua"], self.d)
+        lines = err.strip().splitlines()
+        self.assertEqual(rc, 2, err)  # bad input outranks stale
+        self.assertEqual(len(lines), 3, err)
+        self.assertTrue(lines[0].startswith("commplan: plans/nope.lua: cannot read the plan file"), lines)
+        self.assertTrue(lines[1].startswith("commplan: plans/d.lua"), lines)
+        self.assertIn("plans/p.lua", lines[2])
+        self.assertIn("never generated", lines[2])
+        self.assertIn("up to date", out)  # q, after the bad ones
+        rc, out, err = cp(["check", "plans/p.lua", "plans/q.lua"], self.d)
+        self.assertEqual(rc, 1, err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
 
     def test_generate_never_silently_into_ignored(self):
         subprocess.run(["git", "init", "-q", self.d], check=True)

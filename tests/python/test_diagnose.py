@@ -251,6 +251,80 @@ def case_hostile():
     refused(past_world, "rank 7's dump: plan fr4 has world_size 4")
 
 
+def case_bounds_and_errors():
+    """A total-bytes budget and a cursor-file count, checked before parsing; a missing Lua, an
+    unreadable dump: one line, exit 2, through python -m commplan.diagnose and `commplan diagnose`."""
+    rows = exp_of(PLAN)["ranks"][0]["rows"]
+
+    def two_dumps(d):
+        write(d, 0, entries_of(rows))
+        write(d, 1, entries_of(rows))
+    saved = diagnose.MAX_TOTAL_BYTES
+    diagnose.MAX_TOTAL_BYTES = os.path.getsize(__file__) // 1000  # well under two dumps
+    try:
+        refused(two_dumps, "bytes of dumps and cursors, over the 0 MiB one diagnosis reads")
+    finally:
+        diagnose.MAX_TOTAL_BYTES = saved
+
+    def sparse(d):  # 4 sparse files of 60 MiB each: 240 MiB by st_size, nothing on disk
+        for r in range(4):
+            with open(os.path.join(d, f"rank_{r}"), "wb") as f:
+                f.truncate(60 << 20)
+    diagnose.MAX_TOTAL_BYTES = 200 << 20
+    try:
+        refused(sparse, "over the 200 MiB one diagnosis reads")
+    finally:
+        diagnose.MAX_TOTAL_BYTES = saved
+
+    def cursors(d):
+        for i in range(3):
+            with open(os.path.join(d, f"cursor_{i}"), "w") as f:
+                f.write(json.dumps({"commplan_cursor": 1, "plan": "fr4", "rank": i, "step": 1, "op": 0,
+                                    "in_op": 0}) + "\n")
+    saved_c = diagnose.MAX_CURSOR_FILES
+    diagnose.MAX_CURSOR_FILES = 2
+    try:
+        refused(cursors, "3 cursor files, over the 2 one diagnosis reads")
+    finally:
+        diagnose.MAX_CURSOR_FILES = saved_c
+
+    if os.geteuid() != 0:
+        def unreadable(d):
+            write(d, 0, entries_of(rows))
+            os.chmod(os.path.join(d, "rank_0"), 0)
+        refused(unreadable, "rank_0: cannot read it: Permission denied")
+
+    # an OSError reading a dump (EIO; as root chmod 0 reads anyway) and a plan's trace without a
+    # field: one line each, exit 2, no traceback
+    import errno
+    saved_rd, saved_exp = diagnose.read_dump, diagnose.expected
+
+    def eio(path):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+    diagnose.read_dump = eio
+    try:
+        refused(lambda d: write(d, 0, entries_of(rows)), "rank_0: cannot read it: Input/output error")
+    finally:
+        diagnose.read_dump = saved_rd
+    diagnose.expected = lambda plan, ranks: {"plan": "fr4"}
+    try:
+        refused(lambda d: write(d, 0, entries_of(rows)), "unexpected KeyError: 'world_size'")
+    finally:
+        diagnose.expected = saved_exp
+
+    import subprocess
+    with tempfile.TemporaryDirectory() as d:
+        write(d, 0, entries_of(rows))
+        env = dict(os.environ, COMMPLAN_LUA="/nonexistent/lua5.4", PYTHONPATH=os.path.join(ROOT, "python"))
+        for cmd in ([sys.executable, "-m", "commplan.diagnose", d, PLAN],
+                    [sys.executable, "-m", "commplan", "diagnose", d, PLAN],
+                    [sys.executable, "-m", "commplan", "expect", PLAN]):
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+            lines = p.stderr.strip().splitlines()
+            assert p.returncode == 2 and len(lines) == 1 and "/nonexistent/lua5.4: cannot run the Lua interpreter" \
+                in lines[0] and "COMMPLAN_LUA" in lines[0], (cmd, p.returncode, p.stderr)
+
+
 def main():
     passed = failed = 0
     for name, fn in sorted(globals().items()):

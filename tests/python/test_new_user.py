@@ -103,8 +103,11 @@ def main():
         with open(os.path.join(repo, "plans", "llama8b.lua")) as f:
             if "n_layers = 28" not in f.read():
                 fail("the rewritten plan does not have the edited config's 28 layers")
+        exp = run([commplan, "expect", "plans/llama8b.lua"], repo, env).stdout
+        if not exp.startswith("plan llama8b (fingerprint ") or "collectives" not in exp:
+            fail("commplan expect (the installed command, gen/ from commplan/_root/) printed %r" % exp[:300])
         run([os.path.join(vbin, "python"), "-m", "commplan", "--help"], repo, env)
-        print("new user: ok (%.0f s): pip install ./python, write -> generate -> audit -> check; check fails "
+        print("new user: ok (%.0f s): pip install ./python, write -> generate -> audit -> check -> expect; check fails "
               "after the config's edit, passes after rewrite + generate" % (time.time() - t0))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

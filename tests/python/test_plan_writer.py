@@ -162,6 +162,44 @@ class FromNamedParameters(Tmp):
             commplan.plan_from_named_parameters("t", units, world_size=4, family="llama")
         self.assertIn("n_heads", str(cm.exception))
 
+    def test_own_knobs_make_it_generic(self):
+        """A torchtitan-shaped unit list with a unit's or parameter's own knob: auto writes a generic
+        plan that keeps it; family="llama" is refused in one line naming the key (finding 2)."""
+        units = fixture("llama_tiny_named_params.json")["units"]
+        kw = dict(world_size=4, parallel={"dp_shard": -1}, model={"n_heads": 4, "seq_len": 128})
+        self.assertIn('family = "llama"', commplan.plan_from_named_parameters("t", units, **kw))
+
+        def with_param(key, value):
+            u = json.loads(json.dumps(units))
+            n, shape, dt = u[1]["params"][0]
+            u[1]["params"][0] = {"name": n, "shape": shape, "dtype": dt, key: value}
+            return u
+
+        cases = [([units[0], dict(units[1], **{k: v})] + units[2:], k, text)
+                 for k, v, text in (("cpu_offload", True, "cpu_offload = true"),
+                                    ("pin_memory", False, "pin_memory = false"),
+                                    ("grad_accumulation", "sync_last", 'grad_accumulation = "sync_last"'),
+                                    ("gradient_divide_factor", 2.0, "gradient_divide_factor = 2.0"),
+                                    ("force_sum_reduction_for_comms", True, "force_sum_reduction_for_comms = true"),
+                                    ("reduce_dtype", "fp32", 'reduce_dtype = "fp32"'))]
+        cases += [(with_param("ignored", True), "ignored", "ignored = true"),
+                  (with_param("param_dtype", "bf16"), "param_dtype", 'param_dtype = "bf16"')]
+        for u, key, text in cases:
+            got = commplan.plan_from_named_parameters("t", u, **kw)
+            self.assertIn('family = "generic"', got, key)
+            self.assertIn(text, got, key)
+            with self.assertRaises(PlanError) as cm:
+                commplan.plan_from_named_parameters("t", u, family="llama", **kw)
+            msg = str(cm.exception)
+            self.assertEqual(len(msg.splitlines()), 1, msg)
+            self.assertIn("layers.0 sets its own ", msg)
+            self.assertIn(key if key != "reduce_dtype" and key != "param_dtype" else "mixed precision", msg)
+            self.assertIn('family="generic"', msg)
+            from commplan import planfile
+            cfg, why = planfile.llama_config_from_units(planfile.normalize_units(u), kw["model"], True)
+            self.assertIsNone(cfg, key)
+            self.assertIn("sets its own", why)
+
     def test_writes_the_file(self):
         units = fixture("fsdp4_named_params.json")["units"]
         text = commplan.plan_from_named_parameters("fsdp4", units, 4, out=self.tmp)
@@ -753,6 +791,29 @@ class MixedPrecisionUnits(Tmp):
         self.assertEqual([(p["ag_dtype"], p["ag_offset"]) for p in u["params"]], [("fp32", 0), ("bf16", 8)])
         ag = [o for o in plan["ops"] if o["kind"] == "all_gather" and o["unit"] == "l0"]
         self.assertTrue(ag and all(o["dtype"] == "u8" and o["count"] == 32 for o in ag), ag)
+
+    def test_override_with_ignored_params(self):
+        """ignored_params beside param_dtype_override_fn: the ignored parameter kept as it is (whole,
+        uncommunicated), the function never called on it (finding 6)."""
+        f, w = FakeParam((5, 2)), FakeParam((8, 3))
+        a = FakeModule(w=w, f=f)
+        model = FakeModule(a=a, head=FakeParam((6,)))
+        seen = []
+
+        def fn(p):
+            seen.append(p)
+            return "torch.float32" if p is w else None
+        mp = self.MP("torch.bfloat16", None, fn)
+        text = commplan.plan_from_module(model, [commplan.Unit(a, ignored_params=[f], mp_policy=mp), model],
+                                         "wign", world_size=4)
+        self.assertEqual(seen, [w])
+        self.assertIn('{ name = "a.f", shape = { 5, 2 }, ignored = true }', text)
+        self.assertIn('{ name = "a.w", shape = { 8, 3 }, param_dtype = "fp32" }', text)
+        out = self.generate(self.write("mixed", "wign", text))
+        with open(os.path.join(out, "plan.json")) as fh:
+            units = {u["name"]: u for u in json.load(fh)["units"]}
+        self.assertEqual([q["name"] for q in units["a"]["params"]], ["a.w"])
+        self.assertEqual(units["a"]["ignored_params"][0]["numel"], 10)
 
     def test_llama_family_refused_with_own_mp(self):
         units = [{"name": "root", "params": [{"name": "w", "shape": [4], "dtype": "fp32", "param_dtype": "fp32"}],
