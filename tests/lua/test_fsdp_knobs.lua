@@ -119,4 +119,41 @@ function T.explicit_prefetch_refusals()
     { l1 = 'backward_prefetch = { "l0" }' }), "model.units[2].backward_prefetch", "step_end")
 end
 
+-- Where issue 39's knobs meet (the merged lanes' review): a unit's own
+-- grad_accumulation keeps its reshard_after_backward hold; a uniform
+-- param_dtype override gathers in that dtype (uint8 only where the inputs
+-- differ, torch 2.15 _fsdp_collectives.py:927-933); knobs on a unit FSDP2
+-- manages no parameter of are refused; explicit prefetching beside a
+-- loss_head unit is refused (ChunkedLossWrapper's order is planned without it).
+function T.knobs_combined()
+  local src = H.generic(2, "{ dp_shard = 2 }", UNITS, "{ micro_steps = 2 }")
+  src = src:gsub('{ name = "l0",', '{ name = "l0", reshard_after_backward = false, grad_accumulation = "sync_last",')
+  local per = tally(plan.from_source(src, "t.lua"))
+  H.eq(per[1]["forward:all_gather:l0"], nil, "l0 kept from micro-step 0 under its own sync_last")
+  H.eq(per[0]["backward:reshard:l0"], nil)
+  H.eq(per[1]["backward:reduce_scatter:l0"], 1, "l0 reduces on the last micro-step only")
+  H.eq(per[0]["backward:reduce_scatter:l0"], nil)
+
+  local uni = H.generic(2, "{ dp_shard = 2 }", { { "l0", { { "a", { 6, 4 } }, { "b", { 6 } } } }, { "root", { { "c", { 4 } } } } },
+    "{ param_dtype = 'bf16' }")
+  uni = uni:gsub('{ name = "a", shape = { 6, 4 } }', '{ name = "a", shape = { 6, 4 }, param_dtype = "fp32" }')
+  local alike = uni:gsub('{ name = "b", shape = { 6 } }', '{ name = "b", shape = { 6 }, param_dtype = "fp32" }')
+  local function gathers(p, name)
+    for _, o in ipairs(p.ops) do
+      if o.kind == "all_gather" and p.layout.units[o.unit + 1].name == name then return o.dtype, o.count end
+    end
+  end
+  local dt, n = gathers(plan.from_source(alike, "t.lua"), "l0")
+  H.eq(dt .. " x " .. n, "fp32 x 15", "both overridden alike: fp32, 15 elements")
+  H.eq((gathers(plan.from_source(uni, "t.lua"), "l0")), "u8", "one overridden: the raw-byte all-gather")
+
+  local ign = H.generic(2, "{ dp_shard = 2 }", UNITS, "{ micro_steps = 2 }")
+  ign = ign:gsub('{ name = "l0", params = { { name = "a", shape = { 4 } } } }',
+    '{ name = "l0", grad_accumulation = "sync_last", params = { { name = "a", shape = { 4 }, ignored = true } } }')
+  H.plan_fails(ign, "model.units[1].grad_accumulation", "only ignored")
+  H.plan_fails((ign:gsub('grad_accumulation = "sync_last"', "reshard_after_backward = false")),
+    "model.units[1].reshard_after_backward", "only ignored")
+  H.plan_fails((ign:gsub('grad_accumulation = "sync_last"', "cpu_offload = true")), "model.units[1].cpu_offload")
+end
+
 return T
