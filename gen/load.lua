@@ -82,6 +82,10 @@ local SCHEMA = {
     -- training.enable_cpu_offload, distributed/fsdp.py:173-174): sharded parameters and gradients in host
     -- memory, copied H2D before each all-gather and D2H after each reduction (gen/parallel/fsdp_schedule.lua)
     cpu_offload = { "bool" }, pin_memory = { "bool" },
+    -- torchtitan's parallelism.enable_fsdp_symm_mem (distributed/fsdp.py:44-51): every unit's
+    -- set_force_sum_reduction_for_comms(True) and set_symm_mem_for_comm(): the all-gather output and
+    -- the reduce-scatter input and output in one symmetric window per rank (gen/memplan.lua, gen/symm.lua)
+    symm_mem = { "bool" },
   },
   topology = {
     gpus_per_node = { "int", min = 1, max = LIM.world },

@@ -61,6 +61,24 @@ memplan.POOL = { ag = "copy_in", unsharded = "compute", grads = "compute", rs_in
                  a2a_counts = "compute", a2a_send = "compute", a2a_recv = "compute", h2d = "copy_in",
                  d2h = "reduce_scatter" }
 
+-- fsdp.symm_mem (torchtitan's enable_fsdp_symm_mem): the buffers FSDP2
+-- allocates from its symmetric-memory pool and rendezvouses on the
+-- collective's group (torch 2.15 _fsdp_collectives.py:89-104 and 141-231):
+-- the all-gather output (SymmMemAllGather, every unit: u.symm.ag) and the
+-- reduce-scatter input and output (SymmMemReduceScatter, where the unit
+-- forces sum reductions: u.symm.rs; _fsdp_param_group.py:402-422). They
+-- take the window [0, symm.window_bytes) at the arena's start, which the
+-- runtime allocates with ncclMemAlloc and registers as one symmetric
+-- window on each communicator that runs them (runtime/gpu.c); gen/symm.lua
+-- proves every rank of a communicator places each at the same offset.
+memplan.SYMM_KINDS = { ag = "ag", rs_in = "rs", rs_out = "rs" }
+
+-- Is the unit's buffer of this kind symmetric?
+function memplan.is_symm(u, kind)
+  local which = memplan.SYMM_KINDS[kind]
+  return (which and u.symm and u.symm[which]) and true or false
+end
+
 local ES = util.DTYPE_BYTES
 local STREAMS = opkinds.STREAMS
 -- The op kinds each library call issues together (runtime/executor.c
@@ -284,8 +302,8 @@ end
 -- lists in others (the lowest fit: every offset below it overlaps some
 -- range, since it only ever moves past a range that overlaps the
 -- candidate).
-local function lowest_fit(mine, others, size)
-  local off, moved = 0, true
+local function lowest_fit(mine, others, size, floor)
+  local off, moved = floor or 0, true
   while moved do
     moved = false
     local i = first_past(mine, off)
@@ -722,10 +740,13 @@ end
 -- POOL); only the union of those bytes decides the offset. With
 -- near_held and a budget: each buffer first against its held neighbours,
 -- and where that would end past the budget, against its plain ones.
--- Returns buffer -> offset, the arena's bytes, and how many buffers took
--- their plain place.
+-- Symmetric buffers (b.symm, fsdp.symm_mem) first, in the window
+-- [0, window) at the arena's start; every other buffer from the window's
+-- end (see memplan.SYMM_KINDS).
+-- Returns buffer -> offset, the arena's bytes, how many buffers took
+-- their plain place, and the window's bytes.
 local function place(order, near, near_held, budget)
-  local offset, arena, pools, fell = {}, 0, {}, 0
+  local offset, arena, pools, fell, floor = {}, 0, {}, 0, 0
   for _, name in pairs(memplan.POOL) do pools[name] = {} end
   local others = {} -- pool -> the other pools' byte unions
   for name in pairs(pools) do
@@ -743,24 +764,30 @@ local function place(order, near, near_held, budget)
     table.sort(busy, function(x, y) return x[1] < y[1] end)
     local mine = {}
     for _, r in ipairs(busy) do union_add(mine, r[1], r[2]) end
-    return lowest_fit(mine, others[b.pool], b.size)
+    return lowest_fit(mine, others[b.pool], b.size, floor)
   end
-  for _, b in ipairs(order) do
-    if #b.lives == 0 or b.size == 0 then
-      offset[b] = 0 -- never live (e.g. no backward): takes no room
-    else
-      local off
-      if near_held then
-        off = fit(b, near_held)
-        if off + b.size > budget then off = nil; fell = fell + 1 end
+  local window = 0
+  for pass = 1, 2 do
+    for _, b in ipairs(order) do
+      if (pass == 1) ~= not b.symm then
+        if #b.lives == 0 or b.size == 0 then
+          offset[b] = 0 -- never live (e.g. no backward): takes no room
+        else
+          local off
+          if near_held then
+            off = fit(b, near_held)
+            if off + b.size > budget then off = nil; fell = fell + 1 end
+          end
+          off = off or fit(b, near)
+          offset[b] = off
+          arena = math.max(arena, off + b.size)
+          union_add(pools[b.pool], off, off + b.size)
+        end
       end
-      off = off or fit(b, near)
-      offset[b] = off
-      arena = math.max(arena, off + b.size)
-      union_add(pools[b.pool], off, off + b.size)
     end
+    if pass == 1 then window = arena; floor = window end
   end
-  return offset, arena, fell
+  return offset, arena, fell, window
 end
 
 -- The reuse waits of a placement: needs (the data dependencies, copied)
@@ -831,6 +858,7 @@ function memplan.needs_for(lay, ops, offset_of, micro_steps)
 end
 
 -- lay, ops, opts -> { arena_bytes, buffers = list, by_unit = unit index -> kind -> buffer,
+--               symm = { window_bytes, buffers } (fsdp.symm_mem: the window at the arena's start; nil without),
 --               waits = op seq -> sorted list of op seqs it must wait for,
 --               events = sorted list of op seqs whose completion others wait on,
 --               needs = op seq -> set of op seqs it must follow (data and reuse),
@@ -858,7 +886,7 @@ function memplan.build(lay, ops, opts)
     for ki, kind in ipairs(memplan.KINDS) do
       local b = { unit = u.index, unit_name = u.name, kind = kind, kind_index = ki, pool = memplan.POOL[kind],
                   size = util.ceil_div(sz[kind], memplan.ALIGN) * memplan.ALIGN, bytes = sz[kind],
-                  lives = life[u.index][kind] }
+                  lives = life[u.index][kind], symm = memplan.is_symm(u, kind) or nil }
       buffers[#buffers + 1] = b
       by_unit[u.index][kind] = b
     end
@@ -880,8 +908,8 @@ function memplan.build(lay, ops, opts)
   -- Reusing bytes at once; then, where a prediction says which reuses
   -- would wait, holding them: wholly if the budget allows, else each
   -- buffer held where it still ends within the budget.
-  local r_offset, r_arena = place(order, near)
-  local offset, arena = r_offset, r_arena
+  local r_offset, r_arena, _, r_window = place(order, near)
+  local offset, arena, window = r_offset, r_arena, r_window
   local budget = opts.budget or math.huge
   local result = { policy = "reuse", reuse_bytes = r_arena, budget_bytes = opts.budget, held_lives = 0,
                    fell_back = 0 }
@@ -891,14 +919,14 @@ function memplan.build(lay, ops, opts)
     result.held_lives = memplan.holds(live, ops, free.ops)
     if result.held_lives > 0 then
       local near_held = time_neighbours(live, true)
-      local h_offset, h_arena = place(order, near, near_held, math.huge)
+      local h_offset, h_arena, _, h_window = place(order, near, near_held, math.huge)
       result.hold_bytes = h_arena
       local fell = 0
       if h_arena > budget and r_arena <= budget then
-        h_offset, h_arena, fell = place(order, near, near_held, budget)
+        h_offset, h_arena, fell, h_window = place(order, near, near_held, budget)
       end
       if h_arena <= budget then
-        offset, arena = h_offset, h_arena
+        offset, arena, window = h_offset, h_arena, h_window
         result.policy, result.fell_back = fell > 0 and "short" or "hold", fell
       end
     end
@@ -940,6 +968,14 @@ function memplan.build(lay, ops, opts)
   local sum = 0
   for _, b in ipairs(buffers) do sum = sum + b.size end
   result.arena_bytes, result.unplanned_bytes, result.buffers, result.by_unit = arena, sum, buffers, by_unit
+  -- The symmetric window (fsdp.symm_mem): its bytes and its buffers, in placement order.
+  if window > 0 then
+    local list = {}
+    for _, b in ipairs(placed) do
+      if b.symm then list[#list + 1] = b end
+    end
+    result.symm = { window_bytes = window, buffers = list }
+  end
   result.waits, result.events, result.needs, result.data_needs = waits, events, needs, data
   return result
 end

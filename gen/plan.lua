@@ -12,6 +12,7 @@ local compute = require("gen.compute")
 local timeline = require("gen.timeline")
 local whole_rank = require("gen.memory")
 local repeat_mod = require("gen.repeat")
+local symm = require("gen.symm")
 
 local plan = {}
 
@@ -173,6 +174,8 @@ function plan.from_loaded(p, opts)
   for _, m in ipairs(mods) do
     if m.describe then out = m.describe(out, p, mine[m]) end
   end
+  -- fsdp.symm_mem: every communicator's ranks place the window alike (nil without one)
+  out.symm = symm.prove(out)
   return out
 end
 

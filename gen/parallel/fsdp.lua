@@ -83,6 +83,12 @@ function fsdp.rules(ctx, d, p)
       .. "partial sums commplan does not model; set training.loss_chunks = 1 (CrossEntropyLoss) or another "
       .. "grad_accumulation", fsdp.chunked_loss(p, d)))
   end
+  -- torchtitan refuses enable_fsdp_symm_mem below compute capability 9.0 (config/configs.py:267-278)
+  if p.fsdp.symm_mem and p.topology.preset == "a100" then
+    util.field_error(ctx, "fsdp.symm_mem", "torchtitan allows parallelism.enable_fsdp_symm_mem on NVIDIA GPUs of "
+      .. "compute capability 9.0 or newer only (config/configs.py:267-278), and topology.preset is \"a100\" (8.0): "
+      .. "remove it or pick an H100, H200 or B200 preset")
+  end
 end
 
 -- TP-local units (or the model's, without a module that splits them) -> the class's layout.

@@ -300,7 +300,9 @@ function layout.build(ctx, units, d, fsdp)
     local factor = u.gradient_divide_factor or fsdp.gradient_divide_factor
       or (fsdp.reduce_op == "sum" and 1 or nil)
     local force = u.force_sum_reduction_for_comms
-    if force == nil then force = fsdp.force_sum_reduction_for_comms or false end
+    if force == nil then force = fsdp.force_sum_reduction_for_comms end
+    -- torchtitan's enable_fsdp_symm_mem forces sum reductions on every unit (distributed/fsdp.py:50)
+    if force == nil then force = fsdp.symm_mem or false end
     local red, why = layout.reduction(factor, force, reduce_dtype, Wu, R)
     if not red then
       util.field_error(ctx, u.gradient_divide_factor and (upath .. ".gradient_divide_factor")
@@ -325,6 +327,11 @@ function layout.build(ctx, units, d, fsdp)
       -- as set (plan.json, the live peer): nil where the plan left FSDP2's default
       gradient_divide_factor = u.gradient_divide_factor or fsdp.gradient_divide_factor,
       force_sum_reduction_for_comms = force or nil,
+      -- fsdp.symm_mem (torchtitan's enable_fsdp_symm_mem, distributed/fsdp.py:44-51 and 312-313):
+      -- set_symm_mem_for_comm puts the all-gather output in symmetric memory, and the reduce-scatter's
+      -- input and output where the unit forces sum reductions (torch 2.15 _fsdp_param_group.py:402-422);
+      -- only over a group of two ranks or more (a communicator to register the window with)
+      symm = fsdp.symm_mem and #params > 0 and Wu > 1 and { ag = true, rs = force or nil } or nil,
       -- all_reduce_last under HSDP: the reduce-scatter outputs wait in a
       -- buffer of their own (partial_reduce_output) for the last micro-step.
       partial = #params > 0 and R > 1 and fsdp.micro_steps > 1 and mode == "all_reduce_last" or nil,

@@ -76,7 +76,7 @@ function pp.settings(p, mine)
                reduce_op = f.reduce_op, param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype,
                gradient_divide_factor = f.gradient_divide_factor,
                force_sum_reduction_for_comms = f.force_sum_reduction_for_comms,
-               cpu_offload = f.cpu_offload, pin_memory = f.pin_memory }
+               cpu_offload = f.cpu_offload, pin_memory = f.pin_memory, symm_mem = f.symm_mem }
   return out
 end
 
