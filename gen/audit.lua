@@ -214,7 +214,8 @@ local function facts(p, face)
       if (kind == "partial" or kind == "pp" or kind == "h2d" or kind == "d2h") and b.bytes == 0 then goto next_kind end
       for _, iv in ipairs(b.lives) do lives[#lives + 1] = { iv.first, iv.last } end
       arena[#arena + 1] = kind
-      arena[#arena + 1] = O({ "offset", b.offset, "bytes", b.bytes, "live_ops", lives })
+      -- (fsdp.symm_mem: a buffer in the symmetric window, gen/memplan.lua SYMM_KINDS)
+      arena[#arena + 1] = O(kv_list("offset", b.offset, "bytes", b.bytes, "live_ops", lives, "symmetric", b.symm))
       ::next_kind::
     end
     local uj = kv_list("name", u.name, "index", u.index, "root", u.is_root,
@@ -268,7 +269,8 @@ local function facts(p, face)
                 "reduce_op", p.fsdp.reduce_op, "param_dtype", p.fsdp.param_dtype, "reduce_dtype", p.fsdp.reduce_dtype,
                 "grad_accumulation", p.fsdp.grad_accumulation,
                 "gradient_divide_factor", p.fsdp.gradient_divide_factor,
-                "force_sum_reduction_for_comms", p.fsdp.force_sum_reduction_for_comms or nil }),
+                "force_sum_reduction_for_comms", p.fsdp.force_sum_reduction_for_comms or nil,
+                "symm_mem", p.fsdp.symm_mem or nil }),
     "topology", audit.topology_json(p.topology),
     "groups", fam_list, "units", units,
     -- a repeated micro-step (gen/repeat.lua): ops[first_seq .. first_seq + ops - 1] run times times, for
@@ -283,7 +285,9 @@ local function facts(p, face)
                   "peak_transient_bytes", face.memory.peak_transient_bytes,
                   "peak_bytes", face.memory.peak_bytes, "peak_at_op", face.memory.peak_at_op,
                   "arena_bytes", face.memory.arena_bytes, "unplanned_bytes", face.memory.unplanned_bytes,
-                  "allocated_bytes", face.memory.allocated_bytes }),
+                  "allocated_bytes", face.memory.allocated_bytes,
+                  -- fsdp.symm_mem: the window at the arena's start, per rank (gen/symm.lua)
+                  "symm_window_bytes", face.arena and face.arena.symm and face.arena.symm.window_bytes or nil }),
   })
 end
 
@@ -714,6 +718,29 @@ local function held_kinds(p)
   local text = #names <= 1 and (names[1] or "buffers")
     or (table.concat(names, ", ", 1, #names - 1) .. " and " .. names[#names])
   return (text:gsub("reduce%-scatter inputs and reduce%-scatter outputs", "reduce-scatter inputs and outputs"))
+end
+
+-- fsdp.symm_mem's row: the arena's symmetric window (gen/memplan.lua,
+-- gen/symm.lua), what it holds, and its bytes per rank by class.
+function audit.md_symm(p, w)
+  local sy = p.arena.symm
+  if not sy then return end
+  local has = {}
+  for _, b in ipairs(sy.buffers) do has[b.kind] = (has[b.kind] or 0) + 1 end
+  local what = {}
+  for _, k in ipairs({ "ag", "rs_in", "rs_out" }) do
+    if has[k] then what[#what + 1] = string.format("%d %s", has[k], HELD_TEXT[k]) end
+  end
+  local per = {}
+  if #p.tp_classes > 1 then
+    for c, cls in ipairs(p.tp_classes) do
+      per[#per + 1] = string.format("class %d %s", c - 1, human(cls.arena.symm and cls.arena.symm.window_bytes or 0))
+    end
+  end
+  w("| of which the symmetric window (fsdp.symm_mem: %s; ncclMemAlloc'd, registered on the %s communicator%s, "
+    .. "every buffer at the same offset on each of its ranks%s) | %s |", table.concat(what, ", "),
+    table.concat(p.symm.families, " and "), #p.symm.families > 1 and "s" or "",
+    #per > 0 and ("; per rank: " .. table.concat(per, ", ")) or "", human(sy.window_bytes))
 end
 
 local function room_text(bytes)
@@ -1409,6 +1436,7 @@ function audit.schedule_md(p, fp)
   w("| communication buffers: the memory plan's arena (%s without reuse; at most %s live at once, op %s; %d event "
     .. "waits order its reuse) | %s |", human(p.memory.unplanned_bytes), human(p.memory.peak_transient_bytes),
     tostring(p.memory.peak_at_op), nwaits, human(m.comm_bytes))
+  audit.md_symm(p, w)
   if m.activations_modeled then
     w("| activations (%s; saved %s + the largest transient %s: a layer's recompute or the loss's peak) | %s |",
       s.activation_checkpointing == "none"

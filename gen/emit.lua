@@ -210,6 +210,7 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
            nunits = #lay.units,
            waits = #wl > 0 and table.concat(wl, ", ") or "-1 /* none */", nwaits = #wl,
            nevents = nslots, arena_bytes = arena.arena_bytes, nparams = pidx,
+           symm_bytes = arena.symm and arena.symm.window_bytes or 0,
            nops = rep_mod.executed_count(cls.ops, cls.rep) }
 end
 
@@ -353,6 +354,8 @@ function emit.vars(p, fp)
   local c0 = class_tables(p, classes[1], NAME, "", ident)
   v.params, v.units, v.ops, v.waits = c0.params, c0.units, c0.ops, c0.waits
   v.nevents, v.arena_bytes, v.nwaits, v.nwaits_storage = c0.nevents, c0.arena_bytes, c0.nwaits, math.max(c0.nwaits, 1)
+  -- fsdp.symm_mem: class 0's window, a field only where there is one (plans without keep their bytes)
+  v.symm_bytes_field = c0.symm_bytes > 0 and string.format("\n    .symm_bytes = %d,", c0.symm_bytes) or ""
   local extra, rows = {}, {}
   for c, cls in ipairs(classes) do
     local t = c == 1 and c0 or class_tables(p, cls, NAME, "_" .. (c - 1), ident)
@@ -362,9 +365,12 @@ function emit.vars(p, fp)
         nparams = t.nparams, nunits = t.nunits, nops = t.nops, params = t.params, units = t.units, ops = t.ops,
         nwaits_storage = math.max(t.nwaits, 1), waits = t.waits }, "class tables")
     end
-    rows[#rows + 1] = string.format("    { %s },", fields({ "units", "units" .. suffix, "params", "params" .. suffix,
+    local row = { "units", "units" .. suffix, "params", "params" .. suffix,
       "ops", "ops" .. suffix, "waits", "waits" .. suffix, "nwaits", t.nwaits, "nevents", t.nevents,
-      "arena_bytes", t.arena_bytes, "nunits", t.nunits, "nparams", t.nparams, "nops", t.nops }))
+      "arena_bytes", t.arena_bytes, "nunits", t.nunits, "nparams", t.nparams, "nops", t.nops }
+    -- fsdp.symm_mem: the class's symmetric window (C's zero default without one)
+    if t.symm_bytes > 0 then row[#row + 1], row[#row + 2] = "symm_bytes", t.symm_bytes end
+    rows[#rows + 1] = string.format("    { %s },", fields(row))
   end
   v.class_tables = table.concat(extra)
   v.classes = table.concat(rows, "\n")

@@ -281,6 +281,7 @@ typedef struct {
     int nwaits, nevents;
     int64_t arena_bytes;
     int nunits, nparams, nops;
+    int64_t symm_bytes; /* fsdp.symm_mem: the arena's first bytes, one symmetric window (0: none) */
 } cp_class;
 typedef cp_class cp_tp_class; /* its name before pipeline parallelism */
 
@@ -319,6 +320,10 @@ typedef struct {
     int pp_size;              /* pipeline stages' ranks along the pp dim; 1 without PP */
     int pp_mesh_dim;          /* index of "pp" in the mesh, -1 without PP */
     int pp_family;            /* the family of the pp axis alone (send / receive), -1 without PP */
+    /* fsdp.symm_mem (torchtitan's enable_fsdp_symm_mem): the arena's first symm_bytes are one symmetric
+     * window holding every all-gather output and the reduce-scatter inputs and outputs (gen/memplan.lua),
+     * at offsets every rank of a communicator shares (gen/symm.lua); 0: none. Class 0's, as arena_bytes. */
+    int64_t symm_bytes;
 } cp_plan;
 
 /* ---- dtype helpers (dtype.c) ---- */
@@ -602,6 +607,11 @@ struct cp_backend {
     int (*host_copy)(cp_backend *b, cp_stream s, const void *in, void *out, size_t bytes, int to_host, int finish);
     /* The host waits for stream s's work so far (NULL: nothing to wait for). */
     int (*sync)(cp_backend *b, cp_stream s);
+    /* fsdp.symm_mem (plan->symm_bytes > 0; NULL: alloc, as the host backend's: gloo has no symmetric
+     * memory): the arena, its first window_bytes registered as one symmetric window on every
+     * communicator the rank's all-gathers and reduce-scatters run on (gpu.c: ncclMemAlloc and
+     * ncclCommWindowRegister; free releases both). Zeroed; NULL on failure. */
+    void *(*alloc_symm)(cp_backend *b, size_t bytes, size_t window_bytes);
 };
 
 /* ---- executor (executor.c): the one op walker every backend runs ---- */

@@ -265,7 +265,10 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
     }
     /* Transient buffers live in one arena at the generator's offsets: a
      * wrong memory plan corrupts live data and the exact checks see it. */
-    ex->arena = b->alloc(b, (size_t)(p->arena_bytes > 0 ? p->arena_bytes : 1));
+    size_t arena_bytes = (size_t)(p->arena_bytes > 0 ? p->arena_bytes : 1);
+    /* fsdp.symm_mem: the arena's first symm_bytes one symmetric window (commplan.h cp_plan.symm_bytes) */
+    ex->arena = p->symm_bytes > 0 && b->alloc_symm ? b->alloc_symm(b, arena_bytes, (size_t)p->symm_bytes)
+                                                   : b->alloc(b, arena_bytes);
     if (!ex->arena) {
         ex_error(ex, "rank %d: allocating the %lld-byte buffer arena of plan %s failed (SCHEDULE.md's memory section "
                  "says how much a rank needs; use more ranks)", rank, (long long)p->arena_bytes, p->name);

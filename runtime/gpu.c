@@ -48,6 +48,20 @@ static void *watchdog_main(void *arg)
     return NULL;
 }
 
+/* Symmetric windows (fsdp.symm_mem): ncclMemAlloc and ncclCommWindowRegister, NCCL 2.27 and newer. */
+#define CP_NCCL_WINDOWS 1
+#if defined(NCCL_VERSION_CODE) && defined(NCCL_VERSION)
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 27, 0)
+#undef CP_NCCL_WINDOWS
+#define CP_NCCL_WINDOWS 0
+#endif
+#endif
+#if CP_NCCL_WINDOWS
+typedef ncclWindow_t cp_nccl_window;
+#else
+typedef void *cp_nccl_window;
+#endif
+
 /* Library calls run one unit's next instance of an op group. */
 enum { CALL_UNSHARD, CALL_RESHARD, CALL_REDUCE, CALL_EXCHANGE, CALL_UNSHARD_WAIT, CALLS };
 
@@ -77,6 +91,9 @@ struct cp_gpu {
     double *profile;      /* cp_gpu_step_profiled's per-kind host time, or NULL */
     cudaEvent_t *trace;   /* cp_gpu_set_trace: a start and an end event per op, or NULL */
     cudaGraphExec_t graph;
+    /* fsdp.symm_mem: the arena from ncclMemAlloc, its window registered on each family's communicator */
+    void *symm_base;
+    cp_nccl_window *symm_wins; /* per family; NULL where not registered */
     char err[512];
 };
 
@@ -234,9 +251,92 @@ static void *gpu_alloc(cp_backend *b, size_t bytes)
     return p;
 }
 
+/* The symmetric window's registrations, released while their
+ * communicators live (cp_gpu_destroy: before it destroys them). */
+static void symm_deregister(cp_gpu *g)
+{
+#if CP_NCCL_WINDOWS
+    for (int f = 0; g->symm_wins && f < g->plan->nfamilies; f++)
+        if (g->symm_wins[f] && g->comms && g->comms[f]) ncclCommWindowDeregister(g->comms[f], g->symm_wins[f]);
+#endif
+    free(g->symm_wins);
+    g->symm_wins = NULL;
+}
+
+/* fsdp.symm_mem (gen/memplan.lua, gen/symm.lua): the arena from NCCL's
+ * allocator, its first window_bytes registered as one symmetric window
+ * (NCCL_WIN_COLL_SYMMETRIC) on the communicator of every family the rank's
+ * all-gathers and reduce-scatters run on, as FSDP2's SymmMemAllGather /
+ * SymmMemReduceScatter rendezvous their buffers on the collective's group
+ * (torch 2.15 _fsdp_collectives.py:89-104, 141-231). Registration is
+ * collective: every member registers the same size, and each symmetric
+ * collective finds its buffers at the same offset on every member (the
+ * generator's proof; tests/emu/emu_nccl.c checks both at run time). Every
+ * rank walks the families in one order, so the collective calls match. */
+static void *gpu_alloc_symm(cp_backend *b, size_t bytes, size_t window_bytes)
+{
+    cp_gpu *g = b->ctx;
+#if !CP_NCCL_WINDOWS
+    (void)bytes;
+    (void)window_bytes;
+    fail(g, "plan %s sets fsdp.symm_mem, which needs NCCL 2.27 or newer (ncclCommWindowRegister); this build has "
+         "NCCL %d.%d: build against a newer NCCL or regenerate without fsdp.symm_mem", g->plan->name, NCCL_MAJOR,
+         NCCL_MINOR);
+    return NULL;
+#else
+    const cp_plan *p = g->plan;
+    cp_plan view;
+    cp_plan_view(p, g->env.rank, &view); /* the rank's own ops */
+    void *base = NULL;
+    ncclResult_t r = ncclMemAlloc(&base, bytes);
+    if (r != ncclSuccess) {
+        fail(g, "ncclMemAlloc of the %zu-byte arena (its first %zu bytes the symmetric window, fsdp.symm_mem) failed: "
+             "%s (%s)", bytes, window_bytes, ncclGetErrorString(r), ncclGetLastError(NULL));
+        return NULL;
+    }
+    cudaError_t e = cudaMemset(base, 0, bytes);
+    if (e != cudaSuccess) {
+        fail(g, "cudaMemset failed: %s", cudaGetErrorString(e));
+        ncclMemFree(base);
+        return NULL;
+    }
+    if (!(g->symm_wins = calloc((size_t)(p->nfamilies > 0 ? p->nfamilies : 1), sizeof *g->symm_wins))) {
+        fail(g, "out of host memory");
+        ncclMemFree(base);
+        return NULL;
+    }
+    g->symm_base = base;
+    for (int f = 0; f < p->nfamilies; f++) {
+        if (!g->comms || !g->comms[f]) continue;
+        int uses = 0;
+        for (int i = 0; i < view.nops && !uses; i++)
+            uses = view.ops[i].family == f &&
+                   (view.ops[i].kind == CP_OP_ALL_GATHER || view.ops[i].kind == CP_OP_REDUCE_SCATTER);
+        if (!uses) continue;
+        r = ncclCommWindowRegister(g->comms[f], base, window_bytes, &g->symm_wins[f], NCCL_WIN_COLL_SYMMETRIC);
+        if (r != ncclSuccess) {
+            fail(g, "ncclCommWindowRegister of the %zu-byte symmetric window on group %s failed: %s (%s; every rank "
+                 "of the group registers the same size: deploy the same build everywhere)", window_bytes,
+                 p->families[f].name, ncclGetErrorString(r), ncclGetLastError(NULL));
+            return NULL; /* gpu_free releases it with the arena */
+        }
+    }
+    return base;
+#endif
+}
+
 static void gpu_free(cp_backend *b, void *p)
 {
-    (void)b;
+    cp_gpu *g = b->ctx;
+#if CP_NCCL_WINDOWS
+    if (p && p == g->symm_base) {
+        symm_deregister(g);
+        g->symm_base = NULL;
+        ncclMemFree(p);
+        return;
+    }
+#endif
+    (void)g;
     cudaFree(p);
 }
 
@@ -561,6 +661,7 @@ static void backend_init(cp_gpu *g)
     memset(b, 0, sizeof *b);
     b->ctx = g;
     b->alloc = gpu_alloc;
+    b->alloc_symm = gpu_alloc_symm;
     b->free = gpu_free;
     b->copy = gpu_copy;
     b->copy_bytes = gpu_copy_bytes;
@@ -742,6 +843,7 @@ void cp_gpu_destroy(cp_gpu *g)
     free(g->live);
     free(g->cursor);
     free(g->last_exchange);
+    symm_deregister(g); /* fsdp.symm_mem: before the communicators go */
     if (g->comms)
         for (int f = 0; f < g->plan->nfamilies; f++) if (g->comms[f]) ncclCommDestroy(g->comms[f]);
     free(g->comms);

@@ -115,6 +115,7 @@ void cp_plan_view(const cp_plan *p, int rank, cp_plan *out)
     out->nwaits = k->nwaits;
     out->nevents = k->nevents;
     out->arena_bytes = k->arena_bytes;
+    out->symm_bytes = k->symm_bytes;
     out->view_class = c;
 }
 

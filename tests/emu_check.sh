@@ -373,6 +373,33 @@ vacuous=0
   fi
 done
 
+# Issue 41 (fsdp.symm_mem): the symmetric window. symm_fsdp4's --check runs
+# above register it; here every rank must say it registered the plan's
+# window on the fsdp communicator, and a rank whose buffers sit 256 bytes
+# later in its window than its peers' (the shift_window fault, rank 0: a
+# rank-dependent offset) must be caught by the offset check on every rank.
+echo "== the symmetric window (fsdp.symm_mem): registered alike, offsets checked"
+p=symm_fsdp4
+if [ ! -x "build/emu/$p/$p" ]; then
+  echo "  SKIP  symmetric window: build/emu/$p/$p is not built (make emu-build)"
+else
+  want=$($LUA -e "package.path='./?.lua;'..package.path
+    print(require('gen.plan').from_file('$(plan_file $p)').arena.symm.window_bytes)")
+  log=$dir/symm.$p
+  launch 4 "$log" "build/emu/$p/$p" --check --steps 2 --timeout 10
+  rc=$?
+  regs=$(cat "$log".[0-3] | grep -c "symmetric window of $want bytes registered on split")
+  if [ "$rc" = 0 ] && [ "$regs" = 4 ]; then
+    ok "$p: every rank registers the plan's $want-byte symmetric window on its fsdp communicator, --check exact"
+  else bad "$p: exit $rc, $regs of 4 ranks registered a $want-byte window" "$log.0"; fi
+  fault_run shift_window "$p" 1 # (on rank 0: fault_run reads rank 0's log for the firing)
+  frc=$?
+  found=$(cat "$dir/fault.shift_window.$p.1".[0-3] | grep -c "SYMMETRIC: .*need the same offset on every member")
+  if [ "$frc" = 0 ] && [ "$found" -ge 4 ]; then
+    ok "$p: a rank-dependent window offset (shift_window on rank 0) caught by the offset check on all 4 ranks"
+  else bad "$p: shift_window on rank 0 (fault_run $frc, $found SYMMETRIC findings)" "$dir/fault.shift_window.$p.1.0"; fi
+fi
+
 echo "== torchrun launches of the emulated binary"
 torchrun=${TORCHRUN:-$(command -v torchrun || true)}
 if [ -z "$torchrun" ] || [ ! -x "$torchrun" ]; then

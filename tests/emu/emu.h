@@ -20,8 +20,12 @@ typedef struct {
                      receive's: its message's number between the two ranks, in that direction */
     int peer;     /* EMU_SEND / EMU_RECV: the other rank on comm */
     double premul; /* a PreMulSum op's factor f (its scalar 1 / f in the dtype), taken at issue; else 0 */
+    /* the send and receive buffers' offsets in a window registered on comm, plus 1 (0: in none); a
+     * collective's members must agree (NCCL's symmetric windows), taken at issue */
+    uint64_t send_win, recv_win;
 } emu_coll;
-enum { EMU_ALL_GATHER = 1, EMU_REDUCE_SCATTER = 2, EMU_ALL_REDUCE = 3, EMU_SPLIT = 4, EMU_SEND = 5, EMU_RECV = 6 };
+enum { EMU_ALL_GATHER = 1, EMU_REDUCE_SCATTER = 2, EMU_ALL_REDUCE = 3, EMU_SPLIT = 4, EMU_SEND = 5, EMU_RECV = 6,
+       EMU_WINDOW = 7 };
 
 /* emu_cuda.c */
 int emu_rank(void);

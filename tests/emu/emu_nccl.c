@@ -42,6 +42,7 @@ typedef struct {
     _Atomic uint32_t gone;          /* the member's process exited: its peers fail at once, as NCCL's remote error */
     uint32_t kind, dtype, op, pad;
     uint64_t count, seq;
+    uint64_t send_win, recv_win; /* emu_coll's: the buffers' window offsets + 1, 0 outside any */
     char label[80];
 } slot_t;
 
@@ -82,6 +83,7 @@ struct ncclComm {
     cudaStream_t held_stream;
     char held_label[80];
     double premul[16]; /* PreMulSum ops ncclNumOps + i: the factor 1 / scalar; 0 where free */
+    struct { char *base; size_t size; int live; } wins[16]; /* ncclCommWindowRegister's, this member's */
 };
 
 static __thread char last_msg[512];
@@ -327,12 +329,27 @@ static int check_same(struct ncclComm *c, uint64_t seq)
                     o->label, (unsigned long long)o->count, o->dtype, o->op, (unsigned long long)o->seq);
         return -1;
     }
+    /* Symmetric windows: every member's buffers at one offset of its window, or none in a window. */
+    for (int q = 0; q < c->nranks; q++) {
+        const slot_t *o = &c->h->slots[q];
+        for (int side = 0; side < 2; side++) {
+            uint64_t mine = side ? me->recv_win : me->send_win, theirs = side ? o->recv_win : o->send_win;
+            if (mine == theirs) continue;
+            char a[40], b[40];
+            snprintf(a, sizeof a, mine ? "offset %llu" : "no window", (unsigned long long)(mine - 1));
+            snprintf(b, sizeof b, theirs ? "offset %llu" : "no window", (unsigned long long)(theirs - 1));
+            emu_finding("SYMMETRIC", "%s: op #%llu (%s): this rank (%d) has its %s buffer at %s of its registered "
+                        "window, rank %d at %s: NCCL's symmetric collectives need the same offset on every member",
+                        c->name, (unsigned long long)seq, me->label, c->rank, side ? "receive" : "send", a, q, b);
+            return -1;
+        }
+    }
     return 0;
 }
 
 /* Stages in (in_bytes) as this member's part of op seq and waits for every member's. */
 static int exchange(struct ncclComm *c, uint64_t seq, int kind, int dtype, int op, uint64_t count, const void *in,
-                    size_t in_bytes, const char *label)
+                    size_t in_bytes, uint64_t send_win, uint64_t recv_win, const char *label)
 {
     if (in_bytes > c->h->slot_bytes) {
         emu_finding("NCCL", "%s: %s stages %zu bytes, more than the emulator's %llu-byte slot (set "
@@ -348,6 +365,8 @@ static int exchange(struct ncclComm *c, uint64_t seq, int kind, int dtype, int o
     me->op = (uint32_t)op;
     me->count = count;
     me->seq = seq;
+    me->send_win = send_win;
+    me->recv_win = recv_win;
     snprintf(me->label, sizeof me->label, "%s", label);
     atomic_store(&me->arrived, seq);
     if (wait_members(c, 1, seq, label)) return -1;
@@ -406,7 +425,8 @@ int emu_coll_run(const emu_coll *k, const char *label)
     size_t in_bytes = count * es * (k->kind == EMU_REDUCE_SCATTER ? n : 1);
     size_t out_bytes = count * es * (k->kind == EMU_ALL_GATHER ? n : 1);
     cudaEmuAccess(k->send, in_bytes, 0);
-    int ok = exchange(c, k->seq, k->kind, (int)k->dtype, (int)k->op, count, k->send, in_bytes, label) == 0;
+    int ok = exchange(c, k->seq, k->kind, (int)k->dtype, (int)k->op, count, k->send, in_bytes, k->send_win, k->recv_win,
+                      label) == 0;
     if (ok) {
         cudaEmuAccess(k->recv, out_bytes, 1);
         char *out = k->recv;
@@ -534,6 +554,16 @@ static int overlap(const void *a, size_t na, const void *b, size_t nb)
     return (const char *)a < (const char *)b + nb && (const char *)b < (const char *)a + na;
 }
 
+/* ptr's offset in one of c's registered windows plus 1, or 0 where it lies in none. */
+static uint64_t win_offset(const struct ncclComm *c, const void *ptr, size_t bytes)
+{
+    const char *p = ptr;
+    for (size_t i = 0; i < sizeof c->wins / sizeof *c->wins; i++)
+        if (c->wins[i].live && p >= c->wins[i].base && p + bytes <= c->wins[i].base + c->wins[i].size)
+            return (uint64_t)(p - c->wins[i].base) + 1;
+    return 0;
+}
+
 static ncclResult_t issue(int kind, const char *what, const void *send, void *recv, size_t count, ncclDataType_t t,
                           ncclRedOp_t op, ncclComm_t c, cudaStream_t s)
 {
@@ -567,7 +597,12 @@ static ncclResult_t issue(int kind, const char *what, const void *send, void *re
     char label[80];
     snprintf(label, sizeof label, "%s %zu x %s on %s", what, count,
              t == ncclFloat32 ? "fp32" : t == ncclBfloat16 ? "bf16" : t == ncclFloat16 ? "fp16" : "bytes", c->name);
-    emu_coll k = { c, kind, send, recv, count, t, op, 0, -1, 0.0 };
+    emu_coll k = { c, kind, send, recv, count, t, op, 0, -1, 0.0, 0, 0 };
+    /* Where the buffers lie in a registered window: this rank's part of an in-place one lies at a
+     * rank-dependent offset by definition, so only the whole buffer is compared. */
+    int in_place_ = overlap(send, in_bytes, recv, out_bytes);
+    k.send_win = kind == EMU_ALL_GATHER && in_place_ ? 0 : win_offset(c, send, in_bytes);
+    k.recv_win = kind == EMU_REDUCE_SCATTER && in_place_ ? 0 : win_offset(c, recv, out_bytes);
     if (op >= ncclNumOps) {
         int i = (int)op - (int)ncclNumOps;
         if (i >= 16 || c->premul[i] == 0.0) {
@@ -686,7 +721,7 @@ static ncclResult_t p2p_issue(int kind, const char *what, const void *send, void
         return ncclInvalidArgument;
     }
     held_p2p h = { .s = s };
-    h.k = (emu_coll){ c, kind, send, recv, count, t, ncclSum, 0, peer, 0.0 };
+    h.k = (emu_coll){ c, kind, send, recv, count, t, ncclSum, 0, peer, 0.0, 0, 0 };
     snprintf(h.label, sizeof h.label, "%s %zu x %s with rank %d on %s", what, count,
              t == ncclFloat32 ? "fp32" : t == ncclBfloat16 ? "bf16" : t == ncclFloat16 ? "fp16" : "bytes", peer,
              c->name);
@@ -770,7 +805,7 @@ ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *newcomm
     emu_unlock();
     if (late) return ncclSystemError;
     int32_t mine[2] = { color, key };
-    int ok = exchange(c, seq, EMU_SPLIT, ncclInt32, 0, 2, mine, sizeof mine, "ncclCommSplit") == 0;
+    int ok = exchange(c, seq, EMU_SPLIT, ncclInt32, 0, 2, mine, sizeof mine, 0, 0, "ncclCommSplit") == 0;
     int n = 0, me = 0;
     if (ok && color != NCCL_SPLIT_NOCOLOR) {
         for (int q = 0; q < c->nranks; q++) {
@@ -823,5 +858,86 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *async)
     emu_lock();
     *async = c->async;
     emu_unlock();
+    return ncclSuccess;
+}
+
+/* ---- symmetric windows (NCCL 2.27+: ncclMemAlloc, ncclCommWindowRegister) ---- */
+
+ncclResult_t ncclMemAlloc(void **ptr, size_t size)
+{
+    emu_rank();
+    if (!ptr) return ncclInvalidArgument;
+    return cudaMalloc(ptr, size) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+ncclResult_t ncclMemFree(void *ptr)
+{
+    emu_rank();
+    return cudaFree(ptr) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+/* Blocking on the host, after the communicator's earlier ops, and
+ * collective, as NCCL's: every member registers, each a window of the same
+ * size (NCCL_WIN_COLL_SYMMETRIC); a member of another size is a finding. */
+ncclResult_t ncclCommWindowRegister(ncclComm_t c, void *buff, size_t size, ncclWindow_t *win, int flags)
+{
+    emu_rank();
+    if (!c || c->destroyed || c->aborted || !win || size == 0) return ncclInvalidArgument;
+    *win = NULL;
+    if (!emu_is_device(buff, size)) {
+        emu_finding("ILLEGAL", "ncclCommWindowRegister on %s: %zu bytes at %p are not inside one device allocation",
+                    c->name, size, buff);
+        return ncclInvalidArgument;
+    }
+    size_t slot = 0;
+    while (slot < sizeof c->wins / sizeof *c->wins && c->wins[slot].live) slot++;
+    if (slot == sizeof c->wins / sizeof *c->wins) {
+        say("emulated NCCL: %s: more than 16 windows on one communicator%ld", "ncclCommWindowRegister", 0);
+        return ncclInternalError;
+    }
+    uint64_t seq = emu_coll_next_seq(c);
+    emu_lock();
+    double deadline = emu_now() + emu_deadlock_s();
+    int late = 0;
+    while (c->executed + 1 != seq && !late) late = emu_wait_until(deadline) != 0;
+    emu_unlock();
+    if (late) return ncclSystemError;
+    uint64_t mine[2] = { size, (uint64_t)flags };
+    int ok = exchange(c, seq, EMU_WINDOW, ncclUint64, 0, 2, mine, sizeof mine, 0, 0, "ncclCommWindowRegister") == 0;
+    for (int q = 0; ok && q < c->nranks; q++) {
+        uint64_t theirs[2];
+        memcpy(theirs, part(c, q), sizeof theirs);
+        if (theirs[0] != mine[0] || theirs[1] != mine[1]) {
+            emu_finding("SYMMETRIC", "%s: ncclCommWindowRegister: this rank (%d) registers %llu bytes (flags %llu), "
+                        "rank %d %llu bytes (flags %llu): every member registers one size", c->name, c->rank,
+                        (unsigned long long)mine[0], (unsigned long long)mine[1], q, (unsigned long long)theirs[0],
+                        (unsigned long long)theirs[1]);
+            ok = 0;
+        }
+    }
+    finish(c, seq, ok);
+    if (!ok) return ncclInvalidUsage;
+    c->wins[slot].base = buff;
+    c->wins[slot].size = size;
+    if (emu_fault("shift_window")) { /* this rank's buffers 256 bytes later in its window than its peers' */
+        c->wins[slot].base = (char *)buff - 256;
+        c->wins[slot].size = size + 256;
+    }
+    c->wins[slot].live = 1;
+    fprintf(stderr, "commplan-emu: rank %d: symmetric window of %zu bytes registered on %s\n", emu_rank(), size,
+            c->name);
+    *win = (ncclWindow_t)(uintptr_t)(slot + 1);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommWindowDeregister(ncclComm_t c, ncclWindow_t win)
+{
+    emu_rank();
+    size_t slot = (size_t)(uintptr_t)win;
+    if (!c || slot == 0 || slot > sizeof c->wins / sizeof *c->wins || !c->wins[slot - 1].live) {
+        say("emulated NCCL: %s of a window this communicator never registered%ld", "ncclCommWindowDeregister", 0);
+        return ncclInvalidArgument;
+    }
+    c->wins[slot - 1].live = 0;
     return ncclSuccess;
 }

@@ -71,6 +71,15 @@ ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t t, int peer, nccl
 ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
                                       ncclScalarResidence_t residence, ncclComm_t comm);
 ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
+/* Symmetric windows (NCCL 2.27+; fsdp.symm_mem): memory from NCCL's allocator, registered collectively
+ * on a communicator; a symmetric collective's buffers at the same offset of every member's window. */
+typedef struct ncclWindow *ncclWindow_t;
+#define NCCL_WIN_DEFAULT 0x00
+#define NCCL_WIN_COLL_SYMMETRIC 0x01
+ncclResult_t ncclMemAlloc(void **ptr, size_t size);
+ncclResult_t ncclMemFree(void *ptr);
+ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win, int winFlags);
+ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 

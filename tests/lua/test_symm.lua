@@ -125,4 +125,36 @@ function T.refused_below_compute_capability_9()
     "fsdp.symm_mem", "config/configs.py:267-278", "a100")
 end
 
+-- The outputs: plan.c's window (class and plan), plan.json's symmetric
+-- buffers and window (schema-valid), SCHEDULE.md's row; none without it.
+function T.outputs_say_the_window()
+  local dir = H.tmpdir()
+  H.write(dir .. "/s.lua", fsdp4())
+  H.eq(os.execute(string.format("lua5.4 gen/commplan.lua %s/s.lua %s/out >/dev/null 2>&1", dir, dir)), true, "generates")
+  local p = plan.from_source(fsdp4(), "plans/t.lua")
+  local W = p.arena.symm.window_bytes
+  local c = H.read(dir .. "/out/plan.c")
+  assert(c:find(".symm_bytes = " .. W .. " }", 1, true), "the class row's window")
+  assert(c:find("\n    .symm_bytes = " .. W .. ",\n", 1, true), "the plan's window")
+  local json = require("gen.json")
+  local j = json.decode(H.read(dir .. "/out/plan.json"))
+  H.eq(require("gen.jsonschema").validate(j, json.decode(H.read("docs/plan-json.schema.json"))), nil, "schema")
+  H.eq(j.memory.symm_window_bytes, W, "plan.json's window")
+  H.eq(j.fsdp.symm_mem, true, "plan.json's fsdp.symm_mem")
+  local n = 0
+  for _, u in ipairs(j.units) do
+    for _, kind in ipairs({ "ag", "rs_in", "rs_out" }) do
+      if u.arena[kind] and u.arena[kind].symmetric then n = n + 1 end
+    end
+    H.eq(u.arena.unsharded.symmetric, nil, u.name .. " unsharded")
+  end
+  H.eq(n, #p.arena.symm.buffers, "symmetric buffers in plan.json")
+  local md = H.read(dir .. "/out/SCHEDULE.md")
+  assert(md:find("of which the symmetric window (fsdp.symm_mem: 4 all-gather buffers, 4 reduce-scatter inputs, "
+    .. "4 reduce-scatter outputs; ncclMemAlloc'd, registered on the fsdp communicator", 1, true), "SCHEDULE.md's row")
+  for _, f in ipairs({ "plans/fsdp4/plan.c", "plans/fsdp4/SCHEDULE.md" }) do
+    assert(not H.read(f):find("symm", 1, true), f .. " says nothing of a window")
+  end
+end
+
 return T
