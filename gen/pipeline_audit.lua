@@ -59,7 +59,9 @@ function pipeline_audit.json_section(p, a)
                    "batch", o.batch, "tag", o.tag, "waits_for", c.arena.waits[o.seq] })
     end
     ranks[i] = O({ "pp_rank", c.pp_rank, "tp_class", p.dims.tp > 1 and c.tp_class or nil, "stages", c.stages,
-                   "units", units, "arena_bytes", c.arena.arena_bytes, "ops", ops })
+                   "units", units, "arena_bytes", c.arena.arena_bytes,
+                   -- fsdp.symm_mem: the rank's symmetric window at the arena's start (gen/symm.lua)
+                   "symm_window_bytes", c.arena.symm and c.arena.symm.window_bytes or nil, "ops", ops })
   end
   local per_rank
   if pl.per_rank then
@@ -189,7 +191,8 @@ function pipeline_audit.md_body(p, a, w, A)
     w("| %s | %s | %s | %d | %d | %d | %d | %d | %s | %s | %s | %s | %s |", p.dims.tp > 1
       and fmt("%d (%d)", cls.pp_rank, cls.tp_class) or tostring(cls.pp_rank), table.concat(cls.stages, ", "),
       units_text(cls), #cls.ops, n.send or 0, n.recv or 0, n.all_gather or 0, n.reduce_scatter or 0,
-      A.human(cls.arena.arena_bytes), us(t and t.busy_us), us(t and t.p2p_exposed_us), us(t and t.reduce_wait_us),
+      A.human(cls.arena.arena_bytes) .. (cls.arena.symm and fmt(" (symmetric window %s)",
+        A.human(cls.arena.symm.window_bytes)) or ""), us(t and t.busy_us), us(t and t.p2p_exposed_us), us(t and t.reduce_wait_us),
       us(t and t.end_us))
   end
   w("")

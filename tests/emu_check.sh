@@ -379,19 +379,24 @@ done
 # later in its window than its peers' (the shift_window fault, rank 0: a
 # rank-dependent offset) must be caught by the offset check on every rank.
 echo "== the symmetric window (fsdp.symm_mem): registered alike, offsets checked"
-p=symm_fsdp4
-if [ ! -x "build/emu/$p/$p" ]; then
-  echo "  SKIP  symmetric window: build/emu/$p/$p is not built (make emu-build)"
-else
-  want=$($LUA -e "package.path='./?.lua;'..package.path
-    print(require('gen.plan').from_file('$(plan_file $p)').arena.symm.window_bytes)")
+for p in symm_fsdp4 symm_ep2; do
+  [ -x "build/emu/$p/$p" ] || { echo "  SKIP  symmetric window: build/emu/$p/$p is not built (make emu-build)"; continue; }
+  # the window's bytes and the communicators it is registered on (gen/symm.lua's families)
+  facts=$($LUA -e "package.path='./?.lua;'..package.path
+    local q = require('gen.plan').from_file('$(plan_file $p)')
+    print(q.arena.symm.window_bytes, #q.symm.families, table.concat(q.symm.families, '+'))")
+  want=${facts%%	*} rest=${facts#*	}
+  nfam=${rest%%	*} fams=${rest#*	}
   log=$dir/symm.$p
   launch 4 "$log" "build/emu/$p/$p" --check --steps 2 --timeout 10
   rc=$?
   regs=$(cat "$log".[0-3] | grep -c "symmetric window of $want bytes registered on split")
-  if [ "$rc" = 0 ] && [ "$regs" = 4 ]; then
-    ok "$p: every rank registers the plan's $want-byte symmetric window on its fsdp communicator, --check exact"
-  else bad "$p: exit $rc, $regs of 4 ranks registered a $want-byte window" "$log.0"; fi
+  if [ "$rc" = 0 ] && [ "$regs" = $((4 * nfam)) ]; then
+    ok "$p: every rank registers the plan's $want-byte symmetric window on its $fams communicators, --check exact"
+  else bad "$p: exit $rc, $regs of $((4 * nfam)) registrations of a $want-byte window ($fams)" "$log.0"; fi
+done
+p=symm_fsdp4
+if [ -x "build/emu/$p/$p" ]; then
   fault_run shift_window "$p" 1 # (on rank 0: fault_run reads rank 0's log for the firing)
   frc=$?
   found=$(cat "$dir/fault.shift_window.$p.1".[0-3] | grep -c "SYMMETRIC: .*need the same offset on every member")

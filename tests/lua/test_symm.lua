@@ -109,6 +109,26 @@ function T.shifted_offset_mutant_fails()
   assert(not ok and tostring(err):find("window", 1, true), tostring(err))
 end
 
+-- Pipeline stages (a class per pp rank, each its own window) and expert
+-- parallelism (the window registered on both the fsdp and efsdp groups).
+function T.pipeline_and_expert_windows()
+  local pp = read("tests/pp/plans/pp_tiny.lua"):gsub('fsdp = { param_dtype = "bf16", reduce_dtype = "fp32" }',
+    'fsdp = { param_dtype = "bf16", reduce_dtype = "fp32", symm_mem = true }', 1)
+  local p = plan.from_source(pp, "plans/t.lua")
+  H.eq(#p.tp_classes, 2, "a class per pipeline rank")
+  for c, cls in ipairs(p.tp_classes) do assert(cls.arena.symm.window_bytes > 0, "class " .. c .. "'s window") end
+  H.list_eq(p.symm.families, { "fsdp" }, "pipeline families")
+  local ep = read("tests/ep/plans/ep2_mixtral.lua"):gsub('fsdp = { reduce_op = "sum" }',
+    'fsdp = { reduce_op = "sum", symm_mem = true }', 1)
+  local q = plan.from_source(ep, "plans/t.lua")
+  H.list_eq(q.symm.families, { "efsdp", "fsdp" }, "expert families")
+  local experts = 0
+  for _, b in ipairs(q.arena.symm.buffers) do
+    if b.unit_name:find("experts", 1, true) then experts = experts + 1 end
+  end
+  assert(experts > 0, "the experts' buffers in the window")
+end
+
 -- A non-symmetric buffer inside the window, or a symmetric one outside, is refused.
 function T.class_layout_checked()
   local p = plan.from_source(fsdp4(), "plans/t.lua")
