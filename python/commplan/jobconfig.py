@@ -76,6 +76,9 @@ SETTINGS = (
     S("loss_parallel", "bool", (), "loss parallel (with --tp > 1); the TOML's parallelism.disable_loss_parallel is "
       "its negation"),
     S("compile", "bool", ("compile.enable",), "torch.compile"),
+    S("symm_mem", "bool", ("parallelism.enable_fsdp_symm_mem",),
+      "FSDP2's all-gather and reduce-scatter buffers in one symmetric window per rank (fsdp.symm_mem; "
+      "torchtitan's distributed/fsdp.py:44-51)"),
     S("preset", "enum", (), "the GPU (topology.preset)", enum=PRESETS),
     S("gpus_per_node", "int", (), "GPUs per node (topology.gpus_per_node)", hi=1 << 10),
     S("family", "family", (), "the plan family, overriding config.json's model_type where the structure is the same"),
@@ -95,7 +98,6 @@ _REFUSED = {
     "parallelism.context_parallel_rotate_method": ("allgather",),
     "parallelism.context_parallel_load_balancer": ("headtail", None),
     "parallelism.expert_parallel_comm_backend": ("standard",),
-    "parallelism.enable_fsdp_symm_mem": (False,),
     "parallelism.enable_compiled_autograd": (False,),
     "training.enable_cpu_offload": (False,),
     "float8.enable_fsdp_float8_all_gather": (False,),
@@ -301,6 +303,11 @@ def plan_settings(st, from_toml=()):
         fsdp["param_dtype"] = st["param_dtype"]
     if "reduce_dtype" in st:
         fsdp["reduce_dtype"] = st["reduce_dtype"]
+    if st.get("symm_mem"):
+        # torchtitan's enable_fsdp_symm_mem: set_force_sum_reduction_for_comms(True) and
+        # set_symm_mem_for_comm() on every FSDP module (distributed/fsdp.py:44-51); the plan's
+        # fsdp.symm_mem forces the sums itself (gen/parallel/fsdp_layout.lua)
+        fsdp["symm_mem"] = True
     raf = st.get("reshard_after_forward", "default")
     if raf != "default":
         fsdp["reshard_after_forward"] = raf == "always"

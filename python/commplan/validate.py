@@ -59,6 +59,8 @@ SECTIONS = {
         "force_sum_reduction_for_comms": Spec("bool"),
         # fully_shard(offload_policy=CPUOffloadPolicy(pin_memory=...)) on every unit
         "cpu_offload": Spec("bool"), "pin_memory": Spec("bool"),
+        # torchtitan's enable_fsdp_symm_mem: FSDP2's collective buffers in one symmetric window
+        "symm_mem": Spec("bool"),
     },
     "topology": dict({"gpus_per_node": Spec("int"), "nics_per_node": Spec("int"), "nvlinks": Spec("int"),
                       "nvls": Spec("bool"), "sharp": Spec("bool"),

@@ -107,7 +107,7 @@ BAD = {
     "seq_len": ["0", "4k"], "local_batch_size": ["0", "b"], "global_batch_size": ["0", "-3", "g"],
     "ac": ["some", "on"], "dtype": ["int8", "float64"], "param_dtype": ["int8"], "reduce_dtype": ["fp8"],
     "reshard_after_forward": ["sometimes"], "async_tp": ["yes", "1"], "sequence_parallel": ["no"],
-    "loss_parallel": ["maybe"], "compile": ["on"], "preset": ["v100", "H100x"], "gpus_per_node": ["0", "n"],
+    "loss_parallel": ["maybe"], "compile": ["on"], "symm_mem": ["on", "2"], "preset": ["v100", "H100x"], "gpus_per_node": ["0", "n"],
     "family": ["gpt2", "llama4"],
 }
 
@@ -183,6 +183,20 @@ class JobConfig(Scratch):
         self.assertIn("parallel = { dp_shard = -1 }", text)
         self.assertIn('activation_checkpointing = "full"', text)
 
+    def test_symm_mem_read(self):
+        # parallelism.enable_fsdp_symm_mem (torchtitan distributed/fsdp.py:44-51) -> fsdp.symm_mem; the flag too
+        self.job(JOB_TOML.replace("tensor_parallel_degree = 2", "tensor_parallel_degree = 2\nenable_fsdp_symm_mem = true"))
+        rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml", "-o", "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("symm_mem = true", read(self.path("plans", "p.lua")))
+        rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml", "--symm-mem", "false", "-o",
+                                              "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("symm_mem = true", read(self.path("plans", "p.lua")))
+        # torchtitan refuses it below compute capability 9.0 (config/configs.py:267-278): so does the plan
+        self.refused(["write"] + BASE + ["--job-config", "job.toml", "--preset", "a100", "-o", "plans/p.lua"],
+                     "fsdp.symm_mem", "configs.py:267-278")
+
     def test_model_from_the_job_config_needs_torchtitan_or_a_config(self):
         self.job(JOB_TOML)
         rc, out, err = cp(["write", "--name", "p", "--world-size", "8", "--job-config", "job.toml"], self.d)
@@ -198,8 +212,10 @@ class JobConfig(Scratch):
         cases = [
             ("tensor_parallel_degree = 2", "tensor_parallel_degree = \"2\"", "parallelism.tensor_parallel_degree"),
             ("tensor_parallel_degree = 2", "tensor_paralel_degree = 2", "did you mean tensor_parallel_degree"),
-            ("tensor_parallel_degree = 2", "tensor_parallel_degree = 2\nenable_fsdp_symm_mem = true",
-             "enable_fsdp_symm_mem"),
+            ("tensor_parallel_degree = 2", "tensor_parallel_degree = 2\nenable_compiled_autograd = true",
+             "enable_compiled_autograd"),
+            ("tensor_parallel_degree = 2", "tensor_parallel_degree = 2\nenable_fsdp_symm_mem = 1",
+             "parallelism.enable_fsdp_symm_mem"),
             ("seq_len = 4096", "seq_len = 0", "training.seq_len"),
             ("mode = \"selective\"", "mode = \"sometimes\"", "activation_checkpoint.mode"),
             ("enable = false", "enable = 1", "compile.enable"),
