@@ -227,6 +227,18 @@ torch_lane() {
     titan_f8=$(logname "$titan_mem"); timeout 300 "$live_py" tests/titan/test_memory_terms.py >"$titan_f8" 2>&1
     titan_result "$titan_mem" "$titan_f8" $?; grep -h "^memory_terms: " "$titan_f8" | sed "s/^/        /"
   else skipped "$titan_mem" "no torch environment (make torch-env exit $live_rc)"; fi
+  # Issue 41 (h41d): fsdp.symm_mem. gloo has no symmetric memory (set_symm_mem_for_comm is accepted, the first
+  # step fails on CPU): FSDP2 with torchtitan's forced sums, every allocation at the call sites the
+  # symmetric comms serve vs the plan's window buffers, every rank alike, and a mutant plan that differs.
+  symm_live="fsdp.symm_mem: what FSDP2 allocates at its symmetric call sites (all-gather outputs, reduce-scatter inputs and outputs) on gloo, FSDP 4 and HSDP 2x2 bf16, vs the plan's window buffers per rank and step (tests/live/symm_sizes.py)"
+  if [ "$live_rc" = 0 ]; then
+    symm_f=$(logname "$symm_live"); mkdir -p build/symm_live
+    if $LUA gen/commplan.lua tests/plans/symm_fsdp4.lua build/symm_live/fsdp4 >/dev/null &&
+       $LUA gen/commplan.lua tests/plans/symm_hsdp2x2.lua build/symm_live/hsdp2x2 >/dev/null; then
+      timeout 600 "$live_py" tests/live/symm_sizes.py build/symm_live/fsdp4 build/symm_live/hsdp2x2 >"$symm_f" 2>&1
+      titan_result "$symm_live" "$symm_f" $?; grep -h "^ok\|^FAIL\|^  every" "$symm_f" | sed "s/^/        /"
+    else echo "generating tests/plans/symm_*.lua failed" >"$symm_f"; bad "$symm_live" "$symm_f"; fi
+  else skipped "$symm_live" "no torch environment (make torch-env exit $live_rc)"; fi
   # ---- end of torchtitan as the peer ----
   # Context parallel (docs/context-parallel.md): torchtitan 0.3's CP step on gloo vs commplan's tables.
   titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 4, dp_replicate 2 x cp 2, cp 2 x tp 2, mixtral dp_shard 2 x cp 2 x ep 2; spmd_types and partial_dtensor; SelectiveAC, FullAC): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"
