@@ -262,7 +262,7 @@ local function facts(p, face)
     "parallel", O({ "dp_replicate", d.dp_replicate, "dp_shard", d.dp_shard, "cp", d.cp, "tp", d.tp,
                     "pp", d.pp, "ep", d.ep, "async_tp", p.async_tp }),
     "mesh", O({ "names", p.mesh.names, "sizes", p.mesh.sizes, "strides", p.mesh.strides }),
-    "fsdp", O({ "reshard_after_forward", p.fsdp.reshard_after_forward,
+    "fsdp", O({ "reshard_after_forward", require("gen.parallel.fsdp_layout").raf_bool(p.fsdp.reshard_after_forward),
                 "reshard_after_backward", audit.false_or_nil(p.fsdp.reshard_after_backward),
                 "micro_steps", p.fsdp.micro_steps,
                 "reduce_op", p.fsdp.reduce_op, "param_dtype", p.fsdp.param_dtype, "reduce_dtype", p.fsdp.reduce_dtype,
@@ -956,7 +956,7 @@ local function memory_terms(p, s, m)
   -- (a pipeline rank's arena holds its stages' unsharded parameters and
   -- gradients all step; a flat plan's, the units in flight)
   local comm_fix = p.pipeline and "more pipeline stages (parallel.pp), each holding fewer layers unsharded"
-    or (p.fsdp and p.fsdp.reshard_after_forward == false and "set fsdp.reshard_after_forward = true")
+    or (p.fsdp and require("gen.parallel.fsdp_layout").raf_bool(p.fsdp.reshard_after_forward) == false and "set fsdp.reshard_after_forward = true")
     or (p.fsdp and p.fsdp.reshard_after_backward == false and "set fsdp.reshard_after_backward = true")
     or "smaller FSDP units (split the model into more units)"
   local shard_fix = "shard wider: more ranks in parallel.dp_shard (a larger world_size), or parallel.tp / parallel.pp"

@@ -59,6 +59,15 @@ end
 -- of parameter subsets (torch 2.15 repacks them per parameter), which the
 -- tables do not model: refused rather than planned in the wrong order.
 function fsdp.rules(ctx, d, p)
+  -- reshard_after_forward as an int (fully_shard's, gen/parallel/fsdp_layout.lua post_forward) is the
+  -- user's own fully_shard call: torchtitan 0.3 takes fsdp_reshard_after_forward as "default" / "always" /
+  -- "never" (config/configs.py:136) and resolves it to a bool (distributed/fsdp.py:54-78)
+  if p.model.family ~= "generic" and math.type(p.fsdp.reshard_after_forward) == "integer" then
+    util.field_error(ctx, "fsdp.reshard_after_forward", string.format("%d: torchtitan 0.3 passes fully_shard a "
+      .. "bool (its fsdp_reshard_after_forward policy, config/configs.py:136 and distributed/fsdp.py:54-78), and "
+      .. "under its spmd_types mesh FSDP2 refuses an int (torch 2.15 _fully_shard.py:261-270): use true or false, "
+      .. "or family = \"generic\" for your own fully_shard calls", p.fsdp.reshard_after_forward))
+  end
   -- a generic unit's own grad_accumulation (gen/parallel/fsdp_layout.lua unit_accumulation)
   for i, u in ipairs(p.model.family == "generic" and p.model.units or {}) do
     local path = string.format("model.units[%d].grad_accumulation", i)

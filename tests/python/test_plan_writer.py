@@ -696,6 +696,29 @@ class FromModule(Tmp):
                           ("layers.0", ["layers.0.w"], None), ("root", [], None)])
 
 
+class ReshardAfterForwardInt(Tmp):
+    """Issue 39 (h39r): fully_shard(reshard_after_forward=k) with an int k as the writer takes it
+    (commplan.Unit and fsdp=), written as given; the int 1 is not True (FSDP2's False)."""
+
+    def test_unit_int_written_and_generated(self):
+        a, b = FakeModule(w=FakeParam((8, 3))), FakeModule(w=FakeParam((4,)))
+        model = FakeModule(a=a, b=b, head=FakeParam((6,)))
+        text = commplan.plan_from_module(model, [commplan.Unit(a, reshard_after_forward=1),
+                                                 commplan.Unit(b, reshard_after_forward=4)], "rafw", 4)
+        self.assertIn('{ name = "a", reshard_after_forward = 1,', text)
+        self.assertIn('{ name = "b", reshard_after_forward = 4,', text)
+        out = self.generate(self.write("w", "rafw", text))
+        with open(os.path.join(out, "plan.json")) as f:
+            units = {u["name"]: u for u in json.load(f)["units"]}
+        # k = 1: reshard_after_forward=False; k = the shard group's 4 ranks: True (_fsdp_init.py:174-182)
+        self.assertEqual((units["a"]["reshard_after_forward"], units["b"]["reshard_after_forward"]), (False, True))
+        text = commplan.plan_from_module(model, [a, b], "rafp", 4, fsdp={"reshard_after_forward": 4})
+        self.assertIn("reshard_after_forward = 4", text)
+        for bad in (0, 2.5, "2"):
+            with self.assertRaises(PlanError):
+                commplan.Unit(a, reshard_after_forward=bad)
+
+
 class ReductionSetters(Tmp):
     """FSDPModule.set_gradient_divide_factor / set_force_sum_reduction_for_comms as the writer
     takes them: per Unit and plan-wide, written, generated, and the reduction the plan then has."""
