@@ -543,6 +543,10 @@ EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8
 EMU_EXTRA  += hsdp_keep_unsharded fsdp4_prefetch
 EMU_PLANS  += hsdp_keep_unsharded fsdp4_prefetch
 EMU_LIB_PLANS += hsdp_keep_unsharded fsdp4_prefetch
+# issue 39 (h39r): reshard_after_forward as an int (post-forward groups)
+EMU_EXTRA  += fsdp4_raf2 hsdp_raf2
+EMU_PLANS  += fsdp4_raf2 hsdp_raf2
+EMU_LIB_PLANS += fsdp4_raf2 hsdp_raf2
 # The same under ASan+UBSan (the GPU path's own memory errors: a freed
 # buffer a queued host function still reads), for a few plans.
 EMU_ASAN_PLANS := fsdp4 llama_tiny_tp hsdp3x2_arlast ep2_mixtral_hsdp hsdp2x2_offload

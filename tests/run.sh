@@ -143,6 +143,11 @@ torch_lane() {
     # draw all of them with the other options, whatever seed the run above starts from.
     live_check "live FSDP2: issue 39's reduction knobs drawn by the property test (seeds 27-29)" \
       timeout 600 "$live_py" tests/live/live.py seeds 27-29
+    # Issue 39 (h39r): fully_shard(reshard_after_forward=k) with an int k, drawn by the property test
+    # (seed 12: fsdp 4, k plan-wide and per unit, with sync_last, ignored_params and CPU offload; the fixed
+    # plans tests/plans/fsdp4_raf2.lua and hsdp_raf2.lua run in "live.py plans" above).
+    live_check "live FSDP2: issue 39's reshard_after_forward as an int drawn by the property test (seed 12)" \
+      timeout 600 "$live_py" tests/live/live.py seeds 12-12
   elif [ "$live_rc" = 3 ]; then
     live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
     skipped "torch-env (make torch-env)" "$live_why"

@@ -11,6 +11,7 @@ local layout = require("gen.parallel.fsdp_layout")
 local schedule = require("gen.parallel.fsdp_schedule")
 local verify = require("gen.verify")
 local util = require("gen.util")
+local groups = require("gen.groups")
 
 local fsdp = {
   name = "fsdp", label = "FSDP/HSDP", dims = { "dp_shard", "dp_replicate" },
@@ -91,6 +92,23 @@ function fsdp.rules(ctx, d, p)
       .. "ChunkedLossWrapper (training.loss_chunks = %d) reduces the [norm, lm_head] unit in two parts, whose "
       .. "partial sums commplan does not model; set training.loss_chunks = 1 (CrossEntropyLoss) or another "
       .. "grad_accumulation", fsdp.chunked_loss(p, d)))
+  end
+end
+
+-- The post-forward groups its units' int reshard_after_forward k needs
+-- (1 < k < S: gen/parallel/fsdp_layout.lua post_forward): a part family of
+-- k consecutive members of each shard group (gen/groups.lua add_part),
+-- named by layout.pf_family. The root never reshards after forward; an
+-- invalid k is the layout's refusal.
+function fsdp.families(fams, units, _, p)
+  local shard = fams.by_name.fsdp
+  for i = 1, #units - 1 do
+    local u = units[i]
+    local k = u.reshard_after_forward
+    if k == nil then k = p.fsdp.reshard_after_forward end
+    if shard and not u.expert and math.type(k) == "integer" and k > 1 and k < shard.size and shard.size % k == 0 then
+      groups.add_part(fams, "fsdp", k, layout.pf_family(k))
+    end
   end
 end
 

@@ -69,4 +69,96 @@ function T.refusals()
     .. "pipeline = { schedule = '1F1B' }"), "fsdp.reshard_after_forward")
 end
 
+-- 1 < k < S: the post-forward family (k consecutive members of each shard
+-- group, torch 2.15 _fsdp_init.py:186-194: the mesh viewed as (-1, k)),
+-- the forward's post_forward copy before its reshard, backward's all-gather
+-- over the family from the kept slice (S / k slots per rank), its copy-out
+-- marked, and the kept slice's buffer from the copy to that all-gather.
+function T.post_forward_group_schedule_and_memory()
+  local groups = require("gen.groups")
+  local src = H.generic(8, "{ dp_replicate = 2, dp_shard = 4 }", UNITS, "{ reshard_after_forward = 2 }")
+  local p = plan.from_source(src, "t.lua")
+  local f = p.groups.by_name.fsdp_pf2
+  H.eq(f.size, 2)
+  H.eq(f.count, 4)
+  -- HSDP 2 x 4: {0, 1}, {2, 3}, {4, 5}, {6, 7}
+  local got = {}
+  for c = 0, f.count - 1 do got[#got + 1] = table.concat(groups.members(f, c), ",") end
+  H.eq(table.concat(got, " "), "0,1 2,3 4,5 6,7")
+  local l0
+  for _, u in ipairs(p.layout.units) do if u.name == "l0" then l0 = u end end
+  H.eq(l0.post_forward.k, 2)
+  H.eq(l0.post_forward.count, l0.total * 2)
+  H.eq(kinds(p, "l0", "forward", "post_forward"), 1)
+  local seen_pf, gathers = false, 0
+  for _, o in ipairs(p.ops) do
+    if o.unit == l0.index then
+      if o.kind == "post_forward" then seen_pf = true end
+      if o.kind == "reshard" and o.phase == "forward" then H.eq(seen_pf, true, "the copy precedes the reshard") end
+      if o.kind == "all_gather" and o.phase == "backward" then
+        gathers = gathers + 1
+        H.eq(o.group, "fsdp_pf2")
+        H.eq(o.count, l0.total * 2)
+        H.eq(o.post_forward, true)
+      end
+      if o.kind == "copy_out" and o.phase == "backward" then H.eq(o.post_forward, true) end
+      if o.kind == "all_gather" and o.phase == "forward" then H.eq(o.group, "fsdp") end
+    end
+  end
+  H.eq(gathers, 1)
+  local b = p.arena.by_unit[l0.index].post_forward
+  H.eq(b.bytes, l0.total * 2 * 4)
+  H.eq(#b.lives, 1)
+  -- the root never reshards after forward: it keeps none
+  for _, u in ipairs(p.layout.units) do
+    H.eq(u.post_forward == nil, u.is_root, u.name)
+  end
+end
+
+-- The proofs refuse a schedule whose backward all-gather ignores the kept
+-- slice (a mutant: the full shard group's, as with reshard_after_forward=True).
+function T.post_forward_proof_catches_a_mutant()
+  local verify = require("gen.verify")
+  local p = plan.from_source(H.generic(4, "{ dp_shard = 4 }", UNITS, "{ reshard_after_forward = 2 }"), "t.lua")
+  local ops = {}
+  for i, o in ipairs(p.ops) do
+    local c = {}
+    for k, v in pairs(o) do c[k] = v end
+    ops[i] = c
+  end
+  for _, o in ipairs(ops) do
+    if o.kind == "all_gather" and o.post_forward then o.post_forward, o.group, o.count = nil, "fsdp", o.count // 2 end
+  end
+  local ok, err = pcall(verify.schedule, p.layout, ops, p.fsdp, p.rep)
+  H.eq(ok, false)
+  H.eq(tostring(err):find("all_gather of l%d while post_forward") ~= nil, true, tostring(err))
+  -- and an all-gather on the post-forward group with the full slot's count
+  for _, o in ipairs(ops) do
+    if o.kind == "all_gather" and o.phase == "backward" and o.unit == 1 then
+      o.post_forward, o.group, o.count = true, "fsdp_pf2", o.count
+    end
+  end
+  ok, err = pcall(verify.order, p.layout, p.groups, ops)
+  H.eq(ok, false)
+  H.eq(tostring(err):find("count", 1, true) ~= nil, true, tostring(err))
+end
+
+-- A part family's closed forms against its members, on a mesh with TP
+-- inside (strided shard groups) and on nodes of 4 GPUs.
+function T.part_family_closed_forms()
+  local groups = require("gen.groups")
+  local dims = { names = { "dp_shard", "tp" }, sizes = { 4, 2 }, strides = { 2, 1 }, index = { dp_shard = 1, tp = 2 },
+                 aliases = { fsdp = { "dp_shard" } }, alias_order = { "fsdp" }, world_size = 8 }
+  local fams = groups.build(dims)
+  local f = groups.add_part(fams, "fsdp", 2, "fsdp_pf2")
+  H.eq(fams.by_name.fsdp_pf2, f)
+  local got = {}
+  for c = 0, f.count - 1 do got[#got + 1] = table.concat(groups.members(f, c), ",") end
+  H.eq(table.concat(got, " "), "0,2 4,6 1,3 5,7")
+  H.eq(groups.span(f), 2)
+  H.eq(groups.intra_node(f, 4), true)
+  H.eq(groups.intra_node(f, 2), false)
+  H.eq(groups.nodes_spanned(f, 2), 2)
+end
+
 return T
