@@ -161,4 +161,32 @@ function T.part_family_closed_forms()
   H.eq(groups.nodes_spanned(f, 2), 2)
 end
 
+-- The advisor: where the top mesh's shard group spans nodes, the same mesh
+-- again with fsdp.reshard_after_forward = gpus_per_node (its memory, fit
+-- and step beside the top's); a plan setting its own int gets no such line.
+function T.advisor_tries_post_forward_groups()
+  local advisor = require("gen.advisor")
+  local load = require("gen.load")
+  -- two 1 GiB parameters in 6 GB: only dp_shard = 16 (two nodes of 8) fits
+  local units = { { "l0", { { "a", { 65536, 4096 } } } }, { "l1", { { "b", { 65536, 4096 } } } },
+                  { "root", { { "c", { 64 } } } } }
+  local topo = "\n  topology = { gpus_per_node = 8, gpu_memory_GB = 6 },\n}"
+  local text = H.generic(16, "{ dp_shard = 16 }", units, "{}"):gsub("\n}$", topo)
+  local res = advisor.rank(load.source(text, "plans/t.lua"), { no_pipeline = true })
+  local top = res.results[1]
+  H.eq(top.fits and top.shard_nodes, 2, "the top mesh's shard group spans two nodes")
+  local pf = res.post_forward
+  assert(pf and pf.k == 8 and pf.mesh == top.mesh and pf.step_us > 0, "the top mesh tried with reshard_after_forward = 8")
+  local out = {}
+  advisor.explain(top, res, out)
+  local all = table.concat(out, "\n")
+  assert(all:find("With fsdp.reshard_after_forward = 8", 1, true), all)
+  -- a plan with its own int, or a mesh inside one node, gets none
+  local own = H.generic(16, "{ dp_shard = 16 }", units, "{ reshard_after_forward = 4 }"):gsub("\n}$", topo)
+  H.eq(advisor.rank(load.source(own, "plans/t.lua"), { no_pipeline = true }).post_forward, nil, "the plan's own k")
+  local one = H.generic(16, "{ dp_shard = 16 }", units, "{}"):gsub("\n}$", "\n  topology = { gpus_per_node = 16, "
+    .. "gpu_memory_GB = 6 },\n}")
+  H.eq(advisor.rank(load.source(one, "plans/t.lua"), { no_pipeline = true }).post_forward, nil, "inside one node")
+end
+
 return T
