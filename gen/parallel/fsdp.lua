@@ -7,6 +7,10 @@
 -- schedule proofs). Every commplan plan uses it: a shard group of one rank
 -- is still fully_shard (FSDP2's world-size-1 path), as DDP-like plans
 -- (dp_shard = 1, dp_replicate > 1) are HSDP with one-rank shard groups.
+-- fully_shard(reshard_after_forward=k) with an int k adds a family of its
+-- own, k consecutive members of each shard group (fsdp.families), over
+-- which backward all-gathers the slice the forward kept (fsdp_layout.lua
+-- post_forward, fsdp_schedule.lua gather / forward_reshard).
 local layout = require("gen.parallel.fsdp_layout")
 local schedule = require("gen.parallel.fsdp_schedule")
 local verify = require("gen.verify")
