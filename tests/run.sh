@@ -743,6 +743,15 @@ for f in tests/plans/moe_*.lua; do
   run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2 --quiet
   run "simulate $n with NCCL's arithmetic" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
 done
+# Issue 39 (h39r): fully_shard(reshard_after_forward=k) -- tests/plans/*_raf2.lua, FSDP 4 and HSDP 2 x 4
+# with k = 2: every rank's unsharded parameters in backward rebuilt from the post-forward groups' slices.
+# Generated under build/gen/; the live FSDP2 comparison (live.py plans) and the emulator run them too.
+for f in tests/plans/*_raf2.lua; do
+  n=$(basename "$f" .lua)
+  run "build $n (tests/plans, into build/gen/$n)" $MAKE PLAN="$f" OUT="build/gen/$n"
+  run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2 --quiet
+  run "simulate $n with NCCL's arithmetic" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
+done
 # tests/ep/plans/*.lua: expert parallel (issue 23, items 3 and 4): ep 2 and 4,
 # experts over efsdp of 2, 4 (Shard(1)) and 1 (no collective), HSDP with
 # repeated micro-steps, a capacity factor. Not in tests/plans: live.py's FSDP2
