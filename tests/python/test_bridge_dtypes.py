@@ -79,7 +79,7 @@ MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
 # The quick tier: each mode once, each dtype family once, bf16 params + fp32 reduce + sync_last kept.
 QUICK = ["fp32_bf16_fp32_sync_last", "bf16_x_fp32_noreshard", "fp32_fp16_fp16_default",
          "fp32_bf16_bf16_ar_last", "fp16_x_x_every", "fp32_x_fp16_sync_last", "bf16_x_x_sum",
-         "fp32_bf16_fp32_every_keep", "fp32_bf16_fp32_keep", "fp32_bf16_fp32_prefetch", "fp32_bf16_fp32_raf2"]
+         "fp32_bf16_fp32_every_keep", "fp32_bf16_fp32_keep", "fp32_bf16_fp32_prefetch"]
 STEPS = {"quick": 2, "full": 3}
 
 
