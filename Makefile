@@ -546,6 +546,10 @@ EMU_LIB_PLANS += hsdp_keep_unsharded fsdp4_prefetch
 # issue 41 (fsdp.symm_mem: the symmetric window, ncclMemAlloc + ncclCommWindowRegister)
 EMU_EXTRA  += symm_fsdp4 symm_hsdp_tp symm_ep2 symm_hsdp2x2
 EMU_PLANS  += symm_fsdp4 symm_hsdp_tp symm_ep2 symm_hsdp2x2
+# issue 39 (h39r): reshard_after_forward as an int (post-forward groups)
+EMU_EXTRA  += fsdp4_raf2 hsdp_raf2
+EMU_PLANS  += fsdp4_raf2 hsdp_raf2
+EMU_LIB_PLANS += fsdp4_raf2 hsdp_raf2
 # The same under ASan+UBSan (the GPU path's own memory errors: a freed
 # buffer a queued host function still reads), for a few plans.
 EMU_ASAN_PLANS := fsdp4 llama_tiny_tp hsdp3x2_arlast ep2_mixtral_hsdp hsdp2x2_offload

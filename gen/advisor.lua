@@ -209,6 +209,7 @@ function advisor.rank(loaded, opts)
   local res = { results = results, rejected = rejected, world = world, topology = topo, global_batch = global,
                 plan_global = plan_global, cp = base_cp, cps = cps, eps = eps }
   res.offload = advisor.offload(loaded, results[1])
+  res.post_forward = advisor.post_forward(loaded, results[1])
   if not opts.no_pipeline then
     res.pipeline = advisor.pipeline(loaded, res)
   end
@@ -232,6 +233,31 @@ function advisor.offload(loaded, top)
   local r = audit_policies(c, p, { top.ac })
   return { mesh = top.mesh, ac = top.ac, fits = r.fits, total_bytes = r.memory.total_bytes,
            host_bytes = r.memory.host_bytes, step_us = r.step_us }
+end
+
+-- Where the top mesh fits and its shard group spans nodes: the same mesh
+-- with fsdp.reshard_after_forward = gpus_per_node (FSDP2's int reshard,
+-- "ZeRO++ hpZ": backward all-gathers inside a node from a slice kept after
+-- forward, torch 2.15 _fully_shard.py:201-206), under its policy: its
+-- memory and step beside the top's. A generic model only (torchtitan 0.3's
+-- policy is a bool, gen/parallel/fsdp.lua rules), and where the plan sets
+-- no reshard_after_forward of its own.
+function advisor.post_forward(loaded, top)
+  local g = loaded.topology and loaded.topology.gpus_per_node or 8
+  if not top or not top.fits or not top.cand or (top.shard_nodes or 1) < 2 or loaded.model.family ~= "generic"
+    or (loaded.fsdp and loaded.fsdp.reshard_after_forward ~= nil and loaded.fsdp.reshard_after_forward ~= true) then
+    return nil
+  end
+  local c = copy(top.cand)
+  c.fsdp = copy(c.fsdp or {})
+  c.fsdp.reshard_after_forward = g
+  local ok, p = pcall(plan_mod.from_loaded, c)
+  if not ok then
+    if not util.is_plan_error(p) then error(p, 0) end
+    return nil
+  end
+  local r = audit_policies(c, p, { top.ac })
+  return { mesh = top.mesh, ac = top.ac, k = g, fits = r.fits, total_bytes = r.memory.total_bytes, step_us = r.step_us }
 end
 
 -- One mesh (m: its degrees and the ranking's context) planned, audited
@@ -457,6 +483,12 @@ function advisor.explain(top, res, out)
     w("- Its communication per step, in the step: %s; the shard group spans %d node(s)%s.", table.concat(parts, ", "),
       top.shard_nodes, top.t > 1 and (top.tp_intra and "; the TP groups stay inside a node (NVLink)" or
         "; its TP groups cross nodes") or "")
+    local pf = res.post_forward
+    if pf then
+      w("- With fsdp.reshard_after_forward = %d (fully_shard's int: each rank keeps a slice after forward and "
+        .. "backward all-gathers inside its node) %s needs %s per rank and %s; predicted step %s (%s now).", pf.k,
+        pf.mesh, human(pf.total_bytes), pf.fits and "fits" or "does not fit", t(pf.step_us), t(top.step_us))
+    end
   end
   -- A pipeline plan's own mesh is not in this table: say where it ranks
   -- (the pipeline table below), so the headline is not read as "drop pp".

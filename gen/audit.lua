@@ -144,6 +144,8 @@ local function ops_json(p)
     if o.dtype then out[n + 1], out[n + 2], n = K.dtype, q[o.dtype], n + 2 end
     if o.count then out[n + 1], out[n + 2], n = K.count, num(o.count), n + 2 end
     if o.from_sharded then out[n + 1], out[n + 2], n = K.input, '"sharded"', n + 2 end
+    -- reshard_after_forward = k: the all-gather over the post-forward group (reading the kept slice) and its copy-out
+    if o.post_forward then out[n + 1], out[n + 2], n = K.input, '"post_forward"', n + 2 end
     if o.reduce_op then out[n + 1], out[n + 2], n = K.reduce_op, q[o.reduce_op], n + 2 end
     if o.part_first then
       local names, ps = {}, units[o.unit + 1].params
@@ -185,10 +187,14 @@ local function facts(p, face)
   local fam_list = {}
   for _, f in ipairs(p.groups.list) do
     local intra, nodes = family_facts(p, f)
-    fam_list[#fam_list + 1] = O({ "name", f.name, "id", f.id, "axes", f.axis_names, "size", f.size,
+    local row = { "name", f.name, "id", f.id, "axes", f.axis_names, "size", f.size,
       "count", f.count, "members", O({ "sizes", f.member_sizes, "strides", f.member_strides }),
       "colors", O({ "sizes", f.color_sizes, "strides", f.color_strides }),
-      "intra_node", intra, "nodes_per_group", nodes, "example_ranks", example_ranks(f) })
+      "intra_node", intra, "nodes_per_group", nodes, "example_ranks", example_ranks(f) }
+    -- a part family (FSDP2's post-forward groups, gen/groups.lua add_part): inner consecutive members of
+    -- each of its parent's groups (members and colors above are the parent's)
+    if f.inner then table.move({ "part_of", f.parent.name, "inner", f.inner }, 1, 4, #row + 1, row) end
+    fam_list[#fam_list + 1] = O(row)
   end
   local units = {}
   for _, u in ipairs(p.layout.units) do
@@ -211,7 +217,9 @@ local function facts(p, face)
       local b = p.arena.by_unit[u.index][kind]
       local lives = {}
       -- all_reduce_last under HSDP only; pipeline messages under PP only; CPU offload's device copies
-      if (kind == "partial" or kind == "pp" or kind == "h2d" or kind == "d2h") and b.bytes == 0 then goto next_kind end
+      -- (and reshard_after_forward = k's kept slice)
+      if (kind == "partial" or kind == "pp" or kind == "h2d" or kind == "d2h" or kind == "post_forward")
+        and b.bytes == 0 then goto next_kind end
       for _, iv in ipairs(b.lives) do lives[#lives + 1] = { iv.first, iv.last } end
       arena[#arena + 1] = kind
       -- (fsdp.symm_mem: a buffer in the symmetric window, gen/memplan.lua SYMM_KINDS)
@@ -220,6 +228,8 @@ local function facts(p, face)
     end
     local uj = kv_list("name", u.name, "index", u.index, "root", u.is_root,
       "reshard_after_forward", u.reshard_after_forward and true or false, "reshard_after_backward", audit.false_or_nil(u.reshard_after_backward),
+      -- fully_shard(reshard_after_forward=k): k and its post-forward group family, where 1 < k < S
+      "post_forward", u.post_forward and u.post_forward.k, "post_forward_group", u.post_forward and u.post_forward.group,
       "forward_prefetch", audit.unit_names(p, u.fwd_prefetch), "backward_prefetch", audit.unit_names(p, u.bwd_prefetch),
       "orig_dtype", u.orig_dtype, "ag_dtype", u.ag_dtype,
       "reduce_dtype", u.reduce_dtype, "grad_dtype", u.grad_dtype, "slot_numel", u.total, "grads_numel", u.grads_numel,
@@ -263,7 +273,7 @@ local function facts(p, face)
     "parallel", O({ "dp_replicate", d.dp_replicate, "dp_shard", d.dp_shard, "cp", d.cp, "tp", d.tp,
                     "pp", d.pp, "ep", d.ep, "async_tp", p.async_tp }),
     "mesh", O({ "names", p.mesh.names, "sizes", p.mesh.sizes, "strides", p.mesh.strides }),
-    "fsdp", O({ "reshard_after_forward", p.fsdp.reshard_after_forward,
+    "fsdp", O({ "reshard_after_forward", require("gen.parallel.fsdp_layout").raf_bool(p.fsdp.reshard_after_forward),
                 "reshard_after_backward", audit.false_or_nil(p.fsdp.reshard_after_backward),
                 "micro_steps", p.fsdp.micro_steps,
                 "reduce_op", p.fsdp.reduce_op, "param_dtype", p.fsdp.param_dtype, "reduce_dtype", p.fsdp.reduce_dtype,
@@ -393,7 +403,10 @@ local function class_facts(p)
     local offs = {}
     for _, b in ipairs(cls.arena.buffers) do
       -- a plan without pipeline messages (or CPU offload's device copies) hashes as it did before they existed
-      if (b.kind ~= "pp" and b.kind ~= "h2d" and b.kind ~= "d2h") or b.bytes > 0 then offs[#offs + 1] = b.offset end
+      -- (or reshard_after_forward = k's kept slice)
+      if (b.kind ~= "pp" and b.kind ~= "h2d" and b.kind ~= "d2h" and b.kind ~= "post_forward") or b.bytes > 0 then
+        offs[#offs + 1] = b.offset
+      end
     end
     t[#t + 1] = { cls.arena.arena_bytes, offs }
     out[#out + 1] = O(t)
@@ -983,7 +996,7 @@ local function memory_terms(p, s, m)
   -- (a pipeline rank's arena holds its stages' unsharded parameters and
   -- gradients all step; a flat plan's, the units in flight)
   local comm_fix = p.pipeline and "more pipeline stages (parallel.pp), each holding fewer layers unsharded"
-    or (p.fsdp and p.fsdp.reshard_after_forward == false and "set fsdp.reshard_after_forward = true")
+    or (p.fsdp and require("gen.parallel.fsdp_layout").raf_bool(p.fsdp.reshard_after_forward) == false and "set fsdp.reshard_after_forward = true")
     or (p.fsdp and p.fsdp.reshard_after_backward == false and "set fsdp.reshard_after_backward = true")
     or "smaller FSDP units (split the model into more units)"
   local shard_fix = "shard wider: more ranks in parallel.dp_shard (a larger world_size), or parallel.tp / parallel.pp"
@@ -1567,7 +1580,7 @@ function audit.md_groups(p, w)
   -- Families over the same axes (an alias and its dims) share one row.
   local rows, by_axes = {}, {}
   for _, f in ipairs(p.groups.list) do
-    local key = table.concat(f.axes, ",")
+    local key = table.concat(f.axes, ",") .. (f.inner and ("/" .. f.inner) or "") -- (a part family: its own row)
     if by_axes[key] then
       table.insert(by_axes[key].names, f.name)
     else

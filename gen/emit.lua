@@ -10,7 +10,7 @@ local DT = { fp32 = "CP_FP32", bf16 = "CP_BF16", fp16 = "CP_FP16", u8 = "CP_U8" 
 local RED = { sum = "CP_SUM", avg = "CP_AVG", max = "CP_MAX", premul_sum = "CP_PREMUL_SUM" }
 local BUF = { "CP_BUF_AG", "CP_BUF_UNSHARDED", "CP_BUF_GRADS", "CP_BUF_RS_IN", "CP_BUF_RS_OUT", "CP_BUF_ACT",
               "CP_BUF_PARTIAL", "CP_BUF_PP", "CP_BUF_A2A_COUNTS", "CP_BUF_A2A_SEND", "CP_BUF_A2A_RECV",
-              "CP_BUF_H2D", "CP_BUF_D2H" } -- memplan.KINDS order
+              "CP_BUF_H2D", "CP_BUF_D2H", "CP_BUF_POST_FORWARD" } -- memplan.KINDS order
 
 -- The runtime table layout these tables are written for (runtime/commplan.h
 -- CP_TABLES_VERSION); plan.c refuses to compile against any other.
@@ -128,7 +128,10 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
         -- set_gradient_divide_factor's PREMUL_SUM: its factor (C's zero default: none)
         .. (u.premul and ", " .. fields({ "premul_factor", num(u.premul * 1.0) }) or "")
         -- CPUOffloadPolicy: only on offloading units (C's zero default elsewhere)
-        .. (u.offload and ", " .. fields({ "offload", 1, "pin_memory", u.pin_memory and 1 or 0 }) or ""),
+        .. (u.offload and ", " .. fields({ "offload", 1, "pin_memory", u.pin_memory and 1 or 0 }) or "")
+        -- fully_shard(reshard_after_forward=k): k and its post-forward family (C's zero default elsewhere)
+        .. (u.post_forward and ", " .. fields({ "post_forward", u.post_forward.k,
+               "post_forward_family", p.groups.by_name[u.post_forward.group].id }) or ""),
       fields({ "arena_offset", "{ " .. arena_offsets(arena, u) .. " }" }))
   end
   -- Ops whose completion a later op waits on get an event slot; an op's
@@ -166,6 +169,8 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
     local event, first = slot[o.seq] or -1, nw > 0 and #wl or 0
     local direct = o.from_sharded and ", .from_sharded = 1" or ""
     if o.premul then direct = direct .. ", .premul_factor = " .. num(o.premul * 1.0) end
+    -- the all-gather over a post-forward group and its copy-out (runtime/commplan.h)
+    if o.post_forward then direct = direct .. ", .post_forward = 1" end
     -- a partial reduction (and its compute): the unit's parameters part_first ..
     -- part_first + part_count - 1; C's zero default (part_count 0) is the whole unit
     if o.part_first then
@@ -348,7 +353,9 @@ function emit.vars(p, fp)
     ge[#ge + 1] = string.format("    %s_GROUP_%s = %d,", NAME, util.c_ident(f.name), f.id)
     local mask = axis_bits(f)
     fl[#fl + 1] = string.format("    [%s_GROUP_%s] = { %s },", NAME, util.c_ident(f.name),
-      fields({ "name", cstr(f.name), "axis_mask", string.format("0x%xu", mask), "size", f.size }))
+      fields({ "name", cstr(f.name), "axis_mask", string.format("0x%xu", mask), "size", f.size,
+               -- a part family (gen/groups.lua add_part): inner consecutive keys of the masked axes
+               f.inner and "inner" or nil, f.inner }))
   end
   local classes = p.tp_classes
   local c0 = class_tables(p, classes[1], NAME, "", ident)

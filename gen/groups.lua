@@ -23,12 +23,24 @@ local function place(index, sizes, strides)
 end
 
 -- Global rank of the member with key `key` of the group with color `color`.
+-- A part family (groups.add_part: f.inner consecutive members of each of
+-- its parent's groups): color c is block c % blocks of the parent's group
+-- c // blocks, and its key k the parent's key block * inner + k.
 function groups.rank(f, color, key)
+  if f.inner then
+    local blocks = f.parent.size // f.inner
+    return groups.rank(f.parent, color // blocks, (color % blocks) * f.inner + key)
+  end
   return place(color, f.color_sizes, f.color_strides) + place(key, f.member_sizes, f.member_strides)
 end
 
 -- One group's ranks (O(group size)).
 function groups.members(f, color)
+  if f.inner then
+    local out = {}
+    for k = 0, f.size - 1 do out[k + 1] = groups.rank(f, color, k) end
+    return out
+  end
   local base, out = place(color, f.color_sizes, f.color_strides), {}
   for k = 0, f.size - 1 do out[k + 1] = base + place(k, f.member_sizes, f.member_strides) end
   return out
@@ -94,9 +106,45 @@ function groups.build(mesh)
   return { list = list, by_name = by_name }
 end
 
+-- A family of `inner` consecutive members of each group of the family
+-- `parent_name` (FSDP2's post-forward groups: the rows of the shard mesh
+-- viewed as (-1, inner), torch 2.15 _fsdp_init.py:186-194), added once
+-- under `name` after the mesh's families. Its axes are its parent's (the
+-- C tables' axis mask, with inner: runtime/topology.c).
+function groups.add_part(fams, parent_name, inner, name)
+  if fams.by_name[name] then return fams.by_name[name] end
+  local parent = assert(fams.by_name[parent_name], parent_name)
+  assert(inner > 1 and parent.size % inner == 0 and inner < parent.size, "internal: a part family's size")
+  local f = setmetatable({ name = name, parent = parent, inner = inner, axes = parent.axes,
+    axis_names = parent.axis_names, size = inner, count = parent.count * (parent.size // inner),
+    member_sizes = parent.member_sizes, member_strides = parent.member_strides,
+    color_sizes = parent.color_sizes, color_strides = parent.color_strides, sparse = parent.sparse }, Family)
+  fams.list[#fams.list + 1] = f
+  f.id = #fams.list - 1
+  fams.by_name[name] = f
+  return f
+end
+
+-- A part family's blocks inside its parent's group of color 0: each
+-- { off = its first rank's offset from the group's first, span }.
+local function part_blocks(f)
+  local out = {}
+  for b = 0, f.parent.size // f.inner - 1 do
+    local lo = groups.rank(f.parent, 0, b * f.inner)
+    out[#out + 1] = { off = lo - groups.rank(f.parent, 0, 0),
+                      span = groups.rank(f.parent, 0, b * f.inner + f.inner - 1) - lo }
+  end
+  return out
+end
+
 -- Span of one group: its last rank minus its first (every stride is
 -- positive, so key 0 is the lowest rank and the last key the highest).
 function groups.span(f)
+  if f.inner then
+    local s = 0
+    for _, b in ipairs(part_blocks(f)) do s = math.max(s, b.span) end
+    return s
+  end
   local s = 0
   for i, n in ipairs(f.member_sizes) do s = s + (n - 1) * f.member_strides[i] end
   return s
@@ -122,6 +170,14 @@ end
 -- consecutive ranks? Closed form: group c spans [base(c), base(c) + span],
 -- inside one node iff base(c) mod g + span < g for every color.
 function groups.intra_node(f, gpus_per_node)
+  if f.inner then
+    for r in pairs(base_residues(f.parent, gpus_per_node)) do
+      for _, b in ipairs(part_blocks(f)) do
+        if (r + b.off) % gpus_per_node + b.span >= gpus_per_node then return false end
+      end
+    end
+    return true
+  end
   local g, span = gpus_per_node, groups.span(f)
   if span >= g then return false end
   for r in pairs(base_residues(f, g)) do
@@ -135,6 +191,15 @@ end
 -- at most one node per member (exact for the mesh's groups: contiguous or
 -- node-strided ranks).
 function groups.nodes_spanned(f, gpus_per_node)
+  if f.inner then
+    local worst = 0
+    for r in pairs(base_residues(f.parent, gpus_per_node)) do
+      for _, b in ipairs(part_blocks(f)) do
+        worst = math.max(worst, ((r + b.off) % gpus_per_node + b.span) // gpus_per_node + 1)
+      end
+    end
+    return math.min(f.size, worst)
+  end
   local g, span = gpus_per_node, groups.span(f)
   local worst = 0
   for r in pairs(base_residues(f, g)) do worst = math.max(worst, (r + span) // g + 1) end

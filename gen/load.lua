@@ -58,7 +58,9 @@ local SCHEMA = {
     async_tp = { "bool" },
   },
   fsdp = {
-    reshard_after_forward = { "bool" },
+    -- true / false, or an int k: fully_shard(reshard_after_forward=k), the post-forward reshard to
+    -- groups of k ranks (torch 2.15 _fsdp_init.py:152-195; gen/parallel/fsdp_layout.lua post_forward)
+    reshard_after_forward = { "bool_or_int", max = LIM.world },
     -- false: FSDPModule.set_reshard_after_backward(False) on every micro-step's backward but the last
     -- (units stay unsharded into the next micro-step's forward; the last reshards, as FSDP2 needs
     -- before the optimizer step: torch 2.15 _fully_shard.py:687-712)
@@ -148,8 +150,9 @@ local SCHEMA = {
                 .. util.pow2_text(LIM.unit_steps) .. " of them" },
   },
   unit = { name = { "name" }, params = { "list", max = LIM.params },
-           -- overrides fsdp.reshard_after_forward for this unit (the root never reshards after forward)
-           reshard_after_forward = { "bool" },
+           -- overrides fsdp.reshard_after_forward for this unit (the root never reshards after forward);
+           -- an int as fsdp's
+           reshard_after_forward = { "bool_or_int", max = LIM.world },
            -- overrides fsdp.reshard_after_backward for this unit (set_reshard_after_backward(False, recurse=False))
            reshard_after_backward = { "bool" },
            -- FSDPModule.set_modules_to_forward_prefetch / _backward_prefetch: the units (by name) whose
@@ -346,6 +349,12 @@ local function check_value(ctx, path, spec, v)
     end
   elseif kind == "bool" then
     if type(v) ~= "boolean" then bad("true or false") end
+  elseif kind == "bool_or_int" then
+    -- (FSDP2's own: a bool or an int, torch 2.15 _fsdp_init.py:156-160)
+    if type(v) ~= "boolean" then
+      if type(v) ~= "number" then bad("true, false or an integer (the post-forward group size)") end
+      v = check_number(ctx, path, { "int", max = spec.max, why = "a group size is at most the world" }, v)
+    end
   elseif kind == "enum" then
     if type(v) ~= "string" then bad("one of " .. table.concat(spec.enum, ", ")) end
     local ok = false

@@ -23,6 +23,8 @@
 --              sharded parameters, their stored dtype)
 --   d2h        view_out .. d2h (or d2h_add; CPU offload: the device's
 --              viewed-out gradient awaiting its copy to the host)
+--   post_forward  post_forward .. the all-gather over the post-forward
+--              group (reshard_after_forward = k: the rank's kept slice)
 --   act        each TP activation collective alone (the compute around it
 --              owns its activations; this buffer is the collective's)
 -- Offsets come from greedy placement by size (largest first, lowest free
@@ -49,7 +51,7 @@ local memplan = {}
 
 memplan.ALIGN = 256 -- bytes: cudaMalloc's alignment, and 16-byte vector access
 memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act", "partial", "pp", "a2a_counts", "a2a_send",
-                  "a2a_recv", "h2d", "d2h" }
+                  "a2a_recv", "h2d", "d2h", "post_forward" }
 
 -- The stream whose allocations a buffer belongs to: the one running the op
 -- that opens its lifetimes. As in PyTorch's caching allocator (a pool per
@@ -59,7 +61,7 @@ memplan.KINDS = { "ag", "unsharded", "grads", "rs_in", "rs_out", "act", "partial
 memplan.POOL = { ag = "copy_in", unsharded = "compute", grads = "compute", rs_in = "compute",
                  rs_out = "reduce_scatter", act = "compute", partial = "reduce_scatter", pp = "compute",
                  a2a_counts = "compute", a2a_send = "compute", a2a_recv = "compute", h2d = "copy_in",
-                 d2h = "reduce_scatter" }
+                 d2h = "reduce_scatter", post_forward = "compute" }
 
 -- fsdp.symm_mem (torchtitan's enable_fsdp_symm_mem): the buffers FSDP2
 -- allocates from its symmetric-memory pool and rendezvouses on the
@@ -129,6 +131,8 @@ local function sizes_of(lay, u, micro_steps)
     a2a_send = (u.a2a_numel or 0) * ES[u.ag_dtype], a2a_recv = (u.a2a_numel or 0) * ES[u.ag_dtype],
     -- CPU offload's device copies (runtime/arena.c): the shard in its stored dtype
     h2d = u.offload and u.total * ES[u.orig_dtype] or 0, d2h = u.offload and u.total * ES[u.orig_dtype] or 0,
+    -- reshard_after_forward = k: the rank's post-forward slice (runtime/arena.c)
+    post_forward = u.post_forward and u.post_forward.count * (u.ag_bytes and 1 or ES[u.ag_dtype]) or 0,
   }
 end
 
@@ -137,7 +141,7 @@ local function lifetimes(lay, ops)
   local life, open = {}, {}
   for _, u in ipairs(lay.units) do
     life[u.index] = { ag = {}, unsharded = {}, grads = {}, rs_in = {}, rs_out = {}, act = {}, partial = {}, pp = {},
-                      a2a_counts = {}, a2a_send = {}, a2a_recv = {}, h2d = {}, d2h = {} }
+                      a2a_counts = {}, a2a_send = {}, a2a_recv = {}, h2d = {}, d2h = {}, post_forward = {} }
     open[u.index] = {}
   end
   local function start(u, kind, seq)
@@ -160,6 +164,8 @@ local function lifetimes(lay, ops)
     if k == "h2d" then start(u, "h2d", s)
     elseif k == "copy_in" or (k == "all_gather" and o.from_sharded) then
       stop(u, "h2d", s); start(u, "ag", s)
+    elseif k == "all_gather" and o.post_forward then stop(u, "post_forward", s); start(u, "ag", s)
+    elseif k == "post_forward" then start(u, "post_forward", s)
     elseif k == "copy_out" then
       stop(u, "ag", s); start(u, "unsharded", s); last_copy_out[u] = s
       at_out[u], own_at_out[u] = computes, own[u] or 0

@@ -14,6 +14,8 @@ local opkinds = {}
 -- sharded storage itself (laid out as its fused slot: the same offsets and
 -- padding), as a flat parameter buffer does; op.from_sharded marks it.
 local FROM_SHARDED = { reads = { "sharded" }, writes = { "ag" } }
+-- The all-gather over a post-forward group reads the post-forward buffer.
+local FROM_POST_FORWARD = { reads = { "post_forward" }, writes = { "ag" } }
 
 opkinds.LIST = {
   { name = "copy_in", reads = { "sharded" }, writes = { "ag" } },
@@ -71,6 +73,12 @@ opkinds.LIST = {
   { name = "h2d", reads = { "sharded" }, writes = { "h2d" }, host = true },
   { name = "d2h", reads = { "d2h" }, writes = { "sharded_grads" }, host = true },
   { name = "d2h_add", reads = { "d2h", "sharded_grads" }, writes = { "sharded_grads" }, host = true },
+  -- fully_shard(reshard_after_forward=k) (runtime/commplan.h CP_OP_POST_FORWARD):
+  -- after forward, this rank's slice of the unsharded parameters copied to
+  -- the post-forward buffer (FSDPParam.to_sharded_post_forward, torch 2.15
+  -- _fsdp_param.py:970-1010), which backward's all-gather over the
+  -- post-forward group reads (op.post_forward)
+  { name = "post_forward", reads = { "unsharded" }, writes = { "post_forward" } },
 }
 
 -- An offloaded unit's copy-in reads the device copy h2d made, and its
@@ -126,6 +134,7 @@ end
 -- from the sharded storage.
 function opkinds.access(o)
   if o.from_sharded then return FROM_SHARDED end
+  if o.post_forward and o.kind == "all_gather" then return FROM_POST_FORWARD end
   if o.offload and OFFLOADED[o.kind] then return OFFLOADED[o.kind] end
   return opkinds.BY_NAME[o.kind]
 end

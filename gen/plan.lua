@@ -138,6 +138,11 @@ function plan.from_loaded(p, opts)
   for _, m in ipairs(nester and {} or mods) do
     if m.apply_units then units = m.apply_units(ctx, units, d, p) end
   end
+  -- Families a module's units add to the mesh's (FSDP's post-forward groups:
+  -- gen/parallel/fsdp.lua families), before any layout names them.
+  for _, m in ipairs(mods) do
+    if m.families then m.families(fams, units, d, p) end
+  end
   -- Without a module that tells ranks apart, every rank holds one table set.
   local splitter = parallel.first(mods, "classes", true)
   local split = splitter and splitter.classes(units, d, mine[splitter])

@@ -68,7 +68,7 @@ local CATEGORY = {
   forward = "compute", backward = "compute", reshard = "compute", copy_in = "copy", copy_out = "copy",
   pack = "copy", view_out = "copy", view_out_add = "copy", partial_save = "copy", partial_add = "copy",
   partial_fold = "copy", all_gather = "collective", reduce_scatter = "collective",
-  all_reduce = "collective", h2d = "copy", d2h = "copy", d2h_add = "copy",
+  all_reduce = "collective", h2d = "copy", d2h = "copy", d2h_add = "copy", post_forward = "copy",
 }
 
 -- p: the plan; fig: gen/figures.lua's figures (its timeline, and the

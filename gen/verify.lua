@@ -70,6 +70,10 @@ end
 -- and each reduction's view-out fills the device copy that its D2H then
 -- assigns (d2h, the step's first) or adds (d2h_add) into the host's sharded
 -- grads; a unit that does not offload issues neither.
+-- reshard_after_forward = k (u.post_forward): every forward reshard of the
+-- unit is preceded by its post_forward copy, and the unit's next unshard is
+-- the all-gather over its post-forward group from that slice (then its
+-- copy-out by the post-forward geometry); nothing else gathers it meanwhile.
 -- rep: a repeated micro-step (gen/repeat.lua), walked as the executor runs it.
 function verify.schedule(lay, ops, fsdp, rep)
   local micro_steps = fsdp.micro_steps
@@ -113,9 +117,19 @@ function verify.schedule(lay, ops, fsdp, rep)
       check(s == want, "copy_in of %s while %s", name(u), s); state[u] = "copied_in"
     elseif k == "all_gather" then
       check(not (off and o.from_sharded), "all_gather of %s reads its host shards", name(u))
-      local want = o.from_sharded and "sharded" or "copied_in" -- zero copy-in reads the shards themselves
-      check(s == want, "all_gather of %s while %s", name(u), s); state[u] = "gathered"
-    elseif k == "copy_out" then check(s == "gathered", "copy_out of %s while %s", name(u), s); state[u] = "unsharded"
+      -- zero copy-in reads the shards themselves; the post-forward group's, the kept slice
+      local want = o.post_forward and "post_forward" or o.from_sharded and "sharded" or "copied_in"
+      check(s == want, "all_gather of %s while %s", name(u), s)
+      state[u] = o.post_forward and "pf_gathered" or "gathered"
+    elseif k == "copy_out" then
+      -- (a post-forward all-gather's output is copied out by its geometry: op.post_forward on both)
+      check(s == (o.post_forward and "pf_gathered" or "gathered"), "copy_out of %s while %s", name(u), s)
+      state[u] = "unsharded"
+    elseif k == "post_forward" then
+      -- reshard_after_forward = k: the slice kept, then the forward's reshard
+      check(lay.units[u + 1].post_forward and s == "unsharded" and o.phase == "forward",
+        "post_forward of %s while %s", name(u), s)
+      state[u] = "pf_copied"
     elseif k == "forward" then check(s == "unsharded", "forward of %s on %s params", name(u), s); range(o)
     elseif k == "backward" then
       check(s == "unsharded", "backward of %s on %s params", name(u), s)
@@ -125,7 +139,11 @@ function verify.schedule(lay, ops, fsdp, rep)
       -- (zero bubble's input gradient: the weight gradient is its W, a backward)
       check(s == "unsharded", "backward_input of %s on %s params", name(u), s)
     elseif P2P_KIND[k] then -- luacheck: ignore 542 (a stage's activation: no parameter state)
-    elseif k == "reshard" then check(s == "unsharded", "reshard of %s while %s", name(u), s); state[u] = "sharded"
+    elseif k == "reshard" then
+      -- a unit with a post-forward group keeps its slice through every forward reshard
+      local pf = lay.units[u + 1].post_forward and o.phase == "forward"
+      check(s == (pf and "pf_copied" or "unsharded"), "reshard of %s while %s", name(u), s)
+      state[u] = pf and "post_forward" or "sharded"
     elseif k == "pack" then
       local lo, hi = range(o)
       for j = lo, hi do
@@ -243,6 +261,11 @@ function verify.order(lay, fams, ops)
           for j = o.part_first + 1, o.part_first + o.part_count do total = total + u.params[j].padded end
           check(o.kind ~= "all_gather", "op %d: an all-gather of a part", o.seq)
         end
+        -- the post-forward group's all-gather: S / k slots per rank, over that group
+        local pf = o.post_forward and u.post_forward
+        check(not o.post_forward or pf and o.kind == "all_gather" and o.group == pf.group and f.size == pf.k
+          and f.size * pf.scale == lay.W, "op %d: a post-forward %s of %s on %s", o.seq, o.kind, u.name, o.group)
+        if pf then total = total * pf.scale end
         check(o.count == total, "op %d count %d != slot %d", o.seq, o.count, total)
         check(o.group ~= "fsdp" and o.group ~= "efsdp" or (u.shard_group or "fsdp") == o.group,
           "op %d: %s of %s on %s", o.seq, o.kind, u.name, o.group)

@@ -15,6 +15,8 @@ int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_buffer k)
     case CP_BUF_H2D:
     case CP_BUF_D2H: return U->offload ? U->total * (int64_t)cp_dtype_size(U->orig_dtype) : 0;
     case CP_BUF_AG: return W * cp_unit_ag_bytes(U);
+    /* reshard_after_forward = k: the kept slice, S / k of the slot (none without it) */
+    case CP_BUF_POST_FORWARD: return U->post_forward > 1 ? W / U->post_forward * cp_unit_ag_bytes(U) : 0;
     case CP_BUF_UNSHARDED: return U->ag_bytes > 0 ? U->unsharded_bytes : W * cp_unit_ag_bytes(U);
     case CP_BUF_GRADS: return U->grads_numel * (int64_t)cp_dtype_size(U->grad_dtype);
     case CP_BUF_RS_IN: return W * U->total * (int64_t)cp_dtype_size(U->reduce_dtype);
@@ -105,7 +107,14 @@ static int scan_op(void *ctx, const cp_op *op)
     if (d->in >= 0 && d->in < CP_ARENA_BUFFERS) e->touches |= 1u << d->in;
     if (d->out >= 0 && d->out < CP_ARENA_BUFFERS) e->touches |= 1u << d->out, e->writes |= 1u << d->out;
     switch (op->kind) {
-    case CP_OP_ALL_GATHER: e->opens |= 1u << CP_BUF_AG; break; /* until its copy-out (a split unshard's wait) */
+    case CP_OP_ALL_GATHER:
+        e->opens |= 1u << CP_BUF_AG; /* until its copy-out (a split unshard's wait) */
+        if (op->post_forward) {
+            e->closes |= 1u << CP_BUF_POST_FORWARD;
+            e->opens &= ~(1u << CP_BUF_POST_FORWARD);
+            e->touches |= 1u << CP_BUF_POST_FORWARD;
+        }
+        break;
     case CP_OP_COPY_OUT:
         e->closes |= 1u << CP_BUF_AG;
         e->opens &= ~(1u << CP_BUF_AG);
@@ -113,6 +122,9 @@ static int scan_op(void *ctx, const cp_op *op)
         if (backward_next(c->p, op->unit, i, 1)) e->opens |= 1u << CP_BUF_GRADS;
         break;
     case CP_OP_RESHARD: e->closes |= 1u << CP_BUF_UNSHARDED; break;
+    /* reshard_after_forward = k: the kept slice holds from the reshard call
+     * to the unshard call whose all-gather reads it */
+    case CP_OP_POST_FORWARD: e->opens |= 1u << CP_BUF_POST_FORWARD; break;
     case CP_OP_PACK:
         e->closes |= 1u << CP_BUF_GRADS;
         e->opens &= ~(1u << CP_BUF_GRADS);
@@ -196,7 +208,10 @@ void cp_call_conflict_message(const cp_plan *p, const char *call, int unit, int 
                                                         "reduce-scatter output", "activation buffer",
                                                         "partial gradient sums", "point-to-point messages",
                                                         "expert counts", "expert-parallel send buffer",
-                                                        "expert-parallel receive buffer" };
+                                                        "expert-parallel receive buffer",
+                                                        "device copy of the offloaded shards",
+                                                        "device copy of the offloaded gradients",
+                                                        "post-forward slice" };
     const char *name = p->units[v].name, *why;
     char fix[300];
     if (held == CP_BUF_UNSHARDED) {
@@ -413,7 +428,9 @@ static int order_op(void *ctx, const cp_op *op)
     }
     vc[s]++;
     const cp_op_desc *d = &cp_op_descs[op->kind];
-    int in = op->kind == CP_OP_ALL_GATHER && op->from_sharded ? -1 : (int)d->in, out = (int)d->out;
+    int in = op->kind == CP_OP_ALL_GATHER && op->from_sharded ? -1
+             : op->kind == CP_OP_ALL_GATHER && op->post_forward ? (int)CP_BUF_POST_FORWARD : (int)d->in;
+    int out = (int)d->out;
     if (in >= 0 && in < CP_ARENA_BUFFERS && order_access(c, i, vc, in, 0)) return -1;
     if (out >= 0 && out < CP_ARENA_BUFFERS && order_access(c, i, vc, out, 1)) return -1;
     if (op->event >= 0) {

@@ -75,6 +75,12 @@ typedef enum {
     CP_OP_H2D,             /* host sharded params -> the unit's device copy (CP_BUF_H2D), which its copy-in reads */
     CP_OP_D2H,             /* the view-out's device copy (CP_BUF_D2H) -> the host's sharded grads (assigns) */
     CP_OP_D2H_ADD,         /* the same, then added into the host's sharded grads on the host (a later reduction) */
+    /* fully_shard(reshard_after_forward=k) (cp_unit.post_forward = k): after
+     * forward, this rank's slice of the unsharded parameters (at its key in
+     * its post-forward group: S / k padded shards of each parameter) ->
+     * CP_BUF_POST_FORWARD, which backward's all-gather over that group reads
+     * (cp_op.post_forward; torch 2.15 _fsdp_param.py:970-1010) */
+    CP_OP_POST_FORWARD,
     CP_OP_KIND_COUNT
 } cp_op_kind;
 
@@ -127,6 +133,8 @@ typedef enum {
                           then local expert */
     CP_BUF_H2D,        /* total, orig dtype: CPU offload's device copy of the host's shards (h2d .. copy-in) */
     CP_BUF_D2H,        /* total, orig dtype: CPU offload's viewed-out grads awaiting their D2H (view-out .. d2h) */
+    CP_BUF_POST_FORWARD, /* (S / k) x the slot's bytes: reshard_after_forward = k's kept slice (post_forward ..
+                            the all-gather over the post-forward group); 0 bytes elsewhere */
     CP_ARENA_BUFFERS,
     CP_BUF_SHARDED = CP_ARENA_BUFFERS, /* total, orig dtype: this rank's shards (host memory on an offloading unit) */
     CP_BUF_SHARDED_GRADS,              /* total, orig dtype: this rank's reduced grads (likewise) */
@@ -193,6 +201,10 @@ typedef struct {
      * params and grads in host memory (pinned where pin_memory), copied by
      * CP_OP_H2D / CP_OP_D2H(_ADD); 0, 0 elsewhere. */
     int offload, pin_memory;
+    /* fully_shard(reshard_after_forward=k), 1 < k < shard size: k, and the
+     * family of its post-forward groups (k consecutive keys of each shard
+     * group); 0, 0 elsewhere (C's zero default). */
+    int post_forward, post_forward_family;
 } cp_unit;
 
 /* A parameter's all-gather dtype, its byte offset in its unit's slot, and
@@ -220,6 +232,11 @@ typedef struct {
     const char *name;
     uint32_t axis_mask; /* bit i set: mesh dim i belongs to the family */
     int size;
+    /* > 0: a part family (FSDP2's post-forward groups): the masked axes'
+     * row-major key K split into groups of inner consecutive keys, key
+     * K % inner, the masked axes' color x (their size / inner) + K / inner
+     * (runtime/topology.c); 0 (C's zero default): the masked axes whole. */
+    int inner;
 } cp_group_family;
 
 typedef struct {
@@ -268,6 +285,10 @@ typedef struct {
     /* reduce_op CP_PREMUL_SUM: the divide factor f (scalar 1 / f); 0 (C's
      * zero default) on every other op. */
     double premul_factor;
+    /* 1 on the all-gather over a unit's post-forward group (its input the
+     * unit's CP_BUF_POST_FORWARD) and the copy-out after it (its output
+     * holds each member's slice: cp_post_forward_piece); 0 elsewhere. */
+    int post_forward;
 } cp_op;
 
 /* One class: the ranks whose tables agree (TP ranks whose TP-local shapes
@@ -474,6 +495,14 @@ int64_t cp_param_full_numel(const cp_param *prm);
  * it; and the coordinate that picks a split parameter's rows (the TP
  * coordinate, or an experts unit's ep key). */
 int cp_unit_shard_size(const cp_plan *p, int unit);
+/* reshard_after_forward = k (cp_unit.post_forward; Shard(0) parameters):
+ * piece i of the post-forward copy (copy_out 0, i < nparams: this rank's
+ * slice of parameter i) or of the copy-out after the all-gather over the
+ * post-forward group (copy_out 1, i < k x nparams: member i / nparams's
+ * slice of parameter i % nparams): byte offsets into the op's input and
+ * output buffers and the bytes it moves. */
+void cp_post_forward_piece(const cp_plan *p, int unit, int shard_rank, int copy_out, int i, int64_t *in_off,
+                           int64_t *out_off, int64_t *bytes);
 int cp_unit_shard_family(const cp_plan *p, int unit);
 int cp_unit_shard_rank(const cp_plan *p, int unit, int rank);
 int cp_unit_split_rank(const cp_plan *p, int unit, int rank);
@@ -709,7 +738,7 @@ void *cp_executor_op_buffer(const cp_executor *ex, const cp_op *op, cp_buffer k,
  * the unit's previous call of this kind ended) to the group's last kind
  * present, wrapping to the step's start after the last instance; each op
  * through run(ctx, op). The library call kinds, in their ops' order: */
-extern const cp_op_kind cp_call_unshard[4], cp_call_reshard[1], cp_call_reduce[10], cp_call_exchange[2];
+extern const cp_op_kind cp_call_unshard[4], cp_call_reshard[2], cp_call_reduce[10], cp_call_exchange[2];
 /* The split unshard: its issue (copy-in, all-gather) and its wait (copy-out). */
 extern const cp_op_kind cp_call_unshard_issue[3], cp_call_unshard_wait[1];
 /* Returns 0, 1 when the plan has no such op for the unit (nothing to do), or

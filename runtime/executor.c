@@ -14,6 +14,9 @@
 /* Kernel numbers as cp_gpu_kernels.h declares them (that header is the
  * CUDA-side face; this file stays plain C). */
 enum { K_COPY_IN = 0, K_COPY_OUT = 1, K_PACK = 2, K_VIEW_OUT = 3, K_VIEW_OUT_ADD = 4, K_FLAT_COPY = 5, K_FLAT_ADD = 6 };
+/* reshard_after_forward = k's copies: byte runs (cp_post_forward_piece) the
+ * executor moves with the backend's copy_bytes, no generated kernel. */
+enum { K_POST_FORWARD = -2 };
 
 const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
     [CP_OP_COPY_IN] = { .name = "copy_in", .action = CP_ACT_COPY, .kernel = K_COPY_IN,
@@ -84,13 +87,19 @@ const cp_op_desc cp_op_descs[CP_OP_KIND_COUNT] = {
                     .frees = CP_BUF_D2H },
     [CP_OP_D2H_ADD] = { .name = "d2h_add", .action = CP_ACT_HOST, .in = CP_BUF_D2H, .out = CP_BUF_SHARDED_GRADS,
                         .frees = CP_BUF_D2H, .adds = 1 },
+    /* fully_shard(reshard_after_forward=k): this rank's slice of the unsharded
+     * parameters kept after forward (torch 2.15 _fsdp_param.py:970-1010); the
+     * reshard after it frees them */
+    [CP_OP_POST_FORWARD] = { .name = "post_forward", .action = CP_ACT_COPY, .kernel = K_POST_FORWARD,
+                             .in = CP_BUF_UNSHARDED, .out = CP_BUF_POST_FORWARD, .frees = CP_BUF_NONE },
 };
 
 /* (CP_OP_H2D first: an offloading unit's unshard starts with its shards' copy to the device) */
 const cp_op_kind cp_call_unshard[4] = { CP_OP_H2D, CP_OP_COPY_IN, CP_OP_ALL_GATHER, CP_OP_COPY_OUT };
 const cp_op_kind cp_call_unshard_issue[3] = { CP_OP_H2D, CP_OP_COPY_IN, CP_OP_ALL_GATHER };
 const cp_op_kind cp_call_unshard_wait[1] = { CP_OP_COPY_OUT };
-const cp_op_kind cp_call_reshard[1] = { CP_OP_RESHARD };
+/* (a unit with a post-forward group keeps its slice first: CP_OP_POST_FORWARD) */
+const cp_op_kind cp_call_reshard[2] = { CP_OP_POST_FORWARD, CP_OP_RESHARD };
 /* A dispatch exchanges the counts first; every other exchange is one A2A. */
 const cp_op_kind cp_call_exchange[2] = { CP_OP_A2A_COUNTS, CP_OP_A2A };
 /* Pack, reduce-scatter, all_reduce_last's partial sums, the HSDP all-reduce,
@@ -368,6 +377,8 @@ void *cp_executor_op_buffer(const cp_executor *ex, const cp_op *op, cp_buffer k,
     if (k == CP_BUF_NONE) return NULL;
     /* Zero copy-in: the all-gather's input slot is the sharded storage itself. */
     if (op->from_sharded && k == CP_BUF_AG && slot == CP_SLOT_SHARD) return ex->buf[CP_BUF_SHARDED][op->unit];
+    /* The all-gather over a post-forward group reads the slice kept after forward. */
+    if (op->post_forward && k == CP_BUF_AG && slot == CP_SLOT_SHARD) return ex->buf[CP_BUF_POST_FORWARD][op->unit];
     /* CPU offload: the copy-in reads the device copy of the host's shards, the
      * view-out writes the device copy the D2H then moves to the host. */
     if (ex->plan->units[op->unit].offload) {
@@ -413,6 +424,25 @@ int cp_executor_write(cp_executor *ex, cp_stream s, int u, cp_buffer k, const vo
         return 0;
     }
     return ex->backend->write(ex->backend, s, ex->buf[k][u], host, (size_t)cp_arena_buffer_bytes(ex->plan, u, k));
+}
+
+/* reshard_after_forward = k: the post-forward copy (this rank's slice of
+ * each parameter) or the copy-out after the all-gather over the
+ * post-forward group (each member's slice back into place), as byte runs
+ * on the op's stream (cp_post_forward_piece). */
+static int post_forward_copy(cp_executor *ex, const cp_op *op, const void *in, void *out)
+{
+    const cp_plan *p = ex->plan;
+    const cp_unit *U = &p->units[op->unit];
+    int copy_out = op->kind == CP_OP_COPY_OUT, n = U->nparams * (copy_out ? U->post_forward : 1);
+    if (U->post_forward < 2) return -1;
+    for (int i = 0; i < n; i++) {
+        int64_t from, to, bytes;
+        cp_post_forward_piece(p, op->unit, cp_unit_shard_rank(p, op->unit, ex->rank), copy_out, i, &from, &to, &bytes);
+        if (ex->backend->copy_bytes(ex->backend, op->stream, (const char *)in + from, (char *)out + to, (size_t)bytes))
+            return -1;
+    }
+    return 0;
 }
 
 static int failed(cp_executor *ex, const cp_op *op, const char *what)
@@ -1025,7 +1055,9 @@ static int cp_executor_run_op_(cp_executor *ex, const cp_op *op)
     void *out = cp_executor_op_buffer(ex, op, d->out, d->out_slot);
     switch (d->action) {
     case CP_ACT_COPY:
-        if (b->copy(b, d->kernel, u, op->part_first, op->part_count, op->stream, in, out))
+        if (d->kernel == K_POST_FORWARD || op->post_forward) { /* reshard_after_forward = k's copies */
+            if (post_forward_copy(ex, op, in, out)) return failed(ex, op, "the post-forward copy");
+        } else if (b->copy(b, d->kernel, u, op->part_first, op->part_count, op->stream, in, out))
             return failed(ex, op, "the copy kernel");
         if (d->out == CP_BUF_UNSHARDED) ex->unsharded_live[u] = 1;
         /* CPU offload: the device copy of the shards is dead once copied in */

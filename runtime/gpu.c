@@ -1016,7 +1016,7 @@ static int unit_call(cp_gpu *g, const char *name, int unit, const part *parts, i
 
 static const part unshard_issue = { CALL_UNSHARD, cp_call_unshard_issue, 3 },
                   unshard_wait = { CALL_UNSHARD_WAIT, cp_call_unshard_wait, 1 },
-                  reshard = { CALL_RESHARD, cp_call_reshard, 1 }, reduce = { CALL_REDUCE, cp_call_reduce, 10 },
+                  reshard = { CALL_RESHARD, cp_call_reshard, 2 }, reduce = { CALL_REDUCE, cp_call_reduce, 10 },
                   exchange = { CALL_EXCHANGE, cp_call_exchange, 2 };
 
 int cp_gpu_unshard(cp_gpu *g, int unit, void *stream)

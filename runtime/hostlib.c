@@ -335,7 +335,7 @@ int cp_hostlib_unshard(cp_hostlib *h, int unit)
 }
 int cp_hostlib_reshard(cp_hostlib *h, int unit)
 {
-    return split_call(h, "cp_hostlib_reshard", unit, CALL_RESHARD, cp_call_reshard, 1, 0, 0);
+    return split_call(h, "cp_hostlib_reshard", unit, CALL_RESHARD, cp_call_reshard, 2, 0, 0);
 }
 int cp_hostlib_reduce_grads(cp_hostlib *h, int unit)
 {

@@ -18,10 +18,15 @@ void cp_group_of(const cp_plan *p, int family, int rank, int *color, int *key)
     cp_rank_coords c;
     cp_rank_coords_of(p, rank, &c);
     uint32_t mask = p->families[family].axis_mask;
-    int col = 0, k = 0;
+    int col = 0, k = 0, n = 1;
     for (int d = 0; d < p->mesh_ndim; d++) {
-        if (mask & (1u << d)) k = k * p->mesh_sizes[d] + c.coords[d];
+        if (mask & (1u << d)) k = k * p->mesh_sizes[d] + c.coords[d], n *= p->mesh_sizes[d];
         else col = col * p->mesh_sizes[d] + c.coords[d];
+    }
+    int inner = p->families[family].inner;
+    if (inner > 0) { /* a part family: groups of inner consecutive keys */
+        col = col * (n / inner) + k / inner;
+        k %= inner;
     }
     *color = col;
     *key = k;
@@ -30,6 +35,14 @@ void cp_group_of(const cp_plan *p, int family, int rank, int *color, int *key)
 int cp_group_member(const cp_plan *p, int family, int color, int key)
 {
     uint32_t mask = p->families[family].axis_mask;
+    int inner = p->families[family].inner;
+    if (inner > 0) { /* a part family: back to the masked axes' color and key */
+        int n = 1;
+        for (int d = 0; d < p->mesh_ndim; d++)
+            if (mask & (1u << d)) n *= p->mesh_sizes[d];
+        key = (color % (n / inner)) * inner + key;
+        color /= n / inner;
+    }
     int coords[CP_MAX_MESH_DIMS];
     for (int d = p->mesh_ndim - 1; d >= 0; d--) {
         if (mask & (1u << d)) { coords[d] = key % p->mesh_sizes[d]; key /= p->mesh_sizes[d]; }
@@ -208,4 +221,27 @@ int64_t cp_part_offset(const cp_plan *p, int unit, int first, int count)
     const cp_unit *U = &p->units[unit];
     if (count <= 0) return 0;
     return p->params[U->first_param + first].offset;
+}
+
+void cp_post_forward_piece(const cp_plan *p, int unit, int shard_rank, int copy_out, int i, int64_t *in_off,
+                           int64_t *out_off, int64_t *bytes)
+{
+    const cp_unit *U = &p->units[unit];
+    int64_t W = cp_unit_shard_size(p, unit), sc = W / U->post_forward;
+    int j = i % U->nparams;
+    /* the member whose slice it is: the copy's own (its key in its
+     * post-forward group), the copy-out's i / nparams */
+    int64_t m = copy_out ? i / U->nparams : shard_rank % U->post_forward;
+    const cp_param *prm = &p->params[U->first_param + j];
+    int64_t len = sc * prm->padded * (int64_t)cp_dtype_size(cp_param_ag_dtype(U, prm));
+    int64_t unsharded = cp_param_unsharded_offset(U, prm, W) + m * len; /* shards m*sc .. (m+1)*sc - 1 */
+    int64_t slot = sc * cp_param_ag_offset(U, prm); /* in a member's post-forward slot */
+    if (copy_out) {
+        *in_off = m * sc * cp_unit_ag_bytes(U) + slot;
+        *out_off = unsharded;
+    } else {
+        *in_off = unsharded;
+        *out_off = slot;
+    }
+    *bytes = len;
 }

@@ -7,7 +7,8 @@
 -- one whose waits hold for the library's calls too (9897b8f: five TP / CP
 -- plans' packs wait for the previous reduce-scatter themselves; then af77aa9: the MoE plans' copy-outs wait for their own all-gathers;
 -- then be01654: issue 39's CPU offload adds op kinds and arena buffers, which
--- changes only each plan.c's _Static_assert line).
+-- changes only each plan.c's _Static_assert line; then 37413a2: issue 39's
+-- reshard_after_forward = k adds an op kind and an arena buffer, the same line).
 --
 --   lua5.4 tests/byte_identity.lua [--base REV] [--dir DIR] [NAME...]
 --
@@ -27,7 +28,7 @@
 package.path = "./?.lua;./tests/lua/?.lua;" .. package.path
 local json = require("gen.json")
 
-local DEFAULT_BASE = "be01654"
+local DEFAULT_BASE = "37413a2"
 -- The fields of a pipeline op, in the order a difference is looked for.
 local OP_FIELDS = { "seq", "kind", "unit", "micro_step", "stream", "group", "dtype", "count", "peer", "batch", "tag",
                     "waits_for" }

@@ -95,6 +95,8 @@ gen/fsio.lua @@ 1 @@ local ok, why = fsio.check_target(path, opts) @@ local ok, 
 gen/fold.lua @@ 1 @@ if num then return tpl, num end @@ if num then return tpl, index end @@ lua=test_audit @@ folding keyed by unit index: an MoE layer's two units no longer fold (issue 34)
 runtime/executor.c @@ 1 @@ cp_load(U->orig_dtype, dst, i) + cp_load(U->orig_dtype, tmp, i) @@ cp_load(U->orig_dtype, tmp, i) @@ sim=hsdp2x2_offload @@ CPU offload's d2h_add assigns the host grad instead of adding (issue 39)
 gen/parallel/fsdp_schedule.lua @@ 1 @@ local direct = u.orig_dtype == u.ag_dtype and not u.offload @@ local direct = u.orig_dtype == u.ag_dtype @@ lua=test_offload sim=hsdp2x2_offload @@ an offloading unit's all-gather reads its host shards directly (no copy-in after the H2D, issue 39)
+runtime/topology.c @@ 1 @@ int64_t m = copy_out ? i / U->nparams : shard_rank % U->post_forward; @@ int64_t m = copy_out ? i / U->nparams : (shard_rank + 1) % U->post_forward; @@ sim=tests/plans/fsdp4_raf2 @@ reshard_after_forward = k keeps another member's slice after forward (issue 39)
+gen/parallel/fsdp_schedule.lua @@ 1 @@ schedule.gather(ops, u, m, phase, shard, post_fwd[u.index]) @@ schedule.gather(ops, u, m, phase, shard, nil) @@ lua=test_raf_int @@ backward all-gathers a post-forward unit over its full shard group, not from the kept slice (issue 39)
 EOF
 )
 

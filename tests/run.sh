@@ -143,6 +143,11 @@ torch_lane() {
     # draw all of them with the other options, whatever seed the run above starts from.
     live_check "live FSDP2: issue 39's reduction knobs drawn by the property test (seeds 27-29)" \
       timeout 600 "$live_py" tests/live/live.py seeds 27-29
+    # Issue 39 (h39r): fully_shard(reshard_after_forward=k) with an int k, drawn by the property test
+    # (seed 12: fsdp 4, k plan-wide and per unit, with sync_last, ignored_params and CPU offload; the fixed
+    # plans tests/plans/fsdp4_raf2.lua and hsdp_raf2.lua run in "live.py plans" above).
+    live_check "live FSDP2: issue 39's reshard_after_forward as an int drawn by the property test (seed 12)" \
+      timeout 600 "$live_py" tests/live/live.py seeds 12-12
   elif [ "$live_rc" = 3 ]; then
     live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
     skipped "torch-env (make torch-env)" "$live_why"
@@ -745,6 +750,15 @@ done
 # on HSDP with micro-steps. Generated under build/gen/, never plans/; the live
 # FSDP2 comparison (live.py plans) runs them too.
 for f in tests/plans/moe_*.lua; do
+  n=$(basename "$f" .lua)
+  run "build $n (tests/plans, into build/gen/$n)" $MAKE PLAN="$f" OUT="build/gen/$n"
+  run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2 --quiet
+  run "simulate $n with NCCL's arithmetic" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
+done
+# Issue 39 (h39r): fully_shard(reshard_after_forward=k) -- tests/plans/*_raf2.lua, FSDP 4 and HSDP 2 x 4
+# with k = 2: every rank's unsharded parameters in backward rebuilt from the post-forward groups' slices.
+# Generated under build/gen/; the live FSDP2 comparison (live.py plans) and the emulator run them too.
+for f in tests/plans/*_raf2.lua; do
   n=$(basename "$f" .lua)
   run "build $n (tests/plans, into build/gen/$n)" $MAKE PLAN="$f" OUT="build/gen/$n"
   run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2 --quiet

@@ -7,10 +7,15 @@
 -- schedule proofs). Every commplan plan uses it: a shard group of one rank
 -- is still fully_shard (FSDP2's world-size-1 path), as DDP-like plans
 -- (dp_shard = 1, dp_replicate > 1) are HSDP with one-rank shard groups.
+-- fully_shard(reshard_after_forward=k) with an int k adds a family of its
+-- own, k consecutive members of each shard group (fsdp.families), over
+-- which backward all-gathers the slice the forward kept (fsdp_layout.lua
+-- post_forward, fsdp_schedule.lua gather / forward_reshard).
 local layout = require("gen.parallel.fsdp_layout")
 local schedule = require("gen.parallel.fsdp_schedule")
 local verify = require("gen.verify")
 local util = require("gen.util")
+local groups = require("gen.groups")
 
 local fsdp = {
   name = "fsdp", label = "FSDP/HSDP", dims = { "dp_shard", "dp_replicate" },
@@ -59,6 +64,15 @@ end
 -- of parameter subsets (torch 2.15 repacks them per parameter), which the
 -- tables do not model: refused rather than planned in the wrong order.
 function fsdp.rules(ctx, d, p)
+  -- reshard_after_forward as an int (fully_shard's, gen/parallel/fsdp_layout.lua post_forward) is the
+  -- user's own fully_shard call: torchtitan 0.3 takes fsdp_reshard_after_forward as "default" / "always" /
+  -- "never" (config/configs.py:136) and resolves it to a bool (distributed/fsdp.py:54-78)
+  if p.model.family ~= "generic" and math.type(p.fsdp.reshard_after_forward) == "integer" then
+    util.field_error(ctx, "fsdp.reshard_after_forward", string.format("%d: torchtitan 0.3 passes fully_shard a "
+      .. "bool (its fsdp_reshard_after_forward policy, config/configs.py:136 and distributed/fsdp.py:54-78), and "
+      .. "under its spmd_types mesh FSDP2 refuses an int (torch 2.15 _fully_shard.py:261-270): use true or false, "
+      .. "or family = \"generic\" for your own fully_shard calls", p.fsdp.reshard_after_forward))
+  end
   -- a generic unit's own grad_accumulation (gen/parallel/fsdp_layout.lua unit_accumulation)
   for i, u in ipairs(p.model.family == "generic" and p.model.units or {}) do
     local path = string.format("model.units[%d].grad_accumulation", i)
@@ -88,6 +102,23 @@ function fsdp.rules(ctx, d, p)
     util.field_error(ctx, "fsdp.symm_mem", "torchtitan allows parallelism.enable_fsdp_symm_mem on NVIDIA GPUs of "
       .. "compute capability 9.0 or newer only (config/configs.py:267-278), and topology.preset is \"a100\" (8.0): "
       .. "remove it or pick an H100, H200 or B200 preset")
+  end
+end
+
+-- The post-forward groups its units' int reshard_after_forward k needs
+-- (1 < k < S: gen/parallel/fsdp_layout.lua post_forward): a part family of
+-- k consecutive members of each shard group (gen/groups.lua add_part),
+-- named by layout.pf_family. The root never reshards after forward; an
+-- invalid k is the layout's refusal.
+function fsdp.families(fams, units, _, p)
+  local shard = fams.by_name.fsdp
+  for i = 1, #units - 1 do
+    local u = units[i]
+    local k = u.reshard_after_forward
+    if k == nil then k = p.fsdp.reshard_after_forward end
+    if shard and not u.expert and math.type(k) == "integer" and k > 1 and k < shard.size and shard.size % k == 0 then
+      groups.add_part(fams, "fsdp", k, layout.pf_family(k))
+    end
   end
 end
 

@@ -163,6 +163,53 @@ function layout.param_ag_dtypes(ctx, u, upath, ag_dtype)
   return out, mixed
 end
 
+-- fully_shard(reshard_after_forward=k) with an int k (the unit's, else the
+-- plan's), as FSDP2's _get_post_forward_mesh_info reads it (torch 2.15
+-- _fsdp_init.py:152-195) over the unit's shard group of S ranks
+-- (mesh_info.shard_mesh_size: dp_shard x cp, efsdp for experts): k must be
+-- a factor of S (:165-173); k = 1 is reshard_after_forward=False (FSDP2
+-- warns, :174-180) and k = S is True (:181-182), planned as those. Any
+-- other k reshards after forward to the unit's post-forward group (the
+-- flattened mesh's rows of k ranks, :186-194: k consecutive ranks of each
+-- shard group): each rank keeps numel/k of every parameter's padded
+-- all-gather output (_fsdp_param.py:970-1010) and backward all-gathers that
+-- over the k ranks (_fsdp_param_group.py:1215-1226, _fsdp_param.py:1148-1154).
+-- Returns the bool to plan and, for 1 < k < S, k; refuses the rest in one line.
+function layout.post_forward(ctx, raf, S, path, u, tp)
+  if type(raf) ~= "number" then return raf end
+  if raf < 1 or raf > S or S % raf ~= 0 then
+    util.field_error(ctx, path, string.format("%d is not a factor of the unit's shard group size %d, which FSDP2 "
+      .. "refuses (torch 2.15 _fsdp_init.py:165-173, 'it should be a factor of %d'): use a divisor of %d, or true / "
+      .. "false", raf, S, S, S))
+  end
+  if raf == 1 then return false end
+  if raf == S then return true end
+  if tp > 1 then
+    util.field_error(ctx, path, string.format("%d with tp = %d: the unit's parameters are TP DTensors, and FSDP2 "
+      .. "raises 'Resharding to smaller mesh is not supported for DTensor parameters yet' (torch 2.15 "
+      .. "_fsdp_param.py:970-974): use true or false", raf, tp))
+  end
+  for _, p in ipairs(u.params) do
+    if p.shard_dim > 0 then
+      util.field_error(ctx, path, string.format("%d with %s on shard_dim %d: FSDP2's backward copy-out indexes the "
+        .. "1-D post-forward shard's size at that dim (torch 2.15 _fsdp_collectives.py:573, IndexError, measured on "
+        .. "gloo): use "
+        .. "shard_dim = 0 or reshard_after_forward true / false", raf, p.name, p.shard_dim))
+    end
+  end
+  return true, raf
+end
+
+-- The family of a post-forward group of k ranks (gen/parallel/fsdp.lua families).
+function layout.pf_family(k) return "fsdp_pf" .. k end
+
+-- The plan-wide fsdp.reshard_after_forward as planned (plan.json): an int
+-- survives layout.post_forward only as 1 (False) or a shard group's size (True).
+function layout.raf_bool(raf)
+  if math.type(raf) == "integer" then return raf ~= 1 end
+  return raf
+end
+
 local LIM = util.LIMITS
 
 -- Bounds before the arithmetic that depends on them: units x micro-steps
@@ -308,6 +355,14 @@ function layout.build(ctx, units, d, fsdp)
       util.field_error(ctx, u.gradient_divide_factor and (upath .. ".gradient_divide_factor")
         or "fsdp.gradient_divide_factor", why)
     end
+    -- fully_shard(reshard_after_forward=k): the root never reshards after forward
+    local raf, pf_k = false, nil
+    if ui ~= #units then
+      local given = u.reshard_after_forward
+      if given == nil then given = fsdp.reshard_after_forward end
+      raf, pf_k = layout.post_forward(ctx, given, Wu, u.reshard_after_forward == nil and "fsdp.reshard_after_forward"
+        or (upath .. ".reshard_after_forward"), u, d.tp or 1)
+    end
     out[fwd] = {
       name = u.name, index = fwd - 1, is_root = (ui == #units), params = params, total = offset,
       grads_numel = grad_offset, vec_ok = vec_ok and offset % layout.VEC == 0 and not mixed,
@@ -316,8 +371,8 @@ function layout.build(ctx, units, d, fsdp)
       ag_bytes = mixed and ag_bytes or nil, unsharded_bytes = mixed and unsharded_bytes or nil,
       orig_dtype = orig, ag_dtype = ag_dtype, reduce_dtype = reduce_dtype, grad_dtype = grad_dtype,
       -- The root never reshards after forward (FSDP2); a unit may override the plan's default.
-      reshard_after_forward = (ui ~= #units) and (u.reshard_after_forward == nil and fsdp.reshard_after_forward
-                                                  or u.reshard_after_forward),
+      -- (an int: layout.post_forward, below)
+      reshard_after_forward = raf,
       -- set_reshard_after_backward(False) on every micro-step but the last (gen/load.lua): kept
       -- unsharded from a backward into the next micro-step's forward (fsdp_schedule.lua)
       reshard_after_backward = u.reshard_after_backward == nil and fsdp.reshard_after_backward ~= false
@@ -340,6 +395,16 @@ function layout.build(ctx, units, d, fsdp)
       -- fully_shard's ignored_params: outside the slot, whole on every rank (audit, memory)
       ignored = ignored_of(u, d.tp or 1),
     }
+    -- 1 < k < S: after forward each rank keeps S / k of every parameter's
+    -- padded shards (its slice of the all-gather output at its place in its
+    -- post-forward group), `count` elements of the all-gather dtype (bytes of
+    -- a mixed unit's), which backward all-gathers over that group (the
+    -- schedule's post_forward op and all-gather: fsdp_schedule.gather)
+    if pf_k and #params > 0 then
+      local scale = Wu // pf_k
+      out[fwd].post_forward = { k = pf_k, group = layout.pf_family(pf_k), scale = scale,
+                                count = (out[fwd].ag_bytes or offset) * scale }
+    end
     if u.expert then
       local o = out[fwd]
       o.expert, o.W, o.shard_group, o.num_experts = true, Wu, "efsdp", u.num_experts

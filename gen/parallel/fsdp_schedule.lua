@@ -90,7 +90,13 @@ function schedule.build(lay, fams, fsdp, opts)
     ops[#ops + 1] = o
     return o
   end
-  local function all_gather(u, m, phase) schedule.gather(ops, u, m, phase, shard) end
+  -- units resharded after forward to their post-forward group (u.post_forward):
+  -- their next all-gather is over that group, from the kept slice
+  local post_fwd = {}
+  local function all_gather(u, m, phase)
+    schedule.gather(ops, u, m, phase, shard, post_fwd[u.index])
+    post_fwd[u.index] = nil
+  end
   local units = lay.units
   -- A unit without parameters (torchtitan's Llama root) has no FSDP param
   -- group: FSDP2 issues nothing for it, so neither does the schedule.
@@ -146,6 +152,7 @@ function schedule.build(lay, fams, fsdp, opts)
       local first = not every or m == 0 or partial == "fold"
       unsharded = held_from(m)
       schedule.explicit_micro(ops, states, m, { op = op, all_gather = all_gather, unit_ops = unit_ops,
+        post_fwd = post_fwd,
         unsharded = unsharded, how = { reducing = reducing, first = first, partial = partial,
                                        own = function(u) return own_how(u, m) end,
                                        hold = m < micro_steps - 1 },
@@ -193,7 +200,7 @@ function schedule.build(lay, fams, fsdp, opts)
         op("forward", u, m, "forward")
         if unit_ops then unit_ops(ops, u, m, "forward") end
         if u.reshard_after_forward then
-          op("reshard", u, m, "forward")
+          schedule.forward_reshard(op, u, m, post_fwd)
           unsharded[u.index] = false
         end
       end
@@ -262,8 +269,8 @@ function schedule.build(lay, fams, fsdp, opts)
   local built = {}
   local rep
   if micro_steps >= 6 and not (opts and opts.expand) then
-    for m = 0, 3 do built[m + 1] = schedule.number(micro(m)) end
-    built[5] = micro(micro_steps - 1)
+    for m = 0, 3 do built[m + 1] = schedule.number(schedule.mark_post_forward(micro(m))) end
+    built[5] = schedule.mark_post_forward(micro(micro_steps - 1))
     if repeat_mod.same_micro(built[2], built[3]) and repeat_mod.same_micro(built[3], built[4]) then
       local times = micro_steps - 2 - 3 + 1
       for _, o in ipairs(built[4]) do o.times = times end
@@ -276,7 +283,7 @@ function schedule.build(lay, fams, fsdp, opts)
   if not rep then
     -- every micro-step planned: the whole count is the planned one
     require("gen.parallel.fsdp_layout").check_unit_steps(opts and opts.ctx, #lay.units, micro_steps, micro_steps)
-    for m = 0, micro_steps - 1 do built[m + 1] = micro(m) end
+    for m = 0, micro_steps - 1 do built[m + 1] = schedule.mark_post_forward(micro(m)) end
   end
   for i, list in ipairs(built) do
     if rep and i == 4 then rep.first, rep.n = #step, #list end
@@ -324,7 +331,22 @@ end
 -- _fsdp_collectives.py:362-363): op h2d, then the copy-in from that device
 -- copy (FSDP2 never takes the foreach fast path for an offloaded
 -- parameter, _fsdp_collectives.py:414-419: there is always a copy-in).
-function schedule.gather(out, u, m, phase, shard)
+--
+-- post_fwd: the unit was resharded after forward to its post-forward group
+-- (u.post_forward, fully_shard(reshard_after_forward=k)): the all-gather
+-- runs over that group from the slice the forward kept (torch 2.15
+-- _fsdp_param_group.py:1215-1226 _all_gather_process_group;
+-- _fsdp_param.py:1148-1154: the input is that slice, already in
+-- param_dtype, and on the device under CPU offload), u.post_forward.count
+-- elements per rank; no H2D, and the copy-in FSDP2's foreach copy makes
+-- moves bytes only (zero copy-in, as from_sharded).
+function schedule.gather(out, u, m, phase, shard, post_fwd)
+  if post_fwd then
+    out[#out + 1] = { kind = "all_gather", unit = u.index, micro_step = m, phase = phase,
+                      group = u.post_forward.group, dtype = u.ag_bytes and "u8" or u.ag_dtype,
+                      count = u.post_forward.count, post_forward = true }
+    return
+  end
   local direct = u.orig_dtype == u.ag_dtype and not u.ag_bytes and not u.offload
   if u.offload then out[#out + 1] = { kind = "h2d", unit = u.index, micro_step = m, phase = phase } end
   if not direct then
@@ -335,6 +357,35 @@ function schedule.gather(out, u, m, phase, shard)
   out[#out + 1] = { kind = "all_gather", unit = u.index, micro_step = m, phase = phase,
                     group = schedule.shard_group(u, shard), dtype = u.ag_bytes and "u8" or u.ag_dtype,
                     count = u.ag_bytes or u.total, from_sharded = direct or nil }
+end
+
+-- A unit's reshard after forward (reshard_after_forward true or k): with
+-- a post-forward group (u.post_forward) first the copy of this rank's
+-- slice of the unsharded parameters (FSDPParam.to_sharded_post_forward,
+-- torch 2.15 _fsdp_param.py:970-1010, on the caller's stream inside
+-- FSDPParamGroup.reshard, _fsdp_param_group.py:585-596), then the reshard
+-- that frees them; post_fwd[unit] says its next all-gather is the
+-- post-forward group's.
+function schedule.forward_reshard(op, u, m, post_fwd)
+  if u.post_forward then
+    op("post_forward", u, m, "forward")
+    post_fwd[u.index] = true
+  end
+  op("reshard", u, m, "forward")
+end
+
+-- A micro-step's copy-out after a post-forward all-gather marked as such
+-- (op.post_forward: the output holds the post-forward group's slices,
+-- runtime/executor.c), returned.
+function schedule.mark_post_forward(list)
+  local pending = {}
+  for _, o in ipairs(list) do
+    if o.kind == "all_gather" and o.post_forward then pending[o.unit] = true
+    elseif o.kind == "copy_out" and pending[o.unit] then
+      o.post_forward, pending[o.unit] = true, nil
+    end
+  end
+  return list
 end
 
 -- Positions inside one micro-step's list, so that repeat.same_micro
@@ -446,7 +497,7 @@ function schedule.explicit_micro(ops, states, m, k)
     end
     for _, u in ipairs(st.units) do
       if u.reshard_after_forward then
-        op("reshard", u, m, "forward")
+        schedule.forward_reshard(op, u, m, k.post_fwd)
         unsharded[u.index] = false
       end
     end

@@ -44,6 +44,10 @@
 --   apply_units(ctx, units, d, p) -> units
 --                 what it does to the model's units and parameters before
 --                 ranks are told apart (TP: placements)
+--   families(fams, units, d, p)
+--                 process-group families its units add to the mesh's
+--                 (gen/groups.lua add_part) before any layout names them
+--                 (FSDP: reshard_after_forward = k's post-forward groups)
 --   classes(units, d, mine) -> { classes = { { coords, units | layout,
 --                 facts } ... }, class_of }
 --                 the ranks whose tables differ: each class's units (TP:

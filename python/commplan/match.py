@@ -121,8 +121,14 @@ def check_units_match_plan(units, plan):
             raise PlanMismatch("model does not match plan %s: unit %s has %d parameters in the model and %d in the "
                                "plan; the %s's parameter %d is %s" % (name, mu["name"], len(mps), len(pps), who,
                                                                     min(len(mps), len(pps)), _fmt(p)))
+    par = plan.get("parallel") or {}
+    shard = int(par.get("dp_shard", 1)) * int(par.get("cp", 1))
     for i, (mu, pu) in enumerate(zip(model_units, punits)):
         raf = mu["reshard_after_forward"]
-        if i > 0 and raf is not None and bool(raf) != bool(pu["reshard_after_forward"]):
+        # an int k (fully_shard(reshard_after_forward=k)): 1 is False and the shard group's size True
+        # (torch 2.15 _fsdp_init.py:174-182), any other k the plan's post_forward
+        want = pu.get("post_forward") or bool(pu["reshard_after_forward"])
+        have = raf if isinstance(raf, bool) or raf is None else (False if raf == 1 else True if raf == shard else raf)
+        if i > 0 and raf is not None and not (type(have) is type(want) and have == want):
             raise PlanMismatch("model does not match plan %s: unit %s has reshard_after_forward=%s in the model "
-                               "and %s in the plan" % (name, mu["name"], raf, pu["reshard_after_forward"]))
+                               "and %s in the plan" % (name, mu["name"], raf, want))

@@ -15,7 +15,8 @@ __all__ = ["Unit", "resolve_units", "units_from_module", "torchtitan_units", "pl
 class Unit:
     """One fully_shard call: a module or a list of modules (torchtitan's [norm, output]), an
     optional name (default: the modules' names joined by "_", "root" for the model itself),
-    reshard_after_forward (None: the plan's default; the root never reshards after forward),
+    reshard_after_forward (None: the plan's default; the root never reshards after forward; an int k as
+    fully_shard takes it, the post-forward groups of k ranks),
     mp_policy: the MixedPrecisionPolicy given to that fully_shard call (None: the plan's fsdp
     dtypes), read duck-typed: its param_dtype and reduce_dtype become the unit's, and its
     param_dtype_override_fn (torch 2.15 _fsdp_api.py:68-110) each parameter's own param_dtype
@@ -40,7 +41,8 @@ class Unit:
             raise PlanError("a unit needs at least one module")
         if name is not None and not isinstance(name, str):
             raise PlanError("Unit: name: expected a str or None, got %s" % validate.describe(name, False))
-        validate.check_bool_or_none(reshard_after_forward, "reshard_after_forward", src="Unit")
+        # (an int: fully_shard(reshard_after_forward=k), the post-forward group size)
+        reshard_after_forward = validate.check_raf_or_none(reshard_after_forward, "reshard_after_forward", src="Unit")
         validate.check_bool_or_none(reshard_after_backward, "reshard_after_backward", src="Unit")
         self.name = name
         self.reshard_after_forward = reshard_after_forward

@@ -395,7 +395,7 @@ def normalize_units(units):
             raise PlanError("%s: a unit is {name, params, reshard_after_forward} or (name, params), got %s"
                             % (where, validate.short_repr(u)))
         _check_name("unit", name, where)
-        validate.check_bool_or_none(raf, "reshard_after_forward", src="%s (%s)" % (where, name))
+        raf = validate.check_raf_or_none(raf, "reshard_after_forward", src="%s (%s)" % (where, name))
         validate.check_bool_or_none(head, "loss_head", src="%s (%s)" % (where, name))
         validate.check_bool_or_none(rab, "reshard_after_backward", src="%s (%s)" % (where, name))
         if not isinstance(params, (list, tuple)):
@@ -508,7 +508,7 @@ def llama_config_from_units(units, model, default_raf):
     if units[-2]["reshard_after_forward"] is not False:
         return None, "norm_output reshards after forward (torchtitan's does not)"
     for u in units[:-2]:
-        if u["reshard_after_forward"] not in (None, default_raf):
+        if u["reshard_after_forward"] is not None and not validate.same_raf(u["reshard_after_forward"], default_raf):
             return None, "unit %s sets its own reshard_after_forward" % u["name"]
     own = own_knob(units)
     if own is not None:
@@ -563,8 +563,10 @@ def llama_table(dim, n_layers, n_heads, n_kv_heads, vocab_size, ffn, dtype):
 def _unit_text(u, default_raf, is_root, dtype_default):
     lines = []
     head = "      { name = %s," % lua_string(u["name"])
-    if not is_root and u["reshard_after_forward"] is not None and u["reshard_after_forward"] != default_raf:
-        head += " reshard_after_forward = %s," % ("true" if u["reshard_after_forward"] else "false")
+    raf = u["reshard_after_forward"]
+    if not is_root and raf is not None and not validate.same_raf(raf, default_raf):
+        # (an int: fully_shard's post-forward group size, as given)
+        head += " reshard_after_forward = %s," % (raf if not isinstance(raf, bool) else "true" if raf else "false")
     if u.get("loss_head"):
         head += " loss_head = true,"
     for key in ("param_dtype", "reduce_dtype"):

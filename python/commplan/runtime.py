@@ -86,7 +86,7 @@ _TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<i2", "u8": "|u1"}  # bf16 tr
 # One library call is a group of the plan's ops for one unit (runtime/gpu.c run_unit_ops).
 CALL_KINDS = {
     "unshard": ("h2d", "copy_in", "all_gather", "copy_out"),
-    "reshard": ("reshard",),
+    "reshard": ("post_forward", "reshard"),  # (post_forward: reshard_after_forward = k keeps its slice first)
     "reduce": ("pack", "reduce_scatter", "partial_save", "partial_add", "partial_fold", "all_reduce", "view_out",
                "view_out_add", "d2h", "d2h_add"),
 }

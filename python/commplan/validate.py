@@ -22,7 +22,8 @@ from .errors import PlanError
 
 __all__ = ["Spec", "SECTIONS", "CONFIG_FIELDS", "describe", "check_value", "check_dict", "check_sections",
            "check_hf_config", "check_world_size", "check_family", "check_optional_int", "check_bool_or_none",
-           "check_plan_json", "OPTIONS_SRC", "did_you_mean", "check_expert_counts", "INT64_MAX"]
+           "check_raf_or_none", "same_raf", "check_plan_json", "OPTIONS_SRC", "did_you_mean", "check_expert_counts",
+           "INT64_MAX"]
 
 OPTIONS_SRC = "writer options"
 MODEL_INT = (1 << 31) - 1          # gen/util.lua LIMITS.model_int
@@ -48,7 +49,8 @@ SECTIONS = {
                                                 "ulysses_degree", "dp")},
                      sequence_parallel=Spec("bool"), loss_parallel=Spec("bool"), async_tp=Spec("bool")),
     "fsdp": {
-        "reshard_after_forward": Spec("bool"),
+        # an int k too: fully_shard(reshard_after_forward=k), the post-forward groups of k ranks
+        "reshard_after_forward": Spec("bool_or_int"),
         "reshard_after_backward": Spec("bool"),
         "micro_steps": Spec("int"),
         "reduce_op": Spec("enum", enum=("avg", "sum")),
@@ -268,6 +270,13 @@ def check_value(v, spec, src, path, js=False):
             _fail(src, path, "%r is not a finite number; give a number" % v)
         _bounds(v, spec, src, path)
         return v
+    if kind == "bool_or_int":  # fully_shard's reshard_after_forward: a bool or a group size (int >= 1)
+        if isinstance(v, bool):
+            return v
+        if not isinstance(v, numbers.Integral):
+            _fail(src, path, "expected %s or a group size (an integer), got %s; pass one of them"
+                  % (_bool_words(js), describe(v, js)))
+        return check_value(int(v), Spec("int", lo=1), src, path, js)
     if kind == "bool":
         if not isinstance(v, bool):
             if isinstance(v, str) and v.strip().lower() in ("true", "false"):
@@ -364,6 +373,16 @@ def check_optional_int(v, path, src=OPTIONS_SRC, js=False, lo=1, hi=MODEL_INT):
 
 def check_bool_or_none(v, path, src=OPTIONS_SRC, js=False):
     return check_value(v, Spec("bool", null=True), src, path, js)
+
+
+def check_raf_or_none(v, path, src=OPTIONS_SRC, js=False):
+    """fully_shard's reshard_after_forward: None, a bool, or an int group size (>= 1)."""
+    return check_value(v, Spec("bool_or_int", null=True), src, path, js)
+
+
+def same_raf(a, b):
+    """Two reshard_after_forward values alike (the int 1 is not True: it is FSDP2's False)."""
+    return type(a) is type(b) and a == b
 
 
 # ---- config.json ---------------------------------------------------------------------------

@@ -267,8 +267,9 @@ static void test_a2a_bytes_and_fields(void **state)
     assert_int_equal(CP_OP_A2A_COUNTS, 20);
     assert_int_equal(CP_BUF_PP, 7);
     assert_int_equal(CP_BUF_A2A_RECV, 10);
-    /* (CPU offload's CP_BUF_H2D and CP_BUF_D2H come after the EP buffers) */
-    assert_int_equal(CP_BUF_SHARDED, 13);
+    /* (CPU offload's CP_BUF_H2D and CP_BUF_D2H, then reshard_after_forward = k's
+     * CP_BUF_POST_FORWARD, come after the EP buffers) */
+    assert_int_equal(CP_BUF_SHARDED, 14);
 }
 
 /* The harness's seeded draws: every received count and row checked. */

@@ -664,7 +664,7 @@ typedef struct {
 } call_inst;
 
 static const cp_op_kind *const CALL_KINDS[3] = { cp_call_unshard, cp_call_reshard, cp_call_reduce };
-static const int CALL_NKINDS[3] = { 4, 1, 10 };
+static const int CALL_NKINDS[3] = { 4, 2, 10 }; /* (reshard: reshard_after_forward = k's post_forward copy, then the reshard) */
 static const char *const CALL_NAMES[3] = { "unshard", "reshard", "reduce" };
 
 static int by_last(const void *a, const void *b)

@@ -627,6 +627,24 @@ def gen_seed(seed, attempt=0):
                 u["backward_prefetch"] = rng.sample(earlier, rng.randint(1, min(2, len(earlier))))
         if any("forward_prefetch" in u or "backward_prefetch" in u for u in units):
             knobs += " prefetch"
+    # issue 39 (h39r): fully_shard(reshard_after_forward=k) with an int k (a divisor of the shard group's
+    # S ranks: 1 < k < S reshards to post-forward groups of k ranks; 1 and S are False and True), plan-wide
+    # and per unit, over every option above; not with TP (FSDP2 refuses DTensor parameters,
+    # _fsdp_param.py:970-974) or on a unit with a parameter on shard_dim > 0 (FSDP2's backward copy-out
+    # fails, _fsdp_collectives.py:573); drawn last so earlier seeds keep their plans
+    ks = [k for k in range(2, S) if S % k == 0]
+    if T == 1 and ks and tree_knows("bool_or_int") and rng.random() < 0.7:
+        layers = [u for u in units if u["name"] != "root"]
+        can = [u for u in layers if not any(p.get("shard_dim") for p in u["params"])]
+        if layers and len(can) == len(layers) and rng.random() < 0.5:
+            fsdp["reshard_after_forward"] = rng.choice(ks)
+        for u in can:
+            if rng.random() < 0.4:
+                u["reshard_after_forward"] = rng.choice(ks + [True, False, 1, S])
+        if "reshard_after_forward" in fsdp or any(isinstance(u.get("reshard_after_forward"), int)
+                                                   and not isinstance(u.get("reshard_after_forward"), bool)
+                                                   for u in layers):
+            knobs += " raf_int"
     lines = [f"-- live property test seed {seed} (attempt {attempt}): tests/live/live.py seed {seed}",
              "return {", f"  world_size = {world},", f"  parallel = {lua(par)},",
              "  model = { family = \"generic\", units = {"]

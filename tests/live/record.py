@@ -400,7 +400,15 @@ def run_job(rank, job):
     for name in ("dp_replicate", "dp_shard", "tp"):
         for ranks in fam[name]:
             get_group(ranks)
+    # fully_shard(reshard_after_forward=k) builds its post-forward DeviceMesh (the dp mesh viewed as
+    # (-1, k), torch 2.15 _fsdp_init.py:186-194) with new_group, collective over the pool on gloo: the
+    # ranks outside the plan's world make the same calls, in the same (fully_shard) order
+    post_forward = [u["post_forward"] for u in sorted(plan["units"], key=lambda u: u["index"])[1:]
+                    if u.get("post_forward")]
     if rank >= world:
+        dp = torch.arange(world).view(R, S, T)[:, :, 0] if R > 1 else torch.arange(world).view(R, S, T)[0, :, 0]
+        for k in post_forward:
+            DeviceMesh("cpu", dp.reshape(-1, k))
         return None
 
     rr, ss, tt = rank // (S * T), (rank // T) % S, rank % T
@@ -480,7 +488,8 @@ def run_job(rank, job):
         return CPUOffloadPolicy(pin_memory=False) if u.get("cpu_offload") else OffloadPolicy()
 
     for u, m in zip(units[1:], layer_units):
-        raf = u["reshard_after_forward"]
+        # (an int k: the plan's post-forward group size, fully_shard's reshard_after_forward=k)
+        raf = u.get("post_forward") or u["reshard_after_forward"]
         fully_shard([m.norm, m.lm] if m is head else m, mesh=dp_mesh, reshard_after_forward=raf, mp_policy=mp_of(u, m),
                     shard_placement_fn=_placement_fn(m, u), ignored_params=ignored.get(u["name"]),
                     offload_policy=offload_of(u))

@@ -69,6 +69,8 @@ suites[#suites + 1] = "test_offload"
 suites[#suites + 1] = "test_fsdp_knobs"
 -- Issue 41 (h41d): symmetric-memory FSDP (fsdp.symm_mem): the window, its proof and mutants.
 suites[#suites + 1] = "test_symm"
+-- Issue 39 (h39r): reshard_after_forward as an int (post-forward groups).
+suites[#suites + 1] = "test_raf_int"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -21,6 +21,8 @@ plan can have (docs/plan-files.md, fsdp.micro_steps and grad_accumulation):
                 (set_reshard_after_backward(False) but on the last micro-batch)
     prefetch    fsdp2_default, micro_steps 2, explicit prefetching (set_modules_to_forward_prefetch /
                 set_modules_to_backward_prefetch on three of the four units)
+    raf2        fsdp2_default, micro_steps 2, reshard_after_forward = 2 (fully_shard's int: the
+                backward all-gathers over pairs of ranks from a slice kept after forward)
 
 and grad_accumulation = "step_end", which the bridge refuses with one line (checked once).
 The model has an uneven shard, an empty one (rank 3) and a root owning a parameter.
@@ -69,6 +71,9 @@ MODES = {
     "keep": ("hsdp", 3, {"micro_steps": 3, "grad_accumulation": "fsdp2_default", "reshard_after_backward": False}),
     # issue 39: explicit prefetching (set_modules_to_forward_prefetch / _backward_prefetch: prefetch_units)
     "prefetch": ("fsdp", 2, {"micro_steps": 2}),
+    # issue 39 (h39r): fully_shard(reshard_after_forward=2) on every unit: each rank keeps a slice after
+    # forward and backward all-gathers it over its pair of ranks (the plan's post-forward groups)
+    "raf2": ("fsdp", 2, {"micro_steps": 2, "reshard_after_forward": 2}),
 }
 MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
 # The quick tier: each mode once, each dtype family once, bf16 params + fp32 reduce + sync_last kept.

@@ -696,6 +696,53 @@ class FromModule(Tmp):
                           ("layers.0", ["layers.0.w"], None), ("root", [], None)])
 
 
+class ReshardAfterForwardInt(Tmp):
+    """Issue 39 (h39r): fully_shard(reshard_after_forward=k) with an int k as the writer takes it
+    (commplan.Unit and fsdp=), written as given; the int 1 is not True (FSDP2's False)."""
+
+    def test_unit_int_written_and_generated(self):
+        a, b = FakeModule(w=FakeParam((8, 3))), FakeModule(w=FakeParam((4,)))
+        model = FakeModule(a=a, b=b, head=FakeParam((6,)))
+        text = commplan.plan_from_module(model, [commplan.Unit(a, reshard_after_forward=1),
+                                                 commplan.Unit(b, reshard_after_forward=4)], "rafw", 4)
+        self.assertIn('{ name = "a", reshard_after_forward = 1,', text)
+        self.assertIn('{ name = "b", reshard_after_forward = 4,', text)
+        out = self.generate(self.write("w", "rafw", text))
+        with open(os.path.join(out, "plan.json")) as f:
+            units = {u["name"]: u for u in json.load(f)["units"]}
+        # k = 1: reshard_after_forward=False; k = the shard group's 4 ranks: True (_fsdp_init.py:174-182)
+        self.assertEqual((units["a"]["reshard_after_forward"], units["b"]["reshard_after_forward"]), (False, True))
+        text = commplan.plan_from_module(model, [a, b], "rafp", 4, fsdp={"reshard_after_forward": 4})
+        self.assertIn("reshard_after_forward = 4", text)
+        for bad in (0, 2.5, "2"):
+            with self.assertRaises(PlanError):
+                commplan.Unit(a, reshard_after_forward=bad)
+
+    def test_post_forward_group_and_model_check(self):
+        """1 < k < S: plan.json names the unit's k and its post-forward family; the model/plan check
+        takes the model's int k as the plan has it (1: False, S: True) and names a difference."""
+        a, b = FakeModule(w=FakeParam((8, 3))), FakeModule(w=FakeParam((4,)))
+        model = FakeModule(a=a, b=b, head=FakeParam((6,)))
+        units = [commplan.Unit(a, reshard_after_forward=2), commplan.Unit(b, reshard_after_forward=4)]
+        text = commplan.plan_from_module(model, units, "rafg", 4)
+        out = self.generate(self.write("w", "rafg", text))
+        with open(os.path.join(out, "plan.json")) as f:
+            plan = json.load(f)
+        by = {u["name"]: u for u in plan["units"]}
+        self.assertEqual((by["a"]["post_forward"], by["a"]["post_forward_group"]), (2, "fsdp_pf2"))
+        self.assertNotIn("post_forward", by["b"])
+        fam = {g["name"]: g for g in plan["groups"]}["fsdp_pf2"]
+        self.assertEqual((fam["part_of"], fam["inner"], fam["size"], fam["count"]), ("fsdp", 2, 2, 2))
+        self.assertEqual(fam["example_ranks"], {"first_group": [0, 1], "last_group": [2, 3]})
+        gathers = [o for o in plan["ops"] if o["kind"] == "all_gather" and o.get("group") == "fsdp_pf2"]
+        self.assertEqual([(o["unit"], o["phase"], o["input"]) for o in gathers], [("a", "backward", "post_forward")])
+        commplan.check_units_match_plan(commplan.named_units(model, units), plan)
+        for bad in (True, 1):
+            with self.assertRaises(PlanMismatch):
+                commplan.check_units_match_plan(
+                    commplan.named_units(model, [commplan.Unit(a, reshard_after_forward=bad), units[1]]), plan)
+
+
 class ReductionSetters(Tmp):
     """FSDPModule.set_gradient_divide_factor / set_force_sum_reduction_for_comms as the writer
     takes them: per Unit and plan-wide, written, generated, and the reduction the plan then has."""
