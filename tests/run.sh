@@ -320,6 +320,13 @@ torch_lane() {
   else
     skipped "$cursor_what" "build/fsdp4/fsdp4 not built (make PLAN=plans/fsdp4.lua)"
   fi
+  # The same faults under commplan's own runtime (host backend: every rank a
+  # thread of --simulate; COMMPLAN_TEST_FAULT provokes each, the job's first
+  # failure or timeout writes every rank's cursor, diagnose names rank, op
+  # and cause; tests/diagnose/runtime_faults.py, no torch, ~10 s).
+  rtf_what="hang diagnosis under commplan's runtime: faults provoked in the host backend (a skipped all-gather, a wrong size, a micro-step count, a dead rank, a pipeline send left out, a withheld expert-count exchange), the cursors of the first failure diagnosed (tests/diagnose/runtime_faults.py)"
+  run "$rtf_what" timeout 600 python3 tests/diagnose/runtime_faults.py --tier "$tier"
+  grep -ah "^fault \|^runtime faults: " "$(logname "$rtf_what")" | sed "s/^/        /"
   # ---- end of hang diagnosis ----
   # Expert counts fuzzed where they enter the libraries (the C call and
   # HostLibrary.set_expert_counts), 4 ranks on gloo, after ep_library.py
