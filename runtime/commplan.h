@@ -674,6 +674,8 @@ struct cp_executor {
     volatile long cur_step, cur_op;
     volatile int cur_in;
     volatile long cur_count; /* the count the op issued (the plan's, or a test fault's) */
+    volatile long cur_first; /* the op the step began with (-1: none yet); entering it again, or one before
+                              * it, begins the next step (library calls enter the table's ops out of order) */
 };
 
 /* Allocates this rank's shards and arena through the backend. */

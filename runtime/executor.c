@@ -216,6 +216,7 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
     fault_parse();
     ex->rank = rank;
     ex->cur_op = -1;
+    ex->cur_first = -1;
     ex->shard_rank = cp_shard_rank(p, rank);
     ex->replicate_rank = cp_replicate_rank(p, rank);
     ex->tp_rank = cp_tp_rank(p, rank);
@@ -919,7 +920,8 @@ static int close_batch(cp_executor *ex, const cp_op *last)
 
 static void cursor_enter(cp_executor *ex, long x)
 {
-    if (x >= 0 && x <= ex->cur_op && ex->cur_op >= 0 && !ex->cur_in) ex->cur_step++;
+    if (x >= 0 && ex->cur_first < 0) ex->cur_first = x;
+    else if (x >= 0 && x <= ex->cur_first && !(x == ex->cur_op && ex->cur_in)) ex->cur_step++;
     ex->cur_op = x;
     ex->cur_in = 1;
     ex->cur_count = x >= 0 && x < ex->plan->nops ? (long)ex->plan->ops[x].count : -1;
@@ -1070,7 +1072,10 @@ static int cp_executor_run_op_(cp_executor *ex, const cp_op *op)
         if (ex->open_batch)
             return ex_error(ex, "rank %d: %s of unit %s (op %ld) is inside batch %d: regenerate the plan", ex->rank,
                             d->name, p->units[u].name, x, ex->open_batch);
-        if (fault == FAULT_SKIP) break;
+        if (fault == FAULT_SKIP) { /* withheld counts: the slot keeps its last counts, the tokens' exchange goes on */
+            if (op->kind == CP_OP_A2A_COUNTS && ex->a2a_filled[u]) ex->a2a_filled[u][op->a2a_slot] = (int)x;
+            break;
+        }
         if ((op->kind == CP_OP_A2A_COUNTS ? run_a2a_counts(ex, op) : run_a2a(ex, op)) != 0) return -1;
         break;
     }
@@ -1178,8 +1183,17 @@ int cp_cursor_set_file(const char *prefix)
 
 void cp_cursor_dump(int rank, const char *event, const char *why)
 {
-    if (event) fault_released = 1;
-    if (!cursor_file[0]) return;
+    if (!cursor_file[0]) {
+        if (event) fault_released = 1;
+        return;
+    }
+    if (event) {
+        /* A moment for ranks leaving a collective that completed to reach their next wait (the job is
+         * stopped: a rendezvous then fails at once), so that no cursor is caught between the two. */
+        struct timespec settle = { 0, 100000000L };
+        nanosleep(&settle, NULL);
+        fault_released = 1;
+    }
     int fd = open(cursor_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return;
     if (event) {
@@ -1274,7 +1288,7 @@ static int fault_at(const cp_executor *ex, const cp_op *op)
     if (fault_spec.kind == FAULT_NONE || ex->rank != fault_spec.rank) return FAULT_NONE;
     long x = (long)(op - ex->plan->ops);
     /* the step this op runs in: the cursor's, or the next one's where the table starts again */
-    long step = ex->cur_step + (x >= 0 && x <= ex->cur_op && ex->cur_op >= 0 && !ex->cur_in ? 1 : 0);
+    long step = ex->cur_step + (x >= 0 && ex->cur_first >= 0 && x <= ex->cur_first && !(x == ex->cur_op && ex->cur_in));
     if (step != fault_spec.step) return FAULT_NONE;
     if (fault_spec.micro >= 0 ? op->micro_step != fault_spec.micro : x != fault_spec.op) return FAULT_NONE;
     return fault_spec.kind;

@@ -543,7 +543,7 @@ def diagnose(dumps, exp):
 
 def _row_count(row):
     """The count a collective's op issues per rank (the cursor's "count"), from the plan's row."""
-    if row.get("numel_in") is None:
+    if row.get("numel_in") is None or row["op"] == "all_to_all":  # an exchange's count is not the row's elements
         return None
     return row["numel_out"] if row["op"] == "reduce_scatter" else row["numel_in"]
 
