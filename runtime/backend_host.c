@@ -307,7 +307,13 @@ int cp_host_world_stop(cp_host_world *w, int rank, const char *why)
     }
     pthread_mutex_unlock(&w->stop_lock);
     if (!first) return 0;
-    /* Every rank's cursor, before the others leave their waits (COMMPLAN_CURSOR_DUMP; issue 40). */
+    /* Every rank's cursor, before the others leave their waits (COMMPLAN_CURSOR_DUMP; issue 40),
+     * after a moment for ranks leaving a collective that completed to reach their next wait (the
+     * job is stopped: a rendezvous then fails at once), so that no cursor is caught between the two. */
+    if (cp_cursor_armed()) {
+        struct timespec settle = { 0, 100000000L };
+        nanosleep(&settle, NULL);
+    }
     cp_cursor_dump(rank, strstr(w->stop_why, "timed out") || strstr(w->stop_why, "no message within") ? "timeout"
                                                                                                        : "failure",
                    w->stop_why);

@@ -697,6 +697,7 @@ void cp_cursor_write(int fd);
  * first failure's (cp_host_world_stop), the GPU path's timeout, and the
  * bridge's (python/commplan/runtime.py). A no-op without a file. */
 int cp_cursor_set_file(const char *prefix);
+int cp_cursor_armed(void); /* 1 once a cursor file is named */
 void cp_cursor_dump(int rank, const char *event, const char *why);
 /* Installs cp_cursor_dump on SIGUSR1 when COMMPLAN_CURSOR_DUMP is set
  * (the binary's main, the bridge's library): 0, or -1 (a path too long). */

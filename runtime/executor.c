@@ -198,6 +198,7 @@ static int fault_stop(cp_executor *ex, const cp_op *op, int kind);
 static const cp_op *fault_count(cp_executor *ex, const cp_op *op, cp_op *wrong);
 static void fault_parse(void);
 static volatile int fault_released; /* set by the job's first failure: a stopped rank then fails too */
+static volatile sig_atomic_t term_dumped; /* a failure's cursor is written: SIGTERM leaves it */
 /* The executors of this process, for cp_cursor_write (threads of
  * --simulate: one per rank). */
 #define CP_CURSOR_MAX 256
@@ -1168,6 +1169,8 @@ void cp_cursor_write(int fd)
 
 static char cursor_file[4096];
 
+int cp_cursor_armed(void) { return cursor_file[0] != 0; }
+
 int cp_cursor_set_file(const char *prefix)
 {
     cursor_file[0] = '\0';
@@ -1187,13 +1190,7 @@ void cp_cursor_dump(int rank, const char *event, const char *why)
         if (event) fault_released = 1;
         return;
     }
-    if (event) {
-        /* A moment for ranks leaving a collective that completed to reach their next wait (the job is
-         * stopped: a rendezvous then fails at once), so that no cursor is caught between the two. */
-        struct timespec settle = { 0, 100000000L };
-        nanosleep(&settle, NULL);
-        fault_released = 1;
-    }
+    if (event) term_dumped = 1, fault_released = 1;
     int fd = open(cursor_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return;
     if (event) {
@@ -1228,6 +1225,30 @@ static void cursor_signal(int sig)
     errno = saved;
 }
 
+/* SIGTERM (a launcher stopping the job's other ranks once one died: torchrun, srun) and SIGABRT (a
+ * library ending the process: gloo on a size mismatch): the cursor as this process leaves, unless
+ * its own failure wrote one already, then what the signal did before (the default: end the
+ * process; a handler: called). */
+static struct sigaction leave_prev[2];
+
+static void cursor_leave(int sig, siginfo_t *info, void *uc)
+{
+    int saved = errno, k = sig == SIGABRT;
+    if (!term_dumped)
+        cp_cursor_dump(-1, k ? "aborted" : "terminated",
+                       k ? "SIGABRT: a library ended this process" : "SIGTERM: the launcher stopped this process");
+    errno = saved;
+    struct sigaction *prev = &leave_prev[k];
+    if (prev->sa_flags & SA_SIGINFO) {
+        if (prev->sa_sigaction) prev->sa_sigaction(sig, info, uc);
+    } else if (prev->sa_handler == SIG_DFL) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+    } else if (prev->sa_handler != SIG_IGN) {
+        prev->sa_handler(sig);
+    }
+}
+
 int cp_cursor_install(void)
 {
     const char *prefix = getenv("COMMPLAN_CURSOR_DUMP");
@@ -1239,6 +1260,13 @@ int cp_cursor_install(void)
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, NULL);
+    struct sigaction st;
+    memset(&st, 0, sizeof st);
+    st.sa_sigaction = cursor_leave;
+    st.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&st.sa_mask);
+    sigaction(SIGTERM, &st, &leave_prev[0]);
+    sigaction(SIGABRT, &st, &leave_prev[1]);
     return 0;
 }
 

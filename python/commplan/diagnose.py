@@ -172,6 +172,9 @@ def read_cursors(path, data):
         if "event" in c and not (isinstance(c["event"], str) and isinstance(c.get("why", ""), str)):
             raise BadInput(f"{name}: line {i + 1}.event: expected an event name and a line why")
         out.append(c)
+    for c in out:  # an event a signal wrote names no rank: the ranks whose cursors the file holds
+        if "event" in c and _int(c["rank"]) < 0:
+            c["ranks"] = [_int(x["rank"]) for x in out if "event" not in x]
     return out
 
 
@@ -597,8 +600,13 @@ def diagnose_cursors(cursors, exp):
              f"{_fold(by_rank) if by_rank else 'none'}"]
     if any(c.get("plan") != exp["plan"] for c in cursors):
         lines.append(f"the cursors name plan {sorted({str(c.get('plan')) for c in cursors})}, not {exp['plan']}")
-    for e in events[:4]:
-        lines.append(f"the runtime's {e['event']} on rank {e['rank']}: {str(e.get('why', ''))[:400]}")
+    evs = {}
+    for e in events:
+        rs = e.get("ranks") if _int(e["rank"]) < 0 else [_int(e["rank"])]
+        evs.setdefault((str(e["event"]), str(e.get("why", ""))[:400]), []).extend(rs or [])
+    for (ev, why), rs in list(evs.items())[:4]:
+        who = f" on {'rank' if len(rs) == 1 else 'ranks'} {_fold(rs)}" if rs else ""
+        lines.append(f"the runtime's {ev}{who}: {why}")
     groups = {}
     for r, c in by_rank.items():
         what = (f"op {c['op']} ({c.get('kind', '?')} of {c.get('unit', '?')}, micro-step {c.get('micro_step', '?')})")
