@@ -603,7 +603,8 @@ def diagnose_cursors(cursors, exp):
     evs = {}
     for e in events:
         rs = e.get("ranks") if _int(e["rank"]) < 0 else [_int(e["rank"])]
-        evs.setdefault((str(e["event"]), str(e.get("why", ""))[:400]), []).extend(rs or [])
+        why = re.sub(r"^rank \d+: ", "", str(e.get("why", "")))[:400]  # the same line from every rank, folded
+        evs.setdefault((str(e["event"]), why), []).extend(rs or [])
     for (ev, why), rs in list(evs.items())[:4]:
         who = f" on {'rank' if len(rs) == 1 else 'ranks'} {_fold(rs)}" if rs else ""
         lines.append(f"the runtime's {ev}{who}: {why}")
@@ -730,6 +731,13 @@ def diagnose_cursors(cursors, exp):
         for k, (_, body) in enumerate(departures[:3]):
             lines.append(("first departure from the plan: " if k == 0 else "  then: ") + body)
     lines.extend(waits)
+    if missing and not waits and not departures and by_rank:
+        last = all(not _int(by_rank[r]["in_op"]) and pos[r][1] >= max(rows_by_seq.get(r, {0: None})) for r in by_rank)
+        waits.append(f"{'rank' if len(by_rank) == 1 else 'ranks'} {_fold(by_rank)} stopped while "
+                     f"{'rank' if len(missing) == 1 else 'ranks'} {_fold(missing)} wrote no cursor (killed?)"
+                     + ("; they had issued their whole step's collectives (a GPU rank's cursor is the op its host "
+                        "enqueued last: the collective its device waits in is not in it)" if last else ""))
+        lines.append(waits[-1])
     if not departures and not waits:
         lines.append("no rank waits in a collective for a member behind it: the cursors agree with the plan's order")
     elif not departures:

@@ -59,6 +59,14 @@ CASES = [
       "it skipped 1 of the group's collectives: op 11 (expert-count exchange of layers.0.experts"],
      "rank 1 withholds layers.0.experts' expert-count exchange"),
 ]
+# The GPU path on the emulated CUDA and NCCL (tests/emu, docs/emulator.md): every rank a process
+# (tests/gpu_ranks.sh), the cursor written as the runtime's --timeout or NCCL's error ends the step
+# (cp_gpu_synchronize). A GPU rank's cursor is the op its host enqueued last, so the killed rank is
+# what it can name. Run where build/emu/fsdp4/fsdp4 is built (make emu-build), not built here.
+GPU_CASES = [
+    ("gpu_kill", "kill:3:0:11", ["rank 3: no cursor", "ranks 0-2 stopped while rank 3 wrote no cursor (killed?)"],
+     "rank 3 of fsdp4 on the emulated GPU SIGKILLs itself before layers.2's all-gather"),
+]
 QUICK = ("none", "skip_unit", "shape", "dead", "pp_schedule", "withhold_counts", "micro")
 
 
@@ -122,6 +130,30 @@ def run_case(name, plan, fault, want, what, built):
         shutil.rmtree(d, ignore_errors=True)
 
 
+def run_gpu_case(name, fault, want, what, emu):
+    d = tempfile.mkdtemp(prefix="commplan-rtf.")
+    try:
+        env = dict(os.environ, COMMPLAN_CURSOR_DUMP=os.path.join(d, "cursor_"), COMMPLAN_TEST_FAULT=fault,
+                   COMMPLAN_EMU_DEADLOCK_S="3")
+        p = subprocess.run([os.path.join(ROOT, "tests", "gpu_ranks.sh"), "4", emu, "--check", "--timeout", "6"],
+                           env=env, capture_output=True, text=True, timeout=120)
+        files = os.listdir(d)
+        if p.returncode == 0 or not files:
+            print(f"fault {name}: {what}: FAIL: not provoked (exit {p.returncode}, {len(files)} cursor files)")
+            return False, False
+        rc, out = diagnose(d, os.path.join(ROOT, "plans", "fsdp4.lua"))
+        missing = [w for w in want if w not in out]
+        right = rc == 1 and not missing
+        print(f"fault {name}: {what} ({fault}): provoked, {'diagnosed right' if right else 'NOT diagnosed right'}")
+        for line in out.splitlines():
+            print(f"    {line[:600]}")
+        if missing:
+            print(f"    (missing: {missing}; diagnose exit {rc})")
+        return True, right
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def main(argv):
     tier = "quick"
     only = None
@@ -134,7 +166,8 @@ def main(argv):
     for plan in sorted({c[1] for c in cases}):
         built[plan] = build(plan)
     provoked = right = clean = 0
-    faults = [c for c in cases if c[2]]
+    faults = [c[0] for c in cases if c[2]]
+    n_clean = len(cases) - len(faults)
     for c in cases:
         pv, rt = run_case(*c, built)
         if c[2]:
@@ -142,10 +175,22 @@ def main(argv):
             right += rt
         else:
             clean += rt
+    emu = os.path.join(ROOT, "build", "emu", "fsdp4", "fsdp4")
+    gpu = [c for c in GPU_CASES if tier == "full" and (only is None or c[0] in only)]
+    for name, fault, want, what in gpu:
+        if not os.access(emu, os.X_OK):
+            print(f"fault {name}: SKIP: {emu} not built (make emu-build)")
+            continue
+        faults.append(name)
+        pv, rt = run_gpu_case(name, fault, want, what, emu)
+        provoked += pv
+        right += rt
     print(f"runtime faults: {len(faults)} faults, {provoked} provoked, {right} diagnosed right"
-          + (f", the clean run {'right' if clean else 'WRONG'}" if len(cases) > len(faults) else "")
-          + " (host backend: every rank a thread of --simulate; the cursor file of the job's first failure)")
-    return 0 if provoked == right == len(faults) and clean == len(cases) - len(faults) else 1
+          + (f", the clean run {'right' if clean else 'WRONG'}" if n_clean else "")
+          + " (host backend: every rank a thread of --simulate"
+          + ("; the GPU path on the emulator: a process per rank" if gpu else "")
+          + "; the cursor file of the job's first failure)")
+    return 0 if provoked == right == len(faults) and clean == n_clean else 1
 
 
 if __name__ == "__main__":
