@@ -9,7 +9,7 @@ failure, a gloo timeout's included, or as torchrun stops it with SIGTERM once
 a rank died) read by `python -m commplan diagnose DIR PLAN`, and the
 diagnosis checked to name the rank, the op and the cause.
 
-    tests/diagnose/bridge_faults.py [--tier quick|full] [--torchrun PATH]
+    tests/diagnose/bridge_faults.py [--tier quick|full] [--only NAME,...] [--torchrun PATH]
 
 Prints "fault NAME: ..." per case and "bridge faults: N faults, P provoked, D
 diagnosed right"; exit 1 on a case not provoked or not diagnosed right, 77
@@ -91,7 +91,8 @@ def main(argv):
         return 77
     import runtime_faults
     _, lua = runtime_faults.build("rtf_fr4")
-    cases = [c for c in CASES if tier == "full" or c[0] in QUICK]
+    only = set(argv[argv.index("--only") + 1].split(",")) if "--only" in argv else None
+    cases = [c for c in CASES if (tier == "full" or c[0] in QUICK) and (only is None or c[0] in only)]
     provoked = right = 0
     for name, fault, want, what in cases:
         d = tempfile.mkdtemp(prefix="commplan-bf.")
