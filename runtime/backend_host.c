@@ -95,6 +95,7 @@ struct cp_host_world {
     rank_ctx *ranks;
     p2p_inbox *inbox;  /* per receiving rank; NULL without PP */
     double p2p_timeout_s; /* how long a receive waits for its message */
+    double timeout_s;     /* how long a rendezvous waits for its members (0: for ever) */
     /* The job's first failure: set once (stop_lock), then read without it. */
     atomic_int stopped;
     pthread_mutex_t stop_lock;
@@ -107,7 +108,15 @@ static int barrier_init(host_barrier *b, unsigned size)
     memset(b, 0, sizeof *b);
     b->size = size;
     if (pthread_mutex_init(&b->lock, NULL) != 0) return -1;
-    if (pthread_cond_init(&b->cv, NULL) != 0) {
+    /* A monotonic deadline (the rendezvous timeout): a wall-clock jump neither ends nor stretches it. */
+    pthread_condattr_t ca;
+    int bad = pthread_condattr_init(&ca) != 0;
+    if (!bad) {
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        bad = pthread_cond_init(&b->cv, &ca) != 0;
+        pthread_condattr_destroy(&ca);
+    }
+    if (bad) {
         pthread_mutex_destroy(&b->lock);
         return -1;
     }
@@ -127,6 +136,14 @@ static void barrier_destroy(host_barrier *b)
  * are not stoppable: every member is inside it and will arrive. */
 static int barrier_wait(cp_host_world *w, host_barrier *b, int stoppable)
 {
+    struct timespec until;
+    int timed = stoppable && w->timeout_s > 0, late = 0;
+    if (timed) {
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += (time_t)w->timeout_s;
+        until.tv_nsec += (long)((w->timeout_s - (double)(time_t)w->timeout_s) * 1e9);
+        if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
+    }
     pthread_mutex_lock(&b->lock);
     if (stoppable && atomic_load(&w->stopped)) {
         pthread_mutex_unlock(&b->lock);
@@ -140,11 +157,14 @@ static int barrier_wait(cp_host_world *w, host_barrier *b, int stoppable)
         pthread_mutex_unlock(&b->lock);
         return 0;
     }
-    while (b->generation == gen && !(stoppable && atomic_load(&w->stopped))) pthread_cond_wait(&b->cv, &b->lock);
+    while (b->generation == gen && !(stoppable && atomic_load(&w->stopped)) && !late) {
+        if (timed) late = pthread_cond_timedwait(&b->cv, &b->lock, &until) == ETIMEDOUT;
+        else pthread_cond_wait(&b->cv, &b->lock);
+    }
     int left = b->generation == gen;
     if (left) b->arrived--;
     pthread_mutex_unlock(&b->lock);
-    return left ? -1 : 0;
+    return left ? (late && !atomic_load(&w->stopped) ? -2 : -1) : 0;
 }
 
 /* COMMPLAN_P2P_TIMEOUT (seconds) or 30: a receive that waits longer fails. */
@@ -287,6 +307,16 @@ int cp_host_world_stop(cp_host_world *w, int rank, const char *why)
     }
     pthread_mutex_unlock(&w->stop_lock);
     if (!first) return 0;
+    /* Every rank's cursor, before the others leave their waits (COMMPLAN_CURSOR_DUMP; issue 40),
+     * after a moment for ranks leaving a collective that completed to reach their next wait (the
+     * job is stopped: a rendezvous then fails at once), so that no cursor is caught between the two. */
+    if (cp_cursor_armed()) {
+        struct timespec settle = { 0, 100000000L };
+        nanosleep(&settle, NULL);
+    }
+    cp_cursor_dump(rank, strstr(w->stop_why, "timed out") || strstr(w->stop_why, "no message within") ? "timeout"
+                                                                                                       : "failure",
+                   w->stop_why);
     /* Wake every waiter: each checks the flag under its own lock, so one
      * that saw it unset is already waiting when this broadcast comes. */
     for (int f = 0; w->fam && f < w->plan->nfamilies; f++)
@@ -312,6 +342,8 @@ const char *cp_host_world_stopped(cp_host_world *w, int *rank)
     if (rank) *rank = w->stop_rank;
     return w->stop_why;
 }
+
+void cp_host_world_set_timeout(cp_host_world *w, double seconds) { w->timeout_s = seconds > 0 ? seconds : 0; }
 
 void cp_host_world_set_p2p_timeout(cp_host_world *w, double seconds)
 {
@@ -344,6 +376,7 @@ void cp_host_world_set_arith(cp_host_world *w, cp_arith a) { w->arith = a; }
 
 /* Post, wait, check signatures. Returns the instance and this rank's key,
  * or NULL when the job stopped before every member came (nothing read). */
+static long op_index(const rank_ctx *rc, const cp_op *op);
 static group_instance *rendezvous(cp_backend *b, const cp_op *op, const void *ptr, int *key_out, int *size_out,
                                   int *bad)
 {
@@ -355,7 +388,15 @@ static group_instance *rendezvous(cp_backend *b, const cp_op *op, const void *pt
     group_instance *g = &rc->world->fam[op->family].inst[color];
     g->ptrs[key] = ptr;
     g->sigs[key] = op;
-    if (barrier_wait(rc->world, &g->barrier, 1)) {
+    int waited = barrier_wait(rc->world, &g->barrier, 1);
+    if (waited == -2) {
+        p2p_error(rc, "rank %d: %s on %s group %d (op %ld) timed out after %.3g s: a member did not come (a rank "
+                  "behind, gone, or in another op; COMMPLAN_CURSOR_DUMP writes where each rank is)", rc->rank,
+                  cp_op_kind_name(op->kind), p->families[op->family].name, color, op_index(rc, op),
+                  rc->world->timeout_s);
+        return NULL;
+    }
+    if (waited) {
         stopped_error(rc);
         return NULL;
     }

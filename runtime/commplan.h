@@ -712,6 +712,9 @@ struct cp_executor {
      * it; read by cp_cursor_write from a signal handler. */
     volatile long cur_step, cur_op;
     volatile int cur_in;
+    volatile long cur_count; /* the count the op issued (the plan's, or a test fault's) */
+    volatile long cur_first; /* the op the step began with (-1: none yet); entering it again, or one before
+                              * it, begins the next step (library calls enter the table's ops out of order) */
 };
 
 /* Allocates this rank's shards and arena through the backend. */
@@ -725,6 +728,19 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op);
  * step, op, kind, unit, micro-step, in_op) on fd; async-signal-safe (a
  * SIGUSR1 handler's; python -m commplan diagnose reads the file). */
 void cp_cursor_write(int fd);
+/* The cursor file (issue 40): COMMPLAN_CURSOR_DUMP=PREFIX names PREFIX<pid>
+ * (0, or -1 for a path too long); cp_cursor_dump writes it (truncated) with
+ * every live executor's cursor, after one line naming the event (a
+ * "timeout", a "failure") and the failing rank's line why when event is
+ * not NULL. Async-signal-safe: the SIGUSR1 handler's, the host backend's
+ * first failure's (cp_host_world_stop), the GPU path's timeout, and the
+ * bridge's (python/commplan/runtime.py). A no-op without a file. */
+int cp_cursor_set_file(const char *prefix);
+int cp_cursor_armed(void); /* 1 once a cursor file is named */
+void cp_cursor_dump(int rank, const char *event, const char *why);
+/* Installs cp_cursor_dump on SIGUSR1 when COMMPLAN_CURSOR_DUMP is set
+ * (the binary's main, the bridge's library): 0, or -1 (a path too long). */
+int cp_cursor_install(void);
 /* Where parameter `param` lives in buffer k (sharded, unsharded, grads,
  * sharded grads) of its unit, or NULL for a parameter out of range. */
 void *cp_executor_param_ptr(const cp_executor *ex, int param, cp_buffer k);

@@ -3,10 +3,15 @@
  * waits, its work on the stream the generator chose, its event record.
  * Every fact about an op kind is in its descriptor below; nothing about
  * the schedule (streams, ordering, buffer placement) is decided here. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "commplan.h"
@@ -196,6 +201,13 @@ static int ex_refuse(cp_executor *ex, const char *line)
 
 static int fail_init(cp_executor *ex);
 static int cp_executor_run_op_(cp_executor *ex, const cp_op *op);
+enum { FAULT_NONE, FAULT_SKIP, FAULT_COUNT, FAULT_STOP, FAULT_KILL };
+static int fault_at(const cp_executor *ex, const cp_op *op);
+static int fault_stop(cp_executor *ex, const cp_op *op, int kind);
+static const cp_op *fault_count(cp_executor *ex, const cp_op *op, cp_op *wrong);
+static void fault_parse(void);
+static volatile int fault_released; /* set by the job's first failure: a stopped rank then fails too */
+static volatile sig_atomic_t term_dumped; /* a failure's cursor is written: SIGTERM leaves it */
 /* The executors of this process, for cp_cursor_write (threads of
  * --simulate: one per rank). */
 #define CP_CURSOR_MAX 256
@@ -211,8 +223,10 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
         return ex_error(ex, "rank %d is outside plan %s's world of %d ranks", rank, p->name, p->world_size);
     cp_plan_view(p, rank, &ex->view);
     ex->plan = p = &ex->view;
+    fault_parse();
     ex->rank = rank;
     ex->cur_op = -1;
+    ex->cur_first = -1;
     ex->shard_rank = cp_shard_rank(p, rank);
     ex->replicate_rank = cp_replicate_rank(p, rank);
     ex->tp_rank = cp_tp_rank(p, rank);
@@ -447,8 +461,9 @@ static int post_forward_copy(cp_executor *ex, const cp_op *op, const void *in, v
 
 static int failed(cp_executor *ex, const cp_op *op, const char *what)
 {
+    long x = op >= ex->plan->ops && op < ex->plan->ops + ex->plan->nops ? (long)(op - ex->plan->ops) : ex->cur_op;
     return ex_error(ex, "rank %d: %s of %s of unit %s (op %ld) failed", ex->rank, what, cp_op_kind_name(op->kind),
-                    ex->plan->units[op->unit].name, (long)(op - ex->plan->ops));
+                    ex->plan->units[op->unit].name, x);
 }
 
 /* Host copies of a collective's input and output for the observer. An
@@ -939,9 +954,11 @@ static int close_batch(cp_executor *ex, const cp_op *last)
 
 static void cursor_enter(cp_executor *ex, long x)
 {
-    if (x >= 0 && x <= ex->cur_op && ex->cur_op >= 0 && !ex->cur_in) ex->cur_step++;
+    if (x >= 0 && ex->cur_first < 0) ex->cur_first = x;
+    else if (x >= 0 && x <= ex->cur_first && !(x == ex->cur_op && ex->cur_in)) ex->cur_step++;
     ex->cur_op = x;
     ex->cur_in = 1;
+    ex->cur_count = x >= 0 && x < ex->plan->nops ? (long)ex->plan->ops[x].count : -1;
     int slot = ex->rank % CP_CURSOR_MAX;
     if (cursor_ex[slot] != ex) cursor_ex[slot] = ex;
 }
@@ -992,6 +1009,8 @@ int cp_executor_run_op(cp_executor *ex, const cp_op *op)
 static int cp_executor_run_op_(cp_executor *ex, const cp_op *op)
 {
     const cp_plan *p = ex->plan;
+    int fault = fault_at(ex, op);
+    if (fault == FAULT_STOP || fault == FAULT_KILL) return fault_stop(ex, op, fault);
     cursor_enter(ex, (long)(op - p->ops));
     if ((unsigned)op->kind >= CP_OP_KIND_COUNT || op->unit < 0 || op->unit >= p->nunits ||
         (unsigned)op->stream >= CP_STREAM_COUNT) {
@@ -1068,9 +1087,12 @@ static int cp_executor_run_op_(cp_executor *ex, const cp_op *op)
     case CP_ACT_HOST:
         if (run_host_copy(ex, op, in, out)) return -1;
         break;
-    case CP_ACT_COLLECTIVE:
-        if (run_collective(ex, op, d, in, out)) return -1;
+    case CP_ACT_COLLECTIVE: {
+        cp_op wrong;
+        if (fault == FAULT_SKIP) break;
+        if (run_collective(ex, fault == FAULT_COUNT ? fault_count(ex, op, &wrong) : op, d, in, out)) return -1;
         break;
+    }
     case CP_ACT_COMPUTE:
         if (!ex->unsharded_live[u])
             return ex_error(ex, "rank %d: %s of unit %s runs on resharded parameters", ex->rank, d->name,
@@ -1079,12 +1101,17 @@ static int cp_executor_run_op_(cp_executor *ex, const cp_op *op)
         break;
     case CP_ACT_NONE: break;
     case CP_ACT_P2P:
+        if (fault == FAULT_SKIP) break;
         if (run_p2p(ex, op, in, out)) return -1;
         break;
     case CP_ACT_A2A:
         if (ex->open_batch)
             return ex_error(ex, "rank %d: %s of unit %s (op %ld) is inside batch %d: regenerate the plan", ex->rank,
                             d->name, p->units[u].name, x, ex->open_batch);
+        if (fault == FAULT_SKIP) { /* withheld counts: the slot keeps its last counts, the tokens' exchange goes on */
+            if (op->kind == CP_OP_A2A_COUNTS && ex->a2a_filled[u]) ex->a2a_filled[u][op->a2a_slot] = (int)x;
+            break;
+        }
         if ((op->kind == CP_OP_A2A_COUNTS ? run_a2a_counts(ex, op) : run_a2a(ex, op)) != 0) return -1;
         break;
     }
@@ -1159,6 +1186,8 @@ void cp_cursor_write(int fd)
             at = cur_name(b, at, sizeof b, op->unit >= 0 && op->unit < p->nunits ? p->units[op->unit].name : "?");
             at = cur_put(b, at, sizeof b, ", \"micro_step\": ");
             at = cur_long(b, at, sizeof b, op->micro_step);
+            at = cur_put(b, at, sizeof b, ", \"count\": ");
+            at = cur_long(b, at, sizeof b, ex->cur_count);
         }
         at = cur_put(b, at, sizeof b, ", \"in_op\": ");
         at = cur_long(b, at, sizeof b, ex->cur_in);
@@ -1169,4 +1198,180 @@ void cp_cursor_write(int fd)
             off += (size_t)w;
         }
     }
+}
+
+/* ---- issue 40: the cursor file, written on a signal and on a failure ---- */
+
+static char cursor_file[4096];
+
+int cp_cursor_armed(void) { return cursor_file[0] != 0; }
+
+int cp_cursor_set_file(const char *prefix)
+{
+    cursor_file[0] = '\0';
+    if (!prefix || !*prefix) return 0;
+    /* snprintf is not async-signal-safe, but this runs once, before any handler */
+    int n = snprintf(cursor_file, sizeof cursor_file, "%s%ld", prefix, (long)getpid());
+    if (n <= 0 || (size_t)n >= sizeof cursor_file) {
+        cursor_file[0] = '\0';
+        return -1;
+    }
+    return 0;
+}
+
+void cp_cursor_dump(int rank, const char *event, const char *why)
+{
+    if (!cursor_file[0]) {
+        if (event) fault_released = 1;
+        return;
+    }
+    if (event) term_dumped = 1, fault_released = 1;
+    int fd = open(cursor_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return;
+    if (event) {
+        const char *plan = "?";
+        for (int i = 0; i < CP_CURSOR_MAX; i++)
+            if (cursor_ex[i] && cursor_ex[i]->plan) { plan = cursor_ex[i]->plan->name; break; }
+        char b[1024];
+        size_t at = cur_put(b, 0, sizeof b, "{\"commplan_cursor\": 1, \"plan\": ");
+        at = cur_name(b, at, sizeof b, plan);
+        at = cur_put(b, at, sizeof b, ", \"event\": ");
+        at = cur_name(b, at, sizeof b, event);
+        at = cur_put(b, at, sizeof b, ", \"rank\": ");
+        at = cur_long(b, at, sizeof b, rank);
+        at = cur_put(b, at, sizeof b, ", \"why\": ");
+        at = cur_name(b, at, sizeof b, why ? why : "");
+        at = cur_put(b, at, sizeof b, "}\n");
+        for (size_t off = 0; off < at;) {
+            ssize_t w = write(fd, b + off, at - off);
+            if (w <= 0) break;
+            off += (size_t)w;
+        }
+    }
+    cp_cursor_write(fd);
+    close(fd);
+}
+
+static void cursor_signal(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    cp_cursor_dump(-1, NULL, NULL);
+    errno = saved;
+}
+
+/* SIGTERM (a launcher stopping the job's other ranks once one died: torchrun, srun) and SIGABRT (a
+ * library ending the process: gloo on a size mismatch): the cursor as this process leaves, unless
+ * its own failure wrote one already, then what the signal did before (the default: end the
+ * process; a handler: called). */
+static struct sigaction leave_prev[2];
+
+static void cursor_leave(int sig, siginfo_t *info, void *uc)
+{
+    int saved = errno, k = sig == SIGABRT;
+    if (!term_dumped)
+        cp_cursor_dump(-1, k ? "aborted" : "terminated",
+                       k ? "SIGABRT: a library ended this process" : "SIGTERM: the launcher stopped this process");
+    errno = saved;
+    struct sigaction *prev = &leave_prev[k];
+    if (prev->sa_flags & SA_SIGINFO) {
+        if (prev->sa_sigaction) prev->sa_sigaction(sig, info, uc);
+    } else if (prev->sa_handler == SIG_DFL) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+    } else if (prev->sa_handler != SIG_IGN) {
+        prev->sa_handler(sig);
+    }
+}
+
+int cp_cursor_install(void)
+{
+    const char *prefix = getenv("COMMPLAN_CURSOR_DUMP");
+    if (!prefix || !*prefix) return 0;
+    if (cp_cursor_set_file(prefix) != 0) return -1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = cursor_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    struct sigaction st;
+    memset(&st, 0, sizeof st);
+    st.sa_sigaction = cursor_leave;
+    st.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&st.sa_mask);
+    sigaction(SIGTERM, &st, &leave_prev[0]);
+    sigaction(SIGABRT, &st, &leave_prev[1]);
+    return 0;
+}
+
+/* ---- issue 40: test-only faults (tests/diagnose/runtime_faults.sh) ----
+ * COMMPLAN_TEST_FAULT=KIND:RANK:STEP:OP changes what rank RANK does at op
+ * OP (the table index; mN: every op of micro-step N) of step STEP, as a
+ * bug or a dying process in the job would, so that the diagnosis of the
+ * runtime's cursors can be checked against a known cause:
+ *   skip   the op's collective, message or all-to-all is not issued (its
+ *          waits, events and frees are: the rest of the step runs on)
+ *   count  the collective is issued with one element fewer per rank
+ *   stop   the rank stops before the op (never enters it) until the job
+ *          fails elsewhere (at most 600 s), then fails itself: a dead rank
+ *          among the threads of --simulate
+ *   kill   the process kills itself (SIGKILL) before the op: a rank killed
+ *          mid-step, where each rank is a process (the bridge, the GPU path)
+ * Read once per executor; without the variable nothing here runs. */
+static struct { int kind, rank, micro; long step, op; } fault_spec = { FAULT_NONE, -1, -1, -1, -1 };
+
+static void fault_parse(void)
+{
+    static int parsed;
+    const char *s = getenv("COMMPLAN_TEST_FAULT");
+    if (parsed++) return; /* once per process: the executors of --simulate are made one after another */
+    if (!s || !*s) return;
+    static const char *const names[] = { "", "skip", "count", "stop", "kill" };
+    char kind[16] = "", where[32] = "";
+    int rank = -1;
+    long step = -1;
+    if (sscanf(s, "%15[a-z]:%d:%ld:%31s", kind, &rank, &step, where) != 4) {
+        fprintf(stderr, "commplan: COMMPLAN_TEST_FAULT=%s: expected KIND:RANK:STEP:OP (skip, count, stop or kill; "
+                "OP a table index or mN for micro-step N); ignored\n", s);
+        return;
+    }
+    for (int k = FAULT_SKIP; k <= FAULT_KILL; k++)
+        if (strcmp(kind, names[k]) == 0) fault_spec.kind = k;
+    fault_spec.rank = rank, fault_spec.step = step;
+    fault_spec.micro = where[0] == 'm' ? atoi(where + 1) : -1;
+    fault_spec.op = where[0] == 'm' ? -1 : atol(where);
+    if (fault_spec.kind == FAULT_NONE)
+        fprintf(stderr, "commplan: COMMPLAN_TEST_FAULT=%s: no fault %s (skip, count, stop, kill); ignored\n", s, kind);
+    else fprintf(stderr, "commplan: COMMPLAN_TEST_FAULT=%s: a test fault on rank %d (docs/diagnosis.md)\n", s, rank);
+}
+
+static int fault_at(const cp_executor *ex, const cp_op *op)
+{
+    if (fault_spec.kind == FAULT_NONE || ex->rank != fault_spec.rank) return FAULT_NONE;
+    long x = (long)(op - ex->plan->ops);
+    /* the step this op runs in: the cursor's, or the next one's where the table starts again */
+    long step = ex->cur_step + (x >= 0 && ex->cur_first >= 0 && x <= ex->cur_first && !(x == ex->cur_op && ex->cur_in));
+    if (step != fault_spec.step) return FAULT_NONE;
+    if (fault_spec.micro >= 0 ? op->micro_step != fault_spec.micro : x != fault_spec.op) return FAULT_NONE;
+    return fault_spec.kind;
+}
+
+static int fault_stop(cp_executor *ex, const cp_op *op, int kind)
+{
+    if (kind == FAULT_KILL) raise(SIGKILL);
+    for (int i = 0; i < 6000 && !fault_released; i++) {
+        struct timespec ts = { 0, 100000000L };
+        nanosleep(&ts, NULL);
+    }
+    return ex_error(ex, "rank %d: stopped before op %ld (%s of unit %s) by COMMPLAN_TEST_FAULT", ex->rank,
+                    (long)(op - ex->plan->ops), cp_op_kind_name(op->kind), ex->plan->units[op->unit].name);
+}
+
+static const cp_op *fault_count(cp_executor *ex, const cp_op *op, cp_op *wrong)
+{
+    *wrong = *op;
+    if (wrong->count > 1) wrong->count--;
+    ex->cur_count = (long)wrong->count;
+    return wrong;
 }

@@ -1199,6 +1199,14 @@ static void abort_comms(cp_gpu *g)
     if (g->world) { ncclCommAbort(g->world); g->world = NULL; }
 }
 
+/* The cursor on the runtime's own timeout or failure (COMMPLAN_CURSOR_DUMP; issue 40): this rank's
+ * step and the op it enqueued last, and g->err as the line why; rc passed through. */
+static int sync_failed(cp_gpu *g, const char *event, int rc)
+{
+    cp_cursor_dump(g->ex.rank, event, g->err);
+    return rc;
+}
+
 int cp_gpu_synchronize(cp_gpu *g, void *stream, double timeout_s)
 {
     double deadline = now_s() + timeout_s;
@@ -1207,7 +1215,8 @@ int cp_gpu_synchronize(cp_gpu *g, void *stream, double timeout_s)
         if (e == cudaSuccess) return 0;
         if (e != cudaErrorNotReady) {
             abort_comms(g);
-            return fail(g, "step failed on the GPU: %s; communicators aborted", cudaGetErrorString(e));
+            return sync_failed(g, "failure", fail(g, "step failed on the GPU: %s; communicators aborted",
+                                                  cudaGetErrorString(e)));
         }
         ncclResult_t async = ncclSuccess;
         ncclComm_t comms[1 + 64];
@@ -1217,14 +1226,15 @@ int cp_gpu_synchronize(cp_gpu *g, void *stream, double timeout_s)
         for (int i = 0; i < n; i++) {
             if (ncclCommGetAsyncError(comms[i], &async) != ncclSuccess || async != ncclSuccess) {
                 abort_comms(g);
-                return fail(g, "NCCL reported an asynchronous error: %s (a peer may have died; NCCL_DEBUG=WARN); "
-                            "communicators aborted", ncclGetErrorString(async));
+                return sync_failed(g, "failure", fail(g, "NCCL reported an asynchronous error: %s (a peer may have "
+                                                      "died; NCCL_DEBUG=WARN); communicators aborted",
+                                                      ncclGetErrorString(async)));
             }
         }
         if (now_s() > deadline) {
             abort_comms(g);
-            return fail(g, "step did not finish within %.0f s: a peer is missing or stuck; communicators aborted",
-                        timeout_s);
+            return sync_failed(g, "timeout", fail(g, "step did not finish within %.0f s: a peer is missing or "
+                                                  "stuck; communicators aborted", timeout_s));
         }
         struct timespec ts = { 0, 200000 };
         nanosleep(&ts, NULL);

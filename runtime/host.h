@@ -20,6 +20,11 @@ void cp_host_world_set_arith(cp_host_world *w, cp_arith a);
 /* How long a point-to-point receive waits for its message before it fails
  * naming both ranks (COMMPLAN_P2P_TIMEOUT seconds, else 30; <= 0: that). */
 void cp_host_world_set_p2p_timeout(cp_host_world *w, double seconds);
+/* How long a collective's or all-to-all's rendezvous waits for its members
+ * before the rank fails naming the group and the members missing (0, the
+ * default: for ever); the job's first failure then writes the cursor file
+ * (cp_cursor_dump, COMMPLAN_CURSOR_DUMP). */
+void cp_host_world_set_timeout(cp_host_world *w, double seconds);
 /* The job's first failure: every rank of the world blocked in it (a
  * collective's or all-to-all's rendezvous, a receive) or blocking in it
  * later fails at once with "rank R: stopped: rank F failed first: <why>",

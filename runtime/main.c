@@ -64,7 +64,9 @@ static void usage(FILE *f, const cp_plan *p)
             "  --standin         time rank R (default 0) of the plan alone on this GPU: every group is a one-rank\n"
             "                    communicator, so each collective is issued with the plan's counts but moves only\n"
             "                    this rank's slot; host enqueue and graph-launch times are the plan's\n"
-            "  --timeout S       fail instead of hanging when a step takes longer than S seconds (default 300)\n"
+            "  --timeout S       fail instead of hanging when a step takes longer than S seconds (default 300;\n"
+            "                    --simulate: a collective's members all arriving); COMMPLAN_CURSOR_DUMP=PREFIX\n"
+            "                    then writes every rank's step and op into PREFIX<pid> (docs/diagnosis.md)\n"
             "  --trace FILE      also write one measured step (after the warmup) as Chrome trace events, a track\n"
             "                    per stream, in the format of the plan's predicted trace.json (open in Perfetto)\n"
             "  --world-size N    refuse to run unless N equals the plan's world size (default: the launcher's,\n"
@@ -112,7 +114,8 @@ static const struct {
     [F_WARMUP] = { "--warmup", RUN_TIME, "counts the untimed steps of a timing run on the GPU (no mode flag)" },
     [F_ITERS] = { "--iters", RUN_TIME, "counts the timed steps of a timing run on the GPU (no mode flag)" },
     [F_GRAPH] = { "--graph", RUN_TIME | RUN_CHECK, "replays the step as a CUDA graph (a timing run or --check)" },
-    [F_TIMEOUT] = { "--timeout", RUN_TIME | RUN_CHECK, "bounds a step on the GPU (a timing run or --check)" },
+    [F_TIMEOUT] = { "--timeout", RUN_SIM | RUN_TIME | RUN_CHECK,
+                    "bounds a step on the GPU (a timing run or --check) or a collective's wait (--simulate)" },
     [F_TRACE] = { "--trace", RUN_TIME, "records a timed step on the GPU (no mode flag)" },
     [F_STANDIN] = { "--standin", RUN_TIME, "times one rank of the plan alone on a GPU (no mode flag)" },
     [F_QUIET] = { "--quiet", RUN_SIM | RUN_CHECK | RUN_TIME | RUN_RDZV, "silences progress output" },
@@ -387,6 +390,7 @@ static int run(int argc, char **argv)
         if (!quiet) launcher_note(p, simulate);
         if (dry) { dry_run(p); return 0; }
         opt.steps = (int)steps;
+        opt.timeout_s = (double)timeout;
         opt.log = quiet ? NULL : stdout;
         return cp_simulate(p, &opt);
     }
@@ -467,44 +471,14 @@ static int run(int argc, char **argv)
     }
 }
 
-/* COMMPLAN_CURSOR_DUMP=PREFIX: on SIGUSR1, every rank's cursor of this
- * process (its step and op) into PREFIX<pid> (cp_cursor_write; read by
- * python -m commplan diagnose DIR PLAN, docs/diagnosis.md). */
-static char cursor_path[4096];
-
-static void cursor_signal(int sig)
-{
-    (void)sig;
-    int saved = errno;
-    int fd = open(cursor_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-        cp_cursor_write(fd);
-        close(fd);
-    }
-    errno = saved;
-}
-
-static void cursor_install(void)
-{
-    const char *prefix = getenv("COMMPLAN_CURSOR_DUMP");
-    if (!prefix || !*prefix) return;
-    int n = snprintf(cursor_path, sizeof cursor_path, "%s%ld", prefix, (long)getpid());
-    if (n <= 0 || (size_t)n >= sizeof cursor_path) {
-        cp_error("COMMPLAN_CURSOR_DUMP: a path of at most %zu bytes", sizeof cursor_path - 24);
-        cursor_path[0] = 0;
-        return;
-    }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = cursor_signal;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGUSR1, &sa, NULL);
-}
-
+/* COMMPLAN_CURSOR_DUMP=PREFIX: every rank's cursor of this process (its
+ * step and op) into PREFIX<pid> on SIGUSR1 and on the job's first failure
+ * or timeout (cp_cursor_install, cp_cursor_dump; read by python -m
+ * commplan diagnose DIR PLAN, docs/diagnosis.md). */
 int main(int argc, char **argv)
 {
-    cursor_install();
+    if (cp_cursor_install() != 0)
+        cp_error("COMMPLAN_CURSOR_DUMP: a path of at most 4000 bytes; no cursor will be written");
     int rc = run(argc, argv);
     /* Every line this program printed must have reached its reader: a full
      * disk or a closed pipe is an error, as coreutils' close_stdout. */

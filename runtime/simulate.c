@@ -450,6 +450,7 @@ int cp_simulate(const cp_plan *p, const cp_sim_options *opt)
     }
     int started = 0;
     cp_host_world_set_arith(sw.host, opt->arith);
+    cp_host_world_set_timeout(sw.host, opt->timeout_s);
     for (int r = 0; r < p->world_size; r++) {
         sim_rank *sr = &sw.ranks[r];
         sr->sw = &sw;

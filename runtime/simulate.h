@@ -16,6 +16,7 @@ typedef struct {
     FILE *log;            /* progress lines; NULL for quiet */
     const int *only;      /* --ranks: simulate these ranks one at a time, each alone with stand-ins for its peers */
     int nonly;            /* 0: every rank, together */
+    double timeout_s;     /* a collective whose members do not all arrive within it fails (0: never) */
 } cp_sim_options;
 
 /* Returns 0 when every check passed, 1 on a data mismatch, 2 on a runtime

@@ -337,6 +337,25 @@ torch_lane() {
   else
     skipped "$cursor_what" "build/fsdp4/fsdp4 not built (make PLAN=plans/fsdp4.lua)"
   fi
+  # The same faults under commplan's own runtime (host backend: every rank a
+  # thread of --simulate; COMMPLAN_TEST_FAULT provokes each, the job's first
+  # failure or timeout writes every rank's cursor, diagnose names rank, op
+  # and cause; tests/diagnose/runtime_faults.py, no torch, ~10 s).
+  rtf_what="hang diagnosis under commplan's runtime: faults provoked in the host backend (a skipped all-gather, a wrong size, a micro-step count, a dead rank, a pipeline send left out, a withheld expert-count exchange), the cursors of the first failure diagnosed (tests/diagnose/runtime_faults.py)"
+  run "$rtf_what" timeout 600 python3 tests/diagnose/runtime_faults.py --tier "$tier"
+  grep -ah "^fault \|^runtime faults: " "$(logname "$rtf_what")" | sed "s/^/        /"
+  # ... and under the bridge: HostLibrary's executor in each of 4 torchrun
+  # processes, gloo's collectives; each process's cursor written on its
+  # failure, on SIGABRT (gloo) or as torchrun stops it (SIGTERM)
+  # (tests/diagnose/bridge_faults.py; quick tier: a rank killed mid-step).
+  bf_what="hang diagnosis under the bridge: faults provoked in HostLibrary's executor under torchrun (4 ranks, gloo), each process's cursor diagnosed (tests/diagnose/bridge_faults.py)"
+  if [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
+    run "$bf_what" timeout 600 "$live_py" tests/diagnose/bridge_faults.py --tier "$tier" --torchrun "$(dirname "$live_py")/torchrun"
+    grep -ah "^fault \|^bridge faults: " "$(logname "$bf_what")" | sed "s/^/        /"
+    full_adds "kill; make test-full adds skip_unit and shape"
+  else
+    skipped "$bf_what" "no torch environment with torchrun (make torch-env)"
+  fi
   # ---- end of hang diagnosis ----
   # Expert counts fuzzed where they enter the libraries (the C call and
   # HostLibrary.set_expert_counts), 4 ranks on gloo, after ep_library.py

@@ -153,7 +153,9 @@ def read_dump(path):
 
 
 def read_cursors(path, data):
-    """The runtime's cursor file (runtime/executor.c cp_cursor_write: one JSON line per rank)."""
+    """The runtime's cursor file (runtime/executor.c cp_cursor_dump: one JSON line per rank, after one
+    line naming the event, a "timeout" or a "failure", and the failing rank's line why, when the job's
+    first failure wrote it)."""
     name = os.path.basename(path)
     out = []
     for i, line in enumerate(data.decode("utf-8", "replace").splitlines()):
@@ -163,10 +165,16 @@ def read_cursors(path, data):
             c = json.loads(line)
         except ValueError:
             raise BadInput(f"{name}: line {i + 1}: not a JSON object (a cursor line cut short?)") from None
-        for k in ("rank", "step", "op", "in_op"):
+        keys = ("rank",) if isinstance(c, dict) and "event" in c else ("rank", "step", "op", "in_op")
+        for k in keys:
             if not isinstance(c, dict) or _int(c.get(k)) is None:
                 raise BadInput(f"{name}: line {i + 1}.{k}: expected an integer")
+        if "event" in c and not (isinstance(c["event"], str) and isinstance(c.get("why", ""), str)):
+            raise BadInput(f"{name}: line {i + 1}.event: expected an event name and a line why")
         out.append(c)
+    for c in out:  # an event a signal wrote names no rank: the ranks whose cursors the file holds
+        if "event" in c and _int(c["rank"]) < 0:
+            c["ranks"] = [_int(x["rank"]) for x in out if "event" not in x]
     return out
 
 
@@ -536,20 +544,70 @@ def diagnose(dumps, exp):
     return lines, bool(departures) or hang or bool(missing)
 
 
+def _row_count(row):
+    """The count a collective's op issues per rank (the cursor's "count"), from the plan's row."""
+    if row.get("numel_in") is None or row["op"] == "all_to_all":  # an exchange's count is not the row's elements
+        return None
+    return row["numel_out"] if row["op"] == "reduce_scatter" else row["numel_in"]
+
+
+def _short(row):
+    return row["name"].split(" on ")[0]
+
+
+def _same(a, b):
+    return a["op"] == b["op"] and a.get("numel_in") == b.get("numel_in") and a.get("dtype") == b.get("dtype")
+
+
+def _skipped_text(lst, n, lp, d, step):
+    """What a rank d collectives ahead of the others (at linear position lp of the group's list lst,
+    n per step) skipped: the earliest op it may have skipped is the first from which every
+    collective up to lp pairs with the one d later (kind, size, dtype: as a collective library pairs
+    them), so the ranks met there unaware."""
+    x = lp
+    while x - 1 >= max(lp - 4 * n, 0) and _same(lst[(x - 1) % n], lst[(x - 1 + d) % n]):
+        x -= 1
+    what = "1 of the group's collectives" if d == 1 else f"{d} of the group's collectives"
+    if x == lp:
+        r = lst[lp % n]
+        return f"it skipped {what}: op {r['seq']} ({_short(r)}){' and the next' if d > 1 else ''}"
+    cands = [lst[k % n] for k in range(x, lp + 1)]
+    ops = ", ".join(str(r["seq"]) for r in cands[:8]) + (", ..." if len(cands) > 8 else "")
+    return (f"it skipped {what}, one of ops {ops} (from {_short(cands[0])}, step {x // n if x >= 0 else step}): "
+            "the collectives between paired by kind and size, as the collective library pairs them")
+
+
 def diagnose_cursors(cursors, exp):
-    """The runtime's cursors (step, table op, in it or done) against the plan."""
+    """The runtime's cursors (step, table op, in it or done, its count) against the plan: which rank is
+    where, the first departure (a rank ahead of its group: it skipped; a count the plan does not have;
+    a message its sender passed), and who waits for whom in the plan's words."""
     world = exp["world_size"]
+    events = [c for c in cursors if "event" in c]
     by_rank = {}
     for c in cursors:
-        by_rank[_int(c["rank"])] = c
-    rows_by_seq = {}
+        if "event" not in c:
+            by_rank[_int(c["rank"])] = c
+    rows_by_seq, coll, recvs, sends = {}, {}, {}, {}
     for x in exp["ranks"]:
-        for row in x["rows"]:
-            rows_by_seq.setdefault(x["rank"], {})[row["seq"]] = row
+        r = x["rank"]
+        for row in sorted(x["rows"], key=lambda w: w["seq"]):
+            rows_by_seq.setdefault(r, {})[row["seq"]] = row
+            if "ranks" in row:
+                coll.setdefault(r, {}).setdefault(group_key(row["group"], row["ranks"]), []).append(row)
+            elif "peer" in row:
+                (recvs if row["op"] == "recv" else sends).setdefault(r, {}).setdefault(row["peer"], []).append(row)
     lines = [f"plan {exp['plan']} ({exp['fingerprint']}), world {world}: the runtime's cursors of ranks "
-             f"{_fold(by_rank)}"]
+             f"{_fold(by_rank) if by_rank else 'none'}"]
     if any(c.get("plan") != exp["plan"] for c in cursors):
         lines.append(f"the cursors name plan {sorted({str(c.get('plan')) for c in cursors})}, not {exp['plan']}")
+    evs = {}
+    for e in events:
+        rs = e.get("ranks") if _int(e["rank"]) < 0 else [_int(e["rank"])]
+        why = re.sub(r"^rank \d+: ", "", str(e.get("why", "")))[:400]  # the same line from every rank, folded
+        evs.setdefault((str(e["event"]), why), []).extend(rs or [])
+    for (ev, why), rs in list(evs.items())[:4]:
+        who = f" on {'rank' if len(rs) == 1 else 'ranks'} {_fold(rs)}" if rs else ""
+        lines.append(f"the runtime's {ev}{who}: {why}")
     groups = {}
     for r, c in by_rank.items():
         what = (f"op {c['op']} ({c.get('kind', '?')} of {c.get('unit', '?')}, micro-step {c.get('micro_step', '?')})")
@@ -557,27 +615,135 @@ def diagnose_cursors(cursors, exp):
     for (step, op, what, inside), rs in sorted(groups.items()):
         lines.append(f"{'rank' if len(rs) == 1 else 'ranks'} {_fold(rs)}: step {step}, {'in' if inside else 'done with'} "
                      f"{what}")
-    for r in range(world):
-        if r not in by_rank and len(by_rank) < world:
-            lines.append(f"rank {r}: no cursor (another process's file, or it wrote none)")
+    missing = [r for r in range(world) if r not in by_rank] if len(by_rank) < world else []
+    for r in missing:
+        lines.append(f"rank {r}: no cursor (its process was killed, or wrote none)")
     pos = {r: (_int(c["step"]), _int(c["op"])) for r, c in by_rank.items()}
-    waits = []
-    for r, c in sorted(by_rank.items()):
-        row = rows_by_seq.get(r, {}).get(_int(c["op"]))
-        if not (row and _int(c["in_op"]) and "ranks" in row):
+
+    def inside(r):
+        c = by_rank[r]
+        return rows_by_seq.get(r, {}).get(_int(c["op"])) if _int(c["in_op"]) else None
+
+    def entered(r, lst):
+        """How many of the group's collectives (list lst, in table order) rank r entered, all steps."""
+        step, op = pos[r]
+        return step * len(lst) + sum(1 for w in lst if w["seq"] <= op)
+
+    departures, waits = [], []
+    keys = {}
+    for r, per in coll.items():
+        for key, lst in per.items():
+            keys.setdefault(key, lst)
+    for key, lst in sorted(keys.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        members = list(key[1])
+        there = {r: inside(r) for r in members if r in by_rank}
+        waiting = {r: row for r, row in there.items() if row is not None and "ranks" in row
+                   and group_key(row["group"], row["ranks"]) == key}
+        if not waiting:
             continue
-        behind = [m for m in row["ranks"] if m in pos and pos[m] < pos[r]]
+        n = len(lst)
+        gname = f"{lst[0]['group']} group {lst[0]['instance']} [ranks {_fold(members)}]"
+        at = {}
+        for r in waiting:
+            at.setdefault(entered(r, coll[r][key]), []).append(r)
+        # the position most waiting members hold (ties: the earliest)
+        main = max(at, key=lambda k: (len(at[k]), -k))
+        main_rs = at[main]
+        mrow = waiting[main_rs[0]]
+        for k, rs in sorted(at.items()):
+            if k == main:
+                continue
+            row = waiting[rs[0]]
+            who = f"{'rank' if len(rs) == 1 else 'ranks'} {_fold(rs)}"
+            if k > main:
+                why = _skipped_text(coll[rs[0]][key], n, main - 1, k - main, pos[rs[0]][0])
+                micro = ""
+                if row.get("micro_step") != mrow.get("micro_step"):
+                    micro = (f"; {who} {'is' if len(rs) == 1 else 'are'} in micro-step {row.get('micro_step')} where "
+                             f"the others are in micro-step {mrow.get('micro_step')}: its micro-steps differ from the plan's")
+                departures.append((pos[rs[0]][0], f"{who} {'is' if len(rs) == 1 else 'are'} in op {row['seq']} "
+                                   f"({_short(row)}) where {'rank' if len(main_rs) == 1 else 'ranks'} {_fold(main_rs)} "
+                                   f"{'is' if len(main_rs) == 1 else 'are'} in op {mrow['seq']} ({_short(mrow)}) on "
+                                   f"{gname}: {why}{micro}"))
+            else:
+                departures.append((pos[rs[0]][0], f"{who} {'is' if len(rs) == 1 else 'are'} in op {row['seq']} "
+                                   f"({_short(row)}), {main - k} of the group's collectives behind ranks "
+                                   f"{_fold(main_rs)} in op {mrow['seq']} ({_short(mrow)}) on {gname}: they "
+                                   "skipped what it waits in, or it issued one the plan does not have there"))
+        if len(at) == 1:
+            wrong = {}
+            for r, row in waiting.items():
+                want, got = _row_count(row), _int(by_rank[r].get("count"))
+                if want is not None and got is not None and got != want:
+                    wrong.setdefault(got, []).append(r)
+            for got, rs in sorted(wrong.items()):
+                row = waiting[rs[0]]
+                departures.append((pos[rs[0]][0], f"{'rank' if len(rs) == 1 else 'ranks'} {_fold(rs)} issued op "
+                                   f"{row['seq']} ({_short(row)}) with {got} elements per rank where the plan has "
+                                   f"{_row_count(row)}: a wrong size, on {gname}"))
+        behind = []
+        for m in members:
+            if m in waiting:
+                continue
+            if m not in by_rank:
+                behind.append(f"rank {m} (no cursor: killed?)")
+                continue
+            if entered(m, coll[m][key]) >= min(at):
+                continue
+            row = there.get(m)
+            c = by_rank[m]
+            doing = (f" waiting in {_short(row)}{' on ' + row['name'].split(' on ')[-1] if ' on ' in row['name'] else ''}"
+                     if row is not None and "name" in row else
+                     f" {'in' if _int(c['in_op']) else 'done with'} {c.get('kind', '?')} of {c.get('unit', '?')}: in "
+                     "no collective (compute or host code the plan cannot see, or a dead or stopped rank)")
+            behind.append(f"rank {m} (step {pos[m][0]}, op {pos[m][1]}){doing}")
         if behind:
-            waits.append((row["name"], tuple(behind), r))
-    folded = {}
-    for name, behind, r in waits:
-        folded.setdefault((name, behind), []).append(r)
-    for (name, behind), rs in folded.items():
-        lines.append(f"{'rank' if len(rs) == 1 else 'ranks'} {_fold(rs)} wait{'s' if len(rs) == 1 else ''} in {name} for "
-                     + ", ".join(f"rank {b} (step {pos[b][0]}, op {pos[b][1]})" for b in behind))
-    if not waits:
+            low = at[min(at)]
+            waits.append(f"{'rank' if len(low) == 1 else 'ranks'} {_fold(low)} wait{'s' if len(low) == 1 else ''} in "
+                         f"{waiting[low[0]]['name']} for " + ", ".join(behind))
+    # pipeline messages: a receive's sender, against the plan's send of that message
+    for r, c in sorted(by_rank.items()):
+        row = inside(r)
+        if row is None or row.get("op") != "recv":
+            continue
+        p = row["peer"]
+        mine = recvs[r][p]
+        k = mine.index(row)
+        theirs = sends.get(p, {}).get(r, [])
+        if k >= len(theirs):
+            continue
+        snd = theirs[k]
+        if p not in by_rank:
+            waits.append(f"rank {r} waits in op {row['seq']} ({row['name']}) for rank {p} (no cursor: killed?)")
+            continue
+        ps, po = pos[p]
+        past = ps > pos[r][0] or (ps == pos[r][0] and (po > snd["seq"] or (po == snd["seq"] and not _int(by_rank[p]["in_op"]))))
+        if past:
+            departures.append((pos[r][0], f"rank {p} passed op {snd['seq']} ({_short(snd)}) without rank {r} receiving "
+                               f"it (rank {r} waits in op {row['seq']}, its receive; rank {p} is at step {ps}, op {po}): "
+                               f"rank {p} skipped its send, or its schedule differs from the plan's"))
+        else:
+            waits.append(f"rank {r} waits in op {row['seq']} ({row['name']}) for rank {p}, which has not reached its "
+                         f"send (op {snd['seq']}): rank {p} is at step {ps}, op {po} ({by_rank[p].get('kind', '?')} of "
+                         f"{by_rank[p].get('unit', '?')})")
+    if departures:
+        departures.sort(key=lambda d: d[0])
+        for k, (_, body) in enumerate(departures[:3]):
+            lines.append(("first departure from the plan: " if k == 0 else "  then: ") + body)
+    lines.extend(waits)
+    if missing and not waits and not departures and by_rank:
+        last = all(not _int(by_rank[r]["in_op"]) and pos[r][1] >= max(rows_by_seq.get(r, {0: None})) for r in by_rank)
+        waits.append(f"{'rank' if len(by_rank) == 1 else 'ranks'} {_fold(by_rank)} stopped while "
+                     f"{'rank' if len(missing) == 1 else 'ranks'} {_fold(missing)} wrote no cursor (killed?)"
+                     + ("; they had issued their whole step's collectives (a GPU rank's cursor is the op its host "
+                        "enqueued last: the collective its device waits in is not in it)" if last else ""))
+        lines.append(waits[-1])
+    if not departures and not waits:
         lines.append("no rank waits in a collective for a member behind it: the cursors agree with the plan's order")
-    return lines, bool(waits)
+    elif not departures:
+        lines.append("the cursors agree with the plan's order everywhere they reach: the plan cannot see why a rank "
+                     "has not come (slow compute, host code, a dead process)")
+    return lines, bool(departures or waits or missing or events)
 
 
 def _one_line(msg):

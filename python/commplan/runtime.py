@@ -151,6 +151,31 @@ class _CudaArray:
                                          "version": 2}
 
 
+class _CursorDump:
+    """The runtime's cursor from the bridge (issue 40, docs/diagnosis.md): with COMMPLAN_CURSOR_DUMP=PREFIX
+    the library writes this process's cursor (its rank's step and op) into PREFIX<pid> on SIGUSR1
+    (cp_cursor_install: a C handler, so it answers while Python waits inside a collective) and on its
+    first failure (cp_host_world_stop); a call that raises writes it again with the whole line why (the
+    torch.distributed error, a timeout's included), read by python -m commplan diagnose DIR PLAN."""
+
+    def _cursor_install(self):
+        if os.environ.get("COMMPLAN_CURSOR_DUMP") and hasattr(self.lib, "cp_cursor_install"):
+            self.lib.cp_cursor_install.argtypes = []
+            self.lib.cp_cursor_install.restype = ctypes.c_int
+            if self.lib.cp_cursor_install() != 0:
+                raise RuntimeError("commplan: COMMPLAN_CURSOR_DUMP: a path of at most 4000 bytes")
+
+    def _failed(self, msg):
+        """RuntimeError("commplan: " + msg), after the cursor file says where this rank is and why."""
+        if os.environ.get("COMMPLAN_CURSOR_DUMP") and hasattr(self.lib, "cp_cursor_dump"):
+            self.lib.cp_cursor_dump.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p]
+            self.lib.cp_cursor_dump.restype = None
+            low = msg.lower()
+            event = b"timeout" if ("timed out" in low or "timeout" in low) else b"failure"
+            self.lib.cp_cursor_dump(int(getattr(self, "rank", -1)), event, msg.encode(errors="replace")[:900])
+        return RuntimeError("commplan: " + msg)
+
+
 class _ExpertCalls:
     """Expert parallelism's library calls, shared by GpuLibrary and HostLibrary (cp_gpu.h's
     "Expert parallelism through the same calls"; prefix cp_gpu_ or cp_hostlib_): per experts unit,
@@ -252,7 +277,7 @@ class _ExpertCalls:
         return self._token_view(ptr, numel, u["ag_dtype"])
 
 
-class GpuLibrary(_ExpertCalls):
+class GpuLibrary(_ExpertCalls, _CursorDump):
     """build/<name>/lib<name>.so: cp_launch_from_env, cp_gpu_init and the per-unit calls."""
 
     _PREFIX = "cp_gpu_"
@@ -322,6 +347,7 @@ class GpuLibrary(_ExpertCalls):
         self.g = g
         self.rank = self.lib.cp_gpu_rank(g)
         self.shard_rank = self.lib.cp_gpu_shard_rank(g)
+        self._cursor_install()
 
     def tensor(self, kind, param, numel, dtype, host=False):
         """A 1-D torch view of `numel` elements of param's storage: kind is sharded, unsharded, grad
@@ -351,11 +377,11 @@ class GpuLibrary(_ExpertCalls):
         """The unit's next token exchange on torch's current stream (cp_gpu_exchange_tokens)."""
         fn = self._ep_fn("exchange_tokens", [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p], ctypes.c_int)
         if fn(self.g, self.unit_index(unit), ctypes.c_void_p(self.stream())) != 0:
-            raise RuntimeError("commplan: " + self.last_error())
+            raise self._failed(self.last_error())
 
     def call(self, call, unit):
         if self._fns[call](self.g, unit, ctypes.c_void_p(self.stream())) != 0:
-            raise RuntimeError("commplan: " + self.last_error())
+            raise self._failed(self.last_error())
 
     def last_error(self):
         msg = self.lib.cp_gpu_last_error(self.g)
@@ -363,7 +389,7 @@ class GpuLibrary(_ExpertCalls):
 
     def synchronize(self, timeout_s):
         if self.lib.cp_gpu_synchronize(self.g, ctypes.c_void_p(self.stream()), float(timeout_s)) != 0:
-            raise RuntimeError("commplan: " + self.last_error())
+            raise self._failed(self.last_error())
 
     def close(self):
         if self.g is not None:
@@ -382,7 +408,7 @@ _DTYPE_CODES = ("fp32", "bf16", "fp16", "u8")  # cp_dtype (u8: a mixed-dtype uni
 _COLL_ALL_GATHER, _COLL_REDUCE_SCATTER, _COLL_ALL_REDUCE = 0, 1, 2  # cp_collective
 
 
-class HostLibrary(_ExpertCalls):
+class HostLibrary(_ExpertCalls, _CursorDump):
     """build/<name>/lib<name>.so without a GPU (runtime/cp_hostlib.h): this rank of the plan over
     host memory, the same executor, buffers, copies and per-unit calls as the NCCL backend, and
     every collective a torch.distributed call (gloo) on the process group of the op's group
@@ -455,6 +481,7 @@ class HostLibrary(_ExpertCalls):
         self.g = g
         self.rank = self.lib.cp_hostlib_rank(g)
         self.shard_rank = self.lib.cp_hostlib_shard_rank(g)
+        self._cursor_install()
         if hasattr(self.lib, "cp_hostlib_set_alltoall"):  # a library from before it refuses exchanges itself
             self.lib.cp_hostlib_set_alltoall.argtypes = [ctypes.c_void_p, _ALLTOALL_CB, ctypes.c_void_p]
             self.lib.cp_hostlib_set_alltoall.restype = None
@@ -554,7 +581,7 @@ class HostLibrary(_ExpertCalls):
         """The unit's next token exchange (cp_hostlib_exchange_tokens), synchronous."""
         fn = self._ep_fn("exchange_tokens", [ctypes.c_void_p, ctypes.c_int], ctypes.c_int)
         if fn(self.g, self.unit_index(unit)) != 0:
-            raise RuntimeError("commplan: " + self.last_error())
+            raise self._failed(self.last_error())
 
     def group_members(self, family, color):
         """Global ranks of instance `color` of family `family` (plan.json's group id), in key order."""
@@ -574,7 +601,7 @@ class HostLibrary(_ExpertCalls):
 
     def call(self, call, unit):
         if self._fns[call](self.g, unit) != 0:
-            raise RuntimeError("commplan: " + self.last_error())
+            raise self._failed(self.last_error())
 
     def last_error(self):
         if self._error:

@@ -13,7 +13,7 @@ kill -USR1 "$pid" 2>/dev/null
 sleep 0.3
 kill "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
-n=$(cat "$dir"/cursor_* 2>/dev/null | grep -c '^{"commplan_cursor": 1, "plan": ')
+n=$(cat "$dir"/cursor_* 2>/dev/null | grep '^{"commplan_cursor": 1, "plan": ' | grep -c '"in_op": ')
 out=$(PYTHONPATH=python python3 -m commplan diagnose "$dir" "$plan"); rc=$?
 printf '%s\n' "$out"
 if [ "$n" -gt 0 ] && [ "$rc" -le 1 ] && printf '%s\n' "$out" | grep -q "the runtime's cursors of ranks"; then

@@ -194,6 +194,46 @@ def case_runtime_cursor():
         assert rc == 2 and "cursor_4242: line 5.rank: expected an integer" in err, (out, err)
 
 
+def cursors(d, name, rows, event=None):
+    """A cursor file as cp_cursor_dump writes it: rows (rank, step, op, kind, unit, count, in_op)."""
+    with open(os.path.join(d, name), "w") as f:
+        if event:
+            f.write(json.dumps(dict({"commplan_cursor": 1, "plan": "fr4"}, **event)) + "\n")
+        for r, step, op, kind, unit, count, inside in rows:
+            f.write(json.dumps({"commplan_cursor": 1, "plan": "fr4", "rank": r, "step": step, "op": op, "kind": kind,
+                                "unit": unit, "micro_step": 0, "count": count, "in_op": inside}) + "\n")
+
+
+def case_runtime_cursor_faults():
+    """The cursors of a fault (runtime_faults.py's): a rank ahead of its group skipped what the others wait in;
+    a count the plan does not have; a rank without a cursor waited for; each mutant of the cursors differs."""
+    plan = os.path.join(ROOT, "tests", "diagnose", "fr4.lua")
+    ag7, ag11 = (7, "all_gather", "layers.1", 66, 1), (11, "all_gather", "layers.2", 82, 1)
+    with tempfile.TemporaryDirectory() as d:
+        cursors(d, "cursor_1", [(r, 1) + (ag11 if r == 1 else ag7) for r in range(4)],
+                {"event": "failure", "rank": 2, "why": "rank 2: all_gather on group fsdp disagrees"})
+        rc, out, _ = run(d, plan)
+        assert rc == 1 and "the runtime's failure on rank 2: all_gather on group fsdp disagrees" in out, out
+        assert ("first departure from the plan: rank 1 is in op 11 (all-gather of layers.2's parameters (forward"
+                in out and "it skipped 1 of the group's collectives: op 7 (all-gather of layers.1's" in out), out
+    with tempfile.TemporaryDirectory() as d:  # the mutant: every rank where the plan has them
+        cursors(d, "cursor_1", [(r, 1) + ag7 for r in range(4)])
+        rc, out, _ = run(d, plan)
+        assert "departure" not in out and "skipped" not in out, out
+    with tempfile.TemporaryDirectory() as d:
+        cursors(d, "cursor_1", [(r, 0, 3, "all_gather", "layers.0", 49 if r == 2 else 50, 1) for r in range(4)])
+        rc, out, _ = run(d, plan)
+        assert rc == 1 and ("first departure from the plan: rank 2 issued op 3 (all-gather of layers.0's parameters"
+                            in out and "with 49 elements per rank where the plan has 50: a wrong size" in out), out
+    with tempfile.TemporaryDirectory() as d:  # a process per rank; rank 3 killed, the others' SIGTERM lines folded
+        for r in range(3):
+            cursors(d, "cursor_%d" % (100 + r), [(r, 1) + ag11],
+                    {"event": "terminated", "rank": -1, "why": "SIGTERM: the launcher stopped this process"})
+        rc, out, _ = run(d, plan)
+        assert rc == 1 and "the runtime's terminated on ranks 0-2: SIGTERM" in out, out
+        assert "rank 3: no cursor" in out and "for rank 3 (no cursor: killed?)" in out, out
+
+
 def refused(make, want):
     with tempfile.TemporaryDirectory() as d:
         make(d)
