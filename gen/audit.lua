@@ -268,7 +268,10 @@ local function facts(p, face)
                 "reduce_op", p.fsdp.reduce_op, "param_dtype", p.fsdp.param_dtype, "reduce_dtype", p.fsdp.reduce_dtype,
                 "grad_accumulation", p.fsdp.grad_accumulation,
                 "gradient_divide_factor", p.fsdp.gradient_divide_factor,
-                "force_sum_reduction_for_comms", p.fsdp.force_sum_reduction_for_comms or nil }),
+                "force_sum_reduction_for_comms", p.fsdp.force_sum_reduction_for_comms or nil,
+                -- torchtitan's fsdp_reshard_after_forward where given other than "default"
+                "reshard_after_forward_policy", p.fsdp.reshard_after_forward_policy ~= "default"
+                  and p.fsdp.reshard_after_forward_policy or nil }),
     "topology", audit.topology_json(p.topology),
     "groups", fam_list, "units", units,
     -- a repeated micro-step (gen/repeat.lua): ops[first_seq .. first_seq + ops - 1] run times times, for
@@ -956,6 +959,8 @@ local function memory_terms(p, s, m)
   -- (a pipeline rank's arena holds its stages' unsharded parameters and
   -- gradients all step; a flat plan's, the units in flight)
   local comm_fix = p.pipeline and "more pipeline stages (parallel.pp), each holding fewer layers unsharded"
+    or (p.fsdp and p.fsdp.reshard_after_forward_policy == "never"
+        and 'set fsdp.reshard_after_forward_policy = "default" (or "always")')
     or (p.fsdp and p.fsdp.reshard_after_forward == false and "set fsdp.reshard_after_forward = true")
     or (p.fsdp and p.fsdp.reshard_after_backward == false and "set fsdp.reshard_after_backward = true")
     or "smaller FSDP units (split the model into more units)"

@@ -59,6 +59,11 @@ local SCHEMA = {
   },
   fsdp = {
     reshard_after_forward = { "bool" },
+    -- torchtitan's parallelism.fsdp_reshard_after_forward (config/configs.py:136, resolved by
+    -- distributed/fsdp.py:54-77 and applied at :183-204): "always" reshards every unit but the root,
+    -- [norm, lm_head] too; "never" none; "default" the blocks and the embedding (not under PP), never
+    -- [norm, lm_head] (FSDP would all-gather it again at once for backward)
+    reshard_after_forward_policy = { "enum", enum = { "default", "always", "never" } },
     -- false: FSDPModule.set_reshard_after_backward(False) on every micro-step's backward but the last
     -- (units stay unsharded into the next micro-step's forward; the last reshards, as FSDP2 needs
     -- before the optimizer step: torch 2.15 _fully_shard.py:687-712)
@@ -497,6 +502,34 @@ end
 -- _fully_shard.py:687-712: "Call reshard on each FSDP module ... before
 -- updating its sharded parameters"). Refused where it changes nothing or
 -- where the accumulation sets it itself.
+-- torchtitan's reshard policy (fsdp.reshard_after_forward_policy) decides every unit's
+-- reshard_after_forward (distributed/fsdp.py:54-77, 183-204): refused beside a setting it overrides;
+-- "always" / "never" resolve fsdp.reshard_after_forward here, and gen/parallel/fsdp_layout.lua
+-- reshards the family's [norm, lm_head] unit under "always" alone.
+local function check_reshard_policy(ctx, f, model)
+  local pol = f.reshard_after_forward_policy
+  if pol == nil then return end
+  if f.reshard_after_forward ~= nil then
+    util.field_error(ctx, "fsdp.reshard_after_forward", string.format("fsdp.reshard_after_forward_policy = %q "
+      .. "already decides it (torchtitan's distributed/fsdp.py:54-77): remove one of them", pol))
+  end
+  local units = model.family == "generic" and model.units or {}
+  if pol ~= "default" then
+    for i, u in ipairs(units) do
+      if type(u) == "table" and u.reshard_after_forward ~= nil then
+        util.field_error(ctx, string.format("model.units[%d].reshard_after_forward", i), string.format(
+          "fsdp.reshard_after_forward_policy = %q sets every unit's (torchtitan's distributed/fsdp.py:183-204, "
+          .. "[norm, lm_head] included): remove it or the policy", pol))
+      end
+    end
+    if #units == 1 then
+      util.field_error(ctx, "fsdp.reshard_after_forward_policy", "the model has only the root unit, which never "
+        .. "reshards after forward (FSDP2), so this setting changes nothing: remove it or add units")
+    end
+    f.reshard_after_forward = pol == "always"
+  end
+end
+
 local function check_reshard_after_backward(ctx, f, model, pp)
   local given = f.reshard_after_backward == false and "fsdp.reshard_after_backward" or nil
   for i, u in ipairs(model.family == "generic" and model.units or {}) do
@@ -660,8 +693,11 @@ function load_plan.normalize(ctx, raw)
   plan.model = model
   local f = plan.fsdp
   check_offload(ctx, model, f, plan.topology)
+  check_reshard_policy(ctx, f, model)
   -- (as given, before the defaults: a module whose own setting differs refuses a given one)
-  ctx.fsdp_given = { reshard_after_forward = f.reshard_after_forward, grad_accumulation = f.grad_accumulation }
+  ctx.fsdp_given = { reshard_after_forward = f.reshard_after_forward, grad_accumulation = f.grad_accumulation,
+                     reshard_after_forward_policy = f.reshard_after_forward_policy }
+  f.reshard_after_forward_policy = f.reshard_after_forward_policy or "default"
   if f.reshard_after_forward == nil then f.reshard_after_forward = true end
   f.micro_steps = f.micro_steps or 1
   if f.gradient_divide_factor ~= nil and f.reduce_op ~= nil then

@@ -313,9 +313,12 @@ function layout.build(ctx, units, d, fsdp)
       -- the slot as raw bytes (uint8), ag_bytes per rank; nil otherwise
       ag_bytes = mixed and ag_bytes or nil, unsharded_bytes = mixed and unsharded_bytes or nil,
       orig_dtype = orig, ag_dtype = ag_dtype, reduce_dtype = reduce_dtype, grad_dtype = grad_dtype,
-      -- The root never reshards after forward (FSDP2); a unit may override the plan's default.
-      reshard_after_forward = (ui ~= #units) and (u.reshard_after_forward == nil and fsdp.reshard_after_forward
-                                                  or u.reshard_after_forward),
+      -- The root never reshards after forward (FSDP2); a unit may override the plan's default
+      -- (a family's [norm, lm_head] does: torchtitan's "default" policy keeps it), except under
+      -- torchtitan's "always" policy, which reshards every unit (distributed/fsdp.py:183-204; gen/load.lua
+      -- refuses a unit's own setting beside "always" or "never")
+      reshard_after_forward = (ui ~= #units) and (fsdp.reshard_after_forward_policy == "always"
+        or (u.reshard_after_forward == nil and fsdp.reshard_after_forward or u.reshard_after_forward)),
       -- set_reshard_after_backward(False) on every micro-step but the last (gen/load.lua): kept
       -- unsharded from a backward into the next micro-step's forward (fsdp_schedule.lua)
       reshard_after_backward = u.reshard_after_backward == nil and fsdp.reshard_after_backward ~= false

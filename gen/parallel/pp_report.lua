@@ -445,6 +445,11 @@ function report.refuse(loaded)
   -- FSDP as torchtitan applies it under PP (gen/parallel/pp.lua's settings): a
   -- plan's own setting that would be overridden is refused
   local given = ctx and ctx.fsdp_given or {}
+  if given.reshard_after_forward_policy == "always" then
+    util.field_error(ctx, "fsdp.reshard_after_forward_policy", "\"always\": under PP commplan's pipeline tables "
+      .. "keep each stage's parameters unsharded from forward to backward (torchtitan's \"default\" and "
+      .. "\"never\" policies, distributed/fsdp.py:67-74): use one of those")
+  end
   if given.reshard_after_forward == true then
     util.field_error(ctx, "fsdp.reshard_after_forward", "true: under PP torchtitan keeps each stage's parameters "
       .. "unsharded from forward to backward (distributed/fsdp.py:74, the \"default\" policy: not pp_enabled), "

@@ -303,7 +303,9 @@ def plan_settings(st, from_toml=()):
         fsdp["reduce_dtype"] = st["reduce_dtype"]
     raf = st.get("reshard_after_forward", "default")
     if raf != "default":
-        fsdp["reshard_after_forward"] = raf == "always"
+        # the policy, not a bool: "always" reshards torchtitan's [norm, lm_head] unit too
+        # (distributed/fsdp.py:196-204), which fsdp.reshard_after_forward = true leaves kept
+        fsdp["reshard_after_forward_policy"] = raf
     gbs = st.get("global_batch_size", -1)
     if gbs != -1:
         lbs = st.get("local_batch_size", 1)

@@ -49,6 +49,8 @@ SECTIONS = {
                      sequence_parallel=Spec("bool"), loss_parallel=Spec("bool"), async_tp=Spec("bool")),
     "fsdp": {
         "reshard_after_forward": Spec("bool"),
+        # torchtitan's parallelism.fsdp_reshard_after_forward (gen/load.lua)
+        "reshard_after_forward_policy": Spec("enum", enum=("default", "always", "never")),
         "reshard_after_backward": Spec("bool"),
         "micro_steps": Spec("int"),
         "reduce_op": Spec("enum", enum=("avg", "sum")),

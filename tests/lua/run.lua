@@ -67,6 +67,8 @@ suites[#suites + 1] = "test_expect"
 suites[#suites + 1] = "test_offload"
 -- Issue 39 (h39a): FSDPModule's schedule knobs (set_reshard_after_backward, ...).
 suites[#suites + 1] = "test_fsdp_knobs"
+-- Issue 41 (h41a): torchtitan job-config options as plan fields (the reshard policy, ...).
+suites[#suites + 1] = "test_titan_options"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -183,6 +183,21 @@ class JobConfig(Scratch):
         self.assertIn("parallel = { dp_shard = -1 }", text)
         self.assertIn('activation_checkpointing = "full"', text)
 
+    def test_reshard_policy(self):
+        # issue 41 (h41a): parallelism.fsdp_reshard_after_forward is the plan's policy, not a bool: "always"
+        # reshards torchtitan's [norm, output] unit too (distributed/fsdp.py:196-204)
+        for pol in ("always", "never", "default"):
+            self.job(JOB_TOML.replace("[parallelism]\n", '[parallelism]\nfsdp_reshard_after_forward = "%s"\n' % pol))
+            rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml", "-o", "plans/p.lua"], self.d)
+            self.assertEqual(rc, 0, err)
+            text = read(self.path("plans", "p.lua"))
+            if pol == "default":
+                self.assertNotIn("reshard_after_forward", text.split("-- settings")[0] + text.split("return {")[1])
+            else:
+                self.assertIn('reshard_after_forward_policy = "%s"' % pol, text)
+                self.assertNotIn("reshard_after_forward =", text.split("return {")[1])
+            self.assertIn('family = "llama"', text)  # still the llama family, its [norm, output] by the policy
+
     def test_model_from_the_job_config_needs_torchtitan_or_a_config(self):
         self.job(JOB_TOML)
         rc, out, err = cp(["write", "--name", "p", "--world-size", "8", "--job-config", "job.toml"], self.d)
