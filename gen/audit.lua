@@ -1231,7 +1231,8 @@ end
 local function settings_lines(p, s)
   local ac = { none = "no activation checkpointing", full = "full activation checkpointing",
                selective = "selective (op) activation checkpointing" }
-  local opt = s.optimizer == "adamw" and ("AdamW" .. (s.fp32_master and " with an fp32 master copy" or ""))
+  local opt = s.optimizer == "adamw" and ("AdamW" .. (compute.bf16_moments(s) and ", moments in bf16" or "")
+      .. (s.fp32_master and " with an fp32 master copy" or ""))
     or (s.optimizer == "sgd" and "SGD (no momentum)" or "no optimizer state")
   local acc = ""
   if p.fsdp.micro_steps > 1 then
@@ -1404,7 +1405,7 @@ function audit.schedule_md(p, fp)
   w("| | |")
   w("|---|---|")
   local u1 = p.layout.units[1]
-  local opt = s.optimizer == "adamw" and ("AdamW: 2 moments in " .. u1.orig_dtype
+  local opt = s.optimizer == "adamw" and ("AdamW: 2 moments in " .. (compute.bf16_moments(s) and "bf16" or u1.orig_dtype)
     .. (s.fp32_master and " + fp32 master" or "")) or (s.optimizer == "sgd" and "SGD: none" or "no optimizer")
   w("| sharded state: parameters %s + gradients %s + optimizer %s (%s) | %s |", human(m.params_bytes),
     human(m.grads_bytes), human(m.optimizer_bytes), opt, human(m.params_bytes + m.grads_bytes + m.optimizer_bytes))

@@ -110,6 +110,9 @@ local SCHEMA = {
   training = {
     activation_checkpointing = { "enum", enum = { "none", "full", "selective" } },
     optimizer = { "enum", enum = { "adamw", "sgd", "none" } }, fp32_master = { "bool" },
+    -- torchtitan's optimizer.implementation (components/optimizer/optimizer.py:109-124): "fused_opt_states_bf16"
+    -- keeps AdamW's moments in bf16 (gen/compute.lua optimizer_state_bytes); the others change nothing planned
+    optimizer_implementation = { "enum", enum = { "fused", "foreach", "for-loop", "fused_opt_states_bf16" } },
     -- sequences per rank per micro-step (torchtitan's training.local_batch_size): sizes the TP activations
     local_batch_size = { "int", min = 1, max = 1 << 20 },
     -- the loss's chunks (torchtitan's ChunkedLossWrapper num_chunks; 1: CrossEntropyLoss): the output unit's activations
@@ -802,6 +805,12 @@ function load_plan.check_compute(ctx, plan)
     util.field_error(ctx, "training.float8", string.format("the %s has no FP8 tensor cores (torchtitan: \"float8 is "
       .. "only supported on NVIDIA SM89 or later\", components/quantization/float8.py:86-96); remove float8 or pick "
       .. "an H100, H200 or B200 preset", preset))
+  end
+  -- torchtitan registers its bf16-state hook on Adam/AdamW alone (components/optimizer/optimizer.py:369-371)
+  if tr.optimizer_implementation == "fused_opt_states_bf16" and (tr.optimizer or "adamw") ~= "adamw" then
+    util.field_error(ctx, "training.optimizer_implementation", string.format("\"fused_opt_states_bf16\" keeps "
+      .. "Adam/AdamW's moments in bf16 (torchtitan's components/optimizer/optimizer.py:369-371) and optimizer = %q "
+      .. "has none, so it changes nothing: remove it or set optimizer = \"adamw\"", tr.optimizer))
   end
 end
 

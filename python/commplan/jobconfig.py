@@ -76,6 +76,9 @@ SETTINGS = (
     S("loss_parallel", "bool", (), "loss parallel (with --tp > 1); the TOML's parallelism.disable_loss_parallel is "
       "its negation"),
     S("compile", "bool", ("compile.enable",), "torch.compile"),
+    S("optimizer_implementation", "enum", ("optimizer.implementation",),
+      "the optimizer's implementation; fused_opt_states_bf16 keeps AdamW's moments in bf16 (memory per rank)",
+      enum=("fused", "foreach", "for-loop", "fused_opt_states_bf16")),
     S("preset", "enum", (), "the GPU (topology.preset)", enum=PRESETS),
     S("gpus_per_node", "int", (), "GPUs per node (topology.gpus_per_node)", hi=1 << 10),
     S("family", "family", (), "the plan family, overriding config.json's model_type where the structure is the same"),
@@ -291,6 +294,10 @@ def plan_settings(st, from_toml=()):
         training["activation_checkpointing"] = st["ac"]
     if "compile" in st:
         training["compile"] = st["compile"]
+    # torchtitan's components/optimizer/optimizer.py:109-124 ("fused" by default): only
+    # "fused_opt_states_bf16" changes what commplan plans (AdamW's moments in bf16), so only it is written
+    if st.get("optimizer_implementation") == "fused_opt_states_bf16":
+        training["optimizer_implementation"] = st["optimizer_implementation"]
     fsdp = {}
     # torchtitan's MixedPrecisionPolicy defaults (job config training.mixed_precision_param = "bfloat16",
     # mixed_precision_reduce = "float32") for fp32-stored parameters: a job that sets neither all-gathers

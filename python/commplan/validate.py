@@ -85,6 +85,8 @@ SECTIONS = {
         "activation_checkpointing": Spec("enum", enum=("none", "full", "selective")),
         "optimizer": Spec("enum", enum=("adamw", "sgd", "none")),
         "fp32_master": Spec("bool"),
+        # torchtitan's optimizer.implementation: "fused_opt_states_bf16" keeps AdamW's moments in bf16
+        "optimizer_implementation": Spec("enum", enum=("fused", "foreach", "for-loop", "fused_opt_states_bf16")),
         "local_batch_size": Spec("int"),
         "loss_chunks": Spec("int"),
         "compile": Spec("bool"),

@@ -108,7 +108,7 @@ BAD = {
     "ac": ["some", "on"], "dtype": ["int8", "float64"], "param_dtype": ["int8"], "reduce_dtype": ["fp8"],
     "reshard_after_forward": ["sometimes"], "async_tp": ["yes", "1"], "sequence_parallel": ["no"],
     "loss_parallel": ["maybe"], "compile": ["on"], "preset": ["v100", "H100x"], "gpus_per_node": ["0", "n"],
-    "family": ["gpt2", "llama4"],
+    "family": ["gpt2", "llama4"], "optimizer_implementation": ["fused_bf16", "Fused"],
 }
 
 
@@ -197,6 +197,18 @@ class JobConfig(Scratch):
                 self.assertIn('reshard_after_forward_policy = "%s"' % pol, text)
                 self.assertNotIn("reshard_after_forward =", text.split("return {")[1])
             self.assertIn('family = "llama"', text)  # still the llama family, its [norm, output] by the policy
+
+    def test_bf16_optimizer_states(self):
+        # issue 41 (h41a): optimizer.implementation = "fused_opt_states_bf16" -> training.optimizer_implementation
+        # (AdamW's moments in bf16); "foreach" changes nothing planned and is not written
+        for impl, written in (("fused_opt_states_bf16", True), ("foreach", False)):
+            self.job(JOB_TOML.replace("[optimizer]\n", '[optimizer]\nimplementation = "%s"\n' % impl))
+            rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml", "-o", "plans/p.lua"], self.d)
+            self.assertEqual(rc, 0, err)
+            body = read(self.path("plans", "p.lua")).split("return {")[1]
+            self.assertEqual('optimizer_implementation = "fused_opt_states_bf16"' in body, written, body)
+        self.job(JOB_TOML.replace("[optimizer]\n", '[optimizer]\nimplementation = "fusedd"\n'))
+        self.refused(["write"] + BASE + ["--job-config", "job.toml"], "optimizer.implementation", "fused")
 
     def test_model_from_the_job_config_needs_torchtitan_or_a_config(self):
         self.job(JOB_TOML)
