@@ -32,7 +32,10 @@ local SCHEMA = {
   -- schedule class without "Schedule", the microbatches per step, and torchtitan's stage split options
   pipeline = {
     schedule = { "enum", enum = { "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
-                                  "ZBVZeroBubble", "DualPipeV" } },
+                                  "ZBVZeroBubble", "DualPipeV",
+                                  -- torch's multi-stage base class: the actions come from pipeline.csv alone
+                                  -- (torchtitan's pipeline_parallel_schedule_csv, gen/parallel/pp_report.lua)
+                                  "PipelineScheduleMulti" } },
     -- torchtitan's pipeline_parallel_microbatch_size: sequences per microbatch (microbatches =
     -- local_batch_size / it where microbatches is not given)
     microbatch_size = { "int", min = 1, max = 1 << 20 },
@@ -43,7 +46,8 @@ local SCHEMA = {
     first_stage_less_layers = { "int", min = 0, max = LIM.units },
     last_stage_less_layers = { "int", min = 0, max = LIM.units },
     -- torch's CSV schedule (_load_csv's compute_only rows), a path relative to the plan file: the
-    -- actions of the schedule class `schedule` names (a multi-stage one) come from it
+    -- actions of the schedule class `schedule` names (a multi-stage one, or "PipelineScheduleMulti")
+    -- come from it; torchtitan's parallelism.pipeline_parallel_schedule_csv
     csv = { "string" },
   },
   parallel = {

@@ -73,7 +73,7 @@ SECTIONS = {
     # "Schedule", torchtitan's microbatch size or the microbatches, and its stage split options
     "pipeline": {
         "schedule": Spec("enum", enum=("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
-                                       "ZBVZeroBubble", "DualPipeV")),
+                                       "ZBVZeroBubble", "DualPipeV", "PipelineScheduleMulti")),
         "microbatch_size": Spec("int"),
         "microbatches": Spec("int"),
         "layers_per_stage": Spec("int"),

@@ -169,4 +169,42 @@ function T.bf16_optimizer_states()
   H.eq(d2.audit.memory.optimizer_bytes, d0.audit.memory.optimizer_bytes, "foreach: as fused")
 end
 
+-- pipeline.schedule = "PipelineScheduleMulti" with pipeline.csv: torchtitan's pipeline_parallel_schedule
+-- = "PipelineScheduleMulti" with pipeline_parallel_schedule_csv (distributed/pipeline_parallel.py:290-298,
+-- 351-361): 2 stages per rank (:257-261), the actions the CSV's alone (_PipelineScheduleRuntime._load_csv,
+-- lowered with its sends and receives), here an order no named class has.
+local MULTI_CSV = "0F0,0F1,2F0,2B0,2F1,2B1,0B0,0B1\r\n,1F0,1F1,3F0,3B0,3F1,3B1,1B0,1B1\r\n"
+
+function T.pipeline_schedule_multi_from_a_csv()
+  local load = require("gen.load")
+  local report = require("gen.pipeline")
+  local dir = H.tmpdir()
+  local src = H.read("tests/pp/plans/pp_tiny.lua"):gsub('schedule = "1F1B", microbatches = 4',
+    'schedule = "PipelineScheduleMulti", csv = "m.csv", microbatches = 2'):gsub("local_batch_size = 4",
+    "local_batch_size = 2")
+  H.write(dir .. "/m.csv", MULTI_CSV)
+  local path = dir .. "/p.lua"
+  local t = report.tables(load.source(src, path))
+  H.eq(t.sched.schedule, "PipelineScheduleMulti (CSV)")
+  H.eq(t.sched.num_stages, 4, "2 stages per rank (the multi-stage default)")
+  -- rank 0's compute in the CSV's order, each unit's forward before its backward as written
+  local order = {}
+  for _, a in ipairs(t.sched.torch_order[1]) do
+    if a then order[#order + 1] = string.format("%d%s%d", a.stage, a.type, a.mb) end
+  end
+  H.eq(table.concat(order, ","), "0F0,0F1,2F0,2B0,2F1,2B1,0B0,0B1", "rank 0's actions as the CSV gives them")
+  assert(#t.classes == 2, "a class per pipeline rank")
+  -- the whole plan generates (proofs, tables); make pipeline's text names the CSV's row
+  local p = plan.from_source(src, path)
+  assert(#p.tp_classes >= 2, "pipeline classes")
+  local text = report.text(load.source(src, path))
+  assert(text:find("PipelineScheduleMulti", 1, true) and text:find("actions from m.csv", 1, true), text)
+  -- refusals: no CSV; a CSV whose stages sit elsewhere than torchtitan's loop placement
+  H.plan_fails(src:gsub('csv = "m.csv", ', ""), "pipeline.csv", "PipelineScheduleMulti",
+    "pipeline_parallel.py:290-298")
+  H.write(dir .. "/v.csv", "0F0,0F1,3F0,3B0,3F1,3B1,0B0,0B1\r\n,1F0,1F1,2F0,2B0,2F1,2B1,1B0,1B1\r\n")
+  H.plan_fails_with(function() report.tables(load.source(src:gsub('"m.csv"', '"v.csv"'), path)) end,
+    "pipeline.csv", "stage 2 on pipeline rank 1", "places it on rank 0")
+end
+
 return T
