@@ -207,4 +207,26 @@ function T.pipeline_schedule_multi_from_a_csv()
     "pipeline.csv", "stage 2 on pipeline rank 1", "places it on rank 0")
 end
 
+-- docs/plan-files.md's torchtitan table: every plan field it names (`section.key` in its second column)
+-- is a field gen/load.lua takes, and every option this lane made a field has its row
+function T.torchtitan_table_names_real_fields()
+  local schema = require("gen.load").SCHEMA
+  local doc = H.read("docs/plan-files.md")
+  local tbl = doc:match("## torchtitan 0%.3's job config, option by option\n(.-)\n## ")
+  assert(tbl, "the section")
+  local n = 0
+  for line in tbl:gmatch("[^\n]+") do
+    local col = line:match("^| [^|]+ | ([^|]+) |")
+    for sec, key in (col or ""):gmatch("`(%l[%w_]*)%.([%w_]+)`") do
+      assert(schema[sec] and schema[sec][key], "docs names " .. sec .. "." .. key .. ", which gen/load.lua does not take")
+      n = n + 1
+    end
+  end
+  assert(n >= 20, "fields named: " .. n)
+  for _, opt in ipairs({ "fsdp_reshard_after_forward", "pipeline_parallel_schedule_csv", "optimizer.implementation",
+                         "enable_fsdp_symm_mem", "LoRA", "gpt-oss", "multi-token prediction" }) do
+    assert(tbl:find(opt, 1, true), "a row for " .. opt)
+  end
+end
+
 return T
