@@ -88,7 +88,8 @@ function compute.settings(p)
   pick("activation_checkpointing", tr.activation_checkpointing)
   pick("optimizer", tr.optimizer)
   pick("fp32_master", tr.fp32_master)
-  pick("optimizer_implementation", tr.optimizer_implementation)
+  -- (torchtitan's "fused" unless set: not listed among the defaults, which only this one's bf16 value changes)
+  s.optimizer_implementation = tr.optimizer_implementation or compute.DEFAULTS.optimizer_implementation
   pick("loss_chunks", tr.loss_chunks)
   -- the GPU's figures default to its preset's (gen/hardware.lua)
   for _, key in ipairs({ "gpu_TFLOPS", "hbm_GBps", "host_GBps" }) do
