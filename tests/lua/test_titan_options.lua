@@ -194,6 +194,15 @@ function T.pipeline_schedule_multi_from_a_csv()
   end
   H.eq(table.concat(order, ","), "0F0,0F1,2F0,2B0,2F1,2B1,0B0,0B1", "rank 0's actions as the CSV gives them")
   assert(#t.classes == 2, "a class per pipeline rank")
+  -- not a named class's order: Interleaved1F1B's tables (the same stages) run rank 0's events otherwise
+  local tables, seq = require("gen.parallel.pp_tables"), require("gen.parallel.pp_sequence")
+  local named = report.tables(load.source(src:gsub('"PipelineScheduleMulti", csv = "m.csv"', '"Interleaved1F1B"'), path))
+  local function ops(tt)
+    local out = {}
+    for _, e in ipairs(tables.events(tt.classes, seq.mesh(2, 2), 2)[1]) do out[#out + 1] = e.op .. tostring(e.peer) end
+    return table.concat(out, " ")
+  end
+  assert(ops(named) ~= ops(t), "the CSV's order differs from Interleaved1F1B's")
   -- the whole plan generates (proofs, tables); make pipeline's text names the CSV's row
   local p = plan.from_source(src, path)
   assert(#p.tp_classes >= 2, "pipeline classes")

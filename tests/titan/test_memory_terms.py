@@ -119,7 +119,18 @@ def measure(path):
                     want = u["arena"]["grads"]["bytes"] if "grads" in u["arena"] else 0
                     if got != want:
                         problems.append("%s: unsharded grads %d bytes, plan's grads buffer %d" % (uname, got, want))
-        opt.step()
+        if impl:
+            # torchtitan's step pre-hook allocates the moments in bf16 (optimizer.py:332-371); torch's fused
+            # AdamW takes fp32 parameters with bf16 moments on CUDA alone (FusedAdamMathFunctorMP), so on CPU
+            # the kernel after the hook refuses: the moments are measured as the hook allocated them (the
+            # CUDA kernel updates them in place)
+            try:
+                opt.step()
+            except RuntimeError as e:
+                if "BFloat16" not in str(e):
+                    raise
+        else:
+            opt.step()
         params = grads = optimizer = 0
         for st in states:
             for fp in st._fsdp_param_groups[0].fsdp_params:
@@ -128,6 +139,8 @@ def measure(path):
                 grads += nbytes(sp.grad.to_local())
                 s = opt.state[sp] if not impl else next(o.state[sp] for o in opt.optimizers if sp in o.state)
                 optimizer += nbytes(s["exp_avg"].to_local()) + nbytes(s["exp_avg_sq"].to_local())
+                if impl and s["exp_avg"].dtype != torch.bfloat16:
+                    problems.append("%s: exp_avg in %s under %s" % (fp._param_fqn, s["exp_avg"].dtype, impl))
                 declared += 1
         del model, opt
     mem = plan["audit"]["memory"]
