@@ -280,7 +280,10 @@ local function facts(p, face)
                 "grad_accumulation", p.fsdp.grad_accumulation,
                 "gradient_divide_factor", p.fsdp.gradient_divide_factor,
                 "force_sum_reduction_for_comms", p.fsdp.force_sum_reduction_for_comms or nil,
-                "symm_mem", p.fsdp.symm_mem or nil }),
+                "symm_mem", p.fsdp.symm_mem or nil,
+                -- torchtitan's fsdp_reshard_after_forward where given other than "default"
+                "reshard_after_forward_policy", p.fsdp.reshard_after_forward_policy ~= "default"
+                  and p.fsdp.reshard_after_forward_policy or nil }),
     "topology", audit.topology_json(p.topology),
     "groups", fam_list, "units", units,
     -- a repeated micro-step (gen/repeat.lua): ops[first_seq .. first_seq + ops - 1] run times times, for
@@ -996,6 +999,8 @@ local function memory_terms(p, s, m)
   -- (a pipeline rank's arena holds its stages' unsharded parameters and
   -- gradients all step; a flat plan's, the units in flight)
   local comm_fix = p.pipeline and "more pipeline stages (parallel.pp), each holding fewer layers unsharded"
+    or (p.fsdp and p.fsdp.reshard_after_forward_policy == "never"
+        and 'set fsdp.reshard_after_forward_policy = "default" (or "always")')
     or (p.fsdp and require("gen.parallel.fsdp_layout").raf_bool(p.fsdp.reshard_after_forward) == false and "set fsdp.reshard_after_forward = true")
     or (p.fsdp and p.fsdp.reshard_after_backward == false and "set fsdp.reshard_after_backward = true")
     or "smaller FSDP units (split the model into more units)"
@@ -1266,7 +1271,8 @@ end
 local function settings_lines(p, s)
   local ac = { none = "no activation checkpointing", full = "full activation checkpointing",
                selective = "selective (op) activation checkpointing" }
-  local opt = s.optimizer == "adamw" and ("AdamW" .. (s.fp32_master and " with an fp32 master copy" or ""))
+  local opt = s.optimizer == "adamw" and ("AdamW" .. (compute.bf16_moments(s) and ", moments in bf16" or "")
+      .. (s.fp32_master and " with an fp32 master copy" or ""))
     or (s.optimizer == "sgd" and "SGD (no momentum)" or "no optimizer state")
   local acc = ""
   if p.fsdp.micro_steps > 1 then
@@ -1439,7 +1445,7 @@ function audit.schedule_md(p, fp)
   w("| | |")
   w("|---|---|")
   local u1 = p.layout.units[1]
-  local opt = s.optimizer == "adamw" and ("AdamW: 2 moments in " .. u1.orig_dtype
+  local opt = s.optimizer == "adamw" and ("AdamW: 2 moments in " .. (compute.bf16_moments(s) and "bf16" or u1.orig_dtype)
     .. (s.fp32_master and " + fp32 master" or "")) or (s.optimizer == "sgd" and "SGD: none" or "no optimizer")
   w("| sharded state: parameters %s + gradients %s + optimizer %s (%s) | %s |", human(m.params_bytes),
     human(m.grads_bytes), human(m.optimizer_bytes), opt, human(m.params_bytes + m.grads_bytes + m.optimizer_bytes))

@@ -71,7 +71,7 @@ local ES = util.DTYPE_BYTES
 -- Defaults, each stated in SCHEDULE.md when used.
 compute.DEFAULTS = {
   local_batch_size = 1, seq_len = 2048, activation_checkpointing = "none", optimizer = "adamw",
-  fp32_master = false, loss_chunks = 8, float8 = "none",
+  fp32_master = false, loss_chunks = 8, float8 = "none", optimizer_implementation = "fused",
 }
 
 -- The audit's inputs: plan.training and plan.topology with defaults.
@@ -88,6 +88,8 @@ function compute.settings(p)
   pick("activation_checkpointing", tr.activation_checkpointing)
   pick("optimizer", tr.optimizer)
   pick("fp32_master", tr.fp32_master)
+  -- (torchtitan's "fused" unless set: not listed among the defaults, which only this one's bf16 value changes)
+  s.optimizer_implementation = tr.optimizer_implementation or compute.DEFAULTS.optimizer_implementation
   pick("loss_chunks", tr.loss_chunks)
   -- the GPU's figures default to its preset's (gen/hardware.lua)
   for _, key in ipairs({ "gpu_TFLOPS", "hbm_GBps", "host_GBps" }) do
@@ -172,7 +174,28 @@ end
 function compute.settings_key(s)
   return table.concat({ s.local_batch_size, s.seq_len, s.activation_checkpointing, tostring(s.optimizer),
                         tostring(s.fp32_master), s.gpu_memory_GB, s.gpu_TFLOPS, tostring(s.mfu), s.hbm_GBps, s.loss_chunks,
-                        tostring(s.compile), s.float8, s.preset, s.host_GBps }, "|")
+                        tostring(s.compile), s.float8, s.preset, s.host_GBps, s.optimizer_implementation }, "|")
+end
+
+-- AdamW's two moments (exp_avg, exp_avg_sq) per element: in the parameter's dtype (torch.optim.AdamW's
+-- zeros_like), or bf16 under torchtitan's optimizer.implementation = "fused_opt_states_bf16"
+-- (components/optimizer/optimizer.py:120-123, 241-242, 332-371: a step pre-hook allocates both in
+-- bfloat16 before the fused kernel's lazy init, for Adam/AdamW). e: the parameter's element bytes.
+function compute.bf16_moments(s)
+  return s.optimizer == "adamw" and s.optimizer_implementation == "fused_opt_states_bf16"
+end
+
+function compute.moment_bytes(s, e)
+  return compute.bf16_moments(s) and ES.bf16 or e
+end
+
+-- The optimizer's state in bytes for sharded parameters of params_bytes over numel elements: AdamW's
+-- two moments (compute.moment_bytes) plus an fp32 master copy with training.fp32_master; SGD (no
+-- momentum) and none hold nothing.
+function compute.optimizer_state_bytes(s, params_bytes, numel)
+  if s.optimizer ~= "adamw" then return 0 end
+  local moments = compute.bf16_moments(s) and 2 * ES.bf16 * numel or 2 * params_bytes
+  return moments + (s.fp32_master and 4 * numel or 0)
 end
 
 local function numel_of(u, pred)
@@ -610,7 +633,8 @@ end
 -- "fused" (components/optimizer/optimizer.py:109-111): torch's fused AdamW
 -- reads the parameter, its gradient and both moments and writes the
 -- parameter and the moments in one kernel (moments in the parameters'
--- dtype, torch.optim.AdamW; an fp32 master copy read and written too);
+-- dtype, torch.optim.AdamW, or bf16 under "fused_opt_states_bf16": compute.moment_bytes;
+-- an fp32 master copy read and written too);
 -- SGD without momentum reads the parameter and gradient, writes the
 -- parameter. 0 under the topology.mfu override (it prices FLOPs only) and
 -- without an optimizer.
@@ -621,7 +645,7 @@ function compute.optimizer_us(p, s)
     local e = ES[u.orig_dtype]
     local per = 3 * e -- parameter read and written, gradient read (in the parameter's dtype)
     if s.optimizer == "adamw" then
-      per = per + 4 * e + (s.fp32_master and 8 or 0)
+      per = per + 4 * compute.moment_bytes(s, e) + (s.fp32_master and 8 or 0)
     end
     bytes = bytes + per * (u.total or 0)
   end

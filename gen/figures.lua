@@ -215,7 +215,7 @@ local function pipeline_memory(p, pf, s)
     -- (CPU offload: an offloading unit's sharded state is in host memory, gen/memory.lua)
     if not u.offload then
       params = params + sharded
-      optimizer = optimizer + (s.optimizer == "adamw" and (2 * sharded + (s.fp32_master and 4 * u.total or 0)) or 0)
+      optimizer = optimizer + compute.optimizer_state_bytes(s, sharded, u.total)
     end
     comm = comm + W * u.total * ES[u.ag_dtype] + u.grads_numel * ES[u.reduce_dtype]
   end

@@ -32,7 +32,10 @@ local SCHEMA = {
   -- schedule class without "Schedule", the microbatches per step, and torchtitan's stage split options
   pipeline = {
     schedule = { "enum", enum = { "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
-                                  "ZBVZeroBubble", "DualPipeV" } },
+                                  "ZBVZeroBubble", "DualPipeV",
+                                  -- torch's multi-stage base class: the actions come from pipeline.csv alone
+                                  -- (torchtitan's pipeline_parallel_schedule_csv, gen/parallel/pp_report.lua)
+                                  "PipelineScheduleMulti" } },
     -- torchtitan's pipeline_parallel_microbatch_size: sequences per microbatch (microbatches =
     -- local_batch_size / it where microbatches is not given)
     microbatch_size = { "int", min = 1, max = 1 << 20 },
@@ -43,7 +46,8 @@ local SCHEMA = {
     first_stage_less_layers = { "int", min = 0, max = LIM.units },
     last_stage_less_layers = { "int", min = 0, max = LIM.units },
     -- torch's CSV schedule (_load_csv's compute_only rows), a path relative to the plan file: the
-    -- actions of the schedule class `schedule` names (a multi-stage one) come from it
+    -- actions of the schedule class `schedule` names (a multi-stage one, or "PipelineScheduleMulti")
+    -- come from it; torchtitan's parallelism.pipeline_parallel_schedule_csv
     csv = { "string" },
   },
   parallel = {
@@ -61,6 +65,11 @@ local SCHEMA = {
     -- true / false, or an int k: fully_shard(reshard_after_forward=k), the post-forward reshard to
     -- groups of k ranks (torch 2.15 _fsdp_init.py:152-195; gen/parallel/fsdp_layout.lua post_forward)
     reshard_after_forward = { "bool_or_int", max = LIM.world },
+    -- torchtitan's parallelism.fsdp_reshard_after_forward (config/configs.py:136, resolved by
+    -- distributed/fsdp.py:54-77 and applied at :183-204): "always" reshards every unit but the root,
+    -- [norm, lm_head] too; "never" none; "default" the blocks and the embedding (not under PP), never
+    -- [norm, lm_head] (FSDP would all-gather it again at once for backward)
+    reshard_after_forward_policy = { "enum", enum = { "default", "always", "never" } },
     -- false: FSDPModule.set_reshard_after_backward(False) on every micro-step's backward but the last
     -- (units stay unsharded into the next micro-step's forward; the last reshards, as FSDP2 needs
     -- before the optimizer step: torch 2.15 _fully_shard.py:687-712)
@@ -111,6 +120,9 @@ local SCHEMA = {
   training = {
     activation_checkpointing = { "enum", enum = { "none", "full", "selective" } },
     optimizer = { "enum", enum = { "adamw", "sgd", "none" } }, fp32_master = { "bool" },
+    -- torchtitan's optimizer.implementation (components/optimizer/optimizer.py:109-124): "fused_opt_states_bf16"
+    -- keeps AdamW's moments in bf16 (gen/compute.lua optimizer_state_bytes); the others change nothing planned
+    optimizer_implementation = { "enum", enum = { "fused", "foreach", "for-loop", "fused_opt_states_bf16" } },
     -- sequences per rank per micro-step (torchtitan's training.local_batch_size): sizes the TP activations
     local_batch_size = { "int", min = 1, max = 1 << 20 },
     -- the loss's chunks (torchtitan's ChunkedLossWrapper num_chunks; 1: CrossEntropyLoss): the output unit's activations
@@ -510,6 +522,34 @@ end
 -- _fully_shard.py:687-712: "Call reshard on each FSDP module ... before
 -- updating its sharded parameters"). Refused where it changes nothing or
 -- where the accumulation sets it itself.
+-- torchtitan's reshard policy (fsdp.reshard_after_forward_policy) decides every unit's
+-- reshard_after_forward (distributed/fsdp.py:54-77, 183-204): refused beside a setting it overrides;
+-- "always" / "never" resolve fsdp.reshard_after_forward here, and gen/parallel/fsdp_layout.lua
+-- reshards the family's [norm, lm_head] unit under "always" alone.
+local function check_reshard_policy(ctx, f, model)
+  local pol = f.reshard_after_forward_policy
+  if pol == nil then return end
+  if f.reshard_after_forward ~= nil then
+    util.field_error(ctx, "fsdp.reshard_after_forward", string.format("fsdp.reshard_after_forward_policy = %q "
+      .. "already decides it (torchtitan's distributed/fsdp.py:54-77): remove one of them", pol))
+  end
+  local units = model.family == "generic" and model.units or {}
+  if pol ~= "default" then
+    for i, u in ipairs(units) do
+      if type(u) == "table" and u.reshard_after_forward ~= nil then
+        util.field_error(ctx, string.format("model.units[%d].reshard_after_forward", i), string.format(
+          "fsdp.reshard_after_forward_policy = %q sets every unit's (torchtitan's distributed/fsdp.py:183-204, "
+          .. "[norm, lm_head] included): remove it or the policy", pol))
+      end
+    end
+    if #units == 1 then
+      util.field_error(ctx, "fsdp.reshard_after_forward_policy", "the model has only the root unit, which never "
+        .. "reshards after forward (FSDP2), so this setting changes nothing: remove it or add units")
+    end
+    f.reshard_after_forward = pol == "always"
+  end
+end
+
 local function check_reshard_after_backward(ctx, f, model, pp)
   local given = f.reshard_after_backward == false and "fsdp.reshard_after_backward" or nil
   for i, u in ipairs(model.family == "generic" and model.units or {}) do
@@ -673,8 +713,11 @@ function load_plan.normalize(ctx, raw)
   plan.model = model
   local f = plan.fsdp
   check_offload(ctx, model, f, plan.topology)
+  check_reshard_policy(ctx, f, model)
   -- (as given, before the defaults: a module whose own setting differs refuses a given one)
-  ctx.fsdp_given = { reshard_after_forward = f.reshard_after_forward, grad_accumulation = f.grad_accumulation }
+  ctx.fsdp_given = { reshard_after_forward = f.reshard_after_forward, grad_accumulation = f.grad_accumulation,
+                     reshard_after_forward_policy = f.reshard_after_forward_policy }
+  f.reshard_after_forward_policy = f.reshard_after_forward_policy or "default"
   if f.reshard_after_forward == nil then f.reshard_after_forward = true end
   f.micro_steps = f.micro_steps or 1
   if f.gradient_divide_factor ~= nil and f.reduce_op ~= nil then
@@ -779,6 +822,12 @@ function load_plan.check_compute(ctx, plan)
     util.field_error(ctx, "training.float8", string.format("the %s has no FP8 tensor cores (torchtitan: \"float8 is "
       .. "only supported on NVIDIA SM89 or later\", components/quantization/float8.py:86-96); remove float8 or pick "
       .. "an H100, H200 or B200 preset", preset))
+  end
+  -- torchtitan registers its bf16-state hook on Adam/AdamW alone (components/optimizer/optimizer.py:369-371)
+  if tr.optimizer_implementation == "fused_opt_states_bf16" and (tr.optimizer or "adamw") ~= "adamw" then
+    util.field_error(ctx, "training.optimizer_implementation", string.format("\"fused_opt_states_bf16\" keeps "
+      .. "Adam/AdamW's moments in bf16 (torchtitan's components/optimizer/optimizer.py:369-371) and optimizer = %q "
+      .. "has none, so it changes nothing: remove it or set optimizer = \"adamw\"", tr.optimizer))
   end
 end
 

@@ -4,7 +4,9 @@
 --               keeps them as the optimizer's weights)
 --   grads       the sharded gradients (orig dtype)
 --   optimizer   AdamW: exp_avg and exp_avg_sq in the parameter's dtype
---               (torch.optim.AdamW), plus an fp32 master copy when
+--               (torch.optim.AdamW) or bf16 (training.optimizer_implementation
+--               = "fused_opt_states_bf16": gen/compute.lua optimizer_state_bytes),
+--               plus an fp32 master copy when
 --               training.fp32_master is set; SGD (no momentum) and none: 0
 --   comm        the memory plan's arena (every all-gather, unsharded and
 --               reduce-scatter buffer at its generated offset)
@@ -34,11 +36,7 @@ local ES = util.DTYPE_BYTES
 -- optimizer's, for `total` elements per rank.
 function memory.unit_state(u, s, total)
   local params = total * ES[u.orig_dtype]
-  local optimizer = 0
-  if s.optimizer == "adamw" then
-    optimizer = 2 * params + (s.fp32_master and 4 * total or 0)
-  end
-  return params, optimizer
+  return params, compute.optimizer_state_bytes(s, params, total)
 end
 
 -- The host's share (CPU offload): bytes in all, and pinned.
@@ -78,11 +76,7 @@ local function state(p, s, per_unit)
       sharded_numel = sharded_numel + q.numel
     end
   end
-  local optimizer = 0
-  if s.optimizer == "adamw" then
-    optimizer = 2 * params
-    if s.fp32_master then optimizer = optimizer + 4 * sharded_numel end
-  end
+  local optimizer = compute.optimizer_state_bytes(s, params, sharded_numel)
   local act, saved, transient = compute.activation_peak(per_unit)
   return params, optimizer, act, saved, transient
 end

@@ -6,6 +6,7 @@
 -- gen/figures.lua (figures.pipeline), the facts from p.pipeline (gen/parallel/pp.lua's describe).
 local json = require("gen.json")
 local fold = require("gen.fold")
+local compute = require("gen.compute")
 
 local pipeline_audit = {}
 
@@ -90,7 +91,8 @@ function pipeline_audit.tokens_text(a, A)
   local s, sched = a.settings, a.pipeline.facts.sched
   local ac = { none = "no activation checkpointing", full = "full activation checkpointing",
                selective = "selective (op) activation checkpointing" }
-  local opt = s.optimizer == "adamw" and ("AdamW" .. (s.fp32_master and " with an fp32 master copy" or ""))
+  local opt = s.optimizer == "adamw" and ("AdamW" .. (compute.bf16_moments(s) and ", moments in bf16" or "")
+      .. (s.fp32_master and " with an fp32 master copy" or ""))
     or (s.optimizer == "sgd" and "SGD (no momentum)" or "no optimizer state")
   return fmt("%s tokens per data-parallel rank (TP group) and microbatch (local batch %d = %d microbatches of %d "
     .. "x seq_len %d); every unit's gradients reduced once, after the last microbatch (torch.distributed."

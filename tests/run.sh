@@ -244,6 +244,12 @@ torch_lane() {
       titan_result "$symm_live" "$symm_f" $?; grep -h "^ok\|^FAIL\|^  every" "$symm_f" | sed "s/^/        /"
     else echo "generating tests/plans/symm_*.lua failed" >"$symm_f"; bad "$symm_live" "$symm_f"; fi
   else skipped "$symm_live" "no torch environment (make torch-env exit $live_rc)"; fi
+  # Issue 41 (h41a): torchtitan's fsdp_reshard_after_forward policies on gloo vs fsdp.reshard_after_forward_policy.
+  titan_rpol="torchtitan's fsdp_reshard_after_forward \"default\" / \"always\" / \"never\" on gloo (parallelize_llama, CrossEntropyLoss): every rank's collectives in order, the units' reshard_after_forward and the reduced gradients vs fsdp.reshard_after_forward_policy's tables (tests/titan/test_reshard_policy.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_f9=$(logname "$titan_rpol"); timeout 600 "$live_py" tests/titan/test_reshard_policy.py >"$titan_f9" 2>&1
+    titan_result "$titan_rpol" "$titan_f9" $?; grep -h "^reshard_policy: " "$titan_f9" | sed "s/^/        /"
+  else skipped "$titan_rpol" "no torch environment (make torch-env exit $live_rc)"; fi
   # ---- end of torchtitan as the peer ----
   # Context parallel (docs/context-parallel.md): torchtitan 0.3's CP step on gloo vs commplan's tables.
   titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 4, dp_replicate 2 x cp 2, cp 2 x tp 2, mixtral dp_shard 2 x cp 2 x ep 2; spmd_types and partial_dtensor; SelectiveAC, FullAC): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"

@@ -360,6 +360,8 @@ function layout.build(ctx, units, d, fsdp)
     if ui ~= #units then
       local given = u.reshard_after_forward
       if given == nil then given = fsdp.reshard_after_forward end
+      -- torchtitan's "always" policy reshards [norm, lm_head] too (distributed/fsdp.py:183-204)
+      if fsdp.reshard_after_forward_policy == "always" then given = true end
       raf, pf_k = layout.post_forward(ctx, given, Wu, u.reshard_after_forward == nil and "fsdp.reshard_after_forward"
         or (upath .. ".reshard_after_forward"), u, d.tp or 1)
     end
@@ -370,8 +372,10 @@ function layout.build(ctx, units, d, fsdp)
       -- the slot as raw bytes (uint8), ag_bytes per rank; nil otherwise
       ag_bytes = mixed and ag_bytes or nil, unsharded_bytes = mixed and unsharded_bytes or nil,
       orig_dtype = orig, ag_dtype = ag_dtype, reduce_dtype = reduce_dtype, grad_dtype = grad_dtype,
-      -- The root never reshards after forward (FSDP2); a unit may override the plan's default.
-      -- (an int: layout.post_forward, below)
+      -- The root never reshards after forward (FSDP2); a unit may override the plan's default
+      -- (a family's [norm, lm_head] does: torchtitan's "default" policy keeps it), except under
+      -- torchtitan's "always" policy, which reshards every unit (distributed/fsdp.py:183-204; gen/load.lua
+      -- refuses a unit's own setting beside "always" or "never"). An int: layout.post_forward, above.
       reshard_after_forward = raf,
       -- set_reshard_after_backward(False) on every micro-step but the last (gen/load.lua): kept
       -- unsharded from a backward into the next micro-step's forward (fsdp_schedule.lua)

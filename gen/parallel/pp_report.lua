@@ -32,6 +32,10 @@ local report = {}
 
 report.SCHEDULES = { "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
                      "DualPipeV" }
+-- torch's multi-stage base class (schedules.py get_schedule_class): no actions of its own, a plan's
+-- pipeline.csv gives them (torchtitan: pipeline_parallel_schedule = "PipelineScheduleMulti" with
+-- pipeline_parallel_schedule_csv); not among SCHEDULES, which torch derives
+report.MULTI = "PipelineScheduleMulti"
 
 -- A stage's modules (torchtitan's names, pp_stages.split) -> the family's
 -- FSDP units that hold them (gen/models/*.lua), one rule for every decoder
@@ -306,6 +310,17 @@ local function csv_schedule(ctx, pl, pp, n, num_stages)
   end
   if sched.pp ~= pp then differ("rows (pipeline ranks)", sched.pp, pp) end
   if sched.num_stages ~= num_stages then differ("stages", sched.num_stages, num_stages) end
+  -- torchtitan places the stages by the named class (pipeline_parallel.py: "v" for ZBVZeroBubble and
+  -- DualPipeV, else "loop"); _load_csv's _validate_and_set_stage_mapping takes the CSV's: they must agree
+  for r = 0, pp - 1 do
+    for _, st in ipairs(stages_mod.of_rank(r, pp, num_stages, pl.schedule)) do
+      if sched.stage_to_rank[st] ~= r then
+        util.field_error(ctx, "pipeline.csv", string.format("%s runs stage %d on pipeline rank %s, where %s places "
+          .. "it on rank %d (torchtitan's stage placement, distributed/pipeline_parallel.py); write the CSV for "
+          .. "that placement", fsio.shown(path), st, tostring(sched.stage_to_rank[st]), pl.schedule, r))
+      end
+    end
+  end
   sched.schedule = pl.schedule .. " (CSV)"
   sched.runtime, sched.stages_per_rank, sched.torch_order = "multi", num_stages // pp, sched.compute
   sched.csv = path
@@ -436,6 +451,11 @@ function report.refuse(loaded)
       .. "pipeline.microbatch_size microbatches (torchtitan's; microbatch_size defaults to 1): set it, or give "
       .. "pipeline.microbatches")
   end
+  if pl.schedule == report.MULTI and not pl.csv then
+    util.field_error(ctx, "pipeline.csv", "missing: PipelineScheduleMulti has no actions of its own; torchtitan "
+      .. "builds it with a CSV alone (parallelism.pipeline_parallel_schedule_csv, distributed/pipeline_parallel.py:"
+      .. "290-298, 351-361: _PipelineScheduleRuntime._load_csv): give pipeline.csv, or name a schedule class")
+  end
   if pl.csv and (not pl.schedule or stages_mod.SINGLE[pl.schedule]) then
     util.field_error(ctx, "pipeline.csv", pl.schedule and string.format("%s runs one stage per rank and torch "
       .. "loads no CSV for it (_load_csv is _PipelineScheduleRuntime's): name a multi-stage schedule class",
@@ -445,6 +465,11 @@ function report.refuse(loaded)
   -- FSDP as torchtitan applies it under PP (gen/parallel/pp.lua's settings): a
   -- plan's own setting that would be overridden is refused
   local given = ctx and ctx.fsdp_given or {}
+  if given.reshard_after_forward_policy == "always" then
+    util.field_error(ctx, "fsdp.reshard_after_forward_policy", "\"always\": under PP commplan's pipeline tables "
+      .. "keep each stage's parameters unsharded from forward to backward (torchtitan's \"default\" and "
+      .. "\"never\" policies, distributed/fsdp.py:67-74): use one of those")
+  end
   if given.reshard_after_forward == true then
     util.field_error(ctx, "fsdp.reshard_after_forward", "true: under PP torchtitan keeps each stage's parameters "
       .. "unsharded from forward to backward (distributed/fsdp.py:74, the \"default\" policy: not pp_enabled), "
@@ -533,6 +558,10 @@ function report.csv(loaded)
   if stages_mod.SINGLE[pl.schedule] then
     util.field_error(ctx, "pipeline.schedule", string.format("%s runs one stage per rank and torch loads no CSV "
       .. "for it (_load_csv is _PipelineScheduleRuntime's): pick a multi-stage schedule for --csv", pl.schedule))
+  end
+  if pl.schedule == report.MULTI then
+    util.field_error(ctx, "pipeline.schedule", "PipelineScheduleMulti's actions are the plan's pipeline.csv "
+      .. "already: copy that file, or name a schedule class for --csv to write")
   end
   local _, per = stages_mod.count(ctx, { pp = pp, schedule = pl.schedule, n_layers = p.model_config.n_layers,
     layers_per_stage = pl.layers_per_stage, first_stage_less_layers = pl.first_stage_less_layers,
@@ -633,7 +662,9 @@ function report.text(loaded)
   local rows = {}
   local want = pl.schedule
   local accepted = 0
-  for _, name in ipairs(report.SCHEDULES) do
+  local names = { table.unpack(report.SCHEDULES) }
+  if want == report.MULTI then names[#names + 1] = want end -- (the plan's CSV: its own row)
+  for _, name in ipairs(names) do
     local row = evaluate(p, loaded, pp, n, name)
     rows[#rows + 1] = row
     if not row.refused then accepted = accepted + 1 end

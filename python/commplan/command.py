@@ -116,9 +116,11 @@ def _titan_text(spec, args, sec, comment):
     return "\n".join(lines[:1] + ["-- " + c for c in comment.split("\n")] + lines[1:])
 
 
-def build_plan(args, base):
+def build_plan(args, base, beside=None):
     """(plan text, plan path or None): the plan `write` writes for parsed args, every relative
-    path taken from base (the current directory, or the plan's for `check`)."""
+    path taken from base (the current directory, or the plan's for `check`). beside: a list that
+    gets (path relative to the plan, absolute path) of each file the plan reads beside itself
+    (pipeline.csv)."""
     import commplan
     sources = [x for x in (args.config, args.titan) if x is not None]
     if len(sources) > 1:
@@ -156,6 +158,18 @@ def build_plan(args, base):
             raise PlanError("-o: plan %s is written to %s.lua (the file's stem is the plan's name), not %s; give "
                             "-o DIR/%s.lua" % (args.name, args.name, safeio.show_path(args.out), args.name))
     plan_dir = os.path.dirname(plan_path) if plan_path else base
+    # torchtitan's pipeline_parallel_schedule_csv (relative to the current directory, as torchtitan
+    # opens it) -> pipeline.csv, which the generator reads below the plan's directory (gen/fsio.lua)
+    pl = sec.get("pipeline") or {}
+    if pl.get("csv"):
+        csv_abs = _abs(_ascii_path(pl["csv"], "--schedule-csv"), base)
+        rel = os.path.relpath(csv_abs, plan_dir).replace(os.sep, "/")
+        if rel.startswith("../") or rel == ".." or os.path.isabs(rel):
+            raise PlanError("--schedule-csv: %s is not below the plan's directory; the plan reads its CSV beside "
+                            "itself (docs/pipeline.md): copy it there and give that path" % validate.printable(pl["csv"], 80))
+        pl["csv"] = rel
+        if beside is not None:
+            beside.append((rel, csv_abs))
     # the header: the source, the settings and the command, paths relative to the plan's directory
     argv = ["commplan", "write"]
     header = []
@@ -181,7 +195,8 @@ def build_plan(args, base):
             text = ("true" if v else "false") if isinstance(v, bool) else str(v)
             settings.append("%s=%s" % (s.key, text))
             if getattr(args, s.key, None) is not None:
-                argv += [s.flag, text]
+                # (a path flag as the command in the plan's directory takes it)
+                argv += [s.flag, _rel(_abs(text, base), text, plan_dir) if s.kind == "path" else text]
     if job_abs is not None:
         rel = _rel(job_abs, args.job_config, plan_dir)
         header.append("job config: %s sha256 %s" % (rel, jobconfig.sha256_file(job_abs, "the job config")))
@@ -213,11 +228,16 @@ def _flag_of(msg):
     return None
 
 
-def validate_with_generator(text, name, shown):
+def validate_with_generator(text, name, shown, beside=()):
     """Runs the generator's checks on text (in memory: --check against an absent directory); a
-    refusal is one PlanError line naming the plan's field and the flag that set it."""
+    refusal is one PlanError line naming the plan's field and the flag that set it. beside: the
+    files the plan reads beside itself (build_plan's), copied beside the checked copy."""
     tmp = tempfile.mkdtemp(prefix="commplan-write-")
     try:
+        for rel, src in beside:
+            if os.path.isfile(src) and not os.path.islink(src):  # else the generator names what is wrong
+                os.makedirs(os.path.dirname(os.path.join(tmp, rel)) or tmp, exist_ok=True)
+                shutil.copyfile(src, os.path.join(tmp, rel))
         path = os.path.join(tmp, name + ".lua")
         with open(path, "w", encoding="ascii") as f:
             f.write(text)
@@ -231,9 +251,10 @@ def validate_with_generator(text, name, shown):
 
 
 def verb_write(args):
-    text, plan_path = build_plan(args, os.getcwd())
+    beside = []
+    text, plan_path = build_plan(args, os.getcwd(), beside)
     shown = args.out if plan_path else args.name + ".lua"
-    validate_with_generator(text, args.name, shown)
+    validate_with_generator(text, args.name, shown, beside)
     if plan_path is None:
         safeio.write_stdout(text, close=True)
     else:

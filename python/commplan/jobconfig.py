@@ -23,7 +23,8 @@ __all__ = ["SETTINGS", "FLAG_OF", "parse_flag", "read_job_config", "plan_setting
 
 JOB_CONFIG_MAX = 1 << 20  # a torchtitan job config is a few KiB
 
-SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV",
+             "PipelineScheduleMulti")
 PRESETS = ("h100", "h200", "b200", "a100", "h100_hbm2e")
 # --family: the writer's families (python3 -m commplan hf --family)
 FAMILIES = ("auto", "llama", "generic", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3")
@@ -51,6 +52,9 @@ SETTINGS = (
     S("etp", "int", ("parallelism.expert_tensor_parallel_degree",), "expert tensor-parallel degree (MoE models)"),
     S("schedule", "enum", ("parallelism.pipeline_parallel_schedule",), "pipeline schedule (with --pp > 1)",
       enum=SCHEDULES),
+    S("schedule_csv", "path", ("parallelism.pipeline_parallel_schedule_csv",),
+      "torch's CSV schedule (with --pp > 1 and a multi-stage --schedule, PipelineScheduleMulti among them); the plan "
+      "reads it beside itself"),
     S("microbatches", "int", (), "pipeline microbatches per step (with --pp > 1)", hi=1 << 10),
     S("microbatch_size", "int", ("parallelism.pipeline_parallel_microbatch_size",),
       "sequences per pipeline microbatch (with --pp > 1)", hi=1 << 20),
@@ -79,6 +83,9 @@ SETTINGS = (
     S("symm_mem", "bool", ("parallelism.enable_fsdp_symm_mem",),
       "FSDP2's all-gather and reduce-scatter buffers in one symmetric window per rank (fsdp.symm_mem; "
       "torchtitan's distributed/fsdp.py:44-51)"),
+    S("optimizer_implementation", "enum", ("optimizer.implementation",),
+      "the optimizer's implementation; fused_opt_states_bf16 keeps AdamW's moments in bf16 (memory per rank)",
+      enum=("fused", "foreach", "for-loop", "fused_opt_states_bf16")),
     S("preset", "enum", (), "the GPU (topology.preset)", enum=PRESETS),
     S("gpus_per_node", "int", (), "GPUs per node (topology.gpus_per_node)", hi=1 << 10),
     S("family", "family", (), "the plan family, overriding config.json's model_type where the structure is the same"),
@@ -92,7 +99,6 @@ _MODEL_KEYS = ("name", "flavor")
 # Keys that change the communication but that `commplan write` cannot express: refused unless they
 # hold torchtitan's default (the value that leaves the communication as planned).
 _REFUSED = {
-    "parallelism.pipeline_parallel_schedule_csv": ("", None),
     "parallelism.pipeline_parallel_split_points": ([], None),
     "parallelism.module_fqns_per_model_part": (None,),
     "parallelism.context_parallel_rotate_method": ("allgather",),
@@ -152,6 +158,14 @@ def _convert(s, v, where, from_toml):
             _fail(where, "%s is not a dtype commplan plans; give fp32, bf16 or fp16 (torchtitan's float32, bfloat16)"
                   % validate.short_repr(v))
         return d
+    if s.kind == "path":
+        # torchtitan's "" (or None) is no CSV (distributed/pipeline_parallel.py:293)
+        if from_toml and v in ("", None):
+            return ""
+        if not isinstance(v, str) or not v or len(v) > 4096 or not all(" " < c <= "~" for c in v):
+            _fail(where, "%s is not a file path; give the CSV's path (printable ASCII, no spaces)%s"
+                  % (validate.short_repr(v), src_hint))
+        return v
     if s.kind == "family":
         if v not in FAMILIES:
             _fail(where, "%s is not a family; give one of %s" % (validate.short_repr(v), ", ".join(FAMILIES)))
@@ -277,7 +291,9 @@ def plan_settings(st, from_toml=()):
                 parallel[k] = st[k]
     pipeline = {}
     for k in ("schedule", "microbatches", "microbatch_size", "layers_per_stage", "first_stage_less_layers",
-              "last_stage_less_layers"):
+              "last_stage_less_layers", "schedule_csv"):
+        if k == "schedule_csv" and st.get(k) == "":
+            continue  # torchtitan's default: no CSV
         if k in st:
             if d["pp"] < 2:
                 if k in ("schedule", "microbatch_size", "first_stage_less_layers", "last_stage_less_layers") and \
@@ -285,7 +301,9 @@ def plan_settings(st, from_toml=()):
                     continue  # a job config's pipeline defaults without a pipeline: torchtitan ignores them too
                 _fail(FLAG_OF[k].flag, "needs --pp 2 or more (a pipeline setting without pipeline stages); drop "
                       "it or set --pp")
-            pipeline[k] = st[k]
+            # the CSV as given (relative to the current directory, as torchtitan opens it); `commplan
+            # write` makes it relative to the plan's directory (command.py)
+            pipeline["csv" if k == "schedule_csv" else k] = st[k]
     training = {}
     if "local_batch_size" in st:
         training["local_batch_size"] = st["local_batch_size"]
@@ -293,6 +311,10 @@ def plan_settings(st, from_toml=()):
         training["activation_checkpointing"] = st["ac"]
     if "compile" in st:
         training["compile"] = st["compile"]
+    # torchtitan's components/optimizer/optimizer.py:109-124 ("fused" by default): only
+    # "fused_opt_states_bf16" changes what commplan plans (AdamW's moments in bf16), so only it is written
+    if st.get("optimizer_implementation") == "fused_opt_states_bf16":
+        training["optimizer_implementation"] = st["optimizer_implementation"]
     fsdp = {}
     # torchtitan's MixedPrecisionPolicy defaults (job config training.mixed_precision_param = "bfloat16",
     # mixed_precision_reduce = "float32") for fp32-stored parameters: a job that sets neither all-gathers
@@ -310,7 +332,9 @@ def plan_settings(st, from_toml=()):
         fsdp["symm_mem"] = True
     raf = st.get("reshard_after_forward", "default")
     if raf != "default":
-        fsdp["reshard_after_forward"] = raf == "always"
+        # the policy, not a bool: "always" reshards torchtitan's [norm, lm_head] unit too
+        # (distributed/fsdp.py:196-204), which fsdp.reshard_after_forward = true leaves kept
+        fsdp["reshard_after_forward_policy"] = raf
     gbs = st.get("global_batch_size", -1)
     if gbs != -1:
         lbs = st.get("local_batch_size", 1)

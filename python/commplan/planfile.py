@@ -475,7 +475,16 @@ def _llama_layer_names(i):
                               "feed_forward.w3.weight", "attention_norm.weight", "ffn_norm.weight")]
 
 
-def llama_config_from_units(units, model, default_raf):
+def _policy_units(units, fsdp):
+    """fsdp.reshard_after_forward_policy "always" / "never" sets every unit's reshard_after_forward
+    (torchtitan's distributed/fsdp.py:183-204; gen/load.lua refuses a unit's own beside it): the
+    units without their own."""
+    if fsdp.get("reshard_after_forward_policy") not in ("always", "never"):
+        return units
+    return [dict(u, reshard_after_forward=None) for u in units]
+
+
+def llama_config_from_units(units, model, default_raf, policy=False):
     """The llama-family model table that generates exactly these units (torchtitan's names, shapes,
     order and wrapping: tok_embeddings, layers.N, norm_output without reshard, a parameter-less
     root), or (None, why) when the family cannot express them."""
@@ -505,7 +514,7 @@ def llama_config_from_units(units, model, default_raf):
     if [p["name"] for p in no] != ["norm.weight", "output.weight"] or no[0]["shape"] != [dim] or \
             no[1]["shape"] != [vocab, dim]:
         return None, "norm_output is not norm.weight [dim] and output.weight [vocab, dim]"
-    if units[-2]["reshard_after_forward"] is not False:
+    if units[-2]["reshard_after_forward"] is not False and not policy:
         return None, "norm_output reshards after forward (torchtitan's does not)"
     for u in units[:-2]:
         if u["reshard_after_forward"] is not None and not validate.same_raf(u["reshard_after_forward"], default_raf):
@@ -698,7 +707,7 @@ def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, 
             fields.append("dtype = %s" % lua_string(dtype_name(model["dtype"], "model.dtype")))
         out.append("  model = { %s }," % ", ".join(fields))
     elif family == "generic":
-        units = normalize_units(model.pop("units", None))
+        units = _policy_units(normalize_units(model.pop("units", None)), fsdp)
         numbers = model  # a generic model's dtypes are its parameters'
         _check_model_numbers(numbers, GENERIC_MODEL_KEYS, "generic")
         default_raf = fsdp.get("reshard_after_forward", True)
@@ -771,7 +780,7 @@ def plan_from_named_parameters(name, units, world_size, parallel=None, fsdp=None
     fsdp = validate.check_sections(fsdp=fsdp)["fsdp"] or {}
     if out is not None:
         out = safeio.fspath(out, "out")
-    units = normalize_units(units)
+    units = _policy_units(normalize_units(units), fsdp)
     default_raf = fsdp.get("reshard_after_forward", True)
     cfg = None
     # a unit's own MixedPrecisionPolicy (or a parameter's param_dtype) has no llama-family field
@@ -785,7 +794,8 @@ def plan_from_named_parameters(name, units, world_size, parallel=None, fsdp=None
         raise PlanError("unit %s sets its own %s, which a llama-family plan cannot hold; use family=\"generic\" "
                         "(or family=\"auto\"), or the plan-wide fsdp setting" % own)
     if family in ("auto", "llama") and own is None:
-        cfg, why = llama_config_from_units(units, model, default_raf)
+        cfg, why = llama_config_from_units(units, model, default_raf,
+                                           policy=fsdp.get("reshard_after_forward_policy") in ("always", "never"))
         if cfg is None and family == "llama":
             raise PlanError("not expressible as a llama-family plan: %s; use family=\"generic\"" % why)
     if cfg is None:

@@ -92,9 +92,11 @@ def _tp_of(module, pname):
     return "shard(%d)" % dim
 
 
-def _wrapping(model):
+def _wrapping(model, reshard_after_forward_policy="default"):
     """torchtitan 0.3's apply_fsdp_to_decoder units in forward order, the root last:
-    [(name, [modules], reshard_after_forward)]."""
+    [(name, [modules], reshard_after_forward)]; the [norm, lm_head] (or tied) unit keeps its
+    parameters after forward unless the policy is "always" (distributed/fsdp.py:183-204)."""
+    head = reshard_after_forward_policy == "always"
     for attr in ("tok_embeddings", "layers", "norm", "lm_head"):
         if not hasattr(model, attr):
             raise PlanError("plan_from_titan: the model has no %s; it takes a torchtitan decoder (Llama3Model)" % attr)
@@ -102,22 +104,23 @@ def _wrapping(model):
     blocks = list(layers.items()) if hasattr(layers, "items") else list(enumerate(layers))
     units = []
     if getattr(model, "enable_weight_tying", False):
-        units.append(("tok_embeddings_norm_lm_head", [model.tok_embeddings, model.norm, model.lm_head], False))
+        units.append(("tok_embeddings_norm_lm_head", [model.tok_embeddings, model.norm, model.lm_head], head))
         units += [("layers.%s" % k, [b], None) for k, b in blocks]
     else:
         units.append(("tok_embeddings", [model.tok_embeddings], None))
         units += [("layers.%s" % k, [b], None) for k, b in blocks]
-        units.append(("norm_lm_head", [model.norm, model.lm_head], False))
+        units.append(("norm_lm_head", [model.norm, model.lm_head], head))
     units.append(("root", [model], None))
     return units
 
 
-def titan_fsdp_units(model):
+def titan_fsdp_units(model, reshard_after_forward_policy="default"):
     """torchtitan 0.3's fully_shard calls for a built decoder, as commplan Units (modules, the
     plan writer's names, reshard_after_forward), root last: what CommplanFSDP takes to drive a
     plan_from_titan plan on the very model."""
     from .modules import Unit
-    return [Unit(mods, name=name, reshard_after_forward=raf) for name, mods, raf in _wrapping(model)]
+    return [Unit(mods, name=name, reshard_after_forward=raf)
+            for name, mods, raf in _wrapping(model, reshard_after_forward_policy)]
 
 
 def titan_units(model):

@@ -51,6 +51,8 @@ SECTIONS = {
     "fsdp": {
         # an int k too: fully_shard(reshard_after_forward=k), the post-forward groups of k ranks
         "reshard_after_forward": Spec("bool_or_int"),
+        # torchtitan's parallelism.fsdp_reshard_after_forward (gen/load.lua)
+        "reshard_after_forward_policy": Spec("enum", enum=("default", "always", "never")),
         "reshard_after_backward": Spec("bool"),
         "micro_steps": Spec("int"),
         "reduce_op": Spec("enum", enum=("avg", "sum")),
@@ -75,7 +77,7 @@ SECTIONS = {
     # "Schedule", torchtitan's microbatch size or the microbatches, and its stage split options
     "pipeline": {
         "schedule": Spec("enum", enum=("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
-                                       "ZBVZeroBubble", "DualPipeV")),
+                                       "ZBVZeroBubble", "DualPipeV", "PipelineScheduleMulti")),
         "microbatch_size": Spec("int"),
         "microbatches": Spec("int"),
         "layers_per_stage": Spec("int"),
@@ -87,6 +89,8 @@ SECTIONS = {
         "activation_checkpointing": Spec("enum", enum=("none", "full", "selective")),
         "optimizer": Spec("enum", enum=("adamw", "sgd", "none")),
         "fp32_master": Spec("bool"),
+        # torchtitan's optimizer.implementation: "fused_opt_states_bf16" keeps AdamW's moments in bf16
+        "optimizer_implementation": Spec("enum", enum=("fused", "foreach", "for-loop", "fused_opt_states_bf16")),
         "local_batch_size": Spec("int"),
         "loss_chunks": Spec("int"),
         "compile": Spec("bool"),

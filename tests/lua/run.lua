@@ -71,6 +71,8 @@ suites[#suites + 1] = "test_fsdp_knobs"
 suites[#suites + 1] = "test_symm"
 -- Issue 39 (h39r): reshard_after_forward as an int (post-forward groups).
 suites[#suites + 1] = "test_raf_int"
+-- Issue 41 (h41a): torchtitan job-config options as plan fields (the reshard policy, ...).
+suites[#suites + 1] = "test_titan_options"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

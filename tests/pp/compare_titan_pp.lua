@@ -51,9 +51,17 @@ local function plan_source(s)
   model = { family = %q, dtype = "fp32", seq_len = %d, %s },
   fsdp = { reduce_op = "sum" },
   training = { local_batch_size = %d, activation_checkpointing = %q },
-  pipeline = { schedule = %q, microbatches = %d } }]], s.world, s.pp, s.dp_shard,
+  pipeline = { schedule = %q, microbatches = %d%s } }]], s.world, s.pp, s.dp_shard,
     s.ep > 1 and fmt(", ep = %d", s.ep) or "", s.family, s.seq, table.concat(m, ", "), s.batch, s.ac or "none",
-    s.schedule, s.batch)
+    s.schedule, s.batch, s.csv and fmt(", csv = %q", s.case .. ".csv") or "")
+end
+
+-- (issue 41) a case with torchtitan's pipeline_parallel_schedule_csv: its CSV beside the plan file in dir
+local function write_csv(dir, s)
+  if not s.csv then return end
+  local fh = assert(io.open(fmt("%s/%s.csv", dir, s.case), "wb"))
+  fh:write(s.csv)
+  fh:close()
 end
 
 local function same_list(a, b)
@@ -65,7 +73,11 @@ end
 local function compare(path)
   local rec = json.decode(assert(io.open(path)):read("a"))
   local s = rec.spec
-  local p = plan.from_source(plan_source(s), "pp_titan_" .. rec.case .. ".lua")
+  s.case = rec.case
+  -- (the plan beside its CSV: --write-plans wrote both to the recording's specs directory)
+  local dir = (path:match("^(.*)/[^/]*$") or ".") .. "/specs"
+  local p = plan.from_source(plan_source(s), s.csv and (dir .. "/pp_titan_" .. rec.case .. ".lua")
+    or ("pp_titan_" .. rec.case .. ".lua"))
   local inner = p.pipeline.stage_plan
   local W, R, E, TP = inner.dims.dp_shard, inner.dims.dp_replicate, inner.dims.ep, inner.dims.tp
   local first = {}
@@ -136,11 +148,13 @@ if arg[1] == "--write-plans" then
   local dir = arg[2]
   for i = 3, #arg do
     local rec = json.decode(assert(io.open(arg[i])):read("a"))
+    rec.spec.case = rec.case
     local src = plan_source(rec.spec)
     local fh = assert(io.open(fmt("%s/pp_titan_%s.lua", dir, rec.case), "w"))
     fh:write(src, "\n")
     fh:close()
-    local p = plan.from_source(src, "pp_titan_" .. rec.case .. ".lua")
+    write_csv(dir, rec.spec)
+    local p = plan.from_source(src, fmt("%s/pp_titan_%s.lua", dir, rec.case))
     local by_pp = {}
     for _, c in ipairs(p.tp_classes) do
       local ids = {}

@@ -36,6 +36,11 @@ CASES = {
                       model=QWEN3),
     "qwen3_pp2_gpipe": dict(family="qwen3", world=2, pp=2, dp_shard=1, ep=1, schedule="GPipe", batch=4, seq=8,
                             model=QWEN3),
+    # issue 41 (h41a): torchtitan's PipelineScheduleMulti with pipeline_parallel_schedule_csv (2 stages per rank),
+    # an order no named class has: rank 0 runs stage 2's backward of each microbatch right after its forward
+    "qwen3_pp2_csv": dict(family="qwen3", world=4, pp=2, dp_shard=2, ep=1, schedule="PipelineScheduleMulti", batch=2,
+                          seq=8, model=QWEN3,
+                          csv="0F0,0F1,2F0,2B0,2F1,2B1,0B0,0B1\r\n,1F0,1F1,3F0,3B0,3F1,3B1,1B0,1B1\r\n"),
 }
 QUICK = "dsv3_pp2_ep2"
 DEFAULT = ",".join(CASES)

@@ -125,9 +125,16 @@ def run_case(rank, case, ids=None):
     else:
         from torchtitan.models.deepseek_v3 import model_registry, parallelize_deepseekv3 as parallelize_fn
 
+    csv_path = ""
+    if case.get("csv"):  # torchtitan's pipeline_parallel_schedule_csv (issue 41): the case's CSV in a file
+        csv_path = os.path.join(ROOT, "build", "pp", "titan", "schedule_%d.csv" % rank)
+        os.makedirs(os.path.dirname(csv_path), exist_ok=True)
+        with open(csv_path, "w", newline="") as fh:
+            fh.write(case["csv"])
     parallelism = ParallelismConfig(data_parallel_shard_degree=case["dp_shard"], expert_parallel_degree=case["ep"],
                                     pipeline_parallel_degree=case["pp"],
                                     pipeline_parallel_schedule=case["schedule"],
+                                    pipeline_parallel_schedule_csv=csv_path,
                                     pipeline_parallel_microbatch_size=1)
     set_spmd_backend(parallelism.spmd_backend)  # as Trainer.__init__ does
     training = TrainingConfig(local_batch_size=case["batch"], seq_len=case["seq"], dtype="float32",

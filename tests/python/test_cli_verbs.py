@@ -108,7 +108,8 @@ BAD = {
     "ac": ["some", "on"], "dtype": ["int8", "float64"], "param_dtype": ["int8"], "reduce_dtype": ["fp8"],
     "reshard_after_forward": ["sometimes"], "async_tp": ["yes", "1"], "sequence_parallel": ["no"],
     "loss_parallel": ["maybe"], "compile": ["on"], "symm_mem": ["on", "2"], "preset": ["v100", "H100x"], "gpus_per_node": ["0", "n"],
-    "family": ["gpt2", "llama4"],
+    "family": ["gpt2", "llama4"], "optimizer_implementation": ["fused_bf16", "Fused"],
+    "schedule_csv": ["", "a b.csv"],
 }
 
 
@@ -196,6 +197,59 @@ class JobConfig(Scratch):
         # torchtitan refuses it below compute capability 9.0 (config/configs.py:267-278): so does the plan
         self.refused(["write"] + BASE + ["--job-config", "job.toml", "--preset", "a100", "-o", "plans/p.lua"],
                      "fsdp.symm_mem", "configs.py:267-278")
+
+    def test_reshard_policy(self):
+        # issue 41 (h41a): parallelism.fsdp_reshard_after_forward is the plan's policy, not a bool: "always"
+        # reshards torchtitan's [norm, output] unit too (distributed/fsdp.py:196-204)
+        for pol in ("always", "never", "default"):
+            self.job(JOB_TOML.replace("[parallelism]\n", '[parallelism]\nfsdp_reshard_after_forward = "%s"\n' % pol))
+            rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml", "-o", "plans/p.lua"], self.d)
+            self.assertEqual(rc, 0, err)
+            text = read(self.path("plans", "p.lua"))
+            if pol == "default":
+                self.assertNotIn("reshard_after_forward", text.split("-- settings")[0] + text.split("return {")[1])
+            else:
+                self.assertIn('reshard_after_forward_policy = "%s"' % pol, text)
+                self.assertNotIn("reshard_after_forward =", text.split("return {")[1])
+            self.assertIn('family = "llama"', text)  # still the llama family, its [norm, output] by the policy
+
+    def test_bf16_optimizer_states(self):
+        # issue 41 (h41a): optimizer.implementation = "fused_opt_states_bf16" -> training.optimizer_implementation
+        # (AdamW's moments in bf16); "foreach" changes nothing planned and is not written
+        for impl, written in (("fused_opt_states_bf16", True), ("foreach", False)):
+            self.job(JOB_TOML.replace("[optimizer]\n", '[optimizer]\nimplementation = "%s"\n' % impl))
+            rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml", "-o", "plans/p.lua"], self.d)
+            self.assertEqual(rc, 0, err)
+            body = read(self.path("plans", "p.lua")).split("return {")[1]
+            self.assertEqual('optimizer_implementation = "fused_opt_states_bf16"' in body, written, body)
+        self.job(JOB_TOML.replace("[optimizer]\n", '[optimizer]\nimplementation = "fusedd"\n'))
+        self.refused(["write"] + BASE + ["--job-config", "job.toml"], "optimizer.implementation", "fused")
+
+    def test_schedule_csv(self):
+        # issue 41 (h41a): parallelism.pipeline_parallel_schedule_csv with "PipelineScheduleMulti" -> pipeline.csv,
+        # relative to the plan's directory (where the generator reads it)
+        toml = JOB_TOML.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2").replace(
+            'pipeline_parallel_schedule = "1F1B"', 'pipeline_parallel_schedule = "PipelineScheduleMulti"\n'
+            'pipeline_parallel_schedule_csv = "plans/sched.csv"').replace("tensor_parallel_degree = 2",
+                                                                          "tensor_parallel_degree = 1")
+        self.job(toml)
+        os.makedirs(self.path("plans"), exist_ok=True)
+        with open(self.path("plans", "sched.csv"), "w") as f:  # 2 stages per rank, 2 microbatches (local batch 2)
+            f.write("0F0,0F1,2F0,2B0,2F1,2B1,0B0,0B1\r\n,1F0,1F1,3F0,3B0,3F1,3B1,1B0,1B1\r\n")
+        rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml", "-o", "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        text = read(self.path("plans", "p.lua"))
+        self.assertIn('schedule = "PipelineScheduleMulti"', text)
+        self.assertIn('csv = "sched.csv"', text)
+        # a CSV outside the plan's directory: refused, naming the flag
+        self.job(toml.replace('"plans/sched.csv"', '"sched.csv"'))
+        self.refused(["write"] + BASE + ["--job-config", "job.toml", "-o", "plans/p.lua"], "--schedule-csv",
+                     "not below the plan's directory")
+        # torchtitan's default "" is no CSV
+        self.job(toml.replace('"plans/sched.csv"', '""').replace('"PipelineScheduleMulti"', '"Interleaved1F1B"'))
+        rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml", "-o", "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("csv =", read(self.path("plans", "p.lua")))
 
     def test_model_from_the_job_config_needs_torchtitan_or_a_config(self):
         self.job(JOB_TOML)

@@ -15,6 +15,7 @@ plan_text), with no declared difference. The MoE buffers (expert_bias_E, tokens_
 not parameters on either side.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -63,16 +64,19 @@ CASES = [
     ("dsv3_16b", {"family": "deepseek_v3", "size": "16b"}, ("deepseek_v3", "16B"), 48, {"dp_shard": -1}),
     ("dsv3_671b", {"family": "deepseek_v3", "size": "671b"}, ("deepseek_v3", "671B"), 512, {"dp_shard": -1}),
 ]
+# issue 41 (h41a): these cases are parallelized again under torchtitan's "always" and "never" policies
+POLICY_CASES = ("qwen3_debug_moe", "mixtral_tiny", "dsv3_debug")
+POLICIES = ("always", "never")
 MIXTRAL = {"8x7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=32000, moe_hidden_dim=14336,
                         num_experts=8, top_k=2)}
 
 
 # ---- commplan side ----
 
-def commplan_plan(name, world, model, parallel):
+def commplan_plan(name, world, model, parallel, fsdp=None):
     from commplan import plan_text
     model = {k: v for k, v in model.items() if v is not None}
-    text = plan_text(name, world, dict(model, seq_len=2048), parallel=dict(parallel), fsdp=dict(FSDP_SUM),
+    text = plan_text(name, world, dict(model, seq_len=2048), parallel=dict(parallel), fsdp=dict(FSDP_SUM, **(fsdp or {})),
                      topology={"gpus_per_node": world if world <= 8 else next(g for g in (8, 6, 4) if world % g == 0)})
     os.makedirs(os.path.join(OUT, "plans"), exist_ok=True)
     path = os.path.join(OUT, "plans", name + ".lua")
@@ -224,7 +228,18 @@ def run_case(case, stats):
         m = parallelize(kind, titan_config(kind, flavor, model), parallelism, training, pd)
         theirs = titan_units(m)
         del m
-    return ["%s: %s" % (name, p) for p in compare(commplan_units(plan), theirs, stats)]
+        out = ["%s: %s" % (name, p) for p in compare(commplan_units(plan), theirs, stats)]
+        # issue 41 (h41a): torchtitan's fsdp_reshard_after_forward "always" / "never" (distributed/fsdp.py:183-204,
+        # [norm, lm_head] resharded under "always" alone) vs fsdp.reshard_after_forward_policy, on the same mesh
+        for pol in (POLICIES if name in POLICY_CASES else ()):
+            mine = commplan_plan(name + "_" + pol, world, model, parallel, {"reshard_after_forward_policy": pol})
+            m = parallelize(kind, titan_config(kind, flavor, model),
+                            dataclasses.replace(parallelism, fsdp_reshard_after_forward=pol), training, pd)
+            theirs = titan_units(m)
+            del m
+            stats["policies"] = stats.get("policies", 0) + 1
+            out += ["%s (%s): %s" % (name, pol, p) for p in compare(commplan_units(mine), theirs, stats)]
+    return out
 
 
 def main():
@@ -249,10 +264,11 @@ def main():
         print("... and %d more" % (len(problems) - 40))
     tv, ttv = E.versions()
     print("moe_plan: cases: " + "; ".join(lines))
-    print("moe_plan: %d cases, %d units, %d parameters (%d routed-expert weights on Shard(1)) compared with "
-          "torchtitan %s (torch %s) in %.1f s: %d disagreements"
-          % (stats["cases"], stats["units"], stats["params"], stats["shard1"], ttv, tv, time.time() - t0,
-             len(problems)))
+    print("moe_plan: %d cases (and %d of them under torchtitan's \"always\" / \"never\" reshard policies), %d units, "
+          "%d parameters (%d routed-expert weights on Shard(1)) compared with torchtitan %s (torch %s) in %.1f s: "
+          "%d disagreements"
+          % (stats["cases"], stats.get("policies", 0), stats["units"], stats["params"], stats["shard1"], ttv, tv,
+             time.time() - t0, len(problems)))
     return 1 if problems or not stats["cases"] else 0
 
 

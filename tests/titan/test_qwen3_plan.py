@@ -26,6 +26,7 @@ Prints one "qwen3_plan:" summary line; exit 0 when everything agrees, 1 otherwis
 without torch and torchtitan.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -56,6 +57,8 @@ CASES = [
     ("qwen3_8b", "plans/qwen3_8b.lua", "8B", 64, {"dp_shard": -1}),
     ("qwen3_32b_hsdp", {"family": "qwen3", "size": "32b"}, "32B", 128, {"dp_replicate": 2, "dp_shard": -1}),
 ]
+# issue 41 (h41a): wrapped again under torchtitan's "always" and "never" reshard policies
+POLICY_CASES = ("qwen3_debug", "qwen3_tiny_untied")
 FLAVOURS = {"0.6b": "0.6B", "1.7b": "1.7B", "4b": "4B", "8b": "8B", "14b": "14B", "32b": "32B"}
 
 # the gloo step
@@ -175,7 +178,20 @@ def run_case(case, stats):
         m = parallelize(titan_config(flavor, n, tied, fused), parallelism, training, pd)
         theirs = M.titan_units(m)
         del m
-    return ["%s: %s" % (name, p) for p in M.compare(M.commplan_units(plan), theirs, stats)]
+        out = ["%s: %s" % (name, p) for p in M.compare(M.commplan_units(plan), theirs, stats)]
+        # issue 41 (h41a): torchtitan's "always" / "never" reshard policies (distributed/fsdp.py:183-204: the tied
+        # [tok_embeddings, norm, lm_head] and the untied [norm, lm_head] reshard under "always" alone)
+        for pol in (M.POLICIES if name in POLICY_CASES else ()):
+            pname = "%s_%s" % (name, pol)
+            mine = generate(write_plan(pname, world, dict(model, seq_len=2048), parallel,
+                                       dict(FSDP_SUM, reshard_after_forward_policy=pol)), pname)
+            m = parallelize(titan_config(flavor, n, tied, fused),
+                            dataclasses.replace(parallelism, fsdp_reshard_after_forward=pol), training, pd)
+            theirs = M.titan_units(m)
+            del m
+            stats["policies"] = stats.get("policies", 0) + 1
+            out += ["%s (%s): %s" % (name, pol, p) for p in M.compare(M.commplan_units(mine), theirs, stats)]
+    return out
 
 
 # ---- 3. the gloo step ----
@@ -367,10 +383,12 @@ def main():
     if len(problems) > 40:
         print("... and %d more" % (len(problems) - 40))
     tv, ttv = E.versions()
-    print("qwen3_plan: %d wrapping cases (%d units, %d parameters), %d parameter counts, %d collectives on gloo "
+    print("qwen3_plan: %d wrapping cases (%d of them again under \"always\" / \"never\" reshard policies; %d units, "
+          "%d parameters), %d parameter counts, %d collectives on gloo "
           "(tied and untied, FSDP and HSDP, 1 and 2 micro-batches), %d activation cases compared with torchtitan %s "
           "(torch %s) in %.1f s: %d disagreements"
-          % (stats["cases"], stats["units"], stats["params"], ncount, compared, nacts, ttv, tv, time.time() - t0,
+          % (stats["cases"], stats.get("policies", 0), stats["units"], stats["params"], ncount, compared, nacts, ttv,
+             tv, time.time() - t0,
              len(problems)))
     return 1 if problems else 0
 
