@@ -196,9 +196,10 @@ int cp_part_check(const cp_plan *p, int unit, int first, int count)
 int64_t cp_part_total(const cp_plan *p, int unit, int first, int count)
 {
     const cp_unit *U = &p->units[unit];
-    if (count <= 0) return U->total;
+    if (count <= 0) return cp_unit_rs_total(U);
     int64_t total = 0;
-    for (int j = first; j < first + count; j++) total += p->params[U->first_param + j].padded;
+    for (int j = first; j < first + count; j++)
+        if (!p->params[U->first_param + j].frozen) total += p->params[U->first_param + j].padded;
     return total;
 }
 
@@ -206,5 +207,5 @@ int64_t cp_part_offset(const cp_plan *p, int unit, int first, int count)
 {
     const cp_unit *U = &p->units[unit];
     if (count <= 0) return 0;
-    return p->params[U->first_param + first].offset;
+    return cp_param_rs_offset(U, &p->params[U->first_param + first]);
 }

@@ -760,9 +760,13 @@ class CommplanFSDP:
                                            requires_grad=p.requires_grad)
                 # in the unit's grad_dtype (torch 2.15's grad_dtype of the unsharded parameter:
                 # copy_ casts the first micro-batch's gradient, add_ sums later ones there)
-                P.grad_buf = self.lib.tensor("grad", pindex, numel, pu.get("grad_dtype", ag)).view(shape)
-                P.shard_grad = self.lib.tensor("sharded_grad", pindex, meta["padded_numel"],
-                                               meta["dtype"], **host)[:nvalid].view(local)
+                # (a frozen parameter, requires_grad=False: no gradient, so the plan keeps no grad
+                # storage for it and never reduces it; match.py checked the model agrees)
+                P.grad_buf = P.shard_grad = None
+                if not meta.get("frozen"):
+                    P.grad_buf = self.lib.tensor("grad", pindex, numel, pu.get("grad_dtype", ag)).view(shape)
+                    P.shard_grad = self.lib.tensor("sharded_grad", pindex, meta["padded_numel"],
+                                                   meta["dtype"], **host)[:nvalid].view(local)
                 P.alias = None
                 P.accumulated = False
                 P.arrived = False
@@ -955,8 +959,10 @@ class CommplanFSDP:
         self._reduce(u, self._head.next_part() if self._head is not None and self._head.u == u else unit["params"])
 
     def _reduce(self, u, params):
-        """The unit's next reduction (of `params`: the unit's, or the part the plan reduces): issued
+        """The unit's next reduction (of `params`: the unit's, or the part the plan reduces; its
+        frozen ones, requires_grad=False, have no gradient and take no part): issued
         and left in flight under overlap (commplan.overlap, waited later), else made at once."""
+        params = [P for P in params if P.grad_buf is not None]
         if self._head is not None and self._head.u == u:
             self._head.reduced()
         if self._overlap is not None:
