@@ -143,6 +143,11 @@ torch_lane() {
     # draw all of them with the other options, whatever seed the run above starts from.
     live_check "live FSDP2: issue 39's reduction knobs drawn by the property test (seeds 27-29)" \
       timeout 600 "$live_py" tests/live/live.py seeds 27-29
+    # Issue 41's frozen parameters (requires_grad=False, torchtitan's LoRA; tests/plans/frozen_params.lua
+    # runs with the plans above): seeds 6-7 draw them beside HSDP with a divide factor and HSDP x TP
+    # under step_end with CPU offload, whatever seed the property run starts from.
+    live_check "live FSDP2: frozen parameters drawn by the property test (seeds 6-7)" \
+      timeout 600 "$live_py" tests/live/live.py seeds 6-7
   elif [ "$live_rc" = 3 ]; then
     live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
     skipped "torch-env (make torch-env)" "$live_why"
