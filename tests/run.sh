@@ -216,6 +216,16 @@ torch_lane() {
     skipped "$titan_lacts" "$titan_why"
     skipped "$titan_closs" "$titan_why"
   fi
+  # issue 41 (h39u): LoRA's frozen parameters against torchtitan's LoRAConverter (its own block)
+  titan_lora="torchtitan LoRAConverter + parallelize_llama vs plan_from_titan: each unit's FSDP parameters, frozen where FSDP2's sharded parameter takes no gradient, the reduce-scatter row (tests/titan/test_lora_plan.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_fl=$(logname "$titan_lora")
+    timeout 600 "$live_py" tests/titan/test_lora_plan.py >"$titan_fl" 2>&1; titan_rl=$?
+    titan_result "$titan_lora" "$titan_fl" "$titan_rl"
+    [ "$titan_rl" = 77 ] || grep -h "^test_lora_plan: " "$titan_fl" | sed "s/^/        /"
+  else
+    skipped "$titan_lora" "no torch environment (make torch-env exit $live_rc)"
+  fi
   # the dense Qwen3 family against torchtitan's qwen3 (its own block, as test_moe_plan.py's)
   titan_qwen3="torchtitan qwen3 dense (tied and untied) + parallelize_qwen3 vs the qwen3 family: FSDP/HSDP units, parameters, registry counts, one step's collectives on gloo, block bytes (tests/titan/test_qwen3_plan.py)"
   if [ "$live_rc" = 0 ]; then
