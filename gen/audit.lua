@@ -85,6 +85,11 @@ local function tp_classes_facts(p)
             local o = params[#params]
             for _, v in ipairs({ "ag_dtype", q.ag_dtype, "ag_offset", q.ag_offset }) do o[#o + 1] = v end
           end
+          if u.nfrozen then -- (frozen parameters: the reduce-scatter row's layout in this class)
+            local o = params[#params]
+            for _, v in ipairs({ "rs_offset", q.rs_offset }) do o[#o + 1] = v end
+            if q.frozen then o[#o + 1], o[#o + 2] = "frozen", true end
+          end
         end
         cu[#cu + 1] = O({ "name", u.name, "slot_numel", u.total, "grads_numel", u.grads_numel, "vec_ok", u.vec_ok,
           "params", params })
@@ -207,7 +212,10 @@ local function facts(p, face)
       local kv = { "name", q.name, "shape", q.shape, "dtype", q.dtype, "numel", q.numel,
         "shard_dim", q.shard_dim, "chunk", q.chunk, "padded_numel", q.padded, "offset", q.offset,
         "outer", q.outer, "run", q.run, "grad_offset", q.grad_offset, table.unpack(mixed) }
-      for _, f in ipairs({ { "tp_dim", q.tp_dim }, { "tp_chunk", q.tp_chunk }, { "full_shape", q.tp_dim and q.full_shape } }) do
+      -- (a frozen parameter, requires_grad=False: gathered, never reduced; rs_offset in the
+      -- reduce-scatter row of a unit with frozen parameters)
+      for _, f in ipairs({ { "tp_dim", q.tp_dim }, { "tp_chunk", q.tp_chunk }, { "full_shape", q.tp_dim and q.full_shape },
+                           { "frozen", q.frozen }, { "rs_offset", u.nfrozen and q.rs_offset } }) do
         if f[2] ~= nil then kv[#kv + 1], kv[#kv + 2] = f[1], f[2] end
       end
       params[#params + 1] = O(kv)
@@ -240,6 +248,8 @@ local function facts(p, face)
     if u.gradient_divide_factor then uj[#uj + 1], uj[#uj + 2] = "gradient_divide_factor", u.gradient_divide_factor end
     if u.force_sum_reduction_for_comms then uj[#uj + 1], uj[#uj + 2] = "force_sum_reduction_for_comms", true end
     if u.grad_accumulation then uj[#uj + 1], uj[#uj + 2] = "grad_accumulation", u.grad_accumulation end
+    -- frozen parameters: the reduce-scatter row's elements (the trainable ones' shards)
+    if u.nfrozen then uj[#uj + 1], uj[#uj + 2] = "rs_numel", u.rs_total end
     if u.ignored then -- fully_shard's ignored_params: whole on every rank, never communicated
       local ig = {}
       for _, q in ipairs(u.ignored) do
@@ -1655,6 +1665,18 @@ function audit.md_units(p, w)
       ignored[#ignored + 1] = string.format("`%s` (%s, %s, unit %s)", q.name, table.concat(q.shape, "x"), q.dtype,
         u.name)
     end
+  end
+  -- frozen parameters (requires_grad=False, docs/plan-files.md): gathered, never reduced
+  local frozen = {}
+  for _, u in ipairs(p.layout.units) do
+    for _, q in ipairs(u.params) do
+      if q.frozen then frozen[#frozen + 1] = string.format("`%s` (unit %s)", q.name, u.name) end
+    end
+  end
+  if #frozen > 0 then
+    w("Frozen (`requires_grad=False`): all-gathered with their units, never reduced (no gradient, no optimizer "
+      .. "state; each unit's reduce-scatter carries its trainable parameters only): %s.", table.concat(frozen, ", "))
+    w("")
   end
   if #ignored > 0 then
     w("Ignored by FSDP (`fully_shard(ignored_params=...)`), whole on every rank and never communicated "

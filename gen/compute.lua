@@ -530,14 +530,17 @@ function compute.op_us(p, s, per_unit, o, extra_us)
   -- loss runs lm_head, the decoder the norm): its share of the unit's
   -- FLOPs by parameter elements (the head's FLOPs are its projection's),
   -- and its own slot and grads for the copies.
-  local share, total, grads = 1, u.total, u.grads_numel
+  -- total: the reduce side's elements (the trainable parameters' shards: a
+  -- frozen parameter is gathered, never reduced), the gather side's u.total
+  local share, total, grads = 1, u.rs_total, u.grads_numel
   if o.part_first then
     local numel, pn = 0, 0
     total, grads = 0, 0
     for j, q in ipairs(u.params) do
       numel = numel + q.numel
       if j > o.part_first and j <= o.part_first + o.part_count then
-        pn, total, grads = pn + q.numel, total + q.padded, grads + q.numel
+        pn = pn + q.numel
+        if not q.frozen then total, grads = total + q.padded, grads + q.numel end
       end
     end
     share = numel > 0 and pn / numel or 0
@@ -552,14 +555,14 @@ function compute.op_us(p, s, per_unit, o, extra_us)
     us = (grads * ES[u.grad_dtype] + W * total * ES[u.reduce_dtype]) / bytes_per_us
   elseif k == "view_out" then us = total * (ES[u.reduce_dtype] + ES[u.orig_dtype]) / bytes_per_us
   elseif k == "view_out_add" then us = total * (ES[u.reduce_dtype] + 2 * ES[u.orig_dtype]) / bytes_per_us
-  elseif k == "partial_save" then us = 2 * u.total * ES[u.reduce_dtype] / bytes_per_us
-  elseif k == "partial_add" or k == "partial_fold" then us = 3 * u.total * ES[u.reduce_dtype] / bytes_per_us
+  elseif k == "partial_save" then us = 2 * u.rs_total * ES[u.reduce_dtype] / bytes_per_us
+  elseif k == "partial_add" or k == "partial_fold" then us = 3 * u.rs_total * ES[u.reduce_dtype] / bytes_per_us
   elseif opkinds.BY_NAME[k].host then
     -- CPU offload's H2D / D2H copies: the shard (its part's) over the host
     -- link at host_GBps (gen/hardware.lua), in the stored dtype
-    us = total * ES[u.orig_dtype] / (s.host_GBps * 1e3)
+    us = (k == "h2d" and not o.part_first and u.total or total) * ES[u.orig_dtype] / (s.host_GBps * 1e3)
   elseif (k == "all_gather" or k == "reduce_scatter") and not o.group then
-    us = 2 * total * ES[o.dtype] / bytes_per_us -- a one-rank group: a local copy
+    us = 2 * (k == "all_gather" and u.total or total) * ES[o.dtype] / bytes_per_us -- a one-rank group: a local copy
   end
   return us + (extra_us and extra_us[o.seq] or 0)
 end

@@ -89,6 +89,10 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
         row = row .. string.format(", .ag_dtype = %s, .ag_offset = %s, .unsharded_offset = %s", DT[q.ag_dtype],
           q.ag_offset, q.unsharded_offset)
       end
+      if u.nfrozen then
+        -- frozen parameters (requires_grad=False, runtime/commplan.h): the reduce-scatter row's layout
+        row = row .. string.format(", .frozen = %d, .rs_offset = %s", q.frozen and 1 or 0, q.rs_offset)
+      end
       if q.ep_chunk then
         -- expert parallelism: the experts' dim 0 split over ep (runtime/commplan.h:
         -- the unit's split_family key picks the rows, as the TP coordinate does)
@@ -113,7 +117,7 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
                "grad_dtype", DT[u.grad_dtype], "is_root", u.is_root and 1 or 0, "reshard_after_forward", u.reshard_after_forward and 1 or 0 }),
       fields({ "rs_op", RED[u.rs_op], "ar_op", RED[u.ar_op], "pre_divide", num(u.pre_divide * 1.0),
                "post_divide", num(u.post_divide * 1.0), "vec_ok", u.vec_ok and 1 or 0,
-               "act_numel", u.act_numel or 0, "partial_numel", u.partial and u.total or 0,
+               "act_numel", u.act_numel or 0, "partial_numel", u.partial and u.rs_total or 0,
                "pp_numel", opt_int(u.pp_numel, 0, 0, "unit " .. u.name .. "'s pp_numel") })
         -- expert parallelism (runtime/commplan.h): only on units with all-to-alls
         .. (u.a2a_numel and ", " .. fields({ "a2a_numel", opt_int(u.a2a_numel, 0, 0, "unit " .. u.name .. "'s a2a_numel"),
@@ -131,7 +135,9 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
         .. (u.offload and ", " .. fields({ "offload", 1, "pin_memory", u.pin_memory and 1 or 0 }) or "")
         -- fully_shard(reshard_after_forward=k): k and its post-forward family (C's zero default elsewhere)
         .. (u.post_forward and ", " .. fields({ "post_forward", u.post_forward.k,
-               "post_forward_family", p.groups.by_name[u.post_forward.group].id }) or ""),
+               "post_forward_family", p.groups.by_name[u.post_forward.group].id }) or "")
+        -- frozen parameters: how many and the reduce-scatter row (C's zero default: none, total)
+        .. (u.nfrozen and ", " .. fields({ "nfrozen", u.nfrozen, "rs_total", u.rs_total }) or ""),
       fields({ "arena_offset", "{ " .. arena_offsets(arena, u) .. " }" }))
   end
   -- Ops whose completion a later op waits on get an event slot; an op's

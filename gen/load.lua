@@ -195,6 +195,10 @@ local SCHEMA = {
             -- fully_shard(module, ignored_params={...}): neither sharded nor communicated, kept whole on
             -- every rank (torch 2.15 _fully_shard.py:239-241; gen/models/generic.lua)
             ignored = { "bool" },
+            -- requires_grad = False (torchtitan's LoRA converter freezes the base weights,
+            -- components/lora.py:80-81): all-gathered, never reduced, no gradient or optimizer state
+            -- (torch 2.15 _fsdp_param_group.py:972-1001; gen/parallel/fsdp_layout.lua)
+            frozen = { "bool" },
             -- tensor-parallel placement (gen/parallel/tp.lua): colwise = Shard(0), rowwise = Shard(1)
             tp = { "enum", enum = { "colwise", "rowwise", "replicate", "shard(0)", "shard(1)", "shard(2)", "shard(3)",
                                     "shard(4)", "shard(5)", "shard(6)", "shard(7)" } } },

@@ -122,18 +122,30 @@ local function sizes_of(lay, u, micro_steps)
   return {
     -- (a unit of mixed all-gather dtypes: its slot's bytes, u.ag_bytes)
     ag = W * (u.ag_bytes or u.total * ES[u.ag_dtype]), unsharded = u.unsharded_bytes or W * u.total * ES[u.ag_dtype],
-    grads = u.grads_numel * ES[u.grad_dtype], rs_in = W * u.total * ES[u.reduce_dtype],
-    rs_out = u.total * ES[u.reduce_dtype], act = (u.act_numel or 0) * ES[u.ag_dtype],
-    partial = u.partial and u.total * ES[u.reduce_dtype] or 0,
+    -- (the reduce-scatter row: the trainable parameters' shards, u.rs_total; fsdp_layout.lua)
+    grads = u.grads_numel * ES[u.grad_dtype], rs_in = W * u.rs_total * ES[u.reduce_dtype],
+    rs_out = u.rs_total * ES[u.reduce_dtype], act = (u.act_numel or 0) * ES[u.ag_dtype],
+    partial = u.partial and u.rs_total * ES[u.reduce_dtype] or 0,
     pp = 2 * (micro_steps or 1) * (u.pp_numel or 0) * ES[u.ag_dtype],
     -- expert parallelism (runtime/arena.c): [slot][sent, received][expert] int64, and two token buffers
     a2a_counts = 2 * (u.a2a_slots or 0) * (u.a2a_experts or 0) * 8,
     a2a_send = (u.a2a_numel or 0) * ES[u.ag_dtype], a2a_recv = (u.a2a_numel or 0) * ES[u.ag_dtype],
     -- CPU offload's device copies (runtime/arena.c): the shard in its stored dtype
-    h2d = u.offload and u.total * ES[u.orig_dtype] or 0, d2h = u.offload and u.total * ES[u.orig_dtype] or 0,
+    h2d = u.offload and u.total * ES[u.orig_dtype] or 0, d2h = u.offload and u.rs_total * ES[u.orig_dtype] or 0,
     -- reshard_after_forward = k: the rank's post-forward slice (runtime/arena.c)
     post_forward = u.post_forward and u.post_forward.count * (u.ag_bytes and 1 or ES[u.ag_dtype]) or 0,
   }
+end
+
+-- Whether op o's parameters (its part's, else the unit's) include one
+-- with a gradient (requires_grad: not frozen, gen/parallel/fsdp_layout.lua).
+local function any_trainable(u, o)
+  local lo, hi = 1, #u.params
+  if o.part_first then lo, hi = o.part_first + 1, o.part_first + o.part_count end
+  for j = lo, hi do
+    if not u.params[j].frozen then return true end
+  end
+  return false
 end
 
 -- unit index -> kind -> list of { first = op seq, last = op seq }.
@@ -177,7 +189,8 @@ local function lifetimes(lay, ops)
       -- packing that ended the previous life; else (a forward's unshard
       -- kept through the forward, as without reshard_after_forward) from
       -- the backward itself.
-      if not open[u].grads then
+      -- (a backward whose parameters are all frozen makes no unsharded grads)
+      if not open[u].grads and any_trainable(lay.units[u + 1], o) then
         local lives, from = life[u].grads, last_copy_out[u] or s
         if #lives > 0 and from <= lives[#lives].last then from = s end
         if from ~= s and computes - at_out[u] ~= (own[u] or 0) - own_at_out[u] then from = s end

@@ -47,6 +47,13 @@ function verify.coverage(lay)
       expect = expect + p.padded
     end
     check(expect == u.total, "%s: total %d != %d", u.name, u.total, expect)
+    -- the reduce-scatter row: the trainable parameters' padded shards back to back
+    local rs = 0
+    for _, p in ipairs(u.params) do
+      check(p.rs_offset == rs, "%s: rs_offset %d, expected %d", p.name, p.rs_offset, rs)
+      if not p.frozen then rs = rs + p.padded end
+    end
+    check(rs == u.rs_total, "%s: rs_total %d != %d", u.name, u.rs_total, rs)
   end
 end
 
@@ -98,6 +105,15 @@ function verify.schedule(lay, ops, fsdp, rep)
       o.part_first, o.part_count, u.name, #u.params)
     return lo, hi
   end
+  -- the op's parameters with a gradient: a frozen one (requires_grad=False)
+  -- gets none, so no backward, pack or reduction touches it
+  local function trainable(u, lo, hi)
+    local ps, j = lay.units[u + 1].params, lo - 1
+    return function()
+      repeat j = j + 1 until j > hi or not ps[j].frozen
+      if j <= hi then return j end
+    end
+  end
   local function per_pack(u)
     local own = lay.units[u + 1].grad_accumulation -- a unit's own (gen/parallel/fsdp_layout.lua)
     local d = deferred
@@ -134,7 +150,7 @@ function verify.schedule(lay, ops, fsdp, rep)
     elseif k == "backward" then
       check(s == "unsharded", "backward of %s on %s params", name(u), s)
       local lo, hi = range(o)
-      for j = lo, hi do ps[j].grads = ps[j].grads + 1 end
+      for j in trainable(u, lo, hi) do ps[j].grads = ps[j].grads + 1 end
     elseif k == "backward_input" then
       -- (zero bubble's input gradient: the weight gradient is its W, a backward)
       check(s == "unsharded", "backward_input of %s on %s params", name(u), s)
@@ -146,7 +162,7 @@ function verify.schedule(lay, ops, fsdp, rep)
       state[u] = pf and "post_forward" or "sharded"
     elseif k == "pack" then
       local lo, hi = range(o)
-      for j = lo, hi do
+      for j in trainable(u, lo, hi) do
         local q = ps[j]
         check(q.grads == per_pack(u), "%s (parameter %d) packed after %d backward passes, not %d", name(u), j,
           q.grads, per_pack(u))
@@ -155,7 +171,7 @@ function verify.schedule(lay, ops, fsdp, rep)
       end
     elseif k == "reduce_scatter" or k == "all_reduce" then
       local lo, hi = range(o)
-      for j = lo, hi do
+      for j in trainable(u, lo, hi) do
         local q = ps[j]
         check(q.open, "%s of %s (parameter %d) before its pack", k, name(u), j)
         check(k == "reduce_scatter" or q.held == 0, "all_reduce of %s with %d partial sums not folded in", name(u),
@@ -164,7 +180,7 @@ function verify.schedule(lay, ops, fsdp, rep)
       end
     elseif k == "partial_save" or k == "partial_add" or k == "partial_fold" then
       local lo, hi = range(o)
-      for j = lo, hi do
+      for j in trainable(u, lo, hi) do
         local q = ps[j]
         check(q.open and q.scattered, "%s of %s before its reduce-scatter", k, name(u))
         check((k == "partial_save") == (q.held == 0), "%s of %s holding %d partial sums", k, name(u), q.held)
@@ -173,7 +189,7 @@ function verify.schedule(lay, ops, fsdp, rep)
       end
     elseif k == "view_out" or k == "view_out_add" then
       local lo, hi = range(o)
-      for j = lo, hi do
+      for j in trainable(u, lo, hi) do
         local q = ps[j]
         check(q.open, "%s of %s (parameter %d) before its pack", k, name(u), j)
         check(q.held == 0, "%s of %s with %d partial sums not folded in", k, name(u), q.held)
@@ -189,7 +205,7 @@ function verify.schedule(lay, ops, fsdp, rep)
     elseif k == "d2h" or k == "d2h_add" then
       check(off, "%s of %s, which does not offload", k, name(u))
       local lo, hi = range(o)
-      for j = lo, hi do
+      for j in trainable(u, lo, hi) do
         local q = ps[j]
         check(q.staged, "%s of %s (parameter %d) before its view-out", k, name(u), j)
         check((k == "d2h") == (q.outs == 0), "%s of %s (parameter %d) after %d copies this step", k, name(u), j,
@@ -208,7 +224,8 @@ function verify.schedule(lay, ops, fsdp, rep)
     check(state[uu.index] == "sharded", "%s ends the step %s", uu.name, state[uu.index])
     local want = micro_steps // per_pack(uu.index)
     for j, q in ipairs(par[uu.index]) do
-      check(q.reduced == want, "%s (parameter %d) reduced %d times, not %d", uu.name, j, q.reduced, want)
+      local w = uu.params[j].frozen and 0 or want -- (a frozen parameter: never reduced)
+      check(q.reduced == w, "%s (parameter %d) reduced %d times, not %d", uu.name, j, q.reduced, w)
       check(q.grads == 0 and not q.open and not q.staged and q.held == 0 and q.outs + q.parked == q.reduced,
         "%s ends the step with unreduced grads", uu.name)
     end
@@ -255,10 +272,13 @@ function verify.order(lay, fams, ops)
           "op %d: %d elements beyond the activation buffer", o.seq, elems)
       else
         -- (a part's collectives: its parameters' padded shards, gen/parallel/fsdp_schedule.lua)
-        local total = o.kind == "all_gather" and u.ag_bytes or u.total
+        -- (a reduction's: the trainable parameters', frozen ones take no room: fsdp_layout.lua)
+        local total = o.kind == "all_gather" and (u.ag_bytes or u.total) or u.rs_total
         if o.part_first then
           total = 0
-          for j = o.part_first + 1, o.part_first + o.part_count do total = total + u.params[j].padded end
+          for j = o.part_first + 1, o.part_first + o.part_count do
+            if not u.params[j].frozen then total = total + u.params[j].padded end
+          end
           check(o.kind ~= "all_gather", "op %d: an all-gather of a part", o.seq)
         end
         -- the post-forward group's all-gather: S / k slots per rank, over that group

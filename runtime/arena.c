@@ -9,17 +9,18 @@ int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_buffer k)
     const cp_unit *U = &p->units[unit];
     int64_t W = cp_unit_shard_size(p, unit);
     switch (k) {
-    case CP_BUF_SHARDED:
-    case CP_BUF_SHARDED_GRADS: return U->total * (int64_t)cp_dtype_size(U->orig_dtype);
+    case CP_BUF_SHARDED: return U->total * (int64_t)cp_dtype_size(U->orig_dtype);
+    /* (the trainable parameters' shards: cp_unit_rs_total) */
+    case CP_BUF_SHARDED_GRADS: return cp_unit_rs_total(U) * (int64_t)cp_dtype_size(U->orig_dtype);
     /* CPU offload's device copies of the shards and the viewed-out grads (none without it) */
-    case CP_BUF_H2D:
-    case CP_BUF_D2H: return U->offload ? U->total * (int64_t)cp_dtype_size(U->orig_dtype) : 0;
+    case CP_BUF_H2D: return U->offload ? U->total * (int64_t)cp_dtype_size(U->orig_dtype) : 0;
+    case CP_BUF_D2H: return U->offload ? cp_unit_rs_total(U) * (int64_t)cp_dtype_size(U->orig_dtype) : 0;
     case CP_BUF_AG: return W * cp_unit_ag_bytes(U);
     /* reshard_after_forward = k: the kept slice, S / k of the slot (none without it) */
     case CP_BUF_POST_FORWARD: return U->post_forward > 1 ? W / U->post_forward * cp_unit_ag_bytes(U) : 0;
     case CP_BUF_UNSHARDED: return U->ag_bytes > 0 ? U->unsharded_bytes : W * cp_unit_ag_bytes(U);
     case CP_BUF_GRADS: return U->grads_numel * (int64_t)cp_dtype_size(U->grad_dtype);
-    case CP_BUF_RS_IN: return W * U->total * (int64_t)cp_dtype_size(U->reduce_dtype);
+    case CP_BUF_RS_IN: return W * cp_unit_rs_total(U) * (int64_t)cp_dtype_size(U->reduce_dtype);
     case CP_BUF_ACT: return U->act_numel * (int64_t)cp_dtype_size(U->ag_dtype);
     case CP_BUF_PARTIAL: return U->partial_numel * (int64_t)cp_dtype_size(U->reduce_dtype);
     case CP_BUF_PP: /* [direction][micro-step] messages */
@@ -28,7 +29,7 @@ int64_t cp_arena_buffer_bytes(const cp_plan *p, int unit, cp_buffer k)
         return 2 * (int64_t)U->a2a_slots * U->a2a_experts * (int64_t)sizeof(int64_t);
     case CP_BUF_A2A_SEND:
     case CP_BUF_A2A_RECV: return U->a2a_numel * (int64_t)cp_dtype_size(U->ag_dtype);
-    default: return U->total * (int64_t)cp_dtype_size(U->reduce_dtype);
+    default: return cp_unit_rs_total(U) * (int64_t)cp_dtype_size(U->reduce_dtype); /* CP_BUF_RS_OUT */
     }
 }
 

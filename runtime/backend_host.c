@@ -897,11 +897,12 @@ static void pack(const cp_plan *p, int u, int pf, int pc, int shard_rank, const 
     (void)shard_rank;
     for (int j = j0; j < j1; j++) {
         const cp_param *prm = &p->params[U->first_param + j];
+        if (prm->frozen) continue; /* (no gradient: FSDP2 packs the ones it has) */
         const char *g = (const char *)grads + (size_t)prm->grad_offset * ges;
         for (int64_t r = 0; r < W; r++)
             for (int64_t o = 0; o < prm->outer; o++) {
                 int64_t src = o * W * prm->run + r * prm->run;
-                int64_t dst = r * total + prm->offset - base + o * prm->run;
+                int64_t dst = r * total + cp_param_rs_offset(U, prm) - base + o * prm->run;
                 int64_t real = prm->numel - src < 0 ? 0 : prm->numel - src < prm->run ? prm->numel - src : prm->run;
                 char *out = (char *)rs_in + (size_t)dst * res;
                 if (plain) { /* fp32 to fp32 undivided: the bits stay */
@@ -985,7 +986,7 @@ static void flat_copy(const cp_plan *p, int u, int pf, int pc, int shard_rank, c
     (void)pf;
     (void)pc;
     (void)shard_rank;
-    memcpy(out, in, (size_t)U->total * cp_dtype_size(U->reduce_dtype));
+    memcpy(out, in, (size_t)cp_unit_rs_total(U) * cp_dtype_size(U->reduce_dtype));
 }
 
 static void flat_add(const cp_plan *p, int u, int pf, int pc, int shard_rank, const void *in, void *out)
@@ -996,8 +997,9 @@ static void flat_add(const cp_plan *p, int u, int pf, int pc, int shard_rank, co
     (void)pf;
     (void)pc;
     (void)shard_rank;
-    for (int64_t i = 0; i < U->total; i += CP_BLOCK) {
-        int64_t n = U->total - i < CP_BLOCK ? U->total - i : CP_BLOCK;
+    int64_t total = cp_unit_rs_total(U);
+    for (int64_t i = 0; i < total; i += CP_BLOCK) {
+        int64_t n = total - i < CP_BLOCK ? total - i : CP_BLOCK;
         cp_load_n(U->reduce_dtype, (const char *)out + (size_t)i * es, n, a);
         cp_load_n(U->reduce_dtype, (const char *)in + (size_t)i * es, n, x);
         for (int64_t k = 0; k < n; k++) a[k] += x[k];

@@ -647,6 +647,7 @@ static void add_grads_part(cp_checker *c, void *arg, int part, int nparts)
     int j1 = jb->part_count > 0 ? jb->part_first + jb->part_count : U->nparams;
     for (int j = j0; j < j1; j++) {
         int param = U->first_param + j;
+        if (p->params[param].frozen) continue; /* requires_grad=False: autograd makes no grad */
         int fresh = fresh_grads(c, row_of(c, u, j), micro);
         const cp_param *prm = &p->params[param];
         char *g = (char *)grads + (size_t)prm->grad_offset * es;
@@ -868,8 +869,9 @@ void cp_checker_member_packed(cp_checker *c, int u, int part_first, int part_cou
     for (int j = j0; j < j1; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
+        if (prm->frozen) continue; /* (packed without it: no gradient) */
         int64_t k = cp_pattern_param_id(p, param), valid = cp_param_valid(prm, U_SR(c, u)), len;
-        int64_t off = prm->offset - at0;
+        int64_t off = cp_param_rs_offset(U, prm) - at0;
         int cell = row_of(c, u, j);
         if (off > done)
             for (int q = 0; q < nmembers; q++)
@@ -928,6 +930,7 @@ static void expect_unit_part(cp_checker *c, void *arg, int part, int nparts)
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
+        if (prm->frozen) continue; /* never reduced */
         int64_t k = cp_pattern_param_id(p, param);
         int64_t valid = cp_param_valid(prm, U_SR(c, u)), len, lo, hi;
         /* the chains are its reduction's: positions in its part's buffer (the unit's slot without one) */
@@ -936,7 +939,7 @@ static void expect_unit_part(cp_checker *c, void *arg, int part, int nparts)
         part_range(valid, part, nparts, &lo, &hi);
         for (int64_t i = lo; i < hi; i += len) {
             int64_t e = shard_run(prm, U_W(c, u), U_SR(c, u), U_TR(c, u), i, hi, &len);
-            int64_t at = prm->offset - base + i, rs_end, ar_end;
+            int64_t at = cp_param_rs_offset(U, prm) - base + i, rs_end, ar_end;
             int rs_key = cp_reduce_scatter_key_run(c->arith, U->reduce_dtype, U_SR(c, u), at, total, U_W(c, u), &rs_end);
             int key = cp_all_reduce_key_run(c->arith, U->reduce_dtype, at, total, R, &ar_end);
             if (rs_end - at < len) len = rs_end - at;
@@ -977,10 +980,11 @@ static void compare_grads(cp_checker *c, int u, const float *want, const void *s
     for (int j = 0; j < U->nparams; j++) {
         int param = U->first_param + j;
         const cp_param *prm = &p->params[param];
-        int64_t valid = cp_param_valid(prm, U_SR(c, u));
+        if (prm->frozen) continue; /* no sharded grad */
+        int64_t valid = cp_param_valid(prm, U_SR(c, u)), at = cp_param_rs_offset(U, prm);
         for (int64_t i0 = 0; i0 < prm->padded; i0 += CP_BLOCK) {
             int64_t n = prm->padded - i0 < CP_BLOCK ? prm->padded - i0 : CP_BLOCK;
-            cp_load_n(U->orig_dtype, (const char *)sharded_grads + (size_t)(prm->offset + i0) * es, n, got);
+            cp_load_n(U->orig_dtype, (const char *)sharded_grads + (size_t)(at + i0) * es, n, got);
             for (int64_t q = 0; q < n; q++) w[q] = i0 + q < valid ? want[prm->offset + i0 + q] : 0.0f;
             int bad = differ_n(w, got, n);
             for (int64_t q = 0; q < n && bad; q++) {
@@ -990,7 +994,7 @@ static void compare_grads(cp_checker *c, int u, const float *want, const void *s
                                                 cp_param_global_index(prm, U_W(c, u), U_SR(c, u), i));
                 int row = row_of(c, u, j);
                 if (i < valid && any_ring_order(c, u, cp_param_ag_dtype(U, prm), row, cp_pattern_param_id(p, param), e,
-                                                prm->offset - c->cell_rs[2 * (size_t)row] + i, got[q]))
+                                                at - c->cell_rs[2 * (size_t)row] + i, got[q]))
                     continue;
                 report(c, i < valid ? "reduced sharded grad" : "grad padding", u, param, i < valid ? e : -1, w[q],
                        got[q]);

@@ -109,6 +109,15 @@ typedef struct {
     cp_dtype ag_dtype;
     int64_t ag_offset;
     int64_t unsharded_offset; /* its byte offset in the unit's unsharded buffer (16-byte aligned) */
+    /* A unit with frozen parameters (its nfrozen > 0; requires_grad=False):
+     * frozen 1: all-gathered with the rest, never reduced (no gradient, no
+     * unsharded or sharded grad); rs_offset: its start in the unit's
+     * reduce-scatter row and sharded grads, the trainable parameters'
+     * padded shards back to back (torch 2.15 foreach_reduce over the
+     * gradients, _fsdp_collectives.py:905-918); elsewhere unused (C's zero
+     * default): cp_param_rs_offset. */
+    int frozen;
+    int64_t rs_offset;
 } cp_param;
 
 /* A unit's buffers. The first eight are transient, placed in one arena per
@@ -205,6 +214,12 @@ typedef struct {
      * family of its post-forward groups (k consecutive keys of each shard
      * group); 0, 0 elsewhere (C's zero default). */
     int post_forward, post_forward_family;
+    /* > 0: that many of its parameters are frozen (cp_param.frozen), and
+     * rs_total (0 when all are) is the reduce-scatter row, the sharded
+     * grads and the partial sums per rank; 0 (C's zero default): none, the
+     * row is total: cp_unit_rs_total. */
+    int nfrozen;
+    int64_t rs_total;
 } cp_unit;
 
 /* A parameter's all-gather dtype, its byte offset in its unit's slot, and
@@ -220,6 +235,16 @@ static inline int64_t cp_param_ag_offset(const cp_unit *U, const cp_param *prm)
 static inline int64_t cp_unit_ag_bytes(const cp_unit *U)
 {
     return U->ag_bytes > 0 ? U->ag_bytes : U->total * (U->ag_dtype == CP_FP32 ? 4 : 2);
+}
+/* The reduce-scatter row (its trainable parameters' padded shards; the
+ * sharded grads' layout) per rank, and a parameter's offset in it. */
+static inline int64_t cp_unit_rs_total(const cp_unit *U)
+{
+    return U->nfrozen > 0 ? U->rs_total : U->total;
+}
+static inline int64_t cp_param_rs_offset(const cp_unit *U, const cp_param *prm)
+{
+    return U->nfrozen > 0 ? prm->rs_offset : prm->offset;
 }
 /* Where a parameter's unsharded (W x padded) tensor starts in the unit's
  * unsharded buffer, in bytes, on a shard group of W ranks. */
@@ -507,9 +532,9 @@ int cp_unit_shard_family(const cp_plan *p, int unit);
 int cp_unit_shard_rank(const cp_plan *p, int unit, int rank);
 int cp_unit_split_rank(const cp_plan *p, int unit, int rank);
 /* A part of the unit's parameters (cp_op.part_first, part_count; count 0:
- * the whole unit): its parameters' padded shards back to back, total
- * elements from offset in the unit's slot (the parameters are contiguous
- * there). */
+ * the whole unit): its trainable parameters' padded shards back to back,
+ * total elements from offset in the unit's reduce-scatter row (the
+ * parameters are contiguous there; frozen ones take no room). */
 int64_t cp_part_total(const cp_plan *p, int unit, int first, int count);
 int64_t cp_part_offset(const cp_plan *p, int unit, int first, int count);
 /* 0 when the part lies inside the unit (count 0, or first >= 0, count >= 1,

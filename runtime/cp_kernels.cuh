@@ -27,12 +27,14 @@
 
 struct cp_kparam {
     long long offset, outer, run, padded, numel, grad_offset;
+    long long rs_offset; /* in the reduce-scatter row (cp_param_rs_offset: a frozen parameter has no tiles there) */
     int tile_out, tile_pack; /* first copy-out / packing tile of this parameter within one rank's pieces */
 };
 
 struct cp_kunit {
     int first_param, nparams;
     long long total;
+    long long rs_total; /* the reduce-scatter row, the sharded grads (cp_unit_rs_total; a part's: its own) */
     float pre_divide, post_divide;
     int vec_ok; /* every offset, run and the total are multiples of 16 bytes' worth of elements */
     int tiles_out, tiles_pack; /* tiles of one rank's pieces: sum over parameters of ceil(padded / tile) */
@@ -253,7 +255,7 @@ template <typename TI, typename TO, int V>
 __host__ __device__ inline void cp_view_out_tile(const cp_kview &v, const TI *rs_out, TO *sharded_grads, long long b,
                                                  int lane, bool add)
 {
-    cp_map_flat<TI, TO> m = { rs_out, sharded_grads, v.unit.total };
+    cp_map_flat<TI, TO> m = { rs_out, sharded_grads, v.unit.rs_total };
     long long j0 = b * CP_KTILE_OF(V), end = j0 + CP_KTILE_OF(V) < m.n ? j0 + CP_KTILE_OF(V) : m.n;
     cp_ktile<TI, TO, V>(m, j0, end, lane, v.unit.post_divide, 1.0f, add);
 }
@@ -285,7 +287,7 @@ __host__ __device__ inline void cp_pack_tile(const cp_kview &v, const TI *grads,
     m.outer = p.outer;
     m.numel = p.numel;
     m.rrun = (long long)r * p.run;
-    m.out = rs_in + (long long)r * v.unit.total + (p.offset - v.base);
+    m.out = rs_in + (long long)r * v.unit.rs_total + (p.rs_offset - v.base);
     cp_ktile<TI, TO, V>(m, j0, end, lane, 1.0f, v.unit.pre_divide);
 }
 
@@ -295,7 +297,7 @@ __host__ __device__ inline void cp_pack_tile(const cp_kview &v, const TI *grads,
 template <typename T, int V>
 __host__ __device__ inline void cp_flat_tile(const cp_kview &v, const T *in, T *out, long long b, int lane, bool add)
 {
-    cp_map_flat<T, T> m = { in, out, v.unit.total };
+    cp_map_flat<T, T> m = { in, out, v.unit.rs_total };
     long long j0 = b * CP_KTILE_OF(V), end = j0 + CP_KTILE_OF(V) < m.n ? j0 + CP_KTILE_OF(V) : m.n;
     cp_ktile<T, T, V>(m, j0, end, lane, 1.0f, 1.0f, add);
 }
@@ -303,7 +305,8 @@ __host__ __device__ inline void cp_flat_tile(const cp_kview &v, const T *in, T *
 /* Blocks of each op: one per tile. */
 template <int V> __host__ __device__ inline long long cp_kblocks(int op, const cp_kview &v)
 {
-    if (op == 0 || op == 3 || op == 4 || op == 5 || op == 6) return (v.unit.total + CP_KTILE_OF(V) - 1) / CP_KTILE_OF(V);
+    if (op == 0) return (v.unit.total + CP_KTILE_OF(V) - 1) / CP_KTILE_OF(V);
+    if (op == 3 || op == 4 || op == 5 || op == 6) return (v.unit.rs_total + CP_KTILE_OF(V) - 1) / CP_KTILE_OF(V);
     return (long long)v.W * (op == 1 ? v.unit.tiles_out : v.unit.tiles_pack);
 }
 
@@ -533,14 +536,16 @@ static inline cudaError_t cp_ktables_build_host(cp_ktables *t, const cp_plan *p,
             k.padded = q.padded;
             k.numel = q.numel;
             k.grad_offset = q.grad_offset;
+            k.rs_offset = cp_param_rs_offset(&U, &q);
             k.tile_out = (int)tiles_out;
             k.tile_pack = (int)tiles_pack;
             tiles_out += (q.padded + tile_out - 1) / tile_out;
-            tiles_pack += (q.padded + tile_pack - 1) / tile_pack;
+            if (!q.frozen) tiles_pack += (q.padded + tile_pack - 1) / tile_pack; /* (packed without it) */
         }
         units[u].first_param = U.first_param;
         units[u].nparams = U.nparams;
         units[u].total = U.total;
+        units[u].rs_total = cp_unit_rs_total(&U);
         units[u].pre_divide = (float)U.pre_divide;
         units[u].post_divide = (float)U.post_divide;
         units[u].vec_ok = U.vec_ok;
@@ -677,11 +682,14 @@ static inline cudaError_t cp_ktables_run(cp_ktables *t, const cp_plan *p, int c,
         v.params += part_first;
         v.unit.nparams = part_count;
         v.unit.total = z.offset + z.padded - a.offset;
+        /* its trainable parameters' shards in the reduce-scatter row */
+        v.unit.rs_total = z.rs_offset + (cp_kclass_params(p, c)[U.first_param + part_first + part_count - 1].frozen
+                                             ? 0 : z.padded) - a.rs_offset;
         v.unit.tiles_pack = tiles_end - a.tile_pack;
-        v.base = a.offset;
+        v.base = a.rs_offset;
         v.tile_base_pack = a.tile_pack;
         if (op != CP_K_PACK) /* the view-outs: the part's elements, at its offset in the sharded grads */
-            out = static_cast<char *>(out) + (size_t)a.offset * (t->dtypes[unit][0] == 0 ? 4 : 2);
+            out = static_cast<char *>(out) + (size_t)a.rs_offset * (t->dtypes[unit][0] == 0 ? 4 : 2);
     }
     return cp_kdispatch_dtypes(op, v, t->dtypes[unit], shard_rank, in, out, s, host);
 }

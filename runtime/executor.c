@@ -376,7 +376,10 @@ void *cp_executor_param_ptr(const cp_executor *ex, int param, cp_buffer k)
     char *base = ex->buf[k][u];
     switch (k) {
     case CP_BUF_UNSHARDED: return base + (size_t)cp_param_unsharded_offset(U, prm, cp_unit_shard_size(p, u));
-    case CP_BUF_GRADS: return base + (size_t)prm->grad_offset * cp_dtype_size(U->grad_dtype);
+    case CP_BUF_GRADS: return prm->frozen ? NULL : base + (size_t)prm->grad_offset * cp_dtype_size(U->grad_dtype);
+    /* (a frozen parameter has no gradient: the sharded grads hold the trainable ones) */
+    case CP_BUF_SHARDED_GRADS:
+        return prm->frozen ? NULL : base + (size_t)cp_param_rs_offset(U, prm) * cp_dtype_size(U->orig_dtype);
     default: return base + (size_t)prm->offset * cp_dtype_size(U->orig_dtype);
     }
 }
@@ -977,11 +980,16 @@ static int run_host_copy(cp_executor *ex, const cp_op *op, const void *in, void 
         return ex_error(ex, "rank %d: %s of unit %s (op %ld), which does not offload: regenerate the plan", ex->rank,
                         cp_op_kind_name(op->kind), U->name, (long)(op - p->ops));
     size_t es = cp_dtype_size(U->orig_dtype);
-    int64_t from = 0, n = U->total;
-    if (op->part_count > 0) {
+    /* H2D: the shards (the slot's layout); D2H: the sharded grads (the
+     * reduce-scatter row's, cp_part_offset / cp_part_total) */
+    int64_t from = 0, n = op->kind == CP_OP_H2D ? U->total : cp_unit_rs_total(U);
+    if (op->part_count > 0 && op->kind == CP_OP_H2D) {
         const cp_param *a = &p->params[U->first_param + op->part_first];
         const cp_param *z = &p->params[U->first_param + op->part_first + op->part_count - 1];
         from = a->offset, n = z->offset + z->padded - a->offset;
+    } else if (op->part_count > 0) {
+        from = cp_part_offset(p, op->unit, op->part_first, op->part_count);
+        n = cp_part_total(p, op->unit, op->part_first, op->part_count);
     }
     const char *src = (const char *)in + (size_t)from * es;
     char *dst = (char *)out + (size_t)from * es;

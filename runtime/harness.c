@@ -238,11 +238,14 @@ static int dump_locals(cp_harness *h, cp_buffer k)
         if (cp_executor_read(ex, CP_STREAM_COMPUTE, u, k, h->scratch)) return -1;
         for (int j = 0; j < U->nparams; j++) {
             const cp_param *prm = &p->params[U->first_param + j];
+            int grads = k == CP_BUF_SHARDED_GRADS;
+            if (grads && prm->frozen) continue; /* (requires_grad=False: no grad, as in FSDP2) */
             fputs(first ? "" : ",", f);
             first = 0;
             dump_string(f, prm->name);
             fputs(":{\"values\":", f);
-            dump_values(f, U->orig_dtype, h->scratch, prm->offset, cp_param_valid(prm, cp_unit_shard_rank(ex->plan, u, ex->rank)));
+            dump_values(f, U->orig_dtype, h->scratch, grads ? cp_param_rs_offset(U, prm) : prm->offset,
+                        cp_param_valid(prm, cp_unit_shard_rank(ex->plan, u, ex->rank)));
             fputc('}', f);
         }
     }

@@ -210,9 +210,10 @@ int cp_part_check(const cp_plan *p, int unit, int first, int count)
 int64_t cp_part_total(const cp_plan *p, int unit, int first, int count)
 {
     const cp_unit *U = &p->units[unit];
-    if (count <= 0) return U->total;
+    if (count <= 0) return cp_unit_rs_total(U);
     int64_t total = 0;
-    for (int j = first; j < first + count; j++) total += p->params[U->first_param + j].padded;
+    for (int j = first; j < first + count; j++)
+        if (!p->params[U->first_param + j].frozen) total += p->params[U->first_param + j].padded;
     return total;
 }
 
@@ -220,7 +221,7 @@ int64_t cp_part_offset(const cp_plan *p, int unit, int first, int count)
 {
     const cp_unit *U = &p->units[unit];
     if (count <= 0) return 0;
-    return p->params[U->first_param + first].offset;
+    return cp_param_rs_offset(U, &p->params[U->first_param + first]);
 }
 
 void cp_post_forward_piece(const cp_plan *p, int unit, int shard_rank, int copy_out, int i, int64_t *in_off,

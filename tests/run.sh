@@ -148,6 +148,11 @@ torch_lane() {
     # plans tests/plans/fsdp4_raf2.lua and hsdp_raf2.lua run in "live.py plans" above).
     live_check "live FSDP2: issue 39's reshard_after_forward as an int drawn by the property test (seed 12)" \
       timeout 600 "$live_py" tests/live/live.py seeds 12-12
+    # Issue 41's frozen parameters (requires_grad=False, torchtitan's LoRA; tests/plans/frozen_params.lua
+    # runs with the plans above): seeds 6-7 draw them beside HSDP with a divide factor and HSDP x TP
+    # under step_end with CPU offload, whatever seed the property run starts from.
+    live_check "live FSDP2: frozen parameters drawn by the property test (seeds 6-7)" \
+      timeout 600 "$live_py" tests/live/live.py seeds 6-7
   elif [ "$live_rc" = 3 ]; then
     live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
     skipped "torch-env (make torch-env)" "$live_why"
@@ -215,6 +220,16 @@ torch_lane() {
     skipped "$titan_acts" "$titan_why"
     skipped "$titan_lacts" "$titan_why"
     skipped "$titan_closs" "$titan_why"
+  fi
+  # issue 41 (h39u): LoRA's frozen parameters against torchtitan's LoRAConverter (its own block)
+  titan_lora="torchtitan LoRAConverter + parallelize_llama vs plan_from_titan: each unit's FSDP parameters, frozen where FSDP2's sharded parameter takes no gradient, the reduce-scatter row (tests/titan/test_lora_plan.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_fl=$(logname "$titan_lora")
+    timeout 600 "$live_py" tests/titan/test_lora_plan.py >"$titan_fl" 2>&1; titan_rl=$?
+    titan_result "$titan_lora" "$titan_fl" "$titan_rl"
+    [ "$titan_rl" = 77 ] || grep -h "^test_lora_plan: " "$titan_fl" | sed "s/^/        /"
+  else
+    skipped "$titan_lora" "no torch environment (make torch-env exit $live_rc)"
   fi
   # the dense Qwen3 family against torchtitan's qwen3 (its own block, as test_moe_plan.py's)
   titan_qwen3="torchtitan qwen3 dense (tied and untied) + parallelize_qwen3 vs the qwen3 family: FSDP/HSDP units, parameters, registry counts, one step's collectives on gloo, block bytes (tests/titan/test_qwen3_plan.py)"

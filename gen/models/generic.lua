@@ -196,7 +196,12 @@ function generic.units(ctx, model)
       seen_param[p.name] = u.name
       check_c_name(ctx, param_ids, "parameter", "PARAM", p.name, ppath)
       local q = { name = p.name, shape = p.shape, dtype = p.dtype, shard_dim = p.shard_dim, tp = p.tp,
-                  param_dtype = p.param_dtype }
+                  param_dtype = p.param_dtype, frozen = p.frozen or nil }
+      if p.ignored and p.frozen then
+        util.field_error(ctx, string.format("%s.params[%d].frozen", path, j), "an ignored parameter is in no "
+          .. "collective, so freezing it changes nothing FSDP2 does (its gradient is the training loop's): remove "
+          .. "frozen or ignored")
+      end
       if p.ignored then
         -- fully_shard's ignored_params (torch 2.15 _fsdp_init.py:342-360: left out of the managed
         -- parameters): no FSDP param, no collective; whole on every rank (the audit's memory counts it)

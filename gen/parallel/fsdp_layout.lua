@@ -251,8 +251,8 @@ local function arena_bound(u, W, running)
       or not u.ag_bytes and full and util.mul_within(full, 2 * es_ag, LIM.bytes),
     full and util.mul_within(full, es_red, LIM.bytes),
     util.mul_within(u.grads_numel, layout.DTYPE_BYTES[u.grad_dtype], LIM.bytes),
-    util.mul_within(u.total, es_red, LIM.bytes),
-    util.mul_within(u.partial and u.total or 0, es_red, LIM.bytes), -- all_reduce_last's partial sums
+    util.mul_within(u.rs_total, es_red, LIM.bytes),
+    util.mul_within(u.partial and u.rs_total or 0, es_red, LIM.bytes), -- all_reduce_last's partial sums
     7 * 256,
   }
   for i = 1, 6 do
@@ -316,6 +316,15 @@ function layout.build(ctx, units, d, fsdp)
     -- over efsdp, its own FSDP mesh; every other unit over dp_shard.
     local Wu = u.expert and d.efsdp or W
     local params, offset, grad_offset, vec_ok, ag_bytes, unsharded_bytes = {}, 0, 0, true, 0, 0
+    -- requires_grad=False parameters (p.frozen): FSDP2 all-gathers them with
+    -- the rest (their slots stay), but takes no gradient of them
+    -- (_get_unsharded_grad_to_reduce, torch 2.15 _fsdp_param_group.py:989-1001),
+    -- so the reduce-scatter packs the trainable ones' padded shards alone, back
+    -- to back (foreach_reduce_scatter_copy_in's chunk_cat over the gradients,
+    -- _fsdp_collectives.py:905-918): rs_offset in that row, rs_total its
+    -- length; the sharded grads take the same layout (a frozen parameter has
+    -- none), and no unsharded grad is kept for a frozen one.
+    local rs_total, nfrozen = 0, 0
     for j, p in ipairs(u.params) do
       local q = layout.param(ctx, p, Wu, string.format("%s.params[%d]", upath, j), u.expert and "efsdp" or nil)
       if p.ep_chunk then q.ep_chunk, q.ep_full = p.ep_chunk, p.full_shape[1] end
@@ -324,7 +333,13 @@ function layout.build(ctx, units, d, fsdp)
       -- Unsharded grads are compact per parameter, each start rounded up to
       -- 8 elements so the packing kernel's 16-byte loads stay aligned.
       q.grad_offset = grad_offset
-      grad_offset = grad_offset + util.ceil_div(q.numel, layout.GRAD_ALIGN) * layout.GRAD_ALIGN
+      q.rs_offset = rs_total
+      if p.frozen then
+        q.frozen, nfrozen = true, nfrozen + 1
+      else
+        grad_offset = grad_offset + util.ceil_div(q.numel, layout.GRAD_ALIGN) * layout.GRAD_ALIGN
+        rs_total = rs_total + q.padded
+      end
       vec_ok = vec_ok and q.offset % layout.VEC == 0 and q.run % layout.VEC == 0
       -- The all-gather slot in bytes: each parameter's padded shard in its
       -- own all-gather dtype, back to back (FSDP2's uint8 all-gather input).
@@ -371,6 +386,9 @@ function layout.build(ctx, units, d, fsdp)
       -- mixed all-gather dtypes (per-parameter param_dtype): FSDP2 all-gathers
       -- the slot as raw bytes (uint8), ag_bytes per rank; nil otherwise
       ag_bytes = mixed and ag_bytes or nil, unsharded_bytes = mixed and unsharded_bytes or nil,
+      -- frozen parameters (requires_grad=False): how many, and the reduce-scatter row's
+      -- elements per rank (the trainable parameters' padded shards; total without frozen ones)
+      nfrozen = nfrozen > 0 and nfrozen or nil, rs_total = rs_total,
       orig_dtype = orig, ag_dtype = ag_dtype, reduce_dtype = reduce_dtype, grad_dtype = grad_dtype,
       -- The root never reshards after forward (FSDP2); a unit may override the plan's default
       -- (a family's [norm, lm_head] does: torchtitan's "default" policy keeps it), except under
@@ -393,7 +411,7 @@ function layout.build(ctx, units, d, fsdp)
       symm = fsdp.symm_mem and #params > 0 and Wu > 1 and { ag = true, rs = force or nil } or nil,
       -- all_reduce_last under HSDP: the reduce-scatter outputs wait in a
       -- buffer of their own (partial_reduce_output) for the last micro-step.
-      partial = #params > 0 and R > 1 and fsdp.micro_steps > 1 and mode == "all_reduce_last" or nil,
+      partial = rs_total > 0 and R > 1 and fsdp.micro_steps > 1 and mode == "all_reduce_last" or nil,
       -- the unit's own accumulation where it sets one (the schedule's and proofs' per-unit flags)
       grad_accumulation = u.grad_accumulation,
       -- fully_shard's ignored_params: outside the slot, whole on every rank (audit, memory)

@@ -48,11 +48,14 @@ local repeat_mod = require("gen.repeat")
 -- A part of unit u's parameters (FSDP2's foreach_reduce over the ones
 -- with a gradient): params first .. first + count - 1 (0-based, in the
 -- unit's order, contiguous), their padded shards back to back: total
--- elements per rank, at offset in the unit's slot.
+-- elements per rank, at offset in the unit's reduce-scatter row (frozen
+-- parameters have no gradient and take no room there: fsdp_layout.lua).
 function schedule.part(u, first, count)
   local total = 0
-  for j = first + 1, first + count do total = total + u.params[j].padded end
-  return { first = first, count = count, total = total, offset = u.params[first + 1].offset }
+  for j = first + 1, first + count do
+    if not u.params[j].frozen then total = total + u.params[j].padded end
+  end
+  return { first = first, count = count, total = total, offset = u.params[first + 1].rs_offset }
 end
 
 -- An op's fields for a part (nil: the whole unit).
@@ -551,9 +554,12 @@ function schedule.reduction(out, u, m, how, shard, replicate, reducing, part)
   if not (how.keep or how.hold and not u.reshard_after_backward) then
     out[#out + 1] = { kind = "reshard", unit = u.index, micro_step = m, phase = "backward" }
   end
-  if not reducing then return end
   local pf, pc = part and part.first, part and part.count
-  local count = part and part.total or u.total
+  -- the trainable parameters' elements (a unit or part whose parameters are
+  -- all frozen has no gradient to reduce: FSDP2's post_backward returns at
+  -- "if not unsharded_grads", torch 2.15 _fsdp_param_group.py:767-768)
+  local count = part and part.total or u.rs_total
+  if not reducing or count == 0 then return end
   out[#out + 1] = { kind = "pack", unit = u.index, micro_step = m, phase = "backward", part_first = pf,
                     part_count = pc }
   out[#out + 1] = { kind = "reduce_scatter", unit = u.index, micro_step = m, phase = "backward",

@@ -256,8 +256,9 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
     -- parameters' gradients in their grad_dtype (reduce_dtype) from autograd
     -- on (FSDPParam.may_reduce_grad_outside_dp), so the reduction over TP
     -- runs in the wider dtype too.
+    -- (a frozen parameter has no gradient to redistribute)
     for _, q in ipairs(u.params) do
-      if partial_grad(q, fam, sp) then
+      if partial_grad(q, fam, sp) and not q.frozen then
         add("tp_all_reduce", "backward", q.numel, q.name .. " gradient (Partial over TP)")
         acts[#acts].reducing_only = true
         acts[#acts].dtype = u.reduce_dtype
@@ -395,7 +396,7 @@ function tp_acts.deepseek(ctx, lay, cfg, T, opts)
     end
     if not u.expert then
       for _, q in ipairs(u.params) do
-        if q.tp_dim == nil and (sp or not is_norm(q)) then
+        if q.tp_dim == nil and (sp or not is_norm(q)) and not q.frozen then
           add("tp_all_reduce", "backward", q.numel, q.name .. " gradient (Partial over TP)")
           acts[#acts].reducing_only = true
           acts[#acts].dtype = u.reduce_dtype

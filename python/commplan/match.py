@@ -116,6 +116,12 @@ def check_units_match_plan(units, plan):
                     (pp["name"], list(pp["shape"]), pp["dtype"], pp.get("shard_dim", 0)):
                 raise PlanMismatch("model does not match plan %s: unit %s parameter %d: the model has %s, the "
                                    "plan %s" % (name, mu["name"], j, _fmt(mp), _fmt(pp)))
+            # requires_grad=False is the plan's frozen (gathered, never reduced: docs/plan-files.md)
+            if bool(mp.get("frozen")) != bool(pp.get("frozen")):
+                raise PlanMismatch("model does not match plan %s: unit %s parameter %s has requires_grad=%s in the "
+                                   "model but is %s in the plan; regenerate the plan from the model (commplan write "
+                                   "reads requires_grad)" % (name, mu["name"], mp["name"], not mp.get("frozen"),
+                                                            "frozen" if pp.get("frozen") else "trainable"))
         if len(mps) != len(pps):
             who, p = ("model", mps[len(pps)]) if len(mps) > len(pps) else ("plan", pps[len(mps)])
             raise PlanMismatch("model does not match plan %s: unit %s has %d parameters in the model and %d in the "

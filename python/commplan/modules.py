@@ -189,8 +189,13 @@ def named_units(model, units, shard_dim=None):
     out = []
     for u, params in units_from_module(model, units):
         ign = {id(p) for p in getattr(u, "ignored_params", [])}
+        # a parameter with requires_grad=False (torchtitan's LoRA converter freezes the base
+        # weights): frozen, all-gathered and never reduced (docs/plan-files.md)
         ps = [{"name": fqn, "shape": tuple(int(d) for d in p.shape), "dtype": dtype_name(p.dtype, fqn),
                "ignored": True} if id(p) in ign else
+              {"name": fqn, "shape": tuple(int(d) for d in p.shape), "dtype": dtype_name(p.dtype, fqn),
+               "shard_dim": _shard_dim_of(shard_dim, fqn, p), "frozen": True}
+              if getattr(p, "requires_grad", True) is False else
               (fqn, tuple(int(d) for d in p.shape), dtype_name(p.dtype, fqn), _shard_dim_of(shard_dim, fqn, p))
               for fqn, p in params]
         entry = {"name": u.name, "params": ps, "reshard_after_forward": u.reshard_after_forward}
@@ -240,14 +245,17 @@ def _mp_of(entry, mp, params):
         return
     ps = []
     for e, (_, p) in zip(entry["params"], params):
-        if isinstance(e, dict):  # an ignored parameter ({..., "ignored": True}): FSDP2 never casts it
+        if isinstance(e, dict) and e.get("ignored"):  # an ignored parameter: FSDP2 never casts it
             ps.append(e)
             continue
-        fqn, shape, dt, sd = e
-        q = {"name": fqn, "shape": shape, "dtype": dt, "shard_dim": sd}
+        if isinstance(e, dict):  # a frozen one: all-gathered, cast as the others
+            q = dict(e)
+        else:
+            fqn, shape, dt, sd = e
+            q = {"name": fqn, "shape": shape, "dtype": dt, "shard_dim": sd}
         got = fn(p)
         if got is not None:
-            q["param_dtype"] = dtype_name(got, "%s: mp_policy.param_dtype_override_fn" % fqn)
+            q["param_dtype"] = dtype_name(got, "%s: mp_policy.param_dtype_override_fn" % q["name"])
         ps.append(q)
     entry["params"] = ps
 

@@ -265,7 +265,7 @@ def dtype_name(dtype, what="dtype"):
 def _param(entry, where):
     """(name, shape, dtype[, shard_dim]) or a dict with those keys (and an optional tensor-parallel
     placement "tp": colwise | rowwise | replicate | shard(k)) -> normalized dict."""
-    tp, ignored = None, False
+    tp, ignored, frozen = None, False, False
     if isinstance(entry, dict):
         name, shape, dtype, shard_dim = entry.get("name"), entry.get("shape"), entry.get("dtype"), \
             entry.get("shard_dim", 0)
@@ -273,10 +273,13 @@ def _param(entry, where):
         own = entry.get("param_dtype")  # its own all-gather dtype (param_dtype_override_fn; docs/plan-files.md)
         # fully_shard(ignored_params=...): neither sharded nor communicated (docs/plan-files.md)
         ignored = validate.check_value(entry.get("ignored", False), validate.Spec("bool"), where, "ignored")
-        unknown = sorted(set(entry) - {"name", "shape", "dtype", "shard_dim", "tp", "param_dtype", "ignored"})
+        # requires_grad=False: all-gathered, never reduced (docs/plan-files.md; torchtitan's LoRA)
+        frozen = validate.check_value(entry.get("frozen", False), validate.Spec("bool"), where, "frozen")
+        unknown = sorted(set(entry) - {"name", "shape", "dtype", "shard_dim", "tp", "param_dtype", "ignored",
+                                       "frozen"})
         if unknown:
-            raise PlanError("%s: unknown parameter keys %s; use name, shape, dtype, shard_dim, tp, param_dtype, ignored"
-                            % (where, unknown))
+            raise PlanError("%s: unknown parameter keys %s; use name, shape, dtype, shard_dim, tp, param_dtype, "
+                            "ignored, frozen" % (where, unknown))
     else:
         if not isinstance(entry, (list, tuple)) or len(entry) not in (3, 4):
             raise PlanError("%s: a parameter is (name, shape, dtype) or (name, shape, dtype, shard_dim), got %s"
@@ -330,6 +333,11 @@ def _param(entry, where):
             raise PlanError("%s: an ignored parameter is never sharded, so shard_dim %d changes nothing: remove it"
                             % (where, shard_dim))
         out["ignored"] = True
+    if frozen:
+        if ignored:
+            raise PlanError("%s: an ignored parameter is in no collective, so frozen changes nothing FSDP2 does: "
+                            "remove frozen or ignored" % where)
+        out["frozen"] = True
     return out
 
 
@@ -344,7 +352,7 @@ UNIT_REDUCTION = {"gradient_divide_factor": validate.Spec("num", gt=0),
 # A unit's own knobs the llama-family table has no field for: a plan with any of them is generic.
 UNIT_OWN_KEYS = ("param_dtype", "reduce_dtype", "cpu_offload", "pin_memory") + tuple(UNIT_REDUCTION) + \
     ("reshard_after_backward", "forward_prefetch", "backward_prefetch")
-PARAM_OWN_KEYS = ("param_dtype", "ignored")
+PARAM_OWN_KEYS = ("param_dtype", "ignored", "frozen")
 
 
 def own_knob(units):
@@ -611,6 +619,8 @@ def _unit_text(u, default_raf, is_root, dtype_default):
             fields.append("param_dtype = %s" % lua_string(p["param_dtype"]))
         if p.get("ignored"):
             fields.append("ignored = true")
+        if p.get("frozen"):
+            fields.append("frozen = true")
         lines.append("        { %s }," % ", ".join(fields))
     lines.append("      } },")
     return lines

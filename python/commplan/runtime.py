@@ -665,6 +665,37 @@ def _cast_floats(obj, dtype):
     return obj
 
 
+class _PostBackward(torch.autograd.Function):
+    """FSDP2's RegisterPostBackwardFunction (torch 2.15 _fsdp_state.py) for a unit with frozen
+    parameters (requires_grad=False): its trainable parameters' gradients can all arrive while a
+    frozen one is still needed for its inputs' gradient, so, as in FSDP2, the backward through its
+    inputs starts its post-backward (reshard, then the plan's reduction), not the last gradient."""
+
+    @staticmethod
+    def forward(ctx, fn, *xs):
+        ctx.fn = fn
+        out = tuple(x.view_as(x) for x in xs)
+        return out if len(out) > 1 else out[0]
+
+    @staticmethod
+    def backward(ctx, *gs):
+        ctx.fn()
+        return (None,) + gs
+
+
+def _post_backward_inputs(args, fn):
+    """args with its tensors that need a gradient passed through _PostBackward (fn once)."""
+    idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    if not idx:
+        return args
+    out = _PostBackward.apply(fn, *[args[i] for i in idx])
+    out = out if isinstance(out, tuple) else (out,)
+    args = list(args)
+    for i, t in zip(idx, out):
+        args[i] = t
+    return tuple(args)
+
+
 class _Param:
     __slots__ = ("index", "fqn", "unit", "owners", "sharded", "unsharded", "grad_buf", "shard_grad", "alias",
                  "accumulated", "arrived", "requires_grad")
@@ -697,10 +728,7 @@ class CommplanFSDP:
             raise PlanError("plan %s accumulates as torch.distributed.pipelining does (grad_accumulation = "
                             "\"step_end\"): its units stay unsharded across micro-batches, which FSDP2's module "
                             "hooks here do not model; use fsdp2_default, sync_last or all_reduce_last" % plan)
-        frozen = [fqn for _, ps in wrapped for fqn, p in ps if not p.requires_grad]
-        if frozen:
-            raise PlanError("parameter %s does not require grad; the plan reduces every parameter it shards "
-                            "(leave frozen parameters out of the wrapped modules)" % frozen[0])
+        # (requires_grad=False is the plan's frozen: check_units_match_plan compared them above)
         self.lib = library if library is not None else GpuLibrary(
             os.path.join(root, "build", plan, "lib%s.so" % plan), plan)
         if getattr(self.lib, "fingerprint", self.plan["fingerprint"]) != self.plan["fingerprint"]:
@@ -787,9 +815,13 @@ class CommplanFSDP:
                                            requires_grad=p.requires_grad)
                 # in the unit's grad_dtype (torch 2.15's grad_dtype of the unsharded parameter:
                 # copy_ casts the first micro-batch's gradient, add_ sums later ones there)
-                P.grad_buf = self.lib.tensor("grad", pindex, numel, pu.get("grad_dtype", ag)).view(shape)
-                P.shard_grad = self.lib.tensor("sharded_grad", pindex, meta["padded_numel"],
-                                               meta["dtype"], **host)[:nvalid].view(local)
+                # (a frozen parameter, requires_grad=False: no gradient, so the plan keeps no grad
+                # storage for it and never reduces it; match.py checked the model agrees)
+                P.grad_buf = P.shard_grad = None
+                if not meta.get("frozen"):
+                    P.grad_buf = self.lib.tensor("grad", pindex, numel, pu.get("grad_dtype", ag)).view(shape)
+                    P.shard_grad = self.lib.tensor("sharded_grad", pindex, meta["padded_numel"],
+                                                   meta["dtype"], **host)[:nvalid].view(local)
                 P.alias = None
                 P.accumulated = False
                 P.arrived = False
@@ -802,6 +834,7 @@ class CommplanFSDP:
             unit["use"] = {flag: [(mod._parameters, attr, P.unsharded if flag else P.sharded)
                                   for P in unit["params"] for mod, attr in P.owners] for flag in (True, False)}
             unit["n_grads"] = sum(1 for P in unit["params"] if P.requires_grad)
+            unit["frozen"] = unit["n_grads"] < len(unit["params"])
             self.units.append(unit)
         self.live = [False] * len(self.units)
 
@@ -901,6 +934,9 @@ class CommplanFSDP:
                         P.unsharded.grad = None
                 self._unshard(u)
             self._fwd_started[u] += 1
+            if unit["frozen"] and self._fwd_started[u] == 1:
+                # frozen parameters: its post-backward starts from its inputs' gradient
+                args = _post_backward_inputs(args, lambda: None if self._post_bwd_done[u] else self._post_backward(u))
             if unit["cast"]:
                 args = _cast_floats(args, unit["ag_dtype"])
                 if with_kwargs:
@@ -967,8 +1003,8 @@ class CommplanFSDP:
             if not P.arrived:
                 P.arrived = True
                 self._arrived[P.unit] += 1
-                if self._arrived[P.unit] == self.units[P.unit]["n_grads"]:
-                    self._post_backward(P.unit)
+                if self._arrived[P.unit] == self.units[P.unit]["n_grads"] and not self.units[P.unit]["frozen"]:
+                    self._post_backward(P.unit)  # (a unit with frozen parameters: _PostBackward)
             return None
         return hook
 
@@ -982,8 +1018,10 @@ class CommplanFSDP:
         self._reduce(u, self._head.next_part() if self._head is not None and self._head.u == u else unit["params"])
 
     def _reduce(self, u, params):
-        """The unit's next reduction (of `params`: the unit's, or the part the plan reduces): issued
+        """The unit's next reduction (of `params`: the unit's, or the part the plan reduces; its
+        frozen ones, requires_grad=False, have no gradient and take no part): issued
         and left in flight under overlap (commplan.overlap, waited later), else made at once."""
+        params = [P for P in params if P.grad_buf is not None]
         if self._head is not None and self._head.u == u:
             self._head.reduced()
         if self._overlap is not None:
@@ -1029,9 +1067,15 @@ class CommplanFSDP:
                 self._overlap.finish()  # FSDP2's final callback waits for every reduction
             for unit in self.units:
                 u = unit["index"]
-                if self._post_bwd_done[u] or not any(P.requires_grad for P in unit["params"]):
+                if self._post_bwd_done[u] or not unit["params"]:
                     if not unit["params"] and self.live[u]:
                         self._reshard(u, "backward")  # the parameter-less root: nothing to issue
+                    continue
+                if unit["frozen"] and all(P.arrived for P in unit["params"] if P.requires_grad):
+                    # frozen parameters and no input with a gradient: FSDP2's final callback runs
+                    # its post-backward (where it was gathered in backward or has a gradient)
+                    if self.live[u] or unit["n_grads"]:
+                        self._post_backward(u)
                     continue
                 missing = [P.fqn for P in unit["params"] if P.requires_grad and not P.arrived]
                 raise PlanOrderError("commplan: parameter %s of unit %s got no gradient in this backward; the plan "

@@ -155,8 +155,13 @@ def titan_units(model):
                 seen.add(id(p))
                 prefix = mod_name[id(mod)]
                 fqn = (prefix + "." if prefix else "") + pn
-                params.append({"name": fqn, "shape": [int(d) for d in p.shape], "dtype": dtype_name(p.dtype, fqn),
-                               "tp": _tp_of(mod, pn)})
+                q = {"name": fqn, "shape": [int(d) for d in p.shape], "dtype": dtype_name(p.dtype, fqn),
+                     "tp": _tp_of(mod, pn)}
+                if not p.requires_grad:
+                    # torchtitan's LoRA converter freezes every base weight and every other module's
+                    # own parameters (components/lora.py:80-81, 125-129): gathered, never reduced
+                    q["frozen"] = True
+                params.append(q)
         out.append({"name": name, "params": params, "reshard_after_forward": raf})
     return out
 
@@ -201,15 +206,26 @@ def _llama_units(units):
 
 
 def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=None, training=None,
-                    seq_len=None, family="auto", out=None, pipeline=None):
+                    seq_len=None, family="auto", out=None, pipeline=None, spmd_backend="spmd_types"):
     """The plan file (Lua text) for a torchtitan Llama model, its config or ModelSpec (module
     docstring). parallel, fsdp, topology, training: as in docs/plan-files.md, fsdp defaulting to
     what torchtitan's parallelize gives fully_shard (TITAN_FSDP: bf16 all-gathers, fp32
     reductions, summed); seq_len: the model's (for the TP and CP divisibility checks and the
-    audit). TP placements are written only where parallel.tp > 1. out: a path to write it to."""
+    audit). TP placements are written only where parallel.tp > 1. out: a path to write it to.
+    spmd_backend: torchtitan's parallelism.spmd_backend. A parameter its LoRA converter froze is
+    written frozen (gathered, never reduced) under "partial_dtensor" / "full_dtensor"; under
+    "spmd_types", torchtitan 0.3's default, parallelize re-registers every parameter as a new
+    nn.Parameter, trainable (protocols/module.py:315, where the DTensor path at :373-378 keeps
+    requires_grad), so FSDP2 and the optimizer train them all and nothing is written frozen."""
     family = validate.check_family(family, ("auto", "generic", "llama"))
+    spmd_backend = validate.check_value(spmd_backend, validate.Spec(
+        "enum", enum=("spmd_types", "partial_dtensor", "full_dtensor")), "plan_from_titan", "spmd_backend")
     model = _as_model(model)
     units = titan_units(model)
+    if spmd_backend == "spmd_types":
+        for u in units:
+            for p in u["params"]:
+                p.pop("frozen", None)
     tp = (parallel or {}).get("tp", 1) if isinstance(parallel, dict) else 1
     if not isinstance(tp, int) or isinstance(tp, bool) or tp <= 1:  # no TP group: placements change nothing
         for u in units:

@@ -634,7 +634,10 @@ int main(void)
         for (int vec = 0; vec < 2; vec++) {
             int u = -1;
             for (int k = 0; k < p->nunits && u < 0; k++)
-                if (p->units[k].vec_ok == vec && p->units[k].nparams >= 2 && p->params[p->units[k].first_param + 1].offset > 0)
+                /* (not a unit with frozen parameters: its packing reads rs_offset, not offset, so
+                 * these shifts would leave it equal; its kernels are compared above all the same) */
+                if (p->units[k].vec_ok == vec && p->units[k].nparams >= 2 && p->units[k].nfrozen == 0 &&
+                    p->params[p->units[k].first_param + 1].offset > 0)
                     u = k;
             if (u < 0) continue;
             for (int field = 0; field < 3; field++) { /* offset, grad_offset, the last one's offset */

@@ -293,13 +293,14 @@ def viewout_stage(plan, world, bin_dir, rec_dir=None):
     T = plan["parallel"]["tp"]
     offsets = {}
     for u in plan["units"]:
-        offsets[(0, u["name"])] = {q["name"]: q["offset"] for q in u["params"]}
+        # (the reduce output's layout: a unit with frozen parameters packs its trainable ones alone)
+        offsets[(0, u["name"])] = {q["name"]: q.get("rs_offset", q["offset"]) for q in u["params"]}
     tp_class = {}
     for c in plan.get("tp_classes") or []:
         for t in c["tp_ranks"]:
             tp_class[t] = c["class"]
         for u in c["units"]:
-            offsets[(c["class"], u["name"])] = {q["name"]: q["offset"] for q in u["params"]}
+            offsets[(c["class"], u["name"])] = {q["name"]: q.get("rs_offset", q["offset"]) for q in u["params"]}
     parted = {op["unit"] for op in plan["ops"] if op.get("params")}
     # (a unit with its own accumulation other than sync_last adds several reductions into its grads)
     units = {u["name"]: u for u in plan["units"] if u["name"] not in parted
@@ -318,6 +319,8 @@ def viewout_stage(plan, world, bin_dir, rec_dir=None):
             e = last.get(name)
             red = dt[u["reduce_dtype"]]
             for q in u["params"]:
+                if q.get("frozen"):  # (no gradient)
+                    continue
                 got = d["grads_local"][q["name"]]["values"]
                 n = len(got)
                 if n == 0:
@@ -645,6 +648,10 @@ def gen_seed(seed, attempt=0):
                                                    and not isinstance(u.get("reshard_after_forward"), bool)
                                                    for u in layers):
             knobs += " raf_int"
+    # issue 41 (h39u): frozen parameters (requires_grad=False, torchtitan's LoRA), drawn last so
+    # earlier seeds keep their plans
+    if tree_knows("frozen"):
+        knobs += draw_frozen(rng, units)
     lines = [f"-- live property test seed {seed} (attempt {attempt}): tests/live/live.py seed {seed}",
              "return {", f"  world_size = {world},", f"  parallel = {lua(par)},",
              "  model = { family = \"generic\", units = {"]
@@ -671,6 +678,21 @@ def draw_unit_accumulation(rng, fsdp, units, R):
             u["grad_accumulation"] = rng.choice(modes)
             n += 1
     return f", {n} units' own accumulation" if n else ""
+
+
+def draw_frozen(rng, units):
+    """Frozen parameters (issue 41: requires_grad=False, all-gathered, never reduced): some of
+    the parameters FSDP2 manages, any unit (a unit may lose every gradient), with every option
+    above. Returns the description's part."""
+    if rng.random() >= 0.35:
+        return ""
+    n = 0
+    for u in units:
+        for p in u["params"]:
+            if not p.get("ignored") and rng.random() < 0.4:
+                p["frozen"] = True
+                n += 1
+    return f" {n} frozen" if n else ""
 
 
 def draw_ignored(rng, units):

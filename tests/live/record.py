@@ -443,11 +443,14 @@ def run_job(rank, job):
                 numel *= d
             dt = DTYPES[q.get("dtype", u["orig_dtype"])]
             full = param_values(pattern, dt, k, base, torch.arange(numel).view(full_shape), 0)
+            # a frozen parameter (plan.json's "frozen": requires_grad=False, as torchtitan's LoRA
+            # converter freezes its base weights): set before fully_shard, which keeps it
+            trainable = not q.get("frozen")
             if T > 1:
                 pl = [Shard(tp_dim)] if tp_dim is not None else [Replicate()]
-                p = nn.Parameter(distribute_tensor(full, tp_mesh, pl, src_data_rank=None))
+                p = nn.Parameter(distribute_tensor(full, tp_mesh, pl, src_data_rank=None), requires_grad=trainable)
             else:
-                p = nn.Parameter(full)
+                p = nn.Parameter(full, requires_grad=trainable)
             plist.append((q, k, full_shape, tp_dim, base))
             ps.append(p)
             base += numel
@@ -626,6 +629,10 @@ def run_job(rank, job):
     for um, m in zip(maps, all_mods):
         for (q, *_), p in zip(um, m.own_params()):
             g = p.grad
+            if q.get("frozen"):  # never reduced: FSDP2 left it without a gradient (commplan's dump has none)
+                if g is not None or p.requires_grad:
+                    raise AssertionError(f"{q['name']}: frozen, but fully_shard gave it a gradient")
+                continue
             if g is None:
                 grads_local[q["name"]] = {"shape": None, "values": []}
                 continue

@@ -176,6 +176,53 @@ function T.unit_grad_accumulation()
     "model.units[1].grad_accumulation", "step_end")
 end
 
+-- Frozen parameters (requires_grad=False, torchtitan's LoRA): still in the
+-- slot and every all-gather, out of the reduce-scatter row (the trainable
+-- ones' padded shards back to back), no grads or optimizer state; a unit
+-- left without a trainable one reduces nothing. The same plan without
+-- frozen reduces more (the mutant the live peer would catch).
+function T.frozen_params()
+  local src = [[return { world_size = 4, parallel = { dp_replicate = 2, dp_shard = 2 }, model = { family = "generic",
+    units = {
+    { name = "a", params = { { name = "a.w", shape = { 8, 3 }%s }, { name = "a.l", shape = { 2, 3 } },
+                             { name = "a.n", shape = { 5 }%s } } },
+    { name = "b", params = { { name = "b.w", shape = { 10 }%s } } },
+    { name = "root", params = { { name = "r.w", shape = { 6 } } } } } },
+    fsdp = { micro_steps = 2, grad_accumulation = "all_reduce_last" } }]]
+  local F = ", frozen = true"
+  local with = plan.from_source(string.format(src, F, F, F), "plans/t.lua")
+  local without = plan.from_source(string.format(src, "", "", ""), "plans/t.lua")
+  local function unit(p, n) for _, u in ipairs(p.layout.units) do if u.name == n then return u end end end
+  local a, a0 = unit(with, "a"), unit(without, "a")
+  H.eq(a.total, a0.total, "the slot keeps the frozen parameters"); H.eq(a.total, 12 + 3 + 3, "a.w 12, a.l 3, a.n 3")
+  H.eq(a.rs_total, 3, "a reduces a.l alone"); H.eq(a0.rs_total, a0.total, "without frozen: the slot")
+  H.eq(a.params[2].rs_offset, 0, "a.l first in the row"); H.eq(a.grads_numel, 8, "a.l's grads only (aligned)")
+  local function counts(p, u)
+    local c = {}
+    for _, o in ipairs(p.ops) do
+      if o.unit == u.index then c[o.kind] = c[o.kind] or o.count or true end
+    end
+    return c
+  end
+  local ca, cb = counts(with, a), counts(with, unit(with, "b"))
+  H.eq(ca.all_gather, a.total, "a gathers its whole slot, frozen parameters included")
+  H.eq(ca.reduce_scatter, 3, "a reduce-scatters a.l only"); H.eq(ca.all_reduce, 3, "and all-reduces it")
+  H.eq(counts(without, a0).reduce_scatter, a0.total, "the mutant (nothing frozen) reduces the whole slot")
+  H.eq(cb.all_gather ~= nil and cb.backward ~= nil, true, "b is still gathered and computes its backward")
+  for _, k in ipairs({ "pack", "reduce_scatter", "all_reduce", "partial_save", "partial_fold", "view_out" }) do
+    H.eq(cb[k], nil, "b, all frozen, issues no " .. k)
+  end
+  local memory = require("gen.memory")
+  local s = { optimizer = "adamw", gpu_memory_bytes = 1e12 }
+  local mw, mwo = memory.whole_rank(with, s, {}), memory.whole_rank(without, s, {})
+  H.eq(mw.params_bytes, mwo.params_bytes, "frozen parameters keep their shards")
+  H.eq(mwo.grads_bytes - mw.grads_bytes, 4 * (12 + 3 + 5), "no sharded grads for a.w, a.n, b.w (b.w: 5 of 10)")
+  H.eq(mwo.optimizer_bytes - mw.optimizer_bytes, 2 * 4 * (12 + 3 + 5), "nor AdamW state")
+  H.eq(with.memory.arena_bytes < without.memory.arena_bytes, true, "smaller reduce-scatter buffers")
+  H.plan_fails(string.format(src, ", frozen = true, ignored = true", "", ""), "model.units[1].params[1].frozen",
+    "ignored")
+end
+
 -- fully_shard's ignored_params: out of the slot and every collective, whole
 -- in the whole-rank memory; a unit left with none issues nothing.
 function T.ignored_params()

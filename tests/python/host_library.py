@@ -77,8 +77,8 @@ class HostLibrary:
                     b["unsharded"][i].copy_(b["sharded"][i][:n].to(DT[u["ag_dtype"]]))
                 elif call == "reshard":
                     b["unsharded"][i].fill_(nan)
-                elif call == "reduce" and part is not None and p["name"] not in part:
-                    continue
+                elif call == "reduce" and (part is not None and p["name"] not in part or p.get("frozen")):
+                    continue  # (a frozen parameter, requires_grad=False: no gradient, never reduced)
                 elif call == "reduce":  # pack (cast to reduce dtype), AVG over one rank, view-out (cast back)
                     red = b["grad"][i].to(DT[u["reduce_dtype"]]).to(DT[p["dtype"]])
                     if adds:  # view_out_add: into the sharded grads, in their dtype

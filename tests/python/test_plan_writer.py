@@ -779,6 +779,25 @@ class ReductionSetters(Tmp):
         self.assertEqual([q["name"] for q in units["a"]["params"]], ["a.w"])
         self.assertEqual(units["a"]["ignored_params"][0]["numel"], 10)
 
+    def test_frozen_params(self):
+        """requires_grad=False (torchtitan's LoRA base weights): frozen in the plan, gathered and not
+        reduced (plan.json's rs_numel); a frozen dict entry beside ignored is refused in one line."""
+        w = FakeParam((8, 3))
+        w.requires_grad = False
+        a = FakeModule(w=w, lora_a=FakeParam((2, 3)))
+        model = FakeModule(a=a, head=FakeParam((6,)))
+        text = commplan.plan_from_module(model, [commplan.Unit(a)], "frw", 4)
+        self.assertIn('{ name = "a.w", shape = { 8, 3 }, frozen = true }', text)
+        self.assertIn('family = "generic"', text)
+        out = self.generate(self.write("w", "frw", text))
+        with open(os.path.join(out, "plan.json")) as fh:
+            units = {u["name"]: u for u in json.load(fh)["units"]}
+        self.assertEqual([q.get("frozen", False) for q in units["a"]["params"]], [True, False])
+        self.assertEqual(units["a"]["rs_numel"], 3)  # lora_a's 6 elements over 4 ranks: 3 padded (2 rows x 3 / 4)
+        with self.assertRaisesRegex(commplan.PlanError, "frozen or ignored"):
+            commplan.plan_from_named_parameters("frw2", [{"name": "root", "params": [
+                {"name": "w", "shape": (4,), "dtype": "fp32", "frozen": True, "ignored": True}]}], 2)
+
 
 class Readme(Tmp):
     """docs/python.md's "Training with PyTorch" (the README's section until issue 38): the first python block after that heading is run with

@@ -87,6 +87,10 @@ class HostRuntime(unittest.TestCase):
             pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
             self.assertEqual(list(pa), list(pb))
             for n in pa:
+                if not pb[n].requires_grad:  # frozen: no gradient on either side
+                    self.assertIsNone(pa[n].grad, n)
+                    self.assertIsNone(pb[n].grad, n)
+                    continue
                 self.assertIsNotNone(pb[n].grad, n)
                 self.assertTrue(torch.equal(pa[n].grad, pb[n].grad), "step %d: grad of %s differs" % (step, n))
             opt_a.step()
@@ -144,6 +148,32 @@ class HostRuntime(unittest.TestCase):
         self.assertEqual({u["name"] for u in plan["units"] if not u.get("cpu_offload")}, {"root", "layers.0"})
         self.train(a, b, micro=2)
         self.assertEqual(sum(1 for c, _ in lib.calls if c == "reduce"), 3 * 2 * 4)  # 3 steps x 2 micro x 4 units
+        rt.close()
+
+    def test_frozen_parameters(self):
+        # requires_grad=False as torchtitan's LoRA converter leaves base weights: the writer plans them
+        # frozen (gathered, never reduced), the bridge takes no gradient of them and reduces the rest;
+        # layers.0 (all frozen, its input carrying a gradient) is gathered in backward, reduces nothing
+        a, b = self.models()
+        for m in (a, b):
+            for n, p in m.named_parameters():
+                if n.startswith("layers.0.") or n.endswith(("wq.weight", "w2.weight", "norm.weight")):
+                    p.requires_grad_(False)
+        units = commplan.torchtitan_units(b)
+        rt, lib, plan = self.attach("host_frozen", b, units, {"micro_steps": 2})
+        frozen = {q["name"] for u in plan["units"] for q in u["params"] if q.get("frozen")}
+        self.assertIn("layers.1.attention.wq.weight", frozen)
+        self.assertNotIn("layers.1.attention.wk.weight", frozen)
+        l0 = next(u for u in plan["units"] if u["name"] == "layers.0")
+        self.assertEqual(l0["rs_numel"], 0)
+        self.train(a, b, micro=2)
+        names = {u["index"]: u["name"] for u in plan["units"]}
+        calls = [(c, names[u]) for c, u in lib.calls]
+        self.assertNotIn(("reduce", "layers.0"), calls)
+        self.assertIn(("reduce", "layers.1"), calls)
+        self.assertEqual(calls.count(("unshard", "layers.0")), 3 * 2 * 2)  # forward and backward, 3 steps x 2
+        want = [(c, u) for c, u, _, _ in commplan.runtime.library_calls(plan)]
+        self.assertEqual(calls, want * 3)  # the plan's calls, in its order, every step
         rt.close()
 
     def test_root_with_parameters_no_reshard(self):
