@@ -100,6 +100,12 @@ function T.grouped_experts()
   local s = compute.settings(p)
   H.eq(compute.model_flops_per_token(p, s), compute.model_flops_per_token(stock, compute.settings(stock)),
     "model FLOPs per token (the active experts' share)")
+  -- ep = 2: w13 split over ep on dim 0 with the other experts' weights (gen/parallel/ep.lua), the
+  -- experts' unit the same collectives and all-to-alls
+  local e, e0 = gen(MOE, "{ dp_shard = -1, ep = 2 }", '{ "grouped_experts" }'), gen(MOE, "{ dp_shard = -1, ep = 2 }")
+  H.list_eq(params(unit(e, "layers.0.experts")), { "moe.routed_experts.inner_experts.w2_EDF [4,64,48]",
+    "moe.routed_experts.inner_experts.w13 [4,48,2,64]" }, "ep = 2: the local experts' weights")
+  H.list_eq(collectives(e), collectives(e0), "ep = 2: the collectives")
 end
 
 -- DeepSeek-V3 with all three: the dense block's and the shared experts'
@@ -118,6 +124,40 @@ function T.deepseek_all_three_and_mla()
   for i, u in ipairs(mla.layout.units) do
     H.list_eq(params(u), params(stock.layout.units[i]), "fused MLA: unit " .. u.name .. "'s parameters")
   end
+end
+
+-- A generic plan of torchtitan's fused model (plan_from_titan(..., fused=["swiglu"]): w2, w13 as
+-- torchtitan holds them) is still a decoder under its names (gen/models/generic.lua): at tp = 2 it
+-- takes the TP activations' collectives the unfused one does (without, it would plan none).
+local function generic_decoder(fused)
+  local L = { "return { world_size = 4, parallel = { dp_shard = -1, tp = 2 }, model = { family = \"generic\",",
+              "  seq_len = 64, n_heads = 4, n_kv_heads = 2, head_dim = 16, n_layers = 2, units = {",
+              "  { name = \"tok_embeddings\", params = { { name = \"tok_embeddings.weight\", shape = { 256, 64 }, "
+                .. "tp = \"shard(0)\" } } }," }
+  for i = 0, 1 do
+    local p = "layers." .. i .. "."
+    local ffn = fused and string.format('{ name = "%sfeed_forward.w2.weight", shape = { 64, 96 }, tp = "rowwise" }, '
+      .. '{ name = "%sfeed_forward.w13", shape = { 96, 2, 64 }, tp = "shard(0)" }', p, p)
+      or string.format('{ name = "%sfeed_forward.w1.weight", shape = { 96, 64 }, tp = "colwise" }, '
+      .. '{ name = "%sfeed_forward.w2.weight", shape = { 64, 96 }, tp = "rowwise" }, '
+      .. '{ name = "%sfeed_forward.w3.weight", shape = { 96, 64 }, tp = "colwise" }', p, p, p)
+    L[#L + 1] = string.format('  { name = "layers.%d", params = { { name = "%sattention.qkv_linear.wqkv.weight", '
+      .. 'shape = { 128, 64 }, tp = "colwise" }, { name = "%sattention.wo.weight", shape = { 64, 64 }, '
+      .. 'tp = "rowwise" }, %s, { name = "%sattention_norm.weight", shape = { 64 }, tp = "replicate" }, '
+      .. '{ name = "%sffn_norm.weight", shape = { 64 }, tp = "replicate" } } },', i, p, p, ffn, p, p)
+  end
+  L[#L + 1] = '  { name = "norm_lm_head", reshard_after_forward = false, params = { { name = "norm.weight", '
+    .. 'shape = { 64 }, tp = "replicate" }, { name = "lm_head.weight", shape = { 256, 64 }, tp = "colwise" } } },'
+  L[#L + 1] = '  { name = "root", params = {} } } } }'
+  return plan.from_source(table.concat(L, "\n"), "plans/t.lua")
+end
+
+function T.generic_fused_decoder_under_tp()
+  local f, u = generic_decoder(true), generic_decoder(false)
+  local n = 0
+  for _, c in ipairs(collectives(f)) do n = n + (c:find("^tp_") and 1 or 0) end
+  H.eq(n > 0, true, "TP activation collectives planned")
+  H.list_eq(collectives(f), collectives(u), "the fused generic decoder's collectives")
 end
 
 function T.bad_lists_one_line_each()
