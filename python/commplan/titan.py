@@ -87,6 +87,7 @@ def _as_model(model, fused=None):
         if not apply_overrides(OverrideConfig(imports=[target[f] for f in fused]), cfg):
             raise PlanError("fused=%s: torchtitan replaces nothing in this model (config/override.py:503-512); drop "
                             "it" % list(fused))
+    with torch.device("meta"):
         return cfg.build()
 
 

@@ -69,6 +69,10 @@ CASES = [
     ("dsv3_all3", "deepseek_v3", dict(DSV3_TINY, family="deepseek_v3", fused=ALL3), 3, {"dp_shard": -1}),
     ("dsv3_all3_tp2", "deepseek_v3", dict(DSV3_TINY, family="deepseek_v3", fused=ALL3), 8, {"dp_shard": -1, "tp": 2}),
     ("dsv3_mla", "deepseek_v3", dict(DSV3_TINY, family="deepseek_v3", fused=["mla"]), 2, {"dp_shard": -1}),
+    # the plan writer: plan_from_titan(llama3 config, fused=["swiglu"]) applies torchtitan's own override
+    # and writes the generic plan of the model it builds (torchtitan's names, w13 as it is)
+    ("writer_llama_swiglu_tp2", "writer", dict(LLAMA_TINY, family="llama", fused=["swiglu"]), 6,
+     {"dp_shard": -1, "tp": 2}),
 ]
 
 # the gloo step
@@ -87,7 +91,7 @@ def titan_config(kind, model):
     import test_moe_plan as M
     import test_qwen3_plan as Q3
     n = {k: v for k, v in model.items() if k not in ("family", "fused")}
-    if kind == "llama":
+    if kind in ("llama", "writer"):
         return L.titan_config(None, n, False)
     if kind == "qwen3":
         return Q3.titan_config(None, n, False, True)
@@ -101,7 +105,7 @@ def parallelize(kind, cfg, fused, parallelism, training, pd, device="meta"):
     from torchtitan.config import CompileConfig, apply_overrides
     from torchtitan.config.override import OverrideConfig
     from torchtitan.trainer import Trainer
-    if kind == "llama":
+    if kind in ("llama", "writer"):
         from torchtitan.models.llama3 import model_registry, parallelize_llama as fn
         spec = model_registry("debugmodel")
     elif kind == "deepseek_v3":
@@ -151,6 +155,21 @@ def generate(name, world, model, parallel, fsdp, training=None, seq_len=2048):
         return json.load(fh)
 
 
+def generate_writer(name, world, model, parallel):
+    """plan_from_titan's generic plan of torchtitan's llama3 (tiny numbers), fused as model says."""
+    from commplan.titan import plan_from_titan
+    text = plan_from_titan(titan_config("writer", model), name, world, parallel=dict(parallel), fsdp=dict(FSDP_SUM),
+                           topology={"gpus_per_node": world}, seq_len=2048, fused=model.get("fused"))
+    os.makedirs(os.path.join(OUT, "plans"), exist_ok=True)
+    path = os.path.join(OUT, "plans", name + ".lua")
+    with open(path, "w") as fh:
+        fh.write(text)
+    outdir = os.path.join(OUT, "gen", name)
+    E.lua(["gen/commplan.lua", os.path.relpath(path, E.ROOT), os.path.relpath(outdir, E.ROOT)])
+    with open(os.path.join(outdir, "plan.json")) as fh:
+        return json.load(fh)
+
+
 def compare(kind, plan, theirs, stats, declared):
     import test_llama_plan as L
     tp = plan["parallel"]["tp"]
@@ -166,8 +185,10 @@ def run_case(case, stats, declared):
     import test_llama_plan as L
     from torchtitan.distributed.parallel_dims import ParallelDims
     name, kind, model, world, parallel = case
-    plan = generate(name, world, model, parallel, FSDP_SUM)
-    stock = generate(name + "_stock", world, {k: v for k, v in model.items() if k != "fused"}, parallel, FSDP_SUM)
+    gen = (lambda n, m: generate_writer(n, world, m, parallel)) if kind == "writer" else \
+        (lambda n, m: generate(n, world, m, parallel, FSDP_SUM))
+    plan = gen(name, model)
+    stock = gen(name + "_stock", {k: v for k, v in model.items() if k != "fused"})
     par = plan["parallel"]
     parallelism, training = job({k: par[k] for k in ("dp_replicate", "dp_shard", "tp")}, plan["fsdp"], 2048)
     with E.fake_world(world):
