@@ -1,6 +1,8 @@
 -- Llama 3 family with torchtitan's parameter names, order and wrapping:
 -- the embedding, one unit per decoder layer, [norm, output], and a root
 -- without parameters, as torchtitan's parallelize applies fully_shard.
+-- model.fused = { "swiglu" }: torchtitan's fused_swiglu override's w2,
+-- w13 for w1, w2, w3 (gen/models/fused.lua).
 local util = require("gen.util")
 local fused = require("gen.models.fused")
 

@@ -9,7 +9,8 @@
 -- the registry's default; fuse_qkv = false gives qkv_linear.wq, wk, wv),
 -- attention.wo, attention.q_norm and k_norm (RMSNorms over head_dim),
 -- feed_forward.w1, w2, w3 (hidden_dim given, not derived from dim), then
--- attention_norm, ffn_norm. head_dim is given (128 in every flavour), so
+-- attention_norm, ffn_norm (model.fused "swiglu": w2, then w13 [hidden, 2,
+-- dim] for w1, w2, w3; gen/models/fused.lua). head_dim is given (128 in every flavour), so
 -- n_heads x head_dim need not be dim (0.6B: 16 x 128 = 2048 > 1024).
 --
 -- Weight tying (enable_weight_tying, the 0.6B, 1.7B and 4B flavours): the
