@@ -21,7 +21,10 @@ update_from_config, then config.override.apply_overrides on the Trainer.Config (
    all-gather / reduce-scatter / all-reduce of every rank in issue order against plan.json's ops
    (tests/titan/test_chunked_loss.py's recorder); and every reduced gradient shard -- the fused w13's
    among them -- after torchtitan's unsharded gradients are overwritten with commplan's oracle pattern,
-   equal float32 bit for bit to the plan's binary's --simulate --pattern oracle --dump.
+   equal float32 bit for bit to the plan's binary's --simulate --pattern oracle --dump. The same for
+   DeepSeek-V3 with all three fused layouts (the dense block's and shared experts' w13, the routed
+   experts' w13 [E, F, 2, D]; fused MLA runs the stock path on CPU, fused_mla.py:836-837) at FSDP,
+   1 micro-batch.
 Prints one "fused_plan:" summary line; exit 0 when everything agrees, 1 otherwise, 77 (SKIP) without
 torch and torchtitan.
 """
@@ -81,6 +84,12 @@ MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
 # make test (COMMPLAN_TEST_TIER=quick): 1 micro-batch (2 plans built and simulated); make test-full: 1 and 2.
 QUICK = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
 MICRO = (1,) if QUICK else (1, 2)
+# the gloo steps: (key, kind, model, mesh, micro-batches): dense qwen3 with the fused SwiGLU on every mesh and
+# micro-batch count; DeepSeek-V3 with all three fused layouts (the dense block's and shared experts' w13, the
+# routed experts' w13 [E, F, 2, D]) at FSDP, 1 micro-batch
+GLOO_RUNS = [("fused_%s_m%d" % (mn, m), "qwen3", dict(QWEN3_TINY, family="qwen3", fused=["swiglu"]), mn, m)
+             for mn in MESHES for m in MICRO] + \
+            [("fused_dsv3_fsdp_m1", "deepseek_v3", dict(DSV3_TINY, family="deepseek_v3", fused=ALL3), "fsdp", 1)]
 
 
 # ---- torchtitan's side ----
@@ -237,10 +246,6 @@ def cpu_silu_and_mul():
     FS.silu_and_mul_backward_op.register_kernel("cpu")(bwd)
 
 
-def gloo_key(mesh_name, micro):
-    return "fused_%s_m%d" % (mesh_name, micro)
-
-
 def worker(rank, init, out_dir, ids):
     import torch
     import torch.distributed as dist
@@ -258,15 +263,13 @@ def worker(rank, init, out_dir, ids):
     C.install_grad_pattern()
     C.GP.rank = rank
     res, grads = {}, {}
-    model_t = dict(QWEN3_TINY, family="qwen3", fused=["swiglu"])
     for mesh_name, par in MESHES.items():
         parallelism, training = job(par, FSDP_SUM, SEQ)
         pd = ParallelDims.from_config(parallelism, WORLD)
         pd.build_mesh()
-        for micro in MICRO:
-            key = gloo_key(mesh_name, micro)
+        for key, kind, model_t, _, micro in [r for r in GLOO_RUNS if r[3] == mesh_name]:
             torch.manual_seed(0)
-            model = parallelize("qwen3", titan_config("qwen3", model_t), ["swiglu"], parallelism, training, pd)
+            model = parallelize(kind, titan_config(kind, model_t), model_t["fused"], parallelism, training, pd)
             model.to_empty(device="cpu")
             with torch.no_grad():
                 model.init_weights(buffer_device=None)
@@ -287,7 +290,7 @@ def worker(rank, init, out_dir, ids):
                 for mi in range(micro):
                     C.GP.micro = mi
                     g = torch.Generator().manual_seed(1000 * rank + 10 * step + mi)
-                    t = torch.randint(0, QWEN3_TINY["vocab_size"], (BATCH, SEQ + 1), generator=g)
+                    t = torch.randint(0, model_t["vocab_size"], (BATCH, SEQ + 1), generator=g)
                     extra = {"positions": positions, "attention_masks": model.get_attention_masks(positions=positions)}
                     gvt = torch.tensor(BATCH * SEQ * WORLD * micro)
                     with ctx():  # Trainer._forward_backward_body
@@ -361,12 +364,11 @@ def gloo_check():
     import tempfile
     import torch.multiprocessing as mp
     import test_chunked_loss as C
-    model = dict(QWEN3_TINY, family="qwen3", fused=["swiglu"])
-    plans = {(mn, m): generate(gloo_key(mn, m), WORLD, model, MESHES[mn], dict(FSDP_SUM, micro_steps=m),
-                               {"loss_chunks": 1, "local_batch_size": BATCH}, SEQ)
-             for mn in MESHES for m in MICRO}
-    ids = {gloo_key(mn, m): C.param_ids(p) for (mn, m), p in plans.items()}
-    sim = simulate([gloo_key(mn, m) for mn in MESHES for m in MICRO])
+    plans = {key: generate(key, WORLD, model, MESHES[mn], dict(FSDP_SUM, micro_steps=m),
+                           {"loss_chunks": 1, "local_batch_size": BATCH}, SEQ)
+             for key, _, model, mn, m in GLOO_RUNS}
+    ids = {key: C.param_ids(p) for key, p in plans.items()}
+    sim = simulate([r[0] for r in GLOO_RUNS])
     with tempfile.TemporaryDirectory(dir=OUT) as tmp:
         mp.spawn(worker, args=(os.path.join(tmp, "init"), tmp, ids), nprocs=WORLD)
         rec = []
@@ -377,8 +379,7 @@ def gloo_check():
     problems, compared, grads, w13, lines = [], 0, 0, 0, []
     if sim.returncode != 0:
         problems.append("building or simulating the plans failed: %s" % sim_out[-2000:])
-    for (mn, m), plan in sorted(plans.items()):
-        key = gloo_key(mn, m)
+    for key, plan in sorted(plans.items()):
         for r in range(WORLD):
             want = [s[:5] for s in C.table_step(plan, r)]
             for step, got in enumerate(rec[r]["steps"][key]):
@@ -429,8 +430,8 @@ def main():
         print("... and %d more" % (len(problems) - 40))
     tv, ttv = E.versions()
     print("fused_plan: %d wrapping cases (%d units, %d parameters of which %d fused w13, %d placements, %d TP-local "
-          "shapes; %d unfused plans told apart from the fused models), %d collectives on gloo (FSDP and HSDP, %s "
-          "micro-batches), %d reduced gradient elements (%d of w13) equal to --simulate, compared with torchtitan %s "
+          "shapes; %d unfused plans told apart from the fused models), %d collectives on gloo (qwen3's fused SwiGLU: "
+          "FSDP and HSDP, %s micro-batches; DeepSeek-V3 with all three: FSDP), %d reduced gradient elements (%d of w13) equal to --simulate, compared with torchtitan %s "
           "(torch %s) in %.1f s: %d disagreements"
           % (stats["cases"], stats["units"], stats["params"], stats["w13"], stats["placements"], stats["tp_local"],
              stats["wrong_caught"], compared, " and ".join(map(str, MICRO)), grads, w13, ttv, tv, time.time() - t0,
