@@ -228,7 +228,7 @@ torch_lane() {
     titan_result "$titan_mem" "$titan_f8" $?; grep -h "^memory_terms: " "$titan_f8" | sed "s/^/        /"
   else skipped "$titan_mem" "no torch environment (make torch-env exit $live_rc)"; fi
   # Issue 41 (h41b): torchtitan's fused layouts (its override.imports) vs model.fused.
-  titan_fused="torchtitan's fused_swiglu / fused_grouped_experts / fused_mla overrides (llama3, qwen3, qwen3 MoE, deepseek_v3; FSDP, HSDP, FSDP x TP) vs model.fused: every parameter's slot, shape, placement; the fused SwiGLU's step on gloo: collectives in order, reduced gradients vs --simulate (tests/titan/test_fused_plan.py)"
+  titan_fused="torchtitan's fused_swiglu / fused_grouped_experts / fused_mla overrides (llama3, qwen3, qwen3 MoE, deepseek_v3; FSDP, HSDP, FSDP x TP) vs model.fused: every parameter's slot, shape, placement; steps on gloo (qwen3 fused SwiGLU, DeepSeek-V3 all three): collectives in order, reduced gradients vs --simulate (tests/titan/test_fused_plan.py)"
   if [ "$live_rc" = 0 ]; then
     titan_f9=$(logname "$titan_fused"); timeout 600 "$live_py" tests/titan/test_fused_plan.py >"$titan_f9" 2>&1
     titan_result "$titan_fused" "$titan_f9" $?; grep -h "^fused_plan: [0-9]" "$titan_f9" | sed "s/^/        /"
