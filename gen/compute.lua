@@ -234,13 +234,32 @@ end
 -- [out, in]; block: float8 converts them (torchtitan's module_filter_fn:
 -- both dims multiples of 16, components/quantization/utils.py:22-25), and
 -- SAC's recompute marks them; pred: which weights (default all 2-D ones).
+-- A weight's GEMM as [out, in]: a 2-D weight's, or a fused gate+up w13
+-- [F, 2, D] (model.fused "swiglu") one GEMM of 2F outputs
+-- (overrides/fused_swiglu.py:456: einsum over D); nil for anything else.
+local function as_linear(q)
+  if #q.shape == 2 then return q.shape[1], q.shape[2] end
+  if #q.shape == 3 and q.name:sub(-4) == ".w13" then return 2 * q.shape[1], q.shape[3] end
+end
+
+-- A routed experts' grouped weight as E local experts' GEMMs [out, in]:
+-- E x out x in, or a fused w13 [E, F, 2, D] (model.fused
+-- "grouped_experts": one grouped GEMM of 2F outputs, fused_swiglu.py:557-560);
+-- nil for any other parameter.
+local function expert_gemm(q)
+  if not q.name:find("routed_experts.inner_experts.", 1, true) or q.shape[1] == 0 then return nil end
+  if #q.shape == 3 then return q.shape[1], q.shape[2], q.shape[3] end
+  if #q.shape == 4 then return q.shape[1], q.shape[2] * q.shape[3], q.shape[4] end
+end
+
 local function linears(u, block, pred, again)
   again = again or recomputed_by_sac
   local out = {}
   for _, q in ipairs(u.params) do
-    if #q.shape == 2 and (not pred or pred(q)) then
-      out[#out + 1] = { out = q.shape[1], ["in"] = q.shape[2], again = block and again(q),
-                        fp8 = block and q.shape[1] % 16 == 0 and q.shape[2] % 16 == 0 }
+    local o, i = as_linear(q)
+    if o and (not pred or pred(q)) then
+      out[#out + 1] = { out = o, ["in"] = i, again = block and again(q),
+                        fp8 = block and o % 16 == 0 and i % 16 == 0 }
     end
   end
   return out
@@ -384,7 +403,7 @@ function compute.units(p, s)
     local is_layer = cfg and compute.checkpointed(p, u)
     if is_layer then
       local heads = cfg.n_heads // tp
-      local P = numel_of(u, function(q) return #q.shape == 2 end)
+      local P = numel_of(u, function(q) return as_linear(q) ~= nil end)
       local attn = 4 * T * seq * heads * cfg.head_dim
       r.fwd = 2 * P * T + attn
       r.bwd = 2 * r.fwd
@@ -402,7 +421,7 @@ function compute.units(p, s)
         local q_w, kv_w = heads * cfg.head_dim, math.max(1, cfg.n_kv_heads // tp) * cfg.head_dim
         local hidden = gen and cfg.hidden // tp or 0
         for _, q in ipairs(gen and {} or u.params) do
-          if suffix(q.name) == "feed_forward.w1.weight" or suffix(q.name) == "feed_forward.w13.weight" then
+          if suffix(q.name) == "feed_forward.w1.weight" or suffix(q.name) == "feed_forward.w13" then
             hidden = hidden + q.shape[1]
           end
         end
@@ -438,7 +457,7 @@ function compute.units(p, s)
       -- (with ep > 1 under TP an experts unit's rows come from each rank's seq / tp tokens)
       local Tu = u.expert and T // tp or T
       for _, q in ipairs(u.params) do
-        if top_k and q.name:find("routed_experts.inner_experts.", 1, true) and #q.shape == 3 and q.shape[1] > 0 then
+        if top_k and expert_gemm(q) then
           P = P + q.numel * top_k / q.shape[1]
         else
           P = P + q.numel
@@ -461,13 +480,15 @@ function compute.units(p, s)
         local spec = { T = Tu, linears = {}, flops = 0, recompute = rec == "full" and "full" or "none",
                        attention = attn and { q_tokens = T, kv_len = seq, heads = attn.heads, hd = attn.hd } }
         for _, q in ipairs(u.params) do
-          if top_k and q.name:find("routed_experts.inner_experts.", 1, true) and #q.shape == 3 and q.shape[1] > 0 then
-            local rows = Tu * top_k // q.shape[1]
-            local t = { T = rows, linears = { { out = q.shape[2], ["in"] = q.shape[3] } } }
+          local E, eo, ei = expert_gemm(q)
+          if top_k and E then
+            local rows = Tu * top_k // E
+            local t = { T = rows, linears = { { out = eo, ["in"] = ei } } }
             local f, b = unit_time.of(s, t)
-            r.fwd_us, r.bwd_us = (r.fwd_us or 0) + f * q.shape[1], (r.bwd_us or 0) + b * q.shape[1]
-          elseif #q.shape == 2 then
-            spec.linears[#spec.linears + 1] = { out = q.shape[1], ["in"] = q.shape[2] }
+            r.fwd_us, r.bwd_us = (r.fwd_us or 0) + f * E, (r.bwd_us or 0) + b * E
+          elseif as_linear(q) then
+            local o, i = as_linear(q)
+            spec.linears[#spec.linears + 1] = { out = o, ["in"] = i }
           else
             spec.flops = spec.flops + 6 * q.numel * Tu
           end

@@ -170,7 +170,8 @@ local function step_flops_within(units, cfg, tokens, seq, micro_steps)
   for _, u in ipairs(units or {}) do
     for _, q in ipairs(u.params) do
       local n = util.product_within(q.shape, 1 << 53) or (1 << 53)
-      if cfg and cfg.top_k and #q.shape == 3 and q.name:find("routed_experts.inner_experts.", 1, true) then
+      -- (a fused w13 [E, F, 2, D], model.fused "grouped_experts", as the E x F x D pair it replaces)
+      if cfg and cfg.top_k and (#q.shape == 3 or #q.shape == 4) and q.name:find("routed_experts.inner_experts.", 1, true) then
         n = util.ceil_div(n, q.shape[1]) * math.min(cfg.top_k, q.shape[1])
       end
       P = P + n -- (at most 2^53 in all: the model's bound)

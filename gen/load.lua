@@ -157,6 +157,9 @@ local SCHEMA = {
     -- the qwen3 family (gen/models/qwen3.lua): the FFN's hidden size as given, and torchtitan's
     -- enable_weight_tying (tok_embeddings.weight and lm_head.weight tied; one unit holds both ends)
     hidden_dim = { "int", min = 1, max = LIM.model_int }, enable_weight_tying = { "bool" },
+    -- torchtitan's fused layouts (its override.imports: "swiglu", "grouped_experts", "mla";
+    -- gen/models/fused.lua checks the names against the family)
+    fused = { "list", max = 3 },
     units = { "list", max = LIM.units,
               why = "the generator holds units x micro-steps in memory, at most "
                 .. util.pow2_text(LIM.unit_steps) .. " of them" },
@@ -224,7 +227,8 @@ local LLAMA_ONLY = { size = true, dim = true, n_layers = true, vocab_size = true
 -- The model keys each family reads besides family, dtype and seq_len (the
 -- MoE families: gen/models/moe.lua's FIELDS); any other is refused.
 local FAMILY_KEYS = {
-  llama = { "size", "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim_multiplier", "multiple_of" },
+  llama = { "size", "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim_multiplier", "multiple_of",
+            "fused" },
   -- (a generic model's attention shape, for the audit's model FLOPs per token, tokens/s and MFU:
   -- n_heads, head_dim, n_layers, enable_weight_tying; gen/compute.lua's model_flops_per_token)
   generic = { "n_heads", "n_kv_heads", "num_experts", "units", "head_dim", "n_layers", "enable_weight_tying" },

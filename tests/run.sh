@@ -265,6 +265,12 @@ torch_lane() {
     titan_f9=$(logname "$titan_rpol"); timeout 600 "$live_py" tests/titan/test_reshard_policy.py >"$titan_f9" 2>&1
     titan_result "$titan_rpol" "$titan_f9" $?; grep -h "^reshard_policy: " "$titan_f9" | sed "s/^/        /"
   else skipped "$titan_rpol" "no torch environment (make torch-env exit $live_rc)"; fi
+  # Issue 41 (h41b): torchtitan's fused layouts (its override.imports) vs model.fused.
+  titan_fused="torchtitan's fused_swiglu / fused_grouped_experts / fused_mla overrides (llama3, qwen3, qwen3 MoE, deepseek_v3; FSDP, HSDP, FSDP x TP) vs model.fused: every parameter's slot, shape, placement; steps on gloo (qwen3 fused SwiGLU, DeepSeek-V3 all three): collectives in order, reduced gradients vs --simulate (tests/titan/test_fused_plan.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_f10=$(logname "$titan_fused"); timeout 600 "$live_py" tests/titan/test_fused_plan.py >"$titan_f10" 2>&1
+    titan_result "$titan_fused" "$titan_f10" $?; grep -h "^fused_plan: [0-9]" "$titan_f10" | sed "s/^/        /"
+  else skipped "$titan_fused" "no torch environment (make torch-env exit $live_rc)"; fi
   # ---- end of torchtitan as the peer ----
   # Context parallel (docs/context-parallel.md): torchtitan 0.3's CP step on gloo vs commplan's tables.
   titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 4, dp_replicate 2 x cp 2, cp 2 x tp 2, mixtral dp_shard 2 x cp 2 x ep 2; spmd_types and partial_dtensor; SelectiveAC, FullAC): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"

@@ -6,6 +6,7 @@
 -- prediction layers (torchtitan's default, num_mtp_layers = 0).
 local util = require("gen.util")
 local moe = require("gen.models.moe")
+local fused = require("gen.models.fused")
 
 local ds = {}
 
@@ -108,10 +109,7 @@ function ds.units(ctx, model, d)
     ps[#ps + 1] = p(pre .. "attention_norm.weight", { D })
     ps[#ps + 1] = p(pre .. "ffn_norm.weight", { D })
     if i < cfg.n_dense_layers then
-      local f = cfg.dense_hidden_dim
-      ps[#ps + 1] = p(pre .. "feed_forward.w1.weight", { f, D })
-      ps[#ps + 1] = p(pre .. "feed_forward.w2.weight", { D, f })
-      ps[#ps + 1] = p(pre .. "feed_forward.w3.weight", { f, D })
+      fused.ffn(ps, p, pre .. "feed_forward.", cfg.dense_hidden_dim, D, cfg.fused.swiglu)
     else
       moe.moe_params(ps, pre, cfg, p, sd)
     end

@@ -31,13 +31,20 @@ end
 -- A unit's 2-D weights' shapes as Llama block's, given Q = n_heads x
 -- head_dim and kv = n_kv_heads x head_dim: wq [Q, d], wk and wv [kv, d]
 -- (or torchtitan's fused wqkv [Q + 2kv, d]), wo [d, Q], w1 and w3 [f, d],
--- w2 [d, f], in any order and under any names. d, f, fused; or nil.
+-- w2 [d, f], in any order and under any names. d, f, fused; or nil. A
+-- fused SwiGLU's w13 [f, 2, d] (torchtitan's fused_swiglu override,
+-- gen/models/fused.lua) counts as w1 and w3.
 local function full(q) return q.full_shape or q.shape end
+local function is_w13(q) local s = full(q); return #s == 3 and s[2] == 2 and q.name:sub(-4) == ".w13" end
 
 local function block_shape(u, Q, kv)
   local ws = {}
   for _, q in ipairs(u.params) do
     if #full(q) == 2 then ws[#ws + 1] = full(q) end
+    if is_w13(q) then
+      local s = full(q)
+      ws[#ws + 1], ws[#ws + 2] = { s[1], s[3] }, { s[1], s[3] }
+    end
   end
   if #ws ~= 7 and #ws ~= 5 then return nil end
   local fused = #ws == 5
@@ -77,7 +84,13 @@ generic.NAMES = {
                          "feed_forward.w2.weight", "feed_forward.w3.weight" },
                        { "attention.qkv_linear.wq.weight", "attention.qkv_linear.wk.weight",
                          "attention.qkv_linear.wv.weight", "attention.wo.weight", "feed_forward.w1.weight",
-                         "feed_forward.w2.weight", "feed_forward.w3.weight" } },
+                         "feed_forward.w2.weight", "feed_forward.w3.weight" },
+                       -- (fused SwiGLU: w2, w13; gen/models/fused.lua)
+                       { "attention.qkv_linear.wqkv.weight", "attention.wo.weight", "feed_forward.w2.weight",
+                         "feed_forward.w13" },
+                       { "attention.qkv_linear.wq.weight", "attention.qkv_linear.wk.weight",
+                         "attention.qkv_linear.wv.weight", "attention.wo.weight", "feed_forward.w2.weight",
+                         "feed_forward.w13" } },
             output = "lm_head.weight" },
 }
 
@@ -134,7 +147,7 @@ function generic.decoder(model, units, tp)
         if key and (want[key] or 0) > 0 then
           want[key], r.sac[q.name] = want[key] - 1, true
         end
-        if #s == 2 then names[q.name:gsub("^layers%.%d+%.", "")], n2 = true, n2 + 1 end
+        if #s == 2 or is_w13(q) then names[q.name:gsub("^layers%.%d+%.", "")], n2 = true, n2 + 1 end
       end
       local fam = names_of(names, n2)
       if n == 0 then r.names = fam elseif r.names ~= fam then r.names = nil end

@@ -1,7 +1,10 @@
 -- Llama 3 family with torchtitan's parameter names, order and wrapping:
 -- the embedding, one unit per decoder layer, [norm, output], and a root
 -- without parameters, as torchtitan's parallelize applies fully_shard.
+-- model.fused = { "swiglu" }: torchtitan's fused_swiglu override's w2,
+-- w13 for w1, w2, w3 (gen/models/fused.lua).
 local util = require("gen.util")
+local fused = require("gen.models.fused")
 
 local llama = {}
 local LIM = util.LIMITS
@@ -56,6 +59,7 @@ function llama.config(ctx, model)
   end
   cfg.head_dim = cfg.dim // cfg.n_heads
   cfg.hidden = llama.ffn_hidden(cfg.dim, cfg.ffn_dim_multiplier, cfg.multiple_of)
+  cfg.fused = fused.read(ctx, model)
   return cfg
 end
 
@@ -78,12 +82,12 @@ function llama.units(ctx, model)
       p(pre .. "attention.wk.weight", { kv, cfg.dim }),
       p(pre .. "attention.wv.weight", { kv, cfg.dim }),
       p(pre .. "attention.wo.weight", { cfg.dim, cfg.n_heads * cfg.head_dim }),
-      p(pre .. "feed_forward.w1.weight", { cfg.hidden, cfg.dim }),
-      p(pre .. "feed_forward.w2.weight", { cfg.dim, cfg.hidden }),
-      p(pre .. "feed_forward.w3.weight", { cfg.hidden, cfg.dim }),
-      p(pre .. "attention_norm.weight", { cfg.dim }),
-      p(pre .. "ffn_norm.weight", { cfg.dim }),
     } }
+    -- (model.fused "swiglu": w2, w13 for w1, w2, w3; gen/models/fused.lua)
+    local ps = units[#units].params
+    fused.ffn(ps, p, pre .. "feed_forward.", cfg.hidden, cfg.dim, cfg.fused.swiglu)
+    ps[#ps + 1] = p(pre .. "attention_norm.weight", { cfg.dim })
+    ps[#ps + 1] = p(pre .. "ffn_norm.weight", { cfg.dim })
   end
   units[#units + 1] = { name = "norm_output", reshard_after_forward = false, loss_head = true, params = {
     p("norm.weight", { cfg.dim }),

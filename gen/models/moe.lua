@@ -12,6 +12,7 @@
 -- tp.lua). With ep > 1 gen/parallel/ep.lua splits them over ep and shards
 -- them over efsdp, a second parameter group per unit.
 local util = require("gen.util")
+local fused = require("gen.models.fused")
 
 local moe = {}
 local LIM = util.LIMITS
@@ -19,13 +20,14 @@ local LIM = util.LIMITS
 -- The model keys each MoE family reads besides family, dtype and seq_len
 -- (gen/load.lua refuses any other).
 local GQA_FIELDS = { "size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "moe_hidden_dim",
-                     "num_experts", "top_k", "fuse_qkv" }
+                     "num_experts", "top_k", "fuse_qkv", "fused" }
 moe.FIELDS = {
   mixtral = GQA_FIELDS,
   qwen3_moe = GQA_FIELDS,
   deepseek_v3 = { "size", "dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank", "kv_lora_rank",
                   "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "dense_hidden_dim", "moe_hidden_dim",
-                  "num_experts", "num_shared_experts", "top_k", "route_norm", "n_expert_groups", "n_limited_groups" },
+                  "num_experts", "num_shared_experts", "top_k", "route_norm", "n_expert_groups", "n_limited_groups",
+                  "fused" },
 }
 
 -- model (normalized plan.model) -> every number of fam's config: the
@@ -58,6 +60,7 @@ function moe.resolve(ctx, model, fam)
       util.field_error(ctx, "model." .. k, string.format("missing; give size = %s or set %s", sizes_text, k))
     end
   end
+  cfg.fused = fused.read(ctx, model)
   if cfg.top_k > cfg.num_experts then
     util.field_error(ctx, "model.top_k", string.format("top_k=%d routes each token to more experts than the "
       .. "num_experts=%d there are; pick top_k <= num_experts", cfg.top_k, cfg.num_experts))
@@ -81,20 +84,18 @@ end
 -- The MoE module of layer pre ("layers.<i>."), torchtitan 0.3's order:
 -- the routed experts' grouped weights (E x F x D, E x D x F, E x F x D), the
 -- router's gate, then the shared experts (a FeedForward of hidden F x
--- num_shared) when there are any. The expert_bias_E and
+-- num_shared) when there are any; cfg.fused's "grouped_experts" and
+-- "swiglu" fuse them (gen/models/fused.lua). The expert_bias_E and
 -- tokens_per_expert_E buffers are not parameters: no unit holds them.
 function moe.moe_params(out, pre, cfg, p, shard_dim)
   local E, F, D = cfg.num_experts, cfg.moe_hidden_dim, cfg.dim
   local ex = pre .. "moe.routed_experts.inner_experts."
-  out[#out + 1] = p(ex .. "w1_EFD", { E, F, D }, shard_dim)
-  out[#out + 1] = p(ex .. "w2_EDF", { E, D, F }, shard_dim)
-  out[#out + 1] = p(ex .. "w3_EFD", { E, F, D }, shard_dim)
+  local on = cfg.fused or {}
+  fused.experts(out, p, ex, E, F, D, shard_dim, on.grouped_experts)
   out[#out + 1] = p(pre .. "moe.router.gate.weight", { E, D })
   local shared = (cfg.num_shared_experts or 0) * F
   if shared > 0 then
-    out[#out + 1] = p(pre .. "moe.shared_experts.w1.weight", { shared, D })
-    out[#out + 1] = p(pre .. "moe.shared_experts.w2.weight", { D, shared })
-    out[#out + 1] = p(pre .. "moe.shared_experts.w3.weight", { shared, D })
+    fused.ffn(out, p, pre .. "moe.shared_experts.", shared, D, on.swiglu)
   end
 end
 

@@ -9,7 +9,8 @@
 -- the registry's default; fuse_qkv = false gives qkv_linear.wq, wk, wv),
 -- attention.wo, attention.q_norm and k_norm (RMSNorms over head_dim),
 -- feed_forward.w1, w2, w3 (hidden_dim given, not derived from dim), then
--- attention_norm, ffn_norm. head_dim is given (128 in every flavour), so
+-- attention_norm, ffn_norm (model.fused "swiglu": w2, then w13 [hidden, 2,
+-- dim] for w1, w2, w3; gen/models/fused.lua). head_dim is given (128 in every flavour), so
 -- n_heads x head_dim need not be dim (0.6B: 16 x 128 = 2048 > 1024).
 --
 -- Weight tying (enable_weight_tying, the 0.6B, 1.7B and 4B flavours): the
@@ -37,6 +38,7 @@
 local util = require("gen.util")
 local moe = require("gen.models.moe")
 local moe_acts = require("gen.models.moe_acts")
+local fused = require("gen.models.fused")
 
 local qwen3 = {}
 
@@ -58,7 +60,7 @@ qwen3.CONFIGS = {
 -- The model keys the family reads besides family, dtype and seq_len
 -- (gen/load.lua refuses any other).
 qwen3.FIELDS = { "size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "hidden_dim",
-                 "fuse_qkv", "enable_weight_tying" }
+                 "fuse_qkv", "enable_weight_tying", "fused" }
 
 -- torchtitan's defaults where a plan gives numbers without a size:
 -- fused qkv (_build_qwen3_layers' default), untied (Decoder.Config's).
@@ -108,6 +110,7 @@ function qwen3.config(ctx, model)
   end
   cfg.hidden = cfg.hidden_dim
   cfg.qk_norm = true
+  cfg.fused = fused.read(ctx, model)
   return cfg
 end
 
@@ -133,9 +136,7 @@ function qwen3.units(ctx, model)
     ps[#ps + 1] = p(a .. "wo.weight", { D, q })
     ps[#ps + 1] = p(a .. "q_norm.weight", { cfg.head_dim })
     ps[#ps + 1] = p(a .. "k_norm.weight", { cfg.head_dim })
-    ps[#ps + 1] = p(pre .. "feed_forward.w1.weight", { cfg.hidden, D })
-    ps[#ps + 1] = p(pre .. "feed_forward.w2.weight", { D, cfg.hidden })
-    ps[#ps + 1] = p(pre .. "feed_forward.w3.weight", { cfg.hidden, D })
+    fused.ffn(ps, p, pre .. "feed_forward.", cfg.hidden, D, cfg.fused.swiglu)
     ps[#ps + 1] = p(pre .. "attention_norm.weight", { D })
     ps[#ps + 1] = p(pre .. "ffn_norm.weight", { D })
     blocks[#blocks + 1] = { name = "layers." .. i, params = ps }

@@ -116,6 +116,9 @@ local LLAMA = {
   ["attention.wq.bias"] = "colwise", ["attention.wk.bias"] = "colwise", ["attention.wv.bias"] = "colwise",
   ["attention.wo.bias"] = "replicate", ["feed_forward.w1.bias"] = "colwise",
   ["feed_forward.w2.bias"] = "replicate", ["feed_forward.w3.bias"] = "colwise",
+  -- model.fused "swiglu" (gen/models/fused.lua): w13 [hidden, 2, dim] Shard(0) on hidden
+  -- (overrides/fused_swiglu.py:500-503), each TP rank matching gate and up rows (:33-42)
+  ["feed_forward.w13"] = "colwise",
 }
 
 -- torchtitan 0.3's DeepSeek-V3 plan (models/deepseek_v3/sharding.py,
@@ -135,6 +138,7 @@ local DEEPSEEK = {
   ["feed_forward.w3.weight"] = "colwise",
   ["moe.shared_experts.w1.weight"] = "colwise", ["moe.shared_experts.w2.weight"] = "rowwise",
   ["moe.shared_experts.w3.weight"] = "colwise",
+  ["feed_forward.w13"] = "colwise", ["moe.shared_experts.w13"] = "colwise",
   ["tok_embeddings.weight"] = "shard(0)", ["lm_head.weight"] = "colwise",
 }
 -- The routed experts at ep = 1 (every MoE family's GroupedExperts:
@@ -143,6 +147,8 @@ local DEEPSEEK = {
 local GROUPED_EXPERTS = {
   ["moe.routed_experts.inner_experts.w1_EFD"] = "shard(1)", ["moe.routed_experts.inner_experts.w2_EDF"] = "shard(2)",
   ["moe.routed_experts.inner_experts.w3_EFD"] = "shard(1)",
+  -- model.fused "grouped_experts": w13 [E, F, 2, D] takes w1_EFD's layout (overrides/fused_swiglu.py:599-610)
+  ["moe.routed_experts.inner_experts.w13"] = "shard(1)",
 }
 
 -- torchtitan 0.3's dense Qwen3 plan (models/qwen3/sharding.py:54-102, the
@@ -163,6 +169,7 @@ local QWEN3 = {
   ["attention.qkv_linear.wk.weight"] = "colwise", ["attention.qkv_linear.wv.weight"] = "colwise",
   ["attention.wo.weight"] = "rowwise", ["feed_forward.w1.weight"] = "colwise",
   ["feed_forward.w2.weight"] = "rowwise", ["feed_forward.w3.weight"] = "colwise",
+  ["feed_forward.w13"] = "colwise",
   ["tok_embeddings.weight"] = "shard(0)", ["lm_head.weight"] = "colwise",
 }
 -- torchtitan 0.3's Qwen3 MoE plan is its dense Qwen3 plan above for the

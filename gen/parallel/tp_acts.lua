@@ -346,7 +346,8 @@ function tp_acts.deepseek(ctx, lay, cfg, T, opts)
         add("tp_all_gather", "backward", shard, "router input gradient")
       end
     elseif has(u, "attention.wo.weight") then
-      local dense, moe = has(u, "feed_forward.w1.weight"), has(u, "moe.router.gate.weight")
+      local dense = has(u, "feed_forward.w1.weight") or has(u, "feed_forward.w13")  -- (w13: model.fused "swiglu")
+      local moe = has(u, "moe.router.gate.weight")
       local ffn = dense or (moe and ep == 1)
       if sp then
         add("tp_all_gather", "forward", shard, "attention input sequence", nil, "attention_input")

@@ -111,7 +111,7 @@ def _titan_text(spec, args, sec, comment):
     fsdp = dict(TITAN_FSDP, **(sec["fsdp"] or {}))  # torchtitan's MixedPrecisionPolicy unless a flag says otherwise
     text = plan_from_titan(ms, args.name, sec["world_size"], parallel=sec["parallel"], fsdp=fsdp,
                            topology=sec["topology"], training=sec["training"], seq_len=sec["seq_len"],
-                           pipeline=sec["pipeline"], family=sec["family"])
+                           pipeline=sec["pipeline"], family=sec["family"], fused=sec["fused"])
     lines = text.split("\n")
     return "\n".join(lines[:1] + ["-- " + c for c in comment.split("\n")] + lines[1:])
 
@@ -192,7 +192,7 @@ def build_plan(args, base, beside=None):
     for s in jobconfig.SETTINGS:
         if s.key in st:
             v = st[s.key]
-            text = ("true" if v else "false") if isinstance(v, bool) else str(v)
+            text = ("true" if v else "false") if isinstance(v, bool) else ",".join(v) if isinstance(v, list) else str(v)
             settings.append("%s=%s" % (s.key, text))
             if getattr(args, s.key, None) is not None:
                 # (a path flag as the command in the plan's directory takes it)
@@ -213,6 +213,11 @@ def build_plan(args, base, beside=None):
                                        family=sec["family"])
         except PlanError as e:  # named as the user gave it, not as this machine's absolute path
             raise PlanError(str(e).replace(safeio.show_path(cfg_abs), args.config)) from None
+        if sec["fused"]:
+            if model.get("family") in (None, "generic"):
+                raise PlanError("--fused: torchtitan's fused layouts change a family's parameters (gen/models/"
+                                "fused.lua); this config.json is written as a generic plan: give --family or drop it")
+            model["fused"] = sec["fused"]
         text = commplan.plan_text(args.name, st["world_size"], model, parallel=sec["parallel"], fsdp=sec["fsdp"],
                                   topology=sec["topology"], training=sec["training"], pipeline=sec["pipeline"],
                                   comment=comment)

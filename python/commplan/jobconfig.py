@@ -89,6 +89,8 @@ SETTINGS = (
     S("preset", "enum", (), "the GPU (topology.preset)", enum=PRESETS),
     S("gpus_per_node", "int", (), "GPUs per node (topology.gpus_per_node)", hi=1 << 10),
     S("family", "family", (), "the plan family, overriding config.json's model_type where the structure is the same"),
+    S("fused", "fused", ("override.imports",), "torchtitan's fused layouts, comma-separated: swiglu, grouped_experts, "
+      "mla (or their override.imports targets)"),
 )
 FLAG_OF = {s.key: s for s in SETTINGS}
 
@@ -130,8 +132,46 @@ def _fail(where, msg):
     raise PlanError("%s: %s" % (where, msg))
 
 
+# torchtitan 0.3's override.imports targets (torchtitan/overrides/): the fused layouts a plan's
+# model.fused names (gen/models/fused.lua), and the overrides that change nothing commplan plans.
+FUSED_TARGETS = {"torchtitan.overrides.fused_swiglu.fused_swiglu": "swiglu",
+                 "torchtitan.overrides.fused_swiglu.fused_grouped_experts": "grouped_experts",
+                 "torchtitan.overrides.fused_mla.fused_mla": "mla"}
+# helion_rope.py: the RoPE rotation as a Helion kernel (exact=True on CosSinRoPE / ComplexRoPE configs, no
+# parameters: helion_rope.py:987-1010); nothing communicated or held changes.
+_OVERRIDES_IGNORED = ("torchtitan.overrides.helion_rope.helion_cos_sin_rope",
+                      "torchtitan.overrides.helion_rope.helion_complex_rope")
+
+
+def _fused(v, where, from_toml):
+    """model.fused from override.imports (a TOML list of targets, each a string or [target, kwargs]) or
+    from --fused's text (comma-separated names or targets)."""
+    if from_toml:
+        if not isinstance(v, list):
+            _fail(where, "%s is not a list; give override.imports = [\"torchtitan.overrides....\", ...]"
+                  % validate.short_repr(v))
+        items = [x[0] if isinstance(x, list) and x and isinstance(x[0], str) else x for x in v]
+    else:
+        items = [x.strip() for x in v.split(",")] if isinstance(v, str) and v.strip() else [v]
+    out = []
+    for x in items:
+        name = FUSED_TARGETS.get(x, x if x in FUSED_TARGETS.values() else None) if isinstance(x, str) else None
+        if name is None:
+            if from_toml and x in _OVERRIDES_IGNORED:
+                continue
+            _fail(where, "%s is not an override commplan plans; give %s (torchtitan/overrides/), or remove it and "
+                  "write that part of the plan by hand (docs/plan-files.md)"
+                  % (validate.short_repr(x), ", ".join(list(FUSED_TARGETS.values()) + list(FUSED_TARGETS))))
+        if name in out:
+            _fail(where, "%s named twice (torchtitan refuses it: config/override.py:361-364); give it once" % name)
+        out.append(name)
+    return out
+
+
 def _convert(s, v, where, from_toml):
     """A setting's value from a flag's text (from_toml False) or a TOML value, checked."""
+    if s.kind == "fused":
+        return _fused(v, where, from_toml)
     src_hint = "" if not s.toml else " (torchtitan's %s)" % s.toml[0]
     if s.kind == "int":
         if from_toml:
@@ -353,4 +393,4 @@ def plan_settings(st, from_toml=()):
         topology["gpus_per_node"] = st["gpus_per_node"]
     return {"parallel": parallel or None, "fsdp": fsdp or None, "topology": topology or None,
             "training": training or None, "pipeline": pipeline or None, "seq_len": st.get("seq_len"),
-            "dtype": st.get("dtype"), "family": st.get("family", "auto")}
+            "dtype": st.get("dtype"), "family": st.get("family", "auto"), "fused": st.get("fused") or None}

@@ -62,24 +62,27 @@ GENERIC_MODEL_KEYS = ("n_heads", "n_kv_heads", "num_experts", "seq_len",
                       "head_dim", "n_layers", "enable_weight_tying")
 # Llama-family keys (gen/models/llama.lua) plus the audit's seq_len.
 LLAMA_MODEL_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim_multiplier",
-                    "multiple_of", "seq_len")
+                    "multiple_of", "fused", "seq_len")
+# torchtitan's fused layouts a family's model.fused lists (gen/models/fused.lua; its override.imports
+# targets: torchtitan/overrides/fused_swiglu.py fused_swiglu, fused_grouped_experts; fused_mla.py fused_mla).
+FUSED_LAYOUTS = ("swiglu", "grouped_experts", "mla")
 # The MoE families' keys (gen/models/moe.lua FIELDS, size apart) plus seq_len, and their published sizes.
 _GQA_MOE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "moe_hidden_dim",
-                 "num_experts", "top_k", "fuse_qkv", "seq_len")
+                 "num_experts", "top_k", "fuse_qkv", "fused", "seq_len")
 MOE_MODEL_KEYS = {
     "mixtral": _GQA_MOE_KEYS,
     "qwen3_moe": _GQA_MOE_KEYS,
     "deepseek_v3": ("dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank", "kv_lora_rank",
                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "dense_hidden_dim", "moe_hidden_dim",
                     "num_experts", "num_shared_experts", "top_k", "route_norm", "n_expert_groups",
-                    "n_limited_groups", "seq_len"),
+                    "n_limited_groups", "fused", "seq_len"),
 }
 MOE_SIZES = {"mixtral": ("8x7b", "8x22b"), "qwen3_moe": ("30b-a3b", "235b-a22b"),
              "deepseek_v3": ("16b", "236b", "671b")}
 # The dense Qwen3 family's keys (gen/models/qwen3.lua FIELDS, size apart) plus seq_len, and its sizes
 # (torchtitan 0.3's qwen3 registry).
 QWEN3_MODEL_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "hidden_dim", "fuse_qkv",
-                    "enable_weight_tying", "seq_len")
+                    "enable_weight_tying", "fused", "seq_len")
 QWEN3_SIZES = ("0.6b", "1.7b", "4b", "8b", "14b", "32b")
 # The families whose model table is a size and/or named numbers (plan_text writes them alike).
 NUMBERED_FAMILIES = dict(MOE_MODEL_KEYS, qwen3=QWEN3_MODEL_KEYS)
@@ -641,6 +644,16 @@ def _check_model_numbers(model, allowed, family):
         if k in ("fuse_qkv", "route_norm", "enable_weight_tying"):
             validate.check_value(v, validate.Spec("bool", null=True), validate.OPTIONS_SRC, "model." + k)
             continue
+        if k == "fused":
+            if v is None:
+                continue
+            if not isinstance(v, (list, tuple)):
+                raise PlanError("%s: model.fused: expected a list of %s, got %s"
+                                % (validate.OPTIONS_SRC, " | ".join(FUSED_LAYOUTS), validate.describe(v, False)))
+            for i, x in enumerate(v):
+                validate.check_value(x, validate.Spec("enum", enum=FUSED_LAYOUTS), validate.OPTIONS_SRC,
+                                     "model.fused[%d]" % (i + 1))
+            continue
         if k in ("n_dense_layers", "num_shared_experts", "q_lora_rank", "n_expert_groups", "n_limited_groups"):
             spec = validate.Spec("int", lo=0, hi=MODEL_INT, null=True)
         elif k == "ffn_dim_multiplier":
@@ -695,7 +708,9 @@ def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, 
                                  validate.OPTIONS_SRC, "model.size")
             fields.append("size = %s" % lua_string(model["size"]))
         for k in LLAMA_MODEL_KEYS:
-            if model.get(k) is not None:
+            if k == "fused" and model.get(k):
+                fields.append("fused = %s" % _lua_value(list(model[k]), "model.fused", 1))
+            elif k != "fused" and model.get(k) is not None:
                 fields.append("%s = %s" % (k, _lua_number(model[k], "model." + k)))
         if model.get("dtype"):
             fields.append("dtype = %s" % lua_string(dtype_name(model["dtype"], "model.dtype")))
@@ -709,7 +724,10 @@ def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, 
                                  "model.size")
             fields.append("size = %s" % lua_string(model["size"]))
         for k in keys:
-            if model.get(k) is not None:
+            if k == "fused":
+                if model.get(k):
+                    fields.append("fused = %s" % _lua_value(list(model[k]), "model.fused", 1))
+            elif model.get(k) is not None:
                 v = model[k]
                 fields.append("%s = %s" % (k, ("true" if v else "false") if isinstance(v, bool)
                                            else _lua_number(v, "model." + k)))

@@ -53,9 +53,16 @@ _LLAMA_RENAME = (("attention.qkv_linear.wq.", "attention.wq."), ("attention.qkv_
                  ("attention.qkv_linear.wv.", "attention.wv."))
 
 
-def _as_model(model):
-    """A module from a module, a config or a ModelSpec (configs are built on the meta device)."""
+def _as_model(model, fused=None):
+    """A module from a module, a config or a ModelSpec (configs are built on the meta device); fused:
+    torchtitan's fused layouts to apply to a config first (its override.imports: swiglu,
+    grouped_experts, mla), after the sharding declarations as its Trainer orders them
+    (trainer.py:352-358: update_from_config, then apply_overrides)."""
     if hasattr(model, "named_parameters") and hasattr(model, "named_modules"):
+        if fused:
+            raise PlanError("fused=%s: a built model already holds its layout (torchtitan applies overrides to the "
+                            "config, config/override.py:446); give its config or ModelSpec, or drop fused"
+                            % list(fused))
         return model
     cfg = getattr(model, "model", model) if not hasattr(model, "build") else model
     if not hasattr(cfg, "build") or not hasattr(cfg, "layers"):
@@ -69,6 +76,17 @@ def _as_model(model):
     if layer0 is not None and getattr(getattr(layer0, "attention_norm", None), "sharding_config", None) is None:
         from torchtitan.models.llama3.sharding import set_llama3_sharding_config
         set_llama3_sharding_config(cfg, enable_sp=True)
+    if fused:
+        from torchtitan.config import apply_overrides
+        from torchtitan.config.override import OverrideConfig
+        from .jobconfig import FUSED_TARGETS
+        target = {v: k for k, v in FUSED_TARGETS.items()}
+        bad = [f for f in fused if f not in target]
+        if bad:
+            raise PlanError("fused: %s is not a torchtitan fused layout; give %s" % (bad[0], ", ".join(sorted(target))))
+        if not apply_overrides(OverrideConfig(imports=[target[f] for f in fused]), cfg):
+            raise PlanError("fused=%s: torchtitan replaces nothing in this model (config/override.py:503-512); drop "
+                            "it" % list(fused))
     with torch.device("meta"):
         return cfg.build()
 
@@ -206,7 +224,8 @@ def _llama_units(units):
 
 
 def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=None, training=None,
-                    seq_len=None, family="auto", out=None, pipeline=None, spmd_backend="spmd_types"):
+                    seq_len=None, family="auto", out=None, pipeline=None, spmd_backend="spmd_types",
+                    fused=None):
     """The plan file (Lua text) for a torchtitan Llama model, its config or ModelSpec (module
     docstring). parallel, fsdp, topology, training: as in docs/plan-files.md, fsdp defaulting to
     what torchtitan's parallelize gives fully_shard (TITAN_FSDP: bf16 all-gathers, fp32
@@ -216,11 +235,17 @@ def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=
     written frozen (gathered, never reduced) under "partial_dtensor" / "full_dtensor"; under
     "spmd_types", torchtitan 0.3's default, parallelize re-registers every parameter as a new
     nn.Parameter, trainable (protocols/module.py:315, where the DTensor path at :373-378 keeps
-    requires_grad), so FSDP2 and the optimizer train them all and nothing is written frozen."""
+    requires_grad), so FSDP2 and the optimizer train them all and nothing is written frozen.
+    fused: torchtitan's fused layouts (["swiglu"]: its override.imports fused_swiglu) applied to a
+    config before it is built, so the plan holds torchtitan's fused parameters (w13) as they are."""
     family = validate.check_family(family, ("auto", "generic", "llama"))
     spmd_backend = validate.check_value(spmd_backend, validate.Spec(
         "enum", enum=("spmd_types", "partial_dtensor", "full_dtensor")), "plan_from_titan", "spmd_backend")
-    model = _as_model(model)
+    if fused and family == "llama":
+        raise PlanError("fused=%s: the llama family's plan from torchtitan renames its parameters to torchtitan "
+                        "<= 0.2's; write family=\"auto\" (torchtitan's w13 as it is) or a llama-family model table "
+                        "with fused = { ... } (plan_text)" % list(fused))
+    model = _as_model(model, fused)
     units = titan_units(model)
     if spmd_backend == "spmd_types":
         for u in units:

@@ -73,6 +73,8 @@ suites[#suites + 1] = "test_symm"
 suites[#suites + 1] = "test_raf_int"
 -- Issue 41 (h41a): torchtitan job-config options as plan fields (the reshard policy, ...).
 suites[#suites + 1] = "test_titan_options"
+-- Issue 41 (h41b): torchtitan's fused layouts (model.fused: fused SwiGLU, grouped experts, MLA).
+suites[#suites + 1] = "test_fused"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -110,6 +110,7 @@ BAD = {
     "loss_parallel": ["maybe"], "compile": ["on"], "symm_mem": ["on", "2"], "preset": ["v100", "H100x"], "gpus_per_node": ["0", "n"],
     "family": ["gpt2", "llama4"], "optimizer_implementation": ["fused_bf16", "Fused"],
     "schedule_csv": ["", "a b.csv"],
+    "fused": ["fused_gelu", "swiglu,swiglu", "torchtitan.overrides.helion_rope.helion_cos_sin_rope"],
 }
 
 
@@ -441,6 +442,42 @@ class Check(Scratch):
         rc, out, err = cp(["write", "--help"], self.d)
         for s in jobconfig.SETTINGS:
             self.assertIn(s.flag, out)
+
+
+class FusedLayouts(Scratch):
+    """torchtitan's override.imports (fused_swiglu, fused_grouped_experts, fused_mla) as model.fused
+    (gen/models/fused.lua); tests/titan/test_fused_plan.py holds the layouts to torchtitan's own."""
+
+    def job(self, imports):
+        with open(self.path("job.toml"), "w") as f:
+            f.write(JOB_TOML.replace("tensor_parallel_degree = 2", "tensor_parallel_degree = 1")
+                    + "\n[override]\nimports = %s\n" % imports)
+
+    def test_override_imports_read_into_model_fused(self):
+        self.job('["torchtitan.overrides.fused_swiglu.fused_swiglu", '
+                 '"torchtitan.overrides.helion_rope.helion_complex_rope"]')
+        rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml", "-o", "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        text = read(self.path("plans", "p.lua"))
+        self.assertIn('fused = { "swiglu" }', text)  # helion's RoPE kernel changes nothing planned
+        self.assertIn("fused=swiglu", text)
+        self.assertEqual(cp(["generate", "plans/p.lua"], self.d)[0], 0)
+        plan = json.loads(read(self.path("plans", "p", "plan.json")))
+        names = [q["name"] for u in plan["units"] for q in u["params"]]
+        self.assertIn("layers.0.feed_forward.w13", names)
+        self.assertNotIn("layers.0.feed_forward.w1.weight", names)
+        # the flag gives the same plan body
+        rc, out, err = cp(["write"] + BASE + ["--fused", "swiglu", "-o", "q/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        self.assertIn('fused = { "swiglu" }', read(self.path("q", "p.lua")))
+
+    def test_refusals_one_line(self):
+        self.job('["torchtitan.overrides.moe_token_dispatcher.deepep_override"]')
+        self.refused(["write"] + BASE + ["--job-config", "job.toml"], "override.imports", "deepep_override", "give")
+        self.job('"torchtitan.overrides.fused_swiglu.fused_swiglu"')
+        self.refused(["write"] + BASE + ["--job-config", "job.toml"], "override.imports", "not a list")
+        # the generator's refusal: the llama family has no MLA to fuse (torchtitan warns and replaces nothing)
+        self.refused(["write"] + BASE + ["--fused", "mla"], "fused", "nothing", "override.py:503-512")
 
 
 if __name__ == "__main__":

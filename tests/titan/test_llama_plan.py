@@ -346,8 +346,9 @@ def compare(mine, theirs, tp, stats, declared, shipped_avg=False, rename=True):
                 if q[k] != r[k]:
                     bad.append("%s commplan %s, torchtitan %s" % (k, q[k], r[k]))
             if q["chunk"] is not None:
-                rows = q["local"][0]
-                if r["padded_numel"] != q["padded_numel"] or r["sharded"][0] != min(q["chunk"], rows):
+                sd = q.get("shard_dim", 0)  # (Shard(1): the MoE families' routed experts on a wide mesh)
+                rows = q["local"][sd]
+                if r["padded_numel"] != q["padded_numel"] or r["sharded"][sd] != min(q["chunk"], rows):
                     bad.append("FSDP shard commplan chunk %d padded %d, torchtitan rank 0 %s padded %d" % (
                         q["chunk"], q["padded_numel"], r["sharded"], r["padded_numel"]))
             if td is not None:
