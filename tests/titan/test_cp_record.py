@@ -98,9 +98,10 @@ MIXTRAL = dict(dim=64, n_layers=3, n_heads=4, n_kv_heads=2, vocab_size=250, moe_
 QWEN3 = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, vocab_size=250, hidden_dim=96)
 # keys of a config's degrees that are not ParallelDims degrees
 NOT_DEGREES = ("sp", "family")
-# The quick tier (make test) runs these; COMMPLAN_TEST_TIER=full every config.
-QUICK = ("dp2_cp2", "cp4", "hsdp_cp2", "dp2_cp2_legacy", "dp2_cp2_sac", "dp2_cp2_fullac", "cp2_tp2",
-         "mixtral_dp2_cp2_ep2")
+# The quick tier (make test) runs these, one a path: CP under FSDP with full AC's recompute (the
+# spmd_types backend), the partial_dtensor backend, CP beside TP, an MoE family with EP;
+# COMMPLAN_TEST_TIER=full every config.
+QUICK = ("dp2_cp2_fullac", "dp2_cp2_legacy", "cp2_tp2", "mixtral_dp2_cp2_ep2")
 DT = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.int64": "int64"}
 KIND = (("allgather", "all_gather"), ("all_gather", "all_gather"), ("reduce_scatter", "reduce_scatter"),
         ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"), ("alltoall", "all_to_all"),
