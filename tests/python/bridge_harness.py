@@ -140,6 +140,25 @@ def init_rank():
     return int(os.environ["RANK"])
 
 
+_PD = {}
+
+
+def parallel_dims(parallelism, world):
+    """torchtitan's ParallelDims of PARALLELISM (its ParallelismConfig) on WORLD ranks, its meshes
+    built, one per layout and process: torchtitan's spmd_types state keeps the first mesh of a
+    layout it built, and fully_shard refuses a parameter on another mesh object
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py:609, "different mesh objects"), so every
+    script in one process (a suite's ranks run several) takes the same one."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    key = (world, parallelism.spmd_backend) + tuple(getattr(parallelism, f) for f in (
+        "data_parallel_replicate_degree", "data_parallel_shard_degree", "context_parallel_degree",
+        "tensor_parallel_degree", "pipeline_parallel_degree", "expert_parallel_degree"))
+    if key not in _PD:
+        _PD[key] = ParallelDims.from_config(parallelism, world)
+        _PD[key].build_mesh()
+    return _PD[key]
+
+
 def failure(e):
     """An exception as one report line: its type and first line."""
     return "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")

@@ -185,9 +185,6 @@ def parallelize(ac):
     return run
 
 
-_PD = {}
-
-
 def titan_sides(case, reference=True):
     """((a, loss_a), (b, loss_b)): torchtitan's parallelize + fully_shard with the case's AC and
     loss, and the same model unparallelized with the same AC and loss (for CommplanFSDP);
@@ -199,7 +196,6 @@ def titan_sides(case, reference=True):
     E.cpu_training()
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.config import ParallelismConfig, TrainingConfig
-    from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.distributed.spmd_types import annotate_input_spmd_types
     from torchtitan.distributed.utils import get_spmd_context
     from commplan.recompute import clean_fqn
@@ -209,10 +205,7 @@ def titan_sides(case, reference=True):
                                     data_parallel_shard_degree=par["dp_shard"], tensor_parallel_degree=1)
     training = TrainingConfig(local_batch_size=TC.BATCH, seq_len=TC.SEQ, dtype="float32",
                               mixed_precision_param="float32", mixed_precision_reduce="float32")
-    if mesh not in _PD:  # one mesh per process and layout: torchtitan keeps the first one it built
-        _PD[mesh] = ParallelDims.from_config(parallelism, WORLD)
-        _PD[mesh].build_mesh()
-    pd = _PD[mesh]
+    pd = H.parallel_dims(parallelism, WORLD)  # one mesh per process and layout: torchtitan keeps the first
     torch.manual_seed(1234)
     b = TC.titan_model().build()
     full = {n: p.detach().clone() for n, p in b.named_parameters()}

@@ -227,7 +227,6 @@ def worker(args, tmp):
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
     from torchtitan.config import ParallelismConfig, TrainingConfig
-    from torchtitan.distributed.parallel_dims import ParallelDims
     from commplan import checkpoint as ck
     from commplan import tensor_parallel
     from commplan.match import PlanMismatch, find_plan_json, load_plan_json
@@ -242,19 +241,13 @@ def worker(args, tmp):
             build_plan(cfg)
     dist.barrier()
     results = []
-    meshes = {}
     for cfg in mine:
         cw, par, vocab, ckpt = CONFIGS[cfg]
         parallelism = ParallelismConfig(data_parallel_replicate_degree=par.get("dp_replicate", 1),
                                         data_parallel_shard_degree=par["dp_shard"], tensor_parallel_degree=par["tp"])
         training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
                                   mixed_precision_param="float32", mixed_precision_reduce="float32")
-        key = tuple(sorted(par.items()))
-        if key not in meshes:  # one ParallelDims per mesh: a second one's meshes are other objects than
-            # the ones torchtitan's spmd_types state keeps, which fully_shard refuses (_fsdp_param.py:609)
-            meshes[key] = ParallelDims.from_config(parallelism, world)
-            meshes[key].build_mesh()
-        pd = meshes[key]
+        pd = H.parallel_dims(parallelism, world)  # one per layout and process (fully_shard: one mesh object)
         dp_rank = rank // par["tp"]  # the batch a TP column shares: the (dp_replicate, dp_shard) coordinate
         torch.manual_seed(1234)
         full = {n: p.detach().clone() for n, p in titan_model(vocab).build().named_parameters()}

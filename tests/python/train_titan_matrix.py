@@ -397,21 +397,14 @@ def bridge_states(t, fsdp):
 
 # ---- the ranks ---------------------------------------------------------------------------
 
-_PD = {}
-
-
 def run_config(cfg, steps, rank, tmp):
     """One config on this rank: A, B, and the round trips. Returns a report dict."""
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torchtitan.distributed.parallel_dims import ParallelDims
     world = world_of(cfg["mesh"])
     confs = titan_configs(cfg, steps)
-    if cfg["mesh"] not in _PD:  # one per mesh and process: torchtitan reuses the first mesh of a layout, and
-        _PD[cfg["mesh"]] = ParallelDims.from_config(confs[0], world)  # fully_shard refuses another mesh object
-        _PD[cfg["mesh"]].build_mesh()
-    pd = _PD[cfg["mesh"]]
+    pd = H.parallel_dims(confs[0], world)  # one per layout and process: torchtitan reuses the first mesh
     C = steps // 2
     ck_a = os.path.join(tmp, plan_name(cfg) + "_titan")
     ck_b = os.path.join(tmp, plan_name(cfg) + "_bridge")
