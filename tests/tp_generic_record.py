@@ -287,12 +287,7 @@ def main():
     except Exception as e:  # noqa: BLE001
         skip("torch is not importable by %s (%s); make torch-env builds it" % (sys.executable, e))
     import tp_record as R
-    names = [c for c in a.configs.split(",") if c]
-    for c in names:
-        if c not in CONFIGS:
-            sys.exit("tp_generic_record: unknown config %r; known: %s" % (c, ", ".join(CONFIGS)))
-    out_dir = os.path.join(ROOT, "build", "tp_generic_record")
-    os.makedirs(out_dir, exist_ok=True)
+    names, out_dir = R.picked("tp_generic_record", a.configs, CONFIGS)
     for c in names:
         with tempfile.TemporaryDirectory() as tmp:
             mp.start_processes(rank_main, args=(CONFIGS[c][0], os.path.join(tmp, "init"), c, out_dir),
@@ -310,10 +305,7 @@ def main():
     print("tp_generic_record: %d configs x ranks, %d TP collectives recorded from torch %s, %d parameters' "
           "placements and TP-local shapes, %d differ" % (sum(CONFIGS[c][0] for c in names), total, torch.__version__,
                                                          params, bad))
-    if QUICK and len(names) < len(CONFIGS):
-        print("quick tier: %d of %d configs (%s); make test-full records all %d"
-              % (len(names), len(CONFIGS), ", ".join(names), len(CONFIGS)))
-    sys.exit(1 if bad else 0)
+    R.finish(names, CONFIGS, bad)
 
 
 if __name__ == "__main__":

@@ -345,6 +345,26 @@ def units_differ(ours, rec, peer):
     return n, diffs
 
 
+def picked(tag, given, configs):
+    """The comma-separated config names GIVEN, each one of CONFIGS (else TAG exits naming it), and
+    build/<TAG>/ made for the recordings."""
+    names = [c for c in given.split(",") if c]
+    for c in names:
+        if c not in configs:
+            sys.exit("%s: unknown config %r; known: %s" % (tag, c, ", ".join(configs)))
+    out_dir = os.path.join(ROOT, "build", tag)
+    os.makedirs(out_dir, exist_ok=True)
+    return names, out_dir
+
+
+def finish(names, configs, bad):
+    """The quick tier's line (when it left configs out), then exit 1 if any rank differed."""
+    if QUICK and len(names) < len(configs):
+        print("quick tier: %d of %d configs (%s); make test-full records all %d"
+              % (len(names), len(configs), ", ".join(names), len(configs)))
+    sys.exit(1 if bad else 0)
+
+
 def kinds_text(rec):
     """The recording's TP collectives counted by kind (all-reduces by op): "N kind, ..."."""
     kinds = {}
@@ -433,12 +453,7 @@ def main():
         skip("torchtitan is not importable by %s; make torch-env builds it" % sys.executable)
     except Exception as e:  # noqa: BLE001
         skip("torchtitan is not importable (%s)" % e)
-    names = [c for c in a.configs.split(",") if c]
-    for c in names:
-        if c not in CONFIGS:
-            sys.exit("tp_record: unknown config %r; known: %s" % (c, ", ".join(CONFIGS)))
-    out_dir = os.path.join(ROOT, "build", "tp_record")
-    os.makedirs(out_dir, exist_ok=True)
+    names, out_dir = picked("tp_record", a.configs, CONFIGS)
     # One set of rank processes per config: torch caches DeviceMeshes process-wide, and a second
     # ParallelDims of the same shape in one process hands fully_shard the first one's mesh.
     # torch and torchtitan are imported once, here, and the ranks forked from this process, which
@@ -474,10 +489,7 @@ def main():
     print("tp_record: %d configs x ranks, %d TP collectives recorded from torchtitan %s (torch %s), "
           "%d parameters' placements and TP-local shapes, %d differ"
           % (sum(CONFIGS[c][0] for c in names), total, version("torchtitan"), torch.__version__, params, bad))
-    if QUICK and len(names) < len(CONFIGS):
-        print("quick tier: %d of %d configs (%s); make test-full records all %d"
-              % (len(names), len(CONFIGS), ", ".join(names), len(CONFIGS)))
-    sys.exit(1 if bad else 0)
+    finish(names, CONFIGS, bad)
 
 
 if __name__ == "__main__":
