@@ -288,10 +288,17 @@ def main():
         skip("torch is not importable by %s (%s); make torch-env builds it" % (sys.executable, e))
     import tp_record as R
     names, out_dir = R.picked("tp_generic_record", a.configs, CONFIGS)
+    # The ranks forked from this process, torch imported once here (tests/tp_record.py's way: this
+    # process builds no mesh and starts no thread; spawning imported torch again in every rank, seconds
+    # of CPU each). TP_RECORD_START=spawn imports it in each rank instead.
+    start = os.environ.get("TP_RECORD_START", "fork")
+    if start == "fork":
+        import torch.distributed.fsdp  # noqa: F401
+        import torch.nn.functional  # noqa: F401
     for c in names:
         with tempfile.TemporaryDirectory() as tmp:
             mp.start_processes(rank_main, args=(CONFIGS[c][0], os.path.join(tmp, "init"), c, out_dir),
-                               nprocs=CONFIGS[c][0], join=True, start_method="spawn")
+                               nprocs=CONFIGS[c][0], join=True, start_method=start)
     bad, total, params, lines = R.check_recordings(
         names, {c: CONFIGS[c][0] for c in names}, out_dir, lambda c: plan_json(c, out_dir), compare_units,
         lambda c, rec, ours, n: "  ok    %s (%d ranks): %d TP collectives in order on every rank (%s), %d parameters"
