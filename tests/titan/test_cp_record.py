@@ -440,9 +440,20 @@ def record(names, out_dir):
     import torch.multiprocessing as mp
     os.makedirs(out_dir, exist_ok=True)
     rec = [{} for _ in range(WORLD)]
+    # The ranks forked from this process, torch and torchtitan imported once here (tests/tp_record.py's
+    # way: this process makes no process group, mesh or thread); spawning imported them again in every
+    # rank, seconds of CPU each. TITAN_START=spawn imports them per rank.
+    start = os.environ.get("TITAN_START", "fork")
+    if start == "fork":
+        import spmd_types  # noqa: F401
+        import torch.distributed.fsdp  # noqa: F401
+        import torchtitan.components.loss  # noqa: F401
+        import torchtitan.distributed.parallel_dims  # noqa: F401
+        import test_llama_plan  # noqa: F401
     for batch in batches(names):
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-            mp.spawn(worker, args=(os.path.join(tmp, "init"), out_dir, batch), nprocs=WORLD)
+            mp.start_processes(worker, args=(os.path.join(tmp, "init"), out_dir, batch), nprocs=WORLD,
+                               start_method=start)
         for r in range(WORLD):
             with open(os.path.join(out_dir, "rank%d.json" % r)) as fh:
                 rec[r].update(json.load(fh))
