@@ -349,8 +349,7 @@ torch_lane() {
     timeout 3600 "$live_py" tests/python/bridge_harness.py suite "$(dirname "$live_py")/torchrun" "$bridge_dir" \
       test_bridge_dtypes.py test_bridge_checkpoint.py test_bridge_train.py test_bridge_overlap.py \
       test_bridge_tp.py train_titan_matrix.py test_bridge_ac.py >"$log/bridge_suite.log" 2>&1
-    printf '        the bridge checks below: one torchrun for their workers (tests/python/bridge_harness.py suite), %d s in all; each its preparation and worker\n' \
-      $((SECONDS - bridge_t0))
+    bridge_secs=$((SECONDS - bridge_t0))
   fi
   # bridge_check NAME TAG SECONDS SCRIPT: one of the bridge's torchrun checks
   # (tests/python/<SCRIPT>, 4 ranks on gloo against fully_shard): ok with
@@ -423,6 +422,7 @@ torch_lane() {
   # tier: 1 of its 8 cases).
   bridge_check "activation checkpointing (full, selective, every k-th block) and ChunkedLossWrapper through the bridge vs torchtitan's parallelize + fully_shard, on gloo, 4 ranks under torchrun (tests/python/test_bridge_ac.py)" \
     bridge_ac 1800 test_bridge_ac.py
+  [ -z "${bridge_secs:-}" ] || printf '        the seven bridge checks above: their workers in one torchrun (tests/python/bridge_harness.py suite), %d s in all; the seconds above are each its preparation and worker\n' "$bridge_secs"
   # The suite's own check (tests/python/test_bridge_harness.py): toy scripts through one torchrun,
   # each worker's output and exit status handed back, a worker failing on one rank failing its
   # script alone (the next one run in a fresh torchrun), a SKIP kept. make test-full only: make test

@@ -233,8 +233,10 @@ def _run_workers(d, names):
                 sys.stdout.flush()
         with open(os.path.join(d, "%s.rc.%s" % (name, rank)), "w") as f:
             f.write("%d %.1f\n" % (rc, time.time() - t0))
-        if rc != 0:  # the ranks may disagree from here on: the later workers fail alone, not hang
-            break
+        if rc != 0:  # this rank ends as a failed rank under torchrun alone does: torchrun stops the
+            sys.stdout.flush()  # others (maybe inside a collective this rank left), and the suite runs
+            sys.stderr.flush()  # the later workers in a fresh torchrun
+            os._exit(rc)
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -244,7 +246,7 @@ def _run_workers(d, names):
 def _suite(torchrun, d, scripts):
     os.makedirs(d, exist_ok=True)
     procs, logs, t0 = {}, {}, {}
-    for s in scripts:
+    for i, s in enumerate(scripts):
         name = os.path.splitext(os.path.basename(s))[0]
         for f in os.listdir(d):
             if f.startswith(name + "."):
@@ -254,6 +256,10 @@ def _suite(torchrun, d, scripts):
         procs[name] = subprocess.Popen([sys.executable, os.path.join(HERE, s), torchrun], cwd=REPO,
                                        stdout=logs[name], stderr=subprocess.STDOUT,
                                        env=dict(os.environ, **{SUITE: os.path.join(d, name)}))
+        # the first script's plans built alone (they may build the shared runtime objects), then
+        # the others' side by side
+        while i == 0 and procs[name].poll() is None and not os.path.exists(os.path.join(d, name + ".req")):
+            time.sleep(0.2)
     worker_secs = dict.fromkeys(procs, 0.0)
     prep = {}  # a script's seconds until it first asked for its workers
     while True:
@@ -284,7 +290,7 @@ def _suite(torchrun, d, scripts):
                     rc_all = 124
                 print("bridge suite: torchrun with %d ranks ran %s in %.0f s (exit %d)"
                       % (world, ", ".join(pending), time.time() - t1, rc_all), flush=True)
-                left = []
+                left, failed = [], False
                 for n in pending:
                     got = []
                     for k in range(world):
@@ -295,14 +301,19 @@ def _suite(torchrun, d, scripts):
                             got.append(int(rc))
                             worker_secs[n] = max(worker_secs[n], float(secs))
                             os.remove(f)
-                    if got:
-                        rcs[n] = max(got) if len(got) == world else (rc_all or 1)
-                    else:
-                        left.append(n)
-                if len(left) == len(pending):  # torchrun itself failed: nothing ran
-                    for n in left:
-                        rcs[n] = rc_all or 1
-                    left = []
+                    if failed or (not got and n == pending[0]):
+                        # after a failed worker the ranks were stopped (those still running saw their
+                        # peers go): the later ones again in a fresh torchrun; nothing at all from the
+                        # first one: torchrun itself failed
+                        if failed:
+                            left.append(n)
+                        else:
+                            rcs[n], failed = rc_all or 1, True
+                    elif len(got) == world:
+                        rcs[n] = max(got)
+                        failed = rcs[n] != 0
+                    else:  # some ranks ended it: a crash
+                        rcs[n], failed = rc_all or 1, True
                 pending = left
             for n in group:
                 os.remove(os.path.join(d, n + ".req"))
