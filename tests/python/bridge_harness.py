@@ -11,8 +11,10 @@ exit status in DIR/<name>.exit, but where a script would start torchrun (launch(
 its worker's command line to the suite instead and waits: once every script is waiting (or has
 ended), one torchrun per world size runs the workers one after another in the same ranks (the
 torch / torchtitan imports and the launch paid once), rank 0's output of each worker handed back
-to its script, which goes on as if torchrun had returned. DIR/<name>.secs: the seconds the
-script took, its worker's included.
+to its script, which goes on as if torchrun had returned. A worker failing on a rank ends that
+rank (torchrun stops the others, as it does alone) and the workers after it run again in a fresh
+torchrun. DIR/<name>.secs: the seconds the script took to prepare, and its worker's.
+(tests/python/test_bridge_harness.py checks this on toy scripts.)
 """
 import contextlib
 import importlib
