@@ -273,10 +273,10 @@ torch_lane() {
   else skipped "$titan_fused" "no torch environment (make torch-env exit $live_rc)"; fi
   # ---- end of torchtitan as the peer ----
   # Context parallel (docs/context-parallel.md): torchtitan 0.3's CP step on gloo vs commplan's tables.
-  titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 4, dp_replicate 2 x cp 2, cp 2 x tp 2, mixtral dp_shard 2 x cp 2 x ep 2; spmd_types and partial_dtensor; SelectiveAC, FullAC): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"
+  titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 2 x tp 2, mixtral dp_shard 2 x cp 2 x ep 2; spmd_types and partial_dtensor; FullAC; the full tier cp 4, dp_replicate 2 x cp 2, SelectiveAC, qwen3, dsv3 too): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"
   if [ "$live_rc" = 0 ]; then
     titan_f7=$(logname "$titan_cp"); timeout 600 "$live_py" tests/titan/test_cp_record.py >"$titan_f7" 2>&1
-    titan_result "$titan_cp" "$titan_f7" $?; grep -h "^cp_record: " "$titan_f7" | sed "s/^/        /"; tier_line "$titan_f7"
+    titan_result "$titan_cp" "$titan_f7" $?; grep -h "^cp_record: " "$titan_f7" | sed "s/^/        /"
   else skipped "$titan_cp" "no torch environment (make torch-env exit $live_rc)"; fi
   # Issue 35: every mesh of degrees 1 and 2 over (dp_replicate, dp_shard, cp, tp, pp, ep) per family,
   # commplan's generator against torchtitan's own Trainer path (fake process group), and a sample simulated.
@@ -287,7 +287,7 @@ torch_lane() {
     grep -h "^matrix: \|^DISAGREEMENT \|^SIMULATION FAILED " "$titan_f9" | head -n 12 | sed "s/^/        /"
   else skipped "$titan_matrix" "no torch environment (make torch-env exit $live_rc)"; fi
   # CP x PP (docs/pipeline.md): torchtitan 0.3's pipeline_llm with CP inside each stage on gloo vs plan.json.
-  titan_cppp="torchtitan's pipeline with context parallel on gloo (pipeline_llm + parallelize_llama, pp 2 x cp 2, 1F1B and Interleaved1F1B; the full tier GPipe, ZBVZeroBubble and pp 2 x dp_shard 2 x cp 2 too): every rank's collectives and sends/receives in order vs plan.json (tests/titan/test_cppp_record.py)"
+  titan_cppp="torchtitan's pipeline with context parallel on gloo (pipeline_llm + parallelize_llama, pp 2 x cp 2, Interleaved1F1B; the full tier 1F1B, GPipe, ZBVZeroBubble and pp 2 x dp_shard 2 x cp 2 too): every rank's collectives and sends/receives in order vs plan.json (tests/titan/test_cppp_record.py)"
   if [ "$live_rc" = 0 ]; then
     titan_fcppp=$(logname "$titan_cppp"); timeout 600 "$live_py" tests/titan/test_cppp_record.py >"$titan_fcppp" 2>&1
     titan_result "$titan_cppp" "$titan_fcppp" $?; grep -h "^cppp_record: " "$titan_fcppp" | sed "s/^/        /"
@@ -401,16 +401,33 @@ torch_lane() {
   else
     skipped "$fze_what" "no torch environment (make torch-env)"
   fi
+  # The bridge's torchrun checks below share one launch (tests/python/bridge_harness.py suite):
+  # each script prepares its plans as it does alone, then one torchrun of 4 ranks runs their
+  # workers in turn (torch and torchtitan imported once, not seven times); bridge_check reads
+  # each script's log and exit status from it. BRIDGE_SUITE=0 runs each script alone.
+  bridge_dir=$log/bridge_suite
+  rm -rf "$bridge_dir"
+  if [ "${BRIDGE_SUITE:-1}" = 1 ] && [ "$live_rc" = 0 ] && [ -x "$(dirname "$live_py")/torchrun" ]; then
+    bridge_t0=$SECONDS
+    timeout 3600 "$live_py" tests/python/bridge_harness.py suite "$(dirname "$live_py")/torchrun" "$bridge_dir" \
+      test_bridge_dtypes.py test_bridge_checkpoint.py test_bridge_train.py test_bridge_overlap.py \
+      test_bridge_tp.py train_titan_matrix.py test_bridge_ac.py >"$log/bridge_suite.log" 2>&1
+    bridge_secs=$((SECONDS - bridge_t0))
+  fi
   # bridge_check NAME TAG SECONDS SCRIPT: one of the bridge's torchrun checks
   # (tests/python/<SCRIPT>, 4 ranks on gloo against fully_shard): ok with
   # its "TAG: " lines and its quick-tier line, SKIP (77) or FAIL.
   bridge_check() {
-    local what=$1 tag=$2 secs=$3 script=$4 f t0 rc
+    local what=$1 tag=$2 secs=$3 script=$4 f t0 rc n=${4%.py}
     if [ "$live_rc" != 0 ] || [ ! -x "$(dirname "$live_py")/torchrun" ]; then
       skipped "$what" "no torch environment with torchrun (make torch-env)"; return
     fi
     f=$(logname "$what"); t0=$SECONDS
-    timeout "$secs" "$live_py" "tests/python/$script" "$(dirname "$live_py")/torchrun" >"$f" 2>&1; rc=$?
+    if [ -f "$bridge_dir/$n.exit" ]; then  # run by the suite above: its seconds, its worker's included
+      cp "$bridge_dir/$n.log" "$f"; rc=$(cat "$bridge_dir/$n.exit"); t0=$((SECONDS - $(cat "$bridge_dir/$n.secs")))
+    else
+      timeout "$secs" "$live_py" "tests/python/$script" "$(dirname "$live_py")/torchrun" >"$f" 2>&1; rc=$?
+    fi
     case $rc in
       0) ok "$what" $((SECONDS - t0)); grep -ah "^$tag: " "$f" | sed "s/^/        /"; tier_line "$f" ;;
       77) skipped "$what" "$(sed -n "s/^SKIP $tag: //p" "$f" | head -n 1)" ;;
@@ -420,7 +437,7 @@ torch_lane() {
   # The bridge over every dtype x accumulation combination (issue 42): fp32 /
   # bf16 / fp16 parameters, param_dtype and reduce_dtype, every mode of
   # grad_accumulation, each against fully_shard on gloo bit for bit
-  # (tests/python/test_bridge_dtypes.py; quick tier: a subset).
+  # (tests/python/test_bridge_dtypes.py; quick tier: one case).
   bridge_check "the bridge (CommplanFSDP over the host library) over dtype x reduce dtype x accumulation mode vs fully_shard on gloo, 4 ranks under torchrun (tests/python/test_bridge_dtypes.py)" \
     bridge_dtypes 1800 test_bridge_dtypes.py
   # Checkpoints (issue 36, item 3): the bridge's state_dict / load_state_dict
@@ -439,8 +456,8 @@ torch_lane() {
   # fully_shard, against torchtitan + fully_shard bit for bit: losses, clipped
   # global norms, sharded grads and params, eval forwards between steps
   # (no_grad / inference_mode: logits, loss, the temporaries' SPMD types), DCP
-  # round trips both ways, refusals and a mutant (quick tier: FSDP 2 x TP 2, vocab 250 and 251 (uneven TP),
-  # 3 steps, ~50 s; full: + HSDP 2 x 2 x TP 2 on 8 ranks, 20 steps).
+  # round trips both ways, refusals and a mutant (quick tier: FSDP 2 x TP 2, vocab 250, 3 steps;
+  # full: + vocab 251 (uneven TP), HSDP 2 x 2 x TP 2 on 8 ranks, 20 steps).
   bridge_check "FSDP x TP through the bridge: torchtitan's TP + CommplanFSDP vs torchtitan's TP + fully_shard, clipping and DCP round trips, on gloo under torchrun (tests/python/test_bridge_tp.py)" \
     bridge_tp 1800 test_bridge_tp.py
   # Overlap (issue 36, item 1): the bridge's split calls (unshard issue/wait,
@@ -455,8 +472,8 @@ torch_lane() {
   # clipping on, 2 micro-batches a step, DCP round trips both ways, every
   # loss, norm, shard and gradient bit for bit; a config whose bridge
   # support is missing prints SKIP naming it (quick tier: HSDP x selective AC
-  # and FSDP x TP x full AC, both with ChunkedLossWrapper, at 4 steps, ~50 s;
-  # make test-full: the whole matrix at 20 steps, ~10 min).
+  # x ChunkedLossWrapper with its DCP round trips, at 4 steps; make test-full:
+  # the whole matrix at 20 steps, ~10 min).
   bridge_check "torchtitan's training step (Trainer.train_step: its loss, accumulation, clip_grad_norm_, optimizer container) with the bridge vs its own parallelize, the configuration matrix and DCP round trips, on gloo under torchrun (tests/python/train_titan_matrix.py)" \
     train_titan_matrix 2400 train_titan_matrix.py
   # Activation checkpointing (torchtitan's FullAC, per-op SelectiveAC,
@@ -465,9 +482,18 @@ torch_lane() {
   # CommplanFSDP, every loss, sharded parameter, gradient and FSDP collective
   # identical, and an eval forward between steps (no_grad; ChunkedLossWrapper's
   # chunked forward only) identical (tests/python/test_bridge_ac.py; quick
-  # tier: 2 of its 8 cases).
+  # tier: 1 of its 8 cases).
   bridge_check "activation checkpointing (full, selective, every k-th block) and ChunkedLossWrapper through the bridge vs torchtitan's parallelize + fully_shard, on gloo, 4 ranks under torchrun (tests/python/test_bridge_ac.py)" \
     bridge_ac 1800 test_bridge_ac.py
+  [ -z "${bridge_secs:-}" ] || printf '        the seven bridge checks above: their workers in one torchrun (tests/python/bridge_harness.py suite), %d s in all; the seconds above are each its preparation and worker\n' "$bridge_secs"
+  # The suite's own check (tests/python/test_bridge_harness.py): toy scripts through one torchrun,
+  # each worker's output and exit status handed back, a worker failing on one rank failing its
+  # script alone (the next one run in a fresh torchrun), a SKIP kept. make test-full only: make test
+  # runs the suite itself above.
+  if [ "$tier" = full ]; then
+    bridge_check "the bridge suite: toy scripts through one torchrun, output and exit status handed back, a failing worker failing alone, a SKIP kept (tests/python/test_bridge_harness.py)" \
+      bridge_harness 600 test_bridge_harness.py
+  fi
 
   section "Python package with PyTorch: runtime hooks, torchtitan's TP live (tests/python/test_runtime_host.py, tests/tp_record.py)"
   if command -v python3 >/dev/null 2>&1; then
@@ -486,31 +512,28 @@ torch_lane() {
     # and its loss_parallel cross-entropy on gloo, 2 and 4 ranks; every TP
     # collective in order and every parameter's placements and TP-local shape
     # against the plan's.
-    tp_what="torchtitan's TP collectives and placements live (llama3, qwen3; SP on/off, 2 and 4 ranks, loss_parallel) vs the plan's, in order (tests/tp_record.py)"
-    if [ "${live_rc:-1}" = 0 ]; then
-      tr=$(timeout 900 "$live_py" tests/tp_record.py 2>&1); trc=$?
-    else tr="SKIP tp_record: no torch environment with torchtitan (make torch-env)"; trc=0; fi
-    case $tr in
-      SKIP*) skipped "$tp_what" "${tr#SKIP tp_record: }" ;;
-      *) f=$(logname "$tp_what"); printf '%s\n' "$tr" >"$f"
-         if [ "$trc" = 0 ]; then ok "$tp_what"; else bad "$tp_what" "$f"; fi
-         grep -h "^tp_record: [0-9]" "$f" | sed "s/^/        /"; tier_line "$f" ;;
-    esac
+    # record_check WHAT TAG SCRIPT: a TP recording script run with the torch environment's python:
+    # exit 0 ok (its "TAG: N..." lines and quick-tier line shown), "SKIP TAG: why" SKIP, else FAIL.
+    record_check() {
+      local what=$1 tag=$2 out rc f
+      if [ "${live_rc:-1}" = 0 ]; then out=$(timeout 900 "$live_py" "$3" 2>&1); rc=$?
+      else out="SKIP $tag: no torch environment with torchtitan (make torch-env)"; rc=0; fi
+      case $out in
+        SKIP*) skipped "$what" "${out#SKIP "$tag": }" ;;
+        *) f=$(logname "$what"); printf '%s\n' "$out" >"$f"
+           if [ "$rc" = 0 ]; then ok "$what"; else bad "$what" "$f"; fi
+           grep -h "^$tag: [0-9]" "$f" | sed "s/^/        /"; tier_line "$f" ;;
+      esac
+    }
+    record_check "torchtitan's TP collectives and placements live (llama3, qwen3; SP on/off, 2 and 4 ranks, loss_parallel) vs the plan's, in order (tests/tp_record.py)" \
+      tp_record tests/tp_record.py
     # Generic decoders from a config.json under TP (issue 37, tests/tp_generic_record.py):
     # Qwen2's q/k/v biases, Llama's attention_bias / mlp_bias and tied embeddings, written by
     # commplan.hf_config, parallelized by torch's own TP styles as torchtitan's Llama plan applies
     # them and fully_shard on gloo; every TP collective in order and every parameter's placements
     # and TP-local shape against the plan's (quick tier: 2 of its 6 configs).
-    tg_what="generic decoders (biases, tied embeddings) under torch's TP styles + FSDP2 live vs the plan's TP collectives and placements (tests/tp_generic_record.py)"
-    if [ "${live_rc:-1}" = 0 ]; then
-      tg=$(timeout 900 "$live_py" tests/tp_generic_record.py 2>&1); tgc=$?
-    else tg="SKIP tp_generic_record: no torch environment (make torch-env)"; tgc=0; fi
-    case $tg in
-      SKIP*) skipped "$tg_what" "${tg#SKIP tp_generic_record: }" ;;
-      *) f=$(logname "$tg_what"); printf '%s\n' "$tg" >"$f"
-         if [ "$tgc" = 0 ]; then ok "$tg_what"; else bad "$tg_what" "$f"; fi
-         grep -h "^tp_generic_record: [0-9]" "$f" | sed "s/^/        /"; tier_line "$f" ;;
-    esac
+    record_check "generic decoders (biases, tied embeddings) under torch's TP styles + FSDP2 live vs the plan's TP collectives and placements (tests/tp_generic_record.py)" \
+      tp_generic_record tests/tp_generic_record.py
   else skipped "python package tests with PyTorch" "python3 not found"; fi
 
   # ---- pipeline schedules vs live torch (issue 22) ----

@@ -272,21 +272,8 @@ def plan_json(name, out_dir, sequence_parallel=None):
 def compare_units(plan, rec):
     """Each FSDP parameter live (name, placements, TP-local shape) against the plan's TP class."""
     import test_llama_plan as TL
-    ours = [u for u in TL.commplan_units(plan, rec["tp_coord"]) if u["params"]]
-    theirs = [u for u in rec["units"] if u["params"]]
-    diffs, n = [], 0
-    if len(ours) != len(theirs):
-        diffs.append("%d FSDP units with parameters in commplan, %d live" % (len(ours), len(theirs)))
-    for a, b in zip(ours, theirs):
-        if len(a["params"]) != len(b["params"]):
-            diffs.append("unit %s: %d parameters in commplan, %d live" % (a["name"], len(a["params"]), len(b["params"])))
-        for q, r in zip(a["params"], b["params"]):
-            n += 1
-            got = (q["name"], [list(x) for x in q["placements"]], q["local"])
-            want = (r["name"], [list(x) for x in r["placements"]], r["local"])
-            if got != want:
-                diffs.append("parameter: commplan %s, torch %s" % (got, want))
-    return n, diffs
+    import tp_record as R
+    return R.units_differ(TL.commplan_units(plan, rec["tp_coord"]), rec, "torch")
 
 
 def main():
@@ -300,60 +287,32 @@ def main():
     except Exception as e:  # noqa: BLE001
         skip("torch is not importable by %s (%s); make torch-env builds it" % (sys.executable, e))
     import tp_record as R
-    names = [c for c in a.configs.split(",") if c]
-    for c in names:
-        if c not in CONFIGS:
-            sys.exit("tp_generic_record: unknown config %r; known: %s" % (c, ", ".join(CONFIGS)))
-    out_dir = os.path.join(ROOT, "build", "tp_generic_record")
-    os.makedirs(out_dir, exist_ok=True)
+    names, out_dir = R.picked("tp_generic_record", a.configs, CONFIGS)
+    # The ranks forked from this process, torch imported once here (tests/tp_record.py's way: this
+    # process builds no mesh and starts no thread; spawning imported torch again in every rank, seconds
+    # of CPU each). TP_RECORD_START=spawn imports it in each rank instead.
+    start = os.environ.get("TP_RECORD_START", "fork")
+    if start == "fork":
+        import torch.distributed.fsdp  # noqa: F401
+        import torch.nn.functional  # noqa: F401
     for c in names:
         with tempfile.TemporaryDirectory() as tmp:
             mp.start_processes(rank_main, args=(CONFIGS[c][0], os.path.join(tmp, "init"), c, out_dir),
-                               nprocs=CONFIGS[c][0], join=True, start_method="spawn")
-    bad, total, params, lines = 0, 0, 0, []
-    for c in names:
-        plan = plan_json(c, out_dir)
-        ours = R.plan_ops(plan)
-        for r in range(CONFIGS[c][0]):
-            with open(os.path.join(out_dir, "%s.rank%d.json" % (c, r))) as f:
-                rec = json.load(f)
-            _, diffs = R.compare(c, rec, ours)
-            n, pdiffs = compare_units(plan, rec)
-            diffs += pdiffs
-            params += n
-            total += len(rec["tp"])
-            if diffs:
-                bad += 1
-                print("  FAIL  %s rank %d: %d differences (%d TP collectives live, %d planned)"
-                      % (c, r, len(diffs), len(rec["tp"]), len(ours)))
-                for d in diffs[:12]:
-                    print("        " + d)
-            elif r == 0:
-                kinds = {}
-                for e in rec["tp"]:
-                    k = e["kind"] + ("(%s)" % e["reduce_op"] if e["kind"] == "all_reduce" else "")
-                    kinds[k] = kinds.get(k, 0) + 1
-                lines.append("  ok    %s (%d ranks): %d TP collectives in order on every rank (%s), %d parameters"
-                             % (c, CONFIGS[c][0], len(rec["tp"]), ", ".join("%d %s" % (k_n, k) for k, k_n in
-                                                                          sorted(kinds.items())), n))
+                               nprocs=CONFIGS[c][0], join=True, start_method=start)
+    bad, total, params, lines = R.check_recordings(
+        names, {c: CONFIGS[c][0] for c in names}, out_dir, lambda c: plan_json(c, out_dir), compare_units,
+        lambda c, rec, ours, n: "  ok    %s (%d ranks): %d TP collectives in order on every rank (%s), %d parameters"
+        % (c, CONFIGS[c][0], len(rec["tp"]), R.kinds_text(rec), n))
     # The comparison can fail: the first config against its plan with sequence parallelism flipped.
-    with open(os.path.join(out_dir, "%s.rank0.json" % names[0])) as f:
-        _, diffs = R.compare(names[0], json.load(f),
-                             R.plan_ops(plan_json(names[0], out_dir, not CONFIGS[names[0]][2])))
-    if not diffs:
-        bad += 1
-        print("  FAIL  %s: the plan with sequence_parallel flipped matched the recording too" % names[0])
-    else:
-        lines.append("  ok    %s against its plan with sequence_parallel flipped: %d differences found, as it must"
-                     % (names[0], len(diffs)))
+    m_bad, line = R.mutant_check(names[0], out_dir, R.plan_ops(plan_json(names[0], out_dir, not CONFIGS[names[0]][2])),
+                                 "sequence_parallel flipped")
+    bad += m_bad
+    (print if m_bad else lines.append)(line)  # a FAIL at once, an ok among the ok lines
     print("\n".join(lines))
     print("tp_generic_record: %d configs x ranks, %d TP collectives recorded from torch %s, %d parameters' "
           "placements and TP-local shapes, %d differ" % (sum(CONFIGS[c][0] for c in names), total, torch.__version__,
                                                          params, bad))
-    if QUICK and len(names) < len(CONFIGS):
-        print("quick tier: %d of %d configs (%s); make test-full records all %d"
-              % (len(names), len(CONFIGS), ", ".join(names), len(CONFIGS)))
-    sys.exit(1 if bad else 0)
+    R.finish(names, CONFIGS, bad)
 
 
 if __name__ == "__main__":

@@ -320,6 +320,13 @@ def compare_units(plan, rec):
     # llama's declared renames (tests/titan/test_llama_plan.py: qkv_linear., lm_head); qwen3's names agree
     ours = TL.expected(TL.commplan_units(plan, rec["tp_coord"]), False, plan["parallel"]["tp"],
                        {"names": 0, "fused": 0})
+    return units_differ(ours, rec, "torchtitan")
+
+
+def units_differ(ours, rec, peer):
+    """commplan's FSDP units (each parameter's name, placements, TP-local shape) against the ones
+    the rank recorded live (rec["units"]), the units without parameters left out on both sides.
+    Returns (parameters compared, differences); PEER names the live side."""
     ours = [u for u in ours if u["params"]]
     theirs = [u for u in rec["units"] if u["params"]]
     diffs, n = [], 0
@@ -331,11 +338,79 @@ def compare_units(plan, rec):
             got = (q["name"], [list(x) for x in q["placements"]], q["local"])
             want = (r["name"], [list(x) for x in r["placements"]], r["local"])
             if got != want:
-                diffs.append("parameter: commplan %s, torchtitan %s" % (got, want))
+                diffs.append("parameter: commplan %s, %s %s" % (got, peer, want))
         if len(a["params"]) != len(b["params"]):
             diffs.append("unit %s: %d parameters in commplan, %d live" % (a["name"], len(a["params"]),
                                                                          len(b["params"])))
     return n, diffs
+
+
+def picked(tag, given, configs):
+    """The comma-separated config names GIVEN, each one of CONFIGS (else TAG exits naming it), and
+    build/<TAG>/ made for the recordings."""
+    names = [c for c in given.split(",") if c]
+    for c in names:
+        if c not in configs:
+            sys.exit("%s: unknown config %r; known: %s" % (tag, c, ", ".join(configs)))
+    out_dir = os.path.join(ROOT, "build", tag)
+    os.makedirs(out_dir, exist_ok=True)
+    return names, out_dir
+
+
+def finish(names, configs, bad):
+    """The quick tier's line (when it left configs out), then exit 1 if any rank differed."""
+    if QUICK and len(names) < len(configs):
+        print("quick tier: %d of %d configs (%s); make test-full records all %d"
+              % (len(names), len(configs), ", ".join(names), len(configs)))
+    sys.exit(1 if bad else 0)
+
+
+def kinds_text(rec):
+    """The recording's TP collectives counted by kind (all-reduces by op): "N kind, ..."."""
+    kinds = {}
+    for e in rec["tp"]:
+        k = e["kind"] + ("(%s)" % e["reduce_op"] if e["kind"] == "all_reduce" else "")
+        kinds[k] = kinds.get(k, 0) + 1
+    return ", ".join("%d %s" % (n, k) for k, n in sorted(kinds.items()))
+
+
+def check_recordings(names, worlds, out_dir, plan_of, units_check, ok_line):
+    """Every config's recording (OUT_DIR/<config>.rank<r>.json) on every rank against its plan
+    (PLAN_OF(config)): the TP collectives in order (compare) and the parameters (UNITS_CHECK(plan,
+    rec): (compared, differences)). A rank that differs prints its FAIL lines at once; rank 0 of a
+    config that agrees gives OK_LINE(config, rec, ours, parameters). Returns (ranks that differ, TP
+    collectives recorded, parameters compared, the ok lines)."""
+    bad, total, params, lines = 0, 0, 0, []
+    for c in names:
+        plan = plan_of(c)
+        ours = plan_ops(plan)
+        for r in range(worlds[c]):
+            with open(os.path.join(out_dir, "%s.rank%d.json" % (c, r))) as f:
+                rec = json.load(f)
+            _, diffs = compare(c, rec, ours)
+            n, pdiffs = units_check(plan, rec)
+            diffs += pdiffs
+            params += n
+            total += len(rec["tp"])
+            if diffs:
+                bad += 1
+                print("  FAIL  %s rank %d: %d differences (%d TP collectives live, %d planned)"
+                      % (c, r, len(diffs), len(rec["tp"]), len(ours)))
+                for d in diffs[:12]:
+                    print("        " + d)
+            elif r == 0:
+                lines.append(ok_line(c, rec, ours, n))
+    return bad, total, params, lines
+
+
+def mutant_check(name, out_dir, ours, what):
+    """The comparison can fail: config NAME's rank-0 recording against OURS, the ops of its plan
+    with WHAT changed, must differ. Returns (1 if it did not, the line to print)."""
+    with open(os.path.join(out_dir, "%s.rank0.json" % name)) as f:
+        _, diffs = compare(name, json.load(f), ours)
+    if not diffs:
+        return 1, "  FAIL  %s: the plan with %s matched the recording too" % (name, what)
+    return 0, "  ok    %s against its plan with %s: %d differences found, as it must" % (name, what, len(diffs))
 
 
 def compare(name, rec, ours):
@@ -378,12 +453,7 @@ def main():
         skip("torchtitan is not importable by %s; make torch-env builds it" % sys.executable)
     except Exception as e:  # noqa: BLE001
         skip("torchtitan is not importable (%s)" % e)
-    names = [c for c in a.configs.split(",") if c]
-    for c in names:
-        if c not in CONFIGS:
-            sys.exit("tp_record: unknown config %r; known: %s" % (c, ", ".join(CONFIGS)))
-    out_dir = os.path.join(ROOT, "build", "tp_record")
-    os.makedirs(out_dir, exist_ok=True)
+    names, out_dir = picked("tp_record", a.configs, CONFIGS)
     # One set of rank processes per config: torch caches DeviceMeshes process-wide, and a second
     # ParallelDims of the same shape in one process hands fully_shard the first one's mesh.
     # torch and torchtitan are imported once, here, and the ranks forked from this process, which
@@ -404,52 +474,22 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             mp.start_processes(rank_main, args=(CONFIGS[c][0], os.path.join(tmp, "init"), [c], out_dir),
                                nprocs=CONFIGS[c][0], join=True, start_method=start)
-    bad, total, params, lines = 0, 0, 0, []
-    for c in names:
-        plan = plan_json(c, out_dir)
-        ours = plan_ops(plan)
-        world = CONFIGS[c][0]
-        for r in range(world):
-            with open(os.path.join(out_dir, "%s.rank%d.json" % (c, r))) as f:
-                rec = json.load(f)
-            matched, diffs = compare(c, rec, ours)
-            n, pdiffs = compare_units(plan, rec)
-            diffs += pdiffs
-            params += n
-            total += len(rec["tp"])
-            loss = [e for e in rec["tp"] if e["phase"] == "loss"]
-            if diffs:
-                bad += 1
-                print("  FAIL  %s rank %d: %d of %d TP collectives differ" % (c, r, len(diffs), len(rec["tp"])))
-                for d in diffs[:12]:
-                    print("        " + d)
-            elif r == 0:
-                kinds = {}
-                for e in rec["tp"]:
-                    k = e["kind"] + ("(%s)" % e["reduce_op"] if e["kind"] == "all_reduce" else "")
-                    kinds[k] = kinds.get(k, 0) + 1
-                lines.append("  ok    %s (%d ranks): %d TP collectives in order on every rank (%s; %d in the loss), "
-                             "commplan %d" % (c, world, len(rec["tp"]), ", ".join("%d %s" % (n, k) for k, n in
-                                                                                      sorted(kinds.items())),
-                                              len(loss), len(ours)))
+    bad, total, params, lines = check_recordings(
+        names, {c: CONFIGS[c][0] for c in names}, out_dir, lambda c: plan_json(c, out_dir), compare_units,
+        lambda c, rec, ours, n: "  ok    %s (%d ranks): %d TP collectives in order on every rank (%s; %d in the loss), "
+        "commplan %d" % (c, CONFIGS[c][0], len(rec["tp"]), kinds_text(rec),
+                         len([e for e in rec["tp"] if e["phase"] == "loss"]), len(ours)))
     # The comparison can fail: the first config against its plan without loss_parallel must differ.
-    with open(os.path.join(out_dir, "%s.rank0.json" % names[0])) as f:
-        _, diffs = compare(names[0], json.load(f), plan_ops(plan_json(names[0], out_dir, loss_parallel=False)))
-    if not diffs:
-        bad += 1
-        print("  FAIL  %s: the plan without loss_parallel matched the recording too" % names[0])
-    else:
-        lines.append("  ok    %s against the plan without loss_parallel: %d differences found, as it must"
-                     % (names[0], len(diffs)))
+    m_bad, line = mutant_check(names[0], out_dir, plan_ops(plan_json(names[0], out_dir, loss_parallel=False)),
+                               "loss_parallel off")
+    bad += m_bad
+    (print if m_bad else lines.append)(line)  # a FAIL at once, an ok among the ok lines
     print("\n".join(lines))
     from importlib.metadata import version
     print("tp_record: %d configs x ranks, %d TP collectives recorded from torchtitan %s (torch %s), "
           "%d parameters' placements and TP-local shapes, %d differ"
           % (sum(CONFIGS[c][0] for c in names), total, version("torchtitan"), torch.__version__, params, bad))
-    if QUICK and len(names) < len(CONFIGS):
-        print("quick tier: %d of %d configs (%s); make test-full records all %d"
-              % (len(names), len(CONFIGS), ", ".join(names), len(CONFIGS)))
-    sys.exit(1 if bad else 0)
+    finish(names, CONFIGS, bad)
 
 
 if __name__ == "__main__":

@@ -34,10 +34,11 @@ chunked plan driven by a whole-logits loss (the order check, one line each).
 For the matrix: build_plan(case, micro) writes and builds a case's plan; titan_sides(case) gives
 ((model_a, loss_a), (model_b, loss_b)) for a CASES entry (mesh, ac, chunks), model_b ready for
 CommplanFSDP(plan, model_b, titan_fsdp_units(model_b), ...); apply_ac(model, ac) and ac_config(ac)
-are the AC policies alone. Needs torch 2.x with FSDP2, torchtitan and torchrun; anywhere else one
-SKIP line and exit 77.
+are the AC policies alone. COMMPLAN_TEST_TIER=quick (make test) runs hsdp_sel_chunk4 alone (HSDP,
+selective AC, ChunkedLossWrapper) and the refusals, 2 steps, and says so in a "quick tier:" line;
+full, or run by hand, every case, 3 steps. Needs torch 2.x with FSDP2, torchtitan and torchrun;
+anywhere else one SKIP line and exit 77.
 """
-import argparse
 import json
 import os
 import subprocess
@@ -49,7 +50,10 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "titan"))
 
+import bridge_harness as H  # noqa: E402
 import train_cpu as TC  # noqa: E402
+
+TAG = "bridge_ac"
 
 WORLD = TC.WORLD
 MICRO = 2
@@ -68,16 +72,11 @@ CASES = {
 # cases whose bridge hooks sit on the blocks inside the checkpoint wrappers (fully_shard stays on
 # the wrappers): the recompute runs the hooks again during backward (commplan.recompute: no call)
 INNER = {"fsdp_sel_inner"}
-QUICK_CASES = ("hsdp_sel_chunk4", "fsdp_sel_inner")
-QUICK = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
+QUICK_CASES = ("hsdp_sel_chunk4",)
+QUICK = H.QUICK
 BUILD = os.path.join("build", "bridge_ac")
 EVAL_AFTER = 0  # an eval forward (no_grad) after this step's update, on both sides, compared
 PLAN_AC = {"none": "none", "full": "full", "selective": "selective", "layer2": "full"}
-
-
-def skip(why):
-    print("SKIP bridge_ac: %s" % why)
-    sys.exit(77)
 
 
 def plan_name(case, micro=MICRO):
@@ -105,11 +104,7 @@ def write_plan(case, micro=MICRO, ac=None, chunks=None, name=None):
 def build_plan(case, micro=MICRO):
     """The case's plan written and its library built (make PLAN=...)."""
     name, _ = write_plan(case, micro)
-    r = subprocess.run(["make", "--no-print-directory", "-s", "PLAN=%s/%s.lua" % (BUILD, name)], cwd=REPO,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
-    if r.returncode != 0:
-        print(r.stdout)
-        sys.exit("bridge_ac: make PLAN=%s/%s.lua failed" % (BUILD, name))
+    H.build_all(TAG, BUILD, [name])
     return name
 
 
@@ -190,9 +185,6 @@ def parallelize(ac):
     return run
 
 
-_PD = {}
-
-
 def titan_sides(case, reference=True):
     """((a, loss_a), (b, loss_b)): torchtitan's parallelize + fully_shard with the case's AC and
     loss, and the same model unparallelized with the same AC and loss (for CommplanFSDP);
@@ -204,7 +196,6 @@ def titan_sides(case, reference=True):
     E.cpu_training()
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.config import ParallelismConfig, TrainingConfig
-    from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.distributed.spmd_types import annotate_input_spmd_types
     from torchtitan.distributed.utils import get_spmd_context
     from commplan.recompute import clean_fqn
@@ -214,10 +205,7 @@ def titan_sides(case, reference=True):
                                     data_parallel_shard_degree=par["dp_shard"], tensor_parallel_degree=1)
     training = TrainingConfig(local_batch_size=TC.BATCH, seq_len=TC.SEQ, dtype="float32",
                               mixed_precision_param="float32", mixed_precision_reduce="float32")
-    if mesh not in _PD:  # one mesh per process and layout: torchtitan keeps the first one it built
-        _PD[mesh] = ParallelDims.from_config(parallelism, WORLD)
-        _PD[mesh].build_mesh()
-    pd = _PD[mesh]
+    pd = H.parallel_dims(parallelism, WORLD)  # one mesh per process and layout: torchtitan keeps the first
     torch.manual_seed(1234)
     b = TC.titan_model().build()
     full = {n: p.detach().clone() for n, p in b.named_parameters()}
@@ -451,20 +439,13 @@ def mutants(rank, cases):
 
 
 def worker(args):
-    import torch
-    import torch.distributed as dist
     import test_chunked_loss as CL
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo")
+    rank = H.init_rank()
     log, on = [], [False]
     CL.install_recorder(log, on)
     report = [run_case(c, rank, args.steps, log, on) for c in args.cases.split(",")]
     refusals = mutants(rank, args.cases.split(",")) if args.mutants else []
-    out = [None] * WORLD
-    dist.all_gather_object(out, (report, refusals))
-    dist.destroy_process_group()
+    out = H.gather((report, refusals), WORLD)
     if rank != 0:
         return 0
     failed = 0
@@ -503,25 +484,13 @@ def worker(args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("torchrun", nargs="?")
+    ap = H.parser(__doc__)
     ap.add_argument("--steps", type=int, default=2 if QUICK else 3)
     ap.add_argument("--cases", default=",".join(QUICK_CASES if QUICK else CASES))
     ap.add_argument("--no-mutants", dest="mutants", action="store_false")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        sys.exit(worker(args))
-    try:
-        import torch  # noqa: F401
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
-        import torchtitan  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        skip("torch with FSDP2 and torchtitan are not importable by %s (%s); make torch-env builds them"
-             % (sys.executable, e))
-    torchrun = args.torchrun or os.path.join(os.path.dirname(sys.executable), "torchrun")
-    if not os.access(torchrun, os.X_OK):
-        skip("no torchrun at %s" % torchrun)
+    args = H.parse(ap, worker)
+    torchrun = H.torchrun_for(TAG, args.torchrun, ("torch", "torch.distributed.fsdp", "torchtitan"),
+                              "torch with FSDP2 and torchtitan")
     cases = args.cases.split(",")
     for c in cases:
         if c not in CASES:
@@ -537,17 +506,13 @@ def main():
     need = set(cases) | (set(mutant_cases(cases)) if args.mutants else set())
     for c in sorted({plan_name(c): c for c in need}.values()):
         build_plan(c)
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "python"), HERE, os.path.join(REPO, "tests", "titan"),
-                                           os.environ.get("PYTHONPATH", "")]))
-    cmd = [torchrun, "--standalone", "--nproc-per-node", str(WORLD), os.path.abspath(__file__), "--worker",
-           "--steps", str(args.steps), "--cases", args.cases] + ([] if args.mutants else ["--no-mutants"])
-    r = subprocess.run(cmd, cwd=REPO, env=env, timeout=1500)
-    if QUICK and r.returncode == 0:
+    rc = H.launch(torchrun, __file__, WORLD, ["--worker", "--steps", args.steps, "--cases", args.cases]
+                  + ([] if args.mutants else ["--no-mutants"]), 1500, paths=[os.path.join(REPO, "tests", "titan")])
+    if QUICK and rc == 0:
         print("quick tier: cases %s, %d steps; make test-full runs all %d cases (FSDP and HSDP x full, per-op "
-              "selective and every-2nd-block AC, ChunkedLossWrapper at 4 and 8 chunks, hooks inside the wrappers), "
-              "3 steps" % (",".join(cases), args.steps, len(CASES)))
-    sys.exit(r.returncode)
+              "selective and every-2nd-block AC, ChunkedLossWrapper at 4 and 8 chunks, hooks inside the wrappers: "
+              "fsdp_sel_inner), 3 steps" % (",".join(cases), args.steps, len(CASES)))
+    sys.exit(rc)
 
 
 if __name__ == "__main__":

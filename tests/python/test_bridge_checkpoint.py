@@ -25,22 +25,24 @@ an empty one on rank 3, a root owning a parameter); AdamW; K steps, save, K more
 
     tests/python/test_bridge_checkpoint.py [TORCHRUN]
 
-Needs torch 2.x with FSDP2 and torchrun (make torch-env); anywhere else one SKIP line and exit 77.
+COMMPLAN_TEST_TIER=quick (make test) runs form on FSDP 4, fs_to_bridge, bridge_to_fs and no_optim
+(one round trip each way and its control; a "quick tier:" line says so); full, or run by hand,
+resharded, dim1 and form on HSDP 2x2 and Shard(1) too. Needs torch 2.x with FSDP2 and torchrun (make torch-env); anywhere else one SKIP line and exit 77.
 """
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, HERE)
 
+import bridge_harness as H  # noqa: E402
 import test_bridge_dtypes as bd  # noqa: E402  (the model, its units and batches)
 
+TAG = "bridge_checkpoint"
 WORLD = 4
 K = 2
 BUILD = os.path.join("build", "bridge_ckpt")
@@ -48,11 +50,10 @@ PLANS = {"ck_fsdp": {"dp_shard": 4}, "ck_hsdp": {"dp_replicate": 2, "dp_shard": 
 # ck_dim1 shards inp.weight (13, 12) on dim 1 (FSDP2's shard_placement_fn Shard(1); 3 columns a
 # rank: fully_shard refuses uneven shards on dim > 0, _fsdp_param.py _init_sharded_param)
 SHARD_DIM = {"ck_dim1": {"inp.weight": 1}}
-
-
-def skip(why):
-    print("SKIP bridge_checkpoint: %s" % why)
-    sys.exit(77)
+# make test's quick tier: the FSDP 4 plan alone (form on it, one round trip each way, the control)
+QUICK_PLANS = ("ck_fsdp",)
+CHECKS = ("form", "fs_to_bridge", "bridge_to_fs", "resharded", "dim1", "no_optim")
+QUICK_CHECKS = ("form", "fs_to_bridge", "bridge_to_fs", "no_optim")
 
 
 # ---- the ranks ----------------------------------------------------------------------------
@@ -164,12 +165,9 @@ def compare(a, b):
 
 def worker(tmp):
     import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo")
+    rank = H.init_rank()
+    plans = QUICK_PLANS if H.QUICK else tuple(PLANS)
     fsdp_mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("dp_shard",))
     hsdp_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
     first, then = range(K), range(K, 2 * K)
@@ -180,7 +178,7 @@ def worker(tmp):
         try:
             results[name] = fn()
         except Exception as e:  # noqa: BLE001 -- reported per case
-            results[name] = (["%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")], 0)
+            results[name] = ([H.failure(e)], 0)
 
     # fully_shard: K steps, save, K more (the reference for fs_to_bridge and no_optim)
     a = fully_sharded(fsdp_mesh)
@@ -239,6 +237,8 @@ def worker(tmp):
         from torch.distributed.checkpoint.state_dict import get_state_dict
         bad, n = [], 0
         for plan, mesh in (("ck_fsdp", fsdp_mesh), ("ck_hsdp", hsdp_mesh), ("ck_dim1", fsdp_mesh)):
+            if plan not in plans:
+                continue
             x = fully_sharded(mesh, plan=plan)
             opt_x = make_opt(x)
             train(x, opt_x, rank, range(1), {})
@@ -282,15 +282,13 @@ def worker(tmp):
                     bad.append("%s differs" % key)
         return bad, n
 
-    case("form", form)
-    case("fs_to_bridge", fs_to_bridge)
-    case("bridge_to_fs", bridge_to_fs)
-    case("resharded", lambda: resharded("ck_hsdp", hsdp_mesh))
-    case("dim1", lambda: resharded("ck_dim1", fsdp_mesh))
-    case("no_optim", lambda: fs_to_bridge(optim=False))
-    out = [None] * WORLD
-    dist.all_gather_object(out, results)
-    dist.destroy_process_group()
+    names = QUICK_CHECKS if H.QUICK else CHECKS
+    checks = {"form": form, "fs_to_bridge": fs_to_bridge, "bridge_to_fs": bridge_to_fs,
+              "resharded": lambda: resharded("ck_hsdp", hsdp_mesh), "dim1": lambda: resharded("ck_dim1", fsdp_mesh),
+              "no_optim": lambda: fs_to_bridge(optim=False)}
+    for name in names:
+        case(name, checks[name])
+    out = H.gather(results, WORLD)
     if rank != 0:
         return 0
     what = {"form": "the bridge's state_dict() and optim_state_dict() against get_state_dict on fully_shard",
@@ -301,7 +299,6 @@ def worker(tmp):
                     "sharded loading it",
             "no_optim": "control: the model loaded without the optimizer state"}
     failed = 0
-    names = ("form", "fs_to_bridge", "bridge_to_fs", "resharded", "dim1", "no_optim")
     for name in names:
         nbad = sum(len(out[r][name][0]) for r in range(WORLD))
         n = sum(out[r][name][1] for r in range(WORLD))
@@ -312,8 +309,9 @@ def worker(tmp):
         else:
             ok = nbad == 0
             print("%s %s: %s" % ("ok  " if ok else "FAIL", what[name],
-                                 "FSDP 4, HSDP 2x2, FSDP 4 with a Shard(1): keys, placements, shapes, strides and local tensors "
-                                 "equal (%d entries x ranks)" % n if ok and name == "form" else
+                                 "%s: keys, placements, shapes, strides and local tensors equal (%d entries x "
+                                 "ranks)" % ("FSDP 4" if H.QUICK else "FSDP 4, HSDP 2x2, FSDP 4 with a Shard(1)", n)
+                                 if ok and name == "form" else
                                  "%d steps continued, losses, sharded grads and parameters bit-identical "
                                  "(%d tensors x ranks)" % (K, n) if ok else "%d differences" % nbad))
             for r in range(WORLD):
@@ -331,43 +329,21 @@ def main():
     args = ap.parse_args()
     if args.worker:
         sys.exit(worker(args.worker))
-    try:
-        import torch  # noqa: F401
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
-        import torch.distributed.checkpoint  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        skip("torch with FSDP2 and DCP is not importable by %s (%s); make torch-env builds it" % (sys.executable, e))
-    torchrun = args.torchrun or os.path.join(os.path.dirname(sys.executable), "torchrun")
-    if not os.access(torchrun, os.X_OK):
-        skip("no torchrun at %s" % torchrun)
-    import commplan
-    os.makedirs(os.path.join(REPO, BUILD), exist_ok=True)
-    for name, par in PLANS.items():
-        m = bd.make_model("fp32")
-        path = os.path.join(REPO, BUILD, name + ".lua")
-        commplan.plan_from_module(m, bd.units_of(m), name, world_size=WORLD, parallel=dict(par),
-                                  fsdp={"micro_steps": 1}, shard_dim=SHARD_DIM.get(name), out=path)
-
-    def build(name):
-        return name, subprocess.run(["make", "--no-print-directory", "-s", "PLAN=%s/%s.lua" % (BUILD, name)],
-                                    cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    universal_newlines=True)
-    names = list(PLANS)
-    built = [build(names[0])]  # the first alone (it may build the shared runtime objects), then two at a time
-    with ThreadPoolExecutor(2) as ex:
-        built += list(ex.map(build, names[1:]))
-    for name, r in built:
-        if r.returncode != 0:
-            print(r.stdout)
-            sys.exit("test_bridge_checkpoint: make PLAN=%s/%s.lua failed" % (BUILD, name))
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "python"), HERE, os.environ.get("PYTHONPATH", "")]))
+    torchrun = H.torchrun_for(TAG, args.torchrun, ("torch", "torch.distributed.fsdp", "torch.distributed.checkpoint"),
+                              "torch with FSDP2 and DCP")
+    models = {name: bd.make_model("fp32") for name in (QUICK_PLANS if H.QUICK else PLANS)}
+    H.module_plans("test_bridge_checkpoint", BUILD, {name: (m, bd.units_of(m), dict(
+        world_size=WORLD, parallel=dict(PLANS[name]), fsdp={"micro_steps": 1}, shard_dim=SHARD_DIM.get(name)))
+        for name, m in models.items()})
     with tempfile.TemporaryDirectory(prefix="bridge-ckpt-") as tmp:
-        r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(WORLD), os.path.abspath(__file__),
-                            "--worker", tmp], cwd=REPO, env=env, timeout=900)
-    print("bridge_checkpoint: DCP round trips fully_shard <-> bridge (same mesh both ways, FSDP 4 -> HSDP 2x2, Shard(0) -> Shard(1)) %s"
-          % ("passed" if r.returncode == 0 else "FAILED"))
-    sys.exit(0 if r.returncode == 0 else 1)
+        rc = H.launch(torchrun, __file__, WORLD, ["--worker", tmp], 900)
+    if H.QUICK:
+        print("quick tier: %s on FSDP 4 (one DCP round trip each way and its control); make test-full adds resharded "
+              "(FSDP 4 -> HSDP 2x2), dim1 (Shard(1)) and form on both" % ", ".join(QUICK_CHECKS))
+    print("bridge_checkpoint: DCP round trips fully_shard <-> bridge (%s) %s" % (
+        "same mesh both ways" if H.QUICK else "same mesh both ways, FSDP 4 -> HSDP 2x2, Shard(0) -> Shard(1)",
+        "passed" if rc == 0 else "FAILED"))
+    sys.exit(0 if rc == 0 else 1)
 
 
 if __name__ == "__main__":

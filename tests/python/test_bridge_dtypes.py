@@ -29,24 +29,25 @@ The model has an uneven shard, an empty one (rank 3) and a root owning a paramet
 
     tests/python/test_bridge_dtypes.py [TORCHRUN] [--cases all|quick|NAME,...] [--list]
 
-COMMPLAN_TEST_TIER=quick (make test) runs a subset that still holds bf16 parameters with an fp32
-reduce under sync_last (the view of the unsharded-grads buffer in grad_dtype) and prints a
+COMMPLAN_TEST_TIER=quick (make test) runs one case, bf16 parameters with an fp32 reduce under
+sync_last (mixed precision and the view of the unsharded-grads buffer in grad_dtype), and prints a
 "quick tier:" line; full (make test-full), or run by hand, the whole matrix. Needs torch 2.x with
 FSDP2 and torchrun (make torch-env); anywhere else one SKIP line and exit 77.
 """
-import argparse
 import functools
 import os
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, HERE)
 
+import bridge_harness as H  # noqa: E402
+
+TAG = "bridge_dtypes"
 WORLD = 4
 BUILD = os.path.join("build", "bridge_dtypes")
 LUA = os.environ.get("LUA", "lua5.4")
@@ -76,10 +77,9 @@ MODES = {
     "raf2": ("fsdp", 2, {"micro_steps": 2, "reshard_after_forward": 2}),
 }
 MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
-# The quick tier: each mode once, each dtype family once, bf16 params + fp32 reduce + sync_last kept.
-QUICK = ["fp32_bf16_fp32_sync_last", "bf16_x_fp32_noreshard", "fp32_fp16_fp16_default",
-         "fp32_bf16_bf16_ar_last", "fp16_x_x_every", "fp32_x_fp16_sync_last", "bf16_x_x_sum",
-         "fp32_bf16_fp32_every_keep", "fp32_bf16_fp32_keep", "fp32_bf16_fp32_prefetch"]
+# The quick tier: one case, bf16 params + fp32 reduce + sync_last (mixed precision and the
+# unsharded-grads view in grad_dtype); make test-full runs the whole matrix.
+QUICK = ["fp32_bf16_fp32_sync_last"]
 STEPS = {"quick": 2, "full": 3}
 
 
@@ -89,11 +89,6 @@ def case_name(dt, mode):
 
 def all_cases():
     return {case_name(dt, m): (dt, m) for dt in DTYPES for m in MODES}
-
-
-def skip(why):
-    print("SKIP bridge_dtypes: %s" % why)
-    sys.exit(77)
 
 
 def make_model(dtype, keep=False):
@@ -187,12 +182,6 @@ def write_plan(name, dt, mode, out_dir):
         units = [commplan.Unit(u, **kw) for u in units_of(m)] if kw else units_of(m)
     commplan.plan_from_module(m, units, plan_name(name), world_size=WORLD, parallel=dict(MESHES[MODES[mode][0]]),
                               fsdp=plan_fsdp(dt, mode), out=os.path.join(out_dir, plan_name(name) + ".lua"))
-
-
-def build(name):
-    r = subprocess.run(["make", "--no-print-directory", "-s", "PLAN=%s/%s.lua" % (BUILD, plan_name(name))], cwd=REPO,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
-    return name, r.returncode, r.stdout
 
 
 def check_step_end_refused():
@@ -329,12 +318,7 @@ def run_case(name, dt, mode, rank, steps):
 
 
 def worker(args):
-    import torch
-    import torch.distributed as dist
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo")
+    rank = H.init_rank()
     cases = all_cases()
     report = []
     for name in args.cases.split(","):
@@ -342,14 +326,11 @@ def worker(args):
         try:
             r = run_case(name, dt, mode, rank, args.steps)
         except Exception as e:  # noqa: BLE001 - one case's failure is reported, the others still run
-            r = dict(bad=["%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")], checked=0,
-                     grad_dtype=None)
+            r = dict(bad=[H.failure(e)], checked=0, grad_dtype=None)
             report.append(r)
             break  # the ranks may now disagree on the collectives: stop here
         report.append(r)
-    out = [None] * WORLD
-    dist.all_gather_object(out, report)
-    dist.destroy_process_group()
+    out = H.gather(report, WORLD)
     if rank != 0:
         return 0
     failed = 0
@@ -375,15 +356,11 @@ def worker(args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("torchrun", nargs="?", help="torch's torchrun (default: beside this python)")
+    ap = H.parser(__doc__)
     ap.add_argument("--cases", default=None, help="all, quick, or names (--list)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--list", action="store_true")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        sys.exit(worker(args))
+    args = H.parse(ap, worker)
     cases = all_cases()
     if args.list:
         print("\n".join(cases))
@@ -395,40 +372,23 @@ def main():
     if unknown:
         sys.exit("test_bridge_dtypes: unknown case %s; --list names them" % unknown[0])
     steps = args.steps or STEPS["quick" if sel == "quick" else "full"]
-    try:
-        import torch
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        skip("torch with FSDP2 is not importable by %s (%s); make torch-env builds it" % (sys.executable, e))
-    torchrun = args.torchrun or os.path.join(os.path.dirname(sys.executable), "torchrun")
-    if not os.access(torchrun, os.X_OK):
-        skip("no torchrun at %s" % torchrun)
+    torchrun = H.torchrun_for(TAG, args.torchrun)
     bad = check_step_end_refused()
     print("%s step_end: the bridge refuses grad_accumulation = \"step_end\" with one line naming the plan%s"
           % ("ok  " if bad is None else "FAIL", "" if bad is None else ": " + bad))
     os.makedirs(os.path.join(REPO, BUILD), exist_ok=True)
     for n in names:
         write_plan(n, *cases[n], os.path.join(REPO, BUILD))
-    # The first build alone (it may build the shared runtime objects), the others two at a time.
-    results = [build(names[0])]
-    with ThreadPoolExecutor(2) as ex:
-        results += list(ex.map(build, names[1:]))
-    for n, rc, out in results:
-        if rc != 0:
-            print(out)
-            sys.exit("test_bridge_dtypes: make PLAN=%s/%s.lua failed" % (BUILD, plan_name(n)))
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "python"), HERE, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(WORLD), os.path.abspath(__file__),
-                        "--worker", "--steps", str(steps), "--cases", ",".join(names)], cwd=REPO, env=env,
-                       timeout=1800)
+    H.build_all("test_bridge_dtypes", BUILD, [plan_name(n) for n in names])
+    rc = H.launch(torchrun, __file__, WORLD, ["--worker", "--steps", steps, "--cases", ",".join(names)], 1800)
     if sel == "quick":
-        print("quick tier: %d of the %d dtype x accumulation cases, %d steps each (bf16 params + fp32 reduce + "
-              "sync_last among them); make test-full runs all %d, %d steps" % (
-                  len(names), len(cases), steps, len(cases), STEPS["full"]))
+        print("quick tier: %d of the %d dtype x accumulation cases (%s: bf16 params, fp32 reduce, sync_last), %d "
+              "steps; make test-full runs all %d (every dtype family x every, default, sync_last, noreshard, "
+              "ar_last, sum, keep, prefetch), %d steps" % (
+                  len(names), len(cases), ", ".join(names), steps, len(cases), STEPS["full"]))
     print("bridge_dtypes: %d cases %s, step_end refusal %s" % (
-        len(names), "passed" if r.returncode == 0 else "FAILED", "ok" if bad is None else "FAILED"))
-    sys.exit(0 if r.returncode == 0 and bad is None else 1)
+        len(names), "passed" if rc == 0 else "FAILED", "ok" if bad is None else "FAILED"))
+    sys.exit(0 if rc == 0 and bad is None else 1)
 
 
 if __name__ == "__main__":

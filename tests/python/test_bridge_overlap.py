@@ -21,13 +21,13 @@ PyTorch's own FSDP2 (fully_shard on gloo, 4 ranks under torchrun), FSDP (dp_shar
   issued at the step's start before the root's is waited for is refused by the library with its
   one line on every rank, before anything is issued.
 
-    tests/python/test_bridge_overlap.py [TORCHRUN] [--steps N]
+    tests/python/test_bridge_overlap.py [TORCHRUN] [--steps N] [--meshes fsdp,hsdp]
 
-Needs torch 2.x with FSDP2 and torchrun; anywhere else one SKIP line and exit 77.
+COMMPLAN_TEST_TIER=quick (make test) runs HSDP alone (and says so in a "quick tier:" line); full,
+or run by hand, FSDP and HSDP. Needs torch 2.x with FSDP2 and torchrun; anywhere else one SKIP
+line and exit 77.
 """
-import argparse
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -35,14 +35,13 @@ REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, HERE)
 
+import bridge_harness as H  # noqa: E402
+
+TAG = "bridge_overlap"
 WORLD = 4
 BUILD = os.path.join("build", "bridge_overlap")
 MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
-
-
-def skip(why):
-    print("SKIP bridge_overlap: %s" % why)
-    sys.exit(77)
+QUICK_MESHES = ("hsdp",)
 
 
 def plan_name(mesh):
@@ -230,30 +229,23 @@ def run_case(mesh_kind, rank, steps):
 
 
 def worker(args):
-    import torch
-    import torch.distributed as dist
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo")
+    rank = H.init_rank()
+    meshes = args.meshes.split(",")
     report = []
-    for mesh in MESHES:
+    for mesh in meshes:
         try:
             r = run_case(mesh, rank, args.steps)
         except Exception as e:  # noqa: BLE001 - reported; the ranks may disagree after it: stop
             import traceback
             traceback.print_exc()
-            report.append(dict(bad=["%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")],
-                               checked=0, pre=0, red=0, refused="", pre_mutant=-1))
+            report.append(dict(bad=[H.failure(e)], checked=0, pre=0, red=0, refused="", pre_mutant=-1))
             break
         report.append(r)
-    out = [None] * WORLD
-    dist.all_gather_object(out, report)
-    dist.destroy_process_group()
+    out = H.gather(report, WORLD)
     if rank != 0:
         return 0
     failed = 0
-    for i, mesh in enumerate(MESHES):
+    for i, mesh in enumerate(meshes):
         rows = [out[r][i] if i < len(out[r]) else None for r in range(WORLD)]
         if any(r is None for r in rows):
             print("FAIL %s: not run" % mesh)
@@ -282,43 +274,25 @@ def worker(args):
                   ref[0].split(": ", 1)[-1][:200]))
         for x in bad[:6]:
             print("  %s" % x)
-    print("bridge_overlap_ranks: %d passed, %d failed" % (len(MESHES) - failed, failed))
+    print("bridge_overlap_ranks: %d passed, %d failed" % (len(meshes) - failed, failed))
     return 0 if failed == 0 else 1
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("torchrun", nargs="?", help="torch's torchrun (default: beside this python)")
+    ap = H.parser(__doc__)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        sys.exit(worker(args))
-    try:
-        import torch  # noqa: F401
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        skip("torch with FSDP2 is not importable by %s (%s); make torch-env builds it" % (sys.executable, e))
-    torchrun = args.torchrun or os.path.join(os.path.dirname(sys.executable), "torchrun")
-    if not os.access(torchrun, os.X_OK):
-        skip("no torchrun at %s" % torchrun)
-    import commplan
-    os.makedirs(os.path.join(REPO, BUILD), exist_ok=True)
-    for mesh, par in MESHES.items():
-        m = make_model()
-        commplan.plan_from_module(m, units_of(m), plan_name(mesh), world_size=WORLD, parallel=dict(par),
-                                  fsdp={"micro_steps": 2}, out=os.path.join(REPO, BUILD, plan_name(mesh) + ".lua"))
-        r = subprocess.run(["make", "--no-print-directory", "-s", "PLAN=%s/%s.lua" % (BUILD, plan_name(mesh))],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
-        if r.returncode != 0:
-            print(r.stdout)
-            sys.exit("test_bridge_overlap: make PLAN=%s/%s.lua failed" % (BUILD, plan_name(mesh)))
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "python"), HERE, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(WORLD), os.path.abspath(__file__),
-                        "--worker", "--steps", str(args.steps)], cwd=REPO, env=env, timeout=900)
-    print("bridge_overlap: FSDP and HSDP %s" % ("passed" if r.returncode == 0 else "FAILED"))
-    sys.exit(0 if r.returncode == 0 else 1)
+    ap.add_argument("--meshes", default=",".join(QUICK_MESHES if H.QUICK else MESHES))
+    args = H.parse(ap, worker)
+    torchrun = H.torchrun_for(TAG, args.torchrun)
+    meshes = H.pick("test_bridge_overlap", args.meshes, MESHES)
+    models = {mesh: make_model() for mesh in meshes}
+    H.module_plans("test_bridge_overlap", BUILD, {plan_name(mesh): (m, units_of(m), dict(
+        world_size=WORLD, parallel=dict(MESHES[mesh]), fsdp={"micro_steps": 2})) for mesh, m in models.items()})
+    rc = H.launch(torchrun, __file__, WORLD, ["--worker", "--steps", args.steps, "--meshes", ",".join(meshes)], 900)
+    if H.QUICK and meshes == list(QUICK_MESHES):
+        print("quick tier: HSDP 2 x 2 alone, %d steps; make test-full runs FSDP 4 too" % args.steps)
+    print("bridge_overlap: %s %s" % (" and ".join(m.upper() for m in meshes), "passed" if rc == 0 else "FAILED"))
+    sys.exit(0 if rc == 0 else 1)
 
 
 if __name__ == "__main__":

@@ -25,12 +25,13 @@ bridge without the TP all-reduce of the norms' partial gradients) must differ.
 
     tests/python/test_bridge_tp.py [TORCHRUN] [--configs fsdp_tp,hsdp_tp] [--steps N]
 
-Needs torch 2.x with FSDP2, torchtitan and torchrun (make torch-env); anywhere else one SKIP line and
+COMMPLAN_TEST_TIER=quick (make test) runs fsdp_tp alone (FSDP 2 x TP 2, its DCP round trips) for 3
+steps and says so in a "quick tier:" line; full, or run by hand, fsdp_tp_uneven (vocab 251) and
+hsdp_tp (8 ranks) too, 20 steps. Needs torch 2.x with FSDP2, torchtitan and torchrun (make torch-env); anywhere else one SKIP line and
 exit 77.
 """
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -39,7 +40,10 @@ REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, HERE)
 
-QUICK = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
+import bridge_harness as H  # noqa: E402
+
+TAG = "bridge_tp"
+QUICK = H.QUICK
 # name: (world, mesh, vocab, checkpoints). fsdp_tp_uneven's vocab 251 splits 126 / 125 over tp
 # (plan.json tp_classes: TP rank 1 holds other shapes) and then over dp_shard (63 / 63 and 63 / 62
 # rows); its state dicts and checkpoints are not compared: under uneven TP, fully_shard + TP's
@@ -49,18 +53,13 @@ QUICK = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
 CONFIGS = {"fsdp_tp": (4, {"dp_shard": 2, "tp": 2}, 250, True),
            "fsdp_tp_uneven": (4, {"dp_shard": 2, "tp": 2}, 251, False),
            "hsdp_tp": (8, {"dp_replicate": 2, "dp_shard": 2, "tp": 2}, 250, True)}
-QUICK_CONFIGS, FULL_CONFIGS = "fsdp_tp,fsdp_tp_uneven", "fsdp_tp,fsdp_tp_uneven,hsdp_tp"
+QUICK_CONFIGS, FULL_CONFIGS = "fsdp_tp", "fsdp_tp,fsdp_tp_uneven,hsdp_tp"
 STEPS = 3 if QUICK else 20
 MICRO = 2
 SEQ, BATCH = 16, 2
 MAX_NORM = 0.5
 EVALS = (0, 1)  # eval forwards after these steps' updates: no_grad after step 0, inference_mode after 1
 BUILD = os.path.join("build", "bridge_tp")
-
-
-def skip(why):
-    print("SKIP bridge_tp: %s" % why)
-    sys.exit(77)
 
 
 def titan_model(vocab):
@@ -87,11 +86,7 @@ def build_plan(cfg):
     plan_from_titan(titan_model(vocab), name, world, parallel=dict(par),
                     fsdp={"micro_steps": MICRO, "reduce_op": "sum"},
                     seq_len=SEQ, out=out)
-    r = subprocess.run(["make", "--no-print-directory", "-s", "PLAN=%s/%s.lua" % (BUILD, name)], cwd=REPO,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
-    if r.returncode != 0:
-        print(r.stdout)
-        sys.exit("test_bridge_tp: make PLAN=%s/%s.lua failed" % (BUILD, name))
+    H.build_all("test_bridge_tp", BUILD, [name])
 
 
 # ---- the ranks ----------------------------------------------------------------------------
@@ -221,11 +216,8 @@ def eval_type_check(fsdp):
 def worker(args, tmp):
     import torch
     import torch.distributed as dist
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
+    rank = H.init_rank()
     world = int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo")
     sys.path.insert(0, os.path.join(REPO, "tests", "titan"))
     import titan_env as E
     E.cpu_training()
@@ -235,7 +227,6 @@ def worker(args, tmp):
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
     from torchtitan.config import ParallelismConfig, TrainingConfig
-    from torchtitan.distributed.parallel_dims import ParallelDims
     from commplan import checkpoint as ck
     from commplan import tensor_parallel
     from commplan.match import PlanMismatch, find_plan_json, load_plan_json
@@ -250,19 +241,13 @@ def worker(args, tmp):
             build_plan(cfg)
     dist.barrier()
     results = []
-    meshes = {}
     for cfg in mine:
         cw, par, vocab, ckpt = CONFIGS[cfg]
         parallelism = ParallelismConfig(data_parallel_replicate_degree=par.get("dp_replicate", 1),
                                         data_parallel_shard_degree=par["dp_shard"], tensor_parallel_degree=par["tp"])
         training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
                                   mixed_precision_param="float32", mixed_precision_reduce="float32")
-        key = tuple(sorted(par.items()))
-        if key not in meshes:  # one ParallelDims per mesh: a second one's meshes are other objects than
-            # the ones torchtitan's spmd_types state keeps, which fully_shard refuses (_fsdp_param.py:609)
-            meshes[key] = ParallelDims.from_config(parallelism, world)
-            meshes[key].build_mesh()
-        pd = meshes[key]
+        pd = H.parallel_dims(parallelism, world)  # one per layout and process (fully_shard: one mesh object)
         dp_rank = rank // par["tp"]  # the batch a TP column shares: the (dp_replicate, dp_shard) coordinate
         torch.manual_seed(1234)
         full = {n: p.detach().clone() for n, p in titan_model(vocab).build().named_parameters()}
@@ -424,9 +409,7 @@ def worker(args, tmp):
         rows.pop("_bridge_then", None)
         results.append({"cfg": cfg, "rank": rank, "rows": rows, "first_norm": float(na[0]), "first_loss": float(la[0])})
         del A
-    out = [None] * world
-    dist.all_gather_object(out, results)
-    dist.destroy_process_group()
+    out = H.gather(results, world)
     if rank != 0:
         return 0
     failed = 0
@@ -456,35 +439,22 @@ def main():
     args = ap.parse_args()
     if args.worker:
         sys.exit(worker(args, args.worker))
-    try:
-        import torch  # noqa: F401
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
-        import torchtitan  # noqa: F401
-        import spmd_types  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        skip("torch with FSDP2, torchtitan and spmd_types are not importable by %s (%s); make torch-env builds "
-             "them" % (sys.executable, e))
-    torchrun = args.torchrun or os.path.join(os.path.dirname(sys.executable), "torchrun")
-    if not os.access(torchrun, os.X_OK):
-        skip("no torchrun at %s" % torchrun)
+    torchrun = H.torchrun_for(TAG, args.torchrun, ("torch", "torch.distributed.fsdp", "torchtitan", "spmd_types"),
+                              "torch with FSDP2, torchtitan and spmd_types")
     cfgs = args.configs.split(",")
     for cfg in cfgs:
         if cfg not in CONFIGS:
             sys.exit("test_bridge_tp: unknown config %r; known: %s" % (cfg, ", ".join(CONFIGS)))
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "python"), HERE, os.environ.get("PYTHONPATH", "")]))
     rc = 0
     for world in sorted({CONFIGS[c][0] for c in cfgs}):
         mine = ",".join(c for c in cfgs if CONFIGS[c][0] == world)
         with tempfile.TemporaryDirectory(prefix="bridge-tp-") as tmp:
-            r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(world), os.path.abspath(__file__),
-                                "--worker", tmp, "--configs", mine, "--steps", str(args.steps)], cwd=REPO, env=env,
-                               timeout=1200)
-        rc = rc or r.returncode
+            rc = H.launch(torchrun, __file__, world, ["--worker", tmp, "--configs", mine, "--steps", args.steps],
+                          1200) or rc
     if QUICK:
-        print("quick tier: bridge_tp runs FSDP 2 x TP 2 (4 ranks; vocab 250, and 251: uneven TP) for %d steps x %d "
-              "micro-batches; "
-              "COMMPLAN_TEST_TIER=full adds HSDP 2 x 2 x TP 2 (8 ranks) and %d steps" % (STEPS, MICRO, 20))
+        print("quick tier: bridge_tp runs fsdp_tp alone (FSDP 2 x TP 2, 4 ranks, vocab 250, its DCP round trips) for %d "
+              "steps x %d micro-batches; COMMPLAN_TEST_TIER=full adds fsdp_tp_uneven (vocab 251: uneven TP), HSDP 2 x 2 "
+              "x TP 2 (8 ranks) and %d steps" % (STEPS, MICRO, 20))
     print("bridge_tp: torchtitan's llama3 under its TP + CommplanFSDP vs its TP + fully_shard (%s), training, "
           "clipping and DCP round trips both ways %s" % (", ".join(cfgs), "passed" if rc == 0 else "FAILED"))
     sys.exit(0 if rc == 0 else 1)

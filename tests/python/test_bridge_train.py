@@ -24,16 +24,16 @@ dp_shard 2), bit for bit:
 * the plan's root: a plan found nowhere is refused with one line naming root= and every path
   searched (no torch processes).
 
-    tests/python/test_bridge_train.py [TORCHRUN] [--steps N]
+    tests/python/test_bridge_train.py [TORCHRUN] [--steps N] [--meshes fsdp,hsdp]
 
-Needs torch 2.x with FSDP2 and torchrun; anywhere else one SKIP line and exit 77. Plain norms
+COMMPLAN_TEST_TIER=quick (make test) runs HSDP alone (its "quick tier:" line says so); full, or
+run by hand, FSDP and HSDP. Needs torch 2.x with FSDP2 and torchrun; anywhere else one SKIP line
+and exit 77. Plain norms
 and gradients compare bit for bit: the bridge runs torch's own get_total_norm on the same local
 shards and the same reduction (x ** p, all-reduce SUM, x ** (1/p); MAX for inf) on the same
 group size, so no tolerance is used.
 """
-import argparse
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,9 +41,13 @@ REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, HERE)
 
+import bridge_harness as H  # noqa: E402
+
+TAG = "bridge_train"
 WORLD = 4
 BUILD = os.path.join("build", "bridge_train")
 MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
+QUICK_MESHES = ("hsdp",)
 # step -> (entry point on the bridge's side, norm_type, max_norm)
 CLIPS = [("method", 2.0, 1e3), ("torch", 2.0, 0.05), ("module", float("inf"), 0.01)]
 # FSDP 4 has an empty shard (rank 3's out.weight), whose inf norm torch's _foreach_norm refuses
@@ -54,11 +58,6 @@ CLIPS_FSDP = CLIPS[:2] + [("module", 3.0, 0.01)]
 
 def clips(mesh):
     return CLIPS_FSDP if mesh == "fsdp" else CLIPS
-
-
-def skip(why):
-    print("SKIP bridge_train: %s" % why)
-    sys.exit(77)
 
 
 def plan_name(mesh):
@@ -248,33 +247,26 @@ def run_case(mesh_kind, rank, steps):
 
 
 def worker(args):
-    import torch
-    import torch.distributed as dist
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    rank = int(os.environ["RANK"])
     if os.environ.get("BT_DEBUG"):
         import faulthandler
         faulthandler.dump_traceback_later(float(os.environ["BT_DEBUG"]), exit=True)
-    dist.init_process_group("gloo")
+    rank = H.init_rank()
+    meshes = args.meshes.split(",")
     report = []
-    for mesh in ("fsdp", "hsdp"):
+    for mesh in meshes:
         try:
             r = run_case(mesh, rank, args.steps)
         except Exception as e:  # noqa: BLE001 - reported; the ranks may disagree after it: stop
             import traceback
             traceback.print_exc()
-            report.append(dict(bad=["%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")],
-                               checked=0, engaged=[], local_differs=[]))
+            report.append(dict(bad=[H.failure(e)], checked=0, engaged=[], local_differs=[]))
             break
         report.append(r)
-    out = [None] * WORLD
-    dist.all_gather_object(out, report)
-    dist.destroy_process_group()
+    out = H.gather(report, WORLD)
     if rank != 0:
         return 0
     failed = 0
-    for i, mesh in enumerate(("fsdp", "hsdp")):
+    for i, mesh in enumerate(meshes):
         rows = [out[r][i] if i < len(out[r]) else None for r in range(WORLD)]
         if any(r is None for r in rows):
             print("FAIL %s: not run" % mesh)
@@ -300,47 +292,30 @@ def worker(args):
         for rk, r in enumerate(rows):
             for x in r["bad"][:4]:
                 print("  rank %d: %s" % (rk, x))
-    print("bridge_train_ranks: %d passed, %d failed" % (2 - failed, failed))
+    print("bridge_train_ranks: %d passed, %d failed" % (len(meshes) - failed, failed))
     return 0 if failed == 0 else 1
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("torchrun", nargs="?", help="torch's torchrun (default: beside this python)")
+    ap = H.parser(__doc__)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        sys.exit(worker(args))
-    try:
-        import torch  # noqa: F401
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        skip("torch with FSDP2 is not importable by %s (%s); make torch-env builds it" % (sys.executable, e))
-    torchrun = args.torchrun or os.path.join(os.path.dirname(sys.executable), "torchrun")
-    if not os.access(torchrun, os.X_OK):
-        skip("no torchrun at %s" % torchrun)
+    ap.add_argument("--meshes", default=",".join(QUICK_MESHES if H.QUICK else MESHES))
+    args = H.parse(ap, worker)
+    torchrun = H.torchrun_for(TAG, args.torchrun)
+    meshes = H.pick("test_bridge_train", args.meshes, MESHES)
     bad = check_root_error()
     print("%s root: a plan found nowhere is refused naming root= and the paths searched; a checkout's plan is "
           "found from another directory%s" % ("ok  " if not bad else "FAIL", "" if not bad else ": " + "; ".join(bad)))
-    import commplan
-    os.makedirs(os.path.join(REPO, BUILD), exist_ok=True)
-    for mesh, par in MESHES.items():
-        m = make_model()
-        commplan.plan_from_module(m, units_of(m), plan_name(mesh), world_size=WORLD, parallel=dict(par),
-                                  fsdp={"micro_steps": 1}, out=os.path.join(REPO, BUILD, plan_name(mesh) + ".lua"))
-        r = subprocess.run(["make", "--no-print-directory", "-s", "PLAN=%s/%s.lua" % (BUILD, plan_name(mesh))],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
-        if r.returncode != 0:
-            print(r.stdout)
-            sys.exit("test_bridge_train: make PLAN=%s/%s.lua failed" % (BUILD, plan_name(mesh)))
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "python"), HERE, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(WORLD), os.path.abspath(__file__),
-                        "--worker", "--steps", str(args.steps)], cwd=REPO, env=env, timeout=900)
-    print("bridge_train: clipping and eval forwards on FSDP and HSDP %s, root error %s" % (
-        "passed" if r.returncode == 0 else "FAILED", "ok" if not bad else "FAILED"))
-    sys.exit(0 if r.returncode == 0 and not bad else 1)
+    models = {mesh: make_model() for mesh in meshes}
+    H.module_plans("test_bridge_train", BUILD, {plan_name(mesh): (m, units_of(m), dict(
+        world_size=WORLD, parallel=dict(MESHES[mesh]), fsdp={"micro_steps": 1})) for mesh, m in models.items()})
+    rc = H.launch(torchrun, __file__, WORLD, ["--worker", "--steps", args.steps, "--meshes", ",".join(meshes)], 900)
+    if H.QUICK and meshes == list(QUICK_MESHES):
+        print("quick tier: HSDP 2 x 2 alone (its inf-norm clip), %d steps; make test-full runs FSDP 4 (an empty shard, "
+              "the 3-norm) too" % args.steps)
+    print("bridge_train: clipping and eval forwards on %s %s, root error %s" % (
+        " and ".join(m.upper() for m in meshes), "passed" if rc == 0 else "FAILED", "ok" if not bad else "FAILED"))
+    sys.exit(0 if rc == 0 and not bad else 1)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ nothing failed, 1 otherwise, 77 when torch / torchtitan / torchrun are missing (
 """
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +52,10 @@ REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "titan"))
+
+import bridge_harness as H  # noqa: E402
+
+TAG = "train_titan_matrix"
 
 TITAN = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=250, multiple_of=16, ffn_dim_multiplier=1.3)
 SEQ, BATCH, MICRO = 16, 2, 2
@@ -85,7 +88,7 @@ CONFIGS += [entry(m, ac, "chunked", ckpt=(ac == "selective")) for m in MESHES fo
 # AC with the whole-logits loss (each AC mode, with and without TP): AC apart from the chunked loss
 CONFIGS += [entry("hsdp", "selective", "ce", ckpt=True), entry("fsdp_tp", "full", "ce")]
 # make test's quick tier: these configs at QUICK_STEPS steps (checkpoint after step QUICK_STEPS // 2).
-QUICK = ["hsdp/selective/chunked", "fsdp_tp/full/chunked"]
+QUICK = ["hsdp/selective/chunked"]
 QUICK_STEPS, FULL_STEPS = 4, 20
 
 # What each feature of a config needs from the bridge, and whether it has landed.
@@ -394,21 +397,14 @@ def bridge_states(t, fsdp):
 
 # ---- the ranks ---------------------------------------------------------------------------
 
-_PD = {}
-
-
 def run_config(cfg, steps, rank, tmp):
     """One config on this rank: A, B, and the round trips. Returns a report dict."""
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torchtitan.distributed.parallel_dims import ParallelDims
     world = world_of(cfg["mesh"])
     confs = titan_configs(cfg, steps)
-    if cfg["mesh"] not in _PD:  # one per mesh and process: torchtitan reuses the first mesh of a layout, and
-        _PD[cfg["mesh"]] = ParallelDims.from_config(confs[0], world)  # fully_shard refuses another mesh object
-        _PD[cfg["mesh"]].build_mesh()
-    pd = _PD[cfg["mesh"]]
+    pd = H.parallel_dims(confs[0], world)  # one per layout and process: torchtitan reuses the first mesh
     C = steps // 2
     ck_a = os.path.join(tmp, plan_name(cfg) + "_titan")
     ck_b = os.path.join(tmp, plan_name(cfg) + "_bridge")
@@ -471,17 +467,13 @@ def run_config(cfg, steps, rank, tmp):
 
 
 def worker(args):
-    import torch
-    import torch.distributed as dist
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
     import titan_env as E
     E.cpu_training()  # before the mesh: torchtitan builds degree-1 dims over the "fake" backend
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     if rank == 0:
         print("worker up: %.1f s after torchrun started it" % (time.time() - args.t0), flush=True)
-    dist.init_process_group("gloo")
+    H.init_rank()
     names = args.configs.split(",")
     by = {c["name"]: c for c in CONFIGS}
     reports = []
@@ -491,11 +483,8 @@ def worker(args):
         except Exception as e:  # noqa: BLE001  (a config that raises is a failure of that config, reported)
             import traceback
             traceback.print_exc()
-            reports.append(dict(cfg=name, bad=["raised %s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e)
-                                                                   else "")], compared=0, host_a=[], host_b=[]))
-    out = [None] * world
-    dist.all_gather_object(out, reports)
-    dist.destroy_process_group()
+            reports.append(dict(cfg=name, bad=["raised " + H.failure(e)], compared=0, host_a=[], host_b=[]))
+    out = H.gather(reports, world)
     if rank == 0:
         import json
         with open(args.result, "w") as f:
@@ -504,11 +493,6 @@ def worker(args):
 
 
 # ---- the launcher ------------------------------------------------------------------------
-
-def skip(why):
-    print("SKIP train_titan_matrix: %s" % why)
-    sys.exit(77)
-
 
 def build_plan(cfg, steps):
     """The plan written from torchtitan's model by plan_from_titan at the config's mesh, then make
@@ -528,11 +512,7 @@ def build_plan(cfg, steps):
     plan_from_titan(titan_model(), name, world_of(cfg["mesh"]), parallel=par,
                     fsdp={"micro_steps": MICRO, "reduce_op": "sum"}, seq_len=SEQ, training=training or None,
                     out=os.path.join(d, name + ".lua"))
-    r = subprocess.run(["make", "--no-print-directory", "-s", "PLAN=%s/%s.lua" % (BUILD, name)], cwd=REPO,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
-    if r.returncode != 0:
-        print(r.stdout)
-        sys.exit("train_titan_matrix: make PLAN=%s/%s.lua failed" % (BUILD, name))
+    H.build_all(TAG, BUILD, [name])
 
 
 def main():
@@ -550,16 +530,8 @@ def main():
     args = ap.parse_args()
     if args.worker:
         sys.exit(worker(args))
-    try:
-        import torch  # noqa: F401
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
-        import torchtitan  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        skip("torch with FSDP2 and torchtitan are not importable by %s (%s); make torch-env builds them"
-             % (sys.executable, e))
-    torchrun = args.torchrun or os.path.join(os.path.dirname(sys.executable), "torchrun")
-    if not os.access(torchrun, os.X_OK):
-        skip("no torchrun at %s" % torchrun)
+    torchrun = H.torchrun_for(TAG, args.torchrun, ("torch", "torch.distributed.fsdp", "torchtitan"),
+                              "torch with FSDP2 and torchtitan")
     tier = args.tier or ("full" if os.environ.get("COMMPLAN_TEST_TIER") == "full" else "quick")
     steps = args.steps or (FULL_STEPS if tier == "full" else QUICK_STEPS)
     names = args.configs.split(",") if args.configs else [c["name"] for c in CONFIGS] if tier == "full" else QUICK
@@ -585,20 +557,18 @@ def main():
     print("plans built: %d (%.0f s)" % (len(run), time.time() - t0))
     import json
     import statistics
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([os.path.join(REPO, "python"), HERE, os.environ.get("PYTHONPATH", "")]))
     for world in sorted({world_of(c["mesh"]) for c in run}):
         group = [c for c in run if world_of(c["mesh"]) == world]
         with tempfile.TemporaryDirectory(prefix="titan_matrix_") as tmp:
             result = os.path.join(tmp, "result.json")
             t1 = time.time()
-            r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(world), os.path.abspath(__file__),
-                                "--worker", "--steps", str(steps), "--configs", ",".join(c["name"] for c in group),
-                                "--tmp", tmp, "--result", result, "--t0", str(time.time())], cwd=REPO, env=env, timeout=1800)
-            if r.returncode != 0 or not os.path.exists(result):
+            rc = H.launch(torchrun, __file__, world, [
+                "--worker", "--steps", steps, "--configs", ",".join(c["name"] for c in group), "--tmp", tmp,
+                "--result", result, "--t0", time.time()], 1800)
+            if rc != 0 or not os.path.exists(result):
                 failed += len(group)
                 print("train_titan_matrix: FAIL torchrun with %d ranks (%s) exited %d" % (world, ", ".join(c["name"] for c in group),
-                                                                      r.returncode))
+                                                                      rc))
                 continue
             with open(result) as f:
                 out = json.load(f)
@@ -628,8 +598,9 @@ def main():
     print("train_titan_matrix: %d passed, %d failed, %d skipped (%d configs, %d steps, %d tensors x ranks compared)"
           % (passed, failed, skipped, len(cfgs), steps_run, compared))
     if tier != "full":
-        print("quick tier: %s at %d steps; COMMPLAN_TEST_TIER=full runs all %d configs at %d steps"
-              % (", ".join(QUICK), QUICK_STEPS, len(CONFIGS), FULL_STEPS))
+        print("quick tier: %s (HSDP, selective AC, ChunkedLossWrapper, DCP round trips) at %d steps; "
+              "COMMPLAN_TEST_TIER=full runs all %d configs (FSDP, HSDP, FSDP x TP, HSDP x TP on 8 ranks x no, "
+              "selective and full AC x both losses) at %d steps" % (", ".join(QUICK), QUICK_STEPS, len(CONFIGS), FULL_STEPS))
     sys.exit(0 if failed == 0 else 1)
 
 

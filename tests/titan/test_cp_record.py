@@ -98,9 +98,10 @@ MIXTRAL = dict(dim=64, n_layers=3, n_heads=4, n_kv_heads=2, vocab_size=250, moe_
 QWEN3 = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, vocab_size=250, hidden_dim=96)
 # keys of a config's degrees that are not ParallelDims degrees
 NOT_DEGREES = ("sp", "family")
-# The quick tier (make test) runs these; COMMPLAN_TEST_TIER=full every config.
-QUICK = ("dp2_cp2", "cp4", "hsdp_cp2", "dp2_cp2_legacy", "dp2_cp2_sac", "dp2_cp2_fullac", "cp2_tp2",
-         "mixtral_dp2_cp2_ep2")
+# The quick tier (make test) runs these, one a path: CP under FSDP with full AC's recompute (the
+# spmd_types backend), the partial_dtensor backend, CP beside TP, an MoE family with EP;
+# COMMPLAN_TEST_TIER=full every config.
+QUICK = ("dp2_cp2_fullac", "dp2_cp2_legacy", "cp2_tp2", "mixtral_dp2_cp2_ep2")
 DT = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.int64": "int64"}
 KIND = (("allgather", "all_gather"), ("all_gather", "all_gather"), ("reduce_scatter", "reduce_scatter"),
         ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"), ("alltoall", "all_to_all"),
@@ -439,9 +440,20 @@ def record(names, out_dir):
     import torch.multiprocessing as mp
     os.makedirs(out_dir, exist_ok=True)
     rec = [{} for _ in range(WORLD)]
+    # The ranks forked from this process, torch and torchtitan imported once here (tests/tp_record.py's
+    # way: this process makes no process group, mesh or thread); spawning imported them again in every
+    # rank, seconds of CPU each. TITAN_START=spawn imports them per rank.
+    start = os.environ.get("TITAN_START", "fork")
+    if start == "fork":
+        import spmd_types  # noqa: F401
+        import torch.distributed.fsdp  # noqa: F401
+        import torchtitan.components.loss  # noqa: F401
+        import torchtitan.distributed.parallel_dims  # noqa: F401
+        import test_llama_plan  # noqa: F401
     for batch in batches(names):
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-            mp.spawn(worker, args=(os.path.join(tmp, "init"), out_dir, batch), nprocs=WORLD)
+            mp.start_processes(worker, args=(os.path.join(tmp, "init"), out_dir, batch), nprocs=WORLD,
+                               start_method=start)
         for r in range(WORLD):
             with open(os.path.join(out_dir, "rank%d.json" % r)) as fh:
                 rec[r].update(json.load(fh))

@@ -277,8 +277,18 @@ def gloo_check():
                     name, WORLD, dict(TINY, family="qwen3", enable_weight_tying=tied, seq_len=SEQ), MESHES[mn],
                     dict(FSDP_SUM, micro_steps=m), {"loss_chunks": 1, "local_batch_size": BATCH}), name)
     os.makedirs(OUT, exist_ok=True)
+    # The ranks forked from this process, torch and torchtitan imported once here (tests/tp_record.py's
+    # way; main runs this first, before this process makes a process group or a mesh); spawning
+    # imported them again in every rank, seconds of CPU each. TITAN_START=spawn imports them per rank.
+    start = os.environ.get("TITAN_START", "fork")
+    if start == "fork":
+        import torch.distributed.fsdp  # noqa: F401
+        import torchtitan.components.loss  # noqa: F401
+        import torchtitan.distributed.parallel_dims  # noqa: F401
+        import torchtitan.distributed.utils  # noqa: F401
+        import torchtitan.models.qwen3  # noqa: F401
     with tempfile.TemporaryDirectory(dir=OUT) as tmp:
-        mp.spawn(worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD)
+        mp.start_processes(worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, start_method=start)
         rec = []
         for r in range(WORLD):
             with open(os.path.join(tmp, "rank%d.json" % r)) as fh:
@@ -323,6 +333,11 @@ def main():
     only = set(sys.argv[1:])
     stats = dict.fromkeys(("cases", "units", "params", "shard1"), 0)
     problems, lines = [], []
+    # 3. the gloo step, run first: its ranks are forked from this process before it makes a process group
+    compared, glines = 0, []
+    if not only or "gloo" in only:
+        ps, compared, glines = gloo_check()
+        problems += ps
     # 1. wrapping
     for case in CASES:
         if only and case[0] not in only and "wrap" not in only:
@@ -346,13 +361,9 @@ def main():
             if theirs != counts[size]:
                 problems.append("%s: torchtitan counts %d parameters, commplan %d" % (flavor, theirs, counts[size]))
             del model
-    # 3. the gloo step
-    compared = 0
-    if not only or "gloo" in only:
-        ps, compared, glines = gloo_check()
-        problems += ps
-        for g in glines:
-            print("  " + g)
+    # 3. the gloo step's lines (run above)
+    for g in glines:
+        print("  " + g)
     # 4. activations
     nacts = 0
     if not only or "acts" in only:
