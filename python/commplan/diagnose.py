@@ -463,6 +463,11 @@ def diagnose(dumps, exp):
     unseen = {}     # sends and receives per step -> ranks whose dump records none
     setup = {}      # (group key, k) -> ranks whose first k entries on it are the job's setup
     skips = {r: setup_prefix(d["entries"], place, r, expand(plan_rows.get(r, []))[0]) for r, d in dumps.items()}
+    for key in {k for s in skips.values() for k in s}:
+        members = [r for r in dumps if r in key[1]]
+        if len({skips[r].get(key, 0) for r in members}) > 1:  # the members disagree: no setup prefix
+            for r in members:
+                skips[r].pop(key, None)
     for r, sk in skips.items():
         for key, k in sk.items():
             setup.setdefault((key, k), []).append(r)
@@ -472,11 +477,6 @@ def diagnose(dumps, exp):
             for key, j in shape_inference(d["entries"], place, r, expand(plan_rows[r])[0], skips[r]).items():
                 skips[r][key] = skips[r].get(key, 0) + j
                 inferred.setdefault((key, j), []).append(r)
-    for key in {k for s in skips.values() for k in s}:
-        members = [r for r in dumps if r in key[1]]
-        if len({skips[r].get(key, 0) for r in members}) > 1:  # the members disagree: no setup prefix
-            for r in members:
-                skips[r].pop(key, None)
     for r, d in sorted(dumps.items()):
         by, per = expand(plan_rows.get(r, []))
         first = None

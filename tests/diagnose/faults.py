@@ -16,8 +16,10 @@ builder.py's build_collectives); it is run on them as written, and on a
 copy whose pg_config is written from the entries (each group's ranks the
 plan's instance), and that verdict is the one printed.
 
-Closing line: "diagnose faults: P provoked, D diagnosed right, fr_trace: ..."
-Exit status 0 when every case was provoked and diagnosed right.
+First, torch-free, tests/diagnose/setup_check.py (the rule that leaves a
+job's setup collectives out of the step count, and its mutants).
+Closing line: "diagnose faults: P provoked, D diagnosed right, fr_trace: ...; setup rule ok"
+Exit status 0 when every case was provoked and diagnosed right and the setup rule holds.
 """
 import argparse
 import os
@@ -175,6 +177,9 @@ def main():
         print(f"quick tier: {', '.join(QUICK)} of {len(CASES)} cases; COMMPLAN_TEST_TIER=full runs all "
               f"({', '.join(n for n in CASES if n not in QUICK)}: withhold_counts, pp_schedule and their clean runs "
               "are real torchtitan jobs)")
+    # the setup rule without torch first (tests/diagnose/setup_check.py: its checks and mutants)
+    setup = subprocess.run([sys.executable, os.path.join(HERE, "setup_check.py")], capture_output=True, text=True)
+    print(setup.stdout, end="")
     work = a.keep or tempfile.mkdtemp(prefix="commplan-faults.")
     provoked = right = fr_named = blind_said = 0
     for name in names:
@@ -219,10 +224,11 @@ def main():
           + (f", {blind_said} of {len(blind)} with the rank named and its cause not visible in gloo's dumps said so "
              f"({', '.join(blind)})" if blind else "")
           + ", "
-          f"fr_trace.py's verdict right (the culprit alone, or nothing where nothing failed) in {fr_named}")
+          f"fr_trace.py's verdict right (the culprit alone, or nothing where nothing failed) in {fr_named}"
+          f"; setup rule {'ok' if setup.returncode == 0 else 'FAILED'}")
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
-    return 0 if right + blind_said == len(names) else 1
+    return 0 if right + blind_said == len(names) and setup.returncode == 0 else 1
 
 
 if __name__ == "__main__":
