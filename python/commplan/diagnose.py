@@ -10,8 +10,10 @@ The plan's expected trace comes from gen/expect.lua (`lua5.4 gen/verbs.lua
 expect PLAN --ranks A-B --json`): for every rank, each collective the step
 issues on which group instance, its per-group sequence id, element counts
 and dtype, and the plan's name for it. Each dump entry is placed by its
-group and collective_seq_id (step = (id - 1) // per_step), and compared
-with the plan's row there. The report, a few lines:
+group and collective_seq_id (step = (id - 1) // per_step, the ids counted
+after a job's setup collectives and a pipeline's shape inference where the
+dumps show them: setup_prefix, shape_inference), and compared with the
+plan's row there. The report, a few lines:
 
   which step and op each rank reached (ranks in the same state folded);
   the first departure from the plan: rank, step, op, and its kind (a
