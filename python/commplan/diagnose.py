@@ -10,8 +10,10 @@ The plan's expected trace comes from gen/expect.lua (`lua5.4 gen/verbs.lua
 expect PLAN --ranks A-B --json`): for every rank, each collective the step
 issues on which group instance, its per-group sequence id, element counts
 and dtype, and the plan's name for it. Each dump entry is placed by its
-group and collective_seq_id (step = (id - 1) // per_step), and compared
-with the plan's row there. The report, a few lines:
+group and collective_seq_id (step = (id - 1) // per_step, the ids counted
+after a job's setup collectives and a pipeline's shape inference where the
+dumps show them: setup_prefix, shape_inference), and compared with the
+plan's row there. The report, a few lines:
 
   which step and op each rank reached (ranks in the same state folded);
   the first departure from the plan: rank, step, op, and its kind (a
@@ -294,7 +296,10 @@ def matches(row, e):
         return "collective"
     if row.get("numel_in") is not None and not gloo_rs and (nin != row.get("numel_in") or nout != row.get("numel_out")):
         return "size"
-    if row.get("dtype") and dt and dt != row["dtype"]:
+    # torchtitan's expert-count exchange moves int64 counts (routing_map_BLE.sum,
+    # torchtitan/models/common/moe.py:437), whatever the plan's dtype
+    counts = row.get("kind") == "a2a_counts" and dt in ("Long", "Int")
+    if row.get("dtype") and dt and dt != row["dtype"] and not counts:
         return "dtype"
     return ""
 
@@ -374,6 +379,77 @@ def _pending(d, e):
     return e.get("state") not in ("completed",)
 
 
+def setup_prefix(entries, place, r, by):
+    """{group key: k}: rank r's first k entries on a group (ids 1..k) are the
+    job's setup, before the plan's first step (a torchtitan job's parameter
+    initialisation and checks: DTensor's all-gathers of Bool masks, the
+    pipeline group's all-reduce of an Int), when every collective the rank
+    recorded before its first op of the step (in record order: the first
+    entry that is its group's first op of the plan's step) is none of the
+    plan's collectives on its group. Without such a prefix the ids count from
+    the plan's step 0 (k = 0). diagnose() keeps a group's prefix only where
+    every member with a dump has the same."""
+    es = sorted((e for e in entries if not e.get("is_p2p")),
+                key=lambda e: (_int(e.get("record_id", 0)), _int(e["collective_seq_id"])))
+    out = {}
+    for e in es:
+        key = place.get((r, e["process_group"][0]))
+        rows = by.get(key, {})
+        if rows and 1 in rows and not matches(rows[1], e) and _int(e["collective_seq_id"]) == out.get(key, 0) + 1:
+            return {k: v for k, v in out.items() if k is not None}
+        if any(not matches(row, e) for row in rows.values()):
+            return {}
+        out[key] = _int(e["collective_seq_id"])
+    return {}
+
+
+def shape_inference(entries, place, r, by, skip):
+    """{group key: j}: on a pipeline rank, torch.distributed.pipelining's
+    shape inference (the schedule's _initialize_stage(s) before the first
+    step: the stage's forward run once, torch/distributed/pipelining/stage.py
+    _shape_inference) unshards the stage's FSDP units: the step's first j
+    all-gathers, then the step begins again from its first. Where a group's
+    entries after the setup are rows 1..j and then row 1 again, those j are
+    left out too."""
+    seqs = {}
+    for e in entries:
+        key = place.get((r, e["process_group"][0]))
+        if not e.get("is_p2p") and key in by:
+            seqs.setdefault(key, {})[_int(e["collective_seq_id"])] = e
+    out = {}
+    for key, es in seqs.items():
+        rows, k0 = by[key], skip.get(key, 0)
+        j = 0
+        while (j + 1 in rows and rows[j + 1]["op"] == "all_gather" and k0 + j + 1 in es
+               and not matches(rows[j + 1], es[k0 + j + 1])):
+            j += 1
+        nxt = es.get(k0 + j + 1)
+        if j and nxt is not None and not matches(rows[1], nxt) and (j + 1 not in rows or matches(rows[j + 1], nxt)):
+            out[key] = j
+    return out
+
+
+def _messages_between(r, rows, last, key):
+    """Where rank r's plan has only sends and receives between the collective
+    it last posted and its next on the group: what gloo's dumps cannot show."""
+    n, msgs = len(rows), []
+    for k in range(1, n):
+        row = rows[(last["pos"] + k) % n]
+        if "ranks" in row:
+            if group_key(row["group"], row["ranks"]) == key:
+                break
+            continue
+        if "pg_ranks" in row:
+            msgs.append(row)
+    if not msgs:
+        return ""
+    names = "; ".join(m["name"] for m in msgs[:3]) + ("; ..." if len(msgs) > 3 else "")
+    return (f"; between them rank {r}'s plan has only {sum(m.get('times', 1) for m in msgs)} sends and receives "
+            f"({names}), which the dumps do not record (gloo's Flight Recorder has no point-to-point ops): "
+            f"rank {r} is in one of them or in compute, and a schedule of its own (other microbatches, another "
+            "order) is what the dumps cannot tell from a slow rank")
+
+
 def diagnose(dumps, exp):
     """The report's lines and whether something departed or hangs."""
     world = exp["world_size"]
@@ -387,6 +463,22 @@ def diagnose(dumps, exp):
     departures = []  # (step, pos, time, rank, text)
     posted = {}     # group key -> {rank: (seq, pending, entry, row, step, time)}
     unseen = {}     # sends and receives per step -> ranks whose dump records none
+    setup = {}      # (group key, k) -> ranks whose first k entries on it are the job's setup
+    skips = {r: setup_prefix(d["entries"], place, r, expand(plan_rows.get(r, []))[0]) for r, d in dumps.items()}
+    for key in {k for s in skips.values() for k in s}:
+        members = [r for r in dumps if r in key[1]]
+        if len({skips[r].get(key, 0) for r in members}) > 1:  # the members disagree: no setup prefix
+            for r in members:
+                skips[r].pop(key, None)
+    for r, sk in skips.items():
+        for key, k in sk.items():
+            setup.setdefault((key, k), []).append(r)
+    inferred = {}   # (group key, j) -> pipeline ranks whose shape inference all-gathered the step's first j
+    for r, d in dumps.items():
+        if any("pg_ranks" in row for row in plan_rows.get(r, [])):
+            for key, j in shape_inference(d["entries"], place, r, expand(plan_rows[r])[0], skips[r]).items():
+                skips[r][key] = skips[r].get(key, 0) + j
+                inferred.setdefault((key, j), []).append(r)
     for r, d in sorted(dumps.items()):
         by, per = expand(plan_rows.get(r, []))
         first = None
@@ -396,6 +488,7 @@ def diagnose(dumps, exp):
             if "pg_ranks" in row:
                 p2p_rows.setdefault(group_key(row["pg"], row["pg_ranks"]), []).extend([row] * row.get("times", 1))
         p2p_seen = {}
+        skip = skips.get(r, {})
         for e in sorted(d["entries"], key=lambda e: (_int(e.get("record_id", 0)), _int(e["collective_seq_id"]))):
             if e.get("is_p2p"):
                 key = place.get((r, e["process_group"][0]))
@@ -423,6 +516,8 @@ def diagnose(dumps, exp):
             seq = _int(e["collective_seq_id"])
             key = place.get((r, e["process_group"][0]))
             t = _int(e.get("time_created_ns", 0)) or 0
+            if seq <= skip.get(key, 0):
+                continue
             if key is None or key not in per:
                 text = (f"posted {entry_text(e)} on process group {e['process_group'][0]} "
                         f"({e['process_group'][1]}), #{seq}: a group the plan has no collectives on for rank {r}")
@@ -430,7 +525,7 @@ def diagnose(dumps, exp):
                     first = (10 ** 9, 0, t, r, text)
                 continue
             n = per[key]
-            step, i = (seq - 1) // n, (seq - 1) % n + 1
+            step, i = (seq - skip.get(key, 0) - 1) // n, (seq - skip.get(key, 0) - 1) % n + 1
             row = by[key][i]
             why = matches(row, e)
             pend = _pending(d, e)
@@ -472,6 +567,17 @@ def diagnose(dumps, exp):
         rep_t = f" (repetition {rep + 1})" if rep else ""
         lines.append(f"{'rank' if len(rs) == 1 else 'ranks'} {_fold(rs)}: step {step}, "
                      f"#{seq} {name}{rep_t}{off} ({'not completed' if pend else 'completed'})")
+    if setup:
+        parts = []
+        for (key, k), rs in sorted(setup.items()):
+            g = "world" if key[0] == "world" else f"{key[0]} [ranks {_fold(key[1])}]"
+            parts.append(f"{k} on {g} ({'rank' if len(rs) == 1 else 'ranks'} {_fold(rs)})")
+        lines.append("before the plan's step 0, the job's setup (collectives the plan does not have, left out; "
+                     "ids counted from the step's first): " + ", ".join(parts))
+    for (key, j), rs in sorted(inferred.items()):
+        lines.append(f"{'rank' if len(rs) == 1 else 'ranks'} {_fold(rs)}: the pipeline's shape inference before "
+                     f"step 0 all-gathered the step's first {j} units on {key[0]} [ranks {_fold(key[1])}] "
+                     "(left out too)")
     for r in missing:
         lines.append(f"rank {r}: no dump (killed, or it wrote none)")
     for n, rs in sorted(unseen.items()):
@@ -509,7 +615,8 @@ def diagnose(dumps, exp):
                 elif b in per_rank:
                     s = per_rank[b]
                     why.append(f"rank {b} (last posted #{s[0]}, {s[3]['name'].split(' (')[0]}"
-                               f"{', not completed' if s[1] else ', completed'})")
+                               f"{', not completed' if s[1] else ', completed'})" + _messages_between(
+                                   b, plan_rows.get(b, []), s[3], key))
                 else:
                     why.append(f"rank {b} (posted nothing on it)")
             waits.append(f"{row['group']} group {row['instance']} [ranks {_fold(key[1])}]: "

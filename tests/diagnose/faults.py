@@ -1,12 +1,14 @@
 """The provoked-fault matrix (issue 40): real FSDP2 jobs on gloo under
-torchrun (4 ranks, tests/diagnose/fault_job.py) with Flight Recorder on,
-each with one fault; their dumps diagnosed against the plan
-(python/commplan/diagnose.py), and torch's own analyzer fr_trace.py run on
-the same dumps, its verdict printed beside.
+torchrun (4 ranks, tests/diagnose/fault_job.py) and real torchtitan 0.3 jobs
+(tests/diagnose/titan_fault_job.py: its expert parallel, its pipeline_llm;
+4 ranks forked, gloo) with Flight Recorder on, each with one fault; their
+dumps diagnosed against the plan (python/commplan/diagnose.py), and torch's
+own analyzer fr_trace.py run on the same dumps, its verdict printed beside.
 
   faults.py [--tier quick|full] [--keep DIR] [NAME...]
 
-quick: skip_unit and kill; full: every case below. Each case's check: the
+quick: skip_unit and kill (one "quick tier:" line); full: every case below
+(the torchtitan jobs 15-40 s each). Each case's check: the
 diagnosis names the right rank, the plan's op and the cause. fr_trace.py
 cannot read gloo's dumps as torch 2.15 writes them (their pg_config keys
 the groups by '' while the entries name them '0', '1', ...: a KeyError in
@@ -14,8 +16,10 @@ builder.py's build_collectives); it is run on them as written, and on a
 copy whose pg_config is written from the entries (each group's ranks the
 plan's instance), and that verdict is the one printed.
 
-Closing line: "diagnose faults: P provoked, D diagnosed right, fr_trace: ..."
-Exit status 0 when every case was provoked and diagnosed right.
+First, torch-free, tests/diagnose/setup_check.py (the rule that leaves a
+job's setup collectives out of the step count, and its mutants).
+Closing line: "diagnose faults: P provoked, D diagnosed right, fr_trace: ...; setup rule ok"
+Exit status 0 when every case was provoked and diagnosed right and the setup rule holds.
 """
 import argparse
 import os
@@ -54,20 +58,34 @@ CASES = {
               r"the dumps agree with the plan everywhere they reach: the plan cannot see"]),
     "kill": ("fr4.lua", {"FAULT_RANK": "3"},
              [r"rank 3: no dump", r"wait in #\d+ \(.*layers\.2's parameters \(backward.* for rank 3 \(no dump\)"]),
-    # the plan's own collectives replayed on gloo (tests/diagnose/replay_job.py): the expert all-to-alls
-    "withhold_counts": ("../ep/plans/ep2_mixtral.lua", {"FAULT_RANK": "1", "JOB": "replay_job.py"},
-                        [r"first departure from the plan: rank 1 posted all_to_all 8 -> 8 Float as ep #\d+ \(step 1\) "
-                         r"where the plan has expert-count exchange of layers\.0\.experts \(forward.*: all_to_all 4 "
-                         r"-> 4 Float; it skipped the plan's expert-count exchange of layers\.0\.experts"]),
-    "pp_schedule": ("../plans/llama_tiny_cppp.lua", {"FAULT_RANK": "2", "JOB": "replay_job.py"},
-                    [r"ranks 0-3: the plan has 4 sends and receives per step; the dump records none \(gloo's "
-                     r"Flight Recorder records no point-to-point ops\), so the pipeline's messages are not checked"]),
+    # real torchtitan 0.3 jobs (tests/diagnose/titan_fault_job.py: 4 ranks forked, gloo, Flight Recorder on):
+    # its expert parallel (DeepSeek-V3, dp_shard 4 x ep 2), rank 1 withholding the expert-count all-to-all
+    "withhold_counts": ("ep4.lua", {"FAULT_RANK": "1", "JOB": "titan_fault_job.py", "EP_CASE": "dp4_ep2"},
+                        [r"first departure from the plan: rank 1 posted all_to_all \d+ -> \d+ Float as ep #17 "
+                         r"\(step 1\) where the plan has expert-count exchange of layers\.1\.experts \(forward.*: "
+                         r"all_to_all 8 -> 8 Float; it skipped the plan's expert-count exchange of "
+                         r"layers\.1\.experts",
+                         r"before the plan's step 0, the job's setup .*24 on world"]),
+    # its pipeline_llm (Qwen3, pp 2 x dp_shard 2, 1F1B over 2 microbatches): rank 2 (pipeline rank 1) runs 4
+    "pp_schedule": ("pp4.lua", {"FAULT_RANK": "2", "JOB": "titan_fault_job.py", "PP_CASE": "qwen3_pp2",
+                                "FAULT": "pp_microbatches"},
+                    [r"ranks 0-3: the plan has 4 sends and receives per step; the dump records none",
+                     r"fsdp group 1 \[ranks 2,3\]: rank 3 waits in #7 \(reduce-scatter of norm_lm_head's gradients "
+                     r".* for rank 2 \(last posted #6, all-gather of norm_lm_head's parameters, completed\); between "
+                     r"them rank 2's plan has only 3 sends and receives"]),
+    # the same jobs without a fault (full tier): the setup and the pipeline's shape inference left out, the
+    # rest agrees with the plan
+    "ep_none": ("ep4.lua", {"JOB": "titan_fault_job.py", "EP_CASE": "dp4_ep2", "FAULT": "none"},
+                [r"agree with the plan everywhere they reach; nothing is pending"]),
+    "pp_none": ("pp4.lua", {"JOB": "titan_fault_job.py", "PP_CASE": "qwen3_pp2", "FAULT": "none"},
+                [r"shape inference before step 0 all-gathered the step's first 3 units on fsdp \[ranks 2,3\]",
+                 r"agree with the plan everywhere they reach; nothing is pending"]),
 }
 QUICK = ["skip_unit", "kill"]
-# cases whose job may finish: gloo's isend / irecv let a swapped schedule complete
-NO_HANG_OK = {"pp_schedule"}
-# provoked but invisible in gloo's dumps (torch 2.15's gloo Flight Recorder records no sends or
-# receives): the check is that the diagnosis says so; counted apart from "diagnosed right"
+CLEAN = {"none", "ep_none", "pp_none"}
+# provoked, the rank behind named, the cause invisible in gloo's dumps (torch 2.15's gloo Flight
+# Recorder records no sends or receives): the check is that the diagnosis names the rank and says
+# what it cannot see; counted apart from "diagnosed right"
 BLIND = {"pp_schedule"}
 # the rank at fault: the one fr_trace.py must blame alone to count as right
 CULPRIT = {"skip_unit": 1, "shape": 2, "micro": 2, "slow": 1, "kill": 3, "withhold_counts": 1, "pp_schedule": 2}
@@ -85,21 +103,21 @@ def provoke(name, plan_json, env, dumps, log):
     os.makedirs(dumps)
     env = dict(env)
     job = env.pop("JOB", "fault_job.py")
-    if job == "replay_job.py":
-        exp = os.path.join(os.path.dirname(dumps), "expect.json")
-        with open(exp, "w") as f:
-            subprocess.run([LUA, os.path.join(ROOT, "gen", "verbs.lua"), "expect", plan_json, "--ranks", "all",
-                            "--json"], check=True, stdout=f)
-        env["EXPECT_JSON"] = exp
     e = dict(os.environ, FAULT=name, PLAN_JSON=plan_json, DUMP_DIR=dumps, TORCH_FR_BUFFER_SIZE="2000",
              TORCH_FR_DUMP_TEMP_FILE=os.path.join(dumps, "rank_"), GLOO_TIMEOUT_S="3", DEADLINE_S="30",
-             OMP_NUM_THREADS="1", **env)
-    port = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "free_port.py")], capture_output=True,
-                          text=True).stdout.strip() or "29655"
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+             OMP_NUM_THREADS="1")
+    e.update(env)
+    if job == "titan_fault_job.py":
+        # torchtitan's jobs fork their 4 ranks themselves (torch and torchtitan imported once)
+        e["DEADLINE_S"] = "120"
+        cmd = ["timeout", "240", sys.executable, os.path.join(HERE, job)]
+    else:
+        port = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "free_port.py")], capture_output=True,
+                              text=True).stdout.strip() or "29655"
+        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        cmd = ["timeout", "90", torchrun, "--nproc-per-node", "4", "--master-port", port, os.path.join(HERE, job)]
     with open(log, "w") as f:
-        p = subprocess.run(["timeout", "90", torchrun, "--nproc-per-node", "4", "--master-port", port,
-                            os.path.join(HERE, job)], env=e, stdout=f, stderr=subprocess.STDOUT)
+        p = subprocess.run(cmd, env=e, stdout=f, stderr=subprocess.STDOUT)
     return p.returncode
 
 
@@ -132,7 +150,7 @@ def _verdict(p):
     if p.returncode != 0:
         last = [x for x in text.splitlines() if x.strip()][-1:] or ["(no output)"]
         return "fails: " + last[0][:160], set()
-    culprits = re.findall(r"Culprit rank (\d+); Error type: (\w+)", text)
+    culprits = list(dict.fromkeys(re.findall(r"Culprit rank (\d+); Error type: (\w+)", text)))
     if culprits:
         seq = re.search(r"Collective sequence number: (\d+) has errors", text)
         return (f"#{seq.group(1) if seq else '?'} has errors: blames " +
@@ -155,6 +173,13 @@ def main():
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
     names = a.names or (QUICK if a.tier == "quick" else list(CASES))
+    if not a.names and a.tier == "quick":
+        print(f"quick tier: {', '.join(QUICK)} of {len(CASES)} cases; COMMPLAN_TEST_TIER=full runs all "
+              f"({', '.join(n for n in CASES if n not in QUICK)}: withhold_counts, pp_schedule and their clean runs "
+              "are real torchtitan jobs)")
+    # the setup rule without torch first (tests/diagnose/setup_check.py: its checks and mutants)
+    setup = subprocess.run([sys.executable, os.path.join(HERE, "setup_check.py")], capture_output=True, text=True)
+    print(setup.stdout, end="")
     work = a.keep or tempfile.mkdtemp(prefix="commplan-faults.")
     provoked = right = fr_named = blind_said = 0
     for name in names:
@@ -173,7 +198,7 @@ def main():
         except diagnose.BadInput as e:
             print(f"fault {name}: FAIL no diagnosis ({e}); job exit {rc}, log {case}/job.log")
             continue
-        ok_provoked = (rc == 0) if name == "none" else (rc != 0 or name in NO_HANG_OK)
+        ok_provoked = (rc == 0) if name in CLEAN else rc != 0
         provoked += ok_provoked
         report = "\n".join(lines)
         good = ok_provoked and all(re.search(c, report) for c in checks)
@@ -186,7 +211,7 @@ def main():
             f.write(fr_full)
         fixed_v, blamed = fixed_v
         fr_named += blamed == {CULPRIT[name]} if name in CULPRIT else not blamed
-        print(f"fault {name}: {('ok (not visible in the dumps, said so)' if name in BLIND else 'ok') if good else 'FAIL'} (job exit {rc}, {time.time() - t0:.0f} s, "
+        print(f"fault {name}: {('ok (the rank named; the cause not visible in the dumps, said so)' if name in BLIND else 'ok') if good else 'FAIL'} (job exit {rc}, {time.time() - t0:.0f} s, "
               f"{len(loaded)} dumps)")
         for x in lines:
             print("    " + x)
@@ -196,12 +221,14 @@ def main():
             print(f"    expected lines matching: {checks}; files in {case}")
     blind = [n for n in names if n in BLIND]
     print(f"diagnose faults: {len(names)} cases, {provoked} provoked, {right} diagnosed right"
-          + (f", {blind_said} of {len(blind)} not visible in gloo's dumps said so ({', '.join(blind)})" if blind else "")
+          + (f", {blind_said} of {len(blind)} with the rank named and its cause not visible in gloo's dumps said so "
+             f"({', '.join(blind)})" if blind else "")
           + ", "
-          f"fr_trace.py's verdict right (the culprit alone, or nothing where nothing failed) in {fr_named}")
+          f"fr_trace.py's verdict right (the culprit alone, or nothing where nothing failed) in {fr_named}"
+          f"; setup rule {'ok' if setup.returncode == 0 else 'FAILED'}")
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
-    return 0 if right + blind_said == len(names) else 1
+    return 0 if right + blind_said == len(names) and setup.returncode == 0 else 1
 
 
 if __name__ == "__main__":
