@@ -67,6 +67,8 @@ suites[#suites + 1] = "test_expect"
 suites[#suites + 1] = "test_offload"
 -- Issue 39 (h39a): FSDPModule's schedule knobs (set_reshard_after_backward, ...).
 suites[#suites + 1] = "test_fsdp_knobs"
+-- Issue 41 (h41c): torchtitan 0.3's gpt-oss family (sinks, biases, sliding-window attention, EP).
+suites[#suites + 1] = "test_gpt_oss"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)
