@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """commplan's MoE families against torchtitan 0.3's own MoE models and wrapping (issue 23, item 1).
 
-torchtitan 0.3's qwen3 MoE flavours and deepseek_v3 -- registry flavours and small ones built
+torchtitan 0.3's qwen3 MoE flavours, deepseek_v3 and gpt_oss -- registry flavours and small ones built
 with torchtitan's own layer builders -- and, for the mixtral family (torchtitan has no Mixtral),
 torchtitan's Qwen3 MoE decoder without its q/k norms: each built on the meta device and
-parallelized by torchtitan's own parallelize_qwen3 / parallelize_deepseekv3 (apply_fsdp_to_decoder)
+parallelized by torchtitan's own parallelize_qwen3 / parallelize_deepseekv3 / parallelize_gptoss
+(apply_fsdp_to_decoder)
 at the plan's mesh over a fake process group of the plan's world size (ep = 1: FSDP and HSDP).
 Read back from the fully_shard state, per unit: its modules, reshard_after_forward, the
 MixedPrecisionPolicy dtypes and the gradient divide factor; per parameter: name, order, shape,
@@ -61,6 +62,12 @@ CASES = [
                                 dense_hidden_dim=None), ("deepseek_v3", None), 12,
      {"dp_replicate": 3, "dp_shard": -1}),  # no shared experts, no dense block; 12 > 4: Shard(1) over 4
     ("dsv3_16b", {"family": "deepseek_v3", "size": "16b"}, ("deepseek_v3", "16B"), 48, {"dp_shard": -1}),
+    # torchtitan's gpt-oss (parallelize_gptoss): sinks, biases, the experts' biases placed with their weights
+    ("gptoss_20b_wide", {"family": "gpt_oss", "size": "20b"}, ("gpt_oss", "20b"), 40,
+     {"dp_shard": -1}),  # 40 > 32 experts: Shard(1) on mlp1/mlp2 weights and biases
+    ("gptoss_120b", {"family": "gpt_oss", "size": "120b"}, ("gpt_oss", "120b"), 16, {"dp_shard": -1}),
+    ("gptoss_debug_hsdp", {"family": "gpt_oss", "size": "debugmodel"}, ("gpt_oss", "debugmodel"), 12,
+     {"dp_replicate": 2, "dp_shard": -1}),  # 12 > 8 experts: Shard(1) over dp_shard 6
     ("dsv3_671b", {"family": "deepseek_v3", "size": "671b"}, ("deepseek_v3", "671B"), 512, {"dp_shard": -1}),
 ]
 MIXTRAL = {"8x7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=32000, moe_hidden_dim=14336,
@@ -134,6 +141,9 @@ def titan_config(kind, flavor, model):
             norm=RMSNorm.Config(normalized_shape=d, param_init=DS._NORM_INIT),
             lm_head=Linear.Config(in_features=d, out_features=v, param_init=DS._output_linear_init(d)),
             layers=layers, mtp_layers=[])
+    if kind == "gpt_oss":
+        import torchtitan.models.gpt_oss as G
+        return G.model_registry(flavor).model
     if flavor:
         return Q.model_registry(flavor).model
     n = dict(MIXTRAL[model["size"]]) if "size" in model else model
@@ -159,6 +169,9 @@ def parallelize(kind, cfg, parallelism, training, pd):
     from torchtitan.trainer import Trainer
     if kind == "deepseek_v3":
         from torchtitan.models.deepseek_v3 import model_registry, parallelize_deepseekv3 as fn
+        spec = model_registry("debugmodel")
+    elif kind == "gpt_oss":
+        from torchtitan.models.gpt_oss import model_registry, parallelize_gptoss as fn
         spec = model_registry("debugmodel")
     else:
         from torchtitan.models.qwen3 import model_registry, parallelize_qwen3 as fn
