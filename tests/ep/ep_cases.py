@@ -91,10 +91,10 @@ CASES = {
                            seq=5, param_dtype="bf16"),
 }
 # The cases run when none are named: by hand, all but the extra ones; make test's quick tier one case
-# per mesh and activation checkpointing once (full AC), and the Qwen3 MoE TP plan once (EP x TP, on the
-# dp2_tp2_ep2 mesh); make test-full every case.
+# per mesh and activation checkpointing once (full AC), the Qwen3 MoE TP plan once (EP x TP, on the
+# dp2_tp2_ep2 mesh) and gpt-oss once (ep 2); make test-full every case.
 TIER = os.environ.get("COMMPLAN_TEST_TIER", "")
-QUICK = ("dp4_ep2", "dp4_ep2_full", "dp4_ep4", "dp2_tp2_ep2", "q3m_dp2_tp2_ep2")
+QUICK = ("dp4_ep2", "dp4_ep2_full", "dp4_ep4", "dp2_tp2_ep2", "q3m_dp2_tp2_ep2", "gpt_dp4_ep2")
 if TIER == "quick":
     DEFAULT = ",".join(QUICK)
 elif TIER == "full":
