@@ -67,7 +67,7 @@ CASES = [
      {"dp_shard": -1}),  # 40 > 32 experts: Shard(1) on mlp1/mlp2 weights and biases
     ("gptoss_120b", {"family": "gpt_oss", "size": "120b"}, ("gpt_oss", "120b"), 16, {"dp_shard": -1}),
     ("gptoss_debug_hsdp", {"family": "gpt_oss", "size": "debugmodel"}, ("gpt_oss", "debugmodel"), 12,
-     {"dp_replicate": 2, "dp_shard": -1}),  # 12 > 8 experts: Shard(1) over dp_shard 6
+     {"dp_replicate": 3, "dp_shard": -1}),  # 12 > 8 experts: Shard(1) over dp_shard 4
     ("dsv3_671b", {"family": "deepseek_v3", "size": "671b"}, ("deepseek_v3", "671B"), 512, {"dp_shard": -1}),
 ]
 MIXTRAL = {"8x7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=32000, moe_hidden_dim=14336,
@@ -240,6 +240,37 @@ def run_case(case, stats):
     return ["%s: %s" % (name, p) for p in compare(commplan_units(plan), theirs, stats)]
 
 
+def writer_gpt_oss():
+    """commplan write --titan gpt_oss:FLAVOR's writer (commplan.titan.plan_from_titan) on torchtitan's own
+    registry: the family's numbers read from the built model equal the registry's, and a model whose windows
+    are not torchtitan's pattern is refused in one line. Problems, as compare's."""
+    import dataclasses
+    from commplan import PlanError
+    from commplan.titan import gpt_oss_numbers, plan_from_titan
+    from torchtitan.models.gpt_oss import model_registry
+    want = {"debugmodel": dict(dim=256, n_layers=4, vocab_size=2048, num_experts=8),
+            "20b": dict(dim=2880, n_layers=24, vocab_size=201088, num_experts=32)}
+    problems = []
+    for flavor, w in want.items():
+        got = gpt_oss_numbers(model_registry(flavor))
+        w = dict(w, family="gpt_oss", n_heads=64, n_kv_heads=8, head_dim=64, moe_hidden_dim=2880, top_k=4,
+                 fuse_qkv=True, sliding_window=128)
+        if got != w:
+            problems.append("writer %s: %s, torchtitan's registry %s" % (flavor, got, w))
+    text = plan_from_titan(model_registry("debugmodel"), "w", 4, parallel={"dp_shard": -1, "ep": 2}, seq_len=256)
+    if 'family = "gpt_oss"' not in text or "sliding_window = 128" not in text:
+        problems.append("writer: the plan text lacks the family or its window: " + text)
+    ms = model_registry("debugmodel")
+    ms.model.layers[1].attention = dataclasses.replace(ms.model.layers[1].attention, sliding_window_size=64)
+    try:
+        gpt_oss_numbers(ms)
+        problems.append("writer: a window on block 1 was not refused")
+    except PlanError as e:
+        if "block 1" not in str(e) or "\n" in str(e):
+            problems.append("writer: refusal %r" % str(e))
+    return problems
+
+
 def main():
     E.need_titan(NAME)
     t0 = time.time()
@@ -256,6 +287,8 @@ def main():
         stats["cases"] += 1
         lines.append("%s (%d ranks%s) %.1f s" % (case[0], case[3], "".join(
             ", %s=%d" % (k, v) for k, v in case[4].items() if v not in (1, -1)), time.time() - tc))
+    if not only or any(n.startswith("gptoss") for n in only):
+        problems += writer_gpt_oss()
     for p in problems[:40]:
         print("DISAGREE", p)
     if len(problems) > 40:
