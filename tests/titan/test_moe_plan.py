@@ -66,8 +66,8 @@ CASES = [
     ("gptoss_20b_wide", {"family": "gpt_oss", "size": "20b"}, ("gpt_oss", "20b"), 40,
      {"dp_shard": -1}),  # 40 > 32 experts: Shard(1) on mlp1/mlp2 weights and biases
     ("gptoss_120b", {"family": "gpt_oss", "size": "120b"}, ("gpt_oss", "120b"), 16, {"dp_shard": -1}),
-    ("gptoss_debug_hsdp", {"family": "gpt_oss", "size": "debugmodel"}, ("gpt_oss", "debugmodel"), 12,
-     {"dp_replicate": 3, "dp_shard": -1}),  # 12 > 8 experts: Shard(1) over dp_shard 4
+    ("gptoss_debug_hsdp", {"family": "gpt_oss", "size": "debugmodel"}, ("gpt_oss", "debugmodel"), 20,
+     {"dp_replicate": 5, "dp_shard": -1}),  # 20 > 8 experts: Shard(1) over dp_shard 4
     ("dsv3_671b", {"family": "deepseek_v3", "size": "671b"}, ("deepseek_v3", "671B"), 512, {"dp_shard": -1}),
 ]
 MIXTRAL = {"8x7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=32000, moe_hidden_dim=14336,
