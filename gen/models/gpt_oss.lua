@@ -8,12 +8,15 @@
 -- _build_gptoss_layers: sliding_window_size=128 if layer_id % 2 == 0,
 -- __init__.py:209), odd ones over the whole causal sequence.
 --
--- Parameter order (named_parameters, which FSDP2 flattens in): the
--- attention's own sinks first (a direct parameter of Attention, model.py:
--- 82), qkv_linear (fused wqkv weight and bias: the registry's fuse_qkv=True,
--- __init__.py:101-112; unfused wq, wk, wv each with a bias: QKVLinear builds
--- wk and wv from one wkv config, common/attention.py:756-758), wo weight
--- and bias (ScaledBiasRowwiseLinear, __init__.py:136-141), then the block's
+-- Parameter order, as the fully_shard state holds it after torchtitan's
+-- parallelize_gptoss (read back by tests/titan/test_moe_plan.py; the
+-- meta-built model's named_parameters lists sinks first, the parallelized
+-- one's FSDP group after wo): qkv_linear (fused wqkv weight and bias: the
+-- registry's fuse_qkv=True, __init__.py:101-112; unfused wq, wk, wv each
+-- with a bias: QKVLinear builds wk and wv from one wkv config,
+-- common/attention.py:756-758), wo weight and bias
+-- (ScaledBiasRowwiseLinear, __init__.py:136-141), the attention's sinks
+-- (model.py:82), then the block's
 -- attention_norm, ffn_norm and moe (GptOssTransformerBlock, model.py:151-
 -- 156): the experts' mlp1_weight_EGD, mlp1_bias_EG, mlp2_weight_EDF,
 -- mlp2_bias_ED, the router's gate weight and bias (bias=True, __init__.py:
@@ -87,7 +90,7 @@ function go.units(ctx, model, d)
   for i = 0, cfg.n_layers - 1 do
     local pre = "layers." .. i .. "."
     local a = pre .. "attention."
-    local ps = { p(a .. "sinks", { cfg.n_heads }) }
+    local ps = {}
     if cfg.fuse_qkv then
       ps[#ps + 1] = p(a .. "qkv_linear.wqkv.weight", { q + 2 * kv, D })
       ps[#ps + 1] = p(a .. "qkv_linear.wqkv.bias", { q + 2 * kv })
@@ -99,6 +102,7 @@ function go.units(ctx, model, d)
     end
     ps[#ps + 1] = p(a .. "wo.weight", { D, q })
     ps[#ps + 1] = p(a .. "wo.bias", { D })
+    ps[#ps + 1] = p(a .. "sinks", { cfg.n_heads })
     ps[#ps + 1] = p(pre .. "attention_norm.weight", { D })
     ps[#ps + 1] = p(pre .. "ffn_norm.weight", { D })
     local ex = pre .. "moe.routed_experts.inner_experts."

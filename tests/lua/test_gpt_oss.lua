@@ -39,15 +39,17 @@ function T.registry_parameter_counts()
   H.eq(moe.count(units_of({ size = "120B" })), 116829156672, "120b parameters")
 end
 
--- named_parameters of torchtitan's debugmodel, block 0, in order.
+-- torchtitan's debugmodel, block 0, in the order of its fully_shard state
+-- after parallelize_gptoss (tests/titan/test_moe_plan.py reads it back).
 function T.block_parameter_names_and_shapes()
   local units = units_of({ size = "debugmodel" })
   H.eq(#units, 4 + 3, "embedding, 4 blocks, [norm, lm_head], root")
   H.eq(units[2].name, "layers.0")
   local a, ex = "layers.0.attention.", "layers.0.moe.routed_experts.inner_experts."
   local want = {
-    { a .. "sinks", { 64 } }, { a .. "qkv_linear.wqkv.weight", { 5120, 256 } }, { a .. "qkv_linear.wqkv.bias", { 5120 } },
-    { a .. "wo.weight", { 256, 4096 } }, { a .. "wo.bias", { 256 } }, { "layers.0.attention_norm.weight", { 256 } },
+    { a .. "qkv_linear.wqkv.weight", { 5120, 256 } }, { a .. "qkv_linear.wqkv.bias", { 5120 } },
+    { a .. "wo.weight", { 256, 4096 } }, { a .. "wo.bias", { 256 } }, { a .. "sinks", { 64 } },
+    { "layers.0.attention_norm.weight", { 256 } },
     { "layers.0.ffn_norm.weight", { 256 } }, { ex .. "mlp1_weight_EGD", { 8, 5760, 256 } },
     { ex .. "mlp1_bias_EG", { 8, 5760 } }, { ex .. "mlp2_weight_EDF", { 8, 256, 2880 } },
     { ex .. "mlp2_bias_ED", { 8, 256 } }, { "layers.0.moe.router.gate.weight", { 8, 256 } },
@@ -63,9 +65,9 @@ function T.block_parameter_names_and_shapes()
   H.eq(units[6].reshard_after_forward, false, "[norm, lm_head] kept unsharded after forward")
   -- unfused: wq, wk, wv each with its bias
   local un = units_of({ size = "debugmodel", fuse_qkv = false, n_layers = 1 })
-  H.eq(un[2].params[2].name, a .. "qkv_linear.wq.weight")
-  H.eq(un[2].params[5].name, a .. "qkv_linear.wk.bias")
-  H.list_eq(un[2].params[7].shape, { 512 }, "wv.bias")
+  H.eq(un[2].params[1].name, a .. "qkv_linear.wq.weight")
+  H.eq(un[2].params[4].name, a .. "qkv_linear.wk.bias")
+  H.list_eq(un[2].params[6].shape, { 512 }, "wv.bias")
 end
 
 -- Every parameter of inner_experts (the biases too) takes the experts'
