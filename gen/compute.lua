@@ -208,7 +208,7 @@ end
 
 local function suffix(name) return (name:gsub("^layers%.%d+%.", "")) end
 
-local MOE = { mixtral = true, qwen3_moe = true, deepseek_v3 = true }
+local MOE = { mixtral = true, qwen3_moe = true, deepseek_v3 = true, gpt_oss = true }
 
 -- The weights torchtitan's op-level SAC recomputes in backward: the unfused
 -- block's 2nd, 4th and 6th matmuls (SelectiveAC's every second aten.mm):
@@ -219,15 +219,22 @@ local function recomputed_by_sac(q)
     or n == "feed_forward.w3.weight"
 end
 
--- An MoE family's attention per rank: local heads and the head width the
--- FLOPs count (the mean of the query-key and value widths: MLA's differ).
-local function moe_attention(cfg, tp)
+-- An MoE family's attention per rank in block unit `name` over seq
+-- tokens: local heads, the head width the FLOPs count (the mean of the
+-- query-key and value widths: MLA's differ) and the keys each query
+-- attends to (the sequence; gpt-oss's even blocks their sliding window:
+-- gen/models/gpt_oss.lua's kv_len).
+local function moe_attention(cfg, tp, name, seq)
   if not cfg or not cfg.n_heads then return nil end
   local heads = math.max(1, cfg.n_heads // tp)
   if cfg.qk_nope_head_dim then
-    return { heads = heads, hd = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) / 2 }
+    return { heads = heads, hd = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) / 2, kv = seq }
   end
-  return cfg.head_dim and { heads = heads, hd = cfg.head_dim } or nil
+  local kv = seq
+  if cfg.sliding_window then
+    kv = require("gen.models.gpt_oss").kv_len(cfg, tonumber(name:match("^layers%.(%d+)")), seq)
+  end
+  return cfg.head_dim and { heads = heads, hd = cfg.head_dim, kv = kv } or nil
 end
 
 -- A unit's 2-D weights as linears (gen/unit_time.lua's spec), TP-local
@@ -250,6 +257,12 @@ local function expert_gemm(q)
   if not q.name:find("routed_experts.inner_experts.", 1, true) or q.shape[1] == 0 then return nil end
   if #q.shape == 3 then return q.shape[1], q.shape[2], q.shape[3] end
   if #q.shape == 4 then return q.shape[1], q.shape[2] * q.shape[3], q.shape[4] end
+end
+
+-- gpt-oss's routed experts' biases [E, out] (moe.py:167-188): E local
+-- experts' rows, each token adding top_k of them; nil for anything else.
+local function expert_bias(q)
+  return q.name:find("routed_experts.inner_experts.", 1, true) and #q.shape == 2 and q.shape[1] > 0 or nil
 end
 
 local function linears(u, block, pred, again)
@@ -457,18 +470,21 @@ function compute.units(p, s)
       -- (with ep > 1 under TP an experts unit's rows come from each rank's seq / tp tokens)
       local Tu = u.expert and T // tp or T
       for _, q in ipairs(u.params) do
-        if top_k and expert_gemm(q) then
+        -- (a routed expert's grouped weight, or gpt-oss's 2-D bias, E rows; each token uses top_k of the E)
+        if top_k and (expert_gemm(q) or expert_bias(q)) then
           P = P + q.numel * top_k / q.shape[1]
         else
           P = P + q.numel
         end
       end
       -- An MoE family's block: its attention too (Llama's count: QK^T and
-      -- AV over the whole sequence, 4 x seq x head width per head and token
+      -- AV over the whole sequence -- gpt-oss's even blocks over their
+      -- sliding window --, 4 x keys x head width per head and token
       -- forward; MLA's query-key width is qk_nope + qk_rope, its value
       -- width v_head_dim), on the block's unit, not its experts'
-      local attn = MOE[fam] and not u.expert and u.name:match("^layers%.%d+$") and moe_attention(p.model_config, tp)
-      r.fwd = 2 * P * Tu + (attn and 4 * T * seq * attn.heads * attn.hd or 0)
+      local attn = MOE[fam] and not u.expert and u.name:match("^layers%.%d+$")
+        and moe_attention(p.model_config, tp, u.name, seq)
+      r.fwd = 2 * P * Tu + (attn and 4 * T * attn.kv * attn.heads * attn.hd or 0)
       r.bwd = 2 * r.fwd
       local rec = compute.checkpointed(p, u) and ac or "none"
       if rec == "full" then r.recompute = r.fwd
@@ -478,7 +494,7 @@ function compute.units(p, s)
         -- weight (E local experts) E GEMMs over its share of the rows;
         -- anything else at a large GEMM's rate
         local spec = { T = Tu, linears = {}, flops = 0, recompute = rec == "full" and "full" or "none",
-                       attention = attn and { q_tokens = T, kv_len = seq, heads = attn.heads, hd = attn.hd } }
+                       attention = attn and { q_tokens = T, kv_len = attn.kv, heads = attn.heads, hd = attn.hd } }
         for _, q in ipairs(u.params) do
           local E, eo, ei = expert_gemm(q)
           if top_k and E then
@@ -486,6 +502,9 @@ function compute.units(p, s)
             local t = { T = rows, linears = { { out = eo, ["in"] = ei } } }
             local f, b = unit_time.of(s, t)
             r.fwd_us, r.bwd_us = (r.fwd_us or 0) + f * E, (r.bwd_us or 0) + b * E
+          elseif top_k and expert_bias(q) then
+            -- gpt-oss's expert biases (moe.py:167-188): added to each routed row, top_k rows a token
+            spec.flops = spec.flops + 6 * (q.numel // q.shape[1]) * Tu * top_k
           elseif as_linear(q) then
             local o, i = as_linear(q)
             spec.linears[#spec.linears + 1] = { out = o, ["in"] = i }

@@ -132,7 +132,7 @@ local SCHEMA = {
     compile = { "bool" }, float8 = { "enum", enum = { "none", "tensorwise", "rowwise", "rowwise_with_gw_hp" } },
   },
   model = {
-    family = { "enum", enum = { "llama", "generic", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3" } }, size = { "string" },
+    family = { "enum", enum = { "llama", "generic", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss" } }, size = { "string" },
     dtype = { "enum", enum = DTYPES }, seq_len = { "int", min = 1, max = LIM.model_int },
     dim = { "int", min = 1, max = LIM.model_int },
     n_layers = { "int", min = 1, max = LIM.units - 3,
@@ -154,6 +154,8 @@ local SCHEMA = {
     -- DeepSeek-V3's router: top-k weights renormalised, node-limited routing's groups
     route_norm = { "bool" }, n_expert_groups = { "int", min = 0, max = LIM.model_int },
     n_limited_groups = { "int", min = 0, max = LIM.model_int },
+    -- gpt-oss (gen/models/gpt_oss.lua): the even blocks' causal sliding window, in tokens
+    sliding_window = { "int", min = 1, max = LIM.model_int },
     -- the qwen3 family (gen/models/qwen3.lua): the FFN's hidden size as given, and torchtitan's
     -- enable_weight_tying (tok_embeddings.weight and lm_head.weight tied; one unit holds both ends)
     hidden_dim = { "int", min = 1, max = LIM.model_int }, enable_weight_tying = { "bool" },
@@ -235,6 +237,7 @@ local FAMILY_KEYS = {
 }
 for fam, keys in pairs(require("gen.models.moe").FIELDS) do FAMILY_KEYS[fam] = keys end
 FAMILY_KEYS.qwen3 = require("gen.models.qwen3").FIELDS
+FAMILY_KEYS.gpt_oss = require("gen.models.gpt_oss").FIELDS
 
 -- A model key the family does not read: refused, naming the family and the keys it reads.
 local function check_family_keys(ctx, model)

@@ -7,4 +7,4 @@
 return { llama = require("gen.models.llama"), generic = require("gen.models.generic"),
          qwen3 = require("gen.models.qwen3"),
          mixtral = require("gen.models.mixtral"), qwen3_moe = require("gen.models.qwen3_moe"),
-         deepseek_v3 = require("gen.models.deepseek_v3") }
+         deepseek_v3 = require("gen.models.deepseek_v3"), gpt_oss = require("gen.models.gpt_oss") }

@@ -112,6 +112,13 @@ function acts.gqa_attention(cfg, e, T)
   local norms = cfg.qk_norm and Q + KV or 0
   local rstd = 1 + h + (cfg.qk_norm and h + kvh or 0)
   local none = e * T * (2 * d + 2 * Q + 2 * KV + norms) + F32 * T * rstd
+  if cfg.gpt_oss then
+    -- gpt-oss's sinks (model.py:34-40, run on flex's output and lse): sigmoid keeps its fp32 output per
+    -- head, the multiply its cast (e per head) and flex's output, and wo's input is the product, a new
+    -- storage (the reshape's .contiguous() of it): Q more per token. SelectiveAC recomputes these (they
+    -- run outside flex's compiled region), so its terms below stay GQA's.
+    none = none + e * T * (Q + h) + F32 * T * h
+  end
   -- SAC: the compiled region's output, lse, q and k (v below)
   return part(none, mms, e * T * (2 * Q + KV) + F32 * T * h, 0, { bytes = e * T * KV, mm = v_mm })
 end
@@ -163,7 +170,10 @@ function acts.moe(cfg, e, T, rows, ep)
     block = block + e * T * (d + 4 * Fs)
     mms[2], mms[3], mms[4] = { d, Fs }, { d, Fs }, { Fs, d }
   end
-  local routed = rows * (e * d + 4 * e * F + (ep > 1 and I64 or 0)) + I32 * (E // ep)
+  -- per routed row: the grouped matmuls' input and, of the SwiGLU, h1, silu(h1), h3, their product (4F);
+  -- gpt-oss's clamped SwiGLU (moe.py:67-74, 161-188) keeps mlp1's biased 2F output (both clamps' input,
+  -- one storage), sigmoid's output, the two clamped halves, the gated half and the product: 7F
+  local routed = rows * (e * d + (cfg.gpt_oss and 7 or 4) * e * F + (ep > 1 and I64 or 0)) + I32 * (E // ep)
   local sac = T * (F32 + I64) * (K + 2 * G + lg)
   return part(block, mms, sac, routed)
 end

@@ -63,7 +63,7 @@ local ep = {
 
 -- The routed experts' grouped weights (gen/models/moe.lua's names).
 ep.EXPERTS = ".moe.routed_experts.inner_experts."
-ep.MOE_FAMILIES = { mixtral = true, qwen3_moe = true, deepseek_v3 = true }
+ep.MOE_FAMILIES = { mixtral = true, qwen3_moe = true, deepseek_v3 = true, gpt_oss = true }
 
 function ep.used(d) return d.ep > 1 end
 
@@ -121,7 +121,7 @@ function ep.rules(ctx, d, p)
   end
   if not ep.MOE_FAMILIES[p.model.family] then
     util.field_error(ctx, "parallel.ep", string.format("ep=%d: expert parallelism needs routed experts; the %s "
-      .. "family has none (mixtral, qwen3_moe and deepseek_v3 do); set ep=1", d.ep, p.model.family))
+      .. "family has none (mixtral, qwen3_moe, deepseek_v3 and gpt_oss do); set ep=1", d.ep, p.model.family))
   end
   if d.tp > 1 and d.ep % d.tp ~= 0 and d.tp % d.ep ~= 0 then
     -- (the runtime's mesh refines the dense and expert meshes into whole axes, gen/emit.lua: an ep group

@@ -32,7 +32,7 @@ function fsdp.used() return true end
 -- units says loss_head (torchtitan's [norm, lm_head], as commplan.titan's
 -- plan_from_titan writes it for a model trained with ChunkedLossWrapper,
 -- which the python bridge drives: python/commplan/chunked_loss.py).
-local CHUNKED_FAMILIES = { llama = true, mixtral = true, qwen3_moe = true, deepseek_v3 = true }
+local CHUNKED_FAMILIES = { llama = true, mixtral = true, qwen3_moe = true, deepseek_v3 = true, gpt_oss = true }
 
 local function has_loss_head(model)
   for _, u in ipairs(model.family == "generic" and model.units or {}) do

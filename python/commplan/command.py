@@ -86,10 +86,12 @@ def plan_output_path(plan_path):
 
 def _titan_text(spec, args, sec, comment):
     model, _, flavor = spec.partition(":")
-    if model != "llama3" or not flavor:
+    if model not in ("llama3", "gpt_oss") or not flavor:
         raise PlanError("--titan %s: give llama3:FLAVOR (torchtitan 0.3's llama3 model_registry flavors: "
-                        "debugmodel, 1B, 3B, 8B, 70B, 405B); for other models give their config.json"
-                        % validate.printable(spec, 80))
+                        "debugmodel, 1B, 3B, 8B, 70B, 405B) or gpt_oss:FLAVOR (debugmodel, 20b, 120b); for other "
+                        "models give their config.json" % validate.printable(spec, 80))
+    if model == "gpt_oss":
+        return _gpt_oss_text(spec, flavor, args, sec, comment)
     try:
         from torchtitan.models.llama3 import model_registry
     except ImportError as e:
@@ -112,6 +114,34 @@ def _titan_text(spec, args, sec, comment):
     text = plan_from_titan(ms, args.name, sec["world_size"], parallel=sec["parallel"], fsdp=fsdp,
                            topology=sec["topology"], training=sec["training"], seq_len=sec["seq_len"],
                            pipeline=sec["pipeline"], family=sec["family"], fused=sec["fused"])
+    lines = text.split("\n")
+    return "\n".join(lines[:1] + ["-- " + c for c in comment.split("\n")] + lines[1:])
+
+
+def _gpt_oss_text(spec, flavor, args, sec, comment):
+    """--titan gpt_oss:FLAVOR: torchtitan 0.3's gpt-oss registry flavor as commplan's gpt_oss family
+    (commplan.titan.plan_from_titan; gen/models/gpt_oss.lua)."""
+    try:
+        from torchtitan.models.gpt_oss import model_registry
+    except ImportError as e:
+        raise PlanError("--titan: torchtitan is not importable in this Python (%s); install torch and torchtitan"
+                        % e) from None
+    try:
+        ms = model_registry(flavor)
+    except (KeyError, ValueError) as e:
+        raise PlanError("--titan %s: torchtitan's gpt_oss has no flavor %s (%s); give debugmodel, 20b or 120b"
+                        % (validate.printable(spec, 80), validate.printable(flavor, 60),
+                           " ".join(str(e).split())[:120])) from None
+    from .titan import TITAN_FSDP, plan_from_titan
+    if sec["dtype"] not in (None, "fp32"):
+        raise PlanError("--dtype: a --titan plan stores the parameters as torchtitan's model builds them (fp32, "
+                        "all-gathered in bf16 as its parallelize does); drop it, or set --param-dtype")
+    if sec["family"] not in ("auto", "gpt_oss"):
+        raise PlanError("--family: a --titan gpt_oss plan is commplan's gpt_oss family; drop --family")
+    fsdp = dict(TITAN_FSDP, **(sec["fsdp"] or {}))
+    text = plan_from_titan(ms, args.name, sec["world_size"], parallel=sec["parallel"], fsdp=fsdp,
+                           topology=sec["topology"], training=sec["training"], seq_len=sec["seq_len"],
+                           pipeline=sec["pipeline"])
     lines = text.split("\n")
     return "\n".join(lines[:1] + ["-- " + c for c in comment.split("\n")] + lines[1:])
 

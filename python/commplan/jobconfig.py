@@ -27,7 +27,7 @@ SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBu
              "PipelineScheduleMulti")
 PRESETS = ("h100", "h200", "b200", "a100", "h100_hbm2e")
 # --family: the writer's families (python3 -m commplan hf --family)
-FAMILIES = ("auto", "llama", "generic", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3")
+FAMILIES = ("auto", "llama", "generic", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
 _TORCH_DTYPES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16", "bf16": "bf16", "fp32": "fp32",
                  "fp16": "fp16"}
 

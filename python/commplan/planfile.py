@@ -79,6 +79,10 @@ MOE_MODEL_KEYS = {
 }
 MOE_SIZES = {"mixtral": ("8x7b", "8x22b"), "qwen3_moe": ("30b-a3b", "235b-a22b"),
              "deepseek_v3": ("16b", "236b", "671b")}
+# torchtitan 0.3's gpt-oss (gen/models/gpt_oss.lua FIELDS, size apart) and its registry's flavors.
+MOE_MODEL_KEYS["gpt_oss"] = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "moe_hidden_dim",
+                             "num_experts", "top_k", "fuse_qkv", "sliding_window", "seq_len")
+MOE_SIZES["gpt_oss"] = ("debugmodel", "20b", "120b")
 # The dense Qwen3 family's keys (gen/models/qwen3.lua FIELDS, size apart) plus seq_len, and its sizes
 # (torchtitan 0.3's qwen3 registry).
 QWEN3_MODEL_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "hidden_dim", "fuse_qkv",

@@ -223,6 +223,44 @@ def _llama_units(units):
     return out
 
 
+def is_gpt_oss(model):
+    """Whether model (a module, its config or its ModelSpec) is torchtitan 0.3's gpt-oss."""
+    if getattr(model, "name", None) == "gpt_oss" and hasattr(model, "model"):
+        return True
+    cls = type(getattr(model, "model", model) if not hasattr(model, "named_parameters") else model)
+    return cls.__qualname__.startswith("GptOssModel") and "gpt_oss" in cls.__module__
+
+
+def gpt_oss_numbers(model):
+    """commplan's gpt_oss family numbers (gen/models/gpt_oss.lua FIELDS) of a torchtitan 0.3 gpt-oss
+    model, read from the built module (shapes) and its config (the sliding windows): a PlanError
+    where its blocks do not follow torchtitan's pattern (a window on the even blocks only, one size,
+    models/gpt_oss/__init__.py:209), which the family plans."""
+    if not hasattr(model, "named_parameters"):
+        # (built on the meta device as it is: its shapes are all that is read, no sharding config needed)
+        import torch
+        with torch.device("meta"):
+            model = getattr(model, "model", model).build()
+    blocks = list(model.layers.values()) if hasattr(model.layers, "values") else list(model.layers)
+    nums = titan_model_numbers(model)
+    ex = blocks[0].moe.routed_experts.inner_experts
+    E, D, F = (int(x) for x in ex.mlp2_weight_EDF.shape)
+    windows = [getattr(lc.attention, "sliding_window_size", None) for lc in model.config.layers]
+    w = windows[0] if windows else None
+    for i, wi in enumerate(windows):
+        if wi != (w if i % 2 == 0 else None):
+            raise PlanError("plan_from_titan: gpt-oss block %d has sliding_window_size %r; commplan's gpt_oss family "
+                            "plans torchtitan's pattern (a window on the even blocks, one size: models/gpt_oss/"
+                            "__init__.py:209), give a model built so" % (i, wi))
+    out = {"family": "gpt_oss", "dim": D, "n_layers": len(blocks), "n_heads": nums["n_heads"],
+           "n_kv_heads": nums["n_kv_heads"], "head_dim": nums["head_dim"],
+           "vocab_size": int(model.tok_embeddings.weight.shape[0]), "moe_hidden_dim": F, "num_experts": E,
+           "top_k": int(blocks[0].moe.router.top_k), "fuse_qkv": nums["fuse_qkv"]}
+    if w is not None:
+        out["sliding_window"] = int(w)
+    return out
+
+
 def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=None, training=None,
                     seq_len=None, family="auto", out=None, pipeline=None, spmd_backend="spmd_types",
                     fused=None):
@@ -238,6 +276,25 @@ def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=
     requires_grad), so FSDP2 and the optimizer train them all and nothing is written frozen.
     fused: torchtitan's fused layouts (["swiglu"]: its override.imports fused_swiglu) applied to a
     config before it is built, so the plan holds torchtitan's fused parameters (w13) as they are."""
+    if is_gpt_oss(model):
+        if fused:
+            raise PlanError("fused=%s: the gpt_oss family has no fused layout in commplan (gen/models/fused.lua "
+                            "covers llama, qwen3 and the MoE families); drop fused" % list(fused))
+        # torchtitan's gpt-oss: commplan's gpt_oss family (gen/models/gpt_oss.lua), its numbers read
+        # from the model; parameters stored as torchtitan builds them (fp32)
+        validate.check_family(family, ("auto", "gpt_oss"))
+        if fsdp is None:
+            fsdp = dict(TITAN_FSDP)
+        m = dict(gpt_oss_numbers(model), dtype="fp32")
+        if seq_len is not None:
+            m["seq_len"] = seq_len
+        from .planfile import plan_text
+        text = plan_text(name, world_size, m, parallel=parallel, fsdp=fsdp, topology=topology, training=training,
+                         pipeline=pipeline)
+        if out is not None:
+            from .planfile import write_plan
+            write_plan(out, text)
+        return text
     family = validate.check_family(family, ("auto", "generic", "llama"))
     spmd_backend = validate.check_value(spmd_backend, validate.Spec(
         "enum", enum=("spmd_types", "partial_dtensor", "full_dtensor")), "plan_from_titan", "spmd_backend")

@@ -50,7 +50,7 @@ local DS_KEYS = { "dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", 
                   "num_experts", "num_shared_experts", "top_k" }
 local GQA_KEYS = { "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "moe_hidden_dim", "num_experts",
                    "top_k" }
-local KEYS = { deepseek_v3 = DS_KEYS, qwen3_moe = GQA_KEYS, mixtral = GQA_KEYS }
+local KEYS = { deepseek_v3 = DS_KEYS, qwen3_moe = GQA_KEYS, mixtral = GQA_KEYS, gpt_oss = GQA_KEYS }
 
 -- The plan of a case is named ep_live_<case> (its binary, its dump files).
 local function plan_name(c) return "ep_live_" .. c.case end
@@ -68,10 +68,12 @@ local function plan_source(c)
   world_size = %d,
   parallel = { dp_shard = %d, ep = %d%s },
   model = { family = %q, dtype = "fp32", seq_len = %d, %s },
-  fsdp = { reduce_op = "sum" },
+  fsdp = { %sreduce_op = "sum" },
   training = { local_batch_size = %d, loss_chunks = 1%s },
 }]], c.world, c.dp_shard, c.ep, ((c.tp or 1) > 1 and fmt(", tp = %d", c.tp) or "")
     .. (c.sp == false and ", sequence_parallel = false" or ""), family, c.seq, table.concat(m, ", "),
+    -- (torchtitan's mixed_precision_param bf16 where the case says so; reductions fp32)
+    c.param_dtype == "bf16" and 'param_dtype = "bf16", reduce_dtype = "fp32", ' or "",
     c.batch,
     (c.ac and c.ac ~= "none") and fmt(", activation_checkpointing = %q", c.ac) or "")
 end

@@ -28,6 +28,11 @@ BASE = dict(dim=16, n_layers=3, n_dense_layers=1, n_heads=2, vocab_size=64, q_lo
 # at 8 bf16 per TP shard), top 2
 GQA_BASE = dict(dim=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=4, vocab_size=64, moe_hidden_dim=16,
                 num_experts=8, top_k=2)
+# torchtitan's gpt-oss decoder (family "gpt_oss"), tiny: its attention with sinks and biases (4 heads of 4, 2 kv
+# heads; block 0 with the registry's 128-token sliding window, block 1 full), 8 experts of hidden 16 with biases
+# (mlp1's 2 x 16 gate/up rows), top 2
+GPT_BASE = dict(dim=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=4, vocab_size=64, moe_hidden_dim=16,
+                num_experts=8, top_k=2)
 # name: world, dp_shard, ep, tp (1 unless given; torchtitan's TP with sequence and loss parallelism, its
 # defaults, or "sp": False without sequence parallelism; ep borrows from dp_shard*tp), model overrides, (batch, seq), ac (torchtitan's activation checkpointing:
 # "none" unless given, "full" = FullAC, "selective" = SelectiveAC, each with its defaults)
@@ -74,12 +79,22 @@ CASES = {
                              extra=True),
     "q3m_dp2_tp2_ep2_nosp": dict(family="qwen3_moe", world=4, dp_shard=2, tp=2, ep=2, sp=False, model={}, batch=1,
                                  seq=6, extra=True),
+    # torchtitan's gpt-oss (parallelize_gptoss, models/gpt_oss/parallelize.py): FSDP alone (every expert weight
+    # and bias Shard(0), 4 ranks <= 8 experts), ep 2 (weights and biases split over ep, efsdp 2), and ep 2 with 2
+    # experts (efsdp*ep 4 > 2: Shard(1) on the weights and the biases). Under torchtitan's default bf16
+    # all-gathers ("param_dtype": its mixed_precision_param; fp32 reductions): gpt-oss's experts return bf16
+    # whatever the parameters' dtype (models/gpt_oss/moe.py:161-188, the grouped mms on bf16 copies), which an
+    # fp32 step's combine refuses (scatter_add of bf16 rows into fp32)
+    "gpt_dp4": dict(family="gpt_oss", world=4, dp_shard=4, ep=1, model={}, batch=1, seq=6, param_dtype="bf16"),
+    "gpt_dp4_ep2": dict(family="gpt_oss", world=4, dp_shard=4, ep=2, model={}, batch=1, seq=6, param_dtype="bf16"),
+    "gpt_dp4_ep2_e2": dict(family="gpt_oss", world=4, dp_shard=4, ep=2, model=dict(num_experts=2, top_k=1), batch=1,
+                           seq=5, param_dtype="bf16"),
 }
 # The cases run when none are named: by hand, all but the extra ones; make test's quick tier one case
-# per mesh and activation checkpointing once (full AC), and the Qwen3 MoE TP plan once (EP x TP, on the
-# dp2_tp2_ep2 mesh); make test-full every case.
+# per mesh and activation checkpointing once (full AC), the Qwen3 MoE TP plan once (EP x TP, on the
+# dp2_tp2_ep2 mesh) and gpt-oss once (ep 2); make test-full every case.
 TIER = os.environ.get("COMMPLAN_TEST_TIER", "")
-QUICK = ("dp4_ep2", "dp4_ep2_full", "dp4_ep4", "dp2_tp2_ep2", "q3m_dp2_tp2_ep2")
+QUICK = ("dp4_ep2", "dp4_ep2_full", "dp4_ep4", "dp2_tp2_ep2", "q3m_dp2_tp2_ep2", "gpt_dp4_ep2")
 if TIER == "quick":
     DEFAULT = ",".join(QUICK)
 elif TIER == "full":
@@ -94,7 +109,8 @@ def family(case):
 
 def model_of(case):
     """The case's model numbers: its family's base with the case's overrides."""
-    return dict(BASE if family(case) == "deepseek_v3" else GQA_BASE, **case["model"])
+    base = {"deepseek_v3": BASE, "gpt_oss": GPT_BASE}.get(family(case), GQA_BASE)
+    return dict(base, **case["model"])
 
 
 def spec(name):
@@ -102,7 +118,7 @@ def spec(name):
     return {"case": name, "family": family(case), "world": case["world"], "dp_shard": case["dp_shard"],
             "ep": case["ep"], "tp": case.get("tp", 1),
             "model": model_of(case), "batch": case["batch"], "seq": case["seq"],
-            "ac": case.get("ac", "none"), "sp": case.get("sp", True)}
+            "ac": case.get("ac", "none"), "sp": case.get("sp", True), "param_dtype": case.get("param_dtype", "fp32")}
 
 
 def names_of(cases):

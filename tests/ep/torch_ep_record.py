@@ -515,6 +515,52 @@ def titan_model_config(m):
         layers=layers, mtp_layers=[])
 
 
+def titan_gpt_oss_config(m):
+    """torchtitan's gpt-oss decoder from its own builders (_build_gptoss_layers, each block's attention from
+    _make_gptoss_attn_config with the case's heads: the builder fixes 64 heads of 64), tiny."""
+    import torchtitan.models.gpt_oss as G
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm
+    hd, d, v = m["head_dim"], m["dim"], m["vocab_size"]
+    rope = CosSinRoPE.Config(dim=hd, max_seq_len=64, theta=150000.0)
+    layers = G._build_gptoss_layers(
+        dim=d, n_layers=m["n_layers"], hidden_dim=m["moe_hidden_dim"], num_experts=m["num_experts"],
+        top_k=m["top_k"], load_balance_coeff=1e-3, attn_backend="flex", fuse_qkv=True, moe_comm_backend="standard",
+        rope=rope)
+    for i, lc in enumerate(layers):
+        lc.attention = G._make_gptoss_attn_config(
+            dim=d, layer_id=i, attn_backend="flex", n_heads=m["n_heads"], n_kv_heads=m["n_kv_heads"], head_dim=hd,
+            sliding_window_size=lc.attention.sliding_window_size, fuse_qkv=True, rope=rope)
+    return G.GptOssModel.Config(
+        vocab_size=v, dim=d,
+        tok_embeddings=Embedding.Config(num_embeddings=v, embedding_dim=d, param_init=G._EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=d, param_init=G._NORM_INIT),
+        lm_head=Linear.Config(in_features=d, out_features=v, param_init=G._output_linear_init(d)), layers=layers)
+
+
+def flex_with_lse_on_cpu():
+    """gpt-oss's sinks rescale flex's output by its logsumexp (out_transform, models/gpt_oss/model.py:
+    109-131); titan_env's CPU stand-in for FlexAttention (causal SDPA) returns no lse. This one computes
+    the causal attention and its lse in eager ops when an out_transform is asked for (the sinks then get
+    their gradient, as on GPU), and is the plain stand-in otherwise. No data moves: the maths only."""
+    from torchtitan.models.common.attention import FlexAttention
+    plain = FlexAttention.forward
+
+    def forward(self, q_BLNH, k_BLNH, v_BLNH, *args, scale=None, enable_gqa=False, out_transform=None, **kwargs):
+        if out_transform is None:
+            return plain(self, q_BLNH, k_BLNH, v_BLNH, *args, scale=scale, enable_gqa=enable_gqa, **kwargs)
+        q, k, v = q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2)
+        if enable_gqa and k.shape[1] != q.shape[1]:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        s = (q @ k.transpose(-1, -2)).float() * (scale if scale is not None else q.shape[-1] ** -0.5)
+        L = s.shape[-1]
+        s = s.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        out = (torch.softmax(s, -1).to(v.dtype) @ v).transpose(1, 2)
+        return out_transform(out, lse.transpose(1, 2))
+    FlexAttention.forward = forward
+
+
 def ac_config(mode):
     """torchtitan's own activation checkpointing config (the Trainer's --activation_checkpoint: its
     SelectiveAC / FullAC with their defaults), or None; parallelize_deepseekv3 applies it
@@ -531,6 +577,10 @@ def build(case, pd, parallelism, training):
         from torchtitan.models.deepseek_v3 import model_registry, parallelize_deepseekv3 as parallelize
         cfg = titan_model_config(model_of(case))
         spec = model_registry("debugmodel")
+    elif fam == "gpt_oss":
+        from torchtitan.models.gpt_oss import model_registry, parallelize_gptoss as parallelize
+        cfg = titan_gpt_oss_config(model_of(case))
+        spec = model_registry("debugmodel", attn_backend="flex")
     else:
         from torchtitan.models.qwen3 import model_registry, parallelize_qwen3 as parallelize
         cfg = titan_gqa_moe_config(model_of(case), fam)
@@ -624,7 +674,8 @@ def run_case(rank, name, case, plan_json=None):
                                     enable_sequence_parallel=case.get("sp", True))
     set_spmd_backend(parallelism.spmd_backend)  # as Trainer.__init__ does
     training = TrainingConfig(local_batch_size=case["batch"], seq_len=case["seq"], dtype="float32",
-                              mixed_precision_param="float32", mixed_precision_reduce="float32",
+                              mixed_precision_param={"bf16": "bfloat16"}.get(case.get("param_dtype"), "float32"),
+                              mixed_precision_reduce="float32",
                               disable_cuda_graphs=True)  # CUDA graphs refuse the CPU-syncing all-to-all dispatcher
     key = mesh_key(case)
     if key not in MESHES:   # cases of one mesh share its ParallelDims (see main)
@@ -717,6 +768,7 @@ def worker(rank, world, port, names, tmpdir, plans=None):
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     import titan_env as E
     E.cpu_training()
+    flex_with_lse_on_cpu()
     install_labels()
     install_ep_labels()
     install_grad_pattern()

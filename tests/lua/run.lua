@@ -75,6 +75,8 @@ suites[#suites + 1] = "test_raf_int"
 suites[#suites + 1] = "test_titan_options"
 -- Issue 41 (h41b): torchtitan's fused layouts (model.fused: fused SwiGLU, grouped experts, MLA).
 suites[#suites + 1] = "test_fused"
+-- Issue 41 (h41c): torchtitan 0.3's gpt-oss family (sinks, biases, sliding-window attention, EP).
+suites[#suites + 1] = "test_gpt_oss"
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

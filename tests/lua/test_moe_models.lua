@@ -235,7 +235,7 @@ function T.bad_inputs_one_line_each()
   H.plan_fails(src('family = "deepseek_v3", size = "671b", n_kv_heads = 8'), "model.n_kv_heads",
     "the deepseek_v3 family does not read n_kv_heads")
   H.plan_fails(src('family = "llama", size = "8b", top_k = 2'), "model.top_k", "the llama family does not read top_k",
-    "deepseek_v3 | mixtral | qwen3_moe")
+    "deepseek_v3 | gpt_oss | mixtral | qwen3_moe")
   H.plan_fails(src('family = "llama", size = "8b", num_experts = 8'), "model.num_experts", "dense model",
     'family = "mixtral" | "qwen3_moe" | "deepseek_v3"')
   H.plan_fails(src('family = "mixtral", size = "8x7b", units = { { name = "a", params = {} } }'), "model.units",

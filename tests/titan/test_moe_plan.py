@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """commplan's MoE families against torchtitan 0.3's own MoE models and wrapping (issue 23, item 1).
 
-torchtitan 0.3's qwen3 MoE flavours and deepseek_v3 -- registry flavours and small ones built
+torchtitan 0.3's qwen3 MoE flavours, deepseek_v3 and gpt_oss -- registry flavours and small ones built
 with torchtitan's own layer builders -- and, for the mixtral family (torchtitan has no Mixtral),
 torchtitan's Qwen3 MoE decoder without its q/k norms: each built on the meta device and
-parallelized by torchtitan's own parallelize_qwen3 / parallelize_deepseekv3 (apply_fsdp_to_decoder)
+parallelized by torchtitan's own parallelize_qwen3 / parallelize_deepseekv3 / parallelize_gptoss
+(apply_fsdp_to_decoder)
 at the plan's mesh over a fake process group of the plan's world size (ep = 1: FSDP and HSDP).
 Read back from the fully_shard state, per unit: its modules, reshard_after_forward, the
 MixedPrecisionPolicy dtypes and the gradient divide factor; per parameter: name, order, shape,
@@ -62,6 +63,12 @@ CASES = [
                                 dense_hidden_dim=None), ("deepseek_v3", None), 12,
      {"dp_replicate": 3, "dp_shard": -1}),  # no shared experts, no dense block; 12 > 4: Shard(1) over 4
     ("dsv3_16b", {"family": "deepseek_v3", "size": "16b"}, ("deepseek_v3", "16B"), 48, {"dp_shard": -1}),
+    # torchtitan's gpt-oss (parallelize_gptoss): sinks, biases, the experts' biases placed with their weights
+    ("gptoss_20b_wide", {"family": "gpt_oss", "size": "20b"}, ("gpt_oss", "20b"), 40,
+     {"dp_shard": -1}),  # 40 > 32 experts: Shard(1) on mlp1/mlp2 weights and biases
+    ("gptoss_120b", {"family": "gpt_oss", "size": "120b"}, ("gpt_oss", "120b"), 16, {"dp_shard": -1}),
+    ("gptoss_debug_hsdp", {"family": "gpt_oss", "size": "debugmodel"}, ("gpt_oss", "debugmodel"), 20,
+     {"dp_replicate": 5, "dp_shard": -1}),  # 20 > 8 experts: Shard(1) over dp_shard 4
     ("dsv3_671b", {"family": "deepseek_v3", "size": "671b"}, ("deepseek_v3", "671B"), 512, {"dp_shard": -1}),
 ]
 # issue 41 (h41a): these cases are parallelized again under torchtitan's "always" and "never" policies
@@ -138,6 +145,9 @@ def titan_config(kind, flavor, model):
             norm=RMSNorm.Config(normalized_shape=d, param_init=DS._NORM_INIT),
             lm_head=Linear.Config(in_features=d, out_features=v, param_init=DS._output_linear_init(d)),
             layers=layers, mtp_layers=[])
+    if kind == "gpt_oss":
+        import torchtitan.models.gpt_oss as G
+        return G.model_registry(flavor).model
     if flavor:
         return Q.model_registry(flavor).model
     n = dict(MIXTRAL[model["size"]]) if "size" in model else model
@@ -163,6 +173,9 @@ def parallelize(kind, cfg, parallelism, training, pd):
     from torchtitan.trainer import Trainer
     if kind == "deepseek_v3":
         from torchtitan.models.deepseek_v3 import model_registry, parallelize_deepseekv3 as fn
+        spec = model_registry("debugmodel")
+    elif kind == "gpt_oss":
+        from torchtitan.models.gpt_oss import model_registry, parallelize_gptoss as fn
         spec = model_registry("debugmodel")
     else:
         from torchtitan.models.qwen3 import model_registry, parallelize_qwen3 as fn
@@ -242,6 +255,37 @@ def run_case(case, stats):
     return out
 
 
+def writer_gpt_oss():
+    """commplan write --titan gpt_oss:FLAVOR's writer (commplan.titan.plan_from_titan) on torchtitan's own
+    registry: the family's numbers read from the built model equal the registry's, and a model whose windows
+    are not torchtitan's pattern is refused in one line. Problems, as compare's."""
+    import dataclasses
+    from commplan import PlanError
+    from commplan.titan import gpt_oss_numbers, plan_from_titan
+    from torchtitan.models.gpt_oss import model_registry
+    want = {"debugmodel": dict(dim=256, n_layers=4, vocab_size=2048, num_experts=8),
+            "20b": dict(dim=2880, n_layers=24, vocab_size=201088, num_experts=32)}
+    problems = []
+    for flavor, w in want.items():
+        got = gpt_oss_numbers(model_registry(flavor))
+        w = dict(w, family="gpt_oss", n_heads=64, n_kv_heads=8, head_dim=64, moe_hidden_dim=2880, top_k=4,
+                 fuse_qkv=True, sliding_window=128)
+        if got != w:
+            problems.append("writer %s: %s, torchtitan's registry %s" % (flavor, got, w))
+    text = plan_from_titan(model_registry("debugmodel"), "w", 4, parallel={"dp_shard": -1, "ep": 2}, seq_len=256)
+    if 'family = "gpt_oss"' not in text or "sliding_window = 128" not in text:
+        problems.append("writer: the plan text lacks the family or its window: " + text)
+    ms = model_registry("debugmodel")
+    ms.model.layers[1].attention = dataclasses.replace(ms.model.layers[1].attention, sliding_window_size=64)
+    try:
+        gpt_oss_numbers(ms)
+        problems.append("writer: a window on block 1 was not refused")
+    except PlanError as e:
+        if "block 1" not in str(e) or "\n" in str(e):
+            problems.append("writer: refusal %r" % str(e))
+    return problems
+
+
 def main():
     E.need_titan(NAME)
     t0 = time.time()
@@ -258,6 +302,8 @@ def main():
         stats["cases"] += 1
         lines.append("%s (%d ranks%s) %.1f s" % (case[0], case[3], "".join(
             ", %s=%d" % (k, v) for k, v in case[4].items() if v not in (1, -1)), time.time() - tc))
+    if not only or any(n.startswith("gptoss") for n in only):
+        problems += writer_gpt_oss()
     for p in problems[:40]:
         print("DISAGREE", p)
     if len(problems) > 40:
