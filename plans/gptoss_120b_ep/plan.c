@@ -11,7 +11,7 @@
 #if CP_TABLES_VERSION != 10
 #error "plan.c was generated for commplan tables version 10: regenerate it with this tree's gen/commplan.lua"
 #endif
-_Static_assert(CP_OP_KIND_COUNT == 25 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 13,
+_Static_assert(CP_OP_KIND_COUNT == 26 && CP_STREAM_COUNT == 5 && CP_ARENA_BUFFERS == 14,
                "runtime/commplan.h enums differ from the generator's (gen/opkinds.lua, gen/memplan.lua)");
 
 /* Parameters, unit by unit in wrapping order, each in its unit's order.
