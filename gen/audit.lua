@@ -236,6 +236,7 @@ local function facts(p, face)
     end
     local uj = kv_list("name", u.name, "index", u.index, "root", u.is_root,
       "reshard_after_forward", u.reshard_after_forward and true or false, "reshard_after_backward", audit.false_or_nil(u.reshard_after_backward),
+      "unshard_in_backward", audit.false_or_nil(u.unshard_in_backward),
       -- fully_shard(reshard_after_forward=k): k and its post-forward group family, where 1 < k < S
       "post_forward", u.post_forward and u.post_forward.k, "post_forward_group", u.post_forward and u.post_forward.group,
       "forward_prefetch", audit.unit_names(p, u.fwd_prefetch), "backward_prefetch", audit.unit_names(p, u.bwd_prefetch),
@@ -658,7 +659,7 @@ end
 local function layout_sig(u)
   local t = { #u.params, u.total, u.grads_numel, u.orig_dtype, u.ag_dtype, u.reduce_dtype, u.grad_dtype, u.rs_op, u.ar_op,
               tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide, tostring(u.premul),
-              u.reshard_after_backward == false and "keep" or "" }
+              u.reshard_after_backward == false and "keep" or "", u.sharded_backward and "sharded_bwd" or "" }
   for _, q in ipairs(u.params) do
     t[#t + 1] = table.concat(q.shape, "x") .. "/" .. q.shard_dim .. (u.ag_bytes and "/" .. q.ag_dtype or "")
   end
