@@ -1271,12 +1271,25 @@ function audit.kept_text(p)
   for _, u in ipairs(p.layout and p.layout.units or {}) do
     if #u.params > 0 then
       all = all + 1
-      if u.reshard_after_backward == false then n = n + 1 end
+      -- (a unit backwarding on sharded parameters has nothing unsharded to keep)
+      if u.reshard_after_backward == false and not u.sharded_backward then n = n + 1 end
     end
   end
   if n == 0 or p.fsdp.grad_accumulation == "step_end" then return "" end
   return string.format("; %d of %d units kept unsharded from each backward into the next forward but the last "
     .. "(set_reshard_after_backward(False)): no all-gather in those forwards", n, all)
+end
+
+-- set_unshard_in_backward(False) on units resharded after forward: their
+-- backward on the sharded parameters (gen/parallel/fsdp_layout.lua).
+function audit.sharded_backward_text(p)
+  local n = 0
+  for _, u in ipairs(p.layout and p.layout.units or {}) do
+    if u.sharded_backward then n = n + 1 end
+  end
+  if n == 0 then return "" end
+  return string.format("; %d unit%s backward on %s sharded parameters (set_unshard_in_backward(False)): no "
+    .. "all-gather in %s backward", n, n == 1 and "" or "s", n == 1 and "its" or "their", n == 1 and "its" or "their")
 end
 
 local function settings_lines(p, s)
@@ -1296,6 +1309,7 @@ local function settings_lines(p, s)
       or " each reducing and adding into the sharded grads (FSDP2's default)"
     acc = acc .. audit.kept_text(p)
   end
+  acc = acc .. audit.sharded_backward_text(p)
   local loss = ""
   if require("gen.compute").activations_modeled(p) then
     -- (the collectives follow the wrapper only where the tables reduce a part: audit.chunked_ops)
