@@ -156,9 +156,9 @@ end
 -- reshard_after_forward false) backwards on its unsharded parameters as
 -- before. The loss head's lm_head gathers again inside the loss
 -- (ChunkedLossWrapper) and a post-forward group keeps a slice for backward:
--- both refused, naming the field; so is a pipeline stage's unit, which
--- the schedule's UNSHARD actions gather outside any pre-backward.
-function layout.unshard_in_backward(ctx, o, u, upath, pp)
+-- both refused, naming the field. (Only a generic unit sets it, and the
+-- generic family has no pipeline stages: gen/models/generic.lua.)
+function layout.unshard_in_backward(ctx, o, u, upath)
   if u.unshard_in_backward ~= false then return end
   o.unshard_in_backward = false
   local field = upath .. ".unshard_in_backward"
@@ -166,11 +166,6 @@ function layout.unshard_in_backward(ctx, o, u, upath, pp)
     util.field_error(ctx, field, "the loss head's lm_head is unsharded by torchtitan's ChunkedLossWrapper inside "
       .. "the loss (lm_head.unshard(), distributed/fsdp.py:202-207), not by its pre-backward: remove it or "
       .. "loss_head")
-  end
-  if pp > 1 then
-    util.field_error(ctx, field, "a pipeline stage's units are gathered by the schedule's UNSHARD actions "
-      .. "(torch 2.15 pipelining/schedules.py:1750-1831), not by their pre-backward, which this setting "
-      .. "changes: remove it or parallel.pp")
   end
   if o.post_forward then
     util.field_error(ctx, field, "with reshard_after_forward = " .. o.post_forward.k .. " the unit keeps a "
@@ -463,7 +458,7 @@ function layout.build(ctx, units, d, fsdp)
       out[fwd].post_forward = { k = pf_k, group = layout.pf_family(pf_k), scale = scale,
                                 count = (out[fwd].ag_bytes or offset) * scale }
     end
-    layout.unshard_in_backward(ctx, out[fwd], u, upath, d.pp or 1)
+    layout.unshard_in_backward(ctx, out[fwd], u, upath)
     if u.expert then
       local o = out[fwd]
       o.expert, o.W, o.shard_group, o.num_experts = true, Wu, "efsdp", u.num_experts

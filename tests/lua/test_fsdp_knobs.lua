@@ -202,6 +202,15 @@ function T.unshard_in_backward_refusals()
   local src = H.generic(4, "{ dp_shard = 4 }", UNITS, "{}")
   H.plan_fails((src:gsub('{ name = "l0",', '{ name = "l0", reshard_after_forward = 2, unshard_in_backward = false,')),
     "model.units[1].unshard_in_backward", "reshard_after_forward = 2", "_fsdp_param.py")
+  -- torchtitan's [norm, lm_head] under its ChunkedLossWrapper: lm_head is gathered inside the loss
+  H.plan_fails([[
+return { world_size = 4, parallel = { dp_shard = 4 },
+  model = { family = "generic", seq_len = 16, units = {
+    { name = "layers.0", params = { { name = "layers.0.w", shape = { 32, 32 } } } },
+    { name = "head", loss_head = true, unshard_in_backward = false, params = {
+      { name = "norm.weight", shape = { 32 } }, { name = "lm_head.weight", shape = { 37, 32 } } } },
+    { name = "root", params = {} } } },
+  training = { loss_chunks = 4 } }]], "model.units[2].unshard_in_backward", "ChunkedLossWrapper", "fsdp.py")
 end
 
 return T
