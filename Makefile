@@ -552,6 +552,10 @@ EMU_PLANS  += symm_fsdp4 symm_hsdp_tp symm_ep2 symm_hsdp2x2
 EMU_EXTRA  += fsdp4_raf2 hsdp_raf2
 EMU_PLANS  += fsdp4_raf2 hsdp_raf2
 EMU_LIB_PLANS += fsdp4_raf2 hsdp_raf2
+# issue 39 (h39v): set_unshard_in_backward(False)
+EMU_EXTRA  += unshard_bwd
+EMU_PLANS  += unshard_bwd
+EMU_LIB_PLANS += unshard_bwd
 # The same under ASan+UBSan (the GPU path's own memory errors: a freed
 # buffer a queued host function still reads), for a few plans.
 EMU_ASAN_PLANS := fsdp4 llama_tiny_tp hsdp3x2_arlast ep2_mixtral_hsdp hsdp2x2_offload

@@ -236,6 +236,7 @@ local function facts(p, face)
     end
     local uj = kv_list("name", u.name, "index", u.index, "root", u.is_root,
       "reshard_after_forward", u.reshard_after_forward and true or false, "reshard_after_backward", audit.false_or_nil(u.reshard_after_backward),
+      "unshard_in_backward", audit.false_or_nil(u.unshard_in_backward),
       -- fully_shard(reshard_after_forward=k): k and its post-forward group family, where 1 < k < S
       "post_forward", u.post_forward and u.post_forward.k, "post_forward_group", u.post_forward and u.post_forward.group,
       "forward_prefetch", audit.unit_names(p, u.fwd_prefetch), "backward_prefetch", audit.unit_names(p, u.bwd_prefetch),
@@ -658,7 +659,7 @@ end
 local function layout_sig(u)
   local t = { #u.params, u.total, u.grads_numel, u.orig_dtype, u.ag_dtype, u.reduce_dtype, u.grad_dtype, u.rs_op, u.ar_op,
               tostring(u.vec_ok), tostring(u.reshard_after_forward), u.pre_divide, u.post_divide, tostring(u.premul),
-              u.reshard_after_backward == false and "keep" or "" }
+              u.reshard_after_backward == false and "keep" or "", u.sharded_backward and "sharded_bwd" or "" }
   for _, q in ipairs(u.params) do
     t[#t + 1] = table.concat(q.shape, "x") .. "/" .. q.shard_dim .. (u.ag_bytes and "/" .. q.ag_dtype or "")
   end
@@ -1270,12 +1271,25 @@ function audit.kept_text(p)
   for _, u in ipairs(p.layout and p.layout.units or {}) do
     if #u.params > 0 then
       all = all + 1
-      if u.reshard_after_backward == false then n = n + 1 end
+      -- (a unit backwarding on sharded parameters has nothing unsharded to keep)
+      if u.reshard_after_backward == false and not u.sharded_backward then n = n + 1 end
     end
   end
   if n == 0 or p.fsdp.grad_accumulation == "step_end" then return "" end
   return string.format("; %d of %d units kept unsharded from each backward into the next forward but the last "
     .. "(set_reshard_after_backward(False)): no all-gather in those forwards", n, all)
+end
+
+-- set_unshard_in_backward(False) on units resharded after forward: their
+-- backward on the sharded parameters (gen/parallel/fsdp_layout.lua).
+function audit.sharded_backward_text(p)
+  local n = 0
+  for _, u in ipairs(p.layout and p.layout.units or {}) do
+    if u.sharded_backward then n = n + 1 end
+  end
+  if n == 0 then return "" end
+  return string.format("; %d unit%s backward on %s sharded parameters (set_unshard_in_backward(False)): no "
+    .. "all-gather in %s backward", n, n == 1 and "" or "s", n == 1 and "its" or "their", n == 1 and "its" or "their")
 end
 
 local function settings_lines(p, s)
@@ -1295,6 +1309,7 @@ local function settings_lines(p, s)
       or " each reducing and adding into the sharded grads (FSDP2's default)"
     acc = acc .. audit.kept_text(p)
   end
+  acc = acc .. audit.sharded_backward_text(p)
   local loss = ""
   if require("gen.compute").activations_modeled(p) then
     -- (the collectives follow the wrapper only where the tables reduce a part: audit.chunked_ops)

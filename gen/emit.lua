@@ -137,7 +137,9 @@ local function class_tables(p, cls, NAME, cls_suffix, ident)
         .. (u.post_forward and ", " .. fields({ "post_forward", u.post_forward.k,
                "post_forward_family", p.groups.by_name[u.post_forward.group].id }) or "")
         -- frozen parameters: how many and the reduce-scatter row (C's zero default: none, total)
-        .. (u.nfrozen and ", " .. fields({ "nfrozen", u.nfrozen, "rs_total", u.rs_total }) or ""),
+        .. (u.nfrozen and ", " .. fields({ "nfrozen", u.nfrozen, "rs_total", u.rs_total }) or "")
+        -- set_unshard_in_backward(False) on a resharded unit (C's zero default: backward on unsharded)
+        .. (u.sharded_backward and ", " .. fields({ "sharded_backward", 1 }) or ""),
       fields({ "arena_offset", "{ " .. arena_offsets(arena, u) .. " }" }))
   end
   -- Ops whose completion a later op waits on get an event slot; an op's

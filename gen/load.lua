@@ -172,6 +172,10 @@ local SCHEMA = {
            reshard_after_forward = { "bool_or_int", max = LIM.world },
            -- overrides fsdp.reshard_after_backward for this unit (set_reshard_after_backward(False, recurse=False))
            reshard_after_backward = { "bool" },
+           -- false: FSDPModule.set_unshard_in_backward(False) (torch 2.15 _fully_shard.py:1000-1009): the
+           -- unit's backward runs without its parameters (an embedding's; the live peer's taps), so its
+           -- pre-backward gathers nothing (_fsdp_param_group.py:463-467); its grads still reduce-scatter
+           unshard_in_backward = { "bool" },
            -- FSDPModule.set_modules_to_forward_prefetch / _backward_prefetch: the units (by name) whose
            -- all-gathers this unit issues after its own (gen/parallel/fsdp_layout.lua checks the names)
            forward_prefetch = { "list", max = LIM.units }, backward_prefetch = { "list", max = LIM.units },

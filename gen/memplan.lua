@@ -194,6 +194,7 @@ local function lifetimes(lay, ops)
         local lives, from = life[u].grads, last_copy_out[u] or s
         if #lives > 0 and from <= lives[#lives].last then from = s end
         if from ~= s and computes - at_out[u] ~= (own[u] or 0) - own_at_out[u] then from = s end
+        if o.sharded then from = s end -- (no unshard serves it: set_unshard_in_backward(False))
         start(u, "grads", from)
       end
     elseif k == "pack" then stop(u, "grads", s); start(u, "rs_in", s)

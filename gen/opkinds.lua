@@ -132,7 +132,12 @@ end
 
 -- The buffers op o reads and writes: its kind's, but for an all-gather
 -- from the sharded storage.
+-- a backward on sharded parameters (set_unshard_in_backward(False),
+-- gen/parallel/fsdp_layout.lua): the gradients only
+local SHARDED_BACKWARD = { name = "backward", reads = {}, writes = { "grads" } }
+
 function opkinds.access(o)
+  if o.sharded and o.kind == "backward" then return SHARDED_BACKWARD end
   if o.from_sharded then return FROM_SHARDED end
   if o.post_forward and o.kind == "all_gather" then return FROM_POST_FORWARD end
   if o.offload and OFFLOADED[o.kind] then return OFFLOADED[o.kind] end

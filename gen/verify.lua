@@ -148,7 +148,8 @@ function verify.schedule(lay, ops, fsdp, rep)
       state[u] = "pf_copied"
     elseif k == "forward" then check(s == "unsharded", "forward of %s on %s params", name(u), s); range(o)
     elseif k == "backward" then
-      check(s == "unsharded", "backward of %s on %s params", name(u), s)
+      -- (set_unshard_in_backward(False): on the sharded parameters, none gathered)
+      check(s == (o.sharded and "sharded" or "unsharded"), "backward of %s on %s params", name(u), s)
       local lo, hi = range(o)
       for j in trainable(u, lo, hi) do ps[j].grads = ps[j].grads + 1 end
     elseif k == "backward_input" then

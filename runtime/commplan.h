@@ -220,7 +220,20 @@ typedef struct {
      * row is total: cp_unit_rs_total. */
     int nfrozen;
     int64_t rs_total;
+    /* 1: FSDPModule.set_unshard_in_backward(False) on a unit resharded after
+     * forward (torch 2.15 _fully_shard.py:1000-1009): its backward runs on
+     * the sharded parameters (none gathered; autograd makes its grads
+     * without them), so the backward reads no unsharded buffer; 0 (C's zero
+     * default): the backward reads the unsharded parameters. */
+    int sharded_backward;
 } cp_unit;
+
+/* Whether compute op `kind` of unit U reads its unsharded parameters (all
+ * but a set_unshard_in_backward(False) unit's backward). */
+static inline int cp_compute_reads_params(const cp_unit *U, int kind)
+{
+    return !(U->sharded_backward && kind == CP_OP_BACKWARD);
+}
 
 /* A parameter's all-gather dtype, its byte offset in its unit's slot, and
  * the slot's bytes per rank, for either kind of unit. */

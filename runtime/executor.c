@@ -1102,7 +1102,7 @@ static int cp_executor_run_op_(cp_executor *ex, const cp_op *op)
         break;
     }
     case CP_ACT_COMPUTE:
-        if (!ex->unsharded_live[u])
+        if (!ex->unsharded_live[u] && cp_compute_reads_params(&p->units[u], op->kind))
             return ex_error(ex, "rank %d: %s of unit %s runs on resharded parameters", ex->rank, d->name,
                             p->units[u].name);
         if (ex->on_compute && ex->on_compute(ex->user, ex, op)) return failed(ex, op, "the compute callback");

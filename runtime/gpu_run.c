@@ -39,8 +39,9 @@ static void CUDART_CB check_on_host(void *arg)
     /* Unsharded params first (copied at the front of the scratch), then grads. */
     size_t unsharded = (size_t)cp_arena_buffer_bytes(p, u, CP_BUF_UNSHARDED);
     char *grads = (char *)c->pinned + ((unsharded + 255) / 256) * 256;
-    cp_checker_check_unsharded(chk, u, c->pinned,
-                               c->op->kind == CP_OP_FORWARD ? "unsharded param in forward" : "unsharded param in backward");
+    if (cp_compute_reads_params(&p->units[u], c->op->kind))
+        cp_checker_check_unsharded(chk, u, c->pinned,
+                                   c->op->kind == CP_OP_FORWARD ? "unsharded param in forward" : "unsharded param in backward");
     if (c->op->kind == CP_OP_BACKWARD) /* (a part's backward: its parameters' grads only) */
         cp_checker_add_grads_part(chk, u, c->op->part_first, c->op->part_count, c->op->micro_step, grads);
 }

@@ -39,7 +39,8 @@ static int on_compute(void *user, cp_executor *ex, const cp_op *op)
     mark_backward(h, ex, op);
     const char *when = op->kind == CP_OP_FORWARD ? "unsharded param in forward" : "unsharded param in backward";
     void *mem = in_place(ex, u, CP_BUF_UNSHARDED);
-    if (mem) cp_checker_check_unsharded(&h->check, u, mem, when);
+    if (!cp_compute_reads_params(&ex->plan->units[u], op->kind)) { /* (no unsharded parameters to check) */
+    } else if (mem) cp_checker_check_unsharded(&h->check, u, mem, when);
     else {
         if (cp_executor_read(ex, op->stream, u, CP_BUF_UNSHARDED, h->scratch)) { h->error = 1; return -1; }
         cp_checker_check_unsharded(&h->check, u, h->scratch, when);

@@ -153,6 +153,11 @@ torch_lane() {
     # under step_end with CPU offload, whatever seed the property run starts from.
     live_check "live FSDP2: frozen parameters drawn by the property test (seeds 6-7)" \
       timeout 600 "$live_py" tests/live/live.py seeds 6-7
+    # Issue 39 (h39v): set_unshard_in_backward(False) (tests/plans/unshard_bwd.lua runs with the plans
+    # above): seeds 25-26 draw it beside units' own divide factors (DDP 4) and HSDP's deferred
+    # all-reduce with reshard_after_backward, whatever seed the property run starts from.
+    live_check "live FSDP2: unshard_in_backward drawn by the property test (seeds 25-26)" \
+      timeout 600 "$live_py" tests/live/live.py seeds 25-26
   elif [ "$live_rc" = 3 ]; then
     live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
     skipped "torch-env (make torch-env)" "$live_why"

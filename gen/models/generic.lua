@@ -241,6 +241,7 @@ function generic.units(ctx, model)
     units[i] = { name = u.name, params = params, ignored = ignored[1] and ignored or nil,
                  reshard_after_forward = u.reshard_after_forward,
                  reshard_after_backward = u.reshard_after_backward,
+                 unshard_in_backward = u.unshard_in_backward,
                  forward_prefetch = u.forward_prefetch, backward_prefetch = u.backward_prefetch,
                  param_dtype = u.param_dtype, reduce_dtype = u.reduce_dtype, loss_head = u.loss_head or nil,
                  gradient_divide_factor = u.gradient_divide_factor,

@@ -186,7 +186,8 @@ function ep.apply_units(ctx, units, d, _)
       du.params, du.state = dense, u.name
       local eu = { name = u.name .. ".experts", params = local_params, expert = true, state = u.name,
                    reshard_after_forward = u.reshard_after_forward,
-                   reshard_after_backward = u.reshard_after_backward, param_dtype = u.param_dtype,
+                   reshard_after_backward = u.reshard_after_backward,
+                   unshard_in_backward = u.unshard_in_backward, param_dtype = u.param_dtype,
                    reduce_dtype = u.reduce_dtype, num_experts = E,
                    -- the module's setters reach every parameter group of its state (_fully_shard.py:856-878)
                    gradient_divide_factor = u.gradient_divide_factor,

@@ -144,6 +144,37 @@ end
 -- and whether they differ: then FSDP2's foreach_all_gather sees inputs of
 -- several dtypes and all-gathers their bytes as uint8
 -- (_fsdp_collectives.py:369-372, 922-942).
+-- FSDPModule.set_unshard_in_backward(False) (a unit's unshard_in_backward =
+-- false; torch 2.15 _fully_shard.py:1000-1009): FSDPParamGroup.unshard
+-- returns in PRE_BACKWARD (_fsdp_param_group.py:463-467), its own
+-- pre-backward's and a later unit's backward prefetch alike, so a unit
+-- resharded after forward runs its backward on the sharded parameters
+-- (o.sharded_backward: no all-gather, copy-out or reshard in backward, the
+-- backward op reads no unsharded buffer); its gradients (autograd made them
+-- without the parameters' values) still reduce-scatter (post_backward,
+-- _fsdp_param_group.py:695-). A unit kept unsharded (the root, or
+-- reshard_after_forward false) backwards on its unsharded parameters as
+-- before. The loss head's lm_head gathers again inside the loss
+-- (ChunkedLossWrapper) and a post-forward group keeps a slice for backward:
+-- both refused, naming the field. (Only a generic unit sets it, and the
+-- generic family has no pipeline stages: gen/models/generic.lua.)
+function layout.unshard_in_backward(ctx, o, u, upath)
+  if u.unshard_in_backward ~= false then return end
+  o.unshard_in_backward = false
+  local field = upath .. ".unshard_in_backward"
+  if u.loss_head then
+    util.field_error(ctx, field, "the loss head's lm_head is unsharded by torchtitan's ChunkedLossWrapper inside "
+      .. "the loss (lm_head.unshard(), distributed/fsdp.py:202-207), not by its pre-backward: remove it or "
+      .. "loss_head")
+  end
+  if o.post_forward then
+    util.field_error(ctx, field, "with reshard_after_forward = " .. o.post_forward.k .. " the unit keeps a "
+      .. "post-forward slice only for its backward all-gather (torch 2.15 _fsdp_param.py:970-1010), which "
+      .. "this skips: set the unit's reshard_after_forward = true or remove unshard_in_backward")
+  end
+  if o.reshard_after_forward and #o.params > 0 then o.sharded_backward = true end
+end
+
 function layout.param_ag_dtypes(ctx, u, upath, ag_dtype)
   local out, mixed = {}, false
   for j, p in ipairs(u.params) do
@@ -427,6 +458,7 @@ function layout.build(ctx, units, d, fsdp)
       out[fwd].post_forward = { k = pf_k, group = layout.pf_family(pf_k), scale = scale,
                                 count = (out[fwd].ag_bytes or offset) * scale }
     end
+    layout.unshard_in_backward(ctx, out[fwd], u, upath)
     if u.expert then
       local o = out[fwd]
       o.expert, o.W, o.shard_group, o.num_experts = true, Wu, "efsdp", u.num_experts

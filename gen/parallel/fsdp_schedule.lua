@@ -90,6 +90,9 @@ function schedule.build(lay, fams, fsdp, opts)
   local function op(kind, unit, micro, phase, extra)
     local o = { kind = kind, unit = unit.index, micro_step = micro, phase = phase }
     for k, v in pairs(extra or {}) do o[k] = v end
+    -- set_unshard_in_backward(False) on a resharded unit: its backward reads
+    -- no unsharded parameters (gen/opkinds.lua access, the proofs, memplan)
+    if kind == "backward" and unit.sharded_backward then o.sharded = true end
     ops[#ops + 1] = o
     return o
   end
@@ -138,7 +141,8 @@ function schedule.build(lay, fams, fsdp, opts)
     local kept = {}
     if m > 0 then
       for _, u in ipairs(units) do
-        if not u.reshard_after_backward and u ~= head then kept[u.index] = true end
+        -- (a unit backwarding on sharded parameters has nothing unsharded to keep)
+        if not u.reshard_after_backward and u ~= head and not u.sharded_backward then kept[u.index] = true end
       end
     end
     return kept
@@ -214,7 +218,9 @@ function schedule.build(lay, fams, fsdp, opts)
     pfo[#pfo + 1] = root -- nil (no entry) without a root param group
     local gathering = {}
     local function unshard(u, phase)
-      if not unsharded[u.index] and not gathering[u.index] then
+      -- (set_unshard_in_backward(False): FSDPParamGroup.unshard returns in
+      -- PRE_BACKWARD, its own pre-backward's and the prefetch alike)
+      if not unsharded[u.index] and not gathering[u.index] and not u.sharded_backward then
         all_gather(u, m, phase)
         gathering[u.index] = true
       end
@@ -475,7 +481,8 @@ function schedule.explicit_micro(ops, states, m, k)
   local op, all_gather, unit_ops, unsharded = k.op, k.all_gather, k.unit_ops, k.unsharded
   local gathering = {}
   local function issue(u, phase)
-    if not unsharded[u.index] and not gathering[u.index] then
+    -- (set_unshard_in_backward(False): nothing gathered in backward, gen/parallel/fsdp_layout.lua)
+    if not unsharded[u.index] and not gathering[u.index] and not (phase == "backward" and u.sharded_backward) then
       all_gather(u, m, phase)
       gathering[u.index] = true
     end
@@ -551,7 +558,9 @@ end
 -- reshard_after_backward false keeps its parameters unsharded.
 function schedule.reduction(out, u, m, how, shard, replicate, reducing, part)
   local first, partial = how.first, how.partial
-  if not (how.keep or how.hold and not u.reshard_after_backward) then
+  -- (a unit backwarding on its sharded parameters, set_unshard_in_backward(False):
+  -- FSDP2's reshard finds it sharded, _fsdp_param_group.py _to_sharded)
+  if not (how.keep or how.hold and not u.reshard_after_backward or u.sharded_backward) then
     out[#out + 1] = { kind = "reshard", unit = u.index, micro_step = m, phase = "backward" }
   end
   local pf, pc = part and part.first, part and part.count

@@ -29,13 +29,16 @@ class Unit:
     offload_policy as fully_shard takes it (None: the plan's default; torch's CPUOffloadPolicy(
     pin_memory=...) or OffloadPolicy(), the plan's unit cpu_offload and pin_memory);
     reshard_after_backward (None: the plan's default; False: FSDPModule.set_reshard_after_backward(False)
-    on every micro-step but the last, docs/plan-files.md); forward_prefetch / backward_prefetch: the units
+    on every micro-step but the last, docs/plan-files.md); unshard_in_backward (None: FSDP2's default;
+    False: FSDPModule.set_unshard_in_backward(False), the unit's backward needs no parameter values, as an
+    embedding's); forward_prefetch / backward_prefetch: the units
     (Units, their modules, or unit names) FSDPModule.set_modules_to_forward_prefetch /
     set_modules_to_backward_prefetch names for this one."""
 
     def __init__(self, modules, name=None, reshard_after_forward=None, mp_policy=None, gradient_divide_factor=None,
                  force_sum_reduction_for_comms=None, grad_accumulation=None, ignored_params=None,
-                 offload_policy=None, reshard_after_backward=None, forward_prefetch=None, backward_prefetch=None):
+                 offload_policy=None, reshard_after_backward=None, forward_prefetch=None, backward_prefetch=None,
+                 unshard_in_backward=None):
         self.modules = list(modules) if isinstance(modules, (list, tuple)) else [modules]
         if not self.modules:
             raise PlanError("a unit needs at least one module")
@@ -44,6 +47,7 @@ class Unit:
         # (an int: fully_shard(reshard_after_forward=k), the post-forward group size)
         reshard_after_forward = validate.check_raf_or_none(reshard_after_forward, "reshard_after_forward", src="Unit")
         validate.check_bool_or_none(reshard_after_backward, "reshard_after_backward", src="Unit")
+        validate.check_bool_or_none(unshard_in_backward, "unshard_in_backward", src="Unit")
         self.name = name
         self.reshard_after_forward = reshard_after_forward
         self.mp_policy = mp_policy
@@ -54,6 +58,7 @@ class Unit:
         self.ignored_params = list(ignored_params or [])
         self.cpu_offload, self.pin_memory = _offload_of(offload_policy)
         self.reshard_after_backward = reshard_after_backward
+        self.unshard_in_backward = unshard_in_backward  # FSDPModule.set_unshard_in_backward
         self.forward_prefetch = None if forward_prefetch is None else list(forward_prefetch)
         self.backward_prefetch = None if backward_prefetch is None else list(backward_prefetch)
 
@@ -211,6 +216,8 @@ def named_units(model, units, shard_dim=None):
                 entry["pin_memory"] = u.pin_memory
         if getattr(u, "reshard_after_backward", None) is not None:
             entry["reshard_after_backward"] = u.reshard_after_backward
+        if getattr(u, "unshard_in_backward", None) is not None:
+            entry["unshard_in_backward"] = u.unshard_in_backward
         out.append(entry)
     resolved = resolve_units(model, units)
     for u, entry in zip(resolved, out):

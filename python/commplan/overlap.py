@@ -158,6 +158,12 @@ class Overlap:
                 self._make("unshard_wait", u)
             f.live[u] = True
         f._use(unit, True)
+        self.prefetch(u, phase)
+
+    def prefetch(self, u, phase):
+        """The unshard issues the plan makes before unit u's next compute (a unit backwarding on its
+        sharded parameters, set_unshard_in_backward(False), issues only these in its pre-backward)."""
+        f = self.f
         calls, pos = f._calls, self.pos
         # the unit's next compute after the calls made so far
         done = pos[f._pos - 1] if 0 < f._pos <= len(pos) else -1

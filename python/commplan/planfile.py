@@ -358,7 +358,7 @@ UNIT_REDUCTION = {"gradient_divide_factor": validate.Spec("num", gt=0),
 
 # A unit's own knobs the llama-family table has no field for: a plan with any of them is generic.
 UNIT_OWN_KEYS = ("param_dtype", "reduce_dtype", "cpu_offload", "pin_memory") + tuple(UNIT_REDUCTION) + \
-    ("reshard_after_backward", "forward_prefetch", "backward_prefetch")
+    ("reshard_after_backward", "forward_prefetch", "backward_prefetch", "unshard_in_backward")
 PARAM_OWN_KEYS = ("param_dtype", "ignored", "frozen")
 
 
@@ -391,20 +391,22 @@ def normalize_units(units):
         if isinstance(u, dict):
             unknown = sorted(set(u) - {"name", "params", "reshard_after_forward", "loss_head", "param_dtype",
                                        "reduce_dtype", "cpu_offload", "pin_memory", "reshard_after_backward",
-                                       "forward_prefetch", "backward_prefetch"} - set(UNIT_REDUCTION))
+                                       "forward_prefetch", "backward_prefetch", "unshard_in_backward"}
+                             - set(UNIT_REDUCTION))
             if unknown:
                 raise PlanError("%s: unknown unit keys %s; use name, params, reshard_after_forward, loss_head, "
                                 "param_dtype, reduce_dtype, cpu_offload, pin_memory, reshard_after_backward, "
-                                "forward_prefetch, backward_prefetch, %s"
+                                "forward_prefetch, backward_prefetch, unshard_in_backward, %s"
                                 % (where, unknown, ", ".join(UNIT_REDUCTION)))
             name, params, raf = u.get("name"), u.get("params", []), u.get("reshard_after_forward")
             head = u.get("loss_head")
             rab = u.get("reshard_after_backward")
+            uib = u.get("unshard_in_backward")
             prefetch = {k: u[k] for k in ("forward_prefetch", "backward_prefetch") if u.get(k) is not None}
         elif isinstance(u, (list, tuple)) and len(u) in (2, 3):
             name, params = u[0], u[1]
             raf = u[2] if len(u) == 3 else None
-            head = rab = None
+            head = rab = uib = None
             prefetch = {}
         else:
             raise PlanError("%s: a unit is {name, params, reshard_after_forward} or (name, params), got %s"
@@ -413,6 +415,7 @@ def normalize_units(units):
         raf = validate.check_raf_or_none(raf, "reshard_after_forward", src="%s (%s)" % (where, name))
         validate.check_bool_or_none(head, "loss_head", src="%s (%s)" % (where, name))
         validate.check_bool_or_none(rab, "reshard_after_backward", src="%s (%s)" % (where, name))
+        validate.check_bool_or_none(uib, "unshard_in_backward", src="%s (%s)" % (where, name))
         if not isinstance(params, (list, tuple)):
             raise PlanError("%s (%s): params: expected a list of parameters, got %s"
                             % (where, name, validate.describe(params, False)))
@@ -434,6 +437,8 @@ def normalize_units(units):
                     out[-1][key] = u[key]
         if rab is not None:  # set_reshard_after_backward(rab, recurse=False) on the unit (docs/plan-files.md)
             out[-1]["reshard_after_backward"] = rab
+        if uib is not None:  # FSDPModule.set_unshard_in_backward(uib) on the unit (docs/plan-files.md)
+            out[-1]["unshard_in_backward"] = uib
         for k, names in prefetch.items():  # set_modules_to_forward/backward_prefetch (docs/plan-files.md)
             if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
                 raise PlanError("%s (%s): %s: expected a list of unit names, got %s"
@@ -607,6 +612,8 @@ def _unit_text(u, default_raf, is_root, dtype_default):
             head += " %s = %s," % (key, "true" if u[key] else "false")
     if u.get("reshard_after_backward") is not None:
         head += " reshard_after_backward = %s," % ("true" if u["reshard_after_backward"] else "false")
+    if u.get("unshard_in_backward") is not None:
+        head += " unshard_in_backward = %s," % ("true" if u["unshard_in_backward"] else "false")
     for k in ("forward_prefetch", "backward_prefetch"):
         if u.get(k) is not None:
             head += " %s = { %s }," % (k, ", ".join(lua_string(n) for n in u[k]))

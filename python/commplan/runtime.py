@@ -791,6 +791,10 @@ class CommplanFSDP:
             unit = {"name": pu["name"], "index": pu["index"], "modules": u.modules, "params": [],
                     "reshard_after_forward": pu["reshard_after_forward"], "root": pu.get("root", False),
                     "reshard_after_backward": pu.get("reshard_after_backward", True),
+                    # set_unshard_in_backward(False) on a unit resharded after forward: its backward runs
+                    # on the sharded parameters, its pre-backward gathers nothing (gen/parallel/fsdp_layout.lua)
+                    "sharded_backward": pu.get("unshard_in_backward") is False and bool(pu["reshard_after_forward"])
+                    and not pu.get("root", False),
                     "ag_dtype": TORCH_DTYPES[ag], "cast": ag != orig}
             for (fqn, p), meta in zip(params, pu["params"]):
                 k, shape, chunk = meta.get("shard_dim", 0), list(meta["shape"]), meta["chunk"]
@@ -977,7 +981,10 @@ class CommplanFSDP:
             self._enter_backward()
             if not self._pre_bwd_done[u]:
                 self._pre_bwd_done[u] = True
-                self._unshard(u, "backward")
+                if not self.units[u]["sharded_backward"]:
+                    self._unshard(u, "backward")
+                elif self._overlap is not None:  # (only the prefetches the plan issues there)
+                    self._overlap.prefetch(u, "backward")
             return None
         return hook
 

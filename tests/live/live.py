@@ -652,6 +652,10 @@ def gen_seed(seed, attempt=0):
     # earlier seeds keep their plans
     if tree_knows("frozen"):
         knobs += draw_frozen(rng, units)
+    # issue 39 (h39v): set_unshard_in_backward(False), drawn after h39u's frozen draw so earlier
+    # seeds keep their plans
+    if tree_knows("unshard_in_backward"):
+        knobs += draw_unshard_in_backward(rng, fsdp, units, S)
     lines = [f"-- live property test seed {seed} (attempt {attempt}): tests/live/live.py seed {seed}",
              "return {", f"  world_size = {world},", f"  parallel = {lua(par)},",
              "  model = { family = \"generic\", units = {"]
@@ -693,6 +697,27 @@ def draw_frozen(rng, units):
                 p["frozen"] = True
                 n += 1
     return f" {n} frozen" if n else ""
+
+
+def draw_unshard_in_backward(rng, fsdp, units, S):
+    """FSDPModule.set_unshard_in_backward(False) (issue 39) on some units (the root too, where it
+    changes nothing): the live peer's taps need no parameter values in backward. Not on a unit
+    resharding to a post-forward group (1 < k < S: refused, gen/parallel/fsdp_layout.lua) nor on
+    one FSDP2 manages no parameter of. Returns the description's part."""
+    if rng.random() >= 0.4:
+        return ""
+
+    def post_forward(v):
+        return not isinstance(v, bool) and isinstance(v, int) and 1 < v < S
+    n = 0
+    for u in units:
+        raf = u.get("reshard_after_forward", fsdp.get("reshard_after_forward"))
+        if post_forward(raf) or not any(not p.get("ignored") for p in u["params"]):
+            continue
+        if rng.random() < 0.5:
+            u["unshard_in_backward"] = False
+            n += 1
+    return f" {n} unshard_in_backward=False" if n else ""
 
 
 def draw_ignored(rng, units):

@@ -572,6 +572,11 @@ def run_job(rank, job):
             m.set_modules_to_forward_prefetch([mod_of[n] for n in u["forward_prefetch"]])
         if u.get("backward_prefetch"):
             m.set_modules_to_backward_prefetch([mod_of[n] for n in u["backward_prefetch"]])
+    # FSDPModule.set_unshard_in_backward(False) (plan.json's units: unshard_in_backward false; per
+    # FSDP state, torch 2.15 _fully_shard.py:1000-1009): the taps' backward needs no parameter values
+    for u, m in zip(units, all_mods):
+        if u.get("unshard_in_backward") is False:
+            m.set_unshard_in_backward(False)
     log = []
     REC.log = log
     try:

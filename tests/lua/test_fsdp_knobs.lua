@@ -156,4 +156,61 @@ function T.knobs_combined()
   H.plan_fails((ign:gsub('grad_accumulation = "sync_last"', "cpu_offload = true")), "model.units[1].cpu_offload")
 end
 
+-- FSDPModule.set_unshard_in_backward(False) (torch 2.15 _fully_shard.py:1000-1009;
+-- _fsdp_param_group.py:463-467): a unit resharded after forward gathers nothing
+-- in backward (nor does a prefetch of it), backwards on its sharded parameters,
+-- is not resharded again, and still reduces; the root (never resharded after
+-- forward) is unchanged.
+function T.unshard_in_backward_false()
+  local src = H.generic(4, "{ dp_replicate = 2, dp_shard = 2 }", UNITS, "{ micro_steps = 2 }")
+  local uib = src:gsub('{ name = "l0",', '{ name = "l0", unshard_in_backward = false,')
+    :gsub('{ name = "root",', '{ name = "root", unshard_in_backward = false,')
+  local p = plan.from_source(uib, "t.lua")
+  local per = tally(p)
+  for m = 0, 1 do
+    H.eq(per[m]["backward:all_gather:l0"], nil, "l0 gathers nothing in backward")
+    H.eq(per[m]["backward:copy_out:l0"], nil)
+    H.eq(per[m]["backward:reshard:l0"], nil, "FSDP2's reshard finds it sharded")
+    H.eq(per[m]["forward:all_gather:l0"], 1)
+    H.eq(per[m]["backward:reduce_scatter:l0"], 1, "its grads still reduce")
+    H.eq(per[m]["backward:all_gather:l1"], 1, "l1 keeps FSDP2's default")
+  end
+  local sharded = {}
+  for _, o in ipairs(p.ops) do
+    if o.kind == "backward" then sharded[p.layout.units[o.unit + 1].name] = o.sharded or false end
+  end
+  H.eq(sharded.l0, true)
+  H.eq(sharded.l1, false)
+  H.eq(sharded.root, false, "the root is never resharded after forward: unchanged")
+  H.eq(p.layout.units[1].unshard_in_backward, false)
+  -- the unit's unsharded parameters live from its forward's copy-out to its forward's reshard only
+  -- (a backward that read them would be caught by the proof: the mutant below)
+  local ops = {}
+  for i, o in ipairs(p.ops) do
+    ops[i] = {}
+    for k, v in pairs(o) do ops[i][k] = v end
+    ops[i].sharded = nil
+  end
+  local ok, err = pcall(require("gen.verify").schedule, p.layout, ops, p.fsdp, p.rep)
+  H.eq(ok, false, "the proof rejects a backward reading l0's resharded parameters")
+  H.eq(tostring(err):find("backward of l0 on sharded params", 1, true) ~= nil, true, tostring(err))
+  -- the default plan gathers l0 in backward
+  H.eq(tally(plan.from_source(src, "t.lua"))[0]["backward:all_gather:l0"], 1)
+end
+
+function T.unshard_in_backward_refusals()
+  local src = H.generic(4, "{ dp_shard = 4 }", UNITS, "{}")
+  H.plan_fails((src:gsub('{ name = "l0",', '{ name = "l0", reshard_after_forward = 2, unshard_in_backward = false,')),
+    "model.units[1].unshard_in_backward", "reshard_after_forward = 2", "_fsdp_param.py")
+  -- torchtitan's [norm, lm_head] under its ChunkedLossWrapper: lm_head is gathered inside the loss
+  H.plan_fails([[
+return { world_size = 4, parallel = { dp_shard = 4 },
+  model = { family = "generic", seq_len = 16, units = {
+    { name = "layers.0", params = { { name = "layers.0.w", shape = { 32, 32 } } } },
+    { name = "head", loss_head = true, unshard_in_backward = false, params = {
+      { name = "norm.weight", shape = { 32 } }, { name = "lm_head.weight", shape = { 37, 32 } } } },
+    { name = "root", params = {} } } },
+  training = { loss_chunks = 4 } }]], "model.units[2].unshard_in_backward", "ChunkedLossWrapper", "fsdp.py")
+end
+
 return T

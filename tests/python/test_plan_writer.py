@@ -931,6 +931,28 @@ class ScheduleKnobs(Tmp):
         self.assertEqual(r.returncode, 2)
         self.assertIn("forward_prefetch[1]", r.stderr)
 
+    def test_unshard_in_backward(self):
+        """FSDPModule.set_unshard_in_backward(False): the unit's backward gathers nothing, its grads reduce."""
+        units = [{"name": "emb", "params": [("emb.w", (6, 4), "fp32")], "unshard_in_backward": False},
+                 {"name": "b", "params": [("b.w", (5,), "fp32")]},
+                 {"name": "root", "params": [("r.w", (3,), "fp32")]}]
+        text = commplan.plan_from_named_parameters("uib", units, 2)
+        self.assertIn("unshard_in_backward = false", text)
+        out = self.generate(self.write("w", "uib", text))
+        with open(os.path.join(out, "plan.json")) as f:
+            pj = json.load(f)
+        self.assertEqual({u["name"]: u.get("unshard_in_backward") for u in pj["units"]},
+                         {"root": None, "emb": False, "b": None})
+        gathers = {(o["unit"], o["phase"]) for o in pj["ops"] if o["kind"] == "all_gather"}
+        self.assertNotIn(("emb", "backward"), gathers)
+        self.assertIn(("b", "backward"), gathers)
+        self.assertIn(("emb", "backward"), {(o["unit"], o["phase"]) for o in pj["ops"]
+                                                 if o["kind"] == "reduce_scatter"})
+        with self.assertRaises(PlanError):
+            commplan.plan_from_named_parameters("uib", [dict(units[0], unshard_in_backward="no")] + units[1:], 2)
+        u = commplan.Unit([object()], name="x", unshard_in_backward=False)
+        self.assertIs(u.unshard_in_backward, False)
+
     def test_unit_reshard_after_backward_from_modules(self):
         u = commplan.Unit([object()], name="x", reshard_after_backward=False)
         self.assertIs(u.reshard_after_backward, False)

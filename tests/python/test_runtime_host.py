@@ -176,6 +176,26 @@ class HostRuntime(unittest.TestCase):
         self.assertEqual(calls, want * 3)  # the plan's calls, in its order, every step
         rt.close()
 
+    def test_unshard_in_backward_false(self):
+        # FSDPModule.set_unshard_in_backward(False) on the embedding's own unit (its backward needs no
+        # weight): resharded after forward (the host library poisons the freed storage with NaN), never
+        # gathered in backward, its gradient still reduced; trained bit for bit as plain training
+        a, b = self.models()
+        units = list(commplan.torchtitan_units(b))
+        i = next(i for i, u in enumerate(units) if u.modules == [b.tok_embeddings])
+        units[i] = commplan.Unit(units[i].modules, name="emb", unshard_in_backward=False)
+        rt, lib, plan = self.attach("host_uib", b, units, {"micro_steps": 2})
+        emb = next(u for u in plan["units"] if u["name"] == "emb")
+        self.assertIs(emb["unshard_in_backward"], False)
+        self.train(a, b, micro=2)
+        names = {u["index"]: u["name"] for u in plan["units"]}
+        calls = [(c, names[u]) for c, u in lib.calls]
+        self.assertEqual(calls.count(("unshard", "emb")), 3 * 2)  # forward only, 3 steps x 2 micro-steps
+        self.assertEqual(calls.count(("reduce", "emb")), 3 * 2)
+        want = [(c, u) for c, u, _, _ in commplan.runtime.library_calls(plan)]
+        self.assertEqual(calls, want * 3)  # the plan's calls, in its order, every step
+        rt.close()
+
     def test_root_with_parameters_no_reshard(self):
         # only the blocks are units; the root owns embedding, norm and output; blocks keep their params
         a, b = self.models()
