@@ -679,7 +679,11 @@ end
 -- dtype, torch.optim.AdamW, or bf16 under "fused_opt_states_bf16": compute.moment_bytes;
 -- an fp32 master copy read and written too);
 -- SGD without momentum reads the parameter and gradient, writes the
--- parameter. 0 under the topology.mfu override (it prices FLOPs only) and
+-- parameter. Only the trainable shards (u.rs_total): torch.optim skips a
+-- parameter whose .grad is None, as a frozen one's always is. An
+-- offloading unit's step runs on the host (CPUOffloadPolicy: "the optimizer
+-- step runs on CPU", torch 2.15 _fsdp_api.py:239-255), off the GPU's
+-- timeline. 0 under the topology.mfu override (it prices FLOPs only) and
 -- without an optimizer.
 function compute.optimizer_us(p, s)
   if s.mfu or s.optimizer == "none" or not p.layout then return 0 end
@@ -690,7 +694,7 @@ function compute.optimizer_us(p, s)
     if s.optimizer == "adamw" then
       per = per + 4 * compute.moment_bytes(s, e) + (s.fp32_master and 8 or 0)
     end
-    bytes = bytes + per * (u.total or 0)
+    if not u.offload then bytes = bytes + per * (u.rs_total or 0) end
   end
   return bytes / (s.hbm_GBps * 1e3)
 end

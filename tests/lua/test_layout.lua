@@ -219,6 +219,12 @@ function T.frozen_params()
   H.eq(mwo.grads_bytes - mw.grads_bytes, 4 * (12 + 3 + 5), "no sharded grads for a.w, a.n, b.w (b.w: 5 of 10)")
   H.eq(mwo.optimizer_bytes - mw.optimizer_bytes, 2 * 4 * (12 + 3 + 5), "nor AdamW state")
   H.eq(with.memory.arena_bytes < without.memory.arena_bytes, true, "smaller reduce-scatter buffers")
+  -- the optimizer step (gen/compute.lua optimizer_us) reads and writes the trainable shards alone: torch.optim
+  -- skips a parameter whose .grad is None
+  local compute = require("gen.compute")
+  local so = { optimizer = "adamw", hbm_GBps = 1 }
+  H.eq(math.floor((compute.optimizer_us(without, so) - compute.optimizer_us(with, so)) * 1e3 + 0.5),
+    7 * 4 * (12 + 3 + 5), "no optimizer step over a.w, a.n, b.w")
   H.plan_fails(string.format(src, ", frozen = true, ignored = true", "", ""), "model.units[1].params[1].frozen",
     "ignored")
 end
