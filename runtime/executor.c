@@ -1297,6 +1297,12 @@ int cp_cursor_install(void)
     const char *prefix = getenv("COMMPLAN_CURSOR_DUMP");
     if (!prefix || !*prefix) return 0;
     if (cp_cursor_set_file(prefix) != 0) return -1;
+    /* The handlers once per process (every HostLibrary / GpuLibrary calls
+     * this): a second sigaction would store cursor_leave itself as the
+     * previous handler, and SIGTERM would then call itself forever. */
+    static int installed;
+    if (installed) return 0;
+    installed = 1;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = cursor_signal;
