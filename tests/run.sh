@@ -364,6 +364,13 @@ torch_lane() {
   else
     skipped "$cursor_what" "build/fsdp4/fsdp4 not built (make PLAN=plans/fsdp4.lua)"
   fi
+  # COMMPLAN_TEST_FAULT's values: malformed or out-of-range ones refused at the executor's init (hfix)
+  fv_what="COMMPLAN_TEST_FAULT's malformed and out-of-range values refused in one line, a valid one fires (tests/fault_values.sh)"
+  if [ -x build/fsdp4/fsdp4 ]; then
+    run "$fv_what" tests/fault_values.sh build/fsdp4/fsdp4
+  else
+    skipped "$fv_what" "build/fsdp4/fsdp4 not built (make PLAN=plans/fsdp4.lua)"
+  fi
   # The same faults under commplan's own runtime (host backend: every rank a
   # thread of --simulate; COMMPLAN_TEST_FAULT provokes each, the job's first
   # failure or timeout writes every rank's cursor, diagnose names rank, op
