@@ -211,8 +211,11 @@ static int fault_check(cp_executor *ex, const cp_plan *p, int rank);
 static volatile int fault_released; /* set by the job's first failure: a stopped rank then fails too */
 static volatile sig_atomic_t term_dumped; /* a failure's cursor is written: SIGTERM leaves it */
 /* The executors of this process, for cp_cursor_write (threads of
- * --simulate: one per rank). */
-#define CP_CURSOR_MAX 256
+ * --simulate: one per rank), by rank % CP_CURSOR_MAX: a process of one
+ * rank (the GPU path, the libraries) keeps its cursor whatever its rank; a
+ * --simulate run of more ranks keeps the first of each slot's (ranks
+ * 0..CP_CURSOR_MAX-1), the others write none (docs/diagnosis.md). */
+#define CP_CURSOR_MAX 4096
 static cp_executor *volatile cursor_ex[CP_CURSOR_MAX];
 
 int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
@@ -966,7 +969,9 @@ static void cursor_enter(cp_executor *ex, long x)
     ex->cur_in = 1;
     ex->cur_count = x >= 0 && x < ex->plan->nops ? (long)ex->plan->ops[x].count : -1;
     int slot = ex->rank % CP_CURSOR_MAX;
-    if (cursor_ex[slot] != ex) cursor_ex[slot] = ex;
+    cp_executor *held = cursor_ex[slot];
+    /* the latest executor of this rank; a slot another rank holds stays its (no rank's cursor replaced) */
+    if (held != ex && (!held || held->rank == ex->rank)) cursor_ex[slot] = ex;
 }
 
 /* CPU offload's copies (CP_ACT_HOST) on an offloading unit: the whole
