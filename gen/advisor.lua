@@ -241,16 +241,22 @@ end
 -- forward, torch 2.15 _fully_shard.py:201-206), under its policy: its
 -- memory and step beside the top's. A generic model only (torchtitan 0.3's
 -- policy is a bool, gen/parallel/fsdp.lua rules), and where the plan sets
--- no reshard_after_forward of its own.
+-- no reshard_after_forward of its own, nor a reshard_after_forward_policy
+-- other than "default" ("always" / "never" decide every unit's, and
+-- gen/load.lua refuses an int beside a policy): the copy drops "default".
 function advisor.post_forward(loaded, top)
   local g = loaded.topology and loaded.topology.gpus_per_node or 8
+  local f = loaded.fsdp or {}
+  local pol = f.reshard_after_forward_policy
   if not top or not top.fits or not top.cand or (top.shard_nodes or 1) < 2 or loaded.model.family ~= "generic"
-    or (loaded.fsdp and loaded.fsdp.reshard_after_forward ~= nil and loaded.fsdp.reshard_after_forward ~= true) then
+    or (pol ~= nil and pol ~= "default")
+    or (f.reshard_after_forward ~= nil and f.reshard_after_forward ~= true) then
     return nil
   end
   local c = copy(top.cand)
   c.fsdp = copy(c.fsdp or {})
   c.fsdp.reshard_after_forward = g
+  c.fsdp.reshard_after_forward_policy = nil
   local ok, p = pcall(plan_mod.from_loaded, c)
   if not ok then
     if not util.is_plan_error(p) then error(p, 0) end

@@ -539,7 +539,20 @@ function audit.md_host(p, s, m, w)
     if d.host then
       local u = p.layout.units[o.unit + 1]
       local k = o.kind == "h2d" and "h2d" or "d2h"
-      bytes[k] = bytes[k] + (o.times or 1) * u.total * ES[u.orig_dtype]
+      -- (a D2H copies the sharded gradients: the trainable shards, u.rs_total, or its part's, as
+      -- gen/compute.lua and gen/memplan.lua size it; an H2D the whole shard)
+      local elems = u.total
+      if k == "d2h" then
+        elems = u.rs_total
+        if o.part_first then
+          elems = 0
+          for j = o.part_first + 1, o.part_first + o.part_count do
+            local q = u.params[j]
+            if not q.frozen then elems = elems + q.padded end
+          end
+        end
+      end
+      bytes[k] = bytes[k] + (o.times or 1) * elems * ES[u.orig_dtype]
     end
   end
   local us = (bytes.h2d + bytes.d2h) / (s.host_GBps * 1e3)

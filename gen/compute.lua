@@ -10,7 +10,8 @@
 -- a plan gives it, overrides them: every FLOP at gpu_TFLOPS x mfu.
 --
 -- FLOPs (torchtitan's get_num_flop_per_token): a matmul over T tokens with
--- P weights is 2*P*T forward and 4*P*T backward; Llama's attention adds
+-- P weights is 2*P*T forward and 4*P*T backward (2*P*T for frozen weights,
+-- requires_grad=False: the input gradient alone, no dW); Llama's attention adds
 -- 4*s*hd per head and token forward (QK^T and AV), twice that backward.
 -- The root's embedding is a lookup (no FLOPs); its output projection is a
 -- matmul. Generic units: 6*params*tokens, a third forward (a generic
@@ -265,6 +266,13 @@ local function expert_bias(q)
   return q.name:find("routed_experts.inner_experts.", 1, true) and #q.shape == 2 and q.shape[1] > 0 or nil
 end
 
+-- The backward FLOPs a unit's frozen weights (requires_grad=False) skip: their
+-- weight-gradient GEMM (dW, 2 x numel x T); the input-gradient GEMM (dX) stays, so
+-- a frozen linear's backward costs about its forward. pred: the weights counted.
+local function frozen_dw(u, T, pred)
+  return 2 * T * numel_of(u, function(q) return q.frozen and pred(q) end)
+end
+
 local function linears(u, block, pred, again)
   again = again or recomputed_by_sac
   local out = {}
@@ -272,7 +280,7 @@ local function linears(u, block, pred, again)
     local o, i = as_linear(q)
     if o and (not pred or pred(q)) then
       out[#out + 1] = { out = o, ["in"] = i, again = block and again(q),
-                        fp8 = block and o % 16 == 0 and i % 16 == 0 }
+                        fp8 = block and o % 16 == 0 and i % 16 == 0, frozen = q.frozen }
     end
   end
   return out
@@ -419,7 +427,7 @@ function compute.units(p, s)
       local P = numel_of(u, function(q) return as_linear(q) ~= nil end)
       local attn = 4 * T * seq * heads * cfg.head_dim
       r.fwd = 2 * P * T + attn
-      r.bwd = 2 * r.fwd
+      r.bwd = 2 * r.fwd - frozen_dw(u, T, function(q) return as_linear(q) ~= nil end)
       local b = fam == "qwen3" and qwen3.block_acts(cfg, e, T, ac, s.cp)
         or llama_acts.block(cfg, e, T, ac, gen and gen.fused, s.cp)
       r.saved, r.transient = b.saved / tp, b.transient / tp
@@ -448,7 +456,7 @@ function compute.units(p, s)
       -- holding the output projection: its matmul, the final norm and logits.
       local P = numel_of(u, is_head)
       r.fwd = 2 * P * T
-      r.bwd = 2 * r.fwd
+      r.bwd = 2 * r.fwd - frozen_dw(u, T, is_head)
       if P > 0 then r.saved, r.transient = head_acts(s, e, cfg.dim, cfg.vocab_size, tp) end
       if not s.mfu then
         -- the output projection (bf16: torchtitan's float8 filter keeps it,
@@ -466,16 +474,15 @@ function compute.units(p, s)
       -- top_k rows in all (uniform routing; with ep the rows come from every
       -- member), so a weight counts numel x top_k / its local experts.
       local top_k = p.model_config and p.model_config.top_k
-      local P = 0
+      local P, Pf = 0, 0 -- (Pf: the frozen weights' GEMMs, no dW in backward)
       -- (with ep > 1 under TP an experts unit's rows come from each rank's seq / tp tokens)
       local Tu = u.expert and T // tp or T
       for _, q in ipairs(u.params) do
         -- (a routed expert's grouped weight, or gpt-oss's 2-D bias, E rows; each token uses top_k of the E)
-        if top_k and (expert_gemm(q) or expert_bias(q)) then
-          P = P + q.numel * top_k / q.shape[1]
-        else
-          P = P + q.numel
-        end
+        local n = q.numel
+        if top_k and (expert_gemm(q) or expert_bias(q)) then n = q.numel * top_k / q.shape[1] end
+        P = P + n
+        if q.frozen and ((top_k and expert_gemm(q)) or as_linear(q)) then Pf = Pf + n end
       end
       -- An MoE family's block: its attention too (Llama's count: QK^T and
       -- AV over the whole sequence -- gpt-oss's even blocks over their
@@ -485,7 +492,7 @@ function compute.units(p, s)
       local attn = MOE[fam] and not u.expert and u.name:match("^layers%.%d+$")
         and moe_attention(p.model_config, tp, u.name, seq)
       r.fwd = 2 * P * Tu + (attn and 4 * T * attn.kv * attn.heads * attn.hd or 0)
-      r.bwd = 2 * r.fwd
+      r.bwd = 2 * r.fwd - 2 * Pf * Tu
       local rec = compute.checkpointed(p, u) and ac or "none"
       if rec == "full" then r.recompute = r.fwd
       elseif rec == "selective" then r.recompute = r.fwd / 2 end
@@ -499,7 +506,7 @@ function compute.units(p, s)
           local E, eo, ei = expert_gemm(q)
           if top_k and E then
             local rows = Tu * top_k // E
-            local t = { T = rows, linears = { { out = eo, ["in"] = ei } } }
+            local t = { T = rows, linears = { { out = eo, ["in"] = ei, frozen = q.frozen } } }
             local f, b = unit_time.of(s, t)
             r.fwd_us, r.bwd_us = (r.fwd_us or 0) + f * E, (r.bwd_us or 0) + b * E
           elseif top_k and expert_bias(q) then
@@ -507,7 +514,7 @@ function compute.units(p, s)
             spec.flops = spec.flops + 6 * (q.numel // q.shape[1]) * Tu * top_k
           elseif as_linear(q) then
             local o, i = as_linear(q)
-            spec.linears[#spec.linears + 1] = { out = o, ["in"] = i }
+            spec.linears[#spec.linears + 1] = { out = o, ["in"] = i, frozen = q.frozen }
           else
             spec.flops = spec.flops + 6 * q.numel * Tu
           end
@@ -679,7 +686,11 @@ end
 -- dtype, torch.optim.AdamW, or bf16 under "fused_opt_states_bf16": compute.moment_bytes;
 -- an fp32 master copy read and written too);
 -- SGD without momentum reads the parameter and gradient, writes the
--- parameter. 0 under the topology.mfu override (it prices FLOPs only) and
+-- parameter. Only the trainable shards (u.rs_total): torch.optim skips a
+-- parameter whose .grad is None, as a frozen one's always is. An
+-- offloading unit's step runs on the host (CPUOffloadPolicy: "the optimizer
+-- step runs on CPU", torch 2.15 _fsdp_api.py:239-255), off the GPU's
+-- timeline. 0 under the topology.mfu override (it prices FLOPs only) and
 -- without an optimizer.
 function compute.optimizer_us(p, s)
   if s.mfu or s.optimizer == "none" or not p.layout then return 0 end
@@ -690,7 +701,7 @@ function compute.optimizer_us(p, s)
     if s.optimizer == "adamw" then
       per = per + 4 * compute.moment_bytes(s, e) + (s.fp32_master and 8 or 0)
     end
-    bytes = bytes + per * (u.total or 0)
+    if not u.offload then bytes = bytes + per * (u.rs_total or 0) end
   end
   return bytes / (s.hbm_GBps * 1e3)
 end

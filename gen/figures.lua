@@ -209,19 +209,20 @@ local function pipeline_memory(p, pf, s)
   local row, ES = pf.row, util.DTYPE_BYTES
   local cls = p.tp_classes[p.class_of[row.mem_rank * p.dims.tp]]
   local W = cls.layout.W
-  local params, optimizer, comm = 0, 0, 0
+  local params, grads, optimizer, comm = 0, 0, 0, 0
   for _, u in ipairs(cls.layout.units) do
-    local sharded = u.total * ES[u.orig_dtype]
-    -- (CPU offload: an offloading unit's sharded state is in host memory, gen/memory.lua)
+    -- (as gen/memory.lua counts them: gradients and optimizer state for the trainable shards,
+    -- u.rs_total; CPU offload: an offloading unit's sharded state is in host memory)
     if not u.offload then
-      params = params + sharded
-      optimizer = optimizer + compute.optimizer_state_bytes(s, sharded, u.total)
+      local up, uo = memory.unit_state(u, s, u.total, u.rs_total)
+      params, optimizer = params + up, optimizer + uo
+      grads = grads + u.rs_total * ES[u.orig_dtype]
     end
     comm = comm + W * u.total * ES[u.ag_dtype] + u.grads_numel * ES[u.reduce_dtype]
   end
   local saved = row.sim.rank_peak_bytes[row.mem_rank + 1]
-  local act = row.mem - 2 * params - optimizer - comm
-  return { params_bytes = params, grads_bytes = params, optimizer_bytes = optimizer, comm_bytes = comm,
+  local act = row.mem - params - grads - optimizer - comm
+  return { params_bytes = params, grads_bytes = grads, optimizer_bytes = optimizer, comm_bytes = comm,
            activation_bytes = act, activation_saved_bytes = saved, activation_transient_bytes = act - saved,
            activations_modeled = true, total_bytes = row.mem, gpu_bytes = s.gpu_memory_bytes, fits = row.fits,
            rank = row.mem_rank }

@@ -5,9 +5,10 @@
 -- spec = {
 --   T          the tokens its matmuls see (a micro-step's, on this rank)
 --   linears    { out, in, fp8 (a float8 Linear), again (selective AC
---              recomputes its forward matmul) } per weight, TP-local: the
---              forward Y = X W^T (T x out x in), the backward's dX (T x in
---              x out) and dW (out x in x T)
+--              recomputes its forward matmul), frozen (requires_grad=False:
+--              no dW) } per weight, TP-local: the forward Y = X W^T (T x
+--              out x in), the backward's dX (T x in x out) and dW (out x in
+--              x T)
 --   attention  { q_tokens, kv_len, heads, hd } (causal) or nil
 --   elems      { norm, rope, swiglu, attn_out, logits }: elements per
 --              micro-step each memory-bound op touches (the kernel table's
@@ -63,7 +64,8 @@ function unit_time.of(s, spec)
     local y = gemm_model.gemm_us(kt, rates, T, l.out, l["in"], dt, rows)
     local dx = gemm_model.gemm_us(kt, rates, T, l["in"], l.out, dt, rows)
     local wdt = (f8 and recipe == "rowwise_with_gw_hp") and "bf16" or dt
-    local dw = gemm_model.gemm_us(kt, rates, l.out, l["in"], T, wdt, rows and wdt == "fp8")
+    -- (a frozen weight, requires_grad=False: no weight gradient, the input's alone)
+    local dw = l.frozen and 0 or gemm_model.gemm_us(kt, rates, l.out, l["in"], T, wdt, rows and wdt == "fp8")
     fwd, bwd = fwd + y, bwd + dx + dw
     if l.again then again = again + y end
     if f8 then

@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -206,11 +207,15 @@ static int fault_at(const cp_executor *ex, const cp_op *op);
 static int fault_stop(cp_executor *ex, const cp_op *op, int kind);
 static const cp_op *fault_count(cp_executor *ex, const cp_op *op, cp_op *wrong);
 static void fault_parse(void);
+static int fault_check(cp_executor *ex, const cp_plan *p, int rank);
 static volatile int fault_released; /* set by the job's first failure: a stopped rank then fails too */
 static volatile sig_atomic_t term_dumped; /* a failure's cursor is written: SIGTERM leaves it */
 /* The executors of this process, for cp_cursor_write (threads of
- * --simulate: one per rank). */
-#define CP_CURSOR_MAX 256
+ * --simulate: one per rank), by rank % CP_CURSOR_MAX: a process of one
+ * rank (the GPU path, the libraries) keeps its cursor whatever its rank; a
+ * --simulate run of more ranks keeps the first of each slot's (ranks
+ * 0..CP_CURSOR_MAX-1), the others write none (docs/diagnosis.md). */
+#define CP_CURSOR_MAX 4096
 static cp_executor *volatile cursor_ex[CP_CURSOR_MAX];
 
 int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
@@ -224,6 +229,7 @@ int cp_executor_init(cp_executor *ex, const cp_plan *p, int rank, cp_backend *b)
     cp_plan_view(p, rank, &ex->view);
     ex->plan = p = &ex->view;
     fault_parse();
+    if (fault_check(ex, p, rank) != 0) return -1;
     ex->rank = rank;
     ex->cur_op = -1;
     ex->cur_first = -1;
@@ -963,7 +969,9 @@ static void cursor_enter(cp_executor *ex, long x)
     ex->cur_in = 1;
     ex->cur_count = x >= 0 && x < ex->plan->nops ? (long)ex->plan->ops[x].count : -1;
     int slot = ex->rank % CP_CURSOR_MAX;
-    if (cursor_ex[slot] != ex) cursor_ex[slot] = ex;
+    cp_executor *held = cursor_ex[slot];
+    /* the latest executor of this rank; a slot another rank holds stays its (no rank's cursor replaced) */
+    if (held != ex && (!held || held->rank == ex->rank)) cursor_ex[slot] = ex;
 }
 
 /* CPU offload's copies (CP_ACT_HOST) on an offloading unit: the whole
@@ -1297,6 +1305,12 @@ int cp_cursor_install(void)
     const char *prefix = getenv("COMMPLAN_CURSOR_DUMP");
     if (!prefix || !*prefix) return 0;
     if (cp_cursor_set_file(prefix) != 0) return -1;
+    /* The handlers once per process (every HostLibrary / GpuLibrary calls
+     * this): a second sigaction would store cursor_leave itself as the
+     * previous handler, and SIGTERM would then call itself forever. */
+    static int installed;
+    if (installed) return 0;
+    installed = 1;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = cursor_signal;
@@ -1329,6 +1343,21 @@ int cp_cursor_install(void)
  * Read once per executor; without the variable nothing here runs. */
 static struct { int kind, rank, micro; long step, op; } fault_spec = { FAULT_NONE, -1, -1, -1, -1 };
 
+/* A field of COMMPLAN_TEST_FAULT: a decimal number, the whole field. */
+static int fault_number(const char *from, const char *to, long *out)
+{
+    if (from == to || *from == '-' || *from == '+') return -1;
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(from, &end, 10);
+    if (errno || end != to) return -1;
+    *out = v;
+    return 0;
+}
+
+/* What is wrong with the variable, or "" (cp_executor_init refuses it). */
+static char fault_bad[320];
+
 static void fault_parse(void)
 {
     static int parsed;
@@ -1336,22 +1365,52 @@ static void fault_parse(void)
     if (parsed++) return; /* once per process: the executors of --simulate are made one after another */
     if (!s || !*s) return;
     static const char *const names[] = { "", "skip", "count", "stop", "kill" };
-    char kind[16] = "", where[32] = "";
-    int rank = -1;
-    long step = -1;
-    if (sscanf(s, "%15[a-z]:%d:%ld:%31s", kind, &rank, &step, where) != 4) {
-        fprintf(stderr, "commplan: COMMPLAN_TEST_FAULT=%s: expected KIND:RANK:STEP:OP (skip, count, stop or kill; "
-                "OP a table index or mN for micro-step N); ignored\n", s);
+    const char *f[5];
+    int n = 0;
+    f[n++] = s;
+    for (const char *c = s; *c && n < 5; c++)
+        if (*c == ':') f[n++] = c + 1;
+    const char *end = s + strlen(s);
+    long rank = -1, step = -1, op = -1, micro = -1;
+    int kind = FAULT_NONE;
+    if (n == 4)
+        for (int k = FAULT_SKIP; k <= FAULT_KILL; k++)
+            if ((size_t)(f[1] - 1 - f[0]) == strlen(names[k]) && strncmp(f[0], names[k], strlen(names[k])) == 0)
+                kind = k;
+    int bad = n != 4 || kind == FAULT_NONE || fault_number(f[1], f[2] - 1, &rank) != 0 || rank > INT_MAX ||
+              fault_number(f[2], f[3] - 1, &step) != 0 ||
+              (f[3][0] == 'm' ? fault_number(f[3] + 1, end, &micro) != 0 || micro > INT_MAX
+                              : fault_number(f[3], end, &op) != 0);
+    if (bad) {
+        snprintf(fault_bad, sizeof fault_bad, "COMMPLAN_TEST_FAULT=%.64s: expected KIND:RANK:STEP:OP (KIND skip, count, "
+                 "stop or kill; RANK and STEP numbers; OP a table index or mN for micro-step N): fix it or unset it", s);
         return;
     }
-    for (int k = FAULT_SKIP; k <= FAULT_KILL; k++)
-        if (strcmp(kind, names[k]) == 0) fault_spec.kind = k;
-    fault_spec.rank = rank, fault_spec.step = step;
-    fault_spec.micro = where[0] == 'm' ? atoi(where + 1) : -1;
-    fault_spec.op = where[0] == 'm' ? -1 : atol(where);
-    if (fault_spec.kind == FAULT_NONE)
-        fprintf(stderr, "commplan: COMMPLAN_TEST_FAULT=%s: no fault %s (skip, count, stop, kill); ignored\n", s, kind);
-    else fprintf(stderr, "commplan: COMMPLAN_TEST_FAULT=%s: a test fault on rank %d (docs/diagnosis.md)\n", s, rank);
+    fault_spec.kind = kind, fault_spec.rank = (int)rank, fault_spec.step = step;
+    fault_spec.micro = (int)micro, fault_spec.op = op;
+    fprintf(stderr, "commplan: COMMPLAN_TEST_FAULT=%s: a test fault on rank %ld (docs/diagnosis.md)\n", s, rank);
+}
+
+/* The fault against the plan (rank: its world; op / micro-step: the faulted rank's table), at each executor's
+ * init: a fault that could never fire is refused, not ignored. 0, or -1 with the executor's error. */
+static int fault_check(cp_executor *ex, const cp_plan *p, int rank)
+{
+    if (fault_bad[0]) return ex_error(ex, "%s", fault_bad);
+    if (fault_spec.kind == FAULT_NONE) return 0;
+    if (fault_spec.rank >= p->world_size)
+        return ex_error(ex, "COMMPLAN_TEST_FAULT: rank %d is outside plan %s's world of %d ranks: use 0..%d",
+                        fault_spec.rank, p->name, p->world_size, p->world_size - 1);
+    if (rank != fault_spec.rank) return 0;
+    int last = 0; /* the table's last micro-step (a pipeline's: its microbatches) */
+    for (int i = 0; i < p->nops; i++)
+        if (p->ops[i].micro_step > last) last = p->ops[i].micro_step;
+    if (fault_spec.micro > last)
+        return ex_error(ex, "COMMPLAN_TEST_FAULT: micro-step m%d is outside rank %d's table in plan %s: use m0..m%d",
+                        fault_spec.micro, rank, p->name, last);
+    if (fault_spec.micro < 0 && fault_spec.op >= p->nops)
+        return ex_error(ex, "COMMPLAN_TEST_FAULT: op %ld is outside rank %d's table of %d ops in plan %s: use 0..%d",
+                        fault_spec.op, rank, p->nops, p->name, p->nops - 1);
+    return 0;
 }
 
 static int fault_at(const cp_executor *ex, const cp_op *op)

@@ -318,7 +318,12 @@ static void *gpu_alloc_symm(cp_backend *b, size_t bytes, size_t window_bytes)
             fail(g, "ncclCommWindowRegister of the %zu-byte symmetric window on group %s failed: %s (%s; every rank "
                  "of the group registers the same size: deploy the same build everywhere)", window_bytes,
                  p->families[f].name, ncclGetErrorString(r), ncclGetLastError(NULL));
-            return NULL; /* gpu_free releases it with the arena */
+            /* the executor gets no arena, so nothing would free it: the
+             * windows registered so far go, then the allocation */
+            symm_deregister(g);
+            g->symm_base = NULL;
+            ncclMemFree(base);
+            return NULL;
         }
     }
     return base;
@@ -848,6 +853,11 @@ void cp_gpu_destroy(cp_gpu *g)
         for (int f = 0; f < g->plan->nfamilies; f++) if (g->comms[f]) ncclCommDestroy(g->comms[f]);
     free(g->comms);
     if (g->have_ex) cp_executor_free(&g->ex);
+#if CP_NCCL_WINDOWS
+    /* a symmetric arena the executor never took (gpu_free clears symm_base) */
+    if (g->symm_base) ncclMemFree(g->symm_base);
+    g->symm_base = NULL;
+#endif
     if (g->world) ncclCommDestroy(g->world);
     if (g->fork_event) cudaEventDestroy(g->fork_event);
     if (g->call_event) cudaEventDestroy(g->call_event);

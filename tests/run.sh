@@ -144,20 +144,21 @@ torch_lane() {
     live_check "live FSDP2: issue 39's reduction knobs drawn by the property test (seeds 27-29)" \
       timeout 600 "$live_py" tests/live/live.py seeds 27-29
     # Issue 39 (h39r): fully_shard(reshard_after_forward=k) with an int k, drawn by the property test
-    # (seed 12: fsdp 4, k plan-wide and per unit, with sync_last, ignored_params and CPU offload; the fixed
-    # plans tests/plans/fsdp4_raf2.lua and hsdp_raf2.lua run in "live.py plans" above).
+    # (seed 12: fsdp 4, k plan-wide and per unit, with sync_last, ignored_params, CPU offload and frozen
+    # parameters; --require fails the line if the seed stops drawing it; the fixed plans
+    # tests/plans/fsdp4_raf2.lua and hsdp_raf2.lua run in "live.py plans" above).
     live_check "live FSDP2: issue 39's reshard_after_forward as an int drawn by the property test (seed 12)" \
-      timeout 600 "$live_py" tests/live/live.py seeds 12-12
+      timeout 600 "$live_py" tests/live/live.py seeds 12-12 --require raf_int --require frozen
     # Issue 41's frozen parameters (requires_grad=False, torchtitan's LoRA; tests/plans/frozen_params.lua
-    # runs with the plans above): seeds 6-7 draw them beside HSDP with a divide factor and HSDP x TP
-    # under step_end with CPU offload, whatever seed the property run starts from.
-    live_check "live FSDP2: frozen parameters drawn by the property test (seeds 6-7)" \
-      timeout 600 "$live_py" tests/live/live.py seeds 6-7
+    # runs with the plans above): seed 7 draws them under HSDP x TP, step_end, a divide factor and CPU
+    # offload (seed 12 above beside raf_int), whatever seed the property run starts from.
+    live_check "live FSDP2: frozen parameters drawn by the property test (seed 7)" \
+      timeout 600 "$live_py" tests/live/live.py seeds 7-7 --require frozen
     # Issue 39 (h39v): set_unshard_in_backward(False) (tests/plans/unshard_bwd.lua runs with the plans
     # above): seeds 25-26 draw it beside units' own divide factors (DDP 4) and HSDP's deferred
     # all-reduce with reshard_after_backward, whatever seed the property run starts from.
     live_check "live FSDP2: unshard_in_backward drawn by the property test (seeds 25-26)" \
-      timeout 600 "$live_py" tests/live/live.py seeds 25-26
+      timeout 600 "$live_py" tests/live/live.py seeds 25-26 --require unshard_in_backward=False
   elif [ "$live_rc" = 3 ]; then
     live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
     skipped "torch-env (make torch-env)" "$live_why"
@@ -368,6 +369,13 @@ torch_lane() {
     run "$cursor_what" tests/diagnose/cursor_check.sh build/fsdp4/fsdp4 plans/fsdp4.lua
   else
     skipped "$cursor_what" "build/fsdp4/fsdp4 not built (make PLAN=plans/fsdp4.lua)"
+  fi
+  # COMMPLAN_TEST_FAULT's values: malformed or out-of-range ones refused at the executor's init (hfix)
+  fv_what="COMMPLAN_TEST_FAULT's malformed and out-of-range values refused in one line, a valid one fires (tests/fault_values.sh)"
+  if [ -x build/fsdp4/fsdp4 ]; then
+    run "$fv_what" tests/fault_values.sh build/fsdp4/fsdp4
+  else
+    skipped "$fv_what" "build/fsdp4/fsdp4 not built (make PLAN=plans/fsdp4.lua)"
   fi
   # The same faults under commplan's own runtime (host backend: every rank a
   # thread of --simulate; COMMPLAN_TEST_FAULT provokes each, the job's first

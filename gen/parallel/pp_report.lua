@@ -19,6 +19,7 @@
 -- gen/parallel/pp.lua.
 local util = require("gen.util")
 local compute = require("gen.compute")
+local memory = require("gen.memory")
 local stages_mod = require("gen.parallel.pp_stages")
 local sched_mod = require("gen.parallel.pp_schedule")
 local csv_mod = require("gen.parallel.pp_csv")
@@ -386,10 +387,11 @@ local function evaluate(p, loaded, pp, n, name, opts)
       for _, st in ipairs(stages_mod.of_rank(r, pp, num, name)) do
         transient = math.max(transient, costs[st].transient)
         for _, u in ipairs(costs[st].units) do
-          local sharded = u.total * ES[u.orig_dtype]
-          local opt = s.optimizer == "adamw" and (2 * sharded + (s.fp32_master and 4 * u.total or 0)) or 0
-          -- (CPU offload: an offloading unit's sharded state is in host memory, gen/memory.lua)
-          local state = u.offload and 0 or 2 * sharded + opt
+          -- (the sharded parameters and optimizer state as gen/memory.lua counts them: the optimizer
+          -- and the gradients the trainable shards only, u.rs_total; CPU offload: an offloading
+          -- unit's sharded state is in host memory)
+          local params, opt = memory.unit_state(u, s, u.total, u.rs_total)
+          local state = u.offload and 0 or params + u.rs_total * ES[u.orig_dtype] + opt
           bytes = bytes + state + W * u.total * ES[u.ag_dtype] + u.grads_numel * ES[u.reduce_dtype]
         end
       end

@@ -1,7 +1,11 @@
 /* cmocka tests for the fixed runtime: dtype conversions, rank geometry,
  * the executor over the host backend on generated plans, and mutations of
  * a plan's op list that the simulation checks must catch. */
+#define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -1017,6 +1021,33 @@ static void test_launch_env(void **state)
 /* --simulate --ranks: each rank alone with stand-in peers passes on the
  * linked plans (every rank, both arithmetics, two steps), and the
  * mutations the full simulation catches are caught by a lone rank too. */
+/* cp_cursor_install twice (each HostLibrary / GpuLibrary installs it):
+ * SIGTERM still ends the process by SIGTERM (exit 143 under a shell), not a
+ * handler calling itself as its own previous one forever (SIGALRM's 10 s
+ * ends the child then). */
+static void test_cursor_install_twice_then_sigterm(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "/tmp/cp_cursor_twice_%d", (int)getpid());
+        setenv("COMMPLAN_CURSOR_DUMP", prefix, 1);
+        if (cp_cursor_install() != 0 || cp_cursor_install() != 0) _exit(3);
+        alarm(10);
+        raise(SIGTERM);
+        _exit(4);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    char path[96];
+    snprintf(path, sizeof path, "/tmp/cp_cursor_twice_%d", (int)pid);
+    unlink(path);
+    assert_true(WIFSIGNALED(st));
+    assert_int_equal(WTERMSIG(st), SIGTERM);
+}
+
 static void test_ranks_alone(void **state)
 {
     (void)state;
@@ -1290,6 +1321,7 @@ int main(void)
         cmocka_unit_test(test_shared_event_binds_to_the_plans_op),
         cmocka_unit_test(test_launch_env),
         cmocka_unit_test(test_ranks_alone),
+        cmocka_unit_test(test_cursor_install_twice_then_sigterm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -909,6 +909,9 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep each seed's build, dump and recording")
     ap.add_argument("--tree", help="build the binaries from this checkout's generator and runtime "
                     "(e.g. a git worktree of an older commit); plans mode takes its plans too")
+    ap.add_argument("--require", metavar="KNOB", action="append", default=[],
+                    help="seeds mode: fail unless every seed run drew KNOB (a word of its description: "
+                    "raf_int, frozen, cpu_offload, ...), so a knob-specific seed line checks what it says")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args()
     global TREE, BUILD
@@ -1016,6 +1019,12 @@ def main():
                     nxt.start()
                 info = prep_q.pop(s)
                 ran += 1
+                missing = [k for k in a.require if k not in info["desc"].replace(",", " ").split()]
+                if missing and "error" not in info:
+                    print(f"  FAIL  seed {s} [{info['desc']}]: draws no {', '.join(missing)} (--require): "
+                          f"pick a seed that does (tests/live/live.py gen_seed)")
+                    failed.append(s)
+                    continue
                 if "error" in info:
                     print(f"  FAIL  seed {s} [{info['desc']}]: {info['error']}")
                     failed.append(s)

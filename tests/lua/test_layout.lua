@@ -219,6 +219,19 @@ function T.frozen_params()
   H.eq(mwo.grads_bytes - mw.grads_bytes, 4 * (12 + 3 + 5), "no sharded grads for a.w, a.n, b.w (b.w: 5 of 10)")
   H.eq(mwo.optimizer_bytes - mw.optimizer_bytes, 2 * 4 * (12 + 3 + 5), "nor AdamW state")
   H.eq(with.memory.arena_bytes < without.memory.arena_bytes, true, "smaller reduce-scatter buffers")
+  -- the optimizer step (gen/compute.lua optimizer_us) reads and writes the trainable shards alone: torch.optim
+  -- skips a parameter whose .grad is None
+  local compute = require("gen.compute")
+  local so = { optimizer = "adamw", hbm_GBps = 1 }
+  H.eq(math.floor((compute.optimizer_us(without, so) - compute.optimizer_us(with, so)) * 1e3 + 0.5),
+    7 * 4 * (12 + 3 + 5), "no optimizer step over a.w, a.n, b.w")
+  -- a frozen weight's backward: the input-gradient GEMM alone (no dW): a.w (8 x 3) costs 2 x 24 x T FLOPs and
+  -- its GEMM's time less there, its forward the same
+  local sw, swo = compute.settings(with), compute.settings(without)
+  local uw, uwo = compute.units(with, sw), compute.units(without, swo)
+  H.eq(uw[a.index].fwd, uwo[a0.index].fwd, "the forward unchanged")
+  H.eq(uwo[a0.index].bwd - uw[a.index].bwd, 2 * 24 * sw.tokens, "a.w's dW FLOPs skipped")
+  assert(uw[a.index].bwd_us < uwo[a0.index].bwd_us, "and its time")
   H.plan_fails(string.format(src, ", frozen = true, ignored = true", "", ""), "model.units[1].params[1].frozen",
     "ignored")
 end

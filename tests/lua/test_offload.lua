@@ -171,6 +171,30 @@ function T.host_link_prices_the_copies()
   assert(md:find("| host link per step: H2D ", 1, true), "and the host link's time")
 end
 
+-- SCHEDULE.md's host link line: a D2H copies the sharded gradients (the trainable shards, rs_total, as
+-- gen/memplan.lua sizes its buffer), an H2D the whole shard: a frozen a.w (48 of a's 53 elements) leaves
+-- the H2D as it was and shrinks the D2H.
+function T.host_link_d2h_counts_trainable_shards()
+  local audit = require("gen.audit")
+  local function link(text)
+    local p = plan.from_source(text, "plans/t.lua")
+    local s = compute.settings(p)
+    local m = memory.whole_rank(p, s, compute.units(p, s))
+    local lines = {}
+    audit.md_host(p, s, m, function(fmt, ...) lines[#lines + 1] = string.format(fmt, ...) end)
+    local l = table.concat(lines, "\n")
+    return l:match("H2D (%S+ %S+) before"), l:match("D2H (%S+ %S+) after")
+  end
+  local base = src(OFF)
+  local frozen = base:gsub('shape = { 8, 6 } }', 'shape = { 8, 6 }, frozen = true }')
+  assert(frozen ~= base, "a.w frozen")
+  local h0, d0 = link(base)
+  local h1, d1 = link(frozen)
+  assert(h0 and d0, "the host link line")
+  H.eq(h1, h0, "H2D: the whole shard, frozen parameters included")
+  assert(d1 ~= d0, "D2H: the trainable shards alone (" .. tostring(d1) .. " vs " .. tostring(d0) .. ")")
+end
+
 function T.refusals()
   H.plan_fails(src('{ pin_memory = false }'), "fsdp.pin_memory", "no unit offloads", "cpu_offload = true")
   H.plan_fails(src('{}', ", pin_memory = true"), "model.units[2].pin_memory", "does not offload")

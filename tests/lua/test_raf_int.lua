@@ -187,6 +187,15 @@ function T.advisor_tries_post_forward_groups()
   local one = H.generic(16, "{ dp_shard = 16 }", units, "{}"):gsub("\n}$", "\n  topology = { gpus_per_node = 16, "
     .. "gpu_memory_GB = 6 },\n}")
   H.eq(advisor.rank(load.source(one, "plans/t.lua"), { no_pipeline = true }).post_forward, nil, "inside one node")
+  -- nor a plan under the policy "always" (it decides every unit's reshard_after_forward); "default": the copy
+  -- drops it (an int beside a policy is refused)
+  local always = H.generic(16, "{ dp_shard = 16 }", units, '{ reshard_after_forward_policy = "always" }')
+    :gsub("\n}$", topo)
+  H.eq(advisor.rank(load.source(always, "plans/t.lua"), { no_pipeline = true }).post_forward, nil, "policy always")
+  local default = H.generic(16, "{ dp_shard = 16 }", units, '{ reshard_after_forward_policy = "default" }')
+    :gsub("\n}$", topo)
+  local pd = advisor.rank(load.source(default, "plans/t.lua"), { no_pipeline = true }).post_forward
+  assert(pd and pd.k == 8, "policy default: tried with reshard_after_forward = 8")
 end
 
 return T

@@ -169,6 +169,22 @@ function T.bf16_optimizer_states()
   H.eq(d2.audit.memory.optimizer_bytes, d0.audit.memory.optimizer_bytes, "foreach: as fused")
 end
 
+-- The same under a pipeline (CP x PP): pp_report's per-rank memory and figures' parts count the
+-- optimizer state as gen/memory.lua does (memory.unit_state), so bf16 moments lower the total, not
+-- the activations.
+function T.bf16_optimizer_states_under_pp()
+  local base = H.read("tests/plans/llama_tiny_cppp.lua")
+  local with = base:gsub("training = { local_batch_size = 2, loss_chunks = 1 }",
+    'training = { local_batch_size = 2, loss_chunks = 1, optimizer_implementation = "fused_opt_states_bf16" }')
+  assert(with ~= base, "plan edited")
+  local _, d0 = doc_of(base)
+  local _, d1 = doc_of(with)
+  local m0, m1 = d0.audit.memory, d1.audit.memory
+  assert(m1.optimizer_bytes < m0.optimizer_bytes, "bf16 moments: less optimizer state")
+  H.eq(m1.activation_bytes, m0.activation_bytes, "activations unchanged")
+  H.eq(m1.total_bytes, m0.total_bytes - (m0.optimizer_bytes - m1.optimizer_bytes), "total drops by the saving")
+end
+
 -- pipeline.schedule = "PipelineScheduleMulti" with pipeline.csv: torchtitan's pipeline_parallel_schedule
 -- = "PipelineScheduleMulti" with pipeline_parallel_schedule_csv (distributed/pipeline_parallel.py:290-298,
 -- 351-361): 2 stages per rank (:257-261), the actions the CSV's alone (_PipelineScheduleRuntime._load_csv,

@@ -29,8 +29,9 @@ The model has an uneven shard, an empty one (rank 3) and a root owning a paramet
 
     tests/python/test_bridge_dtypes.py [TORCHRUN] [--cases all|quick|NAME,...] [--list]
 
-COMMPLAN_TEST_TIER=quick (make test) runs one case, bf16 parameters with an fp32 reduce under
-sync_last (mixed precision and the view of the unsharded-grads buffer in grad_dtype), and prints a
+COMMPLAN_TEST_TIER=quick (make test) runs two cases, bf16 parameters with an fp32 reduce under
+sync_last (mixed precision and the view of the unsharded-grads buffer in grad_dtype) and raf2
+(reshard_after_forward = 2 through the bridge), and prints a
 "quick tier:" line; full (make test-full), or run by hand, the whole matrix. Needs torch 2.x with
 FSDP2 and torchrun (make torch-env); anywhere else one SKIP line and exit 77.
 """
@@ -77,9 +78,11 @@ MODES = {
     "raf2": ("fsdp", 2, {"micro_steps": 2, "reshard_after_forward": 2}),
 }
 MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
-# The quick tier: one case, bf16 params + fp32 reduce + sync_last (mixed precision and the
-# unsharded-grads view in grad_dtype); make test-full runs the whole matrix.
-QUICK = ["fp32_bf16_fp32_sync_last"]
+# The quick tier: bf16 params + fp32 reduce + sync_last (mixed precision and the unsharded-grads
+# view in grad_dtype), and raf2 (the one quick check that sends reshard_after_forward = k through
+# the bridge: the post-forward copy and the backward's all-gather over pairs); make test-full runs
+# the whole matrix.
+QUICK = ["fp32_bf16_fp32_sync_last", "fp32_bf16_fp32_raf2"]
 STEPS = {"quick": 2, "full": 3}
 
 
@@ -382,7 +385,7 @@ def main():
     H.build_all("test_bridge_dtypes", BUILD, [plan_name(n) for n in names])
     rc = H.launch(torchrun, __file__, WORLD, ["--worker", "--steps", steps, "--cases", ",".join(names)], 1800)
     if sel == "quick":
-        print("quick tier: %d of the %d dtype x accumulation cases (%s: bf16 params, fp32 reduce, sync_last), %d "
+        print("quick tier: %d of the %d dtype x accumulation cases (%s: bf16 params, fp32 reduce; sync_last, reshard_after_forward = 2), %d "
               "steps; make test-full runs all %d (every dtype family x every, default, sync_last, noreshard, "
               "ar_last, sum, keep, prefetch), %d steps" % (
                   len(names), len(cases), ", ".join(names), steps, len(cases), STEPS["full"]))
