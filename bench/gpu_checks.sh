@@ -34,7 +34,8 @@ say "nccl: $(grep -hE '^#define NCCL_(MAJOR|MINOR|PATCH)' "${NCCL_HOME:-/usr/loc
 
 # ---- build: the runtime once, then every plan's own make side by side ----
 t0=$(date +%s)
-GPU_PLANS=$(for f in plans/*.lua; do b=$(basename "$f" .lua); case $b in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|deepseek_v3_pp|llama405b_4d|mixtral8x7b|qwen3_8b) ;; *) echo "$b" ;; esac; done)
+BIG_PLANS=" $(make -s --no-print-directory print-big-plans) "  # (the Makefile's one list of real-model plans)
+GPU_PLANS=$(for f in plans/*.lua; do b=$(basename "$f" .lua); case $BIG_PLANS in *" $b "*) ;; *) echo "$b" ;; esac; done)
 # tests/plans: the kernel-coverage plan and the TP plans the live checks use
 KERNEL_PLANS=${KERNEL_PLANS:-kernels_all_dtypes fsdp2_tp2 llama_tiny_tp_rec}
 # tests/pp/plans: the pipeline plans (ncclSend / ncclRecv in groups)

@@ -122,7 +122,6 @@ ignored-flags)
 --graph|--simulate --graph
 --warmup|--simulate --warmup 2
 --iters|--simulate --iters 2
---timeout|--simulate --timeout 9
 --trace|--simulate --trace t.json
 --arith|--check --arith gloo
 --warmup|--check --warmup 1

@@ -65,6 +65,9 @@ expect_rc() {
 # Plan names as every loop here takes them: the shell's own glob, each name
 # quoted, and only [A-Za-z0-9_]+ (the name becomes a C identifier): a file
 # name holding $(...), backticks, quotes or spaces never reaches a command.
+# The big shipped plans (the Makefile's BIG_PLANS, one list): skipped by every loop that runs plans.
+BIG_PLANS=$(make -s --no-print-directory print-big-plans) || exit 2
+is_big_plan() { case " $BIG_PLANS " in *" $1 "*) return 0 ;; esac; return 1; }
 plan_names() {
   local f n
   for f in plans/*.lua; do
@@ -807,14 +810,14 @@ lane_join rendezvous
 
 section "end to end: every small plan generated, built and simulated on all ranks"
 for n in $(plan_names); do
-  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|deepseek_v3_pp|llama405b_4d|mixtral8x7b|qwen3_8b) continue ;; esac
+  ! is_big_plan "$n" || continue
   run "build $n" $MAKE PLAN="$n.lua"
   run "simulate $n (2 steps, every rank)" "build/$n/$n" --simulate --steps 2
 done
 # The same plans with NCCL's arithmetic (ncclAvg premultiplies; ring order):
 # the host backend and the checks' independent emulation must agree on it too.
 for n in $(plan_names); do
-  case $n in llama8b|llama8b_cp|llama70b|llama405b|llama405b_hsdp|deepseek_v3|deepseek_v3_pp|llama405b_4d|mixtral8x7b|qwen3_8b) continue ;; esac
+  ! is_big_plan "$n" || continue
   run "simulate $n with NCCL's arithmetic (--arith nccl)" "build/$n/$n" --simulate --steps 2 --arith nccl --quiet
 done
 # tests/plans/kernels_all_dtypes.lua: every (orig, param, reduce) dtype
@@ -898,7 +901,7 @@ rank 2: 2/3/0 commplan-rank2 127.0.0.1 lo 1" ]'
 run "gpu_ranks.sh fails when one rank fails and names it" bash -c '
   out=$(TMPDIR=build tests/gpu_ranks.sh 3 sh -c "echo done \$RANK; [ \$RANK != 2 ] || exit 7"); rc=$?; echo "$out"
   [ "$rc" = 1 ] && printf "%s" "$out" | grep -qF "failed ranks: 2(exit 7)" && printf "%s" "$out" | grep -qxF "rank 2: done 2"'
-for n in llama8b llama70b llama405b_hsdp llama405b llama405b_4d mixtral8x7b deepseek_v3 deepseek_v3_pp qwen3_8b; do
+for n in $BIG_PLANS; do
   run "build $n and print its schedule" bash -c "$MAKE PLAN=$n.lua >/dev/null && build/$n/$n --dry-run >/dev/null"
 done
 # ---- host-built copy kernels (issue 18, item 1) ----
@@ -1256,7 +1259,8 @@ hostile_names() (
   # regeneration below would take them all four times)
   mkdir -p ../aside || exit 2
   trap 'mv ../aside/*.lua plans/ 2>/dev/null' EXIT
-  for n in llama8b llama405b llama405b_hsdp llama405b_4d deepseek_v3 deepseek_v3_pp mixtral8x7b qwen3_8b; do  # (llama70b: the Makefile's default PLAN)
+  for n in $BIG_PLANS; do  # (llama70b stays: the Makefile's default PLAN)
+    [ "$n" != llama70b ] || continue
     [ ! -f "plans/$n.lua" ] || mv "plans/$n.lua" ../aside/ || exit 2
   done
   good=$(plan_names | wc -l)

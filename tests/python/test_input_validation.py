@@ -203,7 +203,8 @@ class WriterOptions(Case):
         msg = self.refused(lambda: pt("p", 4, self.model, fsdp={"reshard_after_forward": "false"}),
                            "fsdp.reshard_after_forward", "True or False", "'false'")
         self.assertIn("False", msg)
-        for bad in (0, 1, None, "true"):
+        # (an int k >= 1 is fully_shard(reshard_after_forward=k): valid; 0, negatives and floats are not)
+        for bad in (0, -2, 1.5, None, "true"):
             self.refused(lambda: pt("p", 4, self.model, fsdp={"reshard_after_forward": bad}),
                          "fsdp.reshard_after_forward")
         self.refused(lambda: pt("p", 4, self.model, training={"fp32_master": 1}), "training.fp32_master")
