@@ -351,6 +351,24 @@ def diff(got, want):
     return n, first
 
 
+def recorded(got):
+    """A recorder's collectives (lists from JSON) as table_step's first five fields: (kind, count,
+    dtype, reduce op, ranks tuple)."""
+    return [tuple(x[:4]) + (tuple(x[4]),) for x in got]
+
+
+def compare_step(key, rank, step, got, want, problems):
+    """One rank-step's recorded collectives (recorded()) against the plan's (table_step()[:5]): the
+    first difference appended to problems; returns how many were compared."""
+    n, at = diff(got, want)
+    if n:
+        problems.append("%s rank %d step %d: %d differences, first at collective %s: torchtitan %r, "
+                        "commplan's tables %r" % (key, rank, step + 1, n, at,
+                                                  got[at] if at is not None and at < len(got) else None,
+                                                  want[at] if at is not None and at < len(want) else None))
+    return len(got)
+
+
 def compare_grads(key, name, rec, problems):
     """Every rank's reduced gradient shards from torchtitan against the binary's --dump: (elements
     compared, of them lm_head's and the norm's)."""
@@ -436,16 +454,8 @@ def main():
                                             "%r" % (key, r, chunks, n, at, want[at] if at < len(want) else None,
                                                     want_derived[at] if at < len(want_derived) else None))
                     for step, got in enumerate(rec[r]["collectives"][key]):
-                        got = [tuple(x[:4]) + (tuple(x[4]),) for x in got]
                         want_s = first_step(plan, table) if chunks > 1 and step == 0 else want
-                        n, at = diff(got, want_s)
-                        compared += len(got)
-                        if n:
-                            problems.append("%s rank %d step %d: %d differences, first at collective %s: torchtitan %r, "
-                                            "commplan's tables %r" % (key, r, step + 1, n, at,
-                                                                      got[at] if at is not None and at < len(got) else None,
-                                                                      want_s[at] if at is not None and at < len(want_s)
-                                                                      else None))
+                        compared += compare_step(key, r, step, recorded(got), want_s, problems)
                 parts = sum(1 for s in table_step(plan, 0) if s[8])
                 print("%-14s %d ranks x %d steps: %d collectives per rank-step (commplan's loss_chunks = %d tables: %d%s)"
                       % (key, WORLD, STEPS, len(rec[0]["collectives"][key][-1]), chunks, len(table_step(plan, 0)),

@@ -383,14 +383,7 @@ def gloo_check():
         for r in range(WORLD):
             want = [s[:5] for s in C.table_step(plan, r)]
             for step, got in enumerate(rec[r]["steps"][key]):
-                got = [tuple(x[:4]) + (tuple(x[4]),) for x in got]
-                n, at = C.diff(got, want)
-                compared += len(got)
-                if n:
-                    problems.append("%s rank %d step %d: %d differences, first at collective %s: torchtitan %r, "
-                                    "commplan %r" % (key, r, step + 1, n, at,
-                                                     got[at] if at is not None and at < len(got) else None,
-                                                     want[at] if at is not None and at < len(want) else None))
+                compared += C.compare_step(key, r, step, C.recorded(got), want, problems)
         if sim.returncode == 0:
             g, w = compare_grads(key, rec, problems)
             grads, w13 = grads + g, w13 + w

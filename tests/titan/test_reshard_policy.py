@@ -199,14 +199,8 @@ def main():
             head_bwd_ag += sum(1 for s in table if s[5] == head["name"] and s[0] == "all_gather" and s[7] != "forward")
             default_want = [s[:5] for s in CL.table_step(plans[(mn, "default", m)], r)]
             for step, got in enumerate(rec[r]["collectives"][key]):
-                got = [tuple(x[:4]) + (tuple(x[4]),) for x in got]
-                n, at = CL.diff(got, want)
-                compared += len(got)
-                if n:
-                    problems.append("%s rank %d step %d: %d differences, first at collective %s: torchtitan %r, "
-                                    "commplan's tables %r" % (key, r, step + 1, n, at,
-                                                              got[at] if at is not None and at < len(got) else None,
-                                                              want[at] if at is not None and at < len(want) else None))
+                got = CL.recorded(got)
+                compared += CL.compare_step(key, r, step, got, want, problems)
                 if pol != "default":
                     mutant[pol] = mutant.get(pol, 0) + CL.diff(got, default_want)[0]
         print("%-20s %d ranks x %d steps: %d collectives per rank-step (the tables: %d; head unit %s reshards "
