@@ -197,23 +197,12 @@ def worker(rank, init, out_dir, ids):
                 GP.names = {id(p): n for n, p in model.named_parameters()}
                 GP.k = {n: ids[key][titan_to_plan(n)] for n, p in model.named_parameters()}
                 GP.count = {}
-                positions = torch.arange(SEQ).repeat(BATCH, 1)
                 ctx = get_spmd_context(parallel_dims=pd)
                 steps = []
                 for step in range(STEPS):
                     del log[:]
                     on[0] = True
-                    for mi in range(micro):
-                        GP.micro = mi
-                        g = torch.Generator().manual_seed(1000 * rank + 10 * step + mi)
-                        t = torch.randint(0, TITAN["vocab_size"], (BATCH, SEQ + 1), generator=g)
-                        extra = {"positions": positions, "attention_masks": model.get_attention_masks(positions=positions)}
-                        gvt = torch.tensor(BATCH * SEQ * WORLD * micro)
-                        with ctx():  # Trainer._forward_backward_body
-                            pred = model(t[:, :-1], **extra)
-                            loss, _ = loss_fn(pred, t[:, 1:], gvt)
-                            del pred
-                            loss.backward()
+                    forward_backward(model, loss_fn, ctx, TITAN["vocab_size"], BATCH, SEQ, WORLD, rank, step, micro, GP)
                     on[0] = False
                     steps.append(list(log))
                     if step == STEPS - 1 and chunks > 1:
@@ -349,6 +338,26 @@ def diff(got, want):
     first = next((i for i, (a, b) in enumerate(zip(got, want)) if tuple(a) != tuple(b)),
                  None if len(got) == len(want) else min(len(got), len(want)))
     return n, first
+
+
+def forward_backward(model, loss_fn, ctx, vocab, batch, seq, world, rank, step, micro, gp=None):
+    """One step's micro-batches as torchtitan's Trainer._forward_backward_body runs them, the tokens
+    seeded by rank, step and micro-batch so every side of a comparison trains on the same ones; gp:
+    the gradient probe told the micro-batch (GP.micro), where the check has one."""
+    import torch
+    positions = torch.arange(seq).repeat(batch, 1)
+    for mi in range(micro):
+        if gp is not None:
+            gp.micro = mi
+        g = torch.Generator().manual_seed(1000 * rank + 10 * step + mi)
+        t = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+        extra = {"positions": positions, "attention_masks": model.get_attention_masks(positions=positions)}
+        gvt = torch.tensor(batch * seq * world * micro)
+        with ctx():
+            pred = model(t[:, :-1], **extra)
+            loss, _ = loss_fn(pred, t[:, 1:], gvt)
+            del pred
+            loss.backward()
 
 
 def recorded(got):

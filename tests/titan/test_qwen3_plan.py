@@ -228,23 +228,12 @@ def worker(rank, init, out_dir):
                     if isinstance(mod, FSDPModule):
                         mod.set_force_sum_reduction_for_comms(True)
                 loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
-                positions = torch.arange(SEQ).repeat(BATCH, 1)
                 ctx = get_spmd_context(parallel_dims=pd)
                 steps = []
                 for step in range(STEPS):
                     del log[:]
                     on[0] = True
-                    for mi in range(micro):
-                        g = torch.Generator().manual_seed(1000 * rank + 10 * step + mi)
-                        t = torch.randint(0, TINY["vocab_size"], (BATCH, SEQ + 1), generator=g)
-                        extra = {"positions": positions,
-                                 "attention_masks": model.get_attention_masks(positions=positions)}
-                        gvt = torch.tensor(BATCH * SEQ * WORLD * micro)
-                        with ctx():  # Trainer._forward_backward_body
-                            pred = model(t[:, :-1], **extra)
-                            loss, _ = loss_fn(pred, t[:, 1:], gvt)
-                            del pred
-                            loss.backward()
+                    C.forward_backward(model, loss_fn, ctx, TINY["vocab_size"], BATCH, SEQ, WORLD, rank, step, micro)
                     on[0] = False
                     steps.append(list(log))
                     if step == 0:

@@ -93,24 +93,13 @@ def worker(rank, init, out_dir, ids):
                 GP.names = {id(p): n for n, p in model.named_parameters()}
                 GP.k = {n: ids[key][CL.titan_to_plan(n)] for n, p in model.named_parameters()}
                 GP.count = {}
-                positions = torch.arange(CL.SEQ).repeat(CL.BATCH, 1)
                 ctx = get_spmd_context(parallel_dims=pd)
                 steps = []
                 for step in range(STEPS):
                     del log[:]
                     on[0] = True
-                    for mi in range(micro):
-                        GP.micro = mi
-                        g = torch.Generator().manual_seed(1000 * rank + 10 * step + mi)
-                        t = torch.randint(0, CL.TITAN["vocab_size"], (CL.BATCH, CL.SEQ + 1), generator=g)
-                        extra = {"positions": positions,
-                                 "attention_masks": model.get_attention_masks(positions=positions)}
-                        gvt = torch.tensor(CL.BATCH * CL.SEQ * WORLD * micro)
-                        with ctx():  # Trainer._forward_backward_body
-                            pred = model(t[:, :-1], **extra)
-                            loss, _ = loss_fn(pred, t[:, 1:], gvt)
-                            del pred
-                            loss.backward()
+                    CL.forward_backward(model, loss_fn, ctx, CL.TITAN["vocab_size"], CL.BATCH, CL.SEQ, WORLD, rank, step,
+                                        micro, GP)
                     on[0] = False
                     steps.append(list(log))
                     if step == STEPS - 1:
