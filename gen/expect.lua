@@ -192,6 +192,9 @@ function expect.rows(doc, r)
       elseif o.kind == "a2a_counts" then
         -- torchtitan's exchange of num_tokens_per_expert: every expert's count, all_to_all_single
         row.numel_in, row.numel_out = count * gsize, count * gsize
+        -- counts are int64 (routing_map_BLE.sum, torchtitan/models/common/moe.py:437; the plan
+        -- prices and places them at 8 bytes, cost.lua / memplan.lua), whatever the unit's dtype
+        row.dtype, row.plan_dtype = "Long", "int64"
       elseif coll ~= "all_to_all" then row.numel_in, row.numel_out = count, count end
       row.reduce_op = o.reduce_op
       rows[#rows + 1] = row

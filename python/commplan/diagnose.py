@@ -296,10 +296,7 @@ def matches(row, e):
         return "collective"
     if row.get("numel_in") is not None and not gloo_rs and (nin != row.get("numel_in") or nout != row.get("numel_out")):
         return "size"
-    # torchtitan's expert-count exchange moves int64 counts (routing_map_BLE.sum,
-    # torchtitan/models/common/moe.py:437), whatever the plan's dtype
-    counts = row.get("kind") == "a2a_counts" and dt in ("Long", "Int")
-    if row.get("dtype") and dt and dt != row["dtype"] and not counts:
+    if row.get("dtype") and dt and dt != row["dtype"]:
         return "dtype"
     return ""
 

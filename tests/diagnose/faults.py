@@ -63,7 +63,7 @@ CASES = {
     "withhold_counts": ("ep4.lua", {"FAULT_RANK": "1", "JOB": "titan_fault_job.py", "EP_CASE": "dp4_ep2"},
                         [r"first departure from the plan: rank 1 posted all_to_all \d+ -> \d+ Float as ep #17 "
                          r"\(step 1\) where the plan has expert-count exchange of layers\.1\.experts \(forward.*: "
-                         r"all_to_all 8 -> 8 Float; it skipped the plan's expert-count exchange of "
+                         r"all_to_all 8 -> 8 Long; it skipped the plan's expert-count exchange of "
                          r"layers\.1\.experts",
                          r"before the plan's step 0, the job's setup .*24 on world"]),
     # its pipeline_llm (Qwen3, pp 2 x dp_shard 2, 1F1B over 2 microbatches): rank 2 (pipeline rank 1) runs 4

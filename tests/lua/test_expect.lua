@@ -117,6 +117,7 @@ function T.expert_counts_sized()
     if row.kind == "a2a_counts" then
       counts = counts + 1
       H.eq(row.numel_in, 4, "every expert's count (2 per member x ep 2)"); H.eq(row.numel_out, 4)
+      H.eq(row.dtype, "Long", "torchtitan's counts are int64 (moe.py:437)")
       H.eq(table.concat(row.ranks, ","), "0,1")
     elseif row.kind == "a2a" then
       tokens = tokens + 1
