@@ -83,6 +83,9 @@ SETTINGS = (
     S("symm_mem", "bool", ("parallelism.enable_fsdp_symm_mem",),
       "FSDP2's all-gather and reduce-scatter buffers in one symmetric window per rank (fsdp.symm_mem; "
       "torchtitan's distributed/fsdp.py:44-51)"),
+    S("cpu_offload", "bool", ("training.enable_cpu_offload",),
+      "FSDP2's CPUOffloadPolicy on every unit: sharded parameters, gradients and optimizer state in pinned host "
+      "memory (fsdp.cpu_offload; torchtitan's distributed/fsdp.py:173-174)"),
     S("optimizer_implementation", "enum", ("optimizer.implementation",),
       "the optimizer's implementation; fused_opt_states_bf16 keeps AdamW's moments in bf16 (memory per rank)",
       enum=("fused", "foreach", "for-loop", "fused_opt_states_bf16")),
@@ -107,7 +110,6 @@ _REFUSED = {
     "parallelism.context_parallel_load_balancer": ("headtail", None),
     "parallelism.expert_parallel_comm_backend": ("standard",),
     "parallelism.enable_compiled_autograd": (False,),
-    "training.enable_cpu_offload": (False,),
     "float8.enable_fsdp_float8_all_gather": (False,),
     "float8.precompute_float8_dynamic_scale_for_fsdp": (False,),
 }
@@ -370,6 +372,10 @@ def plan_settings(st, from_toml=()):
         # set_symm_mem_for_comm() on every FSDP module (distributed/fsdp.py:44-51); the plan's
         # fsdp.symm_mem forces the sums itself (gen/parallel/fsdp_layout.lua)
         fsdp["symm_mem"] = True
+    if st.get("cpu_offload"):
+        # torchtitan's enable_cpu_offload: offload_policy=CPUOffloadPolicy() (pin_memory=True) on every
+        # fully_shard call (distributed/fsdp.py:173-174)
+        fsdp["cpu_offload"] = True
     raf = st.get("reshard_after_forward", "default")
     if raf != "default":
         # the policy, not a bool: "always" reshards torchtitan's [norm, lm_head] unit too

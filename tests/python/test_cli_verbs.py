@@ -107,7 +107,7 @@ BAD = {
     "seq_len": ["0", "4k"], "local_batch_size": ["0", "b"], "global_batch_size": ["0", "-3", "g"],
     "ac": ["some", "on"], "dtype": ["int8", "float64"], "param_dtype": ["int8"], "reduce_dtype": ["fp8"],
     "reshard_after_forward": ["sometimes"], "async_tp": ["yes", "1"], "sequence_parallel": ["no"],
-    "loss_parallel": ["maybe"], "compile": ["on"], "symm_mem": ["on", "2"], "preset": ["v100", "H100x"], "gpus_per_node": ["0", "n"],
+    "loss_parallel": ["maybe"], "compile": ["on"], "symm_mem": ["on", "2"], "cpu_offload": ["yes", "1"], "preset": ["v100", "H100x"], "gpus_per_node": ["0", "n"],
     "family": ["gpt2", "llama4"], "optimizer_implementation": ["fused_bf16", "Fused"],
     "schedule_csv": ["", "a b.csv"],
     "fused": ["fused_gelu", "swiglu,swiglu", "torchtitan.overrides.helion_rope.helion_cos_sin_rope"],
@@ -199,6 +199,21 @@ class JobConfig(Scratch):
         self.refused(["write"] + BASE + ["--job-config", "job.toml", "--preset", "a100", "-o", "plans/p.lua"],
                      "fsdp.symm_mem", "configs.py:267-278")
 
+    def test_cpu_offload_read(self):
+        # training.enable_cpu_offload (torchtitan distributed/fsdp.py:173-174: CPUOffloadPolicy() on every
+        # fully_shard) -> fsdp.cpu_offload; the flag overrides it; the plan generates (its H2D/D2H copies)
+        self.job(JOB_TOML.replace("seq_len = 4096", "seq_len = 4096\nenable_cpu_offload = true"))
+        rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml", "-o", "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("cpu_offload = true", read(self.path("plans", "p.lua")))
+        rc, out, err = cp(["generate", "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        self.assertIn('"cpu_offload": true', read(self.path("plans", "p", "plan.json")))
+        rc, out, err = cp(["write"] + BASE + ["--job-config", "job.toml", "--cpu-offload", "false", "-o",
+                                              "plans/p.lua"], self.d)
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("cpu_offload = true", read(self.path("plans", "p.lua")))
+
     def test_reshard_policy(self):
         # issue 41 (h41a): parallelism.fsdp_reshard_after_forward is the plan's policy, not a bool: "always"
         # reshards torchtitan's [norm, output] unit too (distributed/fsdp.py:196-204)
@@ -274,7 +289,7 @@ class JobConfig(Scratch):
             ("seq_len = 4096", "seq_len = 0", "training.seq_len"),
             ("mode = \"selective\"", "mode = \"sometimes\"", "activation_checkpoint.mode"),
             ("enable = false", "enable = 1", "compile.enable"),
-            ("seq_len = 4096", "seq_len = 4096\nenable_cpu_offload = true", "training.enable_cpu_offload"),
+            ("seq_len = 4096", "seq_len = 4096\nenable_cpu_offload = 1", "training.enable_cpu_offload"),
             ("[job]", "[job", "not TOML"),
         ]
         for old, new, word in cases:
