@@ -579,14 +579,15 @@ function compute.op_us(p, s, per_unit, o, extra_us)
   -- and its own slot and grads for the copies.
   -- total: the reduce side's elements (the trainable parameters' shards: a
   -- frozen parameter is gathered, never reduced), the gather side's u.total
-  local share, total, grads = 1, u.rs_total, u.grads_numel
+  -- gathered: the gather side's shard elements (frozen ones included), what an H2D copy moves
+  local share, total, grads, gathered = 1, u.rs_total, u.grads_numel, u.total
   if o.part_first then
     local numel, pn = 0, 0
-    total, grads = 0, 0
+    total, grads, gathered = 0, 0, 0
     for j, q in ipairs(u.params) do
       numel = numel + q.numel
       if j > o.part_first and j <= o.part_first + o.part_count then
-        pn = pn + q.numel
+        pn, gathered = pn + q.numel, gathered + q.padded
         if not q.frozen then total, grads = total + q.padded, grads + q.numel end
       end
     end
@@ -607,7 +608,7 @@ function compute.op_us(p, s, per_unit, o, extra_us)
   elseif opkinds.BY_NAME[k].host then
     -- CPU offload's H2D / D2H copies: the shard (its part's) over the host
     -- link at host_GBps (gen/hardware.lua), in the stored dtype
-    us = (k == "h2d" and not o.part_first and u.total or total) * ES[u.orig_dtype] / (s.host_GBps * 1e3)
+    us = (k == "h2d" and gathered or total) * ES[u.orig_dtype] / (s.host_GBps * 1e3)
   elseif (k == "all_gather" or k == "reduce_scatter") and not o.group then
     us = 2 * (k == "all_gather" and u.total or total) * ES[o.dtype] / bytes_per_us -- a one-rank group: a local copy
   end
