@@ -211,6 +211,40 @@ function T.tp_collectives_and_partial_biases()
   H.eq(select(2, tp_seq(tiny("{ dp_shard = 2, tp = 2, ep = 2 }"), "layers.1.experts")), "", "experts unit")
 end
 
+-- CP (gen/parallel/cp.lua): each block's K and V all-gathered over cp in
+-- forward, their gradients reduce-scattered (V's first) in backward, the
+-- rank's seq_len / cp tokens of its TP-local kv heads; the sinks and the
+-- window add none. torchtitan runs it with flex attention only: the
+-- registry's default varlen is refused. Held live: tests/titan/
+-- test_cp_record.py's gpt_* configs.
+function T.cp_kv_exchange()
+  local function cp_plan(parallel, backend)
+    return plan.from_source(src(TINY:gsub("seq_len = 8", "seq_len = 512") .. (backend or ", attn_backend = 'flex'"),
+      parallel, 4, "{ local_batch_size = 1, loss_chunks = 1 }"), "plans/t.lua")
+  end
+  for _, c in ipairs({ { "{ dp_shard = 2, cp = 2 }", 2 }, { "{ cp = 2, tp = 2 }", 1 },
+                       { "{ dp_shard = 2, cp = 2, ep = 2 }", 2 } }) do
+    local p = cp_plan(c[1])
+    local per = {}
+    for _, o in ipairs(p.ops) do
+      if o.group == "cp" and o.micro_step == 0 then
+        local n = p.layout.units[o.unit + 1].name
+        per[n] = (per[n] or "") .. o.kind .. (o.phase == "backward" and "' " or " ")
+        H.eq(o.count, 256 * c[2] * 4, c[1] .. ": seq 512 / cp 2 tokens x the TP-local kv heads x head_dim 4")
+      end
+    end
+    for _, n in ipairs({ "layers.0", "layers.1" }) do
+      H.eq(per[n], "tp_all_gather tp_all_gather tp_reduce_scatter' tp_reduce_scatter' ", c[1] .. " " .. n)
+    end
+  end
+  H.plan_fails(src(TINY:gsub("seq_len = 8", "seq_len = 512"), "{ dp_shard = 2, cp = 2 }", 4),
+    "model.attn_backend", "registry's default", "full_dtensor.py:43-53", "set attn_backend = \"flex\"")
+  H.plan_fails(src(TINY:gsub("seq_len = 8", "seq_len = 512") .. ", attn_backend = 'varlen'",
+    "{ dp_shard = 2, cp = 2 }", 4), "model.attn_backend", "context_parallel/api.py:108-109")
+  H.plan_fails("return { world_size = 2, model = { family = 'mixtral', size = '8x7b', attn_backend = 'flex' } }",
+    "model.attn_backend", "gpt_oss")
+end
+
 function T.refusals()
   H.plan_fails(src("size = '30b'"), "model.size", "unknown gpt-oss size", "20b")
   H.plan_fails(src("size = 'debugmodel', sliding_window = 0"), "model.sliding_window")
