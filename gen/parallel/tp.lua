@@ -249,6 +249,12 @@ end
 -- are qwen3's with the MoE's pair of redistributions where the feed-forward's are.
 tp.DENSE = { llama = true, qwen3 = true, mixtral = true, qwen3_moe = true, gpt_oss = true }
 
+-- The families only torchtitan 0.3 parallelizes (no legacy path to compare
+-- with): loss parallelism always, as torchtitan 0.3 has no switch for it
+-- (components/loss.py:51-58: under spmd_types with tp > 1 its
+-- cross_entropy_loss is the vocab-parallel one).
+tp.LOSS_ALWAYS_PARALLEL = { deepseek_v3 = true, gpt_oss = true }
+
 -- The proof that TP classes cannot hang each other: the members of a TP
 -- group sit in different classes, so every class must issue the identical
 -- sequence of TP collectives (kind, dtype, count, reduce op). FSDP and
@@ -307,15 +313,14 @@ function tp.rules(ctx, d, p)
   -- Llama's names: tp.on_layout refuses these settings where it is not)
   local dense = tp.DENSE[p.model.family] or (p.model.family == "generic" and p.model.n_heads ~= nil
     and p.model.head_dim ~= nil and p.model.n_layers ~= nil) or false
+  if d.tp > 1 and tp.LOSS_ALWAYS_PARALLEL[p.model.family] and p.parallel.loss_parallel == false then
+    util.field_error(ctx, "parallel.loss_parallel", string.format("loss_parallel = false with the %s family: "
+      .. "torchtitan 0.3 has no such switch (components/loss.py:51-58: with tp > 1 its cross-entropy is always "
+      .. "vocab-parallel); remove it", p.model.family))
+  end
   if d.tp > 1 and p.model.family == "deepseek_v3" then
-    -- torchtitan's plan with or without sequence parallelism, recorded live; loss parallelism always:
-    -- torchtitan 0.3 has no switch for it (components/loss.py:51-58: under spmd_types with tp > 1 its
-    -- cross_entropy_loss is the vocab-parallel one)
-    if p.parallel.loss_parallel == false then
-      util.field_error(ctx, "parallel.loss_parallel", "loss_parallel = false with the deepseek_v3 family: "
-        .. "torchtitan 0.3 has no such switch (components/loss.py:51-58: with tp > 1 its cross-entropy is always "
-        .. "vocab-parallel); remove it")
-    end
+    -- torchtitan's plan with or without sequence parallelism, recorded live; loss parallelism always
+    -- (tp.LOSS_ALWAYS_PARALLEL)
     if p.parallel.async_tp then
       util.field_error(ctx, "parallel.async_tp", "async TP of the deepseek_v3 family's TP plan is not modelled; "
         .. "remove it")

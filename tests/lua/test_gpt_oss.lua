@@ -246,6 +246,8 @@ function T.cp_kv_exchange()
 end
 
 function T.refusals()
+  H.plan_fails(src("size = 'debugmodel', seq_len = 256", "{ dp_shard = 2, tp = 2, loss_parallel = false }"),
+    "parallel.loss_parallel", "gpt_oss family", "components/loss.py:51-58")
   H.plan_fails(src("size = '30b'"), "model.size", "unknown gpt-oss size", "20b")
   H.plan_fails(src("size = 'debugmodel', sliding_window = 0"), "model.sliding_window")
   H.plan_fails(src("size = 'debugmodel', n_kv_heads = 5"), "model.n_kv_heads")
