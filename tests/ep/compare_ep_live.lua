@@ -435,4 +435,5 @@ if arg and arg[0] and arg[0]:match("compare_ep_live%.lua$") then
   os.exit(main(arg))
 end
 
-return { check_case = check_case, check_grads = check_grads, plan_source = plan_source, plan_name = plan_name }
+return { check_case = check_case, check_grads = check_grads, plan_source = plan_source, plan_name = plan_name,
+         gpt_oss_mutants = gpt_oss_mutants }
