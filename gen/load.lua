@@ -154,8 +154,10 @@ local SCHEMA = {
     -- DeepSeek-V3's router: top-k weights renormalised, node-limited routing's groups
     route_norm = { "bool" }, n_expert_groups = { "int", min = 0, max = LIM.model_int },
     n_limited_groups = { "int", min = 0, max = LIM.model_int },
-    -- gpt-oss (gen/models/gpt_oss.lua): the even blocks' causal sliding window, in tokens
-    sliding_window = { "int", min = 1, max = LIM.model_int },
+    -- gpt-oss (gen/models/gpt_oss.lua): the even blocks' causal sliding window, in tokens, and the
+    -- attention backend its registry builds (attn_backend, models/gpt_oss/__init__.py:388-396: "varlen"
+    -- by default, "flex" as config_registry.py's gpt_oss_debugmodel_flex; context parallel needs flex)
+    sliding_window = { "int", min = 1, max = LIM.model_int }, attn_backend = { "enum", enum = { "varlen", "flex" } },
     -- the qwen3 family (gen/models/qwen3.lua): the FFN's hidden size as given, and torchtitan's
     -- enable_weight_tying (tok_embeddings.weight and lm_head.weight tied; one unit holds both ends)
     hidden_dim = { "int", min = 1, max = LIM.model_int }, enable_weight_tying = { "bool" },

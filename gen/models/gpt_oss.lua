@@ -29,14 +29,18 @@
 -- expert_params = set(experts.parameters()), Shard(1) when the FSDP mesh is
 -- wider than num_experts); with ep > 1 gen/parallel/ep.lua splits all four
 -- on dim 0 over ep (they live under moe.routed_experts.inner_experts.).
--- TP: gen/parallel/tp.lua's gpt_oss plan (models/gpt_oss/sharding.py).
+-- TP: gen/parallel/tp.lua's gpt_oss plan (models/gpt_oss/sharding.py), its
+-- Partial bias gradients gen/parallel/tp_acts.lua's DENSE.gpt_oss. CP: each
+-- block's K/V exchange as the other GQA families' (gen/parallel/cp.lua; the
+-- sinks and the sliding window add no collective), with attn_backend =
+-- "flex" only: torchtitan refuses CP with the registry's default varlen.
 local util = require("gen.util")
 local moe = require("gen.models.moe")
 
 local go = {}
 
 go.FIELDS = { "size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "moe_hidden_dim",
-              "num_experts", "top_k", "fuse_qkv", "sliding_window" }
+              "num_experts", "top_k", "fuse_qkv", "sliding_window", "attn_backend" }
 
 -- torchtitan's gpt_oss registry (models/gpt_oss/__init__.py:249-385:
 -- _debugmodel, _20b, _120b); every flavour has 64 heads of 64, 8 KV heads
@@ -53,7 +57,10 @@ go.CONFIGS = {
 local RESOLVE = {
   label = "gpt-oss", sizes = go.CONFIGS, fields = go.FIELDS,
   -- (_make_gptoss_attn_config's defaults; the window torchtitan fixes at 128, __init__.py:209)
-  defaults = { n_heads = 64, n_kv_heads = 8, head_dim = 64, fuse_qkv = true, sliding_window = 128 },
+  -- (attn_backend: its registry's default, model_registry(attn_backend="varlen"), __init__.py:388-396;
+  -- only context parallel tells the two apart, gen/parallel/cp.lua)
+  defaults = { n_heads = 64, n_kv_heads = 8, head_dim = 64, fuse_qkv = true, sliding_window = 128,
+               attn_backend = "varlen" },
   required = { "dim", "n_layers", "vocab_size", "moe_hidden_dim", "num_experts", "top_k" },
 }
 

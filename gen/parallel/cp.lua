@@ -41,6 +41,8 @@
 --    gen/parallel/init.lua's unit_ops merges the two modules' ops by it.
 --  * on DeepSeek-V3 (MLA: K and V of different widths, cp.FAMILIES;
 --    recorded: dsv3_dp2_cp2, dsv3_cp2_tp2) the same, V's gradient first;
+--  * on gpt-oss (attn_backend "flex"; recorded: gpt_dp2_cp2, gpt_cp2_tp2,
+--    gpt_dp2_cp2_ep2) the same, its sinks and sliding window adding none;
 --  * on the MoE families (mixtral, qwen3_moe: torchtitan's Qwen3 MoE
 --    decoder, flex attention; recorded live: mixtral_dp2_cp2) the same
 --    exchange in each block's attention; beside EP (ep borrows the
@@ -49,7 +51,8 @@
 --    the block's K/V all-gathers (recorded: mixtral_dp2_cp2_ep2).
 -- Refused, one line each: Ulysses (torch 2.15 and torchtitan 0.3 have
 -- none), ep and cp x tp that do not nest (the runtime's refined mesh), a
--- family not in cp.FAMILIES, a seq_len torchtitan refuses (its Trainer's
+-- family not in cp.FAMILIES, gpt-oss's default varlen attention (torchtitan
+-- refuses it under CP), a seq_len torchtitan refuses (its Trainer's
 -- tp (under SP) x 2 x cp, trainer.py:306-315; flex's CP block mask needs
 -- cp x 128).
 -- Inside a pipeline (pp > 1: torchtitan's pipeline_llm runs parallelize_llama
@@ -113,7 +116,12 @@ end
 local ATTN = "attention.wo.weight"
 cp.FAMILIES = { llama = { block = ATTN, widths = gqa }, qwen3 = { block = ATTN, widths = gqa },
                 mixtral = { block = ATTN, widths = gqa }, qwen3_moe = { block = ATTN, widths = gqa },
-                deepseek_v3 = { block = ATTN, widths = mla } }
+                deepseek_v3 = { block = ATTN, widths = mla },
+                -- gpt-oss: GQA's exchange (recorded live: test_cp_record.py's gpt_* configs); its sinks
+                -- rescale by flex's lse over the gathered keys and its sliding window is a block mask, so
+                -- neither adds a collective. backend: its registry's default attention (model.attn_backend
+                -- unset), which CP refuses unless flex (cp.rules)
+                gpt_oss = { block = ATTN, widths = gqa, backend = "varlen" } }
 
 function cp.rules(ctx, d, p)
   if d.cp == 1 then return end
@@ -123,8 +131,17 @@ function cp.rules(ctx, d, p)
   local maybe = m.family == "generic" and m.n_heads ~= nil and m.head_dim ~= nil and m.n_layers ~= nil
   if not cp.FAMILIES[m.family] and not maybe then
     refuse(ctx, "parallel.cp", "cp=%d: context parallel is planned for the families whose attention exchanges K "
-      .. "and V over cp (llama, qwen3, mixtral, qwen3_moe, deepseek_v3); the %s family has none; set cp=1", d.cp,
-      p.model.family)
+      .. "and V over cp (llama, qwen3, mixtral, qwen3_moe, deepseek_v3, gpt_oss); the %s family has none; set cp=1",
+      d.cp, p.model.family)
+  end
+  -- torchtitan runs CP with flex attention only: varlen refused under spmd_types (distributed/full_dtensor.py:
+  -- 43-53, validate_config) and under the other backends (distributed/context_parallel/api.py:108-109)
+  local backend = m.attn_backend or (cp.FAMILIES[m.family] or {}).backend
+  if backend and backend ~= "flex" then
+    refuse(ctx, "model.attn_backend", "cp=%d with attn_backend \"%s\"%s: torchtitan refuses context parallel with "
+      .. "varlen attention (distributed/full_dtensor.py:43-53; context_parallel/api.py:108-109); set attn_backend = "
+      .. "\"flex\" (torchtitan's gpt_oss_debugmodel_flex, models/gpt_oss/config_registry.py:66-67) or cp=1", d.cp,
+      backend, m.attn_backend and "" or " (the registry's default)")
   end
   local seq = p.model.seq_len
   if not seq then

@@ -181,13 +181,42 @@ local QWEN3 = {
 -- TP at ep > 1 (:201-209: the sparse placement, EP S(0), no TP axis).
 -- commplan's mixtral is that decoder without q/k norms (gen/models/
 -- mixtral.lua; torchtitan has no Mixtral), so it takes the same plan.
+-- torchtitan 0.3's gpt-oss plan (models/gpt_oss/sharding.py:28-127): the
+-- decoder plan (set_decoder_sharding_config: the embedding on its vocab
+-- rows, lm_head column-wise, the norms R under SP and I without) and per
+-- block: the fused wqkv -- or wq, wk, wv -- column-wise with their biases
+-- (colwise_config: weight and bias S(0), decoder_sharding.py:70-78,
+-- :142-157), wo row-wise with its bias replicated (scaled_bias_rowwise_config,
+-- sharding.py:42-63: weight S(1), bias R; ScaledBiasRowwiseLinear adds
+-- bias / tp to every rank's partial sum, common/linear.py:43-71), the
+-- attention's sinks split over heads (S(0), sharding.py:99-101), the router
+-- replicated, and the MoE as Qwen3 MoE's (set_moe_sharding_config, sharding.py:
+-- 119-125) with gpt-oss's expert layout at ep = 1 (sharding.py:28-35: mlp1's
+-- weight and bias S(1) on their gate/up rows, mlp2's weight S(2), mlp2's
+-- bias R, ScaleBiasForward adding it / tp, moe.py:23-64); at ep > 1 the
+-- experts are on ep, not TP (moe_sharding.py:201-209).
+local GPT_OSS = {
+  ["attention.qkv_linear.wqkv.weight"] = "colwise", ["attention.qkv_linear.wqkv.bias"] = "colwise",
+  ["attention.qkv_linear.wq.weight"] = "colwise", ["attention.qkv_linear.wq.bias"] = "colwise",
+  ["attention.qkv_linear.wk.weight"] = "colwise", ["attention.qkv_linear.wk.bias"] = "colwise",
+  ["attention.qkv_linear.wv.weight"] = "colwise", ["attention.qkv_linear.wv.bias"] = "colwise",
+  ["attention.wo.weight"] = "rowwise", ["attention.wo.bias"] = "replicate", ["attention.sinks"] = "shard(0)",
+  ["tok_embeddings.weight"] = "shard(0)", ["lm_head.weight"] = "colwise",
+}
+local GPT_OSS_EXPERTS = {
+  ["moe.routed_experts.inner_experts.mlp1_weight_EGD"] = "shard(1)",
+  ["moe.routed_experts.inner_experts.mlp1_bias_EG"] = "shard(1)",
+  ["moe.routed_experts.inner_experts.mlp2_weight_EDF"] = "shard(2)",
+  ["moe.routed_experts.inner_experts.mlp2_bias_ED"] = "replicate",
+}
 -- Each family's TP plan, by parameter name within its block; `experts`:
 -- the routed experts' placements, which apply at ep = 1 only (at ep > 1
 -- ExpertParallel takes those ranks).
 local PLANS = { llama = { names = LLAMA }, qwen3 = { names = QWEN3 },
                 mixtral = { names = QWEN3, experts = GROUPED_EXPERTS },
                 qwen3_moe = { names = QWEN3, experts = GROUPED_EXPERTS },
-                deepseek_v3 = { names = DEEPSEEK, experts = GROUPED_EXPERTS } }
+                deepseek_v3 = { names = DEEPSEEK, experts = GROUPED_EXPERTS },
+                gpt_oss = { names = GPT_OSS, experts = GPT_OSS_EXPERTS } }
 
 -- The family whose TP plan and activation collectives a plan's model
 -- takes: its own, or for a generic model that is a decoder under a
@@ -216,9 +245,15 @@ end
 
 -- DENSE: the decoders whose activations are gen/parallel/tp_acts.lua's
 -- tp_acts.dense (sequence_parallel, loss_parallel and async_tp apply to
--- them): llama, qwen3, and the GQA MoE families, whose blocks are qwen3's
--- with the MoE's pair of redistributions where the feed-forward's are.
-tp.DENSE = { llama = true, qwen3 = true, mixtral = true, qwen3_moe = true }
+-- them): llama, qwen3, and the GQA MoE families (gpt-oss's too), whose blocks
+-- are qwen3's with the MoE's pair of redistributions where the feed-forward's are.
+tp.DENSE = { llama = true, qwen3 = true, mixtral = true, qwen3_moe = true, gpt_oss = true }
+
+-- The families only torchtitan 0.3 parallelizes (no legacy path to compare
+-- with): loss parallelism always, as torchtitan 0.3 has no switch for it
+-- (components/loss.py:51-58: under spmd_types with tp > 1 its
+-- cross_entropy_loss is the vocab-parallel one).
+tp.LOSS_ALWAYS_PARALLEL = { deepseek_v3 = true, gpt_oss = true }
 
 -- The proof that TP classes cannot hang each other: the members of a TP
 -- group sit in different classes, so every class must issue the identical
@@ -278,23 +313,14 @@ function tp.rules(ctx, d, p)
   -- Llama's names: tp.on_layout refuses these settings where it is not)
   local dense = tp.DENSE[p.model.family] or (p.model.family == "generic" and p.model.n_heads ~= nil
     and p.model.head_dim ~= nil and p.model.n_layers ~= nil) or false
-  if d.tp > 1 and p.model.family == "gpt_oss" then
-    -- (its placements are models/gpt_oss/sharding.py:28-127's; what is not held live yet is which of its
-    -- biases' gradients come out Partial over TP: wo's bias scaled by 1/tp in forward, models/common/
-    -- linear.py:43-71, and the experts' mlp2 bias by ScaleBiasForward, models/gpt_oss/moe.py:23-64)
-    util.field_error(ctx, "parallel.tp", string.format("tp=%d with the gpt_oss family: its TP plan's bias "
-      .. "gradients over TP (ScaledBiasRowwiseLinear, common/linear.py:43-71; ScaleBiasForward, gpt_oss/moe.py:"
-      .. "23-64) are not yet checked against torchtitan; set tp=1 (FSDP, HSDP, EP and PP are planned)", d.tp))
+  if d.tp > 1 and tp.LOSS_ALWAYS_PARALLEL[p.model.family] and p.parallel.loss_parallel == false then
+    util.field_error(ctx, "parallel.loss_parallel", string.format("loss_parallel = false with the %s family: "
+      .. "torchtitan 0.3 has no such switch (components/loss.py:51-58: with tp > 1 its cross-entropy is always "
+      .. "vocab-parallel); remove it", p.model.family))
   end
   if d.tp > 1 and p.model.family == "deepseek_v3" then
-    -- torchtitan's plan with or without sequence parallelism, recorded live; loss parallelism always:
-    -- torchtitan 0.3 has no switch for it (components/loss.py:51-58: under spmd_types with tp > 1 its
-    -- cross_entropy_loss is the vocab-parallel one)
-    if p.parallel.loss_parallel == false then
-      util.field_error(ctx, "parallel.loss_parallel", "loss_parallel = false with the deepseek_v3 family: "
-        .. "torchtitan 0.3 has no such switch (components/loss.py:51-58: with tp > 1 its cross-entropy is always "
-        .. "vocab-parallel); remove it")
-    end
+    -- torchtitan's plan with or without sequence parallelism, recorded live; loss parallelism always
+    -- (tp.LOSS_ALWAYS_PARALLEL)
     if p.parallel.async_tp then
       util.field_error(ctx, "parallel.async_tp", "async TP of the deepseek_v3 family's TP plan is not modelled; "
         .. "remove it")

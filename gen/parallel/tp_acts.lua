@@ -85,6 +85,15 @@ end
 -- sequence shard at ep > 1: its gradient is Partial over TP either way.
 local QWEN3_PARTIAL = { "attention%.[qk]_norm%.weight$" }
 local MOE_PARTIAL = { "attention%.[qk]_norm%.weight$", "moe%.router%.gate%.weight$" }
+-- gpt-oss (models/gpt_oss/sharding.py): no q/k norms; the R parameters
+-- whose gradients come out Partial over TP: wo's bias (R, added / tp to each
+-- rank's partial sum in the rowwise local_map: common/linear.py:43-71), the
+-- router's gate weight and bias; at ep = 1 the routed experts' mlp2 bias
+-- (R, ScaleBiasForward's R -> V, moe.py:41-57; at ep > 1 the experts are
+-- on ep and the bias is no TP parameter). Held live: tests/ep/ep_cases.py's
+-- gpt_dp2_tp2* cases.
+local GPT_OSS_PARTIAL = { "attention%.wo%.bias$", "moe%.router%.gate%.weight$", "moe%.router%.gate%.bias$" }
+local GPT_OSS_PARTIAL_EP1 = { "mlp2_bias_ED$" }
 tp_acts.DENSE = {
   llama = { embedding = "tok_embeddings.weight", block = "attention.wo.weight", output = "output.weight",
             partial_sp = "norm%.weight$" },
@@ -94,13 +103,19 @@ tp_acts.DENSE = {
               moe = "moe.router.gate.weight", partial_sp = "norm%.weight$", partial_always = MOE_PARTIAL },
   qwen3_moe = { embedding = "tok_embeddings.weight", block = "attention.wo.weight", output = "lm_head.weight",
                 moe = "moe.router.gate.weight", partial_sp = "norm%.weight$", partial_always = MOE_PARTIAL },
+  gpt_oss = { embedding = "tok_embeddings.weight", block = "attention.wo.weight", output = "lm_head.weight",
+              moe = "moe.router.gate.weight", partial_sp = "norm%.weight$", partial_always = GPT_OSS_PARTIAL,
+              partial_ep1 = GPT_OSS_PARTIAL_EP1 },
 }
 
 -- Whether TP-replicated parameter q's gradient is Partial over TP (FSDP2's
 -- post-backward all-reduces it).
-local function partial_grad(q, fam, sp)
+local function partial_grad(q, fam, sp, ep)
   if q.tp_dim ~= nil then return false end
   for _, pat in ipairs(fam.partial_always or {}) do
+    if q.name:match(pat) then return true end
+  end
+  for _, pat in ipairs(ep == 1 and fam.partial_ep1 or {}) do
     if q.name:match(pat) then return true end
   end
   return sp and q.name:match(fam.partial_sp) ~= nil
@@ -165,7 +180,9 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
     local tokens, d, kv = b * seq, cfg.dim, cfg.n_kv_heads * cfg.head_dim
     local q = cfg.n_heads * cfg.head_dim
     local function flops(out_dim, in_dim) return 2 * tokens * in_dim * out_dim // T end
-    mm = { qkv = flops(q + 2 * kv, d), wo = flops(d, q), w13 = flops(2 * cfg.hidden, d), w2 = flops(d, cfg.hidden),
+    -- (an MoE family's blocks have no feed-forward: its MoE's collectives fuse no matmul, w13 and w2 unused)
+    local hidden = cfg.hidden or 0
+    mm = { qkv = flops(q + 2 * kv, d), wo = flops(d, q), w13 = flops(2 * hidden, d), w2 = flops(d, hidden),
            output = flops(cfg.vocab_size, d) }
   end
   local head = output_unit(lay.units, fam)
@@ -258,7 +275,7 @@ function tp_acts.dense(ctx, lay, cfg, T, opts)
     -- runs in the wider dtype too.
     -- (a frozen parameter has no gradient to redistribute)
     for _, q in ipairs(u.params) do
-      if partial_grad(q, fam, sp) and not q.frozen then
+      if partial_grad(q, fam, sp, ep) and not q.frozen then
         add("tp_all_reduce", "backward", q.numel, q.name .. " gradient (Partial over TP)")
         acts[#acts].reducing_only = true
         acts[#acts].dtype = u.reduce_dtype

@@ -120,16 +120,20 @@ def _titan_text(spec, args, sec, comment):
 
 def _gpt_oss_text(spec, flavor, args, sec, comment):
     """--titan gpt_oss:FLAVOR: torchtitan 0.3's gpt-oss registry flavor as commplan's gpt_oss family
-    (commplan.titan.plan_from_titan; gen/models/gpt_oss.lua)."""
+    (commplan.titan.plan_from_titan; gen/models/gpt_oss.lua); FLAVOR_flex: the flavor with flex attention
+    (model_registry(FLAVOR, attn_backend="flex"), as torchtitan's gpt_oss_debugmodel_flex builds it,
+    models/gpt_oss/config_registry.py:66-67; context parallel needs it)."""
     try:
         from torchtitan.models.gpt_oss import model_registry
     except ImportError as e:
         raise PlanError("--titan: torchtitan is not importable in this Python (%s); install torch and torchtitan"
                         % e) from None
+    base = flavor[:-len("_flex")] if flavor.endswith("_flex") else flavor
     try:
-        ms = model_registry(flavor)
+        ms = model_registry(base, **({"attn_backend": "flex"} if base != flavor else {}))
     except (KeyError, ValueError) as e:
-        raise PlanError("--titan %s: torchtitan's gpt_oss has no flavor %s (%s); give debugmodel, 20b or 120b"
+        raise PlanError("--titan %s: torchtitan's gpt_oss has no flavor %s (%s); give debugmodel, 20b or 120b "
+                        "(or one of them + _flex: flex attention)"
                         % (validate.printable(spec, 80), validate.printable(flavor, 60),
                            " ".join(str(e).split())[:120])) from None
     from .titan import TITAN_FSDP, plan_from_titan

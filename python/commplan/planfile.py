@@ -81,7 +81,7 @@ MOE_SIZES = {"mixtral": ("8x7b", "8x22b"), "qwen3_moe": ("30b-a3b", "235b-a22b")
              "deepseek_v3": ("16b", "236b", "671b")}
 # torchtitan 0.3's gpt-oss (gen/models/gpt_oss.lua FIELDS, size apart) and its registry's flavors.
 MOE_MODEL_KEYS["gpt_oss"] = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "moe_hidden_dim",
-                             "num_experts", "top_k", "fuse_qkv", "sliding_window", "seq_len")
+                             "num_experts", "top_k", "fuse_qkv", "sliding_window", "attn_backend", "seq_len")
 MOE_SIZES["gpt_oss"] = ("debugmodel", "20b", "120b")
 # The dense Qwen3 family's keys (gen/models/qwen3.lua FIELDS, size apart) plus seq_len, and its sizes
 # (torchtitan 0.3's qwen3 registry).
@@ -655,6 +655,10 @@ def _check_model_numbers(model, allowed, family):
         if k in ("fuse_qkv", "route_norm", "enable_weight_tying"):
             validate.check_value(v, validate.Spec("bool", null=True), validate.OPTIONS_SRC, "model." + k)
             continue
+        if k == "attn_backend":  # gpt_oss (gen/models/gpt_oss.lua): its registry's attention backend
+            validate.check_value(v, validate.Spec("enum", enum=("varlen", "flex"), null=True), validate.OPTIONS_SRC,
+                                 "model." + k)
+            continue
         if k == "fused":
             if v is None:
                 continue
@@ -741,6 +745,7 @@ def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, 
             elif model.get(k) is not None:
                 v = model[k]
                 fields.append("%s = %s" % (k, ("true" if v else "false") if isinstance(v, bool)
+                                           else lua_string(v) if k == "attn_backend"
                                            else _lua_number(v, "model." + k)))
         if model.get("dtype"):
             fields.append("dtype = %s" % lua_string(dtype_name(model["dtype"], "model.dtype")))

@@ -258,6 +258,11 @@ def gpt_oss_numbers(model):
            "top_k": int(blocks[0].moe.router.top_k), "fuse_qkv": nums["fuse_qkv"]}
     if w is not None:
         out["sliding_window"] = int(w)
+    # its attention backend (model_registry's attn_backend, models/gpt_oss/__init__.py:388-396): written where
+    # it is flex, the one torchtitan runs context parallel with (gen/parallel/cp.lua); varlen is the default
+    inner = type(getattr(model.config.layers[0].attention, "inner_attention", None)).__qualname__
+    if inner.startswith("FlexAttention"):
+        out["attn_backend"] = "flex"
     return out
 
 

@@ -309,6 +309,41 @@ local function check_case(c, dumps)
   return nil, res
 end
 
+-- The gpt-oss TP cases can fail: the same recording against two wrong
+-- plans of its Partial bias gradients (gen/parallel/tp_acts.lua's
+-- DENSE.gpt_oss) must differ -- wo's bias taken for whole (its all-reduce
+-- dropped), and the Partial all-reduces issued in reverse parameter order.
+-- nil when both differ (or the case is no gpt-oss TP case), else the mutant
+-- that matched.
+local function gpt_oss_mutants(c)
+  if c.family ~= "gpt_oss" or (c.tp or 1) == 1 then return nil, 0 end
+  local tp_acts = require("gen.parallel.tp_acts")
+  local fam = tp_acts.DENSE.gpt_oss
+  local saved, dense = fam.partial_always, tp_acts.dense
+  local kept = {}
+  for _, pat in ipairs(saved) do if not pat:find("wo%", 1, true) then kept[#kept + 1] = pat end end
+  local function reversed(ctx, lay, ...)
+    dense(ctx, lay, ...)
+    for _, u in ipairs(lay.units) do
+      local acts, first = u.tp_acts or {}, nil
+      for i, a in ipairs(acts) do if a.reducing_only and not first then first = i end end
+      if first then
+        local j = #acts
+        while first < j do acts[first], acts[j], first, j = acts[j], acts[first], first + 1, j - 1 end
+      end
+    end
+  end
+  local mutants = { { "wo.bias's all-reduce dropped", function() fam.partial_always = kept end },
+                    { "the Partial all-reduces reversed", function() tp_acts.dense = reversed end } }
+  for _, m in ipairs(mutants) do
+    m[2]()
+    local ok, diff = pcall(check_case, c)
+    fam.partial_always, tp_acts.dense = saved, dense
+    if ok and diff == nil then return m[1], 0 end
+  end
+  return nil, #mutants
+end
+
 local function read_json(path)
   local fh, err = io.open(path, "rb")
   if not fh then return nil, err end
@@ -366,6 +401,15 @@ local function main(argv)
       print(fmt("ep-live: DIFFERENCE %s (%s): %s", c.case, path, diff))
       return 1
     end
+    local matched, differ = gpt_oss_mutants(c)
+    if matched then
+      print(fmt("ep-live: %s: the recording matched a wrong plan too (%s)", c.case, matched))
+      return 1
+    end
+    if differ > 0 then
+      print(fmt("ep-live: %s against %d wrong plans (wo.bias's all-reduce dropped; the Partial bias all-reduces "
+        .. "reversed): each differs, as it must", c.case, differ))
+    end
     local grads = res.grads and fmt(", reduced gradients equal element for element (%d parameter shards, %d elements)",
       res.grads.params, res.grads.elements) or ""
     local ac = (c.ac and c.ac ~= "none") and fmt(", %s checkpointing", c.ac) or ""
@@ -391,4 +435,5 @@ if arg and arg[0] and arg[0]:match("compare_ep_live%.lua$") then
   os.exit(main(arg))
 end
 
-return { check_case = check_case, check_grads = check_grads, plan_source = plan_source, plan_name = plan_name }
+return { check_case = check_case, check_grads = check_grads, plan_source = plan_source, plan_name = plan_name,
+         gpt_oss_mutants = gpt_oss_mutants }

@@ -89,12 +89,26 @@ CASES = {
     "gpt_dp4_ep2": dict(family="gpt_oss", world=4, dp_shard=4, ep=2, model={}, batch=1, seq=6, param_dtype="bf16"),
     "gpt_dp4_ep2_e2": dict(family="gpt_oss", world=4, dp_shard=4, ep=2, model=dict(num_experts=2, top_k=1), batch=1,
                            seq=5, param_dtype="bf16"),
+    # gpt-oss under its TP plan (models/gpt_oss/sharding.py; sequence and loss parallel): dp_shard 2 x tp 2 at
+    # ep 1 (mlp1's weight and bias S(1), mlp2's weight S(2), its bias R; the sinks S(0) over heads; wo's bias R),
+    # ep 2 borrowing the TP ranks (the experts on ep, not TP), and without sequence parallelism: every TP
+    # collective in order and the Partial biases' gradient all-reduces (wo's bias, the router's gate, at ep 1
+    # mlp2's bias) held to the plan's
+    "gpt_dp2_tp2": dict(family="gpt_oss", world=4, dp_shard=2, tp=2, ep=1, model={}, batch=1, seq=6,
+                        param_dtype="bf16"),
+    "gpt_dp2_tp2_ep2": dict(family="gpt_oss", world=4, dp_shard=2, tp=2, ep=2, model={}, batch=1, seq=6,
+                            param_dtype="bf16"),
+    "gpt_dp2_tp2_nosp": dict(family="gpt_oss", world=4, dp_shard=2, tp=2, ep=1, sp=False, model={}, batch=1, seq=6,
+                             param_dtype="bf16", extra=True),
+    "gpt_dp2_tp2_ep2_nosp": dict(family="gpt_oss", world=4, dp_shard=2, tp=2, ep=2, sp=False, model={}, batch=1,
+                                 seq=6, param_dtype="bf16", extra=True),
 }
 # The cases run when none are named: by hand, all but the extra ones; make test's quick tier one case
 # per mesh and activation checkpointing once (full AC), the Qwen3 MoE TP plan once (EP x TP, on the
-# dp2_tp2_ep2 mesh) and gpt-oss once (ep 2); make test-full every case.
+# dp2_tp2_ep2 mesh), gpt-oss at ep 2 and under its TP plan at ep 1 (wo's, mlp2's and the router's Partial bias
+# gradients); make test-full every case.
 TIER = os.environ.get("COMMPLAN_TEST_TIER", "")
-QUICK = ("dp4_ep2", "dp4_ep2_full", "dp4_ep4", "dp2_tp2_ep2", "q3m_dp2_tp2_ep2", "gpt_dp4_ep2")
+QUICK = ("dp4_ep2", "dp4_ep2_full", "dp4_ep4", "dp2_tp2_ep2", "q3m_dp2_tp2_ep2", "gpt_dp4_ep2", "gpt_dp2_tp2")
 if TIER == "quick":
     DEFAULT = ",".join(QUICK)
 elif TIER == "full":

@@ -515,13 +515,14 @@ def titan_model_config(m):
         layers=layers, mtp_layers=[])
 
 
-def titan_gpt_oss_config(m):
+def titan_gpt_oss_config(m, max_seq_len=64):
     """torchtitan's gpt-oss decoder from its own builders (_build_gptoss_layers, each block's attention from
-    _make_gptoss_attn_config with the case's heads: the builder fixes 64 heads of 64), tiny."""
+    _make_gptoss_attn_config with the case's heads: the builder fixes 64 heads of 64), tiny (its RoPE cache
+    max_seq_len positions: tests/titan/test_cp_record.py's 512-token sequences take a longer one)."""
     import torchtitan.models.gpt_oss as G
     from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm
     hd, d, v = m["head_dim"], m["dim"], m["vocab_size"]
-    rope = CosSinRoPE.Config(dim=hd, max_seq_len=64, theta=150000.0)
+    rope = CosSinRoPE.Config(dim=hd, max_seq_len=max_seq_len, theta=150000.0)
     layers = G._build_gptoss_layers(
         dim=d, n_layers=m["n_layers"], hidden_dim=m["moe_hidden_dim"], num_experts=m["num_experts"],
         top_k=m["top_k"], load_balance_coeff=1e-3, attn_backend="flex", fuse_qkv=True, moe_comm_backend="standard",

@@ -228,4 +228,28 @@ function T.moe_tp_recordings_equal_the_tables()
   end, "w1_EFD local shape")
 end
 
+-- torchtitan's gpt-oss TP plan (tests/ep/recorded/gpt_dp2_tp2.json: dp_shard 2 x tp 2, ep 1, sequence and
+-- loss parallel; parallelize_gptoss on gloo; events and shapes only): every collective equals the tables,
+-- the Partial bias gradients' all-reduces (wo.bias, attention_norm, ffn_norm, mlp2_bias_ED, the gate's
+-- weight and bias) among them; the two wrong plans of them (wo.bias's dropped, the order reversed) differ,
+-- and so does the recording without wo.bias's all-reduce.
+function T.gpt_oss_tp_recording_equals_the_tables()
+  local diff, res = live.check_case(load_tp("gpt_dp2_tp2"))
+  H.eq(diff, nil, "gpt_dp2_tp2")
+  H.eq(res.tp, 144, "gpt_dp2_tp2: TP collectives")
+  H.eq(res.colls, 44, "gpt_dp2_tp2: FSDP collectives")
+  local matched, differ = live.gpt_oss_mutants(load_tp("gpt_dp2_tp2"))
+  H.eq(matched, nil, "no wrong plan matches")
+  H.eq(differ, 2, "both wrong plans differ")
+  local c = load_tp("gpt_dp2_tp2")
+  local ev, n = c.ranks[1].events, 0
+  -- layers.1's post-backward all-reduces: wo.bias's is the first of 16 elements
+  for i, e in ipairs(ev) do
+    if e.kind == "all_reduce" and e.in_numel == 16 and e.fsdp == "layers.1 [dp_shard] post_backward" then table.remove(ev, i); n = 1; break end
+  end
+  H.eq(n, 1, "wo.bias's all-reduce found")
+  local d = live.check_case(c)
+  assert(type(d) == "string" and d:find("rank 0 event", 1, true), tostring(d))
+end
+
 return T

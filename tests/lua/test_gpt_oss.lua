@@ -149,8 +149,105 @@ function T.shipped_plans_generate_and_fit()
   end
 end
 
+-- TP (torchtitan's gpt-oss plan, models/gpt_oss/sharding.py; gen/parallel/
+-- tp.lua's GPT_OSS, tp_acts.lua's DENSE.gpt_oss): placements, TP-local
+-- shapes, and each block's TP collectives in order, the Partial gradients'
+-- all-reduces last in parameter order. Held live: tests/ep/ep_cases.py's
+-- gpt_dp2_tp2* cases.
+local TINY = "dtype = 'fp32', seq_len = 8, dim = 16, n_layers = 2, n_heads = 4, n_kv_heads = 2, head_dim = 4, "
+  .. "vocab_size = 64, moe_hidden_dim = 16, num_experts = 8, top_k = 2"
+local function tiny(parallel)
+  return plan.from_source(src(TINY, parallel, 4, "{ local_batch_size = 1, loss_chunks = 1 }"), "plans/t.lua")
+end
+local function unit(p, name)
+  for _, u in ipairs(p.layout.units) do if u.name == name then return u end end
+end
+-- micro-step 0's TP collectives of unit `name`, "kind[']" (' = backward), and the Partial gradients' names
+local function tp_seq(p, name)
+  local out, partial = {}, {}
+  for _, o in ipairs(p.ops) do
+    if o.micro_step == 0 and o.group == "tp" and p.layout.units[o.unit + 1].name == name then
+      out[#out + 1] = o.kind .. (o.phase == "backward" and "'" or "")
+      local n = o.what and o.what:match("^layers%.%d+%.(.-) gradient %(Partial over TP%)$")
+      if n then partial[#partial + 1] = n end
+    end
+  end
+  return table.concat(out, " "), table.concat(partial, " ")
+end
+
+function T.tp_placements()
+  local p = tiny("{ dp_shard = 2, tp = 2 }")
+  local by = {}
+  for _, q in ipairs(unit(p, "layers.0").params) do by[q.name:gsub("^layers%.0%.", "")] = q end
+  local ex = "moe.routed_experts.inner_experts."
+  for n, want in pairs({ ["attention.qkv_linear.wqkv.weight"] = { 0, { 16, 16 } },
+                         ["attention.qkv_linear.wqkv.bias"] = { 0, { 16 } },
+                         ["attention.wo.weight"] = { 1, { 16, 8 } }, ["attention.wo.bias"] = { nil, { 16 } },
+                         ["attention.sinks"] = { 0, { 2 } },
+                         [ex .. "mlp1_weight_EGD"] = { 1, { 8, 16, 16 } }, [ex .. "mlp1_bias_EG"] = { 1, { 8, 16 } },
+                         [ex .. "mlp2_weight_EDF"] = { 2, { 8, 16, 8 } }, [ex .. "mlp2_bias_ED"] = { nil, { 8, 16 } },
+                         ["moe.router.gate.weight"] = { nil, { 8, 16 } }, ["moe.router.gate.bias"] = { nil, { 8 } } }) do
+    H.eq(by[n].tp_dim, want[1], n .. " TP dim")
+    H.list_eq(by[n].shape, want[2], n .. " TP-local shape")
+  end
+end
+
+local BLOCK = "tp_all_gather tp_reduce_scatter tp_all_gather tp_reduce_scatter tp_all_gather' tp_reduce_scatter' "
+  .. "tp_all_gather' tp_reduce_scatter'"
+function T.tp_collectives_and_partial_biases()
+  local ex = "moe.routed_experts.inner_experts."
+  local s, partial = tp_seq(tiny("{ dp_shard = 2, tp = 2 }"), "layers.1")
+  H.eq(s, BLOCK .. string.rep(" tp_all_reduce'", 6), "ep 1, SP: the block, then 6 Partial gradients")
+  H.eq(partial, "attention.wo.bias attention_norm.weight ffn_norm.weight " .. ex .. "mlp2_bias_ED "
+    .. "moe.router.gate.weight moe.router.gate.bias", "in parameter order")
+  s, partial = tp_seq(tiny("{ dp_shard = 2, tp = 2, sequence_parallel = false }"), "layers.1")
+  H.eq(s, "tp_all_reduce tp_all_reduce tp_all_reduce' tp_all_reduce'" .. string.rep(" tp_all_reduce'", 4), "no SP")
+  H.eq(partial, "attention.wo.bias " .. ex .. "mlp2_bias_ED moe.router.gate.weight moe.router.gate.bias",
+    "no SP: the norms' gradients whole")
+  -- ep 2 borrows the TP ranks: the experts (mlp2's bias with them) are on ep, not TP
+  partial = select(2, tp_seq(tiny("{ dp_shard = 2, tp = 2, ep = 2 }"), "layers.1"))
+  H.eq(partial, "attention.wo.bias attention_norm.weight ffn_norm.weight moe.router.gate.weight moe.router.gate.bias",
+    "ep 2: no mlp2 bias over TP")
+  H.eq(select(2, tp_seq(tiny("{ dp_shard = 2, tp = 2, ep = 2 }"), "layers.1.experts")), "", "experts unit")
+end
+
+-- CP (gen/parallel/cp.lua): each block's K and V all-gathered over cp in
+-- forward, their gradients reduce-scattered (V's first) in backward, the
+-- rank's seq_len / cp tokens of its TP-local kv heads; the sinks and the
+-- window add none. torchtitan runs it with flex attention only: the
+-- registry's default varlen is refused. Held live: tests/titan/
+-- test_cp_record.py's gpt_* configs.
+function T.cp_kv_exchange()
+  local function cp_plan(parallel, backend)
+    return plan.from_source(src(TINY:gsub("seq_len = 8", "seq_len = 512") .. (backend or ", attn_backend = 'flex'"),
+      parallel, 4, "{ local_batch_size = 1, loss_chunks = 1 }"), "plans/t.lua")
+  end
+  for _, c in ipairs({ { "{ dp_shard = 2, cp = 2 }", 2 }, { "{ cp = 2, tp = 2 }", 1 },
+                       { "{ dp_shard = 2, cp = 2, ep = 2 }", 2 } }) do
+    local p = cp_plan(c[1])
+    local per = {}
+    for _, o in ipairs(p.ops) do
+      if o.group == "cp" and o.micro_step == 0 then
+        local n = p.layout.units[o.unit + 1].name
+        per[n] = (per[n] or "") .. o.kind .. (o.phase == "backward" and "' " or " ")
+        H.eq(o.count, 256 * c[2] * 4, c[1] .. ": seq 512 / cp 2 tokens x the TP-local kv heads x head_dim 4")
+      end
+    end
+    for _, n in ipairs({ "layers.0", "layers.1" }) do
+      H.eq(per[n], "tp_all_gather tp_all_gather tp_reduce_scatter' tp_reduce_scatter' ", c[1] .. " " .. n)
+    end
+  end
+  H.plan_fails(src(TINY:gsub("seq_len = 8", "seq_len = 512"), "{ dp_shard = 2, cp = 2 }", 4),
+    "model.attn_backend", "registry's default", "full_dtensor.py:43-53", "set attn_backend = \"flex\"")
+  H.plan_fails(src(TINY:gsub("seq_len = 8", "seq_len = 512") .. ", attn_backend = 'varlen'",
+    "{ dp_shard = 2, cp = 2 }", 4), "model.attn_backend", "context_parallel/api.py:108-109")
+  H.plan_fails("return { world_size = 2, model = { family = 'mixtral', size = '8x7b', attn_backend = 'flex' } }",
+    "model.attn_backend", "gpt_oss")
+end
+
 function T.refusals()
-  H.plan_fails(src("size = 'debugmodel'", "{ dp_shard = -1, tp = 2 }"), "parallel.tp", "gpt_oss", "set tp=1")
+  H.plan_fails(src("size = 'debugmodel', seq_len = 256", "{ dp_shard = 2, tp = 2, loss_parallel = false }"),
+    "parallel.loss_parallel", "gpt_oss family", "components/loss.py:51-58")
   H.plan_fails(src("size = '30b'"), "model.size", "unknown gpt-oss size", "20b")
   H.plan_fails(src("size = 'debugmodel', sliding_window = 0"), "model.sliding_window")
   H.plan_fails(src("size = 'debugmodel', n_kv_heads = 5"), "model.n_kv_heads")

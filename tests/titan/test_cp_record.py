@@ -37,6 +37,8 @@ dp2_cp2 under partial_dtensor, and dp2_cp2 under torchtitan's own activation che
 (SelectiveAC and FullAC as the Trainer builds them, applied by parallelize_llama to every block:
 the backward re-runs each block's K/V all-gathers before their gradients' reduce-scatters). 2 steps
 each; local batch 2, seq_len 512 (flex's CP block mask needs seq_len divisible by cp x 128).
+Besides llama: qwen3, mixtral, DeepSeek-V3 and gpt-oss (parallelize_gptoss on its flex-attention
+build, sinks and sliding window; tests/ep/torch_ep_record.py's builder) at the configs below.
 
 commplan's side: the llama plan of the same model and mesh (build/titan/plans/ctxrec_*.lua,
 fsdp.reduce_op "sum", training.local_batch_size 2, loss_chunks 1, activation_checkpointing as
@@ -87,6 +89,11 @@ CONFIGS = {
     # DeepSeek-V3 (MLA: K and V of different widths; flex attention, its registry's default)
     "dsv3_dp2_cp2": ({"dp_shard": 2, "cp": 2, "family": "deepseek_v3"}, "spmd_types", "none"),
     "dsv3_cp2_tp2": ({"dp_shard": 1, "cp": 2, "tp": 2, "family": "deepseek_v3"}, "spmd_types", "none"),
+    # gpt-oss (flex attention: torchtitan's gpt_oss_debugmodel_flex; sinks on flex's lse, block 0 a 128-token
+    # sliding window, block 1 full), FSDP x CP, CP beside TP, and CP with EP
+    "gpt_dp2_cp2": ({"dp_shard": 2, "cp": 2, "family": "gpt_oss"}, "spmd_types", "none"),
+    "gpt_cp2_tp2": ({"dp_shard": 1, "cp": 2, "tp": 2, "family": "gpt_oss"}, "spmd_types", "none"),
+    "gpt_dp2_cp2_ep2": ({"dp_shard": 2, "cp": 2, "ep": 2, "family": "gpt_oss"}, "spmd_types", "none"),
 }
 # tests/titan/test_moe_plan.py's tiny DeepSeek-V3 (TITAN's vocabulary)
 DSV3 = dict(dim=64, n_layers=4, n_dense_layers=2, n_heads=4, vocab_size=250, q_lora_rank=16, kv_lora_rank=32,
@@ -96,6 +103,9 @@ DSV3 = dict(dim=64, n_layers=4, n_dense_layers=2, n_heads=4, vocab_size=250, q_l
 MIXTRAL = dict(dim=64, n_layers=3, n_heads=4, n_kv_heads=2, vocab_size=250, moe_hidden_dim=48, num_experts=8, top_k=2)
 # tests/titan/test_qwen3_plan.py's tiny qwen3 (TITAN's vocabulary)
 QWEN3 = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, vocab_size=250, hidden_dim=96)
+# tests/ep/ep_cases.py's tiny gpt-oss, TITAN's vocabulary, the experts' hidden 32 (16-byte grouped-mm strides)
+GPT_OSS = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, vocab_size=250, moe_hidden_dim=32,
+               num_experts=4, top_k=2)
 # keys of a config's degrees that are not ParallelDims degrees
 NOT_DEGREES = ("sp", "family")
 # The quick tier (make test) runs these, one a path: CP under FSDP with full AC's recompute (the
@@ -311,6 +321,11 @@ def build_moe(family, parallelism, training, pd):
     if family == "deepseek_v3":
         from torchtitan.models.deepseek_v3 import model_registry, parallelize_deepseekv3 as fn
         cfg, spec = TM.titan_config(family, None, DSV3), model_registry("debugmodel")
+    elif family == "gpt_oss":
+        sys.path.insert(0, os.path.join(E.ROOT, "tests", "ep"))
+        import torch_ep_record as TE
+        from torchtitan.models.gpt_oss import model_registry, parallelize_gptoss as fn
+        cfg, spec = TE.titan_gpt_oss_config(GPT_OSS, max_seq_len=SEQ), model_registry("debugmodel", attn_backend="flex")
     else:
         from torchtitan.models.qwen3 import model_registry, parallelize_qwen3 as fn
         cfg, spec = TM.titan_config(family, None, MIXTRAL), model_registry("debugmodel_moe")
@@ -370,7 +385,7 @@ def worker(rank, init, out_dir, names):
         torch.manual_seed(0)
         if par.get("family") == "qwen3":
             model = build_qwen3(parallelism, training, pd)
-        elif par.get("family") in ("mixtral", "deepseek_v3"):
+        elif par.get("family") in ("mixtral", "deepseek_v3", "gpt_oss"):
             model = build_moe(par["family"], parallelism, training, pd)
         else:
             model = build_model(TL.titan_config(None, TITAN, False), parallelism, training, pd, ac)
@@ -483,7 +498,7 @@ def plan_for(name, parallel, ac="none"):
     parallel = dict(parallel)
     family = parallel.pop("family", "llama")
     model = dict({"llama": TITAN, "qwen3": dict(QWEN3, enable_weight_tying=False), "mixtral": MIXTRAL,
-                  "deepseek_v3": DSV3}[family],
+                  "deepseek_v3": DSV3, "gpt_oss": dict(GPT_OSS, attn_backend="flex")}[family],
                  family=family, seq_len=SEQ)
     if "sp" in parallel:
         parallel["sequence_parallel"] = parallel.pop("sp")

@@ -19,6 +19,7 @@ not parameters on either side.
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -275,6 +276,25 @@ def writer_gpt_oss():
     text = plan_from_titan(model_registry("debugmodel"), "w", 4, parallel={"dp_shard": -1, "ep": 2}, seq_len=256)
     if 'family = "gpt_oss"' not in text or "sliding_window = 128" not in text:
         problems.append("writer: the plan text lacks the family or its window: " + text)
+    # its attention backend: flex (gpt_oss_debugmodel_flex's build) written, so the plan takes cp; the
+    # registry's varlen (its default) not written, the plan's default, which cp refuses as torchtitan does
+    flex = gpt_oss_numbers(model_registry("debugmodel", attn_backend="flex"))
+    if flex.get("attn_backend") != "flex" or "attn_backend" in gpt_oss_numbers(model_registry("debugmodel")):
+        problems.append("writer: attn_backend %r for flex, %r for varlen" % (
+            flex.get("attn_backend"), gpt_oss_numbers(model_registry("debugmodel")).get("attn_backend")))
+    import tempfile
+    for backend, cp_ok in (("flex", True), ("varlen", False)):
+        text = plan_from_titan(model_registry("debugmodel", attn_backend=backend), "w", 8,
+                               parallel={"dp_shard": 2, "tp": 2, "cp": 2}, seq_len=512)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "w.lua")
+            with open(path, "w") as fh:
+                fh.write(text)
+            r = subprocess.run([E.LUA, "gen/commplan.lua", path, os.path.join(tmp, "out")], cwd=E.ROOT,
+                               capture_output=True, text=True)
+        if (r.returncode == 0) != cp_ok or (not cp_ok and "full_dtensor.py:43-53" not in r.stderr + r.stdout):
+            problems.append("writer: %s at dp_shard 2 x tp 2 x cp 2: exit %d %s" % (
+                backend, r.returncode, (r.stderr + r.stdout).strip()[-300:]))
     ms = model_registry("debugmodel")
     ms.model.layers[1].attention = dataclasses.replace(ms.model.layers[1].attention, sliding_window_size=64)
     try:
