@@ -589,7 +589,7 @@ torch_lane() {
   # commplan's tables; every reduced gradient shard (unsharded gradients made
   # commplan's oracle pattern) vs the plan's --simulate --dump, element for
   # element (tests/ep/check_ep_live.sh)
-  script_check "ep run: torchtitan's expert parallel + fully_shard on gloo, ep 2 and 4, with and without activation checkpointing (its recompute's all-to-alls), ep 2 with tp 2 (its MoE TP plans, deepseek_v3 and qwen3_moe), each rank's FSDP and TP collectives, token all-to-alls, shards and reduced gradients vs commplan's tables and simulation (tests/ep/check_ep_live.sh)" \
+  script_check "ep run: torchtitan's expert parallel + fully_shard on gloo, ep 2 and 4, with and without activation checkpointing (its recompute's all-to-alls), ep 2 with tp 2 (its MoE TP plans, deepseek_v3 and qwen3_moe), gpt-oss dp 2 x tp 2 (its bias gradients Partial over TP, two wrong plans refused), each rank's FSDP and TP collectives, token all-to-alls, shards and reduced gradients vs commplan's tables and simulation (tests/ep/check_ep_live.sh)" \
     ep-live tests/ep/check_ep_live.sh "events per rank"
 }
 # ---- end of the torch lane ----
