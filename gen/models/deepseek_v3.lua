@@ -220,28 +220,32 @@ end
 function ds.calls(cfg)
   local n, L = cfg.num_mtp_layers, cfg.n_layers
   local fwd, bwd = {}, {}
-  local function f(ev, unit) fwd[#fwd + 1] = { ev = ev, unit = unit } end
-  local function b(ev, unit, grads) bwd[#bwd + 1] = { ev = ev, unit = unit, grads = grads } end
+  -- (part: the call's parameters of the unit, {first, count}: the norm's and lm_head's of [norm, lm_head])
+  local function f(ev, unit, part) fwd[#fwd + 1] = { ev = ev, unit = unit, part = part } end
+  local function b(ev, unit, grads, part, writes)
+    bwd[#bwd + 1] = { ev = ev, unit = unit, grads = grads, part = part, writes = writes }
+  end
   local function block(name) f("pre", name); f("fwd", name); f("post", name) end
-  local E, H = "tok_embeddings", "norm_lm_head"
+  local E, H, NORM, LM = "tok_embeddings", "norm_lm_head", { 0, 1 }, { 1, 1 }
   block(E)
   for i = 0, L - 1 do block("layers." .. i) end
-  f("pre", H); f("fwd", H)
+  f("pre", H); f("fwd", H, NORM)
   for k = 0, n - 1 do block(E); block("mtp_layers." .. k) end
-  f("fwd", H); f("post", H)
-  for _ = 1, n do f("pre", H); f("fwd", H) end
+  f("fwd", H, LM); f("post", H)
+  for _ = 1, n do f("pre", H); f("fwd", H, LM) end
   f("post", H)
   for k = n, 1, -1 do
-    b("pre", H); b("bwd", H)
+    b("pre", H); b("bwd", H, nil, LM)
     if k == 1 then b("post", H, false) end
   end
-  b("pre", H); b("pre", H); b("bwd", H)
+  -- the main logits' lm_head call: lm_head.weight's last use in backward, where its gradient is written
+  b("pre", H); b("pre", H); b("bwd", H, nil, nil, true)
   for k = n - 1, 0, -1 do
     local name = "mtp_layers." .. k
     b("pre", name); b("bwd", name); b("post", name, true)
     b("pre", E); b("bwd", E)
   end
-  b("bwd", H); b("post", H, true)
+  b("bwd", H, nil, NORM); b("post", H, true)
   for i = L - 1, 0, -1 do
     local name = "layers." .. i
     b("pre", name); b("bwd", name); b("post", name, true)

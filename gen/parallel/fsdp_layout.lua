@@ -507,7 +507,7 @@ function layout.calls(units, out)
     res[phase] = {}
     for i, e in ipairs(given[phase]) do
       assert(e.unit == nil or at[e.unit], "internal: a call of an unknown unit")
-      res[phase][i] = { ev = e.ev, unit = e.unit and at[e.unit], grads = e.grads }
+      res[phase][i] = { ev = e.ev, unit = e.unit and at[e.unit], grads = e.grads, part = e.part, writes = e.writes }
     end
   end
   return res

@@ -1,4 +1,9 @@
 -- Stage 5: one training step in FSDP2's issue order, as a flat op list.
+-- A model whose forward calls a unit more than once (lay.calls: the
+-- model's forward-call order and backward hook order, DeepSeek-V3's
+-- multi-token prediction) runs FSDP2's per-call state machine over it
+-- (schedule.calls_micro); every other model has one forward and one
+-- backward per unit, as follows.
 -- Forward: unshard root then each layer (implicit prefetch = issue order),
 -- reshard layers after forward. Backward: reverse post-forward order with
 -- one unit of prefetch; post-backward reshards and reduces each unit (RS,
@@ -570,8 +575,10 @@ end
 -- prefetch (_backward_prefetch, :1061-1097): its last unpopped post-forward
 -- record's predecessor gathered, where sharded and not gathering; "bwd": a
 -- call's backward compute ("backward_input", activation gradients only,
--- but the unit's last: autograd accumulates a parameter used by several
--- calls once, after all of them, so that one writes the gradients);
+-- but the one that writes the unit's gradients: the model's mark (writes),
+-- else its last -- autograd accumulates a parameter used by several calls
+-- once, after its last use in backward); a call may name its part of the
+-- unit (part: the parameters it runs, the FLOPs it is priced at);
 -- "post" (post_backward, :695-): the unit to POST_BACKWARD, resharded, and
 -- with grads its reduction (a post-backward before any gradient reached
 -- the unit reshards alone: "if not unsharded_grads: return"); "final"
@@ -581,8 +588,15 @@ function schedule.calls_micro(ops, lay, m, k)
   local op, unsharded = k.op, k.unsharded
   local by, state, gathering, pfo, records, last_bwd = {}, {}, {}, {}, {}, {}
   for _, u in ipairs(lay.units) do by[u.index] = u end
+  -- the backward that writes a unit's gradients: the one the model marks (writes), else its last
   for i, e in ipairs(lay.calls.backward) do
-    if e.ev == "bwd" then last_bwd[e.unit] = i end
+    if e.ev == "bwd" and (e.writes or not (last_bwd[e.unit] and lay.calls.backward[last_bwd[e.unit]].writes)) then
+      last_bwd[e.unit] = i
+    end
+  end
+  -- a call's part of the unit (its parameters: the FLOPs it prices, gen/compute.lua op_us)
+  local function part(e)
+    return e.part and { part_first = e.part[1], part_count = e.part[2] } or nil
   end
   local function unshard(u, phase)
     if not unsharded[u.index] and not gathering[u.index] then
@@ -602,7 +616,7 @@ function schedule.calls_micro(ops, lay, m, k)
     if e.ev == "pre" then
       wait(u, "forward")
     elseif e.ev == "fwd" then
-      op("forward", u, m, "forward")
+      op("forward", u, m, "forward", part(e))
       if k.unit_ops then k.unit_ops(ops, u, m, "forward") end
     else -- post
       if u.reshard_after_forward then
@@ -631,8 +645,13 @@ function schedule.calls_micro(ops, lay, m, k)
       wait(u, "backward")
       local at = table.remove(records[u.index] or {})
       if at and at > 1 then unshard(pfo[at - 1], "backward") end
+    elseif e.ev == "bwd" and last_bwd[e.unit] == i then
+      op("backward", u, m, "backward")
+      if k.unit_ops then k.unit_ops(ops, u, m, "backward") end
     elseif e.ev == "bwd" then
-      op(last_bwd[e.unit] == i and "backward" or "backward_input", u, m, "backward")
+      -- (its part priced only: the runtime's backward_input takes the whole unit's unsharded parameters)
+      local o = op("backward_input", u, m, "backward")
+      o.call = e.part or true
       if k.unit_ops then k.unit_ops(ops, u, m, "backward") end
     elseif e.ev == "post" then
       post_backward(u, e.grads)

@@ -89,12 +89,56 @@ function T.forward_call_order_step()
   H.eq(ag.tok_embeddings, 2, "the one-forward mutant gathers the embedding twice")
 end
 
+-- HSDP with 2 micro-steps (tests/titan/test_mtp.py's mtp1_hsdp_m2: 58 collectives per rank-step)
 function T.micro_steps_and_hsdp_plan()
-  local p = gen(", num_mtp_layers = 1", "{ dp_replicate = 2, dp_shard = 2 }")
-  local _, rs = counts(p)
-  H.eq(rs.tok_embeddings, 1, "HSDP: one reduce-scatter of the embedding")
-  p = gen(", num_mtp_layers = 1", nil, nil)
-  assert(#p.ops > 0)
+  local src_m2 = src(", num_mtp_layers = 1", "{ dp_replicate = 2, dp_shard = 2 }"):gsub("reduce_op = 'sum'",
+    "reduce_op = 'sum', micro_steps = 2")
+  local p = plan.from_source(src_m2, "plans/t.lua")
+  local ag, rs = counts(p)
+  H.eq(rs.tok_embeddings, 2, "HSDP: the embedding reduced once per micro-step")
+  H.eq(ag.tok_embeddings, 6, "three gathers of the embedding per micro-step")
+  local n = 0
+  for _, o in ipairs(p.ops) do
+    if o.kind == "all_gather" or o.kind == "reduce_scatter" or o.kind == "all_reduce" then n = n + 1 end
+  end
+  H.eq(n, 58, "collectives per rank-step")
+end
+
+-- Memory and FLOPs: an MTP block priced as a block (its attention too, never checkpointed: torchtitan's AC
+-- wraps model.layers before the MTP blocks join it), the head's saved bytes one more logits per depth, the
+-- extra calls' compute in the predicted step.
+function T.memory_and_flops()
+  local compute = require("gen.compute")
+  local function per(p)
+    local s = compute.settings(p)
+    local r = compute.units(p, s)
+    local by = {}
+    for _, u in ipairs(p.layout.units) do by[u.name] = r[u.index] end
+    return by, s
+  end
+  local p0, p2 = gen(", num_mtp_layers = 0", nil, "{ loss_chunks = 1 }"), gen(", num_mtp_layers = 2")
+  local a, b = per(p0), per(p2)
+  local last, mtp = a["layers.3"], b["mtp_layers.0"]
+  assert(mtp.fwd > last.fwd, "an MTP block's FLOPs are its last-block copy's plus eh_proj's")
+  assert(mtp.saved > last.saved, "an MTP block saves its block's bytes and the fusion's inputs")
+  local s = select(2, per(p2))
+  local toks, V = s.tokens, 96
+  H.eq(b.norm_lm_head.saved - a.norm_lm_head.saved, 2 * (2 * toks * 64 + 4 * toks * V), "the head: 2 depths' logits")
+  -- the step: lm_head three times and the embedding once per call
+  local function count(p, kind, unit)
+    local n = 0
+    for _, o in ipairs(p.ops) do
+      if o.kind == kind and p.layout.units[o.unit + 1].name == unit then n = n + 1 end
+    end
+    return n
+  end
+  H.eq(count(p2, "forward", "norm_lm_head"), 4, "the norm and three lm_head calls")
+  H.eq(count(p2, "backward_input", "norm_lm_head") + count(p2, "backward", "norm_lm_head"), 4, "their backward")
+  H.eq(count(p2, "forward", "tok_embeddings"), 3, "the embedding's calls")
+  assert(p2.planned_timeline.tl.step_us > p0.planned_timeline.tl.step_us, "the MTP step is predicted longer")
+  -- selective AC leaves the MTP blocks unwrapped
+  local pa = gen(", num_mtp_layers = 1", nil, "{ activation_checkpointing = 'selective' }")
+  H.eq(compute.checkpointed(pa, pa.layout.units[8]), false, "mtp_layers.0 is not checkpointed")
 end
 
 function T.refusals()

@@ -19,7 +19,8 @@ the backward gathers it again). commplan's tables follow the forward-call order 
    gradient shard after the last step against the plan's binary's --simulate --pattern oracle
    --dump, float32 bit for bit. The check can fail: the tables of the same plan with one forward
    per unit (the model's call order dropped) differ from torchtitan's collectives (counted).
-make test (COMMPLAN_TEST_TIER=quick): num_mtp_layers 2 on gloo (one "quick tier:" line); full: 1 and 2.
+make test (COMMPLAN_TEST_TIER=quick): num_mtp_layers 2 on gloo (one "quick tier:" line); full: 1 and 2 at FSDP,
+HSDP (2 x 2) with 2 micro-batches, torchtitan's "always" and "never" reshard policies (2 micro-batches).
 Prints one "mtp:" line; exit 0 when every check holds, 1 otherwise, 77 (SKIP) without torchtitan.
 """
 
@@ -40,7 +41,11 @@ OUT = os.path.join(E.ROOT, "build", "titan", "mtp")
 WORLD, SEQ, BATCH, STEPS = 4, 16, 1, 2
 FSDP_SUM = {"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum"}
 QUICK = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
-DEPTHS = (2,) if QUICK else (1, 2)
+MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
+# the gloo runs: (key, num_mtp_layers, mesh, micro-batches, torchtitan's fsdp_reshard_after_forward)
+RUNS = [("mtp2", 2, "fsdp", 1, "default")] + ([] if QUICK else [
+    ("mtp1", 1, "fsdp", 1, "default"), ("mtp1_hsdp_m2", 1, "hsdp", 2, "default"),
+    ("mtp2_always", 2, "fsdp", 1, "always"), ("mtp1_never_m2", 1, "fsdp", 2, "never")])
 
 
 def tiny(n):
@@ -85,53 +90,55 @@ def worker(rank, init, out_dir, ids):
     C.install_recorder(log, on)
     C.install_grad_pattern()
     C.GP.rank = rank
-    parallelism, training = F.job({"dp_shard": WORLD}, FSDP_SUM, SEQ)
-    pd = ParallelDims.from_config(parallelism, WORLD)
-    pd.build_mesh()
+    import dataclasses
     res, grads = {}, {}
-    for n in DEPTHS:
-        key = "mtp%d" % n
-        model_t = tiny(n)
-        torch.manual_seed(0)
-        model = F.parallelize("deepseek_v3", M.titan_config("deepseek_v3", None, model_t), None, parallelism,
-                              training, pd)
-        model.to_empty(device="cpu")
-        with torch.no_grad():
-            model.init_weights(buffer_device=None)
-        model.train()
-        for mod in model.modules():
-            if isinstance(mod, FSDPModule):
-                mod.set_force_sum_reduction_for_comms(True)
-        C.GP.names = {id(p): nm for nm, p in model.named_parameters()}
-        C.GP.k = {nm: ids[key][nm] for nm, _ in model.named_parameters()}
-        C.GP.count = {}
-        # torchtitan's deepseek_v3_debugmodel_mtp loss (config_registry.py:73-79), given the positions as
-        # Trainer._forward_backward_body does (trainer.py:815-822)
-        mtp = MTPLoss(MTPLoss.Config())
-        positions = torch.arange(SEQ).repeat(BATCH, 1)
+    for mesh_name in MESHES:
+        parallelism, training = F.job(MESHES[mesh_name], FSDP_SUM, SEQ)
+        pd = ParallelDims.from_config(parallelism, WORLD)
+        pd.build_mesh()
+        for key, n, _, micro, pol in [r for r in RUNS if r[2] == mesh_name]:
+            model_t = tiny(n)
+            torch.manual_seed(0)
+            model = F.parallelize("deepseek_v3", M.titan_config("deepseek_v3", None, model_t), None,
+                                  dataclasses.replace(parallelism, fsdp_reshard_after_forward=pol), training, pd)
+            model.to_empty(device="cpu")
+            with torch.no_grad():
+                model.init_weights(buffer_device=None)
+            model.train()
+            for mod in model.modules():
+                if isinstance(mod, FSDPModule):
+                    mod.set_force_sum_reduction_for_comms(True)
+            C.GP.names = {id(p): nm for nm, p in model.named_parameters()}
+            C.GP.k = {nm: ids[key][nm] for nm, _ in model.named_parameters()}
+            C.GP.count = {}
+            # torchtitan's deepseek_v3_debugmodel_mtp loss (config_registry.py:73-79), given the positions as
+            # Trainer._forward_backward_body does (trainer.py:815-822)
+            mtp = MTPLoss(MTPLoss.Config())
+            positions = torch.arange(SEQ).repeat(BATCH, 1)
 
-        def loss_fn(pred, labels, gvt):
-            return mtp(pred, labels, gvt, positions=positions)
-        ctx = get_spmd_context(parallel_dims=pd)
-        steps = []
-        for step in range(STEPS):
-            del log[:]
-            on[0] = True
-            C.forward_backward(model, loss_fn, ctx, model_t["vocab_size"], BATCH, SEQ, WORLD, rank, step, 1, C.GP)
-            on[0] = False
-            steps.append(list(log))
-            if step == STEPS - 1:
-                bad = {nm: c for nm, c in C.GP.count.items() if c != STEPS}
-                if bad or len(C.GP.count) != len(C.GP.k):
-                    raise AssertionError("gradient pattern: overwritten %s times, want %d each of %d"
-                                         % (bad or C.GP.count, STEPS, len(C.GP.k)))
-                grads[key] = {nm: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad)
-                              .detach().reshape(-1).double().tolist() for nm, p in model.named_parameters()}
-            for p in model.parameters():  # optimizer.zero_grad()
-                p.grad = None
-        res[key] = steps
-        C.GP.k = None
-        del model
+            def loss_fn(pred, labels, gvt):
+                return mtp(pred, labels, gvt, positions=positions)
+            ctx = get_spmd_context(parallel_dims=pd)
+            steps = []
+            for step in range(STEPS):
+                del log[:]
+                on[0] = True
+                C.forward_backward(model, loss_fn, ctx, model_t["vocab_size"], BATCH, SEQ, WORLD, rank, step, micro,
+                                   C.GP)
+                on[0] = False
+                steps.append(list(log))
+                if step == STEPS - 1:
+                    bad = {nm: c for nm, c in C.GP.count.items() if c != STEPS * micro}
+                    if bad or len(C.GP.count) != len(C.GP.k):
+                        raise AssertionError("gradient pattern: overwritten %s times, want %d each of %d"
+                                             % (bad or C.GP.count, STEPS * micro, len(C.GP.k)))
+                    grads[key] = {nm: (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad)
+                                  .detach().reshape(-1).double().tolist() for nm, p in model.named_parameters()}
+                for p in model.parameters():  # optimizer.zero_grad()
+                    p.grad = None
+            res[key] = steps
+            C.GP.k = None
+            del model
     with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as fh:
         json.dump({"steps": res, "grads": grads}, fh)
     dist.destroy_process_group()
@@ -139,9 +146,12 @@ def worker(rank, init, out_dir, ids):
 
 # ---- commplan's side ----
 
-def plan_path(key, n):
+def plan_path(key, n, mesh, micro, pol):
     from commplan import plan_text
-    text = plan_text(key, WORLD, dict(tiny(n), seq_len=SEQ), parallel={"dp_shard": WORLD}, fsdp=dict(FSDP_SUM),
+    f = dict(FSDP_SUM, micro_steps=micro)
+    if pol != "default":
+        f["reshard_after_forward_policy"] = pol
+    text = plan_text(key, WORLD, dict(tiny(n), seq_len=SEQ), parallel=dict(MESHES[mesh]), fsdp=f,
                      training={"local_batch_size": BATCH})
     os.makedirs(os.path.join(OUT, "plans"), exist_ok=True)
     path = os.path.join(OUT, "plans", key + ".lua")
@@ -206,8 +216,8 @@ def compare_grads(key, rec, problems):
 def gloo_check():
     import torch.multiprocessing as mp
     import test_chunked_loss as C
-    keys = {"mtp%d" % n: n for n in DEPTHS}
-    paths = {k: plan_path(k, n) for k, n in keys.items()}
+    keys = {r[0]: r for r in RUNS}
+    paths = {k: plan_path(*r) for k, r in keys.items()}
     plans = {k: generate(k, paths[k]) for k in keys}
     mutants = {k: generate(k, paths[k], True) for k in keys}
     ids = {k: C.param_ids(p) for k, p in plans.items()}
@@ -243,6 +253,39 @@ def gloo_check():
     return problems, stats, lines
 
 
+def writer_check():
+    """commplan write --titan deepseek_v3:...'s reader (commplan.titan.deepseek_v3_numbers) on torchtitan's own
+    registry and config_registry: the numbers equal the family's (test_moe_plan.py's DSV3_DEBUG), num_mtp_layers
+    read from the config (1 in deepseek_v3_debugmodel_mtp, config_registry.py:73-79; 2 from model_registry), and
+    the plan it writes generates. Problems, as compare's."""
+    import test_moe_plan as M
+    from commplan.titan import deepseek_v3_numbers, plan_from_titan
+    from torchtitan.models.deepseek_v3 import config_registry, model_registry
+    problems = []
+    base = dict(M.DSV3_DEBUG, family="deepseek_v3", route_norm=False, n_expert_groups=0, n_limited_groups=0)
+    for what, ms, n in (("debugmodel", model_registry("debugmodel"), 0),
+                        ("debugmodel, num_mtp_layers=2", model_registry("debugmodel", num_mtp_layers=2), 2),
+                        ("deepseek_v3_debugmodel_mtp", config_registry.deepseek_v3_debugmodel_mtp().model_spec, 1)):
+        want = dict(base, **({"num_mtp_layers": n} if n else {}))
+        got = deepseek_v3_numbers(ms)
+        if got != want:
+            problems.append("writer %s: %s, torchtitan's %s" % (what, got, want))
+    text = plan_from_titan(config_registry.deepseek_v3_debugmodel_mtp().model_spec, "mtp_writer", 4,
+                           parallel={"dp_shard": -1}, seq_len=64)
+    if "num_mtp_layers = 1" not in text:
+        problems.append("writer: the plan text lacks num_mtp_layers: " + text)
+    path = os.path.join(OUT, "plans", "mtp_writer.lua")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write(text)
+    r = subprocess.run(["lua5.4", "gen/commplan.lua", os.path.relpath(path, E.ROOT),
+                        os.path.relpath(os.path.join(OUT, "gen", "mtp_writer"), E.ROOT)], cwd=E.ROOT,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        problems.append("writer: the written plan does not generate: " + r.stderr.strip()[-300:])
+    return problems
+
+
 def main():
     E.need_titan(NAME)
     t0 = time.time()
@@ -255,6 +298,8 @@ def main():
         for case in wrap_cases():
             problems += M.run_case(case, wstats)
             wstats["cases"] += 1
+    if not only or "writer" in only:
+        problems += writer_check()
     stats = dict(collectives=0, grads=0, mtp_grads=0, mutant=0)
     if not only or "gloo" in only:
         ps, stats, glines = gloo_check()
@@ -265,13 +310,14 @@ def main():
     for p in problems[:40]:
         print("DISAGREE", p)
     if QUICK:
-        print("quick tier: num_mtp_layers 2 on gloo; make test-full also runs 1")
+        print("quick tier: num_mtp_layers 2 at FSDP on gloo; make test-full also runs 1, HSDP x 2 micro-batches, "
+              "the \"always\" and \"never\" policies")
     tv, ttv = E.versions()
-    print("mtp: %d wrapping cases (%d units, %d parameters), %d collectives on gloo (num_mtp_layers %s, 2 steps), "
-          "%d reduced gradient elements (%d of the MTP blocks) equal to --simulate; the one-forward mutant differs in "
+    print("mtp: %d wrapping cases (%d units, %d parameters), the writer's numbers of 3 torchtitan configs, "
+          "%d collectives on gloo (%s; 2 steps), %d reduced gradient elements (%d of the MTP blocks) equal to --simulate; the one-forward mutant differs in "
           "%d collectives; torchtitan %s (torch %s), %.1f s: %d disagreements"
           % (wstats["cases"], wstats["units"], wstats["params"], stats["collectives"],
-             " and ".join(map(str, DEPTHS)), stats["grads"], stats["mtp_grads"], stats["mutant"], ttv, tv,
+             ", ".join(r[0] for r in RUNS), stats["grads"], stats["mtp_grads"], stats["mutant"], ttv, tv,
              time.time() - t0, len(problems)))
     return 1 if problems else 0
 
