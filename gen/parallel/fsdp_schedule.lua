@@ -159,11 +159,16 @@ function schedule.build(lay, fams, fsdp, opts)
   if lay.calls then
     micro = function(m)
       ops = {}
+      -- (the accumulation flags as the default order's below)
       local reducing = every or (m == micro_steps - 1)
-      unsharded = held_from(m)
+      local partial = partial_mode and (m == micro_steps - 1 and "fold" or m == 0 and "save" or "add") or nil
+      if not step_end then unsharded = held_from(m) end
       schedule.calls_micro(ops, lay, m, { op = op, all_gather = all_gather, unit_ops = unit_ops, post_fwd = post_fwd,
-        unsharded = unsharded, how = { reducing = reducing, first = not every or m == 0,
-                                       hold = m < micro_steps - 1 }, shard = shard, replicate = replicate })
+        unsharded = unsharded, shard = shard, replicate = replicate,
+        finalize = step_end and m == micro_steps - 1,
+        how = { reducing = reducing and not step_end, first = not every or m == 0 or partial == "fold",
+                partial = partial, keep = step_end, hold = m < micro_steps - 1,
+                own = function(u) return own_how(u, m) end } })
       return ops
     end
   end
@@ -599,7 +604,8 @@ function schedule.calls_micro(ops, lay, m, k)
     return e.part and { part_first = e.part[1], part_count = e.part[2] } or nil
   end
   local function unshard(u, phase)
-    if not unsharded[u.index] and not gathering[u.index] then
+    -- (set_unshard_in_backward(False): FSDPParamGroup.unshard returns in PRE_BACKWARD)
+    if not unsharded[u.index] and not gathering[u.index] and not (phase == "backward" and u.sharded_backward) then
       k.all_gather(u, m, phase)
       gathering[u.index] = true
     end
@@ -628,14 +634,18 @@ function schedule.calls_micro(ops, lay, m, k)
       table.insert(records[u.index], #pfo)
     end
   end
-  local reduced = {}
+  local reduced, posted = {}, {}
+  -- a post-backward: the micro-step's flags (k.how: reducing, first, partial, keep, hold; a unit's own
+  -- accumulation, k.how.own) where the hook has gradients to reduce, a reshard alone where it has none
   local function post_backward(u, grads)
     state[u.index] = "post"
-    local how = { reducing = k.how.reducing and grads, first = k.how.first and not reduced[u.index],
-                  hold = k.how.hold }
+    if not posted[u] then posted[#posted + 1], posted[u] = u, true end
+    local base = k.how.own and k.how.own(u) or k.how
+    local how = { reducing = base.reducing and grads, first = base.first and not reduced[u.index],
+                  partial = base.partial, keep = k.how.keep, hold = base.hold }
     if how.reducing and k.unit_ops then k.unit_ops(ops, u, m, "reduce") end
     schedule.reduction(ops, u, m, how, k.shard, k.replicate, how.reducing)
-    unsharded[u.index] = how.hold and not u.reshard_after_backward or false
+    unsharded[u.index] = how.keep or (how.hold and not u.reshard_after_backward) or false
     reduced[u.index] = reduced[u.index] or how.reducing
   end
   for i, e in ipairs(lay.calls.backward) do
@@ -659,6 +669,15 @@ function schedule.calls_micro(ops, lay, m, k)
       for _, v in ipairs(lay.units) do
         if #v.params > 0 and state[v.index] ~= "post" then post_backward(v, true) end
       end
+    end
+  end
+  -- torch.distributed.pipelining's step_end (the header): after the last backward, finalize_backward runs
+  -- every unit's pending post-backward, in the order their hooks fired
+  if k.finalize then
+    for _, u in ipairs(posted) do
+      if k.unit_ops then k.unit_ops(ops, u, m, "reduce") end
+      schedule.reduction(ops, u, m, { first = true }, k.shard, k.replicate, true)
+      unsharded[u.index] = false
     end
   end
 end

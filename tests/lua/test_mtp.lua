@@ -141,6 +141,51 @@ function T.memory_and_flops()
   H.eq(compute.checkpointed(pa, pa.layout.units[8]), false, "mtp_layers.0 is not checkpointed")
 end
 
+-- The forward-call order generalises the one-forward-per-unit step: given one call per unit (pre, forward,
+-- post; backward pre, compute, post with gradients, last unit first), calls_micro gives these shipped plans'
+-- steps op for op (FSDP and HSDP, DDP, CPU offload, sync_last / all_reduce_last / step_end accumulation,
+-- set_unshard_in_backward(False)); 34 of the 44 small plans in plans/ and tests/plans/ so (not: the
+-- ChunkedLossWrapper, explicit-prefetch and EP ones, whose orders the default builder keeps).
+function T.one_call_per_unit_is_the_default_step()
+  local L = require("gen.parallel.fsdp_layout")
+  local function one_call_each(_, out)
+    local f, b = {}, {}
+    for _, u in ipairs(out) do
+      if #u.params > 0 then
+        for _, ev in ipairs({ "pre", "fwd", "post" }) do f[#f + 1] = { ev = ev, unit = u.index } end
+      end
+    end
+    for i = #out, 1, -1 do
+      local u = out[i]
+      if #u.params > 0 then
+        b[#b + 1] = { ev = "pre", unit = u.index }
+        b[#b + 1] = { ev = "bwd", unit = u.index }
+        b[#b + 1] = { ev = "post", unit = u.index, grads = true }
+      end
+    end
+    return { forward = f, backward = b }
+  end
+  local function sig(p)
+    local t = {}
+    for _, o in ipairs(p.ops) do
+      t[#t + 1] = table.concat({ o.kind, o.unit, o.micro_step, o.phase, tostring(o.count), tostring(o.group),
+                                 tostring(o.stream), tostring(o.sharded) }, ",")
+    end
+    return t
+  end
+  for _, path in ipairs({ "plans/fsdp4.lua", "plans/hsdp2x2.lua", "plans/ddp2.lua", "plans/hsdp2x2_offload.lua",
+                          "plans/hsdp3x2_arlast.lua", "plans/hsdp2x2_stepend.lua", "tests/plans/unshard_bwd.lua" }) do
+    local text = H.read(path)
+    local want = sig(plan.from_source(text, path))
+    local saved = L.calls
+    L.calls = one_call_each
+    local ok, p = pcall(plan.from_source, text, path)
+    L.calls = saved
+    assert(ok, p)
+    H.list_eq(sig(p), want, path)
+  end
+end
+
 function T.refusals()
   H.plan_fails(src(", num_mtp_layers = 1", "{ dp_shard = 2, pp = 2 }"), "model.num_mtp_layers", "mtp.py:199-204")
   H.plan_fails(src(", num_mtp_layers = 1", "{ dp_shard = 2, cp = 2 }"), "model.num_mtp_layers", "mtp.py:205-209")
