@@ -144,7 +144,7 @@ end
 -- The forward-call order generalises the one-forward-per-unit step: given one call per unit (pre, forward,
 -- post; backward pre, compute, post with gradients, last unit first), calls_micro gives these shipped plans'
 -- steps op for op (FSDP and HSDP, DDP, CPU offload, sync_last / all_reduce_last / step_end accumulation,
--- set_unshard_in_backward(False)); 34 of the 44 small plans in plans/ and tests/plans/ so (not: the
+-- set_unshard_in_backward(False)); 34 of the 43 small plans in plans/ and tests/plans/ so (not: the
 -- ChunkedLossWrapper, explicit-prefetch and EP ones, whose orders the default builder keeps).
 function T.one_call_per_unit_is_the_default_step()
   local L = require("gen.parallel.fsdp_layout")
