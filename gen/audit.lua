@@ -1329,6 +1329,9 @@ local function settings_lines(p, s)
     loss = s.loss_chunks > 1 and string.format("; loss: ChunkedLossWrapper, %d chunks of the sequence%s%s",
       s.loss_chunks, s.defaulted.loss_chunks and " (torchtitan's configs)" or "",
       audit.chunked_ops(p) and "" or ", its memory only (the collectives keep CrossEntropyLoss's order)")
+      or (p.model_config and (p.model_config.num_mtp_layers or 0) > 0)
+        and string.format("; loss: MTPLoss on the whole logits of the main output and %d MTP depths",
+          p.model_config.num_mtp_layers)
       or "; loss: CrossEntropyLoss on the whole logits"
   end
   if (s.cp or 1) > 1 then
@@ -1526,6 +1529,15 @@ function audit.schedule_md(p, fp)
     w("  list prefetch the unit before them in post-forward order; the root is never resharded after forward.")
   else
     w("- Backward prefetches one unit in reverse post-forward order; the root is never resharded after forward.")
+  end
+  local mtp = p.model_config and (p.model_config.num_mtp_layers or 0) or 0
+  if mtp > 0 then
+    w("- DeepSeek-V3's multi-token prediction (model.num_mtp_layers = %d; torchtitan's models/deepseek_v3/mtp.py):", mtp)
+    w("  each depth runs the embedding again and its MTP block, then lm_head on every depth's hidden state")
+    w("  (MTPLoss). FSDP2's hooks run per call (gen/parallel/fsdp_schedule.lua calls_micro, the model's call")
+    w("  order): the embedding is all-gathered in forward once per call; [norm, lm_head]'s first post-backward")
+    w("  fires before its gradient exists and reshards it, so the backward gathers it again; each unit reduces")
+    w("  once (tests/titan/test_mtp.py measures it on gloo). The logits of every depth are kept for backward.")
   end
   if audit.chunked_ops(p) then
     w("- The loss is torchtitan's ChunkedLossWrapper (training.loss_chunks; tests/titan/test_chunked_loss.py")
@@ -1800,10 +1812,11 @@ function audit.md_tp_classes(p, w)
 end
 
 -- Whether the step follows ChunkedLossWrapper's order: an op of a part of
--- a unit (gen/parallel/fsdp_schedule.lua).
+-- a unit (gen/parallel/fsdp_schedule.lua) past its forward (a forward call
+-- of a part alone is DeepSeek-V3's MTP head: fsdp_schedule.calls_micro).
 function audit.chunked_ops(p)
   for _, o in ipairs(p.ops) do
-    if o.part_first then return true end
+    if o.part_first and o.kind ~= "forward" then return true end
   end
   return false
 end

@@ -349,13 +349,30 @@ local function moe_unit_acts(p, s, u, e)
   local cfg, T, ac = p.model_config, s.tokens, s.activation_checkpointing
   local tp = (p.dims and p.dims.tp) or 1
   local i = u.name:match("^layers%.(%d+)")
+  -- DeepSeek-V3's MTP blocks (gen/models/deepseek_v3.lua): each a copy of the last block, outside
+  -- model.layers when torchtitan's activation checkpointing wraps it (distributed/activation_checkpoint.py:
+  -- 152-160, before apply_fsdp_to_mtp_decoder adds them), so never checkpointed; and the fusion's inputs
+  -- (mtp.py:152-158): enorm's and hnorm's inputs with their fp32 rstd, the concatenation eh_proj reads
+  -- (2 dim wide), mtp_norm's input and rstd
+  local mtp = u.name:match("^mtp_layers%.%d+$") and not u.expert
+  if mtp then i, ac = cfg.n_layers - 1, "none" end
+  local mtp_extra = mtp and (e * T * cfg.dim * 5 + 3 * 4 * T) or 0
   if not i then
     local holds_head = numel_of(u, function(q) return q.name == "lm_head.weight" end) > 0
     if not holds_head then return 0, 0 end
-    return head_acts(s, e, cfg.dim, cfg.vocab_size, tp)
+    local saved, transient = head_acts(s, e, cfg.dim, cfg.vocab_size, tp)
+    -- MTPLoss (mtp.py:363-393): lm_head runs on every depth's hidden state too, each depth's input and
+    -- fp32 logits saved as the main one's (llama_acts.head's terms at one chunk), the losses one after another
+    local n = cfg.num_mtp_layers or 0
+    if n > 0 then
+      local T_ = s.tokens
+      saved = saved + n * (e * T_ * cfg.dim + 4 * T_ * -(-cfg.vocab_size // tp))
+    end
+    return saved, transient
   end
   local rows, ep = routed_rows(p, cfg, T // tp)
   local b = moe_acts.block(cfg, tonumber(i), e, T, rows * (ep > 1 and 1 or tp), ep, ac)
+  if mtp then return (b.saved + b.routed + mtp_extra) / tp, b.transient / tp end
   if u.expert then return b.routed, 0 end
   -- Context parallel: flex attention keeps the all-gathered K and V, cp x T
   -- tokens each (qwen3.block_acts' term; the widths per token are CP's own,
@@ -489,7 +506,8 @@ function compute.units(p, s)
       -- sliding window --, 4 x keys x head width per head and token
       -- forward; MLA's query-key width is qk_nope + qk_rope, its value
       -- width v_head_dim), on the block's unit, not its experts'
-      local attn = MOE[fam] and not u.expert and u.name:match("^layers%.%d+$")
+      -- (DeepSeek-V3's MTP blocks, mtp_layers.<k>: a block's attention too, gen/models/deepseek_v3.lua)
+      local attn = MOE[fam] and not u.expert and (u.name:match("^layers%.%d+$") or u.name:match("^mtp_layers%.%d+$"))
         and moe_attention(p.model_config, tp, u.name, seq)
       r.fwd = 2 * P * Tu + (attn and 4 * T * attn.kv * attn.heads * attn.hd or 0)
       r.bwd = 2 * r.fwd - 2 * Pf * Tu
@@ -597,6 +615,15 @@ function compute.op_us(p, s, per_unit, o, extra_us)
   elseif k == "backward" then
     local r = per_unit[u.index]
     us = share * (r.bwd_us + r.recompute_us)
+  elseif k == "backward_input" and o.call then
+    -- a unit's backward for one of several forward calls (fsdp_schedule.calls_micro: DeepSeek-V3's MTP):
+    -- each call's backward, its part's share (o.call = { first, count }) as a part's backward is priced
+    local numel, pn = 0, 0
+    for j, q in ipairs(u.params) do
+      numel = numel + q.numel
+      if type(o.call) ~= "table" or (j > o.call[1] and j <= o.call[1] + o.call[2]) then pn = pn + q.numel end
+    end
+    us = (numel > 0 and pn / numel or 0) * per_unit[u.index].bwd_us
   elseif k == "copy_in" then us = u.total * (ES[u.orig_dtype] + ES[u.ag_dtype]) / bytes_per_us
   elseif k == "copy_out" then us = 2 * W * u.total * ES[u.ag_dtype] / bytes_per_us
   elseif k == "pack" then

@@ -154,6 +154,8 @@ local SCHEMA = {
     -- DeepSeek-V3's router: top-k weights renormalised, node-limited routing's groups
     route_norm = { "bool" }, n_expert_groups = { "int", min = 0, max = LIM.model_int },
     n_limited_groups = { "int", min = 0, max = LIM.model_int },
+    -- DeepSeek-V3's multi-token prediction blocks (torchtitan's num_mtp_layers; gen/models/deepseek_v3.lua)
+    num_mtp_layers = { "int", min = 0, max = LIM.units - 4 },
     -- gpt-oss (gen/models/gpt_oss.lua): the even blocks' causal sliding window, in tokens, and the
     -- attention backend its registry builds (attn_backend, models/gpt_oss/__init__.py:388-396: "varlen"
     -- by default, "flex" as config_registry.py's gpt_oss_debugmodel_flex; context parallel needs flex)
@@ -727,6 +729,18 @@ function load_plan.normalize(ctx, raw)
     end
   end
   check_family_keys(ctx, model)
+  -- DeepSeek-V3's multi-token prediction trains with MTPLoss (torchtitan's deepseek_v3_debugmodel_mtp,
+  -- models/deepseek_v3/config_registry.py:73-79), whose lm_head the decoder runs on every depth: the
+  -- ChunkedLossWrapper (training.loss_chunks >= 2) is refused there (mtp.py:271-275), so 1 is the default
+  if (model.num_mtp_layers or 0) > 0 then
+    if chunks and chunks > 1 then
+      util.field_error(ctx, "training.loss_chunks", string.format("%d with model.num_mtp_layers=%d: torchtitan "
+        .. "refuses ChunkedLossWrapper with MTP (\"skip_lm_head is not supported with MTP decoder\", "
+        .. "models/deepseek_v3/mtp.py:271-275; MTPLoss is not chunked, :323); set loss_chunks = 1", chunks,
+        model.num_mtp_layers))
+    end
+    plan.training.loss_chunks = 1
+  end
   plan.model = model
   local f = plan.fsdp
   check_offload(ctx, model, f, plan.topology)

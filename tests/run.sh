@@ -280,6 +280,15 @@ torch_lane() {
     titan_f10=$(logname "$titan_fused"); timeout 600 "$live_py" tests/titan/test_fused_plan.py >"$titan_f10" 2>&1
     titan_result "$titan_fused" "$titan_f10" $?; grep -h "^fused_plan: [0-9]" "$titan_f10" | sed "s/^/        /"
   else skipped "$titan_fused" "no torch environment (make torch-env exit $live_rc)"; fi
+  # Issue 41 (hmtp): DeepSeek-V3's multi-token prediction (torchtitan's mtp.py) vs model.num_mtp_layers; the live
+  # step under flock where there is one (one torch run at a time across sessions sharing the machine).
+  titan_mtp="torchtitan's deepseek_v3 with num_mtp_layers (MTPDecoder, apply_fsdp_to_mtp_decoder, MTPLoss) vs model.num_mtp_layers: every unit's parameters and placements; steps on gloo (FSDP 4): collectives in order, reduced gradients vs --simulate, the one-forward mutant told apart (tests/titan/test_mtp.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_f11=$(logname "$titan_mtp")
+    $(command -v flock >/dev/null && echo flock /tmp/commplan-heavy.lock) timeout 600 "$live_py" tests/titan/test_mtp.py \
+      >"$titan_f11" 2>&1
+    titan_result "$titan_mtp" "$titan_f11" $?; grep -h "^mtp: [0-9]" "$titan_f11" | sed "s/^/        /"
+  else skipped "$titan_mtp" "no torch environment (make torch-env exit $live_rc)"; fi
   # ---- end of torchtitan as the peer ----
   # Context parallel (docs/context-parallel.md): torchtitan 0.3's CP step on gloo vs commplan's tables.
   titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 2 x tp 2, mixtral dp_shard 2 x cp 2 x ep 2; spmd_types and partial_dtensor; FullAC; the full tier cp 4, dp_replicate 2 x cp 2, SelectiveAC, qwen3, dsv3 too): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"

@@ -2,8 +2,13 @@
 -- (models/deepseek_v3): multi-head latent attention, the first
 -- n_dense_layers blocks with a dense FeedForward, every later block an MoE
 -- of num_experts routed experts (top_k per token) beside
--- num_shared_experts shared ones (gen/models/moe.lua). No multi-token
--- prediction layers (torchtitan's default, num_mtp_layers = 0).
+-- num_shared_experts shared ones (gen/models/moe.lua). Multi-token
+-- prediction (model.num_mtp_layers, torchtitan's model_registry(...,
+-- num_mtp_layers=n), models/deepseek_v3/__init__.py:291-316 and mtp.py): n
+-- more blocks after [norm, lm_head] (ds.mtp_units), each a copy of the last
+-- block with enorm, hnorm, eh_proj and mtp_norm, wrapped by fully_shard as
+-- one more unit (mtp.py:281-320), and the forward-call order their forward
+-- runs (ds.calls: the embedding and lm_head called once per depth more).
 local util = require("gen.util")
 local moe = require("gen.models.moe")
 local fused = require("gen.models.fused")
@@ -49,7 +54,7 @@ end
 local RESOLVE = {
   label = "DeepSeek-V3", sizes = ds.CONFIGS, fields = ds.FIELDS,
   defaults = { q_lora_rank = 0, kv_lora_rank = 512, qk_nope_head_dim = 128, qk_rope_head_dim = 64, v_head_dim = 128,
-               route_norm = false, n_expert_groups = 0, n_limited_groups = 0 },
+               route_norm = false, n_expert_groups = 0, n_limited_groups = 0, num_mtp_layers = 0 },
   required = { "dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "moe_hidden_dim", "num_experts",
                "num_shared_experts", "top_k" },
 }
@@ -84,6 +89,7 @@ end
 -- d: the plan's dims (the experts' FSDP placement; TP: gen/parallel/tp.lua's deepseek plan).
 function ds.units(ctx, model, d)
   local cfg = ds.config(ctx, model)
+  ds.check_mtp(ctx, cfg, d)
   local p = moe.param_fn(model.dtype)
   local D, H = cfg.dim, cfg.n_heads
   local qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
@@ -116,7 +122,136 @@ function ds.units(ctx, model, d)
     blocks[#blocks + 1] = { name = "layers." .. i, params = ps }
   end
   local units = moe.wrap(ctx, cfg, p, blocks)
+  ds.mtp_units(units, cfg, p, blocks[#blocks].params)
   return units, { n_heads = H, num_experts = cfg.num_experts, seq_len = model.seq_len, config = cfg }
+end
+
+-- model.num_mtp_layers against the mesh: torchtitan refuses MTP under
+-- pipeline and context parallelism (MTPDecoder.Config.update_from_config,
+-- models/deepseek_v3/mtp.py:199-209); the units' bound (n_layers + the MTP
+-- blocks + embedding, [norm, lm_head] and root).
+function ds.check_mtp(ctx, cfg, d)
+  local n = cfg.num_mtp_layers
+  if n == 0 then return end
+  for _, k in ipairs({ "pp", "cp" }) do
+    if (d[k] or 1) > 1 then
+      util.field_error(ctx, "model.num_mtp_layers", string.format("%d MTP layers with %s=%d: torchtitan refuses "
+        .. "multi-token prediction under %s parallelism (\"MTP does not support %s parallelism yet\", "
+        .. "models/deepseek_v3/mtp.py:%s); set num_mtp_layers = 0 or %s = 1", n, k, d[k],
+        k == "pp" and "pipeline" or "context", k == "pp" and "pipeline" or "context",
+        k == "pp" and "199-204" or "205-209", k))
+    end
+  end
+  -- (torchtitan runs these; their orders are not yet measured: EP's explicit prefetch lists, which take
+  -- the MTP blocks as model.layers keys, distributed/fsdp.py:325-360; TP's MTP activations, sharding.py:153-190)
+  for _, k in ipairs({ "tp", "ep" }) do
+    if (d[k] or 1) > 1 then
+      util.field_error(ctx, "model.num_mtp_layers", string.format("%d MTP layers with %s=%d: the MTP step is "
+        .. "checked against torchtitan at FSDP/HSDP only so far (tests/titan/test_mtp.py); set %s = 1 or "
+        .. "num_mtp_layers = 0", n, k, d[k], k))
+    end
+  end
+  if cfg.n_layers + n + 3 > util.LIMITS.units then
+    util.field_error(ctx, "model.num_mtp_layers", string.format("n_layers=%d + num_mtp_layers=%d + 3 units "
+      .. "(embedding, [norm, lm_head], root) is more than the %d units a plan holds; use fewer layers",
+      cfg.n_layers, n, util.LIMITS.units))
+  end
+end
+
+-- The MTP blocks (torchtitan's _build_mtp_layers, models/deepseek_v3/
+-- __init__.py:291-316: each a deep copy of the last block's attention,
+-- norms and feed_forward or moe, with enorm, hnorm, eh_proj [dim, 2 dim]
+-- and mtp_norm), one unit each after [norm, lm_head] (apply_fsdp_to_mtp_decoder
+-- wraps them as model.layers keys, mtp.py:281-320; their names are
+-- mtp_layers.<k>, the module's own), parameters in MTPTransformerBlock's
+-- registration order (mtp.py:126-142): attention, attention_norm, ffn_norm,
+-- enorm, hnorm, eh_proj, mtp_norm, then the moe or the feed_forward.
+function ds.mtp_units(units, cfg, p, last)
+  local n = cfg.num_mtp_layers
+  if n == 0 then return end
+  local root = table.remove(units)
+  local from = "layers." .. (cfg.n_layers - 1) .. "."
+  for k = 0, n - 1 do
+    local pre = "mtp_layers." .. k .. "."
+    local ps = {}
+    for _, q in ipairs(last) do
+      local c = {}
+      for key, v in pairs(q) do c[key] = v end
+      c.name = pre .. q.name:sub(#from + 1)
+      ps[#ps + 1] = c
+      if q.name == from .. "ffn_norm.weight" then
+        ps[#ps + 1] = p(pre .. "enorm.weight", { cfg.dim })
+        ps[#ps + 1] = p(pre .. "hnorm.weight", { cfg.dim })
+        ps[#ps + 1] = p(pre .. "eh_proj.weight", { cfg.dim, 2 * cfg.dim })
+        ps[#ps + 1] = p(pre .. "mtp_norm.weight", { cfg.dim })
+      end
+    end
+    units[#units + 1] = { name = "mtp_layers." .. k, params = ps, mtp_depth = k + 1 }
+  end
+  root.calls = ds.calls(cfg)
+  units[#units + 1] = root
+end
+
+-- MTPDecoder.forward's calls of the units (mtp.py:226-278) and the order
+-- autograd then fires FSDP2's backward hooks on them (the root, without
+-- parameters, has none), for gen/parallel/fsdp_schedule.lua calls_micro.
+-- Forward: the embedding, the blocks, the norm (its unit's pre-forward),
+-- then per depth the embedding again (the shifted tokens) and the MTP
+-- block, then lm_head on the main hidden state and on each depth's.
+-- torch 2.15's grouped fully_shard([norm, lm_head]) (_fsdp_state.py:705-764)
+-- completes the group's post-forward at lm_head's first call, and the root's
+-- _force_complete_incomplete_states (:390-405) once more after the second
+-- call reopened it: two post-forward records. Its pre-forward registers the
+-- post-backward hook at the norm's input and again at lm_head's second call
+-- (:637-655, entering_forward_pass).
+-- Backward: the loss's terms backward last depth first (autograd runs the
+-- later-created nodes first): each depth's logits hook (the group's
+-- pre-backward: the first proceeds, the rest find it in PRE_BACKWARD) and
+-- lm_head call; after the second call the post-backward hook at its input
+-- fires before lm_head.weight's gradient is accumulated (AccumulateGrad runs
+-- once after every use), so it reshards alone and the main logits' hooks
+-- gather the unit again; then the MTP chain last depth first (each block's
+-- pre-backward, compute and post-backward, then its embedding call's
+-- pre-backward and compute); the norm's backward and the group's
+-- post-backward with its gradients; the blocks last to first; the
+-- embedding's first call; and the final callback's post-backward of the
+-- embedding (its inputs are token ids: no post-backward hook of its own).
+-- Measured on gloo with 1 and 2 depths (tests/titan/test_mtp.py).
+function ds.calls(cfg)
+  local n, L = cfg.num_mtp_layers, cfg.n_layers
+  local fwd, bwd = {}, {}
+  -- (part: the call's parameters of the unit, {first, count}: the norm's and lm_head's of [norm, lm_head])
+  local function f(ev, unit, part) fwd[#fwd + 1] = { ev = ev, unit = unit, part = part } end
+  local function b(ev, unit, grads, part, writes)
+    bwd[#bwd + 1] = { ev = ev, unit = unit, grads = grads, part = part, writes = writes }
+  end
+  local function block(name) f("pre", name); f("fwd", name); f("post", name) end
+  local E, H, NORM, LM = "tok_embeddings", "norm_lm_head", { 0, 1 }, { 1, 1 }
+  block(E)
+  for i = 0, L - 1 do block("layers." .. i) end
+  f("pre", H); f("fwd", H, NORM)
+  for k = 0, n - 1 do block(E); block("mtp_layers." .. k) end
+  f("fwd", H, LM); f("post", H)
+  for _ = 1, n do f("pre", H); f("fwd", H, LM) end
+  f("post", H)
+  for k = n, 1, -1 do
+    b("pre", H); b("bwd", H, nil, LM)
+    if k == 1 then b("post", H, false) end
+  end
+  -- the main logits' lm_head call: lm_head.weight's last use in backward, where its gradient is written
+  b("pre", H); b("pre", H); b("bwd", H, nil, nil, true)
+  for k = n - 1, 0, -1 do
+    local name = "mtp_layers." .. k
+    b("pre", name); b("bwd", name); b("post", name, true)
+    b("pre", E); b("bwd", E)
+  end
+  b("bwd", H, nil, NORM); b("post", H, true)
+  for i = L - 1, 0, -1 do
+    local name = "layers." .. i
+    b("pre", name); b("bwd", name); b("post", name, true)
+  end
+  b("pre", E); b("bwd", E); b("final")
+  return { forward = fwd, backward = bwd }
 end
 
 return ds

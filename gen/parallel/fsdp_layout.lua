@@ -487,7 +487,30 @@ function layout.build(ctx, units, d, fsdp)
         util.pow2_text(LIM.bytes), u.name, W, offset))
     end
   end
-  return { units = out, W = W, R = R, explicit_prefetch = layout.prefetch(ctx, units, out, fsdp, d) or nil }
+  return { units = out, W = W, R = R, explicit_prefetch = layout.prefetch(ctx, units, out, fsdp, d) or nil,
+           calls = layout.calls(units, out) }
+end
+
+-- The model's forward-call order (a model whose forward calls a unit more
+-- than once: gen/models/deepseek_v3.lua calls, on its root, the module
+-- whose forward runs them) with unit names resolved to layout indices:
+-- { forward = { { ev, unit } }, backward = { { ev, unit, grads } } }
+-- (gen/parallel/fsdp_schedule.lua calls_micro); nil for every other model.
+function layout.calls(units, out)
+  local given
+  for _, u in ipairs(units) do given = given or u.calls end
+  if not given then return nil end
+  local at = {}
+  for _, u in ipairs(out) do at[u.name] = u.index end
+  local res = {}
+  for _, phase in ipairs({ "forward", "backward" }) do
+    res[phase] = {}
+    for i, e in ipairs(given[phase]) do
+      assert(e.unit == nil or at[e.unit], "internal: a call of an unknown unit")
+      res[phase][i] = { ev = e.ev, unit = e.unit and at[e.unit], grads = e.grads, part = e.part, writes = e.writes }
+    end
+  end
+  return res
 end
 
 -- FSDPModule.set_modules_to_forward_prefetch / set_modules_to_backward_prefetch

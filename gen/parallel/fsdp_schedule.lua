@@ -1,4 +1,9 @@
 -- Stage 5: one training step in FSDP2's issue order, as a flat op list.
+-- A model whose forward calls a unit more than once (lay.calls: the
+-- model's forward-call order and backward hook order, DeepSeek-V3's
+-- multi-token prediction) runs FSDP2's per-call state machine over it
+-- (schedule.calls_micro); every other model has one forward and one
+-- backward per unit, as follows.
 -- Forward: unshard root then each layer (implicit prefetch = issue order),
 -- reshard layers after forward. Backward: reverse post-forward order with
 -- one unit of prefetch; post-backward reshards and reduces each unit (RS,
@@ -148,9 +153,28 @@ function schedule.build(lay, fams, fsdp, opts)
     return kept
   end
   local micro
+  -- A model whose forward calls units more than once (lay.calls: DeepSeek-V3's
+  -- multi-token prediction, gen/models/deepseek_v3.lua calls): FSDP2's hooks
+  -- run per call, in the order the model gives (schedule.calls_micro).
+  if lay.calls then
+    micro = function(m)
+      ops = {}
+      -- (the accumulation flags as the default order's below)
+      local reducing = every or (m == micro_steps - 1)
+      local partial = partial_mode and (m == micro_steps - 1 and "fold" or m == 0 and "save" or "add") or nil
+      if not step_end then unsharded = held_from(m) end
+      schedule.calls_micro(ops, lay, m, { op = op, all_gather = all_gather, unit_ops = unit_ops, post_fwd = post_fwd,
+        unsharded = unsharded, shard = shard, replicate = replicate,
+        finalize = step_end and m == micro_steps - 1,
+        how = { reducing = reducing and not step_end, first = not every or m == 0 or partial == "fold",
+                partial = partial, keep = step_end, hold = m < micro_steps - 1,
+                own = function(u) return own_how(u, m) end } })
+      return ops
+    end
+  end
   -- With explicit prefetching and FSDP states of several parameter groups
   -- (expert parallelism, gen/parallel/ep.lua): schedule.explicit_micro.
-  if lay.explicit_prefetch then
+  if not micro and lay.explicit_prefetch then
     local states = schedule.prefetch_lists(schedule.states(units, root), lay)
     micro = function(m)
       ops = {}
@@ -537,6 +561,123 @@ function schedule.explicit_micro(ops, states, m, k)
       local how = k.how.own and k.how.own(u) or k.how
       if unit_ops and how.reducing then unit_ops(ops, u, m, "reduce") end
       schedule.reduction(ops, u, m, how, k.shard, k.replicate, how.reducing)
+    end
+  end
+end
+
+-- One micro-step of a model that calls a unit more than once per forward
+-- (lay.calls, gen/parallel/fsdp_layout.lua: the model's forward-call order
+-- and the order autograd fires FSDP2's backward hooks, each event
+-- { ev, unit[, grads] }), FSDP2's state machine run over it (torch 2.15):
+-- forward "pre" (FSDPParamGroup.pre_forward, _fsdp_param_group.py:637-655):
+-- the unit all-gathered where it is sharded (again after a reshard), its
+-- copy-out; "fwd": a call's compute; "post" (post_forward, :657-677): the
+-- reshard where it reshards after forward, the call recorded in the
+-- post-forward order with multiplicity (_record_post_forward: "one
+-- pre-backward unshard for each forward call"). Backward "pre" (pre_backward,
+-- :679-693): nothing while the unit is in PRE_BACKWARD (a second hook of one
+-- pass), else its all-gather where sharded, the wait, and the default
+-- prefetch (_backward_prefetch, :1061-1097): its last unpopped post-forward
+-- record's predecessor gathered, where sharded and not gathering; "bwd": a
+-- call's backward compute ("backward_input", activation gradients only,
+-- but the one that writes the unit's gradients: the model's mark (writes),
+-- else its last -- autograd accumulates a parameter used by several calls
+-- once, after its last use in backward); a call may name its part of the
+-- unit (part: the parameters it runs, the FLOPs it is priced at);
+-- "post" (post_backward, :695-): the unit to POST_BACKWARD, resharded, and
+-- with grads its reduction (a post-backward before any gradient reached
+-- the unit reshards alone: "if not unsharded_grads: return"); "final"
+-- (_root_post_backward_final_callback, _fsdp_state.py:422-460): every unit
+-- not in POST_BACKWARD post-backwards, with its gradients.
+function schedule.calls_micro(ops, lay, m, k)
+  local op, unsharded = k.op, k.unsharded
+  local by, state, gathering, pfo, records, last_bwd = {}, {}, {}, {}, {}, {}
+  for _, u in ipairs(lay.units) do by[u.index] = u end
+  -- the backward that writes a unit's gradients: the one the model marks (writes), else its last
+  for i, e in ipairs(lay.calls.backward) do
+    if e.ev == "bwd" and (e.writes or not (last_bwd[e.unit] and lay.calls.backward[last_bwd[e.unit]].writes)) then
+      last_bwd[e.unit] = i
+    end
+  end
+  -- a call's part of the unit (its parameters: the FLOPs it prices, gen/compute.lua op_us)
+  local function part(e)
+    return e.part and { part_first = e.part[1], part_count = e.part[2] } or nil
+  end
+  local function unshard(u, phase)
+    -- (set_unshard_in_backward(False): FSDPParamGroup.unshard returns in PRE_BACKWARD)
+    if not unsharded[u.index] and not gathering[u.index] and not (phase == "backward" and u.sharded_backward) then
+      k.all_gather(u, m, phase)
+      gathering[u.index] = true
+    end
+  end
+  local function wait(u, phase)
+    unshard(u, phase)
+    if gathering[u.index] then
+      op("copy_out", u, m, phase)
+      gathering[u.index], unsharded[u.index] = false, true
+    end
+  end
+  for _, e in ipairs(lay.calls.forward) do
+    local u = by[e.unit]
+    if e.ev == "pre" then
+      wait(u, "forward")
+    elseif e.ev == "fwd" then
+      op("forward", u, m, "forward", part(e))
+      if k.unit_ops then k.unit_ops(ops, u, m, "forward") end
+    else -- post
+      if u.reshard_after_forward then
+        schedule.forward_reshard(op, u, m, k.post_fwd)
+        unsharded[u.index] = false
+      end
+      pfo[#pfo + 1] = u
+      records[u.index] = records[u.index] or {}
+      table.insert(records[u.index], #pfo)
+    end
+  end
+  local reduced, posted = {}, {}
+  -- a post-backward: the micro-step's flags (k.how: reducing, first, partial, keep, hold; a unit's own
+  -- accumulation, k.how.own) where the hook has gradients to reduce, a reshard alone where it has none
+  local function post_backward(u, grads)
+    state[u.index] = "post"
+    if not posted[u] then posted[#posted + 1], posted[u] = u, true end
+    local base = k.how.own and k.how.own(u) or k.how
+    local how = { reducing = base.reducing and grads, first = base.first and not reduced[u.index],
+                  partial = base.partial, keep = k.how.keep, hold = base.hold }
+    if how.reducing and k.unit_ops then k.unit_ops(ops, u, m, "reduce") end
+    schedule.reduction(ops, u, m, how, k.shard, k.replicate, how.reducing)
+    unsharded[u.index] = how.keep or (how.hold and not u.reshard_after_backward) or false
+    reduced[u.index] = reduced[u.index] or how.reducing
+  end
+  for i, e in ipairs(lay.calls.backward) do
+    local u = by[e.unit]
+    if e.ev == "pre" and state[u.index] ~= "pre" then
+      state[u.index] = "pre"
+      wait(u, "backward")
+      local at = table.remove(records[u.index] or {})
+      if at and at > 1 then unshard(pfo[at - 1], "backward") end
+    elseif e.ev == "bwd" and last_bwd[e.unit] == i then
+      op("backward", u, m, "backward")
+      if k.unit_ops then k.unit_ops(ops, u, m, "backward") end
+    elseif e.ev == "bwd" then
+      -- (its part priced only: the runtime's backward_input takes the whole unit's unsharded parameters)
+      local o = op("backward_input", u, m, "backward")
+      o.call = e.part or true
+      if k.unit_ops then k.unit_ops(ops, u, m, "backward") end
+    elseif e.ev == "post" then
+      post_backward(u, e.grads)
+    elseif e.ev == "final" then
+      for _, v in ipairs(lay.units) do
+        if #v.params > 0 and state[v.index] ~= "post" then post_backward(v, true) end
+      end
+    end
+  end
+  -- torch.distributed.pipelining's step_end (the header): after the last backward, finalize_backward runs
+  -- every unit's pending post-backward, in the order their hooks fired
+  if k.finalize then
+    for _, u in ipairs(posted) do
+      if k.unit_ops then k.unit_ops(ops, u, m, "reduce") end
+      schedule.reduction(ops, u, m, { first = true }, k.shard, k.replicate, true)
+      unsharded[u.index] = false
     end
   end
 end

@@ -86,12 +86,16 @@ def plan_output_path(plan_path):
 
 def _titan_text(spec, args, sec, comment):
     model, _, flavor = spec.partition(":")
-    if model not in ("llama3", "gpt_oss") or not flavor:
+    if model not in ("llama3", "gpt_oss", "deepseek_v3") or not flavor:
         raise PlanError("--titan %s: give llama3:FLAVOR (torchtitan 0.3's llama3 model_registry flavors: "
-                        "debugmodel, 1B, 3B, 8B, 70B, 405B) or gpt_oss:FLAVOR (debugmodel, 20b, 120b); for other "
-                        "models give their config.json" % validate.printable(spec, 80))
+                        "debugmodel, 1B, 3B, 8B, 70B, 405B), gpt_oss:FLAVOR (debugmodel, 20b, 120b) or "
+                        "deepseek_v3:FLAVOR (debugmodel, 16B, 236B, 671B, deepseek_v3_debugmodel_mtp); for other "
+                        "models give their config.json"
+                        % validate.printable(spec, 80))
     if model == "gpt_oss":
         return _gpt_oss_text(spec, flavor, args, sec, comment)
+    if model == "deepseek_v3":
+        return _deepseek_v3_text(spec, flavor, args, sec, comment)
     try:
         from torchtitan.models.llama3 import model_registry
     except ImportError as e:
@@ -142,6 +146,40 @@ def _gpt_oss_text(spec, flavor, args, sec, comment):
                         "all-gathered in bf16 as its parallelize does); drop it, or set --param-dtype")
     if sec["family"] not in ("auto", "gpt_oss"):
         raise PlanError("--family: a --titan gpt_oss plan is commplan's gpt_oss family; drop --family")
+    fsdp = dict(TITAN_FSDP, **(sec["fsdp"] or {}))
+    text = plan_from_titan(ms, args.name, sec["world_size"], parallel=sec["parallel"], fsdp=fsdp,
+                           topology=sec["topology"], training=sec["training"], seq_len=sec["seq_len"],
+                           pipeline=sec["pipeline"])
+    lines = text.split("\n")
+    return "\n".join(lines[:1] + ["-- " + c for c in comment.split("\n")] + lines[1:])
+
+
+def _deepseek_v3_text(spec, flavor, args, sec, comment):
+    """--titan deepseek_v3:FLAVOR: torchtitan 0.3's deepseek_v3 registry flavor, or one of its
+    config_registry's Trainer configs (deepseek_v3_debugmodel_mtp: num_mtp_layers = 1,
+    models/deepseek_v3/config_registry.py:73-79), as commplan's deepseek_v3 family
+    (commplan.titan.plan_from_titan; gen/models/deepseek_v3.lua)."""
+    try:
+        from torchtitan.models.deepseek_v3 import config_registry, model_registry
+    except ImportError as e:
+        raise PlanError("--titan: torchtitan is not importable in this Python (%s); install torch and torchtitan"
+                        % e) from None
+    try:
+        if flavor.startswith("deepseek_v3_") and callable(getattr(config_registry, flavor, None)):
+            ms = getattr(config_registry, flavor)().model_spec
+        else:
+            ms = model_registry(flavor)
+    except (KeyError, ValueError) as e:
+        raise PlanError("--titan %s: torchtitan's deepseek_v3 has no flavor or config %s (%s); give debugmodel, "
+                        "16B, 236B, 671B or deepseek_v3_debugmodel_mtp"
+                        % (validate.printable(spec, 80), validate.printable(flavor, 60),
+                           " ".join(str(e).split())[:120])) from None
+    from .titan import TITAN_FSDP, plan_from_titan
+    if sec["dtype"] not in (None, "fp32"):
+        raise PlanError("--dtype: a --titan plan stores the parameters as torchtitan's model builds them (fp32, "
+                        "all-gathered in bf16 as its parallelize does); drop it, or set --param-dtype")
+    if sec["family"] not in ("auto", "deepseek_v3"):
+        raise PlanError("--family: a --titan deepseek_v3 plan is commplan's deepseek_v3 family; drop --family")
     fsdp = dict(TITAN_FSDP, **(sec["fsdp"] or {}))
     text = plan_from_titan(ms, args.name, sec["world_size"], parallel=sec["parallel"], fsdp=fsdp,
                            topology=sec["topology"], training=sec["training"], seq_len=sec["seq_len"],

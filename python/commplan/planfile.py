@@ -75,7 +75,7 @@ MOE_MODEL_KEYS = {
     "deepseek_v3": ("dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank", "kv_lora_rank",
                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "dense_hidden_dim", "moe_hidden_dim",
                     "num_experts", "num_shared_experts", "top_k", "route_norm", "n_expert_groups",
-                    "n_limited_groups", "fused", "seq_len"),
+                    "n_limited_groups", "fused", "seq_len", "num_mtp_layers"),
 }
 MOE_SIZES = {"mixtral": ("8x7b", "8x22b"), "qwen3_moe": ("30b-a3b", "235b-a22b"),
              "deepseek_v3": ("16b", "236b", "671b")}
@@ -669,7 +669,8 @@ def _check_model_numbers(model, allowed, family):
                 validate.check_value(x, validate.Spec("enum", enum=FUSED_LAYOUTS), validate.OPTIONS_SRC,
                                      "model.fused[%d]" % (i + 1))
             continue
-        if k in ("n_dense_layers", "num_shared_experts", "q_lora_rank", "n_expert_groups", "n_limited_groups"):
+        if k in ("n_dense_layers", "num_shared_experts", "q_lora_rank", "n_expert_groups", "n_limited_groups",
+                 "num_mtp_layers"):
             spec = validate.Spec("int", lo=0, hi=MODEL_INT, null=True)
         elif k == "ffn_dim_multiplier":
             spec = validate.Spec("num", gt=0, hi=64, null=True)

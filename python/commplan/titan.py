@@ -266,6 +266,53 @@ def gpt_oss_numbers(model):
     return out
 
 
+def is_deepseek_v3(model):
+    """Whether model (its ModelSpec or config) is torchtitan 0.3's deepseek_v3 (DeepSeekV3Model)."""
+    if getattr(model, "name", None) == "deepseek_v3" and hasattr(model, "model"):
+        return True
+    cfg = getattr(model, "model", model)
+    cls = type(cfg)
+    return "deepseek_v3" in cls.__module__ and cls.__qualname__.startswith("DeepSeekV3Model")
+
+
+def deepseek_v3_numbers(model):
+    """commplan's deepseek_v3 family numbers (gen/models/deepseek_v3.lua FIELDS) of a torchtitan 0.3
+    deepseek_v3 ModelSpec or config, read from its config: the blocks' MLA and MoE, the dense first
+    blocks, the router, and num_mtp_layers (len(config.mtp_layers): model_registry(..., num_mtp_layers=n),
+    models/deepseek_v3/__init__.py:617-628, as deepseek_v3_debugmodel_mtp sets it, config_registry.py:73-79)."""
+    cfg = getattr(model, "model", model)
+    if hasattr(cfg, "named_parameters"):
+        cfg = cfg.config
+    layers = list(cfg.layers)
+    moe = next((lc.moe for lc in layers if lc.moe is not None), None)
+    if moe is None:
+        raise PlanError("plan_from_titan: this deepseek_v3 config has no MoE block; commplan's deepseek_v3 family "
+                        "plans torchtitan's (dense first blocks, then MoE)")
+    n_dense = 0
+    while n_dense < len(layers) and layers[n_dense].moe is None:
+        n_dense += 1
+    if any(lc.moe is None for lc in layers[n_dense:]):
+        raise PlanError("plan_from_titan: a dense block after an MoE block; commplan's deepseek_v3 family plans "
+                        "torchtitan's n_dense_layers first")
+    a = layers[0].attention
+    ie, r = moe.routed_experts.inner_experts, moe.router
+    shared = moe.shared_experts
+    out = {"family": "deepseek_v3", "dim": int(cfg.dim), "n_layers": len(layers), "n_dense_layers": n_dense,
+           "n_heads": int(a.n_heads), "vocab_size": int(cfg.vocab_size), "q_lora_rank": int(a.q_lora_rank),
+           "kv_lora_rank": int(a.kv_lora_rank), "qk_nope_head_dim": int(a.qk_nope_head_dim),
+           "qk_rope_head_dim": int(a.qk_rope_head_dim), "v_head_dim": int(a.v_head_dim),
+           "moe_hidden_dim": int(ie.hidden_dim), "num_experts": int(ie.num_experts),
+           "num_shared_experts": int(shared.w1.out_features // ie.hidden_dim) if shared is not None else 0,
+           "top_k": int(r.top_k), "route_norm": bool(r.route_norm),
+           "n_expert_groups": int(r.num_expert_groups or 0), "n_limited_groups": int(r.num_limited_groups or 0)}
+    if n_dense > 0:
+        out["dense_hidden_dim"] = int(layers[0].feed_forward.w1.out_features)
+    n_mtp = len(getattr(cfg, "mtp_layers", None) or [])
+    if n_mtp:
+        out["num_mtp_layers"] = n_mtp
+    return out
+
+
 def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=None, training=None,
                     seq_len=None, family="auto", out=None, pipeline=None, spmd_backend="spmd_types",
                     fused=None):
@@ -296,6 +343,21 @@ def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=
         from .planfile import plan_text
         text = plan_text(name, world_size, m, parallel=parallel, fsdp=fsdp, topology=topology, training=training,
                          pipeline=pipeline)
+        if out is not None:
+            from .planfile import write_plan
+            write_plan(out, text)
+        return text
+    if is_deepseek_v3(model):
+        # torchtitan's deepseek_v3 (MTP included): commplan's deepseek_v3 family, its numbers read from the config
+        validate.check_family(family, ("auto", "deepseek_v3"))
+        if fused:
+            raise PlanError("fused=%s: write the deepseek_v3 plan's model.fused with plan_text" % list(fused))
+        m = dict(deepseek_v3_numbers(model), dtype="fp32")
+        if seq_len is not None:
+            m["seq_len"] = seq_len
+        from .planfile import plan_text
+        text = plan_text(name, world_size, m, parallel=parallel, fsdp=dict(TITAN_FSDP) if fsdp is None else fsdp,
+                         topology=topology, training=training, pipeline=pipeline)
         if out is not None:
             from .planfile import write_plan
             write_plan(out, text)

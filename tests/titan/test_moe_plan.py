@@ -122,8 +122,8 @@ def titan_config(kind, flavor, model):
     import torchtitan.models.qwen3 as Q
     from torchtitan.models.common import ComplexRoPE, CosSinRoPE, Embedding, Linear, RMSNorm
     if kind == "deepseek_v3":
-        if flavor:
-            return DS.model_registry(flavor).model
+        if flavor:  # (issue 41: num_mtp_layers, torchtitan's model_registry argument)
+            return DS.model_registry(flavor, num_mtp_layers=model.get("num_mtp_layers") or 0).model
         n = model
         layers = DS._build_dsv3_layers(
             n_layers=n["n_layers"], n_dense_layers=n["n_dense_layers"], dim=n["dim"], n_heads=n["n_heads"],
@@ -145,7 +145,8 @@ def titan_config(kind, flavor, model):
             tok_embeddings=Embedding.Config(num_embeddings=v, embedding_dim=d, param_init=DS._EMBEDDING_INIT),
             norm=RMSNorm.Config(normalized_shape=d, param_init=DS._NORM_INIT),
             lm_head=Linear.Config(in_features=d, out_features=v, param_init=DS._output_linear_init(d)),
-            layers=layers, mtp_layers=[])
+            layers=layers, mtp_layers=DS._build_mtp_layers(layers[-1], dim=d,
+                                                           num_mtp_layers=n.get("num_mtp_layers") or 0))
     if kind == "gpt_oss":
         import torchtitan.models.gpt_oss as G
         return G.model_registry(flavor).model
