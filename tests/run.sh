@@ -637,7 +637,7 @@ section "lint and generator unit tests"
 if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/pp tests/ep plans bench
 else skipped "luacheck" "not installed (apt-get install lua-check)"; fi
 run "lua unit tests" $LUA tests/lua/run.lua
-full_adds "llama405b_hsdp's outputs agree without its advice (tests/lua/test_agree.lua); make test-full checks its advice too"
+full_adds "llama405b_hsdp's, deepseek_v3's and mixtral8x7b's outputs agree without their advice, ep explored on gpt-oss 20B (tests/lua/test_agree.lua, test_audit.lua); make test-full checks their advice and mixtral's ep exploration too"
 # Issue 37, item 3: torchtitan's published rows (benchmarks/llama3_h100_202412
 # Tables 1 and 3, the asyncTP study), each plan's predicted tokens/s per GPU
 # within 15% of its published one; every row printed, predicted / published.

@@ -77,6 +77,8 @@ suites[#suites + 1] = "test_titan_options"
 suites[#suites + 1] = "test_fused"
 -- Issue 41 (h41c): torchtitan 0.3's gpt-oss family (sinks, biases, sliding-window attention, EP).
 suites[#suites + 1] = "test_gpt_oss"
+-- The advisor's rankings computed once per run, not once per suite that asks (tests/lua/advice_memo.lua).
+require("advice_memo").install()
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)
