@@ -946,9 +946,14 @@ fi
 if command -v valgrind >/dev/null 2>&1; then
   run "valgrind: hsdp2x2 simulation has no leaks or errors" \
     valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/hsdp2x2/hsdp2x2 --simulate --quiet
-  run "valgrind: llama_tiny_tp (TP classes, activation collectives, --dump) has no leaks or errors" \
-    valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/llama_tiny_tp/llama_tiny_tp \
-    --simulate --quiet --dump build/valgrind-dump
+  # (quick tier: llama_tiny_tp_nosp, 4 ranks, ~12 s of CPU under valgrind; make test-full: llama_tiny_tp's 8
+  # ranks with sequence parallel's activation collectives too, ~30 s)
+  for n in $(tiered llama_tiny_tp_nosp "llama_tiny_tp_nosp llama_tiny_tp"); do
+    run "valgrind: $n (TP classes, activation collectives, --dump) has no leaks or errors" \
+      valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 "build/$n/$n" \
+      --simulate --quiet --dump "build/valgrind-dump/$n"
+  done
+  full_adds "valgrind on llama_tiny_tp_nosp's 4 TP ranks; make test-full runs llama_tiny_tp's 8 (sequence parallel) too"
   run "valgrind: pipeline point-to-point tests (queued messages freed, failed runs included) have no leaks or errors" \
     valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/tests/test_pp
   run "valgrind: expert all-to-all tests (refused layers included) have no leaks or errors" \
