@@ -1070,7 +1070,9 @@ if run "build every plan's binary on the emulator (make emu-build)" $MAKE -j2 em
     esac
   done <"$emu_log"
   grep -h "^emu: " "$emu_log" | sed "s/^/        /"
-  [ -n "${EMU_SEEDS:-}" ] || full_adds "seed $emu_seeds for every plan's --check runs and the all-to-all binaries; make test-full runs seeds 1, 2 and 3"
+  # (one quick-tier line: the seeds here, then what tests/emu_check.sh's own line says it trims)
+  emu_q=$(sed -n 's/^quick tier: //p' "$emu_log" | head -n 1)
+  [ -n "${EMU_SEEDS:-}" ] || full_adds "seed $emu_seeds for every plan's --check runs and the all-to-all binaries${emu_q:+, ${emu_q%%; make test-full *}}; make test-full runs seeds 1, 2 and 3${emu_q:+, ${emu_q#*; make test-full }}"
   grep -q "^emu: " "$emu_log" || bad "emulated GPU: tests/emu_check.sh did not finish" "$emu_log"
 fi
 section "bad input: one line, exit 2, nothing written"
