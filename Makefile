@@ -289,10 +289,12 @@ endef
 $(eval $(call mixed_test,build/tests,))
 $(eval $(call mixed_test,build/tests-asan,$(SAN)))
 # tests/plans/mixed_ag.lua's binary under ASan+UBSan: its simulation checks every byte offset
-build/tests-asan/mixed_ag: runtime/main.c $(RUNTIME_SRC) $(RUNTIME_HDR) build/gen/mixed_ag/plan.c VERSION
+# (it and fsdp4_cli below link the runtime's ASan+UBSan objects the cmocka tests link, compiled
+# with the same flags: only main.c reads the plan's -D names)
+build/tests-asan/mixed_ag: runtime/main.c $(call rt_objs,build/tests-asan) $(RUNTIME_HDR) build/gen/mixed_ag/plan.c VERSION
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -Ibuild/gen/mixed_ag -DCP_PLAN=mixed_ag_plan -DCP_VERSION='"$(CP_VERSION)"' \
-	  -o $@ runtime/main.c $(RUNTIME_SRC) build/gen/mixed_ag/plan.c -lm
+	  -o $@ runtime/main.c build/gen/mixed_ag/plan.c $(call rt_objs,build/tests-asan) -lm
 
 # The NCCL id channels (launch.c, rendezvous.c) alone, plain and under
 # ASan+UBSan; the TCPStore tests start tests/fake_tcpstore.py (python3).
@@ -325,10 +327,10 @@ $(1)/test_safeio: $(SAFEIO_SRC) runtime/safeio.h
 endef
 $(eval $(call safeio_test,build/tests,))
 $(eval $(call safeio_test,build/tests-asan,$(SAN)))
-build/tests-asan/fsdp4_cli: runtime/main.c $(RUNTIME_SRC) $(RUNTIME_HDR) plans/fsdp4/plan.c VERSION
+build/tests-asan/fsdp4_cli: runtime/main.c $(call rt_objs,build/tests-asan) $(RUNTIME_HDR) plans/fsdp4/plan.c VERSION
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -Iplans/fsdp4 -DCP_PLAN=fsdp4_plan -DCP_VERSION='"$(CP_VERSION)"' -o $@ \
-	  runtime/main.c $(RUNTIME_SRC) plans/fsdp4/plan.c -lm
+	  runtime/main.c plans/fsdp4/plan.c $(call rt_objs,build/tests-asan) -lm
 
 test-c: build/tests/test_runtime build/tests-asan/test_runtime build/tests/test_rendezvous build/tests-asan/test_rendezvous \
         build/tests/test_arith build/tests-asan/test_arith \
