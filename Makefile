@@ -686,9 +686,10 @@ FASTPATH_SRC := tests/c/test_fastpath.c runtime/dtype.c runtime/backend_host.c r
 build/tests/test_fastpath: $(FASTPATH_SRC) $(RUNTIME_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) -O2 -g -Iruntime -o $@ $(FASTPATH_SRC) -lcmocka -lm
-build/tests-asan/test_fastpath: $(FASTPATH_SRC) $(RUNTIME_HDR)
+# (the runtime's half: the ASan+UBSan objects the cmocka tests link, the same flags)
+build/tests-asan/test_fastpath: tests/c/test_fastpath.c $(patsubst runtime/%.c,build/tests-asan/rt/%.o,$(filter runtime/%,$(FASTPATH_SRC))) $(RUNTIME_HDR)
 	@mkdir -p $(dir $@)
-	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -o $@ $(FASTPATH_SRC) -lcmocka -lm
+	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -o $@ $(filter %.c %.o,$^) -lcmocka -lm
 build/bench/host_bench: bench/host_bench.c $(filter-out tests/c/test_fastpath.c,$(FASTPATH_SRC)) $(RUNTIME_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(CFLAGS) -Iruntime -o $@ $(filter-out tests/c/test_fastpath.c,$(FASTPATH_SRC)) bench/host_bench.c -lm
