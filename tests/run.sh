@@ -552,6 +552,14 @@ torch_lane() {
       tp_generic_record tests/tp_generic_record.py
   else skipped "python package tests with PyTorch" "python3 not found"; fi
 
+}
+# The pipeline and expert-parallel checks against live torch and torchtitan
+# (below): a lane of their own (pp_lane), started when the foreground
+# reaches the emulator (lane_start pp there), so that the torch lane, this
+# lane and the foreground end near the same time on 2 cores instead of the
+# torch lane running on alone; its output is printed after the torch lane's.
+# Its builds go to build/pp/, build/ep/ and build/gen/pp_titan_* only.
+pp_lane() {
   # ---- pipeline schedules vs live torch (issue 22) ----
   section "pipeline parallel vs live torch and torchtitan (tests/pp/check_live.sh)"
   # script_check WHAT PREFIX SCRIPT [FILTER]: a tests/pp script run with the torch
@@ -592,7 +600,7 @@ torch_lane() {
   script_check "ep run: torchtitan's expert parallel + fully_shard on gloo, ep 2 and 4, with and without activation checkpointing (its recompute's all-to-alls), ep 2 with tp 2 (its MoE TP plans, deepseek_v3 and qwen3_moe), each rank's FSDP and TP collectives, token all-to-alls, shards and reduced gradients vs commplan's tables and simulation (tests/ep/check_ep_live.sh)" \
     ep-live tests/ep/check_ep_live.sh "events per rank"
 }
-# ---- end of the torch lane ----
+# ---- end of the torch lane and the pp lane ----
 
 # lane_start NAME FUNC: FUNC in the background, its output and counts kept;
 # lane_join NAME: wait for it, print its output, add its counts.
@@ -1064,6 +1072,9 @@ for spec in "qwen3_tiny:qwen3, pp 2 x dp_shard 2, 1F1B" "ep_mixtral:mixtral, pp 
     build/$n/$n --simulate --steps 2 && build/$n/$n --simulate --steps 2 --arith nccl"
 done
 
+pp_t0=$SECONDS
+lane_start pp pp_lane
+printf "== the pp lane runs in the background from here (pipeline parallel and expert parallel vs live torch and torchtitan); its output comes after the torch lane's  [%ds]\n" "$SECONDS"
 section "the GPU path on an emulated CUDA runtime and NCCL (tests/emu, docs/emulator.md): no GPU needed"
 # runtime/gpu.c, gpu_run.c, the launch and rendezvous code and the copy
 # kernels, unchanged, on tests/emu's stand-in CUDA and NCCL: every small
@@ -1390,6 +1401,8 @@ else skipped "README commands" "python3 not found"; fi
 echo
 printf '== the torch lane (started at [%ds], its output kept until now)  [%ds]\n' "$lane_t0" "$SECONDS"
 lane_join torch
+printf '== the pp lane (started at [%ds], its output kept until now)  [%ds]\n' "$pp_t0" "$SECONDS"
+lane_join pp
 
 printf 'tests: %d passed, %d failed, %d skipped\n' "$pass" "$fail" "$skip"
 [ "$fail" = 0 ]
