@@ -127,6 +127,9 @@ LINK       = $(CC) $(CSTD) $(CFLAGS) -o $@ $^ -lm
 SHARED     = $(CC) -shared -o $@ $(LIB_OBJ) -lm -pthread
 endif
 
+# make runtime-objs: the runtime's C objects alone (tests/run.sh builds them before its torch lane starts)
+.PHONY: runtime-objs
+runtime-objs: $(RUNTIME_OBJ)
 build/runtime/%.o: runtime/%.c $(RUNTIME_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(CFLAGS) -fPIC -Iruntime $(if $(filter $(GPU_SRC),$<),$(CUDA_INC)) -c $< -o $@

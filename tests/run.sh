@@ -112,6 +112,13 @@ live_py=$(printf '%s\n' "$live_out" | tail -n 1)
 # and build/train_cpu*, build/bridge_dtypes/ and build/bd_*, build/bridge_ckpt/
 # and build/ck_*, build/bridge_train/ and build/bt_*, build/titan_matrix/
 # and build/ttm_*.
+# lane_prebuild_wait: waits (at most 10 minutes) for the foreground's
+# fsdp4 / hsdp2x2 builds; 0 when they and the runtime objects were built.
+lane_prebuild_wait() {
+  local i=0
+  while [ ! -f "$log/lanes/prebuild.rc" ] && [ "$i" -lt 1200 ]; do sleep 0.5; i=$((i + 1)); done
+  [ "$lane_prebuilt" = 0 ] && [ "$(cat "$log/lanes/prebuild.rc" 2>/dev/null)" = 0 ]
+}
 torch_lane() {
   # ---- live FSDP2 peer (issue 16, items 1 and 2) ----
   # PyTorch's fully_shard on gloo, one process per rank, against the binary's
@@ -185,6 +192,7 @@ torch_lane() {
   # units, parameters, placements; the plan writer from a torchtitan model).
   # The two run side by side. SKIP, never ok, without a torch environment or
   # where torch / torchtitan do not import (exit 77).
+  lane_prebuild_wait; lane_prebuilt=$? # (torchtitan's checks build binaries that link the GPU objects)
   section "torchtitan as the peer: ParallelDims, Llama wrapping and TP plan (tests/titan/)"
   titan_dims="torchtitan ParallelDims vs gen/dims.lua + gen/groups.lua: accept/refuse, meshes, aliases, rank lists (tests/titan/test_parallel_dims.py)"
   titan_llama="torchtitan llama3 + parallelize_llama vs the llama plans: FSDP units, parameters, placements; plan writer from torchtitan (tests/titan/test_llama_plan.py)"
@@ -633,12 +641,19 @@ lane_cleanup() { local p; for p in "${lane_pid[@]}"; do kill_tree "$p"; done; }
 trap lane_cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-# What the torch lane shares with the foreground, built first: the runtime
-# objects (every plan's build links them) and fsdp4 / hsdp2x2 (torchrun's).
+# What the torch lane shares with the foreground, built first: the runtime's
+# C objects (every plan's build links them; the lane's first builds, live.py's,
+# link only these) before the lane starts, then fsdp4 / hsdp2x2 (torchrun's)
+# and the GPU objects nvcc compiles, here in the foreground while the lane
+# starts; the lane waits for their status file (lane_prebuild_wait) before
+# its first build that links the GPU objects (torchtitan's checks).
 lane_prebuilt=0
-$MAKE PLAN=fsdp4.lua >"$log/lanes/prebuild.log" 2>&1 && $MAKE PLAN=hsdp2x2.lua >>"$log/lanes/prebuild.log" 2>&1 || lane_prebuilt=1
+rm -f "$log/lanes/prebuild.rc"
+$MAKE runtime-objs >"$log/lanes/prebuild.log" 2>&1 || lane_prebuilt=1
 lane_t0=$SECONDS
 lane_start torch torch_lane
+{ $MAKE PLAN=fsdp4.lua && $MAKE PLAN=hsdp2x2.lua; } >>"$log/lanes/prebuild.log" 2>&1
+echo $? >"$log/lanes/prebuild.rc.new" && mv -f "$log/lanes/prebuild.rc.new" "$log/lanes/prebuild.rc"
 printf '== the torch lane runs in the background from here (live FSDP2, torchtitan, torchrun, train_cpu, tp_record, runtime hooks); its output comes at the end  [%ds]\n' "$SECONDS"
 
 section "lint and generator unit tests"
