@@ -127,6 +127,9 @@ LINK       = $(CC) $(CSTD) $(CFLAGS) -o $@ $^ -lm
 SHARED     = $(CC) -shared -o $@ $(LIB_OBJ) -lm -pthread
 endif
 
+# make runtime-objs: the runtime's C objects alone (tests/run.sh builds them before its torch lane starts)
+.PHONY: runtime-objs
+runtime-objs: $(RUNTIME_OBJ)
 build/runtime/%.o: runtime/%.c $(RUNTIME_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(CFLAGS) -fPIC -Iruntime $(if $(filter $(GPU_SRC),$<),$(CUDA_INC)) -c $< -o $@
@@ -289,10 +292,12 @@ endef
 $(eval $(call mixed_test,build/tests,))
 $(eval $(call mixed_test,build/tests-asan,$(SAN)))
 # tests/plans/mixed_ag.lua's binary under ASan+UBSan: its simulation checks every byte offset
-build/tests-asan/mixed_ag: runtime/main.c $(RUNTIME_SRC) $(RUNTIME_HDR) build/gen/mixed_ag/plan.c VERSION
+# (it and fsdp4_cli below link the runtime's ASan+UBSan objects the cmocka tests link, compiled
+# with the same flags: only main.c reads the plan's -D names)
+build/tests-asan/mixed_ag: runtime/main.c $(call rt_objs,build/tests-asan) $(RUNTIME_HDR) build/gen/mixed_ag/plan.c VERSION
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -Ibuild/gen/mixed_ag -DCP_PLAN=mixed_ag_plan -DCP_VERSION='"$(CP_VERSION)"' \
-	  -o $@ runtime/main.c $(RUNTIME_SRC) build/gen/mixed_ag/plan.c -lm
+	  -o $@ runtime/main.c build/gen/mixed_ag/plan.c $(call rt_objs,build/tests-asan) -lm
 
 # The NCCL id channels (launch.c, rendezvous.c) alone, plain and under
 # ASan+UBSan; the TCPStore tests start tests/fake_tcpstore.py (python3).
@@ -325,10 +330,10 @@ $(1)/test_safeio: $(SAFEIO_SRC) runtime/safeio.h
 endef
 $(eval $(call safeio_test,build/tests,))
 $(eval $(call safeio_test,build/tests-asan,$(SAN)))
-build/tests-asan/fsdp4_cli: runtime/main.c $(RUNTIME_SRC) $(RUNTIME_HDR) plans/fsdp4/plan.c VERSION
+build/tests-asan/fsdp4_cli: runtime/main.c $(call rt_objs,build/tests-asan) $(RUNTIME_HDR) plans/fsdp4/plan.c VERSION
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -Iplans/fsdp4 -DCP_PLAN=fsdp4_plan -DCP_VERSION='"$(CP_VERSION)"' -o $@ \
-	  runtime/main.c $(RUNTIME_SRC) plans/fsdp4/plan.c -lm
+	  runtime/main.c plans/fsdp4/plan.c $(call rt_objs,build/tests-asan) -lm
 
 test-c: build/tests/test_runtime build/tests-asan/test_runtime build/tests/test_rendezvous build/tests-asan/test_rendezvous \
         build/tests/test_arith build/tests-asan/test_arith \
@@ -684,9 +689,10 @@ FASTPATH_SRC := tests/c/test_fastpath.c runtime/dtype.c runtime/backend_host.c r
 build/tests/test_fastpath: $(FASTPATH_SRC) $(RUNTIME_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) -O2 -g -Iruntime -o $@ $(FASTPATH_SRC) -lcmocka -lm
-build/tests-asan/test_fastpath: $(FASTPATH_SRC) $(RUNTIME_HDR)
+# (the runtime's half: the ASan+UBSan objects the cmocka tests link, the same flags)
+build/tests-asan/test_fastpath: tests/c/test_fastpath.c $(patsubst runtime/%.c,build/tests-asan/rt/%.o,$(filter runtime/%,$(FASTPATH_SRC))) $(RUNTIME_HDR)
 	@mkdir -p $(dir $@)
-	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -o $@ $(FASTPATH_SRC) -lcmocka -lm
+	$(CC) $(CSTD) $(SAN) -O1 -g -Iruntime -o $@ $(filter %.c %.o,$^) -lcmocka -lm
 build/bench/host_bench: bench/host_bench.c $(filter-out tests/c/test_fastpath.c,$(FASTPATH_SRC)) $(RUNTIME_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(CFLAGS) -Iruntime -o $@ $(filter-out tests/c/test_fastpath.c,$(FASTPATH_SRC)) bench/host_bench.c -lm

@@ -27,6 +27,16 @@ set -u
 cd "$(dirname "$0")/.." || exit 2
 LUA=${LUA:-lua5.4}
 SEEDS=${EMU_SEEDS:-1 2 3}
+# COMMPLAN_TEST_TIER=quick (make test): --graph's refusal (expert-parallel
+# or CPU-offload plans) checked on the first plan of each kind only (one
+# refusal in the runtime, the same line for every such plan), the seeded
+# faults at two offsets each that fire on every fault plan (drop_wait's 3
+# and 50 are vacuous on some), the split calls on four of the library
+# plans; every plan's --check runs as in the full matrix. Run by hand
+# (make test-emu) or make test-full: all of them.
+quick=0
+[ "${COMMPLAN_TEST_TIER:-full}" = quick ] && quick=1
+seen_ep=0 seen_offload=0
 FAULT_PLANS=${EMU_FAULT_PLANS-fsdp4 hsdp2x2 llama_tiny_tp}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/emu_check.XXXXXX") || exit 2
 pass=0
@@ -112,9 +122,14 @@ for p in "$@"; do
   n=$(world "$p")
   plan_ok=1
   modes="eager graph"
-  if expert_parallel "$p"; then
+  if [ "$quick" = 1 ] && expert_parallel "$p" && [ "$seen_ep" = 1 ]; then
+    modes=eager # (quick tier: --graph's refusal checked on the first expert-parallel plan)
+  elif [ "$quick" = 1 ] && offloads "$p" && [ "$seen_offload" = 1 ]; then
+    modes=eager # (quick tier: --graph's refusal checked on the first CPU-offload plan)
+  elif expert_parallel "$p"; then
     # --graph must be refused on every rank with its one line, no hang.
     modes=eager
+    seen_ep=1
     log=$dir/$p.graph
     runs=$((runs + 1))
     launch "$n" "$log" "$bin" --check --steps 2 --graph
@@ -128,6 +143,7 @@ for p in "$@"; do
     fi
   elif offloads "$p"; then
     modes=eager
+    seen_offload=1
     log=$dir/$p.graph
     runs=$((runs + 1))
     launch "$n" "$log" "$bin" --check --steps 2 --graph
@@ -260,7 +276,9 @@ done
 # (the next unit's all-gather issued before this unit's copy-out) is
 # refused on every rank with the one line.
 echo "== the split calls (issue / wait) in the plan's order around the caller's compute"
-for p in $LIB_PLANS; do
+split_plans=$LIB_PLANS
+[ "$quick" = 1 ] && [ -z "${EMU_LIB_PLANS+set}" ] && split_plans="fsdp4 hsdp2x2 llama_tiny_tp hsdp2x2_offload"
+for p in $split_plans; do
   bin=build/emu/$p/library_run
   [ -x "$bin" ] || continue
   n=$(world "$p")
@@ -345,8 +363,13 @@ seeded=0
 caught=0
 vacuous=0
 [ -n "$FAULT_PLANS" ] || echo "  SKIP  seeded faults: EMU_FAULT_PLANS is empty"
-[ -z "$FAULT_PLANS" ] || for spec in "drop_wait:3 10 19 35 50" "reuse_event:5 13 19" "swap_coll:2 5" "shift_kernel:1 9" \
-            "alloc_in_capture:1 6"; do
+fault_specs="drop_wait:3 10 19 35 50|reuse_event:5 13 19|swap_coll:2 5|shift_kernel:1 9|alloc_in_capture:1 6"
+[ "$quick" = 1 ] && fault_specs="drop_wait:10 35|reuse_event:5 19|swap_coll:2 5|shift_kernel:1 9|alloc_in_capture:1 6"
+IFS='|' # (the plans in "$@" are done with: the fault specs take their place)
+# shellcheck disable=SC2086
+set -- $fault_specs
+unset IFS
+[ -z "$FAULT_PLANS" ] || for spec in "$@"; do
   name=${spec%%:*}
   ks=${spec#*:}
   flags=""
@@ -431,6 +454,7 @@ else
   done
 fi
 
+[ "$quick" = 1 ] && echo "quick tier: --graph refused on the first expert-parallel and CPU-offload plan, seeded faults at 2 offsets each, split calls on $split_plans; make test-full refuses --graph on every such plan, seeds every offset (drop_wait 3 10 19 35 50, reuse_event 5 13 19) and splits on every library plan"
 echo "emu: $pass passed, $fail failed; $runs plan runs ($ops stream ops), seeded faults caught $caught of $seeded ($vacuous vacuous seeds not counted)"
 [ "$fail" = 0 ] && rm -rf "$dir"
 [ "$fail" = 0 ]

@@ -112,6 +112,13 @@ live_py=$(printf '%s\n' "$live_out" | tail -n 1)
 # and build/train_cpu*, build/bridge_dtypes/ and build/bd_*, build/bridge_ckpt/
 # and build/ck_*, build/bridge_train/ and build/bt_*, build/titan_matrix/
 # and build/ttm_*.
+# lane_prebuild_wait: waits (at most 10 minutes) for the foreground's
+# fsdp4 / hsdp2x2 builds; 0 when they and the runtime objects were built.
+lane_prebuild_wait() {
+  local i=0
+  while [ ! -f "$log/lanes/prebuild.rc" ] && [ "$i" -lt 1200 ]; do sleep 0.5; i=$((i + 1)); done
+  [ "$lane_prebuilt" = 0 ] && [ "$(cat "$log/lanes/prebuild.rc" 2>/dev/null)" = 0 ]
+}
 torch_lane() {
   # ---- live FSDP2 peer (issue 16, items 1 and 2) ----
   # PyTorch's fully_shard on gloo, one process per rank, against the binary's
@@ -185,6 +192,7 @@ torch_lane() {
   # units, parameters, placements; the plan writer from a torchtitan model).
   # The two run side by side. SKIP, never ok, without a torch environment or
   # where torch / torchtitan do not import (exit 77).
+  lane_prebuild_wait; lane_prebuilt=$? # (torchtitan's checks build binaries that link the GPU objects)
   section "torchtitan as the peer: ParallelDims, Llama wrapping and TP plan (tests/titan/)"
   titan_dims="torchtitan ParallelDims vs gen/dims.lua + gen/groups.lua: accept/refuse, meshes, aliases, rank lists (tests/titan/test_parallel_dims.py)"
   titan_llama="torchtitan llama3 + parallelize_llama vs the llama plans: FSDP units, parameters, placements; plan writer from torchtitan (tests/titan/test_llama_plan.py)"
@@ -561,6 +569,14 @@ torch_lane() {
       tp_generic_record tests/tp_generic_record.py
   else skipped "python package tests with PyTorch" "python3 not found"; fi
 
+}
+# The pipeline and expert-parallel checks against live torch and torchtitan
+# (below): a lane of their own (pp_lane), started when the foreground
+# reaches the emulator (lane_start pp there), so that the torch lane, this
+# lane and the foreground end near the same time on 2 cores instead of the
+# torch lane running on alone; its output is printed after the torch lane's.
+# Its builds go to build/pp/, build/ep/ and build/gen/pp_titan_* only.
+pp_lane() {
   # ---- pipeline schedules vs live torch (issue 22) ----
   section "pipeline parallel vs live torch and torchtitan (tests/pp/check_live.sh)"
   # script_check WHAT PREFIX SCRIPT [FILTER]: a tests/pp script run with the torch
@@ -601,7 +617,7 @@ torch_lane() {
   script_check "ep run: torchtitan's expert parallel + fully_shard on gloo, ep 2 and 4, with and without activation checkpointing (its recompute's all-to-alls), ep 2 with tp 2 (its MoE TP plans, deepseek_v3 and qwen3_moe), gpt-oss dp 2 x tp 2 (its bias gradients Partial over TP, two wrong plans refused), each rank's FSDP and TP collectives, token all-to-alls, shards and reduced gradients vs commplan's tables and simulation (tests/ep/check_ep_live.sh)" \
     ep-live tests/ep/check_ep_live.sh "events per rank"
 }
-# ---- end of the torch lane ----
+# ---- end of the torch lane and the pp lane ----
 
 # lane_start NAME FUNC: FUNC in the background, its output and counts kept;
 # lane_join NAME: wait for it, print its output, add its counts.
@@ -634,19 +650,26 @@ lane_cleanup() { local p; for p in "${lane_pid[@]}"; do kill_tree "$p"; done; }
 trap lane_cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-# What the torch lane shares with the foreground, built first: the runtime
-# objects (every plan's build links them) and fsdp4 / hsdp2x2 (torchrun's).
+# What the torch lane shares with the foreground, built first: the runtime's
+# C objects (every plan's build links them; the lane's first builds, live.py's,
+# link only these) before the lane starts, then fsdp4 / hsdp2x2 (torchrun's)
+# and the GPU objects nvcc compiles, here in the foreground while the lane
+# starts; the lane waits for their status file (lane_prebuild_wait) before
+# its first build that links the GPU objects (torchtitan's checks).
 lane_prebuilt=0
-$MAKE PLAN=fsdp4.lua >"$log/lanes/prebuild.log" 2>&1 && $MAKE PLAN=hsdp2x2.lua >>"$log/lanes/prebuild.log" 2>&1 || lane_prebuilt=1
+rm -f "$log/lanes/prebuild.rc"
+$MAKE runtime-objs >"$log/lanes/prebuild.log" 2>&1 || lane_prebuilt=1
 lane_t0=$SECONDS
 lane_start torch torch_lane
+{ $MAKE PLAN=fsdp4.lua && $MAKE PLAN=hsdp2x2.lua; } >>"$log/lanes/prebuild.log" 2>&1
+echo $? >"$log/lanes/prebuild.rc.new" && mv -f "$log/lanes/prebuild.rc.new" "$log/lanes/prebuild.rc"
 printf '== the torch lane runs in the background from here (live FSDP2, torchtitan, torchrun, train_cpu, tp_record, runtime hooks); its output comes at the end  [%ds]\n' "$SECONDS"
 
 section "lint and generator unit tests"
 if command -v luacheck >/dev/null 2>&1; then run "luacheck gen tests plans bench" luacheck -q gen tests/lua tests/plans tests/oracle_check.lua tests/pp tests/ep plans bench
 else skipped "luacheck" "not installed (apt-get install lua-check)"; fi
 run "lua unit tests" $LUA tests/lua/run.lua
-full_adds "llama405b_hsdp's outputs agree without its advice (tests/lua/test_agree.lua); make test-full checks its advice too"
+full_adds "llama405b_hsdp's, deepseek_v3's and mixtral8x7b's outputs agree without their advice, ep explored on gpt-oss 20B (tests/lua/test_agree.lua, test_audit.lua); make test-full checks their advice and mixtral's ep exploration too"
 # Issue 37, item 3: torchtitan's published rows (benchmarks/llama3_h100_202412
 # Tables 1 and 3, the asyncTP study), each plan's predicted tokens/s per GPU
 # within 15% of its published one; every row printed, predicted / published.
@@ -667,12 +690,29 @@ full_adds "$fzs_s s and at least $fzs_n inputs; make test-full fuzzes 30 s and a
 
 section "golden: committed plans/*/ equal a fresh generation"
 run "plan file names in plans/ are [A-Za-z0-9_]+.lua" check_plan_names
+# A plan whose golden check passed is generated: plans/<n>/ is what this
+# generator writes from plans/<n>.lua now. golden_stamp records that as
+# make's own stamps (build/<n>/.source as make writes it, .generated, an
+# empty .fit: only for a plan whose plan.json says it fits, the generator
+# prints nothing for it), so the end-to-end builds below compile these
+# tables without generating each plan a second time. A plan already built
+# (the torch lane's fsdp4 / hsdp2x2, an earlier run's) is left to make.
+golden_stamp() {
+  local n=$1 b=build/$1
+  [ ! -e "$b/.generated" ] && [ ! -e "$b/.source" ] || return 0
+  [ "$(grep -c '"fits": true' "plans/$n/plan.json")" = 1 ] && ! grep -q '"fits": false' "plans/$n/plan.json" || return 0
+  mkdir -p "$b" && { printf '%s\n' "$(pwd -P)/plans/$n.lua" "plans/$n"; cksum <"plans/$n.lua"; } >"$b/.source" &&
+    : >"$b/.fit" && touch "$b/.generated"
+}
+golden_one() { $LUA gen/commplan.lua --check "plans/$1.lua" "plans/$1" && golden_stamp "$1"; }
 for n in $(plan_names); do
-  run "golden $n" $LUA gen/commplan.lua --check "plans/$n.lua" "plans/$n"
+  run "golden $n" golden_one "$n"
 done
-run "generation is deterministic (llama405b_hsdp and the pipeline plan llama405b, twice each)" bash -c "
-  rm -rf build/det && for n in llama405b_hsdp llama405b; do $LUA gen/commplan.lua plans/\$n.lua build/det/a/\$n &&
-  $LUA gen/commplan.lua plans/\$n.lua build/det/b/\$n || exit 1; done && diff -r build/det/a build/det/b"
+# (the golden checks above are each plan's first generation, held equal to
+# plans/<n>/: a second one must equal plans/<n>/ too, byte for byte)
+run "generation is deterministic (llama405b_hsdp and the pipeline plan llama405b: generated again, equal to their golden-checked plans/<n>/)" bash -c "
+  rm -rf build/det && for n in llama405b_hsdp llama405b; do $LUA gen/commplan.lua plans/\$n.lua build/det/\$n &&
+  diff -r plans/\$n build/det/\$n || exit 1; done"
 # Issue 34, item 4: the golden checks above prove plans/<name>/ equal a
 # fresh generation, so the committed tables stand for this generator here
 # (nothing generated twice): every one against the reference generation
@@ -955,9 +995,14 @@ fi
 if command -v valgrind >/dev/null 2>&1; then
   run "valgrind: hsdp2x2 simulation has no leaks or errors" \
     valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/hsdp2x2/hsdp2x2 --simulate --quiet
-  run "valgrind: llama_tiny_tp (TP classes, activation collectives, --dump) has no leaks or errors" \
-    valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/llama_tiny_tp/llama_tiny_tp \
-    --simulate --quiet --dump build/valgrind-dump
+  # (quick tier: llama_tiny_tp_nosp, 4 ranks, ~12 s of CPU under valgrind; make test-full: llama_tiny_tp's 8
+  # ranks with sequence parallel's activation collectives too, ~30 s)
+  for n in $(tiered llama_tiny_tp_nosp "llama_tiny_tp_nosp llama_tiny_tp"); do
+    run "valgrind: $n (TP classes, activation collectives, --dump) has no leaks or errors" \
+      valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 "build/$n/$n" \
+      --simulate --quiet --dump "build/valgrind-dump/$n"
+  done
+  full_adds "valgrind on llama_tiny_tp_nosp's 4 TP ranks; make test-full runs llama_tiny_tp's 8 (sequence parallel) too"
   run "valgrind: pipeline point-to-point tests (queued messages freed, failed runs included) have no leaks or errors" \
     valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=1 build/tests/test_pp
   run "valgrind: expert all-to-all tests (refused layers included) have no leaks or errors" \
@@ -1053,6 +1098,9 @@ for spec in "qwen3_tiny:qwen3, pp 2 x dp_shard 2, 1F1B" "ep_mixtral:mixtral, pp 
     build/$n/$n --simulate --steps 2 && build/$n/$n --simulate --steps 2 --arith nccl"
 done
 
+pp_t0=$SECONDS
+lane_start pp pp_lane
+printf "== the pp lane runs in the background from here (pipeline parallel and expert parallel vs live torch and torchtitan); its output comes after the torch lane's  [%ds]\n" "$SECONDS"
 section "the GPU path on an emulated CUDA runtime and NCCL (tests/emu, docs/emulator.md): no GPU needed"
 # runtime/gpu.c, gpu_run.c, the launch and rendezvous code and the copy
 # kernels, unchanged, on tests/emu's stand-in CUDA and NCCL: every small
@@ -1074,7 +1122,9 @@ if run "build every plan's binary on the emulator (make emu-build)" $MAKE -j2 em
     esac
   done <"$emu_log"
   grep -h "^emu: " "$emu_log" | sed "s/^/        /"
-  [ -n "${EMU_SEEDS:-}" ] || full_adds "seed $emu_seeds for every plan's --check runs and the all-to-all binaries; make test-full runs seeds 1, 2 and 3"
+  # (one quick-tier line: the seeds here, then what tests/emu_check.sh's own line says it trims)
+  emu_q=$(sed -n 's/^quick tier: //p' "$emu_log" | head -n 1)
+  [ -n "${EMU_SEEDS:-}" ] || full_adds "seed $emu_seeds for every plan's --check runs and the all-to-all binaries${emu_q:+, ${emu_q%%; make test-full *}}; make test-full runs seeds 1, 2 and 3${emu_q:+, ${emu_q#*; make test-full }}"
   grep -q "^emu: " "$emu_log" || bad "emulated GPU: tests/emu_check.sh did not finish" "$emu_log"
 fi
 section "bad input: one line, exit 2, nothing written"
@@ -1377,6 +1427,8 @@ else skipped "README commands" "python3 not found"; fi
 echo
 printf '== the torch lane (started at [%ds], its output kept until now)  [%ds]\n' "$lane_t0" "$SECONDS"
 lane_join torch
+printf '== the pp lane (started at [%ds], its output kept until now)  [%ds]\n' "$pp_t0" "$SECONDS"
+lane_join pp
 
 printf 'tests: %d passed, %d failed, %d skipped\n' "$pass" "$fail" "$skip"
 [ "$fail" = 0 ]

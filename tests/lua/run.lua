@@ -79,6 +79,8 @@ suites[#suites + 1] = "test_fused"
 suites[#suites + 1] = "test_gpt_oss"
 -- Issue 41 (hmtp): DeepSeek-V3's multi-token prediction (model.num_mtp_layers, the forward-call order).
 suites[#suites + 1] = "test_mtp"
+-- The advisor's rankings computed once per run, not once per suite that asks (tests/lua/advice_memo.lua).
+require("advice_memo").install()
 local passed, failed = 0, 0
 for _, s in ipairs(suites) do
   local cases = require(s)

@@ -684,12 +684,18 @@ function T.advisor_explores_cp_and_ep()
   assert(cps[1] and cps[8] and cps[16], "meshes with and without cp ranked")
   local text = advisor.report(read("plans/llama8b_cp.lua"), "plans/llama8b_cp.lua", { top = 1000 })
   assert(text:find("Explored: cp over 1, 2, 4, 8, 16", 1, true), "the report says cp was explored")
-  res = rank("plans/mixtral8x7b.lua")
-  H.eq(table.concat(res.eps, ","), "1,2,4,8", "ep degrees of mixtral's 8 experts")
-  local eps = {}
-  for _, x in ipairs(res.results) do eps[x.e] = true end
-  assert(eps[1] and eps[2] and eps[4] and eps[8], "every ep ranked")
-  for _, x in ipairs(res.rejected) do assert(not x.why:find("must divide dp_shard", 1, true), x.mesh .. ": " .. x.why) end
+  -- ep explored: gpt-oss 20B's 32 experts (8 meshes, ~1 s); mixtral's 8 experts (78 meshes, ~11 s)
+  -- under make test-full too (COMMPLAN_TEST_TIER=full; tests/run.sh's quick-tier line says so)
+  local moe = { { "plans/gptoss_20b.lua", "gpt-oss 20B's 32 experts" } }
+  if os.getenv("COMMPLAN_TEST_TIER") == "full" then moe[#moe + 1] = { "plans/mixtral8x7b.lua", "mixtral's 8 experts" } end
+  for _, m in ipairs(moe) do
+    res = rank(m[1])
+    H.eq(table.concat(res.eps, ","), "1,2,4,8", "ep degrees of " .. m[2])
+    local eps = {}
+    for _, x in ipairs(res.results) do eps[x.e] = true end
+    assert(eps[1] and eps[2] and eps[4] and eps[8], m[1] .. ": every ep ranked")
+    for _, x in ipairs(res.rejected) do assert(not x.why:find("must divide dp_shard", 1, true), x.mesh .. ": " .. x.why) end
+  end
   res = rank("plans/llama8b.lua")
   H.eq(table.concat(res.cps, ","), "1", "a short-context plan keeps cp 1")
   H.eq(table.concat(res.eps, ","), "1", "a dense model has no ep")

@@ -198,8 +198,20 @@ def record(par, schedules, out_dir):
     import tempfile
     import torch.multiprocessing as mp
     os.makedirs(out_dir, exist_ok=True)
+    # The ranks forked from this process with what they import imported once, here (no process group
+    # or mesh is made in this process); spawning imported torch and torchtitan again in every rank,
+    # seconds of CPU each. TITAN_START=spawn spawns them.
+    start = os.environ.get("TITAN_START", "fork")
+    if start == "fork":
+        import test_llama_plan  # noqa: F401
+        import torch.distributed.fsdp  # noqa: F401
+        import torchtitan.components.loss  # noqa: F401
+        import torchtitan.config  # noqa: F401
+        import torchtitan.distributed.context_parallel  # noqa: F401
+        import torchtitan.distributed.parallel_dims  # noqa: F401
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        mp.spawn(worker, args=(os.path.join(tmp, "init"), out_dir, par, schedules), nprocs=world_of(par))
+        mp.start_processes(worker, args=(os.path.join(tmp, "init"), out_dir, par, schedules), nprocs=world_of(par),
+                           start_method=start)
     out = []
     for r in range(world_of(par)):
         with open(os.path.join(out_dir, "rank%d.json" % r)) as fh:
