@@ -581,6 +581,13 @@ torch_lane() {
   # every reduced gradient shard vs the plan's --simulate --pattern oracle
   script_check "pp on torchtitan's models: pipeline_llm on gloo, PP x EP (DeepSeek-V3) and PP on qwen3, each rank's p2p, FSDP collectives and all-to-alls vs the pipeline tables, reduced gradients element for element (tests/pp/check_titan_pp.sh)" \
     pp-titan tests/pp/check_titan_pp.sh "^pp-titan: [a-z0-9_]* equal"
+  # issue 41: torchtitan's fsdp_reshard_after_forward = "always" under PP
+  # (pipeline_llm on qwen3, pp 2 x dp_shard 2; 1F1B, the full tier
+  # Interleaved1F1B too): every microbatch's forward and backward gather
+  # again, in order vs the pipeline tables, reduced gradients element for
+  # element, and the "default" policy's plan as a mutant differs
+  script_check "pp under torchtitan's \"always\" reshard policy: pipeline_llm on gloo (qwen3, pp 2 x dp_shard 2), each rank's p2p and per-microbatch FSDP collectives vs the pipeline tables, reduced gradients element for element, the \"default\" policy's plan differs (tests/pp/check_titan_pp_always.sh)" \
+    pp-titan tests/pp/check_titan_pp_always.sh "^pp-titan: [a-z0-9_]* equal"
   # torchtitan 0.3's expert parallelism run for real on gloo (its DeepSeek-V3
   # decoder, tiny; ep 2 and 4, FSDP over efsdp, Shard(1); ep 2 with tp 2 under
   # torchtitan's MoE TP plan, on DeepSeek-V3 and on its Qwen3 MoE decoder

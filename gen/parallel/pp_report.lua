@@ -336,6 +336,24 @@ local function schedule_of(ctx, pl, name, pp, n, per)
   return sched_mod.derive({ schedule = name, pp = pp, microbatches = n, stages_per_rank = per })
 end
 
+-- torchtitan's "always" policy (pp_sequence.reshards_after_forward) with a
+-- schedule whose last stage ends on a split backward (zero bubble's I, then
+-- W): torch 2.15 then reduces none of that stage's gradients, measured on
+-- gloo (tests/pp/torch_pipeline_record.py --reshard-after-forward:
+-- InterleavedZeroBubble and ZBVZeroBubble leave norm, lm_head and the last
+-- block with p.grad None after the step; DualPipeV, whose last stage ends
+-- on a full B, and the default policy reduce them), so the job would not
+-- train them: refused.
+local function refuse_always_split(ctx, p, sched)
+  if pp_sequence.reshards_after_forward(p) and pp_sequence.last_stage_ends_split(sched) then
+    util.field_error(ctx, "fsdp.reshard_after_forward_policy", string.format("\"always\" with %s: its last stage "
+      .. "ends on a split backward (I, then W), and torch 2.15 then reduces no gradient of that stage under "
+      .. "reshard_after_forward (measured on gloo: norm, lm_head and the last block keep p.grad None), so they "
+      .. "would not train; use \"default\", or a schedule whose last stage ends on a full backward (1F1B, "
+      .. "Interleaved1F1B, DualPipeV)", sched.schedule))
+  end
+end
+
 -- One schedule's row, or nil and why torch (or torchtitan) refuses it.
 -- opts.skip_step_proof: rank schedules without the whole-step proof (the
 -- advisor's candidates: a proof per rank of a big mesh costs seconds; the
@@ -349,6 +367,7 @@ local function evaluate(p, loaded, pp, n, name, opts)
       last_stage_less_layers = pl.last_stage_less_layers })
     local split = stages_mod.split(nil, num, model_layers, pl.first_stage_less_layers, pl.last_stage_less_layers)
     local sched = schedule_of(loaded.ctx, pl, name, pp, n, per)
+    refuse_always_split(loaded.ctx, p, sched)
     local proved, why = sched_mod.prove_p2p(sched.lowered, sched.stage_to_rank, sched.num_stages)
     if not proved then return { refused = "the point-to-point proof fails: " .. tostring(why) } end
     local costs, s = stage_costs(p, split)
@@ -467,15 +486,15 @@ function report.refuse(loaded)
   -- FSDP as torchtitan applies it under PP (gen/parallel/pp.lua's settings): a
   -- plan's own setting that would be overridden is refused
   local given = ctx and ctx.fsdp_given or {}
-  if given.reshard_after_forward_policy == "always" then
-    util.field_error(ctx, "fsdp.reshard_after_forward_policy", "\"always\": under PP commplan's pipeline tables "
-      .. "keep each stage's parameters unsharded from forward to backward (torchtitan's \"default\" and "
-      .. "\"never\" policies, distributed/fsdp.py:67-74): use one of those")
+  if given.reshard_after_forward_policy == "always" and loaded.parallel.ep and loaded.parallel.ep > 1 then
+    util.field_error(ctx, "fsdp.reshard_after_forward_policy", "\"always\" with ep > 1 under PP: torchtitan's "
+      .. "explicit prefetch lists (distributed/fsdp.py:331-360) re-gathering every microbatch are not in the "
+      .. "pipeline's tables yet: use \"default\" (or \"never\"), or ep = 1")
   end
-  if given.reshard_after_forward == true then
-    util.field_error(ctx, "fsdp.reshard_after_forward", "true: under PP torchtitan keeps each stage's parameters "
-      .. "unsharded from forward to backward (distributed/fsdp.py:74, the \"default\" policy: not pp_enabled), "
-      .. "and the pipeline's tables plan that; its \"always\" policy is not planned: remove the setting")
+  if given.reshard_after_forward == true and not given.reshard_after_forward_policy then
+    util.field_error(ctx, "fsdp.reshard_after_forward", "true: under PP torchtitan decides it by its policy "
+      .. "(distributed/fsdp.py:54-77; \"default\" keeps each stage's parameters unsharded from forward to "
+      .. "backward): set fsdp.reshard_after_forward_policy = \"always\" instead, or remove the setting")
   end
   if given.grad_accumulation and given.grad_accumulation ~= "step_end" then
     util.field_error(ctx, "fsdp.grad_accumulation", string.format("%q: under PP each stage reduces its gradients "
@@ -618,6 +637,7 @@ function report.tables(loaded, schedule, opts)
     if not util.is_plan_error(sched) then error(sched, 0) end
     util.field_error(ctx, "pipeline.schedule", (tostring(sched.msg or sched):gsub("^pp_schedule: ", "")))
   end
+  refuse_always_split(ctx, p, sched)
   local costs, s = stage_costs(p, split)
   local sp = p.dims.tp > 1 and loaded.parallel.sequence_parallel ~= false
   local numel = s.tokens * p.model_config.dim / (sp and p.dims.tp or 1)

@@ -32,6 +32,7 @@
 -- the first step does).
 local fsdp_schedule = require("gen.parallel.fsdp_schedule")
 local pps = require("gen.parallel.pp_schedule")
+local seq = require("gen.parallel.pp_sequence")
 
 local M = {}
 
@@ -178,6 +179,27 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
       i = i + 1
     end
   end
+  -- torchtitan's "always" policy (pp_sequence.reshards_after_forward):
+  -- each unit reshards after every forward (its post-forward), and a
+  -- backward's pre-backward hooks gather what is sharded, last to first:
+  -- a unit's own all-gather and its wait, then FSDP2's prefetch of the
+  -- unit before it (_backward_prefetch; fsdp_schedule.lua's order), waited
+  -- at that unit's pre-backward. Nothing reshards after backward
+  -- (set_reshard_after_backward(False), stage.py:1131).
+  local raf = seq.reshards_after_forward(p)
+  local post_fwd, gathering = {}, {}
+  local function bw_unshard(u, m)
+    if not unsharded[u.index] and not gathering[u.index] then
+      fsdp_schedule.gather(ops, u, m, "backward", shard)
+      gathering[u.index] = true
+    end
+  end
+  local function bw_wait(u, m)
+    if gathering[u.index] then
+      op("copy_out", u, m, "backward")
+      gathering[u.index], unsharded[u.index] = nil, true
+    end
+  end
   local batch_of, nbatch = {}, 0
   for _, a in ipairs(sched.lowered[r + 1]) do
     for _, q in ipairs(a.sub or { a }) do
@@ -196,16 +218,21 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
             local j = i
             while list[j] and state_of(list[j]) == state_of(u) do j = j + 1 end
             if list[j] then gather_state(list, j, m) end
-          elseif single and not explicit then
+          elseif single and not explicit or raf then
             -- GPipe / 1F1B: each unit's pre-forward hook gathers it, after
             -- the unit before it ran its forward (and its collectives: CP's
             -- K/V all-gathers come before the next unit's gather, recorded
-            -- live by tests/titan/test_cppp_record.py)
+            -- live by tests/titan/test_cppp_record.py); under "always" every
+            -- schedule's forward finds the unit sharded but after a backward
             gather(u, m, "forward")
           end
           if unit_ops then unit_ops(ops, u, m, "forward_before") end
           op("forward", u, m, "forward")
           if unit_ops then unit_ops(ops, u, m, "forward") end
+          if raf and u.reshard_after_forward then
+            fsdp_schedule.forward_reshard(op, u, m, post_fwd)
+            unsharded[u.index] = false
+          end
         end
       elseif t == "B" or t == "I" then
         -- (TP's and EP's backward collectives carry the input gradient: with
@@ -213,13 +240,27 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
         -- stage's backward re-runs the checkpointed forward)
         local list = managed(s)
         for i = #list, 1, -1 do
+          if raf and (t == "B" or s > 0) then
+            bw_unshard(list[i], m)
+            bw_wait(list[i], m)
+            if i > 1 then bw_unshard(list[i - 1], m) end
+          end
           if unit_ops then unit_ops(ops, list[i], m, "backward_before") end
           op(t == "B" and "backward" or "backward_input", list[i], m, "backward")
           if unit_ops then unit_ops(ops, list[i], m, "backward") end
         end
       elseif t == "W" then
         local list = managed(s)
-        for i = #list, 1, -1 do op("backward", list[i], m, "backward") end
+        for i = #list, 1, -1 do
+          -- (the first stage's I runs no backward, its W the whole one:
+          -- stage.py:1319-1321; its pre-backward hooks gather there)
+          if raf and s == 0 then
+            bw_unshard(list[i], m)
+            bw_wait(list[i], m)
+            if i > 1 then bw_unshard(list[i - 1], m) end
+          end
+          op("backward", list[i], m, "backward")
+        end
       elseif t == "REDUCE_GRAD" then
         -- finalize_backward: layers last to first, the root last
         local list, post = managed(s), {}
@@ -264,7 +305,6 @@ local A2A = { a2a = true, a2a_counts = true }
 function M.events(classes, mesh, W)
   local groups = require("gen.groups")
   local dims = require("gen.dims")
-  local seq = require("gen.parallel.pp_sequence")
   local ep_of, efsdp_of = seq.groups_of(mesh.ep), seq.groups_of(mesh.efsdp)
   local WE = mesh.efsdp and mesh.efsdp.size or 1
   local pp_of, fsdp_of, replicas_of = {}, {}, {}

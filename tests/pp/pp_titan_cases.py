@@ -41,8 +41,16 @@ CASES = {
     "qwen3_pp2_csv": dict(family="qwen3", world=4, pp=2, dp_shard=2, ep=1, schedule="PipelineScheduleMulti", batch=2,
                           seq=8, model=QWEN3,
                           csv="0F0,0F1,2F0,2B0,2F1,2B1,0B0,0B1\r\n,1F0,1F1,3F0,3B0,3F1,3B1,1B0,1B1\r\n"),
+    # issue 41 (hpp): torchtitan's fsdp_reshard_after_forward = "always" under PP (distributed/fsdp.py:54-77):
+    # every unit resharded after each microbatch's forward, gathered again by its backward; 1F1B and Interleaved1F1B
+    "qwen3_pp2_always": dict(family="qwen3", world=4, pp=2, dp_shard=2, ep=1, schedule="1F1B", batch=4, seq=8,
+                             model=QWEN3, raf="always"),
+    "qwen3_pp2_always_i1f1b": dict(family="qwen3", world=4, pp=2, dp_shard=2, ep=1, schedule="Interleaved1F1B",
+                                   batch=4, seq=8, model=QWEN3, raf="always"),
 }
 QUICK = "dsv3_pp2_ep2"
+# (make test's quick tier for the "always" policy: tests/pp/check_titan_pp.sh's ALWAYS block)
+QUICK_ALWAYS = "qwen3_pp2_always"
 DEFAULT = ",".join(CASES)
 
 
