@@ -25,7 +25,9 @@
 -- gradient). Where FSDP communicates (pp_sequence.lua, with the torch
 -- lines it cites): a multi-stage schedule's UNSHARD gathers every unit of
 -- the stage; GPipe and 1F1B gather each unit in the stage's first forward, just before the unit runs it;
--- nothing reshards after forward or backward and no backward reduces;
+-- nothing reshards after forward (but under torchtitan's "always" policy:
+-- every F reshards each unit after it, every backward gathers again,
+-- pp_sequence.lua's rules) or backward, and no backward reduces;
 -- REDUCE_GRAD reduces every unit once (layers last to first, the root
 -- last); RESHARD frees. The step ends sharded: units still unsharded after
 -- the last action are resharded there (the next step gathers again, as
