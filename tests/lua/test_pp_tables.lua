@@ -283,7 +283,8 @@ function T.fsdp_settings_pp_would_override_are_refused()
     H.eq(n, 1, "the plan's fsdp section")
     return src
   end
-  H.plan_fails(with("reshard_after_forward = true"), "fsdp.reshard_after_forward:", "distributed/fsdp.py:54-77", "reshard_after_forward_policy = \"always\"")
+  H.plan_fails(with("reshard_after_forward = true"), "fsdp.reshard_after_forward:", "distributed/fsdp.py:54-77",
+    "reshard_after_forward_policy = \"always\"")
   H.plan_fails(with("grad_accumulation = \"sync_last\""), "fsdp.grad_accumulation:", "\"sync_last\"", "step_end")
   local p = plan.from_source(with("reshard_after_forward = false, grad_accumulation = \"step_end\""),
     "tests/pp/plans/pp_tiny.lua")
