@@ -505,11 +505,6 @@ function report.refuse(loaded)
   -- FSDP as torchtitan applies it under PP (gen/parallel/pp.lua's settings): a
   -- plan's own setting that would be overridden is refused
   local given = ctx and ctx.fsdp_given or {}
-  if given.reshard_after_forward_policy == "always" and loaded.parallel.ep and loaded.parallel.ep > 1 then
-    util.field_error(ctx, "fsdp.reshard_after_forward_policy", "\"always\" with ep > 1 under PP: torchtitan's "
-      .. "explicit prefetch lists (distributed/fsdp.py:331-360) re-gathering every microbatch are not in the "
-      .. "pipeline's tables yet: use \"default\" (or \"never\"), or ep = 1")
-  end
   if given.reshard_after_forward == true and not given.reshard_after_forward_policy then
     util.field_error(ctx, "fsdp.reshard_after_forward", "true: under PP torchtitan decides it by its policy "
       .. "(distributed/fsdp.py:54-77; \"default\" keeps each stage's parameters unsharded from forward to "

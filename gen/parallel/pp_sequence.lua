@@ -223,16 +223,60 @@ function M.expected(sched, o)
     -- reshard_after_forward (torchtitan's "always"): the units of stage s
     -- in `order` (forward, or reversed for a backward) that are sharded,
     -- gathered and marked unsharded
-    local function gather_sharded(s, order, action)
+    local function gather_sharded(s, order, action, state)
       local f = stage_fsdp(s)
       if not f then return end
       held[s] = held[s] or {}
       local n = #f.gathers
       for i = 1, n do
         local x = f.gathers[order == "backward" and n + 1 - i or i]
-        if not held[s][x.unit] then
+        if not held[s][x.unit] and (state == nil or (x.state or x.unit) == state) then
           colls({ x }, "all_gather", s, action)
           held[s][x.unit] = true
+        end
+      end
+    end
+    -- (under "always") one compute action's all-gathers and in-compute
+    -- collectives, state by state (a unit and its experts group): a
+    -- forward's pre-forward gathers the state, then (explicit prefetching,
+    -- ep > 1) the next one, then the state runs (EP's all-to-alls); a
+    -- backward's pre-backward gathers the state, then the one before it
+    -- (FSDP2's default prefetch and torchtitan's explicit lists alike),
+    -- then the state's backward runs
+    local function raf_compute(q, action)
+      local f, c = stage_fsdp(q.stage), stage_compute(q.stage)
+      local fwd = q.type == "F"
+      -- (the first stage's W runs the whole backward, but the tables and
+      -- inside() put its in-compute collectives at its I: none here)
+      local list = c and q.type ~= "W" and (fwd and c.forward or c.backward) or {}
+      local states, seen = {}, {}
+      -- (a stage_fsdp without states, gen/pipeline.lua's: each gather's unit is its state)
+      for _, x in ipairs(f and (f.states or f.gathers) or {}) do
+        local st = type(x) == "table" and (x.state or x.unit) or x
+        if not seen[st] then states[#states + 1], seen[st] = st, true end
+      end
+      for _, x in ipairs(list) do
+        if x.state and not seen[x.state] then states[#states + 1], seen[x.state] = x.state, true end
+      end
+      local n = #states
+      for j = 1, n do
+        local i = fwd and j or n + 1 - j
+        -- (a backward's own state: its groups in forward order; the prefetched one's last to first)
+        gather_sharded(q.stage, "forward", action, states[i])
+        local other = fwd and (o.explicit_prefetch and states[i + 1]) or (not fwd and states[i - 1])
+        if other then gather_sharded(q.stage, fwd and "forward" or "backward", action, other) end
+        for _, x in ipairs(list) do
+          if x.state == states[i] then
+            ev[#ev + 1] = { op = x.op, ranks = ep_ranks, unit = x.unit, dtype = x.dtype, in_numel = x.count,
+                            out_numel = x.count, action = action, stage = q.stage }
+          end
+        end
+      end
+      -- (a collective whose state is unknown: after the action's own)
+      for _, x in ipairs(list) do
+        if not x.state then
+          ev[#ev + 1] = { op = x.op, ranks = ep_ranks, unit = x.unit, dtype = x.dtype, in_numel = x.count,
+                          out_numel = x.count, action = action, stage = q.stage }
         end
       end
     end
@@ -258,13 +302,13 @@ function M.expected(sched, o)
         for _, q in ipairs(a.sub or { a }) do
           if q.type == "UNSHARD" then gather_sharded(q.stage, "forward", k)
           elseif q.type == "F" then
-            gather_sharded(q.stage, "forward", single and label or k)
-            inside(q, single and label or k)
+            raf_compute(q, single and label or k)
             held[q.stage] = {}
           elseif q.type == "B" or q.type == "I" and q.stage > 0 or q.type == "W" and q.stage == 0 then
             -- (zero bubble's I on the first stage runs no backward: its W
             -- runs the whole one, stage.py:1319-1321)
-            gather_sharded(q.stage, "backward", single and label or k)
+            raf_compute(q, single and label or k)
+          elseif q.type == "I" then
             inside(q, single and label or k)
           elseif q.type == "RESHARD" then held[q.stage] = {}
           elseif q.type == "REDUCE_GRAD" then

@@ -202,6 +202,24 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
       gathering[u.index], unsharded[u.index] = nil, true
     end
   end
+  -- (under "always") the pre-backward of the state (a unit and its experts
+  -- group) that list[i] ends, walking list backwards: its units' gathers
+  -- and waits in forward order, then the state before it, its groups last
+  -- to first (FSDP2's prefetch; torchtitan's explicit lists with ep > 1
+  -- name the same state, _fsdp_state.py's explicit path prefetching
+  -- reversed(target._fsdp_param_groups); recorded live with efsdp 2)
+  local function pre_backward(list, i, m)
+    if list[i + 1] and state_of(list[i + 1]) == state_of(list[i]) then return end
+    local j = i
+    while list[j - 1] and state_of(list[j - 1]) == state_of(list[i]) do j = j - 1 end
+    for k = j, i do bw_unshard(list[k], m) end
+    for k = j, i do bw_wait(list[k], m) end
+    local pk = j - 1
+    while list[pk] and state_of(list[pk]) == state_of(list[j - 1]) do
+      bw_unshard(list[pk], m)
+      pk = pk - 1
+    end
+  end
   local batch_of, nbatch = {}, 0
   for _, a in ipairs(sched.lowered[r + 1]) do
     for _, q in ipairs(a.sub or { a }) do
@@ -211,7 +229,7 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
       elseif t == "F" then
         local list = managed(s)
         for i, u in ipairs(list) do
-          if single and explicit and (i == 1 or state_of(list[i - 1]) ~= state_of(u)) then
+          if (single or raf) and explicit and (i == 1 or state_of(list[i - 1]) ~= state_of(u)) then
             -- torchtitan's explicit forward prefetch (ep > 1: distributed/
             -- fsdp.py:331-348): a state's pre-forward unshards it, then the
             -- stage's next state (its block, or [norm, lm_head] after the
@@ -242,11 +260,7 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
         -- stage's backward re-runs the checkpointed forward)
         local list = managed(s)
         for i = #list, 1, -1 do
-          if raf and (t == "B" or s > 0) then
-            bw_unshard(list[i], m)
-            bw_wait(list[i], m)
-            if i > 1 then bw_unshard(list[i - 1], m) end
-          end
+          if raf and (t == "B" or s > 0) then pre_backward(list, i, m) end
           if unit_ops then unit_ops(ops, list[i], m, "backward_before") end
           op(t == "B" and "backward" or "backward_input", list[i], m, "backward")
           if unit_ops then unit_ops(ops, list[i], m, "backward") end
@@ -255,12 +269,8 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
         local list = managed(s)
         for i = #list, 1, -1 do
           -- (the first stage's I runs no backward, its W the whole one:
-          -- stage.py:1319-1321; its pre-backward hooks gather there)
-          if raf and s == 0 then
-            bw_unshard(list[i], m)
-            bw_wait(list[i], m)
-            if i > 1 then bw_unshard(list[i - 1], m) end
-          end
+          -- stage.py:1319-1321; its pre-backward hooks gather there, as in a B)
+          if raf and s == 0 then pre_backward(list, i, m) end
           op("backward", list[i], m, "backward")
         end
       elseif t == "REDUCE_GRAD" then

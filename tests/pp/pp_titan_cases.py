@@ -47,6 +47,12 @@ CASES = {
                              model=QWEN3, raf="always"),
     "qwen3_pp2_always_i1f1b": dict(family="qwen3", world=4, pp=2, dp_shard=2, ep=1, schedule="Interleaved1F1B",
                                    batch=4, seq=8, model=QWEN3, raf="always"),
+    # PP x EP under "always": torchtitan's explicit prefetch lists (distributed/fsdp.py:331-360) per microbatch;
+    # efsdp 1 and, world 8, efsdp 2 (the experts' FSDP on its own groups)
+    "dsv3_pp2_ep2_always": dict(family="deepseek_v3", world=4, pp=2, dp_shard=2, ep=2, schedule="1F1B", batch=2,
+                                seq=6, model=DSV3, raf="always"),
+    "dsv3_pp2_dp4_ep2_always": dict(family="deepseek_v3", world=8, pp=2, dp_shard=4, ep=2, schedule="1F1B",
+                                    batch=2, seq=6, model=DSV3, raf="always"),
 }
 QUICK = "dsv3_pp2_ep2"
 # (make test's quick tier for the "always" policy: tests/pp/check_titan_pp.sh's ALWAYS block)
