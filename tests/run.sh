@@ -197,8 +197,8 @@ torch_lane() {
   titan_dims="torchtitan ParallelDims vs gen/dims.lua + gen/groups.lua: accept/refuse, meshes, aliases, rank lists (tests/titan/test_parallel_dims.py)"
   titan_llama="torchtitan llama3 + parallelize_llama vs the llama plans: FSDP units, parameters, placements; plan writer from torchtitan (tests/titan/test_llama_plan.py)"
   titan_moe="torchtitan qwen3 MoE, deepseek_v3 (+ Qwen3's MoE decoder without q/k norms for mixtral) + their parallelize vs the MoE families' plans, ep=1: FSDP/HSDP units, parameters, Shard(0)/Shard(1) placements (tests/titan/test_moe_plan.py)"
-  titan_acts="torchtitan's MoE module and MoE-family blocks (GQA fused/unfused qkv, with/without q/k norms; MLA with q_lora_rank 0 and > 0): bytes autograd saves, SelectiveAC keeps, FullAC's outer view vs gen/models/moe_acts.lua (tests/titan/test_moe_acts.py)"
-  titan_lacts="torchtitan's llama3 block (none, SelectiveAC, FullAC) and loss (CrossEntropyLoss, ChunkedLossWrapper): saved and peak bytes vs gen/models/llama_acts.lua (tests/titan/test_llama_acts.py)"
+  titan_acts="torchtitan's MoE module and MoE-family blocks (GQA fused/unfused qkv, with/without q/k norms; MLA with q_lora_rank 0 and > 0; DeepSeek-V3's dense FFN and shared experts as the fused SwiGLU w13, model.fused): bytes autograd saves, SelectiveAC keeps, FullAC's outer view vs gen/models/moe_acts.lua (tests/titan/test_moe_acts.py)"
+  titan_lacts="torchtitan's llama3 block (none, SelectiveAC, FullAC; stock and fused SwiGLU w13, model.fused) and loss (CrossEntropyLoss, ChunkedLossWrapper): saved and peak bytes vs gen/models/llama_acts.lua (tests/titan/test_llama_acts.py)"
   titan_closs="torchtitan's training step on gloo (parallelize_llama, CrossEntropyLoss and ChunkedLossWrapper with 8 chunks, FSDP and HSDP, 1 and 2 micro-batches): every rank's collectives in order vs the loss_chunks = 1 and 8 tables, and the reduced gradient shards vs --simulate (tests/titan/test_chunked_loss.py)"
   titan_result() {  # NAME LOG RC: ok, FAIL or SKIP (77), then the run's count lines
     case $3 in
@@ -606,6 +606,13 @@ pp_lane() {
   # every reduced gradient shard vs the plan's --simulate --pattern oracle
   script_check "pp on torchtitan's models: pipeline_llm on gloo, PP x EP (DeepSeek-V3) and PP on qwen3, each rank's p2p, FSDP collectives and all-to-alls vs the pipeline tables, reduced gradients element for element (tests/pp/check_titan_pp.sh)" \
     pp-titan tests/pp/check_titan_pp.sh "^pp-titan: [a-z0-9_]* equal"
+  # issue 41: torchtitan's fsdp_reshard_after_forward = "always" under PP
+  # (pipeline_llm on qwen3, pp 2 x dp_shard 2; 1F1B, the full tier
+  # Interleaved1F1B too): every microbatch's forward and backward gather
+  # again, in order vs the pipeline tables, reduced gradients element for
+  # element, and the "default" policy's plan as a mutant differs
+  script_check "pp under torchtitan's \"always\" reshard policy: pipeline_llm on gloo (qwen3, pp 2 x dp_shard 2), each rank's p2p and per-microbatch FSDP collectives vs the pipeline tables, reduced gradients element for element, the \"default\" policy's plan differs (tests/pp/check_titan_pp_always.sh)" \
+    pp-titan tests/pp/check_titan_pp_always.sh "^pp-titan: [a-z0-9_]* equal"
   # torchtitan 0.3's expert parallelism run for real on gloo (its DeepSeek-V3
   # decoder, tiny; ep 2 and 4, FSDP over efsdp, Shard(1); ep 2 with tp 2 under
   # torchtitan's MoE TP plan, on DeepSeek-V3 and on its Qwen3 MoE decoder

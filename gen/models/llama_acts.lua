@@ -14,6 +14,8 @@
 --     same storage) and fp32 logsumexp per head (compiled flex's backward
 --     reads no max_scores); w1's, silu's, w3's outputs and their product:
 --       e*T*(4d + 2Q + 2kv + 4f) + 4*T*(h + 2)
+--     (model.fused "swiglu": the einsum's [T, f, 2] output and the
+--     product, 3f for 4f; "selective": 2f for f, below at acts.block)
 --   "selective": torchtitan's SelectiveAC (distributed/activation_
 --     checkpoint.py, _wrap_block's policy: MUST_SAVE for the ops in
 --     _get_default_save_ops, every second aten.mm recomputed) keeps the
@@ -49,11 +51,17 @@ function acts.block(cfg, e, T, ac, fused, cp)
   local d, h, f = cfg.dim, cfg.n_heads, cfg.hidden
   local Q, kv = h * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
   cp = cp or 1
+  -- model.fused "swiglu" (cfg.fused.swiglu; gen/models/moe_acts.lua's dense_ffn):
+  -- the einsum's [T, f, 2] output and silu_and_mul's product, 3f, not 4f; under
+  -- SAC the einsum (aten.bmm) is kept whole, 2f where w1's output was f, and w2
+  -- stays the saved mm (it is still an odd one): one f more. Measured by
+  -- tests/titan/test_llama_acts.py.
+  local sw = cfg.fused ~= nil and cfg.fused.swiglu == true
   local gathered = 2 * e * T * kv * (cp - 1) -- flex's k and v: cp x T tokens each
-  local none = e * T * (4 * d + 2 * Q + 2 * kv + 4 * f) + F32 * T * (h + 2) + gathered
+  local none = e * T * (4 * d + 2 * Q + 2 * kv + (sw and 3 or 4) * f) + F32 * T * (h + 2) + gathered
   if ac == "full" then return { saved = e * T * d, transient = none } end
   if ac == "selective" then
-    local saved = e * T * (2 * d + 3 * Q + (fused and 4 or 2) * kv + f) + F32 * T * h + gathered
+    local saved = e * T * (2 * d + 3 * Q + (fused and 4 or 2) * kv + (sw and 2 or 1) * f) + F32 * T * h + gathered
       + ((cp > 1 and not fused) and e * T * kv or 0)
     return { saved = saved, transient = none - saved }
   end

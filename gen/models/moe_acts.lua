@@ -147,8 +147,17 @@ end
 
 -- A dense FeedForward of hidden f with its ffn_norm (DeepSeek-V3's first
 -- n_dense_layers blocks).
+-- model.fused "swiglu" (torchtitan's FusedSwiGLU, overrides/fused_swiglu.py:
+-- 455-457): the gate and up come from one einsum over w13 (aten.bmm, one
+-- [T, f, 2] output whose two halves silu_and_mul saves for backward,
+-- :352-357, and which SelectiveAC's save list keeps whole: bmm is not one of
+-- its alternating aten.mm), then w2 on silu_and_mul's output: the einsum's
+-- 2f and the product's f are kept, not w1's, silu's, w3's and the product's
+-- 4f; under SAC w2 is the only mm. Measured by tests/titan/test_llama_acts.py.
+local function swiglu_of(cfg) return cfg.fused ~= nil and cfg.fused.swiglu == true end
 function acts.dense_ffn(cfg, e, T, f)
   local d = cfg.dim
+  if swiglu_of(cfg) then return part(e * T * (2 * d + 3 * f) + F32 * T, { { f, d } }, 2 * e * T * f) end
   return part(e * T * (2 * d + 4 * f) + F32 * T, { { d, f }, { d, f }, { f, d } })
 end
 
@@ -166,7 +175,12 @@ function acts.moe(cfg, e, T, rows, ep)
   local Fs = (cfg.num_shared_experts or 0) * F
   local block = e * T * d + F32 * T + router + dispatch + combine
   local mms = { { d, E } }
-  if Fs > 0 then
+  local shared_sac = 0
+  if Fs > 0 and swiglu_of(cfg) then
+    -- (the shared experts' FeedForward fused too: acts.dense_ffn's terms)
+    block = block + e * T * (d + 3 * Fs)
+    mms[2], shared_sac = { Fs, d }, 2 * e * T * Fs
+  elseif Fs > 0 then
     block = block + e * T * (d + 4 * Fs)
     mms[2], mms[3], mms[4] = { d, Fs }, { d, Fs }, { Fs, d }
   end
@@ -174,7 +188,7 @@ function acts.moe(cfg, e, T, rows, ep)
   -- gpt-oss's clamped SwiGLU (moe.py:67-74, 161-188) keeps mlp1's biased 2F output (both clamps' input,
   -- one storage), sigmoid's output, the two clamped halves, the gated half and the product: 7F
   local routed = rows * (e * d + (cfg.gpt_oss and 7 or 4) * e * F + (ep > 1 and I64 or 0)) + I32 * (E // ep)
-  local sac = T * (F32 + I64) * (K + 2 * G + lg)
+  local sac = T * (F32 + I64) * (K + 2 * G + lg) + shared_sac
   return part(block, mms, sac, routed)
 end
 

@@ -16,8 +16,11 @@
 --   prepare      the plan's refusals, the stage split, the schedule and
 --                the activation between stages, once
 --   settings     FSDP as torchtitan sets it under PP: no reshard after
---                forward, gradients reduced once after the last
---                microbatch, the step's micro-steps the microbatches
+--                forward (its "default" and "never" policies; "always"
+--                reshards after every microbatch's forward, and each
+--                backward gathers again: pp_sequence.lua), gradients
+--                reduced once after the last microbatch, the step's
+--                micro-steps the microbatches
 --   classes      a class per (pipeline rank, the stage mesh's class): the
 --                rank's stages' units, laid out as the stage mesh's class
 --                lays them out (TP-local shapes)
@@ -72,7 +75,11 @@ function pp.settings(p, mine)
   local f = mine.inner.fsdp
   local out = {}
   for k, v in pairs(p) do out[k] = v end
-  out.fsdp = { micro_steps = mine.t.sched.microbatches, reshard_after_forward = false, grad_accumulation = "step_end",
+  -- (torchtitan's "always" policy reshards after every forward under PP too:
+  -- pp_sequence.reshards_after_forward)
+  local always = seq.reshards_after_forward(mine.inner)
+  out.fsdp = { micro_steps = mine.t.sched.microbatches, reshard_after_forward = always,
+               reshard_after_forward_policy = always and "always" or nil, grad_accumulation = "step_end",
                reduce_op = f.reduce_op, param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype,
                gradient_divide_factor = f.gradient_divide_factor,
                force_sum_reduction_for_comms = f.force_sum_reduction_for_comms,

@@ -42,7 +42,22 @@ local COMPUTE = { F = true, B = true, I = true, W = true }
 -- order it runs them: { rank (0-based), stage, type (F, B, I, W or
 -- REDUCE_GRAD), mb, start, finish } (trace.json and timeline.svg of a
 -- pipeline plan: gen/pipeline_timeline.lua).
-function audit.simulate(sched, cost, p2p_us, reduce_us, act_bytes, record)
+-- regather (optional): torchtitan's "always" reshard policy under PP
+-- (gen/parallel/pp_sequence.lua's rules): regather[stage] = { units = {
+-- { act, param, ag_us }... } forward order: a unit's saved activations
+-- per microbatch, its unsharded parameters' bytes, its all-gather's time }.
+-- A stage's units are held unsharded from a backward (B, I, the first
+-- stage's W: stage.py:1319-1321) or UNSHARD until the next F reshards
+-- them one by one; an F or a backward that finds them sharded gathers them
+-- again: the first unit's all-gather exposed, the others hidden behind the
+-- compute as far as it lasts (FSDP2 issues the next unit's all-gather on
+-- its own stream). The result then has rank_peak_mem[rank]: the most bytes
+-- of saved activations plus unsharded parameters a rank holds at once, at
+-- unit granularity inside each action (a forward: the units' activations
+-- so far, its unit and the next in flight, or all the units from its own
+-- on after a backward kept them; a backward: the activations of the units
+-- not yet run back, all the units from the one before its own on).
+function audit.simulate(sched, cost, p2p_us, reduce_us, act_bytes, record, regather)
   local pp = sched.pp
   local t, busy, pos = {}, {}, {}
   for r = 1, pp do t[r], busy[r], pos[r] = 0, 0, 1 end
@@ -52,12 +67,79 @@ function audit.simulate(sched, cost, p2p_us, reduce_us, act_bytes, record)
   -- A rank's saved activations now and at most (its stages' together).
   local rank_bytes, rank_peak = {}, {}
   for r = 1, pp do rank_bytes[r], rank_peak[r] = 0, 0 end
+  -- (regather: each stage's units held unsharded, each rank's peak of activations and parameters)
+  local held, rank_mem = {}, {}
+  for r = 1, pp do rank_mem[r] = 0 end
+  local function held_bytes(r, except)
+    local b = 0
+    for st, on in pairs(held) do
+      if on and st ~= except and sched.stage_to_rank[st] == r - 1 then
+        for _, u in ipairs(regather[st].units) do b = b + u.param end
+      end
+    end
+    return b
+  end
+  -- an action's extra time (its all-gathers not hidden) and its peak bytes
+  -- over base (the rank's activations without this microbatch's of the
+  -- stage) and the other stages' held parameters
+  local function regather_action(r, a, us)
+    local g = regather[a.stage]
+    local units, n = g.units, #g.units
+    local was = held[a.stage]
+    local backward = a.type == "B" or a.type == "I" and a.stage > 0 or a.type == "W" and a.stage == 0
+    local extra = 0
+    if (a.type == "F" or backward) and not was and n > 0 then
+      -- (the first unit with parameters a forward runs, the last a backward runs: exposed)
+      local first, all = nil, 0
+      for i = 1, n do
+        local u = units[a.type == "F" and i or n + 1 - i]
+        if not first and u.ag_us > 0 then first = u.ag_us end
+        all = all + u.ag_us
+      end
+      first = first or 0
+      extra = first + math.max(0, all - first - us)
+    end
+    local acts, top = 0, 0
+    for _, u in ipairs(units) do acts = acts + u.act end
+    local base = rank_bytes[r] - ((a.type == "F") and 0 or acts) + held_bytes(r, a.stage)
+    if a.type == "F" then
+      local so_far = 0
+      for i = 1, n do
+        so_far = so_far + units[i].act
+        local params = units[i].param + (units[i + 1] and units[i + 1].param or 0)
+        if was then
+          params = 0
+          for j = i, n do params = params + units[j].param end
+        end
+        top = math.max(top, base + so_far + params)
+      end
+      held[a.stage] = false
+    elseif backward then
+      local left = acts
+      for i = n, 1, -1 do
+        local params = 0
+        for j = was and 1 or math.max(i - 1, 1), n do params = params + units[j].param end
+        top = math.max(top, base + (a.type == "I" and acts or left) + params)
+        left = left - units[i].act
+      end
+      held[a.stage] = true
+    else -- the first stage's I (no backward) or another stage's W: activations and what is held
+      local params = 0
+      if was then for _, u in ipairs(units) do params = params + u.param end end
+      top = base + acts + params
+    end
+    if top > rank_mem[r] then rank_mem[r] = top end
+    return extra
+  end
   local function run_compute(r, a)
     local us = cost(a.stage, a.type)
+    -- (regather: the all-gathers an action waits for lengthen it, not its busy time)
+    local waited = regather and regather_action(r, a, us) or 0
     if record then
-      record[#record + 1] = { rank = r - 1, stage = a.stage, type = a.type, mb = a.mb, start = t[r], finish = t[r] + us }
+      record[#record + 1] = { rank = r - 1, stage = a.stage, type = a.type, mb = a.mb, start = t[r],
+                              finish = t[r] + us + waited }
     end
-    t[r] = t[r] + us
+    t[r] = t[r] + us + waited
     busy[r] = busy[r] + us
     -- A forward saves its activations; they go with the backward that ends
     -- with them: B, or W after zero bubble's I (torch's stage keeps the
@@ -131,6 +213,8 @@ function audit.simulate(sched, cost, p2p_us, reduce_us, act_bytes, record)
       local at = reduce_done[a.stage] or t[r]
       if at > t[r] then t[r] = at end
     end -- UNSHARD, RESHARD, WAIT_SEND_*: no time of their own here
+    -- (regather: UNSHARD holds the stage's units, RESHARD and REDUCE_GRAD's finalize free them)
+    if regather and (ty == "UNSHARD" or ty == "RESHARD" or ty == "REDUCE_GRAD") then held[a.stage] = ty == "UNSHARD" end
     pos[r] = pos[r] + 1
     return true
   end
@@ -162,7 +246,8 @@ function audit.simulate(sched, cost, p2p_us, reduce_us, act_bytes, record)
   local bytes = {}
   for s = 0, sched.num_stages - 1 do bytes[s] = peak[s] * act_bytes(s) end
   return { step_us = step, busy_us = busy, bubble = step > 0 and 1 - total / (pp * step) or 0,
-           inflight_peak = peak, inflight_bytes = bytes, rank_peak_bytes = rank_peak }
+           inflight_peak = peak, inflight_bytes = bytes, rank_peak_bytes = rank_peak,
+           rank_peak_mem = regather and rank_mem or nil }
 end
 
 return audit

@@ -139,12 +139,15 @@ local function stage_costs(p, split)
   local by_name = {}
   for _, u in ipairs(p.layout.units) do by_name[u.name] = u end
   -- the reduction of each unit (step_end: reduce-scatter and all-reduce once), micro-step 0's ops
-  local reduce_of = {}
+  local reduce_of, gather_of = {}, {}
   for _, o in ipairs(p.ops) do
     if (o.kind == "reduce_scatter" or o.kind == "all_reduce") and o.micro_step == 0 then
       reduce_of[o.unit] = (reduce_of[o.unit] or 0) + (o.predicted_us or 0)
     end
+    -- (each unit's first all-gather: what torchtitan's "always" policy repeats per microbatch)
+    if o.kind == "all_gather" and o.micro_step == 0 and not gather_of[o.unit] then gather_of[o.unit] = o end
   end
+  local always = pp_sequence.reshards_after_forward(p)
   local out = {}
   for i, mods in ipairs(split) do
     local seen, units = {}, {}
@@ -160,8 +163,16 @@ local function stage_costs(p, split)
     end
     local c = { units = units, fwd = 0, bwd = 0, rec = 0, saved = 0, reduce_us = 0, transient = 0, tp_F = 0,
                 tp_B = 0, fwd_us = 0, bwd_us = 0, rec_us = 0 }
+    -- torchtitan's "always" policy: each unit's saved activations, unsharded parameters and all-gather time
+    -- (gen/parallel/pp_audit.lua's regather)
+    c.regather = always and { units = {} } or nil
     for _, u in ipairs(units) do
       local r = per_unit[u.index]
+      if always then
+        local ag = gather_of[u.index]
+        c.regather.units[#c.regather.units + 1] = { act = r.saved, ag_us = ag and ag.predicted_us or 0,
+          param = #u.params > 0 and p.layout.W * u.total * util.DTYPE_BYTES[u.ag_dtype] or 0 }
+      end
       c.fwd, c.bwd, c.rec, c.saved = c.fwd + r.fwd, c.bwd + r.bwd, c.rec + r.recompute, c.saved + r.saved
       c.fwd_us, c.bwd_us, c.rec_us = c.fwd_us + r.fwd_us, c.bwd_us + r.bwd_us, c.rec_us + r.recompute_us
       c.transient = math.max(c.transient, r.transient)
@@ -336,6 +347,24 @@ local function schedule_of(ctx, pl, name, pp, n, per)
   return sched_mod.derive({ schedule = name, pp = pp, microbatches = n, stages_per_rank = per })
 end
 
+-- torchtitan's "always" policy (pp_sequence.reshards_after_forward) with a
+-- schedule whose last stage ends on a split backward (zero bubble's I, then
+-- W): torch 2.15 then reduces none of that stage's gradients, measured on
+-- gloo (tests/pp/torch_pipeline_record.py --reshard-after-forward:
+-- InterleavedZeroBubble and ZBVZeroBubble leave norm, lm_head and the last
+-- block with p.grad None after the step; DualPipeV, whose last stage ends
+-- on a full B, and the default policy reduce them), so the job would not
+-- train them: refused.
+local function refuse_always_split(ctx, p, sched)
+  if pp_sequence.reshards_after_forward(p) and pp_sequence.last_stage_ends_split(sched) then
+    util.field_error(ctx, "fsdp.reshard_after_forward_policy", string.format("\"always\" with %s: its last stage "
+      .. "ends on a split backward (I, then W), and torch 2.15 then reduces no gradient of that stage under "
+      .. "reshard_after_forward (measured on gloo: norm, lm_head and the last block keep p.grad None), so they "
+      .. "would not train; use \"default\", or a schedule whose last stage ends on a full backward (1F1B, "
+      .. "Interleaved1F1B, DualPipeV)", sched.schedule))
+  end
+end
+
 -- One schedule's row, or nil and why torch (or torchtitan) refuses it.
 -- opts.skip_step_proof: rank schedules without the whole-step proof (the
 -- advisor's candidates: a proof per rank of a big mesh costs seconds; the
@@ -349,6 +378,7 @@ local function evaluate(p, loaded, pp, n, name, opts)
       last_stage_less_layers = pl.last_stage_less_layers })
     local split = stages_mod.split(nil, num, model_layers, pl.first_stage_less_layers, pl.last_stage_less_layers)
     local sched = schedule_of(loaded.ctx, pl, name, pp, n, per)
+    refuse_always_split(loaded.ctx, p, sched)
     local proved, why = sched_mod.prove_p2p(sched.lowered, sched.stage_to_rank, sched.num_stages)
     if not proved then return { refused = "the point-to-point proof fails: " .. tostring(why) } end
     local costs, s = stage_costs(p, split)
@@ -367,9 +397,14 @@ local function evaluate(p, loaded, pp, n, name, opts)
     -- pp is the mesh's outermost dim: a stage's peer is a whole stage mesh
     -- away, on the same node only when the whole job fits in one
     local p2p = cost.p2p_us(act, p.world_size * pp <= topo.gpus_per_node, topo)
+    local regather
+    if costs[0].regather then
+      regather = {}
+      for st = 0, num - 1 do regather[st] = costs[st].regather end
+    end
     local sim = pp_audit.simulate(sched, function(stage, ty) return costs[stage][ty] end,
       function() return p2p end, function(stage) return costs[stage].reduce_us end,
-      function(stage) return costs[stage].saved end, opts and opts.record)
+      function(stage) return costs[stage].saved end, opts and opts.record, regather)
     -- Each rank's memory at its peak: its stages' units' sharded state
     -- (parameters, gradients, optimizer as gen/memory.lua counts them),
     -- their unsharded parameters and gradients held the whole step (under
@@ -380,10 +415,13 @@ local function evaluate(p, loaded, pp, n, name, opts)
     -- runs without gradient sync, and FSDP2's post_backward then casts them
     -- to it (FSDPParamGroup._set_unsharded_grad_dtypes, torch 2.15), where
     -- the stage mesh's one-microbatch layout reduces them in ag_dtype.
+    -- Under torchtitan's "always" policy the unsharded parameters are not
+    -- held all step: the timed run's rank_peak_mem has them beside the
+    -- activations, as each action holds them (pp_audit.lua's regather).
     local ES, W = util.DTYPE_BYTES, p.layout.W
     local worst_mem, worst_mem_rank = -1, 0
     for r = 0, pp - 1 do
-      local bytes, transient = sim.rank_peak_bytes[r + 1], 0
+      local bytes, transient = (sim.rank_peak_mem or sim.rank_peak_bytes)[r + 1], 0
       for _, st in ipairs(stages_mod.of_rank(r, pp, num, name)) do
         transient = math.max(transient, costs[st].transient)
         for _, u in ipairs(costs[st].units) do
@@ -392,7 +430,7 @@ local function evaluate(p, loaded, pp, n, name, opts)
           -- unit's sharded state is in host memory)
           local params, opt = memory.unit_state(u, s, u.total, u.rs_total)
           local state = u.offload and 0 or params + u.rs_total * ES[u.orig_dtype] + opt
-          bytes = bytes + state + W * u.total * ES[u.ag_dtype] + u.grads_numel * ES[u.reduce_dtype]
+          bytes = bytes + state + (regather and 0 or W * u.total * ES[u.ag_dtype]) + u.grads_numel * ES[u.reduce_dtype]
         end
       end
       bytes = bytes + transient
@@ -467,15 +505,10 @@ function report.refuse(loaded)
   -- FSDP as torchtitan applies it under PP (gen/parallel/pp.lua's settings): a
   -- plan's own setting that would be overridden is refused
   local given = ctx and ctx.fsdp_given or {}
-  if given.reshard_after_forward_policy == "always" then
-    util.field_error(ctx, "fsdp.reshard_after_forward_policy", "\"always\": under PP commplan's pipeline tables "
-      .. "keep each stage's parameters unsharded from forward to backward (torchtitan's \"default\" and "
-      .. "\"never\" policies, distributed/fsdp.py:67-74): use one of those")
-  end
-  if given.reshard_after_forward == true then
-    util.field_error(ctx, "fsdp.reshard_after_forward", "true: under PP torchtitan keeps each stage's parameters "
-      .. "unsharded from forward to backward (distributed/fsdp.py:74, the \"default\" policy: not pp_enabled), "
-      .. "and the pipeline's tables plan that; its \"always\" policy is not planned: remove the setting")
+  if given.reshard_after_forward == true and not given.reshard_after_forward_policy then
+    util.field_error(ctx, "fsdp.reshard_after_forward", "true: under PP torchtitan decides it by its policy "
+      .. "(distributed/fsdp.py:54-77; \"default\" keeps each stage's parameters unsharded from forward to "
+      .. "backward): set fsdp.reshard_after_forward_policy = \"always\" instead, or remove the setting")
   end
   if given.grad_accumulation and given.grad_accumulation ~= "step_end" then
     util.field_error(ctx, "fsdp.grad_accumulation", string.format("%q: under PP each stage reduces its gradients "
@@ -618,6 +651,7 @@ function report.tables(loaded, schedule, opts)
     if not util.is_plan_error(sched) then error(sched, 0) end
     util.field_error(ctx, "pipeline.schedule", (tostring(sched.msg or sched):gsub("^pp_schedule: ", "")))
   end
+  refuse_always_split(ctx, p, sched)
   local costs, s = stage_costs(p, split)
   local sp = p.dims.tp > 1 and loaded.parallel.sequence_parallel ~= false
   local numel = s.tokens * p.model_config.dim / (sp and p.dims.tp or 1)
@@ -656,8 +690,11 @@ function report.text(loaded)
   w("pipeline: %s on %d ranks: PP %d x a stage mesh of %d (%s), %d microbatches of %s tokens per rank and step",
     loaded.name, loaded.world_size, pp, p.world_size, table.concat(p.mesh.names, " x "), n,
     per_mb == math.floor(per_mb) and string.format("%d", per_mb) or string.format("%.1f", per_mb))
-  w("each stage's FSDP as torchtitan applies it under PP (no reshard after forward; gradients reduced once, after "
-    .. "the last microbatch); activations sent point to point %s", p2p_text(p.topology, p.world_size * pp))
+  local always = pp_sequence.reshards_after_forward(p)
+  w("each stage's FSDP as torchtitan applies it under PP (%s; gradients reduced once, after "
+    .. "the last microbatch); activations sent point to point %s", always and "fsdp_reshard_after_forward "
+    .. "\"always\": every unit resharded after each microbatch's forward, gathered again by its backward"
+    or "no reshard after forward", p2p_text(p.topology, p.world_size * pp))
   w("")
   w("%-22s %6s %5s %8s %12s %12s %26s %9s %22s", "schedule", "stages", "/rank", "bubble", "step", "busy/rank",
     "activations in flight", "p2p/rank", "memory (worst rank)")
@@ -716,12 +753,17 @@ function report.text(loaded)
     .. "after zero bubble's I) has not run, and the microbatches its stages hold at their peaks; p2p: the "
     .. "activations and gradients rank 0 sends (a TP rank's sequence shard under sequence parallel, a cp rank's "
     .. "seq_len / cp); memory: the "
-    .. "rank's stages' sharded parameters, gradients and optimizer state, their unsharded parameters and "
-    .. "gradients held all step (no reshard after forward under PP; gradients reduced at the end), the "
-    .. "activations in flight and one layer's transient, against the GPU's memory. Every schedule with a row "
+    .. "rank's stages' sharded parameters, gradients and optimizer state, "
+    .. (always and "their unsharded gradients held all step (reduced at the end), their unsharded parameters as "
+      .. "each action holds them beside the activations at its peak (\"always\": gathered per microbatch, kept "
+      .. "from a backward to the next forward)" or "their unsharded parameters and "
+      .. "gradients held all step (no reshard after forward under PP; gradients reduced at the end), the "
+      .. "activations in flight") .. " and one layer's transient, against the GPU's memory. Every schedule with a row "
     .. "passed the send/receive proof (docs/pipeline.md); the refused ones say why.")
-  w("Not modelled here: FSDP's all-gathers (taken as prefetched) and link contention. `make PLAN=...` builds the "
-    .. "plan's schedule into tables (every schedule here).")
+  w("%s `make PLAN=...` builds the plan's schedule into tables (every schedule here).", always and "Under \"always\" "
+    .. "each forward or backward that finds its stage sharded waits for its first unit's all-gather and for the rest "
+    .. "beyond its compute (gen/parallel/pp_audit.lua's regather). Not modelled here: link contention." or
+    "Not modelled here: FSDP's all-gathers (taken as prefetched) and link contention.")
   return table.concat(L, "\n") .. "\n", rows
 end
 

@@ -27,6 +27,10 @@
 --       (the events are the same where no collective runs inside compute);
 --     o.ep, o.tp: expert parallel's degree (default 1; it borrows from
 --       dp_shard and tp, gen/dims.lua) and, with ep > 1, TP's (M.mesh);
+--     o.reshard_after_forward: torchtitan's "always" policy under PP
+--       (distributed/fsdp.py:54-77): every unit reshards after each
+--       forward, so each F and each B that finds a unit sharded gathers it
+--       again (the rules below, at the loop);
 --     o.stage_compute(stage) -> { forward = { c... }, backward = { c... } }:
 --       the collectives a stage's forward and backward of one microbatch
 --       issue inside its compute (EP's token all-to-alls: each c = { op =
@@ -129,7 +133,32 @@ end
 function M.options(p, act, stage_fsdp, stage_compute)
   return { dp_shard = p.layout.W, dp_replicate = p.dims.dp_replicate, ep = p.dims.ep, tp = p.dims.tp,
            act_numel = act.numel, act_dtype = act.dtype, explicit_prefetch = p.layout.explicit_prefetch,
+           reshard_after_forward = M.reshards_after_forward(p),
            stage_fsdp = stage_fsdp, stage_compute = stage_compute }
+end
+
+-- Whether a stage's units reshard after each forward under PP, from the
+-- stage mesh's plan p: torchtitan's get_fsdp_reshard_after_forward_policy
+-- (distributed/fsdp.py:54-77) with pp_enabled: "always" True, "default"
+-- (not pp_enabled) and "never" False. The one place the pipeline's
+-- tables, sequence, memory and step read it.
+function M.reshards_after_forward(p)
+  return p.fsdp ~= nil and p.fsdp.reshard_after_forward_policy == "always"
+end
+
+-- Whether the schedule's last stage ends on a split backward (its last
+-- backward action an I, zero bubble's input gradient, its W after): under
+-- reshard_after_forward torch 2.15 then reduces no gradient of that stage
+-- (pp_report refuses it; tests/pp/compare_pipeline_live.lua holds it live).
+function M.last_stage_ends_split(sched)
+  local last = sched.num_stages - 1
+  local final
+  for _, a in ipairs(sched.lowered[sched.stage_to_rank[last] + 1]) do
+    for _, q in ipairs(a.sub or { a }) do
+      if q.stage == last and (q.type == "B" or q.type == "I") then final = q.type end
+    end
+  end
+  return final == "I"
 end
 
 function M.expected(sched, o)
@@ -160,6 +189,8 @@ function M.expected(sched, o)
     local coords = dims.coords(m.mesh, g)
     local pp_rank = m.mesh.index.pp and coords[m.mesh.index.pp] or 0
     local ev, label, gathered = {}, "", {}
+    -- (torchtitan's "always" policy: each stage's units sharded or not, by unit name)
+    local held = {}
     local ep_ranks, efsdp_ranks = ep_of(g), efsdp_of(g)
     local function colls(list, kind, s, action)
       for _, c in ipairs(list) do
@@ -189,12 +220,105 @@ function M.expected(sched, o)
                         out_numel = x.count, action = action, stage = q.stage }
       end
     end
+    -- reshard_after_forward (torchtitan's "always"): the units of stage s
+    -- in `order` (forward, or reversed for a backward) that are sharded,
+    -- gathered and marked unsharded
+    local function gather_sharded(s, order, action, state)
+      local f = stage_fsdp(s)
+      if not f then return end
+      held[s] = held[s] or {}
+      local n = #f.gathers
+      for i = 1, n do
+        local x = f.gathers[order == "backward" and n + 1 - i or i]
+        if not held[s][x.unit] and (state == nil or (x.state or x.unit) == state) then
+          colls({ x }, "all_gather", s, action)
+          held[s][x.unit] = true
+        end
+      end
+    end
+    -- (under "always") one compute action's all-gathers and in-compute
+    -- collectives, state by state (a unit and its experts group): a
+    -- forward's pre-forward gathers the state, then (explicit prefetching,
+    -- ep > 1) the next one, then the state runs (EP's all-to-alls); a
+    -- backward's pre-backward gathers the state, then the one before it
+    -- (FSDP2's default prefetch and torchtitan's explicit lists alike),
+    -- then the state's backward runs
+    local function raf_compute(q, action)
+      local f, c = stage_fsdp(q.stage), stage_compute(q.stage)
+      local fwd = q.type == "F"
+      -- (the first stage's W runs the whole backward, but the tables and
+      -- inside() put its in-compute collectives at its I: none here)
+      local list = c and q.type ~= "W" and (fwd and c.forward or c.backward) or {}
+      local states, seen = {}, {}
+      -- (a stage_fsdp without states, gen/pipeline.lua's: each gather's unit is its state)
+      for _, x in ipairs(f and (f.states or f.gathers) or {}) do
+        local st = type(x) == "table" and (x.state or x.unit) or x
+        if not seen[st] then states[#states + 1], seen[st] = st, true end
+      end
+      for _, x in ipairs(list) do
+        if x.state and not seen[x.state] then states[#states + 1], seen[x.state] = x.state, true end
+      end
+      local n = #states
+      for j = 1, n do
+        local i = fwd and j or n + 1 - j
+        -- (a backward's own state: its groups in forward order; the prefetched one's last to first)
+        gather_sharded(q.stage, "forward", action, states[i])
+        local other = fwd and (o.explicit_prefetch and states[i + 1]) or (not fwd and states[i - 1])
+        if other then gather_sharded(q.stage, fwd and "forward" or "backward", action, other) end
+        for _, x in ipairs(list) do
+          if x.state == states[i] then
+            ev[#ev + 1] = { op = x.op, ranks = ep_ranks, unit = x.unit, dtype = x.dtype, in_numel = x.count,
+                            out_numel = x.count, action = action, stage = q.stage }
+          end
+        end
+      end
+      -- (a collective whose state is unknown: after the action's own)
+      for _, x in ipairs(list) do
+        if not x.state then
+          ev[#ev + 1] = { op = x.op, ranks = ep_ranks, unit = x.unit, dtype = x.dtype, in_numel = x.count,
+                          out_numel = x.count, action = action, stage = q.stage }
+        end
+      end
+    end
     for _, a in ipairs(sched.lowered[pp_rank + 1]) do
       local k = pps.format_action(a)
       if pps.IS_COMPUTE[a.type] or a.type == "REDUCE_GRAD" then label = k end
       local op = P2P_OP[a.type]
       local issued = false
-      if op then
+      if o.reshard_after_forward and not op then
+        -- torchtitan's "always" (distributed/fsdp.py:54-77: True with PP too):
+        -- every F's pre-forward hooks gather each sharded unit, forward
+        -- order, and its post-forward reshards it (_fsdp_param_group.py
+        -- pre_forward / post_forward); a B's or I's pre-backward hooks gather
+        -- them again, last to first (each unit's own, then FSDP2's prefetch
+        -- of the one before it: _backward_prefetch, one communicator's order
+        -- alike), and keep them (set_reshard_after_backward(False),
+        -- stage.py:1131), so an F right after a B gathers nothing; UNSHARD
+        -- gathers what is sharded; RESHARD and REDUCE_GRAD's finalize
+        -- (reshard_after_backward True, stage.py:1434) leave them sharded; W
+        -- (the weight gradient from the saved graph) gathers nothing, but
+        -- on the first stage, whose I runs no backward and whose W runs the
+        -- whole backward (stage.py:1319-1321).
+        for _, q in ipairs(a.sub or { a }) do
+          if q.type == "UNSHARD" then gather_sharded(q.stage, "forward", k)
+          elseif q.type == "F" then
+            raf_compute(q, single and label or k)
+            held[q.stage] = {}
+          elseif q.type == "B" or q.type == "I" and q.stage > 0 or q.type == "W" and q.stage == 0 then
+            -- (zero bubble's I on the first stage runs no backward: its W
+            -- runs the whole one, stage.py:1319-1321)
+            raf_compute(q, single and label or k)
+          elseif q.type == "I" then
+            inside(q, single and label or k)
+          elseif q.type == "RESHARD" then held[q.stage] = {}
+          elseif q.type == "REDUCE_GRAD" then
+            local f = stage_fsdp(q.stage)
+            if f then colls(f.reduces, "reduce_scatter", q.stage, k) end
+            held[q.stage] = {}
+          end
+        end
+        issued = true
+      elseif op then
         ev[#ev + 1] = { op = op, peer = pp_members[sched.stage_to_rank[peer_stage(a)] + 1], numel = o.act_numel,
                         dtype = o.act_dtype, batch = a.batch, action = single and label or k }
       elseif a.type == "UNSHARD" then

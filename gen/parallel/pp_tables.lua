@@ -25,13 +25,16 @@
 -- gradient). Where FSDP communicates (pp_sequence.lua, with the torch
 -- lines it cites): a multi-stage schedule's UNSHARD gathers every unit of
 -- the stage; GPipe and 1F1B gather each unit in the stage's first forward, just before the unit runs it;
--- nothing reshards after forward or backward and no backward reduces;
+-- nothing reshards after forward (but under torchtitan's "always" policy:
+-- every F reshards each unit after it, every backward gathers again,
+-- pp_sequence.lua's rules) or backward, and no backward reduces;
 -- REDUCE_GRAD reduces every unit once (layers last to first, the root
 -- last); RESHARD frees. The step ends sharded: units still unsharded after
 -- the last action are resharded there (the next step gathers again, as
 -- the first step does).
 local fsdp_schedule = require("gen.parallel.fsdp_schedule")
 local pps = require("gen.parallel.pp_schedule")
+local seq = require("gen.parallel.pp_sequence")
 
 local M = {}
 
@@ -178,6 +181,45 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
       i = i + 1
     end
   end
+  -- torchtitan's "always" policy (pp_sequence.reshards_after_forward):
+  -- each unit reshards after every forward (its post-forward), and a
+  -- backward's pre-backward hooks gather what is sharded, last to first:
+  -- a unit's own all-gather and its wait, then FSDP2's prefetch of the
+  -- unit before it (_backward_prefetch; fsdp_schedule.lua's order), waited
+  -- at that unit's pre-backward. Nothing reshards after backward
+  -- (set_reshard_after_backward(False), stage.py:1131).
+  local raf = seq.reshards_after_forward(p)
+  local post_fwd, gathering = {}, {}
+  local function bw_unshard(u, m)
+    if not unsharded[u.index] and not gathering[u.index] then
+      fsdp_schedule.gather(ops, u, m, "backward", shard)
+      gathering[u.index] = true
+    end
+  end
+  local function bw_wait(u, m)
+    if gathering[u.index] then
+      op("copy_out", u, m, "backward")
+      gathering[u.index], unsharded[u.index] = nil, true
+    end
+  end
+  -- (under "always") the pre-backward of the state (a unit and its experts
+  -- group) that list[i] ends, walking list backwards: its units' gathers
+  -- and waits in forward order, then the state before it, its groups last
+  -- to first (FSDP2's prefetch; torchtitan's explicit lists with ep > 1
+  -- name the same state, _fsdp_state.py's explicit path prefetching
+  -- reversed(target._fsdp_param_groups); recorded live with efsdp 2)
+  local function pre_backward(list, i, m)
+    if list[i + 1] and state_of(list[i + 1]) == state_of(list[i]) then return end
+    local j = i
+    while list[j - 1] and state_of(list[j - 1]) == state_of(list[i]) do j = j - 1 end
+    for k = j, i do bw_unshard(list[k], m) end
+    for k = j, i do bw_wait(list[k], m) end
+    local pk = j - 1
+    while list[pk] and state_of(list[pk]) == state_of(list[j - 1]) do
+      bw_unshard(list[pk], m)
+      pk = pk - 1
+    end
+  end
   local batch_of, nbatch = {}, 0
   for _, a in ipairs(sched.lowered[r + 1]) do
     for _, q in ipairs(a.sub or { a }) do
@@ -187,7 +229,7 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
       elseif t == "F" then
         local list = managed(s)
         for i, u in ipairs(list) do
-          if single and explicit and (i == 1 or state_of(list[i - 1]) ~= state_of(u)) then
+          if (single or raf) and explicit and (i == 1 or state_of(list[i - 1]) ~= state_of(u)) then
             -- torchtitan's explicit forward prefetch (ep > 1: distributed/
             -- fsdp.py:331-348): a state's pre-forward unshards it, then the
             -- stage's next state (its block, or [norm, lm_head] after the
@@ -196,16 +238,21 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
             local j = i
             while list[j] and state_of(list[j]) == state_of(u) do j = j + 1 end
             if list[j] then gather_state(list, j, m) end
-          elseif single and not explicit then
+          elseif single and not explicit or raf then
             -- GPipe / 1F1B: each unit's pre-forward hook gathers it, after
             -- the unit before it ran its forward (and its collectives: CP's
             -- K/V all-gathers come before the next unit's gather, recorded
-            -- live by tests/titan/test_cppp_record.py)
+            -- live by tests/titan/test_cppp_record.py); under "always" every
+            -- schedule's forward finds the unit sharded but after a backward
             gather(u, m, "forward")
           end
           if unit_ops then unit_ops(ops, u, m, "forward_before") end
           op("forward", u, m, "forward")
           if unit_ops then unit_ops(ops, u, m, "forward") end
+          if raf and u.reshard_after_forward then
+            fsdp_schedule.forward_reshard(op, u, m, post_fwd)
+            unsharded[u.index] = false
+          end
         end
       elseif t == "B" or t == "I" then
         -- (TP's and EP's backward collectives carry the input gradient: with
@@ -213,13 +260,19 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
         -- stage's backward re-runs the checkpointed forward)
         local list = managed(s)
         for i = #list, 1, -1 do
+          if raf and (t == "B" or s > 0) then pre_backward(list, i, m) end
           if unit_ops then unit_ops(ops, list[i], m, "backward_before") end
           op(t == "B" and "backward" or "backward_input", list[i], m, "backward")
           if unit_ops then unit_ops(ops, list[i], m, "backward") end
         end
       elseif t == "W" then
         local list = managed(s)
-        for i = #list, 1, -1 do op("backward", list[i], m, "backward") end
+        for i = #list, 1, -1 do
+          -- (the first stage's I runs no backward, its W the whole one:
+          -- stage.py:1319-1321; its pre-backward hooks gather there, as in a B)
+          if raf and s == 0 then pre_backward(list, i, m) end
+          op("backward", list[i], m, "backward")
+        end
       elseif t == "REDUCE_GRAD" then
         -- finalize_backward: layers last to first, the root last
         local list, post = managed(s), {}
@@ -264,7 +317,6 @@ local A2A = { a2a = true, a2a_counts = true }
 function M.events(classes, mesh, W)
   local groups = require("gen.groups")
   local dims = require("gen.dims")
-  local seq = require("gen.parallel.pp_sequence")
   local ep_of, efsdp_of = seq.groups_of(mesh.ep), seq.groups_of(mesh.efsdp)
   local WE = mesh.efsdp and mesh.efsdp.size or 1
   local pp_of, fsdp_of, replicas_of = {}, {}, {}

@@ -30,6 +30,25 @@ function T.block_by_hand()
   H.eq(full.transient, none.saved, "full recomputes the whole block")
 end
 
+-- model.fused "swiglu" (torchtitan's FusedSwiGLU): the einsum's [T, f, 2]
+-- output and the product, 3f where the stock keeps 4f; under SAC the
+-- einsum (aten.bmm) whole, 2f where w1's output was f (w2 stays saved).
+-- The figures tests/titan/test_llama_acts.py measured on torchtitan's own
+-- block (dim 64, 4 heads of 16, 2 kv heads, hidden 96, 256 bf16 tokens).
+function T.fused_swiglu_block()
+  local sw = { dim = 8, n_heads = 2, n_kv_heads = 1, head_dim = 4, hidden = 12, fused = { swiglu = true } }
+  H.eq(acts.block(sw, 2, 3, "none").saved, acts.block(CFG, 2, 3, "none").saved - 2 * 3 * 12, "none: 3f")
+  H.eq(acts.block(sw, 2, 3, "selective", false).saved, acts.block(CFG, 2, 3, "selective", false).saved + 2 * 3 * 12,
+    "selective: w13's 2f")
+  H.eq(acts.block(sw, 2, 3, "full").saved, 2 * 3 * 8, "full: the block's input")
+  local big = { dim = 64, n_heads = 4, n_kv_heads = 2, head_dim = 16, hidden = 96 }
+  local bigsw = { dim = 64, n_heads = 4, n_kv_heads = 2, head_dim = 16, hidden = 96, fused = { swiglu = true } }
+  H.eq(acts.block(big, 2, 256, "none").saved, 432128, "stock, none (torch)")
+  H.eq(acts.block(bigsw, 2, 256, "none").saved, 382976, "fused SwiGLU, none (torch)")
+  H.eq(acts.block(bigsw, 2, 256, "selective", false).saved, 299008, "fused SwiGLU, selective (torch)")
+  H.eq(acts.block(bigsw, 2, 256, "selective", true).saved, 331776, "fused SwiGLU and qkv, selective (torch)")
+end
+
 function T.head_by_hand()
   -- 4 tokens, bf16, dim 8, vocabulary 10
   -- CrossEntropyLoss: norm input 64 + rstd 16 + lm_head's input 64 + fp32

@@ -59,4 +59,30 @@ function T.every_schedule_does_the_same_work()
   end
 end
 
+-- torchtitan's "always" reshard policy (regather): GPipe over 2 ranks and 4
+-- microbatches, 4 units per stage (1 byte of activations, 10 of parameters,
+-- 0.5 us of all-gather each). Each forward finds its stage sharded (the
+-- forward before resharded it) and the first backward too: the first
+-- unit's all-gather waits, the rest hide behind the compute; the backwards
+-- after it find the units kept. The busy time is the same; the memory peak
+-- is the first backward's second unit: 3 microbatches' activations (12),
+-- 2 of its own, and every unit gathered (40): 54, where held all step it
+-- would be 16 + 40.
+function T.regather_under_always()
+  local s = sched_mod.derive({ schedule = "GPipe", pp = 2, microbatches = 4 })
+  local units = {}
+  for i = 1, 4 do units[i] = { act = 1, param = 10, ag_us = 0.5 } end
+  local regather = { [0] = { units = units }, [1] = { units = units } }
+  local function sim(g)
+    return pp_audit.simulate(s, function(_, ty) return COST[ty] end, function() return 0 end, function() return 0 end,
+      function() return 4 end, nil, g)
+  end
+  local a, b = sim(nil), sim(regather)
+  near(b.busy_us[1], a.busy_us[1], "the same work")
+  -- rank 0 waits 0.5 in each of its 4 forwards and its first backward (the other 1.5 us hidden)
+  near(b.step_us - a.step_us >= 2.5 - 1e-9 and 1 or 0, 1, "the exposed all-gathers lengthen the step")
+  H.eq(a.rank_peak_mem, nil, "no regather, no parameter peak")
+  H.eq(b.rank_peak_mem[1], 54, "rank 0's peak of activations and parameters")
+end
+
 return T

@@ -112,4 +112,29 @@ function T.hsdp_all_reduces_follow_their_reduce_scatters()
   H.list_eq(kinds, { "all_gather", "reduce_scatter", "all_reduce" }, "collectives in order")
 end
 
+-- torchtitan's fsdp_reshard_after_forward = "always" under PP (issue 41;
+-- tests/pp/torch_pipeline_record.py --reshard-after-forward): every
+-- microbatch's forward gathers each unit again and its backward too; a
+-- zero-bubble schedule whose last stage ends on I reduces none of that
+-- stage's gradients in torch 2.15, which commplan refuses. The mutant
+-- (the "default" policy's sequence over the same recording) differs.
+function T.always_policy_per_microbatch_gathers()
+  local c = load("1F1B-pp2-dp2-mb4-always")
+  local diff, res = live.check_case(c)
+  H.eq(diff, nil, "1F1B under always")
+  -- rank 0 runs stage 0's 4 units as F0 F1 B0 F2 B1 F3 B2 B3: F0, F1 (after a forward resharded them)
+  -- and B0, B1, B2 (each after a forward) gather all 4; F2, F3 (after a backward kept them) and B3 none
+  local ags = 0
+  for _, e in ipairs(c.ranks[1].events) do if e.phase == "step" and e.op == "all_gather" then ags = ags + 1 end end
+  H.eq(res.colls > 0, true, "collectives compared")
+  c.reshard_after_forward = false
+  local mutant = live.check_case(c)
+  H.eq(type(mutant), "string", "the default policy's sequence differs from the always run")
+  local z = load("ZBVZeroBubble-pp2-dp2-mb4-always")
+  local zd, zr = live.check_case(z)
+  H.eq(zd, nil, "ZBV under always: refused, as torch drops the last stage's reduction")
+  H.eq(zr.dropped, true, "recorded: the last stage without gradients")
+  H.eq(ags, 20, "rank 0's all-gathers")
+end
+
 return T

@@ -283,7 +283,8 @@ function T.fsdp_settings_pp_would_override_are_refused()
     H.eq(n, 1, "the plan's fsdp section")
     return src
   end
-  H.plan_fails(with("reshard_after_forward = true"), "fsdp.reshard_after_forward:", "distributed/fsdp.py:74")
+  H.plan_fails(with("reshard_after_forward = true"), "fsdp.reshard_after_forward:", "distributed/fsdp.py:54-77",
+    "reshard_after_forward_policy = \"always\"")
   H.plan_fails(with("grad_accumulation = \"sync_last\""), "fsdp.grad_accumulation:", "\"sync_last\"", "step_end")
   local p = plan.from_source(with("reshard_after_forward = false, grad_accumulation = \"step_end\""),
     "tests/pp/plans/pp_tiny.lua")
@@ -416,6 +417,43 @@ function T.cp_inside_pipeline_stages()
   local md = audit.schedule_md(p, audit.fingerprint(p))
   assert(md:find("CP's K/V all-gathers and reduce-scatters run inside each stage's compute", 1, true), "SCHEDULE.md")
   assert(p.pipeline.row.sim and nocp.pipeline.row.sim, "timed runs")
+end
+
+-- torchtitan's "always" policy with PP x EP (DeepSeek-V3, pp 2 x dp_shard 4,
+-- ep 2: each MoE block a state of two groups, dense on fsdp and experts on
+-- efsdp 2): each pipeline rank's all-gathers in the order torchtitan's
+-- pipeline_llm issued them on gloo (tests/pp/check_titan_pp_always.sh,
+-- dsv3_pp2_dp4_ep2_always): every forward gathers again, a backward its own
+-- state's groups in forward order, then the state before it last to first;
+-- an F after a B gathers nothing. The "default" policy's tables gather each
+-- unit once.
+function T.always_policy_pp_ep_gather_order()
+  local src = [[return { world_size = 8, parallel = { pp = 2, dp_shard = 4, ep = 2 },
+  model = { family = "deepseek_v3", dtype = "fp32", seq_len = 6, dim = 16, n_layers = 3, n_dense_layers = 1,
+    n_heads = 2, vocab_size = 64, q_lora_rank = 0, kv_lora_rank = 8, qk_nope_head_dim = 4, qk_rope_head_dim = 4,
+    v_head_dim = 4, dense_hidden_dim = 32, moe_hidden_dim = 8, num_experts = 8, num_shared_experts = 1, top_k = 2 },
+  fsdp = { reduce_op = "sum"POLICY },
+  training = { local_batch_size = 2, activation_checkpointing = "none" },
+  pipeline = { schedule = "1F1B", microbatches = 2 } }]]
+  local function gathers(policy)
+    local p = plan.from_source((src:gsub("POLICY", policy)), "tests/pp/plans/t.lua")
+    local out = {}
+    for _, c in ipairs(p.tp_classes) do
+      local t = {}
+      for _, o in ipairs(c.ops) do
+        if o.kind == "all_gather" then t[#t + 1] = c.layout.units[o.unit + 1].name end
+      end
+      out[c.pp_rank + 1] = table.concat(t, " ")
+    end
+    return out
+  end
+  local g = gathers(', reshard_after_forward_policy = "always"')
+  H.eq(g[1], "tok_embeddings layers.0 layers.1 layers.1.experts tok_embeddings layers.0 layers.1 layers.1.experts "
+    .. "layers.1 layers.1.experts layers.0 tok_embeddings", "pp rank 0: F0 F1 B0 (B1 none)")
+  H.eq(g[2], "layers.2 layers.2.experts norm_lm_head norm_lm_head layers.2.experts layers.2 norm_lm_head "
+    .. "layers.2.experts layers.2", "pp rank 1: F0 B0 (F1 none) B1")
+  local d = gathers("")
+  H.eq(d[1], "tok_embeddings layers.0 layers.1 layers.1.experts", "default: once")
 end
 
 return T

@@ -105,9 +105,14 @@ function T.policy_refusals()
     '{ reshard_after_forward_policy = "always" }')
   src = src:gsub('{ name = "l0",', '{ name = "l0", reshard_after_forward = false,')
   H.plan_fails(src, "model.units[1].reshard_after_forward", "fsdp.py:183-204")
-  H.plan_fails(tiny("llama", 'reshard_after_forward_policy = "always"',
-    ', pipeline = { schedule = "1F1B", microbatches = 2 }'):gsub("dp_shard = 4", "dp_shard = 2, pp = 2"),
-    "fsdp.reshard_after_forward_policy", "default")
+  -- under PP "always" plans (gen/parallel/pp_sequence.lua; tests/lua/test_pp_tables.lua), a bare
+  -- reshard_after_forward = true is pointed at the policy
+  local pp2 = ', pipeline = { schedule = "1F1B", microbatches = 2 }'
+  local function pp(s) return (s:gsub("dp_shard = 4", "dp_shard = 2, pp = 2")
+    :gsub("loss_chunks = 1", "loss_chunks = 1, local_batch_size = 2")) end
+  plan.from_source(pp(tiny("llama", 'reshard_after_forward_policy = "always"', pp2)), "t.lua")
+  H.plan_fails(pp(tiny("llama", 'reshard_after_forward = true', pp2)),
+    "fsdp.reshard_after_forward", "reshard_after_forward_policy = \"always\"")
 end
 
 -- training.optimizer_implementation = "fused_opt_states_bf16" (torchtitan's optimizer.implementation,

@@ -19,12 +19,14 @@
 set -u -o pipefail
 # shellcheck source=tests/pp/torch_python.sh
 . "$(dirname "$0")/torch_python.sh"
-OUT=build/pp/titan
+OUT=${PP_TITAN_OUT:-build/pp/titan}
 rm -rf "$OUT"
 mkdir -p "$OUT"
 start=$(date +%s)
 all=$("$PY" -c "import sys; sys.path.insert(0, 'tests/pp'); import pp_titan_cases as C; print(C.DEFAULT)")
 quick=$("$PY" -c "import sys; sys.path.insert(0, 'tests/pp'); import pp_titan_cases as C; print(C.QUICK)")
+# (PP_TITAN_CASES / PP_TITAN_QUICK: another script's cases, full and quick tier: check_titan_pp_always.sh)
+all=${PP_TITAN_CASES:-$all} quick=${PP_TITAN_QUICK:-$quick}
 cases=$all
 [ "${COMMPLAN_TEST_TIER:-full}" = quick ] && cases=$quick
 # commplan's side first: each case's plan, its parameter ids, its binary's oracle gradients
@@ -49,6 +51,16 @@ if [ "$rc" != 0 ]; then
   exit 1
 fi
 "$LUA" tests/pp/compare_titan_pp.lua --dumps "$OUT/dumps" "$OUT"/*.json || exit 1
+# (issue 41) the mutant: a recording of torchtitan's "always" policy against the plan of its "default" one (no
+# reshard after forward under PP) must differ
+for rec in "$OUT"/*.json; do
+  grep -q '"raf": "always"' "$rec" || continue
+  if out=$("$LUA" tests/pp/compare_titan_pp.lua --policy default "$rec"); then
+    echo "pp-titan: FAIL the \"default\" policy's plan equals the \"always\" recording $rec"; exit 1
+  fi
+  echo "pp-titan: mutant $(basename "$rec" .json) under the \"default\" policy's plan differs: ${out#pp-titan: FAIL }" |
+    cut -c1-300
+done
 echo "pp-titan: all cases equal in $(( $(date +%s) - start )) s"
 n_all=$(tr ',' '\n' <<<"$all" | grep -c .)
-[ "$cases" = "$all" ] || echo "quick tier: 1 of $n_all cases ($quick: PP x EP); make test-full runs PP on qwen3 and the others"
+[ "$cases" = "$all" ] || echo "quick tier: 1 of $n_all cases (${PP_TITAN_QUICK_TEXT:-$quick: PP x EP}); make test-full runs PP on qwen3 and the others"

@@ -74,9 +74,10 @@ local function has_mas(c) return c.max_active_stages ~= nil and c.max_active_sta
 local function replicas(c) return (c.dp_replicate ~= nil and c.dp_replicate ~= json.null) and c.dp_replicate or 1 end
 
 local function case_name(c)
-  return fmt("%s pp=%d %sdp_shard=%d microbatches=%d%s", c.schedule, c.pp,
+  return fmt("%s pp=%d %sdp_shard=%d microbatches=%d%s%s", c.schedule, c.pp,
     replicas(c) > 1 and fmt("dp_replicate=%d ", replicas(c)) or "", c.dp_shard, c.microbatches,
-    has_mas(c) and fmt(" max_active_stages=%d", c.max_active_stages) or "")
+    has_mas(c) and fmt(" max_active_stages=%d", c.max_active_stages) or "",
+    c.reshard_after_forward == true and " reshard_after_forward_policy=always" or "")
 end
 
 local function check_case(c)
@@ -90,6 +91,20 @@ local function check_case(c)
   end
   if c.failed then return "the live run failed: " .. c.failed end
   if not ok then return "commplan refuses (" .. tostring(sched) .. "), torch ran it" end
+  if c.reshard_after_forward == true then
+    -- torchtitan's "always": commplan refuses a schedule whose last stage
+    -- ends on a split backward (gen/parallel/pp_report.lua), as torch then
+    -- reduces none of its gradients: the recording must show that
+    local dropped = false
+    for _, r in ipairs(c.ranks) do
+      if type(r.no_grad) == "table" and #r.no_grad > 0 then dropped = true end
+    end
+    if seq.last_stage_ends_split(sched) ~= dropped then
+      return dropped and "torch left parameters without a gradient, which commplan plans as reduced"
+        or "commplan refuses (the last stage ends on a split backward), torch reduced every gradient"
+    end
+    if dropped then return nil, { refused = true, dropped = true } end
+  end
   local model = c.model
   local num = stages.count(nil, { pp = c.pp, schedule = c.schedule, n_layers = model.n_layers })
   local split = stages.split(nil, num, model.n_layers)
@@ -101,6 +116,7 @@ local function check_case(c)
   local per_stage = {}
   local expected = seq.expected(sched, {
     dp_shard = c.dp_shard, dp_replicate = replicas(c), act_numel = mb * model.seq * model.dim, act_dtype = "fp32",
+    reshard_after_forward = c.reshard_after_forward == true,
     stage_fsdp = function(s)
       per_stage[s] = per_stage[s] or require("gen.pipeline").stage_fsdp_from_plan(stage_units(split[s + 1], model), c.dp_shard,
         c.microbatches, "fp32", replicas(c))
@@ -161,10 +177,12 @@ local function main(files)
     end
     local t = by[c.schedule]
     if not t then
-      t = { cases = 0, p2p = 0, colls = 0, refused = {}, torch = c.torch }
+      t = { cases = 0, p2p = 0, colls = 0, refused = {}, dropped = {}, torch = c.torch }
       by[c.schedule] = t; order[#order + 1] = c.schedule
     end
-    if res.refused then
+    if res.dropped then
+      t.dropped[#t.dropped + 1] = case_name(c):gsub("^%S+ ", "")
+    elseif res.refused then
       t.refused[#t.refused + 1] = case_name(c):gsub("^%S+ ", "")
     else
       t.cases, t.p2p, t.colls = t.cases + 1, t.p2p + res.p2p, t.colls + res.colls
@@ -175,8 +193,10 @@ local function main(files)
   table.sort(order, function(a, b) return (idx[a] or 99) < (idx[b] or 99) end)
   for _, s in ipairs(order) do
     local t = by[s]
-    print(fmt("pp-run: %s %d cases: p2p sequences equal (%d ops), FSDP collectives equal (%d)%s", s, t.cases, t.p2p,
-      t.colls, #t.refused > 0 and fmt("; refused by torch and commplan: %s", table.concat(t.refused, ", ")) or ""))
+    print(fmt("pp-run: %s %d cases: p2p sequences equal (%d ops), FSDP collectives equal (%d)%s%s", s, t.cases, t.p2p,
+      t.colls, #t.refused > 0 and fmt("; refused by torch and commplan: %s", table.concat(t.refused, ", ")) or "",
+      #t.dropped > 0 and fmt("; torch reduced no gradient of the last stage and commplan refuses: %s",
+        table.concat(t.dropped, ", ")) or ""))
   end
   return 0
 end

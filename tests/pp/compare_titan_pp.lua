@@ -49,10 +49,11 @@ local function plan_source(s)
   if s.family == "qwen3" then m[#m + 1] = "enable_weight_tying = false" end
   return fmt([[return { world_size = %d, parallel = { pp = %d, dp_shard = %d%s },
   model = { family = %q, dtype = "fp32", seq_len = %d, %s },
-  fsdp = { reduce_op = "sum" },
+  fsdp = { reduce_op = "sum"%s },
   training = { local_batch_size = %d, activation_checkpointing = %q },
   pipeline = { schedule = %q, microbatches = %d%s } }]], s.world, s.pp, s.dp_shard,
-    s.ep > 1 and fmt(", ep = %d", s.ep) or "", s.family, s.seq, table.concat(m, ", "), s.batch, s.ac or "none",
+    s.ep > 1 and fmt(", ep = %d", s.ep) or "", s.family, s.seq, table.concat(m, ", "),
+    (s.raf and s.raf ~= "default") and fmt(", reshard_after_forward_policy = %q", s.raf) or "", s.batch, s.ac or "none",
     s.schedule, s.batch, s.csv and fmt(", csv = %q", s.case .. ".csv") or "")
 end
 
@@ -70,10 +71,15 @@ local function same_list(a, b)
   return true
 end
 
+-- --policy P (a mutant, tests/pp/check_titan_pp.sh): the plan written with
+-- fsdp.reshard_after_forward_policy = P whatever the recorded job set
+local policy_override
+
 local function compare(path)
   local rec = json.decode(assert(io.open(path)):read("a"))
   local s = rec.spec
   s.case = rec.case
+  if policy_override then s.raf = policy_override end
   -- (the plan beside its CSV: --write-plans wrote both to the recording's specs directory)
   local dir = (path:match("^(.*)/[^/]*$") or ".") .. "/specs"
   local p = plan.from_source(plan_source(s), s.csv and (dir .. "/pp_titan_" .. rec.case .. ".lua")
@@ -181,7 +187,9 @@ local files = {}
 do
   local i = 1
   while i <= #arg do
-    if arg[i] == "--dumps" then dumps_dir, i = arg[i + 1], i + 2 else files[#files + 1] = arg[i]; i = i + 1 end
+    if arg[i] == "--dumps" then dumps_dir, i = arg[i + 1], i + 2
+    elseif arg[i] == "--policy" then policy_override, i = arg[i + 1], i + 2
+    else files[#files + 1] = arg[i]; i = i + 1 end
   end
 end
 

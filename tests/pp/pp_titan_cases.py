@@ -41,8 +41,22 @@ CASES = {
     "qwen3_pp2_csv": dict(family="qwen3", world=4, pp=2, dp_shard=2, ep=1, schedule="PipelineScheduleMulti", batch=2,
                           seq=8, model=QWEN3,
                           csv="0F0,0F1,2F0,2B0,2F1,2B1,0B0,0B1\r\n,1F0,1F1,3F0,3B0,3F1,3B1,1B0,1B1\r\n"),
+    # issue 41 (hpp): torchtitan's fsdp_reshard_after_forward = "always" under PP (distributed/fsdp.py:54-77):
+    # every unit resharded after each microbatch's forward, gathered again by its backward; 1F1B and Interleaved1F1B
+    "qwen3_pp2_always": dict(family="qwen3", world=4, pp=2, dp_shard=2, ep=1, schedule="1F1B", batch=4, seq=8,
+                             model=QWEN3, raf="always"),
+    "qwen3_pp2_always_i1f1b": dict(family="qwen3", world=4, pp=2, dp_shard=2, ep=1, schedule="Interleaved1F1B",
+                                   batch=4, seq=8, model=QWEN3, raf="always"),
+    # PP x EP under "always": torchtitan's explicit prefetch lists (distributed/fsdp.py:331-360) per microbatch;
+    # efsdp 1 and, world 8, efsdp 2 (the experts' FSDP on its own groups)
+    "dsv3_pp2_ep2_always": dict(family="deepseek_v3", world=4, pp=2, dp_shard=2, ep=2, schedule="1F1B", batch=2,
+                                seq=6, model=DSV3, raf="always"),
+    "dsv3_pp2_dp4_ep2_always": dict(family="deepseek_v3", world=8, pp=2, dp_shard=4, ep=2, schedule="1F1B",
+                                    batch=2, seq=6, model=DSV3, raf="always"),
 }
 QUICK = "dsv3_pp2_ep2"
+# (make test's quick tier for the "always" policy: tests/pp/check_titan_pp.sh's ALWAYS block)
+QUICK_ALWAYS = "qwen3_pp2_always"
 DEFAULT = ",".join(CASES)
 
 

@@ -286,19 +286,22 @@ def loss_fn(pred, target):
     return nn.functional.cross_entropy(pred.flatten(0, 1).float(), target.flatten(0, 1))
 
 
-def apply_fsdp(chunk, mesh):
+def apply_fsdp(chunk, mesh, raf=False):
     """torchtitan's apply_fsdp_to_decoder for a stage under PP (dense, no
-    weight tying): reshard_after_forward = not pp_enabled = False."""
+    weight tying): reshard_after_forward = not pp_enabled = False (its
+    "default" policy); raf: its "always" policy, True on every unit,
+    [norm, lm_head] too (distributed/fsdp.py:54-77, 183-204); the root
+    FSDP2's own (no reshard after forward)."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     mp_policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
                                      cast_forward_inputs=False)
     cfg = {"mesh": mesh, "mp_policy": mp_policy}
     if chunk.tok_embeddings is not None:
-        fully_shard(chunk.tok_embeddings, **cfg, reshard_after_forward=False)
+        fully_shard(chunk.tok_embeddings, **cfg, reshard_after_forward=raf)
     if chunk.norm is not None and chunk.lm_head is not None:
-        fully_shard([chunk.norm, chunk.lm_head], **cfg, reshard_after_forward=False)
+        fully_shard([chunk.norm, chunk.lm_head], **cfg, reshard_after_forward=raf)
     for block in chunk.layers.values():
-        fully_shard(block, **cfg, reshard_after_forward=False)
+        fully_shard(block, **cfg, reshard_after_forward=raf)
     fully_shard(chunk, **cfg)
     for m in chunk.modules():
         if isinstance(m, FSDPModule):
@@ -373,7 +376,7 @@ def run_case(ctx, schedule_name, n):
     for s in my_stages:
         chunk = split_module(whole, names[s])
         if dr * dp > 1:
-            apply_fsdp(chunk, ctx["fsdp_mesh"])
+            apply_fsdp(chunk, ctx["fsdp_mesh"], ctx["raf"])
         st = PipelineStage(chunk, s, num_stages, torch.device("cpu"), group=ctx["pp_group"])
         if schedule_name in SINGLE:
             tap_single_stage(st)
@@ -405,6 +408,8 @@ def run_case(ctx, schedule_name, n):
     finally:
         events, REC.events = REC.events, None
     out["seconds"] = round(time.time() - t0, 3)
+    # the parameters the step left without a (reduced) gradient: none, unless torch dropped a reduction
+    out["no_grad"] = sorted(n for st in stages for n, p in st.submod.named_parameters() if p.grad is None)
     out["events"] = events
     if losses:
         out["loss"] = float(sum(float(x.detach()) for x in losses) / len(losses))
@@ -415,7 +420,7 @@ def run_case(ctx, schedule_name, n):
     return out, names, split_by
 
 
-def worker(rank, world, pp, dp, dr, port, cases, tmpdir, max_active):
+def worker(rank, world, pp, dp, dr, port, cases, tmpdir, max_active, raf=False):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     install_hooks()
@@ -430,7 +435,7 @@ def worker(rank, world, pp, dp, dr, port, cases, tmpdir, max_active):
         mesh = init_device_mesh("cpu", (pp, dp), mesh_dim_names=("pp", "fsdp"))
         fsdp_mesh = mesh["fsdp"]
     ctx = {"rank": rank, "pp": pp, "dp": dp, "dr": dr, "pp_group": mesh.get_group("pp"), "fsdp_mesh": fsdp_mesh,
-           "max_active": max_active}
+           "max_active": max_active, "raf": raf}
     for schedule_name, n in cases:
         dist.barrier()
         try:
@@ -463,6 +468,8 @@ def main():
     ap.add_argument("--out-dir", default="build/pp/live")
     ap.add_argument("--max-active-stages", type=int, default=None,
                     help="the multi-stage schedules' max_active_stages (torch's default 3; torchtitan keeps it)")
+    ap.add_argument("--reshard-after-forward", action="store_true",
+                    help="torchtitan's fsdp_reshard_after_forward = \"always\" (every unit resharded after forward)")
     # Several meshes in one process (torch imported once): their arguments separated by --then.
     argv, runs = sys.argv[1:], [[]]
     for x in argv:
@@ -484,7 +491,8 @@ def record(a):
         crashed = None
         try:
             # forked: torch imported once, here (PP_START=spawn: imported again in every rank)
-            mp.start_processes(worker, args=(world, pp, dp, dr, free_port(), cases, tmp, a.max_active_stages),
+            mp.start_processes(worker, args=(world, pp, dp, dr, free_port(), cases, tmp, a.max_active_stages,
+                                                     a.reshard_after_forward),
                                nprocs=world, join=True, start_method=os.environ.get("PP_START", "fork"))
         except Exception as e:  # noqa: BLE001 - what the ranks wrote is merged; the case says it failed
             crashed = "%s: %s" % (type(e).__name__, str(e).strip().splitlines()[-1] if str(e).strip() else "")
@@ -504,6 +512,7 @@ def record(a):
                     "microbatches": n,
                     "stages_per_rank": 1 if schedule_name in SINGLE else 2, "model": MODEL,
                     "max_active_stages": a.max_active_stages if schedule_name not in SINGLE else None,
+                    "reshard_after_forward": a.reshard_after_forward,
                     "torch": torch.__version__, "split": parts[0].get("split"), "split_by": parts[0].get("split_by"),
                     "ranks": parts}
             refused = {p.get("refused") for p in parts}
@@ -515,9 +524,10 @@ def record(a):
             if len(parts) < world and not failed:
                 case["failed"] = "only %d of %d ranks wrote a result%s" % (len(parts), world,
                                                                         " (%s)" % crashed if crashed else "")
-            path = os.path.join(a.out_dir, "%s-pp%d-%sdp%d-mb%d%s.json" % (
+            path = os.path.join(a.out_dir, "%s-pp%d-%sdp%d-mb%d%s%s.json" % (
                 schedule_name, pp, "dr%d-" % dr if dr > 1 else "", dp, n,
-                "-mas%d" % a.max_active_stages if a.max_active_stages else ""))
+                "-mas%d" % a.max_active_stages if a.max_active_stages else "",
+                "-always" if a.reshard_after_forward else ""))
             with open(path, "w") as f:
                 json.dump(case, f, indent=1, sort_keys=True)
             written.append(path)

@@ -135,7 +135,8 @@ def run_case(rank, case, ids=None):
                                     pipeline_parallel_degree=case["pp"],
                                     pipeline_parallel_schedule=case["schedule"],
                                     pipeline_parallel_schedule_csv=csv_path,
-                                    pipeline_parallel_microbatch_size=1)
+                                    pipeline_parallel_microbatch_size=1,
+                                    fsdp_reshard_after_forward=case.get("raf", "default"))
     set_spmd_backend(parallelism.spmd_backend)  # as Trainer.__init__ does
     training = TrainingConfig(local_batch_size=case["batch"], seq_len=case["seq"], dtype="float32",
                               mixed_precision_param="float32", mixed_precision_reduce="float32",

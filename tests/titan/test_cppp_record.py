@@ -51,6 +51,8 @@ OUT = os.path.join(E.ROOT, "build", "titan")
 MESHES = {"pp2_cp2": {"pp": 2, "cp": 2}, "pp2_dp2_cp2": {"pp": 2, "dp_shard": 2, "cp": 2},
           "pp2_cp2_tp2": {"pp": 2, "cp": 2, "tp": 2}, "pp2_dp2_cp2_tp2": {"pp": 2, "dp_shard": 2, "cp": 2, "tp": 2}}
 SEQ, BATCH, MB_SIZE, STEPS = C.SEQ, C.BATCH, 1, 2
+# --policy: torchtitan's fsdp_reshard_after_forward on both sides (issue 41: "always" under PP)
+POLICY = ["default"]
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble")
 QUICK = ("Interleaved1F1B",)  # make test's quick tier: a multi-stage schedule (stages and p2p both ways)
 # (the full tier: the 8-rank meshes, FSDP over dp_shard x cp = 4 ranks beside the cp pairs, and CP x TP
@@ -103,6 +105,7 @@ def paused_init(sched):
 
 
 def worker(rank, init, out_dir, par, schedules):
+    POLICY[0] = os.environ.get("CPPP_POLICY", "default")
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -127,7 +130,8 @@ def worker(rank, init, out_dir, par, schedules):
         parallelism = ParallelismConfig(data_parallel_shard_degree=ds, context_parallel_degree=cp,
                                         tensor_parallel_degree=tp, enable_sequence_parallel=True,
                                         pipeline_parallel_degree=par["pp"], pipeline_parallel_schedule=schedule,
-                                        pipeline_parallel_microbatch_size=MB_SIZE, spmd_backend="spmd_types")
+                                        pipeline_parallel_microbatch_size=MB_SIZE, spmd_backend="spmd_types",
+                                        fsdp_reshard_after_forward=POLICY[0])
         training = TrainingConfig(local_batch_size=BATCH, seq_len=SEQ, dtype="float32",
                                   mixed_precision_param="bfloat16", mixed_precision_reduce="float32",
                                   disable_cuda_graphs=True)  # (trainer.py:184: CUDA graphs refuse PP)
@@ -195,6 +199,8 @@ def _ranks(pd, name):
 
 
 def record(par, schedules, out_dir):
+    # (the workers are spawned: the policy travels in the environment)
+    os.environ["CPPP_POLICY"] = POLICY[0]
     import tempfile
     import torch.multiprocessing as mp
     os.makedirs(out_dir, exist_ok=True)
@@ -226,7 +232,8 @@ def plan_for(name, parallel, schedule):
     from commplan import plan_text
     model = dict(C.TITAN, family="llama", seq_len=SEQ)
     text = plan_text(name, world_of(parallel), model, parallel=dict(parallel),
-                     fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum"},
+                     fsdp=dict({"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum"},
+                               **({"reshard_after_forward_policy": POLICY[0]} if POLICY[0] != "default" else {})),
                      training={"local_batch_size": BATCH, "loss_chunks": 1})
     # (plan_text has no pipeline section: appended as docs/plan-files.md writes it)
     text = text.rstrip()
@@ -288,7 +295,10 @@ def main():
     quick = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
     ap.add_argument("--cases", default=None, help="MESH:SCHEDULE,... (default: the tier's; meshes %s, schedules %s)"
                     % (", ".join(MESHES), ", ".join(SCHEDULES)))
+    ap.add_argument("--policy", default="default", choices=("default", "always", "never"),
+                    help="torchtitan's fsdp_reshard_after_forward, the plan's fsdp.reshard_after_forward_policy")
     a = ap.parse_args()
+    POLICY[0] = a.policy
     E.need_titan(NAME)
     if a.cases:
         cases = [tuple(c.split(":", 1)) for c in a.cases.split(",") if c]

@@ -43,13 +43,14 @@ B, S = 2, 128
 D, H, KVH, F = 64, 4, 2, 96
 
 
-def lua_block(fused):
+def lua_block(fused, swiglu=False):
     code = ("package.path = './?.lua;' .. package.path\n"
             "local a = require('gen.models.llama_acts')\n"
-            "local cfg = { dim = %d, n_heads = %d, n_kv_heads = %d, head_dim = %d, hidden = %d }\n"
+            "local cfg = { dim = %d, n_heads = %d, n_kv_heads = %d, head_dim = %d, hidden = %d%s }\n"
             "local n, s, f = a.block(cfg, 2, %d, 'none'), a.block(cfg, 2, %d, 'selective', %s), a.block(cfg, 2, %d, 'full')\n"
             "print(string.format('%%d %%d %%d', n.saved, s.saved, f.saved))\n"
-            ) % (D, H, KVH, D // H, F, B * S, B * S, "true" if fused else "false", B * S)
+            ) % (D, H, KVH, D // H, F, ", fused = { swiglu = true }" if swiglu else "", B * S, B * S,
+                 "true" if fused else "false", B * S)
     return [int(x) for x in E.lua(["-e", code]).split()]
 
 
@@ -123,14 +124,22 @@ def compiled_flex_outputs():
             and all(max(sh) == 1 for sh in inputs[3:]))
 
 
-def build_block(fused):
+def build_block(fused, swiglu=False):
+    """swiglu: the block's FeedForward replaced by torchtitan's FusedSwiGLU (overrides/fused_swiglu.py:
+    440-457, what its fused_swiglu override builds from the same FeedForward.Config, :486-505), its
+    torchtitan::silu_and_mul given tests/titan/test_fused_plan.py's CPU kernel (the op is CUDA-only)."""
     import torch
     import torchtitan.models.llama3 as L3
     from torchtitan.models.common import ComplexRoPE
     cfg = L3._build_llama3_layers(n_layers=1, dim=D, n_heads=H, n_kv_heads=KVH, hidden_dim=F, fuse_qkv=fused,
                                   rope=ComplexRoPE.Config(dim=D // H, max_seq_len=4096, theta=500000, scaling="llama"),
                                   attn_backend="flex")[0]
-    blk = cfg.build().to(torch.bfloat16)
+    blk = cfg.build()
+    if swiglu:
+        import torchtitan.overrides.fused_swiglu as FS
+        fc = cfg.feed_forward
+        blk.feed_forward = FS.FusedSwiGLU(FS.FusedSwiGLU.Config(w1=fc.w1, w2=fc.w2, w3=fc.w3))
+    blk = blk.to(torch.bfloat16)
     torch.manual_seed(0)
     for p in blk.parameters():
         torch.nn.init.normal_(p, std=0.02)
@@ -149,9 +158,9 @@ def excluded(blk, m):
     return s
 
 
-def block_none(fused, wrap=None):
+def block_none(fused, wrap=None, swiglu=False):
     import torch
-    blk, m = build_block(fused), mask()
+    blk, m = build_block(fused, swiglu), mask()
     if wrap:
         blk = wrap(blk)
     ex, seen = excluded(blk, m), {}
@@ -168,10 +177,10 @@ def block_none(fused, wrap=None):
     return sum(seen.values())
 
 
-def block_selective(fused):
+def block_selective(fused, swiglu=False):
     import torch
     import torchtitan.distributed.activation_checkpoint as AC
-    blk, m = build_block(fused), mask()
+    blk, m = build_block(fused, swiglu), mask()
     ex, saved, hold = excluded(blk, m), {}, []
     real = AC.create_selective_checkpoint_contexts
 
@@ -275,6 +284,8 @@ def main():
     import warnings
     warnings.filterwarnings("ignore")
     cpu_stand_ins()
+    from test_fused_plan import cpu_silu_and_mul
+    cpu_silu_and_mul()
     bad = n = 0
 
     def check(what, got, want):
@@ -293,6 +304,12 @@ def main():
         what = "llama3 block (%s qkv)" % ("fused" if fused else "unfused")
         check(what + ", none", block_none(fused), none)
         check(what + ", selective", block_selective(fused), sel)
+    # issue 41 (hpp): model.fused "swiglu", torchtitan's FusedSwiGLU in the same block
+    for fused in (False, True):
+        none, sel, _ = lua_block(fused, swiglu=True)
+        what = "llama3 block (%s qkv, fused SwiGLU w13)" % ("fused" if fused else "unfused")
+        check(what + ", none", block_none(fused, swiglu=True), none)
+        check(what + ", selective", block_selective(fused, swiglu=True), sel)
     check("llama3 block, full (FullAC: an outer hook sees the checkpoint's input alone)", full_outer(), full)
     for chunks, b in ((1, 2), (2, 2), (8, 2), (8, 1)):
         s = 256 // b

@@ -336,6 +336,17 @@ def block_cases():
         for i in (0, 1):
             cfg, lua = dsv3_block(ql, i)
             yield ("deepseek_v3 %s block (MLA, q_lora_rank %d)" % ("dense" if i == 0 else "MoE", ql), cfg, lua, i)
+    # issue 41 (hpp): model.fused "swiglu", torchtitan's FusedSwiGLU (overrides/fused_swiglu.py:440-457, its
+    # fused_swiglu override's replacement of every FeedForward.Config, :486-505): the dense block's feed_forward
+    # and the MoE block's shared experts
+    import torchtitan.overrides.fused_swiglu as FS
+    for i in (0, 1):
+        cfg, lua = dsv3_block(0, i)
+        owner, attr = (cfg, "feed_forward") if i == 0 else (cfg.moe, "shared_experts")
+        fc = getattr(owner, attr)
+        setattr(owner, attr, FS.FusedSwiGLU.Config(w1=fc.w1, w2=fc.w2, w3=fc.w3))
+        yield ("deepseek_v3 %s block (MLA, q_lora_rank 0, fused SwiGLU w13)" % ("dense" if i == 0 else "MoE"), cfg,
+               dict(lua, fused={"swiglu": True}), i)
 
 def main():
     E.need_titan(NAME)
@@ -343,6 +354,8 @@ def main():
     warnings.filterwarnings("ignore")
     import test_llama_acts as LA
     LA.cpu_stand_ins()
+    from test_fused_plan import cpu_silu_and_mul
+    cpu_silu_and_mul()
     bad = 0
     n = 0
 
