@@ -35,7 +35,7 @@ local DTYPE = { float32 = "fp32", bfloat16 = "bf16", int64 = "int64" }
 local GQA_MOE = { "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "moe_hidden_dim", "num_experts",
                  "top_k" }
 local FIELDS = { qwen3 = { "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "hidden_dim" },
-                 qwen3_moe = GQA_MOE, mixtral = GQA_MOE,
+                 qwen3_moe = GQA_MOE, mixtral = GQA_MOE, gpt_oss = GQA_MOE,
                  deepseek_v3 = { "dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank",
                                  "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                                  "dense_hidden_dim", "moe_hidden_dim", "num_experts", "num_shared_experts",
@@ -49,10 +49,12 @@ local function plan_source(s)
   if s.family == "qwen3" then m[#m + 1] = "enable_weight_tying = false" end
   return fmt([[return { world_size = %d, parallel = { pp = %d, dp_shard = %d%s },
   model = { family = %q, dtype = "fp32", seq_len = %d, %s },
-  fsdp = { reduce_op = "sum" },
+  fsdp = { %sreduce_op = "sum" },
   training = { local_batch_size = %d, activation_checkpointing = %q },
   pipeline = { schedule = %q, microbatches = %d%s } }]], s.world, s.pp, s.dp_shard,
-    s.ep > 1 and fmt(", ep = %d", s.ep) or "", s.family, s.seq, table.concat(m, ", "), s.batch, s.ac or "none",
+    s.ep > 1 and fmt(", ep = %d", s.ep) or "", s.family, s.seq, table.concat(m, ", "),
+    -- (torchtitan's mixed_precision_param bf16 where the case says so; reductions fp32)
+    s.param_dtype == "bf16" and 'param_dtype = "bf16", reduce_dtype = "fp32", ' or "", s.batch, s.ac or "none",
     s.schedule, s.batch, s.csv and fmt(", csv = %q", s.case .. ".csv") or "")
 end
 
@@ -70,10 +72,11 @@ local function same_list(a, b)
   return true
 end
 
-local function compare(path)
+local function compare(path, mutant)
   local rec = json.decode(assert(io.open(path)):read("a"))
   local s = rec.spec
   s.case = rec.case
+  for k, v in pairs(mutant or {}) do s[k] = v end
   -- (the plan beside its CSV: --write-plans wrote both to the recording's specs directory)
   local dir = (path:match("^(.*)/[^/]*$") or ".") .. "/specs"
   local p = plan.from_source(plan_source(s), s.csv and (dir .. "/pp_titan_" .. rec.case .. ".lua")
@@ -221,9 +224,35 @@ local function check_grads(path)
   return n
 end
 
-local cases, events, a2as, elements = 0, 0, 0, 0
+-- Wrong plans each recording of a family must differ from (the comparison
+-- can fail): gpt-oss's held against mixtral's block of the same numbers
+-- (no attention sinks, no q/k/v/o or expert biases: the same units, other
+-- slots) and against GPipe for its 1F1B (the same collectives, another
+-- order of sends and receives).
+local MUTANTS = { gpt_oss = { { what = "mixtral's block (no sinks, no biases)", family = "mixtral" },
+                              { what = "GPipe for 1F1B", schedule = "GPipe" } } }
+
+local function check_mutants(path)
+  local rec = json.decode(assert(io.open(path)):read("a"))
+  local n = 0
+  for _, m in ipairs(MUTANTS[rec.spec.family] or {}) do
+    local wrong = {}
+    for k, v in pairs(m) do if k ~= "what" then wrong[k] = v end end
+    local ok, why = pcall(compare, path, wrong)
+    if ok then error(fmt("%s: the wrong plan (%s) equals the recording", rec.case, m.what), 0) end
+    print(fmt("pp-titan: %s against the wrong plan (%s) differs: %s", rec.case, m.what, why))
+    n = n + 1
+  end
+  return n
+end
+
+local cases, events, a2as, elements, mutants = 0, 0, 0, 0, 0
 for _, path in ipairs(files) do
   local ok, n, a2a, ranks = pcall(compare, path)
+  if ok then
+    local good, m = pcall(check_mutants, path)
+    if not good then ok, n = false, m else mutants = mutants + m end
+  end
   if ok and dumps_dir then
     local good, e = pcall(check_grads, path)
     if not good then ok, n = false, e else elements = elements + e end
@@ -236,5 +265,6 @@ for _, path in ipairs(files) do
     a2a))
   cases, events, a2as = cases + 1, events + n, a2as + a2a
 end
-print(fmt("pp-titan: %d cases, %d events (%d all-to-alls) equal to torchtitan's, in order%s", cases, events, a2as,
-  dumps_dir and fmt("; reduced gradients: %d elements equal, float32 bit for bit", elements) or ""))
+print(fmt("pp-titan: %d cases, %d events (%d all-to-alls) equal to torchtitan's, in order%s%s", cases, events, a2as,
+  dumps_dir and fmt("; reduced gradients: %d elements equal, float32 bit for bit", elements) or "",
+  mutants > 0 and fmt("; %d wrong plans differ", mutants) or ""))

@@ -11,6 +11,9 @@ DSV3 = dict(dim=16, n_layers=3, n_dense_layers=1, n_heads=2, vocab_size=64, q_lo
             num_experts=8, num_shared_experts=1, top_k=2)
 GQA_MOE = dict(dim=16, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=4, vocab_size=64, moe_hidden_dim=8, num_experts=4,
                top_k=2)
+# tests/ep/ep_cases.py's tiny gpt-oss (GPT_BASE): sinks and biases, block 0 sliding, 8 experts with biases
+GPT_OSS = dict(dim=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=4, vocab_size=64, moe_hidden_dim=16,
+               num_experts=8, top_k=2)
 QWEN3 = dict(dim=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, vocab_size=64, hidden_dim=48)
 CASES = {
     # PP x EP: pp 2 x dp_shard 2 with ep 2 (efsdp 1) in each stage, 1F1B over 2 microbatches
@@ -41,6 +44,11 @@ CASES = {
     "qwen3_pp2_csv": dict(family="qwen3", world=4, pp=2, dp_shard=2, ep=1, schedule="PipelineScheduleMulti", batch=2,
                           seq=8, model=QWEN3,
                           csv="0F0,0F1,2F0,2B0,2F1,2B1,0B0,0B1\r\n,1F0,1F1,3F0,3B0,3F1,3B1,1B0,1B1\r\n"),
+    # gpt-oss (parallelize_gptoss inside each stage, models/gpt_oss/parallelize.py): PP x EP, pp 2 x dp_shard 2
+    # with ep 2, 1F1B over 2 microbatches, [tok_embeddings, layers.0] and [layers.1, norm, lm_head]; bf16
+    # all-gathers (its experts return bf16 whatever the parameters' dtype: tests/ep/ep_cases.py's gpt_dp4)
+    "gpt_pp2_ep2": dict(family="gpt_oss", world=4, pp=2, dp_shard=2, ep=2, schedule="1F1B", batch=2, seq=6,
+                        model=GPT_OSS, param_dtype="bf16"),
 }
 QUICK = "dsv3_pp2_ep2"
 DEFAULT = ",".join(CASES)
