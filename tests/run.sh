@@ -579,7 +579,7 @@ torch_lane() {
   # its DeepSeek-V3 (quick tier), PP on qwen3 (full tier): every rank's p2p,
   # FSDP collectives and token all-to-alls in order vs commplan's tables, and
   # every reduced gradient shard vs the plan's --simulate --pattern oracle
-  script_check "pp on torchtitan's models: pipeline_llm on gloo, PP x EP (DeepSeek-V3; gpt-oss in the full tier, two wrong plans differ) and PP on qwen3, each rank's p2p, FSDP collectives and all-to-alls vs the pipeline tables, reduced gradients element for element (tests/pp/check_titan_pp.sh)" \
+  script_check "pp on torchtitan's models: pipeline_llm on gloo, PP x EP (DeepSeek-V3; gpt-oss in the full tier) and gpt-oss PP x TP (full tier), two wrong plans each differ, and PP on qwen3, each rank's p2p, FSDP collectives and all-to-alls vs the pipeline tables, reduced gradients element for element (tests/pp/check_titan_pp.sh)" \
     pp-titan tests/pp/check_titan_pp.sh "^pp-titan: [a-z0-9_]* equal"
   # torchtitan 0.3's expert parallelism run for real on gloo (its DeepSeek-V3
   # decoder, tiny; ep 2 and 4, FSDP over efsdp, Shard(1); ep 2 with tp 2 under

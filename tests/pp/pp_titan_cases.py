@@ -49,6 +49,10 @@ CASES = {
     # all-gathers (its experts return bf16 whatever the parameters' dtype: tests/ep/ep_cases.py's gpt_dp4)
     "gpt_pp2_ep2": dict(family="gpt_oss", world=4, pp=2, dp_shard=2, ep=2, schedule="1F1B", batch=2, seq=6,
                         model=GPT_OSS, param_dtype="bf16"),
+    # gpt-oss PP x TP: pp 2 x tp 2 (its TP plan, models/gpt_oss/sharding.py, sequence and loss parallel, inside
+    # each stage; dp_shard 1: no FSDP collective), 1F1B: the Partial bias gradients' all-reduces in each stage
+    "gpt_pp2_tp2": dict(family="gpt_oss", world=4, pp=2, dp_shard=1, tp=2, ep=1, schedule="1F1B", batch=2, seq=6,
+                        model=GPT_OSS, param_dtype="bf16"),
 }
 QUICK = "dsv3_pp2_ep2"
 DEFAULT = ",".join(CASES)

@@ -136,6 +136,7 @@ def run_case(rank, case, ids=None):
         with open(csv_path, "w", newline="") as fh:
             fh.write(case["csv"])
     parallelism = ParallelismConfig(data_parallel_shard_degree=case["dp_shard"], expert_parallel_degree=case["ep"],
+                                    tensor_parallel_degree=case.get("tp", 1), enable_sequence_parallel=True,
                                     pipeline_parallel_degree=case["pp"],
                                     pipeline_parallel_schedule=case["schedule"],
                                     pipeline_parallel_schedule_csv=csv_path,
@@ -148,7 +149,7 @@ def run_case(rank, case, ids=None):
     # cases of one mesh share its ParallelDims (a second one over the same
     # ranks hands fully_shard a cached DeviceMesh that is not its
     # parameters': tests/ep/torch_ep_record.py's MESHES)
-    key = (case["world"], case["pp"], case["dp_shard"], case["ep"])
+    key = (case["world"], case["pp"], case["dp_shard"], case["ep"], case.get("tp", 1))
     if key not in MESHES:
         MESHES[key] = ParallelDims.from_config(parallelism, case["world"])
         MESHES[key].build_mesh()
@@ -285,9 +286,9 @@ def main():
     by_mesh = {}
     for n in names:
         c = CASES[n]
-        by_mesh.setdefault((c["world"], c["pp"], c["dp_shard"], c["ep"]), []).append(n)
+        by_mesh.setdefault((c["world"], c["pp"], c["dp_shard"], c["ep"], c.get("tp", 1)), []).append(n)
     rc = 0
-    for (world, _, _, _), group in sorted(by_mesh.items()):
+    for (world, _, _, _, _), group in sorted(by_mesh.items()):
         with tempfile.TemporaryDirectory() as tmp:
             port = EPR.free_port()
             mp.start_processes(worker, args=(world, port, group, tmp, a.ids), nprocs=world, join=True,
