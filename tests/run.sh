@@ -189,7 +189,7 @@ torch_lane() {
   titan_dims="torchtitan ParallelDims vs gen/dims.lua + gen/groups.lua: accept/refuse, meshes, aliases, rank lists (tests/titan/test_parallel_dims.py)"
   titan_llama="torchtitan llama3 + parallelize_llama vs the llama plans: FSDP units, parameters, placements; plan writer from torchtitan (tests/titan/test_llama_plan.py)"
   titan_moe="torchtitan qwen3 MoE, deepseek_v3 (+ Qwen3's MoE decoder without q/k norms for mixtral) + their parallelize vs the MoE families' plans, ep=1: FSDP/HSDP units, parameters, Shard(0)/Shard(1) placements (tests/titan/test_moe_plan.py)"
-  titan_acts="torchtitan's MoE module and MoE-family blocks (GQA fused/unfused qkv, with/without q/k norms; MLA with q_lora_rank 0 and > 0): bytes autograd saves, SelectiveAC keeps, FullAC's outer view vs gen/models/moe_acts.lua (tests/titan/test_moe_acts.py)"
+  titan_acts="torchtitan's MoE module and MoE-family blocks (GQA fused/unfused qkv, with/without q/k norms; MLA with q_lora_rank 0 and > 0; gpt-oss with flex and varlen): bytes autograd saves, SelectiveAC keeps, FullAC's outer view vs gen/models/moe_acts.lua (tests/titan/test_moe_acts.py)"
   titan_lacts="torchtitan's llama3 block (none, SelectiveAC, FullAC) and loss (CrossEntropyLoss, ChunkedLossWrapper): saved and peak bytes vs gen/models/llama_acts.lua (tests/titan/test_llama_acts.py)"
   titan_closs="torchtitan's training step on gloo (parallelize_llama, CrossEntropyLoss and ChunkedLossWrapper with 8 chunks, FSDP and HSDP, 1 and 2 micro-batches): every rank's collectives in order vs the loss_chunks = 1 and 8 tables, and the reduced gradient shards vs --simulate (tests/titan/test_chunked_loss.py)"
   titan_result() {  # NAME LOG RC: ok, FAIL or SKIP (77), then the run's count lines

@@ -139,7 +139,18 @@ function T.activation_terms()
   local a, m = acts.gqa_attention(cfg, 2, 10), acts.moe(cfg, 2, 10, 20, 1)
   H.eq(a.none - base_attn.none, 2 * 10 * (16 + 4) + 4 * 10 * 4, "sinks: product Q + cast h (e), sigmoid h (fp32)")
   H.eq(a.sac, base_attn.sac, "SelectiveAC recomputes the sinks")
-  H.eq(m.routed - base_moe.routed, 20 * 3 * 2 * 8, "7F instead of 4F per routed row")
+  H.eq(m.routed - base_moe.routed, 20 * (3 * 2 * 8 + 2 * 8), "7F instead of 4F and two int64 indices per routed row")
+  -- biased linears: aten.addmm, all saved by SelectiveAC (the gate's fp32, its forced recompute not applying);
+  -- varlen: rng_state more, and under SelectiveAC its out and lse alone (tests/titan/test_moe_acts.py measures)
+  cfg.router, cfg.n_layers = { route_norm = true }, 2
+  local function block(be, ac)
+    cfg.attn_backend = be
+    return acts.block(cfg, 0, 2, 10, 20, 1, ac).saved
+  end
+  H.eq(acts.sac_matmuls(acts.moe(cfg, 2, 10, 20, 1).mms, 2, 10, { 16, 8 }), 4 * 10 * 8, "the gate's fp32 output")
+  H.eq(block("varlen", "none") - block("flex", "none"), 16, "varlen's rng_state")
+  H.eq(block("flex", "selective") - block("varlen", "selective"), 2 * 10 * (4 * 4 + 2 * 2 * 4) - 16,
+    "SAC: flex's q, k, v kept, varlen's recomputed")
 end
 
 function T.shipped_plans_generate_and_fit()
