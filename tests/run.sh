@@ -296,7 +296,7 @@ torch_lane() {
     grep -h "^matrix: \|^DISAGREEMENT \|^SIMULATION FAILED " "$titan_f9" | head -n 12 | sed "s/^/        /"
   else skipped "$titan_matrix" "no torch environment (make torch-env exit $live_rc)"; fi
   # CP x PP (docs/pipeline.md): torchtitan 0.3's pipeline_llm with CP inside each stage on gloo vs plan.json.
-  titan_cppp="torchtitan's pipeline with context parallel on gloo (pipeline_llm + parallelize_llama, pp 2 x cp 2, Interleaved1F1B; the full tier 1F1B, GPipe, ZBVZeroBubble and pp 2 x dp_shard 2 x cp 2 too): every rank's collectives and sends/receives in order vs plan.json (tests/titan/test_cppp_record.py)"
+  titan_cppp="torchtitan's pipeline with context parallel on gloo (pipeline_llm + parallelize_llama, pp 2 x cp 2, Interleaved1F1B; the full tier 1F1B, GPipe, ZBVZeroBubble and pp 2 x dp_shard 2 x cp 2 and gpt-oss pp 2 x cp 2 too): every rank's collectives and sends/receives in order vs plan.json (tests/titan/test_cppp_record.py)"
   if [ "$live_rc" = 0 ]; then
     titan_fcppp=$(logname "$titan_cppp"); timeout 600 "$live_py" tests/titan/test_cppp_record.py >"$titan_fcppp" 2>&1
     titan_result "$titan_cppp" "$titan_fcppp" $?; grep -h "^cppp_record: " "$titan_fcppp" | sed "s/^/        /"
