@@ -1220,14 +1220,8 @@ local function mesh_text(p)
   local parts = {}
   for i, n in ipairs(p.mesh.names) do parts[#parts + 1] = n .. "=" .. p.mesh.sizes[i] end
   local d = p.dims
-  local tp_kind = p.async_tp and "FSDP + async TP" or "FSDP + TP"
-  local kind = d.tp > 1 and tp_kind or (d.dp_replicate > 1 and d.dp_shard > 1 and "HSDP")
-    or (d.dp_shard > 1 and "FSDP") or (d.dp_replicate > 1 and "replicate only") or "one rank"
-  if (d.cp or 1) > 1 then
-    -- context parallel: FSDP over dp_shard x cp, HSDP's replicas over dp_replicate
-    kind = (d.dp_replicate > 1 and "HSDP" or "FSDP") .. " + CP"
-  end
-  if (d.pp or 1) > 1 then kind = kind .. " + PP" end
+  -- every parallelism the plan runs, named by its module (gen/parallel/init.lua)
+  local kind = require("gen.parallel.init").mesh_kind(p)
   -- expert parallel: the routed experts' own mesh over the same ranks
   local experts = (d.ep or 1) > 1 and string.format("; experts on ep=%d x efsdp=%d (expert parallel)", d.ep, d.efsdp)
     or ""

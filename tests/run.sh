@@ -197,7 +197,7 @@ torch_lane() {
   titan_dims="torchtitan ParallelDims vs gen/dims.lua + gen/groups.lua: accept/refuse, meshes, aliases, rank lists (tests/titan/test_parallel_dims.py)"
   titan_llama="torchtitan llama3 + parallelize_llama vs the llama plans: FSDP units, parameters, placements; plan writer from torchtitan (tests/titan/test_llama_plan.py)"
   titan_moe="torchtitan qwen3 MoE, deepseek_v3 (+ Qwen3's MoE decoder without q/k norms for mixtral) + their parallelize vs the MoE families' plans, ep=1: FSDP/HSDP units, parameters, Shard(0)/Shard(1) placements (tests/titan/test_moe_plan.py)"
-  titan_acts="torchtitan's MoE module and MoE-family blocks (GQA fused/unfused qkv, with/without q/k norms; MLA with q_lora_rank 0 and > 0; DeepSeek-V3's dense FFN and shared experts as the fused SwiGLU w13, model.fused): bytes autograd saves, SelectiveAC keeps, FullAC's outer view vs gen/models/moe_acts.lua (tests/titan/test_moe_acts.py)"
+  titan_acts="torchtitan's MoE module and MoE-family blocks (GQA fused/unfused qkv, with/without q/k norms; MLA with q_lora_rank 0 and > 0; DeepSeek-V3's dense FFN and shared experts as the fused SwiGLU w13, model.fused; gpt-oss with flex and varlen): bytes autograd saves, SelectiveAC keeps, FullAC's outer view vs gen/models/moe_acts.lua (tests/titan/test_moe_acts.py)"
   titan_lacts="torchtitan's llama3 block (none, SelectiveAC, FullAC; stock and fused SwiGLU w13, model.fused) and loss (CrossEntropyLoss, ChunkedLossWrapper): saved and peak bytes vs gen/models/llama_acts.lua (tests/titan/test_llama_acts.py)"
   titan_closs="torchtitan's training step on gloo (parallelize_llama, CrossEntropyLoss and ChunkedLossWrapper with 8 chunks, FSDP and HSDP, 1 and 2 micro-batches): every rank's collectives in order vs the loss_chunks = 1 and 8 tables, and the reduced gradient shards vs --simulate (tests/titan/test_chunked_loss.py)"
   titan_result() {  # NAME LOG RC: ok, FAIL or SKIP (77), then the run's count lines
@@ -313,7 +313,7 @@ torch_lane() {
     grep -h "^matrix: \|^DISAGREEMENT \|^SIMULATION FAILED " "$titan_f9" | head -n 12 | sed "s/^/        /"
   else skipped "$titan_matrix" "no torch environment (make torch-env exit $live_rc)"; fi
   # CP x PP (docs/pipeline.md): torchtitan 0.3's pipeline_llm with CP inside each stage on gloo vs plan.json.
-  titan_cppp="torchtitan's pipeline with context parallel on gloo (pipeline_llm + parallelize_llama, pp 2 x cp 2, Interleaved1F1B; the full tier 1F1B, GPipe, ZBVZeroBubble and pp 2 x dp_shard 2 x cp 2 too): every rank's collectives and sends/receives in order vs plan.json (tests/titan/test_cppp_record.py)"
+  titan_cppp="torchtitan's pipeline with context parallel on gloo (pipeline_llm + parallelize_llama, pp 2 x cp 2, Interleaved1F1B; the full tier 1F1B, GPipe, ZBVZeroBubble and pp 2 x dp_shard 2 x cp 2 and gpt-oss pp 2 x cp 2 too): every rank's collectives and sends/receives in order vs plan.json (tests/titan/test_cppp_record.py)"
   if [ "$live_rc" = 0 ]; then
     titan_fcppp=$(logname "$titan_cppp"); timeout 600 "$live_py" tests/titan/test_cppp_record.py >"$titan_fcppp" 2>&1
     titan_result "$titan_cppp" "$titan_fcppp" $?; grep -h "^cppp_record: " "$titan_fcppp" | sed "s/^/        /"
@@ -604,7 +604,7 @@ pp_lane() {
   # its DeepSeek-V3 (quick tier), PP on qwen3 (full tier): every rank's p2p,
   # FSDP collectives and token all-to-alls in order vs commplan's tables, and
   # every reduced gradient shard vs the plan's --simulate --pattern oracle
-  script_check "pp on torchtitan's models: pipeline_llm on gloo, PP x EP (DeepSeek-V3) and PP on qwen3, each rank's p2p, FSDP collectives and all-to-alls vs the pipeline tables, reduced gradients element for element (tests/pp/check_titan_pp.sh)" \
+  script_check "pp on torchtitan's models: pipeline_llm on gloo, PP x EP (DeepSeek-V3; gpt-oss in the full tier) and gpt-oss PP x TP (full tier), two wrong plans each differ, and PP on qwen3, each rank's p2p, FSDP collectives and all-to-alls vs the pipeline tables, reduced gradients element for element (tests/pp/check_titan_pp.sh)" \
     pp-titan tests/pp/check_titan_pp.sh "^pp-titan: [a-z0-9_]* equal"
   # issue 41: torchtitan's fsdp_reshard_after_forward = "always" under PP
   # (pipeline_llm on qwen3, pp 2 x dp_shard 2; 1F1B, the full tier

@@ -81,11 +81,26 @@
 -- token all-to-alls are c10d.alltoall_ (not _c10d_functional.all_to_all_
 -- single, which it would save), recomputed too. Its backward then holds
 -- the block's other activations again (transient: "none" less saved).
+-- gpt-oss (measured by tests/titan/test_moe_acts.py, torchtitan's own
+-- block with flex and with varlen): its linears all have biases, so each
+-- is an aten.addmm, which SelectiveAC always saves (torch's
+-- compute_intensive_ops) and never counts among its mm / linear ops
+-- (distributed/activation_checkpoint.py:241, 262-272): wqkv's, wo's and the
+-- router gate's (fp32 under its autocast) outputs all kept, the gate's
+-- forced recompute not applying; the experts' two bias expansions
+-- (moe.py:168-185, repeat_interleave with output_size) keep an int64
+-- index per routed row each. varlen (its registry's default backend,
+-- torch.nn.attention.varlen's _varlen_attn) saves q, k, v, out, lse as
+-- flex does and its rng_state (uint64 x 2, 16 bytes); SelectiveAC saves
+-- the op's outputs alone (out, lse, rng_state: the op is in its save list,
+-- activation_checkpoint.py:56), so q, k and v are recomputed.
 -- "full": the block's input (e x dim per token); backward recomputes all
 -- of "none" (transient).
 local acts = {}
 
 local F32, I64, I32 = 4, 8, 4
+-- varlen attention's rng_state (torch.nn.attention.varlen: uint64 x 2, saved for its backward)
+local RNG = 16
 
 -- A part of a block: none (bytes autograd saves), mms (its matmuls in
 -- forward order: { fan_in, fan_out }), sac (bytes of the other ops
@@ -107,6 +122,8 @@ function acts.gqa_attention(cfg, e, T)
   else
     mms, v_mm = { { d, Q }, { d, KV }, { d, KV }, { Q, d } }, 3
   end
+  -- gpt-oss's projections have biases: aten.addmm, always saved by SelectiveAC (see above)
+  for _, m in ipairs(mms) do m.addmm = cfg.gpt_oss or nil end
   -- attention_norm's input and output, q, k, v, the output (+ the q/k
   -- norms' inputs); rstd per token (+ per q, k head), lse per head
   local norms = cfg.qk_norm and Q + KV or 0
@@ -118,6 +135,10 @@ function acts.gqa_attention(cfg, e, T)
     -- storage (the reshape's .contiguous() of it): Q more per token. SelectiveAC recomputes these (they
     -- run outside flex's compiled region), so its terms below stay GQA's.
     none = none + e * T * (Q + h) + F32 * T * h
+  end
+  if cfg.attn_backend == "varlen" then
+    -- varlen's rng_state; under SAC its outputs alone (out, lse, rng_state): q, k, v recomputed
+    return part(none + RNG, mms, e * T * Q + F32 * T * h + RNG, 0, { bytes = 0 })
   end
   -- SAC: the compiled region's output, lse, q and k (v below)
   return part(none, mms, e * T * (2 * Q + KV) + F32 * T * h, 0, { bytes = e * T * KV, mm = v_mm })
@@ -174,7 +195,8 @@ function acts.moe(cfg, e, T, rows, ep)
   local combine = rows * F32 * d
   local Fs = (cfg.num_shared_experts or 0) * F
   local block = e * T * d + F32 * T + router + dispatch + combine
-  local mms = { { d, E } }
+  -- (gpt-oss's gate has a bias: an fp32 aten.addmm, which SelectiveAC saves)
+  local mms = { { d, E, addmm = cfg.gpt_oss or nil, bytes = cfg.gpt_oss and F32 or nil } }
   local shared_sac = 0
   if Fs > 0 and swiglu_of(cfg) then
     -- (the shared experts' FeedForward fused too: acts.dense_ffn's terms)
@@ -187,18 +209,23 @@ function acts.moe(cfg, e, T, rows, ep)
   -- per routed row: the grouped matmuls' input and, of the SwiGLU, h1, silu(h1), h3, their product (4F);
   -- gpt-oss's clamped SwiGLU (moe.py:67-74, 161-188) keeps mlp1's biased 2F output (both clamps' input,
   -- one storage), sigmoid's output, the two clamped halves, the gated half and the product: 7F
-  local routed = rows * (e * d + (cfg.gpt_oss and 7 or 4) * e * F + (ep > 1 and I64 or 0)) + I32 * (E // ep)
+  -- (and its two bias expansions' int64 indices per row, moe.py:168-185)
+  local routed = rows * (e * d + (cfg.gpt_oss and 7 * e * F + 2 * I64 or 4 * e * F) + (ep > 1 and I64 or 0))
+    + I32 * (E // ep)
   local sac = T * (F32 + I64) * (K + 2 * G + lg) + shared_sac
   return part(block, mms, sac, routed)
 end
 
 -- The bytes of the matmul outputs SelectiveAC saves: every other aten.mm
--- (odd counts), those of the forced shapes neither saved nor counted; and
--- the set of the saved ones' indices in mms.
+-- (odd counts), those of the forced shapes neither saved nor counted; an
+-- addmm (a biased linear, m.addmm) always saved and never counted, m.bytes
+-- per element (else e); and the set of the saved ones' indices in mms.
 function acts.sac_matmuls(mms, e, T, forced)
   local n, bytes, kept = 0, 0, {}
   for i, m in ipairs(mms) do
-    if not (forced and m[1] == forced[1] and m[2] == forced[2]) then
+    if m.addmm then
+      bytes, kept[i] = bytes + (m.bytes or e) * T * m[2], true
+    elseif not (forced and m[1] == forced[1] and m[2] == forced[2]) then
       n = n + 1
       if n % 2 == 1 then bytes, kept[i] = bytes + e * T * m[2], true end
     end

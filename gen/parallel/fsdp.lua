@@ -24,6 +24,15 @@ local fsdp = {
 
 function fsdp.used() return true end
 
+-- The audit's mesh line (parallel.mesh_kind): FSDP shards over dp_shard x
+-- cp, HSDP adds replicas over dp_replicate; replicas alone are
+-- "replicate"; nothing sharded or replicated names nothing.
+function fsdp.mesh_label(d)
+  local shard, rep = d.dp_shard * (d.cp or 1), d.dp_replicate
+  if shard > 1 then return rep > 1 and "HSDP" or "FSDP" end
+  return rep > 1 and "replicate" or nil
+end
+
 -- The decoder families torchtitan 0.3 trains with ChunkedLossWrapper
 -- (Trainer.__init__: training.loss_chunks, 8 by default, for llama3 and
 -- deepseek_v3; the MoE families share its Decoder and [norm, lm_head]

@@ -11,6 +11,10 @@
 -- the output.
 --
 --   name, label   "tp", "TP": its name, and how refusals name it
+--   mesh_label(d, p) -> string | nil
+--                 how the audit's mesh line names it (parallel.mesh_kind;
+--                 omitted: label): FSDP "FSDP" / "HSDP" / "replicate" by
+--                 the degrees, TP "async TP" where the plan runs it
 --   dims          the ParallelDims degrees it implements ({ "tp" }); a
 --                 degree without a module is an internal error
 --                 (check_supported below: every one has a module)
@@ -130,6 +134,20 @@ function parallel.used(d)
     if m.used and m.used(d) then out[#out + 1] = m end
   end
   return out
+end
+
+-- The parallelisms a built plan p runs, as the audit's mesh line names
+-- them: every used module's mesh_label (or label), innermost first
+-- (FSDP over the data ranks, then EP, CP, TP, PP), joined by " + "; "one
+-- rank" where none has anything to name.
+function parallel.mesh_kind(p)
+  local used, names = parallel.used(p.dims), {}
+  for i = #used, 1, -1 do
+    local m, name = used[i], used[i].label
+    if m.mesh_label then name = m.mesh_label(p.dims, p) end
+    if name then names[#names + 1] = name end
+  end
+  return #names > 0 and table.concat(names, " + ") or "one rank"
 end
 
 -- The outermost used module that provides `hook` (inner_plan, classes,

@@ -312,9 +312,14 @@ end
 -- live checks hold to torch), so the two compare field by field.
 -- classes: M.rank_tables's result; mesh: pp_sequence.mesh(pp, dp_shard,
 -- dp_replicate, ep); W: dp_shard. An experts unit's FSDP collectives run on
--- its efsdp group, EP's all-to-alls on the ep group.
+-- its efsdp group, EP's all-to-alls on the ep group. opts.tp: TP's
+-- collectives too (op = all_gather / reduce_scatter / all_reduce, tp =
+-- true, their count and reduce op; no ranks: the mesh leaves tp out, the
+-- caller names each TP rank's group), for tests/pp/compare_titan_pp.lua.
 local A2A = { a2a = true, a2a_counts = true }
-function M.events(classes, mesh, W)
+local TP_KIND = { tp_all_gather = "all_gather", tp_reduce_scatter = "reduce_scatter", tp_all_reduce = "all_reduce" }
+function M.events(classes, mesh, W, opts)
+  local with_tp = opts and opts.tp
   local groups = require("gen.groups")
   local dims = require("gen.dims")
   local ep_of, efsdp_of = seq.groups_of(mesh.ep), seq.groups_of(mesh.efsdp)
@@ -363,6 +368,9 @@ function M.events(classes, mesh, W)
         ev[#ev + 1] = { op = o.kind, ranks = ep_of(g), unit = u.name, dtype = o.dtype, in_numel = o.count,
                         out_numel = o.count,
                         exchange = step .. ((o.phase == "forward" or o.recompute) and "" or " bwd") }
+      elseif with_tp and o.group == "tp" and (TP_KIND[o.kind] or o.kind == "all_reduce") then
+        ev[#ev + 1] = { op = TP_KIND[o.kind] or o.kind, tp = true, unit = u.name, dtype = o.dtype, count = o.count,
+                        reduce_op = o.reduce_op }
       elseif o.kind == "all_reduce" and o.group and o.group ~= "tp" then
         -- HSDP: the reduced shard across the replicas
         ev[#ev + 1] = { op = o.kind, ranks = replicas_of[g], unit = u.name, dtype = o.dtype, in_numel = o.count,

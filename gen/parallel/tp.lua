@@ -305,6 +305,9 @@ end
 
 function tp.used(d) return d.tp > 1 end
 
+-- The audit's mesh line (parallel.mesh_kind): "async TP" where the plan runs it.
+function tp.mesh_label(_, p) return p.async_tp and "async TP" or "TP" end
+
 -- The TP settings, checked for every plan (a setting that would be ignored
 -- is refused): sequence and loss parallelism need a TP group and a model
 -- whose activations are modelled (the dense decoders': llama, qwen3).

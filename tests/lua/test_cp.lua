@@ -410,6 +410,10 @@ function T.audit_names_cp()
                           "local batch 2 x seq_len 512 / cp 2" }) do
     H.eq(md:find(want, 1, true) ~= nil, true, "SCHEDULE.md says " .. want)
   end
+  -- with TP too, the mesh line names all three (it said "(FSDP + CP)", leaving TP out)
+  local q = gen(16, "{ dp_shard = 4, cp = 2, tp = 2 }")
+  local mq = audit.schedule_md(q, audit.fingerprint(q))
+  H.eq(mq:match("mesh [^;|]*"), "mesh dp_shard=4 x cp=2 x tp=2 (FSDP + CP + TP)", "the mesh line")
 end
 
 return T

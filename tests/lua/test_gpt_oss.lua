@@ -139,7 +139,18 @@ function T.activation_terms()
   local a, m = acts.gqa_attention(cfg, 2, 10), acts.moe(cfg, 2, 10, 20, 1)
   H.eq(a.none - base_attn.none, 2 * 10 * (16 + 4) + 4 * 10 * 4, "sinks: product Q + cast h (e), sigmoid h (fp32)")
   H.eq(a.sac, base_attn.sac, "SelectiveAC recomputes the sinks")
-  H.eq(m.routed - base_moe.routed, 20 * 3 * 2 * 8, "7F instead of 4F per routed row")
+  H.eq(m.routed - base_moe.routed, 20 * (3 * 2 * 8 + 2 * 8), "7F instead of 4F and two int64 indices per routed row")
+  -- biased linears: aten.addmm, all saved by SelectiveAC (the gate's fp32, its forced recompute not applying);
+  -- varlen: rng_state more, and under SelectiveAC its out and lse alone (tests/titan/test_moe_acts.py measures)
+  cfg.router, cfg.n_layers = { route_norm = true }, 2
+  local function block(be, ac)
+    cfg.attn_backend = be
+    return acts.block(cfg, 0, 2, 10, 20, 1, ac).saved
+  end
+  H.eq(acts.sac_matmuls(acts.moe(cfg, 2, 10, 20, 1).mms, 2, 10, { 16, 8 }), 4 * 10 * 8, "the gate's fp32 output")
+  H.eq(block("varlen", "none") - block("flex", "none"), 16, "varlen's rng_state")
+  H.eq(block("flex", "selective") - block("varlen", "selective"), 2 * 10 * (4 * 4 + 2 * 2 * 4) - 16,
+    "SAC: flex's q, k, v kept, varlen's recomputed")
 end
 
 function T.shipped_plans_generate_and_fit()
@@ -209,6 +220,40 @@ function T.tp_collectives_and_partial_biases()
   H.eq(partial, "attention.wo.bias attention_norm.weight ffn_norm.weight moe.router.gate.weight moe.router.gate.bias",
     "ep 2: no mlp2 bias over TP")
   H.eq(select(2, tp_seq(tiny("{ dp_shard = 2, tp = 2, ep = 2 }"), "layers.1.experts")), "", "experts unit")
+end
+
+-- PP x TP: each pipeline rank's tables carry its stage's TP collectives
+-- (gen/parallel/pp_tables.lua's events with opts.tp, which
+-- tests/pp/compare_titan_pp.lua holds to torchtitan's pipeline_llm on gloo:
+-- tests/pp/pp_titan_cases.py's gpt_pp2_tp2), the Partial bias gradients'
+-- all-reduces among them; without opts.tp none (the PP proof's events).
+function T.pp_tables_carry_tp()
+  local tables, seq = require("gen.parallel.pp_tables"), require("gen.parallel.pp_sequence")
+  local p = plan.from_source(src(TINY, "{ pp = 2, tp = 2 }", 4, "{ local_batch_size = 2, loss_chunks = 1 }")
+    :gsub(" }$", ", pipeline = { schedule = '1F1B', microbatches = 2 } }"), "plans/t.lua")
+  local first = {}
+  for _, c in ipairs(p.tp_classes) do
+    if (c.tp_class or 0) == 0 then first[c.pp_rank + 1] = { pp_rank = c.pp_rank, units = c.layout.units, ops = c.ops } end
+  end
+  local mesh = seq.mesh(2, 1, 1, 1, 1)
+  for r = 1, 2 do
+    local n_tp, reduced = 0, 0
+    for _, o in ipairs(first[r].ops) do
+      if o.group == "tp" then n_tp = n_tp + 1 end
+    end
+    local with, without = tables.events(first, mesh, 1, { tp = true })[r], tables.events(first, mesh, 1)[r]
+    local tp_ev = 0
+    for _, e in ipairs(with) do
+      if e.tp then
+        tp_ev = tp_ev + 1
+        if e.op == "all_reduce" and e.reduce_op ~= "max" then reduced = reduced + 1 end
+      end
+    end
+    H.eq(tp_ev, n_tp, "pipeline rank " .. (r - 1) .. ": every TP op an event")
+    H.eq(#with - #without, n_tp, "pipeline rank " .. (r - 1) .. ": none without opts.tp")
+    -- one block per stage, 6 Partial gradients each (SP), reduced once after the last microbatch
+    H.eq(reduced >= 6, true, "pipeline rank " .. (r - 1) .. ": the Partial gradients' all-reduces")
+  end
 end
 
 -- CP (gen/parallel/cp.lua): each block's K and V all-gathered over cp in

@@ -7,7 +7,7 @@ local parallel = require("gen.parallel.init")
 local T = {}
 
 local HOOKS = { "used", "check_dims", "rules", "inner_plan", "prepare", "settings", "apply_units", "classes", "buffers",
-                "on_layout", "step", "unit_ops", "prove_class", "prove", "describe" }
+                "on_layout", "step", "unit_ops", "prove_class", "prove", "describe", "mesh_label" }
 
 function T.every_module_keeps_the_contract()
   local seen = {}
@@ -28,6 +28,25 @@ function T.every_module_keeps_the_contract()
   local order = {}
   for i, m in ipairs(parallel.MODULES) do order[i] = m.name end
   H.list_eq(order, { "pp", "tp", "cp", "ep", "fsdp" }, "application order")
+end
+
+-- The audit's mesh line names every parallelism the plan runs, each by
+-- its module (parallel.mesh_kind): HSDP / FSDP over dp_shard x cp, then
+-- EP, CP, TP (async where run), PP; nothing but one rank says so.
+function T.mesh_kind_names_every_parallelism()
+  local function kind(d, async)
+    local full = { pp = 1, dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1, ep = 1 }
+    for k, v in pairs(d) do full[k] = v end
+    return parallel.mesh_kind({ dims = full, async_tp = async })
+  end
+  H.eq(kind({}), "one rank", "one rank")
+  H.eq(kind({ dp_replicate = 2 }), "replicate", "replicas alone")
+  H.eq(kind({ dp_shard = 4, cp = 2, tp = 2 }), "FSDP + CP + TP", "dp_shard 4 x cp 2 x tp 2")
+  H.eq(kind({ cp = 2 }), "FSDP + CP", "FSDP shards over cp alone")
+  H.eq(kind({ tp = 2 }), "TP", "TP alone")
+  H.eq(kind({ dp_replicate = 2, dp_shard = 2, tp = 2 }), "HSDP + TP", "HSDP x TP")
+  H.eq(kind({ pp = 2, dp_replicate = 2, dp_shard = 2, cp = 2, tp = 2, ep = 4 }, true),
+    "HSDP + EP + CP + async TP + PP", "all five")
 end
 
 -- Every op's group is one a module the plan uses declares.

@@ -145,7 +145,7 @@ function T.async_tp_overlaps_the_matmuls_it_feeds()
   -- said where a reader looks: the summary's mesh, the assumptions, plan.json
   local audit = require("gen.audit")
   local md = audit.schedule_md(async, audit.fingerprint(async))
-  assert(md:find("FSDP + async TP", 1, true) and md:find("- Async TP (parallel.async_tp", 1, true), "SCHEDULE.md")
+  assert(md:find("(replicate + async TP)", 1, true) and md:find("- Async TP (parallel.async_tp", 1, true), "SCHEDULE.md")
   H.eq(require("gen.json").decode(audit.json(async, audit.fingerprint(async))).parallel.async_tp, true, "plan.json")
   -- the hiding itself: max(c, m) + min(c, m) / tp - m
   local tl = require("gen.timeline")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Live check (issue 35): torchtitan 0.3's own pipeline (pipeline_llm, each
 # stage parallelized by the family's parallelize_*) run on CPU (gloo) for
-# qwen3 and for DeepSeek-V3 with expert parallel inside each stage
+# qwen3 and for DeepSeek-V3, Qwen3 MoE and gpt-oss with expert parallel inside each stage, and
+# gpt-oss with tensor parallel inside each stage (its TP collectives too)
 # (tests/pp/torch_pp_titan_record.py, cases in tests/pp/pp_titan_cases.py),
 # against commplan's pipeline tables for the same job
 # (tests/pp/compare_titan_pp.lua): every rank's sends, receives, FSDP

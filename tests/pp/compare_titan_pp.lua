@@ -1,7 +1,9 @@
 -- Compares what torchtitan 0.3's own pipeline (pipeline_llm, live on gloo:
 -- tests/pp/torch_pp_titan_record.py) issued with commplan's pipeline tables
 -- for the same model, mesh and schedule (issue 35): PP on qwen3, PP x EP on
--- DeepSeek-V3.
+-- DeepSeek-V3, Qwen3 MoE and gpt-oss, PP x TP on gpt-oss (its TP
+-- collectives: kind, the tp group, numel, dtype, reduce op; and the
+-- Partial bias gradients' all-reduces).
 --
 -- Per case the plan of the recorded job is generated (its proofs run: the
 -- tables equal gen/parallel/pp_sequence.lua's sequence, the whole step
@@ -35,7 +37,7 @@ local DTYPE = { float32 = "fp32", bfloat16 = "bf16", int64 = "int64" }
 local GQA_MOE = { "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "moe_hidden_dim", "num_experts",
                  "top_k" }
 local FIELDS = { qwen3 = { "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "hidden_dim" },
-                 qwen3_moe = GQA_MOE, mixtral = GQA_MOE,
+                 qwen3_moe = GQA_MOE, mixtral = GQA_MOE, gpt_oss = GQA_MOE,
                  deepseek_v3 = { "dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank",
                                  "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                                  "dense_hidden_dim", "moe_hidden_dim", "num_experts", "num_shared_experts",
@@ -47,12 +49,14 @@ local function plan_source(s)
   local m = {}
   for _, k in ipairs(FIELDS[s.family]) do m[#m + 1] = fmt("%s = %d", k, s.model[k]) end
   if s.family == "qwen3" then m[#m + 1] = "enable_weight_tying = false" end
-  return fmt([[return { world_size = %d, parallel = { pp = %d, dp_shard = %d%s },
+  return fmt([[return { world_size = %d, parallel = { pp = %d, dp_shard = %d%s%s },
   model = { family = %q, dtype = "fp32", seq_len = %d, %s },
-  fsdp = { reduce_op = "sum"%s },
+  fsdp = { %sreduce_op = "sum"%s },
   training = { local_batch_size = %d, activation_checkpointing = %q },
   pipeline = { schedule = %q, microbatches = %d%s } }]], s.world, s.pp, s.dp_shard,
-    s.ep > 1 and fmt(", ep = %d", s.ep) or "", s.family, s.seq, table.concat(m, ", "),
+    s.ep > 1 and fmt(", ep = %d", s.ep) or "", (s.tp or 1) > 1 and fmt(", tp = %d", s.tp) or "", s.family, s.seq, table.concat(m, ", "),
+    -- (torchtitan's mixed_precision_param bf16 where the case says so; reductions fp32)
+    s.param_dtype == "bf16" and 'param_dtype = "bf16", reduce_dtype = "fp32", ' or "",
     (s.raf and s.raf ~= "default") and fmt(", reshard_after_forward_policy = %q", s.raf) or "", s.batch, s.ac or "none",
     s.schedule, s.batch, s.csv and fmt(", csv = %q", s.case .. ".csv") or "")
 end
@@ -75,11 +79,12 @@ end
 -- fsdp.reshard_after_forward_policy = P whatever the recorded job set
 local policy_override
 
-local function compare(path)
+local function compare(path, mutant)
   local rec = json.decode(assert(io.open(path)):read("a"))
   local s = rec.spec
   s.case = rec.case
   if policy_override then s.raf = policy_override end
+  for k, v in pairs(mutant or {}) do s[k] = v end
   -- (the plan beside its CSV: --write-plans wrote both to the recording's specs directory)
   local dir = (path:match("^(.*)/[^/]*$") or ".") .. "/specs"
   local p = plan.from_source(plan_source(s), s.csv and (dir .. "/pp_titan_" .. rec.case .. ".lua")
@@ -92,11 +97,42 @@ local function compare(path)
   end
   -- (each a2a op's combine flag and phase, which events() reads from the ops)
   local want = tables.events(first, seq.mesh(s.pp, W, R, E, TP), W)
-  local n, a2a = 0, 0
+  if TP > 1 and E == 1 then
+    -- TP inside each stage (mesh [pp, dp_shard, tp], tp innermost): the
+    -- events of the mesh without tp, TP's collectives in them (opts.tp),
+    -- copied to each TP rank t: global rank g' * TP + t, TP's on the ranks
+    -- beside it
+    local small = tables.events(first, seq.mesh(s.pp, W, R, E, 1), W, { tp = true })
+    want = {}
+    for g = 0, s.world - 1 do
+      local t, ev = g % TP, {}
+      for i, e in ipairs(small[g // TP + 1]) do
+        local c = {}
+        for k, v in pairs(e) do c[k] = v end
+        c.ranks = nil
+        if e.tp then
+          c.ranks = {}
+          for j = 0, TP - 1 do c.ranks[j + 1] = g - t + j end
+          c.in_numel = e.op == "reduce_scatter" and e.count * TP or e.count
+          c.out_numel = e.op == "all_gather" and e.count * TP or e.count
+        else
+          if e.ranks then
+            c.ranks = {}
+            for j, r in ipairs(e.ranks) do c.ranks[j] = r * TP + t end
+          end
+          c.peer = e.peer and e.peer * TP + t
+        end
+        ev[i] = c
+      end
+      want[g + 1] = ev
+    end
+  end
+  local n, a2a, tpc = 0, 0, 0
   for g, r in ipairs(rec.ranks) do
     local got = {}
     for _, e in ipairs(r.events) do
-      if e.phase == "step" then got[#got + 1] = e end
+      -- (funcol's _wrap_tensor_autograd, after a TP all-reduce: a wrapper, nothing on the wire)
+      if e.phase == "step" and e.op ~= "_c10d_functional._wrap_tensor_autograd" then got[#got + 1] = e end
     end
     local w = want[g]
     local function fail(i, why)
@@ -133,8 +169,10 @@ local function compare(path)
         end
         a2a = a2a + 1
       else
+        if y.tp then tpc = tpc + 1 end
         if x.kind ~= y.op or not same_list(x.ranks, y.ranks) or x.in_numel ~= y.in_numel
-          or x.out_numel ~= y.out_numel or dt ~= y.dtype then
+          or x.out_numel ~= y.out_numel or dt ~= y.dtype
+          or (y.tp and (x.reduce_op or "sum") ~= (y.reduce_op or "sum")) then
           fail(i, fmt("%s in %s out %s %s vs %s in %s out %s %s", tostring(x.kind), tostring(x.in_numel),
             tostring(x.out_numel), dt, y.op, tostring(y.in_numel), tostring(y.out_numel), y.dtype))
         end
@@ -142,7 +180,7 @@ local function compare(path)
       n = n + 1
     end
   end
-  return n, a2a, #rec.ranks
+  return n, a2a, #rec.ranks, tpc
 end
 
 -- --write-plans DIR SPEC.json...: each case's plan file (DIR/pp_titan_<case>.lua)
@@ -229,9 +267,35 @@ local function check_grads(path)
   return n
 end
 
-local cases, events, a2as, elements = 0, 0, 0, 0
+-- Wrong plans each recording of a family must differ from (the comparison
+-- can fail): gpt-oss's held against mixtral's block of the same numbers
+-- (no attention sinks, no q/k/v/o or expert biases: the same units, other
+-- slots) and against GPipe for its 1F1B (the same collectives, another
+-- order of sends and receives).
+local MUTANTS = { gpt_oss = { { what = "mixtral's block (no sinks, no biases)", family = "mixtral" },
+                              { what = "GPipe for 1F1B", schedule = "GPipe" } } }
+
+local function check_mutants(path)
+  local rec = json.decode(assert(io.open(path)):read("a"))
+  local n = 0
+  for _, m in ipairs(MUTANTS[rec.spec.family] or {}) do
+    local wrong = {}
+    for k, v in pairs(m) do if k ~= "what" then wrong[k] = v end end
+    local ok, why = pcall(compare, path, wrong)
+    if ok then error(fmt("%s: the wrong plan (%s) equals the recording", rec.case, m.what), 0) end
+    print(fmt("pp-titan: %s against the wrong plan (%s) differs: %s", rec.case, m.what, why))
+    n = n + 1
+  end
+  return n
+end
+
+local cases, events, a2as, elements, mutants = 0, 0, 0, 0, 0
 for _, path in ipairs(files) do
-  local ok, n, a2a, ranks = pcall(compare, path)
+  local ok, n, a2a, ranks, tpc = pcall(compare, path)
+  if ok then
+    local good, m = pcall(check_mutants, path)
+    if not good then ok, n = false, m else mutants = mutants + m end
+  end
   if ok and dumps_dir then
     local good, e = pcall(check_grads, path)
     if not good then ok, n = false, e else elements = elements + e end
@@ -240,9 +304,10 @@ for _, path in ipairs(files) do
     print("pp-titan: FAIL " .. tostring(n))
     os.exit(1)
   end
-  print(fmt("pp-titan: %s equal: %d events on %d ranks (%d all-to-alls)", path:match("([^/]+)%.json$"), n, ranks,
-    a2a))
+  print(fmt("pp-titan: %s equal: %d events on %d ranks (%d all-to-alls%s)", path:match("([^/]+)%.json$"), n, ranks,
+    a2a, (tpc or 0) > 0 and fmt(", %d TP collectives", tpc) or ""))
   cases, events, a2as = cases + 1, events + n, a2as + a2a
 end
-print(fmt("pp-titan: %d cases, %d events (%d all-to-alls) equal to torchtitan's, in order%s", cases, events, a2as,
-  dumps_dir and fmt("; reduced gradients: %d elements equal, float32 bit for bit", elements) or ""))
+print(fmt("pp-titan: %d cases, %d events (%d all-to-alls) equal to torchtitan's, in order%s%s", cases, events, a2as,
+  dumps_dir and fmt("; reduced gradients: %d elements equal, float32 bit for bit", elements) or "",
+  mutants > 0 and fmt("; %d wrong plans differ", mutants) or ""))

@@ -11,6 +11,9 @@ DSV3 = dict(dim=16, n_layers=3, n_dense_layers=1, n_heads=2, vocab_size=64, q_lo
             num_experts=8, num_shared_experts=1, top_k=2)
 GQA_MOE = dict(dim=16, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=4, vocab_size=64, moe_hidden_dim=8, num_experts=4,
                top_k=2)
+# tests/ep/ep_cases.py's tiny gpt-oss (GPT_BASE): sinks and biases, block 0 sliding, 8 experts with biases
+GPT_OSS = dict(dim=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=4, vocab_size=64, moe_hidden_dim=16,
+               num_experts=8, top_k=2)
 QWEN3 = dict(dim=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, vocab_size=64, hidden_dim=48)
 CASES = {
     # PP x EP: pp 2 x dp_shard 2 with ep 2 (efsdp 1) in each stage, 1F1B over 2 microbatches
@@ -53,6 +56,15 @@ CASES = {
                                 seq=6, model=DSV3, raf="always"),
     "dsv3_pp2_dp4_ep2_always": dict(family="deepseek_v3", world=8, pp=2, dp_shard=4, ep=2, schedule="1F1B",
                                     batch=2, seq=6, model=DSV3, raf="always"),
+    # gpt-oss (parallelize_gptoss inside each stage, models/gpt_oss/parallelize.py): PP x EP, pp 2 x dp_shard 2
+    # with ep 2, 1F1B over 2 microbatches, [tok_embeddings, layers.0] and [layers.1, norm, lm_head]; bf16
+    # all-gathers (its experts return bf16 whatever the parameters' dtype: tests/ep/ep_cases.py's gpt_dp4)
+    "gpt_pp2_ep2": dict(family="gpt_oss", world=4, pp=2, dp_shard=2, ep=2, schedule="1F1B", batch=2, seq=6,
+                        model=GPT_OSS, param_dtype="bf16"),
+    # gpt-oss PP x TP: pp 2 x tp 2 (its TP plan, models/gpt_oss/sharding.py, sequence and loss parallel, inside
+    # each stage; dp_shard 1: no FSDP collective), 1F1B: the Partial bias gradients' all-reduces in each stage
+    "gpt_pp2_tp2": dict(family="gpt_oss", world=4, pp=2, dp_shard=1, tp=2, ep=1, schedule="1F1B", batch=2, seq=6,
+                        model=GPT_OSS, param_dtype="bf16"),
 }
 QUICK = "dsv3_pp2_ep2"
 # (make test's quick tier for the "always" policy: tests/pp/check_titan_pp.sh's ALWAYS block)

@@ -106,6 +106,8 @@ def model_config(case):
         # torchtitan's Qwen3 MoE builder (mixtral: without q/k norms), tests/titan/test_moe_plan.py's
         import test_moe_plan
         return test_moe_plan.titan_config(case["family"], None, m)
+    if case["family"] == "gpt_oss":
+        return EPR.titan_gpt_oss_config(m)
     return EPR.titan_model_config(m)
 
 
@@ -122,6 +124,8 @@ def run_case(rank, case, ids=None):
     if case["family"] in ("qwen3", "qwen3_moe", "mixtral"):
         from torchtitan.models.qwen3 import model_registry, parallelize_qwen3 as parallelize_fn
         registry = "debugmodel" if case["family"] == "qwen3" else "debugmodel_moe"
+    elif case["family"] == "gpt_oss":
+        from torchtitan.models.gpt_oss import model_registry, parallelize_gptoss as parallelize_fn
     else:
         from torchtitan.models.deepseek_v3 import model_registry, parallelize_deepseekv3 as parallelize_fn
 
@@ -132,6 +136,7 @@ def run_case(rank, case, ids=None):
         with open(csv_path, "w", newline="") as fh:
             fh.write(case["csv"])
     parallelism = ParallelismConfig(data_parallel_shard_degree=case["dp_shard"], expert_parallel_degree=case["ep"],
+                                    tensor_parallel_degree=case.get("tp", 1), enable_sequence_parallel=True,
                                     pipeline_parallel_degree=case["pp"],
                                     pipeline_parallel_schedule=case["schedule"],
                                     pipeline_parallel_schedule_csv=csv_path,
@@ -139,18 +144,19 @@ def run_case(rank, case, ids=None):
                                     fsdp_reshard_after_forward=case.get("raf", "default"))
     set_spmd_backend(parallelism.spmd_backend)  # as Trainer.__init__ does
     training = TrainingConfig(local_batch_size=case["batch"], seq_len=case["seq"], dtype="float32",
-                              mixed_precision_param="float32", mixed_precision_reduce="float32",
+                              mixed_precision_param={"bf16": "bfloat16"}.get(case.get("param_dtype"), "float32"),
+                              mixed_precision_reduce="float32",
                               disable_cuda_graphs=True)
     # cases of one mesh share its ParallelDims (a second one over the same
     # ranks hands fully_shard a cached DeviceMesh that is not its
     # parameters': tests/ep/torch_ep_record.py's MESHES)
-    key = (case["world"], case["pp"], case["dp_shard"], case["ep"])
+    key = (case["world"], case["pp"], case["dp_shard"], case["ep"], case.get("tp", 1))
     if key not in MESHES:
         MESHES[key] = ParallelDims.from_config(parallelism, case["world"])
         MESHES[key].build_mesh()
     pd = MESHES[key]
     cfg = model_config(case)
-    spec = model_registry(registry)
+    spec = model_registry(registry, attn_backend="flex") if case["family"] == "gpt_oss" else model_registry(registry)
     spec.model = cfg
     cfg.update_from_config(config=Trainer.Config(model_spec=spec, parallelism=parallelism, training=training,
                                                  debug=DebugConfig(moe_force_load_balance=True)))
@@ -237,6 +243,7 @@ def worker(rank, world, port, names, tmpdir, ids_dir=None):
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     import titan_env as E
     E.cpu_training()
+    EPR.flex_with_lse_on_cpu()  # gpt-oss's sinks on flex's lse (the others ask for none)
     EPR.install_labels()
     EPR.install_ep_labels()
     if ids_dir:
@@ -280,9 +287,9 @@ def main():
     by_mesh = {}
     for n in names:
         c = CASES[n]
-        by_mesh.setdefault((c["world"], c["pp"], c["dp_shard"], c["ep"]), []).append(n)
+        by_mesh.setdefault((c["world"], c["pp"], c["dp_shard"], c["ep"], c.get("tp", 1)), []).append(n)
     rc = 0
-    for (world, _, _, _), group in sorted(by_mesh.items()):
+    for (world, _, _, _, _), group in sorted(by_mesh.items()):
         with tempfile.TemporaryDirectory() as tmp:
             port = EPR.free_port()
             mp.start_processes(worker, args=(world, port, group, tmp, a.ids), nprocs=world, join=True,

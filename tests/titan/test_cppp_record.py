@@ -4,7 +4,8 @@
 torchtitan's own path on CPU ranks over gloo, ParallelDims' mesh [pp 2, cp 2] (world 4) and, in the
 full tier, [pp 2, dp_shard 2, cp 2] (world 8: FSDP over dp_shard x cp, 4 ranks, beside the cp pairs),
 [pp 2, cp 2, tp 2] (world 8: CP x TP inside the stages, sequence parallel, loss parallel on the last)
-and the 4D mesh [pp 2, dp_shard 2, cp 2, tp 2] (world 16), pp outermost: its llama3 (tests/titan/test_cp_record.py's tiny model and CPU stand-ins), split and
+and the 4D mesh [pp 2, dp_shard 2, cp 2, tp 2] (world 16), and gpt-oss on [pp 2, cp 2] (parallelize_gptoss
+in each stage: flex with its sinks, block 0 windowed), pp outermost: its llama3 (tests/titan/test_cp_record.py's tiny model and CPU stand-ins), split and
 parallelized by the
 model's pipelining_fn, pipeline_llm (distributed/pipeline_parallel.py:65: _pipeline_module_split into
 stages with torchtitan's own split, parallelize_llama on every stage's module, so FSDP over
@@ -49,7 +50,10 @@ NAME = "CP x PP collectives and sends/receives vs commplan's tables (tests/titan
 OUT = os.path.join(E.ROOT, "build", "titan")
 # name: the degrees (mesh [pp, dp_shard, cp, tp], pp outermost); its world is their product
 MESHES = {"pp2_cp2": {"pp": 2, "cp": 2}, "pp2_dp2_cp2": {"pp": 2, "dp_shard": 2, "cp": 2},
-          "pp2_cp2_tp2": {"pp": 2, "cp": 2, "tp": 2}, "pp2_dp2_cp2_tp2": {"pp": 2, "dp_shard": 2, "cp": 2, "tp": 2}}
+          "pp2_cp2_tp2": {"pp": 2, "cp": 2, "tp": 2}, "pp2_dp2_cp2_tp2": {"pp": 2, "dp_shard": 2, "cp": 2, "tp": 2},
+          # gpt-oss (test_cp_record.py's GPT_OSS, flex: sinks on its lse, block 0 windowed), parallelize_gptoss in
+          # each stage
+          "gpt_pp2_cp2": {"pp": 2, "cp": 2, "family": "gpt_oss"}}
 SEQ, BATCH, MB_SIZE, STEPS = C.SEQ, C.BATCH, 1, 2
 # --policy: torchtitan's fsdp_reshard_after_forward on both sides (issue 41: "always" under PP)
 POLICY = ["default"]
@@ -58,7 +62,7 @@ QUICK = ("Interleaved1F1B",)  # make test's quick tier: a multi-stage schedule (
 # (the full tier: the 8-rank meshes, FSDP over dp_shard x cp = 4 ranks beside the cp pairs, and CP x TP
 # inside the stages (sequence parallel); the 16-rank 4D mesh, FSDP 2 x CP 2 x TP 2 x PP 2: 1F1B)
 FULL_MESHES = {"pp2_cp2": SCHEDULES, "pp2_dp2_cp2": ("1F1B",), "pp2_cp2_tp2": ("1F1B",),
-               "pp2_dp2_cp2_tp2": ("1F1B",)}
+               "pp2_dp2_cp2_tp2": ("1F1B",), "gpt_pp2_cp2": ("1F1B",)}
 
 
 def world_of(par):
@@ -121,8 +125,14 @@ def worker(rank, init, out_dir, par, schedules):
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.distributed.spmd_types import annotate_input_spmd_types
     from torchtitan.distributed.utils import get_spmd_context, set_spmd_backend
-    from torchtitan.models.llama3 import model_registry, parallelize_llama
+    from torchtitan.config import DebugConfig
     from torchtitan.trainer import Trainer
+    if par.get("family") == "gpt_oss":
+        sys.path.insert(0, os.path.join(E.ROOT, "tests", "ep"))
+        import torch_ep_record as TE
+        from torchtitan.models.gpt_oss import model_registry, parallelize_gptoss as parallelize_fn
+    else:
+        from torchtitan.models.llama3 import model_registry, parallelize_llama as parallelize_fn
     mode = C.make_mode()
     set_spmd_backend("spmd_types")
     res, pd = {}, None
@@ -139,10 +149,15 @@ def worker(rank, init, out_dir, par, schedules):
             pd = ParallelDims.from_config(parallelism, world)
             pd.build_mesh()
         torch.manual_seed(0)
-        cfg = TL.titan_config(None, C.TITAN, False)
-        spec = model_registry("debugmodel")
+        if par.get("family") == "gpt_oss":  # (torchtitan's round-robin routing: the routing fixed and known)
+            cfg = TE.titan_gpt_oss_config(C.GPT_OSS, max_seq_len=SEQ)
+            spec = model_registry("debugmodel", attn_backend="flex")
+        else:
+            cfg = TL.titan_config(None, C.TITAN, False)
+            spec = model_registry("debugmodel")
         spec.model = cfg
-        cfg.update_from_config(config=Trainer.Config(model_spec=spec, parallelism=parallelism, training=training))
+        cfg.update_from_config(config=Trainer.Config(model_spec=spec, parallelism=parallelism, training=training,
+                                                     debug=DebugConfig(moe_force_load_balance=True)))
         with torch.device("cpu"):
             model = cfg.build()
         # (the vocabulary, which loss parallelism's vocab shards need under TP, as test_cp_record.py gives it)
@@ -150,8 +165,11 @@ def worker(rank, init, out_dir, par, schedules):
         sched, parts, has_first, has_last = spec.pipelining_fn(
             model, parallel_dims=pd, training=training, parallelism=parallelism, compile_config=CompileConfig(),
             ac_config=None, dump_folder=os.path.join(OUT, "dump"), device=torch.device("cpu"), model_config=cfg,
-            parallelize_fn=parallelize_llama, loss_fn=loss_fn)
+            parallelize_fn=parallelize_fn, loss_fn=loss_fn)
         for part in parts:
+            if par.get("family") == "gpt_oss":  # (its build leaves the weights empty: torchtitan's init, as
+                with torch.no_grad():           # tests/pp/torch_pp_titan_record.py runs it)
+                    part.init_weights(buffer_device=torch.device("cpu"))
             for m in part.modules():
                 if isinstance(m, FSDPModule):
                     m.set_force_sum_reduction_for_comms(True)
@@ -230,8 +248,11 @@ def record(par, schedules, out_dir):
 def plan_for(name, parallel, schedule):
     """commplan's plan.json of the model, mesh and schedule (test_cp_record's plan, with a pipeline)."""
     from commplan import plan_text
-    model = dict(C.TITAN, family="llama", seq_len=SEQ)
-    text = plan_text(name, world_of(parallel), model, parallel=dict(parallel),
+    parallel = dict(parallel)
+    family = parallel.pop("family", "llama")
+    model = dict({"llama": C.TITAN, "gpt_oss": dict(C.GPT_OSS, attn_backend="flex")}[family], family=family,
+                 seq_len=SEQ)
+    text = plan_text(name, world_of(parallel), model, parallel=parallel,
                      fsdp=dict({"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum"},
                                **({"reshard_after_forward_policy": POLICY[0]} if POLICY[0] != "default" else {})),
                      training={"local_batch_size": BATCH, "loss_chunks": 1})
@@ -350,6 +371,8 @@ def main():
     nocp = {"pp": par["pp"], "dp_shard": par.get("dp_shard", 1) * par["cp"]}
     if par.get("tp", 1) > 1:
         nocp["tp"] = par["tp"]
+    if "family" in par:
+        nocp["family"] = par["family"]
     other = plan_for("cppp_nocp", nocp, s)
     n, at = C.diff(recorded(rec[m][0][s]["steps"][0]), table_step(other, 0))
     if n == 0:

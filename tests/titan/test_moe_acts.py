@@ -21,7 +21,10 @@ sac bytes (topk's).
 
 Whole blocks: torchtitan's Qwen3 MoE block (GQA attention with FlexAttention, fused and unfused
 qkv, with Qwen3's q/k norms and without them: the mixtral family's block) and DeepSeek-V3's blocks
-(MLA with q_lora_rank 0 and > 0; a dense block and an MoE block), run on B x S tokens with a causal
+(MLA with q_lora_rank 0 and > 0; a dense block and an MoE block) and gpt-oss's block (sinks, biased
+linears, the clamped SwiGLU with its expert biases) with flex attention and with varlen, its registry's
+default (torch's _varlen_attn given a CPU kernel, varlen_on_cpu: its own saved set; measured in forward,
+the backward being CUDA's), run on B x S tokens with a causal
 block mask: "none" (saved_tensors_hooks, each storage once; parameters, buffers and the block
 mask excluded) must equal moe_acts.block's saved + routed bytes; "selective" (the block wrapped by
 SelectiveAC._wrap_block under its FQN: the MUST_SAVE outputs, each storage once, plus the block's
@@ -146,6 +149,8 @@ def cases():
 
 
 def lua_field(v):
+    if isinstance(v, str):
+        return '"%s"' % v
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, dict):
@@ -168,6 +173,7 @@ def lua_block(cfg, i):
 
 
 QWEN = dict(dim=64, n_heads=4, n_kv_heads=2, head_dim=16, moe_hidden_dim=48, num_experts=8, top_k=2)
+GPT_OSS = dict(dim=64, n_heads=4, n_kv_heads=2, head_dim=16, moe_hidden_dim=48, num_experts=8, top_k=2)
 DSV3 = dict(dim=64, n_dense_layers=1, n_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
             v_head_dim=16, dense_hidden_dim=96, moe_hidden_dim=24, num_experts=8, num_shared_experts=2, top_k=3)
 
@@ -185,6 +191,22 @@ def qwen3_block(fused, qk_norm):
     if not qk_norm:
         cfg.attention.qk_norm = None
     return cfg, dict(c, fuse_qkv=fused, qk_norm=qk_norm, router={"route_norm": True})
+
+
+def gpt_oss_block(backend, i):
+    """Block i of a small gpt-oss (its own builders, _build_gptoss_layers and _make_gptoss_attn_config with
+    the case's heads; block 0 with the 128-token window, one flex block here), attention by backend."""
+    import torchtitan.models.gpt_oss as G
+    from torchtitan.models.common import CosSinRoPE
+    c = GPT_OSS
+    rope = CosSinRoPE.Config(dim=c["head_dim"], max_seq_len=4096, theta=150000.0)
+    lc = G._build_gptoss_layers(dim=c["dim"], n_layers=2, hidden_dim=c["moe_hidden_dim"],
+                                num_experts=c["num_experts"], top_k=c["top_k"], load_balance_coeff=1e-3,
+                                attn_backend=backend, fuse_qkv=True, moe_comm_backend="standard", rope=rope)[i]
+    lc.attention = G._make_gptoss_attn_config(
+        dim=c["dim"], layer_id=i, attn_backend=backend, n_heads=c["n_heads"], n_kv_heads=c["n_kv_heads"],
+        head_dim=c["head_dim"], sliding_window_size=lc.attention.sliding_window_size, fuse_qkv=True, rope=rope)
+    return lc, dict(c, fuse_qkv=True, gpt_oss=True, attn_backend=backend, router={"route_norm": True})
 
 
 def dsv3_block(ql, i):
@@ -214,11 +236,19 @@ def build_block(cfg):
     moe = getattr(blk, "moe", None)
     if moe is not None:
         gate = moe.router.gate
-        gate.forward = lambda x: F.linear(x.float(), gate.weight.float())  # CUDA's autocast(float32)
+        # CUDA's autocast(float32) (gpt-oss's gate with its bias: an fp32 addmm)
+        gate.forward = lambda x: F.linear(x.float(), gate.weight.float(),
+                                          None if gate.bias is None else gate.bias.float())
     return blk
 
 
-def block_mask():
+def block_mask(backend="flex"):
+    """flex: a causal BlockMask; varlen: torchtitan's VarlenMetadata of B sequences of S tokens."""
+    import torch
+    if backend == "varlen":
+        from torchtitan.models.common.attention import VarlenMetadata
+        cu = torch.arange(0, B * S + 1, S, dtype=torch.int32)
+        return VarlenMetadata(cu, cu, S, S)
     from torch.nn.attention.flex_attention import create_block_mask
     return create_block_mask(lambda b, h, q, k: q >= k, B, None, S, S, device="cpu")
 
@@ -226,14 +256,45 @@ def block_mask():
 def excluded(blk, m):
     import torch
     s = {t.untyped_storage().data_ptr() for t in list(blk.parameters()) + list(blk.buffers())}
-    s |= {t.untyped_storage().data_ptr() for t in m.as_tuple() if isinstance(t, torch.Tensor)}
+    s |= {t.untyped_storage().data_ptr() for t in (m.as_tuple() if hasattr(m, "as_tuple") else tuple(m))
+          if isinstance(t, torch.Tensor)}
     return s
 
 
-def block_none(cfg, dim, wrap=None):
+def varlen_on_cpu():
+    """torch.nn.attention.varlen's _varlen_attn (FlashAttention, CUDA only) with a CPU kernel: the causal
+    (windowed) attention per sequence in eager ops, out, its fp32 lse (heads x tokens) and the uint64 x 2
+    rng_state as the CUDA op returns them. Its autograd registration (_setup_context: what it saves) is
+    torch's own; the backward stays CUDA's, so the varlen blocks are measured in forward alone."""
+    import torch
+    from torch.nn.attention import varlen as V
+
+    def cpu(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, scale=None, window_size=None,
+            enable_gqa=False, seqused_k=None, block_table=None, num_splits=None, backend=0):
+        n, h, dh = query.shape
+        left = (window_size or [-1, -1])[0]
+        out = torch.empty(n, h, value.shape[-1], dtype=query.dtype)
+        lse = torch.empty(h, n, dtype=torch.float32)
+        cq = cu_seq_q.tolist()
+        for s0, s1 in zip(cq[:-1], cq[1:]):
+            q, k, v = (t[s0:s1].transpose(0, 1).float() for t in (query, key, value))
+            k, v = k.repeat_interleave(h // k.shape[0], 0), v.repeat_interleave(h // v.shape[0], 0)
+            s = (q @ k.transpose(-1, -2)) * (scale if scale is not None else dh ** -0.5)
+            i = torch.arange(s.shape[-1])
+            mask = i[:, None] >= i[None, :]
+            if left >= 0:
+                mask &= (i[:, None] - i[None, :]) <= left
+            s = s.masked_fill(~mask, float("-inf"))
+            lse[:, s0:s1] = torch.logsumexp(s, -1)
+            out[s0:s1] = (torch.softmax(s, -1) @ v).transpose(0, 1).to(out.dtype)
+        return out, lse, torch.zeros(2, dtype=torch.uint64)
+    V._varlen_attn.register_kernel("cpu")(cpu)
+
+
+def block_none(cfg, dim, wrap=None, backend="flex"):
     """Bytes autograd saves in one forward of the block (or, wrapped, what an outer hook sees)."""
     import torch
-    blk, m = build_block(cfg), block_mask()
+    blk, m = build_block(cfg), block_mask(backend)
     if wrap:
         blk = wrap(blk)
     ex, seen, hold = excluded(blk, m), {}, []
@@ -247,16 +308,17 @@ def block_none(cfg, dim, wrap=None):
     x = torch.randn(B, S, dim, dtype=torch.bfloat16, requires_grad=True)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = blk(x, m)
-    out.float().sum().backward()
+    if backend != "varlen":  # (varlen's backward is CUDA's: the saved set is the forward's anyway)
+        out.float().sum().backward()
     return sum(seen.values())
 
 
-def block_selective(cfg, dim, fqn):
+def block_selective(cfg, dim, fqn, backend="flex"):
     """The block's input and the outputs of the ops SelectiveAC marks MUST_SAVE (flex: the compiled
     region's out, lse, q, k, v), each storage once."""
     import torch
     import torchtitan.distributed.activation_checkpoint as AC
-    blk, m = build_block(cfg), block_mask()
+    blk, m = build_block(cfg), block_mask(backend)
     ex, saved, hold = excluded(blk, m), {}, []
     real = AC.create_selective_checkpoint_contexts
 
@@ -284,15 +346,18 @@ def block_selective(cfg, dim, fqn):
         w = AC.SelectiveAC(AC.SelectiveAC.Config())._wrap_block(blk, base_fqn=fqn)
         x = torch.randn(B, S, dim, dtype=torch.bfloat16, requires_grad=True)
         keep(x)  # the checkpoint keeps the block's input
-        w(x, m).float().sum().backward()
+        out = w(x, m)
+        if backend != "varlen":
+            out.float().sum().backward()
     finally:
         AC.create_selective_checkpoint_contexts = real
     return sum(saved.values())
 
 
-def block_full(cfg, dim):
+def block_full(cfg, dim, backend="flex"):
     import torchtitan.distributed.activation_checkpoint as AC
-    return block_none(cfg, dim, wrap=lambda b: AC.FullAC(AC.FullAC.Config())._wrap_block(b, base_fqn="layers.1"))
+    return block_none(cfg, dim, wrap=lambda b: AC.FullAC(AC.FullAC.Config())._wrap_block(b, base_fqn="layers.1"),
+                      backend=backend)
 
 
 def compiled_flex_outputs(hq, hkv, dqk, dv):
@@ -347,6 +412,9 @@ def block_cases():
         setattr(owner, attr, FS.FusedSwiGLU.Config(w1=fc.w1, w2=fc.w2, w3=fc.w3))
         yield ("deepseek_v3 %s block (MLA, q_lora_rank 0, fused SwiGLU w13)" % ("dense" if i == 0 else "MoE"), cfg,
                dict(lua, fused={"swiglu": True}), i)
+    for backend in ("flex", "varlen"):
+        cfg, lua = gpt_oss_block(backend, 0)
+        yield "gpt_oss block (sinks, biases, %s)" % backend, cfg, lua, 0
 
 def main():
     E.need_titan(NAME)
@@ -380,14 +448,15 @@ def main():
             bad += 1
             print("compiled flex_attention's forward graph (%s shapes) outputs differ from out, lse, q, k, v  "
                   "MISMATCH" % what)
+    varlen_on_cpu()
     for name, cfg, lua, i in block_cases():
         want = lua_block(lua, i)
-        dim = lua["dim"]
-        check(name + ", none", block_none(cfg, dim), want[0])
-        check(name + ", selective", block_selective(cfg, dim, "layers.%d" % i), want[1])
-        if name.startswith("qwen3_moe block (GQA, fused") or name.startswith("deepseek_v3"):
-            check(name + ", full (FullAC: an outer hook sees the checkpoint's input alone)", block_full(cfg, dim),
-                  want[2])
+        dim, be = lua["dim"], lua.get("attn_backend", "flex")
+        check(name + ", none", block_none(cfg, dim, backend=be), want[0])
+        check(name + ", selective", block_selective(cfg, dim, "layers.%d" % i, backend=be), want[1])
+        if name.startswith(("qwen3_moe block (GQA, fused", "deepseek_v3", "gpt_oss")):
+            check(name + ", full (FullAC: an outer hook sees the checkpoint's input alone)",
+                  block_full(cfg, dim, backend=be), want[2])
     print("moe_acts: %d cases, %d equal, %d differ" % (n, n - bad, bad))
     sys.exit(1 if bad else 0)
 
