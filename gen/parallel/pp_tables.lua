@@ -262,7 +262,10 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
         for i = #list, 1, -1 do
           if raf and (t == "B" or s > 0) then pre_backward(list, i, m) end
           if unit_ops then unit_ops(ops, list[i], m, "backward_before") end
-          op(t == "B" and "backward" or "backward_input", list[i], m, "backward")
+          -- (I: the input gradient's part of the unit's backward, gen/compute.lua backward_us; none on
+          -- the first stage, pps.split_backward)
+          op(t == "B" and "backward" or "backward_input", list[i], m, "backward",
+            t == "I" and { grads = (pps.split_backward(s)) } or nil)
           if unit_ops then unit_ops(ops, list[i], m, "backward") end
         end
       elseif t == "W" then
@@ -271,7 +274,7 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
           -- (the first stage's I runs no backward, its W the whole one:
           -- stage.py:1319-1321; its pre-backward hooks gather there, as in a B)
           if raf and s == 0 then pre_backward(list, i, m) end
-          op("backward", list[i], m, "backward")
+          op("backward", list[i], m, "backward", { grads = select(2, pps.split_backward(s)) })
         end
       elseif t == "REDUCE_GRAD" then
         -- finalize_backward: layers last to first, the root last
