@@ -117,23 +117,34 @@ end
 
 -- Zero bubble's split backward: I is the input gradient alone
 -- (backward_input, no weight grads), W the weight gradient (backward, which
--- writes them), each once per unit and microbatch; an action the tables do
--- not know is refused by name.
+-- writes them), each once per unit and microbatch; on the first stage I
+-- runs nothing and W the whole backward (stage.py:1318-1321: its units
+-- have no backward_input, their backward the whole one); an action the
+-- tables do not know is refused by name.
 function T.split_backward_runs_as_input_then_weight()
   local t = report.tables(loaded(variant("ZBVZeroBubble", 2, 4, 4)))
+  local whole = 0
   for _, cls in ipairs(t.classes) do
     local n = {}
+    local first = {}
+    for _, u in ipairs(t.stage_units[0]) do
+      if cls.unit_of[0] and cls.unit_of[0][u.index] then first[cls.unit_of[0][u.index].index] = true end
+    end
     for _, o in ipairs(cls.ops) do
       if o.kind == "backward_input" or o.kind == "backward" then
         local k = o.kind .. ":" .. o.unit .. ":" .. o.micro_step
         n[k] = (n[k] or 0) + 1
-        if o.kind == "backward" then
+        if first[o.unit] then
+          H.eq(o.kind == "backward" and o.grads == nil, true, "the first stage's whole backward at W: " .. k)
+          whole = whole + 1
+        elseif o.kind == "backward" then
           assert(n["backward_input:" .. o.unit .. ":" .. o.micro_step], "W after its I: " .. k)
         end
       end
     end
     for k, c in pairs(n) do H.eq(c, 1, k) end
   end
+  assert(whole > 0, "the first stage's units")
   local ok, err = pcall(tables.rank_tables, nil, { schedule = "X", lowered = { { { type = "Z" } } } })
   H.eq(ok, false, "an unknown action is refused")
   assert(tostring(err):find("Z, which the tables do not run yet", 1, true), tostring(err))
