@@ -418,7 +418,7 @@ function compute.units(p, s)
   local sp = tp > 1 and compute.sequence_parallel(p)
   -- r's times from a spec (gen/unit_time.lua)
   local function times(r, spec)
-    r.fwd_us, r.bwd_us, r.recompute_us = unit_time.of(s, spec)
+    r.fwd_us, r.bwd_us, r.recompute_us, r.bwd_w_us = unit_time.of(s, spec)
   end
   local T, seq = s.tokens, s.seq_len
   local ac = s.activation_checkpointing
@@ -437,7 +437,8 @@ function compute.units(p, s)
   local out = {}
   for _, u in ipairs(p.layout.units) do
     local e = ES[u.ag_dtype]
-    local r = { fwd = 0, bwd = 0, recompute = 0, saved = 0, transient = 0 }
+    -- (bwd_w: the backward's weight-gradient FLOPs, its dW GEMMs: zero bubble's W, compute.backward_us)
+    local r = { fwd = 0, bwd = 0, bwd_w = 0, recompute = 0, saved = 0, transient = 0 }
     local is_layer = cfg and compute.checkpointed(p, u)
     if is_layer then
       local heads = cfg.n_heads // tp
@@ -445,6 +446,7 @@ function compute.units(p, s)
       local attn = 4 * T * seq * heads * cfg.head_dim
       r.fwd = 2 * P * T + attn
       r.bwd = 2 * r.fwd - frozen_dw(u, T, function(q) return as_linear(q) ~= nil end)
+      r.bwd_w = 2 * P * T - frozen_dw(u, T, function(q) return as_linear(q) ~= nil end)
       local b = fam == "qwen3" and qwen3.block_acts(cfg, e, T, ac, s.cp)
         or llama_acts.block(cfg, e, T, ac, gen and gen.fused, s.cp)
       r.saved, r.transient = b.saved / tp, b.transient / tp
@@ -474,6 +476,7 @@ function compute.units(p, s)
       local P = numel_of(u, is_head)
       r.fwd = 2 * P * T
       r.bwd = 2 * r.fwd - frozen_dw(u, T, is_head)
+      r.bwd_w = r.fwd - frozen_dw(u, T, is_head)
       if P > 0 then r.saved, r.transient = head_acts(s, e, cfg.dim, cfg.vocab_size, tp) end
       if not s.mfu then
         -- the output projection (bf16: torchtitan's float8 filter keeps it,
@@ -511,6 +514,7 @@ function compute.units(p, s)
         and moe_attention(p.model_config, tp, u.name, seq)
       r.fwd = 2 * P * Tu + (attn and 4 * T * attn.kv * attn.heads * attn.hd or 0)
       r.bwd = 2 * r.fwd - 2 * Pf * Tu
+      r.bwd_w = 2 * (P - Pf) * Tu
       local rec = compute.checkpointed(p, u) and ac or "none"
       if rec == "full" then r.recompute = r.fwd
       elseif rec == "selective" then r.recompute = r.fwd / 2 end
@@ -525,8 +529,9 @@ function compute.units(p, s)
           if top_k and E then
             local rows = Tu * top_k // E
             local t = { T = rows, linears = { { out = eo, ["in"] = ei, frozen = q.frozen } } }
-            local f, b = unit_time.of(s, t)
+            local f, b, _, bw = unit_time.of(s, t)
             r.fwd_us, r.bwd_us = (r.fwd_us or 0) + f * E, (r.bwd_us or 0) + b * E
+            r.bwd_w_us = (r.bwd_w_us or 0) + bw * E
           elseif top_k and expert_bias(q) then
             -- gpt-oss's expert biases (moe.py:167-188): added to each routed row, top_k rows a token
             spec.flops = spec.flops + 6 * (q.numel // q.shape[1]) * Tu * top_k
@@ -551,9 +556,9 @@ function compute.units(p, s)
             spec.bytes = (spec.bytes or 0) + (5 * rows + Tu) * D * e_act
           end
         end
-        local ef, eb = r.fwd_us or 0, r.bwd_us or 0
+        local ef, eb, ew = r.fwd_us or 0, r.bwd_us or 0, r.bwd_w_us or 0
         times(r, spec)
-        r.fwd_us, r.bwd_us = r.fwd_us + ef, r.bwd_us + eb
+        r.fwd_us, r.bwd_us, r.bwd_w_us = r.fwd_us + ef, r.bwd_us + eb, r.bwd_w_us + ew
         -- selective: half the forward again, as its FLOPs count it
         if rec == "selective" then r.recompute_us = r.fwd_us / 2 elseif rec == "full" then r.recompute_us = r.fwd_us end
       end
@@ -564,6 +569,7 @@ function compute.units(p, s)
     if s.mfu then
       -- topology.mfu: every FLOP at TFLOPS x mfu
       r.fwd_us, r.bwd_us, r.recompute_us = r.fwd / s.flops_per_us, r.bwd / s.flops_per_us, r.recompute / s.flops_per_us
+      r.bwd_w_us = r.bwd_w / s.flops_per_us
     end
     out[u.index] = r
   end
@@ -579,6 +585,21 @@ function compute.activation_peak(per_unit)
     transient = math.max(transient, r.transient)
   end
   return saved + transient, saved, transient
+end
+
+-- A unit's backward microseconds (r: compute.units' entry), whole or one
+-- part of zero bubble's split backward (torch's stage.py
+-- backward_maybe_with_nosync, stage.py:1067-1110: "input" runs
+-- _backward.py's stage_backward_input, autograd.grad over the stage's
+-- inputs only -- the dX GEMMs, attention's backward, the elementwise
+-- backward, and the recompute, which the first pass over the saved
+-- activations triggers --; "weight" stage_backward_weight, the parameters'
+-- gradients from the kept graph -- the dW GEMMs, backward_weight_one_chunk,
+-- stage.py:1372). input + weight = the whole backward.
+function compute.backward_us(r, part)
+  if part == "weight" then return r.bwd_w_us or 0 end
+  if part == "input" then return r.bwd_us - (r.bwd_w_us or 0) + r.recompute_us end
+  return r.bwd_us + r.recompute_us
 end
 
 -- Modeled microseconds of each op of the step (collectives excluded: the
@@ -612,9 +633,9 @@ function compute.op_us(p, s, per_unit, o, extra_us)
     share = numel > 0 and pn / numel or 0
   end
   if k == "forward" then us = share * per_unit[u.index].fwd_us
-  elseif k == "backward" then
-    local r = per_unit[u.index]
-    us = share * (r.bwd_us + r.recompute_us)
+  elseif k == "backward" or (k == "backward_input" and o.grads) then
+    -- (o.grads: zero bubble's W, "weight", or I, "input": gen/parallel/pp_tables.lua)
+    us = share * compute.backward_us(per_unit[u.index], o.grads)
   elseif k == "backward_input" and o.call then
     -- a unit's backward for one of several forward calls (fsdp_schedule.calls_micro: DeepSeek-V3's MTP):
     -- each call's backward, its part's share (o.call = { first, count }) as a part's backward is priced

@@ -48,14 +48,16 @@ local function cast_bytes(recipe, T, out, inn)
   return CAST * (x + w), CAST * (dy + w)
 end
 
--- fwd_us, bwd_us, recompute_us of a unit described by spec, under settings s.
+-- fwd_us, bwd_us, recompute_us of a unit described by spec, under settings s,
+-- and bwd_w_us: the backward's weight-gradient part (the dW GEMMs and the
+-- other FLOPs' third: zero bubble's W, gen/compute.lua backward_us).
 function unit_time.of(s, spec)
   local kt, rates = s.kernels, { TFLOPS = s.gpu_TFLOPS, hbm_GBps = s.hbm_GBps }
   local recipe = s.float8
   local ew = s.compile and kt.elementwise.compiled or kt.elementwise.eager
   local cast_factor = s.compile and 1 or 2
   local T = spec.T
-  local fwd, bwd, again = 0, 0, 0
+  local fwd, bwd, again, wgrad = 0, 0, 0, 0
   local cast_f, cast_b = 0, 0
   for _, l in ipairs(spec.linears or {}) do
     local f8 = l.fp8 and recipe ~= "none"
@@ -66,7 +68,7 @@ function unit_time.of(s, spec)
     local wdt = (f8 and recipe == "rowwise_with_gw_hp") and "bf16" or dt
     -- (a frozen weight, requires_grad=False: no weight gradient, the input's alone)
     local dw = l.frozen and 0 or gemm_model.gemm_us(kt, rates, l.out, l["in"], T, wdt, rows and wdt == "fp8")
-    fwd, bwd = fwd + y, bwd + dx + dw
+    fwd, bwd, wgrad = fwd + y, bwd + dx + dw, wgrad + dw
     if l.again then again = again + y end
     if f8 then
       local cf, cb = cast_bytes(recipe, T, l.out, l["in"])
@@ -98,7 +100,7 @@ function unit_time.of(s, spec)
     -- matmuls and their casts) runs again
     r = again + mem_f + (fwd > 0 and cf * again / fwd or 0)
   end
-  return f, b, r
+  return f, b, r, wgrad + other / 3
 end
 
 return unit_time

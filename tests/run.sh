@@ -318,6 +318,17 @@ torch_lane() {
     titan_fcppp=$(logname "$titan_cppp"); timeout 600 "$live_py" tests/titan/test_cppp_record.py >"$titan_fcppp" 2>&1
     titan_result "$titan_cppp" "$titan_fcppp" $?; grep -h "^cppp_record: " "$titan_fcppp" | sed "s/^/        /"
   else skipped "$titan_cppp" "no torch environment (make torch-env exit $live_rc)"; fi
+  # CP x PP under torchtitan's fsdp_reshard_after_forward "always" (issue 41, hpp2): every microbatch's forward
+  # and backward gather the stage's units again, beside CP's K/V collectives (full tier only: ~90 s)
+  titan_cppp_always="torchtitan's pipeline with context parallel under the \"always\" reshard policy on gloo (pp 2 x cp 2 1F1B and Interleaved1F1B, pp 2 x dp_shard 2 x cp 2 1F1B): every rank's collectives and sends/receives in order vs plan.json (tests/titan/test_cppp_record.py --policy always)"
+  if [ "$tier" != full ]; then
+    full_adds "CP x PP under the \"always\" reshard policy live (tests/titan/test_cppp_record.py --policy always, 3 cases, ~90 s) runs in make test-full"
+  elif [ "$live_rc" = 0 ]; then
+    titan_fcpppa=$(logname "$titan_cppp_always")
+    timeout 600 "$live_py" tests/titan/test_cppp_record.py --policy always \
+      --cases pp2_cp2:1F1B,pp2_cp2:Interleaved1F1B,pp2_dp2_cp2:1F1B >"$titan_fcpppa" 2>&1
+    titan_result "$titan_cppp_always" "$titan_fcpppa" $?; grep -h "^cppp_record: " "$titan_fcpppa" | sed "s/^/        /"
+  else skipped "$titan_cppp_always" "no torch environment (make torch-env exit $live_rc)"; fi
 
   # torch 2.15's own torchrun launching plan binaries on CPU: the launch path
   # up to NCCL (--rendezvous-only): torchrun's store as the id channel with

@@ -164,7 +164,9 @@ end
 -- combines them for DeepSeek-V3's dense blocks (the block's input, every
 -- other matmul's output -- fused: wqkv, w1, w2; unfused: wq, wv, w1, w2 --
 -- and flex's compiled region's outputs under "selective"). Measured on
--- torchtitan's own dense Qwen3 block by tests/titan/test_qwen3_plan.py.
+-- torchtitan's own dense Qwen3 block by tests/titan/test_qwen3_plan.py,
+-- with its FeedForward and as FusedSwiGLU (model.fused "swiglu": dense_ffn's
+-- fused terms, cfg.fused carried through).
 -- cp: context parallel's degree (default 1): flex attention keeps the
 -- gathered K and V, cp x T tokens each (gen/models/llama_acts.lua's term,
 -- derived, not measured), except under full checkpointing.

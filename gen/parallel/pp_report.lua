@@ -182,11 +182,18 @@ local function stage_costs(p, split)
     -- (each unit's times priced by gen/compute.lua)
     c.F = c.fwd_us + c.tp_F
     c.B = c.bwd_us + c.rec_us + c.tp_B
-    -- zero bubble's split backward: the input gradient (half the backward,
-    -- with the recompute and TP's collectives: they carry activation
-    -- gradients) and the weight gradient (the other half)
-    c.I = c.bwd_us / 2 + c.rec_us + c.tp_B
-    c.W = c.bwd_us / 2
+    -- zero bubble's split backward: the input gradient (its part of each
+    -- unit's backward with the recompute, and TP's collectives: they carry
+    -- activation gradients) and the weight gradient (the dW part), as
+    -- gen/compute.lua backward_us splits it; on the first stage I computes
+    -- nothing and W the whole backward (sched_mod.split_backward)
+    local ip, wp = sched_mod.split_backward(i - 1)
+    c.I, c.W = ip and c.tp_B or 0, wp == "full" and c.tp_B or 0
+    for _, u in ipairs(units) do
+      local r = per_unit[u.index]
+      c.I = c.I + (ip and compute.backward_us(r, ip) or 0)
+      c.W = c.W + compute.backward_us(r, wp)
+    end
     out[i - 1] = c
   end
   return out, s

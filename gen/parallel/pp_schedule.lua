@@ -42,6 +42,17 @@ for _, t in ipairs(TYPES) do IS_TYPE[t] = true end
 local COMPUTE = { F = true, I = true, W = true, B = true, OVERLAP_F_B = true }  -- _Action.is_compute_op
 M.IS_COMPUTE = COMPUTE
 
+-- Zero bubble's split backward on a stage: what its I and its W compute
+-- (gen/compute.lua backward_us's parts). stage.py backward_one_chunk with
+-- full_backward=False runs the input part only `if not self.is_first`
+-- (stage.py:1318-1321); on the first stage I computes nothing and
+-- backward_weight_one_chunk's W runs the "full" backward (stage.py:1390-1417).
+-- -> I's part ("input" | nil: none), W's ("weight" | "full")
+function M.split_backward(stage)
+  if stage == 0 then return nil, "full" end
+  return "input", "weight"
+end
+
 -- _Action.__repr__ (schedules.py:140): "2F0", "1UNSHARD", "(0F3;7B2)OVERLAP_F_B"; "" for None.
 function M.format_action(a)
   if not a then return "" end

@@ -39,7 +39,9 @@
 --       every F issues the forward's, every B (or zero bubble's I, the
 --       input gradient: the all-to-alls' backward carries it) the
 --       backward's, W none (stage.py backward_weight_one_chunk: the saved
---       graph's weight gradients only).
+--       graph's weight gradients only) -- but on the first stage, whose I
+--       runs nothing and whose W the whole backward (stage.py:1318-1321,
+--       1393-1415), its W the backward's.
 --   An event: { op = "send" | "recv", peer (global rank), numel, dtype,
 --     batch (the lowered action's batch number, nil when issued alone),
 --     action } or { op = "all_gather" | "reduce_scatter", ranks (the FSDP
@@ -211,10 +213,18 @@ function M.expected(sched, o)
         end
       end
     end
+    -- Whether a compute action runs its stage's backward (its in-compute
+    -- collectives, its pre-backward hooks): B; zero bubble's I, but on the
+    -- first stage, whose I runs nothing and whose W the whole backward
+    -- (pps.split_backward: stage.py:1318-1321, 1393-1415); no other W.
+    local function runs_backward(q)
+      local ip, wp = pps.split_backward(q.stage)
+      return q.type == "B" or (q.type == "I" and ip ~= nil) or (q.type == "W" and wp == "full")
+    end
     -- the collectives inside one compute action (EP's all-to-alls)
     local function inside(q, action)
       local c = stage_compute(q.stage)
-      local list = c and (q.type == "F" and c.forward or (q.type == "B" or q.type == "I") and c.backward)
+      local list = c and (q.type == "F" and c.forward or runs_backward(q) and c.backward)
       for _, x in ipairs(list or {}) do
         ev[#ev + 1] = { op = x.op, ranks = ep_ranks, unit = x.unit, dtype = x.dtype, in_numel = x.count,
                         out_numel = x.count, action = action, stage = q.stage }
@@ -246,9 +256,7 @@ function M.expected(sched, o)
     local function raf_compute(q, action)
       local f, c = stage_fsdp(q.stage), stage_compute(q.stage)
       local fwd = q.type == "F"
-      -- (the first stage's W runs the whole backward, but the tables and
-      -- inside() put its in-compute collectives at its I: none here)
-      local list = c and q.type ~= "W" and (fwd and c.forward or c.backward) or {}
+      local list = c and (fwd or runs_backward(q)) and (fwd and c.forward or c.backward) or {}
       local states, seen = {}, {}
       -- (a stage_fsdp without states, gen/pipeline.lua's: each gather's unit is its state)
       for _, x in ipairs(f and (f.states or f.gathers) or {}) do
@@ -304,12 +312,8 @@ function M.expected(sched, o)
           elseif q.type == "F" then
             raf_compute(q, single and label or k)
             held[q.stage] = {}
-          elseif q.type == "B" or q.type == "I" and q.stage > 0 or q.type == "W" and q.stage == 0 then
-            -- (zero bubble's I on the first stage runs no backward: its W
-            -- runs the whole one, stage.py:1319-1321)
+          elseif runs_backward(q) then
             raf_compute(q, single and label or k)
-          elseif q.type == "I" then
-            inside(q, single and label or k)
           elseif q.type == "RESHARD" then held[q.stage] = {}
           elseif q.type == "REDUCE_GRAD" then
             local f = stage_fsdp(q.stage)

@@ -254,24 +254,28 @@ function M.rank_ops(p, sched, stage_units, act, rank, opts)
             unsharded[u.index] = false
           end
         end
-      elseif t == "B" or t == "I" then
-        -- (TP's and EP's backward collectives carry the input gradient: with
-        -- I; EP's recompute under activation checkpointing too, as the
-        -- stage's backward re-runs the checkpointed forward)
-        local list = managed(s)
+      elseif t == "B" or t == "I" or t == "W" then
+        -- Zero bubble's split backward (pps.split_backward): I the input
+        -- gradient's part of each unit's backward ("backward_input"), W the
+        -- weight gradient's ("backward", which writes them), priced apart by
+        -- gen/compute.lua backward_us; on the first stage I runs nothing and
+        -- W the whole backward (stage.py:1318-1321, 1393-1415). TP's and EP's
+        -- backward collectives carry the input gradient: with B, I, or the
+        -- first stage's W (EP's recompute under activation checkpointing too,
+        -- as the backward re-runs the checkpointed forward), its pre-backward
+        -- gathers under "always" likewise.
+        local ip, wp = pps.split_backward(s)
+        local part = wp
+        if t == "B" then part = "full" elseif t == "I" then part = ip end
+        local list = part and managed(s) or {}
         for i = #list, 1, -1 do
-          if raf and (t == "B" or s > 0) then pre_backward(list, i, m) end
-          if unit_ops then unit_ops(ops, list[i], m, "backward_before") end
-          op(t == "B" and "backward" or "backward_input", list[i], m, "backward")
-          if unit_ops then unit_ops(ops, list[i], m, "backward") end
-        end
-      elseif t == "W" then
-        local list = managed(s)
-        for i = #list, 1, -1 do
-          -- (the first stage's I runs no backward, its W the whole one:
-          -- stage.py:1319-1321; its pre-backward hooks gather there, as in a B)
-          if raf and s == 0 then pre_backward(list, i, m) end
-          op("backward", list[i], m, "backward")
+          if part ~= "weight" then
+            if raf then pre_backward(list, i, m) end
+            if unit_ops then unit_ops(ops, list[i], m, "backward_before") end
+          end
+          op(part == "input" and "backward_input" or "backward", list[i], m, "backward",
+            part ~= "full" and { grads = part } or nil)
+          if unit_ops and part ~= "weight" then unit_ops(ops, list[i], m, "backward") end
         end
       elseif t == "REDUCE_GRAD" then
         -- finalize_backward: layers last to first, the root last

@@ -232,6 +232,44 @@ function T.pp_x_ep_recompute_and_schedules()
   end
 end
 
+-- Zero bubble under EP: the backward's all-to-alls go with the part that
+-- runs the backward: a stage's I (backward_input, its "input" part), but on
+-- the first stage, whose I runs nothing, its W (the whole backward,
+-- stage.py:1318-1321, 1393-1415; recorded live on qwen3_moe by
+-- tests/pp/check_titan_pp.sh's _izb and _zbv cases); never a W's dW part.
+function T.pp_x_ep_zero_bubble_all_to_alls_with_the_backward()
+  for _, sch in ipairs({ "InterleavedZeroBubble", "ZBVZeroBubble" }) do
+    local p = ppep(function(s)
+      return (s:gsub('schedule = "1F1B"', string.format("schedule = %q", sch)):gsub("world_size = 4", "world_size = 8")
+        :gsub("n_layers = 2", "n_layers = 6"))
+    end)
+    local got, want = events(p)
+    H.eq(differ(got, want), nil, sch .. ": tables = torch's sequence")
+    -- each backward all-to-all with its experts unit's compute beside it (EP's unit_ops at backward_before
+    -- and backward): which part it runs with
+    local after = {}
+    for _, cls in ipairs(p.tp_classes) do
+      local ops = cls.ops
+      for i, o in ipairs(ops) do
+        if (o.kind == "a2a" or o.kind == "a2a_counts") and o.phase == "backward" then
+          local by
+          for _, x in ipairs({ ops[i + 1], ops[i - 1] }) do
+            if not by and x.unit == o.unit and x.micro_step == o.micro_step
+               and (x.kind == "backward" or x.kind == "backward_input") then by = x end
+          end
+          local k = by and by.kind .. ":" .. tostring(by.grads) or "none"
+          after[k] = (after[k] or 0) + 1
+        end
+      end
+    end
+    H.eq(after.none, nil, sch .. ": every backward all-to-all beside its unit's backward")
+    assert((after["backward_input:input"] or 0) > 0 and (after["backward:nil"] or 0) > 0,
+      sch .. ": all-to-alls after I and after the first stage's whole W")
+    H.eq(after["backward:weight"], nil, sch .. ": none after a W's dW part")
+    H.eq(after["backward_input:nil"], nil, sch .. ": none after an I that runs nothing")
+  end
+end
+
 -- GPipe's and 1F1B's first forward of a stage under torchtitan's explicit
 -- prefetch (ep > 1, distributed/fsdp.py:331-348): each block's pre-forward
 -- gathers it, then the next block, before its all-to-alls (recorded live:

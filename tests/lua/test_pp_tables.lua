@@ -117,26 +117,103 @@ end
 
 -- Zero bubble's split backward: I is the input gradient alone
 -- (backward_input, no weight grads), W the weight gradient (backward, which
--- writes them), each once per unit and microbatch; an action the tables do
--- not know is refused by name.
+-- writes them), each once per unit and microbatch; on the first stage I
+-- runs nothing and W the whole backward (stage.py:1318-1321: its units
+-- have no backward_input, their backward the whole one); an action the
+-- tables do not know is refused by name.
 function T.split_backward_runs_as_input_then_weight()
   local t = report.tables(loaded(variant("ZBVZeroBubble", 2, 4, 4)))
+  local whole = 0
   for _, cls in ipairs(t.classes) do
     local n = {}
+    local first = {}
+    for _, u in ipairs(t.stage_units[0]) do
+      if cls.unit_of[0] and cls.unit_of[0][u.index] then first[cls.unit_of[0][u.index].index] = true end
+    end
     for _, o in ipairs(cls.ops) do
       if o.kind == "backward_input" or o.kind == "backward" then
         local k = o.kind .. ":" .. o.unit .. ":" .. o.micro_step
         n[k] = (n[k] or 0) + 1
-        if o.kind == "backward" then
+        if first[o.unit] then
+          H.eq(o.kind == "backward" and o.grads == nil, true, "the first stage's whole backward at W: " .. k)
+          whole = whole + 1
+        elseif o.kind == "backward" then
           assert(n["backward_input:" .. o.unit .. ":" .. o.micro_step], "W after its I: " .. k)
         end
       end
     end
     for k, c in pairs(n) do H.eq(c, 1, k) end
   end
+  assert(whole > 0, "the first stage's units")
   local ok, err = pcall(tables.rank_tables, nil, { schedule = "X", lowered = { { { type = "Z" } } } })
   H.eq(ok, false, "an unknown action is refused")
   assert(tostring(err):find("Z, which the tables do not run yet", 1, true), tostring(err))
+end
+
+-- Zero bubble's split backward priced (gen/compute.lua backward_us, one
+-- rule for the tables' ops and the timed run): on every stage but the
+-- first, I (the dX part, attention's backward, the recompute) and W (the
+-- dW GEMMs) add up to the stage's B, I the larger; on the first stage I
+-- computes nothing and W the whole B (stage.py:1318-1321, 1393-1415). The
+-- tables' ops price the same way, unit by unit; and the timed step of
+-- InterleavedZeroBubble grows over an even split of the backward (less of
+-- it is deferrable W to fill the bubble with).
+function T.split_backward_priced_as_input_and_weight()
+  local compute = require("gen.compute")
+  local function near(got, want, what)
+    assert(math.abs(got - want) <= 1e-9 * math.max(1, math.abs(want)), string.format("%s: %.17g vs %.17g", what, got, want))
+  end
+  local function run(name)
+    local rec = {}
+    local row = report.plan_row(loaded(variant(name, 2, 4, 4)), { record = rec })
+    local d = {}
+    for _, a in ipairs(rec) do if a.mb == 0 then d[a.stage .. a.type] = a.finish - a.start end end
+    return d, row.sim.step_us
+  end
+  local b = run("Interleaved1F1B")
+  for _, name in ipairs({ "ZBVZeroBubble", "InterleavedZeroBubble" }) do
+    local d = run(name)
+    H.eq(d["0I"], 0, name .. ": the first stage's I")
+    near(d["0W"], b["0B"], name .. ": the first stage's W is its B")
+    for st = 1, 3 do
+      near(d[st .. "I"] + d[st .. "W"], b[st .. "B"], name .. ": I + W = B on stage " .. st)
+      assert(d[st .. "I"] > d[st .. "W"] and d[st .. "W"] > 0, name .. ": I > W > 0 on stage " .. st)
+    end
+  end
+  local _, step = run("InterleavedZeroBubble")
+  local real = compute.backward_us
+  compute.backward_us = function(r, part)
+    if part == "weight" then return r.bwd_us / 2 end
+    return (part == "input" and r.bwd_us / 2 or r.bwd_us) + r.recompute_us
+  end
+  local ok, why, even = pcall(run, "InterleavedZeroBubble")
+  compute.backward_us = real
+  assert(ok, why)
+  assert(step > even, string.format("the step over the even split's: %g vs %g", step, even))
+  -- the tables' I and W ops, unit by unit: their sum the unit's backward
+  local t = report.tables(loaded(variant("ZBVZeroBubble", 2, 4, 4)))
+  local s = compute.settings(t.p)
+  local pu = compute.units(t.p, s)
+  local seen, priced = 0, 0
+  for _, cls in ipairs(t.classes) do
+    local view = setmetatable({ layout = { units = cls.units, W = t.p.layout.W } }, { __index = t.p })
+    local per_unit, sum = {}, {}
+    for _, u in ipairs(cls.units) do per_unit[u.index] = pu[u.global] end
+    for _, o in ipairs(cls.ops) do
+      if o.kind == "backward_input" or o.kind == "backward" then
+        local k = o.unit .. ":" .. o.micro_step
+        local us = compute.op_us(view, s, per_unit, o)
+        sum[k] = (sum[k] or 0) + us
+        if o.kind == "backward_input" and us > 0 then priced = priced + 1 end
+      end
+    end
+    for k, us in pairs(sum) do
+      local u = cls.units[tonumber(k:match("^(%d+)")) + 1]
+      near(us, compute.backward_us(per_unit[u.index]), "I + W of unit " .. u.name)
+      seen = seen + 1
+    end
+  end
+  assert(seen > 0 and priced > 0, "split backward ops, I's priced")
 end
 
 -- pipeline.csv: a schedule imported from torch's CSV format (as

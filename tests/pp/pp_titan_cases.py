@@ -65,6 +65,13 @@ CASES = {
     # each stage; dp_shard 1: no FSDP collective), 1F1B: the Partial bias gradients' all-reduces in each stage
     "gpt_pp2_tp2": dict(family="gpt_oss", world=4, pp=2, dp_shard=1, tp=2, ep=1, schedule="1F1B", batch=2, seq=6,
                         model=GPT_OSS, param_dtype="bf16"),
+    # issue 41 (hpp2): PP x EP under zero bubble's split backward (2 stages per rank): the first stage's I runs no
+    # backward and its W the whole one (torch's stage.py:1318-1321, 1393-1415), its backward all-to-alls with it
+    # (qwen3_moe: an MoE in every block, so the first stage, [tok_embeddings, layers.0], has all-to-alls)
+    "qwen3_moe_pp2_ep2_izb": dict(family="qwen3_moe", world=4, pp=2, dp_shard=2, ep=2,
+                                  schedule="InterleavedZeroBubble", batch=4, seq=6, model=GQA_MOE),
+    "qwen3_moe_pp2_ep2_zbv": dict(family="qwen3_moe", world=4, pp=2, dp_shard=2, ep=2, schedule="ZBVZeroBubble",
+                                  batch=4, seq=6, model=GQA_MOE),
 }
 QUICK = "dsv3_pp2_ep2"
 # (make test's quick tier for the "always" policy: tests/pp/check_titan_pp.sh's ALWAYS block)

@@ -19,7 +19,8 @@
    op, the group's ranks) against plan.json's ops (tests/titan/test_chunked_loss.py's recorder and
    reader). The tie is checked live too: after init_weights tok_embeddings.weight is
    lm_head.weight, and after the step the two FSDP parameters hold one sharded tensor.
-4. Activations: torchtitan's dense Qwen3 block (fused and unfused qkv) under no checkpointing,
+4. Activations: torchtitan's dense Qwen3 block (fused and unfused qkv; each with its FeedForward as
+   FusedSwiGLU too, model.fused "swiglu") under no checkpointing,
    SelectiveAC and FullAC, the saved bytes (tests/titan/test_moe_acts.py's measurement) against
    qwen3.block_acts.
 Prints one "qwen3_plan:" summary line; exit 0 when everything agrees, 1 otherwise, 77 (SKIP)
@@ -145,11 +146,11 @@ def lua_counts():
     return {k: int(v) for k, v in (line.split() for line in E.lua(["-e", code]).splitlines())}
 
 
-def lua_block(n, fused, T):
+def lua_block(n, fused, T, swiglu=False):
     code = ("package.path = './?.lua;' .. package.path\n"
             "local q = require('gen.models.qwen3')\n"
             "local cfg = { dim = %d, n_heads = %d, n_kv_heads = %d, head_dim = %d, hidden = %d, fuse_qkv = %s, "
-            "qk_norm = true }\n"
+            "qk_norm = true" + (", fused = { swiglu = true }" if swiglu else "") + " }\n"
             "local function b(ac) return q.block_acts(cfg, 2, %d, ac).saved end\n"
             "print(string.format('%%d %%d %%d', b('none'), b('selective'), b('full')))\n") % (
         n["dim"], n["n_heads"], n["n_kv_heads"], n["head_dim"], n["hidden_dim"], "true" if fused else "false", T)
@@ -356,18 +357,28 @@ def main():
         import torchtitan.models.qwen3 as Q
         from torchtitan.models.common import CosSinRoPE
         LA.cpu_stand_ins()
+        # model.fused "swiglu" (issue 41, hpp2): the block's FeedForward replaced by torchtitan's FusedSwiGLU
+        # (overrides/fused_swiglu.py:440-457, as its override replaces every FeedForward.Config, :486-505), its
+        # silu_and_mul given test_fused_plan.py's CPU kernel
+        import torchtitan.overrides.fused_swiglu as FS
+        from test_fused_plan import cpu_silu_and_mul
+        cpu_silu_and_mul()
         n = TINY
-        for fused in (True, False):
+        for fused, swiglu in ((True, False), (False, False), (True, True), (False, True)):
             cfg = Q._build_qwen3_layers(
                 fuse_qkv=fused, n_layers=1, dim=n["dim"], n_heads=n["n_heads"], n_kv_heads=n["n_kv_heads"],
                 head_dim=n["head_dim"], hidden_dim=n["hidden_dim"], attn_backend="flex",
                 rope=CosSinRoPE.Config(dim=n["head_dim"], max_seq_len=4096, theta=1e6))[0]
-            want = lua_block(n, fused, MA.B * MA.S)
+            if swiglu:
+                fc = cfg.feed_forward
+                cfg.feed_forward = FS.FusedSwiGLU.Config(w1=fc.w1, w2=fc.w2, w3=fc.w3)
+            want = lua_block(n, fused, MA.B * MA.S, swiglu)
             got = [MA.block_none(cfg, n["dim"]), MA.block_selective(cfg, n["dim"], "layers.0"),
                    MA.block_full(cfg, n["dim"])]
             for ac, g, w in zip(("none", "selective", "full"), got, want):
                 nacts += 1
-                what = "dense qwen3 block (%s qkv), %s" % ("fused" if fused else "unfused", ac)
+                what = "dense qwen3 block (%s qkv%s), %s" % ("fused" if fused else "unfused",
+                                                           ", fused SwiGLU w13" if swiglu else "", ac)
                 print("  %s: torch %d bytes, qwen3.block_acts %d%s" % (what, g, w, "" if g == w else "  MISMATCH"))
                 if g != w:
                     problems.append("%s: torch saves %d bytes, commplan %d" % (what, g, w))
