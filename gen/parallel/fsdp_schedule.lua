@@ -571,7 +571,8 @@ end
 -- { ev, unit[, grads] }), FSDP2's state machine run over it (torch 2.15):
 -- forward "pre" (FSDPParamGroup.pre_forward, _fsdp_param_group.py:637-655):
 -- the unit all-gathered where it is sharded (again after a reshard), its
--- copy-out; "fwd": a call's compute; "post" (post_forward, :657-677): the
+-- copy-out; "fwd": a call's compute (the modules' unit_ops given the call:
+-- TP's collectives of that call, gen/parallel/tp.lua); "post" (post_forward, :657-677): the
 -- reshard where it reshards after forward, the call recorded in the
 -- post-forward order with multiplicity (_record_post_forward: "one
 -- pre-backward unshard for each forward call"). Backward "pre" (pre_backward,
@@ -623,7 +624,7 @@ function schedule.calls_micro(ops, lay, m, k)
       wait(u, "forward")
     elseif e.ev == "fwd" then
       op("forward", u, m, "forward", part(e))
-      if k.unit_ops then k.unit_ops(ops, u, m, "forward") end
+      if k.unit_ops then k.unit_ops(ops, u, m, "forward", e) end
     else -- post
       if u.reshard_after_forward then
         schedule.forward_reshard(op, u, m, k.post_fwd)
@@ -657,12 +658,12 @@ function schedule.calls_micro(ops, lay, m, k)
       if at and at > 1 then unshard(pfo[at - 1], "backward") end
     elseif e.ev == "bwd" and last_bwd[e.unit] == i then
       op("backward", u, m, "backward")
-      if k.unit_ops then k.unit_ops(ops, u, m, "backward") end
+      if k.unit_ops then k.unit_ops(ops, u, m, "backward", e) end
     elseif e.ev == "bwd" then
       -- (its part priced only: the runtime's backward_input takes the whole unit's unsharded parameters)
       local o = op("backward_input", u, m, "backward")
       o.call = e.part or true
-      if k.unit_ops then k.unit_ops(ops, u, m, "backward") end
+      if k.unit_ops then k.unit_ops(ops, u, m, "backward", e) end
     elseif e.ev == "post" then
       post_backward(u, e.grads)
     elseif e.ev == "final" then

@@ -64,6 +64,8 @@ local function plan_source(c)
     assert(math.type(v) == "integer", "case model field " .. k)
     m[#m + 1] = fmt("%s = %d", k, v)
   end
+  -- (DeepSeek-V3's multi-token prediction where the case sets it)
+  if c.model.num_mtp_layers then m[#m + 1] = fmt("num_mtp_layers = %d", c.model.num_mtp_layers) end
   return fmt([[return {
   world_size = %d,
   parallel = { dp_shard = %d, ep = %d%s },

@@ -186,6 +186,39 @@ function T.one_call_per_unit_is_the_default_step()
   end
 end
 
+-- Under torchtitan's TP plan (tests/ep/recorded/dp2_tp2_mtp.json: dp_shard 2 x tp 2, one MTP depth, sequence
+-- and loss parallel; dp2_tp2_nosp_mtp.json: two depths without sequence parallelism; torchtitan's MTPLoss; events
+-- and shapes only, tests/ep/check_ep_live.sh records them): every FSDP and TP collective equals the tables (the
+-- embedding's pair per call, the MTP block's as a block's with mtp_norm's gather, the output's gather with the
+-- norm's call, the loss's three all-reduces per lm_head call). The plan with one forward per unit differs, and
+-- so does the one whose TP collectives run with every call of [norm, lm_head] (the calls' parts dropped).
+function T.tp_recordings_equal_the_tables()
+  local json = require("gen.json")
+  local live = require("tests.ep.compare_ep_live")
+  local function load(name) return json.decode(H.read("tests/ep/recorded/" .. name .. ".json")) end
+  for _, c in ipairs({ { "dp2_tp2_mtp", 76, 304 }, { "dp2_tp2_nosp_mtp", 92, 204 } }) do
+    local diff, res = live.check_case(load(c[1]))
+    H.eq(diff, nil, c[1])
+    H.eq(res.colls, c[2], c[1] .. ": FSDP collectives")
+    H.eq(res.tp, c[3], c[1] .. ": TP collectives")
+  end
+  local calls = ds.calls
+  local function differs(mutant, want)
+    ds.calls = mutant
+    local ok, d = pcall(live.check_case, load("dp2_tp2_mtp"))
+    ds.calls = calls
+    assert(ok, d)
+    assert(type(d) == "string" and d:find(want, 1, true), "want '" .. want .. "', got " .. tostring(d))
+  end
+  differs(function() return nil end, "rank 0 event")
+  differs(function(cfg)
+    local c = calls(cfg)
+    for _, e in ipairs(c.forward) do e.part = nil end
+    for _, e in ipairs(c.backward) do e.part = nil end
+    return c
+  end, "rank 0 event")
+end
+
 function T.refusals()
   H.plan_fails(src(", num_mtp_layers = 1", "{ dp_shard = 2, pp = 2 }"), "model.num_mtp_layers", "mtp.py:199-204")
   H.plan_fails(src(", num_mtp_layers = 1", "{ dp_shard = 2, cp = 2 }"), "model.num_mtp_layers", "mtp.py:205-209")
