@@ -219,6 +219,20 @@ function T.tp_recordings_equal_the_tables()
   end, "rank 0 event")
 end
 
+-- Model FLOPs per token (MFU's numerator) with MTP as torchtitan counts them: its registry's 16B with 0, 1 and 2
+-- MTP depths at seq_len 4096, DeepSeekV3Model.Config.get_nparams_and_flops(model, 4096) on torchtitan 0.3 (model
+-- built on the meta device; tests/titan/test_mtp.py's flops check computes them live): each depth adds 6 x its
+-- block's active parameters (eh_proj and the norms too), no attention term.
+function T.model_flops_per_token_are_torchtitans()
+  local compute = require("gen.compute")
+  local want = { [0] = 18105996288, 18654990336, 19203984384 }
+  for n = 0, 2 do
+    local p = plan.from_source(string.format("return { world_size = 8, parallel = { dp_shard = 8 }, model = { "
+      .. "family = 'deepseek_v3', size = '16b', seq_len = 4096, num_mtp_layers = %d } }", n), "plans/t.lua")
+    H.eq(compute.model_flops_per_token(p, compute.settings(p)), want[n], n .. " MTP depths")
+  end
+end
+
 function T.refusals()
   H.plan_fails(src(", num_mtp_layers = 1", "{ dp_shard = 2, pp = 2 }"), "model.num_mtp_layers", "mtp.py:199-204")
   H.plan_fails(src(", num_mtp_layers = 1", "{ dp_shard = 2, cp = 2 }"), "model.num_mtp_layers", "mtp.py:205-209")
