@@ -142,20 +142,10 @@ function ds.check_mtp(ctx, cfg, d)
         k == "pp" and "199-204" or "205-209", k))
     end
   end
-  -- (TP plans: its MTP activations, models/deepseek_v3/sharding.py:153-192, gen/parallel/tp_acts.lua; held to
-  -- torchtitan on gloo by tests/ep/check_ep_live.sh's dp2_tp2_mtp and dp2_tp2_nosp_mtp.)
-  -- EP: torchtitan runs it (recorded on gloo: check_ep_live.sh --cases dp4_ep2_mtp), with explicit prefetch
-  -- lists that take the MTP blocks as model.layers keys (distributed/fsdp.py:326-365, mtp.py:295-302) and an
-  -- embedding whose second call's pre-forward prefetches layers.0 again (torch _fsdp_state.py:336-350: the
-  -- prefetch runs per call), which fsdp_schedule.calls_micro does not yet take (nor EP's multi-group states)
-  if (d.ep or 1) > 1 then
-    util.field_error(ctx, "model.num_mtp_layers", string.format("%d MTP layers with ep=%d: unverified -- "
-      .. "torchtitan's explicit prefetch lists under EP (distributed/fsdp.py:326-365) with the MTP blocks as "
-      .. "model.layers keys (mtp.py:295-302: layers.%d prefetches mtp_layers.0, lm_head the last MTP block) and "
-      .. "the embedding's second call prefetching layers.0 again (torch _fsdp_state.py:336-350) are not in "
-      .. "commplan's forward-call schedule (fsdp_schedule.calls_micro), nor EP's dispatch per MTP block; set "
-      .. "ep = 1 or num_mtp_layers = 0", n, d.ep, cfg.n_layers - 1))
-  end
+  -- (TP plans: its MTP activations, models/deepseek_v3/sharding.py:153-192, gen/parallel/tp_acts.lua; EP: its
+  -- explicit prefetch lists with the MTP blocks as model.layers keys, distributed/fsdp.py:326-365, mtp.py:295-302,
+  -- gen/parallel/fsdp_schedule.lua prefetch_lists and calls_micro; held to torchtitan on gloo by
+  -- tests/ep/check_ep_live.sh's dp2_tp2_mtp, dp2_tp2_nosp_mtp, dp4_ep2_mtp and dp2_tp2_ep2_mtp.)
   if cfg.n_layers + n + 3 > util.LIMITS.units then
     util.field_error(ctx, "model.num_mtp_layers", string.format("n_layers=%d + num_mtp_layers=%d + 3 units "
       .. "(embedding, [norm, lm_head], root) is more than the %d units a plan holds; use fewer layers",

@@ -358,10 +358,13 @@ function tp_acts.deepseek(ctx, lay, cfg, T, opts)
     if has(u, "tok_embeddings.weight") then
       embedding_acts(add, sp, shard, full)
     end
-    local mtp = has(u, "mtp_norm.weight")
+    -- (an MTP block's mtp_norm ends the block: at ep > 1, after the MoE's combine, so on its experts unit,
+    -- ahead of EP's combine gradient in backward)
+    local mtp = ep > 1 and u.expert and u.name:match("^mtp_layers%.%d+%.experts$")
+      or ep == 1 and has(u, "mtp_norm.weight")
     if mtp then -- (its output's gradient, first in the block's backward)
       add(sp and "tp_reduce_scatter" or "tp_all_reduce", "backward", sp and shard or full,
-        "mtp_norm output gradient")
+        "mtp_norm output gradient", ep > 1 and "backward_before" or nil)
     end
     if u.expert then
       if sp and shared then

@@ -96,7 +96,7 @@ local function same_list(a, b)
   return true
 end
 
-local function layer_of(unit_name) return (unit_name:match("^(layers%.%d+)")) end
+local function layer_of(unit_name) return (unit_name:match("^(layers%.%d+)") or unit_name:match("^(mtp_layers%.%d+)")) end
 
 -- The TP class (its ops and layout) of global rank g: its coordinate in
 -- its TP group (one class without TP).

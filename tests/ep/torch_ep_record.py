@@ -709,10 +709,13 @@ def run_case(rank, name, case, plan_json=None):
             routing[lname] = {"tokens_per_expert": [int(x) for x in counts.tolist()]}
         return pre
 
-    for lname, layer in model.layers.items():
+    # (DeepSeek-V3's multi-token prediction blocks, mtp_layers.<k>, labelled by their own names)
+    mtp = [("mtp_layers." + str(k), b) for k, b in enumerate(getattr(model, "mtp_layers", None) or [])]
+    for lname, layer in [("layers." + n, b) for n, b in model.layers.items()] + mtp:
         if getattr(layer, "moe", None) is not None:
-            layer.moe.routed_experts.token_dispatcher._ep_layer = "layers." + lname
-            layer.moe.routed_experts.register_forward_pre_hook(tap(lname))
+            layer.moe.routed_experts.token_dispatcher._ep_layer = lname
+            layer.moe.routed_experts.register_forward_pre_hook(tap(lname[len("layers."):] if lname[0] == "l"
+                                                                   else lname))
     for lname, layer in model.layers.items():
         inner = getattr(layer, "_checkpoint_wrapped_module", None)
         if inner is not None:   # activation checkpointing: its forward run in backward is the recompute
