@@ -1532,6 +1532,17 @@ function audit.schedule_md(p, fp)
     w("  order): the embedding is all-gathered in forward once per call; [norm, lm_head]'s first post-backward")
     w("  fires before its gradient exists and reshards it, so the backward gathers it again; each unit reduces")
     w("  once (tests/titan/test_mtp.py measures it on gloo). The logits of every depth are kept for backward.")
+    local d = p.dims or {}
+    if (d.tp or 1) > 1 then
+      w("  Under TP each MTP block's collectives are a block's, with mtp_norm's output gathered for its lm_head")
+      w("  call; the embedding's run per call, the output's gather with the norm's call, the loss-parallel")
+      w("  all-reduces once per lm_head call (models/deepseek_v3/sharding.py:153-192).")
+    end
+    if (d.ep or 1) > 1 then
+      w("  Under EP torchtitan's explicit prefetch lists hold the MTP blocks between the last block and")
+      w("  [norm, lm_head] (distributed/fsdp.py:326-365); the embedding's second call prefetches layers.0 again,")
+      w("  which stays gathered into the backward (tests/ep/check_ep_live.sh's *_mtp cases measure both).")
+    end
   end
   if audit.chunked_ops(p) then
     w("- The loss is torchtitan's ChunkedLossWrapper (training.loss_chunks; tests/titan/test_chunked_loss.py")

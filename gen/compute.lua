@@ -676,6 +676,15 @@ end
 -- (hardware FLOPs count it, model FLOPs do not). With tied embeddings
 -- torchtitan counts the shared table once and keeps it, as lm_head's
 -- matmul. nil for a model without attention dims (a generic one).
+-- DeepSeek-V3's multi-token prediction (model.num_mtp_layers): torchtitan
+-- counts model.named_parameters() (models/utils.py:488-501), the MTP
+-- blocks' among them (mtp_layers.<k>: their MoE's by the same name tests),
+-- once each whatever the calls (the embedding and lm_head once though run
+-- once per depth more), and the attention term over model_config.layers
+-- (utils.py:533-538), which holds the main blocks only (MTPDecoder.Config
+-- keeps them in mtp_layers, models/deepseek_v3/mtp.py:176-197): so the
+-- layout's MTP units' parameters and cfg.n_layers (equal to torchtitan's
+-- get_nparams_and_flops for 16B with 0, 1, 2 depths: tests/lua/test_mtp.lua).
 function compute.model_flops_per_token(p, s)
   local cfg = p.model_config or compute.generic_attention(p)
   if not (cfg and cfg.n_layers and cfg.n_heads) then return nil end

@@ -465,6 +465,8 @@ function layout.build(ctx, units, d, fsdp)
     end
     -- an FSDP state with several parameter groups (ep's MoE blocks): its name
     if u.state then out[fwd].state = u.state end
+    -- a multi-token prediction block (gen/models/deepseek_v3.lua): its depth (EP's prefetch lists place it)
+    if u.mtp_depth then out[fwd].mtp_depth = u.mtp_depth end
     -- the decoder's [norm, lm_head] unit (gen/models: llama, moe), whose
     -- lm_head torchtitan's ChunkedLossWrapper runs (fsdp_schedule.lua)
     if u.loss_head then out[fwd].loss_head = true end

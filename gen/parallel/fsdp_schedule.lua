@@ -157,6 +157,8 @@ function schedule.build(lay, fams, fsdp, opts)
   -- multi-token prediction, gen/models/deepseek_v3.lua calls): FSDP2's hooks
   -- run per call, in the order the model gives (schedule.calls_micro).
   if lay.calls then
+    -- (with explicit prefetching, EP's: the FSDP states, their groups and lists, as explicit_micro's)
+    local call_states = lay.explicit_prefetch and schedule.prefetch_lists(schedule.states(units, root), lay) or nil
     micro = function(m)
       ops = {}
       -- (the accumulation flags as the default order's below)
@@ -164,7 +166,7 @@ function schedule.build(lay, fams, fsdp, opts)
       local partial = partial_mode and (m == micro_steps - 1 and "fold" or m == 0 and "save" or "add") or nil
       if not step_end then unsharded = held_from(m) end
       schedule.calls_micro(ops, lay, m, { op = op, all_gather = all_gather, unit_ops = unit_ops, post_fwd = post_fwd,
-        unsharded = unsharded, shard = shard, replicate = replicate,
+        unsharded = unsharded, shard = shard, replicate = replicate, states = call_states,
         finalize = step_end and m == micro_steps - 1,
         how = { reducing = reducing and not step_end, first = not every or m == 0 or partial == "fold",
                 partial = partial, keep = step_end, hold = m < micro_steps - 1,
@@ -448,6 +450,27 @@ function schedule.prefetch_lists(states, lay)
     return out
   end
   local root = states[1] and states[1].is_root and states[1] or nil
+  -- torchtitan's lists with multi-token prediction's blocks (units with mtp_depth): apply_fsdp_to_mtp_decoder
+  -- adds them to model.layers while the lists are set (models/deepseek_v3/mtp.py:295-320), so they follow
+  -- the last block and precede [norm, lm_head] (distributed/fsdp.py:331-365); the embedding first, its own
+  -- backward list none (FSDP2's default)
+  local seq = {}
+  if lay.ep then
+    for _, st in ipairs(states) do
+      if st ~= root and not st.units[1].mtp_depth then seq[#seq + 1] = st end
+    end
+    local head = table.remove(seq)
+    for _, st in ipairs(states) do
+      if st.units[1].mtp_depth then seq[#seq + 1] = st end
+    end
+    seq[#seq + 1] = head
+  end
+  local mtp = #seq > 0 and seq[#seq - 1] and seq[#seq - 1].units[1].mtp_depth
+  if mtp then
+    for i, st in ipairs(seq) do st.fwd, st.bwd = { seq[i + 1] }, { seq[i - 1] } end
+    if root then root.fwd, root.bwd = {}, {} end
+    return states
+  end
   for i, st in ipairs(states) do
     if lay.ep then
       st.fwd, st.bwd = { states[i + 1] }, { states[i - 1] }
@@ -571,7 +594,8 @@ end
 -- { ev, unit[, grads] }), FSDP2's state machine run over it (torch 2.15):
 -- forward "pre" (FSDPParamGroup.pre_forward, _fsdp_param_group.py:637-655):
 -- the unit all-gathered where it is sharded (again after a reshard), its
--- copy-out; "fwd": a call's compute; "post" (post_forward, :657-677): the
+-- copy-out; "fwd": a call's compute (the modules' unit_ops given the call:
+-- TP's collectives of that call, gen/parallel/tp.lua); "post" (post_forward, :657-677): the
 -- reshard where it reshards after forward, the call recorded in the
 -- post-forward order with multiplicity (_record_post_forward: "one
 -- pre-backward unshard for each forward call"). Backward "pre" (pre_backward,
@@ -589,10 +613,28 @@ end
 -- the unit reshards alone: "if not unsharded_grads: return"); "final"
 -- (_root_post_backward_final_callback, _fsdp_state.py:422-460): every unit
 -- not in POST_BACKWARD post-backwards, with its gradients.
+-- With explicit prefetching (k.states: EP's, schedule.prefetch_lists) a
+-- call runs on the unit's FSDP state, its groups (the dense part, then the
+-- experts) as explicit_micro's: "pre" waits for each group, then issues the
+-- forward list's gathers -- at every call (_fsdp_state.py:336-350: the
+-- state is IDLE after each post-forward, so the embedding's second call
+-- prefetches the first block again); a backward "pre" runs each group's
+-- pre_backward (its default prefetch only where the state has no list) and
+-- then the backward list's, each group reversed, at every hook
+-- (:407-418); compute with EP's points before and after, post-backward last
+-- group first.
 function schedule.calls_micro(ops, lay, m, k)
   local op, unsharded = k.op, k.unsharded
   local by, state, gathering, pfo, records, last_bwd = {}, {}, {}, {}, {}, {}
   for _, u in ipairs(lay.units) do by[u.index] = u end
+  local st_of = {}
+  for _, st in ipairs(k.states or {}) do
+    for _, u in ipairs(st.units) do st_of[u.index] = st end
+  end
+  local function groups(u) return st_of[u.index] or { units = { u } } end
+  local function hook(u, at, e)
+    if k.unit_ops and (k.states or not at:match("_before$")) then k.unit_ops(ops, u, m, at, e) end
+  end
   -- the backward that writes a unit's gradients: the one the model marks (writes), else its last
   for i, e in ipairs(lay.calls.backward) do
     if e.ev == "bwd" and (e.writes or not (last_bwd[e.unit] and lay.calls.backward[last_bwd[e.unit]].writes)) then
@@ -618,20 +660,28 @@ function schedule.calls_micro(ops, lay, m, k)
     end
   end
   for _, e in ipairs(lay.calls.forward) do
-    local u = by[e.unit]
+    local st = groups(by[e.unit])
     if e.ev == "pre" then
-      wait(u, "forward")
-    elseif e.ev == "fwd" then
-      op("forward", u, m, "forward", part(e))
-      if k.unit_ops then k.unit_ops(ops, u, m, "forward") end
-    else -- post
-      if u.reshard_after_forward then
-        schedule.forward_reshard(op, u, m, k.post_fwd)
-        unsharded[u.index] = false
+      for _, u in ipairs(st.units) do wait(u, "forward") end
+      for _, t in ipairs(st.fwd or {}) do
+        for _, u in ipairs(t.units) do unshard(u, "forward") end
       end
-      pfo[#pfo + 1] = u
-      records[u.index] = records[u.index] or {}
-      table.insert(records[u.index], #pfo)
+    elseif e.ev == "fwd" then
+      for _, u in ipairs(st.units) do
+        hook(u, "forward_before", e)
+        op("forward", u, m, "forward", part(e))
+        hook(u, "forward", e)
+      end
+    else -- post
+      for _, u in ipairs(st.units) do
+        if u.reshard_after_forward then
+          schedule.forward_reshard(op, u, m, k.post_fwd)
+          unsharded[u.index] = false
+        end
+        pfo[#pfo + 1] = u
+        records[u.index] = records[u.index] or {}
+        table.insert(records[u.index], #pfo)
+      end
     end
   end
   local reduced, posted = {}, {}
@@ -649,22 +699,35 @@ function schedule.calls_micro(ops, lay, m, k)
     reduced[u.index] = reduced[u.index] or how.reducing
   end
   for i, e in ipairs(lay.calls.backward) do
-    local u = by[e.unit]
-    if e.ev == "pre" and state[u.index] ~= "pre" then
-      state[u.index] = "pre"
-      wait(u, "backward")
-      local at = table.remove(records[u.index] or {})
-      if at and at > 1 then unshard(pfo[at - 1], "backward") end
-    elseif e.ev == "bwd" and last_bwd[e.unit] == i then
-      op("backward", u, m, "backward")
-      if k.unit_ops then k.unit_ops(ops, u, m, "backward") end
+    local st = e.unit and groups(by[e.unit])
+    if e.ev == "pre" then
+      local default = not (st.bwd and #st.bwd > 0)
+      for _, u in ipairs(st.units) do
+        if state[u.index] ~= "pre" then
+          state[u.index] = "pre"
+          wait(u, "backward")
+          local at = default and table.remove(records[u.index] or {})
+          if at and at > 1 then unshard(pfo[at - 1], "backward") end
+        end
+      end
+      for _, t in ipairs(st.bwd or {}) do
+        for j = #t.units, 1, -1 do unshard(t.units[j], "backward") end
+      end
     elseif e.ev == "bwd" then
-      -- (its part priced only: the runtime's backward_input takes the whole unit's unsharded parameters)
-      local o = op("backward_input", u, m, "backward")
-      o.call = e.part or true
-      if k.unit_ops then k.unit_ops(ops, u, m, "backward") end
+      for j = #st.units, 1, -1 do
+        local u = st.units[j]
+        hook(u, "backward_before", e)
+        if last_bwd[e.unit] == i then
+          op("backward", u, m, "backward")
+        else
+          -- (its part priced only: the runtime's backward_input takes the whole unit's unsharded parameters)
+          local o = op("backward_input", u, m, "backward")
+          o.call = e.part or true
+        end
+        hook(u, "backward", e)
+      end
     elseif e.ev == "post" then
-      post_backward(u, e.grads)
+      for j = #st.units, 1, -1 do post_backward(st.units[j], e.grads) end
     elseif e.ev == "final" then
       for _, v in ipairs(lay.units) do
         if #v.params > 0 and state[v.index] ~= "post" then post_backward(v, true) end

@@ -73,9 +73,11 @@
 --   predicts      false where the audit's timeline (gen/timeline.lua,
 --                 FSDP's overlap on one rank) does not model the step it
 --                 orders (PP): the memory plan then reuses bytes at once
---   unit_ops(out, u, m, at)
+--   unit_ops(out, u, m, at[, call])
 --                 appends the ops it runs at unit u's point `at` of
---                 micro-step m: "forward" and "backward" (inside the
+--                 micro-step m (call: the forward or backward call of a
+--                 unit the model calls more than once, its event of
+--                 lay.calls with its part, fsdp_schedule.calls_micro): "forward" and "backward" (inside the
 --                 unit's compute), "reduce" (its post-backward on a
 --                 micro-step that reduces, before the gradient reduction);
 --                 with explicit prefetching (ep > 1, fsdp_schedule.lua's
@@ -224,13 +226,13 @@ function parallel.unit_ops(mods)
   local hooks = {}
   for _, m in ipairs(mods) do hooks[#hooks + 1] = m.unit_ops end
   if #hooks == 0 then return nil end
-  return function(out, u, m, at)
+  return function(out, u, m, at, call)
     local lists = {}
     local first, last, step = #hooks, 1, -1
     if BEFORE[at] then first, last, step = 1, #hooks, 1 end
     for i = first, last, step do
       local l = {}
-      hooks[i](l, u, m, at)
+      hooks[i](l, u, m, at, call)
       lists[#lists + 1] = l
     end
     for _, o in ipairs(merge(lists)) do out[#out + 1] = o end

@@ -237,7 +237,8 @@ function tp.place(units, family, d)
   local experts = d.ep == 1 and plan.experts or {}
   for _, u in ipairs(units) do
     for _, q in ipairs(u.params) do
-      local suffix = q.name:gsub("^layers%.%d+%.", "")
+      -- (a multi-token prediction block, mtp_layers.<k>: a decoder block's placements, sharding.py:166-171)
+      local suffix = q.name:gsub("^mtp_layers%.%d+%.", ""):gsub("^layers%.%d+%.", "")
       q.tp = q.tp or plan.names[suffix] or experts[suffix] or "replicate"
     end
   end
@@ -433,13 +434,28 @@ end
 -- listed after the unit's other backward collectives). An act with a
 -- point runs there instead (ep's experts units: "backward_before", ahead
 -- of the combine's gradient).
-function tp.unit_ops(out, u, m, at)
+-- A unit the model calls more than once (call: its event of lay.calls,
+-- DeepSeek-V3's [norm, lm_head] under multi-token prediction,
+-- gen/models/deepseek_v3.lua calls): the output's gather (region "output",
+-- the norm's out_dst Replicate, decoder_sharding.py:119-139) runs with the
+-- call of the norm (its part starting at the unit's first parameter), the
+-- loss-parallel all-reduces (region "loss") once per lm_head call (MTPLoss
+-- takes one cross-entropy per prediction, models/deepseek_v3/mtp.py:363-
+-- 395); every other act with every call.
+local function in_call(a, call)
+  if not (call and call.part) then return true end
+  if a.region == "output" then return call.part[1] == 0 end
+  if a.region == "loss" then return call.part[1] > 0 end
+  return true
+end
+
+function tp.unit_ops(out, u, m, at, call)
   local acts = u.tp_acts
   if not acts then return end
   local reduce = at == "reduce"
   local point = reduce and "backward" or at
   for _, a in ipairs(acts) do
-    if (a.point or a.phase) == point and (a.reducing_only or false) == reduce then
+    if (a.point or a.phase) == point and (a.reducing_only or false) == reduce and in_call(a, call) then
       out[#out + 1] = { kind = a.kind, unit = u.index, micro_step = m, phase = a.phase, group = "tp", dtype = a.dtype,
                         count = a.count, reduce_op = a.kind ~= "tp_all_gather" and (a.reduce_op or "sum") or nil,
                         what = a.what, loss = a.loss, mm_flops = a.mm_flops, region = a.region,

@@ -323,7 +323,17 @@ end
 -- output's input gradient all-reduced; the block norms and the final norm
 -- keep whole gradients (norm_config without SP), the other replicated
 -- weights' are Partial as with it.
-local NORMS = { "attention_norm%.weight$", "ffn_norm%.weight$", "^norm%.weight$" }
+-- Multi-token prediction's blocks (model.num_mtp_layers; models/deepseek_v3/
+-- sharding.py:153-192): each planned as a decoder block, enorm and hnorm
+-- norms (norm_config), eh_proj's weight replicated on the blocks'
+-- activation (no collective of its own; its gradient Partial as MLA's
+-- replicated projections'), and mtp_norm as the final norm
+-- (pre_lm_head_norm_config): its output gathered (all-reduced gradient
+-- without SP) for the depth's lm_head call; the [norm, lm_head] unit's
+-- output gather runs with the norm's call, the loss's all-reduces once per
+-- lm_head call (gen/parallel/tp.lua in_call).
+local NORMS = { "attention_norm%.weight$", "ffn_norm%.weight$", "^norm%.weight$", "enorm%.weight$", "hnorm%.weight$",
+                "mtp_norm%.weight$" }
 
 local function is_norm(q)
   for _, pat in ipairs(NORMS) do if q.name:match(pat) then return true end end
@@ -347,6 +357,14 @@ function tp_acts.deepseek(ctx, lay, cfg, T, opts)
     end
     if has(u, "tok_embeddings.weight") then
       embedding_acts(add, sp, shard, full)
+    end
+    -- (an MTP block's mtp_norm ends the block: at ep > 1, after the MoE's combine, so on its experts unit,
+    -- ahead of EP's combine gradient in backward)
+    local mtp = ep > 1 and u.expert and u.name:match("^mtp_layers%.%d+%.experts$")
+      or ep == 1 and has(u, "mtp_norm.weight")
+    if mtp then -- (its output's gradient, first in the block's backward)
+      add(sp and "tp_reduce_scatter" or "tp_all_reduce", "backward", sp and shard or full,
+        "mtp_norm output gradient", ep > 1 and "backward_before" or nil)
     end
     if u.expert then
       if sp and shared then
@@ -397,6 +415,9 @@ function tp_acts.deepseek(ctx, lay, cfg, T, opts)
         end
         add("tp_all_reduce", "backward", full, "attention input gradient", nil, "attention_input")
       end
+    end
+    if mtp and sp then
+      add("tp_all_gather", "forward", shard, "mtp_norm output sequence")
     end
     if has(u, "lm_head.weight") then
       if sp then

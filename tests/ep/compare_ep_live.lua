@@ -64,6 +64,8 @@ local function plan_source(c)
     assert(math.type(v) == "integer", "case model field " .. k)
     m[#m + 1] = fmt("%s = %d", k, v)
   end
+  -- (DeepSeek-V3's multi-token prediction where the case sets it)
+  if c.model.num_mtp_layers then m[#m + 1] = fmt("num_mtp_layers = %d", c.model.num_mtp_layers) end
   return fmt([[return {
   world_size = %d,
   parallel = { dp_shard = %d, ep = %d%s },
@@ -94,7 +96,7 @@ local function same_list(a, b)
   return true
 end
 
-local function layer_of(unit_name) return (unit_name:match("^(layers%.%d+)")) end
+local function layer_of(unit_name) return (unit_name:match("^(layers%.%d+)") or unit_name:match("^(mtp_layers%.%d+)")) end
 
 -- The TP class (its ops and layout) of global rank g: its coordinate in
 -- its TP group (one class without TP).

@@ -102,6 +102,17 @@ CASES = {
                              param_dtype="bf16", extra=True),
     "gpt_dp2_tp2_ep2_nosp": dict(family="gpt_oss", world=4, dp_shard=2, tp=2, ep=2, sp=False, model={}, batch=1,
                                  seq=6, param_dtype="bf16", extra=True),
+    # DeepSeek-V3's multi-token prediction (num_mtp_layers; tests/titan/test_mtp.py holds it at FSDP/HSDP) under
+    # torchtitan's TP plan (models/deepseek_v3/sharding.py:153-192: each MTP block as a decoder block, enorm and
+    # hnorm as norms, eh_proj's weight replicated, mtp_norm gathering its output as the final norm does) and
+    # loss parallel per depth (MTPLoss); and at ep 2 (the MTP block's MoE on ep)
+    "dp2_tp2_mtp": dict(world=4, dp_shard=2, tp=2, ep=1, model=dict(moe_hidden_dim=16, num_mtp_layers=1), batch=1,
+                        seq=6),
+    "dp2_tp2_nosp_mtp": dict(world=4, dp_shard=2, tp=2, ep=1, sp=False, model=dict(moe_hidden_dim=16, num_mtp_layers=2),
+                             batch=1, seq=6, extra=True),
+    "dp2_tp2_ep2_mtp": dict(world=4, dp_shard=2, tp=2, ep=2, model=dict(num_mtp_layers=1), batch=1, seq=6,
+                            extra=True),
+    "dp4_ep2_mtp": dict(world=4, dp_shard=4, ep=2, model=dict(num_mtp_layers=1), batch=1, seq=6, extra=True),
 }
 # The cases run when none are named: by hand, all but the extra ones; make test's quick tier one case
 # per mesh and activation checkpointing once (full AC), the Qwen3 MoE TP plan once (EP x TP, on the

@@ -512,7 +512,11 @@ def titan_model_config(m):
         tok_embeddings=Embedding.Config(num_embeddings=v, embedding_dim=d, param_init=DS._EMBEDDING_INIT),
         norm=RMSNorm.Config(normalized_shape=d, param_init=DS._NORM_INIT),
         lm_head=Linear.Config(in_features=d, out_features=v, param_init=DS._output_linear_init(d)),
-        layers=layers, mtp_layers=[])
+        layers=layers,
+        # DeepSeek-V3's multi-token prediction (a case's num_mtp_layers): torchtitan's own builder, each MTP block
+        # a copy of the last block's config (models/deepseek_v3/__init__.py:291-316)
+        mtp_layers=DS._build_mtp_layers(layers[-1], dim=d, num_mtp_layers=m["num_mtp_layers"])
+        if m.get("num_mtp_layers") else [])
 
 
 def titan_gpt_oss_config(m, max_seq_len=64):
@@ -705,10 +709,13 @@ def run_case(rank, name, case, plan_json=None):
             routing[lname] = {"tokens_per_expert": [int(x) for x in counts.tolist()]}
         return pre
 
-    for lname, layer in model.layers.items():
+    # (DeepSeek-V3's multi-token prediction blocks, mtp_layers.<k>, labelled by their own names)
+    mtp = [("mtp_layers." + str(k), b) for k, b in enumerate(getattr(model, "mtp_layers", None) or [])]
+    for lname, layer in [("layers." + n, b) for n, b in model.layers.items()] + mtp:
         if getattr(layer, "moe", None) is not None:
-            layer.moe.routed_experts.token_dispatcher._ep_layer = "layers." + lname
-            layer.moe.routed_experts.register_forward_pre_hook(tap(lname))
+            layer.moe.routed_experts.token_dispatcher._ep_layer = lname
+            layer.moe.routed_experts.register_forward_pre_hook(tap(lname[len("layers."):] if lname[0] == "l"
+                                                                   else lname))
     for lname, layer in model.layers.items():
         inner = getattr(layer, "_checkpoint_wrapped_module", None)
         if inner is not None:   # activation checkpointing: its forward run in backward is the recompute
@@ -721,7 +728,14 @@ def run_case(rank, name, case, plan_json=None):
         with get_spmd_context(parallel_dims=pd)(), tracker, make_mode():
             REC.tracker = tracker
             pred = model(inputs, **extra)
-            loss = cross_entropy_loss(pred, labels, global_vocab_size=m["vocab_size"])
+            if m.get("num_mtp_layers"):
+                # torchtitan's MTPLoss (models/deepseek_v3/mtp.py:324-): the main logits' loss and one per depth,
+                # each loss parallel, given the positions as Trainer._forward_backward_body does
+                from torchtitan.models.deepseek_v3.mtp import MTPLoss
+                loss = MTPLoss(MTPLoss.Config(global_vocab_size=m["vocab_size"]))(
+                    pred, labels, positions=extra["positions"])[0]
+            else:
+                loss = cross_entropy_loss(pred, labels, global_vocab_size=m["vocab_size"])
             with spmd.no_typecheck():
                 loss.backward()
     finally:

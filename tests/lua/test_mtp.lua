@@ -3,7 +3,8 @@
 -- torchtitan's order, the forward-call order's FSDP step
 -- (gen/parallel/fsdp_schedule.lua calls_micro: the embedding gathered again
 -- per depth, [norm, lm_head] once more in backward, one reduction per unit),
--- its difference from one forward per unit, and the refusals where
+-- its difference from one forward per unit, torchtitan's TP and EP runs
+-- with MTP replayed (tests/ep/recorded/*_mtp.json), and the refusals where
 -- torchtitan refuses. tests/titan/test_mtp.py holds it to torchtitan on gloo.
 local H = require("helpers")
 local plan = require("gen.plan")
@@ -186,11 +187,87 @@ function T.one_call_per_unit_is_the_default_step()
   end
 end
 
+-- Under torchtitan's TP plan (tests/ep/recorded/dp2_tp2_mtp.json: dp_shard 2 x tp 2, one MTP depth, sequence
+-- and loss parallel; dp2_tp2_nosp_mtp.json: two depths without sequence parallelism; torchtitan's MTPLoss; events
+-- and shapes only, tests/ep/check_ep_live.sh records them): every FSDP and TP collective equals the tables (the
+-- embedding's pair per call, the MTP block's as a block's with mtp_norm's gather, the output's gather with the
+-- norm's call, the loss's three all-reduces per lm_head call). The plan with one forward per unit differs, and
+-- so does the one whose TP collectives run with every call of [norm, lm_head] (the calls' parts dropped).
+function T.tp_recordings_equal_the_tables()
+  local json = require("gen.json")
+  local live = require("tests.ep.compare_ep_live")
+  local function load(name) return json.decode(H.read("tests/ep/recorded/" .. name .. ".json")) end
+  for _, c in ipairs({ { "dp2_tp2_mtp", 76, 304 }, { "dp2_tp2_nosp_mtp", 92, 204 } }) do
+    local diff, res = live.check_case(load(c[1]))
+    H.eq(diff, nil, c[1])
+    H.eq(res.colls, c[2], c[1] .. ": FSDP collectives")
+    H.eq(res.tp, c[3], c[1] .. ": TP collectives")
+  end
+  local calls = ds.calls
+  local function differs(mutant, want)
+    ds.calls = mutant
+    local ok, d = pcall(live.check_case, load("dp2_tp2_mtp"))
+    ds.calls = calls
+    assert(ok, d)
+    assert(type(d) == "string" and d:find(want, 1, true), "want '" .. want .. "', got " .. tostring(d))
+  end
+  differs(function() return nil end, "rank 0 event")
+  differs(function(cfg)
+    local c = calls(cfg)
+    for _, e in ipairs(c.forward) do e.part = nil end
+    for _, e in ipairs(c.backward) do e.part = nil end
+    return c
+  end, "rank 0 event")
+end
+
+-- Model FLOPs per token (MFU's numerator) with MTP as torchtitan counts them: its registry's 16B with 0, 1 and 2
+-- MTP depths at seq_len 4096, DeepSeekV3Model.Config.get_nparams_and_flops(model, 4096) on torchtitan 0.3 (model
+-- built on the meta device; tests/titan/test_mtp.py's flops check computes them live): each depth adds 6 x its
+-- block's active parameters (eh_proj and the norms too), no attention term.
+-- Under expert parallelism (tests/ep/recorded/dp4_ep2_mtp.json: dp_shard 4 x ep 2, one MTP depth;
+-- dp2_tp2_ep2_mtp.json: TP 2 with EP 2 over the TP ranks; events and shapes only): torchtitan's explicit prefetch
+-- lists with the MTP blocks as model.layers keys (the last block prefetching mtp_layers.0, lm_head the MTP
+-- block in backward, mtp_layers.0 the last block), the embedding's second call prefetching layers.0 again
+-- (kept gathered into the backward: no backward all-gather of it), the MTP block's dispatch and combine, and
+-- under TP mtp_norm's gather after the combine: equal to the tables. The plan with the MTP blocks in layout order
+-- (after [norm, lm_head], as without MTP) differs.
+function T.ep_recordings_equal_the_tables()
+  local json = require("gen.json")
+  local live = require("tests.ep.compare_ep_live")
+  local S = require("gen.parallel.fsdp_schedule")
+  local function load(name) return json.decode(H.read("tests/ep/recorded/" .. name .. ".json")) end
+  for _, c in ipairs({ { "dp4_ep2_mtp", 112, 0, 60 }, { "dp2_tp2_ep2_mtp", 112, 280, 60 } }) do
+    local diff, res = live.check_case(load(c[1]))
+    H.eq(diff, nil, c[1])
+    H.eq(res.colls, c[2], c[1] .. ": FSDP collectives")
+    H.eq(res.tp, c[3], c[1] .. ": TP collectives")
+    H.eq(res.a2a, c[4], c[1] .. ": all-to-alls")
+  end
+  local lists = S.prefetch_lists
+  S.prefetch_lists = function(states, lay)
+    for _, st in ipairs(states) do st.units[1].mtp_depth = nil end
+    return lists(states, lay)
+  end
+  local ok, d = pcall(live.check_case, load("dp4_ep2_mtp"))
+  S.prefetch_lists = lists
+  assert(ok, d)
+  assert(type(d) == "string" and d:find("rank 0 event", 1, true), tostring(d))
+end
+
+function T.model_flops_per_token_are_torchtitans()
+  local compute = require("gen.compute")
+  local want = { [0] = 18105996288, 18654990336, 19203984384 }
+  for n = 0, 2 do
+    local p = plan.from_source(string.format("return { world_size = 8, parallel = { dp_shard = 8 }, model = { "
+      .. "family = 'deepseek_v3', size = '16b', seq_len = 4096, num_mtp_layers = %d } }", n), "plans/t.lua")
+    H.eq(compute.model_flops_per_token(p, compute.settings(p)), want[n], n .. " MTP depths")
+  end
+end
+
 function T.refusals()
   H.plan_fails(src(", num_mtp_layers = 1", "{ dp_shard = 2, pp = 2 }"), "model.num_mtp_layers", "mtp.py:199-204")
   H.plan_fails(src(", num_mtp_layers = 1", "{ dp_shard = 2, cp = 2 }"), "model.num_mtp_layers", "mtp.py:205-209")
   H.plan_fails(src(", num_mtp_layers = 1", nil, "{ loss_chunks = 8 }"), "training.loss_chunks", "mtp.py:271-275")
-  H.plan_fails(src(", num_mtp_layers = 1", "{ dp_shard = 4, ep = 2 }"), "model.num_mtp_layers", "ep = 1")
   H.plan_fails(src(", num_mtp_layers = -1"), "model.num_mtp_layers")
   H.plan_fails(src(", num_mtp_layers = 1.5"), "model.num_mtp_layers")
   H.plan_fails("return { world_size = 4, model = { family = 'llama', size = '8b', num_mtp_layers = 1 } }",

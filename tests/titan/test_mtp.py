@@ -286,6 +286,28 @@ def writer_check():
     return problems
 
 
+def flops_check():
+    """Model FLOPs per token (MFU) with MTP: torchtitan's DeepSeekV3Model.Config.get_nparams_and_flops (models/
+    deepseek_v3/model.py:216-229, models/utils.py get_moe_model_nparams_and_flops) of its registry's 16B with 0, 1
+    and 2 MTP depths, built on the meta device, against commplan's compute.model_flops_per_token of the plan."""
+    import torch
+    from torchtitan.models.deepseek_v3 import model_registry
+    problems, seq = [], 4096
+    for n in (0, 1, 2):
+        spec = model_registry("16B", num_mtp_layers=n) if n else model_registry("16B")
+        with torch.device("meta"):
+            m = spec.model.build()
+        want = spec.model.get_nparams_and_flops(m, seq)[1]
+        lua = ('package.path="./?.lua;"..package.path; local p = require("gen.plan").from_source("return { world_size '
+               '= 8, parallel = { dp_shard = 8 }, model = { family = \'deepseek_v3\', size = \'16b\', seq_len = %d, '
+               'num_mtp_layers = %d } }", "t.lua"); local c = require("gen.compute"); '
+               'print(c.model_flops_per_token(p, c.settings(p)))' % (seq, n))
+        got = subprocess.run(["lua5.4", "-e", lua], cwd=E.ROOT, capture_output=True, text=True).stdout.strip()
+        if got != str(want):
+            problems.append("model FLOPs per token, 16B with %d MTP depths: commplan %s, torchtitan %d" % (n, got, want))
+    return problems
+
+
 def main():
     E.need_titan(NAME)
     t0 = time.time()
@@ -300,6 +322,8 @@ def main():
             wstats["cases"] += 1
     if not only or "writer" in only:
         problems += writer_check()
+    if not only or "flops" in only:
+        problems += flops_check()
     stats = dict(collectives=0, grads=0, mtp_grads=0, mutant=0)
     if not only or "gloo" in only:
         ps, stats, glines = gloo_check()
@@ -314,6 +338,7 @@ def main():
               "the \"always\" and \"never\" policies")
     tv, ttv = E.versions()
     print("mtp: %d wrapping cases (%d units, %d parameters), the writer's numbers of 3 torchtitan configs, "
+          "16B's model FLOPs per token with 0-2 depths, "
           "%d collectives on gloo (%s; 2 steps), %d reduced gradient elements (%d of the MTP blocks) equal to --simulate; the one-forward mutant differs in "
           "%d collectives; torchtitan %s (torch %s), %.1f s: %d disagreements"
           % (wstats["cases"], wstats["units"], wstats["params"], stats["collectives"],
