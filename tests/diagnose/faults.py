@@ -134,7 +134,8 @@ def fr_trace(args, timeout):
     import signal
     import contextlib
     import io
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # (its import logs "tabulate is not installed")
+    # (quiet: its import logs "tabulate is not installed")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         import torch.distributed.flight_recorder.fr_trace  # noqa: F401  (imported once, before the fork)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         sys.stdout.flush()
