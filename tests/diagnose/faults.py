@@ -132,11 +132,9 @@ def fr_trace(args, timeout):
         return types.SimpleNamespace(returncode=p.returncode, stdout=p.stdout, stderr=p.stderr)
     import runpy
     import signal
-    import contextlib
-    import io
-    # (quiet: its import logs "tabulate is not installed")
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        import torch.distributed.flight_recorder.fr_trace  # noqa: F401  (imported once, before the fork)
+    # (imported once, before the fork; with sys.stderr as it is: its logger's StreamHandler keeps the stream it
+    # finds at import, so the children's verdicts reach their stderr)
+    import torch.distributed.flight_recorder.fr_trace  # noqa: F401
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         sys.stdout.flush()
         sys.stderr.flush()
