@@ -131,9 +131,21 @@ torch_lane() {
   # LIVE_MIN_SEEDS, default 4; make test-full 50 s and 15). Where the
   # package registry cannot be reached each prints SKIP, never ok.
   section "live FSDP2 peer: PyTorch's fully_shard on gloo vs the binary's --dump (tests/live/)"
+  # shellcheck disable=SC2317  # (live_check: a live.py command run alone; make test's go through live_add below)
   live_check() {  # NAME CMD...: ok or FAIL, then the run's closing line
     local name=$1 f; shift; f=$(logname "$name")
     if "$@" >"$f" 2>&1; then ok "$name"; else bad "$name" "$f"; fi
+    grep -ah "^live \(plans\|seeds\|recordings\): " "$f" | sed "s/^/        /"
+  }
+  # The live.py commands below run over one pool of rank processes (live.py batch: torch imported and the
+  # 8 ranks started once, not once a command); live_add queues one (NAME, its ARGS), live_done reports it
+  # as live_check would, from its log and the batch's "live batch: rc N LOG" line.
+  live_batch=()
+  live_add() { live_batch+=("$(logname "$1")" "$2"); }
+  live_done() {
+    local f; f=$(logname "$1")
+    if grep -qF "live batch: rc 0 $f (" "$live_bf"; then ok "$1"
+    else { echo "== live.py batch's output:"; tail -n 20 "$live_bf"; } >>"$f"; bad "$1" "$f"; fi
     grep -ah "^live \(plans\|seeds\|recordings\): " "$f" | sed "s/^/        /"
   }
   live_recs="live FSDP2 (torch 2.15) vs the torch 2.11 recordings fsdp4, hsdp2x2, fsdp2_tp2 (tests/oracle_check.lua)"
@@ -142,33 +154,41 @@ torch_lane() {
   live_seeds="live FSDP2 property test: random generic plans from seed ${LIVE_SEED_FROM:-1} for $live_s s, at least $live_n seeds (tests/live/live.py seeds)"
   if [ "$live_rc" = 0 ]; then
     ok "torch-env: $(printf '%s\n' "$live_out" | sed -n 's/^torch-env: torch /torch /p' | head -n 1)"
-    live_check "$live_recs" timeout 600 "$live_py" tests/live/live.py recordings
-    live_check "$live_plans" timeout 1800 "$live_py" tests/live/live.py plans
-    live_check "$live_seeds" timeout $(( live_s + 300 )) "$live_py" tests/live/live.py seeds \
-      "${LIVE_SEED_FROM:-1}-$(( ${LIVE_SEED_FROM:-1} + 99999 ))" --budget "$live_s" --min-seeds "$live_n"
-    [ -n "${LIVE_SECONDS:-}${LIVE_MIN_SEEDS:-}" ] ||
-      full_adds "property seeds for $live_s s, at least $live_n; make test-full runs them for 50 s, at least 15"
+    live_add "$live_recs" "recordings"
+    live_add "$live_plans" "plans"
+    live_add "$live_seeds" "seeds ${LIVE_SEED_FROM:-1}-$(( ${LIVE_SEED_FROM:-1} + 99999 )) --budget $live_s --min-seeds $live_n"
     # Issue 39's reduction knobs (set_gradient_divide_factor, set_force_sum_reduction_for_comms, a
     # unit's own set_requires_gradient_sync / set_requires_all_reduce, ignored_params): seeds 27-29
     # draw all of them with the other options, whatever seed the run above starts from.
-    live_check "live FSDP2: issue 39's reduction knobs drawn by the property test (seeds 27-29)" \
-      timeout 600 "$live_py" tests/live/live.py seeds 27-29
+    live_knobs="live FSDP2: issue 39's reduction knobs drawn by the property test (seeds 27-29)"
+    live_add "$live_knobs" "seeds 27-29"
     # Issue 39 (h39r): fully_shard(reshard_after_forward=k) with an int k, drawn by the property test
     # (seed 12: fsdp 4, k plan-wide and per unit, with sync_last, ignored_params, CPU offload and frozen
     # parameters; --require fails the line if the seed stops drawing it; the fixed plans
     # tests/plans/fsdp4_raf2.lua and hsdp_raf2.lua run in "live.py plans" above).
-    live_check "live FSDP2: issue 39's reshard_after_forward as an int drawn by the property test (seed 12)" \
-      timeout 600 "$live_py" tests/live/live.py seeds 12-12 --require raf_int --require frozen
+    live_raf="live FSDP2: issue 39's reshard_after_forward as an int drawn by the property test (seed 12)"
+    live_add "$live_raf" "seeds 12-12 --require raf_int --require frozen"
     # Issue 41's frozen parameters (requires_grad=False, torchtitan's LoRA; tests/plans/frozen_params.lua
     # runs with the plans above): seed 7 draws them under HSDP x TP, step_end, a divide factor and CPU
     # offload (seed 12 above beside raf_int), whatever seed the property run starts from.
-    live_check "live FSDP2: frozen parameters drawn by the property test (seed 7)" \
-      timeout 600 "$live_py" tests/live/live.py seeds 7-7 --require frozen
+    live_frozen="live FSDP2: frozen parameters drawn by the property test (seed 7)"
+    live_add "$live_frozen" "seeds 7-7 --require frozen"
     # Issue 39 (h39v): set_unshard_in_backward(False) (tests/plans/unshard_bwd.lua runs with the plans
     # above): seeds 25-26 draw it beside units' own divide factors (DDP 4) and HSDP's deferred
     # all-reduce with reshard_after_backward, whatever seed the property run starts from.
-    live_check "live FSDP2: unshard_in_backward drawn by the property test (seeds 25-26)" \
-      timeout 600 "$live_py" tests/live/live.py seeds 25-26 --require unshard_in_backward=False
+    live_unshard="live FSDP2: unshard_in_backward drawn by the property test (seeds 25-26)"
+    live_add "$live_unshard" "seeds 25-26 --require unshard_in_backward=False"
+    live_bf=$log/live_batch.out
+    timeout $(( live_s + 2400 )) "$live_py" tests/live/live.py batch "${live_batch[@]}" >"$live_bf" 2>&1
+    live_done "$live_recs"
+    live_done "$live_plans"
+    live_done "$live_seeds"
+    [ -n "${LIVE_SECONDS:-}${LIVE_MIN_SEEDS:-}" ] ||
+      full_adds "property seeds for $live_s s, at least $live_n; make test-full runs them for 50 s, at least 15"
+    live_done "$live_knobs"
+    live_done "$live_raf"
+    live_done "$live_frozen"
+    live_done "$live_unshard"
   elif [ "$live_rc" = 3 ]; then
     live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
     skipped "torch-env (make torch-env)" "$live_why"

@@ -121,10 +121,61 @@ def provoke(name, plan_json, env, dumps, log):
     return p.returncode
 
 
+def fr_trace(args, timeout):
+    """python -m torch.distributed.flight_recorder.fr_trace ARGS: returncode, stdout, stderr. Run in a child forked
+    from this process with fr_trace imported once, here (a python importing torch for each of the two runs a fault
+    was seconds of CPU each); FR_START=spawn runs it as a python of its own."""
+    import types
+    if os.environ.get("FR_START", "fork") != "fork":
+        p = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace"] + args,
+                           capture_output=True, text=True, timeout=timeout)
+        return types.SimpleNamespace(returncode=p.returncode, stdout=p.stdout, stderr=p.stderr)
+    import runpy
+    import signal
+    # (imported once, before the fork; with sys.stderr as it is: its logger's StreamHandler keeps the stream it
+    # finds at import, so the children's verdicts reach their stderr)
+    import torch.distributed.flight_recorder.fr_trace  # noqa: F401
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: fr_trace's __main__ with these arguments, its exit status ours
+            code = 1
+            try:
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                sys.argv = ["fr_trace.py"] + args
+                runpy.run_module("torch.distributed.flight_recorder.fr_trace", run_name="__main__")
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:  # noqa: BLE001 (a traceback, as python -m would print it)
+                import traceback
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        deadline = time.time() + timeout
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.time() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise subprocess.TimeoutExpired("fr_trace " + " ".join(args), timeout)
+            time.sleep(0.05)
+        out.seek(0)
+        err.seek(0)
+        return types.SimpleNamespace(returncode=os.waitstatus_to_exitcode(status),
+                                     stdout=out.read().decode(errors="replace"),
+                                     stderr=err.read().decode(errors="replace"))
+
+
 def fr_trace_verdict(dumps, exp, work):
     """fr_trace.py's verdict on the dumps as written, and on a copy with pg_config from the entries."""
-    cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", dumps, "-p", "rank_"]
-    raw = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    raw = fr_trace([dumps, "-p", "rank_"], 120)
     raw_v = _verdict(raw)[0]
     fixed = os.path.join(work, "fr_fixed")
     os.makedirs(fixed)
@@ -139,8 +190,7 @@ def fr_trace_verdict(dumps, exp, work):
         d = dict(d, pg_config=cfg)
         with open(os.path.join(fixed, f"rank_{r}"), "wb") as f:
             pickle.dump(d, f)
-    fixed_p = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", fixed, "-p",
-                              "rank_", "--allow-incomplete-ranks"], capture_output=True, text=True, timeout=120)
+    fixed_p = fr_trace([fixed, "-p", "rank_", "--allow-incomplete-ranks"], 120)
     return raw_v, _verdict(fixed_p), fixed_p.stdout + fixed_p.stderr
 
 

@@ -6,6 +6,8 @@ rank (tests/live/record.py), against the binary's
   live.py seeds A-B              property test: seeded random generic plans A..B
   live.py seeds A-B --budget S   ... as many of them as fit S seconds
   live.py seed N                 rerun one seed, verbose, keeping its files
+  live.py batch LOG ARGS ...     each ARGS (one string: "plans", "seeds 7-7 --require frozen") over one
+                                 pool of ranks, its output to LOG (make test's way)
 
 Run it with the torch-env python (make torch-env); make test-live and
 make test call it. Each seed writes build/live/plans/lp<N>.lua, generates
@@ -896,7 +898,9 @@ def check_one(pool, name, binary, plan_json, steps, accumulation=None, verbose=F
     return not bad, summary, bad, causes
 
 
-def main():
+def main(argv=None, pool=None, pool_s=0.0):
+    """One live.py command; with pool (live.py batch's, started pool_s seconds before), over that pool,
+    which it leaves running."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["plans", "seeds", "seed", "recordings"])
     ap.add_argument("args", nargs="*")
@@ -915,17 +919,19 @@ def main():
                     help="seeds mode: fail unless every seed run drew KNOB (a word of its description: "
                     "raf_int, frozen, cpu_offload, ...), so a knob-specific seed line checks what it says")
     ap.add_argument("-v", "--verbose", action="store_true")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     global TREE, BUILD
     if a.tree:
         TREE = os.path.abspath(a.tree)
         if TREE != ROOT:  # plans, dumps and recordings of another tree's runs apart from this tree's
             BUILD = os.path.join(ROOT, "build", "live-" + os.path.basename(TREE.rstrip("/")))
     tree_arg = f" TREE={a.tree}" if a.tree else ""
-    t_start = time.time()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below: stop the ranks
-    pool = Pool()
-    pool.start()
+    t_start = time.time() - pool_s  # (a seeds budget counts the pool's start, batch's too)
+    own_pool = pool is None
+    if own_pool:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below: stop the ranks
+        pool = Pool()
+        pool.start()
     print(f"live: torch {pool.torch_version}, {POOL_RANKS} gloo rank processes started in {time.time() - t_start:.1f} s",
           flush=True)
     ran = matched = 0
@@ -1073,9 +1079,43 @@ def main():
                 print(f"  first difference at the {CAUSES.get(c, c)}: seeds {' '.join(map(str, ss[:30]))}"
                       f"{' ...' if len(ss) > 30 else ''}")
     finally:
-        pool.stop()
+        if own_pool:
+            pool.stop()
     return 0 if ran and matched == ran else 1
 
 
+def batch(argv):
+    """live.py batch LOG ARGS [LOG ARGS ...]: each ARGS (one string: "plans", "seeds 7-7 --require frozen", ...)
+    run by main over one pool of ranks, torch imported and the ranks started once; its output written to LOG,
+    then "live batch: rc N LOG (S s)" printed. make test runs its live.py commands so. Exit status: the worst."""
+    import contextlib
+    import shlex
+    import traceback
+    if len(argv) % 2:
+        sys.exit("live.py batch: LOG ARGS pairs")
+    t_start = time.time()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below: stop the ranks
+    pool = Pool()
+    pool.start()
+    pool_s = time.time() - t_start
+    print(f"live batch: torch {pool.torch_version}, {POOL_RANKS} gloo rank processes started in {pool_s:.1f} s",
+          flush=True)
+    worst = 0
+    try:
+        for log_path, args in zip(argv[0::2], argv[1::2]):
+            t0 = time.time()
+            with open(log_path, "w") as fh, contextlib.redirect_stdout(fh):
+                try:
+                    rc = main(shlex.split(args), pool, pool_s)
+                except Exception:  # noqa: BLE001 (one command's error; the next ones still run)
+                    traceback.print_exc(file=fh)
+                    rc = 1
+            print(f"live batch: rc {rc} {log_path} ({time.time() - t0:.1f} s)", flush=True)
+            worst = max(worst, rc)
+    finally:
+        pool.stop()
+    return worst
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(batch(sys.argv[2:]) if sys.argv[1:2] == ["batch"] else main())

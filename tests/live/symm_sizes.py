@@ -149,8 +149,17 @@ def check(plan_dir):
     if not j["fsdp"].get("symm_mem"):
         return "%s: plan.json has no fsdp.symm_mem" % plan_dir, False
     world = j["world_size"]
+    # The ranks forked from this process with FSDP2 imported once, here (tests/titan/test_fused_plan.py's way;
+    # this process makes no process group or mesh); spawning imported torch again in every rank, seconds of
+    # CPU each. SYMM_START=spawn spawns them.
+    start = os.environ.get("SYMM_START", "fork")
+    if start == "fork":
+        import torch.distributed.device_mesh  # noqa: F401
+        import torch.distributed.fsdp  # noqa: F401
+        from torch.distributed.fsdp._fully_shard import _fsdp_collectives  # noqa: F401
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(worker, args=(world, os.path.join(d, "init"), plan_json, d), nprocs=world, join=True)
+        mp.start_processes(worker, args=(world, os.path.join(d, "init"), plan_json, d), nprocs=world, join=True,
+                           start_method=start)
         got = [json.load(open(os.path.join(d, "r%d.json" % r))) for r in range(world)]
     want = expected(j)
     # the mutant: the plan's first symmetric all-gather buffer 256 bytes larger must not pass

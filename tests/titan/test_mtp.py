@@ -19,8 +19,11 @@ the backward gathers it again). commplan's tables follow the forward-call order 
    gradient shard after the last step against the plan's binary's --simulate --pattern oracle
    --dump, float32 bit for bit. The check can fail: the tables of the same plan with one forward
    per unit (the model's call order dropped) differ from torchtitan's collectives (counted).
-make test (COMMPLAN_TEST_TIER=quick): num_mtp_layers 2 on gloo (one "quick tier:" line); full: 1 and 2 at FSDP,
-HSDP (2 x 2) with 2 micro-batches, torchtitan's "always" and "never" reshard policies (2 micro-batches).
+make test (COMMPLAN_TEST_TIER=quick): num_mtp_layers 2 on gloo for 1 step, one wrapping case (mtp_tiny_2_hsdp)
+(one "quick tier:" line); full: 1 and 2 at FSDP, HSDP (2 x 2) with 2 micro-batches, torchtitan's "always" and
+"never" reshard policies (2 micro-batches), 2 steps each, every wrapping case. The gloo ranks are forked from
+this process with torch and torchtitan imported once, before the wrapping cases make meshes here
+(test_fused_plan.py's way; TITAN_START=spawn spawns them).
 Prints one "mtp:" line; exit 0 when every check holds, 1 otherwise, 77 (SKIP) without torchtitan.
 """
 
@@ -38,9 +41,10 @@ import titan_env as E  # noqa: E402
 sys.path.insert(0, os.path.join(E.ROOT, "python"))
 NAME = "DeepSeek-V3 multi-token prediction vs torchtitan (tests/titan/test_mtp.py)"
 OUT = os.path.join(E.ROOT, "build", "titan", "mtp")
-WORLD, SEQ, BATCH, STEPS = 4, 16, 1, 2
 FSDP_SUM = {"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum"}
 QUICK = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
+# (quick: one step; the second step's collectives repeat the first's, its gradients only accumulate twice)
+WORLD, SEQ, BATCH, STEPS = 4, 16, 1, (1 if QUICK else 2)
 MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
 # the gloo runs: (key, num_mtp_layers, mesh, micro-batches, torchtitan's fsdp_reshard_after_forward)
 RUNS = [("mtp2", 2, "fsdp", 1, "default")] + ([] if QUICK else [
@@ -65,6 +69,8 @@ def wrap_cases():
     import test_moe_plan as M
     out = []
     for name, _, kf, world, par in WRAP_CASES:
+        if QUICK and name != "mtp_tiny_2_hsdp":  # quick: num_mtp_layers 2 under HSDP, the one that holds both
+            continue
         model = tiny(2 if "_2" in name else 1) if kf[1] is None else dict(M.DSV3_DEBUG, family="deepseek_v3",
                                                                           num_mtp_layers=1)
         out.append((name, model, kf, world, par))
@@ -222,8 +228,18 @@ def gloo_check():
     mutants = {k: generate(k, paths[k], True) for k in keys}
     ids = {k: C.param_ids(p) for k, p in plans.items()}
     sim = simulate(sorted(keys))
+    # The ranks forked from this process with what they import imported once, here (test_fused_plan.py's
+    # way; main runs this before the wrapping cases make meshes in this process); spawning imported torch and
+    # torchtitan again in every rank, seconds of CPU each. TITAN_START=spawn spawns them.
+    start = os.environ.get("TITAN_START", "fork")
+    if start == "fork":
+        import test_fused_plan  # noqa: F401
+        import torch.distributed.fsdp  # noqa: F401
+        import torchtitan.distributed.parallel_dims  # noqa: F401
+        import torchtitan.distributed.utils  # noqa: F401
+        import torchtitan.models.deepseek_v3.mtp  # noqa: F401
     with tempfile.TemporaryDirectory(dir=OUT) as tmp:
-        mp.spawn(worker, args=(os.path.join(tmp, "init"), tmp, ids), nprocs=WORLD)
+        mp.start_processes(worker, args=(os.path.join(tmp, "init"), tmp, ids), nprocs=WORLD, start_method=start)
         rec = []
         for r in range(WORLD):
             with open(os.path.join(tmp, "rank%d.json" % r)) as fh:
@@ -316,6 +332,13 @@ def main():
     only = set(sys.argv[1:])
     problems, lines = [], []
     wstats = dict.fromkeys(("cases", "units", "params", "shard1"), 0)
+    # The gloo step first: its ranks are forked from this process (gloo_check), before the wrapping
+    # cases below make meshes here (a forked rank must not inherit them).
+    stats = dict(collectives=0, grads=0, mtp_grads=0, mutant=0)
+    if not only or "gloo" in only:
+        ps, stats, glines = gloo_check()
+        problems += ps
+        lines += glines
     if not only or "wrap" in only:
         for case in wrap_cases():
             problems += M.run_case(case, wstats)
@@ -324,25 +347,21 @@ def main():
         problems += writer_check()
     if not only or "flops" in only:
         problems += flops_check()
-    stats = dict(collectives=0, grads=0, mtp_grads=0, mutant=0)
-    if not only or "gloo" in only:
-        ps, stats, glines = gloo_check()
-        problems += ps
-        lines += glines
     for ln in lines:
         print("  " + ln)
     for p in problems[:40]:
         print("DISAGREE", p)
     if QUICK:
-        print("quick tier: num_mtp_layers 2 at FSDP on gloo; make test-full also runs 1, HSDP x 2 micro-batches, "
-              "the \"always\" and \"never\" policies")
+        print("quick tier: num_mtp_layers 2 at FSDP on gloo for 1 step, the wrapping case mtp_tiny_2_hsdp; make "
+              "test-full also runs 1, HSDP x 2 micro-batches, the \"always\" and \"never\" policies, 2 steps each, "
+              "and the wrapping cases mtp_tiny_1, mtp_debug_1")
     tv, ttv = E.versions()
     print("mtp: %d wrapping cases (%d units, %d parameters), the writer's numbers of 3 torchtitan configs, "
           "16B's model FLOPs per token with 0-2 depths, "
-          "%d collectives on gloo (%s; 2 steps), %d reduced gradient elements (%d of the MTP blocks) equal to --simulate; the one-forward mutant differs in "
+          "%d collectives on gloo (%s; %d step%s), %d reduced gradient elements (%d of the MTP blocks) equal to --simulate; the one-forward mutant differs in "
           "%d collectives; torchtitan %s (torch %s), %.1f s: %d disagreements"
           % (wstats["cases"], wstats["units"], wstats["params"], stats["collectives"],
-             ", ".join(r[0] for r in RUNS), stats["grads"], stats["mtp_grads"], stats["mutant"], ttv, tv,
+             ", ".join(r[0] for r in RUNS), STEPS, "s" if STEPS > 1 else "", stats["grads"], stats["mtp_grads"], stats["mutant"], ttv, tv,
              time.time() - t0, len(problems)))
     return 1 if problems else 0
 

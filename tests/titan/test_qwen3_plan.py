@@ -23,6 +23,9 @@
    FusedSwiGLU too, model.fused "swiglu") under no checkpointing,
    SelectiveAC and FullAC, the saved bytes (tests/titan/test_moe_acts.py's measurement) against
    qwen3.block_acts.
+make test (COMMPLAN_TEST_TIER=quick): the gloo step's FSDP untied at 1 micro-batch and HSDP tied at 2
+(tied and untied, FSDP and HSDP, 1 and 2 micro-batches each once), 2 steps (a model's first and a
+steady-state one, as test_chunked_loss.py's quick tier), one "quick tier:" line; full: all 8, 3 steps.
 Prints one "qwen3_plan:" summary line; exit 0 when everything agrees, 1 otherwise, 77 (SKIP)
 without torch and torchtitan.
 """
@@ -63,10 +66,18 @@ POLICY_CASES = ("qwen3_debug", "qwen3_tiny_untied")
 FLAVOURS = {"0.6b": "0.6B", "1.7b": "1.7B", "4b": "4B", "8b": "8B", "14b": "14B", "32b": "32B"}
 
 # the gloo step
-WORLD, SEQ, BATCH, STEPS = 4, 16, 1, 3
+QUICK = os.environ.get("COMMPLAN_TEST_TIER", "full") == "quick"
+WORLD, SEQ, BATCH, STEPS = 4, 16, 1, (2 if QUICK else 3)
 MESHES = {"fsdp": {"dp_shard": 4}, "hsdp": {"dp_replicate": 2, "dp_shard": 2}}
 MICRO = (1, 2)
 TIES = (True, False)
+# the gloo runs (mesh, tied, micro-batches): quick, one of each mesh, tie and micro-batch count
+GLOO_QUICK = (("fsdp", False, 1), ("hsdp", True, 2))
+
+
+def gloo_runs():
+    return [(mn, tied, m) for mn in MESHES for tied in TIES for m in MICRO
+            if not QUICK or (mn, tied, m) in GLOO_QUICK]
 
 
 # ---- torchtitan's side ----
@@ -217,6 +228,8 @@ def worker(rank, init, out_dir):
         pd.build_mesh()
         for tied in TIES:
             for micro in MICRO:
+                if (mesh_name, tied, micro) not in gloo_runs():
+                    continue
                 torch.manual_seed(0)
                 model = parallelize(titan_config(None, TINY, tied), parallelism, training, pd)
                 model.to_empty(device="cpu")  # the trainer's order: parallelize, to_empty, init_weights
@@ -259,13 +272,11 @@ def gloo_check():
     import torch.multiprocessing as mp
     import test_chunked_loss as C
     plans = {}
-    for mn in MESHES:
-        for tied in TIES:
-            for m in MICRO:
-                name = "qwen3_gloo_%s_%s_m%d" % (mn, "tied" if tied else "untied", m)
-                plans[(mn, tied, m)] = generate(write_plan(
-                    name, WORLD, dict(TINY, family="qwen3", enable_weight_tying=tied, seq_len=SEQ), MESHES[mn],
-                    dict(FSDP_SUM, micro_steps=m), {"loss_chunks": 1, "local_batch_size": BATCH}), name)
+    for mn, tied, m in gloo_runs():
+        name = "qwen3_gloo_%s_%s_m%d" % (mn, "tied" if tied else "untied", m)
+        plans[(mn, tied, m)] = generate(write_plan(
+            name, WORLD, dict(TINY, family="qwen3", enable_weight_tying=tied, seq_len=SEQ), MESHES[mn],
+            dict(FSDP_SUM, micro_steps=m), {"loss_chunks": 1, "local_batch_size": BATCH}), name)
     os.makedirs(OUT, exist_ok=True)
     # The ranks forked from this process, torch and torchtitan imported once here (tests/tp_record.py's
     # way; main runs this first, before this process makes a process group or a mesh); spawning
@@ -386,12 +397,16 @@ def main():
         print("DISAGREE", p)
     if len(problems) > 40:
         print("... and %d more" % (len(problems) - 40))
+    if QUICK:
+        print("quick tier: the gloo step's fsdp_untied_m1 and hsdp_tied_m2, 2 steps; make test-full runs all 8 "
+              "(FSDP and HSDP x tied and untied x 1 and 2 micro-batches), 3 steps")
     tv, ttv = E.versions()
     print("qwen3_plan: %d wrapping cases (%d of them again under \"always\" / \"never\" reshard policies; %d units, "
           "%d parameters), %d parameter counts, %d collectives on gloo "
-          "(tied and untied, FSDP and HSDP, 1 and 2 micro-batches), %d activation cases compared with torchtitan %s "
+          "(%s; %d steps), %d activation cases compared with torchtitan %s "
           "(torch %s) in %.1f s: %d disagreements"
-          % (stats["cases"], stats.get("policies", 0), stats["units"], stats["params"], ncount, compared, nacts, ttv,
+          % (stats["cases"], stats.get("policies", 0), stats["units"], stats["params"], ncount, compared,
+             ", ".join("%s_%s_m%d" % (mn, "tied" if t else "untied", m) for mn, t, m in gloo_runs()), STEPS, nacts, ttv,
              tv, time.time() - t0,
              len(problems)))
     return 1 if problems else 0
