@@ -186,6 +186,22 @@ function T.one_call_per_unit_is_the_default_step()
   end
 end
 
+-- grad_accumulation "step_end" (torch.distributed.pipelining's): finalize_backward reduces every pending
+-- unit in reversed(all_states), all_states in named_modules() order (torch 2.15 _fsdp_state.py:470, :206-220):
+-- mtp_layers.1, mtp_layers.0, norm_lm_head, layers.3 .. 0, tok_embeddings; not the order the hooks fired
+-- (calls_micro's posted list: the mutant)
+function T.step_end_finalizes_in_module_order()
+  local s = src(", num_mtp_layers = 2"):gsub("reduce_op = 'sum'", "reduce_op = 'sum', micro_steps = 2, "
+    .. "grad_accumulation = 'step_end'")
+  local p = plan.from_source(s, "plans/t.lua")
+  local names = {}
+  for _, o in ipairs(p.ops) do
+    if o.kind == "reduce_scatter" then names[#names + 1] = p.layout.units[o.unit + 1].name end
+  end
+  H.list_eq(names, { "mtp_layers.1", "mtp_layers.0", "norm_lm_head", "layers.3", "layers.2", "layers.1",
+                     "layers.0", "tok_embeddings" }, "step_end's reductions")
+end
+
 function T.refusals()
   H.plan_fails(src(", num_mtp_layers = 1", "{ dp_shard = 2, pp = 2 }"), "model.num_mtp_layers", "mtp.py:199-204")
   H.plan_fails(src(", num_mtp_layers = 1", "{ dp_shard = 2, cp = 2 }"), "model.num_mtp_layers", "mtp.py:205-209")
