@@ -277,10 +277,10 @@ def writer_gpt_oss():
     text = plan_from_titan(model_registry("debugmodel"), "w", 4, parallel={"dp_shard": -1, "ep": 2}, seq_len=256)
     if 'family = "gpt_oss"' not in text or "sliding_window = 128" not in text:
         problems.append("writer: the plan text lacks the family or its window: " + text)
-    # its attention backend: flex (gpt_oss_debugmodel_flex's build) written, so the plan takes cp; the
-    # registry's varlen (its default) not written, the plan's default, which cp refuses as torchtitan does
+    # its attention backend written as built: flex (gpt_oss_debugmodel_flex's build), so the plan takes cp;
+    # the registry's varlen (its default), which cp refuses as torchtitan does
     flex = gpt_oss_numbers(model_registry("debugmodel", attn_backend="flex"))
-    if flex.get("attn_backend") != "flex" or "attn_backend" in gpt_oss_numbers(model_registry("debugmodel")):
+    if flex.get("attn_backend") != "flex" or gpt_oss_numbers(model_registry("debugmodel")).get("attn_backend") != "varlen":
         problems.append("writer: attn_backend %r for flex, %r for varlen" % (
             flex.get("attn_backend"), gpt_oss_numbers(model_registry("debugmodel")).get("attn_backend")))
     import tempfile
