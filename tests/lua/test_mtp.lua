@@ -144,8 +144,11 @@ end
 -- The forward-call order generalises the one-forward-per-unit step: given one call per unit (pre, forward,
 -- post; backward pre, compute, post with gradients, last unit first), calls_micro gives these shipped plans'
 -- steps op for op (FSDP and HSDP, DDP, CPU offload, sync_last / all_reduce_last / step_end accumulation,
--- set_unshard_in_backward(False)); 34 of the 43 small plans in plans/ and tests/plans/ so (not: the
--- ChunkedLossWrapper, explicit-prefetch and EP ones, whose orders the default builder keeps).
+-- set_unshard_in_backward(False), reshard_after_forward to 2 ranks under FSDP and HSDP, frozen parameters,
+-- per-unit accumulation, HSDP keeping parameters unsharded, symmetric memory): the 13 below; 36 of the 55
+-- plans in plans/ and tests/plans/ so (not: the ChunkedLossWrapper ones, the llama and MoE families' default
+-- loss, gen/parallel/fsdp.lua chunked_loss; explicit prefetch; EP: orders the default builder keeps;
+-- llama405b, a pipeline stage's plan, the same but left out as large).
 function T.one_call_per_unit_is_the_default_step()
   local L = require("gen.parallel.fsdp_layout")
   local function one_call_each(_, out)
@@ -174,7 +177,10 @@ function T.one_call_per_unit_is_the_default_step()
     return t
   end
   for _, path in ipairs({ "plans/fsdp4.lua", "plans/hsdp2x2.lua", "plans/ddp2.lua", "plans/hsdp2x2_offload.lua",
-                          "plans/hsdp3x2_arlast.lua", "plans/hsdp2x2_stepend.lua", "tests/plans/unshard_bwd.lua" }) do
+                          "plans/hsdp3x2_arlast.lua", "plans/hsdp2x2_stepend.lua", "tests/plans/unshard_bwd.lua",
+                          "tests/plans/fsdp4_raf2.lua", "tests/plans/hsdp_raf2.lua", "tests/plans/frozen_params.lua",
+                          "tests/plans/gacc_units.lua", "tests/plans/hsdp_keep_unsharded.lua",
+                          "tests/plans/symm_fsdp4.lua" }) do
     local text = H.read(path)
     local want = sig(plan.from_source(text, path))
     local saved = L.calls
