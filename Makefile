@@ -623,14 +623,16 @@ $(1)/a2a_ep4/a2a_ep4: $(1)/a2a_ep4/main.o $(1)/a2a_ep4/plan.o $(foreach o,emu_cu
 endef
 $(eval $(call emu_a2a,build/emu,))
 $(eval $(call emu_a2a,build/emu-asan,$(SAN)))
-.PHONY: emu-build test-emu print-emu-plans print-emu-asan-plans print-big-plans
+.PHONY: emu-build test-emu print-emu-plans print-emu-asan-plans print-emu-lib-plans print-big-plans
 print-big-plans:
 	@echo $(BIG_PLANS)
 print-emu-plans:
 	@echo $(EMU_PLANS)
 print-emu-asan-plans:
 	@echo $(EMU_ASAN_PLANS)
-EMU_LIB_PLANS := fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven llama_tiny_tp hsdp2x2_offload
+# (EMU_LIB_PLANS: one list, above with EMU_PLANS and its additions; tests/emu_check.sh reads it from here)
+print-emu-lib-plans:
+	@echo $(EMU_LIB_PLANS)
 # tests/lib/ep_library.c: the library's token exchanges (every EP test plan; one under ASan)
 EMU_EP_LIB_PLANS := ep2_mixtral ep4_mixtral_efsdp1 ep2_dsv3_shard1 ep2_mixtral_hsdp ep2_mixtral_ac ep4_dsv3_tp2
 emu-build: build/emu/emu_selftest $(foreach p,$(EMU_PLANS),build/emu/$(p)/$(p)) $(foreach p,$(EMU_LIB_PLANS),build/emu/$(p)/library_run) build/emu/single/example build/emu/pp_tiny/library_run \

@@ -156,10 +156,12 @@ local SCHEMA = {
     n_limited_groups = { "int", min = 0, max = LIM.model_int },
     -- DeepSeek-V3's multi-token prediction blocks (torchtitan's num_mtp_layers; gen/models/deepseek_v3.lua)
     num_mtp_layers = { "int", min = 0, max = LIM.units - 4 },
-    -- gpt-oss (gen/models/gpt_oss.lua): the even blocks' causal sliding window, in tokens, and the
-    -- attention backend its registry builds (attn_backend, models/gpt_oss/__init__.py:388-396: "varlen"
-    -- by default, "flex" as config_registry.py's gpt_oss_debugmodel_flex; context parallel needs flex)
-    sliding_window = { "int", min = 1, max = LIM.model_int }, attn_backend = { "enum", enum = { "varlen", "flex" } },
+    -- gpt-oss (gen/models/gpt_oss.lua): the even blocks' causal sliding window, in tokens
+    sliding_window = { "int", min = 1, max = LIM.model_int },
+    -- the attention backend torchtitan's registry builds (model_registry's attn_backend: "flex" by default for
+    -- llama3, qwen3, deepseek_v3, "varlen" for gpt_oss; each family's config resolves it; a generic model's
+    -- as given); context parallel needs flex (gen/parallel/cp.lua cp.rules)
+    attn_backend = { "enum", enum = { "varlen", "flex" } },
     -- the qwen3 family (gen/models/qwen3.lua): the FFN's hidden size as given, and torchtitan's
     -- enable_weight_tying (tok_embeddings.weight and lm_head.weight tied; one unit holds both ends)
     hidden_dim = { "int", min = 1, max = LIM.model_int }, enable_weight_tying = { "bool" },
@@ -238,10 +240,11 @@ local LLAMA_ONLY = { size = true, dim = true, n_layers = true, vocab_size = true
 -- MoE families: gen/models/moe.lua's FIELDS); any other is refused.
 local FAMILY_KEYS = {
   llama = { "size", "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim_multiplier", "multiple_of",
-            "fused" },
+            "fused", "attn_backend" },
   -- (a generic model's attention shape, for the audit's model FLOPs per token, tokens/s and MFU:
   -- n_heads, head_dim, n_layers, enable_weight_tying; gen/compute.lua's model_flops_per_token)
-  generic = { "n_heads", "n_kv_heads", "num_experts", "units", "head_dim", "n_layers", "enable_weight_tying" },
+  generic = { "n_heads", "n_kv_heads", "num_experts", "units", "head_dim", "n_layers", "enable_weight_tying",
+               "attn_backend" },
 }
 for fam, keys in pairs(require("gen.models.moe").FIELDS) do FAMILY_KEYS[fam] = keys end
 FAMILY_KEYS.qwen3 = require("gen.models.qwen3").FIELDS

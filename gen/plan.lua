@@ -117,7 +117,7 @@ function plan.from_loaded(p, opts)
   local mesh = dims.mesh(d)
   local fams = groups.build(mesh)
   for _, m in ipairs(parallel.MODULES) do
-    if m.rules then m.rules(ctx, d, p) end
+    if m.rules then m.rules(ctx, d, p, model_numbers) end
   end
   local mods = parallel.used(d)
   -- A module that runs each rank's share of the model on a smaller mesh

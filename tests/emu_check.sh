@@ -256,7 +256,8 @@ if [ -x build/emu-asan/fsdp4/fsdp4 ]; then
   else bad "fsdp4 under ASan+UBSan: a failed step's teardown" "$log.0"; fi
 fi
 
-LIB_PLANS=${EMU_LIB_PLANS-fsdp4 hsdp2x2 hsdp3x2_arlast hsdp2x2_stepend hsdp4x2_fp16 fsdp8_uneven llama_tiny_tp hsdp2x2_offload}
+# (the Makefile's one list, which emu-build builds: make print-emu-lib-plans)
+LIB_PLANS=${EMU_LIB_PLANS-$(${MAKE:-make} -s print-emu-lib-plans)}
 echo "== the GPU library (cp_gpu_unshard, _reshard, _reduce_grads) driven in the plan's order around the caller's compute"
 for p in $LIB_PLANS; do
   bin=build/emu/$p/library_run

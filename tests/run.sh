@@ -317,6 +317,12 @@ torch_lane() {
       >"$titan_f11" 2>&1
     titan_result "$titan_mtp" "$titan_f11" $?; grep -h "^mtp: [0-9]" "$titan_f11" | sed "s/^/        /"
   else skipped "$titan_mtp" "no torch environment (make torch-env exit $live_rc)"; fi
+  # Issue 41 (hfix2): the writer's model.attn_backend from torchtitan's built attention, and CP's one check on it.
+  titan_attn="torchtitan's llama3_debugmodel_varlen_attn written with attn_backend \"varlen\" and refused at cp 2 (full_dtensor.py:44-52), planned at cp 1; llama3_debugmodel (flex) planned at cp 2 (tests/titan/test_attn_backend_plan.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_f12=$(logname "$titan_attn"); timeout 300 "$live_py" tests/titan/test_attn_backend_plan.py >"$titan_f12" 2>&1
+    titan_result "$titan_attn" "$titan_f12" $?; grep -h "^attn_backend plan checks: " "$titan_f12" | sed "s/^/        /"
+  else skipped "$titan_attn" "no torch environment (make torch-env exit $live_rc)"; fi
   # ---- end of torchtitan as the peer ----
   # Context parallel (docs/context-parallel.md): torchtitan 0.3's CP step on gloo vs commplan's tables.
   titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 2 x tp 2, mixtral dp_shard 2 x cp 2 x ep 2; spmd_types and partial_dtensor; FullAC; the full tier cp 4, dp_replicate 2 x cp 2, SelectiveAC, qwen3, dsv3 too): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"

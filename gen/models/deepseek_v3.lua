@@ -50,11 +50,13 @@ for size, r in pairs(ROUTERS) do
   for k, v in pairs(r) do ds.CONFIGS[size][k] = v end
 end
 
--- torchtitan's Attention.Config defaults (q_lora_rank 0: one wq).
+-- torchtitan's Attention.Config defaults (q_lora_rank 0: one wq); flex attention (model_registry(
+-- attn_backend="flex"), models/deepseek_v3/__init__.py:616-618).
 local RESOLVE = {
   label = "DeepSeek-V3", sizes = ds.CONFIGS, fields = ds.FIELDS,
   defaults = { q_lora_rank = 0, kv_lora_rank = 512, qk_nope_head_dim = 128, qk_rope_head_dim = 64, v_head_dim = 128,
-               route_norm = false, n_expert_groups = 0, n_limited_groups = 0, num_mtp_layers = 0 },
+               route_norm = false, n_expert_groups = 0, n_limited_groups = 0, num_mtp_layers = 0,
+               attn_backend = "flex" },
   required = { "dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "moe_hidden_dim", "num_experts",
                "num_shared_experts", "top_k" },
 }
@@ -123,7 +125,8 @@ function ds.units(ctx, model, d)
   end
   local units = moe.wrap(ctx, cfg, p, blocks)
   ds.mtp_units(units, cfg, p, blocks[#blocks].params)
-  return units, { n_heads = H, num_experts = cfg.num_experts, seq_len = model.seq_len, config = cfg }
+  return units, { n_heads = H, num_experts = cfg.num_experts, seq_len = model.seq_len, config = cfg,
+                  attn_backend = cfg.attn_backend }
 end
 
 -- model.num_mtp_layers against the mesh: torchtitan refuses MTP under

@@ -256,7 +256,7 @@ function generic.units(ctx, model)
       .. "communicates nothing and there is nothing to plan: leave at least one parameter to FSDP")
   end
   return units, { n_heads = model.n_heads, n_kv_heads = model.n_kv_heads, num_experts = model.num_experts,
-                  seq_len = model.seq_len }
+                  seq_len = model.seq_len, attn_backend = model.attn_backend }
 end
 
 return generic

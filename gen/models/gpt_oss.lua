@@ -58,7 +58,7 @@ local RESOLVE = {
   label = "gpt-oss", sizes = go.CONFIGS, fields = go.FIELDS,
   -- (_make_gptoss_attn_config's defaults; the window torchtitan fixes at 128, __init__.py:209)
   -- (attn_backend: its registry's default, model_registry(attn_backend="varlen"), __init__.py:388-396;
-  -- only context parallel tells the two apart, gen/parallel/cp.lua)
+  -- the one place its default is decided: context parallel reads the resolved value, gen/parallel/cp.lua)
   defaults = { n_heads = 64, n_kv_heads = 8, head_dim = 64, fuse_qkv = true, sliding_window = 128,
                attn_backend = "varlen" },
   required = { "dim", "n_layers", "vocab_size", "moe_hidden_dim", "num_experts", "top_k" },
@@ -123,7 +123,7 @@ function go.units(ctx, model, d)
   end
   local units = moe.wrap(ctx, cfg, p, blocks)
   return units, { n_heads = cfg.n_heads, n_kv_heads = cfg.n_kv_heads, num_experts = E, seq_len = model.seq_len,
-                  config = cfg }
+                  config = cfg, attn_backend = cfg.attn_backend }
 end
 
 return go

@@ -60,6 +60,8 @@ function llama.config(ctx, model)
   cfg.head_dim = cfg.dim // cfg.n_heads
   cfg.hidden = llama.ffn_hidden(cfg.dim, cfg.ffn_dim_multiplier, cfg.multiple_of)
   cfg.fused = fused.read(ctx, model)
+  -- torchtitan's llama3 model_registry(attn_backend="flex"), models/llama3/__init__.py:371
+  cfg.attn_backend = model.attn_backend or "flex"
   return cfg
 end
 
@@ -97,7 +99,8 @@ function llama.units(ctx, model)
   -- gen/load bounds every config number by 2^31 - 1 and n_layers by the
   -- unit limit; shapes multiply two of them, so their numels are checked.
   util.bound_model_numel(ctx, units, LIM.numel, "dim, vocab_size or the FFN size")
-  return units, { n_heads = cfg.n_heads, n_kv_heads = cfg.n_kv_heads, seq_len = model.seq_len, config = cfg }
+  return units, { n_heads = cfg.n_heads, n_kv_heads = cfg.n_kv_heads, seq_len = model.seq_len, config = cfg,
+                  attn_backend = cfg.attn_backend }
 end
 
 return llama

@@ -27,7 +27,7 @@ moe.FIELDS = {
   deepseek_v3 = { "size", "dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank", "kv_lora_rank",
                   "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "dense_hidden_dim", "moe_hidden_dim",
                   "num_experts", "num_shared_experts", "top_k", "route_norm", "n_expert_groups", "n_limited_groups",
-                  "fused", "num_mtp_layers" },
+                  "fused", "num_mtp_layers", "attn_backend" },
 }
 
 -- model (normalized plan.model) -> every number of fam's config: the

@@ -60,11 +60,12 @@ qwen3.CONFIGS = {
 -- The model keys the family reads besides family, dtype and seq_len
 -- (gen/load.lua refuses any other).
 qwen3.FIELDS = { "size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "hidden_dim",
-                 "fuse_qkv", "enable_weight_tying", "fused" }
+                 "fuse_qkv", "enable_weight_tying", "fused", "attn_backend" }
 
 -- torchtitan's defaults where a plan gives numbers without a size:
--- fused qkv (_build_qwen3_layers' default), untied (Decoder.Config's).
-local DEFAULTS = { fuse_qkv = true, enable_weight_tying = false }
+-- fused qkv (_build_qwen3_layers' default), untied (Decoder.Config's), flex attention
+-- (model_registry(attn_backend="flex"), models/qwen3/__init__.py:613-615).
+local DEFAULTS = { fuse_qkv = true, enable_weight_tying = false, attn_backend = "flex" }
 local REQUIRED = { "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "hidden_dim" }
 
 -- model (normalized plan.model) -> config with every number filled in: the
@@ -155,7 +156,8 @@ function qwen3.units(ctx, model)
   else
     units = moe.wrap(ctx, cfg, p, blocks)
   end
-  return units, { n_heads = cfg.n_heads, n_kv_heads = cfg.n_kv_heads, seq_len = model.seq_len, config = cfg }
+  return units, { n_heads = cfg.n_heads, n_kv_heads = cfg.n_kv_heads, seq_len = model.seq_len, config = cfg,
+                  attn_backend = cfg.attn_backend }
 end
 
 -- One block's activations { saved, transient } (ac "none" | "selective" |

@@ -102,7 +102,7 @@ end
 -- deepseek_v3 registries build FlexAttention (attn_backend="flex" by
 -- default: models/qwen3/__init__.py:613-622, models/deepseek_v3/__init__.py:
 -- 618 -> models/common/config_utils.py:83-84), which distributed/
--- full_dtensor.py:43-53 (validate_config) accepts under CP. GQA: K and V
+-- full_dtensor.py:44-52 (validate_config) accepts under CP. GQA: K and V
 -- of the TP-local kv heads (n_kv_heads / tp; qwen3's q_norm / k_norm run
 -- before the exchange, at the inner attention's boundary, and add none).
 -- MLA (models/deepseek_v3/model.py:127-143): K = [k_nope, k_pe expanded]
@@ -119,11 +119,11 @@ cp.FAMILIES = { llama = { block = ATTN, widths = gqa }, qwen3 = { block = ATTN, 
                 deepseek_v3 = { block = ATTN, widths = mla },
                 -- gpt-oss: GQA's exchange (recorded live: test_cp_record.py's gpt_* configs); its sinks
                 -- rescale by flex's lse over the gathered keys and its sliding window is a block mask, so
-                -- neither adds a collective. backend: its registry's default attention (model.attn_backend
-                -- unset), which CP refuses unless flex (cp.rules)
-                gpt_oss = { block = ATTN, widths = gqa, backend = "varlen" } }
+                -- neither adds a collective
+                gpt_oss = { block = ATTN, widths = gqa } }
 
-function cp.rules(ctx, d, p)
+-- numbers: the model family's (gen/models/*.lua units' second result), attn_backend its resolved backend
+function cp.rules(ctx, d, p, numbers)
   if d.cp == 1 then return end
   -- (a generic model giving its attention shape may be a decoder under a
   -- family's names: cp.on_layout refuses it where it is not)
@@ -134,13 +134,15 @@ function cp.rules(ctx, d, p)
       .. "and V over cp (llama, qwen3, mixtral, qwen3_moe, deepseek_v3, gpt_oss); the %s family has none; set cp=1",
       d.cp, p.model.family)
   end
-  -- torchtitan runs CP with flex attention only: varlen refused under spmd_types (distributed/full_dtensor.py:
-  -- 43-53, validate_config) and under the other backends (distributed/context_parallel/api.py:108-109)
-  local backend = m.attn_backend or (cp.FAMILIES[m.family] or {}).backend
+  -- torchtitan runs CP with flex attention only: varlen (and sdpa) refused under spmd_types
+  -- (distributed/full_dtensor.py:44-52, validate_config) and under the other backends
+  -- (distributed/context_parallel/api.py:103-104); the backend as the family resolved it (its registry's default
+  -- where model.attn_backend is unset: gen/models/*.lua)
+  local backend = numbers and numbers.attn_backend
   if backend and backend ~= "flex" then
     refuse(ctx, "model.attn_backend", "cp=%d with attn_backend \"%s\"%s: torchtitan refuses context parallel with "
-      .. "varlen attention (distributed/full_dtensor.py:43-53; context_parallel/api.py:108-109); set attn_backend = "
-      .. "\"flex\" (torchtitan's gpt_oss_debugmodel_flex, models/gpt_oss/config_registry.py:66-67) or cp=1", d.cp,
+      .. "varlen attention (distributed/full_dtensor.py:44-52; context_parallel/api.py:103-104); set attn_backend = "
+      .. "\"flex\" (as torchtitan's model_registry(..., attn_backend=\"flex\") builds it) or cp=1", d.cp,
       backend, m.attn_backend and "" or " (the registry's default)")
   end
   local seq = p.model.seq_len

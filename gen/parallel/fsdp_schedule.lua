@@ -689,7 +689,7 @@ function schedule.calls_micro(ops, lay, m, k)
   -- accumulation, k.how.own) where the hook has gradients to reduce, a reshard alone where it has none
   local function post_backward(u, grads)
     state[u.index] = "post"
-    if not posted[u] then posted[#posted + 1], posted[u] = u, true end
+    posted[u] = true
     local base = k.how.own and k.how.own(u) or k.how
     local how = { reducing = base.reducing and grads, first = base.first and not reduced[u.index],
                   partial = base.partial, keep = k.how.keep, hold = base.hold }
@@ -735,12 +735,16 @@ function schedule.calls_micro(ops, lay, m, k)
     end
   end
   -- torch.distributed.pipelining's step_end (the header): after the last backward, finalize_backward runs
-  -- every unit's pending post-backward, in the order their hooks fired
+  -- every unit's pending post-backward over reversed(all_states), all_states in named_modules() order
+  -- (torch 2.15 _fsdp_state.py:470, :206-220): lay.units in reverse, as the default builder's post list
   if k.finalize then
-    for _, u in ipairs(posted) do
-      if k.unit_ops then k.unit_ops(ops, u, m, "reduce") end
-      schedule.reduction(ops, u, m, { first = true }, k.shard, k.replicate, true)
-      unsharded[u.index] = false
+    for j = #lay.units, 1, -1 do
+      local u = lay.units[j]
+      if posted[u] then
+        if k.unit_ops then k.unit_ops(ops, u, m, "reduce") end
+        schedule.reduction(ops, u, m, { first = true }, k.shard, k.replicate, true)
+        unsharded[u.index] = false
+      end
     end
   end
 end

@@ -59,10 +59,12 @@ LLAMA3_CONFIGS = {
 # Model numbers a generic plan may carry for the generator's checks and audit.
 GENERIC_MODEL_KEYS = ("n_heads", "n_kv_heads", "num_experts", "seq_len",
                       # the attention shape the audit's model FLOPs per token, tokens/s and MFU need
-                      "head_dim", "n_layers", "enable_weight_tying")
+                      "head_dim", "n_layers", "enable_weight_tying",
+                      # the attention backend (context parallel needs flex: gen/parallel/cp.lua)
+                      "attn_backend")
 # Llama-family keys (gen/models/llama.lua) plus the audit's seq_len.
 LLAMA_MODEL_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim_multiplier",
-                    "multiple_of", "fused", "seq_len")
+                    "multiple_of", "fused", "seq_len", "attn_backend")
 # torchtitan's fused layouts a family's model.fused lists (gen/models/fused.lua; its override.imports
 # targets: torchtitan/overrides/fused_swiglu.py fused_swiglu, fused_grouped_experts; fused_mla.py fused_mla).
 FUSED_LAYOUTS = ("swiglu", "grouped_experts", "mla")
@@ -75,7 +77,7 @@ MOE_MODEL_KEYS = {
     "deepseek_v3": ("dim", "n_layers", "n_dense_layers", "n_heads", "vocab_size", "q_lora_rank", "kv_lora_rank",
                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "dense_hidden_dim", "moe_hidden_dim",
                     "num_experts", "num_shared_experts", "top_k", "route_norm", "n_expert_groups",
-                    "n_limited_groups", "fused", "seq_len", "num_mtp_layers"),
+                    "n_limited_groups", "fused", "seq_len", "num_mtp_layers", "attn_backend"),
 }
 MOE_SIZES = {"mixtral": ("8x7b", "8x22b"), "qwen3_moe": ("30b-a3b", "235b-a22b"),
              "deepseek_v3": ("16b", "236b", "671b")}
@@ -86,7 +88,7 @@ MOE_SIZES["gpt_oss"] = ("debugmodel", "20b", "120b")
 # The dense Qwen3 family's keys (gen/models/qwen3.lua FIELDS, size apart) plus seq_len, and its sizes
 # (torchtitan 0.3's qwen3 registry).
 QWEN3_MODEL_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "hidden_dim", "fuse_qkv",
-                    "enable_weight_tying", "fused", "seq_len")
+                    "enable_weight_tying", "fused", "seq_len", "attn_backend")
 QWEN3_SIZES = ("0.6b", "1.7b", "4b", "8b", "14b", "32b")
 # The families whose model table is a size and/or named numbers (plan_text writes them alike).
 NUMBERED_FAMILIES = dict(MOE_MODEL_KEYS, qwen3=QWEN3_MODEL_KEYS)
@@ -566,8 +568,9 @@ def llama_config_from_units(units, model, default_raf, policy=False):
     if ffn is None:
         return None, "no multiple_of / ffn_dim_multiplier gives the FFN size %d" % hidden
     cfg = llama_table(dim, n_layers, n_heads, n_kv, vocab, ffn, dtypes.pop())
-    if model.get("seq_len") is not None:
-        cfg["seq_len"] = model["seq_len"]
+    for k in ("seq_len", "attn_backend"):
+        if model.get(k) is not None:
+            cfg[k] = model[k]
     return cfg, None
 
 
@@ -655,7 +658,7 @@ def _check_model_numbers(model, allowed, family):
         if k in ("fuse_qkv", "route_norm", "enable_weight_tying"):
             validate.check_value(v, validate.Spec("bool", null=True), validate.OPTIONS_SRC, "model." + k)
             continue
-        if k == "attn_backend":  # gpt_oss (gen/models/gpt_oss.lua): its registry's attention backend
+        if k == "attn_backend":  # the family's registry's attention backend (gen/load.lua)
             validate.check_value(v, validate.Spec("enum", enum=("varlen", "flex"), null=True), validate.OPTIONS_SRC,
                                  "model." + k)
             continue
@@ -726,6 +729,10 @@ def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, 
         for k in LLAMA_MODEL_KEYS:
             if k == "fused" and model.get(k):
                 fields.append("fused = %s" % _lua_value(list(model[k]), "model.fused", 1))
+            elif k == "attn_backend" and model.get(k) is not None:
+                validate.check_value(model[k], validate.Spec("enum", enum=("varlen", "flex")), validate.OPTIONS_SRC,
+                                     "model." + k)
+                fields.append("%s = %s" % (k, lua_string(model[k])))
             elif k != "fused" and model.get(k) is not None:
                 fields.append("%s = %s" % (k, _lua_number(model[k], "model." + k)))
         if model.get("dtype"):
@@ -768,7 +775,8 @@ def plan_text(name, world_size, model, parallel=None, fsdp=None, topology=None, 
         for k in GENERIC_MODEL_KEYS:
             v = numbers.get(k)
             if v is not None:
-                head += ", %s = %s" % (k, ("true" if v else "false") if isinstance(v, bool) else "%d" % v)
+                head += ", %s = %s" % (k, ("true" if v else "false") if isinstance(v, bool)
+                                       else lua_string(v) if k == "attn_backend" else "%d" % v)
         out.append(head + ",")
         out.append("    -- fully_shard units in wrapping order, the root last; parameters in registration order")
         out.append("    units = {")

@@ -223,6 +223,20 @@ def _llama_units(units):
     return out
 
 
+def attn_backend(model):
+    """The attention backend a built torchtitan model (or one block's attention config) runs ("flex" for FlexAttention, flex_flash too; "varlen"
+    for VarlenAttention), as distributed/full_dtensor.py:44-52 walks model.modules() to refuse CP; None where
+    it has neither (a model not built from torchtitan's attention)."""
+    mods = model.modules() if hasattr(model, "modules") else [getattr(model, "inner_attention", None)]
+    for mod in mods:
+        name = type(mod).__qualname__  # (a config's: "FlexAttention.Config")
+        if name.startswith("FlexAttention"):
+            return "flex"
+        if name.startswith("VarlenAttention"):
+            return "varlen"
+    return None
+
+
 def is_gpt_oss(model):
     """Whether model (a module, its config or its ModelSpec) is torchtitan 0.3's gpt-oss."""
     if getattr(model, "name", None) == "gpt_oss" and hasattr(model, "model"):
@@ -258,11 +272,11 @@ def gpt_oss_numbers(model):
            "top_k": int(blocks[0].moe.router.top_k), "fuse_qkv": nums["fuse_qkv"]}
     if w is not None:
         out["sliding_window"] = int(w)
-    # its attention backend (model_registry's attn_backend, models/gpt_oss/__init__.py:388-396): written where
-    # it is flex, the one torchtitan runs context parallel with (gen/parallel/cp.lua); varlen is the default
-    inner = type(getattr(model.config.layers[0].attention, "inner_attention", None)).__qualname__
-    if inner.startswith("FlexAttention"):
-        out["attn_backend"] = "flex"
+    # its attention backend (model_registry's attn_backend, models/gpt_oss/__init__.py:388-396), which decides
+    # whether torchtitan runs context parallel (gen/parallel/cp.lua cp.rules)
+    backend = attn_backend(model)
+    if backend:
+        out["attn_backend"] = backend
     return out
 
 
@@ -307,6 +321,9 @@ def deepseek_v3_numbers(model):
            "n_expert_groups": int(r.num_expert_groups or 0), "n_limited_groups": int(r.num_limited_groups or 0)}
     if n_dense > 0:
         out["dense_hidden_dim"] = int(layers[0].feed_forward.w1.out_features)
+    backend = attn_backend(a)  # (its registry's attn_backend, models/deepseek_v3/__init__.py:616-618)
+    if backend:
+        out["attn_backend"] = backend
     n_mtp = len(getattr(cfg, "mtp_layers", None) or [])
     if n_mtp:
         out["num_mtp_layers"] = n_mtp
@@ -384,6 +401,10 @@ def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=
         fsdp = dict(TITAN_FSDP)
     numbers = titan_model_numbers(model)
     extra = {"n_heads": numbers["n_heads"], "n_kv_heads": numbers["n_kv_heads"]}
+    # its attention backend: context parallel needs flex (gen/parallel/cp.lua cp.rules)
+    backend = attn_backend(model)
+    if backend:
+        extra["attn_backend"] = backend
     if family != "llama":
         # the attention shape the audit needs for a generic plan (gen/models/generic.lua's decoder:
         # activations, FLOPs per token, tokens/s, MFU; torchtitan 0.3's decoder TP plan at tp > 1)

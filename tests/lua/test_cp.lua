@@ -401,6 +401,42 @@ function T.deepseek_v3_cp()
   }, "layers.2 (MoE) on tp and cp")
 end
 
+-- The attention backend as each family resolves it (model.attn_backend, else torchtitan's model_registry
+-- default: flex for llama3, qwen3, deepseek_v3): torchtitan refuses CP with varlen (distributed/full_dtensor.py:
+-- 44-52), so cp=2 with varlen is refused for every family, flex planned, varlen at cp=1 planned
+function T.attn_backend_under_cp()
+  local qwen = [[return { world_size = 4, parallel = %s, model = { family = "qwen3", dim = 64, n_layers = 2,
+    n_heads = 4, n_kv_heads = 2, head_dim = 16, vocab_size = 250, hidden_dim = 96, seq_len = 512%s } }]]
+  local ds3 = [[return { world_size = 4, parallel = %s, model = { family = "deepseek_v3", dim = 64, n_layers = 4,
+    n_dense_layers = 2, n_heads = 4, vocab_size = 250, q_lora_rank = 16, kv_lora_rank = 32, qk_nope_head_dim = 8,
+    qk_rope_head_dim = 8, v_head_dim = 8, dense_hidden_dim = 96, moe_hidden_dim = 32, num_experts = 4,
+    num_shared_experts = 2, top_k = 2, seq_len = 512%s } }]]
+  local gen_ = [[return { world_size = 4, parallel = %s, model = { family = "generic", n_heads = 4, n_kv_heads = 2,
+    head_dim = 16, n_layers = 1, seq_len = 512%s, units = {
+    { name = "tok_embeddings", params = { { name = "tok_embeddings.weight", shape = { 250, 64 } } } },
+    { name = "layers.0", params = { { name = "layers.0.attention.wq.weight", shape = { 64, 64 } },
+      { name = "layers.0.attention.wk.weight", shape = { 32, 64 } },
+      { name = "layers.0.attention.wv.weight", shape = { 32, 64 } },
+      { name = "layers.0.attention.wo.weight", shape = { 64, 64 } } } },
+    { name = "root", params = { { name = "output.weight", shape = { 250, 64 } } } } } } }]]
+  local function llama_src(parallel, be)
+    return llama(4, parallel):gsub("seq_len = 512", "seq_len = 512" .. be)
+  end
+  local function fmt(t) return function(parallel, be) return string.format(t, parallel, be) end end
+  for name, s in pairs({ llama = llama_src, qwen3 = fmt(qwen), deepseek_v3 = fmt(ds3), generic = fmt(gen_) }) do
+    H.plan_fails(s("{ dp_shard = 2, cp = 2 }", ", attn_backend = 'varlen'"), "model.attn_backend",
+      "full_dtensor.py:44-52", "set attn_backend = \"flex\"")
+    plan.from_source(s("{ dp_shard = 4 }", ", attn_backend = 'varlen'"), "plans/t.lua")
+    -- (this generic model is no decoder cp.on_layout plans: its refusal only)
+    if name ~= "generic" then
+      plan.from_source(s("{ dp_shard = 2, cp = 2 }", ""), "plans/t.lua")
+      plan.from_source(s("{ dp_shard = 2, cp = 2 }", ", attn_backend = 'flex'"), "plans/t.lua")
+    end
+  end
+  H.plan_fails([[return { world_size = 2, model = { family = 'mixtral', size = '8x7b',
+    attn_backend = 'flex' } }]], "model.attn_backend", "does not read")
+end
+
 -- The audit names the K/V exchange and FSDP's group as dp_shard x cp.
 function T.audit_names_cp()
   local audit = require("gen.audit")

@@ -283,9 +283,9 @@ function T.cp_kv_exchange()
     end
   end
   H.plan_fails(src(TINY:gsub("seq_len = 8", "seq_len = 512"), "{ dp_shard = 2, cp = 2 }", 4),
-    "model.attn_backend", "registry's default", "full_dtensor.py:43-53", "set attn_backend = \"flex\"")
+    "model.attn_backend", "registry's default", "full_dtensor.py:44-52", "set attn_backend = \"flex\"")
   H.plan_fails(src(TINY:gsub("seq_len = 8", "seq_len = 512") .. ", attn_backend = 'varlen'",
-    "{ dp_shard = 2, cp = 2 }", 4), "model.attn_backend", "context_parallel/api.py:108-109")
+    "{ dp_shard = 2, cp = 2 }", 4), "model.attn_backend", "context_parallel/api.py:103-104")
   H.plan_fails("return { world_size = 2, model = { family = 'mixtral', size = '8x7b', attn_backend = 'flex' } }",
     "model.attn_backend", "gpt_oss")
 end

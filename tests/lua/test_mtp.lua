@@ -145,8 +145,11 @@ end
 -- The forward-call order generalises the one-forward-per-unit step: given one call per unit (pre, forward,
 -- post; backward pre, compute, post with gradients, last unit first), calls_micro gives these shipped plans'
 -- steps op for op (FSDP and HSDP, DDP, CPU offload, sync_last / all_reduce_last / step_end accumulation,
--- set_unshard_in_backward(False)); 34 of the 43 small plans in plans/ and tests/plans/ so (not: the
--- ChunkedLossWrapper, explicit-prefetch and EP ones, whose orders the default builder keeps).
+-- set_unshard_in_backward(False), reshard_after_forward to 2 ranks under FSDP and HSDP, frozen parameters,
+-- per-unit accumulation, HSDP keeping parameters unsharded, symmetric memory): the 13 below; 36 of the 55
+-- plans in plans/ and tests/plans/ so (not: the ChunkedLossWrapper ones, the llama and MoE families' default
+-- loss, gen/parallel/fsdp.lua chunked_loss; explicit prefetch; EP: orders the default builder keeps;
+-- llama405b, a pipeline stage's plan, the same but left out as large).
 function T.one_call_per_unit_is_the_default_step()
   local L = require("gen.parallel.fsdp_layout")
   local function one_call_each(_, out)
@@ -175,7 +178,10 @@ function T.one_call_per_unit_is_the_default_step()
     return t
   end
   for _, path in ipairs({ "plans/fsdp4.lua", "plans/hsdp2x2.lua", "plans/ddp2.lua", "plans/hsdp2x2_offload.lua",
-                          "plans/hsdp3x2_arlast.lua", "plans/hsdp2x2_stepend.lua", "tests/plans/unshard_bwd.lua" }) do
+                          "plans/hsdp3x2_arlast.lua", "plans/hsdp2x2_stepend.lua", "tests/plans/unshard_bwd.lua",
+                          "tests/plans/fsdp4_raf2.lua", "tests/plans/hsdp_raf2.lua", "tests/plans/frozen_params.lua",
+                          "tests/plans/gacc_units.lua", "tests/plans/hsdp_keep_unsharded.lua",
+                          "tests/plans/symm_fsdp4.lua" }) do
     local text = H.read(path)
     local want = sig(plan.from_source(text, path))
     local saved = L.calls
@@ -262,6 +268,20 @@ function T.model_flops_per_token_are_torchtitans()
       .. "family = 'deepseek_v3', size = '16b', seq_len = 4096, num_mtp_layers = %d } }", n), "plans/t.lua")
     H.eq(compute.model_flops_per_token(p, compute.settings(p)), want[n], n .. " MTP depths")
   end
+-- grad_accumulation "step_end" (torch.distributed.pipelining's): finalize_backward reduces every pending
+-- unit in reversed(all_states), all_states in named_modules() order (torch 2.15 _fsdp_state.py:470, :206-220):
+-- mtp_layers.1, mtp_layers.0, norm_lm_head, layers.3 .. 0, tok_embeddings; not the order the hooks fired
+-- (calls_micro's posted list: the mutant)
+function T.step_end_finalizes_in_module_order()
+  local s = src(", num_mtp_layers = 2"):gsub("reduce_op = 'sum'", "reduce_op = 'sum', micro_steps = 2, "
+    .. "grad_accumulation = 'step_end'")
+  local p = plan.from_source(s, "plans/t.lua")
+  local names = {}
+  for _, o in ipairs(p.ops) do
+    if o.kind == "reduce_scatter" then names[#names + 1] = p.layout.units[o.unit + 1].name end
+  end
+  H.list_eq(names, { "mtp_layers.1", "mtp_layers.0", "norm_lm_head", "layers.3", "layers.2", "layers.1",
+                     "layers.0", "tok_embeddings" }, "step_end's reductions")
 end
 
 function T.refusals()

@@ -26,7 +26,8 @@ mkdir -p "$OUT"
 start=$(date +%s)
 all=$("$PY" -c "import sys; sys.path.insert(0, 'tests/pp'); import pp_titan_cases as C; print(C.DEFAULT)")
 quick=$("$PY" -c "import sys; sys.path.insert(0, 'tests/pp'); import pp_titan_cases as C; print(C.QUICK)")
-# (PP_TITAN_CASES / PP_TITAN_QUICK: another script's cases, full and quick tier: check_titan_pp_always.sh)
+# (PP_TITAN_CASES / PP_TITAN_QUICK: another script's cases, full and quick tier; check_titan_pp_always.sh
+# gives its cases, full tier only)
 all=${PP_TITAN_CASES:-$all} quick=${PP_TITAN_QUICK:-$quick}
 cases=$all
 [ "${COMMPLAN_TEST_TIER:-full}" = quick ] && cases=$quick

@@ -271,16 +271,16 @@ def writer_gpt_oss():
     for flavor, w in want.items():
         got = gpt_oss_numbers(model_registry(flavor))
         w = dict(w, family="gpt_oss", n_heads=64, n_kv_heads=8, head_dim=64, moe_hidden_dim=2880, top_k=4,
-                 fuse_qkv=True, sliding_window=128)
+                 fuse_qkv=True, sliding_window=128, attn_backend="varlen")  # (model_registry's default)
         if got != w:
             problems.append("writer %s: %s, torchtitan's registry %s" % (flavor, got, w))
     text = plan_from_titan(model_registry("debugmodel"), "w", 4, parallel={"dp_shard": -1, "ep": 2}, seq_len=256)
     if 'family = "gpt_oss"' not in text or "sliding_window = 128" not in text:
         problems.append("writer: the plan text lacks the family or its window: " + text)
-    # its attention backend: flex (gpt_oss_debugmodel_flex's build) written, so the plan takes cp; the
-    # registry's varlen (its default) not written, the plan's default, which cp refuses as torchtitan does
+    # its attention backend written as built: flex (gpt_oss_debugmodel_flex's build), so the plan takes cp;
+    # the registry's varlen (its default), which cp refuses as torchtitan does
     flex = gpt_oss_numbers(model_registry("debugmodel", attn_backend="flex"))
-    if flex.get("attn_backend") != "flex" or "attn_backend" in gpt_oss_numbers(model_registry("debugmodel")):
+    if flex.get("attn_backend") != "flex" or gpt_oss_numbers(model_registry("debugmodel")).get("attn_backend") != "varlen":
         problems.append("writer: attn_backend %r for flex, %r for varlen" % (
             flex.get("attn_backend"), gpt_oss_numbers(model_registry("debugmodel")).get("attn_backend")))
     import tempfile
@@ -293,7 +293,7 @@ def writer_gpt_oss():
                 fh.write(text)
             r = subprocess.run([E.LUA, "gen/commplan.lua", path, os.path.join(tmp, "out")], cwd=E.ROOT,
                                capture_output=True, text=True)
-        if (r.returncode == 0) != cp_ok or (not cp_ok and "full_dtensor.py:43-53" not in r.stderr + r.stdout):
+        if (r.returncode == 0) != cp_ok or (not cp_ok and "full_dtensor.py:44-52" not in r.stderr + r.stdout):
             problems.append("writer: %s at dp_shard 2 x tp 2 x cp 2: exit %d %s" % (
                 backend, r.returncode, (r.stderr + r.stdout).strip()[-300:]))
     ms = model_registry("debugmodel")

@@ -278,7 +278,8 @@ def writer_check():
     from commplan.titan import deepseek_v3_numbers, plan_from_titan
     from torchtitan.models.deepseek_v3 import config_registry, model_registry
     problems = []
-    base = dict(M.DSV3_DEBUG, family="deepseek_v3", route_norm=False, n_expert_groups=0, n_limited_groups=0)
+    base = dict(M.DSV3_DEBUG, family="deepseek_v3", route_norm=False, n_expert_groups=0, n_limited_groups=0,
+                attn_backend="flex")  # (model_registry's default attention, models/deepseek_v3/__init__.py:618)
     for what, ms, n in (("debugmodel", model_registry("debugmodel"), 0),
                         ("debugmodel, num_mtp_layers=2", model_registry("debugmodel", num_mtp_layers=2), 2),
                         ("deepseek_v3_debugmodel_mtp", config_registry.deepseek_v3_debugmodel_mtp().model_spec, 1)):
