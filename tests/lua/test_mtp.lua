@@ -268,6 +268,8 @@ function T.model_flops_per_token_are_torchtitans()
       .. "family = 'deepseek_v3', size = '16b', seq_len = 4096, num_mtp_layers = %d } }", n), "plans/t.lua")
     H.eq(compute.model_flops_per_token(p, compute.settings(p)), want[n], n .. " MTP depths")
   end
+end
+
 -- grad_accumulation "step_end" (torch.distributed.pipelining's): finalize_backward reduces every pending
 -- unit in reversed(all_states), all_states in named_modules() order (torch 2.15 _fsdp_state.py:470, :206-220):
 -- mtp_layers.1, mtp_layers.0, norm_lm_head, layers.3 .. 0, tok_embeddings; not the order the hooks fired
