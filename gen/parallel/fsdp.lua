@@ -123,8 +123,13 @@ function fsdp.families(fams, units, _, p)
 end
 
 -- TP-local units (or the model's, without a module that splits them) -> the class's layout.
+-- The model's input carries no gradient (token ids; a generic model's
+-- model.input_requires_grad = false): a leading run of all-frozen units
+-- runs no pre-backward (layout.frozen_prefix).
 function fsdp.buffers(ctx, units, d, p)
-  return layout.build(ctx, units, d, p.fsdp)
+  local lay = layout.build(ctx, units, d, p.fsdp)
+  layout.frozen_prefix(lay.units, p.model.family == "generic" and p.model.input_requires_grad ~= false)
+  return lay
 end
 
 -- The step's op list; opts.unit_ops inserts the other modules' ops at
