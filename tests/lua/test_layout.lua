@@ -244,7 +244,6 @@ end
 -- trainable unit post-backward in forward order. The same plan with the
 -- input needing a gradient (the mutant) gathers emb in backward too.
 function T.frozen_prefix()
-  local layout = require("gen.parallel.fsdp_layout")
   local function U(name, np, nf, root) return { name = name, params = np, nfrozen = nf, is_root = root } end
   local us = { U("root", {}, nil, true), U("e", { 1 }, 1), U("a", { 1, 2 }, 2), U("b", { 1, 2 }, 1), U("c", { 1 }) }
   H.eq(layout.frozen_prefix(us, false), 2, "e and a"); H.eq(us[2].no_pre_backward and us[3].no_pre_backward, true, "")
