@@ -280,6 +280,13 @@ torch_lane() {
     titan_f10=$(logname "$titan_fused"); timeout 600 "$live_py" tests/titan/test_fused_plan.py >"$titan_f10" 2>&1
     titan_result "$titan_fused" "$titan_f10" $?; grep -h "^fused_plan: [0-9]" "$titan_f10" | sed "s/^/        /"
   else skipped "$titan_fused" "no torch environment (make torch-env exit $live_rc)"; fi
+  # Issue 41 (hlora): a torchtitan LoRA training step on gloo vs the plan `commplan write --lora-rank` writes.
+  titan_lstep="torchtitan's LoRA step on gloo (llama3 debugmodel, LoRAConverter, parallelize_llama, spmd_backend partial_dtensor, FSDP 4; the full tier HSDP 2x2 and spmd_types, which trains every weight): every rank's collectives in order (frozen weights gathered, never reduced), the adapters' reduced gradients vs --simulate, AdamW's state vs the plan's optimizer memory, a mutant plan that differs (tests/titan/test_lora_step.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_f11=$(logname "$titan_lstep"); timeout 900 "$live_py" tests/titan/test_lora_step.py >"$titan_f11" 2>&1
+    titan_result "$titan_lstep" "$titan_f11" $?; grep -h "^lora_step: " "$titan_f11" | sed "s/^/        /"
+    tier_line "$titan_f11"
+  else skipped "$titan_lstep" "no torch environment (make torch-env exit $live_rc)"; fi
   # ---- end of torchtitan as the peer ----
   # Context parallel (docs/context-parallel.md): torchtitan 0.3's CP step on gloo vs commplan's tables.
   titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 2 x tp 2, mixtral dp_shard 2 x cp 2 x ep 2; spmd_types and partial_dtensor; FullAC; the full tier cp 4, dp_replicate 2 x cp 2, SelectiveAC, qwen3, dsv3 too): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"

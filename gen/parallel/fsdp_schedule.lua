@@ -40,6 +40,12 @@
 -- its post-backward reduces norm.weight's gradient alone. The wrapper
 -- turns gradient sync on for its last chunk and leaves it on, so the unit
 -- reduces on every micro-step even under sync_last.
+-- The frozen prefix (fsdp_layout.frozen_prefix: a model whose input needs
+-- no gradient, leading units whose parameters are all frozen): those units
+-- run no pre-backward (no backward all-gather of their own, no backward, no
+-- prefetch), the next unit's prefetch of the last of them is waited on in
+-- the root's final callback, and they and the first trainable unit
+-- post-backward there, after the root, in forward order.
 local schedule = {}
 
 local opkinds = require("gen.opkinds")
