@@ -157,6 +157,11 @@ torch_lane() {
     # offload (seed 12 above beside raf_int), whatever seed the property run starts from.
     live_check "live FSDP2: frozen parameters drawn by the property test (seed 7)" \
       timeout 600 "$live_py" tests/live/live.py seeds 7-7 --require frozen
+    # Issue 41 (hlora): the frozen prefix (model.input_requires_grad = false; tests/plans/frozen_prefix.lua
+    # runs with the plans above): seed 33 draws it (FSDP 8, explicit prefetch lists, CPU offload, mixed
+    # all-gather dtypes), whatever seed the property run starts from.
+    live_check "live FSDP2: the frozen prefix drawn by the property test (seed 33)" \
+      timeout 600 "$live_py" tests/live/live.py seeds 33-33 --require input_requires_grad=False
     # Issue 39 (h39v): set_unshard_in_backward(False) (tests/plans/unshard_bwd.lua runs with the plans
     # above): seeds 25-26 draw it beside units' own divide factors (DDP 4) and HSDP's deferred
     # all-reduce with reshard_after_backward, whatever seed the property run starts from.

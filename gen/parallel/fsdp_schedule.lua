@@ -276,7 +276,7 @@ function schedule.build(lay, fams, fsdp, opts)
       -- finalize_backward: every unit's pending post-backward, in post order
       for _, u in ipairs(post) do
         if unit_ops then unit_ops(ops, u, m, "reduce") end
-        schedule.reduction(ops, u, m, { first = true }, shard, replicate, true)
+        schedule.reduction(ops, u, m, schedule.final_callback_how(u, { first = true }, false), shard, replicate, true)
       end
     end
     return ops
