@@ -658,7 +658,8 @@ function schedule.interleave_post_backward(ops, post, root, m, how, shard, repli
     -- post-backward hook (their "reduce" ones where it reduces); the loss
     -- head's backward ones ran with lm_head's in the loss.
     if unit_ops then
-      if not h then unit_ops(out, u, m, "backward") end
+      -- (a leading all-frozen unit ran no backward: fsdp_layout.frozen_prefix)
+      if not h and not u.no_pre_backward then unit_ops(out, u, m, "backward") end
       if red then unit_ops(out, u, m, "reduce") end
     end
     schedule.reduction(out, u, m, schedule.final_callback_how(u, h and h.how or own or how, gathered), shard,
