@@ -485,6 +485,8 @@ EP_PLANS    := $(basename $(notdir $(wildcard tests/ep/plans/ep*.lua)))
 KHOST_EXTRA := kernels_all_dtypes kernels_big llama_tiny_cp $(EP_PLANS)
 # issue 41 (frozen parameters, requires_grad=False: the pack skips them; also on the emulator)
 KHOST_EXTRA += frozen_params
+# issue 41 (hlora): the frozen prefix (leading all-frozen units without a pre-backward)
+KHOST_EXTRA += frozen_prefix
 KHOST_ALL   := $(KHOST_PLANS) $(KHOST_EXTRA)
 KHOST_DIR    = $(if $(filter $(1),$(KHOST_EXTRA)),build/gen/$(1),plans/$(1))
 KHOST_RT    := runtime/backend_host.c runtime/topology.c runtime/arena.c runtime/dtype.c runtime/executor.c

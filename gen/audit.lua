@@ -251,6 +251,10 @@ local function facts(p, face)
     if u.grad_accumulation then uj[#uj + 1], uj[#uj + 2] = "grad_accumulation", u.grad_accumulation end
     -- frozen parameters: the reduce-scatter row's elements (the trainable ones' shards)
     if u.nfrozen then uj[#uj + 1], uj[#uj + 2] = "rs_numel", u.rs_total end
+    -- the frozen prefix (gen/parallel/fsdp_layout.lua frozen_prefix): no pre-backward; post-backward
+    -- from the root's final callback
+    if u.no_pre_backward then uj[#uj + 1], uj[#uj + 2] = "no_pre_backward", true end
+    if u.final_callback then uj[#uj + 1], uj[#uj + 2] = "final_callback", true end
     if u.ignored then -- fully_shard's ignored_params: whole on every rank, never communicated
       local ig = {}
       for _, q in ipairs(u.ignored) do
@@ -281,6 +285,9 @@ local function facts(p, face)
   return O({
     "schema", audit.SCHEMA_VERSION, "plan", p.name,
     "world_size", p.world_size,
+    -- a generic model's input carrying no gradient (model.input_requires_grad = false: the frozen
+    -- prefix, gen/parallel/fsdp_layout.lua); left out where it does (the default)
+    "input_requires_grad", audit.false_or_nil(p.model.input_requires_grad),
     "parallel", O({ "dp_replicate", d.dp_replicate, "dp_shard", d.dp_shard, "cp", d.cp, "tp", d.tp,
                     "pp", d.pp, "ep", d.ep, "async_tp", p.async_tp }),
     "mesh", O({ "names", p.mesh.names, "sizes", p.mesh.sizes, "strides", p.mesh.strides }),

@@ -151,6 +151,10 @@ local SCHEMA = {
     q_lora_rank = { "int", min = 0, max = LIM.model_int }, kv_lora_rank = { "int", min = 1, max = LIM.model_int },
     qk_nope_head_dim = { "int", min = 1, max = LIM.model_int }, qk_rope_head_dim = { "int", min = 1, max = LIM.model_int },
     v_head_dim = { "int", min = 1, max = LIM.model_int },
+    -- the generic family: whether the first unit's input requires grad (default true; false for token
+    -- ids, as plan_from_titan writes): false lets a leading run of all-frozen units run no pre-backward
+    -- (gen/parallel/fsdp_layout.lua frozen_prefix)
+    input_requires_grad = { "bool" },
     -- DeepSeek-V3's router: top-k weights renormalised, node-limited routing's groups
     route_norm = { "bool" }, n_expert_groups = { "int", min = 0, max = LIM.model_int },
     n_limited_groups = { "int", min = 0, max = LIM.model_int },
@@ -244,7 +248,7 @@ local FAMILY_KEYS = {
   -- (a generic model's attention shape, for the audit's model FLOPs per token, tokens/s and MFU:
   -- n_heads, head_dim, n_layers, enable_weight_tying; gen/compute.lua's model_flops_per_token)
   generic = { "n_heads", "n_kv_heads", "num_experts", "units", "head_dim", "n_layers", "enable_weight_tying",
-               "attn_backend" },
+               "attn_backend", "input_requires_grad" },
 }
 for fam, keys in pairs(require("gen.models.moe").FIELDS) do FAMILY_KEYS[fam] = keys end
 FAMILY_KEYS.qwen3 = require("gen.models.qwen3").FIELDS

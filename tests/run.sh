@@ -173,6 +173,11 @@ torch_lane() {
     # offload (seed 12 above beside raf_int), whatever seed the property run starts from.
     live_frozen="live FSDP2: frozen parameters drawn by the property test (seed 7)"
     live_add "$live_frozen" "seeds 7-7 --require frozen"
+    # Issue 41 (hlora): the frozen prefix (model.input_requires_grad = false; tests/plans/frozen_prefix.lua
+    # runs with the plans above): seed 33 draws it (FSDP 8, explicit prefetch lists, CPU offload, mixed
+    # all-gather dtypes), whatever seed the property run starts from.
+    live_prefix="live FSDP2: the frozen prefix drawn by the property test (seed 33)"
+    live_add "$live_prefix" "seeds 33-33 --require input_requires_grad=False"
     # Issue 39 (h39v): set_unshard_in_backward(False) (tests/plans/unshard_bwd.lua runs with the plans
     # above): seeds 25-26 draw it beside units' own divide factors (DDP 4) and HSDP's deferred
     # all-reduce with reshard_after_backward, whatever seed the property run starts from.
@@ -188,6 +193,7 @@ torch_lane() {
     live_done "$live_knobs"
     live_done "$live_raf"
     live_done "$live_frozen"
+    live_done "$live_prefix"
     live_done "$live_unshard"
   elif [ "$live_rc" = 3 ]; then
     live_why=$(printf '%s\n' "$live_out" | sed -n 's/^torch-env: //p' | head -n 1)
@@ -309,11 +315,11 @@ torch_lane() {
     titan_result "$titan_fused" "$titan_f10" $?; grep -h "^fused_plan: [0-9]" "$titan_f10" | sed "s/^/        /"
   else skipped "$titan_fused" "no torch environment (make torch-env exit $live_rc)"; fi
   # Issue 41 (hmtp): DeepSeek-V3's multi-token prediction (torchtitan's mtp.py) vs model.num_mtp_layers; the live
-  # step under flock where there is one (one torch run at a time across sessions sharing the machine).
+  # step on gloo.
   titan_mtp="torchtitan's deepseek_v3 with num_mtp_layers (MTPDecoder, apply_fsdp_to_mtp_decoder, MTPLoss) vs model.num_mtp_layers: every unit's parameters and placements; steps on gloo (FSDP 4): collectives in order, reduced gradients vs --simulate, the one-forward mutant told apart (tests/titan/test_mtp.py)"
   if [ "$live_rc" = 0 ]; then
     titan_f11=$(logname "$titan_mtp")
-    $(command -v flock >/dev/null && echo flock /tmp/commplan-heavy.lock) timeout 600 "$live_py" tests/titan/test_mtp.py \
+    timeout 600 "$live_py" tests/titan/test_mtp.py \
       >"$titan_f11" 2>&1
     titan_result "$titan_mtp" "$titan_f11" $?; grep -h "^mtp: [0-9]" "$titan_f11" | sed "s/^/        /"
   else skipped "$titan_mtp" "no torch environment (make torch-env exit $live_rc)"; fi
@@ -323,6 +329,13 @@ torch_lane() {
     titan_f12=$(logname "$titan_attn"); timeout 300 "$live_py" tests/titan/test_attn_backend_plan.py >"$titan_f12" 2>&1
     titan_result "$titan_attn" "$titan_f12" $?; grep -h "^attn_backend plan checks: " "$titan_f12" | sed "s/^/        /"
   else skipped "$titan_attn" "no torch environment (make torch-env exit $live_rc)"; fi
+  # Issue 41 (hlora): a torchtitan LoRA training step on gloo vs the plan `commplan write --lora-rank` writes.
+  titan_lstep="torchtitan's LoRA step on gloo (llama3 debugmodel, LoRAConverter, parallelize_llama, spmd_backend partial_dtensor, FSDP 4; the full tier HSDP 2x2 and spmd_types, which trains every weight): every rank's collectives in order (frozen weights gathered, never reduced), the adapters' reduced gradients vs --simulate, AdamW's state vs the plan's optimizer memory, a mutant plan that differs (tests/titan/test_lora_step.py)"
+  if [ "$live_rc" = 0 ]; then
+    titan_f13=$(logname "$titan_lstep"); timeout 900 "$live_py" tests/titan/test_lora_step.py >"$titan_f13" 2>&1
+    titan_result "$titan_lstep" "$titan_f13" $?; grep -h "^lora_step: " "$titan_f13" | sed "s/^/        /"
+    tier_line "$titan_f13"
+  else skipped "$titan_lstep" "no torch environment (make torch-env exit $live_rc)"; fi
   # ---- end of torchtitan as the peer ----
   # Context parallel (docs/context-parallel.md): torchtitan 0.3's CP step on gloo vs commplan's tables.
   titan_cp="torchtitan's context parallel on gloo (parallelize_llama, flex attention; dp_shard 2 x cp 2, cp 2 x tp 2, mixtral dp_shard 2 x cp 2 x ep 2; spmd_types and partial_dtensor; FullAC; the full tier cp 4, dp_replicate 2 x cp 2, SelectiveAC, qwen3, dsv3 too): every rank's collectives in order vs commplan's tables (tests/titan/test_cp_record.py)"

@@ -249,8 +249,16 @@ function generic.units(ctx, model)
                  grad_accumulation = u.grad_accumulation,
                  cpu_offload = u.cpu_offload, pin_memory = u.pin_memory }
   end
-  local sharded = 0
-  for _, u in ipairs(units) do sharded = sharded + #u.params end
+  local sharded, trainable = 0, 0
+  for _, u in ipairs(units) do
+    sharded = sharded + #u.params
+    for _, q in ipairs(u.params) do trainable = trainable + (q.frozen and 0 or 1) end
+  end
+  if model.input_requires_grad == false and sharded > 0 and trainable == 0 then
+    util.field_error(ctx, "model.input_requires_grad", "every parameter FSDP manages is frozen and the input needs "
+      .. "no gradient, so the loss has none and backward raises (torch: 'element 0 of tensors does not require "
+      .. "grad'); unfreeze a parameter, or drop input_requires_grad = false")
+  end
   if sharded == 0 then
     util.field_error(ctx, "model.units", "every parameter is ignored (ignored = true), so FSDP2 shards and "
       .. "communicates nothing and there is nothing to plan: leave at least one parameter to FSDP")

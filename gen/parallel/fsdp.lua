@@ -132,8 +132,23 @@ function fsdp.families(fams, units, _, p)
 end
 
 -- TP-local units (or the model's, without a module that splits them) -> the class's layout.
+-- The model's input carries no gradient (token ids; a generic model's
+-- model.input_requires_grad = false): a leading run of all-frozen units
+-- runs no pre-backward (layout.frozen_prefix).
 function fsdp.buffers(ctx, units, d, p)
-  return layout.build(ctx, units, d, p.fsdp)
+  local lay = layout.build(ctx, units, d, p.fsdp)
+  local n = layout.frozen_prefix(lay.units, p.model.family == "generic" and p.model.input_requires_grad ~= false)
+  if n > 0 and p.fsdp.grad_accumulation == "step_end" then
+    -- (measured on gloo, tests/live/live.py seed 315: FSDP2 runs the manual finalization's
+    -- final callback without finalize_backward, _fsdp_state.py:453-459, so the prefetch's pending
+    -- all-gather carries into the next micro-step, which this schedule does not follow)
+    util.field_error(ctx, "model.input_requires_grad", string.format("false leaves %d leading all-frozen unit(s) "
+      .. "without a pre-backward, and under fsdp.grad_accumulation = \"step_end\" FSDP2 carries their prefetched "
+      .. "all-gather into the next micro-step (no finalize_backward until the step's end, torch 2.15 "
+      .. "_fsdp_state.py:453-459), an order not derived here; use another grad_accumulation, or leave the first "
+      .. "unit a trainable parameter", n))
+  end
+  return lay
 end
 
 -- The step's op list; opts.unit_ops inserts the other modules' ops at

@@ -515,6 +515,49 @@ function layout.calls(units, out)
   return res
 end
 
+-- The frozen prefix (issue 41): which units run no pre-backward and which
+-- run their post-backward from the root's final callback, from the units
+-- alone (layout units: the root first, then forward order) and whether the
+-- model's input carries a gradient (input_grad: token ids never do; the
+-- generic family's model.input_requires_grad, true unless set false).
+-- Assumed: the units run in list order, each consuming the one before's
+-- output (a sequential decoder; the loss head last), and the root's own
+-- parameters act on the input before the first unit (as a root's taps in
+-- tests/live/record.py: a trainable one makes every unit's input need a
+-- gradient). FSDP2 hooks a unit's pre-backward on its forward outputs that
+-- require grad (torch 2.15 _fsdp_state.py:581-599) and its post-backward on
+-- its inputs that do (_fsdp_param_group.py:1157-1173), so while no
+-- parameter so far is trainable nothing flowing requires grad: each of the
+-- leading all-frozen units (u.no_pre_backward) gets neither (no backward
+-- all-gather of its own, no backward compute, no prefetch from it), and
+-- they and the first unit with a trainable parameter (whose input needs no
+-- gradient either) run post_backward from _root_post_backward_final_callback
+-- (_fsdp_state.py:422-452: states in the root's pre-order, i.e. the root,
+-- then the units in forward order; u.final_callback). The next unit's
+-- pre-backward still prefetches the last of them (_fsdp_param_group.py:
+-- 1061-1096: post_forward_order[i - 1]); that all-gather is never waited
+-- on, and finalize_backward drops it (:890-906). Pure: returns the count.
+function layout.frozen_prefix(units, input_grad)
+  local root = units[1] and units[1].is_root and units[1] or nil
+  local function trainable(u) return #u.params > (u.nfrozen or 0) end
+  if input_grad or (root and trainable(root)) then return 0 end
+  local run = {} -- the leading units up to the first with a trainable parameter
+  for _, u in ipairs(units) do
+    if u ~= root and #u.params > 0 then
+      run[#run + 1] = u
+      if trainable(u) then break end
+    end
+  end
+  local n = run[1] and trainable(run[#run]) and #run - 1 or #run
+  -- (none all-frozen: the first unit's post-backward, from the final
+  -- callback too, is the step's last either way, as planned)
+  if n == 0 then return 0 end
+  for _, u in ipairs(run) do
+    u.final_callback, u.no_pre_backward = true, not trainable(u) or nil
+  end
+  return n
+end
+
 -- FSDPModule.set_modules_to_forward_prefetch / set_modules_to_backward_prefetch
 -- (torch 2.15 _fully_shard.py; _fsdp_state.py:346-350 issues the forward
 -- list's all-gathers after the unit's own copy-out, in list order;

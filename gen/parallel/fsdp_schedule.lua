@@ -45,6 +45,12 @@
 -- its post-backward reduces norm.weight's gradient alone. The wrapper
 -- turns gradient sync on for its last chunk and leaves it on, so the unit
 -- reduces on every micro-step even under sync_last.
+-- The frozen prefix (fsdp_layout.frozen_prefix: a model whose input needs
+-- no gradient, leading units whose parameters are all frozen): those units
+-- run no pre-backward (no backward all-gather of their own, no backward, no
+-- prefetch), the next unit's prefetch of the last of them is waited on in
+-- the root's final callback, and they and the first trainable unit
+-- post-backward there, after the root, in forward order.
 local schedule = {}
 
 local opkinds = require("gen.opkinds")
@@ -146,8 +152,12 @@ function schedule.build(lay, fams, fsdp, opts)
     local kept = {}
     if m > 0 then
       for _, u in ipairs(units) do
-        -- (a unit backwarding on sharded parameters has nothing unsharded to keep)
-        if not u.reshard_after_backward and u ~= head and not u.sharded_backward then kept[u.index] = true end
+        -- (a unit backwarding on sharded parameters has nothing unsharded to keep, nor has a
+        -- leading all-frozen one resharded after forward: schedule.final_callback_how)
+        if not u.reshard_after_backward and u ~= head and not u.sharded_backward
+          and not (u.no_pre_backward and u.reshard_after_forward) then
+          kept[u.index] = true
+        end
       end
     end
     return kept
@@ -260,12 +270,16 @@ function schedule.build(lay, fams, fsdp, opts)
     end
     for i = #pfo, 1, -1 do
       local u = pfo[i]
-      -- pre-backward: unshard self, then prefetch the previous unit.
-      unshard(u, "backward")
-      wait(u)
-      if i > 1 then unshard(pfo[i - 1], "backward") end
-      if u ~= root then
-        op("backward", u, m, "backward", u == head and part_fields(head_norm) or nil)
+      -- pre-backward: unshard self, then prefetch the previous unit (none, and
+      -- no backward, for a leading all-frozen unit: fsdp_layout.frozen_prefix;
+      -- the prefetch of the last of them is issued and never waited on).
+      if not u.no_pre_backward then
+        unshard(u, "backward")
+        wait(u)
+        if i > 1 then unshard(pfo[i - 1], "backward") end
+        if u ~= root then
+          op("backward", u, m, "backward", u == head and part_fields(head_norm) or nil)
+        end
       end
     end
     -- post-backward fires for layers in reverse order, root last (its
@@ -288,7 +302,7 @@ function schedule.build(lay, fams, fsdp, opts)
       -- finalize_backward: every unit's pending post-backward, in post order
       for _, u in ipairs(post) do
         if unit_ops then unit_ops(ops, u, m, "reduce") end
-        schedule.reduction(ops, u, m, { first = true }, shard, replicate, true)
+        schedule.reduction(ops, u, m, schedule.final_callback_how(u, { first = true }, false), shard, replicate, true)
       end
     end
     return ops
@@ -566,24 +580,38 @@ function schedule.explicit_micro(ops, states, m, k)
     end
   end
   local root_state = states[1] and states[1].is_root and states[1] or nil
+  -- (a leading all-frozen unit: no pre-backward, no backward; the units
+  -- whose inputs need no gradient post-backward in the root's final
+  -- callback, after the root's, in forward order: fsdp_layout.frozen_prefix)
+  local function post_backward(u)
+    local gathered = u.no_pre_backward and gathering[u.index]
+    if gathered then wait(u, "backward") end -- (the plan's wait: final_callback_how)
+    local how = schedule.final_callback_how(u, k.how.own and k.how.own(u) or k.how, gathered)
+    if unit_ops and how.reducing then unit_ops(ops, u, m, "reduce") end
+    schedule.reduction(ops, u, m, how, k.shard, k.replicate, how.reducing)
+  end
   for i = #states, 1, -1 do
     local st = states[i]
-    if st ~= root_state then pre_backward(st) end
+    if st ~= root_state and not st.units[1].no_pre_backward then pre_backward(st) end
     -- the root's pre-backward: its hook is on the model's output, the last
     -- unit's output tensor, hooked after that unit's (FSDP2 registers
     -- both in post-forward order; a tensor's hooks fire in that order)
     if root_state and (i == #states) then pre_backward(root_state) end
     for j = #st.units, 1, -1 do
       local u = st.units[j]
-      if unit_ops then unit_ops(ops, u, m, "backward_before") end
-      op("backward", u, m, "backward")
-      if unit_ops then unit_ops(ops, u, m, "backward") end
+      if not u.no_pre_backward then
+        if unit_ops then unit_ops(ops, u, m, "backward_before") end
+        op("backward", u, m, "backward")
+        if unit_ops then unit_ops(ops, u, m, "backward") end
+      end
     end
     for j = #st.units, 1, -1 do
-      local u = st.units[j]
-      local how = k.how.own and k.how.own(u) or k.how
-      if unit_ops and how.reducing then unit_ops(ops, u, m, "reduce") end
-      schedule.reduction(ops, u, m, how, k.shard, k.replicate, how.reducing)
+      if not st.units[j].final_callback then post_backward(st.units[j]) end
+    end
+  end
+  for _, st in ipairs(states) do
+    for j = #st.units, 1, -1 do
+      if st.units[j].final_callback then post_backward(st.units[j]) end
     end
   end
 end
@@ -808,13 +836,29 @@ function schedule.reduction(out, u, m, how, shard, replicate, reducing, part)
                     phase = "backward", part_first = pf, part_count = pc }
 end
 
+-- A leading all-frozen unit resharded after forward (fsdp_layout.frozen_prefix)
+-- is sharded again at the step's end whatever its reshard_after_backward: no
+-- pre-backward gathers it, and finalize_backward drops a prefetch's
+-- all-gather uncopied (torch 2.15 _fsdp_param_group.py:890-906). The plan
+-- waits for that all-gather where FSDP2 does, at the final callback, with
+-- a copy-out (gathered: the op the caller emits) and reshards; an
+-- ungathered one FSDP2's reshard finds sharded (keep: no op; a post-forward
+-- slice is freed: _to_sharded). Returns the post-backward's how.
+function schedule.final_callback_how(u, how, gathered)
+  if not (u.no_pre_backward and u.reshard_after_forward) then return how end
+  local h = {}
+  for k, v in pairs(how) do h[k] = v end
+  h.hold, h.keep = false, not gathered and not u.post_forward
+  return h
+end
+
 function schedule.interleave_post_backward(ops, post, root, m, how, shard, replicate, unit_ops)
   local reducing = how.reducing
   local by_index = {}
   for _, u in ipairs(post) do by_index[u.index] = u end
   local out = {}
   local head = how.head -- ChunkedLossWrapper's unit: its norm's part (the header)
-  local function post_backward(u)
+  local function post_backward(u, gathered)
     local h = head and head.index == u.index and head or nil
     local own = not h and how.own and how.own(u) -- the unit's own accumulation (schedule.build own_how)
     local red = h and h.how.reducing or own and own.reducing or (not own and reducing)
@@ -822,15 +866,25 @@ function schedule.interleave_post_backward(ops, post, root, m, how, shard, repli
     -- post-backward hook (their "reduce" ones where it reduces); the loss
     -- head's backward ones ran with lm_head's in the loss.
     if unit_ops then
-      if not h then unit_ops(out, u, m, "backward") end
+      -- (a leading all-frozen unit ran no backward: fsdp_layout.frozen_prefix)
+      if not h and not u.no_pre_backward then unit_ops(out, u, m, "backward") end
       if red then unit_ops(out, u, m, "reduce") end
     end
-    schedule.reduction(out, u, m, h and h.how or own or how, shard, replicate, red, h and h.part)
+    schedule.reduction(out, u, m, schedule.final_callback_how(u, h and h.how or own or how, gathered), shard,
+                       replicate, red, h and h.part)
+  end
+  -- (a leading all-frozen unit's backward all-gather: the next unit's prefetch, never waited on)
+  local gathered = {}
+  for _, o in ipairs(ops) do
+    if o.kind == "all_gather" and o.phase == "backward" and o.micro_step == m and by_index[o.unit]
+      and by_index[o.unit].no_pre_backward then
+      gathered[o.unit] = true
+    end
   end
   for _, o in ipairs(ops) do
     out[#out + 1] = o
     -- (the loss head's lm_head backward in the loss reduced its own part there)
-    if o.kind == "backward" and o.micro_step == m
+    if o.kind == "backward" and o.micro_step == m and not by_index[o.unit].final_callback
       and (not o.part_first or head and head.index == o.unit and o.part_first == head.part.first) then
       post_backward(by_index[o.unit])
     end
@@ -839,6 +893,15 @@ function schedule.interleave_post_backward(ops, post, root, m, how, shard, repli
   if root then
     out[#out + 1] = { kind = "backward", unit = root.index, micro_step = m, phase = "backward" }
     post_backward(root)
+  end
+  -- The root's final callback: the post-backward of the units whose inputs
+  -- needed no gradient (fsdp_layout.frozen_prefix), in forward order.
+  for i = #post, 1, -1 do
+    local u = post[i]
+    if u.final_callback then
+      if gathered[u.index] then out[#out + 1] = { kind = "copy_out", unit = u.index, micro_step = m, phase = "backward" } end
+      post_backward(u, gathered[u.index])
+    end
   end
   return out
 end

@@ -69,7 +69,7 @@ def _add_verbs(sub):
     w.add_argument("--name", required=True, help="the plan's name (its file stem and C prefix)")
     for s in jobconfig.SETTINGS:
         meta = "{%s}" % ",".join(s.enum) if s.enum else {"int": "N", "bool": "true|false", "dtype": "DTYPE",
-                                                           "family": "FAMILY", "path": "FILE", "fused": "LAYOUTS"}[s.kind]
+                                                           "family": "FAMILY", "path": "FILE", "fused": "LAYOUTS", "names": "NAMES"}[s.kind]
         w.add_argument(s.flag, dest=s.key, metavar=meta,
                        help=s.what + ("; torchtitan's %s" % s.toml[0] if s.toml else ""))
     w.add_argument("--job-config", metavar="TOML", help="a torchtitan job config (train_configs/*.toml)")

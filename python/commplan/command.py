@@ -101,8 +101,14 @@ def _titan_text(spec, args, sec, comment):
     except ImportError as e:
         raise PlanError("--titan: torchtitan is not importable in this Python (%s); install torch and torchtitan, "
                         "or give the model's config.json" % e) from None
+    converters = []
+    if sec.get("lora"):
+        # torchtitan's LoRA job: its registry with the converter (models/llama3/config_registry.py:155-171);
+        # alpha only scales the adapters' output, nothing communicated or held
+        from torchtitan.components.lora import LoRAConverter
+        converters.append(LoRAConverter.Config(**sec["lora"]))
     try:
-        ms = model_registry(flavor)
+        ms = model_registry(flavor, converters=converters) if converters else model_registry(flavor)
     except (KeyError, ValueError) as e:
         raise PlanError("--titan %s: torchtitan's llama3 has no flavor %s (%s); give one of its registry's"
                         % (validate.printable(spec, 80), validate.printable(flavor, 60),
@@ -117,7 +123,8 @@ def _titan_text(spec, args, sec, comment):
     fsdp = dict(TITAN_FSDP, **(sec["fsdp"] or {}))  # torchtitan's MixedPrecisionPolicy unless a flag says otherwise
     text = plan_from_titan(ms, args.name, sec["world_size"], parallel=sec["parallel"], fsdp=fsdp,
                            topology=sec["topology"], training=sec["training"], seq_len=sec["seq_len"],
-                           pipeline=sec["pipeline"], family=sec["family"], fused=sec["fused"])
+                           pipeline=sec["pipeline"], family=sec["family"], fused=sec["fused"],
+                           spmd_backend=sec["spmd_backend"])
     lines = text.split("\n")
     return "\n".join(lines[:1] + ["-- " + c for c in comment.split("\n")] + lines[1:])
 
@@ -132,6 +139,10 @@ def _gpt_oss_text(spec, flavor, args, sec, comment):
     except ImportError as e:
         raise PlanError("--titan: torchtitan is not importable in this Python (%s); install torch and torchtitan"
                         % e) from None
+    if sec.get("lora"):
+        raise PlanError("--lora-rank: a --titan gpt_oss plan is commplan's gpt_oss family (its parameters are the "
+                        "family's, gen/models/gpt_oss.lua, with no adapters); write a LoRA plan from --titan "
+                        "llama3:FLAVOR, or from plan_from_module on the converted model")
     base = flavor[:-len("_flex")] if flavor.endswith("_flex") else flavor
     try:
         ms = model_registry(base, **({"attn_backend": "flex"} if base != flavor else {}))
@@ -280,6 +291,9 @@ def build_plan(args, base, beside=None):
     comment = "\n".join(header)
     if args.config is not None:
         cfg_abs = _abs(args.config, base)
+        if sec.get("lora"):
+            raise PlanError("--lora-rank: torchtitan's LoRAConverter converts torchtitan's own model config "
+                            "(components/lora.py); give --titan llama3:FLAVOR instead of a config.json")
         try:
             model = commplan.hf_config(cfg_abs, dtype=sec["dtype"] or "fp32", seq_len=sec["seq_len"],
                                        family=sec["family"])

@@ -94,6 +94,17 @@ SETTINGS = (
     S("family", "family", (), "the plan family, overriding config.json's model_type where the structure is the same"),
     S("fused", "fused", ("override.imports",), "torchtitan's fused layouts, comma-separated: swiglu, grouped_experts, "
       "mla (or their override.imports targets)"),
+    # issue 41 (hlora): torchtitan's LoRA job (components/lora.py LoRAConverter, set in a config_registry
+    # function: model_registry(flavor, converters=[LoRAConverter.Config(rank=..., target_modules=...)]),
+    # models/llama3/config_registry.py:155-171) and the backend that keeps its freeze
+    S("spmd_backend", "enum", ("parallelism.spmd_backend",),
+      "torchtitan's SPMD backend; with --lora-rank, partial_dtensor or full_dtensor keep LoRA's frozen base "
+      "weights frozen, spmd_types (its default) trains them all (protocols/module.py:313-315)",
+      enum=("spmd_types", "partial_dtensor", "full_dtensor")),
+    S("lora_rank", "int", (), "torchtitan's LoRAConverter rank (with --titan llama3:FLAVOR): frozen base weights, "
+      "trainable lora_a / lora_b adapters", hi=1 << 16),
+    S("lora_target_modules", "names", (), "LoRAConverter's target_modules, comma-separated Linear names (wq, wo, "
+      "w2, ...; default every Linear)"),
 )
 FLAG_OF = {s.key: s for s in SETTINGS}
 
@@ -117,8 +128,8 @@ _REFUSED = {
 # in the others it is ignored (steps, max_norm, gc_freq, ...: no communication). Other sections
 # ([job], [metrics], [optimizer], [lr_scheduler], [checkpoint], [profiling], [comm], ...) are ignored.
 _STRICT_SECTIONS = ("parallelism",)
-# [parallelism] keys that change nothing planned (the SPMD backend's choice of DTensor machinery).
-_PARALLELISM_IGNORED = ("spmd_backend",)
+# [parallelism] keys that change nothing planned (none now: spmd_backend is read, SETTINGS).
+_PARALLELISM_IGNORED = ()
 
 
 def _shown(v):
@@ -208,6 +219,12 @@ def _convert(s, v, where, from_toml):
             _fail(where, "%s is not a file path; give the CSV's path (printable ASCII, no spaces)%s"
                   % (validate.short_repr(v), src_hint))
         return v
+    if s.kind == "names":  # (a comma-separated flag: module names, each an identifier)
+        items = [x.strip() for x in v.split(",")] if isinstance(v, str) else []
+        if not items or not all(x.isidentifier() and x.isascii() and len(x) <= 64 for x in items):
+            _fail(where, "%s is not comma-separated module names; give e.g. wq,wo (the last segment of each "
+                  "Linear's name)" % validate.short_repr(v))
+        return items
     if s.kind == "family":
         if v not in FAMILIES:
             _fail(where, "%s is not a family; give one of %s" % (validate.short_repr(v), ", ".join(FAMILIES)))
@@ -397,6 +414,14 @@ def plan_settings(st, from_toml=()):
         topology["preset"] = st["preset"]
     if "gpus_per_node" in st:
         topology["gpus_per_node"] = st["gpus_per_node"]
+    lora = None
+    if "lora_rank" in st:
+        lora = {"rank": st["lora_rank"]}
+        if "lora_target_modules" in st:
+            lora["target_modules"] = st["lora_target_modules"]
+    elif "lora_target_modules" in st:
+        _fail("--lora-target-modules", "needs --lora-rank (LoRAConverter's rank); give it or drop this flag")
     return {"parallel": parallel or None, "fsdp": fsdp or None, "topology": topology or None,
+            "lora": lora, "spmd_backend": st.get("spmd_backend", "spmd_types"),
             "training": training or None, "pipeline": pipeline or None, "seq_len": st.get("seq_len"),
             "dtype": st.get("dtype"), "family": st.get("family", "auto"), "fused": st.get("fused") or None}

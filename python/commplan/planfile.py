@@ -61,7 +61,10 @@ GENERIC_MODEL_KEYS = ("n_heads", "n_kv_heads", "num_experts", "seq_len",
                       # the attention shape the audit's model FLOPs per token, tokens/s and MFU need
                       "head_dim", "n_layers", "enable_weight_tying",
                       # the attention backend (context parallel needs flex: gen/parallel/cp.lua)
-                      "attn_backend")
+                      "attn_backend",
+                      # false: the first unit's input needs no gradient (token ids), so a leading run of
+                      # all-frozen units runs no pre-backward (gen/parallel/fsdp_layout.lua frozen_prefix)
+                      "input_requires_grad")
 # Llama-family keys (gen/models/llama.lua) plus the audit's seq_len.
 LLAMA_MODEL_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim_multiplier",
                     "multiple_of", "fused", "seq_len", "attn_backend")
@@ -655,7 +658,7 @@ def _check_model_numbers(model, allowed, family):
         raise PlanError("model settings %s are not taken by a %s plan; use %s" % (unknown, family,
                                                                                  ", ".join(allowed)))
     for k, v in model.items():
-        if k in ("fuse_qkv", "route_norm", "enable_weight_tying"):
+        if k in ("fuse_qkv", "route_norm", "enable_weight_tying", "input_requires_grad"):
             validate.check_value(v, validate.Spec("bool", null=True), validate.OPTIONS_SRC, "model." + k)
             continue
         if k == "attn_backend":  # the family's registry's attention backend (gen/load.lua)

@@ -413,6 +413,11 @@ def plan_from_titan(model, name, world_size, parallel=None, fsdp=None, topology=
                 extra[k] = numbers[k]
         if numbers["enable_weight_tying"]:
             extra["enable_weight_tying"] = True
+        if any(p.get("frozen") for u in units for p in u["params"]):
+            # torchtitan feeds token ids, which need no gradient: with frozen parameters, the
+            # leading all-frozen units (a LoRA job's tok_embeddings) run no pre-backward
+            # (gen/parallel/fsdp_layout.lua frozen_prefix)
+            extra["input_requires_grad"] = False
     if seq_len is not None:
         extra["seq_len"] = seq_len
     if family == "llama":

@@ -660,9 +660,16 @@ def gen_seed(seed, attempt=0):
     # seeds keep their plans
     if tree_knows("unshard_in_backward"):
         knobs += draw_unshard_in_backward(rng, fsdp, units, S)
+    # issue 41 (hlora): an input needing no gradient (model.input_requires_grad = false, the frozen
+    # prefix), drawn last and only where parameters are frozen, so earlier draws are unchanged
+    no_input_grad = False
+    if tree_knows("input_requires_grad") and " frozen" in knobs and fsdp.get("grad_accumulation") != "step_end":
+        no_input_grad, part = draw_frozen_prefix(rng, units)
+        knobs += part
     lines = [f"-- live property test seed {seed} (attempt {attempt}): tests/live/live.py seed {seed}",
              "return {", f"  world_size = {world},", f"  parallel = {lua(par)},",
-             "  model = { family = \"generic\", units = {"]
+             "  model = { family = \"generic\"%s, units = {" % (", input_requires_grad = false" if no_input_grad
+                                                               else "")]
     for u in units:
         lines.append(f"    {lua(u)},")
     lines += ["  } },", f"  fsdp = {lua(fsdp)},", "}"]
@@ -722,6 +729,26 @@ def draw_unshard_in_backward(rng, fsdp, units, S):
             u["unshard_in_backward"] = False
             n += 1
     return f" {n} unshard_in_backward=False" if n else ""
+
+
+def draw_frozen_prefix(rng, units):
+    """The model's input without a gradient (issue 41: model.input_requires_grad = false; the
+    leading all-frozen units run no pre-backward, gen/parallel/fsdp_layout.lua frozen_prefix), half
+    the time with every parameter of the first unit frozen too, while a trainable one remains. Not
+    under step_end (the generator refuses a frozen prefix there: gen/parallel/fsdp.lua buffers).
+    Returns (drawn, the description's part)."""
+    if rng.random() >= 0.5:
+        return False, ""
+    first = next((u for u in units if u["name"] != "root" and u["params"]), None)
+    if first is not None and rng.random() < 0.5:
+        rest = [p for u in units if u is not first for p in u["params"] if not p.get("ignored")]
+        if any(not p.get("frozen") for p in rest):
+            for p in first["params"]:
+                if not p.get("ignored"):
+                    p["frozen"] = True
+    if all(p.get("frozen") or p.get("ignored") for u in units for p in u["params"]):
+        return False, ""
+    return True, " input_requires_grad=False"
 
 
 def draw_ignored(rng, units):

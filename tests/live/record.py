@@ -610,7 +610,9 @@ def run_job(rank, job):
                 for u, m in kept:
                     m.set_reshard_after_backward(last, recurse=False)
                 set_grads(step, micro)
-                x = torch.zeros(1, requires_grad=True)
+                # the model's input: requires grad unless the plan's carries none (a generic plan's
+                # model.input_requires_grad = false, as token ids: the frozen prefix)
+                x = torch.zeros(1, requires_grad=plan.get("input_requires_grad", True))
                 out = root(x)
                 if head is not None:  # ChunkedLossWrapper's loss, then the decoder's backward (the docstring)
                     chunked_loss(head, out, chunks, micro, lambda: REC.mark(f"step{step}_backward") if micro == 0

@@ -236,6 +236,53 @@ function T.frozen_params()
     "ignored")
 end
 
+-- The frozen prefix (issue 41): with an input needing no gradient, the
+-- leading all-frozen units run no pre-backward (fsdp_layout.frozen_prefix,
+-- a pure function over the units): no backward all-gather of their own, no
+-- backward, no prefetch from them; the next unit's prefetch of the last
+-- of them is waited on at the final callback, where they and the first
+-- trainable unit post-backward in forward order. The same plan with the
+-- input needing a gradient (the mutant) gathers emb in backward too.
+function T.frozen_prefix()
+  local function U(name, np, nf, root) return { name = name, params = np, nfrozen = nf, is_root = root } end
+  local us = { U("root", {}, nil, true), U("e", { 1 }, 1), U("a", { 1, 2 }, 2), U("b", { 1, 2 }, 1), U("c", { 1 }) }
+  H.eq(layout.frozen_prefix(us, false), 2, "e and a"); H.eq(us[2].no_pre_backward and us[3].no_pre_backward, true, "")
+  H.eq(us[4].no_pre_backward, nil, "b has a trainable parameter")
+  H.eq(us[4].final_callback and not us[5].final_callback, true, "b's input needs no gradient, c's does")
+  H.eq(layout.frozen_prefix({ U("root", {}, nil, true), U("e", { 1 }, 1), U("c", { 1 }) }, true), 0, "input grad")
+  H.eq(layout.frozen_prefix({ U("root", { 1 }, nil, true), U("e", { 1 }, 1), U("c", { 1 }) }, false), 0,
+    "a trainable root acts on the input first")
+  local fresh = { U("root", {}, nil, true), U("e", { 1 }), U("c", { 1 }) }
+  H.eq(layout.frozen_prefix(fresh, false), 0, "no frozen unit first"); H.eq(fresh[2].final_callback, nil, "none marked")
+  local src = [[return { world_size = 4, parallel = { dp_shard = 4 }, model = { family = "generic"%s, units = {
+    { name = "emb", params = { { name = "emb.w", shape = { 8, 4 }, frozen = true } } },
+    { name = "l0", params = { { name = "l0.w", shape = { 6, 5 }, frozen = true } } },
+    { name = "l1", params = { { name = "l1.w", shape = { 7, 3 }, frozen = true }, { name = "l1.a", shape = { 2, 3 } } } },
+    { name = "root", params = {} } } } }]]
+  local function seq(p)
+    local names, out = {}, {}
+    for _, u in ipairs(p.layout.units) do names[u.index] = u.name end
+    for _, o in ipairs(p.ops) do
+      if o.phase ~= "forward" and o.kind ~= "pack" and o.kind ~= "view_out" then
+        out[#out + 1] = o.kind .. " " .. names[o.unit]
+      end
+    end
+    return table.concat(out, ", ")
+  end
+  local with = plan.from_source(string.format(src, ", input_requires_grad = false"), "plans/t.lua")
+  H.eq(seq(with), "all_gather l1, copy_out l1, all_gather l0, backward l1, copy_out l0, reshard l0, reshard l1, "
+    .. "reduce_scatter l1", "emb and l0 run no pre-backward; l0's prefetch waited at the final callback")
+  local without = plan.from_source(string.format(src, ""), "plans/t.lua")
+  H.eq(seq(without), "all_gather l1, copy_out l1, all_gather l0, backward l1, reshard l1, reduce_scatter l1, "
+    .. "copy_out l0, all_gather emb, backward l0, reshard l0, copy_out emb, backward emb, reshard emb",
+    "the mutant: every unit pre-backwards, emb gathered in backward")
+  H.plan_fails(string.format(src, ", input_requires_grad = false"):gsub('{ name = "l1.a", shape = { 2, 3 } }',
+    '{ name = "l1.a", shape = { 2, 3 }, frozen = true }'), "model.input_requires_grad", "unfreeze")
+  -- (step_end: FSDP2 carries the prefetch's pending all-gather into the next micro-step; refused)
+  H.plan_fails(string.format(src, ", input_requires_grad = false"):gsub("} }$",
+    '}, fsdp = { micro_steps = 2, grad_accumulation = "step_end" } }'), "model.input_requires_grad", "step_end")
+end
+
 -- fully_shard's ignored_params: out of the slot and every collective, whole
 -- in the whole-rank memory; a unit left with none issues nothing.
 function T.ignored_params()

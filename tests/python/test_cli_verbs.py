@@ -111,6 +111,8 @@ BAD = {
     "family": ["gpt2", "llama4"], "optimizer_implementation": ["fused_bf16", "Fused"],
     "schedule_csv": ["", "a b.csv"],
     "fused": ["fused_gelu", "swiglu,swiglu", "torchtitan.overrides.helion_rope.helion_cos_sin_rope"],
+    # issue 41 (hlora): torchtitan's SPMD backend and LoRA converter
+    "spmd_backend": ["dtensor", "SPMD_types"], "lora_rank": ["0", "r", "-4"], "lora_target_modules": ["w q", "wq,,wo"],
 }
 
 
@@ -135,6 +137,8 @@ class Flags(Scratch):
             (["--tp", "3"], "--world-size", "parallel_dims.py"),          # 8 ranks not a multiple of 3
             (["--dp-shard", "2", "--tp", "2"], "--world-size", "give --world-size 4"),
             (["--schedule", "1F1B"], "--schedule", "--pp"),
+            (["--lora-rank", "4"], "--lora-rank", "--titan"),                # LoRA converts torchtitan's own model
+            (["--lora-target-modules", "wq"], "--lora-target-modules", "--lora-rank"),
             (["--microbatches", "4"], "--microbatches", "--pp"),
             (["--async-tp", "true"], "--async-tp", "--tp"),
             (["--local-batch-size", "2", "--global-batch-size", "6"], "--global-batch-size", "trainer.py"),
