@@ -36,8 +36,9 @@ What it does, as FSDP2's fully_shard does it:
 The library calls must come in the plan's order (their event waits are the plan's): every call
 is checked against the order derived from plan.json's ops, and a model that runs its units in
 another order (a unit called twice, a loss the plan does not describe) is refused with one line
-instead of racing; a plan whose forward calls a unit more than once per micro-batch (DeepSeek-V3's
-multi-token prediction, model.num_mtp_layers > 0) is refused at load (check_single_calls). Activation checkpointing as torchtitan applies it (checkpoint_wrapper around
+instead of racing; a plan whose forward calls a unit more than once per micro-batch (plan.json's
+units' forward_calls: DeepSeek-V3's multi-token prediction, model.num_mtp_layers > 0) is refused
+at load (check_single_calls). Activation checkpointing as torchtitan applies it (checkpoint_wrapper around
 blocks): parameter names without the wrapper's segment, and a recompute during backward makes no
 call, as FSDP2's in PRE_BACKWARD state (commplan.recompute). torchtitan's ChunkedLossWrapper on a
 plan with training.loss_chunks >= 2: the loss head's modules answer its FSDPModule calls, its
@@ -131,18 +132,13 @@ def library_calls(plan):
 
 
 def repeated_calls(plan):
-    """[(unit name, micro-step)] of the units the plan gathers more than once in one micro-step's
-    forward: a model whose forward calls a unit again (DeepSeek-V3's multi-token prediction,
-    model.num_mtp_layers: tok_embeddings, and [norm, lm_head] under "always", once per depth more;
-    gen/models/deepseek_v3.lua calls, gen/parallel/fsdp_schedule.lua calls_micro). The loss head
-    that ChunkedLossWrapper runs once per chunk (its reductions in parts, plan.json's pack "params";
-    commplan.chunked_loss) is not one of them."""
-    parts = {op["unit"] for op in plan["ops"] if op["kind"] == "pack" and op.get("params")}
-    seen = {}
-    for call, unit, micro, phase in library_calls(plan):
-        if call == "unshard" and phase == "forward" and unit not in parts:
-            seen[(unit, micro)] = seen.get((unit, micro), 0) + 1
-    return sorted(k for k, n in seen.items() if n > 1)
+    """[(unit name, forward calls)] of the units the model's forward calls more than once per
+    micro-step: plan.json's units' forward_calls (DeepSeek-V3's multi-token prediction,
+    model.num_mtp_layers > 0: tok_embeddings and [norm, lm_head] once per depth more;
+    gen/models/deepseek_v3.lua calls, gen/parallel/fsdp_schedule.lua calls_micro, whose order the
+    plan's ops follow). ChunkedLossWrapper's loss head, gathered once per chunk, is not one of them
+    (commplan.chunked_loss drives it)."""
+    return [(u["name"], u["forward_calls"]) for u in plan_units(plan) if u.get("forward_calls", 1) > 1]
 
 
 def check_single_calls(plan, name):
@@ -151,12 +147,12 @@ def check_single_calls(plan, name):
     post-forward, pre-backward and post-backward once), which such a plan's per-call ops are not."""
     rep = repeated_calls(plan)
     if rep:
-        unit, micro = rep[0]
-        raise PlanError("plan %s calls unit %s more than once in micro-step %d's forward (model.num_mtp_layers > 0: "
+        unit, n = rep[0]
+        raise PlanError("plan %s calls unit %s %d times in each micro-step's forward (model.num_mtp_layers > 0: "
                         "DeepSeek-V3's multi-token prediction, torchtitan models/deepseek_v3/mtp.py), whose per-call "
                         "ops the bridge (CommplanFSDP) does not drive; run it through the plan's binary / C tables "
                         "(make PLAN=%s.lua), or write the plan with model.num_mtp_layers = 0"
-                        % (name, unit, micro, name))
+                        % (name, unit, n, name))
 
 
 # ---- the generated library through ctypes -------------------------------------------------

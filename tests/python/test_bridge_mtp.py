@@ -10,7 +10,9 @@ line naming model.num_mtp_layers and the fix (the plan's binary / C tables, or 0
 
 * a tiny DeepSeek-V3 plan with num_mtp_layers 1 (FSDP 4; tests/titan/test_mtp.py's tiny model) is
   refused at CommplanFSDP's load, in one line, naming the unit called twice (tok_embeddings),
-  model.num_mtp_layers and the fix;
+  model.num_mtp_layers and the fix; its plan.json carries forward_calls 2 on tok_embeddings and
+  norm_lm_head, and so does the same model under torchtitan's "never" reshard policy with 2
+  micro-batches (whose ops gather no unit twice in a forward);
 * the mutant: the same plan generated with the model's call order dropped (one forward per unit,
   gen.models.deepseek_v3.calls = nil, as test_mtp.py's one_forward) is not refused, so the refusal
   comes from the per-call ops, not from the model;
@@ -35,15 +37,17 @@ TINY = dict(family="deepseek_v3", dim=64, n_layers=4, n_dense_layers=2, n_heads=
             moe_hidden_dim=32, num_experts=4, num_shared_experts=2, top_k=2, seq_len=16, num_mtp_layers=1)
 
 
-def generate(one_forward):
+def generate(one_forward, never=False):
     from commplan import plan_text
-    key = "mtp1_one_forward" if one_forward else "mtp1"
+    name = "mtp1_never" if never else "mtp1"
+    key = name + ("_one_forward" if one_forward else "")
     os.makedirs(os.path.join(OUT, "plans"), exist_ok=True)
-    path = os.path.join(OUT, "plans", "mtp1.lua")
+    path = os.path.join(OUT, "plans", name + ".lua")
+    f = {"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum"}
+    if never:
+        f.update(reshard_after_forward_policy="never", micro_steps=2)
     with open(path, "w") as fh:
-        fh.write(plan_text("mtp1", 4, TINY, parallel={"dp_shard": 4},
-                           fsdp={"param_dtype": "bf16", "reduce_dtype": "fp32", "reduce_op": "sum"},
-                           training={"local_batch_size": 1}))
+        fh.write(plan_text(name, 4, TINY, parallel={"dp_shard": 4}, fsdp=f, training={"local_batch_size": 1}))
     pre = ['-e', 'package.path="./?.lua;"..package.path; require("gen.models.deepseek_v3").calls = '
            'function() return nil end'] if one_forward else []
     outdir = os.path.join(OUT, "gen", key)
@@ -73,6 +77,13 @@ def main():
                 problems.append("the refusal does not say %r: %s" % (want, msg))
         if "\n" in msg:
             problems.append("the refusal is more than one line: %r" % msg)
+    got = repeated_calls(load_plan_json(mtp))
+    if got != [("tok_embeddings", 2), ("norm_lm_head", 2)]:
+        problems.append("plan.json's forward_calls: %s, want tok_embeddings and norm_lm_head 2 each" % got)
+    # torchtitan's "never" (2 micro-batches): no unit gathered twice in a forward, the calls still repeated
+    never = repeated_calls(load_plan_json(generate(False, never=True)))
+    if never != got:
+        problems.append("the \"never\" plan's forward_calls: %s, want %s" % (never, got))
     rep = repeated_calls(load_plan_json(one))
     if rep:
         problems.append("the one-forward mutant is refused too (%s): the refusal is not the per-call ops'" % rep)
@@ -82,12 +93,14 @@ def main():
         plan = load_plan_json(f)
         if repeated_calls(plan):
             problems.append("%s refused: %s" % (os.path.relpath(f, REPO), repeated_calls(plan)))
+        if any(u.get("forward_calls") for u in plan["units"]):
+            problems.append("%s carries forward_calls" % os.path.relpath(f, REPO))
         chunked += any(op["kind"] == "pack" and op.get("params") for op in plan["ops"])
     for p in problems:
         print("FAIL bridge_mtp: " + p)
-    print("bridge_mtp: the num_mtp_layers 1 plan refused at load in one line (unit %s called twice); its one-forward "
-          "mutant accepted; %d committed plans accepted (%d with ChunkedLossWrapper's loss head)"
-          % (repeated_calls(load_plan_json(mtp))[0][0], len(shipped), chunked))
+    print("bridge_mtp: the num_mtp_layers 1 plan refused at load in one line (plan.json's forward_calls: %s); its "
+          "one-forward mutant accepted; %d committed plans accepted (%d with ChunkedLossWrapper's loss head)"
+          % (", ".join("%s %d" % c for c in got), len(shipped), chunked))
     return 1 if problems else 0
 
 
