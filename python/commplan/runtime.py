@@ -149,8 +149,8 @@ def check_single_calls(plan, name):
     if rep:
         unit, n = rep[0]
         raise PlanError("plan %s calls unit %s %d times in each micro-step's forward (model.num_mtp_layers > 0: "
-                        "DeepSeek-V3's multi-token prediction, torchtitan models/deepseek_v3/mtp.py:226-278), whose per-call "
-                        "ops the bridge (CommplanFSDP) does not drive; run it through the plan's binary / C tables "
+                        "DeepSeek-V3's multi-token prediction, torchtitan models/deepseek_v3/mtp.py:226-278), "
+                        "whose per-call ops the bridge (CommplanFSDP) does not drive; run it through the plan's binary / C tables "
                         "(make PLAN=%s.lua), or write the plan with model.num_mtp_layers = 0"
                         % (name, unit, n, name))
 
