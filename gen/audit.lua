@@ -255,6 +255,15 @@ local function facts(p, face)
     -- from the root's final callback
     if u.no_pre_backward then uj[#uj + 1], uj[#uj + 2] = "no_pre_backward", true end
     if u.final_callback then uj[#uj + 1], uj[#uj + 2] = "final_callback", true end
+    -- a model whose forward calls the unit more than once per micro-step (DeepSeek-V3's multi-token
+    -- prediction, gen/models/deepseek_v3.lua calls): its forward calls (the layout's call order's pre-forwards)
+    if p.layout.calls then
+      local n = 0
+      for _, e in ipairs(p.layout.calls.forward) do
+        if e.ev == "pre" and e.unit == u.index then n = n + 1 end
+      end
+      if n > 1 then uj[#uj + 1], uj[#uj + 2] = "forward_calls", n end
+    end
     if u.ignored then -- fully_shard's ignored_params: whole on every rank, never communicated
       local ig = {}
       for _, q in ipairs(u.ignored) do

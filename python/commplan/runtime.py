@@ -36,7 +36,9 @@ What it does, as FSDP2's fully_shard does it:
 The library calls must come in the plan's order (their event waits are the plan's): every call
 is checked against the order derived from plan.json's ops, and a model that runs its units in
 another order (a unit called twice, a loss the plan does not describe) is refused with one line
-instead of racing. Activation checkpointing as torchtitan applies it (checkpoint_wrapper around
+instead of racing; a plan whose forward calls a unit more than once per micro-batch (plan.json's
+units' forward_calls: DeepSeek-V3's multi-token prediction, model.num_mtp_layers > 0) is refused
+at load (check_single_calls). Activation checkpointing as torchtitan applies it (checkpoint_wrapper around
 blocks): parameter names without the wrapper's segment, and a recompute during backward makes no
 call, as FSDP2's in PRE_BACKWARD state (commplan.recompute). torchtitan's ChunkedLossWrapper on a
 plan with training.loss_chunks >= 2: the loss head's modules answer its FSDPModule calls, its
@@ -127,6 +129,30 @@ def group_calls(plan, kinds):
 def library_calls(plan):
     """The plan's step as blocking library calls: [(call, unit_name, micro_step, phase)] (group_calls)."""
     return [c[:4] for c in group_calls(plan, CALL_KINDS.items())]
+
+
+def repeated_calls(plan):
+    """[(unit name, forward calls)] of the units the model's forward calls more than once per
+    micro-step: plan.json's units' forward_calls (DeepSeek-V3's multi-token prediction,
+    model.num_mtp_layers > 0: tok_embeddings and [norm, lm_head] once per depth more;
+    gen/models/deepseek_v3.lua calls, gen/parallel/fsdp_schedule.lua calls_micro, whose order the
+    plan's ops follow). ChunkedLossWrapper's loss head, gathered once per chunk, is not one of them
+    (commplan.chunked_loss drives it)."""
+    return [(u["name"], u["forward_calls"]) for u in plan_units(plan) if u.get("forward_calls", 1) > 1]
+
+
+def check_single_calls(plan, name):
+    """Refuses, in one line, a plan whose forward calls a unit more than once per micro-step: the
+    hooks here keep one forward and one backward per unit and micro-step (each unit's pre-forward,
+    post-forward, pre-backward and post-backward once), which such a plan's per-call ops are not."""
+    rep = repeated_calls(plan)
+    if rep:
+        unit, n = rep[0]
+        raise PlanError("plan %s calls unit %s %d times in each micro-step's forward (model.num_mtp_layers > 0: "
+                        "DeepSeek-V3's multi-token prediction, torchtitan models/deepseek_v3/mtp.py:226-278), "
+                        "whose per-call ops the bridge (CommplanFSDP) does not drive; run it through the plan's binary / C tables "
+                        "(make PLAN=%s.lua), or write the plan with model.num_mtp_layers = 0"
+                        % (name, unit, n, name))
 
 
 # ---- the generated library through ctypes -------------------------------------------------
@@ -719,6 +745,7 @@ class CommplanFSDP:
             root, plan_json = find_plan_root(plan, root)
         root = root if root is not None else "."
         self.plan = load_plan_json(plan_json)
+        check_single_calls(self.plan, plan)  # one forward per unit and micro-step (model.num_mtp_layers = 0)
         self.model = model
         wrapped = units_from_module(model, units)
         if self.plan.get("parallel", {}).get("tp", 1) != 1:  # the model's TP layout first (tensor_parallel)

@@ -296,4 +296,29 @@ function T.refusals()
                "model.num_mtp_layers", "deepseek_v3")
 end
 
+-- plan.json's units' forward_calls (gen/audit.lua; the bridge refuses such a plan at load,
+-- python/commplan/runtime.py check_single_calls): the embedding and [norm, lm_head] 1 + depths,
+-- every other unit and the one-forward mutant none
+function T.plan_json_forward_calls()
+  local audit, json = require("gen.audit"), require("gen.json")
+  local function calls(p)
+    local out = {}
+    for _, u in ipairs(json.decode(audit.json(p, audit.fingerprint(p))).units) do out[u.name] = u.forward_calls end
+    return out
+  end
+  for n = 1, 2 do
+    local c = calls(gen(", num_mtp_layers = " .. n))
+    H.eq(c.tok_embeddings, 1 + n, n .. ": the embedding's forward calls")
+    H.eq(c.norm_lm_head, 1 + n, n .. ": [norm, lm_head]'s forward calls")
+    H.eq(c["mtp_layers.0"], nil, n .. ": an MTP block called once")
+    H.eq(c["layers.0"], nil, n .. ": a block called once")
+  end
+  local saved = ds.calls
+  ds.calls = function() return nil end
+  local ok, p = pcall(gen, ", num_mtp_layers = 1")
+  ds.calls = saved
+  assert(ok, p)
+  H.eq(calls(p).tok_embeddings, nil, "the one-forward mutant carries none")
+end
+
 return T
