@@ -577,11 +577,12 @@ torch_lane() {
     bridge_check "the bridge suite: toy scripts through one torchrun, output and exit status handed back, a failing worker failing alone, a SKIP kept (tests/python/test_bridge_harness.py)" \
       bridge_harness 600 test_bridge_harness.py
   fi
-  # Issue 41 (hmtp3): a plan whose forward calls a unit more than once per micro-batch
-  # (model.num_mtp_layers > 0) is refused at the bridge's load in one line; its one-forward
-  # mutant and every committed plan are accepted (tests/python/test_bridge_mtp.py; no torchrun, ~3 s).
-  bridge_check "the bridge refuses a DeepSeek-V3 multi-token-prediction plan (a unit called twice per micro-batch) at load in one line, its one-forward mutant and the committed plans accepted (tests/python/test_bridge_mtp.py)" \
-    bridge_mtp 120 test_bridge_mtp.py
+  # Issue 41 (hmtp3, hmtp4): a plan whose forward calls a unit more than once per micro-batch
+  # (model.num_mtp_layers > 0): plan.json's forward_calls, and the bridge driving it with per-call
+  # hooks vs torchtitan's fully_shard on gloo (tiny DeepSeek-V3, num_mtp_layers 1, FSDP 4, 2 steps,
+  # blocking and overlapped; the one-forward plan refused) (tests/python/test_bridge_mtp.py; ~1 min).
+  bridge_check "the bridge drives a DeepSeek-V3 multi-token-prediction plan (a unit called twice per micro-batch) with per-call hooks: collectives and gradients vs torchtitan's fully_shard on gloo, 4 ranks under torchrun, the one-forward plan refused (tests/python/test_bridge_mtp.py)" \
+    bridge_mtp 600 test_bridge_mtp.py
 
   section "Python package with PyTorch: runtime hooks, torchtitan's TP live (tests/python/test_runtime_host.py, tests/tp_record.py)"
   if command -v python3 >/dev/null 2>&1; then

@@ -36,13 +36,19 @@ What it does, as FSDP2's fully_shard does it:
 The library calls must come in the plan's order (their event waits are the plan's): every call
 is checked against the order derived from plan.json's ops, and a model that runs its units in
 another order (a unit called twice, a loss the plan does not describe) is refused with one line
-instead of racing; a plan whose forward calls a unit more than once per micro-batch (plan.json's
-units' forward_calls: DeepSeek-V3's multi-token prediction, model.num_mtp_layers > 0) is refused
-at load (check_single_calls). Activation checkpointing as torchtitan applies it (checkpoint_wrapper around
-blocks): parameter names without the wrapper's segment, and a recompute during backward makes no
-call, as FSDP2's in PRE_BACKWARD state (commplan.recompute). torchtitan's ChunkedLossWrapper on a
-plan with training.loss_chunks >= 2: the loss head's modules answer its FSDPModule calls, its
-chunks' backwards accumulate lm_head's gradient and the last one reduces it (commplan.chunked_loss).
+instead of racing. A unit the forward calls more than once per micro-batch (plan.json's units'
+forward_calls: DeepSeek-V3's multi-token prediction, model.num_mtp_layers > 0) gets FSDP2's hooks
+per call (torch 2.15 _fsdp_param_group.py pre_forward :637-651, post_forward :657-670,
+pre_backward :679-693, RegisterPostBackwardFunction :1381-1398): every call unshards if resharded
+and reshards after it where the plan does; its inputs' backward runs the call's post-backward
+(reshard only while its gradient has not arrived, as FSDP2's, which finds no unsharded grad; the
+next call's pre-backward then gathers it again), the one after the last gradient reshards and
+reduces; the plan's ops follow the same per-call order (gen/parallel/fsdp_schedule.lua calls_micro).
+Activation checkpointing as torchtitan applies it (checkpoint_wrapper around blocks): parameter
+names without the wrapper's segment, and a recompute during backward makes no call, as FSDP2's
+in PRE_BACKWARD state (commplan.recompute). torchtitan's ChunkedLossWrapper on a plan with
+training.loss_chunks >= 2: the loss head's modules answer its FSDPModule calls, its chunks'
+backwards accumulate lm_head's gradient and the last one reduces it (commplan.chunked_loss).
 A forward under no_grad / inference_mode (evaluation) makes no library call:
 commplan.training gathers each unit into temporary tensors over the plan's shard group and drops
 them after the unit. clip_grad_norm_ (and torch.nn.utils.clip_grad_norm_ on the model's
@@ -139,20 +145,6 @@ def repeated_calls(plan):
     plan's ops follow). ChunkedLossWrapper's loss head, gathered once per chunk, is not one of them
     (commplan.chunked_loss drives it)."""
     return [(u["name"], u["forward_calls"]) for u in plan_units(plan) if u.get("forward_calls", 1) > 1]
-
-
-def check_single_calls(plan, name):
-    """Refuses, in one line, a plan whose forward calls a unit more than once per micro-step: the
-    hooks here keep one forward and one backward per unit and micro-step (each unit's pre-forward,
-    post-forward, pre-backward and post-backward once), which such a plan's per-call ops are not."""
-    rep = repeated_calls(plan)
-    if rep:
-        unit, n = rep[0]
-        raise PlanError("plan %s calls unit %s %d times in each micro-step's forward (model.num_mtp_layers > 0: "
-                        "DeepSeek-V3's multi-token prediction, torchtitan models/deepseek_v3/mtp.py:226-278), "
-                        "whose per-call ops the bridge (CommplanFSDP) does not drive; run it through the plan's binary / C tables "
-                        "(make PLAN=%s.lua), or write the plan with model.num_mtp_layers = 0"
-                        % (name, unit, n, name))
 
 
 # ---- the generated library through ctypes -------------------------------------------------
@@ -623,7 +615,12 @@ class HostLibrary(_ExpertCalls, _CursorDump):
         ptr = getattr(self.lib, "cp_hostlib_" + kind)(self.g, param)
         if not ptr:
             raise RuntimeError("commplan: cp_hostlib_%s(%d) returned NULL" % (kind, param))
-        return self._view(ptr, numel, _DTYPE_CODES.index(dtype))
+        # a tensor of its own, not the collectives' cached view: the plan's arena may place one
+        # parameter's storage where another's lived earlier in the step (the same pointer and
+        # length), and a shared tensor would share autograd's version counter, so a write of the
+        # one would fail the backward of a tensor saved from the other
+        es = torch.empty(0, dtype=TORCH_DTYPES[dtype]).element_size()
+        return torch.frombuffer((ctypes.c_char * (numel * es)).from_address(ptr), dtype=TORCH_DTYPES[dtype])
 
     def call(self, call, unit):
         if self._fns[call](self.g, unit) != 0:
@@ -745,7 +742,6 @@ class CommplanFSDP:
             root, plan_json = find_plan_root(plan, root)
         root = root if root is not None else "."
         self.plan = load_plan_json(plan_json)
-        check_single_calls(self.plan, plan)  # one forward per unit and micro-step (model.num_mtp_layers = 0)
         self.model = model
         wrapped = units_from_module(model, units)
         if self.plan.get("parallel", {}).get("tp", 1) != 1:  # the model's TP layout first (tensor_parallel)
@@ -822,7 +818,9 @@ class CommplanFSDP:
                     # on the sharded parameters, its pre-backward gathers nothing (gen/parallel/fsdp_layout.lua)
                     "sharded_backward": pu.get("unshard_in_backward") is False and bool(pu["reshard_after_forward"])
                     and not pu.get("root", False),
-                    "ag_dtype": TORCH_DTYPES[ag], "cast": ag != orig}
+                    "ag_dtype": TORCH_DTYPES[ag], "cast": ag != orig,
+                    # forward calls per micro-step (> 1: FSDP2's hooks per call, module docstring)
+                    "calls": pu.get("forward_calls", 1)}
             for (fqn, p), meta in zip(params, pu["params"]):
                 k, shape, chunk = meta.get("shard_dim", 0), list(meta["shape"]), meta["chunk"]
                 valid = max(0, min(chunk, shape[k] - r * chunk))
@@ -900,6 +898,7 @@ class CommplanFSDP:
         self._pre_bwd_done = [False] * len(getattr(self, "units", []))
         self._post_bwd_done = [False] * len(getattr(self, "units", []))
         self._arrived = [0] * len(getattr(self, "units", []))
+        self._pb_pending = [0] * len(getattr(self, "units", []))  # calls' input post-backwards not yet run
 
     def _call(self, call, u, lib_call=None):
         if self.check_order:
@@ -953,11 +952,15 @@ class CommplanFSDP:
                 self._head.pre_forward(u)
                 return _eval_cast(self.units[u], args, kwargs, with_kwargs)
             unit = self.units[u]
+            if unit["calls"] > 1:
+                return self._pre_forward_call(u, args, kwargs, with_kwargs)
             if self._fwd_done[u] >= len(unit["modules"]):
                 raise PlanOrderError("commplan: a second forward of %s before backward: the plan's micro-step is "
                                      "one forward and one backward (torchtitan's ChunkedLossWrapper runs lm_head once "
-                                     "per chunk: write the plan with training.loss_chunks = its num_chunks; after an "
-                                     "exception in a backward: fsdp.reset_step())"
+                                     "per chunk: write the plan with training.loss_chunks = its num_chunks; "
+                                     "DeepSeek-V3's multi-token prediction calls tok_embeddings once per depth more: "
+                                     "write it with the model's num_mtp_layers; after an exception in a backward: "
+                                     "fsdp.reset_step())"
                                      % unit["name"])
             if self._fwd_started[u] == 0:
                 if u == 0 and not _POST_ACCUMULATE:
@@ -988,12 +991,55 @@ class CommplanFSDP:
                 if t.requires_grad:
                     t.register_hook(self._pre_backward_hook(u))
             self._fwd_done[u] += 1
-            if self._fwd_done[u] == len(unit["modules"]) and u != 0 and unit["reshard_after_forward"]:
+            n = len(unit["modules"])
+            last = self._fwd_done[u] % n == 0 if unit["calls"] > 1 else self._fwd_done[u] == n  # (of the call)
+            if last and u != 0 and unit["reshard_after_forward"]:
                 self._reshard(u, "forward")
             if u == 0:  # units whose modules did not all run (lm_head under _skip_lm_head): chunked_loss
                 chunked_loss.complete_forward(self, output, self._pre_backward_hook)
             return None
         return hook
+
+    def _pre_forward_call(self, u, args, kwargs, with_kwargs):
+        """The pre-forward of a unit called `calls` times per micro-step, per module call:
+        FSDP2's pre_forward per call (_fsdp_param_group.py:637-651): unshard where resharded (a
+        no-op while unsharded), the first module of each call registering the call's post-backward
+        on its inputs (RegisterPostBackwardFunction, :1158-1172, run by _post_backward_call)."""
+        unit = self.units[u]
+        n = len(unit["modules"])
+        if self._fwd_done[u] >= n * unit["calls"]:
+            raise PlanOrderError("commplan: forward call %d of %s, whose plan calls it %d times per micro-step "
+                                 "(plan.json's forward_calls: model.num_mtp_layers); write the plan with the "
+                                 "model's num_mtp_layers" % (self._fwd_done[u] // n + 1, unit["name"], unit["calls"]))
+        first = self._fwd_started[u] % n == 0
+        if first:
+            self._unshard(u)
+        self._fwd_started[u] += 1
+        if first:
+            before = args
+            args = _post_backward_inputs(args, lambda: self._post_backward_call(u))
+            self._pb_pending[u] += args is not before
+        if unit["cast"]:
+            args = _cast_floats(args, unit["ag_dtype"])
+            if with_kwargs:
+                kwargs = _cast_floats(kwargs, unit["ag_dtype"])
+        return (args, kwargs) if with_kwargs else args
+
+    def _post_backward_call(self, u):
+        """One call's post-backward (its inputs' gradient), for a unit called more than once: FSDP2's
+        post_backward (_fsdp_param_group.py:695-730) reshards, and reduces only the unsharded
+        gradients it finds: before the last gradient arrived, a reshard alone (and the next call's
+        pre-backward gathers again, its state no longer PRE_BACKWARD, :679-681); after it, the
+        unit's post-backward (reshard, reduce)."""
+        self._pb_pending[u] -= 1
+        if self._post_bwd_done[u]:
+            return
+        if self._arrived[u] == self.units[u]["n_grads"]:
+            self._post_backward(u)
+            return
+        if self.live[u]:
+            self._reshard(u, "backward")
+        self._pre_bwd_done[u] = False
 
     # -- backward --
 
@@ -1037,8 +1083,12 @@ class CommplanFSDP:
             if not P.arrived:
                 P.arrived = True
                 self._arrived[P.unit] += 1
-                if self._arrived[P.unit] == self.units[P.unit]["n_grads"] and not self.units[P.unit]["frozen"]:
-                    self._post_backward(P.unit)  # (a unit with frozen parameters: _PostBackward)
+                unit = self.units[P.unit]
+                if self._arrived[P.unit] == unit["n_grads"] and not unit["frozen"] \
+                        and not (unit["calls"] > 1 and self._pb_pending[P.unit]):
+                    # (a unit with frozen parameters, or a repeated unit whose calls' inputs have yet to run
+                    # their backward: _PostBackward)
+                    self._post_backward(P.unit)
             return None
         return hook
 
@@ -1104,6 +1154,9 @@ class CommplanFSDP:
                 if self._post_bwd_done[u] or not unit["params"]:
                     if not unit["params"] and self.live[u]:
                         self._reshard(u, "backward")  # the parameter-less root: nothing to issue
+                    continue
+                if unit["calls"] > 1 and self._arrived[u] == unit["n_grads"]:
+                    self._post_backward(u)  # a call's inputs without a gradient: FSDP2's final callback
                     continue
                 if unit["frozen"] and all(P.arrived for P in unit["params"] if P.requires_grad):
                     # frozen parameters and no input with a gradient: FSDP2's final callback runs

@@ -296,8 +296,8 @@ function T.refusals()
                "model.num_mtp_layers", "deepseek_v3")
 end
 
--- plan.json's units' forward_calls (gen/audit.lua; the bridge refuses such a plan at load,
--- python/commplan/runtime.py check_single_calls): the embedding and [norm, lm_head] 1 + depths,
+-- plan.json's units' forward_calls (gen/audit.lua; the bridge runs such a unit's hooks per call,
+-- python/commplan/runtime.py _pre_forward_call): the embedding and [norm, lm_head] 1 + depths,
 -- every other unit and the one-forward mutant none
 function T.plan_json_forward_calls()
   local audit, json = require("gen.audit"), require("gen.json")
