@@ -487,6 +487,9 @@ KHOST_EXTRA := kernels_all_dtypes kernels_big llama_tiny_cp $(EP_PLANS)
 KHOST_EXTRA += frozen_params
 # issue 41 (hlora): the frozen prefix (leading all-frozen units without a pre-backward)
 KHOST_EXTRA += frozen_prefix
+# issue 41 (hmtp): DeepSeek-V3's multi-token prediction, units called more than once a forward (also on the
+# emulator, eager and as a graph; tests/ep/plans/ep2_dsv3_mtp.lua with the expert-parallel plans)
+KHOST_EXTRA += fsdp4_dsv3_mtp
 KHOST_ALL   := $(KHOST_PLANS) $(KHOST_EXTRA)
 KHOST_DIR    = $(if $(filter $(1),$(KHOST_EXTRA)),build/gen/$(1),plans/$(1))
 KHOST_RT    := runtime/backend_host.c runtime/topology.c runtime/arena.c runtime/dtype.c runtime/executor.c
