@@ -139,10 +139,6 @@ def _gpt_oss_text(spec, flavor, args, sec, comment):
     except ImportError as e:
         raise PlanError("--titan: torchtitan is not importable in this Python (%s); install torch and torchtitan"
                         % e) from None
-    if sec.get("lora"):
-        raise PlanError("--lora-rank: a --titan gpt_oss plan is commplan's gpt_oss family (its parameters are the "
-                        "family's, gen/models/gpt_oss.lua, with no adapters); write a LoRA plan from --titan "
-                        "llama3:FLAVOR, or from plan_from_module on the converted model")
     base = flavor[:-len("_flex")] if flavor.endswith("_flex") else flavor
     try:
         ms = model_registry(base, **({"attn_backend": "flex"} if base != flavor else {}))
@@ -151,18 +147,7 @@ def _gpt_oss_text(spec, flavor, args, sec, comment):
                         "(or one of them + _flex: flex attention)"
                         % (validate.printable(spec, 80), validate.printable(flavor, 60),
                            " ".join(str(e).split())[:120])) from None
-    from .titan import TITAN_FSDP, plan_from_titan
-    if sec["dtype"] not in (None, "fp32"):
-        raise PlanError("--dtype: a --titan plan stores the parameters as torchtitan's model builds them (fp32, "
-                        "all-gathered in bf16 as its parallelize does); drop it, or set --param-dtype")
-    if sec["family"] not in ("auto", "gpt_oss"):
-        raise PlanError("--family: a --titan gpt_oss plan is commplan's gpt_oss family; drop --family")
-    fsdp = dict(TITAN_FSDP, **(sec["fsdp"] or {}))
-    text = plan_from_titan(ms, args.name, sec["world_size"], parallel=sec["parallel"], fsdp=fsdp,
-                           topology=sec["topology"], training=sec["training"], seq_len=sec["seq_len"],
-                           pipeline=sec["pipeline"])
-    lines = text.split("\n")
-    return "\n".join(lines[:1] + ["-- " + c for c in comment.split("\n")] + lines[1:])
+    return _family_text(ms, "gpt_oss", args, sec, comment)
 
 
 def _deepseek_v3_text(spec, flavor, args, sec, comment):
@@ -185,12 +170,22 @@ def _deepseek_v3_text(spec, flavor, args, sec, comment):
                         "16B, 236B, 671B or deepseek_v3_debugmodel_mtp"
                         % (validate.printable(spec, 80), validate.printable(flavor, 60),
                            " ".join(str(e).split())[:120])) from None
+    return _family_text(ms, "deepseek_v3", args, sec, comment)
+
+
+def _family_text(ms, family, args, sec, comment):
+    """A torchtitan 0.3 model spec ms written as commplan's family plan (commplan.titan.plan_from_titan),
+    the settings a --titan family plan takes checked, the command's comment under its first line."""
     from .titan import TITAN_FSDP, plan_from_titan
     if sec["dtype"] not in (None, "fp32"):
         raise PlanError("--dtype: a --titan plan stores the parameters as torchtitan's model builds them (fp32, "
                         "all-gathered in bf16 as its parallelize does); drop it, or set --param-dtype")
-    if sec["family"] not in ("auto", "deepseek_v3"):
-        raise PlanError("--family: a --titan deepseek_v3 plan is commplan's deepseek_v3 family; drop --family")
+    if sec["family"] not in ("auto", family):
+        raise PlanError("--family: a --titan %s plan is commplan's %s family; drop --family" % (family, family))
+    if sec.get("lora"):
+        raise PlanError("--lora-rank: a --titan %s plan is commplan's %s family (its parameters are the "
+                        "family's, gen/models/%s.lua, with no adapters); write a LoRA plan from --titan "
+                        "llama3:FLAVOR, or from plan_from_module on the converted model" % (family, family, family))
     fsdp = dict(TITAN_FSDP, **(sec["fsdp"] or {}))
     text = plan_from_titan(ms, args.name, sec["world_size"], parallel=sec["parallel"], fsdp=fsdp,
                            topology=sec["topology"], training=sec["training"], seq_len=sec["seq_len"],
