@@ -388,13 +388,16 @@ def compare_step(key, rank, step, got, want, problems):
     return len(got)
 
 
-def compare_grads(key, name, rec, problems):
-    """Every rank's reduced gradient shards from torchtitan against the binary's --dump: (elements
-    compared, of them lm_head's and the norm's)."""
+def compare_grads(key, name, rec, problems, dump=None, world=WORLD, counted=None):
+    """Every rank's reduced gradient shards from torchtitan (rec[r]["grads"][key]) against the binary's
+    --dump (dump/NAME.rankR.json; dump defaults to OUT/dump/NAME): (elements compared, of them the
+    parameters counted(name) selects: by default lm_head's and the norm's). Shared by the fused-layout,
+    MTP, LoRA and reshard-policy checks."""
     import struct
-    dump = os.path.join(OUT, "dump", name)
-    n, head = 0, 0
-    for r in range(WORLD):
+    dump = dump or os.path.join(OUT, "dump", name)
+    counted = counted or (lambda pname: pname in ("norm.weight", "output.weight"))
+    n, tagged = 0, 0
+    for r in range(world):
         path = os.path.join(dump, "%s.rank%d.json" % (name, r))
         try:
             with open(path) as fh:
@@ -417,8 +420,8 @@ def compare_grads(key, name, rec, problems):
                                     % (key, r, pname, i, x, y))
                     break
             n += len(a)
-            head += len(a) if pname in ("norm.weight", "output.weight") else 0
-    return n, head
+            tagged += len(a) if counted(pname) else 0
+    return n, tagged
 
 
 def main():

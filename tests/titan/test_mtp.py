@@ -191,32 +191,10 @@ def simulate(keys):
 
 
 def compare_grads(key, rec, problems):
-    import struct
-    n = mtp = 0
-    for r in range(WORLD):
-        try:
-            with open(os.path.join(OUT, "dump", key, "%s.rank%d.json" % (key, r))) as fh:
-                d = json.load(fh)["grads_local"]
-        except (OSError, ValueError, KeyError) as e:
-            problems.append("%s rank %d: no dump of commplan's (%s)" % (key, r, e))
-            continue
-        got = rec[r]["grads"][key]
-        if sorted(got) != sorted(d):
-            problems.append("%s rank %d: torchtitan's parameters %s, commplan's dump %s" % (key, r, sorted(got),
-                                                                                            sorted(d)))
-        for pname in sorted(set(got) & set(d)):
-            a, b = got[pname], d[pname]["values"]
-            if len(a) != len(b):
-                problems.append("%s rank %d: %s reduced shard has %d elements live, %d in commplan's dump"
-                                % (key, r, pname, len(a), len(b)))
-                continue
-            at = next((i for i, (x, y) in enumerate(zip(a, b)) if struct.pack("<f", x) != struct.pack("<f", y)), None)
-            if at is not None:
-                problems.append("%s rank %d: %s reduced gradient element %d: torchtitan %r, commplan %r"
-                                % (key, r, pname, at, a[at], b[at]))
-            n += len(a)
-            mtp += len(a) if pname.startswith("mtp_layers.") else 0
-    return n, mtp
+    """test_chunked_loss.compare_grads on this check's dumps: (elements compared, of them the MTP blocks')."""
+    import test_chunked_loss as C
+    return C.compare_grads(key, key, rec, problems, dump=os.path.join(OUT, "dump", key), world=WORLD,
+                           counted=lambda pname: pname.startswith("mtp_layers."))
 
 
 def gloo_check():
